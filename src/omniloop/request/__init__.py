@@ -1,1 +1,35 @@
+"""Request plane: typed omni requests, parameters, artifacts, outputs and events.
 
+Imports nothing else of omniloop (enforced by tests/test_layering.py).
+"""
+
+from omniloop.request.artifacts import (
+    Artifact,
+    AudioArtifact,
+    ImageArtifact,
+    LatentsArtifact,
+    TensorArtifact,
+    TextArtifact,
+    VideoArtifact,
+)
+from omniloop.request.enums import Modality, RequestStatus, TaskType
+from omniloop.request.output import (
+    ArtifactEvent,
+    FinalEvent,
+    OmniEvent,
+    OmniOutput,
+    ProgressEvent,
+    RequestMetrics,
+    StatusEvent,
+)
+from omniloop.request.params import DiffusionParams, OutputSpec, SamplingParams
+from omniloop.request.parts import ActionPart, AudioPart, ImagePart, LatentPart, ModalPart, TextPart, VideoPart
+from omniloop.request.request import SCHEMA_VERSION, OmniRequest, new_request_id
+
+__all__ = [
+    "ActionPart", "Artifact", "ArtifactEvent", "AudioArtifact", "AudioPart", "DiffusionParams", "FinalEvent",
+    "ImageArtifact", "ImagePart", "LatentPart", "LatentsArtifact", "Modality", "ModalPart", "OmniEvent",
+    "OmniOutput", "OmniRequest", "OutputSpec", "ProgressEvent", "RequestMetrics", "RequestStatus",
+    "SCHEMA_VERSION", "SamplingParams", "StatusEvent", "TaskType", "TensorArtifact", "TextArtifact", "TextPart",
+    "VideoArtifact", "VideoPart", "new_request_id",
+]

@@ -1,0 +1,107 @@
+"""Wan-specific pipeline pieces: the DenoiseLoop adapter and the I2V condition encoder."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+
+from omniloop.io.image import image_to_tensor, open_image
+from omniloop.pipeline.edges import ConditionLatents, TextEmbeddings
+from omniloop.pipeline.policies.cfg import COND, UNCOND, Prediction
+from omniloop.pipeline.stage import StageBase
+from omniloop.pipeline.state import RequestState, StageContext
+from omniloop.request import ImagePart, OmniRequest
+
+
+@dataclass(frozen=True)
+class VideoGeometry:
+    height: int
+    width: int
+    num_frames: int
+    fps: int
+
+
+def geometry(request: OmniRequest, defaults: Mapping[str, Any]) -> VideoGeometry:
+    p = request.diffusion
+    frames_default = 1 if request.task.value in ("t2i", "i2i") else defaults["num_frames"]
+    return VideoGeometry(
+        height=p.height or defaults["height"],
+        width=p.width or defaults["width"],
+        num_frames=p.num_frames or frames_default,
+        fps=p.fps or defaults["fps"],
+    )
+
+
+@dataclass(frozen=True)
+class WanDenoiser:
+    """Adapts ``WanDiT.forward`` to the DenoiseLoop: one ``video`` latent modality."""
+
+    modalities: tuple[str, ...] = ("video",)
+
+    def latent_shapes(self, ctx: StageContext, request: OmniRequest) -> dict[str, tuple[int, ...]]:
+        g = geometry(request, ctx.defaults)
+        st, ss = ctx.defaults["vae_scale_temporal"], ctx.defaults["vae_scale_spatial"]
+        f = (g.num_frames - 1) // st + 1
+        return {"video": (1, ctx.defaults["z_dim"], f, g.height // ss, g.width // ss)}
+
+    def branch_inputs(self, ctx: StageContext, state: RequestState, branches: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+        text = ctx.read(state, "text", TextEmbeddings)
+        out = {COND: {"encoder_hidden_states": text.prompt}}
+        if UNCOND in branches:
+            assert text.negative is not None, "guidance is on but no negative embeddings were encoded"
+            out[UNCOND] = {"encoder_hidden_states": text.negative}
+        return out
+
+    def forward(
+        self, model: torch.nn.Module, inputs: dict[str, torch.Tensor], timestep: torch.Tensor, kwargs: dict[str, Any]
+    ) -> Prediction:
+        return {"video": model(inputs["video"], timestep, **kwargs)}
+
+
+def first_frame(request: OmniRequest) -> ImagePart | None:
+    images = request.images("first_frame")
+    return images[0] if images else None
+
+
+def load_part_image(part: ImagePart):
+    """The PIL image of an ImagePart (path, base64 or in-process data)."""
+    if part.data is not None:
+        return open_image(part.data)
+    if part.b64 is not None:
+        return open_image(part.raw_bytes())
+    return open_image(part.path)
+
+
+@dataclass
+class WanImageCondition(StageBase):
+    """Wan2.2 I2V conditioning: VAE-encode ``[image, zeros...]`` (argmax), normalize, and
+    prepend the 4-channel first-frame mask -> ConditionLatents [1, 4 + z_dim, f, h, w]."""
+
+    component: str = "vae"
+    outputs = {"condition": ConditionLatents}  # type: ignore[assignment]
+
+    @property
+    def components(self) -> tuple[str, ...]:  # type: ignore[override]
+        return (self.component,)
+
+    @torch.inference_mode()
+    def forward(self, ctx: StageContext, state: RequestState) -> None:
+        vae = ctx.component(self.component)
+        g = geometry(state.request, ctx.defaults)
+        part = first_frame(state.request)
+        assert part is not None, "admission guarantees an I2V request carries a first_frame image"
+        image = image_to_tensor(load_part_image(part), g.height, g.width).to(ctx.device)  # [1, 3, H, W]
+        st = ctx.defaults["vae_scale_temporal"]
+        video = torch.cat([image[:, :, None], image.new_zeros(1, 3, g.num_frames - 1, g.height, g.width)], dim=2)
+        mean, _ = vae.encode(video.to(vae.dtype))
+        latents = vae.normalize_latents(mean.float())  # [1, z, f, h, w]
+        f, h, w = latents.shape[2:]
+        # Mask over pixel frames (1 = given), folded into st channels per latent frame;
+        # the first frame is repeated st times so frame 0 fills a whole latent frame.
+        mask = torch.zeros(1, 1, g.num_frames, h, w, device=latents.device)
+        mask[:, :, 0] = 1
+        mask = torch.cat([mask[:, :, :1].repeat_interleave(st, dim=2), mask[:, :, 1:]], dim=2)
+        mask = mask.view(1, f, st, h, w).transpose(1, 2)  # [1, st, f, h, w]
+        ctx.write(state, "condition", ConditionLatents(latents=torch.cat([mask, latents], dim=1)))

@@ -1,0 +1,93 @@
+"""Checkpoint resolution: a path (diffusers layout: ``model_index.json`` + subfolders)
+or a built-in name -> a built ``Pipeline`` on one device.
+
+Unknown or incomplete layouts fail before any weight is read, listing what is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, spec_for_class
+from omniloop.pipeline.pipeline import Pipeline
+
+logger = logging.getLogger(__name__)
+
+BUILTIN_MODELS: dict[str, Path] = {}  # name -> packaged checkpoint directory (filled by shipped models)
+
+
+def resolve_model_path(model: str | Path) -> Path:
+    if isinstance(model, str) and model in BUILTIN_MODELS:
+        return BUILTIN_MODELS[model]
+    path = Path(model).expanduser()
+    if not path.exists():
+        names = sorted(BUILTIN_MODELS)
+        raise FileNotFoundError(
+            f"model {str(model)!r} is neither a directory nor a built-in model name"
+            + (f" (built-in: {names})" if names else "")
+        )
+    if not path.is_dir():
+        raise ValueError(f"model path {path} is a file; pass the checkpoint directory holding model_index.json")
+    return path
+
+
+def read_model_index(root: Path) -> dict[str, Any]:
+    index_path = root / "model_index.json"
+    if not index_path.is_file():
+        raise ValueError(
+            f"{root} is not a diffusers-format checkpoint: missing model_index.json "
+            "(expected model_index.json plus component subfolders such as transformer/, vae/, text_encoder/)"
+        )
+    try:
+        index = json.loads(index_path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{index_path} is not valid JSON: {e}") from None
+    if "_class_name" not in index:
+        raise ValueError(f"{index_path} has no _class_name; cannot tell which pipeline it describes")
+    return index
+
+
+def check_layout(root: Path, variant: Variant) -> None:
+    """Every required component folder must exist and be non-empty."""
+    missing = []
+    for w in variant.weights:
+        if w.optional:
+            continue
+        for folder in w.folders:
+            d = root / folder
+            if not d.is_dir() or not any(d.iterdir()):
+                missing.append(f"{folder}/ ({w.kind} for component {w.component!r})")
+    if missing:
+        raise ValueError(f"checkpoint {root} ({variant.name}) is incomplete; missing: " + ", ".join(missing))
+
+
+def load_components(root: Path, index: Mapping[str, Any], variant: Variant, options: LoadOptions) -> dict[str, Any]:
+    components: dict[str, Any] = {}
+    for w in variant.weights:
+        if w.optional and not all((root / f).is_dir() for f in w.folders):
+            continue
+        logger.info("loading %s (%s) from %s", w.component, w.kind, ", ".join(w.folders))
+        components[w.component] = w.load(root, index, options)
+    return components
+
+
+def load_pipeline(
+    model: str | Path,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    attention_backend: str = "sdpa",
+) -> tuple[ModelSpec, Pipeline]:
+    root = resolve_model_path(model)
+    index = read_model_index(root)
+    spec = spec_for_class(index["_class_name"])
+    variant = spec.variant(index)
+    check_layout(root, variant)
+    options = LoadOptions(device=torch.device(device), dtype=dtype, attention_backend=attention_backend)
+    components = load_components(root, index, variant, options)
+    return spec, spec.build(variant, index, components, options)

@@ -1,0 +1,88 @@
+"""``ModelSpec``: the manifest of a checkpoint family.
+
+It declares the components (with the tasks each is required or optional for), where
+their weights live in a checkpoint layout, how to load each, and how to build the
+default ``PipelineSpec`` for what was found. Loading is manifest-first: the loader
+never guesses a family from tensor shapes or names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import torch
+
+from omniloop.pipeline.pipeline import Pipeline
+from omniloop.request import TaskType
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    device: torch.device
+    dtype: torch.dtype
+    attention_backend: str = "sdpa"
+
+
+@dataclass(frozen=True, kw_only=True)
+class WeightSpec:
+    """One component's weights inside a checkpoint directory."""
+
+    component: str
+    kind: str
+    subfolder: str | tuple[str, ...]  # one folder, or several a loader combines (encoder + tokenizer)
+    load: Callable[[Path, Mapping[str, Any], LoadOptions], Any]  # (root, model_index, options) -> component
+    required_for: frozenset[TaskType] | None = None  # None: every task the variant serves
+    optional: bool = False
+
+    @property
+    def folders(self) -> tuple[str, ...]:
+        return (self.subfolder,) if isinstance(self.subfolder, str) else self.subfolder
+
+
+@dataclass(frozen=True, kw_only=True)
+class Variant:
+    """What a particular checkpoint is: its tasks and the components it must provide."""
+
+    name: str
+    tasks: frozenset[TaskType]
+    weights: tuple[WeightSpec, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    family: str
+    diffusers_classes: tuple[str, ...]  # model_index.json "_class_name" values this spec loads
+    variant: Callable[[Mapping[str, Any]], Variant]  # model_index -> the variant it describes
+    build: Callable[[Variant, Mapping[str, Any], Mapping[str, Any], LoadOptions], Pipeline]
+    description: str = ""
+    schema_version: str = "0.1"
+    extras: Mapping[str, Any] = field(default_factory=dict)
+
+
+_REGISTRY: dict[str, ModelSpec] = {}
+
+
+def register_model_spec(spec: ModelSpec) -> ModelSpec:
+    for cls in spec.diffusers_classes:
+        if cls in _REGISTRY and _REGISTRY[cls] is not spec:
+            raise ValueError(f"diffusers class {cls!r} is already claimed by family {_REGISTRY[cls].family!r}")
+        _REGISTRY[cls] = spec
+    return spec
+
+
+def spec_for_class(class_name: str) -> ModelSpec:
+    _import_families()
+    try:
+        return _REGISTRY[class_name]
+    except KeyError:
+        raise ValueError(
+            f"model_index.json names pipeline class {class_name!r}, which no omniloop family loads; "
+            f"supported: {sorted(_REGISTRY)}"
+        ) from None
+
+
+def _import_families() -> None:
+    # Families register on import; importing here keeps the registry lazy.
+    import omniloop.models.families.wan.spec  # noqa: F401

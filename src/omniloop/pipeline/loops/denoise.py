@@ -1,0 +1,302 @@
+"""``DenoiseLoop``: one solver step per ``step`` call; the runtime owns the iteration.
+
+The default step body is the fixed slot skeleton
+
+    prepare_inputs -> [per guidance branch: pre_forward -> forward -> post_forward]
+                   -> combine -> sampler_step -> post_step -> inter_step
+
+with policies bound at build (which CFG policy, which routing, which conditioning) and
+all of their state allocated per request in ``DenoiseLoopState`` at ``init``.
+``step`` is ``step_many`` of one loop, so a batched step and an unbatched one run the
+same code.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, Hashable, Mapping, Protocol, Sequence
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from omniloop.pipeline.edges import ConditionLatents, DenoisedLatents, TextEmbeddings
+from omniloop.pipeline.policies.cfg import COND, CFGPolicy, CFGState, ClassicCFG, Prediction
+from omniloop.pipeline.policies.conditioning import ConditioningPolicy, NoConditioning
+from omniloop.pipeline.policies.routing import Route, RoutingPolicy, SingleModel
+from omniloop.pipeline.policies.shift import FlowShift
+from omniloop.pipeline.samplers.base import Sampler, SamplerState
+from omniloop.pipeline.stage import LoopStageBase
+from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
+from omniloop.request import DiffusionParams, LatentsArtifact, Modality, OmniRequest, TensorArtifact
+
+
+class Denoiser(Protocol):
+    """The family adapter a DenoiseLoop calls: shapes, per-branch inputs, the forward."""
+
+    modalities: tuple[str, ...]
+
+    def latent_shapes(self, ctx: StageContext, request: OmniRequest) -> dict[str, tuple[int, ...]]: ...
+
+    def branch_inputs(
+        self, ctx: StageContext, state: RequestState, branches: tuple[str, ...]
+    ) -> dict[str, dict[str, Any]]:
+        """Forward kwargs per guidance branch; tensors carry the batch dim first."""
+        ...
+
+    def forward(
+        self, model: torch.nn.Module, inputs: dict[str, torch.Tensor], timestep: torch.Tensor, kwargs: dict[str, Any]
+    ) -> Prediction: ...
+
+
+class DenoiseParams(BaseModel):
+    """``node_params[<denoise node>]``: per-node overrides of the request's DiffusionParams."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    steps: int | None = Field(default=None, ge=1, le=1000)
+    guidance_scale: float | None = Field(default=None, ge=0)
+    guidance_scale_2: float | None = Field(default=None, ge=0)
+    shift: float | None = Field(default=None, gt=0, le=100)
+    sampler: str | None = None
+
+
+@dataclass(kw_only=True)
+class DenoiseLoopState(LoopState):
+    params: DiffusionParams
+    seed: int
+    sampler: Sampler  # the shared, stateless solver; its state is in ``samplers``
+    samplers: dict[str, SamplerState]  # modality -> per-request solver state
+    latents: dict[str, torch.Tensor]  # modality -> [B, C, ...] float32
+    branch_kwargs: dict[str, dict[str, Any]]  # guidance branch -> forward kwargs
+    routes: list[Route]  # expert route of every step, resolved at init
+    model_dtype: torch.dtype
+    preview_every: int | None = None
+    trajectory: list[torch.Tensor] | None = None
+
+    @property
+    def route(self) -> Route:
+        return self.routes[self.steps_done]
+
+    @property
+    def timestep(self) -> torch.Tensor:
+        return next(iter(self.samplers.values())).timestep
+
+
+@dataclass
+class DenoiseLoop(LoopStageBase):
+    denoiser: Denoiser
+    cfg: CFGPolicy = field(default_factory=ClassicCFG)
+    routing: RoutingPolicy = field(default_factory=SingleModel)
+    shift: FlowShift = field(default_factory=FlowShift)
+    conditioning: ConditioningPolicy = field(default_factory=NoConditioning)
+    sampler_component: str = "sampler"
+
+    inputs = {"text": TextEmbeddings}  # type: ignore[assignment]
+    optional_inputs = {"condition": ConditionLatents}  # type: ignore[assignment]
+    outputs = {"latents": DenoisedLatents, "final_latents": LatentsArtifact, "trajectory": TensorArtifact}  # type: ignore[assignment]
+    params_schema = DenoiseParams
+
+    @property
+    def components(self) -> tuple[str, ...]:  # type: ignore[override]
+        return (*self.routing.components(), self.sampler_component)
+
+    # -- init / finalize ------------------------------------------------------------
+    def init(self, ctx: StageContext, state: RequestState) -> DenoiseLoopState:
+        request = state.request
+        params = _effective_params(request.diffusion, state.node_params.get(ctx.node))
+        sampler = ctx.component(self.sampler_component).get(params.sampler)
+        shapes = self.denoiser.latent_shapes(ctx, request)
+        area = _latent_area(shapes)
+        shift = self.shift.resolve(params, area)
+        num_steps = params.num_steps(ctx.defaults.get("steps", 50))
+        samplers = {
+            m: sampler.init_state(num_steps, device=ctx.device, shift=shift, sigmas=params.sigmas)
+            for m in self.denoiser.modalities
+        }
+        seed = params.seed if params.seed is not None else random.randrange(2**63)
+        # Same seed -> same noise as diffusers: a CPU generator, fp32, then moved.
+        gen = torch.Generator("cpu").manual_seed(seed)
+        latents = {m: torch.randn(shapes[m], generator=gen, dtype=torch.float32).to(ctx.device) for m in shapes}
+
+        cfg_state = self.cfg.init(params, self.denoiser.modalities, ctx.defaults)
+        timesteps = next(iter(samplers.values())).timesteps.detach().cpu()
+        num_train = getattr(sampler, "num_train_timesteps", 1000)
+        routes = [self.routing.route(t, num_train) for t in timesteps]
+        model_dtype = _dtype_of(ctx.component(routes[0].component), ctx.dtype)
+        loop = DenoiseLoopState(
+            node=ctx.node,
+            request_id=state.request_id,
+            steps_target=num_steps,
+            params=params,
+            seed=seed,
+            sampler=sampler,
+            samplers=samplers,
+            latents=latents,
+            branch_kwargs=self.denoiser.branch_inputs(ctx, state, cfg_state.branches),
+            routes=routes,
+            model_dtype=model_dtype,
+            preview_every=request.outputs.preview_every if request.outputs.stream else None,
+            trajectory=[] if request.outputs.return_trajectory else None,
+        )
+        loop.policy_states[self.cfg.name] = cfg_state
+        loop.policy_states[self.conditioning.name] = self.conditioning.init(
+            ctx.read_optional(state, self.conditioning.input_port, ConditionLatents)
+            if self.conditioning.input_port
+            else None
+        )
+        return loop
+
+    def finalize(self, ctx: StageContext, loop: DenoiseLoopState, state: RequestState) -> None:  # type: ignore[override]
+        ctx.write(state, "latents", DenoisedLatents(latents=dict(loop.latents)))
+        first = next(iter(loop.latents))
+        if state.request.outputs.return_latents:
+            ctx.write(state, "final_latents", LatentsArtifact(latents=loop.latents[first], modality=Modality(first)))
+        if loop.trajectory is not None:
+            ctx.write(state, "trajectory", TensorArtifact(tensor=torch.stack(loop.trajectory)))
+
+    # -- scheduling contract --------------------------------------------------------
+    def batch_key(self, loop: DenoiseLoopState) -> Hashable | None:  # type: ignore[override]
+        if loop.done:
+            return None
+        route = loop.route
+        cfg_state: CFGState = loop.policy_states[self.cfg.name]
+        return (
+            id(self),
+            route.component,
+            self.cfg.step_branches(cfg_state, route.scale_set),
+            tuple((m, tuple(x.shape)) for m, x in loop.latents.items()),
+            _kwargs_signature(loop.branch_kwargs),
+        )
+
+    def step(self, ctx: StageContext, loop: DenoiseLoopState) -> StepResult:  # type: ignore[override]
+        return self.step_many(ctx, [loop])[0]
+
+    def step_many(self, ctx: StageContext, loops: Sequence[DenoiseLoopState]) -> list[StepResult]:  # type: ignore[override]
+        route = loops[0].route
+        assert all(lp.route == route for lp in loops), "a batched step must run one expert"
+        model = ctx.component(route.component)
+        cfg_states: list[CFGState] = [lp.policy_states[self.cfg.name] for lp in loops]
+        branches = self.cfg.step_branches(cfg_states[0], route.scale_set)
+
+        inputs = [self._prepare_inputs(lp) for lp in loops]  # prepare_inputs
+        preds = self._forward_branches(model, loops, inputs, branches, cfg_states, route)
+        results = []
+        for lp, cfg_state, pred in zip(loops, cfg_states, preds):
+            guided = self.cfg.combine(cfg_state, pred, route.scale_set)  # combine
+            self._sampler_step(lp, guided)  # sampler_step
+            cond_state = lp.policy_states[self.conditioning.name]
+            lp.latents = self.conditioning.post_step(lp.latents, cond_state)  # post_step
+            results.append(self._inter_step(lp))  # inter_step
+        return results
+
+    # -- slots ----------------------------------------------------------------------
+    def _prepare_inputs(self, loop: DenoiseLoopState) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        cond_state = loop.policy_states[self.conditioning.name]
+        x = self.conditioning.prepare(loop.latents, cond_state)
+        x = {m: v.to(loop.model_dtype) for m, v in x.items()}
+        batch = next(iter(x.values())).shape[0]
+        return x, loop.timestep.expand(batch)
+
+    def _forward_branches(
+        self,
+        model: torch.nn.Module,
+        loops: Sequence[DenoiseLoopState],
+        inputs: list[tuple[dict[str, torch.Tensor], torch.Tensor]],
+        branches: tuple[str, ...],
+        cfg_states: list[CFGState],
+        route: Route,
+    ) -> list[dict[str, Prediction]]:
+        """Per loop, per branch predictions (float32). ``batched`` dispatch stacks every
+        (branch, loop) pair into one forward; ``sequential`` runs one forward per branch."""
+        calls: list[tuple[int, str]] = [(i, b) for b in branches for i in range(len(loops))]
+        groups = [calls] if self.cfg.mode == "batched" else [[c for c in calls if c[1] == b] for b in branches]
+        out: list[dict[str, Prediction]] = [{} for _ in loops]
+        for group in groups:
+            xs, ts, kws = [], [], []
+            for i, b in group:
+                x, t = inputs[i]
+                kw = self.cfg.pre_forward(cfg_states[i], b, loops[i].branch_kwargs[b], route.scale_set)  # pre_forward
+                xs.append(x)
+                ts.append(t)
+                kws.append(kw)
+            pred = self.denoiser.forward(model, _cat_dicts(xs), torch.cat(ts), _cat_kwargs(kws))  # forward
+            sizes = [next(iter(x.values())).shape[0] for x in xs]
+            for (i, b), part in zip(group, _split_pred(pred, sizes)):
+                out[i][b] = {m: v.float() for m, v in part.items()}  # post_forward: fp32 for combine
+        return out
+
+    def _sampler_step(self, loop: DenoiseLoopState, guided: Prediction) -> None:
+        for m, sstate in loop.samplers.items():
+            loop.latents[m] = loop.sampler.step(sstate, guided[m], loop.latents[m]).float()
+
+    def _inter_step(self, loop: DenoiseLoopState) -> StepResult:
+        loop.steps_done += 1
+        if loop.trajectory is not None:
+            loop.trajectory.append(next(iter(loop.latents.values())).detach().clone())
+        emit = None
+        if loop.preview_every and (loop.steps_done % loop.preview_every == 0) and not loop.done:
+            m, x = next(iter(loop.latents.items()))
+            emit = [("preview_latents", LatentsArtifact(latents=x.detach().clone(), modality=Modality(m), step=loop.steps_done, node=loop.node))]
+        return StepResult(done=loop.done, emit=emit)
+
+
+# -- helpers --------------------------------------------------------------------------
+
+
+def _effective_params(params: DiffusionParams, overrides: DenoiseParams | None) -> DiffusionParams:
+    if overrides is None:
+        return params
+    update = {k: v for k, v in overrides.model_dump().items() if v is not None}
+    if "steps" in update and params.sigmas is not None:
+        update["sigmas"] = None
+    return params.model_copy(update=update)
+
+
+def _latent_area(shapes: Mapping[str, tuple[int, ...]]) -> int | None:
+    shape = shapes.get("video") or shapes.get("image")
+    return int(shape[-1] * shape[-2]) if shape is not None else None
+
+
+def _dtype_of(module: Any, default: torch.dtype) -> torch.dtype:
+    dtype = getattr(module, "dtype", None)
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    for p in getattr(module, "parameters", lambda: iter(()))():
+        if p.is_floating_point():
+            return p.dtype
+    return default
+
+
+def _kwargs_signature(branch_kwargs: Mapping[str, Mapping[str, Any]]) -> tuple:
+    sig = []
+    for b, kw in sorted(branch_kwargs.items()):
+        for k, v in sorted(kw.items()):
+            sig.append((b, k, tuple(v.shape[1:]) if isinstance(v, torch.Tensor) else repr(v)))
+    return tuple(sig)
+
+
+def _cat_dicts(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    if len(parts) == 1:
+        return parts[0]
+    return {m: torch.cat([p[m] for p in parts]) for m in parts[0]}
+
+
+def _cat_kwargs(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    if len(parts) == 1:
+        return parts[0]
+    out: dict[str, Any] = {}
+    for k, v in parts[0].items():
+        if isinstance(v, torch.Tensor):
+            out[k] = torch.cat([p[k] for p in parts])
+        else:
+            assert all(p[k] == v for p in parts), f"non-tensor forward kwarg {k!r} differs inside a batch"
+            out[k] = v
+    return out
+
+
+def _split_pred(pred: Prediction, sizes: list[int]) -> list[Prediction]:
+    if len(sizes) == 1:
+        return [pred]
+    chunks = {m: torch.split(v, sizes) for m, v in pred.items()}
+    return [{m: chunks[m][i] for m in pred} for i in range(len(sizes))]

@@ -1,0 +1,101 @@
+"""A built pipeline: a validated spec bound to resident components on one device.
+
+``Pipeline`` owns admission-time request validation (task declared, node parameters
+match their schemas, the family's own checks) and exposes the per-node pieces the
+synchronous runner and the engine's scheduler both drive.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import torch
+from pydantic import ValidationError
+
+from omniloop.pipeline.spec import Node, PipelineSpec
+from omniloop.pipeline.state import RequestState, StageContext
+from omniloop.request import Artifact, OmniOutput, OmniRequest, RequestStatus
+
+RequestValidator = Callable[[OmniRequest], OmniRequest]
+
+
+@dataclass
+class Pipeline:
+    spec: PipelineSpec
+    components: Mapping[str, Any]
+    device: torch.device
+    dtype: torch.dtype
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    validate_request: RequestValidator | None = None  # family checks (sizes, required inputs)
+    contexts: dict[str, StageContext] = field(init=False)
+
+    def __post_init__(self) -> None:
+        missing = sorted(self.spec.required_components(self.spec.tasks) - set(self.components))
+        if missing:
+            raise ValueError(
+                f"pipeline {self.spec.name!r} needs components {missing} for tasks "
+                f"{sorted(t.value for t in self.spec.tasks)}; loaded: {sorted(self.components)}"
+            )
+        self.contexts = {
+            node.name: StageContext(
+                node=node.name,
+                components=self.components,
+                device=torch.device(self.device),
+                dtype=self.dtype,
+                inputs=dict(node.inputs),
+                outputs=dict(node.outputs),
+                defaults=self.defaults,
+            )
+            for node in self.spec.nodes
+        }
+
+    # -- admission ------------------------------------------------------------------
+    def admit(self, request: OmniRequest) -> RequestState:
+        """Validate ``request`` against this pipeline and allocate its state.
+
+        Raises ValueError naming the field at fault; nothing later fails on bad input.
+        """
+        if request.task not in self.spec.tasks:
+            raise ValueError(
+                f"task {request.task.value!r} is not served by {self.spec.name!r}; "
+                f"pass one of {sorted(t.value for t in self.spec.tasks)}"
+            )
+        if self.validate_request is not None:
+            request = self.validate_request(request)
+        state = RequestState(request=request)
+        state.node_params = self._node_params(request)
+        return state
+
+    def _node_params(self, request: OmniRequest) -> dict[str, Any]:
+        names = {n.name: n for n in self.spec.nodes}
+        out: dict[str, Any] = {}
+        for node_name, raw in request.node_params.items():
+            node = names.get(node_name)
+            if node is None:
+                raise ValueError(f"node_params names unknown node {node_name!r}; nodes: {sorted(names)}")
+            schema = node.stage.params_schema
+            if schema is None:
+                raise ValueError(f"node_params[{node_name!r}]: node {node_name!r} takes no parameters")
+            try:
+                out[node_name] = schema.model_validate(raw)
+            except ValidationError as e:
+                raise ValueError(f"node_params[{node_name!r}]: {e}") from None
+        return out
+
+    # -- graph walk -----------------------------------------------------------------
+    def active_nodes(self, request: OmniRequest) -> list[Node]:
+        return [n for n in self.spec.nodes_in_order() if n.active(request)]
+
+    def collect_output(self, state: RequestState, status: RequestStatus | None = None) -> OmniOutput:
+        """Named output artifacts present so far (partial on failure/cancel)."""
+        artifacts: dict[str, Artifact] = {
+            name: state.artifacts[edge] for name, edge in self.spec.outputs.items() if edge in state.artifacts
+        }
+        return OmniOutput(
+            request_id=state.request_id,
+            status=status or state.status,
+            artifacts=artifacts,
+            error=state.error,
+            metrics=state.metrics,
+        )

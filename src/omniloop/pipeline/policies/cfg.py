@@ -1,0 +1,118 @@
+"""Classifier-free guidance as one policy with dispatch modes.
+
+``ClassicCFG`` declares the branch vocabulary per request at ``init`` (``("cond",
+"uncond")`` when guidance is on, ``("cond",)`` when off), combines predictions per
+modality with per-modality scales, and chooses how the branches are dispatched:
+``"sequential"`` (two forwards, the reference) or ``"batched"`` (cond and uncond stacked
+along the batch, one forward). Batched-vs-sequential is a dispatch detail of the same
+policy, not a second mechanism. ``EmbeddedGuidance`` is the degenerate single-branch
+policy whose scale rides inside the forward (Flux-style guidance embedding).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Mapping
+
+import torch
+
+from omniloop.request import DiffusionParams, Modality
+
+COND, UNCOND = "cond", "uncond"
+Prediction = dict[str, torch.Tensor]  # modality -> model output
+
+
+@dataclass(kw_only=True)
+class CFGState:
+    """Per-request guidance state, held in ``LoopState.policy_states['cfg']``."""
+
+    branches: tuple[str, ...]
+    scales: dict[str, dict[str, float]]  # scale set name ("primary"/"secondary") -> modality -> scale
+
+
+def resolve_scales(
+    params: DiffusionParams, modalities: tuple[str, ...], default: float, default_2: float | None
+) -> dict[str, dict[str, float]]:
+    """Guidance scales per scale set and modality. ``secondary`` is the low-noise expert's
+    (``guidance_scale_2``; defaults to the primary scale, as diffusers does)."""
+    primary = {m: params.scale_for(Modality(m), default) for m in modalities}
+    if params.guidance_scale_2 is not None:
+        secondary = {m: params.guidance_scale_2 for m in modalities}
+    elif default_2 is not None and params.guidance_scale is None:
+        secondary = {m: default_2 for m in modalities}
+    else:
+        secondary = dict(primary)
+    return {"primary": primary, "secondary": secondary}
+
+
+def guidance_enabled(params: DiffusionParams, default: float, default_2: float | None = None) -> bool:
+    """Whether any step of a request needs the unconditional branch (and so a negative prompt)."""
+    scales = resolve_scales(params, tuple(m.value for m in Modality), default, default_2)
+    return any(s > 1.0 for group in scales.values() for s in group.values())
+
+
+@dataclass(frozen=True)
+class ClassicCFG:
+    """``uncond + s * (cond - uncond)`` per modality; dispatch ``sequential`` or ``batched``."""
+
+    mode: Literal["sequential", "batched"] = "sequential"
+    name: str = "cfg"
+
+    def init(self, params: DiffusionParams, modalities: tuple[str, ...], defaults: Mapping[str, Any]) -> CFGState:
+        scales = resolve_scales(
+            params, modalities, defaults.get("guidance_scale", 1.0), defaults.get("guidance_scale_2")
+        )
+        on = any(s > 1.0 for group in scales.values() for s in group.values())
+        return CFGState(branches=(COND, UNCOND) if on else (COND,), scales=scales)
+
+    def step_branches(self, state: CFGState, scale_set: str) -> tuple[str, ...]:
+        """Branches needed this step: a scale of exactly 1 makes the uncond forward moot."""
+        if UNCOND in state.branches and all(s == 1.0 for s in state.scales[scale_set].values()):
+            return (COND,)
+        return state.branches
+
+    def pre_forward(self, state: CFGState, branch: str, kwargs: dict[str, Any], scale_set: str) -> dict[str, Any]:
+        return kwargs
+
+    def combine(self, state: CFGState, preds: Mapping[str, Prediction], scale_set: str) -> Prediction:
+        cond = preds[COND]
+        if UNCOND not in preds:
+            return dict(cond)
+        scales = state.scales[scale_set]
+        uncond = preds[UNCOND]
+        return {m: uncond[m] + scales[m] * (cond[m] - uncond[m]) for m in cond}
+
+
+@dataclass(frozen=True)
+class EmbeddedGuidance:
+    """Single branch; the scale is passed to the model as ``kwarg`` (times ``multiplier``)."""
+
+    kwarg: str = "guidance"
+    multiplier: float = 1.0
+    mode: Literal["sequential"] = "sequential"
+    name: str = "cfg"
+
+    def init(self, params: DiffusionParams, modalities: tuple[str, ...], defaults: Mapping[str, Any]) -> CFGState:
+        scales = resolve_scales(params, modalities, defaults.get("guidance_scale", 1.0), None)
+        return CFGState(branches=(COND,), scales=scales)
+
+    def step_branches(self, state: CFGState, scale_set: str) -> tuple[str, ...]:
+        return (COND,)
+
+    def pre_forward(self, state: CFGState, branch: str, kwargs: dict[str, Any], scale_set: str) -> dict[str, Any]:
+        scale = next(iter(state.scales[scale_set].values()))
+        batch = _batch_size(kwargs)
+        return {**kwargs, self.kwarg: torch.full((batch,), scale * self.multiplier, dtype=torch.float32)}
+
+    def combine(self, state: CFGState, preds: Mapping[str, Prediction], scale_set: str) -> Prediction:
+        return dict(preds[COND])
+
+
+def _batch_size(kwargs: Mapping[str, Any]) -> int:
+    for v in kwargs.values():
+        if isinstance(v, torch.Tensor):
+            return int(v.shape[0])
+    return 1
+
+
+CFGPolicy = ClassicCFG | EmbeddedGuidance

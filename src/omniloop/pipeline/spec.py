@@ -1,0 +1,205 @@
+"""``PipelineSpec``: a frozen, validated graph of nodes over shared components.
+
+Validation runs at construction and names the node and edge at fault: unknown
+component, edge type mismatch, missing producer (per declared task), cycle, a node
+unreachable for every declared task, an output naming no edge.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from omniloop.pipeline.predicates import Predicate
+from omniloop.pipeline.stage import is_loop
+from omniloop.request import Artifact, TaskType
+
+
+class PipelineSpecError(ValueError):
+    """A graph that cannot run; raised at build time."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComponentSpec:
+    """A component a pipeline binds by name. ``required_for=None`` means every task."""
+
+    name: str
+    kind: str  # "transformer", "vae", "text_encoder", "tokenizer", "sampler", ...
+    required_for: frozenset[TaskType] | None = None
+    optional: bool = False  # loaded if present, never required
+
+    def required(self, task: TaskType) -> bool:
+        return not self.optional and (self.required_for is None or task in self.required_for)
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    stage: Any  # a Stage or LoopStage
+    when: Predicate | None = None
+    inputs: Mapping[str, str] = field(default_factory=dict)  # port -> edge rename
+    outputs: Mapping[str, str] = field(default_factory=dict)  # port -> edge rename
+
+    @property
+    def is_loop(self) -> bool:
+        return is_loop(self.stage)
+
+    def input_edges(self, *, optional: bool = False) -> dict[str, type[Artifact]]:
+        ports = self.stage.optional_inputs if optional else self.stage.inputs
+        return {self.inputs.get(p, p): t for p, t in ports.items()}
+
+    def output_edges(self) -> dict[str, type[Artifact]]:
+        return {self.outputs.get(p, p): t for p, t in self.stage.outputs.items()}
+
+    def may_run_for(self, task: TaskType) -> bool:
+        tasks = None if self.when is None else self.when.tasks()
+        return tasks is None or task in tasks
+
+    def active(self, request: Any) -> bool:
+        return self.when is None or self.when(request)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipelineSpec:
+    name: str
+    family: str
+    tasks: frozenset[TaskType]
+    components: Mapping[str, ComponentSpec]
+    nodes: tuple[Node, ...]
+    outputs: Mapping[str, str]  # output artifact name -> edge
+    order: tuple[str, ...] = field(init=False)  # topological node order, computed by validation
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tasks", frozenset(TaskType(t) for t in self.tasks))
+        object.__setattr__(self, "nodes", tuple(self.nodes))
+        object.__setattr__(self, "order", _validate(self))
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(f"pipeline {self.name!r} has no node {name!r}; nodes: {[n.name for n in self.nodes]}")
+
+    def nodes_in_order(self) -> list[Node]:
+        by_name = {n.name: n for n in self.nodes}
+        return [by_name[name] for name in self.order]
+
+    def required_components(self, tasks: Iterable[TaskType]) -> set[str]:
+        tasks = list(tasks)
+        return {c.name for c in self.components.values() if any(c.required(t) for t in tasks)}
+
+
+# -- validation ---------------------------------------------------------------------
+
+
+def _fail(spec: PipelineSpec, msg: str) -> PipelineSpecError:
+    return PipelineSpecError(f"pipeline {spec.name!r}: {msg}")
+
+
+def _validate(spec: PipelineSpec) -> tuple[str, ...]:
+    if not spec.tasks:
+        raise _fail(spec, "declares no tasks; pass tasks={TaskType.T2V, ...}")
+    names = [n.name for n in spec.nodes]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise _fail(spec, f"duplicate node names {dup}")
+    for key, comp in spec.components.items():
+        if key != comp.name:
+            raise _fail(spec, f"component key {key!r} differs from its ComponentSpec name {comp.name!r}")
+
+    producers: dict[str, list[tuple[Node, type[Artifact]]]] = defaultdict(list)
+    for node in spec.nodes:
+        _check_node_shape(spec, node)
+        for edge, kind in node.output_edges().items():
+            producers[edge].append((node, kind))
+
+    for node in spec.nodes:
+        if not any(node.may_run_for(t) for t in spec.tasks):
+            raise _fail(
+                spec,
+                f"node {node.name!r} is unreachable: its when={node.when!r} is false for every declared task "
+                f"{sorted(t.value for t in spec.tasks)}",
+            )
+        for optional in (False, True):
+            for edge, want in node.input_edges(optional=optional).items():
+                _check_edge(spec, node, edge, want, producers, optional)
+
+    for out, edge in spec.outputs.items():
+        if edge not in producers:
+            raise _fail(spec, f"output {out!r} names edge {edge!r}, which no node produces")
+    return _toposort(spec, producers)
+
+
+def _check_node_shape(spec: PipelineSpec, node: Node) -> None:
+    stage = node.stage
+    for attr in ("inputs", "optional_inputs", "outputs", "components"):
+        if not hasattr(stage, attr):
+            raise _fail(spec, f"node {node.name!r}: stage {type(stage).__name__} lacks {attr!r}")
+    if not node.is_loop and not callable(getattr(stage, "forward", None)):
+        raise _fail(spec, f"node {node.name!r}: {type(stage).__name__} is neither a Stage nor a LoopStage")
+    for comp in stage.components:
+        if comp not in spec.components:
+            raise _fail(
+                spec,
+                f"node {node.name!r} binds unknown component {comp!r}; declared components: {sorted(spec.components)}",
+            )
+    for ports, label in ((node.inputs, "input"), (node.outputs, "output")):
+        known = set(stage.inputs) | set(stage.optional_inputs) if label == "input" else set(stage.outputs)
+        bad = sorted(set(ports) - known)
+        if bad:
+            raise _fail(spec, f"node {node.name!r} renames unknown {label} port(s) {bad}; ports: {sorted(known)}")
+
+
+def _check_edge(
+    spec: PipelineSpec,
+    node: Node,
+    edge: str,
+    want: type[Artifact],
+    producers: Mapping[str, list[tuple[Node, type[Artifact]]]],
+    optional: bool,
+) -> None:
+    found = [(p, kind) for p, kind in producers.get(edge, []) if p.name != node.name]
+    if not found:
+        if optional:
+            return
+        raise _fail(spec, f"node {node.name!r} reads edge {edge!r} ({want.__name__}), which no node produces")
+    for producer, kind in found:
+        if not issubclass(kind, want):
+            raise _fail(
+                spec,
+                f"edge {edge!r}: node {producer.name!r} produces {kind.__name__} but node {node.name!r} "
+                f"expects {want.__name__}",
+            )
+    if optional:
+        return
+    for task in spec.tasks:
+        if node.may_run_for(task) and not any(p.may_run_for(task) for p, _ in found):
+            raise _fail(
+                spec,
+                f"node {node.name!r} reads edge {edge!r} for task {task.value!r}, but its producers "
+                f"{[p.name for p, _ in found]} never run for that task",
+            )
+
+
+def _toposort(spec: PipelineSpec, producers: Mapping[str, list[tuple[Node, type[Artifact]]]]) -> tuple[str, ...]:
+    deps: dict[str, set[str]] = {n.name: set() for n in spec.nodes}
+    for node in spec.nodes:
+        for optional in (False, True):
+            for edge in node.input_edges(optional=optional):
+                deps[node.name] |= {p.name for p, _ in producers.get(edge, []) if p.name != node.name}
+    order: list[str] = []
+    ready = [n.name for n in spec.nodes if not deps[n.name]]  # declaration order breaks ties
+    remaining = {k: set(v) for k, v in deps.items()}
+    while ready:
+        name = ready.pop(0)
+        order.append(name)
+        for other in spec.nodes:
+            if name in remaining[other.name]:
+                remaining[other.name].discard(name)
+                if not remaining[other.name] and other.name not in order and other.name not in ready:
+                    ready.append(other.name)
+    if len(order) != len(spec.nodes):
+        cyclic = sorted(n for n in remaining if remaining[n] and n not in order)
+        raise _fail(spec, f"cycle among nodes {cyclic}")
+    return tuple(order)

@@ -1,0 +1,75 @@
+"""The two node protocols the runtime drives.
+
+``Stage``: a one-shot transform (encoders, VAE encode/decode, packers, vocoders).
+``LoopStage``: an iterative computation whose iteration the runtime owns: ``init`` once,
+``step`` until ``StepResult.done``, then ``finalize``. A loop may offer ``batch_key`` /
+``step_many`` so the scheduler can run shape-compatible steps of several requests as one
+forward.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Hashable, Mapping, Protocol, Sequence, runtime_checkable
+
+from pydantic import BaseModel
+
+from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
+from omniloop.request import Artifact
+
+
+class _Ports(Protocol):
+    # Typed ports: port name -> artifact type. Ports equal edge names unless the Node renames.
+    inputs: ClassVar[Mapping[str, type[Artifact]]] | Mapping[str, type[Artifact]]
+    optional_inputs: ClassVar[Mapping[str, type[Artifact]]] | Mapping[str, type[Artifact]]
+    outputs: ClassVar[Mapping[str, type[Artifact]]] | Mapping[str, type[Artifact]]
+    # Names of the components this stage binds (validated against the spec's components).
+    components: Sequence[str]
+    # Schema of OmniRequest.node_params[node] for this stage, or None if it takes none.
+    params_schema: type[BaseModel] | None
+
+
+@runtime_checkable
+class Stage(_Ports, Protocol):
+    def forward(self, ctx: StageContext, state: RequestState) -> None: ...
+
+
+@runtime_checkable
+class LoopStage(_Ports, Protocol):
+    def init(self, ctx: StageContext, state: RequestState) -> LoopState: ...
+
+    def step(self, ctx: StageContext, loop: LoopState) -> StepResult: ...
+
+    def finalize(self, ctx: StageContext, loop: LoopState, state: RequestState) -> None: ...
+
+    def batch_key(self, loop: LoopState) -> Hashable | None:
+        """Steps of loops with equal, non-None keys may run as one ``step_many`` call."""
+        ...
+
+    def step_many(self, ctx: StageContext, loops: Sequence[LoopState]) -> list[StepResult]: ...
+
+
+def is_loop(stage: Any) -> bool:
+    return callable(getattr(stage, "init", None)) and callable(getattr(stage, "step", None))
+
+
+class StageBase:
+    """Defaults for the declarative port attributes (subclass and override)."""
+
+    inputs: ClassVar[Mapping[str, type[Artifact]]] = {}
+    optional_inputs: ClassVar[Mapping[str, type[Artifact]]] = {}
+    outputs: ClassVar[Mapping[str, type[Artifact]]] = {}
+    components: Sequence[str] = ()
+    params_schema: type[BaseModel] | None = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class LoopStageBase(StageBase):
+    """Default ``batch_key``/``step_many``: no batching, steps run one by one."""
+
+    def batch_key(self, loop: LoopState) -> Hashable | None:
+        return None
+
+    def step_many(self, ctx: StageContext, loops: Sequence[LoopState]) -> list[StepResult]:
+        return [self.step(ctx, loop) for loop in loops]  # type: ignore[attr-defined]

@@ -1,0 +1,6 @@
+"""Generic one-shot stages shared by families (text encoding, latent decoding)."""
+
+from omniloop.pipeline.stages.decode import VAEDecode, latents_to_unit_range
+from omniloop.pipeline.stages.text import TextEncode
+
+__all__ = ["TextEncode", "VAEDecode", "latents_to_unit_range"]

@@ -1,0 +1,114 @@
+"""Runtime-owned state: per request (``RequestState``), per loop (``LoopState``), the
+per-node ``StageContext`` and the ``StepResult`` a loop step returns.
+
+Nothing mutable per request lives on a module or any object shared between requests:
+samplers, policies and plugins keep their state here.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping, TypeVar
+
+import torch
+
+from omniloop.request import Artifact, OmniRequest, RequestMetrics, RequestStatus
+
+A = TypeVar("A", bound=Artifact)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageContext:
+    """A node's view of the deployment, built once per node at pipeline build.
+
+    Shared by every request that runs the node, hence frozen and free of request state.
+    ``inputs``/``outputs`` map the stage's port names to graph edge names.
+    """
+
+    node: str
+    components: Mapping[str, Any]  # name -> resident module/tokenizer/sampler (shared by reference)
+    device: torch.device
+    dtype: torch.dtype
+    inputs: Mapping[str, str] = field(default_factory=dict)
+    outputs: Mapping[str, str] = field(default_factory=dict)
+    defaults: Mapping[str, Any] = field(default_factory=dict)  # model defaults (steps, guidance, ...)
+    hooks: Any = None  # observer chain assembled at build (extension system); None costs nothing
+
+    def component(self, name: str) -> Any:
+        try:
+            return self.components[name]
+        except KeyError:
+            raise KeyError(f"node {self.node!r} needs component {name!r}, which is not loaded") from None
+
+    # Port-level access to the request's edge artifacts.
+    def read(self, state: "RequestState", port: str, kind: type[A] = Artifact) -> A:  # type: ignore[assignment]
+        return state.get(self.inputs.get(port, port), kind, reader=self.node)
+
+    def read_optional(self, state: "RequestState", port: str, kind: type[A] = Artifact) -> A | None:  # type: ignore[assignment]
+        edge = self.inputs.get(port, port)
+        return state.get(edge, kind, reader=self.node) if edge in state.artifacts else None
+
+    def write(self, state: "RequestState", port: str, artifact: Artifact) -> None:
+        state.put(self.outputs.get(port, port), artifact, node=self.node)
+
+
+@dataclass(kw_only=True)
+class LoopState:
+    """Everything mutable about one loop of one request (one progress counter: STYLE.md 2)."""
+
+    node: str
+    request_id: str
+    steps_target: int
+    steps_done: int = 0
+    policy_states: dict[str, Any] = field(default_factory=dict)  # policy slot -> its per-request state
+    plugin_states: dict[str, Any] = field(default_factory=dict)  # plugin name -> its per-request state
+    step_times: list[float] = field(default_factory=list)  # measured wall seconds per step
+
+    @property
+    def done(self) -> bool:
+        return self.steps_done >= self.steps_target
+
+
+@dataclass(kw_only=True)
+class StepResult:
+    done: bool
+    emit: list[tuple[str, Artifact]] | None = None  # (name, partial artifact) streamed now
+
+
+@dataclass(kw_only=True)
+class RequestState:
+    """Runtime-owned mutable state of one request."""
+
+    request: OmniRequest
+    status: RequestStatus = RequestStatus.QUEUED
+    artifacts: dict[str, Artifact] = field(default_factory=dict)  # edge name -> artifact
+    loops: dict[str, LoopState] = field(default_factory=dict)  # node name -> live loop state
+    node_params: dict[str, Any] = field(default_factory=dict)  # node -> validated override model
+    metrics: RequestMetrics = field(default_factory=RequestMetrics)
+    ext: Any = None  # optional typed per-family extension (a dataclass the family registers)
+    error: str | None = None
+    started_at: float | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    def put(self, edge: str, artifact: Artifact, *, node: str) -> None:
+        artifact.node = node
+        self.artifacts[edge] = artifact
+
+    def get(self, edge: str, kind: type[A] = Artifact, *, reader: str = "?") -> A:  # type: ignore[assignment]
+        try:
+            art = self.artifacts[edge]
+        except KeyError:
+            raise RuntimeError(
+                f"node {reader!r} reads edge {edge!r}, which no node has produced for task {self.request.task.value!r}"
+            ) from None
+        assert isinstance(art, kind), f"edge {edge!r} holds {type(art).__name__}, node {reader!r} expects {kind.__name__}"
+        return art  # type: ignore[return-value]
+
+    def mark_started(self) -> None:
+        if self.started_at is None:
+            self.started_at = time.perf_counter()
+            self.status = RequestStatus.RUNNING

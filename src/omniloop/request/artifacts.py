@@ -1,0 +1,92 @@
+"""Typed, named artifacts. Every artifact records the graph node that produced it.
+
+Output artifacts (video, image, audio, text, tensors, latents) end up in
+``OmniOutput.artifacts``; pipeline-internal edge artifacts (embeddings, conditioning
+latents) subclass the same base in ``omniloop.pipeline.edges``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from omniloop.request.enums import Modality
+
+
+@dataclass(kw_only=True)
+class Artifact:
+    node: str = ""  # producing graph node, stamped by the runtime when stored
+
+    @property
+    def kind(self) -> str:
+        return type(self).__name__
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-safe summary (no payload)."""
+        return {"kind": self.kind, "node": self.node}
+
+
+@dataclass(kw_only=True)
+class VideoArtifact(Artifact):
+    frames: torch.Tensor  # [F, H, W, 3] uint8
+    fps: int
+
+    def __post_init__(self) -> None:
+        assert self.frames.ndim == 4 and self.frames.shape[-1] == 3, f"frames must be [F,H,W,3], got {tuple(self.frames.shape)}"
+        assert self.frames.dtype == torch.uint8, f"frames must be uint8, got {self.frames.dtype}"
+
+    @property
+    def num_frames(self) -> int:
+        return int(self.frames.shape[0])
+
+    def describe(self) -> dict[str, Any]:
+        f, h, w, _ = self.frames.shape
+        return {**super().describe(), "num_frames": int(f), "height": int(h), "width": int(w), "fps": self.fps}
+
+
+@dataclass(kw_only=True)
+class ImageArtifact(Artifact):
+    image: torch.Tensor  # [H, W, 3] uint8
+
+    def describe(self) -> dict[str, Any]:
+        h, w, _ = self.image.shape
+        return {**super().describe(), "height": int(h), "width": int(w)}
+
+
+@dataclass(kw_only=True)
+class AudioArtifact(Artifact):
+    samples: torch.Tensor  # [channels, num_samples] float32 in [-1, 1]
+    sample_rate: int
+
+    def describe(self) -> dict[str, Any]:
+        c, n = self.samples.shape
+        return {**super().describe(), "channels": int(c), "num_samples": int(n), "sample_rate": self.sample_rate}
+
+
+@dataclass(kw_only=True)
+class TextArtifact(Artifact):
+    text: str
+    token_ids: list[int] = field(default_factory=list)
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "text": self.text, "num_tokens": len(self.token_ids)}
+
+
+@dataclass(kw_only=True)
+class TensorArtifact(Artifact):
+    tensor: torch.Tensor
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "shape": list(self.tensor.shape), "dtype": str(self.tensor.dtype)}
+
+
+@dataclass(kw_only=True)
+class LatentsArtifact(Artifact):
+    latents: torch.Tensor  # [B, C, ...] in the model's latent space
+    modality: Modality = Modality.VIDEO
+    step: int | None = None  # denoise step these latents follow (None: final)
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "modality": self.modality.value, "shape": list(self.latents.shape), "step": self.step}

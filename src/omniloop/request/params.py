@@ -1,0 +1,105 @@
+"""Per-call parameters. ``None`` means "the model's default" (resolved by its ModelSpec)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from omniloop.request.enums import Modality
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class DiffusionParams(BaseModel):
+    """Knobs of a denoise loop. Node-specific overrides go to ``OmniRequest.node_params``."""
+
+    model_config = _FROZEN
+
+    steps: int | None = Field(default=None, ge=1, le=1000, description="number of denoising steps")
+    guidance_scale: float | dict[Modality, float] | None = Field(
+        default=None, description="CFG scale; a number, or one per output modality ({'video': 5.0})"
+    )
+    guidance_scale_2: float | None = Field(
+        default=None, ge=0, description="CFG scale of the low-noise expert (two-expert models such as Wan2.2)"
+    )
+    shift: float | None = Field(default=None, gt=0, le=100, description="flow-matching timestep shift")
+    sigmas: list[float] | None = Field(
+        default=None, min_length=1, description="explicit descending noise levels in (0, 1]; overrides steps"
+    )
+    height: int | None = Field(default=None, ge=16, le=8192)
+    width: int | None = Field(default=None, ge=16, le=8192)
+    num_frames: int | None = Field(default=None, ge=1, le=2049)
+    fps: int | None = Field(default=None, ge=1, le=240)
+    seed: int | None = Field(default=None, ge=0, lt=2**63)
+    negative_prompt: str | None = None
+    sampler: str | None = Field(default=None, description="sampler name (e.g. flow_unipc, flow_euler)")
+    plugin_params: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="parameters for plugins enabled by the deployment, by plugin name"
+    )
+
+    @field_validator("guidance_scale")
+    @classmethod
+    def _scales_non_negative(cls, v: float | dict[Modality, float] | None):
+        values = v.values() if isinstance(v, dict) else ([] if v is None else [v])
+        if any(s < 0 for s in values):
+            raise ValueError("must be >= 0 (1.0 or less disables classifier-free guidance)")
+        return v
+
+    @field_validator("sigmas")
+    @classmethod
+    def _sigmas_descending(cls, v: list[float] | None):
+        if v is None:
+            return v
+        if any(not (0.0 < s <= 1.0) for s in v):
+            raise ValueError("every sigma must be in (0, 1]")
+        if any(a <= b for a, b in zip(v, v[1:])):
+            raise ValueError("must be strictly descending, e.g. [1.0, 0.75, 0.5, 0.25]")
+        return v
+
+    @model_validator(mode="after")
+    def _steps_match_sigmas(self) -> "DiffusionParams":
+        if self.sigmas is not None and self.steps is not None and self.steps != len(self.sigmas):
+            raise ValueError(f"steps={self.steps} disagrees with len(sigmas)={len(self.sigmas)}; pass one of them")
+        return self
+
+    def num_steps(self, default: int) -> int:
+        if self.sigmas is not None:
+            return len(self.sigmas)
+        return self.steps if self.steps is not None else default
+
+    def scale_for(self, modality: Modality, default: float) -> float:
+        """The guidance scale of ``modality`` (a per-modality dict falls back to ``default``)."""
+        if isinstance(self.guidance_scale, dict):
+            return self.guidance_scale.get(modality, default)
+        return default if self.guidance_scale is None else self.guidance_scale
+
+
+class SamplingParams(BaseModel):
+    """Knobs of an autoregressive decode loop."""
+
+    model_config = _FROZEN
+
+    max_tokens: int = Field(default=256, ge=1, le=131072)
+    temperature: float = Field(default=1.0, ge=0.0, le=10.0, description="0 means greedy")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=0, description="0 disables top-k")
+    repetition_penalty: float = Field(default=1.0, gt=0.0)
+    stop: list[str] = Field(default_factory=list)
+    stop_token_ids: list[int] = Field(default_factory=list)
+    seed: int | None = Field(default=None, ge=0, lt=2**63)
+
+
+class OutputSpec(BaseModel):
+    """What to return and what to stream."""
+
+    model_config = _FROZEN
+
+    modalities: list[Modality] | None = Field(default=None, description="outputs wanted; None = the task's default")
+    stream: bool = Field(default=False, description="stream OmniEvents (progress, partial artifacts, final)")
+    preview_every: int | None = Field(
+        default=None, ge=1, description="emit a decoded preview every N denoise steps while streaming"
+    )
+    return_latents: bool = Field(default=False, description="also return the final latents")
+    return_trajectory: bool = Field(default=False, description="also return the latents after every step")
+    video_format: Literal["mp4", "frames"] = "mp4"

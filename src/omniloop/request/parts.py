@@ -1,0 +1,93 @@
+"""Modal input parts: what a request carries besides its parameters.
+
+Media parts accept exactly one source: a local ``path``, base64 ``b64`` bytes (what the
+HTTP layer produces), or in-process ``data`` (a PIL image, a numpy array or a torch
+tensor; never serialized). Which sources an entrypoint may use is the entrypoint's
+policy: the server refuses ``path`` so a client cannot read the server's files.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from omniloop.request.enums import Modality
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    @property
+    def modality(self) -> Modality:
+        return Modality(self.kind)  # type: ignore[attr-defined]
+
+
+class TextPart(_Part):
+    kind: Literal["text"] = "text"
+    text: str
+
+
+class _MediaPart(_Part):
+    path: str | None = None
+    b64: str | None = Field(default=None, description="base64-encoded file bytes")
+    data: Any = Field(default=None, exclude=True, description="in-process PIL image / numpy / torch data")
+
+    @field_validator("b64")
+    @classmethod
+    def _valid_b64(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        payload = v.split(",", 1)[1] if v.startswith("data:") else v
+        try:
+            base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError):
+            raise ValueError("is not valid base64; pass the file's bytes base64-encoded (a data: URL is accepted)")
+        return v
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "_MediaPart":
+        given = [name for name in ("path", "b64", "data") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                f"{self.kind} part needs exactly one source among path, b64, data; got {given or 'none'}"  # type: ignore[attr-defined]
+            )
+        return self
+
+    def raw_bytes(self) -> bytes:
+        """The b64 payload decoded (for ``b64`` sources)."""
+        assert self.b64 is not None, "raw_bytes() is only for b64 sources"
+        payload = self.b64.split(",", 1)[1] if self.b64.startswith("data:") else self.b64
+        return base64.b64decode(payload)
+
+
+class ImagePart(_MediaPart):
+    kind: Literal["image"] = "image"
+    role: Literal["first_frame", "last_frame", "reference"] = "first_frame"
+
+
+class VideoPart(_MediaPart):
+    kind: Literal["video"] = "video"
+
+
+class AudioPart(_MediaPart):
+    kind: Literal["audio"] = "audio"
+    sample_rate: int | None = Field(default=None, gt=0)
+
+
+class ActionPart(_Part):
+    kind: Literal["action"] = "action"
+    values: list[list[float]] = Field(description="[T, action_dim] actions, one row per step")
+
+
+class LatentPart(_Part):
+    kind: Literal["latent"] = "latent"
+    data: Any = Field(exclude=True, description="a torch tensor of latents, in-process only")
+    of: Modality = Field(default=Modality.VIDEO, description="the modality these latents encode")
+
+
+ModalPart = Annotated[
+    Union[TextPart, ImagePart, VideoPart, AudioPart, ActionPart, LatentPart], Field(discriminator="kind")
+]

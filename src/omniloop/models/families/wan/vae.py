@@ -1,0 +1,616 @@
+"""The Wan2.1 causal 3D VAE (diffusers ``AutoencoderKLWan``, ``is_residual=False``).
+
+Video ``[B, 3, F, H, W]`` in ``[-1, 1]`` <-> latents ``[B, z_dim, f, h, w]`` with
+``F = 1 + 4 (f - 1)`` and ``H = 8 h``, ``W = 8 w`` for the released checkpoint.
+
+Vocabulary:
+
+* **chunk** -- the unit the causal network runs on. Encoding takes the first frame
+  alone, then chunks of ``scale_factor_temporal`` frames, each giving one latent frame;
+  decoding takes one latent frame per chunk (the first gives one video frame, every later
+  one ``scale_factor_temporal`` frames). This is diffusers' chunking, so outputs match.
+* **causal cache** -- the last (up to two) frames each causal conv saw in the previous
+  chunk, so a chunk sees the frames before it. It lives in a :class:`CausalCache` that
+  ``encode``/``decode`` create per call and thread through every forward; the module
+  itself holds only weights, so one module serves concurrent requests (diffusers keeps
+  this on the module as ``_feat_map``/``_conv_idx``).
+
+Every block takes ``(x, cache)``. The cache slots are positional: each causal conv (and
+each temporal resample) takes the next slot in forward order, every chunk.
+
+NOTE: tensors stored in the cache are sometimes the very tensors that flow on to the next
+layer (no copy). So in-place ops below only ever touch tensors created in the same
+function (conv / norm outputs), never a block's input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+# The Wan2.1 latent statistics (diffusers' defaults; WanPipeline normalises with them).
+WAN21_LATENTS_MEAN: tuple[float, ...] = (
+    -0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
+    0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921,
+)  # fmt: skip
+WAN21_LATENTS_STD: tuple[float, ...] = (
+    2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
+    3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160,
+)  # fmt: skip
+
+# Frames of history a 3-tap causal conv needs (diffusers' CACHE_T).
+_HISTORY = 2
+
+
+# ----------------------------------------------------------------------------- config
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WanVAEConfig:
+    """Architecture of the Wan2.1 VAE; the defaults are the released checkpoint."""
+
+    base_dim: int = 96
+    decoder_base_dim: int | None = None  # None: same as base_dim
+    z_dim: int = 16
+    dim_mult: tuple[int, ...] = (1, 2, 4, 4)
+    num_res_blocks: int = 2
+    attn_scales: tuple[float, ...] = ()  # encoder levels (1.0, 0.5, ...) with attention
+    temperal_downsample: tuple[bool, ...] = (False, True, True)  # sic: diffusers' spelling
+    dropout: float = 0.0
+    latents_mean: tuple[float, ...] = WAN21_LATENTS_MEAN
+    latents_std: tuple[float, ...] = WAN21_LATENTS_STD
+    in_channels: int = 3
+    out_channels: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("base_dim", "z_dim", "num_res_blocks", "in_channels", "out_channels"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"WanVAEConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.decoder_base_dim is not None and self.decoder_base_dim < 1:
+            raise ValueError(
+                f"WanVAEConfig.decoder_base_dim must be >= 1 or None (same as base_dim), "
+                f"got {self.decoder_base_dim}"
+            )
+        if not self.dim_mult or any(m < 1 for m in self.dim_mult):
+            raise ValueError(f"WanVAEConfig.dim_mult must be a non-empty list of ints >= 1, got {self.dim_mult}")
+        if len(self.temperal_downsample) != len(self.dim_mult) - 1:
+            raise ValueError(
+                f"WanVAEConfig.temperal_downsample needs one bool per downsampling level "
+                f"(len(dim_mult) - 1 = {len(self.dim_mult) - 1}), got {list(self.temperal_downsample)}"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"WanVAEConfig.dropout must be in [0, 1), got {self.dropout}")
+        if len(self.latents_mean) != self.z_dim or len(self.latents_std) != self.z_dim:
+            raise ValueError(
+                f"WanVAEConfig.latents_mean/latents_std need z_dim={self.z_dim} values each, got "
+                f"{len(self.latents_mean)} and {len(self.latents_std)}"
+            )
+        if any(s <= 0 for s in self.latents_std):
+            raise ValueError(f"WanVAEConfig.latents_std must be positive, got {self.latents_std}")
+
+    @property
+    def decoder_dim(self) -> int:
+        return self.base_dim if self.decoder_base_dim is None else self.decoder_base_dim
+
+    @property
+    def scale_factor_temporal(self) -> int:
+        """Video frames per latent frame (after the first): 4 for Wan2.1."""
+        return 2 ** sum(self.temperal_downsample)
+
+    @property
+    def scale_factor_spatial(self) -> int:
+        """Pixels per latent along H and W: 8 for Wan2.1."""
+        return 2 ** (len(self.dim_mult) - 1)
+
+    @classmethod
+    def from_diffusers_config(cls, d: Mapping[str, Any]) -> WanVAEConfig:
+        """Build from a diffusers ``vae/config.json`` dict (``AutoencoderKLWan``)."""
+        d = {k: v for k, v in d.items() if not k.startswith("_")}  # _class_name, _diffusers_version, ...
+        if d.pop("is_residual", False) or d.get("patch_size") is not None:
+            raise ValueError(
+                "the Wan2.2 residual VAE (is_residual=True / patch_size set) is not supported yet; "
+                "pass a Wan2.1 VAE config (is_residual=false, patch_size=null)"
+            )
+        d.pop("patch_size", None)
+        # The scale factors are derived from the architecture; a config may restate them.
+        probe = {k: d.pop(k) for k in ("scale_factor_temporal", "scale_factor_spatial") if k in d}
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown Wan VAE config keys {unknown}; known keys are {sorted(known)}")
+        for key in ("dim_mult", "attn_scales", "temperal_downsample", "latents_mean", "latents_std"):
+            if key in d:
+                d[key] = tuple(d[key])
+        config = cls(**d)
+        for key, value in probe.items():
+            if value is not None and value != getattr(config, key):
+                raise ValueError(
+                    f"Wan VAE config says {key}={value} but its architecture gives "
+                    f"{getattr(config, key)}; fix or drop {key}"
+                )
+        return config
+
+
+# ----------------------------------------------------------------------------- cache
+
+
+class CausalCache:
+    """Per-stream history of every causal layer: one slot per layer, in forward order.
+
+    Create one per ``encode``/``decode`` call (or per streamed video), call
+    :meth:`begin_chunk` before each chunk, and pass it down every forward. A slot holds
+    ``None`` before its layer first ran, then the frames the layer must see before the
+    next chunk.
+    """
+
+    __slots__ = ("_slots", "_index", "chunks")
+
+    def __init__(self) -> None:
+        self._slots: list[Tensor | None] = []
+        self._index = 0
+        self.chunks = 0  # chunks begun so far
+
+    def begin_chunk(self) -> None:
+        assert self.chunks == 0 or self._index == len(self._slots), (
+            f"chunk {self.chunks} used {self._index} of {len(self._slots)} cache slots"
+        )
+        self._index = 0
+        self.chunks += 1
+
+    def read(self) -> Tensor | None:
+        """History of the current layer (``None`` in its first chunk); call :meth:`write` next."""
+        if self._index == len(self._slots):
+            assert self.chunks == 1, f"cache slot {self._index} first used in chunk {self.chunks}"
+            self._slots.append(None)
+        return self._slots[self._index]
+
+    def write(self, frames: Tensor) -> None:
+        """Store the current layer's history for the next chunk and move to the next layer."""
+        self._slots[self._index] = frames
+        self._index += 1
+
+
+def _history(prev: Tensor | None, x: Tensor, keep: int) -> Tensor:
+    """The last ``keep`` frames of ``prev ++ x`` (fewer when there are fewer): [B, C, <=keep, H, W]."""
+    t = x.shape[2]
+    if t > keep:
+        return x[:, :, -keep:].clone()  # clone: a view would pin the whole chunk
+    if t == keep or prev is None or prev.shape[2] == 0:
+        return x
+    return torch.cat([prev[:, :, t - keep :], x], dim=2)
+
+
+# ----------------------------------------------------------------------------- layers
+
+
+class ChannelRMSNorm(nn.Module):
+    """RMS norm over channels (dim 1) of a channel-first tensor, times ``sqrt(C) * weight``.
+
+    Equals diffusers' ``WanRMS_norm`` (``F.normalize(x) * C**0.5 * gamma``). For bf16/fp16
+    only the norm is computed in fp32 ([B, 1, ...], C times smaller than x) instead of an
+    fp32 copy of all of x.
+    """
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dim = dim
+        self.weight = nn.Parameter(torch.ones(dim))  # diffusers: gamma [C, 1, 1(, 1)]
+
+    def forward(self, x: Tensor) -> Tensor:
+        # x: [B, C, *spatial]
+        norm = torch.linalg.vector_norm(x, dim=1, keepdim=True, dtype=torch.float32)  # [B, 1, *spatial]
+        inv = norm.clamp_min_(1e-12).reciprocal_().to(x.dtype)
+        scale = (self.weight * self.dim**0.5).to(x.dtype).view(-1, *([1] * (x.dim() - 2)))  # [C, 1, ...]
+        return (x * inv).mul_(scale)
+
+
+def _silu(x: Tensor) -> Tensor:
+    # In place when no graph needs x (x is always a fresh norm output here).
+    return F.silu(x, inplace=not x.requires_grad)
+
+
+class CausalConv3d(nn.Conv3d):
+    """3D conv, causal in time: ``2 * padding_t`` frames of history before each chunk.
+
+    The history comes from the cache (the previous chunk's last frames), zero frames where
+    there is none yet. H/W are zero-padded by the conv itself (no padded copy of x).
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | tuple[int, int, int],
+        stride: int | tuple[int, int, int] = 1,
+        padding: int | tuple[int, int, int] = 0,
+    ) -> None:
+        super().__init__(in_channels, out_channels, kernel_size, stride=stride, padding=padding)
+        self.history = 2 * self.padding[0]
+        self.padding = (0, self.padding[1], self.padding[2])
+
+    def forward(self, x: Tensor, prev: Tensor | None = None) -> Tensor:
+        # x: [B, C, T, H, W]; prev: [B, C, <=history, H, W] frames just before x.
+        n_prev = 0 if prev is None else prev.shape[2]
+        assert n_prev <= self.history, f"{n_prev} history frames for a conv that takes {self.history}"
+        parts = [x]
+        if n_prev:
+            parts.insert(0, prev)
+        if n_prev < self.history:
+            b, c, _, h, w = x.shape
+            parts.insert(0, x.new_zeros(b, c, self.history - n_prev, h, w))
+        if len(parts) > 1:
+            x = torch.cat(parts, dim=2)  # [B, C, history + T, H, W]
+        return F.conv3d(x, self.weight, self.bias, self.stride, self.padding)
+
+    def forward_cached(self, x: Tensor, cache: CausalCache) -> Tensor:
+        """Run on one chunk, taking this conv's history from ``cache`` and leaving x's tail there."""
+        prev = cache.read()
+        cache.write(_history(prev, x, self.history))
+        return self(x, prev)
+
+
+def _conv2d_per_frame(conv: nn.Conv2d, x: Tensor, stride: int = 1, padding: int = 0) -> Tensor:
+    """A 2D conv applied to every frame of [B, C, T, H, W], as a (1, k, k) conv3d: no permutes."""
+    return F.conv3d(x, conv.weight.unsqueeze(2), conv.bias, (1, stride, stride), (0, padding, padding))
+
+
+class ResidualBlock(nn.Module):
+    def __init__(self, in_dim: int, out_dim: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.norm1 = ChannelRMSNorm(in_dim)
+        self.conv1 = CausalConv3d(in_dim, out_dim, 3, padding=1)
+        self.norm2 = ChannelRMSNorm(out_dim)
+        self.dropout = nn.Dropout(dropout)
+        self.conv2 = CausalConv3d(out_dim, out_dim, 3, padding=1)
+        self.conv_shortcut = CausalConv3d(in_dim, out_dim, 1) if in_dim != out_dim else None
+
+    def forward(self, x: Tensor, cache: CausalCache) -> Tensor:
+        # x: [B, C_in, T, H, W] -> [B, C_out, T, H, W]
+        shortcut = x if self.conv_shortcut is None else self.conv_shortcut(x)
+        h = self.conv1.forward_cached(_silu(self.norm1(x)), cache)
+        h = self.dropout(_silu(self.norm2(h)))
+        h = self.conv2.forward_cached(h, cache)
+        return h.add_(shortcut)
+
+
+class AttentionBlock(nn.Module):
+    """Single-head self-attention over the H*W positions of each frame (no cache: per frame)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.norm = ChannelRMSNorm(dim)
+        self.to_qkv = nn.Conv2d(dim, dim * 3, 1)
+        self.proj = nn.Conv2d(dim, dim, 1)
+
+    def forward(self, x: Tensor, cache: CausalCache) -> Tensor:
+        b, c, t, h, w = x.shape
+        y = self.norm(x).permute(0, 2, 3, 4, 1).reshape(b * t, h * w, c)  # [BT, HW, C]
+        qkv = F.linear(y, self.to_qkv.weight.view(3 * c, c), self.to_qkv.bias)  # [BT, HW, 3C]
+        q, k, v = qkv.unsqueeze(1).chunk(3, dim=-1)  # [BT, 1, HW, C] each
+        # NOTE: head_dim = C (384 in Wan2.1) is past flash attention's limit; SDPA picks
+        # another kernel. Only the two mid blocks attend, at the lowest resolution.
+        y = F.scaled_dot_product_attention(q, k, v).squeeze(1)  # [BT, HW, C]
+        y = F.linear(y, self.proj.weight.view(c, c), self.proj.bias)
+        y = y.view(b, t, h, w, c).permute(0, 4, 1, 2, 3)  # [B, C, T, H, W] (strided view)
+        return torch.add(x, y)  # x first: the sum takes x's contiguous layout
+
+
+class Downsample(nn.Module):
+    """Halve H and W (stride-2 conv); with ``temporal`` also halve T (causal stride-2 conv).
+
+    Temporal: the first chunk (one frame) is not downsampled in time; every later chunk of
+    T frames is prefixed with the last frame of the chunk before and gives T / 2 frames.
+    """
+
+    def __init__(self, dim: int, temporal: bool) -> None:
+        super().__init__()
+        self.spatial_conv = nn.Conv2d(dim, dim, 3, stride=2)
+        self.time_conv = CausalConv3d(dim, dim, (3, 1, 1), stride=(2, 1, 1)) if temporal else None
+
+    def forward(self, x: Tensor, cache: CausalCache) -> Tensor:
+        # [B, C, T, H, W] -> [B, C, T', ceil(H/2), ceil(W/2)]; zero-pad right/bottom like diffusers.
+        x = _conv2d_per_frame(self.spatial_conv, F.pad(x, (0, 1, 0, 1)), stride=2)
+        if self.time_conv is None:
+            return x
+        prev = cache.read()
+        cache.write(_history(prev, x, 1))
+        if prev is None:
+            return x
+        return self.time_conv(torch.cat([prev, x], dim=2))
+
+
+class Upsample(nn.Module):
+    """Double H and W (nearest + conv, halving channels); with ``temporal`` also double T.
+
+    Temporal: a causal conv makes 2C channels that are interleaved into 2T frames, except in
+    the first chunk, whose single latent frame stays one frame.
+    """
+
+    def __init__(self, dim: int, temporal: bool) -> None:
+        super().__init__()
+        self.spatial_conv = nn.Conv2d(dim, dim // 2, 3, padding=1)
+        self.time_conv = CausalConv3d(dim, dim * 2, (3, 1, 1), padding=(1, 0, 0)) if temporal else None
+
+    def forward(self, x: Tensor, cache: CausalCache) -> Tensor:
+        b, c, t, h, w = x.shape
+        if self.time_conv is not None:
+            prev = cache.read()
+            if prev is None:
+                # First chunk: no time conv; later chunks start from zero history, not from it.
+                cache.write(x.new_empty(b, c, 0, h, w))
+            else:
+                cache.write(_history(prev, x, self.time_conv.history))
+                x = self.time_conv(x, prev)  # [B, 2C, T, H, W]
+                x = x.view(b, 2, c, t, h, w).permute(0, 2, 3, 1, 4, 5).reshape(b, c, 2 * t, h, w)
+                t *= 2
+        # nearest-exact 2x == repeat every pixel 2x2 (exact in any dtype; diffusers upcasts).
+        x = x[:, :, :, :, None, :, None].expand(b, c, t, h, 2, w, 2).reshape(b, c, t, 2 * h, 2 * w)
+        return _conv2d_per_frame(self.spatial_conv, x, padding=1)  # [B, C/2, T', 2H, 2W]
+
+
+class MidBlock(nn.Module):
+    def __init__(self, dim: int, dropout: float) -> None:
+        super().__init__()
+        self.resnets = nn.ModuleList([ResidualBlock(dim, dim, dropout), ResidualBlock(dim, dim, dropout)])
+        self.attentions = nn.ModuleList([AttentionBlock(dim)])
+
+    def forward(self, x: Tensor, cache: CausalCache) -> Tensor:
+        x = self.resnets[0](x, cache)
+        x = self.attentions[0](x, cache)
+        return self.resnets[1](x, cache)
+
+
+class UpBlock(nn.Module):
+    def __init__(self, in_dim: int, out_dim: int, num_res_blocks: int, dropout: float, upsample: str | None) -> None:
+        super().__init__()
+        dims = [in_dim] + [out_dim] * (num_res_blocks + 1)
+        self.resnets = nn.ModuleList(ResidualBlock(i, o, dropout) for i, o in zip(dims[:-1], dims[1:]))
+        self.upsampler = None if upsample is None else Upsample(out_dim, temporal=upsample == "3d")
+
+    def forward(self, x: Tensor, cache: CausalCache) -> Tensor:
+        for resnet in self.resnets:
+            x = resnet(x, cache)
+        return x if self.upsampler is None else self.upsampler(x, cache)
+
+
+class Encoder3d(nn.Module):
+    """[B, in_channels, T, H, W] chunk -> [B, 2 z_dim, T', H/8, W/8] (mean and logvar)."""
+
+    def __init__(self, config: WanVAEConfig) -> None:
+        super().__init__()
+        dims = [config.base_dim * m for m in (1, *config.dim_mult)]
+        self.conv_in = CausalConv3d(config.in_channels, dims[0], 3, padding=1)
+        blocks: list[nn.Module] = []
+        scale = 1.0
+        for level, (in_dim, out_dim) in enumerate(zip(dims[:-1], dims[1:])):
+            for _ in range(config.num_res_blocks):
+                blocks.append(ResidualBlock(in_dim, out_dim, config.dropout))
+                if scale in config.attn_scales:
+                    blocks.append(AttentionBlock(out_dim))
+                in_dim = out_dim
+            if level != len(config.dim_mult) - 1:
+                blocks.append(Downsample(out_dim, temporal=config.temperal_downsample[level]))
+                scale /= 2.0
+        self.down_blocks = nn.ModuleList(blocks)
+        self.mid_block = MidBlock(dims[-1], config.dropout)
+        self.norm_out = ChannelRMSNorm(dims[-1])
+        self.conv_out = CausalConv3d(dims[-1], 2 * config.z_dim, 3, padding=1)
+
+    def forward(self, x: Tensor, cache: CausalCache) -> Tensor:
+        x = self.conv_in.forward_cached(x, cache)
+        for block in self.down_blocks:
+            x = block(x, cache)
+        x = self.mid_block(x, cache)
+        return self.conv_out.forward_cached(_silu(self.norm_out(x)), cache)
+
+
+class Decoder3d(nn.Module):
+    """[B, z_dim, 1, h, w] chunk -> [B, out_channels, 1 or 4, 8h, 8w]."""
+
+    def __init__(self, config: WanVAEConfig) -> None:
+        super().__init__()
+        mult = config.dim_mult
+        dims = [config.decoder_dim * m for m in (mult[-1], *reversed(mult))]
+        temporal_upsample = tuple(reversed(config.temperal_downsample))
+        self.conv_in = CausalConv3d(config.z_dim, dims[0], 3, padding=1)
+        self.mid_block = MidBlock(dims[0], config.dropout)
+        blocks = []
+        for level, (in_dim, out_dim) in enumerate(zip(dims[:-1], dims[1:])):
+            if level > 0:
+                in_dim //= 2  # the previous level's upsampler halved the channels
+            upsample = None
+            if level != len(mult) - 1:
+                upsample = "3d" if temporal_upsample[level] else "2d"
+            blocks.append(UpBlock(in_dim, out_dim, config.num_res_blocks, config.dropout, upsample))
+        self.up_blocks = nn.ModuleList(blocks)
+        self.norm_out = ChannelRMSNorm(dims[-1])
+        self.conv_out = CausalConv3d(dims[-1], config.out_channels, 3, padding=1)
+
+    def forward(self, x: Tensor, cache: CausalCache) -> Tensor:
+        x = self.conv_in.forward_cached(x, cache)
+        x = self.mid_block(x, cache)
+        for block in self.up_blocks:
+            x = block(x, cache)
+        return self.conv_out.forward_cached(_silu(self.norm_out(x)), cache)
+
+
+# ----------------------------------------------------------------------------- model
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WanVAETiling:
+    """Spatial tiling for :meth:`WanVAE.decode`: decode overlapping tiles, blend the seams.
+
+    Sizes are in output pixels (diffusers' ``tile_sample_min_*`` / ``tile_sample_stride_*``
+    defaults). Bounds peak memory by the tile size instead of the frame size; the output
+    differs slightly from an untiled decode near the seams (same as diffusers).
+    """
+
+    tile_height: int = 256
+    tile_width: int = 256
+    stride_height: int = 192
+    stride_width: int = 192
+
+    def __post_init__(self) -> None:
+        for name in ("tile_height", "tile_width", "stride_height", "stride_width"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"WanVAETiling.{name} must be >= 1, got {getattr(self, name)}")
+        if self.stride_height > self.tile_height or self.stride_width > self.tile_width:
+            raise ValueError(
+                f"WanVAETiling strides ({self.stride_height}, {self.stride_width}) must not exceed the tile "
+                f"size ({self.tile_height}, {self.tile_width}); pass smaller strides to get overlap"
+            )
+
+
+class WanVAE(nn.Module):
+    """The Wan2.1 video VAE. Holds only weights: every call brings its own :class:`CausalCache`."""
+
+    def __init__(self, config: WanVAEConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.encoder = Encoder3d(config)
+        self.quant_conv = CausalConv3d(2 * config.z_dim, 2 * config.z_dim, 1)
+        self.post_quant_conv = CausalConv3d(config.z_dim, config.z_dim, 1)
+        self.decoder = Decoder3d(config)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.quant_conv.weight.dtype
+
+    # -- streaming API: one chunk at a time, state in the caller's cache ------------------
+
+    def encode_chunk(self, video: Tensor, cache: CausalCache) -> Tensor:
+        """One encoder chunk -> its latent moments.
+
+        ``video``: [B, C, 1, H, W] for the first chunk of ``cache``, [B, C, 4, H, W] after
+        (4 = ``scale_factor_temporal``). Returns [B, 2 z_dim, 1, H/8, W/8]: mean ++ raw logvar.
+        """
+        want = 1 if cache.chunks == 0 else self.config.scale_factor_temporal
+        if video.shape[2] != want:
+            raise ValueError(
+                f"encode_chunk needs {want} frame(s) for chunk {cache.chunks}, got {video.shape[2]}; "
+                f"pass the first frame alone, then {self.config.scale_factor_temporal} frames per chunk"
+            )
+        cache.begin_chunk()
+        return self.quant_conv(self.encoder(video.to(self.dtype), cache))
+
+    def decode_chunk(self, z: Tensor, cache: CausalCache) -> Tensor:
+        """One latent frame [B, z_dim, 1, h, w] -> [B, C, 1 (first chunk) or 4, 8h, 8w], clamped to [-1, 1]."""
+        return self._decode_chunk(z, cache).clamp_(-1.0, 1.0)
+
+    def _decode_chunk(self, z: Tensor, cache: CausalCache) -> Tensor:
+        if z.shape[2] != 1:
+            raise ValueError(f"decode_chunk takes one latent frame [B, z_dim, 1, h, w], got shape {tuple(z.shape)}")
+        cache.begin_chunk()
+        return self.decoder(self.post_quant_conv(z.to(self.dtype)), cache)
+
+    # -- whole-video API ---------------------------------------------------------------------
+
+    def encode(self, video: Tensor) -> tuple[Tensor, Tensor]:
+        """Video [B, C, F, H, W] in [-1, 1] -> (mean, logvar), each [B, z_dim, f, H/8, W/8].
+
+        ``F = 1 + 4 (f - 1)``; ``logvar`` is clamped to [-30, 20] like diffusers'
+        ``DiagonalGaussianDistribution``.
+        """
+        self._check_video(video)
+        n = self.config.scale_factor_temporal
+        cache = CausalCache()
+        chunks = [self.encode_chunk(video[:, :, :1], cache)]
+        for start in range(1, video.shape[2], n):
+            chunks.append(self.encode_chunk(video[:, :, start : start + n], cache))
+        moments = torch.cat(chunks, dim=2) if len(chunks) > 1 else chunks[0]  # [B, 2 z_dim, f, h, w]
+        mean, logvar = moments.chunk(2, dim=1)
+        return mean, logvar.clamp(-30.0, 20.0)
+
+    def decode(self, z: Tensor, tiling: WanVAETiling | None = None) -> Tensor:
+        """Latents [B, z_dim, f, h, w] -> video [B, C, 1 + 4 (f - 1), 8h, 8w] in [-1, 1].
+
+        With ``tiling``, decodes overlapping spatial tiles and blends them (less memory).
+        """
+        if z.dim() != 5 or z.shape[1] != self.config.z_dim or z.shape[2] < 1:
+            raise ValueError(f"decode takes latents [B, {self.config.z_dim}, f >= 1, h, w], got shape {tuple(z.shape)}")
+        if tiling is not None:
+            return self._decode_tiled(z, tiling).clamp_(-1.0, 1.0)
+        return self._decode_frames(z).clamp_(-1.0, 1.0)
+
+    def _decode_frames(self, z: Tensor) -> Tensor:
+        """Untiled, unclamped decode of all latent frames: [B, C, 1 + 4 (f - 1), 8h, 8w]."""
+        b, _, f, h, w = z.shape
+        s, n = self.config.scale_factor_spatial, self.config.scale_factor_temporal
+        # Preallocated: no growing cat (diffusers re-copies the video once per latent frame).
+        out = z.new_empty(b, self.config.out_channels, 1 + n * (f - 1), s * h, s * w, dtype=self.dtype)
+        cache = CausalCache()
+        for i in range(f):
+            frames = self._decode_chunk(z[:, :, i : i + 1], cache)
+            start = 0 if i == 0 else 1 + n * (i - 1)
+            out[:, :, start : start + frames.shape[2]] = frames
+        return out
+
+    def _decode_tiled(self, z: Tensor, tiling: WanVAETiling) -> Tensor:
+        # Same tiles and blending as diffusers' ``tiled_decode``.
+        s = self.config.scale_factor_spatial
+        _, _, _, h, w = z.shape
+        tile_h, tile_w = tiling.tile_height // s, tiling.tile_width // s  # latent tile size
+        step_h, step_w = tiling.stride_height // s, tiling.stride_width // s  # latent stride
+        blend_h, blend_w = tiling.tile_height - tiling.stride_height, tiling.tile_width - tiling.stride_width
+        if h <= tile_h and w <= tile_w:
+            return self._decode_frames(z)
+        rows: list[list[Tensor]] = []
+        for i in range(0, h, step_h):
+            rows.append([self._decode_frames(z[:, :, :, i : i + tile_h, j : j + tile_w]) for j in range(0, w, step_w)])
+        out_rows = []
+        for i, row in enumerate(rows):
+            for j, tile in enumerate(row):
+                if i > 0:
+                    _blend_into(rows[i - 1][j], tile, blend_h, dim=3)
+                if j > 0:
+                    _blend_into(row[j - 1], tile, blend_w, dim=4)
+            out_rows.append(torch.cat([t[:, :, :, : tiling.stride_height, : tiling.stride_width] for t in row], dim=4))
+        return torch.cat(out_rows, dim=3)[:, :, :, : h * s, : w * s]
+
+    # -- latent normalisation (WanPipeline's convention) --------------------------------------
+
+    def normalize_latents(self, z: Tensor) -> Tensor:
+        """VAE latents -> the DiT's latent space: ``(z - mean) * (1 / std)`` per channel."""
+        mean, inv_std = self._latent_stats(z)
+        return (z - mean) * inv_std
+
+    def denormalize_latents(self, z: Tensor) -> Tensor:
+        """The DiT's latent space -> VAE latents: ``z / (1 / std) + mean`` (what ``decode`` takes)."""
+        mean, inv_std = self._latent_stats(z)
+        return z / inv_std + mean
+
+    def _latent_stats(self, z: Tensor) -> tuple[Tensor, Tensor]:
+        # [1, z_dim, 1, 1, 1] each; 1/std in fp32, then cast, like WanPipeline.
+        shape = (1, self.config.z_dim, 1, 1, 1)
+        mean = torch.tensor(self.config.latents_mean, dtype=torch.float32).view(shape)
+        inv_std = 1.0 / torch.tensor(self.config.latents_std, dtype=torch.float32).view(shape)
+        return mean.to(z.device, z.dtype), inv_std.to(z.device, z.dtype)
+
+    def _check_video(self, video: Tensor) -> None:
+        c, n, s = self.config.in_channels, self.config.scale_factor_temporal, self.config.scale_factor_spatial
+        if video.dim() != 5 or video.shape[1] != c:
+            raise ValueError(f"encode takes video [B, {c}, F, H, W], got shape {tuple(video.shape)}")
+        frames, height, width = video.shape[2:]
+        if (frames - 1) % n:
+            raise ValueError(f"encode needs 1 + {n} k frames (1, {1 + n}, {1 + 2 * n}, ...), got {frames}")
+        if height % s or width % s:
+            raise ValueError(f"encode needs H and W divisible by {s}, got {height}x{width}")
+
+
+def _blend_into(a: Tensor, b: Tensor, extent: int, dim: int) -> None:
+    """Linearly fade the end of tile ``a`` into the start of tile ``b`` along ``dim`` (in place on b)."""
+    extent = min(a.shape[dim], b.shape[dim], extent)
+    if extent == 0:
+        return
+    ramp = torch.arange(extent, device=b.device, dtype=torch.float32) / extent  # [extent], fp32 weights
+    ramp = ramp.view([-1 if d == dim else 1 for d in range(b.dim())])
+    head = b.narrow(dim, 0, extent)
+    tail = a.narrow(dim, a.shape[dim] - extent, extent)
+    head.copy_(tail * (1 - ramp) + head * ramp)

@@ -11,8 +11,6 @@ import logging
 from pathlib import Path
 from typing import Any, Mapping
 
-import torch
-
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, spec_for_class
 from omniloop.pipeline.pipeline import Pipeline
 
@@ -76,18 +74,11 @@ def load_components(root: Path, index: Mapping[str, Any], variant: Variant, opti
     return components
 
 
-def load_pipeline(
-    model: str | Path,
-    *,
-    device: str | torch.device = "cpu",
-    dtype: torch.dtype = torch.float32,
-    attention_backend: str = "sdpa",
-) -> tuple[ModelSpec, Pipeline]:
+def load_pipeline(model: str | Path, options: LoadOptions) -> tuple[ModelSpec, Pipeline]:
     root = resolve_model_path(model)
     index = read_model_index(root)
     spec = spec_for_class(index["_class_name"])
     variant = spec.variant(index)
     check_layout(root, variant)
-    options = LoadOptions(device=torch.device(device), dtype=dtype, attention_backend=attention_backend)
     components = load_components(root, index, variant, options)
     return spec, spec.build(variant, index, components, options)

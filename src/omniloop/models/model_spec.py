@@ -20,9 +20,13 @@ from omniloop.request import TaskType
 
 @dataclass(frozen=True)
 class LoadOptions:
+    """The slice of DeployConfig that loading and pipeline building need."""
+
     device: torch.device
     dtype: torch.dtype
     attention_backend: str = "sdpa"
+    cfg_mode: str = "sequential"
+    compile: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,6 +17,7 @@ class RequestMetrics:
     queue_s: float = 0.0
     run_s: float = 0.0
     steps: int = 0
+    seed: int | None = None  # the seed actually used (drawn at random when the request gave none)
     node_s: dict[str, float] = field(default_factory=dict)  # wall seconds per graph node
     peak_memory_bytes: int = 0
     predicted_cost_s: float | None = None

@@ -115,6 +115,7 @@ class DenoiseLoop(LoopStageBase):
             for m in self.denoiser.modalities
         }
         seed = params.seed if params.seed is not None else random.randrange(2**63)
+        state.metrics.seed = seed
         # Same seed -> same noise as diffusers: a CPU generator, fp32, then moved.
         gen = torch.Generator("cpu").manual_seed(seed)
         latents = {m: torch.randn(shapes[m], generator=gen, dtype=torch.float32).to(ctx.device) for m in shapes}

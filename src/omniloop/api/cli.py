@@ -1,0 +1,91 @@
+"""The ``omniloop`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+from omniloop.api.schema_flags import add_schema_flags, collect
+from omniloop.deploy import DeployConfig
+from omniloop.request import DiffusionParams, TaskType
+
+
+def _generate_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="generate a video (or image) from a prompt")
+    p.add_argument("prompt", help="what to generate")
+    p.add_argument("--model", default=None, help="checkpoint directory or built-in name (default: the embedded model)")
+    p.add_argument("--output", default="outputs/", help="mp4 file or directory to write (default: outputs/)")
+    p.add_argument("--task", choices=[t.value for t in TaskType], default=None, help="task (default: t2v, or i2v with --image)")
+    p.add_argument("--image", default=None, help="first-frame image for i2v")
+    p.add_argument("--deploy-config", default=None, help="YAML file of deploy options")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.set_defaults(_params=add_schema_flags(p, DiffusionParams, skip={"plugin_params"}, group="generation"))
+    p.set_defaults(_deploy=add_schema_flags(p, DeployConfig, skip={"plugins", "limits"}, group="deployment"))
+    p.set_defaults(func=_cmd_generate)
+
+
+def _progress_sink(enabled: bool):
+    if not enabled:
+        return None, lambda: None
+    from tqdm import tqdm
+
+    bars: dict[str, tqdm] = {}
+
+    def on_event(event) -> None:
+        if event.type == "progress":
+            bar = bars.get(event.node)
+            if bar is None:
+                bar = bars[event.node] = tqdm(total=event.total, desc=event.node, unit="step", file=sys.stderr)
+            bar.n = event.step
+            bar.refresh()
+
+    return on_event, lambda: [b.close() for b in bars.values()]
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from omniloop.api.generator import DEFAULT_MODEL, VideoGenerator
+
+    deploy = DeployConfig.from_yaml(args.deploy_config) if args.deploy_config else None
+    t0 = time.perf_counter()
+    gen = VideoGenerator.from_pretrained(args.model or DEFAULT_MODEL, deploy=deploy, **collect(args, args._deploy))
+    load_s = time.perf_counter() - t0
+    on_event, close = _progress_sink(not args.no_progress)
+    try:
+        result = gen.generate_video(
+            args.prompt, image=args.image, task=args.task, output_path=args.output, on_event=on_event,
+            **collect(args, args._params),
+        )
+    finally:
+        close()
+    f, h, w, _ = result.frames.shape
+    print(
+        f"wrote {result.path} ({f} frames {w}x{h} @ {result.fps} fps, seed {result.seed}) "
+        f"in {result.metrics.run_s:.2f}s (load {load_s:.2f}s)"
+    )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="omniloop", description="omniloop generation runtime")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _generate_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

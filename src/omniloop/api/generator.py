@@ -1,0 +1,158 @@
+"""``VideoGenerator``: the offline API. It builds ``OmniRequest``s and drives them through
+the same pipeline and loops the engine schedules, synchronously and without a queue."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from omniloop.deploy import DeployConfig
+from omniloop.models.loader import load_pipeline
+from omniloop.models.model_spec import LoadOptions, ModelSpec
+from omniloop.pipeline.pipeline import Pipeline
+from omniloop.pipeline.runner import run_request
+from omniloop.request import (
+    DiffusionParams,
+    ImagePart,
+    OmniEvent,
+    OmniOutput,
+    OmniRequest,
+    OutputSpec,
+    RequestMetrics,
+    RequestStatus,
+    TaskType,
+    TextPart,
+)
+
+logger = logging.getLogger(__name__)
+DEFAULT_MODEL = "shapes-t2v"
+
+# diffusers-style aliases accepted by generate_video
+_ALIASES = {"num_inference_steps": "steps", "guidance": "guidance_scale"}
+
+
+class GenerationError(RuntimeError):
+    """A request that was admitted but failed while running."""
+
+
+@dataclass(frozen=True)
+class GeneratedVideo:
+    frames: np.ndarray  # [F, H, W, 3] uint8
+    fps: int
+    path: Path | None
+    request_id: str
+    seed: int | None
+    metrics: RequestMetrics
+    output: OmniOutput
+
+
+class VideoGenerator:
+    def __init__(self, spec: ModelSpec, pipeline: Pipeline, deploy: DeployConfig) -> None:
+        self.spec = spec
+        self.pipeline = pipeline
+        self.deploy = deploy
+
+    @classmethod
+    def from_pretrained(
+        cls, model: str | Path = DEFAULT_MODEL, *, deploy: DeployConfig | None = None, **options: Any
+    ) -> "VideoGenerator":
+        """Load a checkpoint directory or built-in model name. ``options`` are DeployConfig
+        fields (``device``, ``dtype``, ``attention_backend``, ``cfg_mode``, ``compile``...)."""
+        config = DeployConfig.from_options(deploy, **options)
+        load = LoadOptions(
+            device=config.torch_device(),
+            dtype=config.torch_dtype(),
+            attention_backend=config.attention_backend,
+            cfg_mode=config.cfg_mode,
+            compile=config.compile,
+        )
+        spec, pipeline = load_pipeline(model, load)
+        return cls(spec, pipeline, config)
+
+    @property
+    def tasks(self) -> list[str]:
+        return sorted(t.value for t in self.pipeline.spec.tasks)
+
+    def generate(self, request: OmniRequest, on_event: Callable[[OmniEvent], None] | None = None) -> OmniOutput:
+        """Run one request to completion. Bad input raises ValueError; a failure while
+        running returns an output with status ``failed``."""
+        self._check_limits(request)
+        with torch.inference_mode():
+            return run_request(self.pipeline, request, on_event)
+
+    def generate_video(
+        self,
+        prompt: str,
+        *,
+        image: Any = None,
+        task: str | TaskType | None = None,
+        output_path: str | Path | None = "outputs/",
+        save_video: bool = True,
+        on_event: Callable[[OmniEvent], None] | None = None,
+        **params: Any,
+    ) -> GeneratedVideo:
+        """Generate a video (or image) from ``prompt`` and write it as H.264 mp4.
+
+        ``params`` are DiffusionParams fields (``steps``/``num_inference_steps``,
+        ``guidance_scale``, ``guidance_scale_2``, ``shift``, ``sigmas``, ``height``,
+        ``width``, ``num_frames``, ``fps``, ``seed``, ``negative_prompt``, ``sampler``).
+        """
+        request = self.build_request(prompt, image=image, task=task, **params)
+        output = self.generate(request, on_event)
+        if output.status is not RequestStatus.COMPLETED:
+            raise GenerationError(f"request {output.request_id} {output.status.value}: {output.error}")
+        video = output.video
+        if video is None:  # t2i produces an image; present it as a one-frame video
+            img = output.image
+            assert img is not None, "a completed generation has a video or an image"
+            frames, fps = img.image[None].numpy(), int(request.diffusion.fps or 1)
+        else:
+            frames, fps = video.frames.numpy(), video.fps
+        path = None
+        if save_video and output_path is not None:
+            path = self._output_file(Path(output_path), output.request_id)
+            from omniloop.io.video import write_mp4
+
+            write_mp4(frames, path, fps)
+        return GeneratedVideo(
+            frames=frames, fps=fps, path=path, request_id=output.request_id, seed=output.metrics.seed,
+            metrics=output.metrics, output=output,
+        )
+
+    def build_request(self, prompt: str, *, image: Any = None, task: str | TaskType | None = None, **params: Any) -> OmniRequest:
+        fields = {_ALIASES.get(k, k): v for k, v in params.items()}
+        unknown = sorted(set(fields) - set(DiffusionParams.model_fields))
+        if unknown:
+            raise ValueError(f"unknown generation parameter(s) {unknown}; accepted: {sorted(DiffusionParams.model_fields)}")
+        inputs: list[Any] = [TextPart(text=prompt)]
+        if image is not None:
+            inputs.append(ImagePart(path=str(image)) if isinstance(image, (str, Path)) else ImagePart(data=image))
+        # Task is declared by the caller; the one suggestion made here is the obvious one.
+        if task is None:
+            task = TaskType.I2V if image is not None else (
+                TaskType.T2V if TaskType.T2V in self.pipeline.spec.tasks else next(iter(self.pipeline.spec.tasks))
+            )
+        return OmniRequest(task=TaskType(task), inputs=inputs, diffusion=DiffusionParams(**fields), outputs=OutputSpec())
+
+    def _check_limits(self, request: OmniRequest) -> None:
+        limits, p = self.deploy.limits, request.diffusion
+        if p.num_frames is not None and p.num_frames > limits.max_frames:
+            raise ValueError(f"diffusion.num_frames={p.num_frames} exceeds this deployment's limit {limits.max_frames}")
+        if p.height and p.width and p.height * p.width > limits.max_pixels:
+            raise ValueError(f"diffusion.height*width={p.height * p.width} exceeds this deployment's limit {limits.max_pixels}")
+        steps = p.num_steps(0)
+        if steps > limits.max_steps:
+            raise ValueError(f"diffusion.steps={steps} exceeds this deployment's limit {limits.max_steps}")
+
+    @staticmethod
+    def _output_file(output_path: Path, request_id: str) -> Path:
+        if output_path.suffix.lower() == ".mp4":
+            output_path.parent.mkdir(parents=True, exist_ok=True)
+            return output_path
+        output_path.mkdir(parents=True, exist_ok=True)
+        return output_path / f"{request_id}.mp4"

@@ -1,0 +1,95 @@
+"""``DeployConfig``: how a model is deployed (device, dtype, kernels, limits).
+
+One owner per config layer (ARCHITECTURE.md): per-call knobs live on ``OmniRequest``,
+model structure on ``ArchConfig``/``ModelSpec``; this object is everything about *where
+and how* a deployment runs. Loadable from YAML, accepted as keyword options by
+``VideoGenerator.from_pretrained`` (and later ``AsyncEngine`` / ``omniloop serve``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16}
+
+
+class Limits(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_frames: int = Field(default=257, ge=1)
+    max_pixels: int = Field(default=1280 * 720, ge=256, description="max height * width")
+    max_steps: int = Field(default=100, ge=1)
+    max_batch: int = Field(default=8, ge=1)
+
+
+class DeployConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    device: str = Field(default="auto", description="'auto', 'cpu', 'cuda', 'cuda:1', ...")
+    dtype: str = Field(default="auto", description="'auto' (bf16 on GPU, fp32 on CPU), 'float32', 'bfloat16', 'float16'")
+    attention_backend: str = Field(default="sdpa", description="attention kernel: sdpa, sdpa_cudnn, sdpa_flash, math")
+    cfg_mode: Literal["sequential", "batched"] = Field(
+        default="sequential", description="CFG dispatch: two forwards, or cond+uncond stacked in one"
+    )
+    compile: bool = Field(default=False, description="torch.compile each transformer block (GPU)")
+    plugins: dict[str, dict[str, Any]] = Field(default_factory=dict, description="enabled plugins and their config")
+    limits: Limits = Field(default_factory=Limits)
+
+    @field_validator("dtype")
+    @classmethod
+    def _known_dtype(cls, v: str) -> str:
+        if v != "auto" and v not in _DTYPES:
+            raise ValueError(f"unknown dtype {v!r}; pass one of {['auto', *_DTYPES]}")
+        return v
+
+    @field_validator("attention_backend")
+    @classmethod
+    def _known_backend(cls, v: str) -> str:
+        from omniloop.models.layers.attention import get_attention_backend
+
+        get_attention_backend(v)
+        return v
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, v: str) -> str:
+        if v != "auto":
+            try:
+                torch.device(v)
+            except RuntimeError:
+                raise ValueError(f"unknown device {v!r}; pass 'auto', 'cpu', 'cuda' or 'cuda:N'") from None
+        return v
+
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    def torch_dtype(self) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if self.torch_device().type == "cuda" else torch.float32
+        return _DTYPES[self.dtype]
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> "DeployConfig":
+        import yaml
+
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: a deploy config must be a mapping of options")
+        return cls.model_validate(data)
+
+    @classmethod
+    def from_options(cls, config: "DeployConfig | None" = None, **options: Any) -> "DeployConfig":
+        """Merge keyword options (as passed to ``from_pretrained``) over ``config``."""
+        if isinstance(options.get("dtype"), torch.dtype):
+            options["dtype"] = {v: k for k, v in _DTYPES.items()}[options["dtype"]]
+        if isinstance(options.get("device"), torch.device):
+            options["device"] = str(options["device"])
+        base = config.model_dump() if config is not None else {}
+        return cls.model_validate({**base, **options})

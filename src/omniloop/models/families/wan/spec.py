@@ -1,0 +1,192 @@
+"""Wan family ModelSpec: Wan2.1 T2V, Wan2.2 two-expert T2V, Wan2.2 I2V (latent concat).
+
+Variants are read from ``model_index.json``: ``transformer_2`` + ``boundary_ratio`` make a
+two-expert model; ``WanImageToVideoPipeline`` without an image encoder is Wan2.2 I2V.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+from omniloop.models.layers.attention import set_attention_backend
+from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
+from omniloop.models.text.umt5 import load_umt5_encoder
+from omniloop.pipeline.loops.denoise import DenoiseLoop
+from omniloop.pipeline.pipeline import Pipeline
+from omniloop.pipeline.policies.cfg import ClassicCFG
+from omniloop.pipeline.policies.conditioning import LatentConcat, NoConditioning
+from omniloop.pipeline.policies.routing import BoundaryTimestepRouting, SingleModel
+from omniloop.pipeline.policies.shift import FlowShift
+from omniloop.pipeline.predicates import task_in
+from omniloop.pipeline.samplers import build_sampler, sampler_for_diffusers_class
+from omniloop.pipeline.samplers.sampler_set import SamplerSet
+from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
+from omniloop.pipeline.stages import TextEncode, VAEDecode
+from omniloop.models.families.wan.presets import WAN_DEFAULTS
+from omniloop.models.families.wan.stages import WanDenoiser, WanImageCondition
+from omniloop.models.families.wan.validate import make_validator
+from omniloop.models.families.wan.weights import load_wan_dit
+from omniloop.models.families.wan.weights_vae import load_wan_vae
+from omniloop.request import TaskType
+
+T2V_PIPELINE = "WanPipeline"
+I2V_PIPELINE = "WanImageToVideoPipeline"
+
+
+# -- component loaders ---------------------------------------------------------------
+
+
+def _load_transformer(sub: str):
+    def load(root: Path, index: Mapping[str, Any], options: LoadOptions):
+        model = load_wan_dit(root / sub, device=options.device, dtype=options.dtype)
+        set_attention_backend(model, options.attention_backend)
+        if options.compile:
+            for block in model.blocks:  # per-block compile: the eager path stays the reference
+                block.compile()
+        return model
+
+    return load
+
+
+def _load_vae(root: Path, index: Mapping[str, Any], options: LoadOptions):
+    return load_wan_vae(root / "vae", device=options.device, dtype=options.dtype)
+
+
+def _load_text(root: Path, index: Mapping[str, Any], options: LoadOptions):
+    return load_umt5_encoder(
+        root / "text_encoder", root / "tokenizer", device=options.device, dtype=options.dtype,
+        max_sequence_length=WAN_DEFAULTS["max_sequence_length"],
+    )
+
+
+def load_sampler_set(folder: Path) -> SamplerSet:
+    """The checkpoint's scheduler as the default sampler, plus the other flow sampler with
+    the same shift. A config we cannot honor fails here, at load, saying why."""
+    path = folder / "scheduler_config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found; a diffusers checkpoint keeps its scheduler config there")
+    config = json.loads(path.read_text())
+    default = sampler_for_diffusers_class(config.get("_class_name", ""))
+    samplers = {default: build_sampler(default, config)}
+    num_train = int(config.get("num_train_timesteps", 1000))
+    if default == "flow_unipc":
+        samplers["flow_euler"] = build_sampler(
+            "flow_euler", {"num_train_timesteps": num_train, "shift": float(config.get("flow_shift", 1.0))}
+        )
+    else:
+        samplers["flow_unipc"] = build_sampler(
+            "flow_unipc",
+            {"num_train_timesteps": num_train, "prediction_type": "flow_prediction", "use_flow_sigmas": True,
+             "flow_shift": float(config.get("shift", 1.0))},
+        )
+    return SamplerSet(default=default, samplers=samplers)
+
+
+def _load_scheduler(root: Path, index: Mapping[str, Any], options: LoadOptions) -> SamplerSet:
+    return load_sampler_set(root / "scheduler")
+
+
+# -- variants -------------------------------------------------------------------------
+
+
+def _present(index: Mapping[str, Any], name: str) -> bool:
+    entry = index.get(name)
+    return isinstance(entry, (list, tuple)) and len(entry) == 2 and entry[0] is not None
+
+
+def wan_variant(index: Mapping[str, Any]) -> Variant:
+    cls = index["_class_name"]
+    if index.get("expand_timesteps"):
+        raise ValueError("Wan2.2 TI2V-5B (expand_timesteps=True, Wan2.2 VAE) is not supported yet")
+    if cls == I2V_PIPELINE and _present(index, "image_encoder"):
+        raise ValueError(
+            "Wan2.1 I2V (CLIP image encoder conditioning) is not supported; Wan2.2 I2V checkpoints "
+            "(latent-concat conditioning, no image_encoder) are"
+        )
+    two_experts = _present(index, "transformer_2") or index.get("boundary_ratio") is not None
+    if two_experts and index.get("boundary_ratio") is None:
+        raise ValueError("model_index.json has transformer_2 but no boundary_ratio; set boundary_ratio (e.g. 0.875)")
+    tasks = frozenset({TaskType.I2V}) if cls == I2V_PIPELINE else frozenset({TaskType.T2V, TaskType.T2I})
+    weights = [
+        WeightSpec(component="transformer", kind="WanDiT", subfolder="transformer", load=_load_transformer("transformer")),
+        WeightSpec(component="vae", kind="WanVAE", subfolder="vae", load=_load_vae),
+        WeightSpec(component="text_encoder", kind="UMT5 encoder + tokenizer", subfolder=("text_encoder", "tokenizer"), load=_load_text),
+        WeightSpec(component="sampler", kind="scheduler config", subfolder="scheduler", load=_load_scheduler),
+    ]
+    if two_experts:
+        weights.append(
+            WeightSpec(component="transformer_2", kind="WanDiT (low-noise expert)", subfolder="transformer_2",
+                       load=_load_transformer("transformer_2"))
+        )
+    generation = "wan2.2" if two_experts or cls == I2V_PIPELINE else "wan2.1"
+    return Variant(name=f"{generation}-{'i2v' if cls == I2V_PIPELINE else 't2v'}", tasks=tasks, weights=tuple(weights))
+
+
+# -- pipeline -------------------------------------------------------------------------
+
+
+def wan_pipeline_spec(variant: Variant, *, boundary_ratio: float | None, cfg_mode: str = "sequential") -> PipelineSpec:
+    i2v = TaskType.I2V in variant.tasks
+    routing = BoundaryTimestepRouting(boundary_ratio) if boundary_ratio is not None else SingleModel()
+    components = {
+        w.component: ComponentSpec(name=w.component, kind=w.kind) for w in variant.weights
+    }
+    nodes = [Node("text_encode", TextEncode())]
+    if i2v:
+        nodes.append(Node("image_condition", WanImageCondition(), when=task_in(TaskType.I2V)))
+    nodes += [
+        Node(
+            "denoise",
+            DenoiseLoop(
+                WanDenoiser(),
+                cfg=ClassicCFG(mode=cfg_mode),  # type: ignore[arg-type]
+                routing=routing,
+                shift=FlowShift(),
+                conditioning=LatentConcat() if i2v else NoConditioning(),
+            ),
+        ),
+        Node("decode", VAEDecode()),
+    ]
+    return PipelineSpec(
+        name=variant.name,
+        family="wan",
+        tasks=variant.tasks,
+        components=components,
+        nodes=tuple(nodes),
+        outputs={"video": "video", "image": "image", "latents": "final_latents", "trajectory": "trajectory"},
+    )
+
+
+def build_wan(variant: Variant, index: Mapping[str, Any], components: Mapping[str, Any], options: LoadOptions) -> Pipeline:
+    boundary = index.get("boundary_ratio")
+    spec = wan_pipeline_spec(variant, boundary_ratio=boundary, cfg_mode=options.cfg_mode)
+    vae = components["vae"]
+    dit = components["transformer"]
+    defaults = {
+        **WAN_DEFAULTS,
+        "z_dim": vae.config.z_dim,
+        "vae_scale_temporal": vae.config.scale_factor_temporal,
+        "vae_scale_spatial": vae.config.scale_factor_spatial,
+        "patch_size": tuple(dit.config.patch_size),
+    }
+    return Pipeline(
+        spec=spec,
+        components=components,
+        device=options.device,
+        dtype=options.dtype,
+        defaults=defaults,
+        validate_request=make_validator(defaults, components["sampler"]),
+    )
+
+
+WAN = register_model_spec(
+    ModelSpec(
+        family="wan",
+        diffusers_classes=(T2V_PIPELINE, I2V_PIPELINE),
+        variant=wan_variant,
+        build=build_wan,
+        description="Wan2.1 / Wan2.2 video DiT with the causal 3D VAE and UMT5 text encoder",
+    )
+)

@@ -1,0 +1,46 @@
+"""Wan request validation at admission: every bad input is a ValueError naming the field
+and what to pass instead, before any work starts."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+from omniloop.models.families.wan.stages import first_frame, geometry, load_part_image
+from omniloop.pipeline.samplers.sampler_set import SamplerSet
+from omniloop.request import OmniRequest, TaskType
+
+
+def _nearest_multiples(value: int, m: int) -> str:
+    lo = max(m, value // m * m)
+    return f"{lo} or {lo + m}" if lo != value else str(value)
+
+
+def make_validator(defaults: Mapping[str, Any], samplers: SamplerSet) -> Callable[[OmniRequest], OmniRequest]:
+    spatial = defaults["vae_scale_spatial"] * defaults["patch_size"][1]
+    temporal = defaults["vae_scale_temporal"]
+
+    def validate(request: OmniRequest) -> OmniRequest:
+        g = geometry(request, defaults)
+        for name, value in (("height", g.height), ("width", g.width)):
+            if value % spatial:
+                raise ValueError(
+                    f"diffusion.{name}={value} must be a multiple of {spatial}; pass {_nearest_multiples(value, spatial)}"
+                )
+        if (g.num_frames - 1) % temporal:
+            k = (g.num_frames - 1) // temporal
+            raise ValueError(
+                f"diffusion.num_frames={g.num_frames} must be {temporal}k+1; pass {temporal * k + 1} or {temporal * (k + 1) + 1}"
+            )
+        if request.task == TaskType.T2I and g.num_frames != 1:
+            raise ValueError(f"task t2i makes one image; diffusion.num_frames must be 1 (got {g.num_frames})")
+        samplers.get(request.diffusion.sampler)  # raises naming the offered samplers
+        if request.task == TaskType.I2V:
+            part = first_frame(request)
+            if part is None:
+                raise ValueError(
+                    "task i2v needs an image: add ImagePart(role='first_frame', path=... | b64=... | data=...) to inputs"
+                )
+            load_part_image(part)  # unreadable -> ValueError naming the source
+        return request
+
+    return validate

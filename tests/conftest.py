@@ -1,0 +1,35 @@
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+
+
+@pytest.fixture(scope="session")
+def wan_t2v_dir(tmp_path_factory):
+    from tests.wan_checkpoint import save_wan_checkpoint
+
+    folder = tmp_path_factory.mktemp("wan_t2v")
+    save_wan_checkpoint(folder, "t2v")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def wan_a14b_dir(tmp_path_factory):
+    from tests.wan_checkpoint import save_wan_checkpoint
+
+    folder = tmp_path_factory.mktemp("wan_a14b")
+    save_wan_checkpoint(folder, "t2v_a14b")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def wan_i2v_dir(tmp_path_factory):
+    from tests.wan_checkpoint import save_wan_checkpoint
+
+    folder = tmp_path_factory.mktemp("wan_i2v")
+    save_wan_checkpoint(folder, "i2v")
+    return folder

@@ -1,0 +1,88 @@
+"""Tiny random Wan checkpoints in the diffusers layout, built with diffusers itself
+(the test-only oracle) and saved with ``save_pretrained`` — what a user's
+``Wan2.1-T2V-1.3B-Diffusers`` directory looks like, at toy size."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+TEXT_DIM = 32
+CORPUS = [
+    "a red circle moving right", "a blue square moving left", "a green triangle bouncing",
+    "the cat sat on the mat", "hello world", "a cinematic shot of a forest at dawn",
+    "low quality, blurry, distorted", "a yellow star rotating slowly",
+]
+
+
+def tiny_tokenizer(folder: Path):
+    from tokenizers import SentencePieceUnigramTokenizer
+    from transformers import T5TokenizerFast
+
+    tok = SentencePieceUnigramTokenizer()
+    tok.train_from_iterator(CORPUS * 20, vocab_size=80, special_tokens=["<pad>", "</s>", "<unk>"], unk_token="<unk>")
+    t5 = T5TokenizerFast(tokenizer_object=tok, eos_token="</s>", unk_token="<unk>", pad_token="<pad>", extra_ids=0)
+    t5.save_pretrained(folder)
+    return t5
+
+
+def tiny_text_encoder(vocab_size: int):
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    torch.manual_seed(0)
+    cfg = UMT5Config(vocab_size=vocab_size, d_model=TEXT_DIM, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+                     relative_attention_num_buckets=8, relative_attention_max_distance=16, dropout_rate=0.0)
+    return UMT5EncoderModel(cfg).eval()
+
+
+def tiny_transformer(seed: int, in_channels: int = 16):
+    from diffusers import WanTransformer3DModel
+
+    torch.manual_seed(seed)
+    return WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=in_channels,
+        out_channels=16, text_dim=TEXT_DIM, freq_dim=16, ffn_dim=32, num_layers=2, cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=32,
+    ).eval()
+
+
+def tiny_vae():
+    from diffusers import AutoencoderKLWan
+
+    torch.manual_seed(1)
+    return AutoencoderKLWan(base_dim=8, z_dim=16, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
+                            temperal_downsample=[False, True, True]).eval()
+
+
+def unipc(flow_shift: float = 3.0):
+    from diffusers import UniPCMultistepScheduler
+
+    return UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, num_train_timesteps=1000,
+                                   flow_shift=flow_shift)
+
+
+def make_wan_pipeline(kind: str = "t2v", tokenizer_dir: Path | None = None):
+    """A diffusers Wan pipeline: kind in {"t2v", "t2v_a14b" (two experts), "i2v"}."""
+    import tempfile
+
+    from diffusers import WanImageToVideoPipeline, WanPipeline
+
+    tok_dir = tokenizer_dir or Path(tempfile.mkdtemp())
+    tokenizer = tiny_tokenizer(tok_dir)
+    text_encoder = tiny_text_encoder(len(tokenizer))
+    common = dict(tokenizer=tokenizer, text_encoder=text_encoder, vae=tiny_vae(), scheduler=unipc())
+    if kind == "t2v":
+        return WanPipeline(transformer=tiny_transformer(2), **common)
+    if kind == "t2v_a14b":
+        return WanPipeline(transformer=tiny_transformer(2), transformer_2=tiny_transformer(3), boundary_ratio=0.5, **common)
+    if kind == "i2v":
+        return WanImageToVideoPipeline(transformer=tiny_transformer(2, in_channels=36), image_encoder=None,
+                                       image_processor=None, **common)
+    raise ValueError(kind)
+
+
+def save_wan_checkpoint(folder: Path, kind: str = "t2v"):
+    pipe = make_wan_pipeline(kind, tokenizer_dir=folder / "_tok")
+    pipe.save_pretrained(folder)
+    return pipe

@@ -20,6 +20,16 @@ from omniloop.request import Artifact, OmniOutput, OmniRequest, RequestStatus
 RequestValidator = Callable[[OmniRequest], OmniRequest]
 
 
+def format_validation_error(error: ValidationError, prefix: str = "") -> str:
+    """One line per problem: ``prefix.field.path: message``."""
+    lines = []
+    for item in error.errors():
+        path = ".".join(str(p) for p in item["loc"])
+        where = f"{prefix}.{path}" if prefix and path else (prefix or path)
+        lines.append(f"{where}: {item['msg']}")
+    return "; ".join(lines)
+
+
 @dataclass
 class Pipeline:
     spec: PipelineSpec
@@ -80,7 +90,7 @@ class Pipeline:
             try:
                 out[node_name] = schema.model_validate(raw)
             except ValidationError as e:
-                raise ValueError(f"node_params[{node_name!r}]: {e}") from None
+                raise ValueError(format_validation_error(e, prefix=f"node_params[{node_name!r}]")) from None
         return out
 
     # -- graph walk -----------------------------------------------------------------

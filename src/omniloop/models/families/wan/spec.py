@@ -40,7 +40,7 @@ I2V_PIPELINE = "WanImageToVideoPipeline"
 
 def _load_transformer(sub: str):
     def load(root: Path, index: Mapping[str, Any], options: LoadOptions):
-        model = load_wan_dit(root / sub, device=options.device, dtype=options.dtype)
+        model = load_wan_dit(root / sub, device=options.device, dtype=options.dtype).eval().requires_grad_(False)
         set_attention_backend(model, options.attention_backend)
         if options.compile:
             for block in model.blocks:  # per-block compile: the eager path stays the reference
@@ -51,7 +51,7 @@ def _load_transformer(sub: str):
 
 
 def _load_vae(root: Path, index: Mapping[str, Any], options: LoadOptions):
-    return load_wan_vae(root / "vae", device=options.device, dtype=options.dtype)
+    return load_wan_vae(root / "vae", device=options.device, dtype=options.dtype).eval().requires_grad_(False)
 
 
 def _load_text(root: Path, index: Mapping[str, Any], options: LoadOptions):

@@ -1,0 +1,53 @@
+"""The dependency rule of ARCHITECTURE.md, checked on the source imports."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "omniloop"
+
+# package -> omniloop packages it may import (besides itself)
+ALLOWED = {
+    "request": set(),
+    "pipeline": {"request", "models", "cache", "ext"},
+    "engine": {"request", "pipeline", "models", "cache", "ext", "deploy", "io"},
+}
+FORBIDDEN_EVERYWHERE = {"train"}
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "omniloop" and len(parts) > 1:
+                found.add(parts[1])
+    return found
+
+
+def test_dependency_rule():
+    problems = []
+    for path in SRC.rglob("*.py"):
+        rel = path.relative_to(SRC).parts
+        package = rel[0] if len(rel) > 1 else path.stem
+        imported = _imports(path) - {package}
+        if package != "train" and imported & FORBIDDEN_EVERYWHERE:
+            problems.append(f"{path.relative_to(SRC)} imports train")
+        if package == "engine" and "serve" in imported:
+            problems.append(f"{path.relative_to(SRC)}: engine never imports serve")
+        if package in ALLOWED and imported - ALLOWED[package]:
+            problems.append(f"{path.relative_to(SRC)} imports {sorted(imported - ALLOWED[package])}")
+    assert not problems, problems
+
+
+def test_request_plane_imports_nothing_of_ours():
+    for path in (SRC / "request").rglob("*.py"):
+        assert _imports(path) <= {"request"}, path

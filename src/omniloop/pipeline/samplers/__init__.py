@@ -1,1 +1,41 @@
+"""Samplers: one file per solver, one contract (``base.py``); importing this package registers them."""
 
+from omniloop.pipeline.samplers.base import (
+    SAMPLERS,
+    Sampler,
+    SamplerState,
+    SchedulerConfigError,
+    build_sampler,
+    register_sampler,
+    sampler_names,
+)
+from omniloop.pipeline.samplers.flow_euler import FlowEulerSampler
+from omniloop.pipeline.samplers.flow_unipc import FlowUniPCSampler, FlowUniPCState
+
+
+def sampler_for_diffusers_class(class_name: str) -> str:
+    """The sampler name that reproduces the diffusers scheduler ``class_name`` (a checkpoint's
+    ``scheduler_config.json`` ``_class_name``)."""
+    by_class = {cls.diffusers_class: name for name, cls in SAMPLERS.items()}
+    try:
+        return by_class[class_name]
+    except KeyError:
+        raise SchedulerConfigError(
+            f"no sampler reproduces diffusers scheduler {class_name!r}; supported classes: {sorted(by_class)} "
+            "(override the checkpoint's scheduler with one of them)"
+        ) from None
+
+
+__all__ = [
+    "SAMPLERS",
+    "FlowEulerSampler",
+    "FlowUniPCSampler",
+    "FlowUniPCState",
+    "Sampler",
+    "SamplerState",
+    "SchedulerConfigError",
+    "build_sampler",
+    "register_sampler",
+    "sampler_for_diffusers_class",
+    "sampler_names",
+]

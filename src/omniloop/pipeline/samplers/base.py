@@ -10,7 +10,7 @@ scheduler object, which breaks as soon as two requests interleave).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, Sequence
+from typing import Any, ClassVar, Collection, Protocol, Sequence
 
 import torch
 
@@ -19,8 +19,12 @@ import torch
 class SamplerState:
     """Per-request sampler state. Subclasses add solver history."""
 
-    timesteps: torch.Tensor  # [num_steps] model-facing timesteps (sigma * num_train_timesteps)
-    sigmas: torch.Tensor  # [num_steps + 1] float32 noise levels, last is the terminal sigma
+    # [num_steps] model-facing timesteps on the request's device: sigma * num_train_timesteps,
+    # in the dtype the mirrored diffusers scheduler hands the model (float32, or int64 for UniPC).
+    timesteps: torch.Tensor
+    # [num_steps + 1] float32 noise levels on the CPU, last is the terminal sigma. NOTE: kept on
+    # the CPU so per-step scalar math never syncs the device (diffusers does the same for UniPC).
+    sigmas: torch.Tensor
     step_index: int = 0
 
     @property
@@ -44,6 +48,7 @@ class Sampler(Protocol):
     """One file per sampler implements this (STYLE.md 9)."""
 
     name: ClassVar[str]
+    diffusers_class: ClassVar[str]  # the diffusers scheduler whose config and numerics it reproduces
     num_train_timesteps: int
 
     @classmethod
@@ -59,9 +64,15 @@ class Sampler(Protocol):
         device: torch.device | str | None = None,
         shift: float | None = None,
         sigmas: Sequence[float] | None = None,
+        mu: float | None = None,
     ) -> SamplerState:
-        """Build the schedule for one request. ``shift`` overrides the config's flow shift;
-        ``sigmas`` (descending, in (0, 1]) replaces the computed schedule."""
+        """Build the schedule for one request.
+
+        ``shift`` overrides the config's static flow shift for this request only. ``sigmas``
+        (``num_steps`` values, strictly descending, in (0, 1]) replaces the unshifted base
+        schedule; as in diffusers, the shift (or ``mu``) and ``shift_terminal`` still apply,
+        so pass ``shift=1.0`` to sample on exactly these sigmas. ``mu`` is the
+        resolution-dependent shift, required iff the config sets ``use_dynamic_shifting``."""
         ...
 
     def step(self, state: SamplerState, model_output: torch.Tensor, sample: torch.Tensor) -> torch.Tensor:
@@ -84,6 +95,35 @@ def sampler_names() -> list[str]:
 
 class SchedulerConfigError(ValueError):
     """A checkpoint's scheduler config that a sampler cannot honor (raised at load time)."""
+
+
+def check_config_keys(config: dict[str, Any], *, diffusers_class: str, known: Collection[str]) -> None:
+    """Reject a config written for another scheduler class, or carrying keys the sampler does
+    not know. NOTE: diffusers ignores unknown keys with a warning; we refuse them at load time
+    because an ignored typo or newer option silently changes the samples."""
+    class_name = config.get("_class_name")
+    if class_name is not None and class_name != diffusers_class:
+        raise SchedulerConfigError(
+            f"this config is for {class_name!r}, not {diffusers_class!r}; build the sampler "
+            f"sampler_for_diffusers_class({class_name!r}) names, or translate the config"
+        )
+    unknown = sorted(key for key in config if not key.startswith("_") and key not in known)
+    if unknown:
+        raise SchedulerConfigError(
+            f"unknown {diffusers_class} config keys {unknown}; remove them (known keys: {sorted(known)})"
+        )
+
+
+def check_custom_sigmas(sigmas: Sequence[float], num_steps: int) -> list[float]:
+    """Validate request-supplied sigmas (see ``Sampler.init_state``); returns them as floats."""
+    values = [float(s) for s in sigmas]
+    if len(values) != num_steps:
+        raise ValueError(f"got {len(values)} sigmas for num_steps={num_steps}; pass exactly num_steps sigmas")
+    if not all(0.0 < s <= 1.0 for s in values):
+        raise ValueError(f"sigmas must lie in (0, 1], got {values}; the terminal 0 is appended for you")
+    if any(a <= b for a, b in zip(values, values[1:])):
+        raise ValueError(f"sigmas must be strictly descending, got {values}")
+    return values
 
 
 def build_sampler(name: str, config: dict[str, Any] | None = None) -> Sampler:

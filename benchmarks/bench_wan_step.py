@@ -1,0 +1,252 @@
+"""Our DenoiseLoop step vs diffusers' Wan transformer forward, side by side in one run.
+
+Identical random weights (diffusers' WanTransformer3DModel, seeded, converted to ours by
+the checkpoint key mapping), identical inputs. Eager and compiled, plus VAE decode.
+Prints one JSON line per measurement (and writes them to --out).
+
+    python benchmarks/bench_wan_step.py                 # H200: Wan2.1-1.3B at 480x832x81
+    python benchmarks/bench_wan_step.py --tiny          # CPU smoke (what CI runs)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+from omniloop.models.families.wan.presets import WAN21_T2V_1_3B, WAN21_VAE
+from omniloop.models.families.wan.weights import load_wan_dit
+from omniloop.models.layers.attention import set_attention_backend
+
+
+@dataclass(frozen=True)
+class Shape:
+    height: int
+    width: int
+    frames: int
+    text_len: int = 512
+
+    @property
+    def latent(self) -> tuple[int, int, int]:
+        return ((self.frames - 1) // 4 + 1, self.height // 8, self.width // 8)
+
+    def tokens(self, patch=(1, 2, 2)) -> int:
+        f, h, w = self.latent
+        return f // patch[0] * (h // patch[1]) * (w // patch[2])
+
+
+def dit_flops(cfg: dict, shape: Shape) -> float:
+    """Matmul FLOPs of one forward (2 per multiply-add)."""
+    L, Lt, D, F = shape.tokens(), shape.text_len, cfg["num_attention_heads"] * cfg["attention_head_dim"], cfg["ffn_dim"]
+    per_layer = 2 * (4 * L * D * D + 2 * L * L * D + 2 * L * D * D + 2 * Lt * D * D + 2 * L * Lt * D + 2 * L * D * F)
+    return cfg["num_layers"] * per_layer
+
+
+def timed(fn, *, warmup: int, iters: int, cuda: bool) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    if cuda:
+        torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return times
+
+
+def emit(record: dict, sink) -> None:
+    line = json.dumps(record)
+    print(line, flush=True)
+    if sink is not None:
+        sink.write(line + "\n")
+        sink.flush()
+
+
+def build_models(cfg: dict, device, dtype):
+    """Both models loaded the way users load them, from one saved random checkpoint:
+    diffusers ``from_pretrained(torch_dtype=...)`` and our ``load_wan_dit`` (both keep the
+    same modules in fp32)."""
+    import tempfile
+
+    from diffusers import WanTransformer3DModel
+
+    folder = tempfile.mkdtemp(prefix="wan_bench_")
+    torch.manual_seed(0)
+    WanTransformer3DModel(**cfg).save_pretrained(folder)
+    ref = WanTransformer3DModel.from_pretrained(folder, torch_dtype=dtype).to(device).eval().requires_grad_(False)
+    ours = load_wan_dit(folder, device=device, dtype=dtype).eval().requires_grad_(False)
+    return ref, ours
+
+
+def our_loop(ours, shape: Shape, text: torch.Tensor, device, dtype, guidance: float, cfg_mode: str):
+    """A real DenoiseLoop (Wan adapter, UniPC sampler) bound to ``ours``; returns (stage, ctx, loop)."""
+    from omniloop.models.families.wan.stages import WanDenoiser
+    from omniloop.pipeline.edges import TextEmbeddings
+    from omniloop.pipeline.loops.denoise import DenoiseLoop
+    from omniloop.pipeline.pipeline import Pipeline
+    from omniloop.pipeline.policies.cfg import ClassicCFG
+    from omniloop.pipeline.samplers import build_sampler
+    from omniloop.pipeline.samplers.sampler_set import SamplerSet
+    from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
+    from omniloop.pipeline.stage import StageBase
+    from omniloop.request import DiffusionParams, OmniRequest, TaskType, TextPart
+
+    class GivenText(StageBase):
+        outputs = {"text": TextEmbeddings}
+
+        def forward(self, ctx, state):
+            ctx.write(state, "text", TextEmbeddings(prompt=text, negative=text.flip(1)))
+
+    sampler = build_sampler("flow_unipc", {"prediction_type": "flow_prediction", "use_flow_sigmas": True, "flow_shift": 3.0})
+    spec = PipelineSpec(
+        name="bench", family="wan", tasks=frozenset({TaskType.T2V}),
+        components={"transformer": ComponentSpec(name="transformer", kind="dit"), "sampler": ComponentSpec(name="sampler", kind="s")},
+        nodes=(Node("text", GivenText()), Node("denoise", DenoiseLoop(WanDenoiser(), cfg=ClassicCFG(cfg_mode)))),
+        outputs={},
+    )
+    defaults = {"steps": 1000, "guidance_scale": guidance, "height": shape.height, "width": shape.width,
+                "num_frames": shape.frames, "fps": 16, "z_dim": 16, "vae_scale_temporal": 4, "vae_scale_spatial": 8}
+    pipe = Pipeline(spec=spec, components={"transformer": ours, "sampler": SamplerSet.single("flow_unipc", sampler)},
+                    device=device, dtype=dtype, defaults=defaults)
+    state = pipe.admit(OmniRequest(task=TaskType.T2V, inputs=[TextPart(text="x")], diffusion=DiffusionParams(seed=0)))
+    pipe.spec.node("text").stage.forward(pipe.contexts["text"], state)
+    stage, ctx = pipe.spec.node("denoise").stage, pipe.contexts["denoise"]
+    return stage, ctx, stage.init(ctx, state)
+
+
+def bench_dit(args, cfg, shape, device, dtype, sink):
+    cuda = device.type == "cuda"
+    ref, ours = build_models(cfg, device, dtype)
+    f, h, w = shape.latent
+    g = torch.Generator("cpu").manual_seed(0)
+    x = torch.randn(1, cfg["in_channels"], f, h, w, generator=g).to(device, dtype)
+    text = torch.randn(1, shape.text_len, cfg["text_dim"], generator=g).to(device, dtype)
+    t = torch.tensor([500.0], device=device)
+    flops = dit_flops(cfg, shape)
+    base = {"bench": "wan_dit", "tokens": shape.tokens(), "shape": [shape.height, shape.width, shape.frames],
+            "dtype": str(dtype).removeprefix("torch."), "device": torch.cuda.get_device_name() if cuda else "cpu",
+            "torch": torch.__version__, "tflop_per_forward": round(flops / 1e12, 2)}
+
+    with torch.inference_mode():
+        # numerical agreement on these exact inputs (bf16: both accumulate differently)
+        a = ref(hidden_states=x, timestep=t, encoder_hidden_states=text, return_dict=False)[0]
+        b = ours(x, t, text)
+        rel = ((a.float() - b.float()).norm() / a.float().norm()).item()
+        emit({**base, "metric": "rel_l2_ours_vs_diffusers", "value": rel}, sink)
+
+        results = {}
+
+        def record(name, fn, forwards=1, iters=args.iters):
+            times = timed(fn, warmup=args.warmup, iters=iters, cuda=cuda)
+            med = statistics.median(times)
+            results[name] = med
+            emit({**base, "metric": name, "median_s": med, "min_s": min(times), "iters": len(times),
+                  "tflops": round(forwards * flops / med / 1e12, 1)}, sink)
+
+        record("diffusers_forward_eager", lambda: ref(hidden_states=x, timestep=t, encoder_hidden_states=text, return_dict=False))
+        for backend in args.backends:
+            set_attention_backend(ours, backend)
+            record(f"ours_forward_eager[{backend}]", lambda: ours(x, t, text))
+            stage, ctx, loop = our_loop(ours, shape, text, device, dtype, 1.0, "sequential")
+            record(f"ours_step_eager[{backend}]", lambda: stage.step(ctx, loop))
+
+        if args.compile:
+            ref_c = torch.compile(ref)
+            record("diffusers_forward_compiled", lambda: ref_c(hidden_states=x, timestep=t, encoder_hidden_states=text, return_dict=False))
+            del ref_c
+            for block in ours.blocks:
+                block.compile()
+            for backend in args.backends:
+                set_attention_backend(ours, backend)
+                torch._dynamo.reset()
+                stage, ctx, loop = our_loop(ours, shape, text, device, dtype, 1.0, "sequential")
+                record(f"ours_step_compiled[{backend}]", lambda: stage.step(ctx, loop))
+            best = args.backends[-1]
+            for mode in ("sequential", "batched"):
+                stage, ctx, loop = our_loop(ours, shape, text, device, dtype, 5.0, mode)
+                record(f"ours_step_cfg_{mode}_compiled[{best}]", lambda: stage.step(ctx, loop), forwards=2,
+                       iters=max(2, args.iters // 2))
+            ref_time = results["diffusers_forward_compiled"]
+            for name, value in results.items():
+                if name.startswith("ours_step_compiled"):
+                    emit({**base, "metric": f"ratio_{name}_over_diffusers_compiled", "value": round(value / ref_time, 3)}, sink)
+    del ref, ours
+    if cuda:
+        torch.cuda.empty_cache()
+
+
+def bench_vae(args, shape, device, dtype, sink):
+    import tempfile
+
+    from diffusers import AutoencoderKLWan
+
+    from omniloop.models.families.wan.weights_vae import load_wan_vae
+
+    cuda = device.type == "cuda"
+    cfg = dict(WAN21_VAE)
+    if args.tiny:
+        cfg.update(base_dim=8, dim_mult=[1, 2, 2, 2], num_res_blocks=1)
+    folder = tempfile.mkdtemp(prefix="wan_vae_bench_")
+    torch.manual_seed(0)
+    AutoencoderKLWan(**cfg).save_pretrained(folder)
+    ref = AutoencoderKLWan.from_pretrained(folder, torch_dtype=dtype).to(device).eval().requires_grad_(False)
+    ours = load_wan_vae(folder, device=device, dtype=dtype).eval().requires_grad_(False)
+    f, h, w = shape.latent
+    z = torch.randn(1, 16, f, h, w, generator=torch.Generator("cpu").manual_seed(1)).to(device, dtype)
+    base = {"bench": "wan_vae_decode", "shape": [shape.height, shape.width, shape.frames],
+            "dtype": str(dtype).removeprefix("torch."), "device": torch.cuda.get_device_name() if cuda else "cpu"}
+    with torch.inference_mode():
+        a = ref.decode(z, return_dict=False)[0]
+        b = ours.decode(z)
+        emit({**base, "metric": "max_abs_ours_vs_diffusers", "value": (a.float() - b.float()).abs().max().item()}, sink)
+        for name, fn in (("diffusers_decode", lambda: ref.decode(z, return_dict=False)), ("ours_decode", lambda: ours.decode(z))):
+            times = timed(fn, warmup=1, iters=max(1, args.iters // 3), cuda=cuda)
+            emit({**base, "metric": name, "median_s": statistics.median(times), "iters": len(times)}, sink)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--tiny", action="store_true", help="toy sizes on CPU (smoke test)")
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--no-compile", dest="compile", action="store_false")
+    p.add_argument("--no-vae", dest="vae", action="store_false")
+    p.add_argument("--backends", default="sdpa,sdpa_cudnn", help="our attention backends to time (last = best)")
+    p.add_argument("--out", default=None, help="also append the JSON lines to this file")
+    args = p.parse_args(argv)
+    args.backends = args.backends.split(",")
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if args.tiny:
+        cfg = {**WAN21_T2V_1_3B, "num_attention_heads": 2, "attention_head_dim": 12, "ffn_dim": 32, "num_layers": 2,
+               "text_dim": 32, "freq_dim": 16}
+        shape = Shape(32, 48, 9, text_len=16)
+    else:
+        cfg, shape = dict(WAN21_T2V_1_3B), Shape(480, 832, 81)
+    sink = open(args.out, "a") if args.out else None
+    try:
+        bench_dit(args, cfg, shape, device, dtype, sink)
+        if args.vae:
+            bench_vae(args, shape, device, dtype, sink)
+    finally:
+        if sink:
+            sink.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,26 @@
+"""Benchmarks stay runnable: the CPU smoke mode prints well-formed JSON lines."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_wan_step_benchmark_smoke(tmp_path):
+    out = tmp_path / "bench.jsonl"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_wan_step.py"), "--tiny", "--iters", "1", "--warmup", "0",
+         "--no-compile", "--backends", "sdpa", "--out", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    metrics = {r["metric"]: r for r in records}
+    assert metrics["rel_l2_ours_vs_diffusers"]["value"] < 1e-5
+    assert metrics["max_abs_ours_vs_diffusers"]["value"] < 1e-4
+    assert metrics["ours_step_eager[sdpa]"]["median_s"] > 0
+    assert "diffusers_decode" in metrics and "ours_decode" in metrics

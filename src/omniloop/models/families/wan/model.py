@@ -1,0 +1,531 @@
+"""The Wan video DiT (Wan2.1 / Wan2.2 transformer), written natively.
+
+Same math as diffusers' ``WanTransformer3DModel`` (the parity oracle in
+``tests/models/wan/test_dit_parity.py``), with three deliberate differences that change no
+numbers beyond float reassociation:
+
+* self-attention projects q/k/v with ONE fused Linear, cross-attention projects k/v (and the
+  Wan2.1 I2V image k/v) with one fused Linear each; ``weights.py`` concatenates the
+  checkpoint's ``to_q``/``to_k``/``to_v`` at load;
+* RoPE cos/sin per-token tables are sliced once per forward from constant per-axis tables
+  (not per block) and applied with real-valued ops;
+* the Wan2.1 I2V image context is passed to the blocks as its own tensor instead of being
+  concatenated in front of the text and split off again by a hard-coded 512-token length.
+
+Vocabulary: ``L`` = video tokens after patching (``F' * H' * W'``), ``D`` = model width
+(``heads * head_dim``), ``Lt`` = timestep tokens (1 for a per-sample timestep, ``L`` for
+Wan2.2 TI2V per-token timesteps).
+
+Precision policy (mirrors diffusers so bf16 tracks it): LayerNorms, the time embedder, the
+adaLN ``scale_shift_table`` and the RoPE tables run in fp32; the adaLN residual updates are
+computed in fp32 and cast back exactly where diffusers does it. Parameters that diffusers
+keeps in fp32 when loading in low precision are named by :data:`KEEP_IN_FP32_COMPONENTS`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from omniloop.models.layers.attention import DEFAULT_BACKEND, attention
+from omniloop.models.layers.run_blocks import BlockInterceptor, run_blocks
+
+# A parameter whose dotted name contains one of these components stays fp32 when the model
+# is loaded in bf16/fp16 (diffusers' ``WanTransformer3DModel._keep_in_fp32_modules``; our
+# module names keep those components so the same rule applies to our keys).
+KEEP_IN_FP32_COMPONENTS: frozenset[str] = frozenset(
+    {"rope", "time_embedder", "scale_shift_table", "norm1", "norm2", "norm3"}
+)
+
+_QK_NORMS = ("rms_norm_across_heads", None)
+_ROPE_THETA = 10000.0
+
+
+def keeps_fp32(param_name: str) -> bool:
+    """True when ``param_name`` must stay fp32 at low-precision load.
+
+    Works on our keys and on diffusers' checkpoint keys alike (our module names keep the
+    matched components), which is how the loader decides per tensor before renaming.
+    """
+    return not KEEP_IN_FP32_COMPONENTS.isdisjoint(param_name.split("."))
+
+
+# --------------------------------------------------------------------------------------
+# Config
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True, slots=True)
+class WanDiTConfig:
+    """Architecture of a Wan DiT; field names and defaults are diffusers' config keys.
+
+    ``qk_norm``: diffusers always applies RMSNorm across heads to q/k whatever this says,
+    and so do we; the field exists so checkpoint configs round-trip.
+    """
+
+    patch_size: tuple[int, int, int] = (1, 2, 2)
+    num_attention_heads: int = 40
+    attention_head_dim: int = 128
+    in_channels: int = 16
+    out_channels: int | None = 16  # None -> in_channels (diffusers: ``out_channels or in_channels``)
+    text_dim: int = 4096
+    freq_dim: int = 256
+    ffn_dim: int = 13824
+    num_layers: int = 40
+    cross_attn_norm: bool = True
+    qk_norm: str | None = "rms_norm_across_heads"
+    eps: float = 1e-6
+    image_dim: int | None = None  # Wan2.1 I2V / FLF2V: CLIP image-embedding width
+    added_kv_proj_dim: int | None = None  # Wan2.1 I2V: separate image k/v in cross-attention
+    rope_max_seq_len: int = 1024
+    pos_embed_seq_len: int | None = None  # Wan2.1 FLF2V: learned pos-embed over 2 images
+
+    def __post_init__(self) -> None:
+        self.patch_size = tuple(self.patch_size)  # type: ignore[assignment]  # JSON gives a list
+        if len(self.patch_size) != 3 or any(not isinstance(p, int) or p < 1 for p in self.patch_size):
+            raise ValueError(f"patch_size must be 3 positive ints (t, h, w), e.g. (1, 2, 2); got {self.patch_size}")
+        if self.out_channels is None or self.out_channels == 0:
+            self.out_channels = self.in_channels
+        for name in ("num_attention_heads", "attention_head_dim", "in_channels", "out_channels", "text_dim",
+                     "ffn_dim", "num_layers", "rope_max_seq_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int; got {value!r}")
+        if not isinstance(self.freq_dim, int) or self.freq_dim < 2:
+            raise ValueError(f"freq_dim must be an int >= 2 (sinusoidal timestep width, Wan uses 256); got {self.freq_dim!r}")
+        t_dim, h_dim, w_dim = self.rope_dims
+        if h_dim < 2 or t_dim < 2 or t_dim % 2:
+            raise ValueError(
+                f"attention_head_dim={self.attention_head_dim} cannot be split into 3D RoPE axes "
+                f"(t, h, w) = ({t_dim}, {h_dim}, {w_dim}); pass an even head_dim >= 12 (e.g. 12, 16, 128)"
+            )
+        if self.qk_norm not in _QK_NORMS:
+            raise ValueError(f"qk_norm must be one of {_QK_NORMS}; got {self.qk_norm!r}")
+        if not self.eps > 0:
+            raise ValueError(f"eps must be > 0 (Wan uses 1e-6); got {self.eps!r}")
+        for name in ("image_dim", "added_kv_proj_dim", "pos_embed_seq_len"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be None or a positive int; got {value!r}")
+        if self.added_kv_proj_dim is not None:
+            if self.image_dim is None:
+                raise ValueError("added_kv_proj_dim needs image_dim (the image embedder feeds it); pass both or neither")
+            if self.added_kv_proj_dim != self.inner_dim:
+                raise ValueError(
+                    f"added_kv_proj_dim must equal heads * head_dim = {self.inner_dim} (it projects the embedded "
+                    f"image tokens); got {self.added_kv_proj_dim}"
+                )
+        if self.pos_embed_seq_len is not None and self.image_dim is None:
+            raise ValueError("pos_embed_seq_len only applies to the image embedder; pass image_dim too or drop it")
+
+    @property
+    def inner_dim(self) -> int:
+        return self.num_attention_heads * self.attention_head_dim
+
+    @property
+    def rope_dims(self) -> tuple[int, int, int]:
+        """Head-dim channels rotated by frame, row and column position (diffusers' split)."""
+        h_dim = w_dim = 2 * (self.attention_head_dim // 6)
+        return self.attention_head_dim - h_dim - w_dim, h_dim, w_dim
+
+    @classmethod
+    def from_diffusers_config(cls, d: dict[str, Any]) -> "WanDiTConfig":
+        """Build from a diffusers ``transformer/config.json`` dict.
+
+        Keys starting with ``_`` (``_class_name``, ``_diffusers_version``, ``_name_or_path``)
+        are metadata and ignored; any other unknown key is an error, since silently dropping
+        one would build a different network than the checkpoint's.
+        """
+        known = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in d.items() if not k.startswith("_")}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown WanTransformer3DModel config keys {unknown}; this loader accepts only {sorted(known)} "
+                f"(a Wan VACE/Animate checkpoint needs its own family)"
+            )
+        return cls(**kwargs)
+
+
+# --------------------------------------------------------------------------------------
+# Small layers
+# --------------------------------------------------------------------------------------
+
+
+class RotaryTables(NamedTuple):
+    """RoPE tables for one forward, shared by every block. fp32, ``[1, L, 1, head_dim/2]``."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+
+class WanRotaryEmbedding(nn.Module):
+    """3D RoPE: constant per-axis cos/sin tables, sliced into per-token tables once per forward.
+
+    ``cos_table``/``sin_table``: ``[rope_max_seq_len, head_dim/2]`` fp32, the t, h and w axis
+    tables side by side (diffusers' layout). Angles are computed in fp64 and rounded to fp32
+    like diffusers (an fp32 angle is off by ~1e-4 rad at position 1000).
+
+    NOTE: the tables are a constant non-persistent buffer, not recomputed in ``forward``:
+    inductor inlines pointwise producers into their consumers, and an in-forward fp64
+    ``pow``/``cos`` got fused into every block's q/k RoPE kernel (6.4 ms a call at 32k
+    tokens on an H200, 8x diffusers' kernel). Gathers from a buffer fuse cheaply.
+    """
+
+    def __init__(self, config: WanDiTConfig) -> None:
+        super().__init__()
+        self.axis_dims = config.rope_dims
+        self.max_seq_len = config.rope_max_seq_len
+        self.register_buffer("cos_table", torch.empty(0), persistent=False)
+        self.register_buffer("sin_table", torch.empty(0), persistent=False)
+        self.reset_tables(self.cos_table.device)
+
+    @torch.no_grad()
+    def reset_tables(self, device: torch.device | str) -> None:
+        """(Re)build the tables on ``device``; the loader calls it after a ``meta`` build."""
+        device = torch.device(device)
+        angle_dtype = torch.float32 if device.type == "mps" else torch.float64  # MPS has no fp64
+        positions = torch.arange(self.max_seq_len, dtype=angle_dtype, device=device)
+        angles = []
+        for dim in self.axis_dims:
+            inv_freq = 1.0 / (_ROPE_THETA ** (torch.arange(0, dim, 2, dtype=angle_dtype, device=device) / dim))
+            angles.append(torch.outer(positions, inv_freq))  # [max_seq_len, dim/2]
+        angle = torch.cat(angles, dim=1)
+        self.cos_table = angle.cos().float()
+        self.sin_table = angle.sin().float()
+
+    def _apply(self, fn: Any, recurse: bool = True) -> "WanRotaryEmbedding":
+        # model.to(torch.bfloat16) would round the tables; rebuild them in fp32 instead
+        # (diffusers keeps its ``rope`` module fp32 for the same reason).
+        super()._apply(fn, recurse)
+        if self.cos_table.dtype != torch.float32:
+            self.reset_tables(self.cos_table.device)
+        return self
+
+    def forward(self, grid: tuple[int, int, int]) -> "RotaryTables":
+        f, h, w = grid
+        dt, dh, _ = (d // 2 for d in self.axis_dims)
+
+        def per_token(table: torch.Tensor) -> torch.Tensor:
+            tf, th, tw = table[:f, :dt], table[:h, dt : dt + dh], table[:w, dt + dh :]
+            full = torch.cat(
+                [
+                    tf.view(f, 1, 1, -1).expand(f, h, w, -1),
+                    th.view(1, h, 1, -1).expand(f, h, w, -1),
+                    tw.view(1, 1, w, -1).expand(f, h, w, -1),
+                ],
+                dim=-1,
+            )  # [F', H', W', head_dim/2]
+            return full.reshape(1, f * h * w, 1, -1)
+
+        return RotaryTables(cos=per_token(self.cos_table), sin=per_token(self.sin_table))
+
+
+def apply_rope(x: torch.Tensor, rope: RotaryTables) -> torch.Tensor:
+    """Rotate interleaved channel pairs ``(x[2i], x[2i+1])``; ``x`` is ``[B, L, H, D]``.
+
+    Computed in fp32 (the tables are fp32; diffusers promotes the same way) and cast back.
+    """
+    x1, x2 = x.float().unflatten(-1, (-1, 2)).unbind(-1)  # each [B, L, H, D/2]
+    rotated = torch.stack((x1 * rope.cos - x2 * rope.sin, x1 * rope.sin + x2 * rope.cos), dim=-1)
+    return rotated.flatten(-2).type_as(x)
+
+
+class FP32LayerNorm(nn.LayerNorm):
+    """LayerNorm computed in fp32 whatever the input/weight dtype; returns the input dtype."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(
+            x.float(),
+            self.normalized_shape,
+            self.weight.float() if self.weight is not None else None,
+            self.bias.float() if self.bias is not None else None,
+            self.eps,
+        ).to(x.dtype)
+
+
+def sinusoidal_timestep_embedding(timestep: torch.Tensor, dim: int) -> torch.Tensor:
+    """``[N] -> [N, dim]`` fp32 ``[cos | sin]`` features (diffusers ``Timesteps(flip_sin_to_cos=True, shift=0)``)."""
+    half = dim // 2
+    exponent = -math.log(10000.0) * torch.arange(0, half, dtype=torch.float32, device=timestep.device) / half
+    args = timestep[:, None].float() * torch.exp(exponent)[None, :]
+    emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+    if dim % 2:
+        emb = F.pad(emb, (0, 1))
+    return emb
+
+
+class TwoLayerMLP(nn.Module):
+    """``linear_2(act(linear_1(x)))``; the time and text embedders (key names as diffusers')."""
+
+    def __init__(self, in_dim: int, dim: int, act: nn.Module) -> None:
+        super().__init__()
+        self.linear_1 = nn.Linear(in_dim, dim)
+        self.act = act
+        self.linear_2 = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_2(self.act(self.linear_1(x)))
+
+
+class ImageEmbedder(nn.Module):
+    """CLIP image tokens -> model width (Wan2.1 I2V / FLF2V)."""
+
+    def __init__(self, image_dim: int, dim: int, pos_embed_seq_len: int | None) -> None:
+        super().__init__()
+        self.norm1 = FP32LayerNorm(image_dim)
+        self.proj_in = nn.Linear(image_dim, image_dim)
+        self.proj_out = nn.Linear(image_dim, dim)
+        self.norm2 = FP32LayerNorm(dim)
+        self.pos_embed = nn.Parameter(torch.zeros(1, pos_embed_seq_len, image_dim)) if pos_embed_seq_len else None
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        # image: [B, L_img, image_dim]; FLF2V stacks first/last frame tokens as [2B, L_img, image_dim]
+        if self.pos_embed is not None:
+            image = image.reshape(-1, 2 * image.shape[1], image.shape[2]) + self.pos_embed
+        x = self.norm1(image)
+        x = self.proj_out(F.gelu(self.proj_in(x)))
+        return self.norm2(x)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, ffn_dim: int) -> None:
+        super().__init__()
+        self.proj_in = nn.Linear(dim, ffn_dim)
+        self.proj_out = nn.Linear(ffn_dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj_out(F.gelu(self.proj_in(x), approximate="tanh"))
+
+
+# --------------------------------------------------------------------------------------
+# Attention
+# --------------------------------------------------------------------------------------
+
+
+class SelfAttention(nn.Module):
+    """Fused-qkv self-attention with RMSNorm across heads on q/k and 3D RoPE."""
+
+    def __init__(self, dim: int, heads: int, eps: float) -> None:
+        super().__init__()
+        self.heads = heads
+        self.attention_backend: str = DEFAULT_BACKEND  # deployment state (set_attention_backend)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.norm_q = nn.RMSNorm(dim, eps=eps)
+        self.norm_k = nn.RMSNorm(dim, eps=eps)
+        self.out = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor, rope: RotaryTables) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)  # each [B, L, D]
+        # NOTE: the norm spans all heads (D), so it runs before the head split.
+        q = apply_rope(self.norm_q(q).unflatten(2, (self.heads, -1)), rope)  # [B, L, H, hd]
+        k = apply_rope(self.norm_k(k).unflatten(2, (self.heads, -1)), rope)
+        v = v.unflatten(2, (self.heads, -1))
+        out = attention(q, k, v, backend=self.attention_backend).flatten(2).type_as(q)  # [B, L, D]
+        return self.out(out)
+
+
+class CrossAttention(nn.Module):
+    """Attention from video tokens to text tokens, plus Wan2.1 I2V image tokens when built with them."""
+
+    def __init__(self, dim: int, heads: int, eps: float, with_image_kv: bool) -> None:
+        super().__init__()
+        self.heads = heads
+        self.attention_backend: str = DEFAULT_BACKEND
+        self.q = nn.Linear(dim, dim)
+        self.kv = nn.Linear(dim, 2 * dim)
+        self.norm_q = nn.RMSNorm(dim, eps=eps)
+        self.norm_k = nn.RMSNorm(dim, eps=eps)
+        self.out = nn.Linear(dim, dim)
+        self.added_kv = nn.Linear(dim, 2 * dim) if with_image_kv else None
+        self.norm_added_k = nn.RMSNorm(dim, eps=eps, elementwise_affine=True) if with_image_kv else None
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor, context_image: torch.Tensor | None) -> torch.Tensor:
+        # x: [B, L, D]; context: [B, L_txt, D]; context_image: [B, L_img, D] or None
+        q = self.norm_q(self.q(x)).unflatten(2, (self.heads, -1))  # [B, L, H, hd]
+        k, v = self.kv(context).chunk(2, dim=-1)
+        k = self.norm_k(k).unflatten(2, (self.heads, -1))
+        v = v.unflatten(2, (self.heads, -1))
+        out = attention(q, k, v, backend=self.attention_backend).flatten(2).type_as(q)
+        if self.added_kv is not None:
+            assert self.norm_added_k is not None and context_image is not None, "image context checked in WanDiT.forward"
+            k_img, v_img = self.added_kv(context_image).chunk(2, dim=-1)
+            k_img = self.norm_added_k(k_img).unflatten(2, (self.heads, -1))
+            v_img = v_img.unflatten(2, (self.heads, -1))
+            out = out + attention(q, k_img, v_img, backend=self.attention_backend).flatten(2).type_as(q)
+        return self.out(out)
+
+
+# --------------------------------------------------------------------------------------
+# Block and model
+# --------------------------------------------------------------------------------------
+
+
+class WanBlock(nn.Module):
+    """adaLN-modulated self-attn -> cross-attn -> FFN."""
+
+    def __init__(self, config: WanDiTConfig) -> None:
+        super().__init__()
+        dim, eps = config.inner_dim, config.eps
+        self.norm1 = FP32LayerNorm(dim, eps, elementwise_affine=False)
+        self.self_attn = SelfAttention(dim, config.num_attention_heads, eps)
+        self.norm2 = FP32LayerNorm(dim, eps, elementwise_affine=True) if config.cross_attn_norm else nn.Identity()
+        self.cross_attn = CrossAttention(dim, config.num_attention_heads, eps, config.added_kv_proj_dim is not None)
+        self.norm3 = FP32LayerNorm(dim, eps, elementwise_affine=False)
+        self.ffn = FeedForward(dim, config.ffn_dim)
+        # rows: shift, scale, gate (self-attn), shift, scale, gate (FFN); fp32
+        self.scale_shift_table = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        context: torch.Tensor,
+        context_image: torch.Tensor | None,
+        modulation: torch.Tensor,
+        rope: RotaryTables,
+    ) -> torch.Tensor:
+        # x: [B, L, D]; modulation: [B, Lt, 6, D] (model dtype); Lt is 1 or L, broadcasting over L.
+        shift, scale, gate, c_shift, c_scale, c_gate = (self.scale_shift_table + modulation.float()).unbind(2)
+
+        # 1. Self-attention (the residual update runs in fp32, as diffusers)
+        h = (self.norm1(x.float()) * (1 + scale) + shift).type_as(x)
+        x = (x.float() + self.self_attn(h, rope) * gate).type_as(x)
+
+        # 2. Cross-attention (no modulation)
+        h = self.norm2(x.float()).type_as(x)
+        x = x + self.cross_attn(h, context, context_image)
+
+        # 3. Feed-forward
+        h = (self.norm3(x.float()) * (1 + c_scale) + c_shift).type_as(x)
+        return (x.float() + self.ffn(h).float() * c_gate).type_as(x)
+
+
+class WanDiT(nn.Module):
+    """Wan2.1 / Wan2.2 video DiT: ``[B, C_in, F, H, W] -> [B, C_out, F, H, W]`` velocity."""
+
+    KEEP_IN_FP32_COMPONENTS: ClassVar[frozenset[str]] = KEEP_IN_FP32_COMPONENTS
+
+    def __init__(self, config: WanDiTConfig) -> None:
+        super().__init__()
+        self.config = config
+        dim = config.inner_dim
+        self.rope = WanRotaryEmbedding(config)
+        self.patch_embedding = nn.Conv3d(config.in_channels, dim, kernel_size=config.patch_size, stride=config.patch_size)
+        self.time_embedder = TwoLayerMLP(config.freq_dim, dim, nn.SiLU())  # fp32
+        self.time_proj = nn.Linear(dim, 6 * dim)
+        self.text_embedder = TwoLayerMLP(config.text_dim, dim, nn.GELU(approximate="tanh"))
+        self.image_embedder = (
+            ImageEmbedder(config.image_dim, dim, config.pos_embed_seq_len) if config.image_dim is not None else None
+        )
+        self.blocks = nn.ModuleList([WanBlock(config) for _ in range(config.num_layers)])
+        self.norm_out = FP32LayerNorm(dim, config.eps, elementwise_affine=False)
+        self.proj_out = nn.Linear(dim, config.out_channels * math.prod(config.patch_size))
+        self.scale_shift_table = nn.Parameter(torch.randn(1, 2, dim) / dim**0.5)  # rows: shift, scale
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        timestep: torch.Tensor,
+        encoder_hidden_states: torch.Tensor,
+        encoder_hidden_states_image: torch.Tensor | None = None,
+        *,
+        block_interceptor: BlockInterceptor | None = None,
+    ) -> torch.Tensor:
+        """Predict the flow-matching velocity.
+
+        hidden_states: ``[B, C_in, F, H, W]`` latents (Wan2.2 I2V: noise and image latents
+        concatenated on channels). timestep: ``[B]`` or per-token ``[B, L]`` (Wan2.2 TI2V),
+        float in the scheduler's 0..1000 scale. encoder_hidden_states: ``[B, L_txt, text_dim]``
+        (any L_txt; batched CFG stacks cond/uncond along B). encoder_hidden_states_image:
+        ``[B, L_img, image_dim]`` CLIP tokens for Wan2.1 I2V (``[2B, ...]`` for FLF2V).
+        Returns ``[B, C_out, F, H, W]`` in the model's compute dtype.
+        """
+        cfg = self.config
+        batch, _, frames, height, width = hidden_states.shape
+        grid = self._token_grid(frames, height, width)
+        num_tokens = math.prod(grid)
+        dtype = self.patch_embedding.weight.dtype
+        self._check_conditions(batch, num_tokens, timestep, encoder_hidden_states, encoder_hidden_states_image)
+
+        # 1. Patchify: [B, C_in, F, H, W] -> [B, L, D], tokens in (frame, row, col) order
+        x = self.patch_embedding(hidden_states.to(dtype)).flatten(2).transpose(1, 2).contiguous()
+        rope = self.rope(grid)  # computed once, shared by every block
+
+        # 2. Conditions. temb: [B, Lt, D]; modulation: [B, Lt, 6, D]
+        time_tokens = 1 if timestep.ndim == 1 else timestep.shape[1]
+        temb = self.time_embedder(sinusoidal_timestep_embedding(timestep.reshape(-1), cfg.freq_dim)).to(dtype)
+        modulation = self.time_proj(F.silu(temb)).view(batch, time_tokens, 6, -1)
+        temb = temb.view(batch, time_tokens, -1)
+        context = self.text_embedder(encoder_hidden_states.to(dtype))  # [B, L_txt, D]
+        context_image = None
+        if encoder_hidden_states_image is not None:
+            assert self.image_embedder is not None, "checked in _check_conditions"
+            context_image = self.image_embedder(encoder_hidden_states_image.to(dtype))  # [B, L_img, D]
+            if cfg.added_kv_proj_dim is None:
+                # No separate image k/v (image_dim without added_kv_proj_dim): diffusers
+                # prepends the image tokens to the text context.
+                context, context_image = torch.cat([context_image, context], dim=1), None
+
+        # 3. Blocks
+        x = run_blocks(self.blocks, x, context, context_image, modulation, rope, interceptor=block_interceptor)
+
+        # 4. Output norm, projection, unpatchify
+        shift, scale = (self.scale_shift_table + temb.unsqueeze(2)).unbind(2)  # each [B, Lt, D], fp32
+        x = (self.norm_out(x.float()) * (1 + scale) + shift).type_as(x)
+        x = self.proj_out(x)  # [B, L, C_out * pt * ph * pw]
+        (f, h, w), (pt, ph, pw) = grid, cfg.patch_size
+        x = x.reshape(batch, f, h, w, pt, ph, pw, -1).permute(0, 7, 1, 4, 2, 5, 3, 6)
+        return x.reshape(batch, -1, f * pt, h * ph, w * pw)
+
+    def _token_grid(self, frames: int, height: int, width: int) -> tuple[int, int, int]:
+        pt, ph, pw = self.config.patch_size
+        if frames % pt or height % ph or width % pw:
+            raise ValueError(
+                f"latent size (F, H, W) = ({frames}, {height}, {width}) must be divisible by patch_size "
+                f"{self.config.patch_size}; pad or crop the latents"
+            )
+        grid = (frames // pt, height // ph, width // pw)
+        if max(grid) > self.config.rope_max_seq_len:
+            raise ValueError(
+                f"token grid {grid} exceeds rope_max_seq_len={self.config.rope_max_seq_len}; pass smaller latents"
+            )
+        return grid
+
+    def _check_conditions(
+        self,
+        batch: int,
+        num_tokens: int,
+        timestep: torch.Tensor,
+        text: torch.Tensor,
+        image: torch.Tensor | None,
+    ) -> None:
+        # Shape checks only (no tensor values), so they cost nothing under torch.compile.
+        if timestep.shape not in ((batch,), (batch, num_tokens)):
+            raise ValueError(
+                f"timestep must be [B]={[batch]} or per-token [B, L]={[batch, num_tokens]}; got {list(timestep.shape)}"
+            )
+        if text.ndim != 3 or text.shape[0] != batch or text.shape[2] != self.config.text_dim:
+            raise ValueError(
+                f"encoder_hidden_states must be [B, L_txt, text_dim] = [{batch}, L_txt, {self.config.text_dim}]; "
+                f"got {list(text.shape)}"
+            )
+        if image is None and self.config.added_kv_proj_dim is not None:
+            raise ValueError("this Wan I2V model needs encoder_hidden_states_image [B, L_img, image_dim] (CLIP tokens)")
+        if image is not None:
+            if self.image_embedder is None:
+                raise ValueError("this model has no image embedder (config image_dim=None); pass encoder_hidden_states_image=None")
+            # FLF2V (pos_embed_seq_len set) passes first- and last-frame tokens as [2B, L_img, image_dim].
+            image_batch = 2 * batch if self.config.pos_embed_seq_len is not None else batch
+            if image.ndim != 3 or image.shape[0] != image_batch or image.shape[2] != self.config.image_dim:
+                raise ValueError(
+                    f"encoder_hidden_states_image must be [{image_batch}, L_img, {self.config.image_dim}]; "
+                    f"got {list(image.shape)}"
+                )
+            pos_len = self.config.pos_embed_seq_len
+            if pos_len is not None and 2 * image.shape[1] != pos_len:
+                raise ValueError(f"FLF2V image tokens per frame must be pos_embed_seq_len / 2 = {pos_len / 2}; got {image.shape[1]}")

@@ -39,6 +39,16 @@ class DeployConfig(BaseModel):
     compile: bool = Field(default=False, description="torch.compile each transformer block (GPU)")
     plugins: dict[str, dict[str, Any]] = Field(default_factory=dict, description="enabled plugins and their config")
     limits: Limits = Field(default_factory=Limits)
+    # -- engine -------------------------------------------------------------------------
+    scheduling: Literal["srpt", "fifo"] = Field(
+        default="srpt", description="step scheduling: shortest remaining cost first (with aging), or request-level FIFO"
+    )
+    max_queue: int = Field(default=64, ge=1, description="waiting requests before new ones are rejected (429)")
+    max_running: int = Field(default=8, ge=1, description="requests holding state at once")
+    max_batch: int = Field(default=8, ge=1, description="requests per batched step")
+    memory_budget_gb: float | None = Field(default=None, gt=0, description="admission memory budget; default: free memory")
+    nan_check: bool = Field(default=True, description="fail a request whose loop state turns NaN/Inf")
+    on_pool_failure: Literal["requeue", "fail"] = Field(default="requeue", description="what a pool restart does to in-flight requests")
 
     @field_validator("dtype")
     @classmethod

@@ -33,7 +33,7 @@ def test_generate_video_writes_h264_mp4(wan_t2v_dir, tmp_path):
     # lossy, but close to what we encoded
     assert np.abs(decoded.astype(int) - result.frames.astype(int)).mean() < 12
     progress = [e for e in events if isinstance(e, ProgressEvent)]
-    assert [e.step for e in progress] == [1, 2, 3] and progress[-1].eta_s == 0.0
+    assert [e.step for e in progress] == [1, 2, 3] and progress[-1].eta_s < progress[0].eta_s
     assert [e.type for e in events][-1] == "final"
 
 

@@ -12,10 +12,10 @@ import numpy as np
 import torch
 
 from omniloop.deploy import DeployConfig
+from omniloop.engine.engine import Engine, EngineConfig
 from omniloop.models.loader import load_pipeline
 from omniloop.models.model_spec import LoadOptions, ModelSpec
 from omniloop.pipeline.pipeline import Pipeline
-from omniloop.pipeline.runner import run_request
 from omniloop.request import (
     DiffusionParams,
     ImagePart,
@@ -56,6 +56,13 @@ class VideoGenerator:
         self.spec = spec
         self.pipeline = pipeline
         self.deploy = deploy
+        # The same engine the server runs; driven synchronously here, one request at a time.
+        self.engine = Engine(pipeline, EngineConfig.from_deploy(deploy), event_sink=self._dispatch)
+        self._listener: Callable[[OmniEvent], None] | None = None
+
+    def _dispatch(self, event: OmniEvent) -> None:
+        if self._listener is not None:
+            self._listener(event)
 
     @classmethod
     def from_pretrained(
@@ -82,8 +89,14 @@ class VideoGenerator:
         """Run one request to completion. Bad input raises ValueError; a failure while
         running returns an output with status ``failed``."""
         self._check_limits(request)
-        with torch.inference_mode():
-            return run_request(self.pipeline, request, on_event)
+        self._listener = on_event
+        try:
+            with torch.inference_mode():
+                rid = self.engine.add_request(request)
+                self.engine.run_until_done(rid)
+                return self.engine.pop_output(rid)
+        finally:
+            self._listener = None
 
     def generate_video(
         self,

@@ -9,12 +9,24 @@ forward.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar, Hashable, Mapping, Protocol, Sequence, runtime_checkable
 
 from pydantic import BaseModel
 
 from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
 from omniloop.request import Artifact
+
+
+@dataclass(frozen=True)
+class WorkEstimate:
+    """What running a node for one request will cost, estimated before it starts (the
+    scheduler's cost model and admission's memory budget consume it)."""
+
+    steps: int = 1  # schedulable steps (1 for a one-shot stage)
+    flops_per_step: float | None = None  # analytic matmul FLOPs of one step, if known
+    resident_bytes: int = 0  # state held while the request is in flight
+    peak_bytes: int = 0  # transient activations of one step
 
 
 class _Ports(Protocol):
@@ -61,12 +73,24 @@ class StageBase:
     components: Sequence[str] = ()
     params_schema: type[BaseModel] | None = None
 
+    def estimate(self, ctx: StageContext, state: RequestState) -> WorkEstimate:
+        """Cost/memory estimate before the node runs (override where it matters)."""
+        return WorkEstimate()
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
 
 class LoopStageBase(StageBase):
     """Default ``batch_key``/``step_many``: no batching, steps run one by one."""
+
+    def step_flops(self, loop: LoopState) -> float | None:
+        """Analytic FLOPs of the loop's next step (None: unknown)."""
+        return None
+
+    def is_finite(self, loop: LoopState) -> bool:
+        """False when the loop's state holds NaN/Inf (the engine then fails the request)."""
+        return True
 
     def batch_key(self, loop: LoopState) -> Hashable | None:
         return None

@@ -26,7 +26,7 @@ from omniloop.pipeline.policies.conditioning import ConditioningPolicy, NoCondit
 from omniloop.pipeline.policies.routing import Route, RoutingPolicy, SingleModel
 from omniloop.pipeline.policies.shift import FlowShift
 from omniloop.pipeline.samplers.base import Sampler, SamplerState
-from omniloop.pipeline.stage import LoopStageBase
+from omniloop.pipeline.stage import LoopStageBase, WorkEstimate
 from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
 from omniloop.request import DiffusionParams, LatentsArtifact, Modality, OmniRequest, TensorArtifact
 
@@ -47,6 +47,10 @@ class Denoiser(Protocol):
     def forward(
         self, model: torch.nn.Module, inputs: dict[str, torch.Tensor], timestep: torch.Tensor, kwargs: dict[str, Any]
     ) -> Prediction: ...
+
+    # Optional (getattr-probed): analytic cost of one forward at these latent shapes.
+    #   flops_per_forward(ctx, shapes) -> float
+    #   activation_bytes(ctx, shapes) -> int   (peak transient memory of one forward)
 
 
 class DenoiseParams(BaseModel):
@@ -71,6 +75,7 @@ class DenoiseLoopState(LoopState):
     branch_kwargs: dict[str, dict[str, Any]]  # guidance branch -> forward kwargs
     routes: list[Route]  # expert route of every step, resolved at init
     model_dtype: torch.dtype
+    flops_per_forward: float | None = None
     preview_every: int | None = None
     trajectory: list[torch.Tensor] | None = None
 
@@ -137,6 +142,7 @@ class DenoiseLoop(LoopStageBase):
             branch_kwargs=self.denoiser.branch_inputs(ctx, state, cfg_state.branches),
             routes=routes,
             model_dtype=model_dtype,
+            flops_per_forward=_probe(self.denoiser, "flops_per_forward", ctx, shapes),
             preview_every=request.outputs.preview_every if request.outputs.stream else None,
             trajectory=[] if request.outputs.return_trajectory else None,
         )
@@ -157,6 +163,35 @@ class DenoiseLoop(LoopStageBase):
             ctx.write(state, "trajectory", TensorArtifact(tensor=torch.stack(loop.trajectory)))
 
     # -- scheduling contract --------------------------------------------------------
+    def estimate(self, ctx: StageContext, state: RequestState) -> WorkEstimate:  # type: ignore[override]
+        request = state.request
+        params = _effective_params(request.diffusion, state.node_params.get(ctx.node))
+        shapes = self.denoiser.latent_shapes(ctx, request)
+        cfg_state = self.cfg.init(params, self.denoiser.modalities, ctx.defaults)
+        forwards = len(cfg_state.branches)
+        per_forward = _probe(self.denoiser, "flops_per_forward", ctx, shapes)
+        latent_bytes = sum(4 * _numel(s) for s in shapes.values())
+        text = state.artifacts.get(self.inputs_edge(ctx))
+        text_bytes = sum(t.numel() * t.element_size() for t in _tensors(text))
+        # fp32 latents + up to 3 multistep history entries + the model-dtype input copy
+        resident = 5 * latent_bytes + text_bytes
+        peak = (_probe(self.denoiser, "activation_bytes", ctx, shapes) or 0) * (forwards if self.cfg.mode == "batched" else 1)
+        return WorkEstimate(
+            steps=params.num_steps(ctx.defaults.get("steps", 50)),
+            flops_per_step=None if per_forward is None else forwards * per_forward,
+            resident_bytes=int(resident),
+            peak_bytes=int(peak),
+        )
+
+    def inputs_edge(self, ctx: StageContext) -> str:
+        return ctx.inputs.get("text", "text")
+
+    def step_flops(self, loop: DenoiseLoopState) -> float | None:  # type: ignore[override]
+        if loop.done or loop.flops_per_forward is None:
+            return None
+        cfg_state: CFGState = loop.policy_states[self.cfg.name]
+        return len(self.cfg.step_branches(cfg_state, loop.route.scale_set)) * loop.flops_per_forward
+
     def batch_key(self, loop: DenoiseLoopState) -> Hashable | None:  # type: ignore[override]
         if loop.done:
             return None
@@ -169,6 +204,9 @@ class DenoiseLoop(LoopStageBase):
             tuple((m, tuple(x.shape)) for m, x in loop.latents.items()),
             _kwargs_signature(loop.branch_kwargs),
         )
+
+    def is_finite(self, loop: DenoiseLoopState) -> bool:  # type: ignore[override]
+        return all(bool(torch.isfinite(x).all()) for x in loop.latents.values())
 
     def step(self, ctx: StageContext, loop: DenoiseLoopState) -> StepResult:  # type: ignore[override]
         return self.step_many(ctx, [loop])[0]
@@ -252,6 +290,24 @@ def _effective_params(params: DiffusionParams, overrides: DenoiseParams | None) 
     if "steps" in update and params.sigmas is not None:
         update["sigmas"] = None
     return params.model_copy(update=update)
+
+
+def _probe(obj: Any, method: str, *args: Any) -> Any:
+    fn = getattr(obj, method, None)
+    return fn(*args) if callable(fn) else None
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _tensors(artifact: Any) -> list[torch.Tensor]:
+    if artifact is None:
+        return []
+    return [v for v in vars(artifact).values() if isinstance(v, torch.Tensor)]
 
 
 def _latent_area(shapes: Mapping[str, tuple[int, ...]]) -> int | None:

@@ -59,6 +59,28 @@ class WanDenoiser:
     ) -> Prediction:
         return {"video": model(inputs["video"], timestep, **kwargs)}
 
+    def _dims(self, ctx: StageContext, shapes: dict[str, tuple[int, ...]]) -> tuple[int, int, int, int, int, int]:
+        cfg = ctx.component("transformer").config
+        _, _, f, h, w = shapes["video"]
+        pt, ph, pw = cfg.patch_size
+        tokens = (f // pt) * (h // ph) * (w // pw)
+        text_len = int(ctx.defaults.get("max_sequence_length", 512))
+        return tokens, text_len, cfg.inner_dim, cfg.ffn_dim, cfg.num_layers, cfg.num_attention_heads
+
+    def flops_per_forward(self, ctx: StageContext, shapes: dict[str, tuple[int, ...]]) -> float:
+        """Matmul FLOPs of one DiT forward (2 per multiply-add): self-attn projections and
+        scores, cross-attn, FFN — the analytic prior of the engine's cost model."""
+        L, Lt, D, F, layers, _ = self._dims(ctx, shapes)
+        per_layer = 4 * L * D * D + 2 * L * L * D + 2 * L * D * D + 2 * Lt * D * D + 2 * L * Lt * D + 2 * L * D * F
+        return float(2 * layers * per_layer)
+
+    def activation_bytes(self, ctx: StageContext, shapes: dict[str, tuple[int, ...]]) -> int:
+        """Peak transient memory of one forward: the largest live set inside a block is the
+        FFN intermediate plus ~6 [L, D] tensors (residual, norm, q/k/v, attention out)."""
+        L, _, D, F, _, _ = self._dims(ctx, shapes)
+        itemsize = torch.finfo(ctx.dtype).bits // 8
+        return int(L * (F + 6 * D) * itemsize + 4 * L * D * 4)  # + fp32 adaLN temporaries
+
 
 def first_frame(request: OmniRequest) -> ImagePart | None:
     images = request.images("first_frame")

@@ -1,0 +1,348 @@
+"""``Engine``: the synchronous core — ``add_request``, ``step``, ``abort``.
+
+Each ``step()`` asks the StepScheduler for one plan, executes it (a one-shot node, a
+loop's init, or one batched loop step), and turns the results into events and finished
+outputs. Failures are isolated per request; a pool-fatal error restarts the pool and
+re-queues (or fails) the in-flight requests.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Literal
+
+import torch
+
+from omniloop.deploy import DeployConfig
+from omniloop.engine.admission import MemoryBudget, MemoryEstimate, default_memory_budget
+from omniloop.engine.cost_model import CostModel
+from omniloop.engine.errors import DoesNotFit, EngineDeadError, PoolFatalError, QueueFull, RequestRejected, UnknownRequest
+from omniloop.engine.request import EngineRequest
+from omniloop.engine.scheduler import NodeWork, SchedulerPlan, SchedulingPolicy, StepScheduler, StepWork
+from omniloop.pipeline.pipeline import Pipeline
+from omniloop.pipeline.state import StepResult
+from omniloop.request import (
+    ArtifactEvent,
+    FinalEvent,
+    OmniEvent,
+    OmniOutput,
+    OmniRequest,
+    ProgressEvent,
+    RequestStatus,
+    StatusEvent,
+)
+
+logger = logging.getLogger(__name__)
+EventSink = Callable[[OmniEvent], None]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_queue: int = 64  # waiting requests; beyond it add_request raises QueueFull
+    memory_budget_bytes: int | None = None  # None: measured free memory at start
+    nan_check: bool = True  # a non-finite loop state fails that request
+    on_pool_failure: Literal["requeue", "fail"] = "requeue"
+    max_pool_restarts: int = 3
+    max_request_attempts: int = 2  # pool restarts a request may be re-queued through
+    policy: SchedulingPolicy = field(default_factory=SchedulingPolicy)
+
+    @classmethod
+    def from_deploy(cls, deploy: DeployConfig) -> "EngineConfig":
+        budget = None if deploy.memory_budget_gb is None else int(deploy.memory_budget_gb * 2**30)
+        policy = SchedulingPolicy(kind=deploy.scheduling, max_running=deploy.max_running, max_batch=deploy.max_batch)
+        return cls(max_queue=deploy.max_queue, memory_budget_bytes=budget, nan_check=deploy.nan_check,
+                   on_pool_failure=deploy.on_pool_failure, policy=policy)
+
+
+@dataclass
+class EngineStats:
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    rejected: int = 0
+    pool_restarts: int = 0
+    steps: int = 0
+    batched_steps: int = 0  # steps that ran more than one request
+
+
+class Engine:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        config: EngineConfig | None = None,
+        *,
+        event_sink: EventSink | None = None,
+        restart_pool: Callable[[], Pipeline] | None = None,
+    ) -> None:
+        self.pipeline = pipeline
+        self.config = config or EngineConfig()
+        self.event_sink = event_sink
+        self._restart_pool = restart_pool
+        budget = self.config.memory_budget_bytes or default_memory_budget(pipeline.device)
+        self.cost_model = CostModel.for_device(pipeline.device)
+        self.scheduler = StepScheduler(pipeline, self.cost_model, MemoryBudget(budget), self.config.policy)
+        self.stats = EngineStats()
+        self.dead: str | None = None
+        self._finished: dict[str, OmniOutput] = {}
+
+    # -- public API ---------------------------------------------------------------------
+    def add_request(self, request: OmniRequest) -> str:
+        """Validate and queue ``request``. Raises RequestRejected (ValueError) naming the
+        problem; nothing is queued then."""
+        if self.dead:
+            raise EngineDeadError(f"engine is dead: {self.dead}")
+        rid = request.request_id
+        if self.scheduler.find(rid) is not None or rid in self._finished:
+            self.stats.rejected += 1
+            raise RequestRejected(f"request_id {rid!r} is already in use; pass a new id (or omit it)")
+        if len(self.scheduler.waiting) >= self.config.max_queue:
+            self.stats.rejected += 1
+            raise QueueFull(f"queue is full ({self.config.max_queue} waiting); retry later")
+        try:
+            state = self.pipeline.admit(request)
+        except ValueError as e:
+            self.stats.rejected += 1
+            raise RequestRejected(str(e)) from None
+        req = EngineRequest(request=state.request, state=state, nodes=self.pipeline.active_nodes(state.request))
+        self._estimate(req)
+        self.scheduler.add(req)
+        self._emit(StatusEvent(request_id=rid, status=RequestStatus.QUEUED))
+        return rid
+
+    def abort(self, request_id: str) -> None:
+        """Cancel at the next step boundary (at once if still waiting)."""
+        req = self.scheduler.find(request_id)
+        if req is None:
+            if request_id in self._finished:
+                return  # already finished: aborting is a no-op
+            raise UnknownRequest(f"no request {request_id!r} in flight")
+        req.abort_requested = True
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.num_unfinished > 0
+
+    def step(self) -> list[OmniOutput]:
+        """One scheduler iteration; returns the outputs of requests that finished in it."""
+        if self.dead:
+            raise EngineDeadError(f"engine is dead: {self.dead}")
+        done_before = set(self._finished)
+        plan = self.scheduler.schedule()
+        self._apply_plan_boundaries(plan)
+        if plan.work is not None:
+            try:
+                self._execute(plan.work)
+            except PoolFatalError as e:
+                self._on_pool_failure(e)
+        return [out for rid, out in self._finished.items() if rid not in done_before]
+
+    def run_until_done(self, request_id: str) -> OmniOutput:
+        """Drive the engine until ``request_id`` finishes (the offline path)."""
+        while request_id not in self._finished:
+            self.step()
+        return self._finished[request_id]
+
+    def pop_output(self, request_id: str) -> OmniOutput | None:
+        return self._finished.pop(request_id, None)
+
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    # -- plan execution -------------------------------------------------------------------
+    def _apply_plan_boundaries(self, plan: SchedulerPlan) -> None:
+        for rid in plan.aborted:
+            req = self.scheduler.find(rid)
+            if req is not None:
+                self._finish(req, RequestStatus.CANCELLED, "cancelled by request")
+        for rid in plan.admitted:
+            req = self.scheduler.running[rid]
+            req.status = RequestStatus.RUNNING
+            req.started = time.perf_counter()
+            req.state.mark_started()
+            req.state.metrics.queue_s = req.started - req.arrival
+            self._emit(StatusEvent(request_id=rid, status=RequestStatus.RUNNING))
+
+    def _execute(self, work: NodeWork | StepWork) -> None:
+        if isinstance(work, NodeWork):
+            req = self.scheduler.running[work.request_id]
+            self._guarded(req, lambda: self._run_node(req))
+            return
+        reqs = [self.scheduler.running[rid] for rid in work.request_ids]
+        try:
+            self._run_steps(reqs)
+        except PoolFatalError:
+            raise
+        except Exception:
+            if len(reqs) == 1:
+                self._fail(reqs[0])
+                return
+            # A batched step failed: retry each alone so only the culprit fails. The
+            # forward raised before any loop state was updated, so a retry is clean.
+            for req in reqs:
+                self._guarded(req, lambda r=req: self._run_steps([r]))
+
+    def _guarded(self, req: EngineRequest, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except PoolFatalError:
+            raise
+        except Exception:
+            self._fail(req)
+
+    def _run_node(self, req: EngineRequest) -> None:
+        node = req.node
+        ctx = self.pipeline.contexts[node.name]
+        item = self.scheduler.item_cost(req)
+        t0 = time.perf_counter()
+        if node.is_loop:
+            req.loop = node.stage.init(ctx, req.state)
+            req.state.loops[node.name] = req.loop
+        else:
+            node.stage.forward(ctx, req.state)
+        elapsed = time.perf_counter() - t0
+        self.cost_model.observe(item, elapsed)
+        req.actual_s += elapsed
+        req.state.metrics.node_s[node.name] = req.state.metrics.node_s.get(node.name, 0.0) + elapsed
+        if not node.is_loop:
+            self._next_node(req)
+
+    def _run_steps(self, reqs: list[EngineRequest]) -> None:
+        node = reqs[0].node
+        ctx = self.pipeline.contexts[node.name]
+        items = [self.scheduler.item_cost(r) for r in reqs]
+        loops = [r.loop for r in reqs]
+        t0 = time.perf_counter()
+        results = node.stage.step_many(ctx, loops) if len(reqs) > 1 else [node.stage.step(ctx, loops[0])]
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize(ctx.device)  # the measured step time must include the GPU work
+        elapsed = time.perf_counter() - t0
+        self.stats.steps += 1
+        self.stats.batched_steps += len(reqs) > 1
+        predicted = [self.cost_model.predict(i) for i in items]
+        total_pred = sum(predicted) or 1.0
+        for req, item, pred, result in zip(reqs, items, predicted, results):
+            share = elapsed * pred / total_pred  # apportion a batch's time by predicted cost
+            self.cost_model.observe(item, share)
+            req.actual_s += share
+            req.loop.step_times.append(share)
+            self._after_step(req, result)
+
+    def _after_step(self, req: EngineRequest, result: StepResult) -> None:
+        node, loop = req.node, req.loop
+        if self.config.nan_check and not node.stage.is_finite(loop):
+            self._finish(req, RequestStatus.FAILED, f"non-finite values (NaN/Inf) in node {node.name!r} at step {loop.steps_done}")
+            return
+        eta = self.scheduler.remaining_s(req)
+        self._emit(ProgressEvent(request_id=req.request_id, node=node.name, step=loop.steps_done,
+                                 total=loop.steps_target, eta_s=eta))
+        for name, artifact in result.emit or ():
+            self._emit(ArtifactEvent(request_id=req.request_id, name=name, artifact=artifact, partial=True))
+        if result.done:
+            ctx = self.pipeline.contexts[node.name]
+            node.stage.finalize(ctx, loop, req.state)
+            req.state.metrics.steps += loop.steps_done
+            req.state.metrics.node_s[node.name] = req.state.metrics.node_s.get(node.name, 0.0) + sum(loop.step_times)
+            req.state.loops.pop(node.name, None)
+            self._next_node(req)
+
+    def _next_node(self, req: EngineRequest) -> None:
+        req.advance_node()
+        if req.node is None:
+            self._finish(req, RequestStatus.COMPLETED, None)
+
+    # -- endings --------------------------------------------------------------------------
+    def _fail(self, req: EngineRequest) -> None:
+        import traceback
+
+        exc = traceback.format_exc(limit=-1).strip().splitlines()[-1]
+        logger.exception("request %s failed", req.request_id)
+        self._finish(req, RequestStatus.FAILED, exc)
+
+    def _finish(self, req: EngineRequest, status: RequestStatus, error: str | None) -> None:
+        if req.is_finished:
+            return
+        self.scheduler.remove(req.request_id)
+        req.status = status
+        req.finished = time.perf_counter()
+        state = req.state
+        state.status, state.error = status, error
+        metrics = state.metrics
+        if req.started is not None:
+            metrics.run_s = req.finished - req.started
+        else:
+            metrics.queue_s = req.finished - req.arrival
+        metrics.predicted_cost_s = req.predicted_total_s
+        metrics.actual_cost_s = req.actual_s
+        metrics.peak_memory_bytes = _peak_memory(self.pipeline.device, req)
+        output = self.pipeline.collect_output(state, status)
+        state.loops.clear()
+        req.loop = None
+        state.artifacts.clear()  # free the request's tensors; the output holds what it returns
+        self._finished[req.request_id] = output
+        self.stats.completed += status is RequestStatus.COMPLETED
+        self.stats.failed += status is RequestStatus.FAILED
+        self.stats.cancelled += status is RequestStatus.CANCELLED
+        for name, art in output.artifacts.items():
+            self._emit(ArtifactEvent(request_id=req.request_id, name=name, artifact=art, partial=False))
+        self._emit(FinalEvent(request_id=req.request_id, output=output))
+
+    def _on_pool_failure(self, error: PoolFatalError) -> None:
+        self.stats.pool_restarts += 1
+        logger.error("pool-fatal error (%s); restart %d", error, self.stats.pool_restarts)
+        if self.stats.pool_restarts > self.config.max_pool_restarts:
+            self.dead = f"pool failed {self.stats.pool_restarts} times; last: {error}"
+            for req in list(self.scheduler.running.values()) + list(self.scheduler.waiting):
+                self._finish(req, RequestStatus.FAILED, f"engine dead: {error}")
+            return
+        if self._restart_pool is not None:
+            self.pipeline = self._restart_pool()
+            self.scheduler.pipeline = self.pipeline
+        in_flight = list(self.scheduler.running.values())
+        if self.config.on_pool_failure == "fail":
+            for req in in_flight:
+                self._finish(req, RequestStatus.FAILED, f"worker pool failed: {error}")
+            return
+        for req in self.scheduler.requeue_running():
+            req.attempts += 1
+            if req.attempts > self.config.max_request_attempts:
+                self._finish(req, RequestStatus.FAILED, f"worker pool failed {req.attempts} times: {error}")
+            else:
+                # Rebind to the (possibly rebuilt) pipeline and start over from scratch.
+                req.state = self.pipeline.admit(req.request)
+                req.nodes = self.pipeline.active_nodes(req.request)
+
+    # -- estimates ------------------------------------------------------------------------
+    def _estimate(self, req: EngineRequest) -> None:
+        estimates, resident, peak, total = {}, 0, 0, 0.0
+        for node in req.nodes:
+            est = node.stage.estimate(self.pipeline.contexts[node.name], req.state)
+            estimates[node.name] = est
+            resident += est.resident_bytes
+            peak = max(peak, est.peak_bytes)
+        req.info["estimates"] = estimates
+        req.info["peak_bytes"] = peak
+        req.reserved_bytes = resident
+        if not self.scheduler.memory.fits_alone(MemoryEstimate(resident, peak)):
+            self.stats.rejected += 1
+            raise DoesNotFit(
+                f"request needs ~{(resident + peak) / 2**30:.2f} GiB (state {resident / 2**30:.2f} + activations "
+                f"{peak / 2**30:.2f}) but the memory budget is {self.scheduler.memory.budget_bytes / 2**30:.2f} GiB; "
+                "lower the resolution, frame count or batch"
+            )
+        req.predicted_total_s = self.scheduler.remaining_s(req)
+
+    def _emit(self, event: OmniEvent) -> None:
+        if self.event_sink is not None:
+            self.event_sink(event)
+
+
+def _peak_memory(device: torch.device, req: EngineRequest) -> int:
+    """Device: the allocator's peak while the engine ran (engine-wide, since requests share
+    it); CPU: the request's admission reservation (state + one step's activations)."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(req.reserved_bytes + req.info.get("peak_bytes", 0))

@@ -1,0 +1,38 @@
+"""Engine errors. Recoverable ones concern one request; ``EngineDeadError`` means the
+engine itself cannot continue (vLLM's EngineGenerateError / EngineDeadError split)."""
+
+from __future__ import annotations
+
+
+class EngineError(RuntimeError):
+    """Base class of errors the engine raises to callers."""
+
+
+class RequestRejected(EngineError, ValueError):
+    """Admission refused a request (validation, duplicate id, cannot fit). ``status_code`` is
+    what an HTTP front end should answer."""
+
+    status_code = 400
+
+
+class QueueFull(RequestRejected):
+    status_code = 429
+
+
+class DoesNotFit(RequestRejected):
+    status_code = 413
+
+
+class UnknownRequest(EngineError, KeyError):
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else "unknown request"
+
+
+class EngineDeadError(EngineError):
+    """The engine stopped (pool restarts exhausted, or shut down)."""
+
+
+class PoolFatalError(RuntimeError):
+    """Raised from inside a step when the worker pool itself is corrupt (a CUDA illegal
+    access, an NCCL desync). Every in-flight request is affected, not just one; the engine
+    restarts the pool and re-queues or fails the in-flight requests."""

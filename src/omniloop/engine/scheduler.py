@@ -1,0 +1,195 @@
+"""StepScheduler: decides, once per iteration, which work runs next.
+
+One-shot nodes are scheduled per request; loop steps per step. Each iteration produces
+one typed ``SchedulerPlan`` — the object rank 0 would broadcast to an SPMD pool — and
+preemption happens only between plans, i.e. at step boundaries. Ranking: priority, then
+deadline risk, then shortest remaining predicted cost (aged, so long jobs cannot starve);
+``fifo`` is the request-level baseline (oldest first, run to completion).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+from omniloop.engine.admission import MemoryBudget, MemoryEstimate
+from omniloop.engine.cost_model import CostModel, ItemCost
+from omniloop.engine.request import EngineRequest
+from omniloop.pipeline.pipeline import Pipeline
+from omniloop.request import RequestStatus
+
+
+@dataclass(frozen=True)
+class NodeWork:
+    """Run the request's current one-shot node, or enter (``init``) its current loop."""
+
+    request_id: str
+    node: str
+
+
+@dataclass(frozen=True)
+class StepWork:
+    """One step of ``node`` for every listed request, as one ``step_many`` batch."""
+
+    node: str
+    request_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SchedulerPlan:
+    iteration: int
+    admitted: tuple[str, ...] = ()  # waiting -> running this iteration
+    aborted: tuple[str, ...] = ()  # dropped at this step boundary
+    work: NodeWork | StepWork | None = None
+    predicted_s: float = 0.0
+
+    @property
+    def empty(self) -> bool:
+        return self.work is None and not self.admitted and not self.aborted
+
+
+@dataclass(frozen=True)
+class SchedulingPolicy:
+    kind: Literal["srpt", "fifo"] = "srpt"
+    max_running: int = 8  # requests holding state at once
+    max_batch: int = 8  # requests per batched step
+    aging: float = 0.05  # seconds of remaining cost forgiven per second waited
+    deadline_margin: float = 1.5  # a deadline is at risk when slack < margin * remaining
+
+
+@dataclass
+class StepScheduler:
+    pipeline: Pipeline
+    cost_model: CostModel
+    memory: MemoryBudget
+    policy: SchedulingPolicy = field(default_factory=SchedulingPolicy)
+    waiting: list[EngineRequest] = field(default_factory=list)
+    running: dict[str, EngineRequest] = field(default_factory=dict)
+    iteration: int = 0
+
+    # -- intake -------------------------------------------------------------------------
+    def add(self, req: EngineRequest) -> None:
+        self.waiting.append(req)
+
+    def find(self, request_id: str) -> EngineRequest | None:
+        return self.running.get(request_id) or next((r for r in self.waiting if r.request_id == request_id), None)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    # -- the core loop: one plan per iteration ---------------------------------------------
+    def schedule(self) -> SchedulerPlan:
+        self.iteration += 1
+        aborted = self._take_aborted()
+        admitted = self._admit()
+        chosen = self._rank(list(self.running.values()))
+        work = self._work_for(chosen[0], chosen) if chosen else None
+        return SchedulerPlan(self.iteration, admitted, aborted, work, self._predict(work))
+
+    # -- helpers --------------------------------------------------------------------------
+    def _take_aborted(self) -> tuple[str, ...]:
+        ids = [r.request_id for r in self.waiting if r.abort_requested]
+        ids += [rid for rid, r in self.running.items() if r.abort_requested]
+        return tuple(ids)
+
+    def _admit(self) -> tuple[str, ...]:
+        admitted = []
+        for req in self._rank([r for r in self.waiting if not r.abort_requested]):
+            if len(self.running) >= self.policy.max_running:
+                break
+            est = MemoryEstimate(req.reserved_bytes, int(req.info.get("peak_bytes", 0)))
+            if not self.memory.can_start(est):
+                break  # no room now: wait for a running request to finish (head-of-line by rank)
+            self.memory.reserve(req.request_id, est)
+            self.waiting.remove(req)
+            self.running[req.request_id] = req
+            admitted.append(req.request_id)
+        return tuple(admitted)
+
+    def _rank(self, reqs: list[EngineRequest]) -> list[EngineRequest]:
+        if self.policy.kind == "fifo":
+            return sorted(reqs, key=lambda r: r.arrival)
+        now = time.perf_counter()
+        return sorted(reqs, key=lambda r: self._key(r, now))
+
+    def _key(self, req: EngineRequest, now: float) -> tuple:
+        remaining = self.remaining_s(req)
+        waited = now - req.arrival
+        at_risk = 1
+        if req.request.deadline_s is not None:
+            slack = req.arrival + req.request.deadline_s - now
+            at_risk = 0 if slack < self.policy.deadline_margin * remaining else 1
+        return (-req.request.priority, at_risk, remaining - self.policy.aging * waited, req.arrival)
+
+    def _work_for(self, head: EngineRequest, ranked: list[EngineRequest]) -> NodeWork | StepWork:
+        node = head.node
+        assert node is not None, f"running request {head.request_id} has no node left"
+        if head.loop is None or not node.is_loop:
+            return NodeWork(head.request_id, node.name)
+        key = node.stage.batch_key(head.loop)
+        batch = [head]
+        if key is not None:
+            for other in ranked[1:]:
+                if len(batch) >= self.policy.max_batch:
+                    break
+                if other.node is node and other.loop is not None and node.stage.batch_key(other.loop) == key:
+                    batch.append(other)
+        return StepWork(node.name, tuple(r.request_id for r in batch))
+
+    def item_cost(self, req: EngineRequest) -> ItemCost:
+        """The cost-model item of the request's next piece of work."""
+        node = req.node
+        assert node is not None
+        if req.loop is not None and node.is_loop:
+            return ItemCost(node.name, "step", node.stage.step_flops(req.loop))
+        return ItemCost(node.name, "init" if node.is_loop else "node", None)
+
+    def remaining_s(self, req: EngineRequest) -> float:
+        """Predicted seconds of work left for ``req`` (estimates made at admission,
+        refined by the live loop's step count and the calibrated cost model)."""
+        total = 0.0
+        for i in range(req.node_index, len(req.nodes)):
+            node = req.nodes[i]
+            est = req.info["estimates"][node.name]
+            if node.is_loop:
+                steps_left = est.steps
+                if i == req.node_index and req.loop is not None:
+                    steps_left = max(req.loop.steps_target - req.loop.steps_done, 0)
+                total += steps_left * self.cost_model.predict(ItemCost(node.name, "step", est.flops_per_step))
+            else:
+                total += self.cost_model.predict(ItemCost(node.name, "node", None))
+        return total
+
+    def _predict(self, work: NodeWork | StepWork | None) -> float:
+        if work is None:
+            return 0.0
+        ids = (work.request_id,) if isinstance(work, NodeWork) else work.request_ids
+        return sum(self.cost_model.predict(self.item_cost(self.running[i])) for i in ids)
+
+    def remove(self, request_id: str) -> EngineRequest | None:
+        req = self.running.pop(request_id, None)
+        if req is None:
+            req = next((r for r in self.waiting if r.request_id == request_id), None)
+            if req is not None:
+                self.waiting.remove(req)
+        self.memory.release(request_id)
+        return req
+
+    def requeue_running(self) -> list[EngineRequest]:
+        """Pool restart: every running request loses its state and waits again."""
+        moved = list(self.running.values())
+        for req in moved:
+            self.memory.release(req.request_id)
+            req.reset()
+        self.running.clear()
+        self.waiting = moved + self.waiting
+        return moved
+
+    def status_counts(self) -> dict[str, int]:
+        return {"waiting": len(self.waiting), "running": len(self.running)}
+
+
+def is_running(req: EngineRequest) -> bool:
+    return req.status is RequestStatus.RUNNING

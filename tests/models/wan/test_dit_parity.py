@@ -26,8 +26,11 @@ from tests.factories import save_tiny_wan_dit, tiny_wan_dit_config
 diffusers = pytest.importorskip("diffusers")
 
 FP32_ATOL = 1e-5
-# bf16: both models round to bf16 at the same places, so on CPU they agree exactly today;
-# the bound allows one bf16 ulp at |out| ~ 2-4 (2**-6) in case a kernel reassociates.
+# bf16: both models round to bf16 at the same places. T2V agrees exactly; Wan2.1 I2V is one
+# bf16 ulp off (1.6e-2 at |out| ~ 2.4) because diffusers feeds its k/v Linears non-contiguous
+# slices of the concatenated [image | text] context and CPU bf16 GEMMs round those differently
+# (ours get contiguous tensors). The bound allows that ulp; the second check in the test is
+# that our distance to the fp32 oracle is no worse than diffusers' own.
 BF16_ATOL = 2e-2
 # diffusers' WanAttnProcessor splits image tokens off the context assuming 512 text tokens.
 WAN21_TEXT_LEN = 512
@@ -149,7 +152,8 @@ def test_bf16_tracks_diffusers(name: str, checkpoints: dict[str, Path]) -> None:
     err = (actual.float() - expected).abs().max().item()
     ours_vs_fp32 = (actual.float() - truth).abs().max().item()
     theirs_vs_fp32 = (expected - truth).abs().max().item()
-    print(f"[bf16] {name}: vs diffusers-bf16 {err:.3e}; vs fp32: ours {ours_vs_fp32:.3e}, diffusers {theirs_vs_fp32:.3e}")
+    print(f"[bf16] {name}: vs diffusers-bf16 {err:.3e}; vs fp32 oracle: ours {ours_vs_fp32:.3e}, "
+          f"diffusers {theirs_vs_fp32:.3e}")
     assert err <= BF16_ATOL
     assert ours_vs_fp32 <= 1.25 * theirs_vs_fp32 + 1e-3
 
@@ -262,7 +266,9 @@ def _copy_checkpoint(src: Path, dst: Path) -> Path:
         ("blocks.0.attn1.to_k.bias", "blocks.0.attn1.to_k.bias"),  # one part of a fused qkv
     ],
 )
-def test_missing_key_names_folder_and_key(tmp_path: Path, checkpoints: dict[str, Path], drop: str, message: str) -> None:
+def test_missing_key_names_folder_and_key(
+    tmp_path: Path, checkpoints: dict[str, Path], drop: str, message: str
+) -> None:
     folder = _copy_checkpoint(checkpoints["t2v"], tmp_path / "broken")
     sd = load_file(folder / WEIGHTS_FILE)
     del sd[drop]
@@ -331,12 +337,17 @@ def test_forward_rejects_bad_shapes() -> None:
         model(**inputs, encoder_hidden_states_image=torch.zeros(1, 4, 24))
 
 
-def test_rope_tables_stay_fp32_under_module_casts() -> None:
-    model = WanDiT(WanDiTConfig(**tiny_wan_dit_config()))
+def test_rope_tables_survive_module_casts_and_to_empty() -> None:
+    config = WanDiTConfig(**tiny_wan_dit_config())
+    model = WanDiT(config)
     table = model.rope.cos_table.clone()
     model.to(torch.bfloat16)
     assert model.rope.cos_table.dtype == torch.float32 and torch.equal(model.rope.cos_table, table)
     assert model.proj_out.weight.dtype == torch.bfloat16
+    with torch.device("meta"):
+        materialized = WanDiT(config)
+    materialized.to_empty(device="cpu")
+    assert torch.equal(materialized.rope.cos_table, table)
 
 
 def test_src_does_not_import_diffusers() -> None:

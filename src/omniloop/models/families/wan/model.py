@@ -1,8 +1,8 @@
 """The Wan video DiT (Wan2.1 / Wan2.2 transformer), written natively.
 
 Same math as diffusers' ``WanTransformer3DModel`` (the parity oracle in
-``tests/models/wan/test_dit_parity.py``), with three deliberate differences that change no
-numbers beyond float reassociation:
+``tests/models/wan/test_dit_parity.py``; outputs match bit for bit on CPU and on an H200 in
+eager mode), with three deliberate differences in how the work is laid out:
 
 * self-attention projects q/k/v with ONE fused Linear, cross-attention projects k/v (and the
   Wan2.1 I2V image k/v) with one fused Linear each; ``weights.py`` concatenates the
@@ -97,7 +97,9 @@ class WanDiTConfig:
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int; got {value!r}")
         if not isinstance(self.freq_dim, int) or self.freq_dim < 2:
-            raise ValueError(f"freq_dim must be an int >= 2 (sinusoidal timestep width, Wan uses 256); got {self.freq_dim!r}")
+            raise ValueError(
+                f"freq_dim must be an int >= 2 (sinusoidal timestep width, Wan uses 256); got {self.freq_dim!r}"
+            )
         t_dim, h_dim, w_dim = self.rope_dims
         if h_dim < 2 or t_dim < 2 or t_dim % 2:
             raise ValueError(
@@ -114,7 +116,9 @@ class WanDiTConfig:
                 raise ValueError(f"{name} must be None or a positive int; got {value!r}")
         if self.added_kv_proj_dim is not None:
             if self.image_dim is None:
-                raise ValueError("added_kv_proj_dim needs image_dim (the image embedder feeds it); pass both or neither")
+                raise ValueError(
+                    "added_kv_proj_dim needs image_dim (the image embedder feeds it); pass both or neither"
+                )
             if self.added_kv_proj_dim != self.inner_dim:
                 raise ValueError(
                     f"added_kv_proj_dim must equal heads * head_dim = {self.inner_dim} (it projects the embedded "
@@ -200,11 +204,11 @@ class WanRotaryEmbedding(nn.Module):
         self.sin_table = angle.sin().float()
 
     def _apply(self, fn: Any, recurse: bool = True) -> "WanRotaryEmbedding":
-        # model.to(torch.bfloat16) would round the tables; rebuild them in fp32 instead
-        # (diffusers keeps its ``rope`` module fp32 for the same reason).
+        # The tables are a function of (config, device) alone, so rebuild them after any
+        # move/cast: model.to(torch.bfloat16) would round them (diffusers keeps ``rope``
+        # fp32 for the same reason) and model.to_empty(...) would leave them uninitialized.
         super()._apply(fn, recurse)
-        if self.cos_table.dtype != torch.float32:
-            self.reset_tables(self.cos_table.device)
+        self.reset_tables(self.cos_table.device)
         return self
 
     def forward(self, grid: tuple[int, int, int]) -> "RotaryTables":
@@ -229,9 +233,10 @@ class WanRotaryEmbedding(nn.Module):
 def apply_rope(x: torch.Tensor, rope: RotaryTables) -> torch.Tensor:
     """Rotate interleaved channel pairs ``(x[2i], x[2i+1])``; ``x`` is ``[B, L, H, D]``.
 
-    Computed in fp32 (the tables are fp32; diffusers promotes the same way) and cast back.
+    Computed in fp32: ``x`` (bf16) times the fp32 tables promotes exactly as in diffusers,
+    without a separate fp32 copy of ``x``; cast back at the end.
     """
-    x1, x2 = x.float().unflatten(-1, (-1, 2)).unbind(-1)  # each [B, L, H, D/2]
+    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)  # each [B, L, H, D/2]
     rotated = torch.stack((x1 * rope.cos - x2 * rope.sin, x1 * rope.sin + x2 * rope.cos), dim=-1)
     return rotated.flatten(-2).type_as(x)
 
@@ -353,7 +358,7 @@ class CrossAttention(nn.Module):
         v = v.unflatten(2, (self.heads, -1))
         out = attention(q, k, v, backend=self.attention_backend).flatten(2).type_as(q)
         if self.added_kv is not None:
-            assert self.norm_added_k is not None and context_image is not None, "image context checked in WanDiT.forward"
+            assert self.norm_added_k is not None and context_image is not None, "checked in WanDiT.forward"
             k_img, v_img = self.added_kv(context_image).chunk(2, dim=-1)
             k_img = self.norm_added_k(k_img).unflatten(2, (self.heads, -1))
             v_img = v_img.unflatten(2, (self.heads, -1))
@@ -415,7 +420,8 @@ class WanDiT(nn.Module):
         self.config = config
         dim = config.inner_dim
         self.rope = WanRotaryEmbedding(config)
-        self.patch_embedding = nn.Conv3d(config.in_channels, dim, kernel_size=config.patch_size, stride=config.patch_size)
+        patch = config.patch_size
+        self.patch_embedding = nn.Conv3d(config.in_channels, dim, kernel_size=patch, stride=patch)
         self.time_embedder = TwoLayerMLP(config.freq_dim, dim, nn.SiLU())  # fp32
         self.time_proj = nn.Linear(dim, 6 * dim)
         self.text_embedder = TwoLayerMLP(config.text_dim, dim, nn.GELU(approximate="tanh"))
@@ -518,7 +524,9 @@ class WanDiT(nn.Module):
             raise ValueError("this Wan I2V model needs encoder_hidden_states_image [B, L_img, image_dim] (CLIP tokens)")
         if image is not None:
             if self.image_embedder is None:
-                raise ValueError("this model has no image embedder (config image_dim=None); pass encoder_hidden_states_image=None")
+                raise ValueError(
+                    "this model has no image embedder (config image_dim=None); pass encoder_hidden_states_image=None"
+                )
             # FLF2V (pos_embed_seq_len set) passes first- and last-frame tokens as [2B, L_img, image_dim].
             image_batch = 2 * batch if self.config.pos_embed_seq_len is not None else batch
             if image.ndim != 3 or image.shape[0] != image_batch or image.shape[2] != self.config.image_dim:
@@ -528,4 +536,7 @@ class WanDiT(nn.Module):
                 )
             pos_len = self.config.pos_embed_seq_len
             if pos_len is not None and 2 * image.shape[1] != pos_len:
-                raise ValueError(f"FLF2V image tokens per frame must be pos_embed_seq_len / 2 = {pos_len / 2}; got {image.shape[1]}")
+                raise ValueError(
+                    f"FLF2V image tokens per frame must be pos_embed_seq_len / 2 = {pos_len // 2}; "
+                    f"got {image.shape[1]}"
+                )

@@ -159,7 +159,9 @@ def load_wan_dit(
     folder = Path(folder)
     config_path = folder / CONFIG_FILE
     if not config_path.is_file():
-        raise FileNotFoundError(f"{config_path} not found; pass the diffusers `transformer/` folder of a Wan checkpoint")
+        raise FileNotFoundError(
+            f"{config_path} not found; pass the diffusers `transformer/` folder of a Wan checkpoint"
+        )
     config = WanDiTConfig.from_diffusers_config(json.loads(config_path.read_text()))
     files = _weight_files(folder)
     device = torch.device(device)
@@ -188,9 +190,13 @@ def load_wan_dit(
             f"unexpected keys {_format_keys(unexpected)}; pass a diffusers WanTransformer3DModel folder whose "
             f"config.json describes its weights"
         )
-    wrong_shape = [f"{k}: {tuple(sd[k].shape)} vs {tuple(v.shape)}" for k, v in expected.items() if sd[k].shape != v.shape]
+    wrong_shape = [
+        f"{k}: {tuple(sd[k].shape)} vs {tuple(v.shape)}" for k, v in expected.items() if sd[k].shape != v.shape
+    ]
     if wrong_shape:
-        raise ValueError(f"checkpoint {folder} has weights of the wrong shape (checkpoint vs config): {_format_keys(wrong_shape)}")
+        raise ValueError(
+            f"checkpoint {folder} has weights of the wrong shape (checkpoint vs config): {_format_keys(wrong_shape)}"
+        )
     model.load_state_dict(sd, strict=True, assign=True)
     model.rope.reset_tables(device)  # constant buffer, not in the checkpoint; built on meta above
     leftover = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]

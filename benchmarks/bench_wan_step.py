@@ -251,9 +251,9 @@ def main(argv=None) -> int:
         cfg, shape = dict(WAN21_T2V_1_3B), Shape(480, 832, 81)
     sink = open(args.out, "a") if args.out else None
     try:
-        bench_dit(args, cfg, shape, device, dtype, sink)
-        if args.vae:
+        if args.vae:  # first: quick, so its numbers survive a timeout in a long compile below
             bench_vae(args, shape, device, dtype, sink)
+        bench_dit(args, cfg, shape, device, dtype, sink)
     finally:
         if sink:
             sink.close()

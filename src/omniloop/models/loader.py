@@ -1,5 +1,6 @@
-"""Checkpoint resolution: a path (diffusers layout: ``model_index.json`` + subfolders)
-or a built-in name -> a built ``Pipeline`` on one device.
+"""Checkpoint resolution: a path (diffusers layout: ``model_index.json`` + subfolders, or a
+transformers folder: ``config.json`` with ``architectures``) or a built-in name -> a built
+``Pipeline`` on one device.
 
 Unknown or incomplete layouts fail before any weight is read, listing what is missing.
 """
@@ -37,9 +38,13 @@ def resolve_model_path(model: str | Path) -> Path:
 def read_model_index(root: Path) -> dict[str, Any]:
     index_path = root / "model_index.json"
     if not index_path.is_file():
+        transformers_index = read_transformers_index(root)
+        if transformers_index is not None:
+            return transformers_index
         raise ValueError(
             f"{root} is not a diffusers-format checkpoint: missing model_index.json "
-            "(expected model_index.json plus component subfolders such as transformer/, vae/, text_encoder/)"
+            "(expected model_index.json plus component subfolders such as transformer/, vae/, text_encoder/), "
+            "nor a transformers folder (config.json with an architectures list)"
         )
     try:
         index = json.loads(index_path.read_text())
@@ -48,6 +53,23 @@ def read_model_index(root: Path) -> dict[str, Any]:
     if "_class_name" not in index:
         raise ValueError(f"{index_path} has no _class_name; cannot tell which pipeline it describes")
     return index
+
+
+def read_transformers_index(root: Path) -> dict[str, Any] | None:
+    """A transformers folder (``config.json`` naming its ``architectures``) read as an index:
+    ``{"_class_name": architectures[0], "_layout": "transformers", "config": <config.json>}``,
+    so ModelSpecs are looked up by class name for both layouts. None if it is not one."""
+    config_path = root / "config.json"
+    if not config_path.is_file():
+        return None
+    try:
+        config = json.loads(config_path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{config_path} is not valid JSON: {e}") from None
+    architectures = config.get("architectures") if isinstance(config, dict) else None
+    if not architectures:
+        return None
+    return {"_class_name": architectures[0], "_layout": "transformers", "config": config}
 
 
 def check_layout(root: Path, variant: Variant) -> None:

@@ -57,7 +57,9 @@ class Variant:
 @dataclass(frozen=True, kw_only=True)
 class ModelSpec:
     family: str
-    diffusers_classes: tuple[str, ...]  # model_index.json "_class_name" values this spec loads
+    # model_index.json "_class_name" values this spec loads; for a transformers folder, the
+    # class is config.json "architectures"[0] (loader.read_transformers_index)
+    diffusers_classes: tuple[str, ...]
     variant: Callable[[Mapping[str, Any]], Variant]  # model_index -> the variant it describes
     build: Callable[[Variant, Mapping[str, Any], Mapping[str, Any], LoadOptions], Pipeline]
     description: str = ""
@@ -82,11 +84,13 @@ def spec_for_class(class_name: str) -> ModelSpec:
         return _REGISTRY[class_name]
     except KeyError:
         raise ValueError(
-            f"model_index.json names pipeline class {class_name!r}, which no omniloop family loads; "
+            f"the checkpoint names class {class_name!r} (model_index.json _class_name or config.json "
+            f"architectures), which no omniloop family loads; "
             f"supported: {sorted(_REGISTRY)}"
         ) from None
 
 
 def _import_families() -> None:
     # Families register on import; importing here keeps the registry lazy.
+    import omniloop.models.families.qwen2.spec  # noqa: F401
     import omniloop.models.families.wan.spec  # noqa: F401

@@ -5,6 +5,18 @@ deploy-time choice (``DeployConfig.attention_backend``) and never a model edit. 
 takes ``q, k, v`` laid out ``[B, L, H, D]`` (the layout DiTs produce after their head
 split) and returns ``[B, Lq, H, D]``.
 
+Decoder LMs add two keyword-only options, passed to a backend only when used (so a
+three-argument backend still serves every unmasked call):
+
+* ``causal=True``: query ``i`` sees keys ``j <= i + (Lk - Lq)``, i.e. the causal mask is
+  aligned to the bottom-right corner, as it must be when the keys include a KV-cache prefix;
+* ``mask``: a bool tensor broadcastable to ``[B, H, Lq, Lk]``, True = attend (padding of
+  a batch whose requests have different context lengths).
+
+``k``/``v`` may carry fewer heads than ``q`` (grouped-query attention) when ``H_q`` is a
+multiple of ``H_kv``; backends handle the grouping without materializing repeated heads
+where the kernel allows it.
+
 The backend is chosen per module tree by :func:`set_attention_backend`, which writes the
 name onto the attention-owning modules: it is deployment state shared by every request,
 never per-request state.
@@ -19,7 +31,10 @@ import torch.nn.functional as F
 
 
 class AttentionFn(Protocol):
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: torch.Tensor | None = None,
+        causal: bool = False,
+    ) -> torch.Tensor: ...
 
 
 _BACKENDS: dict[str, AttentionFn] = {}
@@ -49,24 +64,62 @@ def get_attention_backend(name: str) -> AttentionFn:
         ) from None
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str = DEFAULT_BACKEND) -> torch.Tensor:
-    """``[B, Lq, H, D] x [B, Lk, H, D] -> [B, Lq, H, D]`` with the named backend."""
-    return _BACKENDS[backend](q, k, v)
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    backend: str = DEFAULT_BACKEND,
+    *,
+    mask: torch.Tensor | None = None,
+    causal: bool = False,
+) -> torch.Tensor:
+    """``[B, Lq, H, D] x [B, Lk, H_kv, D] -> [B, Lq, H, D]`` with the named backend."""
+    fn = _BACKENDS[backend]
+    assert q.shape[2] % k.shape[2] == 0, f"{q.shape[2]} query heads cannot share {k.shape[2]} kv heads evenly"
+    if mask is None and not causal:
+        return fn(q, k, v)  # the DiT path: backends registered with three arguments keep working
+    return fn(q, k, v, mask=mask, causal=causal)
+
+
+def causal_mask(lq: int, lk: int, device: torch.device) -> torch.Tensor:
+    """``[Lq, Lk]`` bool, True = attend; bottom-right aligned (the last query sees every key)."""
+    return torch.ones(lq, lk, dtype=torch.bool, device=device).tril(diagonal=lk - lq)
+
+
+def _full_mask(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, causal: bool) -> torch.Tensor | None:
+    """One bool mask for kernels without a bottom-right causal flag; None when nothing is masked."""
+    lq, lk = q.shape[1], k.shape[1]
+    if causal and lq > 1:
+        tri = causal_mask(lq, lk, q.device)
+        return tri if mask is None else mask & tri
+    return mask
 
 
 @register_attention_backend("sdpa")
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def _sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: torch.Tensor | None = None, causal: bool = False
+) -> torch.Tensor:
     # SDPA wants [B, H, L, D]; torch picks the kernel (flash / mem-efficient / math).
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    # Its is_causal flag is top-left aligned, so it is only used when Lq == Lk.
+    square = q.shape[1] == k.shape[1]
+    is_causal = causal and mask is None and square
+    attn_mask = None if is_causal else _full_mask(q, k, mask, causal)
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=attn_mask, is_causal=is_causal,
+        enable_gqa=k.shape[2] != q.shape[2],
+    )
     return out.transpose(1, 2)
 
 
 @register_attention_backend("sdpa_cudnn")
-def _sdpa_cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def _sdpa_cudnn(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: torch.Tensor | None = None, causal: bool = False
+) -> torch.Tensor:
     # cuDNN's fused attention is the fastest SDPA kernel on Hopper for head_dim 128;
-    # fall back to the default dispatch where it is unavailable (CPU, old GPUs).
-    if not q.is_cuda:
-        return _sdpa(q, k, v)
+    # fall back to the default dispatch where it is unavailable (CPU, old GPUs) and for
+    # masked / GQA calls, which it does not serve.
+    if not q.is_cuda or mask is not None or causal or k.shape[2] != q.shape[2]:
+        return _sdpa(q, k, v, mask=mask, causal=causal)
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
@@ -74,9 +127,11 @@ def _sdpa_cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tens
 
 
 @register_attention_backend("sdpa_flash")
-def _sdpa_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    if not q.is_cuda:
-        return _sdpa(q, k, v)
+def _sdpa_flash(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: torch.Tensor | None = None, causal: bool = False
+) -> torch.Tensor:
+    if not q.is_cuda or mask is not None or causal or k.shape[2] != q.shape[2]:
+        return _sdpa(q, k, v, mask=mask, causal=causal)
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
@@ -84,11 +139,20 @@ def _sdpa_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tens
 
 
 @register_attention_backend("math")
-def _math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def _math(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: torch.Tensor | None = None, causal: bool = False
+) -> torch.Tensor:
     """Reference attention in plain ops (float32 accumulate); for parity debugging."""
     scale = q.shape[-1] ** -0.5
+    groups = q.shape[2] // k.shape[2]
+    if groups > 1:  # GQA: repeat each kv head for its group of query heads
+        k, v = k.repeat_interleave(groups, dim=2), v.repeat_interleave(groups, dim=2)
     qf, kf, vf = (t.transpose(1, 2).float() for t in (q, k, v))
-    weights = torch.softmax((qf @ kf.transpose(-1, -2)) * scale, dim=-1)
+    scores = (qf @ kf.transpose(-1, -2)) * scale  # [B, H, Lq, Lk]
+    full = _full_mask(q, k, mask, causal)
+    if full is not None:
+        scores = scores.masked_fill(~full, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
     return (weights @ vf).transpose(1, 2).to(q.dtype)
 
 

@@ -1,0 +1,140 @@
+"""Qwen2 family ModelSpec: a transformers ``Qwen2ForCausalLM`` folder -> a text pipeline.
+
+The loader reads a transformers folder (``config.json`` naming ``architectures``, no
+``model_index.json``) as the index ``{"_class_name": "Qwen2ForCausalLM", "_layout":
+"transformers", "config": {...}}``; every component lives in the folder itself.
+
+Pipeline (TaskType.REASON, text in -> text out): one ``ARDecodeLoop`` node that tokenizes,
+prefills and decodes; output ``text``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from omniloop.models.families.qwen2.model import ARCHITECTURE, Qwen2Config
+from omniloop.models.families.qwen2.presets import GENERATION_KEYS, QWEN2_DEFAULTS
+from omniloop.models.families.qwen2.weights import load_qwen2
+from omniloop.models.layers.attention import set_attention_backend
+from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
+from omniloop.pipeline.loops.ar import ARDecodeLoop, make_ar_validator
+from omniloop.pipeline.pipeline import Pipeline
+from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
+from omniloop.request import TaskType
+
+GENERATION_CONFIG_FILE = "generation_config.json"
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
+
+
+@dataclass(frozen=True)
+class GenerationDefaults:
+    """What ``config.json`` + ``generation_config.json`` say about decoding."""
+
+    eos_token_ids: tuple[int, ...] = ()
+    sampling: Mapping[str, Any] = field(default_factory=dict)  # SamplingParams field -> model default
+
+
+# -- component loaders ---------------------------------------------------------------
+
+
+def _load_lm(root: Path, index: Mapping[str, Any], options: LoadOptions):
+    model = load_qwen2(root, device=options.device, dtype=options.dtype)
+    set_attention_backend(model, options.attention_backend)
+    if options.compile:
+        for layer in model.layers:  # per-layer compile: the eager path stays the reference
+            layer.compile()
+    return model
+
+
+def _load_tokenizer(root: Path, index: Mapping[str, Any], options: LoadOptions):
+    if not any((root / name).is_file() for name in _TOKENIZER_FILES):
+        raise ValueError(
+            f"no tokenizer in {root}: expected one of {list(_TOKENIZER_FILES)} next to config.json "
+            "(save it with tokenizer.save_pretrained(folder))"
+        )
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(root))
+
+
+def read_generation_defaults(root: Path, config: Mapping[str, Any]) -> GenerationDefaults:
+    path = root / GENERATION_CONFIG_FILE
+    gen: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
+    eos: list[int] = []
+    for source in (config.get("eos_token_id"), gen.get("eos_token_id")):
+        for t in source if isinstance(source, (list, tuple)) else ([] if source is None else [source]):
+            if t not in eos:
+                eos.append(int(t))
+    if gen.get("do_sample") is False:
+        sampling: dict[str, Any] = {"temperature": 0.0}  # transformers: do_sample=False is greedy
+    else:
+        sampling = {k: gen[k] for k in GENERATION_KEYS if gen.get(k) is not None}
+    return GenerationDefaults(eos_token_ids=tuple(eos), sampling=sampling)
+
+
+def _load_generation(root: Path, index: Mapping[str, Any], options: LoadOptions) -> GenerationDefaults:
+    return read_generation_defaults(root, index.get("config", {}))
+
+
+# -- variant / pipeline ------------------------------------------------------------------
+
+
+def qwen2_variant(index: Mapping[str, Any]) -> Variant:
+    config = Qwen2Config.from_hf_config(index.get("config", {}))  # unsupported options fail before any read
+    weights = (
+        WeightSpec(component="lm", kind=ARCHITECTURE, subfolder=".", load=_load_lm),
+        WeightSpec(component="tokenizer", kind="tokenizer", subfolder=".", load=_load_tokenizer),
+        WeightSpec(component="generation", kind="generation defaults", subfolder=".", load=_load_generation,
+                   optional=True),
+    )
+    size = f"{config.num_hidden_layers}L-{config.hidden_size}d"
+    return Variant(name=f"qwen2-{size}", tasks=frozenset({TaskType.REASON}), weights=weights)
+
+
+def qwen2_pipeline_spec(variant: Variant) -> PipelineSpec:
+    components = {
+        w.component: ComponentSpec(name=w.component, kind=w.kind, optional=w.optional) for w in variant.weights
+    }
+    return PipelineSpec(
+        name=variant.name,
+        family="qwen2",
+        tasks=variant.tasks,
+        components=components,
+        nodes=(Node("decode", ARDecodeLoop(lm_component="lm", tokenizer_component="tokenizer")),),
+        outputs={"text": "text"},
+    )
+
+
+def build_qwen2(variant: Variant, index: Mapping[str, Any], components: Mapping[str, Any], options: LoadOptions) -> Pipeline:
+    config: Qwen2Config = components["lm"].config
+    generation: GenerationDefaults = components.get("generation") or GenerationDefaults(eos_token_ids=config.eos_token_ids)
+    defaults = {
+        **QWEN2_DEFAULTS,
+        "eos_token_ids": generation.eos_token_ids,
+        "sampling": dict(generation.sampling),
+        "max_context": config.max_position_embeddings,
+    }
+    return Pipeline(
+        spec=qwen2_pipeline_spec(variant),
+        components=components,
+        device=options.device,
+        dtype=options.dtype,
+        defaults=defaults,
+        validate_request=make_ar_validator(
+            components["tokenizer"], vocab_size=config.vocab_size, max_context=config.max_position_embeddings
+        ),
+    )
+
+
+QWEN2 = register_model_spec(
+    ModelSpec(
+        family="qwen2",
+        diffusers_classes=(ARCHITECTURE,),  # transformers folders: config.json architectures[0]
+        variant=qwen2_variant,
+        build=build_qwen2,
+        description="Qwen2 / Qwen2.5 decoder-only LM (GQA, RoPE, SwiGLU) with the AR decode loop",
+    )
+)

@@ -1,0 +1,323 @@
+"""``ARDecodeLoop``: one generated token per ``step`` call; the runtime owns the iteration.
+
+    init:     prompt ids (a ``prompt_tokens`` edge, or the tokenized request prompt)
+              -> prefill into a fresh per-request KVHandle -> logits of the first token
+    step:     sample -> stop checks -> stream the text delta -> decode forward (unless done)
+    finalize: TextArtifact(text, token_ids), free the KV
+
+Every mutable thing of a request (KV handle, sampler generator, token ids, detokenizer
+offsets, pending logits) lives in its ``ARLoopState``; the model, tokenizer and this loop
+object are shared. ``step`` is ``step_many`` of one loop, so batched and unbatched decode
+run one body. Steps of requests with different context lengths batch together: the KV
+view pads them to the longest and masks the padding (``omniloop.cache.kv.KVBatch``).
+
+Progress is ``steps_done / steps_target`` like every loop: the target is ``max_tokens`` and
+is lowered to ``steps_done`` when a stop condition ends the request early.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable, Mapping, Protocol, Sequence
+
+import torch
+
+from omniloop.cache.kv import DEFAULT_CHUNK_TOKENS, KVBatch, KVHandle, KVLayout
+from omniloop.pipeline.stage import LoopStageBase
+from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
+from omniloop.request import Artifact, OmniRequest, SamplingParams, TextArtifact
+
+FINISH_STOP = "stop"  # EOS, a stop token id or a stop string
+FINISH_LENGTH = "length"  # max_tokens reached
+
+
+class CausalLM(Protocol):
+    """The model an AR loop drives (e.g. ``omniloop.models.families.qwen2.model.Qwen2LM``)."""
+
+    kv_layout: KVLayout
+    dtype: torch.dtype
+
+    def __call__(self, input_ids: torch.Tensor, *, kv: KVBatch, logits_to_keep: int) -> torch.Tensor:
+        """``input_ids [B, L]`` -> logits ``[B, logits_to_keep, vocab]``."""
+        ...
+
+
+class Tokenizer(Protocol):
+    """The slice of a transformers tokenizer the loop uses."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str: ...
+
+
+@dataclass(kw_only=True)
+class PromptTokens(Artifact):
+    """Prompt token ids produced upstream (a chat template, a multimodal packer)."""
+
+    token_ids: list[int]
+
+
+# -- per-request state -------------------------------------------------------------------
+
+
+@dataclass
+class Detokenizer:
+    """Incremental detokenization with a prefix window (TGI / vLLM style): a delta is
+    released only once it no longer ends in a partial UTF-8 character, and each decode
+    sees the previous token(s) as context, so deltas concatenate to ``decode(ids)``."""
+
+    prefix_offset: int = 0
+    read_offset: int = 0
+
+    def step(self, tokenizer: Tokenizer, ids: Sequence[int], *, final: bool = False) -> str:
+        prefix = tokenizer.decode(ids[self.prefix_offset : self.read_offset], skip_special_tokens=True)
+        full = tokenizer.decode(ids[self.prefix_offset :], skip_special_tokens=True)
+        if len(full) > len(prefix) and (final or not full.endswith("\ufffd")):
+            self.prefix_offset, self.read_offset = self.read_offset, len(ids)
+            return full[len(prefix) :]
+        return ""
+
+
+@dataclass(kw_only=True)
+class ARLoopState(LoopState):
+    params: SamplingParams  # effective: the request's, with the model's generation defaults filled in
+    seed: int
+    generator: torch.Generator  # per request, on the model device
+    kv: KVHandle
+    prompt_ids: list[int]
+    stop_ids: frozenset[int]  # EOS ids of the model + the request's stop_token_ids
+    logits: torch.Tensor | None = None  # [vocab] fp32 logits of the next token
+    seen: torch.Tensor | None = None  # [vocab] bool: ids in prompt + output (repetition penalty)
+    output_ids: list[int] = field(default_factory=list)
+    detok: Detokenizer = field(default_factory=Detokenizer)
+    text: str = ""  # decoded output so far (stop strings cut away)
+    emitted_chars: int = 0  # prefix of ``text`` already streamed
+    emitted_tokens: int = 0  # prefix of ``output_ids`` already streamed
+    finish_reason: str | None = None
+
+    @property
+    def context_len(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+
+def effective_sampling(params: SamplingParams, defaults: Mapping[str, Any]) -> SamplingParams:
+    """Fill the fields the request left unset from the model's generation defaults
+    (``generation_config.json``); an explicitly set field always wins."""
+    update = {k: v for k, v in defaults.items() if k in SamplingParams.model_fields and k not in params.model_fields_set}
+    return params.model_copy(update=update) if update else params
+
+
+# -- the loop --------------------------------------------------------------------------
+
+
+@dataclass
+class ARDecodeLoop(LoopStageBase):
+    lm_component: str = "lm"
+    tokenizer_component: str = "tokenizer"
+
+    inputs = {}  # type: ignore[assignment]
+    optional_inputs = {"prompt_tokens": PromptTokens}  # type: ignore[assignment]
+    outputs = {"text": TextArtifact}  # type: ignore[assignment]
+
+    @property
+    def components(self) -> tuple[str, ...]:  # type: ignore[override]
+        return (self.lm_component, self.tokenizer_component)
+
+    # -- init / finalize ------------------------------------------------------------
+    @torch.inference_mode()
+    def init(self, ctx: StageContext, state: RequestState) -> ARLoopState:
+        lm: CausalLM = ctx.component(self.lm_component)
+        tokenizer: Tokenizer = ctx.component(self.tokenizer_component)
+        params = effective_sampling(state.request.sampling, ctx.defaults.get("sampling", {}))
+        prompt_ids = self._prompt_ids(ctx, state, tokenizer)
+        check_context(len(prompt_ids), params.max_tokens, ctx.defaults.get("max_context"))
+        seed = params.seed if params.seed is not None else random.randrange(2**63)
+        state.metrics.seed = seed
+        kv = KVHandle(lm.kv_layout, dtype=lm.dtype, device=ctx.device,
+                      chunk_tokens=ctx.defaults.get("kv_chunk_tokens", DEFAULT_CHUNK_TOKENS),
+                      reserve_tokens=len(prompt_ids) + 1)
+        loop = ARLoopState(
+            node=ctx.node,
+            request_id=state.request_id,
+            steps_target=params.max_tokens,
+            params=params,
+            seed=seed,
+            generator=torch.Generator(ctx.device).manual_seed(seed),
+            kv=kv,
+            prompt_ids=prompt_ids,
+            stop_ids=frozenset(ctx.defaults.get("eos_token_ids", ())) | frozenset(params.stop_token_ids),
+        )
+        # prefill: the whole prompt in one forward; keep the last position's logits
+        ids = torch.tensor([prompt_ids], device=ctx.device)  # [1, L]
+        loop.logits = lm(ids, kv=KVBatch([kv], len(prompt_ids)), logits_to_keep=1)[0, -1].float()
+        if params.repetition_penalty != 1.0:
+            loop.seen = torch.zeros(loop.logits.shape[-1], dtype=torch.bool, device=ctx.device)
+            loop.seen[ids[0]] = True
+        return loop
+
+    def finalize(self, ctx: StageContext, loop: ARLoopState, state: RequestState) -> None:  # type: ignore[override]
+        ctx.write(state, "text", TextArtifact(text=loop.text, token_ids=list(loop.output_ids)))
+        loop.kv.free()
+        loop.logits = loop.seen = None
+
+    # -- scheduling contract --------------------------------------------------------
+    def batch_key(self, loop: ARLoopState) -> Hashable | None:  # type: ignore[override]
+        # Any two decode steps of this node batch, whatever their context lengths.
+        return None if loop.done else (id(self), "decode")
+
+    def step(self, ctx: StageContext, loop: ARLoopState) -> StepResult:  # type: ignore[override]
+        return self.step_many(ctx, [loop])[0]
+
+    @torch.inference_mode()
+    def step_many(self, ctx: StageContext, loops: Sequence[ARLoopState]) -> list[StepResult]:  # type: ignore[override]
+        assert all(not lp.done for lp in loops), "a finished AR loop was stepped"
+        tokenizer: Tokenizer = ctx.component(self.tokenizer_component)
+        results = [self._advance(tokenizer, lp) for lp in loops]  # sample -> stop checks -> delta
+        live = [lp for lp in loops if not lp.done]
+        if live:
+            self._decode_forward(ctx.component(self.lm_component), live)
+        return results
+
+    # -- slots ----------------------------------------------------------------------
+    def _prompt_ids(self, ctx: StageContext, state: RequestState, tokenizer: Tokenizer) -> list[int]:
+        given = ctx.read_optional(state, "prompt_tokens", PromptTokens)
+        ids = list(given.token_ids) if given is not None else tokenizer.encode(state.request.prompt or "")
+        if not ids:
+            raise ValueError(
+                "the prompt is empty (no tokens); pass a non-empty TextPart (an empty prompt is refused, not "
+                "continued from nothing)"
+            )
+        return ids
+
+    def _advance(self, tokenizer: Tokenizer, loop: ARLoopState) -> StepResult:
+        token = sample_token(loop)
+        loop.output_ids.append(token)
+        loop.steps_done += 1
+        if loop.seen is not None:
+            loop.seen[token] = True
+        if token in loop.stop_ids:
+            loop.text += loop.detok.step(tokenizer, loop.output_ids[:-1], final=True)  # flush; the stop token adds no text
+            _finish(loop, FINISH_STOP)
+        else:
+            before = len(loop.text)
+            loop.text += loop.detok.step(tokenizer, loop.output_ids)
+            if _cut_at_stop_string(loop, before):
+                _finish(loop, FINISH_STOP)
+            elif loop.steps_done >= loop.steps_target:
+                loop.text += loop.detok.step(tokenizer, loop.output_ids, final=True)
+                _finish(loop, FINISH_LENGTH)
+        return StepResult(done=loop.done, emit=_text_delta(loop))
+
+    def _decode_forward(self, lm: CausalLM, loops: Sequence[ARLoopState]) -> None:
+        """One forward over the last sampled token of every loop: KV append + next logits."""
+        device = loops[0].kv.device
+        ids = torch.tensor([[lp.output_ids[-1]] for lp in loops], device=device)  # [B, 1]
+        logits = lm(ids, kv=KVBatch([lp.kv for lp in loops], 1), logits_to_keep=1)[:, -1].float()  # [B, V]
+        for lp, row in zip(loops, logits):
+            lp.logits = row
+
+
+# -- sampling ----------------------------------------------------------------------------
+
+
+def sample_token(loop: ARLoopState) -> int:
+    """Next token from ``loop.logits``: greedy when temperature is 0, else a draw from the
+    processed distribution with the request's own generator."""
+    assert loop.logits is not None, "sample_token before prefill"
+    logits = process_logits(loop.logits, loop.params, loop.seen)
+    if loop.params.temperature == 0:
+        return int(torch.argmax(logits))
+    return int(torch.multinomial(logits.softmax(-1), 1, generator=loop.generator))
+
+
+def process_logits(logits: torch.Tensor, p: SamplingParams, seen: torch.Tensor | None) -> torch.Tensor:
+    """``[vocab]`` fp32 logits -> processed logits, in transformers' order: repetition
+    penalty (over prompt + output ids, ``seen``), then unless greedy temperature -> top-k ->
+    top-p (removed tokens get -inf)."""
+    if seen is not None and p.repetition_penalty != 1.0:
+        penalized = torch.where(logits > 0, logits / p.repetition_penalty, logits * p.repetition_penalty)
+        logits = torch.where(seen, penalized, logits)
+    if p.temperature == 0:
+        return logits
+    logits = logits / p.temperature
+    if 0 < p.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, p.top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if p.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits)  # ascending
+        drop = sorted_logits.softmax(-1).cumsum(-1) <= 1 - p.top_p
+        drop[-1] = False  # always keep the most likely token
+        logits = logits.masked_fill(drop.scatter(0, order, drop), float("-inf"))
+    return logits
+
+
+# -- stop conditions and streaming -------------------------------------------------------
+
+
+def _finish(loop: ARLoopState, reason: str) -> None:
+    loop.finish_reason = reason
+    loop.steps_target = loop.steps_done  # one progress accounting: the loop is done
+
+
+def _cut_at_stop_string(loop: ARLoopState, before: int) -> bool:
+    """Truncate ``loop.text`` at the earliest stop string that ends in the new text."""
+    stops = loop.params.stop
+    if not stops:
+        return False
+    start = max(0, before - max(len(s) for s in stops) + 1)
+    hits = [i for i in (loop.text.find(s, start) for s in stops) if i >= 0]
+    if not hits:
+        return False
+    loop.text = loop.text[: min(hits)]
+    return True
+
+
+def _text_delta(loop: ARLoopState) -> list[tuple[str, Artifact]] | None:
+    """The text (and tokens) not yet streamed. While running, the last ``max(len(stop)) - 1``
+    characters are held back: a stop string completed later may still cut them."""
+    hold = 0 if loop.done or not loop.params.stop else max(len(s) for s in loop.params.stop) - 1
+    upto = max(loop.emitted_chars, len(loop.text) - hold)
+    text = loop.text[loop.emitted_chars : upto]
+    tokens = loop.output_ids[loop.emitted_tokens :]
+    if not text and not (loop.done and tokens):
+        return None
+    loop.emitted_chars, loop.emitted_tokens = upto, len(loop.output_ids)
+    return [("text_delta", TextArtifact(text=text, token_ids=tokens, node=loop.node))]
+
+
+# -- admission ---------------------------------------------------------------------------
+
+
+def check_context(prompt_len: int, max_tokens: int, max_context: int | None) -> None:
+    if max_context is not None and prompt_len + max_tokens > max_context:
+        room = max_context - prompt_len
+        hint = f"pass sampling.max_tokens <= {room}" if room > 0 else "shorten the prompt"
+        raise ValueError(
+            f"prompt of {prompt_len} tokens + sampling.max_tokens={max_tokens} exceeds the model's context of "
+            f"{max_context} tokens; {hint}"
+        )
+
+
+def make_ar_validator(
+    tokenizer: Tokenizer, *, vocab_size: int, max_context: int | None
+) -> Callable[[OmniRequest], OmniRequest]:
+    """Admission checks of a text-in / text-out request: a non-empty prompt, stop token ids
+    inside the vocabulary, prompt + max_tokens within the context."""
+
+    def validate(request: OmniRequest) -> OmniRequest:
+        prompt = request.prompt
+        if not prompt:
+            raise ValueError(f"task {request.task.value!r} needs a non-empty text prompt; pass inputs=[TextPart(text=...)]")
+        bad = [t for t in request.sampling.stop_token_ids if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"sampling.stop_token_ids {bad} are outside the vocabulary [0, {vocab_size})")
+        if any(not s for s in request.sampling.stop):
+            raise ValueError("sampling.stop contains an empty string; pass non-empty stop strings")
+        ids = tokenizer.encode(prompt)
+        if not ids:
+            raise ValueError("the prompt tokenizes to nothing; pass a prompt with visible text")
+        check_context(len(ids), request.sampling.max_tokens, max_context)
+        return request
+
+    return validate

@@ -5,7 +5,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+torch.set_num_threads(max(1, min(2, len(os.sched_getaffinity(0)))))
 
 
 @pytest.fixture(scope="session")

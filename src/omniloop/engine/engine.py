@@ -9,7 +9,9 @@ re-queues (or fails) the in-flight requests.
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Literal
 
@@ -85,7 +87,13 @@ class Engine:
         self.scheduler = StepScheduler(pipeline, self.cost_model, MemoryBudget(budget), self.config.policy)
         self.stats = EngineStats()
         self.dead: str | None = None
+        self.accepting = True
         self._finished: dict[str, OmniOutput] = {}
+        # add_request/abort may come from other threads while step() runs: new requests
+        # wait in an intake deque and enter the scheduler at the next step boundary.
+        self._intake: deque[EngineRequest] = deque()
+        self._requests: dict[str, EngineRequest] = {}  # every request not yet popped
+        self._ids_lock = threading.Lock()
 
     # -- public API ---------------------------------------------------------------------
     def add_request(self, request: OmniRequest) -> str:
@@ -93,41 +101,48 @@ class Engine:
         problem; nothing is queued then."""
         if self.dead:
             raise EngineDeadError(f"engine is dead: {self.dead}")
-        rid = request.request_id
-        if self.scheduler.find(rid) is not None or rid in self._finished:
-            self.stats.rejected += 1
-            raise RequestRejected(f"request_id {rid!r} is already in use; pass a new id (or omit it)")
-        if len(self.scheduler.waiting) >= self.config.max_queue:
-            self.stats.rejected += 1
-            raise QueueFull(f"queue is full ({self.config.max_queue} waiting); retry later")
+        if not self.accepting:
+            raise QueueFull("engine is draining and accepts no new requests")
         try:
             state = self.pipeline.admit(request)
+            req = EngineRequest(request=state.request, state=state, nodes=self.pipeline.active_nodes(state.request))
+            self._estimate(req)
+        except RequestRejected:
+            self.stats.rejected += 1
+            raise
         except ValueError as e:
             self.stats.rejected += 1
             raise RequestRejected(str(e)) from None
-        req = EngineRequest(request=state.request, state=state, nodes=self.pipeline.active_nodes(state.request))
-        self._estimate(req)
-        self.scheduler.add(req)
+        rid = request.request_id
+        with self._ids_lock:
+            if rid in self._requests:
+                self.stats.rejected += 1
+                raise RequestRejected(f"request_id {rid!r} is already in use; pass a new id (or omit it)")
+            if len(self.scheduler.waiting) + len(self._intake) >= self.config.max_queue:
+                self.stats.rejected += 1
+                raise QueueFull(f"queue is full ({self.config.max_queue} waiting); retry later")
+            self._requests[rid] = req
+            self._intake.append(req)
         self._emit(StatusEvent(request_id=rid, status=RequestStatus.QUEUED))
         return rid
 
     def abort(self, request_id: str) -> None:
         """Cancel at the next step boundary (at once if still waiting)."""
-        req = self.scheduler.find(request_id)
+        req = self._requests.get(request_id)
         if req is None:
-            if request_id in self._finished:
-                return  # already finished: aborting is a no-op
-            raise UnknownRequest(f"no request {request_id!r} in flight")
-        req.abort_requested = True
+            raise UnknownRequest(f"no request {request_id!r}; pass the id add_request returned")
+        req.abort_requested = True  # no-op for a finished request
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.num_unfinished > 0
+        return self.scheduler.num_unfinished > 0 or bool(self._intake)
 
     def step(self) -> list[OmniOutput]:
         """One scheduler iteration; returns the outputs of requests that finished in it."""
         if self.dead:
             raise EngineDeadError(f"engine is dead: {self.dead}")
         done_before = set(self._finished)
+        while self._intake:
+            self.scheduler.add(self._intake.popleft())
         plan = self.scheduler.schedule()
         self._apply_plan_boundaries(plan)
         if plan.work is not None:
@@ -144,10 +159,15 @@ class Engine:
         return self._finished[request_id]
 
     def pop_output(self, request_id: str) -> OmniOutput | None:
-        return self._finished.pop(request_id, None)
+        """Hand over a finished output and forget the request (its id becomes reusable)."""
+        with self._ids_lock:
+            out = self._finished.pop(request_id, None)
+            if out is not None:
+                self._requests.pop(request_id, None)
+        return out
 
     def num_waiting(self) -> int:
-        return len(self.scheduler.waiting)
+        return len(self.scheduler.waiting) + len(self._intake)
 
     def num_running(self) -> int:
         return len(self.scheduler.running)
@@ -329,15 +349,23 @@ class Engine:
         if not self.scheduler.memory.fits_alone(MemoryEstimate(resident, peak)):
             self.stats.rejected += 1
             raise DoesNotFit(
-                f"request needs ~{(resident + peak) / 2**30:.2f} GiB (state {resident / 2**30:.2f} + activations "
-                f"{peak / 2**30:.2f}) but the memory budget is {self.scheduler.memory.budget_bytes / 2**30:.2f} GiB; "
-                "lower the resolution, frame count or batch"
+                f"request needs ~{_fmt_bytes(resident + peak)} (state {_fmt_bytes(resident)} + activations "
+                f"{_fmt_bytes(peak)}) but the memory budget is {_fmt_bytes(self.scheduler.memory.budget_bytes)}; "
+                "lower the resolution or frame count"
             )
         req.predicted_total_s = self.scheduler.remaining_s(req)
 
     def _emit(self, event: OmniEvent) -> None:
         if self.event_sink is not None:
             self.event_sink(event)
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
+        n /= 1024
+    return f"{n:.1f} GiB"
 
 
 def _peak_memory(device: torch.device, req: EngineRequest) -> int:

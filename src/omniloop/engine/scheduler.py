@@ -17,7 +17,6 @@ from omniloop.engine.admission import MemoryBudget, MemoryEstimate
 from omniloop.engine.cost_model import CostModel, ItemCost
 from omniloop.engine.request import EngineRequest
 from omniloop.pipeline.pipeline import Pipeline
-from omniloop.request import RequestStatus
 
 
 @dataclass(frozen=True)
@@ -84,8 +83,12 @@ class StepScheduler:
         self.iteration += 1
         aborted = self._take_aborted()
         admitted = self._admit()
-        chosen = self._rank(list(self.running.values()))
-        work = self._work_for(chosen[0], chosen) if chosen else None
+        ranked = self._rank([r for r in self.running.values() if not r.abort_requested])
+        # Prologue work first (encoders, loop init): it is cheap, and it brings every
+        # admitted request into its loop, where steps can batch with others.
+        prologue = [r for r in ranked if _in_prologue(r)]
+        head = prologue[0] if prologue else (ranked[0] if ranked else None)
+        work = self._work_for(head, ranked) if head is not None else None
         return SchedulerPlan(self.iteration, admitted, aborted, work, self._predict(work))
 
     # -- helpers --------------------------------------------------------------------------
@@ -191,5 +194,8 @@ class StepScheduler:
         return {"waiting": len(self.waiting), "running": len(self.running)}
 
 
-def is_running(req: EngineRequest) -> bool:
-    return req.status is RequestStatus.RUNNING
+def _in_prologue(req: EngineRequest) -> bool:
+    """Before the request's first loop step: a one-shot node or a loop still to ``init``."""
+    if req.loop is not None:
+        return False
+    return any(node.is_loop for node in req.nodes[req.node_index:])

@@ -1,0 +1,174 @@
+"""``AsyncEngine``: the engine on a background thread, with an asyncio front.
+
+The worker thread owns ``Engine.step()``; callers on the event loop add and abort
+requests (validated synchronously, so bad input raises at the call) and receive events
+through per-request asyncio queues fed thread-safely from the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import torch
+
+from omniloop.deploy import DeployConfig
+from omniloop.engine.engine import Engine, EngineConfig
+from omniloop.engine.errors import EngineDeadError
+from omniloop.models.loader import load_pipeline
+from omniloop.models.model_spec import LoadOptions
+from omniloop.request import FinalEvent, OmniEvent, OmniOutput, OmniRequest, RequestStatus
+
+logger = logging.getLogger(__name__)
+
+
+def load_options(deploy: DeployConfig) -> LoadOptions:
+    return LoadOptions(device=deploy.torch_device(), dtype=deploy.torch_dtype(), attention_backend=deploy.attention_backend,
+                       cfg_mode=deploy.cfg_mode, compile=deploy.compile)
+
+
+class AsyncEngine:
+    def __init__(self, engine: Engine, *, model_name: str = "") -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._wake = threading.Condition()
+        self._stop = False
+        self._error: BaseException | None = None
+        engine.event_sink = self._on_event
+        self._thread = threading.Thread(target=self._run, name="omniloop-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_pretrained(cls, model: str | Path, *, deploy: DeployConfig | None = None, **options: Any) -> "AsyncEngine":
+        """Load like ``VideoGenerator.from_pretrained``; ``options`` are DeployConfig fields."""
+        config = DeployConfig.from_options(deploy, **options)
+        opts = load_options(config)
+        _, pipeline = load_pipeline(model, opts)
+        engine = Engine(pipeline, EngineConfig.from_deploy(config), restart_pool=lambda: load_pipeline(model, opts)[1])
+        return cls(engine, model_name=str(model))
+
+    # -- worker thread ------------------------------------------------------------------
+    def _run(self) -> None:
+        with torch.inference_mode():
+            while not self._stop:
+                with self._wake:
+                    while not self._stop and not self.engine.has_unfinished():
+                        self._wake.wait(timeout=0.5)
+                if self._stop:
+                    break
+                try:
+                    self.engine.step()
+                except EngineDeadError as e:
+                    self._error = e
+                    logger.error("engine dead: %s", e)
+                    break
+                except Exception as e:  # a bug in the engine itself: stop, fail everything
+                    logger.exception("engine loop crashed")
+                    self._error = e
+                    break
+        self._fail_pending()
+
+    def _fail_pending(self) -> None:
+        for rid, (loop, queue) in list(self._queues.items()):
+            out = OmniOutput(request_id=rid, status=RequestStatus.FAILED, error=f"engine stopped: {self._error}")
+            loop.call_soon_threadsafe(queue.put_nowait, FinalEvent(request_id=rid, output=out))
+
+    def _on_event(self, event: OmniEvent) -> None:
+        target = self._queues.get(event.request_id)
+        if target is not None:
+            loop, queue = target
+            loop.call_soon_threadsafe(queue.put_nowait, event)
+
+    def _notify(self) -> None:
+        with self._wake:
+            self._wake.notify()
+
+    # -- public API ---------------------------------------------------------------------
+    def submit(self, request: OmniRequest) -> asyncio.Queue:
+        """Queue ``request`` (raises RequestRejected on bad input / full queue) and return
+        the asyncio queue its events arrive on."""
+        if self._error is not None:
+            raise EngineDeadError(f"engine stopped: {self._error}")
+        queue: asyncio.Queue = asyncio.Queue()
+        rid = request.request_id
+        self._queues[rid] = (asyncio.get_running_loop(), queue)
+        try:
+            self.engine.add_request(request)
+        except BaseException:
+            self._queues.pop(rid, None)
+            raise
+        self._notify()
+        return queue
+
+    async def stream(self, request: OmniRequest) -> AsyncIterator[OmniEvent]:
+        """Events of ``request`` until (and including) its FinalEvent."""
+        queue = self.submit(request)
+        try:
+            while True:
+                event = await queue.get()
+                yield event
+                if isinstance(event, FinalEvent):
+                    return
+        finally:
+            self._release(request.request_id)
+
+    async def generate(self, request: OmniRequest) -> OmniOutput:
+        async for event in self.stream(request):
+            if isinstance(event, FinalEvent):
+                return event.output
+        raise AssertionError("stream ended without a final event")
+
+    def _release(self, request_id: str) -> None:
+        self._queues.pop(request_id, None)
+        out = self.engine.pop_output(request_id)
+        if out is None and request_id in self.engine._requests:
+            self.engine.abort(request_id)  # the caller went away (e.g. a client disconnect)
+
+    async def abort(self, request_id: str) -> None:
+        self.engine.abort(request_id)
+        self._notify()
+
+    async def drain(self, timeout: float | None = None) -> None:
+        """Stop accepting requests; wait for in-flight ones, cancelling them after ``timeout``."""
+        self.engine.accepting = False
+        deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
+        while self.engine.has_unfinished() and self._error is None:
+            if deadline is not None and asyncio.get_running_loop().time() >= deadline:
+                for rid in list(self.engine._requests):
+                    self.engine.abort(rid)
+                self._notify()
+                deadline = None
+            await asyncio.sleep(0.01)
+
+    def stats(self) -> dict[str, Any]:
+        e = self.engine
+        return {
+            "model": self.model_name,
+            "waiting": e.num_waiting(),
+            "running": e.num_running(),
+            "completed": e.stats.completed,
+            "failed": e.stats.failed,
+            "cancelled": e.stats.cancelled,
+            "rejected": e.stats.rejected,
+            "pool_restarts": e.stats.pool_restarts,
+            "steps": e.stats.steps,
+            "batched_steps": e.stats.batched_steps,
+            "accepting": e.accepting,
+            "alive": self._error is None and self._thread.is_alive(),
+            "cost_model": e.cost_model.snapshot(),
+        }
+
+    def shutdown(self) -> None:
+        self._stop = True
+        self._notify()
+        self._thread.join(timeout=10)
+
+    async def __aenter__(self) -> "AsyncEngine":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.shutdown()

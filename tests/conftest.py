@@ -33,3 +33,12 @@ def wan_i2v_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("wan_i2v")
     save_wan_checkpoint(folder, "i2v")
     return folder
+
+
+@pytest.fixture(scope="session")
+def qwen2_dir(tmp_path_factory):
+    from tests.models.qwen2.checkpoint import save_qwen2_checkpoint
+
+    folder = tmp_path_factory.mktemp("qwen2")
+    save_qwen2_checkpoint(folder)
+    return folder

@@ -299,6 +299,8 @@ class Engine:
         metrics.actual_cost_s = req.actual_s
         metrics.peak_memory_bytes = _peak_memory(self.pipeline.device, req)
         output = self.pipeline.collect_output(state, status)
+        if req.loop is not None and req.node is not None:
+            req.node.stage.release(req.loop)  # cancelled or failed mid-loop: free its cache now
         state.loops.clear()
         req.loop = None
         state.artifacts.clear()  # free the request's tensors; the output holds what it returns

@@ -38,14 +38,18 @@ def run_node(pipeline: Pipeline, node: Node, state: RequestState, on_event: Even
     else:
         loop = node.stage.init(ctx, state)
         state.loops[node.name] = loop
-        while True:
-            t_step = time.perf_counter()
-            result = node.stage.step(ctx, loop)
-            loop.step_times.append(time.perf_counter() - t_step)
-            if on_event is not None:
-                _emit_step_events(node, loop, result, state, on_event)
-            if result.done:
-                break
+        try:
+            while True:
+                t_step = time.perf_counter()
+                result = node.stage.step(ctx, loop)
+                loop.step_times.append(time.perf_counter() - t_step)
+                if on_event is not None:
+                    _emit_step_events(node, loop, result, state, on_event)
+                if result.done:
+                    break
+        except BaseException:
+            node.stage.release(loop)  # free the loop's caches; the caller reports the failure
+            raise
         node.stage.finalize(ctx, loop, state)
         state.metrics.steps += loop.steps_done
         del state.loops[node.name]

@@ -92,6 +92,9 @@ class LoopStageBase(StageBase):
         """False when the loop's state holds NaN/Inf (the engine then fails the request)."""
         return True
 
+    def release(self, loop: LoopState) -> None:
+        """Free what ``loop`` holds when it ends without ``finalize`` (cancel, failure)."""
+
     def batch_key(self, loop: LoopState) -> Hashable | None:
         return None
 

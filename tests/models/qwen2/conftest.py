@@ -3,15 +3,6 @@ import torch
 
 
 @pytest.fixture(scope="session")
-def qwen2_dir(tmp_path_factory):
-    from tests.models.qwen2.checkpoint import save_qwen2_checkpoint
-
-    folder = tmp_path_factory.mktemp("qwen2")
-    save_qwen2_checkpoint(folder)
-    return folder
-
-
-@pytest.fixture(scope="session")
 def qwen2_tied_dir(tmp_path_factory):
     """Tied embeddings, a large rope_theta, MHA (kv heads == heads)."""
     from tests.models.qwen2.checkpoint import save_qwen2_checkpoint

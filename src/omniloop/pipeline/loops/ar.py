@@ -161,6 +161,10 @@ class ARDecodeLoop(LoopStageBase):
         loop.kv.free()
         loop.logits = loop.seen = None
 
+    def release(self, loop: ARLoopState) -> None:  # type: ignore[override]
+        loop.kv.free()
+        loop.logits = loop.seen = None
+
     # -- scheduling contract --------------------------------------------------------
     def batch_key(self, loop: ARLoopState) -> Hashable | None:  # type: ignore[override]
         # Any two decode steps of this node batch, whatever their context lengths.

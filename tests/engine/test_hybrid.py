@@ -1,0 +1,92 @@
+"""One engine, one pipeline with both loop kinds: AR decode steps (a Qwen2-class LM) and
+denoise steps (Wan) of concurrent requests are interleaved and batched by the scheduler,
+and each request's output equals its solo run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from omniloop.engine import Engine, EngineConfig, SchedulingPolicy, StepWork
+from omniloop.models.loader import load_pipeline
+from omniloop.pipeline.pipeline import Pipeline
+from omniloop.pipeline.predicates import task_in
+from omniloop.pipeline.spec import Node, PipelineSpec
+from omniloop.request import OmniRequest, RequestStatus, SamplingParams, TaskType, TextPart
+from tests.engine.conftest import OPTS, req, run_all
+
+
+@pytest.fixture(scope="module")
+def hybrid(wan_t2v_dir, qwen2_dir):
+    _, wan = load_pipeline(wan_t2v_dir, OPTS)
+    _, lm = load_pipeline(qwen2_dir, OPTS)
+    t2v, reason = task_in(TaskType.T2V), task_in(TaskType.REASON)
+    nodes = [Node("reason", lm.spec.node("decode").stage, when=reason, outputs={"text": "reason_text"})]
+    nodes += [Node(n.name, n.stage, when=t2v) for n in wan.spec.nodes]
+    spec = PipelineSpec(
+        name="hybrid", family="test", tasks=frozenset({TaskType.T2V, TaskType.REASON}),
+        components={**wan.spec.components, **lm.spec.components}, nodes=tuple(nodes),
+        outputs={**wan.spec.outputs, "text": "reason_text"},
+    )
+
+    def validate(request):
+        return (wan if request.task is TaskType.T2V else lm).validate_request(request)
+
+    return Pipeline(spec=spec, components={**wan.components, **lm.components}, device=wan.device, dtype=wan.dtype,
+                    defaults={**lm.defaults, **wan.defaults}, validate_request=validate)
+
+
+def _text_req(i, n=12):
+    return OmniRequest(task=TaskType.REASON, request_id=f"txt{i}", inputs=[TextPart(text=f"a red circle {i}")],
+                       sampling=SamplingParams(max_tokens=n, temperature=0.0))
+
+
+def _run(pipeline, requests, **policy):
+    engine = Engine(pipeline, EngineConfig(policy=SchedulingPolicy(**policy)))
+    plans = []
+    original = engine.scheduler.schedule
+
+    def record():
+        plan = original()
+        plans.append(plan)
+        return plan
+
+    engine.scheduler.schedule = record
+    for r in requests:
+        engine.add_request(r)
+    outs, _ = run_all(engine)
+    return outs, plans
+
+
+def test_scheduler_mixes_ar_decode_and_denoise_steps(hybrid):
+    requests = [_text_req(0), _text_req(1, n=8), req(1, steps=6, rid="vid0"), req(2, steps=6, rid="vid1")]
+    outs, plans = _run(hybrid, requests)
+    assert all(o.status is RequestStatus.COMPLETED for o in outs.values())
+    steps = [p.work for p in plans if isinstance(p.work, StepWork)]
+    kinds = [w.node for w in steps]
+    # both loop kinds ran, interleaved (not one kind to completion then the other)
+    assert {"reason", "denoise"} <= set(kinds)
+    first_denoise, last_reason = kinds.index("denoise"), len(kinds) - 1 - kinds[::-1].index("reason")
+    assert first_denoise < last_reason
+    # decode steps of the two text requests were batched, and so were the two videos' steps
+    assert any(w.node == "reason" and len(w.request_ids) == 2 for w in steps)
+    assert any(w.node == "denoise" and len(w.request_ids) == 2 for w in steps)
+
+    solo, _ = _run(hybrid, [_text_req(0)])
+    assert outs["txt0"].text.token_ids == solo["txt0"].text.token_ids
+    solo, _ = _run(hybrid, [req(1, steps=6, rid="vid0")])
+    assert torch.allclose(outs["vid0"].artifacts["latents"].latents, solo["vid0"].artifacts["latents"].latents, atol=1e-5)
+
+
+def test_cancelling_an_ar_request_frees_its_kv(hybrid):
+    engine = Engine(hybrid, EngineConfig())
+    engine.add_request(_text_req(5, n=30))
+    with torch.inference_mode():
+        for _ in range(4):
+            engine.step()
+        loop = engine._requests["txt5"].loop
+        assert loop is not None and loop.kv.nbytes > 0
+        engine.abort("txt5")
+        outs, _ = run_all(engine)
+    assert outs["txt5"].status is RequestStatus.CANCELLED
+    assert loop.kv.nbytes == 0

@@ -57,7 +57,7 @@ def test_batched_steps_equal_unbatched_with_ragged_remainder(make_engine):
     for r in reqs:
         engine.add_request(r)
     outs, _ = run_all(engine)
-    assert engine.stats.batched_steps >= 3  # pairs ran as one forward
+    assert engine.stats.batched_steps >= 2  # pairs ran as one forward
     for r in reqs:
         assert torch.allclose(_lat(outs[r.request_id]), _solo(make_engine, r), atol=1e-5)
 
@@ -68,7 +68,7 @@ def test_cancel_takes_effect_at_next_step_and_frees_state(make_engine):
     engine.add_request(req(1, steps=10, rid="victim"))
     engine.add_request(req(2, steps=3, rid="other"))
     with torch.inference_mode():
-        for _ in range(5):
+        while not [e for e in events if isinstance(e, ProgressEvent) and e.request_id == "victim" and e.step >= 2]:
             engine.step()
         engine.abort("victim")
         outs, _ = run_all(engine)
@@ -112,7 +112,7 @@ def test_exception_in_one_request_fails_only_it(make_engine):
         engine.add_request(r)
 
     def boom(loops):
-        if any(lp.request_id == "bad" for lp in loops) and loops[0].steps_done == 1:
+        if any(lp.request_id == "bad" and lp.steps_done == 1 for lp in loops):
             raise RuntimeError("injected failure")
 
     restore = _inject(engine, boom)

@@ -55,6 +55,7 @@ class SchedulingPolicy:
     max_batch: int = 8  # requests per batched step
     aging: float = 0.05  # seconds of remaining cost forgiven per second waited
     deadline_margin: float = 1.5  # a deadline is at risk when slack < margin * remaining
+    prologue_share: float = 0.25  # prologue items cheaper than this share of a step run first
 
 
 @dataclass
@@ -66,6 +67,7 @@ class StepScheduler:
     waiting: list[EngineRequest] = field(default_factory=list)
     running: dict[str, EngineRequest] = field(default_factory=dict)
     iteration: int = 0
+    _last_was_step: bool = False
 
     # -- intake -------------------------------------------------------------------------
     def add(self, req: EngineRequest) -> None:
@@ -84,14 +86,26 @@ class StepScheduler:
         aborted = self._take_aborted()
         admitted = self._admit()
         ranked = self._rank([r for r in self.running.values() if not r.abort_requested])
-        # Prologue work first (encoders, loop init): it is cheap, and it brings every
-        # admitted request into its loop, where steps can batch with others.
+        head = ranked[0] if ranked else None
         prologue = [r for r in ranked if _in_prologue(r)]
-        head = prologue[0] if prologue else (ranked[0] if ranked else None)
+        if prologue and head is not prologue[0] and self._prologue_first(prologue[0], head):
+            head = prologue[0]
         work = self._work_for(head, ranked) if head is not None else None
+        self._last_was_step = isinstance(work, StepWork)
         return SchedulerPlan(self.iteration, admitted, aborted, work, self._predict(work))
 
     # -- helpers --------------------------------------------------------------------------
+    def _prologue_first(self, candidate: EngineRequest, head: EngineRequest) -> bool:
+        """Run another request's prologue item (encoder, loop init) before the head's step?
+
+        Cheap prologue work (relative to the head's step) runs at once: it brings requests
+        into their loops, where steps batch, at negligible delay to the head. Costly
+        prologue work is interleaved, one item per head step, bounding the head's delay.
+        """
+        prologue_s = self.cost_model.predict(self.item_cost(candidate))
+        step_s = self.cost_model.predict(self.item_cost(head))
+        return prologue_s <= self.policy.prologue_share * step_s or self._last_was_step
+
     def _take_aborted(self) -> tuple[str, ...]:
         ids = [r.request_id for r in self.waiting if r.abort_requested]
         ids += [rid for rid, r in self.running.items() if r.abort_requested]

@@ -1,0 +1,192 @@
+"""Engine benchmarks, side by side in one run (JSON lines):
+
+  overhead  engine-driven DenoiseLoop vs a plain hand-written loop over the same model
+  mixed     4-step and 50-step requests arriving together: step scheduler (SRPT) vs a
+            request-level FIFO baseline on the same trace (latency per class, makespan)
+  small     many single-frame requests: batched steps vs one request per step
+
+    python benchmarks/bench_engine.py              # GPU: Wan2.1-1.3B architecture
+    python benchmarks/bench_engine.py --tiny       # CPU: toy sizes (ratios only)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from omniloop.engine import Engine, EngineConfig, SchedulingPolicy, StepWork  # noqa: E402
+from omniloop.models.loader import load_pipeline  # noqa: E402
+from omniloop.models.model_spec import LoadOptions  # noqa: E402
+from omniloop.request import DiffusionParams, OmniRequest, TaskType, TextPart  # noqa: E402
+
+
+def emit(rec: dict, sink) -> None:
+    line = json.dumps(rec)
+    print(line, flush=True)
+    if sink:
+        sink.write(line + "\n")
+        sink.flush()
+
+
+def sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def request(rid, steps, size, frames, seed=0, guidance=5.0, task=TaskType.T2V):
+    return OmniRequest(task=task, request_id=rid, inputs=[TextPart(text=f"a red circle {rid}")],
+                       diffusion=DiffusionParams(steps=steps, height=size, width=size, num_frames=frames, seed=seed,
+                                                 guidance_scale=guidance))
+
+
+def engine_for(pipeline, **policy) -> Engine:
+    return Engine(pipeline, EngineConfig(max_queue=1024, policy=SchedulingPolicy(**policy)))
+
+
+def bench_overhead(pipeline, args, base, sink):
+    """Per-step time: plain loop (model forward + sampler step, nothing else) vs engine."""
+    device, steps = pipeline.device, args.overhead_steps
+    size, frames = args.overhead_size
+    engine = engine_for(pipeline, max_batch=1)
+    engine.add_request(request("warm", 2, size, frames, guidance=1.0))
+    engine.run_until_done("warm")
+    engine.add_request(request("eng", steps, size, frames, guidance=1.0))
+    step_times = []
+    while engine.has_unfinished():
+        t0 = time.perf_counter()
+        plan_before = engine.stats.steps
+        engine.step()
+        sync(device)
+        if engine.stats.steps > plan_before:
+            step_times.append(time.perf_counter() - t0)
+    engine_step = statistics.median(step_times)
+
+    # the same loop, hand-written
+    model, sampler = pipeline.components["transformer"], pipeline.components["sampler"].get(None)
+    text = torch.randn(1, 512, model.config.text_dim, device=device, dtype=pipeline.dtype)
+    shapes = (1, 16, (frames - 1) // 4 + 1, size // 8, size // 8)
+    x = torch.randn(shapes, generator=torch.Generator("cpu").manual_seed(0)).to(device)
+    state = sampler.init_state(steps, device=device)
+    plain = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        pred = model(x.to(pipeline.dtype), state.timestep.expand(1), text)
+        x = sampler.step(state, pred.float(), x).float()
+        sync(device)
+        plain.append(time.perf_counter() - t0)
+    plain_step = statistics.median(plain)
+    emit({**base, "bench": "engine_overhead", "shape": [size, size, frames], "steps": steps,
+          "plain_step_s": plain_step, "engine_step_s": engine_step,
+          "overhead_pct": round(100 * (engine_step / plain_step - 1), 2)}, sink)
+
+
+def run_trace(pipeline, trace, **policy):
+    engine = engine_for(pipeline, **policy)
+    t0 = time.perf_counter()
+    for r in trace:
+        engine.add_request(r)
+    done = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            done[out.request_id] = time.perf_counter() - t0
+    return done, time.perf_counter() - t0, engine
+
+
+def pct(values, q):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+def bench_mixed(pipeline, args, base, sink):
+    size, frames = args.mixed_size
+    trace = []
+    for i in range(max(args.n_long, args.n_short)):
+        if i < args.n_long:
+            trace.append(request(f"long{i}", 50, size, frames, seed=i))
+        for j in range(args.n_short // args.n_long if args.n_long else args.n_short):
+            k = i * max(1, args.n_short // max(1, args.n_long)) + j
+            if k < args.n_short:
+                trace.append(request(f"short{k}", 4, size, frames, seed=100 + k))
+    run_trace(pipeline, trace[:2])  # warm up
+    results = {}
+    for name, policy in (("fifo", dict(kind="fifo", max_running=1, max_batch=1)),
+                         ("step_scheduler", dict(kind="srpt", max_running=len(trace), max_batch=args.max_batch))):
+        done, makespan, _ = run_trace(pipeline, trace, **policy)
+        short = [t for r, t in done.items() if r.startswith("short")]
+        long = [t for r, t in done.items() if r.startswith("long")]
+        results[name] = {"p50_short_s": pct(short, 0.5), "p95_short_s": pct(short, 0.95), "p95_long_s": pct(long, 0.95),
+                         "makespan_s": makespan, "throughput_req_s": len(trace) / makespan}
+        emit({**base, "bench": "mixed_trace", "policy": name, "shape": [size, size, frames], "n_long": args.n_long,
+              "n_short": args.n_short, **results[name]}, sink)
+    emit({**base, "bench": "mixed_trace", "metric": "p95_short_fifo_over_step_scheduler",
+          "value": round(results["fifo"]["p95_short_s"] / results["step_scheduler"]["p95_short_s"], 2),
+          "throughput_ratio": round(results["step_scheduler"]["throughput_req_s"] / results["fifo"]["throughput_req_s"], 3)}, sink)
+
+
+def bench_small(pipeline, args, base, sink):
+    size = args.small_size
+    trace = [request(f"img{i}", args.small_steps, size, 1, seed=i, task=TaskType.T2I) for i in range(args.n_small)]
+    run_trace(pipeline, trace[:2], max_batch=2)
+    rates = {}
+    for name, batch in (("sequential", 1), ("batched", args.max_batch)):
+        _, makespan, engine = run_trace(pipeline, trace, kind="srpt", max_running=len(trace), max_batch=batch)
+        rates[name] = len(trace) / makespan
+        emit({**base, "bench": "small_requests", "mode": name, "max_batch": batch, "n": len(trace), "size": size,
+              "steps": args.small_steps, "makespan_s": makespan, "throughput_req_s": rates[name],
+              "batched_steps": engine.stats.batched_steps}, sink)
+    emit({**base, "bench": "small_requests", "metric": "batched_over_sequential_throughput",
+          "value": round(rates["batched"] / rates["sequential"], 2)}, sink)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tiny", action="store_true")
+    p.add_argument("--model", default=None, help="checkpoint dir (default: a random one is built)")
+    p.add_argument("--only", default="overhead,mixed,small")
+    p.add_argument("--out", default=None)
+    p.add_argument("--max-batch", type=int, default=8)
+    args = p.parse_args(argv)
+    cuda = torch.cuda.is_available() and not args.tiny
+    device = torch.device("cuda" if cuda else "cpu")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    if cuda:
+        args.overhead_size, args.overhead_steps = (480, 81), 6  # 480x480: 21*30*30 = 18,900 tokens
+        args.mixed_size, args.n_long, args.n_short = (256, 17), 4, 8
+        args.small_size, args.small_steps, args.n_small = 256, 8, 32
+    else:
+        args.overhead_size, args.overhead_steps = (32, 9), 8
+        args.mixed_size, args.n_long, args.n_short = (32, 5), 2, 4
+        args.small_size, args.small_steps, args.n_small = 32, 4, 8
+    from wan_random import save_random_wan
+
+    folder = args.model or save_random_wan(tiny=not cuda, device=str(device))
+    opts = LoadOptions(device=device, dtype=dtype, attention_backend="sdpa")
+    _, pipeline = load_pipeline(folder, opts)
+    base = {"device": torch.cuda.get_device_name() if cuda else "cpu", "dtype": str(dtype).removeprefix("torch."),
+            "model": "wan2.1-1.3b-arch" if cuda else "wan-tiny"}
+    sink = open(args.out, "a") if args.out else None
+    try:
+        with torch.inference_mode():
+            only = set(args.only.split(","))
+            if "overhead" in only:
+                bench_overhead(pipeline, args, base, sink)
+            if "mixed" in only:
+                bench_mixed(pipeline, args, base, sink)
+            if "small" in only:
+                bench_small(pipeline, args, base, sink)
+    finally:
+        if sink:
+            sink.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

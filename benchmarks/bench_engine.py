@@ -155,6 +155,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-batch", type=int, default=8)
     args = p.parse_args(argv)
     cuda = torch.cuda.is_available() and not args.tiny
+    if not cuda:
+        torch.set_num_threads(1)  # toy sizes: threads only add scheduling noise
     device = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16 if cuda else torch.float32
     if cuda:

@@ -1,0 +1,22 @@
+"""The engine benchmark's CPU mode runs and reports every comparison."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_engine_benchmark_smoke(tmp_path):
+    out = tmp_path / "engine.jsonl"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_engine.py"), "--tiny", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    benches = {r["bench"] for r in records}
+    assert benches == {"engine_overhead", "mixed_trace", "small_requests"}
+    mixed = {r.get("policy"): r for r in records if r["bench"] == "mixed_trace"}
+    assert mixed["step_scheduler"]["p95_short_s"] < mixed["fifo"]["p95_short_s"]

@@ -223,6 +223,7 @@ def test_events_and_metrics(make_engine):
     outs, _ = run_all(engine)
     kinds = [e.type for e in events]
     assert kinds[0] == "status" and kinds[-1] == "final"
+    assert events[0].predicted_cost_s > 0  # the estimate is published before the request starts
     progress = [e for e in events if isinstance(e, ProgressEvent)]
     assert [(e.step, e.total) for e in progress] == [(1, 4), (2, 4), (3, 4), (4, 4)]
     assert all(e.eta_s is not None and e.eta_s >= 0 for e in progress)

@@ -123,7 +123,7 @@ class Engine:
                 raise QueueFull(f"queue is full ({self.config.max_queue} waiting); retry later")
             self._requests[rid] = req
             self._intake.append(req)
-        self._emit(StatusEvent(request_id=rid, status=RequestStatus.QUEUED))
+        self._emit(StatusEvent(request_id=rid, status=RequestStatus.QUEUED, predicted_cost_s=req.predicted_total_s))
         return rid
 
     def abort(self, request_id: str) -> None:

@@ -86,9 +86,10 @@ class OmniEvent:
 class StatusEvent(OmniEvent):
     type: ClassVar[str] = "status"
     status: RequestStatus
+    predicted_cost_s: float | None = None  # the engine's cost estimate, published at admission
 
     def to_dict(self) -> dict[str, Any]:
-        return {**super().to_dict(), "status": self.status.value}
+        return {**super().to_dict(), "status": self.status.value, "predicted_cost_s": self.predicted_cost_s}
 
 
 @dataclass(kw_only=True)

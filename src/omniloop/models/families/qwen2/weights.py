@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Mapping
 
 import torch
-from safetensors import safe_open
+from omniloop.models.checkpoint_files import cast_to, format_keys, read_tensors, stored_keys, weight_files, wrong_shapes
 
 from omniloop.models.families.qwen2.model import ARCHITECTURE, Qwen2Config, Qwen2LM
 
@@ -23,7 +23,6 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
 
-_MAX_KEYS_IN_ERROR = 12
 
 # Checkpoint keys transformers itself ignores on load (old checkpoints saved the RoPE table).
 _IGNORED = re.compile(r"rotary_emb\.inv_freq$")
@@ -89,77 +88,36 @@ def read_config(folder: Path) -> Qwen2Config:
         raise ValueError(f"{path}: {e}") from None
 
 
-def weight_files(folder: Path) -> list[Path]:
-    single = folder / WEIGHTS_FILE
-    if single.is_file():
-        return [single]
-    index = folder / WEIGHTS_INDEX_FILE
-    if index.is_file():
-        weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
-        files = [folder / name for name in sorted(set(weight_map.values()))]
-        missing = [p.name for p in files if not p.is_file()]
-        if missing:
-            raise FileNotFoundError(f"shard(s) {missing} are listed in {index} but missing; re-download the checkpoint")
-        return files
-    raise FileNotFoundError(f"no {ARCHITECTURE} weights in {folder}: expected {WEIGHTS_FILE} or {WEIGHTS_INDEX_FILE}")
-
-
-def _format_keys(keys: Iterable[str]) -> str:
-    keys = list(keys)
-    shown = ", ".join(keys[:_MAX_KEYS_IN_ERROR])
-    more = len(keys) - _MAX_KEYS_IN_ERROR
-    return f"[{shown}{f', ... ({more} more)' if more > 0 else ''}]"
-
-
-def _read_tensors(files: list[Path], device: torch.device, dtype: torch.dtype, skip: set[str]) -> dict[str, torch.Tensor]:
-    sd: dict[str, torch.Tensor] = {}
-    for path in files:
-        with safe_open(str(path), framework="pt") as f:
-            for key in f.keys():
-                if key in skip or _IGNORED.search(key):
-                    continue
-                t = f.get_tensor(key)
-                sd[key] = t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device)
-    return sd
-
-
-def _checkpoint_key_set(files: list[Path]) -> set[str]:
-    keys: set[str] = set()
-    for path in files:
-        with safe_open(str(path), framework="pt") as f:
-            keys.update(k for k in f.keys() if not _IGNORED.search(k))
-    return keys
-
-
 def load_qwen2(folder: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16) -> Qwen2LM:
     """Load a transformers ``Qwen2ForCausalLM`` folder as :class:`Qwen2LM` on ``device`` in ``dtype``."""
     if not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating dtype (torch.bfloat16, torch.float32, ...); got {dtype}")
     folder, device = Path(folder), torch.device(device)
     config = read_config(folder)
-    files = weight_files(folder)
+    files = weight_files(folder, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, ARCHITECTURE)
 
     # 1. key sets first: nothing is read when the checkpoint cannot match its config
     expected = set(checkpoint_keys(config))
-    present = _checkpoint_key_set(files)
+    present = {k for k in stored_keys(files) if not _IGNORED.search(k)}
     skip = {"lm_head.weight"} if config.tie_word_embeddings else set()  # tied: transformers ignores it too
     missing = sorted(expected - present)
     unexpected = sorted(present - expected - skip)
     if missing or unexpected:
         raise ValueError(
-            f"checkpoint {folder} does not match its config.json: missing keys {_format_keys(missing)}, "
-            f"unexpected keys {_format_keys(unexpected)}; pass a transformers {ARCHITECTURE} folder whose "
+            f"checkpoint {folder} does not match its config.json: missing keys {format_keys(missing)}, "
+            f"unexpected keys {format_keys(unexpected)}; pass a transformers {ARCHITECTURE} folder whose "
             "config.json describes its weights"
         )
     # 2. read, map and check shapes against a meta-device model
-    sd = state_dict_from_transformers(_read_tensors(files, device, dtype, skip), config)
+    tensors = read_tensors(files, cast_to(device, dtype), skip=lambda key: key in skip or bool(_IGNORED.search(key)))
+    sd = state_dict_from_transformers(tensors, config)
     with torch.device("meta"):
         model = Qwen2LM(config)
     shapes = model.state_dict()
     assert set(shapes) == set(sd), f"key mapping out of sync with Qwen2LM: {sorted(set(shapes) ^ set(sd))}"
-    wrong = [f"{k}: {tuple(sd[k].shape)} vs {tuple(v.shape)}" for k, v in shapes.items() if sd[k].shape != v.shape]
+    wrong = wrong_shapes(sd, shapes)
     if wrong:
-        raise ValueError(f"checkpoint {folder} has weights of the wrong shape (ours after fusing vs config): {_format_keys(wrong)}")
+        raise ValueError(f"checkpoint {folder} has weights of the wrong shape (ours after fusing vs config): {format_keys(wrong)}")
     # 3. assign (no second copy of the weights)
     model.load_state_dict(sd, strict=True, assign=True)
     leftover = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]

@@ -12,18 +12,18 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Callable, Mapping, MutableMapping
+from typing import Mapping, MutableMapping
 
 import torch
-from safetensors import safe_open
 
+from omniloop.models.checkpoint_files import cast_to, format_keys, read_tensors, weight_files, wrong_shapes
 from omniloop.models.families.wan.model import WanDiT, WanDiTConfig, keeps_fp32
+from omniloop.models.families.wan.vae import WanVAE, WanVAEConfig
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "diffusion_pytorch_model.safetensors"
 WEIGHTS_INDEX_FILE = "diffusion_pytorch_model.safetensors.index.json"
 
-_MAX_KEYS_IN_ERROR = 12
 
 # Checkpoint keys diffusers itself ignores on load (``_keys_to_ignore_on_load_unexpected``).
 _IGNORED = re.compile(r"norm_added_q")
@@ -111,38 +111,6 @@ def dit_state_dict_from_diffusers(sd: Mapping[str, torch.Tensor]) -> dict[str, t
     return _convert(dict(sd), consume=False)
 
 
-def _weight_files(folder: Path) -> list[Path]:
-    single = folder / WEIGHTS_FILE
-    if single.is_file():
-        return [single]
-    index = folder / WEIGHTS_INDEX_FILE
-    if index.is_file():
-        weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
-        files = [folder / name for name in sorted(set(weight_map.values()))]
-        for path in files:
-            if not path.is_file():
-                raise FileNotFoundError(f"{path} is listed in {index} but missing; re-download the checkpoint shards")
-        return files
-    raise FileNotFoundError(
-        f"no Wan DiT weights in {folder}: expected {single} or {index} (pass the diffusers `transformer/` folder)"
-    )
-
-
-def _read_tensors(files: list[Path], cast: Callable[[str, torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor]:
-    sd: dict[str, torch.Tensor] = {}
-    for path in files:
-        with safe_open(str(path), framework="pt") as f:
-            for key in f.keys():
-                sd[key] = cast(key, f.get_tensor(key))
-    return sd
-
-
-def _format_keys(keys: list[str]) -> str:
-    shown = ", ".join(keys[:_MAX_KEYS_IN_ERROR])
-    more = len(keys) - _MAX_KEYS_IN_ERROR
-    return f"[{shown}{f', ... ({more} more)' if more > 0 else ''}]"
-
-
 def load_wan_dit(
     folder: str | Path,
     *,
@@ -163,19 +131,12 @@ def load_wan_dit(
             f"{config_path} not found; pass the diffusers `transformer/` folder of a Wan checkpoint"
         )
     config = WanDiTConfig.from_diffusers_config(json.loads(config_path.read_text()))
-    files = _weight_files(folder)
-    device = torch.device(device)
-
-    def cast(source_key: str, tensor: torch.Tensor) -> torch.Tensor:
-        if not tensor.is_floating_point():
-            return tensor.to(device)
-        # diffusers' rule on its own key (a dotted component in _keep_in_fp32_modules); our
-        # renames keep those components, so our keys answer the same (keeps_fp32 docs).
-        target = torch.float32 if keeps_fp32(source_key) else dtype
-        return tensor.to(device=device, dtype=target)
-
+    files = weight_files(folder, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, "Wan DiT", "; pass the diffusers `transformer/` folder")
+    # diffusers' fp32 rule on its own key (a dotted component in _keep_in_fp32_modules); our
+    # renames keep those components, so our keys answer the same (keeps_fp32 docs).
+    cast = cast_to(device, dtype, keep_fp32=keeps_fp32)
     try:
-        sd = _convert(_read_tensors(files, cast), consume=True)
+        sd = _convert(read_tensors(files, cast), consume=True)
     except ValueError as err:  # an incomplete q/k/v group: name the folder too
         raise ValueError(f"checkpoint {folder}: {err}") from None
 
@@ -186,19 +147,103 @@ def load_wan_dit(
     unexpected = sorted(set(sd) - set(expected))
     if missing or unexpected:
         raise ValueError(
-            f"checkpoint {folder} does not match its config: missing keys {_format_keys(missing)}, "
-            f"unexpected keys {_format_keys(unexpected)}; pass a diffusers WanTransformer3DModel folder whose "
+            f"checkpoint {folder} does not match its config: missing keys {format_keys(missing)}, "
+            f"unexpected keys {format_keys(unexpected)}; pass a diffusers WanTransformer3DModel folder whose "
             f"config.json describes its weights"
         )
-    wrong_shape = [
-        f"{k}: {tuple(sd[k].shape)} vs {tuple(v.shape)}" for k, v in expected.items() if sd[k].shape != v.shape
-    ]
+    wrong_shape = wrong_shapes(sd, expected)
     if wrong_shape:
         raise ValueError(
-            f"checkpoint {folder} has weights of the wrong shape (checkpoint vs config): {_format_keys(wrong_shape)}"
+            f"checkpoint {folder} has weights of the wrong shape (checkpoint vs config): {format_keys(wrong_shape)}"
         )
     model.load_state_dict(sd, strict=True, assign=True)
     model.rope.reset_tables(device)  # constant buffer, not in the checkpoint; built on meta above
     leftover = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     assert not leftover, f"tensors still on meta after load: {leftover}"
     return model.eval()
+
+
+# -- the causal 3D VAE (AutoencoderKLWan) ----------------------------------------------
+#
+# Key layout differences (diffusers -> ours), all in :func:`vae_state_dict_from_diffusers`:
+#
+# * RMS norms: ``*.gamma`` [C, 1, 1(, 1)] -> ``*.weight`` [C]
+# * resample convs: ``*.resample.1.*`` (index 1 of an nn.Sequential after the pad /
+#   upsample layer) -> ``*.spatial_conv.*``
+# * decoder up blocks: ``up_blocks.{i}.upsamplers.0.*`` -> ``up_blocks.{i}.upsampler.*``
+#
+# Everything else keeps its name.
+
+_VAE_RENAMES: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"\.resample\.1\."), ".spatial_conv."),
+    (re.compile(r"(up_blocks\.\d+)\.upsamplers\.0\."), r"\1.upsampler."),
+)
+
+
+def vae_state_dict_from_diffusers(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """diffusers ``AutoencoderKLWan`` state dict -> :class:`WanVAE` state dict.
+
+    Keys it does not know pass through unchanged (the loader reports them as unexpected).
+    """
+    out: dict[str, torch.Tensor] = {}
+    for key, tensor in sd.items():
+        for pattern, repl in _VAE_RENAMES:
+            key = pattern.sub(repl, key)
+        if key.endswith(".gamma"):
+            key, tensor = key[: -len("gamma")] + "weight", tensor.reshape(-1)
+        out[key] = tensor
+    return out
+
+
+def load_wan_vae(
+    folder: Path | str,
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.bfloat16,
+) -> WanVAE:
+    """Build a :class:`WanVAE` from a diffusers ``vae/`` folder, in eval mode, without grads.
+
+    The module is built on ``meta`` and the checkpoint tensors are assigned to it (cast to
+    ``dtype`` on ``device`` one at a time), so no random init and no second copy.
+    """
+    folder = Path(folder)
+    config = WanVAEConfig.from_diffusers_config(json.loads(_require(folder, CONFIG_FILE).read_text()))
+    with torch.device("meta"):
+        model = WanVAE(config)
+    files = weight_files(folder, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, "Wan VAE", "; pass the diffusers `vae/` folder")
+    sd = vae_state_dict_from_diffusers(read_tensors(files, cast_to(device, dtype)))
+
+    _check_keys(folder, model.state_dict(), sd)
+    model.load_state_dict(sd, strict=True, assign=True)
+    return model.eval().requires_grad_(False)
+
+
+def _require(folder: Path, name: str) -> Path:
+    path = folder / name
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} not found; pass the checkpoint's diffusers `vae/` folder (it holds {CONFIG_FILE} and "
+            f"{WEIGHTS_FILE})"
+        )
+    return path
+
+
+def _check_keys(folder: Path, expected: Mapping[str, torch.Tensor], got: Mapping[str, torch.Tensor]) -> None:
+    missing = sorted(set(expected) - set(got))
+    unexpected = sorted(set(got) - set(expected))
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} missing keys {format_keys(missing)}")
+    if unexpected:
+        problems.append(f"{len(unexpected)} unexpected keys {format_keys(unexpected)}")
+    if problems:
+        raise ValueError(
+            f"{folder / WEIGHTS_FILE} does not match a Wan2.1 VAE with its {CONFIG_FILE}: "
+            + "; ".join(problems)
+            + ". Pass the `vae/` folder of a Wan2.1 diffusers checkpoint."
+        )
+    wrong = wrong_shapes(got, expected)
+    if wrong:
+        raise ValueError(f"{folder / WEIGHTS_FILE}: {len(wrong)} tensors have the wrong shape: {format_keys(wrong)}")
+
+

@@ -1,0 +1,72 @@
+"""Safetensors checkpoint files shared by every family's ``weights.py``: locating single or
+sharded weights, reading them with a per-tensor cast, and naming what does not match."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable, Iterable, Mapping
+
+import torch
+from safetensors import safe_open
+
+MAX_KEYS_IN_ERROR = 12
+
+Cast = Callable[[str, torch.Tensor], torch.Tensor]  # (checkpoint key, tensor) -> tensor to keep
+
+
+def weight_files(folder: Path, single: str, index: str, what: str, hint: str = "") -> list[Path]:
+    """``folder/single``, or the shards ``folder/index`` lists; a missing file is named."""
+    if (folder / single).is_file():
+        return [folder / single]
+    index_path = folder / index
+    if index_path.is_file():
+        weight_map: dict[str, str] = json.loads(index_path.read_text())["weight_map"]
+        files = [folder / name for name in sorted(set(weight_map.values()))]
+        missing = [p.name for p in files if not p.is_file()]
+        if missing:
+            raise FileNotFoundError(f"shard(s) {missing} are listed in {index_path} but missing; re-download the checkpoint")
+        return files
+    raise FileNotFoundError(f"no {what} weights: neither {folder / single} nor {index_path} exists{hint}")
+
+
+def stored_keys(files: Iterable[Path]) -> set[str]:
+    keys: set[str] = set()
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            keys.update(f.keys())
+    return keys
+
+
+def read_tensors(files: Iterable[Path], cast: Cast, skip: Callable[[str], bool] = lambda key: False) -> dict[str, torch.Tensor]:
+    """Every tensor of ``files`` (one at a time, through ``cast``), except skipped keys."""
+    sd: dict[str, torch.Tensor] = {}
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            for key in f.keys():
+                if not skip(key):
+                    sd[key] = cast(key, f.get_tensor(key))
+    return sd
+
+
+def cast_to(device: torch.device | str, dtype: torch.dtype, keep_fp32: Callable[[str], bool] = lambda key: False) -> Cast:
+    """Floating tensors to ``dtype`` (fp32 where ``keep_fp32(key)``), all to ``device``."""
+
+    def cast(key: str, tensor: torch.Tensor) -> torch.Tensor:
+        if not tensor.is_floating_point():
+            return tensor.to(device)
+        return tensor.to(device=device, dtype=torch.float32 if keep_fp32(key) else dtype)
+
+    return cast
+
+
+def format_keys(keys: Iterable[str], limit: int = MAX_KEYS_IN_ERROR) -> str:
+    keys = list(keys)
+    shown = ", ".join(keys[:limit])
+    more = len(keys) - limit
+    return f"[{shown}{f', ... ({more} more)' if more > 0 else ''}]"
+
+
+def wrong_shapes(got: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor]) -> list[str]:
+    """``key: checkpoint shape vs model shape`` for every mismatch (keys present in both)."""
+    return [f"{k}: {tuple(got[k].shape)} vs {tuple(t.shape)}" for k, t in expected.items() if k in got and got[k].shape != t.shape]

@@ -68,11 +68,45 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("eval", help="evaluate generated media")
+    kinds = p.add_subparsers(dest="eval_command", required=True)
+    a = kinds.add_parser("adherence", help="shapes-world prompt adherence (color, shape, motion) as a JSON report")
+    a.add_argument("--videos", default=None, help="directory of .mp4 files, one .mp4, or a glob")
+    a.add_argument("--prompts", default=None, help='JSONL of {"video": path, "prompt": text} (default: <video>.txt)')
+    a.add_argument("--ground-truth", type=int, default=None, metavar="N",
+                   help="self-check: render N held-out ground-truth clips and evaluate them")
+    a.add_argument("--seed", type=int, default=0, help="held-out prompt seed for --ground-truth")
+    a.add_argument("--size", type=int, default=128, help="height and width of --ground-truth clips")
+    a.add_argument("--h264", action="store_true", help="pass --ground-truth clips through an H.264 round trip")
+    a.add_argument("--output", default=None, help="also write the JSON report to this file")
+    a.set_defaults(func=_cmd_eval_adherence)
+
+
+def _cmd_eval_adherence(args: argparse.Namespace) -> int:
+    from omniloop.eval.adherence import evaluate, file_pairs, ground_truth_pairs, load_pairs
+
+    if args.ground_truth is not None:
+        if args.ground_truth < 1:
+            raise ValueError(f"--ground-truth {args.ground_truth}: pass a number of clips >= 1")
+        pairs = ground_truth_pairs(args.ground_truth, seed=args.seed, height=args.size, width=args.size, h264=args.h264)
+    elif args.videos or args.prompts:
+        pairs = load_pairs(file_pairs(args.videos, args.prompts))
+    else:
+        raise ValueError("pass --videos DIR_OR_GLOB (with --prompts FILE.jsonl or .txt sidecars) or --ground-truth N")
+    text = evaluate(pairs).to_json(indent=2)
+    if args.output:
+        Path(args.output).write_text(text + "\n")
+    print(text)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="omniloop", description="omniloop generation runtime")
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
     _generate_parser(sub)
+    _eval_parser(sub)
     return parser
 
 

@@ -101,12 +101,62 @@ def _cmd_eval_adherence(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dynamo_parser(sub: argparse._SubParsersAction) -> None:
+    import os
+
+    p = sub.add_parser("dynamo-worker", help="serve a model as an NVIDIA Dynamo backend (needs the 'fleet' extra)")
+    p.add_argument("--model", required=True, help="checkpoint directory or built-in model name")
+    p.add_argument("--served-model-name", default=None, help="the 'model' clients pass (default: the directory name)")
+    p.add_argument("--namespace", default=os.environ.get("DYN_NAMESPACE", "dynamo"), help="Dynamo namespace")
+    p.add_argument("--component", default="omniloop", help="Dynamo component (endpoints: <component>.videos/.images)")
+    p.add_argument("--discovery-backend", default=os.environ.get("DYN_DISCOVERY_BACKEND", "etcd"),
+                   choices=["etcd", "file", "kubernetes", "mem"], help="'file' needs no etcd (DYN_FILE_KV sets the directory)")
+    p.add_argument("--request-plane", default=os.environ.get("DYN_REQUEST_PLANE", "tcp"), choices=["tcp", "nats"])
+    p.add_argument("--modalities", default=None, help="videos,images (default: what the model's tasks allow)")
+    p.add_argument("--drain-timeout", type=float, default=25.0,
+                   help="on SIGTERM, seconds in-flight requests may take before they are cancelled (default 25)")
+    p.add_argument("--warmup-steps", type=int, default=1, help="denoise steps of the warmup request; 0 disables it")
+    p.add_argument("--warmup-size", default=None, help="WIDTHxHEIGHT of the warmup request (default: the model's)")
+    p.add_argument("--warmup-frames", type=int, default=None, help="frames of the warmup request (default: the model's)")
+    p.add_argument("--deploy-config", default=None, help="YAML file of deploy options")
+    p.set_defaults(_deploy=add_schema_flags(p, DeployConfig, skip={"plugins"}, group="deployment"))
+    p.set_defaults(func=_cmd_dynamo_worker)
+
+
+def _cmd_dynamo_worker(args: argparse.Namespace) -> int:
+    try:
+        from omniloop.serve.dynamo.worker import WorkerConfig, run_worker
+    except ImportError as e:
+        print(f"error: {e}; install the fleet extra: pip install -e '.[fleet]' && pip install --no-deps ai-dynamo==1.6.1",
+              file=sys.stderr)
+        return 2
+    deploy = DeployConfig.from_options(DeployConfig.from_yaml(args.deploy_config) if args.deploy_config else None,
+                                       **collect(args, args._deploy))
+    warmup = None
+    if args.warmup_steps:
+        width = height = None
+        if args.warmup_size:
+            try:
+                width, height = (int(v) for v in args.warmup_size.split("x"))
+            except ValueError:
+                raise ValueError(f"--warmup-size {args.warmup_size!r}: pass WIDTHxHEIGHT, e.g. 832x480") from None
+        warmup = DiffusionParams(steps=args.warmup_steps, width=width, height=height, num_frames=args.warmup_frames)
+    config = WorkerConfig(
+        model=args.model, served_model_name=args.served_model_name, namespace=args.namespace, component=args.component,
+        discovery_backend=args.discovery_backend, request_plane=args.request_plane,
+        modalities=tuple(args.modalities.split(",")) if args.modalities else None,
+        drain_timeout_s=args.drain_timeout, warmup=warmup, deploy=deploy,
+    )
+    return run_worker(config)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="omniloop", description="omniloop generation runtime")
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
     _generate_parser(sub)
     _eval_parser(sub)
+    _dynamo_parser(sub)
     return parser
 
 

@@ -1,0 +1,105 @@
+"""Dynamo wire objects -> OmniRequest: field mapping and the 400 messages (no Dynamo needed)."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import pytest
+
+from omniloop.deploy import Limits
+from omniloop.request import TaskType
+from omniloop.serve.dynamo.mapping import WorkerModel, image_call, video_call
+
+pytestmark = pytest.mark.fleet
+
+DEFAULTS = {"steps": 50, "height": 480, "width": 832, "num_frames": 81, "fps": 16, "vae_scale_temporal": 4}
+
+
+def model(tasks=(TaskType.T2V, TaskType.T2I), **limits) -> WorkerModel:
+    return WorkerModel(name="wan", tasks=frozenset(tasks), defaults=DEFAULTS, limits=Limits(**limits))
+
+
+def png_b64() -> str:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8), (255, 0, 0)).save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def test_video_fields_and_nvext_map_onto_diffusion_params():
+    body = {"model": "wan", "prompt": "a cat", "size": "832x480", "seconds": 2, "response_format": "b64_json",
+            "nvext": {"num_inference_steps": 30, "guidance_scale": 4.5, "guidance_scale_2": 3.0, "seed": 7,
+                      "negative_prompt": "blurry", "fps": 24, "annotations": ["x"]},
+            "extra_args": {"media_passthrough": {"shift": 5.0, "sampler": "flow_euler", "priority": 3}}}
+    call = video_call(body, "req-1", model())
+    r, p = call.request, call.request.diffusion
+    assert (r.request_id, r.task, r.prompt, r.priority, call.stream) == ("req-1", TaskType.T2V, "a cat", 3, False)
+    assert (p.width, p.height, p.steps, p.guidance_scale, p.guidance_scale_2, p.seed) == (832, 480, 30, 4.5, 3.0, 7)
+    assert (p.negative_prompt, p.fps, p.shift, p.sampler) == ("blurry", 24, 5.0, "flow_euler")
+    assert p.num_frames == 49  # 2 s at 24 fps, the nearest 4k+1 frame count
+
+
+def test_seconds_yield_to_explicit_num_frames_and_defaults_stay_unset():
+    call = video_call({"model": "wan", "prompt": "x", "seconds": 5, "nvext": {"num_frames": 17}}, "r", model())
+    assert call.request.diffusion.num_frames == 17
+    bare = video_call({"model": "wan", "prompt": "x"}, "r", model()).request.diffusion
+    assert bare.steps is None and bare.height is None and bare.num_frames is None  # the model's defaults apply
+
+
+def test_stream_asks_for_progress_previews():
+    call = video_call({"model": "wan", "prompt": "x", "stream": True}, "r", model())
+    assert call.stream and call.request.outputs.stream and call.request.outputs.preview_every == 1
+
+
+def test_input_reference_selects_image_to_video():
+    call = video_call({"model": "wan", "prompt": "x", "input_reference": png_b64()}, "r", model((TaskType.I2V,)))
+    assert call.request.task is TaskType.I2V and call.request.images()[0].b64
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"prompt": ""}, "prompt: pass a non-empty text prompt"),
+    ({"size": "big"}, "size: 'big' is not WIDTHxHEIGHT; pass e.g. '832x480'"),
+    ({"seconds": 0}, "seconds: expected a positive clip length"),
+    ({"nvext": {"num_inference_steps": 0}}, "nvext.num_inference_steps: Input should be greater than or equal to 1"),
+    ({"nvext": {"guidance_scale": -1}}, "nvext.guidance_scale: Value error, must be >= 0"),
+    ({"nvext": {"boundary_ratio": 0.5}}, "nvext.boundary_ratio: not a field this worker accepts"),
+    ({"response_format": "url"}, "response_format: 'url' is not supported; this worker returns the video inline"),
+    ({"output_format": "webm"}, "output_format: 'webm' is not supported"),
+    ({"extra_args": {"media_passthrough": {"strength": 0.5}}}, "strength: not a field this worker accepts"),
+    ({"nvext": {"seed": 1}, "extra_args": {"media_passthrough": {"seed": 2}}}, "seed: also set by nvext.seed; pass it once"),
+    ({"input_reference": "https://example.com/a.png"}, "input_reference: this worker does not fetch URLs"),
+    ({"input_reference": "not base64!"}, "input_reference: Value error, is not valid base64"),
+    ({"seconds": 20}, "seconds: 321 frames exceed this worker's limit 257"),
+    ({"nvext": {"num_inference_steps": 500}}, "nvext.num_inference_steps: 500 steps exceed this worker's limit 100"),
+    ({"size": "4096x4096"}, "size: 4096x4096 exceeds this worker's limit"),
+    ({"quality": "hd"}, "quality: not a field this worker accepts"),
+])
+def test_bad_video_fields_name_the_wire_field(body, message):
+    with pytest.raises(ValueError, match="^" + _escape(message)):
+        video_call({"model": "wan", "prompt": "x", **body}, "r", model())
+
+
+def test_task_mismatches_say_what_to_do():
+    with pytest.raises(ValueError, match="has no image-to-video task"):
+        video_call({"model": "wan", "prompt": "x", "input_reference": png_b64()}, "r", model())
+    with pytest.raises(ValueError, match="is image-to-video; pass the first frame"):
+        video_call({"model": "wan", "prompt": "x"}, "r", model((TaskType.I2V,)))
+    with pytest.raises(ValueError, match="does not generate images"):
+        image_call({"model": "wan", "prompt": "x"}, "r", model((TaskType.T2V,)))
+
+
+def test_images_become_n_requests_with_consecutive_seeds():
+    call = image_call({"model": "wan", "prompt": "x", "n": 3, "size": "256x256", "nvext": {"seed": 10}}, "img", model())
+    assert [r.request_id for r in call.requests] == ["img-0", "img-1", "img-2"]
+    assert [r.diffusion.seed for r in call.requests] == [10, 11, 12]
+    assert all(r.task is TaskType.T2I and r.diffusion.width == 256 for r in call.requests)
+    with pytest.raises(ValueError, match=r"^n: expected 1\.\.10 images"):
+        image_call({"model": "wan", "prompt": "x", "n": 11}, "r", model())
+
+
+def _escape(text: str) -> str:
+    import re
+
+    return re.escape(text)

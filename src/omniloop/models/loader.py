@@ -1,4 +1,5 @@
-"""Checkpoint resolution: a path (diffusers layout: ``model_index.json`` + subfolders, or a
+"""Checkpoint resolution: a path (diffusers layout: ``model_index.json`` + subfolders; our
+manifest layout: ``omniloop_model.json`` + subfolders, see ``models/manifest.py``; or a
 transformers folder: ``config.json`` with ``architectures``) or a built-in name -> a built
 ``Pipeline`` on one device.
 
@@ -12,12 +13,19 @@ import logging
 from pathlib import Path
 from typing import Any, Mapping
 
+from omniloop.models.manifest import LAYOUT, MANIFEST_FILE, manifest_index, verify_files
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, spec_for_class
 from omniloop.pipeline.pipeline import Pipeline
 
 logger = logging.getLogger(__name__)
 
-BUILTIN_MODELS: dict[str, Path] = {}  # name -> packaged checkpoint directory (filled by shipped models)
+BUILTIN_DIR = Path(__file__).resolve().parent / "builtin"
+# name -> packaged model directory (manifest layout). Trained by omniloop.train.recipes
+# (docs/training.md); a directory holding only its manifest fails at load naming the missing file.
+BUILTIN_MODELS: dict[str, Path] = {
+    "shapes-t2v": BUILTIN_DIR / "shapes-t2v",
+    "shapes-t2v-4step": BUILTIN_DIR / "shapes-t2v-4step",
+}
 
 
 def resolve_model_path(model: str | Path) -> Path:
@@ -36,6 +44,8 @@ def resolve_model_path(model: str | Path) -> Path:
 
 
 def read_model_index(root: Path) -> dict[str, Any]:
+    if (root / MANIFEST_FILE).is_file():
+        return manifest_index(root)
     index_path = root / "model_index.json"
     if not index_path.is_file():
         transformers_index = read_transformers_index(root)
@@ -99,6 +109,8 @@ def load_components(root: Path, index: Mapping[str, Any], variant: Variant, opti
 def load_pipeline(model: str | Path, options: LoadOptions) -> tuple[ModelSpec, Pipeline]:
     root = resolve_model_path(model)
     index = read_model_index(root)
+    if index.get("_layout") == LAYOUT:
+        verify_files(root, index["manifest"])  # missing/corrupt weights fail here, naming the file
     spec = spec_for_class(index["_class_name"])
     variant = spec.variant(index)
     check_layout(root, variant)

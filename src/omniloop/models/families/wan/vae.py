@@ -205,7 +205,8 @@ class ChannelRMSNorm(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         # x: [B, C, *spatial]
         norm = torch.linalg.vector_norm(x, dim=1, keepdim=True, dtype=torch.float32)  # [B, 1, *spatial]
-        inv = norm.clamp_min_(1e-12).reciprocal_().to(x.dtype)
+        # out of place: autograd needs the norm for its backward ([B, 1, ...], cheap)
+        inv = norm.clamp_min(1e-12).reciprocal().to(x.dtype)
         scale = (self.weight * self.dim**0.5).to(x.dtype).view(-1, *([1] * (x.dim() - 2)))  # [C, 1, ...]
         return (x * inv).mul_(scale)
 

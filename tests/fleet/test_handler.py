@@ -15,7 +15,6 @@ from PIL import Image
 from omniloop.deploy import Limits
 from omniloop.engine import AsyncEngine
 from omniloop.serve.dynamo.mapping import WorkerModel
-from omniloop.serve.dynamo.metrics import WorkerMetrics
 from tests.fleet.conftest import requires_dynamo
 
 pytestmark = [pytest.mark.fleet, requires_dynamo]
@@ -51,6 +50,7 @@ def engine(wan_t2v_dir):
 
 def make_handler(engine: AsyncEngine, drain_timeout_s: float = 30.0):
     from omniloop.serve.dynamo.handler import GenerationHandler
+    from omniloop.serve.dynamo.metrics import WorkerMetrics
 
     p = engine.engine.pipeline
     model = WorkerModel(name="wan-tiny", tasks=frozenset(p.spec.tasks), defaults=dict(p.defaults),
@@ -210,3 +210,20 @@ def test_engine_admission_errors_map_to_the_frontends_status_codes():
     assert isinstance(dynamo_error(EngineDeadError("pool failed 4 times")), EngineShutdown)
     too_big = dynamo_error(DoesNotFit("request needs ~9 GiB; lower the resolution"))
     assert isinstance(too_big, InvalidArgument) and "lower the resolution" in str(too_big)
+
+
+def test_worker_config_and_modalities_say_what_to_pass():
+    from omniloop.request import TaskType
+    from omniloop.serve.dynamo.worker import WorkerConfig, _served_modalities
+
+    with pytest.raises(ValueError, match=r"discovery_backend='zk'; pass one of \['etcd', 'file', 'kubernetes', 'mem'\]"):
+        WorkerConfig(model="m", discovery_backend="zk")
+    with pytest.raises(ValueError, match=r"modalities=\('audio',\); pass a non-empty subset of \['videos', 'images'\]"):
+        WorkerConfig(model="m", modalities=("audio",))
+    assert WorkerConfig(model="/ckpt/Wan2.1-T2V-1.3B-Diffusers").name == "Wan2.1-T2V-1.3B-Diffusers"
+    t2v = WorkerModel(name="wan", tasks=frozenset({TaskType.T2V, TaskType.T2I}), defaults={}, limits=Limits())
+    i2v = WorkerModel(name="wan-i2v", tasks=frozenset({TaskType.I2V}), defaults={}, limits=Limits())
+    assert _served_modalities(t2v, None) == ("videos", "images")
+    assert _served_modalities(i2v, None) == ("videos",)
+    with pytest.raises(ValueError, match=r"modalities \['images'\] are not served by 'wan-i2v'"):
+        _served_modalities(i2v, ("images",))

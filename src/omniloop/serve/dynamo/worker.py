@@ -23,6 +23,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import uvloop
+from dynamo.common.utils.graceful_shutdown import install_signal_handlers
+from dynamo.llm import ModelInput, ModelType, WorkerType, register_model
+from dynamo.runtime import DistributedRuntime
+
 from omniloop.deploy import DeployConfig
 from omniloop.engine import AsyncEngine
 from omniloop.request import DiffusionParams, OmniRequest, RequestStatus, TaskType, TextPart
@@ -70,19 +75,11 @@ class WorkerConfig:
 
 def run_worker(config: WorkerConfig) -> int:
     """Serve until SIGTERM/SIGINT; returns the process exit code."""
-    try:
-        import uvloop
-
-        uvloop.run(_serve(config))
-    except ImportError:
-        asyncio.run(_serve(config))
+    uvloop.run(_serve(config))
     return 0
 
 
 async def _serve(config: WorkerConfig) -> None:
-    from dynamo.common.utils.graceful_shutdown import install_signal_handlers
-    from dynamo.runtime import DistributedRuntime
-
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()  # a signal before we serve: skip registration, exit cleanly
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -164,8 +161,6 @@ def _served_modalities(model: WorkerModel, wanted: tuple[str, ...] | None) -> tu
 
 
 async def _register(endpoints: dict, model_path: str, name: str) -> None:
-    from dynamo.llm import ModelInput, ModelType, WorkerType, register_model
-
     types = {"videos": ModelType.Videos, "images": ModelType.Images}
     for modality, endpoint in endpoints.items():
         # Diffusion has no prefill/decode split: one worker owns the whole pipeline.

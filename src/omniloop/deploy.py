@@ -92,6 +92,7 @@ class DeployConfig(BaseModel):
         data = yaml.safe_load(Path(path).read_text()) or {}
         if not isinstance(data, dict):
             raise ValueError(f"{path}: a deploy config must be a mapping of options")
+        data.pop("serve", None)  # the HTTP server's section of the same file (omniloop.serve.config)
         return cls.model_validate(data)
 
     @classmethod

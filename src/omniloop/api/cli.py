@@ -150,12 +150,35 @@ def _cmd_dynamo_worker(args: argparse.Namespace) -> int:
     return run_worker(config)
 
 
+def _serve_parser(sub: argparse._SubParsersAction) -> None:
+    from omniloop.serve.config import ServeConfig
+
+    p = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server (videos, images, events, metrics)")
+    p.add_argument("--model", default=None, help="checkpoint directory or built-in name (default: the embedded model)")
+    p.add_argument("--deploy-config", default=None, help="YAML file of deploy options, with an optional 'serve:' section")
+    p.set_defaults(_serve=add_schema_flags(p, ServeConfig, group="server"))
+    p.set_defaults(_deploy=add_schema_flags(p, DeployConfig, skip={"plugins"}, group="deployment"))
+    p.set_defaults(func=_cmd_serve)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from omniloop.api.generator import DEFAULT_MODEL
+    from omniloop.serve.config import ServeConfig, load_config_file
+    from omniloop.serve.server import run_server
+
+    deploy, serve = load_config_file(args.deploy_config) if args.deploy_config else (None, ServeConfig())
+    deploy = DeployConfig.from_options(deploy, **collect(args, args._deploy))
+    serve = ServeConfig.model_validate({**serve.model_dump(), **collect(args, args._serve)})
+    return run_server(args.model or DEFAULT_MODEL, deploy, serve, log_level="info" if args.verbose else "warning")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="omniloop", description="omniloop generation runtime")
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
     _generate_parser(sub)
     _eval_parser(sub)
+    _serve_parser(sub)
     _dynamo_parser(sub)
     return parser
 

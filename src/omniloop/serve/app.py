@@ -1,0 +1,134 @@
+"""``create_app(engine, config)``: the FastAPI app of the OpenAI-compatible server.
+
+Routes: the Videos API (``videos.py``), images (``images.py``), event streams
+(``streaming.py``) and, here, ``/health``, ``/ready``, ``/v1/models``, ``/metrics``.
+The lifespan starts the warmup (``/ready`` is 503 until it is done) and, on shutdown,
+stops following jobs; draining on SIGTERM is ``server.py``'s.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
+
+import omniloop
+from omniloop.deploy import Limits
+from omniloop.engine import AsyncEngine
+from omniloop.serve import images, streaming, videos
+from omniloop.serve.config import ServeConfig
+from omniloop.serve.errors import install_error_handlers
+from omniloop.serve.protocol import ImageGenerationRequest, ModelCard, ModelList, VideoCreateRequest
+from omniloop.serve.state import ServeState, State, require_auth
+
+system = APIRouter(tags=["system"])
+
+
+@system.get("/health", summary="Liveness: the process answers and the engine thread runs")
+async def health(state: State) -> JSONResponse:
+    alive = state.engine.stats()["alive"]
+    return JSONResponse({"status": "ok" if alive else "engine stopped"}, status_code=200 if alive else 503)
+
+
+@system.get("/ready", summary="Readiness: model loaded, warmed up, not draining")
+async def ready(state: State) -> JSONResponse:
+    ok, reason = state.readiness()
+    return JSONResponse({"status": reason, "model": state.model.name}, status_code=200 if ok else 503)
+
+
+@system.get("/v1/models", response_model=ModelList, dependencies=[Depends(require_auth)])
+async def models(state: State) -> ModelList:
+    card = ModelCard(id=state.model.name, created=state.started_at, tasks=sorted(t.value for t in state.model.tasks))
+    return ModelList(data=[card])
+
+
+@system.get("/metrics", summary="Prometheus metrics", response_class=Response,
+            responses={200: {"content": {"text/plain": {}}}})
+async def metrics(state: State) -> Response:
+    return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+# -- OpenAPI for the hand-read bodies ------------------------------------------------------
+
+_BODIES: dict[str, type[BaseModel]] = {"VideoCreateRequest": VideoCreateRequest,
+                                       "ImageGenerationRequest": ImageGenerationRequest}
+
+
+def _multipart_schema(schema: dict[str, Any], file_fields: tuple[str, ...]) -> dict[str, Any]:
+    form = copy.deepcopy(schema)
+    for name in file_fields:
+        form["properties"][name] = {"type": "string", "format": "binary", "description": "an image file"}
+    return form
+
+
+def _this_server(body: dict[str, Any], state: ServeState) -> dict[str, Any]:
+    """The deployment's ceilings as schema bounds, and an example that is known to work
+    (the first warmup shape), so clients and fuzzers see what this server accepts."""
+    ceilings = {"steps": state.limits.max_steps, "num_inference_steps": state.limits.max_steps,
+                "num_frames": state.limits.max_frames, "n": state.limits.max_batch}
+    for name, ceiling in ceilings.items():
+        for variant in body["properties"].get(name, {}).get("anyOf", [body["properties"].get(name, {})]):
+            if "maximum" in variant:
+                variant["maximum"] = min(variant["maximum"], ceiling)
+    if state.config.warmup:
+        shape, d = state.config.warmup[0], state.model.defaults
+        example = {"prompt": "a red circle moving right", "steps": shape.num_steps(d.get("steps", 1)),
+                   "size": f"{shape.width or d.get('width')}x{shape.height or d.get('height')}"}
+        if "num_frames" in body["properties"]:
+            example["num_frames"] = shape.num_frames or d.get("num_frames")
+        body["examples"] = [example]
+    return body
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's schema, plus request bodies of the operations that read theirs by hand
+    (marked ``x-omniloop-body``): JSON, and multipart where the operation takes uploads."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    for model_name, model in _BODIES.items():
+        body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        components.update(body.pop("$defs", {}))
+        components[model_name] = _this_server(body, app.state.omniloop)
+    for path in schema["paths"].values():
+        for op in path.values():
+            doc = op.pop("x-omniloop-body", None)
+            if doc is None:
+                continue
+            content = {"application/json": {"schema": {"$ref": f"#/components/schemas/{doc['json']}"}}}
+            if "multipart" in doc:
+                components[doc["multipart"]] = _multipart_schema(components[doc["json"]], tuple(doc["file_fields"]))
+                content["multipart/form-data"] = {"schema": {"$ref": f"#/components/schemas/{doc['multipart']}"}}
+            op["requestBody"] = {"required": True, "content": content}
+    app.openapi_schema = schema
+    return schema
+
+
+def create_app(engine: AsyncEngine, config: ServeConfig | None = None, *, limits: Limits | None = None) -> FastAPI:
+    """The server over ``engine``. ``limits`` are the deploy config's request ceilings."""
+    state = ServeState(engine, config or ServeConfig(), limits or Limits())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state.start()
+        try:
+            yield
+        finally:
+            await state.close()
+
+    app = FastAPI(title="omniloop", version=omniloop.__version__,
+                  description="OpenAI-compatible video and image generation on the omniloop engine",
+                  lifespan=lifespan)
+    app.state.omniloop = state
+    install_error_handlers(app)
+    for router in (system, videos.router, streaming.router, images.router):
+        app.include_router(router)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    return app

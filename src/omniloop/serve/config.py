@@ -1,0 +1,65 @@
+"""``ServeConfig``: how the HTTP server runs (address, job store, warmup, drain policy).
+
+Request ceilings are not here: frames, resolution, steps and ``n`` live in the deploy
+config's ``limits`` and the queue length in its ``max_queue`` (one owner per knob). The
+server reads its own options from a ``serve:`` section of the same YAML file:
+
+```yaml
+device: cuda
+max_queue: 32
+limits: {max_frames: 121, max_pixels: 921600, max_steps: 50, max_batch: 4}
+serve:
+  port: 8000
+  warmup: [{height: 480, width: 832, num_frames: 81, steps: 2}]
+  drain: finish
+  drain_timeout_s: 120
+```
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from omniloop.deploy import DeployConfig
+from omniloop.request import DiffusionParams
+
+
+class ServeConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = Field(default="127.0.0.1", description="address to bind")
+    port: int = Field(default=8000, ge=0, le=65535, description="TCP port (0: any free port)")
+    served_model_name: str | None = Field(
+        default=None, description="the model id clients pass as 'model' (default: the checkpoint folder's name)"
+    )
+    api_key: str | None = Field(default=None, description="if set, /v1 requires 'Authorization: Bearer <api_key>'")
+    max_jobs: int = Field(
+        default=256, ge=1, description="jobs (videos and images) kept; the oldest finished one is evicted first"
+    )
+    max_upload_bytes: int = Field(default=16 * 2**20, ge=1024, description="largest request body (413 beyond)")
+    warmup: list[DiffusionParams] = Field(
+        default_factory=lambda: [DiffusionParams(steps=2)],
+        description="shapes run once at start before /ready turns 200; [] skips warmup",
+    )
+    drain: Literal["finish", "cancel"] = Field(
+        default="finish", description="on SIGTERM: let in-flight jobs finish (up to drain_timeout_s), or cancel them"
+    )
+    drain_timeout_s: float = Field(default=60.0, ge=0, description="'finish' drains cancel what is left after this")
+    cancel_wait_s: float = Field(default=30.0, gt=0, description="how long DELETE waits for a running job to stop")
+    sse_keepalive_s: float = Field(default=15.0, gt=0, description="comment lines on idle event streams")
+
+
+def load_config_file(path: str | Path) -> tuple[DeployConfig, ServeConfig]:
+    """A deploy YAML file with an optional ``serve:`` section."""
+    import yaml
+
+    data: Any = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a deploy config must be a mapping of options")
+    serve = data.pop("serve", None) or {}
+    if not isinstance(serve, dict):
+        raise ValueError(f"{path}: 'serve' must be a mapping of server options")
+    return DeployConfig.model_validate(data), ServeConfig.model_validate(serve)

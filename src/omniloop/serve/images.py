@@ -1,0 +1,73 @@
+"""``POST /v1/images/generations``: ``n`` text-to-image requests submitted together, so
+the engine batches their steps; answered with base64 PNGs or URLs to them."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+from pydantic import ValidationError
+
+from omniloop.request import RequestStatus
+from omniloop.serve.body import read_body
+from omniloop.serve.errors import ApiError, validation_error
+from omniloop.serve.jobs import Job, JobKind
+from omniloop.serve.protocol import ImageData, ImageGenerationRequest, ImagesResponse
+from omniloop.serve.state import State, new_id, require_auth
+from omniloop.serve.translate import image_requests
+
+router = APIRouter(prefix="/v1/images", tags=["images"], dependencies=[Depends(require_auth)])
+
+
+@router.post("/generations", response_model=ImagesResponse, summary="Generate images",
+             openapi_extra={"x-omniloop-body": {"json": "ImageGenerationRequest"}})
+async def generate_images(request: Request, state: State) -> ImagesResponse:
+    with state.counting_rejections("image"):
+        state.check_accepting()
+        fields, _ = await read_body(request, state.config.max_upload_bytes)
+        try:
+            wire = ImageGenerationRequest.model_validate(fields)
+        except ValidationError as e:
+            raise validation_error(e) from None
+        ids = [new_id("img") for _ in range(wire.n)]
+        requests, geometry = image_requests(wire, ids, state.model, state.limits)
+        jobs = [Job(id=i, kind=JobKind.IMAGE, model=state.model.name, prompt=wire.prompt, geometry=geometry)
+                for i in ids]
+        await state.submit(jobs, requests)
+    await asyncio.gather(*(job.wait_sealed() for job in jobs))
+    failed = [j for j in jobs if j.status is not RequestStatus.COMPLETED]
+    if failed:
+        raise _generation_error(failed[0], len(failed), len(jobs))
+    data = []
+    for job in jobs:
+        assert job.content is not None, f"completed image {job.id} has no content"
+        if wire.response_format == "url":
+            data.append(ImageData(url=str(request.url_for("image_content", image_id=job.id))))
+        else:
+            data.append(ImageData(b64_json=base64.b64encode(job.content).decode()))
+    return ImagesResponse(created=int(time.time()), data=data, size=geometry.size)
+
+
+def _generation_error(job: Job, failed: int, total: int) -> ApiError:
+    message = f"{failed} of {total} image(s) {job.status.value}: {job.error}"
+    if job.status is RequestStatus.CANCELLED:  # e.g. a drain with drain=cancel
+        return ApiError(503, message, code="cancelled")
+    if job.error and "non-finite values" in job.error:
+        # NOTE: the engine's per-request NaN/Inf check: the request's own numbers (e.g. an
+        # extreme guidance_scale or a tiny shift) made its latents overflow, not the server.
+        return ApiError(422, f"{message}; the request's parameters overflowed (lower guidance_scale, raise shift)",
+                        code="non_finite")
+    return ApiError(500, message, code="generation_failed")
+
+
+@router.get("/{image_id}/content", name="image_content", summary="Download a generated png",
+            responses={200: {"content": {"image/png": {}}}}, response_class=Response)
+async def image_content(image_id: str, state: State) -> Response:
+    job = state.job(image_id, JobKind.IMAGE)
+    if job.content is None:
+        raise ApiError(409, f"image {image_id} is {job.status.value}; content exists once it is completed",
+                       param="image_id", code="not_ready")
+    return Response(job.content, media_type="image/png")

@@ -1,0 +1,87 @@
+"""Prometheus metrics: the server's request counters and latency histograms, plus the
+engine's live state (queue depth, running, step counters, cost-model calibration) read
+from ``AsyncEngine.stats()`` at scrape time. One registry per app, so several servers
+in one process (tests) never collide."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from omniloop.request import RequestMetrics, RequestStatus
+
+_LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+_STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+_RATIO_BUCKETS = (0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2, 4, 10)
+
+
+class _EngineCollector:
+    """Engine state as gauges/counters, computed when scraped."""
+
+    def __init__(self, stats: Callable[[], dict[str, Any]]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._stats()
+        yield GaugeMetricFamily("omniloop_queue_depth", "requests waiting in the engine queue", value=s["waiting"])
+        yield GaugeMetricFamily("omniloop_running", "requests holding state in the engine", value=s["running"])
+        yield GaugeMetricFamily("omniloop_engine_alive", "1 while the engine thread runs", value=int(s["alive"]))
+        yield GaugeMetricFamily("omniloop_engine_accepting", "1 unless draining", value=int(s["accepting"]))
+        finished = CounterMetricFamily("omniloop_engine_requests", "requests the engine finished (incl. warmup)",
+                                       labels=["status"])
+        for status in ("completed", "failed", "cancelled", "rejected"):
+            finished.add_metric([status], s[status])
+        yield finished
+        yield CounterMetricFamily("omniloop_engine_steps", "loop steps executed", value=s["steps"])
+        yield CounterMetricFamily("omniloop_engine_batched_steps", "steps that ran more than one request",
+                                  value=s["batched_steps"])
+        yield CounterMetricFamily("omniloop_engine_pool_restarts", "worker pool restarts", value=s["pool_restarts"])
+        calib = GaugeMetricFamily("omniloop_cost_model", "cost model calibration: measured/prior ratio per "
+                                  "(node, kind), or EMA seconds for flop-less items", labels=["item"])
+        for key, value in sorted(s["cost_model"].items()):
+            calib.add_metric([key], value)
+        yield calib
+
+
+class ServeMetrics:
+    def __init__(self, engine_stats: Callable[[], dict[str, Any]]) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("omniloop_requests", "finished requests by kind and final status",
+                                ["kind", "status"], registry=r)
+        self.rejected = Counter("omniloop_requests_rejected", "requests refused at submission, by HTTP status",
+                                ["kind", "code"], registry=r)
+        self.latency = Histogram("omniloop_request_latency_seconds", "arrival to finish (queue + run)",
+                                 ["kind"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.queue_time = Histogram("omniloop_request_queue_seconds", "arrival to first scheduled work",
+                                    ["kind"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.step_time = Histogram("omniloop_step_seconds", "mean loop-step time of each finished request",
+                                   buckets=_STEP_BUCKETS, registry=r)
+        self.predicted_cost = Histogram("omniloop_request_predicted_cost_seconds",
+                                        "cost model's compute-seconds estimate at admission",
+                                        buckets=_LATENCY_BUCKETS, registry=r)
+        self.actual_cost = Histogram("omniloop_request_actual_cost_seconds", "measured compute seconds",
+                                     buckets=_LATENCY_BUCKETS, registry=r)
+        self.cost_ratio = Histogram("omniloop_request_cost_ratio", "actual / predicted compute seconds "
+                                    "(completed requests)", buckets=_RATIO_BUCKETS, registry=r)
+        r.register(_EngineCollector(engine_stats))  # type: ignore[arg-type]
+
+    def observe_finished(self, kind: str, status: RequestStatus, m: RequestMetrics, loop_nodes: set[str]) -> None:
+        self.requests.labels(kind, status.value).inc()
+        self.latency.labels(kind).observe(m.queue_s + m.run_s)
+        self.queue_time.labels(kind).observe(m.queue_s)
+        loop_s = sum(m.node_s.get(n, 0.0) for n in loop_nodes)
+        if m.steps:
+            self.step_time.observe(loop_s / m.steps)
+        if m.predicted_cost_s is not None:
+            self.predicted_cost.observe(m.predicted_cost_s)
+        if m.actual_cost_s is not None:
+            self.actual_cost.observe(m.actual_cost_s)
+        if status is RequestStatus.COMPLETED and m.predicted_cost_s and m.actual_cost_s is not None:
+            self.cost_ratio.observe(m.actual_cost_s / m.predicted_cost_s)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

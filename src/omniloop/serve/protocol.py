@@ -1,0 +1,155 @@
+"""Wire models of the OpenAI-shaped API, derived from the request schema.
+
+Generation fields (``steps``, ``guidance_scale``, ``seed``, ``num_frames``...) are not
+re-declared: their types, bounds and descriptions are copied from ``DiffusionParams`` /
+``OutputSpec`` (so OpenAPI shows the same constraints), and the values are validated
+again by building the ``DiffusionParams`` itself (so its validators run too). Only the
+OpenAI-specific fields (``size``, ``seconds``, ``n``, ``response_format``...) are new.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic.fields import FieldInfo
+
+from omniloop.request import DiffusionParams, OutputSpec
+
+SIZE_PATTERN = r"^[1-9][0-9]{0,4}x[1-9][0-9]{0,4}$"
+# DiffusionParams fields both endpoints accept as extra (peer-style) generation fields.
+GENERATION_FIELDS = ("steps", "guidance_scale", "guidance_scale_2", "shift", "seed", "negative_prompt", "sampler")
+VIDEO_FIELDS = GENERATION_FIELDS + ("num_frames", "fps", "height", "width")
+IMAGE_FIELDS = GENERATION_FIELDS + ("height", "width")
+
+
+def derived_field(model: type[BaseModel], name: str, **changes: Any) -> tuple[Any, FieldInfo]:
+    """``model.name``'s definition (type, default, bounds, description) for create_model."""
+    info = model.model_fields[name]
+    return info.annotation, FieldInfo.merge_field_infos(info, **changes)
+
+
+def _with_generation_fields(name: str, base: type[BaseModel], fields: tuple[str, ...], **extra: Any) -> Any:
+    defs = {n: derived_field(DiffusionParams, n) for n in fields}
+    defs["num_inference_steps"] = derived_field(DiffusionParams, "steps", description="same as steps (diffusers' name)")
+    return create_model(name, __base__=base, __module__=__name__, **defs, **extra)
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ImageReference(_Wire):
+    """JSON form of ``input_reference``: an inline image. (Multipart uploads a file instead.)"""
+
+    image_url: str | None = Field(default=None,
+                                  description="a data: URL (data:image/png;base64,...); remote URLs are refused")
+    file_id: str | None = Field(default=None, description="not supported: this server has no files API")
+
+
+class _VideoCreateBase(_Wire):
+    prompt: str = Field(min_length=1, max_length=32000, description="what to generate")
+    model: str | None = Field(default=None, description="the served model id (see /v1/models); default: it")
+    size: str | None = Field(default=None, pattern=SIZE_PATTERN, description="WIDTHxHEIGHT, e.g. 832x480")
+    seconds: float | None = Field(default=None, gt=0, le=3600,
+                                  description="clip length; converted to the nearest valid num_frames at fps")
+    input_reference: ImageReference | None = Field(
+        default=None, description="first frame for image-to-video (multipart: upload the file under this name)"
+    )
+
+
+VideoCreateRequest = _with_generation_fields(
+    "VideoCreateRequest", _VideoCreateBase, VIDEO_FIELDS,
+    preview_every=derived_field(OutputSpec, "preview_every",
+                                description="stream preview latents every N steps (in the job's events)"),
+)
+
+
+class _ImageGenerationBase(_Wire):
+    prompt: str = Field(min_length=1, max_length=32000)
+    model: str | None = None
+    n: int = Field(default=1, ge=1, le=128, description="images to make; they run as one batch of requests")
+    size: str | None = Field(default=None, pattern=r"^(auto|[1-9][0-9]{0,4}x[1-9][0-9]{0,4})$")
+    response_format: Literal["b64_json", "url"] = "b64_json"
+    output_format: Literal["png"] | None = None
+    background: Literal["auto", "opaque"] | None = None
+    stream: Literal[False] | None = None
+    # Accepted for client compatibility; they do not change what this server generates.
+    quality: Literal["auto", "low", "medium", "high", "standard", "hd"] | None = None
+    style: Literal["vivid", "natural"] | None = None
+    moderation: Literal["auto", "low"] | None = None
+    user: str | None = Field(default=None, max_length=256)
+
+
+ImageGenerationRequest = _with_generation_fields("ImageGenerationRequest", _ImageGenerationBase, IMAGE_FIELDS)
+
+
+# -- responses -------------------------------------------------------------------------
+
+
+class JobError(BaseModel):
+    code: str
+    message: str
+
+
+class VideoObject(BaseModel):
+    """OpenAI's Video, plus the resolved geometry and the engine's metrics."""
+
+    id: str
+    object: Literal["video"] = "video"
+    model: str
+    status: Literal["queued", "in_progress", "completed", "failed", "cancelled"]
+    progress: int = Field(ge=0, le=100)
+    created_at: int
+    completed_at: int | None = None
+    expires_at: int | None = None
+    prompt: str | None = None
+    seconds: str
+    size: str
+    remixed_from_video_id: str | None = None
+    error: JobError | None = None
+    num_frames: int
+    fps: int
+    steps: int
+    metrics: dict[str, Any] | None = None
+
+
+class VideoList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[VideoObject]
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool = False
+
+
+class VideoDeleted(BaseModel):
+    id: str
+    object: Literal["video.deleted"] = "video.deleted"
+    deleted: bool = Field(description="true: the job and its content are gone; false: it was cancelled and is kept")
+    status: str
+
+
+class ImageData(BaseModel):
+    b64_json: str | None = None
+    url: str | None = None
+    revised_prompt: str | None = None
+
+
+class ImagesResponse(BaseModel):
+    created: int
+    data: list[ImageData]
+    output_format: Literal["png"] = "png"
+    size: str
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "omniloop"
+    tasks: list[str]
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

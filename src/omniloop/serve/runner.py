@@ -1,0 +1,118 @@
+"""``JobRunner``: drives accepted jobs through the AsyncEngine.
+
+``start`` submits (the engine's rejection propagates, nothing is stored), then one task
+per job follows the engine's events into the job: status, progress, event history, and
+at the end the encoded content (mp4/png, off the event loop), metrics and the final event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import time
+from collections.abc import AsyncIterator
+
+from omniloop.engine import AsyncEngine, UnknownRequest
+from omniloop.io import encode_mp4, write_png
+from omniloop.request import FinalEvent, OmniEvent, OmniOutput, OmniRequest, ProgressEvent, RequestStatus, StatusEvent
+from omniloop.serve.jobs import Job, JobKind, JobStore
+from omniloop.serve.metrics import ServeMetrics
+
+logger = logging.getLogger(__name__)
+
+
+def _png(image) -> bytes:
+    buf = io.BytesIO()
+    write_png(image, buf)
+    return buf.getvalue()
+
+
+def encode_content(kind: JobKind, output: OmniOutput) -> tuple[bytes, bytes | None]:
+    """(content, thumbnail): mp4 and a png of its first frame for a video job; png for an image job."""
+    if kind is JobKind.VIDEO:
+        video = output.video
+        assert video is not None, f"completed video job {output.request_id} has no video artifact"
+        return encode_mp4(video.frames, video.fps), _png(video.frames[0])
+    image = output.image
+    assert image is not None, f"completed image job {output.request_id} has no image artifact"
+    return _png(image.image), None
+
+
+class JobRunner:
+    def __init__(self, engine: AsyncEngine, jobs: JobStore, metrics: ServeMetrics) -> None:
+        self.engine, self.jobs, self.metrics = engine, jobs, metrics
+        self._tasks: set[asyncio.Task] = set()
+
+    async def start(self, job: Job, request: OmniRequest) -> None:
+        """Submit ``request`` as ``job``. Raises RequestRejected / QueueFull / EngineDeadError."""
+        assert request.request_id == job.id, "a job's id is its engine request id"
+        stream = self.engine.stream(request)
+        first = await anext(stream)  # the submit happens here: a rejection raises
+        self.jobs.add(job)
+        self._apply(job, first)
+        task = asyncio.create_task(self._follow(job, stream), name=f"job-{job.id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def cancel(self, job: Job, wait_s: float) -> bool:
+        """Abort at the next step boundary; True once the job has stopped."""
+        try:
+            await self.engine.abort(job.id)
+        except UnknownRequest:
+            pass  # finished in the meantime
+        return await job.wait_sealed(wait_s)
+
+    async def wait_idle(self) -> None:
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def shutdown(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await self.wait_idle()
+
+    # -- following one job ------------------------------------------------------------------
+    async def _follow(self, job: Job, stream: AsyncIterator[OmniEvent]) -> None:
+        try:
+            async for event in stream:
+                if isinstance(event, FinalEvent):
+                    await self._finish(job, event)
+                else:
+                    self._apply(job, event)
+        except Exception:  # a bug here must not take the server down
+            logger.exception("following job %s failed", job.id)
+            job.status, job.error = RequestStatus.FAILED, "internal error while following the job"
+        finally:
+            if not job.sealed:  # server shutdown cancelled us (the stream aborted the request)
+                if not job.finished:
+                    job.status = RequestStatus.CANCELLED
+                job.seal()
+
+    def _apply(self, job: Job, event: OmniEvent) -> None:
+        if isinstance(event, StatusEvent):
+            job.status = event.status
+        elif isinstance(event, ProgressEvent):
+            job.loop_nodes.add(event.node)
+            job.progress = min(99, max(job.progress, int(100 * event.step / max(event.total, 1))))
+        job.publish(event.to_dict())
+
+    async def _finish(self, job: Job, final: FinalEvent) -> None:
+        output = final.output
+        status, error = output.status, output.error
+        if status is RequestStatus.COMPLETED:
+            try:
+                job.content, job.thumbnail = await asyncio.to_thread(encode_content, job.kind, output)
+            except Exception as e:
+                logger.exception("encoding the output of %s failed", job.id)
+                status, error = RequestStatus.FAILED, f"encoding the output failed: {e}"
+        job.metrics = output.metrics.to_dict()
+        job.completed_at = int(time.time())
+        job.error = error
+        job.progress = 100 if status is RequestStatus.COMPLETED else job.progress
+        job.status = status
+        self.metrics.observe_finished(job.kind.value, status, output.metrics, job.loop_nodes)
+        event = final.to_dict()
+        event["output"]["status"], event["output"]["error"] = status.value, error
+        job.publish(event)
+        job.seal()

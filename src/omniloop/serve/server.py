@@ -1,0 +1,69 @@
+"""The server process: load the engine, serve the app with uvicorn, drain on SIGTERM.
+
+On the first SIGTERM/SIGINT the server keeps answering (``/ready`` turns 503, new jobs
+get 503) while in-flight jobs finish or are cancelled per ``ServeConfig.drain``; then
+uvicorn shuts down and the process exits 0. A second signal stops at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from pathlib import Path
+from types import FrameType
+
+import uvicorn
+
+from omniloop.deploy import DeployConfig
+from omniloop.engine import AsyncEngine
+from omniloop.serve.app import create_app
+from omniloop.serve.config import ServeConfig
+from omniloop.serve.state import ServeState
+
+logger = logging.getLogger(__name__)
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn, with a graceful drain of the engine before its own shutdown."""
+
+    def __init__(self, config: uvicorn.Config, state: ServeState) -> None:
+        super().__init__(config)
+        self.state = state
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain: asyncio.Task | None = None
+
+    async def serve(self, sockets=None) -> None:  # type: ignore[override]
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._drain is not None or self._loop is None or sig not in (signal.SIGTERM, signal.SIGINT):
+            super().handle_exit(sig, frame)  # second signal: stop now
+            return
+        # NOTE: not recorded in uvicorn's captured signals, which it re-raises after
+        # shutdown (the process would then die of SIGTERM instead of exiting 0).
+        logger.info("received %s: draining", signal.Signals(sig).name)
+        self._loop.call_soon_threadsafe(self._start_drain)
+
+    def _start_drain(self) -> None:
+        self._drain = asyncio.ensure_future(self._drain_then_exit())
+
+    async def _drain_then_exit(self) -> None:
+        try:
+            await self.state.drain()
+        finally:
+            self.should_exit = True
+
+
+def run_server(model: str | Path, deploy: DeployConfig, config: ServeConfig, *, log_level: str = "info") -> int:
+    engine = AsyncEngine.from_pretrained(model, deploy=deploy)
+    try:
+        app = create_app(engine, config, limits=deploy.limits)
+        uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
+                                   timeout_graceful_shutdown=5)
+        server = DrainingServer(uv_config, app.state.omniloop)
+        server.run()
+    finally:
+        engine.shutdown()
+    return 0 if server.started else 1

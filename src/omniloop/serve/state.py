@@ -1,0 +1,173 @@
+"""``ServeState``: what every route shares — the engine, the job store and runner, the
+metrics, and the server's lifecycle (warming up -> ready -> draining)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import Depends, Request
+from starlette.requests import HTTPConnection
+
+from omniloop.deploy import Limits
+from omniloop.engine import AsyncEngine, EngineError
+from omniloop.request import ImagePart, OmniRequest, RequestStatus, TaskType, TextPart
+from omniloop.serve.config import ServeConfig
+from omniloop.serve.errors import ApiError, engine_rejection
+from omniloop.serve.jobs import Job, JobKind, JobStore
+from omniloop.serve.metrics import ServeMetrics
+from omniloop.serve.runner import JobRunner
+from omniloop.serve.translate import ServedModel
+
+logger = logging.getLogger(__name__)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+class ServeState:
+    def __init__(self, engine: AsyncEngine, config: ServeConfig, limits: Limits) -> None:
+        self.engine, self.config, self.limits = engine, config, limits
+        pipeline = engine.engine.pipeline
+        path = engine.model_name or "omniloop"
+        name = config.served_model_name or Path(path).name or path
+        self.model = ServedModel(name=name, aliases=frozenset({path}), tasks=frozenset(pipeline.spec.tasks),
+                                 defaults=dict(pipeline.defaults))
+        self.jobs = JobStore(config.max_jobs)
+        self.metrics = ServeMetrics(engine.stats)
+        self.runner = JobRunner(engine, self.jobs, self.metrics)
+        self.warmed = False
+        self.warmup_error: str | None = None
+        self.draining = False
+        self.started_at = int(time.time())
+        self._warmup_task: asyncio.Task | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def readiness(self) -> tuple[bool, str]:
+        if not self.engine.stats()["alive"]:
+            return False, "engine stopped"
+        if self.draining:
+            return False, "draining"
+        if self.warmup_error is not None:
+            return False, f"warmup failed: {self.warmup_error}"
+        if not self.warmed:
+            return False, "warming up"
+        return True, "ready"
+
+    def start(self) -> None:
+        self._warmup_task = asyncio.create_task(self._warmup(), name="omniloop-warmup")
+
+    async def _warmup(self) -> None:
+        for i, shape in enumerate(self.config.warmup):
+            request = self._warmup_request(i, shape)
+            try:
+                out = await self.engine.generate(request)
+            except EngineError as e:
+                self.warmup_error = f"shape {i} ({shape.model_dump(exclude_defaults=True)}): {e}"
+                logger.error("warmup %s", self.warmup_error)
+                return
+            if out.status is not RequestStatus.COMPLETED:
+                shown = shape.model_dump(exclude_defaults=True)
+                self.warmup_error = f"shape {i} ({shown}) {out.status.value}: {out.error}"
+                logger.error("warmup %s", self.warmup_error)
+                return
+            logger.info("warmup shape %d done in %.2fs", i, out.metrics.queue_s + out.metrics.run_s)
+        self.warmed = True
+
+    def _warmup_request(self, i: int, shape) -> OmniRequest:
+        tasks = self.model.tasks
+        preference = (TaskType.T2V, TaskType.TI2V, TaskType.I2V, TaskType.T2I)
+        task = next((t for t in preference if t in tasks), next(iter(tasks)))
+        if task is TaskType.T2I:
+            shape = shape.model_copy(update={"num_frames": 1})
+        inputs: list = [TextPart(text="warmup")]
+        if task is TaskType.I2V:
+            from PIL import Image
+
+            inputs.append(ImagePart(role="first_frame", data=Image.new("RGB", (64, 64), (128, 128, 128))))
+        return OmniRequest(request_id=new_id("warmup"), task=task, inputs=inputs, diffusion=shape)
+
+    async def drain(self) -> None:
+        """No new admissions; in-flight jobs finish (cancelled after drain_timeout_s) or are
+        cancelled now, per ``config.drain``; returns once every job is sealed."""
+        if self.draining:
+            return
+        self.draining = True
+        timeout = 0.0 if self.config.drain == "cancel" else self.config.drain_timeout_s
+        logger.info("draining (%s, timeout %.1fs): %d job(s) in flight", self.config.drain, timeout,
+                    len(self.jobs.unfinished()))
+        await self.engine.drain(timeout=timeout)
+        await self.runner.wait_idle()
+        logger.info("drained")
+
+    async def close(self) -> None:
+        if self._warmup_task is not None:
+            self._warmup_task.cancel()
+            await asyncio.gather(self._warmup_task, return_exceptions=True)
+        await self.runner.shutdown()
+
+    # -- admission ------------------------------------------------------------------------
+    def check_accepting(self) -> None:
+        if self.draining:
+            raise ApiError(503, "server is draining and accepts no new requests", code="draining",
+                           headers={"Retry-After": "5"})
+
+    async def submit(self, jobs: list[Job], requests: list[OmniRequest]) -> None:
+        """Start every job or none: a rejection cancels the ones already submitted."""
+        if not self.jobs.room_for(len(jobs)):
+            raise ApiError(429, f"job store is full ({self.config.max_jobs} unfinished jobs); retry later",
+                           code="queue_full", headers={"Retry-After": "1"})
+        started: list[Job] = []
+        try:
+            for job, request in zip(jobs, requests, strict=True):
+                await self.runner.start(job, request)
+                started.append(job)
+        except EngineError as e:
+            for job in started:
+                await self.runner.cancel(job, self.config.cancel_wait_s)
+                self.jobs.remove(job.id)
+            raise engine_rejection(e) from None
+
+    @contextlib.contextmanager
+    def counting_rejections(self, kind: str) -> Iterator[None]:
+        """Count every refusal of a create call in the rejected metric, by HTTP status."""
+        try:
+            yield
+        except ApiError as e:
+            self.metrics.rejected.labels(kind, str(e.status)).inc()
+            raise
+
+    def job(self, job_id: str, kind: JobKind) -> Job:
+        job = self.jobs.get(job_id)
+        if job is None or job.kind is not kind:
+            raise ApiError(404, f"no {kind.value} {job_id!r}; it never existed, was deleted, or was evicted",
+                           param="id", code="not_found")
+        return job
+
+
+def get_state(conn: HTTPConnection) -> ServeState:
+    return conn.app.state.omniloop
+
+
+State = Annotated[ServeState, Depends(get_state)]  # a route's ``state: State`` parameter
+
+
+def require_auth(request: Request) -> None:
+    check_auth(request)
+
+
+def check_auth(conn: HTTPConnection) -> None:
+    key = get_state(conn).config.api_key
+    if key is None:
+        return
+    given = conn.headers.get("authorization", "")
+    if not secrets.compare_digest(given.encode(), f"Bearer {key}".encode()):
+        raise ApiError(401, "missing or wrong API key; send 'Authorization: Bearer <key>'", code="invalid_api_key")

@@ -1,0 +1,101 @@
+"""The Videos API, shaped like OpenAI's: create (JSON or multipart with an
+``input_reference`` upload), retrieve, list, download, delete (cancels a running job at
+its next step)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import Response
+from pydantic import ValidationError
+
+from omniloop.serve.body import read_body
+from omniloop.serve.errors import ApiError, validation_error
+from omniloop.serve.jobs import Job, JobKind
+from omniloop.serve.protocol import JobError, VideoCreateRequest, VideoDeleted, VideoList, VideoObject
+from omniloop.serve.state import State, new_id, require_auth
+from omniloop.serve.translate import video_request
+
+router = APIRouter(prefix="/v1/videos", tags=["videos"], dependencies=[Depends(require_auth)])
+
+# The body is read by hand (JSON or multipart, size-limited); OpenAPI gets it from app.py.
+CREATE_BODY_DOC = {"json": "VideoCreateRequest", "multipart": "VideoCreateForm", "file_fields": ("input_reference",)}
+
+
+def video_object(job: Job) -> VideoObject:
+    g = job.geometry
+    error = None
+    if job.error is not None:
+        error = JobError(code=job.status.value, message=job.error)
+    return VideoObject(id=job.id, model=job.model, status=job.status.value, progress=job.progress,
+                       created_at=job.created_at, completed_at=job.completed_at, prompt=job.prompt, seconds=g.seconds,
+                       size=g.size, error=error, num_frames=g.num_frames, fps=g.fps, steps=g.steps, metrics=job.metrics)
+
+
+@router.post("", response_model=VideoObject, summary="Create a video job",
+             openapi_extra={"x-omniloop-body": CREATE_BODY_DOC})
+async def create_video(request: Request, state: State) -> VideoObject:
+    with state.counting_rejections("video"):
+        state.check_accepting()
+        fields, files = await read_body(request, state.config.max_upload_bytes, file_fields=("input_reference",))
+        try:
+            wire = VideoCreateRequest.model_validate(fields)
+        except ValidationError as e:
+            raise validation_error(e) from None
+        job_id = new_id("video")
+        omni, geometry = video_request(wire, job_id, state.model, state.limits, upload=files.get("input_reference"))
+        job = Job(id=job_id, kind=JobKind.VIDEO, model=state.model.name, prompt=wire.prompt, geometry=geometry)
+        await state.submit([job], [omni])
+    return video_object(job)
+
+
+@router.get("", response_model=VideoList, summary="List video jobs")
+async def list_videos(
+    state: State,
+    after: str | None = Query(default=None, max_length=128, description="id of the last item of the previous page"),
+    limit: int = Query(default=20, ge=1, le=100),
+    order: Literal["asc", "desc"] = Query(default="desc", description="by creation time"),
+) -> VideoList:
+    jobs, has_more = state.jobs.page(JobKind.VIDEO, after=after, limit=limit, order=order)
+    data = [video_object(j) for j in jobs]
+    return VideoList(data=data, first_id=data[0].id if data else None, last_id=data[-1].id if data else None,
+                     has_more=has_more)
+
+
+@router.get("/{video_id}", response_model=VideoObject, summary="Retrieve a video job")
+async def retrieve_video(video_id: str, state: State) -> VideoObject:
+    return video_object(state.job(video_id, JobKind.VIDEO))
+
+
+@router.get("/{video_id}/content", summary="Download the mp4 (or a png thumbnail)",
+            responses={200: {"content": {"video/mp4": {}, "image/png": {}}}}, response_class=Response)
+async def download_video(
+    video_id: str,
+    state: State,
+    variant: Literal["video", "thumbnail", "spritesheet"] = Query(default="video"),
+) -> Response:
+    job = state.job(video_id, JobKind.VIDEO)
+    if not job.sealed or job.content is None:
+        raise ApiError(409, f"video {video_id} is {job.status.value}; content exists once it is completed",
+                       param="video_id", code="not_ready")
+    if variant == "spritesheet":
+        raise ApiError(400, "variant: 'spritesheet' is not produced by this server; pass 'video' or 'thumbnail'",
+                       param="variant", code="unsupported")
+    if variant == "thumbnail":
+        assert job.thumbnail is not None, f"completed video {job.id} has no thumbnail"
+        return Response(job.thumbnail, media_type="image/png")
+    return Response(job.content, media_type="video/mp4",
+                    headers={"Content-Disposition": f'attachment; filename="{video_id}.mp4"'})
+
+
+@router.delete("/{video_id}", response_model=VideoDeleted, summary="Delete a finished job, or cancel a running one")
+async def delete_video(video_id: str, state: State) -> VideoDeleted:
+    job = state.job(video_id, JobKind.VIDEO)
+    if not job.sealed:
+        # NOTE: a running job is cancelled at its next step boundary and kept, so its
+        # final status and partial progress stay visible; a second DELETE removes it.
+        await state.runner.cancel(job, state.config.cancel_wait_s)
+        return VideoDeleted(id=job.id, deleted=False, status=job.status.value)
+    state.jobs.remove(job.id)
+    return VideoDeleted(id=job.id, deleted=True, status=job.status.value)

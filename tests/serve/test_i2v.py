@@ -1,0 +1,75 @@
+"""Image-to-video over HTTP: a multipart upload (the openai client's input_reference) and
+a JSON data: URL; neither can make the server read a path."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.serve.conftest import IGNORE_SORA_DEPRECATION, live_server
+
+pytestmark = pytest.mark.filterwarnings(IGNORE_SORA_DEPRECATION)
+
+
+@pytest.fixture(scope="module")
+def i2v_server(wan_i2v_dir):
+    with live_server(wan_i2v_dir, limits={"max_steps": 8, "max_frames": 9, "max_pixels": 64 * 64}) as server:
+        yield server
+
+
+def _png(color=(200, 40, 40), size=(48, 32)) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(np.full((size[1], size[0], 3), color, dtype=np.uint8)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def test_multipart_upload_with_openai_client(i2v_server):
+    client = i2v_server.client()
+    video = client.videos.create(prompt="a cat", size="32x32", input_reference=("frame.png", _png(), "image/png"),
+                                 extra_body={"steps": 2, "num_frames": 5, "seed": 3})
+    assert i2v_server.wait_finished(video.id)["status"] == "completed"
+    assert len(client.videos.download_content(video.id).content) > 0
+
+
+def test_json_data_url_matches_the_upload(i2v_server):
+    png = _png((10, 200, 90))
+    fields = {"prompt": "a cat", "size": "32x32", "steps": 2, "num_frames": 5, "seed": 4}
+    upload = httpx.post(f"{i2v_server.url}/v1/videos", data={k: str(v) for k, v in fields.items()},
+                        files={"input_reference": ("f.png", png, "image/png")}).json()["id"]
+    data_url = "data:image/png;base64," + base64.b64encode(png).decode()
+    inline = httpx.post(f"{i2v_server.url}/v1/videos",
+                        json={**fields, "input_reference": {"image_url": data_url}}).json()["id"]
+    a, b = (httpx.get(f"{i2v_server.url}/v1/videos/{v}/content?variant=thumbnail").content
+            for v in (i2v_server.wait_finished(upload)["id"], i2v_server.wait_finished(inline)["id"]))
+    assert a == b  # same image, same seed, same first frame
+
+
+@pytest.mark.parametrize("reference,param", [
+    ({"image_url": "file:///etc/passwd"}, "input_reference.image_url"),
+    ({"image_url": "https://example.com/cat.png"}, "input_reference.image_url"),
+    ({"path": "/etc/passwd"}, "input_reference.path"),
+    ({"file_id": "file-123"}, "input_reference.file_id"),
+    ("/etc/passwd", "input_reference"),
+    ({"image_url": "data:image/png;base64,bm90IGFuIGltYWdl"}, "input_reference"),  # decodes, but is no image
+])
+def test_path_and_remote_inputs_are_refused(i2v_server, reference, param):
+    r = httpx.post(f"{i2v_server.url}/v1/videos", json={"prompt": "a cat", "size": "32x32", "num_frames": 5,
+                                                        "steps": 2, "input_reference": reference})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param and param in r.json()["error"]["message"]
+
+
+def test_multipart_text_path_is_refused(i2v_server):
+    r = httpx.post(f"{i2v_server.url}/v1/videos", data={"prompt": "a cat", "input_reference": "/etc/passwd"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input_reference"
+
+
+def test_i2v_model_needs_the_image(i2v_server):
+    r = httpx.post(f"{i2v_server.url}/v1/videos", json={"prompt": "a cat", "size": "32x32", "num_frames": 5})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input_reference"
+    assert "image-to-video" in r.json()["error"]["message"]

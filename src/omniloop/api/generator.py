@@ -13,6 +13,7 @@ import torch
 
 from omniloop.deploy import DeployConfig
 from omniloop.engine.engine import Engine, EngineConfig
+from omniloop.ext.install import install_plugins
 from omniloop.models.loader import load_pipeline
 from omniloop.models.model_spec import LoadOptions, ModelSpec
 from omniloop.pipeline.pipeline import Pipeline
@@ -69,7 +70,8 @@ class VideoGenerator:
         cls, model: str | Path = DEFAULT_MODEL, *, deploy: DeployConfig | None = None, **options: Any
     ) -> "VideoGenerator":
         """Load a checkpoint directory or built-in model name. ``options`` are DeployConfig
-        fields (``device``, ``dtype``, ``attention_backend``, ``cfg_mode``, ``compile``...)."""
+        fields (``device``, ``dtype``, ``attention_backend``, ``cfg_mode``, ``compile``,
+        ``plugins={name: config}``...)."""
         config = DeployConfig.from_options(deploy, **options)
         load = LoadOptions(
             device=config.torch_device(),
@@ -79,6 +81,7 @@ class VideoGenerator:
             compile=config.compile,
         )
         spec, pipeline = load_pipeline(model, load)
+        pipeline = install_plugins(pipeline, config.plugins, compile=config.compile)  # deploy-scoped plugins
         return cls(spec, pipeline, config)
 
     @property

@@ -18,8 +18,10 @@ import torch
 from omniloop.deploy import DeployConfig
 from omniloop.engine.engine import Engine, EngineConfig
 from omniloop.engine.errors import EngineDeadError
+from omniloop.ext.install import install_plugins
 from omniloop.models.loader import load_pipeline
 from omniloop.models.model_spec import LoadOptions
+from omniloop.pipeline.pipeline import Pipeline
 from omniloop.request import FinalEvent, OmniEvent, OmniOutput, OmniRequest, RequestStatus
 
 logger = logging.getLogger(__name__)
@@ -44,11 +46,15 @@ class AsyncEngine:
 
     @classmethod
     def from_pretrained(cls, model: str | Path, *, deploy: DeployConfig | None = None, **options: Any) -> "AsyncEngine":
-        """Load like ``VideoGenerator.from_pretrained``; ``options`` are DeployConfig fields."""
+        """Load like ``VideoGenerator.from_pretrained``; ``options`` are DeployConfig fields
+        (``plugins={name: config}`` enables plugins, e.g. from the server's deploy config file)."""
         config = DeployConfig.from_options(deploy, **options)
         opts = load_options(config)
-        _, pipeline = load_pipeline(model, opts)
-        engine = Engine(pipeline, EngineConfig.from_deploy(config), restart_pool=lambda: load_pipeline(model, opts)[1])
+
+        def build() -> Pipeline:  # DeployConfig.plugins is the one source of enabled plugins
+            return install_plugins(load_pipeline(model, opts)[1], config.plugins, compile=config.compile)
+
+        engine = Engine(build(), EngineConfig.from_deploy(config), restart_pool=build)
         return cls(engine, model_name=str(model))
 
     # -- worker thread ------------------------------------------------------------------
@@ -160,6 +166,7 @@ class AsyncEngine:
             "accepting": e.accepting,
             "alive": self._error is None and self._thread.is_alive(),
             "cost_model": e.cost_model.snapshot(),
+            "plugins": e.plugin_metrics(),
         }
 
     def shutdown(self) -> None:

@@ -13,7 +13,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Literal
+from typing import Any, Callable, Literal
 
 import torch
 
@@ -23,6 +23,9 @@ from omniloop.engine.cost_model import CostModel
 from omniloop.engine.errors import DoesNotFit, EngineDeadError, PoolFatalError, QueueFull, RequestRejected, UnknownRequest
 from omniloop.engine.request import EngineRequest
 from omniloop.engine.scheduler import NodeWork, SchedulerPlan, SchedulingPolicy, StepScheduler, StepWork
+from omniloop.ext.hooks import ArtifactEmitted, HookChain, NodeEvent, RequestEvent, ScheduleEvent, StepEvent
+from omniloop.ext.install import check_plugin_params, plugin_chain
+from omniloop.ext.scope import request_scope, using_scope
 from omniloop.pipeline.pipeline import Pipeline
 from omniloop.pipeline.state import StepResult
 from omniloop.request import (
@@ -94,6 +97,8 @@ class Engine:
         self._intake: deque[EngineRequest] = deque()
         self._requests: dict[str, EngineRequest] = {}  # every request not yet popped
         self._ids_lock = threading.Lock()
+        # Observer chain of the deployment's plugins (None: no plugins, no hook calls).
+        self.hooks: HookChain | None = plugin_chain(pipeline)
 
     # -- public API ---------------------------------------------------------------------
     def add_request(self, request: OmniRequest) -> str:
@@ -105,6 +110,7 @@ class Engine:
             raise QueueFull("engine is draining and accepts no new requests")
         try:
             state = self.pipeline.admit(request)
+            check_plugin_params(state.request, self.pipeline)
             req = EngineRequest(request=state.request, state=state, nodes=self.pipeline.active_nodes(state.request))
             self._estimate(req)
         except RequestRejected:
@@ -144,6 +150,8 @@ class Engine:
         while self._intake:
             self.scheduler.add(self._intake.popleft())
         plan = self.scheduler.schedule()
+        if self.hooks is not None:
+            self._fire("schedule_decision", lambda: ScheduleEvent(plan))
         self._apply_plan_boundaries(plan)
         if plan.work is not None:
             try:
@@ -172,6 +180,10 @@ class Engine:
     def num_running(self) -> int:
         return len(self.scheduler.running)
 
+    def plugin_metrics(self) -> dict[str, Any]:
+        """Metrics of the deployment's plugins (profiler timings, cache hit rates, ...)."""
+        return self.hooks.metrics() if self.hooks is not None else {}
+
     # -- plan execution -------------------------------------------------------------------
     def _apply_plan_boundaries(self, plan: SchedulerPlan) -> None:
         for rid in plan.aborted:
@@ -184,6 +196,8 @@ class Engine:
             req.started = time.perf_counter()
             req.state.mark_started()
             req.state.metrics.queue_s = req.started - req.arrival
+            if self.hooks is not None:
+                self._fire("request_start", lambda: RequestEvent(rid, request=req.request))
             self._emit(StatusEvent(request_id=rid, status=RequestStatus.RUNNING))
 
     def _execute(self, work: NodeWork | StepWork) -> None:
@@ -217,16 +231,22 @@ class Engine:
         node = req.node
         ctx = self.pipeline.contexts[node.name]
         item = self.scheduler.item_cost(req)
+        if self.hooks is not None:
+            self._fire("node_start", lambda: NodeEvent(req.request_id, node.name, node.is_loop))
         t0 = time.perf_counter()
-        if node.is_loop:
-            req.loop = node.stage.init(ctx, req.state)
-            req.state.loops[node.name] = req.loop
-        else:
-            node.stage.forward(ctx, req.state)
+        with using_scope(request_scope(node.name, req.request_id) if ctx.hooks is not None and ctx.hooks.taps else None):
+            if node.is_loop:
+                req.loop = node.stage.init(ctx, req.state)
+                req.state.loops[node.name] = req.loop
+            else:
+                node.stage.forward(ctx, req.state)
         elapsed = time.perf_counter() - t0
         self.cost_model.observe(item, elapsed)
         req.actual_s += elapsed
         req.state.metrics.node_s[node.name] = req.state.metrics.node_s.get(node.name, 0.0) + elapsed
+        if self.hooks is not None:
+            kind = "loop_init" if node.is_loop else "node_end"
+            self._fire(kind, lambda: NodeEvent(req.request_id, node.name, node.is_loop, req.loop))
         if not node.is_loop:
             self._next_node(req)
 
@@ -235,11 +255,18 @@ class Engine:
         ctx = self.pipeline.contexts[node.name]
         items = [self.scheduler.item_cost(r) for r in reqs]
         loops = [r.loop for r in reqs]
+        hooks = self.hooks
+        if hooks is not None and hooks.step_start is not None:
+            for lp in loops:
+                hooks.step_start(StepEvent(lp.request_id, node.name, lp.steps_done, lp.steps_target, lp, len(loops)))
         t0 = time.perf_counter()
         results = node.stage.step_many(ctx, loops) if len(reqs) > 1 else [node.stage.step(ctx, loops[0])]
         if ctx.device.type == "cuda":
             torch.cuda.synchronize(ctx.device)  # the measured step time must include the GPU work
         elapsed = time.perf_counter() - t0
+        if hooks is not None and hooks.step_end is not None:
+            for lp in loops:
+                hooks.step_end(StepEvent(lp.request_id, node.name, lp.steps_done - 1, lp.steps_target, lp, len(loops)))
         self.stats.steps += 1
         self.stats.batched_steps += len(reqs) > 1
         predicted = [self.cost_model.predict(i) for i in items]
@@ -264,6 +291,9 @@ class Engine:
         if result.done:
             ctx = self.pipeline.contexts[node.name]
             node.stage.finalize(ctx, loop, req.state)
+            if self.hooks is not None:
+                self._fire("loop_finalize", lambda: NodeEvent(req.request_id, node.name, True, loop))
+                self._fire("node_end", lambda: NodeEvent(req.request_id, node.name, True, loop))
             req.state.metrics.steps += loop.steps_done
             req.state.metrics.node_s[node.name] = req.state.metrics.node_s.get(node.name, 0.0) + sum(loop.step_times)
             req.state.loops.pop(node.name, None)
@@ -310,6 +340,8 @@ class Engine:
         self.stats.cancelled += status is RequestStatus.CANCELLED
         for name, art in output.artifacts.items():
             self._emit(ArtifactEvent(request_id=req.request_id, name=name, artifact=art, partial=False))
+        if self.hooks is not None:
+            self._fire("request_end", lambda: RequestEvent(req.request_id, request=req.request, output=output))
         self._emit(FinalEvent(request_id=req.request_id, output=output))
 
     def _on_pool_failure(self, error: PoolFatalError) -> None:
@@ -323,6 +355,7 @@ class Engine:
         if self._restart_pool is not None:
             self.pipeline = self._restart_pool()
             self.scheduler.pipeline = self.pipeline
+            self.hooks = plugin_chain(self.pipeline)
         in_flight = list(self.scheduler.running.values())
         if self.config.on_pool_failure == "fail":
             for req in in_flight:
@@ -358,8 +391,16 @@ class Engine:
         req.predicted_total_s = self.scheduler.remaining_s(req)
 
     def _emit(self, event: OmniEvent) -> None:
+        if self.hooks is not None and isinstance(event, ArtifactEvent):
+            self._fire("artifact_emitted", lambda: ArtifactEmitted(event.request_id, event.name, event.artifact, event.partial))
         if self.event_sink is not None:
             self.event_sink(event)
+
+    def _fire(self, point: str, make: Callable[[], Any]) -> None:
+        """Call hook ``point`` with the event ``make()`` builds, if anyone subscribed."""
+        fan = getattr(self.hooks, point)
+        if fan is not None:
+            fan(make())
 
 
 def _fmt_bytes(n: int) -> str:

@@ -11,6 +11,8 @@ import logging
 import time
 from typing import Callable
 
+from omniloop.ext.hooks import NodeEvent, RequestEvent, StepEvent
+from omniloop.ext.install import check_plugin_params
 from omniloop.pipeline.pipeline import Pipeline
 from omniloop.pipeline.spec import Node
 from omniloop.pipeline.state import RequestState
@@ -32,17 +34,22 @@ EventSink = Callable[[OmniEvent], None]
 def run_node(pipeline: Pipeline, node: Node, state: RequestState, on_event: EventSink | None = None) -> None:
     """Run one node of one request to completion."""
     ctx = pipeline.contexts[node.name]
+    chain = ctx.hooks.chain if ctx.hooks is not None else None  # observers (None: no plugins)
+    _fire(chain, "node_start", lambda: NodeEvent(state.request_id, node.name, node.is_loop))
     t0 = time.perf_counter()
     if not node.is_loop:
         node.stage.forward(ctx, state)
     else:
         loop = node.stage.init(ctx, state)
         state.loops[node.name] = loop
+        _fire(chain, "loop_init", lambda: NodeEvent(state.request_id, node.name, True, loop))
         try:
             while True:
+                _fire(chain, "step_start", lambda: StepEvent(state.request_id, node.name, loop.steps_done, loop.steps_target, loop))
                 t_step = time.perf_counter()
                 result = node.stage.step(ctx, loop)
                 loop.step_times.append(time.perf_counter() - t_step)
+                _fire(chain, "step_end", lambda: StepEvent(state.request_id, node.name, loop.steps_done - 1, loop.steps_target, loop))
                 if on_event is not None:
                     _emit_step_events(node, loop, result, state, on_event)
                 if result.done:
@@ -51,9 +58,17 @@ def run_node(pipeline: Pipeline, node: Node, state: RequestState, on_event: Even
             node.stage.release(loop)  # free the loop's caches; the caller reports the failure
             raise
         node.stage.finalize(ctx, loop, state)
+        _fire(chain, "loop_finalize", lambda: NodeEvent(state.request_id, node.name, True, loop))
         state.metrics.steps += loop.steps_done
         del state.loops[node.name]
     state.metrics.node_s[node.name] = state.metrics.node_s.get(node.name, 0.0) + time.perf_counter() - t0
+    _fire(chain, "node_end", lambda: NodeEvent(state.request_id, node.name, node.is_loop))
+
+
+def _fire(chain, point: str, make: Callable) -> None:
+    fan = getattr(chain, point) if chain is not None else None
+    if fan is not None:
+        fan(make())
 
 
 def _emit_step_events(node: Node, loop, result, state: RequestState, on_event: EventSink) -> None:
@@ -68,11 +83,15 @@ def _emit_step_events(node: Node, loop, result, state: RequestState, on_event: E
 def run_request(pipeline: Pipeline, request: OmniRequest, on_event: EventSink | None = None) -> OmniOutput:
     """Admit and run ``request``; bad input raises ValueError before any work starts."""
     state = pipeline.admit(request)
+    check_plugin_params(state.request, pipeline)
     return run_state(pipeline, state, on_event)
 
 
 def run_state(pipeline: Pipeline, state: RequestState, on_event: EventSink | None = None) -> OmniOutput:
     state.mark_started()
+    first = next(iter(pipeline.contexts.values()), None)
+    chain = first.hooks.chain if first is not None and first.hooks is not None else None
+    _fire(chain, "request_start", lambda: RequestEvent(state.request_id, request=state.request))
     if on_event is not None:
         on_event(StatusEvent(request_id=state.request_id, status=RequestStatus.RUNNING))
     t0 = time.perf_counter()
@@ -87,6 +106,7 @@ def run_state(pipeline: Pipeline, state: RequestState, on_event: EventSink | Non
     state.metrics.run_s = time.perf_counter() - t0
     state.loops.clear()
     output = pipeline.collect_output(state)
+    _fire(chain, "request_end", lambda: RequestEvent(state.request_id, request=state.request, output=output))
     if on_event is not None:
         for name, art in output.artifacts.items():
             on_event(ArtifactEvent(request_id=state.request_id, name=name, artifact=art, partial=False))

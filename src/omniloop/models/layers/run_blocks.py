@@ -1,11 +1,16 @@
 """``run_blocks``: the one place a DiT iterates its block stack.
 
-Model code calls ``run_blocks(blocks, hidden, **kwargs)`` instead of writing the loop, so
-block-level interceptors (cache acceleration: DBCache/FBCache, TaylorSeer) and observers
-plug in from outside the model (STYLE.md 8). With no interceptor it is a plain loop.
+Model code calls ``run_blocks(blocks, hidden, *args, **kwargs)`` instead of writing the
+loop, so block-level interceptors (cache acceleration: DBCache/FBCache, TaylorSeer,
+TeaCache) plug in from outside the model (STYLE.md 8). With no interceptor it is a plain
+loop.
 
-A :class:`BlockInterceptor` is per-request, per-branch state handed in by the loop for one
-forward; it is never stored on the model.
+A :class:`BlockInterceptor` is per-forward, built by the loop from per-request, per-branch
+state; it is never stored on the model.
+
+Row convention (what lets an interceptor run a block on part of a batch): every tensor
+argument is either batch-first (``shape[0] == hidden.shape[0]``) or shared across the batch
+(``shape[0] == 1``, e.g. RoPE tables); tuples/NamedTuples of tensors follow the same rule.
 """
 
 from __future__ import annotations
@@ -19,16 +24,51 @@ from torch import nn
 class BlockInterceptor(Protocol):
     """Runs (or skips) a block stack for one forward.
 
-    ``run(blocks, hidden, call)`` must return the stack's output; ``call(i, hidden)``
-    runs block ``i``. An implementation decides which blocks run and substitutes cached
-    residuals for the rest.
+    ``run(blocks, hidden, call)`` must return the stack's output; ``call(i, hidden)`` runs
+    block ``i`` on all rows. An implementation decides which blocks run for which rows and
+    substitutes cached or extrapolated residuals for the rest (``call.subset(rows)`` runs
+    blocks on a subset of the batch rows).
     """
 
     def run(self, blocks: Sequence[nn.Module], hidden: torch.Tensor, call: "BlockCall") -> torch.Tensor: ...
 
 
-class BlockCall(Protocol):
-    def __call__(self, index: int, hidden: torch.Tensor) -> torch.Tensor: ...
+class BlockCall:
+    """Runs blocks of one forward with its shared arguments, on all rows or a subset."""
+
+    __slots__ = ("blocks", "args", "kwargs", "batch")
+
+    def __init__(self, blocks: Sequence[nn.Module], args: tuple, kwargs: dict[str, Any], batch: int) -> None:
+        self.blocks = blocks
+        self.args = args
+        self.kwargs = kwargs
+        self.batch = batch  # rows the arguments hold
+
+    def __call__(self, index: int, hidden: torch.Tensor) -> torch.Tensor:
+        return self.blocks[index](hidden, *self.args, **self.kwargs)
+
+    def range(self, start: int, stop: int, hidden: torch.Tensor) -> torch.Tensor:
+        """Blocks ``start..stop-1`` in order (a no-op for an empty range)."""
+        for index in range(start, stop):
+            hidden = self.blocks[index](hidden, *self.args, **self.kwargs)
+        return hidden
+
+    def subset(self, rows: torch.Tensor) -> "BlockCall":
+        """The same call with batch-first arguments restricted to ``rows`` ([n] int64)."""
+        args = tuple(_select(a, rows, self.batch) for a in self.args)
+        kwargs = {k: _select(v, rows, self.batch) for k, v in self.kwargs.items()}
+        return BlockCall(self.blocks, args, kwargs, int(rows.numel()))
+
+
+def _select(value: Any, rows: torch.Tensor, batch: int) -> Any:
+    if isinstance(value, torch.Tensor):
+        if value.ndim > 0 and value.shape[0] == batch and batch > 1:
+            return value.index_select(0, rows.to(value.device))
+        return value
+    if isinstance(value, tuple):
+        items = [_select(v, rows, batch) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+    return value
 
 
 def run_blocks(
@@ -43,8 +83,4 @@ def run_blocks(
         for block in blocks:
             hidden = block(hidden, *args, **kwargs)
         return hidden
-
-    def call(index: int, h: torch.Tensor) -> torch.Tensor:
-        return blocks[index](h, *args, **kwargs)
-
-    return interceptor.run(blocks, hidden, call)
+    return interceptor.run(blocks, hidden, BlockCall(blocks, args, kwargs, hidden.shape[0]))

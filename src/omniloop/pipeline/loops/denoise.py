@@ -20,6 +20,7 @@ from typing import Any, Hashable, Mapping, Protocol, Sequence
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from omniloop.ext.interceptors import accepts_block_interceptor
 from omniloop.pipeline.edges import ConditionLatents, DenoisedLatents, TextEmbeddings
 from omniloop.pipeline.policies.cfg import COND, CFGPolicy, CFGState, ClassicCFG, Prediction
 from omniloop.pipeline.policies.conditioning import ConditioningPolicy, NoConditioning
@@ -152,6 +153,8 @@ class DenoiseLoop(LoopStageBase):
             if self.conditioning.input_port
             else None
         )
+        if ctx.hooks is not None:
+            ctx.hooks.init_loop(loop, request)  # interceptor state, per request (and per branch, lazily)
         return loop
 
     def finalize(self, ctx: StageContext, loop: DenoiseLoopState, state: RequestState) -> None:  # type: ignore[override]
@@ -161,6 +164,18 @@ class DenoiseLoop(LoopStageBase):
             ctx.write(state, "final_latents", LatentsArtifact(latents=loop.latents[first], modality=Modality(first)))
         if loop.trajectory is not None:
             ctx.write(state, "trajectory", TensorArtifact(tensor=torch.stack(loop.trajectory)))
+        if ctx.hooks is not None:
+            ctx.hooks.close_loop(loop)
+
+    def release(self, loop: DenoiseLoopState) -> None:  # type: ignore[override]
+        loop.plugin_states.clear()  # cached residuals of interceptors
+
+    def interceptor_support(self, ctx: StageContext) -> frozenset[str]:
+        """Interceptor kinds this loop accepts: step-level always; block-level when every
+        model it routes to runs its blocks through ``run_blocks`` (takes ``block_interceptor``)."""
+        models = [ctx.components.get(c) for c in self.routing.components()]
+        blocks = all(m is not None and accepts_block_interceptor(m) for m in models)
+        return frozenset({"step", "block"}) if blocks else frozenset({"step"})
 
     # -- scheduling contract --------------------------------------------------------
     def estimate(self, ctx: StageContext, state: RequestState) -> WorkEstimate:  # type: ignore[override]
@@ -219,7 +234,11 @@ class DenoiseLoop(LoopStageBase):
         branches = self.cfg.step_branches(cfg_states[0], route.scale_set)
 
         inputs = [self._prepare_inputs(lp) for lp in loops]  # prepare_inputs
-        preds = self._forward_branches(model, loops, inputs, branches, cfg_states, route)
+        hooks = ctx.hooks if ctx.hooks is not None and ctx.hooks.step_interceptors else None
+        supplied = hooks.before_step(loops, branches, route.component) if hooks is not None else {}  # step interceptors
+        preds = self._forward_branches(ctx, model, loops, inputs, branches, cfg_states, route, supplied)
+        if hooks is not None:
+            hooks.after_step(loops, preds, branches, route.component, supplied)
         results = []
         for lp, cfg_state, pred in zip(loops, cfg_states, preds):
             guided = self.cfg.combine(cfg_state, pred, route.scale_set)  # combine
@@ -239,19 +258,24 @@ class DenoiseLoop(LoopStageBase):
 
     def _forward_branches(
         self,
+        ctx: StageContext,
         model: torch.nn.Module,
         loops: Sequence[DenoiseLoopState],
         inputs: list[tuple[dict[str, torch.Tensor], torch.Tensor]],
         branches: tuple[str, ...],
         cfg_states: list[CFGState],
         route: Route,
+        supplied: Mapping[tuple[int, str], Prediction],
     ) -> list[dict[str, Prediction]]:
         """Per loop, per branch predictions (float32). ``batched`` dispatch stacks every
-        (branch, loop) pair into one forward; ``sequential`` runs one forward per branch."""
-        calls: list[tuple[int, str]] = [(i, b) for b in branches for i in range(len(loops))]
+        (branch, loop) pair into one forward; ``sequential`` runs one forward per branch.
+        Pairs a step interceptor ``supplied`` skip the forward."""
+        calls: list[tuple[int, str]] = [(i, b) for b in branches for i in range(len(loops)) if (i, b) not in supplied]
         groups = [calls] if self.cfg.mode == "batched" else [[c for c in calls if c[1] == b] for b in branches]
         out: list[dict[str, Prediction]] = [{} for _ in loops]
-        for group in groups:
+        for (i, b), pred in supplied.items():
+            out[i][b] = pred
+        for group in filter(None, groups):
             xs, ts, kws = [], [], []
             for i, b in group:
                 x, t = inputs[i]
@@ -259,11 +283,28 @@ class DenoiseLoop(LoopStageBase):
                 xs.append(x)
                 ts.append(t)
                 kws.append(kw)
-            pred = self.denoiser.forward(model, _cat_dicts(xs), torch.cat(ts), _cat_kwargs(kws))  # forward
             sizes = [next(iter(x.values())).shape[0] for x in xs]
+            pred = self._forward(ctx, model, loops, group, sizes, route, _cat_dicts(xs), torch.cat(ts), _cat_kwargs(kws))
             for (i, b), part in zip(group, _split_pred(pred, sizes)):
                 out[i][b] = {m: v.float() for m, v in part.items()}  # post_forward: fp32 for combine
         return out
+
+    def _forward(
+        self, ctx: StageContext, model: torch.nn.Module, loops: Sequence[DenoiseLoopState], group: list[tuple[int, str]],
+        sizes: list[int], route: Route, x: dict[str, torch.Tensor], t: torch.Tensor, kwargs: dict[str, Any],
+    ) -> Prediction:
+        """The model forward of one group of (loop, branch) calls, with the node's plugins:
+        a block interceptor built from each call's own state, the forward scope, forward hooks."""
+        hooks = ctx.hooks
+        if hooks is None:
+            return self.denoiser.forward(model, x, t, kwargs)
+        run = hooks.block_run(loops, group, sizes, route.component)
+        if run is not None:
+            kwargs = {**kwargs, "block_interceptor": run}
+        if not hooks.wraps_forward:
+            return self.denoiser.forward(model, x, t, kwargs)
+        return hooks.run_forward(lambda: self.denoiser.forward(model, x, t, kwargs), loops, group, sizes,
+                                 route.component, x, t)
 
     def _sampler_step(self, loop: DenoiseLoopState, guided: Prediction) -> None:
         for m, sstate in loop.samplers.items():

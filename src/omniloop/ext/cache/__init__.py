@@ -1,0 +1,1 @@
+"""Built-in cache-acceleration interceptors: DBCache/FBCache, TaylorSeer, TeaCache."""

@@ -1,0 +1,224 @@
+"""Deploy load: resolve, build, check and attach the enabled plugins to a pipeline.
+
+``install_plugins(pipeline, deploy.plugins)`` returns a pipeline whose node contexts hold
+a :class:`NodeHooks` (``StageContext.hooks``); with no plugins it returns the pipeline
+unchanged (every ``ctx.hooks`` stays None). Checks, all at build, each raising a
+ValueError that names the plugin:
+
+* unknown plugin / invalid config field (``plugins['dbcache'].threshold: ...``);
+* an interceptor binds only to loops that support its kind (``interceptor_support``): a
+  family whose models do not take ``block_interceptor`` rejects block interceptors;
+* two block skippers, or two step skippers, on one loop;
+* distribution-altering skippers on a loop whose default step count is below their
+  ``min_steps`` (few-step distilled models);
+* ``needs_eager`` observers de-compile the compiled modules they watch (logged);
+  non-``graph_safe`` interceptors are reported as running their decisions eagerly.
+
+Request admission: ``check_plugin_params`` — a request may only parameterize enabled
+plugins, through each plugin's request schema.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from pydantic import BaseModel, ValidationError
+
+from omniloop.ext.hooks import HookChain
+from omniloop.ext.plugin import BuildContext, PluginSpec, resolve_plugin
+from omniloop.ext.runtime import NodeHooks
+from omniloop.ext.taps import decompile_watched, register_taps
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class InstalledPlugins:
+    """What a deployment enabled: built plugins, the chain, module-hook handles."""
+
+    plugins: dict[str, Any]
+    specs: dict[str, PluginSpec]
+    chain: HookChain
+    bindings: dict[str, list[str]]  # loop node -> interceptor names bound to it
+    handles: list[Any] = field(default_factory=list)
+    report: list[str] = field(default_factory=list)  # build decisions (eager scopes, ...)
+
+    def request_schema(self, name: str) -> type[BaseModel] | None:
+        return self.specs[name].request_schema
+
+    def remove(self) -> None:
+        """Detach the module taps (the pipeline copy holding the hooks is then unusable)."""
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+
+
+def install_plugins(
+    pipeline: Any, plugins: Mapping[str, Mapping[str, Any] | None] | None, *, compile: bool = False, sp_group: Any = None
+) -> Any:
+    """A copy of ``pipeline`` with the plugins attached (the same pipeline when none)."""
+    if not plugins:
+        return pipeline
+    specs: dict[str, PluginSpec] = {}
+    built: dict[str, Any] = {}
+    for name, raw in plugins.items():
+        spec = resolve_plugin(name)
+        try:
+            config = spec.config_schema.model_validate(dict(raw or {}))
+        except ValidationError as e:
+            raise ValueError(_format(e, f"plugins[{name!r}]")) from None
+        plugin = spec.build(config, BuildContext(name=name, pipeline=pipeline, compile=compile, sp_group=sp_group))
+        plugin.name = name
+        plugin.request_schema = spec.request_schema
+        specs[name], built[name] = spec, plugin
+
+    observers = [p for p in built.values() if p.declarations.kind == "observer"]
+    bound = _bind(pipeline, built)
+    handles, tapped = register_taps(pipeline.components, observers)
+    report = _check_graph_declarations(pipeline, built, tapped, compile)
+    chain = HookChain(observers, sources=list(built.values()))
+    installed = InstalledPlugins(built, specs, chain, {n: [p.name for p in ps] for n, ps in bound.items()}, handles, report)
+
+    out = copy.copy(pipeline)
+    out.contexts = {}
+    for node_name, ctx in pipeline.contexts.items():
+        node_plugins = bound.get(node_name, [])
+        hooks = NodeHooks(
+            node_name,
+            chain,
+            step_interceptors=[p for p in node_plugins if p.declarations.kind == "step_interceptor"],
+            block_interceptor=next((p for p in node_plugins if p.declarations.kind == "block_interceptor"), None),
+            taps=bool(tapped),
+        )
+        hooks.installed = installed  # type: ignore[attr-defined]
+        out.contexts[node_name] = dataclasses.replace(ctx, hooks=hooks)
+    logger.info("plugins enabled: %s; hook points in use: %s; bindings: %s",
+                sorted(built), chain.subscribed, installed.bindings)
+    return out
+
+
+def installed_plugins(pipeline: Any) -> InstalledPlugins | None:
+    for ctx in pipeline.contexts.values():
+        if ctx.hooks is not None:
+            return ctx.hooks.installed
+    return None
+
+
+def plugin_chain(pipeline: Any) -> HookChain | None:
+    installed = installed_plugins(pipeline)
+    return installed.chain if installed is not None else None
+
+
+def check_plugin_params(request: Any, pipeline: Any) -> None:
+    """Admission: ``diffusion.plugin_params`` may only name enabled plugins, each validated
+    against its request schema. Raises ValueError naming the plugin and field."""
+    params = request.diffusion.plugin_params
+    if not params:
+        return
+    installed = installed_plugins(pipeline)
+    enabled = sorted(installed.plugins) if installed is not None else []
+    for name, raw in params.items():
+        where = f"diffusion.plugin_params[{name!r}]"
+        if installed is None or name not in installed.plugins:
+            raise ValueError(f"{where}: plugin {name!r} is not enabled in this deployment (enabled: {enabled}); "
+                             "plugins are enabled by the deploy config, never per request")
+        schema = installed.request_schema(name)
+        if schema is None:
+            raise ValueError(f"{where}: plugin {name!r} takes no per-request parameters; drop it from plugin_params")
+        try:
+            schema.model_validate(raw)
+        except ValidationError as e:
+            raise ValueError(_format(e, where)) from None
+
+
+# -- checks -------------------------------------------------------------------------------
+
+
+def _bind(pipeline: Any, built: Mapping[str, Any]) -> dict[str, list[Any]]:
+    """Interceptors per loop node, after the capability and conflict checks."""
+    loops = [n for n in pipeline.spec.nodes if n.is_loop]
+    support = {n.name: _support(n, pipeline.contexts[n.name]) for n in loops}
+    bound: dict[str, list[Any]] = {n.name: [] for n in loops}
+    for name, plugin in built.items():
+        kind = plugin.declarations.kind
+        if kind == "observer":
+            continue
+        want = "block" if kind == "block_interceptor" else "step"
+        nodes = plugin.config.nodes
+        if nodes is not None:
+            unknown = sorted(set(nodes) - set(support))
+            if unknown:
+                raise ValueError(f"plugins[{name!r}].nodes: {unknown} are not loop nodes; loops: {sorted(support)}")
+            targets = list(nodes)
+        else:
+            targets = [n for n, s in support.items() if want in s]
+        for node in targets:
+            if want not in support[node]:
+                raise ValueError(_unsupported(name, want, node, pipeline))
+        if not targets:
+            raise ValueError(_unsupported(name, want, None, pipeline))
+        for node in targets:
+            _check_steps(name, plugin, node, pipeline.contexts[node].defaults)
+            bound[node].append(plugin)
+    for node, plugins in bound.items():
+        for skips in ("block", "step"):
+            skippers = [p.name for p in plugins if p.declarations.skips == skips]
+            if len(skippers) > 1:
+                raise ValueError(f"plugins {skippers} both skip {skips}s of loop {node!r}; enable one {skips} skipper per loop")
+        blocks = [p.name for p in plugins if p.declarations.kind == "block_interceptor"]
+        if len(blocks) > 1:
+            raise ValueError(f"plugins {blocks} both intercept the block stack of loop {node!r}; enable one")
+    return {n: ps for n, ps in bound.items() if ps}
+
+
+def _support(node: Any, ctx: Any) -> frozenset[str]:
+    fn = getattr(node.stage, "interceptor_support", None)
+    return frozenset(fn(ctx)) if callable(fn) else frozenset()
+
+
+def _unsupported(name: str, want: str, node: str | None, pipeline: Any) -> str:
+    where = f"loop {node!r}" if node else f"no loop of pipeline {pipeline.spec.name!r}"
+    if want == "block":
+        return (f"plugins[{name!r}] intercepts transformer blocks, but {where} runs a model without run_blocks "
+                f"(family {pipeline.spec.family!r}: its forward takes no block_interceptor); use a step-level plugin")
+    return f"plugins[{name!r}] intercepts loop steps, but {where} takes no step interceptors"
+
+
+def _check_steps(name: str, plugin: Any, node: str, defaults: Mapping[str, Any]) -> None:
+    decl = plugin.declarations
+    steps = defaults.get("steps")
+    if decl.distribution_altering and decl.skips and steps is not None and steps < decl.min_steps:
+        raise ValueError(
+            f"plugins[{name!r}] skips {decl.skips}s and alters outputs, but loop {node!r} samples in {steps} steps by "
+            f"default (a few-step / distilled model); caches need >= {decl.min_steps} steps. Disable it for this model"
+        )
+
+
+def _check_graph_declarations(pipeline: Any, built: Mapping[str, Any], tapped: list[str], compile: bool) -> list[str]:
+    report = []
+    for name, plugin in built.items():
+        decl = plugin.declarations
+        if decl.kind == "observer" and decl.needs_eager and getattr(plugin, "taps", None):
+            rx = re.compile(plugin.taps)
+            dropped = decompile_watched(pipeline.components, [t for t in tapped if rx.fullmatch(t)], f"plugin {name!r}")
+            if dropped:
+                report.append(f"{name}: de-compiled {len(dropped)} module(s) it watches: {dropped}")
+        if decl.kind != "observer" and not decl.graph_safe and compile:
+            report.append(f"{name}: not graph_safe; its decisions run eagerly between the per-block compiled regions")
+    for line in report:
+        logger.info("plugin build: %s", line)
+    return report
+
+
+def _format(error: ValidationError, prefix: str) -> str:
+    lines = []
+    for item in error.errors():
+        path = ".".join(str(p) for p in item["loc"])
+        lines.append(f"{prefix}.{path}: {item['msg']}" if path else f"{prefix}: {item['msg']}")
+    return "; ".join(lines)
+

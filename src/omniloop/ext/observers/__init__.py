@@ -1,0 +1,1 @@
+"""Built-in read-only observers: ActivationTrace, ParityAligner, Profiler, NaNWatch."""

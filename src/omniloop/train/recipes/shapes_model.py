@@ -1,0 +1,81 @@
+"""What the shapes-world models are, as served: geometry, sampler, defaults, manifests.
+
+One definition for the recipes (validation builds its pipeline from these manifests), the
+export (writes them next to the weights) and the built-in placeholders.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omniloop.models.manifest import SCHEMA_VERSION, ComponentEntry, FileRecord, ModelManifest
+
+TEACHER_NAME = "shapes-t2v"
+STUDENT_NAME = "shapes-t2v-4step"
+VARIANT = "wan-minilm-t2v"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShapesModelSettings:
+    """Generation settings of the shipped pair (teacher and 4-step student)."""
+
+    height: int = 128
+    width: int = 128
+    num_frames: int = 17
+    fps: int = 8
+    max_sequence_length: int = 32
+    shift: float = 3.0  # flow shift of both samplers
+    sampler: str = "flow_unipc"  # the teacher's default sampler
+    steps: int = 50
+    guidance_scale: float = 5.0
+    negative_prompt: str = ""
+    # The student's grid before the sampler's shift (what DiffusionParams.sigmas takes);
+    # with shift 3 the student steps at sigma 1.0, 0.9, 0.75, 0.5 -> 0.
+    student_sigmas: tuple[float, ...] = (1.0, 0.75, 0.5, 0.25)
+    tasks: tuple[str, ...] = field(default=("t2v", "t2i"))
+
+    def __post_init__(self) -> None:
+        if len(self.student_sigmas) < 1 or any(a <= b for a, b in zip(self.student_sigmas, self.student_sigmas[1:])):
+            raise ValueError(f"student_sigmas must be strictly descending, got {self.student_sigmas}")
+        if self.student_sigmas[0] != 1.0:
+            raise ValueError(f"student_sigmas must start at 1.0 (pure noise), got {self.student_sigmas}")
+
+    def _geometry(self) -> dict[str, Any]:
+        return {"height": self.height, "width": self.width, "num_frames": self.num_frames, "fps": self.fps,
+                "max_sequence_length": self.max_sequence_length, "negative_prompt": self.negative_prompt}
+
+    def teacher_manifest(self, name: str = TEACHER_NAME, *, files: dict[str, FileRecord] | None = None,
+                         provenance: dict[str, Any] | None = None) -> ModelManifest:
+        return _manifest(name, self.tasks, "vae", self.sampler, self.shift,
+                         {"steps": self.steps, "guidance_scale": self.guidance_scale, **self._geometry()},
+                         files, provenance)
+
+    def student_manifest(self, name: str = STUDENT_NAME, *, vae_subfolder: str = "vae",
+                         files: dict[str, FileRecord] | None = None,
+                         provenance: dict[str, Any] | None = None) -> ModelManifest:
+        """Guidance is baked in (scale 1: one forward per step); the fixed sigmas are defaults."""
+        defaults = {"steps": len(self.student_sigmas), "sigmas": list(self.student_sigmas), "guidance_scale": 1.0,
+                    **self._geometry()}
+        return _manifest(name, self.tasks, vae_subfolder, "flow_euler", self.shift, defaults, files, provenance)
+
+
+def _manifest(name: str, tasks: tuple[str, ...], vae_subfolder: str, sampler: str, shift: float,
+              defaults: dict[str, Any], files: dict[str, FileRecord] | None,
+              provenance: dict[str, Any] | None) -> ModelManifest:
+    return ModelManifest(
+        schema_version=SCHEMA_VERSION,
+        name=name,
+        family="wan",
+        variant=VARIANT,
+        tasks=list(tasks),
+        components={
+            "transformer": ComponentEntry(kind="WanDiT", subfolder="transformer"),
+            "vae": ComponentEntry(kind="WanVAE", subfolder=vae_subfolder),
+            "text_encoder": ComponentEntry(kind="minilm"),
+            "sampler": ComponentEntry(kind=sampler, config={"shift": shift, "num_train_timesteps": 1000}),
+        },
+        defaults=defaults,
+        files=files or {},
+        provenance=provenance or {},
+    )

@@ -1,0 +1,258 @@
+"""Recipe: a small Wan-architecture causal 3D VAE trained on shapes-world clips.
+
+The architecture is Wan2.1's VAE (``WanVAE``: causal 3D convs, 8x spatial / 4x temporal
+compression, 16 latent channels) at a small width. It trains on random crops of rendered
+clips (``num_frames`` = 1 + 4k, so every chunk path of the causal encoder/decoder runs)
+plus single frames (the first-chunk path, what T2I and every clip's first frame use), with
+
+    loss = L1(rec, x) + edge_weight * L1(grad rec, grad x) + kl_weight * KL(q(z|x) || N(0, 1))
+
+The edge term (finite differences along H and W) keeps the shapes' outlines sharp, which
+is what the adherence evaluator's shape classifier reads; KL is small, enough to keep the
+posterior a well-scaled Gaussian for the DiT. At the end the latent mean/std per channel
+over ``stats_clips`` full-size clips are written into the VAE config (``latents_mean`` /
+``latents_std``, the normalisation ``WanPipeline`` applies), and the EMA weights are saved
+in the diffusers layout that ``load_wan_vae`` (and diffusers) read.
+
+Validation reconstructs held-out ground-truth clips and runs the adherence evaluator on
+the reconstructions: the ceiling for any model decoded by this VAE.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from omniloop.eval.adherence import evaluate
+from omniloop.eval.shapes_render import render_clip
+from omniloop.eval.shapes_world import held_out_prompts
+from omniloop.models.families.wan.vae import WanVAE, WanVAEConfig
+from omniloop.models.families.wan.weights import load_wan_vae
+from omniloop.train.data.shapes import ShapesDataset
+from omniloop.train.recipes.rollout import adherence_summary
+from omniloop.train.recipes.stage import StageResult, read_result, write_result
+from omniloop.train.recipes.trainer import TrainConfig, Trainer
+from omniloop.train.recipes.wan_checkpoint import save_wan_vae
+
+STAGE = "vae"
+MODEL_DIR = "model"  # <work>/vae/model: config.json + diffusion_pytorch_model.safetensors (fp32 EMA)
+
+
+@dataclass(kw_only=True)
+class VAERecipe:
+    vae: dict[str, Any]  # WanVAEConfig fields (latent stats are computed, not given)
+    train: TrainConfig
+    clips_per_batch: int = 16
+    images_per_batch: int = 8
+    num_frames: int = 9  # frames of a training clip (1 + 4k)
+    size: int = 128  # rendered frame side
+    crop: int = 64  # trained crop side (the network is fully convolutional)
+    data_seed: int = 1
+    kl_weight: float = 1e-4
+    edge_weight: float = 0.5
+    stats_clips: int = 256
+    stats_frames: int = 17
+    stats_batch: int = 16
+    val_clips: int = 16
+    num_workers: int = 0
+
+    def __post_init__(self) -> None:
+        if (self.num_frames - 1) % 4 or (self.stats_frames - 1) % 4:
+            raise ValueError(f"num_frames and stats_frames must be 1 + 4k, got {self.num_frames}, {self.stats_frames}")
+        if self.crop > self.size or self.crop % 8:
+            raise ValueError(f"crop={self.crop} must be a multiple of 8 and <= size={self.size}")
+        if self.clips_per_batch < 1 or self.images_per_batch < 0:
+            raise ValueError("need clips_per_batch >= 1 and images_per_batch >= 0")
+
+    @property
+    def vae_config(self) -> WanVAEConfig:
+        z = int(self.vae.get("z_dim", 16))
+        return WanVAEConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in self.vae.items()},
+                            latents_mean=(0.0,) * z, latents_std=(1.0,) * z)
+
+    @classmethod
+    def full(cls, **overrides: Any) -> "VAERecipe":
+        """The shipped VAE: 2.94M parameters (5.9 MB bf16); ~4000 steps of 16 clips + 8 frames."""
+        return cls(**{**dict(
+            vae=dict(base_dim=12, decoder_base_dim=16, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2,
+                     temperal_downsample=[False, True, True]),
+            train=TrainConfig(steps=4000, lr=4e-4, warmup_steps=200, ema_decay=0.999, checkpoint_every=250,
+                              log_every=25, validate_every=1000),
+            num_workers=6,
+        ), **overrides})
+
+    @classmethod
+    def toy(cls, **overrides: Any) -> "VAERecipe":
+        """CPU test size: a ~30k-parameter VAE on 32x32 crops of 5-frame clips."""
+        return cls(**{**dict(
+            vae=dict(base_dim=4, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
+                     temperal_downsample=[False, True, True]),
+            train=TrainConfig(steps=4, lr=1e-3, warmup_steps=1, checkpoint_every=2, log_every=1, progress=False),
+            clips_per_batch=2, images_per_batch=1, num_frames=5, size=32, crop=32, stats_clips=2,
+            stats_frames=5, stats_batch=2, val_clips=2,
+        ), **overrides})
+
+
+@dataclass(frozen=True)
+class ClipBatches:
+    """Batch ``i``: ``clips`` crops of rendered training clips and ``images`` single frames, in
+    [-1, 1] as ``[B, 3, F, crop, crop]`` float32 (a pure function of ``i``)."""
+
+    seed: int
+    clips: int
+    images: int
+    num_frames: int
+    size: int
+    crop: int
+    _datasets: tuple[ShapesDataset, ShapesDataset] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_datasets", (
+            ShapesDataset(seed=self.seed, height=self.size, width=self.size, num_frames=self.num_frames),
+            ShapesDataset(seed=self.seed + 1, height=self.size, width=self.size, num_frames=1, image_prob=1.0),
+        ))
+
+    def batch(self, index: int) -> dict[str, torch.Tensor]:
+        rng = np.random.default_rng([self.seed, 99, index])
+        clips, images = self._datasets
+        out = {"clips": self._take(clips, index * self.clips, self.clips, rng)}
+        if self.images:
+            out["images"] = self._take(images, index * self.images, self.images, rng)
+        return out
+
+    def _take(self, dataset: ShapesDataset, first: int, n: int, rng: np.random.Generator) -> torch.Tensor:
+        crops = []
+        for j in range(first, first + n):
+            video = dataset[j % len(dataset)]["video"]  # [F, H, W, 3] uint8
+            y, x = rng.integers(0, self.size - self.crop + 1, size=2)
+            crops.append(video[:, y:y + self.crop, x:x + self.crop])
+        return to_unit_video(np.stack(crops))
+
+
+def to_unit_video(frames: np.ndarray) -> torch.Tensor:
+    """uint8 [B, F, H, W, 3] -> float32 [B, 3, F, H, W] in [-1, 1]."""
+    return torch.from_numpy(frames).permute(0, 4, 1, 2, 3).float().div_(127.5).sub_(1.0)
+
+
+def reconstruction_loss(vae: WanVAE, x: torch.Tensor, generator: torch.Generator, recipe: VAERecipe
+                        ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    mean, logvar = vae.encode(x)
+    eps = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=torch.float32)
+    z = mean.float() + torch.exp(0.5 * logvar.float()) * eps
+    rec = vae._decode_frames(z).float()  # unclamped: the clamp in decode() has no useful gradient
+    l1 = (rec - x).abs().mean()
+    edge = ((_dx(rec) - _dx(x)).abs().mean() + (_dy(rec) - _dy(x)).abs().mean()) / 2
+    kl = 0.5 * (mean.float().square() + logvar.float().exp() - 1.0 - logvar.float()).mean()
+    loss = l1 + recipe.edge_weight * edge + recipe.kl_weight * kl
+    return loss, {"l1": l1.detach(), "edge": edge.detach(), "kl": kl.detach()}
+
+
+def _dx(v: torch.Tensor) -> torch.Tensor:
+    return v[..., :, 1:] - v[..., :, :-1]
+
+
+def _dy(v: torch.Tensor) -> torch.Tensor:
+    return v[..., 1:, :] - v[..., :-1, :]
+
+
+def vae_step(recipe: VAERecipe, device: torch.device):
+    def step(vae: WanVAE, batch: dict[str, torch.Tensor], generator: torch.Generator, index: int):
+        clips = batch["clips"].to(device, non_blocking=True)
+        loss, metrics = reconstruction_loss(vae, clips, generator, recipe)
+        if "images" in batch:
+            images = batch["images"].to(device, non_blocking=True)
+            image_loss, image_metrics = reconstruction_loss(vae, images, generator, recipe)
+            n_c, n_i = clips.shape[0], images.shape[0]
+            loss = (loss * n_c + image_loss * n_i) / (n_c + n_i)
+            metrics["image_l1"] = image_metrics["l1"]
+        return loss, metrics
+
+    return step
+
+
+@torch.no_grad()
+def latent_statistics(vae: WanVAE, recipe: VAERecipe, device: torch.device) -> tuple[list[float], list[float]]:
+    """Per-channel mean and std of the posterior means of ``stats_clips`` full-size clips."""
+    dataset = ShapesDataset(seed=recipe.data_seed + 7, height=recipe.size, width=recipe.size,
+                            num_frames=recipe.stats_frames)
+    total = torch.zeros(vae.config.z_dim, dtype=torch.float64)
+    total_sq = torch.zeros_like(total)
+    count = 0
+    for first in range(0, recipe.stats_clips, recipe.stats_batch):
+        n = min(recipe.stats_batch, recipe.stats_clips - first)
+        x = to_unit_video(np.stack([dataset[i]["video"] for i in range(first, first + n)])).to(device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            mean, _ = vae.encode(x)
+        m = mean.double().transpose(0, 1).reshape(vae.config.z_dim, -1).cpu()  # [z, B*f*h*w]
+        total += m.sum(dim=1)
+        total_sq += m.square().sum(dim=1)
+        count += m.shape[1]
+    mu = total / count
+    std = (total_sq / count - mu.square()).clamp_min(1e-12).sqrt()
+    return [round(float(v), 6) for v in mu], [round(float(v), 6) for v in std]
+
+
+def validation_fn(recipe: VAERecipe, device: torch.device):
+    """PSNR and adherence of reconstructed held-out ground-truth clips (full size)."""
+    prompts = held_out_prompts(recipe.val_clips, seed=3)
+    clips = np.stack([render_clip(p.scene, recipe.size, recipe.size, recipe.stats_frames) for p in prompts])
+
+    @torch.no_grad()
+    def validate(step: int, vae: WanVAE) -> dict[str, Any]:
+        x = to_unit_video(clips).to(device)
+        recs = []
+        for i in range(0, len(x), recipe.stats_batch):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+                mean, _ = vae.encode(x[i:i + recipe.stats_batch])
+                recs.append(vae.decode(mean).float())
+        rec = torch.cat(recs)
+        mse = (rec - x).square().mean().item()
+        frames = ((rec.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 4, 1).cpu().numpy()
+        report = evaluate(zip(frames, [p.prompt for p in prompts]))
+        return {"psnr": round(10 * np.log10(4.0 / max(mse, 1e-12)), 3), **adherence_summary(report)}
+
+    return validate
+
+
+def train_vae(recipe: VAERecipe, work_dir: Path, *, device: torch.device, resume: bool = True,
+              deadline: float | None = None) -> StageResult:
+    """Train (or resume) the VAE in ``work_dir/vae``; when done, write stats + weights."""
+    folder = Path(work_dir) / STAGE
+    done = read_result(folder)
+    if done is not None:
+        return StageResult(STAGE, "done", folder, done)
+    torch.manual_seed(recipe.train.seed)
+    vae = WanVAE(recipe.vae_config)
+    trainer = Trainer(vae, recipe.train, folder, device=device, name=STAGE)
+    data = ClipBatches(seed=recipe.data_seed, clips=recipe.clips_per_batch, images=recipe.images_per_batch,
+                       num_frames=recipe.num_frames, size=recipe.size, crop=recipe.crop)
+    t0 = time.monotonic()
+    run = trainer.run(data, vae_step(recipe, device), validate=validation_fn(recipe, device), resume=resume,
+                      deadline=deadline, num_workers=recipe.num_workers)
+    if not run.done:
+        return StageResult(STAGE, "paused", folder, {"step": run.step, "steps": run.steps})
+    ema: WanVAE = run.ema
+    mean, std = latent_statistics(ema, recipe, device)
+    ema.config = dataclasses.replace(ema.config, latents_mean=tuple(mean), latents_std=tuple(std))
+    save_wan_vae(ema, folder / MODEL_DIR, dtype=torch.float32)
+    params = sum(p.numel() for p in ema.parameters())
+    info = {"stage": STAGE, "steps": run.step, "params": params, "latents_mean": mean, "latents_std": std,
+            "validation": run.validation, "train_seconds": round(trainer.elapsed_s, 1),
+            "finish_seconds": round(time.monotonic() - t0, 1), "model": str(folder / MODEL_DIR)}
+    write_result(folder, info)
+    return StageResult(STAGE, "done", folder, info)
+
+
+def load_trained_vae(work_dir: Path, device: torch.device) -> WanVAE:
+    """The finished stage's VAE (fp32, frozen)."""
+    from omniloop.train.recipes.stage import require_done
+
+    require_done(Path(work_dir) / STAGE, "vae")
+    return load_wan_vae(Path(work_dir) / STAGE / MODEL_DIR, device=device, dtype=torch.float32)

@@ -1,0 +1,56 @@
+"""scripts/train_shapes.py at toy size: the whole chain, a publish within the device tool's
+limits, a restore on another machine and a re-export that reproduces the shipped files."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from omniloop.train.recipes.minilm_pack import load_packed_minilm, write_pack
+from omniloop.train.recipes.transfer import MAX_FILE_BYTES, META
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "train_shapes.py"
+
+
+@pytest.fixture(scope="module")
+def driver():
+    spec = importlib.util.spec_from_file_location("train_shapes", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_driver_runs_publishes_restores_and_reexports_identically(driver, tmp_path, capsys):
+    work, out, again = tmp_path / "gpu", tmp_path / "out", tmp_path / "local"
+    common = ["--preset", "toy", "--device", "cpu", "--no-progress", "--eval-n", "2", "--eval-batch", "2"]
+    # a budget already spent: every call makes one unit of progress, checkpoints and stops
+    assert driver.main(["all", "--work", str(work), "--max-minutes", "1e-9", *common]) == 0
+    assert "PAUSED" in capsys.readouterr().out
+    assert driver.main(["all", "--work", str(work), "--publish", str(out), *common]) == 0
+    assert "DONE" in capsys.readouterr().out
+    files = sorted(p.name for p in out.iterdir())
+    assert files == sorted([META, "vae.safetensors", "dit.safetensors", "distill.safetensors"])
+    assert all(p.stat().st_size <= MAX_FILE_BYTES for p in out.iterdir()) and len(files) <= 8
+    figures = json.loads((work / "evaluate" / "result.json").read_text())["figures"]
+    assert set(figures) == {"shapes-t2v", "shapes-t2v-4step"} and figures["shapes-t2v"]["n"] == 2
+
+    assert driver.main(["restore", "--from", str(out), "--work", str(again)]) == 0
+    assert driver.main(["export", "--work", str(again), *common]) == 0  # raises if the files differ
+    for name in ("shapes-t2v", "shapes-t2v-4step"):
+        assert (json.loads((again / "export" / name / "omniloop_model.json").read_text())["files"]
+                == json.loads((work / "export" / name / "omniloop_model.json").read_text())["files"])
+
+
+def test_minilm_pack_is_the_wheel_on_the_grammar_and_refuses_other_words(tmp_path, minilm):
+    from omniloop.eval.shapes_world import held_out_prompts
+
+    packed = load_packed_minilm(write_pack(tmp_path / "pack"), max_sequence_length=32)
+    assert sum(p.stat().st_size for p in (tmp_path / "pack").iterdir()) < 46e6  # carried to GPU machines
+    prompts = [p.prompt for p in held_out_prompts(64, seed=5)] + ["", "a small golden star on a light background"]
+    assert torch.equal(packed.encode(prompts).embeds, minilm.encode(prompts).embeds)
+    with pytest.raises(ValueError, match=r"uses tokens \['dragon'\] outside this MiniLM pack"):
+        packed.encode(["a red dragon"])

@@ -130,3 +130,29 @@ def test_two_experts_keep_one_state_per_expert(wan_a14b_dir):
     keys = set(together.plugins["req0"]["dbcache"].branches)
     assert {k[0] for k in keys} == {"transformer", "transformer_2"} and len(keys) == 4
     assert torch.equal(together.latents["req0"], drive(pipe, [request(0)]).latents["req0"])
+
+
+def test_a_failed_batched_step_rolls_back_cache_state(fresh_pipeline, monkeypatch):
+    """The engine retries a failed batched step request by request; the cache state the
+    failed attempt touched (decisions are taken mid-forward) must be as before it."""
+    from omniloop.ext.scope import current_scope
+
+    base = fresh_pipeline("batched")
+
+    def boom(module, args):  # raises inside the block stack, after the cache decisions
+        scope = current_scope()
+        if scope is not None and any(s.request_id == "bad" and s.step == 1 for s in scope.segments):
+            raise RuntimeError("injected failure")
+
+    base.components["transformer"].blocks[1].register_forward_pre_hook(boom)
+    counter = HitCounter()
+    fake_entry_points(monkeypatch, hit_counter=PluginSpec("hit_counter", lambda c, ctx: counter))
+    pipe = install_plugins(base, {**CACHES["dbcache"], "hit_counter": {}, "profiler": {}})  # profiler: scopes published
+    good = [request(0), request(1)]
+    outs, _ = run_engine(pipe, [*good, request(9, rid="bad")], max_batch=4)
+    hits = dict(counter.hits)
+    assert outs["bad"].status.value == "failed" and "injected failure" in outs["bad"].error
+    for r in good:
+        solo = drive(pipe, [r])
+        assert torch.allclose(outs[r.request_id].artifacts["latents"].latents, solo.latents[r.request_id], atol=1e-5)
+        assert hits[r.request_id] == solo.plugins[r.request_id]["dbcache"].skipped

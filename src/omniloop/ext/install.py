@@ -131,7 +131,10 @@ def check_plugin_params(request: Any, pipeline: Any) -> None:
         if schema is None:
             raise ValueError(f"{where}: plugin {name!r} takes no per-request parameters; drop it from plugin_params")
         try:
-            schema.model_validate(raw)
+            params = schema.model_validate(raw)
+            merge = getattr(installed.plugins[name], "request_config", None)
+            if merge is not None:
+                merge(params, steps=1 << 30)  # the merged config must be valid too
         except ValidationError as e:
             raise ValueError(_format(e, where)) from None
 

@@ -22,9 +22,10 @@ and a batch where every row computes runs exactly the plain block loop.
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 import torch
 from pydantic import BaseModel
@@ -95,7 +96,7 @@ class InterceptorBase:
             return None  # too few steps for a distribution-altering cache (distilled sampling)
         if params is None:
             return self.config
-        updates = params.model_dump(exclude_unset=True)
+        updates = {k: v for k, v in params.model_dump(exclude_unset=True).items() if v is not None}
         if updates.pop("enabled", True) is False:
             return None
         if not updates:
@@ -169,10 +170,25 @@ class SegmentedBlockRun:
         self.emit = emit
 
     def run(self, blocks: Sequence[Any], hidden: torch.Tensor, call: BlockCall) -> torch.Tensor:
-        return self.plugin.run_segments(call, hidden, self.segments, self.emit)
+        with rollback_on_error(self.segments):
+            return self.plugin.run_segments(call, hidden, self.segments, self.emit)
 
 
 # -- helpers for block interceptors ------------------------------------------------------
+
+
+@contextlib.contextmanager
+def rollback_on_error(segments: Sequence[BlockSegment]) -> Iterator[None]:
+    """Restore the segments' branch states if the forward raises: the engine retries a
+    failed batched step request by request, and a retry must see the state as it was."""
+    saved = [(seg.state, {k: (v.copy() if isinstance(v, (list, dict)) else v) for k, v in vars(seg.state).items()})
+             for seg in segments if seg.state is not None]
+    try:
+        yield
+    except BaseException:
+        for state, fields in saved:
+            vars(state).update(fields)
+        raise
 
 
 def run_rows(

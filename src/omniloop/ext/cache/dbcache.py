@@ -151,7 +151,8 @@ class DBCache(InterceptorBase):
             return h_fn[seg.rows] + residual
 
         h_mid = assemble(segments, compute, computed, fill)
-        for i, seg in enumerate(segments):
+        out = call.range(n - bn, n, h_mid)
+        for i, seg in enumerate(segments):  # commit: the forward went through
             if seg.state is None:
                 continue
             self.record(seg.loop_state, cached[i])  # type: ignore[arg-type]
@@ -159,7 +160,7 @@ class DBCache(InterceptorBase):
                 emit("hit" if cached[i] else "miss", seg)
             if not cached[i]:
                 self._store(seg, rows_of(fn_res, seg, batch), rows_of(h_mid - h_fn, seg, batch))
-        return call.range(n - bn, n, h_mid)
+        return out
 
     def _decide(self, segments: Sequence[BlockSegment], fn_res: torch.Tensor, batch: int) -> list[bool]:
         """Per segment: serve the middle blocks from cache? (one host sync for all)"""

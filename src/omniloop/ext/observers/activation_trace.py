@@ -84,4 +84,4 @@ class ActivationTrace(Observer):
         return self._traces.pop(request_id, [])
 
     def metrics(self) -> dict[str, Any]:
-        return {"requests_traced": len(self._traces), "records": sum(len(v) for v in self._traces.values())}
+        return {"requests_traced": len(self._traces), "records": sum(len(v) for v in list(self._traces.values()))}

@@ -157,7 +157,7 @@ class ParityAligner(Observer):
 
     def metrics(self) -> dict[str, Any]:
         return {"mode": self.config.mode, "reports": len(self.reports),
-                "diverged": sum(1 for r in self.reports.values() if r.divergences)}
+                "diverged": sum(1 for r in list(self.reports.values()) if r.divergences)}
 
 
 def _safe(request_id: str) -> str:

@@ -138,13 +138,14 @@ class Profiler(Observer):
 
     def metrics(self) -> dict[str, Any]:
         self._resolve()
+        # list(...) snapshots in C: metrics are read from other threads (AsyncEngine.stats)
         out: dict[str, Any] = {
-            "node_s": {k: v.summary() for k, v in self.nodes.items()},
-            "step_s": {k: v.summary() for k, v in self.steps.items()},
-            "block_s": {k: v.summary() for k, v in self.blocks.items()},
+            "node_s": {k: v.summary() for k, v in list(self.nodes.items())},
+            "step_s": {k: v.summary() for k, v in list(self.steps.items())},
+            "block_s": {k: v.summary() for k, v in list(self.blocks.items())},
         }
         if self.cuda:
-            out["cuda_step_s"] = {k: v.summary() for k, v in self.cuda_steps.items()}
-            out["cuda_block_s"] = {k: v.summary() for k, v in self.cuda_blocks.items()}
+            out["cuda_step_s"] = {k: v.summary() for k, v in list(self.cuda_steps.items())}
+            out["cuda_block_s"] = {k: v.summary() for k, v in list(self.cuda_blocks.items())}
             out["peak_memory_bytes"] = self.peak_memory_bytes
         return out

@@ -1,0 +1,27 @@
+"""The cache benchmark's CPU mode runs and reports every method and the hook overhead."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_cache_benchmark_smoke(tmp_path):
+    spec = importlib.util.spec_from_file_location("bench_cache", ROOT / "benchmarks" / "bench_cache.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "cache.jsonl"
+    bench.main(["--tiny", "--size", "16", "16", "--frames", "1", "--steps", "8", "--max-settings", "1",
+                "--overhead-rounds", "1", "--overhead-steps", "8", "--out", str(out)])
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert records[0]["bench"] == "note" and "random weights" in records[0]["note"]
+    cache = {r["method"]: r for r in records if r["bench"] == "cache"}
+    assert set(cache) == {"none", "fbcache", "dbcache", "dbcache+taylorseer", "taylorseer", "teacache"}
+    for method, r in cache.items():
+        if method != "none":
+            assert r["speedup"] > 0 and 0 <= r["skip_ratio"] <= 1 and r["psnr"] > 0 and 0 < r["ssim"] <= 1
+    overhead = {r["variant"]: r for r in records if r["bench"] == "hook_overhead"}
+    assert len(overhead) == 5 and overhead["baseline (no plugins)"]["overhead_pct"] == 0.0

@@ -99,16 +99,20 @@ def save_random_wan(folder: Path, size: str, device: str) -> Path:
 # -- quality ---------------------------------------------------------------------------------
 
 
+QUALITY_DEVICE = torch.device("cpu")  # where PSNR/SSIM are computed (the pipeline's device; see main)
+
+
 def psnr(x: torch.Tensor, ref: torch.Tensor, data_range: float) -> float:
+    x, ref = x.to(QUALITY_DEVICE), ref.to(QUALITY_DEVICE)
     mse = F.mse_loss(x.double(), ref.double()).item()
     return float("inf") if mse == 0 else 10 * math.log10(data_range**2 / mse)
 
 
 def ssim(x: torch.Tensor, ref: torch.Tensor) -> float:
     """Mean SSIM over frames and channels; uint8 video [F, H, W, 3] (11x11 Gaussian, sigma 1.5)."""
-    a = x.permute(0, 3, 1, 2).double() / 255.0
-    b = ref.permute(0, 3, 1, 2).double() / 255.0
-    coords = torch.arange(11, dtype=torch.float64) - 5
+    a = x.to(QUALITY_DEVICE).permute(0, 3, 1, 2).float() / 255.0
+    b = ref.to(QUALITY_DEVICE).permute(0, 3, 1, 2).float() / 255.0
+    coords = torch.arange(11, dtype=torch.float32, device=QUALITY_DEVICE) - 5
     g = torch.exp(-(coords**2) / (2 * 1.5**2))
     g = (g / g.sum())[:, None] * (g / g.sum())[None, :]
     win = g.expand(3, 1, 11, 11).contiguous()
@@ -308,6 +312,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--overhead-shape", type=int, nargs=2, metavar=("SIZE", "FRAMES"))
     p.add_argument("--overhead-steps", type=int)
     p.add_argument("--overhead-rounds", type=int)
+    p.add_argument("--dtype", choices=["bf16", "fp32"], help="default: bf16 on GPU, fp32 on CPU")
     p.add_argument("--threads", type=int, default=1, help="CPU modes: torch threads")
     p.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
                    help="CPU modes: time steps by this thread's CPU time (default; needs --threads 1) or wall time")
@@ -321,7 +326,9 @@ def main(argv: list[str] | None = None) -> None:
     if gpu and not torch.cuda.is_available():
         sys.exit("no CUDA device: pass --cpu-small or --tiny for the CPU modes")
     device = torch.device("cuda" if gpu else "cpu")
-    dtype = torch.bfloat16 if gpu else torch.float32
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32, None: torch.bfloat16 if gpu else torch.float32}[args.dtype]
+    global QUALITY_DEVICE
+    QUALITY_DEVICE = device
     size_name = "tiny" if args.tiny else "small" if args.cpu_small else "full"
     defaults = {
         "full": dict(size=[480, 832], frames=33, steps=50, repeats=1, overhead_shape=[256, 1], overhead_steps=40,

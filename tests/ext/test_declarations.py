@@ -131,6 +131,12 @@ def test_graph_safe_and_compile_are_reported(base_pipeline):
     assert installed_plugins(pipe).plugins["fbcache"].declarations.distribution_altering
 
 
+def test_plugins_are_installed_once(base_pipeline):
+    pipe = install_plugins(base_pipeline, {"fbcache": {}})
+    with pytest.raises(ValueError, match="already has plugins installed"):
+        install_plugins(pipe, {"profiler": {}})
+
+
 def test_install_never_mutates_the_shared_pipeline(base_pipeline):
     before = {n: c.hooks for n, c in base_pipeline.contexts.items()}
     pipe = install_plugins(base_pipeline, {"fbcache": {}})

@@ -16,6 +16,7 @@ class Recorder(Observer):
 
     def __init__(self) -> None:
         self.seen: list[tuple[str, str | None]] = []
+        self.steps: list[tuple[str, int, float]] = []
 
     def _add(self, point: str, event) -> None:
         self.seen.append((point, getattr(event, "request_id", None)))
@@ -28,8 +29,14 @@ class Recorder(Observer):
     def node_end(self, e): self._add(f"node_end:{e.node}", e)
     def loop_init(self, e): self._add("loop_init", e)
     def loop_finalize(self, e): self._add("loop_finalize", e)
-    def step_start(self, e): self._add("step_start", e)
-    def step_end(self, e): self._add("step_end", e)
+    def step_start(self, e):
+        self._add("step_start", e)
+        self.steps.append(("start", e.step, float(e.timestep)))
+
+    def step_end(self, e):
+        self._add("step_end", e)
+        self.steps.append(("end", e.step, float(e.timestep)))
+
     def model_forward_pre(self, e): self._add("model_forward_pre", e.scope.segments[0])
     def model_forward_post(self, e): self._add("model_forward_post", e.scope.segments[0])
 
@@ -75,6 +82,9 @@ def test_hook_points_fire_in_order(base_pipeline, monkeypatch):
         "artifact_emitted", "artifact_emitted", "request_end",
     ]
     assert ("schedule_decision", None) in rec.seen
+    (s0, t0), (s1, t1) = [(step, t) for kind, step, t in rec.steps if kind == "start"]
+    assert [(k, s) for k, s, _ in rec.steps] == [("start", 0), ("end", 0), ("start", 1), ("end", 1)]
+    assert rec.steps[1][2] == t0 and t0 > t1 > 0  # step_end carries the timestep of the step it ends
     assert {rid for _, rid in rec.seen if rid} == {"req0"}
 
 

@@ -23,7 +23,7 @@ from omniloop.engine.cost_model import CostModel
 from omniloop.engine.errors import DoesNotFit, EngineDeadError, PoolFatalError, QueueFull, RequestRejected, UnknownRequest
 from omniloop.engine.request import EngineRequest
 from omniloop.engine.scheduler import NodeWork, SchedulerPlan, SchedulingPolicy, StepScheduler, StepWork
-from omniloop.ext.hooks import ArtifactEmitted, HookChain, NodeEvent, RequestEvent, ScheduleEvent, StepEvent
+from omniloop.ext.hooks import ArtifactEmitted, HookChain, NodeEvent, RequestEvent, ScheduleEvent, StepEvent, loop_timestep
 from omniloop.ext.install import check_plugin_params, plugin_chain
 from omniloop.ext.scope import request_scope, using_scope
 from omniloop.pipeline.pipeline import Pipeline
@@ -256,17 +256,20 @@ class Engine:
         items = [self.scheduler.item_cost(r) for r in reqs]
         loops = [r.loop for r in reqs]
         hooks = self.hooks
-        if hooks is not None and hooks.step_start is not None:
-            for lp in loops:
-                hooks.step_start(StepEvent(lp.request_id, node.name, lp.steps_done, lp.steps_target, lp, len(loops)))
+        if hooks is not None and (hooks.step_start is not None or hooks.step_end is not None):
+            events = [StepEvent(lp.request_id, node.name, lp.steps_done, lp.steps_target, lp, len(loops), loop_timestep(lp))
+                      for lp in loops]
+            if hooks.step_start is not None:
+                for event in events:
+                    hooks.step_start(event)
         t0 = time.perf_counter()
         results = node.stage.step_many(ctx, loops) if len(reqs) > 1 else [node.stage.step(ctx, loops[0])]
         if ctx.device.type == "cuda":
             torch.cuda.synchronize(ctx.device)  # the measured step time must include the GPU work
         elapsed = time.perf_counter() - t0
         if hooks is not None and hooks.step_end is not None:
-            for lp in loops:
-                hooks.step_end(StepEvent(lp.request_id, node.name, lp.steps_done - 1, lp.steps_target, lp, len(loops)))
+            for event in events:
+                hooks.step_end(event)
         self.stats.steps += 1
         self.stats.batched_steps += len(reqs) > 1
         predicted = [self.cost_model.predict(i) for i in items]

@@ -70,7 +70,8 @@ class NodeEvent:
 
 @dataclass(frozen=True, slots=True)
 class StepEvent:
-    """``step`` is the index of the step about to run (start) or just run (end)."""
+    """One loop step: ``step`` is its index and ``timestep`` its timestep (None for loops
+    without one), for step_start and step_end alike."""
 
     request_id: str
     node: str
@@ -78,10 +79,17 @@ class StepEvent:
     steps_target: int
     loop: Any  # LoopState; read-only
     batch: int = 1  # loops in this step_many call
+    timestep: Any = None
 
-    @property
-    def timestep(self) -> torch.Tensor | None:
-        return getattr(self.loop, "timestep", None) if not getattr(self.loop, "done", False) else None
+
+def loop_timestep(loop: Any) -> Any:
+    """The timestep of the loop's next step (None when it has none or is done)."""
+    if getattr(loop, "done", False):
+        return None
+    try:
+        return getattr(loop, "timestep", None)
+    except (IndexError, AttributeError):
+        return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,6 +64,9 @@ def install_plugins(
     """A copy of ``pipeline`` with the plugins attached (the same pipeline when none)."""
     if not plugins:
         return pipeline
+    if installed_plugins(pipeline) is not None:
+        raise ValueError("this pipeline already has plugins installed; install them once, on the freshly loaded "
+                         "pipeline (module taps are registered on its shared modules)")
     specs: dict[str, PluginSpec] = {}
     built: dict[str, Any] = {}
     for name, raw in plugins.items():

@@ -11,7 +11,7 @@ import logging
 import time
 from typing import Callable
 
-from omniloop.ext.hooks import NodeEvent, RequestEvent, StepEvent
+from omniloop.ext.hooks import NodeEvent, RequestEvent, StepEvent, loop_timestep
 from omniloop.ext.install import check_plugin_params
 from omniloop.pipeline.pipeline import Pipeline
 from omniloop.pipeline.spec import Node
@@ -45,11 +45,13 @@ def run_node(pipeline: Pipeline, node: Node, state: RequestState, on_event: Even
         _fire(chain, "loop_init", lambda: NodeEvent(state.request_id, node.name, True, loop))
         try:
             while True:
-                _fire(chain, "step_start", lambda: StepEvent(state.request_id, node.name, loop.steps_done, loop.steps_target, loop))
+                event = StepEvent(state.request_id, node.name, loop.steps_done, loop.steps_target, loop,
+                                  timestep=loop_timestep(loop)) if chain is not None else None
+                _fire(chain, "step_start", lambda: event)
                 t_step = time.perf_counter()
                 result = node.stage.step(ctx, loop)
                 loop.step_times.append(time.perf_counter() - t_step)
-                _fire(chain, "step_end", lambda: StepEvent(state.request_id, node.name, loop.steps_done - 1, loop.steps_target, loop))
+                _fire(chain, "step_end", lambda: event)
                 if on_event is not None:
                     _emit_step_events(node, loop, result, state, on_event)
                 if result.done:

@@ -55,6 +55,7 @@ class Profiler(Observer):
         self.taps = config.block_taps if config.blocks else None
         self.declarations = Declarations(kind="observer", needs_eager=config.blocks)
         self.cuda = torch.device(device).type == "cuda"
+        self.nvtx = self.cuda and config.nvtx and _nvtx_available()
         self.nodes: dict[str, Timing] = {}
         self.steps: dict[str, Timing] = {}
         self.blocks: dict[str, Timing] = {}
@@ -112,7 +113,7 @@ class Profiler(Observer):
     def _begin_device(self, key: tuple, label: str) -> None:
         if not self.cuda:
             return
-        if self.config.nvtx:
+        if self.nvtx:
             self._ranges[key] = torch.cuda.nvtx.range_start(label)
         if self.config.cuda_events:
             start = torch.cuda.Event(enable_timing=True)
@@ -149,3 +150,11 @@ class Profiler(Observer):
             out["cuda_block_s"] = {k: v.summary() for k, v in list(self.cuda_blocks.items())}
             out["peak_memory_bytes"] = self.peak_memory_bytes
         return out
+
+
+def _nvtx_available() -> bool:
+    try:
+        torch.cuda.nvtx.range_end(torch.cuda.nvtx.range_start("omniloop.profiler.probe"))
+        return True
+    except Exception:  # a torch build without NVTX: device times still come from CUDA events
+        return False

@@ -284,7 +284,7 @@ class DenoiseLoop(LoopStageBase):
                 ts.append(t)
                 kws.append(kw)
             sizes = [next(iter(x.values())).shape[0] for x in xs]
-            pred = self._forward(ctx, model, loops, group, sizes, route, _cat_dicts(xs), torch.cat(ts), _cat_kwargs(kws))
+            pred = self._forward(ctx, model, loops, group, sizes, route, _cat_dicts(xs), torch.cat(ts), _cat_kwargs(kws))  # forward
             for (i, b), part in zip(group, _split_pred(pred, sizes)):
                 out[i][b] = {m: v.float() for m, v in part.items()}  # post_forward: fp32 for combine
         return out

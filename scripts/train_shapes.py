@@ -78,14 +78,19 @@ def run(args: argparse.Namespace) -> int:
     vae_r, dit_r, distill_r = recipes(args)
     wanted = STAGES if args.stage == "all" else (args.stage,)
     text_encoder = None
-    status = "done"
+    status, ran = "done", False
     for stage in wanted:
         if status != "done":
             break
         if args.stage == "all" and stage in CONSUMER and read_result(work / CONSUMER[stage]):
             continue
+        finished_before = read_result(work / stage) is not None
+        if ran and deadline is not None and time.monotonic() >= deadline and not finished_before:
+            status = "paused"  # the budget is spent: start no new stage (each call still makes progress)
+            break
+        ran = ran or not finished_before
         t0 = time.monotonic()
-        if stage in ("latents", "dit", "trajectories", "distill") and text_encoder is None:
+        if stage in ("latents", "dit", "trajectories", "distill") and text_encoder is None and not finished_before:
             text_encoder = _text_encoder(args, device, dit_r.model.max_sequence_length)
         if stage == "vae":
             result = train_vae(vae_r, work, device=device, deadline=deadline)
@@ -107,7 +112,9 @@ def run(args: argparse.Namespace) -> int:
         elif stage == "export":
             result = _export(work, dit_r, args)
         else:
-            result = _evaluate(work, args, deadline)
+            if text_encoder is None and not finished_before and args.text_encoder:
+                text_encoder = _text_encoder(args, device, dit_r.model.max_sequence_length)
+            result = _evaluate(work, args, deadline, text_encoder if args.text_encoder else None)
         info = result if isinstance(result, dict) else {"status": result.status, **result.info}
         status = info["status"]
         brief = {k: v for k, v in info.items() if k not in ("latents_mean", "latents_std", "teacher_sigmas_preshift")}
@@ -132,6 +139,9 @@ def _text_encoder(args: argparse.Namespace, device: torch.device, max_len: int):
 
 def _export(work: Path, dit_r: DiTRecipe, args: argparse.Namespace) -> dict:
     out = work / "export"
+    done = read_result(out)
+    if done is not None and not args.install:
+        return done
     report = export_recipe.export_shapes(work, out, dit_r.model)
     _check_against_published(work, out)
     info = {"status": "done", **report.to_dict()}
@@ -141,7 +151,7 @@ def _export(work: Path, dit_r: DiTRecipe, args: argparse.Namespace) -> dict:
     return info
 
 
-def _evaluate(work: Path, args: argparse.Namespace, deadline: float | None) -> dict:
+def _evaluate(work: Path, args: argparse.Namespace, deadline: float | None, text_encoder) -> dict:
     folder = work / "evaluate"
     done = read_result(folder)
     if done is not None:
@@ -153,7 +163,7 @@ def _evaluate(work: Path, args: argparse.Namespace, deadline: float | None) -> d
             if deadline is not None and deadline - time.monotonic() < 60 * args.eval_minutes:
                 return {"status": "paused", "waiting_for": name}
             result = evaluate_model(work / "export" / name, n=args.eval_n, seed=args.eval_seed, device=args.device,
-                                    max_batch=args.eval_batch)
+                                    max_batch=args.eval_batch, text_encoder=text_encoder)
             folder.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(result, indent=2, default=str) + "\n")
         figures[name] = json.loads(path.read_text())["adherence"]

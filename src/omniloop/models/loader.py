@@ -96,9 +96,16 @@ def check_layout(root: Path, variant: Variant) -> None:
         raise ValueError(f"checkpoint {root} ({variant.name}) is incomplete; missing: " + ", ".join(missing))
 
 
-def load_components(root: Path, index: Mapping[str, Any], variant: Variant, options: LoadOptions) -> dict[str, Any]:
-    components: dict[str, Any] = {}
+def load_components(root: Path, index: Mapping[str, Any], variant: Variant, options: LoadOptions,
+                    preloaded: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    components: dict[str, Any] = dict(preloaded or {})
+    unknown = sorted(set(components) - {w.component for w in variant.weights})
+    if unknown:
+        raise ValueError(f"preloaded components {unknown} are not components of {variant.name}; "
+                         f"it has {[w.component for w in variant.weights]}")
     for w in variant.weights:
+        if w.component in components:
+            continue  # given by the caller (e.g. one text encoder shared by several models)
         if w.optional and not all((root / f).is_dir() for f in w.folders):
             continue
         logger.info("loading %s (%s) from %s", w.component, w.kind, ", ".join(w.folders))
@@ -106,7 +113,11 @@ def load_components(root: Path, index: Mapping[str, Any], variant: Variant, opti
     return components
 
 
-def load_pipeline(model: str | Path, options: LoadOptions) -> tuple[ModelSpec, Pipeline]:
+def load_pipeline(
+    model: str | Path, options: LoadOptions, *, preloaded: Mapping[str, Any] | None = None
+) -> tuple[ModelSpec, Pipeline]:
+    """``preloaded``: component name -> an already-loaded component to use instead of the
+    checkpoint's (it must be what that component's loader would give)."""
     root = resolve_model_path(model)
     index = read_model_index(root)
     if index.get("_layout") == LAYOUT:
@@ -114,5 +125,5 @@ def load_pipeline(model: str | Path, options: LoadOptions) -> tuple[ModelSpec, P
     spec = spec_for_class(index["_class_name"])
     variant = spec.variant(index)
     check_layout(root, variant)
-    components = load_components(root, index, variant, options)
+    components = load_components(root, index, variant, options, preloaded)
     return spec, spec.build(variant, index, components, options)

@@ -120,7 +120,7 @@ def _encode_shard(spec: LatentStoreSpec, dataset: ShapesDataset, first: int, cou
                                          num_workers=spec.num_workers, collate_fn=_collate)
     latents, texts = [], []
     for frames, captions in loader:
-        x = to_unit_video(frames).to(device, non_blocking=True)
+        x = to_unit_video(frames, device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             mean, _ = vae.encode(x)
         latents.append(vae.normalize_latents(mean.float()).to(spec.torch_dtype).cpu())  # [B, z, f, h, w]

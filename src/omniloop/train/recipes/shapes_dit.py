@@ -96,6 +96,29 @@ class DiTRecipe:
         ), **overrides})
 
 
+@torch.no_grad()
+def wan_init_(model: WanDiT) -> WanDiT:
+    """Wan's reference initialisation (its ``init_weights``): xavier-uniform linears with zero
+    biases (each of the fused q/k/v and k/v projections as its own matrix), xavier patch
+    embedding, N(0, 0.02) text and time embedders, and a zero output projection, so the
+    untrained model predicts zero velocity. The adaLN tables keep randn / sqrt(dim)."""
+    fused = {"qkv": 3, "kv": 2, "added_kv": 2}
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            for chunk in module.weight.chunk(fused.get(name.rsplit(".", 1)[-1], 1), dim=0):
+                torch.nn.init.xavier_uniform_(chunk)
+            if module.bias is not None:
+                torch.nn.init.zeros_(module.bias)
+    torch.nn.init.xavier_uniform_(model.patch_embedding.weight.flatten(1))
+    torch.nn.init.zeros_(model.patch_embedding.bias)
+    for embedder in (model.text_embedder, model.time_embedder):
+        for module in embedder.modules():
+            if isinstance(module, torch.nn.Linear):
+                torch.nn.init.normal_(module.weight, std=0.02)
+    torch.nn.init.zeros_(model.proj_out.weight)
+    return model
+
+
 def sample_sigmas(batch: int, generator: torch.Generator, device: torch.device, recipe: DiTRecipe) -> torch.Tensor:
     u = torch.randn(batch, generator=generator, device=device) * recipe.logit_std + recipe.logit_mean
     s = torch.sigmoid(u)
@@ -151,7 +174,7 @@ def train_dit(recipe: DiTRecipe, work_dir: Path, *, vae: WanVAE, text_encoder: A
         return StageResult(STAGE, "done", folder, done)
     store = LatentStore.load(work_dir, device)
     torch.manual_seed(recipe.train.seed)
-    dit = WanDiT(recipe.dit_config)
+    dit = wan_init_(WanDiT(recipe.dit_config))
     if dit.config.in_channels != vae.config.z_dim or dit.config.text_dim != store.text.shape[-1]:
         raise ValueError(f"DiT in_channels/text_dim ({dit.config.in_channels}, {dit.config.text_dim}) must match the "
                          f"VAE z_dim ({vae.config.z_dim}) and the text features ({store.text.shape[-1]})")

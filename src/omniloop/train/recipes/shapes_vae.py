@@ -102,8 +102,10 @@ class VAERecipe:
 
 @dataclass(frozen=True)
 class ClipBatches:
-    """Batch ``i``: ``clips`` crops of rendered training clips and ``images`` single frames, in
-    [-1, 1] as ``[B, 3, F, crop, crop]`` float32 (a pure function of ``i``)."""
+    """Batch ``i``: ``clips`` crops of rendered training clips and ``images`` single frames,
+    uint8 ``[B, F, crop, crop, 3]`` (a pure function of ``i``). NOTE: uint8 numpy, so loader
+    workers hand batches over a pipe at a quarter of the float size, never through /dev/shm
+    (small in containers); ``to_unit_video`` converts on the training side."""
 
     seed: int
     clips: int
@@ -119,7 +121,7 @@ class ClipBatches:
             ShapesDataset(seed=self.seed + 1, height=self.size, width=self.size, num_frames=1, image_prob=1.0),
         ))
 
-    def batch(self, index: int) -> dict[str, torch.Tensor]:
+    def batch(self, index: int) -> dict[str, np.ndarray]:
         rng = np.random.default_rng([self.seed, 99, index])
         clips, images = self._datasets
         out = {"clips": self._take(clips, index * self.clips, self.clips, rng)}
@@ -127,18 +129,21 @@ class ClipBatches:
             out["images"] = self._take(images, index * self.images, self.images, rng)
         return out
 
-    def _take(self, dataset: ShapesDataset, first: int, n: int, rng: np.random.Generator) -> torch.Tensor:
+    def _take(self, dataset: ShapesDataset, first: int, n: int, rng: np.random.Generator) -> np.ndarray:
         crops = []
         for j in range(first, first + n):
             video = dataset[j % len(dataset)]["video"]  # [F, H, W, 3] uint8
             y, x = rng.integers(0, self.size - self.crop + 1, size=2)
             crops.append(video[:, y:y + self.crop, x:x + self.crop])
-        return to_unit_video(np.stack(crops))
+        return np.stack(crops)
 
 
-def to_unit_video(frames: np.ndarray) -> torch.Tensor:
-    """uint8 [B, F, H, W, 3] -> float32 [B, 3, F, H, W] in [-1, 1]."""
-    return torch.from_numpy(frames).permute(0, 4, 1, 2, 3).float().div_(127.5).sub_(1.0)
+def to_unit_video(frames: np.ndarray | torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
+    """uint8 [B, F, H, W, 3] -> float32 [B, 3, F, H, W] in [-1, 1] (on ``device``: converted there)."""
+    t = torch.as_tensor(frames)
+    if device is not None:
+        t = t.to(device, non_blocking=True)
+    return t.permute(0, 4, 1, 2, 3).float().div_(127.5).sub_(1.0)
 
 
 def reconstruction_loss(vae: WanVAE, x: torch.Tensor, generator: torch.Generator, recipe: VAERecipe
@@ -163,11 +168,11 @@ def _dy(v: torch.Tensor) -> torch.Tensor:
 
 
 def vae_step(recipe: VAERecipe, device: torch.device):
-    def step(vae: WanVAE, batch: dict[str, torch.Tensor], generator: torch.Generator, index: int):
-        clips = batch["clips"].to(device, non_blocking=True)
+    def step(vae: WanVAE, batch: dict[str, np.ndarray], generator: torch.Generator, index: int):
+        clips = to_unit_video(batch["clips"], device)
         loss, metrics = reconstruction_loss(vae, clips, generator, recipe)
         if "images" in batch:
-            images = batch["images"].to(device, non_blocking=True)
+            images = to_unit_video(batch["images"], device)
             image_loss, image_metrics = reconstruction_loss(vae, images, generator, recipe)
             n_c, n_i = clips.shape[0], images.shape[0]
             loss = (loss * n_c + image_loss * n_i) / (n_c + n_i)
@@ -187,7 +192,7 @@ def latent_statistics(vae: WanVAE, recipe: VAERecipe, device: torch.device) -> t
     count = 0
     for first in range(0, recipe.stats_clips, recipe.stats_batch):
         n = min(recipe.stats_batch, recipe.stats_clips - first)
-        x = to_unit_video(np.stack([dataset[i]["video"] for i in range(first, first + n)])).to(device)
+        x = to_unit_video(np.stack([dataset[i]["video"] for i in range(first, first + n)]), device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             mean, _ = vae.encode(x)
         m = mean.double().transpose(0, 1).reshape(vae.config.z_dim, -1).cpu()  # [z, B*f*h*w]
@@ -206,7 +211,7 @@ def validation_fn(recipe: VAERecipe, device: torch.device):
 
     @torch.no_grad()
     def validate(step: int, vae: WanVAE) -> dict[str, Any]:
-        x = to_unit_video(clips).to(device)
+        x = to_unit_video(clips, device)
         recs = []
         for i in range(0, len(x), recipe.stats_batch):
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):

@@ -239,6 +239,7 @@ class Trainer:
         bar = tqdm(total=cfg.steps, initial=self.step, desc=self.name, unit="step", disable=not cfg.progress,
                    file=sys.stderr, dynamic_ncols=True)
         window = _Window()
+        record: dict[str, Any] = {"loss": float("nan")}
         last_validation: dict[str, Any] | None = None
         status: Literal["done", "paused"] = "done"
         try:
@@ -259,6 +260,9 @@ class Trainer:
                     break
                 if self.step % cfg.checkpoint_every == 0:
                     self.save_checkpoint()
+                    if not cfg.progress:  # a line per checkpoint instead of the bar (logs of remote runs)
+                        print(f"[{self.name}] step {self.step}/{cfg.steps} loss {record['loss']:.4f} "
+                              f"({self.elapsed_s:.0f}s)", file=sys.stderr, flush=True)
                 if time.monotonic() >= stop_at:
                     status = "paused"
                     break
@@ -351,9 +355,14 @@ def _batches(data: BatchSource, start: int, stop: int, num_workers: int, device:
         return
     loader = torch.utils.data.DataLoader(
         _IndexedBatches(data), batch_size=None, sampler=range(start, stop), num_workers=num_workers,
-        prefetch_factor=4, pin_memory=device.type == "cuda",
+        prefetch_factor=4, collate_fn=_as_is,
     )
     yield from loader  # DataLoader keeps the sampler's order with any number of workers
+
+
+def _as_is(batch: Any) -> Any:
+    """No conversion in the workers: numpy batches travel over a pipe, not /dev/shm."""
+    return batch
 
 
 def _truncate_log(path: Path, step: int) -> None:

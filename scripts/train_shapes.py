@@ -6,7 +6,8 @@ student -> export -> evaluate, resumable across separate time-limited calls.
 
 Every stage checkpoints into ``--work`` and is skipped once its ``result.json`` exists; when
 the time budget runs out the current stage checkpoints and the script exits with
-"PAUSED"; the same command continues where it stopped. ``--preset toy`` runs the whole
+"PAUSED"; the same command resumes where it stopped (``--no-resume`` refuses to,
+``--fresh`` starts over). ``--preset toy`` runs the whole
 chain on a CPU in about a minute (what tests/train checks, stage by stage). See
 docs/training.md for the GPU plan, estimates and figures.
 """
@@ -93,14 +94,14 @@ def run(args: argparse.Namespace) -> int:
         if stage in ("latents", "dit", "trajectories", "distill") and text_encoder is None and not finished_before:
             text_encoder = _text_encoder(args, device, dit_r.model.max_sequence_length)
         if stage == "vae":
-            result = train_vae(vae_r, work, device=device, deadline=deadline)
+            result = train_vae(vae_r, work, device=device, deadline=deadline, resume=args.resume)
         elif stage == "latents":
             result = build_latent_store(dit_r.store, work, vae=load_trained_vae(work, device),
                                         vae_file=work / "vae" / MODEL_DIR / "diffusion_pytorch_model.safetensors",
                                         text_encoder=text_encoder, device=device, deadline=deadline)
         elif stage == "dit":
             result = train_dit(dit_r, work, vae=load_trained_vae(work, device), text_encoder=text_encoder,
-                               device=device, deadline=deadline)
+                               device=device, deadline=deadline, resume=args.resume)
         elif stage == "trajectories":
             result = build_trajectories(distill_r, work, teacher=load_trained_dit(work, "dit", device),
                                         vae=load_trained_vae(work, device), text_encoder=text_encoder,
@@ -108,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         elif stage == "distill":
             result = train_student(distill_r, work, teacher=load_trained_dit(work, "dit", device),
                                    vae=load_trained_vae(work, device), text_encoder=text_encoder, device=device,
-                                   deadline=deadline)
+                                   deadline=deadline, resume=args.resume)
         elif stage == "export":
             result = _export(work, dit_r, args)
         else:
@@ -281,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="auto")
     p.add_argument("--max-minutes", type=float, default=None, help="pause (checkpointed) after this much wall time")
     p.add_argument("--fresh", action="store_true", help="delete --work first")
+    p.add_argument("--no-resume", dest="resume", action="store_false",
+                   help="refuse to continue a stage that has a checkpoint (default: resume it)")
     p.add_argument("--install", action="store_true", help="export: copy the models into src/omniloop/models/builtin/")
     p.add_argument("--publish", default=None, help="write meta.tar.gz + finished stage weights here after the call")
     p.add_argument("--from", dest="source", default=None, help="restore: the folder a call published into")

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import torch
+
+from omniloop.models.text.prompt import clean_prompt
 
 
 @dataclass(frozen=True)
@@ -19,3 +21,46 @@ class TextEncoder(Protocol):
     hidden_size: int
 
     def encode(self, prompts: Sequence[str], *, device: torch.device | None = None) -> EncodedText: ...
+
+
+class PaddedTokenEncoder:
+    """The shared prompt handling of our text encoders (Wan's rule): clean each prompt,
+    tokenize padded to ``max_sequence_length``, encode with the attention mask, and zero
+    every position past the prompt's real length (padding is at the end, so this equals
+    diffusers' cut-then-zero-pad). Subclasses say how the model is called."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, max_sequence_length: int, hidden_size: int) -> None:
+        self.model = model.eval().requires_grad_(False)
+        self.tokenizer = tokenizer
+        self.max_sequence_length = max_sequence_length
+        self.hidden_size = hidden_size
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def hidden_states(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """[B, L] token ids and mask -> [B, L, D] last hidden states."""
+        raise NotImplementedError
+
+    @torch.inference_mode()
+    def encode(self, prompts: Sequence[str], *, device: torch.device | None = None) -> EncodedText:
+        tokens = self.tokenizer(
+            [clean_prompt(p) for p in prompts],
+            padding="max_length",
+            max_length=self.max_sequence_length,
+            truncation=True,
+            add_special_tokens=True,
+            return_attention_mask=True,
+            return_tensors="pt",
+        )
+        ids, mask = tokens.input_ids.to(self.device), tokens.attention_mask.to(self.device)
+        hidden = self.hidden_states(ids, mask)  # [B, L, D]
+        # Padded positions still carry features in T5 and BERT; the models train with them zeroed.
+        hidden = hidden * mask.gt(0)[..., None].to(hidden.dtype)
+        lengths = [int(n) for n in mask.gt(0).sum(dim=1).tolist()]
+        return EncodedText(embeds=hidden.to(device or self.device), lengths=lengths)

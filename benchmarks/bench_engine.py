@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from omniloop.engine import Engine, EngineConfig, SchedulingPolicy, StepWork  # noqa: E402
+from omniloop.engine import Engine, EngineConfig, SchedulingPolicy  # noqa: E402
 from omniloop.models.loader import load_pipeline  # noqa: E402
 from omniloop.models.model_spec import LoadOptions  # noqa: E402
 from omniloop.request import DiffusionParams, OmniRequest, TaskType, TextPart  # noqa: E402

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
 import av
 import numpy as np
-import pytest
 
 from omniloop.api.generator import VideoGenerator
 from omniloop.request import ProgressEvent

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-import torch
 
 from omniloop.engine import AsyncEngine, QueueFull, RequestRejected, UnknownRequest
 from omniloop.request import FinalEvent, ProgressEvent, RequestStatus, StatusEvent

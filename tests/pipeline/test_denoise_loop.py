@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -41,7 +41,7 @@ def test_interleaved_requests_equal_each_alone(wan_t2v_dir):
     gen = VideoGenerator.from_pretrained(wan_t2v_dir, device="cpu", dtype="float32")
     alone = [gen.generate(_req(s, steps=n)).artifacts["latents"].latents for s, n in ((1, 4), (2, 6))]
 
-    (sa, stage, ctx, la), (sb, _, _, lb) = _start(gen, _req(1, steps=4)), _start(gen, _req(2, steps=6))
+    (_, stage, ctx, la), (_, _, _, lb) = _start(gen, _req(1, steps=4)), _start(gen, _req(2, steps=6))
     while not (la.done and lb.done):
         for loop in (la, lb):
             if not loop.done:

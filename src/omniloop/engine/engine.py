@@ -27,6 +27,7 @@ from omniloop.ext.hooks import ArtifactEmitted, HookChain, NodeEvent, RequestEve
 from omniloop.ext.install import check_plugin_params, plugin_chain
 from omniloop.ext.scope import request_scope, using_scope
 from omniloop.pipeline.pipeline import Pipeline
+from omniloop.pipeline.runner import EventSink
 from omniloop.pipeline.state import StepResult
 from omniloop.request import (
     ArtifactEvent,
@@ -40,7 +41,6 @@ from omniloop.request import (
 )
 
 logger = logging.getLogger(__name__)
-EventSink = Callable[[OmniEvent], None]
 
 
 @dataclass(frozen=True)
@@ -375,7 +375,7 @@ class Engine:
 
     # -- estimates ------------------------------------------------------------------------
     def _estimate(self, req: EngineRequest) -> None:
-        estimates, resident, peak, total = {}, 0, 0, 0.0
+        estimates, resident, peak = {}, 0, 0
         for node in req.nodes:
             est = node.stage.estimate(self.pipeline.contexts[node.name], req.state)
             estimates[node.name] = est

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from omniloop.ext.interceptors import accepts_block_interceptor
 from omniloop.pipeline.edges import ConditionLatents, DenoisedLatents, TextEmbeddings
-from omniloop.pipeline.policies.cfg import COND, CFGPolicy, CFGState, ClassicCFG, Prediction
+from omniloop.pipeline.policies.cfg import CFGPolicy, CFGState, ClassicCFG, Prediction
 from omniloop.pipeline.policies.conditioning import ConditioningPolicy, NoConditioning
 from omniloop.pipeline.policies.routing import Route, RoutingPolicy, SingleModel
 from omniloop.pipeline.policies.shift import FlowShift

@@ -61,3 +61,15 @@ def test_clip_batches_are_a_pure_function_of_the_index():
     assert (a["clips"] == b["clips"]).all() and not (a["clips"] == data.batch(4)["clips"]).all()
     x = to_unit_video(a["clips"])
     assert x.shape == (2, 3, 5, 32, 32) and x.min() >= -1 and x.max() <= 1
+
+
+def test_vae_init_starts_with_a_narrow_posterior():
+    from omniloop.models.families.wan.vae import WanVAE
+    from omniloop.train.recipes.shapes_vae import vae_init_
+
+    torch.manual_seed(0)
+    vae = vae_init_(WanVAE(VAERecipe.toy().vae_config))
+    z = vae.config.z_dim
+    assert torch.all(vae.quant_conv.bias[z:] == -6.0) and torch.all(vae.quant_conv.bias[:z] == 0)
+    conv = vae.encoder.conv_in.weight
+    assert abs(conv.std().item() - (2 / conv[0].numel()) ** 0.5) < 0.3 * (2 / conv[0].numel()) ** 0.5  # He

@@ -41,6 +41,9 @@ COMMANDS = ("all", *STAGES, "bench", "pack-minilm", "restore")
 # a stage whose only consumer has finished need not run (after a restore, its data is gone)
 CONSUMER = {"latents": "dit", "trajectories": "distill"}
 TARGETS = {"color": 0.90, "shape": 0.75, "motion": 0.75}  # issue 5, 50-step model; student within 0.05
+# reconstructed held-out ground truth must read this well, or nothing decoded by the VAE can reach TARGETS:
+# stop before spending GPU time on a DiT behind a VAE that lost the objects
+VAE_GATE = {"color": 0.90, "shape": 0.85}
 
 
 def recipes(args: argparse.Namespace) -> tuple[VAERecipe, DiTRecipe, DistillRecipe]:
@@ -120,14 +123,23 @@ def run(args: argparse.Namespace) -> int:
         status = info["status"]
         brief = {k: v for k, v in info.items() if k not in ("latents_mean", "latents_std", "teacher_sigmas_preshift")}
         print(f"== {stage}: {status} in {time.monotonic() - t0:.1f}s {json.dumps(brief, default=str)}", flush=True)
+        if stage == "vae" and status == "done" and args.preset == "full" and not _vae_passes(info):
+            status = "failed"
+            print(f"VAE GATE FAILED: reconstructions must reach {VAE_GATE}; fix the VAE recipe before the DiT",
+                  flush=True)
     summary = {stage: "done" if read_result(work / stage) else "todo" for stage in STAGES}
     write_result(work, {"stages": summary, "last_call_seconds": round(time.monotonic() - start, 1)})
     if args.publish:
         files = publish(work, Path(args.publish))
         print("published " + ", ".join(f"{f.name} ({f.stat().st_size / 1e6:.1f} MB)" for f in files), flush=True)
-    print(("PAUSED (time budget): run the same command again to resume" if status != "done" else "DONE")
-          + f" after {time.monotonic() - start:.1f}s; stages: {summary}", flush=True)
-    return 0
+    verdict = {"done": "DONE", "failed": "FAILED"}.get(status, "PAUSED (time budget): run the same command again to resume")
+    print(verdict + f" after {time.monotonic() - start:.1f}s; stages: {summary}", flush=True)
+    return 1 if status == "failed" else 0
+
+
+def _vae_passes(info: dict) -> bool:
+    validation = info.get("validation") or {}
+    return all(validation.get(k, 0.0) >= v for k, v in VAE_GATE.items())
 
 
 def _text_encoder(args: argparse.Namespace, device: torch.device, max_len: int):

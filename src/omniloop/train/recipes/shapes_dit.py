@@ -79,7 +79,7 @@ class DiTRecipe:
                      out_channels=16, text_dim=384, freq_dim=256, ffn_dim=768, num_layers=8),
             train=TrainConfig(steps=10_000, lr=3e-4, warmup_steps=500, ema_decay=0.9995, weight_decay=0.01,
                               checkpoint_every=500, log_every=50, validate_every=2500),
-            store=LatentStoreSpec(clips=98_304, shard_size=4096, encode_batch=64, num_workers=8),
+            store=LatentStoreSpec(clips=98_304, shard_size=4096, encode_batch=256, num_workers=8),
         ), **overrides})
 
     @classmethod

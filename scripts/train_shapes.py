@@ -263,12 +263,19 @@ def bench(args: argparse.Namespace, warmup: int = 5, steps: int = 20) -> int:
                                     device=device, generator=gen)}
 
     empty = torch.zeros(1, dit_r.store.max_sequence_length, dit_r.dit["text_dim"], device=device)
-    dit_s = timed(Trainer(dit, dit_r.train, scratch, device=device, name="bench"), latent_batch,
+    eager = replace(dit_r.train, compile=False)
+    dit_eager_s = timed(Trainer(dit, eager, scratch, device=device, name="bench"), latent_batch,
+                        flow_matching_step(dit_r, empty, device))
+    t0 = time.perf_counter()
+    dit_s = timed(Trainer(WanDiT(dit_r.dit_config), dit_r.train, scratch, device=device, name="bench"), latent_batch,
                   flow_matching_step(dit_r, empty, device))
+    compile_s = time.perf_counter() - t0 - (warmup + steps) * dit_s
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     projection = {
         "vae_ms_per_step": round(1e3 * vae_s, 1), "vae_render_ms_per_batch_one_worker": round(1e3 * render_s, 1),
         "dit_ms_per_step": round(1e3 * dit_s, 1), "dit_samples_per_s": round(dit_r.batch_size / dit_s),
+        "dit_eager_ms_per_step": round(1e3 * dit_eager_s, 1), "dit_compile": dit_r.train.compile,
+        "dit_compile_warmup_s": round(compile_s, 1),
         "vae_minutes": round(vae_r.train.steps * vae_s / 60, 1),
         "dit_minutes": round(dit_r.train.steps * dit_s / 60, 1),
         "student_minutes_training": round(distill_r.train.steps * dit_s * distill_r.batch_size / dit_r.batch_size

@@ -110,6 +110,23 @@ def test_encode_decode_match_diffusers(case: Case, request: pytest.FixtureReques
         assert out.abs().max() <= 1.0
 
 
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+@torch.no_grad()
+def test_whole_video_in_one_chunk_matches_diffusers(case: Case, request: pytest.FixtureRequest) -> None:
+    """``whole=True`` (all frames as one chunk, what training uses) is the same function."""
+    ckpt: Checkpoint = request.getfixturevalue(case.checkpoint)
+    video = _video(case.batch, case.frames, case.height, case.width, seed=3)
+    dist = ckpt.ref.encode(video).latent_dist
+    mean, logvar = ckpt.ours.encode(video, whole=True)
+    assert _max_err(mean, dist.mean) <= FP32_ATOL
+    assert _max_err(logvar, dist.logvar) <= FP32_ATOL
+    z = torch.randn(mean.shape, generator=torch.Generator().manual_seed(4))
+    out = ckpt.ours.decode(z, whole=True)
+    assert out.shape == video.shape
+    assert _max_err(out, ckpt.ref.decode(z).sample) <= FP32_ATOL
+    assert _max_err(ckpt.ours._decode_frames(z, whole=True), ckpt.ours._decode_frames(z)) <= FP32_ATOL
+
+
 @torch.no_grad()
 def test_bf16_tracks_diffusers(tiny: Checkpoint) -> None:
     ours = load_wan_vae(tiny.folder, dtype=torch.bfloat16)

@@ -86,7 +86,7 @@ class DistillRecipe:
     def full(cls, **overrides: Any) -> "DistillRecipe":
         return cls(**{**dict(
             train=TrainConfig(steps=3000, lr=1e-4, warmup_steps=100, ema_decay=0.999, checkpoint_every=250,
-                              log_every=25, validate_every=1000),
+                              log_every=25, validate_every=1000, compile=True),
         ), **overrides})
 
     @classmethod

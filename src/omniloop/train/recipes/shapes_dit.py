@@ -73,12 +73,13 @@ class DiTRecipe:
     @classmethod
     def full(cls, **overrides: Any) -> "DiTRecipe":
         """The shipped teacher: 8 layers x 256 wide (4 heads x 64), 8.11M parameters (16.2 MB
-        bf16); 98k cached clips; 10k steps of 256 (2.6M samples, ~26 epochs)."""
+        bf16); 98k cached clips; 12k steps of 256 (3.1M samples, ~31 epochs). Compiled blocks:
+        31 ms/step on an H200 (eager 87 ms)."""
         return cls(**{**dict(
             dit=dict(patch_size=[1, 2, 2], num_attention_heads=4, attention_head_dim=64, in_channels=16,
                      out_channels=16, text_dim=384, freq_dim=256, ffn_dim=768, num_layers=8),
-            train=TrainConfig(steps=10_000, lr=3e-4, warmup_steps=500, ema_decay=0.9995, weight_decay=0.01,
-                              checkpoint_every=500, log_every=50, validate_every=2500),
+            train=TrainConfig(steps=12_000, lr=3e-4, warmup_steps=500, ema_decay=0.9995, weight_decay=0.01,
+                              checkpoint_every=500, log_every=50, validate_every=2500, compile=True),
             store=LatentStoreSpec(clips=98_304, shard_size=4096, encode_batch=256, num_workers=8),
         ), **overrides})
 

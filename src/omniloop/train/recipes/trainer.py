@@ -43,7 +43,7 @@ CHECKPOINT_FILE = "checkpoint.pt"
 LOG_FILE = "log.jsonl"
 _FORMAT = "omniloop-train-checkpoint"
 # Config fields that may change between a run and its resume (they do not change the math).
-_RUNTIME_FIELDS = frozenset({"max_minutes", "progress", "checkpoint_every", "log_every", "validate_every"})
+_RUNTIME_FIELDS = frozenset({"max_minutes", "progress", "checkpoint_every", "log_every", "validate_every", "compile"})
 
 
 @dataclass(kw_only=True, slots=True)
@@ -63,6 +63,9 @@ class TrainConfig:
     seed: int = 0
     max_minutes: float | None = None  # stop (checkpoint, status "paused") after this much wall time
     progress: bool = True
+    # torch.compile every block of ``model.blocks`` on CUDA: a small DiT's step is bound by
+    # its unfused elementwise work (87 ms for 3.2 TFLOP on an H200 eager), which compile fuses
+    compile: bool = False
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)  # type: ignore[assignment]  # JSON round trip gives a list
@@ -136,6 +139,9 @@ class Trainer:
         self.name = name
         self.model = model.to(self.device).train()
         self.ema = copy.deepcopy(self.model).eval().requires_grad_(False)
+        if config.compile and self.device.type == "cuda":
+            for block in getattr(self.model, "blocks", ()):  # after the EMA copy: only training runs compiled
+                block.compile()
         params = [p for p in self.model.parameters() if p.requires_grad]
         decay = [p for p in params if p.ndim >= 2]
         no_decay = [p for p in params if p.ndim < 2]

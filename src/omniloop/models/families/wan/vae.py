@@ -322,7 +322,11 @@ class Downsample(nn.Module):
         prev = cache.read()
         cache.write(_history(prev, x, 1))
         if prev is None:
-            return x
+            if x.shape[2] == 1:
+                return x
+            # whole video in one chunk: frame 0 passes, then stride-2 windows from frame 0 on
+            # ((x0, x1, x2), (x2, x3, x4), ...), exactly what the chunked path computes
+            return torch.cat([x[:, :, :1], self.time_conv(x)], dim=2)
         return self.time_conv(torch.cat([prev, x], dim=2))
 
 
@@ -343,16 +347,26 @@ class Upsample(nn.Module):
         if self.time_conv is not None:
             prev = cache.read()
             if prev is None:
-                # First chunk: no time conv; later chunks start from zero history, not from it.
-                cache.write(x.new_empty(b, c, 0, h, w))
+                # First chunk: no time conv on its first frame; the frames after it start from
+                # zero history, not from it (more than one frame: a whole video in one chunk).
+                first, rest = x[:, :, :1], x[:, :, 1:]
+                cache.write(_history(x.new_empty(b, c, 0, h, w), rest, self.time_conv.history))
+                if t > 1:
+                    x = torch.cat([first, self._double_time(self.time_conv(rest))], dim=2)
+                    t = 1 + 2 * (t - 1)
             else:
                 cache.write(_history(prev, x, self.time_conv.history))
-                x = self.time_conv(x, prev)  # [B, 2C, T, H, W]
-                x = x.view(b, 2, c, t, h, w).permute(0, 2, 3, 1, 4, 5).reshape(b, c, 2 * t, h, w)
+                x = self._double_time(self.time_conv(x, prev))
                 t *= 2
         # nearest-exact 2x == repeat every pixel 2x2 (exact in any dtype; diffusers upcasts).
         x = x[:, :, :, :, None, :, None].expand(b, c, t, h, 2, w, 2).reshape(b, c, t, 2 * h, 2 * w)
         return _conv2d_per_frame(self.spatial_conv, x, padding=1)  # [B, C/2, T', 2H, 2W]
+
+    @staticmethod
+    def _double_time(x: Tensor) -> Tensor:
+        """[B, 2C, T, H, W] time-conv output -> [B, C, 2T, H, W]: each frame's two halves in turn."""
+        b, c2, t, h, w = x.shape
+        return x.view(b, 2, c2 // 2, t, h, w).permute(0, 2, 3, 1, 4, 5).reshape(b, c2 // 2, 2 * t, h, w)
 
 
 class MidBlock(nn.Module):
@@ -513,15 +527,23 @@ class WanVAE(nn.Module):
 
     # -- whole-video API ---------------------------------------------------------------------
 
-    def encode(self, video: Tensor) -> tuple[Tensor, Tensor]:
+    def encode(self, video: Tensor, *, whole: bool = False) -> tuple[Tensor, Tensor]:
         """Video [B, C, F, H, W] in [-1, 1] -> (mean, logvar), each [B, z_dim, f, H/8, W/8].
 
         ``F = 1 + 4 (f - 1)``; ``logvar`` is clamped to [-30, 20] like diffusers'
-        ``DiagonalGaussianDistribution``.
+        ``DiagonalGaussianDistribution``. ``whole``: run all frames as one chunk -- the same
+        function (every layer is causal; equal to the chunked path up to float rounding),
+        with activations for all frames at once but ~``f`` times fewer kernel launches
+        (what training on short clips wants; the chunked default bounds memory).
         """
         self._check_video(video)
         n = self.config.scale_factor_temporal
         cache = CausalCache()
+        if whole:
+            cache.begin_chunk()
+            moments = self.quant_conv(self.encoder(video.to(self.dtype), cache))
+            mean, logvar = moments.chunk(2, dim=1)
+            return mean, logvar.clamp(-30.0, 20.0)
         chunks = [self.encode_chunk(video[:, :, :1], cache)]
         for start in range(1, video.shape[2], n):
             chunks.append(self.encode_chunk(video[:, :, start : start + n], cache))
@@ -529,19 +551,24 @@ class WanVAE(nn.Module):
         mean, logvar = moments.chunk(2, dim=1)
         return mean, logvar.clamp(-30.0, 20.0)
 
-    def decode(self, z: Tensor, tiling: WanVAETiling | None = None) -> Tensor:
+    def decode(self, z: Tensor, tiling: WanVAETiling | None = None, *, whole: bool = False) -> Tensor:
         """Latents [B, z_dim, f, h, w] -> video [B, C, 1 + 4 (f - 1), 8h, 8w] in [-1, 1].
 
-        With ``tiling``, decodes overlapping spatial tiles and blends them (less memory).
+        With ``tiling``, decodes overlapping spatial tiles and blends them (less memory);
+        ``whole``: all latent frames as one chunk (see :meth:`encode`).
         """
         if z.dim() != 5 or z.shape[1] != self.config.z_dim or z.shape[2] < 1:
             raise ValueError(f"decode takes latents [B, {self.config.z_dim}, f >= 1, h, w], got shape {tuple(z.shape)}")
         if tiling is not None:
             return self._decode_tiled(z, tiling).clamp_(-1.0, 1.0)
-        return self._decode_frames(z).clamp_(-1.0, 1.0)
+        return self._decode_frames(z, whole=whole).clamp_(-1.0, 1.0)
 
-    def _decode_frames(self, z: Tensor) -> Tensor:
+    def _decode_frames(self, z: Tensor, *, whole: bool = False) -> Tensor:
         """Untiled, unclamped decode of all latent frames: [B, C, 1 + 4 (f - 1), 8h, 8w]."""
+        if whole:
+            cache = CausalCache()
+            cache.begin_chunk()
+            return self.decoder(self.post_quant_conv(z.to(self.dtype)), cache)
         b, _, f, h, w = z.shape
         s, n = self.config.scale_factor_spatial, self.config.scale_factor_temporal
         # Preallocated: no growing cat (diffusers re-copies the video once per latent frame).

@@ -129,6 +129,10 @@ def our_loop(ours, shape: Shape, text: torch.Tensor, device, dtype, guidance: fl
     return stage, ctx, stage.init(ctx, state)
 
 
+def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((x.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
 def bench_dit(args, cfg, shape, device, dtype, sink):
     cuda = device.type == "cuda"
     ref, ours = build_models(cfg, device, dtype)
@@ -146,8 +150,7 @@ def bench_dit(args, cfg, shape, device, dtype, sink):
         # numerical agreement on these exact inputs (bf16: both accumulate differently)
         a = ref(hidden_states=x, timestep=t, encoder_hidden_states=text, return_dict=False)[0]
         b = ours(x, t, text)
-        rel = ((a.float() - b.float()).norm() / a.float().norm()).item()
-        emit({**base, "metric": "rel_l2_ours_vs_diffusers", "value": rel}, sink)
+        emit({**base, "metric": "rel_l2_ours_vs_diffusers", "value": _rel(b, a)}, sink)
 
         results = {}
 
@@ -194,6 +197,22 @@ def bench_dit(args, cfg, shape, device, dtype, sink):
                 record(f"ours_step_autotuned[{best}]", lambda: stage.step(ctx, loop))
                 emit({**base, "metric": f"ratio_ours_step_autotuned[{best}]_over_diffusers_compiled",
                       "value": round(results[f"ours_step_autotuned[{best}]"] / ref_time, 3)}, sink)
+        if args.fp8:  # e4m3 block GEMMs (DeployConfig.quantization="fp8"): speed and error vs bf16
+            from omniloop.models.families.wan.spec import quantize_fp8_
+
+            best = args.backends[-1]
+            set_attention_backend(ours, best)
+            quantize_fp8_(ours)
+            torch._dynamo.reset()  # compiled blocks (if any) recompile around the new layers
+            q = ours(x, t, text)
+            emit({**base, "metric": "rel_l2_ours_fp8_vs_ours_bf16", "value": _rel(q, b)}, sink)
+            emit({**base, "metric": "rel_l2_ours_fp8_vs_diffusers_bf16", "value": _rel(q, a)}, sink)
+            name = f"ours_step_{'compiled' if args.compile else 'eager'}_fp8[{best}]"
+            stage, ctx, loop = our_loop(ours, shape, text, device, dtype, 1.0, "sequential")
+            record(name, lambda: stage.step(ctx, loop))
+            if args.compile:
+                emit({**base, "metric": f"ratio_{name}_over_diffusers_compiled",
+                      "value": round(results[name] / results["diffusers_forward_compiled"], 3)}, sink)
     del ref, ours
     if cuda:
         torch.cuda.empty_cache()
@@ -237,6 +256,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-compile", dest="compile", action="store_false")
     p.add_argument("--no-vae", dest="vae", action="store_false")
     p.add_argument("--autotune", action="store_true", help="also time our blocks compiled with max-autotune")
+    p.add_argument("--fp8", action="store_true", help="also time our compiled step with e4m3 block GEMMs")
     p.add_argument("--backends", default="sdpa,sdpa_cudnn", help="our attention backends to time (last = best)")
     p.add_argument("--out", default=None, help="also append the JSON lines to this file")
     args = p.parse_args(argv)
@@ -244,7 +264,7 @@ def main(argv=None) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     if args.tiny:
-        cfg = {**WAN21_T2V_1_3B, "num_attention_heads": 2, "attention_head_dim": 12, "ffn_dim": 32, "num_layers": 2,
+        cfg = {**WAN21_T2V_1_3B, "num_attention_heads": 2, "attention_head_dim": 16, "ffn_dim": 32, "num_layers": 2,
                "text_dim": 32, "freq_dim": 16}
         shape = Shape(32, 48, 9, text_len=16)
     else:

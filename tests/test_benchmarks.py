@@ -14,7 +14,7 @@ def test_wan_step_benchmark_smoke(tmp_path):
     out = tmp_path / "bench.jsonl"
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "bench_wan_step.py"), "--tiny", "--iters", "1", "--warmup", "0",
-         "--no-compile", "--backends", "sdpa", "--out", str(out)],
+         "--no-compile", "--fp8", "--backends", "sdpa", "--out", str(out)],
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
@@ -24,3 +24,5 @@ def test_wan_step_benchmark_smoke(tmp_path):
     assert metrics["max_abs_ours_vs_diffusers"]["value"] < 1e-4
     assert metrics["ours_step_eager[sdpa]"]["median_s"] > 0
     assert "diffusers_decode" in metrics and "ours_decode" in metrics
+    assert 0 < metrics["rel_l2_ours_fp8_vs_ours_bf16"]["value"] < 0.1  # e4m3 GEMMs: close, not equal
+    assert metrics["ours_step_eager_fp8[sdpa]"]["median_s"] > 0

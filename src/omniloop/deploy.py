@@ -37,6 +37,11 @@ class DeployConfig(BaseModel):
         default="sequential", description="CFG dispatch: two forwards, or cond+uncond stacked in one"
     )
     compile: bool = Field(default=False, description="torch.compile each transformer block (GPU)")
+    quantization: Literal["none", "fp8"] = Field(
+        default="none",
+        description="'fp8': e4m3 weights and per-token e4m3 activations in the transformer blocks' GEMMs "
+        "(Ada/Hopper GPUs; changes the numbers, see benchmarks/results); 'none': the model dtype",
+    )
     plugins: dict[str, dict[str, Any]] = Field(default_factory=dict, description="enabled plugins and their config")
     limits: Limits = Field(default_factory=Limits)
     # -- engine -------------------------------------------------------------------------

@@ -12,10 +12,11 @@ import numpy as np
 import torch
 
 from omniloop.deploy import DeployConfig
+from omniloop.engine.async_engine import load_options
 from omniloop.engine.engine import Engine, EngineConfig
 from omniloop.ext.install import install_plugins
 from omniloop.models.loader import load_pipeline
-from omniloop.models.model_spec import LoadOptions, ModelSpec
+from omniloop.models.model_spec import ModelSpec
 from omniloop.pipeline.pipeline import Pipeline
 from omniloop.request import (
     DiffusionParams,
@@ -70,17 +71,10 @@ class VideoGenerator:
         cls, model: str | Path = DEFAULT_MODEL, *, deploy: DeployConfig | None = None, **options: Any
     ) -> "VideoGenerator":
         """Load a checkpoint directory or built-in model name. ``options`` are DeployConfig
-        fields (``device``, ``dtype``, ``attention_backend``, ``cfg_mode``, ``compile``,
+        fields (``device``, ``dtype``, ``attention_backend``, ``cfg_mode``, ``compile``, ``quantization``,
         ``plugins={name: config}``...)."""
         config = DeployConfig.from_options(deploy, **options)
-        load = LoadOptions(
-            device=config.torch_device(),
-            dtype=config.torch_dtype(),
-            attention_backend=config.attention_backend,
-            cfg_mode=config.cfg_mode,
-            compile=config.compile,
-        )
-        spec, pipeline = load_pipeline(model, load)
+        spec, pipeline = load_pipeline(model, load_options(config))
         pipeline = install_plugins(pipeline, config.plugins, compile=config.compile)  # deploy-scoped plugins
         return cls(spec, pipeline, config)
 

@@ -28,8 +28,9 @@ logger = logging.getLogger(__name__)
 
 
 def load_options(deploy: DeployConfig) -> LoadOptions:
+    """The slice of ``deploy`` that loading and pipeline building read."""
     return LoadOptions(device=deploy.torch_device(), dtype=deploy.torch_dtype(), attention_backend=deploy.attention_backend,
-                       cfg_mode=deploy.cfg_mode, compile=deploy.compile)
+                       cfg_mode=deploy.cfg_mode, compile=deploy.compile, quantization=deploy.quantization)
 
 
 class AsyncEngine:

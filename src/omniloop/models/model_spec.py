@@ -27,6 +27,7 @@ class LoadOptions:
     attention_backend: str = "sdpa"
     cfg_mode: str = "sequential"
     compile: bool = False
+    quantization: str = "none"  # "fp8": e4m3 GEMMs in the transformer blocks (layers/fp8_linear.py)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,97 @@
+"""FP8 (e4m3) linear layers: ``DeployConfig.quantization = "fp8"``.
+
+Weights are quantized once at load, per output channel; activations are quantized per
+token at every call (dynamic, so no calibration data); the GEMM runs on FP8 tensor cores
+through ``torch._scaled_mm`` with row-wise scales and accumulates in fp32:
+
+    y[m, n] = (sum_k q(x)[m, k] q(W)[n, k]) * sx[m] * sw[n] + b[n]
+    q(x) = round_e4m3(x / sx),  sx[m] = max_k |x[m, k]| / 448   (448: the largest e4m3 value)
+
+It changes the numbers (e4m3 keeps 3 mantissa bits: ~3% relative error per GEMM on random
+data), so it is an explicit deploy choice, reported with its error against bf16 in
+``benchmarks/bench_wan_step.py``; the default stays bf16. Only the big GEMMs of the
+transformer blocks are converted (:func:`quantize_linears_`); embedders, the output head
+and the adaLN tables stay in the model dtype.
+
+NOTE: ``torch._scaled_mm`` needs both GEMM dims that touch the weight (in and out
+features) to be multiples of 16; other layers are left as they are. On CUDA it needs
+compute capability >= 8.9 (Ada/Hopper); recent CPU builds run it too (slowly), which is
+what the tests use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+E4M3 = torch.float8_e4m3fn
+E4M3_MAX = float(torch.finfo(E4M3).max)  # 448.0
+_ALIGN = 16
+
+
+def quantize_rowwise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[M, K] -> (e4m3 [M, K], fp32 scale [M, 1]) with x ~= q * scale row by row."""
+    amax = x.abs().amax(dim=-1, keepdim=True).float().clamp_min(1e-12)
+    scale = amax / E4M3_MAX
+    return (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), scale
+
+
+class Fp8Linear(nn.Module):
+    """A drop-in for an ``nn.Linear`` (same in/out features, same output dtype) whose
+    weight lives in e4m3 with one fp32 scale per output channel."""
+
+    def __init__(self, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        # buffers, not parameters: inference-only (an optimizer has nothing to do with e4m3)
+        self.register_buffer("weight", weight)  # [N, K] e4m3
+        self.register_buffer("weight_scale", weight_scale)  # [1, N] fp32
+        self.register_buffer("bias", bias)  # [N] model dtype or None
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> Fp8Linear:
+        if not supports_fp8(linear):
+            raise ValueError(f"Fp8Linear needs in/out features that are multiples of {_ALIGN}, got "
+                             f"{linear.in_features} -> {linear.out_features}; keep this layer unquantized")
+        with torch.no_grad():
+            weight, scale = quantize_rowwise(linear.weight.detach())
+            bias = None if linear.bias is None else linear.bias.detach().clone()
+        return cls(weight, scale.t().contiguous(), bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [..., K] -> [..., N] in x's dtype
+        lead = x.shape[:-1]
+        xq, sx = quantize_rowwise(x.reshape(-1, self.in_features))  # [M, K] e4m3, [M, 1]
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        out_dtype = x.dtype if x.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.bfloat16
+        y = torch._scaled_mm(xq, self.weight.t(), scale_a=sx, scale_b=self.weight_scale, bias=bias,
+                             out_dtype=out_dtype)
+        return y.reshape(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, fp8=e4m3"
+
+
+def supports_fp8(linear: nn.Linear) -> bool:
+    return linear.in_features % _ALIGN == 0 and linear.out_features % _ALIGN == 0
+
+
+def quantize_linears_(root: nn.Module, select: Callable[[str, nn.Linear], bool]) -> list[str]:
+    """Replace every ``nn.Linear`` under ``root`` whose (qualified name, module) ``select``
+    accepts, and whose shape FP8 GEMMs take, by an :class:`Fp8Linear`. Returns the names;
+    a ``ValueError`` when ``select`` accepts layers but none of them can be converted (a
+    deploy that asked for FP8 must not silently run unquantized)."""
+    selected = [(name, m) for name, m in root.named_modules() if isinstance(m, nn.Linear) and select(name, m)]
+    chosen = [(name, m) for name, m in selected if supports_fp8(m)]
+    if selected and not chosen:
+        shapes = sorted({(m.in_features, m.out_features) for _, m in selected})
+        raise ValueError(f"quantization='fp8' cannot convert any of {len(selected)} layers: FP8 GEMMs need in/out "
+                         f"features that are multiples of {_ALIGN}, got {shapes[:4]}; deploy with "
+                         "quantization='none' for this model")
+    for name, linear in chosen:
+        parent_name, _, child = name.rpartition(".")
+        parent = root.get_submodule(parent_name) if parent_name else root
+        setattr(parent, child, Fp8Linear.from_linear(linear))
+    return [name for name, _ in chosen]

@@ -26,3 +26,14 @@ def test_wan_step_benchmark_smoke(tmp_path):
     assert "diffusers_decode" in metrics and "ours_decode" in metrics
     assert 0 < metrics["rel_l2_ours_fp8_vs_ours_bf16"]["value"] < 0.1  # e4m3 GEMMs: close, not equal
     assert metrics["ours_step_eager_fp8[sdpa]"]["median_s"] > 0
+
+
+def test_fp8_gemm_benchmark_smoke(tmp_path):
+    out = tmp_path / "fp8.jsonl"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_fp8_gemm.py"), "--tiny", "--iters", "1",
+                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    errors = [r["rel_l2_vs_fp32"] for r in records if r.get("variant") == "fp8_eager" and "k" in r]
+    assert len(errors) == 6 and all(0 < e < 0.06 for e in errors)
+    assert {r["variant"] for r in records if r["gemm"] == "per_forward_total"} == {"bf16", "fp8_eager"}

@@ -1,0 +1,92 @@
+"""The Wan2.1-1.3B block GEMMs at 480x832x81 (32,760 tokens): bf16 ``F.linear`` vs our
+``Fp8Linear`` (e4m3, per-token activation scales, quantization included), eager and compiled.
+
+    python benchmarks/bench_fp8_gemm.py --out benchmarks/results/fp8_gemm_h200.jsonl
+    python benchmarks/bench_fp8_gemm.py --tiny   # CPU smoke
+
+One JSON line per GEMM and variant, then the per-forward total over the 30 blocks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from omniloop.models.layers.fp8_linear import Fp8Linear
+
+# (name, in, out) of one Wan2.1-1.3B block (dim 1536, ffn 8960); cross-attn k/v act on 512 text tokens
+BLOCK_GEMMS = [("self_attn.qkv", 1536, 4608), ("self_attn.out", 1536, 1536), ("cross_attn.q", 1536, 1536),
+               ("cross_attn.out", 1536, 1536), ("ffn.proj_in", 1536, 8960), ("ffn.proj_out", 8960, 1536)]
+BLOCKS = 30
+
+
+def timed(fn, iters: int, cuda: bool) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(iters):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--tiny", action="store_true")
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    cuda = torch.cuda.is_available() and not args.tiny
+    device, dtype = (torch.device("cuda"), torch.bfloat16) if cuda else (torch.device("cpu"), torch.float32)
+    tokens = 256 if args.tiny else 32760
+    gemms = [(n, i // 16 if args.tiny else i, o // 16 if args.tiny else o) for n, i, o in BLOCK_GEMMS]
+    base = {"bench": "fp8_gemm", "device": torch.cuda.get_device_name() if cuda else "cpu",
+            "torch": torch.__version__, "tokens": tokens, "dtype": str(dtype).removeprefix("torch.")}
+    sink = open(args.out, "a") if args.out else None
+    totals: dict[str, float] = {}
+    torch.manual_seed(0)
+    for name, k, n in gemms:
+        linear = nn.Linear(k, n, device=device, dtype=dtype)
+        fp8 = Fp8Linear.from_linear(linear)
+        x = torch.randn(tokens, k, device=device, dtype=dtype)
+        ref = F.linear(x.float(), linear.weight.float(), linear.bias.float())
+        err = ((fp8(x).float() - ref).norm() / ref.norm()).item()
+        variants = {"bf16": lambda: linear(x), "fp8_eager": lambda: fp8(x)}
+        if cuda:
+            variants["fp8_compiled"] = torch.compile(fp8)
+            variants["bf16_compiled"] = torch.compile(linear)
+        flops = 2 * tokens * k * n
+        with torch.inference_mode():
+            for variant, fn in variants.items():
+                s = timed(fn, args.iters, cuda)
+                totals[variant] = totals.get(variant, 0.0) + s
+                record = {**base, "gemm": name, "k": k, "n": n, "variant": variant, "median_s": s,
+                          "tflops": round(flops / s / 1e12, 1), "rel_l2_vs_fp32": err if "fp8" in variant else None}
+                print(json.dumps(record), flush=True)
+                if sink:
+                    sink.write(json.dumps(record) + "\n")
+    for variant, s in totals.items():
+        record = {**base, "gemm": "per_forward_total", "variant": variant, "blocks": BLOCKS,
+                  "seconds_per_forward": round(BLOCKS * s, 4)}
+        print(json.dumps(record), flush=True)
+        if sink:
+            sink.write(json.dumps(record) + "\n")
+    if sink:
+        sink.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

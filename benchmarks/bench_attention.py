@@ -55,7 +55,14 @@ def main(argv=None) -> int:
         o = out[:, :1024].float()
         return ((o - ref).norm() / ref.norm()).item()
 
-    candidates = {f"registry:{b}": (lambda b=b: attention(q, k, v, backend=b)) for b in ("sdpa", "sdpa_cudnn", "sdpa_flash")}
+    candidates = {f"registry:{b}": (lambda b=b: attention(q, k, v, backend=b))
+                  for b in ("sdpa", "sdpa_cudnn", "sdpa_flash", "triton_8bit")}
+    from omniloop.models.layers.attention_8bit import KernelConfig, attention_8bit
+
+    for cfg in (KernelConfig(128, 128, 8, 3), KernelConfig(128, 64, 4, 3), KernelConfig(128, 128, 8, 2),
+                KernelConfig(64, 64, 4, 4), KernelConfig(128, 32, 4, 4), KernelConfig(128, 64, 8, 4)):
+        candidates[f"triton_8bit:{cfg.block_m}x{cfg.block_n}w{cfg.num_warps}s{cfg.num_stages}"] = (
+            lambda cfg=cfg: attention_8bit(q, k, v, cfg))
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
     for name, backend in (("sdpa:cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa:flash", SDPBackend.FLASH_ATTENTION),
                           ("sdpa:efficient", SDPBackend.EFFICIENT_ATTENTION)):

@@ -32,7 +32,7 @@ class DeployConfig(BaseModel):
 
     device: str = Field(default="auto", description="'auto', 'cpu', 'cuda', 'cuda:1', ...")
     dtype: str = Field(default="auto", description="'auto' (bf16 on GPU, fp32 on CPU), 'float32', 'bfloat16', 'float16'")
-    attention_backend: str = Field(default="sdpa", description="attention kernel: sdpa, sdpa_cudnn, sdpa_flash, math")
+    attention_backend: str = Field(default="sdpa", description="attention kernel: sdpa, sdpa_cudnn, sdpa_flash, math, or triton_8bit (INT8 QK + FP8 PV, Ada/Hopper; changes the numbers)")
     cfg_mode: Literal["sequential", "batched"] = Field(
         default="sequential", description="CFG dispatch: two forwards, or cond+uncond stacked in one"
     )

@@ -162,3 +162,7 @@ def set_attention_backend(module: torch.nn.Module, name: str) -> None:
     for sub in module.modules():
         if hasattr(sub, "attention_backend"):
             sub.attention_backend = name
+
+
+# Backends in their own modules register on import (after the registry above exists).
+from omniloop.models.layers import attention_8bit as _attention_8bit  # noqa: E402,F401

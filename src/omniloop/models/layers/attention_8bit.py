@@ -1,0 +1,174 @@
+"""8-bit flash attention in Triton: the ``triton_8bit`` attention backend.
+
+Both products run on 8-bit tensor cores (twice bf16's rate on Ada/Hopper) with 32-bit
+accumulation, flash-attention style (online softmax over key blocks, nothing of size L x L
+in memory), the recipe of SageAttention2:
+
+* ``S = Q K^T`` in INT8: Q quantized per (batch, head, block of ``BLOCK_M`` queries), K per
+  (batch, head, block of ``BLOCK_N`` keys) after subtracting K's mean over the sequence
+  (smoothing: ``q . mean(k)`` is the same for every key of a query row, so the softmax is
+  unchanged, and the offset-free remainder quantizes better). INT8 rather than FP8 here:
+  with per-block scales its 127 uniform levels beat e4m3's 3 mantissa bits (emulated on
+  random data: 4.6% -> 3.7% end-to-end error);
+* ``O = P V`` in FP8 (e4m3): the probabilities ``P`` (in [0, 1] after the running max)
+  stored as ``448 P``, V per (batch, head, channel); V is laid out ``[D, L]`` so both FP8
+  operands are K-major, which Hopper's FP8 MMA needs.
+
+It changes the numbers (error vs bf16 in ``benchmarks/bench_attention.py`` and
+``tests/models/test_attention_8bit.py``), so it is an explicit deploy choice
+(``attention_backend="triton_8bit"``). It serves the DiT path only: no mask, no causal, equal
+query and key heads, head_dim 64 or 128; anything else, and any device without Triton and
+8-bit MMA (CPU, pre-Ada GPUs), is an error that names the backend to use instead.
+``TRITON_INTERPRET=1`` runs the kernel on the CPU (slowly; that is how the tests check it).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+
+from omniloop.models.layers.attention import register_attention_backend
+
+E4M3 = torch.float8_e4m3fn
+E4M3_MAX = 448.0
+INT8_MAX = 127.0
+BLOCK_M = 128  # queries per program (and per Q scale)
+BLOCK_N = 64  # keys per inner iteration (and per K scale)
+
+
+@functools.cache
+def _kernel():
+    """Compile-on-first-use: importing this module must not require Triton."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def attention_8bit_fwd(
+        Q, K, Vt, Out, QS, KS, VS,  # Q/K [Z, Lp, D] int8; Vt [Z, D, Lkp] e4m3; Out [B, Lq, H, D]; scales fp32
+        stride_qz, stride_qm, stride_kz, stride_kn, stride_vz, stride_vd,
+        stride_ob, stride_om, stride_oh,
+        H, Lq, Lk, n_qblocks, sm_scale_log2,
+        N_KBLOCKS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    ):
+        # N_KBLOCKS is a compile-time constant: one specialization per key length (a DiT has
+        # a few), and a static trip count the interpreter can run too
+        pid_m = tl.program_id(0)
+        z = tl.program_id(1)  # batch * H + head
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, HEAD_DIM)
+        q = tl.load(Q + z * stride_qz + offs_m[:, None] * stride_qm + offs_d[None, :])  # [M, D] (padded rows are 0)
+        q_scale = tl.load(QS + z * n_qblocks + pid_m) * sm_scale_log2
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        k_ptrs = K + z * stride_kz + offs_n[:, None] * stride_kn + offs_d[None, :]
+        v_ptrs = Vt + z * stride_vz + offs_d[:, None] * stride_vd + offs_n[None, :]
+        for block in range(0, N_KBLOCKS):
+            k = tl.load(k_ptrs)  # [N, D]
+            s = tl.dot(q, tl.trans(k)).to(tl.float32) * (q_scale * tl.load(KS + z * N_KBLOCKS + block))  # [M, N], log2
+            s = tl.where((block * BLOCK_N + offs_n)[None, :] < Lk, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            p = tl.math.exp2(s - m_new[:, None])
+            alpha = tl.math.exp2(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            vt = tl.load(v_ptrs)  # [D, N]
+            acc = tl.dot((p * 448.0).to(tl.float8e4nv), tl.trans(vt), acc * alpha[:, None])
+            m_i = m_new
+            k_ptrs += BLOCK_N * stride_kn
+            v_ptrs += BLOCK_N
+        v_scale = tl.load(VS + z * HEAD_DIM + offs_d)  # [D]
+        out = acc * (v_scale[None, :] / 448.0) / l_i[:, None]
+        b, h = z // H, z % H
+        o_ptrs = Out + b * stride_ob + offs_m[:, None] * stride_om + h * stride_oh + offs_d[None, :]
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=offs_m[:, None] < Lq)
+
+    return attention_8bit_fwd
+
+
+def _blocks(x: torch.Tensor, block: int) -> torch.Tensor:
+    """[B, L, H, D] -> [B, H, L_pad, D] (zero rows up to a multiple of ``block``)."""
+    pad = -x.shape[1] % block
+    x = x.transpose(1, 2)
+    return torch.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x.contiguous()
+
+
+def _quantize_blocks(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, H, Lp, D] -> (int8 [B*H, Lp, D], fp32 scales [B*H, Lp / block]), one scale per block of rows."""
+    b, h, lp, d = x.shape
+    blocks = x.float().view(b * h, lp // block, block, d)
+    scale = blocks.abs().amax(dim=(2, 3)).clamp_min(1e-12) / INT8_MAX  # [Z, nb]
+    q = (blocks / scale[:, :, None, None]).round_().to(torch.int8).view(b * h, lp, d)
+    return q, scale.contiguous()
+
+
+def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_m: int = BLOCK_M, block_n: int = BLOCK_N):
+    """The kernel's operands: int8 Q and smoothed K, e4m3 V^T, and their fp32 scales."""
+    k = k - k.mean(dim=1, keepdim=True, dtype=torch.float32).to(k.dtype)  # smoothing: softmax-invariant
+    q8, q_scale = _quantize_blocks(_blocks(q, block_m), block_m)
+    k8, k_scale = _quantize_blocks(_blocks(k, block_n), block_n)
+    vb = _blocks(v, block_n).float()  # [B, H, Lkp, D]
+    b, h, lkp, d = vb.shape
+    v_scale = vb.abs().amax(dim=2).clamp_min(1e-12) / E4M3_MAX  # [B, H, D]: per channel
+    # [Z, D, Lkp] with L contiguous (.contiguous(): with B = H = 1 the reshape alone is a strided view)
+    vt8 = (vb / v_scale[:, :, None, :]).to(E4M3).transpose(2, 3).reshape(b * h, d, lkp).contiguous()
+    return q8, q_scale, k8, k_scale, vt8, v_scale.reshape(b * h, d).contiguous()
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Tile sizes and launch parameters (``benchmarks/bench_attention.py`` sweeps them)."""
+
+    block_m: int = BLOCK_M
+    block_n: int = BLOCK_N
+    num_warps: int = 8
+    num_stages: int = 3
+
+
+def attention_8bit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: KernelConfig = KernelConfig()
+                   ) -> torch.Tensor:
+    """``[B, Lq, H, D] x [B, Lk, H, D] -> [B, Lq, H, D]`` (softmax scale 1/sqrt(D)), 8-bit inside."""
+    _check(q, k, v)
+    import triton
+
+    bsz, lq, heads, dim = q.shape
+    lk = k.shape[1]
+    q8, q_scale, k8, k_scale, vt8, v_scale = quantize_qkv(q, k, v, config.block_m, config.block_n)
+    out = torch.empty_like(q)
+    grid = (triton.cdiv(lq, config.block_m), bsz * heads)
+    _kernel()[grid](
+        q8, k8, vt8, out, q_scale, k_scale, v_scale,
+        q8.stride(0), q8.stride(1), k8.stride(0), k8.stride(1), vt8.stride(0), vt8.stride(1),
+        out.stride(0), out.stride(1), out.stride(2),
+        heads, lq, lk, q_scale.shape[1], dim**-0.5 * 1.4426950408889634,
+        N_KBLOCKS=k_scale.shape[1], HEAD_DIM=dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    return out
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    if not (q.is_cuda or interpret):
+        raise ValueError("attention backend 'triton_8bit' needs a CUDA GPU with 8-bit tensor cores (Ada/Hopper); "
+                         "deploy with attention_backend='sdpa' on this device")
+    if q.is_cuda and torch.cuda.get_device_capability(q.device) < (8, 9):
+        raise ValueError(f"attention backend 'triton_8bit' needs FP8 tensor cores (compute capability >= 8.9), "
+                         f"{torch.cuda.get_device_name(q.device)} has "
+                         f"{torch.cuda.get_device_capability(q.device)}; use attention_backend='sdpa'")
+    if k.shape[2] != q.shape[2] or q.shape[-1] not in (64, 128):
+        raise ValueError(f"attention backend 'triton_8bit' takes equal query/key heads and head_dim 64 or 128, got "
+                         f"{q.shape[2]}/{k.shape[2]} heads of {q.shape[-1]}; use attention_backend='sdpa'")
+
+
+@register_attention_backend("triton_8bit")
+def _triton_8bit(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: torch.Tensor | None = None, causal: bool = False
+) -> torch.Tensor:
+    if mask is not None or causal:
+        raise ValueError("attention backend 'triton_8bit' serves unmasked, non-causal attention (DiTs); "
+                         "deploy language models with attention_backend='sdpa'")
+    return attention_8bit(q, k, v)

@@ -12,6 +12,8 @@
     python benchmarks/bench_cache.py                 # GPU: Wan2.1-T2V-1.3B architecture (random weights)
     python benchmarks/bench_cache.py --cpu-small     # CPU: an 8-block small Wan (ratios only)
     python benchmarks/bench_cache.py --tiny          # CPU smoke test (seconds)
+    python benchmarks/bench_cache.py --checkpoint shapes-t2v --size 128 128 --frames 17 --steps 50 \
+        --adherence 256                              # the shapes model: + adherence per setting
 
 NOTE: the weights are random. Residual and timestep-embedding statistics of a random DiT
 are not those of a trained one, so the cache decisions (hence speed-up and PSNR) are not
@@ -265,6 +267,51 @@ def bench_cache(base, args, base_rec: dict, sink) -> None:
               "latent_psnr": round(psnr(out.artifacts["latents"].latents.float(), ref_lat, lat_range), 2)}, sink)
 
 
+def bench_adherence(base, args, base_rec: dict, sink) -> None:
+    """Adherence (color / shape / motion) of ``args.adherence`` held-out shapes-world prompts,
+    uncached vs each cache setting, plus the mean PSNR of each video against its uncached
+    twin (same seed). Requests run batched through one engine; the speed-ups are the
+    ``cache`` bench's (one request at a time)."""
+    from omniloop.engine.scheduler import SchedulingPolicy
+    from omniloop.eval.adherence import evaluate
+    from omniloop.eval.shapes_world import held_out_prompts
+
+    h, w = args.size
+    prompts = held_out_prompts(args.adherence, seed=0)
+
+    def generate(pipe, tag: str) -> list[torch.Tensor]:
+        policy = SchedulingPolicy(max_running=args.adherence_batch, max_batch=args.adherence_batch)
+        engine = Engine(pipe, EngineConfig(max_queue=len(prompts) + 1, policy=policy))
+        ids = [engine.add_request(OmniRequest(
+            task=TaskType.T2V, request_id=f"{tag}-{i}", inputs=[TextPart(text=p.prompt)],
+            diffusion=DiffusionParams(steps=args.steps, height=h, width=w, num_frames=args.frames, seed=i,
+                                      guidance_scale=args.guidance))) for i, p in enumerate(prompts)]
+        with torch.inference_mode():
+            while engine.has_unfinished():
+                engine.step()
+        outs = [engine.pop_output(rid) for rid in ids]
+        assert all(o.status.value == "completed" for o in outs), [o.error for o in outs if o.error]
+        return [o.video.frames for o in outs]
+
+    def record(method: str, label: str, frames: list[torch.Tensor], ref: list[torch.Tensor] | None) -> None:
+        report = evaluate(zip([f.cpu().numpy() for f in frames], [p.prompt for p in prompts]))
+        rec = {**base_rec, "bench": "cache_adherence", "method": method, "setting": label, "prompts": len(prompts),
+               **{k: round(report.accuracy(k), 4) for k in ("color", "shape", "motion")},
+               "all_correct": round(report.clip_accuracy, 4)}
+        if ref is not None:
+            rec["mean_psnr"] = round(statistics.fmean(min(psnr(a, b, 255.0), 100.0) for a, b in zip(frames, ref)), 2)
+        emit(rec, sink)
+
+    ref = generate(base, "uncached")
+    record("none", "uncached", ref, None)
+    done: dict[str, int] = {}
+    for method, label, plugins in settings(base, args, len(base.components["transformer"].blocks)):
+        done[method] = done.get(method, 0) + 1
+        if args.max_settings is not None and done[method] > args.max_settings:
+            continue
+        record(method, label, generate(install_plugins(base, plugins), method), ref)
+
+
 def bench_overhead(base, args, base_rec: dict, sink) -> None:
     """Mean denoise step time per variant, rounds interleaved; median over rounds."""
     plain_plugins = {"dbcache": {"Fn": 1, "threshold": 0.1}}
@@ -305,7 +352,11 @@ def main(argv: list[str] | None = None) -> None:
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--tiny", action="store_true", help="CPU smoke test: 2-block toy Wan, few steps")
     mode.add_argument("--cpu-small", action="store_true", help="CPU: 8-block small Wan")
-    p.add_argument("--checkpoint", type=Path, help="a Wan checkpoint (diffusers layout) instead of random weights")
+    p.add_argument("--checkpoint", help="a Wan checkpoint (diffusers layout, or a built-in name such as "
+                   "shapes-t2v) instead of random weights")
+    p.add_argument("--adherence", type=int, default=0, metavar="N",
+                   help="also score N held-out shapes-world prompts per setting (a shapes checkpoint)")
+    p.add_argument("--adherence-batch", type=int, default=16, help="requests per batched step in the adherence runs")
     p.add_argument("--size", type=int, nargs=2, metavar=("H", "W"))
     p.add_argument("--frames", type=int)
     p.add_argument("--steps", type=int)
@@ -320,7 +371,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="CPU modes: time steps by this thread's CPU time (default; needs --threads 1) or wall time")
     p.add_argument("--repeats", type=int, help="runs per setting (fastest counts); default 1 on GPU, 3 on CPU")
     p.add_argument("--max-settings", type=int, default=None, help="at most N settings per method (smoke tests)")
-    p.add_argument("--skip", choices=["cache", "overhead"], action="append", default=[])
+    p.add_argument("--skip", choices=["cache", "overhead", "adherence"], action="append", default=[])
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
 
@@ -370,6 +421,8 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     if "cache" not in args.skip:
         bench_cache(base, args, base_rec, sink)
+    if args.adherence and "adherence" not in args.skip:
+        bench_adherence(base, args, base_rec, sink)
     if "overhead" not in args.skip:
         bench_overhead(base, args, base_rec, sink)
     emit({**base_rec, "bench": "done", "wall_s": round(time.perf_counter() - t0, 1)}, sink)

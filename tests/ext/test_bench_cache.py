@@ -25,3 +25,19 @@ def test_cache_benchmark_smoke(tmp_path):
             assert r["speedup"] > 0 and 0 <= r["skip_ratio"] <= 1 and r["psnr"] > 0 and 0 < r["ssim"] <= 1
     overhead = {r["variant"]: r for r in records if r["bench"] == "hook_overhead"}
     assert len(overhead) == 5 and overhead["baseline (no plugins)"]["overhead_pct"] == 0.0
+
+
+def test_cache_benchmark_adherence_mode(tmp_path):
+    spec = importlib.util.spec_from_file_location("bench_cache", ROOT / "benchmarks" / "bench_cache.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "adherence.jsonl"
+    bench.main(["--tiny", "--size", "32", "32", "--frames", "5", "--steps", "6", "--max-settings", "1",
+                "--adherence", "3", "--adherence-batch", "2", "--skip", "cache", "--skip", "overhead",
+                "--out", str(out)])
+    records = [json.loads(line) for line in out.read_text().splitlines() if '"cache_adherence"' in line]
+    assert {r["method"] for r in records} == {"none", "fbcache", "dbcache", "dbcache+taylorseer", "taylorseer",
+                                              "teacache"}
+    for r in records:
+        assert r["prompts"] == 3 and all(0 <= r[k] <= 1 for k in ("color", "shape", "motion", "all_correct"))
+        assert (r["method"] == "none") == ("mean_psnr" not in r)

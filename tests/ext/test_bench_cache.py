@@ -9,12 +9,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_cache_benchmark_smoke(tmp_path):
+def _bench():
     spec = importlib.util.spec_from_file_location("bench_cache", ROOT / "benchmarks" / "bench_cache.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_cache_benchmark_smoke(tmp_path):
     out = tmp_path / "cache.jsonl"
-    bench.main(["--tiny", "--size", "16", "16", "--frames", "1", "--steps", "8", "--max-settings", "1",
+    _bench().main(["--tiny", "--size", "16", "16", "--frames", "1", "--steps", "8", "--max-settings", "1",
                 "--overhead-rounds", "1", "--overhead-steps", "8", "--out", str(out)])
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert records[0]["bench"] == "note" and "random weights" in records[0]["note"]
@@ -28,11 +32,8 @@ def test_cache_benchmark_smoke(tmp_path):
 
 
 def test_cache_benchmark_adherence_mode(tmp_path):
-    spec = importlib.util.spec_from_file_location("bench_cache", ROOT / "benchmarks" / "bench_cache.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     out = tmp_path / "adherence.jsonl"
-    bench.main(["--tiny", "--size", "32", "32", "--frames", "5", "--steps", "6", "--max-settings", "1",
+    _bench().main(["--tiny", "--size", "32", "32", "--frames", "5", "--steps", "6", "--max-settings", "1",
                 "--adherence", "3", "--adherence-batch", "2", "--skip", "cache", "--skip", "overhead",
                 "--out", str(out)])
     records = [json.loads(line) for line in out.read_text().splitlines() if '"cache_adherence"' in line]

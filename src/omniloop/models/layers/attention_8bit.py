@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass
 
 import torch
 
@@ -35,13 +34,20 @@ from omniloop.models.layers.attention import register_attention_backend
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0
 INT8_MAX = 127.0
-BLOCK_M = 128  # queries per program (and per Q scale)
-BLOCK_N = 64  # keys per inner iteration (and per K scale)
+Q_GROUP = 128  # queries per Q scale
+K_GROUP = 64  # keys per K scale
+PAD = 128  # sequences are zero-padded to a multiple of this (the largest tile): tiles never overrun
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) that Triton's autotuner times at the first call of each
+# shape on a GPU; BLOCK_M divides Q_GROUP, BLOCK_N divides PAD
+TILES = ((128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 2), (128, 128, 8, 3), (128, 32, 4, 4),
+         (64, 64, 4, 4), (64, 128, 4, 3), (128, 64, 8, 4))
+INTERPRETER_TILE = {"BLOCK_M": 128, "BLOCK_N": 64}
 
 
 @functools.cache
 def _kernel():
-    """Compile-on-first-use: importing this module must not require Triton."""
+    """Compile-on-first-use: importing this module must not require Triton. Returns the
+    kernel, autotuned over ``TILES`` on a GPU, plain under ``TRITON_INTERPRET=1``."""
     import triton
     import triton.language as tl
 
@@ -50,27 +56,30 @@ def _kernel():
         Q, K, Vt, Out, QS, KS, VS,  # Q/K [Z, Lp, D] int8; Vt [Z, D, Lkp] e4m3; Out [B, Lq, H, D]; scales fp32
         stride_qz, stride_qm, stride_kz, stride_kn, stride_vz, stride_vd,
         stride_ob, stride_om, stride_oh,
-        H, Lq, Lk, n_qblocks, sm_scale_log2,
-        N_KBLOCKS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        H, Lq, Lk, n_qgroups, sm_scale_log2,
+        LKP: tl.constexpr, HEAD_DIM: tl.constexpr, Q_GROUP: tl.constexpr, K_GROUP: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     ):
-        # N_KBLOCKS is a compile-time constant: one specialization per key length (a DiT has
-        # a few), and a static trip count the interpreter can run too
+        # LKP (the padded key length) is a compile-time constant: one specialization per key
+        # length (a DiT has a few) and a static trip count, which the interpreter needs too
         pid_m = tl.program_id(0)
         z = tl.program_id(1)  # batch * H + head
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, HEAD_DIM)
         q = tl.load(Q + z * stride_qz + offs_m[:, None] * stride_qm + offs_d[None, :])  # [M, D] (padded rows are 0)
-        q_scale = tl.load(QS + z * n_qblocks + pid_m) * sm_scale_log2
+        q_scale = tl.load(QS + z * n_qgroups + (pid_m * BLOCK_M) // Q_GROUP) * sm_scale_log2  # BLOCK_M | Q_GROUP
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
         k_ptrs = K + z * stride_kz + offs_n[:, None] * stride_kn + offs_d[None, :]
         v_ptrs = Vt + z * stride_vz + offs_d[:, None] * stride_vd + offs_n[None, :]
-        for block in range(0, N_KBLOCKS):
+        for start in range(0, LKP, BLOCK_N):
+            cols = start + offs_n  # [N]
             k = tl.load(k_ptrs)  # [N, D]
-            s = tl.dot(q, tl.trans(k)).to(tl.float32) * (q_scale * tl.load(KS + z * N_KBLOCKS + block))  # [M, N], log2
-            s = tl.where((block * BLOCK_N + offs_n)[None, :] < Lk, s, float("-inf"))
+            k_scale = tl.load(KS + z * (LKP // K_GROUP) + cols // K_GROUP)  # [N]: one per key group
+            s = tl.dot(q, tl.trans(k)).to(tl.float32) * (q_scale * k_scale[None, :])  # [M, N], log2 units
+            s = tl.where(cols[None, :] < Lk, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             p = tl.math.exp2(s - m_new[:, None])
             alpha = tl.math.exp2(m_i - m_new)
@@ -86,31 +95,34 @@ def _kernel():
         o_ptrs = Out + b * stride_ob + offs_m[:, None] * stride_om + h * stride_oh + offs_d[None, :]
         tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=offs_m[:, None] < Lq)
 
-    return attention_8bit_fwd
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return attention_8bit_fwd
+    configs = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=st) for m, n, w, st in TILES]
+    return triton.autotune(configs=configs, key=["Lq", "LKP", "HEAD_DIM"])(attention_8bit_fwd)
 
 
-def _blocks(x: torch.Tensor, block: int) -> torch.Tensor:
-    """[B, L, H, D] -> [B, H, L_pad, D] (zero rows up to a multiple of ``block``)."""
-    pad = -x.shape[1] % block
+def _padded(x: torch.Tensor) -> torch.Tensor:
+    """[B, L, H, D] -> [B, H, L_pad, D] contiguous, zero rows up to a multiple of ``PAD``."""
+    pad = -x.shape[1] % PAD
     x = x.transpose(1, 2)
     return torch.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x.contiguous()
 
 
-def _quantize_blocks(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """[B, H, Lp, D] -> (int8 [B*H, Lp, D], fp32 scales [B*H, Lp / block]), one scale per block of rows."""
+def _quantize_groups(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, H, Lp, D] -> (int8 [B*H, Lp, D], fp32 scales [B*H, Lp / group]), one scale per ``group`` rows."""
     b, h, lp, d = x.shape
-    blocks = x.float().view(b * h, lp // block, block, d)
-    scale = blocks.abs().amax(dim=(2, 3)).clamp_min(1e-12) / INT8_MAX  # [Z, nb]
-    q = (blocks / scale[:, :, None, None]).round_().to(torch.int8).view(b * h, lp, d)
+    groups = x.float().view(b * h, lp // group, group, d)
+    scale = groups.abs().amax(dim=(2, 3)).clamp_min(1e-12) / INT8_MAX  # [Z, G]
+    q = (groups / scale[:, :, None, None]).round_().to(torch.int8).view(b * h, lp, d)
     return q, scale.contiguous()
 
 
-def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_m: int = BLOCK_M, block_n: int = BLOCK_N):
+def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     """The kernel's operands: int8 Q and smoothed K, e4m3 V^T, and their fp32 scales."""
     k = k - k.mean(dim=1, keepdim=True, dtype=torch.float32).to(k.dtype)  # smoothing: softmax-invariant
-    q8, q_scale = _quantize_blocks(_blocks(q, block_m), block_m)
-    k8, k_scale = _quantize_blocks(_blocks(k, block_n), block_n)
-    vb = _blocks(v, block_n).float()  # [B, H, Lkp, D]
+    q8, q_scale = _quantize_groups(_padded(q), Q_GROUP)
+    k8, k_scale = _quantize_groups(_padded(k), K_GROUP)
+    vb = _padded(v).float()  # [B, H, Lkp, D]
     b, h, lkp, d = vb.shape
     v_scale = vb.abs().amax(dim=2).clamp_min(1e-12) / E4M3_MAX  # [B, H, D]: per channel
     # [Z, D, Lkp] with L contiguous (.contiguous(): with B = H = 1 the reshape alone is a strided view)
@@ -118,36 +130,35 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_m: int
     return q8, q_scale, k8, k_scale, vt8, v_scale.reshape(b * h, d).contiguous()
 
 
-@dataclass(frozen=True)
-class KernelConfig:
-    """Tile sizes and launch parameters (``benchmarks/bench_attention.py`` sweeps them)."""
-
-    block_m: int = BLOCK_M
-    block_n: int = BLOCK_N
-    num_warps: int = 8
-    num_stages: int = 3
-
-
-def attention_8bit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: KernelConfig = KernelConfig()
-                   ) -> torch.Tensor:
+def attention_8bit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """``[B, Lq, H, D] x [B, Lk, H, D] -> [B, Lq, H, D]`` (softmax scale 1/sqrt(D)), 8-bit inside."""
     _check(q, k, v)
     import triton
 
     bsz, lq, heads, dim = q.shape
-    lk = k.shape[1]
-    q8, q_scale, k8, k_scale, vt8, v_scale = quantize_qkv(q, k, v, config.block_m, config.block_n)
+    q8, q_scale, k8, k_scale, vt8, v_scale = quantize_qkv(q, k, v)
     out = torch.empty_like(q)
-    grid = (triton.cdiv(lq, config.block_m), bsz * heads)
-    _kernel()[grid](
+    kernel = _kernel()
+    tile = {} if isinstance(kernel, triton.runtime.Autotuner) else INTERPRETER_TILE
+
+    def grid(meta):
+        return triton.cdiv(lq, meta["BLOCK_M"]), bsz * heads
+
+    kernel[grid](
         q8, k8, vt8, out, q_scale, k_scale, v_scale,
         q8.stride(0), q8.stride(1), k8.stride(0), k8.stride(1), vt8.stride(0), vt8.stride(1),
         out.stride(0), out.stride(1), out.stride(2),
-        heads, lq, lk, q_scale.shape[1], dim**-0.5 * 1.4426950408889634,
-        N_KBLOCKS=k_scale.shape[1], HEAD_DIM=dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        heads, lq, k.shape[1], q_scale.shape[1], dim**-0.5 * 1.4426950408889634,
+        LKP=vt8.shape[2], HEAD_DIM=dim, Q_GROUP=Q_GROUP, K_GROUP=K_GROUP, **tile,
     )
     return out
+
+
+def tuned_tiles() -> list[dict]:
+    """The tiles the autotuner chose so far (one per shape key), for benchmark reports."""
+    cache = getattr(_kernel(), "cache", None) or {}
+    return [{"key": [str(k) for k in key], **cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+            for key, cfg in cache.items()]
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

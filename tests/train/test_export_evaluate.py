@@ -47,6 +47,7 @@ def test_exported_models_load_through_the_video_generator_and_write_mp4s(exporte
     assert dtypes["blocks.0.attn1.to_q.weight"] == "BF16" and dtypes["blocks.0.scale_shift_table"] == "F32"
 
     gen = VideoGenerator.from_pretrained(out / TEACHER_NAME, device="cpu")
+    assert gen.pipeline.spec.node("decode").stage.whole is None  # short clips decode as one chunk
     result = gen.generate_video("a red circle moving right", seed=1, output_path=tmp_path / "teacher.mp4")
     assert result.frames.shape == (5, 32, 32, 3) and result.metrics.steps == 3  # the manifest's defaults
     assert _frames(result.path) == (5, "h264")

@@ -332,3 +332,20 @@ def test_loader_builds_without_grads_on_requested_dtype(tiny: Checkpoint) -> Non
     vae = load_wan_vae(tiny.folder, dtype=torch.bfloat16)
     assert not vae.training
     assert all(not p.requires_grad and p.dtype == torch.bfloat16 and p.device.type == "cpu" for p in vae.parameters())
+
+
+@torch.no_grad()
+def test_auto_whole_decode_only_for_small_videos(tiny: Checkpoint, monkeypatch: pytest.MonkeyPatch) -> None:
+    from omniloop.models.families.wan import vae as vae_module
+
+    z = torch.randn(1, 4, 3, 4, 6, generator=torch.Generator().manual_seed(5))
+    ours = tiny.ours
+    elements = ours.config.decoder_dim * 9 * 32 * 48  # the last decoder level of this decode
+    assert ours.whole_fits(z)
+    assert _max_err(ours.decode(z, whole=None), ours.decode(z)) <= FP32_ATOL
+    monkeypatch.setattr(vae_module, "WHOLE_DECODE_MAX_ELEMENTS", elements - 1)
+    assert not ours.whole_fits(z)
+    assert torch.equal(ours.decode(z, whole=None), ours.decode(z))  # chunked: bit for bit
+    monkeypatch.setattr(vae_module, "WHOLE_DECODE_MAX_ELEMENTS", 2**28)
+    with torch.device("meta"):  # the released Wan2.1 VAE on a 480x832x81 video: chunk by chunk
+        assert not WanVAE(WanVAEConfig()).whole_fits(torch.empty(1, 16, 21, 60, 104))

@@ -13,11 +13,12 @@ from omniloop.request import ImageArtifact, VideoArtifact
 
 
 @torch.inference_mode()
-def latents_to_unit_range(vae, latents: torch.Tensor) -> torch.Tensor:
+def latents_to_unit_range(vae, latents: torch.Tensor, whole: bool | None = False) -> torch.Tensor:
     """Denormalize and decode ``latents`` [B, C, f, h, w] -> video [B, 3, F, H, W] in [0, 1]
-    (float32), exactly as diffusers' Wan pipeline + VideoProcessor post-process."""
+    (float32), exactly as diffusers' Wan pipeline + VideoProcessor post-process (``whole``:
+    see the VAE's ``decode``)."""
     z = vae.denormalize_latents(latents.to(vae.dtype))
-    video = vae.decode(z)  # [-1, 1]
+    video = vae.decode(z, whole=whole)  # [-1, 1]
     return (video.float() / 2 + 0.5).clamp(0, 1)
 
 
@@ -30,6 +31,9 @@ def to_uint8_frames(video: torch.Tensor) -> torch.Tensor:
 class VAEDecode(StageBase):
     component: str = "vae"
     modality: str = "video"
+    # False: chunk by chunk (diffusers' numerics, bit for bit); None: the whole video as one
+    # chunk when it is small (the VAE decides; same function up to float rounding, faster)
+    whole: bool | None = False
     inputs = {"latents": DenoisedLatents}  # type: ignore[assignment]
     outputs = {"video": VideoArtifact, "image": ImageArtifact}  # type: ignore[assignment]
 
@@ -39,7 +43,7 @@ class VAEDecode(StageBase):
 
     def forward(self, ctx: StageContext, state: RequestState) -> None:
         latents = ctx.read(state, "latents", DenoisedLatents).latents[self.modality]
-        video = latents_to_unit_range(ctx.component(self.component), latents)[0]  # [3, F, H, W]
+        video = latents_to_unit_range(ctx.component(self.component), latents, self.whole)[0]  # [3, F, H, W]
         frames = to_uint8_frames(video)
         if frames.shape[0] == 1 and state.request.task.value in ("t2i", "i2i"):
             ctx.write(state, "image", ImageArtifact(image=frames[0]))

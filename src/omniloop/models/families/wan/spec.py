@@ -152,7 +152,9 @@ def wan_variant(index: Mapping[str, Any]) -> Variant:
 # -- pipeline -------------------------------------------------------------------------
 
 
-def wan_pipeline_spec(variant: Variant, *, boundary_ratio: float | None, cfg_mode: str = "sequential") -> PipelineSpec:
+def wan_pipeline_spec(variant: Variant, *, boundary_ratio: float | None, cfg_mode: str = "sequential",
+                      decode_whole: bool | None = False) -> PipelineSpec:
+    """``decode_whole``: see ``VAEDecode.whole`` (diffusers checkpoints keep diffusers' chunked decode)."""
     i2v = TaskType.I2V in variant.tasks
     routing = BoundaryTimestepRouting(boundary_ratio) if boundary_ratio is not None else SingleModel()
     components = {
@@ -172,7 +174,7 @@ def wan_pipeline_spec(variant: Variant, *, boundary_ratio: float | None, cfg_mod
                 conditioning=LatentConcat() if i2v else NoConditioning(),
             ),
         ),
-        Node("decode", VAEDecode()),
+        Node("decode", VAEDecode(whole=decode_whole)),
     ]
     return PipelineSpec(
         name=variant.name,
@@ -329,7 +331,8 @@ def build_wan_manifest(
     if sigmas is not None:
         sigmas = DiffusionParams(sigmas=sigmas).sigmas  # the request schema checks them
         defaults["steps"] = len(sigmas)
-    spec = wan_pipeline_spec(variant, boundary_ratio=None, cfg_mode=options.cfg_mode)
+    # our small models decode short clips as one chunk (5x faster on a CPU; see WanVAE.whole_fits)
+    spec = wan_pipeline_spec(variant, boundary_ratio=None, cfg_mode=options.cfg_mode, decode_whole=None)
     return _pipeline(spec, components, defaults, options, with_default_sigmas(sigmas) if sigmas else None)
 
 

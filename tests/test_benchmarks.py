@@ -37,3 +37,14 @@ def test_fp8_gemm_benchmark_smoke(tmp_path):
     errors = [r["rel_l2_vs_fp32"] for r in records if r.get("variant") == "fp8_eager" and "k" in r]
     assert len(errors) == 6 and all(0 < e < 0.06 for e in errors)
     assert {r["variant"] for r in records if r["gemm"] == "per_forward_total"} == {"bf16", "fp8_eager"}
+
+
+def test_shapes_cpu_latency_benchmark_smoke(tmp_path):
+    out = tmp_path / "latency.jsonl"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_shapes_cpu.py"), "--random", "--tiny",
+                           "--repeats", "1", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    records = {Path(r["model"]).name: r for r in map(json.loads, out.read_text().splitlines())}
+    assert set(records) == {"shapes-t2v", "shapes-t2v-4step"}
+    assert records["shapes-t2v-4step"]["steps"] < records["shapes-t2v"]["steps"]
+    assert {"text_encode", "denoise", "decode"} <= set(records["shapes-t2v"]["node_median_s"])

@@ -101,33 +101,95 @@ def _kernel():
     return triton.autotune(configs=configs, key=["Lq", "LKP", "HEAD_DIM"])(attention_8bit_fwd)
 
 
-def _padded(x: torch.Tensor) -> torch.Tensor:
-    """[B, L, H, D] -> [B, H, L_pad, D] contiguous, zero rows up to a multiple of ``PAD``."""
-    pad = -x.shape[1] % PAD
-    x = x.transpose(1, 2)
-    return torch.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x.contiguous()
+@functools.cache
+def _quant_kernels():
+    """The fused quantization prepass: one read of Q / K / V each (plus one reduction pass for
+    K's mean and V's channel ranges), straight from the ``[B, L, H, D]`` layout."""
+    import triton
+    import triton.language as tl
 
+    @triton.jit
+    def quant_rows_int8(
+        X, OUT, SCALE, MEAN, stride_xb, stride_xl, stride_xh, L, H, n_groups,
+        HAS_MEAN: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    ):
+        # X [B, L, H, D] -> OUT [Z, n_groups * GROUP, D] int8 (rows past L are 0), SCALE [Z, n_groups]
+        g = tl.program_id(0)
+        z = tl.program_id(1)
+        b, h = z // H, z % H
+        rows = g * GROUP + tl.arange(0, GROUP)
+        d = tl.arange(0, HEAD_DIM)
+        valid = rows[:, None] < L
+        x = tl.load(X + b * stride_xb + rows[:, None] * stride_xl + h * stride_xh + d[None, :], mask=valid,
+                    other=0.0).to(tl.float32)
+        if HAS_MEAN:  # K smoothing
+            x = tl.where(valid, x - tl.load(MEAN + z * HEAD_DIM + d)[None, :], 0.0)
+        scale = tl.maximum(tl.max(tl.max(tl.abs(x), 1), 0), 1e-12) / 127.0
+        y = x / scale
+        y = tl.where(y >= 0, y + 0.5, y - 0.5).to(tl.int8)  # round half away from zero
+        tl.store(OUT + z * n_groups * GROUP * HEAD_DIM + rows[:, None] * HEAD_DIM + d[None, :], y)
+        tl.store(SCALE + z * n_groups + g, scale)
 
-def _quantize_groups(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """[B, H, Lp, D] -> (int8 [B*H, Lp, D], fp32 scales [B*H, Lp / group]), one scale per ``group`` rows."""
-    b, h, lp, d = x.shape
-    groups = x.float().view(b * h, lp // group, group, d)
-    scale = groups.abs().amax(dim=(2, 3)).clamp_min(1e-12) / INT8_MAX  # [Z, G]
-    q = (groups / scale[:, :, None, None]).round_().to(torch.int8).view(b * h, lp, d)
-    return q, scale.contiguous()
+    @triton.jit
+    def quant_v_fp8_t(X, OUT, VSCALE, stride_xb, stride_xl, stride_xh, L, H, LP,
+                      BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):
+        # X [B, L, H, D] -> OUT [Z, D, LP] e4m3 (transposed: L contiguous), x / VSCALE[z, d]
+        blk = tl.program_id(0)
+        z = tl.program_id(1)
+        b, h = z // H, z % H
+        rows = blk * BLOCK + tl.arange(0, BLOCK)
+        d = tl.arange(0, HEAD_DIM)
+        x = tl.load(X + b * stride_xb + rows[:, None] * stride_xl + h * stride_xh + d[None, :],
+                    mask=rows[:, None] < L, other=0.0).to(tl.float32)
+        y = (x / tl.load(VSCALE + z * HEAD_DIM + d)[None, :]).to(tl.float8e4nv)
+        tl.store(OUT + z * HEAD_DIM * LP + d[None, :] * LP + rows[:, None], y)
+
+    return quant_rows_int8, quant_v_fp8_t
 
 
 def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-    """The kernel's operands: int8 Q and smoothed K, e4m3 V^T, and their fp32 scales."""
-    k = k - k.mean(dim=1, keepdim=True, dtype=torch.float32).to(k.dtype)  # smoothing: softmax-invariant
-    q8, q_scale = _quantize_groups(_padded(q), Q_GROUP)
-    k8, k_scale = _quantize_groups(_padded(k), K_GROUP)
-    vb = _padded(v).float()  # [B, H, Lkp, D]
+    """The kernel's operands: int8 Q and smoothed K ``[Z, L_pad, D]`` with a scale per
+    ``Q_GROUP`` / ``K_GROUP`` rows, e4m3 V^T ``[Z, D, Lk_pad]`` with a scale per channel."""
+    quant_rows, quant_v = _quant_kernels()
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    bsz, lq, heads, dim = q.shape
+    lk, z = k.shape[1], bsz * heads
+    lqp, lkp = lq + (-lq % PAD), lk + (-lk % PAD)
+    mean = k.mean(dim=1, dtype=torch.float32).reshape(z, dim)  # [Z, D] (B, H order: z = b * H + h)
+    v_scale = (v.abs().amax(dim=1).float().clamp_min(1e-12) / E4M3_MAX).reshape(z, dim)  # [Z, D]
+    q8 = torch.empty(z, lqp, dim, dtype=torch.int8, device=q.device)
+    k8 = torch.empty(z, lkp, dim, dtype=torch.int8, device=q.device)
+    vt8 = torch.empty(z, dim, lkp, dtype=E4M3, device=q.device)
+    q_scale = torch.empty(z, lqp // Q_GROUP, dtype=torch.float32, device=q.device)
+    k_scale = torch.empty(z, lkp // K_GROUP, dtype=torch.float32, device=q.device)
+    for x, out, scale, group, smooth in ((q, q8, q_scale, Q_GROUP, False), (k, k8, k_scale, K_GROUP, True)):
+        quant_rows[(scale.shape[1], z)](x, out, scale, mean, x.stride(0), x.stride(1), x.stride(2), x.shape[1],
+                                        heads, scale.shape[1], HAS_MEAN=smooth, GROUP=group, HEAD_DIM=dim)
+    quant_v[(lkp // 64, z)](v, vt8, v_scale, v.stride(0), v.stride(1), v.stride(2), lk, heads, lkp,
+                            BLOCK=64, HEAD_DIM=dim)
+    return q8, q_scale, k8, k_scale, vt8, v_scale
+
+
+def quantize_qkv_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """The same operands in plain torch ops (the definition the kernels are tested against)."""
+
+    def groups(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+        b, lp = x.shape[0] * x.shape[1], x.shape[2]
+        g = x.reshape(b, lp // group, group, x.shape[3])
+        scale = g.abs().amax(dim=(2, 3)).clamp_min(1e-12) / INT8_MAX  # [Z, G]
+        return (g / scale[:, :, None, None]).round().to(torch.int8).view(b, lp, -1), scale
+
+    def padded(x: torch.Tensor) -> torch.Tensor:  # [B, L, H, D] -> [B, H, L_pad, D] fp32
+        return torch.nn.functional.pad(x.float().transpose(1, 2), (0, 0, 0, -x.shape[1] % PAD))
+
+    kf = k.float() - k.float().mean(dim=1, keepdim=True)  # smoothing: softmax-invariant
+    q8, q_scale = groups(padded(q), Q_GROUP)
+    k8, k_scale = groups(padded(kf), K_GROUP)
+    vb = padded(v)  # [B, H, Lkp, D]
     b, h, lkp, d = vb.shape
-    v_scale = vb.abs().amax(dim=2).clamp_min(1e-12) / E4M3_MAX  # [B, H, D]: per channel
-    # [Z, D, Lkp] with L contiguous (.contiguous(): with B = H = 1 the reshape alone is a strided view)
+    v_scale = vb.abs().amax(dim=2).clamp_min(1e-12) / E4M3_MAX  # [B, H, D]
     vt8 = (vb / v_scale[:, :, None, :]).to(E4M3).transpose(2, 3).reshape(b * h, d, lkp).contiguous()
-    return q8, q_scale, k8, k_scale, vt8, v_scale.reshape(b * h, d).contiguous()
+    return q8, q_scale, k8, k_scale, vt8, v_scale.reshape(b * h, d)
 
 
 def attention_8bit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

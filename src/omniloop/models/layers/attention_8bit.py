@@ -192,6 +192,9 @@ def quantize_qkv_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     return q8, q_scale, k8, k_scale, vt8, v_scale.reshape(b * h, d)
 
 
+# NOTE: outside torch.compile's graphs (a compiled block splits around it): the prepass and the
+# attention are Triton kernels already, and dynamo need not trace the autotuner and the caches.
+@torch.compiler.disable
 def attention_8bit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """``[B, Lq, H, D] x [B, Lk, H, D] -> [B, Lq, H, D]`` (softmax scale 1/sqrt(D)), 8-bit inside."""
     _check(q, k, v)

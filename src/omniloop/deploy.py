@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
@@ -79,6 +79,15 @@ class DeployConfig(BaseModel):
             except RuntimeError:
                 raise ValueError(f"unknown device {v!r}; pass 'auto', 'cpu', 'cuda' or 'cuda:N'") from None
         return v
+
+    @model_validator(mode="after")
+    def _gpu_only_options_on_a_gpu(self) -> DeployConfig:
+        # at deploy time, not at the first request: these kernels exist only on CUDA GPUs
+        if self.torch_device().type != "cuda":
+            if self.attention_backend == "triton_8bit":
+                raise ValueError("attention_backend='triton_8bit' needs a CUDA GPU (Ada/Hopper); "
+                                 f"device {self.device!r} is not one: use attention_backend='sdpa'")
+        return self
 
     def torch_device(self) -> torch.device:
         if self.device == "auto":

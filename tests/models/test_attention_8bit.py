@@ -116,3 +116,16 @@ def test_cpu_without_the_interpreter_and_gqa_are_refused(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     with pytest.raises(ValueError, match="equal query/key heads"):
         attention(q, q[:, :, :1], q[:, :, :1], backend="triton_8bit")
+
+
+def test_deploying_it_without_a_gpu_is_a_config_error(monkeypatch):
+    from pydantic import ValidationError
+
+    from omniloop.deploy import DeployConfig
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValidationError, match="needs a CUDA GPU"):
+        DeployConfig(device="auto", attention_backend="triton_8bit")
+    with pytest.raises(ValidationError, match="use attention_backend='sdpa'"):
+        DeployConfig(device="cpu", attention_backend="triton_8bit")
+    assert DeployConfig(device="cuda", attention_backend="triton_8bit").attention_backend == "triton_8bit"

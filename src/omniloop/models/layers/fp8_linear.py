@@ -55,6 +55,11 @@ class Fp8Linear(nn.Module):
         if not supports_fp8(linear):
             raise ValueError(f"Fp8Linear needs in/out features that are multiples of {_ALIGN}, got "
                              f"{linear.in_features} -> {linear.out_features}; keep this layer unquantized")
+        device = linear.weight.device
+        if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+            raise ValueError(f"quantization='fp8' needs FP8 tensor cores (compute capability >= 8.9); "
+                             f"{torch.cuda.get_device_name(device)} has {torch.cuda.get_device_capability(device)}: "
+                             "deploy with quantization='none'")
         with torch.no_grad():
             weight, scale = quantize_rowwise(linear.weight.detach())
             bias = None if linear.bias is None else linear.bias.detach().clone()

@@ -56,7 +56,7 @@ def main(argv=None) -> int:
         return ((o - ref).norm() / ref.norm()).item()
 
     candidates = {f"registry:{b}": (lambda b=b: attention(q, k, v, backend=b))
-                  for b in ("sdpa", "sdpa_cudnn", "sdpa_flash", "triton_8bit")}
+                  for b in ("sdpa", "sdpa_cudnn", "sdpa_flash", "triton_8bit", "cudnn_fp8")}
     from omniloop.models.layers.attention_8bit import quantize_qkv, tuned_tiles
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
     for name, backend in (("sdpa:cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa:flash", SDPBackend.FLASH_ATTENTION),

@@ -8,6 +8,7 @@ and how* a deployment runs. Loadable from YAML, accepted as keyword options by
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,7 +33,7 @@ class DeployConfig(BaseModel):
 
     device: str = Field(default="auto", description="'auto', 'cpu', 'cuda', 'cuda:1', ...")
     dtype: str = Field(default="auto", description="'auto' (bf16 on GPU, fp32 on CPU), 'float32', 'bfloat16', 'float16'")
-    attention_backend: str = Field(default="sdpa", description="attention kernel: sdpa, sdpa_cudnn, sdpa_flash, math, or triton_8bit (INT8 QK + FP8 PV, Ada/Hopper; changes the numbers)")
+    attention_backend: str = Field(default="sdpa", description="attention kernel: sdpa, sdpa_cudnn, sdpa_flash, math; or, changing the numbers, triton_8bit (INT8 QK + FP8 PV, Ada/Hopper) or cudnn_fp8 (cuDNN FP8 flash attention, Hopper)")
     cfg_mode: Literal["sequential", "batched"] = Field(
         default="sequential", description="CFG dispatch: two forwards, or cond+uncond stacked in one"
     )
@@ -83,10 +84,12 @@ class DeployConfig(BaseModel):
     @model_validator(mode="after")
     def _gpu_only_options_on_a_gpu(self) -> DeployConfig:
         # at deploy time, not at the first request: these kernels exist only on CUDA GPUs
-        if self.torch_device().type != "cuda":
-            if self.attention_backend == "triton_8bit":
-                raise ValueError("attention_backend='triton_8bit' needs a CUDA GPU (Ada/Hopper); "
-                                 f"device {self.device!r} is not one: use attention_backend='sdpa'")
+        if self.attention_backend in ("triton_8bit", "cudnn_fp8") and self.torch_device().type != "cuda":
+            raise ValueError(f"attention_backend={self.attention_backend!r} needs a CUDA GPU (Ada/Hopper); "
+                             f"device {self.device!r} is not one: use attention_backend='sdpa'")
+        if self.attention_backend == "cudnn_fp8" and importlib.util.find_spec("cudnn") is None:
+            raise ValueError("attention_backend='cudnn_fp8' needs the nvidia-cudnn-frontend package "
+                             "(pip install nvidia-cudnn-frontend); or use attention_backend='sdpa'")
         return self
 
     def torch_device(self) -> torch.device:

@@ -166,3 +166,4 @@ def set_attention_backend(module: torch.nn.Module, name: str) -> None:
 
 # Backends in their own modules register on import (after the registry above exists).
 from omniloop.models.layers import attention_8bit as _attention_8bit  # noqa: E402,F401
+from omniloop.models.layers import attention_cudnn_fp8 as _attention_cudnn_fp8  # noqa: E402,F401

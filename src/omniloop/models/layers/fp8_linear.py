@@ -69,10 +69,10 @@ class Fp8Linear(nn.Module):
         # x: [..., K] -> [..., N] in x's dtype
         lead = x.shape[:-1]
         xq, sx = quantize_rowwise(x.reshape(-1, self.in_features))  # [M, K] e4m3, [M, 1]
-        bias = None if self.bias is None else self.bias.to(x.dtype)
         out_dtype = x.dtype if x.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.bfloat16
-        y = torch._scaled_mm(xq, self.weight.t(), scale_a=sx, scale_b=self.weight_scale, bias=bias,
-                             out_dtype=out_dtype)
+        y = torch._scaled_mm(xq, self.weight.t(), scale_a=sx, scale_b=self.weight_scale, out_dtype=out_dtype)
+        if self.bias is not None:  # added outside: not every row-wise-scaled kernel takes a bias (compile fuses it)
+            y = y + self.bias.to(out_dtype)
         return y.reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:

@@ -9,12 +9,13 @@ slice of queries. This is the data behind the attention-backend choice for the D
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
+
+from jsonl import emit
 
 
 def timed(fn, iters=20, warmup=5) -> float:
@@ -84,10 +85,7 @@ def main(argv=None) -> int:
         if name == "registry:triton_8bit" and "error" not in rec:
             rec["autotuned_tiles"] = tuned_tiles()
             rec["quantize_s"] = timed(lambda: quantize_qkv(q, k, v))  # the prepass, inside median_s
-        line = json.dumps(rec)
-        print(line, flush=True)
-        if sink:
-            sink.write(line + "\n")
+        emit(rec, sink)
     if sink:
         sink.close()
     return 0

@@ -28,7 +28,6 @@ checkpoint (diffusers layout) for meaningful numbers.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -42,6 +41,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from jsonl import emit  # noqa: E402
 from omniloop.engine import Engine, EngineConfig  # noqa: E402
 from omniloop.ext import install_plugins  # noqa: E402
 from omniloop.models.loader import load_pipeline  # noqa: E402
@@ -54,12 +54,6 @@ RANDOM_WEIGHTS_NOTE = (
 )
 
 
-def emit(rec: dict, sink) -> None:
-    line = json.dumps(rec)
-    print(line, flush=True)
-    if sink:
-        sink.write(line + "\n")
-        sink.flush()
 
 
 # -- checkpoints ---------------------------------------------------------------------------

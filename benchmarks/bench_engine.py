@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -22,18 +21,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from jsonl import emit  # noqa: E402
 from omniloop.engine import Engine, EngineConfig, SchedulingPolicy  # noqa: E402
 from omniloop.models.loader import load_pipeline  # noqa: E402
 from omniloop.models.model_spec import LoadOptions  # noqa: E402
 from omniloop.request import DiffusionParams, OmniRequest, TaskType, TextPart  # noqa: E402
 
 
-def emit(rec: dict, sink) -> None:
-    line = json.dumps(rec)
-    print(line, flush=True)
-    if sink:
-        sink.write(line + "\n")
-        sink.flush()
 
 
 def sync(device) -> None:

@@ -10,7 +10,6 @@ One JSON line per GEMM and variant, then the per-forward total over the 30 block
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -19,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from jsonl import emit
 from omniloop.models.layers.fp8_linear import Fp8Linear
 
 # (name, in, out) of one Wan2.1-1.3B block (dim 1536, ffn 8960); cross-attn k/v act on 512 text tokens
@@ -72,17 +72,11 @@ def main(argv=None) -> int:
             for variant, fn in variants.items():
                 s = timed(fn, args.iters, cuda)
                 totals[variant] = totals.get(variant, 0.0) + s
-                record = {**base, "gemm": name, "k": k, "n": n, "variant": variant, "median_s": s,
-                          "tflops": round(flops / s / 1e12, 1), "rel_l2_vs_fp32": err if "fp8" in variant else None}
-                print(json.dumps(record), flush=True)
-                if sink:
-                    sink.write(json.dumps(record) + "\n")
+                emit({**base, "gemm": name, "k": k, "n": n, "variant": variant, "median_s": s,
+                      "tflops": round(flops / s / 1e12, 1), "rel_l2_vs_fp32": err if "fp8" in variant else None}, sink)
     for variant, s in totals.items():
-        record = {**base, "gemm": "per_forward_total", "variant": variant, "blocks": BLOCKS,
-                  "seconds_per_forward": round(BLOCKS * s, 4)}
-        print(json.dumps(record), flush=True)
-        if sink:
-            sink.write(json.dumps(record) + "\n")
+        emit({**base, "gemm": "per_forward_total", "variant": variant, "blocks": BLOCKS,
+              "seconds_per_forward": round(BLOCKS * s, 4)}, sink)
     if sink:
         sink.close()
     return 0

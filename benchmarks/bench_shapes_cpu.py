@@ -14,13 +14,14 @@ median seconds of each graph node.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 import torch
+
+from jsonl import emit
 
 
 def random_models(out_root: Path, tiny: bool) -> Path:
@@ -81,11 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             "torch": torch.__version__, "threads": torch.get_num_threads()}
     sink = open(args.out, "a") if args.out else None
     for name in (STUDENT_NAME, TEACHER_NAME):
-        record = {**base, **measure(root / name if root else name, args.repeats)}
-        line = json.dumps(record)
-        print(line, flush=True)
-        if sink:
-            sink.write(line + "\n")
+        emit({**base, **measure(root / name if root else name, args.repeats)}, sink)
     if sink:
         sink.close()
     return 0

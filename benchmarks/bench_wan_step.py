@@ -11,7 +11,6 @@ Prints one JSON line per measurement (and writes them to --out).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from jsonl import emit  # benchmarks/ is on sys.path when this runs as a script
 from omniloop.models.families.wan.presets import WAN21_T2V_1_3B, WAN21_VAE
 from omniloop.models.families.wan.weights import load_wan_dit
 from omniloop.models.layers.attention import set_attention_backend
@@ -68,12 +68,6 @@ def timed(fn, *, warmup: int, iters: int, cuda: bool) -> list[float]:
     return times
 
 
-def emit(record: dict, sink) -> None:
-    line = json.dumps(record)
-    print(line, flush=True)
-    if sink is not None:
-        sink.write(line + "\n")
-        sink.flush()
 
 
 def build_models(cfg: dict, device, dtype):

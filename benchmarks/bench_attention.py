@@ -15,22 +15,11 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from jsonl import emit
+from common import emit, timed
 
 
-def timed(fn, iters=20, warmup=5) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
-    return statistics.median(times)
+def median_s(fn) -> float:
+    return statistics.median(timed(fn, warmup=5, iters=20, cuda=True))
 
 
 def main(argv=None) -> int:
@@ -76,7 +65,7 @@ def main(argv=None) -> int:
     for name, fn in candidates.items():
         try:
             out = fn()
-            seconds = timed(fn)
+            seconds = median_s(fn)
             rec = {"bench": "attention", "kernel": name, "tokens": L, "heads": H, "head_dim": D,
                    "median_s": seconds, "tflops": round(flops / seconds / 1e12, 1), "rel_err_vs_fp32": err(out),
                    "device": torch.cuda.get_device_name(), "torch": torch.__version__}
@@ -84,7 +73,7 @@ def main(argv=None) -> int:
             rec = {"bench": "attention", "kernel": name, "error": f"{type(e).__name__}: {e}"[:300]}
         if name == "registry:triton_8bit" and "error" not in rec:
             rec["autotuned_tiles"] = tuned_tiles()
-            rec["quantize_s"] = timed(lambda: quantize_qkv(q, k, v))  # the prepass, inside median_s
+            rec["quantize_s"] = median_s(lambda: quantize_qkv(q, k, v))  # the prepass, inside median_s
         emit(rec, sink)
     if sink:
         sink.close()

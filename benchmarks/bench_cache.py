@@ -41,7 +41,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from jsonl import emit  # noqa: E402
+from common import emit  # noqa: E402
+from wan_random import save_random_wan  # noqa: E402
 from omniloop.engine import Engine, EngineConfig  # noqa: E402
 from omniloop.ext import install_plugins  # noqa: E402
 from omniloop.models.loader import load_pipeline  # noqa: E402
@@ -54,42 +55,6 @@ RANDOM_WEIGHTS_NOTE = (
 )
 
 
-
-
-# -- checkpoints ---------------------------------------------------------------------------
-
-
-def save_random_wan(folder: Path, size: str, device: str) -> Path:
-    """A random-weight Wan checkpoint in the diffusers layout: "full" = Wan2.1-T2V-1.3B
-    architecture (30 blocks) with the real VAE; "small" = 8 blocks of width 128; "tiny" =
-    the 2-block toy. Built with diffusers/transformers, loaded like a user checkpoint."""
-    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
-    from tokenizers import SentencePieceUnigramTokenizer
-    from transformers import T5TokenizerFast, UMT5Config, UMT5EncoderModel
-
-    from omniloop.models.families.wan.presets import WAN21_T2V_1_3B, WAN21_VAE
-
-    corpus = ["a red circle moving right", "a blue square moving left", "a green triangle bouncing", "low quality"]
-    sp = SentencePieceUnigramTokenizer()
-    sp.train_from_iterator(corpus * 20, vocab_size=60, special_tokens=["<pad>", "</s>", "<unk>"], unk_token="<unk>")
-    tokenizer = T5TokenizerFast(tokenizer_object=sp, eos_token="</s>", unk_token="<unk>", pad_token="<pad>", extra_ids=0)
-    dit, vae = dict(WAN21_T2V_1_3B), dict(WAN21_VAE)
-    if size == "small":
-        dit.update(num_attention_heads=4, attention_head_dim=32, ffn_dim=512, num_layers=8, text_dim=32, freq_dim=32)
-    if size == "tiny":
-        dit.update(num_attention_heads=2, attention_head_dim=12, ffn_dim=32, num_layers=2, text_dim=32, freq_dim=16)
-    if size != "full":
-        vae.update(base_dim=8, dim_mult=[1, 2, 2, 2], num_res_blocks=1)
-    torch.manual_seed(0)
-    with torch.device(device):
-        text = UMT5EncoderModel(UMT5Config(vocab_size=len(tokenizer), d_model=dit["text_dim"], d_kv=8, d_ff=64,
-                                           num_layers=1, num_heads=4, relative_attention_num_buckets=8))
-        pipe = WanPipeline(tokenizer=tokenizer, text_encoder=text, vae=AutoencoderKLWan(**vae),
-                           transformer=WanTransformer3DModel(**dit),
-                           scheduler=UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
-                                                             flow_shift=3.0))
-        pipe.save_pretrained(folder)
-    return folder
 
 
 # -- quality ---------------------------------------------------------------------------------
@@ -398,8 +363,8 @@ def main(argv: list[str] | None = None) -> None:
 
     folder = args.checkpoint
     if folder is None:
-        folder = save_random_wan(Path(tempfile.mkdtemp(prefix="wan_cache_bench_")), size_name,
-                                 "cuda" if gpu else "cpu")
+        folder = save_random_wan(Path(tempfile.mkdtemp(prefix="wan_cache_bench_")), size=size_name,
+                                 device="cuda" if gpu else "cpu")
     base = load_pipeline(folder, LoadOptions(device=device, dtype=dtype))[1]
     base.components["text_encoder"] = MemoText(base.components["text_encoder"])
     arch = base.components["transformer"].config

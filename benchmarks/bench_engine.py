@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from jsonl import emit  # noqa: E402
+from common import emit  # noqa: E402
 from omniloop.engine import Engine, EngineConfig, SchedulingPolicy  # noqa: E402
 from omniloop.models.loader import load_pipeline  # noqa: E402
 from omniloop.models.model_spec import LoadOptions  # noqa: E402
@@ -163,7 +163,7 @@ def main(argv=None) -> int:
         args.small_size, args.small_steps, args.n_small = 32, 4, 8
     from wan_random import save_random_wan
 
-    folder = args.model or save_random_wan(tiny=not cuda, device=str(device))
+    folder = args.model or save_random_wan(size="full" if cuda else "tiny", device=str(device))
     opts = LoadOptions(device=device, dtype=dtype, attention_backend="sdpa")
     _, pipeline = load_pipeline(folder, opts)
     base = {"device": torch.cuda.get_device_name() if cuda else "cpu", "dtype": str(dtype).removeprefix("torch."),

@@ -12,34 +12,18 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from jsonl import emit
+from common import emit, timed
 from omniloop.models.layers.fp8_linear import Fp8Linear
 
 # (name, in, out) of one Wan2.1-1.3B block (dim 1536, ffn 8960); cross-attn k/v act on 512 text tokens
 BLOCK_GEMMS = [("self_attn.qkv", 1536, 4608), ("self_attn.out", 1536, 1536), ("cross_attn.q", 1536, 1536),
                ("cross_attn.out", 1536, 1536), ("ffn.proj_in", 1536, 8960), ("ffn.proj_out", 8960, 1536)]
 BLOCKS = 30
-
-
-def timed(fn, iters: int, cuda: bool) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(iters):
-        if cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        if cuda:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def main(argv=None) -> int:
@@ -70,7 +54,7 @@ def main(argv=None) -> int:
         flops = 2 * tokens * k * n
         with torch.inference_mode():
             for variant, fn in variants.items():
-                s = timed(fn, args.iters, cuda)
+                s = statistics.median(timed(fn, warmup=3, iters=args.iters, cuda=cuda))
                 totals[variant] = totals.get(variant, 0.0) + s
                 emit({**base, "gemm": name, "k": k, "n": n, "variant": variant, "median_s": s,
                       "tflops": round(flops / s / 1e12, 1), "rel_l2_vs_fp32": err if "fp8" in variant else None}, sink)

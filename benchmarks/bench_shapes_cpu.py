@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from jsonl import emit
+from common import emit
 
 
 def random_models(out_root: Path, tiny: bool) -> Path:

@@ -13,12 +13,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from dataclasses import dataclass
 
 import torch
 
-from jsonl import emit  # benchmarks/ is on sys.path when this runs as a script
+from common import emit, timed  # benchmarks/ is on sys.path when this runs as a script
 from omniloop.models.families.wan.presets import WAN21_T2V_1_3B, WAN21_VAE
 from omniloop.models.families.wan.weights import load_wan_dit
 from omniloop.models.layers.attention import set_attention_backend
@@ -45,27 +44,6 @@ def dit_flops(cfg: dict, shape: Shape) -> float:
     L, Lt, D, F = shape.tokens(), shape.text_len, cfg["num_attention_heads"] * cfg["attention_head_dim"], cfg["ffn_dim"]
     per_layer = 2 * (4 * L * D * D + 2 * L * L * D + 2 * L * D * D + 2 * Lt * D * D + 2 * L * Lt * D + 2 * L * D * F)
     return cfg["num_layers"] * per_layer
-
-
-def timed(fn, *, warmup: int, iters: int, cuda: bool) -> list[float]:
-    for _ in range(warmup):
-        fn()
-    if cuda:
-        torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-    return times
 
 
 

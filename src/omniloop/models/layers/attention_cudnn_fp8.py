@@ -61,9 +61,9 @@ class Operands:
 
 
 def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Operands:
-    k = k - k.float().mean(dim=1, keepdim=True).to(k.dtype)
-    v_mean = v.float().mean(dim=1, keepdim=True)
-    v = (v.float() - v_mean).to(v.dtype)
+    k = k - k.mean(dim=1, keepdim=True, dtype=torch.float32).to(k.dtype)
+    v_mean = v.mean(dim=1, keepdim=True, dtype=torch.float32)  # [B, 1, H, D]
+    v = v - v_mean.to(v.dtype)
     qs, ks, vs = pow2_scale(q), pow2_scale(k), pow2_scale(v)
     return Operands(to_e4m3(q, qs), to_e4m3(k, ks), to_e4m3(v, vs), qs, ks, vs, vs * O_HEADROOM,
                     v_mean.to(q.dtype))

@@ -14,6 +14,8 @@
     python benchmarks/bench_cache.py --tiny          # CPU smoke test (seconds)
     python benchmarks/bench_cache.py --checkpoint shapes-t2v --size 128 128 --frames 17 --steps 50 \
         --adherence 256                              # the shapes model: + adherence per setting
+    python benchmarks/bench_cache.py --cpu --checkpoint shapes-t2v --size 128 128 --frames 17 --steps 50 \
+        --adherence 200 --methods taylorseer teacache --settings 1   # the same on the CPU, a subset
 
 NOTE: the weights are random. Residual and timestep-embedding statistics of a random DiT
 are not those of a trained one, so the cache decisions (hence speed-up and PSNR) are not
@@ -49,6 +51,7 @@ from omniloop.models.loader import load_pipeline  # noqa: E402
 from omniloop.models.model_spec import LoadOptions  # noqa: E402
 from omniloop.request import DiffusionParams, OmniRequest, OutputSpec, TaskType, TextPart  # noqa: E402
 
+METHODS = ("fbcache", "dbcache", "dbcache+taylorseer", "taylorseer", "teacache")
 RANDOM_WEIGHTS_NOTE = (
     "random weights: residual / timestep-embedding statistics differ from a trained model, so cache decisions, "
     "speed-ups and PSNR here are not predictive of a real checkpoint; compare settings relative to each other"
@@ -202,6 +205,22 @@ def settings(base, args, n_blocks: int) -> list[tuple[str, str, dict]]:
     return out
 
 
+def selected(all_settings: list[tuple[str, str, dict]], args) -> list[tuple[str, str, dict]]:
+    """``--methods`` (all when empty), then at most ``--max-settings`` per method; ``--settings``
+    picks by 1-based position within each method instead."""
+    out, seen = [], {}
+    for method, label, plugins in all_settings:
+        if args.methods and method not in args.methods:
+            continue
+        seen[method] = seen.get(method, 0) + 1
+        if args.settings and seen[method] not in args.settings:
+            continue
+        if args.max_settings is not None and seen[method] > args.max_settings:
+            continue
+        out.append((method, label, plugins))
+    return out
+
+
 def bench_cache(base, args, base_rec: dict, sink) -> None:
     n_blocks = len(base.components["transformer"].blocks)
     run_one(base, make_request(args, "warmup", steps=2 * warmup_steps(args.steps)))  # kernels, allocator
@@ -210,11 +229,7 @@ def bench_cache(base, args, base_rec: dict, sink) -> None:
     lat_range = (ref_lat.max() - ref_lat.min()).item()
     emit({**base_rec, "bench": "cache", "method": "none", "setting": "uncached", "denoise_s": round(ref_s, 4),
           "speedup": 1.0, "skip_ratio": 0.0}, sink)
-    done: dict[str, int] = {}
-    for method, label, plugins in settings(base, args, n_blocks):
-        done[method] = done.get(method, 0) + 1
-        if args.max_settings is not None and done[method] > args.max_settings:
-            continue
+    for method, label, plugins in selected(settings(base, args, n_blocks), args):
         pipe = install_plugins(base, plugins)
         out, metrics, s = timed(pipe, make_request(args, f"{method}:{label}"), args.repeats)
         name = next(iter(plugins))
@@ -263,11 +278,7 @@ def bench_adherence(base, args, base_rec: dict, sink) -> None:
 
     ref = generate(base, "uncached")
     record("none", "uncached", ref, None)
-    done: dict[str, int] = {}
-    for method, label, plugins in settings(base, args, len(base.components["transformer"].blocks)):
-        done[method] = done.get(method, 0) + 1
-        if args.max_settings is not None and done[method] > args.max_settings:
-            continue
+    for method, label, plugins in selected(settings(base, args, len(base.components["transformer"].blocks)), args):
         record(method, label, generate(install_plugins(base, plugins), method), ref)
 
 
@@ -311,6 +322,7 @@ def main(argv: list[str] | None = None) -> None:
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--tiny", action="store_true", help="CPU smoke test: 2-block toy Wan, few steps")
     mode.add_argument("--cpu-small", action="store_true", help="CPU: 8-block small Wan")
+    mode.add_argument("--cpu", action="store_true", help="CPU with --checkpoint (e.g. the shapes model)")
     p.add_argument("--checkpoint", help="a Wan checkpoint (diffusers layout, or a built-in name such as "
                    "shapes-t2v) instead of random weights")
     p.add_argument("--adherence", type=int, default=0, metavar="N",
@@ -330,18 +342,23 @@ def main(argv: list[str] | None = None) -> None:
                    help="CPU modes: time steps by this thread's CPU time (default; needs --threads 1) or wall time")
     p.add_argument("--repeats", type=int, help="runs per setting (fastest counts); default 1 on GPU, 3 on CPU")
     p.add_argument("--max-settings", type=int, default=None, help="at most N settings per method (smoke tests)")
+    p.add_argument("--methods", nargs="+", choices=METHODS, default=[], help="only these methods (default: all)")
+    p.add_argument("--settings", type=int, nargs="+", default=[], metavar="K",
+                   help="only the K-th settings (1-based) of each method")
     p.add_argument("--skip", choices=["cache", "overhead", "adherence"], action="append", default=[])
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
 
-    gpu = not (args.tiny or args.cpu_small)
+    if args.cpu and not args.checkpoint:
+        sys.exit("--cpu runs a --checkpoint on the CPU; without one pass --cpu-small or --tiny")
+    gpu = not (args.tiny or args.cpu_small or args.cpu)
     if gpu and not torch.cuda.is_available():
         sys.exit("no CUDA device: pass --cpu-small or --tiny for the CPU modes")
     device = torch.device("cuda" if gpu else "cpu")
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32, None: torch.bfloat16 if gpu else torch.float32}[args.dtype]
     global QUALITY_DEVICE
     QUALITY_DEVICE = device
-    size_name = "tiny" if args.tiny else "small" if args.cpu_small else "full"
+    size_name = "tiny" if args.tiny else "small" if args.cpu_small or args.cpu else "full"
     defaults = {
         # overhead at 384x384x9 (~0.1 s/step): at 256x256x1 (32 ms/step, launch-bound) the H200 run's
         # baseline spread was 61% (first round included), too noisy to bound a 1% overhead

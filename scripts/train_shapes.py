@@ -32,7 +32,7 @@ from omniloop.train.recipes.latent_store import build_latent_store
 from omniloop.train.recipes.shapes_distill import DistillRecipe, build_trajectories, train_student
 from omniloop.train.recipes.shapes_dit import DiTRecipe, load_trained_dit, train_dit
 from omniloop.train.recipes.shapes_model import STUDENT_NAME, TEACHER_NAME
-from omniloop.train.recipes.shapes_vae import MODEL_DIR, VAERecipe, load_trained_vae, train_vae
+from omniloop.train.recipes.shapes_vae import MODEL_DIR, VAERecipe, adopt_vae, load_trained_vae, train_vae
 from omniloop.train.recipes.stage import read_result, resolve_device, write_result
 from omniloop.train.recipes.transfer import PUBLISHED_EXPORT, publish, restore
 
@@ -59,6 +59,10 @@ def recipes(args: argparse.Namespace) -> tuple[VAERecipe, DiTRecipe, DistillReci
         vae = replace(vae, data_seed=args.vae_data_seed)
     if args.dit_steps:
         dit = replace(dit, train=replace(dit.train, steps=args.dit_steps))
+    if args.dit_init:
+        dit = replace(dit, init_from=args.dit_init)
+    if args.store_seed is not None:
+        dit = replace(dit, store=replace(dit.store, seed=args.store_seed))
     if args.distill_steps:
         distill = replace(distill, train=replace(distill.train, steps=args.distill_steps))
     if args.clips:
@@ -100,7 +104,9 @@ def run(args: argparse.Namespace) -> int:
         t0 = time.monotonic()
         if stage in ("latents", "dit", "trajectories", "distill") and text_encoder is None and not finished_before:
             text_encoder = _text_encoder(args, device, dit_r.model.max_sequence_length)
-        if stage == "vae":
+        if stage == "vae" and args.vae_from:
+            result = adopt_vae(vae_r, Path(args.vae_from), work, device=device)
+        elif stage == "vae":
             result = train_vae(vae_r, work, device=device, deadline=deadline, resume=args.resume)
         elif stage == "latents":
             result = build_latent_store(dit_r.store, work, vae=load_trained_vae(work, device),
@@ -159,10 +165,14 @@ def _export(work: Path, dit_r: DiTRecipe, args: argparse.Namespace) -> dict:
     done = read_result(out)
     if done is not None and not args.install:
         return done
-    report = export_recipe.export_shapes(work, out, dit_r.model)
+    # before a distillation exists (``export`` alone) the teacher ships by itself; that export
+    # is not the stage's result (the chain exports again, with the student, once it exists)
+    student = read_result(work / "distill") is not None
+    report = export_recipe.export_shapes(work, out, dit_r.model, student=student)
     _check_against_published(work, out)
     info = {"status": "done", **report.to_dict()}
-    write_result(out, info)
+    if student:
+        write_result(out, info)
     if args.install:
         info["installed"] = [str(p) for p in export_recipe.install(out, BUILTIN_DIR)]
     return info
@@ -218,8 +228,9 @@ def _pack_minilm(args: argparse.Namespace) -> int:
     from omniloop.train.recipes.minilm_pack import write_pack
 
     out = write_pack(Path(args.text_encoder or ".scratch/minilm_pack"))
-    size = sum(p.stat().st_size for p in out.iterdir())
-    print(f"wrote {out} ({size / 1e6:.1f} MB): carry it and pass --text-encoder {out}", flush=True)
+    files = ", ".join(f"{p.name} ({p.stat().st_size / 1e6:.1f} MB)" for p in sorted(out.iterdir()))
+    print(f"wrote {out}: {files}; carry it (a part a call when the tree is large) and pass --text-encoder {out}",
+          flush=True)
     return 0
 
 
@@ -316,9 +327,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-vae-gate", dest="vae_gate", action="store_false",
                    help="go on past a VAE below VAE_GATE (smoke runs of the later stages)")
     p.add_argument("--vae-init", default=None, help="start the VAE from this diffusers-layout VAE folder")
+    p.add_argument("--vae-from", default=None, help="use this finished VAE (e.g. the shipped "
+                   "src/omniloop/models/builtin/shapes-t2v/vae) instead of training one")
     p.add_argument("--vae-data-seed", type=int, default=None, help="the VAE's clip stream (e.g. new clips when "
                    "continuing from --vae-init)")
     p.add_argument("--dit-steps", type=int, default=None)
+    p.add_argument("--dit-init", default=None, help="start the DiT from this diffusers-layout DiT folder (e.g. the "
+                   "shipped src/omniloop/models/builtin/shapes-t2v/transformer)")
+    p.add_argument("--store-seed", type=int, default=None, help="the latent store's clip stream (e.g. new clips "
+                   "when continuing from --dit-init)")
     p.add_argument("--distill-steps", type=int, default=None)
     p.add_argument("--clips", type=int, default=None, help="clips in the DiT's latent store")
     p.add_argument("--trajectories", type=int, default=None, help="teacher rollouts for the student")

@@ -42,3 +42,15 @@ def test_cache_benchmark_adherence_mode(tmp_path):
     for r in records:
         assert r["prompts"] == 3 and all(0 <= r[k] <= 1 for k in ("color", "shape", "motion", "all_correct"))
         assert (r["method"] == "none") == ("mean_psnr" not in r)
+
+
+def test_cache_benchmark_runs_a_chosen_subset_of_the_shipped_model_on_the_cpu(tmp_path):
+    out = tmp_path / "shapes.jsonl"
+    _bench().main(["--cpu", "--checkpoint", "shapes-t2v", "--size", "32", "32", "--frames", "1", "--steps", "10",
+                   "--repeats", "1", "--methods", "taylorseer", "teacache", "--settings", "2",
+                   "--skip", "overhead", "--out", str(out)])
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert records[0]["weights"] == "checkpoint" and records[0]["arch"] == "Wan 8 blocks x 256"
+    cache = [(r["method"], r["setting"]) for r in records if r["bench"] == "cache"]
+    assert [m for m, _ in cache] == ["none", "taylorseer", "teacache"]
+    assert "interval 3" in cache[1][1] and "3.0 x median" in cache[2][1]  # the second of each method

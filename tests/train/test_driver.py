@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -51,12 +52,38 @@ def test_driver_runs_publishes_restores_and_reexports_identically(driver, pack_d
                 == json.loads((work / "export" / name / "omniloop_model.json").read_text())["files"])
 
 
-def test_minilm_pack_is_the_wheel_on_the_grammar_and_refuses_other_words(pack_dir, minilm):
+def test_driver_retrains_the_dit_on_an_adopted_vae_from_earlier_weights(driver, pack_dir, tmp_path, capsys):
+    """The retraining path of docs/training.md: the shipped VAE adopted (validated, not
+    retrained), the DiT continued from shipped weights on a new clip stream."""
+    first, again = tmp_path / "first", tmp_path / "again"
+    common = ["--preset", "toy", "--device", "cpu", "--no-progress", "--eval-n", "2", "--eval-batch", "2",
+              "--text-encoder", str(pack_dir)]
+    assert driver.main(["all", "--work", str(first), *common]) == 0
+    assert driver.main(["export", "--work", str(first), *common]) == 0
+    shipped = first / "export" / "shapes-t2v"
+    assert driver.main(["all", "--work", str(again), "--vae-from", str(shipped / "vae"), "--dit-init",
+                        str(shipped / "transformer"), "--store-seed", "3", *common]) == 0
+    out = capsys.readouterr().out
+    assert "DONE" in out and '"adopted_from"' in out
+    vae = json.loads((again / "vae" / "result.json").read_text())
+    assert vae["adopted_from"] == str(shipped / "vae") and "shape" in vae["validation"]
+    store = json.loads((again / "latents" / "store.json").read_text())
+    assert store["spec"]["seed"] == 3
+
+
+def test_minilm_pack_is_the_wheel_on_the_grammar_and_refuses_other_words(pack_dir, minilm, tmp_path):
     from omniloop.eval.shapes_world import held_out_prompts
 
     packed = load_packed_minilm(pack_dir, max_sequence_length=32)
     assert sum(p.stat().st_size for p in pack_dir.iterdir()) < 46e6  # carried to GPU machines
+    parts = sorted(p.stat().st_size for p in pack_dir.glob("minilm_pack-*-of-00002.safetensors"))
+    assert len(parts) == 2 and parts[1] < 24e6  # two calls, one part each, beside the shipped models
     prompts = [p.prompt for p in held_out_prompts(64, seed=5)] + ["", "a small golden star on a light background"]
     assert torch.equal(packed.encode(prompts).embeds, minilm.encode(prompts).embeds)
+    one_part = tmp_path / "one"
+    shutil.copytree(pack_dir, one_part)
+    (one_part / "minilm_pack-00002-of-00002.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match=r"minilm_pack-00002-of-00002.safetensors is missing: the pack has 2"):
+        load_packed_minilm(one_part)
     with pytest.raises(ValueError, match=r"uses tokens \['dragon'\] outside this MiniLM pack"):
         packed.encode(["a red dragon"])

@@ -59,6 +59,24 @@ def test_exported_models_load_through_the_video_generator_and_write_mp4s(exporte
     assert student.generate_video("x", seed=1, steps=3, save_video=False).metrics.steps == 3  # still overridable
 
 
+def test_teacher_ships_alone_before_a_student_exists(toy_chain, tmp_path):
+    from omniloop.train.recipes.export import install
+
+    work = tmp_path / "work"  # the chain without its distillation stage
+    for stage in ("vae", "dit"):
+        shutil.copytree(toy_chain / stage, work / stage)
+    with pytest.raises(FileNotFoundError, match="distill"):
+        export_shapes(work, tmp_path / "both", DiTRecipe.toy().model)
+    report = export_shapes(work, tmp_path / "out", DiTRecipe.toy().model, student=False)
+    assert set(report.models) == {TEACHER_NAME} and not (tmp_path / "out" / STUDENT_NAME).exists()
+    builtin = tmp_path / "builtin"
+    shutil.copytree(BUILTIN_DIR / STUDENT_NAME, builtin / STUDENT_NAME)  # a placeholder stays one
+    assert install(tmp_path / "out", builtin) == [builtin / TEACHER_NAME]
+    assert read_manifest(builtin / STUDENT_NAME).files == read_manifest(BUILTIN_DIR / STUDENT_NAME).files
+    gen = VideoGenerator.from_pretrained(builtin / TEACHER_NAME, device="cpu")
+    assert gen.generate_video("a red circle", seed=1, save_video=False).frames.shape == (5, 32, 32, 3)
+
+
 def test_export_refuses_models_over_the_package_budget(toy_chain, tmp_path):
     with pytest.raises(ValueError, match=r"MB, over the 0 MB package budget"):
         export_shapes(toy_chain, tmp_path, DiTRecipe.toy().model, budget_bytes=1000)
@@ -110,18 +128,33 @@ def test_missing_or_corrupt_weights_fail_naming_the_file(exported, tmp_path):
         VideoGenerator.from_pretrained(model / STUDENT_NAME, device="cpu")
 
 
-def test_built_in_names_are_placeholders_without_weights_until_trained():
+def _cli_generate(*args: str, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "omniloop.api.cli", "generate", *args], capture_output=True,
+                          text=True, timeout=300, cwd=cwd)
+
+
+def test_built_in_models_are_trained_weights_or_placeholders_that_say_so(tmp_path):
     assert set(BUILTIN_MODELS) == {TEACHER_NAME, STUDENT_NAME}
     for name, folder in BUILTIN_MODELS.items():
         assert folder.parent == BUILTIN_DIR and read_manifest(folder).name == name
-    # no fake or random weights are shipped: trained ones arrive with the GPU run (docs/training.md)
-    if not list(BUILTIN_DIR.rglob("*.safetensors")):
-        with pytest.raises(FileNotFoundError, match=r"shapes-t2v/transformer/config.json is missing"):
-            VideoGenerator.from_pretrained(TEACHER_NAME, device="cpu")
-        proc = subprocess.run([sys.executable, "-m", "omniloop.api.cli", "generate", "a red circle moving right"],
-                              capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 2 and "shapes-t2v/transformer/config.json is missing" in proc.stderr
-        assert "Traceback" not in proc.stderr
+        if not read_manifest(folder).files:  # no fake or random weights: trained ones arrive from the GPU runs
+            with pytest.raises(FileNotFoundError, match=rf"{name}/transformer/config.json is missing"):
+                VideoGenerator.from_pretrained(name, device="cpu")
+            proc = _cli_generate("a red circle moving right", "--model", name, cwd=tmp_path)
+            assert proc.returncode == 2 and f"{name}/transformer/config.json is missing" in proc.stderr
+            assert "Traceback" not in proc.stderr
+    assert read_manifest(BUILTIN_MODELS[TEACHER_NAME]).files, "the embedded default ships trained weights"
+
+
+def test_readme_main_command_writes_a_decodable_video_with_the_embedded_default(tmp_path):
+    """``omniloop generate "a red circle moving right"``: no --model, a fresh process, the
+    shipped weights (checked against their manifest sha256), an H.264 mp4 PyAV decodes."""
+    proc = _cli_generate("a red circle moving right", "--output", "out.mp4", "--no-progress", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert _frames(tmp_path / "out.mp4") == (17, "h264")
+    with av.open(str(tmp_path / "out.mp4")) as c:
+        frame = next(c.decode(c.streams.video[0])).to_ndarray(format="rgb24")
+    assert frame.shape == (128, 128, 3) and frame.std() > 5  # a picture, not a flat field
 
 
 def test_bad_manifests_are_clear_errors(tmp_path, exported):

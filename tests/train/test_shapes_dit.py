@@ -63,3 +63,25 @@ def test_dit_recipe_trains_resumes_exactly_and_validates_through_the_denoise_loo
 
     dit = load_wan_dit(b / "dit" / MODEL_DIR, dtype=torch.float32)
     assert dit.config.text_dim == 384 and dit.config.in_channels == vae.config.z_dim
+
+
+def test_dit_can_start_from_earlier_weights(toy_chain, tmp_path, minilm):
+    import dataclasses
+
+    import pytest
+
+    recipe = DiTRecipe.toy()
+    vae = load_trained_vae(toy_chain, CPU)
+    start = toy_chain / "dit" / MODEL_DIR
+    again = DiTRecipe.toy(init_from=str(start))
+    # zero steps of learning: the continued run's weights (and EMA) begin as the earlier run's
+    again = dataclasses.replace(again, train=dataclasses.replace(again.train, lr=1e-12, warmup_steps=0))
+    work = copy_stages(toy_chain, tmp_path / "a", "vae", "latents")
+    assert train_dit(again, work, vae=vae, text_encoder=minilm, device=CPU).done
+    a, b = load_wan_dit(start, dtype=torch.float32), load_wan_dit(work / "dit" / MODEL_DIR, dtype=torch.float32)
+    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.allclose(x, y, atol=1e-6), name
+    wider = DiTRecipe.toy(init_from=str(start), dit={**recipe.dit, "ffn_dim": 64})
+    with pytest.raises(ValueError, match="architecture differs"):
+        train_dit(wider, copy_stages(toy_chain, tmp_path / "b", "vae", "latents"), vae=vae, text_encoder=minilm,
+                  device=CPU)

@@ -94,3 +94,26 @@ def test_vae_can_start_from_earlier_weights(tmp_path):
     wider = VAERecipe.toy(init_from=str(start), vae={**VAERecipe.toy().vae, "base_dim": 8})
     with pytest.raises(ValueError, match="architecture differs"):
         train_vae(wider, tmp_path / "c", device=torch.device("cpu"))
+
+
+def test_a_finished_vae_can_be_adopted_instead_of_trained(tmp_path):
+    """``--vae-from``: the shipped model's VAE (bf16 file) becomes the stage's result, validated
+    on reconstructed held-out clips like a trained one; a VAE without latent statistics is refused."""
+    from omniloop.models.families.wan.weights import load_wan_vae
+    from omniloop.models.families.wan.vae import WanVAE
+    from omniloop.train.recipes.shapes_vae import MODEL_DIR, adopt_vae, train_vae
+    from omniloop.train.recipes.wan_checkpoint import save_wan_vae
+
+    recipe = VAERecipe.toy()
+    train_vae(recipe, tmp_path / "a", device=torch.device("cpu"))
+    shipped = tmp_path / "shipped_vae"
+    save_wan_vae(load_wan_vae(tmp_path / "a" / "vae" / MODEL_DIR, dtype=torch.float32), shipped, dtype=torch.bfloat16)
+    result = adopt_vae(recipe, shipped, tmp_path / "b", device=torch.device("cpu"))
+    assert result.done and result.info["adopted_from"] == str(shipped)
+    assert {"psnr", "color", "shape", "motion"} <= set(result.info["validation"])
+    adopted = load_wan_vae(tmp_path / "b" / "vae" / MODEL_DIR, dtype=torch.float32)
+    assert adopted.config == load_wan_vae(shipped, dtype=torch.float32).config
+    untrained = tmp_path / "untrained"
+    save_wan_vae(WanVAE(recipe.vae_config), untrained, dtype=torch.float32)
+    with pytest.raises(ValueError, match="no latent statistics"):
+        adopt_vae(recipe, untrained, tmp_path / "c", device=torch.device("cpu"))

@@ -15,7 +15,11 @@ from pydantic import ValidationError
 
 from omniloop.pipeline.spec import Node, PipelineSpec
 from omniloop.pipeline.state import RequestState, StageContext
-from omniloop.request import Artifact, OmniOutput, OmniRequest, RequestStatus
+from omniloop.request import Artifact, Modality, OmniOutput, OmniRequest, RequestStatus
+
+# OutputSpec.modalities -> the pipeline output (PipelineSpec.outputs key) that carries it
+MODALITY_OUTPUTS = {Modality.TEXT: "text", Modality.IMAGE: "image", Modality.VIDEO: "video",
+                    Modality.AUDIO: "audio", Modality.ACTION: "action", Modality.LATENT: "latents"}
 
 RequestValidator = Callable[[OmniRequest], OmniRequest]
 
@@ -71,11 +75,22 @@ class Pipeline:
                 f"task {request.task.value!r} is not served by {self.spec.name!r}; "
                 f"pass one of {sorted(t.value for t in self.spec.tasks)}"
             )
+        self._check_modalities(request)
         if self.validate_request is not None:
             request = self.validate_request(request)
         state = RequestState(request=request)
         state.node_params = self._node_params(request)
         return state
+
+    def _check_modalities(self, request: OmniRequest) -> None:
+        wanted = request.outputs.modalities
+        if wanted is None:
+            return
+        offered = [m for m, output in MODALITY_OUTPUTS.items() if output in self.spec.outputs]
+        missing = [m.value for m in wanted if m not in offered]
+        if missing or not wanted:
+            raise ValueError(f"outputs.modalities={[m.value for m in wanted]}: {self.spec.name!r} produces "
+                             f"{[m.value for m in offered]}; pass a non-empty subset, or omit it for the task's default")
 
     def _node_params(self, request: OmniRequest) -> dict[str, Any]:
         names = {n.name: n for n in self.spec.nodes}

@@ -103,3 +103,13 @@ class OutputSpec(BaseModel):
     return_latents: bool = Field(default=False, description="also return the final latents")
     return_trajectory: bool = Field(default=False, description="also return the latents after every step")
     video_format: Literal["mp4", "frames"] = "mp4"
+
+    def wants(self, modality: Modality) -> bool:
+        """Whether ``modality`` is asked for (no ``modalities``: the task's default outputs)."""
+        return self.modalities is None or modality in self.modalities
+
+    @property
+    def wants_latents(self) -> bool:
+        """The final latents are returned: ``return_latents``, or ``modalities`` naming
+        ``latent`` (``["latent"]`` alone skips decoding, like diffusers' ``output_type="latent"``)."""
+        return self.return_latents or (self.modalities is not None and Modality.LATENT in self.modalities)

@@ -137,3 +137,30 @@ def test_text_encoding_matches_diffusers(wan_t2v_dir):
     assert ours.embeds.shape == ref.shape == (3, 512, 32)
     assert (ours.embeds - ref).abs().max().item() <= 1e-6
     assert torch.count_nonzero(ours.embeds[0, ours.lengths[0]:]) == 0
+
+
+def test_latent_only_outputs_skip_the_vae_and_return_the_same_latents(wan_t2v_dir):
+    """``outputs.modalities=["latent"]`` (diffusers' ``output_type="latent"``): the decode node
+    does not run, the final latents are the ones a full request denoises; a modality the
+    pipeline cannot produce is refused at admission, naming what it does produce."""
+    gen = VideoGenerator.from_pretrained(wan_t2v_dir, device="cpu", dtype="float32")
+    params = DiffusionParams(height=32, width=48, num_frames=9, steps=3, guidance_scale=5.0, seed=7)
+    full = gen.generate(OmniRequest(task=TaskType.T2V, inputs=[TextPart(text=PROMPT)], diffusion=params,
+                                    outputs=OutputSpec(return_latents=True)))
+    only = gen.generate(OmniRequest(task=TaskType.T2V, inputs=[TextPart(text=PROMPT)], diffusion=params,
+                                    outputs=OutputSpec(modalities=["latent"], return_trajectory=True)))
+    assert only.status.value == "completed", only.error
+    assert "decode" in full.metrics.node_s and "decode" not in only.metrics.node_s
+    assert only.video is None and full.video is not None
+    assert torch.equal(only.artifacts["latents"].latents, full.artifacts["latents"].latents)
+    assert only.artifacts["trajectory"].tensor.shape[0] == 3
+    both = gen.generate(OmniRequest(task=TaskType.T2V, inputs=[TextPart(text=PROMPT)], diffusion=params,
+                                    outputs=OutputSpec(modalities=["video", "latent"])))
+    assert both.video is not None and torch.equal(both.artifacts["latents"].latents, full.artifacts["latents"].latents)
+    from omniloop.engine.errors import RequestRejected
+
+    with pytest.raises(RequestRejected, match=r"produces \['image', 'video', 'latent'\]; pass a non-empty subset"):
+        gen.generate(OmniRequest(task=TaskType.T2V, inputs=[TextPart(text=PROMPT)], diffusion=params,
+                                 outputs=OutputSpec(modalities=["text"])))
+    assert gen.generate_video(PROMPT, seed=1, steps=2, height=32, width=48, num_frames=5,
+                              save_video=False).frames.shape[0] == 5  # the engine goes on

@@ -160,7 +160,7 @@ class DenoiseLoop(LoopStageBase):
     def finalize(self, ctx: StageContext, loop: DenoiseLoopState, state: RequestState) -> None:  # type: ignore[override]
         ctx.write(state, "latents", DenoisedLatents(latents=dict(loop.latents)))
         first = next(iter(loop.latents))
-        if state.request.outputs.return_latents:
+        if state.request.outputs.wants_latents:
             ctx.write(state, "final_latents", LatentsArtifact(latents=loop.latents[first], modality=Modality(first)))
         if loop.trajectory is not None:
             ctx.write(state, "trajectory", TensorArtifact(tensor=torch.stack(loop.trajectory)))

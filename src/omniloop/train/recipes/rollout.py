@@ -26,7 +26,16 @@ from omniloop.models.families.wan.model import keeps_fp32
 from omniloop.models.manifest import LAYOUT, ModelManifest
 from omniloop.models.model_spec import LoadOptions, spec_for_class
 from omniloop.pipeline.pipeline import Pipeline
-from omniloop.request import DiffusionParams, OmniOutput, OmniRequest, OutputSpec, RequestStatus, TaskType, TextPart
+from omniloop.request import (
+    DiffusionParams,
+    Modality,
+    OmniOutput,
+    OmniRequest,
+    OutputSpec,
+    RequestStatus,
+    TaskType,
+    TextPart,
+)
 
 ADHERENCE_KEYS = ("color", "shape", "motion")
 
@@ -68,11 +77,12 @@ def serving_copy(module: nn.Module, dtype: torch.dtype, device: torch.device) ->
     return out
 
 
-def t2v_request(prompt: str, *, seed: int, trajectory: bool = False, **params: Any) -> OmniRequest:
-    return OmniRequest(
-        task=TaskType.T2V, inputs=[TextPart(text=prompt)],
-        diffusion=DiffusionParams(seed=seed, **params), outputs=OutputSpec(return_trajectory=trajectory),
-    )
+def t2v_request(prompt: str, *, seed: int, trajectory: bool = False, decode: bool = True,
+                **params: Any) -> OmniRequest:
+    """``decode=False``: latents only (the VAE does not run; trajectory rollouts need no pixels)."""
+    outputs = OutputSpec(return_trajectory=trajectory, modalities=None if decode else [Modality.LATENT])
+    return OmniRequest(task=TaskType.T2V, inputs=[TextPart(text=prompt)],
+                       diffusion=DiffusionParams(seed=seed, **params), outputs=outputs)
 
 
 def run_requests(pipeline: Pipeline, requests: Sequence[OmniRequest], *, max_batch: int = 1) -> list[OmniOutput]:

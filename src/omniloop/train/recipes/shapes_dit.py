@@ -56,6 +56,10 @@ class DiTRecipe:
     val_prompts: int = 16
     val_seed: int = 1
     val_batch: int = 16
+    # start from these DiT weights (a diffusers-layout folder: an earlier run's ``dit/model``
+    # or a shipped model's ``transformer``) instead of the init: continue a teacher that
+    # stopped short of the targets; the EMA starts from them too
+    init_from: str | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.text_dropout < 1 or self.train_shift <= 0 or self.logit_std <= 0:
@@ -176,6 +180,12 @@ def train_dit(recipe: DiTRecipe, work_dir: Path, *, vae: WanVAE, text_encoder: A
     store = LatentStore.load(work_dir, device)
     torch.manual_seed(recipe.train.seed)
     dit = wan_init_(WanDiT(recipe.dit_config))
+    if recipe.init_from:
+        start = load_wan_dit(recipe.init_from, dtype=torch.float32)
+        if start.config != dit.config:
+            raise ValueError(f"init_from={recipe.init_from}: its architecture differs from the recipe's "
+                             f"({start.config} vs {dit.config})")
+        dit.load_state_dict(start.state_dict())
     if dit.config.in_channels != vae.config.z_dim or dit.config.text_dim != store.text.shape[-1]:
         raise ValueError(f"DiT in_channels/text_dim ({dit.config.in_channels}, {dit.config.text_dim}) must match the "
                          f"VAE z_dim ({vae.config.z_dim}) and the text features ({store.text.shape[-1]})")

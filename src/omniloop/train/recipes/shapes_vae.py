@@ -35,7 +35,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from omniloop.eval.adherence import evaluate
 from omniloop.eval.shapes_render import render_clip
@@ -310,6 +309,28 @@ def train_vae(recipe: VAERecipe, work_dir: Path, *, device: torch.device, resume
             "finish_seconds": round(time.monotonic() - t0, 1), "model": str(folder / MODEL_DIR)}
     write_result(folder, info)
     return StageResult(STAGE, "done", folder, info)
+
+
+def adopt_vae(recipe: VAERecipe, folder: Path, work_dir: Path, *, device: torch.device) -> StageResult:
+    """Finish the VAE stage with an existing VAE (a diffusers-layout folder with its latent
+    statistics, e.g. the shipped model's ``vae``): retraining a DiT needs the VAE the
+    shipped model decodes with, not a new one. Validated like a trained VAE (reconstructed
+    held-out clips), so the gate applies to it too."""
+    out = Path(work_dir) / STAGE
+    done = read_result(out)
+    if done is not None:
+        return StageResult(STAGE, "done", out, done)
+    vae = load_wan_vae(folder, dtype=torch.float32)
+    if all(m == 0.0 for m in vae.config.latents_mean) and all(s == 1.0 for s in vae.config.latents_std):
+        raise ValueError(f"{folder}: its config has no latent statistics (latents_mean / latents_std); "
+                         f"pass a finished VAE (a trained run's vae/model, or a shipped model's vae)")
+    save_wan_vae(vae, out / MODEL_DIR, dtype=torch.float32)
+    validation = validation_fn(recipe, device)(0, vae.to(device))
+    info = {"stage": STAGE, "adopted_from": str(folder), "params": sum(p.numel() for p in vae.parameters()),
+            "latents_mean": list(vae.config.latents_mean), "latents_std": list(vae.config.latents_std),
+            "validation": validation, "model": str(out / MODEL_DIR)}
+    write_result(out, info)
+    return StageResult(STAGE, "done", out, info)
 
 
 def load_trained_vae(work_dir: Path, device: torch.device) -> WanVAE:

@@ -27,7 +27,7 @@ from omniloop.pipeline.policies.cfg import ClassicCFG
 from omniloop.pipeline.policies.conditioning import LatentConcat, NoConditioning
 from omniloop.pipeline.policies.routing import BoundaryTimestepRouting, SingleModel
 from omniloop.pipeline.policies.shift import FlowShift
-from omniloop.pipeline.predicates import task_in
+from omniloop.pipeline.predicates import opt, task_in
 from omniloop.pipeline.samplers import build_sampler, sampler_for_diffusers_class
 from omniloop.pipeline.samplers.sampler_set import SamplerSet
 from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
@@ -37,7 +37,7 @@ from omniloop.models.families.wan.stages import WanDenoiser, WanImageCondition
 from omniloop.models.families.wan.validate import make_validator
 from omniloop.models.families.wan.weights import load_wan_dit
 from omniloop.models.families.wan.weights import load_wan_vae
-from omniloop.request import DiffusionParams, OmniRequest, TaskType
+from omniloop.request import DiffusionParams, Modality, OmniRequest, TaskType
 
 T2V_PIPELINE = "WanPipeline"
 I2V_PIPELINE = "WanImageToVideoPipeline"
@@ -174,7 +174,8 @@ def wan_pipeline_spec(variant: Variant, *, boundary_ratio: float | None, cfg_mod
                 conditioning=LatentConcat() if i2v else NoConditioning(),
             ),
         ),
-        Node("decode", VAEDecode(whole=decode_whole)),
+        # outputs.modalities=["latent"] (trajectory rollouts, latent-space pipelines) skips the VAE
+        Node("decode", VAEDecode(whole=decode_whole), when=opt("pixels wanted", _wants_pixels)),
     ]
     return PipelineSpec(
         name=variant.name,
@@ -184,6 +185,10 @@ def wan_pipeline_spec(variant: Variant, *, boundary_ratio: float | None, cfg_mod
         nodes=tuple(nodes),
         outputs={"video": "video", "image": "image", "latents": "final_latents", "trajectory": "trajectory"},
     )
+
+
+def _wants_pixels(request: OmniRequest) -> bool:
+    return request.outputs.wants(Modality.VIDEO) or request.outputs.wants(Modality.IMAGE)
 
 
 def build_wan(variant: Variant, index: Mapping[str, Any], components: Mapping[str, Any], options: LoadOptions) -> Pipeline:

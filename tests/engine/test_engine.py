@@ -147,6 +147,37 @@ def test_nan_in_one_request_fails_only_it(make_engine):
     assert outs["fine"].status is RequestStatus.COMPLETED
 
 
+def test_nan_in_a_batched_step_fails_only_it_with_one_check_per_step(make_engine, monkeypatch):
+    """The finite check of a batched step is one reduction (one device sync on a GPU), not
+    one per request; it still fails exactly the poisoned request."""
+    engine = make_engine(max_batch=4)
+    for i, rid in enumerate(("a", "nan", "b", "c")):
+        engine.add_request(req(i + 1, steps=3, rid=rid))
+    stage = engine.pipeline.spec.node("denoise").stage
+    checks: list[int] = []
+    original = type(stage).finite_many
+
+    def finite_many(self, loops):
+        checks.append(len(loops))
+        return original(self, loops)
+
+    monkeypatch.setattr(type(stage), "finite_many", finite_many)
+
+    def poison(loops):
+        for lp in loops:
+            if lp.request_id == "nan" and lp.steps_done == 1:
+                lp.latents["video"][0, 0, 0, 0, 0] = float("inf")
+
+    restore = _inject(engine, poison)
+    try:
+        outs, _ = run_all(engine)
+    finally:
+        restore()
+    assert outs["nan"].status is RequestStatus.FAILED and "non-finite" in outs["nan"].error
+    assert all(outs[r].status is RequestStatus.COMPLETED for r in ("a", "b", "c"))
+    assert len(checks) == engine.stats.steps and max(checks) >= 3, checks  # one check per (batched) step
+
+
 @pytest.mark.parametrize("policy", ["requeue", "fail"])
 def test_pool_fatal_error_restarts_pool(make_engine, policy, wan_pipeline):
     restarts = []

@@ -274,16 +274,17 @@ class Engine:
         self.stats.batched_steps += len(reqs) > 1
         predicted = [self.cost_model.predict(i) for i in items]
         total_pred = sum(predicted) or 1.0
-        for req, item, pred, result in zip(reqs, items, predicted, results):
+        finite = node.stage.finite_many(loops) if self.config.nan_check else [True] * len(loops)
+        for req, item, pred, result, ok in zip(reqs, items, predicted, results, finite):
             share = elapsed * pred / total_pred  # apportion a batch's time by predicted cost
             self.cost_model.observe(item, share)
             req.actual_s += share
             req.loop.step_times.append(share)
-            self._after_step(req, result)
+            self._after_step(req, result, ok)
 
-    def _after_step(self, req: EngineRequest, result: StepResult) -> None:
+    def _after_step(self, req: EngineRequest, result: StepResult, finite: bool) -> None:
         node, loop = req.node, req.loop
-        if self.config.nan_check and not node.stage.is_finite(loop):
+        if not finite:
             self._finish(req, RequestStatus.FAILED, f"non-finite values (NaN/Inf) in node {node.name!r} at step {loop.steps_done}")
             return
         eta = self.scheduler.remaining_s(req)

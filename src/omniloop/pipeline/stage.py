@@ -92,6 +92,11 @@ class LoopStageBase(StageBase):
         """False when the loop's state holds NaN/Inf (the engine then fails the request)."""
         return True
 
+    def finite_many(self, loops: Sequence[LoopState]) -> list[bool]:
+        """``is_finite`` of each loop of one batched step (override to check them with one
+        device sync instead of one per loop)."""
+        return [self.is_finite(lp) for lp in loops]
+
     def release(self, loop: LoopState) -> None:
         """Free what ``loop`` holds when it ends without ``finalize`` (cancel, failure)."""
 

@@ -171,9 +171,15 @@ def settings(base, args, n_blocks: int) -> list[tuple[str, str, dict]]:
     fn_small, bn_small = (4, 4) if n_blocks >= 16 else (1, 1 if n_blocks > 2 else 0)
     out: list[tuple[str, str, dict]] = []
 
-    q_fb = calibrate(base, args, {"fbcache": {"threshold": 1e-9, "warmup_steps": w}})
-    q_db = calibrate(base, args, {"dbcache": {"Fn": fn, "Bn": 0, "threshold": 1e-9, "warmup_steps": w}})
-    q_tea = calibrate(base, args, {"teacache": {"model": "identity", "threshold": 1e-12, "ret_steps": w // 2 + 1}})
+    wanted = set(args.methods or METHODS)  # a calibration run only for a method that will run
+
+    def calibrated(methods: set[str], plugins: dict) -> dict:
+        return calibrate(base, args, plugins) if wanted & methods else {}
+
+    q_fb = calibrated({"fbcache"}, {"fbcache": {"threshold": 1e-9, "warmup_steps": w}})
+    q_db = calibrated({"dbcache", "dbcache+taylorseer"},
+                      {"dbcache": {"Fn": fn, "Bn": 0, "threshold": 1e-9, "warmup_steps": w}})
+    q_tea = calibrated({"teacache"}, {"teacache": {"model": "identity", "threshold": 1e-12, "ret_steps": w // 2 + 1}})
 
     def quantile(q: dict, key: float, fallback: float) -> float:
         return round(float(q.get(key, q.get(str(key), fallback))), 5)
@@ -206,16 +212,17 @@ def settings(base, args, n_blocks: int) -> list[tuple[str, str, dict]]:
 
 
 def selected(all_settings: list[tuple[str, str, dict]], args) -> list[tuple[str, str, dict]]:
-    """``--methods`` (all when empty), then at most ``--max-settings`` per method; ``--settings``
-    picks by 1-based position within each method instead."""
+    """``--methods`` (all when empty), then per method the ``--settings`` positions (1-based)
+    or else the first ``--max-settings``."""
     out, seen = [], {}
     for method, label, plugins in all_settings:
         if args.methods and method not in args.methods:
             continue
         seen[method] = seen.get(method, 0) + 1
-        if args.settings and seen[method] not in args.settings:
-            continue
-        if args.max_settings is not None and seen[method] > args.max_settings:
+        if args.settings:
+            if seen[method] not in args.settings:
+                continue
+        elif args.max_settings is not None and seen[method] > args.max_settings:
             continue
         out.append((method, label, plugins))
     return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import torch
 from safetensors.torch import load_file
 from torch import nn
@@ -60,9 +61,13 @@ def test_initial_noise_is_the_noise_the_loop_starts_from(toy_chain, minilm):
 
 def test_trajectories_come_from_the_guided_teacher_through_the_denoise_loop(toy_chain, tmp_path, minilm,
                                                                            monkeypatch):
+    from omniloop.pipeline.stages.decode import VAEDecode
+
     recipe = DistillRecipe.toy()
     work = copy_stages(toy_chain, tmp_path, "vae", "dit")
     spy = LoopSpy(monkeypatch)
+    decoded = []
+    monkeypatch.setattr(VAEDecode, "forward", lambda self, ctx, state: decoded.append(state))
     teacher, vae = load_trained_dit(work, "dit", CPU), load_trained_vae(work, CPU)
     paused = build_trajectories(recipe, work, teacher=teacher, vae=vae, text_encoder=minilm, device=CPU,
                                 deadline=time.monotonic() - 1)
@@ -78,6 +83,12 @@ def test_trajectories_come_from_the_guided_teacher_through_the_denoise_loop(toy_
     assert torch.equal(segments.states, again.states)  # resumed per shard == built at once
     assert segments.states.shape == (3, 3, 4, 2, 4, 4)
     assert read_result(work / TRAJECTORY_STAGE)["teacher_steps"] == per_rollout
+    assert not decoded  # latents only: the rollouts never ran the VAE
+    # shards of another teacher schedule are refused, not mixed in
+    (work / TRAJECTORY_STAGE / "result.json").unlink()
+    with pytest.raises(ValueError, match="another teacher schedule"):
+        build_trajectories(DistillRecipe.toy(steps_per_interval=3), work, teacher=teacher, vae=vae,
+                           text_encoder=minilm, device=CPU)
     # a segment's target velocity is the one Euler step from the teacher's x_i to x_{i+1}
     batch = SegmentBatches(segments, batch_size=4, seed=0).batch(0)
     sigmas = segments.sigmas

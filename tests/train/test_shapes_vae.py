@@ -113,7 +113,13 @@ def test_a_finished_vae_can_be_adopted_instead_of_trained(tmp_path):
     assert {"psnr", "color", "shape", "motion"} <= set(result.info["validation"])
     adopted = load_wan_vae(tmp_path / "b" / "vae" / MODEL_DIR, dtype=torch.float32)
     assert adopted.config == load_wan_vae(shipped, dtype=torch.float32).config
+    assert adopt_vae(recipe, shipped, tmp_path / "b", device=torch.device("cpu")).done  # idempotent
+    with pytest.raises(ValueError, match=r"already holds a VAE \(trained here\)"):
+        adopt_vae(recipe, shipped, tmp_path / "a", device=torch.device("cpu"))
     untrained = tmp_path / "untrained"
     save_wan_vae(WanVAE(recipe.vae_config), untrained, dtype=torch.float32)
     with pytest.raises(ValueError, match="no latent statistics"):
         adopt_vae(recipe, untrained, tmp_path / "c", device=torch.device("cpu"))
+    wider = VAERecipe.toy(vae={**recipe.vae, "base_dim": 8})
+    with pytest.raises(ValueError, match="architecture differs"):
+        adopt_vae(wider, shipped, tmp_path / "d", device=torch.device("cpu"))

@@ -159,8 +159,13 @@ def test_latent_only_outputs_skip_the_vae_and_return_the_same_latents(wan_t2v_di
     assert both.video is not None and torch.equal(both.artifacts["latents"].latents, full.artifacts["latents"].latents)
     from omniloop.engine.errors import RequestRejected
 
-    with pytest.raises(RequestRejected, match=r"produces \['image', 'video', 'latent'\]; pass a non-empty subset"):
-        gen.generate(OmniRequest(task=TaskType.T2V, inputs=[TextPart(text=PROMPT)], diffusion=params,
-                                 outputs=OutputSpec(modalities=["text"])))
+    for wrong in (["text"], ["image"]):  # t2v makes a video (and latents), not an image
+        with pytest.raises(RequestRejected, match=r"produces \['video', 'latent'\] for task 't2v'; pass a non-empty"):
+            gen.generate(OmniRequest(task=TaskType.T2V, inputs=[TextPart(text=PROMPT)], diffusion=params,
+                                     outputs=OutputSpec(modalities=wrong)))
+    image = gen.generate(OmniRequest(task=TaskType.T2I, inputs=[TextPart(text=PROMPT)],
+                                     diffusion=params.model_copy(update={"num_frames": 1}),
+                                     outputs=OutputSpec(modalities=["image"])))
+    assert image.image is not None and image.video is None
     assert gen.generate_video(PROMPT, seed=1, steps=2, height=32, width=48, num_frames=5,
                               save_video=False).frames.shape[0] == 5  # the engine goes on

@@ -161,6 +161,7 @@ def build_trajectories(recipe: DistillRecipe, work_dir: Path, *, teacher: WanDiT
     for s in range(shards):
         path = folder / f"shard_{s:05d}.safetensors"
         if path.is_file():
+            _check_shard(path, grid)
             continue
         if deadline is not None and made and time.monotonic() >= deadline:  # >= 1 shard per call
             return StageResult(TRAJECTORY_STAGE, "paused", folder, {"shards_done": s, "shards": shards})
@@ -179,16 +180,27 @@ def build_trajectories(recipe: DistillRecipe, work_dir: Path, *, teacher: WanDiT
         text = text_encoder.encode(prompts, device=device).embeds.to(torch.bfloat16).cpu()
         tmp = folder / f".{path.name}.tmp"
         save_file({"states": torch.stack(states).contiguous(), "text": text.contiguous()}, str(tmp),
-                  metadata={"prompts": json.dumps(prompts), "seeds": json.dumps(seeds)})
+                  metadata={"prompts": json.dumps(prompts), "seeds": json.dumps(seeds), "grid": json.dumps(grid)})
         tmp.replace(path)
         made += 1
         print(f"[trajectories] shard {s + 1}/{shards} ({first + count} rollouts) {time.monotonic() - t0:.1f}s",
               flush=True)
-    info = {"stage": TRAJECTORY_STAGE, "trajectories": recipe.trajectories, "teacher_steps": len(grid),
+    info = {"stage": TRAJECTORY_STAGE, "trajectories": recipe.trajectories, "shards": shards, "teacher_steps": len(grid),
             "teacher_sigmas_preshift": grid, "guidance_scale": m.guidance_scale,
             "seconds_this_call": round(time.monotonic() - t0, 1)}
     write_result(folder, info)
     return StageResult(TRAJECTORY_STAGE, "done", folder, info)
+
+
+def _check_shard(path: Path, grid: list[float]) -> None:
+    """A shard left by an earlier call must come from the same teacher schedule."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        theirs = (f.metadata() or {}).get("grid")
+    if theirs is None or json.loads(theirs) != grid:
+        raise ValueError(f"{path} was rolled out on another teacher schedule (steps_per_interval changed?); "
+                         f"delete {path.parent} to roll out again")
 
 
 @dataclass(frozen=True)
@@ -200,9 +212,13 @@ class Segments:
     @classmethod
     def load(cls, work_dir: Path, sigmas: torch.Tensor, device: torch.device) -> "Segments":
         folder = Path(work_dir) / TRAJECTORY_STAGE
-        if read_result(folder) is None:
+        done = read_result(folder)
+        if done is None:
             raise FileNotFoundError(f"{folder} holds no finished trajectories; run the trajectories stage first")
-        parts = [load_file(str(p)) for p in sorted(folder.glob("shard_*.safetensors"))]
+        # this stage's shards only (not those of an earlier recipe with more of them)
+        paths = ([folder / f"shard_{k:05d}.safetensors" for k in range(done["shards"])] if "shards" in done
+                 else sorted(folder.glob("shard_*.safetensors")))
+        parts = [load_file(str(p)) for p in paths]
         states = torch.cat([p["states"] for p in parts]).to(device)
         assert states.shape[1] == sigmas.numel(), f"{states.shape[1]} states per trajectory for {sigmas.numel()} sigmas"
         return cls(states, torch.cat([p["text"] for p in parts]).to(device), sigmas.to(device))

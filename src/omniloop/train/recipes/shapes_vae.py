@@ -28,6 +28,7 @@ the reconstructions: the ceiling for any model decoded by this VAE.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -319,11 +320,20 @@ def adopt_vae(recipe: VAERecipe, folder: Path, work_dir: Path, *, device: torch.
     out = Path(work_dir) / STAGE
     done = read_result(out)
     if done is not None:
+        if done.get("adopted_from") != str(folder):
+            raise ValueError(f"{out} already holds a VAE ({done.get('adopted_from') or 'trained here'}), not "
+                             f"{folder}; use another --work to start over with this one")
         return StageResult(STAGE, "done", out, done)
-    vae = load_wan_vae(folder, dtype=torch.float32)
-    if all(m == 0.0 for m in vae.config.latents_mean) and all(s == 1.0 for s in vae.config.latents_std):
+    raw = json.loads((Path(folder) / "config.json").read_text())
+    stats = (raw.get("latents_mean"), raw.get("latents_std"))
+    if any(v is None for v in stats) or (set(stats[0]) == {0.0} and set(stats[1]) == {1.0}):
         raise ValueError(f"{folder}: its config has no latent statistics (latents_mean / latents_std); "
                          f"pass a finished VAE (a trained run's vae/model, or a shipped model's vae)")
+    vae = load_wan_vae(folder, dtype=torch.float32)
+    plain = dataclasses.replace(vae.config, latents_mean=recipe.vae_config.latents_mean,
+                                latents_std=recipe.vae_config.latents_std)
+    if plain != recipe.vae_config:  # the architecture, not the stats
+        raise ValueError(f"{folder}: its architecture differs from the recipe's ({vae.config} vs {recipe.vae_config})")
     save_wan_vae(vae, out / MODEL_DIR, dtype=torch.float32)
     validation = validation_fn(recipe, device)(0, vae.to(device))
     info = {"stage": STAGE, "adopted_from": str(folder), "params": sum(p.numel() for p in vae.parameters()),

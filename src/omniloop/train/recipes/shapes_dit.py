@@ -85,6 +85,9 @@ class DiTRecipe:
             train=TrainConfig(steps=12_000, lr=3e-4, warmup_steps=500, ema_decay=0.9995, weight_decay=0.01,
                               checkpoint_every=500, log_every=50, validate_every=2500, compile=True),
             store=LatentStoreSpec(clips=98_304, shard_size=4096, encode_batch=256, num_workers=8),
+            # NOTE: 16 validation prompts read 47% shape where 200 held-out prompts read 37%:
+            # too noisy to steer by; 48 cost ~5 s a validation on an H200
+            val_prompts=48, val_batch=48,
         ), **overrides})
 
     @classmethod

@@ -128,21 +128,27 @@ def test_exception_in_one_request_fails_only_it(make_engine):
         assert torch.allclose(_lat(outs[r.request_id]), _solo(make_engine, r), atol=1e-5)
 
 
+def _poisoned_run(engine, rid: str, value: float):
+    """Run ``engine`` to the end with a non-finite value written into request ``rid``'s
+    latents after its first step."""
+
+    def poison(loops):
+        for lp in loops:
+            if lp.request_id == rid and lp.steps_done == 1:
+                lp.latents["video"][0, 0, 0, 0, 0] = value
+
+    restore = _inject(engine, poison)
+    try:
+        return run_all(engine)[0]
+    finally:
+        restore()
+
+
 def test_nan_in_one_request_fails_only_it(make_engine):
     engine = make_engine(max_batch=1)
     engine.add_request(req(1, steps=3, rid="nan"))
     engine.add_request(req(2, steps=3, rid="fine"))
-
-    def poison(loops):
-        for lp in loops:
-            if lp.request_id == "nan" and lp.steps_done == 1:
-                lp.latents["video"][0, 0, 0, 0, 0] = float("nan")
-
-    restore = _inject(engine, poison)
-    try:
-        outs, _ = run_all(engine)
-    finally:
-        restore()
+    outs = _poisoned_run(engine, "nan", float("nan"))
     assert outs["nan"].status is RequestStatus.FAILED and "NaN" in outs["nan"].error
     assert outs["fine"].status is RequestStatus.COMPLETED
 
@@ -162,17 +168,7 @@ def test_nan_in_a_batched_step_fails_only_it_with_one_check_per_step(make_engine
         return original(self, loops)
 
     monkeypatch.setattr(type(stage), "finite_many", finite_many)
-
-    def poison(loops):
-        for lp in loops:
-            if lp.request_id == "nan" and lp.steps_done == 1:
-                lp.latents["video"][0, 0, 0, 0, 0] = float("inf")
-
-    restore = _inject(engine, poison)
-    try:
-        outs, _ = run_all(engine)
-    finally:
-        restore()
+    outs = _poisoned_run(engine, "nan", float("inf"))
     assert outs["nan"].status is RequestStatus.FAILED and "non-finite" in outs["nan"].error
     assert all(outs[r].status is RequestStatus.COMPLETED for r in ("a", "b", "c"))
     assert len(checks) == engine.stats.steps and max(checks) >= 3, checks  # one check per (batched) step

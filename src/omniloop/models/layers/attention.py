@@ -38,14 +38,20 @@ class AttentionFn(Protocol):
 
 
 _BACKENDS: dict[str, AttentionFn] = {}
+_UNMASKED_ONLY: set[str] = set()  # backends a masked or causal call is refused for, by name
 DEFAULT_BACKEND = "sdpa"
 
 
-def register_attention_backend(name: str) -> Callable[[AttentionFn], AttentionFn]:
+def register_attention_backend(name: str, *, masks: bool = True) -> Callable[[AttentionFn], AttentionFn]:
+    """``masks=False``: the backend serves unmasked, non-causal attention only (a DiT kernel);
+    :func:`attention` refuses a masked or causal call to it, naming the backend to use."""
+
     def wrap(fn: AttentionFn) -> AttentionFn:
         if name in _BACKENDS:
             raise ValueError(f"attention backend {name!r} is already registered")
         _BACKENDS[name] = fn
+        if not masks:
+            _UNMASKED_ONLY.add(name)
         return fn
 
     return wrap
@@ -78,6 +84,9 @@ def attention(
     assert q.shape[2] % k.shape[2] == 0, f"{q.shape[2]} query heads cannot share {k.shape[2]} kv heads evenly"
     if mask is None and not causal:
         return fn(q, k, v)  # the DiT path: backends registered with three arguments keep working
+    if backend in _UNMASKED_ONLY:
+        raise ValueError(f"attention backend {backend!r} serves unmasked, non-causal attention (DiTs); "
+                         f"deploy language models with attention_backend='sdpa'")
     return fn(q, k, v, mask=mask, causal=causal)
 
 

@@ -244,11 +244,4 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
                          f"{q.shape[2]}/{k.shape[2]} heads of {q.shape[-1]}; use attention_backend='sdpa'")
 
 
-@register_attention_backend("triton_8bit")
-def _triton_8bit(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: torch.Tensor | None = None, causal: bool = False
-) -> torch.Tensor:
-    if mask is not None or causal:
-        raise ValueError("attention backend 'triton_8bit' serves unmasked, non-causal attention (DiTs); "
-                         "deploy language models with attention_backend='sdpa'")
-    return attention_8bit(q, k, v)
+register_attention_backend("triton_8bit", masks=False)(attention_8bit)

@@ -152,11 +152,4 @@ def cudnn_fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> to
     return _plan(q, k).run(prepare(q, k, v), q.dtype)
 
 
-@register_attention_backend("cudnn_fp8")
-def _cudnn_fp8(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: torch.Tensor | None = None, causal: bool = False
-) -> torch.Tensor:
-    if mask is not None or causal:
-        raise ValueError("attention backend 'cudnn_fp8' serves unmasked, non-causal attention (DiTs); "
-                         "deploy language models with attention_backend='sdpa'")
-    return cudnn_fp8_attention(q, k, v)
+register_attention_backend("cudnn_fp8", masks=False)(cudnn_fp8_attention)

@@ -15,17 +15,12 @@ from pydantic import ValidationError
 
 from omniloop.pipeline.spec import Node, PipelineSpec
 from omniloop.pipeline.state import RequestState, StageContext
-from omniloop.request import Artifact, Modality, OmniOutput, OmniRequest, RequestStatus, TaskType
+from omniloop.request import Artifact, Modality, OmniOutput, OmniRequest, RequestStatus
 
 # OutputSpec.modalities -> the pipeline output (PipelineSpec.outputs key) that carries it
 MODALITY_OUTPUTS = {Modality.TEXT: "text", Modality.IMAGE: "image", Modality.VIDEO: "video",
                     Modality.AUDIO: "audio", Modality.ACTION: "action", Modality.LATENT: "latents"}
 PIXELS = (Modality.IMAGE, Modality.VIDEO)
-
-
-def pixels_of(task: TaskType) -> Modality:
-    """The pixel output of a task: an image for t2i / i2i, a video otherwise."""
-    return Modality.IMAGE if task in (TaskType.T2I, TaskType.I2I) else Modality.VIDEO
 
 RequestValidator = Callable[[OmniRequest], OmniRequest]
 
@@ -92,8 +87,9 @@ class Pipeline:
         wanted = request.outputs.modalities
         if wanted is None:
             return
+        pixels = Modality.IMAGE if request.task.makes_image else Modality.VIDEO
         offered = [m for m, output in MODALITY_OUTPUTS.items() if output in self.spec.outputs
-                   and not (m in PIXELS and m is not pixels_of(request.task))]
+                   and not (m in PIXELS and m is not pixels)]
         missing = [m.value for m in wanted if m not in offered]
         if missing or not wanted:
             raise ValueError(f"outputs.modalities={[m.value for m in wanted]}: {self.spec.name!r} produces "

@@ -20,6 +20,11 @@ class TaskType(str, Enum):
     V2W = "v2w"  # video (+ actions) -> world-model rollout
     A2W = "a2w"  # actions -> world-model rollout
 
+    @property
+    def makes_image(self) -> bool:
+        """The task's pixel output is one image (t2i, i2i), not a video."""
+        return self in (TaskType.T2I, TaskType.I2I)
+
 
 class Modality(str, Enum):
     TEXT = "text"

@@ -45,7 +45,7 @@ class VAEDecode(StageBase):
         latents = ctx.read(state, "latents", DenoisedLatents).latents[self.modality]
         video = latents_to_unit_range(ctx.component(self.component), latents, self.whole)[0]  # [3, F, H, W]
         frames = to_uint8_frames(video)
-        if frames.shape[0] == 1 and state.request.task.value in ("t2i", "i2i"):
+        if frames.shape[0] == 1 and state.request.task.makes_image:
             ctx.write(state, "image", ImageArtifact(image=frames[0]))
         else:
             fps = state.request.diffusion.fps or int(ctx.defaults.get("fps", 16))

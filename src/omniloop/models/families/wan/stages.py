@@ -25,7 +25,7 @@ class VideoGeometry:
 
 def geometry(request: OmniRequest, defaults: Mapping[str, Any]) -> VideoGeometry:
     p = request.diffusion
-    frames_default = 1 if request.task.value in ("t2i", "i2i") else defaults["num_frames"]
+    frames_default = 1 if request.task.makes_image else defaults["num_frames"]
     return VideoGeometry(
         height=p.height or defaults["height"],
         width=p.width or defaults["width"],

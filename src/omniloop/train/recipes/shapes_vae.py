@@ -286,12 +286,7 @@ def train_vae(recipe: VAERecipe, work_dir: Path, *, device: torch.device, resume
     torch.manual_seed(recipe.train.seed)
     vae = vae_init_(WanVAE(recipe.vae_config))
     if recipe.init_from:
-        start = load_wan_vae(recipe.init_from, dtype=torch.float32)
-        stats = {"latents_mean": vae.config.latents_mean, "latents_std": vae.config.latents_std}
-        if dataclasses.replace(start.config, **stats) != vae.config:  # the architecture, not the stats
-            raise ValueError(f"init_from={recipe.init_from}: its architecture differs from the recipe's "
-                             f"({start.config} vs {vae.config})")
-        vae.load_state_dict(start.state_dict())
+        vae.load_state_dict(_load_recipe_vae(recipe, Path(recipe.init_from)).state_dict())
     trainer = Trainer(vae, recipe.train, folder, device=device, name=STAGE)
     data = ClipBatches(seed=recipe.data_seed, clips=recipe.clips_per_batch, images=recipe.images_per_batch,
                        num_frames=recipe.num_frames, size=recipe.size, crop=recipe.crop)
@@ -312,6 +307,17 @@ def train_vae(recipe: VAERecipe, work_dir: Path, *, device: torch.device, resume
     return StageResult(STAGE, "done", folder, info)
 
 
+def _load_recipe_vae(recipe: VAERecipe, folder: Path) -> WanVAE:
+    """The VAE in ``folder`` (fp32), refused unless its architecture is the recipe's (its
+    latent statistics may differ: they are what training computes)."""
+    vae = load_wan_vae(folder, dtype=torch.float32)
+    plain = dataclasses.replace(vae.config, latents_mean=recipe.vae_config.latents_mean,
+                                latents_std=recipe.vae_config.latents_std)
+    if plain != recipe.vae_config:
+        raise ValueError(f"{folder}: its architecture differs from the recipe's ({vae.config} vs {recipe.vae_config})")
+    return vae
+
+
 def adopt_vae(recipe: VAERecipe, folder: Path, work_dir: Path, *, device: torch.device) -> StageResult:
     """Finish the VAE stage with an existing VAE (a diffusers-layout folder with its latent
     statistics, e.g. the shipped model's ``vae``): retraining a DiT needs the VAE the
@@ -329,11 +335,7 @@ def adopt_vae(recipe: VAERecipe, folder: Path, work_dir: Path, *, device: torch.
     if any(v is None for v in stats) or (set(stats[0]) == {0.0} and set(stats[1]) == {1.0}):
         raise ValueError(f"{folder}: its config has no latent statistics (latents_mean / latents_std); "
                          f"pass a finished VAE (a trained run's vae/model, or a shipped model's vae)")
-    vae = load_wan_vae(folder, dtype=torch.float32)
-    plain = dataclasses.replace(vae.config, latents_mean=recipe.vae_config.latents_mean,
-                                latents_std=recipe.vae_config.latents_std)
-    if plain != recipe.vae_config:  # the architecture, not the stats
-        raise ValueError(f"{folder}: its architecture differs from the recipe's ({vae.config} vs {recipe.vae_config})")
+    vae = _load_recipe_vae(recipe, folder)
     save_wan_vae(vae, out / MODEL_DIR, dtype=torch.float32)
     validation = validation_fn(recipe, device)(0, vae.to(device))
     info = {"stage": STAGE, "adopted_from": str(folder), "params": sum(p.numel() for p in vae.parameters()),

@@ -58,8 +58,6 @@ RANDOM_WEIGHTS_NOTE = (
 )
 
 
-
-
 # -- quality ---------------------------------------------------------------------------------
 
 
@@ -253,26 +251,17 @@ def bench_adherence(base, args, base_rec: dict, sink) -> None:
     uncached vs each cache setting, plus the mean PSNR of each video against its uncached
     twin (same seed). Requests run batched through one engine; the speed-ups are the
     ``cache`` bench's (one request at a time)."""
-    from omniloop.engine.scheduler import SchedulingPolicy
     from omniloop.eval.adherence import evaluate
     from omniloop.eval.shapes_world import held_out_prompts
+    from omniloop.train.recipes.rollout import run_requests, t2v_request
 
     h, w = args.size
     prompts = held_out_prompts(args.adherence, seed=0)
 
-    def generate(pipe, tag: str) -> list[torch.Tensor]:
-        policy = SchedulingPolicy(max_running=args.adherence_batch, max_batch=args.adherence_batch)
-        engine = Engine(pipe, EngineConfig(max_queue=len(prompts) + 1, policy=policy))
-        ids = [engine.add_request(OmniRequest(
-            task=TaskType.T2V, request_id=f"{tag}-{i}", inputs=[TextPart(text=p.prompt)],
-            diffusion=DiffusionParams(steps=args.steps, height=h, width=w, num_frames=args.frames, seed=i,
-                                      guidance_scale=args.guidance))) for i, p in enumerate(prompts)]
-        with torch.inference_mode():
-            while engine.has_unfinished():
-                engine.step()
-        outs = [engine.pop_output(rid) for rid in ids]
-        assert all(o.status.value == "completed" for o in outs), [o.error for o in outs if o.error]
-        return [o.video.frames for o in outs]
+    def generate(pipe) -> list[torch.Tensor]:
+        requests = [t2v_request(p.prompt, seed=i, steps=args.steps, height=h, width=w, num_frames=args.frames,
+                                guidance_scale=args.guidance) for i, p in enumerate(prompts)]
+        return [o.video.frames for o in run_requests(pipe, requests, max_batch=args.adherence_batch)]
 
     def record(method: str, label: str, frames: list[torch.Tensor], ref: list[torch.Tensor] | None) -> None:
         report = evaluate(zip([f.cpu().numpy() for f in frames], [p.prompt for p in prompts]))
@@ -283,10 +272,10 @@ def bench_adherence(base, args, base_rec: dict, sink) -> None:
             rec["mean_psnr"] = round(statistics.fmean(min(psnr(a, b, 255.0), 100.0) for a, b in zip(frames, ref)), 2)
         emit(rec, sink)
 
-    ref = generate(base, "uncached")
+    ref = generate(base)
     record("none", "uncached", ref, None)
     for method, label, plugins in selected(settings(base, args, len(base.components["transformer"].blocks)), args):
-        record(method, label, generate(install_plugins(base, plugins), method), ref)
+        record(method, label, generate(install_plugins(base, plugins)), ref)
 
 
 def bench_overhead(base, args, base_rec: dict, sink) -> None:

@@ -155,7 +155,7 @@ def bench_dit(args, cfg, shape, device, dtype, sink):
                 record(f"ours_step_compiled[{backend}]", lambda: stage.step(ctx, loop))
             best = args.backends[-1]
             set_attention_backend(ours, best)
-            for mode in ("sequential", "batched"):
+            for mode in ("sequential", "batched") if args.cfg else ():
                 stage, ctx, loop = our_loop(ours, shape, text, device, dtype, 5.0, mode)
                 record(f"ours_step_cfg_{mode}_compiled[{best}]", lambda: stage.step(ctx, loop), forwards=2,
                        iters=max(2, args.iters // 2))
@@ -231,6 +231,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-vae", dest="vae", action="store_false")
     p.add_argument("--autotune", action="store_true", help="also time our blocks compiled with max-autotune")
     p.add_argument("--fp8", action="store_true", help="also time our compiled step with e4m3 block GEMMs")
+    p.add_argument("--no-cfg", dest="cfg", action="store_false", help="skip the two-forward CFG step timings")
     p.add_argument("--backends", default="sdpa,sdpa_cudnn", help="our attention backends to time (last = best)")
     p.add_argument("--out", default=None, help="also append the JSON lines to this file")
     args = p.parse_args(argv)

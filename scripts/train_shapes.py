@@ -30,7 +30,7 @@ from omniloop.train.recipes import export as export_recipe
 from omniloop.train.recipes.evaluate import evaluate_model
 from omniloop.train.recipes.latent_store import build_latent_store
 from omniloop.train.recipes.shapes_distill import DistillRecipe, build_trajectories, train_student
-from omniloop.train.recipes.shapes_dit import DiTRecipe, load_trained_dit, train_dit
+from omniloop.train.recipes.shapes_dit import DiTRecipe, adopt_dit, load_trained_dit, train_dit
 from omniloop.train.recipes.shapes_model import STUDENT_NAME, TEACHER_NAME
 from omniloop.train.recipes.shapes_vae import MODEL_DIR, VAERecipe, adopt_vae, load_trained_vae, train_vae
 from omniloop.train.recipes.stage import read_result, resolve_device, write_result
@@ -96,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
             break
         if args.stage == "all" and stage in CONSUMER and read_result(work / CONSUMER[stage]):
             continue
+        if args.stage == "all" and stage == "latents" and args.dit_from:
+            continue  # an adopted DiT trains on nothing
         finished_before = read_result(work / stage) is not None
         if ran and deadline is not None and time.monotonic() >= deadline and not finished_before:
             status = "paused"  # the budget is spent: start no new stage (each call still makes progress)
@@ -112,6 +114,9 @@ def run(args: argparse.Namespace) -> int:
             result = build_latent_store(dit_r.store, work, vae=load_trained_vae(work, device),
                                         vae_file=work / "vae" / MODEL_DIR / "diffusion_pytorch_model.safetensors",
                                         text_encoder=text_encoder, device=device, deadline=deadline)
+        elif stage == "dit" and args.dit_from:
+            result = adopt_dit(dit_r, Path(args.dit_from), work, vae=load_trained_vae(work, device),
+                               text_encoder=text_encoder, device=device)
         elif stage == "dit":
             result = train_dit(dit_r, work, vae=load_trained_vae(work, device), text_encoder=text_encoder,
                                device=device, deadline=deadline, resume=args.resume)
@@ -334,6 +339,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dit-steps", type=int, default=None)
     p.add_argument("--dit-init", default=None, help="start the DiT from this diffusers-layout DiT folder (e.g. the "
                    "shipped src/omniloop/models/builtin/shapes-t2v/transformer)")
+    p.add_argument("--dit-from", default=None, help="use this finished teacher DiT (e.g. the shipped "
+                   "src/omniloop/models/builtin/shapes-t2v/transformer) instead of training one: the chain goes "
+                   "straight to the student")
     p.add_argument("--store-seed", type=int, default=None, help="the latent store's clip stream (e.g. new clips "
                    "when continuing from --dit-init)")
     p.add_argument("--distill-steps", type=int, default=None)
@@ -345,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-minutes", type=float, default=1.5, help="time one model's evaluation needs (GPU)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     args = p.parse_args(argv)
+    if args.dit_from and (args.dit_init or args.dit_steps):
+        p.error("--dit-from adopts a finished DiT; --dit-init/--dit-steps train one: pass one or the other")
     commands = {"bench": bench, "pack-minilm": _pack_minilm, "restore": _restore}
     return commands.get(args.stage, run)(args)
 

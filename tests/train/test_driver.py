@@ -69,6 +69,40 @@ def test_driver_retrains_the_dit_on_an_adopted_vae_from_earlier_weights(driver, 
     assert vae["adopted_from"] == str(shipped / "vae") and "shape" in vae["validation"]
     store = json.loads((again / "latents" / "store.json").read_text())
     assert store["spec"]["seed"] == 3
+    # the manifest keeps the whole history: the first run's steps, then this one's (the VAE's only
+    # from the first: adopted, not retrained)
+    before = json.loads((shipped / "omniloop_model.json").read_text())["provenance"]
+    assert driver.main(["export", "--work", str(again), *common]) == 0
+    after = json.loads((again / "export" / "shapes-t2v" / "omniloop_model.json").read_text())["provenance"]
+    dit_steps = json.loads((again / "dit" / "result.json").read_text())["steps"]
+    assert after["steps_by_run"]["vae"] == before["steps_by_run"]["vae"]
+    assert after["steps_by_run"]["dit"] == [*before["steps_by_run"]["dit"], dit_steps]
+    assert after["steps"]["dit"] == before["steps"]["dit"] + dit_steps
+
+
+def test_driver_distills_a_student_of_an_adopted_teacher_without_a_latent_store(driver, pack_dir, tmp_path, capsys):
+    """The student-only path: shipped VAE and teacher adopted, no latent store, no DiT training."""
+    first, again = tmp_path / "first", tmp_path / "again"
+    common = ["--preset", "toy", "--device", "cpu", "--no-progress", "--eval-n", "2", "--eval-batch", "2",
+              "--text-encoder", str(pack_dir)]
+    assert driver.main(["all", "--work", str(first), *common]) == 0
+    assert driver.main(["export", "--work", str(first), *common]) == 0
+    shipped = first / "export" / "shapes-t2v"
+    with pytest.raises(SystemExit):
+        driver.main(["all", "--work", str(again), "--dit-from", str(shipped / "transformer"), "--dit-init",
+                     str(shipped / "transformer"), *common])
+    assert driver.main(["all", "--work", str(again), "--vae-from", str(shipped / "vae"), "--dit-from",
+                        str(shipped / "transformer"), *common]) == 0
+    assert "DONE" in capsys.readouterr().out
+    assert not (again / "latents").exists()
+    dit = json.loads((again / "dit" / "result.json").read_text())
+    assert dit["adopted_from"] == str(shipped / "transformer") and "shape" in dit["validation"]
+    assert json.loads((again / "distill" / "result.json").read_text())["steps"] > 0
+    figures = json.loads((again / "evaluate" / "result.json").read_text())["figures"]
+    assert set(figures) == {"shapes-t2v", "shapes-t2v-4step"}
+    with pytest.raises(ValueError, match="already holds a DiT"):  # a work dir never mixes two teachers
+        driver.main(["all", "--work", str(again), "--vae-from", str(shipped / "vae"), "--dit-from",
+                     str(first / "dit" / "model"), *common])
 
 
 def test_minilm_pack_is_the_wheel_on_the_grammar_and_refuses_other_words(pack_dir, minilm, tmp_path):

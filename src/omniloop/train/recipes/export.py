@@ -22,7 +22,7 @@ from omniloop.models.families.wan.weights import load_wan_dit, load_wan_vae
 from omniloop.models.manifest import ModelManifest, file_record, read_manifest, write_manifest
 from omniloop.train.recipes import shapes_distill, shapes_dit, shapes_vae
 from omniloop.train.recipes.shapes_model import STUDENT_NAME, TEACHER_NAME, ShapesModelSettings
-from omniloop.train.recipes.stage import require_done
+from omniloop.train.recipes.stage import require_done, stage_runs
 from omniloop.train.recipes.wan_checkpoint import save_wan_dit, save_wan_vae
 
 BUDGET_BYTES = 40_000_000  # package data: every shipped weight file together (decimal MB)
@@ -74,7 +74,8 @@ def export_shapes(work_dir: Path, out_root: Path, model: ShapesModelSettings, *,
     teacher_files = [f"{c}/{f}" for c in ("transformer", "vae") for f in component_files]
     student_files = [f"transformer/{f}" for f in component_files] + [f"{shared_vae}/{f}" for f in component_files]
     made = {"recipe": "omniloop.train.recipes via scripts/train_shapes.py (docs/training.md)",
-            "steps": {stage: r.get("steps") for stage, r in results.items()}, **(provenance or {})}
+            "steps": {stage: sum(stage_runs(r)) for stage, r in results.items()},
+            "steps_by_run": {stage: stage_runs(r) for stage, r in results.items()}, **(provenance or {})}
     manifests = {TEACHER_NAME: model.teacher_manifest(
         files=_records(teacher_dir, teacher_files),
         provenance={**made, "validation": results[shapes_dit.STAGE].get("validation")})}

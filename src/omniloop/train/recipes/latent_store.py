@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from omniloop.models.families.wan.vae import WanVAE
 from omniloop.models.manifest import file_record
 from omniloop.train.data.shapes import ShapesDataset
 from omniloop.train.recipes.shapes_vae import to_unit_video
-from omniloop.train.recipes.stage import StageResult, read_result, write_result
+from omniloop.train.recipes.stage import ShardClock, StageResult, read_result, write_result
 
 STAGE = "latents"
 STORE_FILE = "store.json"
@@ -93,12 +92,12 @@ def build_latent_store(spec: LatentStoreSpec, work_dir: Path, *, vae: WanVAE, va
         store_path.write_text(json.dumps(meta, indent=2) + "\n")
     dataset = ShapesDataset(seed=spec.seed, height=spec.height, width=spec.width, num_frames=spec.num_frames,
                             size=max(spec.clips, 1))
-    t0, made = time.monotonic(), 0
+    clock = ShardClock(deadline)
     for k in range(spec.shards):
         path = folder / f"shard_{k:05d}.safetensors"
         if path.is_file():
             continue
-        if deadline is not None and made and time.monotonic() >= deadline:  # >= 1 shard per call
+        if not clock.may_start():
             return StageResult(STAGE, "paused", folder, {"shards_done": k, "shards": spec.shards})
         first = k * spec.shard_size
         count = min(spec.shard_size, spec.clips - first)
@@ -106,10 +105,9 @@ def build_latent_store(spec: LatentStoreSpec, work_dir: Path, *, vae: WanVAE, va
         tmp = folder / f".{path.name}.tmp"
         save_file(tensors, str(tmp), metadata={"first": str(first), "count": str(count)})
         tmp.replace(path)
-        made += 1
-        print(f"[latents] shard {k + 1}/{spec.shards} ({first + count} clips) "
-              f"{time.monotonic() - t0:.1f}s", flush=True)
-    info = {"stage": STAGE, "clips": spec.clips, "shards": spec.shards, "seconds_this_call": round(time.monotonic() - t0, 1)}
+        clock.finished_one()
+        print(f"[latents] shard {k + 1}/{spec.shards} ({first + count} clips) {clock.seconds:.1f}s", flush=True)
+    info = {"stage": STAGE, "clips": spec.clips, "shards": spec.shards, "seconds_this_call": round(clock.seconds, 1)}
     write_result(folder, info)
     return StageResult(STAGE, "done", folder, info)
 

@@ -54,7 +54,7 @@ from omniloop.train.recipes.rollout import (
 )
 from omniloop.train.recipes.shapes_dit import MODEL_DIR
 from omniloop.train.recipes.shapes_model import ShapesModelSettings
-from omniloop.train.recipes.stage import StageResult, read_result, serving_dtype, write_result
+from omniloop.train.recipes.stage import ShardClock, StageResult, read_result, serving_dtype, write_result
 from omniloop.train.recipes.trainer import TrainConfig, Trainer
 from omniloop.train.recipes.wan_checkpoint import save_wan_dit
 
@@ -157,13 +157,13 @@ def build_trajectories(recipe: DistillRecipe, work_dir: Path, *, teacher: WanDiT
     )
     keep = [(i + 1) * recipe.steps_per_interval - 1 for i in range(k)]  # trajectory index after each interval
     shards = math.ceil(recipe.trajectories / recipe.shard_size)
-    t0, made = time.monotonic(), 0
+    clock = ShardClock(deadline)
     for s in range(shards):
         path = folder / f"shard_{s:05d}.safetensors"
         if path.is_file():
             _check_shard(path, grid)
             continue
-        if deadline is not None and made and time.monotonic() >= deadline:  # >= 1 shard per call
+        if not clock.may_start():
             return StageResult(TRAJECTORY_STAGE, "paused", folder, {"shards_done": s, "shards": shards})
         first = s * recipe.shard_size
         count = min(recipe.shard_size, recipe.trajectories - first)
@@ -182,12 +182,11 @@ def build_trajectories(recipe: DistillRecipe, work_dir: Path, *, teacher: WanDiT
         save_file({"states": torch.stack(states).contiguous(), "text": text.contiguous()}, str(tmp),
                   metadata={"prompts": json.dumps(prompts), "seeds": json.dumps(seeds), "grid": json.dumps(grid)})
         tmp.replace(path)
-        made += 1
-        print(f"[trajectories] shard {s + 1}/{shards} ({first + count} rollouts) {time.monotonic() - t0:.1f}s",
-              flush=True)
+        clock.finished_one()
+        print(f"[trajectories] shard {s + 1}/{shards} ({first + count} rollouts) {clock.seconds:.1f}s", flush=True)
     info = {"stage": TRAJECTORY_STAGE, "trajectories": recipe.trajectories, "shards": shards, "teacher_steps": len(grid),
             "teacher_sigmas_preshift": grid, "guidance_scale": m.guidance_scale,
-            "seconds_this_call": round(time.monotonic() - t0, 1)}
+            "seconds_this_call": round(clock.seconds, 1)}
     write_result(folder, info)
     return StageResult(TRAJECTORY_STAGE, "done", folder, info)
 

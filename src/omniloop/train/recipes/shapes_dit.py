@@ -33,7 +33,14 @@ from omniloop.models.families.wan.weights import load_wan_dit
 from omniloop.train.recipes.latent_store import LatentBatches, LatentStore, LatentStoreSpec
 from omniloop.train.recipes.rollout import adherence_summary, build_pipeline, generate, score, serving_copy
 from omniloop.train.recipes.shapes_model import ShapesModelSettings
-from omniloop.train.recipes.stage import StageResult, read_result, require_done, serving_dtype, write_result
+from omniloop.train.recipes.stage import (
+    StageResult,
+    read_result,
+    require_done,
+    serving_dtype,
+    source_runs,
+    write_result,
+)
 from omniloop.train.recipes.trainer import TrainConfig, Trainer
 from omniloop.train.recipes.wan_checkpoint import save_wan_dit
 
@@ -182,13 +189,10 @@ def train_dit(recipe: DiTRecipe, work_dir: Path, *, vae: WanVAE, text_encoder: A
         return StageResult(STAGE, "done", folder, done)
     store = LatentStore.load(work_dir, device)
     torch.manual_seed(recipe.train.seed)
-    dit = wan_init_(WanDiT(recipe.dit_config))
     if recipe.init_from:
-        start = load_wan_dit(recipe.init_from, dtype=torch.float32)
-        if start.config != dit.config:
-            raise ValueError(f"init_from={recipe.init_from}: its architecture differs from the recipe's "
-                             f"({start.config} vs {dit.config})")
-        dit.load_state_dict(start.state_dict())
+        dit = _load_recipe_dit(recipe, recipe.init_from, "init_from")
+    else:
+        dit = wan_init_(WanDiT(recipe.dit_config))
     if dit.config.in_channels != vae.config.z_dim or dit.config.text_dim != store.text.shape[-1]:
         raise ValueError(f"DiT in_channels/text_dim ({dit.config.in_channels}, {dit.config.text_dim}) must match the "
                          f"VAE z_dim ({vae.config.z_dim}) and the text features ({store.text.shape[-1]})")
@@ -201,11 +205,48 @@ def train_dit(recipe: DiTRecipe, work_dir: Path, *, vae: WanVAE, text_encoder: A
     if not run.done:
         return StageResult(STAGE, "paused", folder, {"step": run.step, "steps": run.steps})
     save_wan_dit(run.ema, folder / MODEL_DIR, dtype=torch.float32)
-    info = {"stage": STAGE, "steps": run.step, "params": sum(p.numel() for p in run.ema.parameters()),
+    info = {"stage": STAGE, "steps": run.step, "init_from": recipe.init_from,
+            "earlier_runs": source_runs(recipe.init_from, STAGE),
+            "params": sum(p.numel() for p in run.ema.parameters()),
             "validation": run.validation, "train_seconds": round(trainer.elapsed_s, 1),
             "model": str(folder / MODEL_DIR)}
     write_result(folder, info)
     return StageResult(STAGE, "done", folder, info)
+
+
+def _load_recipe_dit(recipe: DiTRecipe, folder: str | Path, flag: str) -> WanDiT:
+    """A diffusers-layout DiT folder, fp32, refused unless it has the recipe's architecture."""
+    dit = load_wan_dit(folder, dtype=torch.float32)
+    if dit.config != recipe.dit_config:
+        raise ValueError(f"{flag}={folder}: its architecture differs from the recipe's "
+                         f"({dit.config} vs {recipe.dit_config})")
+    return dit
+
+
+def adopt_dit(recipe: DiTRecipe, folder: Path, work_dir: Path, *, vae: WanVAE, text_encoder: Any,
+              device: torch.device) -> StageResult:
+    """Finish the DiT stage with an existing teacher (e.g. the shipped model's ``transformer``):
+    distilling a student of the shipped teacher needs neither the latent store nor more DiT
+    training. Validated like a trained DiT (its own rollouts through the DenoiseLoop)."""
+    out = Path(work_dir) / STAGE
+    done = read_result(out)
+    if done is not None:
+        if done.get("adopted_from") != str(folder):
+            raise ValueError(f"{out} already holds a DiT ({done.get('adopted_from') or 'trained here'}), not "
+                             f"{folder}; use another --work to start over with this one")
+        return StageResult(STAGE, "done", out, done)
+    dit = _load_recipe_dit(recipe, folder, "--dit-from")
+    if dit.config.in_channels != vae.config.z_dim:
+        raise ValueError(f"--dit-from={folder}: in_channels {dit.config.in_channels} != the VAE's z_dim "
+                         f"{vae.config.z_dim}; pass the DiT trained on this VAE's latents")
+    save_wan_dit(dit, out / MODEL_DIR, dtype=torch.float32)
+    validate = validation_fn(recipe, manifest=recipe.model.teacher_manifest(), vae=vae, text_encoder=text_encoder,
+                             device=device, prompts=recipe.val_prompts, seed=recipe.val_seed, batch=recipe.val_batch)
+    info = {"stage": STAGE, "adopted_from": str(folder), "earlier_runs": source_runs(folder, STAGE),
+            "params": sum(p.numel() for p in dit.parameters()),
+            "validation": validate(0, dit.to(device)), "model": str(out / MODEL_DIR)}
+    write_result(out, info)
+    return StageResult(STAGE, "done", out, info)
 
 
 def load_trained_dit(work_dir: Path, stage: str, device: torch.device) -> WanDiT:

@@ -44,7 +44,7 @@ from omniloop.models.families.wan.vae import AttentionBlock, WanVAE, WanVAEConfi
 from omniloop.models.families.wan.weights import load_wan_vae
 from omniloop.train.data.shapes import ShapesDataset
 from omniloop.train.recipes.rollout import adherence_summary
-from omniloop.train.recipes.stage import StageResult, read_result, write_result
+from omniloop.train.recipes.stage import StageResult, read_result, source_runs, write_result
 from omniloop.train.recipes.trainer import TrainConfig, Trainer
 from omniloop.train.recipes.wan_checkpoint import save_wan_vae
 
@@ -300,7 +300,9 @@ def train_vae(recipe: VAERecipe, work_dir: Path, *, device: torch.device, resume
     ema.config = dataclasses.replace(ema.config, latents_mean=tuple(mean), latents_std=tuple(std))
     save_wan_vae(ema, folder / MODEL_DIR, dtype=torch.float32)
     params = sum(p.numel() for p in ema.parameters())
-    info = {"stage": STAGE, "steps": run.step, "params": params, "latents_mean": mean, "latents_std": std,
+    info = {"stage": STAGE, "steps": run.step, "init_from": recipe.init_from,
+            "earlier_runs": source_runs(recipe.init_from, STAGE), "params": params,
+            "latents_mean": mean, "latents_std": std,
             "validation": run.validation, "train_seconds": round(trainer.elapsed_s, 1),
             "finish_seconds": round(time.monotonic() - t0, 1), "model": str(folder / MODEL_DIR)}
     write_result(folder, info)
@@ -338,7 +340,8 @@ def adopt_vae(recipe: VAERecipe, folder: Path, work_dir: Path, *, device: torch.
     vae = _load_recipe_vae(recipe, folder)
     save_wan_vae(vae, out / MODEL_DIR, dtype=torch.float32)
     validation = validation_fn(recipe, device)(0, vae.to(device))
-    info = {"stage": STAGE, "adopted_from": str(folder), "params": sum(p.numel() for p in vae.parameters()),
+    info = {"stage": STAGE, "adopted_from": str(folder), "earlier_runs": source_runs(folder, STAGE),
+            "params": sum(p.numel() for p in vae.parameters()),
             "latents_mean": list(vae.config.latents_mean), "latents_std": list(vae.config.latents_std),
             "validation": validation, "model": str(out / MODEL_DIR)}
     write_result(out, info)

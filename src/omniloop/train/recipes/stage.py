@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -28,6 +29,62 @@ class StageResult:
     @property
     def done(self) -> bool:
         return self.status == "done"
+
+
+class ShardClock:
+    """Paces a stage that writes shards under a call's deadline.
+
+    A shard starts only when one more is expected to end before ``deadline``, judged by the
+    mean time of the shards made in this call; the first shard of a call always starts (each
+    call makes progress). Checking ``now >= deadline`` alone starts a shard a moment before
+    the deadline and runs one shard past it (75 s on an H200 for 1,024 rollouts), past the
+    caller's hard time limit, which then kills the call before it can publish anything.
+    """
+
+    def __init__(self, deadline: float | None) -> None:
+        self.deadline = deadline
+        self.start = time.monotonic()
+        self.made = 0
+
+    def may_start(self) -> bool:
+        if self.deadline is None or self.made == 0:
+            return True
+        now = time.monotonic()
+        return now + (now - self.start) / self.made <= self.deadline
+
+    def finished_one(self) -> None:
+        self.made += 1
+
+    @property
+    def seconds(self) -> float:
+        return time.monotonic() - self.start
+
+
+def source_runs(component_dir: str | Path | None, stage: str) -> list[int]:
+    """Training steps, run by run, behind weights a stage starts from or adopts: read from the
+    manifest of the model that ships them (``<model>/omniloop_model.json`` next to the
+    component folder), so a model continued over several sessions records its whole history.
+    Empty for a folder that is not part of a shipped model (a fresh run's weights)."""
+    if component_dir is None:
+        return []
+    from omniloop.models.manifest import MANIFEST_FILE
+
+    manifest = Path(component_dir).resolve().parent / MANIFEST_FILE
+    if not manifest.is_file():
+        return []
+    provenance = json.loads(manifest.read_text()).get("provenance") or {}
+    runs = (provenance.get("steps_by_run") or {}).get(stage)
+    if runs is None:
+        steps = (provenance.get("steps") or {}).get(stage)
+        runs = [] if steps is None else [steps]
+    return [int(s) for s in runs]
+
+
+def stage_runs(result: dict[str, Any]) -> list[int]:
+    """All training runs behind a finished stage's weights: the source's, then this one's
+    (none for adopted weights)."""
+    own = [] if result.get("adopted_from") or result.get("steps") is None else [int(result["steps"])]
+    return [*result.get("earlier_runs", []), *own]
 
 
 def read_result(folder: Path) -> dict[str, Any] | None:

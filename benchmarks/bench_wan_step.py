@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from common import emit, timed  # benchmarks/ is on sys.path when this runs as a script
+from common import emit, profile_top, timed  # benchmarks/ is on sys.path when this runs as a script
 from omniloop.models.families.wan.presets import WAN21_T2V_1_3B, WAN21_VAE
 from omniloop.models.families.wan.weights import load_wan_dit
 from omniloop.models.layers.attention import set_attention_backend
@@ -171,6 +171,18 @@ def bench_dit(args, cfg, shape, device, dtype, sink):
                 record(f"ours_step_autotuned[{best}]", lambda: stage.step(ctx, loop))
                 emit({**base, "metric": f"ratio_ours_step_autotuned[{best}]_over_diffusers_compiled",
                       "value": round(results[f"ours_step_autotuned[{best}]"] / ref_time, 3)}, sink)
+        def profile(name: str, fn) -> None:
+            for row in profile_top(fn, cuda=cuda):
+                emit({**base, "metric": f"profile[{name}]", **row}, sink)
+
+        if args.profile:  # kernel by kernel: diffusers vs our step (last backend), compiled if --compile
+            mode = "compiled" if args.compile else "eager"
+            ref_p = torch.compile(ref) if args.compile else ref
+            profile(f"diffusers_forward_{mode}",
+                    lambda: ref_p(hidden_states=x, timestep=t, encoder_hidden_states=text, return_dict=False))
+            set_attention_backend(ours, args.backends[-1])
+            stage, ctx, loop = our_loop(ours, shape, text, device, dtype, 1.0, "sequential")
+            profile(f"ours_step_{mode}[{args.backends[-1]}]", lambda: stage.step(ctx, loop))
         if args.fp8:  # e4m3 block GEMMs (DeployConfig.quantization="fp8"): speed and error vs bf16, per backend
             from omniloop.models.families.wan.spec import quantize_fp8_
 
@@ -184,6 +196,8 @@ def bench_dit(args, cfg, shape, device, dtype, sink):
                 name = f"ours_step_{'compiled' if args.compile else 'eager'}_fp8[{backend}]"
                 stage, ctx, loop = our_loop(ours, shape, text, device, dtype, 1.0, "sequential")
                 record(name, lambda: stage.step(ctx, loop))
+                if args.profile and backend == args.backends[-1]:
+                    profile(name, lambda: stage.step(ctx, loop))
                 if args.compile:
                     emit({**base, "metric": f"ratio_{name}_over_diffusers_compiled",
                           "value": round(results[name] / results["diffusers_forward_compiled"], 3)}, sink)
@@ -231,6 +245,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-vae", dest="vae", action="store_false")
     p.add_argument("--autotune", action="store_true", help="also time our blocks compiled with max-autotune")
     p.add_argument("--fp8", action="store_true", help="also time our compiled step with e4m3 block GEMMs")
+    p.add_argument("--profile", action="store_true", help="also list the top kernels of our step and of diffusers'")
     p.add_argument("--no-cfg", dest="cfg", action="store_false", help="skip the two-forward CFG step timings")
     p.add_argument("--backends", default="sdpa,sdpa_cudnn", help="our attention backends to time (last = best)")
     p.add_argument("--out", default=None, help="also append the JSON lines to this file")

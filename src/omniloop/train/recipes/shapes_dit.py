@@ -35,6 +35,7 @@ from omniloop.train.recipes.rollout import adherence_summary, build_pipeline, ge
 from omniloop.train.recipes.shapes_model import ShapesModelSettings
 from omniloop.train.recipes.stage import (
     StageResult,
+    adopted_result,
     read_result,
     require_done,
     serving_dtype,
@@ -229,11 +230,8 @@ def adopt_dit(recipe: DiTRecipe, folder: Path, work_dir: Path, *, vae: WanVAE, t
     distilling a student of the shipped teacher needs neither the latent store nor more DiT
     training. Validated like a trained DiT (its own rollouts through the DenoiseLoop)."""
     out = Path(work_dir) / STAGE
-    done = read_result(out)
+    done = adopted_result(out, folder, "DiT")
     if done is not None:
-        if done.get("adopted_from") != str(folder):
-            raise ValueError(f"{out} already holds a DiT ({done.get('adopted_from') or 'trained here'}), not "
-                             f"{folder}; use another --work to start over with this one")
         return StageResult(STAGE, "done", out, done)
     dit = _load_recipe_dit(recipe, folder, "--dit-from")
     if dit.config.in_channels != vae.config.z_dim:

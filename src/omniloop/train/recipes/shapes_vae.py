@@ -44,7 +44,7 @@ from omniloop.models.families.wan.vae import AttentionBlock, WanVAE, WanVAEConfi
 from omniloop.models.families.wan.weights import load_wan_vae
 from omniloop.train.data.shapes import ShapesDataset
 from omniloop.train.recipes.rollout import adherence_summary
-from omniloop.train.recipes.stage import StageResult, read_result, source_runs, write_result
+from omniloop.train.recipes.stage import StageResult, adopted_result, read_result, source_runs, write_result
 from omniloop.train.recipes.trainer import TrainConfig, Trainer
 from omniloop.train.recipes.wan_checkpoint import save_wan_vae
 
@@ -326,11 +326,8 @@ def adopt_vae(recipe: VAERecipe, folder: Path, work_dir: Path, *, device: torch.
     shipped model decodes with, not a new one. Validated like a trained VAE (reconstructed
     held-out clips), so the gate applies to it too."""
     out = Path(work_dir) / STAGE
-    done = read_result(out)
+    done = adopted_result(out, folder, "VAE")
     if done is not None:
-        if done.get("adopted_from") != str(folder):
-            raise ValueError(f"{out} already holds a VAE ({done.get('adopted_from') or 'trained here'}), not "
-                             f"{folder}; use another --work to start over with this one")
         return StageResult(STAGE, "done", out, done)
     raw = json.loads((Path(folder) / "config.json").read_text())
     stats = (raw.get("latents_mean"), raw.get("latents_std"))

@@ -87,6 +87,17 @@ def stage_runs(result: dict[str, Any]) -> list[int]:
     return [*result.get("earlier_runs", []), *own]
 
 
+def adopted_result(out: Path, folder: str | Path, what: str) -> dict[str, Any] | None:
+    """The finished result of a stage that adopted ``folder``; None when it has not run yet.
+    A stage that holds other weights (trained, or adopted from elsewhere) is an error: one
+    work dir never mixes two models."""
+    done = read_result(out)
+    if done is not None and done.get("adopted_from") != str(folder):
+        raise ValueError(f"{out} already holds a {what} ({done.get('adopted_from') or 'trained here'}), not "
+                         f"{folder}; use another --work to start over with this one")
+    return done
+
+
 def read_result(folder: Path) -> dict[str, Any] | None:
     path = Path(folder) / RESULT_FILE
     return json.loads(path.read_text()) if path.is_file() else None

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from omniloop.models.layers.attention import attention
-from omniloop.models.layers.attention_cudnn_fp8 import E4M3, P_SCALE, pow2_scale, prepare
+from omniloop.models.layers.attention_cudnn_fp8 import E4M3, fp8_attention, pow2_scale, prepare, sdpa_fp8
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -27,16 +27,8 @@ def _inputs(seed: int = 0, lq: int = 256, lk: int = 256, peaky: bool = False):
 
 
 def _emulate(q, k, v) -> torch.Tensor:
-    """What the cuDNN graph computes on ``prepare``'s operands, in fp32 torch ops."""
-    ops = prepare(q, k, v)
-    qd, kd, vd = (t.float() / s.reshape(()) for t, s in ((ops.q, ops.q_scale), (ops.k, ops.k_scale), (ops.v, ops.v_scale)))
-    s = torch.einsum("bqhd,bkhd->bhqk", qd, kd) * q.shape[-1] ** -0.5
-    p = torch.exp(s - s.amax(-1, keepdim=True))
-    l = p.sum(-1, keepdim=True)
-    p8 = (p * P_SCALE).to(E4M3).float() / P_SCALE
-    o = torch.einsum("bhqk,bkhd->bqhd", p8 / l, vd)
-    o8 = (o * ops.o_scale.reshape(())).clamp(-448, 448).to(E4M3).float() / ops.o_scale.reshape(())
-    return o8 + ops.v_mean.float()
+    """What the cuDNN graph computes on ``prepare``'s operands: the op's CPU kernel (fp32 torch ops)."""
+    return fp8_attention(q, k, v).float()
 
 
 def test_scales_are_powers_of_two_that_fit_e4m3():
@@ -63,6 +55,18 @@ def test_peaky_attention_returns_the_matching_value():
     assert _rel(_emulate(q, k, v), v.float()) < 0.05
 
 
+def test_compiled_blocks_trace_through_the_fp8_attention_without_a_graph_break():
+    """Only the cuDNN call is opaque (a custom op): the preparation before it and the
+    dequantization after it are traced, so inductor fuses them into the block."""
+    q, k, v = _inputs(lq=32, lk=32)
+    eager = fp8_attention(q, k, v)
+    torch._dynamo.reset()
+    compiled = torch.compile(fp8_attention, backend="aot_eager", fullgraph=True)  # fullgraph: a break is an error
+    assert torch.equal(compiled(q, k, v), eager)
+    explained = torch._dynamo.explain(fp8_attention)(q, k, v)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+
+
 def test_refusals_name_the_backend_to_use():
     q, k, v = _inputs(lq=8, lk=8)
     with pytest.raises(ValueError, match="needs a CUDA GPU"):
@@ -81,6 +85,14 @@ def test_cudnn_kernel_matches_the_emulation_on_a_gpu():
     assert out.shape == q.shape and out.dtype == q.dtype
     exact = attention(q.float(), k.float(), v.float(), backend="math")
     assert _rel(out, exact) < 0.1
+    # the kernel does what its CPU reference does, on the same e4m3 operands
+    ops = prepare(q, k, v)
+    args = (ops.q, ops.k, ops.v, ops.q_scale, ops.k_scale, ops.v_scale, ops.o_scale)
+    gpu = sdpa_fp8(*args).float() / ops.o_scale.reshape(())
+    cpu = sdpa_fp8(*(a.cpu() for a in args)).float() / ops.o_scale.cpu().reshape(())
+    assert _rel(gpu.cpu(), cpu) < 0.05
+    compiled = torch.compile(lambda a, b, c: attention(a, b, c, backend="cudnn_fp8"), fullgraph=True)
+    assert _rel(compiled(q, k, v), exact) < 0.1
 
 
 def test_deploy_config_checks_the_device_and_the_package(monkeypatch):

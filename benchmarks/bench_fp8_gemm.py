@@ -54,13 +54,15 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     for name, k, n in gemms:
         linear = nn.Linear(k, n, device=device, dtype=dtype)
-        fp8 = Fp8Linear.from_linear(linear)
+        fp8, fp8_tensor = Fp8Linear.from_linear(linear, "row"), Fp8Linear.from_linear(linear, "tensor")
         x = torch.randn(tokens, k, device=device, dtype=dtype)
         ref = F.linear(x.float(), linear.weight.float(), linear.bias.float())
-        err = ((fp8(x).float() - ref).norm() / ref.norm()).item()
-        modules = {"bf16": linear, "fp8_eager": fp8}
+        errors = {kind: ((m(x).float() - ref).norm() / ref.norm()).item()
+                  for kind, m in (("fp8", fp8), ("fp8_tensor", fp8_tensor))}
+        modules = {"bf16": linear, "fp8_eager": fp8, "fp8_tensor_eager": fp8_tensor}
         if cuda:
-            modules |= {"fp8_compiled": torch.compile(fp8), "bf16_compiled": torch.compile(linear)}
+            modules |= {"fp8_compiled": torch.compile(fp8), "fp8_tensor_compiled": torch.compile(fp8_tensor),
+                        "bf16_compiled": torch.compile(linear)}
         variants = {variant: (lambda m=m: m(x)) for variant, m in modules.items()}  # one call path for all
         variants |= kernel_only(x, fp8)
         flops = 2 * tokens * k * n
@@ -70,7 +72,8 @@ def main(argv=None) -> int:
                 totals[variant] = totals.get(variant, 0.0) + s
                 emit({**base, "gemm": name, "k": k, "n": n, "variant": variant, "median_s": s,
                       "tflops": round(flops / s / 1e12, 1),
-                      "rel_l2_vs_fp32": err if variant in ("fp8_eager", "fp8_compiled") else None}, sink)
+                      "rel_l2_vs_fp32": errors.get(variant.rsplit("_", 1)[0]) if "kernel" not in variant else None},
+                 sink)
     for variant, s in totals.items():
         emit({**base, "gemm": "per_forward_total", "variant": variant, "blocks": BLOCKS,
               "seconds_per_forward": round(BLOCKS * s, 4)}, sink)

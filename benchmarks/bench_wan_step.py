@@ -62,7 +62,7 @@ def build_models(cfg: dict, device, dtype):
         WanTransformer3DModel(**cfg).save_pretrained(folder)
     ref = WanTransformer3DModel.from_pretrained(folder, torch_dtype=dtype).to(device).eval().requires_grad_(False)
     ours = load_wan_dit(folder, device=device, dtype=dtype).eval().requires_grad_(False)
-    return ref, ours
+    return ref, ours, folder
 
 
 def our_loop(ours, shape: Shape, text: torch.Tensor, device, dtype, guidance: float, cfg_mode: str):
@@ -107,7 +107,7 @@ def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 def bench_dit(args, cfg, shape, device, dtype, sink):
     cuda = device.type == "cuda"
-    ref, ours = build_models(cfg, device, dtype)
+    ref, ours, folder = build_models(cfg, device, dtype)
     f, h, w = shape.latent
     g = torch.Generator("cpu").manual_seed(0)
     x = torch.randn(1, cfg["in_channels"], f, h, w, generator=g).to(device, dtype)
@@ -183,24 +183,36 @@ def bench_dit(args, cfg, shape, device, dtype, sink):
             set_attention_backend(ours, args.backends[-1])
             stage, ctx, loop = our_loop(ours, shape, text, device, dtype, 1.0, "sequential")
             profile(f"ours_step_{mode}[{args.backends[-1]}]", lambda: stage.step(ctx, loop))
-        if args.fp8:  # e4m3 block GEMMs (DeployConfig.quantization="fp8"): speed and error vs bf16, per backend
+        if args.fp8:  # e4m3 block GEMMs (DeployConfig.quantization="fp8"/"fp8_tensor"): speed and error vs bf16
             from omniloop.models.families.wan.spec import quantize_fp8_
 
-            quantize_fp8_(ours)
-            for backend in args.backends:
-                set_attention_backend(ours, backend)
-                torch._dynamo.reset()  # compiled blocks (if any) recompile around the new layers
-                q = ours(x, t, text)
-                emit({**base, "metric": f"rel_l2_ours_fp8[{backend}]_vs_ours_bf16", "value": _rel(q, b)}, sink)
-                emit({**base, "metric": f"rel_l2_ours_fp8[{backend}]_vs_diffusers_bf16", "value": _rel(q, a)}, sink)
-                name = f"ours_step_{'compiled' if args.compile else 'eager'}_fp8[{backend}]"
-                stage, ctx, loop = our_loop(ours, shape, text, device, dtype, 1.0, "sequential")
-                record(name, lambda: stage.step(ctx, loop))
-                if args.profile and backend == args.backends[-1]:
-                    profile(name, lambda: stage.step(ctx, loop))
+            del ours  # a fresh bf16 copy per scaling, quantized the way loading quantizes it
+            for scaling in args.fp8.split(","):
+                ours = load_wan_dit(folder, device=device, dtype=dtype).eval().requires_grad_(False)
+                quantize_fp8_(ours, scaling)
                 if args.compile:
-                    emit({**base, "metric": f"ratio_{name}_over_diffusers_compiled",
-                          "value": round(results[name] / results["diffusers_forward_compiled"], 3)}, sink)
+                    for block in ours.blocks:
+                        block.compile()
+                tag = "" if scaling == "row" else f"_{scaling}"
+                for backend in args.backends:
+                    set_attention_backend(ours, backend)
+                    torch._dynamo.reset()  # compiled blocks (if any) recompile around the new layers
+                    q = ours(x, t, text)
+                    emit({**base, "metric": f"rel_l2_ours_fp8{tag}[{backend}]_vs_ours_bf16", "value": _rel(q, b)}, sink)
+                    emit({**base, "metric": f"rel_l2_ours_fp8{tag}[{backend}]_vs_diffusers_bf16", "value": _rel(q, a)},
+                         sink)
+                    name = f"ours_step_{'compiled' if args.compile else 'eager'}_fp8{tag}[{backend}]"
+                    stage, ctx, loop = our_loop(ours, shape, text, device, dtype, 1.0, "sequential")
+                    record(name, lambda: stage.step(ctx, loop))
+                    if args.profile and backend == args.backends[-1]:
+                        profile(name, lambda: stage.step(ctx, loop))
+                    if args.compile:
+                        emit({**base, "metric": f"ratio_{name}_over_diffusers_compiled",
+                              "value": round(results[name] / results["diffusers_forward_compiled"], 3)}, sink)
+                del ours, stage, ctx, loop
+                if cuda:
+                    torch.cuda.empty_cache()
+            ours = None
     del ref, ours
     if cuda:
         torch.cuda.empty_cache()
@@ -244,7 +256,9 @@ def main(argv=None) -> int:
     p.add_argument("--no-compile", dest="compile", action="store_false")
     p.add_argument("--no-vae", dest="vae", action="store_false")
     p.add_argument("--autotune", action="store_true", help="also time our blocks compiled with max-autotune")
-    p.add_argument("--fp8", action="store_true", help="also time our compiled step with e4m3 block GEMMs")
+    p.add_argument("--fp8", nargs="?", const="row", default=None,
+                   help="also time our step with e4m3 block GEMMs: 'row' (quantization='fp8', the default), "
+                        "'tensor' (quantization='fp8_tensor') or 'row,tensor'")
     p.add_argument("--profile", action="store_true", help="also list the top kernels of our step and of diffusers'")
     p.add_argument("--no-cfg", dest="cfg", action="store_false", help="skip the two-forward CFG step timings")
     p.add_argument("--backends", default="sdpa,sdpa_cudnn", help="our attention backends to time (last = best)")

@@ -60,5 +60,5 @@ def profile_top(fn: Callable[[], object], *, cuda: bool, steps: int = 2, top: in
     rows = sorted(events, key=lambda e: getattr(e, attr, 0.0), reverse=True)[:top]
     total = sum(getattr(e, attr, 0.0) for e in events) / steps / 1e3
     return [{"kernel": e.key[:120], "ms_per_call": round(getattr(e, attr, 0.0) / steps / 1e3, 3),
-             "launches_per_call": e.count // steps, "share": round(getattr(e, attr, 0.0) / steps / 1e3 / total, 4)}
+             "launches_per_call": round(e.count / steps, 2), "share": round(getattr(e, attr, 0.0) / steps / 1e3 / total, 4)}
             for e in rows]

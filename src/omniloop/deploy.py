@@ -38,10 +38,11 @@ class DeployConfig(BaseModel):
         default="sequential", description="CFG dispatch: two forwards, or cond+uncond stacked in one"
     )
     compile: bool = Field(default=False, description="torch.compile each transformer block (GPU)")
-    quantization: Literal["none", "fp8"] = Field(
+    quantization: Literal["none", "fp8", "fp8_tensor"] = Field(
         default="none",
-        description="'fp8': e4m3 weights and per-token e4m3 activations in the transformer blocks' GEMMs "
-        "(Ada/Hopper GPUs; changes the numbers, see benchmarks/results); 'none': the model dtype",
+        description="'fp8': e4m3 weights (per channel) and activations (per token) in the transformer blocks' "
+        "GEMMs; 'fp8_tensor': the same with one scale per tensor (cuBLASLt's per-tensor FP8 kernel); both "
+        "Ada/Hopper GPUs and change the numbers (see benchmarks/results); 'none': the model dtype",
     )
     plugins: dict[str, dict[str, Any]] = Field(default_factory=dict, description="enabled plugins and their config")
     limits: Limits = Field(default_factory=Limits)

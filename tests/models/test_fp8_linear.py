@@ -11,7 +11,14 @@ from torch import nn
 
 from omniloop.deploy import DeployConfig
 from omniloop.engine.async_engine import load_options
-from omniloop.models.layers.fp8_linear import E4M3, Fp8Linear, quantize_linears_, quantize_rowwise
+from omniloop.models.layers.fp8_linear import (
+    E4M3,
+    Fp8Linear,
+    quantize_linears_,
+    quantize_rowwise,
+    quantize_tensorwise,
+    scaling_for,
+)
 from omniloop.models.loader import load_pipeline
 
 
@@ -30,12 +37,23 @@ def test_rowwise_quantization_keeps_each_row_within_e4m3_precision():
     assert back.abs().amax(dim=1).allclose(x.abs().amax(dim=1), rtol=1e-6)  # amax is exact (448)
 
 
+def test_tensorwise_quantization_has_one_exact_scale_for_the_whole_tensor():
+    x = torch.randn(8, 64) * 5
+    q, scale = quantize_tensorwise(x)
+    assert q.dtype == E4M3 and scale.shape == () and q.shape == x.shape
+    back = q.float() * scale
+    assert back.abs().max().item() == pytest.approx(x.abs().max().item(), rel=1e-6)  # amax maps to 448
+    assert ((back - x).abs().max() / x.abs().max()).item() <= 2**-4
+
+
+@pytest.mark.parametrize("scaling", ["row", "tensor"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fp8_linear_tracks_the_linear(dtype):
+def test_fp8_linear_tracks_the_linear(dtype, scaling):
     torch.manual_seed(0)
     linear = nn.Linear(128, 96).to(dtype)
     x = torch.randn(3, 40, 128, dtype=dtype)
-    fp8 = Fp8Linear.from_linear(linear)
+    fp8 = Fp8Linear.from_linear(linear, scaling)
+    assert fp8.weight_scale.shape == ((1, 96) if scaling == "row" else ())
     y = fp8(x)
     assert y.shape == (3, 40, 96) and y.dtype == dtype
     ref = nn.functional.linear(x.float(), linear.weight.float(), linear.bias.float())
@@ -54,8 +72,10 @@ def test_layers_fp8_cannot_take_are_left_alone_or_refused():
 
 
 def test_deploy_config_names_the_accepted_quantizations():
-    with pytest.raises(ValidationError, match="'none' or 'fp8'"):
+    with pytest.raises(ValidationError, match="'none', 'fp8' or 'fp8_tensor'"):
         DeployConfig(quantization="int4")
+    with pytest.raises(ValueError, match=r"scaling must be one of \['row', 'tensor'\]"):
+        Fp8Linear.from_linear(nn.Linear(32, 32), "block")  # type: ignore[arg-type]
 
 
 def _final_latents(pipeline, seed=0):
@@ -80,11 +100,13 @@ def aligned_wan_dir(wan_t2v_dir, tmp_path_factory):
     return folder
 
 
-def test_wan_loads_with_fp8_block_gemms_and_stays_close(aligned_wan_dir):
+@pytest.mark.parametrize("quantization", ["fp8", "fp8_tensor"])
+def test_wan_loads_with_fp8_block_gemms_and_stays_close(aligned_wan_dir, quantization):
     plain = load_pipeline(aligned_wan_dir, load_options(DeployConfig(device="cpu")))[1]
-    fp8 = load_pipeline(aligned_wan_dir, load_options(DeployConfig(device="cpu", quantization="fp8")))[1]
+    fp8 = load_pipeline(aligned_wan_dir, load_options(DeployConfig(device="cpu", quantization=quantization)))[1]
     dit = fp8.components["transformer"]
     converted = {n for n, m in dit.named_modules() if isinstance(m, Fp8Linear)}
+    assert {m.scaling for m in dit.modules() if isinstance(m, Fp8Linear)} == {scaling_for(quantization)}
     assert converted and all(n.startswith("blocks.") for n in converted)
     assert {"blocks.0.self_attn.qkv", "blocks.0.cross_attn.kv", "blocks.1.ffn.proj_out"} <= converted
     assert type(dit.proj_out) is nn.Linear  # the output head stays in the model dtype

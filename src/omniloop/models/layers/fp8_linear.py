@@ -1,11 +1,19 @@
-"""FP8 (e4m3) linear layers: ``DeployConfig.quantization = "fp8"``.
+"""FP8 (e4m3) linear layers: ``DeployConfig.quantization = "fp8"`` or ``"fp8_tensor"``.
 
-Weights are quantized once at load, per output channel; activations are quantized per
-token at every call (dynamic, so no calibration data); the GEMM runs on FP8 tensor cores
-through ``torch._scaled_mm`` with row-wise scales and accumulates in fp32:
+Weights are quantized once at load; activations at every call (dynamic, so no calibration
+data); the GEMM runs on FP8 tensor cores through ``torch._scaled_mm`` and accumulates in
+fp32. Two scalings, two kernel families:
 
-    y[m, n] = (sum_k q(x)[m, k] q(W)[n, k]) * sx[m] * sw[n] + b[n]
-    q(x) = round_e4m3(x / sx),  sx[m] = max_k |x[m, k]| / 448   (448: the largest e4m3 value)
+* ``"row"`` (``quantization="fp8"``): one scale per output channel of W and per token of x,
+
+      y[m, n] = (sum_k q(x)[m, k] q(W)[n, k]) * sx[m] * sw[n] + b[n]
+      q(x) = round_e4m3(x / sx),  sx[m] = max_k |x[m, k]| / 448   (448: the largest e4m3 value)
+
+  the more precise one; its row-wise-scaled kernel measured no faster than bf16 on an H200
+  (``benchmarks/results/fp8_gemm_h200.jsonl``, session 4);
+* ``"tensor"`` (``quantization="fp8_tensor"``): one scale for all of W and one for all of x
+  (a global amax per call): cuBLASLt's per-tensor FP8 GEMM, the fastest FP8 path on Hopper,
+  at the cost of outlier tokens squeezing the others' precision.
 
 It changes the numbers (e4m3 keeps 3 mantissa bits: ~3% relative error per GEMM on random
 data), so it is an explicit deploy choice, reported with its error against bf16 in
@@ -22,9 +30,12 @@ what the tests use.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Literal
 
 import torch
 from torch import nn
+
+Scaling = Literal["row", "tensor"]
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = float(torch.finfo(E4M3).max)  # 448.0
@@ -38,20 +49,34 @@ def quantize_rowwise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), scale
 
 
+def quantize_tensorwise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Any shape -> (e4m3 like x, fp32 scalar scale) with x ~= q * scale."""
+    scale = x.abs().amax().float().clamp_min(1e-12) / E4M3_MAX
+    return (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), scale
+
+
+QUANTIZERS = {"row": quantize_rowwise, "tensor": quantize_tensorwise}
+
+
 class Fp8Linear(nn.Module):
     """A drop-in for an ``nn.Linear`` (same in/out features, same output dtype) whose
-    weight lives in e4m3 with one fp32 scale per output channel."""
+    weight lives in e4m3 with one fp32 scale per output channel (``scaling="row"``) or one
+    for the whole weight (``"tensor"``)."""
 
-    def __init__(self, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(self, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None,
+                 scaling: Scaling = "row") -> None:
         super().__init__()
+        if scaling not in QUANTIZERS:
+            raise ValueError(f"scaling must be one of {sorted(QUANTIZERS)}, got {scaling!r}")
+        self.scaling = scaling
         self.out_features, self.in_features = weight.shape
         # buffers, not parameters: inference-only (an optimizer has nothing to do with e4m3)
         self.register_buffer("weight", weight)  # [N, K] e4m3
-        self.register_buffer("weight_scale", weight_scale)  # [1, N] fp32
+        self.register_buffer("weight_scale", weight_scale)  # [1, N] (row) or [] (tensor) fp32
         self.register_buffer("bias", bias)  # [N] model dtype or None
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear) -> Fp8Linear:
+    def from_linear(cls, linear: nn.Linear, scaling: Scaling = "row") -> Fp8Linear:
         if not supports_fp8(linear):
             raise ValueError(f"Fp8Linear needs in/out features that are multiples of {_ALIGN}, got "
                              f"{linear.in_features} -> {linear.out_features}; keep this layer unquantized")
@@ -60,15 +85,17 @@ class Fp8Linear(nn.Module):
             raise ValueError(f"quantization='fp8' needs FP8 tensor cores (compute capability >= 8.9); "
                              f"{torch.cuda.get_device_name(device)} has {torch.cuda.get_device_capability(device)}: "
                              "deploy with quantization='none'")
+        if scaling not in QUANTIZERS:
+            raise ValueError(f"scaling must be one of {sorted(QUANTIZERS)}, got {scaling!r}")
         with torch.no_grad():
-            weight, scale = quantize_rowwise(linear.weight.detach())
+            weight, scale = QUANTIZERS[scaling](linear.weight.detach())
             bias = None if linear.bias is None else linear.bias.detach().clone()
-        return cls(weight, scale.t().contiguous(), bias)
+        return cls(weight, scale.t().contiguous() if scaling == "row" else scale, bias, scaling)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., K] -> [..., N] in x's dtype
         lead = x.shape[:-1]
-        xq, sx = quantize_rowwise(x.reshape(-1, self.in_features))  # [M, K] e4m3, [M, 1]
+        xq, sx = QUANTIZERS[self.scaling](x.reshape(-1, self.in_features))  # [M, K] e4m3, [M, 1] or []
         out_dtype = x.dtype if x.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.bfloat16
         y = torch._scaled_mm(xq, self.weight.t(), scale_a=sx, scale_b=self.weight_scale, out_dtype=out_dtype)
         if self.bias is not None:  # added outside: not every row-wise-scaled kernel takes a bias (compile fuses it)
@@ -76,14 +103,20 @@ class Fp8Linear(nn.Module):
         return y.reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, fp8=e4m3"
+        return f"in_features={self.in_features}, out_features={self.out_features}, fp8=e4m3, scaling={self.scaling}"
 
 
 def supports_fp8(linear: nn.Linear) -> bool:
     return linear.in_features % _ALIGN == 0 and linear.out_features % _ALIGN == 0
 
 
-def quantize_linears_(root: nn.Module, select: Callable[[str, nn.Linear], bool]) -> list[str]:
+def scaling_for(quantization: str) -> Scaling | None:
+    """``DeployConfig.quantization`` -> the Fp8Linear scaling it asks for (None: no FP8)."""
+    return {"fp8": "row", "fp8_tensor": "tensor"}.get(quantization)
+
+
+def quantize_linears_(root: nn.Module, select: Callable[[str, nn.Linear], bool],
+                      scaling: Scaling = "row") -> list[str]:
     """Replace every ``nn.Linear`` under ``root`` whose (qualified name, module) ``select``
     accepts, and whose shape FP8 GEMMs take, by an :class:`Fp8Linear`. Returns the names;
     a ``ValueError`` when ``select`` accepts layers but none of them can be converted (a
@@ -98,5 +131,5 @@ def quantize_linears_(root: nn.Module, select: Callable[[str, nn.Linear], bool])
     for name, linear in chosen:
         parent_name, _, child = name.rpartition(".")
         parent = root.get_submodule(parent_name) if parent_name else root
-        setattr(parent, child, Fp8Linear.from_linear(linear))
+        setattr(parent, child, Fp8Linear.from_linear(linear, scaling))
     return [name for name, _ in chosen]

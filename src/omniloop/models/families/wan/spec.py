@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, Sequence
 from torch import nn
 
 from omniloop.models.layers.attention import set_attention_backend
-from omniloop.models.layers.fp8_linear import quantize_linears_
+from omniloop.models.layers.fp8_linear import Scaling, quantize_linears_, scaling_for
 from omniloop.models.manifest import ModelManifest, manifest_class_name
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
 from omniloop.models.text.minilm import load_minilm_encoder
@@ -50,17 +50,18 @@ I2V_PIPELINE = "WanImageToVideoPipeline"
 _BLOCK_GEMMS = re.compile(r"^blocks\.\d+\.(self_attn|cross_attn|ffn)\.")
 
 
-def quantize_fp8_(model: nn.Module) -> list[str]:
-    """e4m3 GEMMs in every block of a Wan DiT (``quantization="fp8"``); returns the layer names."""
-    return quantize_linears_(model, lambda name, _: _BLOCK_GEMMS.match(name) is not None)
+def quantize_fp8_(model: nn.Module, scaling: Scaling = "row") -> list[str]:
+    """e4m3 GEMMs in every block of a Wan DiT (``quantization="fp8"`` / ``"fp8_tensor"``);
+    returns the layer names."""
+    return quantize_linears_(model, lambda name, _: _BLOCK_GEMMS.match(name) is not None, scaling)
 
 
 def _load_transformer(sub: str):
     def load(root: Path, index: Mapping[str, Any], options: LoadOptions):
         model = load_wan_dit(root / sub, device=options.device, dtype=options.dtype).eval().requires_grad_(False)
         set_attention_backend(model, options.attention_backend)
-        if options.quantization == "fp8":
-            quantize_fp8_(model)
+        if scaling := scaling_for(options.quantization):
+            quantize_fp8_(model, scaling)
         if options.compile:
             for block in model.blocks:  # per-block compile: the eager path stays the reference
                 block.compile()

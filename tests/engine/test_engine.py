@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omniloop.engine import DoesNotFit, PoolFatalError, QueueFull, RequestRejected, UnknownRequest
+from omniloop.engine import DoesNotFit, NodeWork, PoolFatalError, QueueFull, RequestRejected, StepWork, UnknownRequest
 from omniloop.request import ProgressEvent, RequestStatus, TaskType, TextPart, OmniRequest
 from tests.engine.conftest import req, run_all
 
@@ -105,6 +105,45 @@ def _inject(engine, mutate):
     object.__setattr__(stage, "step_many", step_many)
     object.__setattr__(stage, "step", lambda ctx, loop: step_many(ctx, [loop])[0])
     return lambda: (stage.__dict__.pop("step_many"), stage.__dict__.pop("step"))
+
+
+def test_requests_submitted_together_enter_their_loop_together_and_step_in_full_batches(make_engine):
+    """One-shot nodes (text encoding, loop init, decode) of requests at the same node run in
+    one iteration when the ranking's head is among them, so no request trickles into the loop
+    behind the others: every step is one full batch."""
+    reqs = [req(s, steps=3, rid=f"r{s}") for s in range(4)]
+    engine = make_engine(max_batch=4, max_running=4)
+    for r in reqs:
+        engine.add_request(r)
+    plans = []
+    schedule = engine.scheduler.schedule
+    engine.scheduler.schedule = lambda: plans.append(schedule()) or plans[-1]
+    outs, _ = run_all(engine)
+    steps = [p.work for p in plans if isinstance(p.work, StepWork)]
+    assert len(steps) == 3 and all(len(w.request_ids) == 4 for w in steps)  # 3 steps, each of all 4
+    nodes = [p.work for p in plans if isinstance(p.work, NodeWork)]
+    assert nodes and all(len(w.request_ids) == 4 for w in nodes)
+    assert engine.stats.steps == 3
+    for r in reqs:
+        assert torch.allclose(_lat(outs[r.request_id]), _solo(make_engine, r), atol=1e-5)
+
+
+def test_a_failing_node_in_a_group_fails_only_its_request(make_engine, monkeypatch):
+    engine = make_engine(max_batch=3, max_running=3)
+    node = engine.pipeline.spec.nodes[0]  # the first one-shot node (text encoding)
+    original = node.stage.forward
+
+    def forward(ctx, state):
+        if state.request.request_id == "bad":
+            raise RuntimeError("injected node failure")
+        return original(ctx, state)
+
+    monkeypatch.setattr(node.stage, "forward", forward)
+    for r in [req(0, steps=2, rid="a"), req(1, steps=2, rid="bad"), req(2, steps=2, rid="b")]:
+        engine.add_request(r)
+    outs, _ = run_all(engine)
+    assert outs["bad"].status is RequestStatus.FAILED and "injected node failure" in outs["bad"].error
+    assert outs["a"].status is outs["b"].status is RequestStatus.COMPLETED
 
 
 def test_exception_in_one_request_fails_only_it(make_engine):

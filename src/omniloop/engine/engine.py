@@ -201,9 +201,11 @@ class Engine:
             self._emit(StatusEvent(request_id=rid, status=RequestStatus.RUNNING))
 
     def _execute(self, work: NodeWork | StepWork) -> None:
-        if isinstance(work, NodeWork):
-            req = self.scheduler.running[work.request_id]
-            self._guarded(req, lambda: self._run_node(req))
+        if isinstance(work, NodeWork):  # each request's node on its own: one failure is its alone
+            for rid in work.request_ids:
+                req = self.scheduler.running.get(rid)
+                if req is not None and req.node is not None and req.node.name == work.node:
+                    self._guarded(req, lambda r=req: self._run_node(r))
             return
         reqs = [self.scheduler.running[rid] for rid in work.request_ids]
         try:

@@ -21,10 +21,14 @@ from omniloop.pipeline.pipeline import Pipeline
 
 @dataclass(frozen=True)
 class NodeWork:
-    """Run the request's current one-shot node, or enter (``init``) its current loop."""
+    """Run the current one-shot node, or enter (``init``) the current loop, of every listed
+    request, one after the other in one iteration. Requests at the same node are grouped
+    when the head of the ranking is among them: they then reach their loop together and
+    its steps batch, instead of entering one per iteration and stepping in partial
+    batches (measured: 1,024 rollouts on an H200 ran ~6x slower that way)."""
 
-    request_id: str
     node: str
+    request_ids: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -90,7 +94,7 @@ class StepScheduler:
         prologue = [r for r in ranked if _in_prologue(r)]
         if prologue and head is not prologue[0] and self._prologue_first(prologue[0], head):
             head = prologue[0]
-        work = self._work_for(head, ranked) if head is not None else None
+        work = self._work_for(head, ranked, group=head is ranked[0]) if head is not None else None
         self._last_was_step = isinstance(work, StepWork)
         return SchedulerPlan(self.iteration, admitted, aborted, work, self._predict(work))
 
@@ -140,11 +144,20 @@ class StepScheduler:
             at_risk = 0 if slack < self.policy.deadline_margin * remaining else 1
         return (-req.request.priority, at_risk, remaining - self.policy.aging * waited, req.arrival)
 
-    def _work_for(self, head: EngineRequest, ranked: list[EngineRequest]) -> NodeWork | StepWork:
+    def _work_for(self, head: EngineRequest, ranked: list[EngineRequest], *, group: bool) -> NodeWork | StepWork:
+        """``group``: the head leads the ranking, so requests at its one-shot node may join
+        it (a prologue item picked ahead of the head by ``_prologue_first`` runs alone: its
+        cost is bounded against the head's step)."""
         node = head.node
         assert node is not None, f"running request {head.request_id} has no node left"
         if head.loop is None or not node.is_loop:
-            return NodeWork(head.request_id, node.name)
+            batch = [head]
+            for other in ranked[1:] if group else ():
+                if len(batch) >= self.policy.max_batch:
+                    break
+                if other.node is node and (other.loop is None or not node.is_loop):
+                    batch.append(other)
+            return NodeWork(node.name, tuple(r.request_id for r in batch))
         key = node.stage.batch_key(head.loop)
         batch = [head]
         if key is not None:
@@ -182,8 +195,7 @@ class StepScheduler:
     def _predict(self, work: NodeWork | StepWork | None) -> float:
         if work is None:
             return 0.0
-        ids = (work.request_id,) if isinstance(work, NodeWork) else work.request_ids
-        return sum(self.cost_model.predict(self.item_cost(self.running[i])) for i in ids)
+        return sum(self.cost_model.predict(self.item_cost(self.running[i])) for i in work.request_ids)
 
     def remove(self, request_id: str) -> EngineRequest | None:
         req = self.running.pop(request_id, None)

@@ -87,8 +87,12 @@ def t2v_request(prompt: str, *, seed: int, trajectory: bool = False, decode: boo
 
 def run_requests(pipeline: Pipeline, requests: Sequence[OmniRequest], *, max_batch: int = 1) -> list[OmniOutput]:
     """Run ``requests`` through the engine (steps of up to ``max_batch`` requests batched),
-    outputs in request order. A failed request raises, naming its error."""
-    policy = SchedulingPolicy(max_running=max(max_batch, 1) * 2, max_batch=max(max_batch, 1))
+    outputs in request order. A failed request raises, naming its error.
+
+    Waves of ``max_batch``: that many requests run at once, go through their one-shot nodes
+    together (the scheduler groups them) and step in full batches; the next wave starts when
+    they finish (more running requests would only trickle in between the wave's steps)."""
+    policy = SchedulingPolicy(max_running=max(max_batch, 1), max_batch=max(max_batch, 1))
     engine = Engine(pipeline, EngineConfig(max_queue=max(64, 4 * max_batch), policy=policy))
     pending = list(requests)
     outputs: dict[str, OmniOutput] = {}

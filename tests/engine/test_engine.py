@@ -128,6 +128,25 @@ def test_requests_submitted_together_enter_their_loop_together_and_step_in_full_
         assert torch.allclose(_lat(outs[r.request_id]), _solo(make_engine, r), atol=1e-5)
 
 
+def test_a_batched_step_updates_its_requests_with_one_sampler_call(make_engine, wan_pipeline, monkeypatch):
+    sampler = type(wan_pipeline.components["sampler"].get(None))
+    calls = {"step": 0, "step_many": 0}
+    for name in calls:
+        original = getattr(sampler, name)
+        monkeypatch.setattr(sampler, name, lambda self, *a, _o=original, _n=name: calls.__setitem__(_n, calls[_n] + 1)
+                            or _o(self, *a))
+    reqs = [req(s, steps=3, rid=f"r{s}") for s in range(4)]
+    engine = make_engine(max_batch=4, max_running=4)
+    for r in reqs:
+        engine.add_request(r)
+    outs, _ = run_all(engine)
+    assert calls["step_many"] == 3  # one per batched step ...
+    assert calls["step"] == 3  # ... whose one update is step() on the joined state
+    monkeypatch.undo()
+    for r in reqs:
+        assert torch.allclose(_lat(outs[r.request_id]), _solo(make_engine, r), atol=1e-5)
+
+
 def test_a_failing_node_in_a_group_fails_only_its_request(make_engine, monkeypatch):
     engine = make_engine(max_batch=3, max_running=3)
     node = engine.pipeline.spec.nodes[0]  # the first one-shot node (text encoding)

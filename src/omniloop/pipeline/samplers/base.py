@@ -10,7 +10,7 @@ scheduler object, which breaks as soon as two requests interleave).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Collection, Protocol, Sequence
+from typing import Any, ClassVar, Collection, Hashable, Protocol, Sequence
 
 import torch
 
@@ -42,6 +42,11 @@ class SamplerState:
     @property
     def sigma(self) -> torch.Tensor:
         return self.sigmas[self.step_index]
+
+
+def schedule_signature(state: SamplerState) -> bytes:
+    """The values of a state's sigma schedule (CPU fp32): equal bytes, equal schedules."""
+    return state.sigmas.numpy().tobytes()
 
 
 class Sampler(Protocol):
@@ -78,6 +83,20 @@ class Sampler(Protocol):
     def step(self, state: SamplerState, model_output: torch.Tensor, sample: torch.Tensor) -> torch.Tensor:
         """Advance ``sample`` by one step using ``model_output`` (flow/velocity prediction);
         mutates ``state`` and returns the new sample."""
+        ...
+
+    def batch_key(self, state: SamplerState) -> Hashable | None:
+        """Requests whose states share this key take one :meth:`step_many` (the same step of
+        the same schedule: every scalar of the update is the same); None: step alone."""
+        ...
+
+    def step_many(self, states: Sequence[SamplerState], model_output: torch.Tensor,
+                  sample: torch.Tensor) -> torch.Tensor:
+        """:meth:`step` for requests of one ``batch_key``, their tensors concatenated along
+        dim 0 (in ``states`` order); mutates every state exactly as ``step`` would. The
+        update is elementwise with shared scalars, so each request's rows equal what ``step``
+        gives it alone, bit for bit: a batch of 256 requests runs one set of kernels instead
+        of 256."""
         ...
 
 

@@ -9,9 +9,10 @@ inverted sigmas are refused at load time.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Hashable, Sequence
 
 import numpy as np
 import torch
@@ -22,6 +23,7 @@ from omniloop.pipeline.samplers.base import (
     check_config_keys,
     check_custom_sigmas,
     register_sampler,
+    schedule_signature,
 )
 
 _SUPPORTED_KEYS = (
@@ -176,6 +178,16 @@ class FlowEulerSampler:
         prev_sample = sample + dt * model_output
         state.step_index += 1
         return prev_sample.to(model_output.dtype)
+
+    def batch_key(self, state: SamplerState) -> Hashable:
+        return (state.step_index, schedule_signature(state))
+
+    def step_many(self, states: Sequence[SamplerState], model_output: torch.Tensor,
+                  sample: torch.Tensor) -> torch.Tensor:
+        out = self.step(dataclasses.replace(states[0]), model_output, sample)  # a copy advances, then all do
+        for state in states:
+            state.step_index += 1
+        return out
 
     def _train_sigma_range(self, shift: float) -> tuple[float, float]:
         """(sigma_max, sigma_min) of the shifted training schedule, computed in float32 torch

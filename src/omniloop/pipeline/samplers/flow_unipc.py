@@ -13,8 +13,9 @@ Vocabulary (flow path ``x_s = (1 - s) x0 + s eps``): ``alpha = 1 - sigma``,
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Hashable, Sequence
 
 import numpy as np
 import torch
@@ -25,6 +26,7 @@ from omniloop.pipeline.samplers.base import (
     check_config_keys,
     check_custom_sigmas,
     register_sampler,
+    schedule_signature,
 )
 from omniloop.pipeline.samplers.flow_euler import resolve_shift, shift_sigmas, stretch_to_terminal, time_shift
 
@@ -269,6 +271,36 @@ class FlowUniPCSampler:
         state.lower_order_nums = min(state.lower_order_nums + 1, self.solver_order)
         state.step_index += 1
         return prev_sample
+
+    def batch_key(self, state: FlowUniPCState) -> Hashable:
+        # same step of the same schedule, same warm-up and history layout: the same update
+        return (state.step_index, state.lower_order_nums, state.last_sample is None,
+                tuple(x is None for x in state.model_outputs), schedule_signature(state))
+
+    def step_many(self, states: Sequence[FlowUniPCState], model_output: torch.Tensor,
+                  sample: torch.Tensor) -> torch.Tensor:
+        """One UniPC step for requests of one ``batch_key`` (equal row counts each): their
+        histories are concatenated into one state, stepped once, and handed back as row slices."""
+        lead, rows = states[0], sample.shape[0] // len(states)
+
+        def cat(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
+            return None if tensors[0] is None else torch.cat(tensors)
+
+        joint = dataclasses.replace(
+            lead,
+            model_outputs=[cat([s.model_outputs[k] for s in states]) for k in range(len(lead.model_outputs))],
+            timestep_list=list(lead.timestep_list),
+            last_sample=cat([s.last_sample for s in states]),
+        )
+        out = self.step(joint, model_output, sample)
+        for k, state in enumerate(states):
+            part = slice(k * rows, (k + 1) * rows)
+            state.model_outputs = [None if x is None else x[part] for x in joint.model_outputs]
+            state.timestep_list = [*state.timestep_list[1:], state.timesteps[state.step_index]]
+            state.last_sample = joint.last_sample[part]
+            state.this_order, state.lower_order_nums = joint.this_order, joint.lower_order_nums
+            state.step_index = joint.step_index
+        return out
 
     def _predict(self, state: FlowUniPCState, x: torch.Tensor) -> torch.Tensor:
         """UniP-p from sigma_i to sigma_{i+1} (diffusers ``multistep_uni_p_bh_update``)."""

@@ -153,7 +153,8 @@ def sdpa_fp8(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, q_scale: torc
     """e4m3 ``[B, Lq, H, D] x [B, Lk, H, D]`` operands (``x * scale``) -> e4m3 O (``o * o_scale``).
     CUDA: cuDNN's FP8 flash attention. CPU: the same arithmetic in fp32 torch ops (the
     reference the tests hold the kernel to: e4m3 P stored as 256 P, fp32 accumulation)."""
-    if q8.is_cuda:
+    if q8.is_cuda:  # the plan's tensors are [B, L, H, D] row-major: a compiled caller may pass other strides
+        q8, k8, v8 = q8.contiguous(), k8.contiguous(), v8.contiguous()
         return _plan(q8, k8).run(q8, k8, v8, q_scale, k_scale, v_scale, o_scale)
     qd, kd, vd = (t.float() / s.reshape(()) for t, s in ((q8, q_scale), (k8, k_scale), (v8, v_scale)))
     scores = torch.einsum("bqhd,bkhd->bhqk", qd, kd) * q8.shape[-1] ** -0.5

@@ -59,3 +59,12 @@ def test_shapes_cpu_latency_benchmark_smoke(tmp_path):
     assert set(records) == {"shapes-t2v", "shapes-t2v-4step"}
     assert records["shapes-t2v-4step"]["steps"] < records["shapes-t2v"]["steps"]
     assert {"text_encode", "denoise", "decode"} <= set(records["shapes-t2v"]["node_median_s"])
+
+
+def test_rollout_benchmark_runs_waves_of_full_batches():
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_rollout.py"), "8", "4"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads(proc.stdout.strip().splitlines()[-1])
+    # two waves of 4 requests, each 32 steps in full batches
+    assert record["batched_steps"] == 2 * record["steps"] == 64 and record["mean_batch"] == 4.0

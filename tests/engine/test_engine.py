@@ -147,22 +147,45 @@ def test_a_batched_step_updates_its_requests_with_one_sampler_call(make_engine, 
         assert torch.allclose(_lat(outs[r.request_id]), _solo(make_engine, r), atol=1e-5)
 
 
-def test_a_failing_node_in_a_group_fails_only_its_request(make_engine, monkeypatch):
-    engine = make_engine(max_batch=3, max_running=3)
-    node = engine.pipeline.spec.nodes[0]  # the first one-shot node (text encoding)
-    original = node.stage.forward
+def test_a_failing_node_in_a_group_fails_only_its_request(make_engine, wan_pipeline, monkeypatch):
+    """The group's one text-encoder call fails on one request's prompt: the engine retries
+    each request alone, so only that request fails (and the encoder ran once batched)."""
+    encoder = wan_pipeline.components["text_encoder"]
+    original, sizes = encoder.encode, []
 
-    def forward(ctx, state):
-        if state.request.request_id == "bad":
+    def encode(prompts, **kw):
+        sizes.append(len(prompts))
+        if "clip 1" in prompts:
             raise RuntimeError("injected node failure")
-        return original(ctx, state)
+        return original(prompts, **kw)
 
-    monkeypatch.setattr(node.stage, "forward", forward)
+    monkeypatch.setattr(encoder, "encode", encode)
+    engine = make_engine(max_batch=3, max_running=3)
     for r in [req(0, steps=2, rid="a"), req(1, steps=2, rid="bad"), req(2, steps=2, rid="b")]:
         engine.add_request(r)
     outs, _ = run_all(engine)
     assert outs["bad"].status is RequestStatus.FAILED and "injected node failure" in outs["bad"].error
     assert outs["a"].status is outs["b"].status is RequestStatus.COMPLETED
+    assert sizes[0] == 6 and sorted(sizes[1:]) == [2, 2, 2]  # 3 x (prompt, negative) at once, then alone
+
+
+def test_grouped_text_encoding_matches_encoding_alone(make_engine, wan_pipeline):
+    from omniloop.pipeline.edges import TextEmbeddings
+
+    reqs = [req(s, steps=1, rid=f"t{s}", negative_prompt="blurry" if s % 2 else None) for s in range(3)]
+    engine = make_engine(max_batch=3, max_running=3)
+    for r in reqs:
+        engine.add_request(r)
+    engine.step(), engine.step()  # admit + the grouped text node
+    grouped = {rid: engine.scheduler.running[rid].state.artifacts["text"] for rid in ("t0", "t1", "t2")}
+    for r in reqs:
+        solo = make_engine()
+        solo.add_request(r)
+        solo.step(), solo.step()
+        alone = solo.scheduler.running[r.request_id].state.artifacts["text"]
+        assert isinstance(alone, TextEmbeddings) and alone.prompt_lengths == grouped[r.request_id].prompt_lengths
+        assert torch.allclose(grouped[r.request_id].prompt, alone.prompt, atol=1e-6)
+        assert torch.allclose(grouped[r.request_id].negative, alone.negative, atol=1e-6)
 
 
 def test_exception_in_one_request_fails_only_it(make_engine):

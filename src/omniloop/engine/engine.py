@@ -201,11 +201,19 @@ class Engine:
             self._emit(StatusEvent(request_id=rid, status=RequestStatus.RUNNING))
 
     def _execute(self, work: NodeWork | StepWork) -> None:
-        if isinstance(work, NodeWork):  # each request's node on its own: one failure is its alone
-            for rid in work.request_ids:
-                req = self.scheduler.running.get(rid)
-                if req is not None and req.node is not None and req.node.name == work.node:
-                    self._guarded(req, lambda r=req: self._run_node(r))
+        if isinstance(work, NodeWork):
+            reqs = [r for r in map(self.scheduler.running.get, work.request_ids)
+                    if r is not None and r.node is not None and r.node.name == work.node]
+            if len(reqs) > 1 and self._batches_node(reqs[0]):
+                try:
+                    self._run_nodes(reqs)
+                    return
+                except PoolFatalError:
+                    raise
+                except Exception:
+                    pass  # the stage wrote nothing: run each alone so only the culprit fails
+            for req in reqs:
+                self._guarded(req, lambda r=req: self._run_node(r))
             return
         reqs = [self.scheduler.running[rid] for rid in work.request_ids]
         try:
@@ -250,6 +258,28 @@ class Engine:
             kind = "loop_init" if node.is_loop else "node_end"
             self._fire(kind, lambda: NodeEvent(req.request_id, node.name, node.is_loop, req.loop))
         if not node.is_loop:
+            self._next_node(req)
+
+    def _batches_node(self, req: EngineRequest) -> bool:
+        """One ``forward_many`` for a group: a one-shot stage that offers it, in a deployment
+        without plugins (their per-request node events and tap scopes need one call each)."""
+        node = req.node
+        ctx = self.pipeline.contexts[node.name]
+        return (not node.is_loop and callable(getattr(node.stage, "forward_many", None)) and self.hooks is None
+                and ctx.hooks is None)
+
+    def _run_nodes(self, reqs: list[EngineRequest]) -> None:
+        """``_run_node`` for a group at one node, as one ``forward_many`` call."""
+        node = reqs[0].node
+        ctx = self.pipeline.contexts[node.name]
+        items = [self.scheduler.item_cost(r) for r in reqs]
+        t0 = time.perf_counter()
+        node.stage.forward_many(ctx, [r.state for r in reqs])
+        share = (time.perf_counter() - t0) / len(reqs)
+        for req, item in zip(reqs, items):
+            self.cost_model.observe(item, share)
+            req.actual_s += share
+            req.state.metrics.node_s[node.name] = req.state.metrics.node_s.get(node.name, 0.0) + share
             self._next_node(req)
 
     def _run_steps(self, reqs: list[EngineRequest]) -> None:

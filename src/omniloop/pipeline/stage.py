@@ -44,6 +44,11 @@ class _Ports(Protocol):
 class Stage(_Ports, Protocol):
     def forward(self, ctx: StageContext, state: RequestState) -> None: ...
 
+    # Optional: ``forward_many(ctx, states)`` runs the node for requests the scheduler grouped
+    # at it (one encoder call for all their prompts). It must raise before writing anything
+    # (the engine then retries each request alone), and each request's outputs must be what
+    # ``forward`` gives it, up to the batch's arithmetic.
+
 
 @runtime_checkable
 class LoopStage(_Ports, Protocol):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -21,27 +22,36 @@ class TextEncode(StageBase):
     def components(self) -> tuple[str, ...]:  # type: ignore[override]
         return (self.component,)
 
-    @torch.inference_mode()
     def forward(self, ctx: StageContext, state: RequestState) -> None:
-        request = state.request
+        self.forward_many(ctx, [state])
+
+    @torch.inference_mode()
+    def forward_many(self, ctx: StageContext, states: Sequence[RequestState]) -> None:
+        """One encoder call for the prompts (and negative prompts) of every request; each
+        request's rows are what encoding its own prompts alone gives (fixed-length padding)."""
         encoder = ctx.component(self.component)
-        prompt = request.prompt or ""
-        params = request.diffusion
-        prompts = [prompt]
-        negative_needed = guidance_enabled(
-            params, ctx.defaults.get("guidance_scale", 1.0), ctx.defaults.get("guidance_scale_2")
-        )
-        if negative_needed:
+        wanted = [self._prompts(ctx, state) for state in states]
+        encoded = encoder.encode([p for prompts in wanted for p in prompts], device=ctx.device)
+        embeds = encoded.embeds.to(ctx.dtype)
+        row = 0
+        for state, prompts in zip(states, wanted):  # nothing is written before the call succeeded
+            ctx.write(
+                state,
+                "text",
+                TextEmbeddings(
+                    prompt=embeds[row:row + 1],
+                    negative=embeds[row + 1:row + 2] if len(prompts) == 2 else None,
+                    prompt_lengths=encoded.lengths[row:row + 1],
+                ),
+            )
+            row += len(prompts)
+
+    @staticmethod
+    def _prompts(ctx: StageContext, state: RequestState) -> list[str]:
+        """[prompt] or [prompt, negative prompt] (when guidance needs one)."""
+        params = state.request.diffusion
+        prompts = [state.request.prompt or ""]
+        if guidance_enabled(params, ctx.defaults.get("guidance_scale", 1.0), ctx.defaults.get("guidance_scale_2")):
             negative = params.negative_prompt
             prompts.append(negative if negative is not None else ctx.defaults.get("negative_prompt", ""))
-        encoded = encoder.encode(prompts, device=ctx.device)
-        embeds = encoded.embeds.to(ctx.dtype)
-        ctx.write(
-            state,
-            "text",
-            TextEmbeddings(
-                prompt=embeds[:1],
-                negative=embeds[1:2] if negative_needed else None,
-                prompt_lengths=encoded.lengths[:1],
-            ),
-        )
+        return prompts

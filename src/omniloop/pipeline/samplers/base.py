@@ -46,7 +46,7 @@ class SamplerState:
 
 def schedule_signature(state: SamplerState) -> bytes:
     """The values of a state's sigma schedule (CPU fp32): equal bytes, equal schedules."""
-    return state.sigmas.numpy().tobytes()
+    return state.sigmas.cpu().numpy().tobytes()
 
 
 class Sampler(Protocol):

@@ -227,15 +227,19 @@ class DenoiseLoop(LoopStageBase):
         """One reduction and one device sync for the whole batch. NOTE: a per-loop
         ``bool(isfinite(x).all())`` syncs once per request: 256 requests a step cost ~256
         round trips on a GPU, more than a small model's batched forward."""
-        flags = []
-        for lp in loops:
-            flags += [torch.isfinite(x).all() for x in lp.latents.values()]
-        finite = torch.stack(flags).tolist() if flags else []
-        out, i = [], 0
-        for lp in loops:
-            n = len(lp.latents)
-            out.append(all(finite[i:i + n]))
-            i += n
+        groups: dict[tuple, list[tuple[int, torch.Tensor]]] = {}  # same-shape latents: one kernel each group
+        for i, lp in enumerate(loops):
+            for x in lp.latents.values():
+                groups.setdefault((tuple(x.shape), x.dtype, x.device), []).append((i, x))
+        owners, flags = [], []
+        for members in groups.values():
+            joint = torch.stack([x for _, x in members])  # [n, *shape]
+            flags.append(torch.isfinite(joint).flatten(1).all(1))
+            owners += [i for i, _ in members]
+        finite = torch.cat(flags).tolist() if flags else []  # the one device sync
+        out = [True] * len(loops)
+        for i, ok in zip(owners, finite):
+            out[i] = out[i] and ok
         return out
 
     def step(self, ctx: StageContext, loop: DenoiseLoopState) -> StepResult:  # type: ignore[override]

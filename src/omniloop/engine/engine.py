@@ -202,16 +202,15 @@ class Engine:
 
     def _execute(self, work: NodeWork | StepWork) -> None:
         if isinstance(work, NodeWork):
-            reqs = [r for r in map(self.scheduler.running.get, work.request_ids)
-                    if r is not None and r.node is not None and r.node.name == work.node]
+            reqs = self._at_node(work)
             if len(reqs) > 1 and self._batches_node(reqs[0]):
                 try:
                     self._run_nodes(reqs)
                     return
                 except PoolFatalError:
                     raise
-                except Exception:
-                    pass  # the stage wrote nothing: run each alone so only the culprit fails
+                except Exception:  # the stage wrote nothing: each request still there runs alone,
+                    reqs = self._at_node(work)  # so only the culprit fails
             for req in reqs:
                 self._guarded(req, lambda r=req: self._run_node(r))
             return
@@ -259,6 +258,11 @@ class Engine:
             self._fire(kind, lambda: NodeEvent(req.request_id, node.name, node.is_loop, req.loop))
         if not node.is_loop:
             self._next_node(req)
+
+    def _at_node(self, work: NodeWork) -> list[EngineRequest]:
+        """The listed requests still running and still at the work's node."""
+        return [r for r in map(self.scheduler.running.get, work.request_ids)
+                if r is not None and r.node is not None and r.node.name == work.node]
 
     def _batches_node(self, req: EngineRequest) -> bool:
         """One ``forward_many`` for a group: a one-shot stage that offers it, in a deployment

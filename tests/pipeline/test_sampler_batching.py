@@ -41,3 +41,14 @@ def test_requests_at_other_steps_or_schedules_do_not_share_a_key():
     assert sampler.batch_key(a) == sampler.batch_key(b) != sampler.batch_key(c)
     sampler.step(a, torch.zeros(1, 2), torch.ones(1, 2))
     assert sampler.batch_key(a) != sampler.batch_key(b)
+
+
+def test_finished_latents_do_not_hold_the_batch_alive():
+    from omniloop.pipeline.loops.denoise import _own
+
+    joint = torch.randn(8, 4, 2, 3, 3)
+    row = joint[2:3]
+    owned = _own(row)
+    assert torch.equal(owned, row) and owned.untyped_storage().nbytes() == owned.numel() * 4
+    alone = torch.randn(1, 4, 2, 3, 3)
+    assert _own(alone) is alone  # no copy when it already owns its storage

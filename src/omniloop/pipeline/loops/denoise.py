@@ -158,6 +158,7 @@ class DenoiseLoop(LoopStageBase):
         return loop
 
     def finalize(self, ctx: StageContext, loop: DenoiseLoopState, state: RequestState) -> None:  # type: ignore[override]
+        loop.latents = {m: _own(x) for m, x in loop.latents.items()}
         ctx.write(state, "latents", DenoisedLatents(latents=dict(loop.latents)))
         first = next(iter(loop.latents))
         if state.request.outputs.wants_latents:
@@ -362,6 +363,12 @@ class DenoiseLoop(LoopStageBase):
 
 
 # -- helpers --------------------------------------------------------------------------
+def _own(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in storage of its own: a batched sampler update leaves each request's latents a
+    row slice of the batch's tensor, which an output kept for long must not hold alive."""
+    return x if x.untyped_storage().nbytes() == x.numel() * x.element_size() else x.clone()
+
+
 
 
 def _effective_params(params: DiffusionParams, overrides: DenoiseParams | None) -> DiffusionParams:

@@ -19,7 +19,7 @@ import torch
 
 from omniloop.deploy import DeployConfig
 from omniloop.engine.admission import MemoryBudget, MemoryEstimate, default_memory_budget
-from omniloop.engine.cost_model import CostModel
+from omniloop.engine.cost_model import CostModel, ItemCost
 from omniloop.engine.errors import DoesNotFit, EngineDeadError, PoolFatalError, QueueFull, RequestRejected, UnknownRequest
 from omniloop.engine.request import EngineRequest
 from omniloop.engine.scheduler import NodeWork, SchedulerPlan, SchedulingPolicy, StepScheduler, StepWork
@@ -249,10 +249,7 @@ class Engine:
                 req.state.loops[node.name] = req.loop
             else:
                 node.stage.forward(ctx, req.state)
-        elapsed = time.perf_counter() - t0
-        self.cost_model.observe(item, elapsed)
-        req.actual_s += elapsed
-        req.state.metrics.node_s[node.name] = req.state.metrics.node_s.get(node.name, 0.0) + elapsed
+        self._account_node(req, item, time.perf_counter() - t0)
         if self.hooks is not None:
             kind = "loop_init" if node.is_loop else "node_end"
             self._fire(kind, lambda: NodeEvent(req.request_id, node.name, node.is_loop, req.loop))
@@ -281,10 +278,14 @@ class Engine:
         node.stage.forward_many(ctx, [r.state for r in reqs])
         share = (time.perf_counter() - t0) / len(reqs)
         for req, item in zip(reqs, items):
-            self.cost_model.observe(item, share)
-            req.actual_s += share
-            req.state.metrics.node_s[node.name] = req.state.metrics.node_s.get(node.name, 0.0) + share
+            self._account_node(req, item, share)
             self._next_node(req)
+
+    def _account_node(self, req: EngineRequest, item: ItemCost, seconds: float) -> None:
+        """A one-shot node's (or loop init's) measured time: cost model and request metrics."""
+        self.cost_model.observe(item, seconds)
+        req.actual_s += seconds
+        req.state.metrics.node_s[req.node.name] = req.state.metrics.node_s.get(req.node.name, 0.0) + seconds
 
     def _run_steps(self, reqs: list[EngineRequest]) -> None:
         node = reqs[0].node

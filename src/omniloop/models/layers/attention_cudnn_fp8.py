@@ -59,6 +59,10 @@ class Operands:
     o_scale: torch.Tensor
     v_mean: torch.Tensor  # [B, 1, H, D] in the query dtype, added back to the output
 
+    def dequantize(self, o8: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The e4m3 output of attention on these operands -> O in ``dtype`` (V's mean back)."""
+        return ((o8.float() / self.o_scale.reshape(())) + self.v_mean).to(dtype)
+
 
 def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Operands:
     k = k - k.mean(dim=1, keepdim=True, dtype=torch.float32).to(k.dtype)
@@ -174,7 +178,7 @@ def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Te
     """Prepare (traced), attend in e4m3 (the op), dequantize and add V's mean back (traced)."""
     ops = prepare(q, k, v)
     o8 = sdpa_fp8(ops.q, ops.k, ops.v, ops.q_scale, ops.k_scale, ops.v_scale, ops.o_scale)
-    return ((o8.float() / ops.o_scale.reshape(())) + ops.v_mean).to(q.dtype)
+    return ops.dequantize(o8, q.dtype)
 
 
 def cudnn_fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -58,6 +58,12 @@ def quantize_tensorwise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 QUANTIZERS = {"row": quantize_rowwise, "tensor": quantize_tensorwise}
 
 
+def _quantizer(scaling: str) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    if scaling not in QUANTIZERS:
+        raise ValueError(f"scaling must be one of {sorted(QUANTIZERS)}, got {scaling!r}")
+    return QUANTIZERS[scaling]
+
+
 class Fp8Linear(nn.Module):
     """A drop-in for an ``nn.Linear`` (same in/out features, same output dtype) whose
     weight lives in e4m3 with one fp32 scale per output channel (``scaling="row"``) or one
@@ -66,8 +72,7 @@ class Fp8Linear(nn.Module):
     def __init__(self, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None,
                  scaling: Scaling = "row") -> None:
         super().__init__()
-        if scaling not in QUANTIZERS:
-            raise ValueError(f"scaling must be one of {sorted(QUANTIZERS)}, got {scaling!r}")
+        _quantizer(scaling)
         self.scaling = scaling
         self.out_features, self.in_features = weight.shape
         # buffers, not parameters: inference-only (an optimizer has nothing to do with e4m3)
@@ -85,10 +90,9 @@ class Fp8Linear(nn.Module):
             raise ValueError(f"quantization='fp8' needs FP8 tensor cores (compute capability >= 8.9); "
                              f"{torch.cuda.get_device_name(device)} has {torch.cuda.get_device_capability(device)}: "
                              "deploy with quantization='none'")
-        if scaling not in QUANTIZERS:
-            raise ValueError(f"scaling must be one of {sorted(QUANTIZERS)}, got {scaling!r}")
+        quantize = _quantizer(scaling)
         with torch.no_grad():
-            weight, scale = QUANTIZERS[scaling](linear.weight.detach())
+            weight, scale = quantize(linear.weight.detach())
             bias = None if linear.bias is None else linear.bias.detach().clone()
         return cls(weight, scale.t().contiguous() if scaling == "row" else scale, bias, scaling)
 

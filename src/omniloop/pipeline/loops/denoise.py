@@ -369,8 +369,6 @@ def _own(x: torch.Tensor) -> torch.Tensor:
     return x if x.untyped_storage().nbytes() == x.numel() * x.element_size() else x.clone()
 
 
-
-
 def _effective_params(params: DiffusionParams, overrides: DenoiseParams | None) -> DiffusionParams:
     if overrides is None:
         return params

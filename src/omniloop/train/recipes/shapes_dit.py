@@ -164,11 +164,12 @@ def empty_prompt_features(text_encoder: Any, device: torch.device, dtype: torch.
     return text_encoder.encode([""], device=device).embeds.to(dtype)
 
 
-def validation_fn(recipe: DiTRecipe, *, manifest, vae: WanVAE, text_encoder: Any, device: torch.device,
-                  prompts: int, seed: int, batch: int):
+def validation_fn(recipe: DiTRecipe, *, vae: WanVAE, text_encoder: Any, device: torch.device):
+    """The teacher's own rollouts on the recipe's validation prompts, scored for adherence."""
+    manifest, seed, batch = recipe.model.teacher_manifest(), recipe.val_seed, recipe.val_batch
     dtype = serving_dtype(device)
     served_vae = serving_copy(vae, dtype, device)
-    items = held_out_prompts(prompts, seed=seed)
+    items = held_out_prompts(recipe.val_prompts, seed=seed)
 
     def validate(step: int, ema: torch.nn.Module) -> dict[str, Any]:
         pipeline = build_pipeline(manifest, transformer=serving_copy(ema, dtype, device), vae=served_vae,
@@ -199,8 +200,7 @@ def train_dit(recipe: DiTRecipe, work_dir: Path, *, vae: WanVAE, text_encoder: A
                          f"VAE z_dim ({vae.config.z_dim}) and the text features ({store.text.shape[-1]})")
     trainer = Trainer(dit, recipe.train, folder, device=device, name=STAGE)
     empty = empty_prompt_features(text_encoder, device, store.text.dtype)
-    validate = validation_fn(recipe, manifest=recipe.model.teacher_manifest(), vae=vae, text_encoder=text_encoder,
-                             device=device, prompts=recipe.val_prompts, seed=recipe.val_seed, batch=recipe.val_batch)
+    validate = validation_fn(recipe, vae=vae, text_encoder=text_encoder, device=device)
     run = trainer.run(LatentBatches(store, recipe.batch_size, recipe.data_seed),
                       flow_matching_step(recipe, empty, device), validate=validate, resume=resume, deadline=deadline)
     if not run.done:
@@ -238,8 +238,7 @@ def adopt_dit(recipe: DiTRecipe, folder: Path, work_dir: Path, *, vae: WanVAE, t
         raise ValueError(f"--dit-from={folder}: in_channels {dit.config.in_channels} != the VAE's z_dim "
                          f"{vae.config.z_dim}; pass the DiT trained on this VAE's latents")
     save_wan_dit(dit, out / MODEL_DIR, dtype=torch.float32)
-    validate = validation_fn(recipe, manifest=recipe.model.teacher_manifest(), vae=vae, text_encoder=text_encoder,
-                             device=device, prompts=recipe.val_prompts, seed=recipe.val_seed, batch=recipe.val_batch)
+    validate = validation_fn(recipe, vae=vae, text_encoder=text_encoder, device=device)
     info = {"stage": STAGE, "adopted_from": str(folder), "earlier_runs": source_runs(folder, STAGE),
             "params": sum(p.numel() for p in dit.parameters()),
             "validation": validate(0, dit.to(device)), "model": str(out / MODEL_DIR)}

@@ -133,7 +133,16 @@ def bench_dit(args, cfg, shape, device, dtype, sink):
             emit({**base, "metric": name, "median_s": med, "min_s": min(times), "iters": len(times),
                   "tflops": round(forwards * flops / med / 1e12, 1)}, sink)
 
-        record("diffusers_forward_eager", lambda: ref(hidden_states=x, timestep=t, encoder_hidden_states=text, return_dict=False))
+        def profile(name: str, fn) -> None:  # --profile: the top kernels of fn, one JSON line each
+            for row in profile_top(fn, cuda=cuda):
+                emit({**base, "metric": f"profile[{name}]", **row}, sink)
+
+        def diffusers_call(model):
+            return lambda: model(hidden_states=x, timestep=t, encoder_hidden_states=text, return_dict=False)
+
+        record("diffusers_forward_eager", diffusers_call(ref))
+        if args.profile and not args.compile:
+            profile("diffusers_forward_eager", diffusers_call(ref))
         for backend in args.backends:
             set_attention_backend(ours, backend)
             if backend not in ("sdpa", "sdpa_cudnn", "sdpa_flash"):  # a kernel that changes the numbers
@@ -144,7 +153,9 @@ def bench_dit(args, cfg, shape, device, dtype, sink):
 
         if args.compile:
             ref_c = torch.compile(ref)
-            record("diffusers_forward_compiled", lambda: ref_c(hidden_states=x, timestep=t, encoder_hidden_states=text, return_dict=False))
+            record("diffusers_forward_compiled", diffusers_call(ref_c))
+            if args.profile:  # now, while its compiled graph is warm (later dynamo resets drop it)
+                profile("diffusers_forward_compiled", diffusers_call(ref_c))
             del ref_c
             for block in ours.blocks:
                 block.compile()
@@ -171,15 +182,8 @@ def bench_dit(args, cfg, shape, device, dtype, sink):
                 record(f"ours_step_autotuned[{best}]", lambda: stage.step(ctx, loop))
                 emit({**base, "metric": f"ratio_ours_step_autotuned[{best}]_over_diffusers_compiled",
                       "value": round(results[f"ours_step_autotuned[{best}]"] / ref_time, 3)}, sink)
-        def profile(name: str, fn) -> None:
-            for row in profile_top(fn, cuda=cuda):
-                emit({**base, "metric": f"profile[{name}]", **row}, sink)
-
-        if args.profile:  # kernel by kernel: diffusers vs our step (last backend), compiled if --compile
+        if args.profile:  # our step kernel by kernel (last backend), beside diffusers' forward above
             mode = "compiled" if args.compile else "eager"
-            ref_p = torch.compile(ref) if args.compile else ref
-            profile(f"diffusers_forward_{mode}",
-                    lambda: ref_p(hidden_states=x, timestep=t, encoder_hidden_states=text, return_dict=False))
             set_attention_backend(ours, args.backends[-1])
             stage, ctx, loop = our_loop(ours, shape, text, device, dtype, 1.0, "sequential")
             profile(f"ours_step_{mode}[{args.backends[-1]}]", lambda: stage.step(ctx, loop))

@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 import torch
 
+from omniloop.models.manifest import MANIFEST_FILE
+
 RESULT_FILE = "result.json"
 
 
@@ -67,8 +69,6 @@ def source_runs(component_dir: str | Path | None, stage: str) -> list[int]:
     Empty for a folder that is not part of a shipped model (a fresh run's weights)."""
     if component_dir is None:
         return []
-    from omniloop.models.manifest import MANIFEST_FILE
-
     manifest = Path(component_dir).resolve().parent / MANIFEST_FILE
     if not manifest.is_file():
         return []

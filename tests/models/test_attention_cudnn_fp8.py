@@ -67,6 +67,18 @@ def test_compiled_blocks_trace_through_the_fp8_attention_without_a_graph_break()
     assert explained.graph_break_count == 0 and explained.graph_count == 1
 
 
+def test_inductor_compiled_attention_keeps_the_kernels_output_layout():
+    """Inductor picks its own layout for the e4m3 operands it writes; the op's fake kernel
+    must still describe the row-major O both kernels return (it copied q8's strides once:
+    a wrong read of O, caught by Inductor's stride assert). Same error as eager."""
+    q, k, v = _inputs(lq=64, lk=64)
+    exact = attention(q.float(), k.float(), v.float(), backend="math")
+    torch._dynamo.reset()
+    compiled = torch.compile(fp8_attention, fullgraph=True)(q, k, v)
+    assert compiled.shape == q.shape and compiled.dtype == q.dtype
+    assert _rel(compiled, exact) < 0.1 and _rel(compiled, fp8_attention(q, k, v)) < 0.1
+
+
 def test_refusals_name_the_backend_to_use():
     q, k, v = _inputs(lq=8, lk=8)
     with pytest.raises(ValueError, match="needs a CUDA GPU"):

@@ -70,7 +70,7 @@ def test_teacher_ships_alone_before_a_student_exists(toy_chain, tmp_path):
     report = export_shapes(work, tmp_path / "out", DiTRecipe.toy().model, student=False)
     assert set(report.models) == {TEACHER_NAME} and not (tmp_path / "out" / STUDENT_NAME).exists()
     builtin = tmp_path / "builtin"
-    shutil.copytree(BUILTIN_DIR / STUDENT_NAME, builtin / STUDENT_NAME)  # a placeholder stays one
+    shutil.copytree(BUILTIN_DIR / STUDENT_NAME, builtin / STUDENT_NAME)  # what is there is left alone
     assert install(tmp_path / "out", builtin) == [builtin / TEACHER_NAME]
     assert read_manifest(builtin / STUDENT_NAME).files == read_manifest(BUILTIN_DIR / STUDENT_NAME).files
     gen = VideoGenerator.from_pretrained(builtin / TEACHER_NAME, device="cpu")
@@ -144,6 +144,29 @@ def test_built_in_models_are_trained_weights_or_placeholders_that_say_so(tmp_pat
             assert proc.returncode == 2 and f"{name}/transformer/config.json is missing" in proc.stderr
             assert "Traceback" not in proc.stderr
     assert read_manifest(BUILTIN_MODELS[TEACHER_NAME]).files, "the embedded default ships trained weights"
+
+
+def test_a_placeholder_model_fails_naming_its_missing_file(tmp_path):
+    """A manifest whose weights are not there (a build without them, a deleted file) is an
+    error naming the file, in the API and the CLI (exit 2, no traceback)."""
+    model = tmp_path / "placeholder"
+    model.mkdir()
+    raw = json.loads((BUILTIN_MODELS[STUDENT_NAME] / MANIFEST_FILE).read_text())
+    (model / MANIFEST_FILE).write_text(json.dumps({**raw, "files": {}}))
+    with pytest.raises(FileNotFoundError, match=r"placeholder/transformer/config.json is missing"):
+        VideoGenerator.from_pretrained(model, device="cpu")
+    proc = _cli_generate("a red circle moving right", "--model", str(model), cwd=tmp_path)
+    assert proc.returncode == 2 and "placeholder/transformer/config.json is missing" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_the_shipped_student_generates_in_four_single_forward_steps():
+    """``shapes-t2v-4step`` by name: its manifest's sampler, sigmas and guidance 1 (four
+    transformer calls), the teacher's VAE read through the shared folder."""
+    gen = VideoGenerator.from_pretrained(STUDENT_NAME, device="cpu")
+    out = gen.generate_video("a green triangle moving up", seed=3, save_video=False)
+    assert out.metrics.steps == 4 and out.frames.shape == (17, 128, 128, 3)
+    assert out.frames.std() > 5  # a picture, not a flat field
 
 
 def test_readme_main_command_writes_a_decodable_video_with_the_embedded_default(tmp_path):

@@ -166,12 +166,14 @@ def sdpa_fp8(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, q_scale: torc
     denom = p.sum(-1, keepdim=True)
     p8 = (p * P_SCALE).to(E4M3).float() / P_SCALE
     o = torch.einsum("bhqk,bkhd->bqhd", p8 / denom, vd)
-    return (o * o_scale.reshape(())).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
+    return (o * o_scale.reshape(())).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3).contiguous()
 
 
 @sdpa_fp8.register_fake
 def _(q8, k8, v8, q_scale, k_scale, v_scale, o_scale):
-    return torch.empty_like(q8)
+    # row-major like both kernels' outputs, whatever strides the compiled caller gave q8 (an
+    # ``empty_like(q8)`` here told Inductor the output had q8's layout: a wrong read of O)
+    return q8.new_empty(q8.shape)
 
 
 def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -73,17 +73,22 @@ def export_shapes(work_dir: Path, out_root: Path, model: ShapesModelSettings, *,
     shared_vae = f"../{TEACHER_NAME}/vae"
     teacher_files = [f"{c}/{f}" for c in ("transformer", "vae") for f in component_files]
     student_files = [f"transformer/{f}" for f in component_files] + [f"{shared_vae}/{f}" for f in component_files]
-    made = {"recipe": "omniloop.train.recipes via scripts/train_shapes.py (docs/training.md)",
-            "steps": {stage: sum(stage_runs(r)) for stage, r in results.items()},
-            "steps_by_run": {stage: stage_runs(r) for stage, r in results.items()}, **(provenance or {})}
+    def made(names: tuple[str, ...]) -> dict[str, Any]:  # the training behind one model (the teacher's lacks the distill)
+        runs = {stage: stage_runs(results[stage]) for stage in names}
+        return {"recipe": "omniloop.train.recipes via scripts/train_shapes.py (docs/training.md)",
+                "steps": {stage: sum(r) for stage, r in runs.items()}, "steps_by_run": runs, **(provenance or {})}
+
+    teacher_stages = (shapes_vae.STAGE, shapes_dit.STAGE)
     manifests = {TEACHER_NAME: model.teacher_manifest(
         files=_records(teacher_dir, teacher_files),
-        provenance={**made, "validation": results[shapes_dit.STAGE].get("validation")})}
+        provenance={**made(teacher_stages), "validation": results[shapes_dit.STAGE].get("validation")})}
     shipped = [(teacher_dir, teacher_files)]
     if student:
         manifests[STUDENT_NAME] = model.student_manifest(
             vae_subfolder=shared_vae, files=_records(student_dir, student_files),
-            provenance={**made, "teacher": TEACHER_NAME, "validation": results[shapes_distill.STAGE].get("validation")})
+            provenance={**made((*teacher_stages, shapes_distill.STAGE)), "teacher": TEACHER_NAME,
+                        "trajectories": results[shapes_distill.STAGE].get("trajectories"),
+                        "validation": results[shapes_distill.STAGE].get("validation")})
         shipped.append((student_dir, student_files))
     unique = {(d / rel).resolve() for d, rels in shipped for rel in rels}
     total = sum(p.stat().st_size for p in unique)

@@ -56,6 +56,9 @@ def profile_top(fn: Callable[[], object], *, cuda: bool, steps: int = 2, top: in
         if cuda:
             torch.cuda.synchronize()
     events = prof.key_averages()
+    if cuda:  # kernels only: a launching op (a Triton kernel's host call, a custom op) also carries
+        # its kernel's device time, so counting both listed each kernel twice and halved the shares
+        events = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
     attr = "self_device_time_total" if cuda else "self_cpu_time_total"
     rows = sorted(events, key=lambda e: getattr(e, attr, 0.0), reverse=True)[:top]
     total = sum(getattr(e, attr, 0.0) for e in events) / steps / 1e3

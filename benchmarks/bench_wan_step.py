@@ -196,33 +196,32 @@ def bench_dit(args, cfg, shape, device, dtype, sink):
         if args.fp8:  # e4m3 block GEMMs (DeployConfig.quantization="fp8"/"fp8_tensor"): speed and error vs bf16
             from omniloop.models.families.wan.spec import quantize_fp8_
 
-            del ours  # a fresh bf16 copy per scaling, quantized the way loading quantizes it
+            ours = None  # frees the bf16 copy: each scaling quantizes a fresh one, the way loading does
             for scaling in args.fp8.split(","):
-                ours = load_wan_dit(folder, device=device, dtype=dtype).eval().requires_grad_(False)
-                quantize_fp8_(ours, scaling)
+                quantized = load_wan_dit(folder, device=device, dtype=dtype).eval().requires_grad_(False)
+                quantize_fp8_(quantized, scaling)
                 if args.compile:
-                    for block in ours.blocks:
+                    for block in quantized.blocks:
                         block.compile()
                 tag = "" if scaling == "row" else f"_{scaling}"
                 for backend in args.backends:
-                    set_attention_backend(ours, backend)
+                    set_attention_backend(quantized, backend)
                     torch._dynamo.reset()  # compiled blocks (if any) recompile around the new layers
-                    q = ours(x, t, text)
+                    q = quantized(x, t, text)
                     emit({**base, "metric": f"rel_l2_ours_fp8{tag}[{backend}]_vs_ours_bf16", "value": _rel(q, b)}, sink)
                     emit({**base, "metric": f"rel_l2_ours_fp8{tag}[{backend}]_vs_diffusers_bf16", "value": _rel(q, a)},
                          sink)
                     name = f"ours_step_{'compiled' if args.compile else 'eager'}_fp8{tag}[{backend}]"
-                    stage, ctx, loop = our_loop(ours, shape, text, device, dtype, 1.0, "sequential")
+                    stage, ctx, loop = our_loop(quantized, shape, text, device, dtype, 1.0, "sequential")
                     record(name, lambda: stage.step(ctx, loop))
                     if args.profile and backend == args.backends[-1]:
                         profile(name, lambda: stage.step(ctx, loop))
                     if args.compile:
                         emit({**base, "metric": f"ratio_{name}_over_diffusers_compiled",
                               "value": round(results[name] / results["diffusers_forward_compiled"], 3)}, sink)
-                del ours, stage, ctx, loop
+                del quantized, stage, ctx, loop
                 if cuda:
                     torch.cuda.empty_cache()
-            ours = None
     del ref, ours
     if cuda:
         torch.cuda.empty_cache()

@@ -73,7 +73,8 @@ def export_shapes(work_dir: Path, out_root: Path, model: ShapesModelSettings, *,
     shared_vae = f"../{TEACHER_NAME}/vae"
     teacher_files = [f"{c}/{f}" for c in ("transformer", "vae") for f in component_files]
     student_files = [f"transformer/{f}" for f in component_files] + [f"{shared_vae}/{f}" for f in component_files]
-    def made(names: tuple[str, ...]) -> dict[str, Any]:  # the training behind one model (the teacher's lacks the distill)
+
+    def made(names: tuple[str, ...]) -> dict[str, Any]:  # the training behind one model (the teacher: no distill)
         runs = {stage: stage_runs(results[stage]) for stage in names}
         return {"recipe": "omniloop.train.recipes via scripts/train_shapes.py (docs/training.md)",
                 "steps": {stage: sum(r) for stage, r in runs.items()}, "steps_by_run": runs, **(provenance or {})}

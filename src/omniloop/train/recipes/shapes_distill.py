@@ -301,7 +301,7 @@ def train_student(recipe: DistillRecipe, work_dir: Path, *, teacher: WanDiT, vae
         return StageResult(STAGE, "paused", folder, {"step": run.step, "steps": run.steps})
     save_wan_dit(run.ema, folder / MODEL_DIR, dtype=torch.float32)
     info = {"stage": STAGE, "steps": run.step, "validation": run.validation,
-            "trajectories": segments.states.shape[0], "sigmas": segments.sigmas.tolist(), "train_seconds": round(trainer.elapsed_s, 1),
-            "model": str(folder / MODEL_DIR)}
+            "trajectories": segments.states.shape[0], "sigmas": segments.sigmas.tolist(),
+            "train_seconds": round(trainer.elapsed_s, 1), "model": str(folder / MODEL_DIR)}
     write_result(folder, info)
     return StageResult(STAGE, "done", folder, info)

@@ -194,12 +194,15 @@ def bench_dit(args, cfg, shape, device, dtype, sink):
             stage, ctx, loop = our_loop(ours, shape, text, device, dtype, 1.0, "sequential")
             profile(f"ours_step_{mode}[{args.backends[-1]}]", lambda: stage.step(ctx, loop))
         if args.fp8:  # e4m3 block GEMMs (DeployConfig.quantization="fp8"/"fp8_tensor"): speed and error vs bf16
-            from omniloop.models.families.wan.spec import quantize_fp8_
+            import re
+
+            from omniloop.models.families.wan.spec import BLOCK_GEMMS
+            from omniloop.models.layers.fp8_linear import quantize_linears_
 
             ours = None  # frees the bf16 copy: each scaling quantizes a fresh one, the way loading does
             for scaling in args.fp8.split(","):
                 quantized = load_wan_dit(folder, device=device, dtype=dtype).eval().requires_grad_(False)
-                quantize_fp8_(quantized, scaling)
+                quantize_linears_(quantized, lambda name, _: re.match(BLOCK_GEMMS, name) is not None, scaling)
                 if args.compile:
                     for block in quantized.blocks:
                         block.compile()

@@ -25,10 +25,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from omniloop.request import TaskType
 
 MANIFEST_FILE = "omniloop_model.json"
 SCHEMA_VERSION = 1
@@ -86,6 +89,42 @@ class ModelManifest(BaseModel):
         if self.files:
             return sorted(self.files)
         return [f"{c.subfolder}/{name}" for c in self.components.values() if c.subfolder for name in COMPONENT_FILES]
+
+
+def check_manifest(
+    m: ModelManifest,
+    *,
+    components: Mapping[str, bool],
+    kinds: Mapping[str, Sequence[str]] | None = None,
+    default_keys: Collection[str] = (),
+    tasks: Collection[TaskType],
+) -> frozenset[TaskType]:
+    """A family's checks of a manifest; returns its tasks. ``components``: the required
+    components, each mapped to whether it needs a ``subfolder`` of weights; ``kinds``: the
+    kinds a component may declare; ``default_keys``: the generation defaults it may set;
+    ``tasks``: the tasks the family serves from this layout."""
+    where = f"omniloop_model.json of {m.name!r}"
+    missing = sorted(set(components) - set(m.components))
+    if missing:
+        raise ValueError(f"{where} lacks components {missing}")
+    for name, needs_folder in components.items():
+        if needs_folder and not m.components[name].subfolder:
+            raise ValueError(f"{where}: component {name!r} needs a subfolder holding config.json and its safetensors")
+    for name, allowed in (kinds or {}).items():
+        if m.components[name].kind not in allowed:
+            raise ValueError(f"{where}: {name.replace('_', ' ')} kind {m.components[name].kind!r} is not supported; "
+                             f"pass one of {list(allowed)}")
+    unknown = sorted(set(m.defaults) - set(default_keys))
+    if unknown:
+        raise ValueError(f"{where}: unknown defaults {unknown}; known: {sorted(default_keys)}")
+    try:
+        declared = frozenset(TaskType(t) for t in m.tasks)
+    except ValueError:
+        raise ValueError(f"{where}: tasks {m.tasks} must be among {[t.value for t in TaskType]}") from None
+    if not declared <= set(tasks):
+        raise ValueError(f"{where}: a manifest {m.family} model serves {sorted(t.value for t in tasks)}; "
+                         f"got tasks {m.tasks}")
+    return declared
 
 
 def manifest_class_name(family: str) -> str:

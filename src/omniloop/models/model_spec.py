@@ -83,7 +83,7 @@ def register_model_spec(spec: ModelSpec) -> ModelSpec:
 
 
 def spec_for_class(class_name: str) -> ModelSpec:
-    _import_families()
+    discover_families()
     try:
         return _REGISTRY[class_name]
     except KeyError:
@@ -94,7 +94,16 @@ def spec_for_class(class_name: str) -> ModelSpec:
         ) from None
 
 
-def _import_families() -> None:
-    # Families register on import; importing here keeps the registry lazy.
-    import omniloop.models.families.qwen2.spec  # noqa: F401
-    import omniloop.models.families.wan.spec  # noqa: F401
+def registered_specs() -> list[ModelSpec]:
+    """Every registered family's ModelSpecs (one per distinct spec), by family name."""
+    discover_families()
+    unique = {id(s): s for s in _REGISTRY.values()}
+    return sorted(unique.values(), key=lambda s: (s.family, s.diffusers_classes))
+
+
+def discover_families() -> None:
+    # Families register on import (models/families/__init__.py); lazy, so importing this
+    # module does not load every family.
+    from omniloop.models.families import discover_families as discover
+
+    discover()

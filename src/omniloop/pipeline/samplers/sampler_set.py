@@ -6,10 +6,14 @@ config fails at load, and a request naming a sampler is checked at admission.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Mapping
 
-from omniloop.pipeline.samplers.base import Sampler
+from omniloop.pipeline.samplers.base import Sampler, build_sampler
+
+FLOW_SAMPLERS = ("flow_euler", "flow_unipc")
 
 
 @dataclass(frozen=True)
@@ -35,3 +39,40 @@ class SamplerSet:
     @classmethod
     def single(cls, name: str, sampler: Any) -> "SamplerSet":
         return cls(default=name, samplers={name: sampler})
+
+
+def flow_sampler_set(default: str, *, shift: float, num_train_timesteps: int = 1000) -> SamplerSet:
+    """Both flow samplers at one shift, ``default`` first choice (a manifest's ``sampler``)."""
+    if default not in FLOW_SAMPLERS:
+        raise ValueError(f"sampler kind {default!r} is not offered; pass one of {list(FLOW_SAMPLERS)}")
+    configs = {
+        "flow_euler": {"num_train_timesteps": num_train_timesteps, "shift": float(shift)},
+        "flow_unipc": {"num_train_timesteps": num_train_timesteps, "prediction_type": "flow_prediction",
+                       "use_flow_sigmas": True, "flow_shift": float(shift)},
+    }
+    return SamplerSet(default=default, samplers={name: build_sampler(name, cfg) for name, cfg in configs.items()})
+
+
+def load_sampler_set(folder: Path) -> SamplerSet:
+    """A diffusers checkpoint's ``scheduler/`` as the default sampler, plus the other flow
+    sampler at the same shift. A config we cannot honor fails here, at load, saying why."""
+    from omniloop.pipeline.samplers import sampler_for_diffusers_class
+
+    path = Path(folder) / "scheduler_config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found; a diffusers checkpoint keeps its scheduler config there")
+    config = json.loads(path.read_text())
+    default = sampler_for_diffusers_class(config.get("_class_name", ""))
+    samplers = {default: build_sampler(default, config)}
+    num_train = int(config.get("num_train_timesteps", 1000))
+    if default == "flow_unipc":
+        samplers["flow_euler"] = build_sampler(
+            "flow_euler", {"num_train_timesteps": num_train, "shift": float(config.get("flow_shift", 1.0))}
+        )
+    elif default == "flow_euler":
+        samplers["flow_unipc"] = build_sampler(
+            "flow_unipc",
+            {"num_train_timesteps": num_train, "prediction_type": "flow_prediction", "use_flow_sigmas": True,
+             "flow_shift": float(config.get("shift", 1.0))},
+        )
+    return SamplerSet(default=default, samplers=samplers)

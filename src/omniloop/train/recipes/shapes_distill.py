@@ -257,7 +257,7 @@ def segment_step(device: torch.device):
 
 def student_sigmas(model: ShapesModelSettings) -> torch.Tensor:
     """The sigmas the student's serving sampler steps through (shifted, fp32, ending at 0)."""
-    from omniloop.models.families.wan.spec import flow_sampler_set
+    from omniloop.pipeline.samplers.sampler_set import flow_sampler_set
 
     sampler = flow_sampler_set("flow_euler", shift=model.shift).get("flow_euler")
     return sampler.init_state(len(model.student_sigmas), sigmas=list(model.student_sigmas)).sigmas

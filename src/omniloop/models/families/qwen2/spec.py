@@ -18,8 +18,7 @@ from typing import Any, Mapping
 from omniloop.models.families.qwen2.model import ARCHITECTURE, Qwen2Config
 from omniloop.models.families.qwen2.presets import GENERATION_KEYS, QWEN2_DEFAULTS
 from omniloop.models.families.qwen2.weights import load_qwen2
-from omniloop.models.layers.attention import set_attention_backend
-from omniloop.models.layers.fp8_linear import quantize_linears_, scaling_for
+from omniloop.models.load_options import apply_load_options
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
 from omniloop.pipeline.loops.ar import ARDecodeLoop, make_ar_validator
 from omniloop.pipeline.pipeline import Pipeline
@@ -43,13 +42,8 @@ class GenerationDefaults:
 
 def _load_lm(root: Path, index: Mapping[str, Any], options: LoadOptions):
     model = load_qwen2(root, device=options.device, dtype=options.dtype)
-    set_attention_backend(model, options.attention_backend)
-    if scaling := scaling_for(options.quantization):  # the decoder layers' GEMMs; embeddings and lm_head stay
-        quantize_linears_(model, lambda name, _: name.startswith("layers."), scaling)
-    if options.compile:
-        for layer in model.layers:  # per-layer compile: the eager path stays the reference
-            layer.compile()
-    return model
+    # FP8: the decoder layers' GEMMs; embeddings and lm_head stay in the model dtype
+    return apply_load_options(model, options, blocks=model.layers, fp8_layers=r"^layers\.")
 
 
 def _load_tokenizer(root: Path, index: Mapping[str, Any], options: LoadOptions):

@@ -8,16 +8,11 @@ manifest names its variant, text encoder (``minilm``), sampler and generation de
 
 from __future__ import annotations
 
-import json
-import re
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from torch import nn
-
-from omniloop.models.layers.attention import set_attention_backend
-from omniloop.models.layers.fp8_linear import Scaling, quantize_linears_, scaling_for
-from omniloop.models.manifest import ModelManifest, manifest_class_name
+from omniloop.models.load_options import apply_load_options
+from omniloop.models.manifest import ModelManifest, check_manifest, manifest_class_name
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
 from omniloop.models.text.minilm import load_minilm_encoder
 from omniloop.models.text.umt5 import load_umt5_encoder
@@ -28,8 +23,7 @@ from omniloop.pipeline.policies.conditioning import LatentConcat, NoConditioning
 from omniloop.pipeline.policies.routing import BoundaryTimestepRouting, SingleModel
 from omniloop.pipeline.policies.shift import FlowShift
 from omniloop.pipeline.predicates import opt, task_in
-from omniloop.pipeline.samplers import build_sampler, sampler_for_diffusers_class
-from omniloop.pipeline.samplers.sampler_set import SamplerSet
+from omniloop.pipeline.samplers.sampler_set import SamplerSet, flow_sampler_set, load_sampler_set
 from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
 from omniloop.pipeline.stages import TextEncode, VAEDecode
 from omniloop.models.families.wan.presets import WAN_DEFAULTS
@@ -47,25 +41,13 @@ I2V_PIPELINE = "WanImageToVideoPipeline"
 
 
 # the GEMMs FP8 quantization converts: attention projections and FFN of every block
-_BLOCK_GEMMS = re.compile(r"^blocks\.\d+\.(self_attn|cross_attn|ffn)\.")
-
-
-def quantize_fp8_(model: nn.Module, scaling: Scaling = "row") -> list[str]:
-    """e4m3 GEMMs in every block of a Wan DiT (``quantization="fp8"`` / ``"fp8_tensor"``);
-    returns the layer names."""
-    return quantize_linears_(model, lambda name, _: _BLOCK_GEMMS.match(name) is not None, scaling)
+BLOCK_GEMMS = r"^blocks\.\d+\.(self_attn|cross_attn|ffn)\."
 
 
 def _load_transformer(sub: str):
     def load(root: Path, index: Mapping[str, Any], options: LoadOptions):
-        model = load_wan_dit(root / sub, device=options.device, dtype=options.dtype).eval().requires_grad_(False)
-        set_attention_backend(model, options.attention_backend)
-        if scaling := scaling_for(options.quantization):
-            quantize_fp8_(model, scaling)
-        if options.compile:
-            for block in model.blocks:  # per-block compile: the eager path stays the reference
-                block.compile()
-        return model
+        model = load_wan_dit(root / sub, device=options.device, dtype=options.dtype)
+        return apply_load_options(model, options, blocks=model.blocks, fp8_layers=BLOCK_GEMMS)
 
     return load
 
@@ -85,29 +67,6 @@ def _load_text(root: Path, index: Mapping[str, Any], options: LoadOptions):
         root / "text_encoder", root / "tokenizer", device=options.device, dtype=options.dtype,
         max_sequence_length=WAN_DEFAULTS["max_sequence_length"],
     )
-
-
-def load_sampler_set(folder: Path) -> SamplerSet:
-    """The checkpoint's scheduler as the default sampler, plus the other flow sampler with
-    the same shift. A config we cannot honor fails here, at load, saying why."""
-    path = folder / "scheduler_config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found; a diffusers checkpoint keeps its scheduler config there")
-    config = json.loads(path.read_text())
-    default = sampler_for_diffusers_class(config.get("_class_name", ""))
-    samplers = {default: build_sampler(default, config)}
-    num_train = int(config.get("num_train_timesteps", 1000))
-    if default == "flow_unipc":
-        samplers["flow_euler"] = build_sampler(
-            "flow_euler", {"num_train_timesteps": num_train, "shift": float(config.get("flow_shift", 1.0))}
-        )
-    else:
-        samplers["flow_unipc"] = build_sampler(
-            "flow_unipc",
-            {"num_train_timesteps": num_train, "prediction_type": "flow_prediction", "use_flow_sigmas": True,
-             "flow_shift": float(config.get("shift", 1.0))},
-        )
-    return SamplerSet(default=default, samplers=samplers)
 
 
 def _load_scheduler(root: Path, index: Mapping[str, Any], options: LoadOptions) -> SamplerSet:
@@ -240,21 +199,8 @@ WAN = register_model_spec(
 
 MANIFEST_CLASS = manifest_class_name("wan")
 TEXT_ENCODER_KINDS = ("minilm",)
-FLOW_SAMPLERS = ("flow_euler", "flow_unipc")
 # Generation defaults a manifest may set (WAN_DEFAULTS keys, plus a student's fixed sigmas).
 MANIFEST_DEFAULT_KEYS = frozenset(WAN_DEFAULTS) | {"sigmas"}
-
-
-def flow_sampler_set(default: str, *, shift: float, num_train_timesteps: int = 1000) -> SamplerSet:
-    """Both flow samplers at one shift, ``default`` first choice (a manifest's ``sampler``)."""
-    if default not in FLOW_SAMPLERS:
-        raise ValueError(f"sampler kind {default!r} is not offered; pass one of {list(FLOW_SAMPLERS)}")
-    configs = {
-        "flow_euler": {"num_train_timesteps": num_train_timesteps, "shift": float(shift)},
-        "flow_unipc": {"num_train_timesteps": num_train_timesteps, "prediction_type": "flow_prediction",
-                       "use_flow_sigmas": True, "flow_shift": float(shift)},
-    }
-    return SamplerSet(default=default, samplers={name: build_sampler(name, cfg) for name, cfg in configs.items()})
 
 
 def _manifest(index: Mapping[str, Any]) -> ModelManifest:
@@ -278,25 +224,11 @@ def _load_manifest_sampler(root: Path, index: Mapping[str, Any], options: LoadOp
 
 def wan_manifest_variant(index: Mapping[str, Any]) -> Variant:
     m = _manifest(index)
-    where = f"omniloop_model.json of {m.name!r}"
-    missing = sorted({"transformer", "vae", "text_encoder", "sampler"} - set(m.components))
-    if missing:
-        raise ValueError(f"{where} lacks components {missing}")
-    for name in ("transformer", "vae"):
-        if not m.components[name].subfolder:
-            raise ValueError(f"{where}: component {name!r} needs a subfolder holding config.json and its safetensors")
-    text = m.components["text_encoder"]
-    if text.kind not in TEXT_ENCODER_KINDS:
-        raise ValueError(f"{where}: text encoder kind {text.kind!r} is not supported; pass one of {list(TEXT_ENCODER_KINDS)}")
-    unknown = sorted(set(m.defaults) - MANIFEST_DEFAULT_KEYS)
-    if unknown:
-        raise ValueError(f"{where}: unknown defaults {unknown}; known: {sorted(MANIFEST_DEFAULT_KEYS)}")
-    try:
-        tasks = frozenset(TaskType(t) for t in m.tasks)
-    except ValueError:
-        raise ValueError(f"{where}: tasks {m.tasks} must be among {[t.value for t in TaskType]}") from None
-    if not tasks <= {TaskType.T2V, TaskType.T2I}:
-        raise ValueError(f"{where}: a manifest Wan model serves t2v/t2i; got tasks {m.tasks}")
+    tasks = check_manifest(
+        m, components={"transformer": True, "vae": True, "text_encoder": False, "sampler": False},
+        kinds={"text_encoder": TEXT_ENCODER_KINDS}, default_keys=MANIFEST_DEFAULT_KEYS,
+        tasks=frozenset({TaskType.T2V, TaskType.T2I}),
+    )
     weights = (
         WeightSpec(component="transformer", kind="WanDiT", subfolder=m.components["transformer"].subfolder,
                    load=_load_transformer(m.components["transformer"].subfolder)),

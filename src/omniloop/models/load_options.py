@@ -1,0 +1,33 @@
+"""Deploy options applied to a loaded network, the same way for every family.
+
+Model code stays single-device and plain (STYLE.md 8); what a deployment chooses —
+attention kernel, FP8 GEMMs, per-block ``torch.compile`` — is applied here, from
+outside, after the weights are loaded.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from torch import nn
+
+from omniloop.models.layers.attention import set_attention_backend
+from omniloop.models.layers.fp8_linear import quantize_linears_, scaling_for
+from omniloop.models.model_spec import LoadOptions
+
+
+def apply_load_options(model: nn.Module, options: LoadOptions, *, blocks: Iterable[nn.Module] = (),
+                       fp8_layers: str | None = None) -> nn.Module:
+    """``model`` in eval mode without grads, with the deployment's attention backend, FP8
+    GEMMs on the linears whose qualified names match ``fp8_layers`` (a regex; None: none)
+    and each of ``blocks`` compiled (per block: the eager path stays the reference)."""
+    model = model.eval().requires_grad_(False)
+    set_attention_backend(model, options.attention_backend)
+    if (scaling := scaling_for(options.quantization)) and fp8_layers is not None:
+        pattern = re.compile(fp8_layers)
+        quantize_linears_(model, lambda name, _: pattern.match(name) is not None, scaling)
+    if options.compile:
+        for block in blocks:
+            block.compile()
+    return model

@@ -10,7 +10,7 @@ import dataclasses, json, sys, time
 import torch
 from omniloop.models.text.minilm import load_minilm_encoder
 from omniloop.models.families.wan.model import WanDiT
-from omniloop.models.families.wan.vae import WanVAE
+from omniloop.models.autoencoders.wan_vae import WanVAE
 from omniloop.pipeline.loops.denoise import DenoiseLoop
 from omniloop.train.recipes.shapes_dit import DiTRecipe
 from omniloop.train.recipes.shapes_vae import VAERecipe

@@ -27,7 +27,7 @@ from common import emit
 def random_models(out_root: Path, tiny: bool) -> Path:
     """Random-weight teacher + student exported as ``export_shapes`` ships them."""
     from omniloop.models.families.wan.model import WanDiT
-    from omniloop.models.families.wan.vae import WanVAE
+    from omniloop.models.autoencoders.wan_vae import WanVAE
     from omniloop.train.recipes import shapes_distill, shapes_dit, shapes_vae
     from omniloop.train.recipes.export import export_shapes
     from omniloop.train.recipes.shapes_dit import DiTRecipe

@@ -235,7 +235,7 @@ def bench_vae(args, shape, device, dtype, sink):
 
     from diffusers import AutoencoderKLWan
 
-    from omniloop.models.families.wan.weights import load_wan_vae
+    from omniloop.models.autoencoders.wan_vae import load_wan_vae
 
     cuda = device.type == "cuda"
     cfg = dict(WAN21_VAE)

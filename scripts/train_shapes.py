@@ -243,7 +243,7 @@ def bench(args: argparse.Namespace, warmup: int = 5, steps: int = 20) -> int:
     """Time real training steps of each stage (synthetic latents for the DiT and the student)
     and project each stage's minutes for the chosen preset: run this first on a new GPU."""
     from omniloop.models.families.wan.model import WanDiT
-    from omniloop.models.families.wan.vae import WanVAE
+    from omniloop.models.autoencoders.wan_vae import WanVAE
     from omniloop.train.recipes.shapes_dit import flow_matching_step
     from omniloop.train.recipes.shapes_vae import ClipBatches, vae_step
     from omniloop.train.recipes.trainer import Trainer

@@ -69,7 +69,7 @@ def save_tiny_wan_dit(folder: Path, *, seed: int = 0, max_shard_size: str | None
 
 
 # --------------------------------------------------------------------------------------
-# Wan VAE (omniloop.models.families.wan.vae)
+# Wan VAE (omniloop.models.autoencoders.wan_vae)
 # --------------------------------------------------------------------------------------
 
 

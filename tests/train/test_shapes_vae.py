@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from omniloop.models.families.wan.weights import load_wan_vae
+from omniloop.models.autoencoders.wan_vae import load_wan_vae
 from omniloop.train.recipes.shapes_vae import MODEL_DIR, ClipBatches, VAERecipe, to_unit_video, train_vae
 from omniloop.train.recipes.trainer import read_log
 
@@ -66,7 +66,7 @@ def test_clip_batches_are_a_pure_function_of_the_index():
 
 
 def test_vae_init_starts_with_a_narrow_posterior():
-    from omniloop.models.families.wan.vae import WanVAE
+    from omniloop.models.autoencoders.wan_vae import WanVAE
     from omniloop.train.recipes.shapes_vae import vae_init_
 
     torch.manual_seed(0)
@@ -78,7 +78,7 @@ def test_vae_init_starts_with_a_narrow_posterior():
 
 
 def test_vae_can_start_from_earlier_weights(tmp_path):
-    from omniloop.models.families.wan.weights import load_wan_vae
+    from omniloop.models.autoencoders.wan_vae import load_wan_vae
     from omniloop.train.recipes.shapes_vae import MODEL_DIR, train_vae
 
     first = VAERecipe.toy()
@@ -99,8 +99,8 @@ def test_vae_can_start_from_earlier_weights(tmp_path):
 def test_a_finished_vae_can_be_adopted_instead_of_trained(tmp_path):
     """``--vae-from``: the shipped model's VAE (bf16 file) becomes the stage's result, validated
     on reconstructed held-out clips like a trained one; a VAE without latent statistics is refused."""
-    from omniloop.models.families.wan.weights import load_wan_vae
-    from omniloop.models.families.wan.vae import WanVAE
+    from omniloop.models.autoencoders.wan_vae import load_wan_vae
+    from omniloop.models.autoencoders.wan_vae import WanVAE
     from omniloop.train.recipes.shapes_vae import MODEL_DIR, adopt_vae, train_vae
     from omniloop.train.recipes.wan_checkpoint import save_wan_vae
 

@@ -17,10 +17,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from omniloop.models.families.wan.vae import CausalCache, WanVAE, WanVAEConfig, WanVAETiling
-from omniloop.models.families.wan.weights import (
+from omniloop.models.autoencoders.wan_vae import (
     CONFIG_FILE,
     WEIGHTS_FILE,
+    CausalCache,
+    WanVAE,
+    WanVAEConfig,
+    WanVAETiling,
     load_wan_vae,
     vae_state_dict_from_diffusers,
 )
@@ -336,7 +339,7 @@ def test_loader_builds_without_grads_on_requested_dtype(tiny: Checkpoint) -> Non
 
 @torch.no_grad()
 def test_auto_whole_decode_only_for_small_videos(tiny: Checkpoint, monkeypatch: pytest.MonkeyPatch) -> None:
-    from omniloop.models.families.wan import vae as vae_module
+    from omniloop.models.autoencoders import wan_vae as vae_module
 
     z = torch.randn(1, 4, 3, 4, 6, generator=torch.Generator().manual_seed(5))
     ours = tiny.ours

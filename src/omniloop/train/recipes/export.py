@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from omniloop.models.families.wan.weights import load_wan_dit, load_wan_vae
+from omniloop.models.families.wan.weights import load_wan_dit
+from omniloop.models.autoencoders.wan_vae import load_wan_vae
 from omniloop.models.manifest import ModelManifest, file_record, read_manifest, write_manifest
 from omniloop.train.recipes import shapes_distill, shapes_dit, shapes_vae
 from omniloop.train.recipes.shapes_model import STUDENT_NAME, TEACHER_NAME, ShapesModelSettings

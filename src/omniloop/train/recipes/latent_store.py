@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from omniloop.models.families.wan.vae import WanVAE
+from omniloop.models.autoencoders.wan_vae import WanVAE
 from omniloop.models.manifest import file_record
 from omniloop.train.data.shapes import ShapesDataset
 from omniloop.train.recipes.shapes_vae import to_unit_video

@@ -42,7 +42,7 @@ from safetensors.torch import load_file, save_file
 
 from omniloop.eval.shapes_world import describe, held_out_prompts, sample_scene
 from omniloop.models.families.wan.model import WanDiT
-from omniloop.models.families.wan.vae import WanVAE
+from omniloop.models.autoencoders.wan_vae import WanVAE
 from omniloop.train.recipes.rollout import (
     adherence_summary,
     build_pipeline,

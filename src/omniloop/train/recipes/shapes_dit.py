@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from omniloop.eval.shapes_world import held_out_prompts
 from omniloop.models.families.wan.model import WanDiT, WanDiTConfig
-from omniloop.models.families.wan.vae import WanVAE
+from omniloop.models.autoencoders.wan_vae import WanVAE
 from omniloop.models.families.wan.weights import load_wan_dit
 from omniloop.train.recipes.latent_store import LatentBatches, LatentStore, LatentStoreSpec
 from omniloop.train.recipes.rollout import adherence_summary, build_pipeline, generate, score, serving_copy

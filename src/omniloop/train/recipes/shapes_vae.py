@@ -40,8 +40,8 @@ import torch
 from omniloop.eval.adherence import evaluate
 from omniloop.eval.shapes_render import render_clip
 from omniloop.eval.shapes_world import held_out_prompts
-from omniloop.models.families.wan.vae import AttentionBlock, WanVAE, WanVAEConfig
-from omniloop.models.families.wan.weights import load_wan_vae
+from omniloop.models.autoencoders.wan_vae import AttentionBlock, WanVAE, WanVAEConfig
+from omniloop.models.autoencoders.wan_vae import load_wan_vae
 from omniloop.train.data.shapes import ShapesDataset
 from omniloop.train.recipes.rollout import adherence_summary
 from omniloop.train.recipes.stage import StageResult, adopted_result, read_result, source_runs, write_result

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import save_file
 
 from omniloop.models.families.wan.model import WanDiT, keeps_fp32
-from omniloop.models.families.wan.vae import AttentionBlock, ChannelRMSNorm, WanVAE
+from omniloop.models.autoencoders.wan_vae import AttentionBlock, ChannelRMSNorm, WanVAE
 from omniloop.models.families.wan.weights import CONFIG_FILE, WEIGHTS_FILE
 
 _DIT_RENAMES = (  # ours -> diffusers, prefix renames (first match wins)

@@ -30,7 +30,7 @@ from omniloop.models.families.wan.presets import WAN_DEFAULTS
 from omniloop.models.families.wan.stages import WanDenoiser, WanImageCondition
 from omniloop.models.families.wan.validate import make_validator
 from omniloop.models.families.wan.weights import load_wan_dit
-from omniloop.models.families.wan.weights import load_wan_vae
+from omniloop.models.autoencoders.wan_vae import load_wan_vae
 from omniloop.request import DiffusionParams, Modality, OmniRequest, TaskType
 
 T2V_PIPELINE = "WanPipeline"

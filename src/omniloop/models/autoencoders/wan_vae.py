@@ -26,13 +26,22 @@ function (conv / norm outputs), never a block's input.
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 from collections.abc import Mapping
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from omniloop.models.checkpoint_files import cast_to, format_keys, read_tensors, weight_files, wrong_shapes
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "diffusion_pytorch_model.safetensors"
+WEIGHTS_INDEX_FILE = "diffusion_pytorch_model.safetensors.index.json"
 
 # The Wan2.1 latent statistics (diffusers' defaults; WanPipeline normalises with them).
 WAN21_LATENTS_MEAN: tuple[float, ...] = (
@@ -659,3 +668,89 @@ def _blend_into(a: Tensor, b: Tensor, extent: int, dim: int) -> None:
     head = b.narrow(dim, 0, extent)
     tail = a.narrow(dim, a.shape[dim] - extent, extent)
     head.copy_(tail * (1 - ramp) + head * ramp)
+
+
+# -- the causal 3D VAE (AutoencoderKLWan) ----------------------------------------------
+#
+# Key layout differences (diffusers -> ours), all in :func:`vae_state_dict_from_diffusers`:
+#
+# * RMS norms: ``*.gamma`` [C, 1, 1(, 1)] -> ``*.weight`` [C]
+# * resample convs: ``*.resample.1.*`` (index 1 of an nn.Sequential after the pad /
+#   upsample layer) -> ``*.spatial_conv.*``
+# * decoder up blocks: ``up_blocks.{i}.upsamplers.0.*`` -> ``up_blocks.{i}.upsampler.*``
+#
+# Everything else keeps its name.
+
+_VAE_RENAMES: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"\.resample\.1\."), ".spatial_conv."),
+    (re.compile(r"(up_blocks\.\d+)\.upsamplers\.0\."), r"\1.upsampler."),
+)
+
+
+def vae_state_dict_from_diffusers(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """diffusers ``AutoencoderKLWan`` state dict -> :class:`WanVAE` state dict.
+
+    Keys it does not know pass through unchanged (the loader reports them as unexpected).
+    """
+    out: dict[str, torch.Tensor] = {}
+    for key, tensor in sd.items():
+        for pattern, repl in _VAE_RENAMES:
+            key = pattern.sub(repl, key)
+        if key.endswith(".gamma"):
+            key, tensor = key[: -len("gamma")] + "weight", tensor.reshape(-1)
+        out[key] = tensor
+    return out
+
+
+def load_wan_vae(
+    folder: Path | str,
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.bfloat16,
+) -> WanVAE:
+    """Build a :class:`WanVAE` from a diffusers ``vae/`` folder, in eval mode, without grads.
+
+    The module is built on ``meta`` and the checkpoint tensors are assigned to it (cast to
+    ``dtype`` on ``device`` one at a time), so no random init and no second copy.
+    """
+    folder = Path(folder)
+    config = WanVAEConfig.from_diffusers_config(json.loads(_require(folder, CONFIG_FILE).read_text()))
+    with torch.device("meta"):
+        model = WanVAE(config)
+    files = weight_files(folder, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, "Wan VAE", "; pass the diffusers `vae/` folder")
+    sd = vae_state_dict_from_diffusers(read_tensors(files, cast_to(device, dtype)))
+
+    _check_keys(folder, model.state_dict(), sd)
+    model.load_state_dict(sd, strict=True, assign=True)
+    return model.eval().requires_grad_(False)
+
+
+def _require(folder: Path, name: str) -> Path:
+    path = folder / name
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} not found; pass the checkpoint's diffusers `vae/` folder (it holds {CONFIG_FILE} and "
+            f"{WEIGHTS_FILE})"
+        )
+    return path
+
+
+def _check_keys(folder: Path, expected: Mapping[str, torch.Tensor], got: Mapping[str, torch.Tensor]) -> None:
+    missing = sorted(set(expected) - set(got))
+    unexpected = sorted(set(got) - set(expected))
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} missing keys {format_keys(missing)}")
+    if unexpected:
+        problems.append(f"{len(unexpected)} unexpected keys {format_keys(unexpected)}")
+    if problems:
+        raise ValueError(
+            f"{folder / WEIGHTS_FILE} does not match a Wan2.1 VAE with its {CONFIG_FILE}: "
+            + "; ".join(problems)
+            + ". Pass the `vae/` folder of a Wan2.1 diffusers checkpoint."
+        )
+    wrong = wrong_shapes(got, expected)
+    if wrong:
+        raise ValueError(f"{folder / WEIGHTS_FILE}: {len(wrong)} tensors have the wrong shape: {format_keys(wrong)}")
+
+

@@ -1,7 +1,7 @@
 """Engine benchmarks, side by side in one run (JSON lines):
 
   overhead  engine-driven DenoiseLoop vs a plain hand-written loop over the same model
-  mixed     4-step and 50-step requests, all at t0 and as Poisson arrivals: the step
+  mixed     4-step and 50-step (--tiny: 20) requests, all at t0 and as Poisson arrivals: the step
             scheduler (SRPT, steps batched across requests) vs two request-level baselines
             on the same trace: FIFO at batch 1, and FIFO with request-level batching of
             same-shape requests (sglang-style dynamic batching: requests of one shape that
@@ -153,13 +153,14 @@ def bench_mixed(pipeline, args, base, sink):
     trace = []
     for i in range(max(args.n_long, args.n_short)):
         if i < args.n_long:
-            trace.append(request(f"long{i}", 50, size, frames, seed=i))
+            trace.append(request(f"long{i}", args.long_steps, size, frames, seed=i))
         for j in range(args.n_short // args.n_long if args.n_long else args.n_short):
             k = i * max(1, args.n_short // max(1, args.n_long)) + j
             if k < args.n_short:
                 trace.append(request(f"short{k}", 4, size, frames, seed=100 + k))
     run_trace(pipeline, trace[:2])  # warm up
-    shape = {"shape": [size, size, frames], "n_long": args.n_long, "n_short": args.n_short, "repeats": args.trace_repeats}
+    shape = {"shape": [size, size, frames], "n_long": args.n_long, "long_steps": args.long_steps, "n_short": args.n_short,
+             "short_steps": 4, "repeats": args.trace_repeats}
     results: dict[str, dict[str, dict]] = {}
     arrivals = {"t0": None}
     for pattern in ("t0", "poisson"):
@@ -215,11 +216,11 @@ def main(argv=None) -> int:
     dtype = torch.bfloat16 if cuda else torch.float32
     if cuda:
         args.overhead_size, args.overhead_steps = (480, 81), 6  # 480x480: 21*30*30 = 18,900 tokens
-        args.mixed_size, args.n_long, args.n_short, args.trace_repeats = (256, 17), 2, 6, 1
+        args.mixed_size, args.n_long, args.n_short, args.trace_repeats, args.long_steps = (256, 17), 2, 6, 1, 50
         args.small_size, args.small_steps, args.n_small = 256, 8, 32
     else:
         args.overhead_size, args.overhead_steps = (32, 9), 8
-        args.mixed_size, args.n_long, args.n_short, args.trace_repeats = (32, 5), 2, 4, 3
+        args.mixed_size, args.n_long, args.n_short, args.trace_repeats, args.long_steps = (32, 5), 2, 4, 3, 20
         args.small_size, args.small_steps, args.n_small = 32, 4, 8
     from wan_random import save_random_wan
 

@@ -10,6 +10,13 @@ from omniloop.request import ProgressEvent, RequestStatus, TaskType, TextPart, O
 from tests.engine.conftest import req, run_all
 
 
+# Batched vs solo is not bit-exact on the CPU: the tiny DiT's forward of a batch differs from
+# its batch-1 forward (GEMV vs GEMM in the time embedder, the patch conv), measured <= 2.4e-6
+# on the final latents after 3-4 steps. (tests/engine/test_failure_isolation.py makes the
+# forward row-wise to compare batch-mates with their solo runs bit for bit.)
+BATCHED_ATOL = 5e-6
+
+
 def _solo(make_engine, request):
     engine = make_engine()
     engine.add_request(request)
@@ -59,7 +66,7 @@ def test_batched_steps_equal_unbatched_with_ragged_remainder(make_engine):
     outs, _ = run_all(engine)
     assert engine.stats.batched_steps >= 2  # pairs ran as one forward
     for r in reqs:
-        assert torch.allclose(_lat(outs[r.request_id]), _solo(make_engine, r), atol=1e-5)
+        assert torch.allclose(_lat(outs[r.request_id]), _solo(make_engine, r), atol=BATCHED_ATOL)
 
 
 def test_cancel_takes_effect_at_next_step_and_frees_state(make_engine):
@@ -125,7 +132,7 @@ def test_requests_submitted_together_enter_their_loop_together_and_step_in_full_
     assert nodes and all(len(w.request_ids) == 4 for w in nodes)
     assert engine.stats.steps == 3
     for r in reqs:
-        assert torch.allclose(_lat(outs[r.request_id]), _solo(make_engine, r), atol=1e-5)
+        assert torch.allclose(_lat(outs[r.request_id]), _solo(make_engine, r), atol=BATCHED_ATOL)
 
 
 def test_a_batched_step_updates_its_requests_with_one_sampler_call(make_engine, wan_pipeline, monkeypatch):
@@ -144,7 +151,7 @@ def test_a_batched_step_updates_its_requests_with_one_sampler_call(make_engine, 
     assert calls["step"] == 3  # ... whose one update is step() on the joined state
     monkeypatch.undo()
     for r in reqs:
-        assert torch.allclose(_lat(outs[r.request_id]), _solo(make_engine, r), atol=1e-5)
+        assert torch.allclose(_lat(outs[r.request_id]), _solo(make_engine, r), atol=BATCHED_ATOL)
 
 
 def test_a_failing_node_in_a_group_fails_only_its_request(make_engine, wan_pipeline, monkeypatch):
@@ -184,8 +191,8 @@ def test_grouped_text_encoding_matches_encoding_alone(make_engine, wan_pipeline)
         solo.step(), solo.step()
         alone = solo.scheduler.running[r.request_id].state.artifacts["text"]
         assert isinstance(alone, TextEmbeddings) and alone.prompt_lengths == grouped[r.request_id].prompt_lengths
-        assert torch.allclose(grouped[r.request_id].prompt, alone.prompt, atol=1e-6)
-        assert torch.allclose(grouped[r.request_id].negative, alone.negative, atol=1e-6)
+        assert torch.equal(grouped[r.request_id].prompt, alone.prompt)  # fixed-length padding: bit for bit
+        assert torch.equal(grouped[r.request_id].negative, alone.negative)
 
 
 def test_exception_in_one_request_fails_only_it(make_engine):
@@ -206,7 +213,7 @@ def test_exception_in_one_request_fails_only_it(make_engine):
     assert outs["bad"].status is RequestStatus.FAILED and "injected failure" in outs["bad"].error
     for r in good:
         assert outs[r.request_id].status is RequestStatus.COMPLETED
-        assert torch.allclose(_lat(outs[r.request_id]), _solo(make_engine, r), atol=1e-5)
+        assert torch.allclose(_lat(outs[r.request_id]), _solo(make_engine, r), atol=BATCHED_ATOL)
 
 
 def _poisoned_run(engine, rid: str, value: float):
@@ -280,7 +287,7 @@ def test_pool_fatal_error_restarts_pool(make_engine, policy, wan_pipeline):
         out = outs[r.request_id]
         if policy == "requeue":  # re-run from scratch, same seed -> same output
             assert out.status is RequestStatus.COMPLETED
-            assert torch.allclose(_lat(out), _solo(make_engine, r), atol=1e-5)
+            assert torch.allclose(_lat(out), _solo(make_engine, r), atol=BATCHED_ATOL)
         else:
             assert out.status is RequestStatus.FAILED and "worker pool failed" in out.error
 

@@ -75,7 +75,8 @@ def test_scheduler_mixes_ar_decode_and_denoise_steps(hybrid):
     solo, _ = _run(hybrid, [_text_req(0)])
     assert outs["txt0"].text.token_ids == solo["txt0"].text.token_ids
     solo, _ = _run(hybrid, [req(1, steps=6, rid="vid0")])
-    assert torch.allclose(outs["vid0"].artifacts["latents"].latents, solo["vid0"].artifacts["latents"].latents, atol=1e-5)
+    # batched vs solo DiT forward: not bit-exact on the CPU, measured 1.3e-6 after 6 steps
+    assert torch.allclose(outs["vid0"].artifacts["latents"].latents, solo["vid0"].artifacts["latents"].latents, atol=5e-6)
 
 
 def test_cancelling_an_ar_request_frees_its_kv(hybrid):

@@ -84,11 +84,12 @@ def test_engine_batched_steps_give_each_request_its_solo_result(case, fresh_pipe
     for r in reqs:
         solo = drive(pipe, [r])  # alone, unbatched
         got = outs[r.request_id].artifacts["latents"].latents
-        assert torch.allclose(got, solo.latents[r.request_id], atol=1e-5), f"{case}: {r.request_id} differs from solo"
+        # batched vs batch-1 DiT forward: not bit-exact on the CPU, measured <= 2.0e-6
+        assert torch.allclose(got, solo.latents[r.request_id], atol=5e-6), f"{case}: {r.request_id} differs from solo"
         if r.request_id != "req2":
             assert hits.get(r.request_id, 0) == solo.plugins[r.request_id][name].skipped, "same cache decisions"
     plain = drive(fresh_pipeline("batched"), [request(2, steps=12)]).latents["req2"]
-    assert torch.allclose(outs["req2"].artifacts["latents"].latents, plain, atol=1e-5)
+    assert torch.allclose(outs["req2"].artifacts["latents"].latents, plain, atol=5e-6)  # measured 1.4e-6
 
 
 @pytest.mark.parametrize("plugins", [
@@ -154,5 +155,5 @@ def test_a_failed_batched_step_rolls_back_cache_state(fresh_pipeline, monkeypatc
     assert outs["bad"].status.value == "failed" and "injected failure" in outs["bad"].error
     for r in good:
         solo = drive(pipe, [r])
-        assert torch.allclose(outs[r.request_id].artifacts["latents"].latents, solo.latents[r.request_id], atol=1e-5)
+        assert torch.allclose(outs[r.request_id].artifacts["latents"].latents, solo.latents[r.request_id], atol=5e-6)
         assert hits[r.request_id] == solo.plugins[r.request_id]["dbcache"].skipped

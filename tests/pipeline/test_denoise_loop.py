@@ -58,8 +58,9 @@ def test_step_many_batches_requests_equal_unbatched(wan_t2v_dir):
     assert stage.batch_key(la) == stage.batch_key(lb) is not None
     while not la.done:
         stage.step_many(ctx, [la, lb])
-    assert torch.allclose(la.latents["video"], alone[0], atol=1e-5)
-    assert torch.allclose(lb.latents["video"], alone[1], atol=1e-5)
+    # batched vs batch-1 DiT forward: not bit-exact on the CPU (GEMV vs GEMM), measured <= 2.2e-6
+    assert torch.allclose(la.latents["video"], alone[0], atol=5e-6)
+    assert torch.allclose(lb.latents["video"], alone[1], atol=5e-6)
     assert stage.batch_key(la) is None  # a finished loop is never batched
 
 
@@ -147,7 +148,7 @@ def test_sequential_vs_batched_dispatch():
     a, b = _run(seq), _run(bat)
     assert [c["batch"] for c in m_seq.calls] == [1] * 6  # two forwards per step
     assert [c["batch"] for c in m_bat.calls] == [2] * 3  # one stacked forward per step
-    assert torch.allclose(a.artifacts["latents"].latents, b.artifacts["latents"].latents, atol=1e-6)
+    assert torch.equal(a.artifacts["latents"].latents, b.artifacts["latents"].latents)  # elementwise model: bit for bit
 
 
 def test_per_modality_scales_apply_to_their_modality():

@@ -95,7 +95,8 @@ def test_trajectories_come_from_the_guided_teacher_through_the_denoise_loop(toy_
     i = torch.tensor([int((sigmas == s).nonzero()) for s in batch["sigma"]])
     stepped = batch["x"] + (sigmas[i + 1] - sigmas[i]).view(-1, 1, 1, 1, 1) * batch["target"]
     j = [int(torch.nonzero((segments.states[:, k] == x).flatten(1).all(1))[0]) for k, x in zip(i, batch["x"])]
-    torch.testing.assert_close(stepped, segments.states[j, i + 1], atol=1e-5, rtol=1e-5)
+    # the recomputed Euler step vs the stored state: fp32 rounding, measured 9.3e-10
+    torch.testing.assert_close(stepped, segments.states[j, i + 1], atol=5e-9, rtol=0)
 
 
 def test_student_trains_resumes_exactly_and_validates_with_its_fixed_sigmas(toy_chain, tmp_path, minilm,

@@ -80,7 +80,7 @@ def test_dit_can_start_from_earlier_weights(toy_chain, tmp_path, minilm):
     assert train_dit(again, work, vae=vae, text_encoder=minilm, device=CPU).done
     a, b = load_wan_dit(start, dtype=torch.float32), load_wan_dit(work / "dit" / MODEL_DIR, dtype=torch.float32)
     for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
-        assert torch.allclose(x, y, atol=1e-6), name
+        assert torch.allclose(x, y, atol=1e-10, rtol=0), name  # lr 1e-12 moves weights by <= 2.7e-12 (measured)
     wider = DiTRecipe.toy(init_from=str(start), dit={**recipe.dit, "ffn_dim": 64})
     with pytest.raises(ValueError, match="architecture differs"):
         train_dit(wider, copy_stages(toy_chain, tmp_path / "b", "vae", "latents"), vae=vae, text_encoder=minilm,

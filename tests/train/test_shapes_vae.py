@@ -53,7 +53,8 @@ def test_vae_recipe_trains_resumes_exactly_and_saves_a_loadable_vae(tmp_path):
     ref = AutoencoderKLWan.from_pretrained(folder).eval()
     video = torch.rand(1, 3, 5, 32, 32) * 2 - 1
     with torch.no_grad():
-        torch.testing.assert_close(ref.encode(video).latent_dist.mean, vae.encode(video)[0], atol=1e-5, rtol=1e-4)
+        # not bit-exact vs diffusers (measured 8.3e-7: loaded-weight alignment, conv paths)
+        torch.testing.assert_close(ref.encode(video).latent_dist.mean, vae.encode(video)[0], atol=2e-6, rtol=0)
 
 
 def test_clip_batches_are_a_pure_function_of_the_index():
@@ -90,7 +91,7 @@ def test_vae_can_start_from_earlier_weights(tmp_path):
     train_vae(again, tmp_path / "b", device=torch.device("cpu"))
     a, b = load_wan_vae(start, dtype=torch.float32), load_wan_vae(tmp_path / "b" / "vae" / MODEL_DIR, dtype=torch.float32)
     for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
-        assert torch.allclose(x, y, atol=1e-6), name
+        assert torch.allclose(x, y, atol=1e-10, rtol=0), name  # lr 1e-12 moves weights by <= 2.7e-12 (measured)
     wider = VAERecipe.toy(init_from=str(start), vae={**VAERecipe.toy().vae, "base_dim": 8})
     with pytest.raises(ValueError, match="architecture differs"):
         train_vae(wider, tmp_path / "c", device=torch.device("cpu"))

@@ -26,7 +26,9 @@ def test_dit_round_trips_through_our_loader_and_diffusers(tmp_path):
     assert set(dit_state_dict_to_diffusers(model.state_dict())) == set(ref.state_dict())
     x, t, text = torch.randn(1, 4, 2, 4, 4), torch.tensor([300.0]), torch.randn(1, 5, config["text_dim"])
     with torch.no_grad():
-        torch.testing.assert_close(ref(x, t, text, return_dict=False)[0], model(x, t, text), atol=1e-5, rtol=1e-5)
+        # measured bit-equal here; diffusers' loaded weights can sit at misaligned addresses and differ
+        # by ~5e-7 in fp32 (ARCHITECTURE.md), hence a tolerance just above that
+        torch.testing.assert_close(ref(x, t, text, return_dict=False)[0], model(x, t, text), atol=1e-6, rtol=0)
 
 
 def test_bf16_export_keeps_the_fp32_components(tmp_path):

@@ -47,7 +47,8 @@ def test_step_many_over_different_lengths_equals_each_alone(qwen2_pipeline):
     for (ref, ref_logits), loop, got in zip(alone, loops, logits):
         assert loop.output_ids == ref.output_ids and loop.text == ref.text
         assert len(got) == len(ref_logits)
-        assert max((a - b).abs().max().item() for a, b in zip(got, ref_logits)) <= 1e-5
+        # a padded, masked batch vs each alone: other GEMM shapes, measured <= 2.6e-6 (the tokens are equal)
+        assert max((a - b).abs().max().item() for a, b in zip(got, ref_logits)) <= 5e-6
 
 
 @torch.inference_mode()
@@ -86,7 +87,7 @@ def test_processed_logits_match_transformers_processors():
         got = process_logits(logits, params, seen)
         assert torch.equal(torch.isinf(got), torch.isinf(expected)), params
         finite = ~torch.isinf(got)
-        assert torch.allclose(got[finite], expected[finite], atol=1e-6), params
+        assert torch.equal(got[finite], expected[finite]), params  # the same ops as transformers: bit for bit
 
 
 @torch.inference_mode()

@@ -23,8 +23,10 @@ def test_forward_logits_match_transformers(fixture, request):
     assert (ours.lm_head is None) == theirs.config.tie_word_embeddings
     ids = torch.randint(0, ours.config.vocab_size, (3, 17), generator=torch.Generator().manual_seed(0))
     expected = theirs(ids).logits
-    assert (ours(ids) - expected).abs().max() <= 1e-5
-    assert (ours(ids, logits_to_keep=1) - expected[:, -1:]).abs().max() <= 1e-5
+    # measured 0 for the full logits and 7.2e-7 for the last position alone (a GEMM of other
+    # shape); a bound, not equality: loaded-weight alignment can move CPU kernels (ARCHITECTURE.md)
+    assert (ours(ids) - expected).abs().max() <= 2e-6
+    assert (ours(ids, logits_to_keep=1) - expected[:, -1:]).abs().max() <= 2e-6
 
 
 @torch.inference_mode()
@@ -65,7 +67,8 @@ def test_kv_cached_decode_equals_recomputation(qwen2_pipeline):
     seq = loop.prompt_ids + loop.output_ids
     full = lm(torch.tensor([seq]))[0]  # [L, V]
     for i, step_logits in enumerate(logits):
-        assert (step_logits - full[len(loop.prompt_ids) - 1 + i]).abs().max() <= 1e-5, i
+        # one token against the cache vs the whole sequence: other shapes, measured <= 3.8e-6
+        assert (step_logits - full[len(loop.prompt_ids) - 1 + i]).abs().max() <= 6e-6, i
 
 
 @torch.inference_mode()
@@ -76,5 +79,5 @@ def test_chunked_prefill_through_kv_equals_one_shot(qwen2_pipeline):
     ids = torch.randint(0, lm.config.vocab_size, (1, 23), generator=torch.Generator().manual_seed(1))
     handle = KVHandle(lm.kv_layout, dtype=torch.float32, device="cpu", chunk_tokens=8)
     parts = [lm(ids[:, a:b], kv=KVBatch([handle], b - a)) for a, b in ((0, 7), (7, 8), (8, 20), (20, 23))]
-    assert (torch.cat(parts, dim=1) - lm(ids)).abs().max() <= 1e-5
+    assert (torch.cat(parts, dim=1) - lm(ids)).abs().max() <= 5e-6  # other shapes: measured 2.6e-6
     assert handle.num_tokens == 23 and handle.capacity == 24

@@ -25,7 +25,9 @@ from tests.factories import save_tiny_wan_dit, tiny_wan_dit_config
 
 diffusers = pytest.importorskip("diffusers")
 
-FP32_ATOL = 1e-5
+# Measured 0 (bit-equal) in every case here, sdpa vs math 4.8e-7; the bound allows the
+# ~5e-7 that differently aligned loaded weights can cost a forward (ARCHITECTURE.md).
+FP32_ATOL = 2e-6
 # bf16: both models round to bf16 at the same places. T2V agrees exactly; Wan2.1 I2V is one
 # bf16 ulp off (1.6e-2 at |out| ~ 2.4) because diffusers feeds its k/v Linears non-contiguous
 # slices of the concatenated [image | text] context and CPU bf16 GEMMs round those differently

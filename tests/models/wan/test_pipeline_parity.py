@@ -1,7 +1,12 @@
 """Whole-pipeline parity: our Wan pipeline (loaded from the diffusers directory) against
 diffusers' WanPipeline / WanImageToVideoPipeline on the same weights, seed and steps.
 
-Tolerance (fp32): final latents and decoded frames within 1e-4 absolute.
+Tolerance (fp32): final latents and decoded frames within 5e-6 absolute. Measured: T2V
+latents 0 to 2.5e-6 from run to run, frames <= 1.5e-6, Wan2.2 two experts 0, I2V 2.9e-6,
+text embeddings 7.2e-7. Runs are bit-equal when both sides' weights sit alike in memory
+(cloning diffusers' loaded weights moved a bit-equal run to 2.4e-6): the CPU kernels take
+other vectorized paths on differently aligned tensors (ARCHITECTURE.md), so equality is not
+asserted.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from omniloop.request import DiffusionParams, ImagePart, OmniRequest, OutputSpec
 
 PROMPT = "a red circle moving right"
 NEGATIVE = "low quality, blurry"
-TOL = 1e-4
+TOL = 5e-6
 
 
 def _ours(folder, request, **deploy):

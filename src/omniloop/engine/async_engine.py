@@ -30,7 +30,9 @@ logger = logging.getLogger(__name__)
 def load_options(deploy: DeployConfig) -> LoadOptions:
     """The slice of ``deploy`` that loading and pipeline building read."""
     return LoadOptions(device=deploy.torch_device(), dtype=deploy.torch_dtype(), attention_backend=deploy.attention_backend,
-                       cfg_mode=deploy.cfg_mode, compile=deploy.compile, quantization=deploy.quantization)
+                       cfg_mode=deploy.cfg_mode, compile=deploy.compile, quantization=deploy.quantization,
+                       chunk_kv_budget_bytes=None if deploy.chunk_kv_budget_gb is None
+                       else int(deploy.chunk_kv_budget_gb * 2**30))
 
 
 class AsyncEngine:

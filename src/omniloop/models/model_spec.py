@@ -28,6 +28,7 @@ class LoadOptions:
     cfg_mode: str = "sequential"
     compile: bool = False
     quantization: str = "none"  # "fp8": e4m3 GEMMs in the transformer blocks (layers/fp8_linear.py)
+    chunk_kv_budget_bytes: int | None = None  # causal video families' KV slab pool (None: cache/chunk_kv default)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -411,3 +411,83 @@ def default_budget_bytes(device: torch.device) -> int:
             if line.startswith("MemAvailable:"):
                 return min(1 << 30, int(line.split()[1]) * 1024 // 4)
     return 1 << 30
+
+
+# ----------------------------------------------------------------------------- forward view
+
+
+@dataclass(frozen=True)
+class KVSegment:
+    """A run of tokens in a causal forward: latent frames ``[start, start + frames)`` of
+    ``chunk`` at ``tier``'s resolution."""
+
+    tier: str
+    chunk: int
+    start: int
+    frames: int
+
+
+class ChunkKVBatch:
+    """The chunk KV one forward sees: one ``(handle, row)`` per batch row, all at the same
+    point of their rollouts (the same ``cached`` and ``new`` segments).
+
+    ``cached``: segments whose K/V the new tokens attend to (read from the slabs);
+    ``new``: the segments the forward's tokens form, in order; ``write``: the forward is a
+    clean-context pass that stores the new tokens' K/V in their slabs.
+
+    Batching: a denoise loop concatenates the per-(request, branch) views of a batched step
+    with :meth:`cat_rows` (their :meth:`batch_signature` s are equal: the scheduler batched
+    them on it) and a block interceptor restricts one with :meth:`select_rows`.
+    """
+
+    def __init__(self, rows: list[tuple[ChunkKVHandle, str]], cached: tuple[KVSegment, ...],
+                 new: tuple[KVSegment, ...], *, write: bool) -> None:
+        assert rows and new, "a ChunkKVBatch needs rows and new segments"
+        self.rows = rows
+        self.cached = cached
+        self.new = new
+        self.write = write
+
+    # -- batching -------------------------------------------------------------------------
+    def batch_signature(self) -> tuple:
+        layouts = tuple(sorted((t, lay) for t, lay in self.rows[0][0].layouts.items()))
+        return ("chunk_kv", self.cached, self.new, self.write, layouts)
+
+    @classmethod
+    def cat_rows(cls, parts: list["ChunkKVBatch"]) -> "ChunkKVBatch":
+        first = parts[0]
+        assert all(p.batch_signature() == first.batch_signature() for p in parts), "chunk-KV views of one batch differ"
+        return cls([r for p in parts for r in p.rows], first.cached, first.new, write=first.write)
+
+    def select_rows(self, rows: torch.Tensor) -> "ChunkKVBatch":
+        return ChunkKVBatch([self.rows[int(i)] for i in rows.tolist()], self.cached, self.new, write=self.write)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    # -- the model's calls ----------------------------------------------------------------
+    def cached_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """K/V of the cached segments, ``[B, Lc, H, D]`` each (before RoPE), or None."""
+        if not self.cached:
+            return None
+        if layer == 0:
+            for handle, _ in {id(h): (h, r) for h, r in self.rows}.values():
+                for tier in {s.tier for s in self.cached}:
+                    handle.record_hit(tier, [s.chunk for s in self.cached if s.tier == tier])
+        ks, vs = [], []
+        for handle, row in self.rows:
+            pairs = [handle.kv(s.tier, row, [s.chunk], layer)[0] for s in self.cached]
+            ks.append(pairs[0][0] if len(pairs) == 1 else torch.cat([k for k, _ in pairs]))
+            vs.append(pairs[0][1] if len(pairs) == 1 else torch.cat([v for _, v in pairs]))
+        return torch.stack(ks), torch.stack(vs)
+
+    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor, tokens: list[int]) -> None:
+        """Write the new tokens' K/V (``[B, Ln, H, D]``, before RoPE; ``tokens`` per new
+        segment) into their slabs."""
+        assert self.write, "store() in a forward that only reads the cache"
+        assert sum(tokens) == k.shape[1] and len(tokens) == len(self.new), f"{tokens} vs {tuple(k.shape)}"
+        for b, (handle, row) in enumerate(self.rows):
+            start = 0
+            for seg, n in zip(self.new, tokens):
+                handle.write(seg.tier, row, seg.chunk, layer, k[b, start : start + n], v[b, start : start + n])
+                start += n

@@ -9,7 +9,7 @@ forward.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Hashable, Mapping, Protocol, Sequence, runtime_checkable
 
 from pydantic import BaseModel
@@ -27,6 +27,9 @@ class WorkEstimate:
     flops_per_step: float | None = None  # analytic matmul FLOPs of one step, if known
     resident_bytes: int = 0  # state held while the request is in flight
     peak_bytes: int = 0  # transient activations of one step
+    # bytes charged against named cache pools with budgets of their own (e.g. "chunk_kv"),
+    # part of resident_bytes too
+    pool_bytes: Mapping[str, int] = field(default_factory=dict)
 
 
 class _Ports(Protocol):

@@ -88,6 +88,10 @@ class DenoiseLoopState(LoopState):
     def timestep(self) -> torch.Tensor:
         return next(iter(self.samplers.values())).timestep
 
+    @property
+    def model_timestep(self) -> torch.Tensor:
+        return next(iter(self.samplers.values())).model_timestep
+
 
 @dataclass
 class DenoiseLoop(LoopStageBase):
@@ -110,22 +114,33 @@ class DenoiseLoop(LoopStageBase):
     # -- init / finalize ------------------------------------------------------------
     def init(self, ctx: StageContext, state: RequestState) -> DenoiseLoopState:
         request = state.request
-        params = _effective_params(request.diffusion, state.node_params.get(ctx.node))
+        params = self.params(ctx, state)
+        seed = params.seed if params.seed is not None else random.randrange(2**63)
+        state.metrics.seed = seed
+        latents = initial_noise(self.denoiser.latent_shapes(ctx, request), seed, ctx.device)
+        return self.start(ctx, state, params, latents, seed=seed)
+
+    def params(self, ctx: StageContext, state: RequestState) -> DiffusionParams:
+        """The request's DiffusionParams with this node's ``node_params`` applied."""
+        return _effective_params(state.request.diffusion, state.node_params.get(ctx.node))
+
+    def start(
+        self, ctx: StageContext, state: RequestState, params: DiffusionParams, latents: dict[str, torch.Tensor], *,
+        seed: int, branch_kwargs: dict[str, dict[str, Any]] | None = None,
+    ) -> DenoiseLoopState:
+        """A loop state denoising ``latents`` (fp32, [B, C, ...] per modality) from pure noise:
+        ``init`` draws them from the seed; an outer loop (``ChunkRollout``) starts one per
+        chunk with its slice of the video's noise and forward kwargs of its own (the chunk's
+        KV view), the policies and sampler unchanged."""
+        request = state.request
         sampler = ctx.component(self.sampler_component).get(params.sampler)
-        shapes = self.denoiser.latent_shapes(ctx, request)
-        area = _latent_area(shapes)
-        shift = self.shift.resolve(params, area)
+        shapes = {m: tuple(x.shape) for m, x in latents.items()}
+        shift = self.shift.resolve(params, _latent_area(shapes))
         num_steps = params.num_steps(ctx.defaults.get("steps", 50))
         samplers = {
             m: sampler.init_state(num_steps, device=ctx.device, shift=shift, sigmas=params.sigmas)
             for m in self.denoiser.modalities
         }
-        seed = params.seed if params.seed is not None else random.randrange(2**63)
-        state.metrics.seed = seed
-        # Same seed -> same noise as diffusers: a CPU generator, fp32, then moved.
-        gen = torch.Generator("cpu").manual_seed(seed)
-        latents = {m: torch.randn(shapes[m], generator=gen, dtype=torch.float32).to(ctx.device) for m in shapes}
-
         cfg_state = self.cfg.init(params, self.denoiser.modalities, ctx.defaults)
         timesteps = next(iter(samplers.values())).timesteps.detach().cpu()
         num_train = getattr(sampler, "num_train_timesteps", 1000)
@@ -140,7 +155,8 @@ class DenoiseLoop(LoopStageBase):
             sampler=sampler,
             samplers=samplers,
             latents=latents,
-            branch_kwargs=self.denoiser.branch_inputs(ctx, state, cfg_state.branches),
+            branch_kwargs=branch_kwargs if branch_kwargs is not None
+            else self.denoiser.branch_inputs(ctx, state, cfg_state.branches),
             routes=routes,
             model_dtype=model_dtype,
             flops_per_forward=_probe(self.denoiser, "flops_per_forward", ctx, shapes),
@@ -274,7 +290,8 @@ class DenoiseLoop(LoopStageBase):
         x = self.conditioning.prepare(loop.latents, cond_state)
         x = {m: v.to(loop.model_dtype) for m, v in x.items()}
         batch = next(iter(x.values())).shape[0]
-        return x, loop.timestep.expand(batch)
+        t = loop.model_timestep  # 0-d, or a flow map's [t, r]
+        return x, t.expand(batch, *t.shape)
 
     def _forward_branches(
         self,
@@ -363,6 +380,12 @@ class DenoiseLoop(LoopStageBase):
 
 
 # -- helpers --------------------------------------------------------------------------
+def initial_noise(shapes: Mapping[str, tuple[int, ...]], seed: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """Same seed -> same noise as diffusers: a CPU generator, fp32, then moved."""
+    gen = torch.Generator("cpu").manual_seed(seed)
+    return {m: torch.randn(shapes[m], generator=gen, dtype=torch.float32).to(device) for m in shapes}
+
+
 def _own(x: torch.Tensor) -> torch.Tensor:
     """``x`` in storage of its own: a batched sampler update leaves each request's latents a
     row slice of the batch's tensor, which an output kept for long must not hold alive."""
@@ -372,7 +395,8 @@ def _own(x: torch.Tensor) -> torch.Tensor:
 def _effective_params(params: DiffusionParams, overrides: DenoiseParams | None) -> DiffusionParams:
     if overrides is None:
         return params
-    update = {k: v for k, v in overrides.model_dump().items() if v is not None}
+    # only DiffusionParams fields (an outer loop's schema may add its own, e.g. chunk_partition)
+    update = {k: v for k, v in overrides.model_dump().items() if v is not None and k in DiffusionParams.model_fields}
     if "steps" in update and params.sigmas is not None:
         update["sigmas"] = None
     return params.model_copy(update=update)
@@ -411,11 +435,20 @@ def _dtype_of(module: Any, default: torch.dtype) -> torch.dtype:
     return default
 
 
+# A forward kwarg that is neither a tensor nor a plain value (a causal model's per-row KV view)
+# batches by offering ``batch_signature()`` (equal signatures batch) and ``cat_rows(parts)``.
+def _kwarg_signature(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return tuple(v.shape[1:])
+    sign = getattr(v, "batch_signature", None)
+    return sign() if callable(sign) else repr(v)
+
+
 def _kwargs_signature(branch_kwargs: Mapping[str, Mapping[str, Any]]) -> tuple:
     sig = []
     for b, kw in sorted(branch_kwargs.items()):
         for k, v in sorted(kw.items()):
-            sig.append((b, k, tuple(v.shape[1:]) if isinstance(v, torch.Tensor) else repr(v)))
+            sig.append((b, k, _kwarg_signature(v)))
     return tuple(sig)
 
 
@@ -432,6 +465,8 @@ def _cat_kwargs(parts: list[dict[str, Any]]) -> dict[str, Any]:
     for k, v in parts[0].items():
         if isinstance(v, torch.Tensor):
             out[k] = torch.cat([p[k] for p in parts])
+        elif callable(getattr(v, "cat_rows", None)):
+            out[k] = v.cat_rows([p[k] for p in parts])
         else:
             assert all(p[k] == v for p in parts), f"non-tensor forward kwarg {k!r} differs inside a batch"
             out[k] = v

@@ -34,6 +34,7 @@ from torch import nn
 
 from omniloop.models.layers.attention import DEFAULT_BACKEND, attention
 from omniloop.models.layers.run_blocks import BlockInterceptor, run_blocks
+from omniloop.models.layers.timestep import TwoLayerMLP, sinusoidal_timestep_embedding
 
 # A parameter whose dotted name contains one of these components stays fp32 when the model
 # is loaded in bf16/fp16 (diffusers' ``WanTransformer3DModel._keep_in_fp32_modules``; our
@@ -252,30 +253,6 @@ class FP32LayerNorm(nn.LayerNorm):
             self.bias.float() if self.bias is not None else None,
             self.eps,
         ).to(x.dtype)
-
-
-def sinusoidal_timestep_embedding(timestep: torch.Tensor, dim: int) -> torch.Tensor:
-    """``[N] -> [N, dim]`` fp32 ``[cos | sin]`` features (diffusers ``Timesteps(flip_sin_to_cos=True, shift=0)``)."""
-    half = dim // 2
-    exponent = -math.log(10000.0) * torch.arange(0, half, dtype=torch.float32, device=timestep.device) / half
-    args = timestep[:, None].float() * torch.exp(exponent)[None, :]
-    emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
-    if dim % 2:
-        emb = F.pad(emb, (0, 1))
-    return emb
-
-
-class TwoLayerMLP(nn.Module):
-    """``linear_2(act(linear_1(x)))``; the time and text embedders (key names as diffusers')."""
-
-    def __init__(self, in_dim: int, dim: int, act: nn.Module) -> None:
-        super().__init__()
-        self.linear_1 = nn.Linear(in_dim, dim)
-        self.act = act
-        self.linear_2 = nn.Linear(dim, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear_2(self.act(self.linear_1(x)))
 
 
 class ImageEmbedder(nn.Module):

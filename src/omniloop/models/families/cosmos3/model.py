@@ -337,14 +337,15 @@ class Cosmos3Transformer(nn.Module):
 
     def embed_gen(self, layout: GenLayout, vision: torch.Tensor, timestep: torch.Tensor,
                   sound: torch.Tensor | None = None, action: torch.Tensor | None = None,
-                  domain: torch.Tensor | None = None) -> torch.Tensor:
+                  domain: torch.Tensor | None = None, temb: torch.Tensor | None = None) -> torch.Tensor:
         """Generation tokens of B samples of one layout -> ``[B, Lg, D]``.
 
         ``vision [B, C, T, H, W]``, ``timestep [B]``, ``sound [B, C_s, Ts]``, ``action [B, Ta, Da]``,
-        ``domain [B]`` embodiment ids. Predicted frames get the time embedding; clean ones do not.
+        ``domain [B]`` embodiment ids. Predicted frames get the time embedding (``temb [B, D]``
+        when given, else computed from ``timestep``); clean ones do not.
         """
         b = vision.shape[0]
-        temb = self.time_embedding(timestep)[:, None]  # [B, 1, D]
+        temb = (self.time_embedding(timestep) if temb is None else temb)[:, None]  # [B, 1, D]
         tokens = self.proj_in(self.patchify(vision.to(self.dtype)))  # [B, Nv, D]
         t, hp, wp = layout.vision_grid
         if layout.noisy_vision:

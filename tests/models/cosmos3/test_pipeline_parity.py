@@ -18,7 +18,7 @@ import torch
 from omniloop.cache.kv import KVBatch, KVHandle
 from omniloop.engine import Engine
 from omniloop.models.families.cosmos3.model import GenLayout, pack_sample
-from omniloop.models.layers.timestep import sinusoidal_timestep_embedding
+from omniloop.models.layers.wan_dit import sinusoidal_timestep_embedding
 from omniloop.request import (
     ActionPart, DiffusionParams, ImagePart, Modality, OmniRequest, OutputSpec, TaskType, TextPart, VideoPart,
 )

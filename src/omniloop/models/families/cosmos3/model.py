@@ -39,7 +39,7 @@ from omniloop.cache.kv import KVLayout
 from omniloop.models.layers.mot import KVView, MoTLayer, PathwayConfig, RMSNorm
 from omniloop.models.layers.mrope import mrope_cos_sin
 from omniloop.models.layers.packed_seq import GEN, UND, AttnMode, PackedSeq, SampleBuilder, grid_positions, text_positions
-from omniloop.models.layers.timestep import TwoLayerMLP, sinusoidal_timestep_embedding
+from omniloop.models.layers.wan_dit import TwoLayerMLP, sinusoidal_timestep_embedding
 
 DIFFUSERS_CLASS = "Cosmos3OmniTransformer"
 TIME_FREQ_DIM = 256  # diffusers: Timesteps(num_channels=256)

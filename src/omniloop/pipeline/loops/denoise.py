@@ -454,10 +454,17 @@ def _dtype_of(module: Any, default: torch.dtype) -> torch.dtype:
 
 
 def _kwargs_signature(branch_kwargs: Mapping[str, Mapping[str, Any]]) -> tuple:
+    """Forward kwargs that batch: tensors of equal trailing shapes, equal plain values, and
+    family objects of equal ``batch_signature()`` (they provide ``concat``, e.g. per-request KV views)."""
     sig = []
     for b, kw in sorted(branch_kwargs.items()):
         for k, v in sorted(kw.items()):
-            sig.append((b, k, tuple(v.shape[1:]) if isinstance(v, torch.Tensor) else repr(v)))
+            if isinstance(v, torch.Tensor):
+                sig.append((b, k, tuple(v.shape[1:])))
+            elif hasattr(v, "batch_signature"):
+                sig.append((b, k, v.batch_signature()))
+            else:
+                sig.append((b, k, repr(v)))
     return tuple(sig)
 
 
@@ -474,6 +481,8 @@ def _cat_kwargs(parts: list[dict[str, Any]]) -> dict[str, Any]:
     for k, v in parts[0].items():
         if isinstance(v, torch.Tensor):
             out[k] = torch.cat([p[k] for p in parts])
+        elif hasattr(type(v), "concat"):
+            out[k] = type(v).concat([p[k] for p in parts])
         else:
             assert all(p[k] == v for p in parts), f"non-tensor forward kwarg {k!r} differs inside a batch"
             out[k] = v

@@ -38,7 +38,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
@@ -400,6 +400,11 @@ class ChunkKVHandle:
         return f"ChunkKVHandle(rows={self.rows}, chunks={tiers}, {self.nbytes} B{', offloaded' if self.offloaded else ''})"
 
 
+def cache_pool_budgets(pipeline: Any) -> dict[str, int]:
+    """Budgets of the cache pools among a pipeline's components (pool name -> bytes)."""
+    return {c.name: c.budget_bytes for c in pipeline.components.values() if isinstance(c, ChunkKVPool)}
+
+
 def default_budget_bytes(device: torch.device) -> int:
     """A quarter of free device memory (after weights), or 1 GiB of host memory on a CPU."""
     if device.type == "cuda":
@@ -436,7 +441,7 @@ class ChunkKVBatch:
     clean-context pass that stores the new tokens' K/V in their slabs.
 
     Batching: a denoise loop concatenates the per-(request, branch) views of a batched step
-    with :meth:`cat_rows` (their :meth:`batch_signature` s are equal: the scheduler batched
+    with :meth:`concat` (their :meth:`batch_signature` s are equal: the scheduler batched
     them on it) and a block interceptor restricts one with :meth:`select_rows`.
     """
 
@@ -454,7 +459,7 @@ class ChunkKVBatch:
         return ("chunk_kv", self.cached, self.new, self.write, layouts)
 
     @classmethod
-    def cat_rows(cls, parts: list["ChunkKVBatch"]) -> "ChunkKVBatch":
+    def concat(cls, parts: list["ChunkKVBatch"]) -> "ChunkKVBatch":
         first = parts[0]
         assert all(p.batch_signature() == first.batch_signature() for p in parts), "chunk-KV views of one batch differ"
         return cls([r for p in parts for r in p.rows], first.cached, first.new, write=first.write)

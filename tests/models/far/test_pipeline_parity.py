@@ -18,17 +18,11 @@ from PIL import Image
 from omniloop.api.generator import VideoGenerator
 from omniloop.pipeline.stages.decode import latents_to_unit_range
 from omniloop.request import DiffusionParams, ImagePart, OmniRequest, OutputSpec, TaskType, TextPart, VideoPart
-from tests.models.far.checkpoint import save_far_checkpoint
 
 PROMPT = "a red circle moving right"
 NEGATIVE = "low quality, blurry"
 TOL = 1e-4
 SIZE = dict(height=32, width=64, num_frames=17)  # latents 4 x 8: full grid 2 x 4, compressed 1 x 2
-
-
-@pytest.fixture(scope="module")
-def far_dir(tmp_path_factory):
-    return save_far_checkpoint(tmp_path_factory.mktemp("far"))
 
 
 @pytest.fixture(scope="module")

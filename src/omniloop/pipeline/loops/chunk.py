@@ -32,6 +32,7 @@ import torch
 from omniloop.cache.chunk_kv import ChunkKVBatch, ChunkKVHandle, ChunkKVPool, KVSegment, SlabLayout, TierPolicy
 from omniloop.ext.hooks import CacheEvent
 from omniloop.pipeline.edges import ConditionLatents, DenoisedLatents, TextEmbeddings
+from omniloop.pipeline.failures import per_request
 from omniloop.pipeline.loops.denoise import DenoiseLoop, DenoiseLoopState, _own, initial_noise
 from omniloop.pipeline.stage import LoopStageBase, WorkEstimate
 from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
@@ -193,19 +194,34 @@ class ChunkRollout(LoopStageBase):
 
     # -- scheduling contract --------------------------------------------------------------
     def estimate(self, ctx: StageContext, state: RequestState) -> WorkEstimate:  # type: ignore[override]
-        inner = self.denoise.estimate(ctx, state)  # the whole video's latents: an upper bound per chunk
+        """Per step: one forward of the largest chunk; held: the video's noise and clean
+        latents plus the inner loop's state of one chunk; the KV slabs' peak is charged
+        against the chunk-KV pool (``pool_bytes``), whose budget is its own."""
         condition = ctx.read_optional(state, "condition", ConditionLatents)
         plan = self.model.plan(ctx, state, condition)
         params = self.denoise.params(ctx, state)
-        rows = len(self.denoise.cfg.init(params, self.denoise.denoiser.modalities, ctx.defaults).branches)
+        forwards = len(self.denoise.cfg.init(params, self.denoise.denoiser.modalities, ctx.defaults).branches)
+        b, c, _, h, w = plan.shape
+        chunk = {MODALITY: (b, c, max(plan.partition), h, w)}
+        denoiser = self.denoise.denoiser
+        per_forward = denoiser.flops_per_forward(ctx, chunk)
         layouts, policies = self.model.kv_tiers(ctx, state.request, plan)
-        kv_bytes = ChunkKVPool.peak_bytes(layouts, policies, rows, plan.num_chunks)
+        kv_bytes = ChunkKVPool.peak_bytes(layouts, policies, forwards, plan.num_chunks)
+        text = ctx.read_optional(state, "text", TextEmbeddings)
+        text_bytes = 0 if text is None else sum(t.numel() * t.element_size() for t in (text.prompt, text.negative)
+                                                if t is not None)
+        video_bytes = 4 * b * c * plan.shape[2] * h * w
         steps = params.num_steps(ctx.defaults.get("steps", 50))
         denoised = plan.num_chunks - plan.context_chunks
-        per_step = None if inner.flops_per_step is None else inner.flops_per_step * denoised / plan.num_chunks
-        return WorkEstimate(steps=steps * denoised + plan.num_chunks, flops_per_step=per_step,
-                            resident_bytes=inner.resident_bytes + kv_bytes, peak_bytes=inner.peak_bytes,
-                            pool_bytes={self.pool_component: kv_bytes})
+        rows = forwards if self.denoise.cfg.mode == "batched" else 1
+        return WorkEstimate(
+            steps=steps * denoised + plan.num_chunks,
+            flops_per_step=None if per_forward is None else forwards * per_forward,
+            resident_bytes=2 * video_bytes + 5 * 4 * b * c * max(plan.partition) * h * w + text_bytes,
+            peak_bytes=int((denoiser.activation_bytes(ctx, chunk) or 0) * rows),
+            batch_group=(tuple(chunk[MODALITY]), forwards),
+            pool_bytes={self.pool_component: kv_bytes},
+        )
 
     def step_flops(self, loop: ChunkRolloutState) -> float | None:  # type: ignore[override]
         if loop.done:
@@ -247,6 +263,9 @@ class ChunkRollout(LoopStageBase):
         inner = self.denoise.step_many(ctx, [lp.inner for lp in loops])  # type: ignore[misc]
         results = []
         for lp, res in zip(loops, inner):
+            if res.error is not None:  # this request's own failure; its batch-mates' steps stand
+                results.append(res)
+                continue
             lp.steps_done += 1
             if res.done:  # the chunk is clean: keep it, leave the inner loop
                 start, stop = lp.plan.frames(lp.chunk)
@@ -262,17 +281,20 @@ class ChunkRollout(LoopStageBase):
         K/V, then per loop: retire out-of-window slabs, decode and emit the chunk, enter the next."""
         writing = [lp for lp in loops if self._needs_context(lp)]
         if writing:
-            self._context_pass(ctx, writing)
-        results = []
-        for lp in loops:
-            lp.kv.retire(lp.chunk)
-            emit = self._emit_chunk(ctx, lp)
-            lp.steps_done += 1
-            lp.chunk += 1
-            if lp.chunk < lp.plan.num_chunks:
-                self._enter_chunk(ctx, lp)
-            results.append(StepResult(done=lp.done, emit=emit))
-        return results
+            self._context_pass(ctx, writing)  # raises before any loop moved on: the engine retries each alone
+        errors: list[BaseException | None] = [None] * len(loops)
+        results = per_request(errors, lambda i: self._finish_chunk(ctx, loops[i]))
+        return [StepResult.failed(e) if e is not None else r for r, e in zip(results, errors)]  # type: ignore[misc]
+
+    def _finish_chunk(self, ctx: StageContext, loop: ChunkRolloutState) -> StepResult:
+        """Past the context pass, one request's own: retire slabs, decode and emit, move on."""
+        loop.kv.retire(loop.chunk)
+        emit = self._emit_chunk(ctx, loop)
+        loop.steps_done += 1
+        loop.chunk += 1
+        if loop.chunk < loop.plan.num_chunks:
+            self._enter_chunk(ctx, loop)
+        return StepResult(done=loop.done, emit=emit)
 
     def _context_pass(self, ctx: StageContext, loops: Sequence[ChunkRolloutState]) -> None:
         cached, new = self.model.context_segments(loops[0].plan, loops[0].chunk)

@@ -187,6 +187,11 @@ class ChunkRollout(LoopStageBase):
             ctx.write(state, "video", VideoArtifact(frames=torch.cat(loop.frames), fps=loop.fps))
         self.release(loop)
 
+    def park(self, loop: ChunkRolloutState) -> None:
+        """An idle rollout (a session waiting for input): its slabs move to host memory and
+        come back, unchanged, at its next step."""
+        loop.kv.offload()
+
     def release(self, loop: ChunkRolloutState) -> None:  # type: ignore[override]
         if loop.inner is not None:
             self.denoise.release(loop.inner)
@@ -260,6 +265,8 @@ class ChunkRollout(LoopStageBase):
 
     def _denoise_steps(self, ctx: StageContext, loops: Sequence[ChunkRolloutState]) -> list[StepResult]:
         """One inner step of every loop's chunk: the DenoiseLoop's step body, batched."""
+        for lp in loops:
+            lp.kv.ensure_resident()  # a parked rollout's slabs come back first
         inner = self.denoise.step_many(ctx, [lp.inner for lp in loops])  # type: ignore[misc]
         results = []
         for lp, res in zip(loops, inner):
@@ -318,7 +325,6 @@ class ChunkRollout(LoopStageBase):
         cached, own = self.model.denoise_segments(loop.plan, loop.chunk)
         kwargs = {b: {**kw, "kv": ChunkKVBatch([(loop.kv, b)], cached, (own,), write=False)}
                   for b, kw in loop.kwargs.items()}
-        loop.kv.ensure_resident()
         latents = {MODALITY: loop.noise[:, :, start:stop].clone()}
         loop.inner = self.denoise.start(ctx, loop.request_state, loop.params, latents, seed=loop.seed,
                                         branch_kwargs=kwargs)

@@ -45,6 +45,7 @@ class DeployConfig(BaseModel):
         "Ada/Hopper GPUs and change the numbers (see benchmarks/results); 'none': the model dtype",
     )
     plugins: dict[str, dict[str, Any]] = Field(default_factory=dict, description="enabled plugins and their config")
+    text_cache_mb: float = Field(default=256, ge=0, description="text-embedding cache budget in MiB (0: no cache)")
     limits: Limits = Field(default_factory=Limits)
     # -- engine -------------------------------------------------------------------------
     scheduling: Literal["srpt", "fifo"] = Field(

@@ -375,6 +375,7 @@ class Engine:
         state.loops.clear()
         req.loop = None
         state.artifacts.clear()  # free the request's tensors; the output holds what it returns
+        state.release_refs()  # shared cache entries (text embeddings, adapters) it pinned
         self._finished[req.request_id] = output
         self.stats.completed += status is RequestStatus.COMPLETED
         self.stats.failed += status is RequestStatus.FAILED
@@ -408,6 +409,7 @@ class Engine:
                 self._finish(req, RequestStatus.FAILED, f"worker pool failed {req.attempts} times: {error}")
             else:
                 # Rebind to the (possibly rebuilt) pipeline and start over from scratch.
+                req.state.release_refs()
                 req.state = self.pipeline.admit(req.request)
                 req.nodes = self.pipeline.active_nodes(req.request)
 

@@ -13,6 +13,8 @@ import logging
 from pathlib import Path
 from typing import Any, Mapping
 
+from omniloop.cache.text_embeddings import CACHE_NAME as TEXT_CACHE
+from omniloop.cache.text_embeddings import TextEmbeddingCache
 from omniloop.models.manifest import LAYOUT, MANIFEST_FILE, manifest_index, verify_files
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, spec_for_class
 from omniloop.pipeline.pipeline import Pipeline
@@ -126,4 +128,13 @@ def load_pipeline(
     variant = spec.variant(index)
     check_layout(root, variant)
     components = load_components(root, index, variant, options, preloaded)
-    return spec, spec.build(variant, index, components, options)
+    pipeline = spec.build(variant, index, components, options)
+    attach_caches(pipeline, options)
+    return spec, pipeline
+
+
+def attach_caches(pipeline: Pipeline, options: LoadOptions) -> Pipeline:
+    """The deployment's shared caches, seen by every node through ``StageContext.caches``."""
+    if options.text_cache_bytes > 0 and TEXT_CACHE not in pipeline.caches:
+        pipeline.caches[TEXT_CACHE] = TextEmbeddingCache(options.text_cache_bytes)
+    return pipeline

@@ -28,6 +28,7 @@ class LoadOptions:
     cfg_mode: str = "sequential"
     compile: bool = False
     quantization: str = "none"  # "fp8": e4m3 GEMMs in the transformer blocks (layers/fp8_linear.py)
+    text_cache_bytes: int = 256 * 2**20  # text-embedding cache budget (0: no cache)
 
 
 @dataclass(frozen=True, kw_only=True)

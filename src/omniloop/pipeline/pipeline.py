@@ -43,6 +43,9 @@ class Pipeline:
     dtype: torch.dtype
     defaults: Mapping[str, Any] = field(default_factory=dict)
     validate_request: RequestValidator | None = None  # family checks (sizes, required inputs)
+    # deployment caches (cache name -> object), shared by reference with every node's context:
+    # the loader adds them after the family builds the pipeline (see StageContext.caches)
+    caches: dict[str, Any] = field(default_factory=dict)
     contexts: dict[str, StageContext] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -61,6 +64,7 @@ class Pipeline:
                 inputs=dict(node.inputs),
                 outputs=dict(node.outputs),
                 defaults=self.defaults,
+                caches=self.caches,
             )
             for node in self.spec.nodes
         }

@@ -107,6 +107,7 @@ def run_state(pipeline: Pipeline, state: RequestState, on_event: EventSink | Non
         state.error = f"{type(exc).__name__}: {exc}"
     state.metrics.run_s = time.perf_counter() - t0
     state.loops.clear()
+    state.release_refs()
     output = pipeline.collect_output(state)
     _fire(chain, "request_end", lambda: RequestEvent(state.request_id, request=state.request, output=output))
     if on_event is not None:

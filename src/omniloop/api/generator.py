@@ -21,6 +21,8 @@ from omniloop.pipeline.pipeline import Pipeline
 from omniloop.request import (
     DiffusionParams,
     ImagePart,
+    LatentPart,
+    Modality,
     OmniEvent,
     OmniOutput,
     OmniRequest,
@@ -47,6 +49,16 @@ class GeneratedVideo:
     frames: np.ndarray  # [F, H, W, 3] uint8
     fps: int
     path: Path | None
+    request_id: str
+    seed: int | None
+    metrics: RequestMetrics
+    output: OmniOutput
+
+
+@dataclass(frozen=True)
+class GeneratedImage:
+    image: np.ndarray  # [H, W, 3] uint8
+    path: Path | None  # the PNG written (None with save_image=False)
     request_id: str
     seed: int | None
     metrics: RequestMetrics
@@ -134,14 +146,57 @@ class VideoGenerator:
             metrics=output.metrics, output=output,
         )
 
-    def build_request(self, prompt: str, *, image: Any = None, task: str | TaskType | None = None, **params: Any) -> OmniRequest:
+    def generate_image(
+        self,
+        prompt: str,
+        *,
+        image: Any = None,
+        latents: Any = None,
+        task: str | TaskType | None = None,
+        output_path: str | Path | None = "outputs/",
+        save_image: bool = True,
+        on_event: Callable[[OmniEvent], None] | None = None,
+        **params: Any,
+    ) -> GeneratedImage:
+        """Generate an image from ``prompt`` (text-to-image), or edit ``image`` / start from
+        ``latents`` (image-to-image, with ``strength``), and write it as a PNG.
+
+        ``params`` are DiffusionParams fields (``steps``, ``guidance_scale``, ``height``,
+        ``width``, ``seed``, ``strength``, ``loras=[(name_or_path, strength), ...]``...).
+        """
+        if task is None and TaskType.T2I not in self.pipeline.spec.tasks:
+            raise ValueError(f"this model makes no images (tasks {self.tasks}); use generate_video")
+        if task is None:
+            task = TaskType.I2I if image is not None or latents is not None else TaskType.T2I
+        request = self.build_request(prompt, image=image, latents=latents, task=task, **params)
+        output = self.generate(request, on_event)
+        if output.status is not RequestStatus.COMPLETED:
+            raise GenerationError(f"request {output.request_id} {output.status.value}: {output.error}")
+        if output.image is None:
+            raise GenerationError(f"request {output.request_id} produced no image (task {request.task.value})")
+        pixels = output.image.image.numpy()
+        path = None
+        if save_image and output_path is not None:
+            from omniloop.io.image import write_png
+
+            path = self._output_file(Path(output_path), output.request_id, ".png")
+            write_png(pixels, path)
+        return GeneratedImage(image=pixels, path=path, request_id=output.request_id, seed=output.metrics.seed,
+                              metrics=output.metrics, output=output)
+
+    def build_request(self, prompt: str, *, image: Any = None, latents: Any = None,
+                      task: str | TaskType | None = None, **params: Any) -> OmniRequest:
         fields = {_ALIASES.get(k, k): v for k, v in params.items()}
         unknown = sorted(set(fields) - set(DiffusionParams.model_fields))
         if unknown:
             raise ValueError(f"unknown generation parameter(s) {unknown}; accepted: {sorted(DiffusionParams.model_fields)}")
         inputs: list[Any] = [TextPart(text=prompt)]
+        role = "reference" if task is not None and TaskType(task).makes_image else "first_frame"
         if image is not None:
-            inputs.append(ImagePart(path=str(image)) if isinstance(image, (str, Path)) else ImagePart(data=image))
+            inputs.append(ImagePart(path=str(image), role=role) if isinstance(image, (str, Path))
+                          else ImagePart(data=image, role=role))
+        if latents is not None:
+            inputs.append(LatentPart(data=latents, of=Modality.IMAGE))
         # Task is declared by the caller; the one suggestion made here is the obvious one.
         if task is None:
             task = TaskType.I2V if image is not None else (
@@ -160,9 +215,9 @@ class VideoGenerator:
             raise ValueError(f"diffusion.steps={steps} exceeds this deployment's limit {limits.max_steps}")
 
     @staticmethod
-    def _output_file(output_path: Path, request_id: str) -> Path:
-        if output_path.suffix.lower() == ".mp4":
+    def _output_file(output_path: Path, request_id: str, suffix: str = ".mp4") -> Path:
+        if output_path.suffix.lower() == suffix:
             output_path.parent.mkdir(parents=True, exist_ok=True)
             return output_path
         output_path.mkdir(parents=True, exist_ok=True)
-        return output_path / f"{request_id}.mp4"
+        return output_path / f"{request_id}{suffix}"

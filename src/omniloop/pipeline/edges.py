@@ -62,11 +62,29 @@ class TextEmbeddings(Artifact):
         return names + sorted(self.extra)
 
 
+@dataclass(frozen=True)
+class LatentPosterior:
+    """An encoder's Gaussian over latents, sampled by the loop from the request's seed (so
+    the draw order matches diffusers': posterior sample first, then the noise).
+    ``sample(eps) = ((mean + std * eps) - shift) * scale``: VAE space -> the DiT's space."""
+
+    mean: torch.Tensor  # [B, C, ...] VAE space
+    std: torch.Tensor  # [B, C, ...]
+    shift: float = 0.0
+    scale: float = 1.0
+
+    def sample(self, eps: torch.Tensor) -> torch.Tensor:
+        return (self.mean + self.std * eps.to(self.mean.dtype) - self.shift) * self.scale
+
+
 @dataclass(kw_only=True)
 class ConditionLatents(Artifact):
-    """Clean latents that condition a denoise loop (e.g. Wan2.2 I2V's mask + first frame)."""
+    """Clean latents that condition a denoise loop (e.g. Wan2.2 I2V's mask + first frame;
+    image-to-image's starting image). ``posterior``: the latents are a sample of it, drawn
+    at the loop's init (``latents`` then holds its mean, normalized)."""
 
-    latents: torch.Tensor  # [B, C_cond, f, h, w]
+    latents: torch.Tensor  # [B, C_cond, f, h, w] or [B, C, h, w]
+    posterior: LatentPosterior | None = None
 
 
 @dataclass(kw_only=True)

@@ -25,7 +25,7 @@ from omniloop.pipeline.edges import ConditionLatents, DenoisedLatents, TextEmbed
 from omniloop.pipeline.policies.cfg import CFGPolicy, CFGState, ClassicCFG, Prediction
 from omniloop.pipeline.policies.conditioning import ConditioningPolicy, NoConditioning
 from omniloop.pipeline.policies.routing import Route, RoutingPolicy, SingleModel
-from omniloop.pipeline.policies.shift import FlowShift
+from omniloop.pipeline.policies.shift import FlowShift, ShiftPolicy
 from omniloop.pipeline.samplers.base import Sampler, SamplerState
 from omniloop.pipeline.stage import LoopStageBase, WorkEstimate
 from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
@@ -52,6 +52,13 @@ class Denoiser(Protocol):
     # Optional (getattr-probed): analytic cost of one forward at these latent shapes.
     #   flops_per_forward(ctx, shapes) -> float
     #   activation_bytes(ctx, shapes) -> int   (peak transient memory of one forward)
+    #   tokens_per_forward(ctx, shapes) -> int (what a batch's token budget counts)
+    #
+    # A denoiser that PACKS (``packs = True``) also offers
+    #   forward_packed(model, xs, ts, kwargs) -> list[Prediction]
+    # for calls of different latent shapes (one list entry per call, each [b_i, ...]): they
+    # run as one forward over their packed token sequences, so requests of different sizes
+    # share a batched step (the loop then leaves latent shapes out of its batch key).
 
 
 class DenoiseParams(BaseModel):
@@ -77,6 +84,8 @@ class DenoiseLoopState(LoopState):
     routes: list[Route]  # expert route of every step, resolved at init
     model_dtype: torch.dtype
     flops_per_forward: float | None = None
+    tokens_per_forward: int = 0  # the batch token budget's unit (0: unknown)
+    packed: bool = False  # steps batch with other latent shapes (a packing denoiser, no plugins)
     preview_every: int | None = None
     trajectory: list[torch.Tensor] | None = None
 
@@ -94,7 +103,7 @@ class DenoiseLoop(LoopStageBase):
     denoiser: Denoiser
     cfg: CFGPolicy = field(default_factory=ClassicCFG)
     routing: RoutingPolicy = field(default_factory=SingleModel)
-    shift: FlowShift = field(default_factory=FlowShift)
+    shift: ShiftPolicy = field(default_factory=FlowShift)
     conditioning: ConditioningPolicy = field(default_factory=NoConditioning)
     sampler_component: str = "sampler"
 
@@ -113,13 +122,9 @@ class DenoiseLoop(LoopStageBase):
         params = _effective_params(request.diffusion, state.node_params.get(ctx.node))
         sampler = ctx.component(self.sampler_component).get(params.sampler)
         shapes = self.denoiser.latent_shapes(ctx, request)
-        area = _latent_area(shapes)
-        shift = self.shift.resolve(params, area)
         num_steps = params.num_steps(ctx.defaults.get("steps", 50))
-        samplers = {
-            m: sampler.init_state(num_steps, device=ctx.device, shift=shift, sigmas=params.sigmas)
-            for m in self.denoiser.modalities
-        }
+        schedule = self.shift.sampler_kwargs(params, _latent_area(shapes), num_steps, sampler)
+        samplers = {m: sampler.init_state(num_steps, device=ctx.device, **schedule) for m in self.denoiser.modalities}
         seed = params.seed if params.seed is not None else random.randrange(2**63)
         state.metrics.seed = seed
         # Same seed -> same noise as diffusers: a CPU generator, fp32, then moved.
@@ -127,6 +132,15 @@ class DenoiseLoop(LoopStageBase):
         latents = {m: torch.randn(shapes[m], generator=gen, dtype=torch.float32).to(ctx.device) for m in shapes}
 
         cfg_state = self.cfg.init(params, self.denoiser.modalities, ctx.defaults)
+        cond_state = self.conditioning.init(
+            ctx.read_optional(state, self.conditioning.input_port, ConditionLatents)
+            if self.conditioning.input_port
+            else None
+        )
+        # image-to-image: noise the given latents and run the schedule's tail only
+        strength = params.strength if params.strength is not None else ctx.defaults.get("strength")
+        latents, samplers = self.conditioning.start(latents, samplers, cond_state, gen, strength)
+        num_steps = next(iter(samplers.values())).num_steps
         timesteps = next(iter(samplers.values())).timesteps.detach().cpu()
         num_train = getattr(sampler, "num_train_timesteps", 1000)
         routes = [self.routing.route(t, num_train) for t in timesteps]
@@ -144,15 +158,13 @@ class DenoiseLoop(LoopStageBase):
             routes=routes,
             model_dtype=model_dtype,
             flops_per_forward=_probe(self.denoiser, "flops_per_forward", ctx, shapes),
+            tokens_per_forward=int(_probe(self.denoiser, "tokens_per_forward", ctx, shapes) or 0),
+            packed=bool(getattr(self.denoiser, "packs", False)) and ctx.hooks is None,
             preview_every=request.outputs.preview_every if request.outputs.stream else None,
             trajectory=[] if request.outputs.return_trajectory else None,
         )
         loop.policy_states[self.cfg.name] = cfg_state
-        loop.policy_states[self.conditioning.name] = self.conditioning.init(
-            ctx.read_optional(state, self.conditioning.input_port, ConditionLatents)
-            if self.conditioning.input_port
-            else None
-        )
+        loop.policy_states[self.conditioning.name] = cond_state
         if ctx.hooks is not None:
             ctx.hooks.init_loop(loop, request)  # interceptor state, per request (and per branch, lazily)
         return loop
@@ -213,13 +225,22 @@ class DenoiseLoop(LoopStageBase):
             return None
         route = loop.route
         cfg_state: CFGState = loop.policy_states[self.cfg.name]
+        # packed loops batch across latent shapes (their tokens are packed into one sequence)
+        shapes = tuple(loop.latents) if loop.packed else tuple((m, tuple(x.shape)) for m, x in loop.latents.items())
         return (
             id(self),
             route.component,
             self.cfg.step_branches(cfg_state, route.scale_set),
-            tuple((m, tuple(x.shape)) for m, x in loop.latents.items()),
+            shapes,
             _kwargs_signature(loop.branch_kwargs),
         )
+
+    def batch_weight(self, loop: DenoiseLoopState) -> int:  # type: ignore[override]
+        """Tokens this loop's next step adds to a batch (the scheduler's token budget)."""
+        if loop.done:
+            return 0
+        cfg_state: CFGState = loop.policy_states[self.cfg.name]
+        return len(self.cfg.step_branches(cfg_state, loop.route.scale_set)) * loop.tokens_per_forward
 
     def is_finite(self, loop: DenoiseLoopState) -> bool:  # type: ignore[override]
         return self.finite_many([loop])[0]
@@ -304,8 +325,12 @@ class DenoiseLoop(LoopStageBase):
                 ts.append(t)
                 kws.append(kw)
             sizes = [next(iter(x.values())).shape[0] for x in xs]
-            pred = self._forward(ctx, model, loops, group, sizes, route, _cat_dicts(xs), torch.cat(ts), _cat_kwargs(kws))  # forward
-            for (i, b), part in zip(group, _split_pred(pred, sizes)):
+            if _mixed_shapes(xs):  # packed loops of different sizes: one forward over packed tokens
+                parts = self.denoiser.forward_packed(model, xs, ts, kws)  # type: ignore[attr-defined]
+            else:
+                pred = self._forward(ctx, model, loops, group, sizes, route, _cat_dicts(xs), torch.cat(ts), _cat_kwargs(kws))  # forward
+                parts = _split_pred(pred, sizes)
+            for (i, b), part in zip(group, parts):
                 out[i][b] = {m: v.float() for m, v in part.items()}  # post_forward: fp32 for combine
         return out
 
@@ -417,6 +442,12 @@ def _kwargs_signature(branch_kwargs: Mapping[str, Mapping[str, Any]]) -> tuple:
         for k, v in sorted(kw.items()):
             sig.append((b, k, tuple(v.shape[1:]) if isinstance(v, torch.Tensor) else repr(v)))
     return tuple(sig)
+
+
+def _mixed_shapes(xs: list[dict[str, torch.Tensor]]) -> bool:
+    """Calls whose inputs cannot be concatenated along the batch (only packed loops batch so)."""
+    first = {m: v.shape[1:] for m, v in xs[0].items()}
+    return any({m: v.shape[1:] for m, v in x.items()} != first for x in xs[1:])
 
 
 def _cat_dicts(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

@@ -54,6 +54,16 @@ class DeployConfig(BaseModel):
     max_queue: int = Field(default=64, ge=1, description="waiting requests before new ones are rejected (429)")
     max_running: int = Field(default=8, ge=1, description="requests holding state at once")
     max_batch: int = Field(default=8, ge=1, description="requests per batched step")
+    max_batch_tokens: int | None = Field(
+        default=None, ge=1,
+        description="token budget of a batched step (image + text tokens of every request in it; packed image "
+        "models batch requests of different sizes under it); None: max_batch alone bounds a batch",
+    )
+    resolution_buckets: list[str] | None = Field(
+        default=None, min_length=1,
+        description="image models: the only sizes served, as 'WIDTHxHEIGHT' (fixed shapes for kernels that need "
+        "them: compiled or CUDA-graphed steps); requests of one bucket batch unpacked",
+    )
     memory_budget_gb: float | None = Field(default=None, gt=0, description="admission memory budget; default: free memory")
     nan_check: bool = Field(default=True, description="fail a request whose loop state turns NaN/Inf")
     on_pool_failure: Literal["requeue", "fail"] = Field(default="requeue", description="what a pool restart does to in-flight requests")
@@ -64,6 +74,23 @@ class DeployConfig(BaseModel):
         if v != "auto" and v not in _DTYPES:
             raise ValueError(f"unknown dtype {v!r}; pass one of {['auto', *_DTYPES]}")
         return v
+
+    @field_validator("resolution_buckets")
+    @classmethod
+    def _bucket_sizes(cls, v: list[str] | None) -> list[str] | None:
+        for size in v or []:
+            parts = size.lower().split("x")
+            if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+                raise ValueError(f"resolution bucket {size!r} is not WIDTHxHEIGHT; pass e.g. '1024x1024'")
+        return v
+
+    def bucket_sizes(self) -> tuple[tuple[int, int], ...]:
+        """``resolution_buckets`` as (height, width) pairs."""
+        out = []
+        for size in self.resolution_buckets or []:
+            w, h = (int(p) for p in size.lower().split("x"))
+            out.append((h, w))
+        return tuple(out)
 
     @field_validator("attention_backend")
     @classmethod

@@ -56,7 +56,8 @@ class EngineConfig:
     @classmethod
     def from_deploy(cls, deploy: DeployConfig) -> "EngineConfig":
         budget = None if deploy.memory_budget_gb is None else int(deploy.memory_budget_gb * 2**30)
-        policy = SchedulingPolicy(kind=deploy.scheduling, max_running=deploy.max_running, max_batch=deploy.max_batch)
+        policy = SchedulingPolicy(kind=deploy.scheduling, max_running=deploy.max_running, max_batch=deploy.max_batch,
+                                  max_batch_tokens=deploy.max_batch_tokens)
         return cls(max_queue=deploy.max_queue, memory_budget_bytes=budget, nan_check=deploy.nan_check,
                    on_pool_failure=deploy.on_pool_failure, policy=policy)
 

@@ -29,6 +29,7 @@ class LoadOptions:
     compile: bool = False
     quantization: str = "none"  # "fp8": e4m3 GEMMs in the transformer blocks (layers/fp8_linear.py)
     text_cache_bytes: int = 256 * 2**20  # text-embedding cache budget (0: no cache)
+    resolution_buckets: tuple[tuple[int, int], ...] = ()  # image models: the only (height, width) served
 
 
 @dataclass(frozen=True, kw_only=True)

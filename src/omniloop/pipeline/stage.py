@@ -64,6 +64,11 @@ class LoopStage(_Ports, Protocol):
 
     def step_many(self, ctx: StageContext, loops: Sequence[LoopState]) -> list[StepResult]: ...
 
+    def batch_weight(self, loop: LoopState) -> int:
+        """What the loop's next step adds to a batch under the scheduler's token budget
+        (``SchedulingPolicy.max_batch_tokens``); 0: nothing counted."""
+        ...
+
 
 def is_loop(stage: Any) -> bool:
     return callable(getattr(stage, "init", None)) and callable(getattr(stage, "step", None))
@@ -107,6 +112,9 @@ class LoopStageBase(StageBase):
 
     def batch_key(self, loop: LoopState) -> Hashable | None:
         return None
+
+    def batch_weight(self, loop: LoopState) -> int:
+        return 0
 
     def step_many(self, ctx: StageContext, loops: Sequence[LoopState]) -> list[StepResult]:
         return [self.step(ctx, loop) for loop in loops]  # type: ignore[attr-defined]

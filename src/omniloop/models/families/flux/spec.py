@@ -89,7 +89,9 @@ def flux_variant(index: Mapping[str, Any]) -> Variant:
 # -- pipeline -------------------------------------------------------------------------
 
 
-def flux_pipeline_spec(variant: Variant, *, guidance_embeds: bool) -> PipelineSpec:
+def flux_pipeline_spec(variant: Variant, *, guidance_embeds: bool, pack: bool = True) -> PipelineSpec:
+    """``pack``: requests of different sizes share batched steps (packed tokens); off with
+    resolution buckets (fixed shapes: requests of one bucket batch unpacked)."""
     components = {w.component: ComponentSpec(name=w.component, kind=w.kind) for w in variant.weights}
     text = TextEncode(
         encoders=(TextEncoderSpec("text_encoder", output="pooled", field="pooled"),  # CLIP: the pooled vector
@@ -102,7 +104,7 @@ def flux_pipeline_spec(variant: Variant, *, guidance_embeds: bool) -> PipelineSp
         Node(
             "denoise",
             DenoiseLoop(
-                FluxDenoiser(),
+                FluxDenoiser(packs=pack),
                 cfg=EmbeddedGuidance() if guidance_embeds else EmbeddedGuidance(kwarg=None),
                 shift=DynamicShift(),
                 conditioning=LatentStart(),
@@ -126,7 +128,8 @@ def _wants_pixels(request: OmniRequest) -> bool:
 
 def build_flux(variant: Variant, index: Mapping[str, Any], components: Mapping[str, Any], options: LoadOptions) -> Pipeline:
     dit, vae = components["transformer"], components["vae"]
-    spec = flux_pipeline_spec(variant, guidance_embeds=dit.config.guidance_embeds)
+    buckets = options.resolution_buckets
+    spec = flux_pipeline_spec(variant, guidance_embeds=dit.config.guidance_embeds, pack=not buckets)
     defaults = {
         **FLUX_DEFAULTS,
         "latent_channels": vae.config.latent_channels,
@@ -136,7 +139,7 @@ def build_flux(variant: Variant, index: Mapping[str, Any], components: Mapping[s
         raise ValueError(f"transformer in_channels {dit.config.in_channels} needs a VAE of "
                          f"{dit.config.latent_channels} latent channels; vae/ has {vae.config.latent_channels}")
     return Pipeline(spec=spec, components=components, device=options.device, dtype=options.dtype, defaults=defaults,
-                    validate_request=make_validator(defaults, components["sampler"]))
+                    validate_request=make_validator(defaults, components["sampler"], buckets))
 
 
 FLUX = register_model_spec(

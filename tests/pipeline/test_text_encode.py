@@ -166,7 +166,7 @@ class ToneDecoder:
 
 
 def test_decode_stage_writes_audio_from_an_audio_decoder():
-    from omniloop.io.wav import wav_bytes
+    from omniloop.io.audio import encode_audio
 
     stage = VAEDecode(decoder=ToneDecoder())
     assert stage.components == ("audio_vae", "vocoder") and stage.modality == "audio"
@@ -177,5 +177,5 @@ def test_decode_stage_writes_audio_from_an_audio_decoder():
     stage.forward(ctx, state)
     audio = state.artifacts["audio"]
     assert isinstance(audio, AudioArtifact) and audio.samples.shape == (2, 3200) and audio.sample_rate == 16000
-    with wave.open(io.BytesIO(wav_bytes(audio.samples, audio.sample_rate))) as f:
+    with wave.open(io.BytesIO(encode_audio(audio.samples, audio.sample_rate, "wav"))) as f:
         assert (f.getnchannels(), f.getframerate(), f.getnframes(), f.getsampwidth()) == (2, 16000, 3200, 2)

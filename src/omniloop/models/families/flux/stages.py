@@ -11,6 +11,7 @@ import torch
 from omniloop.io.image import image_to_tensor, open_image_part
 from omniloop.models.families.flux.model import FluxInputs
 from omniloop.models.layers.packed import Segments
+from omniloop.pipeline.loops.denoise import DenoiserBase
 from omniloop.pipeline.edges import ConditionLatents, LatentPosterior, TextEmbeddings
 from omniloop.pipeline.policies.cfg import COND, Prediction
 from omniloop.pipeline.stage import StageBase
@@ -52,7 +53,7 @@ def image_ids(h: int, w: int, device: torch.device) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class FluxDenoiser:
+class FluxDenoiser(DenoiserBase):
     """Adapts ``FluxTransformer`` to the DenoiseLoop: one ``image`` latent modality, kept
     unpacked ``[1, C, h, w]`` in the loop (so the seed draws diffusers' noise and the
     sampler step is the same elementwise update) and packed into tokens per forward."""

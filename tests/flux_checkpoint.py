@@ -116,3 +116,78 @@ def save_flux_checkpoint(folder: Path, *, guidance_embeds: bool = True):
     pipe = make_flux_pipeline(folder, guidance_embeds=guidance_embeds)
     pipe.save_pretrained(folder)
     return pipe
+
+
+# --------------------------------------------------------------------------------------
+# LoRA files (diffusers/peft layout via save_lora_weights, and kohya names)
+# --------------------------------------------------------------------------------------
+
+STYLE_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "to_add_out", "ff.net.2", "proj_mlp", "proj_out",
+                 "norm1.linear", "x_embedder"]
+DETAIL_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "ff_context.net.0.proj", "norm.linear"]
+
+
+def _random_lora(module, targets, rank, alpha, seed, **extra):
+    from peft import LoraConfig, get_peft_model_state_dict
+
+    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, init_lora_weights=False, **extra)
+    torch.manual_seed(seed)
+    if hasattr(module, "add_adapter") and not hasattr(module, "config") or type(module).__module__.startswith("diffusers"):
+        module.add_adapter(config)
+    else:  # a transformers model: peft directly (transformers' own add_adapter wants a newer peft)
+        from peft import inject_adapter_in_model
+
+        inject_adapter_in_model(config, module)
+    with torch.no_grad():  # large enough deltas that a dropped or misplaced one shows
+        for name, p in module.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn_like(p) * 0.3)
+    return get_peft_model_state_dict(module), config.to_dict()
+
+
+def save_flux_loras(folder: Path) -> dict[str, Path]:
+    """``style``: transformer (r 4, alpha 8) + CLIP text encoder (r 2, alpha 4) LoRA;
+    ``detail``: transformer-only (r 2, alpha 3); both with the adapter metadata diffusers'
+    ``save_lora_weights`` writes. ``kohya``: a kohya/sd-scripts file (BFL module names, fused
+    qkv, alpha keys) holding ``detail``'s double-block deltas, for both converters."""
+    from diffusers import FluxPipeline
+
+    folder.mkdir(parents=True, exist_ok=True)
+    out = {}
+    t_sd, t_cfg = _random_lora(tiny_flux_transformer(), STYLE_TARGETS, 4, 8, seed=10)
+    te_sd, te_cfg = _random_lora(tiny_clip(len(tiny_clip_tokenizer())), ["q_proj", "v_proj", "fc1"], 2, 4, seed=11)
+    FluxPipeline.save_lora_weights(folder / "style", transformer_lora_layers=t_sd, text_encoder_lora_layers=te_sd,
+                                   transformer_lora_adapter_metadata=t_cfg, text_encoder_lora_adapter_metadata=te_cfg)
+    out["style"] = folder / "style" / "pytorch_lora_weights.safetensors"
+    d_sd, d_cfg = _random_lora(tiny_flux_transformer(), DETAIL_TARGETS, 2, 3, seed=12)
+    FluxPipeline.save_lora_weights(folder / "detail", transformer_lora_layers=d_sd, transformer_lora_adapter_metadata=d_cfg)
+    out["detail"] = folder / "detail" / "pytorch_lora_weights.safetensors"
+    out["kohya"] = save_kohya_lora(folder / "kohya.safetensors", d_sd)
+    return out
+
+
+def save_kohya_lora(path: Path, peft_sd: dict[str, torch.Tensor]) -> Path:
+    """Double block 0's image q/k/v (fused into ``img_attn_qkv``: the down factors stacked,
+    the up factors block-diagonal) and output projection, and the text stream's first MLP,
+    under kohya names with ``.alpha`` keys giving ``detail``'s scale (alpha 3 over rank 2,
+    9 over the fused rank 6: the converters must fold it into the factors)."""
+    from safetensors.torch import save_file
+
+    a = {k.removesuffix(".lora_A.weight"): v for k, v in peft_sd.items() if k.endswith("lora_A.weight")}
+    b = {k.removesuffix(".lora_B.weight"): v for k, v in peft_sd.items() if k.endswith("lora_B.weight")}
+    blk = "transformer_blocks.0"
+    qkv = [f"{blk}.attn.to_q", f"{blk}.attn.to_k", f"{blk}.attn.to_v"]
+    up = torch.block_diag(*[b[m] for m in qkv])  # [3 out, 3 r]
+    sd = {
+        "lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight": torch.cat([a[m] for m in qkv]),
+        "lora_unet_double_blocks_0_img_attn_qkv.lora_up.weight": up,
+        "lora_unet_double_blocks_0_img_attn_qkv.alpha": torch.tensor(9.0),  # rank 6: scale 1.5, detail's
+        "lora_unet_double_blocks_0_img_attn_proj.lora_down.weight": a[f"{blk}.attn.to_out.0"],
+        "lora_unet_double_blocks_0_img_attn_proj.lora_up.weight": b[f"{blk}.attn.to_out.0"],
+        "lora_unet_double_blocks_0_img_attn_proj.alpha": torch.tensor(3.0),
+        "lora_unet_double_blocks_0_txt_mlp_0.lora_down.weight": a[f"{blk}.ff_context.net.0.proj"],
+        "lora_unet_double_blocks_0_txt_mlp_0.lora_up.weight": b[f"{blk}.ff_context.net.0.proj"],
+        "lora_unet_double_blocks_0_txt_mlp_0.alpha": torch.tensor(3.0),
+    }
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(path))
+    return path

@@ -51,6 +51,10 @@ class DeployConfig(BaseModel):
     )
     plugins: dict[str, dict[str, Any]] = Field(default_factory=dict, description="enabled plugins and their config")
     text_cache_mb: float = Field(default=256, ge=0, description="text-embedding cache budget in MiB (0: no cache)")
+    lora_files: dict[str, str] = Field(default_factory=dict,
+                                       description="LoRA files loaded at startup, by the name requests use: {name: path}")
+    lora_device_mb: float = Field(default=2048, ge=0, description="adapter cache: device-resident LoRA budget (MiB)")
+    lora_host_mb: float = Field(default=8192, ge=0, description="adapter cache: host-memory LoRA budget (MiB)")
     limits: Limits = Field(default_factory=Limits)
     # -- engine -------------------------------------------------------------------------
     scheduling: Literal["srpt", "fifo"] = Field(

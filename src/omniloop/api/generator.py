@@ -118,6 +118,7 @@ class VideoGenerator:
         """Run one request to completion. Bad input raises ValueError; a failure while
         running returns an output with status ``failed``."""
         self._check_limits(request)
+        self._load_lora_files(request)
         self._listener = on_event
         try:
             with torch.inference_mode():
@@ -126,6 +127,29 @@ class VideoGenerator:
                 return self.engine.pop_output(rid)
         finally:
             self._listener = None
+
+    # -- LoRAs ------------------------------------------------------------------------------
+    def load_lora(self, name: str, path: str | Path) -> dict[str, Any]:
+        """Register a LoRA file under ``name`` (requests then pass ``loras=[(name, strength)]``)."""
+        return self._adapters().load(name, path)
+
+    def unload_lora(self, name: str) -> None:
+        self._adapters().unload(name)
+
+    def _adapters(self):
+        from omniloop.pipeline.adapters import adapter_cache
+
+        cache = adapter_cache(self.pipeline.caches)
+        if cache is None:
+            raise ValueError(f"{self.pipeline.spec.name!r} takes no LoRAs")
+        return cache
+
+    def _load_lora_files(self, request: OmniRequest) -> None:
+        """Offline, a LoRA may be named by its file: load it under its path on first use."""
+        for ref in request.diffusion.loras:
+            path = Path(ref.name).expanduser()
+            if path.suffix == ".safetensors" and path.is_file() and ref.name not in self._adapters():
+                self._adapters().load(ref.name, path)
 
     def generate_video(
         self,

@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping
 import torch
 from pydantic import ValidationError
 
+from omniloop.pipeline.adapters import check_loras
 from omniloop.pipeline.spec import Node, PipelineSpec
 from omniloop.pipeline.state import RequestState, StageContext
 from omniloop.request import Artifact, Modality, OmniOutput, OmniRequest, RequestStatus
@@ -81,6 +82,7 @@ class Pipeline:
                 f"pass one of {sorted(t.value for t in self.spec.tasks)}"
             )
         self._check_modalities(request)
+        check_loras(self.caches, request.diffusion.loras, self.spec.name)
         if self.validate_request is not None:
             request = self.validate_request(request)
         state = RequestState(request=request)

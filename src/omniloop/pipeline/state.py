@@ -102,6 +102,9 @@ class RequestState:
     # references the request holds on shared cache entries (text embeddings, adapters); the
     # runtime calls them once when the request ends, whatever the ending
     releases: list[Callable[[], None]] = field(default_factory=list)
+    # the request's LoRAs on the device, per component they patch (component -> adapter set),
+    # acquired from the deployment's adapter cache by its first node that applies them
+    adapters: dict[str, Any] | None = None
 
     @property
     def request_id(self) -> str:

@@ -21,6 +21,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from omniloop.ext.interceptors import accepts_block_interceptor
+from omniloop.models.layers.lora import AdapterSet, LoraPlan, lora_rows
+from omniloop.pipeline.adapters import request_adapters
 from omniloop.pipeline.edges import ConditionLatents, DenoisedLatents, TextEmbeddings
 from omniloop.pipeline.failures import PoolFatalError, attempt, per_request
 from omniloop.pipeline.policies.cfg import CFGPolicy, CFGState, ClassicCFG, Prediction
@@ -115,6 +117,7 @@ class DenoiseLoopState(LoopState):
     flops_per_forward: float | None = None
     tokens_per_forward: int = 0  # the batch token budget's unit (0: unknown)
     packed: bool = False  # steps batch with other latent shapes (a packing denoiser, no plugins)
+    adapters: dict[str, AdapterSet] = field(default_factory=dict)  # component -> the request's LoRAs
     preview_every: int | None = None
     trajectory: list[torch.Tensor] | None = None
 
@@ -189,6 +192,7 @@ class DenoiseLoop(LoopStageBase):
             flops_per_forward=self.denoiser.flops_per_forward(ctx, shapes),
             tokens_per_forward=int(self.denoiser.tokens_per_forward(ctx, shapes) or 0),
             packed=self.denoiser.packs and ctx.hooks is None,
+            adapters=request_adapters(ctx, state),
             preview_every=request.outputs.preview_every if request.outputs.stream else None,
             trajectory=[] if request.outputs.return_trajectory else None,
         )
@@ -364,11 +368,13 @@ class DenoiseLoop(LoopStageBase):
                 ts.append(t)
                 kws.append(kw)
             sizes = [next(iter(x.values())).shape[0] for x in xs]
-            if _mixed_shapes(xs):  # packed loops of different sizes: one forward over packed tokens
-                parts = self.denoiser.forward_packed(model, xs, ts, kws)
-            else:
-                pred = self._forward(ctx, model, loops, group, sizes, route, _cat_dicts(xs), torch.cat(ts), _cat_kwargs(kws))  # forward
-                parts = _split_pred(pred, sizes)
+            with lora_rows(_lora_plan(loops, group, sizes, route.component)):  # each row's own LoRAs
+                if _mixed_shapes(xs):  # packed loops of different sizes: one forward over packed tokens
+                    parts = self.denoiser.forward_packed(model, xs, ts, kws)
+                else:
+                    pred = self._forward(ctx, model, loops, group, sizes, route, _cat_dicts(xs), torch.cat(ts),
+                                         _cat_kwargs(kws))  # forward
+                    parts = _split_pred(pred, sizes)
             for (i, b), part in zip(group, parts):
                 out[i][b] = {m: v.float() for m, v in part.items()}  # post_forward: fp32 for combine
         return out
@@ -504,6 +510,16 @@ def _kwargs_signature(branch_kwargs: Mapping[str, Mapping[str, Any]]) -> tuple:
             else:
                 sig.append((b, k, repr(v)))
     return tuple(sig)
+
+
+def _lora_plan(loops: Sequence[DenoiseLoopState], group: list[tuple[int, str]], sizes: list[int],
+               component: str) -> LoraPlan | None:
+    """Per batch row of one forward: the adapters of the request it belongs to (None: no
+    request of the group applies any)."""
+    if not any(loops[i].adapters for i, _ in group):
+        return None
+    rows = [loops[i].adapters.get(component) for (i, _), n in zip(group, sizes) for _ in range(n)]
+    return LoraPlan(rows)
 
 
 def _mixed_shapes(xs: list[dict[str, torch.Tensor]]) -> bool:

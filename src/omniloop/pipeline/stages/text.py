@@ -11,19 +11,19 @@ is encoded once and shared by every request that needs it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Sequence
 
 import torch
 
 from omniloop.cache.text_embeddings import CACHE_NAME, EmbeddingKey, EmbeddingRow, TextEmbeddingCache
+from omniloop.models.layers.lora import LoraPlan, lora_rows
+from omniloop.pipeline.adapters import adapter_cache, request_adapters
 from omniloop.pipeline.edges import POOLED_FIELD, PROMPT_FIELD, BranchPair, TextEmbeddings
 from omniloop.pipeline.policies.cfg import guidance_enabled
 from omniloop.pipeline.stage import StageBase
 from omniloop.pipeline.state import RequestState, StageContext
 
-# (request state, encoder component) -> signature of the adapters the request applies to it
-AdapterSignature = Callable[[RequestState, str], str]
 
 
 @dataclass(frozen=True)
@@ -39,10 +39,6 @@ class TextEncoderSpec:
             raise ValueError(f"TextEncoderSpec.output must be 'sequence' or 'pooled', got {self.output!r}")
 
 
-def _no_adapters(state: RequestState, component: str) -> str:
-    return ""
-
-
 @dataclass
 class TextEncode(StageBase):
     # the one-encoder shorthand: ``component``'s sequence into ``prompt`` (Wan)
@@ -51,7 +47,6 @@ class TextEncode(StageBase):
     # "cfg": encode the negative prompt when the request's guidance needs an uncond branch;
     # "embedded": never (the scale rides inside the forward: Flux's guidance embedding)
     guidance: Literal["cfg", "embedded"] = "cfg"
-    adapter_signature: AdapterSignature = field(default=_no_adapters, repr=False)
     outputs = {"text": TextEmbeddings}  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
@@ -103,8 +98,10 @@ class TextEncode(StageBase):
         out: list[list[EmbeddingRow | None]] = [[None] * len(p) for p in wanted]
         todo: dict[Any, list[tuple[int, int]]] = {}  # one encoding per distinct (key or prompt)
         ident = cache.identity(encoder, component) if cache is not None else component
+        loras = adapter_cache(ctx.caches)
         for i, (state, prompts) in enumerate(zip(states, wanted)):
-            adapters = self.adapter_signature(state, component)
+            refs = state.request.diffusion.loras
+            adapters = loras.signature(refs, component) if loras is not None and refs else ""
             for j, text in enumerate(prompts):
                 if cache is None:
                     todo.setdefault((text, adapters), []).append((i, j))
@@ -119,8 +116,11 @@ class TextEncode(StageBase):
                     todo.setdefault(key, []).append((i, j))
                     self._event(ctx, "miss", state.request_id)
         if todo:
+            firsts = [places[0][0] for places in todo.values()]
             texts = [wanted[i][j] for (i, j), *_ in todo.values()]
-            encoded = encoder.encode(texts, device=ctx.device)
+            rows = [request_adapters(ctx, states[i]).get(component) for i in firsts]  # text-encoder LoRAs
+            with lora_rows(LoraPlan(rows)):
+                encoded = encoder.encode(texts, device=ctx.device)
             for n, (key, places) in enumerate(todo.items()):
                 row = EmbeddingRow(
                     embeds=encoded.embeds[n:n + 1].to(ctx.dtype).clone(),

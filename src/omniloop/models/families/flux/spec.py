@@ -15,8 +15,9 @@ from omniloop.models.autoencoders.kl2d import load_kl2d_vae
 from omniloop.models.families.flux.presets import FLUX_DEFAULTS
 from omniloop.models.families.flux.stages import FluxDenoiser, FluxImageCondition
 from omniloop.models.families.flux.validate import make_validator
-from omniloop.models.families.flux.weights import load_flux_transformer
+from omniloop.models.families.flux.weights import flux_lora_from_kohya, flux_lora_stream, load_flux_transformer
 from omniloop.models.load_options import apply_load_options
+from omniloop.models.lora import LoraSupport
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
 from omniloop.models.text.clip import load_clip_encoder
 from omniloop.models.text.t5 import load_t5_encoder
@@ -149,6 +150,8 @@ FLUX = register_model_spec(
         variant=flux_variant,
         build=build_flux,
         description="Flux.1 image DiT (double + single stream, embedded guidance) with CLIP + T5 and the 2D VAE; "
-                    "text-to-image and image-to-image, requests of any sizes packed into one step",
+                    "text-to-image and image-to-image, requests of any sizes packed into one step, per-request LoRAs",
+        lora=LoraSupport(components=("transformer", "text_encoder"), convert=flux_lora_from_kohya,
+                         streams={"transformer": flux_lora_stream}),
     )
 )

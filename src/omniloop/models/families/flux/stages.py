@@ -10,6 +10,7 @@ import torch
 
 from omniloop.io.image import image_to_tensor, open_image_part
 from omniloop.models.families.flux.model import FluxInputs
+from omniloop.models.layers.lora import LoraPlan, current_plan, lora_rows
 from omniloop.models.layers.packed import Segments
 from omniloop.pipeline.loops.denoise import DenoiserBase
 from omniloop.pipeline.edges import ConditionLatents, LatentPosterior, TextEmbeddings
@@ -95,7 +96,8 @@ class FluxDenoiser(DenoiserBase):
             text_segments=Segments(tuple(t.shape[0] for t in text)),
             guidance=torch.stack(guidance).to(device) if guidance is not None else None,
         )
-        out = model(inputs)  # [N_img, 4C]
+        with lora_rows(_bound(current_plan(), inputs)):  # each sample's LoRAs on its own tokens
+            out = model(inputs)  # [N_img, 4C]
         preds = [unpack_latents(tok, x.shape[1], x.shape[2]) for tok, (x, *_) in zip(inputs.image_segments.split(out), rows)]
         result, i = [], 0
         for x in xs:
@@ -129,6 +131,22 @@ class FluxDenoiser(DenoiserBase):
         img, txt, cfg = self._dims(ctx, shapes)
         itemsize = torch.finfo(ctx.dtype).bits // 8
         return int((img + txt) * (12 * cfg.inner_dim * itemsize + 2 * cfg.attention_head_dim * 4))
+
+
+def _bound(plan: LoraPlan | None, inputs: FluxInputs) -> LoraPlan | None:
+    """The loop's per-sample LoRA plan with each token stream's owners (packed layout)."""
+    if plan is None:
+        return None
+    img, txt = inputs.image_segments, inputs.text_segments
+    device = inputs.image.device
+    samples = torch.arange(img.count, device=device)
+    joint = torch.tensor([t + i for t, i in zip(txt.lengths, img.lengths)], device=device)
+    return plan.bind(
+        image=samples.repeat_interleave(torch.tensor(img.lengths, device=device)),
+        text=samples.repeat_interleave(torch.tensor(txt.lengths, device=device)),
+        joint=samples.repeat_interleave(joint),
+        sample=samples,
+    )
 
 
 # -- image-to-image conditioning --------------------------------------------------------

@@ -99,12 +99,12 @@ def test_cache_serves_repeats_and_cfg_branches_and_counts_references():
     first = [_state("a red circle", "r0"), _state("a red circle", "r1")]  # n=2 of one prompt
     stage.forward_many(ctx, first)
     assert t5.calls == [["a red circle", ""]]  # deduplicated: each distinct prompt once
-    assert cache.summary()["entries"] == 2
+    assert cache.summary()["entries"] == 2 and cache.stats.hits == 2  # r1's prompt and negative: served, not encoded
     key = cache.key("a red circle", cache.identity(t5, "t5"))
     assert cache.refs(key) == 2  # both requests hold it
     later = _state("a red circle", "r2")
     stage.forward(ctx, later)  # a repeat: the prompt and the shared negative prompt both hit
-    assert len(t5.calls) == 1 and cache.stats.hits == 2
+    assert len(t5.calls) == 1 and cache.stats.hits == 4
     assert torch.equal(later.artifacts["text"].prompt, first[0].artifacts["text"].prompt)
     for state in first + [later]:
         state.release_refs()

@@ -115,6 +115,12 @@ class TextEmbeddingCache:
             entry.refs[owner] = entry.refs.get(owner, 0) + 1
             return entry.row
 
+    def count_hit(self) -> None:
+        """A lookup served without encoding by a row computed for the same group (the
+        caller deduplicated it before the cache saw it)."""
+        with self._lock:
+            self.stats.hits += 1
+
     def insert(self, key: EmbeddingKey, row: EmbeddingRow, owner: str) -> tuple[bool, int]:
         """Cache ``row`` referenced by ``owner``, evicting unreferenced entries (LRU) for room.
         Returns (cached, evicted bytes); not cached when it cannot fit."""

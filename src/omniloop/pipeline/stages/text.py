@@ -107,6 +107,11 @@ class TextEncode(StageBase):
                     todo.setdefault((text, adapters), []).append((i, j))
                     continue
                 key = cache.key(text, ident, adapters)
+                if key in todo:  # the same prompt twice in this group (n > 1, a shared negative): one encoding
+                    todo[key].append((i, j))
+                    cache.count_hit()
+                    self._event(ctx, "hit", state.request_id)
+                    continue
                 row = cache.acquire(key, state.request_id)
                 if row is not None:
                     held.append((key, state.request_id))

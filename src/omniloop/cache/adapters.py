@@ -153,6 +153,14 @@ class AdapterCache:
                     self._drop(name)
             self._fit_device()
 
+    def drop_device_copies(self) -> None:
+        """The model moved off the device: forget every device copy (none may be pinned)."""
+        with self._lock:
+            for name in list(self._device_lru):
+                assert not self._entries[name].refs, f"LoRA {name!r} is in use; a busy model is never moved"
+                self._entries[name].device = None
+            self._device_lru.clear()
+
     # -- tiers ------------------------------------------------------------------------------
     def _device_copy(self, entry: _Entry) -> LoraAdapter:
         if entry.device is not None:

@@ -22,6 +22,7 @@ from omniloop.pipeline.pipeline import Pipeline
 from omniloop.request import (
     DiffusionParams,
     ImagePart,
+    Modality,
     OmniEvent,
     OmniOutput,
     OmniRequest,
@@ -52,6 +53,23 @@ class GeneratedVideo:
     seed: int | None
     metrics: RequestMetrics
     output: OmniOutput
+    audio: np.ndarray | None = None  # [channels, samples] float32 soundtrack; None without sound
+    sample_rate: int | None = None
+
+
+@dataclass(frozen=True)
+class GeneratedAudio:
+    audio: np.ndarray  # [channels, samples] float32 in [-1, 1]
+    sample_rate: int
+    path: Path | None
+    request_id: str
+    seed: int | None
+    metrics: RequestMetrics
+    output: OmniOutput
+
+    @property
+    def seconds(self) -> float:
+        return self.audio.shape[1] / self.sample_rate
 
 
 class VideoGenerator:
@@ -104,21 +122,23 @@ class VideoGenerator:
         *,
         image: Any = None,
         task: str | TaskType | None = None,
+        audio: bool | None = None,
         output_path: str | Path | None = "outputs/",
         save_video: bool = True,
         on_event: Callable[[OmniEvent], None] | None = None,
         **params: Any,
     ) -> GeneratedVideo:
-        """Generate a video (or image) from ``prompt`` and write it as H.264 mp4.
+        """Generate a video (or image) from ``prompt`` and write it as H.264 mp4, with an AAC
+        soundtrack when the model makes sound.
 
-        ``params`` are DiffusionParams fields (``steps``/``num_inference_steps``,
-        ``guidance_scale``, ``guidance_scale_2``, ``shift``, ``sigmas``, ``height``,
-        ``width``, ``num_frames``, ``fps``, ``seed``, ``negative_prompt``, ``sampler``).
+        ``audio``: None makes sound when the model does; False skips the audio decode; True
+        requires it (a model without an audio path refuses the request). ``params`` are
+        DiffusionParams fields (``steps``/``num_inference_steps``, ``guidance_scale``,
+        ``guidance_scale_2``, ``shift``, ``sigmas``, ``height``, ``width``, ``num_frames``,
+        ``fps``, ``seed``, ``negative_prompt``, ``sampler``).
         """
-        request = self.build_request(prompt, image=image, task=task, **params)
-        output = self.generate(request, on_event)
-        if output.status is not RequestStatus.COMPLETED:
-            raise GenerationError(f"request {output.request_id} {output.status.value}: {output.error}")
+        request = self.build_request(prompt, image=image, task=task, audio=audio, **params)
+        output = self._completed(request, on_event)
         video = output.video
         if video is None:  # t2i produces an image; present it as a one-frame video
             img = output.image
@@ -126,18 +146,67 @@ class VideoGenerator:
             frames, fps = img.image[None].numpy(), int(request.diffusion.fps or 1)
         else:
             frames, fps = video.frames.numpy(), video.fps
+        sound = output.audio
+        samples = sound.samples.numpy() if sound is not None else None
+        rate = sound.sample_rate if sound is not None else None
         path = None
         if save_video and output_path is not None:
-            path = self._output_file(Path(output_path), output.request_id)
+            path = self._output_file(Path(output_path), output.request_id, ".mp4")
             from omniloop.io.video import write_mp4
 
-            write_mp4(frames, path, fps)
+            write_mp4(frames, path, fps, audio=samples, sample_rate=rate)
         return GeneratedVideo(
             frames=frames, fps=fps, path=path, request_id=output.request_id, seed=output.metrics.seed,
-            metrics=output.metrics, output=output,
+            metrics=output.metrics, output=output, audio=samples, sample_rate=rate,
         )
 
-    def build_request(self, prompt: str, *, image: Any = None, task: str | TaskType | None = None, **params: Any) -> OmniRequest:
+    def generate_audio(
+        self,
+        prompt: str,
+        *,
+        task: str | TaskType | None = None,
+        output_path: str | Path | None = "outputs/",
+        save_audio: bool = True,
+        audio_format: str = "wav",
+        on_event: Callable[[OmniEvent], None] | None = None,
+        **params: Any,
+    ) -> GeneratedAudio:
+        """Generate audio from ``prompt`` and write it as ``audio_format`` (wav, flac or mp3; a
+        file ``output_path``'s suffix wins). A text-to-audio model runs task t2a; a video model
+        with sound runs its video task (``task``) and returns only the soundtrack (the video
+        decode is skipped). ``params`` are DiffusionParams fields (``duration_s``, ``steps``,
+        ``guidance_scale``, ``seed``, ``negative_prompt``, ...)."""
+        from omniloop.io.audio import AUDIO_FORMATS, write_audio
+
+        if audio_format not in AUDIO_FORMATS:
+            raise ValueError(f"audio_format={audio_format!r}: pass one of {sorted(AUDIO_FORMATS)}")
+        if "audio" not in self.pipeline.spec.outputs:
+            raise ValueError(f"{self.pipeline.spec.name!r} has no audio path (it serves {self.tasks} and makes no "
+                             "sound); pass a text-to-audio model or a video model with sound")
+        if task is None and TaskType.T2A in self.pipeline.spec.tasks:
+            task = TaskType.T2A
+        request = self.build_request(prompt, task=task, **params)
+        request = request.model_copy(update={"outputs": OutputSpec(modalities=[Modality.AUDIO])})
+        output = self._completed(request, on_event)
+        sound = output.audio
+        assert sound is not None, "a completed audio generation has an audio artifact"
+        samples = sound.samples.numpy()
+        path = None
+        if save_audio and output_path is not None:
+            path = self._output_file(Path(output_path), output.request_id, f".{audio_format}",
+                                     tuple(f".{f}" for f in AUDIO_FORMATS))
+            write_audio(samples, path, sound.sample_rate)
+        return GeneratedAudio(audio=samples, sample_rate=sound.sample_rate, path=path, request_id=output.request_id,
+                              seed=output.metrics.seed, metrics=output.metrics, output=output)
+
+    def _completed(self, request: OmniRequest, on_event: Callable[[OmniEvent], None] | None) -> OmniOutput:
+        output = self.generate(request, on_event)
+        if output.status is not RequestStatus.COMPLETED:
+            raise GenerationError(f"request {output.request_id} {output.status.value}: {output.error}")
+        return output
+
+    def build_request(self, prompt: str, *, image: Any = None, task: str | TaskType | None = None,
+                      audio: bool | None = None, **params: Any) -> OmniRequest:
         fields = {_ALIASES.get(k, k): v for k, v in params.items()}
         unknown = sorted(set(fields) - set(DiffusionParams.model_fields))
         if unknown:
@@ -150,7 +219,17 @@ class VideoGenerator:
             task = TaskType.I2V if image is not None else (
                 TaskType.T2V if TaskType.T2V in self.pipeline.spec.tasks else next(iter(self.pipeline.spec.tasks))
             )
-        return OmniRequest(task=TaskType(task), inputs=inputs, diffusion=DiffusionParams(**fields), outputs=OutputSpec())
+        task = TaskType(task)
+        return OmniRequest(task=task, inputs=inputs, diffusion=DiffusionParams(**fields),
+                           outputs=OutputSpec(modalities=self._modalities(task, audio)))
+
+    def _modalities(self, task: TaskType, audio: bool | None) -> list[Modality] | None:
+        """OutputSpec.modalities for ``audio``: None, the task's default; False, pixels only;
+        True, pixels and sound (admission refuses it for a model without an audio path)."""
+        if audio is None:
+            return None
+        pixels = Modality.IMAGE if task.makes_image else Modality.VIDEO
+        return [pixels, Modality.AUDIO] if audio else [pixels]
 
     def _check_limits(self, request: OmniRequest) -> None:
         limits, p = self.deploy.limits, request.diffusion
@@ -163,9 +242,10 @@ class VideoGenerator:
             raise ValueError(f"diffusion.steps={steps} exceeds this deployment's limit {limits.max_steps}")
 
     @staticmethod
-    def _output_file(output_path: Path, request_id: str) -> Path:
-        if output_path.suffix.lower() == ".mp4":
+    def _output_file(output_path: Path, request_id: str, suffix: str, files: tuple[str, ...] = (".mp4",)) -> Path:
+        """``output_path`` itself when its suffix is one of ``files``, else ``<dir>/<id><suffix>``."""
+        if output_path.suffix.lower() in files:
             output_path.parent.mkdir(parents=True, exist_ok=True)
             return output_path
         output_path.mkdir(parents=True, exist_ok=True)
-        return output_path / f"{request_id}.mp4"
+        return output_path / f"{request_id}{suffix}"

@@ -33,7 +33,7 @@ from omniloop.cache.chunk_kv import ChunkKVBatch, ChunkKVHandle, ChunkKVPool, KV
 from omniloop.ext.hooks import CacheEvent
 from omniloop.pipeline.edges import ConditionLatents, DenoisedLatents, TextEmbeddings
 from omniloop.pipeline.failures import per_request
-from omniloop.pipeline.loops.denoise import DenoiseLoop, DenoiseLoopState, _own, initial_noise
+from omniloop.pipeline.loops.denoise import DenoiseLoop, DenoiseLoopState, _own, seeded_noise
 from omniloop.pipeline.stage import LoopStageBase, WorkEstimate
 from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
 from omniloop.request import DiffusionParams, LatentsArtifact, Modality, OmniRequest, VideoArtifact, VideoChunkArtifact
@@ -156,7 +156,8 @@ class ChunkRollout(LoopStageBase):
         state.metrics.seed = seed
         condition = ctx.read_optional(state, "condition", ConditionLatents)
         plan = self.model.plan(ctx, state, condition)
-        noise = initial_noise({MODALITY: plan.shape}, seed, ctx.device)[MODALITY]  # the whole video, as diffusers
+        gen = torch.Generator("cpu").manual_seed(seed)  # the whole video's noise, drawn as diffusers does
+        noise = seeded_noise({MODALITY: plan.shape}, gen, ctx.device)[MODALITY]
         output = torch.zeros_like(noise)
         if condition is not None:
             output[:, :, : plan.context_frames] = condition.latents[:, :, : plan.context_frames].float()

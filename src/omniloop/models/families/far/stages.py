@@ -16,7 +16,7 @@ from omniloop.io.image import image_to_tensor, open_image
 from omniloop.models.families.far.model import COMPRESSED, FULL
 from omniloop.pipeline.edges import ConditionLatents, TextEmbeddings
 from omniloop.pipeline.loops.chunk import ChunkPlan
-from omniloop.pipeline.loops.denoise import DenoiseParams
+from omniloop.pipeline.loops.denoise import DenoiseParams, DenoiserBase
 from omniloop.pipeline.policies.cfg import COND, UNCOND, Prediction
 from omniloop.pipeline.stage import StageBase
 from omniloop.pipeline.state import RequestState, StageContext
@@ -82,7 +82,7 @@ def partition_for(request: OmniRequest, params: RolloutParams | None, defaults: 
 
 
 @dataclass(frozen=True)
-class FARDenoiser:
+class FARDenoiser(DenoiserBase):
     """Adapts ``FARDiT.forward`` to the DenoiseLoop: one chunk's ``video`` latents, the flow
     map's ``(t, r)`` pair as per-frame timesteps, the chunk's KV view in ``kv``."""
 
@@ -114,6 +114,9 @@ class FARDenoiser:
         _, _, f, h, w = shapes["video"]
         tokens = f * cfg.tokens_per_frame(FULL, h, w)
         return tokens, int(ctx.defaults.get("max_sequence_length", 512)), cfg.inner_dim, cfg.ffn_dim, cfg.num_layers
+
+    def tokens_per_forward(self, ctx: StageContext, shapes: dict[str, tuple[int, ...]]) -> int:
+        return self._dims(ctx, shapes)[0]
 
     def flops_per_forward(self, ctx: StageContext, shapes: dict[str, tuple[int, ...]]) -> float:
         """Matmul FLOPs of one forward of a chunk (its own tokens; the cached keys add attention)."""

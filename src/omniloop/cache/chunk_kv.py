@@ -295,7 +295,7 @@ class ChunkKVHandle:
         return new
 
     def write(self, tier: str, row: str, chunk: int, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """K/V (``[T, H, D]``, before RoPE) of ``chunk``'s tokens at ``layer``."""
+        """K/V (``[T, H, D]``) of ``chunk``'s tokens at ``layer``."""
         slab = self._slabs[(tier, row)].get(chunk) if layer else None
         (slab or self.slab(tier, row, chunk)).write(layer, k, v)
 
@@ -472,7 +472,7 @@ class ChunkKVBatch:
 
     # -- the model's calls ----------------------------------------------------------------
     def cached_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """K/V of the cached segments, ``[B, Lc, H, D]`` each (before RoPE), or None."""
+        """K/V of the cached segments, ``[B, Lc, H, D]`` each (as the model stored them), or None."""
         if not self.cached:
             return None
         if layer == 0:
@@ -487,8 +487,8 @@ class ChunkKVBatch:
         return torch.stack(ks), torch.stack(vs)
 
     def store(self, layer: int, k: torch.Tensor, v: torch.Tensor, tokens: list[int]) -> None:
-        """Write the new tokens' K/V (``[B, Ln, H, D]``, before RoPE; ``tokens`` per new
-        segment) into their slabs."""
+        """Write the new tokens' K/V (``[B, Ln, H, D]``; ``tokens`` per new segment) into
+        their slabs."""
         assert self.write, "store() in a forward that only reads the cache"
         assert sum(tokens) == k.shape[1] and len(tokens) == len(self.new), f"{tokens} vs {tuple(k.shape)}"
         for b, (handle, row) in enumerate(self.rows):

@@ -14,8 +14,8 @@ one tier's resolution) and takes a :class:`~omniloop.cache.chunk_kv.ChunkKVBatch
   mean velocity;
 * a **context** forward (``kv.write``): the clean latents of the chunk that just finished
   (and, when a chunk leaves the full-resolution window, its compressed re-encoding and the
-  window's chunks again) at timestep 0; stores each new token's K/V (before RoPE) in its
-  slab and returns nothing. Attention is block-causal over chunks (a mask through the
+  window's chunks again) at timestep 0; stores each new token's K/V in its slab and
+  returns nothing. Attention is block-causal over chunks (a mask through the
   attention registry).
 
 Parity (``tests/models/far``): diffusers re-encodes every earlier chunk at each boundary;
@@ -23,6 +23,10 @@ only the chunk leaving the window and the window itself change (a compressed chu
 depends on compressed chunks alone), so we re-encode just those -- the same function, with
 constant work per chunk instead of work growing with the video. Outputs match diffusers
 within float rounding (fp32); see the tests for the measured error.
+
+Slabs hold keys *after* RoPE: a token's position (its frame, row and column at its tier's
+resolution) never changes, so rotating it once when it is written is the same as diffusers'
+rotating every cached key again at every step (bit for bit), at a fraction of the work.
 
 Diffusers-compatible details kept on purpose: RoPE in complex128 (``apply_complex_rope``);
 in a denoise forward, ``(-Lq) % 128`` zero keys (with zero values) join the softmax, as
@@ -136,10 +140,9 @@ class FARConfig:
 
 
 class FARRope(NamedTuple):
-    """Per-forward RoPE: ``q`` [1, Lq, 1, hd/2] and ``k`` [1, Lk, 1, hd/2], complex128."""
+    """Per-forward RoPE of the new tokens (queries and their keys): [1, Ln, 1, hd/2], complex128."""
 
-    q: torch.Tensor
-    k: torch.Tensor
+    freqs: torch.Tensor
 
 
 def apply_complex_rope(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
@@ -223,15 +226,14 @@ class ChunkAttention:
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: FARRope,
                  backend: str) -> torch.Tensor:
-        # q, k, v: [B, Ln, H, hd] of the new tokens, before RoPE
+        # q, k, v: [B, Ln, H, hd] of the new tokens, before RoPE; cached keys are rotated already
+        q, k = apply_complex_rope(q, rope.freqs), apply_complex_rope(k, rope.freqs)
         if self.kv.write:
             self.kv.store(layer, k, v, self.tokens)
         cached = self.kv.cached_kv(layer)
         if cached is not None:
             k = torch.cat([cached[0].to(k.dtype), k], dim=1)  # [B, Lc + Ln, H, hd]
             v = torch.cat([cached[1].to(v.dtype), v], dim=1)
-        q = apply_complex_rope(q, rope.q)
-        k = apply_complex_rope(k, rope.k)
         if self.pad:
             zeros = k.new_zeros(k.shape[0], self.pad, *k.shape[2:])
             k, v = torch.cat([k, zeros], dim=1), torch.cat([v, zeros], dim=1)
@@ -317,13 +319,9 @@ class FARDiT(nn.Module):
         x = torch.cat([self._patchify(hidden_states[:, :, f0 : f0 + n].to(dtype), tier) for tier, f0, n in runs], dim=1)
         tokens = [s.frames * cfg.tokens_per_frame(s.tier, height, width) for s in kv.new]
 
-        # 2. RoPE for the new tokens (queries) and every key (cached, then new)
-        def freqs(segments: tuple[KVSegment, ...]) -> torch.Tensor:
-            parts = [self.rope.segment(device, s.tier, s.start, s.frames, *self._grid(s.tier, height, width))
-                     for s in segments]
-            return torch.cat(parts)[None, :, None]  # [1, L, 1, hd/2]
-
-        rope = FARRope(q=freqs(kv.new), k=freqs(kv.cached + kv.new))
+        # 2. RoPE of the new tokens (the cached keys were rotated when written)
+        parts = [self.rope.segment(device, s.tier, s.start, s.frames, *self._grid(s.tier, height, width)) for s in kv.new]
+        rope = FARRope(freqs=torch.cat(parts)[None, :, None])  # [1, Ln, 1, hd/2]
 
         # 3. Conditions: per-token (mean-velocity) time embedding and modulation, text
         delta = r_timestep if cfg.deltatime_type == "r" else timestep - r_timestep

@@ -167,13 +167,18 @@ def test_a_failing_node_in_a_group_fails_only_its_request(make_engine, wan_pipel
         return original(prompts, **kw)
 
     monkeypatch.setattr(encoder, "encode", encode)
+    from omniloop.cache.text_embeddings import CACHE_NAME, TextEmbeddingCache
+
+    monkeypatch.setitem(wan_pipeline.caches, CACHE_NAME, TextEmbeddingCache(2**20))  # empty: no earlier test's rows
     engine = make_engine(max_batch=3, max_running=3)
     for r in [req(0, steps=2, rid="a"), req(1, steps=2, rid="bad"), req(2, steps=2, rid="b")]:
         engine.add_request(r)
     outs, _ = run_all(engine)
     assert outs["bad"].status is RequestStatus.FAILED and "injected node failure" in outs["bad"].error
     assert outs["a"].status is outs["b"].status is RequestStatus.COMPLETED
-    assert sizes[0] == 6 and sorted(sizes[1:]) == [2, 2, 2]  # 3 x (prompt, negative) at once, then alone
+    # at once: 3 prompts + their one shared negative prompt (deduplicated); then alone: "a"
+    # encodes (prompt, negative), "bad" and "b" find the negative in the text-embedding cache
+    assert sizes == [4, 2, 1, 1]
 
 
 def test_grouped_text_encoding_matches_encoding_alone(make_engine, wan_pipeline):

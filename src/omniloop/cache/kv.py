@@ -156,6 +156,8 @@ class KVBatch:
     A paged kernel (block tables, no gather) replaces the padding behind this interface.
     """
 
+    causal = True  # with mask None: attention is bottom-right causal over what update() returns
+
     def __init__(self, handles: Sequence[KVHandle], num_new: int) -> None:
         assert handles, "KVBatch needs at least one handle"
         assert num_new >= 1, f"num_new must be >= 1, got {num_new}"

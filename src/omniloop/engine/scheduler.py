@@ -62,6 +62,7 @@ class SchedulingPolicy:
     kind: Literal["srpt", "fifo", "fifo_batch"] = "srpt"
     max_running: int = 8  # requests holding state at once
     max_batch: int = 8  # requests per batched step
+    max_batch_tokens: int | None = None  # tokens per batched step (the stages' batch_weight); None: no budget
     aging: float = 0.05  # seconds of remaining cost forgiven per second waited
     deadline_margin: float = 1.5  # a deadline is at risk when slack < margin * remaining
     prologue_share: float = 0.25  # prologue items cheaper than this share of a step run first
@@ -175,12 +176,17 @@ class StepScheduler:
             return NodeWork(node.name, tuple(r.request_id for r in batch))
         key = node.stage.batch_key(head.loop)
         batch = [head]
+        budget, used = self.policy.max_batch_tokens, node.stage.batch_weight(head.loop)
         if key is not None:
             for other in ranked[1:]:
                 if len(batch) >= self.policy.max_batch:
                     break
                 if other.node is node and other.loop is not None and node.stage.batch_key(other.loop) == key:
+                    weight = node.stage.batch_weight(other.loop)
+                    if budget is not None and used + weight > budget:
+                        continue  # over the token budget: a smaller request further down may still fit
                     batch.append(other)
+                    used += weight
         return StepWork(node.name, tuple(r.request_id for r in batch))
 
     def item_cost(self, req: EngineRequest) -> ItemCost:

@@ -15,6 +15,8 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from omniloop.parallel.spec import ParallelSpec
+
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
 
@@ -45,6 +47,11 @@ class DeployConfig(BaseModel):
         "Ada/Hopper GPUs and change the numbers (see benchmarks/results); 'none': the model dtype",
     )
     plugins: dict[str, dict[str, Any]] = Field(default_factory=dict, description="enabled plugins and their config")
+    parallel: ParallelSpec = Field(
+        default_factory=ParallelSpec,
+        description="parallel axes of an SPMD pool, one process per rank (gloo on CPU, NCCL on GPUs): e.g. "
+        "'sp=2,cfg=2'; keys dp, cfg, sp (= ulysses x ring), ulysses, ring, tp, vae=tiles, check_plans",
+    )
     limits: Limits = Field(default_factory=Limits)
     # -- engine -------------------------------------------------------------------------
     scheduling: Literal["srpt", "fifo"] = Field(
@@ -81,6 +88,20 @@ class DeployConfig(BaseModel):
             except RuntimeError:
                 raise ValueError(f"unknown device {v!r}; pass 'auto', 'cpu', 'cuda' or 'cuda:N'") from None
         return v
+
+    @field_validator("parallel", mode="before")
+    @classmethod
+    def _parallel_text(cls, v: Any) -> Any:
+        return ParallelSpec.from_flag(v) if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _parallel_fits_the_deployment(self) -> DeployConfig:
+        # the checks that need no model; the model's own (heads, plans) run before its weights load
+        from omniloop.parallel.preflight import check_deploy
+
+        check_deploy(self.parallel, cfg_mode=self.cfg_mode, attention_backend=self.attention_backend,
+                     quantization=self.quantization, device=self.torch_device())
+        return self
 
     @model_validator(mode="after")
     def _gpu_only_options_on_a_gpu(self) -> DeployConfig:

@@ -34,6 +34,7 @@ class StageContext:
     outputs: Mapping[str, str] = field(default_factory=dict)
     defaults: Mapping[str, Any] = field(default_factory=dict)  # model defaults (steps, guidance, ...)
     hooks: Any = None  # observer chain assembled at build (extension system); None costs nothing
+    parallel: Any = None  # a pool's row placement (omniloop.parallel.rows: dp x cfg forwards); None: one rank
 
     def component(self, name: str) -> Any:
         try:

@@ -7,6 +7,7 @@ Children come from one forkserver that has torch and omniloop imported already, 
 
 from __future__ import annotations
 
+import io
 import traceback
 from typing import Any, Callable
 
@@ -31,7 +32,9 @@ def _child(fn, rank: int, world: int, port: int, threads: int, args: tuple, queu
         result = fn(rank, world, *args)
         dist.barrier()
         dist.destroy_process_group()
-        queue.put((rank, "ok", result))
+        buffer = io.BytesIO()  # bytes, not shared-memory tensors: this process exits right after
+        torch.save(result, buffer)
+        queue.put((rank, "ok", buffer.getvalue()))
     except BaseException:
         queue.put((rank, "error", traceback.format_exc()))
 
@@ -51,7 +54,10 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 1
     errors = []
     for _ in procs:
         rank, status, value = queue.get(timeout=timeout)
-        (results.__setitem__(rank, value) if status == "ok" else errors.append(f"rank {rank}:\n{value}"))
+        if status == "ok":
+            results[rank] = torch.load(io.BytesIO(value), weights_only=False)
+        else:
+            errors.append(f"rank {rank}:\n{value}")
     for p in procs:
         p.join(timeout=timeout)
     assert not errors, "\n".join(errors)

@@ -104,9 +104,13 @@ class FollowerEngine(Engine):
         return RankOutcome(self.rank, digest, ended)
 
     def answer(self, query: Query) -> Any:
+        """Read-only views for rank 0 (debugging, tests, per-rank metrics)."""
         if query.name == "plugin_metrics":
             return self.plugin_metrics()
-        raise ValueError(f"unknown pool query {query.name!r}")
+        if query.name == "requests":  # what this rank holds: it must mirror rank 0's scheduler
+            return {"running": sorted(self.scheduler.running), "waiting": sorted(r.request_id for r in self.scheduler.waiting),
+                    "steps": {rid: r.loop.steps_done for rid, r in self.scheduler.running.items() if r.loop is not None}}
+        raise ValueError(f"unknown pool query {query.name!r}; pass 'plugin_metrics' or 'requests'")
 
     def _adopt(self, request: OmniRequest) -> None:
         """Rank 0 admitted ``request``: the same admission here, without the queue and memory limits."""

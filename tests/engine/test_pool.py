@@ -11,11 +11,12 @@ import pytest
 import torch
 
 from omniloop.deploy import DeployConfig
-from omniloop.engine import Engine, EngineConfig
+from omniloop.engine import Engine, EngineConfig, SchedulingPolicy
 from omniloop.engine.pool import PoolEngine, launch_pool_engine
 from omniloop.engine.pool_messages import PlanMessage
 from omniloop.request import RequestStatus
 from tests.engine.conftest import req, run_all
+from tests.parallel.ranks import rank_threads, threads
 
 
 @pytest.fixture(scope="module")

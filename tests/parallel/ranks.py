@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import traceback
+from contextlib import contextmanager
 from typing import Any, Callable
 
 import torch
@@ -39,6 +40,25 @@ def _child(fn, rank: int, world: int, port: int, threads: int, args: tuple, queu
         queue.put((rank, "error", traceback.format_exc()))
 
 
+def rank_threads(world: int) -> int:
+    """Threads per rank: the ranks share this machine's cores (the pool's rule)."""
+    from omniloop.engine.pool import rank_threads as pool_rule
+
+    return pool_rule(world, torch.device("cpu"))
+
+
+@contextmanager
+def threads(n: int):
+    """Compute a one-process reference with the ranks' thread count: CPU kernels may round
+    differently with another number of threads, and the parity checks are bitwise."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 120) -> list[Any]:
     """``fn(rank, world, *args)`` on ``world`` ranks (a module-level function); results by rank."""
     from omniloop.parallel.mesh import free_port
@@ -46,7 +66,8 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 1
     ctx = context()
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_child, args=(fn, r, world, port, torch.get_num_threads(), args, queue), daemon=True)
+    threads = rank_threads(world)
+    procs = [ctx.Process(target=_child, args=(fn, r, world, port, threads, args, queue), daemon=True)
              for r in range(world)]
     for p in procs:
         p.start()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from tests.factories import tiny_wan_dit_config
-from tests.parallel.ranks import run_ranks
+from tests.parallel.ranks import rank_threads, run_ranks, threads
 
 TOL = 2e-6  # ring / tp: float32 reassociation only
 GRIDS = ((3, 8, 8), (3, 6, 6))  # latent (F, H, W) -> 48 and 27 tokens after the 1x2x2 patch
@@ -48,7 +48,7 @@ def _parallel_outputs(rank, world, specs):
 
 def _check(results, specs):
     model = _model()
-    with torch.inference_mode():
+    with torch.inference_mode(), threads(rank_threads(len(results))):
         reference = [model(*_inputs(grid)) for grid in GRIDS]
     errors = {}
     for text in specs:

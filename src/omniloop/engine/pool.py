@@ -21,6 +21,7 @@ Failures (design §6.3.1):
 from __future__ import annotations
 
 import logging
+import os
 import random
 import sys
 import threading
@@ -71,6 +72,7 @@ class SPMDPool:
         self.preload = preload
         self.spec = deploy.parallel
         self.mesh: Any = None
+        self._threads_before: int | None = None  # this process's thread count before the pool
         self._procs: list[Any] = []  # rank r at index r - 1
         self._conns: list[Any] = []
         self.starts = 0
@@ -83,7 +85,10 @@ class SPMDPool:
 
         port = free_port()
         deploy_json = self.deploy.model_dump_json()
-        threads = torch.get_num_threads()
+        threads = rank_threads(self.spec.world, self.deploy.torch_device())
+        if self._threads_before is None:
+            self._threads_before = torch.get_num_threads()
+        torch.set_num_threads(threads)  # rank 0 is one of the ranks sharing the cores
         for rank in range(1, self.spec.world):
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=worker_main, args=(rank, self.model, deploy_json, port, threads, child),
@@ -140,10 +145,17 @@ class SPMDPool:
 
     def restart(self) -> Pipeline:
         """The engine's ``restart_pool``: every rank anew (state, caches and collectives)."""
-        self.shutdown()
+        self._stop_ranks()
         return self.start()[1]
 
     def shutdown(self) -> None:
+        """Stop the other ranks, leave the process group, restore this process's threads."""
+        self._stop_ranks()
+        if self._threads_before is not None:
+            torch.set_num_threads(self._threads_before)
+            self._threads_before = None
+
+    def _stop_ranks(self) -> None:
         for conn in self._conns:
             try:
                 conn.send(None)
@@ -288,6 +300,18 @@ class PoolEngine(Engine):
         finally:
             if self.dead:
                 self.close()
+
+
+def rank_threads(world: int, device: torch.device) -> int:
+    """CPU threads of every rank: on a CPU pool the ranks share this machine's cores (more
+    threads than cores make every small op wait on spinning barriers); on GPUs, this process's.
+
+    NOTE: CPU kernels may round differently with another thread count, so a CPU pool equals
+    a one-process run bit for bit only when that run used the same number of threads.
+    """
+    if device.type != "cpu":
+        return torch.get_num_threads()
+    return max(1, min(torch.get_num_threads(), len(os.sched_getaffinity(0)) // world))
 
 
 def with_seed(request: OmniRequest) -> OmniRequest:

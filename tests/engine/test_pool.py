@@ -137,3 +137,19 @@ def test_fail_policy_fails_the_in_flight_requests(pool_engine):
     assert outs["victim"].status is RequestStatus.FAILED
     assert "worker pool failed" in outs["victim"].error and "ranks [1] died" in outs["victim"].error
     pool_engine.pipeline = engine.pipeline  # the pool was restarted under the second engine
+
+
+def test_restarts_exhausted_kill_the_engine_and_stop_the_pool(pool_engine):
+    """Last in this module: it leaves the shared pool stopped."""
+    pool = pool_engine.pool
+    engine = PoolEngine(pool, pool_engine.model_spec, pool_engine.pipeline, EngineConfig(max_pool_restarts=0))
+    engine.add_request(req(steps=4, rid="last"))
+    with torch.inference_mode():
+        engine.step()
+        os.kill(pool._procs[0].pid, signal.SIGKILL)
+        pool._procs[0].join(timeout=10)
+        while engine.has_unfinished():
+            engine.step()
+    assert engine.dead and "pool failed 1 times" in engine.dead
+    assert engine.pop_output("last").status is RequestStatus.FAILED
+    assert not pool._procs and not torch.distributed.is_initialized()  # the pool was stopped with the engine

@@ -21,7 +21,6 @@ Failures (design §6.3.1):
 from __future__ import annotations
 
 import logging
-import os
 import random
 import sys
 import threading
@@ -32,7 +31,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from omniloop.deploy import DeployConfig
 from omniloop.engine.engine import Engine, EngineConfig
@@ -42,6 +40,7 @@ from omniloop.engine.pool_worker import build_rank_pipeline, is_collective_error
 from omniloop.engine.request import EngineRequest
 from omniloop.engine.scheduler import SchedulerPlan
 from omniloop.models.model_spec import ModelSpec
+from omniloop.parallel.launch import process_context, rank_threads
 from omniloop.parallel.mesh import free_port
 from omniloop.parallel.preflight import check_model, model_facts
 from omniloop.pipeline.pipeline import Pipeline
@@ -49,19 +48,6 @@ from omniloop.pipeline.runner import EventSink
 from omniloop.request import OmniRequest, RequestStatus
 
 logger = logging.getLogger(__name__)
-
-# Ranks are forked from one forkserver that imported these already (torch, the engine, every
-# family): a pool (re)start then costs the model load, not a fresh interpreter per rank.
-FORKSERVER_PRELOAD = ["omniloop.engine.pool_worker"]
-
-
-def process_context(preload: tuple[str, ...] = ()):
-    """The forkserver context. Its preload list counts when the server starts (once per
-    process): the first pool's plan decides what later forks find imported."""
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload([*FORKSERVER_PRELOAD, *preload])
-    return ctx
-
 
 class SPMDPool:
     """Ranks 1..N-1 as child processes, rank 0 in this process."""
@@ -300,18 +286,6 @@ class PoolEngine(Engine):
         finally:
             if self.dead:
                 self.close()
-
-
-def rank_threads(world: int, device: torch.device) -> int:
-    """CPU threads of every rank: on a CPU pool the ranks share this machine's cores (more
-    threads than cores make every small op wait on spinning barriers); on GPUs, this process's.
-
-    NOTE: CPU kernels may round differently with another thread count, so a CPU pool equals
-    a one-process run bit for bit only when that run used the same number of threads.
-    """
-    if device.type != "cpu":
-        return torch.get_num_threads()
-    return max(1, min(torch.get_num_threads(), len(os.sched_getaffinity(0)) // world))
 
 
 def with_seed(request: OmniRequest) -> OmniRequest:

@@ -32,6 +32,7 @@ from omniloop.engine.scheduler import SchedulerPlan, SchedulingPolicy
 from omniloop.ext.install import install_plugins
 from omniloop.models.loader import load_pipeline
 from omniloop.models.model_spec import ModelSpec, discover_families
+from omniloop.parallel import launch
 from omniloop.parallel.apply import parallelize_pipeline
 from omniloop.parallel.mesh import ParallelMesh, init_process_group
 from omniloop.parallel.plan import parallel_plan
@@ -43,8 +44,7 @@ _UNBOUNDED = 1 << 62
 
 
 def rank_device(deploy: DeployConfig, rank: int) -> torch.device:
-    device = deploy.torch_device()
-    return torch.device("cuda", rank) if device.type == "cuda" else device
+    return launch.rank_device(deploy.torch_device(), rank)
 
 
 def join_pool(deploy: DeployConfig, rank: int, port: int) -> ParallelMesh:

@@ -118,7 +118,7 @@ def step_rank(rank: int, world: int, arch: dict, latent, text_len: int, axes, wa
 
                 def step():
                     preds = [{mine[1]: {"video": model(x, t, text[mine[1]]).float()}}]
-                    rows.exchange(preds, calls, branches, like={"video": x})
+                    rows.exchange(preds, calls, branches, like=[{"video": x}])
                     return preds[0]["cond"]["video"]
             else:
                 parallelize_model(model, WAN_PARALLEL, mesh)

@@ -14,10 +14,13 @@ from omniloop.request import DiffusionParams, TaskType
 
 
 def _generate_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("generate", help="generate a video (or image) from a prompt")
+    p = sub.add_parser("generate", help="generate a video (with sound when the model makes it), an image or audio")
     p.add_argument("prompt", help="what to generate")
     p.add_argument("--model", default=None, help="checkpoint directory or built-in name (default: the embedded model)")
-    p.add_argument("--output", default="outputs/", help="mp4 file or directory to write (default: outputs/)")
+    p.add_argument("--output", default="outputs/",
+                   help="mp4 (or .wav/.flac/.mp3 for audio) file or directory to write (default: outputs/)")
+    p.add_argument("--audio-only", action="store_true",
+                   help="write only the sound as a wav (text-to-audio models always do)")
     p.add_argument("--task", choices=[t.value for t in TaskType], default=None, help="task (default: t2v, or i2v with --image)")
     p.add_argument("--image", default=None, help="first-frame image for i2v")
     p.add_argument("--deploy-config", default=None, help="YAML file of deploy options")
@@ -53,18 +56,27 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     gen = VideoGenerator.from_pretrained(args.model or DEFAULT_MODEL, deploy=deploy, **collect(args, args._deploy))
     load_s = time.perf_counter() - t0
     on_event, close = _progress_sink(not args.no_progress)
+    audio_only = args.audio_only or (args.task in (None, TaskType.T2A.value) and gen.tasks == [TaskType.T2A.value])
     try:
-        result = gen.generate_video(
-            args.prompt, image=args.image, task=args.task, output_path=args.output, on_event=on_event,
-            **collect(args, args._params),
-        )
+        if audio_only:
+            if args.image is not None:
+                raise ValueError("--image conditions a video; drop it with --audio-only or a text-to-audio model")
+            result = gen.generate_audio(args.prompt, task=args.task, output_path=args.output, on_event=on_event,
+                                        **collect(args, args._params))
+        else:
+            result = gen.generate_video(
+                args.prompt, image=args.image, task=args.task, output_path=args.output, on_event=on_event,
+                **collect(args, args._params),
+            )
     finally:
         close()
-    f, h, w, _ = result.frames.shape
-    print(
-        f"wrote {result.path} ({f} frames {w}x{h} @ {result.fps} fps, seed {result.seed}) "
-        f"in {result.metrics.run_s:.2f}s (load {load_s:.2f}s)"
-    )
+    if audio_only:
+        what = f"{result.audio.shape[0]} ch, {result.seconds:.2f} s @ {result.sample_rate} Hz"
+    else:
+        f, h, w, _ = result.frames.shape
+        sound = "" if result.audio is None else f", sound {result.audio.shape[1] / result.sample_rate:.2f} s @ {result.sample_rate} Hz"
+        what = f"{f} frames {w}x{h} @ {result.fps} fps{sound}"
+    print(f"wrote {result.path} ({what}, seed {result.seed}) in {result.metrics.run_s:.2f}s (load {load_s:.2f}s)")
     return 0
 
 

@@ -11,6 +11,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from omniloop.cpu_threads import apply_cpu_threads
 from omniloop.deploy import DeployConfig
 from omniloop.engine.async_engine import load_options
 from omniloop.engine.engine import Engine, EngineConfig
@@ -21,6 +22,8 @@ from omniloop.pipeline.pipeline import Pipeline
 from omniloop.request import (
     DiffusionParams,
     ImagePart,
+    LatentPart,
+    Modality,
     OmniEvent,
     OmniOutput,
     OmniRequest,
@@ -47,6 +50,33 @@ class GeneratedVideo:
     frames: np.ndarray  # [F, H, W, 3] uint8
     fps: int
     path: Path | None
+    request_id: str
+    seed: int | None
+    metrics: RequestMetrics
+    output: OmniOutput
+    audio: np.ndarray | None = None  # [channels, samples] float32 soundtrack; None without sound
+    sample_rate: int | None = None
+
+
+@dataclass(frozen=True)
+class GeneratedAudio:
+    audio: np.ndarray  # [channels, samples] float32 in [-1, 1]
+    sample_rate: int
+    path: Path | None
+    request_id: str
+    seed: int | None
+    metrics: RequestMetrics
+    output: OmniOutput
+
+    @property
+    def seconds(self) -> float:
+        return self.audio.shape[1] / self.sample_rate
+
+
+@dataclass(frozen=True)
+class GeneratedImage:
+    image: np.ndarray  # [H, W, 3] uint8
+    path: Path | None  # the PNG written (None with save_image=False)
     request_id: str
     seed: int | None
     metrics: RequestMetrics
@@ -78,6 +108,8 @@ class VideoGenerator:
         this process becomes rank 0 of an SPMD pool (one process per rank; gloo on CPU):
         call :meth:`close` (or use ``with``) to stop the other ranks."""
         config = DeployConfig.from_options(deploy, **options)
+        if config.torch_device().type == "cpu":
+            apply_cpu_threads(config.cpu_threads)  # before loading: the loader's casts run threaded too
         if config.parallel.world > 1:
             from omniloop.engine.pool import launch_pool_engine
 
@@ -107,6 +139,7 @@ class VideoGenerator:
         """Run one request to completion. Bad input raises ValueError; a failure while
         running returns an output with status ``failed``."""
         self._check_limits(request)
+        self._load_lora_files(request)
         self._listener = on_event
         try:
             with torch.inference_mode():
@@ -116,27 +149,52 @@ class VideoGenerator:
         finally:
             self._listener = None
 
+    # -- LoRAs ------------------------------------------------------------------------------
+    def load_lora(self, name: str, path: str | Path) -> dict[str, Any]:
+        """Register a LoRA file under ``name`` (requests then pass ``loras=[(name, strength)]``)."""
+        return self._adapters().load(name, path)
+
+    def unload_lora(self, name: str) -> None:
+        self._adapters().unload(name)
+
+    def _adapters(self):
+        from omniloop.pipeline.adapters import adapter_cache
+
+        cache = adapter_cache(self.pipeline.caches)
+        if cache is None:
+            raise ValueError(f"{self.pipeline.spec.name!r} takes no LoRAs")
+        return cache
+
+    def _load_lora_files(self, request: OmniRequest) -> None:
+        """Offline, a LoRA may be named by its file: load it under its path on first use."""
+        for ref in request.diffusion.loras:
+            path = Path(ref.name).expanduser()
+            if path.suffix == ".safetensors" and path.is_file() and ref.name not in self._adapters():
+                self._adapters().load(ref.name, path)
+
     def generate_video(
         self,
         prompt: str,
         *,
         image: Any = None,
         task: str | TaskType | None = None,
+        audio: bool | None = None,
         output_path: str | Path | None = "outputs/",
         save_video: bool = True,
         on_event: Callable[[OmniEvent], None] | None = None,
         **params: Any,
     ) -> GeneratedVideo:
-        """Generate a video (or image) from ``prompt`` and write it as H.264 mp4.
+        """Generate a video (or image) from ``prompt`` and write it as H.264 mp4, with an AAC
+        soundtrack when the model makes sound.
 
-        ``params`` are DiffusionParams fields (``steps``/``num_inference_steps``,
-        ``guidance_scale``, ``guidance_scale_2``, ``shift``, ``sigmas``, ``height``,
-        ``width``, ``num_frames``, ``fps``, ``seed``, ``negative_prompt``, ``sampler``).
+        ``audio``: None makes sound when the model does; False skips the audio decode; True
+        requires it (a model without an audio path refuses the request). ``params`` are
+        DiffusionParams fields (``steps``/``num_inference_steps``, ``guidance_scale``,
+        ``guidance_scale_2``, ``shift``, ``sigmas``, ``height``, ``width``, ``num_frames``,
+        ``fps``, ``seed``, ``negative_prompt``, ``sampler``).
         """
-        request = self.build_request(prompt, image=image, task=task, **params)
-        output = self.generate(request, on_event)
-        if output.status is not RequestStatus.COMPLETED:
-            raise GenerationError(f"request {output.request_id} {output.status.value}: {output.error}")
+        request = self.build_request(prompt, image=image, task=task, audio=audio, **params)
+        output = self._completed(request, on_event)
         video = output.video
         if video is None:  # t2i produces an image; present it as a one-frame video
             img = output.image
@@ -144,31 +202,132 @@ class VideoGenerator:
             frames, fps = img.image[None].numpy(), int(request.diffusion.fps or 1)
         else:
             frames, fps = video.frames.numpy(), video.fps
+        sound = output.audio
+        samples = sound.samples.numpy() if sound is not None else None
+        rate = sound.sample_rate if sound is not None else None
         path = None
         if save_video and output_path is not None:
-            path = self._output_file(Path(output_path), output.request_id)
+            path = self._output_file(Path(output_path), output.request_id, ".mp4")
             from omniloop.io.video import write_mp4
 
-            write_mp4(frames, path, fps)
+            write_mp4(frames, path, fps, audio=samples, sample_rate=rate)
         return GeneratedVideo(
             frames=frames, fps=fps, path=path, request_id=output.request_id, seed=output.metrics.seed,
-            metrics=output.metrics, output=output,
+            metrics=output.metrics, output=output, audio=samples, sample_rate=rate,
         )
 
-    def build_request(self, prompt: str, *, image: Any = None, task: str | TaskType | None = None, **params: Any) -> OmniRequest:
+    def generate_image(
+        self,
+        prompt: str,
+        *,
+        image: Any = None,
+        latents: Any = None,
+        task: str | TaskType | None = None,
+        output_path: str | Path | None = "outputs/",
+        save_image: bool = True,
+        on_event: Callable[[OmniEvent], None] | None = None,
+        **params: Any,
+    ) -> GeneratedImage:
+        """Generate an image from ``prompt`` (text-to-image), or edit ``image`` / start from
+        ``latents`` (image-to-image, with ``strength``), and write it as a PNG.
+
+        ``params`` are DiffusionParams fields (``steps``, ``guidance_scale``, ``height``,
+        ``width``, ``seed``, ``strength``, ``loras=[(name_or_path, strength), ...]``...).
+        """
+        if task is None and TaskType.T2I not in self.pipeline.spec.tasks:
+            raise ValueError(f"this model makes no images (tasks {self.tasks}); use generate_video")
+        if task is None:
+            task = TaskType.I2I if image is not None or latents is not None else TaskType.T2I
+        request = self.build_request(prompt, image=image, latents=latents, task=task, **params)
+        output = self.generate(request, on_event)
+        if output.status is not RequestStatus.COMPLETED:
+            raise GenerationError(f"request {output.request_id} {output.status.value}: {output.error}")
+        if output.image is None:
+            raise GenerationError(f"request {output.request_id} produced no image (task {request.task.value})")
+        pixels = output.image.image.numpy()
+        path = None
+        if save_image and output_path is not None:
+            from omniloop.io.image import write_png
+
+            path = self._output_file(Path(output_path), output.request_id, ".png", (".png",))
+            write_png(pixels, path)
+        return GeneratedImage(image=pixels, path=path, request_id=output.request_id, seed=output.metrics.seed,
+                              metrics=output.metrics, output=output)
+
+    def generate_audio(
+        self,
+        prompt: str,
+        *,
+        task: str | TaskType | None = None,
+        output_path: str | Path | None = "outputs/",
+        save_audio: bool = True,
+        audio_format: str = "wav",
+        on_event: Callable[[OmniEvent], None] | None = None,
+        **params: Any,
+    ) -> GeneratedAudio:
+        """Generate audio from ``prompt`` and write it as ``audio_format`` (wav, flac or mp3; a
+        file ``output_path``'s suffix wins). A text-to-audio model runs task t2a; a video model
+        with sound runs its video task (``task``) and returns only the soundtrack (the video
+        decode is skipped). ``params`` are DiffusionParams fields (``duration_s``, ``steps``,
+        ``guidance_scale``, ``seed``, ``negative_prompt``, ...)."""
+        from omniloop.io.audio import AUDIO_FORMATS, write_audio
+
+        if audio_format not in AUDIO_FORMATS:
+            raise ValueError(f"audio_format={audio_format!r}: pass one of {sorted(AUDIO_FORMATS)}")
+        if "audio" not in self.pipeline.spec.outputs:
+            raise ValueError(f"{self.pipeline.spec.name!r} has no audio path (it serves {self.tasks} and makes no "
+                             "sound); pass a text-to-audio model or a video model with sound")
+        if task is None and TaskType.T2A in self.pipeline.spec.tasks:
+            task = TaskType.T2A
+        request = self.build_request(prompt, task=task, **params)
+        request = request.model_copy(update={"outputs": OutputSpec(modalities=[Modality.AUDIO])})
+        output = self._completed(request, on_event)
+        sound = output.audio
+        assert sound is not None, "a completed audio generation has an audio artifact"
+        samples = sound.samples.numpy()
+        path = None
+        if save_audio and output_path is not None:
+            path = self._output_file(Path(output_path), output.request_id, f".{audio_format}",
+                                     tuple(f".{f}" for f in AUDIO_FORMATS))
+            write_audio(samples, path, sound.sample_rate)
+        return GeneratedAudio(audio=samples, sample_rate=sound.sample_rate, path=path, request_id=output.request_id,
+                              seed=output.metrics.seed, metrics=output.metrics, output=output)
+
+    def _completed(self, request: OmniRequest, on_event: Callable[[OmniEvent], None] | None) -> OmniOutput:
+        output = self.generate(request, on_event)
+        if output.status is not RequestStatus.COMPLETED:
+            raise GenerationError(f"request {output.request_id} {output.status.value}: {output.error}")
+        return output
+
+    def build_request(self, prompt: str, *, image: Any = None, latents: Any = None,
+                      task: str | TaskType | None = None, audio: bool | None = None, **params: Any) -> OmniRequest:
         fields = {_ALIASES.get(k, k): v for k, v in params.items()}
         unknown = sorted(set(fields) - set(DiffusionParams.model_fields))
         if unknown:
             raise ValueError(f"unknown generation parameter(s) {unknown}; accepted: {sorted(DiffusionParams.model_fields)}")
         inputs: list[Any] = [TextPart(text=prompt)]
+        role = "reference" if task is not None and TaskType(task).makes_image else "first_frame"
         if image is not None:
-            inputs.append(ImagePart(path=str(image)) if isinstance(image, (str, Path)) else ImagePart(data=image))
+            inputs.append(ImagePart(path=str(image), role=role) if isinstance(image, (str, Path))
+                          else ImagePart(data=image, role=role))
+        if latents is not None:
+            inputs.append(LatentPart(data=latents, of=Modality.IMAGE))
         # Task is declared by the caller; the one suggestion made here is the obvious one.
         if task is None:
             task = TaskType.I2V if image is not None else (
                 TaskType.T2V if TaskType.T2V in self.pipeline.spec.tasks else next(iter(self.pipeline.spec.tasks))
             )
-        return OmniRequest(task=TaskType(task), inputs=inputs, diffusion=DiffusionParams(**fields), outputs=OutputSpec())
+        task = TaskType(task)
+        return OmniRequest(task=task, inputs=inputs, diffusion=DiffusionParams(**fields),
+                           outputs=OutputSpec(modalities=self._modalities(task, audio)))
+
+    def _modalities(self, task: TaskType, audio: bool | None) -> list[Modality] | None:
+        """OutputSpec.modalities for ``audio``: None, the task's default; False, pixels only;
+        True, pixels and sound (admission refuses it for a model without an audio path)."""
+        if audio is None:
+            return None
+        pixels = Modality.IMAGE if task.makes_image else Modality.VIDEO
+        return [pixels, Modality.AUDIO] if audio else [pixels]
 
     def _check_limits(self, request: OmniRequest) -> None:
         limits, p = self.deploy.limits, request.diffusion
@@ -181,9 +340,10 @@ class VideoGenerator:
             raise ValueError(f"diffusion.steps={steps} exceeds this deployment's limit {limits.max_steps}")
 
     @staticmethod
-    def _output_file(output_path: Path, request_id: str) -> Path:
-        if output_path.suffix.lower() == ".mp4":
+    def _output_file(output_path: Path, request_id: str, suffix: str, files: tuple[str, ...] = (".mp4",)) -> Path:
+        """``output_path`` itself when its suffix is one of ``files``, else ``<dir>/<id><suffix>``."""
+        if output_path.suffix.lower() in files:
             output_path.parent.mkdir(parents=True, exist_ok=True)
             return output_path
         output_path.mkdir(parents=True, exist_ok=True)
-        return output_path / f"{request_id}.mp4"
+        return output_path / f"{request_id}{suffix}"

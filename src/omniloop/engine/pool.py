@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import random
-import sys
 import threading
 import weakref
 from multiprocessing.connection import wait
@@ -33,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from omniloop.deploy import DeployConfig
-from omniloop.engine.engine import Engine, EngineConfig
+from omniloop.engine.engine import Engine, EngineConfig, EventSink
 from omniloop.engine.errors import PoolFatalError
 from omniloop.engine.pool_messages import PlanMessage, Query, RankFailed, RankOutcome, RankReady, plan_digest
 from omniloop.engine.pool_worker import build_rank_pipeline, is_collective_error, join_pool, worker_main
@@ -44,7 +43,6 @@ from omniloop.parallel.launch import process_context, rank_threads
 from omniloop.parallel.mesh import free_port
 from omniloop.parallel.preflight import check_model, model_facts
 from omniloop.pipeline.pipeline import Pipeline
-from omniloop.pipeline.runner import EventSink
 from omniloop.request import OmniRequest, RequestStatus
 
 logger = logging.getLogger(__name__)
@@ -272,12 +270,11 @@ class PoolEngine(Engine):
             self._ended.append((req.request_id, status.value, error))
         super()._finish(req, status, error)
 
-    def _fail(self, req: EngineRequest) -> None:
-        exc = sys.exc_info()[1]
+    def _fail(self, req: EngineRequest, exc: BaseException) -> None:
         dead = self.pool.dead_ranks()
-        if dead or is_collective_error(exc):
+        if dead or is_collective_error(exc):  # not this request's fault: every rank's state is suspect
             raise PoolFatalError(f"while running {req.request_id}: {exc}" + (f" (ranks {dead} died)" if dead else "")) from exc
-        super()._fail(req)
+        super()._fail(req, exc)
 
     def _on_pool_failure(self, error: PoolFatalError) -> None:
         self._tell_failed = []  # the new ranks hold no state to drop

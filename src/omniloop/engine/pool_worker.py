@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import sys
 import traceback
 from typing import Any
 
@@ -127,6 +126,7 @@ class FollowerEngine(Engine):
         for rid in plan.admitted:
             req = next((r for r in sched.waiting if r.request_id == rid), None)
             assert req is not None, f"rank {self.rank}: plan {plan.iteration} admits {rid!r}, which it never received"
+            sched.memory.reserve(rid, req.memory)  # unbounded here; kept so releases balance
             sched.waiting.remove(req)
             sched.running[rid] = req
 
@@ -135,11 +135,10 @@ class FollowerEngine(Engine):
             self._ended.append((req.request_id, status.value, error))
         super()._finish(req, status, error)
 
-    def _fail(self, req: EngineRequest) -> None:
-        exc = sys.exc_info()[1]
+    def _fail(self, req: EngineRequest, exc: BaseException) -> None:
         if is_collective_error(exc):
             raise PoolFatalError(f"rank {self.rank}: collective failed: {exc}") from exc
-        super()._fail(req)
+        super()._fail(req, exc)
 
 
 def worker_main(rank: int, model: str, deploy_json: str, port: int, threads: int, conn: Any) -> None:

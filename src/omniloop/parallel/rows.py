@@ -50,25 +50,31 @@ class RowPlacement:
         return [c for c in calls if self.owner(c, branches) == self.index]
 
     def exchange(self, out: list[dict[str, dict[str, torch.Tensor]]], calls: Sequence[Call],
-                 branches: Sequence[str], like: Mapping[str, torch.Tensor]) -> None:
-        """Fill ``out[i][b]`` of every call from the rank that computed it. ``like``: a tensor of
-        each modality's prediction shape (every call of one step has the latents' shapes: the
-        batch key includes them). One all-gather per modality: each rank sends its calls'
-        float32 predictions stacked, padded to the busiest rank's count."""
+                 branches: Sequence[str], like: Sequence[Mapping[str, torch.Tensor]]) -> None:
+        """Fill ``out[i][b]`` of every call from the rank that computed it. ``like[i]``: loop
+        i's latents (its predictions have their shapes; every rank knows them). One all-gather:
+        each rank sends its calls' float32 predictions flattened into one buffer, padded to
+        the largest rank's."""
         by_rank: list[list[Call]] = [[] for _ in range(self.size)]
         for call in calls:
             by_rank[self.owner(call, branches)].append(call)
-        most = max(len(c) for c in by_rank)
-        if most == 0:
+        numel = [sum(like[i][m].numel() for i, _ in owned for m in like[i]) for owned in by_rank]
+        longest = max(numel)
+        if longest == 0:
             return
-        mine = by_rank[self.index]
-        for m, ref in like.items():
-            send = torch.zeros(most, *ref.shape, dtype=torch.float32, device=ref.device)
-            for j, (i, b) in enumerate(mine):
-                send[j] = out[i][b][m]
-            gathered = [torch.empty_like(send) for _ in range(self.size)]
-            dist.all_gather(gathered, send, group=self.group)
-            for rank, owned in enumerate(by_rank):
-                if rank != self.index:
-                    for j, (i, b) in enumerate(owned):
-                        out[i].setdefault(b, {})[m] = gathered[rank][j]
+        device = next(iter(like[calls[0][0]].values())).device
+        send = torch.zeros(longest, dtype=torch.float32, device=device)
+        mine = [out[i][b][m].reshape(-1) for i, b in by_rank[self.index] for m in sorted(like[i])]
+        if mine:
+            torch.cat(mine, out=send[:numel[self.index]])
+        gathered = [torch.empty_like(send) for _ in range(self.size)]
+        dist.all_gather(gathered, send, group=self.group)
+        for rank, owned in enumerate(by_rank):
+            if rank == self.index:
+                continue
+            offset = 0
+            for i, b in owned:
+                for m in sorted(like[i]):
+                    ref = like[i][m]
+                    out[i].setdefault(b, {})[m] = gathered[rank][offset:offset + ref.numel()].view(ref.shape)
+                    offset += ref.numel()

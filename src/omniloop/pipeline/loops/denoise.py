@@ -21,11 +21,14 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from omniloop.ext.interceptors import accepts_block_interceptor
+from omniloop.models.layers.lora import AdapterSet, LoraPlan, lora_rows
+from omniloop.pipeline.adapters import request_adapters
 from omniloop.pipeline.edges import ConditionLatents, DenoisedLatents, TextEmbeddings
+from omniloop.pipeline.failures import PoolFatalError, attempt, per_request
 from omniloop.pipeline.policies.cfg import CFGPolicy, CFGState, ClassicCFG, Prediction
 from omniloop.pipeline.policies.conditioning import ConditioningPolicy, NoConditioning
 from omniloop.pipeline.policies.routing import Route, RoutingPolicy, SingleModel
-from omniloop.pipeline.policies.shift import FlowShift
+from omniloop.pipeline.policies.shift import FlowShift, ShiftPolicy
 from omniloop.pipeline.samplers.base import Sampler, SamplerState
 from omniloop.pipeline.stage import LoopStageBase, WorkEstimate
 from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
@@ -33,7 +36,8 @@ from omniloop.request import DiffusionParams, LatentsArtifact, Modality, OmniReq
 
 
 class Denoiser(Protocol):
-    """The family adapter a DenoiseLoop calls: shapes, per-branch inputs, the forward."""
+    """The family adapter a DenoiseLoop calls: shapes, per-branch inputs, the forward and its
+    analytic cost (``DenoiserBase`` gives the cost methods their "unknown" defaults)."""
 
     modalities: tuple[str, ...]
 
@@ -49,9 +53,43 @@ class Denoiser(Protocol):
         self, model: torch.nn.Module, inputs: dict[str, torch.Tensor], timestep: torch.Tensor, kwargs: dict[str, Any]
     ) -> Prediction: ...
 
-    # Optional (getattr-probed): analytic cost of one forward at these latent shapes.
-    #   flops_per_forward(ctx, shapes) -> float
-    #   activation_bytes(ctx, shapes) -> int   (peak transient memory of one forward)
+    def flops_per_forward(self, ctx: StageContext, shapes: dict[str, tuple[int, ...]]) -> float | None:
+        """Matmul FLOPs of one forward at these latent shapes (the cost model's prior)."""
+        ...
+
+    def activation_bytes(self, ctx: StageContext, shapes: dict[str, tuple[int, ...]]) -> int | None:
+        """Peak transient memory of one forward of one request's rows at these shapes."""
+        ...
+
+    def tokens_per_forward(self, ctx: StageContext, shapes: dict[str, tuple[int, ...]]) -> int:
+        """Tokens one forward of one request's rows carries (what a batch's token budget counts)."""
+        ...
+
+    # A denoiser that PACKS (``packs = True``) also implements ``forward_packed(model, xs, ts,
+    # kwargs) -> list[Prediction]`` for calls of different latent shapes (one list entry per
+    # call, each [b_i, ...]): they run as one forward over their packed token sequences, so
+    # requests of different sizes share a batched step (the loop then leaves latent shapes
+    # out of its batch key).
+    packs: bool
+
+
+class DenoiserBase:
+    """Defaults of a Denoiser's optional methods: costs unknown, no packing."""
+
+    packs: bool = False
+
+    def tokens_per_forward(self, ctx: StageContext, shapes: dict[str, tuple[int, ...]]) -> int:
+        return 0
+
+    def forward_packed(self, model: torch.nn.Module, xs: list[dict[str, torch.Tensor]], ts: list[torch.Tensor],
+                       kwargs: list[dict[str, Any]]) -> list[Prediction]:
+        raise NotImplementedError(f"{type(self).__name__} does not pack calls of different shapes")
+
+    def flops_per_forward(self, ctx: StageContext, shapes: dict[str, tuple[int, ...]]) -> float | None:
+        return None
+
+    def activation_bytes(self, ctx: StageContext, shapes: dict[str, tuple[int, ...]]) -> int | None:
+        return None
 
 
 class DenoiseParams(BaseModel):
@@ -77,6 +115,9 @@ class DenoiseLoopState(LoopState):
     routes: list[Route]  # expert route of every step, resolved at init
     model_dtype: torch.dtype
     flops_per_forward: float | None = None
+    tokens_per_forward: int = 0  # the batch token budget's unit (0: unknown)
+    packed: bool = False  # steps batch with other latent shapes (a packing denoiser, no plugins)
+    adapters: dict[str, AdapterSet] = field(default_factory=dict)  # component -> the request's LoRAs
     preview_every: int | None = None
     trajectory: list[torch.Tensor] | None = None
 
@@ -94,7 +135,7 @@ class DenoiseLoop(LoopStageBase):
     denoiser: Denoiser
     cfg: CFGPolicy = field(default_factory=ClassicCFG)
     routing: RoutingPolicy = field(default_factory=SingleModel)
-    shift: FlowShift = field(default_factory=FlowShift)
+    shift: ShiftPolicy = field(default_factory=FlowShift)
     conditioning: ConditioningPolicy = field(default_factory=NoConditioning)
     sampler_component: str = "sampler"
 
@@ -113,13 +154,9 @@ class DenoiseLoop(LoopStageBase):
         params = _effective_params(request.diffusion, state.node_params.get(ctx.node))
         sampler = ctx.component(self.sampler_component).get(params.sampler)
         shapes = self.denoiser.latent_shapes(ctx, request)
-        area = _latent_area(shapes)
-        shift = self.shift.resolve(params, area)
         num_steps = params.num_steps(ctx.defaults.get("steps", 50))
-        samplers = {
-            m: sampler.init_state(num_steps, device=ctx.device, shift=shift, sigmas=params.sigmas)
-            for m in self.denoiser.modalities
-        }
+        schedule = self.shift.sampler_kwargs(params, _latent_area(shapes), num_steps, sampler)
+        samplers = {m: sampler.init_state(num_steps, device=ctx.device, **schedule) for m in self.denoiser.modalities}
         seed = params.seed if params.seed is not None else random.randrange(2**63)
         state.metrics.seed = seed
         # Same seed -> same noise as diffusers: a CPU generator, fp32, then moved.
@@ -127,6 +164,15 @@ class DenoiseLoop(LoopStageBase):
         latents = {m: torch.randn(shapes[m], generator=gen, dtype=torch.float32).to(ctx.device) for m in shapes}
 
         cfg_state = self.cfg.init(params, self.denoiser.modalities, ctx.defaults)
+        cond_state = self.conditioning.init(
+            ctx.read_optional(state, self.conditioning.input_port, ConditionLatents)
+            if self.conditioning.input_port
+            else None
+        )
+        # image-to-image: noise the given latents and run the schedule's tail only
+        strength = params.strength if params.strength is not None else ctx.defaults.get("strength")
+        latents, samplers = self.conditioning.start(latents, samplers, cond_state, gen, strength)
+        num_steps = next(iter(samplers.values())).num_steps
         timesteps = next(iter(samplers.values())).timesteps.detach().cpu()
         num_train = getattr(sampler, "num_train_timesteps", 1000)
         routes = [self.routing.route(t, num_train) for t in timesteps]
@@ -143,16 +189,15 @@ class DenoiseLoop(LoopStageBase):
             branch_kwargs=self.denoiser.branch_inputs(ctx, state, cfg_state.branches),
             routes=routes,
             model_dtype=model_dtype,
-            flops_per_forward=_probe(self.denoiser, "flops_per_forward", ctx, shapes),
+            flops_per_forward=self.denoiser.flops_per_forward(ctx, shapes),
+            tokens_per_forward=int(self.denoiser.tokens_per_forward(ctx, shapes) or 0),
+            packed=self.denoiser.packs and ctx.hooks is None,
+            adapters=request_adapters(ctx, state),
             preview_every=request.outputs.preview_every if request.outputs.stream else None,
             trajectory=[] if request.outputs.return_trajectory else None,
         )
         loop.policy_states[self.cfg.name] = cfg_state
-        loop.policy_states[self.conditioning.name] = self.conditioning.init(
-            ctx.read_optional(state, self.conditioning.input_port, ConditionLatents)
-            if self.conditioning.input_port
-            else None
-        )
+        loop.policy_states[self.conditioning.name] = cond_state
         if ctx.hooks is not None:
             ctx.hooks.init_loop(loop, request)  # interceptor state, per request (and per branch, lazily)
         return loop
@@ -185,18 +230,21 @@ class DenoiseLoop(LoopStageBase):
         shapes = self.denoiser.latent_shapes(ctx, request)
         cfg_state = self.cfg.init(params, self.denoiser.modalities, ctx.defaults)
         forwards = len(cfg_state.branches)
-        per_forward = _probe(self.denoiser, "flops_per_forward", ctx, shapes)
+        per_forward = self.denoiser.flops_per_forward(ctx, shapes)
         latent_bytes = sum(4 * _numel(s) for s in shapes.values())
         text = state.artifacts.get(self.inputs_edge(ctx))
         text_bytes = sum(t.numel() * t.element_size() for t in _tensors(text))
         # fp32 latents + up to 3 multistep history entries + the model-dtype input copy
         resident = 5 * latent_bytes + text_bytes
-        peak = (_probe(self.denoiser, "activation_bytes", ctx, shapes) or 0) * (forwards if self.cfg.mode == "batched" else 1)
+        # one forward's activations per stacked row group: a batched CFG step stacks its branches
+        rows = forwards if self.cfg.mode == "batched" else 1
+        peak = (self.denoiser.activation_bytes(ctx, shapes) or 0) * rows
         return WorkEstimate(
             steps=params.num_steps(ctx.defaults.get("steps", 50)),
             flops_per_step=None if per_forward is None else forwards * per_forward,
             resident_bytes=int(resident),
             peak_bytes=int(peak),
+            batch_group=(tuple(sorted(shapes.items())), forwards),  # steps batch only at equal shapes
         )
 
     def inputs_edge(self, ctx: StageContext) -> str:
@@ -213,13 +261,22 @@ class DenoiseLoop(LoopStageBase):
             return None
         route = loop.route
         cfg_state: CFGState = loop.policy_states[self.cfg.name]
+        # packed loops batch across latent shapes (their tokens are packed into one sequence)
+        shapes = tuple(loop.latents) if loop.packed else tuple((m, tuple(x.shape)) for m, x in loop.latents.items())
         return (
             id(self),
             route.component,
             self.cfg.step_branches(cfg_state, route.scale_set),
-            tuple((m, tuple(x.shape)) for m, x in loop.latents.items()),
+            shapes,
             _kwargs_signature(loop.branch_kwargs),
         )
+
+    def batch_weight(self, loop: DenoiseLoopState) -> int:  # type: ignore[override]
+        """Tokens this loop's next step adds to a batch (the scheduler's token budget)."""
+        if loop.done:
+            return 0
+        cfg_state: CFGState = loop.policy_states[self.cfg.name]
+        return len(self.cfg.step_branches(cfg_state, loop.route.scale_set)) * loop.tokens_per_forward
 
     def is_finite(self, loop: DenoiseLoopState) -> bool:  # type: ignore[override]
         return self.finite_many([loop])[0]
@@ -253,20 +310,27 @@ class DenoiseLoop(LoopStageBase):
         cfg_states: list[CFGState] = [lp.policy_states[self.cfg.name] for lp in loops]
         branches = self.cfg.step_branches(cfg_states[0], route.scale_set)
 
+        # Up to the forward nothing of any loop changes: a raise here leaves every loop as it
+        # was (step interceptors restore their states), and the engine retries each alone.
         inputs = [self._prepare_inputs(lp) for lp in loops]  # prepare_inputs
         hooks = ctx.hooks if ctx.hooks is not None and ctx.hooks.step_interceptors else None
         supplied = hooks.before_step(loops, branches, route.component) if hooks is not None else {}  # step interceptors
         preds = self._forward_branches(ctx, model, loops, inputs, branches, cfg_states, route, supplied)
         if hooks is not None:
             hooks.after_step(loops, preds, branches, route.component, supplied)
-        guided = [self.cfg.combine(cs, pred, route.scale_set) for cs, pred in zip(cfg_states, preds)]  # combine
-        self._sampler_steps(loops, guided)  # sampler_step
-        results = []
-        for lp in loops:
-            cond_state = lp.policy_states[self.conditioning.name]
-            lp.latents = self.conditioning.post_step(lp.latents, cond_state)  # post_step
-            results.append(self._inter_step(lp))  # inter_step
-        return results
+        # Past the forward a failure is one request's own: it is recorded against that
+        # request, which drops out of the step; the others compute their new latents into
+        # temporaries and commit them, so they end exactly as if stepped alone.
+        errors: list[BaseException | None] = [None] * len(loops)
+        guided = per_request(errors, lambda i: self.cfg.combine(cfg_states[i], preds[i], route.scale_set))  # combine
+        stepped = self._sampler_steps(loops, guided, errors)  # sampler_step
+        results = per_request(errors, lambda i: self._commit(loops[i], stepped[i]))  # post_step, inter_step
+        return [StepResult.failed(e) if e is not None else r for r, e in zip(results, errors)]  # type: ignore[misc]
+
+    def _commit(self, loop: DenoiseLoopState, latents: dict[str, torch.Tensor]) -> StepResult:
+        cond_state = loop.policy_states[self.conditioning.name]
+        loop.latents = self.conditioning.post_step(latents, cond_state)  # post_step
+        return self._inter_step(loop)  # inter_step
 
     # -- slots ----------------------------------------------------------------------
     def _prepare_inputs(self, loop: DenoiseLoopState) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
@@ -308,11 +372,17 @@ class DenoiseLoop(LoopStageBase):
                 ts.append(t)
                 kws.append(kw)
             sizes = [next(iter(x.values())).shape[0] for x in xs]
-            pred = self._forward(ctx, model, loops, group, sizes, route, _cat_dicts(xs), torch.cat(ts), _cat_kwargs(kws))  # forward
-            for (i, b), part in zip(group, _split_pred(pred, sizes)):
+            with lora_rows(_lora_plan(loops, group, sizes, route.component)):  # each row's own LoRAs
+                if _mixed_shapes(xs):  # packed loops of different sizes: one forward over packed tokens
+                    parts = self.denoiser.forward_packed(model, xs, ts, kws)
+                else:
+                    pred = self._forward(ctx, model, loops, group, sizes, route, _cat_dicts(xs), torch.cat(ts),
+                                         _cat_kwargs(kws))  # forward
+                    parts = _split_pred(pred, sizes)
+            for (i, b), part in zip(group, parts):
                 out[i][b] = {m: v.float() for m, v in part.items()}  # post_forward: fp32 for combine
         if rows is not None:
-            rows.exchange(out, calls, branches, like=loops[0].latents)
+            rows.exchange(out, calls, branches, like=[lp.latents for lp in loops])
         return out
 
     def _forward(
@@ -332,30 +402,51 @@ class DenoiseLoop(LoopStageBase):
         return hooks.run_forward(lambda: self.denoiser.forward(model, x, t, kwargs), loops, group, sizes,
                                  route.component, x, t)
 
-    def _sampler_steps(self, loops: Sequence[DenoiseLoopState], guided: Sequence[Prediction]) -> None:
-        """Each request's sampler update; requests whose sampler states share a ``batch_key``
-        (the same step of the same schedule) update as one concatenated tensor, which is the
-        same elementwise arithmetic: identical rows, one set of kernels instead of one per
-        request (with 256 small requests a step, the per-request updates cost as much as the
-        forward)."""
+    def _sampler_steps(self, loops: Sequence[DenoiseLoopState], guided: Sequence[Prediction | None],
+                       errors: list[BaseException | None]) -> list[dict[str, torch.Tensor]]:
+        """Each request's sampler update, into new tensors (the loops' latents are untouched).
+
+        Requests whose sampler states share a ``batch_key`` (the same step of the same
+        schedule) update as one concatenated tensor, which is the same elementwise arithmetic:
+        identical rows, one set of kernels instead of one per request (with 256 small requests
+        a step, the per-request updates cost as much as the forward). A batched update that
+        raises changed no state (the Sampler contract), so its requests then update alone and
+        only the one whose own update raises fails."""
         groups: dict[tuple, list[tuple[int, str]]] = {}
         for i, lp in enumerate(loops):
-            for m, sstate in lp.samplers.items():
-                key = lp.sampler.batch_key(sstate) if hasattr(lp.sampler, "step_many") else None
-                shape = (tuple(lp.latents[m].shape), lp.latents[m].dtype, guided[i][m].dtype)
-                groups.setdefault((id(lp.sampler), m, shape, key) if key is not None else (i, m), []).append((i, m))
-        for members in groups.values():
-            first, m = members[0]
-            sampler = loops[first].sampler
-            if len(members) == 1:
-                loops[first].latents[m] = sampler.step(loops[first].samplers[m], guided[first][m],
-                                                       loops[first].latents[m]).float()
+            if errors[i] is not None:
                 continue
-            out = sampler.step_many([loops[i].samplers[m] for i, _ in members],
-                                    torch.cat([guided[i][m] for i, _ in members]),
-                                    torch.cat([loops[i].latents[m] for i, _ in members])).float()
-            for (i, _), part in zip(members, out.split(loops[first].latents[m].shape[0])):
-                loops[i].latents[m] = part
+            for m, sstate in lp.samplers.items():
+                key = lp.sampler.batch_key(sstate)
+                shape = (tuple(lp.latents[m].shape), lp.latents[m].dtype, guided[i][m].dtype)  # type: ignore[index]
+                groups.setdefault((id(lp.sampler), m, shape, key) if key is not None else (i, m), []).append((i, m))
+        out: list[dict[str, torch.Tensor]] = [{} for _ in loops]
+        for members in groups.values():
+            if len(members) > 1:
+                try:
+                    self._sampler_step_many(loops, guided, members, out)
+                    continue
+                except PoolFatalError:
+                    raise
+                except Exception:  # one member's state or inputs: find it by updating each alone
+                    pass
+            for i, m in members:
+                lp, pred = loops[i], guided[i]
+                new = attempt(errors, i, lambda: lp.sampler.step(lp.samplers[m], pred[m], lp.latents[m]).float())  # type: ignore[index]
+                if new is not None:
+                    out[i][m] = new
+        return out
+
+    @staticmethod
+    def _sampler_step_many(loops: Sequence[DenoiseLoopState], guided: Sequence[Prediction | None],
+                           members: list[tuple[int, str]], out: list[dict[str, torch.Tensor]]) -> None:
+        first, m = members[0]
+        sampler = loops[first].sampler
+        new = sampler.step_many([loops[i].samplers[m] for i, _ in members],
+                                torch.cat([guided[i][m] for i, _ in members]),  # type: ignore[index]
+                                torch.cat([loops[i].latents[m] for i, _ in members])).float()
+        for (i, _), part in zip(members, new.split(loops[first].latents[m].shape[0])):
+            out[i][m] = part
 
     def _inter_step(self, loop: DenoiseLoopState) -> StepResult:
         loop.steps_done += 1
@@ -382,11 +473,6 @@ def _effective_params(params: DiffusionParams, overrides: DenoiseParams | None) 
     if "steps" in update and params.sigmas is not None:
         update["sigmas"] = None
     return params.model_copy(update=update)
-
-
-def _probe(obj: Any, method: str, *args: Any) -> Any:
-    fn = getattr(obj, method, None)
-    return fn(*args) if callable(fn) else None
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -418,11 +504,34 @@ def _dtype_of(module: Any, default: torch.dtype) -> torch.dtype:
 
 
 def _kwargs_signature(branch_kwargs: Mapping[str, Mapping[str, Any]]) -> tuple:
+    """Forward kwargs that batch: tensors of equal trailing shapes, equal plain values, and
+    family objects of equal ``batch_signature()`` (they provide ``concat``, e.g. per-request KV views)."""
     sig = []
     for b, kw in sorted(branch_kwargs.items()):
         for k, v in sorted(kw.items()):
-            sig.append((b, k, tuple(v.shape[1:]) if isinstance(v, torch.Tensor) else repr(v)))
+            if isinstance(v, torch.Tensor):
+                sig.append((b, k, tuple(v.shape[1:])))
+            elif hasattr(v, "batch_signature"):
+                sig.append((b, k, v.batch_signature()))
+            else:
+                sig.append((b, k, repr(v)))
     return tuple(sig)
+
+
+def _lora_plan(loops: Sequence[DenoiseLoopState], group: list[tuple[int, str]], sizes: list[int],
+               component: str) -> LoraPlan | None:
+    """Per batch row of one forward: the adapters of the request it belongs to (None: no
+    request of the group applies any)."""
+    if not any(loops[i].adapters for i, _ in group):
+        return None
+    rows = [loops[i].adapters.get(component) for (i, _), n in zip(group, sizes) for _ in range(n)]
+    return LoraPlan(rows)
+
+
+def _mixed_shapes(xs: list[dict[str, torch.Tensor]]) -> bool:
+    """Calls whose inputs cannot be concatenated along the batch (only packed loops batch so)."""
+    first = {m: v.shape[1:] for m, v in xs[0].items()}
+    return any({m: v.shape[1:] for m, v in x.items()} != first for x in xs[1:])
 
 
 def _cat_dicts(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -438,6 +547,8 @@ def _cat_kwargs(parts: list[dict[str, Any]]) -> dict[str, Any]:
     for k, v in parts[0].items():
         if isinstance(v, torch.Tensor):
             out[k] = torch.cat([p[k] for p in parts])
+        elif hasattr(type(v), "concat"):
+            out[k] = type(v).concat([p[k] for p in parts])
         else:
             assert all(p[k] == v for p in parts), f"non-tensor forward kwarg {k!r} differs inside a batch"
             out[k] = v

@@ -7,8 +7,9 @@ from typing import Any, Mapping
 
 import torch
 
-from omniloop.io.image import image_to_tensor, open_image
+from omniloop.io.image import image_to_tensor, open_image_part
 from omniloop.pipeline.edges import ConditionLatents, TextEmbeddings
+from omniloop.pipeline.loops.denoise import DenoiserBase
 from omniloop.pipeline.policies.cfg import COND, UNCOND, Prediction
 from omniloop.pipeline.stage import StageBase
 from omniloop.pipeline.state import RequestState, StageContext
@@ -35,7 +36,7 @@ def geometry(request: OmniRequest, defaults: Mapping[str, Any]) -> VideoGeometry
 
 
 @dataclass(frozen=True)
-class WanDenoiser:
+class WanDenoiser(DenoiserBase):
     """Adapts ``WanDiT.forward`` to the DenoiseLoop: one ``video`` latent modality."""
 
     modalities: tuple[str, ...] = ("video",)
@@ -89,11 +90,7 @@ def first_frame(request: OmniRequest) -> ImagePart | None:
 
 def load_part_image(part: ImagePart):
     """The PIL image of an ImagePart (path, base64 or in-process data)."""
-    if part.data is not None:
-        return open_image(part.data)
-    if part.b64 is not None:
-        return open_image(part.raw_bytes())
-    return open_image(part.path)
+    return open_image_part(part)
 
 
 @dataclass

@@ -65,7 +65,7 @@ class SPMDPool:
     def start(self) -> tuple[ModelSpec, Pipeline]:
         """Start the other ranks, join the process group, build rank 0's pipeline, and wait
         until every rank has built its own."""
-        ctx = process_context(self.preload)
+        ctx = process_context(self.deploy.torch_device(), self.preload)
 
         port = free_port()
         deploy_json = self.deploy.model_dump_json()

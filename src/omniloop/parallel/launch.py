@@ -20,9 +20,14 @@ import torch.multiprocessing as mp
 FORKSERVER_PRELOAD = ["omniloop.engine.pool_worker"]
 
 
-def process_context(preload: tuple[str, ...] = ()):
-    """The forkserver context. Its preload list counts when the server starts (once per
-    process): the first caller's list decides what later forks find imported."""
+def process_context(device: torch.device, preload: tuple[str, ...] = ()):
+    """How rank processes start. CPU: forked from a forkserver (its preload list counts when
+    the server starts, once per process: the first caller's list decides what later forks
+    find imported). CUDA: spawned — a fresh interpreter per rank (seconds more), because a
+    process that touched the CUDA driver (an import that asks ``torch.cuda.is_available()``
+    is enough) cannot hand a working CUDA to its forks."""
+    if device.type == "cuda":
+        return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload([*FORKSERVER_PRELOAD, *preload])
     return ctx
@@ -69,7 +74,7 @@ def run_on_ranks(fn: Callable[..., Any], world: int, *args: Any, device: str = "
     group (gloo on CPU, NCCL on GPUs: rank r on cuda:r); what each returns, by rank."""
     from omniloop.parallel.mesh import free_port
 
-    ctx = process_context(preload)
+    ctx = process_context(torch.device(device), preload)
     queue = ctx.Queue()
     port = free_port()
     threads = rank_threads(world, torch.device(device))

@@ -40,7 +40,7 @@ from omniloop.engine.request import EngineRequest
 from omniloop.engine.scheduler import SchedulerPlan
 from omniloop.models.model_spec import ModelSpec
 from omniloop.parallel.launch import process_context, rank_threads
-from omniloop.parallel.mesh import free_port
+from omniloop.parallel.mesh import rendezvous_store
 from omniloop.parallel.preflight import check_model, model_facts
 from omniloop.pipeline.pipeline import Pipeline
 from omniloop.request import OmniRequest, RequestStatus
@@ -56,6 +56,7 @@ class SPMDPool:
         self.preload = preload
         self.spec = deploy.parallel
         self.mesh: Any = None
+        self._store: Any = None  # the rendezvous TCPStore (rank 0 holds it)
         self._threads_before: int | None = None  # this process's thread count before the pool
         self._procs: list[Any] = []  # rank r at index r - 1
         self._conns: list[Any] = []
@@ -67,7 +68,8 @@ class SPMDPool:
         until every rank has built its own."""
         ctx = process_context(self.deploy.torch_device(), self.preload)
 
-        port = free_port()
+        self._store = rendezvous_store(self.spec.timeout_s)  # held by rank 0 while the pool lives
+        port = self._store.port
         deploy_json = self.deploy.model_dump_json()
         threads = rank_threads(self.spec.world, self.deploy.torch_device())
         if self._threads_before is None:
@@ -100,7 +102,7 @@ class SPMDPool:
 
         def join() -> None:
             try:
-                result["mesh"] = join_pool(self.deploy, 0, port)
+                result["mesh"] = join_pool(self.deploy, 0, port, store=self._store)
             except BaseException as e:  # surfaced below
                 result["error"] = e
 
@@ -155,7 +157,7 @@ class SPMDPool:
         self._procs, self._conns = [], []
         if dist.is_initialized():
             dist.destroy_process_group()
-        self.mesh = None
+        self.mesh, self._store = None, None
 
     # -- the channel -----------------------------------------------------------------------
     def dead_ranks(self) -> list[int]:

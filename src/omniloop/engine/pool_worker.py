@@ -46,11 +46,11 @@ def rank_device(deploy: DeployConfig, rank: int) -> torch.device:
     return launch.rank_device(deploy.torch_device(), rank)
 
 
-def join_pool(deploy: DeployConfig, rank: int, port: int) -> ParallelMesh:
+def join_pool(deploy: DeployConfig, rank: int, port: int, store: Any = None) -> ParallelMesh:
     """Join the pool's process group and build this rank's mesh (collective: every rank calls it)."""
     spec = deploy.parallel
     device = rank_device(deploy, rank)
-    init_process_group(rank, spec.world, port, device, spec.timeout_s)
+    init_process_group(rank, spec.world, port, device, spec.timeout_s, store=store)
     return ParallelMesh.build(spec, device)
 
 

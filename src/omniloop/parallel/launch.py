@@ -72,11 +72,12 @@ def run_on_ranks(fn: Callable[..., Any], world: int, *args: Any, device: str = "
                  preload: tuple[str, ...] = ()) -> list[Any]:
     """``fn(rank, world, *args)`` (a module-level function) on ``world`` ranks of a fresh process
     group (gloo on CPU, NCCL on GPUs: rank r on cuda:r); what each returns, by rank."""
-    from omniloop.parallel.mesh import free_port
+    from omniloop.parallel.mesh import rendezvous_store
 
     ctx = process_context(torch.device(device), preload)
     queue = ctx.Queue()
-    port = free_port()
+    store = rendezvous_store(timeout_s)  # this process holds the rendezvous; the ranks are all children
+    port = store.port
     threads = rank_threads(world, torch.device(device))
     procs = [ctx.Process(target=_child, args=(fn, r, world, port, device, threads, timeout_s, args, queue), daemon=True)
              for r in range(world)]

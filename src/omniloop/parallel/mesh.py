@@ -10,7 +10,6 @@ there for consumers that want DTensor (a trainer's FSDP2).
 from __future__ import annotations
 
 import datetime
-import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,23 +19,27 @@ import torch.distributed as dist
 from omniloop.parallel.spec import AXES, ROW_AXES, SP_AXES, ParallelSpec
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 nobody listens on right now (the pool's rendezvous)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def rendezvous_store(timeout_s: float) -> Any:
+    """The pool's rendezvous: a TCPStore on 127.0.0.1 at a port the OS picks (no race for a
+    free port); its ``port`` goes to the ranks. The process holding it must outlive them."""
+    return dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=timeout_s))
 
 
-def init_process_group(rank: int, world: int, port: int, device: torch.device, timeout_s: float) -> None:
-    """Join the pool's default process group: gloo on CPU, NCCL (+ gloo for CPU tensors) on CUDA."""
+def init_process_group(rank: int, world: int, port: int, device: torch.device, timeout_s: float,
+                       store: Any = None) -> None:
+    """Join the pool's default process group (gloo on CPU, NCCL + gloo for CPU tensors on CUDA)
+    through the rendezvous store at ``port`` (or ``store``, in the process that holds it)."""
     if dist.is_initialized():
         raise RuntimeError("a torch.distributed process group is already initialized in this process; an omniloop "
                            "pool makes its own (do not start it under torchrun)")
     backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if store is None:
+        store = dist.TCPStore("127.0.0.1", port, None, is_master=False, timeout=timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
 
 
 @dataclass(frozen=True)

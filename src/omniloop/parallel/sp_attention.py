@@ -19,6 +19,7 @@ every computation they are sliced to their real length (no padding token is atte
 from __future__ import annotations
 
 import itertools
+import re
 from typing import Sequence
 
 import torch
@@ -145,8 +146,6 @@ class SequenceParallelAttention:
 def use_sequence_attention(model: nn.Module, pattern: str, mesh: ParallelMesh) -> int:
     """Route the attention of ``model``'s modules matching ``pattern`` (regex fullmatch) through
     sequence-parallel attention around their current backend. Returns how many were routed."""
-    import re
-
     regex = re.compile(pattern)
     wrapped: dict[str, str] = {}  # inner backend -> the registered sp backend's name
     count = 0

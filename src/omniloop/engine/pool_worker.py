@@ -146,6 +146,7 @@ def worker_main(rank: int, model: str, deploy_json: str, port: int, threads: int
     (``None``) or goes away (the pipe closes)."""
     try:
         torch.set_num_threads(threads)
+        _quiet_progress_bars()
         deploy = DeployConfig.model_validate_json(deploy_json)
         mesh = join_pool(deploy, rank, port)
         _, pipeline = build_rank_pipeline(model, deploy, mesh)
@@ -170,6 +171,14 @@ def worker_main(rank: int, model: str, deploy_json: str, port: int, threads: int
         dist.destroy_process_group()
     finally:
         os._exit(0)
+
+
+def _quiet_progress_bars() -> None:
+    """Rank 0 shows the loading bars; N copies of them are noise (and each bar's lock is a
+    semaphore a rank that exits with ``os._exit`` would leave registered)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
 
 def _die(conn: Any, rank: int) -> None:

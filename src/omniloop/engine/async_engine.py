@@ -58,6 +58,10 @@ class AsyncEngine:
         """Load like ``VideoGenerator.from_pretrained``; ``options`` are DeployConfig fields
         (``plugins={name: config}`` enables plugins, e.g. from the server's deploy config file)."""
         config = DeployConfig.from_options(deploy, **options)
+        if config.parallel.world > 1:  # this process becomes rank 0 of an SPMD pool (engine/pool.py)
+            from omniloop.engine.pool import launch_pool_engine
+
+            return cls(launch_pool_engine(model, config), model_name=str(model))
         opts = load_options(config)
 
         def build() -> Pipeline:  # DeployConfig.plugins is the one source of enabled plugins
@@ -210,6 +214,9 @@ class AsyncEngine:
         self._stop = True
         self._notify()
         self._thread.join(timeout=10)
+        close = getattr(self.engine, "close", None)  # an SPMD pool's other ranks
+        if close is not None:
+            close()
 
     async def __aenter__(self) -> "AsyncEngine":
         return self

@@ -182,11 +182,10 @@ class Engine:
         if self.hooks is not None:
             self._fire("schedule_decision", lambda: ScheduleEvent(plan))
         self._apply_plan_boundaries(plan)
-        if plan.work is not None:
-            try:
-                self._execute(plan.work)
-            except PoolFatalError as e:
-                self._on_pool_failure(e)
+        try:
+            self._run_plan(plan)
+        except PoolFatalError as e:
+            self._on_pool_failure(e)
         with self._ids_lock:
             return [out for rid, out in self._finished.items() if rid not in done_before]
 
@@ -217,6 +216,12 @@ class Engine:
         return self.hooks.metrics() if self.hooks is not None else {}
 
     # -- plan execution -------------------------------------------------------------------
+    def _run_plan(self, plan: SchedulerPlan) -> None:
+        """Execute the plan's work. On an SPMD pool's rank 0 (engine/pool.py) this also sends
+        the plan to the other ranks, which execute the same work on their shards."""
+        if plan.work is not None:
+            self._execute(plan.work)
+
     def _apply_plan_boundaries(self, plan: SchedulerPlan) -> None:
         for rid in plan.aborted:
             req = self.scheduler.find(rid)

@@ -81,7 +81,25 @@ def run_blocks(
     interceptor: BlockInterceptor | None = None,
     **kwargs: Any,
 ) -> torch.Tensor:
-    """Apply ``blocks`` in order: ``hidden = block(hidden, *args, **kwargs)``."""
+    """Apply ``blocks`` in order: ``hidden = block(hidden, *args, **kwargs)``.
+
+    A sequence-parallel deployment installs ``blocks.sequence_shard`` from outside
+    (``omniloop.parallel.sequence``): the stack then runs on this rank's share of the tokens.
+    """
+    shard = getattr(blocks, "sequence_shard", None)
+    if shard is not None:
+        return shard.run(blocks, hidden, args, kwargs, interceptor)
+    return run_block_stack(blocks, hidden, *args, interceptor=interceptor, **kwargs)
+
+
+def run_block_stack(
+    blocks: Sequence[nn.Module],
+    hidden: torch.Tensor,
+    *args: Any,
+    interceptor: BlockInterceptor | None = None,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """The block loop itself (``run_blocks`` without the sequence-parallel seam)."""
     if interceptor is None:
         for block in blocks:
             hidden = block(hidden, *args, **kwargs)

@@ -375,9 +375,13 @@ class DenoiseLoop(LoopStageBase):
     ) -> list[dict[str, Prediction]]:
         """Per loop, per branch predictions (float32). ``batched`` dispatch stacks every
         (branch, loop) pair into one forward; ``sequential`` runs one forward per branch.
-        Pairs a step interceptor ``supplied`` skip the forward."""
+        Pairs a step interceptor ``supplied`` skip the forward. In a pool with dp x cfg ranks
+        (``ctx.parallel``, omniloop.parallel.rows) this rank runs its share of the pairs and
+        the ranks then exchange predictions, so every rank ends with all of them."""
         calls: list[tuple[int, str]] = [(i, b) for b in branches for i in range(len(loops)) if (i, b) not in supplied]
-        groups = [calls] if self.cfg.mode == "batched" else [[c for c in calls if c[1] == b] for b in branches]
+        rows = ctx.parallel
+        local = calls if rows is None else rows.local_calls(calls, branches)
+        groups = [local] if self.cfg.mode == "batched" else [[c for c in local if c[1] == b] for b in branches]
         out: list[dict[str, Prediction]] = [{} for _ in loops]
         for (i, b), pred in supplied.items():
             out[i][b] = pred
@@ -399,6 +403,8 @@ class DenoiseLoop(LoopStageBase):
                     parts = _split_pred(pred, sizes)
             for (i, b), part in zip(group, parts):
                 out[i][b] = {m: v.float() for m, v in part.items()}  # post_forward: fp32 for combine
+        if rows is not None:
+            rows.exchange(out, calls, branches, like=[lp.latents for lp in loops])
         return out
 
     def _forward(

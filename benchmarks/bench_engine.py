@@ -217,7 +217,7 @@ def main(argv=None) -> int:
     dtype = torch.bfloat16 if cuda else torch.float32
     if cuda:
         args.overhead_size, args.overhead_steps = (480, 81), 6  # 480x480: 21*30*30 = 18,900 tokens
-        args.mixed_size, args.n_long, args.n_short, args.trace_repeats = (256, 17), 2, 4, 1
+        args.mixed_size, args.n_long, args.n_short, args.trace_repeats = (256, 17), 2, 6, 1
         args.small_size, args.small_steps, args.n_small = 256, 8, 32
     else:
         args.overhead_size, args.overhead_steps = (32, 9), 8

@@ -31,10 +31,11 @@ def pool_engine(wan_t2v_dir):
 @pytest.fixture(scope="module")
 def one_process(wan_pipeline):
     """Latents of the reference requests on one process."""
-    engine = Engine(wan_pipeline)
+    engine = Engine(wan_pipeline, EngineConfig(policy=SchedulingPolicy(max_batch=4)))
     for i in range(2):
         engine.add_request(req(seed=i, steps=3, rid=f"r{i}", guidance_scale=4.0))
-    outs = _run(engine)
+    with threads(rank_threads(2)):  # the pool's ranks share the cores: a bitwise reference uses as many threads
+        outs = _run(engine)
     return {rid: out.artifacts["latents"].latents for rid, out in outs.items()}
 
 

@@ -81,6 +81,9 @@ class DeployConfig(BaseModel):
         "them: compiled or CUDA-graphed steps); requests of one bucket batch unpacked",
     )
     memory_budget_gb: float | None = Field(default=None, gt=0, description="admission memory budget; default: free memory")
+    chunk_kv_budget_gb: float | None = Field(
+        default=None, gt=0, description="chunk-KV slab pool of causal video models, fixed at start and charged by "
+        "admission; default: a quarter of free device memory (1 GiB on a CPU)")
     nan_check: bool = Field(default=True, description="fail a request whose loop state turns NaN/Inf")
     on_pool_failure: Literal["requeue", "fail"] = Field(default="requeue", description="what a pool restart does to in-flight requests")
 

@@ -33,7 +33,9 @@ def load_options(deploy: DeployConfig) -> LoadOptions:
                        cfg_mode=deploy.cfg_mode, compile=deploy.compile, quantization=deploy.quantization,
                        text_cache_bytes=int(deploy.text_cache_mb * 2**20), resolution_buckets=deploy.bucket_sizes(),
                        lora_device_bytes=int(deploy.lora_device_mb * 2**20),
-                       lora_host_bytes=int(deploy.lora_host_mb * 2**20), loras=tuple(deploy.lora_files.items()))
+                       lora_host_bytes=int(deploy.lora_host_mb * 2**20), loras=tuple(deploy.lora_files.items()),
+                       chunk_kv_budget_bytes=None if deploy.chunk_kv_budget_gb is None
+                       else int(deploy.chunk_kv_budget_gb * 2**30))
 
 
 class AsyncEngine:

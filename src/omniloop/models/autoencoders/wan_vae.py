@@ -590,6 +590,16 @@ class WanVAE(nn.Module):
 
     # -- streaming API: one chunk at a time, state in the caller's cache ------------------
 
+    def new_stream(self) -> CausalCache:
+        """The per-stream state of :meth:`decode_stream` (one per request: never on the module)."""
+        return CausalCache()
+
+    def decode_stream(self, z: Tensor, cache: CausalCache) -> Tensor:
+        """The next latent frames [B, z_dim, f, h, w] of a stream -> their video frames in
+        [-1, 1]; decoding a video's latents piece by piece with one cache gives exactly
+        :meth:`decode` of the whole video (the same per-frame chunks, clamped alike)."""
+        return torch.cat([self.decode_chunk(z[:, :, i : i + 1], cache) for i in range(z.shape[2])], dim=2)
+
     def encode_chunk(self, video: Tensor, cache: CausalCache) -> Tensor:
         """One encoder chunk -> its latent moments.
 

@@ -103,7 +103,7 @@ def step_rank(rank: int, world: int, arch: dict, latent, text_len: int, axes, wa
             model = _build_dit(arch, device, dtype)
             reference = model(x, t, cond).float()
             out["one"] = _timed(lambda: (model(x, t, cond), model(x, t, uncond)), warmup, iters, device, all_ranks=False)
-            del model
+            model = None
             if device.type == "cuda":
                 torch.cuda.empty_cache()
         dist.barrier()
@@ -131,7 +131,7 @@ def step_rank(rank: int, world: int, arch: dict, latent, text_len: int, axes, wa
             if rank == 0:
                 out[f"rel_l2[{axis}]"] = ((first.float() - reference).norm() / reference.norm()).item()
             out[axis] = _timed(step, warmup, iters, device, all_ranks=True)
-            del model
+            model = None  # free it before the next axis builds its own
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     return out

@@ -31,10 +31,11 @@ def pool_engine(wan_t2v_dir):
 @pytest.fixture(scope="module")
 def one_process(wan_pipeline):
     """Latents of the reference requests on one process."""
-    engine = Engine(wan_pipeline)
+    engine = Engine(wan_pipeline, EngineConfig(policy=SchedulingPolicy(max_batch=4)))
     for i in range(2):
         engine.add_request(req(seed=i, steps=3, rid=f"r{i}", guidance_scale=4.0))
-    outs = _run(engine)
+    with threads(rank_threads(2)):  # the pool's ranks share the cores: a bitwise reference uses as many threads
+        outs = _run(engine)
     return {rid: out.artifacts["latents"].latents for rid, out in outs.items()}
 
 
@@ -153,3 +154,25 @@ def test_restarts_exhausted_kill_the_engine_and_stop_the_pool(pool_engine):
     assert engine.dead and "pool failed 1 times" in engine.dead
     assert engine.pop_output("last").status is RequestStatus.FAILED
     assert not pool._procs and not torch.distributed.is_initialized()  # the pool was stopped with the engine
+
+
+def test_a_restart_that_fails_kills_the_engine(pool_engine, monkeypatch):
+    pool = pool_engine.pool
+    model_spec, pipeline = pool.start()  # the previous test left it stopped
+    engine = PoolEngine(pool, model_spec, pipeline, EngineConfig())
+    engine.add_request(req(steps=4, rid="orphan"))
+    with torch.inference_mode():
+        engine.step()
+        os.kill(pool._procs[0].pid, signal.SIGKILL)
+        pool._procs[0].join(timeout=10)
+
+        def no_start():
+            raise RuntimeError("rank 1 failed to start: out of memory")
+
+        monkeypatch.setattr(pool, "start", no_start)
+        while engine.has_unfinished():
+            engine.step()
+    assert engine.dead and "pool restart failed: rank 1 failed to start" in engine.dead
+    out = engine.pop_output("orphan")
+    assert out.status is RequestStatus.FAILED and "engine dead" in out.error
+    assert not pool._procs and not torch.distributed.is_initialized()

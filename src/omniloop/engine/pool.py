@@ -67,7 +67,6 @@ class SPMDPool:
         """Start the other ranks, join the process group, build rank 0's pipeline, and wait
         until every rank has built its own."""
         ctx = process_context(self.deploy.torch_device(), self.preload)
-
         self._store = rendezvous_store(self.spec.timeout_s)  # held by rank 0 while the pool lives
         port = self._store.port
         deploy_json = self.deploy.model_dump_json()
@@ -282,6 +281,11 @@ class PoolEngine(Engine):
         self._tell_failed = []  # the new ranks hold no state to drop
         try:
             super()._on_pool_failure(error)
+        except Exception as exc:  # the restart itself failed (a rank could not start again)
+            logger.exception("pool restart failed")
+            self.dead = f"pool restart failed: {exc}; after: {error}"
+            for req in list(self.scheduler.running.values()) + list(self.scheduler.waiting):
+                self._finish(req, RequestStatus.FAILED, f"engine dead: {self.dead}")
         finally:
             if self.dead:
                 self.close()

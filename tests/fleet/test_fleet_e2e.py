@@ -85,7 +85,7 @@ def test_concurrent_requests_are_batched_inside_a_worker(fleet):
     ({"size": "33x32"}, 400, "diffusion.width=33 must be a multiple of 16; pass 32 or 48"),
     ({"nvext": {"num_inference_steps": 0}}, 400, "nvext.num_inference_steps: Input should be greater than or equal to 1"),
     ({"nvext": {"num_frames": 6}}, 400, "diffusion.num_frames=6 must be 4k+1; pass 5 or 9"),
-    ({"eta": 0.7}, 400, "eta: not a field this worker accepts"),
+    ({"motion_bucket_id": 127}, 400, "motion_bucket_id: not a field this worker accepts"),
     ({"response_format": "url"}, 400, "response_format: 'url' is not supported"),
 ])
 def test_bad_fields_are_400_with_our_validation_message(fleet, fields, status, message):

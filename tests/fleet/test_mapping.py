@@ -67,7 +67,7 @@ def test_input_reference_selects_image_to_video():
     ({"nvext": {"boundary_ratio": 0.5}}, "nvext.boundary_ratio: not a field this worker accepts"),
     ({"response_format": "url"}, "response_format: 'url' is not supported; this worker returns the video inline"),
     ({"output_format": "webm"}, "output_format: 'webm' is not supported"),
-    ({"extra_args": {"media_passthrough": {"eta": 0.5}}}, "eta: not a field this worker accepts"),
+    ({"extra_args": {"media_passthrough": {"motion_bucket_id": 127}}}, "motion_bucket_id: not a field this worker accepts"),
     ({"nvext": {"seed": 1}, "extra_args": {"media_passthrough": {"seed": 2}}}, "seed: also set by nvext.seed; pass it once"),
     ({"input_reference": "https://example.com/a.png"}, "input_reference: this worker does not fetch URLs"),
     ({"input_reference": "not base64!"}, "input_reference: Value error, is not valid base64"),

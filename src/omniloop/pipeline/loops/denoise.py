@@ -129,6 +129,10 @@ class DenoiseLoopState(LoopState):
     def timestep(self) -> torch.Tensor:
         return next(iter(self.samplers.values())).timestep
 
+    @property
+    def model_timestep(self) -> torch.Tensor:
+        return next(iter(self.samplers.values())).model_timestep
+
 
 @dataclass
 class DenoiseLoop(LoopStageBase):
@@ -151,17 +155,33 @@ class DenoiseLoop(LoopStageBase):
     # -- init / finalize ------------------------------------------------------------
     def init(self, ctx: StageContext, state: RequestState) -> DenoiseLoopState:
         request = state.request
-        params = _effective_params(request.diffusion, state.node_params.get(ctx.node))
-        sampler = ctx.component(self.sampler_component).get(params.sampler)
-        shapes = self.denoiser.latent_shapes(ctx, request)
-        num_steps = params.num_steps(ctx.defaults.get("steps", 50))
-        schedule = self.shift.sampler_kwargs(params, _latent_area(shapes), num_steps, sampler)
-        samplers = {m: sampler.init_state(num_steps, device=ctx.device, **schedule) for m in self.denoiser.modalities}
+        params = self.params(ctx, state)
         seed = params.seed if params.seed is not None else random.randrange(2**63)
         state.metrics.seed = seed
         # Same seed -> same noise as diffusers: a CPU generator, fp32, then moved.
         gen = torch.Generator("cpu").manual_seed(seed)
-        latents = {m: torch.randn(shapes[m], generator=gen, dtype=torch.float32).to(ctx.device) for m in shapes}
+        latents = seeded_noise(self.denoiser.latent_shapes(ctx, request), gen, ctx.device)
+        return self.start(ctx, state, params, latents, seed=seed, gen=gen)
+
+    def params(self, ctx: StageContext, state: RequestState) -> DiffusionParams:
+        """The request's DiffusionParams with this node's ``node_params`` applied."""
+        return _effective_params(state.request.diffusion, state.node_params.get(ctx.node))
+
+    def start(
+        self, ctx: StageContext, state: RequestState, params: DiffusionParams, latents: dict[str, torch.Tensor], *,
+        seed: int, gen: torch.Generator | None = None, branch_kwargs: dict[str, dict[str, Any]] | None = None,
+    ) -> DenoiseLoopState:
+        """A loop state denoising ``latents`` (fp32, [B, C, ...] per modality) from pure noise:
+        ``init`` draws them from the seed (``gen``: its generator, which image-to-image
+        conditioning draws on next); an outer loop (``ChunkRollout``) starts one per chunk
+        with its slice of the video's noise and forward kwargs of its own (the chunk's KV
+        view), the policies and sampler unchanged."""
+        request = state.request
+        sampler = ctx.component(self.sampler_component).get(params.sampler)
+        shapes = {m: tuple(x.shape) for m, x in latents.items()}
+        num_steps = params.num_steps(ctx.defaults.get("steps", 50))
+        schedule = self.shift.sampler_kwargs(params, _latent_area(shapes), num_steps, sampler)
+        samplers = {m: sampler.init_state(num_steps, device=ctx.device, **schedule) for m in self.denoiser.modalities}
 
         cfg_state = self.cfg.init(params, self.denoiser.modalities, ctx.defaults)
         cond_state = self.conditioning.init(
@@ -186,7 +206,8 @@ class DenoiseLoop(LoopStageBase):
             sampler=sampler,
             samplers=samplers,
             latents=latents,
-            branch_kwargs=self.denoiser.branch_inputs(ctx, state, cfg_state.branches),
+            branch_kwargs=branch_kwargs if branch_kwargs is not None
+            else self.denoiser.branch_inputs(ctx, state, cfg_state.branches),
             routes=routes,
             model_dtype=model_dtype,
             flops_per_forward=self.denoiser.flops_per_forward(ctx, shapes),
@@ -338,7 +359,8 @@ class DenoiseLoop(LoopStageBase):
         x = self.conditioning.prepare(loop.latents, cond_state)
         x = {m: v.to(loop.model_dtype) for m, v in x.items()}
         batch = next(iter(x.values())).shape[0]
-        return x, loop.timestep.expand(batch)
+        t = loop.model_timestep  # 0-d, or a flow map's [t, r]
+        return x, t.expand(batch, *t.shape)
 
     def _forward_branches(
         self,
@@ -353,9 +375,13 @@ class DenoiseLoop(LoopStageBase):
     ) -> list[dict[str, Prediction]]:
         """Per loop, per branch predictions (float32). ``batched`` dispatch stacks every
         (branch, loop) pair into one forward; ``sequential`` runs one forward per branch.
-        Pairs a step interceptor ``supplied`` skip the forward."""
+        Pairs a step interceptor ``supplied`` skip the forward. In a pool with dp x cfg ranks
+        (``ctx.parallel``, omniloop.parallel.rows) this rank runs its share of the pairs and
+        the ranks then exchange predictions, so every rank ends with all of them."""
         calls: list[tuple[int, str]] = [(i, b) for b in branches for i in range(len(loops)) if (i, b) not in supplied]
-        groups = [calls] if self.cfg.mode == "batched" else [[c for c in calls if c[1] == b] for b in branches]
+        rows = ctx.parallel
+        local = calls if rows is None else rows.local_calls(calls, branches)
+        groups = [local] if self.cfg.mode == "batched" else [[c for c in local if c[1] == b] for b in branches]
         out: list[dict[str, Prediction]] = [{} for _ in loops]
         for (i, b), pred in supplied.items():
             out[i][b] = pred
@@ -377,6 +403,8 @@ class DenoiseLoop(LoopStageBase):
                     parts = _split_pred(pred, sizes)
             for (i, b), part in zip(group, parts):
                 out[i][b] = {m: v.float() for m, v in part.items()}  # post_forward: fp32 for combine
+        if rows is not None:
+            rows.exchange(out, calls, branches, like=[lp.latents for lp in loops])
         return out
 
     def _forward(
@@ -454,6 +482,11 @@ class DenoiseLoop(LoopStageBase):
 
 
 # -- helpers --------------------------------------------------------------------------
+def seeded_noise(shapes: Mapping[str, tuple[int, ...]], gen: torch.Generator, device: torch.device) -> dict[str, torch.Tensor]:
+    """Initial noise per modality from ``gen`` (a CPU generator: diffusers' draw), fp32, then moved."""
+    return {m: torch.randn(shapes[m], generator=gen, dtype=torch.float32).to(device) for m in shapes}
+
+
 def _own(x: torch.Tensor) -> torch.Tensor:
     """``x`` in storage of its own: a batched sampler update leaves each request's latents a
     row slice of the batch's tensor, which an output kept for long must not hold alive."""
@@ -463,7 +496,8 @@ def _own(x: torch.Tensor) -> torch.Tensor:
 def _effective_params(params: DiffusionParams, overrides: DenoiseParams | None) -> DiffusionParams:
     if overrides is None:
         return params
-    update = {k: v for k, v in overrides.model_dump().items() if v is not None}
+    # only DiffusionParams fields (an outer loop's schema may add its own, e.g. chunk_partition)
+    update = {k: v for k, v in overrides.model_dump().items() if v is not None and k in DiffusionParams.model_fields}
     if "steps" in update and params.sigmas is not None:
         update["sigmas"] = None
     return params.model_copy(update=update)

@@ -66,7 +66,7 @@ class LoraPlan:
     """Which adapters each row of one forward applies (None: none for that row)."""
 
     rows: Sequence[AdapterSet | None]  # one entry per batch row (per sample, for packed models)
-    owners: dict[str, torch.Tensor] = field(default_factory=dict)  # stream -> [N] row of each token
+    owners: dict[str, torch.Tensor] = field(default_factory=dict)  # stream -> [N] row of each token (CPU)
     _groups: dict[tuple[str | None, int], list[tuple[torch.Tensor | None, AdapterSet]]] = field(default_factory=dict)
 
     def bind(self, **owners: torch.Tensor) -> "LoraPlan":
@@ -92,13 +92,14 @@ class LoraPlan:
             if len(rows) == len(self.rows):
                 out.append((None, sets[key]))  # every row: no gather
                 continue
-            row_ids = torch.tensor(rows, device=x.device)
+            # indices computed on the CPU and copied once (no device sync per linear)
+            row_ids = torch.tensor(rows)
             if owners is not None:  # packed: the tokens of these samples
-                index = torch.isin(owners, row_ids).nonzero().flatten()
+                index = torch.isin(owners.cpu(), row_ids).nonzero().flatten()
             else:  # batch-first [B, ...]: every token of these rows
                 per_row = tokens // len(self.rows)
-                index = (row_ids[:, None] * per_row + torch.arange(per_row, device=x.device)).flatten()
-            out.append((index, sets[key]))
+                index = (row_ids[:, None] * per_row + torch.arange(per_row)).flatten()
+            out.append((index.to(x.device, non_blocking=x.is_cuda), sets[key]))
         self._groups[(stream, tokens)] = out
         return out
 

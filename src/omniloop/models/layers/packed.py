@@ -54,8 +54,18 @@ class Segments:
         if self.uniform:
             n = self.lengths[0]
             return per_sample[:, None].expand(self.count, n, *per_sample.shape[1:]).reshape(self.total, *per_sample.shape[1:])
-        lengths = torch.tensor(self.lengths, device=per_sample.device)
-        return per_sample.repeat_interleave(lengths, dim=0, output_size=self.total)
+        return per_sample.index_select(0, self.owners(per_sample.device))
+
+    def owners(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """``[N]`` int64: the segment each token belongs to. Built on the CPU and copied once per
+        device (cached): NOTE a device tensor made from a Python list per call would be a
+        blocking host-to-device copy in every block of a packed forward."""
+        device = torch.device(device)
+        cache = self.__dict__.setdefault("_owners", {})
+        if device not in cache:
+            cpu = torch.repeat_interleave(torch.arange(self.count), torch.tensor(self.lengths))
+            cache[device] = cpu if device.type == "cpu" else _to_device(cpu, device)
+        return cache[device]
 
     def split(self, x: torch.Tensor) -> list[torch.Tensor]:
         """``[N, ...]`` -> one ``[n_s, ...]`` view per segment."""
@@ -72,7 +82,15 @@ def interleave_index(first: Segments, second: Segments, device: torch.device) ->
         a0, a1 = first.offsets[s], first.offsets[s + 1]
         b0, b1 = second.offsets[s], second.offsets[s + 1]
         parts += [torch.arange(a0, a1), first.total + torch.arange(b0, b1)]
-    return torch.cat(parts).to(device)
+    index = torch.cat(parts)
+    return index if torch.device(device).type == "cpu" else _to_device(index, torch.device(device))
+
+
+def _to_device(cpu: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small index tensor to ``device`` without blocking the host (pinned, async copy)."""
+    if device.type == "cuda":
+        return cpu.pin_memory().to(device, non_blocking=True)
+    return cpu.to(device)
 
 
 def joint_segments(first: Segments, second: Segments) -> Segments:

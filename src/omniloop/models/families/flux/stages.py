@@ -11,7 +11,7 @@ import torch
 from omniloop.io.image import image_to_tensor, open_image_part
 from omniloop.models.families.flux.model import FluxInputs
 from omniloop.models.layers.lora import LoraPlan, current_plan, lora_rows
-from omniloop.models.layers.packed import Segments
+from omniloop.models.layers.packed import Segments, joint_segments
 from omniloop.pipeline.loops.denoise import DenoiserBase
 from omniloop.pipeline.edges import ConditionLatents, LatentPosterior, TextEmbeddings
 from omniloop.pipeline.policies.cfg import COND, Prediction
@@ -138,15 +138,8 @@ def _bound(plan: LoraPlan | None, inputs: FluxInputs) -> LoraPlan | None:
     if plan is None:
         return None
     img, txt = inputs.image_segments, inputs.text_segments
-    device = inputs.image.device
-    samples = torch.arange(img.count, device=device)
-    joint = torch.tensor([t + i for t, i in zip(txt.lengths, img.lengths)], device=device)
-    return plan.bind(
-        image=samples.repeat_interleave(torch.tensor(img.lengths, device=device)),
-        text=samples.repeat_interleave(torch.tensor(txt.lengths, device=device)),
-        joint=samples.repeat_interleave(joint),
-        sample=samples,
-    )
+    return plan.bind(image=img.owners(), text=txt.owners(), joint=joint_segments(txt, img).owners(),
+                     sample=torch.arange(img.count))  # CPU: the plan builds its gather indices there
 
 
 # -- image-to-image conditioning --------------------------------------------------------

@@ -9,7 +9,6 @@ import torch
 
 from omniloop.io.image import open_image_part
 from omniloop.models.families.flux.stages import edit_source, geometry
-from omniloop.pipeline.policies.conditioning import start_index
 from omniloop.pipeline.samplers.sampler_set import SamplerSet
 from omniloop.request import LatentPart, OmniRequest, TaskType
 
@@ -78,7 +77,7 @@ def _with_source_size(request: OmniRequest, defaults: Mapping[str, Any]) -> Omni
 
 
 def _check_edit(request: OmniRequest, defaults: Mapping[str, Any]) -> None:
-    p, source = request.diffusion, edit_source(request)
+    source = edit_source(request)
     g = geometry(request, defaults)
     if isinstance(source, LatentPart):
         data = torch.as_tensor(source.data)
@@ -89,8 +88,4 @@ def _check_edit(request: OmniRequest, defaults: Mapping[str, Any]) -> None:
                              f"image (the DiT's normalized latent space); got {list(data.shape)}")
     else:
         open_image_part(source)  # unreadable -> ValueError naming the source
-    strength = p.strength if p.strength is not None else defaults["strength"]
-    steps = p.num_steps(defaults["steps"])
-    if steps - start_index(steps, strength) < 1:
-        raise ValueError(f"diffusion.strength={strength} with {steps} steps runs no denoising step; raise strength "
-                         f"or steps (strength x steps >= 1)")
+    # NOTE: any strength in (0, 1] runs at least one step (diffusers' start index truncates)

@@ -77,6 +77,9 @@ class AsyncEngine:
                 with self._wake:
                     while not self._stop and not self.engine.has_unfinished():
                         self._wake.wait(timeout=0.5)
+                    idle = self.engine.idle_s()
+                    if idle:  # every running request waits (a paced session): sleep until one is due
+                        self._wake.wait(timeout=min(idle, 0.1))
                 if self._stop:
                     break
                 try:
@@ -172,6 +175,11 @@ class AsyncEngine:
 
     async def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)
+        self._notify()
+
+    async def send(self, request_id: str, item: Any) -> None:
+        """A live input for a running request (``Engine.send``)."""
+        self.engine.send(request_id, item)
         self._notify()
 
     async def drain(self, timeout: float | None = None) -> None:

@@ -166,6 +166,20 @@ class Engine:
         with self._ids_lock:
             return list(self._requests)
 
+    def send(self, request_id: str, item: Any) -> None:
+        """Hand a live input to a running request's loop (a session's action, prompt or
+        flush: see ``ChunkRollout``); it takes effect at the loop's next chunk or step."""
+        req = self._requests.get(request_id)
+        if req is None or req.is_finished:
+            raise UnknownRequest(f"no running request {request_id!r}; pass the id of a live session")
+        req.state.inbox.append(item)  # deque.append: safe from another thread
+
+    def idle_s(self) -> float | None:
+        """Seconds until some work can run (0: now; None: nothing queued or running)."""
+        if self._intake or self.scheduler.waiting:
+            return 0.0
+        return self.scheduler.next_ready_s()
+
     def has_unfinished(self) -> bool:
         return self.scheduler.num_unfinished > 0 or bool(self._intake)
 

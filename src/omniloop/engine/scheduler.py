@@ -95,7 +95,8 @@ class StepScheduler:
         self.iteration += 1
         aborted = self._take_aborted()
         admitted = self._admit()
-        ranked = self._rank([r for r in self.running.values() if not r.abort_requested])
+        now = time.perf_counter()
+        ranked = self._rank([r for r in self.running.values() if not r.abort_requested and self._ready_at(r) <= now])
         head = ranked[0] if ranked else None
         prologue = [r for r in ranked if _in_prologue(r)]
         if prologue and head is not prologue[0] and self._prologue_first(prologue[0], head):
@@ -104,7 +105,22 @@ class StepScheduler:
         self._last_was_step = isinstance(work, StepWork)
         return SchedulerPlan(self.iteration, admitted, aborted, work, self._predict(work))
 
+    def next_ready_s(self) -> float | None:
+        """Seconds until a running request that waits (``LoopStage.ready_at``) becomes ready;
+        0 when one is ready now, None when nothing is running."""
+        if not self.running:
+            return None
+        now = time.perf_counter()
+        return max(0.0, min(self._ready_at(r) for r in self.running.values()) - now)
+
     # -- helpers --------------------------------------------------------------------------
+    def _ready_at(self, req: EngineRequest) -> float:
+        node = req.node
+        if req.abort_requested or req.loop is None or node is None or not node.is_loop:
+            return 0.0
+        at = node.stage.ready_at(req.loop)
+        return 0.0 if at is None else at
+
     def _prologue_first(self, candidate: EngineRequest, head: EngineRequest) -> bool:
         """Run another request's prologue item (encoder, loop init) before the head's step?
 

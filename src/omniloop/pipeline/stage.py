@@ -171,6 +171,11 @@ class LoopStageBase(StageBase):
     def release(self, loop: LoopState) -> None:
         """Free what ``loop`` holds when it ends without ``finalize`` (cancel, failure)."""
 
+    def ready_at(self, loop: LoopState) -> float | None:
+        """``time.perf_counter()`` before which the loop's next step must not run (a live
+        session paced to real time); None: ready now."""
+        return None
+
     def batch_key(self, loop: LoopState) -> Hashable | None:
         return None
 

@@ -8,6 +8,7 @@ samplers, policies and plugins keep their state here.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, TypeVar
 
@@ -100,6 +101,9 @@ class RequestState:
     ext: Any = None  # optional typed per-family extension (a dataclass the family registers)
     error: str | None = None
     started_at: float | None = None
+    # live inputs a running request's loop takes (a session's actions, prompts, flushes), in
+    # order; the engine appends (Engine.send), the loop consumes at its next chunk or step
+    inbox: deque = field(default_factory=deque)
     # references the request holds on shared cache entries (text embeddings, adapters); the
     # runtime calls them once when the request ends, whatever the ending
     releases: list[Callable[[], None]] = field(default_factory=list)

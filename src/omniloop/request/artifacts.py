@@ -52,11 +52,13 @@ class VideoChunkArtifact(VideoArtifact):
 
     index: int  # chunk index, from 0
     first_frame: int  # index of this chunk's first frame in the whole video
-    num_chunks: int | None = None  # chunks in the whole video (None: open-ended)
+    num_chunks: int | None = None  # chunks in the whole video (None: a live session)
+    action: str | None = None  # the session action that conditioned this chunk, if any
+    prompt: str | None = None  # the session's prompt, once it changed it
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "index": self.index, "first_frame": self.first_frame,
-                "num_chunks": self.num_chunks}
+                "num_chunks": self.num_chunks, "action": self.action, "prompt": self.prompt}
 
 
 @dataclass(kw_only=True)

@@ -80,6 +80,7 @@ class AudioPart(_MediaPart):
 class ActionPart(_Part):
     kind: Literal["action"] = "action"
     values: list[list[float]] = Field(description="[T, action_dim] actions, one row per step")
+    name: str | None = Field(default=None, description="the action's name in the model's vocabulary (e.g. 'left')")
 
 
 class LatentPart(_Part):

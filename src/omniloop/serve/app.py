@@ -21,7 +21,7 @@ from pydantic import BaseModel
 import omniloop
 from omniloop.deploy import Limits
 from omniloop.engine import AsyncEngine
-from omniloop.serve import images, streaming, videos
+from omniloop.serve import images, sessions, streaming, videos
 from omniloop.serve.config import ServeConfig
 from omniloop.serve.errors import install_error_handlers
 from omniloop.serve.protocol import ImageGenerationRequest, ModelCard, ModelList, VideoCreateRequest
@@ -44,7 +44,8 @@ async def ready(state: State) -> JSONResponse:
 
 @system.get("/v1/models", response_model=ModelList, dependencies=[Depends(require_auth)])
 async def models(state: State) -> ModelList:
-    card = ModelCard(id=state.model.name, created=state.started_at, tasks=sorted(t.value for t in state.model.tasks))
+    card = ModelCard(id=state.model.name, created=state.started_at, tasks=sorted(t.value for t in state.model.tasks),
+                     actions=sorted(state.model.defaults["actions"]) if "actions" in state.model.defaults else None)
     return ModelList(data=[card])
 
 
@@ -121,6 +122,7 @@ def create_app(engine: AsyncEngine, config: ServeConfig | None = None, *, limits
         try:
             yield
         finally:
+            await sessions.manager(state).close()
             await state.close()
 
     app = FastAPI(title="omniloop", version=omniloop.__version__,
@@ -128,7 +130,7 @@ def create_app(engine: AsyncEngine, config: ServeConfig | None = None, *, limits
                   lifespan=lifespan)
     app.state.omniloop = state
     install_error_handlers(app)
-    for router in (system, videos.router, streaming.router, images.router):
+    for router in (system, videos.router, streaming.router, images.router, sessions.router):
         app.include_router(router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

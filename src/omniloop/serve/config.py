@@ -50,6 +50,8 @@ class ServeConfig(BaseModel):
     drain_timeout_s: float = Field(default=60.0, ge=0, description="'finish' drains cancel what is left after this")
     cancel_wait_s: float = Field(default=30.0, gt=0, description="how long DELETE waits for a running job to stop")
     sse_keepalive_s: float = Field(default=15.0, gt=0, description="comment lines on idle event streams")
+    max_sessions: int = Field(default=4, ge=1, description="live sessions (POST /v1/sessions) at once; 429 beyond")
+    session_idle_s: float = Field(default=60.0, gt=0, description="a session nobody is connected to ends after this")
 
 
 def load_config_file(path: str | Path) -> tuple[DeployConfig, ServeConfig]:

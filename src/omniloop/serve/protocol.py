@@ -148,6 +148,7 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "omniloop"
     tasks: list[str]
+    actions: list[str] | None = None  # a live-session model's action vocabulary (POST /v1/sessions)
 
 
 class ModelList(BaseModel):

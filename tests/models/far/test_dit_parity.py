@@ -36,7 +36,7 @@ def _diffusers_kv_cache(ref, partition):
 
 
 def _layouts(model, plan):
-    chunks = FARChunks(full_chunk_limit=model.config.full_chunk_limit)
+    chunks = FARChunks(full_chunk_limit=model.config.full_chunk_limit, max_frames=model.config.rope_max_seq_len)
 
     class _Ctx:
         def component(self, name):

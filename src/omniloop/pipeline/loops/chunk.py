@@ -13,54 +13,108 @@ requests at the same point of their rollouts (same phase, chunk position, KV seg
 shapes) into one ``step_many``: the inner steps batch through ``DenoiseLoop.step_many``, the
 context passes through one forward.
 
-Vocabulary: a **chunk** is a run of latent frames denoised together (``ChunkPlan.partition``);
+**Live sessions** (``ChunkRolloutParams.open_ended``): the rollout goes on chunk after chunk
+(up to ``max_chunks`` or the model's positional limit), drawing each chunk's noise from the
+request's generator and keeping only the latents its next context passes need; inputs the
+engine hands it (``Engine.send``: an ``ActionPart``, a ``TextPart`` prompt, a :class:`Flush`)
+condition the next chunk (a flush restarts the chunk in flight with them); ``realtime`` paces
+it to playback (a chunk starts no earlier than ``lead_chunks`` chunks before the video so far
+has played, ``ready_at``), so many sessions interleave on one engine.
+
+Vocabulary: a **chunk** is a run of latent frames denoised together (``ChunkPlan``);
 **context chunks** are leading chunks given as conditioning (I2V / V2V), never denoised.
 The family supplies a :class:`ChunkModel` (chunking, KV tiers, which segments each forward
-reads and writes, the context forward) and optionally a :class:`ChunkDecoder`; everything
-per request lives in :class:`ChunkRolloutState` (the KV handle, the video's noise and clean
-latents, the decoder's causal cache).
+reads and writes, the context forward, how prompts and actions condition a chunk) and
+optionally a :class:`ChunkDecoder`; everything per request lives in
+:class:`ChunkRolloutState` (the KV handle, the noise and clean latents, the decoder's cache).
 """
 
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Mapping, Protocol, Sequence
 
 import torch
+from pydantic import Field
 
 from omniloop.cache.chunk_kv import ChunkKVBatch, ChunkKVHandle, ChunkKVPool, KVSegment, SlabLayout, TierPolicy
 from omniloop.ext.hooks import CacheEvent
 from omniloop.pipeline.edges import ConditionLatents, DenoisedLatents, TextEmbeddings
 from omniloop.pipeline.failures import per_request
-from omniloop.pipeline.loops.denoise import DenoiseLoop, DenoiseLoopState, _own, seeded_noise
+from omniloop.pipeline.loops.denoise import DenoiseLoop, DenoiseLoopState, DenoiseParams, _own, seeded_noise
 from omniloop.pipeline.stage import LoopStageBase, WorkEstimate
 from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
-from omniloop.request import DiffusionParams, LatentsArtifact, Modality, OmniRequest, VideoArtifact, VideoChunkArtifact
+from omniloop.request import (
+    ActionPart,
+    DiffusionParams,
+    LatentsArtifact,
+    Modality,
+    OmniRequest,
+    TextPart,
+    VideoArtifact,
+    VideoChunkArtifact,
+)
 
 MODALITY = "video"
 
 
+class ChunkRolloutParams(DenoiseParams):
+    """``node_params[<rollout node>]``: the denoise overrides, how the video is cut, and
+    whether it is a live session."""
+
+    chunk_partition: list[int] | None = Field(
+        default=None, min_length=1, description="latent frames per chunk (sums to the video's latent frames); "
+        "default: the model's partition when it fits, else its first chunk then chunks of its usual size")
+    open_ended: bool = Field(default=False, description="a live session: chunk after chunk until ended "
+                             "(or max_chunks), conditioned by the inputs it is sent")
+    max_chunks: int | None = Field(default=None, ge=1, description="a session's last chunk (default: the model's limit)")
+    realtime: bool = Field(default=False, description="pace a session to playback instead of running ahead")
+    lead_chunks: int = Field(default=2, ge=1, le=64, description="chunks a paced session may run ahead of playback")
+
+
+@dataclass(frozen=True)
+class Flush:
+    """A session input: discard the chunk in flight and make it again with the latest inputs."""
+
+
 @dataclass(frozen=True)
 class ChunkPlan:
-    """How one request's video is cut: latent frames per chunk, leading context chunks."""
+    """How one request's video is cut: latent frames per chunk, leading context chunks.
+
+    A finite video has ``partition`` summing to ``shape[2]``; a session (``open_ended``) has
+    its first chunks in ``partition`` then chunks of ``repeat`` frames, ``num_chunks`` in all.
+    """
 
     partition: tuple[int, ...]
     context_chunks: int  # leading chunks given as conditioning (not denoised)
-    shape: tuple[int, ...]  # the whole video's latents [1, C, F, h, w]
+    shape: tuple[int, ...]  # latents [1, C, F, h, w] (a session: F of ``partition`` alone)
     context_frames: int = 0  # latent frames the conditioning fills (<= the context chunks' frames)
+    open_ended: bool = False
+    repeat: int = 0  # frames of every chunk after ``partition`` (sessions)
+    max_chunks: int | None = None  # a session's chunk count
 
     def __post_init__(self) -> None:
         assert sum(self.partition) == self.shape[2], f"partition {self.partition} vs {self.shape[2]} latent frames"
         assert 0 <= self.context_chunks <= len(self.partition), f"{self.context_chunks} context chunks"
+        assert not self.open_ended or (self.repeat >= 1 and self.max_chunks), "a session needs repeat and max_chunks"
 
     @property
     def num_chunks(self) -> int:
-        return len(self.partition)
+        return self.max_chunks if self.open_ended else len(self.partition)  # type: ignore[return-value]
 
     def frames(self, chunk: int) -> tuple[int, int]:
-        start = sum(self.partition[:chunk])
-        return start, start + self.partition[chunk]
+        """Latent frames ``[start, stop)`` of ``chunk``."""
+        if chunk < len(self.partition):
+            start = sum(self.partition[:chunk])
+            return start, start + self.partition[chunk]
+        start = sum(self.partition) + (chunk - len(self.partition)) * self.repeat
+        return start, start + self.repeat
+
+    def size(self, chunk: int) -> int:
+        start, stop = self.frames(chunk)
+        return stop - start
 
 
 class ChunkModel(Protocol):
@@ -85,7 +139,15 @@ class ChunkModel(Protocol):
         (text), concatenated."""
         ...
 
-    def context_flops(self, ctx: StageContext, plan: ChunkPlan, chunk: int) -> float | None: ...
+    def prompt_kwargs(self, ctx: StageContext, kwargs: dict[str, dict[str, Any]], prompt: str
+                      ) -> dict[str, dict[str, Any]]:
+        """A session's new prompt: the branches' forward kwargs that condition on it."""
+        ...
+
+    def action_kwargs(self, ctx: StageContext, action: ActionPart) -> dict[str, Any]:
+        """A session's action: the forward kwargs that condition one chunk on it (raises
+        ValueError for a model that takes no actions)."""
+        ...
 
 
 class ChunkDecoder(Protocol):
@@ -102,17 +164,24 @@ class ChunkDecoder(Protocol):
 class ChunkRolloutState(LoopState):
     plan: ChunkPlan
     params: DiffusionParams
+    rollout: ChunkRolloutParams
     seed: int
-    noise: torch.Tensor  # [1, C, F, h, w] float32: the whole video's initial noise (diffusers' draw)
-    output: torch.Tensor  # [1, C, F, h, w] float32: clean latents of finished (and context) chunks
+    gen: torch.Generator  # a session draws each chunk's noise from it, in order
+    noise: torch.Tensor | None  # [1, C, F, h, w] float32: a finite video's noise (diffusers' one draw)
+    clean: dict[int, torch.Tensor]  # chunk -> its clean latents [1, C, f, h, w] (a session keeps the recent)
     branches: tuple[str, ...]
     kwargs: dict[str, dict[str, Any]]  # guidance branch -> forward kwargs (text)
     kv: ChunkKVHandle
-    request_state: RequestState  # its request (each chunk's inner loop starts from it)
+    request_state: RequestState  # its request (each chunk's inner loop starts from it; its inbox)
     chunk: int = 0
     inner: DenoiseLoopState | None = None  # the current chunk's denoise loop (None: at its boundary)
+    chunk_noise: torch.Tensor | None = None  # the current chunk's noise (a flush restarts from it)
+    action: ActionPart | None = None  # the latest action (sessions)
+    prompt: str | None = None  # the latest prompt, when a session changed it
     stream: Any = None  # the decoder's per-request state
-    frames: list[torch.Tensor] = field(default_factory=list)  # uint8 chunks decoded so far
+    frames: list[torch.Tensor] = field(default_factory=list)  # uint8 chunks kept for the final video
+    emitted: list[int] = field(default_factory=list)  # video frames emitted once each chunk was (cumulative)
+    first_emit: float | None = None  # perf_counter of the first chunk (pacing's clock)
     fps: int = 16
     decode: bool = True  # the request wants pixels (else latents only: nothing decoded or streamed)
 
@@ -133,20 +202,19 @@ class ChunkRollout(LoopStageBase):
     pool_component: str = "chunk_kv"
     decoder_component: str | None = "vae"
     training: bool = False  # KV in training mode: nothing recycled, written by reference
-    params: type | None = None  # node_params schema (the DenoiseLoop's, or a family's extension of it)
 
     inputs = {"text": TextEmbeddings}  # type: ignore[assignment]
     optional_inputs = {"condition": ConditionLatents}  # type: ignore[assignment]
     outputs = {"latents": DenoisedLatents, "final_latents": LatentsArtifact, "video": VideoArtifact}  # type: ignore[assignment]
+    params_schema = ChunkRolloutParams
 
     @property
     def components(self) -> tuple[str, ...]:  # type: ignore[override]
         extra = (self.decoder_component,) if self.decoder is not None and self.decoder_component else ()
         return (*self.denoise.components, self.pool_component, *extra)
 
-    @property
-    def params_schema(self):  # type: ignore[override]
-        return self.params or self.denoise.params_schema
+    def rollout_params(self, ctx: StageContext, state: RequestState) -> ChunkRolloutParams:
+        return state.node_params.get(ctx.node) or ChunkRolloutParams()
 
     # -- init / finalize ------------------------------------------------------------------
     def init(self, ctx: StageContext, state: RequestState) -> ChunkRolloutState:
@@ -156,34 +224,40 @@ class ChunkRollout(LoopStageBase):
         state.metrics.seed = seed
         condition = ctx.read_optional(state, "condition", ConditionLatents)
         plan = self.model.plan(ctx, state, condition)
-        gen = torch.Generator("cpu").manual_seed(seed)  # the whole video's noise, drawn as diffusers does
-        noise = seeded_noise({MODALITY: plan.shape}, gen, ctx.device)[MODALITY]
-        output = torch.zeros_like(noise)
-        if condition is not None:
-            output[:, :, : plan.context_frames] = condition.latents[:, :, : plan.context_frames].float()
+        gen = torch.Generator("cpu").manual_seed(seed)
+        # a finite video's noise is one draw, as diffusers; a session draws chunk by chunk
+        noise = None if plan.open_ended else seeded_noise({MODALITY: plan.shape}, gen, ctx.device)[MODALITY]
+        clean = {}
+        if condition is not None:  # the context chunks: the given frames, zeros after them (diffusers)
+            given = torch.zeros(plan.shape, device=ctx.device)
+            given[:, :, : plan.context_frames] = condition.latents[:, :, : plan.context_frames].float()
+            for c in range(plan.context_chunks):
+                start, stop = plan.frames(c)
+                clean[c] = given[:, :, start:stop].clone()
         branches = self.denoise.cfg.init(params, self.denoise.denoiser.modalities, ctx.defaults).branches
         layouts, policies = self.model.kv_tiers(ctx, request, plan)
         pool: ChunkKVPool = ctx.component(self.pool_component)
         handle = ChunkKVHandle(pool, layouts, policies, branches, training=self.training,
                                on_event=_event_sink(ctx, state.request_id))
         steps = params.num_steps(ctx.defaults.get("steps", 50))
+        wants_video = self.decoder is not None and request.outputs.wants(Modality.VIDEO)
         loop = ChunkRolloutState(
             node=ctx.node, request_id=state.request_id,
             steps_target=steps * (plan.num_chunks - plan.context_chunks) + plan.num_chunks,
-            plan=plan, params=params, seed=seed, noise=noise, output=output, branches=branches,
-            kwargs=self.denoise.denoiser.branch_inputs(ctx, state, branches), kv=handle, request_state=state,
-            stream=self.decoder.init(ctx) if self.decoder is not None and request.outputs.wants(Modality.VIDEO) else None,
-            fps=request.diffusion.fps or int(ctx.defaults.get("fps", 16)),
-            decode=self.decoder is not None and request.outputs.wants(Modality.VIDEO),
+            plan=plan, params=params, rollout=self.rollout_params(ctx, state), seed=seed, gen=gen, noise=noise,
+            clean=clean, branches=branches, kwargs=self.denoise.denoiser.branch_inputs(ctx, state, branches),
+            kv=handle, request_state=state, stream=self.decoder.init(ctx) if wants_video else None,  # type: ignore[union-attr]
+            fps=request.diffusion.fps or int(ctx.defaults.get("fps", 16)), decode=wants_video,
         )
         self._enter_chunk(ctx, loop)
         return loop
 
     def finalize(self, ctx: StageContext, loop: ChunkRolloutState, state: RequestState) -> None:  # type: ignore[override]
-        latents = _own(loop.output)
-        ctx.write(state, "latents", DenoisedLatents(latents={MODALITY: latents}))
-        if state.request.outputs.wants_latents:
-            ctx.write(state, "final_latents", LatentsArtifact(latents=latents, modality=Modality.VIDEO))
+        if not loop.plan.open_ended:
+            latents = _own(torch.cat([loop.clean[c] for c in range(loop.plan.num_chunks)], dim=2))
+            ctx.write(state, "latents", DenoisedLatents(latents={MODALITY: latents}))
+            if state.request.outputs.wants_latents:
+                ctx.write(state, "final_latents", LatentsArtifact(latents=latents, modality=Modality.VIDEO))
         if loop.frames:
             ctx.write(state, "video", VideoArtifact(frames=torch.cat(loop.frames), fps=loop.fps))
         self.release(loop)
@@ -208,7 +282,8 @@ class ChunkRollout(LoopStageBase):
         params = self.denoise.params(ctx, state)
         forwards = len(self.denoise.cfg.init(params, self.denoise.denoiser.modalities, ctx.defaults).branches)
         b, c, _, h, w = plan.shape
-        chunk = {MODALITY: (b, c, max(plan.partition), h, w)}
+        largest = max(*plan.partition, plan.repeat)
+        chunk = {MODALITY: (b, c, largest, h, w)}
         denoiser = self.denoise.denoiser
         per_forward = denoiser.flops_per_forward(ctx, chunk)
         layouts, policies = self.model.kv_tiers(ctx, state.request, plan)
@@ -216,25 +291,33 @@ class ChunkRollout(LoopStageBase):
         text = ctx.read_optional(state, "text", TextEmbeddings)
         text_bytes = 0 if text is None else sum(t.numel() * t.element_size() for t in (text.prompt, text.negative)
                                                 if t is not None)
-        video_bytes = 4 * b * c * plan.shape[2] * h * w
+        chunk_bytes = 4 * b * c * largest * h * w
+        video_bytes = 4 * b * c * plan.shape[2] * h * w if not plan.open_ended else 4 * chunk_bytes
         steps = params.num_steps(ctx.defaults.get("steps", 50))
         denoised = plan.num_chunks - plan.context_chunks
         rows = forwards if self.denoise.cfg.mode == "batched" else 1
         return WorkEstimate(
             steps=steps * denoised + plan.num_chunks,
             flops_per_step=None if per_forward is None else forwards * per_forward,
-            resident_bytes=2 * video_bytes + 5 * 4 * b * c * max(plan.partition) * h * w + text_bytes,
+            resident_bytes=2 * video_bytes + 5 * chunk_bytes + text_bytes,
             peak_bytes=int((denoiser.activation_bytes(ctx, chunk) or 0) * rows),
             batch_group=(tuple(chunk[MODALITY]), forwards),
             pool_bytes={self.pool_component: kv_bytes},
         )
 
     def step_flops(self, loop: ChunkRolloutState) -> float | None:  # type: ignore[override]
-        if loop.done:
+        if loop.done or loop.inner is None:
             return None
-        if loop.inner is not None:
-            return self.denoise.step_flops(loop.inner)
-        return None
+        return self.denoise.step_flops(loop.inner)
+
+    def ready_at(self, loop: ChunkRolloutState) -> float | None:  # type: ignore[override]
+        """A paced session's next chunk waits until playback is within ``lead_chunks`` of it."""
+        if not loop.rollout.realtime or loop.first_emit is None or loop.inner is None or loop.inner.steps_done:
+            return None
+        ahead = loop.chunk - loop.rollout.lead_chunks
+        if ahead < 1 or ahead > len(loop.emitted):
+            return None
+        return loop.first_emit + loop.emitted[ahead - 1] / loop.fps  # once chunks < ``ahead`` have played
 
     def batch_key(self, loop: ChunkRolloutState) -> Hashable | None:  # type: ignore[override]
         if loop.done:
@@ -243,16 +326,17 @@ class ChunkRollout(LoopStageBase):
             inner = self.denoise.batch_key(loop.inner)
             return None if inner is None else ("denoise", inner)
         cached, new = self.model.context_segments(loop.plan, loop.chunk)
-        return ("boundary", id(self), self._needs_context(loop), cached, new, tuple(loop.output.shape), loop.branches,
-                tuple(sorted((b, k, tuple(v.shape[1:])) for b, kw in loop.kwargs.items() for k, v in kw.items()
-                             if isinstance(v, torch.Tensor))))
+        return ("boundary", id(self), self._needs_context(loop), cached, new, tuple(loop.plan.shape[3:]),
+                loop.branches, tuple(sorted((b, k, tuple(v.shape[1:])) for b, kw in loop.kwargs.items()
+                                            for k, v in kw.items() if isinstance(v, torch.Tensor))))
 
     def finite_many(self, loops: Sequence[ChunkRolloutState]) -> list[bool]:  # type: ignore[override]
         inner = [lp.inner for lp in loops if lp.inner is not None]
         flags = iter(self.denoise.finite_many(inner)) if inner else iter(())
         out = []
         for lp in loops:
-            out.append(next(flags) if lp.inner is not None else bool(torch.isfinite(lp.output).all()))
+            done = lp.clean.get(lp.chunk)
+            out.append(next(flags) if lp.inner is not None else done is None or bool(torch.isfinite(done).all()))
         return out
 
     # -- steps ----------------------------------------------------------------------------
@@ -268,6 +352,8 @@ class ChunkRollout(LoopStageBase):
         """One inner step of every loop's chunk: the DenoiseLoop's step body, batched."""
         for lp in loops:
             lp.kv.ensure_resident()  # a parked rollout's slabs come back first
+            if any(isinstance(item, Flush) for item in list(lp.request_state.inbox)):  # a snapshot: senders append
+                self._restart_chunk(ctx, lp)  # discard the chunk in flight: make it with the latest inputs
         inner = self.denoise.step_many(ctx, [lp.inner for lp in loops])  # type: ignore[misc]
         results = []
         for lp, res in zip(loops, inner):
@@ -276,8 +362,7 @@ class ChunkRollout(LoopStageBase):
                 continue
             lp.steps_done += 1
             if res.done:  # the chunk is clean: keep it, leave the inner loop
-                start, stop = lp.plan.frames(lp.chunk)
-                lp.output[:, :, start:stop] = lp.inner.latents[MODALITY]
+                lp.clean[lp.chunk] = _own(lp.inner.latents[MODALITY])  # type: ignore[union-attr]
                 if ctx.hooks is not None:
                     ctx.hooks.close_loop(lp.inner)
                 lp.inner = None
@@ -300,6 +385,8 @@ class ChunkRollout(LoopStageBase):
         emit = self._emit_chunk(ctx, loop)
         loop.steps_done += 1
         loop.chunk += 1
+        if loop.plan.open_ended:
+            self._forget_old_latents(loop)
         if loop.chunk < loop.plan.num_chunks:
             self._enter_chunk(ctx, loop)
         return StepResult(done=loop.done, emit=emit)
@@ -309,13 +396,13 @@ class ChunkRollout(LoopStageBase):
         rows, xs, kws = [], [], []
         for lp in loops:
             lp.kv.ensure_resident()
-            clean = torch.cat([lp.output[:, :, s.start : s.start + s.frames] for s in new], dim=2)
+            clean = torch.cat([lp.clean[s.chunk] for s in new], dim=2)
             for b in lp.branches:
                 rows.append((lp.kv, b))
                 xs.append(clean)
                 kws.append(lp.kwargs[b])
         kv = ChunkKVBatch(rows, cached, new, write=True)
-        kwargs = {k: torch.cat([kw[k] for kw in kws]) for k in kws[0]}
+        kwargs = {k: torch.cat([kw[k] for kw in kws]) for k in kws[0] if isinstance(kws[0][k], torch.Tensor)}
         self.model.context_forward(ctx, torch.cat(xs), kwargs, kv)
 
     def _enter_chunk(self, ctx: StageContext, loop: ChunkRolloutState) -> None:
@@ -323,26 +410,72 @@ class ChunkRollout(LoopStageBase):
         if loop.chunk < loop.plan.context_chunks:
             return
         start, stop = loop.plan.frames(loop.chunk)
+        if loop.noise is not None:
+            loop.chunk_noise = loop.noise[:, :, start:stop].clone()
+        else:  # a session: this chunk's noise, the next draw of its generator
+            b, c, _, h, w = loop.plan.shape
+            loop.chunk_noise = seeded_noise({MODALITY: (b, c, stop - start, h, w)}, loop.gen, loop.kv.pool.device)[MODALITY]
+        self._start_inner(ctx, loop)
+
+    def _restart_chunk(self, ctx: StageContext, loop: ChunkRolloutState) -> None:
+        if loop.inner is not None:
+            if ctx.hooks is not None:
+                ctx.hooks.close_loop(loop.inner)
+            self.denoise.release(loop.inner)
+            loop.steps_done -= loop.inner.steps_done
+        self._start_inner(ctx, loop)
+
+    def _start_inner(self, ctx: StageContext, loop: ChunkRolloutState) -> None:
+        self._take_inputs(ctx, loop)
         cached, own = self.model.denoise_segments(loop.plan, loop.chunk)
-        kwargs = {b: {**kw, "kv": ChunkKVBatch([(loop.kv, b)], cached, (own,), write=False)}
+        extra = self.model.action_kwargs(ctx, loop.action) if loop.action is not None else {}
+        kwargs = {b: {**kw, **extra, "kv": ChunkKVBatch([(loop.kv, b)], cached, (own,), write=False)}
                   for b, kw in loop.kwargs.items()}
-        latents = {MODALITY: loop.noise[:, :, start:stop].clone()}
-        loop.inner = self.denoise.start(ctx, loop.request_state, loop.params, latents, seed=loop.seed,
-                                        branch_kwargs=kwargs)
+        assert loop.chunk_noise is not None
+        loop.inner = self.denoise.start(ctx, loop.request_state, loop.params, {MODALITY: loop.chunk_noise.clone()},
+                                        seed=loop.seed, branch_kwargs=kwargs)
+
+    def _take_inputs(self, ctx: StageContext, loop: ChunkRolloutState) -> None:
+        """A session's inputs sent since the last chunk started, in order: the latest action
+        and prompt win; a flush has done its work by getting us here."""
+        inbox = loop.request_state.inbox
+        while inbox:
+            item = inbox.popleft()
+            if isinstance(item, ActionPart):
+                loop.action = item
+            elif isinstance(item, TextPart):
+                loop.prompt = item.text
+                loop.kwargs = self.model.prompt_kwargs(ctx, loop.kwargs, item.text)
+            elif not isinstance(item, Flush):
+                raise ValueError(f"a rollout takes ActionPart, TextPart or Flush inputs, not {type(item).__name__}")
+
+    def _forget_old_latents(self, loop: ChunkRolloutState) -> None:
+        """A session keeps only the clean latents its next context pass re-encodes."""
+        if loop.chunk >= loop.plan.num_chunks:
+            loop.clean.clear()
+            return
+        _, new = self.model.context_segments(loop.plan, loop.chunk)
+        keep_from = min(s.chunk for s in new)
+        for c in [c for c in loop.clean if c < keep_from]:
+            del loop.clean[c]
 
     def _needs_context(self, loop: ChunkRolloutState) -> bool:
-        """The last chunk of a finite rollout writes no K/V: nothing reads it (diffusers skips it too)."""
+        """The last chunk writes no K/V: nothing reads it (diffusers skips it too)."""
         return loop.chunk < loop.plan.num_chunks - 1
 
     def _emit_chunk(self, ctx: StageContext, loop: ChunkRolloutState) -> list[tuple[str, Any]] | None:
         if self.decoder is None or not loop.decode:
             return None
-        start, stop = loop.plan.frames(loop.chunk)
-        frames = self.decoder.decode(ctx, loop.stream, loop.output[:, :, start:stop])
-        first = sum(f.shape[0] for f in loop.frames)
-        loop.frames.append(frames)
+        frames = self.decoder.decode(ctx, loop.stream, loop.clean[loop.chunk])
+        if not loop.plan.open_ended:
+            loop.frames.append(frames)  # a session's frames went to its client; the final output holds none
+        if loop.first_emit is None:
+            loop.first_emit = time.perf_counter()
+        first = loop.emitted[-1] if loop.emitted else 0
         art = VideoChunkArtifact(frames=frames, fps=loop.fps, index=loop.chunk, first_frame=first,
-                                 num_chunks=loop.plan.num_chunks, node=ctx.node)
+                                 num_chunks=None if loop.plan.open_ended else loop.plan.num_chunks, node=ctx.node,
+                                 action=loop.action.name if loop.action is not None else None, prompt=loop.prompt)
+        loop.emitted.append(first + frames.shape[0])
         return [("video_chunk", art)]
 
 

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from omniloop.cache.chunk_kv import ChunkKVPool, default_budget_bytes
 from omniloop.models.autoencoders.wan_vae import load_wan_vae
 from omniloop.models.families.far.presets import FAR_DEFAULTS
-from omniloop.models.families.far.stages import FARChunks, FARDenoiser, FARVideoCondition, RolloutParams
+from omniloop.models.families.far.stages import FARChunks, FARDenoiser, FARVideoCondition
 from omniloop.models.families.far.validate import ROLLOUT_NODE, make_validator
 from omniloop.models.families.far.weights import load_far_dit
 from omniloop.models.load_options import apply_load_options
@@ -67,12 +67,12 @@ def far_variant(index: Mapping[str, Any]) -> Variant:
     return Variant(name="anyflow-far", tasks=TASKS, weights=weights)
 
 
-def far_pipeline_spec(variant: Variant, *, full_chunk_limit: int, cfg_mode: str = "sequential") -> PipelineSpec:
+def far_pipeline_spec(variant: Variant, *, full_chunk_limit: int, max_frames: int, cfg_mode: str = "sequential") -> PipelineSpec:
     components = {w.component: ComponentSpec(name=w.component, kind=w.kind) for w in variant.weights}
     components["chunk_kv"] = ComponentSpec(name="chunk_kv", kind="ChunkKVPool")
     denoise = DenoiseLoop(FARDenoiser(), cfg=ClassicCFG(mode=cfg_mode), shift=FlowShift())  # type: ignore[arg-type]
-    rollout = ChunkRollout(denoise, FARChunks(full_chunk_limit=full_chunk_limit), decoder=StreamingVAEDecode(),
-                           params=RolloutParams)
+    rollout = ChunkRollout(denoise, FARChunks(full_chunk_limit=full_chunk_limit, max_frames=max_frames),
+                           decoder=StreamingVAEDecode())
     nodes = (
         Node("text_encode", TextEncode()),
         Node("condition", FARVideoCondition(), when=task_in(TaskType.I2V, TaskType.V2V)),
@@ -93,8 +93,10 @@ def build_far(variant: Variant, index: Mapping[str, Any], components: Mapping[st
         "vae_scale_spatial": vae.config.scale_factor_spatial,
         "compressed_patch": dit.config.compressed_patch_size[1],
         "chunk_partition": tuple(dit.config.chunk_partition),
+        "actions": {},  # the action vocabulary sessions may send (FAR takes prompts, not actions)
     }
-    spec = far_pipeline_spec(variant, full_chunk_limit=dit.config.full_chunk_limit, cfg_mode=options.cfg_mode)
+    spec = far_pipeline_spec(variant, full_chunk_limit=dit.config.full_chunk_limit,
+                             max_frames=dit.config.rope_max_seq_len, cfg_mode=options.cfg_mode)
     return Pipeline(spec=spec, components=components, device=options.device, dtype=options.dtype, defaults=defaults,
                     validate_request=make_validator(defaults, components["sampler"]))
 

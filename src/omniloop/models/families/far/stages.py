@@ -9,26 +9,17 @@ from typing import Any, Mapping
 
 import numpy as np
 import torch
-from pydantic import Field
 
 from omniloop.cache.chunk_kv import ChunkKVBatch, KVSegment, SlabLayout, TierPolicy
 from omniloop.io.image import image_to_tensor, open_image
 from omniloop.models.families.far.model import COMPRESSED, FULL
 from omniloop.pipeline.edges import ConditionLatents, TextEmbeddings
-from omniloop.pipeline.loops.chunk import ChunkPlan
-from omniloop.pipeline.loops.denoise import DenoiseParams, DenoiserBase
+from omniloop.pipeline.loops.chunk import ChunkPlan, ChunkRolloutParams
+from omniloop.pipeline.loops.denoise import DenoiserBase
 from omniloop.pipeline.policies.cfg import COND, UNCOND, Prediction
 from omniloop.pipeline.stage import StageBase
 from omniloop.pipeline.state import RequestState, StageContext
-from omniloop.request import ImagePart, OmniRequest, TaskType, VideoPart
-
-
-class RolloutParams(DenoiseParams):
-    """``node_params["rollout"]``: the denoise overrides plus how the video is cut."""
-
-    chunk_partition: list[int] | None = Field(
-        default=None, min_length=1, description="latent frames per chunk (sums to the video's latent frames); "
-        "default: the checkpoint's partition when it fits, else its first chunk then chunks of its usual size")
+from omniloop.request import ActionPart, ImagePart, OmniRequest, TaskType, VideoPart
 
 
 # -- geometry -------------------------------------------------------------------------------
@@ -62,16 +53,23 @@ def default_partition(frames: int, model_partition: tuple[int, ...]) -> tuple[in
     return (first, *([size] * (rest // size)), *((rest % size,) if rest % size else ()))
 
 
-def partition_for(request: OmniRequest, params: RolloutParams | None, defaults: Mapping[str, Any]) -> tuple[int, ...]:
+def partition_for(request: OmniRequest, params: ChunkRolloutParams | None, defaults: Mapping[str, Any]) -> tuple[int, ...]:
+    """A finite video's chunks; a session's ``(first chunk, every later chunk)``."""
     frames = geometry(request, defaults).latent(defaults)[0]
     model_partition = tuple(defaults["chunk_partition"])
+    session = params is not None and params.open_ended
     if params is None or params.chunk_partition is None:
-        return default_partition(frames, model_partition)
+        return (model_partition[0], max(model_partition)) if session else default_partition(frames, model_partition)
     partition = tuple(params.chunk_partition)
     limit = max(model_partition)
     if any(c < 1 or c > limit for c in partition):
         raise ValueError(f"node_params['rollout'].chunk_partition={list(partition)}: each chunk must be 1..{limit} "
                          f"latent frames (the largest this checkpoint makes)")
+    if session:
+        if len(partition) != 2:
+            raise ValueError(f"node_params['rollout'].chunk_partition={list(partition)}: a session takes "
+                             f"[first chunk, every later chunk], e.g. {[model_partition[0], limit]}")
+        return partition
     if sum(partition) != frames:
         raise ValueError(f"node_params['rollout'].chunk_partition={list(partition)} sums to {sum(partition)}, but "
                          f"the video has {frames} latent frames; pass e.g. {list(default_partition(frames, model_partition))}")
@@ -145,13 +143,25 @@ class FARChunks:
     """
 
     full_chunk_limit: int  # the checkpoint's: the chunk being denoised + this many - 1 at full resolution
+    max_frames: int  # the most latent frames RoPE positions reach (the checkpoint's rope_max_seq_len)
     compressed_policy: TierPolicy = field(default_factory=TierPolicy)
+    # a session bounds its compressed history (FAR keeps all of a finite video's): the first
+    # chunk as a sink and the chunks of the last ``window`` (counting the full-resolution ones)
+    session_policy: TierPolicy = field(default_factory=lambda: TierPolicy(sink=1, window=8))
     component: str = "transformer"
+    text_component: str = "text_encoder"
 
     def plan(self, ctx: StageContext, state: RequestState, condition: ConditionLatents | None) -> ChunkPlan:
         request = state.request
         f, h, w = geometry(request, ctx.defaults).latent(ctx.defaults)
-        partition = partition_for(request, state.node_params.get(ctx.node), ctx.defaults)
+        params = state.node_params.get(ctx.node)
+        partition = partition_for(request, params, ctx.defaults)
+        if params is not None and params.open_ended:
+            first, repeat = partition
+            most = 1 + (self.max_frames - first) // repeat  # RoPE's reach
+            chunks = min(params.max_chunks or most, most)
+            return ChunkPlan(partition=(first,), context_chunks=0, shape=(1, ctx.defaults["z_dim"], first, h, w),
+                             open_ended=True, repeat=repeat, max_chunks=chunks)
         context_frames = 0 if condition is None else min(int(condition.latents.shape[2]), f)
         context_chunks = 0
         if context_frames:
@@ -163,19 +173,28 @@ class FARChunks:
                  ) -> tuple[dict[str, SlabLayout], dict[str, TierPolicy]]:
         cfg = ctx.component(self.component).config
         _, _, _, h, w = plan.shape
-        frames = max(plan.partition)
+        frames = max(*plan.partition, plan.repeat)
         dtype = ctx.component(self.component).patch_embedding.weight.dtype
         layouts = {
             tier: SlabLayout(cfg.num_layers, cfg.num_attention_heads, cfg.attention_head_dim,
                              frames * cfg.tokens_per_frame(tier, h, w), dtype)
             for tier in (FULL, COMPRESSED)
         }
-        return layouts, {FULL: TierPolicy(window=self.full_chunk_limit - 1), COMPRESSED: self.compressed_policy}
+        return layouts, {FULL: TierPolicy(window=self.full_chunk_limit - 1), COMPRESSED: self._policy(plan)}
+
+    def _policy(self, plan: ChunkPlan) -> TierPolicy:
+        return self.session_policy if plan.open_ended else self.compressed_policy
+
+    def _compressed(self, plan: ChunkPlan, upto: int, chunk: int) -> tuple[KVSegment, ...]:
+        """Compressed chunks ``< upto`` that the request's slabs still hold while ``chunk`` is
+        made (its tier policy as of the last retired chunk, ``chunk - 1``)."""
+        policy = self._policy(plan)
+        return tuple(self._segment(plan, COMPRESSED, c) for c in range(upto) if policy.keeps(c, chunk - 1))
 
     def denoise_segments(self, plan: ChunkPlan, chunk: int) -> tuple[tuple[KVSegment, ...], KVSegment]:
         limit = self.full_chunk_limit
         compressed = chunk + 1 - limit if chunk + 1 >= limit else 0
-        cached = tuple(self._segment(plan, COMPRESSED, c) for c in range(compressed))
+        cached = self._compressed(plan, compressed, chunk)
         cached += tuple(self._segment(plan, FULL, c) for c in range(compressed, chunk))
         return cached, self._segment(plan, FULL, chunk)
 
@@ -184,11 +203,11 @@ class FARChunks:
         before = max(0, chunk + 1 - limit)  # compressed chunks while ``chunk`` was denoised
         after = max(0, chunk + 2 - limit)  # ... and for the next chunk
         if after > before:  # chunk ``after - 1`` leaves the full window
-            cached = tuple(self._segment(plan, COMPRESSED, c) for c in range(after - 1))
+            cached = self._compressed(plan, after - 1, chunk)
             new = (self._segment(plan, COMPRESSED, after - 1),)
             new += tuple(self._segment(plan, FULL, c) for c in range(after, chunk + 1))
             return cached, new
-        cached = tuple(self._segment(plan, COMPRESSED, c) for c in range(after))
+        cached = self._compressed(plan, after, chunk)
         cached += tuple(self._segment(plan, FULL, c) for c in range(after, chunk))
         return cached, (self._segment(plan, FULL, chunk),)
 
@@ -205,8 +224,14 @@ class FARChunks:
         with torch.inference_mode():
             model(latents.to(model.patch_embedding.weight.dtype), zeros, zeros, kwargs["encoder_hidden_states"], kv=kv)
 
-    def context_flops(self, ctx: StageContext, plan: ChunkPlan, chunk: int) -> float | None:
-        return None
+    def prompt_kwargs(self, ctx: StageContext, kwargs: dict[str, dict[str, Any]], prompt: str
+                      ) -> dict[str, dict[str, Any]]:
+        """A session's new prompt, encoded: the cond branch's text (the negative stays)."""
+        encoded = ctx.component(self.text_component).encode([prompt], device=ctx.device)
+        return {**kwargs, COND: {**kwargs[COND], "encoder_hidden_states": encoded.embeds.to(ctx.dtype)}}
+
+    def action_kwargs(self, ctx: StageContext, action: ActionPart) -> dict[str, Any]:
+        raise ValueError("this model takes no actions (its action vocabulary is empty); send prompts instead")
 
 
 # -- I2V / V2V conditioning ----------------------------------------------------------------------

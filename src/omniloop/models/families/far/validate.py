@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from omniloop.models.families.far.stages import RolloutParams, conditioning_video, geometry, partition_for
+from omniloop.models.families.far.stages import conditioning_video, geometry, partition_for
+from omniloop.pipeline.loops.chunk import ChunkRolloutParams
 from omniloop.pipeline.samplers.sampler_set import SamplerSet
 from omniloop.request import OmniRequest, TaskType, VideoPart
 
@@ -33,7 +34,11 @@ def make_validator(defaults: Mapping[str, Any], samplers: SamplerSet) -> Callabl
                              f"or {temporal * (k + 1) + 1}")
         samplers.get(request.diffusion.sampler)  # raises naming the offered samplers
         raw = request.node_params.get(ROLLOUT_NODE)
-        partition_for(request, RolloutParams.model_validate(raw) if raw is not None else None, defaults)
+        rollout = ChunkRolloutParams.model_validate(raw) if raw is not None else None
+        partition_for(request, rollout, defaults)
+        if rollout is not None and rollout.open_ended and request.task is not TaskType.T2V:
+            raise ValueError(f"a session (node_params['rollout'].open_ended) starts from text; pass task t2v, not "
+                             f"{request.task.value!r}")
         if request.task == TaskType.I2V and not request.images("first_frame"):
             raise ValueError("task i2v needs an image: add ImagePart(role='first_frame', path=... | b64=... | data=...) "
                              "to inputs")

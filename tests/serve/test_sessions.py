@@ -1,0 +1,121 @@
+"""Live sessions over HTTP + WebSocket on a real server (the tiny FAR checkpoint): chunks
+stream as a JSON event then an fMP4 segment, prompts steer the next chunks, bad messages get
+error frames while the session goes on, limits answer 429, DELETE / a vanished client / idle
+expiry end a session and free its slabs."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+
+import httpx
+import numpy as np
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+from tests.serve.conftest import live_server
+
+BODY = {"prompt": "a red circle", "size": "64x32", "steps": 1, "seed": 1, "realtime": False}
+
+
+@pytest.fixture(scope="module")
+def server(far_dir):
+    with live_server(far_dir, serve={"max_sessions": 2, "session_idle_s": 1.0}) as s:
+        yield s
+
+
+def _ws_url(server, sid: str) -> str:
+    return f"ws://127.0.0.1:{server.url.rsplit(':', 1)[1]}/v1/sessions/{sid}/stream"
+
+
+def _create(server, **fields) -> str:
+    r = httpx.post(f"{server.url}/v1/sessions", json={**BODY, **fields}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["object"] == "session"
+    return r.json()["id"]
+
+
+def _decode(data: bytes) -> int:
+    import av
+
+    with av.open(io.BytesIO(data)) as c:
+        return sum(1 for _ in c.decode(video=0))
+
+
+def _pool_idle(server, timeout: float = 30) -> bool:
+    pool = server.engine.engine.pipeline.components["chunk_kv"]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pool.in_use_bytes == 0 and server.engine.stats()["running"] == 0:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_session_streams_chunk_events_and_fmp4_segments_and_takes_prompts(server):
+    sid = _create(server, max_chunks=3)
+    events, segments, errors = [], [], []
+    with connect(_ws_url(server, sid)) as ws:
+        ws.send("not json")  # a malformed message: an error frame, the session goes on
+        ws.send(json.dumps({"type": "action", "action": "left"}))  # FAR has no actions
+        ws.send(json.dumps({"type": "jump"}))
+        try:
+            while True:
+                msg = ws.recv(timeout=120)
+                if isinstance(msg, bytes):
+                    segments.append(msg)
+                    continue
+                event = json.loads(msg)
+                if event["type"] == "error":
+                    errors.append(event["message"])
+                elif event["type"] == "chunk":
+                    events.append(event)
+                    if event["index"] == 0:
+                        ws.send(json.dumps({"type": "prompt", "prompt": "a blue square"}))
+                else:
+                    assert event["type"] == "end" and event["status"] == "completed" and event["chunks"] == 3
+        except ConnectionClosed as closed:
+            assert closed.rcvd.code == 1000
+    assert [e["index"] for e in events] == [0, 1, 2] and [e["num_frames"] for e in events] == [1, 8, 8]
+    assert events[-1]["prompt"] == "a blue square"  # the prompt reached a later chunk
+    assert len(errors) == 3
+    assert "malformed message" in errors[0] and "unknown action 'left'" in errors[1] and "type" in errors[2]
+    assert _decode(segments[0]) == 1  # the first binary message carries the init segment
+    assert _decode(b"".join(segments)) == 17  # ... and with the others plays the whole stream
+    assert _pool_idle(server)
+
+
+def test_limits_unknown_sessions_and_delete(server):
+    a = _create(server, realtime=True)  # open-ended, paced: it stays live
+    b = _create(server, realtime=True)
+    r = httpx.post(f"{server.url}/v1/sessions", json=BODY)
+    assert r.status_code == 429 and "max_sessions" in r.text
+    for sid in (a, b):
+        assert httpx.delete(f"{server.url}/v1/sessions/{sid}").json()["deleted"] is True
+    assert httpx.get(f"{server.url}/v1/sessions/session_nope").status_code == 404
+    with connect(_ws_url(server, "session_nope")) as ws:
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=10)
+    assert closed.value.rcvd.code == 4404
+    bad = httpx.post(f"{server.url}/v1/sessions", json={**BODY, "size": "big"})
+    assert bad.status_code == 400 and "size" in bad.text
+    assert _pool_idle(server)
+
+
+def test_a_vanished_client_and_an_idle_session_free_their_slabs(server):
+    sid = _create(server, realtime=True)
+    with connect(_ws_url(server, sid)) as ws:
+        while not isinstance(ws.recv(timeout=60), bytes):  # the first chunk's segment
+            pass
+    assert _pool_idle(server)  # the client left: the session ended
+    assert httpx.get(f"{server.url}/v1/sessions/{sid}").json()["status"] == "cancelled"
+
+    idle = _create(server, realtime=True)  # nobody connects: it expires after session_idle_s
+    deadline = time.monotonic() + 30
+    while httpx.get(f"{server.url}/v1/sessions/{idle}").json()["status"] not in ("cancelled", "failed"):
+        assert time.monotonic() < deadline, "the idle session did not expire"
+        time.sleep(0.1)
+    assert "expired" in httpx.get(f"{server.url}/v1/sessions/{idle}").json()["error"]
+    assert _pool_idle(server)

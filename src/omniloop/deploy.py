@@ -54,6 +54,8 @@ class DeployConfig(BaseModel):
     max_running: int = Field(default=8, ge=1, description="requests holding state at once")
     max_batch: int = Field(default=8, ge=1, description="requests per batched step")
     memory_budget_gb: float | None = Field(default=None, gt=0, description="admission memory budget; default: free memory")
+    kv_cache_gb: float | None = Field(default=None, gt=0, description="paged text-KV pool of AR loops; default: 8 full "
+                                      "contexts, at most 1 GiB on a CPU / a quarter of the free GPU memory")
     nan_check: bool = Field(default=True, description="fail a request whose loop state turns NaN/Inf")
     on_pool_failure: Literal["requeue", "fail"] = Field(default="requeue", description="what a pool restart does to in-flight requests")
 

@@ -30,7 +30,8 @@ logger = logging.getLogger(__name__)
 def load_options(deploy: DeployConfig) -> LoadOptions:
     """The slice of ``deploy`` that loading and pipeline building read."""
     return LoadOptions(device=deploy.torch_device(), dtype=deploy.torch_dtype(), attention_backend=deploy.attention_backend,
-                       cfg_mode=deploy.cfg_mode, compile=deploy.compile, quantization=deploy.quantization)
+                       cfg_mode=deploy.cfg_mode, compile=deploy.compile, quantization=deploy.quantization,
+                       kv_cache_gb=deploy.kv_cache_gb)
 
 
 class AsyncEngine:

@@ -28,6 +28,7 @@ class LoadOptions:
     cfg_mode: str = "sequential"
     compile: bool = False
     quantization: str = "none"  # "fp8": e4m3 GEMMs in the transformer blocks (layers/fp8_linear.py)
+    kv_cache_gb: float | None = None  # the paged text-KV pool's budget (None: cache/paged_kv.default_kv_budget)
 
 
 @dataclass(frozen=True, kw_only=True)

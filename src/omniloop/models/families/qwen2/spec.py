@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from omniloop.cache.paged_kv import build_text_kv_pool
 from omniloop.models.families.qwen2.model import ARCHITECTURE, Qwen2Config
 from omniloop.models.families.qwen2.presets import GENERATION_KEYS, QWEN2_DEFAULTS
 from omniloop.models.families.qwen2.weights import load_qwen2
@@ -95,6 +96,7 @@ def qwen2_pipeline_spec(variant: Variant) -> PipelineSpec:
     components = {
         w.component: ComponentSpec(name=w.component, kind=w.kind, optional=w.optional) for w in variant.weights
     }
+    components["text_kv"] = ComponentSpec(name="text_kv", kind="paged text-KV pool (built, not loaded)")
     return PipelineSpec(
         name=variant.name,
         family="qwen2",
@@ -108,6 +110,9 @@ def qwen2_pipeline_spec(variant: Variant) -> PipelineSpec:
 def build_qwen2(variant: Variant, index: Mapping[str, Any], components: Mapping[str, Any], options: LoadOptions) -> Pipeline:
     config: Qwen2Config = components["lm"].config
     generation: GenerationDefaults = components.get("generation") or GenerationDefaults(eos_token_ids=config.eos_token_ids)
+    components = {**components, "text_kv": build_text_kv_pool(
+        config.kv_layout, dtype=options.dtype, device=options.device, max_context=config.max_position_embeddings,
+        kv_cache_gb=options.kv_cache_gb, block_size=QWEN2_DEFAULTS["kv_block_tokens"])}
     defaults = {
         **QWEN2_DEFAULTS,
         "eos_token_ids": generation.eos_token_ids,
@@ -121,7 +126,8 @@ def build_qwen2(variant: Variant, index: Mapping[str, Any], components: Mapping[
         dtype=options.dtype,
         defaults=defaults,
         validate_request=make_ar_validator(
-            components["tokenizer"], vocab_size=config.vocab_size, max_context=config.max_position_embeddings
+            components["tokenizer"], vocab_size=config.vocab_size, max_context=config.max_position_embeddings,
+            pool=components["text_kv"],
         ),
     )
 

@@ -4,6 +4,8 @@ transformer's flat safetensors), from both layouts; the weights are resident onc
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from safetensors import safe_open
@@ -52,7 +54,7 @@ def _generate(reference, prompt, max_tokens=12):
 
 def test_greedy_tokens_equal_transformers_generate_from_both_layouts(cosmos3_pipeline, unified, reference):
     want = [_generate(reference, p) for p in PROMPTS]
-    assert all(len(w) >= 1 for w in want)
+    assert max(len(w) for w in want) == 12  # random weights: no early EOS for at least one prompt
     eos = reference[1].convert_tokens_to_ids("<|im_end|>")
     got = _reason(cosmos3_pipeline, PROMPTS)  # the diffusers folder: the generator's own transformer
     _, reasoner_only = load_pipeline(unified, OPTS)  # the unified checkpoint, generator keys dropped
@@ -74,8 +76,7 @@ def test_one_resident_copy_serves_both_loops(cosmos3_pipeline, cosmos3_dir):
     assert {p.data_ptr() for p in reason_lm.parameters()} == {p.data_ptr() for p in denoise_model.parameters()}
     resident = sum(p.numel() * p.element_size() for p in model.parameters())
     with safe_open(str(cosmos3_dir / "transformer" / "diffusion_pytorch_model.safetensors"), "pt") as f:
-        stored = sum(f.get_slice(k).get_shape().numel() if hasattr(f.get_slice(k).get_shape(), "numel")
-                     else torch.Size(f.get_slice(k).get_shape()).numel() for k in f.keys()) * 4
+        stored = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys()) * 4  # fp32
     assert resident == stored  # one copy of the checkpoint (fused projections: the same bytes)
     storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
     assert len(storages) == len(list(model.parameters()))  # no parameter aliases another's storage

@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
+from omniloop.cache.paged_kv import build_text_kv_pool
 from omniloop.models.autoencoders.cosmos3_audio import load_cosmos3_audio
 from omniloop.models.autoencoders.wan_vae import load_wan_vae
 from omniloop.models.families.cosmos3 import presets as P
@@ -129,6 +130,7 @@ def _wants_pixels(request: OmniRequest) -> bool:
 def cosmos3_pipeline_spec(variant: Variant, *, generator: bool, cfg_mode: str = "sequential") -> PipelineSpec:
     components = {w.component: ComponentSpec(name=w.component, kind=w.kind, optional=w.optional) for w in variant.weights}
     components["reasoner"] = ComponentSpec(name="reasoner", kind="Cosmos3Reasoner (view of the transformer)")
+    components["text_kv"] = ComponentSpec(name="text_kv", kind="paged text-KV pool (built, not loaded)")
     reason_loop = ARDecodeLoop(lm_component="reasoner", tokenizer_component="tokenizer")
     nodes = [
         Node("chat", Cosmos3ChatPrompt(), when=REASON),
@@ -160,7 +162,10 @@ def build_cosmos3(variant: Variant, index: Mapping[str, Any], components: Mappin
     model = components["transformer"]
     config = model.config
     tokenizer = components["tokenizer"]
-    components = {**components, "reasoner": Cosmos3Reasoner(model)}
+    max_context = config.max_position_embeddings or P.COSMOS3_DEFAULTS["max_context"]
+    pool = build_text_kv_pool(config.kv_layout, dtype=model.dtype, device=options.device, max_context=max_context,
+                              kv_cache_gb=options.kv_cache_gb, block_size=P.COSMOS3_DEFAULTS["kv_block_tokens"])
+    components = {**components, "reasoner": Cosmos3Reasoner(model), "text_kv": pool}
     eos = [tokenizer.eos_token_id] + ([tokenizer.convert_tokens_to_ids("<|endoftext|>")]
                                       if "<|endoftext|>" in tokenizer.get_vocab() else [])
     defaults: dict[str, Any] = {
@@ -170,8 +175,7 @@ def build_cosmos3(variant: Variant, index: Mapping[str, Any], components: Mappin
         "kv_chunk_tokens": 256,
         "use_system_prompt": bool(index.get("default_use_system_prompt", True)),
     }
-    if config.max_position_embeddings:
-        defaults["max_context"] = config.max_position_embeddings
+    defaults["max_context"] = max_context
     if config.generator:
         vae = components["vae"]
         defaults.update({

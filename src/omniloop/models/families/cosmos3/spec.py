@@ -84,11 +84,6 @@ def _load_scheduler(root: Path, index: Mapping[str, Any], options: LoadOptions) 
 # -- variants --------------------------------------------------------------------------------
 
 
-def _present(index: Mapping[str, Any], name: str) -> bool:
-    entry = index.get(name)
-    return isinstance(entry, (list, tuple)) and len(entry) == 2 and entry[0] is not None
-
-
 def cosmos3_variant(index: Mapping[str, Any]) -> Variant:
     if index.get("_layout") == "transformers":
         weights = (
@@ -107,9 +102,9 @@ def cosmos3_variant(index: Mapping[str, Any]) -> Variant:
         WeightSpec(component="vae", kind="WanVAE (Wan2.2, z_dim 48)", subfolder="vae", load=_load_vae),
         WeightSpec(component="sampler", kind="scheduler config", subfolder="scheduler", load=_load_scheduler),
     ]
-    if _present(index, "sound_tokenizer"):
-        weights.append(WeightSpec(component="sound_tokenizer", kind="Cosmos3 AVAE audio tokenizer",
-                                  subfolder="sound_tokenizer", load=_load_sound, optional=True))
+    # optional: loaded when the folder is there; T2VS is refused at admission without it
+    weights.append(WeightSpec(component="sound_tokenizer", kind="Cosmos3 AVAE audio tokenizer",
+                              subfolder="sound_tokenizer", load=_load_sound, optional=True))
     return Variant(name="cosmos3-omni", tasks=GENERATION_TASKS | {TaskType.REASON}, weights=tuple(weights))
 
 

@@ -143,7 +143,7 @@ def geometry(request: OmniRequest, defaults: Mapping[str, Any]) -> Geometry:
     fps = float(p.fps or defaults["fps"])
     mode = action_mode(request)
     if mode is None:
-        frames = 1 if request.task.makes_image else (p.num_frames or defaults["num_frames"])
+        frames = p.num_frames or (1 if request.task.makes_image else defaults["num_frames"])
         return Geometry(p.height or defaults["height"], p.width or defaults["width"], frames, fps)
     image = first_image(request)
     assert image is not None, "admission guarantees an action request carries an image or a video"

@@ -167,6 +167,12 @@ class PagedKVHandle:
         self.block_table += blocks
         return True
 
+    def rollback(self, num_tokens: int) -> None:
+        """Forget every position past ``num_tokens`` (a forward that failed midway wrote some
+        layers only; the next forward overwrites those slots). The blocks stay reserved."""
+        assert not self.freed, "rollback of a freed PagedKVHandle"
+        self.num_tokens = min(self.num_tokens, num_tokens)
+
     def drop(self) -> None:
         """Give every block back (preemption); the handle stays usable, empty."""
         self.pool.release(self.block_table)

@@ -35,7 +35,8 @@ import torch
 
 from omniloop.cache.kv import KVLayout
 from omniloop.cache.paged_kv import BlockPool, PagedKVBatch, PagedKVHandle
-from omniloop.pipeline.stage import LoopStageBase
+from omniloop.pipeline.failures import PoolFatalError, attempt, per_request
+from omniloop.pipeline.stage import LoopStageBase, WorkEstimate
 from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
 from omniloop.request import Artifact, OmniRequest, SamplingParams, TextArtifact
 
@@ -52,6 +53,11 @@ class CausalLM(Protocol):
 
     def __call__(self, input_ids: torch.Tensor, *, kv: PagedKVBatch, logits_to_keep: int) -> torch.Tensor:
         """``input_ids [B, L]`` -> logits ``[B, logits_to_keep, vocab]``."""
+        ...
+
+    def activation_bytes(self, num_tokens: int, context: int) -> int:
+        """Peak transient memory of one request's forward of ``num_tokens`` new tokens that
+        attend over ``context`` positions (admission's estimate)."""
         ...
 
 
@@ -187,6 +193,26 @@ class ARDecodeLoop(LoopStageBase):
         loop.logits = loop.seen = None
 
     # -- scheduling contract --------------------------------------------------------
+    def estimate(self, ctx: StageContext, state: RequestState) -> WorkEstimate:  # type: ignore[override]
+        """KV growth and activations before the request starts. The KV is the loop's: the
+        blocks of the prompt plus ``max_tokens`` positions, held while the loop runs and
+        released when it ends, early on EOS/stop. (The pool enforces its own budget by
+        preemption; this reservation keeps the engine from admitting more than fits.)"""
+        lm: CausalLM = ctx.component(self.lm_component)
+        pool: BlockPool = ctx.component(self.kv_component)
+        params = effective_sampling(state.request.sampling, ctx.defaults.get("sampling", {}))
+        prompt = len(self._prompt_ids(ctx, state, ctx.component(self.tokenizer_component)))
+        context = prompt + params.max_tokens
+        kv_bytes = pool.blocks_for(context) * pool.block_bytes
+        chunk = min(prompt, int(ctx.defaults.get("prefill_chunk_tokens", DEFAULT_PREFILL_CHUNK)))
+        return WorkEstimate(
+            steps=params.max_tokens,
+            resident_bytes=0,
+            loop_bytes=kv_bytes,
+            peak_bytes=lm.activation_bytes(max(1, chunk), context) + kv_bytes,
+            init_peak_bytes=lm.activation_bytes(chunk, chunk),
+        )
+
     def batch_key(self, loop: ARLoopState) -> Hashable | None:  # type: ignore[override]
         # Any two decode steps of this node batch, whatever their context lengths; prefill
         # chunks batch with chunks of the same length.
@@ -209,18 +235,26 @@ class ARDecodeLoop(LoopStageBase):
 
     @torch.inference_mode()
     def step_many(self, ctx: StageContext, loops: Sequence[ARLoopState]) -> list[StepResult]:  # type: ignore[override]
+        """A prefill chunk for every loop (prefill phase), or: sample, check stops and stream
+        for each loop, make KV room, then one decode forward for those still running. A
+        request's own failure (its sampling, its detokenization, its row of the forward)
+        fails it alone: its batch-mates' tokens stand."""
         assert all(not lp.done for lp in loops), "a finished AR loop was stepped"
         lm: CausalLM = ctx.component(self.lm_component)
+        errors: list[BaseException | None] = [None] * len(loops)
         if loops[0].prefilling:  # batch_key keeps prefill and decode steps apart
-            for lp in self._prefill(lm, loops):
-                lp.steps_done += 1
-            return [StepResult(done=False) for _ in loops]
+            n = min(lp.next_chunk() for lp in loops)
+            fed = [i for i, lp in enumerate(loops) if lp.kv.reserve(lp.kv.num_tokens + n)]
+            self._isolated(lambda rows: self._prefill_rows(lm, rows, n), loops, fed, errors)
+            for i in fed:
+                loops[i].steps_done += errors[i] is None
+            return [StepResult.failed(e) if e is not None else StepResult(done=False) for e in errors]
         tokenizer: Tokenizer = ctx.component(self.tokenizer_component)
-        results = [self._advance(tokenizer, lp) for lp in loops]  # sample -> stop checks -> delta
-        live = self._make_room([lp for lp in loops if not lp.done])
+        results = per_request(errors, lambda i: self._advance(tokenizer, loops[i]))  # sample -> stop checks -> delta
+        live = self._make_room([i for i, lp in enumerate(loops) if errors[i] is None and not lp.done], loops)
         if live:
-            self._decode_forward(lm, live)
-        return results
+            self._isolated(lambda rows: self._decode_rows(lm, rows), loops, live, errors)
+        return [StepResult.failed(e) if e is not None else r for r, e in zip(results, errors)]  # type: ignore[misc]
 
     # -- slots ----------------------------------------------------------------------
     def _prompt_ids(self, ctx: StageContext, state: RequestState, tokenizer: Tokenizer) -> list[int]:
@@ -252,47 +286,76 @@ class ARDecodeLoop(LoopStageBase):
                 _finish(loop, FINISH_LENGTH)
         return StepResult(done=loop.done, emit=_text_delta(loop))
 
-    def _prefill(self, lm: CausalLM, loops: Sequence[ARLoopState]) -> list[ARLoopState]:
-        """Forward the next chunk (one length for the batch) of every loop whose blocks can be
-        reserved; a loop whose prefill completes gets the logits of its next token. -> the loops fed."""
+    def _prefill(self, lm: CausalLM, loops: Sequence[ARLoopState]) -> None:
+        """``init``'s first chunk: forwarded when the pool has room (else the steps do it)."""
         n = min(lp.next_chunk() for lp in loops)
         fed = [lp for lp in loops if lp.kv.reserve(lp.kv.num_tokens + n)]
-        if not fed:
-            return []
-        device = fed[0].kv.device
-        ids = torch.tensor([(lp.prompt_ids + lp.output_ids)[lp.kv.num_tokens:lp.kv.num_tokens + n] for lp in fed],
+        if fed:
+            self._prefill_rows(lm, fed, n)
+
+    @staticmethod
+    def _prefill_rows(lm: CausalLM, loops: Sequence[ARLoopState], n: int) -> None:
+        """Forward the next ``n`` context tokens of every loop (reserved); a loop whose prefill
+        completes gets the logits of its next token."""
+        device = loops[0].kv.device
+        ids = torch.tensor([(lp.prompt_ids + lp.output_ids)[lp.kv.num_tokens:lp.kv.num_tokens + n] for lp in loops],
                            device=device)  # [B, n]
-        logits = lm(ids, kv=PagedKVBatch([lp.kv for lp in fed], n), logits_to_keep=1)[:, -1].float()  # [B, V]
-        for lp, row in zip(fed, logits):
+        logits = lm(ids, kv=PagedKVBatch([lp.kv for lp in loops], n), logits_to_keep=1)[:, -1].float()  # [B, V]
+        for lp, row in zip(loops, logits):
             if lp.prefilling:
                 continue
             lp.logits = row
             if lp.params.repetition_penalty != 1.0 and lp.seen is None:
                 lp.seen = torch.zeros(row.shape[-1], dtype=torch.bool, device=device)
                 lp.seen[torch.tensor(lp.prompt_ids + lp.output_ids, device=device)] = True
-        return fed
 
-    def _make_room(self, live: list[ARLoopState]) -> list[ARLoopState]:
-        """Reserve one more position for every live loop, in rank order; when the pool is full,
-        the lowest-ranked loops of the batch are preempted (their KV freed) until it fits.
-        -> the loops that decode this step."""
-        live = list(live)
-        i = 0
-        while i < len(live):
-            lp = live[i]
-            if lp.kv.reserve(lp.kv.num_tokens + 1):
-                i += 1
-                continue
-            _preempt(live.pop())  # the last in rank (possibly lp itself)
-        return live
-
-    def _decode_forward(self, lm: CausalLM, loops: Sequence[ARLoopState]) -> None:
+    @staticmethod
+    def _decode_rows(lm: CausalLM, loops: Sequence[ARLoopState]) -> None:
         """One forward over the last sampled token of every loop: KV append + next logits."""
         device = loops[0].kv.device
         ids = torch.tensor([[lp.output_ids[-1]] for lp in loops], device=device)  # [B, 1]
         logits = lm(ids, kv=PagedKVBatch([lp.kv for lp in loops], 1), logits_to_keep=1)[:, -1].float()  # [B, V]
         for lp, row in zip(loops, logits):
             lp.logits = row
+
+    @staticmethod
+    def _isolated(forward: Callable[[list[ARLoopState]], None], loops: Sequence[ARLoopState], live: list[int],
+                  errors: list[BaseException | None]) -> None:
+        """``forward`` of the ``live`` loops as one batch. If it raises (it wrote some layers
+        only), every KV is rolled back and each loop runs alone, so only a loop whose own
+        forward fails fails (its sampled tokens stay: a retried forward must not sample again)."""
+        if not live:
+            return
+        before = {i: loops[i].kv.num_tokens for i in live}
+        try:
+            forward([loops[i] for i in live])
+            return
+        except PoolFatalError:
+            raise
+        except Exception as exc:
+            if len(live) == 1:  # its own forward: nothing to retry
+                errors[live[0]] = exc
+                loops[live[0]].kv.rollback(before[live[0]])
+                return
+        for i in live:
+            loops[i].kv.rollback(before[i])
+            attempt(errors, i, lambda lp=loops[i]: forward([lp]))
+            if errors[i] is not None:
+                loops[i].kv.rollback(before[i])
+
+    @staticmethod
+    def _make_room(live: list[int], loops: Sequence[ARLoopState]) -> list[int]:
+        """Reserve one more position for every live loop, in rank order; when the pool is full,
+        the lowest-ranked loops of the batch are preempted (their KV freed) until it fits.
+        -> the loops that decode this step."""
+        live = list(live)
+        i = 0
+        while i < len(live):
+            if loops[live[i]].kv.reserve(loops[live[i]].kv.num_tokens + 1):
+                i += 1
+                continue
+            _preempt(loops[live.pop()])  # the last in rank (possibly this one)
+        return live
 
 
 def _preempt(loop: ARLoopState) -> None:

@@ -167,7 +167,6 @@ def build_cosmos3(variant: Variant, index: Mapping[str, Any], components: Mappin
         **P.COSMOS3_DEFAULTS,
         "eos_token_ids": tuple(dict.fromkeys(t for t in eos if t is not None)),
         "sampling": {},
-        "kv_chunk_tokens": 256,
         "use_system_prompt": bool(index.get("default_use_system_prompt", True)),
     }
     defaults["max_context"] = max_context

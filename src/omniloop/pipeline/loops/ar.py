@@ -184,7 +184,8 @@ class ARDecodeLoop(LoopStageBase):
         return loop
 
     def finalize(self, ctx: StageContext, loop: ARLoopState, state: RequestState) -> None:  # type: ignore[override]
-        ctx.write(state, "text", TextArtifact(text=loop.text, token_ids=list(loop.output_ids)))
+        ctx.write(state, "text", TextArtifact(text=loop.text, token_ids=list(loop.output_ids),
+                                              prompt_tokens=len(loop.prompt_ids), finish_reason=loop.finish_reason))
         loop.kv.free()
         loop.logits = loop.seen = None
 
@@ -462,7 +463,12 @@ def make_ar_validator(
             raise ValueError(f"sampling.stop_token_ids {bad} are outside the vocabulary [0, {vocab_size})")
         if any(not s for s in request.sampling.stop):
             raise ValueError("sampling.stop contains an empty string; pass non-empty stop strings")
-        ids = tokenizer.encode(prompt)
+        if _is_chat(request):
+            from omniloop.pipeline.stages.chat import chat_ids, chat_messages  # a stage built on this loop's edge
+
+            ids = chat_ids(tokenizer, chat_messages(request))
+        else:
+            ids = tokenizer.encode(prompt)
         if not ids:
             raise ValueError("the prompt tokenizes to nothing; pass a prompt with visible text")
         check_context(len(ids), request.sampling.max_tokens, max_context)
@@ -471,3 +477,7 @@ def make_ar_validator(
         return request
 
     return validate
+
+
+def _is_chat(request: OmniRequest) -> bool:
+    return any(getattr(p, "role", None) for p in request.inputs)

@@ -21,7 +21,7 @@ from omniloop.models.autoencoders.wan_vae import load_wan_vae
 from omniloop.models.families.cosmos3 import presets as P
 from omniloop.models.families.cosmos3.model import Cosmos3Reasoner
 from omniloop.models.families.cosmos3.stages import (
-    CleanFrames, Cosmos3ActionOutput, Cosmos3ChatPrompt, Cosmos3Condition, Cosmos3Denoiser, Cosmos3DenoiseLoop,
+    CleanFrames, Cosmos3ActionOutput, Cosmos3Condition, Cosmos3Denoiser, Cosmos3DenoiseLoop,
     Cosmos3SoundDecode, Cosmos3Tokenize, options_of, wants_actions_out,
 )
 from omniloop.models.families.cosmos3.validate import GENERATION_TASKS, make_validator
@@ -34,7 +34,7 @@ from omniloop.pipeline.policies.cfg import ClassicCFG
 from omniloop.pipeline.predicates import opt, task_in
 from omniloop.pipeline.samplers.sampler_set import SamplerSet, load_sampler_set
 from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
-from omniloop.pipeline.stages import VAEDecode
+from omniloop.pipeline.stages import ChatPrompt, VAEDecode
 from omniloop.request import Modality, OmniRequest, TaskType
 
 PIPELINE_CLASS = "Cosmos3OmniPipeline"
@@ -128,14 +128,14 @@ def cosmos3_pipeline_spec(variant: Variant, *, generator: bool, cfg_mode: str = 
     components["text_kv"] = ComponentSpec(name="text_kv", kind="paged text-KV pool (built, not loaded)")
     reason_loop = ARDecodeLoop(lm_component="reasoner", tokenizer_component="tokenizer")
     nodes = [
-        Node("chat", Cosmos3ChatPrompt(), when=REASON),
+        Node("chat", ChatPrompt(), when=REASON),
         Node("reason", reason_loop, when=REASON),
     ]
     outputs = {"text": "text"}
     if generator:
         upsample = GEN & opt("node_params['denoise'].upsample_prompt", _upsampling)
         nodes += [
-            Node("upsample_chat", Cosmos3ChatPrompt(system_prompt=P.SYSTEM_PROMPT_UPSAMPLE), when=upsample,
+            Node("upsample_chat", ChatPrompt(system_prompt=P.SYSTEM_PROMPT_UPSAMPLE), when=upsample,
                  outputs={"prompt_tokens": "upsample_tokens"}),
             Node("upsample", ARDecodeLoop(lm_component="reasoner", tokenizer_component="tokenizer"), when=upsample,
                  inputs={"prompt_tokens": "upsample_tokens"}),

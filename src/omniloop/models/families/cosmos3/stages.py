@@ -32,10 +32,10 @@ from omniloop.io.video import read_video
 from omniloop.models.families.cosmos3 import presets as P
 from omniloop.models.families.cosmos3.model import Cosmos3Transformer, GenLayout, pack_sample
 from omniloop.pipeline.edges import ConditionLatents, DenoisedLatents
-from omniloop.pipeline.loops.ar import PromptTokens
 from omniloop.pipeline.loops.denoise import DenoiseLoop, DenoiseLoopState, DenoiseParams, DenoiserBase
 from omniloop.pipeline.policies.cfg import COND, UNCOND, Prediction
 from omniloop.pipeline.stage import StageBase, WorkEstimate
+from omniloop.pipeline.stages import chat_ids
 from omniloop.pipeline.state import RequestState, StageContext
 from omniloop.request import (
     ActionPart, Artifact, AudioArtifact, ImagePart, Modality, OmniRequest, TaskType, TensorArtifact, TextArtifact,
@@ -228,11 +228,6 @@ def _templated(text: str, geo: Geometry, opts: Cosmos3Options, *, negative: bool
     return text
 
 
-def chat_ids(tokenizer, messages: list[dict[str, Any]]) -> list[int]:
-    encoded = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=True)
-    return list(encoded["input_ids"])
-
-
 def generator_prompt_ids(tokenizer, prompt: str, negative: str, geo: Geometry, opts: Cosmos3Options,
                          mode: str | None, use_system_prompt: bool = True) -> tuple[list[int], list[int]]:
     """(cond, uncond) ids exactly as ``Cosmos3OmniPipeline.tokenize_prompt``: templates, the
@@ -277,33 +272,6 @@ class Cosmos3Tokenize(StageBase):
         cond, uncond = generator_prompt_ids(ctx.component(self.tokenizer), prompt, negative, geo, opts,
                                             action_mode(request), system)
         ctx.write(state, "prompts", Cosmos3Prompts(cond=cond, uncond=uncond))
-
-
-@dataclass
-class Cosmos3ChatPrompt(StageBase):
-    """REASON / prompt upsampling: the request's text (system prompt optional) through the
-    tokenizer's chat template -> PromptTokens for the AR loop."""
-
-    tokenizer: str = "tokenizer"
-    system_prompt: str | None = None
-    outputs = {"prompt_tokens": PromptTokens}  # type: ignore[assignment]
-
-    @property
-    def components(self) -> tuple[str, ...]:  # type: ignore[override]
-        return (self.tokenizer,)
-
-    def forward(self, ctx: StageContext, state: RequestState) -> None:
-        ids = chat_ids(ctx.component(self.tokenizer), chat_messages(state.request, self.system_prompt))
-        ctx.write(state, "prompt_tokens", PromptTokens(token_ids=ids))
-
-
-def chat_messages(request: OmniRequest, system_prompt: str | None = None) -> list[dict[str, Any]]:
-    """Chat messages of a request: text parts with roles keep them (``role`` unset: user)."""
-    messages: list[dict[str, Any]] = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    for part in request.inputs:
-        if part.kind == "text":
-            messages.append({"role": getattr(part, "role", None) or "user", "content": part.text})
-    return messages
 
 
 # -- conditions --------------------------------------------------------------------------

@@ -4,8 +4,9 @@ The loader reads a transformers folder (``config.json`` naming ``architectures``
 ``model_index.json``) as the index ``{"_class_name": "Qwen2ForCausalLM", "_layout":
 "transformers", "config": {...}}``; every component lives in the folder itself.
 
-Pipeline (TaskType.REASON, text in -> text out): one ``ARDecodeLoop`` node that tokenizes,
-prefills and decodes; output ``text``.
+Pipeline (TaskType.REASON, text in -> text out): an ``ARDecodeLoop`` node that tokenizes,
+prefills and decodes; output ``text``. A conversation (text parts with roles, e.g. from
+``/v1/chat/completions``) first goes through the tokenizer's chat template (``chat``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from omniloop.models.load_options import apply_load_options
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
 from omniloop.pipeline.loops.ar import ARDecodeLoop, make_ar_validator
 from omniloop.pipeline.pipeline import Pipeline
+from omniloop.pipeline.predicates import opt
 from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
+from omniloop.pipeline.stages import ChatPrompt, is_chat
 from omniloop.request import TaskType
 
 GENERATION_CONFIG_FILE = "generation_config.json"
@@ -102,7 +105,8 @@ def qwen2_pipeline_spec(variant: Variant) -> PipelineSpec:
         family="qwen2",
         tasks=variant.tasks,
         components=components,
-        nodes=(Node("decode", ARDecodeLoop(lm_component="lm", tokenizer_component="tokenizer")),),
+        nodes=(Node("chat", ChatPrompt(), when=opt("a conversation (text parts with roles)", is_chat)),
+               Node("decode", ARDecodeLoop(lm_component="lm", tokenizer_component="tokenizer"))),
         outputs={"text": "text"},
     )
 

@@ -84,6 +84,8 @@ class DeployConfig(BaseModel):
     chunk_kv_budget_gb: float | None = Field(
         default=None, gt=0, description="chunk-KV slab pool of causal video models, fixed at start and charged by "
         "admission; default: a quarter of free device memory (1 GiB on a CPU)")
+    kv_cache_gb: float | None = Field(default=None, gt=0, description="paged text-KV pool of AR loops; default: 8 full "
+                                      "contexts, at most 1 GiB on a CPU / a quarter of the free GPU memory")
     nan_check: bool = Field(default=True, description="fail a request whose loop state turns NaN/Inf")
     on_pool_failure: Literal["requeue", "fail"] = Field(default="requeue", description="what a pool restart does to in-flight requests")
 

@@ -35,7 +35,8 @@ def load_options(deploy: DeployConfig) -> LoadOptions:
                        lora_device_bytes=int(deploy.lora_device_mb * 2**20),
                        lora_host_bytes=int(deploy.lora_host_mb * 2**20), loras=tuple(deploy.lora_files.items()),
                        chunk_kv_budget_bytes=None if deploy.chunk_kv_budget_gb is None
-                       else int(deploy.chunk_kv_budget_gb * 2**30))
+                       else int(deploy.chunk_kv_budget_gb * 2**30),
+                       kv_cache_gb=deploy.kv_cache_gb)
 
 
 class AsyncEngine:

@@ -96,13 +96,15 @@ class StepScheduler:
         aborted = self._take_aborted()
         admitted = self._admit()
         now = time.perf_counter()
-        ranked = self._rank([r for r in self.running.values() if not r.abort_requested and self._ready_at(r) <= now])
+        ranked = self._rank([r for r in self.running.values()
+                             if not r.abort_requested and _ready(r) and self._ready_at(r) <= now])
         head = ranked[0] if ranked else None
         prologue = [r for r in ranked if _in_prologue(r)]
         if prologue and head is not prologue[0] and self._prologue_first(prologue[0], head):
             head = prologue[0]
         work = self._work_for(head, ranked, group=head is ranked[0]) if head is not None else None
-        self._last_was_step = isinstance(work, StepWork)
+        # a prologue step (a prefill chunk) does not count: the next pick goes back to the head
+        self._last_was_step = isinstance(work, StepWork) and head is not None and not _in_prologue(head)
         return SchedulerPlan(self.iteration, admitted, aborted, work, self._predict(work))
 
     def next_ready_s(self) -> float | None:
@@ -194,9 +196,11 @@ class StepScheduler:
         batch = [head]
         budget, used = self.policy.max_batch_tokens, node.stage.batch_weight(head.loop)
         if key is not None:
-            for other in ranked[1:]:
+            for other in ranked:
                 if len(batch) >= self.policy.max_batch:
                     break
+                if other is head:  # a prologue step picked ahead of the ranking's first
+                    continue
                 if other.node is node and other.loop is not None and node.stage.batch_key(other.loop) == key:
                     weight = node.stage.batch_weight(other.loop)
                     if budget is not None and used + weight > budget:
@@ -257,13 +261,24 @@ class StepScheduler:
         return {"waiting": len(self.waiting), "running": len(self.running)}
 
 
+def _ready(req: EngineRequest) -> bool:
+    """A request inside a loop whose next step cannot run yet (waiting for KV blocks) is skipped."""
+    node = req.node
+    if req.loop is None or node is None or not node.is_loop:
+        return True
+    ready = getattr(node.stage, "ready", None)
+    return ready is None or bool(ready(req.loop))
+
+
 def _shape_key(req: EngineRequest) -> tuple:
     """Requests with equal keys do the same work: they can run as one batch start to finish."""
     return tuple((name, e.steps, e.flops_per_step, e.batch_group) for name, e in req.info["estimates"].items())
 
 
 def _in_prologue(req: EngineRequest) -> bool:
-    """Before the request's first loop step: a one-shot node or a loop still to ``init``."""
+    """Before the request's first loop step: a one-shot node, a loop still to ``init``, or a
+    loop whose stage says its next step is still prologue (an AR loop's prefill chunks)."""
     if req.loop is not None:
-        return False
+        in_prologue = getattr(req.node.stage, "in_prologue", None) if req.node is not None else None
+        return bool(in_prologue(req.loop)) if in_prologue is not None else False
     return any(node.is_loop for node in req.nodes[req.node_index:])

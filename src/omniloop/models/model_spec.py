@@ -34,6 +34,7 @@ class LoadOptions:
     lora_device_bytes: int = 2 * 2**30  # adapter cache budgets: device tier, host tier
     lora_host_bytes: int = 8 * 2**30
     loras: tuple[tuple[str, str], ...] = ()  # (name, file) LoRAs loaded at startup
+    kv_cache_gb: float | None = None  # the paged text-KV pool's budget (None: cache/paged_kv.default_kv_budget)
 
 
 @dataclass(frozen=True, kw_only=True)

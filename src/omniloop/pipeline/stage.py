@@ -176,6 +176,16 @@ class LoopStageBase(StageBase):
         session paced to real time); None: ready now."""
         return None
 
+    def in_prologue(self, loop: LoopState) -> bool:
+        """True while the loop's next step is prologue work (an AR loop's prefill chunks): the
+        scheduler interleaves it with other requests' steps instead of queueing it behind them."""
+        return False
+
+    def ready(self, loop: LoopState) -> bool:
+        """False while the loop's next step cannot run (e.g. it waits for KV blocks after a
+        preemption); the scheduler then picks other work."""
+        return True
+
     def batch_key(self, loop: LoopState) -> Hashable | None:
         return None
 

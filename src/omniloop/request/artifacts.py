@@ -84,6 +84,8 @@ class AudioArtifact(Artifact):
 class TextArtifact(Artifact):
     text: str
     token_ids: list[int] = field(default_factory=list)
+    prompt_tokens: int | None = None  # tokens of the prompt it continued (usage accounting)
+    finish_reason: str | None = None  # "stop" (EOS, a stop token or string) or "length" (max_tokens)
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "text": self.text, "num_tokens": len(self.token_ids)}

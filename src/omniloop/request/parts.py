@@ -28,6 +28,9 @@ class _Part(BaseModel):
 class TextPart(_Part):
     kind: Literal["text"] = "text"
     text: str
+    role: Literal["system", "user", "assistant"] | None = Field(
+        default=None, description="chat role; text parts with roles are a conversation (a chat template applies)"
+    )
 
 
 class _MediaPart(_Part):

@@ -21,7 +21,7 @@ from pydantic import BaseModel
 import omniloop
 from omniloop.deploy import Limits
 from omniloop.engine import AsyncEngine
-from omniloop.serve import images, sessions, streaming, videos
+from omniloop.serve import chat, images, sessions, streaming, videos
 from omniloop.serve.config import ServeConfig
 from omniloop.serve.errors import install_error_handlers
 from omniloop.serve.protocol import ImageGenerationRequest, ModelCard, ModelList, VideoCreateRequest
@@ -130,7 +130,8 @@ def create_app(engine: AsyncEngine, config: ServeConfig | None = None, *, limits
                   lifespan=lifespan)
     app.state.omniloop = state
     install_error_handlers(app)
-    for router in (system, videos.router, streaming.router, images.router, sessions.router):
+    for router in (system, videos.router, streaming.router, images.router, sessions.router,
+                   chat.router):
         app.include_router(router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

@@ -55,6 +55,7 @@ class Job:
     content: bytes | None = None  # mp4 (video) or png (image)
     thumbnail: bytes | None = None  # png of a video's first frame
     metrics: dict[str, Any] | None = None
+    actions: list[list[float]] | None = None  # predicted actions of a world-model job
     events: list[dict[str, Any]] = field(default_factory=list)  # OmniEvent.to_dict() history
     loop_nodes: set[str] = field(default_factory=set)  # nodes that reported step progress
     sealed: bool = False  # no more events will come

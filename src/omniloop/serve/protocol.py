@@ -56,6 +56,16 @@ class _VideoCreateBase(_Wire):
     input_reference: ImageReference | None = Field(
         default=None, description="first frame for image-to-video (multipart: upload the file under this name)"
     )
+    audio: bool = Field(default=False, description="also generate the soundtrack (models serving t2vs); the mp4 "
+                                                   "carries it as an AAC track")
+    actions: list[list[float]] | None = Field(
+        default=None, min_length=1, description="world models: the agent's actions, one row per step, to roll out "
+        "from input_reference (task a2w); the video runs len(actions) + 1 frames unless num_frames says otherwise")
+    predict_actions: bool = Field(default=False, description="world models: also predict the agent's actions from "
+                                  "input_reference (task v2w); the finished video object lists them under actions")
+    node_params: dict[str, dict[str, Any]] | None = Field(
+        default=None, description="per graph node options, validated by the model (e.g. {'denoise': {'domain': "
+        "'bridge_orig_lerobot'}} for an embodiment)")
 
 
 VideoCreateRequest = _with_generation_fields(
@@ -112,6 +122,7 @@ class VideoObject(BaseModel):
     fps: int
     steps: int
     metrics: dict[str, Any] | None = None
+    actions: list[list[float]] | None = Field(default=None, description="predicted actions [steps][action width]")
 
 
 class VideoList(BaseModel):

@@ -34,7 +34,9 @@ def encode_content(kind: JobKind, output: OmniOutput) -> tuple[bytes, bytes | No
     if kind is JobKind.VIDEO:
         video = output.video
         assert video is not None, f"completed video job {output.request_id} has no video artifact"
-        return encode_mp4(video.frames, video.fps), _png(video.frames[0])
+        audio = output.audio  # a soundtrack (t2vs) goes into the mp4 as AAC
+        sound = {} if audio is None else {"audio": audio.samples, "sample_rate": audio.sample_rate}
+        return encode_mp4(video.frames, video.fps, **sound), _png(video.frames[0])
     image = output.image
     assert image is not None, f"completed image job {output.request_id} has no image artifact"
     return _png(image.image), None
@@ -112,6 +114,9 @@ class JobRunner:
                 logger.exception("encoding the output of %s failed", job.id)
                 status, error = RequestStatus.FAILED, f"encoding the output failed: {e}"
         job.metrics = output.metrics.to_dict()
+        action = output.artifacts.get("action")
+        if action is not None and hasattr(action, "tensor"):
+            job.actions = action.tensor.float().tolist()
         job.completed_at = int(time.time())
         job.error = error
         job.progress = 100 if status is RequestStatus.COMPLETED else job.progress

@@ -15,7 +15,9 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from omniloop.deploy import Limits
-from omniloop.request import DiffusionParams, ImagePart, OmniRequest, OutputSpec, TaskType, TextPart
+from omniloop.request import (
+    ActionPart, DiffusionParams, ImagePart, Modality, OmniRequest, OutputSpec, TaskType, TextPart,
+)
 from omniloop.serve.errors import ApiError, validation_error
 from omniloop.serve.jobs import Geometry
 from omniloop.serve.protocol import GENERATION_FIELDS
@@ -130,6 +132,32 @@ def reference_image(ref: Any) -> ImagePart | None:
         raise validation_error(e, prefix="input_reference.image_url") from None
 
 
+def _world_task(model: ServedModel, wire: Any, has_image: bool) -> TaskType | None:
+    """Sound and world-model requests: t2vs, a2w (given actions), v2w (predicted actions)."""
+    if wire.audio:
+        if TaskType.T2VS not in model.tasks:
+            raise ApiError(400, f"audio: model {model.name!r} makes no sound (tasks: {sorted(t.value for t in model.tasks)})",
+                           param="audio", code="unsupported")
+        if has_image or wire.actions is not None or wire.predict_actions:
+            raise ApiError(400, "audio: a soundtrack is generated from text alone; drop input_reference / actions",
+                           param="audio", code="invalid_value")
+        return TaskType.T2VS
+    if wire.actions is None and not wire.predict_actions:
+        return None
+    param = "actions" if wire.actions is not None else "predict_actions"
+    if wire.actions is not None and wire.predict_actions:
+        raise ApiError(400, "predict_actions: pass given actions or predict them, not both", param=param,
+                       code="invalid_value")
+    task = TaskType.A2W if wire.actions is not None else TaskType.V2W
+    if task not in model.tasks:
+        raise ApiError(400, f"{param}: model {model.name!r} is no world model (tasks: "
+                       f"{sorted(t.value for t in model.tasks)})", param=param, code="unsupported")
+    if not has_image:
+        raise ApiError(400, f"{param}: a world-model rollout starts from input_reference (the first frame); pass it",
+                       param="input_reference", code="missing")
+    return task
+
+
 def _video_task(model: ServedModel, has_image: bool) -> TaskType:
     if TaskType.TI2V in model.tasks:
         return TaskType.TI2V
@@ -149,7 +177,7 @@ def video_request(wire: Any, request_id: str, model: ServedModel, limits: Limits
     """``wire`` is a validated VideoCreateRequest; ``upload`` a multipart input_reference."""
     model.check_name(wire.model)
     image = reference_image(upload if upload is not None else wire.input_reference)
-    task = _video_task(model, image is not None)
+    task = _world_task(model, wire, image is not None) or _video_task(model, image is not None)
     width, height = _size(wire.size, wire.width, wire.height)
     num_frames = wire.num_frames
     if wire.seconds is not None:
@@ -157,15 +185,34 @@ def video_request(wire: Any, request_id: str, model: ServedModel, limits: Limits
             raise ApiError(400, "seconds: pass seconds or num_frames, not both", param="seconds", code="invalid_value")
         fps = wire.fps or model.defaults.get("fps", 16)
         num_frames = _frames_for_seconds(wire.seconds, fps, int(model.defaults.get("vae_scale_temporal", 1)))
+    if wire.actions is not None and num_frames is None:
+        num_frames = len(wire.actions) + 1  # one transition per action
     params = _diffusion({**_pick(wire, (*_PASS_THROUGH, "fps")), "steps": _steps(wire), "height": height,
                          "width": width, "num_frames": num_frames})
     geometry = _geometry(model, params, wire.seconds)
+    if task in (TaskType.A2W, TaskType.V2W) and width is None and height is None:
+        # a world model sizes its canvas from the first frame (its resolution tier): no size to bound here
+        limits = limits.model_copy(update={"max_pixels": geometry.width * geometry.height or limits.max_pixels})
     check_limits(geometry, limits, frames_param="seconds" if wire.seconds is not None else "num_frames")
     inputs: list[Any] = [TextPart(text=wire.prompt)] + ([image] if image is not None else [])
-    outputs = OutputSpec(stream=wire.preview_every is not None, preview_every=wire.preview_every)
-    request = OmniRequest(request_id=request_id, task=task, inputs=inputs, diffusion=params, outputs=outputs)
+    if wire.actions is not None:
+        inputs.append(_action_part(wire.actions))
+    modalities = [Modality.VIDEO, Modality.ACTION] if wire.predict_actions else None
+    outputs = OutputSpec(stream=wire.preview_every is not None, preview_every=wire.preview_every, modalities=modalities)
+    try:
+        request = OmniRequest(request_id=request_id, task=task, inputs=inputs, diffusion=params, outputs=outputs,
+                              node_params=wire.node_params or {})
+    except ValidationError as e:
+        raise validation_error(e) from None
     refuse_paths(request)
     return request, geometry
+
+
+def _action_part(rows: list[list[float]]) -> ActionPart:
+    if len({len(r) for r in rows}) != 1 or not rows[0]:
+        raise ApiError(400, "actions: every row needs the same (non-zero) number of values", param="actions",
+                       code="invalid_value")
+    return ActionPart(values=rows)
 
 
 # -- images -----------------------------------------------------------------------------

@@ -30,7 +30,8 @@ def video_object(job: Job) -> VideoObject:
         error = JobError(code=job.status.value, message=job.error)
     return VideoObject(id=job.id, model=job.model, status=job.status.value, progress=job.progress,
                        created_at=job.created_at, completed_at=job.completed_at, prompt=job.prompt, seconds=g.seconds,
-                       size=g.size, error=error, num_frames=g.num_frames, fps=g.fps, steps=g.steps, metrics=job.metrics)
+                       size=g.size, error=error, num_frames=g.num_frames, fps=g.fps, steps=g.steps, metrics=job.metrics,
+                       actions=job.actions)
 
 
 @router.post("", response_model=VideoObject, summary="Create a video job",

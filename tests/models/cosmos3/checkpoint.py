@@ -45,9 +45,11 @@ VAE = dict(
     is_residual=True, in_channels=12, out_channels=12, patch_size=2, scale_factor_temporal=4, scale_factor_spatial=16,
     latents_mean=[0.01 * i for i in range(48)], latents_std=[1.0 + 0.02 * i for i in range(48)],
 )
+# 8 kHz (an AAC-encodable rate), 80 samples a latent frame: 38 sound tokens for 9 frames at 24 fps
 AUDIO = dict(
-    sampling_rate=240, vocoder_input_dim=8, dec_dim=4, dec_c_mults=(1, 2), dec_strides=(2, 3), dec_out_channels=2,
-    enc_dim=4, enc_num_blocks=1, enc_n_fft=8, enc_hop_length=2, enc_latent_dim=16, enc_c_mults=(1,), enc_strides=(3,),
+    sampling_rate=8000, vocoder_input_dim=8, dec_dim=4, dec_c_mults=(1, 2), dec_strides=(8, 10), dec_out_channels=2,
+    enc_dim=4, enc_num_blocks=1, enc_n_fft=8, enc_hop_length=2, enc_latent_dim=16, enc_c_mults=(1, 1),
+    enc_strides=(4, 10),
 )
 SCHEDULER = dict(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=5.0, num_train_timesteps=1000,
                  solver_order=2)

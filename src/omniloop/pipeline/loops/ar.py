@@ -1,18 +1,28 @@
 """``ARDecodeLoop``: one generated token per ``step`` call; the runtime owns the iteration.
 
-    init:     prompt ids (a ``prompt_tokens`` edge, or the tokenized request prompt)
-              -> prefill into a fresh per-request KVHandle -> logits of the first token
-    step:     sample -> stop checks -> stream the text delta -> decode forward (unless done)
+    init:     prompt ids (a ``prompt_tokens`` edge, or the tokenized request prompt), a
+              handle on the paged text-KV pool, and the first prefill chunk if the pool
+              has room for it (a short prompt: its whole prefill -> logits of the first token)
+    step:     prefill phase (the KV holds less than the context): the next chunk of at most
+              ``prefill_chunk_tokens`` (the token budget of one step); decode phase: sample
+              -> stop checks -> stream the text delta -> decode forward (unless done)
     finalize: TextArtifact(text, token_ids), free the KV
 
 Every mutable thing of a request (KV handle, sampler generator, token ids, detokenizer
-offsets, pending logits) lives in its ``ARLoopState``; the model, tokenizer and this loop
-object are shared. ``step`` is ``step_many`` of one loop, so batched and unbatched decode
-run one body. Steps of requests with different context lengths batch together: the KV
-view pads them to the longest and masks the padding (``omniloop.cache.kv.KVBatch``).
+offsets, pending logits) lives in its ``ARLoopState``; the model, tokenizer, KV pool and
+this loop object are shared. ``step`` is ``step_many`` of one loop, so batched and unbatched
+decode run one body. Decode steps of requests with different context lengths batch together:
+the paged KV view gathers each row's blocks, pads to the longest and masks the padding
+(``omniloop.cache.paged_kv.PagedKVBatch``).
 
-Progress is ``steps_done / steps_target`` like every loop: the target is ``max_tokens`` and
-is lowered to ``steps_done`` when a stop condition ends the request early.
+Preemption by recompute: when a decode step needs a new block and the pool has none, the
+lowest-ranked loops of the batch give theirs back (the head of the batch last); a preempted
+loop keeps its tokens and re-prefills ``prompt + output`` when the pool has room again
+(``ready`` is False until then), so it continues with the tokens it would have produced.
+
+Progress is ``steps_done / steps_target`` like every loop: the target is ``max_tokens`` plus
+the prefill chunks still to run, and is lowered to ``steps_done`` when a stop condition ends
+the request early.
 """
 
 from __future__ import annotations
@@ -23,7 +33,8 @@ from typing import Any, Callable, Hashable, Mapping, Protocol, Sequence
 
 import torch
 
-from omniloop.cache.kv import DEFAULT_CHUNK_TOKENS, KVBatch, KVHandle, KVLayout
+from omniloop.cache.kv import KVLayout
+from omniloop.cache.paged_kv import BlockPool, PagedKVBatch, PagedKVHandle
 from omniloop.pipeline.failures import PoolFatalError, attempt, per_request
 from omniloop.pipeline.stage import LoopStageBase, WorkEstimate
 from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
@@ -31,6 +42,7 @@ from omniloop.request import Artifact, OmniRequest, SamplingParams, TextArtifact
 
 FINISH_STOP = "stop"  # EOS, a stop token id or a stop string
 FINISH_LENGTH = "length"  # max_tokens reached
+DEFAULT_PREFILL_CHUNK = 512  # prompt tokens one prefill step forwards (the step's token budget)
 
 
 class CausalLM(Protocol):
@@ -39,7 +51,7 @@ class CausalLM(Protocol):
     kv_layout: KVLayout
     dtype: torch.dtype
 
-    def __call__(self, input_ids: torch.Tensor, *, kv: KVBatch, logits_to_keep: int) -> torch.Tensor:
+    def __call__(self, input_ids: torch.Tensor, *, kv: PagedKVBatch, logits_to_keep: int) -> torch.Tensor:
         """``input_ids [B, L]`` -> logits ``[B, logits_to_keep, vocab]``."""
         ...
 
@@ -90,7 +102,8 @@ class ARLoopState(LoopState):
     params: SamplingParams  # effective: the request's, with the model's generation defaults filled in
     seed: int
     generator: torch.Generator  # per request, on the model device
-    kv: KVHandle
+    kv: PagedKVHandle  # blocks of the deployment's text-KV pool
+    prefill_chunk: int  # tokens one prefill step forwards
     prompt_ids: list[int]
     stop_ids: frozenset[int]  # EOS ids of the model + the request's stop_token_ids
     logits: torch.Tensor | None = None  # [vocab] fp32 logits of the next token
@@ -101,10 +114,22 @@ class ARLoopState(LoopState):
     emitted_chars: int = 0  # prefix of ``text`` already streamed
     emitted_tokens: int = 0  # prefix of ``output_ids`` already streamed
     finish_reason: str | None = None
+    preemptions: int = 0  # times its KV was taken back to make room
 
     @property
     def context_len(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def prefilling(self) -> bool:
+        """The KV holds less than the context: the next step forwards a prefill chunk."""
+        return self.kv.num_tokens < self.context_len
+
+    def next_chunk(self) -> int:
+        return min(self.prefill_chunk, self.context_len - self.kv.num_tokens)
+
+    def chunks_left(self) -> int:
+        return -(-(self.context_len - self.kv.num_tokens) // self.prefill_chunk)
 
 
 def effective_sampling(params: SamplingParams, defaults: Mapping[str, Any]) -> SamplingParams:
@@ -121,6 +146,7 @@ def effective_sampling(params: SamplingParams, defaults: Mapping[str, Any]) -> S
 class ARDecodeLoop(LoopStageBase):
     lm_component: str = "lm"
     tokenizer_component: str = "tokenizer"
+    kv_component: str = "text_kv"  # the deployment's BlockPool (paged text KV)
 
     inputs = {}  # type: ignore[assignment]
     optional_inputs = {"prompt_tokens": PromptTokens}  # type: ignore[assignment]
@@ -128,7 +154,7 @@ class ARDecodeLoop(LoopStageBase):
 
     @property
     def components(self) -> tuple[str, ...]:  # type: ignore[override]
-        return (self.lm_component, self.tokenizer_component)
+        return (self.lm_component, self.tokenizer_component, self.kv_component)
 
     # -- init / finalize ------------------------------------------------------------
     @torch.inference_mode()
@@ -140,9 +166,7 @@ class ARDecodeLoop(LoopStageBase):
         check_context(len(prompt_ids), params.max_tokens, ctx.defaults.get("max_context"))
         seed = params.seed if params.seed is not None else random.randrange(2**63)
         state.metrics.seed = seed
-        kv = KVHandle(lm.kv_layout, dtype=lm.dtype, device=ctx.device,
-                      chunk_tokens=ctx.defaults.get("kv_chunk_tokens", DEFAULT_CHUNK_TOKENS),
-                      reserve_tokens=len(prompt_ids) + 1)
+        pool: BlockPool = ctx.component(self.kv_component)
         loop = ARLoopState(
             node=ctx.node,
             request_id=state.request_id,
@@ -150,20 +174,18 @@ class ARDecodeLoop(LoopStageBase):
             params=params,
             seed=seed,
             generator=torch.Generator(ctx.device).manual_seed(seed),
-            kv=kv,
+            kv=pool.handle(),
+            prefill_chunk=int(ctx.defaults.get("prefill_chunk_tokens", DEFAULT_PREFILL_CHUNK)),
             prompt_ids=prompt_ids,
             stop_ids=frozenset(ctx.defaults.get("eos_token_ids", ())) | frozenset(params.stop_token_ids),
         )
-        # prefill: the whole prompt in one forward; keep the last position's logits
-        ids = torch.tensor([prompt_ids], device=ctx.device)  # [1, L]
-        loop.logits = lm(ids, kv=KVBatch([kv], len(prompt_ids)), logits_to_keep=1)[0, -1].float()
-        if params.repetition_penalty != 1.0:
-            loop.seen = torch.zeros(loop.logits.shape[-1], dtype=torch.bool, device=ctx.device)
-            loop.seen[ids[0]] = True
+        self._prefill(lm, [loop])  # the first chunk now when the pool has room (a short prompt: all of it)
+        loop.steps_target += loop.chunks_left()
         return loop
 
     def finalize(self, ctx: StageContext, loop: ARLoopState, state: RequestState) -> None:  # type: ignore[override]
-        ctx.write(state, "text", TextArtifact(text=loop.text, token_ids=list(loop.output_ids)))
+        ctx.write(state, "text", TextArtifact(text=loop.text, token_ids=list(loop.output_ids),
+                                              prompt_tokens=len(loop.prompt_ids), finish_reason=loop.finish_reason))
         loop.kv.free()
         loop.logits = loop.seen = None
 
@@ -173,43 +195,66 @@ class ARDecodeLoop(LoopStageBase):
 
     # -- scheduling contract --------------------------------------------------------
     def estimate(self, ctx: StageContext, state: RequestState) -> WorkEstimate:  # type: ignore[override]
-        """KV growth and activations before the request starts. The KV cache is the loop's:
-        the prompt plus ``max_tokens`` positions (rounded up to the allocation chunk), held
-        while the loop runs and released when it ends, early on EOS/stop. A decode step's
-        transient includes a KV growth (the new buffer is allocated before the old is freed)."""
+        """KV growth and activations before the request starts. The KV is the loop's: the
+        blocks of the prompt plus ``max_tokens`` positions, held while the loop runs and
+        released when it ends, early on EOS/stop. (The pool enforces its own budget by
+        preemption; this reservation keeps the engine from admitting more than fits.)"""
         lm: CausalLM = ctx.component(self.lm_component)
+        pool: BlockPool = ctx.component(self.kv_component)
         params = effective_sampling(state.request.sampling, ctx.defaults.get("sampling", {}))
         prompt = len(self._prompt_ids(ctx, state, ctx.component(self.tokenizer_component)))
         context = prompt + params.max_tokens
-        chunk = ctx.defaults.get("kv_chunk_tokens", DEFAULT_CHUNK_TOKENS)
-        kv_bytes = -(-context // chunk) * chunk * lm.kv_layout.bytes_per_token(lm.dtype)
+        kv_bytes = pool.blocks_for(context) * pool.block_bytes
+        chunk = min(prompt, int(ctx.defaults.get("prefill_chunk_tokens", DEFAULT_PREFILL_CHUNK)))
         return WorkEstimate(
             steps=params.max_tokens,
             resident_bytes=0,
             loop_bytes=kv_bytes,
-            peak_bytes=lm.activation_bytes(1, context) + kv_bytes,
-            init_peak_bytes=lm.activation_bytes(prompt, prompt),
+            peak_bytes=lm.activation_bytes(max(1, chunk), context) + kv_bytes,
+            init_peak_bytes=lm.activation_bytes(chunk, chunk),
         )
 
     def batch_key(self, loop: ARLoopState) -> Hashable | None:  # type: ignore[override]
-        # Any two decode steps of this node batch, whatever their context lengths.
-        return None if loop.done else (id(self), "decode")
+        # Any two decode steps of this node batch, whatever their context lengths; prefill
+        # chunks batch with chunks of the same length.
+        if loop.done:
+            return None
+        return (id(self), "prefill", loop.next_chunk()) if loop.prefilling else (id(self), "decode")
+
+    def in_prologue(self, loop: ARLoopState) -> bool:  # type: ignore[override]
+        return not loop.done and loop.prefilling
+
+    def ready(self, loop: ARLoopState) -> bool:  # type: ignore[override]
+        """A prefill step needs blocks for its chunk now; a decode step can always make room."""
+        if not loop.prefilling:
+            return True
+        kv = loop.kv
+        return kv.pool.can_allocate(kv.blocks_needed(kv.num_tokens + loop.next_chunk()))
 
     def step(self, ctx: StageContext, loop: ARLoopState) -> StepResult:  # type: ignore[override]
         return self.step_many(ctx, [loop])[0]
 
     @torch.inference_mode()
     def step_many(self, ctx: StageContext, loops: Sequence[ARLoopState]) -> list[StepResult]:  # type: ignore[override]
-        """Sample, check stops and stream for each loop, then one decode forward for those
-        still running. A request's own failure (its sampling, its detokenization, its row of
-        the forward) fails it alone: its batch-mates' tokens stand."""
+        """A prefill chunk for every loop (prefill phase), or: sample, check stops and stream
+        for each loop, make KV room, then one decode forward for those still running. A
+        request's own failure (its sampling, its detokenization, its row of the forward)
+        fails it alone: its batch-mates' tokens stand."""
         assert all(not lp.done for lp in loops), "a finished AR loop was stepped"
-        tokenizer: Tokenizer = ctx.component(self.tokenizer_component)
+        lm: CausalLM = ctx.component(self.lm_component)
         errors: list[BaseException | None] = [None] * len(loops)
+        if loops[0].prefilling:  # batch_key keeps prefill and decode steps apart
+            n = min(lp.next_chunk() for lp in loops)
+            fed = [i for i, lp in enumerate(loops) if lp.kv.reserve(lp.kv.num_tokens + n)]
+            self._isolated(lambda rows: self._prefill_rows(lm, rows, n), loops, fed, errors)
+            for i in fed:
+                loops[i].steps_done += errors[i] is None
+            return [StepResult.failed(e) if e is not None else StepResult(done=False) for e in errors]
+        tokenizer: Tokenizer = ctx.component(self.tokenizer_component)
         results = per_request(errors, lambda i: self._advance(tokenizer, loops[i]))  # sample -> stop checks -> delta
-        live = [i for i, lp in enumerate(loops) if errors[i] is None and not lp.done]
+        live = self._make_room([i for i, lp in enumerate(loops) if errors[i] is None and not lp.done], loops)
         if live:
-            self._decode_forward(ctx.component(self.lm_component), loops, live, errors)
+            self._isolated(lambda rows: self._decode_rows(lm, rows), loops, live, errors)
         return [StepResult.failed(e) if e is not None else r for r, e in zip(results, errors)]  # type: ignore[misc]
 
     # -- slots ----------------------------------------------------------------------
@@ -237,20 +282,54 @@ class ARDecodeLoop(LoopStageBase):
             loop.text += loop.detok.step(tokenizer, loop.output_ids)
             if _cut_at_stop_string(loop, before):
                 _finish(loop, FINISH_STOP)
-            elif loop.steps_done >= loop.steps_target:
+            elif len(loop.output_ids) >= loop.params.max_tokens:
                 loop.text += loop.detok.step(tokenizer, loop.output_ids, final=True)
                 _finish(loop, FINISH_LENGTH)
         return StepResult(done=loop.done, emit=_text_delta(loop))
 
-    def _decode_forward(self, lm: CausalLM, loops: Sequence[ARLoopState], live: list[int],
-                        errors: list[BaseException | None]) -> None:
-        """One forward over the last sampled token of every live loop: KV append + next
-        logits. If the batched forward raises (it appended to some layers only), every KV is
-        rolled back and each loop runs its forward alone, so only a loop whose own forward
-        fails fails (its sampled tokens stay: a retried forward must not sample again)."""
+    def _prefill(self, lm: CausalLM, loops: Sequence[ARLoopState]) -> None:
+        """``init``'s first chunk: forwarded when the pool has room (else the steps do it)."""
+        n = min(lp.next_chunk() for lp in loops)
+        fed = [lp for lp in loops if lp.kv.reserve(lp.kv.num_tokens + n)]
+        if fed:
+            self._prefill_rows(lm, fed, n)
+
+    @staticmethod
+    def _prefill_rows(lm: CausalLM, loops: Sequence[ARLoopState], n: int) -> None:
+        """Forward the next ``n`` context tokens of every loop (reserved); a loop whose prefill
+        completes gets the logits of its next token."""
+        device = loops[0].kv.device
+        ids = torch.tensor([(lp.prompt_ids + lp.output_ids)[lp.kv.num_tokens:lp.kv.num_tokens + n] for lp in loops],
+                           device=device)  # [B, n]
+        logits = lm(ids, kv=PagedKVBatch([lp.kv for lp in loops], n), logits_to_keep=1)[:, -1].float()  # [B, V]
+        for lp, row in zip(loops, logits):
+            if lp.prefilling:
+                continue
+            lp.logits = row
+            if lp.params.repetition_penalty != 1.0 and lp.seen is None:
+                lp.seen = torch.zeros(row.shape[-1], dtype=torch.bool, device=device)
+                lp.seen[torch.tensor(lp.prompt_ids + lp.output_ids, device=device)] = True
+
+    @staticmethod
+    def _decode_rows(lm: CausalLM, loops: Sequence[ARLoopState]) -> None:
+        """One forward over the last sampled token of every loop: KV append + next logits."""
+        device = loops[0].kv.device
+        ids = torch.tensor([[lp.output_ids[-1]] for lp in loops], device=device)  # [B, 1]
+        logits = lm(ids, kv=PagedKVBatch([lp.kv for lp in loops], 1), logits_to_keep=1)[:, -1].float()  # [B, V]
+        for lp, row in zip(loops, logits):
+            lp.logits = row
+
+    @staticmethod
+    def _isolated(forward: Callable[[list[ARLoopState]], None], loops: Sequence[ARLoopState], live: list[int],
+                  errors: list[BaseException | None]) -> None:
+        """``forward`` of the ``live`` loops as one batch. If it raises (it wrote some layers
+        only), every KV is rolled back and each loop runs alone, so only a loop whose own
+        forward fails fails (its sampled tokens stay: a retried forward must not sample again)."""
+        if not live:
+            return
         before = {i: loops[i].kv.num_tokens for i in live}
         try:
-            self._forward_rows(lm, [loops[i] for i in live])
+            forward([loops[i] for i in live])
             return
         except PoolFatalError:
             raise
@@ -261,17 +340,31 @@ class ARDecodeLoop(LoopStageBase):
                 return
         for i in live:
             loops[i].kv.rollback(before[i])
-            attempt(errors, i, lambda lp=loops[i]: self._forward_rows(lm, [lp]))
+            attempt(errors, i, lambda lp=loops[i]: forward([lp]))
             if errors[i] is not None:
                 loops[i].kv.rollback(before[i])
 
     @staticmethod
-    def _forward_rows(lm: CausalLM, loops: Sequence[ARLoopState]) -> None:
-        device = loops[0].kv.device
-        ids = torch.tensor([[lp.output_ids[-1]] for lp in loops], device=device)  # [B, 1]
-        logits = lm(ids, kv=KVBatch([lp.kv for lp in loops], 1), logits_to_keep=1)[:, -1].float()  # [B, V]
-        for lp, row in zip(loops, logits):
-            lp.logits = row
+    def _make_room(live: list[int], loops: Sequence[ARLoopState]) -> list[int]:
+        """Reserve one more position for every live loop, in rank order; when the pool is full,
+        the lowest-ranked loops of the batch are preempted (their KV freed) until it fits.
+        -> the loops that decode this step."""
+        live = list(live)
+        i = 0
+        while i < len(live):
+            if loops[live[i]].kv.reserve(loops[live[i]].kv.num_tokens + 1):
+                i += 1
+                continue
+            _preempt(loops[live.pop()])  # the last in rank (possibly this one)
+        return live
+
+
+def _preempt(loop: ARLoopState) -> None:
+    """Free ``loop``'s KV; it keeps its tokens and re-prefills them later (recompute)."""
+    loop.kv.drop()
+    loop.logits = None
+    loop.preemptions += 1
+    loop.steps_target += loop.chunks_left()
 
 
 # -- sampling ----------------------------------------------------------------------------
@@ -356,10 +449,10 @@ def check_context(prompt_len: int, max_tokens: int, max_context: int | None) -> 
 
 
 def make_ar_validator(
-    tokenizer: Tokenizer, *, vocab_size: int, max_context: int | None
+    tokenizer: Tokenizer, *, vocab_size: int, max_context: int | None, pool: BlockPool | None = None
 ) -> Callable[[OmniRequest], OmniRequest]:
     """Admission checks of a text-in / text-out request: a non-empty prompt, stop token ids
-    inside the vocabulary, prompt + max_tokens within the context."""
+    inside the vocabulary, prompt + max_tokens within the context and within the KV pool."""
 
     def validate(request: OmniRequest) -> OmniRequest:
         prompt = request.prompt
@@ -370,10 +463,21 @@ def make_ar_validator(
             raise ValueError(f"sampling.stop_token_ids {bad} are outside the vocabulary [0, {vocab_size})")
         if any(not s for s in request.sampling.stop):
             raise ValueError("sampling.stop contains an empty string; pass non-empty stop strings")
-        ids = tokenizer.encode(prompt)
+        if _is_chat(request):
+            from omniloop.pipeline.stages.chat import chat_ids, chat_messages  # a stage built on this loop's edge
+
+            ids = chat_ids(tokenizer, chat_messages(request))
+        else:
+            ids = tokenizer.encode(prompt)
         if not ids:
             raise ValueError("the prompt tokenizes to nothing; pass a prompt with visible text")
         check_context(len(ids), request.sampling.max_tokens, max_context)
+        if pool is not None:
+            pool.check_fits(len(ids) + request.sampling.max_tokens)
         return request
 
     return validate
+
+
+def _is_chat(request: OmniRequest) -> bool:
+    return any(getattr(p, "role", None) for p in request.inputs)

@@ -1,5 +1,6 @@
-"""Generic one-shot stages shared by families (text encoding, latent decoding)."""
+"""Generic one-shot stages shared by families (chat templates, text encoding, latent decoding)."""
 
+from omniloop.pipeline.stages.chat import ChatPrompt, chat_ids, chat_messages, is_chat
 from omniloop.pipeline.stages.decode import (
     DecodedAudio,
     DecodedFrames,
@@ -13,6 +14,7 @@ from omniloop.pipeline.stages.decode import (
 from omniloop.pipeline.stages.text import TextEncode, TextEncoderSpec
 
 __all__ = [
+    "ChatPrompt",
     "DecodedAudio",
     "DecodedFrames",
     "ImageVAEDecoder",
@@ -21,6 +23,9 @@ __all__ = [
     "TextEncoderSpec",
     "VAEDecode",
     "VideoVAEDecoder",
+    "chat_ids",
+    "chat_messages",
     "image_latents_to_unit_range",
+    "is_chat",
     "latents_to_unit_range",
 ]

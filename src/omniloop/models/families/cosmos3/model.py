@@ -430,3 +430,11 @@ class Cosmos3Reasoner:
 
     def parameters(self):  # the weights it runs on, for accounting (the transformer's own)
         return self.model.parameters()
+
+    def activation_bytes(self, num_tokens: int, context: int) -> int:
+        """Peak transient memory of one request's text forward of ``num_tokens`` tokens over
+        ``context`` positions: a layer's live set, fp32 attention scores, one row of logits."""
+        c = self.config
+        qkv = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
+        layer = num_tokens * (3 * c.hidden_size + qkv + 3 * c.intermediate_size) * self.dtype.itemsize
+        return int(layer + c.num_attention_heads * num_tokens * context * 4 + c.vocab_size * 4)

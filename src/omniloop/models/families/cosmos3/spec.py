@@ -15,12 +15,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
+from omniloop.cache.paged_kv import build_text_kv_pool
 from omniloop.models.autoencoders.cosmos3_audio import load_cosmos3_audio
 from omniloop.models.autoencoders.wan_vae import load_wan_vae
 from omniloop.models.families.cosmos3 import presets as P
 from omniloop.models.families.cosmos3.model import Cosmos3Reasoner
 from omniloop.models.families.cosmos3.stages import (
-    CleanFrames, Cosmos3ActionOutput, Cosmos3ChatPrompt, Cosmos3Condition, Cosmos3Denoiser, Cosmos3DenoiseLoop,
+    CleanFrames, Cosmos3ActionOutput, Cosmos3Condition, Cosmos3Denoiser, Cosmos3DenoiseLoop,
     Cosmos3SoundDecode, Cosmos3Tokenize, options_of, wants_actions_out,
 )
 from omniloop.models.families.cosmos3.validate import GENERATION_TASKS, make_validator
@@ -33,7 +34,7 @@ from omniloop.pipeline.policies.cfg import ClassicCFG
 from omniloop.pipeline.predicates import opt, task_in
 from omniloop.pipeline.samplers.sampler_set import SamplerSet, load_sampler_set
 from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
-from omniloop.pipeline.stages import VAEDecode
+from omniloop.pipeline.stages import ChatPrompt, VAEDecode
 from omniloop.request import Modality, OmniRequest, TaskType
 
 PIPELINE_CLASS = "Cosmos3OmniPipeline"
@@ -83,11 +84,6 @@ def _load_scheduler(root: Path, index: Mapping[str, Any], options: LoadOptions) 
 # -- variants --------------------------------------------------------------------------------
 
 
-def _present(index: Mapping[str, Any], name: str) -> bool:
-    entry = index.get(name)
-    return isinstance(entry, (list, tuple)) and len(entry) == 2 and entry[0] is not None
-
-
 def cosmos3_variant(index: Mapping[str, Any]) -> Variant:
     if index.get("_layout") == "transformers":
         weights = (
@@ -106,9 +102,9 @@ def cosmos3_variant(index: Mapping[str, Any]) -> Variant:
         WeightSpec(component="vae", kind="WanVAE (Wan2.2, z_dim 48)", subfolder="vae", load=_load_vae),
         WeightSpec(component="sampler", kind="scheduler config", subfolder="scheduler", load=_load_scheduler),
     ]
-    if _present(index, "sound_tokenizer"):
-        weights.append(WeightSpec(component="sound_tokenizer", kind="Cosmos3 AVAE audio tokenizer",
-                                  subfolder="sound_tokenizer", load=_load_sound, optional=True))
+    # optional: loaded when the folder is there; T2VS is refused at admission without it
+    weights.append(WeightSpec(component="sound_tokenizer", kind="Cosmos3 AVAE audio tokenizer",
+                              subfolder="sound_tokenizer", load=_load_sound, optional=True))
     return Variant(name="cosmos3-omni", tasks=GENERATION_TASKS | {TaskType.REASON}, weights=tuple(weights))
 
 
@@ -129,16 +125,17 @@ def _wants_pixels(request: OmniRequest) -> bool:
 def cosmos3_pipeline_spec(variant: Variant, *, generator: bool, cfg_mode: str = "sequential") -> PipelineSpec:
     components = {w.component: ComponentSpec(name=w.component, kind=w.kind, optional=w.optional) for w in variant.weights}
     components["reasoner"] = ComponentSpec(name="reasoner", kind="Cosmos3Reasoner (view of the transformer)")
+    components["text_kv"] = ComponentSpec(name="text_kv", kind="paged text-KV pool (built, not loaded)")
     reason_loop = ARDecodeLoop(lm_component="reasoner", tokenizer_component="tokenizer")
     nodes = [
-        Node("chat", Cosmos3ChatPrompt(), when=REASON),
+        Node("chat", ChatPrompt(), when=REASON),
         Node("reason", reason_loop, when=REASON),
     ]
     outputs = {"text": "text"}
     if generator:
         upsample = GEN & opt("node_params['denoise'].upsample_prompt", _upsampling)
         nodes += [
-            Node("upsample_chat", Cosmos3ChatPrompt(system_prompt=P.SYSTEM_PROMPT_UPSAMPLE), when=upsample,
+            Node("upsample_chat", ChatPrompt(system_prompt=P.SYSTEM_PROMPT_UPSAMPLE), when=upsample,
                  outputs={"prompt_tokens": "upsample_tokens"}),
             Node("upsample", ARDecodeLoop(lm_component="reasoner", tokenizer_component="tokenizer"), when=upsample,
                  inputs={"prompt_tokens": "upsample_tokens"}),
@@ -160,18 +157,19 @@ def build_cosmos3(variant: Variant, index: Mapping[str, Any], components: Mappin
     model = components["transformer"]
     config = model.config
     tokenizer = components["tokenizer"]
-    components = {**components, "reasoner": Cosmos3Reasoner(model)}
+    max_context = config.max_position_embeddings or P.COSMOS3_DEFAULTS["max_context"]
+    pool = build_text_kv_pool(config.kv_layout, dtype=model.dtype, device=options.device, max_context=max_context,
+                              kv_cache_gb=options.kv_cache_gb, block_size=P.COSMOS3_DEFAULTS["kv_block_tokens"])
+    components = {**components, "reasoner": Cosmos3Reasoner(model), "text_kv": pool}
     eos = [tokenizer.eos_token_id] + ([tokenizer.convert_tokens_to_ids("<|endoftext|>")]
                                       if "<|endoftext|>" in tokenizer.get_vocab() else [])
     defaults: dict[str, Any] = {
         **P.COSMOS3_DEFAULTS,
         "eos_token_ids": tuple(dict.fromkeys(t for t in eos if t is not None)),
         "sampling": {},
-        "kv_chunk_tokens": 256,
         "use_system_prompt": bool(index.get("default_use_system_prompt", True)),
     }
-    if config.max_position_embeddings:
-        defaults["max_context"] = config.max_position_embeddings
+    defaults["max_context"] = max_context
     if config.generator:
         vae = components["vae"]
         defaults.update({

@@ -32,11 +32,11 @@ from omniloop.io.video import read_video
 from omniloop.models.families.cosmos3 import presets as P
 from omniloop.models.families.cosmos3.model import Cosmos3Transformer, GenLayout, pack_sample
 from omniloop.pipeline.edges import ConditionLatents, DenoisedLatents
-from omniloop.pipeline.loops.ar import PromptTokens
 from omniloop.pipeline.policies.conditioning import NoConditioning
 from omniloop.pipeline.loops.denoise import DenoiseLoop, DenoiseLoopState, DenoiseParams, DenoiserBase
 from omniloop.pipeline.policies.cfg import COND, UNCOND, Prediction
 from omniloop.pipeline.stage import StageBase, WorkEstimate
+from omniloop.pipeline.stages import chat_ids
 from omniloop.pipeline.state import RequestState, StageContext
 from omniloop.request import (
     ActionPart, Artifact, AudioArtifact, ImagePart, Modality, OmniRequest, TaskType, TensorArtifact, TextArtifact,
@@ -144,7 +144,7 @@ def geometry(request: OmniRequest, defaults: Mapping[str, Any]) -> Geometry:
     fps = float(p.fps or defaults["fps"])
     mode = action_mode(request)
     if mode is None:
-        frames = 1 if request.task.makes_image else (p.num_frames or defaults["num_frames"])
+        frames = p.num_frames or (1 if request.task.makes_image else defaults["num_frames"])
         return Geometry(p.height or defaults["height"], p.width or defaults["width"], frames, fps)
     image = first_image(request)
     assert image is not None, "admission guarantees an action request carries an image or a video"
@@ -229,11 +229,6 @@ def _templated(text: str, geo: Geometry, opts: Cosmos3Options, *, negative: bool
     return text
 
 
-def chat_ids(tokenizer, messages: list[dict[str, Any]]) -> list[int]:
-    encoded = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=True)
-    return list(encoded["input_ids"])
-
-
 def generator_prompt_ids(tokenizer, prompt: str, negative: str, geo: Geometry, opts: Cosmos3Options,
                          mode: str | None, use_system_prompt: bool = True) -> tuple[list[int], list[int]]:
     """(cond, uncond) ids exactly as ``Cosmos3OmniPipeline.tokenize_prompt``: templates, the
@@ -278,33 +273,6 @@ class Cosmos3Tokenize(StageBase):
         cond, uncond = generator_prompt_ids(ctx.component(self.tokenizer), prompt, negative, geo, opts,
                                             action_mode(request), system)
         ctx.write(state, "prompts", Cosmos3Prompts(cond=cond, uncond=uncond))
-
-
-@dataclass
-class Cosmos3ChatPrompt(StageBase):
-    """REASON / prompt upsampling: the request's text (system prompt optional) through the
-    tokenizer's chat template -> PromptTokens for the AR loop."""
-
-    tokenizer: str = "tokenizer"
-    system_prompt: str | None = None
-    outputs = {"prompt_tokens": PromptTokens}  # type: ignore[assignment]
-
-    @property
-    def components(self) -> tuple[str, ...]:  # type: ignore[override]
-        return (self.tokenizer,)
-
-    def forward(self, ctx: StageContext, state: RequestState) -> None:
-        ids = chat_ids(ctx.component(self.tokenizer), chat_messages(state.request, self.system_prompt))
-        ctx.write(state, "prompt_tokens", PromptTokens(token_ids=ids))
-
-
-def chat_messages(request: OmniRequest, system_prompt: str | None = None) -> list[dict[str, Any]]:
-    """Chat messages of a request: text parts with roles keep them (``role`` unset: user)."""
-    messages: list[dict[str, Any]] = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    for part in request.inputs:
-        if part.kind == "text":
-            messages.append({"role": getattr(part, "role", None) or "user", "content": part.text})
-    return messages
 
 
 # -- conditions --------------------------------------------------------------------------

@@ -9,9 +9,10 @@ from pydantic import ValidationError
 
 from omniloop.models.families.cosmos3 import presets as P
 from omniloop.models.families.cosmos3.stages import (
-    FORWARD_DYNAMICS, INVERSE_DYNAMICS, Cosmos3Options, action_mode, chat_ids, chat_messages, first_image, geometry,
-    given_actions, latent_grid,
+    FORWARD_DYNAMICS, INVERSE_DYNAMICS, Cosmos3Options, action_mode, first_image, geometry, given_actions,
+    latent_grid,
 )
+from omniloop.pipeline.stages import chat_ids, chat_messages
 from omniloop.pipeline.loops.ar import check_context
 from omniloop.pipeline.pipeline import format_validation_error
 from omniloop.request import Modality, OmniRequest, TaskType

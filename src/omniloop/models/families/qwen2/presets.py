@@ -6,7 +6,8 @@ from typing import Any
 
 # Loop defaults the family hands the AR decode node (StageContext.defaults).
 QWEN2_DEFAULTS: dict[str, Any] = {
-    "kv_chunk_tokens": 256,  # KV handles grow by this many positions
+    "kv_block_tokens": 16,  # tokens per block of the paged text-KV pool
+    "prefill_chunk_tokens": 512,  # prompt tokens one prefill step forwards
 }
 
 # generation_config.json keys that become SamplingParams defaults (request fields left unset).

@@ -4,8 +4,9 @@ The loader reads a transformers folder (``config.json`` naming ``architectures``
 ``model_index.json``) as the index ``{"_class_name": "Qwen2ForCausalLM", "_layout":
 "transformers", "config": {...}}``; every component lives in the folder itself.
 
-Pipeline (TaskType.REASON, text in -> text out): one ``ARDecodeLoop`` node that tokenizes,
-prefills and decodes; output ``text``.
+Pipeline (TaskType.REASON, text in -> text out): an ``ARDecodeLoop`` node that tokenizes,
+prefills and decodes; output ``text``. A conversation (text parts with roles, e.g. from
+``/v1/chat/completions``) first goes through the tokenizer's chat template (``chat``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from omniloop.cache.paged_kv import build_text_kv_pool
 from omniloop.models.families.qwen2.model import ARCHITECTURE, Qwen2Config
 from omniloop.models.families.qwen2.presets import GENERATION_KEYS, QWEN2_DEFAULTS
 from omniloop.models.families.qwen2.weights import load_qwen2
@@ -22,7 +24,9 @@ from omniloop.models.load_options import apply_load_options
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
 from omniloop.pipeline.loops.ar import ARDecodeLoop, make_ar_validator
 from omniloop.pipeline.pipeline import Pipeline
+from omniloop.pipeline.predicates import opt
 from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
+from omniloop.pipeline.stages import ChatPrompt, is_chat
 from omniloop.request import TaskType
 
 GENERATION_CONFIG_FILE = "generation_config.json"
@@ -95,12 +99,14 @@ def qwen2_pipeline_spec(variant: Variant) -> PipelineSpec:
     components = {
         w.component: ComponentSpec(name=w.component, kind=w.kind, optional=w.optional) for w in variant.weights
     }
+    components["text_kv"] = ComponentSpec(name="text_kv", kind="paged text-KV pool (built, not loaded)")
     return PipelineSpec(
         name=variant.name,
         family="qwen2",
         tasks=variant.tasks,
         components=components,
-        nodes=(Node("decode", ARDecodeLoop(lm_component="lm", tokenizer_component="tokenizer")),),
+        nodes=(Node("chat", ChatPrompt(), when=opt("a conversation (text parts with roles)", is_chat)),
+               Node("decode", ARDecodeLoop(lm_component="lm", tokenizer_component="tokenizer"))),
         outputs={"text": "text"},
     )
 
@@ -108,6 +114,9 @@ def qwen2_pipeline_spec(variant: Variant) -> PipelineSpec:
 def build_qwen2(variant: Variant, index: Mapping[str, Any], components: Mapping[str, Any], options: LoadOptions) -> Pipeline:
     config: Qwen2Config = components["lm"].config
     generation: GenerationDefaults = components.get("generation") or GenerationDefaults(eos_token_ids=config.eos_token_ids)
+    components = {**components, "text_kv": build_text_kv_pool(
+        config.kv_layout, dtype=options.dtype, device=options.device, max_context=config.max_position_embeddings,
+        kv_cache_gb=options.kv_cache_gb, block_size=QWEN2_DEFAULTS["kv_block_tokens"])}
     defaults = {
         **QWEN2_DEFAULTS,
         "eos_token_ids": generation.eos_token_ids,
@@ -121,7 +130,8 @@ def build_qwen2(variant: Variant, index: Mapping[str, Any], components: Mapping[
         dtype=options.dtype,
         defaults=defaults,
         validate_request=make_ar_validator(
-            components["tokenizer"], vocab_size=config.vocab_size, max_context=config.max_position_embeddings
+            components["tokenizer"], vocab_size=config.vocab_size, max_context=config.max_position_embeddings,
+            pool=components["text_kv"],
         ),
     )
 

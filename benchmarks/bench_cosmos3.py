@@ -1,0 +1,288 @@
+"""Cosmos3 on one resident transformer, side by side in one run (JSON lines):
+
+  decode      reasoner decode tokens/s at batch 1 and 32 on the paged text KV vs a full
+              re-prefill of the context per token (no KV: what a loop without a cache does)
+  concurrent  reasoner tokens/s while video requests denoise on the same module (the
+              scheduler interleaves and batches both kinds), vs the reasoner alone
+  mixed       a trace of chat and video requests arriving together: the step scheduler vs a
+              request-level FIFO (p95 latency of the chat requests, makespan)
+  resident    parameter bytes of the one module both loops run on (and peak device memory)
+
+    python benchmarks/bench_cosmos3.py          # GPU: diffusers' default Cosmos3OmniTransformer, random bf16
+    python benchmarks/bench_cosmos3.py --tiny   # CPU: toy sizes (ratios only; the CI smoke test)
+
+Random weights and a small offline BPE tokenizer (its ids are valid model ids); no EOS, so
+every request runs its max_tokens. Videos request latents only (no VAE decode).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import emit  # noqa: E402
+from omniloop.engine import Engine, EngineConfig, SchedulingPolicy, StepWork  # noqa: E402
+from omniloop.models.autoencoders.wan_vae import WanVAE, WanVAEConfig  # noqa: E402
+from omniloop.models.families.cosmos3 import presets as P  # noqa: E402
+from omniloop.models.families.cosmos3.model import Cosmos3Config, Cosmos3Transformer  # noqa: E402
+from omniloop.models.families.cosmos3.spec import build_cosmos3, cosmos3_variant  # noqa: E402
+from omniloop.models.model_spec import LoadOptions  # noqa: E402
+from omniloop.pipeline.pipeline import Pipeline  # noqa: E402
+from omniloop.pipeline.samplers.sampler_set import flow_sampler_set  # noqa: E402
+from omniloop.pipeline.stages import chat_ids, chat_messages  # noqa: E402
+from omniloop.request import DiffusionParams, Modality, OmniRequest, OutputSpec, SamplingParams, TaskType, TextPart  # noqa: E402
+
+WAN22_VAE = dict(base_dim=160, decoder_base_dim=256, z_dim=48, is_residual=True, patch_size=2, in_channels=12,
+                 out_channels=12, latents_mean=tuple([0.0] * 48), latents_std=tuple([1.0] * 48))
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=16, rope_axes_dim=[4, 2, 2])
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>"]
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def tokenizer():
+    """A byte-level BPE with Cosmos3's special tokens and a chat template, built offline."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = ["a red circle moving right", "a robot arm picks up a cube", "the video is of 24 fps", "hello world"]
+    tok.train_from_iterator(corpus * 20, trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIALS,
+                                                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    fast.chat_template = CHAT_TEMPLATE
+    with tempfile.TemporaryDirectory() as d:  # a save/load round trip: the same object the loader gives
+        fast.save_pretrained(d)
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(d)
+
+
+def random_transformer(config: Cosmos3Config, device, dtype) -> Cosmos3Transformer:
+    with torch.device("meta"):
+        model = Cosmos3Transformer(config)
+    model = model.to_empty(device=device)
+    g = torch.Generator(device=device).manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 1 and name.endswith(("norm.weight", "_norm.weight")):
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02, generator=g)
+    model = model.to(dtype)
+    model.time_embedder.float()  # kept fp32, like the loader
+    return model.eval().requires_grad_(False)
+
+
+def build(args, device, dtype):
+    tok = tokenizer()
+    overrides = TINY if args.tiny else {}
+    config = Cosmos3Config.from_diffusers_config({**P.COSMOS3_TRANSFORMER, **overrides,
+                                                  "vocab_size": len(tok) if args.tiny else 151936})
+    model = random_transformer(config, device, dtype)
+    with torch.device("meta"):
+        vae = WanVAE(WanVAEConfig(**WAN22_VAE))  # only its config is read: videos return latents
+    components = {"transformer": model, "tokenizer": tok, "vae": vae,
+                  "sampler": flow_sampler_set("flow_unipc", shift=5.0)}
+    options = LoadOptions(device=device, dtype=dtype, kv_cache_gb=args.kv_cache_gb)
+    built = build_cosmos3(cosmos3_variant({"_class_name": "Cosmos3OmniPipeline"}), {}, components, options)
+    # random weights: no EOS, every request runs its max_tokens
+    return Pipeline(spec=built.spec, components=built.components, device=built.device, dtype=built.dtype,
+                    defaults={**built.defaults, "eos_token_ids": ()}, validate_request=built.validate_request)
+
+
+def chat(rid: str, words: int, max_tokens: int) -> OmniRequest:
+    text = " ".join(["a red circle moving right"] * max(1, words // 5))
+    return OmniRequest(task=TaskType.REASON, request_id=rid, inputs=[TextPart(text=text)],
+                       sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0))
+
+
+def video(rid: str, args) -> OmniRequest:
+    h, w, f = args.video_shape
+    return OmniRequest(task=TaskType.T2V, request_id=rid, inputs=[TextPart(text="a red circle moving right")],
+                       diffusion=DiffusionParams(height=h, width=w, num_frames=f, steps=args.video_steps,
+                                                 guidance_scale=6.0, seed=1),
+                       outputs=OutputSpec(modalities=[Modality.LATENT]))
+
+
+def run(pipeline, requests, *, arrivals=None, **policy):
+    """Run ``requests`` (each added at its arrival offset in seconds); -> finish times,
+    (seconds, tokens) of the reasoner's decode steps, denoise request-steps, makespan."""
+    engine = Engine(pipeline, EngineConfig(max_queue=1024, policy=SchedulingPolicy(**policy)))
+    device = pipeline.device
+    last: dict = {}
+    schedule = engine.scheduler.schedule
+
+    def record():  # the plan, and whether a reason step is a decode step (not a prefill chunk)
+        plan = last["plan"] = schedule()
+        work = plan.work
+        last["decode"] = isinstance(work, StepWork) and work.node == "reason" and not any(
+            engine._requests[r].loop.prefilling for r in work.request_ids)
+        return plan
+
+    engine.scheduler.schedule = record
+    pending = sorted(zip(arrivals or [0.0] * len(requests), range(len(requests))))
+    done, decode_s, decode_tokens, denoise_steps = {}, 0.0, 0, 0
+    t0 = time.perf_counter()
+    while pending or engine.has_unfinished():
+        now = time.perf_counter() - t0
+        while pending and pending[0][0] <= now:
+            engine.add_request(requests[pending.pop(0)[1]])
+        if not engine.has_unfinished():
+            time.sleep(max(0.0, pending[0][0] - now))
+            continue
+        s0 = time.perf_counter()
+        outs = engine.step()
+        sync(device)
+        work = last["plan"].work
+        if last["decode"]:
+            decode_s, decode_tokens = decode_s + time.perf_counter() - s0, decode_tokens + len(work.request_ids)
+        elif isinstance(work, StepWork) and work.node == "denoise":
+            denoise_steps += len(work.request_ids)
+        for out in outs:
+            done[out.request_id] = time.perf_counter() - t0
+            assert out.error is None, out.error
+    return done, (decode_s, decode_tokens, denoise_steps), time.perf_counter() - t0
+
+
+def bench_decode(pipeline, args, base, sink):
+    model = pipeline.components["transformer"]
+    device = pipeline.device
+    for batch in args.batches:
+        requests = [chat(f"c{i}", args.prompt_words, args.max_tokens) for i in range(batch)]
+        run(pipeline, [chat("warm", args.prompt_words, 4)], max_batch=batch, max_running=batch)
+        _, (secs, tokens, _), _ = run(pipeline, requests, max_batch=batch, max_running=batch)
+        paged = tokens / secs
+        chat_prompt = len(chat_ids(pipeline.components["tokenizer"], chat_messages(requests[0])))
+        # the baseline: each new token re-runs the whole context through the model (no KV)
+        ids = torch.randint(0, model.config.vocab_size, (batch, args.prompt_tokens), device=device)
+        model.lm_logits(model.forward_text(ids)[:, -1:])  # warm
+        sync(device)
+        t0 = time.perf_counter()
+        for _ in range(args.reprefill_tokens):
+            nxt = model.lm_logits(model.forward_text(ids)[:, -1:]).argmax(-1)  # [B, 1]
+            ids = torch.cat([ids, nxt], dim=1)
+        sync(device)
+        reprefill = batch * args.reprefill_tokens / (time.perf_counter() - t0)
+        emit({**base, "bench": "reasoner_decode", "batch": batch, "prompt_tokens": chat_prompt,
+              "reprefill_prompt_tokens": args.prompt_tokens,
+              "max_tokens": args.max_tokens, "paged_tokens_per_s": round(paged, 1),
+              "reprefill_tokens_per_s": round(reprefill, 1), "speedup": round(paged / reprefill, 1)}, sink)
+
+
+def bench_concurrent(pipeline, args, base, sink):
+    chats = [chat(f"c{i}", args.prompt_words, args.max_tokens) for i in range(args.n_chat)]
+    videos = [video(f"v{i}", args) for i in range(args.n_video)]
+    run(pipeline, [video("warm", args)], max_batch=args.max_batch, max_running=64)
+    _, (alone_s, alone_tok, _), _ = run(pipeline, chats, max_batch=args.max_batch, max_running=64)
+    _, (s, tok, steps), makespan = run(pipeline, chats + videos, max_batch=args.max_batch, max_running=64)
+    emit({**base, "bench": "reasoner_with_denoise", "n_chat": args.n_chat, "n_video": args.n_video,
+          "video_shape": list(args.video_shape), "video_steps": args.video_steps,
+          "reasoner_alone_tokens_per_s": round(alone_tok / alone_s, 1),
+          "reasoner_with_video_tokens_per_s": round(tok / s, 1), "denoise_request_steps": steps,
+          "makespan_s": round(makespan, 3)}, sink)
+
+
+def pct(values, q):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+def bench_mixed(pipeline, args, base, sink):
+    trace, arrivals = [], []
+    for i in range(args.trace_videos):
+        trace.append(video(f"v{i}", args)), arrivals.append(i * args.trace_gap_s * 4)
+    for i in range(args.trace_chats):
+        trace.append(chat(f"c{i}", args.prompt_words, args.trace_tokens)), arrivals.append(i * args.trace_gap_s)
+    results = {}
+    for name, policy in (("fifo", dict(kind="fifo", max_running=1, max_batch=1)),
+                         ("step_scheduler", dict(kind="srpt", max_running=len(trace), max_batch=args.max_batch))):
+        runs = []
+        for _ in range(args.trace_repeats):
+            done, _, makespan = run(pipeline, trace, arrivals=arrivals, **policy)
+            lat = {r.request_id: done[r.request_id] - a for r, a in zip(trace, arrivals)}
+            chat_lat = [v for k, v in lat.items() if k.startswith("c")]
+            video_lat = [v for k, v in lat.items() if k.startswith("v")]
+            runs.append({"p50_chat_s": pct(chat_lat, 0.5), "p95_chat_s": pct(chat_lat, 0.95),
+                         "p95_video_s": pct(video_lat, 0.95), "makespan_s": makespan})
+        results[name] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        emit({**base, "bench": "mixed_trace", "policy": name, "n_chat": args.trace_chats, "n_video": args.trace_videos,
+              "repeats": len(runs), **{k: round(v, 4) for k, v in results[name].items()}}, sink)
+    emit({**base, "bench": "mixed_trace", "metric": "p95_chat_fifo_over_step_scheduler",
+          "value": round(results["fifo"]["p95_chat_s"] / results["step_scheduler"]["p95_chat_s"], 2)}, sink)
+
+
+def bench_resident(pipeline, base, sink):
+    model = pipeline.components["transformer"]
+    assert pipeline.components["reasoner"].model is model
+    reason = pipeline.contexts["reason"].component("reasoner")
+    shared = {p.data_ptr() for p in reason.parameters()} == {p.data_ptr() for p in model.parameters()}
+    record = {**base, "bench": "resident", "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+              "params": sum(p.numel() for p in model.parameters()), "reasoner_shares_weights": shared}
+    if pipeline.device.type == "cuda":
+        record["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
+        record["kv_pool_bytes"] = pipeline.components["text_kv"].nbytes
+    emit(record, sink)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tiny", action="store_true")
+    p.add_argument("--only", default="decode,concurrent,mixed,resident")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    cuda = torch.cuda.is_available() and not args.tiny
+    if not cuda:
+        args.tiny = True
+        torch.set_num_threads(1)
+    device = torch.device("cuda" if cuda else "cpu")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    if cuda:  # ~2 GPU minutes in all on an H200
+        args.kv_cache_gb, args.batches, args.max_batch = 24.0, (1, 32), 32
+        args.prompt_words, args.prompt_tokens, args.max_tokens, args.reprefill_tokens = 200, 256, 64, 6
+        args.video_shape, args.video_steps, args.n_video, args.n_chat = (480, 832, 33), 8, 2, 16
+        args.trace_videos, args.trace_chats, args.trace_tokens, args.trace_gap_s, args.trace_repeats = 2, 12, 32, 0.2, 1
+    else:
+        args.kv_cache_gb, args.batches, args.max_batch = 0.05, (1, 4), 8
+        args.prompt_words, args.prompt_tokens, args.max_tokens, args.reprefill_tokens = 100, 128, 12, 6
+        args.video_shape, args.video_steps, args.n_video, args.n_chat = (32, 32, 5), 3, 2, 4
+        args.trace_videos, args.trace_chats, args.trace_tokens, args.trace_gap_s, args.trace_repeats = 1, 4, 8, 0.0, 3
+    pipeline = build(args, device, dtype)
+    base = {"device": torch.cuda.get_device_name() if cuda else "cpu", "dtype": str(dtype).removeprefix("torch."),
+            "model": "cosmos3-published-arch-random" if cuda else "cosmos3-tiny-random"}
+    sink = open(args.out, "a") if args.out else None
+    only = set(args.only.split(","))
+    try:
+        with torch.inference_mode():
+            if "decode" in only:
+                bench_decode(pipeline, args, base, sink)
+            if "concurrent" in only:
+                bench_concurrent(pipeline, args, base, sink)
+            if "mixed" in only:
+                bench_mixed(pipeline, args, base, sink)
+            if "resident" in only:
+                bench_resident(pipeline, base, sink)
+    finally:
+        if sink:
+            sink.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

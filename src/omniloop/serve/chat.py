@@ -1,0 +1,228 @@
+"""``POST /v1/chat/completions``: OpenAI's Chat Completions API on the engine's AR loops
+(Qwen2-class LMs; Cosmos3's reasoner on its resident transformer).
+
+A conversation becomes a REASON ``OmniRequest`` whose text parts carry their roles (the
+model's chat template applies, ``pipeline/stages/chat.py``) and whose image/video content
+parts are media parts (data: URLs only; the model's validator says whether it can see
+them). ``temperature``, ``top_p``, ``max_tokens`` / ``max_completion_tokens``, ``stop`` and
+``seed`` map to ``SamplingParams``; fields left out keep the model's generation defaults.
+``stream: true`` answers Server-Sent Events of ``chat.completion.chunk`` objects, one per
+text delta the decode loop emits, then ``data: [DONE]``; closing the stream cancels the
+request at its next step.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from omniloop.engine import EngineError
+from omniloop.request import (
+    ArtifactEvent, FinalEvent, ImagePart, OmniOutput, OmniRequest, RequestStatus, SamplingParams, TaskType, TextPart,
+    VideoPart,
+)
+from omniloop.serve.errors import ApiError, engine_rejection, validation_error
+from omniloop.serve.state import ServeState, State, require_auth
+
+router = APIRouter(prefix="/v1/chat", tags=["chat"], dependencies=[Depends(require_auth)])
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class MediaURL(_Wire):
+    url: str = Field(description="a data: URL (data:image/png;base64,... / data:video/mp4;base64,...)")
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ContentPart(_Wire):
+    type: Literal["text", "image_url", "video_url"]
+    text: str | None = None
+    image_url: MediaURL | None = None
+    video_url: MediaURL | None = None
+
+
+class ChatMessage(_Wire):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[ContentPart]
+    name: str | None = Field(default=None, max_length=64)
+
+
+class StreamOptions(_Wire):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(_Wire):
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    max_tokens: int | None = Field(default=None, ge=1, le=131072)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=131072)
+    stop: str | list[str] | None = None
+    seed: int | None = Field(default=None, ge=0, lt=2**63)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(default=1, ge=1, le=1, description="one choice per call")
+    frequency_penalty: float = Field(default=0.0, ge=0.0, le=0.0, description="not supported: must be 0")
+    presence_penalty: float = Field(default=0.0, ge=0.0, le=0.0, description="not supported: must be 0")
+    logprobs: Literal[False] | None = None
+    user: str | None = Field(default=None, max_length=256)
+
+
+# -- translation --------------------------------------------------------------------------
+
+
+def _media(part: ContentPart, index: int, where: str):
+    kind = part.type.removesuffix("_url")
+    url = getattr(part, part.type)
+    param = f"{where}.content[{index}].{part.type}.url"
+    if url is None or not url.url.startswith("data:") or "," not in url.url:
+        raise ApiError(400, f"{param}: pass the {kind} inline as a data: URL; remote and file URLs are not fetched",
+                       param=param, code="invalid_value")
+    try:
+        return ImagePart(b64=url.url, role="reference") if kind == "image" else VideoPart(b64=url.url)
+    except ValidationError as e:
+        raise validation_error(e, prefix=param) from None
+
+
+def chat_request(wire: ChatCompletionRequest, request_id: str, state: ServeState) -> OmniRequest:
+    state.model.check_name(wire.model)
+    if TaskType.REASON not in state.model.tasks:
+        raise ApiError(400, f"model: {state.model.name!r} does not serve chat completions (tasks: "
+                       f"{sorted(t.value for t in state.model.tasks)})", param="model", code="unsupported")
+    inputs: list[Any] = []
+    for i, message in enumerate(wire.messages):
+        role, where = _ROLES[message.role], f"messages[{i}]"
+        parts = [ContentPart(type="text", text=message.content)] if isinstance(message.content, str) else message.content
+        for j, part in enumerate(parts):
+            if part.type == "text":
+                if part.text is None:
+                    raise ApiError(400, f"{where}.content[{j}].text: a text part needs its text", param=where,
+                                   code="invalid_value")
+                inputs.append(TextPart(text=part.text, role=role))  # type: ignore[arg-type]
+            else:
+                inputs.append(_media(part, j, where))
+    if not any(isinstance(p, TextPart) and p.text for p in inputs):
+        raise ApiError(400, "messages: the conversation has no text; pass at least one non-empty text content",
+                       param="messages", code="invalid_value")
+    if wire.max_tokens is not None and wire.max_completion_tokens is not None and wire.max_tokens != wire.max_completion_tokens:
+        raise ApiError(400, "max_tokens disagrees with max_completion_tokens; pass one of them", param="max_tokens",
+                       code="invalid_value")
+    given: dict[str, Any] = {"temperature": wire.temperature, "top_p": wire.top_p, "seed": wire.seed,
+                             "max_tokens": wire.max_completion_tokens or wire.max_tokens,
+                             "stop": [wire.stop] if isinstance(wire.stop, str) else wire.stop}
+    try:
+        sampling = SamplingParams(**{k: v for k, v in given.items() if v is not None})
+    except ValidationError as e:
+        raise validation_error(e) from None
+    return OmniRequest(request_id=request_id, task=TaskType.REASON, inputs=inputs, sampling=sampling)
+
+
+def _rejection(error: EngineError) -> ApiError:
+    """An engine rejection, its ``param`` the wire field the engine's message names."""
+    api = engine_rejection(error)
+    match = re.search(r"sampling\.(max_tokens|stop|stop_token_ids|temperature|top_p|seed)", api.message)
+    if api.param is None and match:
+        api.param = match.group(1)
+    elif api.param is None and "image/video" in api.message:
+        api.param = "messages"
+    return api
+
+
+# -- responses ------------------------------------------------------------------------------
+
+
+def _usage(out: OmniOutput) -> dict[str, int]:
+    text = out.text
+    prompt = (text.prompt_tokens or 0) if text is not None else 0
+    completion = len(text.token_ids) if text is not None else 0
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _finish_reason(out: OmniOutput) -> str:
+    return (out.text.finish_reason if out.text is not None else None) or "stop"
+
+
+def _completion(out: OmniOutput, request_id: str, model: str, created: int) -> dict[str, Any]:
+    message = {"role": "assistant", "content": out.text.text if out.text is not None else ""}
+    return {"id": request_id, "object": "chat.completion", "created": created, "model": model,
+            "choices": [{"index": 0, "message": message, "finish_reason": _finish_reason(out), "logprobs": None}],
+            "usage": _usage(out)}
+
+
+def _chunk(request_id: str, model: str, created: int, delta: dict[str, Any], finish: str | None = None) -> str:
+    body = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+    return f"data: {json.dumps(body)}\n\n"
+
+
+def _failure(out: OmniOutput) -> ApiError:
+    return ApiError(500 if out.status is RequestStatus.FAILED else 499,
+                    f"request {out.status.value}: {out.error or 'no reason given'}", code=out.status.value)
+
+
+async def _sse(stream: AsyncIterator, first: Any, request_id: str, model: str, created: int,
+               usage: bool) -> AsyncIterator[str]:
+    yield _chunk(request_id, model, created, {"role": "assistant", "content": ""})
+    event = first
+    try:
+        while True:
+            if isinstance(event, ArtifactEvent) and event.partial and event.name == "text_delta" and event.artifact.text:
+                yield _chunk(request_id, model, created, {"content": event.artifact.text})
+            elif isinstance(event, FinalEvent):
+                out = event.output
+                if out.status is not RequestStatus.COMPLETED:
+                    error = _failure(out)
+                    yield f"data: {json.dumps({'error': {'message': error.message, 'code': error.code}})}\n\n"
+                else:
+                    yield _chunk(request_id, model, created, {}, _finish_reason(out))
+                    if usage:
+                        body = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
+                                "choices": [], "usage": _usage(out)}
+                        yield f"data: {json.dumps(body)}\n\n"
+                yield "data: [DONE]\n\n"
+                return
+            event = await anext(stream)
+    finally:
+        await stream.aclose()  # a client that left cancels the request
+
+
+@router.post("/completions", summary="Create a chat completion (streamed with stream=true)",
+             responses={200: {"content": {"application/json": {}, "text/event-stream": {}}}})
+async def create_chat_completion(wire: ChatCompletionRequest, request: Request, state: State):
+    with state.counting_rejections("chat"):
+        state.check_accepting()
+        request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        omni = chat_request(wire, request_id, state)
+        created = int(time.time())
+        stream = state.engine.stream(omni)
+        try:
+            first = await anext(stream)  # the submit happens here: a rejection raises
+        except EngineError as e:
+            raise _rejection(e) from None
+    if wire.stream:
+        usage = wire.stream_options is not None and wire.stream_options.include_usage
+        return StreamingResponse(_sse(stream, first, request_id, state.model.name, created, usage),
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    event = first
+    try:
+        while not isinstance(event, FinalEvent):
+            event = await anext(stream)
+    finally:
+        await stream.aclose()
+    out = event.output
+    if out.status is not RequestStatus.COMPLETED:
+        raise _failure(out)
+    return JSONResponse(_completion(out, request_id, state.model.name, created))

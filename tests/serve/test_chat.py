@@ -1,0 +1,169 @@
+"""``/v1/chat/completions`` on live servers, driven by the official openai client unmodified:
+a Qwen2 LM (chat template) and Cosmos3 (its reasoner on the resident transformer); SSE
+streaming, the sampling fields, bad input as 400s naming the field. Cosmos3 on the Videos
+API: an mp4 with an AAC soundtrack (both streams decoded by PyAV), predicted actions as JSON."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import av
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from omniloop.engine import Engine
+from omniloop.models.loader import load_pipeline
+from omniloop.models.model_spec import LoadOptions
+from omniloop.request import OmniRequest, SamplingParams, TaskType, TextPart
+from tests.serve.conftest import IGNORE_SORA_DEPRECATION, live_server
+
+pytestmark = pytest.mark.filterwarnings(IGNORE_SORA_DEPRECATION)
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_end|>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant: {% endif %}")
+MESSAGES = [{"role": "system", "content": "the cat"}, {"role": "user", "content": "hello world, the quick brown fox"}]
+
+
+@pytest.fixture(scope="module")
+def qwen2_chat_dir(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    from tests.models.qwen2.checkpoint import save_qwen2_checkpoint
+
+    folder = tmp_path_factory.mktemp("qwen2_chat")
+    save_qwen2_checkpoint(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def lm_server(qwen2_chat_dir):
+    with live_server(qwen2_chat_dir, serve={"warmup": []}) as server:
+        yield server
+
+
+def _engine_tokens(folder, messages, **sampling):
+    _, pipeline = load_pipeline(folder, LoadOptions(device=torch.device("cpu"), dtype=torch.float32))
+    engine = Engine(pipeline)
+    parts = [TextPart(text=m["content"], role=m["role"]) for m in messages]
+    rid = engine.add_request(OmniRequest(task=TaskType.REASON, inputs=parts, sampling=SamplingParams(**sampling)))
+    with torch.inference_mode():
+        out = engine.run_until_done(rid)
+    return out.text
+
+
+def test_completion_equals_the_engine_and_streaming_equals_the_completion(lm_server, qwen2_chat_dir):
+    client = lm_server.client()
+    done = client.chat.completions.create(messages=MESSAGES, model=lm_server.state.model.name, temperature=0,
+                                          max_tokens=9)
+    want = _engine_tokens(qwen2_chat_dir, MESSAGES, temperature=0.0, max_tokens=9)
+    choice = done.choices[0]
+    assert done.object == "chat.completion" and choice.message.role == "assistant"
+    assert choice.message.content == want.text and choice.finish_reason == want.finish_reason
+    assert done.usage.completion_tokens == len(want.token_ids) and done.usage.prompt_tokens == want.prompt_tokens
+    stream = client.chat.completions.create(messages=MESSAGES, model=lm_server.state.model.name, temperature=0,
+                                            max_tokens=9, stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == choice.message.content and len([c for c in chunks if c.choices]) >= 3
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == choice.finish_reason
+    assert chunks[-1].usage.completion_tokens == done.usage.completion_tokens
+
+
+def test_sampling_fields(lm_server, qwen2_chat_dir):
+    client, model = lm_server.client(), lm_server.state.model.name
+    kw = dict(messages=MESSAGES, model=model, max_tokens=12, temperature=0.9, top_p=0.8)
+    a = client.chat.completions.create(seed=11, **kw).choices[0].message.content
+    assert a == client.chat.completions.create(seed=11, **kw).choices[0].message.content  # seeded: reproducible
+    want = _engine_tokens(qwen2_chat_dir, MESSAGES, max_tokens=12, temperature=0.9, top_p=0.8, seed=11)
+    assert a == want.text
+    greedy = client.chat.completions.create(messages=MESSAGES, model=model, max_tokens=12, temperature=0).choices[0]
+    stop = greedy.message.content[2:4]
+    cut = client.chat.completions.create(messages=MESSAGES, model=model, max_tokens=12, temperature=0, stop=[stop])
+    assert cut.choices[0].finish_reason == "stop" and stop not in cut.choices[0].message.content
+    assert greedy.message.content.startswith(cut.choices[0].message.content)
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"n": 2}, "n"), ({"frequency_penalty": 0.5}, "frequency_penalty"), ({"max_tokens": 0}, "max_tokens"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}]},
+     "messages[0].content[0].image_url.url"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages.0.role"),
+    ({"max_tokens": 100000}, "max_tokens"), ({"model": "gpt-4o"}, "model"),
+])
+def test_bad_input_is_a_400_naming_the_field(lm_server, extra, param):
+    body = {"model": lm_server.state.model.name, "messages": MESSAGES, **extra}
+    r = httpx.post(f"{lm_server.url}/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code in (400, 404), r.text
+    assert r.json()["error"]["param"] == param, r.json()
+
+
+def test_a_text_model_without_a_chat_template_refuses_conversations(qwen2_dir):
+    with live_server(qwen2_dir, serve={"warmup": []}) as server:
+        r = httpx.post(f"{server.url}/v1/chat/completions", json={"messages": MESSAGES}, timeout=30)
+    assert r.status_code == 400 and "no chat template" in r.json()["error"]["message"]
+
+
+# -- Cosmos3 ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cosmos3_dir(tmp_path_factory):
+    from tests.models.cosmos3.checkpoint import save_pipeline
+
+    folder = tmp_path_factory.mktemp("cosmos3_serve")
+    save_pipeline(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def cosmos3_server(cosmos3_dir):
+    with live_server(cosmos3_dir, serve={"warmup": []}, limits={"max_steps": 4, "max_frames": 17,
+                                                                "max_pixels": 64 * 64}) as server:
+        yield server
+
+
+def _decode(data: bytes):
+    with av.open(io.BytesIO(data)) as c:
+        video = [f.to_ndarray(format="rgb24") for f in c.decode(c.streams.video[0])]
+    with av.open(io.BytesIO(data)) as c:
+        audio_stream = c.streams.audio[0]
+        codec, rate = audio_stream.codec_context.name, audio_stream.rate
+        audio = np.concatenate([f.to_ndarray() for f in c.decode(audio_stream)], axis=-1)
+    return np.stack(video), codec, rate, audio
+
+
+def test_cosmos3_chat_and_a_video_with_its_soundtrack(cosmos3_server, cosmos3_dir):
+    client, model = cosmos3_server.client(), cosmos3_server.state.model.name
+    messages = [{"role": "user", "content": "a robot arm picks up a cube"}]
+    done = client.chat.completions.create(messages=messages, model=model, temperature=0, max_tokens=8)
+    assert done.choices[0].message.content == _engine_tokens(cosmos3_dir, messages, temperature=0.0, max_tokens=8).text
+
+    video = client.videos.create(prompt="a red circle moving right", size="64x64",
+                                 extra_body={"audio": True, "num_frames": 9, "steps": 2, "seed": 1})
+    assert cosmos3_server.wait_finished(video.id)["status"] == "completed"
+    data = httpx.get(f"{cosmos3_server.url}/v1/videos/{video.id}/content").content
+    frames, codec, rate, audio = _decode(data)
+    assert frames.shape == (9, 64, 64, 3) and codec == "aac" and rate == 8000 and audio.shape[0] == 2
+
+
+def test_cosmos3_predicted_actions_come_back_as_json(cosmos3_server):
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.full((64, 96, 3), 90, dtype=np.uint8)).save(buf, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    body = {"prompt": "pick up the cube", "input_reference": {"image_url": url}, "predict_actions": True,
+            "num_frames": 5, "steps": 2, "seed": 1,
+            "node_params": {"denoise": {"domain": "bridge_orig_lerobot", "resolution_tier": 256}}}
+    r = httpx.post(f"{cosmos3_server.url}/v1/videos", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    done = cosmos3_server.wait_finished(r.json()["id"])
+    assert done["status"] == "completed", done
+    assert np.asarray(done["actions"]).shape == (4, 10)  # 4 steps of the embodiment's 10-wide actions
+    bad = httpx.post(f"{cosmos3_server.url}/v1/videos", json={**body, "node_params": {"denoise": {"domain": "x"}}})
+    assert bad.status_code == 400 and "not a known embodiment domain" in bad.json()["error"]["message"]

@@ -1,0 +1,33 @@
+"""The Cosmos3 benchmark's CPU mode runs and reports every figure (the GPU mode is the same
+code at the published architecture)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_cosmos3_benchmark_smoke(tmp_path):
+    out = tmp_path / "cosmos3.jsonl"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_cosmos3.py"), "--tiny", "--out", str(out)],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {r["bench"] for r in records} == {"reasoner_decode", "reasoner_with_denoise", "mixed_trace", "resident"}
+    decode = {r["batch"]: r for r in records if r["bench"] == "reasoner_decode"}
+    assert set(decode) == {1, 4}
+    # re-prefilling ~130 context tokens per generated token is slower than one paged decode step
+    assert decode[4]["paged_tokens_per_s"] > decode[4]["reprefill_tokens_per_s"]
+    concurrent = next(r for r in records if r["bench"] == "reasoner_with_denoise")
+    assert concurrent["denoise_request_steps"] == 2 * 3 and concurrent["reasoner_with_video_tokens_per_s"] > 0
+    mixed = {r.get("policy"): r for r in records if r["bench"] == "mixed_trace"}
+    assert {"fifo", "step_scheduler"} <= set(mixed) and mixed[None]["metric"] == "p95_chat_fifo_over_step_scheduler"
+    resident = next(r for r in records if r["bench"] == "resident")
+    assert resident["reasoner_shares_weights"] and resident["param_bytes"] == 4 * resident["params"]

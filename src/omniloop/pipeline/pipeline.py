@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping
 import torch
 from pydantic import ValidationError
 
+from omniloop.pipeline.edges import InitLatents
 from omniloop.pipeline.spec import Node, PipelineSpec
 from omniloop.pipeline.state import RequestState, StageContext
 from omniloop.request import Artifact, Modality, OmniOutput, OmniRequest, RequestStatus
@@ -81,7 +82,27 @@ class Pipeline:
             request = self.validate_request(request)
         state = RequestState(request=request)
         state.node_params = self._node_params(request)
+        self._check_nodes(state)
         return state
+
+    def _check_nodes(self, state: RequestState) -> None:
+        """Stages' own admission checks (``check_request(ctx, state, produced_edges)``, optional),
+        and a ``diffusion.strength`` that no loop of this request can use."""
+        active = self.active_nodes(state.request)
+        produced = frozenset(edge for node in active for edge in node.output_edges())
+        for node in active:
+            check = getattr(node.stage, "check_request", None)
+            if check is not None:
+                check(self.contexts[node.name], state, produced)
+        strength = state.request.diffusion.strength
+        if strength is not None and not any(
+            edge in produced and issubclass(kind, InitLatents)
+            for node in active for edge, kind in node.input_edges(optional=True).items()
+        ):
+            raise ValueError(
+                f"diffusion.strength={strength}: no loop of this {state.request.task.value!r} request starts from given "
+                "latents (pass a video for task v2v, or a LatentPart, where the model takes one); drop strength"
+            )
 
     def _check_modalities(self, request: OmniRequest) -> None:
         wanted = request.outputs.modalities

@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any, Hashable, Mapping, Protocol, Sequence
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from omniloop.ext.interceptors import accepts_block_interceptor
-from omniloop.pipeline.edges import ConditionLatents, DenoisedLatents, TextEmbeddings
+from omniloop.pipeline.edges import ConditionLatents, DenoisedLatents, InitLatents, TextEmbeddings
+from omniloop.pipeline.loops.given_latents import check_strength_leaves_steps, loop_strength, start_from_given
 from omniloop.pipeline.policies.cfg import CFGPolicy, CFGState, ClassicCFG, Prediction
 from omniloop.pipeline.policies.conditioning import ConditioningPolicy, NoConditioning
 from omniloop.pipeline.policies.routing import Route, RoutingPolicy, SingleModel
@@ -30,6 +31,7 @@ from omniloop.pipeline.samplers.base import Sampler, SamplerState
 from omniloop.pipeline.stage import LoopStageBase, WorkEstimate
 from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
 from omniloop.request import DiffusionParams, LatentsArtifact, Modality, OmniRequest, TensorArtifact
+from omniloop.request.params import check_strength
 
 
 class Denoiser(Protocol):
@@ -64,6 +66,12 @@ class DenoiseParams(BaseModel):
     guidance_scale_2: float | None = Field(default=None, ge=0)
     shift: float | None = Field(default=None, gt=0, le=100)
     sampler: str | None = None
+    strength: float | None = Field(default=None, description="see DiffusionParams.strength (this node only)")
+
+    @field_validator("strength")
+    @classmethod
+    def _strength_in_unit_interval(cls, v: float | None) -> float | None:
+        return check_strength(v)
 
 
 @dataclass(kw_only=True)
@@ -99,7 +107,7 @@ class DenoiseLoop(LoopStageBase):
     sampler_component: str = "sampler"
 
     inputs = {"text": TextEmbeddings}  # type: ignore[assignment]
-    optional_inputs = {"condition": ConditionLatents}  # type: ignore[assignment]
+    optional_inputs = {"condition": ConditionLatents, "init_latents": InitLatents}  # type: ignore[assignment]
     outputs = {"latents": DenoisedLatents, "final_latents": LatentsArtifact, "trajectory": TensorArtifact}  # type: ignore[assignment]
     params_schema = DenoiseParams
 
@@ -125,16 +133,20 @@ class DenoiseLoop(LoopStageBase):
         # Same seed -> same noise as diffusers: a CPU generator, fp32, then moved.
         gen = torch.Generator("cpu").manual_seed(seed)
         latents = {m: torch.randn(shapes[m], generator=gen, dtype=torch.float32).to(ctx.device) for m in shapes}
+        start = 0  # first step that runs: > 0 when starting from given latents at strength < 1
+        given = ctx.read_optional(state, "init_latents", InitLatents)
+        if given is not None:
+            start = start_from_given(sampler, samplers, latents, given, loop_strength(params, ctx.defaults), node=ctx.node)
 
         cfg_state = self.cfg.init(params, self.denoiser.modalities, ctx.defaults)
-        timesteps = next(iter(samplers.values())).timesteps.detach().cpu()
+        timesteps = next(iter(samplers.values())).timesteps.detach().cpu()[start:]
         num_train = getattr(sampler, "num_train_timesteps", 1000)
         routes = [self.routing.route(t, num_train) for t in timesteps]
         model_dtype = _dtype_of(ctx.component(routes[0].component), ctx.dtype)
         loop = DenoiseLoopState(
             node=ctx.node,
             request_id=state.request_id,
-            steps_target=num_steps,
+            steps_target=num_steps - start,
             params=params,
             seed=seed,
             sampler=sampler,
@@ -156,6 +168,20 @@ class DenoiseLoop(LoopStageBase):
         if ctx.hooks is not None:
             ctx.hooks.init_loop(loop, request)  # interceptor state, per request (and per branch, lazily)
         return loop
+
+    def check_request(self, ctx: StageContext, state: RequestState, produced: frozenset[str]) -> None:
+        """Admission: a strength on a node that starts from noise, or one that leaves no step."""
+        override = state.node_params.get(ctx.node)
+        params = _effective_params(state.request.diffusion, override)
+        if ctx.inputs.get("init_latents", "init_latents") not in produced:
+            if override is not None and override.strength is not None:
+                raise ValueError(f"node_params[{ctx.node!r}].strength: node {ctx.node!r} starts from noise in this "
+                                 "request (no given latents); drop strength")
+            return
+        field = f"node_params[{ctx.node!r}].strength" if override is not None and override.strength is not None \
+            else "diffusion.strength"
+        check_strength_leaves_steps(params.num_steps(ctx.defaults.get("steps", 50)),
+                                    loop_strength(params, ctx.defaults), field)
 
     def finalize(self, ctx: StageContext, loop: DenoiseLoopState, state: RequestState) -> None:  # type: ignore[override]
         loop.latents = {m: _own(x) for m, x in loop.latents.items()}

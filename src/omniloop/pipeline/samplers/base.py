@@ -85,6 +85,12 @@ class Sampler(Protocol):
         mutates ``state`` and returns the new sample."""
         ...
 
+    def add_noise(self, state: SamplerState, original: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """``original`` (clean latents) noised to the state's current step (``step_index``), with
+        the mirrored diffusers scheduler's arithmetic (``add_noise`` / ``scale_noise``): the
+        starting sample of a loop that begins from given latents (img2img, V2V, refine)."""
+        ...
+
     def batch_key(self, state: SamplerState) -> Hashable | None:
         """Requests whose states share this key take one :meth:`step_many` (the same step of
         the same schedule: every scalar of the update is the same); None: step alone."""
@@ -143,6 +149,13 @@ def check_custom_sigmas(sigmas: Sequence[float], num_steps: int) -> list[float]:
     if any(a <= b for a, b in zip(values, values[1:])):
         raise ValueError(f"sigmas must be strictly descending, got {values}")
     return values
+
+
+def start_step(num_steps: int, strength: float) -> int:
+    """The step a loop from given latents starts at: the last ``int(num_steps * strength)``
+    steps run (diffusers' img2img / V2V ``get_timesteps``, solver order 1)."""
+    assert 0.0 <= strength <= 1.0, f"strength {strength} outside [0, 1]"
+    return num_steps - min(int(num_steps * strength), num_steps)
 
 
 def build_sampler(name: str, config: dict[str, Any] | None = None) -> Sampler:

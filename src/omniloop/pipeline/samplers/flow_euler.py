@@ -179,6 +179,11 @@ class FlowEulerSampler:
         state.step_index += 1
         return prev_sample.to(model_output.dtype)
 
+    def add_noise(self, state: SamplerState, original: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        # diffusers' scale_noise: sigma * noise + (1 - sigma) * sample, in the sample's dtype
+        sigma = state.sigmas[state.step_index].to(device=original.device, dtype=original.dtype)
+        return sigma * noise + (1.0 - sigma) * original
+
     def batch_key(self, state: SamplerState) -> Hashable:
         return (state.step_index, schedule_signature(state))
 

@@ -272,6 +272,11 @@ class FlowUniPCSampler:
         state.step_index += 1
         return prev_sample
 
+    def add_noise(self, state: FlowUniPCState, original: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        # diffusers' add_noise with flow sigmas: alpha_t * x0 + sigma_t * noise, alpha_t = 1 - sigma
+        sigma = state.sigmas[state.step_index].to(device=original.device, dtype=original.dtype)
+        return (1 - sigma) * original + sigma * noise
+
     def batch_key(self, state: FlowUniPCState) -> Hashable:
         # same step of the same schedule, same warm-up and history layout: the same update
         return (state.step_index, state.lower_order_nums, state.last_sample is None,

@@ -43,6 +43,12 @@ class SamplerState:
     def sigma(self) -> torch.Tensor:
         return self.sigmas[self.step_index]
 
+    @property
+    def model_timestep(self) -> torch.Tensor:
+        """What the model is conditioned on this step: the 0-d timestep, or a flow-map
+        sampler's ``[t, r]`` pair (a loop hands the model ``[B, *model_timestep.shape]``)."""
+        return self.timestep
+
 
 def schedule_signature(state: SamplerState) -> bytes:
     """The values of a state's sigma schedule (CPU fp32): equal bytes, equal schedules."""

@@ -112,6 +112,11 @@ class FlowMapEulerSampler:
         state.step_index += 1
         return prev_sample.to(model_output.dtype)
 
+    def add_noise(self, state: SamplerState, original: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        # diffusers' scale_noise: the timestep / num_train_timesteps in the sample's dtype
+        t = (state.timestep.to(device=original.device, dtype=original.dtype) / self.num_train_timesteps)
+        return t * noise + (1.0 - t) * original
+
     def batch_key(self, state: SamplerState) -> Hashable:
         return (state.step_index, schedule_signature(state))
 

@@ -42,3 +42,12 @@ def qwen2_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("qwen2")
     save_qwen2_checkpoint(folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def stable_audio_dir(tmp_path_factory):
+    from tests.models.stable_audio.checkpoint import save_stable_audio_checkpoint
+
+    folder = tmp_path_factory.mktemp("stable_audio")
+    save_stable_audio_checkpoint(folder)
+    return folder

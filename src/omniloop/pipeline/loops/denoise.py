@@ -124,11 +124,11 @@ class DenoiseLoop(LoopStageBase):
         area = _latent_area(shapes)
         shift = self.shift.resolve(params, area)
         num_steps = params.num_steps(ctx.defaults.get("steps", 50))
+        seed = params.seed if params.seed is not None else random.randrange(2**63)
         samplers = {
-            m: sampler.init_state(num_steps, device=ctx.device, shift=shift, sigmas=params.sigmas)
+            m: sampler.init_state(num_steps, device=ctx.device, shift=shift, sigmas=params.sigmas, seed=seed)
             for m in self.denoiser.modalities
         }
-        seed = params.seed if params.seed is not None else random.randrange(2**63)
         state.metrics.seed = seed
         # Same seed -> same noise as diffusers: a CPU generator, fp32, then moved.
         gen = torch.Generator("cpu").manual_seed(seed)
@@ -137,6 +137,8 @@ class DenoiseLoop(LoopStageBase):
         given = ctx.read_optional(state, "init_latents", InitLatents)
         if given is not None:
             start = start_from_given(sampler, samplers, latents, given, loop_strength(params, ctx.defaults), node=ctx.node)
+        elif getattr(sampler, "init_noise_sigma", 1.0) != 1.0:  # EDM-style samplers start at sigma_max
+            latents = {m: x * sampler.init_noise_sigma for m, x in latents.items()}
 
         cfg_state = self.cfg.init(params, self.denoiser.modalities, ctx.defaults)
         timesteps = next(iter(samplers.values())).timesteps.detach().cpu()[start:]
@@ -298,6 +300,9 @@ class DenoiseLoop(LoopStageBase):
     def _prepare_inputs(self, loop: DenoiseLoopState) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         cond_state = loop.policy_states[self.conditioning.name]
         x = self.conditioning.prepare(loop.latents, cond_state)
+        scale = getattr(loop.sampler, "scale_model_input", None)  # EDM-style input preconditioning
+        if scale is not None:
+            x = {m: scale(loop.samplers[m], v) for m, v in x.items()}
         x = {m: v.to(loop.model_dtype) for m, v in x.items()}
         batch = next(iter(x.values())).shape[0]
         return x, loop.timestep.expand(batch)

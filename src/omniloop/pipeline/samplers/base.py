@@ -76,6 +76,7 @@ class Sampler(Protocol):
         shift: float | None = None,
         sigmas: Sequence[float] | None = None,
         mu: float | None = None,
+        seed: int | None = None,
     ) -> SamplerState:
         """Build the schedule for one request.
 
@@ -83,7 +84,9 @@ class Sampler(Protocol):
         (``num_steps`` values, strictly descending, in (0, 1]) replaces the unshifted base
         schedule; as in diffusers, the shift (or ``mu``) and ``shift_terminal`` still apply,
         so pass ``shift=1.0`` to sample on exactly these sigmas. ``mu`` is the
-        resolution-dependent shift, required iff the config sets ``use_dynamic_shifting``."""
+        resolution-dependent shift, required iff the config sets ``use_dynamic_shifting``.
+        ``seed``: the request's seed, from which a stochastic sampler draws its step noise
+        (deterministic samplers ignore it)."""
         ...
 
     def step(self, state: SamplerState, model_output: torch.Tensor, sample: torch.Tensor) -> torch.Tensor:

@@ -223,6 +223,7 @@ class FlowUniPCSampler:
         shift: float | None = None,
         sigmas: Sequence[float] | None = None,
         mu: float | None = None,
+        seed: int | None = None,  # a deterministic sampler draws no noise
     ) -> FlowUniPCState:
         if num_steps < 1:
             raise ValueError(f"num_steps must be >= 1, got {num_steps}")

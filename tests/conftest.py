@@ -51,3 +51,12 @@ def stable_audio_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("stable_audio")
     save_stable_audio_checkpoint(folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def ltx2_dir(tmp_path_factory):
+    from tests.models.ltx2.checkpoint import save_ltx2_checkpoint
+
+    folder = tmp_path_factory.mktemp("ltx2")
+    save_ltx2_checkpoint(folder)
+    return folder

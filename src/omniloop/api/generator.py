@@ -11,6 +11,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from omniloop.cpu_threads import apply_cpu_threads
 from omniloop.deploy import DeployConfig
 from omniloop.engine.async_engine import load_options
 from omniloop.engine.engine import Engine, EngineConfig
@@ -92,6 +93,8 @@ class VideoGenerator:
         fields (``device``, ``dtype``, ``attention_backend``, ``cfg_mode``, ``compile``, ``quantization``,
         ``plugins={name: config}``...)."""
         config = DeployConfig.from_options(deploy, **options)
+        if config.torch_device().type == "cpu":
+            apply_cpu_threads(config.cpu_threads)  # before loading: the loader's casts run threaded too
         spec, pipeline = load_pipeline(model, load_options(config))
         pipeline = install_plugins(pipeline, config.plugins, compile=config.compile)  # deploy-scoped plugins
         return cls(spec, pipeline, config)

@@ -57,10 +57,8 @@ def test_dit_and_vae_equal_diffusers_bit_for_bit(stable_audio_dir, diffusers_pip
 
 @pytest.mark.parametrize("negative", ["low quality, noise", None])
 def test_conditioning_equals_diffusers(gen, diffusers_pipe, negative):
-    from omniloop.pipeline.runner import run_node
-
     state = gen.pipeline.admit(_request(guidance_scale=7.0, duration_s=1.5, negative_prompt=negative))
-    run_node(gen.pipeline, gen.pipeline.spec.node("encode"), state)
+    gen.pipeline.spec.node("encode").stage.forward(gen.pipeline.contexts["encode"], state)
     cond = state.artifacts["text"]
     with torch.no_grad():
         embeds = diffusers_pipe.encode_prompt(PROMPT, torch.device("cpu"), True, negative)

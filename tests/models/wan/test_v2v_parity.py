@@ -82,10 +82,8 @@ def test_strength_bad_input_names_the_field(gen):
 def test_sdedit_from_given_latents_equals_v2v_of_the_same_latents(gen):
     """A LatentPart is an InitLatents source like the encoded video: feeding V2V's encoded
     latents back as latents reproduces V2V; the wrong shape is refused naming the field."""
-    from omniloop.pipeline.runner import run_node
-
     state = gen.pipeline.admit(_request(steps=3, seed=5, strength=0.7))
-    run_node(gen.pipeline, gen.pipeline.spec.node("video_encode"), state)
+    gen.pipeline.spec.node("video_encode").stage.forward(gen.pipeline.contexts["video_encode"], state)
     encoded = state.artifacts["init_latents"].latents["video"]
     v2v = gen.generate(_request(steps=3, seed=5, strength=0.7))
     inputs = [TextPart(text=PROMPT), LatentPart(data=encoded)]

@@ -111,7 +111,8 @@ class Sampler(Protocol):
         dim 0 (in ``states`` order); mutates every state exactly as ``step`` would. The
         update is elementwise with shared scalars, so each request's rows equal what ``step``
         gives it alone, bit for bit: a batch of 256 requests runs one set of kernels instead
-        of 256."""
+        of 256. It must raise before changing any state (compute, then commit): the loop
+        then updates each request alone, so only the one whose update fails fails."""
         ...
 
 

@@ -10,6 +10,7 @@ import torch
 from omniloop.io.image import image_to_tensor, open_image
 from omniloop.io.video import video_frames, video_to_tensor
 from omniloop.pipeline.edges import ConditionLatents, InitLatents, TextEmbeddings
+from omniloop.pipeline.loops.denoise import DenoiserBase
 from omniloop.pipeline.policies.cfg import COND, UNCOND, Prediction
 from omniloop.pipeline.stage import StageBase
 from omniloop.pipeline.state import RequestState, StageContext
@@ -36,7 +37,7 @@ def geometry(request: OmniRequest, defaults: Mapping[str, Any]) -> VideoGeometry
 
 
 @dataclass(frozen=True)
-class WanDenoiser:
+class WanDenoiser(DenoiserBase):
     """Adapts ``WanDiT.forward`` to the DenoiseLoop: one ``video`` latent modality."""
 
     modalities: tuple[str, ...] = ("video",)

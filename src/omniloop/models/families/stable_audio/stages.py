@@ -9,6 +9,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from omniloop.pipeline.edges import DenoisedLatents, TextEmbeddings
+from omniloop.pipeline.loops.denoise import DenoiserBase
 from omniloop.pipeline.policies.cfg import COND, UNCOND, Prediction, guidance_enabled
 from omniloop.pipeline.stage import StageBase
 from omniloop.pipeline.state import RequestState, StageContext
@@ -106,7 +107,7 @@ def projection_dtype(projection: torch.nn.Module) -> torch.dtype:
 
 
 @dataclass(frozen=True)
-class StableAudioDenoiser:
+class StableAudioDenoiser(DenoiserBase):
     """Adapts ``StableAudioDiT.forward`` to the DenoiseLoop: one ``audio`` latent modality of a
     fixed length (``sample_size``), so every request batches with every other."""
 

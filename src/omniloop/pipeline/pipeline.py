@@ -61,7 +61,7 @@ class Pipeline:
                 dtype=self.dtype,
                 inputs=dict(node.inputs),
                 outputs=dict(node.outputs),
-                defaults=self.defaults,
+                defaults={**self.defaults, **node.defaults},
             )
             for node in self.spec.nodes
         }

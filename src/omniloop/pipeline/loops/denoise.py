@@ -137,26 +137,24 @@ class DenoiseLoop(LoopStageBase):
         params = _effective_params(request.diffusion, state.node_params.get(ctx.node))
         sampler = ctx.component(self.sampler_component).get(params.sampler)
         shapes = self.denoiser.latent_shapes(ctx, request)
-        area = _latent_area(shapes)
-        shift = self.shift.resolve(params, area)
-        num_steps = params.num_steps(ctx.defaults.get("steps", 50))
+        num_steps, schedule = self.schedule(ctx, params, shapes, sampler)
         seed = params.seed if params.seed is not None else random.randrange(2**63)
         samplers = {
-            m: sampler.init_state(num_steps, device=ctx.device, shift=shift, sigmas=params.sigmas, seed=seed)
+            m: sampler.init_state(num_steps, device=ctx.device, seed=seed, **schedule)
             for m in self.denoiser.modalities
         }
         state.metrics.seed = seed
         # Same seed -> same noise as diffusers: a CPU generator, fp32, then moved.
         gen = torch.Generator("cpu").manual_seed(seed)
-        latents = {m: torch.randn(shapes[m], generator=gen, dtype=torch.float32).to(ctx.device) for m in shapes}
-        start = 0  # first step that runs: > 0 when starting from given latents at strength < 1
         given = ctx.read_optional(state, "init_latents", InitLatents)
+        latents = self.initial_noise(ctx, state, shapes, gen, given is not None)
+        start = 0  # first step that runs: > 0 when starting from given latents at strength < 1
         if given is not None:
             start = start_from_given(sampler, samplers, latents, given, loop_strength(params, ctx.defaults), node=ctx.node)
         elif getattr(sampler, "init_noise_sigma", 1.0) != 1.0:  # EDM-style samplers start at sigma_max
             latents = {m: x * sampler.init_noise_sigma for m, x in latents.items()}
 
-        cfg_state = self.cfg.init(params, self.denoiser.modalities, ctx.defaults)
+        cfg_state = self.cfg.init(params, self.denoiser.modalities, self.policy_defaults(ctx, state))
         timesteps = next(iter(samplers.values())).timesteps.detach().cpu()[start:]
         num_train = getattr(sampler, "num_train_timesteps", 1000)
         routes = [self.routing.route(t, num_train) for t in timesteps]
@@ -187,6 +185,28 @@ class DenoiseLoop(LoopStageBase):
             ctx.hooks.init_loop(loop, request)  # interceptor state, per request (and per branch, lazily)
         return loop
 
+    # -- hooks a family's loop may override (a custom step body keeps the rest) ----------
+    def schedule(self, ctx: StageContext, params: DiffusionParams, shapes: Mapping[str, tuple[int, ...]],
+                 sampler: Sampler) -> tuple[int, dict[str, Any]]:
+        """(steps, ``init_state`` keyword arguments) of this request's schedule."""
+        shift = self.shift.resolve(params, _latent_area(shapes))
+        return params.num_steps(ctx.defaults.get("steps", 50)), {"shift": shift, "sigmas": params.sigmas}
+
+    def initial_noise(self, ctx: StageContext, state: RequestState, shapes: Mapping[str, tuple[int, ...]],
+                      gen: torch.Generator, given: bool) -> dict[str, torch.Tensor]:
+        """The starting noise per modality, drawn from ``gen`` in diffusers' order and layout
+        (``given``: it will be mixed into given latents)."""
+        return {m: torch.randn(shapes[m], generator=gen, dtype=torch.float32).to(ctx.device) for m in shapes}
+
+    def policy_defaults(self, ctx: StageContext, state: RequestState) -> Mapping[str, Any]:
+        """The defaults the guidance policy resolves its scales against (the node's)."""
+        return ctx.defaults
+
+    def combine(self, loop: DenoiseLoopState, cfg_state: CFGState, preds: Mapping[str, Prediction],
+                route: Route) -> Prediction:
+        """The combine slot: the guided prediction of one request."""
+        return self.cfg.combine(cfg_state, preds, route.scale_set)
+
     def check_request(self, ctx: StageContext, state: RequestState, produced: frozenset[str]) -> None:
         """Admission: a strength on a node that starts from noise, or one that leaves no step."""
         override = state.node_params.get(ctx.node)
@@ -198,8 +218,11 @@ class DenoiseLoop(LoopStageBase):
             return
         field = f"node_params[{ctx.node!r}].strength" if override is not None and override.strength is not None \
             else "diffusion.strength"
-        check_strength_leaves_steps(params.num_steps(ctx.defaults.get("steps", 50)),
-                                    loop_strength(params, ctx.defaults), field)
+        check_strength_leaves_steps(self._num_steps(ctx, state, params), loop_strength(params, ctx.defaults), field)
+
+    def _num_steps(self, ctx: StageContext, state: RequestState, params: DiffusionParams) -> int:
+        sampler = ctx.component(self.sampler_component).get(params.sampler)
+        return self.schedule(ctx, params, self.denoiser.latent_shapes(ctx, state.request), sampler)[0]
 
     def finalize(self, ctx: StageContext, loop: DenoiseLoopState, state: RequestState) -> None:  # type: ignore[override]
         loop.latents = {m: _own(x) for m, x in loop.latents.items()}
@@ -227,7 +250,7 @@ class DenoiseLoop(LoopStageBase):
         request = state.request
         params = _effective_params(request.diffusion, state.node_params.get(ctx.node))
         shapes = self.denoiser.latent_shapes(ctx, request)
-        cfg_state = self.cfg.init(params, self.denoiser.modalities, ctx.defaults)
+        cfg_state = self.cfg.init(params, self.denoiser.modalities, self.policy_defaults(ctx, state))
         forwards = len(cfg_state.branches)
         per_forward = self.denoiser.flops_per_forward(ctx, shapes)
         latent_bytes = sum(4 * _numel(s) for s in shapes.values())
@@ -239,7 +262,7 @@ class DenoiseLoop(LoopStageBase):
         rows = forwards if self.cfg.mode == "batched" else 1
         peak = (self.denoiser.activation_bytes(ctx, shapes) or 0) * rows
         return WorkEstimate(
-            steps=params.num_steps(ctx.defaults.get("steps", 50)),
+            steps=self._num_steps(ctx, state, params),
             flops_per_step=None if per_forward is None else forwards * per_forward,
             resident_bytes=int(resident),
             peak_bytes=int(peak),
@@ -312,7 +335,7 @@ class DenoiseLoop(LoopStageBase):
         # request, which drops out of the step; the others compute their new latents into
         # temporaries and commit them, so they end exactly as if stepped alone.
         errors: list[BaseException | None] = [None] * len(loops)
-        guided = per_request(errors, lambda i: self.cfg.combine(cfg_states[i], preds[i], route.scale_set))  # combine
+        guided = per_request(errors, lambda i: self.combine(loops[i], cfg_states[i], preds[i], route))  # combine
         stepped = self._sampler_steps(loops, guided, errors)  # sampler_step
         results = per_request(errors, lambda i: self._commit(loops[i], stepped[i]))  # post_step, inter_step
         return [StepResult.failed(e) if e is not None else r for r, e in zip(results, errors)]  # type: ignore[misc]
@@ -348,7 +371,7 @@ class DenoiseLoop(LoopStageBase):
         (branch, loop) pair into one forward; ``sequential`` runs one forward per branch.
         Pairs a step interceptor ``supplied`` skip the forward."""
         calls: list[tuple[int, str]] = [(i, b) for b in branches for i in range(len(loops)) if (i, b) not in supplied]
-        groups = [calls] if self.cfg.mode == "batched" else [[c for c in calls if c[1] == b] for b in branches]
+        groups = [[c for c in calls if c[1] in together] for together in _dispatch(self.cfg, branches)]
         out: list[dict[str, Prediction]] = [{} for _ in loops]
         for (i, b), pred in supplied.items():
             out[i][b] = pred
@@ -441,6 +464,15 @@ class DenoiseLoop(LoopStageBase):
 
 
 # -- helpers --------------------------------------------------------------------------
+def _dispatch(cfg: Any, branches: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """The branches that share one forward: all (``batched``), one each (``sequential``), or
+    the policy's own grouping (branches whose forward kwargs differ in kind run apart)."""
+    groups = getattr(cfg, "dispatch", None)
+    if groups is not None:
+        return groups(branches)
+    return [branches] if cfg.mode == "batched" else [(b,) for b in branches]
+
+
 def _own(x: torch.Tensor) -> torch.Tensor:
     """``x`` in storage of its own: a batched sampler update leaves each request's latents a
     row slice of the batch's tensor, which an output kept for long must not hold alive."""
@@ -450,7 +482,8 @@ def _own(x: torch.Tensor) -> torch.Tensor:
 def _effective_params(params: DiffusionParams, overrides: DenoiseParams | None) -> DiffusionParams:
     if overrides is None:
         return params
-    update = {k: v for k, v in overrides.model_dump().items() if v is not None}
+    # a family's node schema may carry knobs of its own (its loop reads them from node_params)
+    update = {k: v for k, v in overrides.model_dump().items() if v is not None and k in DiffusionParams.model_fields}
     if "steps" in update and params.sigmas is not None:
         update["sigmas"] = None
     return params.model_copy(update=update)

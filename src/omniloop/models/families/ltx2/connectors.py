@@ -95,7 +95,7 @@ class Connector(nn.Module):
         self.norm_out = nn.RMSNorm(self.dim, eps=1e-6, elementwise_affine=False)
 
     def forward(self, x: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``x`` [B, L, D], ``valid`` [B, L] bool -> (states, the positions the DiT attends to)."""
+        """``x`` [B, L, D], ``valid`` [B, L] bool -> (states, the positions attended inside)."""
         b, seq, _ = x.shape
         if self.learnable_registers is not None:
             if seq % self.num_registers:
@@ -150,7 +150,10 @@ class LTX2Connectors(nn.Module):
             normed = masked_mean_range_norm(hidden, mask.sum(dim=-1), padding_side)
             video = audio = self.text_proj_in(normed)
         valid = mask.bool()
-        video, video_valid = self.video_connector(video, valid)
-        video = video * video_valid.unsqueeze(-1).to(torch.int64)
+        video, _ = self.video_connector(video, valid)
         audio, _ = self.audio_connector(audio, valid)
-        return video, audio, video_valid.to(torch.int64)
+        # NOTE: diffusers derives the DiT's text mask as (additive connector mask < 1e-6), which
+        # holds at every position (the mask is 0 or -max): the DiT attends to all of them, the
+        # padding's connector states included. Mirrored, so the same checkpoint gives the same video.
+        attend = torch.ones_like(mask, dtype=torch.int64)
+        return video * attend.unsqueeze(-1), audio, attend

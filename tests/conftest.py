@@ -60,3 +60,13 @@ def ltx2_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("ltx2")
     save_ltx2_checkpoint(folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def flux_dir(tmp_path_factory):
+    """A tiny FLUX.1-dev-layout checkpoint (tests/flux_checkpoint.py)."""
+    from tests.flux_checkpoint import save_flux_checkpoint
+
+    folder = tmp_path_factory.mktemp("flux")
+    save_flux_checkpoint(folder)
+    return folder

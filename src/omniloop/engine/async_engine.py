@@ -30,7 +30,10 @@ logger = logging.getLogger(__name__)
 def load_options(deploy: DeployConfig) -> LoadOptions:
     """The slice of ``deploy`` that loading and pipeline building read."""
     return LoadOptions(device=deploy.torch_device(), dtype=deploy.torch_dtype(), attention_backend=deploy.attention_backend,
-                       cfg_mode=deploy.cfg_mode, compile=deploy.compile, quantization=deploy.quantization)
+                       cfg_mode=deploy.cfg_mode, compile=deploy.compile, quantization=deploy.quantization,
+                       text_cache_bytes=int(deploy.text_cache_mb * 2**20), resolution_buckets=deploy.bucket_sizes(),
+                       lora_device_bytes=int(deploy.lora_device_mb * 2**20),
+                       lora_host_bytes=int(deploy.lora_host_mb * 2**20), loras=tuple(deploy.lora_files.items()))
 
 
 class AsyncEngine:

@@ -58,7 +58,8 @@ class EngineConfig:
     @classmethod
     def from_deploy(cls, deploy: DeployConfig) -> "EngineConfig":
         budget = None if deploy.memory_budget_gb is None else int(deploy.memory_budget_gb * 2**30)
-        policy = SchedulingPolicy(kind=deploy.scheduling, max_running=deploy.max_running, max_batch=deploy.max_batch)
+        policy = SchedulingPolicy(kind=deploy.scheduling, max_running=deploy.max_running, max_batch=deploy.max_batch,
+                                  max_batch_tokens=deploy.max_batch_tokens)
         return cls(max_queue=deploy.max_queue, memory_budget_bytes=budget, nan_check=deploy.nan_check,
                    on_pool_failure=deploy.on_pool_failure, policy=policy)
 
@@ -482,6 +483,7 @@ class Engine:
         state.loops.clear()
         req.loop = None
         state.artifacts.clear()  # free the request's tensors; the output holds what it returns
+        state.release_refs()  # shared cache entries (text embeddings, adapters) it pinned
         with self._ids_lock:
             if req.request_id in self._forget:  # nobody will pop it: forget the request now
                 self._forget.discard(req.request_id)
@@ -522,6 +524,7 @@ class Engine:
                 self._finish(req, RequestStatus.FAILED, f"worker pool failed {req.attempts} times: {error}")
             else:
                 # Rebind to the (possibly rebuilt) pipeline and start over from scratch.
+                req.state.release_refs()
                 req.state = self.pipeline.admit(req.request)
                 req.nodes = self.pipeline.active_nodes(req.request)
 

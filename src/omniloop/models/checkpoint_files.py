@@ -100,3 +100,15 @@ def check_and_assign(model: nn.Module, sd: Mapping[str, torch.Tensor], where: st
         raise ValueError(f"checkpoint {where} has weights of the wrong shape (checkpoint vs config): "
                          f"{format_keys(wrong_shape)}")
     model.load_state_dict(sd, strict=True, assign=True)
+
+
+def aligned(cast: Cast) -> Cast:
+    """``cast``, then a copy for tensors off a 64-byte boundary. NOTE: safetensors hands CPU
+    tensors at file offsets; GEMM kernels take other code paths on misaligned rows, so an fp32
+    CPU model read in place differs from the same weights in fresh memory by ~1e-6."""
+
+    def cast_aligned(key: str, tensor: torch.Tensor) -> torch.Tensor:
+        out = cast(key, tensor)
+        return out.clone() if out.data_ptr() % 64 else out
+
+    return cast_aligned

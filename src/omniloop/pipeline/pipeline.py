@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping
 import torch
 from pydantic import ValidationError
 
-from omniloop.pipeline.edges import InitLatents
+from omniloop.pipeline.adapters import check_loras
 from omniloop.pipeline.spec import Node, PipelineSpec
 from omniloop.pipeline.state import RequestState, StageContext
 from omniloop.request import Artifact, Modality, OmniOutput, OmniRequest, RequestStatus
@@ -44,6 +44,9 @@ class Pipeline:
     dtype: torch.dtype
     defaults: Mapping[str, Any] = field(default_factory=dict)
     validate_request: RequestValidator | None = None  # family checks (sizes, required inputs)
+    # deployment caches (cache name -> object), shared by reference with every node's context:
+    # the loader adds them after the family builds the pipeline (see StageContext.caches)
+    caches: dict[str, Any] = field(default_factory=dict)
     contexts: dict[str, StageContext] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -62,6 +65,7 @@ class Pipeline:
                 inputs=dict(node.inputs),
                 outputs=dict(node.outputs),
                 defaults={**self.defaults, **node.defaults},
+                caches=self.caches,
             )
             for node in self.spec.nodes
         }
@@ -78,6 +82,7 @@ class Pipeline:
                 f"pass one of {sorted(t.value for t in self.spec.tasks)}"
             )
         self._check_modalities(request)
+        check_loras(self.caches, request.diffusion.loras, self.spec.name)
         if self.validate_request is not None:
             request = self.validate_request(request)
         state = RequestState(request=request)
@@ -96,12 +101,13 @@ class Pipeline:
                 check(self.contexts[node.name], state, produced)
         strength = state.request.diffusion.strength
         if strength is not None and not any(
-            edge in produced and issubclass(kind, InitLatents)
-            for node in active for edge, kind in node.input_edges(optional=True).items()
+            node.stage.starts_from_given(self.contexts[node.name], produced)
+            for node in active if callable(getattr(node.stage, "starts_from_given", None))
         ):
             raise ValueError(
                 f"diffusion.strength={strength}: no loop of this {state.request.task.value!r} request starts from given "
-                "latents (pass a video for task v2v, or a LatentPart, where the model takes one); drop strength"
+                "latents (pass a video for task v2v, an image for i2i, or a LatentPart, where the model takes one); "
+                "drop strength"
             )
 
     def _check_modalities(self, request: OmniRequest) -> None:

@@ -110,6 +110,11 @@ class LoopStage(_Ports, Protocol):
         steps stand (``omniloop.pipeline.failures``)."""
         ...
 
+    def batch_weight(self, loop: LoopState) -> int:
+        """What the loop's next step adds to a batch under the scheduler's token budget
+        (``SchedulingPolicy.max_batch_tokens``); 0: nothing counted."""
+        ...
+
 
 def is_loop(stage: Any) -> bool:
     return callable(getattr(stage, "init", None)) and callable(getattr(stage, "step", None))
@@ -165,6 +170,9 @@ class LoopStageBase(StageBase):
 
     def batch_key(self, loop: LoopState) -> Hashable | None:
         return None
+
+    def batch_weight(self, loop: LoopState) -> int:
+        return 0
 
     def step_many(self, ctx: StageContext, loops: Sequence[LoopState]) -> list[StepResult]:
         errors: list[BaseException | None] = [None] * len(loops)

@@ -22,13 +22,13 @@ from omniloop.request.output import (
     RequestMetrics,
     StatusEvent,
 )
-from omniloop.request.params import DiffusionParams, OutputSpec, SamplingParams
+from omniloop.request.params import DiffusionParams, LoraRef, OutputSpec, SamplingParams
 from omniloop.request.parts import ActionPart, AudioPart, ImagePart, LatentPart, ModalPart, TextPart, VideoPart
 from omniloop.request.request import SCHEMA_VERSION, OmniRequest, new_request_id
 
 __all__ = [
     "ActionPart", "Artifact", "ArtifactEvent", "AudioArtifact", "AudioPart", "DiffusionParams", "FinalEvent",
-    "ImageArtifact", "ImagePart", "LatentPart", "LatentsArtifact", "Modality", "ModalPart", "OmniEvent",
+    "ImageArtifact", "ImagePart", "LatentPart", "LatentsArtifact", "LoraRef", "Modality", "ModalPart", "OmniEvent",
     "OmniOutput", "OmniRequest", "OutputSpec", "ProgressEvent", "RequestMetrics", "RequestStatus",
     "SCHEMA_VERSION", "SamplingParams", "StatusEvent", "TaskType", "TensorArtifact", "TextArtifact", "TextPart",
     "VideoArtifact", "VideoPart", "new_request_id",

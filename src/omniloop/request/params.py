@@ -19,6 +19,32 @@ def check_strength(v: float | None) -> float | None:
     return v
 
 
+LORA_STRENGTH_LIMIT = 5.0
+
+
+class LoraRef(BaseModel):
+    """One adapter a request applies: a registered name (or a LoRA file path, offline) and
+    its strength (the scale of its low-rank delta; 1.0 as trained, 0 disables it)."""
+
+    model_config = _FROZEN
+
+    name: str = Field(min_length=1, max_length=512, description="registered adapter name or (offline) file path")
+    strength: float = Field(default=1.0, ge=-LORA_STRENGTH_LIMIT, le=LORA_STRENGTH_LIMIT,
+                            description=f"scale of the adapter's delta, in [-{LORA_STRENGTH_LIMIT:g}, {LORA_STRENGTH_LIMIT:g}]")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_pair(cls, v: Any) -> Any:
+        """``"name"`` or ``("name", strength)`` (the offline API's tuples) as well as a mapping."""
+        if isinstance(v, str):
+            return {"name": v}
+        if isinstance(v, (tuple, list)):
+            if len(v) != 2:
+                raise ValueError(f"a LoRA is (name_or_path, strength); got {list(v)!r}")
+            return {"name": str(v[0]), "strength": v[1]}
+        return v
+
+
 class DiffusionParams(BaseModel):
     """Knobs of a denoise loop. Node-specific overrides go to ``OmniRequest.node_params``."""
 
@@ -46,11 +72,13 @@ class DiffusionParams(BaseModel):
     seed: int | None = Field(default=None, ge=0, lt=2**63)
     strength: float | None = Field(
         default=None,
-        description="for loops that start from given latents (video-to-video, SDEdit, a refine stage): the share of "
-        "the schedule to run, in [0, 1]; 1 starts from pure noise (the model's default when unset)",
+        description="for loops that start from given latents or an image (image-to-image, video-to-video, SDEdit, a "
+        "refine stage): the share of the schedule to run, in [0, 1]; 1 starts from pure noise (default: the model's)",
     )
     negative_prompt: str | None = None
     sampler: str | None = Field(default=None, description="sampler name (e.g. flow_unipc, flow_euler)")
+    loras: list[LoraRef] = Field(default_factory=list, max_length=16,
+                                 description="adapters to apply, stacked in order: [{'name': ..., 'strength': 1.0}]")
     plugin_params: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="parameters for plugins enabled by the deployment, by plugin name"
     )

@@ -1,6 +1,10 @@
-"""T5 encoder (Stable Audio's ``t5-base``) via transformers: the prompt as given (no
-cleaning), padded to the tokenizer's ``model_max_length``, encoded with its attention mask,
-padded positions zeroed."""
+"""T5 encoders (transformers ``T5EncoderModel``) with two pipelines' prompt handling:
+
+* ``T5TextEncoder`` - diffusers' Flux / SD3: the raw prompt padded to ``max_sequence_length``,
+  no attention mask, padding features kept;
+* ``MaskedT5TextEncoder`` - diffusers' Stable Audio: the raw prompt padded to the tokenizer's
+  ``model_max_length``, encoded with its attention mask, padded positions zeroed.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +13,18 @@ from typing import Any
 
 import torch
 
-from omniloop.models.text.base import PaddedTokenEncoder
+from omniloop.models.text.base import PaddedTokenEncoder, UnmaskedTokenEncoder
 
 
-class T5TextEncoder(PaddedTokenEncoder):
+class T5TextEncoder(UnmaskedTokenEncoder):
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, max_sequence_length: int = 512) -> None:
+        super().__init__(model, tokenizer, max_sequence_length, int(model.config.d_model))
+
+    def run(self, ids: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return self.model(ids, output_hidden_states=False).last_hidden_state, None
+
+
+class MaskedT5TextEncoder(PaddedTokenEncoder):
     def __init__(self, model: torch.nn.Module, tokenizer: Any, max_sequence_length: int | None = None) -> None:
         length = int(max_sequence_length or tokenizer.model_max_length)
         super().__init__(model, tokenizer, length, int(model.config.d_model), clean=False)
@@ -21,15 +33,25 @@ class T5TextEncoder(PaddedTokenEncoder):
         return self.model(input_ids=ids, attention_mask=mask).last_hidden_state
 
 
-def load_t5_encoder(text_encoder_dir: Path, tokenizer_dir: Path, *, device: torch.device | str, dtype: torch.dtype,
-                    max_sequence_length: int | None = None) -> T5TextEncoder:
+def _load(text_encoder_dir: Path, tokenizer_dir: Path, device: torch.device | str, dtype: torch.dtype):
     from transformers import AutoTokenizer, T5EncoderModel
 
     for folder in (text_encoder_dir, tokenizer_dir):
         if not Path(folder).is_dir():
             raise FileNotFoundError(f"missing folder {folder}")
     model = T5EncoderModel.from_pretrained(text_encoder_dir, dtype=dtype).to(device)
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    return model, AutoTokenizer.from_pretrained(tokenizer_dir)
+
+
+def load_t5_encoder(text_encoder_dir: Path, tokenizer_dir: Path, *, device: torch.device | str, dtype: torch.dtype,
+                    max_sequence_length: int = 512) -> T5TextEncoder:
+    model, tokenizer = _load(text_encoder_dir, tokenizer_dir, device, dtype)
+    return T5TextEncoder(model, tokenizer, max_sequence_length)
+
+
+def load_masked_t5_encoder(text_encoder_dir: Path, tokenizer_dir: Path, *, device: torch.device | str,
+                           dtype: torch.dtype, max_sequence_length: int | None = None) -> MaskedT5TextEncoder:
+    model, tokenizer = _load(text_encoder_dir, tokenizer_dir, device, dtype)
     if max_sequence_length is None and tokenizer.model_max_length > 100_000:
         raise ValueError(f"{tokenizer_dir}: the tokenizer sets no model_max_length; pass max_sequence_length")
-    return T5TextEncoder(model, tokenizer, max_sequence_length)
+    return MaskedT5TextEncoder(model, tokenizer, max_sequence_length)

@@ -21,13 +21,15 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from omniloop.ext.interceptors import accepts_block_interceptor
+from omniloop.models.layers.lora import AdapterSet, LoraPlan, lora_rows
+from omniloop.pipeline.adapters import request_adapters
 from omniloop.pipeline.edges import ConditionLatents, DenoisedLatents, InitLatents, TextEmbeddings
 from omniloop.pipeline.failures import PoolFatalError, attempt, per_request
 from omniloop.pipeline.loops.given_latents import check_strength_leaves_steps, loop_strength, start_from_given
 from omniloop.pipeline.policies.cfg import CFGPolicy, CFGState, ClassicCFG, Prediction
 from omniloop.pipeline.policies.conditioning import ConditioningPolicy, NoConditioning
 from omniloop.pipeline.policies.routing import Route, RoutingPolicy, SingleModel
-from omniloop.pipeline.policies.shift import FlowShift
+from omniloop.pipeline.policies.shift import FlowShift, ShiftPolicy
 from omniloop.pipeline.samplers.base import Sampler, SamplerState
 from omniloop.pipeline.stage import LoopStageBase, WorkEstimate
 from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
@@ -61,9 +63,29 @@ class Denoiser(Protocol):
         """Peak transient memory of one forward of one request's rows at these shapes."""
         ...
 
+    def tokens_per_forward(self, ctx: StageContext, shapes: dict[str, tuple[int, ...]]) -> int:
+        """Tokens one forward of one request's rows carries (what a batch's token budget counts)."""
+        ...
+
+    # A denoiser that PACKS (``packs = True``) also implements ``forward_packed(model, xs, ts,
+    # kwargs) -> list[Prediction]`` for calls of different latent shapes (one list entry per
+    # call, each [b_i, ...]): they run as one forward over their packed token sequences, so
+    # requests of different sizes share a batched step (the loop then leaves latent shapes
+    # out of its batch key).
+    packs: bool
+
 
 class DenoiserBase:
-    """Defaults of a Denoiser's optional cost methods: unknown."""
+    """Defaults of a Denoiser's optional methods: costs unknown, no packing."""
+
+    packs: bool = False
+
+    def tokens_per_forward(self, ctx: StageContext, shapes: dict[str, tuple[int, ...]]) -> int:
+        return 0
+
+    def forward_packed(self, model: torch.nn.Module, xs: list[dict[str, torch.Tensor]], ts: list[torch.Tensor],
+                       kwargs: list[dict[str, Any]]) -> list[Prediction]:
+        raise NotImplementedError(f"{type(self).__name__} does not pack calls of different shapes")
 
     def flops_per_forward(self, ctx: StageContext, shapes: dict[str, tuple[int, ...]]) -> float | None:
         return None
@@ -101,6 +123,9 @@ class DenoiseLoopState(LoopState):
     routes: list[Route]  # expert route of every step, resolved at init
     model_dtype: torch.dtype
     flops_per_forward: float | None = None
+    tokens_per_forward: int = 0  # the batch token budget's unit (0: unknown)
+    packed: bool = False  # steps batch with other latent shapes (a packing denoiser, no plugins)
+    adapters: dict[str, AdapterSet] = field(default_factory=dict)  # component -> the request's LoRAs
     preview_every: int | None = None
     trajectory: list[torch.Tensor] | None = None
 
@@ -118,7 +143,7 @@ class DenoiseLoop(LoopStageBase):
     denoiser: Denoiser
     cfg: CFGPolicy = field(default_factory=ClassicCFG)
     routing: RoutingPolicy = field(default_factory=SingleModel)
-    shift: FlowShift = field(default_factory=FlowShift)
+    shift: ShiftPolicy = field(default_factory=FlowShift)
     conditioning: ConditioningPolicy = field(default_factory=NoConditioning)
     sampler_component: str = "sampler"
 
@@ -139,10 +164,8 @@ class DenoiseLoop(LoopStageBase):
         shapes = self.denoiser.latent_shapes(ctx, request)
         num_steps, schedule = self.schedule(ctx, params, shapes, sampler)
         seed = params.seed if params.seed is not None else random.randrange(2**63)
-        samplers = {
-            m: sampler.init_state(num_steps, device=ctx.device, seed=seed, **schedule)
-            for m in self.denoiser.modalities
-        }
+        samplers = {m: sampler.init_state(num_steps, device=ctx.device, seed=seed, **schedule)
+                    for m in self.denoiser.modalities}
         state.metrics.seed = seed
         # Same seed -> same noise as diffusers: a CPU generator, fp32, then moved.
         gen = torch.Generator("cpu").manual_seed(seed)
@@ -155,6 +178,15 @@ class DenoiseLoop(LoopStageBase):
             latents = {m: x * sampler.init_noise_sigma for m, x in latents.items()}
 
         cfg_state = self.cfg.init(params, self.denoiser.modalities, self.policy_defaults(ctx, state))
+        cond_state = self.conditioning.init(
+            ctx.read_optional(state, self.conditioning.input_port, ConditionLatents)
+            if self.conditioning.input_port
+            else None
+        )
+        # image-to-image: noise the given latents and run the schedule's tail only
+        strength = params.strength if params.strength is not None else ctx.defaults.get("strength")
+        latents, samplers = self.conditioning.start(latents, samplers, cond_state, gen, strength)
+        num_steps = next(iter(samplers.values())).num_steps - start
         timesteps = next(iter(samplers.values())).timesteps.detach().cpu()[start:]
         num_train = getattr(sampler, "num_train_timesteps", 1000)
         routes = [self.routing.route(t, num_train) for t in timesteps]
@@ -162,7 +194,7 @@ class DenoiseLoop(LoopStageBase):
         loop = DenoiseLoopState(
             node=ctx.node,
             request_id=state.request_id,
-            steps_target=num_steps - start,
+            steps_target=num_steps,
             params=params,
             seed=seed,
             sampler=sampler,
@@ -172,15 +204,14 @@ class DenoiseLoop(LoopStageBase):
             routes=routes,
             model_dtype=model_dtype,
             flops_per_forward=self.denoiser.flops_per_forward(ctx, shapes),
+            tokens_per_forward=int(self.denoiser.tokens_per_forward(ctx, shapes) or 0),
+            packed=self.denoiser.packs and ctx.hooks is None,
+            adapters=request_adapters(ctx, state),
             preview_every=request.outputs.preview_every if request.outputs.stream else None,
             trajectory=[] if request.outputs.return_trajectory else None,
         )
         loop.policy_states[self.cfg.name] = cfg_state
-        loop.policy_states[self.conditioning.name] = self.conditioning.init(
-            ctx.read_optional(state, self.conditioning.input_port, ConditionLatents)
-            if self.conditioning.input_port
-            else None
-        )
+        loop.policy_states[self.conditioning.name] = cond_state
         if ctx.hooks is not None:
             ctx.hooks.init_loop(loop, request)  # interceptor state, per request (and per branch, lazily)
         return loop
@@ -189,8 +220,8 @@ class DenoiseLoop(LoopStageBase):
     def schedule(self, ctx: StageContext, params: DiffusionParams, shapes: Mapping[str, tuple[int, ...]],
                  sampler: Sampler) -> tuple[int, dict[str, Any]]:
         """(steps, ``init_state`` keyword arguments) of this request's schedule."""
-        shift = self.shift.resolve(params, _latent_area(shapes))
-        return params.num_steps(ctx.defaults.get("steps", 50)), {"shift": shift, "sigmas": params.sigmas}
+        num_steps = params.num_steps(ctx.defaults.get("steps", 50))
+        return num_steps, self.shift.sampler_kwargs(params, _latent_area(shapes), num_steps, sampler)
 
     def initial_noise(self, ctx: StageContext, state: RequestState, shapes: Mapping[str, tuple[int, ...]],
                       gen: torch.Generator, given: bool) -> dict[str, torch.Tensor]:
@@ -211,7 +242,7 @@ class DenoiseLoop(LoopStageBase):
         """Admission: a strength on a node that starts from noise, or one that leaves no step."""
         override = state.node_params.get(ctx.node)
         params = _effective_params(state.request.diffusion, override)
-        if ctx.inputs.get("init_latents", "init_latents") not in produced:
+        if not self.starts_from_given(ctx, produced):
             if override is not None and override.strength is not None:
                 raise ValueError(f"node_params[{ctx.node!r}].strength: node {ctx.node!r} starts from noise in this "
                                  "request (no given latents); drop strength")
@@ -219,6 +250,16 @@ class DenoiseLoop(LoopStageBase):
         field = f"node_params[{ctx.node!r}].strength" if override is not None and override.strength is not None \
             else "diffusion.strength"
         check_strength_leaves_steps(self._num_steps(ctx, state, params), loop_strength(params, ctx.defaults), field)
+
+    def starts_from_given(self, ctx: StageContext, produced: frozenset[str]) -> bool:
+        """Whether this loop starts from given latents in a request producing ``produced``: its
+        ``init_latents`` port is fed, or its conditioning policy starts from the condition
+        (one that overrides ``start``: image-to-image's LatentStart) and that is fed."""
+        if ctx.inputs.get("init_latents", "init_latents") in produced:
+            return True
+        port = self.conditioning.input_port
+        starts = getattr(type(self.conditioning), "start", NoConditioning.start) is not NoConditioning.start
+        return starts and port is not None and ctx.inputs.get(port, port) in produced
 
     def _num_steps(self, ctx: StageContext, state: RequestState, params: DiffusionParams) -> int:
         sampler = ctx.component(self.sampler_component).get(params.sampler)
@@ -283,13 +324,22 @@ class DenoiseLoop(LoopStageBase):
             return None
         route = loop.route
         cfg_state: CFGState = loop.policy_states[self.cfg.name]
+        # packed loops batch across latent shapes (their tokens are packed into one sequence)
+        shapes = tuple(loop.latents) if loop.packed else tuple((m, tuple(x.shape)) for m, x in loop.latents.items())
         return (
             id(self),
             route.component,
             self.cfg.step_branches(cfg_state, route.scale_set),
-            tuple((m, tuple(x.shape)) for m, x in loop.latents.items()),
+            shapes,
             _kwargs_signature(loop.branch_kwargs),
         )
+
+    def batch_weight(self, loop: DenoiseLoopState) -> int:  # type: ignore[override]
+        """Tokens this loop's next step adds to a batch (the scheduler's token budget)."""
+        if loop.done:
+            return 0
+        cfg_state: CFGState = loop.policy_states[self.cfg.name]
+        return len(self.cfg.step_branches(cfg_state, loop.route.scale_set)) * loop.tokens_per_forward
 
     def is_finite(self, loop: DenoiseLoopState) -> bool:  # type: ignore[override]
         return self.finite_many([loop])[0]
@@ -384,8 +434,14 @@ class DenoiseLoop(LoopStageBase):
                 ts.append(t)
                 kws.append(kw)
             sizes = [next(iter(x.values())).shape[0] for x in xs]
-            pred = self._forward(ctx, model, loops, group, sizes, route, _cat_dicts(xs), torch.cat(ts), _cat_kwargs(kws))  # forward
-            for (i, b), part in zip(group, _split_pred(pred, sizes)):
+            with lora_rows(_lora_plan(loops, group, sizes, route.component)):  # each row's own LoRAs
+                if _mixed_shapes(xs):  # packed loops of different sizes: one forward over packed tokens
+                    parts = self.denoiser.forward_packed(model, xs, ts, kws)
+                else:
+                    pred = self._forward(ctx, model, loops, group, sizes, route, _cat_dicts(xs), torch.cat(ts),
+                                         _cat_kwargs(kws))  # forward
+                    parts = _split_pred(pred, sizes)
+            for (i, b), part in zip(group, parts):
                 out[i][b] = {m: v.float() for m, v in part.items()}  # post_forward: fp32 for combine
         return out
 
@@ -530,6 +586,22 @@ def _kwargs_signature(branch_kwargs: Mapping[str, Mapping[str, Any]]) -> tuple:
             else:
                 sig.append((b, k, repr(v)))
     return tuple(sig)
+
+
+def _lora_plan(loops: Sequence[DenoiseLoopState], group: list[tuple[int, str]], sizes: list[int],
+               component: str) -> LoraPlan | None:
+    """Per batch row of one forward: the adapters of the request it belongs to (None: no
+    request of the group applies any)."""
+    if not any(loops[i].adapters for i, _ in group):
+        return None
+    rows = [loops[i].adapters.get(component) for (i, _), n in zip(group, sizes) for _ in range(n)]
+    return LoraPlan(rows)
+
+
+def _mixed_shapes(xs: list[dict[str, torch.Tensor]]) -> bool:
+    """Calls whose inputs cannot be concatenated along the batch (only packed loops batch so)."""
+    first = {m: v.shape[1:] for m, v in xs[0].items()}
+    return any({m: v.shape[1:] for m, v in x.items()} != first for x in xs[1:])
 
 
 def _cat_dicts(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

@@ -1,7 +1,29 @@
 """Generic one-shot stages shared by families (text encoding, latent decoding)."""
 
-from omniloop.pipeline.stages.decode import VAEDecode, latents_to_unit_range
+from omniloop.pipeline.stages.decode import (
+    DecodedAudio,
+    DecodedFrames,
+    ImageVAEDecoder,
+    LatentDecoder,
+    VAEDecode,
+    VideoVAEDecoder,
+    image_latents_to_unit_range,
+    latents_to_unit_range,
+)
 from omniloop.pipeline.stages.given_latents import LATENTS_GIVEN, GivenLatents
-from omniloop.pipeline.stages.text import TextEncode
+from omniloop.pipeline.stages.text import TextEncode, TextEncoderSpec
 
-__all__ = ["LATENTS_GIVEN", "GivenLatents", "TextEncode", "VAEDecode", "latents_to_unit_range"]
+__all__ = [
+    "DecodedAudio",
+    "DecodedFrames",
+    "GivenLatents",
+    "ImageVAEDecoder",
+    "LATENTS_GIVEN",
+    "LatentDecoder",
+    "TextEncode",
+    "TextEncoderSpec",
+    "VAEDecode",
+    "VideoVAEDecoder",
+    "image_latents_to_unit_range",
+    "latents_to_unit_range",
+]

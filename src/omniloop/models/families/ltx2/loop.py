@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from omniloop.pipeline.edges import ConditionLatents
 from omniloop.pipeline.loops.denoise import DenoiseLoop, DenoiseLoopState, DenoiseParams
 from omniloop.pipeline.policies.cfg import COND, UNCOND, Prediction
+from omniloop.pipeline.policies.conditioning import NoConditioning
 from omniloop.pipeline.policies.routing import Route
 from omniloop.pipeline.samplers.base import Sampler
 from omniloop.pipeline.state import RequestState, StageContext
@@ -127,7 +128,7 @@ def rescale_noise_cfg(guided: torch.Tensor, cond: torch.Tensor, rescale: float) 
 
 
 @dataclass(frozen=True)
-class LTX2FirstFrame:
+class LTX2FirstFrame(NoConditioning):
     """I2V: latent frame 0 is the encoded image and stays clean (diffusers steps frames 1: only);
     without a condition (text-to-video) it does nothing."""
 

@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping
 
 from omniloop.models.load_options import apply_load_options
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
-from omniloop.models.text.t5 import load_t5_encoder
+from omniloop.models.text.t5 import load_masked_t5_encoder
 from omniloop.pipeline.loops.denoise import DenoiseLoop
 from omniloop.pipeline.pipeline import Pipeline
 from omniloop.pipeline.policies.cfg import ClassicCFG
@@ -53,7 +53,7 @@ def _projection(root: Path, index: Mapping[str, Any], options: LoadOptions):
 
 
 def _text(root: Path, index: Mapping[str, Any], options: LoadOptions):
-    return load_t5_encoder(root / "text_encoder", root / "tokenizer", device=options.device, dtype=options.dtype)
+    return load_masked_t5_encoder(root / "text_encoder", root / "tokenizer", device=options.device, dtype=options.dtype)
 
 
 def _scheduler(root: Path, index: Mapping[str, Any], options: LoadOptions) -> SamplerSet:

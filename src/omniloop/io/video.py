@@ -10,7 +10,7 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 
-from omniloop.io.audio import add_audio_stream, as_float_samples, mux_audio
+from omniloop.io.audio import add_audio_stream, as_float_samples, check_rate, mux_audio
 
 
 def _as_uint8_frames(frames: torch.Tensor | np.ndarray) -> np.ndarray:
@@ -39,6 +39,7 @@ def write_mp4(
         if sample_rate is None:
             raise ValueError("audio needs its sample_rate; pass sample_rate=<Hz>")
         sound = as_float_samples(audio, sample_rate)
+        check_rate("aac", sample_rate)
     target = str(dest) if isinstance(dest, (str, Path)) else dest
     with av.open(target, mode="w", format="mp4") as container:
         stream = container.add_stream("libx264", rate=Fraction(int(fps), 1))

@@ -56,6 +56,10 @@ class _VideoCreateBase(_Wire):
     input_reference: ImageReference | None = Field(
         default=None, description="first frame for image-to-video (multipart: upload the file under this name)"
     )
+    audio: bool | None = Field(
+        default=None, description="the soundtrack of a model with sound: on by default; false skips it (a silent mp4), "
+        "true requires it"
+    )
 
 
 VideoCreateRequest = _with_generation_fields(

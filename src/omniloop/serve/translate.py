@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from omniloop.deploy import Limits
-from omniloop.request import DiffusionParams, ImagePart, OmniRequest, OutputSpec, TaskType, TextPart
+from omniloop.request import DiffusionParams, ImagePart, Modality, OmniRequest, OutputSpec, TaskType, TextPart
 from omniloop.serve.errors import ApiError, validation_error
 from omniloop.serve.jobs import Geometry
 from omniloop.serve.protocol import GENERATION_FIELDS
@@ -32,6 +32,7 @@ class ServedModel:
     aliases: frozenset[str]  # also accepted (e.g. the checkpoint path it was loaded from)
     tasks: frozenset[TaskType]
     defaults: Mapping[str, Any]  # the pipeline's generation defaults (steps, height, fps...)
+    makes_audio: bool = False  # the pipeline has an audio output (a soundtrack, or text-to-audio)
 
     def check_name(self, requested: str | None) -> None:
         if requested is not None and requested != self.name and requested not in self.aliases:
@@ -162,10 +163,22 @@ def video_request(wire: Any, request_id: str, model: ServedModel, limits: Limits
     geometry = _geometry(model, params, wire.seconds)
     check_limits(geometry, limits, frames_param="seconds" if wire.seconds is not None else "num_frames")
     inputs: list[Any] = [TextPart(text=wire.prompt)] + ([image] if image is not None else [])
-    outputs = OutputSpec(stream=wire.preview_every is not None, preview_every=wire.preview_every)
+    outputs = OutputSpec(stream=wire.preview_every is not None, preview_every=wire.preview_every,
+                         modalities=_video_modalities(model, wire.audio))
     request = OmniRequest(request_id=request_id, task=task, inputs=inputs, diffusion=params, outputs=outputs)
     refuse_paths(request)
     return request, geometry
+
+
+def _video_modalities(model: ServedModel, audio: bool | None) -> list[Modality] | None:
+    """``audio``: None, the video with sound when the model makes it; False, without (the
+    audio decode is skipped); True, with (refused for a model without sound)."""
+    if audio is None:
+        return None
+    if audio and not model.makes_audio:
+        raise ApiError(400, f"audio: model {model.name!r} makes no sound; drop audio or pass false", param="audio",
+                       code="unsupported")
+    return [Modality.VIDEO, Modality.AUDIO] if audio else [Modality.VIDEO]
 
 
 # -- images -----------------------------------------------------------------------------

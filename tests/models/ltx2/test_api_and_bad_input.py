@@ -58,6 +58,7 @@ def test_cli_writes_mp4_with_sound_and_audio_only_wav(ltx2_dir, tmp_path, capsys
     (dict(height=48), {}, TaskType.T2V, r"diffusion.height=48 must be a multiple of 32; pass 32 or 64"),
     (dict(num_frames=10), {}, TaskType.T2V, r"diffusion.num_frames=10 must be 8k\+1; pass 9 or 17"),
     (dict(duration_s=2.0), {}, TaskType.T2V, r"diffusion.duration_s: LTX-2's sound lasts as long as its video"),
+    (dict(steps=1), {}, TaskType.T2V, r"diffusion.steps=1: .* needs at least 2 steps"),
     ({}, {"upsample": {}}, TaskType.I2V, r"task i2v needs an image"),
     ({}, {"refine": {"strength": 1.5}}, TaskType.T2V, r"node_params\['refine'\].strength: Value error, must be in \[0, 1\]"),
     ({}, {"denoise": {"stg_scale": 1.0, "stg_blocks": []}}, TaskType.T2V, r"stg_scale > 0 needs stg_blocks"),

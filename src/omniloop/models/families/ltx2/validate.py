@@ -38,7 +38,11 @@ def make_validator(d: Mapping[str, Any], samplers: SamplerSet, has_upsampler: bo
         if g.audio_frames < 1:
             raise ValueError(f"diffusion.num_frames={g.num_frames} at fps={g.fps} is too short for any audio; "
                              "pass more frames")
-        samplers.get(p.sampler)
+        sampler = samplers.get(p.sampler)
+        steps = p.num_steps(d.get("steps", 30))
+        if getattr(sampler, "shift_terminal", None) and steps < 2 and p.sigmas is None:
+            raise ValueError(f"diffusion.steps={steps}: this model's schedule stretches to a terminal sigma "
+                             "(shift_terminal) and needs at least 2 steps; pass steps >= 2")
         if request.task == TaskType.I2V:
             part = first_frame(request)
             if part is None:

@@ -1,12 +1,14 @@
 """LTX-2 checkpoints (diffusers ``LTX2Pipeline`` folders): key rewrites and loaders for
 ``transformer/``, ``connectors/``, ``vae/``, ``audio_vae/``, ``vocoder/`` and
 ``latent_upsampler/``. Each module is built on ``meta`` from its ``config.json`` and the
-checkpoint's tensors are assigned (missing, unexpected and wrong-shape keys are named).
+checkpoint's tensors are assigned (missing, unexpected and wrong-shape keys are named);
+``from_diffusers_module`` does the same from a diffusers module in memory.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -50,42 +52,15 @@ VOCODER_SUBS = _subs((r"\.upsample\.filter$", ".up_filter"), (r"\.downsample\.fi
 UPSAMPLER_SUBS = _subs((r"^upsampler\.0\.", "upsampler.conv."), (r"^upsampler\.blur_down\.kernel$", "upsampler.kernel"))
 
 
-def load_module(folder: Path, what: str, build: Callable[[dict], nn.Module], *, device: torch.device | str,
-                dtype: torch.dtype, subs: Subs = (), skip: Callable[[str], bool] = lambda key: False) -> nn.Module:
-    config, files = diffusers_folder(Path(folder), what)
-    sd = rewrite_keys(read_tensors(files, cast_to(device, dtype), skip=skip), subs)
-    with torch.device("meta"):
-        model = build(config)
-    check_and_assign(model, sd, str(folder), f"pass a diffusers {what} folder whose config.json describes its weights")
-    return model.eval().requires_grad_(False)
+@dataclass(frozen=True)
+class Part:
+    """One component: the diffusers class its folder holds, how to build ours from its
+    config, the key rewrites, and the checkpoint keys the pipelines never use."""
 
-
-def load_ltx2_transformer(folder: Path, *, device, dtype) -> LTX2DiT:
-    return load_module(folder, "LTX2VideoTransformer3DModel",
-                       lambda c: LTX2DiT(LTX2DiTConfig.from_diffusers_config(c)), device=device, dtype=dtype,
-                       subs=BLOCK_SUBS)
-
-
-def load_ltx2_connectors(folder: Path, *, device, dtype) -> LTX2Connectors:
-    return load_module(folder, "LTX2TextConnectors",
-                       lambda c: LTX2Connectors(LTX2ConnectorsConfig.from_diffusers_config(c)), device=device,
-                       dtype=dtype, subs=BLOCK_SUBS)
-
-
-def load_ltx2_video_vae(folder: Path, *, device, dtype) -> LTX2VideoVAE:
-    return load_module(folder, "AutoencoderKLLTX2Video",
-                       lambda c: LTX2VideoVAE(LTX2VideoVAEConfig.from_diffusers_config(c)), device=device, dtype=dtype)
-
-
-def load_ltx2_audio_vae(folder: Path, *, device, dtype) -> LTX2AudioVAE:
-    return load_module(folder, "AutoencoderKLLTX2Audio",
-                       lambda c: LTX2AudioVAE(LTX2AudioVAEConfig.from_diffusers_config(c)), device=device, dtype=dtype,
-                       skip=lambda key: key.startswith("encoder."))  # the pipelines only decode audio
-
-
-def load_ltx2_vocoder(folder: Path, *, device, dtype) -> LTX2Vocoder:
-    return load_module(folder, "LTX2Vocoder", lambda c: LTX2Vocoder(_vocoder_config(c)), device=device, dtype=dtype,
-                       subs=VOCODER_SUBS)
+    what: str
+    build: Callable[[dict], nn.Module]
+    subs: Subs = ()
+    skip: Callable[[str], bool] = lambda key: False
 
 
 def _vocoder_config(config: dict) -> LTX2VocoderConfig:
@@ -94,7 +69,60 @@ def _vocoder_config(config: dict) -> LTX2VocoderConfig:
     return LTX2VocoderConfig.from_diffusers_config(config)
 
 
+PARTS: dict[str, Part] = {
+    "transformer": Part("LTX2VideoTransformer3DModel", lambda c: LTX2DiT(LTX2DiTConfig.from_diffusers_config(c)),
+                        BLOCK_SUBS),
+    "connectors": Part("LTX2TextConnectors", lambda c: LTX2Connectors(LTX2ConnectorsConfig.from_diffusers_config(c)),
+                       BLOCK_SUBS),
+    "vae": Part("AutoencoderKLLTX2Video", lambda c: LTX2VideoVAE(LTX2VideoVAEConfig.from_diffusers_config(c))),
+    "audio_vae": Part("AutoencoderKLLTX2Audio", lambda c: LTX2AudioVAE(LTX2AudioVAEConfig.from_diffusers_config(c)),
+                      skip=lambda key: key.startswith("encoder.")),  # the pipelines only decode audio
+    "vocoder": Part("LTX2Vocoder", lambda c: LTX2Vocoder(_vocoder_config(c)), VOCODER_SUBS),
+    "latent_upsampler": Part("LTX2LatentUpsamplerModel",
+                             lambda c: LTX2LatentUpsampler(LTX2UpsamplerConfig.from_diffusers_config(c)), UPSAMPLER_SUBS),
+}
+
+
+def assemble(part: Part, config: Mapping, sd: Mapping[str, torch.Tensor], where: str) -> nn.Module:
+    """Our module for ``part`` from a diffusers config and its (diffusers-named) tensors: built
+    on ``meta``, the tensors assigned as they are (not copied)."""
+    sd = rewrite_keys({k: t for k, t in sd.items() if not part.skip(k)}, part.subs)
+    with torch.device("meta"):
+        model = part.build(dict(config))
+    check_and_assign(model, sd, where, f"pass a diffusers {part.what} folder whose config.json describes its weights")
+    return model.eval().requires_grad_(False)
+
+
+def load_part(name: str, folder: Path, *, device: torch.device | str, dtype: torch.dtype) -> nn.Module:
+    part = PARTS[name]
+    config, files = diffusers_folder(Path(folder), part.what)
+    return assemble(part, config, read_tensors(files, cast_to(device, dtype), skip=part.skip), str(folder))
+
+
+def from_diffusers_module(name: str, module: nn.Module) -> nn.Module:
+    """Ours from a loaded diffusers module, sharing its tensors (benchmarks hold both)."""
+    return assemble(PARTS[name], module.config, module.state_dict(), f"<{type(module).__name__} in memory>")
+
+
+def load_ltx2_transformer(folder: Path, *, device, dtype) -> LTX2DiT:
+    return load_part("transformer", folder, device=device, dtype=dtype)
+
+
+def load_ltx2_connectors(folder: Path, *, device, dtype) -> LTX2Connectors:
+    return load_part("connectors", folder, device=device, dtype=dtype)
+
+
+def load_ltx2_video_vae(folder: Path, *, device, dtype) -> LTX2VideoVAE:
+    return load_part("vae", folder, device=device, dtype=dtype)
+
+
+def load_ltx2_audio_vae(folder: Path, *, device, dtype) -> LTX2AudioVAE:
+    return load_part("audio_vae", folder, device=device, dtype=dtype)
+
+
+def load_ltx2_vocoder(folder: Path, *, device, dtype) -> LTX2Vocoder:
+    return load_part("vocoder", folder, device=device, dtype=dtype)
+
+
 def load_ltx2_latent_upsampler(folder: Path, *, device, dtype) -> LTX2LatentUpsampler:
-    return load_module(folder, "LTX2LatentUpsamplerModel",
-                       lambda c: LTX2LatentUpsampler(LTX2UpsamplerConfig.from_diffusers_config(c)), device=device,
-                       dtype=dtype, subs=UPSAMPLER_SUBS)
+    return load_part("latent_upsampler", folder, device=device, dtype=dtype)

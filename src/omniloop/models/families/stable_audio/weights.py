@@ -7,6 +7,7 @@ tensors are assigned, cast to the deployment dtype (the VAE's weight-norm pairs 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -83,35 +84,59 @@ def fold_weight_norm(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def _load(folder: Path, what: str, build: Callable[[dict], nn.Module], convert: Callable[[dict], dict],
-          device: torch.device | str, dtype: torch.dtype) -> nn.Module:
-    hint = f"; pass the diffusers folder of a {what}"
-    config, files = diffusers_folder(Path(folder), what, hint)
-    # fp32 on read: weight norm folds in fp32, then everything goes to the deployment dtype
-    sd = convert(read_tensors(files, cast_to(device, torch.float32)))
+@dataclass(frozen=True)
+class Part:
+    what: str  # the diffusers class of the folder
+    build: Callable[[dict], nn.Module]
+    convert: Callable[[dict], dict]  # diffusers keys -> ours
+
+
+PARTS: dict[str, Part] = {
+    "transformer": Part("StableAudioDiTModel", lambda c: StableAudioDiT(StableAudioDiTConfig.from_diffusers_config(c)),
+                        lambda sd: rename_keys(sd, DIT_RENAMES)),
+    "projection_model": Part("StableAudioProjectionModel",
+                             lambda c: StableAudioProjection(StableAudioProjectionConfig.from_diffusers_config(c)),
+                             lambda sd: rename_keys(sd, PROJECTION_RENAMES)),
+    "vae": Part("AutoencoderOobleck", lambda c: OobleckVAE(OobleckConfig.from_diffusers_config(c)),
+                lambda sd: rename_keys(fold_weight_norm(sd), VAE_RENAMES)),
+}
+
+
+def assemble(part: Part, config: Mapping, sd: Mapping[str, torch.Tensor], where: str, dtype: torch.dtype) -> nn.Module:
+    """Ours from a diffusers config and its fp32 tensors (weight norm folds in fp32, then
+    everything goes to the deployment dtype)."""
+    sd = part.convert(dict(sd))
     with torch.device("meta"):
-        model = build(config)
-    check_and_assign(model, sd, str(folder), f"pass a diffusers {what} folder whose config.json describes its weights")
+        model = part.build(dict(config))
+    check_and_assign(model, sd, where, f"pass a diffusers {part.what} folder whose config.json describes its weights")
     model = model.to(dtype=dtype)
+    if isinstance(model, StableAudioDiT):
+        model._rope.clear()
     return model.eval().requires_grad_(False)
+
+
+def _load(name: str, folder: Path, device: torch.device | str, dtype: torch.dtype) -> nn.Module:
+    part = PARTS[name]
+    config, files = diffusers_folder(Path(folder), part.what, f"; pass the diffusers folder of a {part.what}")
+    return assemble(part, config, read_tensors(files, cast_to(device, torch.float32)), str(folder), dtype)
+
+
+def from_diffusers_module(name: str, module: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """Ours from a loaded diffusers module (its tensors read in fp32: copies; benchmarks)."""
+    sd = {k: t.float() for k, t in module.state_dict().items()}
+    return assemble(PARTS[name], module.config, sd, f"<{type(module).__name__} in memory>", dtype)
 
 
 def load_stable_audio_dit(folder: Path, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
                           ) -> StableAudioDiT:
-    model = _load(folder, "StableAudioDiTModel", lambda c: StableAudioDiT(StableAudioDiTConfig.from_diffusers_config(c)),
-                  lambda sd: rename_keys(sd, DIT_RENAMES), device, dtype)
-    model._rope.clear()
-    return model
+    return _load("transformer", folder, device, dtype)
 
 
 def load_stable_audio_projection(folder: Path, *, device: torch.device | str = "cpu",
                                  dtype: torch.dtype = torch.float32) -> StableAudioProjection:
-    return _load(folder, "StableAudioProjectionModel",
-                 lambda c: StableAudioProjection(StableAudioProjectionConfig.from_diffusers_config(c)),
-                 lambda sd: rename_keys(sd, PROJECTION_RENAMES), device, dtype)
+    return _load("projection_model", folder, device, dtype)
 
 
 def load_oobleck_vae(folder: Path, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
                      ) -> OobleckVAE:
-    return _load(folder, "AutoencoderOobleck", lambda c: OobleckVAE(OobleckConfig.from_diffusers_config(c)),
-                 lambda sd: rename_keys(fold_weight_norm(sd), VAE_RENAMES), device, dtype)
+    return _load("vae", folder, device, dtype)

@@ -36,6 +36,13 @@ def wan_i2v_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def far_dir(tmp_path_factory):
+    from tests.models.far.checkpoint import save_far_checkpoint
+
+    return save_far_checkpoint(tmp_path_factory.mktemp("far"))
+
+
+@pytest.fixture(scope="session")
 def qwen2_dir(tmp_path_factory):
     from tests.models.qwen2.checkpoint import save_qwen2_checkpoint
 

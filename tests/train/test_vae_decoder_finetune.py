@@ -12,8 +12,6 @@ import torch
 from safetensors.torch import load_file
 
 from omniloop.models.autoencoders.wan_vae import WanVAE, load_wan_vae
-from omniloop.models.loader import BUILTIN_DIR
-from omniloop.models.manifest import file_record
 from omniloop.train.recipes.shapes_vae import (
     ENCODER_PREFIXES,
     MODEL_DIR,
@@ -24,13 +22,10 @@ from omniloop.train.recipes.shapes_vae import (
 )
 from omniloop.train.recipes.trainer import read_log
 from omniloop.train.recipes.vae_gate import GATE_DB, frame_psnr, ground_truth_clips, vae_gate
+from tests.shipped import SESSION5_REASON, SHIPPED_VAE, SHIPS_SESSION5_VAE
 
 CPU = torch.device("cpu")
 WEIGHTS = "diffusion_pytorch_model.safetensors"
-SHIPPED_VAE = BUILTIN_DIR / "shapes-t2v" / "vae"
-# the session-5 VAE (trained on 9-frame clips): its 17-frame round trip collapses at frames 13-16
-SESSION5_VAE_SHA256 = "007be595a8bb6bb9e8fe01551f3b9d5d1aafdd3142adbb5009446decfa9f655a"
-SHIPS_SESSION5_VAE = file_record(SHIPPED_VAE / WEIGHTS).sha256 == SESSION5_VAE_SHA256
 
 
 def _toy_finetune(init_from, **overrides) -> VAERecipe:
@@ -125,9 +120,7 @@ def test_gate_of_a_toy_vae_and_its_report(toy_vae):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(SHIPS_SESSION5_VAE, strict=True,
-                   reason="the session-5 VAE collapses at frames 13-16 (~11 dB); passes once the decoder fine-tune "
-                          "of issue 15 ships (scripts/train_shapes.py install-vae)")
+@pytest.mark.xfail(SHIPS_SESSION5_VAE, strict=True, reason=SESSION5_REASON)
 def test_the_shipped_vae_holds_to_the_last_frame_of_17_and_33_frame_clips():
     before = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -84,12 +84,14 @@ class GeneratedImage:
 
 
 class VideoGenerator:
-    def __init__(self, spec: ModelSpec, pipeline: Pipeline, deploy: DeployConfig) -> None:
+    def __init__(self, spec: ModelSpec, pipeline: Pipeline, deploy: DeployConfig, engine: Engine | None = None) -> None:
         self.spec = spec
         self.pipeline = pipeline
         self.deploy = deploy
         # The same engine the server runs; driven synchronously here, one request at a time.
-        self.engine = Engine(pipeline, EngineConfig.from_deploy(deploy), event_sink=self._dispatch)
+        # ``engine``: one already started (an SPMD pool's rank 0, DeployConfig.parallel).
+        self.engine = engine or Engine(pipeline, EngineConfig.from_deploy(deploy))
+        self.engine.event_sink = self._dispatch
         self._listener: Callable[[OmniEvent], None] | None = None
 
     def _dispatch(self, event: OmniEvent) -> None:
@@ -102,13 +104,32 @@ class VideoGenerator:
     ) -> "VideoGenerator":
         """Load a checkpoint directory or built-in model name. ``options`` are DeployConfig
         fields (``device``, ``dtype``, ``attention_backend``, ``cfg_mode``, ``compile``, ``quantization``,
-        ``plugins={name: config}``...)."""
+        ``plugins={name: config}``, ``parallel="sp=2"``...). With ``parallel`` above one rank
+        this process becomes rank 0 of an SPMD pool (one process per rank; gloo on CPU):
+        call :meth:`close` (or use ``with``) to stop the other ranks."""
         config = DeployConfig.from_options(deploy, **options)
         if config.torch_device().type == "cpu":
             apply_cpu_threads(config.cpu_threads)  # before loading: the loader's casts run threaded too
+        if config.parallel.world > 1:
+            from omniloop.engine.pool import launch_pool_engine
+
+            engine = launch_pool_engine(model, config)
+            return cls(engine.model_spec, engine.pipeline, config, engine)
         spec, pipeline = load_pipeline(model, load_options(config))
         pipeline = install_plugins(pipeline, config.plugins, compile=config.compile)  # deploy-scoped plugins
         return cls(spec, pipeline, config)
+
+    def close(self) -> None:
+        """Release the engine's worker processes (an SPMD pool's ranks); a no-op for one process."""
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self) -> "VideoGenerator":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     @property
     def tasks(self) -> list[str]:

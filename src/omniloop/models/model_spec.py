@@ -28,6 +28,7 @@ class LoadOptions:
     cfg_mode: str = "sequential"
     compile: bool = False
     quantization: str = "none"  # "fp8": e4m3 GEMMs in the transformer blocks (layers/fp8_linear.py)
+    chunk_kv_budget_bytes: int | None = None  # causal video families' KV slab pool (None: cache/chunk_kv default)
     text_cache_bytes: int = 256 * 2**20  # text-embedding cache budget (0: no cache)
     resolution_buckets: tuple[tuple[int, int], ...] = ()  # image models: the only (height, width) served
     lora_device_bytes: int = 2 * 2**30  # adapter cache budgets: device tier, host tier

@@ -12,7 +12,7 @@ the optional ones their defaults, so the engine never probes a stage with ``geta
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Hashable, Mapping, Protocol, Sequence, runtime_checkable
 
 from pydantic import BaseModel
@@ -38,6 +38,9 @@ class WorkEstimate:
     # Requests whose steps at this node may share a batch have equal groups (None: any
     # request at the node may batch with any other).
     batch_group: Hashable | None = None
+    # bytes charged against named cache pools with budgets of their own (e.g. "chunk_kv"),
+    # part of resident_bytes too
+    pool_bytes: Mapping[str, int] = field(default_factory=dict)
 
 
 class _Ports(Protocol):

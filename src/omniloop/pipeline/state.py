@@ -37,6 +37,7 @@ class StageContext:
     # stage finds its cache here or runs without it
     caches: Mapping[str, Any] = field(default_factory=dict)
     hooks: Any = None  # observer chain assembled at build (extension system); None costs nothing
+    parallel: Any = None  # a pool's row placement (omniloop.parallel.rows: dp x cfg forwards); None: one rank
 
     def component(self, name: str) -> Any:
         try:

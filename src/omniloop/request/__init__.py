@@ -11,6 +11,7 @@ from omniloop.request.artifacts import (
     TensorArtifact,
     TextArtifact,
     VideoArtifact,
+    VideoChunkArtifact,
 )
 from omniloop.request.enums import Modality, RequestStatus, TaskType
 from omniloop.request.output import (
@@ -31,5 +32,5 @@ __all__ = [
     "ImageArtifact", "ImagePart", "LatentPart", "LatentsArtifact", "LoraRef", "Modality", "ModalPart", "OmniEvent",
     "OmniOutput", "OmniRequest", "OutputSpec", "ProgressEvent", "RequestMetrics", "RequestStatus",
     "SCHEMA_VERSION", "SamplingParams", "StatusEvent", "TaskType", "TensorArtifact", "TextArtifact", "TextPart",
-    "VideoArtifact", "VideoPart", "new_request_id",
+    "VideoArtifact", "VideoChunkArtifact", "VideoPart", "new_request_id",
 ]

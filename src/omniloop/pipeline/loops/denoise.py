@@ -137,6 +137,10 @@ class DenoiseLoopState(LoopState):
     def timestep(self) -> torch.Tensor:
         return next(iter(self.samplers.values())).timestep
 
+    @property
+    def model_timestep(self) -> torch.Tensor:
+        return next(iter(self.samplers.values())).model_timestep
+
 
 @dataclass
 class DenoiseLoop(LoopStageBase):
@@ -159,18 +163,37 @@ class DenoiseLoop(LoopStageBase):
     # -- init / finalize ------------------------------------------------------------
     def init(self, ctx: StageContext, state: RequestState) -> DenoiseLoopState:
         request = state.request
-        params = _effective_params(request.diffusion, state.node_params.get(ctx.node))
-        sampler = ctx.component(self.sampler_component).get(params.sampler)
-        shapes = self.denoiser.latent_shapes(ctx, request)
-        num_steps, schedule = self.schedule(ctx, params, shapes, sampler)
+        params = self.params(ctx, state)
         seed = params.seed if params.seed is not None else random.randrange(2**63)
-        samplers = {m: sampler.init_state(num_steps, device=ctx.device, seed=seed, **schedule)
-                    for m in self.denoiser.modalities}
         state.metrics.seed = seed
         # Same seed -> same noise as diffusers: a CPU generator, fp32, then moved.
         gen = torch.Generator("cpu").manual_seed(seed)
+        shapes = self.denoiser.latent_shapes(ctx, request)
         given = ctx.read_optional(state, "init_latents", InitLatents)
         latents = self.initial_noise(ctx, state, shapes, gen, given is not None)
+        return self.start(ctx, state, params, latents, seed=seed, gen=gen, given=given)
+
+    def params(self, ctx: StageContext, state: RequestState) -> DiffusionParams:
+        """The request's DiffusionParams with this node's ``node_params`` applied."""
+        return _effective_params(state.request.diffusion, state.node_params.get(ctx.node))
+
+    def start(
+        self, ctx: StageContext, state: RequestState, params: DiffusionParams, latents: dict[str, torch.Tensor], *,
+        seed: int, gen: torch.Generator | None = None, branch_kwargs: dict[str, dict[str, Any]] | None = None,
+        given: InitLatents | None = None,
+    ) -> DenoiseLoopState:
+        """A loop state denoising ``latents`` (fp32, [B, C, ...] per modality): ``init`` draws
+        them from the seed (``gen``: its generator, which image-to-image conditioning draws on
+        next) and hands the request's ``given`` latents when its ``init_latents`` port is fed
+        (the noise is then mixed into them at the strength's first step); an outer loop
+        (``ChunkRollout``) starts one per chunk with its slice of the video's noise and forward
+        kwargs of its own (the chunk's KV view), the policies and sampler unchanged."""
+        request = state.request
+        sampler = ctx.component(self.sampler_component).get(params.sampler)
+        shapes = {m: tuple(x.shape) for m, x in latents.items()}
+        num_steps, schedule = self.schedule(ctx, params, shapes, sampler)
+        samplers = {m: sampler.init_state(num_steps, device=ctx.device, seed=seed, **schedule)
+                    for m in self.denoiser.modalities}
         start = 0  # first step that runs: > 0 when starting from given latents at strength < 1
         if given is not None:
             start = start_from_given(sampler, samplers, latents, given, loop_strength(params, ctx.defaults), node=ctx.node)
@@ -200,7 +223,8 @@ class DenoiseLoop(LoopStageBase):
             sampler=sampler,
             samplers=samplers,
             latents=latents,
-            branch_kwargs=self.denoiser.branch_inputs(ctx, state, cfg_state.branches),
+            branch_kwargs=branch_kwargs if branch_kwargs is not None
+            else self.denoiser.branch_inputs(ctx, state, cfg_state.branches),
             routes=routes,
             model_dtype=model_dtype,
             flops_per_forward=self.denoiser.flops_per_forward(ctx, shapes),
@@ -227,7 +251,7 @@ class DenoiseLoop(LoopStageBase):
                       gen: torch.Generator, given: bool) -> dict[str, torch.Tensor]:
         """The starting noise per modality, drawn from ``gen`` in diffusers' order and layout
         (``given``: it will be mixed into given latents)."""
-        return {m: torch.randn(shapes[m], generator=gen, dtype=torch.float32).to(ctx.device) for m in shapes}
+        return seeded_noise(shapes, gen, ctx.device)
 
     def policy_defaults(self, ctx: StageContext, state: RequestState) -> Mapping[str, Any]:
         """The defaults the guidance policy resolves its scales against (the node's)."""
@@ -404,7 +428,8 @@ class DenoiseLoop(LoopStageBase):
             x = {m: scale(loop.samplers[m], v) for m, v in x.items()}
         x = {m: v.to(loop.model_dtype) for m, v in x.items()}
         batch = next(iter(x.values())).shape[0]
-        return x, loop.timestep.expand(batch)
+        t = loop.model_timestep  # 0-d, or a flow map's [t, r]
+        return x, t.expand(batch, *t.shape)
 
     def _forward_branches(
         self,
@@ -419,9 +444,13 @@ class DenoiseLoop(LoopStageBase):
     ) -> list[dict[str, Prediction]]:
         """Per loop, per branch predictions (float32). ``batched`` dispatch stacks every
         (branch, loop) pair into one forward; ``sequential`` runs one forward per branch.
-        Pairs a step interceptor ``supplied`` skip the forward."""
+        Pairs a step interceptor ``supplied`` skip the forward. In a pool with dp x cfg ranks
+        (``ctx.parallel``, omniloop.parallel.rows) this rank runs its share of the pairs and
+        the ranks then exchange predictions, so every rank ends with all of them."""
         calls: list[tuple[int, str]] = [(i, b) for b in branches for i in range(len(loops)) if (i, b) not in supplied]
-        groups = [[c for c in calls if c[1] in together] for together in _dispatch(self.cfg, branches)]
+        rows = ctx.parallel
+        local = calls if rows is None else rows.local_calls(calls, branches)
+        groups = [[c for c in local if c[1] in together] for together in _dispatch(self.cfg, branches)]
         out: list[dict[str, Prediction]] = [{} for _ in loops]
         for (i, b), pred in supplied.items():
             out[i][b] = pred
@@ -443,6 +472,8 @@ class DenoiseLoop(LoopStageBase):
                     parts = _split_pred(pred, sizes)
             for (i, b), part in zip(group, parts):
                 out[i][b] = {m: v.float() for m, v in part.items()}  # post_forward: fp32 for combine
+        if rows is not None:
+            rows.exchange(out, calls, branches, like=[lp.latents for lp in loops])
         return out
 
     def _forward(
@@ -529,6 +560,11 @@ def _dispatch(cfg: Any, branches: tuple[str, ...]) -> list[tuple[str, ...]]:
     return [branches] if cfg.mode == "batched" else [(b,) for b in branches]
 
 
+def seeded_noise(shapes: Mapping[str, tuple[int, ...]], gen: torch.Generator, device: torch.device) -> dict[str, torch.Tensor]:
+    """Initial noise per modality from ``gen`` (a CPU generator: diffusers' draw), fp32, then moved."""
+    return {m: torch.randn(shapes[m], generator=gen, dtype=torch.float32).to(device) for m in shapes}
+
+
 def _own(x: torch.Tensor) -> torch.Tensor:
     """``x`` in storage of its own: a batched sampler update leaves each request's latents a
     row slice of the batch's tensor, which an output kept for long must not hold alive."""
@@ -538,7 +574,7 @@ def _own(x: torch.Tensor) -> torch.Tensor:
 def _effective_params(params: DiffusionParams, overrides: DenoiseParams | None) -> DiffusionParams:
     if overrides is None:
         return params
-    # a family's node schema may carry knobs of its own (its loop reads them from node_params)
+    # only DiffusionParams fields (a family's node schema or an outer loop's may add knobs of its own)
     update = {k: v for k, v in overrides.model_dump().items() if v is not None and k in DiffusionParams.model_fields}
     if "steps" in update and params.sigmas is not None:
         update["sigmas"] = None

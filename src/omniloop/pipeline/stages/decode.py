@@ -136,3 +136,25 @@ class VAEDecode(StageBase):
         else:
             fps = state.request.diffusion.fps or int(ctx.defaults.get("fps", 16))
             ctx.write(state, "video", VideoArtifact(frames=media.frames, fps=fps))
+
+
+@dataclass(frozen=True)
+class StreamingVAEDecode:
+    """Chunk-by-chunk decode for a ``ChunkRollout`` (its ``ChunkDecoder``): each chunk's
+    latents through the video VAE's streaming decode with the request's own causal cache, so
+    the streamed frames are exactly the whole clip's decode (tests/models/far/test_streaming.py)."""
+
+    component: str = "vae"
+
+    def init(self, ctx: StageContext):
+        return ctx.component(self.component).new_stream()
+
+    @torch.inference_mode()
+    def decode_unit(self, ctx: StageContext, stream, latents: torch.Tensor) -> torch.Tensor:
+        """latents [1, C, f, h, w] (normalized) -> video [1, 3, F, H, W] float32 in [0, 1]."""
+        vae = ctx.component(self.component)
+        video = vae.decode_stream(vae.denormalize_latents(latents.to(vae.dtype)), stream)
+        return (video.float() / 2 + 0.5).clamp(0, 1)
+
+    def decode(self, ctx: StageContext, stream, latents: torch.Tensor) -> torch.Tensor:
+        return to_uint8_frames(self.decode_unit(ctx, stream, latents)[0])

@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import random
 import statistics
 import sys

@@ -52,6 +52,24 @@ def qwen2_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def stable_audio_dir(tmp_path_factory):
+    from tests.models.stable_audio.checkpoint import save_stable_audio_checkpoint
+
+    folder = tmp_path_factory.mktemp("stable_audio")
+    save_stable_audio_checkpoint(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def ltx2_dir(tmp_path_factory):
+    from tests.models.ltx2.checkpoint import save_ltx2_checkpoint
+
+    folder = tmp_path_factory.mktemp("ltx2")
+    save_ltx2_checkpoint(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
 def flux_dir(tmp_path_factory):
     """A tiny FLUX.1-dev-layout checkpoint (tests/flux_checkpoint.py)."""
     from tests.flux_checkpoint import save_flux_checkpoint

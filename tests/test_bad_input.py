@@ -41,7 +41,7 @@ def test_steps_below_one():
 
 def test_task_the_model_does_not_declare(t2v):
     req = OmniRequest(task=TaskType.T2A, inputs=[TextPart(text="a drum")])
-    with pytest.raises(ValueError, match=r"task 't2a' is not served by 'wan2.1-t2v'; pass one of \['t2i', 't2v'\]"):
+    with pytest.raises(ValueError, match=r"task 't2a' is not served by 'wan2.1-t2v'; pass one of \['t2i', 't2v', 'v2v'\]"):
         t2v.generate(req)
 
 

@@ -22,7 +22,9 @@ def hybrid(wan_t2v_dir, qwen2_dir):
     _, lm = load_pipeline(qwen2_dir, OPTS)
     t2v, reason = task_in(TaskType.T2V), task_in(TaskType.REASON)
     nodes = [Node("reason", lm.spec.node("decode").stage, when=reason, outputs={"text": "reason_text"})]
-    nodes += [Node(n.name, n.stage, when=t2v) for n in wan.spec.nodes]
+    # Wan's nodes for t2v, each still under its own predicate (v2v's video encode drops out)
+    nodes += [Node(n.name, n.stage, when=t2v if n.when is None else t2v & n.when, inputs=n.inputs, outputs=n.outputs)
+              for n in wan.spec.nodes if n.may_run_for(TaskType.T2V)]
     spec = PipelineSpec(
         name="hybrid", family="test", tasks=frozenset({TaskType.T2V, TaskType.REASON}),
         components={**wan.spec.components, **lm.spec.components}, nodes=tuple(nodes),

@@ -56,6 +56,10 @@ def test_write_audio_by_suffix_and_bad_input(tmp_path):
         encode_audio(np.zeros((1, 10), np.int16), SR)
     with pytest.raises(ValueError, match="NaN"):
         encode_audio(np.full((1, 10), np.nan, np.float32), SR)
+    with pytest.raises(ValueError, match=r"mp3 cannot carry 128 Hz audio .*use wav or flac"):
+        encode_audio(x, 128, "mp3")
+    with pytest.raises(ValueError, match=r"aac cannot carry 128 Hz audio"):
+        encode_mp4(np.zeros((2, 16, 16, 3), np.uint8), 4, audio=x, sample_rate=128)
 
 
 def test_mp4_with_an_aac_track_decodes_to_both_streams():

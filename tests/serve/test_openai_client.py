@@ -74,6 +74,6 @@ def test_images_b64_and_url_and_n_batched(t2v_server):
 def test_models_health_ready(t2v_server):
     models = t2v_server.client().models.list()
     assert [m.id for m in models.data] == [t2v_server.state.model.name]
-    assert sorted(models.data[0].model_extra["tasks"]) == ["t2i", "t2v"]
+    assert sorted(models.data[0].model_extra["tasks"]) == ["t2i", "t2v", "v2v"]
     assert httpx.get(f"{t2v_server.url}/health").json() == {"status": "ok"}
     assert httpx.get(f"{t2v_server.url}/ready").status_code == 200

@@ -10,7 +10,6 @@ import json
 import time
 
 import httpx
-import numpy as np
 import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect

@@ -22,6 +22,7 @@ from omniloop.cache.chunk_kv import cache_pool_budgets
 from omniloop.engine.admission import MemoryBudget, MemoryEstimate, default_memory_budget
 from omniloop.engine.cost_model import CostModel, ItemCost
 from omniloop.engine.errors import DoesNotFit, EngineDeadError, PoolFatalError, QueueFull, RequestRejected, UnknownRequest
+from omniloop.engine.fanout import FanOutPool
 from omniloop.engine.request import EngineRequest
 from omniloop.engine.scheduler import NodeWork, SchedulerPlan, SchedulingPolicy, StepScheduler, StepWork
 from omniloop.engine.step_timer import StepTimer, step_timer_for
@@ -109,6 +110,7 @@ class Engine:
         self._ids_lock = threading.Lock()
         # Observer chain of the deployment's plugins (None: no plugins, no hook calls).
         self.hooks: HookChain | None = plugin_chain(pipeline)
+        self._fan_out: FanOutPool | None = None  # threads for fan-out nodes, made at first use
 
     # -- public API ---------------------------------------------------------------------
     def add_request(self, request: OmniRequest) -> str:
@@ -261,6 +263,9 @@ class Engine:
 
     def _run_node_work(self, work: NodeWork) -> None:
         reqs = self._at_node(work)
+        if work.parallel and len(reqs) == 1 and self._fans_out(reqs[0], work):
+            self._guarded(reqs[0], lambda: self._run_fan_out(reqs[0], len(work.parallel) + 1))
+            return
         if len(reqs) > 1 and self._batches_node(reqs[0]):
             try:
                 self._run_nodes(reqs)
@@ -300,6 +305,30 @@ class Engine:
             self._fire(kind, lambda: NodeEvent(req.request_id, node.name, node.is_loop, req.loop))
         if not node.is_loop:
             self._next_node(req)
+
+    def _fans_out(self, req: EngineRequest, work: NodeWork) -> bool:
+        """Siblings still the request's next nodes, in a deployment without plugins (their
+        per-node events and tap scopes assume one node at a time)."""
+        names = tuple(n.name for n in req.nodes[req.node_index + 1:req.node_index + 1 + len(work.parallel)])
+        return names == work.parallel and self.hooks is None and all(
+            self.pipeline.contexts[n].hooks is None for n in (work.node, *work.parallel))
+
+    def _run_fan_out(self, req: EngineRequest, count: int) -> None:
+        """The request's next ``count`` one-shot nodes at the same time (engine/fanout.py);
+        each node's own time is its metric, and any failure fails the request."""
+        nodes = req.nodes[req.node_index:req.node_index + count]
+        if self._fan_out is None:
+            self._fan_out = FanOutPool(self.pipeline.device)
+        ran = self._fan_out.run([lambda n=n: n.stage.forward(self.pipeline.contexts[n.name], req.state) for n in nodes])
+        for node, result in zip(nodes, ran):
+            if result.error is not None:
+                raise result.error
+            self.cost_model.observe(ItemCost(node.name, "node", None), result.seconds)
+            req.actual_s += result.seconds
+            req.state.metrics.node_s[node.name] = req.state.metrics.node_s.get(node.name, 0.0) + result.seconds
+        for _ in nodes[1:]:
+            req.advance_node()
+        self._next_node(req)
 
     def _at_node(self, work: NodeWork) -> list[EngineRequest]:
         """The listed requests still running and still at the work's node."""

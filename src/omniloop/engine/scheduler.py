@@ -20,6 +20,7 @@ from typing import Literal
 
 from omniloop.engine.admission import MemoryBudget
 from omniloop.engine.cost_model import CostModel, ItemCost
+from omniloop.engine.fanout import ready_siblings
 from omniloop.engine.request import EngineRequest
 from omniloop.pipeline.pipeline import Pipeline
 
@@ -34,6 +35,9 @@ class NodeWork:
 
     node: str
     request_ids: tuple[str, ...]
+    # one request only: the one-shot nodes after ``node`` whose inputs are ready too; they run
+    # at the same time as it (fan-out: LTX-2's video decode || audio decode + vocoder)
+    parallel: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,7 @@ class SchedulingPolicy:
     aging: float = 0.05  # seconds of remaining cost forgiven per second waited
     deadline_margin: float = 1.5  # a deadline is at risk when slack < margin * remaining
     prologue_share: float = 0.25  # prologue items cheaper than this share of a step run first
+    fan_out: bool = True  # ready one-shot siblings of a request run together (engine/fanout.py)
 
 
 @dataclass
@@ -191,7 +196,10 @@ class StepScheduler:
                     break
                 if other.node is node and (other.loop is None or not node.is_loop):
                     batch.append(other)
-            return NodeWork(node.name, tuple(r.request_id for r in batch))
+            parallel = ()
+            if len(batch) == 1 and self.policy.fan_out and not node.is_loop:
+                parallel = tuple(n.name for n in ready_siblings(head.nodes, head.node_index))
+            return NodeWork(node.name, tuple(r.request_id for r in batch), parallel)
         key = node.stage.batch_key(head.loop)
         batch = [head]
         budget, used = self.policy.max_batch_tokens, node.stage.batch_weight(head.loop)

@@ -22,6 +22,19 @@ AUDIO_FORMATS: dict[str, tuple[str, str, str]] = {
     "mp3": ("mp3", "libmp3lame", "fltp"),
 }
 MEDIA_TYPES = {"wav": "audio/wav", "flac": "audio/flac", "mp3": "audio/mpeg"}
+# the sample rates a lossy codec takes (MPEG-1/2/2.5 layer III; AAC's sampling-frequency table)
+CODEC_RATES = {
+    "mp3": (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000),
+    "aac": (7350, 8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000, 64000, 88200, 96000),
+}
+
+
+def check_rate(codec: str, sample_rate: int) -> None:
+    """A ValueError when ``codec`` (mp3, aac) cannot carry ``sample_rate``."""
+    rates = CODEC_RATES.get(codec)
+    if rates is not None and sample_rate not in rates:
+        raise ValueError(f"{codec} cannot carry {sample_rate} Hz audio (it takes {rates[0]}-{rates[-1]} Hz: "
+                         f"{list(rates)}); use wav or flac for this audio")
 _LAYOUTS = {1: "mono", 2: "stereo"}
 
 
@@ -88,6 +101,7 @@ def write_audio(samples: torch.Tensor | np.ndarray, dest: str | Path | BinaryIO,
         raise ValueError(f"audio format {format!r} is not written here; pass one of {sorted(AUDIO_FORMATS)}")
     container_format, codec, sample_format = AUDIO_FORMATS[format]
     arr = as_float_samples(samples, sample_rate)
+    check_rate(format, sample_rate)
     target = str(dest) if isinstance(dest, (str, Path)) else dest
     with av.open(target, mode="w", format=container_format) as container:
         stream = add_audio_stream(container, codec, arr, sample_rate, sample_format)

@@ -44,12 +44,15 @@ def open_image_part(part: Any) -> "PIL.Image.Image":  # noqa: F821
     return open_image(part.path)
 
 
-def image_to_tensor(image: "PIL.Image.Image", height: int, width: int) -> torch.Tensor:  # noqa: F821
-    """[1, 3, H, W] float32 in [-1, 1], resized (Lanczos, as diffusers) to height x width."""
+def image_to_tensor(image: "PIL.Image.Image", height: int, width: int,  # noqa: F821
+                    resample: str = "lanczos") -> torch.Tensor:
+    """[1, 3, H, W] float32 in [-1, 1], resized to height x width (Lanczos by default, as
+    diffusers' image processor; ``bilinear`` as its LTX-2 image-to-video one)."""
     from PIL import Image
 
     if image.size != (width, height):
-        image = image.resize((width, height), resample=Image.LANCZOS)
+        filters = {"lanczos": Image.LANCZOS, "bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}
+        image = image.resize((width, height), resample=filters[resample])
     arr = torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0)  # [H, W, 3]
     return (arr.permute(2, 0, 1)[None] * 2.0 - 1.0).contiguous()
 
@@ -61,3 +64,27 @@ def write_png(image: torch.Tensor | np.ndarray, dest: str | Path | io.BytesIO) -
     if arr.ndim != 3 or arr.shape[-1] != 3 or arr.dtype != np.uint8:
         raise ValueError(f"image must be [H, W, 3] uint8, got {arr.shape} {arr.dtype}")
     Image.fromarray(arr).save(dest, format="PNG")
+
+
+def h264_recompress(image: np.ndarray, crf: int, preset: str = "veryfast") -> np.ndarray:
+    """``image`` ([H, W, 3] uint8) through one H.264 intra frame at ``crf`` and back, cropped
+    to even sides: the compression a conditioning image carries in training (LTX-2's
+    ``apply_image_conditioning_crf``). ``crf=0`` returns it unchanged."""
+    import av
+
+    if crf == 0:
+        return image
+    h, w = image.shape[0] // 2 * 2, image.shape[1] // 2 * 2
+    image = np.ascontiguousarray(image[:h, :w])
+    buf = io.BytesIO()
+    container = av.open(buf, "w", format="mp4")
+    try:
+        stream = container.add_stream("libx264", rate=1, options={"crf": str(crf), "preset": preset})
+        stream.height, stream.width = h, w
+        container.mux(stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24").reformat(format="yuv420p")))
+        container.mux(stream.encode())
+    finally:
+        container.close()
+    with av.open(io.BytesIO(buf.getvalue())) as decoded:
+        frame = next(decoded.decode(next(s for s in decoded.streams if s.type == "video")))
+        return frame.to_ndarray(format="rgb24")

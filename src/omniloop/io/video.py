@@ -5,12 +5,12 @@ from __future__ import annotations
 import io
 from fractions import Fraction
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
 
-from omniloop.io.audio import add_audio_stream, as_float_samples, mux_audio
+from omniloop.io.audio import add_audio_stream, as_float_samples, check_rate, mux_audio
 
 
 def _as_uint8_frames(frames: torch.Tensor | np.ndarray) -> np.ndarray:
@@ -39,6 +39,7 @@ def write_mp4(
         if sample_rate is None:
             raise ValueError("audio needs its sample_rate; pass sample_rate=<Hz>")
         sound = as_float_samples(audio, sample_rate)
+        check_rate("aac", sample_rate)
     target = str(dest) if isinstance(dest, (str, Path)) else dest
     with av.open(target, mode="w", format="mp4") as container:
         stream = container.add_stream("libx264", rate=Fraction(int(fps), 1))
@@ -77,3 +78,28 @@ def read_video(source: str | Path | bytes | BinaryIO) -> tuple[np.ndarray, float
     if not frames:
         raise ValueError("video has no decodable frames")
     return np.stack(frames), fps
+
+
+def video_frames(source: Any) -> np.ndarray:
+    """[F, H, W, 3] uint8 frames from a path, file bytes, an array / tensor of that layout, or a
+    list of PIL images. Unreadable or wrongly shaped input raises ValueError naming it."""
+    if isinstance(source, (str, Path, bytes)):
+        return read_video(source)[0]
+    if isinstance(source, (list, tuple)):
+        from omniloop.io.image import open_image
+
+        if not source:
+            raise ValueError("video has no frames")
+        return np.stack([np.asarray(open_image(frame)) for frame in source])
+    return _as_uint8_frames(source)
+
+
+def video_to_tensor(frames: np.ndarray, height: int, width: int) -> torch.Tensor:
+    """[F, H, W, 3] uint8 -> [1, 3, F, height, width] float32 in [-1, 1], each frame resized
+    like a conditioning image (Lanczos; diffusers' VideoProcessor)."""
+    from PIL import Image
+
+    from omniloop.io.image import image_to_tensor
+
+    per_frame = [image_to_tensor(Image.fromarray(frame), height, width) for frame in frames]  # [1, 3, H, W] each
+    return torch.stack(per_frame, dim=2)

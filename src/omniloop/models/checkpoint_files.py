@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 from safetensors import safe_open
+from torch import nn
 
 MAX_KEYS_IN_ERROR = 12
 
@@ -70,6 +71,35 @@ def format_keys(keys: Iterable[str], limit: int = MAX_KEYS_IN_ERROR) -> str:
 def wrong_shapes(got: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor]) -> list[str]:
     """``key: checkpoint shape vs model shape`` for every mismatch (keys present in both)."""
     return [f"{k}: {tuple(got[k].shape)} vs {tuple(t.shape)}" for k, t in expected.items() if k in got and got[k].shape != t.shape]
+
+
+DIFFUSERS_WEIGHTS = "diffusion_pytorch_model.safetensors"
+DIFFUSERS_WEIGHTS_INDEX = "diffusion_pytorch_model.safetensors.index.json"
+
+
+def diffusers_folder(folder: Path, what: str, hint: str = "") -> tuple[dict[str, Any], list[Path]]:
+    """A diffusers model folder's ``config.json`` and weight files (single or sharded)."""
+    config_path = Path(folder) / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{config_path} not found; pass the diffusers folder of a {what}{hint}")
+    files = weight_files(Path(folder), DIFFUSERS_WEIGHTS, DIFFUSERS_WEIGHTS_INDEX, what, hint)
+    return json.loads(config_path.read_text()), files
+
+
+def check_and_assign(model: nn.Module, sd: Mapping[str, torch.Tensor], where: str, hint: str) -> None:
+    """``model.load_state_dict(sd, assign=True)`` after naming missing, unexpected and
+    wrong-shape keys (``model`` built on ``meta``: the checkpoint's tensors become its own)."""
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(sd))
+    unexpected = sorted(set(sd) - set(expected))
+    if missing or unexpected:
+        raise ValueError(f"checkpoint {where} does not match its config: missing keys {format_keys(missing)}, "
+                         f"unexpected keys {format_keys(unexpected)}; {hint}")
+    wrong_shape = wrong_shapes(sd, expected)
+    if wrong_shape:
+        raise ValueError(f"checkpoint {where} has weights of the wrong shape (checkpoint vs config): "
+                         f"{format_keys(wrong_shape)}")
+    model.load_state_dict(sd, strict=True, assign=True)
 
 
 def aligned(cast: Cast) -> Cast:

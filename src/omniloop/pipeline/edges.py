@@ -88,6 +88,15 @@ class ConditionLatents(Artifact):
 
 
 @dataclass(kw_only=True)
+class InitLatents(Artifact):
+    """Latents a denoise loop starts from instead of pure noise (video-to-video, SDEdit, a
+    refine stage after an upsampler), in the loop's normalized latent space. The loop noises
+    them to the step its strength picks, with its sampler's arithmetic."""
+
+    latents: dict[str, torch.Tensor]  # modality -> [B, C, ...], the loop's latent shapes
+
+
+@dataclass(kw_only=True)
 class ImageEmbeddings(Artifact):
     embeds: torch.Tensor  # [B, L_img, D]
 

@@ -64,7 +64,7 @@ class Pipeline:
                 dtype=self.dtype,
                 inputs=dict(node.inputs),
                 outputs=dict(node.outputs),
-                defaults=self.defaults,
+                defaults={**self.defaults, **node.defaults},
                 caches=self.caches,
             )
             for node in self.spec.nodes
@@ -87,7 +87,28 @@ class Pipeline:
             request = self.validate_request(request)
         state = RequestState(request=request)
         state.node_params = self._node_params(request)
+        self._check_nodes(state)
         return state
+
+    def _check_nodes(self, state: RequestState) -> None:
+        """Stages' own admission checks (``check_request(ctx, state, produced_edges)``, optional),
+        and a ``diffusion.strength`` that no loop of this request can use."""
+        active = self.active_nodes(state.request)
+        produced = frozenset(edge for node in active for edge in node.output_edges())
+        for node in active:
+            check = getattr(node.stage, "check_request", None)
+            if check is not None:
+                check(self.contexts[node.name], state, produced)
+        strength = state.request.diffusion.strength
+        if strength is not None and not any(
+            node.stage.starts_from_given(self.contexts[node.name], produced)
+            for node in active if callable(getattr(node.stage, "starts_from_given", None))
+        ):
+            raise ValueError(
+                f"diffusion.strength={strength}: no loop of this {state.request.task.value!r} request starts from given "
+                "latents (pass a video for task v2v, an image for i2i, or a LatentPart, where the model takes one); "
+                "drop strength"
+            )
 
     def _check_modalities(self, request: OmniRequest) -> None:
         wanted = request.outputs.modalities

@@ -40,6 +40,8 @@ class Node:
     when: Predicate | None = None
     inputs: Mapping[str, str] = field(default_factory=dict)  # port -> edge rename
     outputs: Mapping[str, str] = field(default_factory=dict)  # port -> edge rename
+    # this node's model defaults, over the pipeline's (a refine loop's own sigmas and guidance)
+    defaults: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def is_loop(self) -> bool:

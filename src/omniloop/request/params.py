@@ -11,6 +11,14 @@ from omniloop.request.enums import Modality
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
+def check_strength(v: float | None) -> float | None:
+    """A denoising strength must lie in [0, 1] (shared by the request and node-parameter schemas)."""
+    if v is not None and not 0.0 <= v <= 1.0:
+        raise ValueError(f"must be in [0, 1] (got {v}): the share of the schedule re-run on the given latents, "
+                         "1 starting from pure noise")
+    return v
+
+
 LORA_STRENGTH_LIMIT = 5.0
 
 
@@ -62,12 +70,13 @@ class DiffusionParams(BaseModel):
         description="seconds of audio to generate (text-to-audio models; video models derive it from num_frames/fps)",
     )
     seed: int | None = Field(default=None, ge=0, lt=2**63)
+    strength: float | None = Field(
+        default=None,
+        description="for loops that start from given latents or an image (image-to-image, video-to-video, SDEdit, a "
+        "refine stage): the share of the schedule to run, in [0, 1]; 1 starts from pure noise (default: the model's)",
+    )
     negative_prompt: str | None = None
     sampler: str | None = Field(default=None, description="sampler name (e.g. flow_unipc, flow_euler)")
-    strength: float | None = Field(
-        default=None, gt=0, le=1,
-        description="image-to-image: how much of the schedule re-noises the given image (1: all, from pure noise)",
-    )
     loras: list[LoraRef] = Field(default_factory=list, max_length=16,
                                  description="adapters to apply, stacked in order: [{'name': ..., 'strength': 1.0}]")
     plugin_params: dict[str, dict[str, Any]] = Field(
@@ -81,6 +90,11 @@ class DiffusionParams(BaseModel):
         if any(s < 0 for s in values):
             raise ValueError("must be >= 0 (1.0 or less disables classifier-free guidance)")
         return v
+
+    @field_validator("strength")
+    @classmethod
+    def _strength_in_unit_interval(cls, v: float | None):
+        return check_strength(v)
 
     @field_validator("sigmas")
     @classmethod

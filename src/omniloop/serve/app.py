@@ -21,7 +21,7 @@ from pydantic import BaseModel
 import omniloop
 from omniloop.deploy import Limits
 from omniloop.engine import AsyncEngine
-from omniloop.serve import chat, images, sessions, streaming, videos
+from omniloop.serve import audio, chat, images, sessions, streaming, videos
 from omniloop.serve.config import ServeConfig
 from omniloop.serve.errors import install_error_handlers
 from omniloop.serve.protocol import ImageGenerationRequest, ModelCard, ModelList, VideoCreateRequest
@@ -58,7 +58,8 @@ async def metrics(state: State) -> Response:
 # -- OpenAPI for the hand-read bodies ------------------------------------------------------
 
 _BODIES: dict[str, type[BaseModel]] = {"VideoCreateRequest": VideoCreateRequest,
-                                       "ImageGenerationRequest": ImageGenerationRequest}
+                                       "ImageGenerationRequest": ImageGenerationRequest,
+                                       "SpeechRequest": audio.SpeechRequest}
 
 
 def _multipart_schema(schema: dict[str, Any], file_fields: tuple[str, ...]) -> dict[str, Any]:
@@ -77,7 +78,7 @@ def _this_server(body: dict[str, Any], state: ServeState) -> dict[str, Any]:
         for variant in body["properties"].get(name, {}).get("anyOf", [body["properties"].get(name, {})]):
             if "maximum" in variant:
                 variant["maximum"] = min(variant["maximum"], ceiling)
-    if state.config.warmup:
+    if state.config.warmup and "prompt" in body["properties"]:  # (speech bodies take ``input``)
         shape, d = state.config.warmup[0], state.model.defaults
         example = {"prompt": "a red circle moving right", "steps": shape.num_steps(d.get("steps", 1)),
                    "size": f"{shape.width or d.get('width')}x{shape.height or d.get('height')}"}
@@ -131,7 +132,7 @@ def create_app(engine: AsyncEngine, config: ServeConfig | None = None, *, limits
     app.state.omniloop = state
     install_error_handlers(app)
     for router in (system, videos.router, streaming.router, images.router, sessions.router,
-                   chat.router):
+                   chat.router, audio.router):
         app.include_router(router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

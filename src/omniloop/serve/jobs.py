@@ -22,6 +22,7 @@ from omniloop.request import RequestStatus
 class JobKind(str, Enum):
     VIDEO = "video"
     IMAGE = "image"
+    AUDIO = "audio"
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,8 @@ class Job:
     progress: int = 0  # percent; 100 only once completed
     completed_at: int | None = None
     error: str | None = None
-    content: bytes | None = None  # mp4 (video) or png (image)
+    content: bytes | None = None  # mp4 (video), png (image) or the audio file (audio)
+    audio_format: str = "wav"  # an audio job's file format (wav, flac, mp3)
     thumbnail: bytes | None = None  # png of a video's first frame
     metrics: dict[str, Any] | None = None
     actions: list[list[float]] | None = None  # predicted actions of a world-model job

@@ -56,8 +56,10 @@ class _VideoCreateBase(_Wire):
     input_reference: ImageReference | None = Field(
         default=None, description="first frame for image-to-video (multipart: upload the file under this name)"
     )
-    audio: bool = Field(default=False, description="also generate the soundtrack (models serving t2vs); the mp4 "
-                                                   "carries it as an AAC track")
+    audio: bool | None = Field(
+        default=None, description="the soundtrack of a model with sound: on by default; false skips it (a silent mp4), "
+        "true requires it"
+    )
     actions: list[list[float]] | None = Field(
         default=None, min_length=1, description="world models: the agent's actions, one row per step, to roll out "
         "from input_reference (task a2w); the video runs len(actions) + 1 frames unless num_frames says otherwise")

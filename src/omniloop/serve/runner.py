@@ -14,7 +14,7 @@ import time
 from collections.abc import AsyncIterator
 
 from omniloop.engine import AsyncEngine, UnknownRequest
-from omniloop.io import encode_mp4, write_png
+from omniloop.io import encode_audio, encode_mp4, write_png
 from omniloop.request import FinalEvent, OmniEvent, OmniOutput, OmniRequest, ProgressEvent, RequestStatus, StatusEvent
 from omniloop.serve.chunks import ChunkSegments, is_video_chunk
 from omniloop.serve.jobs import Job, JobKind, JobStore
@@ -29,14 +29,18 @@ def _png(image) -> bytes:
     return buf.getvalue()
 
 
-def encode_content(kind: JobKind, output: OmniOutput) -> tuple[bytes, bytes | None]:
-    """(content, thumbnail): mp4 and a png of its first frame for a video job; png for an image job."""
+def encode_content(kind: JobKind, output: OmniOutput, audio_format: str = "wav") -> tuple[bytes, bytes | None]:
+    """(content, thumbnail): mp4 (with an AAC track when the output has sound) and a png of its
+    first frame for a video job; png for an image job; the audio file for an audio job."""
     if kind is JobKind.VIDEO:
-        video = output.video
+        video, sound = output.video, output.audio
         assert video is not None, f"completed video job {output.request_id} has no video artifact"
-        audio = output.audio  # a soundtrack (t2vs) goes into the mp4 as AAC
-        sound = {} if audio is None else {"audio": audio.samples, "sample_rate": audio.sample_rate}
-        return encode_mp4(video.frames, video.fps, **sound), _png(video.frames[0])
+        audio = dict(audio=sound.samples, sample_rate=sound.sample_rate) if sound is not None else {}
+        return encode_mp4(video.frames, video.fps, **audio), _png(video.frames[0])
+    if kind is JobKind.AUDIO:
+        sound = output.audio
+        assert sound is not None, f"completed audio job {output.request_id} has no audio artifact"
+        return encode_audio(sound.samples, sound.sample_rate, audio_format), None
     image = output.image
     assert image is not None, f"completed image job {output.request_id} has no image artifact"
     return _png(image.image), None
@@ -109,7 +113,7 @@ class JobRunner:
         status, error = output.status, output.error
         if status is RequestStatus.COMPLETED:
             try:
-                job.content, job.thumbnail = await asyncio.to_thread(encode_content, job.kind, output)
+                job.content, job.thumbnail = await asyncio.to_thread(encode_content, job.kind, output, job.audio_format)
             except Exception as e:
                 logger.exception("encoding the output of %s failed", job.id)
                 status, error = RequestStatus.FAILED, f"encoding the output failed: {e}"

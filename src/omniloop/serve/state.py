@@ -40,6 +40,7 @@ class ServeState:
         path = engine.model_name or "omniloop"
         name = config.served_model_name or Path(path).name or path
         self.model = ServedModel(name=name, aliases=frozenset({path}), tasks=frozenset(pipeline.spec.tasks),
+                                 makes_audio="audio" in pipeline.spec.outputs,
                                  defaults=dict(pipeline.defaults))
         self.jobs = JobStore(config.max_jobs)
         self.metrics = ServeMetrics(engine.stats)
@@ -88,6 +89,8 @@ class ServeState:
         task = next((t for t in preference if t in tasks), next(iter(tasks)))
         if task is TaskType.T2I:
             shape = shape.model_copy(update={"num_frames": 1})
+        if task is TaskType.T2A:  # audio has no frames or pixels
+            shape = shape.model_copy(update={"height": None, "width": None, "num_frames": None, "fps": None})
         inputs: list = [TextPart(text="warmup")]
         if task is TaskType.I2V:
             from PIL import Image

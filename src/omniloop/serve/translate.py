@@ -34,6 +34,7 @@ class ServedModel:
     aliases: frozenset[str]  # also accepted (e.g. the checkpoint path it was loaded from)
     tasks: frozenset[TaskType]
     defaults: Mapping[str, Any]  # the pipeline's generation defaults (steps, height, fps...)
+    makes_audio: bool = False  # the pipeline has an audio output (a soundtrack, or text-to-audio)
 
     def check_name(self, requested: str | None) -> None:
         if requested is not None and requested != self.name and requested not in self.aliases:
@@ -135,13 +136,15 @@ def reference_image(ref: Any) -> ImagePart | None:
 def _world_task(model: ServedModel, wire: Any, has_image: bool) -> TaskType | None:
     """Sound and world-model requests: t2vs, a2w (given actions), v2w (predicted actions)."""
     if wire.audio:
-        if TaskType.T2VS not in model.tasks:
-            raise ApiError(400, f"audio: model {model.name!r} makes no sound (tasks: {sorted(t.value for t in model.tasks)})",
-                           param="audio", code="unsupported")
-        if has_image or wire.actions is not None or wire.predict_actions:
-            raise ApiError(400, "audio: a soundtrack is generated from text alone; drop input_reference / actions",
+        if not model.makes_audio:
+            raise ApiError(400, f"audio: model {model.name!r} makes no sound (tasks: {sorted(t.value for t in model.tasks)})"
+                           "; drop audio or pass false", param="audio", code="unsupported")
+        if wire.actions is not None or wire.predict_actions:
+            raise ApiError(400, "audio: a world-model rollout has no soundtrack; drop actions / predict_actions",
                            param="audio", code="invalid_value")
-        return TaskType.T2VS
+        if not has_image and TaskType.T2VS in model.tasks:
+            return TaskType.T2VS
+        return None  # the default task asking for the audio modality (the family refuses it if it cannot)
     if wire.actions is None and not wire.predict_actions:
         return None
     param = "actions" if wire.actions is not None else "predict_actions"
@@ -198,7 +201,8 @@ def video_request(wire: Any, request_id: str, model: ServedModel, limits: Limits
     if wire.actions is not None:
         inputs.append(_action_part(wire.actions))
     modalities = [Modality.VIDEO, Modality.ACTION] if wire.predict_actions else None
-    outputs = OutputSpec(stream=wire.preview_every is not None, preview_every=wire.preview_every, modalities=modalities)
+    outputs = OutputSpec(stream=wire.preview_every is not None, preview_every=wire.preview_every,
+                         modalities=modalities or _video_modalities(model, wire.audio))
     try:
         request = OmniRequest(request_id=request_id, task=task, inputs=inputs, diffusion=params, outputs=outputs,
                               node_params=wire.node_params or {})
@@ -213,6 +217,17 @@ def _action_part(rows: list[list[float]]) -> ActionPart:
         raise ApiError(400, "actions: every row needs the same (non-zero) number of values", param="actions",
                        code="invalid_value")
     return ActionPart(values=rows)
+
+
+def _video_modalities(model: ServedModel, audio: bool | None) -> list[Modality] | None:
+    """``audio``: None, the video with sound when the model makes it; False, without (the
+    audio decode is skipped); True, with (refused for a model without sound)."""
+    if audio is None:
+        return None
+    if audio and not model.makes_audio:
+        raise ApiError(400, f"audio: model {model.name!r} makes no sound; drop audio or pass false", param="audio",
+                       code="unsupported")
+    return [Modality.VIDEO, Modality.AUDIO] if audio else [Modality.VIDEO]
 
 
 # -- images -----------------------------------------------------------------------------

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Callable, Mapping, MutableMapping
+from typing import Any, Callable, MutableMapping
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omniloop.models.checkpoint_files import format_keys, wrong_shapes
+from omniloop.models.checkpoint_files import check_and_assign  # noqa: F401 - re-exported for the Wan-lineage loaders
 from omniloop.models.layers.attention import DEFAULT_BACKEND, attention
 
 RMSNormFactory = Callable[..., nn.Module]  # (dim, eps=..., elementwise_affine=...) -> module
@@ -256,19 +256,3 @@ def convert_wan_keys(sd: MutableMapping[str, torch.Tensor], top_renames: Renames
         out[f"blocks.{block}.{linear}.{leaf}"] = torch.cat([slots[i] for i in range(len(sources))], dim=0)
         slots.clear()  # drop the unfused tensors now, not at the end
     return out
-
-
-def check_and_assign(model: nn.Module, sd: Mapping[str, torch.Tensor], where: str, hint: str) -> None:
-    """``model.load_state_dict(sd, assign=True)`` after naming missing, unexpected and
-    wrong-shape keys (``model`` built on ``meta``: the checkpoint's tensors become its own)."""
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(sd))
-    unexpected = sorted(set(sd) - set(expected))
-    if missing or unexpected:
-        raise ValueError(f"checkpoint {where} does not match its config: missing keys {format_keys(missing)}, "
-                         f"unexpected keys {format_keys(unexpected)}; {hint}")
-    wrong_shape = wrong_shapes(sd, expected)
-    if wrong_shape:
-        raise ValueError(f"checkpoint {where} has weights of the wrong shape (checkpoint vs config): "
-                         f"{format_keys(wrong_shape)}")
-    model.load_state_dict(sd, strict=True, assign=True)

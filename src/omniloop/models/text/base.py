@@ -33,11 +33,13 @@ class PaddedTokenEncoder:
     every position past the prompt's real length (padding is at the end, so this equals
     diffusers' cut-then-zero-pad). Subclasses say how the model is called."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, max_sequence_length: int, hidden_size: int) -> None:
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, max_sequence_length: int, hidden_size: int,
+                 *, clean: bool = True) -> None:
         self.model = model.eval().requires_grad_(False)
         self.tokenizer = tokenizer
         self.max_sequence_length = max_sequence_length
         self.hidden_size = hidden_size
+        self.clean = clean  # Wan's prompt cleaning (ftfy, HTML unescape, whitespace); off: the prompt as given
 
     @property
     def dtype(self) -> torch.dtype:
@@ -54,7 +56,7 @@ class PaddedTokenEncoder:
     @torch.inference_mode()
     def encode(self, prompts: Sequence[str], *, device: torch.device | None = None) -> EncodedText:
         tokens = self.tokenizer(
-            [clean_prompt(p) for p in prompts],
+            [clean_prompt(p) if self.clean else p for p in prompts],
             padding="max_length",
             max_length=self.max_sequence_length,
             truncation=True,

@@ -1,5 +1,10 @@
-"""T5 encoder (transformers ``T5EncoderModel``) with diffusers' Flux / SD3 handling: the raw
-prompt padded to ``max_sequence_length``, no attention mask, padding features kept."""
+"""T5 encoders (transformers ``T5EncoderModel``) with two pipelines' prompt handling:
+
+* ``T5TextEncoder`` - diffusers' Flux / SD3: the raw prompt padded to ``max_sequence_length``,
+  no attention mask, padding features kept;
+* ``MaskedT5TextEncoder`` - diffusers' Stable Audio: the raw prompt padded to the tokenizer's
+  ``model_max_length``, encoded with its attention mask, padded positions zeroed.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ from typing import Any
 
 import torch
 
-from omniloop.models.text.base import UnmaskedTokenEncoder
+from omniloop.models.text.base import PaddedTokenEncoder, UnmaskedTokenEncoder
 
 
 class T5TextEncoder(UnmaskedTokenEncoder):
@@ -19,12 +24,34 @@ class T5TextEncoder(UnmaskedTokenEncoder):
         return self.model(ids, output_hidden_states=False).last_hidden_state, None
 
 
-def load_t5_encoder(text_encoder_dir: Path, tokenizer_dir: Path, *, device: torch.device | str, dtype: torch.dtype,
-                    max_sequence_length: int = 512) -> T5TextEncoder:
+class MaskedT5TextEncoder(PaddedTokenEncoder):
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, max_sequence_length: int | None = None) -> None:
+        length = int(max_sequence_length or tokenizer.model_max_length)
+        super().__init__(model, tokenizer, length, int(model.config.d_model), clean=False)
+
+    def hidden_states(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=ids, attention_mask=mask).last_hidden_state
+
+
+def _load(text_encoder_dir: Path, tokenizer_dir: Path, device: torch.device | str, dtype: torch.dtype):
     from transformers import AutoTokenizer, T5EncoderModel
 
     for folder in (text_encoder_dir, tokenizer_dir):
         if not Path(folder).is_dir():
             raise FileNotFoundError(f"missing folder {folder}")
     model = T5EncoderModel.from_pretrained(text_encoder_dir, dtype=dtype).to(device)
-    return T5TextEncoder(model, AutoTokenizer.from_pretrained(tokenizer_dir), max_sequence_length)
+    return model, AutoTokenizer.from_pretrained(tokenizer_dir)
+
+
+def load_t5_encoder(text_encoder_dir: Path, tokenizer_dir: Path, *, device: torch.device | str, dtype: torch.dtype,
+                    max_sequence_length: int = 512) -> T5TextEncoder:
+    model, tokenizer = _load(text_encoder_dir, tokenizer_dir, device, dtype)
+    return T5TextEncoder(model, tokenizer, max_sequence_length)
+
+
+def load_masked_t5_encoder(text_encoder_dir: Path, tokenizer_dir: Path, *, device: torch.device | str,
+                           dtype: torch.dtype, max_sequence_length: int | None = None) -> MaskedT5TextEncoder:
+    model, tokenizer = _load(text_encoder_dir, tokenizer_dir, device, dtype)
+    if max_sequence_length is None and tokenizer.model_max_length > 100_000:
+        raise ValueError(f"{tokenizer_dir}: the tokenizer sets no model_max_length; pass max_sequence_length")
+    return MaskedT5TextEncoder(model, tokenizer, max_sequence_length)

@@ -18,13 +18,14 @@ from dataclasses import dataclass, field
 from typing import Any, Hashable, Mapping, Protocol, Sequence
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from omniloop.ext.interceptors import accepts_block_interceptor
 from omniloop.models.layers.lora import AdapterSet, LoraPlan, lora_rows
 from omniloop.pipeline.adapters import request_adapters
-from omniloop.pipeline.edges import ConditionLatents, DenoisedLatents, TextEmbeddings
+from omniloop.pipeline.edges import ConditionLatents, DenoisedLatents, InitLatents, TextEmbeddings
 from omniloop.pipeline.failures import PoolFatalError, attempt, per_request
+from omniloop.pipeline.loops.given_latents import check_strength_leaves_steps, loop_strength, start_from_given
 from omniloop.pipeline.policies.cfg import CFGPolicy, CFGState, ClassicCFG, Prediction
 from omniloop.pipeline.policies.conditioning import ConditioningPolicy, NoConditioning
 from omniloop.pipeline.policies.routing import Route, RoutingPolicy, SingleModel
@@ -33,6 +34,7 @@ from omniloop.pipeline.samplers.base import Sampler, SamplerState
 from omniloop.pipeline.stage import LoopStageBase, WorkEstimate
 from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
 from omniloop.request import DiffusionParams, LatentsArtifact, Modality, OmniRequest, TensorArtifact
+from omniloop.request.params import check_strength
 
 
 class Denoiser(Protocol):
@@ -102,6 +104,12 @@ class DenoiseParams(BaseModel):
     guidance_scale_2: float | None = Field(default=None, ge=0)
     shift: float | None = Field(default=None, gt=0, le=100)
     sampler: str | None = None
+    strength: float | None = Field(default=None, description="see DiffusionParams.strength (this node only)")
+
+    @field_validator("strength")
+    @classmethod
+    def _strength_in_unit_interval(cls, v: float | None) -> float | None:
+        return check_strength(v)
 
 
 @dataclass(kw_only=True)
@@ -144,7 +152,7 @@ class DenoiseLoop(LoopStageBase):
     sampler_component: str = "sampler"
 
     inputs = {"text": TextEmbeddings}  # type: ignore[assignment]
-    optional_inputs = {"condition": ConditionLatents}  # type: ignore[assignment]
+    optional_inputs = {"condition": ConditionLatents, "init_latents": InitLatents}  # type: ignore[assignment]
     outputs = {"latents": DenoisedLatents, "final_latents": LatentsArtifact, "trajectory": TensorArtifact}  # type: ignore[assignment]
     params_schema = DenoiseParams
 
@@ -160,8 +168,10 @@ class DenoiseLoop(LoopStageBase):
         state.metrics.seed = seed
         # Same seed -> same noise as diffusers: a CPU generator, fp32, then moved.
         gen = torch.Generator("cpu").manual_seed(seed)
-        latents = seeded_noise(self.denoiser.latent_shapes(ctx, request), gen, ctx.device)
-        return self.start(ctx, state, params, latents, seed=seed, gen=gen)
+        shapes = self.denoiser.latent_shapes(ctx, request)
+        given = ctx.read_optional(state, "init_latents", InitLatents)
+        latents = self.initial_noise(ctx, state, shapes, gen, given is not None)
+        return self.start(ctx, state, params, latents, seed=seed, gen=gen, given=given)
 
     def params(self, ctx: StageContext, state: RequestState) -> DiffusionParams:
         """The request's DiffusionParams with this node's ``node_params`` applied."""
@@ -170,20 +180,27 @@ class DenoiseLoop(LoopStageBase):
     def start(
         self, ctx: StageContext, state: RequestState, params: DiffusionParams, latents: dict[str, torch.Tensor], *,
         seed: int, gen: torch.Generator | None = None, branch_kwargs: dict[str, dict[str, Any]] | None = None,
+        given: InitLatents | None = None,
     ) -> DenoiseLoopState:
-        """A loop state denoising ``latents`` (fp32, [B, C, ...] per modality) from pure noise:
-        ``init`` draws them from the seed (``gen``: its generator, which image-to-image
-        conditioning draws on next); an outer loop (``ChunkRollout``) starts one per chunk
-        with its slice of the video's noise and forward kwargs of its own (the chunk's KV
-        view), the policies and sampler unchanged."""
+        """A loop state denoising ``latents`` (fp32, [B, C, ...] per modality): ``init`` draws
+        them from the seed (``gen``: its generator, which image-to-image conditioning draws on
+        next) and hands the request's ``given`` latents when its ``init_latents`` port is fed
+        (the noise is then mixed into them at the strength's first step); an outer loop
+        (``ChunkRollout``) starts one per chunk with its slice of the video's noise and forward
+        kwargs of its own (the chunk's KV view), the policies and sampler unchanged."""
         request = state.request
         sampler = ctx.component(self.sampler_component).get(params.sampler)
         shapes = {m: tuple(x.shape) for m, x in latents.items()}
-        num_steps = params.num_steps(ctx.defaults.get("steps", 50))
-        schedule = self.shift.sampler_kwargs(params, _latent_area(shapes), num_steps, sampler)
-        samplers = {m: sampler.init_state(num_steps, device=ctx.device, **schedule) for m in self.denoiser.modalities}
+        num_steps, schedule = self.schedule(ctx, params, shapes, sampler)
+        samplers = {m: sampler.init_state(num_steps, device=ctx.device, seed=seed, **schedule)
+                    for m in self.denoiser.modalities}
+        start = 0  # first step that runs: > 0 when starting from given latents at strength < 1
+        if given is not None:
+            start = start_from_given(sampler, samplers, latents, given, loop_strength(params, ctx.defaults), node=ctx.node)
+        elif getattr(sampler, "init_noise_sigma", 1.0) != 1.0:  # EDM-style samplers start at sigma_max
+            latents = {m: x * sampler.init_noise_sigma for m, x in latents.items()}
 
-        cfg_state = self.cfg.init(params, self.denoiser.modalities, ctx.defaults)
+        cfg_state = self.cfg.init(params, self.denoiser.modalities, self.policy_defaults(ctx, state))
         cond_state = self.conditioning.init(
             ctx.read_optional(state, self.conditioning.input_port, ConditionLatents)
             if self.conditioning.input_port
@@ -192,8 +209,8 @@ class DenoiseLoop(LoopStageBase):
         # image-to-image: noise the given latents and run the schedule's tail only
         strength = params.strength if params.strength is not None else ctx.defaults.get("strength")
         latents, samplers = self.conditioning.start(latents, samplers, cond_state, gen, strength)
-        num_steps = next(iter(samplers.values())).num_steps
-        timesteps = next(iter(samplers.values())).timesteps.detach().cpu()
+        num_steps = next(iter(samplers.values())).num_steps - start
+        timesteps = next(iter(samplers.values())).timesteps.detach().cpu()[start:]
         num_train = getattr(sampler, "num_train_timesteps", 1000)
         routes = [self.routing.route(t, num_train) for t in timesteps]
         model_dtype = _dtype_of(ctx.component(routes[0].component), ctx.dtype)
@@ -223,6 +240,55 @@ class DenoiseLoop(LoopStageBase):
             ctx.hooks.init_loop(loop, request)  # interceptor state, per request (and per branch, lazily)
         return loop
 
+    # -- hooks a family's loop may override (a custom step body keeps the rest) ----------
+    def schedule(self, ctx: StageContext, params: DiffusionParams, shapes: Mapping[str, tuple[int, ...]],
+                 sampler: Sampler) -> tuple[int, dict[str, Any]]:
+        """(steps, ``init_state`` keyword arguments) of this request's schedule."""
+        num_steps = params.num_steps(ctx.defaults.get("steps", 50))
+        return num_steps, self.shift.sampler_kwargs(params, _latent_area(shapes), num_steps, sampler)
+
+    def initial_noise(self, ctx: StageContext, state: RequestState, shapes: Mapping[str, tuple[int, ...]],
+                      gen: torch.Generator, given: bool) -> dict[str, torch.Tensor]:
+        """The starting noise per modality, drawn from ``gen`` in diffusers' order and layout
+        (``given``: it will be mixed into given latents)."""
+        return seeded_noise(shapes, gen, ctx.device)
+
+    def policy_defaults(self, ctx: StageContext, state: RequestState) -> Mapping[str, Any]:
+        """The defaults the guidance policy resolves its scales against (the node's)."""
+        return ctx.defaults
+
+    def combine(self, loop: DenoiseLoopState, cfg_state: CFGState, preds: Mapping[str, Prediction],
+                route: Route) -> Prediction:
+        """The combine slot: the guided prediction of one request."""
+        return self.cfg.combine(cfg_state, preds, route.scale_set)
+
+    def check_request(self, ctx: StageContext, state: RequestState, produced: frozenset[str]) -> None:
+        """Admission: a strength on a node that starts from noise, or one that leaves no step."""
+        override = state.node_params.get(ctx.node)
+        params = _effective_params(state.request.diffusion, override)
+        if not self.starts_from_given(ctx, produced):
+            if override is not None and override.strength is not None:
+                raise ValueError(f"node_params[{ctx.node!r}].strength: node {ctx.node!r} starts from noise in this "
+                                 "request (no given latents); drop strength")
+            return
+        field = f"node_params[{ctx.node!r}].strength" if override is not None and override.strength is not None \
+            else "diffusion.strength"
+        check_strength_leaves_steps(self._num_steps(ctx, state, params), loop_strength(params, ctx.defaults), field)
+
+    def starts_from_given(self, ctx: StageContext, produced: frozenset[str]) -> bool:
+        """Whether this loop starts from given latents in a request producing ``produced``: its
+        ``init_latents`` port is fed, or its conditioning policy starts from the condition
+        (one that overrides ``start``: image-to-image's LatentStart) and that is fed."""
+        if ctx.inputs.get("init_latents", "init_latents") in produced:
+            return True
+        port = self.conditioning.input_port
+        starts = getattr(type(self.conditioning), "start", NoConditioning.start) is not NoConditioning.start
+        return starts and port is not None and ctx.inputs.get(port, port) in produced
+
+    def _num_steps(self, ctx: StageContext, state: RequestState, params: DiffusionParams) -> int:
+        sampler = ctx.component(self.sampler_component).get(params.sampler)
+        return self.schedule(ctx, params, self.denoiser.latent_shapes(ctx, state.request), sampler)[0]
+
     def finalize(self, ctx: StageContext, loop: DenoiseLoopState, state: RequestState) -> None:  # type: ignore[override]
         loop.latents = {m: _own(x) for m, x in loop.latents.items()}
         ctx.write(state, "latents", DenoisedLatents(latents=dict(loop.latents)))
@@ -249,7 +315,7 @@ class DenoiseLoop(LoopStageBase):
         request = state.request
         params = _effective_params(request.diffusion, state.node_params.get(ctx.node))
         shapes = self.denoiser.latent_shapes(ctx, request)
-        cfg_state = self.cfg.init(params, self.denoiser.modalities, ctx.defaults)
+        cfg_state = self.cfg.init(params, self.denoiser.modalities, self.policy_defaults(ctx, state))
         forwards = len(cfg_state.branches)
         per_forward = self.denoiser.flops_per_forward(ctx, shapes)
         latent_bytes = sum(4 * _numel(s) for s in shapes.values())
@@ -261,7 +327,7 @@ class DenoiseLoop(LoopStageBase):
         rows = forwards if self.cfg.mode == "batched" else 1
         peak = (self.denoiser.activation_bytes(ctx, shapes) or 0) * rows
         return WorkEstimate(
-            steps=params.num_steps(ctx.defaults.get("steps", 50)),
+            steps=self._num_steps(ctx, state, params),
             flops_per_step=None if per_forward is None else forwards * per_forward,
             resident_bytes=int(resident),
             peak_bytes=int(peak),
@@ -343,7 +409,7 @@ class DenoiseLoop(LoopStageBase):
         # request, which drops out of the step; the others compute their new latents into
         # temporaries and commit them, so they end exactly as if stepped alone.
         errors: list[BaseException | None] = [None] * len(loops)
-        guided = per_request(errors, lambda i: self.cfg.combine(cfg_states[i], preds[i], route.scale_set))  # combine
+        guided = per_request(errors, lambda i: self.combine(loops[i], cfg_states[i], preds[i], route))  # combine
         stepped = self._sampler_steps(loops, guided, errors)  # sampler_step
         results = per_request(errors, lambda i: self._commit(loops[i], stepped[i]))  # post_step, inter_step
         return [StepResult.failed(e) if e is not None else r for r, e in zip(results, errors)]  # type: ignore[misc]
@@ -357,6 +423,9 @@ class DenoiseLoop(LoopStageBase):
     def _prepare_inputs(self, loop: DenoiseLoopState) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         cond_state = loop.policy_states[self.conditioning.name]
         x = self.conditioning.prepare(loop.latents, cond_state)
+        scale = getattr(loop.sampler, "scale_model_input", None)  # EDM-style input preconditioning
+        if scale is not None:
+            x = {m: scale(loop.samplers[m], v) for m, v in x.items()}
         x = {m: v.to(loop.model_dtype) for m, v in x.items()}
         batch = next(iter(x.values())).shape[0]
         t = loop.model_timestep  # 0-d, or a flow map's [t, r]
@@ -381,7 +450,7 @@ class DenoiseLoop(LoopStageBase):
         calls: list[tuple[int, str]] = [(i, b) for b in branches for i in range(len(loops)) if (i, b) not in supplied]
         rows = ctx.parallel
         local = calls if rows is None else rows.local_calls(calls, branches)
-        groups = [local] if self.cfg.mode == "batched" else [[c for c in local if c[1] == b] for b in branches]
+        groups = [[c for c in local if c[1] in together] for together in _dispatch(self.cfg, branches)]
         out: list[dict[str, Prediction]] = [{} for _ in loops]
         for (i, b), pred in supplied.items():
             out[i][b] = pred
@@ -482,6 +551,15 @@ class DenoiseLoop(LoopStageBase):
 
 
 # -- helpers --------------------------------------------------------------------------
+def _dispatch(cfg: Any, branches: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """The branches that share one forward: all (``batched``), one each (``sequential``), or
+    the policy's own grouping (branches whose forward kwargs differ in kind run apart)."""
+    groups = getattr(cfg, "dispatch", None)
+    if groups is not None:
+        return groups(branches)
+    return [branches] if cfg.mode == "batched" else [(b,) for b in branches]
+
+
 def seeded_noise(shapes: Mapping[str, tuple[int, ...]], gen: torch.Generator, device: torch.device) -> dict[str, torch.Tensor]:
     """Initial noise per modality from ``gen`` (a CPU generator: diffusers' draw), fp32, then moved."""
     return {m: torch.randn(shapes[m], generator=gen, dtype=torch.float32).to(device) for m in shapes}
@@ -496,7 +574,7 @@ def _own(x: torch.Tensor) -> torch.Tensor:
 def _effective_params(params: DiffusionParams, overrides: DenoiseParams | None) -> DiffusionParams:
     if overrides is None:
         return params
-    # only DiffusionParams fields (an outer loop's schema may add its own, e.g. chunk_partition)
+    # only DiffusionParams fields (a family's node schema or an outer loop's may add knobs of its own)
     update = {k: v for k, v in overrides.model_dump().items() if v is not None and k in DiffusionParams.model_fields}
     if "steps" in update and params.sigmas is not None:
         update["sigmas"] = None

@@ -76,6 +76,7 @@ class Sampler(Protocol):
         shift: float | None = None,
         sigmas: Sequence[float] | None = None,
         mu: float | None = None,
+        seed: int | None = None,
     ) -> SamplerState:
         """Build the schedule for one request.
 
@@ -83,12 +84,20 @@ class Sampler(Protocol):
         (``num_steps`` values, strictly descending, in (0, 1]) replaces the unshifted base
         schedule; as in diffusers, the shift (or ``mu``) and ``shift_terminal`` still apply,
         so pass ``shift=1.0`` to sample on exactly these sigmas. ``mu`` is the
-        resolution-dependent shift, required iff the config sets ``use_dynamic_shifting``."""
+        resolution-dependent shift, required iff the config sets ``use_dynamic_shifting``.
+        ``seed``: the request's seed, from which a stochastic sampler draws its step noise
+        (deterministic samplers ignore it)."""
         ...
 
     def step(self, state: SamplerState, model_output: torch.Tensor, sample: torch.Tensor) -> torch.Tensor:
         """Advance ``sample`` by one step using ``model_output`` (flow/velocity prediction);
         mutates ``state`` and returns the new sample."""
+        ...
+
+    def add_noise(self, state: SamplerState, original: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """``original`` (clean latents) noised to the state's current step (``step_index``), with
+        the mirrored diffusers scheduler's arithmetic (``add_noise`` / ``scale_noise``): the
+        starting sample of a loop that begins from given latents (img2img, V2V, refine)."""
         ...
 
     def batch_key(self, state: SamplerState) -> Hashable | None:
@@ -150,6 +159,13 @@ def check_custom_sigmas(sigmas: Sequence[float], num_steps: int) -> list[float]:
     if any(a <= b for a, b in zip(values, values[1:])):
         raise ValueError(f"sigmas must be strictly descending, got {values}")
     return values
+
+
+def start_step(num_steps: int, strength: float) -> int:
+    """The step a loop from given latents starts at: the last ``int(num_steps * strength)``
+    steps run (diffusers' img2img / V2V ``get_timesteps``, solver order 1)."""
+    assert 0.0 <= strength <= 1.0, f"strength {strength} outside [0, 1]"
+    return num_steps - min(int(num_steps * strength), num_steps)
 
 
 def build_sampler(name: str, config: dict[str, Any] | None = None) -> Sampler:

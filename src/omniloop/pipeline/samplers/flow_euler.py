@@ -143,6 +143,7 @@ class FlowEulerSampler:
         shift: float | None = None,
         sigmas: Sequence[float] | None = None,
         mu: float | None = None,
+        seed: int | None = None,  # a deterministic sampler draws no noise
     ) -> SamplerState:
         if num_steps < 1:
             raise ValueError(f"num_steps must be >= 1, got {num_steps}")
@@ -178,6 +179,11 @@ class FlowEulerSampler:
         prev_sample = sample + dt * model_output
         state.step_index += 1
         return prev_sample.to(model_output.dtype)
+
+    def add_noise(self, state: SamplerState, original: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        # diffusers' scale_noise: sigma * noise + (1 - sigma) * sample, in the sample's dtype
+        sigma = state.sigmas[state.step_index].to(device=original.device, dtype=original.dtype)
+        return sigma * noise + (1.0 - sigma) * original
 
     def batch_key(self, state: SamplerState) -> Hashable:
         return (state.step_index, schedule_signature(state))

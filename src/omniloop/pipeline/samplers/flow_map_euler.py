@@ -81,6 +81,7 @@ class FlowMapEulerSampler:
         shift: float | None = None,
         sigmas: Sequence[float] | None = None,
         mu: float | None = None,
+        seed: int | None = None,  # a deterministic sampler draws no noise
     ) -> FlowMapState:
         if num_steps < 1:
             raise ValueError(f"num_steps must be >= 1, got {num_steps}")
@@ -111,6 +112,11 @@ class FlowMapEulerSampler:
         prev_sample = sample - dt * model_output
         state.step_index += 1
         return prev_sample.to(model_output.dtype)
+
+    def add_noise(self, state: SamplerState, original: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        # diffusers' scale_noise: the timestep / num_train_timesteps in the sample's dtype
+        t = (state.timestep.to(device=original.device, dtype=original.dtype) / self.num_train_timesteps)
+        return t * noise + (1.0 - t) * original
 
     def batch_key(self, state: SamplerState) -> Hashable:
         return (state.step_index, schedule_signature(state))

@@ -223,6 +223,7 @@ class FlowUniPCSampler:
         shift: float | None = None,
         sigmas: Sequence[float] | None = None,
         mu: float | None = None,
+        seed: int | None = None,  # a deterministic sampler draws no noise
     ) -> FlowUniPCState:
         if num_steps < 1:
             raise ValueError(f"num_steps must be >= 1, got {num_steps}")
@@ -271,6 +272,11 @@ class FlowUniPCSampler:
         state.lower_order_nums = min(state.lower_order_nums + 1, self.solver_order)
         state.step_index += 1
         return prev_sample
+
+    def add_noise(self, state: FlowUniPCState, original: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        # diffusers' add_noise with flow sigmas: alpha_t * x0 + sigma_t * noise, alpha_t = 1 - sigma
+        sigma = state.sigmas[state.step_index].to(device=original.device, dtype=original.dtype)
+        return (1 - sigma) * original + sigma * noise
 
     def batch_key(self, state: FlowUniPCState) -> Hashable:
         # same step of the same schedule, same warm-up and history layout: the same update

@@ -11,13 +11,16 @@ from omniloop.pipeline.stages.decode import (
     image_latents_to_unit_range,
     latents_to_unit_range,
 )
+from omniloop.pipeline.stages.given_latents import LATENTS_GIVEN, GivenLatents
 from omniloop.pipeline.stages.text import TextEncode, TextEncoderSpec
 
 __all__ = [
     "ChatPrompt",
     "DecodedAudio",
     "DecodedFrames",
+    "GivenLatents",
     "ImageVAEDecoder",
+    "LATENTS_GIVEN",
     "LatentDecoder",
     "TextEncode",
     "TextEncoderSpec",

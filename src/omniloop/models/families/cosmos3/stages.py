@@ -34,12 +34,12 @@ from omniloop.models.families.cosmos3.model import Cosmos3Transformer, GenLayout
 from omniloop.pipeline.edges import ConditionLatents, DenoisedLatents
 from omniloop.pipeline.policies.conditioning import NoConditioning
 from omniloop.pipeline.loops.denoise import DenoiseLoop, DenoiseLoopState, DenoiseParams, DenoiserBase
-from omniloop.pipeline.policies.cfg import COND, UNCOND, Prediction
+from omniloop.pipeline.policies.cfg import COND, Prediction
 from omniloop.pipeline.stage import StageBase, WorkEstimate
 from omniloop.pipeline.stages import chat_ids
 from omniloop.pipeline.state import RequestState, StageContext
 from omniloop.request import (
-    ActionPart, Artifact, AudioArtifact, ImagePart, Modality, OmniRequest, TaskType, TensorArtifact, TextArtifact,
+    Artifact, AudioArtifact, ImagePart, Modality, OmniRequest, TaskType, TensorArtifact, TextArtifact,
     VideoPart,
 )
 

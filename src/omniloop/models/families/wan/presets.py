@@ -15,6 +15,7 @@ WAN_DEFAULTS: dict[str, Any] = {
     "fps": 16,
     "negative_prompt": "",
     "max_sequence_length": 512,
+    "strength": 0.8,  # WanVideoToVideoPipeline's: loops from given latents (v2v, latent inputs) run the last 80%
 }
 
 # Published DiT architectures (diffusers config keys), for benchmarks and random-weight builds.

@@ -25,10 +25,10 @@ from omniloop.pipeline.policies.shift import FlowShift
 from omniloop.pipeline.predicates import opt, task_in
 from omniloop.pipeline.samplers.sampler_set import SamplerSet, flow_sampler_set, load_sampler_set
 from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
-from omniloop.pipeline.stages import TextEncode, VAEDecode
+from omniloop.pipeline.stages import LATENTS_GIVEN, GivenLatents, TextEncode, VAEDecode
 from omniloop.models.families.wan.parallelize import WAN_PARALLEL
 from omniloop.models.families.wan.presets import WAN_DEFAULTS
-from omniloop.models.families.wan.stages import WanDenoiser, WanImageCondition
+from omniloop.models.families.wan.stages import WanDenoiser, WanImageCondition, WanVideoEncode
 from omniloop.models.families.wan.validate import make_validator
 from omniloop.models.families.wan.weights import load_wan_dit
 from omniloop.models.autoencoders.wan_vae import load_wan_vae
@@ -36,6 +36,7 @@ from omniloop.request import DiffusionParams, Modality, OmniRequest, TaskType
 
 T2V_PIPELINE = "WanPipeline"
 I2V_PIPELINE = "WanImageToVideoPipeline"
+V2V_PIPELINE = "WanVideoToVideoPipeline"  # the T2V weights; task v2v starts from the encoded video
 
 
 # -- component loaders ---------------------------------------------------------------
@@ -94,7 +95,7 @@ def wan_variant(index: Mapping[str, Any]) -> Variant:
     two_experts = _present(index, "transformer_2") or index.get("boundary_ratio") is not None
     if two_experts and index.get("boundary_ratio") is None:
         raise ValueError("model_index.json has transformer_2 but no boundary_ratio; set boundary_ratio (e.g. 0.875)")
-    tasks = frozenset({TaskType.I2V}) if cls == I2V_PIPELINE else frozenset({TaskType.T2V, TaskType.T2I})
+    tasks = frozenset({TaskType.I2V}) if cls == I2V_PIPELINE else frozenset({TaskType.T2V, TaskType.T2I, TaskType.V2V})
     weights = [
         WeightSpec(component="transformer", kind="WanDiT", subfolder="transformer", load=_load_transformer("transformer")),
         WeightSpec(component="vae", kind="WanVAE", subfolder="vae", load=_load_vae),
@@ -124,6 +125,9 @@ def wan_pipeline_spec(variant: Variant, *, boundary_ratio: float | None, cfg_mod
     nodes = [Node("text_encode", TextEncode())]
     if i2v:
         nodes.append(Node("image_condition", WanImageCondition(), when=task_in(TaskType.I2V)))
+    if TaskType.V2V in variant.tasks:  # loops from given latents: an encoded video, or latents passed in
+        nodes.append(Node("video_encode", WanVideoEncode(), when=task_in(TaskType.V2V)))
+        nodes.append(Node("given_latents", GivenLatents(WanDenoiser()), when=LATENTS_GIVEN & ~task_in(TaskType.V2V)))
     nodes += [
         Node(
             "denoise",
@@ -188,7 +192,7 @@ def _pipeline(
 WAN = register_model_spec(
     ModelSpec(
         family="wan",
-        diffusers_classes=(T2V_PIPELINE, I2V_PIPELINE),
+        diffusers_classes=(T2V_PIPELINE, I2V_PIPELINE, V2V_PIPELINE),
         variant=wan_variant,
         build=build_wan,
         description="Wan2.1 / Wan2.2 video DiT with the causal 3D VAE and UMT5 text encoder",

@@ -8,12 +8,13 @@ from typing import Any, Mapping
 import torch
 
 from omniloop.io.image import image_to_tensor, open_image_part
-from omniloop.pipeline.edges import ConditionLatents, TextEmbeddings
+from omniloop.io.video import video_frames, video_to_tensor
+from omniloop.pipeline.edges import ConditionLatents, InitLatents, TextEmbeddings
 from omniloop.pipeline.loops.denoise import DenoiserBase
 from omniloop.pipeline.policies.cfg import COND, UNCOND, Prediction
 from omniloop.pipeline.stage import StageBase
 from omniloop.pipeline.state import RequestState, StageContext
-from omniloop.request import ImagePart, OmniRequest
+from omniloop.request import ImagePart, Modality, OmniRequest, VideoPart
 
 
 @dataclass(frozen=True)
@@ -124,3 +125,41 @@ class WanImageCondition(StageBase):
         mask = torch.cat([mask[:, :, :1].repeat_interleave(st, dim=2), mask[:, :, 1:]], dim=2)
         mask = mask.view(1, f, st, h, w).transpose(1, 2)  # [1, st, f, h, w]
         ctx.write(state, "condition", ConditionLatents(latents=torch.cat([mask, latents], dim=1)))
+
+
+def source_video(request: OmniRequest) -> VideoPart | None:
+    videos = request.parts(Modality.VIDEO)
+    return videos[0] if videos else None
+
+
+def load_part_video(part: VideoPart):
+    """[F, H, W, 3] uint8 frames of a VideoPart (path, base64 or in-process data)."""
+    if part.data is not None:
+        return video_frames(part.data)
+    if part.b64 is not None:
+        return video_frames(part.raw_bytes())
+    return video_frames(part.path)
+
+
+@dataclass
+class WanVideoEncode(StageBase):
+    """Video-to-video: the source video, resized to the request's geometry, VAE-encoded
+    (argmax) and normalized -> the InitLatents the denoise loop starts from (diffusers'
+    WanVideoToVideoPipeline.prepare_latents)."""
+
+    component: str = "vae"
+    outputs = {"init_latents": InitLatents}  # type: ignore[assignment]
+
+    @property
+    def components(self) -> tuple[str, ...]:  # type: ignore[override]
+        return (self.component,)
+
+    @torch.inference_mode()
+    def forward(self, ctx: StageContext, state: RequestState) -> None:
+        vae = ctx.component(self.component)
+        g = geometry(state.request, ctx.defaults)
+        part = source_video(state.request)
+        assert part is not None, "admission guarantees a v2v request carries a video"
+        video = video_to_tensor(load_part_video(part), g.height, g.width).to(ctx.device)  # [1, 3, F, H, W]
+        mean, _ = vae.encode(video.to(vae.dtype))
+        ctx.write(state, "init_latents", InitLatents(latents={"video": vae.normalize_latents(mean.float())}))

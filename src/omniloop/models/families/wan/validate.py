@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from omniloop.models.families.wan.stages import first_frame, geometry, load_part_image
+from omniloop.models.families.wan.stages import first_frame, geometry, load_part_image, load_part_video, source_video
 from omniloop.pipeline.samplers.sampler_set import SamplerSet
 from omniloop.request import OmniRequest, TaskType
 
@@ -20,6 +20,8 @@ def make_validator(defaults: Mapping[str, Any], samplers: SamplerSet) -> Callabl
     temporal = defaults["vae_scale_temporal"]
 
     def validate(request: OmniRequest) -> OmniRequest:
+        if request.task == TaskType.V2V:
+            request = _frames_from_video(request, temporal)
         g = geometry(request, defaults)
         for name, value in (("height", g.height), ("width", g.width)):
             if value % spatial:
@@ -44,3 +46,19 @@ def make_validator(defaults: Mapping[str, Any], samplers: SamplerSet) -> Callabl
         return request
 
     return validate
+
+
+def _frames_from_video(request: OmniRequest, temporal: int) -> OmniRequest:
+    """V2V: the source video decides num_frames (diffusers reads it off the video)."""
+    part = source_video(request)
+    if part is None:
+        raise ValueError("task v2v needs a source video: add VideoPart(path=... | b64=... | data=...) to inputs")
+    n = int(load_part_video(part).shape[0])  # unreadable -> ValueError naming the source
+    if (n - 1) % temporal:
+        k = (n - 1) // temporal
+        raise ValueError(f"inputs[video] has {n} frames; Wan encodes {temporal}k+1 frames: pass "
+                         f"{temporal * k + 1} or {temporal * (k + 1) + 1}")
+    given = request.diffusion.num_frames
+    if given is not None and given != n:
+        raise ValueError(f"diffusion.num_frames={given} but inputs[video] has {n} frames; omit num_frames or pass {n}")
+    return request.model_copy(update={"diffusion": request.diffusion.model_copy(update={"num_frames": n})})

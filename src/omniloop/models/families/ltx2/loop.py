@@ -1,0 +1,205 @@
+"""LTX-2's denoise loop: the DenoiseLoop skeleton with LTX-2's schedule, noise layout and
+guidance (design 7(c): the guidance passes alter the network through forward kwargs, so
+the combine is LTX-2's own; everything else - batching, plugins, failure isolation - is the
+shared loop's).
+
+Guidance branches (declared per request at init): ``cond``; ``uncond`` (text CFG, the
+negative prompt) when either modality's CFG scale exceeds 1; ``stg`` (spatio-temporal
+guidance: self-attention of the given blocks perturbed) when either STG scale is positive;
+``modality`` (no audio<->video attention) when either modality scale exceeds 1. The combine
+runs in x0 space per modality (diffusers, step i with sigma s):
+
+    x0_b = x - v_b s;   g = x0_c + (cfg-1)(x0_c - x0_u) + stg (x0_c - x0_stg) + (mod-1)(x0_c - x0_mod)
+    g <- rescale (g std-matched to x0_c) + (1 - rescale) g   (when rescale > 0)
+    v = (x - g) / s
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping
+
+import numpy as np
+import torch
+from pydantic import ConfigDict, Field
+
+from omniloop.pipeline.edges import ConditionLatents
+from omniloop.pipeline.loops.denoise import DenoiseLoop, DenoiseLoopState, DenoiseParams
+from omniloop.pipeline.policies.cfg import COND, UNCOND, Prediction
+from omniloop.pipeline.policies.conditioning import NoConditioning
+from omniloop.pipeline.policies.routing import Route
+from omniloop.pipeline.samplers.base import Sampler
+from omniloop.pipeline.state import RequestState, StageContext
+from omniloop.request import DiffusionParams, LatentsArtifact, Modality
+from omniloop.models.families.ltx2.model import Guidance
+from omniloop.models.families.ltx2.stages import (
+    MODALITIES,
+    GuidanceScales,
+    LTX2Denoiser,
+    guidance_scales,
+    pack_audio,
+    pack_video,
+)
+
+STG, MODALITY = "stg", "modality"
+Scale = float | dict[Modality, float]
+
+
+class LTX2DenoiseParams(DenoiseParams):
+    """``node_params`` of an LTX-2 loop: the shared loop knobs plus LTX-2's guidance (a number
+    for both modalities or ``{"video": .., "audio": ..}``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    guidance_scale: Scale | None = Field(default=None)  # type: ignore[assignment]
+    stg_scale: Scale | None = Field(default=None, description="spatio-temporal guidance scale (0 disables)")
+    modality_scale: Scale | None = Field(default=None, description="modality-isolation guidance (1 disables)")
+    guidance_rescale: Scale | None = Field(default=None, description="std rescale of the guided x0 (0 disables)")
+    stg_blocks: list[int] | None = Field(default=None, description="blocks whose self-attention STG perturbs")
+
+
+@dataclass(kw_only=True)
+class LTX2GuidanceState:
+    branches: tuple[str, ...]
+    scales: GuidanceScales
+
+
+@dataclass(frozen=True)
+class LTX2Guidance:
+    """The guidance policy (the loop's ``cfg`` slot). ``batched`` runs cond and uncond as one
+    forward (as diffusers does) and the STG and modality passes apart (their network differs)."""
+
+    mode: Literal["sequential", "batched"] = "batched"
+    name: str = "cfg"
+
+    def init(self, params: DiffusionParams, modalities: tuple[str, ...], defaults: Mapping[str, Any]) -> LTX2GuidanceState:
+        request_cfg = params.guidance_scale if defaults.get("use_request_guidance", True) else None
+        scales = guidance_scales(defaults, request_cfg, defaults.get("node_guidance"))
+        branches = (COND,) + ((UNCOND,) if scales.uses_text_cfg else ()) + ((STG,) if scales.uses_stg else ()) + (
+            (MODALITY,) if scales.uses_modality else ())
+        if STG in branches and not scales.stg_blocks:
+            raise ValueError("stg_scale > 0 needs stg_blocks (the blocks whose self-attention STG perturbs); pass "
+                             "stg_blocks=[...] or stg_scale=0")
+        return LTX2GuidanceState(branches=branches, scales=scales)
+
+    def step_branches(self, state: LTX2GuidanceState, scale_set: str) -> tuple[str, ...]:
+        return state.branches
+
+    def dispatch(self, branches: tuple[str, ...]) -> list[tuple[str, ...]]:
+        if self.mode == "sequential":
+            return [(b,) for b in branches]
+        text = tuple(b for b in branches if b in (COND, UNCOND))
+        return [text] + [(b,) for b in branches if b not in (COND, UNCOND)]
+
+    def pre_forward(self, state: LTX2GuidanceState, branch: str, kwargs: dict[str, Any], scale_set: str) -> dict[str, Any]:
+        if branch == STG:
+            return {**kwargs, "guidance": Guidance(stg_blocks=state.scales.stg_blocks)}
+        if branch == MODALITY:
+            return {**kwargs, "guidance": Guidance(isolate_modalities=True)}
+        return kwargs
+
+    def combine_x0(self, state: LTX2GuidanceState, preds: Mapping[str, Prediction], samples: Mapping[str, torch.Tensor],
+                   sigmas: Mapping[str, torch.Tensor]) -> Prediction:
+        s = state.scales
+        out = {}
+        for m in MODALITIES:
+            x, sigma = samples[m], sigmas[m]
+            x0 = lambda b: x - preds[b][m] * sigma  # noqa: E731 - diffusers' convert_velocity_to_x0
+            cond = x0(COND)
+            guided = cond
+            if UNCOND in preds:
+                guided = guided + (s.cfg[m] - 1) * (cond - x0(UNCOND))
+            if STG in preds:
+                guided = guided + s.stg[m] * (cond - x0(STG))
+            if MODALITY in preds:
+                guided = guided + (s.modality[m] - 1) * (cond - x0(MODALITY))
+            if s.rescale[m] > 0:
+                guided = rescale_noise_cfg(guided, cond, s.rescale[m])
+            out[m] = (x - guided) / sigma  # back to velocity
+        return out
+
+
+def rescale_noise_cfg(guided: torch.Tensor, cond: torch.Tensor, rescale: float) -> torch.Tensor:
+    """Match the guided prediction's std to the conditional one's, blended by ``rescale``."""
+    dims = list(range(1, cond.ndim))
+    std_cond = cond.std(dim=dims, keepdim=True)
+    std_guided = guided.std(dim=dims, keepdim=True)
+    return rescale * (guided * (std_cond / std_guided)) + (1 - rescale) * guided
+
+
+@dataclass(frozen=True)
+class LTX2FirstFrame(NoConditioning):
+    """I2V: latent frame 0 is the encoded image and stays clean (diffusers steps frames 1: only);
+    without a condition (text-to-video) it does nothing."""
+
+    input_port: str = "condition"
+    name: str = "conditioning"
+
+    def init(self, condition: ConditionLatents | None) -> torch.Tensor | None:
+        return None if condition is None else pack_video(condition.latents)  # [1, h*w, C]: frame 0's tokens
+
+    def prepare(self, latents: dict[str, torch.Tensor], state: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        return latents
+
+    def post_step(self, latents: dict[str, torch.Tensor], state: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        if state is None:  # text-to-video: nothing is held clean
+            return latents
+        video = latents["video"]
+        return {**latents, "video": torch.cat([state.to(video.dtype).expand(video.shape[0], -1, -1),
+                                               video[:, state.shape[1]:]], dim=1)}
+
+
+@dataclass
+class LTX2DenoiseLoop(DenoiseLoop):
+    """``refine``: the stage after the latent upsampler - its node's sigmas, its own sampler,
+    guidance from its node only (the request's CFG scale is the base stage's)."""
+
+    denoiser: LTX2Denoiser = field(default_factory=LTX2Denoiser)
+    cfg: LTX2Guidance = field(default_factory=LTX2Guidance)  # type: ignore[assignment]
+    refine: bool = False
+    params_schema = LTX2DenoiseParams
+    outputs = {**DenoiseLoop.outputs, "final_audio_latents": LatentsArtifact}  # type: ignore[assignment]
+
+    def schedule(self, ctx: StageContext, params: DiffusionParams, shapes: Mapping[str, tuple[int, ...]],
+                 sampler: Sampler) -> tuple[int, dict[str, Any]]:
+        if self.refine:
+            sigmas = list(ctx.defaults["sigmas"])
+            return len(sigmas), {"sigmas": sigmas}
+        n = params.num_steps(ctx.defaults.get("steps", 30))
+        # diffusers: sigmas linspace(1, 1/n, n) and mu from the video token count
+        sigmas = params.sigmas if params.sigmas is not None else list(np.linspace(1.0, 1 / n, n))
+        kwargs: dict[str, Any] = {"sigmas": sigmas}
+        if getattr(sampler, "use_dynamic_shifting", False):
+            kwargs["mu"] = sampler.mu_for_seq_len(shapes["video"][1])
+        else:
+            kwargs["shift"] = params.shift
+        return n, kwargs
+
+    def initial_noise(self, ctx: StageContext, state: RequestState, shapes: Mapping[str, tuple[int, ...]],
+                      gen: torch.Generator, given: bool) -> dict[str, torch.Tensor]:
+        if given:  # noise for given latents is drawn in the packed layout (diffusers' _create_noised_state)
+            return super().initial_noise(ctx, state, shapes, gen, given)
+        full = self.denoiser.unpacked_shapes(ctx, state.request)
+        video = torch.randn(full["video"], generator=gen, dtype=torch.float32)
+        condition = ctx.read_optional(state, "condition", ConditionLatents)
+        if condition is not None:  # I2V: the image's latents in frame 0, noise elsewhere
+            mask = torch.zeros(1, 1, *full["video"][2:])
+            mask[:, :, 0] = 1.0
+            init = condition.latents.float().cpu().repeat(1, 1, full["video"][2], 1, 1)
+            video = init * mask + video * (1 - mask)
+        audio = torch.randn(full["audio"], generator=gen, dtype=torch.float32)
+        return {"video": pack_video(video).to(ctx.device), "audio": pack_audio(audio).to(ctx.device)}
+
+    def policy_defaults(self, ctx: StageContext, state: RequestState) -> Mapping[str, Any]:
+        node = state.node_params.get(ctx.node)
+        knobs = {k: v for k, v in node.model_dump().items() if v is not None} if node is not None else {}
+        return {**ctx.defaults, "node_guidance": knobs, "use_request_guidance": not self.refine}
+
+    def combine(self, loop: DenoiseLoopState, cfg_state: Any, preds: Mapping[str, Prediction], route: Route) -> Prediction:
+        sigmas = {m: loop.samplers[m].sigma for m in MODALITIES}
+        return self.cfg.combine_x0(cfg_state, preds, loop.latents, sigmas)
+
+    def finalize(self, ctx: StageContext, loop: DenoiseLoopState, state: RequestState) -> None:  # type: ignore[override]
+        super().finalize(ctx, loop, state)
+        if state.request.outputs.wants_latents:
+            ctx.write(state, "final_audio_latents", LatentsArtifact(latents=loop.latents["audio"], modality=Modality.AUDIO))

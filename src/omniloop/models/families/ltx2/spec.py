@@ -1,0 +1,170 @@
+"""LTX-2 ModelSpec: diffusers ``LTX2Pipeline`` / ``LTX2ImageToVideoPipeline`` folders
+(transformer/, vae/, audio_vae/, vocoder/, connectors/, text_encoder/ + tokenizer/,
+scheduler/, and an optional latent_upsampler/) -> one graph for t2v, t2vs and i2v:
+
+    text_encode --> [image_condition (i2v)] --> denoise (joint video + audio)
+        --> [upsample --> refine]   (two-stage: node_params names "upsample" or "refine")
+        --> decode (video VAE)  ||  audio_decode (audio VAE + vocoder)     (fan-out)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+from omniloop.models.load_options import apply_load_options
+from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
+from omniloop.models.text.gemma import load_gemma_layer_states
+from omniloop.pipeline.pipeline import Pipeline
+from omniloop.pipeline.predicates import opt, task_in
+from omniloop.pipeline.samplers import build_sampler
+from omniloop.pipeline.samplers.sampler_set import SamplerSet, load_sampler_set
+from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
+from omniloop.models.families.ltx2.loop import LTX2DenoiseLoop, LTX2FirstFrame, LTX2Guidance
+from omniloop.models.families.ltx2.presets import LTX2_DEFAULTS, REFINE_DEFAULTS, REFINE_SCHEDULER_OVERRIDES
+from omniloop.models.families.ltx2.stages import (
+    LTX2AudioDecode,
+    LTX2Denoiser,
+    LTX2ImageCondition,
+    LTX2LatentUpsample,
+    LTX2TextEncode,
+    LTX2VideoDecode,
+)
+from omniloop.models.families.ltx2.validate import make_validator, two_stage
+from omniloop.models.families.ltx2.weights import (
+    load_ltx2_audio_vae,
+    load_ltx2_connectors,
+    load_ltx2_latent_upsampler,
+    load_ltx2_transformer,
+    load_ltx2_video_vae,
+    load_ltx2_vocoder,
+)
+from omniloop.request import Modality, TaskType
+
+CLASSES = ("LTX2Pipeline", "LTX2ImageToVideoPipeline")
+BLOCK_GEMMS = r"^blocks\.\d+\.(attn1|attn2|audio_attn1|audio_attn2|audio_to_video_attn|video_to_audio_attn|ff|audio_ff)\."
+TASKS = frozenset({TaskType.T2V, TaskType.T2VS, TaskType.I2V})
+
+
+def _module(loader, sub: str):
+    def load(root: Path, index: Mapping[str, Any], options: LoadOptions):
+        return loader(root / sub, device=options.device, dtype=options.dtype)
+
+    return load
+
+
+def _transformer(root: Path, index: Mapping[str, Any], options: LoadOptions):
+    model = load_ltx2_transformer(root / "transformer", device=options.device, dtype=options.dtype)
+    return apply_load_options(model, options, blocks=model.blocks, fp8_layers=BLOCK_GEMMS)
+
+
+def _text(root: Path, index: Mapping[str, Any], options: LoadOptions):
+    return load_gemma_layer_states(root / "text_encoder", root / "tokenizer", device=options.device,
+                                   dtype=options.dtype, max_sequence_length=LTX2_DEFAULTS["max_sequence_length"])
+
+
+def _sampler(root: Path, index: Mapping[str, Any], options: LoadOptions) -> SamplerSet:
+    return load_sampler_set(root / "scheduler")
+
+
+def _refine_sampler(root: Path, index: Mapping[str, Any], options: LoadOptions) -> SamplerSet:
+    """The base scheduler without resolution-dependent shift or terminal stretch (the
+    distilled refine schedule is used as given)."""
+    config = json.loads((root / "scheduler" / "scheduler_config.json").read_text())
+    if config.get("_class_name") != "FlowMatchEulerDiscreteScheduler":
+        raise ValueError(f"scheduler/ is {config.get('_class_name')!r}; LTX-2 refines with FlowMatchEulerDiscreteScheduler")
+    return SamplerSet.single("flow_euler", build_sampler("flow_euler", {**config, **REFINE_SCHEDULER_OVERRIDES}))
+
+
+def ltx2_variant(index: Mapping[str, Any]) -> Variant:
+    weights = (
+        WeightSpec(component="transformer", kind="LTX2DiT (video + audio)", subfolder="transformer", load=_transformer),
+        WeightSpec(component="vae", kind="LTX-2 video VAE", subfolder="vae", load=_module(load_ltx2_video_vae, "vae")),
+        WeightSpec(component="audio_vae", kind="LTX-2 audio VAE (decoder)", subfolder="audio_vae",
+                   load=_module(load_ltx2_audio_vae, "audio_vae")),
+        WeightSpec(component="vocoder", kind="LTX2Vocoder", subfolder="vocoder", load=_module(load_ltx2_vocoder, "vocoder")),
+        WeightSpec(component="connectors", kind="LTX-2 text connectors", subfolder="connectors",
+                   load=_module(load_ltx2_connectors, "connectors")),
+        WeightSpec(component="text_encoder", kind="Gemma 3 + tokenizer", subfolder=("text_encoder", "tokenizer"), load=_text),
+        WeightSpec(component="sampler", kind="scheduler config", subfolder="scheduler", load=_sampler),
+        WeightSpec(component="refine_sampler", kind="scheduler config (refine)", subfolder="scheduler", load=_refine_sampler),
+        WeightSpec(component="latent_upsampler", kind="LTX-2 latent upsampler", subfolder="latent_upsampler",
+                   load=_module(load_ltx2_latent_upsampler, "latent_upsampler"), optional=True),
+    )
+    return Variant(name="ltx2", tasks=TASKS, weights=weights)
+
+
+def ltx2_pipeline_spec(variant: Variant, upsample_scale: int, cfg_mode: str = "batched") -> PipelineSpec:
+    components = {w.component: ComponentSpec(name=w.component, kind=w.kind, optional=w.optional) for w in variant.weights}
+    guidance = LTX2Guidance(mode="sequential" if cfg_mode == "sequential" else "batched")
+    staged = opt("two-stage", two_stage)
+    final = {"latents": "latents", "refined": "refined_latents"}
+    nodes = (
+        Node("text_encode", LTX2TextEncode()),
+        Node("image_condition", LTX2ImageCondition(), when=task_in(TaskType.I2V)),
+        Node("denoise", LTX2DenoiseLoop(cfg=guidance, conditioning=LTX2FirstFrame()),
+             inputs={"init_latents": "base_init_latents"}),  # no producer yet: the base loop starts from noise
+        Node("upsample", LTX2LatentUpsample(), when=staged),
+        Node("refine", LTX2DenoiseLoop(LTX2Denoiser(scale=upsample_scale), cfg=guidance, refine=True,
+                                       sampler_component="refine_sampler"),
+             when=staged, defaults=REFINE_DEFAULTS,
+             inputs={"condition": "refine_condition"}, outputs={"latents": "refined_latents"}),
+        Node("decode", LTX2VideoDecode(), when=opt("video wanted", lambda r: r.outputs.wants(Modality.VIDEO)),
+             inputs=final),
+        Node("audio_decode", LTX2AudioDecode(), when=opt("audio wanted", lambda r: r.outputs.wants(Modality.AUDIO)),
+             inputs=final),
+    )
+    return PipelineSpec(name=variant.name, family="ltx2", tasks=variant.tasks, components=components, nodes=nodes,
+                        outputs={"video": "video", "audio": "audio", "latents": "final_latents",
+                                 "audio_latents": "final_audio_latents", "trajectory": "trajectory"})
+
+
+def _upsample_scale(upsampler: Any) -> int:
+    if upsampler is None:
+        return 2
+    c = upsampler.config
+    scale = c.rational_spatial_scale if c.use_rational_resampler and not c.temporal_upsample else 2
+    if not float(scale).is_integer() or not c.spatial_upsample or c.temporal_upsample:
+        raise ValueError(f"latent_upsampler/: spatial x{scale}, temporal {c.temporal_upsample}; the refine stage "
+                         "supports integer spatial upsampling only")
+    return int(scale)
+
+
+def build_ltx2(variant: Variant, index: Mapping[str, Any], components: Mapping[str, Any], options: LoadOptions) -> Pipeline:
+    dit, vae, audio_vae = components["transformer"], components["vae"], components["audio_vae"]
+    text, upsampler = components["text_encoder"], components.get("latent_upsampler")
+    mel = audio_vae.config.mel_bins
+    defaults = {
+        **LTX2_DEFAULTS,
+        "latent_channels": dit.config.in_channels,
+        "audio_latent_channels": audio_vae.config.latent_channels,
+        "audio_latent_mel_bins": mel // 4,
+        "audio_sample_rate": audio_vae.config.sample_rate,
+        "audio_hop_length": audio_vae.config.mel_hop_length,
+        "audio_temporal_ratio": 4,
+        "vae_spatial_ratio": vae.config.spatial_ratio,
+        "vae_temporal_ratio": vae.config.temporal_ratio,
+        "upsample_scale": _upsample_scale(upsampler),
+        "max_sequence_length": text.max_sequence_length,
+    }
+    if dit.config.audio_in_channels != defaults["audio_latent_channels"] * defaults["audio_latent_mel_bins"]:
+        raise ValueError(f"transformer/ takes {dit.config.audio_in_channels} audio channels but audio_vae/ makes "
+                         f"{defaults['audio_latent_channels']} x {defaults['audio_latent_mel_bins']}; the components "
+                         "do not belong together")
+    spec = ltx2_pipeline_spec(variant, defaults["upsample_scale"], options.cfg_mode)
+    validate = make_validator(defaults, components["sampler"], has_upsampler=upsampler is not None)
+    return Pipeline(spec=spec, components=components, device=options.device, dtype=options.dtype, defaults=defaults,
+                    validate_request=validate)
+
+
+LTX2 = register_model_spec(
+    ModelSpec(
+        family="ltx2",
+        diffusers_classes=CLASSES,
+        variant=ltx2_variant,
+        build=build_ltx2,
+        description="LTX-2: joint video + audio DiT, video and audio VAEs, vocoder, Gemma 3 text encoder with "
+                    "connectors, optional latent upsampler for the two-stage refine",
+    )
+)

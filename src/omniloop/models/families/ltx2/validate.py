@@ -1,0 +1,61 @@
+"""LTX-2 request validation at admission: each bad input a ValueError naming the field."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+from omniloop.models.families.ltx2.stages import first_frame, geometry, load_image_part
+from omniloop.pipeline.samplers.sampler_set import SamplerSet
+from omniloop.request import OmniRequest, TaskType
+
+
+def two_stage(request: OmniRequest) -> bool:
+    """base -> latent upsample -> refine: asked for by naming the ``upsample`` or ``refine`` node."""
+    return "upsample" in request.node_params or "refine" in request.node_params
+
+
+def _near(value: int, m: int) -> str:
+    lo = max(m, value // m * m)
+    return f"{lo} or {lo + m}" if lo != value else str(value)
+
+
+def make_validator(d: Mapping[str, Any], samplers: SamplerSet, has_upsampler: bool) -> Callable[[OmniRequest], OmniRequest]:
+    spatial, temporal = d["vae_spatial_ratio"], d["vae_temporal_ratio"]
+
+    def validate(request: OmniRequest) -> OmniRequest:
+        p = request.diffusion
+        g = geometry(request, d)
+        for name, value in (("height", g.height), ("width", g.width)):
+            if value % spatial:
+                raise ValueError(f"diffusion.{name}={value} must be a multiple of {spatial}; pass {_near(value, spatial)}")
+        if (g.num_frames - 1) % temporal:
+            k = (g.num_frames - 1) // temporal
+            raise ValueError(f"diffusion.num_frames={g.num_frames} must be {temporal}k+1; pass {temporal * k + 1} or "
+                             f"{temporal * (k + 1) + 1}")
+        if p.duration_s is not None:
+            raise ValueError("diffusion.duration_s: LTX-2's sound lasts as long as its video (num_frames / fps); "
+                             "drop duration_s and set num_frames and fps")
+        if g.audio_frames < 1:
+            raise ValueError(f"diffusion.num_frames={g.num_frames} at fps={g.fps} is too short for any audio; "
+                             "pass more frames")
+        sampler = samplers.get(p.sampler)
+        steps = p.num_steps(d.get("steps", 30))
+        if getattr(sampler, "shift_terminal", None) and steps < 2 and p.sigmas is None:
+            raise ValueError(f"diffusion.steps={steps}: this model's schedule stretches to a terminal sigma "
+                             "(shift_terminal) and needs at least 2 steps; pass steps >= 2")
+        if request.task == TaskType.I2V:
+            part = first_frame(request)
+            if part is None:
+                raise ValueError("task i2v needs an image: add ImagePart(role='first_frame', path=... | b64=... | "
+                                 "data=...) to inputs")
+            load_image_part(part)  # unreadable -> ValueError naming the source
+        if two_stage(request):
+            if not has_upsampler:
+                raise ValueError("node_params['upsample']: this checkpoint has no latent_upsampler/; add one (diffusers "
+                                 "LTX2LatentUpsamplerModel.save_pretrained) or drop the upsample/refine node_params")
+            if request.task == TaskType.I2V:
+                raise ValueError("node_params['upsample']: the two-stage path is text-to-video only for now; drop "
+                                 "upsample/refine for i2v")
+        return request
+
+    return validate

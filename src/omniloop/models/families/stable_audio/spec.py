@@ -1,0 +1,141 @@
+"""Stable Audio ModelSpec: diffusers ``StableAudioPipeline`` folders (transformer/, vae/,
+text_encoder/ + tokenizer/, projection_model/, scheduler/) -> a text-to-audio pipeline:
+
+    encode (T5 + projection + seconds) -> denoise (DenoiseLoop over [1, C, sample_size]
+    latents, cosine DPM-solver, CFG) -> decode (Oobleck VAE, cropped to the seconds asked)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from omniloop.models.load_options import apply_load_options
+from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
+from omniloop.models.text.t5 import load_masked_t5_encoder
+from omniloop.pipeline.loops.denoise import DenoiseLoop
+from omniloop.pipeline.pipeline import Pipeline
+from omniloop.pipeline.policies.cfg import ClassicCFG
+from omniloop.pipeline.predicates import opt
+from omniloop.pipeline.samplers import build_sampler, sampler_for_diffusers_class
+from omniloop.pipeline.samplers.sampler_set import SamplerSet
+from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
+from omniloop.models.families.stable_audio.presets import STABLE_AUDIO_DEFAULTS
+from omniloop.models.families.stable_audio.stages import (
+    StableAudioDecode,
+    StableAudioDenoiser,
+    StableAudioEncode,
+    max_seconds,
+)
+from omniloop.models.families.stable_audio.weights import (
+    load_oobleck_vae,
+    load_stable_audio_dit,
+    load_stable_audio_projection,
+)
+from omniloop.request import Modality, OmniRequest, TaskType
+
+PIPELINE_CLASS = "StableAudioPipeline"
+BLOCK_GEMMS = r"^blocks\.\d+\.(self_attn|cross_attn|ff)\."
+
+
+def _transformer(root: Path, index: Mapping[str, Any], options: LoadOptions):
+    model = load_stable_audio_dit(root / "transformer", device=options.device, dtype=options.dtype)
+    return apply_load_options(model, options, blocks=model.blocks, fp8_layers=BLOCK_GEMMS)
+
+
+def _vae(root: Path, index: Mapping[str, Any], options: LoadOptions):
+    return load_oobleck_vae(root / "vae", device=options.device, dtype=options.dtype)
+
+
+def _projection(root: Path, index: Mapping[str, Any], options: LoadOptions):
+    return load_stable_audio_projection(root / "projection_model", device=options.device, dtype=options.dtype)
+
+
+def _text(root: Path, index: Mapping[str, Any], options: LoadOptions):
+    return load_masked_t5_encoder(root / "text_encoder", root / "tokenizer", device=options.device, dtype=options.dtype)
+
+
+def _scheduler(root: Path, index: Mapping[str, Any], options: LoadOptions) -> SamplerSet:
+    path = root / "scheduler" / "scheduler_config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found; a diffusers checkpoint keeps its scheduler config there")
+    config = json.loads(path.read_text())
+    name = sampler_for_diffusers_class(config.get("_class_name", ""))
+    return SamplerSet.single(name, build_sampler(name, config))
+
+
+def stable_audio_variant(index: Mapping[str, Any]) -> Variant:
+    weights = (
+        WeightSpec(component="transformer", kind="StableAudioDiT", subfolder="transformer", load=_transformer),
+        WeightSpec(component="vae", kind="Oobleck VAE", subfolder="vae", load=_vae),
+        WeightSpec(component="text_encoder", kind="T5 encoder + tokenizer", subfolder=("text_encoder", "tokenizer"),
+                   load=_text),
+        WeightSpec(component="projection_model", kind="StableAudioProjection (text + seconds)",
+                   subfolder="projection_model", load=_projection),
+        WeightSpec(component="sampler", kind="scheduler config", subfolder="scheduler", load=_scheduler),
+    )
+    return Variant(name="stable-audio", tasks=frozenset({TaskType.T2A}), weights=weights)
+
+
+def stable_audio_pipeline_spec(variant: Variant, cfg_mode: str = "sequential") -> PipelineSpec:
+    components = {w.component: ComponentSpec(name=w.component, kind=w.kind) for w in variant.weights}
+    nodes = (
+        Node("encode", StableAudioEncode()),
+        Node("denoise", DenoiseLoop(StableAudioDenoiser(), cfg=ClassicCFG(mode=cfg_mode))),  # type: ignore[arg-type]
+        Node("decode", StableAudioDecode(), when=opt("audio wanted", lambda r: r.outputs.wants(Modality.AUDIO))),
+    )
+    return PipelineSpec(name=variant.name, family="stable_audio", tasks=variant.tasks, components=components,
+                        nodes=nodes, outputs={"audio": "audio", "latents": "final_latents", "trajectory": "trajectory"})
+
+
+def make_validator(defaults: Mapping[str, Any], projection_range: tuple[float, float],
+                   samplers: SamplerSet) -> Callable[[OmniRequest], OmniRequest]:
+    longest = max_seconds(defaults)
+    lo, hi = projection_range
+
+    def validate(request: OmniRequest) -> OmniRequest:
+        p = request.diffusion
+        for name in ("height", "width", "num_frames", "fps", "shift", "sigmas"):
+            if getattr(p, name) is not None:
+                raise ValueError(f"diffusion.{name}: Stable Audio makes audio of a fixed latent length with the cosine "
+                                 f"DPM-solver's schedule; drop {name} (set the length with duration_s)")
+        if p.duration_s is not None and not (p.duration_s <= longest and lo <= p.duration_s <= hi):
+            raise ValueError(f"diffusion.duration_s={p.duration_s}: this model makes up to {longest:.3f} s of audio; "
+                             f"pass a duration in (0, {min(longest, hi):.3f}]")
+        samplers.get(p.sampler)
+        return request
+
+    return validate
+
+
+def build_stable_audio(variant: Variant, index: Mapping[str, Any], components: Mapping[str, Any],
+                       options: LoadOptions) -> Pipeline:
+    dit, vae, text = components["transformer"], components["vae"], components["text_encoder"]
+    projection = components["projection_model"]
+    defaults = {
+        **STABLE_AUDIO_DEFAULTS,
+        "sample_size": dit.config.sample_size,
+        "latent_channels": dit.config.in_channels,
+        "hop_length": vae.config.hop_length,
+        "sample_rate": vae.config.sampling_rate,
+        "text_tokens": text.max_sequence_length,
+    }
+    if vae.config.decoder_input_channels != dit.config.in_channels:
+        raise ValueError(f"vae/ decodes {vae.config.decoder_input_channels} latent channels but transformer/ "
+                         f"denoises {dit.config.in_channels}; the checkpoint's components do not belong together")
+    validate = make_validator(defaults, (projection.config.min_value, projection.config.max_value), components["sampler"])
+    return Pipeline(spec=stable_audio_pipeline_spec(variant, options.cfg_mode), components=components,
+                    device=options.device, dtype=options.dtype, defaults=defaults, validate_request=validate)
+
+
+STABLE_AUDIO = register_model_spec(
+    ModelSpec(
+        family="stable_audio",
+        diffusers_classes=(PIPELINE_CLASS,),
+        variant=stable_audio_variant,
+        build=build_stable_audio,
+        description="Stable Audio (Open): DiT over Oobleck VAE latents, T5 text and seconds conditioning, "
+                    "cosine DPM-solver",
+    )
+)

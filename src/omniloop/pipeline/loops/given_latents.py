@@ -1,0 +1,60 @@
+"""Denoise loops that start from given latents (video-to-video, SDEdit, a refine stage).
+
+The loop builds its full schedule, skips the first steps the strength leaves out (diffusers'
+``get_timesteps``: the last ``int(steps * strength)`` steps run) and noises the given
+latents to the first step that runs with the sampler's own arithmetic (diffusers'
+``add_noise`` / ``scale_noise``). Strength 1 on a schedule that starts at sigma 1 is pure
+noise; a schedule that starts lower (a refine stage's sigmas) noises to its first sigma.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+
+from omniloop.pipeline.edges import InitLatents
+from omniloop.pipeline.samplers.base import Sampler, SamplerState, start_step
+from omniloop.request import DiffusionParams
+
+
+def loop_strength(params: DiffusionParams, defaults: Mapping[str, Any]) -> float:
+    """The request's (or node's) strength, else the model's default, else 1."""
+    return float(params.strength if params.strength is not None else defaults.get("strength", 1.0))
+
+
+def check_strength_leaves_steps(num_steps: int, strength: float, field: str) -> None:
+    """Admission check: a strength so small that no step runs is refused, naming ``field``."""
+    if int(num_steps * strength) == 0:
+        raise ValueError(
+            f"{field}={strength} with {num_steps} steps runs no denoising step (int(steps * strength) = 0); "
+            f"pass a strength >= {1 / num_steps:.4g} or more steps"
+        )
+
+
+def start_from_given(
+    sampler: Sampler,
+    samplers: dict[str, SamplerState],
+    noise: dict[str, torch.Tensor],
+    given: InitLatents,
+    strength: float,
+    *,
+    node: str,
+) -> int:
+    """Noise ``given`` into ``noise``'s place (per modality, in place) and advance every sampler
+    state to the first step that runs; returns that step. Wrong shapes or modalities are a
+    ValueError naming what the loop needs."""
+    missing = sorted(set(noise) - set(given.latents))
+    extra = sorted(set(given.latents) - set(noise))
+    if missing or extra:
+        raise ValueError(f"node {node!r} starts from given latents for {sorted(noise)}; got {sorted(given.latents)}"
+                         f" (pass latents for exactly these modalities)")
+    for m, x in given.latents.items():
+        if tuple(x.shape) != tuple(noise[m].shape):
+            raise ValueError(f"initial {m} latents have shape {list(x.shape)} but this request's geometry needs "
+                             f"{list(noise[m].shape)}; pass latents of that shape or change height/width/num_frames")
+    start = start_step(next(iter(samplers.values())).num_steps, strength)
+    for m, state in samplers.items():
+        state.step_index = start
+        noise[m] = sampler.add_noise(state, given.latents[m].to(device=noise[m].device, dtype=torch.float32), noise[m])
+    return start

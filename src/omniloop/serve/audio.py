@@ -1,0 +1,143 @@
+"""``POST /v1/audio/speech``, shaped like OpenAI's: text in, an audio file out, for
+text-to-audio models (task t2a: Stable Audio). ``input`` is the prompt; ``response_format``
+wav, flac or mp3 (the encoders this server has); extra fields ``seconds`` (the clip's
+length), ``steps`` / ``num_inference_steps``, ``seed``, ``guidance_scale`` and
+``negative_prompt``. ``stream_format: "sse"`` answers with Server-Sent Events instead: the
+request's status and progress events, then ``speech.audio.delta`` (the file, base64) and
+``speech.audio.done``. ``voice`` and ``instructions`` are accepted for client compatibility
+and do not change what is generated.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import AsyncIterator
+from typing import Literal
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from omniloop.io.audio import AUDIO_FORMATS, MEDIA_TYPES, check_rate
+from omniloop.request import DiffusionParams, Modality, OmniRequest, OutputSpec, RequestStatus, TaskType, TextPart
+from omniloop.serve.body import read_body
+from omniloop.serve.errors import ApiError, validation_error
+from omniloop.serve.jobs import Geometry, Job, JobKind
+from omniloop.serve.protocol import derived_field
+from omniloop.serve.state import State, new_id, require_auth
+
+router = APIRouter(prefix="/v1/audio", tags=["audio"], dependencies=[Depends(require_auth)])
+SPEECH_BODY_DOC = {"json": "SpeechRequest"}
+OPENAI_FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
+
+
+class SpeechRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    input: str = Field(min_length=1, max_length=4096, description="what to generate (a text-to-audio prompt)")
+    model: str | None = Field(default=None, description="the served model id (see /v1/models); default: it")
+    voice: str | dict | None = Field(default=None, description="accepted for client compatibility; not used")
+    instructions: str | None = Field(default=None, max_length=4096, description="accepted; not used")
+    response_format: str = Field(default="mp3", description="wav, flac or mp3")
+    speed: float | None = Field(default=None, ge=0.25, le=4.0, description="only 1.0 (the model's own pace)")
+    stream_format: Literal["audio", "sse"] = Field(default="audio", description="the file, or SSE progress events")
+    seconds: float | None = derived_field(DiffusionParams, "duration_s", description="length of the audio in seconds")[1]
+    steps: int | None = derived_field(DiffusionParams, "steps")[1]
+    num_inference_steps: int | None = derived_field(DiffusionParams, "steps", description="same as steps")[1]
+    seed: int | None = derived_field(DiffusionParams, "seed")[1]
+    guidance_scale: float | None = Field(default=None, ge=0, description="classifier-free guidance scale")
+    negative_prompt: str | None = derived_field(DiffusionParams, "negative_prompt")[1]
+
+
+def speech_request(wire: SpeechRequest, request_id: str, state) -> OmniRequest:  # noqa: ANN001 - ServeState
+    model = state.model
+    model.check_name(wire.model)
+    if TaskType.T2A not in model.tasks:
+        raise ApiError(400, f"model: {model.name!r} does not generate audio from text (tasks: "
+                       f"{sorted(t.value for t in model.tasks)}); a video model's sound comes with /v1/videos",
+                       param="model", code="unsupported")
+    if wire.response_format not in AUDIO_FORMATS:
+        raise ApiError(400, f"response_format: {wire.response_format!r} is not encoded here; pass one of "
+                       f"{sorted(AUDIO_FORMATS)}", param="response_format", code="unsupported")
+    try:
+        check_rate(wire.response_format, int(model.defaults.get("sample_rate", 0)))
+    except ValueError as e:
+        raise ApiError(400, f"response_format: {e}", param="response_format", code="unsupported") from None
+    if wire.speed not in (None, 1.0):
+        raise ApiError(400, f"speed: {wire.speed} is not supported; pass 1.0 (set the length with seconds)",
+                       param="speed", code="unsupported")
+    if wire.steps is not None and wire.num_inference_steps is not None and wire.steps != wire.num_inference_steps:
+        raise ApiError(400, f"steps: steps={wire.steps} disagrees with num_inference_steps={wire.num_inference_steps};"
+                       " pass one of them", param="steps", code="invalid_value")
+    steps = wire.steps if wire.steps is not None else wire.num_inference_steps
+    fields = dict(duration_s=wire.seconds, steps=steps, seed=wire.seed, guidance_scale=wire.guidance_scale,
+                  negative_prompt=wire.negative_prompt)
+    try:
+        params = DiffusionParams(**{k: v for k, v in fields.items() if v is not None})
+    except ValidationError as e:
+        raise validation_error(e) from None
+    if params.num_steps(model.defaults.get("steps", 0)) > state.limits.max_steps:
+        raise ApiError(400, f"steps: {params.num_steps(0)} exceeds this server's limit of {state.limits.max_steps} "
+                       "(limits.max_steps)", param="steps", code="limit_exceeded")
+    return OmniRequest(request_id=request_id, task=TaskType.T2A, inputs=[TextPart(text=wire.input)], diffusion=params,
+                       outputs=OutputSpec(modalities=[Modality.AUDIO]))
+
+
+@router.post("/speech", summary="Generate audio from text (text-to-audio models)", response_class=Response,
+             responses={200: {"content": {**{t: {} for t in MEDIA_TYPES.values()}, "text/event-stream": {}}}},
+             openapi_extra={"x-omniloop-body": SPEECH_BODY_DOC})
+async def create_speech(request: Request, state: State) -> Response:
+    with state.counting_rejections("audio"):
+        state.check_accepting()
+        fields, _ = await read_body(request, state.config.max_upload_bytes)
+        try:
+            wire = SpeechRequest.model_validate(fields)
+        except ValidationError as e:
+            raise validation_error(e) from None
+        job_id = new_id("audio")
+        omni = speech_request(wire, job_id, state)
+        seconds = omni.diffusion.duration_s
+        geometry = Geometry(width=0, height=0, num_frames=0, fps=0,
+                            steps=omni.diffusion.num_steps(state.model.defaults.get("steps", 0)),
+                            seconds=f"{seconds:g}" if seconds is not None else "")
+        job = Job(id=job_id, kind=JobKind.AUDIO, model=state.model.name, prompt=wire.input, geometry=geometry,
+                  audio_format=wire.response_format)
+        try:
+            await state.submit([job], [omni])
+        except ApiError as e:  # the request plane's name for the wire's seconds
+            if e.param == "duration_s":
+                e.param, e.message = "seconds", e.message.replace("duration_s", "seconds", 1)
+            raise
+    if wire.stream_format == "sse":
+        return StreamingResponse(_sse(job, state.config.sse_keepalive_s), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    await job.wait_sealed()
+    if job.status is not RequestStatus.COMPLETED or job.content is None:
+        raise _failure(job)
+    return Response(job.content, media_type=MEDIA_TYPES[job.audio_format],
+                    headers={"Content-Disposition": f'attachment; filename="{job.id}.{job.audio_format}"'})
+
+
+async def _sse(job: Job, keepalive_s: float) -> AsyncIterator[str]:
+    """The job's events (status, progress, final), then the audio as OpenAI's delta / done."""
+    async for event in job.follow(heartbeat_s=keepalive_s):
+        if event is None:
+            yield ": keepalive\n\n"
+        else:
+            yield f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
+    if job.status is RequestStatus.COMPLETED and job.content is not None:
+        delta = {"type": "speech.audio.delta", "audio": base64.b64encode(job.content).decode(),
+                 "format": job.audio_format}
+        yield f"event: speech.audio.delta\ndata: {json.dumps(delta)}\n\n"
+    done = {"type": "speech.audio.done", "status": job.status.value, "error": job.error}
+    yield f"event: speech.audio.done\ndata: {json.dumps(done)}\n\n"
+
+
+def _failure(job: Job) -> ApiError:
+    message = f"audio {job.id} {job.status.value}: {job.error}"
+    if job.status is RequestStatus.CANCELLED:
+        return ApiError(503, message, code="cancelled")
+    if job.error and "non-finite values" in job.error:
+        return ApiError(422, f"{message}; the request's parameters overflowed (lower guidance_scale)", code="non_finite")
+    return ApiError(500, message, code="generation_failed")

@@ -1,0 +1,120 @@
+"""Serving sound: /v1/videos returns video with sound when the model makes it ("audio":
+false skips it), /v1/audio/speech makes audio files from text with a text-to-audio model
+(OpenAI's speech API through the official client), SSE progress for both."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import av
+import httpx
+import pytest
+
+from omniloop.io import read_audio
+from omniloop.request import DiffusionParams
+from tests.serve.conftest import IGNORE_SORA_DEPRECATION, live_server
+
+LTX2_WARMUP = [DiffusionParams(steps=2, height=64, width=64, num_frames=9)]
+SA_WARMUP = [DiffusionParams(steps=1)]
+
+
+@pytest.fixture(scope="module")
+def ltx2_server(ltx2_dir):
+    with live_server(ltx2_dir, serve={"warmup": LTX2_WARMUP}, limits={"max_steps": 8, "max_frames": 17}) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def audio_server(stable_audio_dir):
+    with live_server(stable_audio_dir, serve={"warmup": SA_WARMUP}, limits={"max_steps": 8}) as server:
+        yield server
+
+
+def _streams(data: bytes) -> list[str]:
+    with av.open(io.BytesIO(data)) as c:
+        return sorted(s.type for s in c.streams)
+
+
+def _sse(response) -> list[tuple[str, dict]]:
+    events, name = [], None
+    for line in response.iter_lines():
+        if line.startswith("event: "):
+            name = line[len("event: "):]
+        elif line.startswith("data: "):
+            events.append((name, json.loads(line[len("data: "):])))
+    return events
+
+
+@pytest.mark.filterwarnings(IGNORE_SORA_DEPRECATION)
+def test_videos_come_with_sound_unless_skipped(ltx2_server):
+    client = ltx2_server.client()
+    body = {"num_frames": 9, "steps": 2, "seed": 1}
+    video = client.videos.create(prompt="waves crash", size="64x64", extra_body=body)
+    assert ltx2_server.wait_finished(video.id)["status"] == "completed"
+    with_sound = httpx.get(f"{ltx2_server.url}/v1/videos/{video.id}/content").content
+    assert _streams(with_sound) == ["audio", "video"]
+    samples, rate = read_audio(with_sound)
+    assert rate == 8000 and samples.shape[0] == 2
+    with httpx.stream("GET", f"{ltx2_server.url}/v1/videos/{video.id}/events", timeout=60) as r:
+        events = _sse(r)
+    assert [n for n, _ in events if n == "progress"] and events[-1][0] == "final"
+    final = events[-1][1]["output"]
+    assert set(final["artifacts"]) >= {"video", "audio"}
+    silent = client.videos.create(prompt="waves crash", size="64x64", extra_body={**body, "audio": False})
+    assert ltx2_server.wait_finished(silent.id)["status"] == "completed"
+    assert _streams(httpx.get(f"{ltx2_server.url}/v1/videos/{silent.id}/content").content) == ["video"]
+
+
+def test_audio_true_on_a_silent_model_names_the_field(t2v_server):
+    r = httpx.post(f"{t2v_server.url}/v1/videos", json={"prompt": "x", "size": "32x32", "num_frames": 5, "steps": 1,
+                                                        "audio": True})
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"] == "audio" and "makes no sound" in error["message"]
+
+
+@pytest.mark.parametrize("fmt", ["wav", "flac"])
+def test_speech_endpoint_through_the_openai_client(audio_server, fmt):
+    client = audio_server.client()
+    response = client.audio.speech.create(model=audio_server.state.model.name, voice="alloy", input="a drum loop",
+                                          response_format=fmt, extra_body={"seconds": 1.5, "steps": 2, "seed": 3})
+    samples, rate = read_audio(response.read())
+    assert rate == 128 and samples.shape == (2, 192)  # 1.5 s at the toy model's 128 Hz
+
+
+def test_speech_sse_progress_then_the_audio(audio_server):
+    body = {"input": "waves on a beach", "response_format": "wav", "stream_format": "sse", "steps": 3, "seed": 1,
+            "seconds": 1.0}
+    with httpx.stream("POST", f"{audio_server.url}/v1/audio/speech", json=body, timeout=60) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = _sse(r)
+    names = [n for n, _ in events]
+    assert names.count("progress") == 3 and names[-2:] == ["speech.audio.delta", "speech.audio.done"]
+    import base64
+
+    samples, rate = read_audio(base64.b64decode(events[-2][1]["audio"]))
+    assert rate == 128 and samples.shape == (2, 128)
+    assert events[-1][1]["status"] == "completed"
+
+
+@pytest.mark.parametrize("body,param,message", [
+    ({"input": "x", "response_format": "opus"}, "response_format", "pass one of ['flac', 'mp3', 'wav']"),
+    ({"input": "x", "speed": 2.0, "response_format": "wav"}, "speed", "pass 1.0"),
+    ({"input": "x", "response_format": "mp3"}, "response_format", "mp3 cannot carry 128 Hz audio"),
+    ({"input": "x", "seconds": 30, "steps": 2, "response_format": "wav"}, "seconds",
+     "this model makes up to 2.000 s of audio"),
+    ({"input": "x", "steps": 50, "response_format": "wav"}, "steps", "limits.max_steps"),
+    ({"input": ""}, "input", ""),
+])
+def test_speech_bad_input_names_the_field(audio_server, body, param, message):
+    r = httpx.post(f"{audio_server.url}/v1/audio/speech", json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and message in error["message"]
+
+
+def test_speech_from_a_video_model_is_refused(ltx2_server):
+    r = httpx.post(f"{ltx2_server.url}/v1/audio/speech", json={"input": "x"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "model"
+    assert "comes with /v1/videos" in r.json()["error"]["message"]

@@ -29,6 +29,7 @@ from omniloop.request import (
     RequestStatus,
     TaskType,
     TextPart,
+    require_prompt,
 )
 
 logger = logging.getLogger(__name__)
@@ -84,8 +85,8 @@ class VideoGenerator:
 
     def generate(self, request: OmniRequest, on_event: Callable[[OmniEvent], None] | None = None) -> OmniOutput:
         """Run one request to completion. Bad input raises ValueError; a failure while
-        running returns an output with status ``failed``."""
-        self._check_limits(request)
+        running returns an output with status ``failed``. The deployment's limits are the
+        engine's admission's (``engine/limits.py``), as in the server."""
         self._listener = on_event
         try:
             with torch.inference_mode():
@@ -106,13 +107,19 @@ class VideoGenerator:
         on_event: Callable[[OmniEvent], None] | None = None,
         **params: Any,
     ) -> GeneratedVideo:
-        """Generate a video (or image) from ``prompt`` and write it as H.264 mp4.
+        """Generate a video (or image) from ``prompt`` and write it: H.264 mp4 for a video, png
+        for an image (``output_path``: a ``.mp4`` / ``.png`` file, or a directory).
 
         ``params`` are DiffusionParams fields (``steps``/``num_inference_steps``,
         ``guidance_scale``, ``guidance_scale_2``, ``shift``, ``sigmas``, ``height``,
         ``width``, ``num_frames``, ``fps``, ``seed``, ``negative_prompt``, ``sampler``).
         """
         request = self.build_request(prompt, image=image, task=task, **params)
+        return self.run_video(request, output_path=output_path if save_video else None, on_event=on_event)
+
+    def run_video(self, request: OmniRequest, *, output_path: str | Path | None = "outputs/",
+                  on_event: Callable[[OmniEvent], None] | None = None) -> GeneratedVideo:
+        """``generate`` one built request and write what it made (``output_path=None``: nothing)."""
         output = self.generate(request, on_event)
         if output.status is not RequestStatus.COMPLETED:
             raise GenerationError(f"request {output.request_id} {output.status.value}: {output.error}")
@@ -124,11 +131,16 @@ class VideoGenerator:
         else:
             frames, fps = video.frames.numpy(), video.fps
         path = None
-        if save_video and output_path is not None:
-            path = self._output_file(Path(output_path), output.request_id)
-            from omniloop.io.video import write_mp4
+        if output_path is not None:
+            path = output_file(output_path, output.request_id, image=video is None, create=True)
+            if path.suffix == ".png":
+                from omniloop.io.image import write_png
 
-            write_mp4(frames, path, fps)
+                write_png(frames[0], path)
+            else:
+                from omniloop.io.video import write_mp4
+
+                write_mp4(frames, path, fps)
         return GeneratedVideo(
             frames=frames, fps=fps, path=path, request_id=output.request_id, seed=output.metrics.seed,
             metrics=output.metrics, output=output,
@@ -139,7 +151,7 @@ class VideoGenerator:
         unknown = sorted(set(fields) - set(DiffusionParams.model_fields))
         if unknown:
             raise ValueError(f"unknown generation parameter(s) {unknown}; accepted: {sorted(DiffusionParams.model_fields)}")
-        inputs: list[Any] = [TextPart(text=prompt)]
+        inputs: list[Any] = [TextPart(text=require_prompt(prompt))]
         if image is not None:
             inputs.append(ImagePart(path=str(image)) if isinstance(image, (str, Path)) else ImagePart(data=image))
         # Task is declared by the caller; the one suggestion made here is the obvious one.
@@ -149,20 +161,25 @@ class VideoGenerator:
             )
         return OmniRequest(task=TaskType(task), inputs=inputs, diffusion=DiffusionParams(**fields), outputs=OutputSpec())
 
-    def _check_limits(self, request: OmniRequest) -> None:
-        limits, p = self.deploy.limits, request.diffusion
-        if p.num_frames is not None and p.num_frames > limits.max_frames:
-            raise ValueError(f"diffusion.num_frames={p.num_frames} exceeds this deployment's limit {limits.max_frames}")
-        if p.height and p.width and p.height * p.width > limits.max_pixels:
-            raise ValueError(f"diffusion.height*width={p.height * p.width} exceeds this deployment's limit {limits.max_pixels}")
-        steps = p.num_steps(0)
-        if steps > limits.max_steps:
-            raise ValueError(f"diffusion.steps={steps} exceeds this deployment's limit {limits.max_steps}")
 
-    @staticmethod
-    def _output_file(output_path: Path, request_id: str) -> Path:
-        if output_path.suffix.lower() == ".mp4":
-            output_path.parent.mkdir(parents=True, exist_ok=True)
-            return output_path
-        output_path.mkdir(parents=True, exist_ok=True)
-        return output_path / f"{request_id}.mp4"
+def output_file(output_path: str | Path, request_id: str, *, image: bool, create: bool = False) -> Path:
+    """Where a result goes: ``output_path`` itself if it names an ``.mp4`` file (or, for an
+    image, a ``.png``), else ``output_path/<request id>.mp4`` (``.png`` for an image), a
+    directory. Anything else is a ValueError naming ``output_path``, raised before any work
+    when called with ``create=False`` (the CLI checks ``--output`` before loading a model)."""
+    path = Path(output_path)
+    as_dir = str(output_path).endswith(("/", "\\")) or path.is_dir()
+    suffix = path.suffix.lower()
+    if not as_dir and suffix == ".png" and not image:
+        raise ValueError(f"output_path {str(output_path)!r}: a video is written as H.264 mp4; "
+                         "pass a .mp4 file or a directory")
+    if not as_dir and suffix and suffix not in (".mp4", ".png"):
+        raise ValueError(f"output_path {str(output_path)!r}: {suffix} files are not written; pass a .mp4 file"
+                         f"{', a .png file' if image else ''} or a directory")
+    if not as_dir and suffix:
+        target = path
+    else:
+        target = path / f"{request_id}.{'png' if image else 'mp4'}"
+    if create:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    return target

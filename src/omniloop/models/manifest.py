@@ -58,6 +58,18 @@ class ComponentEntry(BaseModel):
     config: dict[str, Any] = Field(default_factory=dict)
 
 
+class ModelLimits(BaseModel):
+    """The largest request a model serves (what it was trained for, or can run at a sane
+    cost); the family validator refuses more, naming the limit. Deployments may set lower
+    ceilings of their own (``DeployConfig.limits``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_height: int | None = Field(default=None, ge=1)
+    max_width: int | None = Field(default=None, ge=1)
+    max_frames: int | None = Field(default=None, ge=1)
+
+
 class ModelManifest(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -66,8 +78,10 @@ class ModelManifest(BaseModel):
     family: str
     variant: str
     tasks: list[str] = Field(min_length=1)
+    description: str = Field(default="", description="one line: what the model makes (omniloop models)")
     components: dict[str, ComponentEntry]
     defaults: dict[str, Any] = Field(default_factory=dict)
+    limits: ModelLimits = Field(default_factory=ModelLimits)
     files: dict[str, FileRecord] = Field(default_factory=dict)  # path relative to the model dir -> record
     provenance: dict[str, Any] = Field(default_factory=dict)  # how it was made (recipe, steps, figures)
 

@@ -31,7 +31,8 @@ class DiffusionParams(BaseModel):
     width: int | None = Field(default=None, ge=16, le=8192)
     num_frames: int | None = Field(default=None, ge=1, le=2049)
     fps: int | None = Field(default=None, ge=1, le=240)
-    seed: int | None = Field(default=None, ge=0, lt=2**63)
+    seed: int | None = Field(default=None, ge=0, lt=2**63,
+                             description="RNG seed (default: a random one, reported in the output's metrics)")
     negative_prompt: str | None = None
     sampler: str | None = Field(default=None, description="sampler name (e.g. flow_unipc, flow_euler)")
     plugin_params: dict[str, dict[str, Any]] = Field(
@@ -87,7 +88,8 @@ class SamplingParams(BaseModel):
     repetition_penalty: float = Field(default=1.0, gt=0.0)
     stop: list[str] = Field(default_factory=list)
     stop_token_ids: list[int] = Field(default_factory=list)
-    seed: int | None = Field(default=None, ge=0, lt=2**63)
+    seed: int | None = Field(default=None, ge=0, lt=2**63,
+                             description="RNG seed (default: a random one, reported in the output's metrics)")
 
 
 class OutputSpec(BaseModel):

@@ -27,6 +27,9 @@ from omniloop.deploy import DeployConfig
 from omniloop.request import DiffusionParams
 
 
+DEFAULT_DRAIN_TIMEOUT_S = 25.0  # below Kubernetes' default 30 s termination grace period
+
+
 class ServeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -40,15 +43,19 @@ class ServeConfig(BaseModel):
         default=256, ge=1, description="jobs (videos and images) kept; the oldest finished one is evicted first"
     )
     max_upload_bytes: int = Field(default=16 * 2**20, ge=1024, description="largest request body (413 beyond)")
-    warmup: list[DiffusionParams] = Field(
-        default_factory=lambda: [DiffusionParams(steps=2)],
-        description="shapes run once at start before /ready turns 200; [] skips warmup",
+    warmup: list[DiffusionParams] | None = Field(
+        default=None,
+        description="shapes run once at start before /ready turns 200 (a failure exits the process); "
+        "default: one 2-step request at the model's default size, clamped to what it and the limits allow; "
+        "[] skips warmup",
     )
     drain: Literal["finish", "cancel"] = Field(
         default="finish", description="on SIGTERM: let in-flight jobs finish (up to drain_timeout_s), or cancel them"
     )
-    drain_timeout_s: float = Field(default=60.0, ge=0, description="'finish' drains cancel what is left after this")
-    cancel_wait_s: float = Field(default=30.0, gt=0, description="how long DELETE waits for a running job to stop")
+    drain_timeout_s: float = Field(default=DEFAULT_DRAIN_TIMEOUT_S, ge=0,
+                                   description="'finish' drains cancel what is left after this many seconds")
+    cancel_wait_s: float = Field(default=30.0, gt=0, description="how long a refused multi-image call waits for "
+                                 "its already started images to stop (DELETE never waits: it answers 'cancelling')")
     sse_keepalive_s: float = Field(default=15.0, gt=0, description="comment lines on idle event streams")
 
 

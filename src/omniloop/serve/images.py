@@ -14,10 +14,10 @@ from pydantic import ValidationError
 from omniloop.request import RequestStatus
 from omniloop.serve.body import read_body
 from omniloop.serve.errors import ApiError, validation_error
-from omniloop.serve.jobs import Job, JobKind
+from omniloop.serve.jobs import Geometry, Job, JobKind
 from omniloop.serve.protocol import ImageData, ImageGenerationRequest, ImagesResponse
 from omniloop.serve.state import State, new_id, require_auth
-from omniloop.serve.translate import image_requests
+from omniloop.serve.wire import openai_images
 
 router = APIRouter(prefix="/v1/images", tags=["images"], dependencies=[Depends(require_auth)])
 
@@ -33,10 +33,11 @@ async def generate_images(request: Request, state: State) -> ImagesResponse:
         except ValidationError as e:
             raise validation_error(e) from None
         ids = [new_id("img") for _ in range(wire.n)]
-        requests, geometry = image_requests(wire, ids, state.model, state.limits)
+        requests, call = openai_images(wire, ids, state.model)
+        geometry = Geometry.of(requests[0], state.model.defaults)
         jobs = [Job(id=i, kind=JobKind.IMAGE, model=state.model.name, prompt=wire.prompt, geometry=geometry)
                 for i in ids]
-        await state.submit(jobs, requests)
+        await state.submit(jobs, requests, call.names)
     await asyncio.gather(*(job.wait_sealed() for job in jobs))
     failed = [j for j in jobs if j.status is not RequestStatus.COMPLETED]
     if failed:

@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal
 
-from omniloop.request import RequestStatus
+from omniloop.request import OmniRequest, RequestStatus
 
 
 class JobKind(str, Enum):
@@ -38,6 +38,16 @@ class Geometry:
     @property
     def size(self) -> str:
         return f"{self.width}x{self.height}"
+
+    @classmethod
+    def of(cls, request: OmniRequest, defaults: Mapping[str, Any], seconds: float | None = None) -> "Geometry":
+        """``request``'s geometry with the model's ``defaults`` for what it leaves unset."""
+        p, d = request.diffusion, defaults
+        frames = p.num_frames or (1 if request.task.makes_image else d.get("num_frames", 1))
+        fps = p.fps or d.get("fps", 16)
+        return cls(width=p.width or d.get("width", 0), height=p.height or d.get("height", 0), num_frames=frames,
+                   fps=fps, steps=p.num_steps(d.get("steps", 0)),
+                   seconds=f"{seconds:g}" if seconds is not None else f"{frames / fps:g}")
 
 
 @dataclass(eq=False)

@@ -55,12 +55,16 @@ class JobRunner:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def cancel(self, job: Job, wait_s: float) -> bool:
-        """Abort at the next step boundary; True once the job has stopped."""
+    async def request_cancel(self, job: Job) -> None:
+        """Ask the engine to abort ``job`` at its next step boundary; returns at once."""
         try:
             await self.engine.abort(job.id)
         except UnknownRequest:
             pass  # finished in the meantime
+
+    async def cancel(self, job: Job, wait_s: float) -> bool:
+        """Abort at the next step boundary; True once the job has stopped."""
+        await self.request_cancel(job)
         return await job.wait_sealed(wait_s)
 
     async def wait_idle(self) -> None:

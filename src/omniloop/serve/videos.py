@@ -12,10 +12,10 @@ from pydantic import ValidationError
 
 from omniloop.serve.body import read_body
 from omniloop.serve.errors import ApiError, validation_error
-from omniloop.serve.jobs import Job, JobKind
+from omniloop.serve.jobs import Geometry, Job, JobKind
 from omniloop.serve.protocol import JobError, VideoCreateRequest, VideoDeleted, VideoList, VideoObject
 from omniloop.serve.state import State, new_id, require_auth
-from omniloop.serve.translate import video_request
+from omniloop.serve.wire import openai_video
 
 router = APIRouter(prefix="/v1/videos", tags=["videos"], dependencies=[Depends(require_auth)])
 
@@ -44,9 +44,10 @@ async def create_video(request: Request, state: State) -> VideoObject:
         except ValidationError as e:
             raise validation_error(e) from None
         job_id = new_id("video")
-        omni, geometry = video_request(wire, job_id, state.model, state.limits, upload=files.get("input_reference"))
+        omni, call = openai_video(wire, job_id, state.model, upload=files.get("input_reference"))
+        geometry = Geometry.of(omni, state.model.defaults, wire.seconds)
         job = Job(id=job_id, kind=JobKind.VIDEO, model=state.model.name, prompt=wire.prompt, geometry=geometry)
-        await state.submit([job], [omni])
+        await state.submit([job], [omni], call.names)
     return video_object(job)
 
 
@@ -89,13 +90,16 @@ async def download_video(
                     headers={"Content-Disposition": f'attachment; filename="{video_id}.mp4"'})
 
 
-@router.delete("/{video_id}", response_model=VideoDeleted, summary="Delete a finished job, or cancel a running one")
+@router.delete("/{video_id}", response_model=VideoDeleted,
+               summary="Delete a finished job, or cancel a running one (answers at once: 'cancelling')")
 async def delete_video(video_id: str, state: State) -> VideoDeleted:
     job = state.job(video_id, JobKind.VIDEO)
     if not job.sealed:
-        # NOTE: a running job is cancelled at its next step boundary and kept, so its
-        # final status and partial progress stay visible; a second DELETE removes it.
-        await state.runner.cancel(job, state.config.cancel_wait_s)
-        return VideoDeleted(id=job.id, deleted=False, status=job.status.value)
+        # NOTE: a running job is cancelled at its next step boundary (which may be seconds
+        # away) and kept, so its final status and partial progress stay visible; the answer
+        # does not wait for it: "cancelling", then GET shows "cancelled". A second DELETE
+        # of the stopped job removes it.
+        await state.runner.request_cancel(job)
+        return VideoDeleted(id=job.id, deleted=False, status="cancelling" if not job.sealed else job.status.value)
     state.jobs.remove(job.id)
     return VideoDeleted(id=job.id, deleted=True, status=job.status.value)

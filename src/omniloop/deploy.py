@@ -44,6 +44,11 @@ class DeployConfig(BaseModel):
         "GEMMs; 'fp8_tensor': the same with one scale per tensor (cuBLASLt's per-tensor FP8 kernel); both "
         "Ada/Hopper GPUs and change the numbers (see benchmarks/results); 'none': the model dtype",
     )
+    cpu_threads: int | Literal["auto"] = Field(
+        default="auto",
+        description="torch intra-op threads on a CPU device: 'auto' (the cores this process may use and the machine's "
+        "load leaves idle, never more than torch's current count: omniloop/cpu_threads.py) or a number",
+    )
     plugins: dict[str, dict[str, Any]] = Field(default_factory=dict, description="enabled plugins and their config")
     limits: Limits = Field(default_factory=Limits)
     # -- engine -------------------------------------------------------------------------
@@ -62,6 +67,17 @@ class DeployConfig(BaseModel):
     def _known_dtype(cls, v: str) -> str:
         if v != "auto" and v not in _DTYPES:
             raise ValueError(f"unknown dtype {v!r}; pass one of {['auto', *_DTYPES]}")
+        return v
+
+    @field_validator("cpu_threads", mode="before")
+    @classmethod
+    def _thread_count(cls, v: Any) -> Any:
+        if isinstance(v, str) and v.strip().isdigit():
+            v = int(v)
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        if v != "auto" and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            raise ValueError(f"cpu_threads={v!r}: pass 'auto' or a thread count >= 1")
         return v
 
     @field_validator("attention_backend")

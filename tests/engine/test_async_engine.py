@@ -84,3 +84,93 @@ def test_drain_stops_admission_and_cancels_after_timeout(engine):
 def test_unknown_model_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="neither a directory nor a built-in model name"):
         AsyncEngine.from_pretrained(tmp_path / "missing", device="cpu")
+
+
+def test_a_duplicate_id_is_rejected_and_the_live_stream_still_completes(engine):
+    async def main():
+        live = asyncio.create_task(engine.generate(req(1, steps=6, rid="dup")))
+        while not engine.engine.is_tracked("dup"):
+            await asyncio.sleep(0.001)
+        rejected = engine.stats()["rejected"]
+        with pytest.raises(RequestRejected, match="request_id 'dup' is already in use"):
+            engine.submit(req(2, steps=2, rid="dup"))
+        with pytest.raises(RequestRejected, match="already in use"):
+            async for _ in engine.stream(req(3, steps=2, rid="dup")):
+                pass
+        assert engine.stats()["rejected"] == rejected + 2  # each rejection counted once
+        return await live
+
+    out = asyncio.run(main())
+    assert out.status is RequestStatus.COMPLETED and out.metrics.steps == 6 and out.metrics.seed == 1
+    assert engine.stats()["streams"] == 0 and engine.stats()["tracked"] == 0
+
+
+def test_a_stream_closed_early_aborts_its_request(engine):
+    async def main():
+        stream = engine.stream(req(4, steps=200, rid="gone"))
+        async for event in stream:
+            if isinstance(event, ProgressEvent) and event.step == 2:
+                break  # the client went away mid-run
+        await stream.aclose()
+        while engine.stats()["tracked"] or engine.stats()["running"]:
+            await asyncio.sleep(0.01)
+
+    asyncio.run(main())
+    stats = engine.stats()
+    assert stats["cancelled"] == 1 and stats["streams"] == 0 and stats["steps"] < 200
+
+
+@pytest.fixture
+def roomy_engine(wan_t2v_dir):
+    eng = AsyncEngine.from_pretrained(wan_t2v_dir, device="cpu", dtype="float32", max_queue=2048)
+    yield eng
+    eng.shutdown()
+
+
+def test_a_thousand_dropped_streams_leave_every_table_empty_and_memory_flat(roomy_engine):
+    """Clients that disconnect right after submitting (half close the stream, half cancel the
+    task reading it): each request is aborted and forgotten, nothing accumulates."""
+    import gc
+    import sys
+
+    engine = roomy_engine
+
+    async def drop(i: int) -> None:
+        stream = engine.stream(req(i, steps=1, rid=f"d{i}", size=16, frames=1))
+        if i % 2:
+            await stream.__anext__()  # the QUEUED status, then the client closes
+            await stream.aclose()
+            return
+        first = asyncio.Event()
+
+        async def read():
+            async for _ in stream:
+                first.set()
+
+        task = asyncio.create_task(read())
+        await first.wait()
+        task.cancel()  # the client's handler task is cancelled (a disconnect)
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    async def wave(start: int, n: int) -> None:
+        for i in range(start, start + n):
+            await drop(i)
+        while engine.stats()["tracked"] or engine.engine.has_unfinished():
+            await asyncio.sleep(0.01)
+
+    def footprint() -> tuple[int, int]:
+        gc.collect()
+        return len(gc.get_objects()), sys.getallocatedblocks()
+
+    asyncio.run(wave(0, 100))  # warm: caches, the cost model's keys, lazily built objects
+    objects, blocks = footprint()
+    asyncio.run(wave(100, 1000))
+    objects_after, blocks_after = footprint()
+    stats = engine.stats()
+    assert stats["tracked"] == 0 and stats["streams"] == 0 and stats["waiting"] == 0 and stats["running"] == 0
+    assert stats["cancelled"] + stats["completed"] == 1100 and stats["failed"] == 0
+    assert engine.engine.scheduler.memory.reserved_bytes == 0
+    # flat: a leak of one output per stream alone would add >= 1,000 objects
+    assert objects_after - objects < 500, (objects, objects_after)
+    assert blocks_after - blocks < 20_000, (blocks, blocks_after)

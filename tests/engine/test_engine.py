@@ -289,10 +289,10 @@ def test_memory_admission_waits_or_rejects(make_engine, wan_pipeline):
     probe = make_engine()
     probe.add_request(req(1, steps=2, rid="probe"))
     probe_req = probe._requests["probe"]
-    need = probe_req.reserved_bytes + probe_req.info["peak_bytes"]
-    assert need > 0
+    need = probe_req.memory.alone_bytes
+    assert need > probe_req.memory.held_bytes > 0
     # room for one request's state + activations, not for two requests' states
-    engine = make_engine(memory_budget_bytes=need + probe_req.reserved_bytes // 2)
+    engine = make_engine(memory_budget_bytes=need + probe_req.memory.held_bytes // 2)
     engine.add_request(req(1, steps=3, rid="first"))
     engine.add_request(req(2, steps=3, rid="second"))
     with torch.inference_mode():
@@ -302,6 +302,7 @@ def test_memory_admission_waits_or_rejects(make_engine, wan_pipeline):
     assert order == ["first", "second"] and all(o.status is RequestStatus.COMPLETED for o in outs.values())
     with pytest.raises(DoesNotFit, match="memory budget"):
         engine.add_request(req(3, steps=3, size=256, frames=17))
+    assert engine.stats.rejected == 1  # counted once
 
 
 def test_full_queue_is_an_explicit_rejection(make_engine):

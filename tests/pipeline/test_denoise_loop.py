@@ -9,10 +9,10 @@ import torch
 
 from omniloop.api.generator import VideoGenerator
 from omniloop.pipeline.edges import TextEmbeddings
-from omniloop.pipeline.loops.denoise import DenoiseLoop
+from omniloop.pipeline.loops.denoise import DenoiseLoop, DenoiserBase
 from omniloop.pipeline.pipeline import Pipeline
 from omniloop.pipeline.policies.cfg import COND, UNCOND, ClassicCFG, EmbeddedGuidance
-from omniloop.pipeline.runner import run_node, run_request
+from omniloop.engine.offline import run_request
 from omniloop.pipeline.samplers import build_sampler
 from omniloop.pipeline.samplers.sampler_set import SamplerSet
 from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
@@ -28,7 +28,7 @@ def _req(seed, steps=4, **kw):
 
 def _start(gen, request):
     state = gen.pipeline.admit(request)
-    run_node(gen.pipeline, gen.pipeline.spec.node("text_encode"), state)
+    gen.pipeline.spec.node("text_encode").stage.forward(gen.pipeline.contexts["text_encode"], state)
     node = gen.pipeline.spec.node("denoise")
     ctx = gen.pipeline.contexts["denoise"]
     return state, node.stage, ctx, node.stage.init(ctx, state)
@@ -87,7 +87,7 @@ class FakeModel(torch.nn.Module):
 
 
 @dataclass(frozen=True)
-class FakeDenoiser:
+class FakeDenoiser(DenoiserBase):
     modalities: tuple = ("video", "audio")
 
     def latent_shapes(self, ctx, request):
@@ -153,7 +153,7 @@ def test_sequential_vs_batched_dispatch():
 def test_per_modality_scales_apply_to_their_modality():
     pipe, _ = _fake_pipeline(ClassicCFG(), guidance=1.0)
     state = pipe.admit(OmniRequest(task=TaskType.T2VS, diffusion=DiffusionParams(seed=0, guidance_scale={"video": 4.0, "audio": 2.0})))
-    run_node(pipe, pipe.spec.node("text"), state)
+    pipe.spec.node("text").stage.forward(pipe.contexts["text"], state)
     stage, ctx = pipe.spec.node("denoise").stage, pipe.contexts["denoise"]
     loop = stage.init(ctx, state)
     cfg_state = loop.policy_states["cfg"]

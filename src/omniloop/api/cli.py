@@ -20,12 +20,16 @@ from omniloop.serve.warmup import WarmupFailed
 
 
 def _generate_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("generate", help="generate a video (or image) from a prompt", formatter_class=DefaultsHelpFormatter)
+    p = sub.add_parser("generate", help="generate a video (with sound when the model makes it), an image or audio",
+                       formatter_class=DefaultsHelpFormatter)
     p.add_argument("prompt", help="what to generate")
     p.add_argument("--model", default=None,
                    help="checkpoint directory or built-in name (default: shapes-t2v, the embedded model; see omniloop models)")
     p.add_argument("--output", default="outputs/",
-                   help="a .mp4 file, a .png file (an image: --task t2i) or a directory of <request id>.mp4/.png")
+                   help="a .mp4 file, a .png file (an image: --task t2i), a .wav/.flac/.mp3 file (audio) or a "
+                   "directory of <request id>.mp4/.png/.wav")
+    p.add_argument("--audio-only", action="store_true",
+                   help="write only the sound as a wav (text-to-audio models always do)")
     p.add_argument("--task", choices=[t.value for t in TaskType], default=None, help="task (default: t2v, or i2v with --image)")
     p.add_argument("--image", default=None, help="first-frame image for i2v")
     p.add_argument("--deploy-config", default=None, help="YAML file of deploy options")
@@ -56,8 +60,33 @@ def _flag_names(message: str) -> str:
     return re.sub(r"diffusion\.(\w+)", lambda m: "--" + m.group(1).replace("_", "-"), message)
 
 
+def _output_kinds(args: argparse.Namespace, tasks: list[str] | None = None) -> list[dict]:
+    """What ``--output`` may name: a video, an image or sound, from the flags (and, once the
+    model is loaded, its ``tasks``: a text-to-audio model writes sound)."""
+    from omniloop.api.generator import AUDIO_FILES, IMAGE_FILES, VIDEO_FILES
+
+    if args.audio_only or args.task == TaskType.T2A.value or (args.task is None and tasks == [TaskType.T2A.value]):
+        return [AUDIO_FILES]
+    if args.task == TaskType.T2I.value:
+        return [IMAGE_FILES]
+    return [VIDEO_FILES] if tasks is not None else [VIDEO_FILES, AUDIO_FILES]  # before loading: either
+
+
+def _check_output(args: argparse.Namespace, tasks: list[str] | None = None) -> None:
+    from omniloop.api.generator import output_file
+
+    errors = []
+    for kind in _output_kinds(args, tasks):
+        try:
+            output_file(args.output, "check", **kind)
+            return
+        except ValueError as e:
+            errors.append(str(e).replace("output_path", "--output", 1))
+    raise ValueError(errors[0])
+
+
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from omniloop.api.generator import DEFAULT_MODEL, VideoGenerator, output_file
+    from omniloop.api.generator import DEFAULT_MODEL, VideoGenerator
     from omniloop.api.progress import ProgressBars
 
     # every flag is checked before the model loads (which takes seconds)
@@ -69,28 +98,39 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         raise flag_error(e, params) from None
     deploy = _deploy_from_flags(args)
     deploy.check_device()
-    try:
-        output_file(args.output, "check", image=args.task == TaskType.T2I.value)
-    except ValueError as e:
-        raise ValueError(str(e).replace("output_path", "--output", 1)) from None
+    _check_output(args)
     if args.image is not None and not Path(args.image).is_file():
         raise FileNotFoundError(f"--image {args.image}: no such file")
     t0 = time.perf_counter()
     gen = VideoGenerator.from_pretrained(args.model or DEFAULT_MODEL, deploy=deploy)
     load_s = time.perf_counter() - t0
+    audio_only = _output_kinds(args, gen.tasks)[0]["what"] == "sound"
+    _check_output(args, gen.tasks)  # now knowing what the model makes, still before any work
+    if audio_only and args.image is not None:
+        raise ValueError("--image conditions a video; drop it with --audio-only or a text-to-audio model")
+    bars = None
     try:
-        request = gen.build_request(prompt, image=args.image, task=args.task, **params)
-        bars = None if args.no_progress else ProgressBars(gen.pipeline.active_nodes(request))
-        try:
+        if audio_only:
+            bars = None if args.no_progress else ProgressBars([])
+            result = gen.generate_audio(prompt, task=args.task, output_path=args.output, on_event=bars, **params)
+        else:
+            request = gen.build_request(prompt, image=args.image, task=args.task, **params)
+            bars = None if args.no_progress else ProgressBars(gen.pipeline.active_nodes(request))
             result = gen.run_video(request, output_path=args.output, on_event=bars)
-        finally:
-            if bars is not None:
-                bars.close()
     except ValueError as e:  # refused at admission: the family's checks or the deployment's limits
         raise ValueError(_flag_names(str(e))) from None
-    f, h, w, _ = result.frames.shape
-    what = f"{f} frames {w}x{h} @ {result.fps} fps" if result.path is None or result.path.suffix != ".png" \
-        else f"an image {w}x{h}"
+    finally:
+        if bars is not None:
+            bars.close()
+    if audio_only:
+        what = f"{result.audio.shape[0]} ch, {result.seconds:.2f} s @ {result.sample_rate} Hz"
+    elif result.path is not None and result.path.suffix == ".png":
+        what = f"an image {result.frames.shape[2]}x{result.frames.shape[1]}"
+    else:
+        f, h, w, _ = result.frames.shape
+        sound = "" if result.audio is None else \
+            f", sound {result.audio.shape[1] / result.sample_rate:.2f} s @ {result.sample_rate} Hz"
+        what = f"{f} frames {w}x{h} @ {result.fps} fps{sound}"
     print(f"wrote {result.path} ({what}, seed {result.seed}) in {result.metrics.run_s:.2f}s (load {load_s:.2f}s)")
     return 0
 

@@ -11,9 +11,11 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from omniloop.cpu_threads import apply_cpu_threads
 from omniloop.deploy import DeployConfig
 from omniloop.engine.async_engine import load_options
 from omniloop.engine.engine import Engine, EngineConfig
+from omniloop.io.audio import AUDIO_FORMATS
 from omniloop.ext.install import install_plugins
 from omniloop.models.loader import load_pipeline
 from omniloop.models.model_spec import ModelSpec
@@ -21,6 +23,7 @@ from omniloop.pipeline.pipeline import Pipeline
 from omniloop.request import (
     DiffusionParams,
     ImagePart,
+    Modality,
     OmniEvent,
     OmniOutput,
     OmniRequest,
@@ -52,6 +55,23 @@ class GeneratedVideo:
     seed: int | None
     metrics: RequestMetrics
     output: OmniOutput
+    audio: np.ndarray | None = None  # [channels, samples] float32 soundtrack; None without sound
+    sample_rate: int | None = None
+
+
+@dataclass(frozen=True)
+class GeneratedAudio:
+    audio: np.ndarray  # [channels, samples] float32 in [-1, 1]
+    sample_rate: int
+    path: Path | None
+    request_id: str
+    seed: int | None
+    metrics: RequestMetrics
+    output: OmniOutput
+
+    @property
+    def seconds(self) -> float:
+        return self.audio.shape[1] / self.sample_rate
 
 
 class VideoGenerator:
@@ -75,6 +95,8 @@ class VideoGenerator:
         fields (``device``, ``dtype``, ``attention_backend``, ``cfg_mode``, ``compile``, ``quantization``,
         ``plugins={name: config}``...)."""
         config = DeployConfig.from_options(deploy, **options)
+        if config.torch_device().type == "cpu":
+            apply_cpu_threads(config.cpu_threads)  # before loading: the loader's casts run threaded too
         spec, pipeline = load_pipeline(model, load_options(config))
         pipeline = install_plugins(pipeline, config.plugins, compile=config.compile)  # deploy-scoped plugins
         return cls(spec, pipeline, config)
@@ -102,27 +124,29 @@ class VideoGenerator:
         *,
         image: Any = None,
         task: str | TaskType | None = None,
+        audio: bool | None = None,
         output_path: str | Path | None = "outputs/",
         save_video: bool = True,
         on_event: Callable[[OmniEvent], None] | None = None,
         **params: Any,
     ) -> GeneratedVideo:
-        """Generate a video (or image) from ``prompt`` and write it: H.264 mp4 for a video, png
-        for an image (``output_path``: a ``.mp4`` / ``.png`` file, or a directory).
+        """Generate a video (or image) from ``prompt`` and write it: H.264 mp4, with an AAC
+        soundtrack when the model makes sound; png for an image (``output_path``: a ``.mp4`` /
+        ``.png`` file, or a directory).
 
-        ``params`` are DiffusionParams fields (``steps``/``num_inference_steps``,
-        ``guidance_scale``, ``guidance_scale_2``, ``shift``, ``sigmas``, ``height``,
-        ``width``, ``num_frames``, ``fps``, ``seed``, ``negative_prompt``, ``sampler``).
+        ``audio``: None makes sound when the model does; False skips the audio decode; True
+        requires it (a model without an audio path refuses the request). ``params`` are
+        DiffusionParams fields (``steps``/``num_inference_steps``, ``guidance_scale``,
+        ``guidance_scale_2``, ``shift``, ``sigmas``, ``height``, ``width``, ``num_frames``,
+        ``fps``, ``seed``, ``negative_prompt``, ``sampler``).
         """
-        request = self.build_request(prompt, image=image, task=task, **params)
+        request = self.build_request(prompt, image=image, task=task, audio=audio, **params)
         return self.run_video(request, output_path=output_path if save_video else None, on_event=on_event)
 
     def run_video(self, request: OmniRequest, *, output_path: str | Path | None = "outputs/",
                   on_event: Callable[[OmniEvent], None] | None = None) -> GeneratedVideo:
         """``generate`` one built request and write what it made (``output_path=None``: nothing)."""
-        output = self.generate(request, on_event)
-        if output.status is not RequestStatus.COMPLETED:
-            raise GenerationError(f"request {output.request_id} {output.status.value}: {output.error}")
+        output = self._completed(request, on_event)
         video = output.video
         if video is None:  # t2i produces an image; present it as a one-frame video
             img = output.image
@@ -130,23 +154,73 @@ class VideoGenerator:
             frames, fps = img.image[None].numpy(), int(request.diffusion.fps or 1)
         else:
             frames, fps = video.frames.numpy(), video.fps
+        sound = output.audio
+        samples = sound.samples.numpy() if sound is not None else None
+        rate = sound.sample_rate if sound is not None else None
         path = None
         if output_path is not None:
-            path = output_file(output_path, output.request_id, image=video is None, create=True)
-            if path.suffix == ".png":
+            path = output_file(output_path, output.request_id, **(IMAGE_FILES if video is None else VIDEO_FILES),
+                               create=True)
+            if path.suffix.lower() == ".png":
                 from omniloop.io.image import write_png
 
                 write_png(frames[0], path)
             else:
                 from omniloop.io.video import write_mp4
 
-                write_mp4(frames, path, fps)
+                write_mp4(frames, path, fps, audio=samples, sample_rate=rate)
         return GeneratedVideo(
             frames=frames, fps=fps, path=path, request_id=output.request_id, seed=output.metrics.seed,
-            metrics=output.metrics, output=output,
+            metrics=output.metrics, output=output, audio=samples, sample_rate=rate,
         )
 
-    def build_request(self, prompt: str, *, image: Any = None, task: str | TaskType | None = None, **params: Any) -> OmniRequest:
+    def generate_audio(
+        self,
+        prompt: str,
+        *,
+        task: str | TaskType | None = None,
+        output_path: str | Path | None = "outputs/",
+        save_audio: bool = True,
+        audio_format: str = "wav",
+        on_event: Callable[[OmniEvent], None] | None = None,
+        **params: Any,
+    ) -> GeneratedAudio:
+        """Generate audio from ``prompt`` and write it as ``audio_format`` (wav, flac or mp3; a
+        file ``output_path``'s suffix wins). A text-to-audio model runs task t2a; a video model
+        with sound runs its video task (``task``) and returns only the soundtrack (the video
+        decode is skipped). ``params`` are DiffusionParams fields (``duration_s``, ``steps``,
+        ``guidance_scale``, ``seed``, ``negative_prompt``, ...)."""
+        from omniloop.io.audio import write_audio
+
+        if audio_format not in AUDIO_FORMATS:
+            raise ValueError(f"audio_format={audio_format!r}: pass one of {sorted(AUDIO_FORMATS)}")
+        if "audio" not in self.pipeline.spec.outputs:
+            raise ValueError(f"{self.pipeline.spec.name!r} has no audio path (it serves {self.tasks} and makes no "
+                             "sound); pass a text-to-audio model or a video model with sound")
+        if task is None and TaskType.T2A in self.pipeline.spec.tasks:
+            task = TaskType.T2A
+        request = self.build_request(prompt, task=task, **params)
+        request = request.model_copy(update={"outputs": OutputSpec(modalities=[Modality.AUDIO])})
+        output = self._completed(request, on_event)
+        sound = output.audio
+        assert sound is not None, "a completed audio generation has an audio artifact"
+        samples = sound.samples.numpy()
+        path = None
+        if save_audio and output_path is not None:
+            path = output_file(output_path, output.request_id, **{**AUDIO_FILES, "default": f".{audio_format}"},
+                               create=True)
+            write_audio(samples, path, sound.sample_rate)
+        return GeneratedAudio(audio=samples, sample_rate=sound.sample_rate, path=path, request_id=output.request_id,
+                              seed=output.metrics.seed, metrics=output.metrics, output=output)
+
+    def _completed(self, request: OmniRequest, on_event: Callable[[OmniEvent], None] | None) -> OmniOutput:
+        output = self.generate(request, on_event)
+        if output.status is not RequestStatus.COMPLETED:
+            raise GenerationError(f"request {output.request_id} {output.status.value}: {output.error}")
+        return output
+
+    def build_request(self, prompt: str, *, image: Any = None, task: str | TaskType | None = None,
+                      audio: bool | None = None, **params: Any) -> OmniRequest:
         fields = {_ALIASES.get(k, k): v for k, v in params.items()}
         unknown = sorted(set(fields) - set(DiffusionParams.model_fields))
         if unknown:
@@ -159,27 +233,40 @@ class VideoGenerator:
             task = TaskType.I2V if image is not None else (
                 TaskType.T2V if TaskType.T2V in self.pipeline.spec.tasks else next(iter(self.pipeline.spec.tasks))
             )
-        return OmniRequest(task=TaskType(task), inputs=inputs, diffusion=DiffusionParams(**fields), outputs=OutputSpec())
+        task = TaskType(task)
+        return OmniRequest(task=task, inputs=inputs, diffusion=DiffusionParams(**fields),
+                           outputs=OutputSpec(modalities=self._modalities(task, audio)))
+
+    def _modalities(self, task: TaskType, audio: bool | None) -> list[Modality] | None:
+        """OutputSpec.modalities for ``audio``: None, the task's default; False, pixels only;
+        True, pixels and sound (admission refuses it for a model without an audio path)."""
+        if audio is None:
+            return None
+        pixels = Modality.IMAGE if task.makes_image else Modality.VIDEO
+        return [pixels, Modality.AUDIO] if audio else [pixels]
 
 
-def output_file(output_path: str | Path, request_id: str, *, image: bool, create: bool = False) -> Path:
-    """Where a result goes: ``output_path`` itself if it names an ``.mp4`` file (or, for an
-    image, a ``.png``), else ``output_path/<request id>.mp4`` (``.png`` for an image), a
-    directory. Anything else is a ValueError naming ``output_path``, raised before any work
-    when called with ``create=False`` (the CLI checks ``--output`` before loading a model)."""
+VIDEO_FILES: dict[str, Any] = {"what": "video", "default": ".mp4", "suffixes": (".mp4",)}
+IMAGE_FILES: dict[str, Any] = {"what": "image", "default": ".png", "suffixes": (".png", ".mp4")}
+AUDIO_FILES: dict[str, Any] = {"what": "sound", "default": ".wav", "suffixes": tuple(f".{f}" for f in AUDIO_FORMATS)}
+
+
+def output_file(output_path: str | Path, request_id: str, *, what: str, default: str, suffixes: tuple[str, ...],
+                create: bool = False) -> Path:
+    """Where a result goes: ``output_path`` itself if its suffix is one of ``suffixes`` (a
+    file), else ``output_path/<request id><default>`` (a directory: an existing one, a path
+    ending in "/", or a name without a suffix). Any other suffix is a ValueError naming
+    ``output_path``; ``create=False`` only checks (the CLI checks ``--output`` before loading)."""
     path = Path(output_path)
-    as_dir = str(output_path).endswith(("/", "\\")) or path.is_dir()
     suffix = path.suffix.lower()
-    if not as_dir and suffix == ".png" and not image:
-        raise ValueError(f"output_path {str(output_path)!r}: a video is written as H.264 mp4; "
-                         "pass a .mp4 file or a directory")
-    if not as_dir and suffix and suffix not in (".mp4", ".png"):
-        raise ValueError(f"output_path {str(output_path)!r}: {suffix} files are not written; pass a .mp4 file"
-                         f"{', a .png file' if image else ''} or a directory")
-    if not as_dir and suffix:
+    if str(output_path).endswith(("/", "\\")) or path.is_dir() or not suffix:
+        target = path / f"{request_id}{default}"
+    elif suffix in suffixes:
         target = path
     else:
-        target = path / f"{request_id}.{'png' if image else 'mp4'}"
+        written = " or ".join(s.lstrip(".") for s in suffixes)
+        raise ValueError(f"output_path {str(output_path)!r}: a {what} is written as {written}, not {suffix}; "
+                         f"pass a {' or '.join(suffixes)} file or a directory")
     if create:
         target.parent.mkdir(parents=True, exist_ok=True)
     return target

@@ -34,10 +34,17 @@ def _parser_for(annotation: Any) -> tuple[Any, dict[str, Any]]:
         return str, {"metavar": "PATH"}
     if origin is Literal:
         return str, {"choices": [str(a) for a in typing.get_args(ann)]}
+    if origin in (typing.Union, types.UnionType) and set(_literal_words(ann)) and int in typing.get_args(ann):
+        words = _literal_words(ann)  # e.g. int | Literal["auto"]: a number or one of the words
+        return (lambda s: s if s in words else int(s)), {"metavar": f"N|{'|'.join(words)}"}
     if origin is list and typing.get_args(ann) and typing.get_args(ann)[0] in (int, float, str):
         item = typing.get_args(ann)[0]
         return (lambda s: [item(x) for x in s.split(",") if x.strip()]), {"metavar": "A,B,..."}
     return _json_or_number, {"metavar": "VALUE|JSON"}
+
+
+def _literal_words(union: Any) -> tuple[str, ...]:
+    return tuple(str(w) for a in typing.get_args(union) if typing.get_origin(a) is Literal for w in typing.get_args(a))
 
 
 def _json_or_number(text: str) -> Any:

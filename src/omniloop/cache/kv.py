@@ -116,6 +116,12 @@ class KVHandle:
             return empty, empty
         return self._buf[layer, 0, :n], self._buf[layer, 1, :n]
 
+    def rollback(self, num_tokens: int) -> None:
+        """Forget every position past ``num_tokens`` in every layer: a forward that failed
+        midway appended to some layers only; the next forward overwrites what was left."""
+        assert not self._freed, "rollback of a freed KVHandle"
+        self._lengths = [min(n, num_tokens) for n in self._lengths]
+
     def free(self) -> None:
         """Release the storage; idempotent. The handle cannot be used afterwards."""
         self._buf = None
@@ -149,6 +155,8 @@ class KVBatch:
     views go to attention without a copy and ``mask`` is None (plain bottom-right causal).
     A paged kernel (block tables, no gather) replaces the padding behind this interface.
     """
+
+    causal = True  # with mask None: attention is bottom-right causal over what update() returns
 
     def __init__(self, handles: Sequence[KVHandle], num_new: int) -> None:
         assert handles, "KVBatch needs at least one handle"

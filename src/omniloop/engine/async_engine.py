@@ -17,7 +17,7 @@ import torch
 
 from omniloop.deploy import DeployConfig
 from omniloop.engine.engine import Engine, EngineConfig
-from omniloop.engine.errors import EngineDeadError
+from omniloop.engine.errors import EngineDeadError, RequestRejected, UnknownRequest
 from omniloop.ext.install import install_plugins
 from omniloop.models.loader import load_pipeline
 from omniloop.models.model_spec import LoadOptions
@@ -38,7 +38,10 @@ class AsyncEngine:
     def __init__(self, engine: Engine, *, model_name: str = "") -> None:
         self.engine = engine
         self.model_name = model_name
+        # request id -> (its caller's event loop, the queue its events go to); one entry per
+        # live stream, removed when the stream ends (however it ends)
         self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._queues_lock = threading.Lock()  # the worker thread reads it while callers write it
         self._wake = threading.Condition()
         self._stop = False
         self._error: BaseException | None = None
@@ -81,12 +84,15 @@ class AsyncEngine:
         self._fail_pending()
 
     def _fail_pending(self) -> None:
-        for rid, (loop, queue) in list(self._queues.items()):
+        with self._queues_lock:
+            pending = list(self._queues.items())
+        for rid, (loop, queue) in pending:
             out = OmniOutput(request_id=rid, status=RequestStatus.FAILED, error=f"engine stopped: {self._error}")
             loop.call_soon_threadsafe(queue.put_nowait, FinalEvent(request_id=rid, output=out))
 
     def _on_event(self, event: OmniEvent) -> None:
-        target = self._queues.get(event.request_id)
+        with self._queues_lock:
+            target = self._queues.get(event.request_id)
         if target is not None:
             loop, queue = target
             loop.call_soon_threadsafe(queue.put_nowait, event)
@@ -103,17 +109,30 @@ class AsyncEngine:
             raise EngineDeadError(f"engine stopped: {self._error}")
         queue: asyncio.Queue = asyncio.Queue()
         rid = request.request_id
-        self._queues[rid] = (asyncio.get_running_loop(), queue)
+        entry = (asyncio.get_running_loop(), queue)
+        with self._queues_lock:  # the queue must exist before add_request emits the first event
+            if rid in self._queues:  # a live stream holds this id: leave it untouched
+                self.engine.stats.rejected += 1
+                raise RequestRejected(f"request_id {rid!r} is already in use; pass a new id (or omit it)")
+            self._queues[rid] = entry
         try:
             self.engine.add_request(request)
         except BaseException:
-            self._queues.pop(rid, None)
+            self._drop_queue(rid, entry)
             raise
         self._notify()
         return queue
 
+    def _drop_queue(self, request_id: str, entry: tuple[asyncio.AbstractEventLoop, asyncio.Queue]) -> None:
+        """Remove ``request_id``'s queue if it is still ``entry`` (never another stream's)."""
+        with self._queues_lock:
+            if self._queues.get(request_id) is entry:
+                del self._queues[request_id]
+
     async def stream(self, request: OmniRequest) -> AsyncIterator[OmniEvent]:
-        """Events of ``request`` until (and including) its FinalEvent."""
+        """Events of ``request`` until (and including) its FinalEvent. Closing the stream
+        early (``aclose()``, a cancelled task: a client disconnect) aborts the request and
+        frees everything held for it."""
         queue = self.submit(request)
         try:
             while True:
@@ -122,7 +141,7 @@ class AsyncEngine:
                 if isinstance(event, FinalEvent):
                     return
         finally:
-            self._release(request.request_id)
+            self._release(request.request_id, queue)
 
     async def generate(self, request: OmniRequest) -> OmniOutput:
         async for event in self.stream(request):
@@ -130,11 +149,18 @@ class AsyncEngine:
                 return event.output
         raise AssertionError("stream ended without a final event")
 
-    def _release(self, request_id: str) -> None:
-        self._queues.pop(request_id, None)
-        out = self.engine.pop_output(request_id)
-        if out is None and request_id in self.engine._requests:
-            self.engine.abort(request_id)  # the caller went away (e.g. a client disconnect)
+    def _release(self, request_id: str, queue: asyncio.Queue) -> None:
+        with self._queues_lock:
+            entry = self._queues.get(request_id)
+        if entry is not None and entry[1] is queue:
+            self._drop_queue(request_id, entry)
+        if self.engine.pop_output(request_id) is not None or not self.engine.is_tracked(request_id):
+            return
+        try:  # the caller went away before the end (e.g. a client disconnect)
+            self.engine.abort(request_id, forget=True)
+        except UnknownRequest:  # it ended and was popped in between
+            return
+        self._notify()
 
     async def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)
@@ -146,8 +172,11 @@ class AsyncEngine:
         deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
         while self.engine.has_unfinished() and self._error is None:
             if deadline is not None and asyncio.get_running_loop().time() >= deadline:
-                for rid in list(self.engine._requests):
-                    self.engine.abort(rid)
+                for rid in self.engine.tracked_ids():
+                    try:
+                        self.engine.abort(rid)
+                    except UnknownRequest:  # popped meanwhile
+                        pass
                 self._notify()
                 deadline = None
             await asyncio.sleep(0.01)
@@ -166,6 +195,8 @@ class AsyncEngine:
             "steps": e.stats.steps,
             "batched_steps": e.stats.batched_steps,
             "accepting": e.accepting,
+            "tracked": len(e.tracked_ids()),  # requests known by id (queued, running, output not popped)
+            "streams": len(self._queues),
             "alive": self._error is None and self._thread.is_alive(),
             "cost_model": e.cost_model.snapshot(),
             "plugins": e.plugin_metrics(),

@@ -24,11 +24,11 @@ from omniloop.engine.errors import DoesNotFit, EngineDeadError, PoolFatalError, 
 from omniloop.engine.limits import check_limits
 from omniloop.engine.request import EngineRequest
 from omniloop.engine.scheduler import NodeWork, SchedulerPlan, SchedulingPolicy, StepScheduler, StepWork
+from omniloop.engine.step_timer import StepTimer, step_timer_for
 from omniloop.ext.hooks import ArtifactEmitted, HookChain, NodeEvent, RequestEvent, ScheduleEvent, StepEvent, loop_timestep
 from omniloop.ext.install import check_plugin_params, plugin_chain
 from omniloop.ext.scope import request_scope, using_scope
 from omniloop.pipeline.pipeline import Pipeline
-from omniloop.pipeline.runner import EventSink
 from omniloop.pipeline.state import StepResult
 from omniloop.request import (
     ArtifactEvent,
@@ -42,6 +42,7 @@ from omniloop.request import (
 )
 
 logger = logging.getLogger(__name__)
+EventSink = Callable[[OmniEvent], None]
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,7 @@ class Engine:
         *,
         event_sink: EventSink | None = None,
         restart_pool: Callable[[], Pipeline] | None = None,
+        step_timer: StepTimer | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.config = config or EngineConfig()
@@ -89,7 +91,11 @@ class Engine:
         self._restart_pool = restart_pool
         budget = self.config.memory_budget_bytes or default_memory_budget(pipeline.device)
         self.cost_model = CostModel.for_device(pipeline.device)
-        self.scheduler = StepScheduler(pipeline, self.cost_model, MemoryBudget(budget), self.config.policy)
+        memory = MemoryBudget(budget, max_batch=self.config.policy.max_batch)
+        self.scheduler = StepScheduler(pipeline, self.cost_model, memory, self.config.policy)
+        # Step times without a per-step device sync (CUDA events read a step later).
+        self._own_timer = step_timer is None
+        self.step_timer = step_timer or step_timer_for(pipeline.device)
         self.stats = EngineStats()
         self.dead: str | None = None
         self.accepting = True
@@ -98,6 +104,7 @@ class Engine:
         # wait in an intake deque and enter the scheduler at the next step boundary.
         self._intake: deque[EngineRequest] = deque()
         self._requests: dict[str, EngineRequest] = {}  # every request not yet popped
+        self._forget: set[str] = set()  # aborted requests whose output nobody will pop
         self._ids_lock = threading.Lock()
         # Observer chain of the deployment's plugins (None: no plugins, no hook calls).
         self.hooks: HookChain | None = plugin_chain(pipeline)
@@ -109,6 +116,7 @@ class Engine:
         if self.dead:
             raise EngineDeadError(f"engine is dead: {self.dead}")
         if not self.accepting:
+            self.stats.rejected += 1
             raise QueueFull("engine is draining and accepts no new requests")
         try:
             if self.config.limits is not None:  # before the family's checks: the cheapest refusal first
@@ -136,12 +144,28 @@ class Engine:
         self._emit(StatusEvent(request_id=rid, status=RequestStatus.QUEUED, predicted_cost_s=req.predicted_total_s))
         return rid
 
-    def abort(self, request_id: str) -> None:
-        """Cancel at the next step boundary (at once if still waiting)."""
-        req = self._requests.get(request_id)
-        if req is None:
-            raise UnknownRequest(f"no request {request_id!r}; pass the id add_request returned")
-        req.abort_requested = True  # no-op for a finished request
+    def abort(self, request_id: str, *, forget: bool = False) -> None:
+        """Cancel at the next step boundary (at once if still waiting). ``forget``: nobody
+        will pop the output (its caller went away): the request leaves every table when it
+        ends, and at once if it has ended already."""
+        with self._ids_lock:
+            req = self._requests.get(request_id)
+            if req is None:
+                raise UnknownRequest(f"no request {request_id!r}; pass the id add_request returned")
+            if forget and self._finished.pop(request_id, None) is not None:
+                del self._requests[request_id]
+                return
+            if forget:
+                self._forget.add(request_id)
+            req.abort_requested = True  # no-op for a finished request
+
+    def is_tracked(self, request_id: str) -> bool:
+        """Whether ``request_id`` is in use: queued, running, or finished and not yet popped."""
+        return request_id in self._requests
+
+    def tracked_ids(self) -> list[str]:
+        with self._ids_lock:
+            return list(self._requests)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.num_unfinished > 0 or bool(self._intake)
@@ -150,9 +174,11 @@ class Engine:
         """One scheduler iteration; returns the outputs of requests that finished in it."""
         if self.dead:
             raise EngineDeadError(f"engine is dead: {self.dead}")
-        done_before = set(self._finished)
+        with self._ids_lock:  # pop_output may run on another thread
+            done_before = set(self._finished)
         while self._intake:
             self.scheduler.add(self._intake.popleft())
+        self.step_timer.collect()  # the device times of steps the GPU has finished -> cost model
         plan = self.scheduler.schedule()
         if self.hooks is not None:
             self._fire("schedule_decision", lambda: ScheduleEvent(plan))
@@ -162,11 +188,14 @@ class Engine:
                 self._execute(plan.work)
             except PoolFatalError as e:
                 self._on_pool_failure(e)
-        return [out for rid, out in self._finished.items() if rid not in done_before]
+        with self._ids_lock:
+            return [out for rid, out in self._finished.items() if rid not in done_before]
 
     def run_until_done(self, request_id: str) -> OmniOutput:
         """Drive the engine until ``request_id`` finishes (the offline path)."""
         while request_id not in self._finished:
+            if request_id not in self._requests:
+                raise UnknownRequest(f"no request {request_id!r}; pass the id add_request returned")
             self.step()
         return self._finished[request_id]
 
@@ -192,7 +221,9 @@ class Engine:
     def _apply_plan_boundaries(self, plan: SchedulerPlan) -> None:
         for rid in plan.aborted:
             req = self.scheduler.find(rid)
-            if req is not None:
+            if req is not None and req.failure is not None:  # its event consumer failed
+                self._finish(req, RequestStatus.FAILED, req.failure)
+            elif req is not None:
                 self._finish(req, RequestStatus.CANCELLED, "cancelled by request")
         for rid in plan.admitted:
             req = self.scheduler.running[rid]
@@ -206,39 +237,31 @@ class Engine:
 
     def _execute(self, work: NodeWork | StepWork) -> None:
         if isinstance(work, NodeWork):
-            reqs = self._at_node(work)
-            if len(reqs) > 1 and self._batches_node(reqs[0]):
-                try:
-                    self._run_nodes(reqs)
-                    return
-                except PoolFatalError:
-                    raise
-                except Exception:  # the stage wrote nothing: each request still there runs alone,
-                    reqs = self._at_node(work)  # so only the culprit fails
-            for req in reqs:
-                self._guarded(req, lambda r=req: self._run_node(r))
-            return
-        reqs = [self.scheduler.running[rid] for rid in work.request_ids]
-        try:
-            self._run_steps(reqs)
-        except PoolFatalError:
-            raise
-        except Exception:
-            if len(reqs) == 1:
-                self._fail(reqs[0])
+            self._run_node_work(work)
+        else:
+            self._run_steps([self.scheduler.running[rid] for rid in work.request_ids])
+
+    def _run_node_work(self, work: NodeWork) -> None:
+        reqs = self._at_node(work)
+        if len(reqs) > 1 and self._batches_node(reqs[0]):
+            try:
+                self._run_nodes(reqs)
                 return
-            # A batched step failed: retry each alone so only the culprit fails. The
-            # forward raised before any loop state was updated, so a retry is clean.
-            for req in reqs:
-                self._guarded(req, lambda r=req: self._run_steps([r]))
+            except PoolFatalError:
+                raise
+            except Exception:  # the stage wrote nothing: each request still there runs alone,
+                reqs = self._at_node(work)  # so only the culprit fails
+        for req in reqs:
+            self._guarded(req, lambda r=req: self._run_node(r))
 
     def _guarded(self, req: EngineRequest, fn: Callable[[], None]) -> None:
+        """``fn`` on behalf of ``req``: an exception fails ``req`` alone."""
         try:
             fn()
         except PoolFatalError:
             raise
-        except Exception:
-            self._fail(req)
+        except Exception as exc:
+            self._fail(req, exc)
 
     def _run_node(self, req: EngineRequest) -> None:
         node = req.node
@@ -270,8 +293,7 @@ class Engine:
         without plugins (their per-request node events and tap scopes need one call each)."""
         node = req.node
         ctx = self.pipeline.contexts[node.name]
-        return (not node.is_loop and callable(getattr(node.stage, "forward_many", None)) and self.hooks is None
-                and ctx.hooks is None)
+        return not node.is_loop and node.stage.groups_forward and self.hooks is None and ctx.hooks is None
 
     def _run_nodes(self, reqs: list[EngineRequest]) -> None:
         """``_run_node`` for a group at one node, as one ``forward_many`` call."""
@@ -292,39 +314,91 @@ class Engine:
         req.state.metrics.node_s[req.node.name] = req.state.metrics.node_s.get(req.node.name, 0.0) + seconds
 
     def _run_steps(self, reqs: list[EngineRequest]) -> None:
+        """One step of every request in ``reqs`` (one ``step_many``); from its results on,
+        each request's outcome is its own: a failed result, a non-finite state, a raising
+        event consumer or ``finalize`` fails that request alone."""
+        try:
+            results = self._step_many(reqs)
+        except PoolFatalError:
+            raise
+        except Exception as exc:
+            if len(reqs) == 1:
+                self._fail(reqs[0], exc)
+                return
+            # step_many raised before changing any loop (the LoopStage contract): retry each
+            # alone so only the culprit fails
+            for req in reqs:
+                self._run_steps([req])
+            return
+        finite = self._finite(reqs, results)
+        for req, result, ok in zip(reqs, results, finite):
+            self._guarded(req, lambda r=req, res=result, f=ok: self._after_step(r, res, f))
+
+    def _step_many(self, reqs: list[EngineRequest]) -> list[StepResult]:
         node = reqs[0].node
         ctx = self.pipeline.contexts[node.name]
-        items = [self.scheduler.item_cost(r) for r in reqs]
         loops = [r.loop for r in reqs]
+        items = [self.scheduler.item_cost(r) for r in reqs]
+        predicted = [self.cost_model.predict(i) for i in items]
         hooks = self.hooks
+        events = None
         if hooks is not None and (hooks.step_start is not None or hooks.step_end is not None):
             events = [StepEvent(lp.request_id, node.name, lp.steps_done, lp.steps_target, lp, len(loops), loop_timestep(lp))
                       for lp in loops]
-            if hooks.step_start is not None:
-                for event in events:
-                    hooks.step_start(event)
-        t0 = time.perf_counter()
+            for event in events if hooks.step_start is not None else ():
+                hooks.step_start(event)
+        mark = self.step_timer.start()
         results = node.stage.step_many(ctx, loops) if len(reqs) > 1 else [node.stage.step(ctx, loops[0])]
-        if ctx.device.type == "cuda":
-            torch.cuda.synchronize(ctx.device)  # the measured step time must include the GPU work
-        elapsed = time.perf_counter() - t0
-        if hooks is not None and hooks.step_end is not None:
-            for event in events:
-                hooks.step_end(event)
+        self.step_timer.stop(mark, lambda seconds: self._account_step(reqs, loops, items, predicted, seconds))
+        for event in events if events is not None and hooks.step_end is not None else ():
+            hooks.step_end(event)
         self.stats.steps += 1
         self.stats.batched_steps += len(reqs) > 1
-        predicted = [self.cost_model.predict(i) for i in items]
-        total_pred = sum(predicted) or 1.0
-        finite = node.stage.finite_many(loops) if self.config.nan_check else [True] * len(loops)
-        for req, item, pred, result, ok in zip(reqs, items, predicted, results, finite):
-            share = elapsed * pred / total_pred  # apportion a batch's time by predicted cost
+        return results
+
+    def _account_step(self, reqs: list[EngineRequest], loops: list[Any], items: list[ItemCost], predicted: list[float],
+                      seconds: float) -> None:
+        """A step's measured time (possibly a step later, see StepTimer), apportioned to its
+        requests by predicted cost: cost model, request metrics."""
+        total = sum(predicted) or 1.0
+        for req, loop, item, pred in zip(reqs, loops, items, predicted):
+            share = seconds * pred / total
             self.cost_model.observe(item, share)
             req.actual_s += share
-            req.loop.step_times.append(share)
-            self._after_step(req, result, ok)
+            loop.step_times.append(share)
+            node_s = req.state.metrics.node_s
+            node_s[loop.node] = node_s.get(loop.node, 0.0) + share
+
+    def _finite(self, reqs: list[EngineRequest], results: list[StepResult]) -> list[bool]:
+        """The NaN/Inf check of the loops that stepped (one ``finite_many`` for the batch;
+        a check that raises is retried per loop, its error that loop's)."""
+        if not self.config.nan_check:
+            return [True] * len(reqs)
+        stage = reqs[0].node.stage
+        ok = [i for i, r in enumerate(results) if r.error is None]
+        finite = [True] * len(reqs)
+        try:
+            for i, flag in zip(ok, stage.finite_many([reqs[i].loop for i in ok]) if ok else ()):
+                finite[i] = flag
+            return finite
+        except PoolFatalError:
+            raise
+        except Exception:
+            pass
+        for i in ok:
+            try:
+                finite[i] = stage.finite_many([reqs[i].loop])[0]
+            except PoolFatalError:
+                raise
+            except Exception as exc:
+                results[i] = StepResult.failed(exc)
+        return finite
 
     def _after_step(self, req: EngineRequest, result: StepResult, finite: bool) -> None:
         node, loop = req.node, req.loop
+        if result.error is not None:
+            self._fail(req, result.error)
+            return
         if not finite:
             self._finish(req, RequestStatus.FAILED, f"non-finite values (NaN/Inf) in node {node.name!r} at step {loop.steps_done}")
             return
@@ -333,16 +407,22 @@ class Engine:
                                  total=loop.steps_target, eta_s=eta))
         for name, artifact in result.emit or ():
             self._emit(ArtifactEvent(request_id=req.request_id, name=name, artifact=artifact, partial=True))
-        if result.done:
-            ctx = self.pipeline.contexts[node.name]
-            node.stage.finalize(ctx, loop, req.state)
-            if self.hooks is not None:
-                self._fire("loop_finalize", lambda: NodeEvent(req.request_id, node.name, True, loop))
-                self._fire("node_end", lambda: NodeEvent(req.request_id, node.name, True, loop))
-            req.state.metrics.steps += loop.steps_done
-            req.state.metrics.node_s[node.name] = req.state.metrics.node_s.get(node.name, 0.0) + sum(loop.step_times)
-            req.state.loops.pop(node.name, None)
-            self._next_node(req)
+        if req.failure is not None:  # its event consumer failed on one of these
+            self._finish(req, RequestStatus.FAILED, req.failure)
+        elif result.done:
+            self._end_loop(req)
+
+    def _end_loop(self, req: EngineRequest) -> None:
+        node, loop = req.node, req.loop
+        ctx = self.pipeline.contexts[node.name]
+        node.stage.finalize(ctx, loop, req.state)
+        self.scheduler.memory.release_loop(req.request_id, node.name)  # e.g. its KV cache
+        if self.hooks is not None:
+            self._fire("loop_finalize", lambda: NodeEvent(req.request_id, node.name, True, loop))
+            self._fire("node_end", lambda: NodeEvent(req.request_id, node.name, True, loop))
+        req.state.metrics.steps += loop.steps_done
+        req.state.loops.pop(node.name, None)
+        self._next_node(req)
 
     def _next_node(self, req: EngineRequest) -> None:
         req.advance_node()
@@ -350,12 +430,9 @@ class Engine:
             self._finish(req, RequestStatus.COMPLETED, None)
 
     # -- endings --------------------------------------------------------------------------
-    def _fail(self, req: EngineRequest) -> None:
-        import traceback
-
-        exc = traceback.format_exc(limit=-1).strip().splitlines()[-1]
-        logger.exception("request %s failed", req.request_id)
-        self._finish(req, RequestStatus.FAILED, exc)
+    def _fail(self, req: EngineRequest, exc: BaseException) -> None:
+        logger.error("request %s failed", req.request_id, exc_info=exc)
+        self._finish(req, RequestStatus.FAILED, f"{type(exc).__name__}: {exc}")
 
     def _finish(self, req: EngineRequest, status: RequestStatus, error: str | None) -> None:
         if req.is_finished:
@@ -363,6 +440,7 @@ class Engine:
         self.scheduler.remove(req.request_id)
         req.status = status
         req.finished = time.perf_counter()
+        self.step_timer.collect(wait=True)  # its metrics must hold every step's time
         state = req.state
         state.status, state.error = status, error
         metrics = state.metrics
@@ -379,7 +457,12 @@ class Engine:
         state.loops.clear()
         req.loop = None
         state.artifacts.clear()  # free the request's tensors; the output holds what it returns
-        self._finished[req.request_id] = output
+        with self._ids_lock:
+            if req.request_id in self._forget:  # nobody will pop it: forget the request now
+                self._forget.discard(req.request_id)
+                self._requests.pop(req.request_id, None)
+            else:
+                self._finished[req.request_id] = output
         self.stats.completed += status is RequestStatus.COMPLETED
         self.stats.failed += status is RequestStatus.FAILED
         self.stats.cancelled += status is RequestStatus.CANCELLED
@@ -401,6 +484,8 @@ class Engine:
             self.pipeline = self._restart_pool()
             self.scheduler.pipeline = self.pipeline
             self.hooks = plugin_chain(self.pipeline)
+        if self._own_timer:  # events recorded on a corrupt context cannot be read
+            self.step_timer = step_timer_for(self.pipeline.device)
         in_flight = list(self.scheduler.running.values())
         if self.config.on_pool_failure == "fail":
             for req in in_flight:
@@ -417,29 +502,33 @@ class Engine:
 
     # -- estimates ------------------------------------------------------------------------
     def _estimate(self, req: EngineRequest) -> None:
-        estimates, resident, peak = {}, 0, 0
-        for node in req.nodes:
-            est = node.stage.estimate(self.pipeline.contexts[node.name], req.state)
-            estimates[node.name] = est
-            resident += est.resident_bytes
-            peak = max(peak, est.peak_bytes)
+        """Cost and memory of every node, before the request is queued; one that cannot fit
+        even alone is refused here (DoesNotFit, a 413), naming the budget and its need."""
+        estimates = {node.name: node.stage.estimate(self.pipeline.contexts[node.name], req.state) for node in req.nodes}
         req.info["estimates"] = estimates
-        req.info["peak_bytes"] = peak
-        req.reserved_bytes = resident
-        if not self.scheduler.memory.fits_alone(MemoryEstimate(resident, peak)):
-            self.stats.rejected += 1
+        req.memory = MemoryEstimate.of_nodes(estimates)
+        budget = self.scheduler.memory.budget_bytes
+        if not self.scheduler.memory.fits_alone(req.memory):
             raise DoesNotFit(
-                f"request needs ~{_fmt_bytes(resident + peak)} (state {_fmt_bytes(resident)} + activations "
-                f"{_fmt_bytes(peak)}) but the memory budget is {_fmt_bytes(self.scheduler.memory.budget_bytes)}; "
-                "lower the resolution or frame count"
+                f"request needs ~{_fmt_bytes(req.memory.alone_bytes)} (state {_fmt_bytes(req.memory.held_bytes)} + "
+                f"activations {_fmt_bytes(req.memory.peak_bytes)}) but the memory budget is {_fmt_bytes(budget)}; "
+                "lower the resolution, frame count or max_tokens"
             )
         req.predicted_total_s = self.scheduler.remaining_s(req)
 
     def _emit(self, event: OmniEvent) -> None:
         if self.hooks is not None and isinstance(event, ArtifactEvent):
             self._fire("artifact_emitted", lambda: ArtifactEmitted(event.request_id, event.name, event.artifact, event.partial))
-        if self.event_sink is not None:
+        if self.event_sink is None:
+            return
+        try:
             self.event_sink(event)
+        except Exception as exc:  # this request's consumer failed: the request fails, nothing else
+            logger.error("event sink failed on %s event of request %s", event.type, event.request_id, exc_info=exc)
+            req = self._requests.get(event.request_id)
+            if req is not None and not req.is_finished and req.failure is None:
+                req.failure = f"event sink failed on its {event.type} event: {type(exc).__name__}: {exc}"
+                req.abort_requested = True  # leaves at the next step boundary if not at once
 
     def _fire(self, point: str, make: Callable[[], Any]) -> None:
         """Call hook ``point`` with the event ``make()`` builds, if anyone subscribed."""
@@ -458,7 +547,7 @@ def _fmt_bytes(n: int) -> str:
 
 def _peak_memory(device: torch.device, req: EngineRequest) -> int:
     """Device: the allocator's peak while the engine ran (engine-wide, since requests share
-    it); CPU: the request's admission reservation (state + one step's activations)."""
+    it); CPU: the request's admission estimate alone (state + one step's activations)."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
-    return int(req.reserved_bytes + req.info.get("peak_bytes", 0))
+    return int(req.memory.alone_bytes)

@@ -3,6 +3,11 @@ engine itself cannot continue (vLLM's EngineGenerateError / EngineDeadError spli
 
 from __future__ import annotations
 
+from omniloop.pipeline.failures import PoolFatalError  # raised inside steps (pipeline), handled here
+
+__all__ = ["DoesNotFit", "EngineDeadError", "EngineError", "PoolFatalError", "QueueFull", "RequestRejected",
+           "UnknownRequest"]
+
 
 class EngineError(RuntimeError):
     """Base class of errors the engine raises to callers."""
@@ -30,9 +35,3 @@ class UnknownRequest(EngineError, KeyError):
 
 class EngineDeadError(EngineError):
     """The engine stopped (pool restarts exhausted, or shut down)."""
-
-
-class PoolFatalError(RuntimeError):
-    """Raised from inside a step when the worker pool itself is corrupt (a CUDA illegal
-    access, an NCCL desync). Every in-flight request is affected, not just one; the engine
-    restarts the pool and re-queues or fails the in-flight requests."""

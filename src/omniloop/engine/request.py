@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from omniloop.engine.admission import MemoryEstimate
 from omniloop.pipeline.spec import Node
 from omniloop.pipeline.state import LoopState, RequestState
 from omniloop.request import OmniRequest, RequestStatus
@@ -25,12 +26,13 @@ class EngineRequest:
     loop: LoopState | None = None  # live loop of the current node (after init)
     status: RequestStatus = RequestStatus.QUEUED
     abort_requested: bool = False
+    failure: str | None = None  # set when its event consumer failed: fail (not cancel) at the boundary
     attempts: int = 0  # pool restarts this request has been re-queued through
     started: float | None = None
     finished: float | None = None
     predicted_total_s: float = 0.0
     actual_s: float = 0.0  # measured compute seconds spent on this request
-    reserved_bytes: int = 0  # admission's memory reservation
+    memory: MemoryEstimate = field(default_factory=MemoryEstimate)  # admission's estimate (what it reserves)
     info: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal
 
-from omniloop.engine.admission import MemoryBudget, MemoryEstimate
+from omniloop.engine.admission import MemoryBudget
 from omniloop.engine.cost_model import CostModel, ItemCost
 from omniloop.engine.request import EngineRequest
 from omniloop.pipeline.pipeline import Pipeline
@@ -120,10 +120,9 @@ class StepScheduler:
         for req in self._rank([r for r in self.waiting if not r.abort_requested]):
             if len(self.running) >= self.policy.max_running:
                 break
-            est = MemoryEstimate(req.reserved_bytes, int(req.info.get("peak_bytes", 0)))
-            if not self.memory.can_start(est):
+            if not self.memory.can_start(req.memory):
                 break  # no room now: wait for a running request to finish (head-of-line by rank)
-            self.memory.reserve(req.request_id, est)
+            self.memory.reserve(req.request_id, req.memory)
             self.waiting.remove(req)
             self.running[req.request_id] = req
             admitted.append(req.request_id)

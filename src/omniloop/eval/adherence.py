@@ -12,6 +12,14 @@ Pipeline per clip (all numpy, ~ms per 17x128x128 clip):
    prompted objects to detections so that the most attributes agree, and score each
    attribute as correct / wrong / miss (nothing detected) / unknown (not in the prompt).
 3. ``evaluate(pairs)``: per-attribute accuracy = correct / (correct + wrong + miss).
+
+Beyond the prompt: ``detect`` also scores every frame's stability (``eval/stability.py``:
+background drift from frame 0, separated objects per frame, artifact area), and a clip is
+``all_correct`` only when every stated attribute is right *and* no frame fails, so a clip
+whose end collapses fails even when its colors, shapes and motions read right. ``count``
+(the number of separated objects the clip usually shows vs the number the prompt names) is
+scored as a clip attribute, and the report splits one- and two-object prompts
+(``by_objects``: count, both colors / shapes / motions right).
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from omniloop.eval.shapes_render import coverage_table, render_clip
+from omniloop.eval.stability import PROBLEMS, StabilityScore, score_stability
 from omniloop.eval.shapes_world import (
     BACKGROUNDS,
     COLORS,
@@ -38,7 +47,7 @@ from omniloop.eval.shapes_world import (
 )
 
 MIN_SIDE = 32
-ATTRIBUTES: tuple[str, ...] = (*OBJECT_ATTRIBUTES, "background")
+ATTRIBUTES: tuple[str, ...] = (*OBJECT_ATTRIBUTES, "background", "count")
 OUTCOMES: tuple[str, ...] = ("correct", "wrong", "miss", "unknown")
 
 _PALETTE_NAMES = tuple(COLORS)
@@ -85,6 +94,7 @@ class Detection:
 class SceneDetection:
     background: str
     objects: tuple[Detection, ...]  # largest first
+    stability: StabilityScore | None = None  # per-frame scores (eval/stability.py)
 
 
 def _as_video(video) -> np.ndarray:
@@ -180,7 +190,7 @@ def detect(video) -> SceneDetection:
             areas[k] = np.median(counts[present, k])
     ranked = [k for k in np.argsort(-areas) if k in cores and areas[k] >= _MIN_AREA_RATIO * areas.max()]
     objects = [_describe_blob(frames, bg, labels, *cores[k], k, side) for k in ranked]
-    return SceneDetection(bg_name, tuple(objects))
+    return SceneDetection(bg_name, tuple(objects), score_stability(frames, bg, labels))
 
 
 def _describe_blob(frames: np.ndarray, bg: np.ndarray, labels: np.ndarray, core: np.ndarray, present: np.ndarray,
@@ -372,18 +382,30 @@ class ClipScore:
     scores: tuple[AttributeScore, ...]
 
     @property
-    def all_correct(self) -> bool:
+    def prompt_correct(self) -> bool:
         """Every attribute the prompt states is right (and at least one is stated)."""
         known = [s for s in self.scores if s.outcome != "unknown"]
         return bool(known) and all(s.outcome == "correct" for s in known)
+
+    @property
+    def stable(self) -> bool:
+        """No frame fails the stability scores (background drift, object count, artifacts)."""
+        return self.detection.stability is None or self.detection.stability.stable
+
+    @property
+    def all_correct(self) -> bool:
+        """The verdict: the prompt is shown (every stated attribute right) to the last frame."""
+        return self.prompt_correct and self.stable
 
     def outcome(self, attribute: str, obj: int | None = 0) -> str:
         return next(s.outcome for s in self.scores if s.attribute == attribute and s.object == obj)
 
     def to_dict(self) -> dict:
-        return {"prompt": self.prompt, "all_correct": self.all_correct,
-                "detected": [asdict(d) for d in self.detection.objects], "background": self.detection.background,
-                "scores": [asdict(s) for s in self.scores]}
+        stability = self.detection.stability
+        return {"prompt": self.prompt, "all_correct": self.all_correct, "prompt_correct": self.prompt_correct,
+                "stable": self.stable, "detected": [asdict(d) for d in self.detection.objects],
+                "background": self.detection.background, "scores": [asdict(s) for s in self.scores],
+                "stability": None if stability is None else {**stability.to_dict(), "why": stability.explain()}}
 
 
 def _outcome(expected: str | None, predicted: str | None) -> str:
@@ -425,7 +447,16 @@ def evaluate_clip(video, prompt: str) -> ClipScore:
             scores.append(AttributeScore(a, i, obj.get(a), predicted, _outcome(obj.get(a), predicted)))
     scores.append(AttributeScore("background", None, parsed.background, detection.background,
                                  _outcome(parsed.background, detection.background)))
+    expected = _expected_count(parsed)
+    seen = None if detection.stability is None else str(detection.stability.usual_objects)
+    scores.append(AttributeScore("count", None, expected, seen, _outcome(expected, seen)))
     return ClipScore(prompt, parsed, detection, tuple(scores))
+
+
+def _expected_count(parsed: ParsedPrompt) -> str | None:
+    """How many objects the prompt names ("1", "2"), when each has a color or a shape."""
+    named = all(o.color is not None or o.shape is not None for o in parsed.objects)
+    return str(len(parsed.objects)) if named else None
 
 
 @dataclass(slots=True)
@@ -438,8 +469,13 @@ class AdherenceReport:
     attributes: dict[str, dict]
     # attribute -> expected -> predicted ("none" for a miss) -> count, over scored attributes
     confusion: dict[str, dict[str, dict[str, int]]]
-    clip_accuracy: float | None  # clips whose every stated attribute is right
+    clip_accuracy: float | None  # clips whose every stated attribute is right and every frame stable
     failures: list[dict] = field(default_factory=list)  # the first few clips with an error
+    prompt_accuracy: float | None = None  # clips whose every stated attribute is right (stability aside)
+    # {"stable": fraction, "problems": {kind: clips}, "per_frame": [{frame, clips, failing, drift, ...}]}
+    stability: dict = field(default_factory=dict)
+    # prompted objects ("1", "2") -> {"clips", "count", "color_all", "shape_all", "motion_all", ...}
+    by_objects: dict = field(default_factory=dict)
 
     def accuracy(self, attribute: str) -> float | None:
         return self.attributes[attribute]["accuracy"]
@@ -454,11 +490,16 @@ class AdherenceReport:
 def summarize(clips: Iterable[ClipScore], *, max_failures: int = 20) -> AdherenceReport:
     counts = {a: dict.fromkeys(OUTCOMES, 0) for a in ATTRIBUTES}
     confusion: dict[str, dict[str, dict[str, int]]] = {a: {} for a in ATTRIBUTES}
-    n_clips = n_objects = n_all = n_stated = 0
+    n_clips = n_objects = n_all = n_prompt = n_stated = 0
     failures = []
+    stabilities: list[StabilityScore] = []
+    groups: dict[str, list[ClipScore]] = {}
     for clip in clips:
         n_clips += 1
         n_objects += len(clip.parsed.objects)
+        if clip.detection.stability is not None:
+            stabilities.append(clip.detection.stability)
+        groups.setdefault(str(len(clip.parsed.objects)), []).append(clip)
         for s in clip.scores:
             counts[s.attribute][s.outcome] += 1
             if s.outcome != "unknown":
@@ -468,13 +509,50 @@ def summarize(clips: Iterable[ClipScore], *, max_failures: int = 20) -> Adherenc
         if any(s.outcome != "unknown" for s in clip.scores):
             n_stated += 1
             n_all += clip.all_correct
+            n_prompt += clip.prompt_correct
             if not clip.all_correct and len(failures) < max_failures:
                 failures.append(clip.to_dict())
     attributes = {}
     for a, c in counts.items():
         scored = c["correct"] + c["wrong"] + c["miss"]
         attributes[a] = {"accuracy": c["correct"] / scored if scored else None, **c, "scored": scored}
-    return AdherenceReport(n_clips, n_objects, attributes, confusion, n_all / n_stated if n_stated else None, failures)
+    rate = (lambda n: n / n_stated if n_stated else None)
+    return AdherenceReport(n_clips, n_objects, attributes, confusion, rate(n_all), failures, rate(n_prompt),
+                           stability_summary(stabilities), {k: _group_summary(v) for k, v in sorted(groups.items())})
+
+
+def _group_summary(clips: list[ClipScore]) -> dict:
+    """Over clips that prompt the same number of objects: count accuracy, and the share of
+    clips whose every prompted object has its stated color / shape / motion right."""
+    out: dict = {"clips": len(clips)}
+    for a in (*OBJECT_ATTRIBUTES, "count"):
+        stated = [c for c in clips if any(s.attribute == a and s.outcome != "unknown" for s in c.scores)]
+        right = [c for c in stated if all(s.outcome in ("correct", "unknown") for s in c.scores if s.attribute == a)]
+        out[a if a == "count" else f"{a}_all"] = len(right) / len(stated) if stated else None
+    for verdict in ("prompt_correct", "stable", "all_correct"):
+        out[verdict] = sum(getattr(c, verdict) for c in clips) / len(clips)
+    return out
+
+
+def stability_summary(scores: list[StabilityScore]) -> dict:
+    """Stable share, clips per problem kind, and per frame index (over the clips that long):
+    the failing share, mean background drift, mean artifact share and off-count share."""
+    if not scores:
+        return {}
+    longest = max(len(s.frames) for s in scores)
+    per_frame = []
+    for t in range(longest):
+        frames = [(s.frames[t], s.usual_objects) for s in scores if len(s.frames) > t]
+        per_frame.append({
+            "frame": t, "clips": len(frames),
+            "failing": round(sum(bool(f.problems) for f, _ in frames) / len(frames), 4),
+            "drift": round(float(np.mean([f.background_drift for f, _ in frames])), 2),
+            "artifact_fraction": round(float(np.mean([f.artifact_fraction for f, _ in frames])), 5),
+            "objects_off": round(sum(f.objects != usual for f, usual in frames) / len(frames), 4),
+        })
+    problems = {kind: sum(any(kind in f.problems for f in s.frames) for s in scores) for kind in PROBLEMS}
+    return {"clips": len(scores), "stable": sum(s.stable for s in scores) / len(scores), "problems": problems,
+            "worst_frame": max(per_frame, key=lambda r: (r["failing"], r["drift"]))["frame"], "per_frame": per_frame}
 
 
 def evaluate(pairs: Iterable[tuple[np.ndarray, str]], **kwargs) -> AdherenceReport:

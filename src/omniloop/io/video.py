@@ -1,4 +1,4 @@
-"""Video files: H.264 mp4 writing and reading through PyAV (FFmpeg)."""
+"""Video files: H.264 mp4 (with an optional AAC soundtrack) writing and reading through PyAV (FFmpeg)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from typing import BinaryIO
 
 import numpy as np
 import torch
+
+from omniloop.io.audio import add_audio_stream, as_float_samples, mux_audio
 
 
 def _as_uint8_frames(frames: torch.Tensor | np.ndarray) -> np.ndarray:
@@ -21,23 +23,36 @@ def _as_uint8_frames(frames: torch.Tensor | np.ndarray) -> np.ndarray:
 
 
 def write_mp4(
-    frames: torch.Tensor | np.ndarray, dest: str | Path | BinaryIO, fps: int, *, crf: int = 18, preset: str = "medium"
+    frames: torch.Tensor | np.ndarray, dest: str | Path | BinaryIO, fps: int, *, crf: int = 18, preset: str = "medium",
+    audio: torch.Tensor | np.ndarray | None = None, sample_rate: int | None = None, audio_bitrate: int = 192_000,
 ) -> None:
-    """Encode ``frames`` ([F, H, W, 3] uint8) as H.264/yuv420p mp4 into a path or binary file."""
+    """Encode ``frames`` ([F, H, W, 3] uint8) as H.264/yuv420p mp4 into a path or binary file,
+    with ``audio`` (float32 [channels, samples] in [-1, 1] at ``sample_rate``) as an AAC track."""
     import av
 
     arr = _as_uint8_frames(frames)
     f, h, w, _ = arr.shape
     if h % 2 or w % 2:
         raise ValueError(f"H.264 yuv420p needs even height and width, got {h}x{w}")
+    sound = None
+    if audio is not None:
+        if sample_rate is None:
+            raise ValueError("audio needs its sample_rate; pass sample_rate=<Hz>")
+        sound = as_float_samples(audio, sample_rate)
     target = str(dest) if isinstance(dest, (str, Path)) else dest
     with av.open(target, mode="w", format="mp4") as container:
         stream = container.add_stream("libx264", rate=Fraction(int(fps), 1))
         stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
         stream.options = {"crf": str(crf), "preset": preset}
+        track = None
+        if sound is not None:
+            track = add_audio_stream(container, "aac", sound, sample_rate, "fltp")
+            track.bit_rate = audio_bitrate
         for frame in arr:
             container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
         container.mux(stream.encode(None))
+        if track is not None:  # the muxer interleaves the two streams by timestamp
+            mux_audio(container, track, sound, sample_rate, "fltp")
 
 
 def encode_mp4(frames: torch.Tensor | np.ndarray, fps: int, **kwargs) -> bytes:

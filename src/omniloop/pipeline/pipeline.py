@@ -2,7 +2,7 @@
 
 ``Pipeline`` owns admission-time request validation (task declared, node parameters
 match their schemas, the family's own checks) and exposes the per-node pieces the
-synchronous runner and the engine's scheduler both drive.
+engine's scheduler drives.
 """
 
 from __future__ import annotations

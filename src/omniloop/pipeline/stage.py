@@ -5,6 +5,9 @@
 ``step`` until ``StepResult.done``, then ``finalize``. A loop may offer ``batch_key`` /
 ``step_many`` so the scheduler can run shape-compatible steps of several requests as one
 forward.
+
+The protocols list every method the engine calls; ``StageBase`` / ``LoopStageBase`` give
+the optional ones their defaults, so the engine never probes a stage with ``getattr``.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any, ClassVar, Hashable, Mapping, Protocol, Sequence, runtime
 
 from pydantic import BaseModel
 
+from omniloop.pipeline.failures import per_request
 from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
 from omniloop.request import Artifact
 
@@ -26,7 +30,14 @@ class WorkEstimate:
     steps: int = 1  # schedulable steps (1 for a one-shot stage)
     flops_per_step: float | None = None  # analytic matmul FLOPs of one step, if known
     resident_bytes: int = 0  # state held while the request is in flight
-    peak_bytes: int = 0  # transient activations of one step
+    # Transient activations of one step of this request alone: all of its rows (a CFG
+    # batched step stacks its branches). A batched step of n requests needs n of these.
+    peak_bytes: int = 0
+    loop_bytes: int = 0  # held only while this node's loop runs (an AR loop's KV cache)
+    init_peak_bytes: int = 0  # transient of the loop's ``init`` (e.g. an AR prefill); never batched
+    # Requests whose steps at this node may share a batch have equal groups (None: any
+    # request at the node may batch with any other).
+    batch_group: Hashable | None = None
 
 
 class _Ports(Protocol):
@@ -42,27 +53,62 @@ class _Ports(Protocol):
 
 @runtime_checkable
 class Stage(_Ports, Protocol):
+    """Every method the engine calls on a one-shot node (``StageBase`` gives the defaults)."""
+
     def forward(self, ctx: StageContext, state: RequestState) -> None: ...
 
-    # Optional: ``forward_many(ctx, states)`` runs the node for requests the scheduler grouped
-    # at it (one encoder call for all their prompts). It must raise before writing anything
-    # (the engine then retries each request alone), and each request's outputs must be what
-    # ``forward`` gives it, up to the batch's arithmetic.
+    def estimate(self, ctx: StageContext, state: RequestState) -> WorkEstimate:
+        """Cost and memory of running the node for this request, before it runs."""
+        ...
+
+    @property
+    def groups_forward(self) -> bool:
+        """Whether ``forward_many`` runs a group of requests as one call (the engine then
+        runs the requests the scheduler grouped at this node with one ``forward_many``)."""
+        ...
+
+    def forward_many(self, ctx: StageContext, states: Sequence[RequestState]) -> None:
+        """The node for requests the scheduler grouped at it (one encoder call for all their
+        prompts). It must raise before writing anything (the engine then retries each request
+        alone), and each request's outputs must be what ``forward`` gives it, up to the
+        batch's arithmetic."""
+        ...
 
 
 @runtime_checkable
 class LoopStage(_Ports, Protocol):
+    """Every method the engine calls on a loop node (``LoopStageBase`` gives the defaults)."""
+
     def init(self, ctx: StageContext, state: RequestState) -> LoopState: ...
 
     def step(self, ctx: StageContext, loop: LoopState) -> StepResult: ...
 
     def finalize(self, ctx: StageContext, loop: LoopState, state: RequestState) -> None: ...
 
+    def estimate(self, ctx: StageContext, state: RequestState) -> WorkEstimate: ...
+
+    def step_flops(self, loop: LoopState) -> float | None:
+        """Analytic FLOPs of the loop's next step (the cost model's prior; None: unknown)."""
+        ...
+
+    def finite_many(self, loops: Sequence[LoopState]) -> list[bool]:
+        """Per loop of one batched step: False when its state holds NaN/Inf."""
+        ...
+
+    def release(self, loop: LoopState) -> None:
+        """Free what ``loop`` holds when it ends without ``finalize`` (cancel, failure)."""
+        ...
+
     def batch_key(self, loop: LoopState) -> Hashable | None:
         """Steps of loops with equal, non-None keys may run as one ``step_many`` call."""
         ...
 
-    def step_many(self, ctx: StageContext, loops: Sequence[LoopState]) -> list[StepResult]: ...
+    def step_many(self, ctx: StageContext, loops: Sequence[LoopState]) -> list[StepResult]:
+        """One step of each loop. Either it raises before changing any loop (the engine then
+        retries each loop alone, so only the culprit fails), or it returns one result per
+        loop, where a request's own failure is ``StepResult.failed(exc)`` and the others'
+        steps stand (``omniloop.pipeline.failures``)."""
+        ...
 
 
 def is_loop(stage: Any) -> bool:
@@ -82,12 +128,24 @@ class StageBase:
         """Cost/memory estimate before the node runs (override where it matters)."""
         return WorkEstimate()
 
+    @property
+    def groups_forward(self) -> bool:
+        """A stage that overrides ``forward_many`` groups requests (override to say otherwise)."""
+        return type(self).forward_many is not StageBase.forward_many
+
+    def forward_many(self, ctx: StageContext, states: Sequence[RequestState]) -> None:
+        """Default: ``forward`` for each request in turn (the engine calls it only when
+        ``groups_forward``; a stage that batches overrides it)."""
+        for state in states:
+            self.forward(ctx, state)  # type: ignore[attr-defined]
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
 
 class LoopStageBase(StageBase):
-    """Default ``batch_key``/``step_many``: no batching, steps run one by one."""
+    """Defaults of the optional loop methods: no cost prior, always finite, nothing to
+    release, no batching (``step_many`` steps the loops one by one, each failure its own)."""
 
     def step_flops(self, loop: LoopState) -> float | None:
         """Analytic FLOPs of the loop's next step (None: unknown)."""
@@ -109,4 +167,6 @@ class LoopStageBase(StageBase):
         return None
 
     def step_many(self, ctx: StageContext, loops: Sequence[LoopState]) -> list[StepResult]:
-        return [self.step(ctx, loop) for loop in loops]  # type: ignore[attr-defined]
+        errors: list[BaseException | None] = [None] * len(loops)
+        results = per_request(errors, lambda i: self.step(ctx, loops[i]))  # type: ignore[attr-defined]
+        return [StepResult.failed(e) if e is not None else r for r, e in zip(results, errors)]  # type: ignore[misc]

@@ -74,6 +74,13 @@ class LoopState:
 class StepResult:
     done: bool
     emit: list[tuple[str, Artifact]] | None = None  # (name, partial artifact) streamed now
+    # This request's own failure in a batched step (its batch-mates' results stand); the
+    # engine fails the request with it. See ``omniloop.pipeline.failures``.
+    error: BaseException | None = None
+
+    @classmethod
+    def failed(cls, error: BaseException) -> "StepResult":
+        return cls(done=False, error=error)
 
 
 @dataclass(kw_only=True)

@@ -31,6 +31,10 @@ class DiffusionParams(BaseModel):
     width: int | None = Field(default=None, ge=16, le=8192)
     num_frames: int | None = Field(default=None, ge=1, le=2049)
     fps: int | None = Field(default=None, ge=1, le=240)
+    duration_s: float | None = Field(
+        default=None, gt=0, le=3600,
+        description="seconds of audio to generate (text-to-audio models; video models derive it from num_frames/fps)",
+    )
     seed: int | None = Field(default=None, ge=0, lt=2**63,
                              description="RNG seed (default: a random one, reported in the output's metrics)")
     negative_prompt: str | None = None

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from omniloop.pipeline.loops.ar import ARLoopState, process_logits
-from omniloop.pipeline.runner import run_request
+from omniloop.engine.offline import run_request
 from omniloop.request import ArtifactEvent, ProgressEvent, SamplingParams
 from tests.models.qwen2.checkpoint import PROMPTS
 from tests.models.qwen2.helpers import run_alone, start, text_request

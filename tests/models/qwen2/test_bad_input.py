@@ -17,7 +17,7 @@ from omniloop.models.families.qwen2.spec import QWEN2
 from omniloop.models.families.qwen2.weights import load_qwen2
 from omniloop.models.loader import load_pipeline
 from omniloop.models.model_spec import LoadOptions
-from omniloop.pipeline.runner import run_request
+from omniloop.engine.offline import run_request
 from omniloop.request import OmniRequest, SamplingParams, TaskType, TextPart
 from tests.models.qwen2.checkpoint import PROMPTS
 from tests.models.qwen2.helpers import text_request

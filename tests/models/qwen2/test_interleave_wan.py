@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from omniloop.api.generator import VideoGenerator
-from omniloop.pipeline.runner import run_node, run_request
+from omniloop.engine.offline import run_request
 from omniloop.request import DiffusionParams, OmniRequest, OutputSpec, TaskType, TextPart
 from tests.models.qwen2.checkpoint import PROMPTS
 from tests.models.qwen2.helpers import start, text_request
@@ -28,7 +28,7 @@ def test_denoise_and_decode_loops_interleave_without_interference(wan_t2v_dir, q
     assert wan_alone.status.value == ar_alone.status.value == "completed"
 
     wan_state = wan.admit(_wan_request())
-    run_node(wan, wan.spec.node("text_encode"), wan_state)
+    wan.spec.node("text_encode").stage.forward(wan.contexts["text_encode"], wan_state)
     denoise, wan_ctx = wan.spec.node("denoise").stage, wan.contexts["denoise"]
     wan_loop = denoise.init(wan_ctx, wan_state)
     ar_state, decode, ar_ctx, ar_loop = start(qwen2_pipeline, ar_request)

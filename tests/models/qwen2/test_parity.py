@@ -7,7 +7,7 @@ import torch
 
 from omniloop.cache.kv import KVBatch, KVHandle
 from omniloop.models.families.qwen2.weights import load_qwen2
-from omniloop.pipeline.runner import run_request
+from omniloop.engine.offline import run_request
 from tests.models.qwen2.checkpoint import PROMPTS
 from tests.models.qwen2.helpers import run_alone, text_request, with_defaults
 

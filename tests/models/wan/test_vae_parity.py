@@ -8,6 +8,7 @@ in-memory init by ~5e-7, so the oracle is the loaded model).
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -269,8 +270,8 @@ def test_config_from_diffusers(tiny: Checkpoint) -> None:
 @pytest.mark.parametrize(
     ("change", "match"),
     [
-        ({"is_residual": True}, "not supported yet"),
-        ({"patch_size": 2}, "not supported yet"),
+        ({"patch_size": 2, "scale_factor_spatial": 8}, "scale_factor_spatial=8 but its architecture gives 16"),
+        ({"patch_size": 0}, "patch_size must be >= 1"),
         ({"norm_type": "group"}, "unknown Wan VAE config keys \\['norm_type'\\]"),
         ({"scale_factor_spatial": 16}, "scale_factor_spatial=16"),
         ({"temperal_downsample": [True]}, "one bool per downsampling level"),
@@ -322,12 +323,14 @@ def test_loader_rejects_unexpected_and_missing_keys(tmp_path: Path, tiny: Checkp
     assert "more)" in str(info.value)  # the listing is bounded
 
 
-def test_loader_rejects_residual_variant(tmp_path: Path, tiny: Checkpoint) -> None:
+def test_loader_rejects_weights_of_the_other_variant(tmp_path: Path, tiny: Checkpoint) -> None:
+    # a Wan2.1 checkpoint whose config claims the Wan2.2 residual layout: the weights do not fit it
     folder = tmp_path / "wan22"
     folder.mkdir()
-    config = {**json.loads((tiny.folder / CONFIG_FILE).read_text()), "is_residual": True, "patch_size": 2}
+    config = {**json.loads((tiny.folder / CONFIG_FILE).read_text()), "is_residual": True}
     (folder / CONFIG_FILE).write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="not supported yet"):
+    shutil.copy(tiny.folder / WEIGHTS_FILE, folder / WEIGHTS_FILE)
+    with pytest.raises(ValueError, match="does not match a Wan VAE with its config.json"):
         load_wan_vae(folder)
 
 

@@ -1,7 +1,14 @@
-"""The Wan2.1 causal 3D VAE (diffusers ``AutoencoderKLWan``, ``is_residual=False``).
+"""The Wan causal 3D VAEs (diffusers ``AutoencoderKLWan``): Wan2.1 and Wan2.2.
 
 Video ``[B, 3, F, H, W]`` in ``[-1, 1]`` <-> latents ``[B, z_dim, f, h, w]`` with
-``F = 1 + 4 (f - 1)`` and ``H = 8 h``, ``W = 8 w`` for the released checkpoint.
+``F = 1 + 4 (f - 1)`` and ``H = 8 h``, ``W = 8 w`` for the released Wan2.1 checkpoint.
+
+Wan2.2's VAE (``is_residual=True``, ``patch_size=2``; z_dim 48, used by Wan2.2 TI2V-5B and
+Cosmos3) differs in three ways: pixels are patchified 2x2 into channels before the encoder
+(and back after the decoder), so ``H = 16 h``; each encoder level is a residual down block
+whose shortcut averages groups of input channels over the (2x)2x2 neighbourhood it
+downsamples (``AvgDown3D``); each decoder level is a residual up block whose shortcut
+duplicates channels back out (``DupUp3D``), and its upsampler keeps the channel count.
 
 Vocabulary:
 
@@ -78,6 +85,8 @@ class WanVAEConfig:
     latents_std: tuple[float, ...] = WAN21_LATENTS_STD
     in_channels: int = 3
     out_channels: int = 3
+    is_residual: bool = False  # Wan2.2: residual down/up blocks with averaging / duplicating shortcuts
+    patch_size: int | None = None  # Wan2.2: pixels patchified p x p into channels around the network
 
     def __post_init__(self) -> None:
         for name in ("base_dim", "z_dim", "num_res_blocks", "in_channels", "out_channels"):
@@ -104,6 +113,8 @@ class WanVAEConfig:
             )
         if any(s <= 0 for s in self.latents_std):
             raise ValueError(f"WanVAEConfig.latents_std must be positive, got {self.latents_std}")
+        if self.patch_size is not None and self.patch_size < 1:
+            raise ValueError(f"WanVAEConfig.patch_size must be >= 1 or None, got {self.patch_size}")
 
     @property
     def decoder_dim(self) -> int:
@@ -116,19 +127,17 @@ class WanVAEConfig:
 
     @property
     def scale_factor_spatial(self) -> int:
-        """Pixels per latent along H and W: 8 for Wan2.1."""
-        return 2 ** (len(self.dim_mult) - 1)
+        """Pixels per latent along H and W: 8 for Wan2.1, 16 for Wan2.2 (patchified)."""
+        return 2 ** (len(self.dim_mult) - 1) * (self.patch_size or 1)
+
+    @property
+    def patch(self) -> int:
+        return self.patch_size or 1
 
     @classmethod
     def from_diffusers_config(cls, d: Mapping[str, Any]) -> WanVAEConfig:
         """Build from a diffusers ``vae/config.json`` dict (``AutoencoderKLWan``)."""
         d = {k: v for k, v in d.items() if not k.startswith("_")}  # _class_name, _diffusers_version, ...
-        if d.pop("is_residual", False) or d.get("patch_size") is not None:
-            raise ValueError(
-                "the Wan2.2 residual VAE (is_residual=True / patch_size set) is not supported yet; "
-                "pass a Wan2.1 VAE config (is_residual=false, patch_size=null)"
-            )
-        d.pop("patch_size", None)
         # The scale factors are derived from the architecture; a config may restate them.
         probe = {k: d.pop(k) for k in ("scale_factor_temporal", "scale_factor_spatial") if k in d}
         known = {f.name for f in dataclasses.fields(cls)}
@@ -348,9 +357,9 @@ class Upsample(nn.Module):
     the first chunk, whose single latent frame stays one frame.
     """
 
-    def __init__(self, dim: int, temporal: bool) -> None:
+    def __init__(self, dim: int, temporal: bool, out_dim: int | None = None) -> None:
         super().__init__()
-        self.spatial_conv = nn.Conv2d(dim, dim // 2, 3, padding=1)
+        self.spatial_conv = nn.Conv2d(dim, dim // 2 if out_dim is None else out_dim, 3, padding=1)
         self.time_conv = CausalConv3d(dim, dim * 2, (3, 1, 1), padding=(1, 0, 0)) if temporal else None
 
     def forward(self, x: Tensor, cache: CausalCache) -> Tensor:
@@ -371,7 +380,7 @@ class Upsample(nn.Module):
                 t *= 2
         # nearest-exact 2x == repeat every pixel 2x2 (exact in any dtype; diffusers upcasts).
         x = x[:, :, :, :, None, :, None].expand(b, c, t, h, 2, w, 2).reshape(b, c, t, 2 * h, 2 * w)
-        return _conv2d_per_frame(self.spatial_conv, x, padding=1)  # [B, C/2, T', 2H, 2W]
+        return _conv2d_per_frame(self.spatial_conv, x, padding=1)  # [B, C/2 (Wan2.2: C), T', 2H, 2W]
 
     @staticmethod
     def _double_time(x: Tensor) -> Tensor:
@@ -405,6 +414,70 @@ class UpBlock(nn.Module):
         return x if self.upsampler is None else self.upsampler(x, cache)
 
 
+def avg_down(x: Tensor, out_dim: int, factor_t: int, factor_s: int) -> Tensor:
+    """Wan2.2's shortcut down: [B, C, T, H, W] -> [B, out_dim, T/ft, H/fs, W/fs], the mean of
+    each group of ``C * ft * fs * fs / out_dim`` values of the (ft, fs, fs) neighbourhood's
+    channels (T zero-padded in front to a multiple of ``ft``, as diffusers' ``AvgDown3D``)."""
+    pad_t = (factor_t - x.shape[2] % factor_t) % factor_t
+    if pad_t:
+        x = F.pad(x, (0, 0, 0, 0, pad_t, 0))
+    b, c, t, h, w = x.shape
+    x = x.view(b, c, t // factor_t, factor_t, h // factor_s, factor_s, w // factor_s, factor_s)
+    x = x.permute(0, 1, 3, 5, 7, 2, 4, 6).reshape(b, c * factor_t * factor_s * factor_s, t // factor_t, h // factor_s, w // factor_s)
+    return x.view(b, out_dim, -1, t // factor_t, h // factor_s, w // factor_s).mean(dim=2)
+
+
+def dup_up(x: Tensor, out_dim: int, factor_t: int, factor_s: int, first_chunk: bool) -> Tensor:
+    """Wan2.2's shortcut up (diffusers' ``DupUp3D``): repeat channels, unfold them into a
+    (ft, fs, fs) neighbourhood; the first chunk drops the ``ft - 1`` leading frames."""
+    b, c, t, h, w = x.shape
+    factor = factor_t * factor_s * factor_s
+    x = x.repeat_interleave(out_dim * factor // c, dim=1)
+    x = x.view(b, out_dim, factor_t, factor_s, factor_s, t, h, w).permute(0, 1, 5, 2, 6, 3, 7, 4)
+    x = x.reshape(b, out_dim, t * factor_t, h * factor_s, w * factor_s)
+    return x[:, :, factor_t - 1:] if first_chunk else x
+
+
+class ResidualDownBlock(nn.Module):
+    """Wan2.2 encoder level: residual blocks + downsample, plus the channel-averaging shortcut."""
+
+    def __init__(self, in_dim: int, out_dim: int, num_res_blocks: int, dropout: float, temporal: bool, down: bool) -> None:
+        super().__init__()
+        dims = [in_dim] + [out_dim] * num_res_blocks
+        self.resnets = nn.ModuleList(ResidualBlock(i, o, dropout) for i, o in zip(dims[:-1], dims[1:]))
+        self.downsampler = Downsample(out_dim, temporal=temporal) if down else None
+        self.out_dim, self.factor_t, self.factor_s = out_dim, 2 if temporal else 1, 2 if down else 1
+
+    def forward(self, x: Tensor, cache: CausalCache) -> Tensor:
+        shortcut = avg_down(x, self.out_dim, self.factor_t, self.factor_s)
+        for resnet in self.resnets:
+            x = resnet(x, cache)
+        if self.downsampler is not None:
+            x = self.downsampler(x, cache)
+        return x + shortcut
+
+
+class ResidualUpBlock(nn.Module):
+    """Wan2.2 decoder level: residual blocks + upsample (channels kept), plus the duplicating shortcut."""
+
+    def __init__(self, in_dim: int, out_dim: int, num_res_blocks: int, dropout: float, upsample: str | None) -> None:
+        super().__init__()
+        dims = [in_dim] + [out_dim] * (num_res_blocks + 1)
+        self.resnets = nn.ModuleList(ResidualBlock(i, o, dropout) for i, o in zip(dims[:-1], dims[1:]))
+        self.upsampler = None if upsample is None else Upsample(out_dim, temporal=upsample == "3d", out_dim=out_dim)
+        self.out_dim, self.factor_t = out_dim, 2 if upsample == "3d" else 1
+
+    def forward(self, x: Tensor, cache: CausalCache) -> Tensor:
+        shortcut = None
+        if self.upsampler is not None:  # cache.chunks == 1: the first chunk of this decode
+            shortcut = dup_up(x, self.out_dim, self.factor_t, 2, first_chunk=cache.chunks == 1)
+        for resnet in self.resnets:
+            x = resnet(x, cache)
+        if self.upsampler is not None:
+            x = self.upsampler(x, cache)
+        return x if shortcut is None else x + shortcut
+
+
 class Encoder3d(nn.Module):
     """[B, in_channels, T, H, W] chunk -> [B, 2 z_dim, T', H/8, W/8] (mean and logvar)."""
 
@@ -415,6 +488,11 @@ class Encoder3d(nn.Module):
         blocks: list[nn.Module] = []
         scale = 1.0
         for level, (in_dim, out_dim) in enumerate(zip(dims[:-1], dims[1:])):
+            last = level == len(config.dim_mult) - 1
+            if config.is_residual:
+                temporal = config.temperal_downsample[level] if not last else False
+                blocks.append(ResidualDownBlock(in_dim, out_dim, config.num_res_blocks, config.dropout, temporal, not last))
+                continue
             for _ in range(config.num_res_blocks):
                 blocks.append(ResidualBlock(in_dim, out_dim, config.dropout))
                 if scale in config.attn_scales:
@@ -448,12 +526,13 @@ class Decoder3d(nn.Module):
         self.mid_block = MidBlock(dims[0], config.dropout)
         blocks = []
         for level, (in_dim, out_dim) in enumerate(zip(dims[:-1], dims[1:])):
-            if level > 0:
-                in_dim //= 2  # the previous level's upsampler halved the channels
+            if level > 0 and not config.is_residual:
+                in_dim //= 2  # the previous level's upsampler halved the channels (Wan2.1)
             upsample = None
             if level != len(mult) - 1:
                 upsample = "3d" if temporal_upsample[level] else "2d"
-            blocks.append(UpBlock(in_dim, out_dim, config.num_res_blocks, config.dropout, upsample))
+            block = ResidualUpBlock if config.is_residual else UpBlock
+            blocks.append(block(in_dim, out_dim, config.num_res_blocks, config.dropout, upsample))
         self.up_blocks = nn.ModuleList(blocks)
         self.norm_out = ChannelRMSNorm(dims[-1])
         self.conv_out = CausalConv3d(dims[-1], config.out_channels, 3, padding=1)
@@ -524,7 +603,7 @@ class WanVAE(nn.Module):
                 f"pass the first frame alone, then {self.config.scale_factor_temporal} frames per chunk"
             )
         cache.begin_chunk()
-        return self.quant_conv(self.encoder(video.to(self.dtype), cache))
+        return self.quant_conv(self.encoder(patchify(video.to(self.dtype), self.config.patch), cache))
 
     def decode_chunk(self, z: Tensor, cache: CausalCache) -> Tensor:
         """One latent frame [B, z_dim, 1, h, w] -> [B, C, 1 (first chunk) or 4, 8h, 8w], clamped to [-1, 1]."""
@@ -534,7 +613,7 @@ class WanVAE(nn.Module):
         if z.shape[2] != 1:
             raise ValueError(f"decode_chunk takes one latent frame [B, z_dim, 1, h, w], got shape {tuple(z.shape)}")
         cache.begin_chunk()
-        return self.decoder(self.post_quant_conv(z.to(self.dtype)), cache)
+        return unpatchify(self.decoder(self.post_quant_conv(z.to(self.dtype)), cache), self.config.patch)
 
     # -- whole-video API ---------------------------------------------------------------------
 
@@ -552,7 +631,7 @@ class WanVAE(nn.Module):
         cache = CausalCache()
         if whole:
             cache.begin_chunk()
-            moments = self.quant_conv(self.encoder(video.to(self.dtype), cache))
+            moments = self.quant_conv(self.encoder(patchify(video.to(self.dtype), self.config.patch), cache))
             mean, logvar = moments.chunk(2, dim=1)
             return mean, logvar.clamp(-30.0, 20.0)
         chunks = [self.encode_chunk(video[:, :, :1], cache)]
@@ -574,6 +653,8 @@ class WanVAE(nn.Module):
         if whole is None:
             whole = self.whole_fits(z)
         if tiling is not None:
+            if self.config.patch_size is not None:
+                raise ValueError("tiled decoding of a patchified (Wan2.2) VAE is not supported; pass tiling=None")
             return self._decode_tiled(z, tiling).clamp_(-1.0, 1.0)
         return self._decode_frames(z, whole=whole).clamp_(-1.0, 1.0)
 
@@ -594,11 +675,12 @@ class WanVAE(nn.Module):
         if whole:
             cache = CausalCache()
             cache.begin_chunk()
-            return self.decoder(self.post_quant_conv(z.to(self.dtype)), cache)
+            return unpatchify(self.decoder(self.post_quant_conv(z.to(self.dtype)), cache), self.config.patch)
         b, _, f, h, w = z.shape
         s, n = self.config.scale_factor_spatial, self.config.scale_factor_temporal
         # Preallocated: no growing cat (diffusers re-copies the video once per latent frame).
-        out = z.new_empty(b, self.config.out_channels, 1 + n * (f - 1), s * h, s * w, dtype=self.dtype)
+        channels = self.config.out_channels // self.config.patch ** 2
+        out = z.new_empty(b, channels, 1 + n * (f - 1), s * h, s * w, dtype=self.dtype)
         cache = CausalCache()
         for i in range(f):
             frames = self._decode_chunk(z[:, :, i : i + 1], cache)
@@ -648,7 +730,7 @@ class WanVAE(nn.Module):
         return mean.to(z.device, z.dtype), inv_std.to(z.device, z.dtype)
 
     def _check_video(self, video: Tensor) -> None:
-        c, n, s = self.config.in_channels, self.config.scale_factor_temporal, self.config.scale_factor_spatial
+        c, n, s = self.config.in_channels // self.config.patch ** 2, self.config.scale_factor_temporal, self.config.scale_factor_spatial
         if video.dim() != 5 or video.shape[1] != c:
             raise ValueError(f"encode takes video [B, {c}, F, H, W], got shape {tuple(video.shape)}")
         frames, height, width = video.shape[2:]
@@ -656,6 +738,24 @@ class WanVAE(nn.Module):
             raise ValueError(f"encode needs 1 + {n} k frames (1, {1 + n}, {1 + 2 * n}, ...), got {frames}")
         if height % s or width % s:
             raise ValueError(f"encode needs H and W divisible by {s}, got {height}x{width}")
+
+
+def patchify(x: Tensor, p: int) -> Tensor:
+    """[B, C, F, H, W] -> [B, C p p, F, H/p, W/p] (diffusers' Wan ``patchify`` channel order)."""
+    if p == 1:
+        return x
+    b, c, f, h, w = x.shape
+    x = x.view(b, c, f, h // p, p, w // p, p).permute(0, 1, 6, 4, 2, 3, 5)
+    return x.reshape(b, c * p * p, f, h // p, w // p)
+
+
+def unpatchify(x: Tensor, p: int) -> Tensor:
+    """Inverse of :func:`patchify`: [B, C p p, F, h, w] -> [B, C, F, h p, w p]."""
+    if p == 1:
+        return x
+    b, cpp, f, h, w = x.shape
+    x = x.view(b, cpp // (p * p), p, p, f, h, w).permute(0, 1, 4, 5, 3, 6, 2)
+    return x.reshape(b, cpp // (p * p), f, h * p, w * p)
 
 
 def _blend_into(a: Tensor, b: Tensor, extent: int, dim: int) -> None:
@@ -745,9 +845,9 @@ def _check_keys(folder: Path, expected: Mapping[str, torch.Tensor], got: Mapping
         problems.append(f"{len(unexpected)} unexpected keys {format_keys(unexpected)}")
     if problems:
         raise ValueError(
-            f"{folder / WEIGHTS_FILE} does not match a Wan2.1 VAE with its {CONFIG_FILE}: "
+            f"{folder / WEIGHTS_FILE} does not match a Wan VAE with its {CONFIG_FILE}: "
             + "; ".join(problems)
-            + ". Pass the `vae/` folder of a Wan2.1 diffusers checkpoint."
+            + ". Pass the `vae/` folder of a Wan diffusers checkpoint."
         )
     wrong = wrong_shapes(got, expected)
     if wrong:

@@ -24,7 +24,8 @@ from typing import Any, Callable, Hashable, Mapping, Protocol, Sequence
 import torch
 
 from omniloop.cache.kv import DEFAULT_CHUNK_TOKENS, KVBatch, KVHandle, KVLayout
-from omniloop.pipeline.stage import LoopStageBase
+from omniloop.pipeline.failures import PoolFatalError, attempt, per_request
+from omniloop.pipeline.stage import LoopStageBase, WorkEstimate
 from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
 from omniloop.request import Artifact, OmniRequest, SamplingParams, TextArtifact
 
@@ -40,6 +41,11 @@ class CausalLM(Protocol):
 
     def __call__(self, input_ids: torch.Tensor, *, kv: KVBatch, logits_to_keep: int) -> torch.Tensor:
         """``input_ids [B, L]`` -> logits ``[B, logits_to_keep, vocab]``."""
+        ...
+
+    def activation_bytes(self, num_tokens: int, context: int) -> int:
+        """Peak transient memory of one request's forward of ``num_tokens`` new tokens that
+        attend over ``context`` positions (admission's estimate)."""
         ...
 
 
@@ -166,6 +172,25 @@ class ARDecodeLoop(LoopStageBase):
         loop.logits = loop.seen = None
 
     # -- scheduling contract --------------------------------------------------------
+    def estimate(self, ctx: StageContext, state: RequestState) -> WorkEstimate:  # type: ignore[override]
+        """KV growth and activations before the request starts. The KV cache is the loop's:
+        the prompt plus ``max_tokens`` positions (rounded up to the allocation chunk), held
+        while the loop runs and released when it ends, early on EOS/stop. A decode step's
+        transient includes a KV growth (the new buffer is allocated before the old is freed)."""
+        lm: CausalLM = ctx.component(self.lm_component)
+        params = effective_sampling(state.request.sampling, ctx.defaults.get("sampling", {}))
+        prompt = len(self._prompt_ids(ctx, state, ctx.component(self.tokenizer_component)))
+        context = prompt + params.max_tokens
+        chunk = ctx.defaults.get("kv_chunk_tokens", DEFAULT_CHUNK_TOKENS)
+        kv_bytes = -(-context // chunk) * chunk * lm.kv_layout.bytes_per_token(lm.dtype)
+        return WorkEstimate(
+            steps=params.max_tokens,
+            resident_bytes=0,
+            loop_bytes=kv_bytes,
+            peak_bytes=lm.activation_bytes(1, context) + kv_bytes,
+            init_peak_bytes=lm.activation_bytes(prompt, prompt),
+        )
+
     def batch_key(self, loop: ARLoopState) -> Hashable | None:  # type: ignore[override]
         # Any two decode steps of this node batch, whatever their context lengths.
         return None if loop.done else (id(self), "decode")
@@ -175,13 +200,17 @@ class ARDecodeLoop(LoopStageBase):
 
     @torch.inference_mode()
     def step_many(self, ctx: StageContext, loops: Sequence[ARLoopState]) -> list[StepResult]:  # type: ignore[override]
+        """Sample, check stops and stream for each loop, then one decode forward for those
+        still running. A request's own failure (its sampling, its detokenization, its row of
+        the forward) fails it alone: its batch-mates' tokens stand."""
         assert all(not lp.done for lp in loops), "a finished AR loop was stepped"
         tokenizer: Tokenizer = ctx.component(self.tokenizer_component)
-        results = [self._advance(tokenizer, lp) for lp in loops]  # sample -> stop checks -> delta
-        live = [lp for lp in loops if not lp.done]
+        errors: list[BaseException | None] = [None] * len(loops)
+        results = per_request(errors, lambda i: self._advance(tokenizer, loops[i]))  # sample -> stop checks -> delta
+        live = [i for i, lp in enumerate(loops) if errors[i] is None and not lp.done]
         if live:
-            self._decode_forward(ctx.component(self.lm_component), live)
-        return results
+            self._decode_forward(ctx.component(self.lm_component), loops, live, errors)
+        return [StepResult.failed(e) if e is not None else r for r, e in zip(results, errors)]  # type: ignore[misc]
 
     # -- slots ----------------------------------------------------------------------
     def _prompt_ids(self, ctx: StageContext, state: RequestState, tokenizer: Tokenizer) -> list[int]:
@@ -213,8 +242,31 @@ class ARDecodeLoop(LoopStageBase):
                 _finish(loop, FINISH_LENGTH)
         return StepResult(done=loop.done, emit=_text_delta(loop))
 
-    def _decode_forward(self, lm: CausalLM, loops: Sequence[ARLoopState]) -> None:
-        """One forward over the last sampled token of every loop: KV append + next logits."""
+    def _decode_forward(self, lm: CausalLM, loops: Sequence[ARLoopState], live: list[int],
+                        errors: list[BaseException | None]) -> None:
+        """One forward over the last sampled token of every live loop: KV append + next
+        logits. If the batched forward raises (it appended to some layers only), every KV is
+        rolled back and each loop runs its forward alone, so only a loop whose own forward
+        fails fails (its sampled tokens stay: a retried forward must not sample again)."""
+        before = {i: loops[i].kv.num_tokens for i in live}
+        try:
+            self._forward_rows(lm, [loops[i] for i in live])
+            return
+        except PoolFatalError:
+            raise
+        except Exception as exc:
+            if len(live) == 1:  # its own forward: nothing to retry
+                errors[live[0]] = exc
+                loops[live[0]].kv.rollback(before[live[0]])
+                return
+        for i in live:
+            loops[i].kv.rollback(before[i])
+            attempt(errors, i, lambda lp=loops[i]: self._forward_rows(lm, [lp]))
+            if errors[i] is not None:
+                loops[i].kv.rollback(before[i])
+
+    @staticmethod
+    def _forward_rows(lm: CausalLM, loops: Sequence[ARLoopState]) -> None:
         device = loops[0].kv.device
         ids = torch.tensor([[lp.output_ids[-1]] for lp in loops], device=device)  # [B, 1]
         logits = lm(ids, kv=KVBatch([lp.kv for lp in loops], 1), logits_to_keep=1)[:, -1].float()  # [B, V]

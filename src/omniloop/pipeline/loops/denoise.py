@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from omniloop.ext.interceptors import accepts_block_interceptor
 from omniloop.pipeline.edges import ConditionLatents, DenoisedLatents, TextEmbeddings
+from omniloop.pipeline.failures import PoolFatalError, attempt, per_request
 from omniloop.pipeline.policies.cfg import CFGPolicy, CFGState, ClassicCFG, Prediction
 from omniloop.pipeline.policies.conditioning import ConditioningPolicy, NoConditioning
 from omniloop.pipeline.policies.routing import Route, RoutingPolicy, SingleModel
@@ -33,7 +34,8 @@ from omniloop.request import DiffusionParams, LatentsArtifact, Modality, OmniReq
 
 
 class Denoiser(Protocol):
-    """The family adapter a DenoiseLoop calls: shapes, per-branch inputs, the forward."""
+    """The family adapter a DenoiseLoop calls: shapes, per-branch inputs, the forward and its
+    analytic cost (``DenoiserBase`` gives the cost methods their "unknown" defaults)."""
 
     modalities: tuple[str, ...]
 
@@ -49,9 +51,23 @@ class Denoiser(Protocol):
         self, model: torch.nn.Module, inputs: dict[str, torch.Tensor], timestep: torch.Tensor, kwargs: dict[str, Any]
     ) -> Prediction: ...
 
-    # Optional (getattr-probed): analytic cost of one forward at these latent shapes.
-    #   flops_per_forward(ctx, shapes) -> float
-    #   activation_bytes(ctx, shapes) -> int   (peak transient memory of one forward)
+    def flops_per_forward(self, ctx: StageContext, shapes: dict[str, tuple[int, ...]]) -> float | None:
+        """Matmul FLOPs of one forward at these latent shapes (the cost model's prior)."""
+        ...
+
+    def activation_bytes(self, ctx: StageContext, shapes: dict[str, tuple[int, ...]]) -> int | None:
+        """Peak transient memory of one forward of one request's rows at these shapes."""
+        ...
+
+
+class DenoiserBase:
+    """Defaults of a Denoiser's optional cost methods: unknown."""
+
+    def flops_per_forward(self, ctx: StageContext, shapes: dict[str, tuple[int, ...]]) -> float | None:
+        return None
+
+    def activation_bytes(self, ctx: StageContext, shapes: dict[str, tuple[int, ...]]) -> int | None:
+        return None
 
 
 class DenoiseParams(BaseModel):
@@ -143,7 +159,7 @@ class DenoiseLoop(LoopStageBase):
             branch_kwargs=self.denoiser.branch_inputs(ctx, state, cfg_state.branches),
             routes=routes,
             model_dtype=model_dtype,
-            flops_per_forward=_probe(self.denoiser, "flops_per_forward", ctx, shapes),
+            flops_per_forward=self.denoiser.flops_per_forward(ctx, shapes),
             preview_every=request.outputs.preview_every if request.outputs.stream else None,
             trajectory=[] if request.outputs.return_trajectory else None,
         )
@@ -185,18 +201,21 @@ class DenoiseLoop(LoopStageBase):
         shapes = self.denoiser.latent_shapes(ctx, request)
         cfg_state = self.cfg.init(params, self.denoiser.modalities, ctx.defaults)
         forwards = len(cfg_state.branches)
-        per_forward = _probe(self.denoiser, "flops_per_forward", ctx, shapes)
+        per_forward = self.denoiser.flops_per_forward(ctx, shapes)
         latent_bytes = sum(4 * _numel(s) for s in shapes.values())
         text = state.artifacts.get(self.inputs_edge(ctx))
         text_bytes = sum(t.numel() * t.element_size() for t in _tensors(text))
         # fp32 latents + up to 3 multistep history entries + the model-dtype input copy
         resident = 5 * latent_bytes + text_bytes
-        peak = (_probe(self.denoiser, "activation_bytes", ctx, shapes) or 0) * (forwards if self.cfg.mode == "batched" else 1)
+        # one forward's activations per stacked row group: a batched CFG step stacks its branches
+        rows = forwards if self.cfg.mode == "batched" else 1
+        peak = (self.denoiser.activation_bytes(ctx, shapes) or 0) * rows
         return WorkEstimate(
             steps=params.num_steps(ctx.defaults.get("steps", 50)),
             flops_per_step=None if per_forward is None else forwards * per_forward,
             resident_bytes=int(resident),
             peak_bytes=int(peak),
+            batch_group=(tuple(sorted(shapes.items())), forwards),  # steps batch only at equal shapes
         )
 
     def inputs_edge(self, ctx: StageContext) -> str:
@@ -253,20 +272,27 @@ class DenoiseLoop(LoopStageBase):
         cfg_states: list[CFGState] = [lp.policy_states[self.cfg.name] for lp in loops]
         branches = self.cfg.step_branches(cfg_states[0], route.scale_set)
 
+        # Up to the forward nothing of any loop changes: a raise here leaves every loop as it
+        # was (step interceptors restore their states), and the engine retries each alone.
         inputs = [self._prepare_inputs(lp) for lp in loops]  # prepare_inputs
         hooks = ctx.hooks if ctx.hooks is not None and ctx.hooks.step_interceptors else None
         supplied = hooks.before_step(loops, branches, route.component) if hooks is not None else {}  # step interceptors
         preds = self._forward_branches(ctx, model, loops, inputs, branches, cfg_states, route, supplied)
         if hooks is not None:
             hooks.after_step(loops, preds, branches, route.component, supplied)
-        guided = [self.cfg.combine(cs, pred, route.scale_set) for cs, pred in zip(cfg_states, preds)]  # combine
-        self._sampler_steps(loops, guided)  # sampler_step
-        results = []
-        for lp in loops:
-            cond_state = lp.policy_states[self.conditioning.name]
-            lp.latents = self.conditioning.post_step(lp.latents, cond_state)  # post_step
-            results.append(self._inter_step(lp))  # inter_step
-        return results
+        # Past the forward a failure is one request's own: it is recorded against that
+        # request, which drops out of the step; the others compute their new latents into
+        # temporaries and commit them, so they end exactly as if stepped alone.
+        errors: list[BaseException | None] = [None] * len(loops)
+        guided = per_request(errors, lambda i: self.cfg.combine(cfg_states[i], preds[i], route.scale_set))  # combine
+        stepped = self._sampler_steps(loops, guided, errors)  # sampler_step
+        results = per_request(errors, lambda i: self._commit(loops[i], stepped[i]))  # post_step, inter_step
+        return [StepResult.failed(e) if e is not None else r for r, e in zip(results, errors)]  # type: ignore[misc]
+
+    def _commit(self, loop: DenoiseLoopState, latents: dict[str, torch.Tensor]) -> StepResult:
+        cond_state = loop.policy_states[self.conditioning.name]
+        loop.latents = self.conditioning.post_step(latents, cond_state)  # post_step
+        return self._inter_step(loop)  # inter_step
 
     # -- slots ----------------------------------------------------------------------
     def _prepare_inputs(self, loop: DenoiseLoopState) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
@@ -326,30 +352,51 @@ class DenoiseLoop(LoopStageBase):
         return hooks.run_forward(lambda: self.denoiser.forward(model, x, t, kwargs), loops, group, sizes,
                                  route.component, x, t)
 
-    def _sampler_steps(self, loops: Sequence[DenoiseLoopState], guided: Sequence[Prediction]) -> None:
-        """Each request's sampler update; requests whose sampler states share a ``batch_key``
-        (the same step of the same schedule) update as one concatenated tensor, which is the
-        same elementwise arithmetic: identical rows, one set of kernels instead of one per
-        request (with 256 small requests a step, the per-request updates cost as much as the
-        forward)."""
+    def _sampler_steps(self, loops: Sequence[DenoiseLoopState], guided: Sequence[Prediction | None],
+                       errors: list[BaseException | None]) -> list[dict[str, torch.Tensor]]:
+        """Each request's sampler update, into new tensors (the loops' latents are untouched).
+
+        Requests whose sampler states share a ``batch_key`` (the same step of the same
+        schedule) update as one concatenated tensor, which is the same elementwise arithmetic:
+        identical rows, one set of kernels instead of one per request (with 256 small requests
+        a step, the per-request updates cost as much as the forward). A batched update that
+        raises changed no state (the Sampler contract), so its requests then update alone and
+        only the one whose own update raises fails."""
         groups: dict[tuple, list[tuple[int, str]]] = {}
         for i, lp in enumerate(loops):
-            for m, sstate in lp.samplers.items():
-                key = lp.sampler.batch_key(sstate) if hasattr(lp.sampler, "step_many") else None
-                shape = (tuple(lp.latents[m].shape), lp.latents[m].dtype, guided[i][m].dtype)
-                groups.setdefault((id(lp.sampler), m, shape, key) if key is not None else (i, m), []).append((i, m))
-        for members in groups.values():
-            first, m = members[0]
-            sampler = loops[first].sampler
-            if len(members) == 1:
-                loops[first].latents[m] = sampler.step(loops[first].samplers[m], guided[first][m],
-                                                       loops[first].latents[m]).float()
+            if errors[i] is not None:
                 continue
-            out = sampler.step_many([loops[i].samplers[m] for i, _ in members],
-                                    torch.cat([guided[i][m] for i, _ in members]),
-                                    torch.cat([loops[i].latents[m] for i, _ in members])).float()
-            for (i, _), part in zip(members, out.split(loops[first].latents[m].shape[0])):
-                loops[i].latents[m] = part
+            for m, sstate in lp.samplers.items():
+                key = lp.sampler.batch_key(sstate)
+                shape = (tuple(lp.latents[m].shape), lp.latents[m].dtype, guided[i][m].dtype)  # type: ignore[index]
+                groups.setdefault((id(lp.sampler), m, shape, key) if key is not None else (i, m), []).append((i, m))
+        out: list[dict[str, torch.Tensor]] = [{} for _ in loops]
+        for members in groups.values():
+            if len(members) > 1:
+                try:
+                    self._sampler_step_many(loops, guided, members, out)
+                    continue
+                except PoolFatalError:
+                    raise
+                except Exception:  # one member's state or inputs: find it by updating each alone
+                    pass
+            for i, m in members:
+                lp, pred = loops[i], guided[i]
+                new = attempt(errors, i, lambda: lp.sampler.step(lp.samplers[m], pred[m], lp.latents[m]).float())  # type: ignore[index]
+                if new is not None:
+                    out[i][m] = new
+        return out
+
+    @staticmethod
+    def _sampler_step_many(loops: Sequence[DenoiseLoopState], guided: Sequence[Prediction | None],
+                           members: list[tuple[int, str]], out: list[dict[str, torch.Tensor]]) -> None:
+        first, m = members[0]
+        sampler = loops[first].sampler
+        new = sampler.step_many([loops[i].samplers[m] for i, _ in members],
+                                torch.cat([guided[i][m] for i, _ in members]),  # type: ignore[index]
+                                torch.cat([loops[i].latents[m] for i, _ in members])).float()
+        for (i, _), part in zip(members, new.split(loops[first].latents[m].shape[0])):
+            out[i][m] = part
 
     def _inter_step(self, loop: DenoiseLoopState) -> StepResult:
         loop.steps_done += 1
@@ -376,11 +423,6 @@ def _effective_params(params: DiffusionParams, overrides: DenoiseParams | None) 
     if "steps" in update and params.sigmas is not None:
         update["sigmas"] = None
     return params.model_copy(update=update)
-
-
-def _probe(obj: Any, method: str, *args: Any) -> Any:
-    fn = getattr(obj, method, None)
-    return fn(*args) if callable(fn) else None
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -412,10 +454,17 @@ def _dtype_of(module: Any, default: torch.dtype) -> torch.dtype:
 
 
 def _kwargs_signature(branch_kwargs: Mapping[str, Mapping[str, Any]]) -> tuple:
+    """Forward kwargs that batch: tensors of equal trailing shapes, equal plain values, and
+    family objects of equal ``batch_signature()`` (they provide ``concat``, e.g. per-request KV views)."""
     sig = []
     for b, kw in sorted(branch_kwargs.items()):
         for k, v in sorted(kw.items()):
-            sig.append((b, k, tuple(v.shape[1:]) if isinstance(v, torch.Tensor) else repr(v)))
+            if isinstance(v, torch.Tensor):
+                sig.append((b, k, tuple(v.shape[1:])))
+            elif hasattr(v, "batch_signature"):
+                sig.append((b, k, v.batch_signature()))
+            else:
+                sig.append((b, k, repr(v)))
     return tuple(sig)
 
 
@@ -432,6 +481,8 @@ def _cat_kwargs(parts: list[dict[str, Any]]) -> dict[str, Any]:
     for k, v in parts[0].items():
         if isinstance(v, torch.Tensor):
             out[k] = torch.cat([p[k] for p in parts])
+        elif hasattr(type(v), "concat"):
+            out[k] = type(v).concat([p[k] for p in parts])
         else:
             assert all(p[k] == v for p in parts), f"non-tensor forward kwarg {k!r} differs inside a batch"
             out[k] = v

@@ -10,6 +10,7 @@ from omniloop.pipeline.samplers.base import (
     sampler_names,
 )
 from omniloop.pipeline.samplers.flow_euler import FlowEulerSampler
+from omniloop.pipeline.samplers.flow_map_euler import FlowMapEulerSampler, FlowMapState
 from omniloop.pipeline.samplers.flow_unipc import FlowUniPCSampler, FlowUniPCState
 
 
@@ -29,6 +30,8 @@ def sampler_for_diffusers_class(class_name: str) -> str:
 __all__ = [
     "SAMPLERS",
     "FlowEulerSampler",
+    "FlowMapEulerSampler",
+    "FlowMapState",
     "FlowUniPCSampler",
     "FlowUniPCState",
     "Sampler",

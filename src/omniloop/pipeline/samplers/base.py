@@ -43,6 +43,12 @@ class SamplerState:
     def sigma(self) -> torch.Tensor:
         return self.sigmas[self.step_index]
 
+    @property
+    def model_timestep(self) -> torch.Tensor:
+        """What the model is conditioned on this step: the 0-d timestep, or a flow-map
+        sampler's ``[t, r]`` pair (a loop hands the model ``[B, *model_timestep.shape]``)."""
+        return self.timestep
+
 
 def schedule_signature(state: SamplerState) -> bytes:
     """The values of a state's sigma schedule (CPU fp32): equal bytes, equal schedules."""
@@ -96,7 +102,8 @@ class Sampler(Protocol):
         dim 0 (in ``states`` order); mutates every state exactly as ``step`` would. The
         update is elementwise with shared scalars, so each request's rows equal what ``step``
         gives it alone, bit for bit: a batch of 256 requests runs one set of kernels instead
-        of 256."""
+        of 256. It must raise before changing any state (compute, then commit): the loop
+        then updates each request alone, so only the one whose update fails fails."""
         ...
 
 

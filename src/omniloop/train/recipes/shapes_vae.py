@@ -23,6 +23,19 @@ in the diffusers layout that ``load_wan_vae`` (and diffusers) read.
 
 Validation reconstructs held-out ground-truth clips and runs the adherence evaluator on
 the reconstructions: the ceiling for any model decoded by this VAE.
+
+**Decoder fine-tune** (``decoder_only``, ``VAERecipe.decoder_finetune``): continue a
+finished VAE with its encoder (and ``quant_conv``) frozen, so the latents every shipped DiT
+was trained on do not move (the encoder's weights stay bit-identical and the latent
+statistics are the source's, not recomputed), and only the decoder learns, on long clips.
+NOTE: the shipped VAE trained on 9-frame clips (3 latent frames) and its 17-frame round trip
+fell from 34 dB at frames 0-8 to 11 dB at frames 13-16 (issue 15): its encoder still encodes
+the later frames (latent std 0.79 / 0.82 at latent frames 3 / 4, ~0.76 from there on in a
+33-frame clip: no collapse), the decoder had never seen latent frames past index 2. Both
+networks are causal, so a 33-frame clip trains every shorter prefix too; the world's clips
+of every length span the same trajectory, so a 33-frame clip moves half as far a frame as a
+17-frame one, and the schedule alternates lengths (``clip_schedule``: one length a step, so
+a step stays one forward: the step is launch-bound on a GPU).
 """
 
 from __future__ import annotations
@@ -46,6 +59,7 @@ from omniloop.train.data.shapes import ShapesDataset
 from omniloop.train.recipes.rollout import adherence_summary
 from omniloop.train.recipes.stage import StageResult, adopted_result, read_result, source_runs, write_result
 from omniloop.train.recipes.trainer import TrainConfig, Trainer
+from omniloop.train.recipes.vae_gate import frame_psnr, round_trip
 from omniloop.train.recipes.wan_checkpoint import save_wan_vae
 
 STAGE = "vae"
@@ -73,10 +87,24 @@ class VAERecipe:
     # start from these VAE weights (a diffusers-layout folder, e.g. an earlier run's
     # ``vae/model``) instead of the init: continue a run that stopped short of the gate
     init_from: str | None = None
+    # train the decoder only (needs init_from): the encoder, quant_conv and the latent
+    # statistics stay the source's, so the DiTs trained on its latents stay valid
+    decoder_only: bool = False
+    # (frames, clips) per step, cycled by step index (one length a step); empty: (num_frames,
+    # clips_per_batch) every step
+    clip_schedule: tuple[tuple[int, int], ...] = ()
+    # clip lengths whose worst-frame round-trip PSNR validation reports (the gate's lengths)
+    val_frames: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        if (self.num_frames - 1) % 4 or (self.stats_frames - 1) % 4:
-            raise ValueError(f"num_frames and stats_frames must be 1 + 4k, got {self.num_frames}, {self.stats_frames}")
+        self.clip_schedule = tuple((int(f), int(c)) for f, c in self.clip_schedule)
+        self.val_frames = tuple(int(f) for f in self.val_frames)
+        lengths = (self.num_frames, self.stats_frames, *(f for f, _ in self.clip_schedule), *self.val_frames)
+        if any((f - 1) % 4 for f in lengths):
+            raise ValueError(f"num_frames, stats_frames, clip_schedule and val_frames need 1 + 4k frames, got "
+                             f"{self.num_frames}, {self.stats_frames}, {self.clip_schedule}, {self.val_frames}")
+        if any(c < 1 for _, c in self.clip_schedule):
+            raise ValueError(f"clip_schedule needs >= 1 clip per step, got {self.clip_schedule}")
         if self.crop > self.size or self.crop % 8:
             raise ValueError(f"crop={self.crop} must be a multiple of 8 and <= size={self.size}")
         if self.clips_per_batch < 1 or self.images_per_batch < 0:
@@ -108,6 +136,18 @@ class VAERecipe:
         ), **overrides})
 
     @classmethod
+    def decoder_finetune(cls, **overrides: Any) -> "VAERecipe":
+        """The shipped VAE's decoder continued on long clips, encoder frozen (pass init_from:
+        the shipped ``shapes-t2v/vae``). 12 x 33 or 24 x 17 frames a step (396 / 408 frames,
+        as many pixels as the 48 x 9 of ``full``), alternating; 2,000 steps, lr 2e-4."""
+        return cls.full(**{**dict(
+            train=TrainConfig(steps=2000, lr=2e-4, warmup_steps=100, ema_decay=0.998, checkpoint_every=250,
+                              log_every=50, validate_every=500),
+            decoder_only=True, num_frames=33, clips_per_batch=12, clip_schedule=((33, 12), (17, 24)),
+            data_seed=11, val_clips=16, val_frames=(17, 33),
+        ), **overrides})
+
+    @classmethod
     def toy(cls, **overrides: Any) -> "VAERecipe":
         """CPU test size: a ~30k-parameter VAE on 32x32 crops of 5-frame clips."""
         return cls(**{**dict(
@@ -124,7 +164,11 @@ class ClipBatches:
     """Batch ``i``: ``clips`` crops of rendered training clips and ``images`` single frames,
     uint8 ``[B, F, crop, crop, 3]`` (a pure function of ``i``). NOTE: uint8 numpy, so loader
     workers hand batches over a pipe at a quarter of the float size, never through /dev/shm
-    (small in containers); ``to_unit_video`` converts on the training side."""
+    (small in containers); ``to_unit_video`` converts on the training side.
+
+    ``schedule``: (frames, clips) per batch, cycled by batch index; batch ``i`` takes clips of
+    its length from that length's own stream (round ``i // len(schedule)``). Empty: every
+    batch is ``clips`` clips of ``num_frames``."""
 
     seed: int
     clips: int
@@ -132,20 +176,27 @@ class ClipBatches:
     num_frames: int
     size: int
     crop: int
-    _datasets: tuple[ShapesDataset, ShapesDataset] = field(init=False, repr=False)
+    schedule: tuple[tuple[int, int], ...] = ()
+    _datasets: dict[int, ShapesDataset] = field(init=False, repr=False)
+    _images: ShapesDataset = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_datasets", (
-            ShapesDataset(seed=self.seed, height=self.size, width=self.size, num_frames=self.num_frames),
-            ShapesDataset(seed=self.seed + 1, height=self.size, width=self.size, num_frames=1, image_prob=1.0),
-        ))
+        lengths = {f for f, _ in self.schedule} or {self.num_frames}
+        object.__setattr__(self, "_datasets", {
+            f: ShapesDataset(seed=self.seed, height=self.size, width=self.size, num_frames=f) for f in sorted(lengths)})
+        object.__setattr__(self, "_images", ShapesDataset(seed=self.seed + 1, height=self.size, width=self.size,
+                                                          num_frames=1, image_prob=1.0))
 
     def batch(self, index: int) -> dict[str, np.ndarray]:
         rng = np.random.default_rng([self.seed, 99, index])
-        clips, images = self._datasets
-        out = {"clips": self._take(clips, index * self.clips, self.clips, rng)}
+        if self.schedule:
+            frames, clips = self.schedule[index % len(self.schedule)]
+            first = (index // len(self.schedule)) * clips
+        else:
+            frames, clips, first = self.num_frames, self.clips, index * self.clips
+        out = {"clips": self._take(self._datasets[frames], first, clips, rng)}
         if self.images:
-            out["images"] = self._take(images, index * self.images, self.images, rng)
+            out["images"] = self._take(self._images, index * self.images, self.images, rng)
         return out
 
     def _take(self, dataset: ShapesDataset, first: int, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -258,6 +309,8 @@ def validation_fn(recipe: VAERecipe, device: torch.device):
     """PSNR and adherence of reconstructed held-out ground-truth clips (full size)."""
     prompts = held_out_prompts(recipe.val_clips, seed=3)
     clips = np.stack([render_clip(p.scene, recipe.size, recipe.size, recipe.stats_frames) for p in prompts])
+    long_clips = {f: np.stack([render_clip(p.scene, recipe.size, recipe.size, f) for p in prompts])
+                  for f in recipe.val_frames}
 
     @torch.no_grad()
     def validate(step: int, vae: WanVAE) -> dict[str, Any]:
@@ -271,7 +324,11 @@ def validation_fn(recipe: VAERecipe, device: torch.device):
         mse = (rec - x).square().mean().item()
         frames = ((rec.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 4, 1).cpu().numpy()
         report = evaluate(zip(frames, [p.prompt for p in prompts]))
-        return {"psnr": round(10 * np.log10(4.0 / max(mse, 1e-12)), 3), **adherence_summary(report)}
+        out = {"psnr": round(10 * np.log10(4.0 / max(mse, 1e-12)), 3), **adherence_summary(report)}
+        for f, gt in long_clips.items():  # the gate's figure: the worst frame index, as served
+            index, db = frame_psnr(gt, round_trip(vae, gt, batch=recipe.stats_batch)).worst
+            out[f"worst_db_{f}"], out[f"worst_frame_{f}"] = db, index
+        return out
 
     return validate
 
@@ -283,30 +340,63 @@ def train_vae(recipe: VAERecipe, work_dir: Path, *, device: torch.device, resume
     done = read_result(folder)
     if done is not None:
         return StageResult(STAGE, "done", folder, done)
+    if recipe.decoder_only and not recipe.init_from:
+        raise ValueError("decoder_only fine-tunes a finished VAE: pass init_from (--vae-init), e.g. the shipped "
+                         "src/omniloop/models/builtin/shapes-t2v/vae")
     torch.manual_seed(recipe.train.seed)
     vae = vae_init_(WanVAE(recipe.vae_config))
-    if recipe.init_from:
-        vae.load_state_dict(_load_recipe_vae(recipe, Path(recipe.init_from)).state_dict())
+    source = _load_recipe_vae(recipe, Path(recipe.init_from)) if recipe.init_from else None
+    if source is not None:
+        vae.load_state_dict(source.state_dict())
+    if recipe.decoder_only:
+        freeze_encoder_(vae)
     trainer = Trainer(vae, recipe.train, folder, device=device, name=STAGE)
     data = ClipBatches(seed=recipe.data_seed, clips=recipe.clips_per_batch, images=recipe.images_per_batch,
-                       num_frames=recipe.num_frames, size=recipe.size, crop=recipe.crop)
+                       num_frames=recipe.num_frames, size=recipe.size, crop=recipe.crop,
+                       schedule=recipe.clip_schedule)
     t0 = time.monotonic()
     run = trainer.run(data, vae_step(recipe, device), validate=validation_fn(recipe, device), resume=resume,
                       deadline=deadline, num_workers=recipe.num_workers)
     if not run.done:
         return StageResult(STAGE, "paused", folder, {"step": run.step, "steps": run.steps})
     ema: WanVAE = run.ema
-    mean, std = latent_statistics(ema, recipe, device)
+    if recipe.decoder_only:  # the source's latent space, exactly (the DiTs were trained in it)
+        assert source is not None
+        check_encoder_unchanged(ema, source)
+        mean, std = list(source.config.latents_mean), list(source.config.latents_std)
+    else:
+        mean, std = latent_statistics(ema, recipe, device)
     ema.config = dataclasses.replace(ema.config, latents_mean=tuple(mean), latents_std=tuple(std))
     save_wan_vae(ema, folder / MODEL_DIR, dtype=torch.float32)
     params = sum(p.numel() for p in ema.parameters())
     info = {"stage": STAGE, "steps": run.step, "init_from": recipe.init_from,
+            "decoder_only": recipe.decoder_only, "clip_schedule": recipe.clip_schedule or None,
             "earlier_runs": source_runs(recipe.init_from, STAGE), "params": params,
             "latents_mean": mean, "latents_std": std,
             "validation": run.validation, "train_seconds": round(trainer.elapsed_s, 1),
             "finish_seconds": round(time.monotonic() - t0, 1), "model": str(folder / MODEL_DIR)}
     write_result(folder, info)
     return StageResult(STAGE, "done", folder, info)
+
+
+ENCODER_PREFIXES = ("encoder.", "quant_conv.")  # what maps pixels to the latents (frozen by decoder_only)
+
+
+def freeze_encoder_(vae: WanVAE) -> WanVAE:
+    """Freeze the pixels -> latent-moments half (encoder + quant_conv): the Trainer's optimizer
+    takes only parameters that require grad, so the decoder (and post_quant_conv) alone learn."""
+    vae.encoder.requires_grad_(False)
+    vae.quant_conv.requires_grad_(False)
+    return vae
+
+
+def check_encoder_unchanged(vae: WanVAE, source: WanVAE) -> None:
+    """The encoder half of ``vae`` must equal ``source``'s bit for bit (a frozen parameter is
+    never stepped, and the EMA's lerp towards an equal tensor is exact)."""
+    ours, theirs = vae.state_dict(), source.state_dict()
+    changed = [k for k in ours if k.startswith(ENCODER_PREFIXES) and not torch.equal(ours[k].cpu(), theirs[k].cpu())]
+    if changed:
+        raise AssertionError(f"decoder_only changed encoder tensors {changed[:5]}: the DiTs' latent space moved")
 
 
 def _load_recipe_vae(recipe: VAERecipe, folder: Path) -> WanVAE:

@@ -260,6 +260,17 @@ class Qwen2LM(nn.Module):
     def kv_layout(self) -> KVLayout:
         return self.config.kv_layout
 
+    def activation_bytes(self, num_tokens: int, context: int) -> int:
+        """Peak transient memory of one request's forward of ``num_tokens`` new tokens over
+        ``context`` positions: a layer's live set (residual, norm, fused qkv, attention out,
+        fused gate/up, SwiGLU product), fp32 attention scores (the math path materializes
+        them), and one position's fp32 logits."""
+        c = self.config
+        qkv = (c.num_attention_heads + 2 * c.kv_layout.num_kv_heads) * c.kv_layout.head_dim
+        layer = num_tokens * (3 * c.hidden_size + qkv + 3 * c.intermediate_size) * self.dtype.itemsize
+        scores = c.num_attention_heads * num_tokens * context * 4
+        return int(layer + scores + c.vocab_size * 4)
+
     def forward(self, input_ids: torch.Tensor, *, kv: KVCacheView | None = None, logits_to_keep: int = 0) -> torch.Tensor:
         b, length = input_ids.shape
         # 1. positions: continue after what the KV holds; a cache-less forward starts at 0

@@ -34,6 +34,9 @@ from torch import nn
 
 from omniloop.models.layers.attention import DEFAULT_BACKEND, attention
 from omniloop.models.layers.run_blocks import BlockInterceptor, run_blocks
+from omniloop.models.layers.wan_dit import FP32LayerNorm, TwoLayerMLP, WanBlock, sinusoidal_timestep_embedding
+
+__all__ = ["FP32LayerNorm", "KEEP_IN_FP32_COMPONENTS", "WanBlock", "WanDiT", "WanDiTConfig", "keeps_fp32"]
 
 # A parameter whose dotted name contains one of these components stays fp32 when the model
 # is loaded in bf16/fp16 (diffusers' ``WanTransformer3DModel._keep_in_fp32_modules``; our
@@ -241,43 +244,6 @@ def apply_rope(x: torch.Tensor, rope: RotaryTables) -> torch.Tensor:
     return rotated.flatten(-2).type_as(x)
 
 
-class FP32LayerNorm(nn.LayerNorm):
-    """LayerNorm computed in fp32 whatever the input/weight dtype; returns the input dtype."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(
-            x.float(),
-            self.normalized_shape,
-            self.weight.float() if self.weight is not None else None,
-            self.bias.float() if self.bias is not None else None,
-            self.eps,
-        ).to(x.dtype)
-
-
-def sinusoidal_timestep_embedding(timestep: torch.Tensor, dim: int) -> torch.Tensor:
-    """``[N] -> [N, dim]`` fp32 ``[cos | sin]`` features (diffusers ``Timesteps(flip_sin_to_cos=True, shift=0)``)."""
-    half = dim // 2
-    exponent = -math.log(10000.0) * torch.arange(0, half, dtype=torch.float32, device=timestep.device) / half
-    args = timestep[:, None].float() * torch.exp(exponent)[None, :]
-    emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
-    if dim % 2:
-        emb = F.pad(emb, (0, 1))
-    return emb
-
-
-class TwoLayerMLP(nn.Module):
-    """``linear_2(act(linear_1(x)))``; the time and text embedders (key names as diffusers')."""
-
-    def __init__(self, in_dim: int, dim: int, act: nn.Module) -> None:
-        super().__init__()
-        self.linear_1 = nn.Linear(in_dim, dim)
-        self.act = act
-        self.linear_2 = nn.Linear(dim, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear_2(self.act(self.linear_1(x)))
-
-
 class ImageEmbedder(nn.Module):
     """CLIP image tokens -> model width (Wan2.1 I2V / FLF2V)."""
 
@@ -296,16 +262,6 @@ class ImageEmbedder(nn.Module):
         x = self.norm1(image)
         x = self.proj_out(F.gelu(self.proj_in(x)))
         return self.norm2(x)
-
-
-class FeedForward(nn.Module):
-    def __init__(self, dim: int, ffn_dim: int) -> None:
-        super().__init__()
-        self.proj_in = nn.Linear(dim, ffn_dim)
-        self.proj_out = nn.Linear(ffn_dim, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj_out(F.gelu(self.proj_in(x), approximate="tanh"))
 
 
 # --------------------------------------------------------------------------------------
@@ -335,79 +291,15 @@ class SelfAttention(nn.Module):
         return self.out(out)
 
 
-class CrossAttention(nn.Module):
-    """Attention from video tokens to text tokens, plus Wan2.1 I2V image tokens when built with them."""
-
-    def __init__(self, dim: int, heads: int, eps: float, with_image_kv: bool) -> None:
-        super().__init__()
-        self.heads = heads
-        self.attention_backend: str = DEFAULT_BACKEND
-        self.q = nn.Linear(dim, dim)
-        self.kv = nn.Linear(dim, 2 * dim)
-        self.norm_q = nn.RMSNorm(dim, eps=eps)
-        self.norm_k = nn.RMSNorm(dim, eps=eps)
-        self.out = nn.Linear(dim, dim)
-        self.added_kv = nn.Linear(dim, 2 * dim) if with_image_kv else None
-        self.norm_added_k = nn.RMSNorm(dim, eps=eps, elementwise_affine=True) if with_image_kv else None
-
-    def forward(self, x: torch.Tensor, context: torch.Tensor, context_image: torch.Tensor | None) -> torch.Tensor:
-        # x: [B, L, D]; context: [B, L_txt, D]; context_image: [B, L_img, D] or None
-        q = self.norm_q(self.q(x)).unflatten(2, (self.heads, -1))  # [B, L, H, hd]
-        k, v = self.kv(context).chunk(2, dim=-1)
-        k = self.norm_k(k).unflatten(2, (self.heads, -1))
-        v = v.unflatten(2, (self.heads, -1))
-        out = attention(q, k, v, backend=self.attention_backend).flatten(2).type_as(q)
-        if self.added_kv is not None:
-            assert self.norm_added_k is not None and context_image is not None, "checked in WanDiT.forward"
-            k_img, v_img = self.added_kv(context_image).chunk(2, dim=-1)
-            k_img = self.norm_added_k(k_img).unflatten(2, (self.heads, -1))
-            v_img = v_img.unflatten(2, (self.heads, -1))
-            out = out + attention(q, k_img, v_img, backend=self.attention_backend).flatten(2).type_as(q)
-        return self.out(out)
-
-
 # --------------------------------------------------------------------------------------
 # Block and model
 # --------------------------------------------------------------------------------------
 
 
-class WanBlock(nn.Module):
-    """adaLN-modulated self-attn -> cross-attn -> FFN."""
-
-    def __init__(self, config: WanDiTConfig) -> None:
-        super().__init__()
-        dim, eps = config.inner_dim, config.eps
-        self.norm1 = FP32LayerNorm(dim, eps, elementwise_affine=False)
-        self.self_attn = SelfAttention(dim, config.num_attention_heads, eps)
-        self.norm2 = FP32LayerNorm(dim, eps, elementwise_affine=True) if config.cross_attn_norm else nn.Identity()
-        self.cross_attn = CrossAttention(dim, config.num_attention_heads, eps, config.added_kv_proj_dim is not None)
-        self.norm3 = FP32LayerNorm(dim, eps, elementwise_affine=False)
-        self.ffn = FeedForward(dim, config.ffn_dim)
-        # rows: shift, scale, gate (self-attn), shift, scale, gate (FFN); fp32
-        self.scale_shift_table = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        context: torch.Tensor,
-        context_image: torch.Tensor | None,
-        modulation: torch.Tensor,
-        rope: RotaryTables,
-    ) -> torch.Tensor:
-        # x: [B, L, D]; modulation: [B, Lt, 6, D] (model dtype); Lt is 1 or L, broadcasting over L.
-        shift, scale, gate, c_shift, c_scale, c_gate = (self.scale_shift_table + modulation.float()).unbind(2)
-
-        # 1. Self-attention (the residual update runs in fp32, as diffusers)
-        h = (self.norm1(x.float()) * (1 + scale) + shift).type_as(x)
-        x = (x.float() + self.self_attn(h, rope) * gate).type_as(x)
-
-        # 2. Cross-attention (no modulation)
-        h = self.norm2(x.float()).type_as(x)
-        x = x + self.cross_attn(h, context, context_image)
-
-        # 3. Feed-forward
-        h = (self.norm3(x.float()) * (1 + c_scale) + c_shift).type_as(x)
-        return (x.float() + self.ffn(h).float() * c_gate).type_as(x)
+def _block(config: WanDiTConfig) -> WanBlock:
+    dim, heads = config.inner_dim, config.num_attention_heads
+    return WanBlock(dim, config.ffn_dim, heads, config.eps, self_attn=SelfAttention(dim, heads, config.eps),
+                    cross_attn_norm=config.cross_attn_norm, with_image_kv=config.added_kv_proj_dim is not None)
 
 
 class WanDiT(nn.Module):
@@ -428,7 +320,7 @@ class WanDiT(nn.Module):
         self.image_embedder = (
             ImageEmbedder(config.image_dim, dim, config.pos_embed_seq_len) if config.image_dim is not None else None
         )
-        self.blocks = nn.ModuleList([WanBlock(config) for _ in range(config.num_layers)])
+        self.blocks = nn.ModuleList([_block(config) for _ in range(config.num_layers)])
         self.norm_out = FP32LayerNorm(dim, config.eps, elementwise_affine=False)
         self.proj_out = nn.Linear(dim, config.out_channels * math.prod(config.patch_size))
         self.scale_shift_table = nn.Parameter(torch.randn(1, 2, dim) / dim**0.5)  # rows: shift, scale

@@ -9,6 +9,7 @@ import torch
 
 from omniloop.io.image import image_to_tensor, open_image
 from omniloop.pipeline.edges import ConditionLatents, TextEmbeddings
+from omniloop.pipeline.loops.denoise import DenoiserBase
 from omniloop.pipeline.policies.cfg import COND, UNCOND, Prediction
 from omniloop.pipeline.stage import StageBase
 from omniloop.pipeline.state import RequestState, StageContext
@@ -35,7 +36,7 @@ def geometry(request: OmniRequest, defaults: Mapping[str, Any]) -> VideoGeometry
 
 
 @dataclass(frozen=True)
-class WanDenoiser:
+class WanDenoiser(DenoiserBase):
     """Adapts ``WanDiT.forward`` to the DenoiseLoop: one ``video`` latent modality."""
 
     modalities: tuple[str, ...] = ("video",)

@@ -1,0 +1,124 @@
+"""Audio files: WAV (16-bit PCM), FLAC (16-bit) and MP3 writing, and reading, through PyAV.
+
+Samples are float32 ``[channels, num_samples]`` in [-1, 1] (the ``AudioArtifact`` layout);
+values outside are clipped when quantized. The AAC track of an mp4 is written by
+``io.video.write_mp4`` with the same sample checks (``as_float_samples``).
+"""
+
+from __future__ import annotations
+
+import io
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+import torch
+
+# format -> (container format, codec, sample format the encoder takes)
+AUDIO_FORMATS: dict[str, tuple[str, str, str]] = {
+    "wav": ("wav", "pcm_s16le", "s16"),
+    "flac": ("flac", "flac", "s16"),
+    "mp3": ("mp3", "libmp3lame", "fltp"),
+}
+MEDIA_TYPES = {"wav": "audio/wav", "flac": "audio/flac", "mp3": "audio/mpeg"}
+_LAYOUTS = {1: "mono", 2: "stereo"}
+
+
+def as_float_samples(samples: torch.Tensor | np.ndarray, sample_rate: int) -> np.ndarray:
+    """``samples`` as a contiguous float32 [channels, num_samples] array; bad input is a
+    ValueError saying what to pass."""
+    arr = samples.detach().float().cpu().numpy() if isinstance(samples, torch.Tensor) else np.asarray(samples)
+    if arr.ndim != 2 or arr.shape[0] not in _LAYOUTS:
+        raise ValueError(f"audio samples must be [channels, num_samples] with 1 or 2 channels, got shape {arr.shape}")
+    if arr.shape[1] == 0:
+        raise ValueError("audio has no samples")
+    if not np.issubdtype(arr.dtype, np.floating):
+        raise ValueError(f"audio samples must be floats in [-1, 1], got {arr.dtype}")
+    if not (isinstance(sample_rate, (int, np.integer)) and 0 < sample_rate <= 384_000):
+        raise ValueError(f"sample_rate must be a positive int (Hz), got {sample_rate!r}")
+    if not np.isfinite(arr).all():
+        raise ValueError("audio samples contain NaN/Inf")
+    return np.ascontiguousarray(np.clip(arr, -1.0, 1.0), dtype=np.float32)
+
+
+def audio_frame(arr: np.ndarray, sample_rate: int, sample_format: str) -> "av.AudioFrame":  # noqa: F821
+    """One PyAV frame holding every sample of ``arr`` ([C, N] float32) in ``sample_format``
+    (``fltp``: planar float; ``s16``: interleaved 16-bit). The encoder's FIFO cuts it into
+    the codec's frame size."""
+    import av
+
+    channels = arr.shape[0]
+    if sample_format == "fltp":
+        data = arr
+    elif sample_format == "s16":
+        # round to nearest, as soundfile / libsndfile do: x * 32767
+        data = np.round(arr.T * 32767.0).astype(np.int16).reshape(1, -1)  # [1, N * C] interleaved
+    else:
+        raise AssertionError(f"unhandled sample format {sample_format!r}")
+    frame = av.AudioFrame.from_ndarray(data, format=sample_format, layout=_LAYOUTS[channels])
+    frame.sample_rate = int(sample_rate)
+    frame.pts = 0
+    frame.time_base = Fraction(1, int(sample_rate))
+    return frame
+
+
+def add_audio_stream(container: Any, codec: str, arr: np.ndarray, sample_rate: int, sample_format: str) -> Any:
+    stream = container.add_stream(codec, rate=int(sample_rate))
+    stream.layout = _LAYOUTS[arr.shape[0]]
+    stream.format = sample_format
+    return stream
+
+
+def mux_audio(container: Any, stream: Any, arr: np.ndarray, sample_rate: int, sample_format: str) -> None:
+    container.mux(stream.encode(audio_frame(arr, sample_rate, sample_format)))
+    container.mux(stream.encode(None))
+
+
+def write_audio(samples: torch.Tensor | np.ndarray, dest: str | Path | BinaryIO, sample_rate: int,
+                format: str | None = None) -> None:
+    """Write ``samples`` as ``format`` (wav / flac / mp3; default: the path's suffix)."""
+    import av
+
+    if format is None:
+        if not isinstance(dest, (str, Path)):
+            raise ValueError("pass format='wav' | 'flac' | 'mp3' when writing to a file object")
+        format = Path(dest).suffix.lstrip(".").lower()
+    if format not in AUDIO_FORMATS:
+        raise ValueError(f"audio format {format!r} is not written here; pass one of {sorted(AUDIO_FORMATS)}")
+    container_format, codec, sample_format = AUDIO_FORMATS[format]
+    arr = as_float_samples(samples, sample_rate)
+    target = str(dest) if isinstance(dest, (str, Path)) else dest
+    with av.open(target, mode="w", format=container_format) as container:
+        stream = add_audio_stream(container, codec, arr, sample_rate, sample_format)
+        mux_audio(container, stream, arr, sample_rate, sample_format)
+
+
+def encode_audio(samples: torch.Tensor | np.ndarray, sample_rate: int, format: str = "wav") -> bytes:
+    buf = io.BytesIO()
+    write_audio(samples, buf, sample_rate, format)
+    return buf.getvalue()
+
+
+def read_audio(source: str | Path | bytes | BinaryIO, stream_index: int = 0) -> tuple[np.ndarray, int]:
+    """Decode an audio stream (of an audio file or an mp4): ([C, N] float32, sample_rate)."""
+    import av
+
+    src = io.BytesIO(source) if isinstance(source, bytes) else source
+    label = source if isinstance(source, (str, Path)) else "<bytes>"
+    try:
+        container = av.open(str(src) if isinstance(src, (str, Path)) else src)
+    except (av.error.InvalidDataError, av.error.FileNotFoundError, OSError) as e:
+        raise ValueError(f"cannot read audio {label}: {e}") from None
+    with container:
+        if len(container.streams.audio) <= stream_index:
+            raise ValueError(f"{label} has no audio stream {stream_index}")
+        stream = container.streams.audio[stream_index]
+        rate = int(stream.codec_context.sample_rate)
+        # to planar float at the stream's own rate and layout (no resampling)
+        to_float = av.AudioResampler(format="fltp", layout=stream.codec_context.layout, rate=rate)
+        chunks = [out.to_ndarray() for f in container.decode(stream) for out in to_float.resample(f)]  # [C, n]
+        chunks += [out.to_ndarray() for out in to_float.resample(None)]
+    if not chunks:
+        raise ValueError(f"{label}: the audio stream has no decodable samples")
+    return np.concatenate(chunks, axis=1).astype(np.float32), rate

@@ -1,0 +1,203 @@
+"""Cosmos3 ModelSpecs: diffusers' ``Cosmos3OmniPipeline`` folder and the unified checkpoint
+transformers' ``Cosmos3OmniForConditionalGeneration`` loads (reasoner only).
+
+One resident transformer serves every task: the ``reason`` / ``upsample`` AR loops drive
+its understanding pathway through ``Cosmos3Reasoner`` (a view, no weights of its own) and
+the ``denoise`` loop drives both pathways. Graph::
+
+    REASON:     chat -> reason (ARDecodeLoop) -> text
+    generation: [upsample_chat -> upsample (ARDecodeLoop, when upsample_prompt)] -> tokenize
+                -> [condition (I2V, V2W, A2W)] -> denoise -> {decode, sound_decode (T2VS), actions}
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from omniloop.models.autoencoders.cosmos3_audio import load_cosmos3_audio
+from omniloop.models.autoencoders.wan_vae import load_wan_vae
+from omniloop.models.families.cosmos3 import presets as P
+from omniloop.models.families.cosmos3.model import Cosmos3Reasoner
+from omniloop.models.families.cosmos3.stages import (
+    CleanFrames, Cosmos3ActionOutput, Cosmos3ChatPrompt, Cosmos3Condition, Cosmos3Denoiser, Cosmos3DenoiseLoop,
+    Cosmos3SoundDecode, Cosmos3Tokenize, options_of, wants_actions_out,
+)
+from omniloop.models.families.cosmos3.validate import GENERATION_TASKS, make_validator
+from omniloop.models.families.cosmos3.weights import load_transformer, read_config
+from omniloop.models.load_options import apply_load_options
+from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
+from omniloop.pipeline.loops.ar import ARDecodeLoop
+from omniloop.pipeline.pipeline import Pipeline
+from omniloop.pipeline.policies.cfg import ClassicCFG
+from omniloop.pipeline.predicates import opt, task_in
+from omniloop.pipeline.samplers.sampler_set import SamplerSet, load_sampler_set
+from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
+from omniloop.pipeline.stages import VAEDecode
+from omniloop.request import Modality, OmniRequest, TaskType
+
+PIPELINE_CLASS = "Cosmos3OmniPipeline"
+REASONER_CLASS = "Cosmos3OmniForConditionalGeneration"
+LAYER_GEMMS = r"^layers\.\d+\.pathways\."  # FP8 converts the MoT layers' projections and MLPs
+
+
+# -- component loaders ---------------------------------------------------------------------
+
+
+def _load_transformer(sub: str, layout: str):
+    def load(root: Path, index: Mapping[str, Any], options: LoadOptions):
+        folder = root / sub
+        model = load_transformer(folder, read_config(folder, layout), device=options.device, dtype=options.dtype,
+                                 layout=layout)
+        return apply_load_options(model, options, blocks=model.layers, fp8_layers=LAYER_GEMMS)
+
+    return load
+
+
+def _load_tokenizer(sub: str):
+    def load(root: Path, index: Mapping[str, Any], options: LoadOptions):
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(root / sub))
+        if tokenizer.chat_template is None:
+            raise ValueError(f"{root / sub}: the tokenizer has no chat template; Cosmos3 prompts are chat-formatted")
+        if tokenizer.convert_tokens_to_ids("<|vision_start|>") in (None, tokenizer.unk_token_id):
+            raise ValueError(f"{root / sub}: the tokenizer lacks the <|vision_start|> token the generator's prompt ends with")
+        return tokenizer
+
+    return load
+
+
+def _load_vae(root: Path, index: Mapping[str, Any], options: LoadOptions):
+    return load_wan_vae(root / "vae", device=options.device, dtype=options.dtype)
+
+
+def _load_sound(root: Path, index: Mapping[str, Any], options: LoadOptions):
+    return load_cosmos3_audio(root / "sound_tokenizer", device=options.device, dtype=options.dtype)
+
+
+def _load_scheduler(root: Path, index: Mapping[str, Any], options: LoadOptions) -> SamplerSet:
+    return load_sampler_set(root / "scheduler")
+
+
+# -- variants --------------------------------------------------------------------------------
+
+
+def _present(index: Mapping[str, Any], name: str) -> bool:
+    entry = index.get(name)
+    return isinstance(entry, (list, tuple)) and len(entry) == 2 and entry[0] is not None
+
+
+def cosmos3_variant(index: Mapping[str, Any]) -> Variant:
+    if index.get("_layout") == "transformers":
+        weights = (
+            WeightSpec(component="transformer", kind="Cosmos3 reasoner (unified checkpoint)", subfolder=".",
+                       load=_load_transformer(".", "transformers")),
+            WeightSpec(component="tokenizer", kind="tokenizer", subfolder=".", load=_load_tokenizer(".")),
+        )
+        return Variant(name="cosmos3-reasoner", tasks=frozenset({TaskType.REASON}), weights=weights)
+    if index.get("use_native_flow_schedule"):
+        raise ValueError("model_index.json sets use_native_flow_schedule=true, which omniloop does not run; pass a "
+                         "checkpoint with the scheduler's own sigma schedule (use_native_flow_schedule=false)")
+    weights = [
+        WeightSpec(component="transformer", kind="Cosmos3OmniTransformer", subfolder="transformer",
+                   load=_load_transformer("transformer", "diffusers")),
+        WeightSpec(component="tokenizer", kind="tokenizer", subfolder="text_tokenizer", load=_load_tokenizer("text_tokenizer")),
+        WeightSpec(component="vae", kind="WanVAE (Wan2.2, z_dim 48)", subfolder="vae", load=_load_vae),
+        WeightSpec(component="sampler", kind="scheduler config", subfolder="scheduler", load=_load_scheduler),
+    ]
+    if _present(index, "sound_tokenizer"):
+        weights.append(WeightSpec(component="sound_tokenizer", kind="Cosmos3 AVAE audio tokenizer",
+                                  subfolder="sound_tokenizer", load=_load_sound, optional=True))
+    return Variant(name="cosmos3-omni", tasks=GENERATION_TASKS | {TaskType.REASON}, weights=tuple(weights))
+
+
+# -- pipeline --------------------------------------------------------------------------------
+
+GEN = task_in(*GENERATION_TASKS)
+REASON = task_in(TaskType.REASON)
+
+
+def _upsampling(request: OmniRequest) -> bool:
+    return options_of(request).upsample_prompt
+
+
+def _wants_pixels(request: OmniRequest) -> bool:
+    return request.outputs.wants(Modality.VIDEO) or request.outputs.wants(Modality.IMAGE)
+
+
+def cosmos3_pipeline_spec(variant: Variant, *, generator: bool, cfg_mode: str = "sequential") -> PipelineSpec:
+    components = {w.component: ComponentSpec(name=w.component, kind=w.kind, optional=w.optional) for w in variant.weights}
+    components["reasoner"] = ComponentSpec(name="reasoner", kind="Cosmos3Reasoner (view of the transformer)")
+    reason_loop = ARDecodeLoop(lm_component="reasoner", tokenizer_component="tokenizer")
+    nodes = [
+        Node("chat", Cosmos3ChatPrompt(), when=REASON),
+        Node("reason", reason_loop, when=REASON),
+    ]
+    outputs = {"text": "text"}
+    if generator:
+        upsample = GEN & opt("node_params['denoise'].upsample_prompt", _upsampling)
+        nodes += [
+            Node("upsample_chat", Cosmos3ChatPrompt(system_prompt=P.SYSTEM_PROMPT_UPSAMPLE), when=upsample,
+                 outputs={"prompt_tokens": "upsample_tokens"}),
+            Node("upsample", ARDecodeLoop(lm_component="reasoner", tokenizer_component="tokenizer"), when=upsample,
+                 inputs={"prompt_tokens": "upsample_tokens"}),
+            Node("tokenize", Cosmos3Tokenize(), when=GEN, inputs={"upsampled": "text"}),
+            Node("condition", Cosmos3Condition(), when=task_in(TaskType.I2V, TaskType.V2W, TaskType.A2W)),
+            Node("denoise", Cosmos3DenoiseLoop(Cosmos3Denoiser(), cfg=ClassicCFG(mode=cfg_mode),  # type: ignore[arg-type]
+                                               conditioning=CleanFrames()), when=GEN),
+            Node("decode", VAEDecode(), when=GEN & opt("pixels wanted", _wants_pixels)),
+            Node("sound_decode", Cosmos3SoundDecode(), when=task_in(TaskType.T2VS)),
+            Node("actions", Cosmos3ActionOutput(), when=task_in(TaskType.V2W) & opt("actions wanted", wants_actions_out)),
+        ]
+        outputs.update({"video": "video", "image": "image", "audio": "audio", "action": "action",
+                        "latents": "final_latents"})
+    return PipelineSpec(name=variant.name, family="cosmos3", tasks=variant.tasks, components=components,
+                        nodes=tuple(nodes), outputs=outputs)
+
+
+def build_cosmos3(variant: Variant, index: Mapping[str, Any], components: Mapping[str, Any], options: LoadOptions) -> Pipeline:
+    model = components["transformer"]
+    config = model.config
+    tokenizer = components["tokenizer"]
+    components = {**components, "reasoner": Cosmos3Reasoner(model)}
+    eos = [tokenizer.eos_token_id] + ([tokenizer.convert_tokens_to_ids("<|endoftext|>")]
+                                      if "<|endoftext|>" in tokenizer.get_vocab() else [])
+    defaults: dict[str, Any] = {
+        **P.COSMOS3_DEFAULTS,
+        "eos_token_ids": tuple(dict.fromkeys(t for t in eos if t is not None)),
+        "sampling": {},
+        "kv_chunk_tokens": 256,
+        "use_system_prompt": bool(index.get("default_use_system_prompt", True)),
+    }
+    if config.max_position_embeddings:
+        defaults["max_context"] = config.max_position_embeddings
+    if config.generator:
+        vae = components["vae"]
+        defaults.update({
+            "z_dim": vae.config.z_dim, "vae_scale_temporal": vae.config.scale_factor_temporal,
+            "vae_scale_spatial": vae.config.scale_factor_spatial, "patch_size": config.latent_patch_size,
+            "sound_dim": config.sound_dim or 0, "action_dim": config.action_dim or 0,
+        })
+        if vae.config.z_dim != config.latent_channel:
+            raise ValueError(f"the VAE's z_dim={vae.config.z_dim} differs from the transformer's latent_channel="
+                             f"{config.latent_channel}; the checkpoint's vae/ and transformer/ do not belong together")
+        sound = components.get("sound_tokenizer")
+        if sound is not None:
+            defaults.update({"sound_sample_rate": sound.sample_rate, "sound_hop": sound.config.hop})
+    spec = cosmos3_pipeline_spec(variant, generator=config.generator, cfg_mode=options.cfg_mode)
+    return Pipeline(spec=spec, components=components, device=options.device, dtype=options.dtype, defaults=defaults,
+                    validate_request=make_validator(defaults, components))
+
+
+COSMOS3 = register_model_spec(
+    ModelSpec(
+        family="cosmos3",
+        diffusers_classes=(PIPELINE_CLASS, REASONER_CLASS),
+        variant=cosmos3_variant,
+        build=build_cosmos3,
+        description="Cosmos3 omni MoT: one transformer for the AR reasoner and the joint vision/sound/action "
+                    "denoiser (Wan2.2 VAE, AVAE audio tokenizer)",
+    )
+)
+

@@ -62,10 +62,10 @@ def test_models_lists_builtins_and_families(capsys):
     (["--height", "8"], "error: --height 8: Input should be greater than or equal to 16"),
     (["--device", "cuda"], "error: device='cuda': this torch ("),
     (["--device", "tpu"], "error: --device tpu: unknown device 'tpu'; pass 'auto', 'cpu', 'cuda' or 'cuda:N'"),
-    (["--output", "clip.png"], "error: --output 'clip.png': a video is written as H.264 mp4; pass a .mp4 file or "
+    (["--output", "clip.png"], "error: --output 'clip.png': .png is not written for a video; pass a .mp4 file or "
                                "a directory"),
-    (["--output", "clip.gif", "--task", "t2i"], "error: --output 'clip.gif': .gif files are not written; pass a "
-                                                ".mp4 file, a .png file or a directory"),
+    (["--output", "clip.gif", "--task", "t2i"], "error: --output 'clip.gif': .gif is not written for an image; pass "
+                                                "a .png or .mp4 file or a directory"),
     (["--image", "/nonexistent/first.png"], "error: --image /nonexistent/first.png: no such file"),
 ])
 def test_flags_are_checked_before_the_model_loads_and_named_as_flags(capsys, tmp_path, argv, message):

@@ -66,4 +66,4 @@ def test_cli_bad_input_is_a_clear_error(wan_t2v_dir, tmp_path):
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 2
-    assert "error: --height=30 must be a multiple of 16; pass 32 or 16" in proc.stderr
+    assert "error: --height=30 must be a multiple of 16; pass 16 or 32" in proc.stderr

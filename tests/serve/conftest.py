@@ -44,7 +44,9 @@ class LiveServer:
     def wait_finished(self, video_id: str, timeout: float = 60) -> dict:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            body = httpx.get(f"{self.url}/v1/videos/{video_id}").json()
+            r = httpx.get(f"{self.url}/v1/videos/{video_id}")
+            assert r.status_code == 200, r.text
+            body = r.json()
             if body["status"] in ("completed", "failed", "cancelled"):
                 return body
             time.sleep(0.02)

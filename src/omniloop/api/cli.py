@@ -86,7 +86,7 @@ def _check_output(args: argparse.Namespace, tasks: list[str] | None = None) -> N
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from omniloop.api.generator import DEFAULT_MODEL, VideoGenerator
+    from omniloop.api.generator import AUDIO_FILES, DEFAULT_MODEL, VideoGenerator
     from omniloop.api.progress import ProgressBars
 
     # every flag is checked before the model loads (which takes seconds)
@@ -104,7 +104,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     gen = VideoGenerator.from_pretrained(args.model or DEFAULT_MODEL, deploy=deploy)
     load_s = time.perf_counter() - t0
-    audio_only = _output_kinds(args, gen.tasks)[0]["what"] == "sound"
+    audio_only = _output_kinds(args, gen.tasks)[0] is AUDIO_FILES
     _check_output(args, gen.tasks)  # now knowing what the model makes, still before any work
     if audio_only and args.image is not None:
         raise ValueError("--image conditions a video; drop it with --audio-only or a text-to-audio model")

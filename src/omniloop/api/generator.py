@@ -246,8 +246,9 @@ class VideoGenerator:
         return [pixels, Modality.AUDIO] if audio else [pixels]
 
 
-VIDEO_FILES: dict[str, Any] = {"what": "video", "default": ".mp4", "suffixes": (".mp4",)}
-IMAGE_FILES: dict[str, Any] = {"what": "image", "default": ".png", "suffixes": (".png", ".mp4")}
+# What ``output_file`` writes for a video (H.264 mp4), an image (png, or a one-frame mp4), sound.
+VIDEO_FILES: dict[str, Any] = {"what": "a video", "default": ".mp4", "suffixes": (".mp4",)}
+IMAGE_FILES: dict[str, Any] = {"what": "an image", "default": ".png", "suffixes": (".png", ".mp4")}
 AUDIO_FILES: dict[str, Any] = {"what": "sound", "default": ".wav", "suffixes": tuple(f".{f}" for f in AUDIO_FORMATS)}
 
 
@@ -264,9 +265,8 @@ def output_file(output_path: str | Path, request_id: str, *, what: str, default:
     elif suffix in suffixes:
         target = path
     else:
-        written = " or ".join(s.lstrip(".") for s in suffixes)
-        raise ValueError(f"output_path {str(output_path)!r}: a {what} is written as {written}, not {suffix}; "
-                         f"pass a {' or '.join(suffixes)} file or a directory")
+        raise ValueError(f"output_path {str(output_path)!r}: {suffix} is not written for {what}; pass a "
+                         f"{' or '.join(suffixes)} file or a directory")
     if create:
         target.parent.mkdir(parents=True, exist_ok=True)
     return target

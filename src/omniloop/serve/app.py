@@ -23,6 +23,7 @@ from omniloop.engine import AsyncEngine
 from omniloop.serve import images, streaming, videos
 from omniloop.serve.config import ServeConfig
 from omniloop.serve.errors import install_error_handlers
+from omniloop.serve.jobs import JobStore
 from omniloop.serve.protocol import ImageGenerationRequest, ModelCard, ModelList, VideoCreateRequest
 from omniloop.serve.state import ServeState, State, require_auth
 
@@ -110,9 +111,10 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     return schema
 
 
-def create_app(engine: AsyncEngine, config: ServeConfig | None = None) -> FastAPI:
-    """The server over ``engine`` (whose admission enforces the deploy config's limits)."""
-    state = ServeState(engine, config or ServeConfig())
+def create_app(engine: AsyncEngine, config: ServeConfig | None = None, *, jobs: JobStore | None = None) -> FastAPI:
+    """The server over ``engine`` (whose admission enforces the deploy config's limits).
+    ``jobs``: an opened store (default: the one ``config`` asks for, opened here)."""
+    state = ServeState(engine, config or ServeConfig(), jobs)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

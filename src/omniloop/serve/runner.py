@@ -28,15 +28,16 @@ def _png(image) -> bytes:
     return buf.getvalue()
 
 
-def encode_content(kind: JobKind, output: OmniOutput) -> tuple[bytes, bytes | None]:
-    """(content, thumbnail): mp4 and a png of its first frame for a video job; png for an image job."""
+def encode_outputs(kind: JobKind, output: OmniOutput) -> dict[str, bytes]:
+    """A video job's mp4 ("content") and a png of its first frame ("thumbnail"); an image
+    job's png ("content")."""
     if kind is JobKind.VIDEO:
         video = output.video
         assert video is not None, f"completed video job {output.request_id} has no video artifact"
-        return encode_mp4(video.frames, video.fps), _png(video.frames[0])
+        return {"content": encode_mp4(video.frames, video.fps), "thumbnail": _png(video.frames[0])}
     image = output.image
     assert image is not None, f"completed image job {output.request_id} has no image artifact"
-    return _png(image.image), None
+    return {"content": _png(image.image)}
 
 
 class JobRunner:
@@ -44,12 +45,14 @@ class JobRunner:
         self.engine, self.jobs, self.metrics = engine, jobs, metrics
         self._tasks: set[asyncio.Task] = set()
 
-    async def start(self, job: Job, request: OmniRequest) -> None:
-        """Submit ``request`` as ``job``. Raises RequestRejected / QueueFull / EngineDeadError."""
+    async def start(self, job: Job, request: OmniRequest, *, stored: bool = False) -> None:
+        """Submit ``request`` as ``job`` (``stored``: a job the store already holds, re-queued
+        after a restart). Raises RequestRejected / QueueFull / EngineDeadError."""
         assert request.request_id == job.id, "a job's id is its engine request id"
         stream = self.engine.stream(request)
         first = await anext(stream)  # the submit happens here: a rejection raises
-        self.jobs.add(job)
+        if not stored:
+            self.jobs.add(job, request)
         self._apply(job, first)
         task = asyncio.create_task(self._follow(job, stream), name=f"job-{job.id}")
         self._tasks.add(task)
@@ -92,10 +95,13 @@ class JobRunner:
                 if not job.finished:
                     job.status = RequestStatus.CANCELLED
                 job.seal()
+                self.jobs.save(job)
 
     def _apply(self, job: Job, event: OmniEvent) -> None:
         if isinstance(event, StatusEvent):
-            job.status = event.status
+            changed, job.status = job.status is not event.status, event.status
+            if changed:
+                self.jobs.save(job)
         elif isinstance(event, ProgressEvent):
             job.loop_nodes.add(event.node)
             job.progress = min(99, max(job.progress, int(100 * event.step / max(event.total, 1))))
@@ -106,10 +112,10 @@ class JobRunner:
         status, error = output.status, output.error
         if status is RequestStatus.COMPLETED:
             try:
-                job.content, job.thumbnail = await asyncio.to_thread(encode_content, job.kind, output)
+                await asyncio.to_thread(lambda: self.jobs.keep(job, encode_outputs(job.kind, output)))
             except Exception as e:
-                logger.exception("encoding the output of %s failed", job.id)
-                status, error = RequestStatus.FAILED, f"encoding the output failed: {e}"
+                logger.exception("encoding or writing the output of %s failed", job.id)
+                status, error = RequestStatus.FAILED, f"encoding or writing the output failed: {e}"
         job.metrics = output.metrics.to_dict()
         job.completed_at = int(time.time())
         job.error = error
@@ -120,3 +126,5 @@ class JobRunner:
         event["output"]["status"], event["output"]["error"] = status.value, error
         job.publish(event)
         job.seal()
+        self.jobs.save(job)  # a durable store: the row says completed only now, files written
+        self.jobs.sweep()

@@ -22,6 +22,7 @@ from omniloop.deploy import DeployConfig
 from omniloop.engine import AsyncEngine
 from omniloop.serve.app import create_app
 from omniloop.serve.config import ServeConfig
+from omniloop.serve.jobs import JobStore
 from omniloop.serve.state import ServeState
 
 logger = logging.getLogger(__name__)
@@ -82,10 +83,16 @@ class DrainingServer(uvicorn.Server):
 
 
 def run_server(model: str | Path, deploy: DeployConfig, config: ServeConfig, *, log_level: str = "info") -> int:
-    """Serve until SIGTERM/SIGINT (exit code 0), or until the warmup fails (1, its error on stderr)."""
-    engine = AsyncEngine.from_pretrained(model, deploy=deploy)
+    """Serve until SIGTERM/SIGINT (exit code 0), or until the warmup fails (1, its error on
+    stderr). The job store opens first: an unusable one fails before the model loads."""
+    jobs = JobStore.open(config)
     try:
-        app = create_app(engine, config)
+        engine = AsyncEngine.from_pretrained(model, deploy=deploy)
+    except BaseException:
+        jobs.close()
+        raise
+    try:
+        app = create_app(engine, config, jobs=jobs)
         state: ServeState = app.state.omniloop
         uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
                                    timeout_graceful_shutdown=5)

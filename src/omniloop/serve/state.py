@@ -16,7 +16,7 @@ from fastapi import Depends, Request
 from starlette.requests import HTTPConnection
 
 from omniloop.engine import AsyncEngine, EngineError, RequestRejected
-from omniloop.request import OmniRequest
+from omniloop.request import OmniRequest, RequestStatus
 from omniloop.serve.config import ServeConfig
 from omniloop.serve.errors import ApiError, api_error
 from omniloop.serve.jobs import Job, JobKind, JobStore
@@ -33,11 +33,11 @@ def new_id(prefix: str) -> str:
 
 
 class ServeState:
-    def __init__(self, engine: AsyncEngine, config: ServeConfig) -> None:
+    def __init__(self, engine: AsyncEngine, config: ServeConfig, jobs: JobStore | None = None) -> None:
         self.engine, self.config = engine, config
         self.model = ServedModel.of(engine, config.served_model_name)
         self.limits = self.model.limits  # the engine's (DeployConfig.limits), enforced at its admission
-        self.jobs = JobStore(config.max_jobs)
+        self.jobs = jobs if jobs is not None else JobStore.open(config)
         self.metrics = ServeMetrics(engine.stats)
         self.runner = JobRunner(engine, self.jobs, self.metrics)
         self.warmup_shapes = warmup_shapes(config.warmup, self.model.defaults, self.limits, self.model.tasks)
@@ -47,7 +47,7 @@ class ServeState:
         self.on_ready: Callable[[], None] | None = None
         self.draining = False
         self.started_at = int(time.time())
-        self._warmup_task: asyncio.Task | None = None
+        self._tasks: list[asyncio.Task] = []
 
     # -- lifecycle ------------------------------------------------------------------------
     def readiness(self) -> tuple[bool, str]:
@@ -62,7 +62,9 @@ class ServeState:
         return True, "ready"
 
     def start(self) -> None:
-        self._warmup_task = asyncio.create_task(self._warmup(), name="omniloop-warmup")
+        self._tasks.append(asyncio.create_task(self._warmup(), name="omniloop-warmup"))
+        if self.jobs.max_age_s is not None:
+            self._tasks.append(asyncio.create_task(self._sweep_by_age(), name="omniloop-retention"))
 
     async def _warmup(self) -> None:
         try:
@@ -74,8 +76,28 @@ class ServeState:
                 self.on_fatal(e)
             return
         self.warmed = True
+        await self._requeue()
         if self.on_ready is not None:
             self.on_ready()
+
+    async def _requeue(self) -> None:
+        """Jobs a dead process left queued or running, submitted again (``requeue_on_restart``)."""
+        pending, self.jobs.pending = self.jobs.pending, []
+        for job, request in pending:
+            try:
+                await self.runner.start(job, request, stored=True)
+            except EngineError as e:  # e.g. the limits changed across the restart
+                job.status, job.error = RequestStatus.FAILED, f"re-queued after a restart, then refused: {e}"
+                job.completed_at = int(time.time())
+                job.seal()
+                self.jobs.save(job)
+
+    async def _sweep_by_age(self) -> None:
+        """Age retention between completions (each completion sweeps too)."""
+        assert self.jobs.max_age_s is not None
+        while True:
+            await asyncio.sleep(min(60.0, self.jobs.max_age_s / 4))
+            self.jobs.sweep()
 
     async def drain(self) -> None:
         """No new admissions; in-flight jobs finish (cancelled after drain_timeout_s) or are
@@ -91,10 +113,11 @@ class ServeState:
         logger.info("drained")
 
     async def close(self) -> None:
-        if self._warmup_task is not None:
-            self._warmup_task.cancel()
-            await asyncio.gather(self._warmup_task, return_exceptions=True)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.runner.shutdown()
+        self.jobs.close()
 
     # -- admission ------------------------------------------------------------------------
     def check_accepting(self) -> None:

@@ -166,7 +166,7 @@ def manifest_index(root: Path) -> dict[str, Any]:
 
 def write_manifest(root: Path, manifest: ModelManifest) -> Path:
     path = Path(root) / MANIFEST_FILE
-    atomic_write_text(path, json.dumps(manifest.model_dump(mode="json"), indent=2) + "\n")
+    atomic_write(path, json.dumps(manifest.model_dump(mode="json"), indent=2) + "\n")
     return path
 
 
@@ -215,10 +215,12 @@ def check_safetensors(path: Path) -> None:
         raise ValueError(f"{path} is not a readable safetensors file ({e}); re-export the model") from None
 
 
-def atomic_write_text(path: Path, text: str) -> None:
+def atomic_write(path: Path, data: str | bytes) -> None:
+    """Write ``data`` to ``path`` whole or not at all (temporary file, fsync, rename): a
+    crash leaves the old file or the new one, never half of one."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
+    with open(tmp, "wb" if isinstance(data, bytes) else "w") as f:
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

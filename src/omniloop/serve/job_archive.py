@@ -11,13 +11,13 @@ finished jobs as they were; a job the dead process had ``queued`` or ``in_progre
 from __future__ import annotations
 
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from omniloop.models.manifest import atomic_write
 from omniloop.request import FinalEvent, OmniOutput, OmniRequest, RequestStatus
 from omniloop.serve.job_db import JobDatabase, JobStoreError
 from omniloop.serve.jobs import Geometry, Job, JobKind
@@ -57,12 +57,7 @@ class JobArchive:
         paths = {}
         for name, data in outputs.items():
             path = self.output_dir / f"{job.id}{_SUFFIX[job.kind, name]}"
-            tmp = path.with_name(f".{path.name}.tmp")
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            atomic_write(path, data)
             paths[name] = path
         return paths
 

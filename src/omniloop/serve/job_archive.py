@@ -29,11 +29,15 @@ _SUFFIX = {(JobKind.VIDEO, "content"): ".mp4", (JobKind.VIDEO, "thumbnail"): ".t
 
 class JobArchive:
     def __init__(self, db_path: str | Path, output_dir: str | Path) -> None:
-        self.db = JobDatabase(db_path)
         self.output_dir = Path(output_dir).expanduser()
         if self.output_dir.exists() and not self.output_dir.is_dir():
             raise JobStoreError(f"output dir {self.output_dir}: is a file; pass a directory for the job outputs")
-        self.output_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise JobStoreError(f"output dir {self.output_dir}: cannot be created ({e.strerror}); pass another "
+                                "--output-dir") from None
+        self.db = JobDatabase(db_path)
 
     # -- writes (the event loop's thread, except ``write``) ------------------------------
     def insert(self, job: Job, request: OmniRequest | None) -> None:

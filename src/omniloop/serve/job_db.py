@@ -43,7 +43,10 @@ class JobDatabase:
     def _open(self) -> sqlite3.Connection:
         if self.path.is_dir():
             raise self._fail("is a directory, not a SQLite file")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise self._fail(f"its directory cannot be created ({e.strerror})") from None
         try:
             # autocommit (one statement, one transaction); opened before the event loop starts,
             # then used by the loop's thread alone, one call at a time
@@ -59,6 +62,8 @@ class JobDatabase:
             db.execute("PRAGMA journal_mode=WAL")  # a SIGKILL mid-write loses at most that write
         except sqlite3.DatabaseError as e:  # "file is not a database", "database disk image is malformed"
             raise self._fail(f"not a readable SQLite database ({e})") from None
+        except OSError as e:
+            raise self._fail(f"cannot be opened ({e.strerror})") from None
         return db
 
     def _check_schema(self, db: sqlite3.Connection, tables: set[str]) -> None:

@@ -33,7 +33,7 @@ from omniloop.models.families.cosmos3 import presets as P
 from omniloop.models.families.cosmos3.model import Cosmos3Transformer, GenLayout, pack_sample
 from omniloop.pipeline.edges import ConditionLatents, DenoisedLatents
 from omniloop.pipeline.loops.ar import PromptTokens
-from omniloop.pipeline.loops.denoise import DenoiseLoop, DenoiseLoopState, DenoiseParams
+from omniloop.pipeline.loops.denoise import DenoiseLoop, DenoiseLoopState, DenoiseParams, DenoiserBase
 from omniloop.pipeline.policies.cfg import COND, UNCOND, Prediction
 from omniloop.pipeline.stage import StageBase, WorkEstimate
 from omniloop.pipeline.state import RequestState, StageContext
@@ -485,7 +485,7 @@ class GenContext:
 
 
 @dataclass(frozen=True)
-class Cosmos3Denoiser:
+class Cosmos3Denoiser(DenoiserBase):
     """Adapts :class:`Cosmos3Transformer` to the DenoiseLoop: latents ``video`` (+ ``audio``,
     ``action``); each guidance branch's text is prefilled into a KV once, at ``init``."""
 

@@ -125,3 +125,19 @@ def test_the_embedded_model_caps_the_sizes_it_serves():
     with pytest.raises(ValueError, match=r"^diffusion.num_frames=65 is more than this model serves \(at most 33"):
         gen.generate_video("a red circle", num_frames=65, save_video=False)
     assert gen.engine.stats.rejected == 2
+
+
+def test_serve_and_dynamo_worker_spell_their_shared_flags_the_same():
+    commands = build_parser()._subparsers._group_actions[0].choices
+
+    def flags(name: str) -> set[str]:
+        return {o for a in commands[name]._actions for o in a.option_strings}
+
+    shared = flags("serve") & flags("dynamo-worker")
+    for flag in ("--model", "--served-model-name", "--deploy-config", "--drain-timeout", "--drain-timeout-s",
+                 "--warmup-steps", "--warmup-size", "--warmup-frames", "--device", "--limits", "--max-batch"):
+        assert flag in shared, flag
+    assert flags("serve") - shared == {"--host", "--port", "--api-key", "--max-jobs", "--max-upload-bytes", "--drain",
+                                       "--cancel-wait-s", "--sse-keepalive-s", "--job-store", "--output-dir",
+                                       "--requeue-on-restart", "--no-requeue-on-restart", "--retention-max-bytes",
+                                       "--retention-max-age-s"}

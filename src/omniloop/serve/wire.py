@@ -30,6 +30,7 @@ from pydantic import ValidationError
 from omniloop.deploy import Limits
 from omniloop.engine import AsyncEngine, LimitExceeded, RequestRejected, check_images_per_call
 from omniloop.request import DiffusionParams, ImagePart, OmniRequest, OutputSpec, TaskType, TextPart, require_prompt
+from omniloop.serve.protocol import IMAGE_FIELDS, VIDEO_FIELDS
 
 
 class WireError(ValueError):
@@ -278,11 +279,10 @@ def wire_param(error: RequestRejected, names: Mapping[str, str]) -> str | None:
 
 # -- the HTTP server's OpenAI shapes (serve/protocol.py, validated before they get here) ---
 
-# DiffusionParams fields the OpenAI endpoints take as extra (peer-style) fields, by name.
-OPENAI_VIDEO_FIELDS = ("guidance_scale", "guidance_scale_2", "shift", "seed", "negative_prompt", "sampler",
-                       "num_frames", "fps", "height", "width")
-OPENAI_IMAGE_FIELDS = ("guidance_scale", "guidance_scale_2", "shift", "seed", "negative_prompt", "sampler",
-                       "height", "width")
+# DiffusionParams fields the OpenAI endpoints take as extra (peer-style) fields, by name
+# (steps is read with its alias num_inference_steps)
+OPENAI_VIDEO_FIELDS = tuple(n for n in VIDEO_FIELDS if n != "steps")
+OPENAI_IMAGE_FIELDS = tuple(n for n in IMAGE_FIELDS if n != "steps")
 
 
 def _openai_call(wire: Any, names: tuple[str, ...]) -> WireCall:

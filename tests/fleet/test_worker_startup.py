@@ -7,7 +7,7 @@ import pytest
 
 from tests.fleet.conftest import requires_dynamo
 
-pytestmark = [pytest.mark.fleet, requires_dynamo]
+pytestmark = [pytest.mark.fleet, pytest.mark.slow, requires_dynamo]
 
 
 def test_a_refused_warmup_exits_1_naming_the_shape_and_the_cause(make_fleet):

@@ -1,17 +1,27 @@
 """Engine benchmarks, side by side in one run (JSON lines):
 
   overhead  engine-driven DenoiseLoop vs a plain hand-written loop over the same model
-  mixed     4-step and 50-step requests arriving together: step scheduler (SRPT) vs a
-            request-level FIFO baseline on the same trace (latency per class, makespan)
+  mixed     4-step and 50-step requests, all at t0 and as Poisson arrivals: the step
+            scheduler (SRPT, steps batched across requests) vs two request-level baselines
+            on the same trace: FIFO at batch 1, and FIFO with request-level batching of
+            same-shape requests (sglang-style dynamic batching: requests of one shape that
+            wait together run as one batch start to finish); latency per class, makespan,
+            and every ratio (baseline / step scheduler for latencies, step scheduler /
+            baseline for throughput: > 1 means the step scheduler is better)
   small     many single-frame requests: batched steps vs one request per step
 
     python benchmarks/bench_engine.py              # GPU: Wan2.1-1.3B architecture
     python benchmarks/bench_engine.py --tiny       # CPU: toy sizes (ratios only)
+
+Poisson arrivals: a seeded exponential inter-arrival trace at ``--load`` times the rate the
+FIFO baseline serves (measured on the all-at-t0 trace), the same trace for every policy;
+a request's latency is its finish minus its arrival.
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import sys
 import time
@@ -82,21 +92,60 @@ def bench_overhead(pipeline, args, base, sink):
           "overhead_pct": round(100 * (engine_step / plain_step - 1), 2)}, sink)
 
 
-def run_trace(pipeline, trace, **policy):
+def run_trace(pipeline, trace, arrivals=None, **policy):
+    """Submit ``trace[i]`` at ``arrivals[i]`` seconds (default: all at t0), stepping the engine
+    meanwhile (a request that arrives during a step joins at its end, as in a server).
+    -> ({request id: latency = finish - arrival}, makespan, engine)."""
     engine = engine_for(pipeline, **policy)
+    arrivals = arrivals or [0.0] * len(trace)
+    arrive, done, i = {}, {}, 0
     t0 = time.perf_counter()
-    for r in trace:
-        engine.add_request(r)
-    done = {}
-    while engine.has_unfinished():
+    while i < len(trace) or engine.has_unfinished():
+        now = time.perf_counter() - t0
+        while i < len(trace) and arrivals[i] <= now:
+            engine.add_request(trace[i])
+            arrive[trace[i].request_id] = arrivals[i]
+            i += 1
+        if not engine.has_unfinished():
+            time.sleep(max(0.0, arrivals[i] - now))  # idle until the next arrival
+            continue
         for out in engine.step():
-            done[out.request_id] = time.perf_counter() - t0
+            done[out.request_id] = time.perf_counter() - t0 - arrive[out.request_id]
     return done, time.perf_counter() - t0, engine
 
 
 def pct(values, q):
     values = sorted(values)
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+def poisson_arrivals(n, rate, seed=0):
+    """Arrival times of ``n`` requests at ``rate`` per second (exponential gaps, seeded)."""
+    rng, t, out = random.Random(seed), 0.0, []
+    for _ in range(n):
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out
+
+
+MIXED_POLICIES = {
+    "fifo": lambda n, b: dict(kind="fifo", max_running=1, max_batch=1),
+    "fifo_batch": lambda n, b: dict(kind="fifo_batch", max_running=b, max_batch=b),
+    "step_scheduler": lambda n, b: dict(kind="srpt", max_running=n, max_batch=b),
+}
+LATENCIES = ("p50_short_s", "p95_short_s", "p95_long_s", "mean_s")
+
+
+def _mixed_figures(pipeline, trace, arrivals, policy, repeats):
+    runs = []
+    for _ in range(repeats):  # the median run's figures: a CPU trace lasts ~0.3 s, one pause skews it
+        done, makespan, _ = run_trace(pipeline, trace, arrivals, **policy)
+        short = [t for r, t in done.items() if r.startswith("short")]
+        long = [t for r, t in done.items() if r.startswith("long")]
+        runs.append({"p50_short_s": pct(short, 0.5), "p95_short_s": pct(short, 0.95), "p95_long_s": pct(long, 0.95),
+                     "mean_s": statistics.fmean(done.values()), "makespan_s": makespan,
+                     "throughput_req_s": len(trace) / makespan})
+    return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
 
 
 def bench_mixed(pipeline, args, base, sink):
@@ -110,22 +159,29 @@ def bench_mixed(pipeline, args, base, sink):
             if k < args.n_short:
                 trace.append(request(f"short{k}", 4, size, frames, seed=100 + k))
     run_trace(pipeline, trace[:2])  # warm up
-    results = {}
-    for name, policy in (("fifo", dict(kind="fifo", max_running=1, max_batch=1)),
-                         ("step_scheduler", dict(kind="srpt", max_running=len(trace), max_batch=args.max_batch))):
-        runs = []
-        for _ in range(args.trace_repeats):  # the median run's figures: a CPU trace lasts ~0.3 s, one pause skews it
-            done, makespan, _ = run_trace(pipeline, trace, **policy)
-            short = [t for r, t in done.items() if r.startswith("short")]
-            long = [t for r, t in done.items() if r.startswith("long")]
-            runs.append({"p50_short_s": pct(short, 0.5), "p95_short_s": pct(short, 0.95), "p95_long_s": pct(long, 0.95),
-                         "makespan_s": makespan, "throughput_req_s": len(trace) / makespan})
-        results[name] = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
-        emit({**base, "bench": "mixed_trace", "policy": name, "shape": [size, size, frames], "n_long": args.n_long,
-              "n_short": args.n_short, "repeats": len(runs), **results[name]}, sink)
-    emit({**base, "bench": "mixed_trace", "metric": "p95_short_fifo_over_step_scheduler",
-          "value": round(results["fifo"]["p95_short_s"] / results["step_scheduler"]["p95_short_s"], 2),
-          "throughput_ratio": round(results["step_scheduler"]["throughput_req_s"] / results["fifo"]["throughput_req_s"], 3)}, sink)
+    shape = {"shape": [size, size, frames], "n_long": args.n_long, "n_short": args.n_short, "repeats": args.trace_repeats}
+    results: dict[str, dict[str, dict]] = {}
+    arrivals = {"t0": None}
+    for pattern in ("t0", "poisson"):
+        if pattern == "poisson":  # offered load relative to what FIFO serves
+            rate = args.load * len(trace) / results["t0"]["fifo"]["makespan_s"]
+            arrivals["poisson"] = poisson_arrivals(len(trace), rate)
+        results[pattern] = {}
+        for name, make in MIXED_POLICIES.items():
+            policy = make(len(trace), args.max_batch)
+            figures = _mixed_figures(pipeline, trace, arrivals[pattern], policy, args.trace_repeats)
+            results[pattern][name] = figures
+            extra = {"load": args.load, "rate_req_s": round(rate, 4)} if pattern == "poisson" else {}
+            emit({**base, "bench": "mixed_trace", "arrivals": pattern, "policy": name, "max_batch": policy["max_batch"],
+                  **shape, **extra, **figures}, sink)
+        ours = results[pattern]["step_scheduler"]
+        for baseline in ("fifo", "fifo_batch"):
+            theirs = results[pattern][baseline]
+            for metric in LATENCIES:
+                emit({**base, "bench": "mixed_trace", "arrivals": pattern, "metric": metric, "baseline": baseline,
+                      "ratio": round(theirs[metric] / ours[metric], 3)}, sink)
+            emit({**base, "bench": "mixed_trace", "arrivals": pattern, "metric": "throughput_req_s", "baseline": baseline,
+                  "ratio": round(ours["throughput_req_s"] / theirs["throughput_req_s"], 3)}, sink)
 
 
 def bench_small(pipeline, args, base, sink):
@@ -150,6 +206,7 @@ def main(argv=None) -> int:
     p.add_argument("--only", default="overhead,mixed,small")
     p.add_argument("--out", default=None)
     p.add_argument("--max-batch", type=int, default=8)
+    p.add_argument("--load", type=float, default=0.85, help="Poisson offered load, as a share of FIFO's rate")
     args = p.parse_args(argv)
     cuda = torch.cuda.is_available() and not args.tiny
     if not cuda:
@@ -158,11 +215,11 @@ def main(argv=None) -> int:
     dtype = torch.bfloat16 if cuda else torch.float32
     if cuda:
         args.overhead_size, args.overhead_steps = (480, 81), 6  # 480x480: 21*30*30 = 18,900 tokens
-        args.mixed_size, args.n_long, args.n_short, args.trace_repeats = (256, 17), 4, 8, 1
+        args.mixed_size, args.n_long, args.n_short, args.trace_repeats = (256, 17), 2, 6, 1
         args.small_size, args.small_steps, args.n_small = 256, 8, 32
     else:
         args.overhead_size, args.overhead_steps = (32, 9), 8
-        args.mixed_size, args.n_long, args.n_short, args.trace_repeats = (32, 5), 2, 4, 5
+        args.mixed_size, args.n_long, args.n_short, args.trace_repeats = (32, 5), 2, 4, 3
         args.small_size, args.small_steps, args.n_small = 32, 4, 8
     from wan_random import save_random_wan
 

@@ -36,11 +36,14 @@ from omniloop.train.recipes.shapes_vae import MODEL_DIR, VAERecipe, adopt_vae, l
 from omniloop.train.recipes.stage import read_result, resolve_device, write_result
 from omniloop.train.recipes.transfer import PUBLISHED_EXPORT, publish, restore
 
-STAGES = ("vae", "latents", "dit", "trajectories", "distill", "export", "evaluate")
-COMMANDS = ("all", *STAGES, "bench", "pack-minilm", "restore")
+STAGES = ("vae", "latents", "image_latents", "dit", "trajectories", "image_trajectories", "distill", "export",
+          "evaluate")
+COMMANDS = ("all", *STAGES, "bench", "pack-minilm", "restore", "vae-gate", "install-vae")
 # a stage whose only consumer has finished need not run (after a restore, its data is gone)
-CONSUMER = {"latents": "dit", "trajectories": "distill"}
+CONSUMER = {"latents": "dit", "image_latents": "dit", "trajectories": "distill", "image_trajectories": "distill"}
+GATE_FILE = "gate.json"  # <work>/vae/gate.json: the round-trip gate of the finished VAE (vae_gate.py)
 TARGETS = {"color": 0.90, "shape": 0.75, "motion": 0.75}  # issue 5, 50-step model; student within 0.05
+STABLE_TARGET = 0.9  # issue 15: clips with no failing frame (eval/stability.py)
 # reconstructed held-out ground truth must read this well, or nothing decoded by the VAE can reach TARGETS:
 # stop before spending GPU time on a DiT behind a VAE that lost the objects
 VAE_GATE = {"color": 0.90, "shape": 0.85}
@@ -51,6 +54,13 @@ def recipes(args: argparse.Namespace) -> tuple[VAERecipe, DiTRecipe, DistillReci
     vae = VAERecipe.full() if full else VAERecipe.toy()
     dit = DiTRecipe.full() if full else DiTRecipe.toy()
     distill = DistillRecipe.full(model=dit.model) if full else DistillRecipe.toy(model=dit.model)
+    if args.vae_decoder_finetune:  # the shipped VAE's decoder on long clips, encoder frozen (issue 15)
+        vae = VAERecipe.decoder_finetune() if full else toy_decoder_finetune(vae)
+    if args.dit_images:  # the teacher continued with single frames and more two-object scenes
+        dit = DiTRecipe.continue_with_images() if full else toy_with_images(dit)
+    if args.distill_images:  # the student continued on image and video trajectories
+        distill = DistillRecipe.continue_with_images(model=dit.model) if full else replace(
+            distill, image_trajectories=2, image_batch_size=2, image_every=2, val_images=2)
     if args.vae_steps:
         vae = replace(vae, train=replace(vae.train, steps=args.vae_steps))
     if args.vae_init:
@@ -69,10 +79,31 @@ def recipes(args: argparse.Namespace) -> tuple[VAERecipe, DiTRecipe, DistillReci
         dit = replace(dit, store=replace(dit.store, clips=args.clips))
     if args.trajectories:
         distill = replace(distill, trajectories=args.trajectories)
+    if args.image_trajectories is not None:
+        distill = replace(distill, image_trajectories=args.image_trajectories)
+    if args.distill_init:
+        distill = replace(distill, init_from=args.distill_init)
+    if args.image_clips and dit.image_store is not None:
+        dit = replace(dit, image_store=replace(dit.image_store, clips=args.image_clips))
     if not args.progress:
         for r in (vae, dit, distill):
             r.train.progress = False
     return vae, dit, distill
+
+
+def toy_decoder_finetune(vae: VAERecipe) -> VAERecipe:
+    """The decoder fine-tune at toy size (what tests/train runs): 5- and 9-frame clips alternating."""
+    return replace(vae, decoder_only=True, num_frames=9, clip_schedule=((9, 1), (5, 2)), val_frames=(5, 9),
+                   data_seed=11)
+
+
+def toy_with_images(dit: DiTRecipe) -> DiTRecipe:
+    """The image continuation at toy size: a 4-image store, one batch in two from it."""
+    from omniloop.train.recipes.latent_store import IMAGE_STAGE
+
+    images = replace(dit.store, clips=4, shard_size=4, num_frames=1, image_prob=1.0, seed=103, stage=IMAGE_STAGE)
+    return replace(dit, image_store=images, image_every=2, image_batch_size=3, val_images=2,
+                   store=replace(dit.store, two_object_prob=0.5))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -96,22 +127,28 @@ def run(args: argparse.Namespace) -> int:
             break
         if args.stage == "all" and stage in CONSUMER and read_result(work / CONSUMER[stage]):
             continue
-        if args.stage == "all" and stage == "latents" and args.dit_from:
+        if args.stage == "all" and stage in ("latents", "image_latents") and args.dit_from:
             continue  # an adopted DiT trains on nothing
+        if stage == "image_latents" and dit_r.image_store is None:
+            continue  # a DiT recipe without single frames
+        if stage == "image_trajectories" and not distill_r.image_trajectories:
+            continue  # a student without T2I
         finished_before = read_result(work / stage) is not None
         if ran and deadline is not None and time.monotonic() >= deadline and not finished_before:
             status = "paused"  # the budget is spent: start no new stage (each call still makes progress)
             break
         ran = ran or not finished_before
         t0 = time.monotonic()
-        if stage in ("latents", "dit", "trajectories", "distill") and text_encoder is None and not finished_before:
+        if stage in ("latents", "image_latents", "dit", "trajectories", "image_trajectories", "distill") \
+                and text_encoder is None and not finished_before:
             text_encoder = _text_encoder(args, device, dit_r.model.max_sequence_length)
         if stage == "vae" and args.vae_from:
             result = adopt_vae(vae_r, Path(args.vae_from), work, device=device)
         elif stage == "vae":
             result = train_vae(vae_r, work, device=device, deadline=deadline, resume=args.resume)
-        elif stage == "latents":
-            result = build_latent_store(dit_r.store, work, vae=load_trained_vae(work, device),
+        elif stage in ("latents", "image_latents"):
+            spec = dit_r.store if stage == "latents" else dit_r.image_store
+            result = build_latent_store(spec, work, vae=load_trained_vae(work, device),
                                         vae_file=work / "vae" / MODEL_DIR / "diffusion_pytorch_model.safetensors",
                                         text_encoder=text_encoder, device=device, deadline=deadline)
         elif stage == "dit" and args.dit_from:
@@ -120,10 +157,10 @@ def run(args: argparse.Namespace) -> int:
         elif stage == "dit":
             result = train_dit(dit_r, work, vae=load_trained_vae(work, device), text_encoder=text_encoder,
                                device=device, deadline=deadline, resume=args.resume)
-        elif stage == "trajectories":
+        elif stage in ("trajectories", "image_trajectories"):
             result = build_trajectories(distill_r, work, teacher=load_trained_dit(work, "dit", device),
                                         vae=load_trained_vae(work, device), text_encoder=text_encoder,
-                                        device=device, deadline=deadline)
+                                        device=device, deadline=deadline, images=stage == "image_trajectories")
         elif stage == "distill":
             result = train_student(distill_r, work, teacher=load_trained_dit(work, "dit", device),
                                    vae=load_trained_vae(work, device), text_encoder=text_encoder, device=device,
@@ -142,14 +179,73 @@ def run(args: argparse.Namespace) -> int:
             status = "failed"
             print(f"VAE GATE FAILED: reconstructions must reach {VAE_GATE}; fix the VAE recipe before the DiT",
                   flush=True)
+        if stage == "vae" and status == "done" and vae_r.decoder_only:
+            gate = _round_trip_gate(work, device, args)
+            if not gate["passed"] and args.vae_gate:
+                status = "failed"
+                print(f"VAE ROUND-TRIP GATE FAILED: worst frame {gate['worst']} under {gate['threshold_db']} dB",
+                      flush=True)
+        if stage == args.until and status == "done":
+            break
     summary = {stage: "done" if read_result(work / stage) else "todo" for stage in STAGES}
+    if args.until and status == "done":
+        status = "until"
     write_result(work, {"stages": summary, "last_call_seconds": round(time.monotonic() - start, 1)})
     if args.publish:
         files = publish(work, Path(args.publish))
         print("published " + ", ".join(f"{f.name} ({f.stat().st_size / 1e6:.1f} MB)" for f in files), flush=True)
-    verdict = {"done": "DONE", "failed": "FAILED"}.get(status, "PAUSED (time budget): run the same command again to resume")
+    verdict = {"done": "DONE", "failed": "FAILED", "until": f"DONE (until {args.until})"}.get(
+        status, "PAUSED (time budget): run the same command again to resume")
     print(verdict + f" after {time.monotonic() - start:.1f}s; stages: {summary}", flush=True)
     return 1 if status == "failed" else 0
+
+
+def _round_trip_gate(work: Path, device: torch.device, args: argparse.Namespace) -> dict:
+    """The finished VAE's round-trip gate (every frame index of 17- and 33-frame clips >= 32
+    dB; toy: 5 and 9 frames at 32 px), written to <work>/vae/gate.json (and --publish)."""
+    from omniloop.train.recipes.vae_gate import vae_gate
+
+    path = work / "vae" / GATE_FILE
+    if path.is_file():
+        return json.loads(path.read_text())
+    full = args.preset == "full"
+    report = vae_gate(load_trained_vae(work, device), n=args.gate_clips if full else 2,
+                      lengths=(17, 33) if full else (5, 9), size=128 if full else 32).to_dict()
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    frames, index, db = report["worst"].values()
+    print(f"== vae gate: {'PASSED' if report['passed'] else 'FAILED'}, worst frame {index} of {frames}: {db} dB "
+          f"(per frame: {[r['per_frame'] for r in report['lengths']]})", flush=True)
+    return report
+
+
+def _vae_gate_command(args: argparse.Namespace) -> int:
+    """``vae-gate``: the round-trip gate of a VAE folder (default: the shipped one) as JSON."""
+    from omniloop.models.autoencoders.wan_vae import load_wan_vae
+    from omniloop.train.recipes.vae_gate import vae_gate
+
+    folder = Path(args.vae) if args.vae else BUILTIN_DIR / TEACHER_NAME / "vae"
+    device = resolve_device(args.device)
+    report = vae_gate(load_wan_vae(folder, device=device, dtype=torch.float32), n=args.gate_clips).to_dict()
+    text = json.dumps({"vae": str(folder), **report}, indent=2)
+    if args.gate_output:
+        Path(args.gate_output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.gate_output).write_text(text + "\n")
+    print(text, flush=True)
+    return 0 if report["passed"] else 1
+
+
+def _install_vae(args: argparse.Namespace) -> int:
+    """``install-vae``: ship the work dir's decoder fine-tune as the built-in models' VAE (the
+    DiTs stay); refused unless its round-trip gate passed (``--no-vae-gate`` to force)."""
+    work = Path(args.work)
+    gate_path = work / "vae" / GATE_FILE
+    gate = json.loads(gate_path.read_text()) if gate_path.is_file() else None
+    if args.vae_gate and not (gate and gate["passed"]):
+        raise SystemExit(f"{gate_path}: {'missing' if gate is None else 'the gate failed: ' + json.dumps(gate['worst'])}; "
+                         f"the VAE does not ship (--no-vae-gate forces it)")
+    installed = export_recipe.install_vae(work, BUILTIN_DIR, gate=gate)
+    print(f"installed the VAE of {work / 'vae'} into {', '.join(map(str, installed))}", flush=True)
+    return 0
 
 
 def _vae_passes(info: dict) -> bool:
@@ -195,13 +291,17 @@ def _evaluate(work: Path, args: argparse.Namespace, deadline: float | None, text
             if deadline is not None and deadline - time.monotonic() < 60 * args.eval_minutes:
                 return {"status": "paused", "waiting_for": name}
             result = evaluate_model(work / "export" / name, n=args.eval_n, seed=args.eval_seed, device=args.device,
-                                    max_batch=args.eval_batch, text_encoder=text_encoder)
+                                    max_batch=args.eval_batch, text_encoder=text_encoder, images=args.eval_images,
+                                    two_objects=args.eval_two_objects)
             folder.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(result, indent=2, default=str) + "\n")
-        figures[name] = json.loads(path.read_text())["adherence"]
+        result = json.loads(path.read_text())
+        figures[name] = {**result["adherence"], **{k: result[k] for k in ("two_objects", "images") if k in result}}
     teacher, student = figures[TEACHER_NAME], figures[STUDENT_NAME]
     checks = {f"{TEACHER_NAME} {k} >= {v}": teacher[k] >= v for k, v in TARGETS.items()}
     checks.update({f"{STUDENT_NAME} {k} within 5 points": student[k] >= teacher[k] - 0.05 for k in TARGETS})
+    checks.update({f"{name} stable >= {STABLE_TARGET}": (figures[name].get("stable") or 0) >= STABLE_TARGET
+                   for name in figures})
     info = {"status": "done", "n": args.eval_n, "seed": args.eval_seed, "figures": figures, "targets_met": checks}
     write_result(folder, info)
     return info
@@ -336,6 +436,11 @@ def main(argv: list[str] | None = None) -> int:
                    "src/omniloop/models/builtin/shapes-t2v/vae) instead of training one")
     p.add_argument("--vae-data-seed", type=int, default=None, help="the VAE's clip stream (e.g. new clips when "
                    "continuing from --vae-init)")
+    p.add_argument("--vae-decoder-finetune", action="store_true", help="VAERecipe.decoder_finetune: continue "
+                   "--vae-init's decoder on 17/33-frame clips, encoder frozen (the DiTs' latents do not move)")
+    p.add_argument("--gate-clips", type=int, default=16, help="clips per length of the VAE round-trip gate")
+    p.add_argument("--vae", default=None, help="vae-gate: the VAE folder (default: the shipped one)")
+    p.add_argument("--gate-output", default=None, help="vae-gate: also write the JSON here")
     p.add_argument("--dit-steps", type=int, default=None)
     p.add_argument("--dit-init", default=None, help="start the DiT from this diffusers-layout DiT folder (e.g. the "
                    "shipped src/omniloop/models/builtin/shapes-t2v/transformer)")
@@ -344,18 +449,36 @@ def main(argv: list[str] | None = None) -> int:
                    "straight to the student")
     p.add_argument("--store-seed", type=int, default=None, help="the latent store's clip stream (e.g. new clips "
                    "when continuing from --dit-init)")
+    p.add_argument("--dit-images", action="store_true", help="DiTRecipe.continue_with_images: continue --dit-init "
+                   "with an image store (T2I) and half two-object clips")
+    p.add_argument("--image-clips", type=int, default=None, help="images in the DiT's image store")
+    p.add_argument("--distill-images", action="store_true", help="DistillRecipe.continue_with_images: image "
+                   "trajectories too (the student serves T2I), from --distill-init")
+    p.add_argument("--distill-init", default=None, help="start the student from this DiT folder (e.g. the shipped "
+                   "src/omniloop/models/builtin/shapes-t2v-4step/transformer) instead of the teacher")
+    p.add_argument("--image-trajectories", type=int, default=None, help="teacher T2I rollouts for the student")
+    p.add_argument("--until", default=None, choices=STAGES, help="all: stop after this stage (e.g. dit)")
     p.add_argument("--distill-steps", type=int, default=None)
     p.add_argument("--clips", type=int, default=None, help="clips in the DiT's latent store")
     p.add_argument("--trajectories", type=int, default=None, help="teacher rollouts for the student")
     p.add_argument("--eval-n", type=int, default=256, help="held-out prompts per model (>= 200)")
     p.add_argument("--eval-seed", type=int, default=0)
+    p.add_argument("--eval-images", type=int, default=0, help="also score this many T2I prompts per model")
+    p.add_argument("--eval-two-objects", type=int, default=0, help="also score this many two-object prompts per model")
     p.add_argument("--eval-batch", type=int, default=32)
     p.add_argument("--eval-minutes", type=float, default=1.5, help="time one model's evaluation needs (GPU)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     args = p.parse_args(argv)
     if args.dit_from and (args.dit_init or args.dit_steps):
         p.error("--dit-from adopts a finished DiT; --dit-init/--dit-steps train one: pass one or the other")
-    commands = {"bench": bench, "pack-minilm": _pack_minilm, "restore": _restore}
+    if args.vae_decoder_finetune and not args.vae_init and args.stage in ("all", "vae"):
+        p.error("--vae-decoder-finetune continues a finished VAE: pass --vae-init (e.g. the shipped "
+                "src/omniloop/models/builtin/shapes-t2v/vae)")
+    if args.dit_images and not args.dit_init and args.preset == "full" and args.stage in ("all", "dit"):
+        p.error("--dit-images continues a teacher: pass --dit-init (e.g. the shipped "
+                "src/omniloop/models/builtin/shapes-t2v/transformer)")
+    commands = {"bench": bench, "pack-minilm": _pack_minilm, "restore": _restore, "vae-gate": _vae_gate_command,
+                "install-vae": _install_vae}
     return commands.get(args.stage, run)(args)
 
 

@@ -36,9 +36,26 @@ def wan_i2v_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def far_dir(tmp_path_factory):
+    from tests.models.far.checkpoint import save_far_checkpoint
+
+    return save_far_checkpoint(tmp_path_factory.mktemp("far"))
+
+
+@pytest.fixture(scope="session")
 def qwen2_dir(tmp_path_factory):
     from tests.models.qwen2.checkpoint import save_qwen2_checkpoint
 
     folder = tmp_path_factory.mktemp("qwen2")
     save_qwen2_checkpoint(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def flux_dir(tmp_path_factory):
+    """A tiny FLUX.1-dev-layout checkpoint (tests/flux_checkpoint.py)."""
+    from tests.flux_checkpoint import save_flux_checkpoint
+
+    folder = tmp_path_factory.mktemp("flux")
+    save_flux_checkpoint(folder)
     return folder

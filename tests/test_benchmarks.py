@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -68,3 +70,17 @@ def test_rollout_benchmark_runs_waves_of_full_batches():
     record = json.loads(proc.stdout.strip().splitlines()[-1])
     # two waves of 4 requests, each 32 steps in full batches
     assert record["batched_steps"] == 2 * record["steps"] == 64 and record["mean_batch"] == 4.0
+
+
+@pytest.mark.slow  # builds and saves a tiny FAR checkpoint with diffusers, then runs 5 rollouts (~30 s on 2 cores)
+def test_causal_benchmark_smoke(tmp_path):
+    out = tmp_path / "causal.jsonl"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_causal.py"), "--tiny", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    runs = {(r["mode"], r["sessions"]): r for r in records if r["metric"] == "sessions"}
+    assert set(runs) == {("batched", 1), ("batched", 2), ("one_at_a_time", 2)}
+    assert runs[("batched", 2)]["batched_steps"] > 0 and runs[("one_at_a_time", 2)]["batched_steps"] == 0
+    for r in runs.values():
+        assert r["kv_bytes_per_session"] > 0 and r["fps_per_session_min"] > 0 and r["chunk_latency_p50_s"] > 0

@@ -18,5 +18,9 @@ def test_engine_benchmark_smoke(tmp_path):
     records = [json.loads(line) for line in out.read_text().splitlines()]
     benches = {r["bench"] for r in records}
     assert benches == {"engine_overhead", "mixed_trace", "small_requests"}
-    mixed = {r.get("policy"): r for r in records if r["bench"] == "mixed_trace"}
-    assert mixed["step_scheduler"]["p95_short_s"] < mixed["fifo"]["p95_short_s"]
+    mixed = {(r["arrivals"], r["policy"]): r for r in records if r["bench"] == "mixed_trace" and "policy" in r}
+    assert set(mixed) == {(a, p) for a in ("t0", "poisson") for p in ("fifo", "fifo_batch", "step_scheduler")}
+    assert mixed["t0", "step_scheduler"]["p95_short_s"] < mixed["t0", "fifo"]["p95_short_s"]
+    assert mixed["poisson", "fifo"]["rate_req_s"] > 0
+    ratios = {(r["arrivals"], r["metric"], r["baseline"]) for r in records if "ratio" in r}
+    assert len(ratios) == 2 * 5 * 2  # arrivals x (4 latencies + throughput) x baselines

@@ -11,7 +11,9 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "omniloop"
 ALLOWED = {
     "request": set(),
     "pipeline": {"request", "models", "cache", "ext"},
-    "engine": {"request", "pipeline", "models", "cache", "ext", "deploy", "io"},
+    "engine": {"request", "pipeline", "models", "cache", "ext", "deploy", "io", "parallel"},
+    # the axis spec, pre-flight and the pieces that parallelize a model: below the engine (its pool uses them)
+    "parallel": {"request", "pipeline", "models", "ext"},
 }
 FORBIDDEN_EVERYWHERE = {"train"}
 

@@ -15,6 +15,8 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from omniloop.parallel.spec import ParallelSpec
+
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
 
@@ -50,6 +52,16 @@ class DeployConfig(BaseModel):
         "load leaves idle, never more than torch's current count: omniloop/cpu_threads.py) or a number",
     )
     plugins: dict[str, dict[str, Any]] = Field(default_factory=dict, description="enabled plugins and their config")
+    parallel: ParallelSpec = Field(
+        default_factory=ParallelSpec,
+        description="parallel axes of an SPMD pool, one process per rank (gloo on CPU, NCCL on GPUs): e.g. "
+        "'sp=2,cfg=2'; keys dp, cfg, sp (= ulysses x ring), ulysses, ring, tp, vae=tiles, check_plans",
+    )
+    text_cache_mb: float = Field(default=256, ge=0, description="text-embedding cache budget in MiB (0: no cache)")
+    lora_files: dict[str, str] = Field(default_factory=dict,
+                                       description="LoRA files loaded at startup, by the name requests use: {name: path}")
+    lora_device_mb: float = Field(default=2048, ge=0, description="adapter cache: device-resident LoRA budget (MiB)")
+    lora_host_mb: float = Field(default=8192, ge=0, description="adapter cache: host-memory LoRA budget (MiB)")
     limits: Limits = Field(default_factory=Limits)
     # -- engine -------------------------------------------------------------------------
     scheduling: Literal["srpt", "fifo"] = Field(
@@ -58,7 +70,20 @@ class DeployConfig(BaseModel):
     max_queue: int = Field(default=64, ge=1, description="waiting requests before new ones are rejected (429)")
     max_running: int = Field(default=8, ge=1, description="requests holding state at once")
     max_batch: int = Field(default=8, ge=1, description="requests per batched step")
+    max_batch_tokens: int | None = Field(
+        default=None, ge=1,
+        description="token budget of a batched step (image + text tokens of every request in it; packed image "
+        "models batch requests of different sizes under it); None: max_batch alone bounds a batch",
+    )
+    resolution_buckets: list[str] | None = Field(
+        default=None, min_length=1,
+        description="image models: the only sizes served, as 'WIDTHxHEIGHT' (fixed shapes for kernels that need "
+        "them: compiled or CUDA-graphed steps); requests of one bucket batch unpacked",
+    )
     memory_budget_gb: float | None = Field(default=None, gt=0, description="admission memory budget; default: free memory")
+    chunk_kv_budget_gb: float | None = Field(
+        default=None, gt=0, description="chunk-KV slab pool of causal video models, fixed at start and charged by "
+        "admission; default: a quarter of free device memory (1 GiB on a CPU)")
     nan_check: bool = Field(default=True, description="fail a request whose loop state turns NaN/Inf")
     on_pool_failure: Literal["requeue", "fail"] = Field(default="requeue", description="what a pool restart does to in-flight requests")
 
@@ -68,6 +93,23 @@ class DeployConfig(BaseModel):
         if v != "auto" and v not in _DTYPES:
             raise ValueError(f"unknown dtype {v!r}; pass one of {['auto', *_DTYPES]}")
         return v
+
+    @field_validator("resolution_buckets")
+    @classmethod
+    def _bucket_sizes(cls, v: list[str] | None) -> list[str] | None:
+        for size in v or []:
+            parts = size.lower().split("x")
+            if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+                raise ValueError(f"resolution bucket {size!r} is not WIDTHxHEIGHT; pass e.g. '1024x1024'")
+        return v
+
+    def bucket_sizes(self) -> tuple[tuple[int, int], ...]:
+        """``resolution_buckets`` as (height, width) pairs."""
+        out = []
+        for size in self.resolution_buckets or []:
+            w, h = (int(p) for p in size.lower().split("x"))
+            out.append((h, w))
+        return tuple(out)
 
     @field_validator("cpu_threads", mode="before")
     @classmethod
@@ -97,6 +139,20 @@ class DeployConfig(BaseModel):
             except RuntimeError:
                 raise ValueError(f"unknown device {v!r}; pass 'auto', 'cpu', 'cuda' or 'cuda:N'") from None
         return v
+
+    @field_validator("parallel", mode="before")
+    @classmethod
+    def _parallel_text(cls, v: Any) -> Any:
+        return ParallelSpec.from_flag(v) if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _parallel_fits_the_deployment(self) -> DeployConfig:
+        # the checks that need no model; the model's own (heads, plans) run before its weights load
+        from omniloop.parallel.preflight import check_deploy
+
+        check_deploy(self.parallel, cfg_mode=self.cfg_mode, attention_backend=self.attention_backend,
+                     quantization=self.quantization, device=self.torch_device())
+        return self
 
     @model_validator(mode="after")
     def _gpu_only_options_on_a_gpu(self) -> DeployConfig:

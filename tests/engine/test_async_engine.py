@@ -157,7 +157,9 @@ def test_a_thousand_dropped_streams_leave_every_table_empty_and_memory_flat(room
     async def wave(start: int, n: int) -> None:
         for i in range(start, start + n):
             await drop(i)
+        deadline = asyncio.get_running_loop().time() + 60
         while engine.stats()["tracked"] or engine.engine.has_unfinished():
+            assert asyncio.get_running_loop().time() < deadline, f"still tracked: {engine.stats()}"
             await asyncio.sleep(0.01)
 
     def footprint() -> tuple[int, int]:

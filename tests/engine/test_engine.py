@@ -160,13 +160,18 @@ def test_a_failing_node_in_a_group_fails_only_its_request(make_engine, wan_pipel
         return original(prompts, **kw)
 
     monkeypatch.setattr(encoder, "encode", encode)
+    from omniloop.cache.text_embeddings import CACHE_NAME, TextEmbeddingCache
+
+    monkeypatch.setitem(wan_pipeline.caches, CACHE_NAME, TextEmbeddingCache(2**20))  # empty: no earlier test's rows
     engine = make_engine(max_batch=3, max_running=3)
     for r in [req(0, steps=2, rid="a"), req(1, steps=2, rid="bad"), req(2, steps=2, rid="b")]:
         engine.add_request(r)
     outs, _ = run_all(engine)
     assert outs["bad"].status is RequestStatus.FAILED and "injected node failure" in outs["bad"].error
     assert outs["a"].status is outs["b"].status is RequestStatus.COMPLETED
-    assert sizes[0] == 6 and sorted(sizes[1:]) == [2, 2, 2]  # 3 x (prompt, negative) at once, then alone
+    # at once: 3 prompts + their one shared negative prompt (deduplicated); then alone: "a"
+    # encodes (prompt, negative), "bad" and "b" find the negative in the text-embedding cache
+    assert sizes == [4, 2, 1, 1]
 
 
 def test_grouped_text_encoding_matches_encoding_alone(make_engine, wan_pipeline):
@@ -380,3 +385,21 @@ def test_engine_calibrates_its_cost_model(make_engine):
     big_flops = engine._requests["big"].info["estimates"]["denoise"].flops_per_step
     ratio = engine.cost_model.predict(ItemCost("denoise", "step", big_flops)) / calibrated
     assert ratio == pytest.approx(big_flops / flops) and ratio > 1.5
+
+
+def test_fifo_batch_baseline_runs_same_shape_requests_as_one_batch_start_to_finish(make_engine):
+    """Request-level batching: the oldest request and the waiting requests of its shape start
+    together and run to the end as one batch; the others (another step count) wait for it."""
+    engine = make_engine(kind="fifo_batch", max_running=4, max_batch=4)
+    for rid, steps in (("a", 3), ("b", 5), ("c", 3), ("d", 5)):
+        engine.add_request(req(ord(rid), steps=steps, rid=rid))
+    plans = []
+    schedule = engine.scheduler.schedule
+    engine.scheduler.schedule = lambda: plans.append(schedule()) or plans[-1]
+    outs, order = run_all(engine)
+    assert set(order[:2]) == {"a", "c"} and set(order[2:]) == {"b", "d"}
+    steps = [p.work.request_ids for p in plans if isinstance(p.work, StepWork)]
+    assert steps == [("a", "c")] * 3 + [("b", "d")] * 5  # every step is the whole batch
+    admitted = [p.admitted for p in plans if p.admitted]
+    assert admitted == [("a", "c"), ("b", "d")]  # the second batch starts when the first has ended
+    assert all(o.status is RequestStatus.COMPLETED for o in outs.values())

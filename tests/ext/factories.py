@@ -107,8 +107,12 @@ class HitCounter(Observer):
     def __init__(self) -> None:
         self.hits: Counter[str] = Counter()
         self.kinds: Counter[str] = Counter()
+        self.text: Counter[str] = Counter()
 
     def cache_event(self, event: Any) -> None:
+        if event.plugin == "text_embeddings":  # the deployment's text-embedding cache, not a plugin's
+            self.text[event.kind] += 1
+            return
         self.kinds[event.kind] += 1
         if event.kind == "hit":
             self.hits[event.request_id] += 1

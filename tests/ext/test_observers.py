@@ -197,6 +197,9 @@ def test_cache_events_alloc_hit_miss_evict(base_pipeline, monkeypatch):
     run_engine(pipe, [request(0)])
     assert counter.kinds["alloc"] == counter.kinds["evict"] == 1
     assert counter.kinds["hit"] > 0 and counter.kinds["hit"] + counter.kinds["miss"] == 24
+    # the text-embedding cache reports through the same hook: the prompt and negative prompt
+    # looked up once each (a miss, or a hit of an earlier test's row)
+    assert counter.text["hit"] + counter.text["miss"] == 2 and counter.text["alloc"] == counter.text["miss"]
 
 
 def test_needs_eager_decompiles_only_the_watched_scope(fresh_pipeline):

@@ -224,3 +224,24 @@ def test_worker_config_and_modalities_say_what_to_pass():
     assert _served_modalities(i2v, None) == ("videos",)
     with pytest.raises(ValueError, match=r"modalities \['images'\] are not served by 'wan-i2v'"):
         _served_modalities(i2v, ("images",))
+
+
+@pytest.fixture
+def far_engine(far_dir):
+    eng = AsyncEngine.from_pretrained(far_dir, device="cpu", dtype="float32")
+    yield eng
+    eng.shutdown()
+
+
+def test_stream_sends_a_causal_models_chunks_as_they_are_made(far_engine):
+    handler = make_handler(far_engine)
+    request = {"model": "wan-tiny", "prompt": "a red circle", "size": "64x32",
+               "nvext": {"num_inference_steps": 2, "num_frames": 17, "seed": 1}, "stream": True}
+    chunks = asyncio.run(collect(handler.videos(request, FakeContext("c"))))
+    frames = [c for c in chunks if c["nvext"]["frame"]["kind"] == "video"]
+    assert [c["nvext"]["frame"]["index"] for c in frames] == list(range(17))  # each frame once, in order
+    # chunks (1, 2, 2) of latent frames = 1 + 8 + 8 video frames, each chunk's frames out before the
+    # next chunk's denoising (its mid-chunk preview) began
+    kinds = [c["nvext"]["frame"]["kind"] for c in chunks]
+    assert kinds == ["preview", "video"] + ["preview"] + ["video"] * 8 + ["preview"] + ["video"] * 8
+    assert [c["status"] for c in chunks][-1] == "completed"

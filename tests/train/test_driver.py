@@ -130,3 +130,77 @@ def test_minilm_pack_is_the_wheel_on_the_grammar_and_refuses_other_words(pack_di
         load_packed_minilm(one_part)
     with pytest.raises(ValueError, match=r"uses tokens \['dragon'\] outside this MiniLM pack"):
         packed.encode(["a red dragon"])
+
+
+def test_issue_15_chain_decoder_finetune_gate_install_then_images_and_two_objects(driver, pack_dir, first_run,
+                                                                                 tmp_path, capsys):
+    """The three GPU calls of issue 15 at toy size, in one work dir: (a) the VAE's decoder
+    fine-tuned with its encoder frozen + the round-trip gate, shipped by ``install-vae`` with
+    the DiTs untouched; (b1) the teacher continued with an image store; (b2) the student
+    continued on video and image trajectories; the export declares T2I for both."""
+    from safetensors.torch import load_file
+
+    from omniloop.api.generator import VideoGenerator
+    from omniloop.models.manifest import read_manifest
+    from omniloop.train.recipes import export as export_recipe
+
+    shipped = first_run / "export"
+    work, out = tmp_path / "work", tmp_path / "out"
+    common = [*TOY, "--text-encoder", str(pack_dir)]
+    capsys.readouterr()
+    # (a) the toy VAE trained 4 steps is far from 32 dB: the gate fails and says so
+    assert driver.main(["vae", "--work", str(work), "--vae-decoder-finetune", "--vae-init",
+                        str(shipped / "shapes-t2v" / "vae"), "--publish", str(out), *common]) == 1
+    printed = capsys.readouterr().out
+    assert "VAE ROUND-TRIP GATE FAILED" in printed and "FAILED" in printed
+    gate = json.loads((out / "vae_gate.json").read_text())
+    assert [r["num_frames"] for r in gate["lengths"]] == [5, 9] and not gate["passed"]
+    assert len(gate["lengths"][1]["per_frame"]) == 9 and gate["failing"]
+    result = json.loads((work / "vae" / "result.json").read_text())
+    assert result["decoder_only"] and result["earlier_runs"] == [4]
+    assert sorted(p.name for p in out.iterdir()) == sorted([META, "vae.safetensors", "vae_gate.json"])
+    before = load_file(str(shipped / "shapes-t2v" / "vae" / "diffusion_pytorch_model.safetensors"))
+    new = load_file(str(out / "vae.safetensors"))
+    assert all(torch.equal(before[k].float(), new[k]) for k in before if k.startswith(("encoder.", "quant_conv.")))
+    assert not all(torch.equal(before[k].float(), new[k]) for k in before if k.startswith("decoder."))
+
+    # shipping it: refused while the gate fails, then forced; the DiTs' files are untouched
+    builtin = tmp_path / "builtin"
+    shutil.copytree(shipped, builtin)
+    dits = {n: read_manifest(builtin / n).files[f"transformer/{f}"] for n in ("shapes-t2v", "shapes-t2v-4step")
+            for f in ("diffusion_pytorch_model.safetensors",)}
+    with pytest.raises(SystemExit, match="the gate failed"):
+        driver.main(["install-vae", "--work", str(work), *common])
+    gate_file = json.loads((work / "vae" / "gate.json").read_text())
+    export_recipe.install_vae(work, builtin, gate=gate_file)
+    for name in ("shapes-t2v", "shapes-t2v-4step"):
+        manifest = read_manifest(builtin / name)
+        assert manifest.files["transformer/diffusion_pytorch_model.safetensors"] == dits[name]
+        assert manifest.provenance["steps_by_run"]["vae"] == [4, result["steps"]]
+        assert manifest.provenance["vae_decoder_finetune"]["encoder"] == "frozen"
+    video = VideoGenerator.from_pretrained(builtin / "shapes-t2v-4step", device="cpu").generate_video(
+        "a red circle moving right", save_video=False, seed=0)
+    assert video.frames.shape == (5, 32, 32, 3)
+
+    # (b1) the teacher continued with single frames, stopping after the DiT
+    assert driver.main(["all", "--work", str(work), "--no-vae-gate", "--dit-images", "--dit-init",
+                        str(shipped / "shapes-t2v" / "transformer"), "--until", "dit", *common]) == 0
+    assert "DONE (until dit)" in capsys.readouterr().out
+    dit = json.loads((work / "dit" / "result.json").read_text())
+    assert dit["images"]["clips"] == 4 and "images" in dit["validation"]
+    assert json.loads((work / "image_latents" / "result.json").read_text())["frames"] == 1
+    assert not (work / "trajectories").exists()
+    # (b2) the student continued on both kinds of trajectories; export and evaluate
+    assert driver.main(["all", "--work", str(work), "--no-vae-gate", "--dit-images", "--distill-images",
+                        "--distill-init", str(shipped / "shapes-t2v-4step" / "transformer"), "--eval-images", "2",
+                        "--eval-two-objects", "2", *common]) == 0
+    assert "DONE" in capsys.readouterr().out
+    distill = json.loads((work / "distill" / "result.json").read_text())
+    assert distill["tasks"] == ["t2v", "t2i"] and distill["image_trajectories"] == 2
+    assert distill["init_from"] == str(shipped / "shapes-t2v-4step" / "transformer")
+    for name in ("shapes-t2v", "shapes-t2v-4step"):
+        assert read_manifest(work / "export" / name).tasks == ["t2v", "t2i"]
+    figures = json.loads((work / "evaluate" / "result.json").read_text())["figures"]
+    for name in ("shapes-t2v", "shapes-t2v-4step"):
+        assert figures[name]["images"]["n"] == 2 and figures[name]["two_objects"]["n"] == 2
+        assert "stable" in figures[name]

@@ -87,8 +87,16 @@ def test_evaluate_reports_per_attribute_adherence_as_json(exported, tmp_path):
     result = evaluate_module.evaluate_model(out / STUDENT_NAME, n=3, seed=0, device="cpu", max_batch=2,
                                             videos_dir=tmp_path / "videos")
     assert result["n"] == 3 and result["steps"] == 2
-    assert set(result["adherence"]) == {"color", "shape", "motion", "all_correct", "n"}
+    assert set(result["adherence"]) == {"color", "shape", "motion", "count", "stable", "prompt_correct",
+                                        "all_correct", "n"}
     assert result["report"]["n_clips"] == 3 and "confusion" in result["report"]
+    # stability per frame index (5 frames at toy size), and prompts by object count
+    assert len(result["stability"]["failing_by_frame"]) == 5 and 0 <= result["stability"]["stable"] <= 1
+    assert set(result["by_objects"]) <= {"1", "2"} and sum(g["clips"] for g in result["by_objects"].values()) == 3
+    # the toy student serves T2V only (no image trajectories): images are skipped, saying why
+    extra = evaluate_module.evaluate_model(out / STUDENT_NAME, n=1, device="cpu", images=2, two_objects=2)
+    assert "does not declare t2i" in extra["images"]["skipped"]
+    assert extra["two_objects"]["n"] == 2 and extra["two_objects"]["clips"] == 2
     json.dumps(result, default=str)
     # the written videos are what `omniloop eval adherence` reads
     rows = [json.loads(line) for line in (tmp_path / "videos" / "prompts.jsonl").read_text().splitlines()]

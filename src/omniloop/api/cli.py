@@ -24,7 +24,8 @@ def _generate_parser(sub: argparse._SubParsersAction) -> None:
                        formatter_class=DefaultsHelpFormatter)
     p.add_argument("prompt", help="what to generate")
     p.add_argument("--model", default=None,
-                   help="checkpoint directory or built-in name (default: shapes-t2v, the embedded model; see omniloop models)")
+                   help="checkpoint directory or built-in name (default: shapes-t2v, the embedded model; "
+                   "see omniloop models)")
     p.add_argument("--output", default="outputs/",
                    help="a .mp4 file, a .png file (an image: --task t2i), a .wav/.flac/.mp3 file (audio) or a "
                    "directory of <request id>.mp4/.png/.wav")
@@ -47,7 +48,8 @@ def _deploy_from_flags(args: argparse.Namespace) -> DeployConfig:
         try:
             base = DeployConfig.from_yaml(args.deploy_config)
         except ValidationError as e:
-            raise flag_error(e, {}, {f: f"--deploy-config {args.deploy_config}: {f}" for f in DeployConfig.model_fields})
+            where = {f: f"--deploy-config {args.deploy_config}: {f}" for f in DeployConfig.model_fields}
+            raise flag_error(e, {}, where) from None
     given = collect(args, args._deploy)
     try:
         return DeployConfig.from_options(base, **given)
@@ -200,7 +202,8 @@ def _add_server_flags(p: argparse.ArgumentParser, *, drain_default: float) -> No
     p.add_argument("--model", default=None,
                    help="checkpoint directory or built-in name (default: shapes-t2v, the embedded model)")
     p.add_argument("--served-model-name", default=None, help="the 'model' clients pass (default: the directory name)")
-    p.add_argument("--deploy-config", default=None, help="YAML file of deploy options, with an optional 'serve:' section")
+    p.add_argument("--deploy-config", default=None,
+                   help="YAML file of deploy options, with an optional 'serve:' section")
     p.add_argument("--drain-timeout", "--drain-timeout-s", dest="drain_timeout_s", type=float, default=None,
                    metavar="SECONDS",
                    help=f"on SIGTERM, seconds in-flight requests may take before they are cancelled "

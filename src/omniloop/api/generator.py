@@ -23,6 +23,7 @@ from omniloop.pipeline.pipeline import Pipeline
 from omniloop.request import (
     DiffusionParams,
     ImagePart,
+    LatentPart,
     Modality,
     OmniEvent,
     OmniOutput,
@@ -74,13 +75,25 @@ class GeneratedAudio:
         return self.audio.shape[1] / self.sample_rate
 
 
+@dataclass(frozen=True)
+class GeneratedImage:
+    image: np.ndarray  # [H, W, 3] uint8
+    path: Path | None  # the PNG written (None with save_image=False)
+    request_id: str
+    seed: int | None
+    metrics: RequestMetrics
+    output: OmniOutput
+
+
 class VideoGenerator:
-    def __init__(self, spec: ModelSpec, pipeline: Pipeline, deploy: DeployConfig) -> None:
+    def __init__(self, spec: ModelSpec, pipeline: Pipeline, deploy: DeployConfig, engine: Engine | None = None) -> None:
         self.spec = spec
         self.pipeline = pipeline
         self.deploy = deploy
         # The same engine the server runs; driven synchronously here, one request at a time.
-        self.engine = Engine(pipeline, EngineConfig.from_deploy(deploy), event_sink=self._dispatch)
+        # ``engine``: one already started (an SPMD pool's rank 0, DeployConfig.parallel).
+        self.engine = engine or Engine(pipeline, EngineConfig.from_deploy(deploy))
+        self.engine.event_sink = self._dispatch
         self._listener: Callable[[OmniEvent], None] | None = None
 
     def _dispatch(self, event: OmniEvent) -> None:
@@ -93,13 +106,32 @@ class VideoGenerator:
     ) -> "VideoGenerator":
         """Load a checkpoint directory or built-in model name. ``options`` are DeployConfig
         fields (``device``, ``dtype``, ``attention_backend``, ``cfg_mode``, ``compile``, ``quantization``,
-        ``plugins={name: config}``...)."""
+        ``plugins={name: config}``, ``parallel="sp=2"``...). With ``parallel`` above one rank
+        this process becomes rank 0 of an SPMD pool (one process per rank; gloo on CPU):
+        call :meth:`close` (or use ``with``) to stop the other ranks."""
         config = DeployConfig.from_options(deploy, **options)
         if config.torch_device().type == "cpu":
             apply_cpu_threads(config.cpu_threads)  # before loading: the loader's casts run threaded too
+        if config.parallel.world > 1:
+            from omniloop.engine.pool import launch_pool_engine
+
+            engine = launch_pool_engine(model, config)
+            return cls(engine.model_spec, engine.pipeline, config, engine)
         spec, pipeline = load_pipeline(model, load_options(config))
         pipeline = install_plugins(pipeline, config.plugins, compile=config.compile)  # deploy-scoped plugins
         return cls(spec, pipeline, config)
+
+    def close(self) -> None:
+        """Release the engine's worker processes (an SPMD pool's ranks); a no-op for one process."""
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self) -> "VideoGenerator":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     @property
     def tasks(self) -> list[str]:
@@ -109,6 +141,7 @@ class VideoGenerator:
         """Run one request to completion. Bad input raises ValueError; a failure while
         running returns an output with status ``failed``. The deployment's limits are the
         engine's admission's (``engine/limits.py``), as in the server."""
+        self._load_lora_files(request)
         self._listener = on_event
         try:
             with torch.inference_mode():
@@ -117,6 +150,29 @@ class VideoGenerator:
                 return self.engine.pop_output(rid)
         finally:
             self._listener = None
+
+    # -- LoRAs ------------------------------------------------------------------------------
+    def load_lora(self, name: str, path: str | Path) -> dict[str, Any]:
+        """Register a LoRA file under ``name`` (requests then pass ``loras=[(name, strength)]``)."""
+        return self._adapters().load(name, path)
+
+    def unload_lora(self, name: str) -> None:
+        self._adapters().unload(name)
+
+    def _adapters(self):
+        from omniloop.pipeline.adapters import adapter_cache
+
+        cache = adapter_cache(self.pipeline.caches)
+        if cache is None:
+            raise ValueError(f"{self.pipeline.spec.name!r} takes no LoRAs")
+        return cache
+
+    def _load_lora_files(self, request: OmniRequest) -> None:
+        """Offline, a LoRA may be named by its file: load it under its path on first use."""
+        for ref in request.diffusion.loras:
+            path = Path(ref.name).expanduser()
+            if path.suffix == ".safetensors" and path.is_file() and ref.name not in self._adapters():
+                self._adapters().load(ref.name, path)
 
     def generate_video(
         self,
@@ -174,6 +230,44 @@ class VideoGenerator:
             metrics=output.metrics, output=output, audio=samples, sample_rate=rate,
         )
 
+    def generate_image(
+        self,
+        prompt: str,
+        *,
+        image: Any = None,
+        latents: Any = None,
+        task: str | TaskType | None = None,
+        output_path: str | Path | None = "outputs/",
+        save_image: bool = True,
+        on_event: Callable[[OmniEvent], None] | None = None,
+        **params: Any,
+    ) -> GeneratedImage:
+        """Generate an image from ``prompt`` (text-to-image), or edit ``image`` / start from
+        ``latents`` (image-to-image, with ``strength``), and write it as a PNG.
+
+        ``params`` are DiffusionParams fields (``steps``, ``guidance_scale``, ``height``,
+        ``width``, ``seed``, ``strength``, ``loras=[(name_or_path, strength), ...]``...).
+        """
+        if task is None and TaskType.T2I not in self.pipeline.spec.tasks:
+            raise ValueError(f"this model makes no images (tasks {self.tasks}); use generate_video")
+        if task is None:
+            task = TaskType.I2I if image is not None or latents is not None else TaskType.T2I
+        request = self.build_request(prompt, image=image, latents=latents, task=task, **params)
+        output = self.generate(request, on_event)
+        if output.status is not RequestStatus.COMPLETED:
+            raise GenerationError(f"request {output.request_id} {output.status.value}: {output.error}")
+        if output.image is None:
+            raise GenerationError(f"request {output.request_id} produced no image (task {request.task.value})")
+        pixels = output.image.image.numpy()
+        path = None
+        if save_image and output_path is not None:
+            from omniloop.io.image import write_png
+
+            path = output_file(output_path, output.request_id, **{**IMAGE_FILES, "suffixes": (".png",)}, create=True)
+            write_png(pixels, path)
+        return GeneratedImage(image=pixels, path=path, request_id=output.request_id, seed=output.metrics.seed,
+                              metrics=output.metrics, output=output)
+
     def generate_audio(
         self,
         prompt: str,
@@ -219,15 +313,19 @@ class VideoGenerator:
             raise GenerationError(f"request {output.request_id} {output.status.value}: {output.error}")
         return output
 
-    def build_request(self, prompt: str, *, image: Any = None, task: str | TaskType | None = None,
-                      audio: bool | None = None, **params: Any) -> OmniRequest:
+    def build_request(self, prompt: str, *, image: Any = None, latents: Any = None,
+                      task: str | TaskType | None = None, audio: bool | None = None, **params: Any) -> OmniRequest:
         fields = {_ALIASES.get(k, k): v for k, v in params.items()}
         unknown = sorted(set(fields) - set(DiffusionParams.model_fields))
         if unknown:
             raise ValueError(f"unknown generation parameter(s) {unknown}; accepted: {sorted(DiffusionParams.model_fields)}")
         inputs: list[Any] = [TextPart(text=require_prompt(prompt))]
+        role = "reference" if task is not None and TaskType(task).makes_image else "first_frame"
         if image is not None:
-            inputs.append(ImagePart(path=str(image)) if isinstance(image, (str, Path)) else ImagePart(data=image))
+            inputs.append(ImagePart(path=str(image), role=role) if isinstance(image, (str, Path))
+                          else ImagePart(data=image, role=role))
+        if latents is not None:
+            inputs.append(LatentPart(data=latents, of=Modality.IMAGE))
         # Task is declared by the caller; the one suggestion made here is the obvious one.
         if task is None:
             task = TaskType.I2V if image is not None else (

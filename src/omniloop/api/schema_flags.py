@@ -28,6 +28,8 @@ def _unwrap_optional(annotation: Any) -> Any:
 def _parser_for(annotation: Any) -> tuple[Any, dict[str, Any]]:
     ann = _unwrap_optional(annotation)
     origin = typing.get_origin(ann)
+    if isinstance(ann, type) and callable(getattr(ann, "from_flag", None)):
+        return _flag_text(ann.from_flag), {"metavar": "K=V,..."}  # a compact text form (ParallelSpec: sp=2,cfg=2)
     if ann in (int, float, str):
         return ann, {}
     if ann is Path:
@@ -41,6 +43,17 @@ def _parser_for(annotation: Any) -> tuple[Any, dict[str, Any]]:
         item = typing.get_args(ann)[0]
         return (lambda s: [item(x) for x in s.split(",") if x.strip()]), {"metavar": "A,B,..."}
     return _json_or_number, {"metavar": "VALUE|JSON"}
+
+
+def _flag_text(parse: Any) -> Any:
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as e:  # argparse would replace the message with "invalid value"
+            errors = getattr(e, "errors", None)
+            raise argparse.ArgumentTypeError(errors()[0]["msg"] if callable(errors) else str(e)) from None
+
+    return convert
 
 
 def _literal_words(union: Any) -> tuple[str, ...]:

@@ -9,7 +9,10 @@ Every request carries a ``MemoryEstimate`` built at submission from its nodes'
 * one step's activations, per batch group: a batched step of ``max_batch`` requests of one
   group (same node, same shapes) runs all their rows at once, so its peak is the sum of
   their per-request peaks (each already counts its CFG branches when they are stacked);
-* the activations of work that never batches (a loop's ``init``, e.g. an AR prefill).
+* the activations of work that never batches (a loop's ``init``, e.g. an AR prefill);
+* bytes in cache pools with budgets of their own (the chunk-KV slabs of a causal video
+  rollout, ``WorkEstimate.pool_bytes``): each pool's budget is carved out of device memory at
+  start, so those bytes are charged against the pool, not the general budget.
 
 The pool admits a request to run only while the running requests' held bytes plus the
 worst single step any of them (the candidate included) can form stay within the budget;
@@ -35,6 +38,7 @@ class MemoryEstimate:
     loop_bytes: Mapping[str, int] = field(default_factory=dict)  # node -> held until that node's loop ends
     peaks: Mapping[Hashable, int] = field(default_factory=dict)  # batch group -> one step's activations, this request
     solo_peak_bytes: int = 0  # activations of work that never batches (loop init, e.g. an AR prefill)
+    pool_bytes: Mapping[str, int] = field(default_factory=dict)  # cache pool -> bytes it holds for this request
 
     @classmethod
     def of_nodes(cls, estimates: Mapping[str, WorkEstimate]) -> "MemoryEstimate":
@@ -42,7 +46,11 @@ class MemoryEstimate:
         loops = {node: e.loop_bytes for node, e in estimates.items() if e.loop_bytes}
         peaks = {(node, e.batch_group): e.peak_bytes for node, e in estimates.items() if e.peak_bytes}
         solo = max((e.init_peak_bytes for e in estimates.values()), default=0)
-        return cls(sum(e.resident_bytes for e in estimates.values()), loops, peaks, solo)
+        pools: dict[str, int] = {}
+        for e in estimates.values():
+            for pool, n in e.pool_bytes.items():
+                pools[pool] = pools.get(pool, 0) + n
+        return cls(sum(e.resident_bytes for e in estimates.values()), loops, peaks, solo, pools)
 
     @property
     def held_bytes(self) -> int:
@@ -91,10 +99,23 @@ def default_memory_budget(device: torch.device) -> int:
 class MemoryBudget:
     budget_bytes: int
     max_batch: int = 1  # requests one batched step may hold (SchedulingPolicy.max_batch)
+    pool_budgets: Mapping[str, int] = field(default_factory=dict)  # cache pool -> its own budget
     _running: dict[str, MemoryEstimate] = field(default_factory=dict)
 
     def fits_alone(self, est: MemoryEstimate) -> bool:
-        return est.alone_bytes <= self.budget_bytes
+        return est.alone_bytes <= self.budget_bytes and not self.pools_short(est, alone=True)
+
+    def pools_short(self, est: MemoryEstimate, *, alone: bool = False) -> dict[str, tuple[int, int]]:
+        """Pools ``est`` would overdraw (alone, or with the running requests): pool -> (need, budget)."""
+        short = {}
+        for pool, n in est.pool_bytes.items():
+            budget = self.pool_budgets.get(pool)
+            if budget is None:
+                continue
+            need = n if alone else n + sum(e.pool_bytes.get(pool, 0) for e in self._running.values())
+            if need > budget:
+                short[pool] = (need, budget)
+        return short
 
     def need_with_running(self, est: MemoryEstimate) -> int:
         """Bytes the running requests and ``est`` would need at their worst step."""
@@ -103,7 +124,7 @@ class MemoryBudget:
         return held + step_peak_bytes([*running, est], self.max_batch)
 
     def can_start(self, est: MemoryEstimate) -> bool:
-        return self.need_with_running(est) <= self.budget_bytes
+        return self.need_with_running(est) <= self.budget_bytes and not self.pools_short(est)
 
     def reserve(self, request_id: str, est: MemoryEstimate) -> None:
         self._running[request_id] = est

@@ -31,7 +31,12 @@ def load_options(deploy: DeployConfig) -> LoadOptions:
     """The slice of ``deploy`` that loading and pipeline building read (its device checked first)."""
     deploy.check_device()
     return LoadOptions(device=deploy.torch_device(), dtype=deploy.torch_dtype(), attention_backend=deploy.attention_backend,
-                       cfg_mode=deploy.cfg_mode, compile=deploy.compile, quantization=deploy.quantization)
+                       cfg_mode=deploy.cfg_mode, compile=deploy.compile, quantization=deploy.quantization,
+                       text_cache_bytes=int(deploy.text_cache_mb * 2**20), resolution_buckets=deploy.bucket_sizes(),
+                       lora_device_bytes=int(deploy.lora_device_mb * 2**20),
+                       lora_host_bytes=int(deploy.lora_host_mb * 2**20), loras=tuple(deploy.lora_files.items()),
+                       chunk_kv_budget_bytes=None if deploy.chunk_kv_budget_gb is None
+                       else int(deploy.chunk_kv_budget_gb * 2**30))
 
 
 class AsyncEngine:
@@ -54,6 +59,10 @@ class AsyncEngine:
         """Load like ``VideoGenerator.from_pretrained``; ``options`` are DeployConfig fields
         (``plugins={name: config}`` enables plugins, e.g. from the server's deploy config file)."""
         config = DeployConfig.from_options(deploy, **options)
+        if config.parallel.world > 1:  # this process becomes rank 0 of an SPMD pool (engine/pool.py)
+            from omniloop.engine.pool import launch_pool_engine
+
+            return cls(launch_pool_engine(model, config), model_name=str(model))
         opts = load_options(config)
 
         def build() -> Pipeline:  # DeployConfig.plugins is the one source of enabled plugins
@@ -206,6 +215,9 @@ class AsyncEngine:
         self._stop = True
         self._notify()
         self._thread.join(timeout=10)
+        close = getattr(self.engine, "close", None)  # an SPMD pool's other ranks
+        if close is not None:
+            close()
 
     async def __aenter__(self) -> "AsyncEngine":
         return self

@@ -18,6 +18,7 @@ from typing import Any, Callable, Literal
 import torch
 
 from omniloop.deploy import DeployConfig, Limits
+from omniloop.cache.chunk_kv import cache_pool_budgets
 from omniloop.engine.admission import MemoryBudget, MemoryEstimate, default_memory_budget
 from omniloop.engine.cost_model import CostModel, ItemCost
 from omniloop.engine.errors import DoesNotFit, EngineDeadError, PoolFatalError, QueueFull, RequestRejected, UnknownRequest
@@ -59,7 +60,8 @@ class EngineConfig:
     @classmethod
     def from_deploy(cls, deploy: DeployConfig) -> "EngineConfig":
         budget = None if deploy.memory_budget_gb is None else int(deploy.memory_budget_gb * 2**30)
-        policy = SchedulingPolicy(kind=deploy.scheduling, max_running=deploy.max_running, max_batch=deploy.max_batch)
+        policy = SchedulingPolicy(kind=deploy.scheduling, max_running=deploy.max_running, max_batch=deploy.max_batch,
+                                  max_batch_tokens=deploy.max_batch_tokens)
         return cls(max_queue=deploy.max_queue, memory_budget_bytes=budget, nan_check=deploy.nan_check,
                    on_pool_failure=deploy.on_pool_failure, policy=policy, limits=deploy.limits)
 
@@ -89,9 +91,10 @@ class Engine:
         self.config = config or EngineConfig()
         self.event_sink = event_sink
         self._restart_pool = restart_pool
-        budget = self.config.memory_budget_bytes or default_memory_budget(pipeline.device)
+        pools = cache_pool_budgets(pipeline)  # budgets carved out of device memory at start
+        budget = self.config.memory_budget_bytes or max(default_memory_budget(pipeline.device) - sum(pools.values()), 0)
         self.cost_model = CostModel.for_device(pipeline.device)
-        memory = MemoryBudget(budget, max_batch=self.config.policy.max_batch)
+        memory = MemoryBudget(budget, max_batch=self.config.policy.max_batch, pool_budgets=pools)
         self.scheduler = StepScheduler(pipeline, self.cost_model, memory, self.config.policy)
         # Step times without a per-step device sync (CUDA events read a step later).
         self._own_timer = step_timer is None
@@ -183,11 +186,10 @@ class Engine:
         if self.hooks is not None:
             self._fire("schedule_decision", lambda: ScheduleEvent(plan))
         self._apply_plan_boundaries(plan)
-        if plan.work is not None:
-            try:
-                self._execute(plan.work)
-            except PoolFatalError as e:
-                self._on_pool_failure(e)
+        try:
+            self._run_plan(plan)
+        except PoolFatalError as e:
+            self._on_pool_failure(e)
         with self._ids_lock:
             return [out for rid, out in self._finished.items() if rid not in done_before]
 
@@ -218,6 +220,12 @@ class Engine:
         return self.hooks.metrics() if self.hooks is not None else {}
 
     # -- plan execution -------------------------------------------------------------------
+    def _run_plan(self, plan: SchedulerPlan) -> None:
+        """Execute the plan's work. On an SPMD pool's rank 0 (engine/pool.py) this also sends
+        the plan to the other ranks, which execute the same work on their shards."""
+        if plan.work is not None:
+            self._execute(plan.work)
+
     def _apply_plan_boundaries(self, plan: SchedulerPlan) -> None:
         for rid in plan.aborted:
             req = self.scheduler.find(rid)
@@ -457,6 +465,7 @@ class Engine:
         state.loops.clear()
         req.loop = None
         state.artifacts.clear()  # free the request's tensors; the output holds what it returns
+        state.release_refs()  # shared cache entries (text embeddings, adapters) it pinned
         with self._ids_lock:
             if req.request_id in self._forget:  # nobody will pop it: forget the request now
                 self._forget.discard(req.request_id)
@@ -497,6 +506,7 @@ class Engine:
                 self._finish(req, RequestStatus.FAILED, f"worker pool failed {req.attempts} times: {error}")
             else:
                 # Rebind to the (possibly rebuilt) pipeline and start over from scratch.
+                req.state.release_refs()
                 req.state = self.pipeline.admit(req.request)
                 req.nodes = self.pipeline.active_nodes(req.request)
 
@@ -508,6 +518,11 @@ class Engine:
         req.info["estimates"] = estimates
         req.memory = MemoryEstimate.of_nodes(estimates)
         budget = self.scheduler.memory.budget_bytes
+        for pool, (need, have) in self.scheduler.memory.pools_short(req.memory, alone=True).items():
+            raise DoesNotFit(
+                f"request needs ~{_fmt_bytes(need)} of the {pool!r} cache pool but its budget is {_fmt_bytes(have)}; "
+                f"raise the deployment's {pool}_budget_gb, or lower the resolution, frame count or chunk size"
+            )
         if not self.scheduler.memory.fits_alone(req.memory):
             raise DoesNotFit(
                 f"request needs ~{_fmt_bytes(req.memory.alone_bytes)} (state {_fmt_bytes(req.memory.held_bytes)} + "

@@ -3,8 +3,13 @@
 One-shot nodes are scheduled per request; loop steps per step. Each iteration produces
 one typed ``SchedulerPlan`` — the object rank 0 would broadcast to an SPMD pool — and
 preemption happens only between plans, i.e. at step boundaries. Ranking: priority, then
-deadline risk, then shortest remaining predicted cost (aged, so long jobs cannot starve);
-``fifo`` is the request-level baseline (oldest first, run to completion).
+deadline risk, then shortest remaining predicted cost (aged, so long jobs cannot starve).
+
+Request-level baselines (benchmarks compare against them): ``fifo`` runs requests oldest
+first to completion; ``fifo_batch`` is request-level batching (what sglang's dynamic
+batching does for diffusion): when nothing runs, the oldest waiting request and the waiting
+requests of its exact shape and step count (up to ``max_batch``) start together and run as
+one batch from start to finish; arrivals wait for the batch to end.
 """
 
 from __future__ import annotations
@@ -54,9 +59,10 @@ class SchedulerPlan:
 
 @dataclass(frozen=True)
 class SchedulingPolicy:
-    kind: Literal["srpt", "fifo"] = "srpt"
+    kind: Literal["srpt", "fifo", "fifo_batch"] = "srpt"
     max_running: int = 8  # requests holding state at once
     max_batch: int = 8  # requests per batched step
+    max_batch_tokens: int | None = None  # tokens per batched step (the stages' batch_weight); None: no budget
     aging: float = 0.05  # seconds of remaining cost forgiven per second waited
     deadline_margin: float = 1.5  # a deadline is at risk when slack < margin * remaining
     prologue_share: float = 0.25  # prologue items cheaper than this share of a step run first
@@ -117,7 +123,10 @@ class StepScheduler:
 
     def _admit(self) -> tuple[str, ...]:
         admitted = []
-        for req in self._rank([r for r in self.waiting if not r.abort_requested]):
+        candidates = self._rank([r for r in self.waiting if not r.abort_requested])
+        if self.policy.kind == "fifo_batch":
+            candidates = self._request_batch(candidates)
+        for req in candidates:
             if len(self.running) >= self.policy.max_running:
                 break
             if not self.memory.can_start(req.memory):
@@ -128,8 +137,16 @@ class StepScheduler:
             admitted.append(req.request_id)
         return tuple(admitted)
 
+    def _request_batch(self, ranked: list[EngineRequest]) -> list[EngineRequest]:
+        """``fifo_batch``: nothing while a batch runs; else the oldest request and the
+        waiting ones of its shape (same nodes, step counts, FLOPs and batch groups)."""
+        if self.running or not ranked:
+            return []
+        key = _shape_key(ranked[0])
+        return [r for r in ranked if _shape_key(r) == key][: self.policy.max_batch]
+
     def _rank(self, reqs: list[EngineRequest]) -> list[EngineRequest]:
-        if self.policy.kind == "fifo":
+        if self.policy.kind in ("fifo", "fifo_batch"):
             return sorted(reqs, key=lambda r: r.arrival)
         now = time.perf_counter()
         return sorted(reqs, key=lambda r: self._key(r, now))
@@ -159,12 +176,17 @@ class StepScheduler:
             return NodeWork(node.name, tuple(r.request_id for r in batch))
         key = node.stage.batch_key(head.loop)
         batch = [head]
+        budget, used = self.policy.max_batch_tokens, node.stage.batch_weight(head.loop)
         if key is not None:
             for other in ranked[1:]:
                 if len(batch) >= self.policy.max_batch:
                     break
                 if other.node is node and other.loop is not None and node.stage.batch_key(other.loop) == key:
+                    weight = node.stage.batch_weight(other.loop)
+                    if budget is not None and used + weight > budget:
+                        continue  # over the token budget: a smaller request further down may still fit
                     batch.append(other)
+                    used += weight
         return StepWork(node.name, tuple(r.request_id for r in batch))
 
     def item_cost(self, req: EngineRequest) -> ItemCost:
@@ -217,6 +239,11 @@ class StepScheduler:
 
     def status_counts(self) -> dict[str, int]:
         return {"waiting": len(self.waiting), "running": len(self.running)}
+
+
+def _shape_key(req: EngineRequest) -> tuple:
+    """Requests with equal keys do the same work: they can run as one batch start to finish."""
+    return tuple((name, e.steps, e.flops_per_step, e.batch_group) for name, e in req.info["estimates"].items())
 
 
 def _in_prologue(req: EngineRequest) -> bool:

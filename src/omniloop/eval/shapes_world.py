@@ -621,12 +621,32 @@ def parse_prompt(text: str) -> ParsedPrompt:
 # --------------------------------------------------------------------------------------
 
 _HELD_OUT_STREAM = 1  # dataset items draw from SeedSequence([seed, 0, i]); this set from [seed, 1]
+_HELD_OUT_IMAGE_STREAM = 3  # [seed, 2, i] is the distillation's caption stream
 
 
 @dataclass(frozen=True, slots=True)
 class EvalPrompt:
     prompt: str
     scene: Scene
+
+
+def eval_image_prompts(n: int = 128, seed: int = 0, *, two_object_prob: float = 0.25) -> list[EvalPrompt]:
+    """``n`` seeded image prompts (one frame, no motion stated) with their static scenes.
+
+    Every (color, shape) pair can come up, the held-out static ones included (the training
+    images are static train-split scenes, so those few pairs are never seen as images).
+    NOTE: not restricted to held-out scenes like ``held_out_prompts``: only ~6 of the 40
+    (color, shape) pairs are held out as static, too few to score images by. Drawn from its
+    own stream.
+    """
+    if n < 1 or seed < 0:
+        raise ValueError(f"need n >= 1 and seed >= 0, got n={n}, seed={seed}")
+    rng = np.random.default_rng([seed, _HELD_OUT_IMAGE_STREAM])
+    out = []
+    for _ in range(n):
+        scene = sample_scene(rng, split="any", two_object_prob=two_object_prob, motions=("static",))
+        out.append(EvalPrompt(describe(scene, rng, with_motion=False), scene))
+    return out
 
 
 def held_out_prompts(n: int = 200, seed: int = 0, *, two_object_prob: float = 0.25) -> list[EvalPrompt]:

@@ -35,6 +35,15 @@ def open_image(source: Any) -> "PIL.Image.Image":  # noqa: F821
     return img.convert("RGB")
 
 
+def open_image_part(part: Any) -> "PIL.Image.Image":  # noqa: F821
+    """The PIL image of a request's ImagePart (in-process data, base64 bytes or a path)."""
+    if part.data is not None:
+        return open_image(part.data)
+    if part.b64 is not None:
+        return open_image(part.raw_bytes())
+    return open_image(part.path)
+
+
 def image_to_tensor(image: "PIL.Image.Image", height: int, width: int) -> torch.Tensor:  # noqa: F821
     """[1, 3, H, W] float32 in [-1, 1], resized (Lanczos, as diffusers) to height x width."""
     from PIL import Image

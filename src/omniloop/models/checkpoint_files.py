@@ -70,3 +70,15 @@ def format_keys(keys: Iterable[str], limit: int = MAX_KEYS_IN_ERROR) -> str:
 def wrong_shapes(got: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor]) -> list[str]:
     """``key: checkpoint shape vs model shape`` for every mismatch (keys present in both)."""
     return [f"{k}: {tuple(got[k].shape)} vs {tuple(t.shape)}" for k, t in expected.items() if k in got and got[k].shape != t.shape]
+
+
+def aligned(cast: Cast) -> Cast:
+    """``cast``, then a copy for tensors off a 64-byte boundary. NOTE: safetensors hands CPU
+    tensors at file offsets; GEMM kernels take other code paths on misaligned rows, so an fp32
+    CPU model read in place differs from the same weights in fresh memory by ~1e-6."""
+
+    def cast_aligned(key: str, tensor: torch.Tensor) -> torch.Tensor:
+        out = cast(key, tensor)
+        return out.clone() if out.data_ptr() % 64 else out
+
+    return cast_aligned

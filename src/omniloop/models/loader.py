@@ -13,7 +13,14 @@ import logging
 from pathlib import Path
 from typing import Any, Mapping
 
+import torch
+
+from omniloop.cache.adapters import CACHE_NAME as ADAPTERS
+from omniloop.cache.adapters import AdapterCache
+from omniloop.cache.text_embeddings import CACHE_NAME as TEXT_CACHE
+from omniloop.cache.text_embeddings import TextEmbeddingCache
 from omniloop.models.manifest import LAYOUT, MANIFEST_FILE, manifest_index, verify_files
+from omniloop.models.lora import LoraSupport
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, spec_for_class
 from omniloop.pipeline.pipeline import Pipeline
 
@@ -126,4 +133,27 @@ def load_pipeline(
     variant = spec.variant(index)
     check_layout(root, variant)
     components = load_components(root, index, variant, options, preloaded)
-    return spec, spec.build(variant, index, components, options)
+    pipeline = spec.build(variant, index, components, options)
+    attach_caches(pipeline, options, spec.lora)
+    return spec, pipeline
+
+
+def attach_caches(pipeline: Pipeline, options: LoadOptions, lora: LoraSupport | None = None) -> Pipeline:
+    """The deployment's shared caches, seen by every node through ``StageContext.caches``:
+    text embeddings, and the adapter cache of a family that takes LoRAs (with the deploy
+    config's LoRAs loaded)."""
+    if options.text_cache_bytes > 0 and TEXT_CACHE not in pipeline.caches:
+        pipeline.caches[TEXT_CACHE] = TextEmbeddingCache(options.text_cache_bytes)
+    if lora is not None and ADAPTERS not in pipeline.caches:
+        modules = {c: _module(pipeline.components[c]) for c in lora.components if c in pipeline.components}
+        cache = AdapterCache(modules, lora, device=options.device, dtype=options.dtype,
+                             device_budget_bytes=options.lora_device_bytes, host_budget_bytes=options.lora_host_bytes)
+        for name, path in options.loras:
+            cache.load(name, path)
+        pipeline.caches[ADAPTERS] = cache
+    return pipeline
+
+
+def _module(component: Any) -> Any:
+    """The nn.Module a LoRA patches: the component, or the model inside an encoder wrapper."""
+    return component if isinstance(component, torch.nn.Module) else component.model

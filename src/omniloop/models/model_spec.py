@@ -28,6 +28,12 @@ class LoadOptions:
     cfg_mode: str = "sequential"
     compile: bool = False
     quantization: str = "none"  # "fp8": e4m3 GEMMs in the transformer blocks (layers/fp8_linear.py)
+    chunk_kv_budget_bytes: int | None = None  # causal video families' KV slab pool (None: cache/chunk_kv default)
+    text_cache_bytes: int = 256 * 2**20  # text-embedding cache budget (0: no cache)
+    resolution_buckets: tuple[tuple[int, int], ...] = ()  # image models: the only (height, width) served
+    lora_device_bytes: int = 2 * 2**30  # adapter cache budgets: device tier, host tier
+    lora_host_bytes: int = 8 * 2**30
+    loras: tuple[tuple[str, str], ...] = ()  # (name, file) LoRAs loaded at startup
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,6 +75,7 @@ class ModelSpec:
     description: str = ""
     schema_version: str = "0.1"
     extras: Mapping[str, Any] = field(default_factory=dict)
+    lora: Any = None  # a models.lora.LoraSupport when the family takes LoRA files
 
 
 _REGISTRY: dict[str, ModelSpec] = {}

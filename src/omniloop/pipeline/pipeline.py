@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping
 import torch
 from pydantic import ValidationError
 
+from omniloop.pipeline.adapters import check_loras
 from omniloop.pipeline.spec import Node, PipelineSpec
 from omniloop.pipeline.state import RequestState, StageContext
 from omniloop.request import Artifact, Modality, OmniOutput, OmniRequest, RequestStatus
@@ -43,6 +44,9 @@ class Pipeline:
     dtype: torch.dtype
     defaults: Mapping[str, Any] = field(default_factory=dict)
     validate_request: RequestValidator | None = None  # family checks (sizes, required inputs)
+    # deployment caches (cache name -> object), shared by reference with every node's context:
+    # the loader adds them after the family builds the pipeline (see StageContext.caches)
+    caches: dict[str, Any] = field(default_factory=dict)
     contexts: dict[str, StageContext] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -61,6 +65,7 @@ class Pipeline:
                 inputs=dict(node.inputs),
                 outputs=dict(node.outputs),
                 defaults=self.defaults,
+                caches=self.caches,
             )
             for node in self.spec.nodes
         }
@@ -77,6 +82,7 @@ class Pipeline:
                 f"pass one of {sorted(t.value for t in self.spec.tasks)}"
             )
         self._check_modalities(request)
+        check_loras(self.caches, request.diffusion.loras, self.spec.name)
         if self.validate_request is not None:
             request = self.validate_request(request)
         state = RequestState(request=request)

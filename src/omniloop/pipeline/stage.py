@@ -12,7 +12,7 @@ the optional ones their defaults, so the engine never probes a stage with ``geta
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Hashable, Mapping, Protocol, Sequence, runtime_checkable
 
 from pydantic import BaseModel
@@ -38,6 +38,9 @@ class WorkEstimate:
     # Requests whose steps at this node may share a batch have equal groups (None: any
     # request at the node may batch with any other).
     batch_group: Hashable | None = None
+    # bytes charged against named cache pools with budgets of their own (e.g. "chunk_kv"),
+    # part of resident_bytes too
+    pool_bytes: Mapping[str, int] = field(default_factory=dict)
 
 
 class _Ports(Protocol):
@@ -110,6 +113,11 @@ class LoopStage(_Ports, Protocol):
         steps stand (``omniloop.pipeline.failures``)."""
         ...
 
+    def batch_weight(self, loop: LoopState) -> int:
+        """What the loop's next step adds to a batch under the scheduler's token budget
+        (``SchedulingPolicy.max_batch_tokens``); 0: nothing counted."""
+        ...
+
 
 def is_loop(stage: Any) -> bool:
     return callable(getattr(stage, "init", None)) and callable(getattr(stage, "step", None))
@@ -165,6 +173,9 @@ class LoopStageBase(StageBase):
 
     def batch_key(self, loop: LoopState) -> Hashable | None:
         return None
+
+    def batch_weight(self, loop: LoopState) -> int:
+        return 0
 
     def step_many(self, ctx: StageContext, loops: Sequence[LoopState]) -> list[StepResult]:
         errors: list[BaseException | None] = [None] * len(loops)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, TypeVar
+from typing import Any, Callable, Mapping, TypeVar
 
 import torch
 
@@ -33,7 +33,11 @@ class StageContext:
     inputs: Mapping[str, str] = field(default_factory=dict)
     outputs: Mapping[str, str] = field(default_factory=dict)
     defaults: Mapping[str, Any] = field(default_factory=dict)  # model defaults (steps, guidance, ...)
+    # deployment caches shared by every request (name -> cache: "text_embeddings", "adapters"); a
+    # stage finds its cache here or runs without it
+    caches: Mapping[str, Any] = field(default_factory=dict)
     hooks: Any = None  # observer chain assembled at build (extension system); None costs nothing
+    parallel: Any = None  # a pool's row placement (omniloop.parallel.rows: dp x cfg forwards); None: one rank
 
     def component(self, name: str) -> Any:
         try:
@@ -96,6 +100,12 @@ class RequestState:
     ext: Any = None  # optional typed per-family extension (a dataclass the family registers)
     error: str | None = None
     started_at: float | None = None
+    # references the request holds on shared cache entries (text embeddings, adapters); the
+    # runtime calls them once when the request ends, whatever the ending
+    releases: list[Callable[[], None]] = field(default_factory=list)
+    # the request's LoRAs on the device, per component they patch (component -> adapter set),
+    # acquired from the deployment's adapter cache by its first node that applies them
+    adapters: dict[str, Any] | None = None
 
     @property
     def request_id(self) -> str:
@@ -114,6 +124,12 @@ class RequestState:
             ) from None
         assert isinstance(art, kind), f"edge {edge!r} holds {type(art).__name__}, node {reader!r} expects {kind.__name__}"
         return art  # type: ignore[return-value]
+
+    def release_refs(self) -> None:
+        """Drop every shared-cache reference the request holds (idempotent)."""
+        releases, self.releases = self.releases, []
+        for release in releases:
+            release()
 
     def mark_started(self) -> None:
         if self.started_at is None:

@@ -11,6 +11,7 @@ from omniloop.request.artifacts import (
     TensorArtifact,
     TextArtifact,
     VideoArtifact,
+    VideoChunkArtifact,
 )
 from omniloop.request.enums import Modality, RequestStatus, TaskType
 from omniloop.request.output import (
@@ -22,7 +23,7 @@ from omniloop.request.output import (
     RequestMetrics,
     StatusEvent,
 )
-from omniloop.request.params import DiffusionParams, OutputSpec, SamplingParams
+from omniloop.request.params import DiffusionParams, LoraRef, OutputSpec, SamplingParams
 from omniloop.request.parts import (
     ActionPart,
     AudioPart,
@@ -37,8 +38,8 @@ from omniloop.request.request import SCHEMA_VERSION, OmniRequest, new_request_id
 
 __all__ = [
     "ActionPart", "Artifact", "ArtifactEvent", "AudioArtifact", "AudioPart", "DiffusionParams", "FinalEvent",
-    "ImageArtifact", "ImagePart", "LatentPart", "LatentsArtifact", "Modality", "ModalPart", "OmniEvent",
+    "ImageArtifact", "ImagePart", "LatentPart", "LatentsArtifact", "LoraRef", "Modality", "ModalPart", "OmniEvent",
     "OmniOutput", "OmniRequest", "OutputSpec", "ProgressEvent", "RequestMetrics", "RequestStatus",
     "SCHEMA_VERSION", "SamplingParams", "StatusEvent", "TaskType", "TensorArtifact", "TextArtifact", "TextPart",
-    "VideoArtifact", "VideoPart", "new_request_id", "require_prompt",
+    "VideoArtifact", "VideoChunkArtifact", "VideoPart", "new_request_id", "require_prompt",
 ]

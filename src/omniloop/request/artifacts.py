@@ -47,6 +47,19 @@ class VideoArtifact(Artifact):
 
 
 @dataclass(kw_only=True)
+class VideoChunkArtifact(VideoArtifact):
+    """One streamed chunk of a video being made: frames ``[first_frame, first_frame + F)``."""
+
+    index: int  # chunk index, from 0
+    first_frame: int  # index of this chunk's first frame in the whole video
+    num_chunks: int | None = None  # chunks in the whole video (None: open-ended)
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "index": self.index, "first_frame": self.first_frame,
+                "num_chunks": self.num_chunks}
+
+
+@dataclass(kw_only=True)
 class ImageArtifact(Artifact):
     image: torch.Tensor  # [H, W, 3] uint8
 

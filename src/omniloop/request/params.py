@@ -11,6 +11,32 @@ from omniloop.request.enums import Modality
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
+LORA_STRENGTH_LIMIT = 5.0
+
+
+class LoraRef(BaseModel):
+    """One adapter a request applies: a registered name (or a LoRA file path, offline) and
+    its strength (the scale of its low-rank delta; 1.0 as trained, 0 disables it)."""
+
+    model_config = _FROZEN
+
+    name: str = Field(min_length=1, max_length=512, description="registered adapter name or (offline) file path")
+    strength: float = Field(default=1.0, ge=-LORA_STRENGTH_LIMIT, le=LORA_STRENGTH_LIMIT,
+                            description=f"scale of the adapter's delta, in [-{LORA_STRENGTH_LIMIT:g}, {LORA_STRENGTH_LIMIT:g}]")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_pair(cls, v: Any) -> Any:
+        """``"name"`` or ``("name", strength)`` (the offline API's tuples) as well as a mapping."""
+        if isinstance(v, str):
+            return {"name": v}
+        if isinstance(v, (tuple, list)):
+            if len(v) != 2:
+                raise ValueError(f"a LoRA is (name_or_path, strength); got {list(v)!r}")
+            return {"name": str(v[0]), "strength": v[1]}
+        return v
+
+
 class DiffusionParams(BaseModel):
     """Knobs of a denoise loop. Node-specific overrides go to ``OmniRequest.node_params``."""
 
@@ -39,6 +65,12 @@ class DiffusionParams(BaseModel):
                              description="RNG seed (default: a random one, reported in the output's metrics)")
     negative_prompt: str | None = None
     sampler: str | None = Field(default=None, description="sampler name (e.g. flow_unipc, flow_euler)")
+    strength: float | None = Field(
+        default=None, gt=0, le=1,
+        description="image-to-image: how much of the schedule re-noises the given image (1: all, from pure noise)",
+    )
+    loras: list[LoraRef] = Field(default_factory=list, max_length=16,
+                                 description="adapters to apply, stacked in order: [{'name': ..., 'strength': 1.0}]")
     plugin_params: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="parameters for plugins enabled by the deployment, by plugin name"
     )

@@ -25,6 +25,8 @@ class OmniRequest(BaseModel):
 
     request_id: str = Field(default_factory=new_request_id, min_length=1, max_length=128)
     task: TaskType
+    model: str | None = Field(default=None, max_length=512,
+                              description="which served model runs it (a server with several); None: the default")
     inputs: list[ModalPart] = Field(default_factory=list)
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     diffusion: DiffusionParams = Field(default_factory=DiffusionParams)

@@ -202,7 +202,8 @@ class JobStore:
         made stays downloadable); returns the ids removed."""
         now = time.time() if now is None else now
         done = sorted((j for j in self._jobs.values() if j.sealed), key=lambda j: j.completed_at or j.created_at)
-        gone = [j for j in done if self.max_age_s is not None and now - (j.completed_at or j.created_at) > self.max_age_s]
+        age = self.max_age_s
+        gone = [j for j in done if age is not None and now - (j.completed_at or j.created_at) > age]
         kept = [j for j in done if j not in gone]
         total = sum(j.output_bytes for j in kept)
         for job in kept[:-1]:

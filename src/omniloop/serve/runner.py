@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from omniloop.engine import AsyncEngine, UnknownRequest
 from omniloop.io import encode_mp4, write_png
 from omniloop.request import FinalEvent, OmniEvent, OmniOutput, OmniRequest, ProgressEvent, RequestStatus, StatusEvent
+from omniloop.serve.chunks import ChunkSegments, is_video_chunk
 from omniloop.serve.jobs import Job, JobKind, JobStore
 from omniloop.serve.metrics import ServeMetrics
 
@@ -43,6 +44,7 @@ def encode_outputs(kind: JobKind, output: OmniOutput) -> dict[str, bytes]:
 class JobRunner:
     def __init__(self, engine: AsyncEngine, jobs: JobStore, metrics: ServeMetrics) -> None:
         self.engine, self.jobs, self.metrics = engine, jobs, metrics
+        self.chunks = ChunkSegments()  # fMP4 segments of causal video jobs' streamed chunks
         self._tasks: set[asyncio.Task] = set()
 
     async def start(self, job: Job, request: OmniRequest, *, stored: bool = False) -> None:
@@ -85,12 +87,15 @@ class JobRunner:
             async for event in stream:
                 if isinstance(event, FinalEvent):
                     await self._finish(job, event)
+                elif is_video_chunk(event):  # a causal model's chunk: its fMP4 segment, at once
+                    job.publish(await asyncio.to_thread(self.chunks.event, job.id, event))
                 else:
                     self._apply(job, event)
         except Exception:  # a bug here must not take the server down
             logger.exception("following job %s failed", job.id)
             job.status, job.error = RequestStatus.FAILED, "internal error while following the job"
         finally:
+            self.chunks.close(job.id)
             if not job.sealed:  # server shutdown cancelled us (the stream aborted the request)
                 if not job.finished:
                     job.status = RequestStatus.CANCELLED

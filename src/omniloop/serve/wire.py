@@ -204,14 +204,14 @@ def video_task(model: ServedModel, has_image: bool, image_param: str = "input_re
         for task in (TaskType.I2V, TaskType.TI2V):
             if task in model.tasks:
                 return task
-        raise WireError(image_param, f"{model.name!r} has no image-to-video task (tasks {model.task_names}); omit it",
+        raise WireError(image_param, f"{model.name!r} has no image-to-video task (tasks: {model.task_names}); omit it",
                         code="unsupported")
     for task in (TaskType.T2V, TaskType.TI2V):
         if task in model.tasks:
             return task
     if TaskType.I2V in model.tasks:
         raise WireError(image_param, f"{model.name!r} is image-to-video; pass the first frame", code="missing")
-    raise WireError("model", f"{model.name!r} does not generate videos (tasks {model.task_names}); "
+    raise WireError("model", f"{model.name!r} does not generate videos (tasks: {model.task_names}); "
                     "use /v1/images/generations", code="unsupported")
 
 
@@ -242,7 +242,7 @@ def image_requests(call: WireCall, request_ids: list[str], model: ServedModel) -
     """``len(request_ids)`` text-to-image requests (seeds ``seed + i`` when a seed is given)."""
     prompt = _prompt(call)
     if not model.serves_images:
-        raise WireError("model", f"{model.name!r} does not generate images (tasks {model.task_names}); use /v1/videos",
+        raise WireError("model", f"{model.name!r} does not generate images (tasks: {model.task_names}); use /v1/videos",
                         code="unsupported")
     if call.image is not None:
         raise WireError(call.image_param, f"{model.name!r} has no image-to-image task; omit it", code="unsupported")

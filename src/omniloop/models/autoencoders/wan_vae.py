@@ -35,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from dataclasses import dataclass
 from typing import Any
@@ -590,6 +590,16 @@ class WanVAE(nn.Module):
 
     # -- streaming API: one chunk at a time, state in the caller's cache ------------------
 
+    def new_stream(self) -> CausalCache:
+        """The per-stream state of :meth:`decode_stream` (one per request: never on the module)."""
+        return CausalCache()
+
+    def decode_stream(self, z: Tensor, cache: CausalCache) -> Tensor:
+        """The next latent frames [B, z_dim, f, h, w] of a stream -> their video frames in
+        [-1, 1]; decoding a video's latents piece by piece with one cache gives exactly
+        :meth:`decode` of the whole video (the same per-frame chunks, clamped alike)."""
+        return torch.cat([self.decode_chunk(z[:, :, i : i + 1], cache) for i in range(z.shape[2])], dim=2)
+
     def encode_chunk(self, video: Tensor, cache: CausalCache) -> Tensor:
         """One encoder chunk -> its latent moments.
 
@@ -641,10 +651,13 @@ class WanVAE(nn.Module):
         mean, logvar = moments.chunk(2, dim=1)
         return mean, logvar.clamp(-30.0, 20.0)
 
-    def decode(self, z: Tensor, tiling: WanVAETiling | None = None, *, whole: bool | None = False) -> Tensor:
+    def decode(self, z: Tensor, tiling: WanVAETiling | None = None, *, whole: bool | None = False,
+               map_tiles: TileMap | None = None) -> Tensor:
         """Latents [B, z_dim, f, h, w] -> video [B, C, 1 + 4 (f - 1), 8h, 8w] in [-1, 1].
 
         With ``tiling``, decodes overlapping spatial tiles and blends them (less memory);
+        ``map_tiles(decode, tiles)`` decodes the list of latent tiles (default: one after the
+        other; a parallel pool spreads them across ranks, ``omniloop.parallel.vae``).
         ``whole``: all latent frames as one chunk (see :meth:`encode`); ``None``: as one chunk
         when the largest activation is small (:meth:`whole_fits`), else chunk by chunk.
         """
@@ -655,7 +668,7 @@ class WanVAE(nn.Module):
         if tiling is not None:
             if self.config.patch_size is not None:
                 raise ValueError("tiled decoding of a patchified (Wan2.2) VAE is not supported; pass tiling=None")
-            return self._decode_tiled(z, tiling).clamp_(-1.0, 1.0)
+            return self._decode_tiled(z, tiling, map_tiles or _each_tile).clamp_(-1.0, 1.0)
         return self._decode_frames(z, whole=whole).clamp_(-1.0, 1.0)
 
     def whole_fits(self, z: Tensor) -> bool:
@@ -688,7 +701,7 @@ class WanVAE(nn.Module):
             out[:, :, start : start + frames.shape[2]] = frames
         return out
 
-    def _decode_tiled(self, z: Tensor, tiling: WanVAETiling) -> Tensor:
+    def _decode_tiled(self, z: Tensor, tiling: WanVAETiling, map_tiles: TileMap) -> Tensor:
         # Same tiles and blending as diffusers' ``tiled_decode``.
         s = self.config.scale_factor_spatial
         _, _, _, h, w = z.shape
@@ -697,9 +710,10 @@ class WanVAE(nn.Module):
         blend_h, blend_w = tiling.tile_height - tiling.stride_height, tiling.tile_width - tiling.stride_width
         if h <= tile_h and w <= tile_w:
             return self._decode_frames(z)
-        rows: list[list[Tensor]] = []
-        for i in range(0, h, step_h):
-            rows.append([self._decode_frames(z[:, :, :, i : i + tile_h, j : j + tile_w]) for j in range(0, w, step_w)])
+        starts_h, starts_w = range(0, h, step_h), range(0, w, step_w)
+        tiles = [z[:, :, :, i : i + tile_h, j : j + tile_w] for i in starts_h for j in starts_w]  # row-major
+        decoded = map_tiles(self._decode_frames, tiles)
+        rows = [decoded[r * len(starts_w):(r + 1) * len(starts_w)] for r in range(len(starts_h))]
         out_rows = []
         for i, row in enumerate(rows):
             for j, tile in enumerate(row):
@@ -738,6 +752,13 @@ class WanVAE(nn.Module):
             raise ValueError(f"encode needs 1 + {n} k frames (1, {1 + n}, {1 + 2 * n}, ...), got {frames}")
         if height % s or width % s:
             raise ValueError(f"encode needs H and W divisible by {s}, got {height}x{width}")
+
+
+TileMap = Callable[[Callable[[Tensor], Tensor], list[Tensor]], list[Tensor]]  # (decode, latent tiles) -> decoded
+
+
+def _each_tile(decode: Callable[[Tensor], Tensor], tiles: list[Tensor]) -> list[Tensor]:
+    return [decode(t) for t in tiles]
 
 
 def patchify(x: Tensor, p: int) -> Tensor:

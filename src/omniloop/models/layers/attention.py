@@ -24,7 +24,7 @@ never per-request state.
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -163,6 +163,50 @@ def _math(
         scores = scores.masked_fill(~full, float("-inf"))
     weights = torch.softmax(scores, dim=-1)
     return (weights @ vf).transpose(1, 2).to(q.dtype)
+
+
+# -- packed (variable-length) attention -------------------------------------------------
+#
+# ``varlen_attention`` attends within each segment of a packed ``[N, H, D]`` sequence (the
+# samples of a mixed-resolution batch). A backend may register a native varlen kernel;
+# every other backend runs one call per segment, which is each sample's own attention.
+VarlenFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Any], torch.Tensor]
+_VARLEN: dict[str, VarlenFn] = {}
+
+
+def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: Any,
+                     backend: str = DEFAULT_BACKEND) -> torch.Tensor:
+    """``[N, H, D]`` packed q/k/v (``segments``: a ``layers.packed.Segments``) -> ``[N, H, D]``;
+    no token attends outside its segment. One segment, or segments of one length, run as
+    one (batched) call of ``backend``; otherwise its varlen kernel, or one call per segment."""
+    if segments.count == 1:
+        return attention(q[None], k[None], v[None], backend)[0]
+    if segments.uniform:
+        shape = (segments.count, segments.lengths[0], *q.shape[1:])
+        out = attention(q.view(shape), k.view(shape), v.view(shape), backend)
+        return out.reshape(q.shape[0], *out.shape[2:])
+    native = _VARLEN.get(backend)
+    if native is not None and q.is_cuda:
+        return native(q, k, v, segments)
+    parts = [attention(q[s][None], k[s][None], v[s][None], backend)[0] for s in segments.slices()]
+    return torch.cat(parts)
+
+
+def _flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: Any) -> torch.Tensor:
+    from torch.nn.attention.varlen import varlen_attn
+
+    cu = torch.tensor(segments.offsets, dtype=torch.int32, device=q.device)
+    longest = max(segments.lengths)
+    return varlen_attn(q, k, v, cu, cu, longest, longest)
+
+
+@register_attention_backend("varlen_flash", masks=False)
+def _varlen_flash_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **_: Any) -> torch.Tensor:
+    """Dense calls: flash SDPA; packed calls: torch's varlen flash kernel (CUDA, fp16/bf16)."""
+    return _sdpa_flash(q, k, v)
+
+
+_VARLEN["varlen_flash"] = _flash_varlen
 
 
 def set_attention_backend(module: torch.nn.Module, name: str) -> None:

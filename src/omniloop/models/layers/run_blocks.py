@@ -10,7 +10,8 @@ state; it is never stored on the model.
 
 Row convention (what lets an interceptor run a block on part of a batch): every tensor
 argument is either batch-first (``shape[0] == hidden.shape[0]``) or shared across the batch
-(``shape[0] == 1``, e.g. RoPE tables); tuples/NamedTuples of tensors follow the same rule.
+(``shape[0] == 1``, e.g. RoPE tables); tuples/NamedTuples of tensors follow the same rule;
+an object with ``select_rows(rows)`` (a causal model's per-row KV plan) restricts itself.
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ class BlockCall:
 
 
 def _select(value: Any, rows: torch.Tensor, batch: int) -> Any:
+    if callable(getattr(value, "select_rows", None)):  # a per-row object (a causal model's KV plan)
+        return value.select_rows(rows)
     if isinstance(value, torch.Tensor):
         if value.ndim > 0 and value.shape[0] == batch and batch > 1:
             return value.index_select(0, rows.to(value.device))
@@ -78,7 +81,25 @@ def run_blocks(
     interceptor: BlockInterceptor | None = None,
     **kwargs: Any,
 ) -> torch.Tensor:
-    """Apply ``blocks`` in order: ``hidden = block(hidden, *args, **kwargs)``."""
+    """Apply ``blocks`` in order: ``hidden = block(hidden, *args, **kwargs)``.
+
+    A sequence-parallel deployment installs ``blocks.sequence_shard`` from outside
+    (``omniloop.parallel.sequence``): the stack then runs on this rank's share of the tokens.
+    """
+    shard = getattr(blocks, "sequence_shard", None)
+    if shard is not None:
+        return shard.run(blocks, hidden, args, kwargs, interceptor)
+    return run_block_stack(blocks, hidden, *args, interceptor=interceptor, **kwargs)
+
+
+def run_block_stack(
+    blocks: Sequence[nn.Module],
+    hidden: torch.Tensor,
+    *args: Any,
+    interceptor: BlockInterceptor | None = None,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """The block loop itself (``run_blocks`` without the sequence-parallel seam)."""
     if interceptor is None:
         for block in blocks:
             hidden = block(hidden, *args, **kwargs)

@@ -12,11 +12,15 @@ from omniloop.models.text.prompt import clean_prompt
 
 @dataclass(frozen=True)
 class EncodedText:
-    embeds: torch.Tensor  # [B, max_sequence_length, D]; positions past each length are zero
+    embeds: torch.Tensor  # [B, max_sequence_length, D]; past each length: zero, or padding features (UnmaskedTokenEncoder)
     lengths: list[int]  # real token count of each prompt (incl. special tokens)
+    pooled: torch.Tensor | None = None  # [B, D_pool]: the pooled embedding, for encoders that have one (CLIP)
 
 
 class TextEncoder(Protocol):
+    """What ``TextEncode`` calls. ``encode`` gives each prompt's row as encoding it alone
+    would (fixed-length padding), so rows of several requests batch into one call."""
+
     max_sequence_length: int
     hidden_size: int
 
@@ -64,3 +68,39 @@ class PaddedTokenEncoder:
         hidden = hidden * mask.gt(0)[..., None].to(hidden.dtype)
         lengths = [int(n) for n in mask.gt(0).sum(dim=1).tolist()]
         return EncodedText(embeds=hidden.to(device or self.device), lengths=lengths)
+
+
+class UnmaskedTokenEncoder:
+    """The prompt handling of diffusers' Flux / SD3 pipelines: the raw prompt (no cleaning),
+    tokenized padded to ``max_sequence_length``, encoded WITHOUT an attention mask (the
+    model attends to its padding, and nothing is zeroed: the DiT was trained on exactly
+    these features). Subclasses say how the model is called and what it pools."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, max_sequence_length: int, hidden_size: int) -> None:
+        self.model = model.eval().requires_grad_(False)
+        self.tokenizer = tokenizer
+        self.max_sequence_length = max_sequence_length
+        self.hidden_size = hidden_size
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def run(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """[B, L] token ids -> ([B, L, D] last hidden states, [B, D_pool] pooled or None)."""
+        raise NotImplementedError
+
+    @torch.inference_mode()
+    def encode(self, prompts: Sequence[str], *, device: torch.device | None = None) -> EncodedText:
+        tokens = self.tokenizer(
+            list(prompts), padding="max_length", max_length=self.max_sequence_length, truncation=True,
+            return_attention_mask=True, return_tensors="pt",
+        )
+        hidden, pooled = self.run(tokens.input_ids.to(self.device))
+        lengths = [int(n) for n in tokens.attention_mask.gt(0).sum(dim=1).tolist()]
+        target = device or self.device
+        return EncodedText(embeds=hidden.to(target), lengths=lengths, pooled=None if pooled is None else pooled.to(target))

@@ -21,12 +21,14 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from omniloop.ext.interceptors import accepts_block_interceptor
+from omniloop.models.layers.lora import AdapterSet, LoraPlan, lora_rows
+from omniloop.pipeline.adapters import request_adapters
 from omniloop.pipeline.edges import ConditionLatents, DenoisedLatents, TextEmbeddings
 from omniloop.pipeline.failures import PoolFatalError, attempt, per_request
 from omniloop.pipeline.policies.cfg import CFGPolicy, CFGState, ClassicCFG, Prediction
 from omniloop.pipeline.policies.conditioning import ConditioningPolicy, NoConditioning
 from omniloop.pipeline.policies.routing import Route, RoutingPolicy, SingleModel
-from omniloop.pipeline.policies.shift import FlowShift
+from omniloop.pipeline.policies.shift import FlowShift, ShiftPolicy
 from omniloop.pipeline.samplers.base import Sampler, SamplerState
 from omniloop.pipeline.stage import LoopStageBase, WorkEstimate
 from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
@@ -59,9 +61,29 @@ class Denoiser(Protocol):
         """Peak transient memory of one forward of one request's rows at these shapes."""
         ...
 
+    def tokens_per_forward(self, ctx: StageContext, shapes: dict[str, tuple[int, ...]]) -> int:
+        """Tokens one forward of one request's rows carries (what a batch's token budget counts)."""
+        ...
+
+    # A denoiser that PACKS (``packs = True``) also implements ``forward_packed(model, xs, ts,
+    # kwargs) -> list[Prediction]`` for calls of different latent shapes (one list entry per
+    # call, each [b_i, ...]): they run as one forward over their packed token sequences, so
+    # requests of different sizes share a batched step (the loop then leaves latent shapes
+    # out of its batch key).
+    packs: bool
+
 
 class DenoiserBase:
-    """Defaults of a Denoiser's optional cost methods: unknown."""
+    """Defaults of a Denoiser's optional methods: costs unknown, no packing."""
+
+    packs: bool = False
+
+    def tokens_per_forward(self, ctx: StageContext, shapes: dict[str, tuple[int, ...]]) -> int:
+        return 0
+
+    def forward_packed(self, model: torch.nn.Module, xs: list[dict[str, torch.Tensor]], ts: list[torch.Tensor],
+                       kwargs: list[dict[str, Any]]) -> list[Prediction]:
+        raise NotImplementedError(f"{type(self).__name__} does not pack calls of different shapes")
 
     def flops_per_forward(self, ctx: StageContext, shapes: dict[str, tuple[int, ...]]) -> float | None:
         return None
@@ -93,6 +115,9 @@ class DenoiseLoopState(LoopState):
     routes: list[Route]  # expert route of every step, resolved at init
     model_dtype: torch.dtype
     flops_per_forward: float | None = None
+    tokens_per_forward: int = 0  # the batch token budget's unit (0: unknown)
+    packed: bool = False  # steps batch with other latent shapes (a packing denoiser, no plugins)
+    adapters: dict[str, AdapterSet] = field(default_factory=dict)  # component -> the request's LoRAs
     preview_every: int | None = None
     trajectory: list[torch.Tensor] | None = None
 
@@ -104,13 +129,17 @@ class DenoiseLoopState(LoopState):
     def timestep(self) -> torch.Tensor:
         return next(iter(self.samplers.values())).timestep
 
+    @property
+    def model_timestep(self) -> torch.Tensor:
+        return next(iter(self.samplers.values())).model_timestep
+
 
 @dataclass
 class DenoiseLoop(LoopStageBase):
     denoiser: Denoiser
     cfg: CFGPolicy = field(default_factory=ClassicCFG)
     routing: RoutingPolicy = field(default_factory=SingleModel)
-    shift: FlowShift = field(default_factory=FlowShift)
+    shift: ShiftPolicy = field(default_factory=FlowShift)
     conditioning: ConditioningPolicy = field(default_factory=NoConditioning)
     sampler_component: str = "sampler"
 
@@ -126,23 +155,44 @@ class DenoiseLoop(LoopStageBase):
     # -- init / finalize ------------------------------------------------------------
     def init(self, ctx: StageContext, state: RequestState) -> DenoiseLoopState:
         request = state.request
-        params = _effective_params(request.diffusion, state.node_params.get(ctx.node))
-        sampler = ctx.component(self.sampler_component).get(params.sampler)
-        shapes = self.denoiser.latent_shapes(ctx, request)
-        area = _latent_area(shapes)
-        shift = self.shift.resolve(params, area)
-        num_steps = params.num_steps(ctx.defaults.get("steps", 50))
-        samplers = {
-            m: sampler.init_state(num_steps, device=ctx.device, shift=shift, sigmas=params.sigmas)
-            for m in self.denoiser.modalities
-        }
+        params = self.params(ctx, state)
         seed = params.seed if params.seed is not None else random.randrange(2**63)
         state.metrics.seed = seed
         # Same seed -> same noise as diffusers: a CPU generator, fp32, then moved.
         gen = torch.Generator("cpu").manual_seed(seed)
-        latents = {m: torch.randn(shapes[m], generator=gen, dtype=torch.float32).to(ctx.device) for m in shapes}
+        latents = seeded_noise(self.denoiser.latent_shapes(ctx, request), gen, ctx.device)
+        return self.start(ctx, state, params, latents, seed=seed, gen=gen)
+
+    def params(self, ctx: StageContext, state: RequestState) -> DiffusionParams:
+        """The request's DiffusionParams with this node's ``node_params`` applied."""
+        return _effective_params(state.request.diffusion, state.node_params.get(ctx.node))
+
+    def start(
+        self, ctx: StageContext, state: RequestState, params: DiffusionParams, latents: dict[str, torch.Tensor], *,
+        seed: int, gen: torch.Generator | None = None, branch_kwargs: dict[str, dict[str, Any]] | None = None,
+    ) -> DenoiseLoopState:
+        """A loop state denoising ``latents`` (fp32, [B, C, ...] per modality) from pure noise:
+        ``init`` draws them from the seed (``gen``: its generator, which image-to-image
+        conditioning draws on next); an outer loop (``ChunkRollout``) starts one per chunk
+        with its slice of the video's noise and forward kwargs of its own (the chunk's KV
+        view), the policies and sampler unchanged."""
+        request = state.request
+        sampler = ctx.component(self.sampler_component).get(params.sampler)
+        shapes = {m: tuple(x.shape) for m, x in latents.items()}
+        num_steps = params.num_steps(ctx.defaults.get("steps", 50))
+        schedule = self.shift.sampler_kwargs(params, _latent_area(shapes), num_steps, sampler)
+        samplers = {m: sampler.init_state(num_steps, device=ctx.device, **schedule) for m in self.denoiser.modalities}
 
         cfg_state = self.cfg.init(params, self.denoiser.modalities, ctx.defaults)
+        cond_state = self.conditioning.init(
+            ctx.read_optional(state, self.conditioning.input_port, ConditionLatents)
+            if self.conditioning.input_port
+            else None
+        )
+        # image-to-image: noise the given latents and run the schedule's tail only
+        strength = params.strength if params.strength is not None else ctx.defaults.get("strength")
+        latents, samplers = self.conditioning.start(latents, samplers, cond_state, gen, strength)
+        num_steps = next(iter(samplers.values())).num_steps
         timesteps = next(iter(samplers.values())).timesteps.detach().cpu()
         num_train = getattr(sampler, "num_train_timesteps", 1000)
         routes = [self.routing.route(t, num_train) for t in timesteps]
@@ -156,19 +206,19 @@ class DenoiseLoop(LoopStageBase):
             sampler=sampler,
             samplers=samplers,
             latents=latents,
-            branch_kwargs=self.denoiser.branch_inputs(ctx, state, cfg_state.branches),
+            branch_kwargs=branch_kwargs if branch_kwargs is not None
+            else self.denoiser.branch_inputs(ctx, state, cfg_state.branches),
             routes=routes,
             model_dtype=model_dtype,
             flops_per_forward=self.denoiser.flops_per_forward(ctx, shapes),
+            tokens_per_forward=int(self.denoiser.tokens_per_forward(ctx, shapes) or 0),
+            packed=self.denoiser.packs and ctx.hooks is None,
+            adapters=request_adapters(ctx, state),
             preview_every=request.outputs.preview_every if request.outputs.stream else None,
             trajectory=[] if request.outputs.return_trajectory else None,
         )
         loop.policy_states[self.cfg.name] = cfg_state
-        loop.policy_states[self.conditioning.name] = self.conditioning.init(
-            ctx.read_optional(state, self.conditioning.input_port, ConditionLatents)
-            if self.conditioning.input_port
-            else None
-        )
+        loop.policy_states[self.conditioning.name] = cond_state
         if ctx.hooks is not None:
             ctx.hooks.init_loop(loop, request)  # interceptor state, per request (and per branch, lazily)
         return loop
@@ -232,13 +282,22 @@ class DenoiseLoop(LoopStageBase):
             return None
         route = loop.route
         cfg_state: CFGState = loop.policy_states[self.cfg.name]
+        # packed loops batch across latent shapes (their tokens are packed into one sequence)
+        shapes = tuple(loop.latents) if loop.packed else tuple((m, tuple(x.shape)) for m, x in loop.latents.items())
         return (
             id(self),
             route.component,
             self.cfg.step_branches(cfg_state, route.scale_set),
-            tuple((m, tuple(x.shape)) for m, x in loop.latents.items()),
+            shapes,
             _kwargs_signature(loop.branch_kwargs),
         )
+
+    def batch_weight(self, loop: DenoiseLoopState) -> int:  # type: ignore[override]
+        """Tokens this loop's next step adds to a batch (the scheduler's token budget)."""
+        if loop.done:
+            return 0
+        cfg_state: CFGState = loop.policy_states[self.cfg.name]
+        return len(self.cfg.step_branches(cfg_state, loop.route.scale_set)) * loop.tokens_per_forward
 
     def is_finite(self, loop: DenoiseLoopState) -> bool:  # type: ignore[override]
         return self.finite_many([loop])[0]
@@ -300,7 +359,8 @@ class DenoiseLoop(LoopStageBase):
         x = self.conditioning.prepare(loop.latents, cond_state)
         x = {m: v.to(loop.model_dtype) for m, v in x.items()}
         batch = next(iter(x.values())).shape[0]
-        return x, loop.timestep.expand(batch)
+        t = loop.model_timestep  # 0-d, or a flow map's [t, r]
+        return x, t.expand(batch, *t.shape)
 
     def _forward_branches(
         self,
@@ -315,9 +375,13 @@ class DenoiseLoop(LoopStageBase):
     ) -> list[dict[str, Prediction]]:
         """Per loop, per branch predictions (float32). ``batched`` dispatch stacks every
         (branch, loop) pair into one forward; ``sequential`` runs one forward per branch.
-        Pairs a step interceptor ``supplied`` skip the forward."""
+        Pairs a step interceptor ``supplied`` skip the forward. In a pool with dp x cfg ranks
+        (``ctx.parallel``, omniloop.parallel.rows) this rank runs its share of the pairs and
+        the ranks then exchange predictions, so every rank ends with all of them."""
         calls: list[tuple[int, str]] = [(i, b) for b in branches for i in range(len(loops)) if (i, b) not in supplied]
-        groups = [calls] if self.cfg.mode == "batched" else [[c for c in calls if c[1] == b] for b in branches]
+        rows = ctx.parallel
+        local = calls if rows is None else rows.local_calls(calls, branches)
+        groups = [local] if self.cfg.mode == "batched" else [[c for c in local if c[1] == b] for b in branches]
         out: list[dict[str, Prediction]] = [{} for _ in loops]
         for (i, b), pred in supplied.items():
             out[i][b] = pred
@@ -330,9 +394,17 @@ class DenoiseLoop(LoopStageBase):
                 ts.append(t)
                 kws.append(kw)
             sizes = [next(iter(x.values())).shape[0] for x in xs]
-            pred = self._forward(ctx, model, loops, group, sizes, route, _cat_dicts(xs), torch.cat(ts), _cat_kwargs(kws))  # forward
-            for (i, b), part in zip(group, _split_pred(pred, sizes)):
+            with lora_rows(_lora_plan(loops, group, sizes, route.component)):  # each row's own LoRAs
+                if _mixed_shapes(xs):  # packed loops of different sizes: one forward over packed tokens
+                    parts = self.denoiser.forward_packed(model, xs, ts, kws)
+                else:
+                    pred = self._forward(ctx, model, loops, group, sizes, route, _cat_dicts(xs), torch.cat(ts),
+                                         _cat_kwargs(kws))  # forward
+                    parts = _split_pred(pred, sizes)
+            for (i, b), part in zip(group, parts):
                 out[i][b] = {m: v.float() for m, v in part.items()}  # post_forward: fp32 for combine
+        if rows is not None:
+            rows.exchange(out, calls, branches, like=[lp.latents for lp in loops])
         return out
 
     def _forward(
@@ -410,6 +482,11 @@ class DenoiseLoop(LoopStageBase):
 
 
 # -- helpers --------------------------------------------------------------------------
+def seeded_noise(shapes: Mapping[str, tuple[int, ...]], gen: torch.Generator, device: torch.device) -> dict[str, torch.Tensor]:
+    """Initial noise per modality from ``gen`` (a CPU generator: diffusers' draw), fp32, then moved."""
+    return {m: torch.randn(shapes[m], generator=gen, dtype=torch.float32).to(device) for m in shapes}
+
+
 def _own(x: torch.Tensor) -> torch.Tensor:
     """``x`` in storage of its own: a batched sampler update leaves each request's latents a
     row slice of the batch's tensor, which an output kept for long must not hold alive."""
@@ -419,7 +496,8 @@ def _own(x: torch.Tensor) -> torch.Tensor:
 def _effective_params(params: DiffusionParams, overrides: DenoiseParams | None) -> DiffusionParams:
     if overrides is None:
         return params
-    update = {k: v for k, v in overrides.model_dump().items() if v is not None}
+    # only DiffusionParams fields (an outer loop's schema may add its own, e.g. chunk_partition)
+    update = {k: v for k, v in overrides.model_dump().items() if v is not None and k in DiffusionParams.model_fields}
     if "steps" in update and params.sigmas is not None:
         update["sigmas"] = None
     return params.model_copy(update=update)
@@ -466,6 +544,22 @@ def _kwargs_signature(branch_kwargs: Mapping[str, Mapping[str, Any]]) -> tuple:
             else:
                 sig.append((b, k, repr(v)))
     return tuple(sig)
+
+
+def _lora_plan(loops: Sequence[DenoiseLoopState], group: list[tuple[int, str]], sizes: list[int],
+               component: str) -> LoraPlan | None:
+    """Per batch row of one forward: the adapters of the request it belongs to (None: no
+    request of the group applies any)."""
+    if not any(loops[i].adapters for i, _ in group):
+        return None
+    rows = [loops[i].adapters.get(component) for (i, _), n in zip(group, sizes) for _ in range(n)]
+    return LoraPlan(rows)
+
+
+def _mixed_shapes(xs: list[dict[str, torch.Tensor]]) -> bool:
+    """Calls whose inputs cannot be concatenated along the batch (only packed loops batch so)."""
+    first = {m: v.shape[1:] for m, v in xs[0].items()}
+    return any({m: v.shape[1:] for m, v in x.items()} != first for x in xs[1:])
 
 
 def _cat_dicts(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

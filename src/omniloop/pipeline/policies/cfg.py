@@ -85,9 +85,10 @@ class ClassicCFG:
 
 @dataclass(frozen=True)
 class EmbeddedGuidance:
-    """Single branch; the scale is passed to the model as ``kwarg`` (times ``multiplier``)."""
+    """Single branch; the scale is passed to the model as ``kwarg`` (times ``multiplier``);
+    ``kwarg=None``: a model without guidance (FLUX.1-schnell), the scale is not passed."""
 
-    kwarg: str = "guidance"
+    kwarg: str | None = "guidance"
     multiplier: float = 1.0
     mode: Literal["sequential"] = "sequential"
     name: str = "cfg"
@@ -100,6 +101,8 @@ class EmbeddedGuidance:
         return (COND,)
 
     def pre_forward(self, state: CFGState, branch: str, kwargs: dict[str, Any], scale_set: str) -> dict[str, Any]:
+        if self.kwarg is None:
+            return kwargs
         scale = next(iter(state.scales[scale_set].values()))
         batch = _batch_size(kwargs)
         return {**kwargs, self.kwarg: torch.full((batch,), scale * self.multiplier, dtype=torch.float32)}

@@ -1,13 +1,19 @@
-"""Conditioning injectors for the ``prepare_inputs`` and ``post_step`` slots."""
+"""Conditioning injectors for the loop's ``init`` (``start``), ``prepare_inputs`` and
+``post_step`` slots."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from omniloop.pipeline.edges import ConditionLatents
+from omniloop.pipeline.samplers.base import SamplerState
+
+Latents = dict[str, torch.Tensor]
+SamplerStates = dict[str, SamplerState]
 
 
 @dataclass(frozen=True)
@@ -18,15 +24,19 @@ class NoConditioning:
     def init(self, condition: Any) -> Any:
         return None
 
-    def prepare(self, latents: dict[str, torch.Tensor], state: Any) -> dict[str, torch.Tensor]:
+    def start(self, latents: Latents, samplers: SamplerStates, state: Any, gen: torch.Generator,
+              strength: float | None) -> tuple[Latents, SamplerStates]:
+        return latents, samplers
+
+    def prepare(self, latents: Latents, state: Any) -> Latents:
         return latents
 
-    def post_step(self, latents: dict[str, torch.Tensor], state: Any) -> dict[str, torch.Tensor]:
+    def post_step(self, latents: Latents, state: Any) -> Latents:
         return latents
 
 
 @dataclass(frozen=True)
-class LatentConcat:
+class LatentConcat(NoConditioning):
     """Channel-concatenate clean condition latents to the noisy ones (Wan2.2 I2V:
     ``[noise(16) | mask(4) | image latents(16)]`` -> 36 input channels)."""
 
@@ -39,15 +49,61 @@ class LatentConcat:
             raise ValueError("this model needs conditioning latents (an input image); none were produced")
         return condition.latents
 
-    def prepare(self, latents: dict[str, torch.Tensor], state: torch.Tensor) -> dict[str, torch.Tensor]:
+    def prepare(self, latents: Latents, state: torch.Tensor) -> Latents:
         x = latents[self.modality]  # [B, C, f, h, w]
         cond = state.to(x.dtype)
         if cond.shape[0] != x.shape[0]:
             cond = cond.expand(x.shape[0], *cond.shape[1:])
         return {**latents, self.modality: torch.cat([x, cond], dim=1)}
 
-    def post_step(self, latents: dict[str, torch.Tensor], state: Any) -> dict[str, torch.Tensor]:
-        return latents
+
+@dataclass(frozen=True)
+class LatentStart(NoConditioning):
+    """Image-to-image (SDEdit): start from the condition's clean latents noised to the sigma
+    ``strength`` of the way down the schedule and run only the remaining steps (diffusers'
+    img2img ``get_timesteps`` + ``scale_noise``). Without a condition (text-to-image
+    requests of the same pipeline) the loop starts from pure noise as usual.
+
+    Draw order (diffusers'): with a posterior (an encoded image) its sample takes the loop's
+    first normal draw and the noise the second; given latents take none and the noise is the
+    first. Needs a sampler whose state is its schedule alone (flow_euler)."""
+
+    modality: str = "image"
+    input_port: str = "condition"
+    name: str = "conditioning"
+
+    def init(self, condition: ConditionLatents | None) -> ConditionLatents | None:
+        return condition
+
+    def start(self, latents: Latents, samplers: SamplerStates, state: ConditionLatents | None,
+              gen: torch.Generator, strength: float | None) -> tuple[Latents, SamplerStates]:
+        if state is None:
+            return latents, samplers
+        assert strength is not None, "admission resolves strength for image-to-image requests"
+        first = latents[self.modality]
+        if state.posterior is not None:
+            clean = state.posterior.sample(first)
+            noise = torch.randn(first.shape, generator=gen, dtype=torch.float32).to(first.device)
+        else:
+            clean, noise = state.latents.to(first.device, torch.float32), first
+        if clean.shape != first.shape:
+            raise ValueError(f"the image's latents {tuple(clean.shape)} do not match the requested size's "
+                             f"{tuple(first.shape)}; pass an image (or latents) of diffusion.height x diffusion.width")
+        schedule = samplers[self.modality]
+        start = start_index(schedule.num_steps, strength)
+        if type(schedule) is not SamplerState:
+            raise ValueError("diffusion.strength needs a sampler whose state is its schedule alone; pass "
+                             "diffusion.sampler='flow_euler'")
+        moved = {m: dataclasses.replace(s, timesteps=s.timesteps[start:], sigmas=s.sigmas[start:], step_index=0)
+                 for m, s in samplers.items()}
+        sigma = schedule.sigmas[start].to(first.device)
+        return {**latents, self.modality: sigma * noise + (1.0 - sigma) * clean}, moved
 
 
-ConditioningPolicy = NoConditioning | LatentConcat
+def start_index(num_steps: int, strength: float) -> int:
+    """The first step an image-to-image request runs (diffusers' ``get_timesteps``)."""
+    init = min(num_steps * strength, num_steps)
+    return int(max(num_steps - init, 0))
+
+
+ConditioningPolicy = NoConditioning | LatentConcat | LatentStart

@@ -29,6 +29,7 @@ from omniloop.request import (
     OmniRequest,
     RequestStatus,
     StatusEvent,
+    VideoChunkArtifact,
     new_request_id,
 )
 from omniloop.serve.dynamo.frames import jpeg_b64, latent_preview, png_b64
@@ -66,6 +67,7 @@ class _Tracked:
     request: OmniRequest
     started: float
     predicted_s: float | None = None
+    streamed: int = 0  # video frames already sent as their chunks were made (causal models)
 
     def annotation(self, output: OmniOutput | None = None) -> dict[str, Any]:
         return cost_annotation(self.request.request_id, self.predicted_s, output.metrics if output else None)
@@ -94,6 +96,14 @@ class GenerationHandler:
         async for event in self._run(tracked, context):
             if call.stream and isinstance(event, ArtifactEvent) and isinstance(event.artifact, LatentsArtifact):
                 yield await asyncio.to_thread(self._preview_chunk, tracked, event.artifact)
+            elif call.stream and isinstance(event, ArtifactEvent) and isinstance(event.artifact, VideoChunkArtifact):
+                # a causal model's chunk, decoded: its frames go out now, not after the last chunk
+                # (the video's very last frame waits for the final response, which it closes)
+                art = event.artifact
+                last_chunk = art.num_chunks is not None and art.index == art.num_chunks - 1
+                for i, frame in enumerate(art.frames[:-1] if last_chunk else art.frames):
+                    yield await asyncio.to_thread(self._frame_chunk, tracked, frame, art.first_frame + i, art.fps)
+                tracked.streamed = art.first_frame + art.num_frames - last_chunk
             elif isinstance(event, FinalEvent):
                 async for chunk in self._video_final(tracked, event.output, stream=call.stream):
                     yield chunk
@@ -181,11 +191,19 @@ class GenerationHandler:
             return
         for i, frame in enumerate(frames):
             last = i == len(frames) - 1
+            if i < tracked.streamed:
+                continue  # streamed as its chunk was made
             jpeg = await asyncio.to_thread(jpeg_b64, frame)
             yield video_response(rid, name, status="completed" if last else "in_progress", progress=100,
                                  data=[video_data(jpeg, "jpeg", fps)],
                                  nvext={**tracked.annotation(output), "frame": {"kind": "video", "index": i}},
                                  inference_time_s=elapsed if last else None)
+
+    def _frame_chunk(self, tracked: _Tracked, frame: Any, index: int, fps: int) -> dict[str, Any]:
+        """One frame of a streamed chunk (a causal video model's), as the final frames are."""
+        return video_response(tracked.request.request_id, self.model.name, status="in_progress", progress=99,
+                              data=[video_data(jpeg_b64(frame), "jpeg", fps)],
+                              nvext={**tracked.annotation(), "frame": {"kind": "video", "index": index}})
 
     def _preview_chunk(self, tracked: _Tracked, art: LatentsArtifact) -> dict[str, Any]:
         d, p = self.model.defaults, tracked.request.diffusion

@@ -7,6 +7,11 @@ defaults, the deployment's device and dtype), batched through the engine (CFG br
 batched), and scored by the adherence evaluator.
 
     python -m omniloop.train.recipes.evaluate --model shapes-t2v --n 256 --output result.json
+
+Beside color / shape / motion it reports the clips' stability per frame index
+(``stability``), one- and two-object prompts apart (``by_objects``), optionally a set of
+two-object prompts only (``--two-objects N``: count, both colors, both motions) and, for a
+model that declares T2I, images (``--images N``: ``eval_image_prompts``, one frame each).
 """
 
 from __future__ import annotations
@@ -19,15 +24,16 @@ from pathlib import Path
 from typing import Any
 
 from omniloop.deploy import DeployConfig
-from omniloop.eval.shapes_world import held_out_prompts
+from omniloop.eval.shapes_world import eval_image_prompts, held_out_prompts
 from omniloop.models.loader import load_pipeline
 from omniloop.models.model_spec import LoadOptions
+from omniloop.request import TaskType
 from omniloop.train.recipes.rollout import adherence_summary, generate, score
 
 
 def evaluate_model(model: str | Path, *, n: int = 256, seed: int = 0, device: str = "auto", dtype: str = "auto",
                    max_batch: int = 32, videos_dir: Path | None = None, text_encoder: Any = None,
-                   **params: Any) -> dict[str, Any]:
+                   images: int = 0, two_objects: int = 0, **params: Any) -> dict[str, Any]:
     """Generate ``held_out_prompts(n, seed)`` with ``model`` and report per-attribute adherence.
 
     ``params`` are DiffusionParams overrides (``steps``, ``guidance_scale``, ``sampler``...);
@@ -50,6 +56,16 @@ def evaluate_model(model: str | Path, *, n: int = 256, seed: int = 0, device: st
                       max_batch=max_batch, **params)
     gen_s = time.monotonic() - t1
     report = score(videos)
+    extra: dict[str, Any] = {}
+    if two_objects:
+        pairs = held_out_prompts(two_objects, seed + 1, two_object_prob=1.0)
+        pair_report = score(generate(pipeline, [p.prompt for p in pairs], [(seed + 1) * 100_000 + i
+                                                                             for i in range(two_objects)],
+                                     max_batch=max_batch, **params))
+        extra["two_objects"] = {**adherence_summary(pair_report), **pair_report.by_objects.get("2", {}),
+                                "stability": _brief(pair_report.stability)}
+    if images:
+        extra["images"] = _images(pipeline, images, seed, max_batch, params)
     if videos_dir is not None:
         _write_videos(Path(videos_dir), videos.videos, videos.prompts, int(pipeline.defaults.get("fps", 8)))
     params_count = {name: sum(p.numel() for p in c.parameters())
@@ -66,8 +82,30 @@ def evaluate_model(model: str | Path, *, n: int = 256, seed: int = 0, device: st
         "load_seconds": round(load_s, 2),
         "generate_seconds": round(gen_s, 2),
         "adherence": adherence_summary(report),
+        "stability": _brief(report.stability),
+        "by_objects": report.by_objects,
+        **extra,
         "report": report.to_dict(),
     }
+
+
+def _brief(stability: dict[str, Any]) -> dict[str, Any]:
+    """The stability summary with its per-frame rows cut to the figures a table shows."""
+    rows = stability.get("per_frame", [])
+    return {**{k: v for k, v in stability.items() if k != "per_frame"},
+            "failing_by_frame": [r["failing"] for r in rows], "drift_by_frame": [r["drift"] for r in rows],
+            "artifacts_by_frame": [r["artifact_fraction"] for r in rows]}
+
+
+def _images(pipeline: Any, n: int, seed: int, max_batch: int, params: dict[str, Any]) -> dict[str, Any]:
+    """Adherence of ``n`` T2I generations (one frame each), or why there are none."""
+    if TaskType.T2I not in pipeline.spec.tasks:
+        return {"skipped": f"the model does not declare t2i (tasks {sorted(t.value for t in pipeline.spec.tasks)})"}
+    items = eval_image_prompts(n, seed)
+    report = score(generate(pipeline, [p.prompt for p in items], [seed * 100_000 + 50_000 + i for i in range(n)],
+                            max_batch=max_batch, task="t2i", **params))
+    return {**adherence_summary(report), "count": report.accuracy("count"), "stable": report.stability.get("stable"),
+            "by_objects": report.by_objects}
 
 
 def _write_videos(folder: Path, videos: list, prompts: list[str], fps: int) -> None:
@@ -92,17 +130,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-batch", type=int, default=32)
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--guidance-scale", type=float, default=None)
+    p.add_argument("--images", type=int, default=0, help="also generate this many T2I prompts (a model declaring t2i)")
+    p.add_argument("--two-objects", type=int, default=0, help="also this many two-object prompts")
     p.add_argument("--videos", default=None, help="also write the mp4s and prompts.jsonl here")
     p.add_argument("--output", default=None, help="write the JSON report here")
     args = p.parse_args(argv)
     params = {k: v for k, v in (("steps", args.steps), ("guidance_scale", args.guidance_scale)) if v is not None}
     result = evaluate_model(args.model, n=args.n, seed=args.seed, device=args.device, dtype=args.dtype,
-                            max_batch=args.max_batch, videos_dir=Path(args.videos) if args.videos else None, **params)
+                            max_batch=args.max_batch, videos_dir=Path(args.videos) if args.videos else None,
+                            images=args.images, two_objects=args.two_objects, **params)
     text = json.dumps(result, indent=2, default=str)
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         Path(args.output).write_text(text + "\n")
-    print(json.dumps({"model": result["model"], **result["adherence"]}, default=str))
+    brief = {"model": result["model"], **result["adherence"], "stable": result["stability"].get("stable"),
+             **{k: result[k] for k in ("two_objects", "images") if k in result}}
+    print(json.dumps(brief, default=str))
     return 0
 
 

@@ -6,6 +6,9 @@ encoded once (posterior mean, normalised with the VAE's latents_mean/std exactly
 pipeline denormalises before decoding) and written in shards of ``shard_size``. Building is
 resumable per shard (each shard is written to a temporary and renamed), and ``store.json``
 records the VAE's sha256, so a store built with another VAE is refused, not silently mixed.
+
+An image store (``image_prob=1``, ``num_frames=1``, its own ``stage`` folder) holds single
+frames of static scenes with motionless captions: what the teacher learns T2I from.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from omniloop.train.recipes.shapes_vae import to_unit_video
 from omniloop.train.recipes.stage import ShardClock, StageResult, read_result, write_result
 
 STAGE = "latents"
+IMAGE_STAGE = "image_latents"
 STORE_FILE = "store.json"
 
 
@@ -42,10 +46,19 @@ class LatentStoreSpec:
     max_sequence_length: int = 32
     dtype: str = "bfloat16"  # storage dtype of latents and text features
     num_workers: int = 0  # rendering workers
+    two_object_prob: float = 0.3  # share of two-object scenes (ShapesDataset's default)
+    image_prob: float = 0.0  # 1.0: single frames of static scenes, motionless captions (needs num_frames=1)
+    stage: str = STAGE  # the work-dir folder ("image_latents" for an image store)
 
     def __post_init__(self) -> None:
         if self.clips < 1 or self.shard_size < 1 or self.encode_batch < 1:
             raise ValueError("clips, shard_size and encode_batch must be >= 1")
+        if not (0 <= self.two_object_prob <= 1 and self.image_prob in (0.0, 1.0)):
+            raise ValueError(f"need 0 <= two_object_prob <= 1 and image_prob 0 or 1, got {self.two_object_prob}, "
+                             f"{self.image_prob}")
+        if self.image_prob == 1.0 and self.num_frames != 1:
+            raise ValueError(f"an image store (image_prob=1) holds single frames: pass num_frames=1, got "
+                             f"{self.num_frames}")
         if self.dtype not in ("bfloat16", "float32"):
             raise ValueError(f"dtype must be 'bfloat16' or 'float32', got {self.dtype!r}")
 
@@ -77,10 +90,10 @@ def _collate(items: list[tuple[np.ndarray, str]]) -> tuple[np.ndarray, list[str]
 @torch.no_grad()
 def build_latent_store(spec: LatentStoreSpec, work_dir: Path, *, vae: WanVAE, vae_file: Path, text_encoder: Any,
                        device: torch.device, deadline: float | None = None) -> StageResult:
-    folder = Path(work_dir) / STAGE
+    folder = Path(work_dir) / spec.stage
     done = read_result(folder)
     if done is not None:
-        return StageResult(STAGE, "done", folder, done)
+        return StageResult(spec.stage, "done", folder, done)
     folder.mkdir(parents=True, exist_ok=True)
     meta = {"spec": asdict(spec), "vae_sha256": file_record(Path(vae_file)).sha256}
     store_path = folder / STORE_FILE
@@ -91,14 +104,14 @@ def build_latent_store(spec: LatentStoreSpec, work_dir: Path, *, vae: WanVAE, va
     else:
         store_path.write_text(json.dumps(meta, indent=2) + "\n")
     dataset = ShapesDataset(seed=spec.seed, height=spec.height, width=spec.width, num_frames=spec.num_frames,
-                            size=max(spec.clips, 1))
+                            size=max(spec.clips, 1), two_object_prob=spec.two_object_prob, image_prob=spec.image_prob)
     clock = ShardClock(deadline)
     for k in range(spec.shards):
         path = folder / f"shard_{k:05d}.safetensors"
         if path.is_file():
             continue
         if not clock.may_start():
-            return StageResult(STAGE, "paused", folder, {"shards_done": k, "shards": spec.shards})
+            return StageResult(spec.stage, "paused", folder, {"shards_done": k, "shards": spec.shards})
         first = k * spec.shard_size
         count = min(spec.shard_size, spec.clips - first)
         tensors = _encode_shard(spec, dataset, first, count, vae, text_encoder, device)
@@ -106,10 +119,11 @@ def build_latent_store(spec: LatentStoreSpec, work_dir: Path, *, vae: WanVAE, va
         save_file(tensors, str(tmp), metadata={"first": str(first), "count": str(count)})
         tmp.replace(path)
         clock.finished_one()
-        print(f"[latents] shard {k + 1}/{spec.shards} ({first + count} clips) {clock.seconds:.1f}s", flush=True)
-    info = {"stage": STAGE, "clips": spec.clips, "shards": spec.shards, "seconds_this_call": round(clock.seconds, 1)}
+        print(f"[{spec.stage}] shard {k + 1}/{spec.shards} ({first + count} clips) {clock.seconds:.1f}s", flush=True)
+    info = {"stage": spec.stage, "clips": spec.clips, "shards": spec.shards, "frames": spec.num_frames,
+            "two_object_prob": spec.two_object_prob, "seconds_this_call": round(clock.seconds, 1)}
     write_result(folder, info)
-    return StageResult(STAGE, "done", folder, info)
+    return StageResult(spec.stage, "done", folder, info)
 
 
 def _encode_shard(spec: LatentStoreSpec, dataset: ShapesDataset, first: int, count: int, vae: WanVAE,
@@ -135,8 +149,8 @@ class LatentStore:
         return self.latents.shape[0]
 
     @classmethod
-    def load(cls, work_dir: Path, device: torch.device) -> "LatentStore":
-        folder = Path(work_dir) / STAGE
+    def load(cls, work_dir: Path, device: torch.device, stage: str = STAGE) -> "LatentStore":
+        folder = Path(work_dir) / stage
         if read_result(folder) is None:
             raise FileNotFoundError(f"{folder} holds no finished latent store; run the latents stage first")
         shards = sorted(folder.glob("shard_*.safetensors"))
@@ -158,3 +172,22 @@ class LatentBatches:
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
         idx = torch.randint(len(self.store), (self.batch_size,), generator=gen).to(self.store.latents.device)
         return {"latents": self.store.latents[idx], "text": self.store.text[idx]}
+
+
+@dataclass(frozen=True)
+class MixedBatches:
+    """Video batches, with every ``image_every``-th batch (indices ``k * image_every - 1``)
+    taken from ``images`` instead: one shape a step, so a step stays one forward (compiled
+    blocks keep one graph per shape). A pure function of the index like its parts."""
+
+    videos: Any  # a BatchSource: LatentBatches, or the distillation's SegmentBatches
+    images: Any
+    image_every: int
+
+    def __post_init__(self) -> None:
+        if self.image_every < 2:
+            raise ValueError(f"image_every must be >= 2 (1 in image_every batches is images), got {self.image_every}")
+
+    def batch(self, index: int) -> dict[str, torch.Tensor]:
+        is_image = index % self.image_every == self.image_every - 1
+        return (self.images if is_image else self.videos).batch(index)

@@ -77,11 +77,14 @@ def serving_copy(module: nn.Module, dtype: torch.dtype, device: torch.device) ->
     return out
 
 
-def t2v_request(prompt: str, *, seed: int, trajectory: bool = False, decode: bool = True,
+def t2v_request(prompt: str, *, seed: int, trajectory: bool = False, decode: bool = True, task: str = "t2v",
                 **params: Any) -> OmniRequest:
-    """``decode=False``: latents only (the VAE does not run; trajectory rollouts need no pixels)."""
+    """``decode=False``: latents only (the VAE does not run; trajectory rollouts need no pixels).
+    ``task="t2i"``: one frame (an image request, as ``images.generate`` makes)."""
     outputs = OutputSpec(return_trajectory=trajectory, modalities=None if decode else [Modality.LATENT])
-    return OmniRequest(task=TaskType.T2V, inputs=[TextPart(text=prompt)],
+    if task == "t2i":
+        params = {"num_frames": 1, **params}
+    return OmniRequest(task=TaskType(task), inputs=[TextPart(text=prompt)],
                        diffusion=DiffusionParams(seed=seed, **params), outputs=outputs)
 
 
@@ -111,22 +114,31 @@ def run_requests(pipeline: Pipeline, requests: Sequence[OmniRequest], *, max_bat
 @dataclass(frozen=True)
 class GeneratedSet:
     prompts: list[str]
-    videos: list[np.ndarray]  # [F, H, W, 3] uint8 each
+    videos: list[np.ndarray]  # [F, H, W, 3] uint8 each ([1, H, W, 3] for an image)
 
     def pairs(self) -> Iterable[tuple[np.ndarray, str]]:
         return zip(self.videos, self.prompts)
 
 
 def generate(pipeline: Pipeline, prompts: Sequence[str], seeds: Sequence[int], *, max_batch: int = 1,
-             **params: Any) -> GeneratedSet:
-    outputs = run_requests(pipeline, [t2v_request(p, seed=s, **params) for p, s in zip(prompts, seeds)],
+             task: str = "t2v", **params: Any) -> GeneratedSet:
+    outputs = run_requests(pipeline, [t2v_request(p, seed=s, task=task, **params) for p, s in zip(prompts, seeds)],
                            max_batch=max_batch)
-    return GeneratedSet(list(prompts), [o.video.frames.numpy() for o in outputs])
+    return GeneratedSet(list(prompts), [_frames(o) for o in outputs])
+
+
+def _frames(output: OmniOutput) -> np.ndarray:
+    """[F, H, W, 3] uint8 of a video output, [1, H, W, 3] of an image output."""
+    return output.video.frames.numpy() if output.video is not None else output.image.image[None].numpy()
 
 
 def adherence_summary(report: AdherenceReport) -> dict[str, Any]:
-    """The figures a log line or result carries: per-attribute accuracy and all-correct rate."""
+    """The figures a log line or result carries: per-attribute accuracy, the object count,
+    the stable share and the all-correct rate (prompt right *and* stable to the last frame)."""
     out: dict[str, Any] = {k: report.accuracy(k) for k in ADHERENCE_KEYS}
+    out["count"] = report.accuracy("count")
+    out["stable"] = report.stability.get("stable")
+    out["prompt_correct"] = report.prompt_accuracy
     out["all_correct"] = report.clip_accuracy
     out["n"] = report.n_clips
     return out

@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from omniloop.eval.shapes_world import describe, held_out_prompts, sample_scene
+from omniloop.eval.shapes_world import MOTIONS, describe, eval_image_prompts, held_out_prompts, sample_scene
 from omniloop.models.families.wan.model import WanDiT
 from omniloop.models.autoencoders.wan_vae import WanVAE
 from omniloop.train.recipes.rollout import (
@@ -54,12 +54,14 @@ from omniloop.train.recipes.rollout import (
 )
 from omniloop.train.recipes.shapes_dit import MODEL_DIR
 from omniloop.train.recipes.shapes_model import ShapesModelSettings
-from omniloop.train.recipes.stage import ShardClock, StageResult, read_result, serving_dtype, write_result
+from omniloop.train.recipes.latent_store import MixedBatches
+from omniloop.train.recipes.stage import ShardClock, StageResult, read_result, serving_dtype, source_runs, write_result
 from omniloop.train.recipes.trainer import TrainConfig, Trainer
 from omniloop.train.recipes.wan_checkpoint import save_wan_dit
 
 STAGE = "distill"
 TRAJECTORY_STAGE = "trajectories"
+IMAGE_TRAJECTORY_STAGE = "image_trajectories"
 
 
 @dataclass(kw_only=True)
@@ -81,10 +83,27 @@ class DistillRecipe:
     val_prompts: int = 32
     val_seed: int = 1
     val_batch: int = 32
+    # T2I: the teacher's one-frame rollouts of image captions; one batch in image_every
+    # trains on their segments (none: the student stays T2V-only, and says so)
+    image_trajectories: int = 0
+    image_every: int = 4
+    image_batch_size: int = 1024
+    val_images: int = 0
+    # start the student from these weights (e.g. the shipped student's transformer, to
+    # continue it on a continued teacher's trajectories) instead of the teacher's
+    init_from: str | None = None
 
     def __post_init__(self) -> None:
         if self.trajectories < 1 or self.shard_size < 1 or self.steps_per_interval < 1:
             raise ValueError("trajectories, shard_size and steps_per_interval must be >= 1")
+        if self.image_trajectories < 0 or self.image_every < 2:
+            raise ValueError(f"need image_trajectories >= 0 and image_every >= 2, got {self.image_trajectories}, "
+                             f"{self.image_every}")
+
+    @property
+    def tasks(self) -> tuple[str, ...]:
+        """What the student serves: T2I only if it learned from one-frame trajectories."""
+        return self.model.tasks if self.image_trajectories else self.model.video_only()
 
     @classmethod
     def full(cls, **overrides: Any) -> "DistillRecipe":
@@ -95,6 +114,18 @@ class DistillRecipe:
             # down, validation flat; shape 6.9 points under the teacher), on 18,432 x 5,000
             # steps (~17 passes over the 73,728 segments) it came within 3.4 points
             trajectories=18432,
+        ), **overrides})
+
+    @classmethod
+    def continue_with_images(cls, **overrides: Any) -> "DistillRecipe":
+        """The shipped student continued (pass init_from: its ``transformer``) on a continued
+        teacher's trajectories: 8,192 videos (half two-object) and 4,096 images, 2,500 steps
+        of 256 segments, 1 in 4 from images (1,024 a batch)."""
+        return cls.full(**{**dict(
+            train=TrainConfig(steps=2500, lr=5e-5, warmup_steps=100, ema_decay=0.999, checkpoint_every=250,
+                              log_every=25, validate_every=1000, compile=True),
+            trajectories=8192, image_trajectories=4096, prompt_seed=21, two_object_prob=0.5, data_seed=17,
+            val_images=32,
         ), **overrides})
 
     @classmethod
@@ -124,12 +155,15 @@ def initial_noise(shape: tuple[int, ...], seed: int) -> torch.Tensor:
     return torch.randn(shape, generator=torch.Generator("cpu").manual_seed(seed), dtype=torch.float32)
 
 
-def training_prompts(first: int, count: int, seed: int, two_object_prob: float) -> list[str]:
-    """Captions of training-split scenes (no held-out combination), by index."""
+def training_prompts(first: int, count: int, seed: int, two_object_prob: float, *, images: bool = False) -> list[str]:
+    """Captions of training-split scenes (no held-out combination), by index; ``images``:
+    static scenes with motionless captions (the image data's kind), from their own stream."""
     out = []
     for i in range(first, first + count):
-        rng = np.random.default_rng([seed, 2, i])
-        out.append(describe(sample_scene(rng, split="train", two_object_prob=two_object_prob), rng))
+        rng = np.random.default_rng([seed, 4 if images else 2, i])
+        motions = ("static",) if images else MOTIONS
+        scene = sample_scene(rng, split="train", two_object_prob=two_object_prob, motions=motions)
+        out.append(describe(scene, rng, with_motion=not images))
     return out
 
 
@@ -137,14 +171,20 @@ def training_prompts(first: int, count: int, seed: int, two_object_prob: float) 
 
 
 def build_trajectories(recipe: DistillRecipe, work_dir: Path, *, teacher: WanDiT, vae: WanVAE, text_encoder: Any,
-                       device: torch.device, deadline: float | None = None) -> StageResult:
+                       device: torch.device, deadline: float | None = None, images: bool = False) -> StageResult:
     """Roll out the guided teacher through the serving pipeline and keep the states at the
     student's grid: shards of ``states [n, K + 1, z, f, h, w]`` fp32 (x(s_0) = noise ...
-    x(0) = the teacher's output) and the captions' features ``text [n, L, D]``."""
-    folder = Path(work_dir) / TRAJECTORY_STAGE
+    x(0) = the teacher's output) and the captions' features ``text [n, L, D]``.
+    ``images``: ``image_trajectories`` T2I rollouts (f = 1) of image captions instead, in
+    their own stage folder."""
+    stage = IMAGE_TRAJECTORY_STAGE if images else TRAJECTORY_STAGE
+    total = recipe.image_trajectories if images else recipe.trajectories
+    if total < 1:
+        raise ValueError(f"{stage}: the recipe asks for no rollouts (image_trajectories=0)")
+    folder = Path(work_dir) / stage
     done = read_result(folder)
     if done is not None:
-        return StageResult(TRAJECTORY_STAGE, "done", folder, done)
+        return StageResult(stage, "done", folder, done)
     folder.mkdir(parents=True, exist_ok=True)
     m = recipe.model
     dtype = serving_dtype(device)
@@ -160,21 +200,23 @@ def build_trajectories(recipe: DistillRecipe, work_dir: Path, *, teacher: WanDiT
         f"the teacher's schedule {on_grid.tolist()} misses the student's sigmas {student_sigmas(m).tolist()}"
     )
     keep = [(i + 1) * recipe.steps_per_interval - 1 for i in range(k)]  # trajectory index after each interval
-    shards = math.ceil(recipe.trajectories / recipe.shard_size)
+    shards = math.ceil(total / recipe.shard_size)
     clock = ShardClock(deadline)
+    task, seed_base = ("t2i", recipe.prompt_seed * 10_000_000 + 5_000_000) if images else (
+        "t2v", recipe.prompt_seed * 10_000_000)
     for s in range(shards):
         path = folder / f"shard_{s:05d}.safetensors"
         if path.is_file():
             _check_shard(path, grid)
             continue
         if not clock.may_start():
-            return StageResult(TRAJECTORY_STAGE, "paused", folder, {"shards_done": s, "shards": shards})
+            return StageResult(stage, "paused", folder, {"shards_done": s, "shards": shards})
         first = s * recipe.shard_size
-        count = min(recipe.shard_size, recipe.trajectories - first)
-        prompts = training_prompts(first, count, recipe.prompt_seed, recipe.two_object_prob)
-        seeds = [recipe.prompt_seed * 10_000_000 + first + j for j in range(count)]
-        requests = [t2v_request(p, seed=sd, trajectory=True, decode=False, sigmas=grid, guidance_scale=m.guidance_scale)
-                    for p, sd in zip(prompts, seeds)]
+        count = min(recipe.shard_size, total - first)
+        prompts = training_prompts(first, count, recipe.prompt_seed, recipe.two_object_prob, images=images)
+        seeds = [seed_base + first + j for j in range(count)]
+        requests = [t2v_request(p, seed=sd, trajectory=True, decode=False, sigmas=grid, guidance_scale=m.guidance_scale,
+                                task=task) for p, sd in zip(prompts, seeds)]
         outputs = run_requests(pipeline, requests, max_batch=recipe.rollout_batch)
         states = []
         for out, seed in zip(outputs, seeds):
@@ -187,12 +229,12 @@ def build_trajectories(recipe: DistillRecipe, work_dir: Path, *, teacher: WanDiT
                   metadata={"prompts": json.dumps(prompts), "seeds": json.dumps(seeds), "grid": json.dumps(grid)})
         tmp.replace(path)
         clock.finished_one()
-        print(f"[trajectories] shard {s + 1}/{shards} ({first + count} rollouts) {clock.seconds:.1f}s", flush=True)
-    info = {"stage": TRAJECTORY_STAGE, "trajectories": recipe.trajectories, "shards": shards, "teacher_steps": len(grid),
-            "teacher_sigmas_preshift": grid, "guidance_scale": m.guidance_scale,
-            "seconds_this_call": round(clock.seconds, 1)}
+        print(f"[{stage}] shard {s + 1}/{shards} ({first + count} rollouts) {clock.seconds:.1f}s", flush=True)
+    info = {"stage": stage, "trajectories": total, "shards": shards, "teacher_steps": len(grid),
+            "teacher_sigmas_preshift": grid, "guidance_scale": m.guidance_scale, "task": task,
+            "two_object_prob": recipe.two_object_prob, "seconds_this_call": round(clock.seconds, 1)}
     write_result(folder, info)
-    return StageResult(TRAJECTORY_STAGE, "done", folder, info)
+    return StageResult(stage, "done", folder, info)
 
 
 def _check_shard(path: Path, grid: list[float]) -> None:
@@ -213,8 +255,9 @@ class Segments:
     sigmas: torch.Tensor  # [K + 1] the serving sampler's sigmas (shifted, fp32), ending at 0
 
     @classmethod
-    def load(cls, work_dir: Path, sigmas: torch.Tensor, device: torch.device) -> "Segments":
-        folder = Path(work_dir) / TRAJECTORY_STAGE
+    def load(cls, work_dir: Path, sigmas: torch.Tensor, device: torch.device,
+             stage: str = TRAJECTORY_STAGE) -> "Segments":
+        folder = Path(work_dir) / stage
         done = read_result(folder)
         if done is None:
             raise FileNotFoundError(f"{folder} holds no finished trajectories; run the trajectories stage first")
@@ -270,7 +313,8 @@ def validation_fn(recipe: DistillRecipe, *, vae: WanVAE, text_encoder: Any, devi
     dtype = serving_dtype(device)
     served_vae = serving_copy(vae, dtype, device)
     items = held_out_prompts(recipe.val_prompts, seed=recipe.val_seed)
-    manifest = recipe.model.student_manifest()
+    images = eval_image_prompts(recipe.val_images, seed=recipe.val_seed) if recipe.val_images else []
+    manifest = recipe.model.student_manifest(tasks=recipe.tasks)
 
     def validate(step: int, ema: torch.nn.Module) -> dict[str, Any]:
         pipeline = build_pipeline(manifest, transformer=serving_copy(ema, dtype, device), vae=served_vae,
@@ -279,7 +323,13 @@ def validation_fn(recipe: DistillRecipe, *, vae: WanVAE, text_encoder: Any, devi
         # no steps/sigmas/guidance in the requests: the manifest's defaults (4 fixed sigmas, scale 1) apply
         videos = generate(pipeline, [p.prompt for p in items],
                           [recipe.val_seed * 100_000 + i for i in range(len(items))], max_batch=recipe.val_batch)
-        return {**adherence_summary(score(videos)), "seconds": round(time.monotonic() - t0, 2)}
+        out = {**adherence_summary(score(videos)), "seconds": round(time.monotonic() - t0, 2)}
+        if images and "t2i" in recipe.tasks:
+            pictures = generate(pipeline, [p.prompt for p in images],
+                                [recipe.val_seed * 100_000 + i for i in range(len(images))], max_batch=recipe.val_batch,
+                                task="t2i")
+            out["images"] = adherence_summary(score(pictures))
+        return out
 
     return validate
 
@@ -290,18 +340,39 @@ def train_student(recipe: DistillRecipe, work_dir: Path, *, teacher: WanDiT, vae
     done = read_result(folder)
     if done is not None:
         return StageResult(STAGE, "done", folder, done)
-    segments = Segments.load(work_dir, student_sigmas(recipe.model), device)
+    sigmas = student_sigmas(recipe.model)
+    segments = Segments.load(work_dir, sigmas, device)
+    batches = SegmentBatches(segments, recipe.batch_size, recipe.data_seed)
+    if recipe.image_trajectories:
+        image_segments = Segments.load(work_dir, sigmas, device, IMAGE_TRAJECTORY_STAGE)
+        batches = MixedBatches(batches, SegmentBatches(image_segments, recipe.image_batch_size, recipe.data_seed + 1),
+                               recipe.image_every)
     student = WanDiT(teacher.config)
-    student.load_state_dict(teacher.state_dict())
+    student.load_state_dict(_start_weights(recipe, teacher).state_dict())
     trainer = Trainer(student, recipe.train, folder, device=device, name=STAGE)
-    run = trainer.run(SegmentBatches(segments, recipe.batch_size, recipe.data_seed), segment_step(device),
+    run = trainer.run(batches, segment_step(device),
                       validate=validation_fn(recipe, vae=vae, text_encoder=text_encoder, device=device),
                       resume=resume, deadline=deadline)
     if not run.done:
         return StageResult(STAGE, "paused", folder, {"step": run.step, "steps": run.steps})
     save_wan_dit(run.ema, folder / MODEL_DIR, dtype=torch.float32)
     info = {"stage": STAGE, "steps": run.step, "validation": run.validation,
-            "trajectories": segments.states.shape[0], "sigmas": segments.sigmas.tolist(),
+            "trajectories": segments.states.shape[0], "image_trajectories": recipe.image_trajectories,
+            "tasks": list(recipe.tasks), "init_from": recipe.init_from,
+            "earlier_runs": source_runs(recipe.init_from, STAGE), "sigmas": segments.sigmas.tolist(),
             "train_seconds": round(trainer.elapsed_s, 1), "model": str(folder / MODEL_DIR)}
     write_result(folder, info)
     return StageResult(STAGE, "done", folder, info)
+
+
+def _start_weights(recipe: DistillRecipe, teacher: WanDiT) -> WanDiT:
+    """The teacher's weights, or ``init_from``'s (same architecture) to continue a student."""
+    if recipe.init_from is None:
+        return teacher
+    from omniloop.models.families.wan.weights import load_wan_dit
+
+    start = load_wan_dit(recipe.init_from, dtype=torch.float32)
+    if start.config != teacher.config:
+        raise ValueError(f"init_from={recipe.init_from}: its architecture differs from the teacher's "
+                         f"({start.config} vs {teacher.config}); pass a student of this teacher")
+    return start

@@ -14,6 +14,13 @@ which is the velocity ``flow_euler`` / ``flow_unipc`` integrate (x += (sigma' - 
 Validation builds the real pipeline around the EMA weights (in the serving precision)
 with the teacher's manifest and samples held-out prompts through the engine and the
 shared DenoiseLoop (``rollout.py``), then scores them with the adherence evaluator.
+
+**Images** (``image_store``, ``DiTRecipe.continue_with_images``): a second latent store of
+single frames (static scenes, motionless captions), one batch in ``image_every`` drawn from
+it (Wan trains T2I and T2V alike, one latent frame being an image). NOTE: the session-5
+teacher, trained on 17-frame clips only, answered ``--task t2i`` with an empty dark frame
+and ``images.generate`` with empty backgrounds (issue 15): one latent frame was a shape it
+had never denoised. Validation then also generates ``val_images`` T2I prompts.
 """
 
 from __future__ import annotations
@@ -26,11 +33,17 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from omniloop.eval.shapes_world import held_out_prompts
+from omniloop.eval.shapes_world import eval_image_prompts, held_out_prompts
 from omniloop.models.families.wan.model import WanDiT, WanDiTConfig
 from omniloop.models.autoencoders.wan_vae import WanVAE
 from omniloop.models.families.wan.weights import load_wan_dit
-from omniloop.train.recipes.latent_store import LatentBatches, LatentStore, LatentStoreSpec
+from omniloop.train.recipes.latent_store import (
+    IMAGE_STAGE,
+    LatentBatches,
+    LatentStore,
+    LatentStoreSpec,
+    MixedBatches,
+)
 from omniloop.train.recipes.rollout import adherence_summary, build_pipeline, generate, score, serving_copy
 from omniloop.train.recipes.shapes_model import ShapesModelSettings
 from omniloop.train.recipes.stage import (
@@ -68,10 +81,22 @@ class DiTRecipe:
     # or a shipped model's ``transformer``) instead of the init: continue a teacher that
     # stopped short of the targets; the EMA starts from them too
     init_from: str | None = None
+    # single frames (T2I): a store of images; one batch in ``image_every`` comes from it
+    image_store: LatentStoreSpec | None = None
+    image_every: int = 4
+    image_batch_size: int = 1024  # 64 video tokens an image: ~the tokens of 256 17-frame clips
+    val_images: int = 0  # T2I validation prompts (eval_image_prompts(val_images, val_seed))
 
     def __post_init__(self) -> None:
         if not 0 <= self.text_dropout < 1 or self.train_shift <= 0 or self.logit_std <= 0:
             raise ValueError("need 0 <= text_dropout < 1, train_shift > 0, logit_std > 0")
+        if self.image_store is not None:
+            s = self.image_store
+            if (s.num_frames, s.image_prob, s.height, s.width) != (1, 1.0, self.model.height, self.model.width):
+                raise ValueError(f"image_store must hold single frames (num_frames=1, image_prob=1) at the model's "
+                                 f"{self.model.height}x{self.model.width}, got {s}")
+            if s.stage == self.store.stage or s.max_sequence_length != self.model.max_sequence_length:
+                raise ValueError("image_store needs its own stage folder and the model's max_sequence_length")
         if (self.store.height, self.store.width, self.store.num_frames) != (
                 self.model.height, self.model.width, self.model.num_frames):
             raise ValueError("the latent store's clips must have the model's default geometry")
@@ -96,6 +121,23 @@ class DiTRecipe:
             # NOTE: 16 validation prompts read 47% shape where 200 held-out prompts read 37%:
             # too noisy to steer by; 48 cost ~5 s a validation on an H200
             val_prompts=48, val_batch=48,
+        ), **overrides})
+
+    @classmethod
+    def continue_with_images(cls, **overrides: Any) -> "DiTRecipe":
+        """The shipped teacher continued with single frames and more two-object scenes (pass
+        init_from: its ``transformer``): 16,384 new clips and 32,768 images, both half
+        two-object (the session-5 teacher gave two-object prompts a third object and the
+        wrong motions; its store held 30% two-object clips), 3,000 steps, 1 in 4 of images
+        (1,024 a batch), lr 2e-4."""
+        return cls.full(**{**dict(
+            train=TrainConfig(steps=3000, lr=2e-4, warmup_steps=200, ema_decay=0.999, weight_decay=0.01,
+                              checkpoint_every=500, log_every=50, validate_every=1000, compile=True),
+            store=LatentStoreSpec(clips=16_384, shard_size=4096, encode_batch=256, num_workers=8, seed=3,
+                                  two_object_prob=0.5),
+            image_store=LatentStoreSpec(clips=32_768, shard_size=8192, encode_batch=1024, num_workers=8, seed=103,
+                                        num_frames=1, image_prob=1.0, two_object_prob=0.5, stage=IMAGE_STAGE),
+            data_seed=15, val_prompts=48, val_batch=48, val_images=48,
         ), **overrides})
 
     @classmethod
@@ -170,6 +212,7 @@ def validation_fn(recipe: DiTRecipe, *, vae: WanVAE, text_encoder: Any, device: 
     dtype = serving_dtype(device)
     served_vae = serving_copy(vae, dtype, device)
     items = held_out_prompts(recipe.val_prompts, seed=seed)
+    images = eval_image_prompts(recipe.val_images, seed=seed) if recipe.val_images else []
 
     def validate(step: int, ema: torch.nn.Module) -> dict[str, Any]:
         pipeline = build_pipeline(manifest, transformer=serving_copy(ema, dtype, device), vae=served_vae,
@@ -177,7 +220,12 @@ def validation_fn(recipe: DiTRecipe, *, vae: WanVAE, text_encoder: Any, device: 
         t0 = time.monotonic()
         videos = generate(pipeline, [p.prompt for p in items], [seed * 100_000 + i for i in range(len(items))],
                           max_batch=batch)
-        return {**adherence_summary(score(videos)), "seconds": round(time.monotonic() - t0, 2)}
+        out = {**adherence_summary(score(videos)), "seconds": round(time.monotonic() - t0, 2)}
+        if images:
+            pictures = generate(pipeline, [p.prompt for p in images], [seed * 100_000 + i for i in range(len(images))],
+                                max_batch=batch, task="t2i")
+            out["images"] = adherence_summary(score(pictures))
+        return out
 
     return validate
 
@@ -201,18 +249,29 @@ def train_dit(recipe: DiTRecipe, work_dir: Path, *, vae: WanVAE, text_encoder: A
     trainer = Trainer(dit, recipe.train, folder, device=device, name=STAGE)
     empty = empty_prompt_features(text_encoder, device, store.text.dtype)
     validate = validation_fn(recipe, vae=vae, text_encoder=text_encoder, device=device)
-    run = trainer.run(LatentBatches(store, recipe.batch_size, recipe.data_seed),
-                      flow_matching_step(recipe, empty, device), validate=validate, resume=resume, deadline=deadline)
+    run = trainer.run(training_batches(recipe, work_dir, store, device), flow_matching_step(recipe, empty, device),
+                      validate=validate, resume=resume, deadline=deadline)
     if not run.done:
         return StageResult(STAGE, "paused", folder, {"step": run.step, "steps": run.steps})
     save_wan_dit(run.ema, folder / MODEL_DIR, dtype=torch.float32)
     info = {"stage": STAGE, "steps": run.step, "init_from": recipe.init_from,
             "earlier_runs": source_runs(recipe.init_from, STAGE),
+            "images": None if recipe.image_store is None else {"clips": recipe.image_store.clips,
+                                                               "every": recipe.image_every},
             "params": sum(p.numel() for p in run.ema.parameters()),
             "validation": run.validation, "train_seconds": round(trainer.elapsed_s, 1),
             "model": str(folder / MODEL_DIR)}
     write_result(folder, info)
     return StageResult(STAGE, "done", folder, info)
+
+
+def training_batches(recipe: DiTRecipe, work_dir: Path, store: LatentStore, device: torch.device):
+    """The video store's batches, mixed with the image store's when the recipe has one."""
+    videos = LatentBatches(store, recipe.batch_size, recipe.data_seed)
+    if recipe.image_store is None:
+        return videos
+    images = LatentStore.load(work_dir, device, recipe.image_store.stage)
+    return MixedBatches(videos, LatentBatches(images, recipe.image_batch_size, recipe.data_seed + 1), recipe.image_every)
 
 
 def _load_recipe_dit(recipe: DiTRecipe, folder: str | Path, flag: str) -> WanDiT:

@@ -41,6 +41,8 @@ class ShapesModelSettings:
     # The student's grid before the sampler's shift (what DiffusionParams.sigmas takes);
     # with shift 3 the student steps at sigma 1.0, 0.9, 0.75, 0.5 -> 0.
     student_sigmas: tuple[float, ...] = (1.0, 0.75, 0.5, 0.25)
+    # what a model trained on clips and images serves; one trained on clips alone (no image
+    # store / image trajectories) ships without "t2i" (see ``video_only``)
     tasks: tuple[str, ...] = field(default=("t2v", "t2i"))
 
     def __post_init__(self) -> None:
@@ -49,23 +51,32 @@ class ShapesModelSettings:
         if self.student_sigmas[0] != 1.0:
             raise ValueError(f"student_sigmas must start at 1.0 (pure noise), got {self.student_sigmas}")
 
+    def video_only(self) -> tuple[str, ...]:
+        """The tasks of a model that never trained on single frames: no T2I (issue 15: the
+        session-5 models answered image requests with empty backgrounds)."""
+        return tuple(t for t in self.tasks if t != "t2i")
+
     def _geometry(self) -> dict[str, Any]:
         return {"height": self.height, "width": self.width, "num_frames": self.num_frames, "fps": self.fps,
                 "max_sequence_length": self.max_sequence_length, "negative_prompt": self.negative_prompt}
 
     def teacher_manifest(self, name: str = TEACHER_NAME, *, files: dict[str, FileRecord] | None = None,
-                         provenance: dict[str, Any] | None = None) -> ModelManifest:
-        return _manifest(name, self.tasks, "vae", self.sampler, self.shift,
+                         provenance: dict[str, Any] | None = None,
+                         tasks: tuple[str, ...] | None = None) -> ModelManifest:
+        return _manifest(name, tuple(tasks or self.tasks), "vae", self.sampler, self.shift,
                          {"steps": self.steps, "guidance_scale": self.guidance_scale, **self._geometry()},
                          files, provenance)
 
     def student_manifest(self, name: str = STUDENT_NAME, *, vae_subfolder: str = "vae",
                          files: dict[str, FileRecord] | None = None,
-                         provenance: dict[str, Any] | None = None) -> ModelManifest:
-        """Guidance is baked in (scale 1: one forward per step); the fixed sigmas are defaults."""
+                         provenance: dict[str, Any] | None = None,
+                         tasks: tuple[str, ...] | None = None) -> ModelManifest:
+        """Guidance is baked in (scale 1: one forward per step); the fixed sigmas are defaults.
+        ``tasks``: what the student was distilled for (default: the teacher's tasks)."""
         defaults = {"steps": len(self.student_sigmas), "sigmas": list(self.student_sigmas), "guidance_scale": 1.0,
                     **self._geometry()}
-        return _manifest(name, self.tasks, vae_subfolder, "flow_euler", self.shift, defaults, files, provenance)
+        return _manifest(name, tuple(tasks or self.tasks), vae_subfolder, "flow_euler", self.shift, defaults, files,
+                         provenance)
 
 
 def _manifest(name: str, tasks: tuple[str, ...], vae_subfolder: str, sampler: str, shift: float,

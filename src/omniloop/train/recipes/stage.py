@@ -80,6 +80,15 @@ def source_runs(component_dir: str | Path | None, stage: str) -> list[int]:
     return [int(s) for s in runs]
 
 
+def source_tasks(component_dir: str | Path | None) -> list[str]:
+    """The tasks the shipped model owning ``component_dir`` declares (its manifest next to the
+    component folder); empty for a folder outside a shipped model."""
+    if component_dir is None:
+        return []
+    manifest = Path(component_dir).resolve().parent / MANIFEST_FILE
+    return list(json.loads(manifest.read_text()).get("tasks") or []) if manifest.is_file() else []
+
+
 def stage_runs(result: dict[str, Any]) -> list[int]:
     """All training runs behind a finished stage's weights: the source's, then this one's
     (none for adopted weights)."""

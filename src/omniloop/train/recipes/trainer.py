@@ -141,7 +141,9 @@ class Trainer:
         self.ema = copy.deepcopy(self.model).eval().requires_grad_(False)
         if config.compile and self.device.type == "cuda":
             for block in getattr(self.model, "blocks", ()):  # after the EMA copy: only training runs compiled
-                block.compile()
+                # dynamic=False: a recipe mixing shapes (video and image batches) gets one static
+                # graph per shape, never a slower dynamic-shape one for both
+                block.compile(dynamic=False)
         params = [p for p in self.model.parameters() if p.requires_grad]
         decay = [p for p in params if p.ndim >= 2]
         no_decay = [p for p in params if p.ndim < 2]

@@ -33,7 +33,8 @@ PUBLISHED_EXPORT = "export_published"  # the GPU's export manifests, after a res
 # stage -> dtype its weights travel in (None: the file as trained)
 STAGE_WEIGHTS = {"vae": None, "dit": torch.bfloat16, "distill": torch.bfloat16}
 # results that mean nothing without data that does not travel (latent shards, trajectories)
-_LOCAL_ONLY = ("latents/", "trajectories/", "_bench/")
+_LOCAL_ONLY = ("latents/", "image_latents/", "trajectories/", "image_trajectories/", "_bench/")
+GATE_SOURCE, GATE_PUBLISHED = Path("vae") / "gate.json", "vae_gate.json"  # the VAE's round-trip gate, in plain sight
 
 
 def _meta_files(work: Path) -> list[Path]:
@@ -52,6 +53,9 @@ def publish(work: Path, dest: Path) -> list[Path]:
             tar.add(path, arcname=str(path.relative_to(work)))
     (dest / META).write_bytes(buffer.getvalue())
     written.append(dest / META)
+    if (work / GATE_SOURCE).is_file():  # also inside meta.tar.gz; here to read without unpacking
+        shutil.copy2(work / GATE_SOURCE, dest / GATE_PUBLISHED)
+        written.append(dest / GATE_PUBLISHED)
     for stage, dtype in STAGE_WEIGHTS.items():
         folder = work / stage / MODEL_DIR
         if not (work / stage / "result.json").is_file() or not (folder / WEIGHTS_FILE).is_file():

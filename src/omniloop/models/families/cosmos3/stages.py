@@ -33,6 +33,7 @@ from omniloop.models.families.cosmos3 import presets as P
 from omniloop.models.families.cosmos3.model import Cosmos3Transformer, GenLayout, pack_sample
 from omniloop.pipeline.edges import ConditionLatents, DenoisedLatents
 from omniloop.pipeline.loops.ar import PromptTokens
+from omniloop.pipeline.policies.conditioning import NoConditioning
 from omniloop.pipeline.loops.denoise import DenoiseLoop, DenoiseLoopState, DenoiseParams, DenoiserBase
 from omniloop.pipeline.policies.cfg import COND, UNCOND, Prediction
 from omniloop.pipeline.stage import StageBase, WorkEstimate
@@ -570,18 +571,12 @@ def _domain(request: OmniRequest, device: torch.device) -> torch.Tensor | None:
 
 
 @dataclass(frozen=True)
-class CleanFrames:
+class CleanFrames(NoConditioning):
     """Cosmos3's conditioning: given frames/actions stay in the latents, the model predicts
     zero velocity there; padded action channels are held at zero after every step."""
 
     name: str = "conditioning"
     input_port: str | None = None
-
-    def init(self, condition: Any) -> Any:
-        return None
-
-    def prepare(self, latents: dict[str, torch.Tensor], state: Any) -> dict[str, torch.Tensor]:
-        return latents
 
     def post_step(self, latents: dict[str, torch.Tensor], state: int | None) -> dict[str, torch.Tensor]:
         if state is not None and "action" in latents:

@@ -26,6 +26,7 @@ from omniloop.pipeline.predicates import opt, task_in
 from omniloop.pipeline.samplers.sampler_set import SamplerSet, flow_sampler_set, load_sampler_set
 from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
 from omniloop.pipeline.stages import TextEncode, VAEDecode
+from omniloop.models.families.wan.parallelize import WAN_PARALLEL
 from omniloop.models.families.wan.presets import WAN_DEFAULTS
 from omniloop.models.families.wan.stages import WanDenoiser, WanImageCondition
 from omniloop.models.families.wan.validate import make_validator, size_caps
@@ -196,6 +197,7 @@ WAN = register_model_spec(
         variant=wan_variant,
         build=build_wan,
         description="Wan2.1 / Wan2.2 video DiT with the causal 3D VAE and UMT5 text encoder",
+        extras={"parallel": WAN_PARALLEL},
     )
 )
 
@@ -287,5 +289,6 @@ WAN_MANIFEST = register_model_spec(
         variant=wan_manifest_variant,
         build=build_wan_manifest,
         description="Wan DiT + causal 3D VAE in omniloop's manifest layout, MiniLM text encoder (shapes-world models)",
+        extras={"parallel": WAN_PARALLEL},
     )
 )

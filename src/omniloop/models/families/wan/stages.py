@@ -7,7 +7,7 @@ from typing import Any, Mapping
 
 import torch
 
-from omniloop.io.image import image_to_tensor, open_image
+from omniloop.io.image import image_to_tensor, open_image_part
 from omniloop.pipeline.edges import ConditionLatents, TextEmbeddings
 from omniloop.pipeline.loops.denoise import DenoiserBase
 from omniloop.pipeline.policies.cfg import COND, UNCOND, Prediction
@@ -90,11 +90,7 @@ def first_frame(request: OmniRequest) -> ImagePart | None:
 
 def load_part_image(part: ImagePart):
     """The PIL image of an ImagePart (path, base64 or in-process data)."""
-    if part.data is not None:
-        return open_image(part.data)
-    if part.b64 is not None:
-        return open_image(part.raw_bytes())
-    return open_image(part.path)
+    return open_image_part(part)
 
 
 @dataclass

@@ -1,0 +1,123 @@
+"""Causal video (FAR, random weights) on the engine: chunk latency, frames per second, KV
+bytes per session, and how many concurrent sessions hold real time, with step batching vs
+one session at a time (JSON lines).
+
+A session here is one T2V rollout started at t=0; it **holds real time** when it makes video
+at least as fast as it plays: ``frames / (last chunk - submit) >= --realtime-fps`` (16).
+"batched": the engine batches the sessions' steps (same chunk, same shapes: one forward);
+"one_at_a_time": ``max_batch=1`` (steps never batch; the scheduler runs them in turn).
+
+    python benchmarks/bench_causal.py                 # GPU: FAR-Wan2.1-1.3B architecture, 480x832x81, 4 steps
+    python benchmarks/bench_causal.py --tiny          # CPU smoke: the 2-block toy at 32x64x17
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import emit  # noqa: E402
+from far_random import save_random_far  # noqa: E402
+from omniloop.engine import Engine, EngineConfig, SchedulingPolicy  # noqa: E402
+from omniloop.models.loader import load_pipeline  # noqa: E402
+from omniloop.models.model_spec import LoadOptions  # noqa: E402
+from omniloop.request import (ArtifactEvent, DiffusionParams, OmniRequest, TaskType, TextPart,  # noqa: E402
+                              VideoChunkArtifact)
+
+
+def _request(rid: str, args) -> OmniRequest:
+    return OmniRequest(task=TaskType.T2V, request_id=rid, inputs=[TextPart(text=f"a red circle moving right {rid}")],
+                       diffusion=DiffusionParams(steps=args.steps, height=args.height, width=args.width,
+                                                 num_frames=args.frames, seed=hash(rid) % 1000, guidance_scale=1.0))
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def run_sessions(pipeline, n: int, mode: str, args) -> dict:
+    """``n`` sessions submitted together; per-chunk arrival times from the engine's events."""
+    policy = SchedulingPolicy(max_batch=n if mode == "batched" else 1, max_running=max(n, 1))
+    engine = Engine(pipeline, EngineConfig(max_queue=256, policy=policy))
+    arrivals: dict[str, list[tuple[float, int]]] = {}
+
+    def sink(event) -> None:
+        if isinstance(event, ArtifactEvent) and event.partial and isinstance(event.artifact, VideoChunkArtifact):
+            arrivals.setdefault(event.request_id, []).append((time.perf_counter(), event.artifact.num_frames))
+
+    engine.event_sink = sink
+    peak_kv = 0  # the most slab bytes one session held
+    t0 = time.perf_counter()
+    for i in range(n):
+        engine.add_request(_request(f"{mode}{n}-{i}", args))
+    with torch.inference_mode():
+        while engine.has_unfinished():
+            engine.step()
+            held = [r.loop.kv.nbytes for r in engine.scheduler.running.values() if hasattr(r.loop, "kv")]
+            peak_kv = max([peak_kv, *held])
+    wall = time.perf_counter() - t0
+    fps, ttfc, gaps, frames = [], [], [], 0
+    for chunks in arrivals.values():
+        times = [t for t, _ in chunks]
+        count = sum(f for _, f in chunks)
+        frames += count
+        fps.append(count / (times[-1] - t0))
+        ttfc.append(times[0] - t0)
+        gaps += [b - a for a, b in zip(times, times[1:])]
+    return {
+        "metric": "sessions", "mode": mode, "sessions": n, "wall_s": wall,
+        "fps_per_session_min": min(fps), "fps_per_session_median": statistics.median(fps),
+        "aggregate_fps": frames / wall, "ttfc_s_median": statistics.median(ttfc), "ttfc_s_max": max(ttfc),
+        "chunk_latency_p50_s": _pct(gaps, 0.5) if gaps else None, "chunk_latency_p95_s": _pct(gaps, 0.95) if gaps else None,
+        "kv_bytes_per_session": peak_kv, "batched_steps": engine.stats.batched_steps, "steps": engine.stats.steps,
+        "realtime": min(fps) >= args.realtime_fps,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tiny", action="store_true", help="CPU smoke mode: the toy model at 32x64x17")
+    p.add_argument("--sessions", default=None, help="comma-separated session counts (default 1,2,4; tiny 1,2)")
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--realtime-fps", type=float, default=16.0)
+    p.add_argument("--model", default=None, help="an AnyFlowFARPipeline folder (default: random weights, saved first)")
+    p.add_argument("--out", default=None, help="also append the JSON lines to this file")
+    args = p.parse_args()
+    cuda = torch.cuda.is_available() and not args.tiny
+    device = torch.device("cuda" if cuda else "cpu")
+    args.height, args.width, args.frames = (32, 64, 17) if args.tiny else (480, 832, 81)
+    if args.tiny:
+        args.steps = min(args.steps, 1)
+    counts = [int(c) for c in (args.sessions or ("1,2" if args.tiny else "1,2,4")).split(",")]
+    sink = open(args.out, "a") if args.out else None
+    t0 = time.perf_counter()
+    folder = Path(args.model) if args.model else save_random_far(size="tiny" if args.tiny else "full",
+                                                                 device="cuda" if cuda else "cpu")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    opts = LoadOptions(device=device, dtype=dtype, attention_backend="sdpa_cudnn" if cuda else "sdpa",
+                       chunk_kv_budget_bytes=(48 << 30) if cuda else None)  # ~4 GB of slabs per 480p session
+    pipeline = load_pipeline(folder, opts)[1]
+    emit({"metric": "setup", "device": str(device), "dtype": str(dtype), "seconds": time.perf_counter() - t0,
+          "size": f"{args.width}x{args.height}x{args.frames}", "steps": args.steps,
+          "partition": list(pipeline.defaults["chunk_partition"]), "gpu": torch.cuda.get_device_name() if cuda else None},
+         sink)
+    run_sessions(pipeline, 1, "batched", args)  # warm-up: kernels, cuDNN plans, allocator
+    for mode in ("batched", "one_at_a_time"):
+        for n in counts:
+            if mode == "one_at_a_time" and n == 1:
+                continue  # the same run as batched with one session
+            emit(run_sessions(pipeline, n, mode, args), sink)
+    if sink:
+        sink.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,270 @@
+"""Flux image serving figures, side by side in one run (JSON lines):
+
+  mixed   a burst of requests of mixed sizes / aspect ratios: packed step batching (every
+          size in one forward) vs same-shape-only batching (sglang's rule) vs one request
+          at a time; images/s over the burst's makespan
+  lora    a burst where every request carries a different LoRA: one batched step for all
+          (per-row deltas) vs one batch per adapter (vllm-omni's rule); images/s
+  cache   a repeated-prompt trace through the text-embedding cache: hit rate, encoder calls
+          and text-encode seconds, with the cache and without
+  graphs  (CUDA) the small-image step path: one transformer forward eager vs replayed from a
+          captured CUDA graph (what graphs could save there)
+
+    python benchmarks/bench_flux.py                  # H200: FLUX.1-dev architecture, random bf16 weights
+    python benchmarks/bench_flux.py --tiny           # CPU smoke (CI): the 2-block toy
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import emit, timed  # noqa: E402
+from flux_random import random_flux_pipeline, save_random_loras  # noqa: E402
+from omniloop.cache.text_embeddings import CACHE_NAME as TEXT_CACHE  # noqa: E402
+from omniloop.engine import Engine, EngineConfig, SchedulingPolicy  # noqa: E402
+from omniloop.engine.scheduler import StepWork  # noqa: E402
+from omniloop.models.families.flux.spec import flux_pipeline_spec, flux_variant  # noqa: E402
+from omniloop.models.model_spec import LoadOptions  # noqa: E402
+from omniloop.pipeline.pipeline import Pipeline  # noqa: E402
+from omniloop.request import DiffusionParams, OmniRequest, OutputSpec, TaskType, TextPart  # noqa: E402
+
+MIXED_SIZES = [(512, 512), (256, 256), (512, 768), (768, 512), (384, 640), (640, 384), (256, 512), (768, 768)]
+TINY_SIZES = [(32, 32), (32, 48), (48, 32), (16, 64), (64, 32), (48, 48)]
+
+
+def request(rid: str, size: tuple[int, int], steps: int, *, prompt: str | None = None, loras=(), seed: int = 0):
+    h, w = size
+    return OmniRequest(request_id=rid, task=TaskType.T2I, inputs=[TextPart(text=prompt or f"a photo, request {rid}")],
+                       diffusion=DiffusionParams(height=h, width=w, steps=steps, seed=seed, loras=list(loras)),
+                       outputs=OutputSpec(modalities=["image"]))
+
+
+def run_burst(pipeline, reqs, *, max_batch: int, batch_key=None) -> dict:
+    """Submit ``reqs`` at once and drive the engine to the last completion."""
+    engine = Engine(pipeline, EngineConfig(max_queue=4096, nan_check=False,
+                                           policy=SchedulingPolicy(max_batch=max_batch, max_running=len(reqs))))
+    if batch_key is not None:  # a baseline's batching rule
+        stage = pipeline.spec.node("denoise").stage
+        original = stage.batch_key
+        object.__setattr__(stage, "batch_key", lambda loop: batch_key(loop, original(loop)))
+    sizes: list[int] = []
+    schedule = engine.scheduler.schedule
+
+    def plan():
+        p = schedule()
+        if isinstance(p.work, StepWork):
+            sizes.append(len(p.work.request_ids))
+        return p
+
+    engine.scheduler.schedule = plan
+    try:
+        t0 = time.perf_counter()
+        for r in reqs:
+            engine.add_request(r)
+        done = 0
+        while engine.has_unfinished():
+            for out in engine.step():
+                assert out.status.value == "completed", out.error
+                done += 1
+        seconds = time.perf_counter() - t0
+    finally:
+        if batch_key is not None:
+            del stage.batch_key
+    return {"requests": len(reqs), "makespan_s": round(seconds, 4), "images_per_s": round(done / seconds, 4),
+            "batched_steps": len(sizes), "mean_batch": round(statistics.mean(sizes), 2) if sizes else 0.0}
+
+
+def unpacked(pipeline: Pipeline) -> Pipeline:
+    """The same deployment with packing off: steps batch only requests of one latent shape."""
+    spec = flux_pipeline_spec(flux_variant({}), guidance_embeds=pipeline.components["transformer"].config.guidance_embeds,
+                              pack=False)
+    return Pipeline(spec=spec, components=pipeline.components, device=pipeline.device, dtype=pipeline.dtype,
+                    defaults=pipeline.defaults, validate_request=pipeline.validate_request, caches=pipeline.caches)
+
+
+def bench_mixed(pipeline, args, base, sink):
+    sizes = TINY_SIZES if args.tiny else MIXED_SIZES
+    rng = random.Random(0)
+    burst = [rng.choice(sizes) for _ in range(args.requests)]
+    warm = [request(f"warm{i}", s, 1) for i, s in enumerate(sorted(set(burst)))]
+    run_burst(pipeline, warm, max_batch=args.max_batch)  # kernels, allocator, cost model
+    modes = {"packed": (pipeline, args.max_batch), "same_shape": (unpacked(pipeline), args.max_batch),
+             "one_at_a_time": (pipeline, 1)}
+    results = {}
+    for mode, (pipe, max_batch) in modes.items():
+        reqs = [request(f"{mode}{i}", s, args.steps, seed=i) for i, s in enumerate(burst)]
+        results[mode] = run_burst(pipe, reqs, max_batch=max_batch)
+        emit({**base, "bench": "mixed_sizes", "mode": mode, "sizes": sorted(set(burst)), **results[mode]}, sink)
+    emit({**base, "bench": "mixed_sizes", "mode": "ratios",
+          "packed_vs_same_shape": round(results["packed"]["images_per_s"] / results["same_shape"]["images_per_s"], 3),
+          "packed_vs_one_at_a_time": round(results["packed"]["images_per_s"] / results["one_at_a_time"]["images_per_s"], 3)},
+         sink)
+
+
+def bench_lora(pipeline, args, base, sink):
+    cache = pipeline.caches["adapters"]
+    files = save_random_loras(pipeline.components["transformer"], args.loras, args.lora_rank)
+    for i, path in enumerate(files):
+        cache.load(f"lora{i}", path)
+    size = TINY_SIZES[0] if args.tiny else (512, 512)
+    run_burst(pipeline, [request("warm", size, 1, loras=[("lora0", 1.0)])], max_batch=args.max_batch)
+
+    def per_adapter(loop, key):  # one batch per adapter set
+        return None if key is None else (key, tuple((r.name, r.strength) for r in loop.params.loras))
+
+    results = {}
+    for mode, rule in (("one_batch", None), ("batch_per_adapter", per_adapter)):
+        reqs = [request(f"{mode}{i}", size, args.steps, loras=[(f"lora{i % len(files)}", 0.8)], seed=i)
+                for i in range(args.loras)]
+        results[mode] = run_burst(pipeline, reqs, max_batch=args.max_batch, batch_key=rule)
+        emit({**base, "bench": "lora_burst", "mode": mode, "size": list(size), "rank": args.lora_rank,
+              "adapters": len(files), **results[mode]}, sink)
+    base_reqs = [request(f"nolora{i}", size, args.steps, seed=i) for i in range(args.loras)]
+    plain = run_burst(pipeline, base_reqs, max_batch=args.max_batch)
+    emit({**base, "bench": "lora_burst", "mode": "no_lora", "size": list(size), **plain}, sink)
+    emit({**base, "bench": "lora_burst", "mode": "ratios",
+          "one_batch_vs_per_adapter": round(results["one_batch"]["images_per_s"]
+                                            / results["batch_per_adapter"]["images_per_s"], 3),
+          "one_batch_vs_no_lora": round(results["one_batch"]["images_per_s"] / plain["images_per_s"], 3)}, sink)
+    for i in range(len(files)):
+        cache.unload(f"lora{i}")
+
+
+def bench_cache(pipeline, args, base, sink):
+    """A Zipf-like trace over a few prompts (repeats, n > 1 bursts), with and without the cache."""
+    rng = random.Random(1)
+    prompts = [f"prompt number {i}, a detailed scene" for i in range(args.distinct_prompts)]
+    weights = [1 / (i + 1) for i in range(len(prompts))]
+    trace = rng.choices(prompts, weights, k=args.trace)
+    size = TINY_SIZES[0] if args.tiny else (256, 256)
+    encoders = [pipeline.components["text_encoder"], pipeline.components["text_encoder_2"]]
+    for mode in ("cached", "uncached"):
+        cache = pipeline.caches.pop(TEXT_CACHE)
+        if mode == "cached":
+            from omniloop.cache.text_embeddings import TextEmbeddingCache
+
+            pipeline.caches[TEXT_CACHE] = TextEmbeddingCache(cache.budget_bytes)
+        calls, seconds = [0], [0.0]
+        originals = [e.encode for e in encoders]
+
+        def counted(fn):
+            def encode(prompts, **kw):
+                t0 = time.perf_counter()
+                out = fn(prompts, **kw)
+                if out.embeds.is_cuda:
+                    torch.cuda.synchronize()
+                seconds[0] += time.perf_counter() - t0
+                calls[0] += len(prompts)
+                return out
+            return encode
+
+        for e, fn in zip(encoders, originals):
+            e.encode = counted(fn)
+        try:  # arrivals in waves: repeats within a wave (n > 1) and across waves (later requests)
+            reqs = [request(f"{mode}{i}", size, 1, prompt=p, seed=i) for i, p in enumerate(trace)]
+            waves = [run_burst(pipeline, reqs[i:i + args.wave], max_batch=args.max_batch)
+                     for i in range(0, len(reqs), args.wave)]
+            result = {"requests": len(reqs), "makespan_s": round(sum(w["makespan_s"] for w in waves), 4)}
+            result["images_per_s"] = round(len(reqs) / result["makespan_s"], 4)
+        finally:
+            for e in encoders:
+                del e.encode
+        stats = pipeline.caches[TEXT_CACHE].summary() if mode == "cached" else {}
+        emit({**base, "bench": "text_cache", "mode": mode, "trace": len(trace), "distinct_prompts": len(set(trace)),
+              "prompts_encoded": calls[0], "encode_s": round(seconds[0], 4), "hit_rate": round(stats.get("hit_rate", 0.0), 4),
+              "hits": stats.get("hits", 0), "misses": stats.get("misses", 0), **result}, sink)
+        if mode == "cached":
+            pipeline.caches.pop(TEXT_CACHE)
+        pipeline.caches[TEXT_CACHE] = cache
+
+
+def bench_graphs(pipeline, args, base, sink):
+    """One packed forward of one small image, eager vs a CUDA-graph replay of the same call."""
+    if pipeline.device.type != "cuda":
+        emit({**base, "bench": "cuda_graphs", "skipped": "needs a CUDA device"}, sink)
+        return
+    from omniloop.models.families.flux.model import FluxInputs
+    from omniloop.models.families.flux.stages import image_ids
+    from omniloop.models.layers.packed import Segments
+
+    model, dev, dtype = pipeline.components["transformer"], pipeline.device, pipeline.dtype
+    cfg = model.config
+    for h, w in ((256, 256), (512, 512)):
+        lh, lw = h // 8, w // 8
+        n_img, n_txt = (lh // 2) * (lw // 2), 512
+        inputs = FluxInputs(
+            image=torch.randn(n_img, cfg.in_channels, device=dev, dtype=dtype),
+            text=torch.randn(n_txt, cfg.joint_attention_dim, device=dev, dtype=dtype),
+            pooled=torch.randn(1, cfg.pooled_projection_dim, device=dev, dtype=dtype),
+            timestep=torch.full((1,), 0.5, device=dev), guidance=torch.full((1,), 3.5, device=dev),
+            image_ids=image_ids(lh, lw, dev), text_ids=torch.zeros(n_txt, 3, device=dev),
+            image_segments=Segments((n_img,)), text_segments=Segments((n_txt,)))
+        with torch.inference_mode():
+            eager = timed(lambda: model(inputs), warmup=3, iters=10, cuda=True)
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(3):
+                    model(inputs)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                model(inputs)
+            replay = timed(graph.replay, warmup=3, iters=10, cuda=True)
+        e, r = statistics.median(eager), statistics.median(replay)
+        emit({**base, "bench": "cuda_graphs", "size": [h, w], "tokens": n_img + n_txt, "eager_s": round(e, 5),
+              "graph_s": round(r, 5), "graph_speedup": round(e / r, 3)}, sink)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tiny", action="store_true", help="CPU smoke run on the 2-block toy")
+    p.add_argument("--only", default="mixed,lora,cache,graphs")
+    p.add_argument("--requests", type=int, default=None, help="mixed burst size (default 16; tiny 6)")
+    p.add_argument("--steps", type=int, default=None, help="denoise steps per request (default 4; tiny 2)")
+    p.add_argument("--max-batch", type=int, default=16)
+    p.add_argument("--loras", type=int, default=8, help="requests (and distinct adapters) in the LoRA burst")
+    p.add_argument("--lora-rank", type=int, default=16)
+    p.add_argument("--trace", type=int, default=48, help="requests in the repeated-prompt trace")
+    p.add_argument("--distinct-prompts", type=int, default=8)
+    p.add_argument("--wave", type=int, default=4, help="requests arriving together in the trace")
+    p.add_argument("--attention-backend", default="sdpa")
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    if args.tiny:
+        device, dtype, size = torch.device("cpu"), torch.float32, "tiny"
+        args.requests, args.steps = args.requests or 6, args.steps or 2
+        args.loras, args.trace = min(args.loras, 4), min(args.trace, 16)
+        torch.set_num_threads(1)
+    else:
+        device, dtype, size = torch.device("cuda"), torch.bfloat16, "dev"
+        args.requests, args.steps = args.requests or 16, args.steps or 4
+    options = LoadOptions(device=device, dtype=dtype, attention_backend=args.attention_backend)
+    t0 = time.perf_counter()
+    _, pipeline = random_flux_pipeline(size, options)
+    base = {"model": f"flux-{size}-random", "device": str(device), "dtype": str(dtype).removeprefix("torch."),
+            "steps": args.steps, "attention_backend": args.attention_backend,
+            "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None}
+    sink = open(args.out, "a") if args.out else None
+    emit({**base, "bench": "setup", "build_s": round(time.perf_counter() - t0, 2),
+          "transformer_params": sum(p.numel() for p in pipeline.components["transformer"].parameters())}, sink)
+    benches = {"mixed": bench_mixed, "lora": bench_lora, "cache": bench_cache, "graphs": bench_graphs}
+    with torch.inference_mode():
+        for name in args.only.split(","):
+            benches[name](pipeline, args, base, sink)
+    if sink is not None:
+        sink.close()
+
+
+if __name__ == "__main__":
+    main()

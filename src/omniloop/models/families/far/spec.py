@@ -1,0 +1,111 @@
+"""FAR family ModelSpec: diffusers' ``AnyFlowFARPipeline`` layout (a FAR causal Wan2.1
+transformer, the Wan VAE, UMT5, ``FlowMapEulerDiscreteScheduler``) -> a causal pipeline.
+
+Graph: ``text_encode`` -> [``condition`` (I2V / V2V: VAE-encode the given frames)] ->
+``rollout`` (a ``ChunkRollout`` around a ``DenoiseLoop``: chunks denoised in turn over the
+request's chunk-KV slabs, each decoded and streamed as it finishes). The ``chunk_kv`` pool
+is built here, at the deployment's budget.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from omniloop.cache.chunk_kv import ChunkKVPool, default_budget_bytes
+from omniloop.models.autoencoders.wan_vae import load_wan_vae
+from omniloop.models.families.far.presets import FAR_DEFAULTS
+from omniloop.models.families.far.stages import FARChunks, FARDenoiser, FARVideoCondition, RolloutParams
+from omniloop.models.families.far.validate import ROLLOUT_NODE, make_validator
+from omniloop.models.families.far.weights import load_far_dit
+from omniloop.models.load_options import apply_load_options
+from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
+from omniloop.models.text.umt5 import load_umt5_encoder
+from omniloop.pipeline.loops.chunk import ChunkRollout
+from omniloop.pipeline.loops.denoise import DenoiseLoop
+from omniloop.pipeline.pipeline import Pipeline
+from omniloop.pipeline.policies.cfg import ClassicCFG
+from omniloop.pipeline.policies.shift import FlowShift
+from omniloop.pipeline.predicates import task_in
+from omniloop.pipeline.samplers.sampler_set import SamplerSet, load_sampler_set
+from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
+from omniloop.pipeline.stages import TextEncode
+from omniloop.pipeline.stages.decode import StreamingVAEDecode
+from omniloop.request import TaskType
+
+PIPELINE_CLASS = "AnyFlowFARPipeline"
+TASKS = frozenset({TaskType.T2V, TaskType.I2V, TaskType.V2V})
+BLOCK_GEMMS = r"^blocks\.\d+\.(self_attn|cross_attn|ffn)\."
+
+
+def _load_transformer(root: Path, index: Mapping[str, Any], options: LoadOptions):
+    model = load_far_dit(root / "transformer", device=options.device, dtype=options.dtype)
+    return apply_load_options(model, options, blocks=model.blocks, fp8_layers=BLOCK_GEMMS)
+
+
+def _load_vae(root: Path, index: Mapping[str, Any], options: LoadOptions):
+    return load_wan_vae(root / "vae", device=options.device, dtype=options.dtype).eval().requires_grad_(False)
+
+
+def _load_text(root: Path, index: Mapping[str, Any], options: LoadOptions):
+    return load_umt5_encoder(root / "text_encoder", root / "tokenizer", device=options.device, dtype=options.dtype,
+                             max_sequence_length=FAR_DEFAULTS["max_sequence_length"])
+
+
+def _load_scheduler(root: Path, index: Mapping[str, Any], options: LoadOptions) -> SamplerSet:
+    return load_sampler_set(root / "scheduler")
+
+
+def far_variant(index: Mapping[str, Any]) -> Variant:
+    weights = (
+        WeightSpec(component="transformer", kind="FARDiT", subfolder="transformer", load=_load_transformer),
+        WeightSpec(component="vae", kind="WanVAE", subfolder="vae", load=_load_vae),
+        WeightSpec(component="text_encoder", kind="UMT5 encoder + tokenizer", subfolder=("text_encoder", "tokenizer"),
+                   load=_load_text),
+        WeightSpec(component="sampler", kind="scheduler config", subfolder="scheduler", load=_load_scheduler),
+    )
+    return Variant(name="anyflow-far", tasks=TASKS, weights=weights)
+
+
+def far_pipeline_spec(variant: Variant, *, full_chunk_limit: int, cfg_mode: str = "sequential") -> PipelineSpec:
+    components = {w.component: ComponentSpec(name=w.component, kind=w.kind) for w in variant.weights}
+    components["chunk_kv"] = ComponentSpec(name="chunk_kv", kind="ChunkKVPool")
+    denoise = DenoiseLoop(FARDenoiser(), cfg=ClassicCFG(mode=cfg_mode), shift=FlowShift())  # type: ignore[arg-type]
+    rollout = ChunkRollout(denoise, FARChunks(full_chunk_limit=full_chunk_limit), decoder=StreamingVAEDecode(),
+                           params=RolloutParams)
+    nodes = (
+        Node("text_encode", TextEncode()),
+        Node("condition", FARVideoCondition(), when=task_in(TaskType.I2V, TaskType.V2V)),
+        Node(ROLLOUT_NODE, rollout),
+    )
+    return PipelineSpec(name=variant.name, family="far", tasks=variant.tasks, components=components, nodes=nodes,
+                        outputs={"video": "video", "latents": "final_latents"})
+
+
+def build_far(variant: Variant, index: Mapping[str, Any], components: Mapping[str, Any], options: LoadOptions) -> Pipeline:
+    dit, vae = components["transformer"], components["vae"]
+    budget = options.chunk_kv_budget_bytes or default_budget_bytes(options.device)
+    components = {**components, "chunk_kv": ChunkKVPool(budget, options.device)}
+    defaults = {
+        **FAR_DEFAULTS,
+        "z_dim": vae.config.z_dim,
+        "vae_scale_temporal": vae.config.scale_factor_temporal,
+        "vae_scale_spatial": vae.config.scale_factor_spatial,
+        "compressed_patch": dit.config.compressed_patch_size[1],
+        "chunk_partition": tuple(dit.config.chunk_partition),
+    }
+    spec = far_pipeline_spec(variant, full_chunk_limit=dit.config.full_chunk_limit, cfg_mode=options.cfg_mode)
+    return Pipeline(spec=spec, components=components, device=options.device, dtype=options.dtype, defaults=defaults,
+                    validate_request=make_validator(defaults, components["sampler"]))
+
+
+FAR = register_model_spec(
+    ModelSpec(
+        family="far",
+        diffusers_classes=(PIPELINE_CLASS,),
+        variant=far_variant,
+        build=build_far,
+        description="AnyFlow FAR causal Wan2.1 (chunk-causal DiT over chunk-KV slabs, flow-map sampler), streamed "
+        "chunk by chunk; Wan VAE, UMT5",
+    )
+)

@@ -1,0 +1,269 @@
+"""FAR pipeline pieces: the DenoiseLoop adapter, the ChunkRollout's family side (chunking,
+KV tiers, which segments each forward reads and writes, the clean-context forward) and the
+I2V / V2V conditioning encoder."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+from pydantic import Field
+
+from omniloop.cache.chunk_kv import ChunkKVBatch, KVSegment, SlabLayout, TierPolicy
+from omniloop.io.image import image_to_tensor, open_image
+from omniloop.models.families.far.model import COMPRESSED, FULL
+from omniloop.pipeline.edges import ConditionLatents, TextEmbeddings
+from omniloop.pipeline.loops.chunk import ChunkPlan
+from omniloop.pipeline.loops.denoise import DenoiseParams, DenoiserBase
+from omniloop.pipeline.policies.cfg import COND, UNCOND, Prediction
+from omniloop.pipeline.stage import StageBase
+from omniloop.pipeline.state import RequestState, StageContext
+from omniloop.request import ImagePart, OmniRequest, TaskType, VideoPart
+
+
+class RolloutParams(DenoiseParams):
+    """``node_params["rollout"]``: the denoise overrides plus how the video is cut."""
+
+    chunk_partition: list[int] | None = Field(
+        default=None, min_length=1, description="latent frames per chunk (sums to the video's latent frames); "
+        "default: the checkpoint's partition when it fits, else its first chunk then chunks of its usual size")
+
+
+# -- geometry -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Geometry:
+    height: int
+    width: int
+    num_frames: int
+
+    def latent(self, defaults: Mapping[str, Any]) -> tuple[int, int, int]:
+        st, ss = defaults["vae_scale_temporal"], defaults["vae_scale_spatial"]
+        return (self.num_frames - 1) // st + 1, self.height // ss, self.width // ss
+
+
+def geometry(request: OmniRequest, defaults: Mapping[str, Any]) -> Geometry:
+    p = request.diffusion
+    return Geometry(p.height or defaults["height"], p.width or defaults["width"], p.num_frames or defaults["num_frames"])
+
+
+def default_partition(frames: int, model_partition: tuple[int, ...]) -> tuple[int, ...]:
+    """The checkpoint's partition when it fits; else its first chunk, then chunks of its
+    largest size, and the remainder last (what a different length most resembles)."""
+    if sum(model_partition) == frames:
+        return tuple(model_partition)
+    first, size = model_partition[0], max(model_partition)
+    if frames <= first:
+        return (frames,)
+    rest = frames - first
+    return (first, *([size] * (rest // size)), *((rest % size,) if rest % size else ()))
+
+
+def partition_for(request: OmniRequest, params: RolloutParams | None, defaults: Mapping[str, Any]) -> tuple[int, ...]:
+    frames = geometry(request, defaults).latent(defaults)[0]
+    model_partition = tuple(defaults["chunk_partition"])
+    if params is None or params.chunk_partition is None:
+        return default_partition(frames, model_partition)
+    partition = tuple(params.chunk_partition)
+    limit = max(model_partition)
+    if any(c < 1 or c > limit for c in partition):
+        raise ValueError(f"node_params['rollout'].chunk_partition={list(partition)}: each chunk must be 1..{limit} "
+                         f"latent frames (the largest this checkpoint makes)")
+    if sum(partition) != frames:
+        raise ValueError(f"node_params['rollout'].chunk_partition={list(partition)} sums to {sum(partition)}, but "
+                         f"the video has {frames} latent frames; pass e.g. {list(default_partition(frames, model_partition))}")
+    return partition
+
+
+# -- the DenoiseLoop adapter -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FARDenoiser(DenoiserBase):
+    """Adapts ``FARDiT.forward`` to the DenoiseLoop: one chunk's ``video`` latents, the flow
+    map's ``(t, r)`` pair as per-frame timesteps, the chunk's KV view in ``kv``."""
+
+    modalities: tuple[str, ...] = ("video",)
+
+    def latent_shapes(self, ctx: StageContext, request: OmniRequest) -> dict[str, tuple[int, ...]]:
+        f, h, w = geometry(request, ctx.defaults).latent(ctx.defaults)
+        return {"video": (1, ctx.defaults["z_dim"], f, h, w)}
+
+    def branch_inputs(self, ctx: StageContext, state: RequestState, branches: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+        text = ctx.read(state, "text", TextEmbeddings)
+        out = {COND: {"encoder_hidden_states": text.prompt}}
+        if UNCOND in branches:
+            assert text.negative is not None, "guidance is on but no negative embeddings were encoded"
+            out[UNCOND] = {"encoder_hidden_states": text.negative}
+        return out
+
+    def forward(self, model: torch.nn.Module, inputs: dict[str, torch.Tensor], timestep: torch.Tensor,
+                kwargs: dict[str, Any]) -> Prediction:
+        x = inputs["video"]  # [B, C, F, h, w]
+        batch, frames = x.shape[0], x.shape[2]
+        # timestep: [B, 2] = (t, r) per row -> per frame, as diffusers' [B, F] repeats
+        t = timestep[:, 0:1].expand(batch, frames)
+        r = timestep[:, 1:2].expand(batch, frames)
+        return {"video": model(x, t, r, **kwargs)}
+
+    def _dims(self, ctx: StageContext, shapes: dict[str, tuple[int, ...]]) -> tuple[int, int, int, int, int]:
+        cfg = ctx.component("transformer").config
+        _, _, f, h, w = shapes["video"]
+        tokens = f * cfg.tokens_per_frame(FULL, h, w)
+        return tokens, int(ctx.defaults.get("max_sequence_length", 512)), cfg.inner_dim, cfg.ffn_dim, cfg.num_layers
+
+    def tokens_per_forward(self, ctx: StageContext, shapes: dict[str, tuple[int, ...]]) -> int:
+        return self._dims(ctx, shapes)[0]
+
+    def flops_per_forward(self, ctx: StageContext, shapes: dict[str, tuple[int, ...]]) -> float:
+        """Matmul FLOPs of one forward of a chunk (its own tokens; the cached keys add attention)."""
+        L, Lt, D, F, layers = self._dims(ctx, shapes)
+        per_layer = 4 * L * D * D + 2 * L * L * D + 2 * L * D * D + 2 * Lt * D * D + 2 * L * Lt * D + 2 * L * D * F
+        return float(2 * layers * per_layer)
+
+    def activation_bytes(self, ctx: StageContext, shapes: dict[str, tuple[int, ...]]) -> int:
+        L, _, D, F, _ = self._dims(ctx, shapes)
+        itemsize = torch.finfo(ctx.dtype).bits // 8
+        return int(L * (F + 6 * D) * itemsize + 4 * L * D * 4)
+
+
+# -- the rollout's family side -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FARChunks:
+    """FAR's chunk schedule: the most recent ``full_chunk_limit - 1`` finished chunks keep
+    full-resolution K/V (tier ``full``, a local window), every older chunk compressed K/V
+    (tier ``compressed``: kept by ``compressed_policy``, all of them by default, as FAR).
+
+    A chunk's clean-context pass writes its own full K/V; when that pushes a chunk out of the
+    full window, the same pass re-encodes it compressed and re-writes the window's full K/V
+    (they attended to it at full resolution before). Everything else stays in its slabs.
+    """
+
+    full_chunk_limit: int  # the checkpoint's: the chunk being denoised + this many - 1 at full resolution
+    compressed_policy: TierPolicy = field(default_factory=TierPolicy)
+    component: str = "transformer"
+
+    def plan(self, ctx: StageContext, state: RequestState, condition: ConditionLatents | None) -> ChunkPlan:
+        request = state.request
+        f, h, w = geometry(request, ctx.defaults).latent(ctx.defaults)
+        partition = partition_for(request, state.node_params.get(ctx.node), ctx.defaults)
+        context_frames = 0 if condition is None else min(int(condition.latents.shape[2]), f)
+        context_chunks = 0
+        if context_frames:
+            context_chunks = next(i + 1 for i in range(len(partition)) if sum(partition[: i + 1]) >= context_frames)
+        return ChunkPlan(partition=partition, context_chunks=context_chunks, shape=(1, ctx.defaults["z_dim"], f, h, w),
+                         context_frames=context_frames)
+
+    def kv_tiers(self, ctx: StageContext, request: OmniRequest, plan: ChunkPlan
+                 ) -> tuple[dict[str, SlabLayout], dict[str, TierPolicy]]:
+        cfg = ctx.component(self.component).config
+        _, _, _, h, w = plan.shape
+        frames = max(plan.partition)
+        dtype = ctx.component(self.component).patch_embedding.weight.dtype
+        layouts = {
+            tier: SlabLayout(cfg.num_layers, cfg.num_attention_heads, cfg.attention_head_dim,
+                             frames * cfg.tokens_per_frame(tier, h, w), dtype)
+            for tier in (FULL, COMPRESSED)
+        }
+        return layouts, {FULL: TierPolicy(window=self.full_chunk_limit - 1), COMPRESSED: self.compressed_policy}
+
+    def denoise_segments(self, plan: ChunkPlan, chunk: int) -> tuple[tuple[KVSegment, ...], KVSegment]:
+        limit = self.full_chunk_limit
+        compressed = chunk + 1 - limit if chunk + 1 >= limit else 0
+        cached = tuple(self._segment(plan, COMPRESSED, c) for c in range(compressed))
+        cached += tuple(self._segment(plan, FULL, c) for c in range(compressed, chunk))
+        return cached, self._segment(plan, FULL, chunk)
+
+    def context_segments(self, plan: ChunkPlan, chunk: int) -> tuple[tuple[KVSegment, ...], tuple[KVSegment, ...]]:
+        limit = self.full_chunk_limit
+        before = max(0, chunk + 1 - limit)  # compressed chunks while ``chunk`` was denoised
+        after = max(0, chunk + 2 - limit)  # ... and for the next chunk
+        if after > before:  # chunk ``after - 1`` leaves the full window
+            cached = tuple(self._segment(plan, COMPRESSED, c) for c in range(after - 1))
+            new = (self._segment(plan, COMPRESSED, after - 1),)
+            new += tuple(self._segment(plan, FULL, c) for c in range(after, chunk + 1))
+            return cached, new
+        cached = tuple(self._segment(plan, COMPRESSED, c) for c in range(after))
+        cached += tuple(self._segment(plan, FULL, c) for c in range(after, chunk))
+        return cached, (self._segment(plan, FULL, chunk),)
+
+    @staticmethod
+    def _segment(plan: ChunkPlan, tier: str, chunk: int) -> KVSegment:
+        start, stop = plan.frames(chunk)
+        return KVSegment(tier=tier, chunk=chunk, start=start, frames=stop - start)
+
+    def context_forward(self, ctx: StageContext, latents: torch.Tensor, kwargs: dict[str, Any], kv: ChunkKVBatch) -> None:
+        """The clean chunk(s) at t = r = 0 (diffusers' ``encode_kv_cache``)."""
+        model = ctx.component(self.component)
+        batch, frames = latents.shape[0], latents.shape[2]
+        zeros = torch.zeros(batch, frames, dtype=torch.float64, device=latents.device)
+        with torch.inference_mode():
+            model(latents.to(model.patch_embedding.weight.dtype), zeros, zeros, kwargs["encoder_hidden_states"], kv=kv)
+
+    def context_flops(self, ctx: StageContext, plan: ChunkPlan, chunk: int) -> float | None:
+        return None
+
+
+# -- I2V / V2V conditioning ----------------------------------------------------------------------
+
+
+def conditioning_video(request: OmniRequest, height: int, width: int) -> torch.Tensor | None:
+    """The conditioning frames as [1, 3, T, H, W] in [-1, 1]: an I2V first frame (T = 1) or
+    a V2V clip (T = 4k + 1 frames), or None for T2V."""
+    if request.task == TaskType.I2V:
+        parts = request.images("first_frame")
+        part: ImagePart = parts[0]
+        img = open_image(part.data if part.data is not None else part.raw_bytes() if part.b64 else part.path)
+        return image_to_tensor(img, height, width)[:, :, None]
+    if request.task == TaskType.V2V:
+        frames = video_frames(_video_part(request))  # [T, H, W, 3] float32 in [0, 1]
+        if frames.shape[1:3] != (height, width):
+            raise ValueError(f"inputs video is {frames.shape[2]}x{frames.shape[1]}; pass frames of the requested size "
+                             f"{width}x{height} (diffusion.width x diffusion.height)")
+        return (torch.from_numpy(frames).permute(3, 0, 1, 2)[None] * 2.0 - 1.0).contiguous()
+    return None
+
+
+def _video_part(request: OmniRequest) -> VideoPart:
+    return next(p for p in request.inputs if isinstance(p, VideoPart))
+
+
+def video_frames(part: VideoPart) -> np.ndarray:
+    """[T, H, W, 3] float32 in [0, 1] from a VideoPart: uint8 frames, float frames in [0, 1]
+    (in-process ``data``), or an mp4 (``path`` / ``b64``)."""
+    if part.data is not None:
+        data = part.data.detach().cpu().numpy() if isinstance(part.data, torch.Tensor) else np.asarray(part.data)
+        if data.ndim != 4 or data.shape[-1] != 3:
+            raise ValueError(f"inputs video data must be [T, H, W, 3] frames, got shape {data.shape}")
+        return data.astype(np.float32) / 255.0 if data.dtype == np.uint8 else data.astype(np.float32)
+    from omniloop.io.video import read_video
+
+    frames, _ = read_video(part.raw_bytes() if part.b64 is not None else part.path)
+    return frames.astype(np.float32) / 255.0
+
+
+@dataclass
+class FARVideoCondition(StageBase):
+    """I2V / V2V: VAE-encode the given first frame(s) and normalize -> ConditionLatents
+    [1, z_dim, f_ctx, h, w]; the rollout keeps them as its first (context) chunks."""
+
+    component: str = "vae"
+    outputs = {"condition": ConditionLatents}  # type: ignore[assignment]
+
+    @property
+    def components(self) -> tuple[str, ...]:  # type: ignore[override]
+        return (self.component,)
+
+    @torch.inference_mode()
+    def forward(self, ctx: StageContext, state: RequestState) -> None:
+        vae = ctx.component(self.component)
+        g = geometry(state.request, ctx.defaults)
+        video = conditioning_video(state.request, g.height, g.width)
+        assert video is not None, "admission guarantees i2v / v2v requests carry their frames"
+        mean, _ = vae.encode(video.to(ctx.device, vae.dtype))
+        ctx.write(state, "condition", ConditionLatents(latents=vae.normalize_latents(mean.float())))

@@ -1,0 +1,55 @@
+"""FAR request validation at admission: every bad input is a ValueError naming the field and
+what to pass instead, before any work starts."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+from omniloop.models.families.far.stages import RolloutParams, conditioning_video, geometry, partition_for
+from omniloop.pipeline.samplers.sampler_set import SamplerSet
+from omniloop.request import OmniRequest, TaskType, VideoPart
+
+ROLLOUT_NODE = "rollout"
+
+
+def _nearest(value: int, m: int) -> str:
+    lo = max(m, value // m * m)
+    return f"{lo} or {lo + m}" if lo != value else str(value)
+
+
+def make_validator(defaults: Mapping[str, Any], samplers: SamplerSet) -> Callable[[OmniRequest], OmniRequest]:
+    spatial = defaults["vae_scale_spatial"] * defaults["compressed_patch"]  # latents tile the compressed patch
+    temporal = defaults["vae_scale_temporal"]
+
+    def validate(request: OmniRequest) -> OmniRequest:
+        g = geometry(request, defaults)
+        for name, value in (("height", g.height), ("width", g.width)):
+            if value % spatial:
+                raise ValueError(f"diffusion.{name}={value} must be a multiple of {spatial} (FAR's compressed patch); "
+                                 f"pass {_nearest(value, spatial)}")
+        if (g.num_frames - 1) % temporal:
+            k = (g.num_frames - 1) // temporal
+            raise ValueError(f"diffusion.num_frames={g.num_frames} must be {temporal}k+1; pass {temporal * k + 1} "
+                             f"or {temporal * (k + 1) + 1}")
+        samplers.get(request.diffusion.sampler)  # raises naming the offered samplers
+        raw = request.node_params.get(ROLLOUT_NODE)
+        partition_for(request, RolloutParams.model_validate(raw) if raw is not None else None, defaults)
+        if request.task == TaskType.I2V and not request.images("first_frame"):
+            raise ValueError("task i2v needs an image: add ImagePart(role='first_frame', path=... | b64=... | data=...) "
+                             "to inputs")
+        if request.task == TaskType.V2V:
+            if not any(isinstance(p, VideoPart) for p in request.inputs):
+                raise ValueError("task v2v needs a video: add VideoPart(path=... | b64=... | data=[T, H, W, 3] frames) "
+                                 "to inputs")
+        video = conditioning_video(request, g.height, g.width)  # unreadable or wrong size -> ValueError
+        if video is not None:
+            frames = video.shape[2]
+            if (frames - 1) % temporal:
+                raise ValueError(f"inputs video has {frames} frames; pass {temporal}k+1 (e.g. "
+                                 f"{(frames - 1) // temporal * temporal + 1})")
+            if frames >= g.num_frames:
+                raise ValueError(f"inputs video has {frames} frames, diffusion.num_frames={g.num_frames}: pass more "
+                                 f"frames to make than to condition on")
+        return request
+
+    return validate

@@ -1,0 +1,157 @@
+"""Flux family ModelSpec: diffusers ``FluxPipeline`` folders (FLUX.1-dev / -schnell layout:
+transformer, vae, CLIP text_encoder + tokenizer, T5 text_encoder_2 + tokenizer_2, scheduler).
+
+One pipeline serves text-to-image and image-to-image (``FluxImg2ImgPipeline`` reads the same
+folder): the image condition node runs only for i2i requests.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+from omniloop.models.autoencoders.kl2d import load_kl2d_vae
+from omniloop.models.families.flux.presets import FLUX_DEFAULTS
+from omniloop.models.families.flux.stages import FluxDenoiser, FluxImageCondition
+from omniloop.models.families.flux.validate import make_validator
+from omniloop.models.families.flux.weights import flux_lora_from_kohya, flux_lora_stream, load_flux_transformer
+from omniloop.models.load_options import apply_load_options
+from omniloop.models.lora import LoraSupport
+from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
+from omniloop.models.text.clip import load_clip_encoder
+from omniloop.models.text.t5 import load_t5_encoder
+from omniloop.pipeline.loops.denoise import DenoiseLoop
+from omniloop.pipeline.pipeline import Pipeline
+from omniloop.pipeline.policies.cfg import EmbeddedGuidance
+from omniloop.pipeline.policies.conditioning import LatentStart
+from omniloop.pipeline.policies.shift import DynamicShift
+from omniloop.pipeline.predicates import opt, task_in
+from omniloop.pipeline.samplers.base import build_sampler
+from omniloop.pipeline.samplers.sampler_set import SamplerSet
+from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
+from omniloop.pipeline.stages import ImageVAEDecoder, TextEncode, TextEncoderSpec, VAEDecode
+from omniloop.request import Modality, OmniRequest, TaskType
+
+PIPELINE_CLASSES = ("FluxPipeline", "FluxImg2ImgPipeline")
+# the GEMMs FP8 quantization converts: every projection and MLP of both block kinds
+BLOCK_GEMMS = r"^(single_)?transformer_blocks\.\d+\.(attn\.(to_|add_)|ff|ff_context|proj_)"
+
+
+# -- component loaders ---------------------------------------------------------------
+
+
+def _load_transformer(root: Path, index: Mapping[str, Any], options: LoadOptions):
+    model = load_flux_transformer(root / "transformer", device=options.device, dtype=options.dtype)
+    blocks = [*model.transformer_blocks, *model.single_transformer_blocks]
+    return apply_load_options(model, options, blocks=blocks, fp8_layers=BLOCK_GEMMS)
+
+
+def _load_vae(root: Path, index: Mapping[str, Any], options: LoadOptions):
+    return load_kl2d_vae(root / "vae", device=options.device, dtype=options.dtype)
+
+
+def _load_clip(root: Path, index: Mapping[str, Any], options: LoadOptions):
+    return load_clip_encoder(root / "text_encoder", root / "tokenizer", device=options.device, dtype=options.dtype)
+
+
+def _load_t5(root: Path, index: Mapping[str, Any], options: LoadOptions):
+    return load_t5_encoder(root / "text_encoder_2", root / "tokenizer_2", device=options.device, dtype=options.dtype,
+                           max_sequence_length=FLUX_DEFAULTS["max_sequence_length"])
+
+
+def _load_scheduler(root: Path, index: Mapping[str, Any], options: LoadOptions) -> SamplerSet:
+    """The checkpoint's FlowMatchEulerDiscreteScheduler (dynamic shifting for dev, static for
+    schnell) as the one offered sampler: Flux's schedule is Euler's."""
+    path = root / "scheduler" / "scheduler_config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found; a diffusers Flux checkpoint keeps its scheduler config there")
+    return SamplerSet.single("flow_euler", build_sampler("flow_euler", json.loads(path.read_text())))
+
+
+def flux_variant(index: Mapping[str, Any]) -> Variant:
+    for name in ("image_encoder", "feature_extractor"):
+        entry = index.get(name)
+        if isinstance(entry, (list, tuple)) and entry and entry[0] is not None:
+            raise ValueError(f"model_index.json names {name} (an IP-Adapter image encoder), which is not supported; "
+                             "remove it to load the base Flux model")
+    weights = (
+        WeightSpec(component="transformer", kind="FluxTransformer", subfolder="transformer", load=_load_transformer),
+        WeightSpec(component="vae", kind="AutoencoderKL (2D)", subfolder="vae", load=_load_vae),
+        WeightSpec(component="text_encoder", kind="CLIP text encoder + tokenizer", subfolder=("text_encoder", "tokenizer"),
+                   load=_load_clip),
+        WeightSpec(component="text_encoder_2", kind="T5 encoder + tokenizer", subfolder=("text_encoder_2", "tokenizer_2"),
+                   load=_load_t5),
+        WeightSpec(component="sampler", kind="scheduler config", subfolder="scheduler", load=_load_scheduler),
+    )
+    return Variant(name="flux.1", tasks=frozenset({TaskType.T2I, TaskType.I2I}), weights=weights)
+
+
+# -- pipeline -------------------------------------------------------------------------
+
+
+def flux_pipeline_spec(variant: Variant, *, guidance_embeds: bool, pack: bool = True) -> PipelineSpec:
+    """``pack``: requests of different sizes share batched steps (packed tokens); off with
+    resolution buckets (fixed shapes: requests of one bucket batch unpacked)."""
+    components = {w.component: ComponentSpec(name=w.component, kind=w.kind) for w in variant.weights}
+    text = TextEncode(
+        encoders=(TextEncoderSpec("text_encoder", output="pooled", field="pooled"),  # CLIP: the pooled vector
+                  TextEncoderSpec("text_encoder_2", output="sequence", field="prompt")),  # T5: the token sequence
+        guidance="embedded",
+    )
+    nodes = (
+        Node("text_encode", text),
+        Node("image_condition", FluxImageCondition(), when=task_in(TaskType.I2I)),
+        Node(
+            "denoise",
+            DenoiseLoop(
+                FluxDenoiser(packs=pack),
+                cfg=EmbeddedGuidance() if guidance_embeds else EmbeddedGuidance(kwarg=None),
+                shift=DynamicShift(),
+                conditioning=LatentStart(),
+            ),
+        ),
+        Node("decode", VAEDecode(decoder=ImageVAEDecoder()), when=opt("pixels wanted", _wants_pixels)),
+    )
+    return PipelineSpec(
+        name=variant.name,
+        family="flux",
+        tasks=variant.tasks,
+        components=components,
+        nodes=nodes,
+        outputs={"image": "image", "latents": "final_latents", "trajectory": "trajectory"},
+    )
+
+
+def _wants_pixels(request: OmniRequest) -> bool:
+    return request.outputs.wants(Modality.IMAGE)
+
+
+def build_flux(variant: Variant, index: Mapping[str, Any], components: Mapping[str, Any], options: LoadOptions) -> Pipeline:
+    dit, vae = components["transformer"], components["vae"]
+    buckets = options.resolution_buckets
+    spec = flux_pipeline_spec(variant, guidance_embeds=dit.config.guidance_embeds, pack=not buckets)
+    defaults = {
+        **FLUX_DEFAULTS,
+        "latent_channels": vae.config.latent_channels,
+        "vae_scale_spatial": vae.config.scale_factor_spatial,
+    }
+    if dit.config.latent_channels != vae.config.latent_channels:
+        raise ValueError(f"transformer in_channels {dit.config.in_channels} needs a VAE of "
+                         f"{dit.config.latent_channels} latent channels; vae/ has {vae.config.latent_channels}")
+    return Pipeline(spec=spec, components=components, device=options.device, dtype=options.dtype, defaults=defaults,
+                    validate_request=make_validator(defaults, components["sampler"], buckets))
+
+
+FLUX = register_model_spec(
+    ModelSpec(
+        family="flux",
+        diffusers_classes=PIPELINE_CLASSES,
+        variant=flux_variant,
+        build=build_flux,
+        description="Flux.1 image DiT (double + single stream, embedded guidance) with CLIP + T5 and the 2D VAE; "
+                    "text-to-image and image-to-image, requests of any sizes packed into one step, per-request LoRAs",
+        lora=LoraSupport(components=("transformer", "text_encoder"), convert=flux_lora_from_kohya,
+                         streams={"transformer": flux_lora_stream}),
+    )
+)

@@ -1,0 +1,193 @@
+"""Flux-specific pipeline pieces: the DenoiseLoop adapter (packs requests of any sizes into
+one forward) and the image-to-image condition encoder."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+
+from omniloop.io.image import image_to_tensor, open_image_part
+from omniloop.models.families.flux.model import FluxInputs
+from omniloop.models.layers.lora import LoraPlan, current_plan, lora_rows
+from omniloop.models.layers.packed import Segments
+from omniloop.pipeline.loops.denoise import DenoiserBase
+from omniloop.pipeline.edges import ConditionLatents, LatentPosterior, TextEmbeddings
+from omniloop.pipeline.policies.cfg import COND, Prediction
+from omniloop.pipeline.stage import StageBase
+from omniloop.pipeline.state import RequestState, StageContext
+from omniloop.request import ImagePart, LatentPart, Modality, OmniRequest
+
+IMAGE = "image"
+
+
+@dataclass(frozen=True)
+class ImageGeometry:
+    height: int
+    width: int
+
+
+def geometry(request: OmniRequest, defaults: Mapping[str, Any]) -> ImageGeometry:
+    p = request.diffusion
+    return ImageGeometry(height=p.height or defaults["height"], width=p.width or defaults["width"])
+
+
+def pack_latents(x: torch.Tensor) -> torch.Tensor:
+    """[C, h, w] -> [(h/2)(w/2), 4C]: 2x2 patches as tokens (diffusers ``_pack_latents``)."""
+    c, h, w = x.shape
+    return x.view(c, h // 2, 2, w // 2, 2).permute(1, 3, 0, 2, 4).reshape((h // 2) * (w // 2), c * 4)
+
+
+def unpack_latents(tokens: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """[(h/2)(w/2), 4C] -> [C, h, w] (diffusers ``_unpack_latents``)."""
+    c = tokens.shape[1] // 4
+    return tokens.view(h // 2, w // 2, c, 2, 2).permute(2, 0, 3, 1, 4).reshape(c, h, w)
+
+
+def image_ids(h: int, w: int, device: torch.device) -> torch.Tensor:
+    """[(h/2)(w/2), 3] position ids (0, row, col) of a latent's packed tokens."""
+    ids = torch.zeros(h // 2, w // 2, 3, device=device)
+    ids[..., 1] += torch.arange(h // 2, device=device)[:, None]
+    ids[..., 2] += torch.arange(w // 2, device=device)[None, :]
+    return ids.reshape(-1, 3)
+
+
+@dataclass(frozen=True)
+class FluxDenoiser(DenoiserBase):
+    """Adapts ``FluxTransformer`` to the DenoiseLoop: one ``image`` latent modality, kept
+    unpacked ``[1, C, h, w]`` in the loop (so the seed draws diffusers' noise and the
+    sampler step is the same elementwise update) and packed into tokens per forward."""
+
+    modalities: tuple[str, ...] = (IMAGE,)
+    packs: bool = True
+
+    def latent_shapes(self, ctx: StageContext, request: OmniRequest) -> dict[str, tuple[int, ...]]:
+        g = geometry(request, ctx.defaults)
+        s = ctx.defaults["vae_scale_spatial"]
+        return {IMAGE: (1, ctx.defaults["latent_channels"], g.height // s, g.width // s)}
+
+    def branch_inputs(self, ctx: StageContext, state: RequestState, branches: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+        text = ctx.read(state, "text", TextEmbeddings)
+        assert text.pooled is not None, "Flux's TextEncode fills the pooled field (CLIP)"
+        return {COND: {"encoder_hidden_states": text.prompt, "pooled_projections": text.pooled}}
+
+    def forward(self, model: torch.nn.Module, inputs: dict[str, torch.Tensor], timestep: torch.Tensor,
+                kwargs: dict[str, Any]) -> Prediction:
+        return self.forward_packed(model, [inputs], [timestep], [kwargs])[0]
+
+    def forward_packed(self, model: torch.nn.Module, xs: list[dict[str, torch.Tensor]], ts: list[torch.Tensor],
+                       kws: list[dict[str, Any]]) -> list[Prediction]:
+        """Calls of any latent sizes (each [b_i, C, h_i, w_i]) as ONE packed forward: every
+        sample's image tokens and text tokens end to end, attention within each sample."""
+        rows = [(x[IMAGE][r], t[r], kw, r) for x, t, kw in zip(xs, ts, kws) for r in range(x[IMAGE].shape[0])]
+        device = rows[0][0].device
+        image = [pack_latents(x) for x, *_ in rows]
+        text = [kw["encoder_hidden_states"][r] for _, _, kw, r in rows]  # each [L_txt, D]
+        guidance = [kw["guidance"][r] for _, _, kw, r in rows] if "guidance" in kws[0] else None
+        inputs = FluxInputs(
+            image=torch.cat(image),
+            text=torch.cat(text),
+            pooled=torch.stack([kw["pooled_projections"][r] for _, _, kw, r in rows]),
+            timestep=torch.stack([t for _, t, *_ in rows]) / 1000,  # diffusers passes t / 1000
+            image_ids=torch.cat([image_ids(x.shape[1], x.shape[2], device) for x, *_ in rows]),
+            text_ids=torch.zeros(sum(t.shape[0] for t in text), 3, device=device),
+            image_segments=Segments(tuple(t.shape[0] for t in image)),
+            text_segments=Segments(tuple(t.shape[0] for t in text)),
+            guidance=torch.stack(guidance).to(device) if guidance is not None else None,
+        )
+        with lora_rows(_bound(current_plan(), inputs)):  # each sample's LoRAs on its own tokens
+            out = model(inputs)  # [N_img, 4C]
+        preds = [unpack_latents(tok, x.shape[1], x.shape[2]) for tok, (x, *_) in zip(inputs.image_segments.split(out), rows)]
+        result, i = [], 0
+        for x in xs:
+            b = x[IMAGE].shape[0]
+            result.append({IMAGE: torch.stack(preds[i:i + b])})
+            i += b
+        return result
+
+    # -- analytic costs (the engine's cost model and token budget) ---------------------
+    def _dims(self, ctx: StageContext, shapes: dict[str, tuple[int, ...]]) -> tuple[int, int, Any]:
+        _, _, h, w = shapes[IMAGE]
+        return (h // 2) * (w // 2), int(ctx.defaults.get("max_sequence_length", 512)), ctx.component("transformer").config
+
+    def tokens_per_forward(self, ctx: StageContext, shapes: dict[str, tuple[int, ...]]) -> int:
+        img, txt, _ = self._dims(ctx, shapes)
+        return img + txt
+
+    def flops_per_forward(self, ctx: StageContext, shapes: dict[str, tuple[int, ...]]) -> float:
+        """Matmul FLOPs (2 per multiply-add): double blocks (per-stream qkv/out/MLP, joint
+        attention), single blocks (qkv + MLP-in, joint attention, out over D + 4D)."""
+        img, txt, cfg = self._dims(ctx, shapes)
+        n, d = img + txt, cfg.inner_dim
+        attention = 2 * n * n * d
+        double = n * (4 * d * d + 8 * d * d) + attention
+        single = n * (3 * d * d + 4 * d * d + 5 * d * d) + attention
+        return float(2 * (cfg.num_layers * double + cfg.num_single_layers * single))
+
+    def activation_bytes(self, ctx: StageContext, shapes: dict[str, tuple[int, ...]]) -> int:
+        """Peak transient memory of one forward: a single block's MLP input (4D) and the
+        joint q/k/v/attention/residual (~8D) per token, plus fp32 RoPE tables."""
+        img, txt, cfg = self._dims(ctx, shapes)
+        itemsize = torch.finfo(ctx.dtype).bits // 8
+        return int((img + txt) * (12 * cfg.inner_dim * itemsize + 2 * cfg.attention_head_dim * 4))
+
+
+def _bound(plan: LoraPlan | None, inputs: FluxInputs) -> LoraPlan | None:
+    """The loop's per-sample LoRA plan with each token stream's owners (packed layout)."""
+    if plan is None:
+        return None
+    img, txt = inputs.image_segments, inputs.text_segments
+    device = inputs.image.device
+    samples = torch.arange(img.count, device=device)
+    joint = torch.tensor([t + i for t, i in zip(txt.lengths, img.lengths)], device=device)
+    return plan.bind(
+        image=samples.repeat_interleave(torch.tensor(img.lengths, device=device)),
+        text=samples.repeat_interleave(torch.tensor(txt.lengths, device=device)),
+        joint=samples.repeat_interleave(joint),
+        sample=samples,
+    )
+
+
+# -- image-to-image conditioning --------------------------------------------------------
+
+
+def edit_source(request: OmniRequest) -> ImagePart | LatentPart | None:
+    """The image (or its latents) an i2i request starts from."""
+    latents = [p for p in request.inputs if isinstance(p, LatentPart) and p.of is Modality.IMAGE]
+    return latents[0] if latents else next(iter(request.images()), None)
+
+
+@dataclass
+class FluxImageCondition(StageBase):
+    """Image-to-image: the starting image -> ConditionLatents. Given latents ([1, C, h, w],
+    the DiT's normalized space) pass through; an image is VAE-encoded to its posterior,
+    sampled by the loop from the request's seed (diffusers' draw order)."""
+
+    component: str = "vae"
+    outputs = {"condition": ConditionLatents}  # type: ignore[assignment]
+
+    @property
+    def components(self) -> tuple[str, ...]:  # type: ignore[override]
+        return (self.component,)
+
+    @torch.inference_mode()
+    def forward(self, ctx: StageContext, state: RequestState) -> None:
+        source = edit_source(state.request)
+        assert source is not None, "admission guarantees an i2i request carries an image or image latents"
+        if isinstance(source, LatentPart):
+            latents = torch.as_tensor(source.data).to(ctx.device, torch.float32)
+            ctx.write(state, "condition", ConditionLatents(latents=latents.reshape(1, *latents.shape[-3:])))
+            return
+        vae = ctx.component(self.component)
+        g = geometry(state.request, ctx.defaults)
+        image = image_to_tensor(open_image_part(source), g.height, g.width).to(ctx.device)  # [1, 3, H, W]
+        # NOTE: diffusers' VaeImageProcessor hands the VAE a channels-last view of the decoded
+        # image, and oneDNN's convs take another (differently rounded) path on that layout; the
+        # same layout keeps the encode bit-equal (and is the fast layout for GPU convs).
+        image = image.contiguous(memory_format=torch.channels_last)
+        moments = vae.encode(image)
+        cfg = vae.config
+        posterior = LatentPosterior(mean=moments.mean, std=moments.std, shift=cfg.shift_factor or 0.0,
+                                    scale=cfg.scaling_factor)
+        ctx.write(state, "condition", ConditionLatents(latents=vae.normalize_latents(moments.mean), posterior=posterior))

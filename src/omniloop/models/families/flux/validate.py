@@ -1,0 +1,96 @@
+"""Flux request validation at admission: every bad input is a ValueError naming the field
+and what to pass instead, before any work starts."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import torch
+
+from omniloop.io.image import open_image_part
+from omniloop.models.families.flux.stages import edit_source, geometry
+from omniloop.pipeline.policies.conditioning import start_index
+from omniloop.pipeline.samplers.sampler_set import SamplerSet
+from omniloop.request import LatentPart, OmniRequest, TaskType
+
+
+def _nearest_multiples(value: int, m: int) -> str:
+    lo = max(m, value // m * m)
+    return f"{lo} or {lo + m}" if lo != value else str(value)
+
+
+def make_validator(defaults: Mapping[str, Any], samplers: SamplerSet,
+                   buckets: tuple[tuple[int, int], ...] = ()) -> Callable[[OmniRequest], OmniRequest]:
+    """``buckets``: the deployment's resolution buckets ((height, width), ...); when set, a
+    request must name one of them (kernels that need fixed shapes: CUDA graphs, compile)."""
+    multiple = defaults["vae_scale_spatial"] * 2  # 8x VAE, then 2x2 packing
+
+    def validate(request: OmniRequest) -> OmniRequest:
+        p = request.diffusion
+        if request.task == TaskType.I2I:
+            request = _with_source_size(request, defaults)
+            p = request.diffusion
+        g = geometry(request, defaults)
+        for name, value in (("height", g.height), ("width", g.width)):
+            if value % multiple:
+                raise ValueError(f"diffusion.{name}={value} must be a multiple of {multiple}; pass "
+                                 f"{_nearest_multiples(value, multiple)}")
+        if buckets and (g.height, g.width) not in buckets:
+            near = min(buckets, key=lambda b: abs(b[0] * b[1] - g.height * g.width) + abs(b[0] / b[1] - g.height / g.width))
+            raise ValueError(f"size {g.width}x{g.height} is not one of this deployment's resolution buckets "
+                             f"{[f'{w}x{h}' for h, w in buckets]}; pass one of them (nearest: {near[1]}x{near[0]})")
+        if p.num_frames not in (None, 1):
+            raise ValueError(f"Flux makes one image; diffusion.num_frames must be 1 or omitted (got {p.num_frames})")
+        if p.shift is not None:
+            raise ValueError("diffusion.shift does not apply to Flux: its shift follows the image size (mu from the "
+                             "token count); omit it")
+        if p.negative_prompt is not None:
+            raise ValueError("diffusion.negative_prompt has no effect on Flux.1 (embedded guidance, no negative "
+                             "branch); omit it")
+        if isinstance(p.guidance_scale, dict):
+            raise ValueError("diffusion.guidance_scale must be one number for Flux (its embedded guidance)")
+        samplers.get(p.sampler)  # raises naming the offered samplers
+        if request.task == TaskType.I2I:
+            _check_edit(request, defaults)
+        elif p.strength is not None:
+            raise ValueError("diffusion.strength applies to image-to-image (task i2i with an image); omit it for t2i")
+        return request
+
+    return validate
+
+
+def _with_source_size(request: OmniRequest, defaults: Mapping[str, Any]) -> OmniRequest:
+    """An i2i request without a size takes its image's (or latents') size."""
+    source = edit_source(request)
+    if source is None:
+        raise ValueError("task i2i needs an image: add ImagePart(path=... | b64=... | data=...) to inputs "
+                         "(over HTTP: the image field), or LatentPart(of='image') with its latents")
+    p = request.diffusion
+    if p.height is not None and p.width is not None:
+        return request
+    if isinstance(source, LatentPart):
+        data = torch.as_tensor(source.data)
+        height, width = data.shape[-2] * defaults["vae_scale_spatial"], data.shape[-1] * defaults["vae_scale_spatial"]
+    else:
+        width, height = open_image_part(source).size  # unreadable -> ValueError naming the source
+    update = {"height": p.height or height, "width": p.width or width}
+    return request.model_copy(update={"diffusion": p.model_copy(update=update)})
+
+
+def _check_edit(request: OmniRequest, defaults: Mapping[str, Any]) -> None:
+    p, source = request.diffusion, edit_source(request)
+    g = geometry(request, defaults)
+    if isinstance(source, LatentPart):
+        data = torch.as_tensor(source.data)
+        s = defaults["vae_scale_spatial"]
+        want = (defaults["latent_channels"], g.height // s, g.width // s)
+        if tuple(data.shape[-3:]) != want or data.numel() != want[0] * want[1] * want[2]:
+            raise ValueError(f"inputs latents must be [1, {want[0]}, {want[1]}, {want[2]}] for a {g.width}x{g.height} "
+                             f"image (the DiT's normalized latent space); got {list(data.shape)}")
+    else:
+        open_image_part(source)  # unreadable -> ValueError naming the source
+    strength = p.strength if p.strength is not None else defaults["strength"]
+    steps = p.num_steps(defaults["steps"])
+    if steps - start_index(steps, strength) < 1:
+        raise ValueError(f"diffusion.strength={strength} with {steps} steps runs no denoising step; raise strength "
+                         f"or steps (strength x steps >= 1)")

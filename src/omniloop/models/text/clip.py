@@ -1,0 +1,33 @@
+"""CLIP text encoder (transformers ``CLIPTextModel``) with diffusers' Flux handling: the
+raw prompt padded to the tokenizer's ``model_max_length`` (77), no attention mask; its
+``pooler_output`` (the EOS token's final hidden state) is the pooled embedding."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from omniloop.models.text.base import UnmaskedTokenEncoder
+
+
+class CLIPTextEncoder(UnmaskedTokenEncoder):
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, max_sequence_length: int | None = None) -> None:
+        length = int(max_sequence_length or tokenizer.model_max_length)
+        super().__init__(model, tokenizer, length, int(model.config.hidden_size))
+
+    def run(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.model(ids, output_hidden_states=False)
+        return out.last_hidden_state, out.pooler_output  # [B, L, D], [B, D]
+
+
+def load_clip_encoder(text_encoder_dir: Path, tokenizer_dir: Path, *, device: torch.device | str,
+                      dtype: torch.dtype) -> CLIPTextEncoder:
+    from transformers import AutoTokenizer, CLIPTextModel
+
+    for folder in (text_encoder_dir, tokenizer_dir):
+        if not Path(folder).is_dir():
+            raise FileNotFoundError(f"missing folder {folder}")
+    model = CLIPTextModel.from_pretrained(text_encoder_dir, dtype=dtype).to(device)
+    return CLIPTextEncoder(model, AutoTokenizer.from_pretrained(tokenizer_dir))

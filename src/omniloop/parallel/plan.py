@@ -1,0 +1,94 @@
+"""What a family declares so its models can be parallelized from outside (torchtitan's
+per-model ``parallelize.py``): model code stays single-device (STYLE.md 8).
+
+A family puts one :class:`ParallelPlan` in its ``ModelSpec.extras["parallel"]`` (Wan:
+``models/families/wan/parallelize.py``). A family without one runs on one rank only, and
+the pre-flight check (:mod:`omniloop.parallel.preflight`) refuses any other spec for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+
+@dataclass(frozen=True)
+class SequencePlan:
+    """Sequence parallelism of a DiT whose block stack runs through ``run_blocks``.
+
+    The hidden states ``[B, L, D]`` are split along ``L`` across the sp group before the
+    first block and gathered after the last (``models/layers/run_blocks.py``'s
+    ``sequence_shard`` seam). Inside, the modules matching ``self_attention`` (full
+    attention over the video tokens) run through Ulysses / ring attention; every other op of
+    a block is per token (norms, adaLN, FFN) or attends from local queries to replicated
+    keys (cross-attention), so it needs no communication.
+    """
+
+    blocks: str  # attribute of the model holding the block ModuleList passed to run_blocks
+    self_attention: str  # regex (fullmatch) over qualified module names, e.g. r"blocks\.\d+\.self_attn"
+    # run_blocks positional arguments (after hidden) that are per token: split with the tokens
+    # when their dim 1 spans the sequence (RoPE tables; per-token modulation), else replicated
+    token_args: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Colwise:
+    """``nn.Linear`` sharded by output features. ``chunks``: a fused projection of that many
+    equal parts (q|k|v = 3): each part is sharded, so every rank keeps its heads of each."""
+
+    chunks: int = 1
+
+
+@dataclass(frozen=True)
+class Rowwise:
+    """``nn.Linear`` sharded by input features; partial outputs are all-reduced, the bias added once."""
+
+
+@dataclass(frozen=True)
+class HeadNorm:
+    """``nn.RMSNorm`` over all heads (Wan's ``rms_norm_across_heads``) applied to a
+    column-sharded activation: the sum of squares is all-reduced, the weight sharded."""
+
+
+ShardStyle = Colwise | Rowwise | HeadNorm
+
+
+@dataclass(frozen=True)
+class TensorPlan:
+    """Tensor parallelism of the transformer blocks (Megatron layout: column-parallel in,
+    row-parallel out, one all-reduce per attention and per FFN)."""
+
+    rules: tuple[tuple[str, ShardStyle], ...]  # (regex fullmatch over qualified module names, style)
+    heads: str  # regex of attention modules whose ``heads`` attribute becomes heads / tp
+
+
+@dataclass(frozen=True)
+class VAEPlan:
+    """A VAE whose ``decode(z, tiling, map_tiles=...)`` decodes spatial tiles through a
+    caller-supplied map (``parallel/vae.py`` spreads the tiles across ranks)."""
+
+    component: str
+    tiling: Callable[[int, int], Any]  # (tile pixels, stride pixels) -> the VAE's tiling config
+
+
+@dataclass(frozen=True)
+class ParallelPlan:
+    models: tuple[str, ...]  # components the sequence and tensor plans apply to (present ones)
+    # (checkpoint root, model index) -> attention heads per model component, read from the
+    # checkpoint's configs without loading weights (the pre-flight check needs them)
+    heads: Callable[[Path, Mapping[str, Any]], dict[str, int]]
+    sequence: SequencePlan | None = None
+    tensor: TensorPlan | None = None
+    rows: bool = False  # its denoise loops may split a step's forwards across dp x cfg ranks
+    vae: VAEPlan | None = None
+    # modules a rank process imports ahead (the pool's forkserver preloads them, so a rank
+    # forked from it does not pay their import: a lazily imported text encoder, say)
+    preload: tuple[str, ...] = field(default=())
+
+
+def parallel_plan(model_spec: Any) -> ParallelPlan | None:
+    """The plan a family registered (``ModelSpec.extras["parallel"]``), or None."""
+    plan = getattr(model_spec, "extras", {}).get("parallel")
+    assert plan is None or isinstance(plan, ParallelPlan), f"extras['parallel'] of {model_spec.family!r} is {type(plan)}"
+    return plan

@@ -1,0 +1,173 @@
+"""The engine driving ChunkRollouts (FAR, tiny random checkpoint): every inner denoise step
+and chunk boundary is a scheduler step; rollouts at the same chunk batch; a short request
+overtakes a long rollout; the chunk-KV pool's budget is charged by admission; slabs are
+freed on cancel; the pool's events reach the cache_event hook."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from omniloop.engine import Engine, EngineConfig, SchedulingPolicy
+from omniloop.engine.errors import DoesNotFit
+from omniloop.engine.scheduler import StepWork
+from omniloop.ext import Observer
+from omniloop.ext.install import install_plugins
+from omniloop.ext.plugin import PluginSpec
+from omniloop.models.loader import load_pipeline
+from omniloop.models.model_spec import LoadOptions
+from omniloop.request import DiffusionParams, Modality, OmniRequest, OutputSpec, RequestStatus, TaskType, TextPart
+from tests.engine.conftest import run_all
+from tests.ext.factories import MemoText, fake_entry_points
+
+LATENT_ONLY = OutputSpec(modalities=[Modality.LATENT])  # no VAE decode: the scheduling is what is tested
+
+
+def _pipeline(far_dir, budget: int | None = None):
+    opts = LoadOptions(device=torch.device("cpu"), dtype=torch.float32, chunk_kv_budget_bytes=budget)
+    pipeline = load_pipeline(far_dir, opts)[1]
+    pipeline.components["text_encoder"] = MemoText(pipeline.components["text_encoder"])
+    return pipeline
+
+
+@pytest.fixture(scope="module")
+def far_pipeline(far_dir):
+    return _pipeline(far_dir)
+
+
+def _req(seed: int, *, steps: int = 2, frames: int = 17, rid: str | None = None, outputs=LATENT_ONLY) -> OmniRequest:
+    return OmniRequest(task=TaskType.T2V, request_id=rid or f"r{seed}", inputs=[TextPart(text=f"a circle {seed}")],
+                       outputs=outputs, diffusion=DiffusionParams(seed=seed, steps=steps, height=32, width=64,
+                                                                  num_frames=frames))
+
+
+def _engine(pipeline, **policy) -> Engine:
+    return Engine(pipeline, EngineConfig(policy=SchedulingPolicy(**policy)))
+
+
+def _record_work(engine: Engine) -> list:
+    works = []
+    schedule = engine.scheduler.schedule
+
+    def recording():
+        plan = schedule()
+        works.append(plan.work)
+        return plan
+
+    engine.scheduler.schedule = recording
+    return works
+
+
+def test_rollouts_at_the_same_chunk_batch_and_equal_their_solo_runs(far_pipeline):
+    solo = {}
+    for seed in (1, 2, 3):
+        engine = _engine(far_pipeline)
+        engine.add_request(_req(seed))
+        outs, _ = run_all(engine)
+        solo[f"r{seed}"] = outs[f"r{seed}"].artifacts["latents"].latents
+
+    engine = _engine(far_pipeline, max_batch=4)
+    works = _record_work(engine)
+    for seed in (1, 2, 3):
+        engine.add_request(_req(seed))
+    outs, _ = run_all(engine)
+    steps = [w for w in works if isinstance(w, StepWork) and w.node == "rollout"]
+    assert steps and all(len(w.request_ids) == 3 for w in steps)  # every rollout step ran as one batch of 3
+    assert len(steps) == 3 * 2 + 3  # 3 chunks x 2 denoise steps + 3 boundaries
+    for rid, latents in solo.items():
+        assert outs[rid].status is RequestStatus.COMPLETED
+        assert (outs[rid].artifacts["latents"].latents - latents).abs().max().item() <= 1e-5
+
+
+def test_a_short_request_overtakes_a_long_rollout(far_pipeline):
+    engine = _engine(far_pipeline)
+    engine.add_request(_req(1, steps=4, rid="long"))  # 3 chunks x 4 steps + 3 boundaries
+    with torch.inference_mode():
+        for _ in range(4):
+            engine.step()
+    engine.add_request(_req(2, steps=1, frames=5, rid="short"))  # 2 chunks x 1 step + 2 boundaries
+    _, order = run_all(engine)
+    assert order == ["short", "long"]
+
+
+def test_admission_charges_the_chunk_kv_pool(far_dir, far_pipeline):
+    probe = _engine(far_pipeline)
+    probe.add_request(_req(1))
+    need = probe._requests["r1"].memory.pool_bytes["chunk_kv"]
+    assert need > 0
+
+    tight = _pipeline(far_dir, budget=need + need // 2)  # room for one rollout's slabs, not two
+    engine = _engine(tight)
+    engine.add_request(_req(1))
+    engine.add_request(_req(2))
+    running = []
+    with torch.inference_mode():
+        while engine.has_unfinished():
+            engine.step()
+            running.append(engine.num_running())
+            assert tight.components["chunk_kv"].allocated_bytes <= need + need // 2
+    assert max(running) == 1  # the second waited for the first one's slabs
+    assert tight.components["chunk_kv"].in_use_bytes == 0
+
+    with pytest.raises(DoesNotFit, match="chunk_kv"):
+        _engine(_pipeline(far_dir, budget=need // 4)).add_request(_req(1))
+
+
+def test_cancel_mid_rollout_frees_the_slabs(far_pipeline):
+    engine = _engine(far_pipeline)
+    engine.add_request(_req(1, steps=3))
+    pool = far_pipeline.components["chunk_kv"]
+    with torch.inference_mode():
+        while pool.in_use_bytes == 0 or engine.scheduler.running["r1"].loop.chunk < 1:
+            engine.step()
+        engine.abort("r1")
+        outs, _ = run_all(engine)
+    assert outs["r1"].status is RequestStatus.CANCELLED
+    assert pool.in_use_bytes == 0
+
+
+class _CacheEvents(Observer):
+    def __init__(self):
+        self.events = []
+
+    def cache_event(self, event):
+        self.events.append(event)
+
+
+def test_slab_events_reach_the_cache_event_hook(far_dir, monkeypatch):
+    recorder = _CacheEvents()
+    fake_entry_points(monkeypatch, cache_events=PluginSpec("cache_events", lambda c, ctx: recorder))
+    pipeline = install_plugins(_pipeline(far_dir), {"cache_events": {}})
+    engine = _engine(pipeline)
+    engine.add_request(_req(1))
+    run_all(engine)
+    kinds = {}
+    for e in recorder.events:
+        if e.plugin == "chunk_kv":
+            assert e.node == "rollout" and e.request_id == "r1"
+            kinds[e.kind] = kinds.get(e.kind, 0) + 1
+    # 3 chunks (full_chunk_limit 2): full slabs of chunks 0, 1 and the compressed slab of chunk 0 are
+    # allocated; chunk 1's and 2's denoise steps read cached slabs; everything is evicted at the end
+    assert kinds["alloc"] == 3 and kinds["hit"] >= 2 * 2 and kinds["evict"] == 3
+
+
+def test_a_parked_rollout_resumes_from_host_memory_unchanged(far_pipeline):
+    engine = _engine(far_pipeline)
+    engine.add_request(_req(4, steps=2))
+    ref, _ = run_all(engine)
+
+    engine = _engine(far_pipeline)
+    engine.add_request(_req(4, steps=2))
+    pool = far_pipeline.components["chunk_kv"]
+    node = far_pipeline.spec.node("rollout")
+    with torch.inference_mode():
+        while engine.scheduler.running.get("r4") is None or engine.scheduler.running["r4"].loop is None \
+                or engine.scheduler.running["r4"].loop.chunk < 2:
+            engine.step()
+        loop = engine.scheduler.running["r4"].loop
+        held = loop.kv.nbytes
+        node.stage.park(loop)  # idle: the session's slabs go to the host
+        assert loop.kv.nbytes == 0 and loop.kv.host_nbytes == held and pool.host_bytes == held
+        outs, _ = run_all(engine)  # the next step brings them back
+    assert pool.host_bytes == 0 and pool.counts["restore"] >= 1
+    assert torch.equal(outs["r4"].artifacts["latents"].latents, ref["r4"].artifacts["latents"].latents)

@@ -76,7 +76,7 @@ def test_unknown_sampler_and_generation_param(t2v):
 
 
 def test_deploy_limits(t2v):
-    with pytest.raises(ValueError, match="diffusion.steps=500 exceeds this deployment's limit 100"):
+    with pytest.raises(ValueError, match=r"^diffusion.steps: 500 steps exceed this deployment's limit of 100 \(limits.max_steps\)"):
         t2v.generate(_t2v(steps=500, height=32, width=32, num_frames=5))
 
 
@@ -124,3 +124,11 @@ def test_incompatible_scheduler_config_fails_at_load(tmp_path, wan_t2v_dir):
     cfg_path.write_text(json.dumps(cfg))
     with pytest.raises(SchedulerConfigError, match="use_karras_sigmas"):
         load_pipeline(broken, LoadOptions(device=torch.device("cpu"), dtype=torch.float32))
+
+
+def test_sizes_the_model_cannot_serve_name_the_cap(t2v):
+    # the tiny DiT's RoPE table covers 32 tokens per axis: 32 x patch 2 x VAE 8 = 512 pixels
+    with pytest.raises(ValueError, match=r"^diffusion.width=1024 is more than this model serves \(at most 512: its "
+                                         r"transformer's RoPE table covers 32 tokens per axis, rope_max_seq_len\); "
+                                         r"pass 512 or less$"):
+        t2v.generate(_t2v(height=32, width=1024, num_frames=5))

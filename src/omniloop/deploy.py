@@ -167,6 +167,19 @@ class DeployConfig(BaseModel):
                              "(pip install nvidia-cudnn-frontend); or use attention_backend='sdpa'")
         return self
 
+    def check_device(self) -> None:
+        """A CUDA device that this torch cannot use is a one-line ValueError, before loading."""
+        device = self.torch_device()
+        if device.type != "cuda":
+            return
+        if not torch.backends.cuda.is_built():
+            raise ValueError(f"device={self.device!r}: this torch ({torch.__version__}) is a CPU-only build, without "
+                             "CUDA; pass device='cpu' (--device cpu), or install a CUDA build of torch")
+        count = torch.cuda.device_count()
+        if count == 0 or (device.index or 0) >= count:
+            raise ValueError(f"device={self.device!r}: {count} CUDA device(s) visible to this process; "
+                             "pass device='cpu' (--device cpu) or a visible device ('cuda:0')")
+
     def torch_device(self) -> torch.device:
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")

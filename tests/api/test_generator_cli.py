@@ -62,8 +62,8 @@ def test_cli_generate(wan_t2v_dir, tmp_path):
 def test_cli_bad_input_is_a_clear_error(wan_t2v_dir, tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "omniloop.api.cli", "generate", "x", "--model", str(wan_t2v_dir), "--height", "30",
-         "--output", str(tmp_path)],
+         "--width", "32", "--num-frames", "5", "--output", str(tmp_path)],
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 2
-    assert "diffusion.height=30 must be a multiple of 16" in proc.stderr
+    assert "error: --height=30 must be a multiple of 16; pass 16 or 32" in proc.stderr

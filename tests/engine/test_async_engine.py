@@ -13,7 +13,8 @@ from tests.engine.conftest import req
 
 @pytest.fixture
 def engine(wan_t2v_dir):
-    eng = AsyncEngine.from_pretrained(wan_t2v_dir, device="cpu", dtype="float32")
+    # the deploy limits are the engine's admission's: the long drain request takes 400 steps
+    eng = AsyncEngine.from_pretrained(wan_t2v_dir, device="cpu", dtype="float32", limits={"max_steps": 1000})
     yield eng
     eng.shutdown()
 

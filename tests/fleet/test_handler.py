@@ -12,9 +12,8 @@ import av
 import pytest
 from PIL import Image
 
-from omniloop.deploy import Limits
 from omniloop.engine import AsyncEngine
-from omniloop.serve.dynamo.mapping import WorkerModel
+from omniloop.serve.wire import ServedModel
 from tests.fleet.conftest import requires_dynamo
 
 pytestmark = [pytest.mark.fleet, requires_dynamo]
@@ -43,7 +42,7 @@ class FakeContext:
 
 @pytest.fixture
 def engine(wan_t2v_dir):
-    eng = AsyncEngine.from_pretrained(wan_t2v_dir, device="cpu", dtype="float32")
+    eng = AsyncEngine.from_pretrained(wan_t2v_dir, device="cpu", dtype="float32", limits={"max_steps": 1000})
     yield eng
     eng.shutdown()
 
@@ -52,9 +51,7 @@ def make_handler(engine: AsyncEngine, drain_timeout_s: float = 30.0):
     from omniloop.serve.dynamo.handler import GenerationHandler
     from omniloop.serve.dynamo.metrics import WorkerMetrics
 
-    p = engine.engine.pipeline
-    model = WorkerModel(name="wan-tiny", tasks=frozenset(p.spec.tasks), defaults=dict(p.defaults),
-                        limits=Limits(max_steps=1000))
+    model = ServedModel.of(engine, "wan-tiny")
     return GenerationHandler(engine, model, WorkerMetrics(engine), drain_timeout_s=drain_timeout_s)
 
 
@@ -221,8 +218,8 @@ def test_worker_config_and_modalities_say_what_to_pass():
     with pytest.raises(ValueError, match=r"modalities=\('audio',\); pass a non-empty subset of \['videos', 'images'\]"):
         WorkerConfig(model="m", modalities=("audio",))
     assert WorkerConfig(model="/ckpt/Wan2.1-T2V-1.3B-Diffusers").name == "Wan2.1-T2V-1.3B-Diffusers"
-    t2v = WorkerModel(name="wan", tasks=frozenset({TaskType.T2V, TaskType.T2I}), defaults={}, limits=Limits())
-    i2v = WorkerModel(name="wan-i2v", tasks=frozenset({TaskType.I2V}), defaults={}, limits=Limits())
+    t2v = ServedModel(name="wan", tasks=frozenset({TaskType.T2V, TaskType.T2I}), defaults={})
+    i2v = ServedModel(name="wan-i2v", tasks=frozenset({TaskType.I2V}), defaults={})
     assert _served_modalities(t2v, None) == ("videos", "images")
     assert _served_modalities(i2v, None) == ("videos",)
     with pytest.raises(ValueError, match=r"modalities \['images'\] are not served by 'wan-i2v'"):

@@ -1,4 +1,5 @@
-"""Dynamo wire objects -> OmniRequest: field mapping and the 400 messages (no Dynamo needed)."""
+"""Dynamo wire objects -> OmniRequest through serve/wire.py: field mapping and the 400
+messages (no Dynamo needed). Deployment limits are the engine's (tests/serve/test_limits.py)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,17 @@ import pytest
 
 from omniloop.deploy import Limits
 from omniloop.request import TaskType
-from omniloop.serve.dynamo.mapping import WorkerModel, image_call, video_call
+from omniloop.serve.wire import ServedModel
+from omniloop.serve.wire import dynamo_images as image_call
+from omniloop.serve.wire import dynamo_video as video_call
 
 pytestmark = pytest.mark.fleet
 
 DEFAULTS = {"steps": 50, "height": 480, "width": 832, "num_frames": 81, "fps": 16, "vae_scale_temporal": 4}
 
 
-def model(tasks=(TaskType.T2V, TaskType.T2I), **limits) -> WorkerModel:
-    return WorkerModel(name="wan", tasks=frozenset(tasks), defaults=DEFAULTS, limits=Limits(**limits))
+def model(tasks=(TaskType.T2V, TaskType.T2I), **limits) -> ServedModel:
+    return ServedModel(name="wan", tasks=frozenset(tasks), defaults=DEFAULTS, limits=Limits(**limits))
 
 
 def png_b64() -> str:
@@ -59,7 +62,8 @@ def test_input_reference_selects_image_to_video():
 
 
 @pytest.mark.parametrize("body, message", [
-    ({"prompt": ""}, "prompt: pass a non-empty text prompt"),
+    ({"prompt": ""}, "prompt: pass a non-empty text prompt (got an empty string)"),
+    ({"prompt": " "}, "prompt: pass a non-empty text prompt (got only whitespace)"),
     ({"size": "big"}, "size: 'big' is not WIDTHxHEIGHT; pass e.g. '832x480'"),
     ({"seconds": 0}, "seconds: expected a positive clip length"),
     ({"nvext": {"num_inference_steps": 0}}, "nvext.num_inference_steps: Input should be greater than or equal to 1"),
@@ -68,12 +72,11 @@ def test_input_reference_selects_image_to_video():
     ({"response_format": "url"}, "response_format: 'url' is not supported; this worker returns the video inline"),
     ({"output_format": "webm"}, "output_format: 'webm' is not supported"),
     ({"extra_args": {"media_passthrough": {"motion_bucket_id": 127}}}, "motion_bucket_id: not a field this worker accepts"),
-    ({"nvext": {"seed": 1}, "extra_args": {"media_passthrough": {"seed": 2}}}, "seed: also set by nvext.seed; pass it once"),
-    ({"input_reference": "https://example.com/a.png"}, "input_reference: this worker does not fetch URLs"),
+    ({"nvext": {"seed": 1}, "extra_args": {"media_passthrough": {"seed": 2}}},
+     "seed: 2 disagrees with nvext.seed=1; pass one of them"),
+    ({"input_reference": "https://example.com/a.png"}, "input_reference: only data: URLs"),
     ({"input_reference": "not base64!"}, "input_reference: Value error, is not valid base64"),
-    ({"seconds": 20}, "seconds: 321 frames exceed this worker's limit 257"),
-    ({"nvext": {"num_inference_steps": 500}}, "nvext.num_inference_steps: 500 steps exceed this worker's limit 100"),
-    ({"size": "4096x4096"}, "size: 4096x4096 exceeds this worker's limit"),
+    ({"input_reference": {"file_id": "f"}}, "input_reference.file_id: this server has no files API"),
     ({"quality": "hd"}, "quality: not a field this worker accepts"),
 ])
 def test_bad_video_fields_name_the_wire_field(body, message):
@@ -82,9 +85,9 @@ def test_bad_video_fields_name_the_wire_field(body, message):
 
 
 def test_task_mismatches_say_what_to_do():
-    with pytest.raises(ValueError, match="has no image-to-video task"):
+    with pytest.raises(ValueError, match="^input_reference: 'wan' has no image-to-video task"):
         video_call({"model": "wan", "prompt": "x", "input_reference": png_b64()}, "r", model())
-    with pytest.raises(ValueError, match="is image-to-video; pass the first frame"):
+    with pytest.raises(ValueError, match="^input_reference: 'wan' is image-to-video; pass the first frame"):
         video_call({"model": "wan", "prompt": "x"}, "r", model((TaskType.I2V,)))
     with pytest.raises(ValueError, match="does not generate images"):
         image_call({"model": "wan", "prompt": "x"}, "r", model((TaskType.T2V,)))
@@ -95,8 +98,11 @@ def test_images_become_n_requests_with_consecutive_seeds():
     assert [r.request_id for r in call.requests] == ["img-0", "img-1", "img-2"]
     assert [r.diffusion.seed for r in call.requests] == [10, 11, 12]
     assert all(r.task is TaskType.T2I and r.diffusion.width == 256 for r in call.requests)
-    with pytest.raises(ValueError, match=r"^n: expected 1\.\.10 images"):
+    with pytest.raises(ValueError, match=r"^n: 11 images in one call exceed this deployment's limit of 8 "
+                                         r"\(limits\.max_batch\)"):
         image_call({"model": "wan", "prompt": "x", "n": 11}, "r", model())
+    with pytest.raises(ValueError, match=r"^n: expected a whole number of images >= 1, got 0.5"):
+        image_call({"model": "wan", "prompt": "x", "n": 0.5}, "r", model())
 
 
 def _escape(text: str) -> str:

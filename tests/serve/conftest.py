@@ -44,7 +44,9 @@ class LiveServer:
     def wait_finished(self, video_id: str, timeout: float = 60) -> dict:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            body = httpx.get(f"{self.url}/v1/videos/{video_id}").json()
+            r = httpx.get(f"{self.url}/v1/videos/{video_id}")
+            assert r.status_code == 200, r.text
+            body = r.json()
             if body["status"] in ("completed", "failed", "cancelled"):
                 return body
             time.sleep(0.02)
@@ -62,20 +64,23 @@ def wait_ready(url: str, timeout: float = 60) -> None:
 
 
 @contextlib.contextmanager
-def live_server(model_dir, *, serve: dict[str, Any] | None = None, **deploy: Any) -> Iterator[LiveServer]:
+def live_server(model_dir, *, serve: dict[str, Any] | None = None, wait: bool = True,
+                **deploy: Any) -> Iterator[LiveServer]:
+    """``wait``: until /ready is 200 (False: yield at once, e.g. to watch a warmup fail)."""
     deploy_config = DeployConfig(device="cpu", dtype="float32", **deploy)
     engine = AsyncEngine.from_pretrained(model_dir, deploy=deploy_config)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))  # bound here and handed over: no free-port race
     port = sock.getsockname()[1]
     config = ServeConfig(port=port, **{"warmup": TINY_WARMUP, **(serve or {})})
-    app = create_app(engine, config, limits=deploy_config.limits)
+    app = create_app(engine, config)
     server = DrainingServer(uvicorn.Config(app, log_level="warning"), app.state.omniloop)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_ready(url)
+        if wait:
+            wait_ready(url)
         yield LiveServer(url=url, engine=engine, state=app.state.omniloop, server=server, thread=thread)
     finally:
         server.should_exit = True

@@ -36,7 +36,8 @@ def _error(r: httpx.Response, status: int, param: str) -> str:
     ({"guidance_scale": -1}, 400, "guidance_scale", "must be >= 0"),
     ({"sampler": "ddim"}, 400, "sampler", "ddim"),
     ({"seed": -1}, 400, "seed", "greater than or equal to 0"),
-    ({"prompt": ""}, 400, "prompt", "at least 1 character"),
+    ({"prompt": ""}, 400, "prompt", "pass a non-empty text prompt (got an empty string)"),
+    ({"prompt": "  "}, 400, "prompt", "pass a non-empty text prompt (got only whitespace)"),
     ({"stepz": 3}, 400, "stepz", "unknown field"),
     ({"input_reference": {"image_url": "file:///etc/passwd"}}, 400, "input_reference.image_url", "data: URLs"),
 ])

@@ -59,7 +59,7 @@ def test_sigterm_lets_the_job_finish_then_exits_0(wan_t2v_dir, tmp_path):
         checks["late"] = httpx.post(f"{url}/v1/videos", json={"prompt": "late", "size": "32x32", "steps": 1})
 
     try:
-        wait_ready(url)
+        wait_ready(url, timeout=180)  # a fresh process: imports and a model load, slow on a loaded machine
         video_id = _job(url, steps=100)
         with httpx.stream("GET", f"{url}/v1/videos/{video_id}/events", timeout=60) as stream:
             events = _events_after(stream.iter_lines(), sigterm_then_probe)

@@ -4,86 +4,170 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 import time
 from pathlib import Path
 
-from omniloop.api.schema_flags import add_schema_flags, collect
+from pydantic import ValidationError
+
+from omniloop.api.schema_flags import DefaultsHelpFormatter, add_schema_flags, collect, flag_error
 from omniloop.deploy import DeployConfig
-from omniloop.request import DiffusionParams, TaskType
+from omniloop.request import DiffusionParams, TaskType, require_prompt
+from omniloop.serve.config import DEFAULT_DRAIN_TIMEOUT_S
+from omniloop.serve.warmup import DEFAULT_STEPS as DEFAULT_WARMUP_STEPS
+from omniloop.serve.warmup import WarmupFailed
 
 
 def _generate_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("generate", help="generate a video (with sound when the model makes it), an image or audio")
+    p = sub.add_parser("generate", help="generate a video (with sound when the model makes it), an image or audio",
+                       formatter_class=DefaultsHelpFormatter)
     p.add_argument("prompt", help="what to generate")
-    p.add_argument("--model", default=None, help="checkpoint directory or built-in name (default: the embedded model)")
+    p.add_argument("--model", default=None,
+                   help="checkpoint directory or built-in name (default: shapes-t2v, the embedded model; "
+                   "see omniloop models)")
     p.add_argument("--output", default="outputs/",
-                   help="mp4 (or .wav/.flac/.mp3 for audio) file or directory to write (default: outputs/)")
+                   help="a .mp4 file, a .png file (an image: --task t2i), a .wav/.flac/.mp3 file (audio) or a "
+                   "directory of <request id>.mp4/.png/.wav")
     p.add_argument("--audio-only", action="store_true",
                    help="write only the sound as a wav (text-to-audio models always do)")
     p.add_argument("--task", choices=[t.value for t in TaskType], default=None, help="task (default: t2v, or i2v with --image)")
     p.add_argument("--image", default=None, help="first-frame image for i2v")
     p.add_argument("--deploy-config", default=None, help="YAML file of deploy options")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    p.set_defaults(_params=add_schema_flags(p, DiffusionParams, skip={"plugin_params"}, group="generation"))
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    p.set_defaults(_params=add_schema_flags(p, DiffusionParams, skip={"plugin_params"}, group="generation",
+                                            unset="the model's"))
     p.set_defaults(_deploy=add_schema_flags(p, DeployConfig, skip={"plugins", "limits"}, group="deployment"))
     p.set_defaults(func=_cmd_generate)
 
 
-def _progress_sink(enabled: bool):
-    if not enabled:
-        return None, lambda: None
-    from tqdm import tqdm
+def _deploy_from_flags(args: argparse.Namespace) -> DeployConfig:
+    """The deploy YAML (if any) with the deployment flags over it; errors name the flag."""
+    base = None
+    if args.deploy_config:
+        try:
+            base = DeployConfig.from_yaml(args.deploy_config)
+        except ValidationError as e:
+            where = {f: f"--deploy-config {args.deploy_config}: {f}" for f in DeployConfig.model_fields}
+            raise flag_error(e, {}, where) from None
+    given = collect(args, args._deploy)
+    try:
+        return DeployConfig.from_options(base, **given)
+    except ValidationError as e:
+        raise flag_error(e, given) from None
 
-    bars: dict[str, tqdm] = {}
 
-    def on_event(event) -> None:
-        if event.type == "progress":
-            bar = bars.get(event.node)
-            if bar is None:
-                bar = bars[event.node] = tqdm(total=event.total, desc=event.node, unit="step", file=sys.stderr)
-            bar.n = event.step
-            bar.refresh()
+def _flag_names(message: str) -> str:
+    """An engine message in flag terms: ``diffusion.height=30 ...`` -> ``--height=30 ...``."""
+    return re.sub(r"diffusion\.(\w+)", lambda m: "--" + m.group(1).replace("_", "-"), message)
 
-    return on_event, lambda: [b.close() for b in bars.values()]
+
+def _output_kinds(args: argparse.Namespace, tasks: list[str] | None = None) -> list[dict]:
+    """What ``--output`` may name: a video, an image or sound, from the flags (and, once the
+    model is loaded, its ``tasks``: a text-to-audio model writes sound)."""
+    from omniloop.api.generator import AUDIO_FILES, IMAGE_FILES, VIDEO_FILES
+
+    if args.audio_only or args.task == TaskType.T2A.value or (args.task is None and tasks == [TaskType.T2A.value]):
+        return [AUDIO_FILES]
+    if args.task == TaskType.T2I.value:
+        return [IMAGE_FILES]
+    return [VIDEO_FILES] if tasks is not None else [VIDEO_FILES, AUDIO_FILES]  # before loading: either
+
+
+def _check_output(args: argparse.Namespace, tasks: list[str] | None = None) -> None:
+    from omniloop.api.generator import output_file
+
+    errors = []
+    for kind in _output_kinds(args, tasks):
+        try:
+            output_file(args.output, "check", **kind)
+            return
+        except ValueError as e:
+            errors.append(str(e).replace("output_path", "--output", 1))
+    raise ValueError(errors[0])
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from omniloop.api.generator import DEFAULT_MODEL, VideoGenerator
+    from omniloop.api.generator import AUDIO_FILES, DEFAULT_MODEL, VideoGenerator
+    from omniloop.api.progress import ProgressBars
 
-    deploy = DeployConfig.from_yaml(args.deploy_config) if args.deploy_config else None
+    # every flag is checked before the model loads (which takes seconds)
+    prompt = require_prompt(args.prompt)
+    params = collect(args, args._params)
+    try:
+        DiffusionParams(**params)
+    except ValidationError as e:
+        raise flag_error(e, params) from None
+    deploy = _deploy_from_flags(args)
+    deploy.check_device()
+    _check_output(args)
+    if args.image is not None and not Path(args.image).is_file():
+        raise FileNotFoundError(f"--image {args.image}: no such file")
     t0 = time.perf_counter()
-    gen = VideoGenerator.from_pretrained(args.model or DEFAULT_MODEL, deploy=deploy, **collect(args, args._deploy))
+    gen = VideoGenerator.from_pretrained(args.model or DEFAULT_MODEL, deploy=deploy)
     load_s = time.perf_counter() - t0
-    on_event, close = _progress_sink(not args.no_progress)
-    audio_only = args.audio_only or (args.task in (None, TaskType.T2A.value) and gen.tasks == [TaskType.T2A.value])
+    audio_only = _output_kinds(args, gen.tasks)[0] is AUDIO_FILES
+    _check_output(args, gen.tasks)  # now knowing what the model makes, still before any work
+    if audio_only and args.image is not None:
+        raise ValueError("--image conditions a video; drop it with --audio-only or a text-to-audio model")
+    bars = None
     try:
         if audio_only:
-            if args.image is not None:
-                raise ValueError("--image conditions a video; drop it with --audio-only or a text-to-audio model")
-            result = gen.generate_audio(args.prompt, task=args.task, output_path=args.output, on_event=on_event,
-                                        **collect(args, args._params))
+            bars = None if args.no_progress else ProgressBars([])
+            result = gen.generate_audio(prompt, task=args.task, output_path=args.output, on_event=bars, **params)
         else:
-            result = gen.generate_video(
-                args.prompt, image=args.image, task=args.task, output_path=args.output, on_event=on_event,
-                **collect(args, args._params),
-            )
+            request = gen.build_request(prompt, image=args.image, task=args.task, **params)
+            bars = None if args.no_progress else ProgressBars(gen.pipeline.active_nodes(request))
+            result = gen.run_video(request, output_path=args.output, on_event=bars)
+    except ValueError as e:  # refused at admission: the family's checks or the deployment's limits
+        raise ValueError(_flag_names(str(e))) from None
     finally:
-        close()
+        if bars is not None:
+            bars.close()
     if audio_only:
         what = f"{result.audio.shape[0]} ch, {result.seconds:.2f} s @ {result.sample_rate} Hz"
+    elif result.path is not None and result.path.suffix == ".png":
+        what = f"an image {result.frames.shape[2]}x{result.frames.shape[1]}"
     else:
         f, h, w, _ = result.frames.shape
-        sound = "" if result.audio is None else f", sound {result.audio.shape[1] / result.sample_rate:.2f} s @ {result.sample_rate} Hz"
+        sound = "" if result.audio is None else \
+            f", sound {result.audio.shape[1] / result.sample_rate:.2f} s @ {result.sample_rate} Hz"
         what = f"{f} frames {w}x{h} @ {result.fps} fps{sound}"
     print(f"wrote {result.path} ({what}, seed {result.seed}) in {result.metrics.run_s:.2f}s (load {load_s:.2f}s)")
     return 0
 
 
+def _models_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("models", help="list the built-in models and the checkpoint families this omniloop loads",
+                       formatter_class=DefaultsHelpFormatter)
+    p.set_defaults(func=_cmd_models)
+
+
+def _cmd_models(args: argparse.Namespace) -> int:
+    from omniloop.models.loader import BUILTIN_MODELS
+    from omniloop.models.manifest import read_manifest
+    from omniloop.models.model_spec import registered_specs
+
+    print("built-in models (--model NAME; shipped inside the package, no download):")
+    for name, path in sorted(BUILTIN_MODELS.items()):
+        m = read_manifest(path)
+        d = m.defaults
+        shape = f"{d.get('width')}x{d.get('height')}, {d.get('num_frames')} frames, {d.get('steps')} steps"
+        print(f"  {name:<18} {m.description or m.variant}")
+        print(f"  {'':<18} tasks {', '.join(m.tasks)}; default {shape}")
+    print("\nfamilies (--model DIR: a checkpoint directory of one of these layouts):")
+    for spec in registered_specs():
+        layouts = ", ".join("omniloop_model.json" if c.startswith("omniloop:") else c for c in spec.diffusers_classes)
+        print(f"  {spec.family:<18} {spec.description}")
+        print(f"  {'':<18} {layouts}")
+    return 0
+
+
 def _eval_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("eval", help="evaluate generated media")
+    p = sub.add_parser("eval", help="evaluate generated media", formatter_class=DefaultsHelpFormatter)
     kinds = p.add_subparsers(dest="eval_command", required=True)
-    a = kinds.add_parser("adherence", help="shapes-world prompt adherence (color, shape, motion) as a JSON report")
+    a = kinds.add_parser("adherence", help="shapes-world prompt adherence (color, shape, motion) as a JSON report",
+                         formatter_class=DefaultsHelpFormatter)
     a.add_argument("--videos", default=None, help="directory of .mp4 files, one .mp4, or a glob")
     a.add_argument("--prompts", default=None, help='JSONL of {"video": path, "prompt": text} (default: <video>.txt)')
     a.add_argument("--ground-truth", type=int, default=None, metavar="N",
@@ -113,63 +197,96 @@ def _cmd_eval_adherence(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_server_flags(p: argparse.ArgumentParser, *, drain_default: float) -> None:
+    """The flags ``omniloop serve`` and ``omniloop dynamo-worker`` share, spelled once."""
+    p.add_argument("--model", default=None,
+                   help="checkpoint directory or built-in name (default: shapes-t2v, the embedded model)")
+    p.add_argument("--served-model-name", default=None, help="the 'model' clients pass (default: the directory name)")
+    p.add_argument("--deploy-config", default=None,
+                   help="YAML file of deploy options, with an optional 'serve:' section")
+    p.add_argument("--drain-timeout", "--drain-timeout-s", dest="drain_timeout_s", type=float, default=None,
+                   metavar="SECONDS",
+                   help=f"on SIGTERM, seconds in-flight requests may take before they are cancelled "
+                   f"(default: {drain_default:g})")
+    w = p.add_argument_group("warmup (run before the server reports ready; a failure exits non-zero)")
+    w.add_argument("--warmup-steps", type=int, default=None, metavar="N",
+                   help=f"denoise steps of the warmup request; 0 disables it (default: {DEFAULT_WARMUP_STEPS})")
+    w.add_argument("--warmup-size", default=None, metavar="WxH",
+                   help="WIDTHxHEIGHT of the warmup request (default: the model's, clamped to what it and the limits allow)")
+    w.add_argument("--warmup-frames", type=int, default=None, metavar="N",
+                   help="frames of the warmup request (default: the model's, clamped like the size)")
+    p.set_defaults(_deploy=add_schema_flags(p, DeployConfig, skip={"plugins"}, group="deployment"))
+
+
+def _warmup_from_flags(args: argparse.Namespace) -> list[DiffusionParams] | None:
+    """One warmup shape from the flags (unset fields: the model's default shape, clamped);
+    None when no warmup flag is given (the config's warmup applies), [] for 0 steps."""
+    if args.warmup_steps is None and args.warmup_size is None and args.warmup_frames is None:
+        return None
+    if args.warmup_steps == 0:
+        return []
+    width = height = None
+    if args.warmup_size:
+        try:
+            width, height = (int(v) for v in args.warmup_size.split("x"))
+        except ValueError:
+            raise ValueError(f"--warmup-size {args.warmup_size!r}: pass WIDTHxHEIGHT, e.g. 832x480") from None
+    fields = {"steps": args.warmup_steps, "width": width, "height": height, "num_frames": args.warmup_frames}
+    given = {k: v for k, v in fields.items() if v is not None}
+    try:
+        return [DiffusionParams(**given)]
+    except ValidationError as e:
+        raise flag_error(e, given, {"steps": "--warmup-steps", "width": "--warmup-size", "height": "--warmup-size",
+                                    "num_frames": "--warmup-frames"}) from None
+
+
 def _dynamo_parser(sub: argparse._SubParsersAction) -> None:
     import os
 
-    p = sub.add_parser("dynamo-worker", help="serve a model as an NVIDIA Dynamo backend (needs the 'fleet' extra)")
-    p.add_argument("--model", required=True, help="checkpoint directory or built-in model name")
-    p.add_argument("--served-model-name", default=None, help="the 'model' clients pass (default: the directory name)")
+    p = sub.add_parser("dynamo-worker", help="serve a model as an NVIDIA Dynamo backend (needs the 'fleet' extra)",
+                       formatter_class=DefaultsHelpFormatter)
+    _add_server_flags(p, drain_default=DEFAULT_DRAIN_TIMEOUT_S)
     p.add_argument("--namespace", default=os.environ.get("DYN_NAMESPACE", "dynamo"), help="Dynamo namespace")
     p.add_argument("--component", default="omniloop", help="Dynamo component (endpoints: <component>.videos/.images)")
     p.add_argument("--discovery-backend", default=os.environ.get("DYN_DISCOVERY_BACKEND", "etcd"),
                    choices=["etcd", "file", "kubernetes", "mem"], help="'file' needs no etcd (DYN_FILE_KV sets the directory)")
     p.add_argument("--request-plane", default=os.environ.get("DYN_REQUEST_PLANE", "tcp"), choices=["tcp", "nats"])
     p.add_argument("--modalities", default=None, help="videos,images (default: what the model's tasks allow)")
-    p.add_argument("--drain-timeout", type=float, default=25.0,
-                   help="on SIGTERM, seconds in-flight requests may take before they are cancelled (default 25)")
-    p.add_argument("--warmup-steps", type=int, default=1, help="denoise steps of the warmup request; 0 disables it")
-    p.add_argument("--warmup-size", default=None, help="WIDTHxHEIGHT of the warmup request (default: the model's)")
-    p.add_argument("--warmup-frames", type=int, default=None, help="frames of the warmup request (default: the model's)")
-    p.add_argument("--deploy-config", default=None, help="YAML file of deploy options")
-    p.set_defaults(_deploy=add_schema_flags(p, DeployConfig, skip={"plugins"}, group="deployment"))
     p.set_defaults(func=_cmd_dynamo_worker)
 
 
 def _cmd_dynamo_worker(args: argparse.Namespace) -> int:
+    from omniloop.api.generator import DEFAULT_MODEL
+
+    deploy = _deploy_from_flags(args)
+    warmup = _warmup_from_flags(args)
     try:
         from omniloop.serve.dynamo.worker import WorkerConfig, run_worker
     except ImportError as e:
         print(f"error: {e}; install the fleet extra: pip install -e '.[fleet]' && pip install --no-deps ai-dynamo==1.6.1",
               file=sys.stderr)
         return 2
-    deploy = DeployConfig.from_options(DeployConfig.from_yaml(args.deploy_config) if args.deploy_config else None,
-                                       **collect(args, args._deploy))
-    warmup = None
-    if args.warmup_steps:
-        width = height = None
-        if args.warmup_size:
-            try:
-                width, height = (int(v) for v in args.warmup_size.split("x"))
-            except ValueError:
-                raise ValueError(f"--warmup-size {args.warmup_size!r}: pass WIDTHxHEIGHT, e.g. 832x480") from None
-        warmup = DiffusionParams(steps=args.warmup_steps, width=width, height=height, num_frames=args.warmup_frames)
     config = WorkerConfig(
-        model=args.model, served_model_name=args.served_model_name, namespace=args.namespace, component=args.component,
-        discovery_backend=args.discovery_backend, request_plane=args.request_plane,
+        model=str(args.model or DEFAULT_MODEL), served_model_name=args.served_model_name, namespace=args.namespace,
+        component=args.component, discovery_backend=args.discovery_backend, request_plane=args.request_plane,
         modalities=tuple(args.modalities.split(",")) if args.modalities else None,
-        drain_timeout_s=args.drain_timeout, warmup=warmup, deploy=deploy,
+        drain_timeout_s=args.drain_timeout_s if args.drain_timeout_s is not None else DEFAULT_DRAIN_TIMEOUT_S,
+        warmup=None if warmup is None else tuple(warmup), deploy=deploy,
     )
     return run_worker(config)
+
+
+# ServeConfig fields the shared server flags set (spelled the same for the Dynamo worker)
+_SHARED_SERVE_FIELDS = {"served_model_name", "drain_timeout_s", "warmup"}
 
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
     from omniloop.serve.config import ServeConfig
 
-    p = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server (videos, images, events, metrics)")
-    p.add_argument("--model", default=None, help="checkpoint directory or built-in name (default: the embedded model)")
-    p.add_argument("--deploy-config", default=None, help="YAML file of deploy options, with an optional 'serve:' section")
-    p.set_defaults(_serve=add_schema_flags(p, ServeConfig, group="server"))
-    p.set_defaults(_deploy=add_schema_flags(p, DeployConfig, skip={"plugins"}, group="deployment"))
+    p = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server (videos, images, events, metrics)",
+                       formatter_class=DefaultsHelpFormatter)
+    _add_server_flags(p, drain_default=DEFAULT_DRAIN_TIMEOUT_S)
+    p.set_defaults(_serve=add_schema_flags(p, ServeConfig, skip=_SHARED_SERVE_FIELDS, group="server"))
     p.set_defaults(func=_cmd_serve)
 
 
@@ -178,9 +295,19 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from omniloop.serve.config import ServeConfig, load_config_file
     from omniloop.serve.server import run_server
 
-    deploy, serve = load_config_file(args.deploy_config) if args.deploy_config else (None, ServeConfig())
-    deploy = DeployConfig.from_options(deploy, **collect(args, args._deploy))
-    serve = ServeConfig.model_validate({**serve.model_dump(), **collect(args, args._serve)})
+    base, serve = load_config_file(args.deploy_config) if args.deploy_config else (None, ServeConfig())
+    given = collect(args, args._deploy)
+    try:
+        deploy = DeployConfig.from_options(base, **given)
+    except ValidationError as e:
+        raise flag_error(e, given) from None
+    options = {**collect(args, args._serve), "served_model_name": args.served_model_name,
+               "drain_timeout_s": args.drain_timeout_s, "warmup": _warmup_from_flags(args)}
+    options = {k: v for k, v in options.items() if v is not None}
+    try:
+        serve = ServeConfig.model_validate({**serve.model_dump(), **options})
+    except ValidationError as e:
+        raise flag_error(e, options, {"drain_timeout_s": "--drain-timeout"}) from None
     return run_server(args.model or DEFAULT_MODEL, deploy, serve, log_level="info" if args.verbose else "warning")
 
 
@@ -189,6 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
     _generate_parser(sub)
+    _models_parser(sub)
     _eval_parser(sub)
     _serve_parser(sub)
     _dynamo_parser(sub)
@@ -204,6 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except WarmupFailed as e:  # the model loaded but cannot run its warmup: not ready, ever
+        print(f"error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from omniloop.cpu_threads import apply_cpu_threads
 from omniloop.deploy import DeployConfig
 from omniloop.engine.async_engine import load_options
 from omniloop.engine.engine import Engine, EngineConfig
+from omniloop.io.audio import AUDIO_FORMATS
 from omniloop.ext.install import install_plugins
 from omniloop.models.loader import load_pipeline
 from omniloop.models.model_spec import ModelSpec
@@ -32,6 +33,7 @@ from omniloop.request import (
     RequestStatus,
     TaskType,
     TextPart,
+    require_prompt,
 )
 
 logger = logging.getLogger(__name__)
@@ -137,8 +139,8 @@ class VideoGenerator:
 
     def generate(self, request: OmniRequest, on_event: Callable[[OmniEvent], None] | None = None) -> OmniOutput:
         """Run one request to completion. Bad input raises ValueError; a failure while
-        running returns an output with status ``failed``."""
-        self._check_limits(request)
+        running returns an output with status ``failed``. The deployment's limits are the
+        engine's admission's (``engine/limits.py``), as in the server."""
         self._load_lora_files(request)
         self._listener = on_event
         try:
@@ -184,8 +186,9 @@ class VideoGenerator:
         on_event: Callable[[OmniEvent], None] | None = None,
         **params: Any,
     ) -> GeneratedVideo:
-        """Generate a video (or image) from ``prompt`` and write it as H.264 mp4, with an AAC
-        soundtrack when the model makes sound.
+        """Generate a video (or image) from ``prompt`` and write it: H.264 mp4, with an AAC
+        soundtrack when the model makes sound; png for an image (``output_path``: a ``.mp4`` /
+        ``.png`` file, or a directory).
 
         ``audio``: None makes sound when the model does; False skips the audio decode; True
         requires it (a model without an audio path refuses the request). ``params`` are
@@ -194,6 +197,11 @@ class VideoGenerator:
         ``fps``, ``seed``, ``negative_prompt``, ``sampler``).
         """
         request = self.build_request(prompt, image=image, task=task, audio=audio, **params)
+        return self.run_video(request, output_path=output_path if save_video else None, on_event=on_event)
+
+    def run_video(self, request: OmniRequest, *, output_path: str | Path | None = "outputs/",
+                  on_event: Callable[[OmniEvent], None] | None = None) -> GeneratedVideo:
+        """``generate`` one built request and write what it made (``output_path=None``: nothing)."""
         output = self._completed(request, on_event)
         video = output.video
         if video is None:  # t2i produces an image; present it as a one-frame video
@@ -206,11 +214,17 @@ class VideoGenerator:
         samples = sound.samples.numpy() if sound is not None else None
         rate = sound.sample_rate if sound is not None else None
         path = None
-        if save_video and output_path is not None:
-            path = self._output_file(Path(output_path), output.request_id, ".mp4")
-            from omniloop.io.video import write_mp4
+        if output_path is not None:
+            path = output_file(output_path, output.request_id, **(IMAGE_FILES if video is None else VIDEO_FILES),
+                               create=True)
+            if path.suffix.lower() == ".png":
+                from omniloop.io.image import write_png
 
-            write_mp4(frames, path, fps, audio=samples, sample_rate=rate)
+                write_png(frames[0], path)
+            else:
+                from omniloop.io.video import write_mp4
+
+                write_mp4(frames, path, fps, audio=samples, sample_rate=rate)
         return GeneratedVideo(
             frames=frames, fps=fps, path=path, request_id=output.request_id, seed=output.metrics.seed,
             metrics=output.metrics, output=output, audio=samples, sample_rate=rate,
@@ -249,7 +263,7 @@ class VideoGenerator:
         if save_image and output_path is not None:
             from omniloop.io.image import write_png
 
-            path = self._output_file(Path(output_path), output.request_id, ".png", (".png",))
+            path = output_file(output_path, output.request_id, **{**IMAGE_FILES, "suffixes": (".png",)}, create=True)
             write_png(pixels, path)
         return GeneratedImage(image=pixels, path=path, request_id=output.request_id, seed=output.metrics.seed,
                               metrics=output.metrics, output=output)
@@ -270,7 +284,7 @@ class VideoGenerator:
         with sound runs its video task (``task``) and returns only the soundtrack (the video
         decode is skipped). ``params`` are DiffusionParams fields (``duration_s``, ``steps``,
         ``guidance_scale``, ``seed``, ``negative_prompt``, ...)."""
-        from omniloop.io.audio import AUDIO_FORMATS, write_audio
+        from omniloop.io.audio import write_audio
 
         if audio_format not in AUDIO_FORMATS:
             raise ValueError(f"audio_format={audio_format!r}: pass one of {sorted(AUDIO_FORMATS)}")
@@ -287,8 +301,8 @@ class VideoGenerator:
         samples = sound.samples.numpy()
         path = None
         if save_audio and output_path is not None:
-            path = self._output_file(Path(output_path), output.request_id, f".{audio_format}",
-                                     tuple(f".{f}" for f in AUDIO_FORMATS))
+            path = output_file(output_path, output.request_id, **{**AUDIO_FILES, "default": f".{audio_format}"},
+                               create=True)
             write_audio(samples, path, sound.sample_rate)
         return GeneratedAudio(audio=samples, sample_rate=sound.sample_rate, path=path, request_id=output.request_id,
                               seed=output.metrics.seed, metrics=output.metrics, output=output)
@@ -305,7 +319,7 @@ class VideoGenerator:
         unknown = sorted(set(fields) - set(DiffusionParams.model_fields))
         if unknown:
             raise ValueError(f"unknown generation parameter(s) {unknown}; accepted: {sorted(DiffusionParams.model_fields)}")
-        inputs: list[Any] = [TextPart(text=prompt)]
+        inputs: list[Any] = [TextPart(text=require_prompt(prompt))]
         role = "reference" if task is not None and TaskType(task).makes_image else "first_frame"
         if image is not None:
             inputs.append(ImagePart(path=str(image), role=role) if isinstance(image, (str, Path))
@@ -329,21 +343,28 @@ class VideoGenerator:
         pixels = Modality.IMAGE if task.makes_image else Modality.VIDEO
         return [pixels, Modality.AUDIO] if audio else [pixels]
 
-    def _check_limits(self, request: OmniRequest) -> None:
-        limits, p = self.deploy.limits, request.diffusion
-        if p.num_frames is not None and p.num_frames > limits.max_frames:
-            raise ValueError(f"diffusion.num_frames={p.num_frames} exceeds this deployment's limit {limits.max_frames}")
-        if p.height and p.width and p.height * p.width > limits.max_pixels:
-            raise ValueError(f"diffusion.height*width={p.height * p.width} exceeds this deployment's limit {limits.max_pixels}")
-        steps = p.num_steps(0)
-        if steps > limits.max_steps:
-            raise ValueError(f"diffusion.steps={steps} exceeds this deployment's limit {limits.max_steps}")
 
-    @staticmethod
-    def _output_file(output_path: Path, request_id: str, suffix: str, files: tuple[str, ...] = (".mp4",)) -> Path:
-        """``output_path`` itself when its suffix is one of ``files``, else ``<dir>/<id><suffix>``."""
-        if output_path.suffix.lower() in files:
-            output_path.parent.mkdir(parents=True, exist_ok=True)
-            return output_path
-        output_path.mkdir(parents=True, exist_ok=True)
-        return output_path / f"{request_id}{suffix}"
+# What ``output_file`` writes for a video (H.264 mp4), an image (png, or a one-frame mp4), sound.
+VIDEO_FILES: dict[str, Any] = {"what": "a video", "default": ".mp4", "suffixes": (".mp4",)}
+IMAGE_FILES: dict[str, Any] = {"what": "an image", "default": ".png", "suffixes": (".png", ".mp4")}
+AUDIO_FILES: dict[str, Any] = {"what": "sound", "default": ".wav", "suffixes": tuple(f".{f}" for f in AUDIO_FORMATS)}
+
+
+def output_file(output_path: str | Path, request_id: str, *, what: str, default: str, suffixes: tuple[str, ...],
+                create: bool = False) -> Path:
+    """Where a result goes: ``output_path`` itself if its suffix is one of ``suffixes`` (a
+    file), else ``output_path/<request id><default>`` (a directory: an existing one, a path
+    ending in "/", or a name without a suffix). Any other suffix is a ValueError naming
+    ``output_path``; ``create=False`` only checks (the CLI checks ``--output`` before loading)."""
+    path = Path(output_path)
+    suffix = path.suffix.lower()
+    if str(output_path).endswith(("/", "\\")) or path.is_dir() or not suffix:
+        target = path / f"{request_id}{default}"
+    elif suffix in suffixes:
+        target = path
+    else:
+        raise ValueError(f"output_path {str(output_path)!r}: {suffix} is not written for {what}; pass a "
+                         f"{' or '.join(suffixes)} file or a directory")
+    if create:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    return target

@@ -10,9 +10,11 @@ import argparse
 import json
 import types
 import typing
+from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticUndefined
 
 
 def _unwrap_optional(annotation: Any) -> Any:
@@ -30,6 +32,8 @@ def _parser_for(annotation: Any) -> tuple[Any, dict[str, Any]]:
         return _flag_text(ann.from_flag), {"metavar": "K=V,..."}  # a compact text form (ParallelSpec: sp=2,cfg=2)
     if ann in (int, float, str):
         return ann, {}
+    if ann is Path:
+        return str, {"metavar": "PATH"}
     if origin is Literal:
         return str, {"choices": [str(a) for a in typing.get_args(ann)]}
     if origin in (typing.Union, types.UnionType) and set(_literal_words(ann)) and int in typing.get_args(ann):
@@ -66,8 +70,13 @@ def _json_or_number(text: str) -> Any:
             raise argparse.ArgumentTypeError(f"expected a number or JSON, got {text!r}") from None
 
 
-def add_schema_flags(parser: argparse.ArgumentParser, model: type[BaseModel], *, skip: set[str] = frozenset(), group: str | None = None) -> list[str]:
-    """Add one flag per field of ``model``; returns the field names added (dest = field name)."""
+def add_schema_flags(parser: argparse.ArgumentParser, model: type[BaseModel], *, skip: set[str] = frozenset(),
+                     group: str | None = None, unset: str | None = None) -> list[str]:
+    """Add one flag per field of ``model``; returns the field names added (dest = field name).
+
+    Help shows each field's default (``unset``: what a default of None means, e.g. "the
+    model's"); a flag left out keeps the schema's default (``collect`` skips it).
+    """
     target = parser.add_argument_group(group) if group else parser
     added = []
     for name, info in model.model_fields.items():
@@ -75,7 +84,7 @@ def add_schema_flags(parser: argparse.ArgumentParser, model: type[BaseModel], *,
             continue
         flag = "--" + name.replace("_", "-")
         ann = _unwrap_optional(info.annotation)
-        help_text = info.description or ""
+        help_text = _with_default(info.description or "", _default_text(info, unset))
         if ann is bool:
             target.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         else:
@@ -85,6 +94,49 @@ def add_schema_flags(parser: argparse.ArgumentParser, model: type[BaseModel], *,
     return added
 
 
+def _default_text(info: Any, unset: str | None) -> str | None:
+    default = info.get_default(call_default_factory=True) if info.default is PydanticUndefined else info.default
+    if default is None:
+        return unset
+    if isinstance(default, BaseModel):
+        default = default.model_dump()
+    if isinstance(default, (dict, list)):
+        return json.dumps(default, default=str) if default else None
+    return str(default)
+
+
+def _with_default(help_text: str, default: str | None) -> str:
+    if default is None or "default" in help_text.lower():
+        return help_text
+    return f"{help_text} (default: {default})".strip()
+
+
 def collect(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
     """The flags the user actually set (unset flags keep the schema's defaults)."""
     return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+
+
+def flag_error(error: ValidationError, given: dict[str, Any], flags: dict[str, str] | None = None) -> ValueError:
+    """A schema's validation error in flag terms, one line: ``--steps 0: Input should be
+    greater than or equal to 1`` (not pydantic's field dump and documentation URL).
+    ``flags``: field -> flag spelling where it is not ``--field-name``."""
+    problems = []
+    for item in error.errors():
+        loc = [str(p) for p in item.get("loc", ())]
+        field = loc[0] if loc else ""
+        flag = (flags or {}).get(field) or ("--" + field.replace("_", "-") if field else "flags")
+        value = f" {given[field]}" if field in given and not isinstance(given[field], (dict, list)) else ""
+        detail = ".".join(loc[1:])
+        msg = item.get("msg", "invalid").removeprefix("Value error, ")
+        problems.append(f"{flag}{value}{f' ({detail})' if detail else ''}: {msg}")
+    return ValueError("; ".join(problems))
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Shows a hand-written flag's default unless it is None / False or its help names it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text.lower() or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"

@@ -11,10 +11,11 @@ from omniloop.engine.errors import (
     RequestRejected,
     UnknownRequest,
 )
+from omniloop.engine.limits import LimitExceeded, check_images_per_call, check_limits
 from omniloop.engine.scheduler import NodeWork, SchedulerPlan, SchedulingPolicy, StepScheduler, StepWork
 
 __all__ = [
-    "AsyncEngine", "DoesNotFit", "Engine", "EngineConfig", "EngineDeadError", "EngineError", "EngineStats", "NodeWork",
-    "PoolFatalError", "QueueFull", "RequestRejected", "SchedulerPlan", "SchedulingPolicy", "StepScheduler", "StepWork",
-    "UnknownRequest",
+    "AsyncEngine", "DoesNotFit", "Engine", "EngineConfig", "EngineDeadError", "EngineError", "EngineStats",
+    "LimitExceeded", "NodeWork", "PoolFatalError", "QueueFull", "RequestRejected", "SchedulerPlan", "SchedulingPolicy",
+    "StepScheduler", "StepWork", "UnknownRequest", "check_images_per_call", "check_limits",
 ]

@@ -28,7 +28,8 @@ logger = logging.getLogger(__name__)
 
 
 def load_options(deploy: DeployConfig) -> LoadOptions:
-    """The slice of ``deploy`` that loading and pipeline building read."""
+    """The slice of ``deploy`` that loading and pipeline building read (its device checked first)."""
+    deploy.check_device()
     return LoadOptions(device=deploy.torch_device(), dtype=deploy.torch_dtype(), attention_backend=deploy.attention_backend,
                        cfg_mode=deploy.cfg_mode, compile=deploy.compile, quantization=deploy.quantization,
                        text_cache_bytes=int(deploy.text_cache_mb * 2**20), resolution_buckets=deploy.bucket_sizes(),

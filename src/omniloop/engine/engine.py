@@ -17,12 +17,13 @@ from typing import Any, Callable, Literal
 
 import torch
 
-from omniloop.deploy import DeployConfig
+from omniloop.deploy import DeployConfig, Limits
 from omniloop.cache.chunk_kv import cache_pool_budgets
 from omniloop.engine.admission import MemoryBudget, MemoryEstimate, default_memory_budget
 from omniloop.engine.cost_model import CostModel, ItemCost
 from omniloop.engine.errors import DoesNotFit, EngineDeadError, PoolFatalError, QueueFull, RequestRejected, UnknownRequest
 from omniloop.engine.fanout import FanOutPool
+from omniloop.engine.limits import check_limits
 from omniloop.engine.request import EngineRequest
 from omniloop.engine.scheduler import NodeWork, SchedulerPlan, SchedulingPolicy, StepScheduler, StepWork
 from omniloop.engine.step_timer import StepTimer, step_timer_for
@@ -55,6 +56,7 @@ class EngineConfig:
     max_pool_restarts: int = 3
     max_request_attempts: int = 2  # pool restarts a request may be re-queued through
     policy: SchedulingPolicy = field(default_factory=SchedulingPolicy)
+    limits: Limits | None = None  # the deployment's request ceilings; None: none (tests, training rollouts)
 
     @classmethod
     def from_deploy(cls, deploy: DeployConfig) -> "EngineConfig":
@@ -62,7 +64,7 @@ class EngineConfig:
         policy = SchedulingPolicy(kind=deploy.scheduling, max_running=deploy.max_running, max_batch=deploy.max_batch,
                                   max_batch_tokens=deploy.max_batch_tokens)
         return cls(max_queue=deploy.max_queue, memory_budget_bytes=budget, nan_check=deploy.nan_check,
-                   on_pool_failure=deploy.on_pool_failure, policy=policy)
+                   on_pool_failure=deploy.on_pool_failure, policy=policy, limits=deploy.limits)
 
 
 @dataclass
@@ -122,6 +124,8 @@ class Engine:
             self.stats.rejected += 1
             raise QueueFull("engine is draining and accepts no new requests")
         try:
+            if self.config.limits is not None:  # before the family's checks: the cheapest refusal first
+                check_limits(request, self.config.limits, self.pipeline.defaults)
             state = self.pipeline.admit(request)
             check_plugin_params(state.request, self.pipeline)
             req = EngineRequest(request=state.request, state=state, nodes=self.pipeline.active_nodes(state.request))

@@ -184,6 +184,14 @@ class ModelPool:
     def has_unfinished(self) -> bool:
         return any(s.engine is not None and s.engine.has_unfinished() for s in self.slots.values())
 
+    def idle_s(self) -> float | None:
+        """Seconds until some model's work can run (0: now; None: nothing anywhere)."""
+        waits = [w for s in self.slots.values() if s.engine is not None and (w := s.engine.idle_s()) is not None]
+        return min(waits) if waits else None
+
+    def send(self, request_id: str, item: Any) -> None:
+        self._engine_of(request_id).send(request_id, item)
+
     def is_tracked(self, request_id: str) -> bool:
         name = self._owner.get(request_id)
         return name is not None and self.slots[name].engine is not None and \

@@ -58,6 +58,18 @@ class ComponentEntry(BaseModel):
     config: dict[str, Any] = Field(default_factory=dict)
 
 
+class ModelLimits(BaseModel):
+    """The largest request a model serves (what it was trained for, or can run at a sane
+    cost); the family validator refuses more, naming the limit. Deployments may set lower
+    ceilings of their own (``DeployConfig.limits``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_height: int | None = Field(default=None, ge=1)
+    max_width: int | None = Field(default=None, ge=1)
+    max_frames: int | None = Field(default=None, ge=1)
+
+
 class ModelManifest(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -66,8 +78,10 @@ class ModelManifest(BaseModel):
     family: str
     variant: str
     tasks: list[str] = Field(min_length=1)
+    description: str = Field(default="", description="one line: what the model makes (omniloop models)")
     components: dict[str, ComponentEntry]
     defaults: dict[str, Any] = Field(default_factory=dict)
+    limits: ModelLimits = Field(default_factory=ModelLimits)
     files: dict[str, FileRecord] = Field(default_factory=dict)  # path relative to the model dir -> record
     provenance: dict[str, Any] = Field(default_factory=dict)  # how it was made (recipe, steps, figures)
 
@@ -152,7 +166,7 @@ def manifest_index(root: Path) -> dict[str, Any]:
 
 def write_manifest(root: Path, manifest: ModelManifest) -> Path:
     path = Path(root) / MANIFEST_FILE
-    atomic_write_text(path, json.dumps(manifest.model_dump(mode="json"), indent=2) + "\n")
+    atomic_write(path, json.dumps(manifest.model_dump(mode="json"), indent=2) + "\n")
     return path
 
 
@@ -201,10 +215,12 @@ def check_safetensors(path: Path) -> None:
         raise ValueError(f"{path} is not a readable safetensors file ({e}); re-export the model") from None
 
 
-def atomic_write_text(path: Path, text: str) -> None:
+def atomic_write(path: Path, data: str | bytes) -> None:
+    """Write ``data`` to ``path`` whole or not at all (temporary file, fsync, rename): a
+    crash leaves the old file or the new one, never half of one."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
+    with open(tmp, "wb" if isinstance(data, bytes) else "w") as f:
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

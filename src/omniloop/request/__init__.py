@@ -24,7 +24,16 @@ from omniloop.request.output import (
     StatusEvent,
 )
 from omniloop.request.params import DiffusionParams, LoraRef, OutputSpec, SamplingParams
-from omniloop.request.parts import ActionPart, AudioPart, ImagePart, LatentPart, ModalPart, TextPart, VideoPart
+from omniloop.request.parts import (
+    ActionPart,
+    AudioPart,
+    ImagePart,
+    LatentPart,
+    ModalPart,
+    TextPart,
+    VideoPart,
+    require_prompt,
+)
 from omniloop.request.request import SCHEMA_VERSION, OmniRequest, new_request_id
 
 __all__ = [
@@ -32,5 +41,5 @@ __all__ = [
     "ImageArtifact", "ImagePart", "LatentPart", "LatentsArtifact", "LoraRef", "Modality", "ModalPart", "OmniEvent",
     "OmniOutput", "OmniRequest", "OutputSpec", "ProgressEvent", "RequestMetrics", "RequestStatus",
     "SCHEMA_VERSION", "SamplingParams", "StatusEvent", "TaskType", "TensorArtifact", "TextArtifact", "TextPart",
-    "VideoArtifact", "VideoChunkArtifact", "VideoPart", "new_request_id",
+    "VideoArtifact", "VideoChunkArtifact", "VideoPart", "new_request_id", "require_prompt",
 ]

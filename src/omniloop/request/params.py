@@ -69,7 +69,8 @@ class DiffusionParams(BaseModel):
         default=None, gt=0, le=3600,
         description="seconds of audio to generate (text-to-audio models; video models derive it from num_frames/fps)",
     )
-    seed: int | None = Field(default=None, ge=0, lt=2**63)
+    seed: int | None = Field(default=None, ge=0, lt=2**63,
+                             description="RNG seed (default: a random one, reported in the output's metrics)")
     strength: float | None = Field(
         default=None,
         description="for loops that start from given latents or an image (image-to-image, video-to-video, SDEdit, a "
@@ -137,7 +138,8 @@ class SamplingParams(BaseModel):
     repetition_penalty: float = Field(default=1.0, gt=0.0)
     stop: list[str] = Field(default_factory=list)
     stop_token_ids: list[int] = Field(default_factory=list)
-    seed: int | None = Field(default=None, ge=0, lt=2**63)
+    seed: int | None = Field(default=None, ge=0, lt=2**63,
+                             description="RNG seed (default: a random one, reported in the output's metrics)")
 
 
 class OutputSpec(BaseModel):

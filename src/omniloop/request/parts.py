@@ -33,6 +33,15 @@ class TextPart(_Part):
     )
 
 
+def require_prompt(value: Any, field: str = "prompt") -> str:
+    """A generation prompt: text with something besides whitespace. The one rule the CLI,
+    the offline API and both servers apply, so an empty prompt is refused alike everywhere."""
+    if not isinstance(value, str) or not value.strip():
+        got = "an empty string" if value == "" else "only whitespace" if isinstance(value, str) else repr(value)
+        raise ValueError(f"{field}: pass a non-empty text prompt (got {got})")
+    return value
+
+
 class _MediaPart(_Part):
     path: str | None = None
     b64: str | None = Field(default=None, description="base64-encoded file bytes")

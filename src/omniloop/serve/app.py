@@ -19,11 +19,11 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
 import omniloop
-from omniloop.deploy import Limits
 from omniloop.engine import AsyncEngine
 from omniloop.serve import audio, chat, images, sessions, streaming, videos
 from omniloop.serve.config import ServeConfig
 from omniloop.serve.errors import install_error_handlers
+from omniloop.serve.jobs import JobStore
 from omniloop.serve.protocol import ImageGenerationRequest, ModelCard, ModelList, VideoCreateRequest
 from omniloop.serve.state import ServeState, State, require_auth
 
@@ -78,8 +78,8 @@ def _this_server(body: dict[str, Any], state: ServeState) -> dict[str, Any]:
         for variant in body["properties"].get(name, {}).get("anyOf", [body["properties"].get(name, {})]):
             if "maximum" in variant:
                 variant["maximum"] = min(variant["maximum"], ceiling)
-    if state.config.warmup and "prompt" in body["properties"]:  # (speech bodies take ``input``)
-        shape, d = state.config.warmup[0], state.model.defaults
+    if state.warmup_shapes and "prompt" in body["properties"]:  # (speech bodies take ``input``)
+        shape, d = state.warmup_shapes[0], state.model.defaults
         example = {"prompt": "a red circle moving right", "steps": shape.num_steps(d.get("steps", 1)),
                    "size": f"{shape.width or d.get('width')}x{shape.height or d.get('height')}"}
         if "num_frames" in body["properties"]:
@@ -113,9 +113,10 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     return schema
 
 
-def create_app(engine: AsyncEngine, config: ServeConfig | None = None, *, limits: Limits | None = None) -> FastAPI:
-    """The server over ``engine``. ``limits`` are the deploy config's request ceilings."""
-    state = ServeState(engine, config or ServeConfig(), limits or Limits())
+def create_app(engine: AsyncEngine, config: ServeConfig | None = None, *, jobs: JobStore | None = None) -> FastAPI:
+    """The server over ``engine`` (whose admission enforces the deploy config's limits).
+    ``jobs``: an opened store (default: the one ``config`` asks for, opened here)."""
+    state = ServeState(engine, config or ServeConfig(), jobs)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -10,6 +10,7 @@ and do not change what is generated.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from collections.abc import AsyncIterator
@@ -23,7 +24,7 @@ from omniloop.io.audio import AUDIO_FORMATS, MEDIA_TYPES, check_rate
 from omniloop.request import DiffusionParams, Modality, OmniRequest, OutputSpec, RequestStatus, TaskType, TextPart
 from omniloop.serve.body import read_body
 from omniloop.serve.errors import ApiError, validation_error
-from omniloop.serve.jobs import Geometry, Job, JobKind
+from omniloop.serve.jobs import Geometry, Job, JobKind, output_response, read_output
 from omniloop.serve.protocol import derived_field
 from omniloop.serve.state import State, new_id, require_auth
 
@@ -77,9 +78,7 @@ def speech_request(wire: SpeechRequest, request_id: str, state) -> OmniRequest: 
         params = DiffusionParams(**{k: v for k, v in fields.items() if v is not None})
     except ValidationError as e:
         raise validation_error(e) from None
-    if params.num_steps(model.defaults.get("steps", 0)) > state.limits.max_steps:
-        raise ApiError(400, f"steps: {params.num_steps(0)} exceeds this server's limit of {state.limits.max_steps} "
-                       "(limits.max_steps)", param="steps", code="limit_exceeded")
+    # deploy limits (steps) are the engine's, checked at submission like every other endpoint's
     return OmniRequest(request_id=request_id, task=TaskType.T2A, inputs=[TextPart(text=wire.input)], diffusion=params,
                        outputs=OutputSpec(modalities=[Modality.AUDIO]))
 
@@ -104,19 +103,19 @@ async def create_speech(request: Request, state: State) -> Response:
         job = Job(id=job_id, kind=JobKind.AUDIO, model=state.model.name, prompt=wire.input, geometry=geometry,
                   audio_format=wire.response_format)
         try:
-            await state.submit([job], [omni])
+            await state.submit([job], [omni], {"duration_s": "seconds", "steps": "steps"})
         except ApiError as e:  # the request plane's name for the wire's seconds
-            if e.param == "duration_s":
-                e.param, e.message = "seconds", e.message.replace("duration_s", "seconds", 1)
+            if "duration_s" in e.message:
+                e.param = "seconds"
+                e.message = e.message.replace("diffusion.duration_s", "seconds").replace("duration_s", "seconds")
             raise
     if wire.stream_format == "sse":
         return StreamingResponse(_sse(job, state.config.sse_keepalive_s), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     await job.wait_sealed()
-    if job.status is not RequestStatus.COMPLETED or job.content is None:
+    if job.status is not RequestStatus.COMPLETED or not job.has_content:
         raise _failure(job)
-    return Response(job.content, media_type=MEDIA_TYPES[job.audio_format],
-                    headers={"Content-Disposition": f'attachment; filename="{job.id}.{job.audio_format}"'})
+    return output_response(job, "content", MEDIA_TYPES[job.audio_format], filename=f"{job.id}.{job.audio_format}")
 
 
 async def _sse(job: Job, keepalive_s: float) -> AsyncIterator[str]:
@@ -126,8 +125,9 @@ async def _sse(job: Job, keepalive_s: float) -> AsyncIterator[str]:
             yield ": keepalive\n\n"
         else:
             yield f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
-    if job.status is RequestStatus.COMPLETED and job.content is not None:
-        delta = {"type": "speech.audio.delta", "audio": base64.b64encode(job.content).decode(),
+    if job.status is RequestStatus.COMPLETED and job.has_content:
+        content = await asyncio.to_thread(read_output, job, "content")
+        delta = {"type": "speech.audio.delta", "audio": base64.b64encode(content).decode(),
                  "format": job.audio_format}
         yield f"event: speech.audio.delta\ndata: {json.dumps(delta)}\n\n"
     done = {"type": "speech.audio.done", "status": job.status.value, "error": job.error}

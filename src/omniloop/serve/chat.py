@@ -29,7 +29,7 @@ from omniloop.request import (
     ArtifactEvent, FinalEvent, ImagePart, OmniOutput, OmniRequest, RequestStatus, SamplingParams, TaskType, TextPart,
     VideoPart,
 )
-from omniloop.serve.errors import ApiError, engine_rejection, validation_error
+from omniloop.serve.errors import ApiError, api_error, validation_error
 from omniloop.serve.state import ServeState, State, require_auth
 
 router = APIRouter(prefix="/v1/chat", tags=["chat"], dependencies=[Depends(require_auth)])
@@ -131,7 +131,7 @@ def chat_request(wire: ChatCompletionRequest, request_id: str, state: ServeState
 
 def _rejection(error: EngineError) -> ApiError:
     """An engine rejection, its ``param`` the wire field the engine's message names."""
-    api = engine_rejection(error)
+    api = api_error(error)
     match = re.search(r"sampling\.(max_tokens|stop|stop_token_ids|temperature|top_p|seed)", api.message)
     if api.param is None and match:
         api.param = match.group(1)

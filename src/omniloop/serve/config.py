@@ -1,4 +1,5 @@
-"""``ServeConfig``: how the HTTP server runs (address, job store, warmup, drain policy).
+"""``ServeConfig``: how the HTTP server runs (address, job store and retention, warmup,
+drain policy).
 
 Request ceilings are not here: frames, resolution, steps and ``n`` live in the deploy
 config's ``limits`` and the queue length in its ``max_queue`` (one owner per knob). The
@@ -21,10 +22,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from omniloop.deploy import DeployConfig
 from omniloop.request import DiffusionParams
+
+
+DEFAULT_DRAIN_TIMEOUT_S = 25.0  # below Kubernetes' default 30 s termination grace period
 
 
 class ServeConfig(BaseModel):
@@ -39,19 +43,55 @@ class ServeConfig(BaseModel):
     max_jobs: int = Field(
         default=256, ge=1, description="jobs (videos and images) kept; the oldest finished one is evicted first"
     )
+    job_store: Path | None = Field(
+        default=None, description="SQLite file keeping job records across restarts (outputs go to output_dir); "
+        "default: jobs live in memory and end with the process",
+    )
+    output_dir: Path | None = Field(
+        default=None, description="directory of the durable jobs' output files (default: <job_store>-outputs/ "
+        "next to the job store)",
+    )
+    requeue_on_restart: bool = Field(
+        default=False, description="jobs queued or running when the server died run again after a restart "
+        "(default: they are reported failed, saying so)",
+    )
+    retention_max_bytes: int | None = Field(
+        default=None, ge=0, description="finished jobs' outputs kept, in bytes; beyond, the oldest completed "
+        "job is deleted first (default: no size limit)",
+    )
+    retention_max_age_s: float | None = Field(
+        default=None, gt=0, description="seconds a finished job is kept after it ends (default: no age limit)",
+    )
     max_upload_bytes: int = Field(default=16 * 2**20, ge=1024, description="largest request body (413 beyond)")
-    warmup: list[DiffusionParams] = Field(
-        default_factory=lambda: [DiffusionParams(steps=2)],
-        description="shapes run once at start before /ready turns 200; [] skips warmup",
+    warmup: list[DiffusionParams] | None = Field(
+        default=None,
+        description="shapes run once at start before /ready turns 200 (a failure exits the process); "
+        "default: one 2-step request at the model's default size, clamped to what it and the limits allow; "
+        "[] skips warmup",
     )
     drain: Literal["finish", "cancel"] = Field(
         default="finish", description="on SIGTERM: let in-flight jobs finish (up to drain_timeout_s), or cancel them"
     )
-    drain_timeout_s: float = Field(default=60.0, ge=0, description="'finish' drains cancel what is left after this")
-    cancel_wait_s: float = Field(default=30.0, gt=0, description="how long DELETE waits for a running job to stop")
+    drain_timeout_s: float = Field(default=DEFAULT_DRAIN_TIMEOUT_S, ge=0,
+                                   description="'finish' drains cancel what is left after this many seconds")
+    cancel_wait_s: float = Field(default=30.0, gt=0, description="how long a refused multi-image call waits for "
+                                 "its already started images to stop (DELETE never waits: it answers 'cancelling')")
     sse_keepalive_s: float = Field(default=15.0, gt=0, description="comment lines on idle event streams")
     max_sessions: int = Field(default=4, ge=1, description="live sessions (POST /v1/sessions) at once; 429 beyond")
     session_idle_s: float = Field(default=60.0, gt=0, description="a session nobody is connected to ends after this")
+
+    @model_validator(mode="after")
+    def _durable_options_need_a_store(self) -> "ServeConfig":
+        for name in ("output_dir", "requeue_on_restart"):
+            if getattr(self, name) and self.job_store is None:
+                raise ValueError(f"{name} needs job_store: only a durable job store (--job-store PATH) keeps "
+                                 "outputs on disk and jobs across restarts")
+        return self
+
+    def outputs_dir(self) -> Path:
+        """Where a durable store's output files live."""
+        assert self.job_store is not None, "outputs_dir() is for a durable job store"
+        return self.output_dir or self.job_store.with_name(f"{self.job_store.stem}-outputs")
 
 
 def load_config_file(path: str | Path) -> tuple[DeployConfig, ServeConfig]:

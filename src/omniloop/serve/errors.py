@@ -1,14 +1,15 @@
 """HTTP errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
 
 Every bad input becomes a 4xx whose ``param`` and message name the field; engine
-rejections keep their own status (RequestRejected 400, DoesNotFit 413, QueueFull 429)
-and a dead engine is a 503. Nothing a client sends reaches the catch-all 500.
+rejections keep their own status and message (RequestRejected and LimitExceeded 400,
+DoesNotFit 413, QueueFull 429) and a dead engine is a 503. Nothing a client sends
+reaches the catch-all 500.
 """
 
 from __future__ import annotations
 
 import logging
-import re
+from collections.abc import Mapping
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -16,7 +17,8 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
-from omniloop.engine import EngineDeadError, QueueFull, RequestRejected, UnknownRequest
+from omniloop.engine import EngineDeadError, LimitExceeded, QueueFull, RequestRejected, UnknownRequest
+from omniloop.serve.wire import WireError, describe_validation, wire_param
 
 logger = logging.getLogger(__name__)
 
@@ -37,48 +39,35 @@ class ApiError(Exception):
         return JSONResponse({"error": body}, status_code=self.status, headers=self.headers)
 
 
-_TYPE_TAGS = {"float", "int", "str", "bool", "dict", "list", "bytes", "none", "literal"}
-
-
 def validation_error(error: ValidationError | RequestValidationError, prefix: str = "") -> ApiError:
     """One message listing every problem as ``field: what is wrong``; ``param`` is the first."""
-    problems, first = [], None
-    for item in error.errors():
-        # union members appear in loc as type tags ("float", "dict[...]"): not field names
-        loc = [str(p) for p in item.get("loc", ()) if str(p) not in _TYPE_TAGS and "[" not in str(p)]
-        if isinstance(error, RequestValidationError) and loc and loc[0] in ("body", "query", "path", "header"):
-            loc = loc[1:]  # FastAPI's location prefix
-        field = ".".join(([prefix] if prefix else []) + loc) or "body"
-        first = first or field
-        msg = item.get("msg", "invalid")
-        if item.get("type") == "extra_forbidden":
-            msg = "unknown field; see /openapi.json for the accepted ones"
-        problems.append(f"{field}: {msg}")
-    return ApiError(400, "; ".join(problems), param=first, code="invalid_value")
+    items = list(error.errors())
+    if isinstance(error, RequestValidationError):  # FastAPI's location prefix is not a field
+        items = [{**i, "loc": tuple(i.get("loc", ()))[1:]} if tuple(i.get("loc", ()))[:1] in
+                 (("body",), ("query",), ("path",), ("header",)) else i for i in items]
+    param, message = describe_validation(items, prefix=prefix)
+    return ApiError(400, message, param=param, code="invalid_value")
 
 
-# The engine names request-plane fields (``diffusion.height``); the wire names differ.
-_WIRE_FIELD = {"height": "size", "width": "size"}
-
-
-def engine_rejection(error: Exception, fields: dict[str, str] | None = None) -> ApiError:
-    """Map an engine error raised at submit to its HTTP form. ``fields`` renames
-    request-plane fields to the wire fields this endpoint accepts."""
+def api_error(error: Exception, names: Mapping[str, str] | None = None) -> ApiError:
+    """A refusal in its HTTP form: a wire problem (``WireError``) or an engine error raised at
+    submit. An engine rejection keeps the engine's message (the one the offline API and the
+    Dynamo worker give), prefixed with the wire field when the message does not name it;
+    ``names`` (a WireCall's) spell request-plane fields as this caller sent them."""
+    if isinstance(error, ApiError):
+        return error
+    if isinstance(error, WireError):
+        return ApiError(error.status, str(error), param=error.param, code=error.code)
     if isinstance(error, EngineDeadError):
         return ApiError(503, f"engine stopped: {error}", code="engine_dead")
     if isinstance(error, QueueFull):
         return ApiError(429, str(error), code="queue_full", headers={"Retry-After": "1"})
     assert isinstance(error, RequestRejected), f"unexpected engine error {type(error).__name__}"
-    message = str(error)
-    match = re.search(r"diffusion\.(\w+)", message)
-    param = None
-    if match:
-        param = {**_WIRE_FIELD, **(fields or {})}.get(match.group(1), match.group(1))
-    elif message.startswith("task ") or "needs an image" in message or "cannot read image" in message:
-        param = "input_reference"
-    if param is not None:
+    message, param = str(error), wire_param(error, names or {})
+    if param is not None and param.split(".")[0] not in message:
         message = f"{param}: {message}"
-    code = "does_not_fit" if error.status_code == 413 else "rejected"
+    code = "does_not_fit" if error.status_code == 413 else "limit_exceeded" if isinstance(error, LimitExceeded) \
+        else "rejected"
     return ApiError(error.status_code, message, param=param, code=code)
 
 
@@ -86,6 +75,11 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
         return exc.response()
+
+    @app.exception_handler(WireError)
+    @app.exception_handler(RequestRejected)
+    async def _refused(request: Request, exc: Exception) -> JSONResponse:
+        return api_error(exc).response()
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -14,10 +14,10 @@ from pydantic import ValidationError
 from omniloop.request import RequestStatus
 from omniloop.serve.body import read_body
 from omniloop.serve.errors import ApiError, validation_error
-from omniloop.serve.jobs import Job, JobKind
+from omniloop.serve.jobs import Geometry, Job, JobKind, output_response, read_output
 from omniloop.serve.protocol import ImageData, ImageGenerationRequest, ImagesResponse
 from omniloop.serve.state import State, new_id, require_auth
-from omniloop.serve.translate import image_requests
+from omniloop.serve.wire import openai_images
 
 router = APIRouter(prefix="/v1/images", tags=["images"], dependencies=[Depends(require_auth)])
 
@@ -33,21 +33,23 @@ async def generate_images(request: Request, state: State) -> ImagesResponse:
         except ValidationError as e:
             raise validation_error(e) from None
         ids = [new_id("img") for _ in range(wire.n)]
-        requests, geometry = image_requests(wire, ids, state.model, state.limits)
+        requests, call = openai_images(wire, ids, state.model)
+        geometry = Geometry.of(requests[0], state.model.defaults)
         jobs = [Job(id=i, kind=JobKind.IMAGE, model=state.model.name, prompt=wire.prompt, geometry=geometry)
                 for i in ids]
-        await state.submit(jobs, requests)
+        await state.submit(jobs, requests, call.names)
     await asyncio.gather(*(job.wait_sealed() for job in jobs))
     failed = [j for j in jobs if j.status is not RequestStatus.COMPLETED]
     if failed:
         raise _generation_error(failed[0], len(failed), len(jobs))
     data = []
     for job in jobs:
-        assert job.content is not None, f"completed image {job.id} has no content"
+        assert job.has_content, f"completed image {job.id} has no content"
         if wire.response_format == "url":
             data.append(ImageData(url=str(request.url_for("image_content", image_id=job.id))))
         else:
-            data.append(ImageData(b64_json=base64.b64encode(job.content).decode()))
+            png = await asyncio.to_thread(read_output, job, "content")
+            data.append(ImageData(b64_json=base64.b64encode(png).decode()))
     return ImagesResponse(created=int(time.time()), data=data, size=geometry.size)
 
 
@@ -67,7 +69,7 @@ def _generation_error(job: Job, failed: int, total: int) -> ApiError:
             responses={200: {"content": {"image/png": {}}}}, response_class=Response)
 async def image_content(image_id: str, state: State) -> Response:
     job = state.job(image_id, JobKind.IMAGE)
-    if job.content is None:
+    if not job.has_content:
         raise ApiError(409, f"image {image_id} is {job.status.value}; content exists once it is completed",
                        param="image_id", code="not_ready")
-    return Response(job.content, media_type="image/png")
+    return output_response(job, "content", "image/png")

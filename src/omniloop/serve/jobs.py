@@ -1,9 +1,12 @@
 """The job store: one ``Job`` per engine request the server accepted (a video, or one
 image of an images call), bounded, with an event history any number of followers replay.
 
-A job is one object with an enum status (the engine's ``RequestStatus``); its content
-(mp4 or png bytes) is set before the job reaches ``completed``, so a client that sees
-``completed`` can always download.
+A job is one object with an enum status (the engine's ``RequestStatus``); its outputs
+(mp4 or png, and a video's thumbnail) are kept before the job reaches ``completed``, so a
+client that sees ``completed`` can always download. In memory by default; with a
+``JobArchive`` (``--job-store``) every record is also in SQLite and the outputs are files,
+so both survive a restart. Retention (``--retention-max-bytes`` / ``--retention-max-age-s``)
+drops the oldest finished jobs first, with their files.
 """
 
 from __future__ import annotations
@@ -11,12 +14,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
-from omniloop.request import RequestStatus
+from omniloop.request import OmniRequest, RequestStatus
+
+if TYPE_CHECKING:
+    from omniloop.serve.job_archive import JobArchive
 
 
 class JobKind(str, Enum):
@@ -40,6 +47,16 @@ class Geometry:
     def size(self) -> str:
         return f"{self.width}x{self.height}"
 
+    @classmethod
+    def of(cls, request: OmniRequest, defaults: Mapping[str, Any], seconds: float | None = None) -> "Geometry":
+        """``request``'s geometry with the model's ``defaults`` for what it leaves unset."""
+        p, d = request.diffusion, defaults
+        frames = p.num_frames or (1 if request.task.makes_image else d.get("num_frames", 1))
+        fps = p.fps or d.get("fps", 16)
+        return cls(width=p.width or d.get("width", 0), height=p.height or d.get("height", 0), num_frames=frames,
+                   fps=fps, steps=p.num_steps(d.get("steps", 0)),
+                   seconds=f"{seconds:g}" if seconds is not None else f"{frames / fps:g}")
+
 
 @dataclass(eq=False)
 class Job:
@@ -53,9 +70,11 @@ class Job:
     progress: int = 0  # percent; 100 only once completed
     completed_at: int | None = None
     error: str | None = None
-    content: bytes | None = None  # mp4 (video), png (image) or the audio file (audio)
+    # "content" (mp4 of a video, png of an image, the audio file of an audio job) and "thumbnail" (png of a video's first
+    # frame): bytes in memory, or the file holding them (a durable store)
+    outputs: dict[str, bytes | Path] = field(default_factory=dict)
+    output_bytes: int = 0
     audio_format: str = "wav"  # an audio job's file format (wav, flac, mp3)
-    thumbnail: bytes | None = None  # png of a video's first frame
     metrics: dict[str, Any] | None = None
     actions: list[list[float]] | None = None  # predicted actions of a world-model job
     events: list[dict[str, Any]] = field(default_factory=list)  # OmniEvent.to_dict() history
@@ -66,6 +85,10 @@ class Job:
     @property
     def finished(self) -> bool:
         return self.status.finished
+
+    @property
+    def has_content(self) -> bool:
+        return self.sealed and "content" in self.outputs
 
     def publish(self, event: dict[str, Any]) -> None:
         self.events.append(event)
@@ -111,10 +134,30 @@ class JobStore:
     """Jobs by id in creation order. At capacity the oldest finished job is evicted; if
     every stored job is still running, ``add`` refuses (the caller answers 429)."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, *, archive: JobArchive | None = None, max_bytes: int | None = None,
+                 max_age_s: float | None = None) -> None:
         assert capacity >= 1, f"capacity must be >= 1, got {capacity}"
-        self.capacity = capacity
+        self.capacity, self.archive, self.max_bytes, self.max_age_s = capacity, archive, max_bytes, max_age_s
         self._jobs: OrderedDict[str, Job] = OrderedDict()
+        self.pending: list[tuple[Job, OmniRequest]] = []  # restored unfinished jobs to re-queue
+
+    @classmethod
+    def open(cls, config: Any) -> "JobStore":
+        """The store a ``ServeConfig`` asks for: durable with ``job_store`` (its records
+        restored: unfinished ones failed, or re-queued with ``requeue_on_restart``)."""
+        archive = None
+        if config.job_store is not None:
+            from omniloop.serve.job_archive import JobArchive
+
+            archive = JobArchive(config.job_store, config.outputs_dir())
+        store = cls(config.max_jobs, archive=archive, max_bytes=config.retention_max_bytes,
+                    max_age_s=config.retention_max_age_s)
+        if archive is not None:
+            jobs, store.pending = archive.restore(requeue=config.requeue_on_restart)
+            for job in jobs:
+                store._jobs[job.id] = job
+            store.sweep()
+        return store
 
     def __len__(self) -> int:
         return len(self._jobs)
@@ -126,19 +169,60 @@ class JobStore:
         finished = sum(1 for j in self._jobs.values() if j.sealed)
         return len(self._jobs) - finished + count <= self.capacity
 
-    def add(self, job: Job) -> None:
-        """Store ``job``, evicting the oldest finished jobs beyond capacity. Callers check
-        ``room_for`` first; concurrent submissions may overshoot by the jobs in flight."""
+    def add(self, job: Job, request: OmniRequest | None = None) -> None:
+        """Store ``job`` (and the ``request`` it runs, to re-queue it after a restart),
+        evicting the oldest finished jobs beyond capacity. Callers check ``room_for``
+        first; concurrent submissions may overshoot by the jobs in flight."""
         assert job.id not in self._jobs, f"job id {job.id} reused"
         while len(self._jobs) >= self.capacity:
             oldest = next((j for j in self._jobs.values() if j.sealed), None)
             if oldest is None:
                 break
-            del self._jobs[oldest.id]
+            self.remove(oldest.id)
         self._jobs[job.id] = job
+        if self.archive is not None:
+            self.archive.insert(job, request)
+
+    def save(self, job: Job) -> None:
+        """Record ``job``'s status (its events and outputs too, once it is sealed)."""
+        if self.archive is not None and job.id in self._jobs:
+            self.archive.update(job)
+
+    def keep(self, job: Job, outputs: dict[str, bytes]) -> None:
+        """Hold a finished job's encoded outputs: as bytes, or written to files (durable).
+        Runs in a worker thread: it touches only the files and ``job.outputs``."""
+        job.outputs = self.archive.write(job, outputs) if self.archive is not None else dict(outputs)
+        job.output_bytes = sum(len(b) for b in outputs.values())
 
     def remove(self, job_id: str) -> None:
-        self._jobs.pop(job_id, None)
+        job = self._jobs.pop(job_id, None)
+        if job is not None and self.archive is not None:
+            self.archive.delete(job)
+
+    def sweep(self, now: float | None = None) -> list[str]:
+        """Retention: drop finished jobs older than ``max_age_s``, then the oldest completed
+        ones while their outputs exceed ``max_bytes`` (never the newest: what a client just
+        made stays downloadable); returns the ids removed."""
+        now = time.time() if now is None else now
+        done = sorted((j for j in self._jobs.values() if j.sealed), key=lambda j: j.completed_at or j.created_at)
+        age = self.max_age_s
+        gone = [j for j in done if age is not None and now - (j.completed_at or j.created_at) > age]
+        kept = [j for j in done if j not in gone]
+        total = sum(j.output_bytes for j in kept)
+        for job in kept[:-1]:
+            if self.max_bytes is None or total <= self.max_bytes:
+                break
+            if job.output_bytes:
+                gone.append(job)
+                total -= job.output_bytes
+        for job in gone:
+            self.remove(job.id)
+        return [j.id for j in gone]
+
+    def expires_at(self, job: Job) -> int | None:
+        if self.max_age_s is None or job.completed_at is None:
+            return None
+        return int(job.completed_at + self.max_age_s)
 
     def page(self, kind: JobKind, *, after: str | None, limit: int,
              order: Literal["asc", "desc"]) -> tuple[list[Job], bool]:
@@ -153,3 +237,24 @@ class JobStore:
 
     def unfinished(self) -> list[Job]:
         return [j for j in self._jobs.values() if not j.sealed]
+
+    def close(self) -> None:
+        if self.archive is not None:
+            self.archive.close()
+
+
+def read_output(job: Job, name: str) -> bytes:
+    """An output's bytes, from memory or from its file."""
+    value = job.outputs[name]
+    return value.read_bytes() if isinstance(value, Path) else value
+
+
+def output_response(job: Job, name: str, media_type: str, filename: str | None = None) -> Any:
+    """An HTTP response of an output: from memory, or streamed from its file."""
+    from starlette.responses import FileResponse, Response
+
+    value = job.outputs[name]
+    headers = {"Content-Disposition": f'attachment; filename="{filename}"'} if filename else None
+    if isinstance(value, Path):
+        return FileResponse(value, media_type=media_type, headers=headers)
+    return Response(value, media_type=media_type, headers=headers)

@@ -48,7 +48,9 @@ class ImageReference(_Wire):
 
 
 class _VideoCreateBase(_Wire):
-    prompt: str = Field(min_length=1, max_length=32000, description="what to generate")
+    # minLength is documented, not checked here: request.require_prompt refuses an empty (or
+    # blank) prompt with the message the CLI and the Dynamo worker give
+    prompt: str = Field(max_length=32000, description="what to generate", json_schema_extra={"minLength": 1})
     model: str | None = Field(default=None, description="the served model id (see /v1/models); default: it")
     size: str | None = Field(default=None, pattern=SIZE_PATTERN, description="WIDTHxHEIGHT, e.g. 832x480")
     seconds: float | None = Field(default=None, gt=0, le=3600,
@@ -78,7 +80,7 @@ VideoCreateRequest = _with_generation_fields(
 
 
 class _ImageGenerationBase(_Wire):
-    prompt: str = Field(min_length=1, max_length=32000)
+    prompt: str = Field(max_length=32000, description="what to generate", json_schema_extra={"minLength": 1})
     model: str | None = None
     n: int = Field(default=1, ge=1, le=128, description="images to make; they run as one batch of requests")
     size: str | None = Field(default=None, pattern=r"^(auto|[1-9][0-9]{0,4}x[1-9][0-9]{0,4})$")

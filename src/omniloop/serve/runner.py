@@ -29,21 +29,21 @@ def _png(image) -> bytes:
     return buf.getvalue()
 
 
-def encode_content(kind: JobKind, output: OmniOutput, audio_format: str = "wav") -> tuple[bytes, bytes | None]:
-    """(content, thumbnail): mp4 (with an AAC track when the output has sound) and a png of its
-    first frame for a video job; png for an image job; the audio file for an audio job."""
+def encode_outputs(kind: JobKind, output: OmniOutput, audio_format: str = "wav") -> dict[str, bytes]:
+    """A video job's mp4 ("content"; with an AAC track when the output has sound) and a png of
+    its first frame ("thumbnail"); an image job's png; an audio job's file ("content")."""
     if kind is JobKind.VIDEO:
         video, sound = output.video, output.audio
         assert video is not None, f"completed video job {output.request_id} has no video artifact"
         audio = dict(audio=sound.samples, sample_rate=sound.sample_rate) if sound is not None else {}
-        return encode_mp4(video.frames, video.fps, **audio), _png(video.frames[0])
+        return {"content": encode_mp4(video.frames, video.fps, **audio), "thumbnail": _png(video.frames[0])}
     if kind is JobKind.AUDIO:
         sound = output.audio
         assert sound is not None, f"completed audio job {output.request_id} has no audio artifact"
-        return encode_audio(sound.samples, sound.sample_rate, audio_format), None
+        return {"content": encode_audio(sound.samples, sound.sample_rate, audio_format)}
     image = output.image
     assert image is not None, f"completed image job {output.request_id} has no image artifact"
-    return _png(image.image), None
+    return {"content": _png(image.image)}
 
 
 class JobRunner:
@@ -52,23 +52,29 @@ class JobRunner:
         self.chunks = ChunkSegments()  # fMP4 segments of causal video jobs' streamed chunks
         self._tasks: set[asyncio.Task] = set()
 
-    async def start(self, job: Job, request: OmniRequest) -> None:
-        """Submit ``request`` as ``job``. Raises RequestRejected / QueueFull / EngineDeadError."""
+    async def start(self, job: Job, request: OmniRequest, *, stored: bool = False) -> None:
+        """Submit ``request`` as ``job`` (``stored``: a job the store already holds, re-queued
+        after a restart). Raises RequestRejected / QueueFull / EngineDeadError."""
         assert request.request_id == job.id, "a job's id is its engine request id"
         stream = self.engine.stream(request)
         first = await anext(stream)  # the submit happens here: a rejection raises
-        self.jobs.add(job)
+        if not stored:
+            self.jobs.add(job, request)
         self._apply(job, first)
         task = asyncio.create_task(self._follow(job, stream), name=f"job-{job.id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def cancel(self, job: Job, wait_s: float) -> bool:
-        """Abort at the next step boundary; True once the job has stopped."""
+    async def request_cancel(self, job: Job) -> None:
+        """Ask the engine to abort ``job`` at its next step boundary; returns at once."""
         try:
             await self.engine.abort(job.id)
         except UnknownRequest:
             pass  # finished in the meantime
+
+    async def cancel(self, job: Job, wait_s: float) -> bool:
+        """Abort at the next step boundary; True once the job has stopped."""
+        await self.request_cancel(job)
         return await job.wait_sealed(wait_s)
 
     async def wait_idle(self) -> None:
@@ -99,10 +105,13 @@ class JobRunner:
                 if not job.finished:
                     job.status = RequestStatus.CANCELLED
                 job.seal()
+                self.jobs.save(job)
 
     def _apply(self, job: Job, event: OmniEvent) -> None:
         if isinstance(event, StatusEvent):
-            job.status = event.status
+            changed, job.status = job.status is not event.status, event.status
+            if changed:
+                self.jobs.save(job)
         elif isinstance(event, ProgressEvent):
             job.loop_nodes.add(event.node)
             job.progress = min(99, max(job.progress, int(100 * event.step / max(event.total, 1))))
@@ -113,10 +122,10 @@ class JobRunner:
         status, error = output.status, output.error
         if status is RequestStatus.COMPLETED:
             try:
-                job.content, job.thumbnail = await asyncio.to_thread(encode_content, job.kind, output, job.audio_format)
+                await asyncio.to_thread(lambda: self.jobs.keep(job, encode_outputs(job.kind, output, job.audio_format)))
             except Exception as e:
-                logger.exception("encoding the output of %s failed", job.id)
-                status, error = RequestStatus.FAILED, f"encoding the output failed: {e}"
+                logger.exception("encoding or writing the output of %s failed", job.id)
+                status, error = RequestStatus.FAILED, f"encoding or writing the output failed: {e}"
         job.metrics = output.metrics.to_dict()
         action = output.artifacts.get("action")
         if action is not None and hasattr(action, "tensor"):
@@ -130,3 +139,5 @@ class JobRunner:
         event["output"]["status"], event["output"]["error"] = status.value, error
         job.publish(event)
         job.seal()
+        self.jobs.save(job)  # a durable store: the row says completed only now, files written
+        self.jobs.sweep()

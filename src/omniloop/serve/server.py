@@ -1,8 +1,10 @@
 """The server process: load the engine, serve the app with uvicorn, drain on SIGTERM.
 
-On the first SIGTERM/SIGINT the server keeps answering (``/ready`` turns 503, new jobs
-get 503) while in-flight jobs finish or are cancelled per ``ServeConfig.drain``; then
-uvicorn shuts down and the process exits 0. A second signal stops at once.
+It prints the address it listens on and, once warm, that it is ready; a warmup that fails
+stops it with exit code 1 and the failure on stderr. On the first SIGTERM/SIGINT the server
+keeps answering (``/ready`` turns 503, new jobs get 503) while in-flight jobs finish or are
+cancelled per ``ServeConfig.drain``; then uvicorn shuts down and the process exits 0. A
+second signal stops at once.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import sys
 from pathlib import Path
 from types import FrameType
 
@@ -19,23 +22,46 @@ from omniloop.deploy import DeployConfig
 from omniloop.engine import AsyncEngine
 from omniloop.serve.app import create_app
 from omniloop.serve.config import ServeConfig
+from omniloop.serve.jobs import JobStore
 from omniloop.serve.state import ServeState
 
 logger = logging.getLogger(__name__)
 
 
 class DrainingServer(uvicorn.Server):
-    """uvicorn, with a graceful drain of the engine before its own shutdown."""
+    """uvicorn, with a graceful drain of the engine before its own shutdown; it says where it
+    listens and when it is ready, and stops if the warmup fails."""
 
-    def __init__(self, config: uvicorn.Config, state: ServeState) -> None:
+    def __init__(self, config: uvicorn.Config, state: ServeState, *, announce: bool = False) -> None:
         super().__init__(config)
         self.state = state
+        self.announce = announce  # print the address and readiness (the CLI's server)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain: asyncio.Task | None = None
+        state.on_fatal = self._fatal
+        state.on_ready = self._ready
 
     async def serve(self, sockets=None) -> None:  # type: ignore[override]
         self._loop = asyncio.get_running_loop()
         await super().serve(sockets)
+
+    async def startup(self, sockets=None) -> None:  # type: ignore[override]
+        await super().startup(sockets)
+        if self.announce and self.started:
+            url = self.url()
+            print(f"omniloop serve: {self.state.model.name} on {url} (OpenAI base_url {url}/v1); "
+                  f"warming up {len(self.state.warmup_shapes)} shape(s), then {url}/ready turns 200", flush=True)
+
+    def url(self) -> str:
+        host, port = self.servers[0].sockets[0].getsockname()[:2]
+        return f"http://{host}:{port}"
+
+    def _ready(self) -> None:
+        if self.announce:
+            print("omniloop serve: ready", flush=True)
+
+    def _fatal(self, error: Exception) -> None:
+        self.should_exit = True  # called on the loop (the warmup task): uvicorn's main loop stops
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._drain is not None or self._loop is None or sig not in (signal.SIGTERM, signal.SIGINT):
@@ -57,13 +83,24 @@ class DrainingServer(uvicorn.Server):
 
 
 def run_server(model: str | Path, deploy: DeployConfig, config: ServeConfig, *, log_level: str = "info") -> int:
-    engine = AsyncEngine.from_pretrained(model, deploy=deploy)
+    """Serve until SIGTERM/SIGINT (exit code 0), or until the warmup fails (1, its error on
+    stderr). The job store opens first: an unusable one fails before the model loads."""
+    jobs = JobStore.open(config)
     try:
-        app = create_app(engine, config, limits=deploy.limits)
+        engine = AsyncEngine.from_pretrained(model, deploy=deploy)
+    except BaseException:
+        jobs.close()
+        raise
+    try:
+        app = create_app(engine, config, jobs=jobs)
+        state: ServeState = app.state.omniloop
         uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
                                    timeout_graceful_shutdown=5)
-        server = DrainingServer(uv_config, app.state.omniloop)
+        server = DrainingServer(uv_config, state, announce=True)
         server.run()
     finally:
         engine.shutdown()
+    if state.warmup_error is not None:
+        print(f"error: {state.warmup_error}", file=sys.stderr)
+        return 1
     return 0 if server.started else 1

@@ -34,7 +34,7 @@ from omniloop.io.fmp4 import MIME, FragmentedMP4Stream
 from omniloop.pipeline.loops.chunk import Flush
 from omniloop.request import (ActionPart, ArtifactEvent, DiffusionParams, FinalEvent, OmniRequest, OutputSpec,
                               RequestStatus, TaskType, TextPart, VideoChunkArtifact)
-from omniloop.serve.errors import ApiError, engine_rejection, validation_error
+from omniloop.serve.errors import ApiError, api_error, validation_error
 from omniloop.serve.state import ServeState, State, check_auth, get_state, new_id, require_auth
 
 logger = logging.getLogger(__name__)
@@ -145,7 +145,7 @@ class SessionManager:
         try:
             first = await anext(stream)  # the submit: a rejection raises here, nothing is kept
         except EngineError as e:
-            raise engine_rejection(e) from None
+            raise api_error(e) from None
         self._apply(session, first)
         self.sessions[sid] = session
         session.task = asyncio.create_task(self._follow(session, stream), name=f"session-{sid}")

@@ -9,22 +9,21 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator, Mapping
 from typing import Annotated
 
 from fastapi import Depends, Request
 from starlette.requests import HTTPConnection
 
-from omniloop.deploy import Limits
-from omniloop.engine import AsyncEngine, EngineError
-from omniloop.request import ImagePart, OmniRequest, RequestStatus, TaskType, TextPart
+from omniloop.engine import AsyncEngine, EngineError, RequestRejected
+from omniloop.request import OmniRequest, RequestStatus
 from omniloop.serve.config import ServeConfig
-from omniloop.serve.errors import ApiError, engine_rejection
+from omniloop.serve.errors import ApiError, api_error
 from omniloop.serve.jobs import Job, JobKind, JobStore
 from omniloop.serve.metrics import ServeMetrics
 from omniloop.serve.runner import JobRunner
-from omniloop.serve.translate import ServedModel
+from omniloop.serve.warmup import WarmupFailed, run_warmup, warmup_shapes
+from omniloop.serve.wire import ServedModel, WireError
 
 logger = logging.getLogger(__name__)
 
@@ -34,22 +33,21 @@ def new_id(prefix: str) -> str:
 
 
 class ServeState:
-    def __init__(self, engine: AsyncEngine, config: ServeConfig, limits: Limits) -> None:
-        self.engine, self.config, self.limits = engine, config, limits
-        pipeline = engine.engine.pipeline
-        path = engine.model_name or "omniloop"
-        name = config.served_model_name or Path(path).name or path
-        self.model = ServedModel(name=name, aliases=frozenset({path}), tasks=frozenset(pipeline.spec.tasks),
-                                 makes_audio="audio" in pipeline.spec.outputs,
-                                 defaults=dict(pipeline.defaults))
-        self.jobs = JobStore(config.max_jobs)
+    def __init__(self, engine: AsyncEngine, config: ServeConfig, jobs: JobStore | None = None) -> None:
+        self.engine, self.config = engine, config
+        self.model = ServedModel.of(engine, config.served_model_name)
+        self.limits = self.model.limits  # the engine's (DeployConfig.limits), enforced at its admission
+        self.jobs = jobs if jobs is not None else JobStore.open(config)
         self.metrics = ServeMetrics(engine.stats)
         self.runner = JobRunner(engine, self.jobs, self.metrics)
+        self.warmup_shapes = warmup_shapes(config.warmup, self.model.defaults, self.limits, self.model.tasks)
         self.warmed = False
         self.warmup_error: str | None = None
+        self.on_fatal: Callable[[Exception], None] | None = None  # a failed warmup; the server stops
+        self.on_ready: Callable[[], None] | None = None
         self.draining = False
         self.started_at = int(time.time())
-        self._warmup_task: asyncio.Task | None = None
+        self._tasks: list[asyncio.Task] = []
 
     # -- lifecycle ------------------------------------------------------------------------
     def readiness(self) -> tuple[bool, str]:
@@ -64,39 +62,42 @@ class ServeState:
         return True, "ready"
 
     def start(self) -> None:
-        self._warmup_task = asyncio.create_task(self._warmup(), name="omniloop-warmup")
+        self._tasks.append(asyncio.create_task(self._warmup(), name="omniloop-warmup"))
+        if self.jobs.max_age_s is not None:
+            self._tasks.append(asyncio.create_task(self._sweep_by_age(), name="omniloop-retention"))
 
     async def _warmup(self) -> None:
-        for i, shape in enumerate(self.config.warmup):
-            request = self._warmup_request(i, shape)
-            try:
-                out = await self.engine.generate(request)
-            except EngineError as e:
-                self.warmup_error = f"shape {i} ({shape.model_dump(exclude_defaults=True)}): {e}"
-                logger.error("warmup %s", self.warmup_error)
-                return
-            if out.status is not RequestStatus.COMPLETED:
-                shown = shape.model_dump(exclude_defaults=True)
-                self.warmup_error = f"shape {i} ({shown}) {out.status.value}: {out.error}"
-                logger.error("warmup %s", self.warmup_error)
-                return
-            logger.info("warmup shape %d done in %.2fs", i, out.metrics.queue_s + out.metrics.run_s)
+        try:
+            await run_warmup(self.engine, self.warmup_shapes, self.model.tasks)
+        except WarmupFailed as e:
+            self.warmup_error = str(e)
+            logger.error("%s", e)
+            if self.on_fatal is not None:  # the process exits non-zero (server.py)
+                self.on_fatal(e)
+            return
         self.warmed = True
+        await self._requeue()
+        if self.on_ready is not None:
+            self.on_ready()
 
-    def _warmup_request(self, i: int, shape) -> OmniRequest:
-        tasks = self.model.tasks
-        preference = (TaskType.T2V, TaskType.TI2V, TaskType.I2V, TaskType.T2I)
-        task = next((t for t in preference if t in tasks), next(iter(tasks)))
-        if task is TaskType.T2I:
-            shape = shape.model_copy(update={"num_frames": 1})
-        if task is TaskType.T2A:  # audio has no frames or pixels
-            shape = shape.model_copy(update={"height": None, "width": None, "num_frames": None, "fps": None})
-        inputs: list = [TextPart(text="warmup")]
-        if task is TaskType.I2V:
-            from PIL import Image
+    async def _requeue(self) -> None:
+        """Jobs a dead process left queued or running, submitted again (``requeue_on_restart``)."""
+        pending, self.jobs.pending = self.jobs.pending, []
+        for job, request in pending:
+            try:
+                await self.runner.start(job, request, stored=True)
+            except EngineError as e:  # e.g. the limits changed across the restart
+                job.status, job.error = RequestStatus.FAILED, f"re-queued after a restart, then refused: {e}"
+                job.completed_at = int(time.time())
+                job.seal()
+                self.jobs.save(job)
 
-            inputs.append(ImagePart(role="first_frame", data=Image.new("RGB", (64, 64), (128, 128, 128))))
-        return OmniRequest(request_id=new_id("warmup"), task=task, inputs=inputs, diffusion=shape)
+    async def _sweep_by_age(self) -> None:
+        """Age retention between completions (each completion sweeps too)."""
+        assert self.jobs.max_age_s is not None
+        while True:
+            await asyncio.sleep(min(60.0, self.jobs.max_age_s / 4))
+            self.jobs.sweep()
 
     async def drain(self) -> None:
         """No new admissions; in-flight jobs finish (cancelled after drain_timeout_s) or are
@@ -112,10 +113,11 @@ class ServeState:
         logger.info("drained")
 
     async def close(self) -> None:
-        if self._warmup_task is not None:
-            self._warmup_task.cancel()
-            await asyncio.gather(self._warmup_task, return_exceptions=True)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.runner.shutdown()
+        self.jobs.close()
 
     # -- admission ------------------------------------------------------------------------
     def check_accepting(self) -> None:
@@ -123,8 +125,9 @@ class ServeState:
             raise ApiError(503, "server is draining and accepts no new requests", code="draining",
                            headers={"Retry-After": "5"})
 
-    async def submit(self, jobs: list[Job], requests: list[OmniRequest]) -> None:
-        """Start every job or none: a rejection cancels the ones already submitted."""
+    async def submit(self, jobs: list[Job], requests: list[OmniRequest], names: Mapping[str, str]) -> None:
+        """Start every job or none: a rejection cancels the ones already submitted. ``names``:
+        the wire name of each request field (a WireCall's), for the rejection's ``param``."""
         if not self.jobs.room_for(len(jobs)):
             raise ApiError(429, f"job store is full ({self.config.max_jobs} unfinished jobs); retry later",
                            code="queue_full", headers={"Retry-After": "1"})
@@ -137,16 +140,17 @@ class ServeState:
             for job in started:
                 await self.runner.cancel(job, self.config.cancel_wait_s)
                 self.jobs.remove(job.id)
-            raise engine_rejection(e) from None
+            raise api_error(e, names) from None
 
     @contextlib.contextmanager
     def counting_rejections(self, kind: str) -> Iterator[None]:
         """Count every refusal of a create call in the rejected metric, by HTTP status."""
         try:
             yield
-        except ApiError as e:
-            self.metrics.rejected.labels(kind, str(e.status)).inc()
-            raise
+        except (ApiError, WireError, RequestRejected) as e:
+            error = api_error(e)
+            self.metrics.rejected.labels(kind, str(error.status)).inc()
+            raise error from None
 
     def job(self, job_id: str, kind: JobKind) -> Job:
         job = self.jobs.get(job_id)

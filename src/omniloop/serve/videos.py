@@ -12,25 +12,27 @@ from pydantic import ValidationError
 
 from omniloop.serve.body import read_body
 from omniloop.serve.errors import ApiError, validation_error
-from omniloop.serve.jobs import Job, JobKind
+from omniloop.serve.jobs import Geometry, Job, JobKind, JobStore, output_response
 from omniloop.serve.protocol import JobError, VideoCreateRequest, VideoDeleted, VideoList, VideoObject
 from omniloop.serve.state import State, new_id, require_auth
-from omniloop.serve.translate import video_request
+from omniloop.serve.wire import openai_video
 
 router = APIRouter(prefix="/v1/videos", tags=["videos"], dependencies=[Depends(require_auth)])
+POLL_AFTER_MS = 250
 
 # The body is read by hand (JSON or multipart, size-limited); OpenAPI gets it from app.py.
 CREATE_BODY_DOC = {"json": "VideoCreateRequest", "multipart": "VideoCreateForm", "file_fields": ("input_reference",)}
 
 
-def video_object(job: Job) -> VideoObject:
+def video_object(job: Job, jobs: JobStore) -> VideoObject:
     g = job.geometry
     error = None
     if job.error is not None:
         error = JobError(code=job.status.value, message=job.error)
     return VideoObject(id=job.id, model=job.model, status=job.status.value, progress=job.progress,
-                       created_at=job.created_at, completed_at=job.completed_at, prompt=job.prompt, seconds=g.seconds,
-                       size=g.size, error=error, num_frames=g.num_frames, fps=g.fps, steps=g.steps, metrics=job.metrics,
+                       created_at=job.created_at, completed_at=job.completed_at, expires_at=jobs.expires_at(job),
+                       prompt=job.prompt, seconds=g.seconds, size=g.size, error=error, num_frames=g.num_frames,
+                       fps=g.fps, steps=g.steps, metrics=job.metrics,
                        actions=job.actions)
 
 
@@ -45,10 +47,11 @@ async def create_video(request: Request, state: State) -> VideoObject:
         except ValidationError as e:
             raise validation_error(e) from None
         job_id = new_id("video")
-        omni, geometry = video_request(wire, job_id, state.model, state.limits, upload=files.get("input_reference"))
+        omni, call = openai_video(wire, job_id, state.model, upload=files.get("input_reference"))
+        geometry = Geometry.of(omni, state.model.defaults, wire.seconds)
         job = Job(id=job_id, kind=JobKind.VIDEO, model=state.model.name, prompt=wire.prompt, geometry=geometry)
-        await state.submit([job], [omni])
-    return video_object(job)
+        await state.submit([job], [omni], call.names)
+    return video_object(job, state.jobs)
 
 
 @router.get("", response_model=VideoList, summary="List video jobs")
@@ -59,14 +62,17 @@ async def list_videos(
     order: Literal["asc", "desc"] = Query(default="desc", description="by creation time"),
 ) -> VideoList:
     jobs, has_more = state.jobs.page(JobKind.VIDEO, after=after, limit=limit, order=order)
-    data = [video_object(j) for j in jobs]
+    data = [video_object(j, state.jobs) for j in jobs]
     return VideoList(data=data, first_id=data[0].id if data else None, last_id=data[-1].id if data else None,
                      has_more=has_more)
 
 
 @router.get("/{video_id}", response_model=VideoObject, summary="Retrieve a video job")
-async def retrieve_video(video_id: str, state: State) -> VideoObject:
-    return video_object(state.job(video_id, JobKind.VIDEO))
+async def retrieve_video(video_id: str, state: State, response: Response) -> VideoObject:
+    job = state.job(video_id, JobKind.VIDEO)
+    if not job.sealed:  # the openai client's poll helper waits this long between retrieves
+        response.headers["openai-poll-after-ms"] = str(POLL_AFTER_MS)
+    return video_object(job, state.jobs)
 
 
 @router.get("/{video_id}/content", summary="Download the mp4 (or a png thumbnail)",
@@ -77,26 +83,28 @@ async def download_video(
     variant: Literal["video", "thumbnail", "spritesheet"] = Query(default="video"),
 ) -> Response:
     job = state.job(video_id, JobKind.VIDEO)
-    if not job.sealed or job.content is None:
-        raise ApiError(409, f"video {video_id} is {job.status.value}; content exists once it is completed",
-                       param="video_id", code="not_ready")
+    if not job.has_content:
+        raise ApiError(409, f"video {video_id} is {job.status.value}; content exists once it is completed "
+                       "(poll GET /v1/videos/{id}, or use the client's create_and_poll)", param="video_id",
+                       code="not_ready")
     if variant == "spritesheet":
         raise ApiError(400, "variant: 'spritesheet' is not produced by this server; pass 'video' or 'thumbnail'",
                        param="variant", code="unsupported")
     if variant == "thumbnail":
-        assert job.thumbnail is not None, f"completed video {job.id} has no thumbnail"
-        return Response(job.thumbnail, media_type="image/png")
-    return Response(job.content, media_type="video/mp4",
-                    headers={"Content-Disposition": f'attachment; filename="{video_id}.mp4"'})
+        return output_response(job, "thumbnail", "image/png")
+    return output_response(job, "content", "video/mp4", filename=f"{video_id}.mp4")
 
 
-@router.delete("/{video_id}", response_model=VideoDeleted, summary="Delete a finished job, or cancel a running one")
+@router.delete("/{video_id}", response_model=VideoDeleted,
+               summary="Delete a finished job, or cancel a running one (answers at once: 'cancelling')")
 async def delete_video(video_id: str, state: State) -> VideoDeleted:
     job = state.job(video_id, JobKind.VIDEO)
     if not job.sealed:
-        # NOTE: a running job is cancelled at its next step boundary and kept, so its
-        # final status and partial progress stay visible; a second DELETE removes it.
-        await state.runner.cancel(job, state.config.cancel_wait_s)
-        return VideoDeleted(id=job.id, deleted=False, status=job.status.value)
+        # NOTE: a running job is cancelled at its next step boundary (which may be seconds
+        # away) and kept, so its final status and partial progress stay visible; the answer
+        # does not wait for it: "cancelling", then GET shows "cancelled". A second DELETE
+        # of the stopped job removes it.
+        await state.runner.request_cancel(job)
+        return VideoDeleted(id=job.id, deleted=False, status="cancelling" if not job.sealed else job.status.value)
     state.jobs.remove(job.id)
     return VideoDeleted(id=job.id, deleted=True, status=job.status.value)

@@ -33,16 +33,9 @@ from omniloop.request import (
     new_request_id,
 )
 from omniloop.serve.dynamo.frames import jpeg_b64, latent_preview, png_b64
-from omniloop.serve.dynamo.mapping import (
-    WorkerModel,
-    cost_annotation,
-    image_call,
-    image_response,
-    video_call,
-    video_data,
-    video_response,
-)
+from omniloop.serve.dynamo.mapping import cost_annotation, image_response, video_data, video_response
 from omniloop.serve.dynamo.metrics import WorkerMetrics
+from omniloop.serve.wire import ServedModel, dynamo_images, dynamo_video
 
 logger = logging.getLogger(__name__)
 HEALTH_CHECK_KEY = "_HEALTH_CHECK"  # Dynamo's canary marker (dynamo.health_check.HEALTH_CHECK_KEY)
@@ -81,7 +74,7 @@ class _Tracked:
 
 
 class GenerationHandler:
-    def __init__(self, engine: AsyncEngine, model: WorkerModel, metrics: WorkerMetrics, *, drain_timeout_s: float) -> None:
+    def __init__(self, engine: AsyncEngine, model: ServedModel, metrics: WorkerMetrics, *, drain_timeout_s: float) -> None:
         self.engine = engine
         self.model = model
         self.metrics = metrics
@@ -98,7 +91,7 @@ class GenerationHandler:
         if body.get(HEALTH_CHECK_KEY) is True:
             yield self._canary_response()
             return
-        call = self._resolve(video_call, body, context)
+        call = self._resolve(dynamo_video, body, context)
         tracked = _Tracked(call.request, time.perf_counter())
         async for event in self._run(tracked, context):
             if call.stream and isinstance(event, ArtifactEvent) and isinstance(event.artifact, LatentsArtifact):
@@ -118,7 +111,7 @@ class GenerationHandler:
     async def images(self, body: dict[str, Any], context: Any) -> AsyncIterator[dict[str, Any]]:
         """``/v1/images/generations`` for image-capable (T2I) models: ``n`` requests run
         concurrently in the engine (and batch), answered as one ``NvImagesResponse``."""
-        call = self._resolve(image_call, body, context)
+        call = self._resolve(dynamo_images, body, context)
         tracks = [_Tracked(r, time.perf_counter()) for r in call.requests]
         runs = [asyncio.ensure_future(self._final_output(t, context)) for t in tracks]
         try:

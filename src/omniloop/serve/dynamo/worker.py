@@ -3,8 +3,9 @@
 Lifecycle (design §6.3.5, contract item 1):
 
 1. create the ``DistributedRuntime`` (its status server answers ``/health`` = notready);
-2. load the model and run a warmup request (compiles, allocates, calibrates the cost
-   model) — a SIGTERM meanwhile exits cleanly without ever registering;
+2. load the model and run the warmup (``serve/warmup.py``: compiles, allocates, calibrates
+   the cost model; a failure exits non-zero naming the shape and the cause) — a SIGTERM
+   meanwhile exits cleanly without ever registering;
 3. register ``ModelType.Videos`` on ``<namespace>.<component>.videos`` (and
    ``ModelType.Images`` on ``...images`` for image-capable models) and serve: the
    worker is ready only now;
@@ -30,10 +31,12 @@ from dynamo.runtime import DistributedRuntime
 
 from omniloop.deploy import DeployConfig
 from omniloop.engine import AsyncEngine
-from omniloop.request import DiffusionParams, OmniRequest, RequestStatus, TaskType, TextPart
+from omniloop.request import DiffusionParams
+from omniloop.serve.config import DEFAULT_DRAIN_TIMEOUT_S
 from omniloop.serve.dynamo.handler import HEALTH_CHECK_KEY, GenerationHandler
-from omniloop.serve.dynamo.mapping import WorkerModel
 from omniloop.serve.dynamo.metrics import WorkerMetrics
+from omniloop.serve.warmup import run_warmup, warmup_shapes
+from omniloop.serve.wire import ServedModel
 
 logger = logging.getLogger(__name__)
 MODALITIES = ("videos", "images")
@@ -49,8 +52,9 @@ class WorkerConfig:
     discovery_backend: str = "etcd"
     request_plane: str = "tcp"
     modalities: tuple[str, ...] | None = None  # None: every modality the model's tasks allow
-    drain_timeout_s: float = 25.0  # SIGTERM: in-flight requests get this long, then are cancelled
-    warmup: DiffusionParams | None = field(default_factory=lambda: DiffusionParams(steps=1))  # None: no warmup
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S  # SIGTERM: in-flight requests get this long, then are cancelled
+    # None: one request at the model's default shape, clamped (serve/warmup.py); (): no warmup
+    warmup: tuple[DiffusionParams, ...] | None = None
     deploy: DeployConfig = field(default_factory=DeployConfig)
 
     def __post_init__(self) -> None:
@@ -88,8 +92,11 @@ async def _serve(config: WorkerConfig) -> None:
 
     t0 = time.perf_counter()
     engine = await asyncio.to_thread(AsyncEngine.from_pretrained, config.model, deploy=config.deploy)
+    model = ServedModel.of(engine, config.served_model_name)
     try:
-        await _warmup(engine, config.warmup)
+        shapes = warmup_shapes(None if config.warmup is None else list(config.warmup), model.defaults, model.limits,
+                               model.tasks)
+        await run_warmup(engine, shapes, model.tasks)
     except BaseException:
         await asyncio.to_thread(engine.shutdown)
         runtime.shutdown()
@@ -103,7 +110,6 @@ async def _serve(config: WorkerConfig) -> None:
         runtime.shutdown()
         return
 
-    model = _worker_model(engine, config)
     metrics = WorkerMetrics(engine)
     handler = GenerationHandler(engine, model, metrics, drain_timeout_s=config.drain_timeout_s)
     served = _served_modalities(model, config.modalities)
@@ -124,29 +130,7 @@ async def _serve(config: WorkerConfig) -> None:
     logger.info("worker stopped")
 
 
-async def _warmup(engine: AsyncEngine, params: DiffusionParams | None) -> None:
-    """One real request before registering: first-call allocation/compilation happens
-    here, not in a client's request, and the cost model gets its first calibration."""
-    if params is None:
-        return
-    tasks = engine.engine.pipeline.spec.tasks
-    task = next((t for t in (TaskType.T2V, TaskType.T2I, TaskType.TI2V) if t in tasks), None)
-    if task is None:
-        logger.info("no text-only task to warm up with (tasks %s); skipping warmup", sorted(t.value for t in tasks))
-        return
-    out = await engine.generate(OmniRequest(task=task, inputs=[TextPart(text="warmup")], diffusion=params))
-    if out.status is not RequestStatus.COMPLETED:
-        raise RuntimeError(f"warmup request {out.status.value}: {out.error}")
-    logger.info("warmup (%s, %d steps) took %.2fs", task.value, out.metrics.steps, out.metrics.run_s)
-
-
-def _worker_model(engine: AsyncEngine, config: WorkerConfig) -> WorkerModel:
-    pipeline = engine.engine.pipeline
-    return WorkerModel(name=config.name, tasks=frozenset(pipeline.spec.tasks), defaults=dict(pipeline.defaults),
-                       limits=config.deploy.limits)
-
-
-def _served_modalities(model: WorkerModel, wanted: tuple[str, ...] | None) -> tuple[str, ...]:
+def _served_modalities(model: ServedModel, wanted: tuple[str, ...] | None) -> tuple[str, ...]:
     able = tuple(m for m, ok in (("videos", model.serves_videos), ("images", model.serves_images)) if ok)
     if wanted is None:
         if not able:

@@ -9,11 +9,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from omniloop.models.manifest import SCHEMA_VERSION, ComponentEntry, FileRecord, ModelManifest
+from omniloop.models.manifest import SCHEMA_VERSION, ComponentEntry, FileRecord, ModelLimits, ModelManifest
 
 TEACHER_NAME = "shapes-t2v"
 STUDENT_NAME = "shapes-t2v-4step"
 VARIANT = "wan-minilm-t2v"
+DESCRIPTIONS = {
+    TEACHER_NAME: "text-to-video of simple colored shapes and their motions (the 'shapes world'): a Wan-architecture "
+                  "DiT + causal VAE trained by omniloop's recipes, 50 steps with CFG",
+    STUDENT_NAME: "the 4-step distilled student of shapes-t2v (guidance baked in, one forward a step; shares its VAE)",
+}
+# The largest request the served models take: 4x the trained 128x128 area and twice its
+# 17 frames (~7x the tokens; about a minute of a 2-vCPU CPU for the 50-step teacher).
+SERVED_LIMITS = ModelLimits(max_height=256, max_width=256, max_frames=33)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,6 +88,7 @@ def _manifest(name: str, tasks: tuple[str, ...], vae_subfolder: str, sampler: st
         family="wan",
         variant=VARIANT,
         tasks=list(tasks),
+        description=DESCRIPTIONS.get(name, ""),
         components={
             "transformer": ComponentEntry(kind="WanDiT", subfolder="transformer"),
             "vae": ComponentEntry(kind="WanVAE", subfolder=vae_subfolder),
@@ -87,6 +96,7 @@ def _manifest(name: str, tasks: tuple[str, ...], vae_subfolder: str, sampler: st
             "sampler": ComponentEntry(kind=sampler, config={"shift": shift, "num_train_timesteps": 1000}),
         },
         defaults=defaults,
+        limits=SERVED_LIMITS,
         files=files or {},
         provenance=provenance or {},
     )

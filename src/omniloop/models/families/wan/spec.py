@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from omniloop.models.load_options import apply_load_options
-from omniloop.models.manifest import ModelManifest, check_manifest, manifest_class_name
+from omniloop.models.manifest import ModelLimits, ModelManifest, check_manifest, manifest_class_name
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
 from omniloop.models.text.minilm import load_minilm_encoder
 from omniloop.models.text.umt5 import load_umt5_encoder
@@ -29,7 +29,7 @@ from omniloop.pipeline.stages import LATENTS_GIVEN, GivenLatents, TextEncode, VA
 from omniloop.models.families.wan.parallelize import WAN_PARALLEL
 from omniloop.models.families.wan.presets import WAN_DEFAULTS
 from omniloop.models.families.wan.stages import WanDenoiser, WanImageCondition, WanVideoEncode
-from omniloop.models.families.wan.validate import make_validator
+from omniloop.models.families.wan.validate import make_validator, size_caps
 from omniloop.models.families.wan.weights import load_wan_dit
 from omniloop.models.autoencoders.wan_vae import load_wan_vae
 from omniloop.request import DiffusionParams, Modality, OmniRequest, TaskType
@@ -168,6 +168,7 @@ def _pipeline(
     model_defaults: Mapping[str, Any],
     options: LoadOptions,
     wrap_validator: Callable[[Callable[[OmniRequest], OmniRequest]], Callable[[OmniRequest], OmniRequest]] | None = None,
+    limits: ModelLimits | None = None,
 ) -> Pipeline:
     vae = components["vae"]
     dit = components["transformer"]
@@ -178,7 +179,11 @@ def _pipeline(
         "vae_scale_spatial": vae.config.scale_factor_spatial,
         "patch_size": tuple(dit.config.patch_size),
     }
-    validate = make_validator(defaults, components["sampler"])
+    caps = size_caps(defaults, dit.config.rope_max_seq_len, limits or ModelLimits())
+    # the largest size the model serves and its size step, for generic readers (server warmup)
+    defaults.update({name: value for name, (value, _) in caps.items()},
+                    size_multiple=vae.config.scale_factor_spatial * dit.config.patch_size[1])
+    validate = make_validator(defaults, components["sampler"], caps)
     return Pipeline(
         spec=spec,
         components=components,
@@ -277,7 +282,8 @@ def build_wan_manifest(
         defaults["steps"] = len(sigmas)
     # our small models decode short clips as one chunk (5x faster on a CPU; see WanVAE.whole_fits)
     spec = wan_pipeline_spec(variant, boundary_ratio=None, cfg_mode=options.cfg_mode, decode_whole=None)
-    return _pipeline(spec, components, defaults, options, with_default_sigmas(sigmas) if sigmas else None)
+    return _pipeline(spec, components, defaults, options, with_default_sigmas(sigmas) if sigmas else None,
+                     limits=m.limits)
 
 
 WAN_MANIFEST = register_model_spec(

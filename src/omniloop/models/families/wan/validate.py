@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 
 from omniloop.models.families.wan.stages import first_frame, geometry, load_part_image, load_part_video, source_video
+from omniloop.models.manifest import ModelLimits
 from omniloop.pipeline.samplers.sampler_set import SamplerSet
 from omniloop.request import OmniRequest, TaskType
 
@@ -15,7 +16,25 @@ def _nearest_multiples(value: int, m: int) -> str:
     return f"{lo} or {lo + m}" if lo != value else str(value)
 
 
-def make_validator(defaults: Mapping[str, Any], samplers: SamplerSet) -> Callable[[OmniRequest], OmniRequest]:
+def size_caps(defaults: Mapping[str, Any], rope_max_seq_len: int, limits: ModelLimits) -> dict[str, tuple[int, str]]:
+    """``max_height`` / ``max_width`` / ``max_frames`` -> (the largest value served, why): the
+    DiT's RoPE table covers ``rope_max_seq_len`` tokens per axis (a latent patch is a token),
+    and a manifest's ``limits`` may cap lower (what the model was trained for)."""
+    pt, ph, pw = defaults["patch_size"]
+    spatial, temporal = defaults["vae_scale_spatial"], defaults["vae_scale_temporal"]
+    rope = f"its transformer's RoPE table covers {rope_max_seq_len} tokens per axis, rope_max_seq_len"
+    caps = {"max_height": (rope_max_seq_len * ph * spatial, rope), "max_width": (rope_max_seq_len * pw * spatial, rope),
+            "max_frames": ((rope_max_seq_len * pt - 1) * temporal + 1, rope)}
+    for name, (value, _) in list(caps.items()):
+        declared = getattr(limits, name)
+        if declared is not None and declared < value:
+            caps[name] = (declared, f"the limits.{name} of its manifest")
+    return caps
+
+
+def make_validator(defaults: Mapping[str, Any], samplers: SamplerSet,
+                   caps: Mapping[str, tuple[int, str]] | None = None) -> Callable[[OmniRequest], OmniRequest]:
+    """``caps``: ``size_caps``' (None: no size ceiling)."""
     spatial = defaults["vae_scale_spatial"] * defaults["patch_size"][1]
     temporal = defaults["vae_scale_temporal"]
 
@@ -23,6 +42,12 @@ def make_validator(defaults: Mapping[str, Any], samplers: SamplerSet) -> Callabl
         if request.task == TaskType.V2V:
             request = _frames_from_video(request, temporal)
         g = geometry(request, defaults)
+        for name, cap_name, value in (("height", "max_height", g.height), ("width", "max_width", g.width),
+                                      ("num_frames", "max_frames", g.num_frames)):
+            cap, why = (caps or {}).get(cap_name, (value, ""))
+            if value > cap:
+                raise ValueError(f"diffusion.{name}={value} is more than this model serves (at most {cap}: {why}); "
+                                 f"pass {cap} or less")
         for name, value in (("height", g.height), ("width", g.width)):
             if value % spatial:
                 raise ValueError(

@@ -1,0 +1,61 @@
+"""Deployment ceilings (``DeployConfig.limits``), enforced once, at the engine's admission.
+
+``Engine.add_request`` calls ``check_limits`` before the family validator runs, so the
+offline API, the HTTP server and the Dynamo worker refuse an over-limit request with the
+same ``LimitExceeded`` message. The geometry is the resolved one: a field the request
+leaves unset counts at the model's default (``Pipeline.defaults``), since that is what
+would run. ``check_images_per_call`` is the one ceiling on a *call* (``n`` images), which
+only a front end sees; it lives here so every ceiling has one definition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from omniloop.deploy import Limits
+from omniloop.engine.errors import RequestRejected
+from omniloop.request import OmniRequest, TaskType
+
+
+class LimitExceeded(RequestRejected):
+    """A request above a deployment ceiling. ``fields`` are the request-plane fields at
+    fault (``DiffusionParams`` names, or ``n``); front ends map them to their wire names."""
+
+    def __init__(self, message: str, *, fields: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.fields = fields
+
+    @property
+    def param(self) -> str:
+        return self.fields[0] if self.fields == ("n",) else f"diffusion.{self.fields[0]}"
+
+
+def check_limits(request: OmniRequest, limits: Limits, defaults: Mapping[str, Any]) -> None:
+    """Raise ``LimitExceeded`` if ``request`` (with the model's ``defaults`` filled in)
+    exceeds ``limits``: frames, pixels per frame, denoise steps."""
+    if request.task is TaskType.REASON:  # text out: no frames, pixels or denoise steps (the AR KV is admission's)
+        return
+    p = request.diffusion
+    frames = p.num_frames or (1 if request.task.makes_image else int(defaults.get("num_frames", 1)))
+    if frames > limits.max_frames:
+        raise LimitExceeded(f"diffusion.num_frames: {frames} frames exceed this deployment's limit of "
+                            f"{limits.max_frames} (limits.max_frames); ask for fewer frames (a shorter clip)",
+                            fields=("num_frames",))
+    width, height = p.width or int(defaults.get("width", 0)), p.height or int(defaults.get("height", 0))
+    world_canvas = request.task in (TaskType.A2W, TaskType.V2W) and p.width is None and p.height is None
+    # (a world model sizes an unsized rollout from its first frame, by its resolution tiers: not the default size)
+    if width * height > limits.max_pixels and not world_canvas:
+        raise LimitExceeded(f"diffusion.width x height: {width}x{height} = {width * height} pixels exceed this "
+                            f"deployment's limit of {limits.max_pixels} (limits.max_pixels); pass a smaller size",
+                            fields=("height", "width"))
+    steps = p.num_steps(int(defaults.get("steps", 0)))
+    if steps > limits.max_steps:
+        raise LimitExceeded(f"diffusion.steps: {steps} steps exceed this deployment's limit of {limits.max_steps} "
+                            "(limits.max_steps); pass fewer steps", fields=("steps",))
+
+
+def check_images_per_call(n: int, limits: Limits) -> None:
+    if n > limits.max_batch:
+        raise LimitExceeded(f"n: {n} images in one call exceed this deployment's limit of {limits.max_batch} "
+                            "(limits.max_batch); split the call", fields=("n",))

@@ -1,0 +1,471 @@
+"""Wire requests -> ``OmniRequest``s, for both front ends: the HTTP server (``serve/``; the
+OpenAI shapes of ``protocol.py``) and the Dynamo worker (``serve/dynamo/``; Dynamo's
+``NvCreateVideoRequest`` / ``NvCreateImageRequest`` objects).
+
+A front end's reader (``openai_video`` / ``openai_images``, ``dynamo_video`` /
+``dynamo_images``) only says where its fields are: it fills a ``WireCall`` with
+request-plane values, each recorded with the wire name it came from. Everything after is
+one path: ``size`` "WxH", ``seconds`` -> the nearest frame count the model takes, the steps
+alias, the task from the model's tasks and the input image, ``input_reference`` (uploaded
+bytes, a data: URL or base64; URLs are not fetched and paths never read), ``DiffusionParams``
+validation with errors naming the wire field, ``n`` image requests with consecutive seeds.
+
+Deployment limits are the engine's (``engine/limits.py``: the same refusal offline, over
+HTTP and in the fleet); ``wire_param`` names the wire field behind an engine rejection.
+Every problem found here is a ``WireError`` (a ValueError) whose ``param`` is the wire
+field at fault. Nothing here imports a web framework or Dynamo.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from omniloop.deploy import Limits
+from omniloop.engine import AsyncEngine, LimitExceeded, RequestRejected, check_images_per_call
+from omniloop.request import (
+    ActionPart, DiffusionParams, ImagePart, Modality, OmniRequest, OutputSpec, TaskType, TextPart, require_prompt,
+)
+from omniloop.serve.protocol import IMAGE_FIELDS, VIDEO_FIELDS
+
+
+class WireError(ValueError):
+    """A wire field a caller can fix. ``str()`` is ``"<param>: <message>"``."""
+
+    def __init__(self, param: str, message: str, *, status: int = 400, code: str = "invalid_value") -> None:
+        super().__init__(f"{param}: {message}")
+        self.param, self.status, self.code = param, status, code
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """What translation needs to know about the one model a front end serves."""
+
+    name: str  # the id clients pass as "model"
+    tasks: frozenset[TaskType]
+    defaults: Mapping[str, Any]  # the pipeline's generation defaults (steps, height, fps...)
+    limits: Limits = field(default_factory=Limits)  # the deployment's (its max_batch caps n per call)
+    aliases: frozenset[str] = frozenset()  # also accepted (e.g. the checkpoint path it was loaded from)
+    makes_audio: bool = False  # the pipeline has an audio output (a soundtrack, or text-to-audio)
+
+    @classmethod
+    def of(cls, engine: AsyncEngine, served_name: str | None = None) -> "ServedModel":
+        path = engine.model_name or "omniloop"
+        pipeline = engine.engine.pipeline
+        return cls(name=served_name or Path(path).name or path, tasks=frozenset(pipeline.spec.tasks),
+                   defaults=dict(pipeline.defaults), limits=engine.engine.config.limits or Limits(),
+                   aliases=frozenset({path}), makes_audio="audio" in pipeline.spec.outputs)
+
+    @property
+    def serves_images(self) -> bool:
+        return TaskType.T2I in self.tasks
+
+    @property
+    def serves_videos(self) -> bool:
+        return bool(self.tasks & {TaskType.T2V, TaskType.I2V, TaskType.TI2V, TaskType.T2VS, TaskType.A2W, TaskType.V2W})
+
+    @property
+    def task_names(self) -> list[str]:
+        return sorted(t.value for t in self.tasks)
+
+    def check_name(self, requested: str | None) -> None:
+        if requested is not None and requested != self.name and requested not in self.aliases:
+            raise WireError("model", f"{requested!r} is not served here; pass {self.name!r} (see /v1/models)",
+                            status=404, code="model_not_found")
+
+
+@dataclass
+class WireCall:
+    """One generation call in request-plane terms, before validation."""
+
+    prompt: Any
+    fields: dict[str, Any] = field(default_factory=dict)  # DiffusionParams field -> value
+    names: dict[str, str] = field(default_factory=dict)  # DiffusionParams field -> the wire name that set it
+    request_fields: dict[str, Any] = field(default_factory=dict)  # OmniRequest fields (priority, deadline_s)
+    seconds: Any = None
+    seconds_param: str = "seconds"
+    frames_over_seconds: bool = False  # both given: num_frames wins (Dynamo's rule) instead of an error
+    image: Any = None  # input_reference as sent
+    image_param: str = "input_reference"
+    outputs: OutputSpec = field(default_factory=OutputSpec)
+    audio: bool | None = None  # the soundtrack: None = the model's default outputs, False = silent, True = with it
+    actions: list[list[float]] | None = None  # world models: the agent's actions to roll out (task a2w)
+    predict_actions: bool = False  # world models: predict the actions too (task v2w)
+    node_params: dict[str, dict[str, Any]] | None = None  # per graph node options, validated by the model
+
+    def put(self, name: str, value: Any, wire_name: str) -> None:
+        """Set ``DiffusionParams.<name>`` from ``wire_name``; two wire fields that set it must agree."""
+        if value is None:
+            return
+        if name in self.fields and self.fields[name] != value:
+            raise WireError(wire_name, f"{value!r} disagrees with {self.names[name]}={self.fields[name]!r}; "
+                            "pass one of them")
+        self.fields[name] = value
+        self.names.setdefault(name, wire_name)
+
+    def put_size(self, size: Any, wire_name: str = "size") -> None:
+        if size is None or size == "auto":
+            return
+        match = re.fullmatch(r"([1-9][0-9]*)x([1-9][0-9]*)", size) if isinstance(size, str) else None
+        if match is None:
+            raise WireError(wire_name, f"{size!r} is not WIDTHxHEIGHT; pass e.g. '832x480'")
+        self.put("width", int(match.group(1)), wire_name)
+        self.put("height", int(match.group(2)), wire_name)
+
+
+# -- the shared path --------------------------------------------------------------------
+
+
+def frames_for_seconds(seconds: float, fps: int, temporal: int) -> int:
+    """The frame count nearest ``seconds`` at ``fps`` that the model accepts (temporal*k + 1)."""
+    return temporal * max(0, round(seconds * fps / temporal)) + 1
+
+
+def _resolve_seconds(call: WireCall, model: ServedModel) -> None:
+    if call.seconds is None:
+        return
+    seconds, param = call.seconds, call.seconds_param
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
+        raise WireError(param, f"expected a positive clip length in seconds, got {seconds!r}")
+    if "num_frames" in call.fields:
+        if call.frames_over_seconds:
+            return
+        raise WireError(param, f"pass {param} or {call.names['num_frames']}, not both")
+    fps = call.fields.get("fps") or model.defaults.get("fps") or 16
+    frames = frames_for_seconds(seconds, int(fps), int(model.defaults.get("vae_scale_temporal", 1)))
+    call.put("num_frames", frames, param)
+
+
+def describe_validation(errors: list[Mapping[str, Any]], names: Mapping[str, str] | None = None,
+                        prefix: str = "") -> tuple[str, str]:
+    """(the first field at fault, one ``field: problem`` per problem joined by "; ") of
+    pydantic's ``errors()``, request-plane field names renamed to the wire names in ``names``."""
+    problems, first = [], None
+    for item in errors:
+        # union members appear in loc as type tags ("float", "dict[...]"): not field names
+        loc = [str(p) for p in item.get("loc", ()) if str(p) not in _TYPE_TAGS and "[" not in str(p)]
+        if loc and names:
+            loc[0] = names.get(loc[0], loc[0])
+        where = ".".join(([prefix] if prefix else []) + loc) or prefix or "body"
+        first = first or where
+        msg = item.get("msg", "invalid")
+        if item.get("type") == "extra_forbidden":
+            msg = "unknown field; see /openapi.json for the accepted ones"
+        problems.append(f"{where}: {msg}")
+    return first or "body", "; ".join(problems)
+
+
+_TYPE_TAGS = {"float", "int", "str", "bool", "dict", "list", "bytes", "none", "literal"}
+
+
+def _validated(build: Any, names: Mapping[str, str], prefix: str = "") -> Any:
+    try:
+        return build()
+    except ValidationError as e:
+        param, message = describe_validation(e.errors(), names, prefix)
+        raise WireError(param, message.removeprefix(f"{param}: ")) from None
+
+
+def reference_image(ref: Any, param: str = "input_reference") -> ImagePart | None:
+    """``input_reference`` as a first-frame ImagePart: uploaded bytes, a data: URL or base64
+    string, or ``{"image_url": <data: URL>}``. Remote and file URLs are never fetched."""
+    if ref is None:
+        return None
+    if isinstance(ref, (bytes, bytearray)):
+        return ImagePart(role="first_frame", b64=base64.b64encode(bytes(ref)).decode())
+    if not isinstance(ref, str):
+        ref, param = _image_url(ref, param)
+    if not ref:
+        raise WireError(param, "pass the image as a data: URL or base64 (or upload the file)")
+    if ref.startswith("file:") or "://" in ref.split(",", 1)[0]:  # (base64 and data: URLs hold no "://")
+        raise WireError(param, "only data: URLs (data:image/png;base64,...) or base64 bytes are accepted; remote and "
+                        "file URLs are not fetched and paths are never read", code="path_refused")
+    return _validated(lambda: ImagePart(role="first_frame", b64=ref), {"b64": param})
+
+
+def _image_url(ref: Any, param: str) -> tuple[Any, str]:
+    """The data: URL of an ``{"image_url": ..., "file_id": ...}`` reference (a dict or the
+    HTTP server's validated ImageReference)."""
+    fields = ref if isinstance(ref, Mapping) else getattr(ref, "__dict__", None)
+    if not isinstance(fields, Mapping):
+        raise WireError(param, "pass an uploaded file, a data: URL or {\"image_url\": \"data:...\"}")
+    unknown = sorted(set(fields) - {"image_url", "file_id"})
+    if unknown:
+        raise WireError(f"{param}.{unknown[0]}", "unknown field; pass image_url (a data: URL)")
+    if fields.get("file_id") is not None:
+        raise WireError(f"{param}.file_id", "this server has no files API; upload the image or pass image_url "
+                        "as a data: URL", code="unsupported")
+    if fields.get("image_url") is None:
+        raise WireError(param, "pass image_url (a data: URL) or upload a file")
+    return fields["image_url"], f"{param}.image_url"
+
+
+def video_task(model: ServedModel, has_image: bool, image_param: str = "input_reference") -> TaskType:
+    if has_image:
+        for task in (TaskType.I2V, TaskType.TI2V):
+            if task in model.tasks:
+                return task
+        raise WireError(image_param, f"{model.name!r} has no image-to-video task (tasks: {model.task_names}); omit it",
+                        code="unsupported")
+    for task in (TaskType.T2V, TaskType.TI2V):
+        if task in model.tasks:
+            return task
+    if TaskType.I2V in model.tasks:
+        raise WireError(image_param, f"{model.name!r} is image-to-video; pass the first frame", code="missing")
+    raise WireError("model", f"{model.name!r} does not generate videos (tasks: {model.task_names}); "
+                    "use /v1/images/generations", code="unsupported")
+
+
+def _prompt(call: WireCall) -> str:
+    try:
+        return require_prompt(call.prompt)
+    except ValueError as e:
+        raise WireError("prompt", str(e).removeprefix("prompt: ")) from None
+
+
+def _request(request_id: str, task: TaskType, prompt: str, call: WireCall, params: DiffusionParams,
+             image: ImagePart | None, extra: tuple[Any, ...] = ()) -> OmniRequest:
+    inputs: list[Any] = [TextPart(text=prompt)] + ([image] if image is not None else []) + list(extra)
+    return _validated(lambda: OmniRequest(request_id=request_id, task=task, inputs=inputs, diffusion=params,
+                                          outputs=call.outputs, node_params=call.node_params or {},
+                                          **call.request_fields), {})
+
+
+def world_task(model: ServedModel, call: WireCall, has_image: bool) -> TaskType | None:
+    """Sound and world-model requests: t2vs (a soundtrack where the model serves it as its own
+    task), a2w (given actions), v2w (predicted actions); None: the plain video task."""
+    if call.audio:
+        if not model.makes_audio:
+            raise WireError("audio", f"model {model.name!r} makes no sound (tasks: {model.task_names}); drop audio "
+                            "or pass false", code="unsupported")
+        if call.actions is not None or call.predict_actions:
+            raise WireError("audio", "a world-model rollout has no soundtrack; drop actions / predict_actions")
+        # else the plain task asking for the audio modality (the family refuses what it cannot)
+        return TaskType.T2VS if not has_image and TaskType.T2VS in model.tasks else None
+    if call.actions is None and not call.predict_actions:
+        return None
+    param = "actions" if call.actions is not None else "predict_actions"
+    if call.actions is not None and call.predict_actions:
+        raise WireError(param, "pass given actions or predict them, not both")
+    task = TaskType.A2W if call.actions is not None else TaskType.V2W
+    if task not in model.tasks:
+        raise WireError(param, f"model {model.name!r} is no world model (tasks: {model.task_names})",
+                        code="unsupported")
+    if not has_image:
+        raise WireError(call.image_param, f"a world-model rollout ({param}) starts from the first frame; pass it",
+                        code="missing")
+    return task
+
+
+def _action_part(rows: list[list[float]]) -> ActionPart:
+    if not rows or len({len(r) for r in rows}) != 1 or not rows[0]:
+        raise WireError("actions", "every row needs the same (non-zero) number of values")
+    return ActionPart(values=rows)
+
+
+def _video_outputs(call: WireCall) -> OutputSpec:
+    """``audio`` and ``predict_actions`` as the outputs' modalities (None: the task's defaults)."""
+    if call.predict_actions:
+        modalities = [Modality.VIDEO, Modality.ACTION]
+    elif call.audio is None:
+        return call.outputs
+    else:
+        modalities = [Modality.VIDEO, Modality.AUDIO] if call.audio else [Modality.VIDEO]
+    return call.outputs.model_copy(update={"modalities": modalities})
+
+
+def video_request(call: WireCall, request_id: str, model: ServedModel) -> OmniRequest:
+    prompt = _prompt(call)  # first: an empty prompt is the first thing to fix
+    image = reference_image(call.image, call.image_param)
+    task = world_task(model, call, image is not None) or video_task(model, image is not None, call.image_param)
+    _resolve_seconds(call, model)
+    if call.actions is not None and "num_frames" not in call.fields:
+        call.put("num_frames", len(call.actions) + 1, "actions")  # one transition per action
+    params = _validated(lambda: DiffusionParams(**call.fields), call.names)
+    call.outputs = _video_outputs(call)
+    extra = (_action_part(call.actions),) if call.actions is not None else ()
+    return _request(request_id, task, prompt, call, params, image, extra)
+
+
+def image_requests(call: WireCall, request_ids: list[str], model: ServedModel) -> list[OmniRequest]:
+    """``len(request_ids)`` text-to-image requests (seeds ``seed + i`` when a seed is given)."""
+    prompt = _prompt(call)
+    if not model.serves_images:
+        raise WireError("model", f"{model.name!r} does not generate images (tasks: {model.task_names}); use /v1/videos",
+                        code="unsupported")
+    if call.image is not None:
+        raise WireError(call.image_param, f"{model.name!r} has no image-to-image task; omit it", code="unsupported")
+    check_images_per_call(len(request_ids), model.limits)
+    if call.fields.get("num_frames", 1) != 1:
+        raise WireError(call.names["num_frames"], "an image is one frame; omit it")
+    call.fields["num_frames"] = 1
+    params = _validated(lambda: DiffusionParams(**call.fields), call.names)
+    requests = []
+    for i, rid in enumerate(request_ids):
+        seed = None if params.seed is None else (params.seed + i) % 2**63
+        requests.append(_request(rid, TaskType.T2I, prompt, call, params.model_copy(update={"seed": seed}), None))
+    return requests
+
+
+def wire_param(error: RequestRejected, names: Mapping[str, str]) -> str | None:
+    """The wire field behind an engine rejection: the request-plane fields it names (a
+    ``LimitExceeded``'s, or ``diffusion.<field>`` in a validator's message) as the caller
+    spelled them (``names``), else their usual wire names."""
+    message = str(error)
+    if isinstance(error, LimitExceeded):
+        fields = error.fields
+    elif (match := re.search(r"diffusion\.(\w+)", message)) is not None:
+        fields = (match.group(1),)
+    elif message.startswith("task ") or "needs an image" in message or "cannot read image" in message:
+        return "input_reference"
+    else:
+        return None
+    for name in fields:
+        if name in names:
+            return names[name]
+    return {"height": "size", "width": "size"}.get(fields[0], fields[0])
+
+
+# -- the HTTP server's OpenAI shapes (serve/protocol.py, validated before they get here) ---
+
+# DiffusionParams fields the OpenAI endpoints take as extra (peer-style) fields, by name
+# (steps is read with its alias num_inference_steps)
+OPENAI_VIDEO_FIELDS = tuple(n for n in VIDEO_FIELDS if n != "steps")
+OPENAI_IMAGE_FIELDS = tuple(n for n in IMAGE_FIELDS if n != "steps")
+
+
+def _openai_call(wire: Any, names: tuple[str, ...]) -> WireCall:
+    call = WireCall(prompt=wire.prompt)
+    call.put_size(wire.size)
+    call.put("steps", wire.num_inference_steps, "num_inference_steps")
+    call.put("steps", wire.steps, "steps")
+    for name in names:
+        call.put(name, getattr(wire, name), name)
+    return call
+
+
+def openai_video(wire: Any, request_id: str, model: ServedModel,
+                 upload: bytes | None = None) -> tuple[OmniRequest, WireCall]:
+    """``wire`` is a validated ``VideoCreateRequest``; ``upload`` a multipart input_reference
+    file. The call comes back too: its ``names`` map an engine rejection to the wire field."""
+    model.check_name(wire.model)
+    call = _openai_call(wire, OPENAI_VIDEO_FIELDS)
+    call.seconds = wire.seconds
+    call.image = upload if upload is not None else wire.input_reference
+    call.outputs = OutputSpec(stream=wire.preview_every is not None, preview_every=wire.preview_every)
+    call.audio, call.actions, call.predict_actions = wire.audio, wire.actions, wire.predict_actions
+    call.node_params = wire.node_params
+    return video_request(call, request_id, model), call
+
+
+def openai_images(wire: Any, request_ids: list[str], model: ServedModel) -> tuple[list[OmniRequest], WireCall]:
+    """``wire`` is a validated ``ImageGenerationRequest``: ``n`` requests."""
+    model.check_name(wire.model)
+    call = _openai_call(wire, OPENAI_IMAGE_FIELDS)
+    return image_requests(call, request_ids, model), call
+
+
+# -- Dynamo's media objects (what its frontend forwards to a worker) ----------------------
+
+# nvext field -> DiffusionParams field
+_NVEXT_VIDEO = {"num_inference_steps": "steps", "guidance_scale": "guidance_scale",
+                "guidance_scale_2": "guidance_scale_2", "seed": "seed", "negative_prompt": "negative_prompt",
+                "num_frames": "num_frames", "fps": "fps"}
+_NVEXT_IMAGE = {"num_inference_steps": "steps", "guidance_scale": "guidance_scale", "seed": "seed",
+                "negative_prompt": "negative_prompt"}
+_NVEXT_IGNORED = {"annotations"}  # SSE annotations: a frontend feature, nothing to generate
+_DYNAMO_VIDEO_KEYS = {"prompt", "model", "input_reference", "seconds", "size", "user", "response_format",
+                      "output_format", "stream", "nvext", "extra_args"}
+_DYNAMO_IMAGE_KEYS = {"prompt", "model", "n", "quality", "response_format", "size", "style", "user", "moderation",
+                      "input_reference", "nvext", "extra_args"}
+_REQUEST_PASSTHROUGH = ("priority", "deadline_s")  # OmniRequest scheduling fields, via extra_body
+
+
+@dataclass(frozen=True)
+class VideoCall:
+    """A Dynamo ``/v1/videos`` request, resolved."""
+
+    request: OmniRequest
+    stream: bool  # answer with one JPEG frame per chunk (``/v1/videos/stream``)
+
+
+@dataclass(frozen=True)
+class ImageCall:
+    """A Dynamo ``/v1/images/generations`` request, resolved: ``n`` engine requests."""
+
+    requests: tuple[OmniRequest, ...]
+
+
+def _check_keys(body: Mapping[str, Any], allowed: set[str], prefix: str = "") -> None:
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise WireError(f"{prefix}{unknown[0]}", f"not a field this worker accepts; accepted: {sorted(allowed)}")
+
+
+def _check_choice(body: Mapping[str, Any], name: str, allowed: tuple[Any, ...], hint: str) -> None:
+    if body.get(name) not in allowed:
+        raise WireError(name, f"{body[name]!r} is not supported; {hint}")
+
+
+def _dynamo_call(body: Mapping[str, Any], nvext_fields: dict[str, str]) -> WireCall:
+    """size, nvext and ``extra_body`` (under ``extra_args.media_passthrough``) -> a WireCall."""
+    call = WireCall(prompt=body.get("prompt"), frames_over_seconds=True)
+    nvext = body.get("nvext") or {}
+    if not isinstance(nvext, Mapping):
+        raise WireError("nvext", "expected an object")
+    _check_keys(nvext, set(nvext_fields) | _NVEXT_IGNORED, "nvext.")
+    for wire_name, name in nvext_fields.items():
+        call.put(name, nvext.get(wire_name), f"nvext.{wire_name}")
+    call.put_size(body.get("size"))
+    extra_args = body.get("extra_args") or {}
+    passthrough = (extra_args.get("media_passthrough") or {}) if isinstance(extra_args, Mapping) else None
+    if not isinstance(passthrough, Mapping):
+        raise WireError("extra_args.media_passthrough", "expected an object")
+    accepted = set(DiffusionParams.model_fields) | set(_REQUEST_PASSTHROUGH)
+    unknown = sorted(set(passthrough) - accepted)
+    if unknown:
+        raise WireError(unknown[0], f"not a field this worker accepts; extra fields accepted: {sorted(accepted)}")
+    for key, value in passthrough.items():
+        if key in _REQUEST_PASSTHROUGH:
+            call.request_fields[key] = value
+        else:
+            call.put(key, value, key)
+    call.image = body.get("input_reference")
+    return call
+
+
+def dynamo_video(body: Mapping[str, Any], request_id: str, model: ServedModel) -> VideoCall:
+    """``NvCreateVideoRequest`` -> engine request."""
+    _check_keys(body, _DYNAMO_VIDEO_KEYS)
+    _check_choice(body, "response_format", (None, "b64_json"),
+                  "this worker returns the video inline; pass 'b64_json' (or omit it)")
+    _check_choice(body, "output_format", (None, "mp4"), "this worker writes H.264 mp4; pass 'mp4' (or omit it)")
+    stream = body.get("stream")
+    if stream not in (None, True, False):
+        raise WireError("stream", f"expected true or false, got {stream!r}")
+    call = _dynamo_call(body, _NVEXT_VIDEO)
+    call.seconds = body.get("seconds")
+    if stream:
+        call.outputs = OutputSpec(stream=True, preview_every=1)
+    return VideoCall(request=video_request(call, request_id, model), stream=bool(stream))
+
+
+def dynamo_images(body: Mapping[str, Any], request_id: str, model: ServedModel) -> ImageCall:
+    """``NvCreateImageRequest`` -> ``n`` engine requests (ids ``<id>-<i>`` when n > 1)."""
+    _check_keys(body, _DYNAMO_IMAGE_KEYS)
+    _check_choice(body, "response_format", (None, "b64_json"),
+                  "this worker returns images inline; pass 'b64_json' (or omit it)")
+    for name in ("quality", "style"):
+        _check_choice(body, name, (None, "auto"), "this worker has no such setting; omit it")
+    _check_choice(body, "moderation", (None, "auto", "low"), "pass 'auto' or 'low'")
+    n = body.get("n") or 1
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise WireError("n", f"expected a whole number of images >= 1, got {n!r}")
+    ids = [request_id] if n == 1 else [f"{request_id}-{i}" for i in range(n)]
+    return ImageCall(requests=tuple(image_requests(_dynamo_call(body, _NVEXT_IMAGE), ids, model)))

@@ -1,0 +1,143 @@
+"""The first ten minutes of a new user: top-level imports, ``omniloop models``, flags checked
+before the model loads and named as flags, ``--output x.png``, progress bars, ``--help``
+defaults, the embedded model's size caps. CLI calls run ``main()`` in process (the
+subprocess tests in test_generator_cli.py cover the entry point itself)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import omniloop
+from omniloop.api.cli import build_parser, main
+
+
+def _cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_top_level_names_are_importable_and_import_omniloop_stays_cheap():
+    probe = ("import sys, omniloop; heavy = sorted(m for m in ('torch', 'pydantic', 'omniloop.engine') "
+             "if m in sys.modules); print(heavy)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]"  # nothing heavy until a name is used
+    from omniloop import (  # noqa: F401  (what the README's Python snippets use)
+        AsyncEngine,
+        DeployConfig,
+        DiffusionParams,
+        OmniOutput,
+        OmniRequest,
+        OutputSpec,
+        SamplingParams,
+        TaskType,
+        TextPart,
+        VideoGenerator,
+    )
+    from omniloop.api.generator import VideoGenerator as direct
+
+    assert VideoGenerator is direct and set(omniloop.__all__) <= set(dir(omniloop))
+    with pytest.raises(AttributeError, match="module 'omniloop' has no attribute 'VideoGenerater'"):
+        omniloop.VideoGenerater  # noqa: B018
+
+
+def test_models_lists_builtins_and_families(capsys):
+    code, out, _ = _cli(capsys, "models")
+    assert code == 0
+    assert re.search(r"^  shapes-t2v +text-to-video of simple colored shapes", out, re.M)
+    assert re.search(r"^  shapes-t2v-4step +the 4-step distilled student of shapes-t2v", out, re.M)
+    assert "tasks t2v; default 128x128, 17 frames, 50 steps" in out
+    assert re.search(r"^  wan +Wan2.1 / Wan2.2 video DiT", out, re.M) and "WanPipeline, WanImageToVideoPipeline" in out
+    assert re.search(r"^  qwen2 +Qwen2 / Qwen2.5 decoder-only LM", out, re.M)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--steps", "0"], "error: --steps 0: Input should be greater than or equal to 1"),
+    (["--height", "8"], "error: --height 8: Input should be greater than or equal to 16"),
+    (["--device", "cuda"], "error: device='cuda': this torch ("),
+    (["--device", "tpu"], "error: --device tpu: unknown device 'tpu'; pass 'auto', 'cpu', 'cuda' or 'cuda:N'"),
+    (["--output", "clip.png"], "error: --output 'clip.png': .png is not written for a video; pass a .mp4 file or "
+                               "a directory"),
+    (["--output", "clip.gif", "--task", "t2i"], "error: --output 'clip.gif': .gif is not written for an image; pass "
+                                                "a .png or .mp4 file or a directory"),
+    (["--image", "/nonexistent/first.png"], "error: --image /nonexistent/first.png: no such file"),
+])
+def test_flags_are_checked_before_the_model_loads_and_named_as_flags(capsys, tmp_path, argv, message):
+    # the model does not exist: a flag error must come first, without loading anything
+    if "--device" in argv and argv[1] == "cuda":
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("this machine has CUDA")
+    code, _, err = _cli(capsys, "generate", "a cat", "--model", str(tmp_path / "no-such-model"), *argv)
+    assert code == 2 and err.startswith(message) and len(err.strip().splitlines()) == 1, err
+    assert "pydantic.dev" not in err and "Traceback" not in err
+
+
+def test_an_empty_prompt_is_refused_as_the_server_refuses_it(capsys, tmp_path):
+    for prompt, got in (("", "an empty string"), ("   ", "only whitespace")):
+        code, _, err = _cli(capsys, "generate", prompt, "--model", str(tmp_path / "no-such-model"))
+        # the HTTP server's message for the same prompt (tests/serve/test_bad_input.py), and the worker's
+        assert code == 2 and err.strip() == f"error: prompt: pass a non-empty text prompt (got {got})"
+
+
+def test_output_png_writes_a_png_and_the_bars_show_steps_and_decode(capsys, wan_t2v_dir, tmp_path):
+    target = tmp_path / "x.png"
+    code, out, err = _cli(capsys, "generate", "a cat", "--model", str(wan_t2v_dir), "--task", "t2i",
+                          "--output", str(target), "--steps", "3", "--height", "32", "--width", "48",
+                          "--device", "cpu", "--dtype", "float32")
+    assert code == 0, err
+    assert target.is_file() and out.startswith(f"wrote {target} (an image 48x32, seed ")
+    assert np.asarray(Image.open(target)).shape == (32, 48, 3)
+    # denoise: started at its first step, so its first rate is unknown, not "95325 step/s"
+    assert re.search(r"denoise: +33%\|[^|]*\| 1/3 \[00:00<\?, \?step/s\]", err), err
+    assert re.search(r"denoise: 100%\|[^|]*\| 3/3", err) and re.search(r"decode: 100%\|[^|]*\| 1/1", err), err
+
+
+def test_help_shows_defaults():
+    generate = build_parser()._subparsers._group_actions[0].choices["generate"].format_help()
+    flat = " ".join(generate.split())
+    assert "--output OUTPUT a .mp4 file, a .png file" in flat and "(default: outputs/)" in flat
+    assert "--steps STEPS number of denoising steps (default: the model's)" in flat
+    assert "--attention-backend ATTENTION_BACKEND" in flat and "(default: sdpa)" in flat
+    assert "(default: a random one" in flat  # --seed
+    serve = " ".join(build_parser()._subparsers._group_actions[0].choices["serve"].format_help().split())
+    assert "--port PORT TCP port (0: any free port) (default: 8000)" in serve
+    assert "--drain-timeout SECONDS, --drain-timeout-s SECONDS" in serve
+
+
+def test_the_embedded_model_caps_the_sizes_it_serves():
+    """shapes-t2v took 832x480 x 4 s (a predicted 84 minutes on a CPU); its manifest's limits
+    now refuse it, naming the limit."""
+    from omniloop.api.generator import VideoGenerator
+
+    gen = VideoGenerator.from_pretrained("shapes-t2v-4step", device="cpu")
+    assert (gen.pipeline.defaults["max_height"], gen.pipeline.defaults["max_frames"]) == (256, 33)
+    with pytest.raises(ValueError, match=r"^diffusion.height=480 is more than this model serves \(at most 256: "
+                                         r"the limits.max_height of its manifest\); pass 256 or less$"):
+        gen.generate_video("a red circle", width=832, height=480, num_frames=65, save_video=False)
+    with pytest.raises(ValueError, match=r"^diffusion.num_frames=65 is more than this model serves \(at most 33"):
+        gen.generate_video("a red circle", num_frames=65, save_video=False)
+    assert gen.engine.stats.rejected == 2
+
+
+def test_serve_and_dynamo_worker_spell_their_shared_flags_the_same():
+    commands = build_parser()._subparsers._group_actions[0].choices
+
+    def flags(name: str) -> set[str]:
+        return {o for a in commands[name]._actions for o in a.option_strings}
+
+    shared = flags("serve") & flags("dynamo-worker")
+    for flag in ("--model", "--served-model-name", "--deploy-config", "--drain-timeout", "--drain-timeout-s",
+                 "--warmup-steps", "--warmup-size", "--warmup-frames", "--device", "--limits", "--max-batch"):
+        assert flag in shared, flag
+    assert flags("serve") - shared == {"--host", "--port", "--api-key", "--max-jobs", "--max-upload-bytes", "--drain",
+                                       "--cancel-wait-s", "--sse-keepalive-s", "--job-store", "--output-dir",
+                                       "--requeue-on-restart", "--no-requeue-on-restart", "--retention-max-bytes",
+                                       "--retention-max-age-s"}

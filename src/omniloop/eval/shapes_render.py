@@ -96,9 +96,15 @@ def object_centers_px(obj: ObjectSpec, height: int, width: int, num_frames: int)
 def _draw_object(frames: np.ndarray, obj: ObjectSpec) -> None:
     f, h, w, _ = frames.shape
     xy, diameter = object_centers_px(obj, h, w, f)
-    table = coverage_table(obj.shape, int(round(diameter * 2)))
+    draw_path(frames, obj.shape, obj.color, xy, diameter)
+
+
+def draw_path(frames: np.ndarray, shape: str, color_name: str, xy: np.ndarray, diameter: float) -> None:
+    """Draw one object into ``frames`` [F, H, W, 3] (in place) at pixel centres ``xy`` [F, 2]."""
+    f, h, w, _ = frames.shape
+    table = coverage_table(shape, int(round(diameter * 2)))
     n = table.shape[-1]
-    color = np.asarray(COLORS[obj.color], dtype=np.float32)
+    color = np.asarray(COLORS[color_name], dtype=np.float32)
     q = np.round(xy * _SS).astype(np.int64)  # quantized centre in 1/_SS px
     whole, phase = np.divmod(q, _SS)
     origin = whole - n // 2  # window origin (x0, y0) per frame

@@ -144,9 +144,10 @@ class ChunkModel(Protocol):
         """A session's new prompt: the branches' forward kwargs that condition on it."""
         ...
 
-    def action_kwargs(self, ctx: StageContext, action: ActionPart) -> dict[str, Any]:
-        """A session's action: the forward kwargs that condition one chunk on it (raises
-        ValueError for a model that takes no actions)."""
+    def action_kwargs(self, ctx: StageContext, action: ActionPart | None) -> dict[str, Any]:
+        """The forward kwargs that condition one chunk on the session's latest action (None:
+        none sent yet: the model's default, ``{}`` for a model without actions; raises
+        ValueError for an action the model does not take)."""
         ...
 
 
@@ -428,7 +429,7 @@ class ChunkRollout(LoopStageBase):
     def _start_inner(self, ctx: StageContext, loop: ChunkRolloutState) -> None:
         self._take_inputs(ctx, loop)
         cached, own = self.model.denoise_segments(loop.plan, loop.chunk)
-        extra = self.model.action_kwargs(ctx, loop.action) if loop.action is not None else {}
+        extra = self.model.action_kwargs(ctx, loop.action)
         kwargs = {b: {**kw, **extra, "kv": ChunkKVBatch([(loop.kv, b)], cached, (own,), write=False)}
                   for b, kw in loop.kwargs.items()}
         assert loop.chunk_noise is not None

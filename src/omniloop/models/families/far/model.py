@@ -89,11 +89,18 @@ class FARConfig:
     gate_value: float = 0.25
     deltatime_type: str = "r"
     chunk_partition: tuple[int, ...] = (1, 3, 3, 3, 3, 3, 3, 2)
+    # omniloop's extension (not a diffusers key): named actions that condition a chunk, one
+    # learned embedding each added to the chunk's time embedding (``action_embedder``)
+    action_vocab: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         self.patch_size = tuple(self.patch_size)  # type: ignore[assignment]  # JSON gives lists
         self.compressed_patch_size = tuple(self.compressed_patch_size)  # type: ignore[assignment]
         self.chunk_partition = tuple(self.chunk_partition)  # type: ignore[assignment]
+        if self.action_vocab is not None:
+            self.action_vocab = tuple(self.action_vocab)  # type: ignore[assignment]
+            if not self.action_vocab or len(set(self.action_vocab)) != len(self.action_vocab):
+                raise ValueError(f"action_vocab must list distinct action names; got {list(self.action_vocab)}")
         if self.out_channels in (None, 0):
             self.out_channels = self.in_channels
         p, q = self.patch_size, self.compressed_patch_size
@@ -283,6 +290,8 @@ class FARDiT(nn.Module):
         self.delta_embedder = TwoLayerMLP(config.freq_dim, dim, nn.SiLU())
         self.time_proj = nn.Linear(dim, 6 * dim)
         self.text_embedder = TwoLayerMLP(config.text_dim, dim, nn.GELU(approximate="tanh"))
+        # [A, D]: an action's offset to the time embedding of the chunk it conditions
+        self.action_embedder = nn.Embedding(len(config.action_vocab), dim) if config.action_vocab else None
         self.register_buffer("delta_gate", torch.tensor([config.gate_value], dtype=torch.float32), persistent=False)
         self.blocks = nn.ModuleList([
             WanBlock(dim, config.ffn_dim, heads, eps, self_attn=CausalSelfAttention(dim, heads, eps, i),
@@ -301,11 +310,14 @@ class FARDiT(nn.Module):
         encoder_hidden_states: torch.Tensor,
         *,
         kv: ChunkKVBatch,
+        action: torch.Tensor | None = None,
         block_interceptor: BlockInterceptor | None = None,
     ) -> torch.Tensor | None:
         """hidden_states: ``[B, C, F, H, W]``, the latent frames of ``kv.new``'s segments in
         order; timestep / r_timestep: ``[B, F]`` per frame, in the scheduler's 0..1000 scale
-        (``t`` and the flow map's target ``r``); encoder_hidden_states: ``[B, L_txt, text_dim]``.
+        (``t`` and the flow map's target ``r``); encoder_hidden_states: ``[B, L_txt, text_dim]``;
+        action: ``[B]`` indices into ``config.action_vocab`` (models with actions; None: no
+        action, as in a context forward: the chunk's K/V do not depend on its action).
         Returns the mean velocity ``[B, C_out, F, H, W]`` of a denoise forward, None for a
         context forward (``kv.write``), which only stores K/V."""
         cfg = self.config
@@ -328,7 +340,7 @@ class FARDiT(nn.Module):
         temb_parts, mod_parts = [], []
         for tier, f0, n in runs:
             t_emb, mod = self._time(timestep[:, f0 : f0 + n], delta[:, f0 : f0 + n], dtype,
-                                    cfg.tokens_per_frame(tier, height, width))
+                                    cfg.tokens_per_frame(tier, height, width), action)
             temb_parts.append(t_emb)
             mod_parts.append(mod)
         temb = torch.cat(temb_parts, dim=1)  # [B, Ln, D]
@@ -360,8 +372,8 @@ class FARDiT(nn.Module):
         conv = self.patch_embedding if tier == FULL else self.far_patch_embedding
         return conv(x).flatten(2).transpose(1, 2)  # [B, F * h * w, D]
 
-    def _time(self, t: torch.Tensor, delta: torch.Tensor, dtype: torch.dtype, per_frame: int
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _time(self, t: torch.Tensor, delta: torch.Tensor, dtype: torch.dtype, per_frame: int,
+              action: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-frame flow-map embedding ``(1 - g) emb(t) + g emb'(delta)`` -> per token:
         (temb [B, F * per_frame, D], modulation [B, F * per_frame, 6 D]). Embedded per frame,
         then repeated per token, as diffusers (same rows through the same GEMMs)."""
@@ -373,6 +385,10 @@ class FARDiT(nn.Module):
         demb = self.delta_embedder(sinusoidal_timestep_embedding(delta.reshape(-1), freq).to(d_dtype)).to(dtype)
         gate = self.delta_gate.to(d_dtype)
         mixed = (1 - gate) * temb + gate * demb  # [B * F, D]
+        if action is not None:  # [B] -> every frame of its row: [B * F, D]
+            if self.action_embedder is None:
+                raise ValueError("this model takes no actions (config.action_vocab is empty); drop action")
+            mixed = mixed + self.action_embedder(action.to(mixed.device)).to(mixed.dtype).repeat_interleave(f, dim=0)
         mod = self.time_proj(F.silu(mixed))
         return (mixed.unflatten(0, (b, f)).repeat_interleave(per_frame, dim=1),
                 mod.unflatten(0, (b, f)).repeat_interleave(per_frame, dim=1))

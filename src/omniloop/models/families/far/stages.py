@@ -230,8 +230,18 @@ class FARChunks:
         encoded = ctx.component(self.text_component).encode([prompt], device=ctx.device)
         return {**kwargs, COND: {**kwargs[COND], "encoder_hidden_states": encoded.embeds.to(ctx.dtype)}}
 
-    def action_kwargs(self, ctx: StageContext, action: ActionPart) -> dict[str, Any]:
-        raise ValueError("this model takes no actions (its action vocabulary is empty); send prompts instead")
+    def action_kwargs(self, ctx: StageContext, action: ActionPart | None) -> dict[str, Any]:
+        """The chunk's ``action`` index [1] into the model's vocabulary; before a session's
+        first action, the vocabulary's ``stay`` (else its first). Models without actions: nothing."""
+        vocab = ctx.component(self.component).config.action_vocab
+        if not vocab:
+            if action is None:
+                return {}
+            raise ValueError("this model takes no actions (its action vocabulary is empty); send prompts instead")
+        name = action.name if action is not None else ("stay" if "stay" in vocab else vocab[0])
+        if name not in vocab:
+            raise ValueError(f"unknown action {name!r}; this model's actions: {list(vocab)}")
+        return {"action": torch.tensor([vocab.index(name)], device=ctx.device)}
 
 
 # -- I2V / V2V conditioning ----------------------------------------------------------------------

@@ -1,0 +1,367 @@
+"""Recipe: the interactive shapes world -- a causal, action-conditioned FAR model.
+
+Data: action clips (``eval/shapes_actions.py``: one object steered by one action per chunk,
+a chunk being one latent frame) rendered, encoded by the shipped shapes VAE (frozen) and
+captioned with MiniLM features.
+
+Model: a FAR causal DiT (``models/families/far``) whose blocks, embedders and output head
+start from the shipped ``shapes-t2v`` Wan DiT (the same blocks), ``far_patch_embedding``
+from its patch embedding averaged over the coarser patch, and an ``action_embedder``
+(zeros at start) adding each chunk's action to its time embedding. ``gate_value = 0``: the
+flow map's ``r`` is unused, the model predicts the velocity ``v = eps - x0`` and
+``flow_map_euler`` is plain Euler.
+
+Training is **teacher forcing on the rollout's own KV path**: each batch walks the chunks in
+order exactly as ``ChunkRollout`` does at serving time -- a denoise forward of chunk ``c``
+(noised to its own sigma, conditioned on its action) reading the K/V its ``FARChunks``
+schedule names, then the clean-context pass that writes chunk ``c``'s K/V into the rows'
+training-mode ``ChunkKVHandle`` s (nothing recycled, autograd through the cache), and the
+handles retire the chunks the schedule retires. Loss: the mean of the chunks' flow-matching
+MSEs. Chunk 0 (the first frame) is conditioned on the first action, as a session's is.
+
+Validation runs real sessions on the engine (``rollout.build_pipeline`` around the EMA
+weights, ``Engine.send`` of each chunk's action as the chunk before it is emitted) and scores
+them with the per-chunk action evaluator (``eval/action_adherence.py``).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from omniloop.cache.chunk_kv import ChunkKVBatch, ChunkKVHandle, ChunkKVPool
+from omniloop.engine.engine import Engine, EngineConfig
+from omniloop.engine.scheduler import SchedulingPolicy
+from omniloop.eval.action_adherence import ActionReport, evaluate_actions
+from omniloop.eval.shapes_actions import (ACTION_NAMES, DEFAULT_SPEED, ActionClip, num_frames,
+                                          render_action_clip, sample_action_clip)
+from omniloop.models.families.far.model import FARConfig, FARDiT, keeps_fp32
+from omniloop.models.families.far.stages import FARChunks
+from omniloop.models.manifest import ComponentEntry, ModelLimits, ModelManifest, SCHEMA_VERSION
+from omniloop.pipeline.loops.chunk import ChunkPlan
+from omniloop.request import (ActionPart, ArtifactEvent, DiffusionParams, OmniRequest, OutputSpec, RequestStatus,
+                              TaskType, TextPart, VideoChunkArtifact)
+from omniloop.train.recipes.rollout import build_pipeline
+
+ROW = "cond"  # the one guidance branch (the model is sampled without CFG)
+
+
+# -- the model -------------------------------------------------------------------------------
+
+
+def far_config(base: dict[str, Any], *, full_chunk_limit: int = 3, rope_max_seq_len: int = 1024) -> FARConfig:
+    """A FAR config around Wan DiT fields ``base``: one-frame chunks, the action vocabulary."""
+    keep = ("num_attention_heads", "attention_head_dim", "in_channels", "out_channels", "text_dim", "freq_dim",
+            "ffn_dim", "num_layers", "cross_attn_norm", "eps")
+    return FARConfig(**{k: base[k] for k in keep if k in base}, patch_size=(1, 2, 2), compressed_patch_size=(1, 4, 4),
+                     full_chunk_limit=full_chunk_limit, rope_max_seq_len=rope_max_seq_len, gate_value=0.0,
+                     chunk_partition=(1, 1), action_vocab=ACTION_NAMES)
+
+
+def far_from_wan(wan: torch.nn.Module, config: FARConfig) -> FARDiT:
+    """A FARDiT whose shared tensors are the Wan DiT's; the FAR-only ones initialised so the
+    model starts as the Wan DiT made causal (no action effect, compressed = averaged patches)."""
+    model = FARDiT(config)
+    missing, unexpected = model.load_state_dict(wan.state_dict(), strict=False)
+    assert not unexpected, f"Wan DiT keys FAR has no place for: {unexpected}"
+    assert set(missing) <= {"action_embedder.weight", *(f"delta_embedder.linear_{i}.{p}" for i in (1, 2)
+                            for p in ("weight", "bias")), "far_patch_embedding.weight", "far_patch_embedding.bias"}, missing
+    with torch.no_grad():
+        w = model.patch_embedding.weight  # [D, C, 1, p, p] -> [D, C, 1, q, q], each p x p block w / (q/p)^2
+        k = config.compressed_patch_size[1] // config.patch_size[1]
+        model.far_patch_embedding.weight.copy_(w.repeat(1, 1, 1, k, k) / (k * k))
+        model.far_patch_embedding.bias.copy_(model.patch_embedding.bias)
+        model.action_embedder.weight.zero_()  # type: ignore[union-attr]
+    return model
+
+
+# -- data ------------------------------------------------------------------------------------
+
+
+@dataclass
+class ActionLatents:
+    """Encoded action clips: latents [N, C, F, h, w] (normalised), text [N, L, 384],
+    actions [N, F] (chunk c's action index; chunk 0 takes chunk 1's)."""
+
+    latents: torch.Tensor
+    text: torch.Tensor
+    actions: torch.Tensor
+    empty: torch.Tensor  # [1, L, 384]: the empty prompt's features (text dropout)
+
+    def __len__(self) -> int:
+        return self.latents.shape[0]
+
+    def batch(self, idx: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.latents[idx].to(device), self.text[idx].to(device), self.actions[idx].to(device)
+
+
+def chunk_actions(clip: ActionClip) -> list[int]:
+    names = [clip.actions[0], *clip.actions]  # chunk 0 is conditioned on the first action (as a session's)
+    return [ACTION_NAMES.index(a) for a in names]
+
+
+@torch.no_grad()
+def encode_clips(clips: Sequence[ActionClip], vae: torch.nn.Module, text_encoder: Any, *, size: int,
+                 device: torch.device, batch: int = 32, seed: int = 0) -> ActionLatents:
+    rng = np.random.default_rng([seed, 7])
+    latents, texts = [], []
+    for i in range(0, len(clips), batch):
+        part = clips[i:i + batch]
+        video = np.stack([render_action_clip(c, size, size) for c in part])  # [B, F, H, W, 3]
+        x = torch.from_numpy(video).to(device).permute(0, 4, 1, 2, 3).float() / 127.5 - 1.0
+        mean, _ = vae.encode(x.to(vae.dtype), whole=True)
+        latents.append(vae.normalize_latents(mean.float()).cpu())
+        texts.append(text_encoder.encode([c.caption(rng) for c in part], device=device).embeds.float().cpu())
+    actions = torch.tensor([chunk_actions(c) for c in clips], dtype=torch.long)
+    empty = text_encoder.encode([""], device=device).embeds.float().cpu()
+    return ActionLatents(torch.cat(latents), torch.cat(texts), actions, empty)
+
+
+# -- teacher forcing through the rollout's KV schedule ---------------------------------------
+
+
+def rollout_plan(config: FARConfig, frames: int, h: int, w: int) -> ChunkPlan:
+    return ChunkPlan(partition=(1,) * frames, context_chunks=0, shape=(1, config.in_channels, frames, h, w))
+
+
+def kv_handles(model: FARDiT, chunks: FARChunks, plan: ChunkPlan, rows: int, device: torch.device
+               ) -> list[ChunkKVHandle]:
+    """Training-mode handles (one per row) with the tiers and policies serving uses."""
+    from omniloop.pipeline.state import StageContext
+
+    ctx = StageContext(node="rollout", components={"transformer": model}, device=device, dtype=torch.float32)
+    layouts, policies = chunks.kv_tiers(ctx, None, plan)  # type: ignore[arg-type]
+    pool = ChunkKVPool(1 << 40, device)  # training slabs hold references: the budget is not charged
+    return [ChunkKVHandle(pool, layouts, policies, (ROW,), training=True) for _ in range(rows)]
+
+
+def sample_sigmas(shape: tuple[int, ...], gen: torch.Generator, device: torch.device, *, shift: float) -> torch.Tensor:
+    """Logit-normal sigmas, then the flow shift (``shapes_dit``'s distribution), per chunk."""
+    s = torch.sigmoid(torch.randn(shape, generator=gen)).to(device)
+    return shift * s / (1 + (shift - 1) * s)
+
+
+def teacher_forcing_loss(model: FARDiT, chunks: FARChunks, latents: torch.Tensor, text: torch.Tensor,
+                         actions: torch.Tensor, sigmas: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """latents, noise [B, C, F, h, w]; text [B, L, Dt]; actions, sigmas [B, F]. The mean over
+    chunks of ``|| v(x_t^c | clean chunks < c, action_c) - (eps - x0) ||^2``."""
+    b, _, frames, h, w = latents.shape
+    plan = rollout_plan(model.config, frames, h, w)
+    handles = kv_handles(model, chunks, plan, b, latents.device)
+    rows = [(hd, ROW) for hd in handles]
+    losses = []
+    for c in range(frames):
+        x0, eps = latents[:, :, c:c + 1], noise[:, :, c:c + 1]
+        s = sigmas[:, c].view(b, 1, 1, 1, 1)
+        xt = (1 - s) * x0 + s * eps
+        t = (sigmas[:, c:c + 1] * 1000.0).double()
+        cached, own = chunks.denoise_segments(plan, c)
+        pred = model(xt, t, t, text, kv=ChunkKVBatch(rows, cached, (own,), write=False), action=actions[:, c])
+        losses.append(F.mse_loss(pred.float(), (eps - x0).float()))
+        if c < frames - 1:  # the clean-context pass writes chunk c's K/V (and re-encodes what leaves the window)
+            cached, new = chunks.context_segments(plan, c)
+            clean = torch.cat([latents[:, :, s.start:s.start + s.frames] for s in new], dim=2)
+            zeros = torch.zeros(b, clean.shape[2], dtype=torch.float64, device=latents.device)
+            model(clean, zeros, zeros, text, kv=ChunkKVBatch(rows, cached, new, write=True))
+            for hd in handles:
+                hd.retire(c)
+    for hd in handles:
+        hd.free()
+    return torch.stack(losses).mean()
+
+
+# -- validation: real sessions on the engine -------------------------------------------------
+
+
+def session_request(prompt: str, seed: int, chunks: int, *, steps: int | None, size: int, rid: str) -> OmniRequest:
+    return OmniRequest(task=TaskType.T2V, request_id=rid, inputs=[TextPart(text=prompt)],
+                       diffusion=DiffusionParams(seed=seed, steps=steps, height=size, width=size),
+                       outputs=OutputSpec(stream=True),
+                       node_params={"rollout": {"open_ended": True, "max_chunks": chunks}})
+
+
+def run_sessions(pipeline, clips: Sequence[ActionClip], prompts: Sequence[str], *, steps: int | None, size: int,
+                 max_batch: int = 16, seed: int = 0) -> list[np.ndarray]:
+    """Each clip's actions driven live into a session (chunk ``k + 2``'s action sent when chunk
+    ``k`` is emitted, the first before the session starts); returns each session's frames."""
+    policy = SchedulingPolicy(max_running=max_batch, max_batch=max_batch)
+    engine = Engine(pipeline, EngineConfig(max_queue=max(64, 2 * len(clips)), policy=policy))
+    frames: dict[str, list[torch.Tensor]] = {}
+    plan: dict[str, ActionClip] = {}
+
+    def sink(event) -> None:
+        if isinstance(event, ArtifactEvent) and event.partial and isinstance(event.artifact, VideoChunkArtifact):
+            frames[event.request_id].append(event.artifact.frames)
+            nxt = event.artifact.index + 2
+            clip = plan[event.request_id]
+            if nxt - 1 < len(clip.actions) and engine.is_tracked(event.request_id):
+                engine.send(event.request_id, ActionPart(name=clip.actions[nxt - 1], values=[[0.0]]))
+
+    engine.event_sink = sink
+    pending = list(range(len(clips)))
+    with torch.inference_mode():
+        while pending or engine.has_unfinished():
+            while pending and engine.num_waiting() + engine.num_running() < max_batch:
+                i = pending.pop(0)
+                rid = f"val-{seed}-{i}"
+                plan[rid], frames[rid] = clips[i], []
+                engine.add_request(session_request(prompts[i], seed + i, len(clips[i].actions) + 1, steps=steps,
+                                                   size=size, rid=rid))
+                engine.send(rid, ActionPart(name=clips[i].actions[0], values=[[0.0]]))
+            for out in engine.step():
+                if out.status is not RequestStatus.COMPLETED:
+                    raise RuntimeError(f"session {out.request_id} failed: {out.error}")
+                engine.pop_output(out.request_id)
+    return [torch.cat(frames[f"val-{seed}-{i}"]).numpy() for i in range(len(clips))]
+
+
+def validation_clips(n: int, chunks: int, seed: int = 1) -> tuple[list[ActionClip], list[str]]:
+    """Held-out steering: clips from a stream training never draws, actions that never meet a wall."""
+    rng = np.random.default_rng([seed, 11])
+    clips = [sample_action_clip(rng, chunks, free=True) for _ in range(n)]
+    return clips, [c.caption(rng) for c in clips]
+
+
+def action_accuracy(pipeline, n: int, chunks: int, *, steps: int | None, size: int, seed: int = 1,
+                    max_batch: int = 16) -> tuple[ActionReport, float]:
+    clips, prompts = validation_clips(n, chunks, seed)
+    t0 = time.perf_counter()
+    videos = run_sessions(pipeline, clips, prompts, steps=steps, size=size, max_batch=max_batch, seed=seed)
+    return evaluate_actions(zip(videos, (c.actions for c in clips))), time.perf_counter() - t0
+
+
+# -- export ----------------------------------------------------------------------------------
+
+
+def interactive_manifest(name: str, *, vae_subfolder: str, size: int, steps: int, shift: float, fps: int,
+                         max_sequence_length: int, provenance: dict[str, Any] | None = None) -> ModelManifest:
+    return ModelManifest(
+        schema_version=SCHEMA_VERSION, name=name, family="far", variant="far-minilm-actions", tasks=["t2v"],
+        description="the interactive shapes world: a causal FAR DiT steered by one action per chunk (left, right, "
+                    "up, down, stay), streamed chunk by chunk; MiniLM text, the shapes VAE",
+        components={
+            "transformer": ComponentEntry(kind="FARDiT", subfolder="transformer"),
+            "vae": ComponentEntry(kind="WanVAE", subfolder=vae_subfolder),
+            "text_encoder": ComponentEntry(kind="minilm"),
+            "sampler": ComponentEntry(kind="flow_map_euler", config={"shift": shift, "num_train_timesteps": 1000}),
+        },
+        defaults={"steps": steps, "guidance_scale": 1.0, "height": size, "width": size, "num_frames": num_frames(9),
+                  "fps": fps, "max_sequence_length": max_sequence_length, "negative_prompt": ""},
+        limits=ModelLimits(max_height=size, max_width=size),
+        provenance=provenance or {},
+    )
+
+
+# -- the training loop -----------------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class InteractiveRecipe:
+    size: int = 64
+    chunks: int = 9  # latent frames per training clip (33 video frames: 8 actions)
+    clips: int = 4096
+    steps: int = 3000
+    batch_size: int = 64
+    lr: float = 2e-4
+    warmup: int = 100
+    ema: float = 0.999
+    train_shift: float = 2.0
+    text_dropout: float = 0.1
+    sample_steps: int = 6
+    sample_shift: float = 3.0
+    val_every: int = 1000
+    val_clips: int = 32
+    seed: int = 0
+    log_every: int = 50
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    seconds: float
+    loss: float
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+def train(model: FARDiT, data: ActionLatents, recipe: InteractiveRecipe, *, device: torch.device,
+          log: Callable[[dict[str, Any]], None] = print,
+          validate: Callable[[FARDiT, int], dict[str, Any]] | None = None) -> tuple[FARDiT, TrainResult]:
+    """Teacher-forced AdamW with warmup + cosine, an EMA copy (returned) validated every ``val_every``."""
+    model = model.to(device).float().train()
+    ema = copy.deepcopy(model).eval().requires_grad_(False)
+    chunks = FARChunks(full_chunk_limit=model.config.full_chunk_limit, max_frames=model.config.rope_max_seq_len)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=recipe.lr, weight_decay=0.01,
+                            betas=(0.9, 0.99))
+    gen = torch.Generator().manual_seed(recipe.seed)
+    empty = data.empty.to(device)
+    t0, history, loss_avg = time.perf_counter(), [], None
+    for step in range(1, recipe.steps + 1):
+        lr = recipe.lr * min(1.0, step / max(1, recipe.warmup)) * 0.5 * (1 + math.cos(math.pi * step / recipe.steps))
+        for g in opt.param_groups:
+            g["lr"] = max(lr, recipe.lr * 0.02)
+        idx = torch.randint(len(data), (recipe.batch_size,), generator=gen)
+        x0, text, actions = data.batch(idx, device)
+        drop = (torch.rand(x0.shape[0], generator=gen) < recipe.text_dropout).to(device)
+        text = torch.where(drop[:, None, None], empty.expand_as(text), text)
+        sigmas = sample_sigmas(tuple(actions.shape), gen, device, shift=recipe.train_shift)
+        noise = torch.randn(x0.shape, generator=gen).to(device)
+        loss = teacher_forcing_loss(model, chunks, x0, text, actions, sigmas, noise)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        with torch.no_grad():
+            for pe, pm in zip(ema.parameters(), model.parameters()):
+                pe.lerp_(pm, 1 - recipe.ema)
+        loss_avg = loss.item() if loss_avg is None else 0.95 * loss_avg + 0.05 * loss.item()
+        if step % recipe.log_every == 0 or step == recipe.steps:
+            rec = {"step": step, "loss": round(loss_avg, 5), "lr": lr, "seconds": round(time.perf_counter() - t0, 1)}
+            history.append(rec)
+            log(rec)
+        if validate is not None and (step % recipe.val_every == 0 or step == recipe.steps):
+            rec = {"step": step, **validate(ema, step)}
+            history.append(rec)
+            log(rec)
+    return ema, TrainResult(recipe.steps, time.perf_counter() - t0, float(loss_avg or 0.0), history)
+
+
+def serving_far(model: FARDiT, device: torch.device, dtype: torch.dtype) -> FARDiT:
+    out = copy.deepcopy(model).to(device).eval().requires_grad_(False)
+    with torch.no_grad():
+        for name, p in out.named_parameters():
+            if p.is_floating_point():
+                p.data = p.data.to(torch.float32 if keeps_fp32(name) else dtype)
+    out.delta_gate = out.delta_gate.to(device)
+    return out
+
+
+def make_validator(manifest: ModelManifest, vae, text_encoder, recipe: InteractiveRecipe, device: torch.device,
+                   dtype: torch.dtype) -> Callable[[FARDiT, int], dict[str, Any]]:
+    def validate(ema: FARDiT, step: int) -> dict[str, Any]:
+        pipeline = build_pipeline(manifest, transformer=serving_far(ema, device, dtype), vae=vae,
+                                  text_encoder=text_encoder, device=device, dtype=dtype, cfg_mode="batched")
+        report, seconds = action_accuracy(pipeline, recipe.val_clips, recipe.chunks, steps=recipe.sample_steps,
+                                          size=recipe.size, max_batch=min(32, recipe.val_clips))
+        return {"action_accuracy": report.accuracy, "by_action": report.by_action(), "val_chunks": report.n,
+                "val_seconds": round(seconds, 1)}
+
+    return validate
+
+
+def write_json(path: Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+
+
+__all__ = ["InteractiveRecipe", "ActionLatents", "encode_clips", "far_config", "far_from_wan", "teacher_forcing_loss",
+           "train", "action_accuracy", "interactive_manifest", "run_sessions", "validation_clips", "asdict",
+           "DEFAULT_SPEED"]

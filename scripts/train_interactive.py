@@ -47,7 +47,7 @@ def recipe_for(args) -> InteractiveRecipe:
     if args.tiny:
         return InteractiveRecipe(chunks=3, clips=24, steps=20, batch_size=4, warmup=5, val_every=20, val_clips=2,
                                  sample_steps=2, log_every=5)
-    return InteractiveRecipe(steps=args.steps or 3000)
+    return InteractiveRecipe(steps=args.steps or InteractiveRecipe.steps)
 
 
 def cmd_train(args) -> int:

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from omniloop.cache.chunk_kv import ChunkKVBatch, ChunkKVHandle, ChunkKVPool
+from omniloop.cache.chunk_kv import ChunkKVBatch, ChunkKVHandle, ChunkKVPool, KVSegment
 from omniloop.engine.engine import Engine, EngineConfig
 from omniloop.engine.scheduler import SchedulingPolicy
 from omniloop.eval.action_adherence import ActionReport, evaluate_actions
@@ -150,14 +150,64 @@ def sample_sigmas(shape: tuple[int, ...], gen: torch.Generator, device: torch.de
     return shift * s / (1 + (shift - 1) * s)
 
 
+class BatchedTrainingKV:
+    """A training batch's chunk K/V, held per segment as ``[B, T, H, D]`` tensors (references:
+    autograd runs through them). The model sees it through :meth:`view`, which offers the
+    calls a :class:`ChunkKVBatch` offers the FAR forward (``cached_kv`` / ``store``), for the
+    segments the rollout's schedule names -- the serving path's KV semantics without a
+    Python loop over rows and slabs (``teacher_forcing_loss(..., kv="slabs")`` runs the
+    per-request training-mode slabs instead; the two give the same loss, tested)."""
+
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+        self.segments: dict[tuple[str, int], dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
+
+    def view(self, cached: tuple[KVSegment, ...], new: tuple[KVSegment, ...], *, write: bool) -> "_BatchedView":
+        return _BatchedView(self, cached, new, write, None)
+
+
+class _BatchedView:
+    def __init__(self, kv: BatchedTrainingKV, cached, new, write: bool, rows: torch.Tensor | None) -> None:
+        self.kv, self.cached, self.new, self.write, self.picked = kv, cached, new, write, rows
+
+    def __len__(self) -> int:
+        return self.kv.rows if self.picked is None else len(self.picked)
+
+    def select_rows(self, rows: torch.Tensor) -> "_BatchedView":
+        return _BatchedView(self.kv, self.cached, self.new, self.write, rows)
+
+    def cached_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if not self.cached:
+            return None
+        pairs = [self.kv.segments[(s.tier, s.chunk)][layer] for s in self.cached]
+        k, v = torch.cat([p[0] for p in pairs], dim=1), torch.cat([p[1] for p in pairs], dim=1)
+        return (k, v) if self.picked is None else (k[self.picked], v[self.picked])
+
+    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor, tokens: list[int]) -> None:
+        assert self.write and self.picked is None, "a training context pass stores every row"
+        start = 0
+        for seg, n in zip(self.new, tokens):
+            self.kv.segments.setdefault((seg.tier, seg.chunk), {})[layer] = (k[:, start:start + n], v[:, start:start + n])
+            start += n
+
+
 def teacher_forcing_loss(model: FARDiT, chunks: FARChunks, latents: torch.Tensor, text: torch.Tensor,
-                         actions: torch.Tensor, sigmas: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+                         actions: torch.Tensor, sigmas: torch.Tensor, noise: torch.Tensor, *,
+                         kv: str = "batched") -> torch.Tensor:
     """latents, noise [B, C, F, h, w]; text [B, L, Dt]; actions, sigmas [B, F]. The mean over
-    chunks of ``|| v(x_t^c | clean chunks < c, action_c) - (eps - x0) ||^2``."""
+    chunks of ``|| v(x_t^c | clean chunks < c, action_c) - (eps - x0) ||^2``, chunk by chunk
+    in the order and with the segments ``ChunkRollout`` uses. ``kv``: ``"batched"``
+    (:class:`BatchedTrainingKV`) or ``"slabs"`` (training-mode ``ChunkKVHandle`` s, one per row)."""
     b, _, frames, h, w = latents.shape
     plan = rollout_plan(model.config, frames, h, w)
-    handles = kv_handles(model, chunks, plan, b, latents.device)
-    rows = [(hd, ROW) for hd in handles]
+    if kv == "slabs":
+        handles = kv_handles(model, chunks, plan, b, latents.device)
+        rows = [(hd, ROW) for hd in handles]
+        view = lambda cached, new, write: ChunkKVBatch(rows, cached, new, write=write)  # noqa: E731
+    else:
+        assert kv == "batched", f"kv must be 'batched' or 'slabs', not {kv!r}"
+        handles, store = [], BatchedTrainingKV(b)
+        view = lambda cached, new, write: store.view(cached, new, write=write)  # noqa: E731
     losses = []
     for c in range(frames):
         x0, eps = latents[:, :, c:c + 1], noise[:, :, c:c + 1]
@@ -165,13 +215,13 @@ def teacher_forcing_loss(model: FARDiT, chunks: FARChunks, latents: torch.Tensor
         xt = (1 - s) * x0 + s * eps
         t = (sigmas[:, c:c + 1] * 1000.0).double()
         cached, own = chunks.denoise_segments(plan, c)
-        pred = model(xt, t, t, text, kv=ChunkKVBatch(rows, cached, (own,), write=False), action=actions[:, c])
+        pred = model(xt, t, t, text, kv=view(cached, (own,), False), action=actions[:, c])
         losses.append(F.mse_loss(pred.float(), (eps - x0).float()))
         if c < frames - 1:  # the clean-context pass writes chunk c's K/V (and re-encodes what leaves the window)
             cached, new = chunks.context_segments(plan, c)
             clean = torch.cat([latents[:, :, s.start:s.start + s.frames] for s in new], dim=2)
             zeros = torch.zeros(b, clean.shape[2], dtype=torch.float64, device=latents.device)
-            model(clean, zeros, zeros, text, kv=ChunkKVBatch(rows, cached, new, write=True))
+            model(clean, zeros, zeros, text, kv=view(cached, new, True))
             for hd in handles:
                 hd.retire(c)
     for hd in handles:
@@ -268,17 +318,17 @@ def interactive_manifest(name: str, *, vae_subfolder: str, size: int, steps: int
 class InteractiveRecipe:
     size: int = 64
     chunks: int = 9  # latent frames per training clip (33 video frames: 8 actions)
-    clips: int = 4096
-    steps: int = 3000
-    batch_size: int = 64
-    lr: float = 2e-4
-    warmup: int = 100
+    clips: int = 8192
+    steps: int = 1200
+    batch_size: int = 256
+    lr: float = 3e-4
+    warmup: int = 50
     ema: float = 0.999
     train_shift: float = 2.0
     text_dropout: float = 0.1
     sample_steps: int = 6
     sample_shift: float = 3.0
-    val_every: int = 1000
+    val_every: int = 600
     val_clips: int = 32
     seed: int = 0
     log_every: int = 50

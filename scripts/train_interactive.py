@@ -1,7 +1,7 @@
 """Train, evaluate, export and install the interactive shapes-world model (shapes-interactive).
 
-    # GPU (H200, ~4 min): data, teacher-forced training, 32 validation sessions, export to $OUT
-    python scripts/train_interactive.py train --out $OUT/interactive
+    # GPU (H200, <= 5 min): data, teacher-forced training, 32 validation sessions, export to $OUT
+    python scripts/train_interactive.py train --out $OUT/interactive --max-minutes 4
     # CPU smoke (a minute): the same path on 24 clips, 20 steps, 2 validation sessions
     python scripts/train_interactive.py train --tiny --out /tmp/interactive
     # put an exported model into the package (its manifest gets the file records)
@@ -58,7 +58,13 @@ def cmd_train(args) -> int:
     out = Path(args.out)
     t0 = time.perf_counter()
     vae = load_wan_vae(BUILTIN_DIR / "shapes-t2v" / "vae", device=device, dtype=torch.float32).eval().requires_grad_(False)
-    text = load_minilm_encoder(device=device, max_sequence_length=32)
+    if args.text_encoder:  # a machine without the MiniLM wheel: the grammar's pack (docs/training.md)
+        from omniloop.train.recipes.minilm_pack import load_packed_minilm
+
+        text = load_packed_minilm(Path(args.text_encoder), device=device, max_sequence_length=32)
+    else:
+        text = load_minilm_encoder(device=device, max_sequence_length=32)
+    deadline = t0 + 60 * args.max_minutes if args.max_minutes else None
     rng = np.random.default_rng([recipe.seed, 3])
     clips = [sample_action_clip(rng, recipe.chunks) for _ in range(recipe.clips)]
     data = encode_clips(clips, vae, text, size=recipe.size, device=device, batch=64 if cuda else 8)
@@ -70,14 +76,14 @@ def cmd_train(args) -> int:
     serve_dtype = torch.bfloat16 if cuda else torch.float32
     validate = make_validator(manifest, vae, text, recipe, device, serve_dtype)
     ema, result = train(model, data, recipe, device=device, log=lambda r: emit({"stage": "train", **r}),
-                        validate=validate)
+                        validate=validate, deadline=deadline)
     final = next((h for h in reversed(result.history) if "action_accuracy" in h), {})
     model_dir = out / "model"
     save_far_dit(ema.cpu(), model_dir / "transformer", dtype=torch.bfloat16)
     files = {rel: file_record(model_dir / rel) for rel in ("transformer/config.json",
                                                             "transformer/diffusion_pytorch_model.safetensors")}
     provenance = {"recipe": "omniloop.train.recipes.interactive via scripts/train_interactive.py",
-                  "init": "shapes-t2v transformer", "steps": recipe.steps, "clips": recipe.clips,
+                  "init": "shapes-t2v transformer", "steps": result.steps, "clips": recipe.clips,
                   "device": torch.cuda.get_device_name() if cuda else "cpu", "seconds": round(result.seconds, 1),
                   "validation": {k: final.get(k) for k in ("action_accuracy", "by_action", "val_chunks")}}
     write_manifest(model_dir, manifest.model_copy(update={"files": files, "provenance": provenance}))
@@ -112,6 +118,10 @@ def main() -> int:
     t.add_argument("--out", required=True)
     t.add_argument("--tiny", action="store_true", help="CPU smoke: 24 clips, 20 steps")
     t.add_argument("--steps", type=int, default=None)
+    t.add_argument("--text-encoder", default=None, help="a MiniLM pack folder (train_shapes.py pack-minilm) for "
+                   "machines without the wheel")
+    t.add_argument("--max-minutes", type=float, default=None, help="stop training by then (data included), "
+                   "validate and export")
     i = sub.add_parser("install")
     i.add_argument("src")
     i.add_argument("--builtin", default=str(BUILTIN_DIR))

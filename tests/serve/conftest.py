@@ -73,7 +73,9 @@ def live_server(model_dir, *, serve: dict[str, Any] | None = None, wait: bool = 
     sock.bind(("127.0.0.1", 0))  # bound here and handed over: no free-port race
     port = sock.getsockname()[1]
     config = ServeConfig(port=port, **{"warmup": TINY_WARMUP, **(serve or {})})
-    app = create_app(engine, config)
+    session_engine = (AsyncEngine.from_pretrained(config.session_model, deploy=deploy_config)
+                      if config.session_model else None)  # as run_server builds it
+    app = create_app(engine, config, session_engine=session_engine)
     server = DrainingServer(uvicorn.Config(app, log_level="warning"), app.state.omniloop)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
@@ -86,6 +88,8 @@ def live_server(model_dir, *, serve: dict[str, Any] | None = None, wait: bool = 
         server.should_exit = True
         thread.join(timeout=30)
         engine.shutdown()
+        if session_engine is not None:
+            session_engine.shutdown()
         sock.close()
 
 

@@ -308,7 +308,22 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         serve = ServeConfig.model_validate({**serve.model_dump(), **options})
     except ValidationError as e:
         raise flag_error(e, options, {"drain_timeout_s": "--drain-timeout"}) from None
+    if args.model is None and serve.session_model is None:  # the default server also serves the interactive model
+        serve = serve.model_copy(update={"session_model": _interactive_default()})
     return run_server(args.model or DEFAULT_MODEL, deploy, serve, log_level="info" if args.verbose else "warning")
+
+
+def _interactive_default() -> str | None:
+    """The built-in interactive model when its weights are installed (else sessions run on the
+    served model, and the server says so)."""
+    from omniloop.models.loader import BUILTIN_MODELS, INTERACTIVE_MODEL
+
+    folder = BUILTIN_MODELS.get(INTERACTIVE_MODEL)
+    if folder is not None and (folder / "transformer" / "diffusion_pytorch_model.safetensors").is_file():
+        return INTERACTIVE_MODEL
+    print(f"omniloop serve: {INTERACTIVE_MODEL} is not installed (scripts/train_interactive.py install); "
+          "sessions use the served model", file=sys.stderr)
+    return None
 
 
 def build_parser() -> argparse.ArgumentParser:

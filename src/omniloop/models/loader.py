@@ -33,6 +33,11 @@ BUILTIN_MODELS: dict[str, Path] = {
     "shapes-t2v": BUILTIN_DIR / "shapes-t2v",
     "shapes-t2v-4step": BUILTIN_DIR / "shapes-t2v-4step",
 }
+# the interactive shapes world (causal, action-conditioned: sessions and /play), once its
+# GPU-trained weights are installed (scripts/train_interactive.py install)
+INTERACTIVE_MODEL = "shapes-interactive"
+if (BUILTIN_DIR / INTERACTIVE_MODEL / MANIFEST_FILE).is_file():
+    BUILTIN_MODELS[INTERACTIVE_MODEL] = BUILTIN_DIR / INTERACTIVE_MODEL
 
 
 def resolve_model_path(model: str | Path) -> Path:

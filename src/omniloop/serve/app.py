@@ -20,7 +20,7 @@ from pydantic import BaseModel
 
 import omniloop
 from omniloop.engine import AsyncEngine
-from omniloop.serve import audio, chat, images, sessions, streaming, videos
+from omniloop.serve import audio, chat, images, play, sessions, streaming, videos
 from omniloop.serve.config import ServeConfig
 from omniloop.serve.errors import install_error_handlers
 from omniloop.serve.jobs import JobStore
@@ -44,9 +44,13 @@ async def ready(state: State) -> JSONResponse:
 
 @system.get("/v1/models", response_model=ModelList, dependencies=[Depends(require_auth)])
 async def models(state: State) -> ModelList:
-    card = ModelCard(id=state.model.name, created=state.started_at, tasks=sorted(t.value for t in state.model.tasks),
-                     actions=sorted(state.model.defaults["actions"]) if "actions" in state.model.defaults else None)
-    return ModelList(data=[card])
+    served = [state.model]
+    mgr = sessions.manager(state)
+    if mgr.own_engine:  # the interactive model beside the served one (its sessions and /play)
+        served.append(mgr.model)
+    return ModelList(data=[ModelCard(id=m.name, created=state.started_at, tasks=sorted(t.value for t in m.tasks),
+                                     actions=sorted(m.defaults["actions"]) if "actions" in m.defaults else None)
+                           for m in served])
 
 
 @system.get("/metrics", summary="Prometheus metrics", response_class=Response,
@@ -113,10 +117,14 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     return schema
 
 
-def create_app(engine: AsyncEngine, config: ServeConfig | None = None, *, jobs: JobStore | None = None) -> FastAPI:
+def create_app(engine: AsyncEngine, config: ServeConfig | None = None, *, jobs: JobStore | None = None,
+               session_engine: AsyncEngine | None = None) -> FastAPI:
     """The server over ``engine`` (whose admission enforces the deploy config's limits).
-    ``jobs``: an opened store (default: the one ``config`` asks for, opened here)."""
+    ``jobs``: an opened store (default: the one ``config`` asks for, opened here);
+    ``session_engine``: an interactive model's engine that serves the sessions (and /play)."""
     state = ServeState(engine, config or ServeConfig(), jobs)
+    if session_engine is not None:
+        sessions.attach_session_engine(state, session_engine)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -133,7 +141,7 @@ def create_app(engine: AsyncEngine, config: ServeConfig | None = None, *, jobs: 
     app.state.omniloop = state
     install_error_handlers(app)
     for router in (system, videos.router, streaming.router, images.router, sessions.router,
-                   chat.router, audio.router):
+                   chat.router, audio.router, play.router):
         app.include_router(router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

@@ -91,8 +91,11 @@ def run_server(model: str | Path, deploy: DeployConfig, config: ServeConfig, *, 
     except BaseException:
         jobs.close()
         raise
+    session_engine = None
     try:
-        app = create_app(engine, config, jobs=jobs)
+        if config.session_model:  # the interactive model beside the served one (sessions, /play)
+            session_engine = AsyncEngine.from_pretrained(config.session_model, deploy=deploy)
+        app = create_app(engine, config, jobs=jobs, session_engine=session_engine)
         state: ServeState = app.state.omniloop
         uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
                                    timeout_graceful_shutdown=5)
@@ -100,6 +103,8 @@ def run_server(model: str | Path, deploy: DeployConfig, config: ServeConfig, *, 
         server.run()
     finally:
         engine.shutdown()
+        if session_engine is not None:
+            session_engine.shutdown()
     if state.warmup_error is not None:
         print(f"error: {state.warmup_error}", file=sys.stderr)
         return 1

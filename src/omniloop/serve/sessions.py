@@ -36,6 +36,7 @@ from omniloop.request import (ActionPart, ArtifactEvent, DiffusionParams, FinalE
                               RequestStatus, TaskType, TextPart, VideoChunkArtifact)
 from omniloop.serve.errors import ApiError, api_error, validation_error
 from omniloop.serve.state import ServeState, State, check_auth, get_state, new_id, require_auth
+from omniloop.serve.wire import ServedModel
 
 logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
@@ -103,10 +104,17 @@ class Session:
 
 
 class SessionManager:
-    """The live sessions of one server (bounded), their event followers and idle expiry."""
+    """The live sessions of one server (bounded), their event followers and idle expiry.
 
-    def __init__(self, state: ServeState) -> None:
+    Sessions run on ``engine``: the server's own, or a second one serving its interactive
+    model (``ServeConfig.session_model``; ``omniloop serve`` without ``--model`` starts the
+    built-in shapes-interactive there)."""
+
+    def __init__(self, state: ServeState, engine: Any = None) -> None:
         self.state = state
+        self.engine = engine if engine is not None else state.engine
+        self.model = ServedModel.of(engine) if engine is not None else state.model
+        self.own_engine = engine is not None
         self.sessions: dict[str, Session] = {}
         self.max_sessions = int(getattr(state.config, "max_sessions", 4))
         self.idle_s = float(getattr(state.config, "session_idle_s", 60.0))
@@ -114,16 +122,16 @@ class SessionManager:
 
     @property
     def actions(self) -> dict[str, list[list[float]]]:
-        return dict(self.state.model.defaults.get("actions") or {})
+        return dict(self.model.defaults.get("actions") or {})
 
     def live(self) -> list[Session]:
         return [s for s in self.sessions.values() if not s.ended]
 
     # -- lifecycle ------------------------------------------------------------------------
     async def create(self, body: SessionCreate) -> Session:
-        model = self.state.model
+        model = self.model
         if body.model is not None and body.model != model.name and body.model not in model.aliases:
-            raise ApiError(404, f"model {body.model!r} is not served here; pass {model.name!r} or omit model",
+            raise ApiError(404, f"model {body.model!r} does not serve sessions here; pass {model.name!r} or omit model",
                            param="model", code="model_not_found")
         if len(self.live()) >= self.max_sessions:
             raise ApiError(429, f"{self.max_sessions} sessions are live (max_sessions); end one "
@@ -141,7 +149,7 @@ class SessionManager:
                                                           "realtime": body.realtime}})
         fps = body.fps or int(model.defaults.get("fps", 16))
         session = Session(id=sid, model=model.name, max_chunks=body.max_chunks, fps=fps)
-        stream = self.state.engine.stream(request)
+        stream = self.engine.stream(request)
         try:
             first = await anext(stream)  # the submit: a rejection raises here, nothing is kept
         except EngineError as e:
@@ -157,7 +165,7 @@ class SessionManager:
         if reason is not None and not session.ended:
             session.error = session.error or reason
         with contextlib.suppress(UnknownRequest):
-            await self.state.engine.abort(session.id)
+            await self.engine.abort(session.id)
 
     def get(self, sid: str) -> Session:
         session = self.sessions.get(sid)
@@ -291,7 +299,7 @@ class SessionManager:
         else:
             item = Flush()
         try:
-            await self.state.engine.send(session.id, item)
+            await self.engine.send(session.id, item)
         except UnknownRequest:
             return _error(f"session {session.id} has ended")
         return None
@@ -306,6 +314,12 @@ def manager(state: ServeState) -> SessionManager:
     if found is None:
         found = state.sessions = SessionManager(state)  # type: ignore[attr-defined]
     return found
+
+
+def attach_session_engine(state: ServeState, engine: Any) -> SessionManager:
+    """Serve sessions from ``engine`` (an interactive model's) instead of the server's own."""
+    state.sessions = SessionManager(state, engine)  # type: ignore[attr-defined]
+    return state.sessions  # type: ignore[attr-defined]
 
 
 def session_object(mgr: SessionManager, session: Session) -> SessionObject:

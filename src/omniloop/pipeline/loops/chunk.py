@@ -58,6 +58,7 @@ from omniloop.request import (
 )
 
 MODALITY = "video"
+_LOOKAHEAD = 16  # boundaries a session looks ahead for the clean latents its context passes re-encode
 
 
 class ChunkRolloutParams(DenoiseParams):
@@ -451,12 +452,18 @@ class ChunkRollout(LoopStageBase):
                 raise ValueError(f"a rollout takes ActionPart, TextPart or Flush inputs, not {type(item).__name__}")
 
     def _forget_old_latents(self, loop: ChunkRolloutState) -> None:
-        """A session keeps only the clean latents its next context pass re-encodes."""
+        """A session keeps only the clean latents its coming context passes re-encode.
+
+        NOTE: not just the next pass's: a chunk leaving a window of ``W`` full-resolution
+        chunks is re-encoded ``W - 1`` boundaries after the one that wrote it (FAR with
+        ``full_chunk_limit = 3`` re-encodes chunk 0 at chunk 2's boundary), so the passes of
+        the next ``_LOOKAHEAD`` boundaries are asked."""
         if loop.chunk >= loop.plan.num_chunks:
             loop.clean.clear()
             return
-        _, new = self.model.context_segments(loop.plan, loop.chunk)
-        keep_from = min(s.chunk for s in new)
+        last = min(loop.plan.num_chunks - 1, loop.chunk + _LOOKAHEAD)
+        keep_from = min(s.chunk for b in range(loop.chunk, max(last, loop.chunk + 1))
+                        for s in self.model.context_segments(loop.plan, b)[1])
         for c in [c for c in loop.clean if c < keep_from]:
             del loop.clean[c]
 

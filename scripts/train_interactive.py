@@ -92,13 +92,18 @@ def cmd_train(args) -> int:
     emit({"stage": "done", "out": str(model_dir), "action_accuracy": final.get("action_accuracy"),
           "bytes": (model_dir / "transformer" / "diffusion_pytorch_model.safetensors").stat().st_size,
           "seconds": time.perf_counter() - t0})
+    if args.install:  # e.g. on the GPU machine, to benchmark the model right after (its copy of the tree)
+        install(model_dir, BUILTIN_DIR)
     return 0
 
 
 def cmd_install(args) -> int:
-    src = Path(args.src)
+    return install(Path(args.src), Path(args.builtin))
+
+
+def install(src: Path, builtin: Path) -> int:
     src = src / "model" if (src / "model").is_dir() else src
-    dest = Path(args.builtin) / NAME
+    dest = builtin / NAME
     manifest = read_manifest(src)  # a model folder: its manifest parses
     if dest.exists():
         shutil.rmtree(dest)
@@ -118,6 +123,7 @@ def main() -> int:
     t.add_argument("--out", required=True)
     t.add_argument("--tiny", action="store_true", help="CPU smoke: 24 clips, 20 steps")
     t.add_argument("--steps", type=int, default=None)
+    t.add_argument("--install", action="store_true", help="also install the export into the package's built-ins")
     t.add_argument("--text-encoder", default=None, help="a MiniLM pack folder (train_shapes.py pack-minilm) for "
                    "machines without the wheel")
     t.add_argument("--max-minutes", type=float, default=None, help="stop training by then (data included), "

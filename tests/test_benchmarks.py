@@ -84,3 +84,17 @@ def test_causal_benchmark_smoke(tmp_path):
     assert runs[("batched", 2)]["batched_steps"] > 0 and runs[("one_at_a_time", 2)]["batched_steps"] == 0
     for r in runs.values():
         assert r["kv_bytes_per_session"] > 0 and r["fps_per_session_min"] > 0 and r["chunk_latency_p50_s"] > 0
+
+
+@pytest.mark.slow  # builds the interactive shapes model (8 blocks) and runs 1 + 1 + 2 sessions of 4 chunks
+def test_causal_shapes_benchmark_smoke(tmp_path):
+    out = tmp_path / "causal_shapes.jsonl"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_causal.py"), "--shapes", "--tiny",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert records[0]["metric"] == "setup" and records[0]["size"] == "64x64"
+    runs = {r["sessions"]: r for r in records if r["metric"] == "shapes_sessions"}
+    assert set(runs) == {1, 2} and runs[2]["batched_steps"] > 0
+    for r in runs.values():
+        assert 0 < r["ttfc_s_p50"] and 0 < r["chunk_latency_p50_s"] <= r["chunk_latency_p95_s"]

@@ -88,3 +88,20 @@ def test_async_engine_starts_the_same_pool(wan_t2v_dir, reference):
     out = asyncio.run(go())
     assert torch.equal(out.artifacts["latents"].latents, latents)
     assert not torch.distributed.is_initialized()
+
+
+def test_cli_generate_with_parallel_writes_the_one_process_video(wan_t2v_dir, tmp_path, capsys):
+    """``omniloop generate --parallel sp=2`` (in this process: rank 0 here, rank 1 forked) writes
+    the same mp4 bytes as the one-process command at the ranks' thread count, and leaves no
+    pool behind (the command closes it)."""
+    from omniloop.api.cli import main
+
+    flags = ["--model", str(wan_t2v_dir), "--steps", "3", "--height", "32", "--width", "32", "--num-frames", "5",
+             "--seed", "3", "--guidance-scale", "4.0", "--device", "cpu", "--no-progress",
+             "--cpu-threads", str(rank_threads(2))]
+    with threads(torch.get_num_threads()):  # the command sets this process's threads: restore them
+        assert main(["generate", "a red circle", *flags, "--output", str(tmp_path / "one.mp4")]) == 0
+        assert main(["generate", "a red circle", *flags, "--parallel", "sp=2", "--output", str(tmp_path / "sp.mp4")]) == 0
+    assert "wrote" in capsys.readouterr().out
+    assert not torch.distributed.is_initialized()
+    assert (tmp_path / "sp.mp4").read_bytes() == (tmp_path / "one.mp4").read_bytes()

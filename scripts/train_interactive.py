@@ -79,9 +79,9 @@ def cmd_train(args) -> int:
                         validate=validate, deadline=deadline)
     final = next((h for h in reversed(result.history) if "action_accuracy" in h), {})
     model_dir = out / "model"
-    save_far_dit(ema.cpu(), model_dir / "transformer", dtype=torch.bfloat16)
-    files = {rel: file_record(model_dir / rel) for rel in ("transformer/config.json",
-                                                            "transformer/diffusion_pytorch_model.safetensors")}
+    # bf16 (+ the fp32 tensors) is ~16.9 MB: two shards, as the device tool returns files of <= 16 MiB
+    save_far_dit(ema.cpu(), model_dir / "transformer", dtype=torch.bfloat16, max_shard_bytes=12 << 20)
+    files = {rel: file_record(model_dir / rel) for rel in _transformer_files(model_dir)}
     provenance = {"recipe": "omniloop.train.recipes.interactive via scripts/train_interactive.py",
                   "init": "shapes-t2v transformer", "steps": result.steps, "clips": recipe.clips,
                   "device": torch.cuda.get_device_name() if cuda else "cpu", "seconds": round(result.seconds, 1),
@@ -90,7 +90,7 @@ def cmd_train(args) -> int:
     write_json(out / "result.json", {"recipe": dataclasses.asdict(recipe), "loss": result.loss,
                                      "history": result.history, "validation": final})
     emit({"stage": "done", "out": str(model_dir), "action_accuracy": final.get("action_accuracy"),
-          "bytes": (model_dir / "transformer" / "diffusion_pytorch_model.safetensors").stat().st_size,
+          "bytes": sum(r.bytes for r in files.values()),
           "seconds": time.perf_counter() - t0})
     if args.install:  # e.g. on the GPU machine, to benchmark the model right after (its copy of the tree)
         install(model_dir, BUILTIN_DIR)
@@ -108,12 +108,15 @@ def install(src: Path, builtin: Path) -> int:
     if dest.exists():
         shutil.rmtree(dest)
     shutil.copytree(src / "transformer", dest / "transformer")
-    rels = ["transformer/config.json", "transformer/diffusion_pytorch_model.safetensors",
-            f"{VAE_DIR}/config.json", f"{VAE_DIR}/diffusion_pytorch_model.safetensors"]
+    rels = [*_transformer_files(dest), f"{VAE_DIR}/config.json", f"{VAE_DIR}/diffusion_pytorch_model.safetensors"]
     files = {rel: file_record((dest / rel).resolve()) for rel in rels}
     write_manifest(dest, manifest.model_copy(update={"files": files}))
     emit({"installed": str(dest), "bytes": sum(r.bytes for k, r in files.items() if k.startswith("transformer/"))})
     return 0
+
+
+def _transformer_files(model_dir: Path) -> list[str]:
+    return sorted(str(p.relative_to(model_dir)) for p in (model_dir / "transformer").iterdir() if p.is_file())
 
 
 def main() -> int:

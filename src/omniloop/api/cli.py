@@ -327,7 +327,7 @@ def _interactive_default() -> str | None:
     from omniloop.models.loader import BUILTIN_MODELS, INTERACTIVE_MODEL
 
     folder = BUILTIN_MODELS.get(INTERACTIVE_MODEL)
-    if folder is not None and (folder / "transformer" / "diffusion_pytorch_model.safetensors").is_file():
+    if folder is not None and any((folder / "transformer").glob("*.safetensors")):
         return INTERACTIVE_MODEL
     print(f"omniloop serve: {INTERACTIVE_MODEL} is not installed (scripts/train_interactive.py install); "
           "sessions use the served model", file=sys.stderr)

@@ -17,7 +17,7 @@ from omniloop.cache.chunk_kv import ChunkKVBatch, ChunkKVHandle, ChunkKVPool, KV
 from omniloop.engine import Engine
 from omniloop.eval.shapes_actions import ACTION_NAMES
 from omniloop.models.families.far.model import COMPRESSED, FULL, FARConfig
-from omniloop.models.families.far.weights import load_far_dit
+from omniloop.models.families.far.weights import WEIGHTS_INDEX_FILE, load_far_dit
 from omniloop.models.loader import load_pipeline
 from omniloop.models.model_spec import LoadOptions
 from omniloop.request import ActionPart
@@ -52,10 +52,14 @@ def test_save_far_dit_round_trips_and_a_plain_far_stays_a_diffusers_checkpoint(t
     from diffusers import AnyFlowFARTransformer3DModel
 
     model = tiny_action_far()
-    load = load_far_dit(save_far_dit(model, tmp_path / "a"), dtype=torch.float32)
-    assert load.config.action_vocab == ACTION_NAMES
-    for (k, a), (_, b) in zip(sorted(model.state_dict().items()), sorted(load.state_dict().items())):
-        assert torch.equal(a, b), k
+    for name, shard in (("a", None), ("sharded", 60_000)):  # sharded: diffusers' index layout (153 KB here)
+        folder = save_far_dit(model, tmp_path / name, max_shard_bytes=shard)
+        files = list(folder.glob("*.safetensors"))
+        assert len(files) == 1 if shard is None else (len(files) >= 3 and (folder / WEIGHTS_INDEX_FILE).is_file())
+        load = load_far_dit(folder, dtype=torch.float32)
+        assert load.config.action_vocab == ACTION_NAMES
+        for (k, a), (_, b) in zip(sorted(model.state_dict().items()), sorted(load.state_dict().items())):
+            assert torch.equal(a, b), k
     theirs = tiny_far_transformer(seed=4)
     from omniloop.models.families.far.weights import far_state_dict_from_diffusers
     from omniloop.models.families.far.model import FARDiT

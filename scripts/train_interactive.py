@@ -45,8 +45,9 @@ def emit(obj) -> None:
 
 def recipe_for(args) -> InteractiveRecipe:
     if args.tiny:
-        return InteractiveRecipe(chunks=3, clips=24, steps=20, batch_size=4, warmup=5, val_every=20, val_clips=2,
-                                 sample_steps=2, log_every=5)
+        steps = args.steps or 20
+        return InteractiveRecipe(chunks=3, clips=24, steps=steps, batch_size=4, warmup=min(5, steps), val_every=steps,
+                                 val_clips=2, sample_steps=2, log_every=min(5, steps))
     return InteractiveRecipe(steps=args.steps or InteractiveRecipe.steps)
 
 

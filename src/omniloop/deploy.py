@@ -25,9 +25,7 @@ class Limits(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_frames: int = Field(default=257, ge=1)
-    # NOTE 2 MP: 1080p video frames and FLUX's largest images; 1280x720 refused FLUX's own
-    # 1024x1024 default once the engine's admission enforced limits for every caller
-    max_pixels: int = Field(default=2 * 1024 * 1024, ge=256, description="max height * width")
+    max_pixels: int = Field(default=2**21, ge=256, description="max height * width (default 2,097,152: 1920x1088 video, 1024x1024 or 1440x1440 images)")
     max_steps: int = Field(default=100, ge=1)
     max_batch: int = Field(default=8, ge=1)
 

@@ -132,7 +132,8 @@ async def load_lora(request: Request, state: State) -> LoraObject:
         info = await asyncio.to_thread(cache.load, name, path)
     except Exception as e:  # noqa: BLE001 - a bad file (wrong keys, not safetensors): the server keeps serving
         path.unlink(missing_ok=True)
-        raise ApiError(400, f"file: {e}", param="file", code="invalid_lora") from None
+        message = str(e).replace(str(path), "the uploaded file")  # the server's own paths stay private
+        raise ApiError(400, f"file: {message}", param="file", code="invalid_lora") from None
     return _object(info, model)
 
 

@@ -79,6 +79,8 @@ def _this_server(body: dict[str, Any], state: ServeState) -> dict[str, Any]:
         for variant in body["properties"].get(name, {}).get("anyOf", [body["properties"].get(name, {})]):
             if "maximum" in variant:
                 variant["maximum"] = min(variant["maximum"], ceiling)
+    if "loras" in body["properties"] and not any(m.takes_loras for m in state.models.values()):
+        body["properties"]["loras"]["maxItems"] = 0  # no served model takes LoRAs
     if state.warmup_shapes and "prompt" in body["properties"]:  # (speech bodies take ``input``)
         shape, d = state.warmup_shapes[0], state.model.defaults
         example = {"prompt": "a red circle moving right", "steps": shape.num_steps(d.get("steps", 1)),

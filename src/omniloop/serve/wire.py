@@ -55,6 +55,7 @@ class ServedModel:
     aliases: frozenset[str] = frozenset()  # also accepted (e.g. the checkpoint path it was loaded from)
     makes_audio: bool = False  # the pipeline has an audio output (a soundtrack, or text-to-audio)
     route: str | None = None  # OmniRequest.model on a server of several models (the pool's name); None: one
+    takes_loras: bool = False  # the pipeline has an adapter cache (requests may name LoRAs)
 
     @classmethod
     def of(cls, engine: AsyncEngine, served_name: str | None = None) -> "ServedModel":
@@ -62,7 +63,8 @@ class ServedModel:
         pipeline = engine.engine.pipeline
         return cls(name=served_name or Path(path).name or path, tasks=frozenset(pipeline.spec.tasks),
                    defaults=dict(pipeline.defaults), limits=engine.engine.config.limits or Limits(),
-                   aliases=frozenset({path}), makes_audio="audio" in pipeline.spec.outputs)
+                   aliases=frozenset({path}), makes_audio="audio" in pipeline.spec.outputs,
+                   takes_loras="adapters" in pipeline.caches)
 
     @classmethod
     def all_of(cls, engine: AsyncEngine, served_name: str | None = None) -> dict[str, "ServedModel"]:
@@ -77,7 +79,8 @@ class ServedModel:
         pipelines = pool.pipelines()
         return {n: cls(name=n, tasks=frozenset(pipelines[n].spec.tasks), defaults=dict(pipelines[n].defaults),
                        limits=limits, aliases=frozenset(pool.sources.get(n, ())), route=n,
-                       makes_audio="audio" in pipelines[n].spec.outputs) for n in names}
+                       makes_audio="audio" in pipelines[n].spec.outputs,
+                       takes_loras="adapters" in pipelines[n].caches) for n in names}
 
     @property
     def serves_images(self) -> bool:

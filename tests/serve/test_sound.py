@@ -104,6 +104,8 @@ def test_speech_sse_progress_then_the_audio(audio_server):
     ({"input": "x", "response_format": "mp3"}, "response_format", "mp3 cannot carry 128 Hz audio"),
     ({"input": "x", "seconds": 30, "steps": 2, "response_format": "wav"}, "seconds",
      "this model makes up to 2.000 s of audio"),
+    ({"input": "x", "seconds": 0.001, "steps": 2, "response_format": "wav"}, "seconds",
+     "seconds=0.001: shorter than one sample at 128 Hz"),
     ({"input": "x", "steps": 50, "response_format": "wav"}, "steps", "limits.max_steps"),
     ({"input": ""}, "input", ""),
 ])
@@ -118,3 +120,10 @@ def test_speech_from_a_video_model_is_refused(ltx2_server):
     r = httpx.post(f"{ltx2_server.url}/v1/audio/speech", json={"input": "x"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "model"
     assert "comes with /v1/videos" in r.json()["error"]["message"]
+
+
+def test_videos_and_images_from_a_text_to_audio_model_point_to_the_speech_endpoint(audio_server):
+    for path, body in (("/v1/videos", {"prompt": "x"}), ("/v1/images/generations", {"prompt": "x"})):
+        r = httpx.post(f"{audio_server.url}{path}", json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "model", r.text
+        assert "(tasks: ['t2a']); use /v1/audio/speech" in r.json()["error"]["message"]

@@ -98,3 +98,10 @@ def test_audio_bad_input_names_the_field(gen):
         gen.generate(OmniRequest(task=TaskType.T2V, inputs=[TextPart(text="x")]))
     with pytest.raises(ValueError, match="duration_s\n.*greater than 0"):
         DiffusionParams(duration_s=0)
+    with pytest.raises(RequestRejected, match=r"diffusion.duration_s=0.005: shorter than one sample at 128 Hz; "
+                                              r"pass a duration in \[0.0078\d*, 2.000\]"):
+        gen.generate(_request("a drum loop", 1, "short", steps=2, duration_s=0.005))  # refused before it runs
+    with pytest.raises(ValueError, match=r"task 't2a' makes no video .*; use generate_audio"):
+        gen.generate_video("a drum loop", steps=2, save_video=False)
+    with pytest.raises(ValueError, match=r"audio: generate_audio always returns the sound; drop audio="):
+        gen.generate_audio("a drum loop", steps=2, audio=False, save_audio=False)

@@ -92,6 +92,7 @@ def stable_audio_pipeline_spec(variant: Variant, cfg_mode: str = "sequential") -
 def make_validator(defaults: Mapping[str, Any], projection_range: tuple[float, float],
                    samplers: SamplerSet) -> Callable[[OmniRequest], OmniRequest]:
     longest = max_seconds(defaults)
+    rate = int(defaults["sample_rate"])
     lo, hi = projection_range
 
     def validate(request: OmniRequest) -> OmniRequest:
@@ -103,6 +104,9 @@ def make_validator(defaults: Mapping[str, Any], projection_range: tuple[float, f
         if p.duration_s is not None and not (p.duration_s <= longest and lo <= p.duration_s <= hi):
             raise ValueError(f"diffusion.duration_s={p.duration_s}: this model makes up to {longest:.3f} s of audio; "
                              f"pass a duration in (0, {min(longest, hi):.3f}]")
+        if p.duration_s is not None and int(p.duration_s * rate) < 1:  # the waveform crop would hold no sample
+            raise ValueError(f"diffusion.duration_s={p.duration_s}: shorter than one sample at {rate} Hz; pass a "
+                             f"duration in [{1 / rate:.4g}, {min(longest, hi):.3f}]")
         samplers.get(p.sampler)
         return request
 

@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping
 from omniloop.models.load_options import apply_load_options
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
 from omniloop.models.text.t5 import load_masked_t5_encoder
+from omniloop.pipeline.input_kinds import refuse_unused_parts
 from omniloop.pipeline.loops.denoise import DenoiseLoop
 from omniloop.pipeline.pipeline import Pipeline
 from omniloop.pipeline.policies.cfg import ClassicCFG
@@ -97,6 +98,7 @@ def make_validator(defaults: Mapping[str, Any], projection_range: tuple[float, f
 
     def validate(request: OmniRequest) -> OmniRequest:
         p = request.diffusion
+        refuse_unused_parts(request, "Stable Audio", ("text",))
         for name in ("height", "width", "num_frames", "fps", "shift", "sigmas"):
             if getattr(p, name) is not None:
                 raise ValueError(f"diffusion.{name}: Stable Audio makes audio of a fixed latent length with the cosine "

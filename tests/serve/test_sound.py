@@ -66,6 +66,17 @@ def test_videos_come_with_sound_unless_skipped(ltx2_server):
     assert _streams(httpx.get(f"{ltx2_server.url}/v1/videos/{silent.id}/content").content) == ["video"]
 
 
+@pytest.mark.parametrize("node_params,message", [
+    ({"refine": {"strength": 1.5}}, "node_params['refine'].strength: Value error, must be in [0, 1]"),
+    ({"refine": {"strength": 0.2}}, "node_params['refine'].strength=0.2 with 3 steps runs no denoising step"),
+])
+def test_two_stage_bad_refine_strength_names_node_params(ltx2_server, node_params, message):
+    r = httpx.post(f"{ltx2_server.url}/v1/videos", json={"prompt": "x", "size": "64x64", "num_frames": 9, "steps": 2,
+                                                         "node_params": node_params})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "node_params" and message in r.json()["error"]["message"]
+
+
 def test_audio_true_on_a_silent_model_names_the_field(t2v_server):
     r = httpx.post(f"{t2v_server.url}/v1/videos", json={"prompt": "x", "size": "32x32", "num_frames": 5, "steps": 1,
                                                         "audio": True})

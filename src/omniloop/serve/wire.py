@@ -326,6 +326,8 @@ def wire_param(error: RequestRejected, names: Mapping[str, str]) -> str | None:
         fields = (match.group(1),)
     elif message.startswith("task ") or "needs an image" in message or "cannot read image" in message:
         return "input_reference"
+    elif message.startswith("node_params"):  # a node's own parameters (LTX-2's refine strength, ...)
+        return "node_params"
     else:
         return None
     for name in fields:

@@ -66,6 +66,19 @@ def test_videos_come_with_sound_unless_skipped(ltx2_server):
     assert _streams(httpx.get(f"{ltx2_server.url}/v1/videos/{silent.id}/content").content) == ["video"]
 
 
+def test_two_stage_over_http_reports_the_refined_size(ltx2_server):
+    r = httpx.post(f"{ltx2_server.url}/v1/videos", json={"prompt": "waves crash", "size": "64x64", "num_frames": 9,
+                                                         "steps": 2, "node_params": {"upsample": {}}})
+    assert r.status_code == 200, r.text
+    job = ltx2_server.wait_finished(r.json()["id"])
+    assert job["status"] == "completed" and job["size"] == "128x128"  # the upsampler doubles the base size
+    assert list(job["metrics"]["node_s"]) == ["text_encode", "denoise", "upsample", "refine", "decode", "audio_decode"]
+    with av.open(io.BytesIO(httpx.get(f"{ltx2_server.url}/v1/videos/{job['id']}/content").content)) as c:
+        video = next(s for s in c.streams if s.type == "video")
+        assert (video.codec_context.width, video.codec_context.height) == (128, 128)
+        assert sorted(s.type for s in c.streams) == ["audio", "video"]
+
+
 @pytest.mark.parametrize("node_params,message", [
     ({"refine": {"strength": 1.5}}, "node_params['refine'].strength: Value error, must be in [0, 1]"),
     ({"refine": {"strength": 0.2}}, "node_params['refine'].strength=0.2 with 3 steps runs no denoising step"),

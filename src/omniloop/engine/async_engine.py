@@ -33,6 +33,15 @@ logger = logging.getLogger(__name__)
 _REPORTED_CACHES = (TEXT_EMBEDDINGS, ADAPTERS)  # caches with summary() counters for /metrics
 
 
+def _server_cpu_threads(config: DeployConfig) -> None:
+    if config.torch_device().type == "cpu" and config.cpu_threads != "auto":
+        # an explicit count (serve --cpu-threads N) holds; "auto" keeps torch's for a long-lived server,
+        # whose load is its own work, not a neighbour's
+        from omniloop.cpu_threads import apply_cpu_threads
+
+        apply_cpu_threads(config.cpu_threads)
+
+
 def load_options(deploy: DeployConfig) -> LoadOptions:
     """The slice of ``deploy`` that loading and pipeline building read (its device checked first)."""
     deploy.check_device()
@@ -66,12 +75,7 @@ class AsyncEngine:
         """Load like ``VideoGenerator.from_pretrained``; ``options`` are DeployConfig fields
         (``plugins={name: config}`` enables plugins, e.g. from the server's deploy config file)."""
         config = DeployConfig.from_options(deploy, **options)
-        if config.torch_device().type == "cpu" and config.cpu_threads != "auto":
-            # an explicit count (serve --cpu-threads N) holds; "auto" keeps torch's for a long-lived server,
-            # whose load is its own work, not a neighbour's
-            from omniloop.cpu_threads import apply_cpu_threads
-
-            apply_cpu_threads(config.cpu_threads)
+        _server_cpu_threads(config)
         if config.parallel.world > 1:  # this process becomes rank 0 of an SPMD pool (engine/pool.py)
             from omniloop.engine.pool import launch_pool_engine
 
@@ -93,6 +97,7 @@ class AsyncEngine:
         if not models:
             raise ValueError("models: pass at least one {name: checkpoint}")
         config = DeployConfig.from_options(deploy, **options)
+        _server_cpu_threads(config)
         if config.parallel.world > 1:
             raise ValueError("parallel: a server of several models runs on one device; serve one model per SPMD pool")
         opts = load_options(config)

@@ -25,7 +25,9 @@ class Limits(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_frames: int = Field(default=257, ge=1)
-    max_pixels: int = Field(default=1280 * 720, ge=256, description="max height * width")
+    # 2048^2 by default: above every family's own default size (Flux's 1024^2 exceeded 1280x720,
+    # so a default deployment refused a request that left its size unset)
+    max_pixels: int = Field(default=2048 * 2048, ge=256, description="max height * width")
     max_steps: int = Field(default=100, ge=1)
     max_batch: int = Field(default=8, ge=1)
 
@@ -64,8 +66,9 @@ class DeployConfig(BaseModel):
     lora_host_mb: float = Field(default=8192, ge=0, description="adapter cache: host-memory LoRA budget (MiB)")
     limits: Limits = Field(default_factory=Limits)
     # -- engine -------------------------------------------------------------------------
-    scheduling: Literal["srpt", "fifo"] = Field(
-        default="srpt", description="step scheduling: shortest remaining cost first (with aging), or request-level FIFO"
+    scheduling: Literal["srpt", "fifo", "fifo_batch"] = Field(
+        default="srpt", description="step scheduling: shortest remaining cost first (with aging), request-level FIFO "
+        "(batch 1), or fifo_batch (request-level batching of same-shape requests, run together to the end)"
     )
     max_queue: int = Field(default=64, ge=1, description="waiting requests before new ones are rejected (429)")
     max_running: int = Field(default=8, ge=1, description="requests holding state at once")

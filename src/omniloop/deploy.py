@@ -25,9 +25,7 @@ class Limits(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_frames: int = Field(default=257, ge=1)
-    # 2048^2 by default: above every family's own default size (Flux's 1024^2 exceeded 1280x720,
-    # so a default deployment refused a request that left its size unset)
-    max_pixels: int = Field(default=2048 * 2048, ge=256, description="max height * width")
+    max_pixels: int = Field(default=1280 * 720, ge=256, description="max height * width")
     max_steps: int = Field(default=100, ge=1)
     max_batch: int = Field(default=8, ge=1)
 

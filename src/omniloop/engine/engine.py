@@ -127,8 +127,6 @@ class Engine:
             if self.config.limits is not None:  # before the family's checks: the cheapest refusal first
                 check_limits(request, self.config.limits, self.pipeline.defaults)
             state = self.pipeline.admit(request)
-            if self.config.limits is not None:  # again on what the family resolved (an edit's image size)
-                check_limits(state.request, self.config.limits, self.pipeline.defaults, admitted=True)
             check_plugin_params(state.request, self.pipeline)
             req = EngineRequest(request=state.request, state=state, nodes=self.pipeline.active_nodes(state.request))
             self._estimate(req)

@@ -1,12 +1,10 @@
 """Deployment ceilings (``DeployConfig.limits``), enforced once, at the engine's admission.
 
-``Engine.add_request`` calls ``check_limits`` before the family validator runs (the cheapest
-refusal first), so the offline API, the HTTP server and the Dynamo worker refuse an
-over-limit request with the same ``LimitExceeded`` message; and once more on the admitted
-request when the validator resolved fields the request left to it (an edit without a size
-runs at its image's size). The geometry is the resolved one: a field still unset counts at
-the model's default (``Pipeline.defaults``), since that is what would run, except a size
-that a given image, video or latents may set (checked once the family has resolved it). ``check_images_per_call`` is the one ceiling on a *call* (``n`` images), which
+``Engine.add_request`` calls ``check_limits`` before the family validator runs, so the
+offline API, the HTTP server and the Dynamo worker refuse an over-limit request with the
+same ``LimitExceeded`` message. The geometry is the resolved one: a field the request
+leaves unset counts at the model's default (``Pipeline.defaults``), since that is what
+would run. ``check_images_per_call`` is the one ceiling on a *call* (``n`` images), which
 only a front end sees; it lives here so every ceiling has one definition.
 """
 
@@ -17,7 +15,7 @@ from typing import Any
 
 from omniloop.deploy import Limits
 from omniloop.engine.errors import RequestRejected
-from omniloop.request import ImagePart, LatentPart, OmniRequest, TaskType, VideoPart
+from omniloop.request import OmniRequest, TaskType
 
 
 class LimitExceeded(RequestRejected):
@@ -33,10 +31,9 @@ class LimitExceeded(RequestRejected):
         return self.fields[0] if self.fields == ("n",) else f"diffusion.{self.fields[0]}"
 
 
-def check_limits(request: OmniRequest, limits: Limits, defaults: Mapping[str, Any], *, admitted: bool = False) -> None:
+def check_limits(request: OmniRequest, limits: Limits, defaults: Mapping[str, Any]) -> None:
     """Raise ``LimitExceeded`` if ``request`` (with the model's ``defaults`` filled in)
-    exceeds ``limits``: frames, pixels per frame, denoise steps. ``admitted``: the request
-    the family validator returned (its size is resolved; an unsized one runs at the default)."""
+    exceeds ``limits``: frames, pixels per frame, denoise steps."""
     if request.task is TaskType.REASON:  # text out: no frames, pixels or denoise steps (the AR KV is admission's)
         return
     p = request.diffusion
@@ -46,7 +43,9 @@ def check_limits(request: OmniRequest, limits: Limits, defaults: Mapping[str, An
                             f"{limits.max_frames} (limits.max_frames); ask for fewer frames (a shorter clip)",
                             fields=("num_frames",))
     width, height = p.width or int(defaults.get("width", 0)), p.height or int(defaults.get("height", 0))
-    if width * height > limits.max_pixels and not _sized_by_input(request, admitted):
+    world_canvas = request.task in (TaskType.A2W, TaskType.V2W) and p.width is None and p.height is None
+    # (a world model sizes an unsized rollout from its first frame, by its resolution tiers: not the default size)
+    if width * height > limits.max_pixels and not world_canvas:
         raise LimitExceeded(f"diffusion.width x height: {width}x{height} = {width * height} pixels exceed this "
                             f"deployment's limit of {limits.max_pixels} (limits.max_pixels); pass a smaller size",
                             fields=("height", "width"))
@@ -54,19 +53,6 @@ def check_limits(request: OmniRequest, limits: Limits, defaults: Mapping[str, An
     if steps > limits.max_steps:
         raise LimitExceeded(f"diffusion.steps: {steps} steps exceed this deployment's limit of {limits.max_steps} "
                             "(limits.max_steps); pass fewer steps", fields=("steps",))
-
-
-def _sized_by_input(request: OmniRequest, admitted: bool) -> bool:
-    """An unsized request whose inputs may give its size: a world model sizes a rollout from
-    its first frame by its resolution tiers (at run time); before the family validator, an
-    edit or image-to-video may still take its image's size (validators write it into the
-    request, so the admitted request's pixels are checked)."""
-    p = request.diffusion
-    if p.width is not None or p.height is not None:
-        return False
-    if request.task in (TaskType.A2W, TaskType.V2W):
-        return True
-    return not admitted and any(isinstance(part, (ImagePart, VideoPart, LatentPart)) for part in request.inputs)
 
 
 def check_images_per_call(n: int, limits: Limits) -> None:

@@ -46,27 +46,3 @@ def test_an_edit_without_a_size_takes_its_image_size(flux_dir):
     out = gen.generate(_req(TaskType.I2I, [ImagePart(data=image, role="reference")], steps=2, strength=1.0, seed=0))
     assert out.status.value == "completed", out.error
     assert out.image.image.shape == (48, 32, 3)
-
-
-def test_limits_hold_an_edit_at_its_image_size_and_the_default_size_passes_default_limits(flux_dir):
-    """The deployment's limits see the geometry that would run: an i2i edit without a size
-    runs at its image's size (not the model's 1024x1024 default), and a default deployment
-    serves the model's own default size (1280x720 ceilings used to refuse every unsized t2i)."""
-    import numpy as np
-
-    from omniloop.api.generator import VideoGenerator
-    from omniloop.deploy import Limits
-    from omniloop.engine import LimitExceeded, check_limits
-
-    defaults = generator(flux_dir).pipeline.defaults
-    assert defaults["height"] * defaults["width"] == 1024 * 1024
-    check_limits(_req(), Limits(), defaults)  # raises if the default ceilings refuse the default size
-    gen = VideoGenerator.from_pretrained(flux_dir, device="cpu", dtype="float32", limits={"max_pixels": 40 * 40})
-    small = np.zeros((48, 32, 3), dtype=np.uint8)  # 1,536 pixels: under the 1,600 ceiling
-    out = gen.generate(_req(TaskType.I2I, [ImagePart(data=small, role="reference")], steps=1, strength=1.0, seed=0))
-    assert out.status.value == "completed", out.error
-    big = np.zeros((48, 48, 3), dtype=np.uint8)
-    with pytest.raises(LimitExceeded, match=r"diffusion.width x height: 48x48 = 2304 pixels exceed this deployment's "
-                                            r"limit of 1600 \(limits.max_pixels\)"):
-        gen.generate(_req(TaskType.I2I, [ImagePart(data=big, role="reference")], steps=1, strength=1.0))
-    assert not gen.engine.has_unfinished()

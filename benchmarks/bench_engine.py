@@ -1,7 +1,7 @@
 """Engine benchmarks, side by side in one run (JSON lines):
 
   overhead  engine-driven DenoiseLoop vs a plain hand-written loop over the same model
-  mixed     4-step and 50-step (--long-steps; --tiny: 20) requests, all at t0 and as Poisson arrivals: the step
+  mixed     4-step and 50-step (--long-steps; --tiny: 12) requests, all at t0 and as Poisson arrivals: the step
             scheduler (SRPT, steps batched across requests) vs two request-level baselines
             on the same trace: FIFO at batch 1, and FIFO with request-level batching of
             same-shape requests (sglang-style dynamic batching: requests of one shape that
@@ -208,7 +208,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None)
     p.add_argument("--max-batch", type=int, default=8)
     p.add_argument("--load", type=float, default=0.85, help="Poisson offered load, as a share of FIFO's rate")
-    p.add_argument("--long-steps", type=int, default=None, help="steps of the mixed trace's long requests (50; --tiny 20)")
+    p.add_argument("--long-steps", type=int, default=None, help="steps of the mixed trace's long requests (50; --tiny 12)")
     args = p.parse_args(argv)
     cuda = torch.cuda.is_available() and not args.tiny
     if not cuda:
@@ -225,7 +225,7 @@ def main(argv=None) -> int:
         args.small_size, args.small_steps, args.n_small = 32, 4, 8
     from wan_random import save_random_wan
 
-    args.long_steps = args.long_steps or (50 if cuda else 20)
+    args.long_steps = args.long_steps or (50 if cuda else 12)  # tiny: 3x a short request, still the long class
     folder = args.model or save_random_wan(size="full" if cuda else "tiny", device=str(device))
     opts = LoadOptions(device=device, dtype=dtype, attention_backend="sdpa")
     _, pipeline = load_pipeline(folder, opts)

@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.slow  # ~40 s of CPU: 18 traces (3 policies x 2 arrival patterns x 3 repeats) and the rest
+@pytest.mark.slow  # ~35 s of CPU: 18 traces (3 policies x 2 arrival patterns x 3 repeats) and the rest
 def test_engine_benchmark_smoke(tmp_path):
     out = tmp_path / "engine.jsonl"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_engine.py"), "--tiny", "--out", str(out)],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "omniloop"
@@ -19,26 +20,33 @@ ALLOWED = {
 FORBIDDEN_EVERYWHERE = {"train"}
 
 
-def _imports(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text())
-    found = set()
-    for node in ast.walk(tree):
+@functools.lru_cache(maxsize=None)
+def _modules(path: Path) -> tuple[str, ...]:
+    """Every module ``path`` imports, absolute (relative imports resolved against its
+    package); each file is parsed once for all the checks below."""
+    package = ["omniloop", *path.relative_to(SRC).parts[:-1]]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module]
-        else:
-            continue
-        for name in names:
-            parts = name.split(".")
-            if parts[0] == "omniloop" and len(parts) > 1:
-                found.add(parts[1])
-    return found
+            found += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            found.append(".".join([*base, *([node.module] if node.module else [])]))
+    return tuple(found)
+
+
+def _imports(path: Path) -> set[str]:
+    """The omniloop top-level packages ``path`` imports."""
+    return {parts[1] for parts in (m.split(".") for m in _modules(path)) if parts[0] == "omniloop" and len(parts) > 1}
+
+
+def _sources() -> list[Path]:
+    return sorted(SRC.rglob("*.py"))
 
 
 def test_dependency_rule():
     problems = []
-    for path in SRC.rglob("*.py"):
+    for path in _sources():
         rel = path.relative_to(SRC).parts
         package = rel[0] if len(rel) > 1 else path.stem
         imported = _imports(path) - {package}
@@ -68,18 +76,17 @@ def test_a_family_is_named_only_inside_its_folder():
     module outside a family's folder imports it. ``train/`` trains our own shipped models
     (a Wan-architecture DiT), so it may name the family it trains."""
     problems = []
-    for family in _family_names():
-        prefix = f"omniloop.models.families.{family}"
-        for path in SRC.rglob("*.py"):
-            rel = path.relative_to(SRC)
-            if rel.parts[0] == "train" or path.is_relative_to(FAMILIES / family):
+    families = _family_names()
+    for path in _sources():
+        rel = path.relative_to(SRC)
+        if rel.parts[0] == "train":
+            continue
+        for family in families:
+            prefix = f"omniloop.models.families.{family}"
+            if path.is_relative_to(FAMILIES / family):
                 continue
-            tree = ast.parse(path.read_text())
-            for node in ast.walk(tree):
-                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                         else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-                if any(n == prefix or n.startswith(prefix + ".") for n in names):
-                    problems.append(f"{rel} imports {prefix}")
+            if any(n == prefix or n.startswith(prefix + ".") for n in _modules(path)):
+                problems.append(f"{rel} imports {prefix}")
     assert not problems, problems
 
 

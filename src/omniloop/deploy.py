@@ -70,8 +70,9 @@ class DeployConfig(BaseModel):
         "the least recently used idle model is dropped and reloaded from disk when asked for); None: unbounded")
     limits: Limits = Field(default_factory=Limits)
     # -- engine -------------------------------------------------------------------------
-    scheduling: Literal["srpt", "fifo"] = Field(
-        default="srpt", description="step scheduling: shortest remaining cost first (with aging), or request-level FIFO"
+    scheduling: Literal["srpt", "fifo", "fifo_batch"] = Field(
+        default="srpt", description="step scheduling: shortest remaining cost first (with aging), request-level FIFO "
+        "(batch 1), or fifo_batch (request-level batching of same-shape requests, run together to the end)"
     )
     max_queue: int = Field(default=64, ge=1, description="waiting requests before new ones are rejected (429)")
     max_running: int = Field(default=8, ge=1, description="requests holding state at once")

@@ -137,6 +137,7 @@ def test_serve_and_dynamo_worker_spell_their_shared_flags_the_same():
     for flag in ("--model", "--served-model-name", "--deploy-config", "--drain-timeout", "--drain-timeout-s",
                  "--warmup-steps", "--warmup-size", "--warmup-frames", "--device", "--limits", "--max-batch"):
         assert flag in shared, flag
+    # the HTTP server's own: its socket, jobs, drain, and live sessions (/v1/sessions, HTTP only)
     assert flags("serve") - shared == {"--host", "--port", "--api-key", "--max-jobs", "--max-upload-bytes", "--drain",
                                        "--cancel-wait-s", "--sse-keepalive-s", "--job-store", "--output-dir",
                                        "--requeue-on-restart", "--no-requeue-on-restart", "--retention-max-bytes",

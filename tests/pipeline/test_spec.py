@@ -138,3 +138,21 @@ def test_components_shared_by_reference_between_loop_nodes(wan_a14b_dir):
     ctxs = gen.pipeline.contexts
     assert ctxs["denoise"].component("vae") is ctxs["decode"].component("vae")
     assert ctxs["denoise"].component("transformer") is gen.pipeline.components["transformer"]
+
+
+def test_a_stage_missing_protocol_methods_is_refused_naming_them():
+    """The engine calls every method of the Stage / LoopStage protocols without probing, so
+    a stage that lacks some is refused at build (not with an AttributeError mid-step)."""
+
+    class BareLoop:  # a loop written against the protocol by hand, without LoopStageBase
+        inputs, optional_inputs, outputs, components = {}, {}, {"latents": DenoisedLatents}, ()
+
+        def init(self, ctx, state): ...  # pragma: no cover - never run
+
+        def step(self, ctx, loop): ...  # pragma: no cover
+
+        def finalize(self, ctx, loop, state): ...  # pragma: no cover
+
+    with pytest.raises(PipelineSpecError, match=r"node 'denoise': BareLoop lacks \['batch_key', 'batch_weight', "
+                                                r"'check_request', .*'ready', 'ready_at', .*subclass .*LoopStageBase"):
+        spec([Node("denoise", BareLoop())])

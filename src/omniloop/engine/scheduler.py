@@ -274,8 +274,7 @@ def _ready(req: EngineRequest) -> bool:
     node = req.node
     if req.loop is None or node is None or not node.is_loop:
         return True
-    ready = getattr(node.stage, "ready", None)
-    return ready is None or bool(ready(req.loop))
+    return bool(node.stage.ready(req.loop))
 
 
 def _shape_key(req: EngineRequest) -> tuple:
@@ -287,6 +286,5 @@ def _in_prologue(req: EngineRequest) -> bool:
     """Before the request's first loop step: a one-shot node, a loop still to ``init``, or a
     loop whose stage says its next step is still prologue (an AR loop's prefill chunks)."""
     if req.loop is not None:
-        in_prologue = getattr(req.node.stage, "in_prologue", None) if req.node is not None else None
-        return bool(in_prologue(req.loop)) if in_prologue is not None else False
+        return req.node is not None and bool(req.node.stage.in_prologue(req.loop))
     return any(node.is_loop for node in req.nodes[req.node_index:])

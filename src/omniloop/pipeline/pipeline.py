@@ -91,18 +91,15 @@ class Pipeline:
         return state
 
     def _check_nodes(self, state: RequestState) -> None:
-        """Stages' own admission checks (``check_request(ctx, state, produced_edges)``, optional),
+        """Stages' own admission checks (``check_request(ctx, state, produced_edges)``),
         and a ``diffusion.strength`` that no loop of this request can use."""
         active = self.active_nodes(state.request)
         produced = frozenset(edge for node in active for edge in node.output_edges())
         for node in active:
-            check = getattr(node.stage, "check_request", None)
-            if check is not None:
-                check(self.contexts[node.name], state, produced)
+            node.stage.check_request(self.contexts[node.name], state, produced)
         strength = state.request.diffusion.strength
         if strength is not None and not any(
-            node.stage.starts_from_given(self.contexts[node.name], produced)
-            for node in active if callable(getattr(node.stage, "starts_from_given", None))
+            node.stage.starts_from_given(self.contexts[node.name], produced) for node in active if node.is_loop
         ):
             raise ValueError(
                 f"diffusion.strength={strength}: no loop of this {state.request.task.value!r} request starts from given "

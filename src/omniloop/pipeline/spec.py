@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from omniloop.pipeline.predicates import Predicate
-from omniloop.pipeline.stage import is_loop
+from omniloop.pipeline.stage import LoopStage, Stage, is_loop
 from omniloop.request import Artifact, TaskType
 
 
@@ -140,6 +140,12 @@ def _check_node_shape(spec: PipelineSpec, node: Node) -> None:
             raise _fail(spec, f"node {node.name!r}: stage {type(stage).__name__} lacks {attr!r}")
     if not node.is_loop and not callable(getattr(stage, "forward", None)):
         raise _fail(spec, f"node {node.name!r}: {type(stage).__name__} is neither a Stage nor a LoopStage")
+    protocol = LoopStage if node.is_loop else Stage
+    missing = [m for m in _protocol_methods(protocol) if not hasattr(stage, m)]
+    if missing:  # the engine calls them all, never probes (StageBase / LoopStageBase give the defaults)
+        base = "LoopStageBase" if node.is_loop else "StageBase"
+        raise _fail(spec, f"node {node.name!r}: {type(stage).__name__} lacks {missing} of the {protocol.__name__} "
+                          f"protocol; subclass omniloop.pipeline.stage.{base} for their defaults")
     for comp in stage.components:
         if comp not in spec.components:
             raise _fail(
@@ -151,6 +157,14 @@ def _check_node_shape(spec: PipelineSpec, node: Node) -> None:
         bad = sorted(set(ports) - known)
         if bad:
             raise _fail(spec, f"node {node.name!r} renames unknown {label} port(s) {bad}; ports: {sorted(known)}")
+
+
+def _protocol_methods(protocol: type) -> list[str]:
+    """The methods and properties a stage protocol lists (its ports are checked above)."""
+    return sorted(name for cls in protocol.__mro__ if cls.__module__ == protocol.__module__
+                  and cls.__name__ not in ("_Ports", "Protocol", "Generic", "object")
+                  for name, value in vars(cls).items()
+                  if not name.startswith("_") and (callable(value) or isinstance(value, property)))
 
 
 def _check_edge(

@@ -64,6 +64,11 @@ class Stage(_Ports, Protocol):
         """Cost and memory of running the node for this request, before it runs."""
         ...
 
+    def check_request(self, ctx: StageContext, state: RequestState, produced: frozenset[str]) -> None:
+        """Admission: raise a ValueError naming the field when this request cannot run at the
+        node (``produced``: the edges the request's active nodes write)."""
+        ...
+
     @property
     def groups_forward(self) -> bool:
         """Whether ``forward_many`` runs a group of requests as one call (the engine then
@@ -89,6 +94,13 @@ class LoopStage(_Ports, Protocol):
     def finalize(self, ctx: StageContext, loop: LoopState, state: RequestState) -> None: ...
 
     def estimate(self, ctx: StageContext, state: RequestState) -> WorkEstimate: ...
+
+    def check_request(self, ctx: StageContext, state: RequestState, produced: frozenset[str]) -> None: ...
+
+    def starts_from_given(self, ctx: StageContext, produced: frozenset[str]) -> bool:
+        """Whether the loop starts from given latents in a request producing ``produced`` (a
+        ``diffusion.strength`` that no loop of a request can use is refused at admission)."""
+        ...
 
     def step_flops(self, loop: LoopState) -> float | None:
         """Analytic FLOPs of the loop's next step (the cost model's prior; None: unknown)."""
@@ -118,6 +130,18 @@ class LoopStage(_Ports, Protocol):
         (``SchedulingPolicy.max_batch_tokens``); 0: nothing counted."""
         ...
 
+    def ready(self, loop: LoopState) -> bool:
+        """False while the loop's next step cannot run (it waits for KV blocks)."""
+        ...
+
+    def ready_at(self, loop: LoopState) -> float | None:
+        """``time.perf_counter()`` before which the next step must not run (None: now)."""
+        ...
+
+    def in_prologue(self, loop: LoopState) -> bool:
+        """True while the loop's next step is prologue work (an AR loop's prefill chunks)."""
+        ...
+
 
 def is_loop(stage: Any) -> bool:
     return callable(getattr(stage, "init", None)) and callable(getattr(stage, "step", None))
@@ -135,6 +159,9 @@ class StageBase:
     def estimate(self, ctx: StageContext, state: RequestState) -> WorkEstimate:
         """Cost/memory estimate before the node runs (override where it matters)."""
         return WorkEstimate()
+
+    def check_request(self, ctx: StageContext, state: RequestState, produced: frozenset[str]) -> None:
+        """Admission check of the node for one request (default: none)."""
 
     @property
     def groups_forward(self) -> bool:
@@ -181,6 +208,10 @@ class LoopStageBase(StageBase):
 
     def release(self, loop: LoopState) -> None:
         """Free what ``loop`` holds when it ends without ``finalize`` (cancel, failure)."""
+
+    def starts_from_given(self, ctx: StageContext, produced: frozenset[str]) -> bool:
+        """Whether the loop starts from given latents (default: it starts from noise or a prompt)."""
+        return False
 
     def ready_at(self, loop: LoopState) -> float | None:
         """``time.perf_counter()`` before which the loop's next step must not run (a live

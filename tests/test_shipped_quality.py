@@ -11,8 +11,9 @@ Thresholds: those figures less a margin of 2-3 objects or clips (one object is ~
 one clip 6.25). Re-measure when new weights ship and tighten:
 ``python -m omniloop.train.recipes.evaluate --model shapes-t2v-4step --n 16 --max-batch 8 --device cpu``.
 
-Cost: 16 x (4 DiT forwards + a 17x128x128 VAE decode), ~4 s of CPU a video at one thread
-(the decode is ~80% of it): slow-marked, still run in CI.
+Cost: 16 x (4 DiT forwards + a 17x128x128 VAE decode; the decode is ~80%): 0.65 s a video on
+2 idle cores (benchmarks/results/shapes_cpu_trained.jsonl), ~15 s with the load; ~4 s of CPU a
+video at one thread on a shared box under load (minutes of wall time): slow-marked, run in CI.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from omniloop.pipeline.predicates import opt
 from omniloop.pipeline.samplers import build_sampler, sampler_for_diffusers_class
 from omniloop.pipeline.samplers.sampler_set import SamplerSet
 from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
+from omniloop.models.families.stable_audio.parallelize import STABLE_AUDIO_PARALLEL
 from omniloop.models.families.stable_audio.presets import STABLE_AUDIO_DEFAULTS
 from omniloop.models.families.stable_audio.stages import (
     StableAudioDecode,
@@ -137,5 +138,6 @@ STABLE_AUDIO = register_model_spec(
         build=build_stable_audio,
         description="Stable Audio (Open): DiT over Oobleck VAE latents, T5 text and seconds conditioning, "
                     "cosine DPM-solver",
+        extras={"parallel": STABLE_AUDIO_PARALLEL},
     )
 )

@@ -6,7 +6,7 @@ settings alternate run by run, so a machine whose load changes meanwhile treats 
     python benchmarks/bench_cli_threads.py                         # both shipped models
     python benchmarks/bench_cli_threads.py --tiny                  # smoke test (a toy export)
 
-One JSON line per (model, setting): median wall seconds of ``--repeats`` runs, the CLI's own
+One JSON line per (model, setting): median wall and CPU seconds of ``--repeats`` runs, the CLI's own
 generate / load seconds, the threads ``auto`` resolved to and the load average then.
 ``OMP_NUM_THREADS`` is removed from the children's environment, so ``torch`` (the
 baseline setting) is torch's default: one thread per core.
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -35,13 +36,20 @@ def run_once(model: str, setting: str, out: Path, extra: list[str]) -> dict:
            "--output", str(out), "--no-progress", "--seed", "0", *extra]
     if setting != "torch":
         cmd += ["--cpu-threads", setting]
-    t0 = time.perf_counter()
+    t0, used = time.perf_counter(), _children_cpu_s()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, _children_cpu_s() - used
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed: {proc.stderr[-2000:]}")
     generate_s, load_s = (float(v) for v in _TIMES.search(proc.stdout).groups())
-    return {"wall_s": wall, "generate_s": generate_s, "load_s": load_s}
+    return {"wall_s": wall, "cpu_s": cpu, "generate_s": generate_s, "load_s": load_s}
+
+
+def _children_cpu_s() -> float:
+    """User + system CPU seconds of the finished children: wall / cpu shows how long threads
+    waited for a core (on a loaded box wall time swings with the load; CPU time much less)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         for setting, rows in runs.items():
             emit({"bench": "cli_threads", "model": Path(model).name, "setting": setting, "repeats": len(rows),
                   "wall_s": round(statistics.median(r["wall_s"] for r in rows), 2),
+                  "cpu_s": round(statistics.median(r["cpu_s"] for r in rows), 2),
                   "generate_s": round(statistics.median(r["generate_s"] for r in rows), 2),
                   "load_s": round(statistics.median(r["load_s"] for r in rows), 2),
                   "walls_s": [round(r["wall_s"], 2) for r in rows], "auto_threads": sorted(set(auto)),

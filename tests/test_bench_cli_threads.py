@@ -17,5 +17,5 @@ def test_cli_threads_benchmark_smoke():
     records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert [r["setting"] for r in records] == ["auto", "1"]
     for r in records:
-        assert r["wall_s"] > r["generate_s"] > 0 and r["load_s"] > 0
+        assert r["wall_s"] > r["generate_s"] > 0 and r["load_s"] > 0 and r["cpu_s"] > 0
         assert all(1 <= t <= r["torch_default_threads"] for t in r["auto_threads"])

@@ -1,13 +1,19 @@
 """The quality gate of the embedded default: the shipped 4-step student generates a fixed set
-of held-out prompts on the CPU (16 videos, ~10 s on 2 idle cores) and must clear per-frame
-stability and adherence thresholds, so a regression in the shipped weights fails CI.
+of held-out prompts on the CPU (16 videos) and must clear per-frame stability and adherence
+thresholds, so a regression in the shipped weights fails CI.
 
-Thresholds: the student's figures on this set (session-5 weights, CPU fp32: color 100%,
-shape 86%, motion 68%, count 88%; stable 0% with the session-5 VAE, whose frames 13-16
-collapse) less a margin of ~2-3 objects (one object is ~5 points here). ``stable`` and the
-per-frame bar are the issue-15 targets; re-measure them when new weights ship
-(``python -m omniloop.train.recipes.evaluate --model shapes-t2v-4step --n 16 --device cpu``
-prints the figures) and tighten.
+Measured on the shipped weights (issue 15's decoder fine-tune, CPU fp32, 2 threads):
+color 100%, shape 91%, motion 82% (22 objects), count 88%, stable 75% (12 of 16 clips; the 10
+one-object clips all stable, the 4 unstable ones are two-object clips with an extra or merged
+blob), at most 12.5% of the clips failing at any frame index. With the session-5 VAE (9-frame
+training, frames 13-16 collapsed) stable was 0% and every clip failed at frames 13-16.
+Thresholds: those figures less a margin of 2-3 objects or clips (one object is ~4.5 points,
+one clip 6.25). Re-measure when new weights ship and tighten:
+``python -m omniloop.train.recipes.evaluate --model shapes-t2v-4step --n 16 --max-batch 8 --device cpu``.
+
+Cost: 16 x (4 DiT forwards + a 17x128x128 VAE decode; the decode is ~80%): 0.65 s a video on
+2 idle cores (benchmarks/results/shapes_cpu_trained.jsonl), ~15 s with the load; ~4 s of CPU a
+video at one thread on a shared box under load (minutes of wall time): slow-marked, run in CI.
 """
 
 from __future__ import annotations
@@ -16,15 +22,17 @@ import pytest
 import torch
 
 from omniloop.cpu_threads import apply_cpu_threads
-from omniloop.models.manifest import read_manifest
 from omniloop.models.loader import BUILTIN_MODELS
+from omniloop.models.manifest import read_manifest
 from omniloop.train.recipes.evaluate import evaluate_model
 from omniloop.train.recipes.shapes_model import STUDENT_NAME
-from tests.shipped import SESSION5_REASON, SHIPS_SESSION5_VAE
+
+pytestmark = pytest.mark.slow
 
 N_PROMPTS = 16  # held_out_prompts(16, seed=0): 10 one-object and 6 two-object prompts
-THRESHOLDS = {"color": 0.85, "shape": 0.7, "motion": 0.5, "count": 0.75, "stable": 0.7}
-MAX_FAILING_AT_ANY_FRAME = 0.3  # share of the clips failing at one frame index
+THRESHOLDS = {"color": 0.9, "shape": 0.8, "motion": 0.7, "count": 0.75, "stable": 0.6}
+ONE_OBJECT_STABLE = 0.8  # the 10 one-object clips: a collapsing end fails every one of them
+MAX_FAILING_AT_ANY_FRAME = 0.25  # share of the clips failing at one frame index
 IMAGE_THRESHOLDS = {"color": 0.75, "shape": 0.5}  # once the student declares T2I (8 prompts)
 
 
@@ -39,13 +47,16 @@ def student_figures():
         torch.set_num_threads(before)
 
 
-@pytest.mark.xfail(SHIPS_SESSION5_VAE, strict=True, reason=SESSION5_REASON)
 def test_the_shipped_student_holds_to_the_last_frame(student_figures):
     stability = student_figures["stability"]
     assert stability["stable"] >= THRESHOLDS["stable"], stability
-    worst = max(range(len(stability["failing_by_frame"])), key=stability["failing_by_frame"].__getitem__)
-    assert stability["failing_by_frame"][worst] <= MAX_FAILING_AT_ANY_FRAME, (
-        f"frame {worst}: {stability['failing_by_frame'][worst]:.0%} of the clips fail there ({stability})")
+    one = student_figures["by_objects"]["1"]
+    assert one["stable"] >= ONE_OBJECT_STABLE, f"one-object clips: {one}"
+    failing = stability["failing_by_frame"]
+    assert len(failing) == 17  # every frame index of the default clip is scored
+    worst = max(range(len(failing)), key=failing.__getitem__)
+    assert failing[worst] <= MAX_FAILING_AT_ANY_FRAME, (
+        f"frame {worst}: {failing[worst]:.0%} of the clips fail there ({stability})")
 
 
 def test_the_shipped_student_shows_the_prompt(student_figures):

@@ -47,3 +47,20 @@ def test_server_refuses_images_for_it_with_a_400(video_only_student):
         assert models.data[0].model_extra["tasks"] == ["t2v"]
         with pytest.raises(BadRequestError, match=r"does not generate images \(tasks: \['t2v'\]\)"):
             server.client().images.generate(prompt="a red circle", n=4, size="128x128")
+
+
+@pytest.mark.parametrize("model", ["shapes-t2v", "shapes-t2v-4step"])
+def test_cli_refuses_t2i_for_the_shipped_models_before_loading_them(model, monkeypatch, capsys, tmp_path):
+    """The shipped pair declares t2v alone: ``--task t2i`` is refused from the manifest, before
+    any weight loads (a user waits no load for a refusal)."""
+    from omniloop.api import cli, generator
+
+    def never(*_, **__):
+        raise AssertionError("the weights loaded before the task was checked")
+
+    monkeypatch.setattr(generator.VideoGenerator, "from_pretrained", never)
+    args = ["generate", "a red circle", "--task", "t2i", "--output", str(tmp_path / "c.png"), "--no-progress"]
+    assert cli.main([*args, "--model", model]) == 2
+    err = capsys.readouterr().err
+    assert f"--task t2i: task 't2i' is not served by '{model}' (its tasks: ['t2v']); pass --task t2v" in err
+    assert cli.main(args) == 2 and "not served by 'shapes-t2v'" in capsys.readouterr().err  # the default model

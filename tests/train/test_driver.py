@@ -204,3 +204,17 @@ def test_issue_15_chain_decoder_finetune_gate_install_then_images_and_two_object
     for name in ("shapes-t2v", "shapes-t2v-4step"):
         assert figures[name]["images"]["n"] == 2 and figures[name]["two_objects"]["n"] == 2
         assert "stable" in figures[name]
+
+
+def test_evaluate_cli_takes_the_pack_and_scores_what_the_wheel_scores(pack_dir, first_run, tmp_path):
+    """The GPU machines evaluate the shipped models with the pack (no MiniLM wheel there)."""
+    from omniloop.train.recipes import evaluate
+
+    model = str(first_run / "export" / "shapes-t2v-4step")
+    common = ["--model", model, "--n", "2", "--device", "cpu", "--two-objects", "1"]
+    assert evaluate.main([*common, "--text-encoder", str(pack_dir), "--output", str(tmp_path / "pack.json")]) == 0
+    assert evaluate.main([*common, "--output", str(tmp_path / "wheel.json")]) == 0
+    packed, wheel = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("pack", "wheel"))
+    assert packed["report"] == wheel["report"] and packed["two_objects"] == wheel["two_objects"]
+    with pytest.raises(ValueError, match="--text-encoder .* is not a directory: pass the folder"):
+        evaluate.main([*common, "--text-encoder", str(tmp_path / "pack.json")])

@@ -88,6 +88,24 @@ def _check_output(args: argparse.Namespace, tasks: list[str] | None = None) -> N
     raise ValueError(errors[0])
 
 
+def _check_declared_task(model: str, task: str | None) -> None:
+    """--task against the tasks an omniloop manifest declares, before its weights load (the
+    shipped shapes models declare t2v alone: trained on clips, they make no images). A
+    diffusers checkpoint's tasks are known once it loads; admission checks them then."""
+    from omniloop.models.loader import resolve_model_path
+    from omniloop.models.manifest import MANIFEST_FILE, read_manifest
+
+    if task is None:
+        return
+    root = resolve_model_path(model)
+    if not (root / MANIFEST_FILE).is_file():
+        return
+    tasks = list(read_manifest(root).tasks)
+    if task not in tasks:
+        raise ValueError(f"--task {task}: task {task!r} is not served by {model!r} (its tasks: {tasks}); pass "
+                         f"--task {tasks[0]}, or a --model that serves {task} (omniloop models lists them)")
+
+
 def _cmd_generate(args: argparse.Namespace) -> int:
     from omniloop.api.generator import DEFAULT_MODEL, VideoGenerator
 
@@ -103,6 +121,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     _check_output(args)
     if args.image is not None and not Path(args.image).is_file():
         raise FileNotFoundError(f"--image {args.image}: no such file")
+    _check_declared_task(args.model or DEFAULT_MODEL, args.task)
     t0 = time.perf_counter()
     with VideoGenerator.from_pretrained(args.model or DEFAULT_MODEL, deploy=deploy) as gen:  # closes a pool's ranks
         load_s = time.perf_counter() - t0

@@ -7,6 +7,8 @@ defaults, the deployment's device and dtype), batched through the engine (CFG br
 batched), and scored by the adherence evaluator.
 
     python -m omniloop.train.recipes.evaluate --model shapes-t2v --n 256 --output result.json
+    # a machine without the MiniLM wheel (the GPU machines): the pack ``train_shapes.py pack-minilm`` writes
+    python -m omniloop.train.recipes.evaluate --model shapes-t2v --n 256 --text-encoder .scratch/minilm_pack
 
 Beside color / shape / motion it reports the clips' stability per frame index
 (``stability``), one- and two-object prompts apart (``by_objects``), optionally a set of
@@ -120,6 +122,20 @@ def _write_videos(folder: Path, videos: list, prompts: list[str], fps: int) -> N
     (folder / "prompts.jsonl").write_text("\n".join(lines) + "\n")
 
 
+def _packed_text_encoder(pack: Path, model: str, device: str) -> Any:
+    """The MiniLM pack on the evaluation's device, cut to the model's text length (its manifest default)."""
+    from omniloop.models.loader import resolve_model_path
+    from omniloop.models.manifest import read_manifest
+    from omniloop.train.recipes.minilm_pack import load_packed_minilm
+
+    if not pack.is_dir():
+        raise ValueError(f"--text-encoder {pack} is not a directory: pass the folder train_shapes.py pack-minilm "
+                         "wrote (e.g. .scratch/minilm_pack)")
+    manifest = read_manifest(resolve_model_path(model))
+    return load_packed_minilm(pack, device=DeployConfig(device=device).torch_device(),
+                              max_sequence_length=int(manifest.defaults.get("max_sequence_length", 32)))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m omniloop.train.recipes.evaluate", description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True, help="model directory or built-in name")
@@ -134,11 +150,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--two-objects", type=int, default=0, help="also this many two-object prompts")
     p.add_argument("--videos", default=None, help="also write the mp4s and prompts.jsonl here")
     p.add_argument("--output", default=None, help="write the JSON report here")
+    p.add_argument("--text-encoder", default=None, help="a MiniLM pack dir (train_shapes.py pack-minilm) for a "
+                   "machine without the MiniLM wheel: the same features on every shapes-world prompt")
     args = p.parse_args(argv)
     params = {k: v for k, v in (("steps", args.steps), ("guidance_scale", args.guidance_scale)) if v is not None}
+    text_encoder = None if args.text_encoder is None else _packed_text_encoder(Path(args.text_encoder), args.model,
+                                                                               args.device)
     result = evaluate_model(args.model, n=args.n, seed=args.seed, device=args.device, dtype=args.dtype,
                             max_batch=args.max_batch, videos_dir=Path(args.videos) if args.videos else None,
-                            images=args.images, two_objects=args.two_objects, **params)
+                            images=args.images, two_objects=args.two_objects, text_encoder=text_encoder, **params)
     text = json.dumps(result, indent=2, default=str)
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)

@@ -77,7 +77,10 @@ def tokenizer():
 def random_transformer(config: Cosmos3Config, device, dtype) -> Cosmos3Transformer:
     with torch.device("meta"):
         model = Cosmos3Transformer(config)
-    model = model.to_empty(device=device)
+    # cast on meta, then materialize: the weights exist once, in ``dtype`` (an fp32 build
+    # cast afterwards would hold ~90 GB at the published size and inflate the peak figure)
+    model = model.to(dtype).to_empty(device=device)
+    model.time_embedder.float()  # kept fp32, like the loader
     g = torch.Generator(device=device).manual_seed(0)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -85,8 +88,6 @@ def random_transformer(config: Cosmos3Config, device, dtype) -> Cosmos3Transform
                 p.fill_(1.0)
             else:
                 p.normal_(0.0, 0.02, generator=g)
-    model = model.to(dtype)
-    model.time_embedder.float()  # kept fp32, like the loader
     return model.eval().requires_grad_(False)
 
 

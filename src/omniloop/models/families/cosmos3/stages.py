@@ -31,12 +31,14 @@ from omniloop.io.image import open_image
 from omniloop.io.video import read_video
 from omniloop.models.families.cosmos3 import presets as P
 from omniloop.models.families.cosmos3.model import Cosmos3Transformer, GenLayout, pack_sample
+from omniloop.models.families.cosmos3.vision import vision_prompt
 from omniloop.pipeline.edges import ConditionLatents, DenoisedLatents
 from omniloop.pipeline.policies.conditioning import NoConditioning
+from omniloop.pipeline.loops.ar import PromptTokens
 from omniloop.pipeline.loops.denoise import DenoiseLoop, DenoiseLoopState, DenoiseParams, DenoiserBase
 from omniloop.pipeline.policies.cfg import COND, Prediction
 from omniloop.pipeline.stage import StageBase, WorkEstimate
-from omniloop.pipeline.stages import chat_ids
+from omniloop.pipeline.stages import ChatPrompt, chat_ids, chat_messages
 from omniloop.pipeline.state import RequestState, StageContext
 from omniloop.request import (
     Artifact, AudioArtifact, ImagePart, Modality, OmniRequest, TaskType, TensorArtifact, TextArtifact,
@@ -86,6 +88,26 @@ def _pil(part: ImagePart):
     if part.data is not None:
         return open_image(part.data)
     return open_image(part.raw_bytes() if part.b64 is not None else part.path)
+
+
+@dataclass
+class Cosmos3ChatPrompt(ChatPrompt):
+    """The reasoner's prompt: the chat template's ids; with images, each ``<|image_pad|>``
+    expanded to its merged patches and the ViT's embeddings attached (``vision.py``)."""
+
+    vision_tower: str = "vision_tower"
+    image_processor: str = "image_processor"
+
+    @torch.inference_mode()
+    def forward(self, ctx: StageContext, state: RequestState) -> None:
+        tokenizer = ctx.component(self.tokenizer)
+        ids = chat_ids(tokenizer, chat_messages(state.request, self.system_prompt))
+        images = [_pil(p) for p in state.request.images()]
+        if not images:
+            ctx.write(state, "prompt_tokens", PromptTokens(token_ids=ids))
+            return
+        tower, processor = ctx.component(self.vision_tower), ctx.component(self.image_processor)
+        ctx.write(state, "prompt_tokens", vision_prompt(tower, processor, tokenizer, ids, images, ctx.device, ctx.dtype))
 
 
 def video_frames(part: VideoPart) -> list:

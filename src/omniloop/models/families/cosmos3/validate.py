@@ -9,6 +9,7 @@ from pydantic import ValidationError
 
 from omniloop.models.families.cosmos3 import presets as P
 from omniloop.models.families.cosmos3.stages import (
+    _pil,
     FORWARD_DYNAMICS, INVERSE_DYNAMICS, Cosmos3Options, action_mode, first_image, geometry, given_actions,
     latent_grid,
 )
@@ -59,19 +60,38 @@ def make_validator(defaults: Mapping[str, Any], components: Mapping[str, Any]) -
 def _reason(request: OmniRequest, tokenizer, defaults: Mapping[str, Any], components: Mapping[str, Any]) -> None:
     if not request.prompt:
         raise ValueError("task 'reason' needs a non-empty text prompt; pass inputs=[TextPart(text=...)]")
-    if request.parts(Modality.VIDEO) or request.images():
-        raise ValueError("image/video prompts need the reasoner's vision tower, which omniloop does not run yet; "
-                         "pass text-only inputs for task 'reason'")
+    if request.parts(Modality.VIDEO):
+        raise ValueError("video prompts to the reasoner are not supported yet (Qwen3-VL's video processor); pass "
+                         "text and image inputs for task 'reason'")
+    image_tokens = _image_tokens(request, components) if request.images() else 0
     bad = [t for t in request.sampling.stop_token_ids if not 0 <= t < tokenizer.vocab_size + 1024]
     if bad:
         raise ValueError(f"sampling.stop_token_ids {bad} are outside the vocabulary")
     if any(not s for s in request.sampling.stop):
         raise ValueError("sampling.stop contains an empty string; pass non-empty stop strings")
-    prompt_len = len(chat_ids(tokenizer, chat_messages(request)))
+    prompt_len = len(chat_ids(tokenizer, chat_messages(request))) + image_tokens
     check_context(prompt_len, request.sampling.max_tokens, defaults.get("max_context"))
     pool = components.get("text_kv")
     if pool is not None:
         pool.check_fits(prompt_len + request.sampling.max_tokens)
+
+
+def _image_tokens(request: OmniRequest, components: Mapping[str, Any]) -> int:
+    """Prompt tokens the request's images add (each pad becomes its merged patches)."""
+    tower, processor = components.get("vision_tower"), components.get("image_processor")
+    if tower is None:
+        raise ValueError("image prompts need the reasoner's vision tower, and this checkpoint has none (a diffusers "
+                         "Cosmos3OmniPipeline folder carries no ViT); pass text-only inputs, or load the unified "
+                         "Cosmos3 checkpoint with its ViT weights")
+    if processor is None:
+        raise ValueError("image prompts need the checkpoint's image processor (preprocessor_config.json), which this "
+                         "checkpoint lacks; pass text-only inputs or add the processor config")
+    merge = tower.spatial_merge_size
+    total = 0
+    for part in request.images():
+        width, height = _pil(part).size
+        total += processor.get_number_of_image_patches(height, width, {}) // merge**2 - 1
+    return total
 
 
 def _towers(request: OmniRequest, config, components: Mapping[str, Any]) -> None:

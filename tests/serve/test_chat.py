@@ -167,3 +167,33 @@ def test_cosmos3_predicted_actions_come_back_as_json(cosmos3_server):
     assert np.asarray(done["actions"]).shape == (4, 10)  # 4 steps of the embodiment's 10-wide actions
     bad = httpx.post(f"{cosmos3_server.url}/v1/videos", json={**body, "node_params": {"denoise": {"domain": "x"}}})
     assert bad.status_code == 400 and "not a known embodiment domain" in bad.json()["error"]["message"]
+
+
+def test_cosmos3_chat_with_an_image(cosmos3_dir, tmp_path_factory):
+    """An image content part (a data: URL) reaches the reasoner's ViT through the openai client:
+    the answer equals the engine's on the same image, and differs from a text-only question."""
+    from PIL import Image
+
+    from omniloop.request import ImagePart
+    from tests.models.cosmos3.checkpoint import save_unified
+
+    unified = save_unified(cosmos3_dir, tmp_path_factory.mktemp("cosmos3_unified_vit"), vision=True)
+    pixels = np.random.default_rng(0).integers(0, 256, (40, 56, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "what is it"}]
+    _, pipeline = load_pipeline(unified, LoadOptions(device=torch.device("cpu"), dtype=torch.float32))
+    engine = Engine(pipeline)
+    rid = engine.add_request(OmniRequest(task=TaskType.REASON, sampling=SamplingParams(max_tokens=8, temperature=0.0),
+                                         inputs=[ImagePart(data=pixels, role="reference"), TextPart(text="what is it", role="user")]))
+    with torch.inference_mode():
+        want = engine.run_until_done(rid).text
+    with live_server(unified, serve={"warmup": []}) as server:
+        client = server.client()
+        kw = dict(model=server.state.model.name, temperature=0, max_tokens=8)
+        seen = client.chat.completions.create(messages=[{"role": "user", "content": content}], **kw)
+        blind = client.chat.completions.create(messages=[{"role": "user", "content": "what is it"}], **kw)
+    assert seen.choices[0].message.content == want.text
+    assert seen.usage.prompt_tokens == want.prompt_tokens > blind.usage.prompt_tokens  # the image's tokens
+    assert seen.choices[0].message.content != blind.choices[0].message.content

@@ -25,7 +25,7 @@ class Limits(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_frames: int = Field(default=257, ge=1)
-    max_pixels: int = Field(default=1280 * 720, ge=256, description="max height * width")
+    max_pixels: int = Field(default=2**21, ge=256, description="max height * width (default 2,097,152: 1920x1088 video, 1024x1024 or 1440x1440 images)")
     max_steps: int = Field(default=100, ge=1)
     max_batch: int = Field(default=8, ge=1)
 

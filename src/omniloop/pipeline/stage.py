@@ -151,6 +151,17 @@ class StageBase:
         return f"{type(self).__name__}()"
 
 
+class ComponentStage(StageBase):
+    """A one-shot stage that runs one named component (``component``: the VAE, a second
+    text encoder...), settable per node so two nodes of one stage class can use two."""
+
+    component: str = ""
+
+    @property
+    def components(self) -> tuple[str, ...]:  # type: ignore[override]
+        return (self.component,)
+
+
 class LoopStageBase(StageBase):
     """Defaults of the optional loop methods: no cost prior, always finite, nothing to
     release, no batching (``step_many`` steps the loops one by one, each failure its own)."""

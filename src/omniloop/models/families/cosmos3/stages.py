@@ -37,7 +37,7 @@ from omniloop.pipeline.policies.conditioning import NoConditioning
 from omniloop.pipeline.loops.ar import PromptTokens
 from omniloop.pipeline.loops.denoise import DenoiseLoop, DenoiseLoopState, DenoiseParams, DenoiserBase
 from omniloop.pipeline.policies.cfg import COND, Prediction
-from omniloop.pipeline.stage import StageBase, WorkEstimate
+from omniloop.pipeline.stage import ComponentStage, StageBase, WorkEstimate
 from omniloop.pipeline.stages import ChatPrompt, chat_ids, chat_messages
 from omniloop.pipeline.state import RequestState, StageContext
 from omniloop.request import (
@@ -358,7 +358,7 @@ def action_canvas(frames: torch.Tensor, geo: Geometry, num_frames: int) -> torch
 
 
 @dataclass
-class Cosmos3Condition(StageBase):
+class Cosmos3Condition(ComponentStage):
     """I2V / V2W / A2W: VAE-encode the given frames (argmax, normalized) -> Cosmos3Conditions.
 
     The VAE is causal in time, so latent frame ``k`` depends only on pixel frames ``<= 4k``:
@@ -368,9 +368,6 @@ class Cosmos3Condition(StageBase):
     component: str = "vae"
     outputs = {"condition": Cosmos3Conditions}  # type: ignore[assignment]
 
-    @property
-    def components(self) -> tuple[str, ...]:  # type: ignore[override]
-        return (self.component,)
 
     @torch.inference_mode()
     def forward(self, ctx: StageContext, state: RequestState) -> None:
@@ -631,14 +628,11 @@ def _free_contexts(loop: DenoiseLoopState) -> None:
 
 
 @dataclass
-class Cosmos3SoundDecode(StageBase):
+class Cosmos3SoundDecode(ComponentStage):
     component: str = "sound_tokenizer"
     inputs = {"latents": DenoisedLatents}  # type: ignore[assignment]
     outputs = {"audio": AudioArtifact}  # type: ignore[assignment]
 
-    @property
-    def components(self) -> tuple[str, ...]:  # type: ignore[override]
-        return (self.component,)
 
     @torch.inference_mode()
     def forward(self, ctx: StageContext, state: RequestState) -> None:

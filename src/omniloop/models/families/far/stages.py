@@ -17,7 +17,7 @@ from omniloop.pipeline.edges import ConditionLatents, TextEmbeddings
 from omniloop.pipeline.loops.chunk import ChunkPlan, ChunkRolloutParams
 from omniloop.pipeline.loops.denoise import DenoiserBase
 from omniloop.pipeline.policies.cfg import COND, UNCOND, Prediction
-from omniloop.pipeline.stage import StageBase
+from omniloop.pipeline.stage import ComponentStage
 from omniloop.pipeline.state import RequestState, StageContext
 from omniloop.request import ActionPart, ImagePart, OmniRequest, TaskType, VideoPart
 
@@ -273,16 +273,13 @@ def video_frames(part: VideoPart) -> np.ndarray:
 
 
 @dataclass
-class FARVideoCondition(StageBase):
+class FARVideoCondition(ComponentStage):
     """I2V / V2V: VAE-encode the given first frame(s) and normalize -> ConditionLatents
     [1, z_dim, f_ctx, h, w]; the rollout keeps them as its first (context) chunks."""
 
     component: str = "vae"
     outputs = {"condition": ConditionLatents}  # type: ignore[assignment]
 
-    @property
-    def components(self) -> tuple[str, ...]:  # type: ignore[override]
-        return (self.component,)
 
     @torch.inference_mode()
     def forward(self, ctx: StageContext, state: RequestState) -> None:

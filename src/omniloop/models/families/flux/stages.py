@@ -15,7 +15,7 @@ from omniloop.models.layers.packed import Segments, joint_segments
 from omniloop.pipeline.loops.denoise import DenoiserBase
 from omniloop.pipeline.edges import ConditionLatents, LatentPosterior, TextEmbeddings
 from omniloop.pipeline.policies.cfg import COND, Prediction
-from omniloop.pipeline.stage import StageBase
+from omniloop.pipeline.stage import ComponentStage
 from omniloop.pipeline.state import RequestState, StageContext
 from omniloop.request import ImagePart, LatentPart, Modality, OmniRequest
 
@@ -152,7 +152,7 @@ def edit_source(request: OmniRequest) -> ImagePart | LatentPart | None:
 
 
 @dataclass
-class FluxImageCondition(StageBase):
+class FluxImageCondition(ComponentStage):
     """Image-to-image: the starting image -> ConditionLatents. Given latents ([1, C, h, w],
     the DiT's normalized space) pass through; an image is VAE-encoded to its posterior,
     sampled by the loop from the request's seed (diffusers' draw order)."""
@@ -160,9 +160,6 @@ class FluxImageCondition(StageBase):
     component: str = "vae"
     outputs = {"condition": ConditionLatents}  # type: ignore[assignment]
 
-    @property
-    def components(self) -> tuple[str, ...]:  # type: ignore[override]
-        return (self.component,)
 
     @torch.inference_mode()
     def forward(self, ctx: StageContext, state: RequestState) -> None:

@@ -20,7 +20,7 @@ from omniloop.io.image import h264_recompress, image_to_tensor
 from omniloop.pipeline.edges import ConditionLatents, DenoisedLatents, InitLatents, TextEmbeddings
 from omniloop.pipeline.loops.denoise import DenoiserBase
 from omniloop.pipeline.policies.cfg import Prediction
-from omniloop.pipeline.stage import StageBase
+from omniloop.pipeline.stage import ComponentStage, StageBase
 from omniloop.pipeline.stages.decode import to_uint8_frames
 from omniloop.pipeline.state import RequestState, StageContext
 from omniloop.request import AudioArtifact, ImagePart, Modality, OmniRequest, VideoArtifact
@@ -289,16 +289,13 @@ def first_frame(request: OmniRequest) -> ImagePart | None:
 
 
 @dataclass
-class LTX2ImageCondition(StageBase):
+class LTX2ImageCondition(ComponentStage):
     """The first frame: H.264 re-compressed at the model's CRF (as in training), resized
     (bilinear), VAE-encoded (posterior mean) and normalized -> ConditionLatents [1, C, 1, h, w]."""
 
     component: str = "vae"
     outputs = {"condition": ConditionLatents}  # type: ignore[assignment]
 
-    @property
-    def components(self) -> tuple[str, ...]:  # type: ignore[override]
-        return (self.component,)
 
     @torch.inference_mode()
     def forward(self, ctx: StageContext, state: RequestState) -> None:
@@ -389,15 +386,12 @@ def _final(ctx: StageContext, state: RequestState) -> tuple[dict[str, torch.Tens
 
 
 @dataclass
-class LTX2VideoDecode(StageBase):
+class LTX2VideoDecode(ComponentStage):
     component: str = "vae"
     inputs = {"latents": DenoisedLatents}  # type: ignore[assignment]
     optional_inputs = {"refined": DenoisedLatents}  # type: ignore[assignment]
     outputs = {"video": VideoArtifact}  # type: ignore[assignment]
 
-    @property
-    def components(self) -> tuple[str, ...]:  # type: ignore[override]
-        return (self.component,)
 
     @torch.inference_mode()
     def forward(self, ctx: StageContext, state: RequestState) -> None:

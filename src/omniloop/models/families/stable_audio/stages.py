@@ -11,7 +11,7 @@ import torch
 from omniloop.pipeline.edges import DenoisedLatents, TextEmbeddings
 from omniloop.pipeline.loops.denoise import DenoiserBase
 from omniloop.pipeline.policies.cfg import COND, UNCOND, Prediction, guidance_enabled
-from omniloop.pipeline.stage import StageBase
+from omniloop.pipeline.stage import ComponentStage, StageBase
 from omniloop.pipeline.state import RequestState, StageContext
 from omniloop.request import AudioArtifact, OmniRequest
 
@@ -141,16 +141,13 @@ class StableAudioDenoiser(DenoiserBase):
 
 
 @dataclass
-class StableAudioDecode(StageBase):
+class StableAudioDecode(ComponentStage):
     """Denoised latents -> the Oobleck waveform, cropped to the request's seconds."""
 
     component: str = "vae"
     inputs = {"latents": DenoisedLatents}  # type: ignore[assignment]
     outputs = {"audio": AudioArtifact}  # type: ignore[assignment]
 
-    @property
-    def components(self) -> tuple[str, ...]:  # type: ignore[override]
-        return (self.component,)
 
     @torch.inference_mode()
     def forward(self, ctx: StageContext, state: RequestState) -> None:

@@ -12,7 +12,7 @@ from omniloop.io.video import video_frames, video_to_tensor
 from omniloop.pipeline.edges import ConditionLatents, InitLatents, TextEmbeddings
 from omniloop.pipeline.loops.denoise import DenoiserBase
 from omniloop.pipeline.policies.cfg import COND, UNCOND, Prediction
-from omniloop.pipeline.stage import StageBase
+from omniloop.pipeline.stage import ComponentStage
 from omniloop.pipeline.state import RequestState, StageContext
 from omniloop.request import ImagePart, Modality, OmniRequest, VideoPart
 
@@ -95,16 +95,13 @@ def load_part_image(part: ImagePart):
 
 
 @dataclass
-class WanImageCondition(StageBase):
+class WanImageCondition(ComponentStage):
     """Wan2.2 I2V conditioning: VAE-encode ``[image, zeros...]`` (argmax), normalize, and
     prepend the 4-channel first-frame mask -> ConditionLatents [1, 4 + z_dim, f, h, w]."""
 
     component: str = "vae"
     outputs = {"condition": ConditionLatents}  # type: ignore[assignment]
 
-    @property
-    def components(self) -> tuple[str, ...]:  # type: ignore[override]
-        return (self.component,)
 
     @torch.inference_mode()
     def forward(self, ctx: StageContext, state: RequestState) -> None:
@@ -142,7 +139,7 @@ def load_part_video(part: VideoPart):
 
 
 @dataclass
-class WanVideoEncode(StageBase):
+class WanVideoEncode(ComponentStage):
     """Video-to-video: the source video, resized to the request's geometry, VAE-encoded
     (argmax) and normalized -> the InitLatents the denoise loop starts from (diffusers'
     WanVideoToVideoPipeline.prepare_latents)."""
@@ -150,9 +147,6 @@ class WanVideoEncode(StageBase):
     component: str = "vae"
     outputs = {"init_latents": InitLatents}  # type: ignore[assignment]
 
-    @property
-    def components(self) -> tuple[str, ...]:  # type: ignore[override]
-        return (self.component,)
 
     @torch.inference_mode()
     def forward(self, ctx: StageContext, state: RequestState) -> None:

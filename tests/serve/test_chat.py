@@ -169,9 +169,10 @@ def test_cosmos3_predicted_actions_come_back_as_json(cosmos3_server):
     assert bad.status_code == 400 and "not a known embodiment domain" in bad.json()["error"]["message"]
 
 
-def test_cosmos3_chat_with_an_image(cosmos3_dir, tmp_path_factory):
-    """An image content part (a data: URL) reaches the reasoner's ViT through the openai client:
-    the answer equals the engine's on the same image, and differs from a text-only question."""
+def test_cosmos3_chat_with_an_image_and_a_video(cosmos3_dir, tmp_path_factory):
+    """Image and video content parts (data: URLs) reach the reasoner's ViT through the openai
+    client: each answer equals the engine's on the same media; the image's differs from a
+    text-only question's."""
     from PIL import Image
 
     from omniloop.request import ImagePart
@@ -189,11 +190,25 @@ def test_cosmos3_chat_with_an_image(cosmos3_dir, tmp_path_factory):
                                          inputs=[ImagePart(data=pixels, role="reference"), TextPart(text="what is it", role="user")]))
     with torch.inference_mode():
         want = engine.run_until_done(rid).text
+    from omniloop.io.video import write_mp4
+    from omniloop.request import VideoPart
+
+    mp4 = io.BytesIO()  # 8 frames at 24 fps: the processor samples 4, two temporal patch groups
+    write_mp4(np.random.default_rng(1).integers(0, 256, (8, 32, 48, 3), dtype=np.uint8), mp4, 24)
+    clip_url = "data:video/mp4;base64," + base64.b64encode(mp4.getvalue()).decode()
+    rid = engine.add_request(OmniRequest(task=TaskType.REASON, sampling=SamplingParams(max_tokens=8, temperature=0.0),
+                                         inputs=[VideoPart(b64=clip_url), TextPart(text="what is it", role="user")]))
+    with torch.inference_mode():
+        watched_want = engine.run_until_done(rid).text
     with live_server(unified, serve={"warmup": []}) as server:
         client = server.client()
         kw = dict(model=server.state.model.name, temperature=0, max_tokens=8)
         seen = client.chat.completions.create(messages=[{"role": "user", "content": content}], **kw)
         blind = client.chat.completions.create(messages=[{"role": "user", "content": "what is it"}], **kw)
+        video = [{"type": "video_url", "video_url": {"url": clip_url}}, {"type": "text", "text": "what is it"}]
+        watched = client.chat.completions.create(messages=[{"role": "user", "content": video}], **kw)
     assert seen.choices[0].message.content == want.text
     assert seen.usage.prompt_tokens == want.prompt_tokens > blind.usage.prompt_tokens  # the image's tokens
     assert seen.choices[0].message.content != blind.choices[0].message.content
+    assert watched.choices[0].message.content == watched_want.text
+    assert watched.usage.prompt_tokens == watched_want.prompt_tokens > blind.usage.prompt_tokens

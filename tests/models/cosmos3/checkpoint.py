@@ -161,3 +161,9 @@ def _save_vit(folder: Path, vision_config: dict[str, Any], seed: int = 5) -> Non
     # 4-pixel patches merged 2x2: an image becomes (h/8) x (w/8) tokens, 16x16 .. 64x64 pixels
     Qwen2VLImageProcessorPil(patch_size=4, temporal_patch_size=2, merge_size=2, min_pixels=16 * 16,
                              max_pixels=64 * 64).save_pretrained(folder)
+    # Qwen3VLVideoProcessor's config at these patch sizes (the class itself needs torchvision)
+    video = {"video_processor_type": "Qwen3VLVideoProcessor", "patch_size": 4, "temporal_patch_size": 2,
+             "merge_size": 2, "size": {"shortest_edge": 16 * 16, "longest_edge": 4 * 64 * 64}, "fps": 2,
+             "min_frames": 4, "max_frames": 768, "do_sample_frames": True, "image_mean": [0.5] * 3,
+             "image_std": [0.5] * 3}
+    (folder / "video_preprocessor_config.json").write_text(json.dumps(video, indent=2))

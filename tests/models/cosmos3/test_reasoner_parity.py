@@ -126,12 +126,61 @@ def test_image_prompts_equal_transformers_generate(unified, reference):
     assert got[0] != got[3]  # the image is seen: same text, another image, other tokens
 
 
+def test_a_video_prompt_equals_transformers_generate(unified, reference):
+    """A video prompt: frames sampled at the processor's 2 fps (4 of 8 at 24 fps), two
+    temporal patch groups each after its timestamp, the ViT over both, per-frame-group
+    3D-MRoPE. transformers' generate gets the same patches and expanded ids (its video
+    processor needs torchvision, absent here: the preprocessing is ours on both sides)."""
+    from omniloop.models.families.cosmos3.stages import video_processing
+    from omniloop.models.families.cosmos3.vision import expand_pads, video_media
+
+    model, tokenizer = reference
+    _, pipeline = load_pipeline(unified, OPTS)
+    clip = np.stack([_image(32, 48, 10 + i) for i in range(8)])
+    media = video_media(video_processing(pipeline.components, pipeline.components["vision_tower"]),
+                             torch.from_numpy(clip), 24.0)
+    assert media.grid == (2, 8, 12) and [f"{t:.1f}" for t in media.timestamps] == ["0.0", "0.2"]
+    messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "what happens"}]}]
+    text = expand_pads(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), [media], 2)
+    ids = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
+                             mm_token_type_ids=2 * (ids == model.config.video_token_id).int(),
+                             pixel_values_videos=media.pixels, video_grid_thw=torch.tensor([media.grid]))
+    want = out[0, ids.shape[1]:].tolist()
+    # every prompt position's logits, not only the greedy picks (which a wrong position plane can survive)
+    from omniloop.cache.kv import KVBatch, KVHandle
+    from omniloop.models.families.cosmos3.vision import vision_prompt
+
+    tower, reasoner = pipeline.components["vision_tower"], pipeline.components["reasoner"]
+    prompt = vision_prompt(tower, tokenizer, tokenizer.apply_chat_template(messages, tokenize=False,
+                                                                           add_generation_prompt=True),
+                           [media], torch.device("cpu"), torch.float32)
+    assert prompt.token_ids == ids[0].tolist()
+    with torch.no_grad():
+        theirs = model(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values_videos=media.pixels,
+                       video_grid_thw=torch.tensor([media.grid]),
+                       mm_token_type_ids=2 * (ids == model.config.video_token_id).int()).logits[0]
+        handle = KVHandle(reasoner.kv_layout, dtype=torch.float32, device="cpu")
+        ours = reasoner(ids, kv=KVBatch([handle], ids.shape[1]), logits_to_keep=ids.shape[1],
+                        lm_inputs=[prompt.lm_inputs])[0]
+    # measured: bit-equal (max |diff| 0.0, logits up to ~5.4) on a 1-thread CPU; the tolerance
+    # leaves room for thread-count-dependent GEMM blocking (our Q/K/V projection is fused)
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-4)
+    engine = Engine(pipeline)
+    rid = engine.add_request(OmniRequest(task=TaskType.REASON, inputs=[VideoPart(data=clip), TextPart(text="what happens")],
+                                         sampling=SamplingParams(max_tokens=12, temperature=0.0)))
+    with torch.inference_mode():
+        got = engine.run_until_done(rid).text
+    assert got.token_ids == want and got.prompt_tokens == ids.shape[1]
+
+
 def test_image_prompt_bad_input(cosmos3_pipeline, unified):
     _, pipeline = load_pipeline(unified, OPTS)
     engine = Engine(pipeline)
-    clip = VideoPart(data=torch.zeros(4, 32, 32, 3, dtype=torch.uint8))
-    with pytest.raises(RequestRejected, match="video prompts to the reasoner are not supported yet"):
-        engine.add_request(OmniRequest(task=TaskType.REASON, inputs=[clip, TextPart(text="what happens")]))
+    one_frame = VideoPart(data=torch.zeros(1, 32, 32, 3, dtype=torch.uint8))
+    with pytest.raises(RequestRejected, match="a video prompt needs at least 2 frames"):
+        engine.add_request(OmniRequest(task=TaskType.REASON, inputs=[one_frame, TextPart(text="what happens")]))
     long = OmniRequest(task=TaskType.REASON, inputs=[ImagePart(data=_image(64, 64, 0)), TextPart(text="hi")],
                        sampling=SamplingParams(max_tokens=32768 - 20))  # fits without the image's 64 tokens
     with pytest.raises(RequestRejected, match="exceeds the model's context"):

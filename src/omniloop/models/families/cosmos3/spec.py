@@ -24,7 +24,7 @@ from omniloop.models.families.cosmos3.stages import (
     CleanFrames, Cosmos3ActionOutput, Cosmos3ChatPrompt, Cosmos3Condition, Cosmos3Denoiser, Cosmos3DenoiseLoop,
     Cosmos3SoundDecode, Cosmos3Tokenize, options_of, wants_actions_out,
 )
-from omniloop.models.families.cosmos3.vision import load_image_processor, load_vision_tower
+from omniloop.models.families.cosmos3.vision import load_image_processor, load_video_processing, load_vision_tower
 from omniloop.models.families.cosmos3.validate import GENERATION_TASKS, make_validator
 from omniloop.models.families.cosmos3.weights import load_transformer, read_config
 from omniloop.models.load_options import apply_load_options
@@ -100,6 +100,8 @@ def cosmos3_variant(index: Mapping[str, Any]) -> Variant:
                        load=_load_vision_tower, optional=True),
             WeightSpec(component="image_processor", kind="image processor config", subfolder=".",
                        load=lambda root, index, options: load_image_processor(root), optional=True),
+            WeightSpec(component="video_processing", kind="video processor config", subfolder=".",
+                       load=lambda root, index, options: load_video_processing(root), optional=True),
         )
         return Variant(name="cosmos3-reasoner", tasks=frozenset({TaskType.REASON}), weights=weights)
     if index.get("use_native_flow_schedule"):

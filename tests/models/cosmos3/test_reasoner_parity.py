@@ -188,3 +188,38 @@ def test_image_prompt_bad_input(cosmos3_pipeline, unified):
     with pytest.raises(RequestRejected, match="this checkpoint has none"):  # the diffusers folder carries no ViT
         Engine(cosmos3_pipeline).add_request(OmniRequest(task=TaskType.REASON, inputs=[ImagePart(data=_image(32, 32, 0)),
                                                                                         TextPart(text="hi")]))
+
+
+def test_media_prompts_preempted_for_kv_resume_with_the_same_tokens(unified):
+    """Image, video and text requests on a pool too small for all three at once: the decode
+    steps preempt (blocks freed, prompt + output re-prefilled with the ViT's embeddings and
+    positions) and every request's tokens equal its solo run on a roomy pool."""
+    _, roomy = load_pipeline(unified, OPTS)
+    layout = roomy.components["text_kv"].layout
+    block = 16 * layout.bytes_per_token(torch.float32)
+    _, small = load_pipeline(unified, LoadOptions(device=torch.device("cpu"), dtype=torch.float32,
+                                                  kv_cache_gb=8 * block / 2**30))  # 8 blocks; ~5 each
+    clip = np.stack([_image(32, 48, 10 + i) for i in range(8)])
+    requests = [[ImagePart(data=_image(40, 56, 0)), TextPart(text="what is it")],
+                [VideoPart(data=clip), TextPart(text="what happens")],
+                [TextPart(text="hello world, the cat sat on the mat " * 3)]]
+
+    def run(pipeline, batch):
+        engine = Engine(pipeline)
+        ids = [engine.add_request(OmniRequest(task=TaskType.REASON, inputs=parts,
+                                              sampling=SamplingParams(max_tokens=24, temperature=0.0)))
+               for parts in batch]
+        preempted = 0
+        with torch.inference_mode():
+            while engine.has_unfinished():
+                engine.step()
+                preempted = max(preempted, sum(er.loop.preemptions for er in engine._requests.values()
+                                               if er.loop is not None and hasattr(er.loop, "preemptions")))
+        return [engine.pop_output(i).text.token_ids for i in ids], preempted
+
+    solo = [run(roomy, [parts])[0][0] for parts in requests]
+    together, preempted = run(small, requests)
+    assert preempted >= 1
+    assert together == solo
+    pool = small.components["text_kv"]
+    assert pool.free_blocks == pool.num_blocks

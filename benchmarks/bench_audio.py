@@ -40,6 +40,17 @@ NEGATIVE = "low quality, noise, worst quality, blurry"
 DECODES = ("decode", "audio_decode")
 
 
+def check_packages(only) -> None:
+    """Fail before any GPU work when a figure's package is missing: Stable Audio's cosine
+    DPM-solver (ours and diffusers') draws its noise with torchsde, which the GPU image lacks
+    (carry its wheel and trampoline's: both pure Python)."""
+    import importlib.util
+
+    if "stable_audio" in only and importlib.util.find_spec("torchsde") is None:
+        raise SystemExit("bench_audio: the stable_audio figure needs torchsde (pip install 'omniloop[audio]', or carry "
+                         "torchsde-0.2.6 and trampoline-0.1.2 wheels); or pass --only ltx2 fanout")
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -188,6 +199,7 @@ def main(argv=None) -> None:
     p.add_argument("--frames", type=int, default=None)
     p.add_argument("--out", type=Path, default=None, help="also append the JSON lines here")
     args = p.parse_args(argv)
+    check_packages(args.only)
     cuda = torch.cuda.is_available() and not args.tiny
     device = torch.device(args.device or ("cuda" if cuda else "cpu"))
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))

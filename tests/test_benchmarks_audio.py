@@ -32,3 +32,20 @@ def test_audio_benchmark_smoke(tmp_path):
     for rec in (on, off):
         assert rec["decode_node_s"] > 0 and rec["audio_decode_node_s"] > 0 and rec["decode_phase_s"] > 0
     assert {"decode_phase_saved_s", "e2e_saved_s", "decode_phase_ratio", "shorter_decoder_s"} <= set(saving)
+
+
+def test_audio_benchmark_stops_before_gpu_work_without_torchsde(monkeypatch):
+    """The GPU image has no torchsde (Stable Audio's sampler noise, ours and diffusers'): the
+    script says what to carry before it builds anything."""
+    import importlib.util
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_audio
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchsde" else real(name, *a))
+    with pytest.raises(SystemExit, match=r"stable_audio figure needs torchsde .* or pass --only ltx2 fanout"):
+        bench_audio.main(["--tiny", "--only", "stable_audio", "ltx2"])
+    bench_audio.check_packages(["ltx2", "fanout"])  # LTX-2 needs no torchsde

@@ -140,4 +140,4 @@ def test_serve_and_dynamo_worker_spell_their_shared_flags_the_same():
     assert flags("serve") - shared == {"--host", "--port", "--api-key", "--max-jobs", "--max-upload-bytes", "--drain",
                                        "--cancel-wait-s", "--sse-keepalive-s", "--job-store", "--output-dir",
                                        "--requeue-on-restart", "--no-requeue-on-restart", "--retention-max-bytes",
-                                       "--retention-max-age-s"}
+                                       "--retention-max-age-s", "--max-sessions", "--session-idle-s"}

@@ -9,7 +9,6 @@ disagree.
 from __future__ import annotations
 
 import torch
-import torch.multiprocessing as mp
 from torch import nn
 
 from omniloop.ext.cache.dbcache import DBCache, DBCacheConfig
@@ -17,6 +16,7 @@ from omniloop.ext.interceptors import BlockSegment, PluginLoopState, SegmentedBl
 from omniloop.ext.reduce import group_mean, relative_l1
 from omniloop.ext.scope import Segment
 from omniloop.models.layers.run_blocks import run_blocks
+from tests.parallel.ranks import run_ranks
 
 STEPS, TOKENS = 12, 8
 
@@ -57,15 +57,13 @@ def run_dbcache(shard: slice, group) -> list[int]:
     return state.cached_steps
 
 
-def _rank(rank: int, world: int, init_file: str, out) -> None:
+def _rank(rank: int, world: int) -> tuple[list[int], list[int]]:
+    """On each of the gloo ranks (``run_on_ranks`` made the group): reduced and local decisions."""
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     half = TOKENS // world
     shard = slice(rank * half, (rank + 1) * half)
-    out.put((rank, run_dbcache(shard, dist.group.WORLD), run_dbcache(shard, None)))
-    dist.barrier()
-    dist.destroy_process_group()
+    return run_dbcache(shard, dist.group.WORLD), run_dbcache(shard, None)
 
 
 def test_single_process_reduction_is_the_identity():
@@ -75,19 +73,8 @@ def test_single_process_reduction_is_the_identity():
     assert relative_l1([(prev, cur)]) == [((prev - cur).abs().mean() / prev.abs().mean()).item()]
 
 
-def test_ranks_agree_through_the_group_reduction(tmp_path):
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    procs = [ctx.Process(target=_rank, args=(r, 2, str(tmp_path / "init"), queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    results = {}
-    for _ in procs:
-        rank, reduced, local = queue.get()
-        results[rank] = (reduced, local)
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+def test_ranks_agree_through_the_group_reduction():
+    results = run_ranks(_rank, 2)  # forked from the pool's preloaded forkserver (was spawned: ~10 s)
     whole = run_dbcache(slice(None), None)
     assert results[0][0] == results[1][0] == whole, "ranks decide alike, as on the whole sequence"
     assert 0 < len(whole) < STEPS

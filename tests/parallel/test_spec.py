@@ -13,7 +13,7 @@ from omniloop.api.cli import build_parser
 from omniloop.api.schema_flags import collect
 from omniloop.deploy import DeployConfig
 from omniloop.parallel.plan import ParallelPlan, SequencePlan
-from omniloop.parallel.preflight import ModelFacts, check_model, model_facts, model_problems, propose
+from omniloop.parallel.preflight import ModelFacts, check_deploy, check_model, model_facts, model_problems, propose
 from omniloop.parallel.spec import ParallelSpec
 
 
@@ -53,6 +53,32 @@ def test_bad_specs_name_the_problem(text, message):
 def test_deploy_level_conflicts(options, message):
     with pytest.raises(ValueError, match=message):
         DeployConfig.from_options(device=options.pop("device", "cpu"), **options)
+
+
+def test_ring_needs_a_kernel_that_returns_its_log_sum_exp():
+    with pytest.raises(ValueError, match=r"attention_backend='triton_8bit' does not return: pass attention_backend="
+                                         r"'sdpa', or parallel='ulysses=2,tp=2'"):
+        DeployConfig.from_options(device="cpu", parallel="ring=2,tp=2", attention_backend="triton_8bit")
+    for backend in ("triton_8bit", "cudnn_fp8"):  # Ulysses gives whole heads to any kernel: accepted
+        check_deploy(ParallelSpec(ulysses=2), cfg_mode="sequential", attention_backend=backend, quantization="none",
+                     device=torch.device("cpu"))
+
+
+@pytest.mark.parametrize("gpus, spec, message", [
+    (0, "sp=2", r"no CUDA GPU is visible: pass device='cpu'"),
+    (1, "cfg=2", r"needs 2 GPUs .* and 1 are visible; pass degrees whose product is at most 1, e.g. parallel='dp=1'"),
+    (2, "cfg=2,ulysses=2", r"needs 4 GPUs .* and 2 are visible; .* e.g. parallel='ulysses=2'"),
+    (4, "dp=2,cfg=2,ring=2,tp=2", r"needs 16 GPUs .* e.g. parallel='ring=2,tp=2'"),
+])
+def test_more_ranks_than_gpus_is_refused_with_a_spec_that_fits(monkeypatch, gpus, spec, message):
+    """The machine's GPU count (the one fact of the machine the check reads) is set here."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    with pytest.raises(ValueError, match=message):
+        DeployConfig.from_options(device="cuda", parallel=spec)
+    with pytest.raises(ValueError, match=r"2 ranks take cuda:0..cuda:1; pass device='cuda', not 'cuda:1'"):
+        DeployConfig.from_options(device="cuda:1", parallel="sp=2")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 16)
+    DeployConfig.from_options(device="cuda", parallel=spec)  # enough GPUs: accepted
 
 
 def test_deploy_config_takes_text_dict_and_yaml(tmp_path):

@@ -66,6 +66,30 @@ def test_videos_come_with_sound_unless_skipped(ltx2_server):
     assert _streams(httpx.get(f"{ltx2_server.url}/v1/videos/{silent.id}/content").content) == ["video"]
 
 
+def test_two_stage_over_http_reports_the_refined_size(ltx2_server):
+    r = httpx.post(f"{ltx2_server.url}/v1/videos", json={"prompt": "waves crash", "size": "64x64", "num_frames": 9,
+                                                         "steps": 2, "node_params": {"upsample": {}}})
+    assert r.status_code == 200, r.text
+    job = ltx2_server.wait_finished(r.json()["id"])
+    assert job["status"] == "completed" and job["size"] == "128x128"  # the upsampler doubles the base size
+    assert list(job["metrics"]["node_s"]) == ["text_encode", "denoise", "upsample", "refine", "decode", "audio_decode"]
+    with av.open(io.BytesIO(httpx.get(f"{ltx2_server.url}/v1/videos/{job['id']}/content").content)) as c:
+        video = next(s for s in c.streams if s.type == "video")
+        assert (video.codec_context.width, video.codec_context.height) == (128, 128)
+        assert sorted(s.type for s in c.streams) == ["audio", "video"]
+
+
+@pytest.mark.parametrize("node_params,message", [
+    ({"refine": {"strength": 1.5}}, "node_params['refine'].strength: Value error, must be in [0, 1]"),
+    ({"refine": {"strength": 0.2}}, "node_params['refine'].strength=0.2 with 3 steps runs no denoising step"),
+])
+def test_two_stage_bad_refine_strength_names_node_params(ltx2_server, node_params, message):
+    r = httpx.post(f"{ltx2_server.url}/v1/videos", json={"prompt": "x", "size": "64x64", "num_frames": 9, "steps": 2,
+                                                         "node_params": node_params})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "node_params" and message in r.json()["error"]["message"]
+
+
 def test_audio_true_on_a_silent_model_names_the_field(t2v_server):
     r = httpx.post(f"{t2v_server.url}/v1/videos", json={"prompt": "x", "size": "32x32", "num_frames": 5, "steps": 1,
                                                         "audio": True})
@@ -104,6 +128,8 @@ def test_speech_sse_progress_then_the_audio(audio_server):
     ({"input": "x", "response_format": "mp3"}, "response_format", "mp3 cannot carry 128 Hz audio"),
     ({"input": "x", "seconds": 30, "steps": 2, "response_format": "wav"}, "seconds",
      "this model makes up to 2.000 s of audio"),
+    ({"input": "x", "seconds": 0.001, "steps": 2, "response_format": "wav"}, "seconds",
+     "seconds=0.001: shorter than one sample at 128 Hz"),
     ({"input": "x", "steps": 50, "response_format": "wav"}, "steps", "limits.max_steps"),
     ({"input": ""}, "input", ""),
 ])
@@ -118,3 +144,10 @@ def test_speech_from_a_video_model_is_refused(ltx2_server):
     r = httpx.post(f"{ltx2_server.url}/v1/audio/speech", json={"input": "x"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "model"
     assert "comes with /v1/videos" in r.json()["error"]["message"]
+
+
+def test_videos_and_images_from_a_text_to_audio_model_point_to_the_speech_endpoint(audio_server):
+    for path, body in (("/v1/videos", {"prompt": "x"}), ("/v1/images/generations", {"prompt": "x"})):
+        r = httpx.post(f"{audio_server.url}{path}", json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "model", r.text
+        assert "(tasks: ['t2a']); use /v1/audio/speech" in r.json()["error"]["message"]

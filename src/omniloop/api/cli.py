@@ -8,6 +8,7 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -100,8 +101,7 @@ def _check_output(args: argparse.Namespace, tasks: list[str] | None = None) -> N
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from omniloop.api.generator import AUDIO_FILES, DEFAULT_MODEL, VideoGenerator
-    from omniloop.api.progress import ProgressBars
+    from omniloop.api.generator import DEFAULT_MODEL, VideoGenerator
 
     # every flag is checked before the model loads (which takes seconds)
     prompt = require_prompt(args.prompt)
@@ -116,8 +116,16 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if args.image is not None and not Path(args.image).is_file():
         raise FileNotFoundError(f"--image {args.image}: no such file")
     t0 = time.perf_counter()
-    gen = VideoGenerator.from_pretrained(args.model or DEFAULT_MODEL, deploy=deploy)
-    load_s = time.perf_counter() - t0
+    with VideoGenerator.from_pretrained(args.model or DEFAULT_MODEL, deploy=deploy) as gen:  # closes a pool's ranks
+        load_s = time.perf_counter() - t0
+        return _generate_with(gen, args, prompt, params, load_s)
+
+
+def _generate_with(gen: Any, args: argparse.Namespace, prompt: str, params: dict[str, Any], load_s: float) -> int:
+    """The checks that need the loaded model, the run, and its one-line summary."""
+    from omniloop.api.generator import AUDIO_FILES
+    from omniloop.api.progress import ProgressBars
+
     _check_output(args, gen.tasks)  # now knowing what the model makes, still before any work
     if _makes_text(args, gen.tasks):
         return _generate_text(args, gen, prompt, params, load_s)

@@ -210,6 +210,10 @@ class VideoGenerator:
         ``fps``, ``seed``, ``negative_prompt``, ``sampler``).
         """
         request = self.build_request(prompt, image=image, task=task, audio=audio, **params)
+        if request.task in (TaskType.T2A, TaskType.REASON):  # no pixels: refused before any work runs
+            other = "generate_audio" if request.task is TaskType.T2A else "generate(OmniRequest(task='reason', ...))"
+            raise ValueError(f"task {request.task.value!r} makes no video (this model serves {self.tasks}); "
+                             f"use {other}")
         return self.run_video(request, output_path=output_path if save_video else None, on_event=on_event)
 
     def run_video(self, request: OmniRequest, *, output_path: str | Path | None = "outputs/",
@@ -299,6 +303,9 @@ class VideoGenerator:
         ``guidance_scale``, ``seed``, ``negative_prompt``, ...)."""
         from omniloop.io.audio import write_audio
 
+        if "audio" in params:
+            raise ValueError("audio: generate_audio always returns the sound; drop audio= (generate_video(..., "
+                             "audio=False) makes a silent video)")
         if audio_format not in AUDIO_FORMATS:
             raise ValueError(f"audio_format={audio_format!r}: pass one of {sorted(AUDIO_FORMATS)}")
         if "audio" not in self.pipeline.spec.outputs:

@@ -60,6 +60,12 @@ class AsyncEngine:
         """Load like ``VideoGenerator.from_pretrained``; ``options`` are DeployConfig fields
         (``plugins={name: config}`` enables plugins, e.g. from the server's deploy config file)."""
         config = DeployConfig.from_options(deploy, **options)
+        if config.torch_device().type == "cpu" and config.cpu_threads != "auto":
+            # an explicit count (serve --cpu-threads N) holds; "auto" keeps torch's for a long-lived server,
+            # whose load is its own work, not a neighbour's
+            from omniloop.cpu_threads import apply_cpu_threads
+
+            apply_cpu_threads(config.cpu_threads)
         if config.parallel.world > 1:  # this process becomes rank 0 of an SPMD pool (engine/pool.py)
             from omniloop.engine.pool import launch_pool_engine
 

@@ -129,8 +129,10 @@ class SPMDPool:
         return result["mesh"]
 
     def restart(self) -> Pipeline:
-        """The engine's ``restart_pool``: every rank anew (state, caches and collectives)."""
-        self._stop_ranks()
+        """The engine's ``restart_pool``: every rank anew (state, caches and collectives).
+        The old ranks are killed, not asked to stop: after a pool-fatal error one may be hung
+        in a collective that will never complete (it would not read the stop message)."""
+        self._stop_ranks(kill=True)
         return self.start()[1]
 
     def shutdown(self) -> None:
@@ -140,13 +142,15 @@ class SPMDPool:
             torch.set_num_threads(self._threads_before)
             self._threads_before = None
 
-    def _stop_ranks(self) -> None:
+    def _stop_ranks(self, kill: bool = False) -> None:
         for conn in self._conns:
             try:
                 conn.send(None)
             except OSError:
                 pass
         for proc in self._procs:
+            if kill and proc.exitcode is None:
+                proc.kill()
             proc.join(timeout=10)
             if proc.exitcode is None:
                 proc.kill()

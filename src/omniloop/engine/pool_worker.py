@@ -67,8 +67,32 @@ def build_rank_pipeline(model: Any, deploy: DeployConfig, mesh: ParallelMesh) ->
 
 
 def is_collective_error(exc: BaseException | None) -> bool:
-    """An error of the process group itself (a peer died, a timeout): pool-fatal."""
-    return isinstance(exc, (dist.DistError, PoolFatalError))
+    """An error of the process group itself (a peer died, a timeout): pool-fatal.
+
+    NOTE: gloo reports a peer that stopped answering ("Timed out waiting 3000ms for send
+    operation to complete") or went away as a plain RuntimeError, not a ``DistError``; what
+    marks it is where it was raised: inside a ``torch.distributed`` call. Such a failure
+    says nothing about the request (every rank's state is suspect), so it is pool-fatal too.
+    """
+    if exc is None:
+        return False
+    if isinstance(exc, (dist.DistError, PoolFatalError)):
+        return True
+    return _raised_in_torch_distributed(exc)
+
+
+_DISTRIBUTED_DIR = os.path.dirname(dist.__file__) + os.sep
+
+
+def _raised_in_torch_distributed(exc: BaseException) -> bool:
+    """Whether the innermost Python frame of ``exc``'s traceback is torch.distributed's code
+    (a collective's ``work.wait()``, a send or receive)."""
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame.f_code.co_filename.startswith(_DISTRIBUTED_DIR)
 
 
 class FollowerEngine(Engine):

@@ -49,8 +49,9 @@ def parallelize_pipeline(pipeline: Pipeline, plan: ParallelPlan, mesh: ParallelM
         assert plan.vae is not None, "pre-flight refuses vae='tiles' without a VAE plan"
         components[plan.vae.component] = TiledParallelVAE(components[plan.vae.component],
                                                           plan.vae.tiling(spec.vae_tile, spec.vae_stride))
+    # the deployment's caches (text embeddings, ...) carry over: each rank keeps its own
     out = Pipeline(spec=pipeline.spec, components=components, device=pipeline.device, dtype=pipeline.dtype,
-                   defaults=pipeline.defaults, validate_request=pipeline.validate_request)
+                   defaults=pipeline.defaults, validate_request=pipeline.validate_request, caches=pipeline.caches)
     rows = RowPlacement.for_mesh(mesh)
     if rows is not None:
         out.contexts = {n: dataclasses.replace(ctx, parallel=rows) for n, ctx in out.contexts.items()}

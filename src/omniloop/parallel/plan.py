@@ -28,8 +28,10 @@ class SequencePlan:
     blocks: str  # attribute of the model holding the block ModuleList passed to run_blocks
     self_attention: str  # regex (fullmatch) over qualified module names, e.g. r"blocks\.\d+\.self_attn"
     # run_blocks positional arguments (after hidden) that are per token: split with the tokens
-    # when their dim 1 spans the sequence (RoPE tables; per-token modulation), else replicated
-    token_args: tuple[int, ...] = ()
+    # when their token dim spans the sequence (RoPE tables; per-token modulation), else
+    # replicated. An entry is the argument's index (token dim 1, as Wan's [1, L, 1, hd/2] RoPE)
+    # or (index, token dim) (Stable Audio's cos/sin tables are [L, rot]: dim 0)
+    token_args: tuple[int | tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)

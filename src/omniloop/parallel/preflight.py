@@ -88,10 +88,29 @@ def _device_problems(spec: ParallelSpec, device: torch.device) -> list[str]:
         return [f"{spec.world} ranks take cuda:0..cuda:{spec.world - 1}; pass device='cuda', not {str(device)!r} "
                 "(restrict the GPUs with CUDA_VISIBLE_DEVICES)"]
     count = torch.cuda.device_count()
+    if count == 0:
+        return [f"the spec needs {spec.world} GPUs and no CUDA GPU is visible: pass device='cpu' (the ranks are gloo "
+                "processes), or run it where the GPUs are"]
     if spec.world > count:
+        fit = fit_world(spec, count)
+        proposal = "parallel='dp=1' (one GPU runs without a pool)" if fit.world == 1 else f"parallel='{fit.compact()}'"
         return [f"the spec needs {spec.world} GPUs (dp x cfg x ulysses x ring x tp) and {count} are visible; pass "
-                f"degrees whose product is at most {count}" + (f", e.g. parallel='ulysses={count}'" if count > 1 else "")]
+                f"degrees whose product is at most {count}, e.g. {proposal}"]
     return []
+
+
+def fit_world(spec: ParallelSpec, ranks: int) -> ParallelSpec:
+    """``spec`` with its degrees shrunk until it needs at most ``ranks`` ranks: each axis in
+    turn (dp, cfg, ring, tp, ulysses: the last ones split the most work) loses prime factors."""
+    d = {a: getattr(spec, a) for a in ("dp", "cfg", "ring", "tp", "ulysses")}
+    for axis in d:
+        while math.prod(d.values()) > ranks and d[axis] > 1:
+            d[axis] //= _smallest_factor(d[axis])
+    return spec.with_degrees(**d)
+
+
+def _smallest_factor(n: int) -> int:
+    return next(f for f in range(2, n + 1) if n % f == 0)
 
 
 # -- model ---------------------------------------------------------------------------------

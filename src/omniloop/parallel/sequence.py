@@ -77,11 +77,12 @@ class SequenceShard:
     """Installed as ``blocks.sequence_shard`` by :func:`shard_sequence` (deployment state:
     the sp group and which arguments are per token; nothing per request)."""
 
-    def __init__(self, mesh: ParallelMesh, token_args: Sequence[int], dim: int = 1) -> None:
+    def __init__(self, mesh: ParallelMesh, token_args: Sequence[int | tuple[int, int]], dim: int = 1) -> None:
         self.group = mesh.group("sp")
         self.rank = mesh.coordinate("sp")
         self.ulysses, self.ring = mesh.spec.ulysses, mesh.spec.ring
-        self.token_args = frozenset(token_args)
+        # argument index -> its token dim (SequencePlan.token_args: an index alone is dim 1)
+        self.token_args = dict(a if isinstance(a, tuple) else (a, 1) for a in token_args)
         self.dim = dim
 
     @property
@@ -96,20 +97,22 @@ class SequenceShard:
         layout = SequenceLayout(split_sizes(total, self.size), self.ulysses, self.ring)
         start = sum(layout.sizes[:self.rank])
         size = layout.sizes[self.rank]
-        local_args = tuple(self._shard(a, total, start, size) if i in self.token_args else a for i, a in enumerate(args))
+        local_args = tuple(self._shard(a, total, start, size, self.token_args[i]) if i in self.token_args else a
+                           for i, a in enumerate(args))
         with _using(layout):
             out = run_block_stack(blocks, hidden.narrow(self.dim, start, size), *local_args,
                                   interceptor=interceptor, **kwargs)
         return gather_sequence(out, layout.sizes, self.group, self.dim)
 
-    def _shard(self, value: Any, total: int, start: int, size: int) -> Any:
-        """The rank's tokens of a per-token argument; a broadcast one (dim size 1) as is."""
+    def _shard(self, value: Any, total: int, start: int, size: int, dim: int) -> Any:
+        """The rank's tokens of a per-token argument (tokens along ``dim``); a broadcast one
+        (dim size 1) as is."""
         if isinstance(value, torch.Tensor):
-            if value.ndim > self.dim and value.shape[self.dim] == total:
-                return value.narrow(self.dim, start, size)
+            if value.ndim > dim and value.shape[dim] == total:
+                return value.narrow(dim, start, size)
             return value
         if isinstance(value, tuple):
-            items = [self._shard(v, total, start, size) for v in value]
+            items = [self._shard(v, total, start, size, dim) for v in value]
             return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
         return value
 
@@ -125,7 +128,8 @@ def gather_sequence(local: torch.Tensor, sizes: Sequence[int], group: Any, dim: 
     return torch.cat([p.narrow(dim, 0, n) for p, n in zip(parts, sizes)], dim=dim)
 
 
-def shard_sequence(model: nn.Module, blocks_attr: str, mesh: ParallelMesh, token_args: Sequence[int]) -> None:
+def shard_sequence(model: nn.Module, blocks_attr: str, mesh: ParallelMesh,
+                   token_args: Sequence[int | tuple[int, int]]) -> None:
     """Install the sequence shard on ``model.<blocks_attr>`` (the ModuleList it passes to run_blocks)."""
     blocks = getattr(model, blocks_attr)
     blocks.sequence_shard = SequenceShard(mesh, token_args)

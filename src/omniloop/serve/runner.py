@@ -12,6 +12,7 @@ import io
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 from omniloop.engine import AsyncEngine, UnknownRequest
 from omniloop.io import encode_audio, encode_mp4, write_png
@@ -127,6 +128,9 @@ class JobRunner:
                 logger.exception("encoding or writing the output of %s failed", job.id)
                 status, error = RequestStatus.FAILED, f"encoding or writing the output failed: {e}"
         job.metrics = output.metrics.to_dict()
+        if output.video is not None:  # a multi-stage graph may change the size (LTX-2's two-stage path doubles it)
+            frames = output.video.frames  # [F, H, W, 3]
+            job.geometry = replace(job.geometry, height=int(frames.shape[1]), width=int(frames.shape[2]))
         action = output.artifacts.get("action")
         if action is not None and hasattr(action, "tensor"):
             job.actions = action.tensor.float().tolist()

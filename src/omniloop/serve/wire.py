@@ -218,8 +218,9 @@ def video_task(model: ServedModel, has_image: bool, image_param: str = "input_re
             return task
     if TaskType.I2V in model.tasks:
         raise WireError(image_param, f"{model.name!r} is image-to-video; pass the first frame", code="missing")
-    raise WireError("model", f"{model.name!r} does not generate videos (tasks: {model.task_names}); "
-                    "use /v1/images/generations", code="unsupported")
+    other = "/v1/audio/speech" if TaskType.T2A in model.tasks else "/v1/images/generations"
+    raise WireError("model", f"{model.name!r} does not generate videos (tasks: {model.task_names}); use {other}",
+                    code="unsupported")
 
 
 def _prompt(call: WireCall) -> str:
@@ -297,7 +298,8 @@ def image_requests(call: WireCall, request_ids: list[str], model: ServedModel) -
     """``len(request_ids)`` text-to-image requests (seeds ``seed + i`` when a seed is given)."""
     prompt = _prompt(call)
     if not model.serves_images:
-        raise WireError("model", f"{model.name!r} does not generate images (tasks: {model.task_names}); use /v1/videos",
+        other = "/v1/audio/speech" if model.tasks == {TaskType.T2A} else "/v1/videos"
+        raise WireError("model", f"{model.name!r} does not generate images (tasks: {model.task_names}); use {other}",
                         code="unsupported")
     if call.image is not None:
         raise WireError(call.image_param, f"{model.name!r} has no image-to-image task; omit it", code="unsupported")
@@ -324,6 +326,8 @@ def wire_param(error: RequestRejected, names: Mapping[str, str]) -> str | None:
         fields = (match.group(1),)
     elif message.startswith("task ") or "needs an image" in message or "cannot read image" in message:
         return "input_reference"
+    elif message.startswith("node_params"):  # a node's own parameters (LTX-2's refine strength, ...)
+        return "node_params"
     else:
         return None
     for name in fields:

@@ -6,11 +6,12 @@ from __future__ import annotations
 import av
 import numpy as np
 import pytest
+import torch
 
 from omniloop.api.generator import VideoGenerator
 from omniloop.engine.errors import RequestRejected
 from omniloop.io import read_audio, read_video
-from omniloop.request import DiffusionParams, OmniRequest, TaskType, TextPart
+from omniloop.request import DiffusionParams, ImagePart, LatentPart, OmniRequest, TaskType, TextPart
 
 SMALL = dict(steps=2, height=64, width=64, num_frames=9, seed=1)
 NODES = {"denoise": {"stg_blocks": [1]}}
@@ -75,4 +76,15 @@ def test_refine_strength_that_runs_no_step_is_refused(gen):
     request = OmniRequest(task=TaskType.T2V, inputs=[TextPart(text="x")], diffusion=DiffusionParams(**SMALL),
                           node_params={**NODES, "refine": {"strength": 0.2}})
     with pytest.raises(RequestRejected, match=r"node_params\['refine'\].strength=0.2 with 3 steps runs no denoising step"):
+        gen.generate(request)
+
+
+@pytest.mark.parametrize("task,part,kind", [
+    (TaskType.T2V, LatentPart(data=torch.zeros(1, 8, 2, 2, 2)), "latent"),  # LTX-2 takes no given latents
+    (TaskType.T2VS, ImagePart(data=np.zeros((64, 64, 3), np.uint8)), "image"),  # an image only conditions i2v
+])
+def test_inputs_the_model_would_ignore_are_refused(gen, task, part, kind):
+    request = OmniRequest(task=task, inputs=[TextPart(text="x"), part], diffusion=DiffusionParams(**SMALL))
+    with pytest.raises(RequestRejected, match=rf"inputs\[1\]: LTX-2 takes no {kind} input for task '{task.value}' "
+                                              r"\(it reads \['text'\]\); drop it"):
         gen.generate(request)

@@ -10,7 +10,7 @@ import torch
 from omniloop.api.generator import VideoGenerator
 from omniloop.engine import Engine, EngineConfig, RequestRejected, SchedulingPolicy, StepWork
 from omniloop.io import read_audio
-from omniloop.request import DiffusionParams, OmniRequest, OutputSpec, TaskType, TextPart
+from omniloop.request import DiffusionParams, LatentPart, OmniRequest, OutputSpec, TaskType, TextPart
 
 
 @pytest.fixture(scope="module")
@@ -98,3 +98,14 @@ def test_audio_bad_input_names_the_field(gen):
         gen.generate(OmniRequest(task=TaskType.T2V, inputs=[TextPart(text="x")]))
     with pytest.raises(ValueError, match="duration_s\n.*greater than 0"):
         DiffusionParams(duration_s=0)
+    with pytest.raises(RequestRejected, match=r"diffusion.duration_s=0.005: shorter than one sample at 128 Hz; "
+                                              r"pass a duration in \[0.0078\d*, 2.000\]"):
+        gen.generate(_request("a drum loop", 1, "short", steps=2, duration_s=0.005))  # refused before it runs
+    latents = OmniRequest(task=TaskType.T2A, inputs=[TextPart(text="x"), LatentPart(data=torch.zeros(1, 4, 32))],
+                          diffusion=DiffusionParams(steps=2, strength=0.5))
+    with pytest.raises(RequestRejected, match=r"inputs\[1\]: Stable Audio takes no latent input for task 't2a'"):
+        gen.generate(latents)
+    with pytest.raises(ValueError, match=r"task 't2a' makes no video .*; use generate_audio"):
+        gen.generate_video("a drum loop", steps=2, save_video=False)
+    with pytest.raises(ValueError, match=r"audio: generate_audio always returns the sound; drop audio="):
+        gen.generate_audio("a drum loop", steps=2, audio=False, save_audio=False)

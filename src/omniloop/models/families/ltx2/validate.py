@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 
 from omniloop.models.families.ltx2.stages import first_frame, geometry, load_image_part
+from omniloop.pipeline.input_kinds import refuse_unused_parts
 from omniloop.pipeline.samplers.sampler_set import SamplerSet
 from omniloop.request import OmniRequest, TaskType
 
@@ -24,6 +25,8 @@ def make_validator(d: Mapping[str, Any], samplers: SamplerSet, has_upsampler: bo
 
     def validate(request: OmniRequest) -> OmniRequest:
         p = request.diffusion
+        # no given latents: the refine stage starts from the upsampled base, never a LatentPart
+        refuse_unused_parts(request, "LTX-2", ("text", "image") if request.task == TaskType.I2V else ("text",))
         g = geometry(request, d)
         for name, value in (("height", g.height), ("width", g.width)):
             if value % spatial:

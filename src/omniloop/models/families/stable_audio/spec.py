@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping
 from omniloop.models.load_options import apply_load_options
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
 from omniloop.models.text.t5 import load_masked_t5_encoder
+from omniloop.pipeline.input_kinds import refuse_unused_parts
 from omniloop.pipeline.loops.denoise import DenoiseLoop
 from omniloop.pipeline.pipeline import Pipeline
 from omniloop.pipeline.policies.cfg import ClassicCFG
@@ -21,6 +22,7 @@ from omniloop.pipeline.predicates import opt
 from omniloop.pipeline.samplers import build_sampler, sampler_for_diffusers_class
 from omniloop.pipeline.samplers.sampler_set import SamplerSet
 from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
+from omniloop.models.families.stable_audio.parallelize import STABLE_AUDIO_PARALLEL
 from omniloop.models.families.stable_audio.presets import STABLE_AUDIO_DEFAULTS
 from omniloop.models.families.stable_audio.stages import (
     StableAudioDecode,
@@ -92,10 +94,12 @@ def stable_audio_pipeline_spec(variant: Variant, cfg_mode: str = "sequential") -
 def make_validator(defaults: Mapping[str, Any], projection_range: tuple[float, float],
                    samplers: SamplerSet) -> Callable[[OmniRequest], OmniRequest]:
     longest = max_seconds(defaults)
+    rate = int(defaults["sample_rate"])
     lo, hi = projection_range
 
     def validate(request: OmniRequest) -> OmniRequest:
         p = request.diffusion
+        refuse_unused_parts(request, "Stable Audio", ("text",))
         for name in ("height", "width", "num_frames", "fps", "shift", "sigmas"):
             if getattr(p, name) is not None:
                 raise ValueError(f"diffusion.{name}: Stable Audio makes audio of a fixed latent length with the cosine "
@@ -103,6 +107,9 @@ def make_validator(defaults: Mapping[str, Any], projection_range: tuple[float, f
         if p.duration_s is not None and not (p.duration_s <= longest and lo <= p.duration_s <= hi):
             raise ValueError(f"diffusion.duration_s={p.duration_s}: this model makes up to {longest:.3f} s of audio; "
                              f"pass a duration in (0, {min(longest, hi):.3f}]")
+        if p.duration_s is not None and int(p.duration_s * rate) < 1:  # the waveform crop would hold no sample
+            raise ValueError(f"diffusion.duration_s={p.duration_s}: shorter than one sample at {rate} Hz; pass a "
+                             f"duration in [{1 / rate:.4g}, {min(longest, hi):.3f}]")
         samplers.get(p.sampler)
         return request
 
@@ -137,5 +144,6 @@ STABLE_AUDIO = register_model_spec(
         build=build_stable_audio,
         description="Stable Audio (Open): DiT over Oobleck VAE latents, T5 text and seconds conditioning, "
                     "cosine DPM-solver",
+        extras={"parallel": STABLE_AUDIO_PARALLEL},
     )
 )

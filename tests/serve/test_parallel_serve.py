@@ -1,0 +1,59 @@
+"""``serve`` with a parallel deployment (``omniloop serve --parallel cfg=2``; the same
+``AsyncEngine.from_pretrained`` path): a real uvicorn server on 127.0.0.1 whose engine is rank 0
+of a 2-rank gloo pool, driven by the official ``openai`` client.
+
+The served mp4 is byte-identical to the one-process video (cfg=2 is bitwise: each rank runs one
+branch's forward, tests/api/test_parallel_generator.py); a rank killed between jobs is a
+pool-fatal error the engine recovers from (restart), and the next job is served alike.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import httpx
+import torch
+
+from omniloop.api.generator import VideoGenerator
+from omniloop.io import encode_mp4
+from tests.parallel.ranks import rank_threads, threads
+from tests.serve.conftest import live_server
+
+PARAMS = dict(steps=3, height=32, width=32, num_frames=5, seed=3, guidance_scale=4.0)
+PROMPT = "a red circle moving right"
+
+
+def _one_process_mp4(model_dir) -> bytes:
+    gen = VideoGenerator.from_pretrained(model_dir, device="cpu", dtype="float32")
+    with torch.inference_mode(), threads(rank_threads(2)):  # as many threads as each rank
+        video = gen.generate_video(PROMPT, save_video=False, **PARAMS)
+    return encode_mp4(video.frames, video.fps)  # what the server's job runner writes
+
+
+def _serve_one(server) -> bytes:
+    client = server.client()
+    video = client.videos.create(prompt=PROMPT, size="32x32", extra_body={
+        "steps": PARAMS["steps"], "num_frames": PARAMS["num_frames"], "seed": PARAMS["seed"],
+        "guidance_scale": PARAMS["guidance_scale"]})
+    body = server.wait_finished(video.id, timeout=120)
+    assert body["status"] == "completed", body
+    return client.videos.download_content(video.id).content
+
+
+def test_a_parallel_server_serves_the_one_process_video_and_survives_a_dead_rank(wan_t2v_dir):
+    expected = _one_process_mp4(wan_t2v_dir)
+    with live_server(wan_t2v_dir, parallel="cfg=2") as server:
+        engine = server.engine.engine
+        assert engine.pool.spec.world == 2
+        assert len(server.client().models.list().data) == 1  # the served model, listed as on one process
+        assert _serve_one(server) == expected
+
+        rank1 = engine.pool._procs[0]
+        os.kill(rank1.pid, signal.SIGKILL)
+        rank1.join(timeout=10)
+        assert _serve_one(server) == expected  # the pool restarted under the job; same bytes
+        assert engine.stats.pool_restarts == 1
+        metrics = httpx.get(f"{server.url}/metrics").text
+        assert "omniloop_engine_pool_restarts_total 1.0" in metrics
+    assert not torch.distributed.is_initialized()  # the server's shutdown stopped the ranks

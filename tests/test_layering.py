@@ -11,7 +11,8 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "omniloop"
 ALLOWED = {
     "request": set(),
     "pipeline": {"request", "models", "cache", "ext"},
-    "engine": {"request", "pipeline", "models", "cache", "ext", "deploy", "io", "parallel"},
+    # deploy and cpu_threads: leaf modules (the deployment object; CPU thread counts) that import nothing of ours
+    "engine": {"request", "pipeline", "models", "cache", "ext", "deploy", "cpu_threads", "io", "parallel"},
     # the axis spec, pre-flight and the pieces that parallelize a model: below the engine (its pool uses them)
     "parallel": {"request", "pipeline", "models", "ext"},
 }

@@ -62,6 +62,12 @@ class DeployConfig(BaseModel):
                                        description="LoRA files loaded at startup, by the name requests use: {name: path}")
     lora_device_mb: float = Field(default=2048, ge=0, description="adapter cache: device-resident LoRA budget (MiB)")
     lora_host_mb: float = Field(default=8192, ge=0, description="adapter cache: host-memory LoRA budget (MiB)")
+    model_device_gb: float | None = Field(
+        default=None, gt=0, description="several models on one server: device budget for their weights (GiB; "
+        "idle models beyond it wait in host memory, least recently used first); None: all stay on the device")
+    model_host_gb: float | None = Field(
+        default=None, gt=0, description="several models: host-memory budget for offloaded weights (GiB; beyond it "
+        "the least recently used idle model is dropped and reloaded from disk when asked for); None: unbounded")
     limits: Limits = Field(default_factory=Limits)
     # -- engine -------------------------------------------------------------------------
     scheduling: Literal["srpt", "fifo"] = Field(

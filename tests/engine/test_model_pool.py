@@ -92,4 +92,9 @@ def test_async_engine_serves_several_models(builders):
     assert image.image is not None and image.image.image.shape == (32, 32, 3)
     assert video.video is not None and video.video.frames.shape[0] == 5
     stats = engine.stats()
-    assert stats["completed"] == 2 and set(stats["cost_model"]) == {"flux", "wan"}
+    # one flat calibration map, as one engine's (what /metrics renders): keys <model>/<item>
+    assert stats["completed"] == 2 and {k.split("/")[0] for k in stats["cost_model"]} == {"flux", "wan"}
+    assert all(isinstance(v, float) for v in stats["cost_model"].values())
+    caches = engine.cache_summaries()
+    assert set(caches) == {"flux", "wan"} and caches["flux"]["text_embeddings"]["misses"] > 0
+    assert "adapters" in caches["flux"] and "adapters" not in caches["wan"]

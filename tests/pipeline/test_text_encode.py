@@ -4,6 +4,7 @@ writing an audio artifact."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import wave
 from dataclasses import dataclass
@@ -179,3 +180,31 @@ def test_decode_stage_writes_audio_from_an_audio_decoder():
     assert isinstance(audio, AudioArtifact) and audio.samples.shape == (2, 3200) and audio.sample_rate == 16000
     with wave.open(io.BytesIO(encode_audio(audio.samples, audio.sample_rate, "wav"))) as f:
         assert (f.getnchannels(), f.getframerate(), f.getnframes(), f.getsampwidth()) == (2, 16000, 3200, 2)
+
+
+def test_cache_lookups_reach_the_cache_event_hook():
+    from omniloop.ext.hooks import CacheEvent, HookChain, Observer
+    from omniloop.ext.runtime import NodeHooks
+
+    class Events(Observer):
+        def __init__(self) -> None:
+            self.seen: list[tuple[str, str]] = []
+
+        def cache_event(self, event: CacheEvent) -> None:
+            assert event.plugin == CACHE_NAME and event.node == "text_encode"
+            self.seen.append((event.kind, event.request_id))
+
+    events = Events()
+    t5 = FakeEncoder(8, pooled=False)
+    ctx = dataclasses.replace(_ctx({"t5": t5}, caches={CACHE_NAME: TextEmbeddingCache(2**20)}),
+                              hooks=NodeHooks("text_encode", HookChain([events])))
+    stage = TextEncode(component="t5")
+    stage.forward_many(ctx, [_state("a cat", "r0"), _state("a cat", "r1")])  # n=2: r1 hits r0's encoding
+    stage.forward(ctx, _state("a cat", "r2"))  # a repeat (a retry, a later request): both rows hit
+    from collections import Counter
+
+    # the prompt and the shared (empty) negative prompt: two lookups per request; the rows
+    # encoded for the group are pinned (alloc) for both owners
+    assert Counter(events.seen) == Counter({("miss", "r0"): 2, ("hit", "r1"): 2, ("alloc", "r0"): 2,
+                                            ("alloc", "r1"): 2, ("hit", "r2"): 2})
+    assert events.seen[-2:] == [("hit", "r2"), ("hit", "r2")]

@@ -68,7 +68,10 @@ def live_server(model_dir, *, serve: dict[str, Any] | None = None, wait: bool = 
                 **deploy: Any) -> Iterator[LiveServer]:
     """``wait``: until /ready is 200 (False: yield at once, e.g. to watch a warmup fail)."""
     deploy_config = DeployConfig(device="cpu", dtype="float32", **deploy)
-    engine = AsyncEngine.from_pretrained(model_dir, deploy=deploy_config)
+    if isinstance(model_dir, dict):  # {name: checkpoint}: several models on one server (ModelPool)
+        engine = AsyncEngine.serving_models(model_dir, deploy=deploy_config)
+    else:
+        engine = AsyncEngine.from_pretrained(model_dir, deploy=deploy_config)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))  # bound here and handed over: no free-port race
     port = sock.getsockname()[1]

@@ -248,8 +248,10 @@ def _cmd_eval_adherence(args: argparse.Namespace) -> int:
 
 def _add_server_flags(p: argparse.ArgumentParser, *, drain_default: float) -> None:
     """The flags ``omniloop serve`` and ``omniloop dynamo-worker`` share, spelled once."""
-    p.add_argument("--model", default=None,
-                   help="checkpoint directory or built-in name (default: shapes-t2v, the embedded model)")
+    p.add_argument("--model", action="append", default=None, metavar="[NAME=]MODEL",
+                   help="checkpoint directory or built-in name (default: shapes-t2v, the embedded model); "
+                   "omniloop serve takes it repeated (--model flux=/ckpt/FLUX.1-dev --model wan=/ckpt/Wan2.1): "
+                   "several models on one server, the request's 'model' picks, the first is the default")
     p.add_argument("--served-model-name", default=None, help="the 'model' clients pass (default: the directory name)")
     p.add_argument("--deploy-config", default=None,
                    help="YAML file of deploy options, with an optional 'serve:' section")
@@ -315,8 +317,10 @@ def _cmd_dynamo_worker(args: argparse.Namespace) -> int:
         print(f"error: {e}; install the fleet extra: pip install -e '.[fleet]' && pip install --no-deps ai-dynamo==1.6.1",
               file=sys.stderr)
         return 2
+    if args.model and len(args.model) > 1:
+        raise ValueError("--model: a Dynamo worker serves one model; run one worker per model")
     config = WorkerConfig(
-        model=str(args.model or DEFAULT_MODEL), served_model_name=args.served_model_name, namespace=args.namespace,
+        model=str(args.model[0] if args.model else DEFAULT_MODEL), served_model_name=args.served_model_name, namespace=args.namespace,
         component=args.component, discovery_backend=args.discovery_backend, request_plane=args.request_plane,
         modalities=tuple(args.modalities.split(",")) if args.modalities else None,
         drain_timeout_s=args.drain_timeout_s if args.drain_timeout_s is not None else DEFAULT_DRAIN_TIMEOUT_S,
@@ -357,7 +361,32 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         serve = ServeConfig.model_validate({**serve.model_dump(), **options})
     except ValidationError as e:
         raise flag_error(e, options, {"drain_timeout_s": "--drain-timeout"}) from None
-    return run_server(args.model or DEFAULT_MODEL, deploy, serve, log_level="info" if args.verbose else "warning")
+    specs = args.model or [DEFAULT_MODEL]
+    models = served_models(specs)
+    if len(models) > 1 and args.served_model_name:
+        raise ValueError("--served-model-name names one model; with several, name each: --model NAME=PATH")
+    if len(models) == 1:  # one model: its own engine (NAME= is its served name)
+        (name, model), = models.items()
+        if "=" in specs[0] and serve.served_model_name is None:
+            serve = serve.model_copy(update={"served_model_name": name})
+        return run_server(model, deploy, serve, log_level="info" if args.verbose else "warning")
+    return run_server(models, deploy, serve, log_level="info" if args.verbose else "warning")
+
+
+def served_models(specs: list[str]) -> dict[str, str]:
+    """``--model [NAME=]MODEL`` flags -> {name: model}; an unnamed one is named after its
+    directory (or built-in name). Two with one name are refused, naming it."""
+    models: dict[str, str] = {}
+    for spec in specs:
+        name, sep, model = spec.partition("=")
+        if not sep:
+            name, model = Path(spec).name or spec, spec
+        if not name or not model:
+            raise ValueError(f"--model {spec!r}: pass MODEL or NAME=MODEL")
+        if name in models:
+            raise ValueError(f"--model: two models named {name!r}; name them apart: --model NAME=PATH")
+        models[name] = model
+    return models
 
 
 def build_parser() -> argparse.ArgumentParser:

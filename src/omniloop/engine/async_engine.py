@@ -11,12 +11,16 @@ import asyncio
 import logging
 import threading
 from pathlib import Path
+from collections.abc import Callable, Mapping
 from typing import Any, AsyncIterator
 
 import torch
 
 from omniloop.deploy import DeployConfig
+from omniloop.cache.adapters import CACHE_NAME as ADAPTERS
+from omniloop.cache.text_embeddings import CACHE_NAME as TEXT_EMBEDDINGS
 from omniloop.engine.engine import Engine, EngineConfig
+from omniloop.engine.model_pool import ModelPool
 from omniloop.engine.errors import EngineDeadError, RequestRejected, UnknownRequest
 from omniloop.ext.install import install_plugins
 from omniloop.models.loader import load_pipeline
@@ -25,6 +29,17 @@ from omniloop.pipeline.pipeline import Pipeline
 from omniloop.request import FinalEvent, OmniEvent, OmniOutput, OmniRequest, RequestStatus
 
 logger = logging.getLogger(__name__)
+
+_REPORTED_CACHES = (TEXT_EMBEDDINGS, ADAPTERS)  # caches with summary() counters for /metrics
+
+
+def _server_cpu_threads(config: DeployConfig) -> None:
+    if config.torch_device().type == "cpu" and config.cpu_threads != "auto":
+        # an explicit count (serve --cpu-threads N) holds; "auto" keeps torch's for a long-lived server,
+        # whose load is its own work, not a neighbour's
+        from omniloop.cpu_threads import apply_cpu_threads
+
+        apply_cpu_threads(config.cpu_threads)
 
 
 def load_options(deploy: DeployConfig) -> LoadOptions:
@@ -60,12 +75,7 @@ class AsyncEngine:
         """Load like ``VideoGenerator.from_pretrained``; ``options`` are DeployConfig fields
         (``plugins={name: config}`` enables plugins, e.g. from the server's deploy config file)."""
         config = DeployConfig.from_options(deploy, **options)
-        if config.torch_device().type == "cpu" and config.cpu_threads != "auto":
-            # an explicit count (serve --cpu-threads N) holds; "auto" keeps torch's for a long-lived server,
-            # whose load is its own work, not a neighbour's
-            from omniloop.cpu_threads import apply_cpu_threads
-
-            apply_cpu_threads(config.cpu_threads)
+        _server_cpu_threads(config)
         if config.parallel.world > 1:  # this process becomes rank 0 of an SPMD pool (engine/pool.py)
             from omniloop.engine.pool import launch_pool_engine
 
@@ -77,6 +87,38 @@ class AsyncEngine:
 
         engine = Engine(build(), EngineConfig.from_deploy(config), restart_pool=build)
         return cls(engine, model_name=str(model))
+
+    @classmethod
+    def serving_models(cls, models: Mapping[str, str | Path], *, deploy: DeployConfig | None = None,
+                       **options: Any) -> "AsyncEngine":
+        """Several models on one engine loop (``ModelPool``): ``models`` maps the name clients
+        pass as ``model`` to a checkpoint; the first is the default. Weights share the device
+        under ``model_device_gb`` / ``model_host_gb``."""
+        if not models:
+            raise ValueError("models: pass at least one {name: checkpoint}")
+        config = DeployConfig.from_options(deploy, **options)
+        _server_cpu_threads(config)
+        if config.parallel.world > 1:
+            raise ValueError("parallel: a server of several models runs on one device; serve one model per SPMD pool")
+        opts = load_options(config)
+
+        def builder(path: str | Path) -> Callable[[], Pipeline]:
+            return lambda: install_plugins(load_pipeline(path, opts)[1], config.plugins, compile=config.compile)
+
+        gib = 2**30
+        pool = ModelPool({n: builder(p) for n, p in models.items()}, EngineConfig.from_deploy(config),
+                         device_budget_bytes=None if config.model_device_gb is None else int(config.model_device_gb * gib),
+                         host_budget_bytes=None if config.model_host_gb is None else int(config.model_host_gb * gib),
+                         sources={n: (str(p),) for n, p in models.items()})
+        return cls(pool, model_name=next(iter(models)))  # type: ignore[arg-type]
+
+    def cache_summaries(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """model -> cache name -> counters (the text-embedding and adapter caches) of every
+        loaded pipeline: what ``/metrics`` shows."""
+        e = self.engine
+        pipelines = e.loaded_pipelines() if isinstance(e, ModelPool) else {self.model_name: e.pipeline}
+        return {model: {name: cache.summary() for name, cache in p.caches.items() if name in _REPORTED_CACHES}
+                for model, p in pipelines.items()}
 
     # -- worker thread ------------------------------------------------------------------
     def _run(self) -> None:

@@ -23,7 +23,7 @@ from omniloop.engine.admission import MemoryBudget, MemoryEstimate, default_memo
 from omniloop.engine.cost_model import CostModel, ItemCost
 from omniloop.engine.errors import DoesNotFit, EngineDeadError, PoolFatalError, QueueFull, RequestRejected, UnknownRequest
 from omniloop.engine.fanout import FanOutPool
-from omniloop.engine.limits import check_limits
+from omniloop.engine.limits import check_limits, sized_by_input
 from omniloop.engine.request import EngineRequest
 from omniloop.engine.scheduler import NodeWork, SchedulerPlan, SchedulingPolicy, StepScheduler, StepWork
 from omniloop.engine.step_timer import StepTimer, step_timer_for
@@ -127,6 +127,9 @@ class Engine:
             if self.config.limits is not None:  # before the family's checks: the cheapest refusal first
                 check_limits(request, self.config.limits, self.pipeline.defaults)
             state = self.pipeline.admit(request)
+            if self.config.limits is not None and sized_by_input(request) and not sized_by_input(state.request):
+                # the family sized the request from its input (an edit's image): those pixels count too
+                check_limits(state.request, self.config.limits, self.pipeline.defaults)
             check_plugin_params(state.request, self.pipeline)
             req = EngineRequest(request=state.request, state=state, nodes=self.pipeline.active_nodes(state.request))
             self._estimate(req)

@@ -43,9 +43,7 @@ def check_limits(request: OmniRequest, limits: Limits, defaults: Mapping[str, An
                             f"{limits.max_frames} (limits.max_frames); ask for fewer frames (a shorter clip)",
                             fields=("num_frames",))
     width, height = p.width or int(defaults.get("width", 0)), p.height or int(defaults.get("height", 0))
-    world_canvas = request.task in (TaskType.A2W, TaskType.V2W) and p.width is None and p.height is None
-    # (a world model sizes an unsized rollout from its first frame, by its resolution tiers: not the default size)
-    if width * height > limits.max_pixels and not world_canvas:
+    if width * height > limits.max_pixels and not sized_by_input(request):
         raise LimitExceeded(f"diffusion.width x height: {width}x{height} = {width * height} pixels exceed this "
                             f"deployment's limit of {limits.max_pixels} (limits.max_pixels); pass a smaller size",
                             fields=("height", "width"))
@@ -53,6 +51,14 @@ def check_limits(request: OmniRequest, limits: Limits, defaults: Mapping[str, An
     if steps > limits.max_steps:
         raise LimitExceeded(f"diffusion.steps: {steps} steps exceed this deployment's limit of {limits.max_steps} "
                             "(limits.max_steps); pass fewer steps", fields=("steps",))
+
+
+def sized_by_input(request: OmniRequest) -> bool:
+    """An unsized request whose size comes from its input, not the model's default: a world
+    rollout (its first frame, by the model's resolution tiers) or an image edit (its image).
+    The engine checks the pixels again once the family has filled the size in."""
+    p = request.diffusion
+    return request.task in (TaskType.A2W, TaskType.V2W, TaskType.I2I) and p.width is None and p.height is None
 
 
 def check_images_per_call(n: int, limits: Limits) -> None:

@@ -51,6 +51,7 @@ class ModelSlot:
     nbytes: int = 0
     last_used: float = 0.0
     arrivals: dict[str, float] = field(default_factory=dict)  # pending request id -> arrival time
+    loras: list[tuple[str, str]] = field(default_factory=list)  # (name, file) registered when dropped to disk
 
     @property
     def busy(self) -> bool:
@@ -120,11 +121,13 @@ class ModelPool:
         host_budget_bytes: int | None = None,
         transfer_bytes_per_s: float = 20e9,
         switch_after: float = 2.0,
+        sources: dict[str, tuple[str, ...]] | None = None,
     ) -> None:
         if not models:
             raise ValueError("a model pool needs at least one model")
         self.config = config or EngineConfig()
         self.slots = {name: ModelSlot(name, build) for name, build in models.items()}
+        self.sources = dict(sources or {})  # name -> other names clients may use (the checkpoint path)
         self.default = default or next(iter(models))
         if self.default not in self.slots:
             raise ValueError(f"default model {self.default!r} is not one of {sorted(self.slots)}")
@@ -240,6 +243,10 @@ class ModelPool:
         """The default model's pipeline (what single-model callers read)."""
         return self.pipelines()[self.default]
 
+    def loaded_pipelines(self) -> dict[str, Pipeline]:
+        """The pipelines in memory (device or host tier), without loading any from disk."""
+        return {n: s.engine.pipeline for n, s in self.slots.items() if s.engine is not None}
+
     def pipelines(self) -> dict[str, Pipeline]:
         for slot in self.slots.values():
             if slot.engine is None:
@@ -312,11 +319,18 @@ class ModelPool:
                         key=lambda s: s.last_used)
         while sum(s.nbytes for s in self.slots.values() if s.tier == "host") > self.host_budget and hosted:
             victim = hosted.pop(0)
+            adapters = victim.engine.pipeline.caches.get("adapters")  # type: ignore[union-attr]
+            # LoRAs loaded while serving (not only the deploy config's): registered again on reload
+            victim.loras = [(i["name"], i["source"]) for i in adapters.list()] if adapters is not None else []
             victim.engine, victim.tier = None, "disk"
             self.pool_stats.evictions_to_disk += 1
 
     def _load(self, slot: ModelSlot) -> None:
         pipeline = slot.build()
+        adapters = pipeline.caches.get("adapters")
+        for name, source in slot.loras:
+            if adapters is not None and name not in adapters:
+                adapters.load(name, source)
         if self.device is None:
             self.device = pipeline.device
         assert pipeline.device == self.device, f"model {slot.name} loads on {pipeline.device}, the pool serves on {self.device}"
@@ -348,6 +362,8 @@ class _Snapshots:
     def __init__(self, pool: ModelPool) -> None:
         self.pool = pool
 
-    def snapshot(self) -> dict[str, Any]:
-        return {n: s.engine.cost_model.snapshot() for n, s in self.pool.slots.items() if s.engine is not None}
+    def snapshot(self) -> dict[str, float]:
+        """Every loaded model's calibration, keys ``<model>/<item>`` (one flat map, as one engine's)."""
+        return {f"{n}/{k}": v for n, s in self.pool.slots.items() if s.engine is not None
+                for k, v in s.engine.cost_model.snapshot().items()}
 

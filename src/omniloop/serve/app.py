@@ -20,11 +20,11 @@ from pydantic import BaseModel
 
 import omniloop
 from omniloop.engine import AsyncEngine
-from omniloop.serve import audio, chat, images, sessions, streaming, videos
+from omniloop.serve import audio, chat, images, loras, sessions, streaming, videos
 from omniloop.serve.config import ServeConfig
 from omniloop.serve.errors import install_error_handlers
 from omniloop.serve.jobs import JobStore
-from omniloop.serve.protocol import ImageGenerationRequest, ModelCard, ModelList, VideoCreateRequest
+from omniloop.serve.protocol import ImageEditRequest, ImageGenerationRequest, ModelCard, ModelList, VideoCreateRequest
 from omniloop.serve.state import ServeState, State, require_auth
 
 system = APIRouter(tags=["system"])
@@ -44,9 +44,9 @@ async def ready(state: State) -> JSONResponse:
 
 @system.get("/v1/models", response_model=ModelList, dependencies=[Depends(require_auth)])
 async def models(state: State) -> ModelList:
-    card = ModelCard(id=state.model.name, created=state.started_at, tasks=sorted(t.value for t in state.model.tasks),
-                     actions=sorted(state.model.defaults["actions"]) if "actions" in state.model.defaults else None)
-    return ModelList(data=[card])
+    return ModelList(data=[ModelCard(id=m.name, created=state.started_at, tasks=m.task_names,
+                                     actions=sorted(m.defaults["actions"]) if "actions" in m.defaults else None)
+                           for m in state.models.values()])
 
 
 @system.get("/metrics", summary="Prometheus metrics", response_class=Response,
@@ -59,6 +59,7 @@ async def metrics(state: State) -> Response:
 
 _BODIES: dict[str, type[BaseModel]] = {"VideoCreateRequest": VideoCreateRequest,
                                        "ImageGenerationRequest": ImageGenerationRequest,
+                                       "ImageEditRequest": ImageEditRequest,
                                        "SpeechRequest": audio.SpeechRequest}
 
 
@@ -78,6 +79,8 @@ def _this_server(body: dict[str, Any], state: ServeState) -> dict[str, Any]:
         for variant in body["properties"].get(name, {}).get("anyOf", [body["properties"].get(name, {})]):
             if "maximum" in variant:
                 variant["maximum"] = min(variant["maximum"], ceiling)
+    if "loras" in body["properties"] and not any(m.takes_loras for m in state.models.values()):
+        body["properties"]["loras"]["maxItems"] = 0  # no served model takes LoRAs
     if state.warmup_shapes and "prompt" in body["properties"]:  # (speech bodies take ``input``)
         shape, d = state.warmup_shapes[0], state.model.defaults
         example = {"prompt": "a red circle moving right", "steps": shape.num_steps(d.get("steps", 1)),
@@ -133,7 +136,7 @@ def create_app(engine: AsyncEngine, config: ServeConfig | None = None, *, jobs: 
     app.state.omniloop = state
     install_error_handlers(app)
     for router in (system, videos.router, streaming.router, images.router, sessions.router,
-                   chat.router, audio.router):
+                   chat.router, audio.router, loras.router):
         app.include_router(router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

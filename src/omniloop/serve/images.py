@@ -1,23 +1,28 @@
-"""``POST /v1/images/generations``: ``n`` text-to-image requests submitted together, so
-the engine batches their steps; answered with base64 PNGs or URLs to them."""
+"""``POST /v1/images/generations`` and ``POST /v1/images/edits``: ``n`` text-to-image (or
+image-to-image) requests submitted together, so the engine batches their steps; answered
+with base64 PNGs or URLs to them. ``model`` picks one of the served models; ``loras``
+(``[{"name", "strength"}]``, loaded through ``/v1/loras``) and an edit's ``strength`` are
+extra fields."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import time
+from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from pydantic import ValidationError
 
-from omniloop.request import RequestStatus
+from omniloop.request import OmniRequest, RequestStatus
 from omniloop.serve.body import read_body
 from omniloop.serve.errors import ApiError, validation_error
 from omniloop.serve.jobs import Geometry, Job, JobKind, output_response, read_output
-from omniloop.serve.protocol import ImageData, ImageGenerationRequest, ImagesResponse
-from omniloop.serve.state import State, new_id, require_auth
-from omniloop.serve.wire import openai_images
+from omniloop.serve.protocol import ImageData, ImageEditRequest, ImageGenerationRequest, ImagesResponse
+from omniloop.serve.state import ServeState, State, new_id, require_auth
+from omniloop.serve.wire import ServedModel, WireCall, openai_image_edit, openai_images
 
 router = APIRouter(prefix="/v1/images", tags=["images"], dependencies=[Depends(require_auth)])
 
@@ -32,12 +37,62 @@ async def generate_images(request: Request, state: State) -> ImagesResponse:
             wire = ImageGenerationRequest.model_validate(fields)
         except ValidationError as e:
             raise validation_error(e) from None
+        model = state.served(wire.model)
         ids = [new_id("img") for _ in range(wire.n)]
-        requests, call = openai_images(wire, ids, state.model)
-        geometry = Geometry.of(requests[0], state.model.defaults)
-        jobs = [Job(id=i, kind=JobKind.IMAGE, model=state.model.name, prompt=wire.prompt, geometry=geometry)
-                for i in ids]
-        await state.submit(jobs, requests, call.names)
+        requests, call = openai_images(wire, ids, model)
+        jobs = await _submit(state, model, wire, requests, call)
+    return await _answer(request, wire, jobs)
+
+
+@router.post("/edits", response_model=ImagesResponse, summary="Edit an image (image-to-image)",
+             openapi_extra={"x-omniloop-body": {"json": "ImageEditRequest", "multipart": "ImageEditForm",
+                                                "file_fields": ["image", "mask"]}})
+async def edit_images(request: Request, state: State) -> ImagesResponse:
+    with state.counting_rejections("image"):
+        state.check_accepting()
+        fields, files = await read_body(request, state.config.max_upload_bytes, file_fields=_EDIT_FILES)
+        image, mask = _one_upload(files, "image"), _one_upload(files, "mask")
+        if isinstance(fields.get("loras"), str):  # a multipart form carries the list as JSON text
+            fields["loras"] = _json_field(fields["loras"], "loras")
+        try:
+            wire = ImageEditRequest.model_validate(fields)
+        except ValidationError as e:
+            raise validation_error(e) from None
+        model = state.served(wire.model)
+        ids = [new_id("img") for _ in range(wire.n)]
+        requests, call = openai_image_edit(wire, ids, model, image=image, mask=mask)
+        jobs = await _submit(state, model, wire, requests, call)
+    return await _answer(request, wire, jobs)
+
+
+_EDIT_FILES = ("image", "image[]", "mask")
+
+
+def _one_upload(files: dict[str, bytes], name: str) -> bytes | None:
+    given = [files[k] for k in (name, f"{name}[]") if k in files]
+    if len(given) > 1:
+        raise ApiError(400, f"{name}: one file per edit; upload a single {name}", param=name, code="invalid_value")
+    return given[0] if given else None
+
+
+def _json_field(text: str, name: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise ApiError(400, f"{name}: expected JSON text in the form field, e.g. "
+                       '[{"name": "style", "strength": 0.8}]', param=name, code="invalid_value") from None
+
+
+async def _submit(state: ServeState, model: ServedModel, wire: Any, requests: list[OmniRequest],
+                  call: WireCall) -> list[Job]:
+    geometry = Geometry.of(requests[0], model.defaults)
+    jobs = [Job(id=r.request_id, kind=JobKind.IMAGE, model=model.name, prompt=wire.prompt, geometry=geometry)
+            for r in requests]
+    await state.submit(jobs, requests, call.names)
+    return jobs
+
+
+async def _answer(request: Request, wire: Any, jobs: list[Job]) -> ImagesResponse:
     await asyncio.gather(*(job.wait_sealed() for job in jobs))
     failed = [j for j in jobs if j.status is not RequestStatus.COMPLETED]
     if failed:
@@ -50,7 +105,7 @@ async def generate_images(request: Request, state: State) -> ImagesResponse:
         else:
             png = await asyncio.to_thread(read_output, job, "content")
             data.append(ImageData(b64_json=base64.b64encode(png).decode()))
-    return ImagesResponse(created=int(time.time()), data=data, size=geometry.size)
+    return ImagesResponse(created=int(time.time()), data=data, size=jobs[0].geometry.size)
 
 
 def _generation_error(job: Job, failed: int, total: int) -> ApiError:

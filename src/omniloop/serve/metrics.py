@@ -46,8 +46,45 @@ class _EngineCollector:
         yield calib
 
 
+class _CacheCollector:
+    """The text-embedding and adapter caches' counters per served model, read when scraped
+    (``AsyncEngine.cache_summaries``: model -> cache -> summary)."""
+
+    def __init__(self, summaries: Callable[[], dict[str, dict[str, dict[str, Any]]]]) -> None:
+        self._summaries = summaries
+
+    def collect(self) -> Iterator[Metric]:
+        lookups = CounterMetricFamily("omniloop_text_cache_lookups", "text-embedding cache lookups (one per prompt "
+                                      "and encoder) by result", labels=["model", "result"])
+        text = {name: GaugeMetricFamily(f"omniloop_text_cache_{name}", help_, labels=["model"])
+                for name, help_ in (("bytes", "bytes of cached embeddings"), ("entries", "cached embeddings"),
+                                    ("hit_rate", "hits / lookups since start"))}
+        evictions = CounterMetricFamily("omniloop_text_cache_evictions", "entries evicted for room", labels=["model"])
+        lora = CounterMetricFamily("omniloop_lora_cache_events", "adapter cache: device_hits, host_loads (host -> "
+                                   "device), disk_loads (file reads), evictions per tier", labels=["model", "event"])
+        lora_bytes = GaugeMetricFamily("omniloop_lora_cache_bytes", "resident LoRA bytes per tier",
+                                       labels=["model", "tier"])
+        loaded = GaugeMetricFamily("omniloop_loras_loaded", "registered LoRAs", labels=["model"])
+        for model, caches in sorted(self._summaries().items()):
+            if (t := caches.get("text_embeddings")) is not None:
+                lookups.add_metric([model, "hit"], t["hits"])
+                lookups.add_metric([model, "miss"], t["misses"])
+                for name, family in text.items():
+                    family.add_metric([model], t[name])
+                evictions.add_metric([model], t["evictions"])
+            if (a := caches.get("adapters")) is not None:
+                for event in ("device_hits", "host_loads", "disk_loads", "device_evictions", "host_evictions",
+                              "over_budget"):
+                    lora.add_metric([model, event], a[event])
+                lora_bytes.add_metric([model, "device"], a["device_bytes"])
+                lora_bytes.add_metric([model, "host"], a["host_bytes"])
+                loaded.add_metric([model], a["loaded"])
+        yield from (lookups, *text.values(), evictions, lora, lora_bytes, loaded)
+
+
 class ServeMetrics:
-    def __init__(self, engine_stats: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, engine_stats: Callable[[], dict[str, Any]],
+                 cache_summaries: Callable[[], dict[str, dict[str, dict[str, Any]]]] | None = None) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("omniloop_requests", "finished requests by kind and final status",
@@ -68,6 +105,8 @@ class ServeMetrics:
         self.cost_ratio = Histogram("omniloop_request_cost_ratio", "actual / predicted compute seconds "
                                     "(completed requests)", buckets=_RATIO_BUCKETS, registry=r)
         r.register(_EngineCollector(engine_stats))  # type: ignore[arg-type]
+        if cache_summaries is not None:
+            r.register(_CacheCollector(cache_summaries))  # type: ignore[arg-type]
 
     def observe_finished(self, kind: str, status: RequestStatus, m: RequestMetrics, loop_nodes: set[str]) -> None:
         self.requests.labels(kind, status.value).inc()

@@ -20,7 +20,9 @@ SIZE_PATTERN = r"^[1-9][0-9]{0,4}x[1-9][0-9]{0,4}$"
 # DiffusionParams fields both endpoints accept as extra (peer-style) generation fields.
 GENERATION_FIELDS = ("steps", "guidance_scale", "guidance_scale_2", "shift", "seed", "negative_prompt", "sampler")
 VIDEO_FIELDS = GENERATION_FIELDS + ("num_frames", "fps", "height", "width")
-IMAGE_FIELDS = GENERATION_FIELDS + ("height", "width")
+# "loras": per-request adapters ([{"name": ..., "strength": ...}], loaded through /v1/loras)
+IMAGE_FIELDS = GENERATION_FIELDS + ("height", "width", "loras")
+EDIT_FIELDS = IMAGE_FIELDS + ("strength",)  # how much of the given image is redrawn
 
 
 def derived_field(model: type[BaseModel], name: str, **changes: Any) -> tuple[Any, FieldInfo]:
@@ -96,6 +98,19 @@ class _ImageGenerationBase(_Wire):
 
 
 ImageGenerationRequest = _with_generation_fields("ImageGenerationRequest", _ImageGenerationBase, IMAGE_FIELDS)
+
+
+class _ImageEditBase(_ImageGenerationBase):
+    """OpenAI's image edit: multipart with the ``image`` file (and ``mask``), or JSON with the
+    image as a data: URL. Without a size the output takes the image's."""
+
+    image: str | None = Field(default=None, description="JSON form: the image to edit as a data: URL or base64 "
+                              "(multipart: upload the file under this name)")
+    mask: str | None = Field(default=None, description="inpainting mask; refused by models without inpainting")
+    input_fidelity: Literal["high", "low"] | None = None  # accepted for client compatibility
+
+
+ImageEditRequest = _with_generation_fields("ImageEditRequest", _ImageEditBase, EDIT_FIELDS)
 
 
 # -- responses -------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import asyncio
 import logging
 import signal
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 
@@ -82,12 +83,18 @@ class DrainingServer(uvicorn.Server):
             self.should_exit = True
 
 
-def run_server(model: str | Path, deploy: DeployConfig, config: ServeConfig, *, log_level: str = "info") -> int:
+def run_server(model: str | Path | Mapping[str, str], deploy: DeployConfig, config: ServeConfig, *,
+               log_level: str = "info") -> int:
     """Serve until SIGTERM/SIGINT (exit code 0), or until the warmup fails (1, its error on
-    stderr). The job store opens first: an unusable one fails before the model loads."""
+    stderr). ``model``: one checkpoint, or {name: checkpoint} for several on one engine loop
+    (``ModelPool``; the first is the default). The job store opens first: an unusable one
+    fails before the model loads."""
     jobs = JobStore.open(config)
     try:
-        engine = AsyncEngine.from_pretrained(model, deploy=deploy)
+        if isinstance(model, Mapping):
+            engine = AsyncEngine.serving_models(model, deploy=deploy)
+        else:
+            engine = AsyncEngine.from_pretrained(model, deploy=deploy)
     except BaseException:
         jobs.close()
         raise

@@ -10,6 +10,7 @@ import secrets
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -35,10 +36,11 @@ def new_id(prefix: str) -> str:
 class ServeState:
     def __init__(self, engine: AsyncEngine, config: ServeConfig, jobs: JobStore | None = None) -> None:
         self.engine, self.config = engine, config
-        self.model = ServedModel.of(engine, config.served_model_name)
+        self.models = ServedModel.all_of(engine, config.served_model_name)  # by name, the default first
+        self.model = next(iter(self.models.values()))  # the default: what a request without "model" gets
         self.limits = self.model.limits  # the engine's (DeployConfig.limits), enforced at its admission
         self.jobs = jobs if jobs is not None else JobStore.open(config)
-        self.metrics = ServeMetrics(engine.stats)
+        self.metrics = ServeMetrics(engine.stats, self._cache_summaries)
         self.runner = JobRunner(engine, self.jobs, self.metrics)
         self.warmup_shapes = warmup_shapes(config.warmup, self.model.defaults, self.limits, self.model.tasks)
         self.warmed = False
@@ -46,8 +48,28 @@ class ServeState:
         self.on_fatal: Callable[[Exception], None] | None = None  # a failed warmup; the server stops
         self.on_ready: Callable[[], None] | None = None
         self.draining = False
+        self.lora_upload_dir: Path | None = None  # LoRA files uploaded through /v1/loras (serve/loras.py)
+        self.on_close: list[Callable[[], None]] = []
         self.started_at = int(time.time())
         self._tasks: list[asyncio.Task] = []
+
+    def served(self, requested: str | None) -> ServedModel:
+        """The model a request's ``model`` field names (None: the default); 404 naming the
+        served ones otherwise."""
+        if requested is None:
+            return self.model
+        for model in self.models.values():
+            if requested == model.name or requested in model.aliases:
+                return model
+        raise WireError("model", f"{requested!r} is not served here; pass one of {sorted(self.models)} "
+                        "(see /v1/models)", status=404, code="model_not_found")
+
+    def _cache_summaries(self) -> dict[str, dict[str, dict]]:
+        """The engine's cache counters by served model name."""
+        summaries = self.engine.cache_summaries()
+        if self.model.route is None:  # one model: the engine knows it by its checkpoint path
+            return {self.model.name: next(iter(summaries.values()), {})}
+        return summaries
 
     # -- lifecycle ------------------------------------------------------------------------
     def readiness(self) -> tuple[bool, str]:
@@ -118,6 +140,8 @@ class ServeState:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.runner.shutdown()
         self.jobs.close()
+        for cleanup in self.on_close:
+            cleanup()
 
     # -- admission ------------------------------------------------------------------------
     def check_accepting(self) -> None:

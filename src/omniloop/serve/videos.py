@@ -47,9 +47,10 @@ async def create_video(request: Request, state: State) -> VideoObject:
         except ValidationError as e:
             raise validation_error(e) from None
         job_id = new_id("video")
-        omni, call = openai_video(wire, job_id, state.model, upload=files.get("input_reference"))
-        geometry = Geometry.of(omni, state.model.defaults, wire.seconds)
-        job = Job(id=job_id, kind=JobKind.VIDEO, model=state.model.name, prompt=wire.prompt, geometry=geometry)
+        model = state.served(wire.model)
+        omni, call = openai_video(wire, job_id, model, upload=files.get("input_reference"))
+        geometry = Geometry.of(omni, model.defaults, wire.seconds)
+        job = Job(id=job_id, kind=JobKind.VIDEO, model=model.name, prompt=wire.prompt, geometry=geometry)
         await state.submit([job], [omni], call.names)
     return video_object(job, state.jobs)
 

@@ -29,10 +29,11 @@ from pydantic import ValidationError
 
 from omniloop.deploy import Limits
 from omniloop.engine import AsyncEngine, LimitExceeded, RequestRejected, check_images_per_call
+from omniloop.engine.model_pool import ModelPool
 from omniloop.request import (
     ActionPart, DiffusionParams, ImagePart, Modality, OmniRequest, OutputSpec, TaskType, TextPart, require_prompt,
 )
-from omniloop.serve.protocol import IMAGE_FIELDS, VIDEO_FIELDS
+from omniloop.serve.protocol import EDIT_FIELDS, IMAGE_FIELDS, VIDEO_FIELDS
 
 
 class WireError(ValueError):
@@ -53,6 +54,8 @@ class ServedModel:
     limits: Limits = field(default_factory=Limits)  # the deployment's (its max_batch caps n per call)
     aliases: frozenset[str] = frozenset()  # also accepted (e.g. the checkpoint path it was loaded from)
     makes_audio: bool = False  # the pipeline has an audio output (a soundtrack, or text-to-audio)
+    route: str | None = None  # OmniRequest.model on a server of several models (the pool's name); None: one
+    takes_loras: bool = False  # the pipeline has an adapter cache (requests may name LoRAs)
 
     @classmethod
     def of(cls, engine: AsyncEngine, served_name: str | None = None) -> "ServedModel":
@@ -60,7 +63,24 @@ class ServedModel:
         pipeline = engine.engine.pipeline
         return cls(name=served_name or Path(path).name or path, tasks=frozenset(pipeline.spec.tasks),
                    defaults=dict(pipeline.defaults), limits=engine.engine.config.limits or Limits(),
-                   aliases=frozenset({path}), makes_audio="audio" in pipeline.spec.outputs)
+                   aliases=frozenset({path}), makes_audio="audio" in pipeline.spec.outputs,
+                   takes_loras="adapters" in pipeline.caches)
+
+    @classmethod
+    def all_of(cls, engine: AsyncEngine, served_name: str | None = None) -> dict[str, "ServedModel"]:
+        """Every model ``engine`` serves by name, the default first: one, or a ``ModelPool``'s
+        (named as the pool names them; ``served_name`` renames a single model only)."""
+        pool = engine.engine
+        if not isinstance(pool, ModelPool):
+            one = cls.of(engine, served_name)
+            return {one.name: one}
+        limits = pool.config.limits or Limits()
+        names = [pool.default] + [n for n in pool.slots if n != pool.default]
+        pipelines = pool.pipelines()
+        return {n: cls(name=n, tasks=frozenset(pipelines[n].spec.tasks), defaults=dict(pipelines[n].defaults),
+                       limits=limits, aliases=frozenset(pool.sources.get(n, ())), route=n,
+                       makes_audio="audio" in pipelines[n].spec.outputs,
+                       takes_loras="adapters" in pipelines[n].caches) for n in names}
 
     @property
     def serves_images(self) -> bool:
@@ -172,13 +192,14 @@ def _validated(build: Any, names: Mapping[str, str], prefix: str = "") -> Any:
         raise WireError(param, message.removeprefix(f"{param}: ")) from None
 
 
-def reference_image(ref: Any, param: str = "input_reference") -> ImagePart | None:
-    """``input_reference`` as a first-frame ImagePart: uploaded bytes, a data: URL or base64
-    string, or ``{"image_url": <data: URL>}``. Remote and file URLs are never fetched."""
+def reference_image(ref: Any, param: str = "input_reference", role: str = "first_frame") -> ImagePart | None:
+    """``input_reference`` as a first-frame ImagePart (``role``: an edit's is "reference"):
+    uploaded bytes, a data: URL or base64 string, or ``{"image_url": <data: URL>}``. Remote
+    and file URLs are never fetched."""
     if ref is None:
         return None
     if isinstance(ref, (bytes, bytearray)):
-        return ImagePart(role="first_frame", b64=base64.b64encode(bytes(ref)).decode())
+        return ImagePart(role=role, b64=base64.b64encode(bytes(ref)).decode())
     if not isinstance(ref, str):
         ref, param = _image_url(ref, param)
     if not ref:
@@ -186,7 +207,7 @@ def reference_image(ref: Any, param: str = "input_reference") -> ImagePart | Non
     if ref.startswith("file:") or "://" in ref.split(",", 1)[0]:  # (base64 and data: URLs hold no "://")
         raise WireError(param, "only data: URLs (data:image/png;base64,...) or base64 bytes are accepted; remote and "
                         "file URLs are not fetched and paths are never read", code="path_refused")
-    return _validated(lambda: ImagePart(role="first_frame", b64=ref), {"b64": param})
+    return _validated(lambda: ImagePart(role=role, b64=ref), {"b64": param})
 
 
 def _image_url(ref: Any, param: str) -> tuple[Any, str]:
@@ -231,11 +252,12 @@ def _prompt(call: WireCall) -> str:
 
 
 def _request(request_id: str, task: TaskType, prompt: str, call: WireCall, params: DiffusionParams,
-             image: ImagePart | None, extra: tuple[Any, ...] = ()) -> OmniRequest:
+             image: ImagePart | None, extra: tuple[Any, ...] = (), model: "ServedModel | None" = None) -> OmniRequest:
     inputs: list[Any] = [TextPart(text=prompt)] + ([image] if image is not None else []) + list(extra)
+    routed = {"model": model.route} if model is not None and model.route is not None else {}
     return _validated(lambda: OmniRequest(request_id=request_id, task=task, inputs=inputs, diffusion=params,
                                           outputs=call.outputs, node_params=call.node_params or {},
-                                          **call.request_fields), {})
+                                          **call.request_fields, **routed), {})
 
 
 def world_task(model: ServedModel, call: WireCall, has_image: bool) -> TaskType | None:
@@ -291,18 +313,23 @@ def video_request(call: WireCall, request_id: str, model: ServedModel) -> OmniRe
     params = _validated(lambda: DiffusionParams(**call.fields), call.names)
     call.outputs = _video_outputs(call)
     extra = (_action_part(call.actions),) if call.actions is not None else ()
-    return _request(request_id, task, prompt, call, params, image, extra)
+    return _request(request_id, task, prompt, call, params, image, extra, model)
 
 
 def image_requests(call: WireCall, request_ids: list[str], model: ServedModel) -> list[OmniRequest]:
-    """``len(request_ids)`` text-to-image requests (seeds ``seed + i`` when a seed is given)."""
+    """``len(request_ids)`` text-to-image requests, or image-to-image ones when ``call.image``
+    holds the image to edit (seeds ``seed + i`` when a seed is given)."""
     prompt = _prompt(call)
     if not model.serves_images:
         other = "/v1/audio/speech" if model.tasks == {TaskType.T2A} else "/v1/videos"
         raise WireError("model", f"{model.name!r} does not generate images (tasks: {model.task_names}); use {other}",
                         code="unsupported")
+    task, image = TaskType.T2I, None
     if call.image is not None:
-        raise WireError(call.image_param, f"{model.name!r} has no image-to-image task; omit it", code="unsupported")
+        if TaskType.I2I not in model.tasks:
+            raise WireError(call.image_param, f"{model.name!r} has no image-to-image task (tasks: "
+                            f"{model.task_names}); omit it", code="unsupported")
+        task, image = TaskType.I2I, reference_image(call.image, call.image_param, role="reference")
     check_images_per_call(len(request_ids), model.limits)
     if call.fields.get("num_frames", 1) != 1:
         raise WireError(call.names["num_frames"], "an image is one frame; omit it")
@@ -311,7 +338,7 @@ def image_requests(call: WireCall, request_ids: list[str], model: ServedModel) -
     requests = []
     for i, rid in enumerate(request_ids):
         seed = None if params.seed is None else (params.seed + i) % 2**63
-        requests.append(_request(rid, TaskType.T2I, prompt, call, params.model_copy(update={"seed": seed}), None))
+        requests.append(_request(rid, task, prompt, call, params.model_copy(update={"seed": seed}), image, (), model))
     return requests
 
 
@@ -342,6 +369,7 @@ def wire_param(error: RequestRejected, names: Mapping[str, str]) -> str | None:
 # (steps is read with its alias num_inference_steps)
 OPENAI_VIDEO_FIELDS = tuple(n for n in VIDEO_FIELDS if n != "steps")
 OPENAI_IMAGE_FIELDS = tuple(n for n in IMAGE_FIELDS if n != "steps")
+OPENAI_EDIT_FIELDS = tuple(n for n in EDIT_FIELDS if n != "steps")
 
 
 def _openai_call(wire: Any, names: tuple[str, ...]) -> WireCall:
@@ -372,6 +400,25 @@ def openai_images(wire: Any, request_ids: list[str], model: ServedModel) -> tupl
     """``wire`` is a validated ``ImageGenerationRequest``: ``n`` requests."""
     model.check_name(wire.model)
     call = _openai_call(wire, OPENAI_IMAGE_FIELDS)
+    return image_requests(call, request_ids, model), call
+
+
+def openai_image_edit(wire: Any, request_ids: list[str], model: ServedModel, image: Any = None,
+                      mask: Any = None) -> tuple[list[OmniRequest], WireCall]:
+    """``wire`` is a validated ``ImageEditRequest``; ``image`` / ``mask`` the multipart uploads
+    (else the JSON fields): ``n`` image-to-image requests."""
+    model.check_name(wire.model)
+    if mask is not None or wire.mask is not None:
+        raise WireError("mask", f"{model.name!r} has no inpainting; omit mask (strength sets how much of the "
+                        "whole image is redrawn)", code="unsupported")
+    call = _openai_call(wire, OPENAI_EDIT_FIELDS)
+    call.image, call.image_param = (image if image is not None else wire.image), "image"
+    if call.image is None:
+        raise WireError("image", "an edit needs the image to edit: upload it as the multipart file 'image', or pass "
+                        "it as a data: URL (data:image/png;base64,...)", code="missing")
+    _prompt(call)  # an empty prompt first, as generations
+    if TaskType.I2I not in model.tasks:
+        raise WireError("model", f"{model.name!r} does not edit images (tasks: {model.task_names})", code="unsupported")
     return image_requests(call, request_ids, model), call
 
 

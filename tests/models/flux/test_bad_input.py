@@ -46,3 +46,17 @@ def test_an_edit_without_a_size_takes_its_image_size(flux_dir):
     out = gen.generate(_req(TaskType.I2I, [ImagePart(data=image, role="reference")], steps=2, strength=1.0, seed=0))
     assert out.status.value == "completed", out.error
     assert out.image.image.shape == (48, 32, 3)
+
+
+def test_an_edit_sized_by_its_image_is_held_to_the_limits(flux_dir):
+    """The size an edit takes from its image is checked against limits.max_pixels too (the
+    engine's limits run before the family fills it in, then again on what it filled)."""
+    import numpy as np
+
+    from omniloop.api.generator import VideoGenerator
+
+    gen = VideoGenerator.from_pretrained(flux_dir, device="cpu", dtype="float32", limits={"max_pixels": 32 * 32})
+    image = np.zeros((48, 32, 3), dtype=np.uint8)
+    with pytest.raises(RequestRejected, match=r"32x48 = 1536 pixels exceed this deployment's limit of 1024"):
+        gen.generate(_req(TaskType.I2I, [ImagePart(data=image, role="reference")], steps=1, strength=1.0,
+                          height=None, width=None))

@@ -77,7 +77,10 @@ def tokenizer():
 def random_transformer(config: Cosmos3Config, device, dtype) -> Cosmos3Transformer:
     with torch.device("meta"):
         model = Cosmos3Transformer(config)
-    model = model.to_empty(device=device)
+    # cast on meta, then materialize: the weights exist once, in ``dtype`` (an fp32 build
+    # cast afterwards would hold ~90 GB at the published size and inflate the peak figure)
+    model = model.to(dtype).to_empty(device=device)
+    model.time_embedder.float()  # kept fp32, like the loader
     g = torch.Generator(device=device).manual_seed(0)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -85,8 +88,6 @@ def random_transformer(config: Cosmos3Config, device, dtype) -> Cosmos3Transform
                 p.fill_(1.0)
             else:
                 p.normal_(0.0, 0.02, generator=g)
-    model = model.to(dtype)
-    model.time_embedder.float()  # kept fp32, like the loader
     return model.eval().requires_grad_(False)
 
 
@@ -170,8 +171,9 @@ def bench_decode(pipeline, args, base, sink):
         _, (secs, tokens, _), _ = run(pipeline, requests, max_batch=batch, max_running=batch)
         paged = tokens / secs
         chat_prompt = len(chat_ids(pipeline.components["tokenizer"], chat_messages(requests[0])))
-        # the baseline: each new token re-runs the whole context through the model (no KV)
-        ids = torch.randint(0, model.config.vocab_size, (batch, args.prompt_tokens), device=device)
+        # the baseline: each new token re-runs the whole context through the model (no KV),
+        # from the same context length the paged run starts from
+        ids = torch.randint(0, model.config.vocab_size, (batch, chat_prompt), device=device)
         model.lm_logits(model.forward_text(ids)[:, -1:])  # warm
         sync(device)
         t0 = time.perf_counter()
@@ -181,7 +183,7 @@ def bench_decode(pipeline, args, base, sink):
         sync(device)
         reprefill = batch * args.reprefill_tokens / (time.perf_counter() - t0)
         emit({**base, "bench": "reasoner_decode", "batch": batch, "prompt_tokens": chat_prompt,
-              "reprefill_prompt_tokens": args.prompt_tokens,
+              "reprefill_prompt_tokens": chat_prompt, "reprefill_tokens": args.reprefill_tokens,
               "max_tokens": args.max_tokens, "paged_tokens_per_s": round(paged, 1),
               "reprefill_tokens_per_s": round(reprefill, 1), "speedup": round(paged / reprefill, 1)}, sink)
 
@@ -255,12 +257,12 @@ def main(argv=None) -> int:
     dtype = torch.bfloat16 if cuda else torch.float32
     if cuda:  # ~2 GPU minutes in all on an H200
         args.kv_cache_gb, args.batches, args.max_batch = 24.0, (1, 32), 32
-        args.prompt_words, args.prompt_tokens, args.max_tokens, args.reprefill_tokens = 200, 256, 64, 6
+        args.prompt_words, args.max_tokens, args.reprefill_tokens = 200, 64, 6
         args.video_shape, args.video_steps, args.n_video, args.n_chat = (480, 832, 33), 8, 2, 16
         args.trace_videos, args.trace_chats, args.trace_tokens, args.trace_gap_s, args.trace_repeats = 2, 12, 32, 0.2, 1
     else:
         args.kv_cache_gb, args.batches, args.max_batch = 0.05, (1, 4), 8
-        args.prompt_words, args.prompt_tokens, args.max_tokens, args.reprefill_tokens = 100, 128, 12, 6
+        args.prompt_words, args.max_tokens, args.reprefill_tokens = 100, 12, 6
         args.video_shape, args.video_steps, args.n_video, args.n_chat = (32, 32, 5), 3, 2, 4
         args.trace_videos, args.trace_chats, args.trace_tokens, args.trace_gap_s, args.trace_repeats = 1, 4, 8, 0.0, 3
     pipeline = build(args, device, dtype)

@@ -23,7 +23,7 @@ def test_cosmos3_benchmark_smoke(tmp_path):
     assert {r["bench"] for r in records} == {"reasoner_decode", "reasoner_with_denoise", "mixed_trace", "resident"}
     decode = {r["batch"]: r for r in records if r["bench"] == "reasoner_decode"}
     assert set(decode) == {1, 4}
-    # re-prefilling ~130 context tokens per generated token is slower than one paged decode step
+    # re-prefilling the ~280-token context per generated token is slower than one paged decode step
     assert decode[4]["paged_tokens_per_s"] > decode[4]["reprefill_tokens_per_s"]
     concurrent = next(r for r in records if r["bench"] == "reasoner_with_denoise")
     assert concurrent["denoise_request_steps"] == 2 * 3 and concurrent["reasoner_with_video_tokens_per_s"] > 0

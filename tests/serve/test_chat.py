@@ -167,3 +167,48 @@ def test_cosmos3_predicted_actions_come_back_as_json(cosmos3_server):
     assert np.asarray(done["actions"]).shape == (4, 10)  # 4 steps of the embodiment's 10-wide actions
     bad = httpx.post(f"{cosmos3_server.url}/v1/videos", json={**body, "node_params": {"denoise": {"domain": "x"}}})
     assert bad.status_code == 400 and "not a known embodiment domain" in bad.json()["error"]["message"]
+
+
+def test_cosmos3_chat_with_an_image_and_a_video(cosmos3_dir, tmp_path_factory):
+    """Image and video content parts (data: URLs) reach the reasoner's ViT through the openai
+    client: each answer equals the engine's on the same media; the image's differs from a
+    text-only question's."""
+    from PIL import Image
+
+    from omniloop.request import ImagePart
+    from tests.models.cosmos3.checkpoint import save_unified
+
+    unified = save_unified(cosmos3_dir, tmp_path_factory.mktemp("cosmos3_unified_vit"), vision=True)
+    pixels = np.random.default_rng(0).integers(0, 256, (40, 56, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "what is it"}]
+    _, pipeline = load_pipeline(unified, LoadOptions(device=torch.device("cpu"), dtype=torch.float32))
+    engine = Engine(pipeline)
+    rid = engine.add_request(OmniRequest(task=TaskType.REASON, sampling=SamplingParams(max_tokens=8, temperature=0.0),
+                                         inputs=[ImagePart(data=pixels, role="reference"), TextPart(text="what is it", role="user")]))
+    with torch.inference_mode():
+        want = engine.run_until_done(rid).text
+    from omniloop.io.video import write_mp4
+    from omniloop.request import VideoPart
+
+    mp4 = io.BytesIO()  # 8 frames at 24 fps: the processor samples 4, two temporal patch groups
+    write_mp4(np.random.default_rng(1).integers(0, 256, (8, 32, 48, 3), dtype=np.uint8), mp4, 24)
+    clip_url = "data:video/mp4;base64," + base64.b64encode(mp4.getvalue()).decode()
+    rid = engine.add_request(OmniRequest(task=TaskType.REASON, sampling=SamplingParams(max_tokens=8, temperature=0.0),
+                                         inputs=[VideoPart(b64=clip_url), TextPart(text="what is it", role="user")]))
+    with torch.inference_mode():
+        watched_want = engine.run_until_done(rid).text
+    with live_server(unified, serve={"warmup": []}) as server:
+        client = server.client()
+        kw = dict(model=server.state.model.name, temperature=0, max_tokens=8)
+        seen = client.chat.completions.create(messages=[{"role": "user", "content": content}], **kw)
+        blind = client.chat.completions.create(messages=[{"role": "user", "content": "what is it"}], **kw)
+        video = [{"type": "video_url", "video_url": {"url": clip_url}}, {"type": "text", "text": "what is it"}]
+        watched = client.chat.completions.create(messages=[{"role": "user", "content": video}], **kw)
+    assert seen.choices[0].message.content == want.text
+    assert seen.usage.prompt_tokens == want.prompt_tokens > blind.usage.prompt_tokens  # the image's tokens
+    assert seen.choices[0].message.content != blind.choices[0].message.content
+    assert watched.choices[0].message.content == watched_want.text
+    assert watched.usage.prompt_tokens == watched_want.prompt_tokens > blind.usage.prompt_tokens

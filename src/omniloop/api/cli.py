@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from omniloop.api.schema_flags import DefaultsHelpFormatter, add_schema_flags, collect, flag_error
 from omniloop.deploy import DeployConfig
-from omniloop.request import DiffusionParams, TaskType, require_prompt
+from omniloop.request import DiffusionParams, SamplingParams, TaskType, require_prompt
 from omniloop.serve.config import DEFAULT_DRAIN_TIMEOUT_S
 from omniloop.serve.warmup import DEFAULT_STEPS as DEFAULT_WARMUP_STEPS
 from omniloop.serve.warmup import WarmupFailed
@@ -28,8 +28,8 @@ def _generate_parser(sub: argparse._SubParsersAction) -> None:
                    help="checkpoint directory or built-in name (default: shapes-t2v, the embedded model; "
                    "see omniloop models)")
     p.add_argument("--output", default="outputs/",
-                   help="a .mp4 file, a .png file (an image: --task t2i), a .wav/.flac/.mp3 file (audio) or a "
-                   "directory of <request id>.mp4/.png/.wav")
+                   help="a .mp4 file, a .png file (an image: --task t2i), a .wav/.flac/.mp3 file (audio), a .txt "
+                   "file (text: --task reason) or a directory of <request id>.mp4/.png/.wav/.txt")
     p.add_argument("--audio-only", action="store_true",
                    help="write only the sound as a wav (text-to-audio models always do)")
     p.add_argument("--task", choices=[t.value for t in TaskType], default=None, help="task (default: t2v, or i2v with --image)")
@@ -38,8 +38,13 @@ def _generate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     p.set_defaults(_params=add_schema_flags(p, DiffusionParams, skip={"plugin_params"}, group="generation",
                                             unset="the model's"))
+    p.set_defaults(_sampling=add_schema_flags(p, SamplingParams, skip=SAMPLING_SKIP, group="text (--task reason)"))
     p.set_defaults(_deploy=add_schema_flags(p, DeployConfig, skip={"plugins", "limits"}, group="deployment"))
     p.set_defaults(func=_cmd_generate)
+
+
+# --seed is the generation group's (one flag for both kinds); stops are API-only
+SAMPLING_SKIP = {"seed", "stop", "stop_token_ids"}
 
 
 def _deploy_from_flags(args: argparse.Namespace) -> DeployConfig:
@@ -66,13 +71,20 @@ def _flag_names(message: str) -> str:
 def _output_kinds(args: argparse.Namespace, tasks: list[str] | None = None) -> list[dict]:
     """What ``--output`` may name: a video, an image or sound, from the flags (and, once the
     model is loaded, its ``tasks``: a text-to-audio model writes sound)."""
-    from omniloop.api.generator import AUDIO_FILES, IMAGE_FILES, VIDEO_FILES
+    from omniloop.api.generator import AUDIO_FILES, IMAGE_FILES, TEXT_FILES, VIDEO_FILES
 
+    if _makes_text(args, tasks):
+        return [TEXT_FILES]
     if args.audio_only or args.task == TaskType.T2A.value or (args.task is None and tasks == [TaskType.T2A.value]):
         return [AUDIO_FILES]
     if args.task == TaskType.T2I.value:
         return [IMAGE_FILES]
-    return [VIDEO_FILES] if tasks is not None else [VIDEO_FILES, AUDIO_FILES]  # before loading: either
+    return [VIDEO_FILES] if tasks is not None else [VIDEO_FILES, AUDIO_FILES, TEXT_FILES]  # before loading: any
+
+
+def _makes_text(args: argparse.Namespace, tasks: list[str] | None = None) -> bool:
+    """--task reason, or no --task for a model whose only task is reason (a language model)."""
+    return args.task == TaskType.REASON.value or (args.task is None and tasks == [TaskType.REASON.value])
 
 
 def _check_output(args: argparse.Namespace, tasks: list[str] | None = None) -> None:
@@ -133,8 +145,14 @@ def _generate_with(gen: Any, args: argparse.Namespace, prompt: str, params: dict
     from omniloop.api.generator import AUDIO_FILES
     from omniloop.api.progress import ProgressBars
 
-    audio_only = _output_kinds(args, gen.tasks)[0] is AUDIO_FILES
     _check_output(args, gen.tasks)  # now knowing what the model makes, still before any work
+    if _makes_text(args, gen.tasks):
+        return _generate_text(args, gen, prompt, params, load_s)
+    sampling = collect(args, args._sampling)
+    if sampling:
+        flags = ", ".join("--" + k.replace("_", "-") for k in sorted(sampling))
+        raise ValueError(f"{flags} apply to --task reason (text out); drop them for task {args.task or gen.tasks}")
+    audio_only = _output_kinds(args, gen.tasks)[0] is AUDIO_FILES
     if audio_only and args.image is not None:
         raise ValueError("--image conditions a video; drop it with --audio-only or a text-to-audio model")
     bars = None
@@ -161,6 +179,29 @@ def _generate_with(gen: Any, args: argparse.Namespace, prompt: str, params: dict
             f", sound {result.audio.shape[1] / result.sample_rate:.2f} s @ {result.sample_rate} Hz"
         what = f"{f} frames {w}x{h} @ {result.fps} fps{sound}"
     print(f"wrote {result.path} ({what}, seed {result.seed}) in {result.metrics.run_s:.2f}s (load {load_s:.2f}s)")
+    return 0
+
+
+def _generate_text(args: argparse.Namespace, gen, prompt: str, params: dict, load_s: float) -> int:
+    """--task reason: the AR loop's text on stdout (and in --output's .txt file)."""
+    wrong = sorted(set(params) - {"seed"}) + (["image"] if args.image is not None else []) + \
+        (["audio_only"] if args.audio_only else [])
+    if wrong:
+        flags = ", ".join("--" + w.replace("_", "-") for w in wrong)
+        raise ValueError(f"{flags} do(es) not apply to --task reason (text out); drop them, or pass "
+                         "--max-tokens/--temperature/--top-p/--top-k/--repetition-penalty/--seed")
+    sampling = {**collect(args, args._sampling), **({"seed": params["seed"]} if "seed" in params else {})}
+    try:
+        SamplingParams(**sampling)
+    except ValidationError as e:
+        raise flag_error(e, sampling) from None
+    try:
+        result = gen.generate_text(prompt, output_path=args.output, **sampling)
+    except ValueError as e:  # refused at admission (context limit, KV pool, inputs the model cannot see)
+        raise ValueError(_flag_names(str(e)).replace("sampling.max_tokens", "--max-tokens")) from None
+    print(result.text)
+    print(f"wrote {result.path} ({len(result.token_ids)} tokens, finish {result.finish_reason}, seed {result.seed}) "
+          f"in {result.metrics.run_s:.2f}s (load {load_s:.2f}s)", file=sys.stderr)
     return 0
 
 

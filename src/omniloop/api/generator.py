@@ -31,6 +31,7 @@ from omniloop.request import (
     OutputSpec,
     RequestMetrics,
     RequestStatus,
+    SamplingParams,
     TaskType,
     TextPart,
     require_prompt,
@@ -73,6 +74,18 @@ class GeneratedAudio:
     @property
     def seconds(self) -> float:
         return self.audio.shape[1] / self.sample_rate
+
+
+@dataclass(frozen=True)
+class GeneratedText:
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None  # "stop" (EOS, a stop token or string) or "length" (max_tokens)
+    path: Path | None
+    request_id: str
+    seed: int | None
+    metrics: RequestMetrics
+    output: OmniOutput
 
 
 @dataclass(frozen=True)
@@ -314,6 +327,38 @@ class VideoGenerator:
         return GeneratedAudio(audio=samples, sample_rate=sound.sample_rate, path=path, request_id=output.request_id,
                               seed=output.metrics.seed, metrics=output.metrics, output=output)
 
+    def generate_text(
+        self,
+        prompt: str,
+        *,
+        output_path: str | Path | None = None,
+        on_event: Callable[[OmniEvent], None] | None = None,
+        **sampling: Any,
+    ) -> GeneratedText:
+        """Continue ``prompt`` with the model's AR loop (task reason: a language model, or
+        Cosmos3's reasoner), optionally writing the text to ``output_path`` (a ``.txt`` file
+        or a directory). ``sampling`` are SamplingParams fields (``max_tokens``,
+        ``temperature``, ``top_p``, ``top_k``, ``stop``, ``seed``, ...); unset ones keep the
+        model's generation defaults."""
+        if TaskType.REASON not in self.pipeline.spec.tasks:
+            raise ValueError(f"{self.pipeline.spec.name!r} makes no text (tasks {self.tasks}); pass a language model "
+                             "or Cosmos3 for task 'reason'")
+        unknown = sorted(set(sampling) - set(SamplingParams.model_fields))
+        if unknown:
+            raise ValueError(f"unknown sampling parameter(s) {unknown}; accepted: {sorted(SamplingParams.model_fields)}")
+        request = OmniRequest(task=TaskType.REASON, inputs=[TextPart(text=require_prompt(prompt))],
+                              sampling=SamplingParams(**sampling))
+        output = self._completed(request, on_event)
+        text = output.text
+        assert text is not None, "a completed reason request has a text artifact"
+        path = None
+        if output_path is not None:
+            path = output_file(output_path, output.request_id, **TEXT_FILES, create=True)
+            path.write_text(text.text, encoding="utf-8")
+        return GeneratedText(text=text.text, token_ids=list(text.token_ids), finish_reason=text.finish_reason,
+                             path=path, request_id=output.request_id, seed=output.metrics.seed,
+                             metrics=output.metrics, output=output)
+
     def _completed(self, request: OmniRequest, on_event: Callable[[OmniEvent], None] | None) -> OmniOutput:
         output = self.generate(request, on_event)
         if output.status is not RequestStatus.COMPLETED:
@@ -354,6 +399,7 @@ class VideoGenerator:
 # What ``output_file`` writes for a video (H.264 mp4), an image (png, or a one-frame mp4), sound.
 VIDEO_FILES: dict[str, Any] = {"what": "a video", "default": ".mp4", "suffixes": (".mp4",)}
 IMAGE_FILES: dict[str, Any] = {"what": "an image", "default": ".png", "suffixes": (".png", ".mp4")}
+TEXT_FILES: dict[str, Any] = {"what": "text", "default": ".txt", "suffixes": (".txt",)}
 AUDIO_FILES: dict[str, Any] = {"what": "sound", "default": ".wav", "suffixes": tuple(f".{f}" for f in AUDIO_FORMATS)}
 
 

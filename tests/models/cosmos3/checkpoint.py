@@ -119,19 +119,51 @@ def reasoner_config(transformer_config: dict[str, Any], vocab_size: int, eos_id:
             "text_config": text, "vision_config": vision, "tie_word_embeddings": False, "eos_token_id": eos_id}
 
 
-def save_unified(pipeline_dir: Path, folder: Path) -> Path:
+def save_unified(pipeline_dir: Path, folder: Path, *, vision: bool = False) -> Path:
     """The unified checkpoint: the transformer's flat safetensors (generator keys included)
-    + a Cosmos3OmniConfig + the tokenizer, as the reasoner loads it."""
+    + a Cosmos3OmniConfig + the tokenizer, as the reasoner loads it. ``vision``: also a
+    random Qwen3-VL ViT under its flat keys (``blocks.*``, ``merger.*``, ...) and the image
+    processor config (``preprocessor_config.json``), as the published checkpoint carries."""
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copy(pipeline_dir / "transformer" / "diffusion_pytorch_model.safetensors", folder / "model.safetensors")
     for f in (pipeline_dir / "text_tokenizer").iterdir():
         shutil.copy(f, folder / f.name)
     tconf = json.loads((pipeline_dir / "transformer" / "config.json").read_text())
-    tok = json.loads((folder / "tokenizer_config.json").read_text())
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
     cfg = reasoner_config(tconf, len(tokenizer), tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    cfg.update({f"{name}_token_id": tokenizer.convert_tokens_to_ids(f"<|{name}|>")
+                for name in ("image_pad", "video_pad", "vision_start", "vision_end")})
+    cfg["image_token_id"], cfg["video_token_id"] = cfg.pop("image_pad_token_id"), cfg.pop("video_pad_token_id")
     (folder / "config.json").write_text(json.dumps(cfg, indent=2))
-    del tok
+    if vision:
+        _save_vit(folder, cfg["vision_config"])
     return folder
+
+
+def _save_vit(folder: Path, vision_config: dict[str, Any], seed: int = 5) -> None:
+    from safetensors.torch import load_file, save_file
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
+
+    config = Qwen3VLVisionConfig(**{k: v for k, v in vision_config.items() if k != "model_type"})
+    torch.manual_seed(seed)
+    vit = Qwen3VLVisionModel._from_config(config).eval()
+    with torch.no_grad():  # a scale at which the image changes the answer
+        g = torch.Generator().manual_seed(seed)
+        for p in vit.parameters():
+            p.copy_(0.2 * torch.randn(p.shape, generator=g))
+    tensors = load_file(folder / "model.safetensors")
+    tensors.update({k: v.contiguous() for k, v in vit.state_dict().items()})
+    save_file(tensors, folder / "model.safetensors")
+    # 4-pixel patches merged 2x2: an image becomes (h/8) x (w/8) tokens, 16x16 .. 64x64 pixels
+    Qwen2VLImageProcessorPil(patch_size=4, temporal_patch_size=2, merge_size=2, min_pixels=16 * 16,
+                             max_pixels=64 * 64).save_pretrained(folder)
+    # Qwen3VLVideoProcessor's config at these patch sizes (the class itself needs torchvision)
+    video = {"video_processor_type": "Qwen3VLVideoProcessor", "patch_size": 4, "temporal_patch_size": 2,
+             "merge_size": 2, "size": {"shortest_edge": 16 * 16, "longest_edge": 4 * 64 * 64}, "fps": 2,
+             "min_frames": 4, "max_frames": 768, "do_sample_frames": True, "image_mean": [0.5] * 3,
+             "image_std": [0.5] * 3}
+    (folder / "video_preprocessor_config.json").write_text(json.dumps(video, indent=2))

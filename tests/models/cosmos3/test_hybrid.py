@@ -5,6 +5,7 @@ different requests -- each request equal to its solo run."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from omniloop.engine import Engine, EngineConfig, SchedulingPolicy, StepWork
@@ -61,6 +62,7 @@ def test_prompt_upsampling_feeds_the_generator_in_the_same_request(cosmos3_pipel
     assert torch.equal(out.artifacts["latents"].latents, plain["plain"].artifacts["latents"].latents)
 
 
+@pytest.mark.slow  # ~45 s on 2 shared cores: five requests, each also run solo
 def test_interleaved_trace_mixes_and_batches_both_loop_kinds(cosmos3_pipeline):
     trace = [_reason("txt0"), _video("vid0"), _reason("txt1", "hello world, the cat sat on the mat"),
              _video("vid1", "a robot arm picks up a cube"), _video("snd", task=TaskType.T2VS)]

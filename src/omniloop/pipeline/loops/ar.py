@@ -105,7 +105,8 @@ class ARLoopState(LoopState):
     kv: PagedKVHandle  # blocks of the deployment's text-KV pool
     prefill_chunk: int  # tokens one prefill step forwards
     prompt_ids: list[int]
-    stop_ids: frozenset[int]  # EOS ids of the model + the request's stop_token_ids
+    stop_ids: frozenset[int]
+    lm_inputs: Any = None  # the prompt's model-specific inputs (PromptTokens.lm_inputs: e.g. image embeddings)  # EOS ids of the model + the request's stop_token_ids
     logits: torch.Tensor | None = None  # [vocab] fp32 logits of the next token
     seen: torch.Tensor | None = None  # [vocab] bool: ids in prompt + output (repetition penalty)
     output_ids: list[int] = field(default_factory=list)
@@ -130,6 +131,13 @@ class ARLoopState(LoopState):
 
     def chunks_left(self) -> int:
         return -(-(self.context_len - self.kv.num_tokens) // self.prefill_chunk)
+
+
+def _lm_inputs(loops: Sequence[ARLoopState]) -> dict[str, Any]:
+    """``lm_inputs=[per row]`` for a forward where some row's prompt carries model inputs
+    beyond its ids (a multimodal prompt); nothing for text-only batches (every CausalLM)."""
+    rows = [lp.lm_inputs for lp in loops]
+    return {"lm_inputs": rows} if any(r is not None for r in rows) else {}
 
 
 def effective_sampling(params: SamplingParams, defaults: Mapping[str, Any]) -> SamplingParams:
@@ -178,6 +186,7 @@ class ARDecodeLoop(LoopStageBase):
             prefill_chunk=int(ctx.defaults.get("prefill_chunk_tokens", DEFAULT_PREFILL_CHUNK)),
             prompt_ids=prompt_ids,
             stop_ids=frozenset(ctx.defaults.get("eos_token_ids", ())) | frozenset(params.stop_token_ids),
+            lm_inputs=getattr(ctx.read_optional(state, "prompt_tokens", PromptTokens), "lm_inputs", None),
         )
         self._prefill(lm, [loop])  # the first chunk now when the pool has room (a short prompt: all of it)
         loop.steps_target += loop.chunks_left()
@@ -301,7 +310,8 @@ class ARDecodeLoop(LoopStageBase):
         device = loops[0].kv.device
         ids = torch.tensor([(lp.prompt_ids + lp.output_ids)[lp.kv.num_tokens:lp.kv.num_tokens + n] for lp in loops],
                            device=device)  # [B, n]
-        logits = lm(ids, kv=PagedKVBatch([lp.kv for lp in loops], n), logits_to_keep=1)[:, -1].float()  # [B, V]
+        logits = lm(ids, kv=PagedKVBatch([lp.kv for lp in loops], n), logits_to_keep=1,
+                    **_lm_inputs(loops))[:, -1].float()  # [B, V]
         for lp, row in zip(loops, logits):
             if lp.prefilling:
                 continue
@@ -315,7 +325,8 @@ class ARDecodeLoop(LoopStageBase):
         """One forward over the last sampled token of every loop: KV append + next logits."""
         device = loops[0].kv.device
         ids = torch.tensor([[lp.output_ids[-1]] for lp in loops], device=device)  # [B, 1]
-        logits = lm(ids, kv=PagedKVBatch([lp.kv for lp in loops], 1), logits_to_keep=1)[:, -1].float()  # [B, V]
+        logits = lm(ids, kv=PagedKVBatch([lp.kv for lp in loops], 1), logits_to_keep=1,
+                    **_lm_inputs(loops))[:, -1].float()  # [B, V]
         for lp, row in zip(loops, logits):
             lp.logits = row
 

@@ -29,13 +29,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from omniloop.cache.kv import KVLayout
+from omniloop.models.families.cosmos3.vision import forward_inputs
 from omniloop.models.layers.mot import KVView, MoTLayer, PathwayConfig, RMSNorm
 from omniloop.models.layers.mrope import mrope_cos_sin
 from omniloop.models.layers.packed_seq import GEN, UND, AttnMode, PackedSeq, SampleBuilder, grid_positions, text_positions
@@ -278,18 +279,24 @@ class Cosmos3Transformer(nn.Module):
 
     # -- understanding pathway (text) -----------------------------------------------------
     def forward_text(self, input_ids: torch.Tensor, kv: KVView | None = None,
-                     positions: torch.Tensor | None = None) -> torch.Tensor:
+                     positions: torch.Tensor | None = None, visual: Any = None) -> torch.Tensor:
         """``input_ids [B, L]`` -> hidden ``[B, L, D]`` before the final norm. Positions: the
         given ``[3, B, L]`` planes, else the KV view's ``positions [B, L]`` in all three planes
-        (text), else ``0..L-1``. The layers append their keys/values to ``kv``."""
+        (text), else ``0..L-1``. The layers append their keys/values to ``kv``. ``visual``
+        (``vision.VisualRows``): image tokens' embeddings replace their pad tokens', and the
+        ViT's DeepStack features are added after the first layers (Qwen3-VL)."""
         b, length = input_ids.shape
         if positions is None:
             flat = kv.positions if kv is not None else torch.arange(length, device=input_ids.device).expand(b, length)  # type: ignore[attr-defined]
             positions = flat.float().unsqueeze(0).expand(3, -1, -1)
         cos, sin = self.rope(positions)
         h = self.embed_tokens(input_ids)
-        for layer in self.layers:
+        if visual is not None:
+            h[visual.mask] = visual.embeds.to(h.dtype)
+        for i, layer in enumerate(self.layers):
             h = layer.forward_pathway(UND, h, cos, sin, kv)
+            if visual is not None and i < len(visual.deepstack):
+                h[visual.mask] = h[visual.mask] + visual.deepstack[i].to(h.dtype)
         return h
 
     def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -421,9 +428,14 @@ class Cosmos3Reasoner:
     def config(self) -> Cosmos3Config:
         return self.model.config
 
-    def __call__(self, input_ids: torch.Tensor, *, kv: KVView, logits_to_keep: int = 0) -> torch.Tensor:
-        """``input_ids [B, L]`` -> logits ``[B, L', vocab]`` of the last ``logits_to_keep`` positions."""
-        h = self.model.forward_text(input_ids, kv)
+    def __call__(self, input_ids: torch.Tensor, *, kv: KVView, logits_to_keep: int = 0,
+                 lm_inputs: Sequence[Any] | None = None) -> torch.Tensor:
+        """``input_ids [B, L]`` -> logits ``[B, L', vocab]`` of the last ``logits_to_keep`` positions.
+        ``lm_inputs``: per row, the request's ``vision.VisionPrompt`` (images in its prompt) or None."""
+        positions = visual = None
+        if lm_inputs is not None and any(p is not None for p in lm_inputs):
+            positions, visual = forward_inputs(lm_inputs, kv.positions)  # type: ignore[attr-defined]
+        h = self.model.forward_text(input_ids, kv, positions, visual)
         if logits_to_keep:
             h = h[:, -logits_to_keep:]
         return self.model.lm_logits(h)

@@ -5,7 +5,7 @@ One resident transformer serves every task: the ``reason`` / ``upsample`` AR loo
 its understanding pathway through ``Cosmos3Reasoner`` (a view, no weights of its own) and
 the ``denoise`` loop drives both pathways. Graph::
 
-    REASON:     chat -> reason (ARDecodeLoop) -> text
+    REASON:     chat (+ the ViT's image embeddings) -> reason (ARDecodeLoop) -> text
     generation: [upsample_chat -> upsample (ARDecodeLoop, when upsample_prompt)] -> tokenize
                 -> [condition (I2V, V2W, A2W)] -> denoise -> {decode, sound_decode (T2VS), actions}
 """
@@ -21,9 +21,10 @@ from omniloop.models.autoencoders.wan_vae import load_wan_vae
 from omniloop.models.families.cosmos3 import presets as P
 from omniloop.models.families.cosmos3.model import Cosmos3Reasoner
 from omniloop.models.families.cosmos3.stages import (
-    CleanFrames, Cosmos3ActionOutput, Cosmos3Condition, Cosmos3Denoiser, Cosmos3DenoiseLoop,
+    CleanFrames, Cosmos3ActionOutput, Cosmos3ChatPrompt, Cosmos3Condition, Cosmos3Denoiser, Cosmos3DenoiseLoop,
     Cosmos3SoundDecode, Cosmos3Tokenize, options_of, wants_actions_out,
 )
+from omniloop.models.families.cosmos3.vision import load_image_processor, load_video_processing, load_vision_tower
 from omniloop.models.families.cosmos3.validate import GENERATION_TASKS, make_validator
 from omniloop.models.families.cosmos3.weights import load_transformer, read_config
 from omniloop.models.load_options import apply_load_options
@@ -69,6 +70,10 @@ def _load_tokenizer(sub: str):
     return load
 
 
+def _load_vision_tower(root: Path, index: Mapping[str, Any], options: LoadOptions):
+    return load_vision_tower(root, device=options.device, dtype=options.dtype)
+
+
 def _load_vae(root: Path, index: Mapping[str, Any], options: LoadOptions):
     return load_wan_vae(root / "vae", device=options.device, dtype=options.dtype)
 
@@ -90,6 +95,13 @@ def cosmos3_variant(index: Mapping[str, Any]) -> Variant:
             WeightSpec(component="transformer", kind="Cosmos3 reasoner (unified checkpoint)", subfolder=".",
                        load=_load_transformer(".", "transformers")),
             WeightSpec(component="tokenizer", kind="tokenizer", subfolder=".", load=_load_tokenizer(".")),
+            # the ViT and its image processor, when the checkpoint carries them (image prompts)
+            WeightSpec(component="vision_tower", kind="Qwen3-VL ViT (unified checkpoint)", subfolder=".",
+                       load=_load_vision_tower, optional=True),
+            WeightSpec(component="image_processor", kind="image processor config", subfolder=".",
+                       load=lambda root, index, options: load_image_processor(root), optional=True),
+            WeightSpec(component="video_processing", kind="video processor config", subfolder=".",
+                       load=lambda root, index, options: load_video_processing(root), optional=True),
         )
         return Variant(name="cosmos3-reasoner", tasks=frozenset({TaskType.REASON}), weights=weights)
     if index.get("use_native_flow_schedule"):
@@ -128,7 +140,7 @@ def cosmos3_pipeline_spec(variant: Variant, *, generator: bool, cfg_mode: str = 
     components["text_kv"] = ComponentSpec(name="text_kv", kind="paged text-KV pool (built, not loaded)")
     reason_loop = ARDecodeLoop(lm_component="reasoner", tokenizer_component="tokenizer")
     nodes = [
-        Node("chat", ChatPrompt(), when=REASON),
+        Node("chat", Cosmos3ChatPrompt(), when=REASON),
         Node("reason", reason_loop, when=REASON),
     ]
     outputs = {"text": "text"}
@@ -154,6 +166,7 @@ def cosmos3_pipeline_spec(variant: Variant, *, generator: bool, cfg_mode: str = 
 
 
 def build_cosmos3(variant: Variant, index: Mapping[str, Any], components: Mapping[str, Any], options: LoadOptions) -> Pipeline:
+    components = {k: v for k, v in components.items() if v is not None}  # optional parts the checkpoint lacks
     model = components["transformer"]
     config = model.config
     tokenizer = components["tokenizer"]

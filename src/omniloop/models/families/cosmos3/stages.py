@@ -31,12 +31,16 @@ from omniloop.io.image import open_image
 from omniloop.io.video import read_video
 from omniloop.models.families.cosmos3 import presets as P
 from omniloop.models.families.cosmos3.model import Cosmos3Transformer, GenLayout, pack_sample
+from omniloop.models.families.cosmos3.vision import (
+    Media, VideoProcessing, image_media, video_media, vision_prompt,
+)
 from omniloop.pipeline.edges import ConditionLatents, DenoisedLatents
 from omniloop.pipeline.policies.conditioning import NoConditioning
+from omniloop.pipeline.loops.ar import PromptTokens
 from omniloop.pipeline.loops.denoise import DenoiseLoop, DenoiseLoopState, DenoiseParams, DenoiserBase
 from omniloop.pipeline.policies.cfg import COND, Prediction
 from omniloop.pipeline.stage import ComponentStage, StageBase, WorkEstimate
-from omniloop.pipeline.stages import chat_ids
+from omniloop.pipeline.stages import ChatPrompt, chat_ids, chat_messages
 from omniloop.pipeline.state import RequestState, StageContext
 from omniloop.request import (
     Artifact, AudioArtifact, ImagePart, Modality, OmniRequest, TaskType, TensorArtifact, TextArtifact,
@@ -86,6 +90,55 @@ def _pil(part: ImagePart):
     if part.data is not None:
         return open_image(part.data)
     return open_image(part.raw_bytes() if part.b64 is not None else part.path)
+
+
+@dataclass
+class Cosmos3ChatPrompt(ChatPrompt):
+    """The reasoner's prompt: the chat template's ids; with images / videos, each pad token
+    expanded to its merged patches (a video: per frame group, after its timestamp) and the
+    ViT's embeddings attached (``vision.py``)."""
+
+    vision_tower: str = "vision_tower"
+    image_processor: str = "image_processor"
+    video_processing: str = "video_processing"
+
+    @torch.inference_mode()
+    def forward(self, ctx: StageContext, state: RequestState) -> None:
+        tokenizer = ctx.component(self.tokenizer)
+        messages = chat_messages(state.request, self.system_prompt)
+        parts = [p for p in state.request.inputs if p.kind in ("image", "video")]
+        if not parts:
+            ctx.write(state, "prompt_tokens", PromptTokens(token_ids=chat_ids(tokenizer, messages)))
+            return
+        tower = ctx.component(self.vision_tower)
+        media = [self._media(ctx, tower, p) for p in parts]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        ctx.write(state, "prompt_tokens", vision_prompt(tower, tokenizer, text, media, ctx.device, ctx.dtype))
+
+    def _media(self, ctx: StageContext, tower, part) -> Media:
+        if part.kind == "image":
+            return image_media(ctx.component(self.image_processor), _pil(part))
+        frames, fps = video_array(part)
+        return video_media(video_processing(ctx.components, tower), torch.from_numpy(frames), fps)
+
+
+def video_processing(components: Mapping[str, Any], tower) -> VideoProcessing:
+    """The checkpoint's video preprocessing, else Qwen3-VL's defaults at the ViT's patch sizes."""
+    given = components.get("video_processing")
+    if given is not None:
+        return given
+    c = tower.config
+    return VideoProcessing(patch_size=c.patch_size, temporal_patch_size=c.temporal_patch_size,
+                           merge_size=c.spatial_merge_size)
+
+
+def video_array(part: VideoPart) -> tuple[np.ndarray, float]:
+    """A VideoPart as ``[F, H, W, 3]`` uint8 frames and their fps (in-process frames: 24, the
+    rate Qwen3-VL's processor assumes when a video carries none)."""
+    if part.data is None:
+        arr, fps = read_video(part.raw_bytes() if part.b64 is not None else part.path)
+        return arr, fps or 24.0
+    return np.stack([np.asarray(f) for f in video_frames(part)]), 24.0
 
 
 def video_frames(part: VideoPart) -> list:

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
+import torch
 from pydantic import ValidationError
 
 from omniloop.models.families.cosmos3 import presets as P
 from omniloop.models.families.cosmos3.stages import (
+    _pil, video_array, video_processing,
     FORWARD_DYNAMICS, INVERSE_DYNAMICS, Cosmos3Options, action_mode, first_image, geometry, given_actions,
     latent_grid,
 )
+from omniloop.models.families.cosmos3.vision import video_media
 from omniloop.pipeline.stages import chat_ids, chat_messages
 from omniloop.pipeline.loops.ar import check_context
 from omniloop.pipeline.pipeline import format_validation_error
@@ -59,19 +62,39 @@ def make_validator(defaults: Mapping[str, Any], components: Mapping[str, Any]) -
 def _reason(request: OmniRequest, tokenizer, defaults: Mapping[str, Any], components: Mapping[str, Any]) -> None:
     if not request.prompt:
         raise ValueError("task 'reason' needs a non-empty text prompt; pass inputs=[TextPart(text=...)]")
-    if request.parts(Modality.VIDEO) or request.images():
-        raise ValueError("image/video prompts need the reasoner's vision tower, which omniloop does not run yet; "
-                         "pass text-only inputs for task 'reason'")
+    media_tokens = _media_tokens(request, components) if request.parts(Modality.VIDEO) or request.images() else 0
     bad = [t for t in request.sampling.stop_token_ids if not 0 <= t < tokenizer.vocab_size + 1024]
     if bad:
         raise ValueError(f"sampling.stop_token_ids {bad} are outside the vocabulary")
     if any(not s for s in request.sampling.stop):
         raise ValueError("sampling.stop contains an empty string; pass non-empty stop strings")
-    prompt_len = len(chat_ids(tokenizer, chat_messages(request)))
+    prompt_len = len(chat_ids(tokenizer, chat_messages(request))) + media_tokens
     check_context(prompt_len, request.sampling.max_tokens, defaults.get("max_context"))
     pool = components.get("text_kv")
     if pool is not None:
         pool.check_fits(prompt_len + request.sampling.max_tokens)
+
+
+def _media_tokens(request: OmniRequest, components: Mapping[str, Any]) -> int:
+    """Prompt tokens the request's images and videos add (at least: each pad becomes its
+    merged patches; a video's timestamps add a few more)."""
+    tower, processor = components.get("vision_tower"), components.get("image_processor")
+    if tower is None:
+        raise ValueError("image/video prompts need the reasoner's vision tower, and this checkpoint has none (a "
+                         "diffusers Cosmos3OmniPipeline folder carries no ViT); pass text-only inputs, or load the "
+                         "unified Cosmos3 checkpoint with its ViT weights")
+    if request.images() and processor is None:
+        raise ValueError("image prompts need the checkpoint's image processor (preprocessor_config.json), which this "
+                         "checkpoint lacks; pass text-only inputs or add the processor config")
+    merge = tower.spatial_merge_size
+    total = 0
+    for part in request.images():
+        width, height = _pil(part).size
+        total += processor.get_number_of_image_patches(height, width, {}) // merge**2 - 1
+    for part in request.parts(Modality.VIDEO):
+        frames, fps = video_array(part)
+        total += video_media(video_processing(components, tower), torch.from_numpy(frames), fps).pixels.shape[0] // merge**2
+    return total
 
 
 def _towers(request: OmniRequest, config, components: Mapping[str, Any]) -> None:

@@ -6,6 +6,7 @@ Audio within the parity tests' 1e-5), and fan-out ran the two decoders together 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,8 +19,11 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 def test_audio_benchmark_smoke(tmp_path):
     out = tmp_path / "audio.jsonl"
+    # one intra-op thread: with two, torch splits some CPU reductions differently for the two
+    # pipelines' op shapes, and the tiny LTX-2 then differs by one 8-bit level (measured)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_audio.py"), "--tiny", "--fanout-iters", "1",
-                           "--out", str(out)], capture_output=True, text=True, timeout=900)
+                           "--out", str(out)], capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     by = {(r["bench"], r.get("mode")): r for r in map(json.loads, out.read_text().splitlines())}
     sa, ltx = by[("stable_audio", None)], by[("ltx2", None)]

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omniloop.models.checkpoint_files import cast_to, format_keys, read_tensors, weight_files, wrong_shapes
+from omniloop.models.layers.snake import ResidualUnit, Snake1d
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "diffusion_pytorch_model.safetensors"
@@ -90,31 +91,6 @@ class Cosmos3AudioConfig:
             if key in d:
                 d[key] = tuple(d[key])
         return cls(**d)
-
-
-class Snake1d(nn.Module):
-    def __init__(self, channels: int) -> None:
-        super().__init__()
-        self.alpha = nn.Parameter(torch.zeros(1, channels, 1))  # log alpha
-        self.beta = nn.Parameter(torch.zeros(1, channels, 1))  # log beta
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        alpha, beta = torch.exp(self.alpha), torch.exp(self.beta)
-        return x + (beta + 1e-9).reciprocal() * torch.sin(alpha * x).pow(2)
-
-
-class ResidualUnit(nn.Module):
-    def __init__(self, dim: int, dilation: int) -> None:
-        super().__init__()
-        self.snake1 = Snake1d(dim)
-        self.conv1 = nn.Conv1d(dim, dim, kernel_size=7, dilation=dilation, padding=3 * dilation)
-        self.snake2 = Snake1d(dim)
-        self.conv2 = nn.Conv1d(dim, dim, kernel_size=1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.conv2(self.snake2(self.conv1(self.snake1(x))))
-        trim = (x.shape[-1] - y.shape[-1]) // 2
-        return (x[..., trim:-trim] if trim > 0 else x) + y
 
 
 class DecoderBlock(nn.Module):

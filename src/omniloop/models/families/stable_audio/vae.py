@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omniloop.models.layers.snake import ResidualUnit, Snake1d
+
 
 @dataclass(frozen=True)
 class OobleckConfig:
@@ -43,35 +45,6 @@ class OobleckConfig:
         return cls(**kw)
 
 
-class Snake(nn.Module):
-    """x + 1/(beta + 1e-9) * sin(alpha x)^2, alpha and beta per channel, stored as logs."""
-
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.alpha = nn.Parameter(torch.zeros(1, dim, 1))
-        self.beta = nn.Parameter(torch.zeros(1, dim, 1))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        alpha, beta = torch.exp(self.alpha), torch.exp(self.beta)
-        return x + (beta + 1e-9).reciprocal() * torch.sin(alpha * x).pow(2)
-
-
-class ResidualUnit(nn.Module):
-    def __init__(self, dim: int, dilation: int) -> None:
-        super().__init__()
-        self.snake1 = Snake(dim)
-        self.conv1 = nn.Conv1d(dim, dim, kernel_size=7, dilation=dilation, padding=3 * dilation)
-        self.snake2 = Snake(dim)
-        self.conv2 = nn.Conv1d(dim, dim, kernel_size=1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.conv2(self.snake2(self.conv1(self.snake1(x))))
-        pad = (x.shape[-1] - y.shape[-1]) // 2
-        if pad > 0:
-            x = x[..., pad:-pad]
-        return x + y
-
-
 def _residual_units(dim: int) -> nn.Sequential:
     return nn.Sequential(ResidualUnit(dim, 1), ResidualUnit(dim, 3), ResidualUnit(dim, 9))
 
@@ -80,7 +53,7 @@ class EncoderBlock(nn.Module):
     def __init__(self, in_dim: int, out_dim: int, stride: int) -> None:
         super().__init__()
         self.units = _residual_units(in_dim)
-        self.snake = Snake(in_dim)
+        self.snake = Snake1d(in_dim)
         self.conv = nn.Conv1d(in_dim, out_dim, kernel_size=2 * stride, stride=stride, padding=math.ceil(stride / 2))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -90,7 +63,7 @@ class EncoderBlock(nn.Module):
 class DecoderBlock(nn.Module):
     def __init__(self, in_dim: int, out_dim: int, stride: int) -> None:
         super().__init__()
-        self.snake = Snake(in_dim)
+        self.snake = Snake1d(in_dim)
         self.conv_t = nn.ConvTranspose1d(in_dim, out_dim, kernel_size=2 * stride, stride=stride,
                                          padding=math.ceil(stride / 2))
         self.units = _residual_units(out_dim)
@@ -107,7 +80,7 @@ class OobleckEncoder(nn.Module):
         self.conv_in = nn.Conv1d(c.audio_channels, h, kernel_size=7, padding=3)
         self.blocks = nn.Sequential(*(EncoderBlock(h * mult[i], h * mult[i + 1], s)
                                       for i, s in enumerate(c.downsampling_ratios)))
-        self.snake = Snake(h * mult[-1])
+        self.snake = Snake1d(h * mult[-1])
         self.conv_out = nn.Conv1d(h * mult[-1], h, kernel_size=3, padding=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -123,7 +96,7 @@ class OobleckDecoder(nn.Module):
         self.conv_in = nn.Conv1d(c.decoder_input_channels, ch * mult[-1], kernel_size=7, padding=3)
         self.blocks = nn.Sequential(*(DecoderBlock(ch * mult[n - i], ch * mult[n - i - 1], s)
                                       for i, s in enumerate(strides)))
-        self.snake = Snake(ch)
+        self.snake = Snake1d(ch)
         self.conv_out = nn.Conv1d(ch, c.audio_channels, kernel_size=7, padding=3, bias=False)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:

@@ -875,3 +875,13 @@ def _check_keys(folder: Path, expected: Mapping[str, torch.Tensor], got: Mapping
         raise ValueError(f"{folder / WEIGHTS_FILE}: {len(wrong)} tensors have the wrong shape: {format_keys(wrong)}")
 
 
+
+
+def wan_vae_loader(subfolder: str = "vae") -> Callable[..., WanVAE]:
+    """A ``WeightSpec.load`` for the Wan VAE in ``subfolder`` of a checkpoint (eval, frozen):
+    the Wan, FAR and shipped-manifest layouts all keep it so."""
+
+    def load(root: Path, index: Mapping[str, Any], options: Any) -> WanVAE:
+        return load_wan_vae(root / subfolder, device=options.device, dtype=options.dtype).eval().requires_grad_(False)
+
+    return load

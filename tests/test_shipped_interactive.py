@@ -11,7 +11,7 @@ from omniloop.models.loader import BUILTIN_DIR, BUILTIN_MODELS, INTERACTIVE_MODE
 from omniloop.models.manifest import read_manifest
 
 pytestmark = pytest.mark.skipif(INTERACTIVE_MODEL not in BUILTIN_MODELS, reason=f"{INTERACTIVE_MODEL} is not installed "
-                                "(train it: /work/notes/gpu_interactive.sh, then scripts/train_interactive.py install)")
+                                "(train it: scripts/gpu_interactive.sh, then scripts/train_interactive.py install)")
 
 
 def test_the_shipped_interactive_model_is_small():

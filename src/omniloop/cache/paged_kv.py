@@ -60,6 +60,7 @@ class BlockPool:
         self._free: list[int] = list(range(self.num_blocks - 1, -1, -1))  # a stack: low ids first
         self._k: torch.Tensor | None = None  # [layers, slots, H_kv, D], materialized at first use
         self._v: torch.Tensor | None = None
+        self._layers: list[tuple[torch.Tensor, torch.Tensor]] = []  # per-layer views of _k/_v, made once
 
     # -- accounting -------------------------------------------------------------------------
     @property
@@ -108,7 +109,7 @@ class BlockPool:
     def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(k, v)`` storage of ``layer``: ``[slots, H_kv, D]`` each."""
         self._materialize()
-        return self._k[layer], self._v[layer]  # type: ignore[index]
+        return self._layers[layer]
 
     def _materialize(self) -> None:
         if self._k is None:
@@ -117,6 +118,7 @@ class BlockPool:
             shape = (self.layout.num_layers, self.capacity_tokens, self.layout.num_kv_heads, self.layout.head_dim)
             self._k = torch.zeros(shape, dtype=self.dtype, device=self.device)
             self._v = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            self._layers = list(zip(self._k.unbind(0), self._v.unbind(0)))  # no select op per layer per step
 
     def __repr__(self) -> str:
         used = self.num_blocks - len(self._free)
@@ -219,32 +221,52 @@ class PagedKVBatch:
         self.handles = list(handles)
         self.num_new = num_new
         self.pool = self.handles[0].pool
-        device = self.pool.device
-        past = [h.num_tokens for h in self.handles]
-        for h, p in zip(self.handles, past):
-            assert h.capacity >= p + num_new, f"{h} lacks room for {num_new} tokens: reserve() first"
-        positions = torch.tensor(past)[:, None] + torch.arange(num_new)  # [B, Lq]
-        # every index is built on the CPU and crosses to the device once
-        write = torch.cat([h.slots(p, num_new, "cpu") for h, p in zip(self.handles, past)])  # [B * Lq]
-        lengths = [p + num_new for p in past]
-        longest = max(lengths)
-        rows = [h.slots(0, n, "cpu") for h, n in zip(self.handles, lengths)]
-        read = torch.stack([torch.cat([r, r.new_zeros(longest - r.numel())]) for r in rows])  # [B, Lk] (pad: slot 0)
-        self.positions, self._write, self._read = (t.to(device) for t in (positions, write, read))
+        for h in self.handles:
+            assert h.capacity >= h.num_tokens + num_new, f"{h} lacks room for {num_new} tokens: reserve() first"
+        positions, write, read = self._indices()
+        # every index is built on the CPU in a few whole-batch ops and crosses to the device
+        # in ONE copy (not one per row or per layer); the layers reuse them
+        b, lk = read.shape
+        flat = torch.cat((positions.reshape(-1), write, read.reshape(-1))).to(self.pool.device)
+        n = b * num_new
+        self.positions = flat[:n].view(b, num_new)  # [B, Lq]
+        self._write, self._read = flat[n:2 * n], flat[2 * n:]  # [B * Lq], [B * Lk] (pad: slot 0)
+        self._read_shape = (b, lk)
         self.mask: torch.Tensor | None = None  # [B, 1, Lq, Lk] bool, True = attend
-        if len(self.handles) > 1:
-            keys = torch.arange(longest)
-            self.mask = (keys[None, None, :] <= positions[:, :, None])[:, None].to(device)
+        if b > 1:  # built on the device from the positions: no host mask, no second copy
+            keys = torch.arange(lk, device=self.pool.device)
+            self.mask = (keys[None, None, :] <= self.positions[:, :, None])[:, None]
         for h in self.handles:
             h.num_tokens += num_new
+
+    def _indices(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """CPU int64 ``positions [B, Lq]``, write slots ``[B * Lq]``, read slots ``[B, Lk]``
+        (``Lk`` the longest context after this forward; a shorter row's tail reads slot 0)."""
+        bs, num_new = self.pool.block_size, self.num_new
+        past = torch.tensor([h.num_tokens for h in self.handles])  # [B]
+        widest = max(len(h.block_table) for h in self.handles)
+        table = torch.tensor([h.block_table + [0] * (widest - len(h.block_table)) for h in self.handles])  # [B, nb]
+        positions = past[:, None] + torch.arange(num_new)  # [B, Lq]
+        write = (table.gather(1, positions // bs) * bs + positions % bs).reshape(-1)
+        longest = max(h.num_tokens for h in self.handles) + num_new  # a Python int: no scalar read
+        keys = torch.arange(longest)  # [Lk]
+        read = table[:, keys // bs] * bs + keys % bs  # [B, Lk]
+        read = torch.where(keys < (past + num_new)[:, None], read, 0)
+        return positions, write, read
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write ``k, v`` (``[B, Lq, H_kv, D]``) at the rows' slots; return every row's keys/values ``[B, Lk, H_kv, D]``."""
         assert k.shape[:2] == (len(self.handles), self.num_new), f"PagedKVBatch got k {tuple(k.shape)}"
         kp, vp = self.pool.layer(layer)
-        kp.index_copy_(0, self._write, k.reshape(-1, *k.shape[2:]).to(kp.dtype))
-        vp.index_copy_(0, self._write, v.reshape(-1, *v.shape[2:]).to(vp.dtype))
-        return kp[self._read], vp[self._read]
+        kp.index_copy_(0, self._write, _as(k.reshape(-1, *k.shape[2:]), kp.dtype))
+        vp.index_copy_(0, self._write, _as(v.reshape(-1, *v.shape[2:]), vp.dtype))
+        # one index_select per tensor for the whole batch (cheaper to dispatch than kp[read])
+        shape = (*self._read_shape, *kp.shape[1:])
+        return kp.index_select(0, self._read).view(shape), vp.index_select(0, self._read).view(shape)
+
+
+def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return t if t.dtype == dtype else t.to(dtype)  # no dispatch when the pool has the model's dtype
 
 
 def build_text_kv_pool(layout: KVLayout, *, dtype: torch.dtype, device: torch.device | str, max_context: int,

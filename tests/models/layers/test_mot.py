@@ -9,7 +9,7 @@ import torch
 
 from omniloop.cache.kv import KVBatch, KVHandle, KVLayout
 from omniloop.models.layers.mot import MoTLayer, PathwayConfig
-from omniloop.models.layers.mrope import mrope_cos_sin
+from omniloop.models.layers.mrope import Rotary, mrope_cos_sin
 from omniloop.models.layers.packed_seq import GEN, UND, AttnMode, PackedSeq, SampleBuilder, grid_positions, text_positions
 
 CFG = PathwayConfig(hidden_size=16, head_dim=8, num_heads=2, num_kv_heads=1, intermediate_size=24)
@@ -53,18 +53,18 @@ def test_joint_equals_pathway_forwards_and_packing_equals_alone():
     xs = [torch.randn(s.num_tokens, 16) for s in seqs]
     packed = PackedSeq.concat(seqs)
     cos, sin = mrope_cos_sin(packed.positions, 8, 1e4, (2, 1, 1), torch.float32)
-    joint = layer.forward_packed(torch.cat(xs), packed, cos, sin)
+    joint = layer.forward_packed(torch.cat(xs), packed, Rotary.of(cos, sin))
     start = 0
     for seq, x in zip(seqs, xs):
         c, s = mrope_cos_sin(seq.positions, 8, 1e4, (2, 1, 1), torch.float32)
-        alone = layer.forward_packed(x, seq, c, s)
+        alone = layer.forward_packed(x, seq, Rotary.of(c, s))
         # packing changes only GEMM row counts (M): equal up to rounding
         torch.testing.assert_close(joint[start:start + seq.num_tokens], alone, rtol=1e-5, atol=1e-5)
         text = seq.index(pathway=UND)
         gen = seq.index(pathway=GEN)
         handle = KVHandle(KVLayout(1, 1, 8), dtype=torch.float32, device="cpu")
-        und = layer.forward_pathway(UND, x[None, text], c[None, text], s[None, text], KVBatch([handle], len(text)))
-        g = layer.forward_pathway(GEN, x[None, gen], c[None, gen], s[None, gen], _Context(handle))
+        und = layer.forward_pathway(UND, x[None, text], Rotary.of(c[None, text], s[None, text]), KVBatch([handle], len(text)))
+        g = layer.forward_pathway(GEN, x[None, gen], Rotary.of(c[None, gen], s[None, gen]), _Context(handle))
         assert torch.equal(und[0], alone[text]) and torch.equal(g[0], alone[gen])
         start += seq.num_tokens
 
@@ -75,9 +75,9 @@ def test_text_decode_token_by_token_equals_the_prefill():
     x = torch.randn(1, 7, 16)
     planes, _ = text_positions(7, 0)
     cos, sin = mrope_cos_sin(planes, 8, 1e4, (2, 1, 1), torch.float32)
-    full = layer.forward_pathway(UND, x, cos[None], sin[None], causal=True)
+    full = layer.forward_pathway(UND, x, Rotary.of(cos[None], sin[None]), causal=True)
     handle = KVHandle(KVLayout(1, 1, 8), dtype=torch.float32, device="cpu")
-    parts = [layer.forward_pathway(UND, x[:, :4], cos[None, :4], sin[None, :4], KVBatch([handle], 4))]
+    parts = [layer.forward_pathway(UND, x[:, :4], Rotary.of(cos[None, :4], sin[None, :4]), KVBatch([handle], 4))]
     for i in range(4, 7):
-        parts.append(layer.forward_pathway(UND, x[:, i:i + 1], cos[None, i:i + 1], sin[None, i:i + 1], KVBatch([handle], 1)))
+        parts.append(layer.forward_pathway(UND, x[:, i:i + 1], Rotary.of(cos[None, i:i + 1], sin[None, i:i + 1]), KVBatch([handle], 1)))
     torch.testing.assert_close(torch.cat(parts, 1), full, rtol=1e-5, atol=1e-6)

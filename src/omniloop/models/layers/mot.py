@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omniloop.models.layers.attention import DEFAULT_BACKEND, attention
-from omniloop.models.layers.mrope import apply_rotary
+from omniloop.models.layers.mrope import Rotary
 from omniloop.models.layers.packed_seq import PackedSeq, packed_attention
 
 
@@ -80,11 +80,12 @@ class RMSNorm(nn.Module):
         self.fp32_weight = fp32_weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        # F.rms_norm normalizes in fp32 and casts back to x's dtype: one fused kernel on CUDA;
+        # on the CPU the same pow/mean/rsqrt ops, bit-equal to the written-out
+        # ``(xf * rsqrt(xf.pow(2).mean(-1) + eps)).to(dtype)`` (fewer ops per norm per token)
         if self.fp32_weight:
-            return (self.weight.float() * xf).to(x.dtype)
-        return self.weight * xf.to(x.dtype)
+            return (self.weight.float() * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)).to(x.dtype)
+        return self.weight * F.rms_norm(x, (x.shape[-1],), eps=self.eps)
 
 
 class PathwayMLP(nn.Module):
@@ -119,7 +120,7 @@ class Pathway(nn.Module):
         self.post_norm = RMSNorm(c.hidden_size, c.eps, c.fp32_norm_weight)
         self.mlp = PathwayMLP(c)
 
-    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def project(self, x: torch.Tensor, rope: Rotary) -> tuple[torch.Tensor, ...]:
         """Normed ``x [..., L, D]`` -> ``q [..., L, H, Dh]``, ``k, v [..., L, H_kv, Dh]`` (Q/K normed and rotated)."""
         c = self.config
         q, k, v = self.qkv(x).split((self.q_dim, self.kv_dim, self.kv_dim), dim=-1)
@@ -128,7 +129,7 @@ class Pathway(nn.Module):
         v = v.unflatten(-1, (c.num_kv_heads, c.head_dim))
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)  # type: ignore[misc]
-        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+        return rope.apply(q), rope.apply(k), v
 
     def finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Residual stream after attention ``attn [..., L, H, Dh]``: O projection, then the MLP block."""
@@ -144,28 +145,28 @@ class MoTLayer(nn.Module):
         self.attention_backend = DEFAULT_BACKEND  # set from outside by set_attention_backend
 
     def forward_pathway(
-        self, name: str, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVView | None = None,
-        *, causal: bool = True,
+        self, name: str, x: torch.Tensor, rope: Rotary, kv: KVView | None = None, *, causal: bool = True,
     ) -> torch.Tensor:
-        """``x [B, L, D]`` tokens of pathway ``name`` -> ``[B, L, D]``. With ``kv`` the new
+        """``x [B, L, D]`` tokens of pathway ``name`` -> ``[B, L, D]`` (``rope``: the forward's
+        tables, built once for every layer: ``Rotary.of(cos, sin)``). With ``kv`` the new
         keys/values go through ``kv.update`` and attention spans what it returns (its mask
         or causal flag); without, the tokens attend each other (``causal`` or full)."""
         p: Pathway = self.pathways[name]  # type: ignore[assignment]
-        q, k, v = p.project(p.input_norm(x), cos, sin)
+        q, k, v = p.project(p.input_norm(x), rope)
         mask = None
         if kv is not None:
             k, v = kv.update(self.layer, k, v)
             mask, causal = kv.mask, kv.causal and kv.mask is None
         return p.finish(x, attention(q, k, v, self.attention_backend, mask=mask, causal=causal))
 
-    def forward_packed(self, x: torch.Tensor, seq: PackedSeq, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """``x [N, D]`` every token of ``seq`` -> ``[N, D]``; ``cos, sin [N, Dh]``."""
+    def forward_packed(self, x: torch.Tensor, seq: PackedSeq, rope: Rotary) -> torch.Tensor:
+        """``x [N, D]`` every token of ``seq`` -> ``[N, D]``; ``rope``: ``Rotary.of(cos, sin)`` of ``cos, sin [N, Dh]``."""
         qs, ks, vs, rows = [], [], [], []
         for name, p in self.pathways.items():
             idx = seq.index(x.device, pathway=name)
             if idx.numel() == 0:
                 continue
-            q, k, v = p.project(p.input_norm(x[idx]), cos[idx], sin[idx])  # type: ignore[union-attr]
+            q, k, v = p.project(p.input_norm(x[idx]), rope.select(idx))  # type: ignore[union-attr]
             qs.append(q), ks.append(k), vs.append(v), rows.append(idx)
         order = torch.cat(rows)
         q, k, v = (torch.empty((x.shape[0], *t[0].shape[1:]), dtype=t[0].dtype, device=x.device).index_copy_(

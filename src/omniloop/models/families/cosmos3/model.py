@@ -38,7 +38,7 @@ from torch import nn
 from omniloop.cache.kv import KVLayout
 from omniloop.models.families.cosmos3.vision import forward_inputs
 from omniloop.models.layers.mot import KVView, MoTLayer, PathwayConfig, RMSNorm
-from omniloop.models.layers.mrope import mrope_cos_sin
+from omniloop.models.layers.mrope import Rotary, mrope_cos_sin
 from omniloop.models.layers.packed_seq import GEN, UND, AttnMode, PackedSeq, SampleBuilder, grid_positions, text_positions
 from omniloop.models.layers.wan_dit import TwoLayerMLP, sinusoidal_timestep_embedding
 
@@ -289,12 +289,12 @@ class Cosmos3Transformer(nn.Module):
         if positions is None:
             flat = kv.positions if kv is not None else torch.arange(length, device=input_ids.device).expand(b, length)  # type: ignore[attr-defined]
             positions = flat.float().unsqueeze(0).expand(3, -1, -1)
-        cos, sin = self.rope(positions)
+        rope = Rotary.of(*self.rope(positions))  # once per forward, shared by every layer
         h = self.embed_tokens(input_ids)
         if visual is not None:
             h[visual.mask] = visual.embeds.to(h.dtype)
         for i, layer in enumerate(self.layers):
-            h = layer.forward_pathway(UND, h, cos, sin, kv)
+            h = layer.forward_pathway(UND, h, rope, kv)
             if visual is not None and i < len(visual.deepstack):
                 h[visual.mask] = h[visual.mask] + visual.deepstack[i].to(h.dtype)
         return h
@@ -306,8 +306,9 @@ class Cosmos3Transformer(nn.Module):
     def forward_gen(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, context: KVView) -> torch.Tensor:
         """Generation tokens ``hidden [B, Lg, D]`` attending ``context`` (the sample's text K/V,
         then their own) -> final-normed ``[B, Lg, D]``."""
+        rope = Rotary.of(cos, sin)
         for layer in self.layers:
-            hidden = layer.forward_pathway(GEN, hidden, cos, sin, context)
+            hidden = layer.forward_pathway(GEN, hidden, rope, context)
         return self.gen_norm(hidden)
 
     def time_embedding(self, timestep: torch.Tensor) -> torch.Tensor:
@@ -398,9 +399,9 @@ class Cosmos3Transformer(nn.Module):
     def forward_packed(self, hidden: torch.Tensor, seq: PackedSeq) -> torch.Tensor:
         """The joint forward: ``hidden [N, D]`` every token of ``seq`` (any number of samples)
         -> final-normed ``[N, D]`` (und tokens by ``norm``, gen tokens by ``gen_norm``)."""
-        cos, sin = self.rope(seq.positions.to(hidden.device))
+        rope = Rotary.of(*self.rope(seq.positions.to(hidden.device)))
         for layer in self.layers:
-            hidden = layer.forward_packed(hidden, seq, cos, sin)
+            hidden = layer.forward_packed(hidden, seq, rope)
         out = torch.empty_like(hidden)
         und, gen = seq.index(hidden.device, pathway=UND), seq.index(hidden.device, pathway=GEN)
         out[und] = self.norm(hidden[und])

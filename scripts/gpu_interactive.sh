@@ -16,10 +16,10 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 # call 2: run kind=nvidia-h200 timeout_s=420 carry=[".scratch/minilm_pack/minilm_pack-00002-of-00002.safetensors",
 #   ".scratch/minilm_pack/config.json", ".scratch/minilm_pack/tokenizer.json", ".scratch/minilm_pack/tokenizer_config.json",
 #   ".scratch/minilm_pack/special_tokens_map.json", ".scratch/minilm_pack/vocab.txt"]
-export PYTHONPATH=/tmp/site:src PYTHONUNBUFFERED=1 && python3 scripts/train_interactive.py train --text-encoder .scratch/minilm_pack --max-minutes 4 --install --out $OUT/interactive > $OUT/train.log 2>&1; tail -6 $OUT/train.log; python3 benchmarks/bench_causal.py --shapes --text-encoder .scratch/minilm_pack --sessions 1,4,16 --out $OUT/causal_shapes_h200.jsonl > $OUT/bench.log 2>&1; tail -4 $OUT/bench.log
+export PYTHONPATH=/tmp/site:src PYTHONUNBUFFERED=1 && python3 scripts/train_interactive.py train --text-encoder .scratch/minilm_pack --max-minutes 4 --steps 450 --install --out $OUT > $OUT/train.log 2>&1; tail -6 $OUT/train.log; python3 benchmarks/bench_causal.py --shapes --text-encoder .scratch/minilm_pack --sessions 1,4,16 --out $OUT/causal_shapes_h200.jsonl > $OUT/bench.log 2>&1; tail -4 $OUT/bench.log
 #
 # Back here (files_at = the call's returned folder):
-#   python scripts/train_interactive.py install <files_at>/interactive     # -> src/omniloop/models/builtin/shapes-interactive
+#   python scripts/train_interactive.py install <files_at>     # -> src/omniloop/models/builtin/shapes-interactive
 #   python -m pytest -q tests/test_shipped_interactive.py                  # un-skips: accuracy of the shipped model
 #   python benchmarks/bench_causal.py --shapes --out benchmarks/results/causal_shapes_cpu.jsonl   # CPU figures of the shipped model
 # (call 2 also benchmarks the freshly installed model on the H200: $OUT/causal_shapes_h200.jsonl, ~40 s;

@@ -54,6 +54,9 @@ def recipe_for(args) -> InteractiveRecipe:
 def cmd_train(args) -> int:
     cuda = torch.cuda.is_available() and not args.tiny
     device = torch.device("cuda" if cuda else "cpu")
+    if cuda:  # the fp32 master weights' matmuls (bf16 autocast covers the rest)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
     torch.manual_seed(0)
     recipe = recipe_for(args)
     out = Path(args.out)

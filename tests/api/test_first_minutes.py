@@ -52,7 +52,7 @@ def test_models_lists_builtins_and_families(capsys):
     assert code == 0
     assert re.search(r"^  shapes-t2v +text-to-video of simple colored shapes", out, re.M)
     assert re.search(r"^  shapes-t2v-4step +the 4-step distilled student of shapes-t2v", out, re.M)
-    assert "tasks t2v; default 128x128, 17 frames, 50 steps" in out
+    assert "tasks t2v, t2i; default 128x128, 17 frames, 50 steps" in out
     assert re.search(r"^  wan +Wan2.1 / Wan2.2 video DiT", out, re.M) and "WanPipeline, WanImageToVideoPipeline" in out
     assert re.search(r"^  qwen2 +Qwen2 / Qwen2.5 decoder-only LM", out, re.M)
 

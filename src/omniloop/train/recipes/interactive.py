@@ -367,14 +367,18 @@ def train(model: FARDiT, data: ActionLatents, recipe: InteractiveRecipe, *, devi
         text = torch.where(drop[:, None, None], empty.expand_as(text), text)
         sigmas = sample_sigmas(tuple(actions.shape), gen, device, shift=recipe.train_shift)
         noise = torch.randn(x0.shape, generator=gen).to(device)
-        loss = teacher_forcing_loss(model, chunks, x0, text, actions, sigmas, noise)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            loss = teacher_forcing_loss(model, chunks, x0, text, actions, sigmas, noise)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        # warmed-up decay (trainer.Trainer's): a run the deadline stops after a few hundred steps
+        # exports what it learned (a fixed 0.999 kept ~75% of the init after 291 steps: the H200
+        # run of 2026-12-01 validated at 2.7% action accuracy)
+        decay = min(recipe.ema, (1 + step) / (10 + step))
         with torch.no_grad():
-            for pe, pm in zip(ema.parameters(), model.parameters()):
-                pe.lerp_(pm, 1 - recipe.ema)
+            torch._foreach_lerp_(list(ema.parameters()), list(model.parameters()), 1.0 - decay)
         loss_avg = loss.item() if loss_avg is None else 0.95 * loss_avg + 0.05 * loss.item()
         if step % recipe.log_every == 0 or last:
             rec = {"step": step, "loss": round(loss_avg, 5), "lr": lr, "seconds": round(time.perf_counter() - t0, 1)}

@@ -49,7 +49,7 @@ class StudentRecipe:
     sample_steps: int = 2  # the student's steps a chunk (the shipped model's default)
     teacher_steps: int = 6  # the teacher's steps a chunk in its rollouts (a multiple of sample_steps)
     shift: float = 3.0  # the serving sampler's shift (both models')
-    sessions: int = 1024  # teacher rollouts (training clips: 9 chunks, 8 actions)
+    sessions: int = 2048  # teacher rollouts (training clips: 9 chunks, 8 actions); the rollout share caps them
     rollout_batch: int = 256  # sessions stepping together
     rollout_share: float = 0.4  # at most this share of the student's time goes to rollouts
     steps: int = 600

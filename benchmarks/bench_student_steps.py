@@ -6,8 +6,10 @@ K in ``--steps``: a K-step student is distilled from ``--sessions`` teacher sess
 through ChunkRollout (``interactive_student``), then held-out sessions (same clips, prompts,
 seeds, actions) are run by the teacher at 6 steps (the reference), by the teacher at K steps
 (no distillation) and by the student at K steps; each row reports the clean chunks' relative
-error ``mean((x - x_ref)^2) / mean(x_ref^2)`` (overall and per chunk) and the forwards a chunk
-costs (K denoise + 1 context pass).
+error ``mean((x - x_ref)^2) / mean(x_ref^2)`` (overall and per chunk), the held-out
+segment loss (the distillation's objective on ``--held-out`` recorded sessions kept out of
+training) of the teacher (K-step undistilled) and of the early-stopped student, and the forwards a
+chunk costs (K denoise + 1 context pass).
 
     python benchmarks/bench_student_steps.py --out benchmarks/results/interactive_student_steps_cpu.jsonl
 """
@@ -28,7 +30,9 @@ from omniloop.models.families.wan.weights import load_wan_dit
 from omniloop.models.loader import BUILTIN_DIR
 from omniloop.models.text.minilm import load_minilm_encoder
 from omniloop.train.recipes.interactive import far_config, far_from_wan, interactive_manifest, serving_far
-from omniloop.train.recipes.interactive_student import StudentRecipe, record_trajectories, train_student
+from omniloop.models.families.far.stages import FARChunks
+from omniloop.train.recipes.interactive_student import (StudentRecipe, held_out_loss, record_trajectories,
+                                                        train_student)
 from omniloop.train.recipes.rollout import build_pipeline
 
 SIZE, CHUNKS, TEACHER_STEPS = 64, 3, 6
@@ -51,7 +55,7 @@ def relative_error(x, ref) -> tuple[float, list[float]]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", default="1,2,3", help="student steps a chunk to compare (divisors of 6)")
-    p.add_argument("--sessions", type=int, default=32, help="teacher sessions to distil from")
+    p.add_argument("--sessions", type=int, default=64, help="teacher sessions to distil from")
     p.add_argument("--held-out", type=int, default=8)
     p.add_argument("--train-steps", type=int, default=40)
     p.add_argument("--batch-size", type=int, default=8)
@@ -78,20 +82,28 @@ def main() -> int:
     reference = clean(teacher, TEACHER_STEPS, 99, args.held_out)
     for k in [int(s) for s in args.steps.split(",")]:
         t0 = time.perf_counter()
-        recipe = StudentRecipe(sample_steps=k, teacher_steps=TEACHER_STEPS, sessions=args.sessions,
-                               rollout_batch=args.sessions, steps=args.train_steps, batch_size=args.batch_size,
-                               lr=1e-4, warmup=5, ema=0.9, log_every=max(1, args.train_steps // 4))
+        recipe = StudentRecipe(sample_steps=k, teacher_steps=TEACHER_STEPS, sessions=args.sessions + args.held_out,
+                               rollout_batch=args.sessions + args.held_out, steps=args.train_steps,
+                               batch_size=args.batch_size, lr=1e-4, warmup=5, ema=0.9,
+                               log_every=max(1, args.train_steps // 4), held_out=args.held_out,
+                               check_every=max(1, args.train_steps // 8))
         data = record_trajectories(pipeline(teacher, TEACHER_STEPS), recipe, CHUNKS, text, size=SIZE, device=device,
                                    log=lambda _: None)
         history: list[dict] = []
-        student, _ = train_student(teacher, data, recipe, device=device, log=history.append)
+        chunks = FARChunks(full_chunk_limit=teacher.config.full_chunk_limit, max_frames=teacher.config.rope_max_seq_len)
+        before = held_out_loss(teacher, chunks, data.split(args.held_out)[1])
+        student, _ = train_student(teacher, data, recipe, device=device, log=history.append,
+                                   validate=lambda m, s: {})
         undistilled, per_u = relative_error(clean(teacher, k, 99, args.held_out), reference)
         distilled, per_d = relative_error(clean(student, k, 99, args.held_out), reference)
-        losses = [h["loss"] for h in history if "loss" in h]
+        losses = [h["loss"] for h in history if "loss" in h and "lr" in h]
+        chosen = history[-1]
         emit({"bench": "interactive_student_steps", "device": "cpu", "student_steps": k, "teacher_steps": TEACHER_STEPS,
               "forwards_per_chunk": k + 1, "teacher_forwards_per_chunk": TEACHER_STEPS + 1,
               "rel_error_teacher_k_steps": round(undistilled, 5), "rel_error_student": round(distilled, 5),
               "per_chunk_teacher_k_steps": per_u, "per_chunk_student": per_d,
+              "held_out_segment_loss_teacher": round(before, 5), "held_out_segment_loss_student": chosen["held_out_loss"],
+              "selected_step": chosen["selected_step"],
               "student_loss_first_last": [losses[0], losses[-1]], "sessions": args.sessions,
               "train_steps": args.train_steps, "batch_size": args.batch_size, "held_out": args.held_out,
               "chunks": CHUNKS, "seconds": round(time.perf_counter() - t0, 1)}, args.out)

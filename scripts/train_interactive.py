@@ -127,7 +127,10 @@ def cmd_train(args) -> int:
         "init": "shapes-t2v transformer", "device": torch.cuda.get_device_name() if cuda else "cpu",
         "teacher": {"steps": result.steps, "clips": recipe.clips, "sample_steps": recipe.sample_steps,
                     "seconds": round(result.seconds, 1), "validation": {k: teacher_val.get(k) for k in keys}},
-        "student": {"steps": sresult.steps, "sessions": len(segments), "sample_steps": srecipe.sample_steps,
+        "student": {"steps": sresult.steps, "selected_step": student_val.get("selected_step"),
+                    "held_out_loss": student_val.get("held_out_loss"), "sessions": len(segments),
+                    "held_out_sessions": srecipe.held_out if len(segments) >= 2 * srecipe.held_out else 0,
+                    "sample_steps": srecipe.sample_steps,
                     "seconds": round(time.perf_counter() - s0, 1),
                     "train_seconds": round(sresult.seconds, 1), "validation": {k: student_val.get(k) for k in keys}},
     }

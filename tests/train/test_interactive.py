@@ -95,7 +95,8 @@ def _teacher_sessions(folder, *, sample_steps: int, sessions: int = 3):
 
     pipeline = load_pipeline(folder, LoadOptions(device=torch.device("cpu"), dtype=torch.float32))[1]
     recipe = StudentRecipe(sample_steps=sample_steps, teacher_steps=6, sessions=sessions, rollout_batch=sessions,
-                           steps=12, batch_size=4, lr=1e-3, warmup=2, ema=0.5, log_every=4)
+                           steps=12, batch_size=4, lr=1e-3, warmup=2, ema=0.5, log_every=4, held_out=2,
+                           check_every=4)
     text = load_minilm_encoder(max_sequence_length=16)
     data = record_trajectories(pipeline, recipe, 3, text, size=SIZE, device=torch.device("cpu"), log=lambda r: None)
     return pipeline, recipe, data
@@ -126,7 +127,7 @@ def test_recorded_sessions_are_the_teachers_own_steps_in_its_kv_context(tmp_path
 
 
 def test_a_tiny_student_learns_from_teacher_sessions_and_serves_with_two_steps(tiny_trained, tmp_path):
-    from omniloop.train.recipes.interactive_student import train_student
+    from omniloop.train.recipes.interactive_student import held_out_loss, train_student
 
     folder, _, _ = tiny_trained
     pipeline, recipe, data = _teacher_sessions(folder, sample_steps=2, sessions=4)
@@ -136,6 +137,11 @@ def test_a_tiny_student_learns_from_teacher_sessions_and_serves_with_two_steps(t
     losses = [h["loss"] for h in history if "loss" in h]
     assert len(losses) == 3 and losses[-1] < losses[0], losses
     assert not any(p.requires_grad for p in teacher.parameters())  # the teacher is left as it was
+    # early stop: the returned EMA is the checked one with the lowest loss on the 2 held-out sessions
+    checks = [h["held_out_loss"] for h in history if "held_out_loss" in h]
+    chunks = FARChunks(full_chunk_limit=student.config.full_chunk_limit, max_frames=student.config.rope_max_seq_len)
+    assert len(checks) == 3
+    assert round(held_out_loss(student, chunks, data.split(2)[1]), 5) == min(checks)
     exported = save_interactive_checkpoint(tmp_path / "student", student, steps=2)
     served = load_pipeline(exported, LoadOptions(device=torch.device("cpu"), dtype=torch.float32))[1]
     calls = []

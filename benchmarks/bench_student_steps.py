@@ -6,7 +6,9 @@ K in ``--steps``: a K-step student is distilled from ``--sessions`` teacher sess
 through ChunkRollout (``interactive_student``), then held-out sessions (same clips, prompts,
 seeds, actions) are run by the teacher at 6 steps (the reference), by the teacher at K steps
 (no distillation) and by the student at K steps; each row reports the clean chunks' relative
-error ``mean((x - x_ref)^2) / mean(x_ref^2)`` (overall and per chunk), the held-out
+error ``mean((x - x_ref)^2) / mean(x_ref^2)`` (overall and per chunk), the energy
+ratio ``mean(x^2) / mean(x_ref^2)`` (under 1: a blurred, averaged chunk -- what too few
+Euler steps give, and what the L2 error alone rewards), the held-out
 segment loss (the distillation's objective on ``--held-out`` recorded sessions kept out of
 training) of the teacher (K-step undistilled) and of the early-stopped student, and the forwards a
 chunk costs (K denoise + 1 context pass).
@@ -94,14 +96,17 @@ def main() -> int:
         before = held_out_loss(teacher, chunks, data.split(args.held_out)[1])
         student, _ = train_student(teacher, data, recipe, device=device, log=history.append,
                                    validate=lambda m, s: {})
-        undistilled, per_u = relative_error(clean(teacher, k, 99, args.held_out), reference)
-        distilled, per_d = relative_error(clean(student, k, 99, args.held_out), reference)
+        plain, mine = clean(teacher, k, 99, args.held_out), clean(student, k, 99, args.held_out)
+        undistilled, per_u = relative_error(plain, reference)
+        distilled, per_d = relative_error(mine, reference)
+        energy = lambda x: round(float((x ** 2).mean() / (reference ** 2).mean()), 4)  # noqa: E731  < 1: blurred
         losses = [h["loss"] for h in history if "loss" in h and "lr" in h]
         chosen = history[-1]
         emit({"bench": "interactive_student_steps", "device": "cpu", "student_steps": k, "teacher_steps": TEACHER_STEPS,
               "forwards_per_chunk": k + 1, "teacher_forwards_per_chunk": TEACHER_STEPS + 1,
               "rel_error_teacher_k_steps": round(undistilled, 5), "rel_error_student": round(distilled, 5),
               "per_chunk_teacher_k_steps": per_u, "per_chunk_student": per_d,
+              "energy_ratio_teacher_k_steps": energy(plain), "energy_ratio_student": energy(mine),
               "held_out_segment_loss_teacher": round(before, 5), "held_out_segment_loss_student": chosen["held_out_loss"],
               "selected_step": chosen["selected_step"],
               "student_loss_first_last": [losses[0], losses[-1]], "sessions": args.sessions,

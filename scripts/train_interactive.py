@@ -57,7 +57,7 @@ def recipe_for(args) -> tuple[InteractiveRecipe, StudentRecipe]:
                                     val_every=steps, val_clips=2, log_every=min(5, steps))
         s_steps = args.student_steps or 20
         student = StudentRecipe(sessions=8, rollout_batch=8, steps=s_steps, batch_size=4, warmup=min(5, s_steps),
-                                log_every=min(5, s_steps), teacher_steps=teacher.sample_steps,
+                                log_every=min(5, s_steps), held_out=2, check_every=5, teacher_steps=teacher.sample_steps,
                                 shift=teacher.sample_shift)
         return teacher, student
     teacher = InteractiveRecipe(steps=args.steps or InteractiveRecipe.steps)

@@ -4,11 +4,12 @@
 # and the pydantic wheels for Python 3.12 in .whl/ (the GPU machine lacks pydantic; diffusers wheel is NOT carried).
 #
 # Two calls within ~30 s (the first only carries part 1 of the MiniLM pack + the wheels: the tree
-# (~42 MB) + carry must stay under 64 MiB). Expected device time: call 1 ~10 s, call 2 ~480 s (<= 540):
-# imports ~15 s; data ~30 s; the teacher trains until 4.0 min from the start (--max-minutes 6.5 minus
-# --student-minutes 2.5), 32 validation sessions at 6 steps ~15 s; the 2-step student gets 2.5 min: teacher
-# sessions recorded through ChunkRollout (<= 40% of it, ~1,500 of 2,048), segment distillation until the 2.5 min
-# are up, 32 validation sessions at 2 steps ~10 s; export of the student ~5 s; H200 bench ~40 s.
+# (~42 MB) + carry must stay under 64 MiB). Expected device time: call 1 ~10 s, call 2 ~500 s (<= 540):
+# imports ~20 s; data ~30 s; the teacher trains until 4.0 min from the start (--max-minutes 6.5 minus
+# --student-minutes 2.5), 32 validation sessions at 6 steps ~25 s; the 2-step student gets 2.5 min: teacher
+# sessions recorded through ChunkRollout in waves of 512 (at most half of it), segment distillation with an
+# early stop on 64 held-out sessions until the 2.5 min are up, 32 validation sessions at 2 steps ~20 s; export
+# ~5 s; H200 bench of the installed student ~40 s (the last thing: a timeout there loses only the bench).
 #
 # call 1: run kind=nvidia-h200 timeout_s=120 carry=[".whl/pydantic-2.13.5-py3-none-any.whl",
 #   ".whl/pydantic_core-2.46.5-cp312-cp312-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",

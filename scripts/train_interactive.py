@@ -62,7 +62,7 @@ def recipe_for(args) -> tuple[InteractiveRecipe, StudentRecipe]:
         return teacher, student
     teacher = InteractiveRecipe(steps=args.steps or InteractiveRecipe.steps)
     student = StudentRecipe(steps=args.student_steps or StudentRecipe.steps, teacher_steps=teacher.sample_steps,
-                            shift=teacher.sample_shift)
+                            shift=teacher.sample_shift, sample_steps=args.student_sample_steps)
     return teacher, student
 
 
@@ -187,7 +187,9 @@ def main() -> int:
                    "teacher stops --student-minutes before it, validates; the student's rollouts, training, "
                    "validation, then the export")
     t.add_argument("--student-minutes", type=float, default=2.5, help="the student's share of --max-minutes "
-                   f"(its teacher rollouts take at most {StudentRecipe.rollout_share:.0%} of it)")
+                   f"(its teacher rollouts take at most {StudentRecipe.rollout_share:.2f} of it)")
+    t.add_argument("--student-sample-steps", type=int, default=StudentRecipe.sample_steps, choices=(1, 2, 3),
+                   help="the student's steps a chunk (divides the teacher's 6; the export's default)")
     t.add_argument("--student-steps", type=int, default=None, help="the student's training steps (a cap; "
                    "--student-minutes may stop it earlier)")
     i = sub.add_parser("install")

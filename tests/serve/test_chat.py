@@ -102,6 +102,33 @@ def test_bad_input_is_a_400_naming_the_field(lm_server, extra, param):
     assert r.json()["error"]["param"] == param, r.json()
 
 
+def _data_url(mime: str, payload: bytes) -> str:
+    return f"data:{mime};base64," + base64.b64encode(payload).decode()
+
+
+@pytest.mark.parametrize("kind, url, says", [
+    ("video", _data_url("video/mp4", b"\x00\x00\x00 ftypisom not really an mp4"), "cannot decode this video"),
+    ("video", "http://127.0.0.1:9/clip.mp4", "remote and file URLs are not fetched"),
+    ("image", _data_url("image/png", b"\x89PNG truncated"), "cannot decode this image"),
+])
+def test_undecodable_media_urls_are_400s_naming_the_part(lm_server, kind, url, says):
+    """Through the openai client: the 400's param is the content part's JSON path and the
+    message says what to pass (a data: URL of a format the server decodes); the same helper
+    refuses image_url and video_url parts; the server keeps serving."""
+    import openai
+
+    client, model = lm_server.client(), lm_server.state.model.name
+    content = [{"type": "text", "text": "what happens"}, {"type": f"{kind}_url", f"{kind}_url": {"url": url}}]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(messages=[{"role": "user", "content": content}], model=model, max_tokens=2)
+    error = caught.value.body
+    assert error["param"] == f"messages[0].content[1].{kind}_url.url", error
+    assert says in error["message"] and "as a data: URL" in error["message"], error
+    assert ("mp4" if kind == "video" else "PNG") in error["message"]
+    ok = client.chat.completions.create(messages=MESSAGES, model=model, max_tokens=2, temperature=0)
+    assert ok.choices[0].message.content is not None
+
+
 def test_a_text_model_without_a_chat_template_refuses_conversations(qwen2_dir):
     with live_server(qwen2_dir, serve={"warmup": []}) as server:
         r = httpx.post(f"{server.url}/v1/chat/completions", json={"messages": MESSAGES}, timeout=30)

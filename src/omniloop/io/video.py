@@ -80,6 +80,20 @@ def read_video(source: str | Path | bytes | BinaryIO) -> tuple[np.ndarray, float
     return np.stack(frames), fps
 
 
+def probe_video(source: bytes) -> None:
+    """Raise ValueError (as :func:`read_video` words it) unless ``source`` opens as a video and
+    its first frame decodes: a cheap check at the wire, before a request is queued."""
+    import av
+
+    try:
+        with av.open(io.BytesIO(source)) as container:
+            if not container.streams.video:
+                raise ValueError("cannot read video <bytes>: it has no video stream")
+            next(container.decode(container.streams.video[0]))
+    except (av.error.FFmpegError, OSError, StopIteration) as e:
+        raise ValueError(f"cannot read video <bytes>: {e or 'no decodable frame'}") from None
+
+
 def video_frames(source: Any) -> np.ndarray:
     """[F, H, W, 3] uint8 frames from a path, file bytes, an array / tensor of that layout, or a
     list of PIL images. Unreadable or wrongly shaped input raises ValueError naming it."""

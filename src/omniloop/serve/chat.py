@@ -25,6 +25,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from omniloop.engine import EngineError
+from omniloop.io.image import open_image
+from omniloop.io.video import probe_video
 from omniloop.request import (
     ArtifactEvent, FinalEvent, ImagePart, OmniOutput, OmniRequest, RequestStatus, SamplingParams, TaskType, TextPart,
     VideoPart,
@@ -83,17 +85,30 @@ class ChatCompletionRequest(_Wire):
 # -- translation --------------------------------------------------------------------------
 
 
+_FORMATS = {"image": "a PNG, JPEG or WebP image", "video": "an mp4 (H.264) or webm video"}
+
+
 def _media(part: ContentPart, index: int, where: str):
+    """An ``image_url`` / ``video_url`` content part -> its media part, decodable: every
+    refusal is a 400 whose ``param`` is the part's JSON path (``messages[i].content[j].video_url.url``)
+    and says what to pass instead."""
     kind = part.type.removesuffix("_url")
     url = getattr(part, part.type)
     param = f"{where}.content[{index}].{part.type}.url"
+    instead = f"pass {_FORMATS[kind]} inline as a data: URL (data:{kind}/...;base64,...)"
     if url is None or not url.url.startswith("data:") or "," not in url.url:
-        raise ApiError(400, f"{param}: pass the {kind} inline as a data: URL; remote and file URLs are not fetched",
-                       param=param, code="invalid_value")
+        raise ApiError(400, f"{param}: {instead}; remote and file URLs are not fetched", param=param,
+                       code="invalid_value")
     try:
-        return ImagePart(b64=url.url, role="reference") if kind == "image" else VideoPart(b64=url.url)
+        media = ImagePart(b64=url.url, role="reference") if kind == "image" else VideoPart(b64=url.url)
     except ValidationError as e:
         raise validation_error(e, prefix=param) from None
+    try:
+        open_image(media.raw_bytes()) if kind == "image" else probe_video(media.raw_bytes())
+    except ValueError as e:
+        raise ApiError(400, f"{param}: the server cannot decode this {kind} ({e}); {instead}", param=param,
+                       code="invalid_value") from None
+    return media
 
 
 def chat_request(wire: ChatCompletionRequest, request_id: str, state: ServeState) -> OmniRequest:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
 from omniloop.models.checkpoint_files import cast_to, read_tensors, stored_keys, weight_files
@@ -117,20 +118,24 @@ class VideoProcessing:
     max_pixels: int = 32 * 32 * 768
     mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
     std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    rescale_factor: float = 1 / 255
     fps: float = 2.0  # frames sampled per second of video
     min_frames: int = 4
     max_frames: int = 768
     sample_frames: bool = True
+    cap_pixels_per_frame: bool = False  # qwen-vl-utils' per-frame budget (transformers: off unless set)
+    max_video_tokens: int = 768  # the per-frame cap, in merged tokens
 
     @classmethod
     def from_config(cls, raw: dict[str, Any]) -> "VideoProcessing":
         size = raw.get("size") or {}
         known = {k: raw[k] for k in ("patch_size", "temporal_patch_size", "merge_size", "fps", "min_frames",
-                                     "max_frames") if raw.get(k) is not None}
+                                     "max_frames", "rescale_factor", "max_video_tokens") if raw.get(k) is not None}
         return cls(**known, min_pixels=size.get("shortest_edge", cls.min_pixels),
                    max_pixels=size.get("longest_edge", cls.max_pixels),
                    mean=tuple(raw.get("image_mean", cls.mean)), std=tuple(raw.get("image_std", cls.std)),
-                   sample_frames=raw.get("do_sample_frames", True))
+                   sample_frames=raw.get("do_sample_frames", True),
+                   cap_pixels_per_frame=bool(raw.get("cap_pixels_per_frame") or False))
 
 
 def load_video_processing(folder: Path) -> VideoProcessing | None:
@@ -167,17 +172,25 @@ def image_media(processor, image) -> Media:
 
 
 def _video_size(cfg: VideoProcessing, frames: int, height: int, width: int) -> tuple[int, int]:
-    """Qwen3-VL's video ``smart_resize``."""
+    """Qwen3-VL's video ``smart_resize`` (``video_processing_qwen3_vl.py``), with the per-frame
+    cap of ``Qwen3VLVideoProcessor.resize`` when the config turns it on."""
     import math
 
     factor = cfg.patch_size * cfg.merge_size
+    max_pixels = cfg.max_pixels
+    if cfg.cap_pixels_per_frame:
+        per_frame = max(min(cfg.max_video_tokens * factor * factor, cfg.max_pixels // frames), int(cfg.min_pixels * 1.05))
+        max_pixels = per_frame * frames
     if height < factor or width < factor:
         scale = max(factor / height, factor / width)
         height, width = int(height * scale), int(width * scale)
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError(f"a video prompt's frames are {height}x{width}: the aspect ratio must be under 200; "
+                         "pass frames closer to square")
     h, w = round(height / factor) * factor, round(width / factor) * factor
     t = round(frames / cfg.temporal_patch_size) * cfg.temporal_patch_size
-    if t * h * w > cfg.max_pixels:
-        beta = math.sqrt(frames * height * width / cfg.max_pixels)
+    if t * h * w > max_pixels:
+        beta = math.sqrt(frames * height * width / max_pixels)
         h, w = max(factor, math.floor(height / beta / factor) * factor), max(factor, math.floor(width / beta / factor) * factor)
     elif t * h * w < cfg.min_pixels:
         beta = math.sqrt(cfg.min_pixels / (frames * height * width))
@@ -185,25 +198,43 @@ def _video_size(cfg: VideoProcessing, frames: int, height: int, width: int) -> t
     return h, w
 
 
+def sample_indices(cfg: VideoProcessing, total: int, fps: float) -> list[int]:
+    """``Qwen3VLVideoProcessor.sample_frames``: ``n`` frames at ``cfg.fps`` (within
+    ``[min_frames, max_frames]`` and the clip), spread evenly; numpy's float64 linspace and
+    round-half-even, as there (torch's float32 linspace rounds some ``.5`` indices otherwise)."""
+    if not cfg.sample_frames:
+        return list(range(total))
+    n = min(max(int(total / fps * cfg.fps), cfg.min_frames), cfg.max_frames, total)
+    return np.linspace(0, total - 1, n).round().astype(int).tolist()
+
+
+def resize_frames(video: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """``video [T, 3, H, W]`` uint8 -> ``[T, 3, h, w]`` uint8, exactly as transformers'
+    torchvision backend resizes it on CPU (``tvF.resize(BICUBIC, antialias=True)``; torchvision
+    0.28's ``resize_image`` keeps uint8 for bicubic on CPU and calls ``interpolate`` on it, i.e.
+    torch's fixed-point uint8 antialiased kernel, not float-then-round). Unchanged when the
+    size already matches (torchvision returns its input then)."""
+    if (h, w) == tuple(video.shape[-2:]):
+        return video
+    return torch.nn.functional.interpolate(video.contiguous(), size=[h, w], mode="bicubic", align_corners=False,
+                                           antialias=True)
+
+
 def video_media(cfg: VideoProcessing, frames: torch.Tensor, fps: float) -> Media:
     """``frames [F, H, W, 3]`` uint8 at ``fps`` -> patches (``Qwen3VLVideoProcessor``: frame
-    sampling, resize, normalize, pad to whole temporal patches, patchify) and the frame groups'
-    timestamps. NOTE: the resize is torch's antialiased bicubic; the transformers processor
-    resizes with torchvision (not installed here), so frames that need resizing may differ
-    from its pixels by interpolation rounding; frames already at their size are untouched."""
-    total = frames.shape[0]
-    index = list(range(total))
-    if cfg.sample_frames:
-        n = min(max(int(total / fps * cfg.fps), cfg.min_frames), cfg.max_frames, total)
-        index = [int(i) for i in torch.linspace(0, total - 1, n).round().tolist()]
+    sampling, resize, fused rescale + normalize, pad to whole temporal patches, patchify) and
+    the frame groups' timestamps (``Qwen3VLProcessor._calculate_timestamps``). Equal to
+    transformers' ``pixel_values_videos`` bit for bit (tests/models/cosmos3/test_video_processor_parity.py)."""
+    index = sample_indices(cfg, frames.shape[0], fps)
     if len(index) < cfg.temporal_patch_size:
         raise ValueError(f"a video prompt needs at least {cfg.temporal_patch_size} frames, got {len(index)}")
-    video = frames[index].permute(0, 3, 1, 2).float()  # [T, 3, H, W]
+    video = frames[index].permute(0, 3, 1, 2).contiguous()  # [T, 3, H, W] uint8
     h, w = _video_size(cfg, len(index), video.shape[2], video.shape[3])
-    if (h, w) != tuple(video.shape[2:]):
-        video = torch.nn.functional.interpolate(video, size=(h, w), mode="bicubic", antialias=True).clamp(0, 255).round()
-    mean, std = torch.tensor(cfg.mean).view(1, 3, 1, 1), torch.tensor(cfg.std).view(1, 3, 1, 1)
-    video = (video / 255.0 - mean) / std
+    video = resize_frames(video, h, w)
+    # transformers fuses rescale into normalize: (x - mean/r) / (std/r), in float32
+    mean = torch.tensor(cfg.mean) * (1.0 / cfg.rescale_factor)
+    std = torch.tensor(cfg.std) * (1.0 / cfg.rescale_factor)
+    video = video.to(torch.float32).sub_(mean.view(3, 1, 1)).div_(std.view(3, 1, 1))
     pad = -video.shape[0] % cfg.temporal_patch_size
     if pad:
         video = torch.cat([video, video[-1:].expand(pad, -1, -1, -1)])

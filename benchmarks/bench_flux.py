@@ -9,6 +9,10 @@
           and text-encode seconds, with the cache and without
   graphs  (CUDA) the small-image step path: one transformer forward eager vs replayed from a
           captured CUDA graph (what graphs could save there)
+  graphs_engine  (CUDA) the same through the engine: a burst of same-size small requests
+          (16 x 256x256, 16 x 512x512, 4 steps) with cuda_graphs on vs off: images/s after a
+          warm burst (captures happen there; its makespan is reported too) and whether every
+          output is bit-equal
 
     python benchmarks/bench_flux.py                  # H200: FLUX.1-dev architecture, random bf16 weights
     python benchmarks/bench_flux.py --tiny           # CPU smoke (CI): the 2-block toy
@@ -33,6 +37,8 @@ from omniloop.cache.text_embeddings import CACHE_NAME as TEXT_CACHE  # noqa: E40
 from omniloop.engine import Engine, EngineConfig, SchedulingPolicy  # noqa: E402
 from omniloop.engine.scheduler import StepWork  # noqa: E402
 from omniloop.models.families.flux.spec import flux_pipeline_spec, flux_variant  # noqa: E402
+from omniloop.models.layers.cuda_graphs import CACHE_NAME as GRAPHS  # noqa: E402
+from omniloop.models.layers.cuda_graphs import CudaGraphRunner  # noqa: E402
 from omniloop.models.model_spec import LoadOptions  # noqa: E402
 from omniloop.pipeline.pipeline import Pipeline  # noqa: E402
 from omniloop.request import DiffusionParams, OmniRequest, OutputSpec, TaskType, TextPart  # noqa: E402
@@ -41,15 +47,18 @@ MIXED_SIZES = [(512, 512), (256, 256), (512, 768), (768, 512), (384, 640), (640,
 TINY_SIZES = [(32, 32), (32, 48), (48, 32), (16, 64), (64, 32), (48, 48)]
 
 
-def request(rid: str, size: tuple[int, int], steps: int, *, prompt: str | None = None, loras=(), seed: int = 0):
+def request(rid: str, size: tuple[int, int], steps: int, *, prompt: str | None = None, loras=(), seed: int = 0,
+            latents_only: bool = False):
     h, w = size
+    outputs = OutputSpec(return_latents=True) if latents_only else OutputSpec(modalities=["image"])
     return OmniRequest(request_id=rid, task=TaskType.T2I, inputs=[TextPart(text=prompt or f"a photo, request {rid}")],
                        diffusion=DiffusionParams(height=h, width=w, steps=steps, seed=seed, loras=list(loras)),
-                       outputs=OutputSpec(modalities=["image"]))
+                       outputs=outputs)
 
 
-def run_burst(pipeline, reqs, *, max_batch: int, batch_key=None) -> dict:
-    """Submit ``reqs`` at once and drive the engine to the last completion."""
+def run_burst(pipeline, reqs, *, max_batch: int, batch_key=None, latents: dict | None = None) -> dict:
+    """Submit ``reqs`` at once and drive the engine to the last completion (``latents``:
+    filled with each request's final latents, by request index)."""
     engine = Engine(pipeline, EngineConfig(max_queue=4096, nan_check=False,
                                            policy=SchedulingPolicy(max_batch=max_batch, max_running=len(reqs))))
     if batch_key is not None:  # a baseline's batching rule
@@ -75,6 +84,8 @@ def run_burst(pipeline, reqs, *, max_batch: int, batch_key=None) -> dict:
             for out in engine.step():
                 assert out.status.value == "completed", out.error
                 done += 1
+                if latents is not None:
+                    latents[[r.request_id for r in reqs].index(out.request_id)] = out.artifacts["latents"].latents
         seconds = time.perf_counter() - t0
     finally:
         if batch_key is not None:
@@ -225,6 +236,47 @@ def bench_graphs(pipeline, args, base, sink):
               "graph_s": round(r, 5), "graph_speedup": round(e / r, 3)}, sink)
 
 
+def with_graphs(pipeline: Pipeline, runner: CudaGraphRunner) -> Pipeline:
+    """The same deployment (components shared) with its step's forward through ``runner``
+    (what ``cuda_graphs=True`` builds)."""
+    spec = flux_pipeline_spec(flux_variant({}), guidance_embeds=pipeline.components["transformer"].config.guidance_embeds,
+                              graphs=runner)
+    return Pipeline(spec=spec, components=pipeline.components, device=pipeline.device, dtype=pipeline.dtype,
+                    defaults=pipeline.defaults, validate_request=pipeline.validate_request,
+                    caches={**pipeline.caches, GRAPHS: runner})
+
+
+def bench_graphs_engine(pipeline, args, base, sink):
+    """Bursts of same-size small requests through the engine, cuda_graphs off vs on. Each mode
+    first runs a warm burst of the same prompts and composition (graphs are captured there,
+    the text cache filled), then the timed one; outputs of the two modes compared bit for bit."""
+    skipped = {}
+    if pipeline.device.type != "cuda":  # the CPU smoke still drives both modes (the runner runs eager there)
+        skipped = {"skipped": "CUDA graphs need a CUDA device (cuda_graphs=True is refused on a CPU)"}
+    sizes = [(32, 32), (48, 48)] if args.tiny else [(256, 256), (512, 512)]
+    if args.tiny:
+        args.graph_requests = min(args.graph_requests, 4)
+    for size in sizes:
+        runner = CudaGraphRunner(max_tokens=args.graph_max_tokens)
+        results, outs = {}, {}
+        for mode, pipe in (("eager", pipeline), ("graphs", with_graphs(pipeline, runner))):
+            def burst(tag):
+                return [request(f"{tag}{i}", size, args.steps, prompt=f"a photo, request {i}", seed=i, latents_only=True)
+                        for i in range(args.graph_requests)]
+            warm = run_burst(pipe, burst(f"{mode}-warm"), max_batch=args.max_batch)
+            outs[mode] = {}
+            results[mode] = run_burst(pipe, burst(mode), max_batch=args.max_batch, latents=outs[mode])
+            emit({**base, "bench": "cuda_graphs_engine", "mode": mode, "size": list(size), **skipped,
+                  "warm_makespan_s": warm["makespan_s"], **results[mode],
+                  **({"graphs": runner.summary()} if mode == "graphs" else {})}, sink)
+        diffs = [(outs["eager"][i].float() - outs["graphs"][i].float()).abs().max().item() for i in outs["eager"]]
+        emit({**base, "bench": "cuda_graphs_engine", "mode": "ratios", "size": list(size), **skipped,
+              "graphs_vs_eager": round(results["graphs"]["images_per_s"] / results["eager"]["images_per_s"], 3),
+              "outputs_equal": all(torch.equal(outs["eager"][i], outs["graphs"][i]) for i in outs["eager"]),
+              "max_abs_diff": max(diffs), "graph_max_tokens": args.graph_max_tokens}, sink)
+        runner.clear()  # free the graphs' pools before the next size
+
+
 def graphs_or_reason(pipeline, args, base, sink):
     """A capture that fails is a figure too (the reason the step path stays eager): the
     error is recorded instead of ending the run after the other benches' lines."""
@@ -237,7 +289,11 @@ def graphs_or_reason(pipeline, args, base, sink):
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tiny", action="store_true", help="CPU smoke run on the 2-block toy")
-    p.add_argument("--only", default="mixed,lora,cache,graphs")
+    p.add_argument("--only", default="mixed,lora,cache,graphs,graphs_engine")
+    p.add_argument("--graph-requests", type=int, default=16, help="requests per burst in graphs_engine")
+    p.add_argument("--graph-max-tokens", type=int, default=32768,
+                   help="graphs_engine: the runner's token threshold (the deploy default is 16384; 16 x 512x512 "
+                        "with 512 text tokens each is 24,576, so the figure covers it)")
     p.add_argument("--requests", type=int, default=None, help="mixed burst size (default 16; tiny 6)")
     p.add_argument("--steps", type=int, default=None, help="denoise steps per request (default 4; tiny 2)")
     p.add_argument("--max-batch", type=int, default=16)
@@ -266,7 +322,8 @@ def main() -> None:
     sink = open(args.out, "a") if args.out else None
     emit({**base, "bench": "setup", "build_s": round(time.perf_counter() - t0, 2),
           "transformer_params": sum(p.numel() for p in pipeline.components["transformer"].parameters())}, sink)
-    benches = {"mixed": bench_mixed, "lora": bench_lora, "cache": bench_cache, "graphs": graphs_or_reason}
+    benches = {"mixed": bench_mixed, "lora": bench_lora, "cache": bench_cache, "graphs": graphs_or_reason,
+               "graphs_engine": bench_graphs_engine}
     with torch.inference_mode():
         for name in args.only.split(","):
             benches[name](pipeline, args, base, sink)

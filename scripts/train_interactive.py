@@ -1,15 +1,18 @@
 """Train, evaluate, export and install the interactive shapes-world model (shapes-interactive).
 
-    # GPU (H200, <= 5 min): data, teacher-forced training, 32 validation sessions, export to $OUT
-    python scripts/train_interactive.py train --out $OUT/interactive --max-minutes 4
-    # CPU smoke (a minute): the same path on 24 clips, 20 steps, 2 validation sessions
+    # GPU (H200, ~7.5 min): data, the teacher (teacher forcing, 6 steps a chunk) until 2.5 min before
+    # --max-minutes, 32 validation sessions; its 2-step student (teacher sessions recorded through
+    # ChunkRollout, segment distillation) in the last 2.5 min, 32 validation sessions; export to $OUT
+    python scripts/train_interactive.py train --out $OUT/interactive --max-minutes 6.5 --student-minutes 2.5
+    # CPU smoke (a minute): the same path on 24 clips, 20 + 20 steps, 2 validation sessions each
     python scripts/train_interactive.py train --tiny --out /tmp/interactive
     # put an exported model into the package (its manifest gets the file records)
     python scripts/train_interactive.py install /path/to/interactive
 
 Every line printed is JSON. ``train`` writes ``<out>/model/`` (``transformer/`` +
 ``omniloop_model.json``: the model folder to ship; it reads the shapes VAE at
-``../shapes-t2v/vae``) and ``<out>/result.json`` (recipe, loss history, action accuracy).
+``../shapes-t2v/vae``; the student, 2 steps a chunk, its provenance holding both models' steps and
+action accuracy) and ``<out>/result.json`` (both recipes, loss histories, action accuracies).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import json
 import shutil
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +37,9 @@ from omniloop.models.manifest import file_record, read_manifest, write_manifest
 from omniloop.models.text.minilm import load_minilm_encoder
 from omniloop.train.recipes.far_checkpoint import save_far_dit
 from omniloop.train.recipes.interactive import (InteractiveRecipe, encode_clips, far_config, far_from_wan,
-                                                interactive_manifest, make_validator, train, write_json)
+                                                interactive_manifest, make_validator, serving_far, train, write_json)
+from omniloop.train.recipes.interactive_student import StudentRecipe, record_trajectories, train_student
+from omniloop.train.recipes.rollout import build_pipeline
 
 NAME = "shapes-interactive"
 VAE_DIR = "../shapes-t2v/vae"  # shared with the shapes-t2v models
@@ -43,19 +49,33 @@ def emit(obj) -> None:
     print(json.dumps(obj, default=str), flush=True)
 
 
-def recipe_for(args) -> InteractiveRecipe:
+def recipe_for(args) -> tuple[InteractiveRecipe, StudentRecipe]:
+    """(teacher, student) recipes; the student distils the teacher's own sampling (steps, shift)."""
     if args.tiny:
         steps = args.steps or 20
-        return InteractiveRecipe(chunks=3, clips=24, steps=steps, batch_size=4, warmup=min(5, steps), val_every=steps,
-                                 val_clips=2, sample_steps=2, log_every=min(5, steps))
-    return InteractiveRecipe(steps=args.steps or InteractiveRecipe.steps)
+        teacher = InteractiveRecipe(chunks=3, clips=24, steps=steps, batch_size=4, warmup=min(5, steps),
+                                    val_every=steps, val_clips=2, log_every=min(5, steps))
+        s_steps = args.student_steps or 20
+        student = StudentRecipe(sessions=8, rollout_batch=8, steps=s_steps, batch_size=4, warmup=min(5, s_steps),
+                                log_every=min(5, s_steps), held_out=2, check_every=5, teacher_steps=teacher.sample_steps,
+                                shift=teacher.sample_shift)
+        return teacher, student
+    teacher = InteractiveRecipe(steps=args.steps or InteractiveRecipe.steps)
+    student = StudentRecipe(steps=args.student_steps or StudentRecipe.steps, teacher_steps=teacher.sample_steps,
+                            shift=teacher.sample_shift, sample_steps=args.student_sample_steps)
+    return teacher, student
 
 
 def cmd_train(args) -> int:
+    """Teacher (teacher forcing), then its few-step student (distilled from its live sessions);
+    both validated on held-out sessions; the student is exported."""
     cuda = torch.cuda.is_available() and not args.tiny
     device = torch.device("cuda" if cuda else "cpu")
+    if cuda:  # the fp32 master weights' matmuls (bf16 autocast covers the rest)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
     torch.manual_seed(0)
-    recipe = recipe_for(args)
+    recipe, srecipe = recipe_for(args)
     out = Path(args.out)
     t0 = time.perf_counter()
     vae = load_wan_vae(BUILTIN_DIR / "shapes-t2v" / "vae", device=device, dtype=torch.float32).eval().requires_grad_(False)
@@ -65,37 +85,73 @@ def cmd_train(args) -> int:
         text = load_packed_minilm(Path(args.text_encoder), device=device, max_sequence_length=32)
     else:
         text = load_minilm_encoder(device=device, max_sequence_length=32)
-    deadline = t0 + 60 * args.max_minutes if args.max_minutes else None
+    # --max-minutes covers both models: the teacher stops --student-minutes before it
+    student_s = 60 * args.student_minutes
+    teacher_deadline = t0 + 60 * args.max_minutes - student_s if args.max_minutes else None
     rng = np.random.default_rng([recipe.seed, 3])
     clips = [sample_action_clip(rng, recipe.chunks) for _ in range(recipe.clips)]
     data = encode_clips(clips, vae, text, size=recipe.size, device=device, batch=64 if cuda else 8)
     emit({"stage": "data", "clips": len(data), "latents": list(data.latents.shape), "seconds": time.perf_counter() - t0})
     wan = load_wan_dit(BUILTIN_DIR / "shapes-t2v" / "transformer", dtype=torch.float32)
     model = far_from_wan(wan, far_config(dataclasses.asdict(wan.config)))
-    manifest = interactive_manifest(NAME, vae_subfolder=VAE_DIR, size=recipe.size, steps=recipe.sample_steps,
-                                    shift=recipe.sample_shift, fps=8, max_sequence_length=32)
+    manifest = partial(interactive_manifest, NAME, vae_subfolder=VAE_DIR, size=recipe.size, shift=recipe.sample_shift,
+                       fps=8, max_sequence_length=32)
     serve_dtype = torch.bfloat16 if cuda else torch.float32
-    validate = make_validator(manifest, vae, text, recipe, device, serve_dtype)
+    validate = make_validator(manifest(steps=recipe.sample_steps), vae, text, recipe, device, serve_dtype)
     ema, result = train(model, data, recipe, device=device, log=lambda r: emit({"stage": "train", **r}),
-                        validate=validate, deadline=deadline)
-    final = next((h for h in reversed(result.history) if "action_accuracy" in h), {})
+                        validate=validate, deadline=teacher_deadline)
+    teacher_val = _last_validation(result)
+    del data
+
+    s0 = time.perf_counter()
+    student_deadline = s0 + student_s if args.max_minutes else None
+    teacher_pipeline = build_pipeline(manifest(steps=recipe.sample_steps), transformer=serving_far(ema, device, serve_dtype),
+                                      vae=vae, text_encoder=text, device=device, dtype=serve_dtype)
+    rollout_deadline = s0 + srecipe.rollout_share * student_s if args.max_minutes else None
+    segments = record_trajectories(teacher_pipeline, srecipe, recipe.chunks, text, size=recipe.size, device=device,
+                                   deadline=rollout_deadline, log=emit)
+    del teacher_pipeline
+    student_manifest = manifest(steps=srecipe.sample_steps)
+    validate_student = make_validator(student_manifest, vae, text,
+                                      dataclasses.replace(recipe, sample_steps=srecipe.sample_steps), device, serve_dtype)
+    student, sresult = train_student(ema, segments, srecipe, device=device,
+                                     log=lambda r: emit({"stage": "student", **r}), validate=validate_student,
+                                     deadline=student_deadline)
+    student_val = _last_validation(sresult)
+
     model_dir = out / "model"
     # bf16 (+ the fp32 tensors) is ~16.9 MB: two shards, as the device tool returns files of <= 16 MiB
-    save_far_dit(ema.cpu(), model_dir / "transformer", dtype=torch.bfloat16, max_shard_bytes=12 << 20)
+    save_far_dit(student.cpu(), model_dir / "transformer", dtype=torch.bfloat16, max_shard_bytes=12 << 20)
     files = {rel: file_record(model_dir / rel) for rel in _transformer_files(model_dir)}
-    provenance = {"recipe": "omniloop.train.recipes.interactive via scripts/train_interactive.py",
-                  "init": "shapes-t2v transformer", "steps": result.steps, "clips": recipe.clips,
-                  "device": torch.cuda.get_device_name() if cuda else "cpu", "seconds": round(result.seconds, 1),
-                  "validation": {k: final.get(k) for k in ("action_accuracy", "by_action", "val_chunks")}}
-    write_manifest(model_dir, manifest.model_copy(update={"files": files, "provenance": provenance}))
-    write_json(out / "result.json", {"recipe": dataclasses.asdict(recipe), "loss": result.loss,
-                                     "history": result.history, "validation": final})
-    emit({"stage": "done", "out": str(model_dir), "action_accuracy": final.get("action_accuracy"),
-          "bytes": sum(r.bytes for r in files.values()),
-          "seconds": time.perf_counter() - t0})
+    keys = ("action_accuracy", "by_action", "val_chunks")
+    provenance = {
+        "recipe": "omniloop.train.recipes.interactive (teacher) + interactive_student (student) via "
+                  "scripts/train_interactive.py",
+        "init": "shapes-t2v transformer", "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "teacher": {"steps": result.steps, "clips": recipe.clips, "sample_steps": recipe.sample_steps,
+                    "seconds": round(result.seconds, 1), "validation": {k: teacher_val.get(k) for k in keys}},
+        "student": {"steps": sresult.steps, "selected_step": student_val.get("selected_step"),
+                    "held_out_loss": student_val.get("held_out_loss"), "sessions": len(segments),
+                    "held_out_sessions": srecipe.held_out if len(segments) >= 2 * srecipe.held_out else 0,
+                    "sample_steps": srecipe.sample_steps,
+                    "seconds": round(time.perf_counter() - s0, 1),
+                    "train_seconds": round(sresult.seconds, 1), "validation": {k: student_val.get(k) for k in keys}},
+    }
+    write_manifest(model_dir, student_manifest.model_copy(update={"files": files, "provenance": provenance}))
+    write_json(out / "result.json", {"recipe": dataclasses.asdict(recipe), "student_recipe": dataclasses.asdict(srecipe),
+                                     "loss": result.loss, "history": result.history, "validation": teacher_val,
+                                     "student_loss": sresult.loss, "student_history": sresult.history,
+                                     "student_validation": student_val})
+    emit({"stage": "done", "out": str(model_dir), "teacher_accuracy": teacher_val.get("action_accuracy"),
+          "student_accuracy": student_val.get("action_accuracy"), "student_steps": srecipe.sample_steps,
+          "bytes": sum(r.bytes for r in files.values()), "seconds": time.perf_counter() - t0})
     if args.install:  # e.g. on the GPU machine, to benchmark the model right after (its copy of the tree)
         install(model_dir, BUILTIN_DIR)
     return 0
+
+
+def _last_validation(result) -> dict:
+    return next((h for h in reversed(result.history) if "action_accuracy" in h), {})
 
 
 def cmd_install(args) -> int:
@@ -125,13 +181,20 @@ def main() -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("train")
     t.add_argument("--out", required=True)
-    t.add_argument("--tiny", action="store_true", help="CPU smoke: 24 clips, 20 steps")
+    t.add_argument("--tiny", action="store_true", help="CPU smoke: 24 clips, 20 teacher steps, 8 teacher sessions, 20 student steps")
     t.add_argument("--steps", type=int, default=None)
     t.add_argument("--install", action="store_true", help="also install the export into the package's built-ins")
     t.add_argument("--text-encoder", default=None, help="a MiniLM pack folder (train_shapes.py pack-minilm) for "
                    "machines without the wheel")
-    t.add_argument("--max-minutes", type=float, default=None, help="stop training by then (data included), "
-                   "validate and export")
+    t.add_argument("--max-minutes", type=float, default=None, help="both models' time (data included): the "
+                   "teacher stops --student-minutes before it, validates; the student's rollouts, training, "
+                   "validation, then the export")
+    t.add_argument("--student-minutes", type=float, default=2.5, help="the student's share of --max-minutes "
+                   f"(its teacher rollouts take at most {StudentRecipe.rollout_share:.2f} of it)")
+    t.add_argument("--student-sample-steps", type=int, default=StudentRecipe.sample_steps, choices=(1, 2, 3),
+                   help="the student's steps a chunk (divides the teacher's 6; the export's default)")
+    t.add_argument("--student-steps", type=int, default=None, help="the student's training steps (a cap; "
+                   "--student-minutes may stop it earlier)")
     i = sub.add_parser("install")
     i.add_argument("src")
     i.add_argument("--builtin", default=str(BUILTIN_DIR))

@@ -31,3 +31,6 @@ def test_flux_benchmark_smoke(tmp_path):
     assert cached["hit_rate"] > 0.5 and cached["prompts_encoded"] == 2 * cached["distinct_prompts"]
     assert uncached["prompts_encoded"] > cached["prompts_encoded"]
     assert by[("cuda_graphs", None)]["skipped"] == "needs a CUDA device"
+    graphs = [r for r in records if r["bench"] == "cuda_graphs_engine" and r["mode"] == "ratios"]
+    assert len(graphs) == 2 and all("refused on a CPU" in r["skipped"] and r["outputs_equal"] for r in graphs)
+    assert by[("cuda_graphs_engine", "graphs")]["graphs"]["eager_not_cuda"] > 0  # the step reached the runner

@@ -1,5 +1,6 @@
-"""The shipped interactive model (shapes-interactive): action following, chunk by chunk, of
-live sessions on the engine (issue 16 point 7's target: >= 90%), and its size budget. Skips
+"""The shipped interactive model (shapes-interactive: the 2-step student of the 6-step teacher):
+action following, chunk by chunk, of live sessions on the engine at its default 2 steps (issue 16
+point 7's target: >= 90%), its size budget and its provenance. Skips
 until the GPU-trained weights are installed (scripts/train_interactive.py install)."""
 
 from __future__ import annotations
@@ -18,7 +19,13 @@ def test_the_shipped_interactive_model_is_small():
     folder = BUILTIN_DIR / INTERACTIVE_MODEL
     own = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
     assert own <= 25e6, f"{own / 1e6:.1f} MB: over the 25 MB budget"
-    assert read_manifest(folder).components["vae"].subfolder == "../shapes-t2v/vae"  # shares the shipped VAE
+    manifest = read_manifest(folder)
+    assert manifest.components["vae"].subfolder == "../shapes-t2v/vae"  # shares the shipped VAE
+    # the shipped model is the 2-step student; its provenance records both models' steps and accuracy
+    assert manifest.defaults["steps"] == 2 == manifest.provenance["student"]["sample_steps"]
+    assert manifest.provenance["teacher"]["sample_steps"] == 6
+    for model in ("teacher", "student"):
+        assert manifest.provenance[model]["steps"] > 0 and 0 <= manifest.provenance[model]["validation"]["action_accuracy"] <= 1
 
 
 @pytest.mark.slow

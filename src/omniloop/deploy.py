@@ -15,6 +15,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from omniloop.models.layers.cuda_graphs import DEFAULT_MAX_GRAPHS, DEFAULT_MAX_TOKENS
 from omniloop.parallel.spec import ParallelSpec
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -87,6 +88,14 @@ class DeployConfig(BaseModel):
         description="image models: the only sizes served, as 'WIDTHxHEIGHT' (fixed shapes for kernels that need "
         "them: compiled or CUDA-graphed steps); requests of one bucket batch unpacked",
     )
+    cuda_graphs: bool = Field(
+        default=False, description="image models (Flux): the transformer forward of a small step (no LoRA, at most "
+        "cuda_graph_max_tokens tokens) replays a CUDA graph captured per batch shape (the same kernels: outputs "
+        "equal eager); CUDA only, refused on a CPU")
+    cuda_graph_max_tokens: int = Field(default=DEFAULT_MAX_TOKENS, ge=1, description="cuda_graphs: steps carrying more tokens "
+                                       "(image + text, every request) stay eager")
+    cuda_graph_max_graphs: int = Field(default=DEFAULT_MAX_GRAPHS, ge=1, description="cuda_graphs: captured graphs kept, least "
+                                       "recently used dropped first (each holds its forward's activation memory)")
     memory_budget_gb: float | None = Field(default=None, gt=0, description="admission memory budget; default: free memory")
     chunk_kv_budget_gb: float | None = Field(
         default=None, gt=0, description="chunk-KV slab pool of causal video models, fixed at start and charged by "
@@ -169,6 +178,9 @@ class DeployConfig(BaseModel):
         if self.attention_backend in ("triton_8bit", "cudnn_fp8") and self.torch_device().type != "cuda":
             raise ValueError(f"attention_backend={self.attention_backend!r} needs a CUDA GPU (Ada/Hopper); "
                              f"device {self.device!r} is not one: use attention_backend='sdpa'")
+        if self.cuda_graphs and self.torch_device().type != "cuda":
+            raise ValueError(f"cuda_graphs=True needs a CUDA GPU; device {self.device!r} is "
+                             f"{str(self.torch_device())!r}: leave out --cuda-graphs (cuda_graphs=False) or pass device='cuda'")
         if self.attention_backend == "cudnn_fp8" and importlib.util.find_spec("cudnn") is None:
             raise ValueError("attention_backend='cudnn_fp8' needs the nvidia-cudnn-frontend package "
                              "(pip install nvidia-cudnn-frontend); or use attention_backend='sdpa'")

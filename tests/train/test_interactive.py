@@ -85,3 +85,66 @@ def test_a_tiny_cpu_run_learns_and_its_export_serves_sessions(tiny_trained):
     report, seconds = action_accuracy(pipeline, 2, 3, steps=1, size=SIZE, max_batch=2)
     assert report.n == 4  # 2 sessions x 2 steered chunks, scored (a tiny model's accuracy means nothing)
     assert 0.0 <= report.accuracy <= 1.0
+
+
+# -- the few-step student (interactive_student.py) ---------------------------------------------
+
+
+def _teacher_sessions(folder, *, sample_steps: int, sessions: int = 3):
+    from omniloop.train.recipes.interactive_student import StudentRecipe, record_trajectories
+
+    pipeline = load_pipeline(folder, LoadOptions(device=torch.device("cpu"), dtype=torch.float32))[1]
+    recipe = StudentRecipe(sample_steps=sample_steps, teacher_steps=6, sessions=sessions, rollout_batch=sessions,
+                           steps=12, batch_size=4, lr=1e-3, warmup=2, ema=0.5, log_every=4, held_out=2,
+                           check_every=4)
+    text = load_minilm_encoder(max_sequence_length=16)
+    data = record_trajectories(pipeline, recipe, 3, text, size=SIZE, device=torch.device("cpu"), log=lambda r: None)
+    return pipeline, recipe, data
+
+
+def test_recorded_sessions_are_the_teachers_own_steps_in_its_kv_context(tmp_path):
+    """Teacher sessions recorded through ChunkRollout (return_trajectory), replayed by the
+    training path: with the student's grid = the teacher's (6 of 6) and the student = the
+    teacher, the segment loss is the fp32 round-off of the serving steps (measured 3.8e-14;
+    bound 1e-10) -- the recorded states, actions, clean KV context and timesteps are the
+    serving ones. On a 2-step grid the teacher is NOT its own student (loss > 1e-3)."""
+    from omniloop.train.recipes.interactive_student import segment_loss
+
+    folder = save_interactive_checkpoint(tmp_path / "teacher", steps=6)
+    for sample_steps, bound in ((6, None), (2, 1e-3)):
+        pipeline, recipe, data = _teacher_sessions(folder, sample_steps=sample_steps)
+        assert data.states.shape == (3, 3, sample_steps + 1, 16, 8, 8)
+        model = pipeline.components["transformer"]
+        chunks = FARChunks(full_chunk_limit=model.config.full_chunk_limit, max_frames=model.config.rope_max_seq_len)
+        intervals = torch.randint(sample_steps, (3, 3), generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            losses = [segment_loss(model, chunks, data, torch.arange(3), intervals, kv=kv).item()
+                      for kv in ("batched", "slabs")]
+        if bound is None:
+            assert max(losses) < 1e-10, losses
+        else:
+            assert min(losses) > bound and abs(losses[0] - losses[1]) < 1e-6, losses
+
+
+def test_a_tiny_student_learns_from_teacher_sessions_and_serves_with_two_steps(tiny_trained, tmp_path):
+    from omniloop.train.recipes.interactive_student import held_out_loss, train_student
+
+    folder, _, _ = tiny_trained
+    pipeline, recipe, data = _teacher_sessions(folder, sample_steps=2, sessions=4)
+    history = []
+    teacher = pipeline.components["transformer"]
+    student, result = train_student(teacher, data, recipe, device=torch.device("cpu"), log=history.append)
+    losses = [h["loss"] for h in history if "loss" in h]
+    assert len(losses) == 3 and losses[-1] < losses[0], losses
+    assert not any(p.requires_grad for p in teacher.parameters())  # the teacher is left as it was
+    # early stop: the returned EMA is the checked one with the lowest loss on the 2 held-out sessions
+    checks = [h["held_out_loss"] for h in history if "held_out_loss" in h]
+    chunks = FARChunks(full_chunk_limit=student.config.full_chunk_limit, max_frames=student.config.rope_max_seq_len)
+    assert len(checks) == 3
+    assert round(held_out_loss(student, chunks, data.split(2)[1]), 5) == min(checks)
+    exported = save_interactive_checkpoint(tmp_path / "student", student, steps=2)
+    served = load_pipeline(exported, LoadOptions(device=torch.device("cpu"), dtype=torch.float32))[1]
+    calls = []
+    served.components["transformer"].register_forward_hook(lambda *a: calls.append(1))
+    report, _ = action_accuracy(served, 1, 3, steps=None, size=SIZE, max_batch=1)  # the manifest's 2 steps
+    assert report.n == 2 and len(calls) == 3 * 2 + 2  # 3 chunks x 2 steps + 2 context passes

@@ -52,7 +52,9 @@ def load_options(deploy: DeployConfig) -> LoadOptions:
                        lora_host_bytes=int(deploy.lora_host_mb * 2**20), loras=tuple(deploy.lora_files.items()),
                        chunk_kv_budget_bytes=None if deploy.chunk_kv_budget_gb is None
                        else int(deploy.chunk_kv_budget_gb * 2**30),
-                       kv_cache_gb=deploy.kv_cache_gb)
+                       kv_cache_gb=deploy.kv_cache_gb, cuda_graphs=deploy.cuda_graphs,
+                       cuda_graph_max_tokens=deploy.cuda_graph_max_tokens,
+                       cuda_graph_max_graphs=deploy.cuda_graph_max_graphs)
 
 
 class AsyncEngine:

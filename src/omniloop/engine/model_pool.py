@@ -108,6 +108,9 @@ def move_pipeline(pipeline: Pipeline, device: torch.device | str) -> None:
     adapters = pipeline.caches.get("adapters")
     if adapters is not None:
         adapters.drop_device_copies()
+    graphs = pipeline.caches.get("cuda_graphs")
+    if graphs is not None:
+        graphs.clear()  # captured graphs read the weights' old device addresses
 
 
 class ModelPool:

@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from omniloop.models.layers.cuda_graphs import DEFAULT_MAX_GRAPHS, DEFAULT_MAX_TOKENS
 from omniloop.pipeline.pipeline import Pipeline
 from omniloop.request import TaskType
 
@@ -35,6 +36,9 @@ class LoadOptions:
     lora_host_bytes: int = 8 * 2**30
     loras: tuple[tuple[str, str], ...] = ()  # (name, file) LoRAs loaded at startup
     kv_cache_gb: float | None = None  # the paged text-KV pool's budget (None: cache/paged_kv.default_kv_budget)
+    cuda_graphs: bool = False  # image families (Flux): small steps replay CUDA graphs (layers/cuda_graphs.py)
+    cuda_graph_max_tokens: int = DEFAULT_MAX_TOKENS  # steps over this many tokens stay eager
+    cuda_graph_max_graphs: int = DEFAULT_MAX_GRAPHS  # captured graphs kept (LRU)
 
 
 @dataclass(frozen=True, kw_only=True)

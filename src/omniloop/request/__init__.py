@@ -6,6 +6,7 @@ Imports nothing else of omniloop (enforced by tests/test_layering.py).
 from omniloop.request.artifacts import (
     Artifact,
     AudioArtifact,
+    ChunkTrajectoryArtifact,
     ImageArtifact,
     LatentsArtifact,
     TensorArtifact,
@@ -37,7 +38,7 @@ from omniloop.request.parts import (
 from omniloop.request.request import SCHEMA_VERSION, OmniRequest, new_request_id
 
 __all__ = [
-    "ActionPart", "Artifact", "ArtifactEvent", "AudioArtifact", "AudioPart", "DiffusionParams", "FinalEvent",
+    "ActionPart", "Artifact", "ArtifactEvent", "AudioArtifact", "AudioPart", "ChunkTrajectoryArtifact", "DiffusionParams", "FinalEvent",
     "ImageArtifact", "ImagePart", "LatentPart", "LatentsArtifact", "LoraRef", "Modality", "ModalPart", "OmniEvent",
     "OmniOutput", "OmniRequest", "OutputSpec", "ProgressEvent", "RequestMetrics", "RequestStatus",
     "SCHEMA_VERSION", "SamplingParams", "StatusEvent", "TaskType", "TensorArtifact", "TextArtifact", "TextPart",

@@ -100,6 +100,19 @@ class TensorArtifact(Artifact):
 
 
 @dataclass(kw_only=True)
+class ChunkTrajectoryArtifact(TensorArtifact):
+    """One chunk's denoise trajectory in a rollout asked for ``return_trajectory``:
+    ``tensor`` [S + 1, B, C, f, h, w] fp32 -- the chunk's starting noise, then the latents
+    after each of its S inner steps (the last: the clean chunk its context pass encodes)."""
+
+    index: int  # chunk index, from 0
+    action: str | None = None  # the session action that conditioned the chunk, if any
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "index": self.index, "action": self.action}
+
+
+@dataclass(kw_only=True)
 class LatentsArtifact(Artifact):
     latents: torch.Tensor  # [B, C, ...] in the model's latent space
     modality: Modality = Modality.VIDEO

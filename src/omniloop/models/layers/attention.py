@@ -195,7 +195,7 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments
 def _flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: Any) -> torch.Tensor:
     from torch.nn.attention.varlen import varlen_attn
 
-    cu = torch.tensor(segments.offsets, dtype=torch.int32, device=q.device)
+    cu = segments.cu_seqlens(q.device)  # cached on the segments: no copy per call (and capturable)
     longest = max(segments.lengths)
     return varlen_attn(q, k, v, cu, cu, longest, longest)
 

@@ -67,6 +67,14 @@ class Segments:
             cache[device] = cpu if device.type == "cpu" else _to_device(cpu, device)
         return cache[device]
 
+    def cu_seqlens(self, device: torch.device | str) -> torch.Tensor:
+        """``offsets`` as int32 on ``device`` (varlen kernels), cached like :meth:`owners`."""
+        device = torch.device(device)
+        cache = self.__dict__.setdefault("_cu_seqlens", {})
+        if device not in cache:
+            cache[device] = _to_device(torch.tensor(self.offsets, dtype=torch.int32), device)
+        return cache[device]
+
     def split(self, x: torch.Tensor) -> list[torch.Tensor]:
         """``[N, ...]`` -> one ``[n_s, ...]`` view per segment."""
         return list(x.split(list(self.lengths)))
@@ -75,7 +83,18 @@ class Segments:
 def interleave_index(first: Segments, second: Segments, device: torch.device) -> torch.Tensor:
     """Index into ``cat([a, b])`` (``a`` packed by ``first``, ``b`` by ``second``, one segment
     per sample in both) that orders tokens sample by sample: ``[a_0, b_0, a_1, b_1, ...]``
-    (Flux's joint sequence: each sample's text tokens, then its image tokens)."""
+    (Flux's joint sequence: each sample's text tokens, then its image tokens). Cached on
+    ``first`` per (second, device), like ``Segments.owners``: NOTE a forward captured into a
+    CUDA graph (layers/cuda_graphs.py) must find it built, since a host-to-device copy cannot
+    be captured."""
+    device = torch.device(device)
+    cache = first.__dict__.setdefault("_interleave", {})
+    if (second, device) not in cache:
+        cache[(second, device)] = _interleave(first, second, device)
+    return cache[(second, device)]
+
+
+def _interleave(first: Segments, second: Segments, device: torch.device) -> torch.Tensor:
     assert first.count == second.count, f"{first.count} vs {second.count} samples"
     parts = []
     for s in range(first.count):

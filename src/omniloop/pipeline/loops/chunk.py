@@ -48,6 +48,7 @@ from omniloop.pipeline.stage import LoopStageBase, WorkEstimate
 from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
 from omniloop.request import (
     ActionPart,
+    ChunkTrajectoryArtifact,
     DiffusionParams,
     LatentsArtifact,
     Modality,
@@ -186,6 +187,7 @@ class ChunkRolloutState(LoopState):
     first_emit: float | None = None  # perf_counter of the first chunk (pacing's clock)
     fps: int = 16
     decode: bool = True  # the request wants pixels (else latents only: nothing decoded or streamed)
+    trajectory: torch.Tensor | None = None  # return_trajectory: the finished chunk's [S + 1, 1, C, f, h, w]
 
     @property
     def phase(self) -> str:
@@ -365,6 +367,8 @@ class ChunkRollout(LoopStageBase):
             lp.steps_done += 1
             if res.done:  # the chunk is clean: keep it, leave the inner loop
                 lp.clean[lp.chunk] = _own(lp.inner.latents[MODALITY])  # type: ignore[union-attr]
+                if lp.inner.trajectory is not None:  # type: ignore[union-attr]  # the denoise loop's own recorder
+                    lp.trajectory = torch.stack([lp.chunk_noise, *lp.inner.trajectory])  # type: ignore[union-attr,list-item]
                 if ctx.hooks is not None:
                     ctx.hooks.close_loop(lp.inner)
                 lp.inner = None
@@ -472,8 +476,16 @@ class ChunkRollout(LoopStageBase):
         return loop.chunk < loop.plan.num_chunks - 1
 
     def _emit_chunk(self, ctx: StageContext, loop: ChunkRolloutState) -> list[tuple[str, Any]] | None:
+        """The chunk's frames (when decoded) and, for a request asking ``return_trajectory``,
+        its denoise trajectory (a distillation's teacher rollouts: latents only, no decode)."""
+        out = []
+        if loop.trajectory is not None:
+            action = loop.action.name if loop.action is not None else None
+            out.append(("chunk_trajectory", ChunkTrajectoryArtifact(tensor=loop.trajectory, index=loop.chunk,
+                                                                    action=action, node=ctx.node)))
+            loop.trajectory = None
         if self.decoder is None or not loop.decode:
-            return None
+            return out or None
         frames = self.decoder.decode(ctx, loop.stream, loop.clean[loop.chunk])
         if not loop.plan.open_ended:
             loop.frames.append(frames)  # a session's frames went to its client; the final output holds none
@@ -484,7 +496,7 @@ class ChunkRollout(LoopStageBase):
                                  num_chunks=None if loop.plan.open_ended else loop.plan.num_chunks, node=ctx.node,
                                  action=loop.action.name if loop.action is not None else None, prompt=loop.prompt)
         loop.emitted.append(first + frames.shape[0])
-        return [("video_chunk", art)]
+        return [("video_chunk", art), *out]
 
 
 def _event_sink(ctx: StageContext, request_id: str):

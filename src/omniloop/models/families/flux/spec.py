@@ -15,6 +15,8 @@ from omniloop.models.autoencoders.kl2d import load_kl2d_vae
 from omniloop.models.families.flux.presets import FLUX_DEFAULTS
 from omniloop.models.families.flux.stages import FluxDenoiser, FluxImageCondition
 from omniloop.models.families.flux.validate import make_validator
+from omniloop.models.layers.cuda_graphs import CACHE_NAME as GRAPHS
+from omniloop.models.layers.cuda_graphs import CudaGraphRunner
 from omniloop.models.families.flux.weights import flux_lora_from_kohya, flux_lora_stream, load_flux_transformer
 from omniloop.models.load_options import apply_load_options
 from omniloop.models.lora import LoraSupport
@@ -90,9 +92,11 @@ def flux_variant(index: Mapping[str, Any]) -> Variant:
 # -- pipeline -------------------------------------------------------------------------
 
 
-def flux_pipeline_spec(variant: Variant, *, guidance_embeds: bool, pack: bool = True) -> PipelineSpec:
+def flux_pipeline_spec(variant: Variant, *, guidance_embeds: bool, pack: bool = True,
+                       graphs: CudaGraphRunner | None = None) -> PipelineSpec:
     """``pack``: requests of different sizes share batched steps (packed tokens); off with
-    resolution buckets (fixed shapes: requests of one bucket batch unpacked)."""
+    resolution buckets (fixed shapes: requests of one bucket batch unpacked). ``graphs``: the
+    step's transformer forward replays CUDA graphs (``cuda_graphs=True``)."""
     components = {w.component: ComponentSpec(name=w.component, kind=w.kind) for w in variant.weights}
     text = TextEncode(
         encoders=(TextEncoderSpec("text_encoder", output="pooled", field="pooled"),  # CLIP: the pooled vector
@@ -105,7 +109,7 @@ def flux_pipeline_spec(variant: Variant, *, guidance_embeds: bool, pack: bool = 
         Node(
             "denoise",
             DenoiseLoop(
-                FluxDenoiser(packs=pack),
+                FluxDenoiser(packs=pack, graphs=graphs),
                 cfg=EmbeddedGuidance() if guidance_embeds else EmbeddedGuidance(kwarg=None),
                 shift=DynamicShift(),
                 conditioning=LatentStart(),
@@ -130,7 +134,8 @@ def _wants_pixels(request: OmniRequest) -> bool:
 def build_flux(variant: Variant, index: Mapping[str, Any], components: Mapping[str, Any], options: LoadOptions) -> Pipeline:
     dit, vae = components["transformer"], components["vae"]
     buckets = options.resolution_buckets
-    spec = flux_pipeline_spec(variant, guidance_embeds=dit.config.guidance_embeds, pack=not buckets)
+    graphs = graph_runner(options)
+    spec = flux_pipeline_spec(variant, guidance_embeds=dit.config.guidance_embeds, pack=not buckets, graphs=graphs)
     defaults = {
         **FLUX_DEFAULTS,
         "latent_channels": vae.config.latent_channels,
@@ -140,7 +145,19 @@ def build_flux(variant: Variant, index: Mapping[str, Any], components: Mapping[s
         raise ValueError(f"transformer in_channels {dit.config.in_channels} needs a VAE of "
                          f"{dit.config.latent_channels} latent channels; vae/ has {vae.config.latent_channels}")
     return Pipeline(spec=spec, components=components, device=options.device, dtype=options.dtype, defaults=defaults,
-                    validate_request=make_validator(defaults, components["sampler"], buckets))
+                    validate_request=make_validator(defaults, components["sampler"], buckets),
+                    caches={GRAPHS: graphs} if graphs is not None else {})
+
+
+def graph_runner(options: LoadOptions) -> CudaGraphRunner | None:
+    """The deployment's CUDA-graph runner, or None (``cuda_graphs`` off). Refused off CUDA:
+    a CPU has no graphs, and a flag that silently does nothing would hide a wrong deployment."""
+    if not options.cuda_graphs:
+        return None
+    if options.device.type != "cuda":
+        raise ValueError(f"cuda_graphs=True needs a CUDA device, and this deployment's device is {str(options.device)!r}; "
+                         "pass cuda_graphs=False (leave out --cuda-graphs) or device='cuda'")
+    return CudaGraphRunner(max_graphs=options.cuda_graph_max_graphs, max_tokens=options.cuda_graph_max_tokens)
 
 
 FLUX = register_model_spec(

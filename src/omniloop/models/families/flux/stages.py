@@ -10,6 +10,7 @@ import torch
 
 from omniloop.io.image import image_to_tensor, open_image_part
 from omniloop.models.families.flux.model import FluxInputs
+from omniloop.models.layers.cuda_graphs import CudaGraphRunner
 from omniloop.models.layers.lora import LoraPlan, current_plan, lora_rows
 from omniloop.models.layers.packed import Segments, joint_segments
 from omniloop.pipeline.loops.denoise import DenoiserBase
@@ -57,10 +58,14 @@ def image_ids(h: int, w: int, device: torch.device) -> torch.Tensor:
 class FluxDenoiser(DenoiserBase):
     """Adapts ``FluxTransformer`` to the DenoiseLoop: one ``image`` latent modality, kept
     unpacked ``[1, C, h, w]`` in the loop (so the seed draws diffusers' noise and the
-    sampler step is the same elementwise update) and packed into tokens per forward."""
+    sampler step is the same elementwise update) and packed into tokens per forward.
+
+    ``graphs``: the deployment's CUDA-graph runner (``cuda_graphs=True``): forwards without
+    LoRA up to its token threshold replay a graph captured per packed signature."""
 
     modalities: tuple[str, ...] = (IMAGE,)
     packs: bool = True
+    graphs: CudaGraphRunner | None = None
 
     def latent_shapes(self, ctx: StageContext, request: OmniRequest) -> dict[str, tuple[int, ...]]:
         g = geometry(request, ctx.defaults)
@@ -96,8 +101,12 @@ class FluxDenoiser(DenoiserBase):
             text_segments=Segments(tuple(t.shape[0] for t in text)),
             guidance=torch.stack(guidance).to(device) if guidance is not None else None,
         )
-        with lora_rows(_bound(current_plan(), inputs)):  # each sample's LoRAs on its own tokens
-            out = model(inputs)  # [N_img, 4C]
+        plan = _bound(current_plan(), inputs)
+        if plan is None and self.graphs is not None:
+            out = graphed_forward(self.graphs, model, inputs)  # [N_img, 4C]
+        else:
+            with lora_rows(plan):  # each sample's LoRAs on its own tokens
+                out = model(inputs)  # [N_img, 4C]
         preds = [unpack_latents(tok, x.shape[1], x.shape[2]) for tok, (x, *_) in zip(inputs.image_segments.split(out), rows)]
         result, i = [], 0
         for x in xs:
@@ -131,6 +140,24 @@ class FluxDenoiser(DenoiserBase):
         img, txt, cfg = self._dims(ctx, shapes)
         itemsize = torch.finfo(ctx.dtype).bits // 8
         return int((img + txt) * (12 * cfg.inner_dim * itemsize + 2 * cfg.attention_head_dim * 4))
+
+
+_TENSORS = ("image", "text", "pooled", "timestep", "image_ids", "text_ids", "guidance")
+
+
+def graphed_forward(runner: CudaGraphRunner, model: torch.nn.Module, inputs: FluxInputs) -> torch.Tensor:
+    """``model(inputs)`` through ``runner``: keyed by the packed layout (each sample's image
+    and text token counts, hence the batch rows) and the tensors' shapes and dtypes (guidance
+    present or not). NOTE steps with LoRAs never come here: the per-row plan (which rows,
+    which adapters, their gather indices built on the CPU) changes with the batch's
+    composition and is applied outside any captured state, so LoRA steps stay eager."""
+    tensors = {name: getattr(inputs, name) for name in _TENSORS if getattr(inputs, name) is not None}
+    img, txt = inputs.image_segments, inputs.text_segments
+
+    def forward(t):  # captured once per key; img/txt keep the device index tensors the graph reads
+        return model(FluxInputs(**t, image_segments=img, text_segments=txt))
+
+    return runner.run(forward, tensors, structure=(id(model), img.lengths, txt.lengths), tokens=img.total + txt.total)
 
 
 def _bound(plan: LoraPlan | None, inputs: FluxInputs) -> LoraPlan | None:

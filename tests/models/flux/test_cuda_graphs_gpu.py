@@ -65,6 +65,15 @@ def _equal(a, b):
         assert torch.equal(a[k], b[k]), f"{k}: max |diff| {(a[k] - b[k]).abs().max().item():.3e}"
 
 
+def _close(a, b):
+    """Two *eager* runs of the two deployments: measured on the H200 (2026-12-01) to differ by
+    up to 4.8e-7 (fp32, values ~2) on a 2-request mixed-size burst, cause not identified, while
+    a graph replay against eager is bit-equal (the test above): so these compare within 1e-5."""
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=0)
+
+
 def test_engine_outputs_with_graphs_equal_eager_and_later_bursts_only_replay(eager, graphed):
     runner = graphed.caches[CACHE_NAME]
     want = _burst(eager, SIZES)
@@ -78,13 +87,13 @@ def test_engine_outputs_with_graphs_equal_eager_and_later_bursts_only_replay(eag
 
 def test_threshold_and_lru_bound(eager, graphed):
     graphed.caches[CACHE_NAME].max_tokens = 1  # every step is "large": eager
-    _equal(_burst(graphed, SIZES[:2]), _burst(eager, SIZES[:2]))
+    _close(_burst(graphed, SIZES[:2]), _burst(eager, SIZES[:2]))
     assert graphed.caches[CACHE_NAME].summary()["eager_large"] == 3 and graphed.caches[CACHE_NAME].summary()["graphs"] == 0
     small = CudaGraphRunner(max_graphs=1)
     graphed.caches[CACHE_NAME] = small
     object.__setattr__(graphed.spec.node("denoise").stage.denoiser, "graphs", small)
-    _equal(_burst(graphed, SIZES[:1]), _burst(eager, SIZES[:1]))
-    _equal(_burst(graphed, SIZES[1:2]), _burst(eager, SIZES[1:2]))  # another shape evicts the first graph
+    _close(_burst(graphed, SIZES[:1]), _burst(eager, SIZES[:1]))
+    _close(_burst(graphed, SIZES[1:2]), _burst(eager, SIZES[1:2]))  # another shape evicts the first graph
     assert small.summary()["evictions"] == 1 and small.summary()["graphs"] == 1
 
 
@@ -94,7 +103,7 @@ def test_lora_steps_stay_eager(eager, graphed, tmp_path):
     name, path = "detail", save_flux_loras(tmp_path)["detail"]  # a transformer-only adapter
     for p in (eager, graphed):
         p.caches[ADAPTERS].load(name, path)
-    _equal(_burst(graphed, SIZES[:2], loras=[(name, 0.7)]), _burst(eager, SIZES[:2], loras=[(name, 0.7)]))
+    _close(_burst(graphed, SIZES[:2], loras=[(name, 0.7)]), _burst(eager, SIZES[:2], loras=[(name, 0.7)]))
     stats = graphed.caches[CACHE_NAME].summary()
     assert stats["captures"] == 0 and stats["replays"] == 0  # the per-row LoRA plan is never captured
 

@@ -113,9 +113,13 @@ def _sdpa(
     square = q.shape[1] == k.shape[1]
     is_causal = causal and mask is None and square
     attn_mask = None if is_causal else _full_mask(q, k, mask, causal)
+    gqa = k.shape[2] != q.shape[2]
+    if gqa and attn_mask is not None:  # enable_gqa with a mask leaves only the math kernel: repeat K/V heads
+        k, v = (t.repeat_interleave(q.shape[2] // k.shape[2], dim=2) for t in (k, v))
+        gqa = False
     out = F.scaled_dot_product_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=attn_mask, is_causal=is_causal,
-        enable_gqa=k.shape[2] != q.shape[2],
+        enable_gqa=gqa,
     )
     return out.transpose(1, 2)
 

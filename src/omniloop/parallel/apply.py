@@ -36,7 +36,7 @@ def parallelize_model(model, plan: ParallelPlan, mesh: ParallelMesh) -> None:
         assert seq is not None, "pre-flight refuses sp without a sequence plan"
         routed = use_sequence_attention(model, seq.self_attention, mesh)
         assert routed, f"the sequence plan's self_attention {seq.self_attention!r} matched no module"
-        shard_sequence(model, seq.blocks, mesh, seq.token_args)
+        shard_sequence(model, seq.blocks, mesh, seq.token_args, seq.token_dim)
 
 
 def parallelize_pipeline(pipeline: Pipeline, plan: ParallelPlan, mesh: ParallelMesh) -> Pipeline:

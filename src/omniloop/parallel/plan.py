@@ -8,6 +8,7 @@ the pre-flight check (:mod:`omniloop.parallel.preflight`) refuses any other spec
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -32,6 +33,12 @@ class SequencePlan:
     # replicated. An entry is the argument's index (token dim 1, as Wan's [1, L, 1, hd/2] RoPE)
     # or (index, token dim) (Stable Audio's cos/sin tables are [L, rot]: dim 0)
     token_args: tuple[int | tuple[int, int], ...] = ()
+    # the hidden states' token dim: 1 for ``[B, L, D]``, 0 for a packed ``[N, D]`` sequence
+    # (Flux: samples end to end; its ``Segments`` argument, listed in token_args, narrows itself)
+    token_dim: int = 1
+    # ring attention allowed: False where a ring block would cut through packed samples
+    # (Flux's varlen attention); Ulysses regathers whole samples, so it always works
+    ring: bool = True
 
 
 @dataclass(frozen=True)
@@ -44,7 +51,12 @@ class Colwise:
 
 @dataclass(frozen=True)
 class Rowwise:
-    """``nn.Linear`` sharded by input features; partial outputs are all-reduced, the bias added once."""
+    """``nn.Linear`` sharded by input features; partial outputs are all-reduced, the bias added once.
+    ``parts``: the input is a concat of parts of these relative widths, each column-sharded
+    before it (Flux's single block: ``proj_out(cat([attn, mlp]))`` = widths 1 : 4); each part
+    is sharded, so the local input is the concat of the local parts."""
+
+    parts: tuple[int, ...] = (1,)
 
 
 @dataclass(frozen=True)
@@ -83,10 +95,29 @@ class ParallelPlan:
     sequence: SequencePlan | None = None
     tensor: TensorPlan | None = None
     rows: bool = False  # its denoise loops may split a step's forwards across dp x cfg ranks
+    # the cfg axis has work: its loops run two or more guidance branches per step (False: one
+    # forward per step, e.g. Flux's embedded guidance; dp is the rows axis that splits its steps)
+    cfg: bool = True
     vae: VAEPlan | None = None
     # modules a rank process imports ahead (the pool's forkserver preloads them, so a rank
     # forked from it does not pay their import: a lazily imported text encoder, say)
     preload: tuple[str, ...] = field(default=())
+
+
+def config_heads(*components: str) -> Callable[[Path, Mapping[str, Any]], dict[str, int]]:
+    """A ``ParallelPlan.heads`` reader: ``num_attention_heads`` of each named component, from
+    ``<root>/<component>/config.json`` alone (diffusers' layout; no weights are read)."""
+
+    def read(root: Path, index: Mapping[str, Any]) -> dict[str, int]:
+        heads = {}
+        for component in components:
+            config = root / component / "config.json"
+            if not config.is_file():
+                raise ValueError(f"{config} is missing; the checkpoint's {component} needs its config.json")
+            heads[component] = int(json.loads(config.read_text())["num_attention_heads"])
+        return heads
+
+    return read
 
 
 def parallel_plan(model_spec: Any) -> ParallelPlan | None:

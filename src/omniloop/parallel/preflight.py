@@ -137,8 +137,14 @@ def model_problems(spec: ParallelSpec, facts: ModelFacts) -> list[str]:
         problems.append(f"sp={spec.sp}: the attention of {family!r} cannot be split over the sequence (no sequence plan)")
     if spec.tp > 1 and plan.tensor is None:
         problems.append(f"tp={spec.tp}: {family!r} has no tensor-parallel plan")
+    if spec.ring > 1 and plan.sequence is not None and not plan.sequence.ring:
+        problems.append(f"ring={spec.ring}: the sequence of {family!r} packs samples end to end, and a ring block "
+                        f"would cut through them (its attention is per sample); split it with ulysses instead")
     if spec.rows > 1 and not plan.rows:
         problems.append(f"dp x cfg = {spec.rows}: the loops of {family!r} do not split a step's forwards across ranks")
+    elif spec.cfg > 1 and not plan.cfg:
+        problems.append(f"cfg={spec.cfg}: the loops of {family!r} run one guidance branch per step (no second "
+                        f"forward to put on another rank); dp splits its batched steps across ranks")
     if spec.vae == "tiles" and plan.vae is None:
         problems.append(f"vae='tiles': {family!r} has no tiled VAE decode to spread across ranks")
     for component, heads in facts.heads.items():
@@ -161,6 +167,11 @@ def propose(spec: ParallelSpec, facts: ModelFacts) -> ParallelSpec:
     d = {a: getattr(spec, a) for a in ("dp", "cfg", "ulysses", "ring", "tp")}
     if plan.sequence is None:
         d["dp"], d["ulysses"], d["ring"] = d["dp"] * d["ulysses"] * d["ring"], 1, 1
+    no_ring = plan.sequence is not None and not plan.sequence.ring
+    if no_ring:
+        d["dp"], d["ring"] = d["dp"] * d["ring"], 1
+    if not plan.cfg:
+        d["dp"], d["cfg"] = d["dp"] * d["cfg"], 1
     if plan.tensor is None:
         d["dp"], d["tp"] = d["dp"] * d["tp"], 1
     heads = math.gcd(*facts.heads.values()) if facts.heads else 0
@@ -168,7 +179,8 @@ def propose(spec: ParallelSpec, facts: ModelFacts) -> ParallelSpec:
         tp = math.gcd(d["tp"], heads)
         d["dp"], d["tp"] = d["dp"] * d["tp"] // tp, tp
         ulysses = math.gcd(d["ulysses"], heads // tp)
-        d["ring"], d["ulysses"] = d["ring"] * d["ulysses"] // ulysses, ulysses
+        spill = "dp" if no_ring else "ring"  # the ulysses factors the heads do not take
+        d[spill], d["ulysses"] = d[spill] * d["ulysses"] // ulysses, ulysses
     vae = spec.vae if plan.vae is not None else "replicate"
     fixed = spec.model_copy(update={"vae": vae})
     if not plan.rows and d["dp"] * d["cfg"] > 1:

@@ -106,7 +106,10 @@ class SequenceShard:
 
     def _shard(self, value: Any, total: int, start: int, size: int, dim: int) -> Any:
         """The rank's tokens of a per-token argument (tokens along ``dim``); a broadcast one
-        (dim size 1) as is."""
+        (dim size 1) as is; an object with ``narrow_tokens(start, size)`` (a packed
+        sequence's ``Segments``) gives its own window."""
+        if callable(getattr(value, "narrow_tokens", None)):
+            return value.narrow_tokens(start, size)
         if isinstance(value, torch.Tensor):
             if value.ndim > dim and value.shape[dim] == total:
                 return value.narrow(dim, start, size)
@@ -129,7 +132,8 @@ def gather_sequence(local: torch.Tensor, sizes: Sequence[int], group: Any, dim: 
 
 
 def shard_sequence(model: nn.Module, blocks_attr: str, mesh: ParallelMesh,
-                   token_args: Sequence[int | tuple[int, int]]) -> None:
-    """Install the sequence shard on ``model.<blocks_attr>`` (the ModuleList it passes to run_blocks)."""
+                   token_args: Sequence[int | tuple[int, int]], token_dim: int = 1) -> None:
+    """Install the sequence shard on ``model.<blocks_attr>`` (the ModuleList it passes to
+    run_blocks); ``token_dim``: the hidden states' token dim (1: ``[B, L, D]``; 0: packed ``[N, D]``)."""
     blocks = getattr(model, blocks_attr)
-    blocks.sequence_shard = SequenceShard(mesh, token_args)
+    blocks.sequence_shard = SequenceShard(mesh, token_args, token_dim)

@@ -26,7 +26,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from omniloop.models.layers.attention import attention, register_attention_backend
+from omniloop.models.layers.attention import (attention, register_attention_backend, register_window_attention,
+                                               varlen_attention)
+from omniloop.models.layers.packed import TokenWindow
 from omniloop.parallel.mesh import ParallelMesh
 from omniloop.parallel.sequence import current_layout
 
@@ -142,6 +144,21 @@ class SequenceParallelAttention:
             out = heads_to_seq(out, sizes, self.ulysses_index, self.ulysses_group)
         return out
 
+    @torch.compiler.disable
+    def window(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: TokenWindow) -> torch.Tensor:
+        """Packed attention from this rank's window ``[Ns, H, hd]`` of a packed sequence (Flux's
+        joint tokens of several samples): Ulysses gathers all ``N`` tokens of ``H/U`` heads,
+        ``varlen_attention`` runs over the whole sequence's segments (no sample's tokens
+        straddle ranks any more), the inverse all-to-all returns ``[Ns, H, hd]``. Ulysses
+        only: a ring block would cut through samples (the plan refuses ring)."""
+        layout = current_layout()
+        assert layout is not None and self.ulysses_group is not None and self.ring_group is None, \
+            "a window reaches attention only inside a Ulysses-sharded stack"
+        sizes = layout.ulysses_sizes(self.ring_index)
+        q, k, v = seq_to_heads(torch.stack([q, k, v])[:, None], sizes, self.ulysses_group)[:, 0].unbind(0)
+        out = varlen_attention(q, k, v, window.full, self.inner)  # [N, H/U, hd]
+        return heads_to_seq(out[None], sizes, self.ulysses_index, self.ulysses_group)[0]
+
 
 def use_sequence_attention(model: nn.Module, pattern: str, mesh: ParallelMesh) -> int:
     """Route the attention of ``model``'s modules matching ``pattern`` (regex fullmatch) through
@@ -156,7 +173,9 @@ def use_sequence_attention(model: nn.Module, pattern: str, mesh: ParallelMesh) -
         assert inner is not None, f"{name} matches the sequence plan but owns no attention_backend"
         if inner not in wrapped:
             wrapped[inner] = f"sp{mesh.spec.ulysses}x{mesh.spec.ring}[{inner}]#{next(_names)}"
-            register_attention_backend(wrapped[inner], masks=False)(SequenceParallelAttention(inner, mesh))
+            sp = SequenceParallelAttention(inner, mesh)
+            register_attention_backend(wrapped[inner], masks=False)(sp)
+            register_window_attention(wrapped[inner], sp.window)
         module.attention_backend = wrapped[inner]
         count += 1
     return count

@@ -20,9 +20,15 @@ from torch import nn
 from omniloop.parallel.plan import Colwise, HeadNorm, Rowwise, ShardStyle, TensorPlan
 
 
-def _shard(t: torch.Tensor, dim: int, rank: int, size: int, chunks: int = 1) -> torch.Tensor:
-    """This rank's slice of every one of ``chunks`` equal parts of ``t`` along ``dim``, concatenated."""
-    parts = t.chunk(chunks, dim=dim)
+def _shard(t: torch.Tensor, dim: int, rank: int, size: int, chunks: int | tuple[int, ...] = 1) -> torch.Tensor:
+    """This rank's slice of every part of ``t`` along ``dim``, concatenated: ``chunks`` equal
+    parts, or parts of the given relative widths."""
+    if isinstance(chunks, tuple):
+        unit, rest = divmod(t.shape[dim], sum(chunks))
+        assert rest == 0, f"dim {dim} of {tuple(t.shape)} does not split into parts {chunks}"
+        parts = t.split([unit * c for c in chunks], dim=dim)
+    else:
+        parts = t.chunk(chunks, dim=dim)
     assert all(p.shape[dim] % size == 0 for p in parts), f"dim {dim} of {tuple(t.shape)} does not split {chunks}x{size}"
     return torch.cat([p.chunk(size, dim=dim)[rank] for p in parts], dim=dim).contiguous()
 
@@ -43,10 +49,10 @@ class ColumnParallelLinear(nn.Module):
 class RowParallelLinear(nn.Module):
     """``y = all_reduce(x_local @ W_local^T) + b``: input features sharded, output replicated."""
 
-    def __init__(self, linear: nn.Linear, rank: int, size: int, group: Any) -> None:
+    def __init__(self, linear: nn.Linear, rank: int, size: int, group: Any, parts: tuple[int, ...] = (1,)) -> None:
         super().__init__()
         self.group = group
-        self.weight = nn.Parameter(_shard(linear.weight.data, 1, rank, size), requires_grad=False)
+        self.weight = nn.Parameter(_shard(linear.weight.data, 1, rank, size, parts), requires_grad=False)
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.data.clone(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -82,7 +88,7 @@ def _replacement(module: nn.Module, style: ShardStyle, rank: int, size: int, gro
         return ColumnParallelLinear(module, rank, size, style.chunks)
     if isinstance(style, Rowwise):
         assert isinstance(module, nn.Linear), f"Rowwise needs nn.Linear, got {type(module).__name__}"
-        return RowParallelLinear(module, rank, size, group)
+        return RowParallelLinear(module, rank, size, group, style.parts)
     assert isinstance(style, HeadNorm) and isinstance(module, nn.RMSNorm), f"HeadNorm needs nn.RMSNorm, got {module}"
     return HeadShardedRMSNorm(module, rank, size, group)
 

@@ -29,6 +29,8 @@ from typing import Any, Callable, Protocol
 import torch
 import torch.nn.functional as F
 
+from omniloop.models.layers.packed import TokenWindow
+
 
 class AttentionFn(Protocol):
     def __call__(
@@ -176,13 +178,30 @@ def _math(
 # every other backend runs one call per segment, which is each sample's own attention.
 VarlenFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Any], torch.Tensor]
 _VARLEN: dict[str, VarlenFn] = {}
+_WINDOWED: dict[str, VarlenFn] = {}  # backend -> its handler of a TokenWindow's q/k/v
+
+
+def register_window_attention(name: str, fn: VarlenFn) -> None:
+    """Let backend ``name`` (registered already) serve ``varlen_attention`` over a
+    ``TokenWindow``: ``fn(q, k, v, window)`` with this rank's ``[window.size, H, D]`` tokens."""
+    assert name in _BACKENDS and name not in _WINDOWED, f"{name!r}: register the backend once, then its window handler"
+    _WINDOWED[name] = fn
 
 
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: Any,
                      backend: str = DEFAULT_BACKEND) -> torch.Tensor:
     """``[N, H, D]`` packed q/k/v (``segments``: a ``layers.packed.Segments``) -> ``[N, H, D]``;
     no token attends outside its segment. One segment, or segments of one length, run as
-    one (batched) call of ``backend``; otherwise its varlen kernel, or one call per segment."""
+    one (batched) call of ``backend``; otherwise its varlen kernel, or one call per segment.
+    A ``TokenWindow`` (one rank's shard of the packed tokens) goes to the backend's window
+    handler (sequence-parallel backends gather the whole sequence first)."""
+    if isinstance(segments, TokenWindow):
+        window_fn = _WINDOWED.get(backend)
+        if window_fn is None:
+            raise ValueError(f"attention backend {backend!r} cannot attend from a window of a packed sequence "
+                             "(its samples' other tokens are on other ranks); route the module through a "
+                             "sequence-parallel backend (omniloop.parallel.sp_attention)")
+        return window_fn(q, k, v, segments)
     if segments.count == 1:
         return attention(q[None], k[None], v[None], backend)[0]
     if segments.uniform:

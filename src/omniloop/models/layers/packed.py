@@ -79,6 +79,42 @@ class Segments:
         """``[N, ...]`` -> one ``[n_s, ...]`` view per segment."""
         return list(x.split(list(self.lengths)))
 
+    def narrow_tokens(self, start: int, size: int) -> "TokenWindow":
+        """Tokens ``start..start+size-1`` of the packed sequence (one rank's shard of it under
+        sequence parallelism, ``omniloop.parallel.sequence``): see :class:`TokenWindow`."""
+        assert 0 <= start and start + size <= self.total, f"window {start}+{size} outside {self.total} tokens"
+        return TokenWindow(self, start, size)
+
+
+@dataclass(frozen=True)
+class TokenWindow:
+    """A contiguous window of a packed sequence's tokens, which may cut through samples.
+
+    Per-token ops see only the window: :meth:`expand` gives each of its ``size`` tokens its
+    sample's vector. Attention needs every token of a sample, so ``varlen_attention`` hands a
+    window to a backend that gathers the whole sequence first (a sequence-parallel one,
+    ``attention.register_window_attention``) and refuses it to any other."""
+
+    full: Segments
+    start: int
+    size: int
+
+    @property
+    def count(self) -> int:
+        return self.full.count
+
+    @property
+    def total(self) -> int:
+        return self.size
+
+    def expand(self, per_sample: torch.Tensor) -> torch.Tensor:
+        """``[S, *F]`` -> ``[size, *F]``: the window's rows of ``full.expand(per_sample)``."""
+        assert per_sample.shape[0] == self.full.count, f"{per_sample.shape[0]} vectors for {self.full.count} segments"
+        if self.full.count == 1:
+            return per_sample.expand(self.size, *per_sample.shape[1:])
+        owners = self.full.owners(per_sample.device).narrow(0, self.start, self.size)
+        return per_sample.index_select(0, owners)
+
 
 def interleave_index(first: Segments, second: Segments, device: torch.device) -> torch.Tensor:
     """Index into ``cat([a, b])`` (``a`` packed by ``first``, ``b`` by ``second``, one segment

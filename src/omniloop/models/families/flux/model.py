@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omniloop.models.layers.attention import DEFAULT_BACKEND, varlen_attention
-from omniloop.models.layers.packed import Segments, interleave_index, joint_segments
+from omniloop.models.layers.packed import Segments, TokenWindow, interleave_index, joint_segments
 from omniloop.models.layers.run_blocks import run_blocks
 
 ROPE_THETA = 10000.0
@@ -198,7 +198,7 @@ def layer_norm(x: torch.Tensor) -> torch.Tensor:
     return F.layer_norm(x, (x.shape[-1],), eps=1e-6)
 
 
-def modulate(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, seg: Segments) -> torch.Tensor:
+def modulate(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, seg: Segments | TokenWindow) -> torch.Tensor:
     """``LN(x) * (1 + scale) + shift`` with per-sample ``scale``/``shift`` [S, D] on x [N, D]."""
     return layer_norm(x) * (1 + seg.expand(scale)) + seg.expand(shift)
 
@@ -238,7 +238,7 @@ class FluxAttention(nn.Module):
         return norms[0](q), norms[1](k), v
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-               segments: Segments) -> torch.Tensor:
+               segments: Segments | TokenWindow) -> torch.Tensor:
         """Joint q/k/v [N, H, hd] -> [N, D] attention within each sample."""
         q, k = apply_rope(q, rope), apply_rope(k, rope)
         return varlen_attention(q, k, v, segments, self.attention_backend).flatten(1).to(q.dtype)
@@ -323,10 +323,10 @@ class FluxSingleTransformerBlock(nn.Module):
         self.attn = FluxAttention(dim, heads, head_dim, added=False, pre_only=True)
 
     def forward(self, x: torch.Tensor, temb: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                layout: JointLayout) -> torch.Tensor:
-        # x: [N_joint, D]
+                seg: Segments | TokenWindow) -> torch.Tensor:
+        # x: [N_joint, D]; seg: the joint segments (a TokenWindow of them on a sequence-parallel
+        # rank, whose x, rope are its window of the tokens: omniloop.parallel.sequence)
         shift, scale, gate = self.norm(temb)
-        seg = layout.joint
         h = modulate(x, scale, shift, seg)
         mlp = F.gelu(self.proj_mlp(h), approximate="tanh")
         attn = self.attn.attend(*self.attn.qkv(h), rope, seg)
@@ -372,7 +372,7 @@ class FluxTransformer(nn.Module):
         # 2. Double-stream blocks, then single-stream blocks on the joint sequence
         for block in self.transformer_blocks:
             text, image = block(text, image, temb, rope, layout)
-        joint = run_blocks(self.single_transformer_blocks, layout.join(text, image), temb, rope, layout)
+        joint = run_blocks(self.single_transformer_blocks, layout.join(text, image), temb, rope, layout.joint)
         image = layout.split(joint)[1]
 
         # 3. Output modulation and projection

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from omniloop.models.autoencoders.kl2d import load_kl2d_vae
+from omniloop.models.families.flux.parallelize import FLUX_PARALLEL
 from omniloop.models.families.flux.presets import FLUX_DEFAULTS
 from omniloop.models.families.flux.stages import FluxDenoiser, FluxImageCondition
 from omniloop.models.families.flux.validate import make_validator
@@ -170,5 +171,6 @@ FLUX = register_model_spec(
                     "text-to-image and image-to-image, requests of any sizes packed into one step, per-request LoRAs",
         lora=LoraSupport(components=("transformer", "text_encoder"), convert=flux_lora_from_kohya,
                          streams={"transformer": flux_lora_stream}),
+        extras={"parallel": FLUX_PARALLEL},
     )
 )

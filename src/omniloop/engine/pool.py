@@ -228,6 +228,13 @@ class PoolEngine(Engine):
         # Every rank must draw the same noise: a request without a seed gets one here, once.
         return super().add_request(with_seed(request))
 
+    def send(self, request_id: str, item: Any) -> None:
+        """Refused: a live input would reach rank 0's loop only (plans carry no session inputs),
+        and the other ranks' copies of the request would diverge from it."""
+        raise ValueError(f"live inputs to a running request ({type(item).__name__} for {request_id!r}) are not "
+                         f"sent to the other ranks of an SPMD pool (parallel='{self.pool.spec.compact()}'); "
+                         "serve interactive sessions from a one-rank deployment (parallel='dp=1')")
+
     def close(self) -> None:
         """Stop the other ranks and leave the process group (idempotent)."""
         self._finalizer()

@@ -99,6 +99,10 @@ class ParallelPlan:
     # forward per step, e.g. Flux's embedded guidance; dp is the rows axis that splits its steps)
     cfg: bool = True
     vae: VAEPlan | None = None
+    # axis -> why this family has no part of a plan for it ("sp", "tp", "rows", "cfg", "vae"):
+    # the pre-flight refusal names it instead of the generic "no sequence plan" (a family's
+    # own reason: FAR's chunk-KV slabs, Qwen2's one-token decode steps)
+    why_not: Mapping[str, str] = field(default_factory=dict)
     # modules a rank process imports ahead (the pool's forkserver preloads them, so a rank
     # forked from it does not pay their import: a lazily imported text encoder, say)
     preload: tuple[str, ...] = field(default=())
@@ -118,6 +122,12 @@ def config_heads(*components: str) -> Callable[[Path, Mapping[str, Any]], dict[s
         return heads
 
     return read
+
+
+def no_heads(root: Path, index: Mapping[str, Any]) -> dict[str, int]:
+    """The ``heads`` reader of a plan with neither a sequence nor a tensor part (rows only):
+    only those parts split heads, so the pre-flight check needs none."""
+    return {}
 
 
 def parallel_plan(model_spec: Any) -> ParallelPlan | None:

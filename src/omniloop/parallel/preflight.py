@@ -133,20 +133,24 @@ def model_problems(spec: ParallelSpec, facts: ModelFacts) -> list[str]:
     if plan is None:
         return [f"family {family!r} declares no parallel plan (ModelSpec.extras['parallel']), so it runs on one rank"]
     problems = []
+    why = plan.why_not
     if spec.sp > 1 and plan.sequence is None:
-        problems.append(f"sp={spec.sp}: the attention of {family!r} cannot be split over the sequence (no sequence plan)")
+        problems.append(f"sp={spec.sp}: " + why.get("sp", f"the attention of {family!r} cannot be split over the "
+                                                          "sequence (no sequence plan)"))
     if spec.tp > 1 and plan.tensor is None:
-        problems.append(f"tp={spec.tp}: {family!r} has no tensor-parallel plan")
+        problems.append(f"tp={spec.tp}: " + why.get("tp", f"{family!r} has no tensor-parallel plan"))
     if spec.ring > 1 and plan.sequence is not None and not plan.sequence.ring:
         problems.append(f"ring={spec.ring}: the sequence of {family!r} packs samples end to end, and a ring block "
                         f"would cut through them (its attention is per sample); split it with ulysses instead")
     if spec.rows > 1 and not plan.rows:
-        problems.append(f"dp x cfg = {spec.rows}: the loops of {family!r} do not split a step's forwards across ranks")
+        problems.append(f"dp x cfg = {spec.rows}: " + why.get("rows", f"the loops of {family!r} do not split a "
+                                                                      "step's forwards across ranks"))
     elif spec.cfg > 1 and not plan.cfg:
-        problems.append(f"cfg={spec.cfg}: the loops of {family!r} run one guidance branch per step (no second "
-                        f"forward to put on another rank); dp splits its batched steps across ranks")
+        problems.append(f"cfg={spec.cfg}: " + why.get("cfg", f"the loops of {family!r} run one guidance branch per "
+                                                            "step (no second forward to put on another rank); dp "
+                                                            "splits its batched steps across ranks"))
     if spec.vae == "tiles" and plan.vae is None:
-        problems.append(f"vae='tiles': {family!r} has no tiled VAE decode to spread across ranks")
+        problems.append("vae='tiles': " + why.get("vae", f"{family!r} has no tiled VAE decode to spread across ranks"))
     for component, heads in facts.heads.items():
         if spec.tp > 1 and plan.tensor is not None and heads % spec.tp:
             problems.append(f"tp={spec.tp} does not divide the {heads} attention heads of {component!r}")

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 from omniloop.cache.chunk_kv import ChunkKVPool, default_budget_bytes
 from omniloop.models.autoencoders.wan_vae import wan_vae_loader
+from omniloop.models.families.far.parallelize import FAR_PARALLEL
 from omniloop.models.families.far.presets import FAR_DEFAULTS
 from omniloop.models.families.far.stages import FARChunks, FARDenoiser, FARVideoCondition
 from omniloop.models.families.far.validate import ROLLOUT_NODE, make_validator
@@ -114,6 +115,7 @@ FAR = register_model_spec(
         build=build_far,
         description="AnyFlow FAR causal Wan2.1 (chunk-causal DiT over chunk-KV slabs, flow-map sampler), streamed "
         "chunk by chunk; Wan VAE, UMT5",
+        extras={"parallel": FAR_PARALLEL},
     )
 )
 

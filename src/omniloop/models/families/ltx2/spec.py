@@ -22,6 +22,7 @@ from omniloop.pipeline.samplers import build_sampler
 from omniloop.pipeline.samplers.sampler_set import SamplerSet, load_sampler_set
 from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
 from omniloop.models.families.ltx2.loop import LTX2DenoiseLoop, LTX2FirstFrame, LTX2Guidance
+from omniloop.models.families.ltx2.parallelize import LTX2_PARALLEL
 from omniloop.models.families.ltx2.presets import LTX2_DEFAULTS, REFINE_DEFAULTS, REFINE_SCHEDULER_OVERRIDES
 from omniloop.models.families.ltx2.stages import (
     LTX2AudioDecode,
@@ -166,5 +167,6 @@ LTX2 = register_model_spec(
         build=build_ltx2,
         description="LTX-2: joint video + audio DiT, video and audio VAEs, vocoder, Gemma 3 text encoder with "
                     "connectors, optional latent upsampler for the two-stage refine",
+        extras={"parallel": LTX2_PARALLEL},
     )
 )

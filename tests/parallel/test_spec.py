@@ -121,11 +121,25 @@ def test_heads_and_plans_of_the_tiny_wan(wan_t2v_dir):
         check_model(ParallelSpec.from_flag("tp=2,ulysses=2"), facts)
 
 
-def test_a_family_without_a_plan_runs_on_one_rank(qwen2_dir):
+def test_a_family_without_a_plan_runs_on_one_rank():
+    from omniloop.models.families.cosmos3.spec import COSMOS3
+    from omniloop.parallel.plan import parallel_plan
+
+    assert parallel_plan(COSMOS3) is None  # Cosmos3 declares none
+    with pytest.raises(ValueError, match=r"family 'cosmos3' declares no parallel plan.*parallel='dp=1'"):
+        check_model(ParallelSpec.from_flag("sp=2"), ModelFacts("cosmos3", None))
+
+
+def test_qwen2_refuses_every_axis_with_its_reason(qwen2_dir):
     facts = model_facts(qwen2_dir)
-    assert facts.plan is None
-    with pytest.raises(ValueError, match=r"family 'qwen2' declares no parallel plan.*parallel='dp=1'"):
-        check_model(ParallelSpec.from_flag("sp=2"), facts)
+    assert facts.family == "qwen2" and facts.plan is not None
+    for flag, reason in (("sp=2", r"sp=2: an AR decode step runs one new token per request.*tensor parallelism is "
+                                  r"the axis that would serve it"),
+                         ("cfg=2", r"dp x cfg = 2: the AR decode loop does not split .* no guidance branches"),
+                         ("dp=2", r"dp x cfg = 2: the AR decode loop"),
+                         ("tp=2", r"tp=2: no tensor-parallel plan yet .*paged text-KV pool")):
+        with pytest.raises(ValueError, match=reason + r".*A spec that works for this model: parallel='dp=1'"):
+            check_model(ParallelSpec.from_flag(flag), facts)
 
 
 def test_each_missing_plan_is_named_and_folded_into_dp():

@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 from omniloop.cache.paged_kv import build_text_kv_pool
 from omniloop.models.families.qwen2.model import ARCHITECTURE, Qwen2Config
+from omniloop.models.families.qwen2.parallelize import QWEN2_PARALLEL
 from omniloop.models.families.qwen2.presets import GENERATION_KEYS, QWEN2_DEFAULTS
 from omniloop.models.families.qwen2.weights import load_qwen2
 from omniloop.models.load_options import apply_load_options
@@ -143,5 +144,6 @@ QWEN2 = register_model_spec(
         variant=qwen2_variant,
         build=build_qwen2,
         description="Qwen2 / Qwen2.5 decoder-only LM (GQA, RoPE, SwiGLU) with the AR decode loop",
+        extras={"parallel": QWEN2_PARALLEL},
     )
 )

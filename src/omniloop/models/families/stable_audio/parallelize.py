@@ -12,24 +12,11 @@ sequence plan is all it takes.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Any, Mapping
-
-from omniloop.parallel.plan import ParallelPlan, SequencePlan
-
-
-def transformer_heads(root: Path, index: Mapping[str, Any]) -> dict[str, int]:
-    """``num_attention_heads`` of the DiT, from ``transformer/config.json`` alone."""
-    config = root / "transformer" / "config.json"
-    if not config.is_file():
-        raise ValueError(f"{config} is missing; the checkpoint's transformer needs its config.json")
-    return {"transformer": int(json.loads(config.read_text())["num_attention_heads"])}
-
+from omniloop.parallel.plan import ParallelPlan, SequencePlan, config_heads
 
 STABLE_AUDIO_PARALLEL = ParallelPlan(
     models=("transformer",),
-    heads=transformer_heads,
+    heads=config_heads("transformer"),
     sequence=SequencePlan(blocks="blocks", self_attention=r"blocks\.\d+\.self_attn", token_args=((1, 0), (2, 0))),
     rows=True,
     preload=("transformers.models.t5.modeling_t5",),  # the T5 loader imports it lazily

@@ -3,7 +3,9 @@
   decode      reasoner decode tokens/s at batch 1 and 32 on the paged text KV vs a full
               re-prefill of the context per token (no KV: what a loop without a cache does);
               and a per-step breakdown row (``reasoner_decode_step``): ms per engine decode
-              step, ms of it in the model forward, aten ops and host syncs per step
+              step, ms of it in the model forward, aten ops and host syncs per step; and
+              ``reasoner_decode_gap``: every decode step of the ``reasoner_decode`` workload,
+              engine ms vs the model's ms (both synced), a first run and the same run again
   concurrent  reasoner tokens/s while video requests denoise on the same module (the
               scheduler interleaves and batches both kinds), vs the reasoner alone
   mixed       a trace of chat and video requests arriving together: the step scheduler vs a
@@ -272,6 +274,84 @@ def bench_decode_step(pipeline, args, base, sink):
             engine.step()
 
 
+class ModelTimer:
+    """Synced wall time of every reasoner forward (``forward_text`` start to ``lm_logits``
+    end) while installed: the model's share of an engine step, with the device drained at
+    both ends (the engine itself never syncs)."""
+
+    def __init__(self, model, device) -> None:
+        self.model, self.device, self.seconds, self._t0 = model, device, [], 0.0
+
+    def __enter__(self):
+        inner_text, inner_logits = self.model.forward_text, self.model.lm_logits
+
+        def forward_text(*a, **k):  # instance attributes: Cosmos3Reasoner calls self.model.<name>
+            sync(self.device)
+            self._t0 = time.perf_counter()
+            return inner_text(*a, **k)
+
+        def lm_logits(*a, **k):
+            out = inner_logits(*a, **k)
+            sync(self.device)
+            self.seconds.append(time.perf_counter() - self._t0)
+            return out
+
+        self.model.forward_text, self.model.lm_logits = forward_text, lm_logits
+        return self
+
+    def __exit__(self, *exc) -> None:
+        del self.model.forward_text, self.model.lm_logits
+
+    def take(self) -> float:
+        """Seconds of the forwards since the last take (0 when none ran)."""
+        out, self.seconds = sum(self.seconds), []
+        return out
+
+
+def decode_step_times(pipeline, requests, batch: int) -> list[tuple[float, float]]:
+    """(engine seconds, model seconds) of every decode step of a fresh engine running
+    ``requests`` from arrival to end (what ``reasoner_decode`` times), both synced."""
+    engine = Engine(pipeline, EngineConfig(max_queue=1024, policy=SchedulingPolicy(max_batch=batch, max_running=batch)))
+    for r in requests:
+        engine.add_request(r)
+    device, out = pipeline.device, []
+    with ModelTimer(pipeline.components["transformer"], device) as timer:
+        while engine.has_unfinished():
+            loops = [r.loop for r in engine.scheduler.running.values()]
+            decode = bool(loops) and all(lp is not None and not lp.prefilling for lp in loops)
+            sync(device)
+            timer.take()
+            t0 = time.perf_counter()
+            for o in engine.step():
+                assert o.error is None, o.error
+            sync(device)
+            if decode:
+                out.append((time.perf_counter() - t0, timer.take()))
+    return out
+
+
+def bench_decode_gap(pipeline, args, base, sink):
+    """Engine ms per decode step vs the model's ms in it (both synced), over every decode
+    step of the ``reasoner_decode`` workload: a first run (context lengths the process has
+    not seen) and the same run again (same shapes). Mean vs median and the slowest step
+    tell a per-token cost (in every step) from a one-time one (first steps, new shapes)."""
+    for batch in args.batches:
+        for attempt in ("first", "again"):
+            requests = [chat(f"g{i}", args.prompt_words, args.max_tokens) for i in range(batch)]
+            steps = decode_step_times(pipeline, requests, batch)
+            eng = [1e3 * e for e, _ in steps]
+            mod = [1e3 * m for _, m in steps]
+            gap = [e - m for e, m in zip(eng, mod)]
+            slowest = max(range(len(eng)), key=eng.__getitem__)
+            emit({**base, "bench": "reasoner_decode_gap", "batch": batch, "run": attempt, "decode_steps": len(steps),
+                  "engine_ms_mean": round(statistics.mean(eng), 2), "engine_ms_median": round(statistics.median(eng), 2),
+                  "model_ms_mean": round(statistics.mean(mod), 2), "model_ms_median": round(statistics.median(mod), 2),
+                  "outside_ms_mean": round(statistics.mean(gap), 2), "outside_ms_median": round(statistics.median(gap), 2),
+                  "first_step_ms": round(eng[0], 2), "slowest_step": slowest, "slowest_step_ms": round(eng[slowest], 2),
+                  "slowest_step_model_ms": round(mod[slowest], 2),
+                  "tokens_per_s": round(batch * len(eng) / (sum(eng) / 1e3), 1)}, sink)
+
+
 def bench_concurrent(pipeline, args, base, sink):
     chats = [chat(f"c{i}", args.prompt_words, args.max_tokens) for i in range(args.n_chat)]
     videos = [video(f"v{i}", args) for i in range(args.n_video)]
@@ -361,6 +441,7 @@ def main(argv=None) -> int:
             if "decode" in only:
                 bench_decode(pipeline, args, base, sink)
                 bench_decode_step(pipeline, args, base, sink)
+                bench_decode_gap(pipeline, args, base, sink)
             if "concurrent" in only:
                 bench_concurrent(pipeline, args, base, sink)
             if "mixed" in only:

@@ -107,7 +107,8 @@ def build(args, device, dtype):
         vae = WanVAE(WanVAEConfig(**WAN22_VAE))  # only its config is read: videos return latents
     components = {"transformer": model, "tokenizer": tok, "vae": vae,
                   "sampler": flow_sampler_set("flow_unipc", shift=5.0)}
-    options = LoadOptions(device=device, dtype=dtype, kv_cache_gb=args.kv_cache_gb)
+    options = LoadOptions(device=device, dtype=dtype, kv_cache_gb=args.kv_cache_gb,
+                          cuda_graphs=getattr(args, "cuda_graphs", False))  # refused off CUDA
     built = build_cosmos3(cosmos3_variant({"_class_name": "Cosmos3OmniPipeline"}), {}, components, options)
     # random weights: no EOS, every request runs its max_tokens
     return Pipeline(spec=built.spec, components=built.components, device=built.device, dtype=built.dtype,
@@ -412,6 +413,7 @@ def main(argv=None) -> int:
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--only", default="decode,concurrent,mixed,resident")
     p.add_argument("--out", default=None)
+    p.add_argument("--cuda-graphs", action="store_true", help="the reasoner's decode steps replay CUDA graphs")
     args = p.parse_args(argv)
     cuda = torch.cuda.is_available() and not args.tiny
     if not cuda:
@@ -433,7 +435,7 @@ def main(argv=None) -> int:
         args.trace_videos, args.trace_chats, args.trace_tokens, args.trace_gap_s, args.trace_repeats = 1, 4, 8, 0.0, 3
     pipeline = build(args, device, dtype)
     base = {"device": torch.cuda.get_device_name() if cuda else "cpu", "dtype": str(dtype).removeprefix("torch."),
-            "model": "cosmos3-published-arch-random" if cuda else "cosmos3-tiny-random"}
+            "model": "cosmos3-published-arch-random" if cuda else "cosmos3-tiny-random", "cuda_graphs": args.cuda_graphs}
     sink = open(args.out, "a") if args.out else None
     only = set(args.only.split(","))
     try:
@@ -448,6 +450,8 @@ def main(argv=None) -> int:
                 bench_mixed(pipeline, args, base, sink)
             if "resident" in only:
                 bench_resident(pipeline, base, sink)
+            if args.cuda_graphs:
+                emit({**base, "bench": "cuda_graphs", **pipeline.caches["cuda_graphs"].summary()}, sink)
     finally:
         if sink:
             sink.close()

@@ -62,7 +62,8 @@ def test_bucketed_decode_equals_the_eager_paged_step():
         worst = max(worst, (got - ref).abs().max().item())
         assert [h.num_tokens for h in padded] == [h.num_tokens for h in eager]
         last = [[t] for t in ref.argmax(-1).tolist()]
-    assert worst < 1e-5, worst  # measured ~5e-7 (masked vs unmasked kernel, padded context)
+    print("max |graph path - eager| logits:", worst)
+    assert worst < 1e-5, worst  # masked vs unmasked kernel, padded context
     assert runner.stats.eager_not_cuda == 6 and runner.stats.captures == 0
     assert not graph_rows(runner, loops)  # a CPU pool never takes the graph path in the loop
 

@@ -3,7 +3,9 @@
   decode      reasoner decode tokens/s at batch 1 and 32 on the paged text KV vs a full
               re-prefill of the context per token (no KV: what a loop without a cache does);
               and a per-step breakdown row (``reasoner_decode_step``): ms per engine decode
-              step, ms of it in the model forward, aten ops and host syncs per step
+              step, ms of it in the model forward, aten ops and host syncs per step; and
+              ``reasoner_decode_gap``: every decode step of the ``reasoner_decode`` workload,
+              engine ms vs the model's ms (both synced), a first run and the same run again
   concurrent  reasoner tokens/s while video requests denoise on the same module (the
               scheduler interleaves and batches both kinds), vs the reasoner alone
   mixed       a trace of chat and video requests arriving together: the step scheduler vs a
@@ -105,7 +107,8 @@ def build(args, device, dtype):
         vae = WanVAE(WanVAEConfig(**WAN22_VAE))  # only its config is read: videos return latents
     components = {"transformer": model, "tokenizer": tok, "vae": vae,
                   "sampler": flow_sampler_set("flow_unipc", shift=5.0)}
-    options = LoadOptions(device=device, dtype=dtype, kv_cache_gb=args.kv_cache_gb)
+    options = LoadOptions(device=device, dtype=dtype, kv_cache_gb=args.kv_cache_gb,
+                          cuda_graphs=getattr(args, "cuda_graphs", False))  # refused off CUDA
     built = build_cosmos3(cosmos3_variant({"_class_name": "Cosmos3OmniPipeline"}), {}, components, options)
     # random weights: no EOS, every request runs its max_tokens
     return Pipeline(spec=built.spec, components=built.components, device=built.device, dtype=built.dtype,
@@ -272,6 +275,84 @@ def bench_decode_step(pipeline, args, base, sink):
             engine.step()
 
 
+class ModelTimer:
+    """Synced wall time of every reasoner forward (``forward_text`` start to ``lm_logits``
+    end) while installed: the model's share of an engine step, with the device drained at
+    both ends (the engine itself never syncs)."""
+
+    def __init__(self, model, device) -> None:
+        self.model, self.device, self.seconds, self._t0 = model, device, [], 0.0
+
+    def __enter__(self):
+        inner_text, inner_logits = self.model.forward_text, self.model.lm_logits
+
+        def forward_text(*a, **k):  # instance attributes: Cosmos3Reasoner calls self.model.<name>
+            sync(self.device)
+            self._t0 = time.perf_counter()
+            return inner_text(*a, **k)
+
+        def lm_logits(*a, **k):
+            out = inner_logits(*a, **k)
+            sync(self.device)
+            self.seconds.append(time.perf_counter() - self._t0)
+            return out
+
+        self.model.forward_text, self.model.lm_logits = forward_text, lm_logits
+        return self
+
+    def __exit__(self, *exc) -> None:
+        del self.model.forward_text, self.model.lm_logits
+
+    def take(self) -> float:
+        """Seconds of the forwards since the last take (0 when none ran)."""
+        out, self.seconds = sum(self.seconds), []
+        return out
+
+
+def decode_step_times(pipeline, requests, batch: int) -> list[tuple[float, float]]:
+    """(engine seconds, model seconds) of every decode step of a fresh engine running
+    ``requests`` from arrival to end (what ``reasoner_decode`` times), both synced."""
+    engine = Engine(pipeline, EngineConfig(max_queue=1024, policy=SchedulingPolicy(max_batch=batch, max_running=batch)))
+    for r in requests:
+        engine.add_request(r)
+    device, out = pipeline.device, []
+    with ModelTimer(pipeline.components["transformer"], device) as timer:
+        while engine.has_unfinished():
+            loops = [r.loop for r in engine.scheduler.running.values()]
+            decode = bool(loops) and all(lp is not None and not lp.prefilling for lp in loops)
+            sync(device)
+            timer.take()
+            t0 = time.perf_counter()
+            for o in engine.step():
+                assert o.error is None, o.error
+            sync(device)
+            if decode:
+                out.append((time.perf_counter() - t0, timer.take()))
+    return out
+
+
+def bench_decode_gap(pipeline, args, base, sink):
+    """Engine ms per decode step vs the model's ms in it (both synced), over every decode
+    step of the ``reasoner_decode`` workload: a first run (context lengths the process has
+    not seen) and the same run again (same shapes). Mean vs median and the slowest step
+    tell a per-token cost (in every step) from a one-time one (first steps, new shapes)."""
+    for batch in args.batches:
+        for attempt in ("first", "again"):
+            requests = [chat(f"g{i}", args.prompt_words, args.max_tokens) for i in range(batch)]
+            steps = decode_step_times(pipeline, requests, batch)
+            eng = [1e3 * e for e, _ in steps]
+            mod = [1e3 * m for _, m in steps]
+            gap = [e - m for e, m in zip(eng, mod)]
+            slowest = max(range(len(eng)), key=eng.__getitem__)
+            emit({**base, "bench": "reasoner_decode_gap", "batch": batch, "run": attempt, "decode_steps": len(steps),
+                  "engine_ms_mean": round(statistics.mean(eng), 2), "engine_ms_median": round(statistics.median(eng), 2),
+                  "model_ms_mean": round(statistics.mean(mod), 2), "model_ms_median": round(statistics.median(mod), 2),
+                  "outside_ms_mean": round(statistics.mean(gap), 2), "outside_ms_median": round(statistics.median(gap), 2),
+                  "first_step_ms": round(eng[0], 2), "slowest_step": slowest, "slowest_step_ms": round(eng[slowest], 2),
+                  "slowest_step_model_ms": round(mod[slowest], 2),
+                  "tokens_per_s": round(batch * len(eng) / (sum(eng) / 1e3), 1)}, sink)
+
+
 def bench_concurrent(pipeline, args, base, sink):
     chats = [chat(f"c{i}", args.prompt_words, args.max_tokens) for i in range(args.n_chat)]
     videos = [video(f"v{i}", args) for i in range(args.n_video)]
@@ -332,6 +413,7 @@ def main(argv=None) -> int:
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--only", default="decode,concurrent,mixed,resident")
     p.add_argument("--out", default=None)
+    p.add_argument("--cuda-graphs", action="store_true", help="the reasoner's decode steps replay CUDA graphs")
     args = p.parse_args(argv)
     cuda = torch.cuda.is_available() and not args.tiny
     if not cuda:
@@ -353,7 +435,7 @@ def main(argv=None) -> int:
         args.trace_videos, args.trace_chats, args.trace_tokens, args.trace_gap_s, args.trace_repeats = 1, 4, 8, 0.0, 3
     pipeline = build(args, device, dtype)
     base = {"device": torch.cuda.get_device_name() if cuda else "cpu", "dtype": str(dtype).removeprefix("torch."),
-            "model": "cosmos3-published-arch-random" if cuda else "cosmos3-tiny-random"}
+            "model": "cosmos3-published-arch-random" if cuda else "cosmos3-tiny-random", "cuda_graphs": args.cuda_graphs}
     sink = open(args.out, "a") if args.out else None
     only = set(args.only.split(","))
     try:
@@ -361,12 +443,15 @@ def main(argv=None) -> int:
             if "decode" in only:
                 bench_decode(pipeline, args, base, sink)
                 bench_decode_step(pipeline, args, base, sink)
+                bench_decode_gap(pipeline, args, base, sink)
             if "concurrent" in only:
                 bench_concurrent(pipeline, args, base, sink)
             if "mixed" in only:
                 bench_mixed(pipeline, args, base, sink)
             if "resident" in only:
                 bench_resident(pipeline, base, sink)
+            if args.cuda_graphs:
+                emit({**base, "bench": "cuda_graphs", **pipeline.caches["cuda_graphs"].summary()}, sink)
     finally:
         if sink:
             sink.close()

@@ -20,14 +20,18 @@ def test_cosmos3_benchmark_smoke(tmp_path):
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr
     records = [json.loads(line) for line in out.read_text().splitlines()]
-    assert {r["bench"] for r in records} == {"reasoner_decode", "reasoner_decode_step", "reasoner_with_denoise",
-                                             "mixed_trace", "resident"}
+    assert {r["bench"] for r in records} == {"reasoner_decode", "reasoner_decode_step", "reasoner_decode_gap",
+                                             "reasoner_with_denoise", "mixed_trace", "resident"}
     step = {r["batch"]: r for r in records if r["bench"] == "reasoner_decode_step"}
     assert set(step) == {1, 4} and all(r["ms_per_step"] > r["forward_ms"] > 0 for r in step.values())
     # the per-step indices, mask and greedy sampling are whole-batch ops: 3 more rows add a
     # few ops, not a copy of the per-row work (was ~22 ops a row: slot building, argmax + item)
     assert step[4]["ops_per_step"] <= step[1]["ops_per_step"] + 10, step
     assert all(r["host_syncs_per_step"] == 0 for r in step.values()), step  # no scalar read on the step's path
+    gap = {(r["batch"], r["run"]): r for r in records if r["bench"] == "reasoner_decode_gap"}
+    assert set(gap) == {(b, run) for b in (1, 4) for run in ("first", "again")}, gap
+    # every decode step of the 12-token requests is timed; the model's share is inside the engine's step
+    assert all(r["decode_steps"] == 12 and r["engine_ms_mean"] > r["model_ms_mean"] > 0 for r in gap.values()), gap
     decode = {r["batch"]: r for r in records if r["bench"] == "reasoner_decode"}
     assert set(decode) == {1, 4}
     # re-prefilling the ~280-token context per generated token is slower than one paged decode step

@@ -61,6 +61,7 @@ class BlockPool:
         self._k: torch.Tensor | None = None  # [layers, slots, H_kv, D], materialized at first use
         self._v: torch.Tensor | None = None
         self._layers: list[tuple[torch.Tensor, torch.Tensor]] = []  # per-layer views of _k/_v, made once
+        self._scratch: int | None = None  # a block no request owns (scratch_slot), taken at first use
 
     # -- accounting -------------------------------------------------------------------------
     @property
@@ -103,6 +104,19 @@ class BlockPool:
         self._free.extend(reversed(blocks))
         assert len(self._free) <= self.num_blocks, "a KV block was freed twice"
 
+    def scratch_slot(self) -> int:
+        """The first slot of a block taken from the pool for good, the first time it is asked
+        for: fixed-shape (CUDA-graph) decode steps write their pad rows there and read it for
+        masked keys (cache/decode_graph.py). The pool holds one block less from then on."""
+        if self._scratch is None:
+            taken = self.allocate(1)
+            if taken is None:
+                raise ValueError("the text KV pool has no free block for the CUDA-graph decode path's scratch slot; "
+                                 "pass a larger kv_cache_gb")
+            self.num_blocks -= 1
+            self._scratch = taken[0] * self.block_size
+        return self._scratch
+
     def handle(self) -> "PagedKVHandle":
         return PagedKVHandle(self)
 
@@ -115,7 +129,8 @@ class BlockPool:
         if self._k is None:
             # zeros, not empty: gathered padding rows must hold finite values (masked scores
             # are -inf, but 0 * NaN in the value product would still be NaN)
-            shape = (self.layout.num_layers, self.capacity_tokens, self.layout.num_kv_heads, self.layout.head_dim)
+            shape = (self.layout.num_layers, len(self._free) * self.block_size, self.layout.num_kv_heads,
+                     self.layout.head_dim)  # every block is free at the first allocation
             self._k = torch.zeros(shape, dtype=self.dtype, device=self.device)
             self._v = torch.zeros(shape, dtype=self.dtype, device=self.device)
             self._layers = list(zip(self._k.unbind(0), self._v.unbind(0)))  # no select op per layer per step

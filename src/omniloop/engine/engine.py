@@ -456,11 +456,16 @@ class Engine:
         if not finite:
             self._finish(req, RequestStatus.FAILED, f"non-finite values (NaN/Inf) in node {node.name!r} at step {loop.steps_done}")
             return
-        eta = self.scheduler.remaining_s(req)
-        self._emit(ProgressEvent(request_id=req.request_id, node=node.name, step=loop.steps_done,
-                                 total=loop.steps_target, eta_s=eta))
-        for name, artifact in result.emit or ():
-            self._emit(ArtifactEvent(request_id=req.request_id, name=name, artifact=artifact, partial=True))
+        # NOTE: events are built only when someone receives them: a ProgressEvent (and its ETA:
+        # a walk over the request's nodes) per request per step is a measurable share of a
+        # batched decode step's host time (tiny Cosmos3, batch 32: ~25 us a row)
+        if self.event_sink is not None:
+            eta = self.scheduler.remaining_s(req)
+            self._emit(ProgressEvent(request_id=req.request_id, node=node.name, step=loop.steps_done,
+                                     total=loop.steps_target, eta_s=eta))
+        if self.event_sink is not None or self.hooks is not None:
+            for name, artifact in result.emit or ():
+                self._emit(ArtifactEvent(request_id=req.request_id, name=name, artifact=artifact, partial=True))
         if req.failure is not None:  # its event consumer failed on one of these
             self._finish(req, RequestStatus.FAILED, req.failure)
         elif result.done:

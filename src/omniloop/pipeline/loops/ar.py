@@ -35,7 +35,9 @@ import torch
 
 from omniloop.cache.kv import KVLayout
 from omniloop.cache.paged_kv import BlockPool, PagedKVBatch, PagedKVHandle
+from omniloop.models.layers.cuda_graphs import CudaGraphRunner
 from omniloop.pipeline.failures import PoolFatalError, attempt, per_request
+from omniloop.pipeline.loops.ar_graphs import graph_decode, graph_rows
 from omniloop.pipeline.stage import LoopStageBase, WorkEstimate
 from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
 from omniloop.request import Artifact, OmniRequest, SamplingParams, TextArtifact
@@ -155,6 +157,7 @@ class ARDecodeLoop(LoopStageBase):
     lm_component: str = "lm"
     tokenizer_component: str = "tokenizer"
     kv_component: str = "text_kv"  # the deployment's BlockPool (paged text KV)
+    graphs: CudaGraphRunner | None = None  # cuda_graphs=True: decode forwards replay graphs (ar_graphs.py)
 
     inputs = {}  # type: ignore[assignment]
     optional_inputs = {"prompt_tokens": PromptTokens}  # type: ignore[assignment]
@@ -322,9 +325,12 @@ class ARDecodeLoop(LoopStageBase):
                 lp.seen = torch.zeros(row.shape[-1], dtype=torch.bool, device=device)
                 lp.seen[torch.tensor(lp.prompt_ids + lp.output_ids, device=device)] = True
 
-    @staticmethod
-    def _decode_rows(lm: CausalLM, loops: Sequence[ARLoopState]) -> None:
+    def _decode_rows(self, lm: CausalLM, loops: Sequence[ARLoopState]) -> None:
         """One forward over the last sampled token of every loop: KV append + next logits."""
+        if graph_rows(self.graphs, loops):
+            for lp, row in zip(loops, graph_decode(self.graphs, lm, loops)):  # type: ignore[arg-type]
+                lp.logits = row
+            return
         device = loops[0].kv.device
         ids = torch.tensor([[lp.output_ids[-1]] for lp in loops], device=device)  # [B, 1]
         logits = lm(ids, kv=PagedKVBatch([lp.kv for lp in loops], 1), logits_to_keep=1,

@@ -27,7 +27,9 @@ from omniloop.models.families.cosmos3.stages import (
 from omniloop.models.families.cosmos3.vision import load_image_processor, load_video_processing, load_vision_tower
 from omniloop.models.families.cosmos3.validate import GENERATION_TASKS, make_validator
 from omniloop.models.families.cosmos3.weights import load_transformer, read_config
-from omniloop.models.load_options import apply_load_options
+from omniloop.models.layers.cuda_graphs import CACHE_NAME as GRAPHS
+from omniloop.models.layers.cuda_graphs import CudaGraphRunner
+from omniloop.models.load_options import apply_load_options, graph_runner
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
 from omniloop.pipeline.loops.ar import ARDecodeLoop
 from omniloop.pipeline.pipeline import Pipeline
@@ -134,11 +136,13 @@ def _wants_pixels(request: OmniRequest) -> bool:
     return request.outputs.wants(Modality.VIDEO) or request.outputs.wants(Modality.IMAGE)
 
 
-def cosmos3_pipeline_spec(variant: Variant, *, generator: bool, cfg_mode: str = "sequential") -> PipelineSpec:
+def cosmos3_pipeline_spec(variant: Variant, *, generator: bool, cfg_mode: str = "sequential",
+                          graphs: CudaGraphRunner | None = None) -> PipelineSpec:
+    """``graphs``: the reasoner's decode forwards replay CUDA graphs (``cuda_graphs=True``)."""
     components = {w.component: ComponentSpec(name=w.component, kind=w.kind, optional=w.optional) for w in variant.weights}
     components["reasoner"] = ComponentSpec(name="reasoner", kind="Cosmos3Reasoner (view of the transformer)")
     components["text_kv"] = ComponentSpec(name="text_kv", kind="paged text-KV pool (built, not loaded)")
-    reason_loop = ARDecodeLoop(lm_component="reasoner", tokenizer_component="tokenizer")
+    reason_loop = ARDecodeLoop(lm_component="reasoner", tokenizer_component="tokenizer", graphs=graphs)
     nodes = [
         Node("chat", Cosmos3ChatPrompt(), when=REASON),
         Node("reason", reason_loop, when=REASON),
@@ -149,7 +153,8 @@ def cosmos3_pipeline_spec(variant: Variant, *, generator: bool, cfg_mode: str = 
         nodes += [
             Node("upsample_chat", ChatPrompt(system_prompt=P.SYSTEM_PROMPT_UPSAMPLE), when=upsample,
                  outputs={"prompt_tokens": "upsample_tokens"}),
-            Node("upsample", ARDecodeLoop(lm_component="reasoner", tokenizer_component="tokenizer"), when=upsample,
+            Node("upsample", ARDecodeLoop(lm_component="reasoner", tokenizer_component="tokenizer", graphs=graphs),
+                 when=upsample,
                  inputs={"prompt_tokens": "upsample_tokens"}),
             Node("tokenize", Cosmos3Tokenize(), when=GEN, inputs={"upsampled": "text"}),
             Node("condition", Cosmos3Condition(), when=task_in(TaskType.I2V, TaskType.V2W, TaskType.A2W)),
@@ -196,9 +201,11 @@ def build_cosmos3(variant: Variant, index: Mapping[str, Any], components: Mappin
         sound = components.get("sound_tokenizer")
         if sound is not None:
             defaults.update({"sound_sample_rate": sound.sample_rate, "sound_hop": sound.config.hop})
-    spec = cosmos3_pipeline_spec(variant, generator=config.generator, cfg_mode=options.cfg_mode)
+    graphs = graph_runner(options)  # refused off CUDA
+    spec = cosmos3_pipeline_spec(variant, generator=config.generator, cfg_mode=options.cfg_mode, graphs=graphs)
     return Pipeline(spec=spec, components=components, device=options.device, dtype=options.dtype, defaults=defaults,
-                    validate_request=make_validator(defaults, components))
+                    validate_request=make_validator(defaults, components),
+                    caches={GRAPHS: graphs} if graphs is not None else {})
 
 
 COSMOS3 = register_model_spec(

@@ -19,7 +19,7 @@ from omniloop.models.families.flux.validate import make_validator
 from omniloop.models.layers.cuda_graphs import CACHE_NAME as GRAPHS
 from omniloop.models.layers.cuda_graphs import CudaGraphRunner
 from omniloop.models.families.flux.weights import flux_lora_from_kohya, flux_lora_stream, load_flux_transformer
-from omniloop.models.load_options import apply_load_options
+from omniloop.models.load_options import apply_load_options, graph_runner
 from omniloop.models.lora import LoraSupport
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
 from omniloop.models.text.clip import load_clip_encoder
@@ -149,16 +149,6 @@ def build_flux(variant: Variant, index: Mapping[str, Any], components: Mapping[s
                     validate_request=make_validator(defaults, components["sampler"], buckets),
                     caches={GRAPHS: graphs} if graphs is not None else {})
 
-
-def graph_runner(options: LoadOptions) -> CudaGraphRunner | None:
-    """The deployment's CUDA-graph runner, or None (``cuda_graphs`` off). Refused off CUDA:
-    a CPU has no graphs, and a flag that silently does nothing would hide a wrong deployment."""
-    if not options.cuda_graphs:
-        return None
-    if options.device.type != "cuda":
-        raise ValueError(f"cuda_graphs=True needs a CUDA device, and this deployment's device is {str(options.device)!r}; "
-                         "pass cuda_graphs=False (leave out --cuda-graphs) or device='cuda'")
-    return CudaGraphRunner(max_graphs=options.cuda_graph_max_graphs, max_tokens=options.cuda_graph_max_tokens)
 
 
 FLUX = register_model_spec(

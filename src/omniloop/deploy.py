@@ -169,7 +169,7 @@ class DeployConfig(BaseModel):
         from omniloop.parallel.preflight import check_deploy
 
         check_deploy(self.parallel, cfg_mode=self.cfg_mode, attention_backend=self.attention_backend,
-                     quantization=self.quantization, device=self.torch_device())
+                     quantization=self.quantization, device=self.torch_device(), cuda_graphs=self.cuda_graphs)
         return self
 
     @model_validator(mode="after")

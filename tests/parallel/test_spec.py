@@ -64,6 +64,16 @@ def test_ring_needs_a_kernel_that_returns_its_log_sum_exp():
                      device=torch.device("cpu"))
 
 
+def test_sp_and_tp_are_refused_inside_cuda_graphs():
+    """Flux's CUDA-graph path replays captured forwards; collectives inside them are refused."""
+    for flag, fix in (("ulysses=2", "dp=2"), ("tp=2,cfg=2", "dp=2,cfg=2")):
+        with pytest.raises(ValueError, match=rf"cuda_graphs=True replays captured forwards.*parallel='{fix}'"):
+            check_deploy(ParallelSpec.from_flag(flag), cfg_mode="sequential", attention_backend="sdpa",
+                         quantization="none", device=torch.device("cpu"), cuda_graphs=True)
+    check_deploy(ParallelSpec(dp=2), cfg_mode="sequential", attention_backend="sdpa", quantization="none",
+                 device=torch.device("cpu"), cuda_graphs=True)  # rows only: each forward is one rank's own
+
+
 @pytest.mark.parametrize("gpus, spec, message", [
     (0, "sp=2", r"no CUDA GPU is visible: pass device='cpu'"),
     (1, "cfg=2", r"needs 2 GPUs .* and 1 are visible; pass degrees whose product is at most 1, e.g. parallel='dp=1'"),

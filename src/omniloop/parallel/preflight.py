@@ -6,7 +6,7 @@ Two stages, both fail-loud (no silent fallback, design §6.3.4):
 * :func:`check_deploy` — against the deployment alone (``DeployConfig`` runs it when it is
   built): a ``cfg`` axis beside a batched-CFG policy (one owner per axis: the policy stacks
   the branches in one forward, the axis puts them on two ranks), ring attention on a kernel
-  without log-sum-exp, tensor parallelism over FP8 GEMMs, more ranks than GPUs;
+  without log-sum-exp, tensor parallelism over FP8 GEMMs, sp/tp inside CUDA graphs, more ranks than GPUs;
 * :func:`check_model` — against the checkpoint's configs (no weights): a family without a
   parallel plan, ``sp`` on a model whose attention cannot be split, ``tp`` on a family
   without a tensor plan, heads not divisible by ``tp`` x ``ulysses``.
@@ -52,7 +52,7 @@ def model_facts(model: str | Path) -> ModelFacts:
 
 
 def check_deploy(spec: ParallelSpec, *, cfg_mode: str, attention_backend: str, quantization: str,
-                 device: torch.device) -> None:
+                 device: torch.device, cuda_graphs: bool = False) -> None:
     if spec.world == 1:
         return
     problems = []
@@ -73,6 +73,12 @@ def check_deploy(spec: ParallelSpec, *, cfg_mode: str, attention_backend: str, q
             f"tp={spec.tp} shards nn.Linear weights and quantization={quantization!r} replaces them with FP8 "
             f"GEMMs that are not sharded: pass quantization='none', or "
             f"parallel='{spec.with_degrees(tp=1, dp=spec.dp * spec.tp).compact()}'"
+        )
+    if cuda_graphs and (spec.sp > 1 or spec.tp > 1):
+        problems.append(
+            f"cuda_graphs=True replays captured forwards, and the sp/tp collectives (all-to-all, all-reduce) inside "
+            f"them are not captured: pass cuda_graphs=False, or "
+            f"parallel='{spec.with_degrees(ulysses=1, ring=1, tp=1, dp=spec.dp * spec.sp * spec.tp).compact()}'"
         )
     problems += _device_problems(spec, device)
     if problems:

@@ -76,3 +76,11 @@ def test_far_preflight_refuses_sp_and_tp_naming_the_chunk_kv(far_dir):
         check_model(ParallelSpec.from_flag("sp=2"), facts)
     with pytest.raises(ValueError, match=r"tp=2: .*chunk-KV slabs.*parallel='dp=2,cfg=2'"):
         check_model(ParallelSpec.from_flag("cfg=2,tp=2"), facts)
+
+
+
+def test_the_interactive_far_layout_has_the_same_plan():
+    from omniloop.models.families.far.spec import FAR, FAR_MANIFEST
+    from omniloop.parallel.plan import parallel_plan
+
+    assert parallel_plan(FAR_MANIFEST) is parallel_plan(FAR) is not None  # one model, one set of loops

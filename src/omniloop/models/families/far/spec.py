@@ -170,5 +170,6 @@ FAR_MANIFEST = register_model_spec(
         build=build_far_manifest,
         description="FAR causal DiT + Wan VAE in omniloop's manifest layout, MiniLM text encoder, action-conditioned "
         "chunks (the interactive shapes world)",
+        extras={"parallel": FAR_PARALLEL},  # the same loops (a pool refuses live session inputs: Engine.send)
     )
 )

@@ -45,6 +45,8 @@ def parallelize_pipeline(pipeline: Pipeline, plan: ParallelPlan, mesh: ParallelM
     for name in plan.models:
         if name in components:
             parallelize_model(components[name], plan, mesh)
+    if spec.tp > 1 and plan.tp_components is not None:
+        components.update(plan.tp_components(components, spec.tp))
     if spec.vae == "tiles":
         assert plan.vae is not None, "pre-flight refuses vae='tiles' without a VAE plan"
         components[plan.vae.component] = TiledParallelVAE(components[plan.vae.component],

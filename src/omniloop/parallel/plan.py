@@ -44,9 +44,12 @@ class SequencePlan:
 @dataclass(frozen=True)
 class Colwise:
     """``nn.Linear`` sharded by output features. ``chunks``: a fused projection of that many
-    equal parts (q|k|v = 3): each part is sharded, so every rank keeps its heads of each."""
+    equal parts (q|k|v = 3): each part is sharded, so every rank keeps its heads of each.
+    ``parts_from``: the parts are unequal, their relative widths read from the parent
+    module's attributes (Qwen2's GQA q|k|v: ``("num_heads", "num_kv_heads", "num_kv_heads")``)."""
 
     chunks: int = 1
+    parts_from: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,10 @@ class TensorPlan:
 
     rules: tuple[tuple[str, ShardStyle], ...]  # (regex fullmatch over qualified module names, style)
     heads: str  # regex of attention modules whose ``heads`` attribute becomes heads / tp
+    head_attrs: tuple[str, ...] = ("heads",)  # the attributes ``heads`` divides (Qwen2: num_heads, num_kv_heads)
+    # other widths a rank's modules hold 1/tp of: (regex of modules, attribute), e.g. an MLP's
+    # ``intermediate_size`` that splits its fused gate|up output
+    divide: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -99,6 +106,9 @@ class ParallelPlan:
     # forward per step, e.g. Flux's embedded guidance; dp is the rows axis that splits its steps)
     cfg: bool = True
     vae: VAEPlan | None = None
+    # (components, tp) -> the components to replace once the models are tp-sharded: deployment
+    # state shaped by the model's widths (Qwen2: the paged text-KV pool, kv_heads / tp heads)
+    tp_components: Callable[[Mapping[str, Any], int], dict[str, Any]] | None = None
     # axis -> why this family has no part of a plan for it ("sp", "tp", "rows", "cfg", "vae"):
     # the pre-flight refusal names it instead of the generic "no sequence plan" (a family's
     # own reason: FAR's chunk-KV slabs, Qwen2's one-token decode steps)

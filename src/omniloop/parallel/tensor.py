@@ -36,7 +36,7 @@ def _shard(t: torch.Tensor, dim: int, rank: int, size: int, chunks: int | tuple[
 class ColumnParallelLinear(nn.Module):
     """``y_local = x @ W_local^T + b_local``: this rank's output features (of each fused part)."""
 
-    def __init__(self, linear: nn.Linear, rank: int, size: int, chunks: int = 1) -> None:
+    def __init__(self, linear: nn.Linear, rank: int, size: int, chunks: int | tuple[int, ...] = 1) -> None:
         super().__init__()
         self.weight = nn.Parameter(_shard(linear.weight.data, 0, rank, size, chunks), requires_grad=False)
         bias = linear.bias
@@ -82,10 +82,12 @@ class HeadShardedRMSNorm(nn.Module):
         return out if self.weight is None else out * self.weight
 
 
-def _replacement(module: nn.Module, style: ShardStyle, rank: int, size: int, group: Any) -> nn.Module:
+def _replacement(module: nn.Module, style: ShardStyle, rank: int, size: int, group: Any,
+                 parent: nn.Module) -> nn.Module:
     if isinstance(style, Colwise):
         assert isinstance(module, nn.Linear), f"Colwise needs nn.Linear, got {type(module).__name__}"
-        return ColumnParallelLinear(module, rank, size, style.chunks)
+        chunks = tuple(int(getattr(parent, a)) for a in style.parts_from) if style.parts_from else style.chunks
+        return ColumnParallelLinear(module, rank, size, chunks)
     if isinstance(style, Rowwise):
         assert isinstance(module, nn.Linear), f"Rowwise needs nn.Linear, got {type(module).__name__}"
         return RowParallelLinear(module, rank, size, group, style.parts)
@@ -106,10 +108,13 @@ def apply_tensor_parallel(model: nn.Module, plan: TensorPlan, group: Any) -> int
     for name, module, style in targets:
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, attr, _replacement(module, style, rank, size, group))
-    heads = re.compile(plan.heads)
+        setattr(parent, attr, _replacement(module, style, rank, size, group, parent))
+    widths = [(re.compile(plan.heads), attr) for attr in plan.head_attrs]
+    widths += [(re.compile(pattern), attr) for pattern, attr in plan.divide]
     for name, module in model.named_modules():
-        if heads.fullmatch(name):
-            assert module.heads % size == 0, f"{name}: {module.heads} heads do not split over tp={size}"
-            module.heads //= size
+        for regex, attr in widths:
+            if regex.fullmatch(name):
+                value = getattr(module, attr)
+                assert value % size == 0, f"{name}.{attr} = {value} does not split over tp={size}"
+                setattr(module, attr, value // size)
     return len(targets)

@@ -6,8 +6,9 @@ segments of unequal lengths; a window of the joint tokens cuts through samples),
 sample, and on two samples of one size (the uniform path): Ulysses is bit-identical (each
 rank runs the same per-sample kernel on whole heads after the all-to-all); tp differs by
 float32 reassociation of the all-reduced partial sums (measured max |diff| ~3e-7 on outputs
-~1; TOL 2e-6). Through the pool (``VideoGenerator(parallel=...)``), sp=2 and tp=2 latents match
-within 1e-5 and dp=2 splits a batched step of two requests of different sizes across the ranks.
+~1; TOL 2e-6). Through the pool (``VideoGenerator(parallel=...)``): sp=2 latents bit for bit,
+tp=2 within 1e-5 (measured 3.6e-7 on latents ~3), and dp=2 splits a batched step of two requests
+of different sizes across the ranks (measured 4.8e-7 vs the one-process batched step; TOL 1e-5).
 """
 
 from __future__ import annotations
@@ -112,7 +113,10 @@ def test_flux_through_the_pool_equals_one_process(flux_dir, one_process, spec):
         if spec != "dp=2":
             out = gen.generate(_request())
             assert out.status.value == "completed", out.error
-            assert (out.artifacts["latents"].latents - solo).abs().max().item() < 1e-5
+            got = out.artifacts["latents"].latents
+            if spec == "sp=2":
+                assert torch.equal(got, solo)  # Ulysses: bitwise through the whole loop too
+            assert (got - solo).abs().max().item() < 1e-5
             return
         engine = gen.engine
         with torch.inference_mode():

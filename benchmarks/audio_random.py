@@ -17,6 +17,7 @@ models have small ones.
 from __future__ import annotations
 
 import torch
+from common import built_in  # benchmarks/ is on sys.path: the benches import this file
 
 from omniloop.models.families.ltx2 import presets as LP
 from omniloop.models.families.ltx2 import weights as LW
@@ -42,17 +43,6 @@ def _shrink_outputs(module: torch.nn.Module, factor: float = 0.1) -> None:
         for name, p in module.named_parameters():
             if name.endswith(OUTPUT_LAYERS):
                 p.mul_(factor)
-
-
-def _built(device: torch.device, dtype: torch.dtype, make):
-    """``make()`` with parameters created on ``device`` in ``dtype`` (no fp32 host copy)."""
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            return make().eval().requires_grad_(False)
-    finally:
-        torch.set_default_dtype(default)
 
 
 def _t5_tokenizer(max_length: int):
@@ -103,11 +93,11 @@ def random_stable_audio(size: str, options: LoadOptions):
     dev, dtype = options.device, options.dtype
     tokenizer = _t5_tokenizer(tokens)
     torch.manual_seed(0)
-    t5 = _built(dev, dtype, lambda: T5EncoderModel(T5Config(vocab_size=len(tokenizer), dropout_rate=0.0, **t5_cfg)))
-    dit = _built(dev, dtype, lambda: StableAudioDiTModel(**dit_cfg))
+    t5 = built_in(dev, dtype, lambda: T5EncoderModel(T5Config(vocab_size=len(tokenizer), dropout_rate=0.0, **t5_cfg)))
+    dit = built_in(dev, dtype, lambda: StableAudioDiTModel(**dit_cfg))
     _shrink_outputs(dit)
-    vae = _built(dev, dtype, lambda: AutoencoderOobleck(**vae_cfg))
-    projection = _built(dev, dtype, lambda: StableAudioProjectionModel(**proj_cfg))
+    vae = built_in(dev, dtype, lambda: AutoencoderOobleck(**vae_cfg))
+    projection = built_in(dev, dtype, lambda: StableAudioProjectionModel(**proj_cfg))
     scheduler = CosineDPMSolverMultistepScheduler(**SP.SAO_SCHEDULER)
     ref = StableAudioPipeline(vae=vae, text_encoder=t5, projection_model=projection, tokenizer=tokenizer,
                               transformer=dit, scheduler=scheduler)
@@ -173,13 +163,13 @@ def random_ltx2(size: str, options: LoadOptions):
     dev, dtype = options.device, options.dtype
     tokenizer = _gemma_tokenizer(tokens)
     torch.manual_seed(0)
-    gemma = _built(dev, dtype, lambda: _gemma(len(tokenizer), gemma_cfg))
-    dit = _built(dev, dtype, lambda: LTX2VideoTransformer3DModel(**dit_cfg))
+    gemma = built_in(dev, dtype, lambda: _gemma(len(tokenizer), gemma_cfg))
+    dit = built_in(dev, dtype, lambda: LTX2VideoTransformer3DModel(**dit_cfg))
     _shrink_outputs(dit)
-    connectors = _built(dev, dtype, lambda: LTX2TextConnectors(**conn_cfg))
-    vae = _built(dev, dtype, lambda: AutoencoderKLLTX2Video(**vae_cfg))
-    audio_vae = _built(dev, dtype, lambda: AutoencoderKLLTX2Audio(**audio_cfg))
-    vocoder = _built(dev, dtype, lambda: LTX2Vocoder(**voc_cfg))
+    connectors = built_in(dev, dtype, lambda: LTX2TextConnectors(**conn_cfg))
+    vae = built_in(dev, dtype, lambda: AutoencoderKLLTX2Video(**vae_cfg))
+    audio_vae = built_in(dev, dtype, lambda: AutoencoderKLLTX2Audio(**audio_cfg))
+    vocoder = built_in(dev, dtype, lambda: LTX2Vocoder(**voc_cfg))
     scheduler = FlowMatchEulerDiscreteScheduler(**LP.LTX2_SCHEDULER)
     ref = LTX2Pipeline(scheduler=scheduler, vae=vae, audio_vae=audio_vae, text_encoder=gemma, tokenizer=tokenizer,
                        connectors=connectors, transformer=dit, vocoder=vocoder)

@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import emit  # noqa: E402
+from common import built_in, emit  # noqa: E402
 from omniloop.models.families.wan.presets import WAN21_T2V_1_3B, WAN21_T2V_14B  # noqa: E402
 
 AXES = ("ulysses", "ring", "cfg", "tp")
@@ -42,13 +42,7 @@ def _build_dit(arch: dict, device: torch.device, dtype: torch.dtype):
     from omniloop.models.families.wan.model import WanDiT, WanDiTConfig, keeps_fp32
 
     torch.manual_seed(0)
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            model = WanDiT(WanDiTConfig(**arch)).eval().requires_grad_(False)
-    finally:
-        torch.set_default_dtype(before)
+    model = built_in(device, dtype, lambda: WanDiT(WanDiTConfig(**arch)))
     for name, p in model.named_parameters():
         if keeps_fp32(name):
             p.data = p.data.float()

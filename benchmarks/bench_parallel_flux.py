@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_parallel import _timed  # noqa: E402
-from common import emit  # noqa: E402
+from common import built_in, emit  # noqa: E402
 from omniloop.models.families.flux.presets import FLUX1_DEV  # noqa: E402
 
 AXES = ("ulysses", "tp")
@@ -35,13 +35,7 @@ def _build(arch: dict, device: torch.device, dtype: torch.dtype):
     from omniloop.models.families.flux.model import FluxConfig, FluxTransformer
 
     torch.manual_seed(0)
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            return FluxTransformer(FluxConfig(**arch)).eval().requires_grad_(False)
-    finally:
-        torch.set_default_dtype(before)
+    return built_in(device, dtype, lambda: FluxTransformer(FluxConfig(**arch)))
 
 
 def _inputs(arch: dict, sizes, text_len: int, device, dtype):

@@ -1,4 +1,4 @@
-"""Helpers every benchmark shares: JSON-lines output and timing."""
+"""Helpers every benchmark shares: JSON-lines output, timing, and random modules built in place."""
 
 from __future__ import annotations
 
@@ -65,3 +65,15 @@ def profile_top(fn: Callable[[], object], *, cuda: bool, steps: int = 2, top: in
     return [{"kernel": e.key[:120], "ms_per_call": round(getattr(e, attr, 0.0) / steps / 1e3, 3),
              "launches_per_call": round(e.count / steps, 2), "share": round(getattr(e, attr, 0.0) / steps / 1e3 / total, 4)}
             for e in rows]
+
+
+def built_in(device: torch.device, dtype: torch.dtype, make: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+    """``make()`` with its parameters created on ``device`` in ``dtype`` (no fp32 host copy of a
+    large random model), in eval mode without gradients."""
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            return make().eval().requires_grad_(False)
+    finally:
+        torch.set_default_dtype(default)

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from omniloop.io.audio import AUDIO_FORMATS, MEDIA_TYPES, check_rate
 from omniloop.request import DiffusionParams, Modality, OmniRequest, OutputSpec, RequestStatus, TaskType, TextPart
 from omniloop.serve.body import read_body
-from omniloop.serve.errors import ApiError, validation_error
+from omniloop.serve.errors import ApiError, parse_body, validation_error
 from omniloop.serve.jobs import Geometry, Job, JobKind, output_response, read_output
 from omniloop.serve.protocol import derived_field
 from omniloop.serve.state import State, new_id, require_auth
@@ -90,10 +90,7 @@ async def create_speech(request: Request, state: State) -> Response:
     with state.counting_rejections("audio"):
         state.check_accepting()
         fields, _ = await read_body(request, state.config.max_upload_bytes)
-        try:
-            wire = SpeechRequest.model_validate(fields)
-        except ValidationError as e:
-            raise validation_error(e) from None
+        wire = parse_body(SpeechRequest, fields)
         job_id = new_id("audio")
         omni = speech_request(wire, job_id, state)
         seconds = omni.diffusion.duration_s

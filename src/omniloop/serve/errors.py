@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 
 from omniloop.engine import EngineDeadError, LimitExceeded, QueueFull, RequestRejected, UnknownRequest
@@ -47,6 +48,17 @@ def validation_error(error: ValidationError | RequestValidationError, prefix: st
                  (("body",), ("query",), ("path",), ("header",)) else i for i in items]
     param, message = describe_validation(items, prefix=prefix)
     return ApiError(400, message, param=param, code="invalid_value")
+
+
+_Body = TypeVar("_Body", bound=BaseModel)
+
+
+def parse_body(model: type[_Body], data: Any) -> _Body:
+    """``model`` validated from a request body; a 400 naming every bad field otherwise."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise validation_error(e) from None
 
 
 def api_error(error: Exception, names: Mapping[str, str] | None = None) -> ApiError:

@@ -14,11 +14,10 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
-from pydantic import ValidationError
 
 from omniloop.request import OmniRequest, RequestStatus
 from omniloop.serve.body import read_body
-from omniloop.serve.errors import ApiError, validation_error
+from omniloop.serve.errors import ApiError, parse_body
 from omniloop.serve.jobs import Geometry, Job, JobKind, output_response, read_output
 from omniloop.serve.protocol import ImageData, ImageEditRequest, ImageGenerationRequest, ImagesResponse
 from omniloop.serve.state import ServeState, State, new_id, require_auth
@@ -33,10 +32,7 @@ async def generate_images(request: Request, state: State) -> ImagesResponse:
     with state.counting_rejections("image"):
         state.check_accepting()
         fields, _ = await read_body(request, state.config.max_upload_bytes)
-        try:
-            wire = ImageGenerationRequest.model_validate(fields)
-        except ValidationError as e:
-            raise validation_error(e) from None
+        wire = parse_body(ImageGenerationRequest, fields)
         model = state.served(wire.model)
         ids = [new_id("img") for _ in range(wire.n)]
         requests, call = openai_images(wire, ids, model)
@@ -54,10 +50,7 @@ async def edit_images(request: Request, state: State) -> ImagesResponse:
         image, mask = _one_upload(files, "image"), _one_upload(files, "mask")
         if isinstance(fields.get("loras"), str):  # a multipart form carries the list as JSON text
             fields["loras"] = _json_field(fields["loras"], "loras")
-        try:
-            wire = ImageEditRequest.model_validate(fields)
-        except ValidationError as e:
-            raise validation_error(e) from None
+        wire = parse_body(ImageEditRequest, fields)
         model = state.served(wire.model)
         ids = [new_id("img") for _ in range(wire.n)]
         requests, call = openai_image_edit(wire, ids, model, image=image, mask=mask)

@@ -34,7 +34,7 @@ from omniloop.io.fmp4 import MIME, FragmentedMP4Stream
 from omniloop.pipeline.loops.chunk import Flush
 from omniloop.request import (ActionPart, ArtifactEvent, DiffusionParams, FinalEvent, OmniRequest, OutputSpec,
                               RequestStatus, TaskType, TextPart, VideoChunkArtifact)
-from omniloop.serve.errors import ApiError, api_error, validation_error
+from omniloop.serve.errors import ApiError, api_error, parse_body, validation_error
 from omniloop.serve.state import ServeState, State, check_auth, get_state, new_id, require_auth
 from omniloop.serve.wire import ServedModel
 
@@ -333,11 +333,10 @@ async def create_session(request: Request, state: State) -> SessionObject:
     """One T2V session of the served model; 429 beyond ``max_sessions`` live ones."""
     state.check_accepting()
     try:
-        body = SessionCreate.model_validate(await request.json())
-    except ValidationError as e:
-        raise validation_error(e) from None
+        data = await request.json()
     except ValueError:
         raise ApiError(400, "the body must be a JSON object like {\"prompt\": \"...\"}", code="invalid_json") from None
+    body = parse_body(SessionCreate, data)
     mgr = manager(state)
     return session_object(mgr, await mgr.create(body))
 

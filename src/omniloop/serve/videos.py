@@ -8,10 +8,9 @@ from typing import Literal
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
-from pydantic import ValidationError
 
 from omniloop.serve.body import read_body
-from omniloop.serve.errors import ApiError, validation_error
+from omniloop.serve.errors import ApiError, parse_body
 from omniloop.serve.jobs import Geometry, Job, JobKind, JobStore, output_response
 from omniloop.serve.protocol import JobError, VideoCreateRequest, VideoDeleted, VideoList, VideoObject
 from omniloop.serve.state import State, new_id, require_auth
@@ -42,10 +41,7 @@ async def create_video(request: Request, state: State) -> VideoObject:
     with state.counting_rejections("video"):
         state.check_accepting()
         fields, files = await read_body(request, state.config.max_upload_bytes, file_fields=("input_reference",))
-        try:
-            wire = VideoCreateRequest.model_validate(fields)
-        except ValidationError as e:
-            raise validation_error(e) from None
+        wire = parse_body(VideoCreateRequest, fields)
         job_id = new_id("video")
         model = state.served(wire.model)
         omni, call = openai_video(wire, job_id, model, upload=files.get("input_reference"))

@@ -112,7 +112,8 @@ def build(args, device, dtype):
     built = build_cosmos3(cosmos3_variant({"_class_name": "Cosmos3OmniPipeline"}), {}, components, options)
     # random weights: no EOS, every request runs its max_tokens
     return Pipeline(spec=built.spec, components=built.components, device=built.device, dtype=built.dtype,
-                    defaults={**built.defaults, "eos_token_ids": ()}, validate_request=built.validate_request)
+                    defaults={**built.defaults, "eos_token_ids": ()}, validate_request=built.validate_request,
+                    caches=built.caches)  # the CUDA-graph runner (cuda_graphs=True) lives there
 
 
 def chat(rid: str, words: int, max_tokens: int) -> OmniRequest:
@@ -170,29 +171,42 @@ def run(pipeline, requests, *, arrivals=None, **policy):
 
 
 def bench_decode(pipeline, args, base, sink):
+    """Paged decode vs re-prefill at every batch for the default prompt, and at batch 1 for the
+    longer prompts of ``--long-prompt-words`` (a re-prefill's cost grows with the context, a
+    paged decode step's barely: the ratio is a function of the context length)."""
+    cases = [(b, args.prompt_words) for b in args.batches] + [(1, w) for w in args.long_prompt_words]
+    for batch, words in cases:
+        bench_decode_case(pipeline, args, base, sink, batch, words)
+
+
+def bench_decode_case(pipeline, args, base, sink, batch: int, words: int):
     model = pipeline.components["transformer"]
     device = pipeline.device
-    for batch in args.batches:
-        requests = [chat(f"c{i}", args.prompt_words, args.max_tokens) for i in range(batch)]
-        run(pipeline, [chat("warm", args.prompt_words, 4)], max_batch=batch, max_running=batch)
-        _, (secs, tokens, _), _ = run(pipeline, requests, max_batch=batch, max_running=batch)
-        paged = tokens / secs
-        chat_prompt = len(chat_ids(pipeline.components["tokenizer"], chat_messages(requests[0])))
-        # the baseline: each new token re-runs the whole context through the model (no KV),
-        # from the same context length the paged run starts from
-        ids = torch.randint(0, model.config.vocab_size, (batch, chat_prompt), device=device)
-        model.lm_logits(model.forward_text(ids)[:, -1:])  # warm
+    requests = [chat(f"c{i}", words, args.max_tokens) for i in range(batch)]
+    # both sides warm on their own timed workload first: every context length the timed run
+    # meets has been seen once (a fresh length's first forward pays one-time costs: allocator
+    # segments, kernel selection, graph captures), as in a server that has run a while
+    run(pipeline, [chat(f"w{i}", words, args.max_tokens) for i in range(batch)], max_batch=batch,
+        max_running=batch)
+    _, (secs, tokens, _), _ = run(pipeline, requests, max_batch=batch, max_running=batch)
+    paged = tokens / secs
+    chat_prompt = len(chat_ids(pipeline.components["tokenizer"], chat_messages(requests[0])))
+    # the baseline: each new token re-runs the whole context through the model (no KV),
+    # from the same context length the paged run starts from
+    prompt = torch.randint(0, model.config.vocab_size, (batch, chat_prompt), device=device)
+    for attempt in ("warm", "timed"):
+        ids = prompt
         sync(device)
         t0 = time.perf_counter()
         for _ in range(args.reprefill_tokens):
             nxt = model.lm_logits(model.forward_text(ids)[:, -1:]).argmax(-1)  # [B, 1]
             ids = torch.cat([ids, nxt], dim=1)
         sync(device)
-        reprefill = batch * args.reprefill_tokens / (time.perf_counter() - t0)
-        emit({**base, "bench": "reasoner_decode", "batch": batch, "prompt_tokens": chat_prompt,
-              "reprefill_prompt_tokens": chat_prompt, "reprefill_tokens": args.reprefill_tokens,
-              "max_tokens": args.max_tokens, "paged_tokens_per_s": round(paged, 1),
-              "reprefill_tokens_per_s": round(reprefill, 1), "speedup": round(paged / reprefill, 1)}, sink)
+    reprefill = batch * args.reprefill_tokens / (time.perf_counter() - t0)
+    emit({**base, "bench": "reasoner_decode", "batch": batch, "prompt_tokens": chat_prompt,
+          "reprefill_prompt_tokens": chat_prompt, "reprefill_tokens": args.reprefill_tokens,
+          "max_tokens": args.max_tokens, "paged_tokens_per_s": round(paged, 1),
+          "reprefill_tokens_per_s": round(reprefill, 1), "speedup": round(paged / reprefill, 1)}, sink)
 
 
 class OpCounter(TorchDispatchMode):
@@ -264,9 +278,12 @@ def bench_decode_step(pipeline, args, base, sink):
         with OpCounter() as counter:
             engine.step()
         context = engine._requests["s0"].loop.context_len
-        ms, fwd = 1e3 * statistics.median(step_s), 1e3 * statistics.median(forward_s)
+        ms = 1e3 * statistics.median(step_s)
+        # replayed CUDA graphs never call forward_text: no forward share to report
+        fwd = 1e3 * statistics.median(forward_s) if forward_s else None
         emit({**base, "bench": "reasoner_decode_step", "batch": batch, "context_tokens": context,
-              "ms_per_step": round(ms, 2), "forward_ms": round(fwd, 2), "outside_forward_ms": round(ms - fwd, 2),
+              "ms_per_step": round(ms, 2), "forward_ms": None if fwd is None else round(fwd, 2),
+              "outside_forward_ms": None if fwd is None else round(ms - fwd, 2),
               "tokens_per_s": round(batch / (ms / 1e3), 1), "ops_per_step": sum(counter.ops.values()),
               "layers": model.config.num_hidden_layers,
               "host_syncs_per_step": counter.syncs,
@@ -351,6 +368,29 @@ def bench_decode_gap(pipeline, args, base, sink):
                   "first_step_ms": round(eng[0], 2), "slowest_step": slowest, "slowest_step_ms": round(eng[slowest], 2),
                   "slowest_step_model_ms": round(mod[slowest], 2),
                   "tokens_per_s": round(batch * len(eng) / (sum(eng) / 1e3), 1)}, sink)
+        bench_decode_profile(pipeline, args, base, sink, batch)
+
+
+def bench_decode_profile(pipeline, args, base, sink, batch: int, top: int = 15) -> None:
+    """The same workload once more under cProfile: the host functions with the most own time
+    (ms per decode step, calls per step), to name what the engine spends outside the model.
+    cProfile slows Python calls, so this row's times are relative, not figures."""
+    import cProfile
+    import pstats
+
+    requests = [chat(f"p{i}", args.prompt_words, args.max_tokens) for i in range(batch)]
+    prof = cProfile.Profile()
+    prof.enable()
+    steps = decode_step_times(pipeline, requests, batch)
+    prof.disable()
+    n = max(1, len(steps))
+    stats = pstats.Stats(prof).stats  # {(file, line, func): (cc, nc, tottime, cumtime, callers)}
+    rows = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:top]
+    emit({**base, "bench": "reasoner_decode_profile", "batch": batch, "decode_steps": len(steps),
+          "engine_ms_mean": round(1e3 * statistics.mean(e for e, _ in steps), 2) if steps else None,
+          "top_own_ms_per_step": [{"fn": f"{Path(f).name}:{line}:{fn}", "own_ms": round(1e3 * st[2] / n, 3),
+                                   "cum_ms": round(1e3 * st[3] / n, 3), "calls": round(st[1] / n, 1)}
+                                  for (f, line, fn), st in rows]}, sink)
 
 
 def bench_concurrent(pipeline, args, base, sink):
@@ -414,7 +454,10 @@ def main(argv=None) -> int:
     p.add_argument("--only", default="decode,concurrent,mixed,resident")
     p.add_argument("--out", default=None)
     p.add_argument("--cuda-graphs", action="store_true", help="the reasoner's decode steps replay CUDA graphs")
+    p.add_argument("--long-prompt-words", default="", help="comma list: decode vs re-prefill at batch 1 for these "
+                   "longer prompts too (words; ~2.7 tokens each)")
     args = p.parse_args(argv)
+    args.long_prompt_words = [int(w) for w in args.long_prompt_words.split(",") if w]
     cuda = torch.cuda.is_available() and not args.tiny
     if not cuda:
         args.tiny = True

@@ -10,8 +10,10 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("batch", [1, 3])
-def test_graph_decode_tokens_equal_eager(batch):
+@pytest.mark.parametrize("batch,words", [(1, 20), (3, 20), (1, 800)])
+def test_graph_decode_tokens_equal_eager(batch, words):
+    """words=800: a ~2,100-token context (a 4,096-key bucket), where the graph's attention takes
+    the few-rows matmul path (``attention.few_rows_attention``)."""
     import argparse
     import sys
     from pathlib import Path
@@ -27,7 +29,7 @@ def test_graph_decode_tokens_equal_eager(batch):
         pipeline = B.build(args, device, torch.float32)
         engine = Engine(pipeline, EngineConfig(policy=SchedulingPolicy(max_batch=batch, max_running=batch)))
         for i in range(batch):
-            engine.add_request(B.chat(f"r{i}", 20 + 7 * i, 40))  # ~100-130 tokens: crosses 8 blocks (128)
+            engine.add_request(B.chat(f"r{i}", words + 7 * i, 40))  # ~100-130 tokens: crosses 8 blocks (128)
         done = {}
         while engine.has_unfinished():
             for o in engine.step():

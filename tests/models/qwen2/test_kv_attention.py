@@ -103,3 +103,24 @@ def test_three_argument_backends_still_serve_unmasked_calls():
         assert attention(x, x, x, "test_three_args") is x and calls == [x.shape]
     finally:
         del registry._BACKENDS["test_three_args"]
+
+
+def test_one_query_gqa_decode_folds_heads_and_matches_the_repeated_heads():
+    """A decode call (one query a row, a per-row mask, grouped K/V heads) folds each group's query
+    heads into query positions of its K/V head instead of repeating K/V; the long-context,
+    few-rows variant (two matmuls) gives the same attention."""
+    from omniloop.models.layers.attention import _decode_gqa, _one_query_mask, few_rows_attention
+
+    g = torch.Generator().manual_seed(1)
+    q, k, v = torch.randn(3, 1, 8, 16, generator=g), torch.randn(3, 37, 2, 16, generator=g), torch.randn(3, 37, 2, 16, generator=g)
+    mask = torch.rand(3, 1, 1, 37, generator=g) > 0.4
+    mask[..., 0] = True  # every row sees a key
+    k_rep, v_rep = k.repeat_interleave(4, dim=2), v.repeat_interleave(4, dim=2)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k_rep) * 16 ** -0.5
+    ref = torch.einsum("bhqk,bkhd->bqhd", scores.masked_fill(~mask, float("-inf")).softmax(-1), v_rep)
+    assert _one_query_mask(q, mask) and not _one_query_mask(q, mask.expand(3, 8, 1, 37))
+    out = attention(q, k, v, "sdpa", mask=mask)  # takes the fold
+    assert torch.allclose(out, _decode_gqa(q, k, v, mask)) and torch.allclose(out, ref, atol=1e-6)  # measured 2.4e-7
+    qg = q.reshape(3, 2, 4, 16)
+    few = few_rows_attention(qg, k.transpose(1, 2), v.transpose(1, 2), mask).reshape(3, 1, 8, 16)
+    assert torch.allclose(few, ref, atol=1e-6)

@@ -116,6 +116,8 @@ def _sdpa(
     is_causal = causal and mask is None and square
     attn_mask = None if is_causal else _full_mask(q, k, mask, causal)
     gqa = k.shape[2] != q.shape[2]
+    if gqa and attn_mask is not None and _one_query_mask(q, attn_mask):
+        return _decode_gqa(q, k, v, attn_mask)
     if gqa and attn_mask is not None:  # enable_gqa with a mask leaves only the math kernel: repeat K/V heads
         k, v = (t.repeat_interleave(q.shape[2] // k.shape[2], dim=2) for t in (k, v))
         gqa = False
@@ -124,6 +126,44 @@ def _sdpa(
         enable_gqa=gqa,
     )
     return out.transpose(1, 2)
+
+
+def _one_query_mask(q: torch.Tensor, mask: torch.Tensor) -> bool:
+    """A decode step's call: one query per row and a mask shared by every head of a row."""
+    return q.shape[1] == 1 and (mask.dim() < 3 or (mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[2] == 1))
+
+
+def _decode_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """One query a row over grouped K/V heads: the ``G`` query heads that share a K/V head become
+    ``G`` query positions of it (``[B, 1, H, D] -> [B, H_kv, G, D]``), so the masked kernel reads
+    each K/V head once instead of ``G`` repeated copies (what ``repeat_interleave`` would write:
+    ``G`` times the context's K/V bytes a layer). The same dot products, softmax rows and mask."""
+    b, _, h, d = q.shape
+    hk = k.shape[2]
+    qg = q.reshape(b, hk, h // hk, d)  # query head j*G + g uses K/V head j (repeat_interleave's order)
+    m = mask.reshape(b if mask.dim() == 4 else 1, 1, 1, mask.shape[-1])  # [B|1, 1, 1, Lk]: every head, every g
+    kt, vt = k.transpose(1, 2), v.transpose(1, 2)  # [B, H_kv, Lk, D]
+    if q.is_cuda and kt.shape[2] >= LONG_DECODE_KEYS and b * hk < FEW_DECODE_ROWS:
+        out = few_rows_attention(qg, kt, vt, m)
+    else:
+        out = F.scaled_dot_product_attention(qg, kt, vt, attn_mask=m)  # [B, H_kv, G, D]
+    return out.reshape(b, 1, h, d)
+
+
+# A masked SDPA kernel parallelises over (batch x heads x query blocks): a batch-1 decode over
+# a long context gives it 8 work items for 132 SMs (on the H200, 4,178 context tokens: 14 ms a
+# step vs 8 ms at 538). Two matmuls parallelise over the keys instead.
+LONG_DECODE_KEYS = 2048
+FEW_DECODE_ROWS = 64  # batch x K/V heads below this
+
+
+def few_rows_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``q [B, H, Lq, D]`` over ``k, v [B, H, Lk, D]`` with a bool ``mask`` broadcasting to
+    ``[B, H, Lq, Lk]``, as two matmuls (scores and softmax in fp32): for few query rows over
+    many keys. Every query row must see at least one key."""
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * q.shape[-1] ** -0.5  # [B, H, Lq, Lk]
+    probs = scores.masked_fill(~mask, float("-inf")).softmax(-1)
+    return torch.matmul(probs.to(v.dtype), v)
 
 
 @register_attention_backend("sdpa_cudnn")

@@ -8,6 +8,8 @@
     python scripts/train_interactive.py train --tiny --out /tmp/interactive
     # put an exported model into the package (its manifest gets the file records)
     python scripts/train_interactive.py install /path/to/interactive
+    # action accuracy of the installed model on the CPU at each guidance scale (JSON lines)
+    python scripts/train_interactive.py evaluate --sessions 128 --seed 3 --guidance 1,2
 
 Every line printed is JSON. ``train`` writes ``<out>/model/`` (``transformer/`` +
 ``omniloop_model.json``: the model folder to ship; it reads the shapes VAE at
@@ -18,6 +20,7 @@ action accuracy) and ``<out>/result.json`` (both recipes, loss histories, action
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 import shutil
@@ -31,6 +34,7 @@ import torch
 
 from omniloop.eval.shapes_actions import sample_action_clip
 from omniloop.models.autoencoders.wan_vae import load_wan_vae
+from omniloop.models.families.far.weights import load_far_dit
 from omniloop.models.families.wan.weights import load_wan_dit
 from omniloop.models.loader import BUILTIN_DIR
 from omniloop.models.manifest import file_record, read_manifest, write_manifest
@@ -43,6 +47,9 @@ from omniloop.train.recipes.rollout import build_pipeline
 
 NAME = "shapes-interactive"
 VAE_DIR = "../shapes-t2v/vae"  # shared with the shapes-t2v models
+# served with CFG: on 64 held-out CPU sessions of the 2026-12-02 student, 82.0% action accuracy
+# at scale 2 vs 71.1% without (docs/training.md)
+SERVED_GUIDANCE = 2.0
 
 
 def emit(obj) -> None:
@@ -60,7 +67,9 @@ def recipe_for(args) -> tuple[InteractiveRecipe, StudentRecipe]:
                                 log_every=min(5, s_steps), held_out=2, check_every=5, teacher_steps=teacher.sample_steps,
                                 shift=teacher.sample_shift)
         return teacher, student
-    teacher = InteractiveRecipe(steps=args.steps or InteractiveRecipe.steps)
+    teacher = InteractiveRecipe(steps=args.steps or InteractiveRecipe.steps,
+                                batch_size=args.batch_size or InteractiveRecipe.batch_size,
+                                clips=args.clips or InteractiveRecipe.clips)
     student = StudentRecipe(steps=args.student_steps or StudentRecipe.steps, teacher_steps=teacher.sample_steps,
                             shift=teacher.sample_shift, sample_steps=args.student_sample_steps)
     return teacher, student
@@ -92,8 +101,11 @@ def cmd_train(args) -> int:
     clips = [sample_action_clip(rng, recipe.chunks) for _ in range(recipe.clips)]
     data = encode_clips(clips, vae, text, size=recipe.size, device=device, batch=64 if cuda else 8)
     emit({"stage": "data", "clips": len(data), "latents": list(data.latents.shape), "seconds": time.perf_counter() - t0})
-    wan = load_wan_dit(BUILTIN_DIR / "shapes-t2v" / "transformer", dtype=torch.float32)
-    model = far_from_wan(wan, far_config(dataclasses.asdict(wan.config)))
+    if args.init_teacher:  # resume: a teacher this script saved (<out>/teacher/transformer)
+        model = load_far_dit(Path(args.init_teacher), dtype=torch.float32)
+    else:
+        wan = load_wan_dit(BUILTIN_DIR / "shapes-t2v" / "transformer", dtype=torch.float32)
+        model = far_from_wan(wan, far_config(dataclasses.asdict(wan.config)))
     manifest = partial(interactive_manifest, NAME, vae_subfolder=VAE_DIR, size=recipe.size, shift=recipe.sample_shift,
                        fps=8, max_sequence_length=32)
     serve_dtype = torch.bfloat16 if cuda else torch.float32
@@ -102,6 +114,9 @@ def cmd_train(args) -> int:
                         validate=validate, deadline=teacher_deadline)
     teacher_val = _last_validation(result)
     del data
+    # the teacher too (not shipped): a later run resumes from it (--init-teacher)
+    save_far_dit(copy.deepcopy(ema).cpu(), out / "teacher" / "transformer", dtype=torch.bfloat16,
+                 max_shard_bytes=12 << 20)
 
     s0 = time.perf_counter()
     student_deadline = s0 + student_s if args.max_minutes else None
@@ -127,7 +142,7 @@ def cmd_train(args) -> int:
     provenance = {
         "recipe": "omniloop.train.recipes.interactive (teacher) + interactive_student (student) via "
                   "scripts/train_interactive.py",
-        "init": "shapes-t2v transformer", "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "init": f"teacher {args.init_teacher}" if args.init_teacher else "shapes-t2v transformer", "device": torch.cuda.get_device_name() if cuda else "cpu",
         "teacher": {"steps": result.steps, "clips": recipe.clips, "sample_steps": recipe.sample_steps,
                     "seconds": round(result.seconds, 1), "validation": {k: teacher_val.get(k) for k in keys}},
         "student": {"steps": sresult.steps, "selected_step": student_val.get("selected_step"),
@@ -146,7 +161,7 @@ def cmd_train(args) -> int:
           "student_accuracy": student_val.get("action_accuracy"), "student_steps": srecipe.sample_steps,
           "bytes": sum(r.bytes for r in files.values()), "seconds": time.perf_counter() - t0})
     if args.install:  # e.g. on the GPU machine, to benchmark the model right after (its copy of the tree)
-        install(model_dir, BUILTIN_DIR)
+        install(model_dir, BUILTIN_DIR, guidance_scale=SERVED_GUIDANCE)
     return 0
 
 
@@ -155,10 +170,12 @@ def _last_validation(result) -> dict:
 
 
 def cmd_install(args) -> int:
-    return install(Path(args.src), Path(args.builtin))
+    return install(Path(args.src), Path(args.builtin), guidance_scale=args.guidance_scale)
 
 
-def install(src: Path, builtin: Path) -> int:
+def install(src: Path, builtin: Path, *, guidance_scale: float | None = None) -> int:
+    """Copy an export into ``builtin``; ``guidance_scale``: the served default (the export's is
+    1.0, how its validation ran; the teacher trained with 10% empty prompts, so CFG is there)."""
     src = src / "model" if (src / "model").is_dir() else src
     dest = builtin / NAME
     manifest = read_manifest(src)  # a model folder: its manifest parses
@@ -167,13 +184,43 @@ def install(src: Path, builtin: Path) -> int:
     shutil.copytree(src / "transformer", dest / "transformer")
     rels = [*_transformer_files(dest), f"{VAE_DIR}/config.json", f"{VAE_DIR}/diffusion_pytorch_model.safetensors"]
     files = {rel: file_record((dest / rel).resolve()) for rel in rels}
-    write_manifest(dest, manifest.model_copy(update={"files": files}))
+    update: dict = {"files": files}
+    if guidance_scale is not None:
+        update["defaults"] = {**manifest.defaults, "guidance_scale": guidance_scale}
+    write_manifest(dest, manifest.model_copy(update=update))
     emit({"installed": str(dest), "bytes": sum(r.bytes for k, r in files.items() if k.startswith("transformer/"))})
     return 0
 
 
 def _transformer_files(model_dir: Path) -> list[str]:
     return sorted(str(p.relative_to(model_dir)) for p in (model_dir / "transformer").iterdir() if p.is_file())
+
+
+def cmd_evaluate(args) -> int:
+    """Action accuracy of the installed model's held-out live sessions at each guidance scale
+    (one JSON line each): chunks that follow their action, and sessions whose object is never
+    seen (a blank first frame: every chunk of it misses)."""
+    from omniloop.eval.action_adherence import object_track, score_clip
+    from omniloop.models.loader import INTERACTIVE_MODEL, load_pipeline
+    from omniloop.models.model_spec import LoadOptions
+    from omniloop.train.recipes import interactive as recipe
+
+    pipeline = load_pipeline(INTERACTIVE_MODEL, LoadOptions(device=torch.device("cpu"), dtype=torch.float32))[1]
+    clips, prompts = recipe.validation_clips(args.sessions, 9, args.seed)
+    for scale in (float(g) for g in args.guidance.split(",")):
+        t0 = time.perf_counter()
+        videos = recipe.run_sessions(pipeline, clips, prompts, steps=args.sample_steps, size=pipeline.defaults["height"],
+                                     max_batch=32, seed=args.seed, guidance_scale=scale)
+        chunks = [s for v, c in zip(videos, clips) for s in score_clip(v, c.actions)]
+        blank = sum(object_track(v)[0] is None for v in videos)
+        correct = sum(s.correct for s in chunks)
+        emit({"metric": "interactive_action_accuracy", "model": INTERACTIVE_MODEL, "device": "cpu",
+              "sessions": len(clips), "seed": args.seed, "guidance_scale": scale,
+              "steps": args.sample_steps or pipeline.defaults["steps"], "chunks": len(chunks),
+              "accuracy": round(correct / len(chunks), 4), "blank_sessions": blank,
+              "accuracy_without_blank": round(correct / max(1, len(chunks) - 8 * blank), 4),
+              "seconds": round(time.perf_counter() - t0, 1)})
+    return 0
 
 
 def main() -> int:
@@ -183,6 +230,10 @@ def main() -> int:
     t.add_argument("--out", required=True)
     t.add_argument("--tiny", action="store_true", help="CPU smoke: 24 clips, 20 teacher steps, 8 teacher sessions, 20 student steps")
     t.add_argument("--steps", type=int, default=None)
+    t.add_argument("--init-teacher", default=None, help="start the teacher from a FAR folder a previous run saved "
+                   "(<out>/teacher/transformer) instead of the shapes-t2v transformer")
+    t.add_argument("--batch-size", type=int, default=None, help=f"teacher clips a step ({InteractiveRecipe.batch_size})")
+    t.add_argument("--clips", type=int, default=None, help=f"training clips rendered ({InteractiveRecipe.clips})")
     t.add_argument("--install", action="store_true", help="also install the export into the package's built-ins")
     t.add_argument("--text-encoder", default=None, help="a MiniLM pack folder (train_shapes.py pack-minilm) for "
                    "machines without the wheel")
@@ -198,8 +249,15 @@ def main() -> int:
     i = sub.add_parser("install")
     i.add_argument("src")
     i.add_argument("--builtin", default=str(BUILTIN_DIR))
+    i.add_argument("--guidance-scale", type=float, default=SERVED_GUIDANCE,
+                   help=f"the served default guidance scale ({SERVED_GUIDANCE}: measured in docs/training.md)")
+    e = sub.add_parser("evaluate", help="action accuracy of the installed model on the CPU, per guidance scale")
+    e.add_argument("--sessions", type=int, default=32)
+    e.add_argument("--seed", type=int, default=1)
+    e.add_argument("--guidance", default="1,2", help="comma list of guidance scales")
+    e.add_argument("--sample-steps", type=int, default=None, help="steps a chunk (the model's default)")
     args = p.parse_args()
-    return cmd_train(args) if args.cmd == "train" else cmd_install(args)
+    return {"train": cmd_train, "install": cmd_install, "evaluate": cmd_evaluate}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -245,24 +245,28 @@ def rollout_loss(model: FARDiT, chunks: FARChunks, context: torch.Tensor, text: 
 
 
 def session_request(prompt: str, seed: int, chunks: int, *, steps: int | None, size: int, rid: str,
-                    trajectory: bool = False, decode: bool = True) -> OmniRequest:
+                    trajectory: bool = False, decode: bool = True, guidance_scale: float | None = None) -> OmniRequest:
     """``trajectory``: each chunk's denoise trajectory streamed too (``chunk_trajectory``);
-    ``decode=False``: latents only (no VAE, no frames: a teacher rollout for distillation)."""
+    ``decode=False``: latents only (no VAE, no frames: a teacher rollout for distillation);
+    ``guidance_scale``: None takes the model's default."""
     outputs = OutputSpec(stream=True, return_trajectory=trajectory, modalities=None if decode else [Modality.LATENT])
     return OmniRequest(task=TaskType.T2V, request_id=rid, inputs=[TextPart(text=prompt)],
-                       diffusion=DiffusionParams(seed=seed, steps=steps, height=size, width=size), outputs=outputs,
+                       diffusion=DiffusionParams(seed=seed, steps=steps, height=size, width=size,
+                                                 guidance_scale=guidance_scale), outputs=outputs,
                        node_params={"rollout": {"open_ended": True, "max_chunks": chunks}})
 
 
 def run_sessions(pipeline, clips: Sequence[ActionClip], prompts: Sequence[str], *, steps: int | None, size: int,
-                 max_batch: int = 16, seed: int = 0) -> list[np.ndarray]:
+                 max_batch: int = 16, seed: int = 0, guidance_scale: float | None = None) -> list[np.ndarray]:
     """Each clip's actions driven live into a session; returns each session's frames [F, H, W, 3]."""
-    chunks = drive_sessions(pipeline, clips, prompts, steps=steps, size=size, max_batch=max_batch, seed=seed)
+    chunks = drive_sessions(pipeline, clips, prompts, steps=steps, size=size, max_batch=max_batch, seed=seed,
+                            guidance_scale=guidance_scale)
     return [torch.cat([a.frames for a in arts]).numpy() for arts in chunks]
 
 
 def drive_sessions(pipeline, clips: Sequence[ActionClip], prompts: Sequence[str], *, steps: int | None, size: int,
-                   max_batch: int = 16, seed: int = 0, trajectory: bool = False) -> list[list[Any]]:
+                   max_batch: int = 16, seed: int = 0, trajectory: bool = False,
+                   guidance_scale: float | None = None) -> list[list[Any]]:
     """Each clip's actions driven live into a session on the engine (chunk ``k + 2``'s action
     sent when chunk ``k`` is emitted, the first before the session starts); returns each
     session's streamed chunks in order: ``VideoChunkArtifact`` s, or with ``trajectory`` (latents
@@ -290,7 +294,8 @@ def drive_sessions(pipeline, clips: Sequence[ActionClip], prompts: Sequence[str]
                 rid = f"val-{seed}-{i}"
                 plan[rid], streamed[rid] = clips[i], []
                 engine.add_request(session_request(prompts[i], seed + i, len(clips[i].actions) + 1, steps=steps,
-                                                   size=size, rid=rid, trajectory=trajectory, decode=not trajectory))
+                                                   size=size, rid=rid, trajectory=trajectory, decode=not trajectory,
+                                                   guidance_scale=guidance_scale))
                 engine.send(rid, ActionPart(name=clips[i].actions[0], values=[[0.0]]))
             for out in engine.step():
                 if out.status is not RequestStatus.COMPLETED:
@@ -343,9 +348,11 @@ def interactive_manifest(name: str, *, vae_subfolder: str, size: int, steps: int
 class InteractiveRecipe:
     size: int = 64
     chunks: int = 9  # latent frames per training clip (33 video frames: 8 actions)
-    clips: int = 8192
-    steps: int = 1200
-    batch_size: int = 256
+    clips: int = 16384
+    steps: int = 520
+    # the step is launch-bound at this size (8 layers of width 256, 16 tokens a chunk, 17
+    # forwards a step): on the H200 1024 clips cost little more a step than 256 did
+    batch_size: int = 1024
     lr: float = 3e-4
     warmup: int = 50
     ema: float = 0.999

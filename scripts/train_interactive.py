@@ -47,9 +47,10 @@ from omniloop.train.recipes.rollout import build_pipeline
 
 NAME = "shapes-interactive"
 VAE_DIR = "../shapes-t2v/vae"  # shared with the shapes-t2v models
-# served with CFG: on 64 held-out CPU sessions of the 2026-12-02 student, 82.0% action accuracy
-# at scale 2 vs 71.1% without (docs/training.md)
-SERVED_GUIDANCE = 2.0
+# served without CFG: on 128 held-out CPU sessions of the 2026-12-02 student, guidance 2 follows
+# 87.2% of chunks vs 83.8% (benchmarks/results/interactive_guidance_cpu.jsonl) but a chunk takes
+# 0.52 s instead of 0.43 s on 2 cores, past real time (0.5 s a chunk)
+SERVED_GUIDANCE = 1.0
 
 
 def emit(obj) -> None:

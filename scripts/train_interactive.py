@@ -70,9 +70,11 @@ def recipe_for(args) -> tuple[InteractiveRecipe, StudentRecipe]:
         return teacher, student
     teacher = InteractiveRecipe(steps=args.steps or InteractiveRecipe.steps,
                                 batch_size=args.batch_size or InteractiveRecipe.batch_size,
-                                clips=args.clips or InteractiveRecipe.clips)
+                                clips=args.clips or InteractiveRecipe.clips, lr=args.lr or InteractiveRecipe.lr,
+                                first_chunk_weight=args.first_chunk_weight)
     student = StudentRecipe(steps=args.student_steps or StudentRecipe.steps, teacher_steps=teacher.sample_steps,
-                            shift=teacher.sample_shift, sample_steps=args.student_sample_steps)
+                            shift=teacher.sample_shift, sample_steps=args.student_sample_steps,
+                            first_chunk_weight=args.first_chunk_weight)
     return teacher, student
 
 
@@ -143,7 +145,7 @@ def cmd_train(args) -> int:
     provenance = {
         "recipe": "omniloop.train.recipes.interactive (teacher) + interactive_student (student) via "
                   "scripts/train_interactive.py",
-        "init": f"teacher {args.init_teacher}" if args.init_teacher else "shapes-t2v transformer",
+        "init": f"FAR weights {args.init_teacher}" if args.init_teacher else "shapes-t2v transformer",
         "device": torch.cuda.get_device_name() if cuda else "cpu",
         "teacher": {"steps": result.steps, "clips": recipe.clips, "sample_steps": recipe.sample_steps,
                     "seconds": round(result.seconds, 1), "validation": {k: teacher_val.get(k) for k in keys}},
@@ -233,10 +235,14 @@ def main() -> int:
     t.add_argument("--out", required=True)
     t.add_argument("--tiny", action="store_true", help="CPU smoke: 24 clips, 20 teacher steps, 8 teacher sessions, 20 student steps")
     t.add_argument("--steps", type=int, default=None)
-    t.add_argument("--init-teacher", default=None, help="start the teacher from a FAR folder a previous run saved "
-                   "(<out>/teacher/transformer) instead of the shapes-t2v transformer")
+    t.add_argument("--init-teacher", default=None, help="start the teacher from a FAR folder (a previous run's "
+                   "<out>/teacher/transformer, or the shipped student's) instead of the shapes-t2v transformer")
     t.add_argument("--batch-size", type=int, default=None, help=f"teacher clips a step ({InteractiveRecipe.batch_size})")
     t.add_argument("--clips", type=int, default=None, help=f"training clips rendered ({InteractiveRecipe.clips})")
+    t.add_argument("--lr", type=float, default=None, help=f"the teacher's peak learning rate ({InteractiveRecipe.lr}; "
+                   "lower when resuming with --init-teacher)")
+    t.add_argument("--first-chunk-weight", type=float, default=InteractiveRecipe.first_chunk_weight,
+                   help="chunk 0's weight in both models' losses (the first frame, made from the prompt alone)")
     t.add_argument("--install", action="store_true", help="also install the export into the package's built-ins")
     t.add_argument("--text-encoder", default=None, help="a MiniLM pack folder (train_shapes.py pack-minilm) for "
                    "machines without the wheel")

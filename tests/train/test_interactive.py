@@ -48,6 +48,19 @@ def test_batched_training_kv_equals_the_slab_pool_in_training_mode():
     assert model.action_embedder.weight.grad.abs().sum() > 0  # the actions are learned through it
 
 
+def test_first_chunk_weight_reweights_chunk_zero_alone():
+    """The loss is (w * l_0 + sum_{c>0} l_c) / (w + F - 1): l_0 and the rest's sum solved from
+    w = 1 and w = 0 predict w = 3."""
+    model = tiny_action_far().eval()
+    chunks = FARChunks(full_chunk_limit=model.config.full_chunk_limit, max_frames=model.config.rope_max_seq_len)
+    batch, frames = _batch(model), 5
+    with torch.no_grad():
+        loss = {w: teacher_forcing_loss(model, chunks, *batch, first_chunk_weight=w).double().item() for w in (0.0, 1.0, 3.0)}
+    rest = loss[0.0] * (frames - 1)
+    l0 = loss[1.0] * frames - rest
+    assert l0 > 0 and abs(loss[3.0] - (3 * l0 + rest) / (3 + frames - 1)) < 1e-6, loss
+
+
 def test_far_from_wan_starts_as_the_wan_dit_with_no_action_effect():
     from omniloop.models.families.wan.model import WanDiT, WanDiTConfig
 

@@ -63,6 +63,7 @@ class StudentRecipe:
     log_every: int = 25
     seed: int = 1
     data_seed: int = 5  # the rollouts' clip stream (the teacher's training clips use seed 0's)
+    first_chunk_weight: float = 3.0  # chunk 0's weight in the training loss (interactive.rollout_loss)
 
     def __post_init__(self) -> None:
         if self.sample_steps < 1 or self.teacher_steps % self.sample_steps:
@@ -145,7 +146,7 @@ def record_trajectories(pipeline, recipe: StudentRecipe, chunks: int, text_encod
 
 
 def segment_loss(model: FARDiT, chunks: FARChunks, data: ChunkTrajectories, rows: torch.Tensor,
-                 intervals: torch.Tensor, *, kv: str = "batched") -> torch.Tensor:
+                 intervals: torch.Tensor, *, kv: str = "batched", first_chunk_weight: float = 1.0) -> torch.Tensor:
     """rows [B] (trajectories), intervals [B, F] (student interval per chunk): the mean over
     chunks of ``|| u(x_c(s_i), s_i, s_{i+1} | teacher's clean chunks < c) - u* ||^2``."""
     states = data.states[rows]  # [B, F, K + 1, C, h, w]
@@ -158,7 +159,7 @@ def segment_loss(model: FARDiT, chunks: FARChunks, data: ChunkTrajectories, rows
     to_model = lambda v: v.permute(0, 2, 1, 3, 4)  # noqa: E731  [B, F, C, h, w] -> [B, C, F, h, w]
     context = data.clean[rows]
     return rollout_loss(model, chunks, context, data.text[rows], data.actions[rows], to_model(x), s * 1000.0,
-                        s_next * 1000.0, to_model(target), kv=kv)
+                        s_next * 1000.0, to_model(target), kv=kv, first_chunk_weight=first_chunk_weight)
 
 
 @torch.no_grad()
@@ -189,7 +190,7 @@ def train_student(teacher: FARDiT, data: ChunkTrajectories, recipe: StudentRecip
     def batch_loss(model: FARDiT, chunks: FARChunks, gen: torch.Generator) -> torch.Tensor:
         rows = torch.randint(len(train_set), (recipe.batch_size,), generator=gen).to(device)
         intervals = torch.randint(k, (recipe.batch_size, train_set.states.shape[1]), generator=gen).to(device)
-        return segment_loss(model, chunks, train_set, rows, intervals)
+        return segment_loss(model, chunks, train_set, rows, intervals, first_chunk_weight=recipe.first_chunk_weight)
 
     def check(ema: FARDiT, step: int) -> dict[str, Any]:
         chunks = FARChunks(full_chunk_limit=ema.config.full_chunk_limit, max_frames=ema.config.rope_max_seq_len)

@@ -23,6 +23,11 @@ ls -la .scratch/minilm_pack
 #
 # call 3: run timeout_s=590 carry=[".scratch/minilm_pack/minilm_pack-00008-of-00008.safetensors"]
 # (add --init-teacher <folder> to resume from a saved teacher: carry its 4 files in call 2 or 3)
+# Next run, planned 2026-12-05 (no machine came that day): start the teacher from the shipped student
+# (in the tree: no carry) with chunk 0 weighted 3 (the default since 8f26a10: 8 of 128 held-out
+# sessions of the shipped model are blank from their first frame), a longer student:
+#   train ... --init-teacher src/omniloop/models/builtin/shapes-interactive/transformer --lr 2e-4 --steps 640
+#   --max-minutes 17 --student-minutes 5 --student-steps 220   (~22 device-minutes with calls 1-2h)
 export PYTHONPATH=/tmp/site:src PYTHONUNBUFFERED=1; rm -rf /tmp/repo /tmp/inter; cp -r . /tmp/repo && cd /tmp/repo && mkdir -p /tmp/inter && (setsid nohup bash -c 'python3 scripts/train_interactive.py train --text-encoder .scratch/minilm_pack --max-minutes 12 --student-minutes 3 --install --out /tmp/inter > /tmp/train.log 2>&1; python3 benchmarks/bench_causal.py --shapes --text-encoder .scratch/minilm_pack --sessions 1,4,16 --out /tmp/inter/causal_shapes_h200.jsonl > /tmp/bench.log 2>&1; touch /tmp/inter/ALLDONE' > /dev/null 2>&1 &) ; for i in $(seq 565); do [ -f /tmp/inter/ALLDONE ] && break; sleep 1; done; grep -v Loading /tmp/train.log | tail -12 | cut -c1-330
 #
 # call 4: run timeout_s=420 (no carry): wait, then bring back the student export, result.json, the bench

@@ -17,7 +17,9 @@ order exactly as ``ChunkRollout`` does at serving time -- a denoise forward of c
 schedule names, then the clean-context pass that writes chunk ``c``'s K/V into the rows'
 training-mode ``ChunkKVHandle`` s (nothing recycled, autograd through the cache), and the
 handles retire the chunks the schedule retires. Loss: the mean of the chunks' flow-matching
-MSEs. Chunk 0 (the first frame) is conditioned on the first action, as a session's is.
+MSEs, chunk 0 weighted ``first_chunk_weight`` (3 since 2026-12-05; the shipped model of
+2026-12-02 trained with 1). Chunk 0 (the first frame) is conditioned on the first action, as a
+session's is.
 
 Validation runs real sessions on the engine (``rollout.build_pipeline`` around the EMA
 weights, ``Engine.send`` of each chunk's action as the chunk before it is emitted) and scores

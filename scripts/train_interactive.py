@@ -62,11 +62,12 @@ def recipe_for(args) -> tuple[InteractiveRecipe, StudentRecipe]:
     if args.tiny:
         steps = args.steps or 20
         teacher = InteractiveRecipe(chunks=3, clips=24, steps=steps, batch_size=4, warmup=min(5, steps),
-                                    val_every=steps, val_clips=2, log_every=min(5, steps))
+                                    val_every=steps, val_clips=2, log_every=min(5, steps),
+                                    first_chunk_weight=args.first_chunk_weight)
         s_steps = args.student_steps or 20
         student = StudentRecipe(sessions=8, rollout_batch=8, steps=s_steps, batch_size=4, warmup=min(5, s_steps),
                                 log_every=min(5, s_steps), held_out=2, check_every=5, teacher_steps=teacher.sample_steps,
-                                shift=teacher.sample_shift)
+                                shift=teacher.sample_shift, first_chunk_weight=args.first_chunk_weight)
         return teacher, student
     teacher = InteractiveRecipe(steps=args.steps or InteractiveRecipe.steps,
                                 batch_size=args.batch_size or InteractiveRecipe.batch_size,

@@ -147,8 +147,8 @@ def record_trajectories(pipeline, recipe: StudentRecipe, chunks: int, text_encod
 
 def segment_loss(model: FARDiT, chunks: FARChunks, data: ChunkTrajectories, rows: torch.Tensor,
                  intervals: torch.Tensor, *, kv: str = "batched", first_chunk_weight: float = 1.0) -> torch.Tensor:
-    """rows [B] (trajectories), intervals [B, F] (student interval per chunk): the mean over
-    chunks of ``|| u(x_c(s_i), s_i, s_{i+1} | teacher's clean chunks < c) - u* ||^2``."""
+    """rows [B] (trajectories), intervals [B, F] (student interval per chunk): the mean
+    (chunk 0 weighted ``first_chunk_weight``) over chunks of ``|| u(x_c(s_i), s_i, s_{i+1} | teacher's clean chunks < c) - u* ||^2``."""
     states = data.states[rows]  # [B, F, K + 1, C, h, w]
     pick = intervals[:, :, None, None, None, None].expand(-1, -1, 1, *states.shape[3:])
     x = states.gather(2, pick)[:, :, 0]  # [B, F, C, h, w]

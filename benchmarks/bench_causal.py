@@ -139,10 +139,12 @@ def run_shapes_sessions(pipeline, n: int, args) -> dict:
                 engine.send(event.request_id, ActionPart(name=name, values=[[0.0]]))
 
     engine.event_sink = sink
+    chunk0 = {k: v for k, v in (("first_chunk_guidance_scale", args.first_chunk_guidance),
+                                ("first_chunk_steps", args.first_chunk_steps)) if v is not None}
     for i in range(n):
         rid = f"shapes{n}-{i}"
         request = OmniRequest(task=TaskType.T2V, request_id=rid, inputs=[TextPart(text="a red circle on a black background")],
-                              diffusion=DiffusionParams(seed=i, steps=args.steps), outputs=OutputSpec(stream=True),
+                              diffusion=DiffusionParams(seed=i, steps=args.steps, **chunk0), outputs=OutputSpec(stream=True),
                               node_params={"rollout": {"open_ended": True, "max_chunks": args.chunks}})
         submitted[rid] = time.perf_counter()
         engine.add_request(request)
@@ -155,8 +157,11 @@ def run_shapes_sessions(pipeline, n: int, args) -> dict:
     gaps = [b - a for times in arrivals.values() for a, b in zip(times, times[1:])]
     fps = pipeline.defaults.get("fps", 8)
     frames_per_chunk = pipeline.defaults["vae_scale_temporal"]
-    return {"metric": "shapes_sessions", "sessions": n, "chunks": args.chunks, "steps_per_chunk": args.steps
-            or pipeline.defaults["steps"], "wall_s": wall, "ttfc_s_p50": _pct(ttfc, 0.5), "ttfc_s_max": max(ttfc),
+    steps = args.steps or pipeline.defaults["steps"]
+    return {"metric": "shapes_sessions", "sessions": n, "chunks": args.chunks, "steps_per_chunk": steps,
+            "first_chunk_guidance_scale": chunk0.get("first_chunk_guidance_scale",
+                                                     pipeline.defaults.get("first_chunk_guidance_scale")),
+            "first_chunk_steps": chunk0.get("first_chunk_steps", pipeline.defaults.get("first_chunk_steps") or steps), "wall_s": wall, "ttfc_s_p50": _pct(ttfc, 0.5), "ttfc_s_max": max(ttfc),
             "chunk_latency_p50_s": _pct(gaps, 0.5), "chunk_latency_p95_s": _pct(gaps, 0.95),
             "realtime_chunk_s": frames_per_chunk / fps,
             "realtime": _pct(gaps, 0.95) <= frames_per_chunk / fps, "batched_steps": engine.stats.batched_steps}
@@ -194,6 +199,8 @@ def main() -> None:
     p.add_argument("--out", default=None, help="also append the JSON lines to this file")
     p.add_argument("--shapes", action="store_true", help="the interactive shapes model's live sessions")
     p.add_argument("--chunks", type=int, default=17, help="--shapes: chunks per session (1 frame, then 4 each)")
+    p.add_argument("--first-chunk-guidance", type=float, default=None, help="--shapes: chunk 0's guidance (the model's)")
+    p.add_argument("--first-chunk-steps", type=int, default=None, help="--shapes: chunk 0's steps (the model's)")
     p.add_argument("--text-encoder", default=None, help="--shapes: a MiniLM pack folder (no wheel on the machine)")
     args = p.parse_args()
     if args.shapes:

@@ -47,10 +47,14 @@ from omniloop.train.recipes.rollout import build_pipeline
 
 NAME = "shapes-interactive"
 VAE_DIR = "../shapes-t2v/vae"  # shared with the shapes-t2v models
-# served without CFG: on 128 held-out CPU sessions of the 2026-12-02 student, guidance 2 follows
-# 87.2% of chunks vs 83.8% (benchmarks/results/interactive_guidance_cpu.jsonl) but a chunk takes
-# 0.52 s instead of 0.43 s on 2 cores, past real time (0.5 s a chunk)
-SERVED_GUIDANCE = 1.0
+# The served generation defaults. Later chunks without CFG: on 128 held-out CPU sessions of the
+# 2026-12-02 student, guidance 2 followed 87.2% of chunks vs 83.8% but a chunk takes 0.52 s instead of
+# 0.43 s on 2 cores, past real time (0.5 s a chunk). Chunk 0 (the frame made from the prompt alone:
+# a blank one leaves the whole session blank) at guidance 4 and 6 steps, a single latent frame's
+# cost: chosen on 256 sessions of seed 5, none of the held-out ones (sessions blank after 2 chunks:
+# 32 at guidance 1 / 2 steps; 15 at 3 and 9 at 4 with 2 steps; 6 at 3 / 6 steps; 5, 4, 2 and 2 at 4
+# with 3, 4, 6 and 8 steps). Held-out figures: benchmarks/results/interactive_guidance_cpu.jsonl.
+SERVED = {"guidance_scale": 1.0, "first_chunk_guidance_scale": 4.0, "first_chunk_steps": 6}
 
 
 def emit(obj) -> None:
@@ -166,7 +170,7 @@ def cmd_train(args) -> int:
           "student_accuracy": student_val.get("action_accuracy"), "student_steps": srecipe.sample_steps,
           "bytes": sum(r.bytes for r in files.values()), "seconds": time.perf_counter() - t0})
     if args.install:  # e.g. on the GPU machine, to benchmark the model right after (its copy of the tree)
-        install(model_dir, BUILTIN_DIR, guidance_scale=SERVED_GUIDANCE)
+        install(model_dir, BUILTIN_DIR, SERVED)
     return 0
 
 
@@ -175,12 +179,15 @@ def _last_validation(result) -> dict:
 
 
 def cmd_install(args) -> int:
-    return install(Path(args.src), Path(args.builtin), guidance_scale=args.guidance_scale)
+    return install(Path(args.src), Path(args.builtin), {
+        "guidance_scale": args.guidance_scale, "first_chunk_guidance_scale": args.first_chunk_guidance,
+        "first_chunk_steps": args.first_chunk_steps})
 
 
-def install(src: Path, builtin: Path, *, guidance_scale: float | None = None) -> int:
-    """Copy an export into ``builtin``; ``guidance_scale``: the served default (the export's is
-    1.0, how its validation ran; the teacher trained with 10% empty prompts, so CFG is there)."""
+def install(src: Path, builtin: Path, served: dict | None = None) -> int:
+    """Copy an export into ``builtin``; ``served``: its served generation defaults (the export's
+    are guidance 1 and chunk 0 as the others, how its validation ran; the teacher trained with
+    10% empty prompts, so CFG is there); None values leave the export's."""
     src = src / "model" if (src / "model").is_dir() else src
     dest = builtin / NAME
     manifest = read_manifest(src)  # a model folder: its manifest parses
@@ -190,8 +197,9 @@ def install(src: Path, builtin: Path, *, guidance_scale: float | None = None) ->
     rels = [*_transformer_files(dest), f"{VAE_DIR}/config.json", f"{VAE_DIR}/diffusion_pytorch_model.safetensors"]
     files = {rel: file_record((dest / rel).resolve()) for rel in rels}
     update: dict = {"files": files}
-    if guidance_scale is not None:
-        update["defaults"] = {**manifest.defaults, "guidance_scale": guidance_scale}
+    served = {k: v for k, v in (served or {}).items() if v is not None}
+    if served:
+        update["defaults"] = {**manifest.defaults, **served}
     write_manifest(dest, manifest.model_copy(update=update))
     emit({"installed": str(dest), "bytes": sum(r.bytes for k, r in files.items() if k.startswith("transformer/"))})
     return 0
@@ -203,8 +211,9 @@ def _transformer_files(model_dir: Path) -> list[str]:
 
 def cmd_evaluate(args) -> int:
     """Action accuracy of the installed model's held-out live sessions at each guidance scale
-    (one JSON line each): chunks that follow their action, and sessions whose object is never
-    seen (a blank first frame: every chunk of it misses)."""
+    (one JSON line each; chunk 0's guidance and steps the model's unless given): chunks that
+    follow their action, and sessions whose object is never seen (a blank first frame: every
+    chunk of it misses)."""
     from omniloop.eval.action_adherence import object_track, score_clip
     from omniloop.models.loader import INTERACTIVE_MODEL, load_pipeline
     from omniloop.models.model_spec import LoadOptions
@@ -212,17 +221,24 @@ def cmd_evaluate(args) -> int:
 
     pipeline = load_pipeline(INTERACTIVE_MODEL, LoadOptions(device=torch.device("cpu"), dtype=torch.float32))[1]
     clips, prompts = recipe.validation_clips(args.sessions, InteractiveRecipe.chunks, args.seed)
+    steps = args.sample_steps or pipeline.defaults["steps"]
+    chunk0 = {"first_chunk_guidance_scale": args.first_chunk_guidance, "first_chunk_steps": args.first_chunk_steps}
+    chunk0 = {k: v for k, v in chunk0.items() if v is not None}
     for scale in (float(g) for g in args.guidance.split(",")):
         t0 = time.perf_counter()
-        videos = recipe.run_sessions(pipeline, clips, prompts, steps=args.sample_steps, size=pipeline.defaults["height"],
-                                     max_batch=32, seed=args.seed, guidance_scale=scale)
+        videos = recipe.run_sessions(pipeline, clips, prompts, steps=steps, size=pipeline.defaults["height"],
+                                     max_batch=32, seed=args.seed, diffusion={"guidance_scale": scale, **chunk0})
         chunks = [s for v, c in zip(videos, clips) for s in score_clip(v, c.actions)]
         blank = [c for v, c in zip(videos, clips) if object_track(v)[0] is None]
         blank_chunks = sum(len(c.actions) for c in blank)  # every chunk of a blank session misses
         correct = sum(s.correct for s in chunks)
         emit({"metric": "interactive_action_accuracy", "model": INTERACTIVE_MODEL, "device": "cpu",
               "sessions": len(clips), "seed": args.seed, "guidance_scale": scale,
-              "steps": args.sample_steps or pipeline.defaults["steps"], "chunks": len(chunks),
+              "first_chunk_guidance_scale": chunk0.get("first_chunk_guidance_scale",
+                                                       pipeline.defaults.get("first_chunk_guidance_scale") or scale),
+              "steps": steps, "first_chunk_steps": chunk0.get("first_chunk_steps",
+                                                              pipeline.defaults.get("first_chunk_steps") or steps),
+              "chunks": len(chunks),
               "accuracy": round(correct / len(chunks), 4), "blank_sessions": len(blank),
               "accuracy_without_blank": round(correct / max(1, len(chunks) - blank_chunks), 4),
               "seconds": round(time.perf_counter() - t0, 1)})
@@ -259,13 +275,21 @@ def main() -> int:
     i = sub.add_parser("install")
     i.add_argument("src")
     i.add_argument("--builtin", default=str(BUILTIN_DIR))
-    i.add_argument("--guidance-scale", type=float, default=SERVED_GUIDANCE,
-                   help=f"the served default guidance scale ({SERVED_GUIDANCE}: measured in docs/training.md)")
+    i.add_argument("--first-chunk-guidance", type=float, default=SERVED["first_chunk_guidance_scale"],
+                   help=f"the served chunk 0's guidance scale ({SERVED['first_chunk_guidance_scale']})")
+    i.add_argument("--first-chunk-steps", type=int, default=SERVED["first_chunk_steps"],
+                   help=f"the served chunk 0's steps ({SERVED['first_chunk_steps']})")
+    i.add_argument("--guidance-scale", type=float, default=SERVED["guidance_scale"],
+                   help=f"the served default guidance scale ({SERVED['guidance_scale']}: measured in docs/training.md)")
     e = sub.add_parser("evaluate", help="action accuracy of the installed model on the CPU, per guidance scale")
     e.add_argument("--sessions", type=int, default=32)
     e.add_argument("--seed", type=int, default=1)
     e.add_argument("--guidance", default="1,2", help="comma list of guidance scales")
     e.add_argument("--sample-steps", type=int, default=None, help="steps a chunk (the model's default)")
+    e.add_argument("--first-chunk-guidance", type=float, default=None,
+                   help="chunk 0's guidance scale (the model's default; without one: each --guidance)")
+    e.add_argument("--first-chunk-steps", type=int, default=None,
+                   help="chunk 0's steps (the model's default; without one: --sample-steps)")
     args = p.parse_args()
     return {"train": cmd_train, "install": cmd_install, "evaluate": cmd_evaluate}[args.cmd](args)
 

@@ -171,3 +171,53 @@ def test_a_parked_rollout_resumes_from_host_memory_unchanged(far_pipeline):
         outs, _ = run_all(engine)  # the next step brings them back
     assert pool.host_bytes == 0 and pool.counts["restore"] >= 1
     assert torch.equal(outs["r4"].artifacts["latents"].latents, ref["r4"].artifacts["latents"].latents)
+
+
+def _chunk0_req(seed: int, **params) -> OmniRequest:
+    req = _req(seed, rid="-".join(f"{k}{v}" for k, v in params.items()) or "plain")
+    return req.model_copy(update={"diffusion": req.diffusion.model_copy(update=params)})
+
+
+def _run_tracking_pool(pipeline, req: OmniRequest) -> tuple[torch.Tensor, int, int, int]:
+    """(latents, peak slab bytes in use, slab bytes admission charged, rollout steps run)."""
+    pool = pipeline.components["chunk_kv"]
+    engine = _engine(pipeline)
+    works = _record_work(engine)
+    engine.add_request(req)
+    charged = engine._requests[req.request_id].memory.pool_bytes["chunk_kv"]
+    peak = 0
+    with torch.inference_mode():
+        while engine.has_unfinished():
+            engine.step()
+            peak = max(peak, pool.in_use_bytes)
+    steps = sum(1 for w in works if isinstance(w, StepWork) and w.node == "rollout")
+    return engine.pop_output(req.request_id).artifacts["latents"].latents, peak, charged, steps
+
+
+CHUNK0 = slice(0, 1)  # the tiny FAR's chunk 0: one latent frame
+
+
+def test_first_chunk_guidance_guides_chunk_zero_alone(far_pipeline):
+    """``first_chunk_guidance_scale``: chunk 0 (made from the prompt alone) is the chunk a
+    request guided throughout at that scale makes; later chunks run one branch, as an unguided
+    request's (no slabs for the unconditional branch: the pool holds what the unguided one holds)."""
+    runs = {name: _run_tracking_pool(far_pipeline, _chunk0_req(4, **params)) for name, params in
+            {"first": {"first_chunk_guidance_scale": 3.0}, "all": {"guidance_scale": 3.0}, "none": {}}.items()}
+    (first, peak, charged, _), (every, peak_all, charged_all, _), (plain, peak_none, charged_none, _) = runs.values()
+    assert torch.equal(first[:, :, CHUNK0], every[:, :, CHUNK0])
+    assert not torch.equal(first[:, :, CHUNK0], plain[:, :, CHUNK0])
+    for other in (every, plain):  # later chunks: guided by 1 from chunk 0's context
+        assert not torch.allclose(first[:, :, 1:], other[:, :, 1:], atol=1e-4)
+    assert peak == peak_none < peak_all
+    assert charged == charged_none < charged_all
+
+
+def test_first_chunk_steps_denoise_chunk_zero_alone_with_them(far_pipeline):
+    """``first_chunk_steps``: chunk 0 is the chunk a request of that many steps makes; the
+    scheduler runs exactly those steps more (3 chunks: 4 + 2 + 2 steps and 3 boundaries)."""
+    first, _, _, steps = _run_tracking_pool(far_pipeline, _chunk0_req(6, first_chunk_steps=4))
+    four, _, _, steps_four = _run_tracking_pool(far_pipeline, _chunk0_req(6, steps=4))
+    two, _, _, steps_two = _run_tracking_pool(far_pipeline, _chunk0_req(6))
+    assert torch.equal(first[:, :, CHUNK0], four[:, :, CHUNK0])
+    assert not torch.allclose(first[:, :, 1:], two[:, :, 1:], atol=1e-4)
+    assert (steps_two, steps, steps_four) == (3 * 2 + 3, 4 + 2 * 2 + 3, 3 * 4 + 3)

@@ -54,7 +54,7 @@ def _pool_idle(server, timeout: float = 30) -> bool:
 
 
 def test_a_session_streams_chunk_events_and_fmp4_segments_and_takes_prompts(server):
-    sid = _create(server, max_chunks=3)
+    sid = _create(server, max_chunks=3, first_chunk_guidance_scale=3.0, first_chunk_steps=2)  # chunk 0's own
     events, segments, errors = [], [], []
     with connect(_ws_url(server, sid)) as ws:
         ws.send("not json")  # a malformed message: an error frame, the session goes on
@@ -100,6 +100,8 @@ def test_limits_unknown_sessions_and_delete(server):
     assert closed.value.rcvd.code == 4404
     bad = httpx.post(f"{server.url}/v1/sessions", json={**BODY, "size": "big"})
     assert bad.status_code == 400 and "size" in bad.text
+    bad = httpx.post(f"{server.url}/v1/sessions", json={**BODY, "first_chunk_guidance_scale": -1})
+    assert bad.status_code == 400 and "first_chunk_guidance_scale" in bad.text
     assert _pool_idle(server)
 
 

@@ -106,6 +106,17 @@ class Pipeline:
                 "latents (pass a video for task v2v, an image for i2i, or a LatentPart, where the model takes one); "
                 "drop strength"
             )
+        params = state.request.diffusion
+        for name, instead in (("first_chunk_guidance_scale", "guidance_scale"), ("first_chunk_steps", "steps")):
+            value = getattr(params, name)
+            if value is not None and not any(
+                node.stage.guides_first_chunk(self.contexts[node.name], produced) for node in active if node.is_loop
+            ):
+                raise ValueError(
+                    f"diffusion.{name}={value}: no loop of this {state.request.task.value!r} request makes a chunk "
+                    f"from the prompt alone (causal text-to-video rollouts and live sessions do); use {instead}, "
+                    f"or drop {name}"
+                )
 
     def _check_modalities(self, request: OmniRequest) -> None:
         wanted = request.outputs.modalities

@@ -57,6 +57,16 @@ class DiffusionParams(BaseModel):
     guidance_scale_2: float | None = Field(
         default=None, ge=0, description="CFG scale of the low-noise expert (two-expert models such as Wan2.2)"
     )
+    first_chunk_guidance_scale: float | None = Field(
+        default=None, ge=0, description="causal rollouts (text-to-video, live sessions): the CFG scale of chunk 0, the "
+        "one chunk made from the prompt alone, while later chunks use guidance_scale (default: the model's, else "
+        "guidance_scale)",
+    )
+    first_chunk_steps: int | None = Field(
+        default=None, ge=1, le=1000, description="causal rollouts: denoising steps of chunk 0 (one latent frame, "
+        "cheap next to the rest; a blank first frame leaves a whole session blank), later chunks use steps "
+        "(default: the model's, else steps)",
+    )
     shift: float | None = Field(default=None, gt=0, le=100, description="flow-matching timestep shift")
     sigmas: list[float] | None = Field(
         default=None, min_length=1, description="explicit descending noise levels in (0, 1]; overrides steps"

@@ -53,6 +53,12 @@ class SessionCreate(BaseModel):
     seed: int | None = Field(default=None, ge=0, lt=2**63)
     steps: int | None = Field(default=None, ge=1, le=100, description="denoise steps per chunk")
     negative_prompt: str | None = None
+    guidance_scale: float | None = Field(default=None, ge=0, description="CFG scale of the chunks after the first "
+                                         "(default: the model's)")
+    first_chunk_guidance_scale: float | None = Field(default=None, ge=0, description="CFG scale of chunk 0, the one "
+                                                     "made from the prompt alone (default: the model's)")
+    first_chunk_steps: int | None = Field(default=None, ge=1, le=100, description="denoise steps of chunk 0 "
+                                          "(default: the model's)")
     max_chunks: int | None = Field(default=None, ge=1, description="chunks to make; omit for open-ended")
     realtime: bool = Field(default=True, description="pace chunks to playback instead of running ahead")
     fps: int | None = Field(default=None, ge=1, le=120)
@@ -139,7 +145,10 @@ class SessionManager:
         width, height = (int(v) for v in body.size.split("x")) if body.size else (None, None)
         try:
             diffusion = DiffusionParams(height=height, width=width, seed=body.seed, steps=body.steps,
-                                        negative_prompt=body.negative_prompt, fps=body.fps)
+                                        negative_prompt=body.negative_prompt, fps=body.fps,
+                                        guidance_scale=body.guidance_scale,
+                                        first_chunk_guidance_scale=body.first_chunk_guidance_scale,
+                                        first_chunk_steps=body.first_chunk_steps)
         except ValidationError as e:
             raise validation_error(e) from None
         sid = new_id("session")

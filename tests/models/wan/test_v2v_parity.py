@@ -77,6 +77,10 @@ def test_strength_bad_input_names_the_field(gen):
     t2v = _request(TaskType.T2V, [TextPart(text=PROMPT)], num_frames=F, steps=2, strength=0.5)
     with pytest.raises(RequestRejected, match=r"diffusion.strength=0.5: no loop of this 't2v' request starts from given"):
         gen.generate(t2v)
+    chunked = _request(TaskType.T2V, [TextPart(text=PROMPT)], num_frames=F, steps=2, first_chunk_guidance_scale=3.0)
+    with pytest.raises(RequestRejected, match=r"first_chunk_guidance_scale=3.0: no loop of this 't2v' request makes a "
+                       "chunk from the prompt alone"):
+        gen.generate(chunked)  # Wan makes the whole clip at once
 
 
 def test_sdedit_from_given_latents_equals_v2v_of_the_same_latents(gen):

@@ -172,8 +172,8 @@ class ChunkRolloutState(LoopState):
     gen: torch.Generator  # a session draws each chunk's noise from it, in order
     noise: torch.Tensor | None  # [1, C, F, h, w] float32: a finite video's noise (diffusers' one draw)
     clean: dict[int, torch.Tensor]  # chunk -> its clean latents [1, C, f, h, w] (a session keeps the recent)
-    branches: tuple[str, ...]
-    kwargs: dict[str, dict[str, Any]]  # guidance branch -> forward kwargs (text)
+    branches: tuple[str, ...]  # the guidance branches whose K/V the context passes write
+    kwargs: dict[str, dict[str, Any]]  # guidance branch -> forward kwargs (text; chunk 0's branches too)
     kv: ChunkKVHandle
     request_state: RequestState  # its request (each chunk's inner loop starts from it; its inbox)
     chunk: int = 0
@@ -188,6 +188,7 @@ class ChunkRolloutState(LoopState):
     fps: int = 16
     decode: bool = True  # the request wants pixels (else latents only: nothing decoded or streamed)
     trajectory: torch.Tensor | None = None  # return_trajectory: the finished chunk's [S + 1, 1, C, f, h, w]
+    first_params: DiffusionParams | None = None  # chunk 0's own (first_chunk_*), None: ``params``
 
     @property
     def phase(self) -> str:
@@ -238,23 +239,59 @@ class ChunkRollout(LoopStageBase):
             for c in range(plan.context_chunks):
                 start, stop = plan.frames(c)
                 clean[c] = given[:, :, start:stop].clone()
-        branches = self.denoise.cfg.init(params, self.denoise.denoiser.modalities, ctx.defaults).branches
+        branches = self._branches(ctx, params)
+        first_params = self._first_params(ctx, params, plan)
+        # chunk 0 attends to no cached K/V, so its extra branches (its own guidance) need no slabs
+        extra = tuple(b for b in self._branches(ctx, first_params) if b not in branches) if first_params else ()
         layouts, policies = self.model.kv_tiers(ctx, request, plan)
         pool: ChunkKVPool = ctx.component(self.pool_component)
         handle = ChunkKVHandle(pool, layouts, policies, branches, training=self.training,
                                on_event=_event_sink(ctx, state.request_id))
-        steps = params.num_steps(ctx.defaults.get("steps", 50))
         wants_video = self.decoder is not None and request.outputs.wants(Modality.VIDEO)
         loop = ChunkRolloutState(
-            node=ctx.node, request_id=state.request_id,
-            steps_target=steps * (plan.num_chunks - plan.context_chunks) + plan.num_chunks,
+            node=ctx.node, request_id=state.request_id, steps_target=self._steps_target(ctx, params, plan),
             plan=plan, params=params, rollout=self.rollout_params(ctx, state), seed=seed, gen=gen, noise=noise,
-            clean=clean, branches=branches, kwargs=self.denoise.denoiser.branch_inputs(ctx, state, branches),
-            kv=handle, request_state=state, stream=self.decoder.init(ctx) if wants_video else None,  # type: ignore[union-attr]
+            clean=clean, branches=branches, kwargs=self.denoise.denoiser.branch_inputs(ctx, state, branches + extra),
+            kv=handle, first_params=first_params, request_state=state,
+            stream=self.decoder.init(ctx) if wants_video else None,  # type: ignore[union-attr]
             fps=request.diffusion.fps or int(ctx.defaults.get("fps", 16)), decode=wants_video,
         )
         self._enter_chunk(ctx, loop)
         return loop
+
+    def _branches(self, ctx: StageContext, params: DiffusionParams) -> tuple[str, ...]:
+        return self.denoise.cfg.init(params, self.denoise.denoiser.modalities, ctx.defaults).branches
+
+    def _first_params(self, ctx: StageContext, params: DiffusionParams, plan: ChunkPlan) -> DiffusionParams | None:
+        """Chunk 0's params when it has a guidance scale or step count of its own (the
+        request's ``first_chunk_guidance_scale`` / ``first_chunk_steps``, else the model's; the
+        model's steps not when the request gives explicit ``sigmas``); only a rollout whose
+        chunk 0 is made from the prompt alone (no given frames) has them."""
+        if plan.context_chunks:
+            return None
+        scale = params.first_chunk_guidance_scale
+        if scale is None:
+            scale = ctx.defaults.get("first_chunk_guidance_scale")
+        steps = params.first_chunk_steps
+        if steps is None and params.sigmas is None:
+            steps = ctx.defaults.get("first_chunk_steps")
+        update: dict[str, Any] = {}
+        if scale is not None:
+            update |= {"guidance_scale": float(scale), "guidance_scale_2": None}
+        if steps is not None:
+            update |= {"steps": int(steps), "sigmas": None}
+        return params.model_copy(update=update) if update else None
+
+    def _steps_target(self, ctx: StageContext, params: DiffusionParams, plan: ChunkPlan) -> int:
+        """Scheduler steps of the whole rollout: each denoised chunk's, one boundary a chunk."""
+        default = ctx.defaults.get("steps", 50)
+        steps = params.num_steps(default) * (plan.num_chunks - plan.context_chunks) + plan.num_chunks
+        first = self._first_params(ctx, params, plan)
+        return steps if first is None else steps + first.num_steps(default) - params.num_steps(default)
+
+    def guides_first_chunk(self, ctx: StageContext, produced: frozenset[str]) -> bool:
+        """A rollout conditioned on given frames (I2V / V2V) has no chunk made from the prompt alone."""
+        return ctx.inputs.get("condition", "condition") not in produced
 
     def finalize(self, ctx: StageContext, loop: ChunkRolloutState, state: RequestState) -> None:  # type: ignore[override]
         if not loop.plan.open_ended:
@@ -284,24 +321,24 @@ class ChunkRollout(LoopStageBase):
         condition = ctx.read_optional(state, "condition", ConditionLatents)
         plan = self.model.plan(ctx, state, condition)
         params = self.denoise.params(ctx, state)
-        forwards = len(self.denoise.cfg.init(params, self.denoise.denoiser.modalities, ctx.defaults).branches)
+        first = self._first_params(ctx, params, plan)
+        slab_rows = len(self._branches(ctx, params))  # chunk 0's own extra branches hold no slabs
+        forwards = max(slab_rows, len(self._branches(ctx, first)) if first is not None else 0)
         b, c, _, h, w = plan.shape
         largest = max(*plan.partition, plan.repeat)
         chunk = {MODALITY: (b, c, largest, h, w)}
         denoiser = self.denoise.denoiser
         per_forward = denoiser.flops_per_forward(ctx, chunk)
         layouts, policies = self.model.kv_tiers(ctx, state.request, plan)
-        kv_bytes = ChunkKVPool.peak_bytes(layouts, policies, forwards, plan.num_chunks)
+        kv_bytes = ChunkKVPool.peak_bytes(layouts, policies, slab_rows, plan.num_chunks)
         text = ctx.read_optional(state, "text", TextEmbeddings)
         text_bytes = 0 if text is None else sum(t.numel() * t.element_size() for t in (text.prompt, text.negative)
                                                 if t is not None)
         chunk_bytes = 4 * b * c * largest * h * w
         video_bytes = 4 * b * c * plan.shape[2] * h * w if not plan.open_ended else 4 * chunk_bytes
-        steps = params.num_steps(ctx.defaults.get("steps", 50))
-        denoised = plan.num_chunks - plan.context_chunks
         rows = forwards if self.denoise.cfg.mode == "batched" else 1
         return WorkEstimate(
-            steps=steps * denoised + plan.num_chunks,
+            steps=self._steps_target(ctx, params, plan),
             flops_per_step=None if per_forward is None else forwards * per_forward,
             resident_bytes=2 * video_bytes + 5 * chunk_bytes + text_bytes,
             peak_bytes=int((denoiser.activation_bytes(ctx, chunk) or 0) * rows),
@@ -389,6 +426,8 @@ class ChunkRollout(LoopStageBase):
         """Past the context pass, one request's own: retire slabs, decode and emit, move on."""
         loop.kv.retire(loop.chunk)
         emit = self._emit_chunk(ctx, loop)
+        if loop.chunk == 0 and loop.first_params is not None:  # chunk 0's own branches are done with
+            loop.kwargs = {b: loop.kwargs[b] for b in loop.branches}
         loop.steps_done += 1
         loop.chunk += 1
         if loop.plan.open_ended:
@@ -435,10 +474,13 @@ class ChunkRollout(LoopStageBase):
         self._take_inputs(ctx, loop)
         cached, own = self.model.denoise_segments(loop.plan, loop.chunk)
         extra = self.model.action_kwargs(ctx, loop.action)
-        kwargs = {b: {**kw, **extra, "kv": ChunkKVBatch([(loop.kv, b)], cached, (own,), write=False)}
-                  for b, kw in loop.kwargs.items()}
+        params = loop.first_params if loop.chunk == 0 and loop.first_params is not None else loop.params
+        branches = self._branches(ctx, params)
+        assert not cached or set(branches) <= set(loop.branches), "a branch without slabs reads cached K/V"
+        kwargs = {b: {**loop.kwargs[b], **extra, "kv": ChunkKVBatch([(loop.kv, b)], cached, (own,), write=False)}
+                  for b in branches}
         assert loop.chunk_noise is not None
-        loop.inner = self.denoise.start(ctx, loop.request_state, loop.params, {MODALITY: loop.chunk_noise.clone()},
+        loop.inner = self.denoise.start(ctx, loop.request_state, params, {MODALITY: loop.chunk_noise.clone()},
                                         seed=loop.seed, branch_kwargs=kwargs)
 
     def _take_inputs(self, ctx: StageContext, loop: ChunkRolloutState) -> None:

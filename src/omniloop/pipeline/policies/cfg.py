@@ -45,10 +45,13 @@ def resolve_scales(
     return {"primary": primary, "secondary": secondary}
 
 
-def guidance_enabled(params: DiffusionParams, default: float, default_2: float | None = None) -> bool:
-    """Whether any step of a request needs the unconditional branch (and so a negative prompt)."""
+def guidance_enabled(params: DiffusionParams, default: float, default_2: float | None = None,
+                     default_first: float | None = None) -> bool:
+    """Whether any step of a request needs the unconditional branch (and so a negative prompt);
+    ``default_first``: the model's first-chunk scale (causal rollouts)."""
     scales = resolve_scales(params, tuple(m.value for m in Modality), default, default_2)
-    return any(s > 1.0 for group in scales.values() for s in group.values())
+    first = params.first_chunk_guidance_scale if params.first_chunk_guidance_scale is not None else default_first
+    return (first is not None and first > 1.0) or any(s > 1.0 for group in scales.values() for s in group.values())
 
 
 @dataclass(frozen=True)

@@ -175,7 +175,8 @@ class TextEncode(StageBase):
         params = state.request.diffusion
         prompts = [state.request.prompt or ""]
         if self.guidance == "cfg" and guidance_enabled(
-            params, ctx.defaults.get("guidance_scale", 1.0), ctx.defaults.get("guidance_scale_2")
+            params, ctx.defaults.get("guidance_scale", 1.0), ctx.defaults.get("guidance_scale_2"),
+            ctx.defaults.get("first_chunk_guidance_scale"),
         ):
             negative = params.negative_prompt
             prompts.append(negative if negative is not None else ctx.defaults.get("negative_prompt", ""))

@@ -34,7 +34,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -254,28 +254,30 @@ def rollout_loss(model: FARDiT, chunks: FARChunks, context: torch.Tensor, text: 
 
 
 def session_request(prompt: str, seed: int, chunks: int, *, steps: int | None, size: int, rid: str,
-                    trajectory: bool = False, decode: bool = True, guidance_scale: float | None = None) -> OmniRequest:
+                    trajectory: bool = False, decode: bool = True, diffusion: Mapping[str, Any] | None = None
+                    ) -> OmniRequest:
     """``trajectory``: each chunk's denoise trajectory streamed too (``chunk_trajectory``);
     ``decode=False``: latents only (no VAE, no frames: a teacher rollout for distillation);
-    ``guidance_scale``: None takes the model's default."""
+    ``diffusion``: more DiffusionParams fields (``guidance_scale``, ``first_chunk_steps``, ...;
+    what is left out takes the model's default)."""
     outputs = OutputSpec(stream=True, return_trajectory=trajectory, modalities=None if decode else [Modality.LATENT])
     return OmniRequest(task=TaskType.T2V, request_id=rid, inputs=[TextPart(text=prompt)],
-                       diffusion=DiffusionParams(seed=seed, steps=steps, height=size, width=size,
-                                                 guidance_scale=guidance_scale), outputs=outputs,
+                       diffusion=DiffusionParams(seed=seed, steps=steps, height=size, width=size, **(diffusion or {})),
+                       outputs=outputs,
                        node_params={"rollout": {"open_ended": True, "max_chunks": chunks}})
 
 
 def run_sessions(pipeline, clips: Sequence[ActionClip], prompts: Sequence[str], *, steps: int | None, size: int,
-                 max_batch: int = 16, seed: int = 0, guidance_scale: float | None = None) -> list[np.ndarray]:
+                 max_batch: int = 16, seed: int = 0, diffusion: Mapping[str, Any] | None = None) -> list[np.ndarray]:
     """Each clip's actions driven live into a session; returns each session's frames [F, H, W, 3]."""
     chunks = drive_sessions(pipeline, clips, prompts, steps=steps, size=size, max_batch=max_batch, seed=seed,
-                            guidance_scale=guidance_scale)
+                            diffusion=diffusion)
     return [torch.cat([a.frames for a in arts]).numpy() for arts in chunks]
 
 
 def drive_sessions(pipeline, clips: Sequence[ActionClip], prompts: Sequence[str], *, steps: int | None, size: int,
                    max_batch: int = 16, seed: int = 0, trajectory: bool = False,
-                   guidance_scale: float | None = None) -> list[list[Any]]:
+                   diffusion: Mapping[str, Any] | None = None) -> list[list[Any]]:
     """Each clip's actions driven live into a session on the engine (chunk ``k + 2``'s action
     sent when chunk ``k`` is emitted, the first before the session starts); returns each
     session's streamed chunks in order: ``VideoChunkArtifact`` s, or with ``trajectory`` (latents
@@ -304,7 +306,7 @@ def drive_sessions(pipeline, clips: Sequence[ActionClip], prompts: Sequence[str]
                 plan[rid], streamed[rid] = clips[i], []
                 engine.add_request(session_request(prompts[i], seed + i, len(clips[i].actions) + 1, steps=steps,
                                                    size=size, rid=rid, trajectory=trajectory, decode=not trajectory,
-                                                   guidance_scale=guidance_scale))
+                                                   diffusion=diffusion))
                 engine.send(rid, ActionPart(name=clips[i].actions[0], values=[[0.0]]))
             for out in engine.step():
                 if out.status is not RequestStatus.COMPLETED:

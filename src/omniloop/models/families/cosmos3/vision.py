@@ -153,7 +153,7 @@ class Media:
     timestamps: tuple[float, ...] = ()  # video: seconds of each temporal patch group
 
     def placeholder(self, merge: int) -> str:
-        """What the prompt's pad token becomes (``Qwen3VLProcessor.replace_*_token``)."""
+        """What the prompt's media slot becomes (``Qwen3VLProcessor.replace_*_token``)."""
         t, h, w = self.grid
         per_frame = h * w // merge**2
         if self.kind == "image":
@@ -248,13 +248,19 @@ def video_media(cfg: VideoProcessing, frames: torch.Tensor, fps: float) -> Media
     return Media("video", pixels, (gt, gh, gw), stamps)
 
 
+VIDEO_SLOT = f"{VISION_START}{VIDEO_PAD}{VISION_END}"  # what the chat template renders for a video
+_MEDIA_SLOTS = re.compile(f"({re.escape(VIDEO_SLOT)}|{re.escape(IMAGE_PAD)}|{re.escape(VIDEO_PAD)})")
+
+
 def expand_pads(text: str, media: Sequence[Media], merge: int) -> str:
-    """Each ``<|image_pad|>`` / ``<|video_pad|>`` of the rendered template (one per media part,
-    in order) -> its placeholder."""
+    """Each media slot of the rendered template (one per media part, in order) -> its
+    placeholder. A video's whole ``<|vision_start|><|video_pad|><|vision_end|>`` becomes its
+    per-frame ``<t seconds><|vision_start|>pads<|vision_end|>`` run, as upstream Qwen3-VL and
+    transformers >= 5.25 do (a bare ``<|video_pad|>`` too); an image's pad alone is replaced."""
     out, k = [], 0
-    for piece in re.split(f"({re.escape(IMAGE_PAD)}|{re.escape(VIDEO_PAD)})", text):
-        if piece in (IMAGE_PAD, VIDEO_PAD):
-            assert k < len(media) and piece == (IMAGE_PAD if media[k].kind == "image" else VIDEO_PAD), \
+    for piece in _MEDIA_SLOTS.split(text):
+        if piece in (IMAGE_PAD, VIDEO_PAD, VIDEO_SLOT):
+            assert k < len(media) and (piece == IMAGE_PAD) == (media[k].kind == "image"), \
                 "the prompt's media pads do not follow its media parts"
             out.append(media[k].placeholder(merge))
             k += 1

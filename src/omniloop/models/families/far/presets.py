@@ -9,6 +9,8 @@ FAR_DEFAULTS: dict[str, Any] = {
     "steps": 50,  # diffusers' default; the distilled AnyFlow checkpoints sample well at 1-8
     "guidance_scale": 1.0,  # AnyFlow fuses CFG into the weights
     "guidance_scale_2": None,
+    "first_chunk_guidance_scale": None,  # chunk 0's own CFG scale (None: guidance_scale)
+    "first_chunk_steps": None,  # chunk 0's own steps (None: steps)
     "height": 480,
     "width": 832,
     "num_frames": 81,

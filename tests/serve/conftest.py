@@ -20,7 +20,7 @@ from omniloop.engine import AsyncEngine
 from omniloop.request import DiffusionParams
 from omniloop.serve.app import create_app
 from omniloop.serve.config import ServeConfig
-from omniloop.serve.server import DrainingServer
+from omniloop.serve.server import DrainingServer, session_deploy
 from omniloop.serve.state import ServeState
 
 # The openai package marks its Videos API deprecated (Sora's shutdown); we serve it anyway.
@@ -76,7 +76,7 @@ def live_server(model_dir, *, serve: dict[str, Any] | None = None, wait: bool = 
     sock.bind(("127.0.0.1", 0))  # bound here and handed over: no free-port race
     port = sock.getsockname()[1]
     config = ServeConfig(port=port, **{"warmup": TINY_WARMUP, **(serve or {})})
-    session_engine = (AsyncEngine.from_pretrained(config.session_model, deploy=deploy_config)
+    session_engine = (AsyncEngine.from_pretrained(config.session_model, deploy=session_deploy(deploy_config))
                       if config.session_model else None)  # as run_server builds it
     app = create_app(engine, config, session_engine=session_engine)
     server = DrainingServer(uvicorn.Config(app, log_level="warning"), app.state.omniloop)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import httpx
 import torch
@@ -41,13 +42,29 @@ def _serve_one(server) -> bytes:
     return client.videos.download_content(video.id).content
 
 
-def test_a_parallel_server_serves_the_one_process_video_and_survives_a_dead_rank(wan_t2v_dir):
+def _one_session(server) -> dict:
+    sid = httpx.post(f"{server.url}/v1/sessions", json={"prompt": "a red circle", "size": "64x32", "steps": 1,
+                                                         "max_chunks": 2, "realtime": False}, timeout=60).json()["id"]
+    for _ in range(600):
+        body = httpx.get(f"{server.url}/v1/sessions/{sid}").json()
+        if body["status"] not in ("queued", "in_progress"):
+            return body
+        time.sleep(0.05)
+    raise AssertionError(f"session {sid} still {body['status']}")
+
+
+def test_a_parallel_server_serves_the_one_process_video_and_survives_a_dead_rank(wan_t2v_dir, far_dir):
+    """With a session model beside it (as ``omniloop serve`` without --model starts the
+    interactive one): that engine runs on the server's own process, since the pool holds the
+    process's one torch.distributed group."""
     expected = _one_process_mp4(wan_t2v_dir)
-    with live_server(wan_t2v_dir, parallel="cfg=2") as server:
+    with live_server(wan_t2v_dir, parallel="cfg=2", serve={"session_model": str(far_dir)}) as server:
         engine = server.engine.engine
         assert engine.pool.spec.world == 2
-        assert len(server.client().models.list().data) == 1  # the served model, listed as on one process
+        assert len(server.client().models.list().data) == 2  # the served model (as on one process), the session one
         assert _serve_one(server) == expected
+        session = _one_session(server)
+        assert session["status"] == "completed" and session["chunks"] == 2, session
 
         rank1 = engine.pool._procs[0]
         os.kill(rank1.pid, signal.SIGKILL)

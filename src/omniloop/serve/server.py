@@ -21,6 +21,7 @@ import uvicorn
 
 from omniloop.deploy import DeployConfig
 from omniloop.engine import AsyncEngine
+from omniloop.parallel.spec import ParallelSpec
 from omniloop.serve.app import create_app
 from omniloop.serve.config import ServeConfig
 from omniloop.serve.jobs import JobStore
@@ -83,6 +84,13 @@ class DrainingServer(uvicorn.Server):
             self.should_exit = True
 
 
+def session_deploy(deploy: DeployConfig) -> DeployConfig:
+    """The session model's deployment: the served model's, on this one process. A process
+    holds one torch.distributed group, which a parallel served model's pool already made
+    (this process is its rank 0), so the session engine does not start a pool of its own."""
+    return deploy.model_copy(update={"parallel": ParallelSpec()}) if deploy.parallel.world > 1 else deploy
+
+
 def run_server(model: str | Path | Mapping[str, str], deploy: DeployConfig, config: ServeConfig, *,
                log_level: str = "info") -> int:
     """Serve until SIGTERM/SIGINT (exit code 0), or until the warmup fails (1, its error on
@@ -101,7 +109,7 @@ def run_server(model: str | Path | Mapping[str, str], deploy: DeployConfig, conf
     session_engine = None
     try:
         if config.session_model:  # the interactive model beside the served one (sessions, /play)
-            session_engine = AsyncEngine.from_pretrained(config.session_model, deploy=deploy)
+            session_engine = AsyncEngine.from_pretrained(config.session_model, deploy=session_deploy(deploy))
         app = create_app(engine, config, jobs=jobs, session_engine=session_engine)
         state: ServeState = app.state.omniloop
         uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,

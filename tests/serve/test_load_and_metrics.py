@@ -86,8 +86,12 @@ def test_concurrent_load_then_metrics_add_up(loaded_server):
     assert m["omniloop_request_actual_cost_seconds_count{}"] == len(completed)
     assert m["omniloop_request_cost_ratio_count{}"] == len(completed)
     warmups = len(loaded_server.state.config.warmup)
-    assert m["omniloop_engine_requests_total{status=completed}"] == len(completed) + warmups
-    assert m["omniloop_engine_requests_total{status=rejected}"] == len(rejected)  # the engine's QueueFull
+    assert m["omniloop_requests_finished_total{status=completed}"] == len(completed) + warmups
+    assert m["omniloop_requests_finished_total{status=rejected}"] == len(rejected)  # the engine's QueueFull
+    assert m["omniloop_requests_waiting{}"] == 0 and m["omniloop_requests_running{}"] == 0
+    # the names this server used before the Dynamo worker's were adopted, kept for one release
+    for status in ("completed", "rejected"):
+        assert m[f"omniloop_engine_requests_total{{status={status}}}"] == m[f"omniloop_requests_finished_total{{status={status}}}"]
     assert m["omniloop_queue_depth{}"] == 0 and m["omniloop_running{}"] == 0
     assert m["omniloop_engine_steps_total{}"] >= 2 * len(completed) / 4  # at most max_batch requests per step
     assert m["omniloop_engine_alive{}"] == 1 and any(k.startswith("omniloop_cost_model{item=denoise/step") for k in m)

@@ -12,38 +12,11 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from omniloop.request import RequestMetrics, RequestStatus
+from omniloop.serve.engine_metrics import EngineStateCollector
 
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 _STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 _RATIO_BUCKETS = (0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2, 4, 10)
-
-
-class _EngineCollector:
-    """Engine state as gauges/counters, computed when scraped."""
-
-    def __init__(self, stats: Callable[[], dict[str, Any]]) -> None:
-        self._stats = stats
-
-    def collect(self) -> Iterator[Metric]:
-        s = self._stats()
-        yield GaugeMetricFamily("omniloop_queue_depth", "requests waiting in the engine queue", value=s["waiting"])
-        yield GaugeMetricFamily("omniloop_running", "requests holding state in the engine", value=s["running"])
-        yield GaugeMetricFamily("omniloop_engine_alive", "1 while the engine thread runs", value=int(s["alive"]))
-        yield GaugeMetricFamily("omniloop_engine_accepting", "1 unless draining", value=int(s["accepting"]))
-        finished = CounterMetricFamily("omniloop_engine_requests", "requests the engine finished (incl. warmup)",
-                                       labels=["status"])
-        for status in ("completed", "failed", "cancelled", "rejected"):
-            finished.add_metric([status], s[status])
-        yield finished
-        yield CounterMetricFamily("omniloop_engine_steps", "loop steps executed", value=s["steps"])
-        yield CounterMetricFamily("omniloop_engine_batched_steps", "steps that ran more than one request",
-                                  value=s["batched_steps"])
-        yield CounterMetricFamily("omniloop_engine_pool_restarts", "worker pool restarts", value=s["pool_restarts"])
-        calib = GaugeMetricFamily("omniloop_cost_model", "cost model calibration: measured/prior ratio per "
-                                  "(node, kind), or EMA seconds for flop-less items", labels=["item"])
-        for key, value in sorted(s["cost_model"].items()):
-            calib.add_metric([key], value)
-        yield calib
 
 
 class _CacheCollector:
@@ -104,7 +77,7 @@ class ServeMetrics:
                                      buckets=_LATENCY_BUCKETS, registry=r)
         self.cost_ratio = Histogram("omniloop_request_cost_ratio", "actual / predicted compute seconds "
                                     "(completed requests)", buckets=_RATIO_BUCKETS, registry=r)
-        r.register(_EngineCollector(engine_stats))  # type: ignore[arg-type]
+        r.register(EngineStateCollector(engine_stats, aliases=True))
         if cache_summaries is not None:
             r.register(_CacheCollector(cache_summaries))  # type: ignore[arg-type]
 

@@ -10,10 +10,11 @@ planner or router can weigh requests by (design §6.3.5 item 2, ask A2).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from omniloop.serve.engine_metrics import EngineStateCollector
 
 if TYPE_CHECKING:
     from omniloop.engine import AsyncEngine
@@ -23,32 +24,10 @@ PREFIX = "omniloop_"
 _COST_BUCKETS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0)
 
 
-class _EngineCollector:
-    """Reads ``AsyncEngine.stats()`` when scraped."""
-
-    def __init__(self, engine: "AsyncEngine") -> None:
-        self.engine = engine
-
-    def collect(self) -> Iterator[Any]:
-        s = self.engine.stats()
-        yield GaugeMetricFamily(f"{PREFIX}requests_waiting", "requests queued in the engine", value=s["waiting"])
-        yield GaugeMetricFamily(f"{PREFIX}requests_running", "requests holding state in the engine", value=s["running"])
-        finished = CounterMetricFamily(f"{PREFIX}requests_finished", "requests by final status", labels=["status"])
-        for status in ("completed", "failed", "cancelled", "rejected"):
-            finished.add_metric([status], s[status])
-        yield finished
-        yield CounterMetricFamily(f"{PREFIX}engine_steps", "loop steps executed", value=s["steps"])
-        yield CounterMetricFamily(f"{PREFIX}engine_batched_steps", "steps that ran more than one request",
-                                  value=s["batched_steps"])
-        yield CounterMetricFamily(f"{PREFIX}engine_pool_restarts", "worker pool restarts", value=s["pool_restarts"])
-        yield GaugeMetricFamily(f"{PREFIX}engine_alive", "1 while the engine thread runs", value=float(s["alive"]))
-        yield GaugeMetricFamily(f"{PREFIX}engine_accepting", "0 once draining", value=float(s["accepting"]))
-
-
 class WorkerMetrics:
     def __init__(self, engine: "AsyncEngine") -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(_EngineCollector(engine))
+        self.registry.register(EngineStateCollector(engine.stats))
         self.predicted = Histogram(f"{PREFIX}request_predicted_cost_seconds",
                                    "cost model's predicted seconds per admitted request", buckets=_COST_BUCKETS,
                                    registry=self.registry)

@@ -24,6 +24,7 @@ KEY_SUITES: dict[str, tuple[str, ...]] = {
                          "tests/models/wan/test_vae_parity.py"),
     "cache-dit oracle": ("tests/ext/test_cache_oracle.py",),
     "browser (/play in headless Chromium)": ("tests/serve/test_play.py",),
+    "browser (/docs and /redoc offline)": ("tests/serve/test_docs_offline.py",),
     "Qwen3-VL video processor oracle": ("tests/models/cosmos3/test_video_processor_parity.py",),
 }
 

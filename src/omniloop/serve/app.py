@@ -22,6 +22,7 @@ import omniloop
 from omniloop.engine import AsyncEngine
 from omniloop.serve import audio, chat, images, loras, play, sessions, streaming, videos
 from omniloop.serve.config import ServeConfig
+from omniloop.serve.docs_pages import install_docs
 from omniloop.serve.errors import install_error_handlers
 from omniloop.serve.jobs import JobStore
 from omniloop.serve.protocol import ImageEditRequest, ImageGenerationRequest, ModelCard, ModelList, VideoCreateRequest
@@ -140,7 +141,8 @@ def create_app(engine: AsyncEngine, config: ServeConfig | None = None, *, jobs: 
 
     app = FastAPI(title="omniloop", version=omniloop.__version__,
                   description="OpenAI-compatible video and image generation on the omniloop engine",
-                  lifespan=lifespan)
+                  lifespan=lifespan, docs_url=None, redoc_url=None)
+    install_docs(app)  # /docs and /redoc with their assets served from the package, not a CDN
     app.state.omniloop = state
     install_error_handlers(app)
     for router in (system, videos.router, streaming.router, images.router, sessions.router,

@@ -1,0 +1,58 @@
+"""README.md tells the truth about installing and testing: its install block runs the script
+``.ci/run`` runs, its test command is the one ``.ci/run`` runs, and its shapes-world
+vocabulary table is the evaluator's vocabulary."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from omniloop.eval.shapes_world import BACKGROUNDS, COLORS, MOTIONS, SHAPES
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+CI = (ROOT / ".ci" / "run").read_text()
+
+
+def _section_block(title: str) -> list[str]:
+    """The commands of the first ```bash block under ``## title`` (comments and blanks dropped)."""
+    section = README.split(f"\n## {title}\n", 1)[1]
+    block = re.search(r"```bash\n(.*?)```", section, re.S)
+    assert block, f"README's '{title}' section has no bash block"
+    return [line.split("#", 1)[0].strip() for line in block.group(1).splitlines() if line.split("#", 1)[0].strip()]
+
+
+def _ci_commands() -> list[str]:
+    return [line.strip() for line in CI.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+def test_readme_install_is_what_ci_installs():
+    install = _section_block("Install")
+    scripts = [c for c in install if c.startswith("bash scripts/")]
+    assert scripts == ["bash scripts/install_dev.sh"], install
+    assert "bash scripts/install_dev.sh" in _ci_commands()
+    assert not any(c.startswith(("pip install", "python -m pip install")) for c in _ci_commands()), \
+        "CI installs packages beside the README's script: put them in scripts/install_dev.sh"
+    assert (ROOT / "scripts" / "install_dev.sh").exists()
+
+
+def test_readme_test_command_is_what_ci_runs():
+    (command,) = _section_block("Test")
+    ci_pytest = [c for c in _ci_commands() if "-m pytest" in c]
+    assert len(ci_pytest) == 1, ci_pytest
+    # CI adds only reporting flags (-rs, the JUnit report) and its exit-code handling
+    ci = re.sub(r" -rs| --junitxml=\S+| \|\| rc=\$\?", "", ci_pytest[0])
+    assert ci == command, (ci, command)
+
+
+def test_readme_vocabulary_is_the_evaluators():
+    rows = dict(re.findall(r"^\| (colors|shapes|motions|backgrounds) \(\d+\) \| ([^|(]+)", README, re.M))
+
+    def words(kind: str) -> list[str]:
+        return [w.strip() for w in rows[kind].split(",")]
+
+    assert words("colors") == list(COLORS) and words("shapes") == list(SHAPES)
+    assert words("motions") == list(MOTIONS) and words("backgrounds") == list(BACKGROUNDS)
+    counts = dict(re.findall(r"^\| (\w+) \((\d+)\)", README, re.M))
+    assert counts == {"colors": str(len(COLORS)), "shapes": str(len(SHAPES)), "motions": str(len(MOTIONS)),
+                      "backgrounds": str(len(BACKGROUNDS))}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import pytest
 import torch
 
@@ -410,3 +411,32 @@ def test_fifo_batch_baseline_runs_same_shape_requests_as_one_batch_start_to_fini
     admitted = [p.admitted for p in plans if p.admitted]
     assert admitted == [("a", "c"), ("b", "d")]  # the second batch starts when the first has ended
     assert all(o.status is RequestStatus.COMPLETED for o in outs.values())
+
+
+def test_a_paused_request_runs_no_step_until_resumed_and_ends_as_if_never_paused(make_engine):
+    """``Engine.pause``/``resume`` (a live session nobody watches): the paused request keeps
+    its state and runs nothing while the others finish; resumed, its output equals an
+    unpaused run's; an abort still ends a paused request."""
+    engine = make_engine()
+    engine.add_request(req(1, steps=3, rid="held"), paused=True)
+    engine.add_request(req(2, steps=3, rid="other"))
+    engine.add_request(req(3, steps=3, rid="dropped"), paused=True)
+    with torch.inference_mode():
+        early = {}
+        while "other" not in early:
+            early.update((out.request_id, out) for out in engine.step())
+        assert engine.idle_s() == math.inf  # only paused requests are left: nothing to run
+        held = engine._requests["held"]
+        assert held.node_index == 0 and held.loop is None  # not one step of it ran
+        engine.abort("dropped")
+        engine.resume("held")
+        outs, _ = run_all(engine)
+    assert outs["dropped"].status is RequestStatus.CANCELLED
+    assert outs["held"].status is RequestStatus.COMPLETED
+    alone = make_engine()
+    alone.add_request(req(1, steps=3, rid="held"))
+    with torch.inference_mode():
+        solo, _ = run_all(alone)
+    assert torch.equal(outs["held"].artifacts["video"].frames, solo["held"].artifacts["video"].frames)
+    with pytest.raises(UnknownRequest, match="no live request 'held'"):
+        engine.pause("held")  # finished

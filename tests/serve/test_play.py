@@ -117,5 +117,13 @@ def test_play_in_headless_chromium_arrow_keys_steer_the_next_chunks(server):
             assert first - pressed_at <= 3  # the chunk in flight (and one paced ahead) keep the old action
         s = wait(lambda s: s["buffered"] > 0, "MediaSource to buffer the segments")
         assert s["segments"] >= len(s["events"]) - 1
+        # a reload reconnects to the same session (paused while the page was gone), and it plays on
+        session = driver.execute_script("return window.omniloopPlay.session;")
+        made = httpx.get(f"{server.url}/v1/sessions/{session}", timeout=30).json()["chunks"]
+        driver.refresh()
+        s = wait(lambda s: any(e["index"] >= made for e in s["events"]) and s["buffered"] > 0,
+                 "the reloaded page to play the session's next chunks")
+        assert driver.execute_script("return [window.omniloopPlay.session, window.omniloopPlay.resumed];") == \
+            [session, True]
     finally:
         driver.quit()

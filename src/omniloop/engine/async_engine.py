@@ -165,9 +165,9 @@ class AsyncEngine:
             self._wake.notify()
 
     # -- public API ---------------------------------------------------------------------
-    def submit(self, request: OmniRequest) -> asyncio.Queue:
+    def submit(self, request: OmniRequest, *, paused: bool = False) -> asyncio.Queue:
         """Queue ``request`` (raises RequestRejected on bad input / full queue) and return
-        the asyncio queue its events arrive on."""
+        the asyncio queue its events arrive on. ``paused``: see ``Engine.add_request``."""
         if self._error is not None:
             raise EngineDeadError(f"engine stopped: {self._error}")
         queue: asyncio.Queue = asyncio.Queue()
@@ -179,7 +179,7 @@ class AsyncEngine:
                 raise RequestRejected(f"request_id {rid!r} is already in use; pass a new id (or omit it)")
             self._queues[rid] = entry
         try:
-            self.engine.add_request(request)
+            self.engine.add_request(request, paused=paused)
         except BaseException:
             self._drop_queue(rid, entry)
             raise
@@ -192,11 +192,11 @@ class AsyncEngine:
             if self._queues.get(request_id) is entry:
                 del self._queues[request_id]
 
-    async def stream(self, request: OmniRequest) -> AsyncIterator[OmniEvent]:
+    async def stream(self, request: OmniRequest, *, paused: bool = False) -> AsyncIterator[OmniEvent]:
         """Events of ``request`` until (and including) its FinalEvent. Closing the stream
         early (``aclose()``, a cancelled task: a client disconnect) aborts the request and
-        frees everything held for it."""
-        queue = self.submit(request)
+        frees everything held for it. ``paused``: queued but held until ``resume``."""
+        queue = self.submit(request, paused=paused)
         try:
             while True:
                 event = await queue.get()
@@ -232,6 +232,15 @@ class AsyncEngine:
     async def send(self, request_id: str, item: Any) -> None:
         """A live input for a running request (``Engine.send``)."""
         self.engine.send(request_id, item)
+        self._notify()
+
+    async def pause(self, request_id: str) -> None:
+        """Hold a request's steps (``Engine.pause``): its state stays, nothing runs."""
+        self.engine.pause(request_id)
+
+    async def resume(self, request_id: str) -> None:
+        """Run a paused request's steps again."""
+        self.engine.resume(request_id)
         self._notify()
 
     async def drain(self, timeout: float | None = None) -> None:

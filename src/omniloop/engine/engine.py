@@ -115,9 +115,10 @@ class Engine:
         self._fan_out: FanOutPool | None = None  # threads for fan-out nodes, made at first use
 
     # -- public API ---------------------------------------------------------------------
-    def add_request(self, request: OmniRequest) -> str:
+    def add_request(self, request: OmniRequest, *, paused: bool = False) -> str:
         """Validate and queue ``request``. Raises RequestRejected (ValueError) naming the
-        problem; nothing is queued then."""
+        problem; nothing is queued then. ``paused``: admitted, but none of its steps run
+        until ``resume`` (a live session waiting for its viewer)."""
         if self.dead:
             raise EngineDeadError(f"engine is dead: {self.dead}")
         if not self.accepting:
@@ -131,7 +132,8 @@ class Engine:
                 # the family sized the request from its input (an edit's image): those pixels count too
                 check_limits(state.request, self.config.limits, self.pipeline.defaults)
             check_plugin_params(state.request, self.pipeline)
-            req = EngineRequest(request=state.request, state=state, nodes=self.pipeline.active_nodes(state.request))
+            req = EngineRequest(request=state.request, state=state, nodes=self.pipeline.active_nodes(state.request),
+                                paused=paused)
             self._estimate(req)
         except RequestRejected:
             self.stats.rejected += 1
@@ -166,6 +168,21 @@ class Engine:
             if forget:
                 self._forget.add(request_id)
             req.abort_requested = True  # no-op for a finished request
+
+    def pause(self, request_id: str) -> None:
+        """Hold a queued or running request: none of its steps run (its state stays) until
+        ``resume``. An abort still ends it. Takes effect at the next step boundary."""
+        self._tracked(request_id).paused = True
+
+    def resume(self, request_id: str) -> None:
+        """Let a paused request's steps run again, from where it stopped."""
+        self._tracked(request_id).paused = False
+
+    def _tracked(self, request_id: str) -> EngineRequest:
+        req = self._requests.get(request_id)
+        if req is None or req.is_finished:
+            raise UnknownRequest(f"no live request {request_id!r}; pass the id add_request returned")
+        return req
 
     def is_tracked(self, request_id: str) -> bool:
         """Whether ``request_id`` is in use: queued, running, or finished and not yet popped."""

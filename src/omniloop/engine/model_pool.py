@@ -150,11 +150,11 @@ class ModelPool:
             self._load(slot)  # everything starts loaded; over budget, the LRU goes to the host
 
     # -- the Engine surface -----------------------------------------------------------------
-    def add_request(self, request: OmniRequest) -> str:
+    def add_request(self, request: OmniRequest, *, paused: bool = False) -> str:
         slot = self._slot_for(request)
         if slot.engine is None:  # on disk: admission needs the pipeline (its validator)
             self._load(slot)
-        rid = slot.engine.add_request(request)  # type: ignore[union-attr]
+        rid = slot.engine.add_request(request, paused=paused)  # type: ignore[union-attr]
         with self._lock:
             self._owner[rid] = slot.name
             slot.arrivals[rid] = time.perf_counter()
@@ -197,6 +197,12 @@ class ModelPool:
 
     def send(self, request_id: str, item: Any) -> None:
         self._engine_of(request_id).send(request_id, item)
+
+    def pause(self, request_id: str) -> None:
+        self._engine_of(request_id).pause(request_id)
+
+    def resume(self, request_id: str) -> None:
+        self._engine_of(request_id).resume(request_id)
 
     def is_tracked(self, request_id: str) -> bool:
         name = self._owner.get(request_id)
@@ -276,8 +282,9 @@ class ModelPool:
             waited = now - (slot.oldest() or now)
             if (not resident or waited >= self.switch_after * self.transition_s(slot)) and self._can_fit(slot):
                 return slot
-        if resident:
-            return min(resident, key=lambda s: s.oldest() or now)
+        if resident:  # one with work to do now first: a paused or paced request's model waits
+            runnable = [s for s in resident if s.engine is not None and s.engine.idle_s() == 0] or resident
+            return min(runnable, key=lambda s: s.oldest() or now)
         return None  # nothing resident has work and nothing fits: wait for running requests
 
     def _device_bytes(self) -> int:

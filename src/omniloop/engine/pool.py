@@ -224,9 +224,9 @@ class PoolEngine(Engine):
         self._ended: list[tuple[str, str, str | None]] | None = None
         self._finalizer = weakref.finalize(self, pool.shutdown)
 
-    def add_request(self, request: OmniRequest) -> str:
+    def add_request(self, request: OmniRequest, *, paused: bool = False) -> str:
         # Every rank must draw the same noise: a request without a seed gets one here, once.
-        return super().add_request(with_seed(request))
+        return super().add_request(with_seed(request), paused=paused)
 
     def send(self, request_id: str, item: Any) -> None:
         """Refused: a live input would reach rank 0's loop only (plans carry no session inputs),

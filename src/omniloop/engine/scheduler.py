@@ -14,6 +14,7 @@ one batch from start to finish; arrivals wait for the batch to end.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Literal
@@ -102,7 +103,7 @@ class StepScheduler:
         admitted = self._admit()
         now = time.perf_counter()
         ranked = self._rank([r for r in self.running.values()
-                             if not r.abort_requested and _ready(r) and self._ready_at(r) <= now])
+                             if not r.abort_requested and not r.paused and _ready(r) and self._ready_at(r) <= now])
         head = ranked[0] if ranked else None
         prologue = [r for r in ranked if _in_prologue(r)]
         if prologue and head is not prologue[0] and self._prologue_first(prologue[0], head):
@@ -114,11 +115,16 @@ class StepScheduler:
 
     def next_ready_s(self) -> float | None:
         """Seconds until a running request that waits (``LoopStage.ready_at``) becomes ready;
-        0 when one is ready now, None when nothing is running."""
+        0 when one is ready now (or one must be aborted), None when nothing is running, inf
+        when every running request is paused (``Engine.pause``: only a resume or an abort
+        wakes them)."""
         if not self.running:
             return None
+        live = [r for r in self.running.values() if not r.paused or r.abort_requested]
+        if not live:
+            return math.inf
         now = time.perf_counter()
-        return max(0.0, min(self._ready_at(r) for r in self.running.values()) - now)
+        return max(0.0, min(self._ready_at(r) for r in live) - now)
 
     # -- helpers --------------------------------------------------------------------------
     def _ready_at(self, req: EngineRequest) -> float:

@@ -78,7 +78,10 @@ class ServeConfig(BaseModel):
                                  "its already started images to stop (DELETE never waits: it answers 'cancelling')")
     sse_keepalive_s: float = Field(default=15.0, gt=0, description="comment lines on idle event streams")
     max_sessions: int = Field(default=4, ge=1, description="live sessions (POST /v1/sessions) at once; 429 beyond")
-    session_idle_s: float = Field(default=60.0, gt=0, description="a session nobody is connected to ends after this")
+    session_idle_s: float = Field(default=60.0, gt=0, description="a session whose clients all left is paused "
+                                  "(no chunks made) and ends after this unless a client reconnects")
+    session_connect_grace_s: float = Field(default=10.0, gt=0, description="a session no client ever connects "
+                                           "to (it makes no chunks meanwhile) ends after this")
     session_model: str | None = Field(
         default=None, description="an interactive model (a built-in name or a folder) that serves /v1/sessions and "
         "/play beside the served model; `omniloop serve` without --model uses the built-in shapes-interactive")

@@ -7,6 +7,10 @@ init segment) and sends ``{"type": "action", "action": ...}`` for the arrow keys
 ``stay``). The action vocabulary comes from ``/v1/models``; the page shows each chunk's
 action as the server reports it. ``window.omniloopPlay`` exposes what the page saw (chunk
 events, segment count, errors) for tests and debugging. ``?key=`` passes an API key.
+
+A session makes chunks only while its stream is connected, so the page keeps its session's
+id in ``sessionStorage``: reloaded, it reconnects to that session (paused while the page was
+gone) instead of leaving it behind and starting another; the start button starts a new one.
 """
 
 from __future__ import annotations
@@ -46,25 +50,45 @@ if (params.get("key")) headers["Authorization"] = "Bearer " + params.get("key");
 const status = (text) => { document.getElementById("status").textContent = text; };
 let ws = null;
 
-async function start() {
+async function resumable() {
+  // the session this tab had before a reload, if it is still live
+  const id = sessionStorage.getItem("omniloop.session");
+  if (!id) return null;
+  const r = await fetch("/v1/sessions/" + id, {headers});
+  if (!r.ok) return null;
+  const session = await r.json();
+  return ["queued", "in_progress"].includes(session.status) ? session : null;
+}
+
+async function start(reuse) {
   if (ws) ws.close();
   const models = await (await fetch("/v1/models", {headers})).json();
   const interactive = models.data.find((m) => m.actions && m.actions.length) || models.data[0];
   play.actions = interactive.actions || [];
-  const body = {prompt: document.getElementById("prompt").value, realtime: true};
-  if (params.get("steps")) body.steps = parseInt(params.get("steps"));
-  if (params.get("size")) body.size = params.get("size");
-  const r = await fetch("/v1/sessions", {method: "POST", headers, body: JSON.stringify(body)});
-  const session = await r.json();
-  if (!r.ok) { play.errors.push(session.error ? session.error.message : r.statusText); status("error: " + play.errors.at(-1)); return; }
+  let session = reuse ? await resumable() : null;
+  play.resumed = session !== null;
+  if (!session) {
+    const body = {prompt: document.getElementById("prompt").value, realtime: true};
+    if (params.get("steps")) body.steps = parseInt(params.get("steps"));
+    if (params.get("size")) body.size = params.get("size");
+    const r = await fetch("/v1/sessions", {method: "POST", headers, body: JSON.stringify(body)});
+    session = await r.json();
+    if (!r.ok) { play.errors.push(session.error ? session.error.message : r.statusText); status("error: " + play.errors.at(-1)); return; }
+  }
   play.session = session.id;
+  sessionStorage.setItem("omniloop.session", session.id);
   const source = new MediaSource();
   const video = document.getElementById("video");
   video.src = URL.createObjectURL(source);
   await new Promise((ok) => source.addEventListener("sourceopen", ok, {once: true}));
   let buffer = null;
   const queue = [];
-  const pump = () => { if (buffer && !buffer.updating && queue.length) buffer.appendBuffer(queue.shift()); };
+  const pump = () => {
+    if (!buffer || buffer.updating) return;
+    // a reconnected session's first segment starts past 0: play from where the buffer starts
+    if (video.buffered.length && video.currentTime < video.buffered.start(0)) video.currentTime = video.buffered.start(0);
+    if (queue.length) buffer.appendBuffer(queue.shift());
+  };
   const proto = location.protocol === "https:" ? "wss://" : "ws://";
   ws = new WebSocket(proto + location.host + "/v1/sessions/" + session.id + "/stream");
   ws.binaryType = "arraybuffer";
@@ -93,8 +117,8 @@ document.addEventListener("keydown", (e) => {
   ws.send(JSON.stringify({type: "action", action}));
   play.sent.push(action);
 });
-document.getElementById("start").addEventListener("click", start);
-if (params.get("autostart") !== "0") start();
+document.getElementById("start").addEventListener("click", () => start(false));
+if (params.get("autostart") !== "0") start(true);
 </script>
 </body>
 </html>

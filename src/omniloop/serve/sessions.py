@@ -12,9 +12,14 @@ one prefixed by the init segment, ready for a MediaSource. A bad message gets an
 ``{"type": "error", ...}`` frame and the session goes on; the session's end is an
 ``{"type": "end", ...}`` event, then close 1000.
 
-A session whose last client disconnects ends (its slabs are freed); one nobody connects to
-expires after ``ServeConfig.session_idle_s``; beyond ``max_sessions`` live ones a new one is
-refused (429). Sessions interleave (and batch) on the one engine like any requests.
+A session makes chunks only while a client is connected to its stream: it is created paused
+(``Engine.pause``: admitted, its state kept, none of its steps run), resumes when its first
+client connects and pauses again when its last one leaves, so a tab that was closed or never
+opened its stream takes no engine time from the sessions people watch. One nobody ever
+connects to expires after ``ServeConfig.session_connect_grace_s``; one whose clients left
+ends after ``session_idle_s`` unless a client comes back (a reloaded /play page reconnects to
+its session). Beyond ``max_sessions`` live ones a new one is refused (429). Sessions
+interleave (and batch) on the one engine like any requests.
 """
 
 from __future__ import annotations
@@ -73,6 +78,7 @@ class SessionObject(BaseModel):
     chunks: int  # made so far
     max_chunks: int | None
     actions: list[str]
+    clients: int = 0  # connected to its stream now; with none it makes no chunks
     error: str | None = None
 
 
@@ -97,6 +103,7 @@ class Session:
     made: int = 0  # chunks made so far
     init_segment: bytes | None = None
     clients: int = 0
+    connected: bool = False  # a client has connected at least once (before: the connect grace applies)
     last_seen: float = field(default_factory=time.monotonic)
     ended: bool = False
     ended_at: float | None = None  # monotonic; an ended session is described for session_idle_s more
@@ -124,6 +131,7 @@ class SessionManager:
         self.sessions: dict[str, Session] = {}
         self.max_sessions = int(getattr(state.config, "max_sessions", 4))
         self.idle_s = float(getattr(state.config, "session_idle_s", 60.0))
+        self.connect_grace_s = float(getattr(state.config, "session_connect_grace_s", 10.0))
         self._reaper: asyncio.Task | None = None
 
     @property
@@ -158,7 +166,7 @@ class SessionManager:
                                                           "realtime": body.realtime}})
         fps = body.fps or int(model.defaults.get("fps", 16))
         session = Session(id=sid, model=model.name, max_chunks=body.max_chunks, fps=fps)
-        stream = self.engine.stream(request)
+        stream = self.engine.stream(request, paused=True)  # it runs while a client watches (serve_client)
         try:
             first = await anext(stream)  # the submit: a rejection raises here, nothing is kept
         except EngineError as e:
@@ -229,22 +237,34 @@ class SessionManager:
         session.made = art.index + 1
 
     async def _reap(self) -> None:
-        """End sessions nobody has been connected to for ``idle_s``; forget ended ones after as long."""
+        """End sessions no client connected to within ``connect_grace_s``, and those whose
+        clients left ``idle_s`` ago; forget ended ones after ``idle_s``."""
         while True:
-            await asyncio.sleep(min(1.0, self.idle_s / 4))
+            await asyncio.sleep(min(1.0, self.idle_s / 4, self.connect_grace_s / 4))
             now = time.monotonic()
             for session in list(self.sessions.values()):
                 if session.ended and session.clients == 0:
                     if now - (session.ended_at or now) > self.idle_s:
                         self.sessions.pop(session.id, None)
-                elif not session.ended and session.clients == 0 and now - session.last_seen > self.idle_s:
-                    logger.info("session %s idle for %.0f s: ending it", session.id, now - session.last_seen)
-                    await self.end(session, f"expired: no client for {self.idle_s:g} s (session_idle_s)")
+                elif not session.ended and session.clients == 0 and (reason := self._expired(session, now)):
+                    logger.info("session %s: %s", session.id, reason)
+                    await self.end(session, reason)
+
+    def _expired(self, session: Session, now: float) -> str | None:
+        unwatched = now - session.last_seen
+        if not session.connected and unwatched > self.connect_grace_s:
+            return f"expired: no client connected within {self.connect_grace_s:g} s (session_connect_grace_s)"
+        if session.connected and unwatched > self.idle_s:
+            return f"expired: no client for {self.idle_s:g} s (session_idle_s)"
+        return None
 
     # -- one client -----------------------------------------------------------------------
     async def serve_client(self, websocket: WebSocket, session: Session) -> None:
         session.clients += 1
+        session.connected = True
         session.last_seen = time.monotonic()
+        if session.clients == 1:
+            await self._set_watched(session, True)  # someone watches: make chunks
         sender = asyncio.create_task(self._send_chunks(websocket, session))
         try:
             while not sender.done():
@@ -264,9 +284,14 @@ class SessionManager:
             session.clients -= 1
             session.last_seen = time.monotonic()
             if session.clients == 0 and not session.ended:
-                await self.end(session, "ended: its client disconnected")  # free its slabs now
+                await self._set_watched(session, False)  # nobody watches: hold it until one comes back (or idle_s)
             with contextlib.suppress(Exception):
                 await websocket.close(code=1000)
+
+    async def _set_watched(self, session: Session, watched: bool) -> None:
+        """Resume (``watched``) or pause the session's engine request."""
+        with contextlib.suppress(UnknownRequest):  # it ended meanwhile
+            await (self.engine.resume if watched else self.engine.pause)(session.id)
 
     async def _send_chunks(self, websocket: WebSocket, session: Session) -> None:
         sent = session.chunks[0][0]["index"] - 1 if session.chunks else -1
@@ -334,7 +359,7 @@ def attach_session_engine(state: ServeState, engine: Any) -> SessionManager:
 def session_object(mgr: SessionManager, session: Session) -> SessionObject:
     return SessionObject(id=session.id, model=session.model, status=session.status.value,
                          created_at=session.created_at, chunks=session.made, max_chunks=session.max_chunks,
-                         actions=sorted(mgr.actions), error=session.error)
+                         actions=sorted(mgr.actions), clients=session.clients, error=session.error)
 
 
 @router.post("", response_model=SessionObject, summary="Start a live session", dependencies=[Depends(require_auth)])

@@ -245,7 +245,7 @@ class DenoiseLoop(LoopStageBase):
                  sampler: Sampler) -> tuple[int, dict[str, Any]]:
         """(steps, ``init_state`` keyword arguments) of this request's schedule."""
         num_steps = params.num_steps(ctx.defaults.get("steps", 50))
-        return num_steps, self.shift.sampler_kwargs(params, _latent_area(shapes), num_steps, sampler)
+        return num_steps, self.shift.sampler_kwargs(params, shapes, num_steps, sampler)
 
     def initial_noise(self, ctx: StageContext, state: RequestState, shapes: Mapping[str, tuple[int, ...]],
                       gen: torch.Generator, given: bool) -> dict[str, torch.Tensor]:
@@ -592,11 +592,6 @@ def _tensors(artifact: Any) -> list[torch.Tensor]:
     if artifact is None:
         return []
     return [v for v in vars(artifact).values() if isinstance(v, torch.Tensor)]
-
-
-def _latent_area(shapes: Mapping[str, tuple[int, ...]]) -> int | None:
-    shape = shapes.get("video") or shapes.get("image")
-    return int(shape[-1] * shape[-2]) if shape is not None else None
 
 
 def _dtype_of(module: Any, default: torch.dtype) -> torch.dtype:

@@ -32,6 +32,8 @@ def test_a_steps_peak_is_its_batchs_not_the_largest_request():
     mixed = [_est(peak=5, group="a"), _est(peak=5, group="b"), _est(peak=2, group="a")]
     assert step_peak_bytes(mixed, max_batch=8) == 7  # different shapes never share a step
     assert step_peak_bytes([_est(peak=1, init=9), _est(peak=1)], max_batch=8) == 9  # an init runs alone
+    alone = [_est(peak=5, group=None), _est(peak=4, group=None)]  # no predicted key: each step runs alone
+    assert step_peak_bytes(alone, max_batch=8) == 5
 
 
 def test_can_start_counts_max_batch_co_batched_requests():

@@ -151,28 +151,6 @@ def test_slab_events_reach_the_cache_event_hook(far_dir, monkeypatch):
     assert kinds["alloc"] == 3 and kinds["hit"] >= 2 * 2 and kinds["evict"] == 3
 
 
-def test_a_parked_rollout_resumes_from_host_memory_unchanged(far_pipeline):
-    engine = _engine(far_pipeline)
-    engine.add_request(_req(4, steps=2))
-    ref, _ = run_all(engine)
-
-    engine = _engine(far_pipeline)
-    engine.add_request(_req(4, steps=2))
-    pool = far_pipeline.components["chunk_kv"]
-    node = far_pipeline.spec.node("rollout")
-    with torch.inference_mode():
-        while engine.scheduler.running.get("r4") is None or engine.scheduler.running["r4"].loop is None \
-                or engine.scheduler.running["r4"].loop.chunk < 2:
-            engine.step()
-        loop = engine.scheduler.running["r4"].loop
-        held = loop.kv.nbytes
-        node.stage.park(loop)  # idle: the session's slabs go to the host
-        assert loop.kv.nbytes == 0 and loop.kv.host_nbytes == held and pool.host_bytes == held
-        outs, _ = run_all(engine)  # the next step brings them back
-    assert pool.host_bytes == 0 and pool.counts["restore"] >= 1
-    assert torch.equal(outs["r4"].artifacts["latents"].latents, ref["r4"].artifacts["latents"].latents)
-
-
 def _chunk0_req(seed: int, **params) -> OmniRequest:
     req = _req(seed, rid="-".join(f"{k}{v}" for k, v in params.items()) or "plain")
     return req.model_copy(update={"diffusion": req.diffusion.model_copy(update=params)})

@@ -44,8 +44,11 @@ class MemoryEstimate:
     def of_nodes(cls, estimates: Mapping[str, WorkEstimate]) -> "MemoryEstimate":
         """A request's estimate from its nodes' (node name -> WorkEstimate)."""
         loops = {node: e.loop_bytes for node, e in estimates.items() if e.loop_bytes}
-        peaks = {(node, e.batch_group): e.peak_bytes for node, e in estimates.items() if e.peak_bytes}
-        solo = max((e.init_peak_bytes for e in estimates.values()), default=0)
+        # steps stack only with steps of an equal predicted key (stage.batches_with): None runs alone
+        peaks = {(node, e.batch_group): e.peak_bytes for node, e in estimates.items()
+                 if e.peak_bytes and e.batch_group is not None}
+        solo = max([*(e.init_peak_bytes for e in estimates.values()),
+                    *(e.peak_bytes for e in estimates.values() if e.batch_group is None)], default=0)
         pools: dict[str, int] = {}
         for e in estimates.values():
             for pool, n in e.pool_bytes.items():

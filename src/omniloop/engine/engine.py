@@ -96,7 +96,7 @@ class Engine:
         budget = self.config.memory_budget_bytes or max(default_memory_budget(pipeline.device) - sum(pools.values()), 0)
         self.cost_model = CostModel.for_device(pipeline.device)
         memory = MemoryBudget(budget, max_batch=self.config.policy.max_batch, pool_budgets=pools)
-        self.scheduler = StepScheduler(pipeline, self.cost_model, memory, self.config.policy)
+        self.scheduler = StepScheduler(self.cost_model, memory, self.config.policy)
         # Step times without a per-step device sync (CUDA events read a step later).
         self._own_timer = step_timer is None
         self.step_timer = step_timer or step_timer_for(pipeline.device)
@@ -559,7 +559,6 @@ class Engine:
             return
         if self._restart_pool is not None:
             self.pipeline = self._restart_pool()
-            self.scheduler.pipeline = self.pipeline
             self.hooks = plugin_chain(self.pipeline)
         if self._own_timer:  # events recorded on a corrupt context cannot be read
             self.step_timer = step_timer_for(self.pipeline.device)

@@ -23,7 +23,7 @@ from omniloop.engine.admission import MemoryBudget
 from omniloop.engine.cost_model import CostModel, ItemCost
 from omniloop.engine.fanout import ready_siblings
 from omniloop.engine.request import EngineRequest
-from omniloop.pipeline.pipeline import Pipeline
+from omniloop.pipeline.stage import batches_with
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,6 @@ class SchedulingPolicy:
 
 @dataclass
 class StepScheduler:
-    pipeline: Pipeline
     cost_model: CostModel
     memory: MemoryBudget
     policy: SchedulingPolicy = field(default_factory=SchedulingPolicy)
@@ -172,7 +171,7 @@ class StepScheduler:
         if self.running or not ranked:
             return []
         key = _shape_key(ranked[0])
-        return [r for r in ranked if _shape_key(r) == key][: self.policy.max_batch]
+        return [r for r in ranked if batches_with(key, _shape_key(r))][: self.policy.max_batch]
 
     def _rank(self, reqs: list[EngineRequest]) -> list[EngineRequest]:
         if self.policy.kind in ("fifo", "fifo_batch"):
@@ -209,18 +208,17 @@ class StepScheduler:
         key = node.stage.batch_key(head.loop)
         batch = [head]
         budget, used = self.policy.max_batch_tokens, node.stage.batch_weight(head.loop)
-        if key is not None:
-            for other in ranked:
-                if len(batch) >= self.policy.max_batch:
-                    break
-                if other is head:  # a prologue step picked ahead of the ranking's first
-                    continue
-                if other.node is node and other.loop is not None and node.stage.batch_key(other.loop) == key:
-                    weight = node.stage.batch_weight(other.loop)
-                    if budget is not None and used + weight > budget:
-                        continue  # over the token budget: a smaller request further down may still fit
-                    batch.append(other)
-                    used += weight
+        for other in ranked if key is not None else ():  # a None key runs alone: no candidates to ask
+            if len(batch) >= self.policy.max_batch:
+                break
+            if other is head or other.node is not node or other.loop is None:  # head: a prologue step picked first
+                continue
+            if batches_with(key, node.stage.batch_key(other.loop)):
+                weight = node.stage.batch_weight(other.loop)
+                if budget is not None and used + weight > budget:
+                    continue  # over the token budget: a smaller request further down may still fit
+                batch.append(other)
+                used += weight
         return StepWork(node.name, tuple(r.request_id for r in batch))
 
     def item_cost(self, req: EngineRequest) -> ItemCost:
@@ -271,9 +269,6 @@ class StepScheduler:
         self.waiting = moved + self.waiting
         return moved
 
-    def status_counts(self) -> dict[str, int]:
-        return {"waiting": len(self.waiting), "running": len(self.running)}
-
 
 def _ready(req: EngineRequest) -> bool:
     """A request inside a loop whose next step cannot run yet (waiting for KV blocks) is skipped."""
@@ -284,7 +279,8 @@ def _ready(req: EngineRequest) -> bool:
 
 
 def _shape_key(req: EngineRequest) -> tuple:
-    """Requests with equal keys do the same work: they can run as one batch start to finish."""
+    """Requests with equal keys do the same work: they can run as one batch start to finish
+    (its batch groups: the keys their steps are predicted to batch by)."""
     return tuple((name, e.steps, e.flops_per_step, e.batch_group) for name, e in req.info["estimates"].items())
 
 

@@ -35,8 +35,8 @@ class WorkEstimate:
     peak_bytes: int = 0
     loop_bytes: int = 0  # held only while this node's loop runs (an AR loop's KV cache)
     init_peak_bytes: int = 0  # transient of the loop's ``init`` (e.g. an AR prefill); never batched
-    # Requests whose steps at this node may share a batch have equal groups (None: any
-    # request at the node may batch with any other).
+    # The batch key this node's steps are predicted to have (``batches_with``): requests of
+    # equal groups may share a batched step; None: its steps run alone.
     batch_group: Hashable | None = None
     # bytes charged against named cache pools with budgets of their own (e.g. "chunk_kv"),
     # part of resident_bytes too
@@ -121,7 +121,7 @@ class LoopStage(_Ports, Protocol):
         ...
 
     def batch_key(self, loop: LoopState) -> Hashable | None:
-        """Steps of loops with equal, non-None keys may run as one ``step_many`` call."""
+        """Steps of loops with equal, non-None keys may run as one ``step_many`` call (``batches_with``)."""
         ...
 
     def step_many(self, ctx: StageContext, loops: Sequence[LoopState]) -> list[StepResult]:
@@ -147,6 +147,14 @@ class LoopStage(_Ports, Protocol):
     def in_prologue(self, loop: LoopState) -> bool:
         """True while the loop's next step is prologue work (an AR loop's prefill chunks)."""
         ...
+
+
+def batches_with(key: Hashable | None, other: Hashable | None) -> bool:
+    """The one rule of batch compatibility: steps of one node run as one ``step_many`` when
+    their ``batch_key``s are equal and not None (None: the step runs alone). The scheduler
+    batches live steps by it, and admission applies it to the keys it predicts
+    (``WorkEstimate.batch_group``) to know whose step activations can stack."""
+    return key is not None and key == other
 
 
 def is_loop(stage: Any) -> bool:

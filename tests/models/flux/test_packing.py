@@ -65,6 +65,14 @@ def test_requests_of_different_sizes_share_every_step_and_equal_their_solo_runs(
         assert (packed - solo).abs().max().item() <= TOL
 
 
+def test_admission_predicts_that_packed_requests_of_any_size_share_a_step(flux_pipeline):
+    """The estimate's batch group is made like the live batch key: requests of every size are
+    one group (their step activations stack), as their steps are one batch."""
+    node, ctx = flux_pipeline.spec.node("denoise"), flux_pipeline.contexts["denoise"]
+    groups = {node.stage.estimate(ctx, flux_pipeline.admit(_req(i, h, w))).batch_group for i, (h, w) in enumerate(SIZES)}
+    assert len(groups) == 1
+
+
 def test_the_token_budget_bounds_each_batch(flux_pipeline):
     reqs = [_req(i, h, w) for i, (h, w) in enumerate(SIZES)]
     per_request = {f"r{i}": 512 + (h // 16) * (w // 16) for i, (h, w) in enumerate(SIZES)}  # T5 + image tokens

@@ -224,6 +224,7 @@ class ARDecodeLoop(LoopStageBase):
             loop_bytes=kv_bytes,
             peak_bytes=lm.activation_bytes(max(1, chunk), context) + kv_bytes,
             init_peak_bytes=lm.activation_bytes(chunk, chunk),
+            batch_group="tokens",  # any two decode steps of this node batch (``batch_key``)
         )
 
     def batch_key(self, loop: ARLoopState) -> Hashable | None:  # type: ignore[override]

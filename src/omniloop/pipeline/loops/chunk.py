@@ -43,7 +43,9 @@ from omniloop.cache.chunk_kv import ChunkKVBatch, ChunkKVHandle, ChunkKVPool, KV
 from omniloop.ext.hooks import CacheEvent
 from omniloop.pipeline.edges import ConditionLatents, DenoisedLatents, TextEmbeddings
 from omniloop.pipeline.failures import per_request
+from omniloop.pipeline.loops.batch_keys import kwargs_signature
 from omniloop.pipeline.loops.denoise import DenoiseLoop, DenoiseLoopState, DenoiseParams, _own, seeded_noise
+from omniloop.pipeline.loops.step_cost import denoise_step_cost, held_tensor_bytes
 from omniloop.pipeline.stage import LoopStageBase, WorkEstimate
 from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
 from omniloop.request import (
@@ -303,11 +305,6 @@ class ChunkRollout(LoopStageBase):
             ctx.write(state, "video", VideoArtifact(frames=torch.cat(loop.frames), fps=loop.fps))
         self.release(loop)
 
-    def park(self, loop: ChunkRolloutState) -> None:
-        """An idle rollout (a session waiting for input): its slabs move to host memory and
-        come back, unchanged, at its next step."""
-        loop.kv.offload()
-
     def release(self, loop: ChunkRolloutState) -> None:  # type: ignore[override]
         if loop.inner is not None:
             self.denoise.release(loop.inner)
@@ -326,23 +323,20 @@ class ChunkRollout(LoopStageBase):
         forwards = max(slab_rows, len(self._branches(ctx, first)) if first is not None else 0)
         b, c, _, h, w = plan.shape
         largest = max(*plan.partition, plan.repeat)
-        chunk = {MODALITY: (b, c, largest, h, w)}
-        denoiser = self.denoise.denoiser
-        per_forward = denoiser.flops_per_forward(ctx, chunk)
+        chunk = {MODALITY: (b, c, largest, h, w)}  # one forward of the largest chunk
+        cost = denoise_step_cost(ctx, self.denoise.denoiser, chunk, forwards, stacked=self.denoise.cfg.mode == "batched")
         layouts, policies = self.model.kv_tiers(ctx, state.request, plan)
         kv_bytes = ChunkKVPool.peak_bytes(layouts, policies, slab_rows, plan.num_chunks)
-        text = ctx.read_optional(state, "text", TextEmbeddings)
-        text_bytes = 0 if text is None else sum(t.numel() * t.element_size() for t in (text.prompt, text.negative)
-                                                if t is not None)
-        chunk_bytes = 4 * b * c * largest * h * w
-        video_bytes = 4 * b * c * plan.shape[2] * h * w if not plan.open_ended else 4 * chunk_bytes
-        rows = forwards if self.denoise.cfg.mode == "batched" else 1
+        text_bytes = held_tensor_bytes(ctx.read_optional(state, "text", TextEmbeddings))
+        frame_bytes = 4 * b * c * h * w  # fp32 latents of one latent frame
+        # a finite video's noise and clean latents; a session's of about its last 4 chunks
+        video_bytes = frame_bytes * (plan.shape[2] if not plan.open_ended else 4 * largest)
         return WorkEstimate(
             steps=self._steps_target(ctx, params, plan),
-            flops_per_step=None if per_forward is None else forwards * per_forward,
-            resident_bytes=2 * video_bytes + 5 * chunk_bytes + text_bytes,
-            peak_bytes=int((denoiser.activation_bytes(ctx, chunk) or 0) * rows),
-            batch_group=(tuple(chunk[MODALITY]), forwards),
+            flops_per_step=cost.flops_per_step,
+            resident_bytes=2 * video_bytes + cost.state_bytes + text_bytes,
+            peak_bytes=cost.peak_bytes,
+            batch_group=cost.batch_group,
             pool_bytes={self.pool_component: kv_bytes},
         )
 
@@ -368,8 +362,7 @@ class ChunkRollout(LoopStageBase):
             return None if inner is None else ("denoise", inner)
         cached, new = self.model.context_segments(loop.plan, loop.chunk)
         return ("boundary", id(self), self._needs_context(loop), cached, new, tuple(loop.plan.shape[3:]),
-                loop.branches, tuple(sorted((b, k, tuple(v.shape[1:])) for b, kw in loop.kwargs.items()
-                                            for k, v in kw.items() if isinstance(v, torch.Tensor))))
+                loop.branches, kwargs_signature(loop.kwargs, tensors_only=True))  # the context pass cats tensors only
 
     def finite_many(self, loops: Sequence[ChunkRolloutState]) -> list[bool]:  # type: ignore[override]
         inner = [lp.inner for lp in loops if lp.inner is not None]
@@ -392,7 +385,6 @@ class ChunkRollout(LoopStageBase):
     def _denoise_steps(self, ctx: StageContext, loops: Sequence[ChunkRolloutState]) -> list[StepResult]:
         """One inner step of every loop's chunk: the DenoiseLoop's step body, batched."""
         for lp in loops:
-            lp.kv.ensure_resident()  # a parked rollout's slabs come back first
             if any(isinstance(item, Flush) for item in list(lp.request_state.inbox)):  # a snapshot: senders append
                 self._restart_chunk(ctx, lp)  # discard the chunk in flight: make it with the latest inputs
         inner = self.denoise.step_many(ctx, [lp.inner for lp in loops])  # type: ignore[misc]
@@ -440,7 +432,6 @@ class ChunkRollout(LoopStageBase):
         cached, new = self.model.context_segments(loops[0].plan, loops[0].chunk)
         rows, xs, kws = [], [], []
         for lp in loops:
-            lp.kv.ensure_resident()
             clean = torch.cat([lp.clean[s.chunk] for s in new], dim=2)
             for b in lp.branches:
                 rows.append((lp.kv, b))

@@ -25,7 +25,9 @@ from omniloop.models.layers.lora import AdapterSet, LoraPlan, lora_rows
 from omniloop.pipeline.adapters import request_adapters
 from omniloop.pipeline.edges import ConditionLatents, DenoisedLatents, InitLatents, TextEmbeddings
 from omniloop.pipeline.failures import PoolFatalError, attempt, per_request
+from omniloop.pipeline.loops.batch_keys import kwargs_signature, latent_signature, packs_shapes
 from omniloop.pipeline.loops.given_latents import check_strength_leaves_steps, loop_strength, start_from_given
+from omniloop.pipeline.loops.step_cost import denoise_step_cost, held_tensor_bytes
 from omniloop.pipeline.policies.cfg import CFGPolicy, CFGState, ClassicCFG, Prediction
 from omniloop.pipeline.policies.conditioning import ConditioningPolicy, NoConditioning
 from omniloop.pipeline.policies.routing import Route, RoutingPolicy, SingleModel
@@ -229,7 +231,7 @@ class DenoiseLoop(LoopStageBase):
             model_dtype=model_dtype,
             flops_per_forward=self.denoiser.flops_per_forward(ctx, shapes),
             tokens_per_forward=int(self.denoiser.tokens_per_forward(ctx, shapes) or 0),
-            packed=self.denoiser.packs and ctx.hooks is None,
+            packed=packs_shapes(ctx, self.denoiser),
             adapters=request_adapters(ctx, state),
             preview_every=request.outputs.preview_every if request.outputs.stream else None,
             trajectory=[] if request.outputs.return_trajectory else None,
@@ -245,7 +247,7 @@ class DenoiseLoop(LoopStageBase):
                  sampler: Sampler) -> tuple[int, dict[str, Any]]:
         """(steps, ``init_state`` keyword arguments) of this request's schedule."""
         num_steps = params.num_steps(ctx.defaults.get("steps", 50))
-        return num_steps, self.shift.sampler_kwargs(params, _latent_area(shapes), num_steps, sampler)
+        return num_steps, self.shift.sampler_kwargs(params, shapes, num_steps, sampler)
 
     def initial_noise(self, ctx: StageContext, state: RequestState, shapes: Mapping[str, tuple[int, ...]],
                       gen: torch.Generator, given: bool) -> dict[str, torch.Tensor]:
@@ -316,22 +318,14 @@ class DenoiseLoop(LoopStageBase):
         params = _effective_params(request.diffusion, state.node_params.get(ctx.node))
         shapes = self.denoiser.latent_shapes(ctx, request)
         cfg_state = self.cfg.init(params, self.denoiser.modalities, self.policy_defaults(ctx, state))
-        forwards = len(cfg_state.branches)
-        per_forward = self.denoiser.flops_per_forward(ctx, shapes)
-        latent_bytes = sum(4 * _numel(s) for s in shapes.values())
-        text = state.artifacts.get(self.inputs_edge(ctx))
-        text_bytes = sum(t.numel() * t.element_size() for t in _tensors(text))
-        # fp32 latents + up to 3 multistep history entries + the model-dtype input copy
-        resident = 5 * latent_bytes + text_bytes
-        # one forward's activations per stacked row group: a batched CFG step stacks its branches
-        rows = forwards if self.cfg.mode == "batched" else 1
-        peak = (self.denoiser.activation_bytes(ctx, shapes) or 0) * rows
+        cost = denoise_step_cost(ctx, self.denoiser, shapes, len(cfg_state.branches), stacked=self.cfg.mode == "batched")
+        text_bytes = held_tensor_bytes(state.artifacts.get(self.inputs_edge(ctx)))
         return WorkEstimate(
             steps=self._num_steps(ctx, state, params),
-            flops_per_step=None if per_forward is None else forwards * per_forward,
-            resident_bytes=int(resident),
-            peak_bytes=int(peak),
-            batch_group=(tuple(sorted(shapes.items())), forwards),  # steps batch only at equal shapes
+            flops_per_step=cost.flops_per_step,
+            resident_bytes=cost.state_bytes + text_bytes,
+            peak_bytes=cost.peak_bytes,
+            batch_group=cost.batch_group,
         )
 
     def inputs_edge(self, ctx: StageContext) -> str:
@@ -349,13 +343,13 @@ class DenoiseLoop(LoopStageBase):
         route = loop.route
         cfg_state: CFGState = loop.policy_states[self.cfg.name]
         # packed loops batch across latent shapes (their tokens are packed into one sequence)
-        shapes = tuple(loop.latents) if loop.packed else tuple((m, tuple(x.shape)) for m, x in loop.latents.items())
+        shapes = latent_signature({m: tuple(x.shape) for m, x in loop.latents.items()}, packed=loop.packed)
         return (
             id(self),
             route.component,
             self.cfg.step_branches(cfg_state, route.scale_set),
             shapes,
-            _kwargs_signature(loop.branch_kwargs),
+            kwargs_signature(loop.branch_kwargs),
         )
 
     def batch_weight(self, loop: DenoiseLoopState) -> int:  # type: ignore[override]
@@ -364,9 +358,6 @@ class DenoiseLoop(LoopStageBase):
             return 0
         cfg_state: CFGState = loop.policy_states[self.cfg.name]
         return len(self.cfg.step_branches(cfg_state, loop.route.scale_set)) * loop.tokens_per_forward
-
-    def is_finite(self, loop: DenoiseLoopState) -> bool:  # type: ignore[override]
-        return self.finite_many([loop])[0]
 
     def finite_many(self, loops: Sequence[DenoiseLoopState]) -> list[bool]:  # type: ignore[override]
         """One reduction and one device sync for the whole batch. NOTE: a per-loop
@@ -581,24 +572,6 @@ def _effective_params(params: DiffusionParams, overrides: DenoiseParams | None) 
     return params.model_copy(update=update)
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
-def _tensors(artifact: Any) -> list[torch.Tensor]:
-    if artifact is None:
-        return []
-    return [v for v in vars(artifact).values() if isinstance(v, torch.Tensor)]
-
-
-def _latent_area(shapes: Mapping[str, tuple[int, ...]]) -> int | None:
-    shape = shapes.get("video") or shapes.get("image")
-    return int(shape[-1] * shape[-2]) if shape is not None else None
-
-
 def _dtype_of(module: Any, default: torch.dtype) -> torch.dtype:
     dtype = getattr(module, "dtype", None)
     if isinstance(dtype, torch.dtype):
@@ -607,21 +580,6 @@ def _dtype_of(module: Any, default: torch.dtype) -> torch.dtype:
         if p.is_floating_point():
             return p.dtype
     return default
-
-
-def _kwargs_signature(branch_kwargs: Mapping[str, Mapping[str, Any]]) -> tuple:
-    """Forward kwargs that batch: tensors of equal trailing shapes, equal plain values, and
-    family objects of equal ``batch_signature()`` (they provide ``concat``, e.g. per-request KV views)."""
-    sig = []
-    for b, kw in sorted(branch_kwargs.items()):
-        for k, v in sorted(kw.items()):
-            if isinstance(v, torch.Tensor):
-                sig.append((b, k, tuple(v.shape[1:])))
-            elif hasattr(v, "batch_signature"):
-                sig.append((b, k, v.batch_signature()))
-            else:
-                sig.append((b, k, repr(v)))
-    return tuple(sig)
 
 
 def _lora_plan(loops: Sequence[DenoiseLoopState], group: list[tuple[int, str]], sizes: list[int],

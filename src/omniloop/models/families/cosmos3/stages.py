@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Mapping, Sequence
 
 import numpy as np
@@ -636,8 +636,7 @@ class Cosmos3DenoiseLoop(DenoiseLoop):
         model = ctx.component(self.denoiser.component)  # type: ignore[attr-defined]
         prompt_tokens = 2 * 512  # both branches' text KV, a generous prompt
         kv = prompt_tokens * model.kv_layout.bytes_per_token(model.dtype)
-        return WorkEstimate(steps=est.steps, flops_per_step=est.flops_per_step,
-                            resident_bytes=est.resident_bytes + kv, peak_bytes=est.peak_bytes)
+        return replace(est, resident_bytes=est.resident_bytes + kv)  # its batch group too: steps batch by shape
 
     def finalize(self, ctx: StageContext, loop: DenoiseLoopState, state: RequestState) -> None:  # type: ignore[override]
         super().finalize(ctx, loop, state)

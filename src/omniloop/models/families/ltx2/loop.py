@@ -19,7 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
-import numpy as np
 import torch
 from pydantic import ConfigDict, Field
 
@@ -28,6 +27,7 @@ from omniloop.pipeline.loops.denoise import DenoiseLoop, DenoiseLoopState, Denoi
 from omniloop.pipeline.policies.cfg import COND, UNCOND, Prediction
 from omniloop.pipeline.policies.conditioning import NoConditioning
 from omniloop.pipeline.policies.routing import Route
+from omniloop.pipeline.policies.shift import DynamicShift, ShiftPolicy
 from omniloop.pipeline.samplers.base import Sampler
 from omniloop.pipeline.state import RequestState, StageContext
 from omniloop.request import DiffusionParams, LatentsArtifact, Modality
@@ -156,6 +156,8 @@ class LTX2DenoiseLoop(DenoiseLoop):
 
     denoiser: LTX2Denoiser = field(default_factory=LTX2Denoiser)
     cfg: LTX2Guidance = field(default_factory=LTX2Guidance)  # type: ignore[assignment]
+    # diffusers: sigmas linspace(1, 1/n, n) and mu from the video token count (latents packed [B, L, C])
+    shift: ShiftPolicy = field(default_factory=lambda: DynamicShift(packed="video"))
     refine: bool = False
     params_schema = LTX2DenoiseParams
     outputs = {**DenoiseLoop.outputs, "final_audio_latents": LatentsArtifact}  # type: ignore[assignment]
@@ -166,14 +168,7 @@ class LTX2DenoiseLoop(DenoiseLoop):
             sigmas = list(ctx.defaults["sigmas"])
             return len(sigmas), {"sigmas": sigmas}
         n = params.num_steps(ctx.defaults.get("steps", 30))
-        # diffusers: sigmas linspace(1, 1/n, n) and mu from the video token count
-        sigmas = params.sigmas if params.sigmas is not None else list(np.linspace(1.0, 1 / n, n))
-        kwargs: dict[str, Any] = {"sigmas": sigmas}
-        if getattr(sampler, "use_dynamic_shifting", False):
-            kwargs["mu"] = sampler.mu_for_seq_len(shapes["video"][1])
-        else:
-            kwargs["shift"] = params.shift
-        return n, kwargs
+        return n, self.shift.sampler_kwargs(params, shapes, n, sampler)
 
     def initial_noise(self, ctx: StageContext, state: RequestState, shapes: Mapping[str, tuple[int, ...]],
                       gen: torch.Generator, given: bool) -> dict[str, torch.Tensor]:

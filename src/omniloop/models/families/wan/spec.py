@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from omniloop.ext.cache.teacache import TeaCacheProfile, register_teacache_profile
 from omniloop.models.load_options import apply_load_options
 from omniloop.models.manifest import ModelLimits, ModelManifest, check_manifest, manifest_class_name, manifest_weights
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
@@ -26,7 +27,7 @@ from omniloop.pipeline.samplers.sampler_set import SamplerSet, flow_sampler_set,
 from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
 from omniloop.pipeline.stages import LATENTS_GIVEN, GivenLatents, TextEncode, VAEDecode
 from omniloop.models.families.wan.parallelize import WAN_PARALLEL
-from omniloop.models.families.wan.presets import WAN_DEFAULTS
+from omniloop.models.families.wan.presets import TEACACHE_DEFAULT, TEACACHE_POLYNOMIALS, WAN_DEFAULTS
 from omniloop.models.families.wan.stages import WanDenoiser, WanImageCondition, WanVideoEncode
 from omniloop.models.families.wan.validate import make_validator, size_caps
 from omniloop.models.families.wan.weights import load_wan_dit
@@ -277,3 +278,9 @@ WAN_MANIFEST = register_model_spec(
         extras={"parallel": WAN_PARALLEL},
     )
 )
+
+
+# TeaCache's view of the Wan DiT: the blocks run as WanBlock(x, context, context_image,
+# modulation, rope), so the timestep-modulated input (e0) is the call's third argument.
+TEACACHE = register_teacache_profile("wan", TeaCacheProfile(
+    modulated_input=lambda call: call.args[2], polynomials=TEACACHE_POLYNOMIALS, default=TEACACHE_DEFAULT))

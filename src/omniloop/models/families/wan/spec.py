@@ -203,6 +203,7 @@ WAN = register_model_spec(
 # -- our manifest layout (omniloop_model.json) -------------------------------------------
 
 MANIFEST_CLASS = manifest_class_name("wan")
+MANIFEST_VAES = {"WanVAE": wan_vae_loader}  # the manifest's vae kind -> make(subfolder) -> loader
 TEXT_ENCODER_KINDS = ("minilm",)
 # Generation defaults a manifest may set (WAN_DEFAULTS keys, plus a student's fixed sigmas).
 MANIFEST_DEFAULT_KEYS = frozenset(WAN_DEFAULTS) | {"sigmas"}
@@ -229,7 +230,7 @@ def wan_manifest_variant(index: Mapping[str, Any]) -> Variant:
         tasks=frozenset({TaskType.T2V, TaskType.T2I}),
     )
     weights = manifest_weights(m, transformer_kind="WanDiT", load_transformer=_load_transformer,
-                               load_sampler=_load_manifest_sampler,
+                               vae_loaders=MANIFEST_VAES, load_sampler=_load_manifest_sampler,
                                max_sequence_length=int(WAN_DEFAULTS["max_sequence_length"]))
     return Variant(name=m.variant, tasks=tasks, weights=weights)
 

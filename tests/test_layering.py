@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import functools
 from pathlib import Path
 
@@ -98,3 +99,92 @@ def test_families_do_not_import_each_other():
                 if other != family and f"omniloop.models.families.{other}" in path.read_text():
                     problems.append(f"{path.relative_to(SRC)} names family {other!r}")
     assert not problems, problems
+
+
+# -- family names in string literals ----------------------------------------------------------
+
+# Files outside models/families/ whose string literals may name a family, each with its reason.
+LITERAL_ALLOW = {
+    "models/autoencoders/wan_vae.py": "the Wan causal 3D VAE, a shared architecture (Wan, FAR and Cosmos3 load it): "
+    "its messages name the architecture, not a family",
+}
+# Keyword arguments whose string documents a flag or a field for users (argparse help,
+# pydantic Field description): documentation, like a docstring.
+DOC_KEYWORDS = {"help", "description"}
+
+
+def _family_word(family: str) -> re.Pattern[str]:
+    """A family's name as a word of its own, any case, without its version digits (ltx2 ->
+    "LTX-2", cosmos3 -> "Cosmos3", stable_audio -> "stable audio"): "Wan2.1", "flux_lora" and
+    "FAR" match; "want" and "farther" do not ("so far" does: say "until now" in a literal)."""
+    stem = re.escape(family.rstrip("0123456789")).replace("_", "[_ ]?")
+    return re.compile(rf"(?<![a-z]){stem}(?![a-z])", re.IGNORECASE)
+
+
+def _documentation(tree: ast.AST) -> set[int]:
+    """ids of the Constant nodes that are docstrings or ``help=`` / ``description=`` values."""
+    docs: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                docs.add(id(first.value))
+        if isinstance(node, ast.keyword) and node.arg in DOC_KEYWORDS:
+            docs |= {id(c) for c in ast.walk(node.value) if isinstance(c, ast.Constant)}
+    return docs
+
+
+def family_literals(source: str, families: list[str]) -> list[tuple[int, str, str]]:
+    """(line, family, literal) for every string literal of ``source`` (f-string parts
+    included) naming a family, docstrings and ``help=``/``description=`` text excepted."""
+    tree = ast.parse(source)
+    docs = _documentation(tree)
+    words = {f: _family_word(f) for f in families}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            found += [(node.lineno, f, node.value) for f, word in words.items() if word.search(node.value)]
+    return sorted(found)
+
+
+def test_the_literal_scan_finds_family_names_in_data_and_messages_only():
+    source = '''
+"""Wan is named in the module docstring: documentation."""
+import argparse
+from pydantic import Field
+MODULATED_INPUT = {"wan": 2}
+DEFAULT = "wan2.1-t2v-1.3b"
+def f(x):
+    """A docstring may say Flux."""
+    if x == "ltx2":
+        raise ValueError(f"{x}: pass a Cosmos3 model or stable_audio")
+    return "want " + "flux_lora" + "farther"
+p = argparse.ArgumentParser(); p.add_argument("--m", help="e.g. Wan2.1 or FLUX")
+size = Field(default=1, description="two-expert models such as Wan2.2")
+'''
+    hits = [(line, family) for line, family, _ in family_literals(source, _family_names())]
+    assert hits == [(5, "wan"), (6, "wan"), (9, "ltx2"), (10, "cosmos3"), (10, "stable_audio"), (11, "flux")], hits
+
+
+def test_a_family_is_named_in_no_literal_outside_its_folder():
+    """A family's data lives in its folder (models/families/<name>/): TeaCache's polynomials,
+    its VAE choice, its audio tokenizer. A string literal outside the families that names one
+    (a dict key, a default, a comparison, an error or log message) is family knowledge in the
+    wrong place. Documentation is not: docstrings and ``help=``/``description=`` text may name
+    a family as an example (comments are not parsed). ``train/`` trains our shipped models of
+    named architectures (as in the import rule). Other exceptions are ``LITERAL_ALLOW``, each
+    with its reason, and each must still need its entry."""
+    families = _family_names()
+    problems, used = [], set()
+    for path in _sources():
+        rel = path.relative_to(SRC)
+        if rel.parts[0] == "train" or path.is_relative_to(FAMILIES):
+            continue
+        hits = family_literals(path.read_text(), families)
+        if rel.as_posix() in LITERAL_ALLOW:
+            used.add(rel.as_posix())
+            continue
+        problems += [f"{rel}:{line} names family {family!r}: {text[:80]!r}" for line, family, text in hits]
+    assert not problems, "\n".join(problems)
+    stale = sorted(set(LITERAL_ALLOW) - used)
+    assert not stale, f"LITERAL_ALLOW entries for files that name no family (remove them): {stale}"

@@ -20,9 +20,10 @@ from torch import nn
 
 from omniloop.ext.cache.dbcache import DBCache, DBCacheConfig
 from omniloop.ext.cache.taylorseer import TaylorSeerConfig, TaylorSeerStep
-from omniloop.ext.cache.teacache import COEFFICIENTS, TeaCache, TeaCacheConfig
+from omniloop.ext.cache.teacache import IDENTITY_POLYNOMIAL, TeaCache, TeaCacheConfig, TeaCacheProfile
 from omniloop.ext.interceptors import BlockSegment, PluginLoopState, SegmentedBlockRun, StepView
 from omniloop.ext.scope import Segment
+from omniloop.models.families.wan.presets import TEACACHE_DEFAULT, TEACACHE_POLYNOMIALS
 from omniloop.models.layers.run_blocks import run_blocks
 
 cache_dit = pytest.importorskip("cache_dit", reason="cache-dit is the test-only oracle (pip install cache-dit)")
@@ -275,11 +276,13 @@ def e0_sequence(seed: int, steps: int, lo: float, hi: float) -> list[torch.Tenso
     (False, "identity", 0.15, 0.0, 0.1),
 ])
 def test_teacache_equals_reference(use_ret_steps, model, thresh, lo, hi):
-    coefficients = COEFFICIENTS[model]
+    coefficients = list(IDENTITY_POLYNOMIAL if model == "identity" else TEACACHE_POLYNOMIALS[model])
     reference = TeaCacheReference(STEPS, thresh, coefficients, use_ret_steps)
     config = TeaCacheConfig(threshold=thresh, model=model, ret_steps=5 if use_ret_steps else 1,
                             cutoff_steps=0 if use_ret_steps else 1)
-    plugin = TeaCache("teacache", config, modulated_input=lambda call: call.args[0])
+    profile = TeaCacheProfile(modulated_input=lambda call: call.args[0], polynomials=TEACACHE_POLYNOMIALS,
+                              default=TEACACHE_DEFAULT)
+    plugin = TeaCache("teacache", config, profile=profile)
     blocks = nn.ModuleList([ModBlock(0.9), ModBlock(0.8)])
     cond, uncond = plugin.new_branch_state(), plugin.new_branch_state()
     loop_state = PluginLoopState("teacache", config)

@@ -200,6 +200,10 @@ def test_bad_manifests_are_clear_errors(tmp_path, exported):
     (model / MANIFEST_FILE).write_text(json.dumps(bad_text))
     with pytest.raises(ValueError, match=r"text encoder kind 'clip' is not supported; pass one of \['minilm'\]"):
         VideoGenerator.from_pretrained(model, device="cpu")
+    bad_vae = {**raw, "components": {**raw["components"], "vae": {**raw["components"]["vae"], "kind": "KL2D"}}}
+    (model / MANIFEST_FILE).write_text(json.dumps(bad_vae))  # the family's VAE kinds, not one manifest.py names
+    with pytest.raises(ValueError, match=r"vae kind 'KL2D' is not supported; pass one of \['WanVAE'\]"):
+        VideoGenerator.from_pretrained(model, device="cpu")
     (model / MANIFEST_FILE).write_text(json.dumps({**raw, "defaults": {**raw["defaults"], "stepz": 3}}))
     with pytest.raises(ValueError, match=r"unknown defaults \['stepz'\]"):
         VideoGenerator.from_pretrained(model, device="cpu")

@@ -341,8 +341,8 @@ class VideoGenerator:
         ``temperature``, ``top_p``, ``top_k``, ``stop``, ``seed``, ...); unset ones keep the
         model's generation defaults."""
         if TaskType.REASON not in self.pipeline.spec.tasks:
-            raise ValueError(f"{self.pipeline.spec.name!r} makes no text (tasks {self.tasks}); pass a language model "
-                             "or Cosmos3 for task 'reason'")
+            raise ValueError(f"{self.pipeline.spec.name!r} makes no text (tasks {self.tasks}); pass a model that "
+                             "serves task 'reason' (a language model, or a generator with a reasoner)")
         unknown = sorted(set(sampling) - set(SamplingParams.model_fields))
         if unknown:
             raise ValueError(f"unknown sampling parameter(s) {unknown}; accepted: {sorted(SamplingParams.model_fields)}")

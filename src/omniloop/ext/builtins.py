@@ -8,7 +8,7 @@ from typing import Any
 
 from omniloop.ext.cache.dbcache import DBCache, DBCacheConfig, DBCacheRequest, FBCacheConfig
 from omniloop.ext.cache.taylorseer import TaylorSeerConfig, TaylorSeerRequest, TaylorSeerStep
-from omniloop.ext.cache.teacache import MODULATED_INPUT, TeaCache, TeaCacheConfig, TeaCacheRequest
+from omniloop.ext.cache.teacache import TeaCache, TeaCacheConfig, TeaCacheRequest, teacache_families, teacache_profile
 from omniloop.ext.interceptors import accepts_block_interceptor
 from omniloop.ext.observers.activation_trace import ActivationTrace, ActivationTraceConfig, ActivationTraceRequest
 from omniloop.ext.observers.nanwatch import NaNWatch, NaNWatchConfig
@@ -32,12 +32,12 @@ def _build_dbcache(config: DBCacheConfig, ctx: BuildContext) -> DBCache:
 
 def _build_teacache(config: TeaCacheConfig, ctx: BuildContext) -> TeaCache:
     family = ctx.pipeline.spec.family
-    probe = MODULATED_INPUT.get(family)
-    if probe is None:
+    profile = teacache_profile(family)  # the family registers it (its spec.py); we name none
+    if profile is None:
         raise ValueError(f"plugins[{ctx.name!r}]: TeaCache needs the timestep-modulated input of family {family!r}, "
-                         f"which is not declared (known: {sorted(MODULATED_INPUT)}); use dbcache/fbcache instead")
-    config.polynomial()  # unknown model name -> ValueError now, at deploy load
-    return TeaCache(ctx.name, config, sp_group=ctx.sp_group, modulated_input=probe)
+                         f"which is not declared (known: {teacache_families()}); use dbcache/fbcache instead")
+    profile.polynomial(config)  # unknown model name -> ValueError now, at deploy load
+    return TeaCache(ctx.name, config, sp_group=ctx.sp_group, profile=profile)
 
 
 def _observer(cls: Any):

@@ -140,7 +140,7 @@ def load_pipeline(
     components = load_components(root, index, variant, options, preloaded)
     pipeline = spec.build(variant, index, components, options)
     if options.cuda_graphs and "cuda_graphs" not in pipeline.caches:
-        logger.warning("cuda_graphs=True: the %s family does not capture its step into CUDA graphs (Flux does); "
+        logger.warning("cuda_graphs=True: the %s family does not capture its step into CUDA graphs; "
                        "its steps run eager", spec.family)
     attach_caches(pipeline, options, spec.lora)
     return spec, pipeline

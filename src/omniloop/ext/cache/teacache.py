@@ -11,15 +11,18 @@ with ``use_ret_steps`` the modulated input is ``e0``, the time projection, and
 ``ret_steps = 5``) with each branch's state in its own object instead of class
 attributes. ``threshold = 0`` means off (no step is ever skipped).
 
-The modulated input is family-specific: :data:`MODULATED_INPUT` says where a family's
-block arguments carry it (Wan: ``modulation`` = ``time_proj(silu(temb))``, the ``e0`` of
-the original code). A family not listed here rejects TeaCache at build.
+What is family-specific a family declares in its own folder, as a :class:`TeaCacheProfile`
+it registers (``register_teacache_profile``, from its ``spec.py``): where its block
+arguments carry the modulated input (Wan: ``modulation`` = ``time_proj(silu(temb))``, the
+``e0`` of the original code) and the rescale polynomials fitted to its published
+checkpoints. The plugin looks the profile up by the pipeline's family and names none; a
+family that registers none rejects TeaCache at build.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -31,36 +34,72 @@ from omniloop.ext.plugin import Declarations, InterceptorConfig
 from omniloop.ext.reduce import relative_l1
 from omniloop.models.layers.run_blocks import BlockCall
 
-# family -> the block-call argument holding the timestep-modulated input
-MODULATED_INPUT: dict[str, Callable[[BlockCall], torch.Tensor]] = {
-    "wan": lambda call: call.args[2],  # WanBlock(x, context, context_image, modulation, rope)
-}
+# The raw distance, unrescaled (e.g. for random weights): every family offers it.
+IDENTITY = "identity"
+IDENTITY_POLYNOMIAL = (1.0, 0.0)
 
-# Rescale polynomials (highest degree first) fitted by the TeaCache authors on e0 distances
-# ("use_ret_steps" mode). "identity" keeps the raw distance (e.g. for random weights).
-COEFFICIENTS: dict[str, list[float]] = {
-    "wan2.1-t2v-1.3b": [-5.21862437e04, 9.23041404e03, -5.28275948e02, 1.36987616e01, -4.99875664e-02],
-    "wan2.1-t2v-14b": [-3.03318725e05, 4.90537029e04, -2.65530556e03, 5.87365115e01, -3.15583525e-01],
-    "wan2.1-i2v-480p": [2.57151496e05, -3.54229917e04, 1.40286849e03, -1.35890334e01, 1.32517977e-01],
-    "wan2.1-i2v-720p": [8.10705460e03, 2.13393892e03, -3.72934672e02, 1.66203073e01, -4.17769401e-02],
-    "identity": [1.0, 0.0],
-}
+
+@dataclass(frozen=True)
+class TeaCacheProfile:
+    """What TeaCache needs of one family, declared by that family.
+
+    ``modulated_input``: the block-call argument holding the timestep-modulated input
+    ([B, ...], batch first); ``polynomials``: rescale polynomials (highest degree first)
+    fitted on that input's distances, by checkpoint name; ``default``: the one a config
+    without ``model`` uses."""
+
+    modulated_input: Callable[[BlockCall], torch.Tensor]
+    polynomials: Mapping[str, tuple[float, ...]]
+    default: str
+
+    def __post_init__(self) -> None:
+        assert self.default in self.polynomials, f"default polynomial {self.default!r} is not among {sorted(self.polynomials)}"
+        assert IDENTITY not in self.polynomials, f"{IDENTITY!r} is TeaCache's own (the raw distance)"
+
+    def names(self) -> list[str]:
+        return sorted([*self.polynomials, IDENTITY])
+
+    def polynomial(self, config: "TeaCacheConfig") -> list[float]:
+        """The rescale polynomial ``config`` asks for: its explicit coefficients, else the
+        named one (unset: this family's default)."""
+        if config.coefficients is not None:
+            return list(config.coefficients)
+        name = config.model or self.default
+        if name == IDENTITY:
+            return list(IDENTITY_POLYNOMIAL)
+        try:
+            return list(self.polynomials[name])
+        except KeyError:
+            raise ValueError(f"teacache: unknown model {name!r}; pass one of {self.names()} or coefficients=[...]") from None
+
+
+_PROFILES: dict[str, TeaCacheProfile] = {}
+
+
+def register_teacache_profile(family: str, profile: TeaCacheProfile) -> TeaCacheProfile:
+    """A family's TeaCache profile (called by the family at import, like ``register_model_spec``)."""
+    if family in _PROFILES and _PROFILES[family] is not profile:
+        raise ValueError(f"family {family!r} already registered a TeaCache profile")
+    _PROFILES[family] = profile
+    return profile
+
+
+def teacache_profile(family: str) -> TeaCacheProfile | None:
+    """The profile ``family`` registered, or None (TeaCache then does not apply to it)."""
+    return _PROFILES.get(family)
+
+
+def teacache_families() -> list[str]:
+    return sorted(_PROFILES)
 
 
 class TeaCacheConfig(InterceptorConfig):
     threshold: float = Field(default=0.2, ge=0, description="accumulated rescaled distance below which a step is skipped")
     ret_steps: int = Field(default=5, ge=0, description="first steps (per branch) always computed")
     cutoff_steps: int = Field(default=0, ge=0, description="last steps always computed")
-    model: str = Field(default="wan2.1-t2v-1.3b", description=f"rescale polynomial: one of {sorted(COEFFICIENTS)}")
+    model: str | None = Field(default=None, description="rescale polynomial: a checkpoint name the model's family "
+                              f"declares (unset: the family's default), or {IDENTITY!r} (the raw distance)")
     coefficients: list[float] | None = Field(default=None, min_length=1, description="explicit polynomial (overrides model)")
-
-    def polynomial(self) -> list[float]:
-        if self.coefficients is not None:
-            return list(self.coefficients)
-        try:
-            return COEFFICIENTS[self.model]
-        except KeyError:
-            raise ValueError(f"teacache: unknown model {self.model!r}; pass one of {sorted(COEFFICIENTS)} or coefficients=[...]") from None
 
 
 class TeaCacheRequest(BaseModel):
@@ -87,9 +126,9 @@ class TeaCache(InterceptorBase):
         kind="block_interceptor", graph_safe=False, distribution_altering=True, skips="block", min_steps=MIN_STEPS
     )
 
-    def __init__(self, *args, modulated_input: Callable[[BlockCall], torch.Tensor], **kwargs) -> None:
+    def __init__(self, *args, profile: TeaCacheProfile, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.modulated_input = modulated_input
+        self.profile = profile
 
     def new_branch_state(self) -> TeaCacheBranch:
         return TeaCacheBranch()
@@ -98,7 +137,7 @@ class TeaCache(InterceptorBase):
         self, call: BlockCall, hidden: torch.Tensor, segments: Sequence[BlockSegment], emit: Emit
     ) -> torch.Tensor:
         batch = hidden.shape[0]
-        skip = self._decide(segments, self.modulated_input(call), batch)
+        skip = self._decide(segments, self.profile.modulated_input(call), batch)
         compute = [not s for s in skip]
         computed = run_rows(call, 0, len(call.blocks), hidden, segments, compute)
         out = assemble(segments, compute, computed, lambda i: hidden[segments[i].rows] + segments[i].state.residual)
@@ -134,7 +173,7 @@ class TeaCache(InterceptorBase):
         self.stats.extend(distances)  # raw (un-rescaled) distances
         for i, distance in zip(pending, distances):
             b, cfg = segments[i].state, segments[i].config
-            b.accumulated += float(np.polyval(cfg.polynomial(), distance))
+            b.accumulated += float(np.polyval(self.profile.polynomial(cfg), distance))
             if b.accumulated < cfg.threshold:
                 skip[i] = True
             else:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from omniloop.cache.paged_kv import build_text_kv_pool
-from omniloop.models.autoencoders.cosmos3_audio import load_cosmos3_audio
+from omniloop.models.families.cosmos3.audio_vae import load_cosmos3_audio
 from omniloop.models.autoencoders.wan_vae import load_wan_vae
 from omniloop.models.families.cosmos3 import presets as P
 from omniloop.models.families.cosmos3.model import Cosmos3Reasoner

@@ -122,6 +122,7 @@ FAR = register_model_spec(
 
 # -- our manifest layout (omniloop_model.json): the interactive shapes-world models ----------
 
+MANIFEST_VAES = {"WanVAE": wan_vae_loader}  # the manifest's vae kind -> make(subfolder) -> loader
 MANIFEST_CLASS = manifest_class_name("far")
 MANIFEST_DEFAULT_KEYS = frozenset(FAR_DEFAULTS)
 
@@ -151,7 +152,7 @@ def far_manifest_variant(index: Mapping[str, Any]) -> Variant:
                            kinds={"text_encoder": ("minilm",)}, default_keys=MANIFEST_DEFAULT_KEYS,
                            tasks=frozenset({TaskType.T2V}))
     weights = manifest_weights(m, transformer_kind="FARDiT", load_transformer=_load_manifest_transformer,
-                               load_sampler=_load_manifest_sampler, max_sequence_length=32)
+                               vae_loaders=MANIFEST_VAES, load_sampler=_load_manifest_sampler, max_sequence_length=32)
     return Variant(name=m.variant, tasks=tasks, weights=weights)
 
 

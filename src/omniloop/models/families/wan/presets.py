@@ -37,3 +37,13 @@ WAN21_VAE: dict[str, Any] = {
     "latents_std": [2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
                     3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160],
 }
+
+# TeaCache rescale polynomials (highest degree first) fitted by the TeaCache authors on Wan2.1's
+# e0 distances ("use_ret_steps" mode, TeaCache4Wan2.1), by checkpoint; spec.py registers them.
+TEACACHE_POLYNOMIALS: dict[str, tuple[float, ...]] = {
+    "wan2.1-t2v-1.3b": (-5.21862437e04, 9.23041404e03, -5.28275948e02, 1.36987616e01, -4.99875664e-02),
+    "wan2.1-t2v-14b": (-3.03318725e05, 4.90537029e04, -2.65530556e03, 5.87365115e01, -3.15583525e-01),
+    "wan2.1-i2v-480p": (2.57151496e05, -3.54229917e04, 1.40286849e03, -1.35890334e01, 1.32517977e-01),
+    "wan2.1-i2v-720p": (8.10705460e03, 2.13393892e03, -3.72934672e02, 1.66203073e01, -4.17769401e-02),
+}
+TEACACHE_DEFAULT = "wan2.1-t2v-1.3b"

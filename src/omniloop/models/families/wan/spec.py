@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from omniloop.ext.cache.teacache import TeaCacheProfile, register_teacache_profile
 from omniloop.models.load_options import apply_load_options
 from omniloop.models.manifest import ModelLimits, ModelManifest, check_manifest, manifest_class_name, manifest_weights
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
@@ -26,7 +27,7 @@ from omniloop.pipeline.samplers.sampler_set import SamplerSet, flow_sampler_set,
 from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
 from omniloop.pipeline.stages import LATENTS_GIVEN, GivenLatents, TextEncode, VAEDecode
 from omniloop.models.families.wan.parallelize import WAN_PARALLEL
-from omniloop.models.families.wan.presets import WAN_DEFAULTS
+from omniloop.models.families.wan.presets import TEACACHE_DEFAULT, TEACACHE_POLYNOMIALS, WAN_DEFAULTS
 from omniloop.models.families.wan.stages import WanDenoiser, WanImageCondition, WanVideoEncode
 from omniloop.models.families.wan.validate import make_validator, size_caps
 from omniloop.models.families.wan.weights import load_wan_dit
@@ -202,6 +203,7 @@ WAN = register_model_spec(
 # -- our manifest layout (omniloop_model.json) -------------------------------------------
 
 MANIFEST_CLASS = manifest_class_name("wan")
+MANIFEST_VAES = {"WanVAE": wan_vae_loader}  # the manifest's vae kind -> make(subfolder) -> loader
 TEXT_ENCODER_KINDS = ("minilm",)
 # Generation defaults a manifest may set (WAN_DEFAULTS keys, plus a student's fixed sigmas).
 MANIFEST_DEFAULT_KEYS = frozenset(WAN_DEFAULTS) | {"sigmas"}
@@ -228,7 +230,7 @@ def wan_manifest_variant(index: Mapping[str, Any]) -> Variant:
         tasks=frozenset({TaskType.T2V, TaskType.T2I}),
     )
     weights = manifest_weights(m, transformer_kind="WanDiT", load_transformer=_load_transformer,
-                               load_sampler=_load_manifest_sampler,
+                               vae_loaders=MANIFEST_VAES, load_sampler=_load_manifest_sampler,
                                max_sequence_length=int(WAN_DEFAULTS["max_sequence_length"]))
     return Variant(name=m.variant, tasks=tasks, weights=weights)
 
@@ -277,3 +279,9 @@ WAN_MANIFEST = register_model_spec(
         extras={"parallel": WAN_PARALLEL},
     )
 )
+
+
+# TeaCache's view of the Wan DiT: the blocks run as WanBlock(x, context, context_image,
+# modulation, rope), so the timestep-modulated input (e0) is the call's third argument.
+TEACACHE = register_teacache_profile("wan", TeaCacheProfile(
+    modulated_input=lambda call: call.args[2], polynomials=TEACACHE_POLYNOMIALS, default=TEACACHE_DEFAULT))

@@ -1,0 +1,72 @@
+"""The toy family's adapter to the shared ``DenoiseLoop``: latent shapes, per-branch forward
+inputs, the forward, and its analytic cost."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+
+from omniloop.pipeline.edges import TextEmbeddings
+from omniloop.pipeline.loops.denoise import DenoiserBase
+from omniloop.pipeline.policies.cfg import COND, UNCOND, Prediction
+from omniloop.pipeline.state import RequestState, StageContext
+from omniloop.request import OmniRequest
+
+from .vae import SCALE_SPATIAL, SCALE_TEMPORAL
+
+VIDEO = "video"
+
+
+@dataclass(frozen=True)
+class ToyGeometry:
+    height: int
+    width: int
+    num_frames: int
+
+
+def geometry(request: OmniRequest, defaults: Mapping[str, Any]) -> ToyGeometry:
+    """The request's size, the model's defaults where it sets none (an image is one frame)."""
+    p = request.diffusion
+    frames_default = 1 if request.task.makes_image else defaults["num_frames"]
+    return ToyGeometry(height=p.height or defaults["height"], width=p.width or defaults["width"],
+                       num_frames=p.num_frames or frames_default)
+
+
+@dataclass(frozen=True)
+class ToyDenoiser(DenoiserBase):
+    """``ToyDiT`` as the DenoiseLoop sees it: one ``video`` latent [1, C, F, H/4, W/4]."""
+
+    modalities: tuple[str, ...] = (VIDEO,)
+
+    def latent_shapes(self, ctx: StageContext, request: OmniRequest) -> dict[str, tuple[int, ...]]:
+        g = geometry(request, ctx.defaults)
+        frames = (g.num_frames - 1) // SCALE_TEMPORAL + 1
+        channels = ctx.component("transformer").config.latent_channels
+        return {VIDEO: (1, channels, frames, g.height // SCALE_SPATIAL, g.width // SCALE_SPATIAL)}
+
+    def branch_inputs(self, ctx: StageContext, state: RequestState, branches: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+        text = ctx.read(state, "text", TextEmbeddings)
+        out = {COND: {"encoder_hidden_states": text.prompt}}
+        if UNCOND in branches:
+            assert text.negative is not None, "guidance is on but no negative embeddings were encoded"
+            out[UNCOND] = {"encoder_hidden_states": text.negative}
+        return out
+
+    def forward(self, model: torch.nn.Module, inputs: dict[str, torch.Tensor], timestep: torch.Tensor,
+                kwargs: dict[str, Any]) -> Prediction:
+        return {VIDEO: model(inputs[VIDEO], timestep, **kwargs)}
+
+    def tokens_per_forward(self, ctx: StageContext, shapes: dict[str, tuple[int, ...]]) -> int:
+        _, _, f, h, w = shapes[VIDEO]
+        p = ctx.component("transformer").config.patch_size
+        return f * (h // p) * (w // p)
+
+    def flops_per_forward(self, ctx: StageContext, shapes: dict[str, tuple[int, ...]]) -> float:
+        """Matmul FLOPs (2 per multiply-add) of one forward: per block, self-attention
+        projections and scores, cross-attention, the MLP."""
+        cfg = ctx.component("transformer").config
+        n, lt, d = self.tokens_per_forward(ctx, shapes), int(ctx.defaults["max_sequence_length"]), cfg.dim
+        per_block = 4 * n * d * d + 2 * n * n * d + 2 * n * d * d + 2 * lt * d * d + 2 * n * lt * d + 2 * n * d * cfg.ffn_dim
+        return float(2 * cfg.layers * per_block)

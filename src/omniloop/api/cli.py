@@ -104,7 +104,7 @@ def _check_declared_task(model: str, task: str | None) -> None:
     """--task against the tasks an omniloop manifest declares, before its weights load (the
     shipped shapes models declare t2v alone: trained on clips, they make no images). A
     diffusers checkpoint's tasks are known once it loads; admission checks them then."""
-    from omniloop.models.loader import resolve_model_path
+    from omniloop.models.catalog import resolve_model_path
     from omniloop.models.manifest import MANIFEST_FILE, read_manifest
 
     if task is None:
@@ -212,9 +212,8 @@ def _models_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
-    from omniloop.models.loader import BUILTIN_MODELS
+    from omniloop.models.catalog import BUILTIN_MODELS, family_cards
     from omniloop.models.manifest import read_manifest
-    from omniloop.models.model_spec import registered_specs
 
     print("built-in models (--model NAME; shipped inside the package, no download):")
     for name, path in sorted(BUILTIN_MODELS.items()):
@@ -224,7 +223,7 @@ def _cmd_models(args: argparse.Namespace) -> int:
         print(f"  {name:<18} {m.description or m.variant}")
         print(f"  {'':<18} tasks {', '.join(m.tasks)}; default {shape}")
     print("\nfamilies (--model DIR: a checkpoint directory of one of these layouts):")
-    for spec in registered_specs():
+    for spec in family_cards():  # torch-free: each family folder's family.json
         layouts = ", ".join("omniloop_model.json" if c.startswith("omniloop:") else c for c in spec.diffusers_classes)
         print(f"  {spec.family:<18} {spec.description}")
         print(f"  {'':<18} {layouts}")
@@ -413,7 +412,7 @@ def served_models(specs: list[str]) -> dict[str, str]:
 def _interactive_default() -> str | None:
     """The built-in interactive model when its weights are installed (else sessions run on the
     served model, and the server says so)."""
-    from omniloop.models.loader import BUILTIN_MODELS, INTERACTIVE_MODEL
+    from omniloop.models.catalog import BUILTIN_MODELS, INTERACTIVE_MODEL
 
     folder = BUILTIN_MODELS.get(INTERACTIVE_MODEL)
     if folder is not None and any((folder / "transformer").glob("*.safetensors")):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from omniloop.models.manifest import MANIFEST_FILE
 
+DEFAULT_MODEL = "shapes-t2v"  # the embedded default: what --model / from_pretrained() mean when not given
 BUILTIN_DIR = Path(__file__).resolve().parent / "builtin"
 # name -> packaged model directory (manifest layout). Trained by omniloop.train.recipes
 # (docs/training.md); a directory holding only its manifest fails at load naming the missing file.

@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from omniloop.api.suggest import SuggestingParser, refuse_unknown
 from omniloop.api.schema_flags import DefaultsHelpFormatter, add_schema_flags, collect, flag_error
 from omniloop.deploy import DeployConfig
 from omniloop.models.catalog import DEFAULT_MODEL
@@ -421,7 +422,7 @@ def _interactive_default() -> str | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="omniloop", description="omniloop generation runtime")
+    parser = SuggestingParser(prog="omniloop", description="omniloop generation runtime")  # subparsers: the same class
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
     _generate_parser(sub)
@@ -434,7 +435,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:  # refused by the subcommand they were given to, with the closest flag it has
+        refuse_unknown(parser, args, extras)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         return int(args.func(args) or 0)

@@ -10,16 +10,26 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from omniloop.models.layers.cuda_graphs import DEFAULT_MAX_GRAPHS, DEFAULT_MAX_TOKENS
+from omniloop.models.layers.cuda_graph_defaults import DEFAULT_MAX_GRAPHS, DEFAULT_MAX_TOKENS
 from omniloop.parallel.spec import ParallelSpec
 
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-           "float16": torch.float16, "fp16": torch.float16}
+if TYPE_CHECKING:  # torch loads where a device or dtype is made, not with the config (the CLI's --help reads it)
+    import torch
+
+# dtype spellings -> the torch.dtype attribute name
+_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+           "float16": "float16", "fp16": "float16"}
+
+
+def _torch_dtypes() -> dict[str, torch.dtype]:
+    """``_DTYPES``' names -> the torch dtypes (imports torch)."""
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class Limits(BaseModel):
@@ -152,6 +162,8 @@ class DeployConfig(BaseModel):
     @classmethod
     def _known_device(cls, v: str) -> str:
         if v != "auto":
+            import torch
+
             try:
                 torch.device(v)
             except RuntimeError:
@@ -188,6 +200,8 @@ class DeployConfig(BaseModel):
 
     def check_device(self) -> None:
         """A CUDA device that this torch cannot use is a one-line ValueError, before loading."""
+        import torch
+
         device = self.torch_device()
         if device.type != "cuda":
             return
@@ -200,14 +214,17 @@ class DeployConfig(BaseModel):
                              "pass device='cpu' (--device cpu) or a visible device ('cuda:0')")
 
     def torch_device(self) -> torch.device:
+        import torch
+
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
 
     def torch_dtype(self) -> torch.dtype:
+        dtypes = _torch_dtypes()
         if self.dtype == "auto":
-            return torch.bfloat16 if self.torch_device().type == "cuda" else torch.float32
-        return _DTYPES[self.dtype]
+            return dtypes["bfloat16" if self.torch_device().type == "cuda" else "float32"]
+        return dtypes[_DTYPES[self.dtype]]
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> "DeployConfig":
@@ -222,8 +239,10 @@ class DeployConfig(BaseModel):
     @classmethod
     def from_options(cls, config: "DeployConfig | None" = None, **options: Any) -> "DeployConfig":
         """Merge keyword options (as passed to ``from_pretrained``) over ``config``."""
+        import torch
+
         if isinstance(options.get("dtype"), torch.dtype):
-            options["dtype"] = {v: k for k, v in _DTYPES.items()}[options["dtype"]]
+            options["dtype"] = {v: k for k, v in _torch_dtypes().items()}[options["dtype"]]
         if isinstance(options.get("device"), torch.device):
             options["device"] = str(options["device"])
         base = config.model_dump() if config is not None else {}

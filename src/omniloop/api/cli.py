@@ -12,8 +12,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from omniloop.api.suggest import SuggestingParser, refuse_unknown
 from omniloop.api.schema_flags import DefaultsHelpFormatter, add_schema_flags, collect, flag_error
 from omniloop.deploy import DeployConfig
+from omniloop.models.catalog import DEFAULT_MODEL
 from omniloop.request import DiffusionParams, SamplingParams, TaskType, require_prompt
 from omniloop.serve.config import DEFAULT_DRAIN_TIMEOUT_S
 from omniloop.serve.warmup import DEFAULT_STEPS as DEFAULT_WARMUP_STEPS
@@ -71,7 +73,7 @@ def _flag_names(message: str) -> str:
 def _output_kinds(args: argparse.Namespace, tasks: list[str] | None = None) -> list[dict]:
     """What ``--output`` may name: a video, an image or sound, from the flags (and, once the
     model is loaded, its ``tasks``: a text-to-audio model writes sound)."""
-    from omniloop.api.generator import AUDIO_FILES, IMAGE_FILES, TEXT_FILES, VIDEO_FILES
+    from omniloop.api.output_paths import AUDIO_FILES, IMAGE_FILES, TEXT_FILES, VIDEO_FILES
 
     if _makes_text(args, tasks):
         return [TEXT_FILES]
@@ -88,52 +90,49 @@ def _makes_text(args: argparse.Namespace, tasks: list[str] | None = None) -> boo
 
 
 def _check_output(args: argparse.Namespace, tasks: list[str] | None = None) -> None:
-    from omniloop.api.generator import output_file
+    from omniloop.api.output_paths import output_file
+    from omniloop.api.preflight import check_writable
 
     errors = []
     for kind in _output_kinds(args, tasks):
         try:
-            output_file(args.output, "check", **kind)
+            check_writable(output_file(args.output, "check", **kind), "--output", args.output)
             return
         except ValueError as e:
             errors.append(str(e).replace("output_path", "--output", 1))
     raise ValueError(errors[0])
 
 
-def _check_declared_task(model: str, task: str | None) -> None:
-    """--task against the tasks an omniloop manifest declares, before its weights load (the
-    shipped shapes models declare t2v alone: trained on clips, they make no images). A
-    diffusers checkpoint's tasks are known once it loads; admission checks them then."""
-    from omniloop.models.loader import resolve_model_path
-    from omniloop.models.manifest import MANIFEST_FILE, read_manifest
-
-    if task is None:
-        return
-    root = resolve_model_path(model)
-    if not (root / MANIFEST_FILE).is_file():
-        return
-    tasks = list(read_manifest(root).tasks)
-    if task not in tasks:
-        raise ValueError(f"--task {task}: task {task!r} is not served by {model!r} (its tasks: {tasks}); pass "
-                         f"--task {tasks[0]}, or a --model that serves {task} (omniloop models lists them)")
-
-
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from omniloop.api.generator import DEFAULT_MODEL, VideoGenerator
+    from omniloop.api import preflight
 
-    # every flag is checked before the model loads (which takes seconds)
+    # every flag is checked before the model loads (which takes seconds): first those that
+    # need no torch (api/preflight.py; the manifest's tasks, limits and shape rules), then the
+    # deployment's (device and kernels: they import torch)
     prompt = require_prompt(args.prompt)
     params = collect(args, args._params)
     try:
         DiffusionParams(**params)
     except ValidationError as e:
         raise flag_error(e, params) from None
-    deploy = _deploy_from_flags(args)
-    deploy.check_device()
-    _check_output(args)
+    declared = preflight.declared_model(args.model or DEFAULT_MODEL)
+    if declared is not None:
+        preflight.check_task(declared, args.task)
+    _check_output(args, list(declared.tasks) if declared is not None else None)
     if args.image is not None and not Path(args.image).is_file():
         raise FileNotFoundError(f"--image {args.image}: no such file")
-    _check_declared_task(args.model or DEFAULT_MODEL, args.task)
+    if declared is not None:
+        preflight.check_shape(declared, args.task, params)
+    deploy = _deploy_from_flags(args)
+    deploy.check_device()
+    preflight.check_lora_files(deploy.lora_files)
+    preflight.check_lora_refs(params.get("loras", []), deploy.lora_files)
+    return _load_and_generate(args, deploy, prompt, params)
+
+
+def _load_and_generate(args: argparse.Namespace, deploy: DeployConfig, prompt: str, params: dict[str, Any]) -> int:
+    from omniloop.api.generator import VideoGenerator
+
     t0 = time.perf_counter()
     with VideoGenerator.from_pretrained(args.model or DEFAULT_MODEL, deploy=deploy) as gen:  # closes a pool's ranks
         load_s = time.perf_counter() - t0
@@ -212,9 +211,8 @@ def _models_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
-    from omniloop.models.loader import BUILTIN_MODELS
+    from omniloop.models.catalog import BUILTIN_MODELS, family_cards
     from omniloop.models.manifest import read_manifest
-    from omniloop.models.model_spec import registered_specs
 
     print("built-in models (--model NAME; shipped inside the package, no download):")
     for name, path in sorted(BUILTIN_MODELS.items()):
@@ -224,7 +222,7 @@ def _cmd_models(args: argparse.Namespace) -> int:
         print(f"  {name:<18} {m.description or m.variant}")
         print(f"  {'':<18} tasks {', '.join(m.tasks)}; default {shape}")
     print("\nfamilies (--model DIR: a checkpoint directory of one of these layouts):")
-    for spec in registered_specs():
+    for spec in family_cards():  # torch-free: each family folder's family.json
         layouts = ", ".join("omniloop_model.json" if c.startswith("omniloop:") else c for c in spec.diffusers_classes)
         print(f"  {spec.family:<18} {spec.description}")
         print(f"  {'':<18} {layouts}")
@@ -413,7 +411,7 @@ def served_models(specs: list[str]) -> dict[str, str]:
 def _interactive_default() -> str | None:
     """The built-in interactive model when its weights are installed (else sessions run on the
     served model, and the server says so)."""
-    from omniloop.models.loader import BUILTIN_MODELS, INTERACTIVE_MODEL
+    from omniloop.models.catalog import BUILTIN_MODELS, INTERACTIVE_MODEL
 
     folder = BUILTIN_MODELS.get(INTERACTIVE_MODEL)
     if folder is not None and any((folder / "transformer").glob("*.safetensors")):
@@ -424,7 +422,7 @@ def _interactive_default() -> str | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="omniloop", description="omniloop generation runtime")
+    parser = SuggestingParser(prog="omniloop", description="omniloop generation runtime")  # subparsers: the same class
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
     _generate_parser(sub)
@@ -437,7 +435,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:  # refused by the subcommand they were given to, with the closest flag it has
+        refuse_unknown(parser, args, extras)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         return int(args.func(args) or 0)

@@ -11,12 +11,15 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+# output paths are decided torch-free (the CLI checks --output before loading); re-exported here
+from omniloop.api.output_paths import AUDIO_FILES, IMAGE_FILES, TEXT_FILES, VIDEO_FILES, output_file  # noqa: F401
 from omniloop.cpu_threads import apply_cpu_threads
 from omniloop.deploy import DeployConfig
 from omniloop.engine.async_engine import load_options
 from omniloop.engine.engine import Engine, EngineConfig
 from omniloop.io.audio import AUDIO_FORMATS
 from omniloop.ext.install import install_plugins
+from omniloop.models.catalog import DEFAULT_MODEL  # noqa: F401  (re-exported: the offline API's default)
 from omniloop.models.loader import load_pipeline
 from omniloop.models.model_spec import ModelSpec
 from omniloop.pipeline.pipeline import Pipeline
@@ -38,7 +41,6 @@ from omniloop.request import (
 )
 
 logger = logging.getLogger(__name__)
-DEFAULT_MODEL = "shapes-t2v"
 
 # diffusers-style aliases accepted by generate_video
 _ALIASES = {"num_inference_steps": "steps", "guidance": "guidance_scale"}
@@ -394,30 +396,3 @@ class VideoGenerator:
             return None
         pixels = Modality.IMAGE if task.makes_image else Modality.VIDEO
         return [pixels, Modality.AUDIO] if audio else [pixels]
-
-
-# What ``output_file`` writes for a video (H.264 mp4), an image (png, or a one-frame mp4), sound.
-VIDEO_FILES: dict[str, Any] = {"what": "a video", "default": ".mp4", "suffixes": (".mp4",)}
-IMAGE_FILES: dict[str, Any] = {"what": "an image", "default": ".png", "suffixes": (".png", ".mp4")}
-TEXT_FILES: dict[str, Any] = {"what": "text", "default": ".txt", "suffixes": (".txt",)}
-AUDIO_FILES: dict[str, Any] = {"what": "sound", "default": ".wav", "suffixes": tuple(f".{f}" for f in AUDIO_FORMATS)}
-
-
-def output_file(output_path: str | Path, request_id: str, *, what: str, default: str, suffixes: tuple[str, ...],
-                create: bool = False) -> Path:
-    """Where a result goes: ``output_path`` itself if its suffix is one of ``suffixes`` (a
-    file), else ``output_path/<request id><default>`` (a directory: an existing one, a path
-    ending in "/", or a name without a suffix). Any other suffix is a ValueError naming
-    ``output_path``; ``create=False`` only checks (the CLI checks ``--output`` before loading)."""
-    path = Path(output_path)
-    suffix = path.suffix.lower()
-    if str(output_path).endswith(("/", "\\")) or path.is_dir() or not suffix:
-        target = path / f"{request_id}{default}"
-    elif suffix in suffixes:
-        target = path
-    else:
-        raise ValueError(f"output_path {str(output_path)!r}: {suffix} is not written for {what}; pass a "
-                         f"{' or '.join(suffixes)} file or a directory")
-    if create:
-        target.parent.mkdir(parents=True, exist_ok=True)
-    return target

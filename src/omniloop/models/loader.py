@@ -19,40 +19,14 @@ from omniloop.cache.adapters import CACHE_NAME as ADAPTERS
 from omniloop.cache.adapters import AdapterCache
 from omniloop.cache.text_embeddings import CACHE_NAME as TEXT_CACHE
 from omniloop.cache.text_embeddings import TextEmbeddingCache
+# the built-in models and path resolution live torch-free in catalog (the CLI reads them before loading)
+from omniloop.models.catalog import BUILTIN_DIR, BUILTIN_MODELS, INTERACTIVE_MODEL, resolve_model_path  # noqa: F401
 from omniloop.models.manifest import LAYOUT, MANIFEST_FILE, manifest_index, verify_files
 from omniloop.models.lora import LoraSupport
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, spec_for_class
 from omniloop.pipeline.pipeline import Pipeline
 
 logger = logging.getLogger(__name__)
-
-BUILTIN_DIR = Path(__file__).resolve().parent / "builtin"
-# name -> packaged model directory (manifest layout). Trained by omniloop.train.recipes
-# (docs/training.md); a directory holding only its manifest fails at load naming the missing file.
-BUILTIN_MODELS: dict[str, Path] = {
-    "shapes-t2v": BUILTIN_DIR / "shapes-t2v",
-    "shapes-t2v-4step": BUILTIN_DIR / "shapes-t2v-4step",
-}
-# the interactive shapes world (causal, action-conditioned: sessions and /play), once its
-# GPU-trained weights are installed (scripts/train_interactive.py install)
-INTERACTIVE_MODEL = "shapes-interactive"
-if (BUILTIN_DIR / INTERACTIVE_MODEL / MANIFEST_FILE).is_file():
-    BUILTIN_MODELS[INTERACTIVE_MODEL] = BUILTIN_DIR / INTERACTIVE_MODEL
-
-
-def resolve_model_path(model: str | Path) -> Path:
-    if isinstance(model, str) and model in BUILTIN_MODELS:
-        return BUILTIN_MODELS[model]
-    path = Path(model).expanduser()
-    if not path.exists():
-        names = sorted(BUILTIN_MODELS)
-        raise FileNotFoundError(
-            f"model {str(model)!r} is neither a directory nor a built-in model name"
-            + (f" (built-in: {names})" if names else "")
-        )
-    if not path.is_dir():
-        raise ValueError(f"model path {path} is a file; pass the checkpoint directory holding model_index.json")
-    return path
 
 
 def read_model_index(root: Path) -> dict[str, Any]:

@@ -68,6 +68,11 @@ class ModelLimits(BaseModel):
     max_height: int | None = Field(default=None, ge=1)
     max_width: int | None = Field(default=None, ge=1)
     max_frames: int | None = Field(default=None, ge=1)
+    # the shape rules of its architecture (VAE stride x patch; the VAE's temporal stride), declared
+    # so front ends refuse a size before loading (api/preflight.py); the family's validator, which
+    # derives them from the loaded configs, stays the judge (a test holds the two equal)
+    size_multiple: int | None = Field(default=None, ge=1, description="height and width are multiples of it")
+    frame_step: int | None = Field(default=None, ge=1, description="num_frames is frame_step * k + 1")
 
 
 class ModelManifest(BaseModel):

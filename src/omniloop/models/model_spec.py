@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from omniloop.models.layers.cuda_graphs import DEFAULT_MAX_GRAPHS, DEFAULT_MAX_TOKENS
+from omniloop.models.layers.cuda_graph_defaults import DEFAULT_MAX_GRAPHS, DEFAULT_MAX_TOKENS
 from omniloop.pipeline.pipeline import Pipeline
 from omniloop.request import TaskType
 

@@ -8,11 +8,12 @@ latents) subclass the same base in ``omniloop.pipeline.edges``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from omniloop.request.enums import Modality
+
+if TYPE_CHECKING:  # torch loads with the first artifact, not with the request types (the CLI parses flags without it)
+    import torch
 
 
 @dataclass(kw_only=True)
@@ -34,6 +35,8 @@ class VideoArtifact(Artifact):
     fps: int
 
     def __post_init__(self) -> None:
+        import torch
+
         assert self.frames.ndim == 4 and self.frames.shape[-1] == 3, f"frames must be [F,H,W,3], got {tuple(self.frames.shape)}"
         assert self.frames.dtype == torch.uint8, f"frames must be uint8, got {self.frames.dtype}"
 

@@ -14,11 +14,13 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omniloop.deploy import Limits
-from omniloop.engine import AsyncEngine, EngineError
 from omniloop.request import DiffusionParams, ImagePart, OmniRequest, RequestStatus, TaskType, TextPart, new_request_id
+
+if TYPE_CHECKING:  # the engine (torch) loads when a warmup runs, not when the CLI reads DEFAULT_STEPS
+    from omniloop.engine import AsyncEngine
 
 logger = logging.getLogger(__name__)
 DEFAULT_STEPS = 2
@@ -83,6 +85,8 @@ def warmup_request(shape: DiffusionParams, tasks: frozenset[TaskType]) -> OmniRe
 
 async def run_warmup(engine: AsyncEngine, shapes: list[DiffusionParams], tasks: frozenset[TaskType]) -> None:
     """Run each shape once, in order; raise ``WarmupFailed`` at the first that fails."""
+    from omniloop.engine import EngineError
+
     for i, shape in enumerate(shapes):
         where = f"warmup shape {i} ({describe(shape)})"
         try:

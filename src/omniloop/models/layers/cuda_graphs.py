@@ -36,11 +36,11 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
+from omniloop.models.layers.cuda_graph_defaults import DEFAULT_MAX_GRAPHS, DEFAULT_MAX_TOKENS
+
 logger = logging.getLogger(__name__)
 
 CACHE_NAME = "cuda_graphs"  # its key in Pipeline.caches
-DEFAULT_MAX_GRAPHS = 8
-DEFAULT_MAX_TOKENS = 16384  # FLUX.1-dev: 16 x 256x256 images with 512 text tokens each is 12,288
 
 V = TypeVar("V")
 Forward = Callable[[Mapping[str, torch.Tensor]], torch.Tensor]

@@ -21,7 +21,8 @@ DESCRIPTIONS = {
 }
 # The largest request the served models take: 4x the trained 128x128 area and twice its
 # 17 frames (~7x the tokens; about a minute of a 2-vCPU CPU for the 50-step teacher).
-SERVED_LIMITS = ModelLimits(max_height=256, max_width=256, max_frames=33)
+# Its shape rules: the Wan VAE's 8x spatial stride times the DiT's 2x2 patch, and 4k+1 frames.
+SERVED_LIMITS = ModelLimits(max_height=256, max_width=256, max_frames=33, size_multiple=16, frame_step=4)
 
 
 @dataclass(frozen=True, kw_only=True)

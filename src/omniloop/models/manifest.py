@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -147,7 +147,8 @@ def check_manifest(
 
 
 def manifest_weights(manifest: ModelManifest, *, transformer_kind: str, load_transformer: Any,
-                     vae_loaders: Mapping[str, Any], load_sampler: Any, max_sequence_length: int) -> tuple[Any, ...]:
+                     vae_loaders: Mapping[str, Callable[[str], Any]], load_sampler: Any,
+                     max_sequence_length: int) -> tuple[Any, ...]:
     """The ``WeightSpec``s of a shipped (manifest) model: its DiT (``load_transformer(subfolder)``
     makes the family's loader), its VAE (the manifest's ``vae`` kind names it among the
     family's ``vae_loaders``: kind -> ``make(subfolder)`` giving the loader), the MiniLM text
@@ -164,6 +165,7 @@ def manifest_weights(manifest: ModelManifest, *, transformer_kind: str, load_tra
     if vae.kind not in vae_loaders:
         raise ValueError(f"omniloop_model.json of {manifest.name!r}: vae kind {vae.kind!r} is not supported; "
                          f"pass one of {list(vae_loaders)}")
+    assert vae.subfolder is not None, "check_manifest requires the vae's subfolder"
     return (
         WeightSpec(component="transformer", kind=transformer_kind, subfolder=dit, load=load_transformer(dit)),
         WeightSpec(component="vae", kind=vae.kind, subfolder=vae.subfolder, load=vae_loaders[vae.kind](vae.subfolder)),

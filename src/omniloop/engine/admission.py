@@ -144,6 +144,3 @@ class MemoryBudget:
     @property
     def reserved_bytes(self) -> int:
         return sum(e.held_bytes for e in self._running.values())
-
-    def reservation(self, request_id: str) -> MemoryEstimate | None:
-        return self._running.get(request_id)

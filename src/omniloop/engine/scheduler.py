@@ -279,8 +279,8 @@ def _ready(req: EngineRequest) -> bool:
 
 
 def _shape_key(req: EngineRequest) -> tuple:
-    """Requests with equal keys do the same work: they can run as one batch start to finish
-    (its batch groups: the keys their steps are predicted to batch by)."""
+    """Requests with equal keys do the same work (nodes, step counts, FLOPs, the batch keys
+    their steps are predicted to have): they can run as one batch start to finish."""
     return tuple((name, e.steps, e.flops_per_step, e.batch_group) for name, e in req.info["estimates"].items())
 
 

@@ -246,3 +246,23 @@ def test_builtin_manifests_declare_their_shape_rules():
     for name in ("shapes-t2v", "shapes-t2v-4step"):
         limits = read_manifest(BUILTIN_MODELS[name]).limits
         assert (limits.size_multiple, limits.frame_step) == (16, 4), name
+
+
+def test_models_lists_plug_in_families_by_importing_them(monkeypatch):
+    """A family from an ``omniloop.families`` entry point has no card: with one installed,
+    ``omniloop models`` lists what it registers (importing it, and torch, only then)."""
+    from omniloop.models import families, model_spec
+    from omniloop.models.catalog import LayoutCard, family_cards
+    from omniloop.pipeline.pipeline import Pipeline
+
+    model_spec.discover_families()
+    assert family_cards() == sorted(builtin_family_cards(), key=lambda c: (c.family, c.diffusers_classes))
+    def build(*args: object) -> Pipeline:
+        raise AssertionError("listing a family builds nothing")
+
+    toy = model_spec.ModelSpec(family="toy", diffusers_classes=("ToyPipeline",), build=build,
+                               variant=lambda index: model_spec.Variant(name="toy", tasks=frozenset(), weights=()),
+                               description="a plug-in family")
+    monkeypatch.setitem(model_spec._REGISTRY, "ToyPipeline", toy)
+    monkeypatch.setattr(families, "entry_points", lambda group: ["an installed plug-in"])
+    assert LayoutCard("toy", ("ToyPipeline",), "a plug-in family") in family_cards()

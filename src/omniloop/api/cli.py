@@ -127,6 +127,10 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     deploy.check_device()
     preflight.check_lora_files(deploy.lora_files)
     preflight.check_lora_refs(params.get("loras", []), deploy.lora_files)
+    try:
+        preflight.check_deploy_limits(deploy.limits, args.task, params, declared)
+    except ValueError as e:  # the engine's LimitExceeded, in flag terms
+        raise ValueError(_flag_names(str(e))) from None
     return _load_and_generate(args, deploy, prompt, params)
 
 
@@ -447,6 +451,9 @@ def main(argv: list[str] | None = None) -> int:
     except WarmupFailed as e:  # the model loaded but cannot run its warmup: not ready, ever
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C: one line, the shell's code for SIGINT; writers leave no partial file
+        print("\ninterrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from omniloop.deploy import Limits
 from omniloop.models.catalog import resolve_model_path
 from omniloop.models.manifest import MANIFEST_FILE, ModelLimits, read_manifest
-from omniloop.request import LoraRef, TaskType
+from omniloop.request import DiffusionParams, LoraRef, OmniRequest, TaskType
 
 
 @dataclass(frozen=True)
@@ -125,3 +126,18 @@ def check_writable(target: Path, flag: str, given: str) -> None:
         raise ValueError(f"{flag} {given!r}: {folder} is a file, not a directory; pass a path in a directory")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise ValueError(f"{flag} {given!r}: the directory {folder} is not writable; pass a path you may write")
+
+
+def check_deploy_limits(limits: Limits, task: str | None, params: Mapping[str, Any],
+                        model: DeclaredModel | None) -> None:
+    """The deployment's ceilings (``--limits``, a deploy config's ``limits``) on the flags and,
+    for a manifest model, its defaults: the engine's own check (engine/limits.py), run before
+    loading. A diffusers checkpoint's defaults are known once it loads: its unset fields are
+    checked then. Not for text out (--task reason: no frames, pixels or steps)."""
+    from omniloop.engine.limits import check_limits  # imports torch (the engine): the deployment already did
+
+    if task == TaskType.REASON.value:
+        return
+    request = OmniRequest(task=TaskType(task or (model.tasks[0] if model else TaskType.T2V.value)),
+                          diffusion=DiffusionParams(**params))
+    check_limits(request, limits, model.defaults if model is not None else {})

@@ -15,6 +15,8 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 
+from omniloop.io.files import written_whole
+
 # format -> (container format, codec, sample format the encoder takes)
 AUDIO_FORMATS: dict[str, tuple[str, str, str]] = {
     "wav": ("wav", "pcm_s16le", "s16"),
@@ -102,8 +104,7 @@ def write_audio(samples: torch.Tensor | np.ndarray, dest: str | Path | BinaryIO,
     container_format, codec, sample_format = AUDIO_FORMATS[format]
     arr = as_float_samples(samples, sample_rate)
     check_rate(format, sample_rate)
-    target = str(dest) if isinstance(dest, (str, Path)) else dest
-    with av.open(target, mode="w", format=container_format) as container:
+    with written_whole(dest) as target, av.open(target, mode="w", format=container_format) as container:
         stream = add_audio_stream(container, codec, arr, sample_rate, sample_format)
         mux_audio(container, stream, arr, sample_rate, sample_format)
 

@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from omniloop.io.files import written_whole
+
 
 def open_image(source: Any) -> "PIL.Image.Image":  # noqa: F821
     """A PIL RGB image from a path, bytes, PIL image, [H, W, 3] uint8 array or tensor.
@@ -63,7 +65,8 @@ def write_png(image: torch.Tensor | np.ndarray, dest: str | Path | io.BytesIO) -
     arr = image.detach().cpu().numpy() if isinstance(image, torch.Tensor) else np.asarray(image)
     if arr.ndim != 3 or arr.shape[-1] != 3 or arr.dtype != np.uint8:
         raise ValueError(f"image must be [H, W, 3] uint8, got {arr.shape} {arr.dtype}")
-    Image.fromarray(arr).save(dest, format="PNG")
+    with written_whole(dest) as target:
+        Image.fromarray(arr).save(target, format="PNG")
 
 
 def h264_recompress(image: np.ndarray, crf: int, preset: str = "veryfast") -> np.ndarray:

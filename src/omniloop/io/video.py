@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from omniloop.io.audio import add_audio_stream, as_float_samples, check_rate, mux_audio
+from omniloop.io.files import written_whole
 
 
 def _as_uint8_frames(frames: torch.Tensor | np.ndarray) -> np.ndarray:
@@ -40,8 +41,7 @@ def write_mp4(
             raise ValueError("audio needs its sample_rate; pass sample_rate=<Hz>")
         sound = as_float_samples(audio, sample_rate)
         check_rate("aac", sample_rate)
-    target = str(dest) if isinstance(dest, (str, Path)) else dest
-    with av.open(target, mode="w", format="mp4") as container:
+    with written_whole(dest) as target, av.open(target, mode="w", format="mp4") as container:
         stream = container.add_stream("libx264", rate=Fraction(int(fps), 1))
         stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
         stream.options = {"crf": str(crf), "preset": preset}

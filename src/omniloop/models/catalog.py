@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from pathlib import Path
 
 from omniloop.models.manifest import MANIFEST_FILE
@@ -74,10 +73,10 @@ def family_cards() -> list[LayoutCard]:
     """The built-in cards and, when ``omniloop.families`` entry points are installed, the
     layouts those plug-ins register (importing them: only then is torch loaded), sorted as
     ``registered_specs`` sorts (family, classes)."""
-    from omniloop.models.families import ENTRY_POINT_GROUP
+    from omniloop.models import families  # its discovery's view of the entry points (tests may replace it)
 
     cards = builtin_family_cards()
-    if entry_points(group=ENTRY_POINT_GROUP):
+    if families.entry_points(group=families.ENTRY_POINT_GROUP):
         from omniloop.models.model_spec import registered_specs
 
         known = {c.diffusers_classes for c in cards}

@@ -13,7 +13,7 @@ from typing import Any
 from omniloop.engine.admission import MemoryEstimate
 from omniloop.pipeline.spec import Node
 from omniloop.pipeline.state import LoopState, RequestState
-from omniloop.request import OmniRequest, RequestStatus
+from omniloop.request import Failure, OmniRequest, RequestStatus
 
 
 @dataclass(eq=False)
@@ -26,7 +26,7 @@ class EngineRequest:
     loop: LoopState | None = None  # live loop of the current node (after init)
     status: RequestStatus = RequestStatus.QUEUED
     abort_requested: bool = False
-    failure: str | None = None  # set when its event consumer failed: fail (not cancel) at the boundary
+    failure: Failure | None = None  # set when its event consumer failed: fail (not cancel) at the boundary
     attempts: int = 0  # pool restarts this request has been re-queued through
     started: float | None = None
     finished: float | None = None

@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from omniloop.request import InvalidRequest
+
 
 def open_image(source: Any) -> "PIL.Image.Image":  # noqa: F821
     """A PIL RGB image from a path, bytes, PIL image, [H, W, 3] uint8 array or tensor.
@@ -31,7 +33,7 @@ def open_image(source: Any) -> "PIL.Image.Image":  # noqa: F821
         img = Image.open(data)
         img.load()
     except (UnidentifiedImageError, OSError, TypeError) as e:
-        raise ValueError(f"cannot read image {label}: {e}") from None
+        raise InvalidRequest(f"cannot read image {label}: {e}", fields=("inputs",)) from None
     return img.convert("RGB")
 
 

@@ -35,7 +35,9 @@ class RequestRejected(EngineError, InvalidRequest):
         kind, fields and message kept."""
         if isinstance(error, RequestRejected):
             return error
-        return cls(str(error), fields=error.fields, kind=error.kind)  # the hint is in the message already
+        rejected = cls(str(error), fields=error.fields, kind=error.kind)
+        rejected.hint = error.hint  # its text ends the message already
+        return rejected
 
 
 class QueueFull(RequestRejected):

@@ -39,6 +39,7 @@ class ErrorKind(str, Enum):
     POOL_FAILED = "pool_failed"  # the worker pool failed under it (restarts exhausted for it)
     ENGINE_DEAD = "engine_dead"  # the engine stopped
     INTERRUPTED = "interrupted"  # the server stopped (or its output vanished) before it finished
+    UNKNOWN = "unknown"  # a failure restored from a record that kept only its message (a job store)
 
 
 class InvalidRequest(ValueError):
@@ -62,13 +63,12 @@ class InvalidRequest(ValueError):
         return Failure(kind=self.kind, message=str(self), fields=self.fields)
 
     def spelled(self, names: Mapping[str, str]) -> str:
-        """The message with each of its ``fields`` respelled as ``names`` has it (a flag,
-        a wire name): the message names its fields by their paths, so this is a rename of
-        known paths, not a parse."""
+        """The message with request-plane names respelled as a front end spells them
+        (``{"diffusion.height": "--height"}``); ``names`` come from ``fields`` (the message
+        names its fields by their paths), so this renames known paths, it parses nothing."""
         text = str(self)
-        for path in self.fields:
-            if path in names:
-                text = text.replace(path, names[path])
+        for name, spelling in names.items():
+            text = text.replace(name, spelling)
         return text
 
 

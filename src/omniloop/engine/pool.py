@@ -221,7 +221,7 @@ class PoolEngine(Engine):
         self.pool = pool
         self.model_spec = model_spec
         self._tell_failed: list[tuple[str, Failure]] = []  # request-fatal on rank 0, sent with the next plan
-        self._ended: list[tuple[str, str, str | None]] | None = None
+        self._ended: list[tuple[str, str, Failure | None]] | None = None
         self._finalizer = weakref.finalize(self, pool.shutdown)
 
     def add_request(self, request: OmniRequest) -> str:

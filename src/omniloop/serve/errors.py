@@ -1,9 +1,9 @@
 """HTTP errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
 
 Every bad input becomes a 4xx whose ``param`` and message name the field; engine
-rejections keep their own status and message (RequestRejected and LimitExceeded 400,
-DoesNotFit 413, QueueFull 429) and a dead engine is a 503. Nothing a client sends
-reaches the catch-all 500.
+rejections keep their message and get their status from their ``kind`` (limit_exceeded and
+the field kinds 400, does_not_fit 413, queue_full and draining 429) and their ``param`` from
+their ``fields``; a dead engine is a 503. Nothing a client sends reaches the catch-all 500.
 """
 
 from __future__ import annotations
@@ -106,12 +106,14 @@ def wire_param(error: InvalidRequest, names: Mapping[str, str],
     request-plane path -> wire name; a path not there is named by ``field_name``)."""
     if not error.fields:
         return None, False
-    for path in error.fields:  # a field the caller set, under the name it used
-        name = field_name(path)
-        if path.startswith("diffusion.") and name in names:
-            return names[name], names[name] == name or WIRE_GROUPS.get(names[name]) == frozenset(error.fields)
-    path = error.fields[0]
-    param = wire_names.get(path, field_name(path))
+    # a field the caller set, under the name it used; else the first field's usual wire name
+    path, param = next(((p, names[field_name(p)]) for p in error.fields
+                        if p.startswith("diffusion.") and field_name(p) in names), (None, None))
+    if path is None or param is None:
+        path = error.fields[0]
+        param = wire_names.get(path, field_name(path))
+    # the message names its fields by their paths: it names ``param`` if that is the field's
+    # own name, or a wire field carrying exactly the error's fields (``size``: height and width)
     return param, param == field_name(path) or WIRE_GROUPS.get(param) == frozenset(error.fields)
 
 
@@ -129,7 +131,7 @@ def api_error(error: Exception, names: Mapping[str, str] | None = None,
         return ApiError(503, f"engine stopped: {error}", code="engine_dead")
     assert isinstance(error, RequestRejected), f"unexpected engine error {type(error).__name__}"
     status, code = REJECTION_STATUS.get(error.kind, (400, "rejected"))
-    if status == 429:
+    if error.kind in (ErrorKind.QUEUE_FULL, ErrorKind.DRAINING):  # nothing wrong with the request: retry
         return ApiError(status, str(error), code=code, headers={"Retry-After": "1"})
     param, named = wire_param(error, names or {}, wire_names)
     message = str(error) if param is None or named else f"{param}: {error}"

@@ -256,7 +256,8 @@ class Engine:
             if req is not None and req.failure is not None:  # its event consumer failed
                 self._finish(req, RequestStatus.FAILED, req.failure)
             elif req is not None:
-                self._finish(req, RequestStatus.CANCELLED, Failure(kind=ErrorKind.CANCELLED, message="cancelled by request"))
+                self._finish(req, RequestStatus.CANCELLED,
+                             Failure(kind=ErrorKind.CANCELLED, message="cancelled by request"))
         for rid in plan.admitted:
             req = self.scheduler.running[rid]
             req.status = RequestStatus.RUNNING
@@ -459,8 +460,9 @@ class Engine:
             self._fail(req, result.error)
             return
         if not finite:
-            self._finish(req, RequestStatus.FAILED, Failure(
-                kind=ErrorKind.NON_FINITE, message=f"non-finite values (NaN/Inf) in node {node.name!r} at step {loop.steps_done}"))
+            where = f"in node {node.name!r} at step {loop.steps_done}"
+            self._finish(req, RequestStatus.FAILED,
+                         Failure(kind=ErrorKind.NON_FINITE, message=f"non-finite values (NaN/Inf) {where}"))
             return
         # NOTE: events are built only when someone receives them: a ProgressEvent (and its ETA:
         # a walk over the request's nodes) per request per step is a measurable share of a
@@ -544,7 +546,8 @@ class Engine:
         if self.stats.pool_restarts > self.config.max_pool_restarts:
             self.dead = f"pool failed {self.stats.pool_restarts} times; last: {error}"
             for req in list(self.scheduler.running.values()) + list(self.scheduler.waiting):
-                self._finish(req, RequestStatus.FAILED, Failure(kind=ErrorKind.ENGINE_DEAD, message=f"engine dead: {error}"))
+                self._finish(req, RequestStatus.FAILED,
+                             Failure(kind=ErrorKind.ENGINE_DEAD, message=f"engine dead: {error}"))
             return
         if self._restart_pool is not None:
             self.pipeline = self._restart_pool()
@@ -601,8 +604,8 @@ class Engine:
             logger.error("event sink failed on %s event of request %s", event.type, event.request_id, exc_info=exc)
             req = self._requests.get(event.request_id)
             if req is not None and not req.is_finished and req.failure is None:
-                req.failure = Failure(kind=ErrorKind.CONSUMER_FAILED,
-                                      message=f"event sink failed on its {event.type} event: {type(exc).__name__}: {exc}")
+                why = f"event sink failed on its {event.type} event: {type(exc).__name__}: {exc}"
+                req.failure = Failure(kind=ErrorKind.CONSUMER_FAILED, message=why)
                 req.abort_requested = True  # leaves at the next step boundary if not at once
 
     def _fire(self, point: str, make: Callable[[], Any]) -> None:

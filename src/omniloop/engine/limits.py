@@ -40,8 +40,8 @@ def check_limits(request: OmniRequest, limits: Limits, defaults: Mapping[str, An
     width, height = p.width or int(defaults.get("width", 0)), p.height or int(defaults.get("height", 0))
     if width * height > limits.max_pixels and not sized_by_input(request):
         raise LimitExceeded(f"diffusion.width x height: {width}x{height} = {width * height} pixels exceed this "
-                            f"deployment's limit of {limits.max_pixels} (limits.max_pixels)", hint="pass a smaller size",
-                            fields=("diffusion.height", "diffusion.width"))
+                            f"deployment's limit of {limits.max_pixels} (limits.max_pixels)",
+                            hint="pass a smaller size", fields=("diffusion.height", "diffusion.width"))
     steps = p.num_steps(int(defaults.get("steps", 0)))
     if steps > limits.max_steps:
         raise LimitExceeded(f"diffusion.steps: {steps} steps exceed this deployment's limit of {limits.max_steps} "

@@ -298,7 +298,8 @@ class PoolEngine(Engine):
             logger.exception("pool restart failed")
             self.dead = f"pool restart failed: {exc}; after: {error}"
             for req in list(self.scheduler.running.values()) + list(self.scheduler.waiting):
-                self._finish(req, RequestStatus.FAILED, Failure(kind=ErrorKind.ENGINE_DEAD, message=f"engine dead: {self.dead}"))
+                self._finish(req, RequestStatus.FAILED,
+                             Failure(kind=ErrorKind.ENGINE_DEAD, message=f"engine dead: {self.dead}"))
         finally:
             if self.dead:
                 self.close()

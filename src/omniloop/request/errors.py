@@ -55,10 +55,6 @@ class InvalidRequest(ValueError):
         self.hint = hint
         self.kind = kind
 
-    @property
-    def message(self) -> str:
-        return str(self)
-
     def failure(self) -> "Failure":
         return Failure(kind=self.kind, message=str(self), fields=self.fields)
 

@@ -110,7 +110,8 @@ class ServeState:
                 await self.runner.start(job, request, stored=True)
             except EngineError as e:  # e.g. the limits changed across the restart
                 job.status = RequestStatus.FAILED
-                refused = e.failure() if isinstance(e, RequestRejected) else Failure(kind=ErrorKind.ENGINE_DEAD, message=str(e))
+                refused = e.failure() if isinstance(e, RequestRejected) else \
+                    Failure(kind=ErrorKind.ENGINE_DEAD, message=str(e))
                 job.failure = refused.prefixed("re-queued after a restart, then refused: ")
                 job.completed_at = int(time.time())
                 job.seal()

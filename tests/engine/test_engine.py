@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from omniloop.engine import DoesNotFit, NodeWork, PoolFatalError, QueueFull, RequestRejected, StepWork, UnknownRequest
-from omniloop.request import ProgressEvent, RequestStatus, TaskType, TextPart, OmniRequest
+from omniloop.request import ErrorKind, ProgressEvent, RequestStatus, TaskType, TextPart, OmniRequest
 from tests.engine.conftest import req, run_all
 
 
@@ -244,6 +244,7 @@ def test_nan_in_one_request_fails_only_it(make_engine):
     engine.add_request(req(2, steps=3, rid="fine"))
     outs = _poisoned_run(engine, "nan", float("nan"))
     assert outs["nan"].status is RequestStatus.FAILED and "NaN" in outs["nan"].error
+    assert outs["nan"].failure is not None and outs["nan"].failure.kind is ErrorKind.NON_FINITE
     assert outs["fine"].status is RequestStatus.COMPLETED
 
 

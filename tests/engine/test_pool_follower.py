@@ -10,7 +10,7 @@ from omniloop.deploy import DeployConfig
 from omniloop.engine import Engine, EngineConfig, SchedulingPolicy
 from omniloop.engine.pool_messages import PlanMessage, plan_digest
 from omniloop.engine.pool_worker import FollowerEngine
-from omniloop.request import RequestStatus
+from omniloop.request import ErrorKind, Failure, RequestStatus
 from tests.engine.conftest import req
 
 
@@ -83,11 +83,12 @@ def test_follower_drops_what_rank0_cancels_or_fails(wan_pipeline):
         assert sorted(follower.scheduler.running) == ["fail", "keep"]
         # a request-fatal error on rank 0 reaches the follower with the next plan
         leader.sent.clear()
-        leader._finish(leader.scheduler.running["fail"], RequestStatus.FAILED, "boom")
+        boom = Failure(kind=ErrorKind.STAGE_ERROR, message="boom")
+        leader._finish(leader.scheduler.running["fail"], RequestStatus.FAILED, boom)
         leader.step()
         message = leader.sent[-1][0]
-        outcome = follower.run(PlanMessage(message.plan, message.requests, (("fail", "boom"),), check=True))
+        outcome = follower.run(PlanMessage(message.plan, message.requests, (("fail", boom),), check=True))
         assert outcome.plan_hash == leader.sent[-1][1]
         assert "fail" not in follower.scheduler.running and "keep" in follower.scheduler.running
         assert follower.outputs["fail"].status is RequestStatus.FAILED and follower.outputs["fail"].error == "boom"
-        assert ("fail", "failed", "boom") not in outcome.ended  # rank 0 knows; not reported back
+        assert ("fail", "failed", boom) not in outcome.ended  # rank 0 knows; not reported back

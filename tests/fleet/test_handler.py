@@ -199,11 +199,13 @@ def test_engine_admission_errors_map_to_the_frontends_status_codes():
     from dynamo.llm.exceptions import EngineShutdown, HttpError, InvalidArgument
 
     from omniloop.engine import DoesNotFit, EngineDeadError, QueueFull
+    from omniloop.request import ErrorKind
     from omniloop.serve.dynamo.handler import dynamo_error
 
     full = dynamo_error(QueueFull("queue is full (64 waiting); retry later"))
     assert isinstance(full, HttpError) and full.code == 429
-    assert isinstance(dynamo_error(QueueFull("engine is draining and accepts no new requests")), EngineShutdown)
+    draining = QueueFull("engine is draining and accepts no new requests", kind=ErrorKind.DRAINING)
+    assert isinstance(dynamo_error(draining), EngineShutdown)
     assert isinstance(dynamo_error(EngineDeadError("pool failed 4 times")), EngineShutdown)
     too_big = dynamo_error(DoesNotFit("request needs ~9 GiB; lower the resolution"))
     assert isinstance(too_big, InvalidArgument) and "lower the resolution" in str(too_big)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import re
 import sys
 import time
 from pathlib import Path
@@ -16,7 +15,7 @@ from omniloop.api.suggest import SuggestingParser, refuse_unknown
 from omniloop.api.schema_flags import DefaultsHelpFormatter, add_schema_flags, collect, flag_error
 from omniloop.deploy import DeployConfig
 from omniloop.models.catalog import DEFAULT_MODEL
-from omniloop.request import DiffusionParams, SamplingParams, TaskType, require_prompt
+from omniloop.request import DiffusionParams, InvalidRequest, SamplingParams, TaskType, require_prompt
 from omniloop.serve.config import DEFAULT_DRAIN_TIMEOUT_S
 from omniloop.serve.warmup import DEFAULT_STEPS as DEFAULT_WARMUP_STEPS
 from omniloop.serve.warmup import WarmupFailed
@@ -65,9 +64,18 @@ def _deploy_from_flags(args: argparse.Namespace) -> DeployConfig:
         raise flag_error(e, given) from None
 
 
-def _flag_names(message: str) -> str:
-    """An engine message in flag terms: ``diffusion.height=30 ...`` -> ``--height=30 ...``."""
-    return re.sub(r"diffusion\.(\w+)", lambda m: "--" + m.group(1).replace("_", "-"), message)
+def _in_flag_terms(error: ValueError) -> ValueError:
+    """An admission refusal in flag terms: the request fields it names (``diffusion.height``,
+    ``sampling.max_tokens``) spelled as their flags (``--height``, ``--max-tokens``)."""
+    if not isinstance(error, InvalidRequest):
+        return error
+    flags = {}
+    for path in error.fields:
+        plane, _, rest = path.partition(".")
+        name = rest.split(".")[0].split("[")[0]
+        if plane in ("diffusion", "sampling") and name:
+            flags[f"{plane}.{name}"] = "--" + name.replace("_", "-")
+    return ValueError(error.spelled(flags))
 
 
 def _output_kinds(args: argparse.Namespace, tasks: list[str] | None = None) -> list[dict]:
@@ -168,7 +176,7 @@ def _generate_with(gen: Any, args: argparse.Namespace, prompt: str, params: dict
             bars = None if args.no_progress else ProgressBars(gen.pipeline.active_nodes(request))
             result = gen.run_video(request, output_path=args.output, on_event=bars)
     except ValueError as e:  # refused at admission: the family's checks or the deployment's limits
-        raise ValueError(_flag_names(str(e))) from None
+        raise _in_flag_terms(e) from None
     finally:
         if bars is not None:
             bars.close()
@@ -201,7 +209,7 @@ def _generate_text(args: argparse.Namespace, gen, prompt: str, params: dict, loa
     try:
         result = gen.generate_text(prompt, output_path=args.output, **sampling)
     except ValueError as e:  # refused at admission (context limit, KV pool, inputs the model cannot see)
-        raise ValueError(_flag_names(str(e)).replace("sampling.max_tokens", "--max-tokens")) from None
+        raise _in_flag_terms(e) from None
     print(result.text)
     print(f"wrote {result.path} ({len(result.token_ids)} tokens, finish {result.finish_reason}, seed {result.seed}) "
           f"in {result.metrics.run_s:.2f}s (load {load_s:.2f}s)", file=sys.stderr)

@@ -25,6 +25,7 @@ from omniloop.models.model_spec import ModelSpec
 from omniloop.pipeline.pipeline import Pipeline
 from omniloop.request import (
     DiffusionParams,
+    Failure,
     ImagePart,
     LatentPart,
     Modality,
@@ -47,7 +48,12 @@ _ALIASES = {"num_inference_steps": "steps", "guidance": "guidance_scale"}
 
 
 class GenerationError(RuntimeError):
-    """A request that was admitted but failed while running."""
+    """A request that was admitted but failed while running; ``failure`` says why (its kind,
+    message and fields), when the output carried one."""
+
+    def __init__(self, message: str, failure: Failure | None = None) -> None:
+        super().__init__(message)
+        self.failure = failure
 
 
 @dataclass(frozen=True)
@@ -274,7 +280,7 @@ class VideoGenerator:
         request = self.build_request(prompt, image=image, latents=latents, task=task, **params)
         output = self.generate(request, on_event)
         if output.status is not RequestStatus.COMPLETED:
-            raise GenerationError(f"request {output.request_id} {output.status.value}: {output.error}")
+            raise GenerationError(f"request {output.request_id} {output.status.value}: {output.error}", output.failure)
         if output.image is None:
             raise GenerationError(f"request {output.request_id} produced no image (task {request.task.value})")
         pixels = output.image.image.numpy()
@@ -364,7 +370,7 @@ class VideoGenerator:
     def _completed(self, request: OmniRequest, on_event: Callable[[OmniEvent], None] | None) -> OmniOutput:
         output = self.generate(request, on_event)
         if output.status is not RequestStatus.COMPLETED:
-            raise GenerationError(f"request {output.request_id} {output.status.value}: {output.error}")
+            raise GenerationError(f"request {output.request_id} {output.status.value}: {output.error}", output.failure)
         return output
 
     def build_request(self, prompt: str, *, image: Any = None, latents: Any = None,

@@ -16,6 +16,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticUndefined
 
+from omniloop.request import field_problems
+
 
 def _unwrap_optional(annotation: Any) -> Any:
     origin = typing.get_origin(annotation)
@@ -121,13 +123,13 @@ def flag_error(error: ValidationError, given: dict[str, Any], flags: dict[str, s
     greater than or equal to 1`` (not pydantic's field dump and documentation URL).
     ``flags``: field -> flag spelling where it is not ``--field-name``."""
     problems = []
-    for item in error.errors():
-        loc = [str(p) for p in item.get("loc", ())]
+    for problem in field_problems(error):  # the one reading of pydantic's errors (request/errors.py)
+        loc = list(problem.path)
         field = loc[0] if loc else ""
         flag = (flags or {}).get(field) or ("--" + field.replace("_", "-") if field else "flags")
         value = f" {given[field]}" if field in given and not isinstance(given[field], (dict, list)) else ""
         detail = ".".join(loc[1:])
-        msg = item.get("msg", "invalid").removeprefix("Value error, ")
+        msg = problem.message.removeprefix("Value error, ")
         problems.append(f"{flag}{value}{f' ({detail})' if detail else ''}: {msg}")
     return ValueError("; ".join(problems))
 

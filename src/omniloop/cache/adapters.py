@@ -32,6 +32,7 @@ from torch import nn
 
 from omniloop.models.layers.lora import AdapterSet, linear_shapes, wrap_linears
 from omniloop.models.lora import LoraAdapter, LoraSupport, parse_lora
+from omniloop.request import InvalidRequest
 
 CACHE_NAME = "adapters"  # Pipeline.caches key
 
@@ -113,8 +114,9 @@ class AdapterCache:
         with self._lock:
             for i, ref in enumerate(refs):
                 if ref.name not in self:
-                    raise ValueError(f"{field_name}[{i}].name {ref.name!r} is not a loaded LoRA; loaded: "
-                                     f"{self.names()} (load it first: POST /v1/loras, or deploy config loras)")
+                    raise InvalidRequest(f"{field_name}[{i}].name {ref.name!r} is not a loaded LoRA; loaded: "
+                                         f"{self.names()} (load it first: POST /v1/loras, or deploy config loras)",
+                                         fields=(f"{field_name}[{i}].name",))
 
     def signature(self, refs: Sequence[Any], component: str) -> str:
         """The adapter-set key of ``refs`` restricted to the adapters that patch ``component``
@@ -132,7 +134,8 @@ class AdapterCache:
             for ref in refs:
                 entry = self._entry(ref.name)
                 if entry.unloading:
-                    raise ValueError(f"LoRA {ref.name!r} was unloaded; load it again to use it")
+                    raise InvalidRequest(f"LoRA {ref.name!r} was unloaded; load it again to use it",
+                                         fields=("diffusion.loras",))
                 device = self._device_copy(entry)
                 entry.refs[owner] = entry.refs.get(owner, 0) + 1
                 for component, layers in device.layers.items():

@@ -23,6 +23,7 @@ from typing import Sequence
 import torch
 
 from omniloop.cache.kv import KVLayout
+from omniloop.request import InvalidRequest
 
 DEFAULT_BLOCK_TOKENS = 16
 CPU_DEFAULT_BYTES = 1 << 30  # no budget given on a CPU: at most 1 GiB
@@ -86,10 +87,10 @@ class BlockPool:
     def check_fits(self, tokens: int) -> None:
         """Admission: one request of ``tokens`` positions must fit the empty pool."""
         if self.blocks_for(tokens) > self.num_blocks:
-            raise ValueError(
+            raise InvalidRequest(
                 f"a request of {tokens} tokens (prompt + sampling.max_tokens) needs {self.blocks_for(tokens)} KV blocks "
                 f"but the text KV pool holds {self.num_blocks} ({self.capacity_tokens} tokens); lower "
-                "sampling.max_tokens or deploy with a larger kv_cache_gb"
+                "sampling.max_tokens or deploy with a larger kv_cache_gb", fields=("sampling.max_tokens",)
             )
 
     # -- blocks ------------------------------------------------------------------------------

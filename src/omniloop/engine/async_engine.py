@@ -26,7 +26,7 @@ from omniloop.ext.install import install_plugins
 from omniloop.models.loader import load_pipeline
 from omniloop.models.model_spec import LoadOptions
 from omniloop.pipeline.pipeline import Pipeline
-from omniloop.request import FinalEvent, OmniEvent, OmniOutput, OmniRequest, RequestStatus
+from omniloop.request import ErrorKind, Failure, FinalEvent, OmniEvent, OmniOutput, OmniRequest, RequestStatus
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +150,8 @@ class AsyncEngine:
         with self._queues_lock:
             pending = list(self._queues.items())
         for rid, (loop, queue) in pending:
-            out = OmniOutput(request_id=rid, status=RequestStatus.FAILED, error=f"engine stopped: {self._error}")
+            out = OmniOutput(request_id=rid, status=RequestStatus.FAILED,
+                             failure=Failure(kind=ErrorKind.ENGINE_DEAD, message=f"engine stopped: {self._error}"))
             loop.call_soon_threadsafe(queue.put_nowait, FinalEvent(request_id=rid, output=out))
 
     def _on_event(self, event: OmniEvent) -> None:
@@ -176,7 +177,8 @@ class AsyncEngine:
         with self._queues_lock:  # the queue must exist before add_request emits the first event
             if rid in self._queues:  # a live stream holds this id: leave it untouched
                 self.engine.stats.rejected += 1
-                raise RequestRejected(f"request_id {rid!r} is already in use; pass a new id (or omit it)")
+                raise RequestRejected(f"request_id {rid!r} is already in use", hint="pass a new id (or omit it)",
+                                      fields=("request_id",), kind=ErrorKind.DUPLICATE)
             self._queues[rid] = entry
         try:
             self.engine.add_request(request, paused=paused)

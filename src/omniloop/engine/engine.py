@@ -34,13 +34,17 @@ from omniloop.pipeline.pipeline import Pipeline
 from omniloop.pipeline.state import StepResult
 from omniloop.request import (
     ArtifactEvent,
+    ErrorKind,
+    Failure,
     FinalEvent,
+    InvalidRequest,
     OmniEvent,
     OmniOutput,
     OmniRequest,
     ProgressEvent,
     RequestStatus,
     StatusEvent,
+    failure_of,
 )
 
 logger = logging.getLogger(__name__)
@@ -123,7 +127,7 @@ class Engine:
             raise EngineDeadError(f"engine is dead: {self.dead}")
         if not self.accepting:
             self.stats.rejected += 1
-            raise QueueFull("engine is draining and accepts no new requests")
+            raise QueueFull("engine is draining and accepts no new requests", kind=ErrorKind.DRAINING)
         try:
             if self.config.limits is not None:  # before the family's checks: the cheapest refusal first
                 check_limits(request, self.config.limits, self.pipeline.defaults)
@@ -135,20 +139,21 @@ class Engine:
             req = EngineRequest(request=state.request, state=state, nodes=self.pipeline.active_nodes(state.request),
                                 paused=paused)
             self._estimate(req)
-        except RequestRejected:
+        except InvalidRequest as e:  # a typed refusal (fields, kind) of a validator or the limits
             self.stats.rejected += 1
-            raise
-        except ValueError as e:
+            raise RequestRejected.of(e) from None
+        except ValueError as e:  # an input that could not be read (an image, a video): no field to name
             self.stats.rejected += 1
             raise RequestRejected(str(e)) from None
         rid = request.request_id
         with self._ids_lock:
             if rid in self._requests:
                 self.stats.rejected += 1
-                raise RequestRejected(f"request_id {rid!r} is already in use; pass a new id (or omit it)")
+                raise RequestRejected(f"request_id {rid!r} is already in use", hint="pass a new id (or omit it)",
+                                      fields=("request_id",), kind=ErrorKind.DUPLICATE)
             if len(self.scheduler.waiting) + len(self._intake) >= self.config.max_queue:
                 self.stats.rejected += 1
-                raise QueueFull(f"queue is full ({self.config.max_queue} waiting); retry later")
+                raise QueueFull(f"queue is full ({self.config.max_queue} waiting)", hint="retry later")
             self._requests[rid] = req
             self._intake.append(req)
         self._emit(StatusEvent(request_id=rid, status=RequestStatus.QUEUED, predicted_cost_s=req.predicted_total_s))
@@ -268,7 +273,8 @@ class Engine:
             if req is not None and req.failure is not None:  # its event consumer failed
                 self._finish(req, RequestStatus.FAILED, req.failure)
             elif req is not None:
-                self._finish(req, RequestStatus.CANCELLED, "cancelled by request")
+                self._finish(req, RequestStatus.CANCELLED,
+                             Failure(kind=ErrorKind.CANCELLED, message="cancelled by request"))
         for rid in plan.admitted:
             req = self.scheduler.running[rid]
             req.status = RequestStatus.RUNNING
@@ -471,7 +477,9 @@ class Engine:
             self._fail(req, result.error)
             return
         if not finite:
-            self._finish(req, RequestStatus.FAILED, f"non-finite values (NaN/Inf) in node {node.name!r} at step {loop.steps_done}")
+            where = f"in node {node.name!r} at step {loop.steps_done}"
+            self._finish(req, RequestStatus.FAILED,
+                         Failure(kind=ErrorKind.NON_FINITE, message=f"non-finite values (NaN/Inf) {where}"))
             return
         # NOTE: events are built only when someone receives them: a ProgressEvent (and its ETA:
         # a walk over the request's nodes) per request per step is a measurable share of a
@@ -508,9 +516,9 @@ class Engine:
     # -- endings --------------------------------------------------------------------------
     def _fail(self, req: EngineRequest, exc: BaseException) -> None:
         logger.error("request %s failed", req.request_id, exc_info=exc)
-        self._finish(req, RequestStatus.FAILED, f"{type(exc).__name__}: {exc}")
+        self._finish(req, RequestStatus.FAILED, failure_of(exc))
 
-    def _finish(self, req: EngineRequest, status: RequestStatus, error: str | None) -> None:
+    def _finish(self, req: EngineRequest, status: RequestStatus, failure: Failure | None) -> None:
         if req.is_finished:
             return
         self.scheduler.remove(req.request_id)
@@ -518,7 +526,7 @@ class Engine:
         req.finished = time.perf_counter()
         self.step_timer.collect(wait=True)  # its metrics must hold every step's time
         state = req.state
-        state.status, state.error = status, error
+        state.status, state.failure = status, failure
         metrics = state.metrics
         if req.started is not None:
             metrics.run_s = req.finished - req.started
@@ -555,7 +563,8 @@ class Engine:
         if self.stats.pool_restarts > self.config.max_pool_restarts:
             self.dead = f"pool failed {self.stats.pool_restarts} times; last: {error}"
             for req in list(self.scheduler.running.values()) + list(self.scheduler.waiting):
-                self._finish(req, RequestStatus.FAILED, f"engine dead: {error}")
+                self._finish(req, RequestStatus.FAILED,
+                             Failure(kind=ErrorKind.ENGINE_DEAD, message=f"engine dead: {error}"))
             return
         if self._restart_pool is not None:
             self.pipeline = self._restart_pool()
@@ -565,12 +574,14 @@ class Engine:
         in_flight = list(self.scheduler.running.values())
         if self.config.on_pool_failure == "fail":
             for req in in_flight:
-                self._finish(req, RequestStatus.FAILED, f"worker pool failed: {error}")
+                self._finish(req, RequestStatus.FAILED, Failure(kind=ErrorKind.POOL_FAILED,
+                                                                message=f"worker pool failed: {error}"))
             return
         for req in self.scheduler.requeue_running():
             req.attempts += 1
             if req.attempts > self.config.max_request_attempts:
-                self._finish(req, RequestStatus.FAILED, f"worker pool failed {req.attempts} times: {error}")
+                self._finish(req, RequestStatus.FAILED, Failure(
+                    kind=ErrorKind.POOL_FAILED, message=f"worker pool failed {req.attempts} times: {error}"))
             else:
                 # Rebind to the (possibly rebuilt) pipeline and start over from scratch.
                 req.state.release_refs()
@@ -609,7 +620,8 @@ class Engine:
             logger.error("event sink failed on %s event of request %s", event.type, event.request_id, exc_info=exc)
             req = self._requests.get(event.request_id)
             if req is not None and not req.is_finished and req.failure is None:
-                req.failure = f"event sink failed on its {event.type} event: {type(exc).__name__}: {exc}"
+                why = f"event sink failed on its {event.type} event: {type(exc).__name__}: {exc}"
+                req.failure = Failure(kind=ErrorKind.CONSUMER_FAILED, message=why)
                 req.abort_requested = True  # leaves at the next step boundary if not at once
 
     def _fire(self, point: str, make: Callable[[], Any]) -> None:

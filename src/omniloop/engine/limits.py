@@ -15,20 +15,15 @@ from typing import Any
 
 from omniloop.deploy import Limits
 from omniloop.engine.errors import RequestRejected
-from omniloop.request import OmniRequest, TaskType
+from omniloop.request import ErrorKind, OmniRequest, TaskType
 
 
 class LimitExceeded(RequestRejected):
-    """A request above a deployment ceiling. ``fields`` are the request-plane fields at
-    fault (``DiffusionParams`` names, or ``n``); front ends map them to their wire names."""
+    """A request above a deployment ceiling (``kind`` limit_exceeded). ``fields`` are the
+    request-plane paths at fault (``diffusion.steps``, or ``n``); front ends map them to
+    their wire names."""
 
-    def __init__(self, message: str, *, fields: tuple[str, ...]) -> None:
-        super().__init__(message)
-        self.fields = fields
-
-    @property
-    def param(self) -> str:
-        return self.fields[0] if self.fields == ("n",) else f"diffusion.{self.fields[0]}"
+    default_kind = ErrorKind.LIMIT_EXCEEDED
 
 
 def check_limits(request: OmniRequest, limits: Limits, defaults: Mapping[str, Any]) -> None:
@@ -40,17 +35,17 @@ def check_limits(request: OmniRequest, limits: Limits, defaults: Mapping[str, An
     frames = p.num_frames or (1 if request.task.makes_image else int(defaults.get("num_frames", 1)))
     if frames > limits.max_frames:
         raise LimitExceeded(f"diffusion.num_frames: {frames} frames exceed this deployment's limit of "
-                            f"{limits.max_frames} (limits.max_frames); ask for fewer frames (a shorter clip)",
-                            fields=("num_frames",))
+                            f"{limits.max_frames} (limits.max_frames)", hint="ask for fewer frames (a shorter clip)",
+                            fields=("diffusion.num_frames",))
     width, height = p.width or int(defaults.get("width", 0)), p.height or int(defaults.get("height", 0))
     if width * height > limits.max_pixels and not sized_by_input(request):
         raise LimitExceeded(f"diffusion.width x height: {width}x{height} = {width * height} pixels exceed this "
-                            f"deployment's limit of {limits.max_pixels} (limits.max_pixels); pass a smaller size",
-                            fields=("height", "width"))
+                            f"deployment's limit of {limits.max_pixels} (limits.max_pixels)",
+                            hint="pass a smaller size", fields=("diffusion.height", "diffusion.width"))
     steps = p.num_steps(int(defaults.get("steps", 0)))
     if steps > limits.max_steps:
         raise LimitExceeded(f"diffusion.steps: {steps} steps exceed this deployment's limit of {limits.max_steps} "
-                            "(limits.max_steps); pass fewer steps", fields=("steps",))
+                            "(limits.max_steps)", hint="pass fewer steps", fields=("diffusion.steps",))
 
 
 def sized_by_input(request: OmniRequest) -> bool:
@@ -64,4 +59,4 @@ def sized_by_input(request: OmniRequest) -> bool:
 def check_images_per_call(n: int, limits: Limits) -> None:
     if n > limits.max_batch:
         raise LimitExceeded(f"n: {n} images in one call exceed this deployment's limit of {limits.max_batch} "
-                            "(limits.max_batch); split the call", fields=("n",))
+                            "(limits.max_batch)", hint="split the call", fields=("n",))

@@ -35,7 +35,7 @@ import torch
 from omniloop.engine.engine import Engine, EngineConfig
 from omniloop.engine.errors import RequestRejected, UnknownRequest
 from omniloop.pipeline.pipeline import Pipeline
-from omniloop.request import OmniOutput, OmniRequest
+from omniloop.request import ErrorKind, OmniOutput, OmniRequest
 
 logger = logging.getLogger(__name__)
 
@@ -358,7 +358,8 @@ class ModelPool:
         slot = self.slots.get(name)
         if slot is None:
             self._rejected += 1
-            raise RequestRejected(f"model {name!r} is not served here; pass one of {sorted(self.slots)}")
+            raise RequestRejected(f"model {name!r} is not served here", hint=f"pass one of {sorted(self.slots)}",
+                                  fields=("model",), kind=ErrorKind.UNKNOWN_MODEL)
         return slot
 
     def _engine_of(self, request_id: str) -> Engine:

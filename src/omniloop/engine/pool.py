@@ -43,7 +43,7 @@ from omniloop.parallel.launch import process_context, rank_threads
 from omniloop.parallel.mesh import rendezvous_store
 from omniloop.parallel.preflight import check_model, model_facts
 from omniloop.pipeline.pipeline import Pipeline
-from omniloop.request import OmniRequest, RequestStatus
+from omniloop.request import ErrorKind, Failure, OmniRequest, RequestStatus
 
 logger = logging.getLogger(__name__)
 
@@ -220,8 +220,8 @@ class PoolEngine(Engine):
         super().__init__(pipeline, config, event_sink=event_sink, restart_pool=pool.restart)
         self.pool = pool
         self.model_spec = model_spec
-        self._tell_failed: list[tuple[str, str]] = []  # request-fatal on rank 0, sent with the next plan
-        self._ended: list[tuple[str, str, str | None]] | None = None
+        self._tell_failed: list[tuple[str, Failure]] = []  # request-fatal on rank 0, sent with the next plan
+        self._ended: list[tuple[str, str, Failure | None]] | None = None
         self._finalizer = weakref.finalize(self, pool.shutdown)
 
     def add_request(self, request: OmniRequest, *, paused: bool = False) -> str:
@@ -267,20 +267,22 @@ class PoolEngine(Engine):
             if wrong:
                 raise PoolFatalError(f"plan {plan.iteration}: ranks {sorted(wrong)} hashed it {wrong}, rank 0 "
                                      f"{digest}: the ranks' request states diverged")
-        self._tell_failed += [(rid, error or "failed") for rid, status, error in ended
-                              if status == RequestStatus.FAILED.value]
+        # a FAILED ending always carries its failure (Engine._finish's callers give one)
+        self._tell_failed += [(rid, failure) for rid, status, failure in ended
+                              if status == RequestStatus.FAILED.value and failure is not None]
         for outcome in outcomes:
-            for rid, status, error in outcome.ended:
+            for rid, status, failure in outcome.ended:
                 req = self.scheduler.find(rid)
-                if status == RequestStatus.FAILED.value and req is not None:
-                    self._finish(req, RequestStatus.FAILED, f"rank {outcome.rank}: {error}")
-                    self._tell_failed.append((rid, f"rank {outcome.rank}: {error}"))
+                if status == RequestStatus.FAILED.value and failure is not None and req is not None:
+                    on_rank = failure.prefixed(f"rank {outcome.rank}: ")
+                    self._finish(req, RequestStatus.FAILED, on_rank)
+                    self._tell_failed.append((rid, on_rank))
 
     # -- failures --------------------------------------------------------------------------
-    def _finish(self, req: EngineRequest, status: RequestStatus, error: str | None) -> None:
+    def _finish(self, req: EngineRequest, status: RequestStatus, failure: Failure | None) -> None:
         if self._ended is not None and not req.is_finished:
-            self._ended.append((req.request_id, status.value, error))
-        super()._finish(req, status, error)
+            self._ended.append((req.request_id, status.value, failure))
+        super()._finish(req, status, failure)
 
     def _fail(self, req: EngineRequest, exc: BaseException) -> None:
         dead = self.pool.dead_ranks()
@@ -296,7 +298,8 @@ class PoolEngine(Engine):
             logger.exception("pool restart failed")
             self.dead = f"pool restart failed: {exc}; after: {error}"
             for req in list(self.scheduler.running.values()) + list(self.scheduler.waiting):
-                self._finish(req, RequestStatus.FAILED, f"engine dead: {self.dead}")
+                self._finish(req, RequestStatus.FAILED,
+                             Failure(kind=ErrorKind.ENGINE_DEAD, message=f"engine dead: {self.dead}"))
         finally:
             if self.dead:
                 self.close()

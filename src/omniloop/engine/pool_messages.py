@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from omniloop.engine.scheduler import SchedulerPlan, StepScheduler
-from omniloop.request import OmniRequest
+from omniloop.request import Failure, OmniRequest
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,7 @@ class PlanMessage:
 
     plan: SchedulerPlan
     requests: tuple[OmniRequest, ...] = ()
-    failed: tuple[tuple[str, str], ...] = ()  # (request_id, error)
+    failed: tuple[tuple[str, Failure], ...] = ()  # (request_id, why)
     check: bool = False  # debug: hash the plan with the state it acts on (ParallelSpec.check_plans)
 
 
@@ -38,7 +38,7 @@ class RankOutcome:
 
     rank: int
     plan_hash: str | None
-    ended: tuple[tuple[str, str, str | None], ...] = ()  # (request_id, status, error)
+    ended: tuple[tuple[str, str, Failure | None], ...] = ()  # (request_id, status, why)
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from omniloop.parallel.apply import parallelize_pipeline
 from omniloop.parallel.mesh import ParallelMesh, init_process_group
 from omniloop.parallel.plan import parallel_plan
 from omniloop.pipeline.pipeline import Pipeline
-from omniloop.request import OmniRequest, RequestStatus
+from omniloop.request import Failure, OmniRequest, RequestStatus
 
 logger = logging.getLogger(__name__)
 _UNBOUNDED = 1 << 62
@@ -103,13 +103,13 @@ class FollowerEngine(Engine):
                               policy=SchedulingPolicy(max_running=_UNBOUNDED, max_batch=_UNBOUNDED))
         super().__init__(pipeline, config)
         self.rank = rank
-        self._ended: list[tuple[str, str, str | None]] | None = None
+        self._ended: list[tuple[str, str, Failure | None]] | None = None
 
     def run(self, msg: PlanMessage) -> RankOutcome:
-        for rid, error in msg.failed:  # request-fatal on some rank: end it here too
+        for rid, failure in msg.failed:  # request-fatal on some rank: end it here too
             req = self.scheduler.find(rid)
             if req is not None:
-                self._finish(req, RequestStatus.FAILED, error)
+                self._finish(req, RequestStatus.FAILED, failure)
         for request in msg.requests:
             self._adopt(request)
         plan = msg.plan
@@ -154,10 +154,10 @@ class FollowerEngine(Engine):
             sched.waiting.remove(req)
             sched.running[rid] = req
 
-    def _finish(self, req: EngineRequest, status: RequestStatus, error: str | None) -> None:
+    def _finish(self, req: EngineRequest, status: RequestStatus, failure: Failure | None) -> None:
         if self._ended is not None and not req.is_finished:
-            self._ended.append((req.request_id, status.value, error))
-        super()._finish(req, status, error)
+            self._ended.append((req.request_id, status.value, failure))
+        super()._finish(req, status, failure)
 
     def _fail(self, req: EngineRequest, exc: BaseException) -> None:
         if is_collective_error(exc):

@@ -13,7 +13,7 @@ from typing import Any
 from omniloop.engine.admission import MemoryEstimate
 from omniloop.pipeline.spec import Node
 from omniloop.pipeline.state import LoopState, RequestState
-from omniloop.request import OmniRequest, RequestStatus
+from omniloop.request import Failure, OmniRequest, RequestStatus
 
 
 @dataclass(eq=False)
@@ -27,7 +27,7 @@ class EngineRequest:
     status: RequestStatus = RequestStatus.QUEUED
     abort_requested: bool = False
     paused: bool = False  # held by its caller (a live session nobody watches): none of its steps run
-    failure: str | None = None  # set when its event consumer failed: fail (not cancel) at the boundary
+    failure: Failure | None = None  # set when its event consumer failed: fail (not cancel) at the boundary
     attempts: int = 0  # pool restarts this request has been re-queued through
     started: float | None = None
     finished: float | None = None

@@ -33,6 +33,7 @@ from omniloop.ext.hooks import HookChain
 from omniloop.ext.plugin import BuildContext, PluginSpec, resolve_plugin
 from omniloop.ext.runtime import NodeHooks
 from omniloop.ext.taps import decompile_watched, register_taps
+from omniloop.request import InvalidRequest, format_validation_error
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ def install_plugins(
         try:
             config = spec.config_schema.model_validate(dict(raw or {}))
         except ValidationError as e:
-            raise ValueError(_format(e, f"plugins[{name!r}]")) from None
+            raise ValueError(format_validation_error(e, prefix=f"plugins[{name!r}]").message) from None
         plugin = spec.build(config, BuildContext(name=name, pipeline=pipeline, compile=compile, sp_group=sp_group))
         plugin.name = name
         plugin.request_schema = spec.request_schema
@@ -128,18 +129,19 @@ def check_plugin_params(request: Any, pipeline: Any) -> None:
     for name, raw in params.items():
         where = f"diffusion.plugin_params[{name!r}]"
         if installed is None or name not in installed.plugins:
-            raise ValueError(f"{where}: plugin {name!r} is not enabled in this deployment (enabled: {enabled}); "
-                             "plugins are enabled by the deploy config, never per request")
+            raise InvalidRequest(f"{where}: plugin {name!r} is not enabled in this deployment (enabled: {enabled}); "
+                                 "plugins are enabled by the deploy config, never per request", fields=(where,))
         schema = installed.request_schema(name)
         if schema is None:
-            raise ValueError(f"{where}: plugin {name!r} takes no per-request parameters; drop it from plugin_params")
+            raise InvalidRequest(f"{where}: plugin {name!r} takes no per-request parameters; drop it from plugin_params",
+                                 fields=(where,))
         try:
             params = schema.model_validate(raw)
             merge = getattr(installed.plugins[name], "request_config", None)
             if merge is not None:
                 merge(params, steps=1 << 30)  # the merged config must be valid too
         except ValidationError as e:
-            raise ValueError(_format(e, where)) from None
+            raise format_validation_error(e, prefix=where).error() from None
 
 
 # -- checks -------------------------------------------------------------------------------
@@ -219,12 +221,3 @@ def _check_graph_declarations(pipeline: Any, built: Mapping[str, Any], tapped: l
     for line in report:
         logger.info("plugin build: %s", line)
     return report
-
-
-def _format(error: ValidationError, prefix: str) -> str:
-    lines = []
-    for item in error.errors():
-        path = ".".join(str(p) for p in item["loc"])
-        lines.append(f"{prefix}.{path}: {item['msg']}" if path else f"{prefix}: {item['msg']}")
-    return "; ".join(lines)
-

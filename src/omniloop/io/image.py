@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from omniloop.io.files import written_whole
+from omniloop.request import InvalidRequest
 
 
 def open_image(source: Any) -> "PIL.Image.Image":  # noqa: F821
@@ -33,7 +34,7 @@ def open_image(source: Any) -> "PIL.Image.Image":  # noqa: F821
         img = Image.open(data)
         img.load()
     except (UnidentifiedImageError, OSError, TypeError) as e:
-        raise ValueError(f"cannot read image {label}: {e}") from None
+        raise InvalidRequest(f"cannot read image {label}: {e}", fields=("inputs",)) from None
     return img.convert("RGB")
 
 

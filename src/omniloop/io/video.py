@@ -12,6 +12,7 @@ import torch
 
 from omniloop.io.audio import add_audio_stream, as_float_samples, check_rate, mux_audio
 from omniloop.io.files import written_whole
+from omniloop.request import InvalidRequest
 
 
 def _as_uint8_frames(frames: torch.Tensor | np.ndarray) -> np.ndarray:
@@ -70,13 +71,14 @@ def read_video(source: str | Path | bytes | BinaryIO) -> tuple[np.ndarray, float
     try:
         container = av.open(str(src) if isinstance(src, (str, Path)) else src)
     except (av.error.InvalidDataError, av.error.FileNotFoundError, OSError) as e:
-        raise ValueError(f"cannot read video {source if isinstance(source, (str, Path)) else '<bytes>'}: {e}") from None
+        raise InvalidRequest(f"cannot read video {source if isinstance(source, (str, Path)) else '<bytes>'}: {e}",
+                             fields=("inputs",)) from None
     with container:
         stream = container.streams.video[0]
         frames = [f.to_ndarray(format="rgb24") for f in container.decode(stream)]
         fps = float(stream.average_rate) if stream.average_rate else 0.0
     if not frames:
-        raise ValueError("video has no decodable frames")
+        raise InvalidRequest("video has no decodable frames", fields=("inputs",))
     return np.stack(frames), fps
 
 
@@ -88,10 +90,10 @@ def probe_video(source: bytes) -> None:
     try:
         with av.open(io.BytesIO(source)) as container:
             if not container.streams.video:
-                raise ValueError("cannot read video <bytes>: it has no video stream")
+                raise InvalidRequest("cannot read video <bytes>: it has no video stream", fields=("inputs",))
             next(container.decode(container.streams.video[0]))
     except (av.error.FFmpegError, OSError, StopIteration) as e:
-        raise ValueError(f"cannot read video <bytes>: {e or 'no decodable frame'}") from None
+        raise InvalidRequest(f"cannot read video <bytes>: {e or 'no decodable frame'}", fields=("inputs",)) from None
 
 
 def video_frames(source: Any) -> np.ndarray:
@@ -103,7 +105,7 @@ def video_frames(source: Any) -> np.ndarray:
         from omniloop.io.image import open_image
 
         if not source:
-            raise ValueError("video has no frames")
+            raise InvalidRequest("video has no frames", fields=("inputs",))
         return np.stack([np.asarray(open_image(frame)) for frame in source])
     return _as_uint8_frames(source)
 

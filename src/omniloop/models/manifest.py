@@ -31,7 +31,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from omniloop.request import TaskType
+from omniloop.request import TaskType, format_validation_error
 
 MANIFEST_FILE = "omniloop_model.json"
 SCHEMA_VERSION = 1
@@ -187,7 +187,7 @@ def read_manifest(root: Path) -> ModelManifest:
     try:
         return ModelManifest.model_validate(raw)
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in e.errors())
+        problems = format_validation_error(e, root="<root>").message
         raise ValueError(f"{path} is not a valid omniloop model manifest: {problems}") from None
 
 

@@ -7,6 +7,7 @@ from typing import Any
 from omniloop.cache.adapters import CACHE_NAME, AdapterCache
 from omniloop.models.layers.lora import AdapterSet
 from omniloop.pipeline.state import RequestState, StageContext
+from omniloop.request import InvalidRequest
 
 
 def adapter_cache(caches: Any) -> AdapterCache | None:
@@ -34,5 +35,5 @@ def check_loras(caches: Any, refs: Any, model: str) -> None:
         return
     cache = adapter_cache(caches)
     if cache is None:
-        raise ValueError(f"diffusion.loras: {model!r} takes no LoRAs; omit the field")
+        raise InvalidRequest(f"diffusion.loras: {model!r} takes no LoRAs; omit the field", fields=("diffusion.loras",))
     cache.check(refs)

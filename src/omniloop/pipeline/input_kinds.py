@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from omniloop.request import OmniRequest
+from omniloop.request import InvalidRequest, OmniRequest
 
 
 def refuse_unused_parts(request: OmniRequest, model: str, takes: Iterable[str]) -> None:
@@ -15,5 +15,5 @@ def refuse_unused_parts(request: OmniRequest, model: str, takes: Iterable[str]) 
     accepted = sorted(set(takes))
     for i, part in enumerate(request.inputs):
         if part.kind not in accepted:
-            raise ValueError(f"inputs[{i}]: {model} takes no {part.kind} input for task {request.task.value!r} "
-                             f"(it reads {accepted}); drop it")
+            raise InvalidRequest(f"inputs[{i}]: {model} takes no {part.kind} input for task {request.task.value!r} "
+                                 f"(it reads {accepted}); drop it", fields=(f"inputs[{i}]",))

@@ -16,7 +16,8 @@ from pydantic import ValidationError
 from omniloop.pipeline.adapters import check_loras
 from omniloop.pipeline.spec import Node, PipelineSpec
 from omniloop.pipeline.state import RequestState, StageContext
-from omniloop.request import Artifact, Modality, OmniOutput, OmniRequest, RequestStatus
+from omniloop.request import (Artifact, ErrorKind, InvalidRequest, Modality, OmniOutput, OmniRequest, RequestStatus,
+                              format_validation_error)
 
 # OutputSpec.modalities -> the pipeline output (PipelineSpec.outputs key) that carries it
 MODALITY_OUTPUTS = {Modality.TEXT: "text", Modality.IMAGE: "image", Modality.VIDEO: "video",
@@ -24,16 +25,6 @@ MODALITY_OUTPUTS = {Modality.TEXT: "text", Modality.IMAGE: "image", Modality.VID
 PIXELS = (Modality.IMAGE, Modality.VIDEO)
 
 RequestValidator = Callable[[OmniRequest], OmniRequest]
-
-
-def format_validation_error(error: ValidationError, prefix: str = "") -> str:
-    """One line per problem: ``prefix.field.path: message``."""
-    lines = []
-    for item in error.errors():
-        path = ".".join(str(p) for p in item["loc"])
-        where = f"{prefix}.{path}" if prefix and path else (prefix or path)
-        lines.append(f"{where}: {item['msg']}")
-    return "; ".join(lines)
 
 
 @dataclass
@@ -74,12 +65,13 @@ class Pipeline:
     def admit(self, request: OmniRequest) -> RequestState:
         """Validate ``request`` against this pipeline and allocate its state.
 
-        Raises ValueError naming the field at fault; nothing later fails on bad input.
+        Raises InvalidRequest (a ValueError) naming the field at fault; nothing later fails on bad input.
         """
         if request.task not in self.spec.tasks:
-            raise ValueError(
-                f"task {request.task.value!r} is not served by {self.spec.name!r}; "
-                f"pass one of {sorted(t.value for t in self.spec.tasks)}"
+            raise InvalidRequest(
+                f"task {request.task.value!r} is not served by {self.spec.name!r}",
+                hint=f"pass one of {sorted(t.value for t in self.spec.tasks)}", fields=("task",),
+                kind=ErrorKind.UNSUPPORTED_TASK,
             )
         self._check_modalities(request)
         check_loras(self.caches, request.diffusion.loras, self.spec.name)
@@ -101,10 +93,10 @@ class Pipeline:
         if strength is not None and not any(
             node.stage.starts_from_given(self.contexts[node.name], produced) for node in active if node.is_loop
         ):
-            raise ValueError(
+            raise InvalidRequest(
                 f"diffusion.strength={strength}: no loop of this {state.request.task.value!r} request starts from given "
                 "latents (pass a video for task v2v, an image for i2i, or a LatentPart, where the model takes one); "
-                "drop strength"
+                "drop strength", fields=("diffusion.strength",)
             )
         params = state.request.diffusion
         for name, instead in (("first_chunk_guidance_scale", "guidance_scale"), ("first_chunk_steps", "steps")):
@@ -112,10 +104,10 @@ class Pipeline:
             if value is not None and not any(
                 node.stage.guides_first_chunk(self.contexts[node.name], produced) for node in active if node.is_loop
             ):
-                raise ValueError(
+                raise InvalidRequest(
                     f"diffusion.{name}={value}: no loop of this {state.request.task.value!r} request makes a chunk "
                     f"from the prompt alone (causal text-to-video rollouts and live sessions do); use {instead}, "
-                    f"or drop {name}"
+                    f"or drop {name}", fields=(f"diffusion.{name}",)
                 )
 
     def _check_modalities(self, request: OmniRequest) -> None:
@@ -127,9 +119,10 @@ class Pipeline:
                    and not (m in PIXELS and m is not pixels)]
         missing = [m.value for m in wanted if m not in offered]
         if missing or not wanted:
-            raise ValueError(f"outputs.modalities={[m.value for m in wanted]}: {self.spec.name!r} produces "
-                             f"{[m.value for m in offered]} for task {request.task.value!r}; pass a non-empty subset, "
-                             f"or omit it for the task's default")
+            raise InvalidRequest(f"outputs.modalities={[m.value for m in wanted]}: {self.spec.name!r} produces "
+                                 f"{[m.value for m in offered]} for task {request.task.value!r}",
+                                 hint="pass a non-empty subset, or omit it for the task's default",
+                                 fields=("outputs.modalities",))
 
     def _node_params(self, request: OmniRequest) -> dict[str, Any]:
         names = {n.name: n for n in self.spec.nodes}
@@ -137,14 +130,16 @@ class Pipeline:
         for node_name, raw in request.node_params.items():
             node = names.get(node_name)
             if node is None:
-                raise ValueError(f"node_params names unknown node {node_name!r}; nodes: {sorted(names)}")
+                raise InvalidRequest(f"node_params names unknown node {node_name!r}", hint=f"nodes: {sorted(names)}",
+                                     fields=("node_params",))
             schema = node.stage.params_schema
             if schema is None:
-                raise ValueError(f"node_params[{node_name!r}]: node {node_name!r} takes no parameters")
+                raise InvalidRequest(f"node_params[{node_name!r}]: node {node_name!r} takes no parameters",
+                                     fields=(f"node_params[{node_name!r}]",))
             try:
                 out[node_name] = schema.model_validate(raw)
             except ValidationError as e:
-                raise ValueError(format_validation_error(e, prefix=f"node_params[{node_name!r}]")) from None
+                raise format_validation_error(e, prefix=f"node_params[{node_name!r}]").error() from None
         return out
 
     # -- graph walk -----------------------------------------------------------------
@@ -160,6 +155,6 @@ class Pipeline:
             request_id=state.request_id,
             status=status or state.status,
             artifacts=artifacts,
-            error=state.error,
+            failure=state.failure,
             metrics=state.metrics,
         )

@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, TypeVar
 
 import torch
 
-from omniloop.request import Artifact, OmniRequest, RequestMetrics, RequestStatus
+from omniloop.request import Artifact, Failure, OmniRequest, RequestMetrics, RequestStatus
 
 A = TypeVar("A", bound=Artifact)
 
@@ -99,7 +99,7 @@ class RequestState:
     node_params: dict[str, Any] = field(default_factory=dict)  # node -> validated override model
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     ext: Any = None  # optional typed per-family extension (a dataclass the family registers)
-    error: str | None = None
+    failure: Failure | None = None  # why it ended without its result
     started_at: float | None = None
     # live inputs a running request's loop takes (a session's actions, prompts, flushes), in
     # order; the engine appends (Engine.send), the loop consumes at its next chunk or step

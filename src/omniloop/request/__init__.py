@@ -15,6 +15,16 @@ from omniloop.request.artifacts import (
     VideoChunkArtifact,
 )
 from omniloop.request.enums import Modality, RequestStatus, TaskType
+from omniloop.request.errors import (
+    ErrorKind,
+    Failure,
+    FieldProblem,
+    InvalidRequest,
+    ValidationMessage,
+    failure_of,
+    field_problems,
+    format_validation_error,
+)
 from omniloop.request.output import (
     ArtifactEvent,
     FinalEvent,
@@ -38,9 +48,11 @@ from omniloop.request.parts import (
 from omniloop.request.request import SCHEMA_VERSION, OmniRequest, new_request_id
 
 __all__ = [
-    "ActionPart", "Artifact", "ArtifactEvent", "AudioArtifact", "AudioPart", "ChunkTrajectoryArtifact", "DiffusionParams", "FinalEvent",
-    "ImageArtifact", "ImagePart", "LatentPart", "LatentsArtifact", "LoraRef", "Modality", "ModalPart", "OmniEvent",
+    "ActionPart", "Artifact", "ArtifactEvent", "AudioArtifact", "AudioPart", "ChunkTrajectoryArtifact", "DiffusionParams", "ErrorKind",
+    "Failure", "FieldProblem", "FinalEvent",
+    "ImageArtifact", "ImagePart", "InvalidRequest", "LatentPart", "LatentsArtifact", "LoraRef", "Modality", "ModalPart", "OmniEvent",
     "OmniOutput", "OmniRequest", "OutputSpec", "ProgressEvent", "RequestMetrics", "RequestStatus",
     "SCHEMA_VERSION", "SamplingParams", "StatusEvent", "TaskType", "TensorArtifact", "TextArtifact", "TextPart",
-    "VideoArtifact", "VideoChunkArtifact", "VideoPart", "new_request_id", "require_prompt",
+    "ValidationMessage", "VideoArtifact", "VideoChunkArtifact", "VideoPart", "failure_of", "field_problems",
+    "format_validation_error", "new_request_id", "require_prompt",
 ]

@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 from omniloop.request.artifacts import Artifact, AudioArtifact, ImageArtifact, TextArtifact, VideoArtifact
 from omniloop.request.enums import RequestStatus
+from omniloop.request.errors import Failure
 from omniloop.request.request import SCHEMA_VERSION
 
 
@@ -32,8 +33,13 @@ class OmniOutput:
     request_id: str
     status: RequestStatus
     artifacts: dict[str, Artifact] = field(default_factory=dict)
-    error: str | None = None
+    failure: Failure | None = None  # why it ended without its result (None: completed)
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
+
+    @property
+    def error(self) -> str | None:
+        """The failure's message (read-only; ``failure`` has its kind and fields)."""
+        return None if self.failure is None else self.failure.message
 
     def _first(self, cls: type) -> Any:
         for art in self.artifacts.values():
@@ -62,6 +68,7 @@ class OmniOutput:
             "request_id": self.request_id,
             "status": self.status.value,
             "error": self.error,
+            "failure": None if self.failure is None else self.failure.to_dict(),
             "artifacts": {name: art.describe() for name, art in self.artifacts.items()},
             "metrics": self.metrics.to_dict(),
         }

@@ -21,9 +21,11 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from omniloop.io.audio import AUDIO_FORMATS, MEDIA_TYPES, check_rate
-from omniloop.request import DiffusionParams, Modality, OmniRequest, OutputSpec, RequestStatus, TaskType, TextPart
+from omniloop.request import (
+    DiffusionParams, ErrorKind, Modality, OmniRequest, OutputSpec, RequestStatus, TaskType, TextPart,
+)
 from omniloop.serve.body import read_body
-from omniloop.serve.errors import ApiError, parse_body, validation_error
+from omniloop.serve.errors import ApiError, failure_error, parse_body, validation_error
 from omniloop.serve.jobs import Geometry, Job, JobKind, output_response, read_output
 from omniloop.serve.protocol import derived_field
 from omniloop.serve.state import State, new_id, require_auth
@@ -102,7 +104,7 @@ async def create_speech(request: Request, state: State) -> Response:
         try:
             await state.submit([job], [omni], {"duration_s": "seconds", "steps": "steps"})
         except ApiError as e:  # the request plane's name for the wire's seconds
-            if "duration_s" in e.message:
+            if "diffusion.duration_s" in e.fields:
                 e.param = "seconds"
                 e.message = e.message.replace("diffusion.duration_s", "seconds").replace("duration_s", "seconds")
             raise
@@ -132,9 +134,5 @@ async def _sse(job: Job, keepalive_s: float) -> AsyncIterator[str]:
 
 
 def _failure(job: Job) -> ApiError:
-    message = f"audio {job.id} {job.status.value}: {job.error}"
-    if job.status is RequestStatus.CANCELLED:
-        return ApiError(503, message, code="cancelled")
-    if job.error and "non-finite values" in job.error:
-        return ApiError(422, f"{message}; the request's parameters overflowed (lower guidance_scale)", code="non_finite")
-    return ApiError(500, message, code="generation_failed")
+    return failure_error(job.status, job.failure, f"audio {job.id} {job.status.value}: {job.error}",
+                         {ErrorKind.NON_FINITE: "the request's parameters overflowed (lower guidance_scale)"})

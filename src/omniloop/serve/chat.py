@@ -14,7 +14,6 @@ request at its next step.
 from __future__ import annotations
 
 import json
-import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -144,15 +143,13 @@ def chat_request(wire: ChatCompletionRequest, request_id: str, state: ServeState
     return OmniRequest(request_id=request_id, task=TaskType.REASON, inputs=inputs, sampling=sampling)
 
 
+# request-plane paths -> this endpoint's wire names (sampling.<name> is <name> on the wire)
+CHAT_WIRE_NAMES = {"inputs": "messages", "task": "model"}
+
+
 def _rejection(error: EngineError) -> ApiError:
-    """An engine rejection, its ``param`` the wire field the engine's message names."""
-    api = api_error(error)
-    match = re.search(r"sampling\.(max_tokens|stop|stop_token_ids|temperature|top_p|seed)", api.message)
-    if api.param is None and match:
-        api.param = match.group(1)
-    elif api.param is None and "image/video" in api.message:
-        api.param = "messages"
-    return api
+    """An engine rejection, its ``param`` the wire field behind the fields it names."""
+    return api_error(error, wire_names=CHAT_WIRE_NAMES)
 
 
 # -- responses ------------------------------------------------------------------------------

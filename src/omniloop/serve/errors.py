@@ -1,9 +1,9 @@
 """HTTP errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
 
 Every bad input becomes a 4xx whose ``param`` and message name the field; engine
-rejections keep their own status and message (RequestRejected and LimitExceeded 400,
-DoesNotFit 413, QueueFull 429) and a dead engine is a 503. Nothing a client sends
-reaches the catch-all 500.
+rejections keep their message and get their status from their ``kind`` (limit_exceeded and
+the field kinds 400, does_not_fit 413, queue_full and draining 429) and their ``param`` from
+their ``fields``; a dead engine is a 503. Nothing a client sends reaches the catch-all 500.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 
-from omniloop.engine import EngineDeadError, LimitExceeded, QueueFull, RequestRejected, UnknownRequest
-from omniloop.serve.wire import WireError, describe_validation, wire_param
+from omniloop.engine import EngineDeadError, RequestRejected, UnknownRequest
+from omniloop.request import ErrorKind, Failure, InvalidRequest, RequestStatus, field_problems, format_validation_error
+from omniloop.serve.wire import UNKNOWN_FIELD, WireError
 
 logger = logging.getLogger(__name__)
 
@@ -29,10 +30,14 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_f
 
 
 class ApiError(Exception):
+    """``fields``: the request-plane fields of the engine rejection behind it (none for a
+    wire problem), for an endpoint that respells them."""
+
     def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None, fields: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
+        self.fields = fields
 
     def response(self) -> JSONResponse:
         kind = _TYPES.get(self.status, "error")
@@ -42,12 +47,9 @@ class ApiError(Exception):
 
 def validation_error(error: ValidationError | RequestValidationError, prefix: str = "") -> ApiError:
     """One message listing every problem as ``field: what is wrong``; ``param`` is the first."""
-    items = list(error.errors())
-    if isinstance(error, RequestValidationError):  # FastAPI's location prefix is not a field
-        items = [{**i, "loc": tuple(i.get("loc", ()))[1:]} if tuple(i.get("loc", ()))[:1] in
-                 (("body",), ("query",), ("path",), ("header",)) else i for i in items]
-    param, message = describe_validation(items, prefix=prefix)
-    return ApiError(400, message, param=param, code="invalid_value")
+    problems = field_problems(error, drop_location=isinstance(error, RequestValidationError))
+    found = format_validation_error(problems, prefix=prefix, root=prefix or "body", messages=UNKNOWN_FIELD)
+    return ApiError(400, found.message, param=found.first_field or "body", code="invalid_value")
 
 
 _Body = TypeVar("_Body", bound=BaseModel)
@@ -61,26 +63,90 @@ def parse_body(model: type[_Body], data: Any) -> _Body:
         raise validation_error(e) from None
 
 
-def api_error(error: Exception, names: Mapping[str, str] | None = None) -> ApiError:
+# NOTE: every HTTP status and error code of a refusal or a failure comes from its kind,
+# never from its message's text (tests/test_error_kinds.py greps that no front end reads one)
+REJECTION_STATUS: dict[ErrorKind, tuple[int, str]] = {  # kind -> (HTTP status, error code); else 400 "rejected"
+    ErrorKind.LIMIT_EXCEEDED: (400, "limit_exceeded"),
+    ErrorKind.DOES_NOT_FIT: (413, "does_not_fit"),
+    ErrorKind.QUEUE_FULL: (429, "queue_full"),
+    ErrorKind.DRAINING: (429, "queue_full"),  # a draining server sheds load like a full one (retry elsewhere)
+}
+FAILURE_STATUS: dict[ErrorKind, tuple[int, str]] = {  # a finished job's failure; else 500 "generation_failed"
+    # NOTE: the engine's per-request NaN/Inf check: the request's own numbers (an extreme
+    # guidance_scale or a tiny shift) made its latents overflow, not the server
+    ErrorKind.NON_FINITE: (422, "non_finite"),
+    ErrorKind.CANCELLED: (503, "cancelled"),  # e.g. a drain with drain=cancel
+}
+
+# request-plane field -> its OpenAI-style wire name where that differs from the field's own name
+WIRE_NAMES = {
+    "diffusion.height": "size", "diffusion.width": "size",
+    "inputs": "input_reference",  # the reference image (or video) the wire request carries
+    "task": "input_reference",  # the wire declares no task: the reference image's presence picks it
+}
+# one wire field that carries several request fields: an error on all of them is about it
+WIRE_GROUPS = {"size": frozenset({"diffusion.height", "diffusion.width"})}
+
+
+def field_name(path: str) -> str:
+    """The name a request-plane path's own message uses for it, as a wire field would be
+    named: ``diffusion.loras[0].name`` -> ``loras``, ``node_params['refine'].strength`` ->
+    ``node_params``, ``sampling.max_tokens`` -> ``max_tokens``."""
+    head, _, rest = path.partition(".")
+    name = rest if head in ("diffusion", "sampling") and rest else path
+    return name.split(".")[0].split("[")[0]
+
+
+def wire_param(error: InvalidRequest, names: Mapping[str, str],
+               wire_names: Mapping[str, str] = WIRE_NAMES) -> tuple[str | None, bool]:
+    """(the wire field behind a rejection, whether its message already names that field).
+
+    The rejection's ``fields`` as the caller spelled them (``names``: DiffusionParams field ->
+    the wire name that set it), else their usual wire names on this endpoint (``wire_names``:
+    request-plane path -> wire name; a path not there is named by ``field_name``)."""
+    if not error.fields:
+        return None, False
+    # a field the caller set, under the name it used; else the first field's usual wire name
+    path, param = next(((p, names[field_name(p)]) for p in error.fields
+                        if p.startswith("diffusion.") and field_name(p) in names), (None, None))
+    if path is None or param is None:
+        path = error.fields[0]
+        param = wire_names.get(path, field_name(path))
+    # the message names its fields by their paths: it names ``param`` if that is the field's
+    # own name, or a wire field carrying exactly the error's fields (``size``: height and width)
+    return param, param == field_name(path) or WIRE_GROUPS.get(param) == frozenset(error.fields)
+
+
+def api_error(error: Exception, names: Mapping[str, str] | None = None,
+              wire_names: Mapping[str, str] = WIRE_NAMES) -> ApiError:
     """A refusal in its HTTP form: a wire problem (``WireError``) or an engine error raised at
     submit. An engine rejection keeps the engine's message (the one the offline API and the
     Dynamo worker give), prefixed with the wire field when the message does not name it;
-    ``names`` (a WireCall's) spell request-plane fields as this caller sent them."""
+    its kind picks the status and code, its ``fields`` the ``param``."""
     if isinstance(error, ApiError):
         return error
     if isinstance(error, WireError):
         return ApiError(error.status, str(error), param=error.param, code=error.code)
     if isinstance(error, EngineDeadError):
         return ApiError(503, f"engine stopped: {error}", code="engine_dead")
-    if isinstance(error, QueueFull):
-        return ApiError(429, str(error), code="queue_full", headers={"Retry-After": "1"})
     assert isinstance(error, RequestRejected), f"unexpected engine error {type(error).__name__}"
-    message, param = str(error), wire_param(error, names or {})
-    if param is not None and param.split(".")[0] not in message:
-        message = f"{param}: {message}"
-    code = "does_not_fit" if error.status_code == 413 else "limit_exceeded" if isinstance(error, LimitExceeded) \
-        else "rejected"
-    return ApiError(error.status_code, message, param=param, code=code)
+    status, code = REJECTION_STATUS.get(error.kind, (400, "rejected"))
+    if error.kind in (ErrorKind.QUEUE_FULL, ErrorKind.DRAINING):  # nothing wrong with the request: retry
+        return ApiError(status, str(error), code=code, headers={"Retry-After": "1"})
+    param, named = wire_param(error, names or {}, wire_names)
+    message = str(error) if param is None or named else f"{param}: {error}"
+    return ApiError(status, message, param=param, code=code, fields=error.fields)
+
+
+def failure_error(status: RequestStatus, failure: Failure | None, message: str,
+                  hints: Mapping[ErrorKind, str] | None = None) -> ApiError:
+    """A job that ended without its result, in its HTTP form: ``message`` (the endpoint's
+    sentence), then "; " and the hint for its kind, if ``hints`` has one. A cancelled job may
+    carry no failure (the server stopped following it)."""
+    kind = ErrorKind.CANCELLED if status is RequestStatus.CANCELLED else None if failure is None else failure.kind
+    http, code = (500, "generation_failed") if kind is None else FAILURE_STATUS.get(kind, (500, "generation_failed"))
+    hint = None if kind is None else (hints or {}).get(kind)
+    return ApiError(http, message if hint is None else f"{message}; {hint}", code=code)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -15,9 +15,9 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
-from omniloop.request import OmniRequest, RequestStatus
+from omniloop.request import ErrorKind, OmniRequest, RequestStatus
 from omniloop.serve.body import read_body
-from omniloop.serve.errors import ApiError, parse_body
+from omniloop.serve.errors import ApiError, failure_error, parse_body
 from omniloop.serve.jobs import Geometry, Job, JobKind, output_response, read_output
 from omniloop.serve.protocol import ImageData, ImageEditRequest, ImageGenerationRequest, ImagesResponse
 from omniloop.serve.state import ServeState, State, new_id, require_auth
@@ -103,14 +103,8 @@ async def _answer(request: Request, wire: Any, jobs: list[Job]) -> ImagesRespons
 
 def _generation_error(job: Job, failed: int, total: int) -> ApiError:
     message = f"{failed} of {total} image(s) {job.status.value}: {job.error}"
-    if job.status is RequestStatus.CANCELLED:  # e.g. a drain with drain=cancel
-        return ApiError(503, message, code="cancelled")
-    if job.error and "non-finite values" in job.error:
-        # NOTE: the engine's per-request NaN/Inf check: the request's own numbers (e.g. an
-        # extreme guidance_scale or a tiny shift) made its latents overflow, not the server.
-        return ApiError(422, f"{message}; the request's parameters overflowed (lower guidance_scale, raise shift)",
-                        code="non_finite")
-    return ApiError(500, message, code="generation_failed")
+    return failure_error(job.status, job.failure, message, {
+        ErrorKind.NON_FINITE: "the request's parameters overflowed (lower guidance_scale, raise shift)"})
 
 
 @router.get("/{image_id}/content", name="image_content", summary="Download a generated png",

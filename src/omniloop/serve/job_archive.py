@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from omniloop.models.manifest import atomic_write
-from omniloop.request import FinalEvent, OmniOutput, OmniRequest, RequestStatus
+from omniloop.request import ErrorKind, Failure, FinalEvent, OmniOutput, OmniRequest, RequestStatus
 from omniloop.serve.job_db import JobDatabase, JobStoreError
 from omniloop.serve.jobs import Geometry, Job, JobKind
 
@@ -101,7 +101,8 @@ class JobArchive:
         outputs = {name: self.output_dir / file for name, file in (row["outputs"] or {}).items()}
         job = Job(id=row["id"], kind=JobKind(row["kind"]), model=row["model"], prompt=row["prompt"],
                   geometry=Geometry(**row["geometry"]), created_at=row["created_at"], status=status,
-                  progress=row["progress"] or 0, completed_at=row["completed_at"], error=row["error"],
+                  progress=row["progress"] or 0, completed_at=row["completed_at"],
+                  failure=None if row["error"] is None else Failure(kind=ErrorKind.UNKNOWN, message=row["error"]),
                   outputs=outputs, metrics=row["metrics"], events=list(row["events"] or []))
         job.output_bytes = sum(p.stat().st_size for p in outputs.values() if p.is_file())
         if status.finished:
@@ -109,17 +110,19 @@ class JobArchive:
             missing = [str(p) for p in outputs.values() if not p.is_file()]
             if missing:  # removed behind our back: say so rather than fail a download later
                 job.status, job.outputs = RequestStatus.FAILED, {}
-                job.error = f"its output file {missing[0]} is missing (removed while the server was down)"
+                job.failure = Failure(kind=ErrorKind.INTERRUPTED, message=f"its output file {missing[0]} is missing "
+                                      "(removed while the server was down)")
                 self.update(job)
         return job
 
     def _interrupted(self, job: Job, requeue: bool) -> None:
         was = job.status.value  # queued / in_progress
         job.status, job.completed_at = RequestStatus.FAILED, int(time.time())
-        job.error = (f"the server stopped while this job was {was}; it did not finish: submit it again"
-                     + ("" if requeue else " (omniloop serve --requeue-on-restart queues such jobs again)"))
+        job.failure = Failure(kind=ErrorKind.INTERRUPTED,
+                              message=f"the server stopped while this job was {was}; it did not finish: submit it again"
+                              + ("" if requeue else " (omniloop serve --requeue-on-restart queues such jobs again)"))
         job.publish(FinalEvent(request_id=job.id, output=OmniOutput(request_id=job.id, status=job.status,
-                                                                    error=job.error)).to_dict())
+                                                                    failure=job.failure)).to_dict())
         job.sealed = True
         self.update(job)
 

@@ -20,7 +20,7 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from omniloop.request import OmniRequest, RequestStatus
+from omniloop.request import Failure, OmniRequest, RequestStatus
 
 if TYPE_CHECKING:
     from omniloop.serve.job_archive import JobArchive
@@ -69,7 +69,7 @@ class Job:
     status: RequestStatus = RequestStatus.QUEUED
     progress: int = 0  # percent; 100 only once completed
     completed_at: int | None = None
-    error: str | None = None
+    failure: Failure | None = None  # why it ended without its result
     # "content" (mp4 of a video, png of an image, the audio file of an audio job) and "thumbnail" (png of a video's first
     # frame): bytes in memory, or the file holding them (a durable store)
     outputs: dict[str, bytes | Path] = field(default_factory=dict)
@@ -81,6 +81,10 @@ class Job:
     loop_nodes: set[str] = field(default_factory=set)  # nodes that reported step progress
     sealed: bool = False  # no more events will come
     _tick: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+
+    @property
+    def error(self) -> str | None:
+        return None if self.failure is None else self.failure.message
 
     @property
     def finished(self) -> bool:

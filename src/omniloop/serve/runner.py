@@ -16,7 +16,9 @@ from dataclasses import replace
 
 from omniloop.engine import AsyncEngine, UnknownRequest
 from omniloop.io import encode_audio, encode_mp4, write_png
-from omniloop.request import FinalEvent, OmniEvent, OmniOutput, OmniRequest, ProgressEvent, RequestStatus, StatusEvent
+from omniloop.request import (
+    ErrorKind, Failure, FinalEvent, OmniEvent, OmniOutput, OmniRequest, ProgressEvent, RequestStatus, StatusEvent,
+)
 from omniloop.serve.chunks import ChunkSegments, is_video_chunk
 from omniloop.serve.jobs import Job, JobKind, JobStore
 from omniloop.serve.metrics import ServeMetrics
@@ -99,7 +101,8 @@ class JobRunner:
                     self._apply(job, event)
         except Exception:  # a bug here must not take the server down
             logger.exception("following job %s failed", job.id)
-            job.status, job.error = RequestStatus.FAILED, "internal error while following the job"
+            job.status = RequestStatus.FAILED
+            job.failure = Failure(kind=ErrorKind.STAGE_ERROR, message="internal error while following the job")
         finally:
             self.chunks.close(job.id)
             if not job.sealed:  # server shutdown cancelled us (the stream aborted the request)
@@ -120,13 +123,14 @@ class JobRunner:
 
     async def _finish(self, job: Job, final: FinalEvent) -> None:
         output = final.output
-        status, error = output.status, output.error
+        status, failure = output.status, output.failure
         if status is RequestStatus.COMPLETED:
             try:
                 await asyncio.to_thread(lambda: self.jobs.keep(job, encode_outputs(job.kind, output, job.audio_format)))
             except Exception as e:
                 logger.exception("encoding or writing the output of %s failed", job.id)
-                status, error = RequestStatus.FAILED, f"encoding or writing the output failed: {e}"
+                status, failure = RequestStatus.FAILED, Failure(kind=ErrorKind.STAGE_ERROR,
+                                                                message=f"encoding or writing the output failed: {e}")
         job.metrics = output.metrics.to_dict()
         if output.video is not None:  # a multi-stage graph may change the size (LTX-2's two-stage path doubles it)
             frames = output.video.frames  # [F, H, W, 3]
@@ -135,12 +139,13 @@ class JobRunner:
         if action is not None and hasattr(action, "tensor"):
             job.actions = action.tensor.float().tolist()
         job.completed_at = int(time.time())
-        job.error = error
+        job.failure = failure
         job.progress = 100 if status is RequestStatus.COMPLETED else job.progress
         job.status = status
         self.metrics.observe_finished(job.kind.value, status, output.metrics, job.loop_nodes)
         event = final.to_dict()
-        event["output"]["status"], event["output"]["error"] = status.value, error
+        event["output"]["status"], event["output"]["error"] = status.value, job.error
+        event["output"]["failure"] = None if failure is None else failure.to_dict()
         job.publish(event)
         job.seal()
         self.jobs.save(job)  # a durable store: the row says completed only now, files written

@@ -38,7 +38,7 @@ from omniloop.engine import EngineError, UnknownRequest
 from omniloop.io.fmp4 import MIME, FragmentedMP4Stream
 from omniloop.pipeline.loops.chunk import Flush
 from omniloop.request import (ActionPart, ArtifactEvent, DiffusionParams, FinalEvent, OmniRequest, OutputSpec,
-                              RequestStatus, TaskType, TextPart, VideoChunkArtifact)
+                              RequestStatus, TaskType, TextPart, VideoChunkArtifact, format_validation_error)
 from omniloop.serve.errors import ApiError, api_error, parse_body, validation_error
 from omniloop.serve.state import ServeState, State, check_auth, get_state, new_id, require_auth
 from omniloop.serve.wire import ServedModel
@@ -317,7 +317,7 @@ class SessionManager:
         try:
             message = ClientMessage.model_validate_json(text)
         except ValidationError as e:
-            fields = "; ".join(f"{'.'.join(map(str, x['loc'])) or 'message'}: {x['msg']}" for x in e.errors())
+            fields = format_validation_error(e, root="message").message
             return _error(f"malformed message ({fields}); send JSON like {{\"type\": \"prompt\", \"prompt\": \"...\"}}, "
                           f"{{\"type\": \"action\", \"action\": <name>}} or {{\"type\": \"flush\"}}")
         if message.type == "action":

@@ -17,7 +17,7 @@ from fastapi import Depends, Request
 from starlette.requests import HTTPConnection
 
 from omniloop.engine import AsyncEngine, EngineError, RequestRejected
-from omniloop.request import OmniRequest, RequestStatus
+from omniloop.request import ErrorKind, Failure, OmniRequest, RequestStatus
 from omniloop.serve.config import ServeConfig
 from omniloop.serve.errors import ApiError, api_error
 from omniloop.serve.jobs import Job, JobKind, JobStore
@@ -109,7 +109,10 @@ class ServeState:
             try:
                 await self.runner.start(job, request, stored=True)
             except EngineError as e:  # e.g. the limits changed across the restart
-                job.status, job.error = RequestStatus.FAILED, f"re-queued after a restart, then refused: {e}"
+                job.status = RequestStatus.FAILED
+                refused = e.failure() if isinstance(e, RequestRejected) else \
+                    Failure(kind=ErrorKind.ENGINE_DEAD, message=str(e))
+                job.failure = refused.prefixed("re-queued after a restart, then refused: ")
                 job.completed_at = int(time.time())
                 job.seal()
                 self.jobs.save(job)

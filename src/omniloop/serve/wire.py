@@ -11,7 +11,7 @@ bytes, a data: URL or base64; URLs are not fetched and paths never read), ``Diff
 validation with errors naming the wire field, ``n`` image requests with consecutive seeds.
 
 Deployment limits are the engine's (``engine/limits.py``: the same refusal offline, over
-HTTP and in the fleet); ``wire_param`` names the wire field behind an engine rejection.
+HTTP and in the fleet); ``serve/errors.py`` names the wire field behind an engine rejection.
 Every problem found here is a ``WireError`` (a ValueError) whose ``param`` is the wire
 field at fault. Nothing here imports a web framework or Dynamo.
 """
@@ -28,10 +28,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from omniloop.deploy import Limits
-from omniloop.engine import AsyncEngine, LimitExceeded, RequestRejected, check_images_per_call
+from omniloop.engine import AsyncEngine, check_images_per_call
 from omniloop.engine.model_pool import ModelPool
 from omniloop.request import (
-    ActionPart, DiffusionParams, ImagePart, Modality, OmniRequest, OutputSpec, TaskType, TextPart, require_prompt,
+    ActionPart, DiffusionParams, ImagePart, Modality, OmniRequest, OutputSpec, TaskType, TextPart, format_validation_error,
+    require_prompt,
 )
 from omniloop.serve.protocol import EDIT_FIELDS, IMAGE_FIELDS, VIDEO_FIELDS
 
@@ -162,34 +163,17 @@ def _resolve_seconds(call: WireCall, model: ServedModel) -> None:
     call.put("num_frames", frames, param)
 
 
-def describe_validation(errors: list[Mapping[str, Any]], names: Mapping[str, str] | None = None,
-                        prefix: str = "") -> tuple[str, str]:
-    """(the first field at fault, one ``field: problem`` per problem joined by "; ") of
-    pydantic's ``errors()``, request-plane field names renamed to the wire names in ``names``."""
-    problems, first = [], None
-    for item in errors:
-        # union members appear in loc as type tags ("float", "dict[...]"): not field names
-        loc = [str(p) for p in item.get("loc", ()) if str(p) not in _TYPE_TAGS and "[" not in str(p)]
-        if loc and names:
-            loc[0] = names.get(loc[0], loc[0])
-        where = ".".join(([prefix] if prefix else []) + loc) or prefix or "body"
-        first = first or where
-        msg = item.get("msg", "invalid")
-        if item.get("type") == "extra_forbidden":
-            msg = "unknown field; see /openapi.json for the accepted ones"
-        problems.append(f"{where}: {msg}")
-    return first or "body", "; ".join(problems)
-
-
-_TYPE_TAGS = {"float", "int", "str", "bool", "dict", "list", "bytes", "none", "literal"}
+# a DiffusionParams / OmniRequest problem the caller sent an unknown field for
+UNKNOWN_FIELD = {"extra_forbidden": "unknown field; see /openapi.json for the accepted ones"}
 
 
 def _validated(build: Any, names: Mapping[str, str], prefix: str = "") -> Any:
     try:
         return build()
     except ValidationError as e:
-        param, message = describe_validation(e.errors(), names, prefix)
-        raise WireError(param, message.removeprefix(f"{param}: ")) from None
+        found = format_validation_error(e, prefix=prefix, names=names, root="body", messages=UNKNOWN_FIELD)
+        param = found.first_field or "body"
+        raise WireError(param, found.message.removeprefix(f"{param}: ")) from None
 
 
 def reference_image(ref: Any, param: str = "input_reference", role: str = "first_frame") -> ImagePart | None:
@@ -340,27 +324,6 @@ def image_requests(call: WireCall, request_ids: list[str], model: ServedModel) -
         seed = None if params.seed is None else (params.seed + i) % 2**63
         requests.append(_request(rid, task, prompt, call, params.model_copy(update={"seed": seed}), image, (), model))
     return requests
-
-
-def wire_param(error: RequestRejected, names: Mapping[str, str]) -> str | None:
-    """The wire field behind an engine rejection: the request-plane fields it names (a
-    ``LimitExceeded``'s, or ``diffusion.<field>`` in a validator's message) as the caller
-    spelled them (``names``), else their usual wire names."""
-    message = str(error)
-    if isinstance(error, LimitExceeded):
-        fields = error.fields
-    elif (match := re.search(r"diffusion\.(\w+)", message)) is not None:
-        fields = (match.group(1),)
-    elif message.startswith("task ") or "needs an image" in message or "cannot read image" in message:
-        return "input_reference"
-    elif message.startswith("node_params"):  # a node's own parameters (LTX-2's refine strength, ...)
-        return "node_params"
-    else:
-        return None
-    for name in fields:
-        if name in names:
-            return names[name]
-    return {"height": "size", "width": "size"}.get(fields[0], fields[0])
 
 
 # -- the HTTP server's OpenAI shapes (serve/protocol.py, validated before they get here) ---

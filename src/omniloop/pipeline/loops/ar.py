@@ -40,7 +40,7 @@ from omniloop.pipeline.failures import PoolFatalError, attempt, per_request
 from omniloop.pipeline.loops.ar_graphs import graph_decode, graph_rows
 from omniloop.pipeline.stage import LoopStageBase, WorkEstimate
 from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
-from omniloop.request import Artifact, OmniRequest, SamplingParams, TextArtifact
+from omniloop.request import Artifact, ErrorKind, InvalidRequest, OmniRequest, SamplingParams, TextArtifact
 
 FINISH_STOP = "stop"  # EOS, a stop token id or a stop string
 FINISH_LENGTH = "length"  # max_tokens reached
@@ -276,9 +276,9 @@ class ARDecodeLoop(LoopStageBase):
         given = ctx.read_optional(state, "prompt_tokens", PromptTokens)
         ids = list(given.token_ids) if given is not None else tokenizer.encode(state.request.prompt or "")
         if not ids:
-            raise ValueError(
+            raise InvalidRequest(
                 "the prompt is empty (no tokens); pass a non-empty TextPart (an empty prompt is refused, not "
-                "continued from nothing)"
+                "continued from nothing)", fields=("inputs",)
             )
         return ids
 
@@ -474,9 +474,9 @@ def check_context(prompt_len: int, max_tokens: int, max_context: int | None) -> 
     if max_context is not None and prompt_len + max_tokens > max_context:
         room = max_context - prompt_len
         hint = f"pass sampling.max_tokens <= {room}" if room > 0 else "shorten the prompt"
-        raise ValueError(
+        raise InvalidRequest(
             f"prompt of {prompt_len} tokens + sampling.max_tokens={max_tokens} exceeds the model's context of "
-            f"{max_context} tokens; {hint}"
+            f"{max_context} tokens; {hint}", fields=("sampling.max_tokens",)
         )
 
 
@@ -489,12 +489,15 @@ def make_ar_validator(
     def validate(request: OmniRequest) -> OmniRequest:
         prompt = request.prompt
         if not prompt:
-            raise ValueError(f"task {request.task.value!r} needs a non-empty text prompt; pass inputs=[TextPart(text=...)]")
+            raise InvalidRequest(f"task {request.task.value!r} needs a non-empty text prompt; pass inputs=[TextPart(text=...)]",
+                                 fields=("inputs",), kind=ErrorKind.MISSING_INPUT)
         bad = [t for t in request.sampling.stop_token_ids if not 0 <= t < vocab_size]
         if bad:
-            raise ValueError(f"sampling.stop_token_ids {bad} are outside the vocabulary [0, {vocab_size})")
+            raise InvalidRequest(f"sampling.stop_token_ids {bad} are outside the vocabulary [0, {vocab_size})",
+                                 fields=("sampling.stop_token_ids",))
         if any(not s for s in request.sampling.stop):
-            raise ValueError("sampling.stop contains an empty string; pass non-empty stop strings")
+            raise InvalidRequest("sampling.stop contains an empty string; pass non-empty stop strings",
+                                 fields=("sampling.stop",))
         if _is_chat(request):
             from omniloop.pipeline.stages.chat import chat_ids, chat_messages  # a stage built on this loop's edge
 
@@ -502,7 +505,7 @@ def make_ar_validator(
         else:
             ids = tokenizer.encode(prompt)
         if not ids:
-            raise ValueError("the prompt tokenizes to nothing; pass a prompt with visible text")
+            raise InvalidRequest("the prompt tokenizes to nothing; pass a prompt with visible text", fields=("inputs",))
         check_context(len(ids), request.sampling.max_tokens, max_context)
         if pool is not None:
             pool.check_fits(len(ids) + request.sampling.max_tokens)

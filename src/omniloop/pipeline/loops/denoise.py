@@ -35,7 +35,7 @@ from omniloop.pipeline.policies.shift import FlowShift, ShiftPolicy
 from omniloop.pipeline.samplers.base import Sampler, SamplerState
 from omniloop.pipeline.stage import LoopStageBase, WorkEstimate
 from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
-from omniloop.request import DiffusionParams, LatentsArtifact, Modality, OmniRequest, TensorArtifact
+from omniloop.request import DiffusionParams, InvalidRequest, LatentsArtifact, Modality, OmniRequest, TensorArtifact
 from omniloop.request.params import check_strength
 
 
@@ -270,8 +270,9 @@ class DenoiseLoop(LoopStageBase):
         params = _effective_params(state.request.diffusion, override)
         if not self.starts_from_given(ctx, produced):
             if override is not None and override.strength is not None:
-                raise ValueError(f"node_params[{ctx.node!r}].strength: node {ctx.node!r} starts from noise in this "
-                                 "request (no given latents); drop strength")
+                raise InvalidRequest(f"node_params[{ctx.node!r}].strength: node {ctx.node!r} starts from noise in this "
+                                     "request (no given latents); drop strength",
+                                     fields=(f"node_params[{ctx.node!r}].strength",))
             return
         field = f"node_params[{ctx.node!r}].strength" if override is not None and override.strength is not None \
             else "diffusion.strength"

@@ -15,7 +15,7 @@ import torch
 
 from omniloop.pipeline.edges import InitLatents
 from omniloop.pipeline.samplers.base import Sampler, SamplerState, start_step
-from omniloop.request import DiffusionParams
+from omniloop.request import DiffusionParams, InvalidRequest
 
 
 def loop_strength(params: DiffusionParams, defaults: Mapping[str, Any]) -> float:
@@ -26,9 +26,9 @@ def loop_strength(params: DiffusionParams, defaults: Mapping[str, Any]) -> float
 def check_strength_leaves_steps(num_steps: int, strength: float, field: str) -> None:
     """Admission check: a strength so small that no step runs is refused, naming ``field``."""
     if int(num_steps * strength) == 0:
-        raise ValueError(
+        raise InvalidRequest(
             f"{field}={strength} with {num_steps} steps runs no denoising step (int(steps * strength) = 0); "
-            f"pass a strength >= {1 / num_steps:.4g} or more steps"
+            f"pass a strength >= {1 / num_steps:.4g} or more steps", fields=(field,)
         )
 
 

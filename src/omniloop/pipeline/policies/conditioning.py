@@ -11,6 +11,7 @@ import torch
 
 from omniloop.pipeline.edges import ConditionLatents
 from omniloop.pipeline.samplers.base import SamplerState
+from omniloop.request import InvalidRequest
 
 Latents = dict[str, torch.Tensor]
 SamplerStates = dict[str, SamplerState]
@@ -87,13 +88,14 @@ class LatentStart(NoConditioning):
         else:
             clean, noise = state.latents.to(first.device, torch.float32), first
         if clean.shape != first.shape:
-            raise ValueError(f"the image's latents {tuple(clean.shape)} do not match the requested size's "
-                             f"{tuple(first.shape)}; pass an image (or latents) of diffusion.height x diffusion.width")
+            raise InvalidRequest(f"the image's latents {tuple(clean.shape)} do not match the requested size's "
+                                 f"{tuple(first.shape)}; pass an image (or latents) of diffusion.height x diffusion.width",
+                                 fields=("diffusion.height", "diffusion.width", "inputs"))
         schedule = samplers[self.modality]
         start = start_index(schedule.num_steps, strength)
         if type(schedule) is not SamplerState:
-            raise ValueError("diffusion.strength needs a sampler whose state is its schedule alone; pass "
-                             "diffusion.sampler='flow_euler'")
+            raise InvalidRequest("diffusion.strength needs a sampler whose state is its schedule alone; pass "
+                                 "diffusion.sampler='flow_euler'", fields=("diffusion.strength", "diffusion.sampler"))
         moved = {m: dataclasses.replace(s, timesteps=s.timesteps[start:], sigmas=s.sigmas[start:], step_index=0)
                  for m, s in samplers.items()}
         sigma = schedule.sigmas[start].to(first.device)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from omniloop.pipeline.samplers.base import Sampler, build_sampler
+from omniloop.request import InvalidRequest
 
 FLOW_SAMPLERS = ("flow_euler", "flow_unipc")
 
@@ -30,7 +31,8 @@ class SamplerSet:
         try:
             return self.samplers[name]
         except KeyError:
-            raise ValueError(f"diffusion.sampler {name!r} is not offered by this model; pass one of {self.names}") from None
+            raise InvalidRequest(f"diffusion.sampler {name!r} is not offered by this model; pass one of {self.names}",
+                                 fields=("diffusion.sampler",)) from None
 
     @property
     def names(self) -> list[str]:

@@ -12,7 +12,7 @@ from omniloop.pipeline.edges import InitLatents
 from omniloop.pipeline.predicates import opt
 from omniloop.pipeline.stage import StageBase
 from omniloop.pipeline.state import RequestState, StageContext
-from omniloop.request import LatentPart, Modality, OmniRequest
+from omniloop.request import ErrorKind, InvalidRequest, LatentPart, Modality, OmniRequest
 
 
 def latent_inputs(request: OmniRequest) -> list[LatentPart]:
@@ -43,20 +43,23 @@ class GivenLatents(StageBase):
             m = part.of.value
             where = f"inputs[latent of {m}]"
             if m not in shapes:
-                raise ValueError(f"{where}: this model denoises {sorted(shapes)} latents; pass latents of those")
+                raise InvalidRequest(f"{where}: this model denoises {sorted(shapes)} latents; pass latents of those",
+                                     fields=("inputs",))
             if m in by_modality:
-                raise ValueError(f"{where}: given twice; pass one LatentPart per modality")
+                raise InvalidRequest(f"{where}: given twice; pass one LatentPart per modality", fields=("inputs",))
             x = part.data
             if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-                raise ValueError(f"{where}.data: pass a floating-point torch tensor, got {type(x).__name__}")
+                raise InvalidRequest(f"{where}.data: pass a floating-point torch tensor, got {type(x).__name__}",
+                                     fields=("inputs",))
             if tuple(x.shape) != tuple(shapes[m]):
-                raise ValueError(f"{where}.data has shape {list(x.shape)} but this request's geometry needs "
-                                 f"{list(shapes[m])}; pass latents of that shape or change height/width/num_frames")
+                raise InvalidRequest(f"{where}.data has shape {list(x.shape)} but this request's geometry needs "
+                                     f"{list(shapes[m])}; pass latents of that shape or change height/width/num_frames",
+                                     fields=("inputs",))
             if not bool(torch.isfinite(x).all()):
-                raise ValueError(f"{where}.data holds NaN/Inf")
+                raise InvalidRequest(f"{where}.data holds NaN/Inf", fields=("inputs",))
             by_modality[m] = x.detach().to(device=ctx.device, dtype=torch.float32)
         missing = sorted(set(shapes) - set(by_modality))
         if missing:
-            raise ValueError(f"inputs: latents for {missing} are missing; a loop that starts from given latents "
-                             f"needs all of {sorted(shapes)}")
+            raise InvalidRequest(f"inputs: latents for {missing} are missing; a loop that starts from given latents "
+                                 f"needs all of {sorted(shapes)}", fields=("inputs",), kind=ErrorKind.MISSING_INPUT)
         return by_modality

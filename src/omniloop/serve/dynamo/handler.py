@@ -18,10 +18,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
-from omniloop.engine import AsyncEngine, DoesNotFit, EngineDeadError, QueueFull, RequestRejected, UnknownRequest
+from omniloop.engine import AsyncEngine, EngineDeadError, RequestRejected, UnknownRequest
 from omniloop.io.video import encode_mp4
 from omniloop.request import (
     ArtifactEvent,
+    ErrorKind,
     FinalEvent,
     LatentsArtifact,
     OmniEvent,
@@ -49,13 +50,14 @@ def dynamo_error(error: Exception, *, draining: bool = False) -> Exception:
     """
     from dynamo.llm.exceptions import EngineShutdown, HttpError, InvalidArgument
 
-    if isinstance(error, QueueFull):
-        if draining or "draining" in str(error):
-            return EngineShutdown(f"worker is shutting down and accepts no new requests: {error}")
+    kind = error.kind if isinstance(error, RequestRejected) else None
+    if kind is ErrorKind.DRAINING or (kind is ErrorKind.QUEUE_FULL and draining):
+        return EngineShutdown(f"worker is shutting down and accepts no new requests: {error}")
+    if kind is ErrorKind.QUEUE_FULL:
         return HttpError(429, str(error))
     if isinstance(error, EngineDeadError):
         return EngineShutdown(str(error))
-    if isinstance(error, (RequestRejected, DoesNotFit, ValueError)):
+    if isinstance(error, ValueError):  # RequestRejected (any other kind), a WireError
         return InvalidArgument(str(error))
     return error
 

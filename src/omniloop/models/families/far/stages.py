@@ -19,7 +19,7 @@ from omniloop.pipeline.loops.denoise import DenoiserBase
 from omniloop.pipeline.policies.cfg import COND, UNCOND, Prediction
 from omniloop.pipeline.stage import ComponentStage
 from omniloop.pipeline.state import RequestState, StageContext
-from omniloop.request import ActionPart, ImagePart, OmniRequest, TaskType, VideoPart
+from omniloop.request import ActionPart, ImagePart, InvalidRequest, OmniRequest, TaskType, VideoPart
 
 
 # -- geometry -------------------------------------------------------------------------------
@@ -63,16 +63,19 @@ def partition_for(request: OmniRequest, params: ChunkRolloutParams | None, defau
     partition = tuple(params.chunk_partition)
     limit = max(model_partition)
     if any(c < 1 or c > limit for c in partition):
-        raise ValueError(f"node_params['rollout'].chunk_partition={list(partition)}: each chunk must be 1..{limit} "
-                         f"latent frames (the largest this checkpoint makes)")
+        raise InvalidRequest(f"node_params['rollout'].chunk_partition={list(partition)}: each chunk must be 1..{limit} "
+                             f"latent frames (the largest this checkpoint makes)",
+                             fields=("node_params['rollout'].chunk_partition",))
     if session:
         if len(partition) != 2:
-            raise ValueError(f"node_params['rollout'].chunk_partition={list(partition)}: a session takes "
-                             f"[first chunk, every later chunk], e.g. {[model_partition[0], limit]}")
+            raise InvalidRequest(f"node_params['rollout'].chunk_partition={list(partition)}: a session takes "
+                                 f"[first chunk, every later chunk], e.g. {[model_partition[0], limit]}",
+                                 fields=("node_params['rollout'].chunk_partition",))
         return partition
     if sum(partition) != frames:
-        raise ValueError(f"node_params['rollout'].chunk_partition={list(partition)} sums to {sum(partition)}, but "
-                         f"the video has {frames} latent frames; pass e.g. {list(default_partition(frames, model_partition))}")
+        raise InvalidRequest(f"node_params['rollout'].chunk_partition={list(partition)} sums to {sum(partition)}, but "
+                             f"the video has {frames} latent frames; pass e.g. {list(default_partition(frames, model_partition))}",
+                             fields=("node_params['rollout'].chunk_partition",))
     return partition
 
 
@@ -258,8 +261,9 @@ def conditioning_video(request: OmniRequest, height: int, width: int) -> torch.T
     if request.task == TaskType.V2V:
         frames = video_frames(_video_part(request))  # [T, H, W, 3] float32 in [0, 1]
         if frames.shape[1:3] != (height, width):
-            raise ValueError(f"inputs video is {frames.shape[2]}x{frames.shape[1]}; pass frames of the requested size "
-                             f"{width}x{height} (diffusion.width x diffusion.height)")
+            raise InvalidRequest(f"inputs video is {frames.shape[2]}x{frames.shape[1]}; pass frames of the requested size "
+                                 f"{width}x{height} (diffusion.width x diffusion.height)",
+                                 fields=("diffusion.width", "diffusion.height", "inputs"))
         return (torch.from_numpy(frames).permute(3, 0, 1, 2)[None] * 2.0 - 1.0).contiguous()
     return None
 
@@ -274,7 +278,8 @@ def video_frames(part: VideoPart) -> np.ndarray:
     if part.data is not None:
         data = part.data.detach().cpu().numpy() if isinstance(part.data, torch.Tensor) else np.asarray(part.data)
         if data.ndim != 4 or data.shape[-1] != 3:
-            raise ValueError(f"inputs video data must be [T, H, W, 3] frames, got shape {data.shape}")
+            raise InvalidRequest(f"inputs video data must be [T, H, W, 3] frames, got shape {data.shape}",
+                                 fields=("inputs",))
         return data.astype(np.float32) / 255.0 if data.dtype == np.uint8 else data.astype(np.float32)
     from omniloop.io.video import read_video
 

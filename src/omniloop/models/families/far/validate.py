@@ -8,7 +8,7 @@ from typing import Any, Callable, Mapping
 from omniloop.models.families.far.stages import conditioning_video, geometry, partition_for
 from omniloop.pipeline.loops.chunk import ChunkRolloutParams
 from omniloop.pipeline.samplers.sampler_set import SamplerSet
-from omniloop.request import OmniRequest, TaskType, VideoPart
+from omniloop.request import ErrorKind, InvalidRequest, OmniRequest, TaskType, VideoPart
 
 ROLLOUT_NODE = "rollout"
 
@@ -26,35 +26,36 @@ def make_validator(defaults: Mapping[str, Any], samplers: SamplerSet) -> Callabl
         g = geometry(request, defaults)
         for name, value in (("height", g.height), ("width", g.width)):
             if value % spatial:
-                raise ValueError(f"diffusion.{name}={value} must be a multiple of {spatial} (FAR's compressed patch); "
-                                 f"pass {_nearest(value, spatial)}")
+                raise InvalidRequest(f"diffusion.{name}={value} must be a multiple of {spatial} (FAR's compressed patch); "
+                                     f"pass {_nearest(value, spatial)}", fields=(f"diffusion.{name}",))
         if (g.num_frames - 1) % temporal:
             k = (g.num_frames - 1) // temporal
-            raise ValueError(f"diffusion.num_frames={g.num_frames} must be {temporal}k+1; pass {temporal * k + 1} "
-                             f"or {temporal * (k + 1) + 1}")
+            raise InvalidRequest(f"diffusion.num_frames={g.num_frames} must be {temporal}k+1; pass {temporal * k + 1} "
+                                 f"or {temporal * (k + 1) + 1}", fields=("diffusion.num_frames",))
         samplers.get(request.diffusion.sampler)  # raises naming the offered samplers
         raw = request.node_params.get(ROLLOUT_NODE)
         rollout = ChunkRolloutParams.model_validate(raw) if raw is not None else None
         partition_for(request, rollout, defaults)
         if rollout is not None and rollout.open_ended and request.task is not TaskType.T2V:
-            raise ValueError(f"a session (node_params['rollout'].open_ended) starts from text; pass task t2v, not "
-                             f"{request.task.value!r}")
+            raise InvalidRequest(f"a session (node_params['rollout'].open_ended) starts from text; pass task t2v, not "
+                                 f"{request.task.value!r}",
+                                 fields=("task", "node_params['rollout'].open_ended"), kind=ErrorKind.UNSUPPORTED_TASK)
         if request.task == TaskType.I2V and not request.images("first_frame"):
-            raise ValueError("task i2v needs an image: add ImagePart(role='first_frame', path=... | b64=... | data=...) "
-                             "to inputs")
+            raise InvalidRequest("task i2v needs an image: add ImagePart(role='first_frame', path=... | b64=... | data=...) "
+                                 "to inputs", fields=("inputs",), kind=ErrorKind.MISSING_INPUT)
         if request.task == TaskType.V2V:
             if not any(isinstance(p, VideoPart) for p in request.inputs):
-                raise ValueError("task v2v needs a video: add VideoPart(path=... | b64=... | data=[T, H, W, 3] frames) "
-                                 "to inputs")
+                raise InvalidRequest("task v2v needs a video: add VideoPart(path=... | b64=... | data=[T, H, W, 3] frames) "
+                                     "to inputs", fields=("inputs",), kind=ErrorKind.MISSING_INPUT)
         video = conditioning_video(request, g.height, g.width)  # unreadable or wrong size -> ValueError
         if video is not None:
             frames = video.shape[2]
             if (frames - 1) % temporal:
-                raise ValueError(f"inputs video has {frames} frames; pass {temporal}k+1 (e.g. "
-                                 f"{(frames - 1) // temporal * temporal + 1})")
+                raise InvalidRequest(f"inputs video has {frames} frames; pass {temporal}k+1 (e.g. "
+                                     f"{(frames - 1) // temporal * temporal + 1})", fields=("inputs",))
             if frames >= g.num_frames:
-                raise ValueError(f"inputs video has {frames} frames, diffusion.num_frames={g.num_frames}: pass more "
-                                 f"frames to make than to condition on")
+                raise InvalidRequest(f"inputs video has {frames} frames, diffusion.num_frames={g.num_frames}: pass more "
+                                     f"frames to make than to condition on", fields=("diffusion.num_frames", "inputs"))
         return request
 
     return validate

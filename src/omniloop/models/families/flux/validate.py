@@ -10,7 +10,7 @@ import torch
 from omniloop.io.image import open_image_part
 from omniloop.models.families.flux.stages import edit_source, geometry
 from omniloop.pipeline.samplers.sampler_set import SamplerSet
-from omniloop.request import LatentPart, OmniRequest, TaskType
+from omniloop.request import ErrorKind, InvalidRequest, LatentPart, OmniRequest, TaskType
 
 
 def _nearest_multiples(value: int, m: int) -> str:
@@ -32,27 +32,31 @@ def make_validator(defaults: Mapping[str, Any], samplers: SamplerSet,
         g = geometry(request, defaults)
         for name, value in (("height", g.height), ("width", g.width)):
             if value % multiple:
-                raise ValueError(f"diffusion.{name}={value} must be a multiple of {multiple}; pass "
-                                 f"{_nearest_multiples(value, multiple)}")
+                raise InvalidRequest(f"diffusion.{name}={value} must be a multiple of {multiple}; pass "
+                                     f"{_nearest_multiples(value, multiple)}", fields=(f"diffusion.{name}",))
         if buckets and (g.height, g.width) not in buckets:
             near = min(buckets, key=lambda b: abs(b[0] * b[1] - g.height * g.width) + abs(b[0] / b[1] - g.height / g.width))
-            raise ValueError(f"size {g.width}x{g.height} is not one of this deployment's resolution buckets "
-                             f"{[f'{w}x{h}' for h, w in buckets]}; pass one of them (nearest: {near[1]}x{near[0]})")
+            raise InvalidRequest(f"size {g.width}x{g.height} is not one of this deployment's resolution buckets "
+                                 f"{[f'{w}x{h}' for h, w in buckets]}; pass one of them (nearest: {near[1]}x{near[0]})",
+                                 fields=("diffusion.width", "diffusion.height"))
         if p.num_frames not in (None, 1):
-            raise ValueError(f"Flux makes one image; diffusion.num_frames must be 1 or omitted (got {p.num_frames})")
+            raise InvalidRequest(f"Flux makes one image; diffusion.num_frames must be 1 or omitted (got {p.num_frames})",
+                                 fields=("diffusion.num_frames",))
         if p.shift is not None:
-            raise ValueError("diffusion.shift does not apply to Flux: its shift follows the image size (mu from the "
-                             "token count); omit it")
+            raise InvalidRequest("diffusion.shift does not apply to Flux: its shift follows the image size (mu from the "
+                                 "token count); omit it", fields=("diffusion.shift",))
         if p.negative_prompt is not None:
-            raise ValueError("diffusion.negative_prompt has no effect on Flux.1 (embedded guidance, no negative "
-                             "branch); omit it")
+            raise InvalidRequest("diffusion.negative_prompt has no effect on Flux.1 (embedded guidance, no negative "
+                                 "branch); omit it", fields=("diffusion.negative_prompt",))
         if isinstance(p.guidance_scale, dict):
-            raise ValueError("diffusion.guidance_scale must be one number for Flux (its embedded guidance)")
+            raise InvalidRequest("diffusion.guidance_scale must be one number for Flux (its embedded guidance)",
+                                 fields=("diffusion.guidance_scale",))
         samplers.get(p.sampler)  # raises naming the offered samplers
         if request.task == TaskType.I2I:
             _check_edit(request, defaults)
         elif p.strength is not None:
-            raise ValueError("diffusion.strength applies to image-to-image (task i2i with an image); omit it for t2i")
+            raise InvalidRequest("diffusion.strength applies to image-to-image (task i2i with an image); omit it for t2i",
+                                 fields=("diffusion.strength",))
         return request
 
     return validate
@@ -62,8 +66,9 @@ def _with_source_size(request: OmniRequest, defaults: Mapping[str, Any]) -> Omni
     """An i2i request without a size takes its image's (or latents') size."""
     source = edit_source(request)
     if source is None:
-        raise ValueError("task i2i needs an image: add ImagePart(path=... | b64=... | data=...) to inputs "
-                         "(over HTTP: the image field), or LatentPart(of='image') with its latents")
+        raise InvalidRequest("task i2i needs an image: add ImagePart(path=... | b64=... | data=...) to inputs "
+                             "(over HTTP: the image field), or LatentPart(of='image') with its latents",
+                             fields=("inputs",), kind=ErrorKind.MISSING_INPUT)
     p = request.diffusion
     if p.height is not None and p.width is not None:
         return request
@@ -84,8 +89,9 @@ def _check_edit(request: OmniRequest, defaults: Mapping[str, Any]) -> None:
         s = defaults["vae_scale_spatial"]
         want = (defaults["latent_channels"], g.height // s, g.width // s)
         if tuple(data.shape[-3:]) != want or data.numel() != want[0] * want[1] * want[2]:
-            raise ValueError(f"inputs latents must be [1, {want[0]}, {want[1]}, {want[2]}] for a {g.width}x{g.height} "
-                             f"image (the DiT's normalized latent space); got {list(data.shape)}")
+            raise InvalidRequest(f"inputs latents must be [1, {want[0]}, {want[1]}, {want[2]}] for a {g.width}x{g.height} "
+                                 f"image (the DiT's normalized latent space); got {list(data.shape)}",
+                                 fields=("inputs",))
     else:
         open_image_part(source)  # unreadable -> ValueError naming the source
     # NOTE: any strength in (0, 1] runs at least one step (diffusers' start index truncates)

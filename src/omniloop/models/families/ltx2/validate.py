@@ -7,7 +7,7 @@ from typing import Any, Callable, Mapping
 from omniloop.models.families.ltx2.stages import first_frame, geometry, load_image_part
 from omniloop.pipeline.input_kinds import refuse_unused_parts
 from omniloop.pipeline.samplers.sampler_set import SamplerSet
-from omniloop.request import OmniRequest, TaskType
+from omniloop.request import ErrorKind, InvalidRequest, OmniRequest, TaskType
 
 
 def two_stage(request: OmniRequest) -> bool:
@@ -30,35 +30,38 @@ def make_validator(d: Mapping[str, Any], samplers: SamplerSet, has_upsampler: bo
         g = geometry(request, d)
         for name, value in (("height", g.height), ("width", g.width)):
             if value % spatial:
-                raise ValueError(f"diffusion.{name}={value} must be a multiple of {spatial}; pass {_near(value, spatial)}")
+                raise InvalidRequest(f"diffusion.{name}={value} must be a multiple of {spatial}; pass {_near(value, spatial)}",
+                                     fields=(f"diffusion.{name}",))
         if (g.num_frames - 1) % temporal:
             k = (g.num_frames - 1) // temporal
-            raise ValueError(f"diffusion.num_frames={g.num_frames} must be {temporal}k+1; pass {temporal * k + 1} or "
-                             f"{temporal * (k + 1) + 1}")
+            raise InvalidRequest(f"diffusion.num_frames={g.num_frames} must be {temporal}k+1; pass {temporal * k + 1} or "
+                                 f"{temporal * (k + 1) + 1}", fields=("diffusion.num_frames",))
         if p.duration_s is not None:
-            raise ValueError("diffusion.duration_s: LTX-2's sound lasts as long as its video (num_frames / fps); "
-                             "drop duration_s and set num_frames and fps")
+            raise InvalidRequest("diffusion.duration_s: LTX-2's sound lasts as long as its video (num_frames / fps); "
+                                 "drop duration_s and set num_frames and fps", fields=("diffusion.duration_s",))
         if g.audio_frames < 1:
-            raise ValueError(f"diffusion.num_frames={g.num_frames} at fps={g.fps} is too short for any audio; "
-                             "pass more frames")
+            raise InvalidRequest(f"diffusion.num_frames={g.num_frames} at fps={g.fps} is too short for any audio; "
+                                 "pass more frames", fields=("diffusion.num_frames",))
         sampler = samplers.get(p.sampler)
         steps = p.num_steps(d.get("steps", 30))
         if getattr(sampler, "shift_terminal", None) and steps < 2 and p.sigmas is None:
-            raise ValueError(f"diffusion.steps={steps}: this model's schedule stretches to a terminal sigma "
-                             "(shift_terminal) and needs at least 2 steps; pass steps >= 2")
+            raise InvalidRequest(f"diffusion.steps={steps}: this model's schedule stretches to a terminal sigma "
+                                 "(shift_terminal) and needs at least 2 steps; pass steps >= 2",
+                                 fields=("diffusion.steps",))
         if request.task == TaskType.I2V:
             part = first_frame(request)
             if part is None:
-                raise ValueError("task i2v needs an image: add ImagePart(role='first_frame', path=... | b64=... | "
-                                 "data=...) to inputs")
+                raise InvalidRequest("task i2v needs an image: add ImagePart(role='first_frame', path=... | b64=... | "
+                                     "data=...) to inputs", fields=("inputs",), kind=ErrorKind.MISSING_INPUT)
             load_image_part(part)  # unreadable -> ValueError naming the source
         if two_stage(request):
             if not has_upsampler:
-                raise ValueError("node_params['upsample']: this checkpoint has no latent_upsampler/; add one (diffusers "
-                                 "LTX2LatentUpsamplerModel.save_pretrained) or drop the upsample/refine node_params")
+                raise InvalidRequest("node_params['upsample']: this checkpoint has no latent_upsampler/; add one (diffusers "
+                                     "LTX2LatentUpsamplerModel.save_pretrained) or drop the upsample/refine node_params",
+                                     fields=("node_params['upsample']",))
             if request.task == TaskType.I2V:
-                raise ValueError("node_params['upsample']: the two-stage path is text-to-video only for now; drop "
-                                 "upsample/refine for i2v")
+                raise InvalidRequest("node_params['upsample']: the two-stage path is text-to-video only for now; drop "
+                                     "upsample/refine for i2v", fields=("node_params['upsample']", "task"))
         return request
 
     return validate

@@ -35,7 +35,7 @@ from omniloop.models.families.stable_audio.weights import (
     load_stable_audio_dit,
     load_stable_audio_projection,
 )
-from omniloop.request import Modality, OmniRequest, TaskType
+from omniloop.request import InvalidRequest, Modality, OmniRequest, TaskType
 
 PIPELINE_CLASS = "StableAudioPipeline"
 BLOCK_GEMMS = r"^blocks\.\d+\.(self_attn|cross_attn|ff)\."
@@ -102,14 +102,16 @@ def make_validator(defaults: Mapping[str, Any], projection_range: tuple[float, f
         refuse_unused_parts(request, "Stable Audio", ("text",))
         for name in ("height", "width", "num_frames", "fps", "shift", "sigmas"):
             if getattr(p, name) is not None:
-                raise ValueError(f"diffusion.{name}: Stable Audio makes audio of a fixed latent length with the cosine "
-                                 f"DPM-solver's schedule; drop {name} (set the length with duration_s)")
+                raise InvalidRequest(f"diffusion.{name}: Stable Audio makes audio of a fixed latent length with the cosine "
+                                     f"DPM-solver's schedule; drop {name} (set the length with duration_s)",
+                                     fields=(f"diffusion.{name}",))
         if p.duration_s is not None and not (p.duration_s <= longest and lo <= p.duration_s <= hi):
-            raise ValueError(f"diffusion.duration_s={p.duration_s}: this model makes up to {longest:.3f} s of audio; "
-                             f"pass a duration in (0, {min(longest, hi):.3f}]")
+            raise InvalidRequest(f"diffusion.duration_s={p.duration_s}: this model makes up to {longest:.3f} s of audio; "
+                                 f"pass a duration in (0, {min(longest, hi):.3f}]", fields=("diffusion.duration_s",))
         if p.duration_s is not None and int(p.duration_s * rate) < 1:  # the waveform crop would hold no sample
-            raise ValueError(f"diffusion.duration_s={p.duration_s}: shorter than one sample at {rate} Hz; pass a "
-                             f"duration in [{1 / rate:.4g}, {min(longest, hi):.3f}]")
+            raise InvalidRequest(f"diffusion.duration_s={p.duration_s}: shorter than one sample at {rate} Hz; pass a "
+                                 f"duration in [{1 / rate:.4g}, {min(longest, hi):.3f}]",
+                                 fields=("diffusion.duration_s",))
         samplers.get(p.sampler)
         return request
 

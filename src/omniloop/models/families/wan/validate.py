@@ -8,7 +8,7 @@ from typing import Any, Callable, Mapping
 from omniloop.models.families.wan.stages import first_frame, geometry, load_part_image, load_part_video, source_video
 from omniloop.models.manifest import ModelLimits
 from omniloop.pipeline.samplers.sampler_set import SamplerSet
-from omniloop.request import OmniRequest, TaskType
+from omniloop.request import ErrorKind, InvalidRequest, OmniRequest, TaskType
 
 
 def _nearest_multiples(value: int, m: int) -> str:
@@ -46,26 +46,31 @@ def make_validator(defaults: Mapping[str, Any], samplers: SamplerSet,
                                       ("num_frames", "max_frames", g.num_frames)):
             cap, why = (caps or {}).get(cap_name, (value, ""))
             if value > cap:
-                raise ValueError(f"diffusion.{name}={value} is more than this model serves (at most {cap}: {why}); "
-                                 f"pass {cap} or less")
+                raise InvalidRequest(f"diffusion.{name}={value} is more than this model serves (at most {cap}: {why}); "
+                                     f"pass {cap} or less",
+                                     fields=(f"diffusion.{name}",))
         for name, value in (("height", g.height), ("width", g.width)):
             if value % spatial:
-                raise ValueError(
-                    f"diffusion.{name}={value} must be a multiple of {spatial}; pass {_nearest_multiples(value, spatial)}"
+                raise InvalidRequest(
+                    f"diffusion.{name}={value} must be a multiple of {spatial}; pass {_nearest_multiples(value, spatial)}",
+                    fields=(f"diffusion.{name}",)
                 )
         if (g.num_frames - 1) % temporal:
             k = (g.num_frames - 1) // temporal
-            raise ValueError(
-                f"diffusion.num_frames={g.num_frames} must be {temporal}k+1; pass {temporal * k + 1} or {temporal * (k + 1) + 1}"
+            raise InvalidRequest(
+                f"diffusion.num_frames={g.num_frames} must be {temporal}k+1; pass {temporal * k + 1} or {temporal * (k + 1) + 1}",
+                fields=("diffusion.num_frames",)
             )
         if request.task == TaskType.T2I and g.num_frames != 1:
-            raise ValueError(f"task t2i makes one image; diffusion.num_frames must be 1 (got {g.num_frames})")
+            raise InvalidRequest(f"task t2i makes one image; diffusion.num_frames must be 1 (got {g.num_frames})",
+                                 fields=("diffusion.num_frames",))
         samplers.get(request.diffusion.sampler)  # raises naming the offered samplers
         if request.task == TaskType.I2V:
             part = first_frame(request)
             if part is None:
-                raise ValueError(
-                    "task i2v needs an image: add ImagePart(role='first_frame', path=... | b64=... | data=...) to inputs"
+                raise InvalidRequest(
+                    "task i2v needs an image: add ImagePart(role='first_frame', path=... | b64=... | data=...) to inputs",
+                    fields=("inputs",), kind=ErrorKind.MISSING_INPUT
                 )
             load_part_image(part)  # unreadable -> ValueError naming the source
         return request
@@ -77,13 +82,15 @@ def _frames_from_video(request: OmniRequest, temporal: int) -> OmniRequest:
     """V2V: the source video decides num_frames (diffusers reads it off the video)."""
     part = source_video(request)
     if part is None:
-        raise ValueError("task v2v needs a source video: add VideoPart(path=... | b64=... | data=...) to inputs")
+        raise InvalidRequest("task v2v needs a source video: add VideoPart(path=... | b64=... | data=...) to inputs",
+                             fields=("inputs",), kind=ErrorKind.MISSING_INPUT)
     n = int(load_part_video(part).shape[0])  # unreadable -> ValueError naming the source
     if (n - 1) % temporal:
         k = (n - 1) // temporal
-        raise ValueError(f"inputs[video] has {n} frames; Wan encodes {temporal}k+1 frames: pass "
-                         f"{temporal * k + 1} or {temporal * (k + 1) + 1}")
+        raise InvalidRequest(f"inputs[video] has {n} frames; Wan encodes {temporal}k+1 frames: pass "
+                             f"{temporal * k + 1} or {temporal * (k + 1) + 1}", fields=("inputs",))
     given = request.diffusion.num_frames
     if given is not None and given != n:
-        raise ValueError(f"diffusion.num_frames={given} but inputs[video] has {n} frames; omit num_frames or pass {n}")
+        raise InvalidRequest(f"diffusion.num_frames={given} but inputs[video] has {n} frames; omit num_frames or pass {n}",
+                             fields=("diffusion.num_frames", "inputs"))
     return request.model_copy(update={"diffusion": request.diffusion.model_copy(update={"num_frames": n})})

@@ -24,7 +24,7 @@ import pytest
 
 import omniloop
 from omniloop.api import preflight
-from omniloop.api.cli import _flag_names, main
+from omniloop.api.cli import _in_flag_terms, main
 from omniloop.models.catalog import BUILTIN_MODELS, builtin_family_cards
 from omniloop.models.manifest import read_manifest
 
@@ -135,7 +135,7 @@ def test_the_manifest_rules_are_the_family_validators(tmp_path):
                                          diffusion=DiffusionParams(**bad)))
         with pytest.raises(ValueError) as before_loading:
             preflight.check_shape(declared, None, bad)
-        assert str(before_loading.value) == _flag_names(str(at_admission.value)), bad
+        assert str(before_loading.value) == str(_in_flag_terms(at_admission.value)), bad
     preflight.check_shape(declared, None, {"height": 32, "width": 48, "num_frames": 9})  # what it serves passes
 
 

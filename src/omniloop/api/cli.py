@@ -138,7 +138,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     try:
         preflight.check_deploy_limits(deploy.limits, args.task, params, declared)
     except ValueError as e:  # the engine's LimitExceeded, in flag terms
-        raise ValueError(_flag_names(str(e))) from None
+        raise _in_flag_terms(e) from None
     return _load_and_generate(args, deploy, prompt, params)
 
 

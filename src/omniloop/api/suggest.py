@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import re
 from typing import NoReturn
 
 
@@ -17,15 +16,18 @@ def closest(word: str, names: list[str]) -> str | None:
 
 
 class SuggestingParser(argparse.ArgumentParser):
-    """An ArgumentParser whose "invalid choice" errors name the closest choice."""
+    """An ArgumentParser whose "invalid choice" errors name the closest choice (checked on the
+    value and the action's choices, not on argparse's message)."""
 
-    def error(self, message: str) -> NoReturn:
-        m = re.match(r"argument (.+): invalid choice: '([^']*)' \(choose from (.*)\)$", message)
-        if m:
-            guess = closest(m.group(2), re.findall(r"'([^']*)'", m.group(3)))
-            if guess is not None:
-                message += f"; did you mean {guess!r}?"
-        super().error(message)
+    def _check_value(self, action: argparse.Action, value: object) -> None:
+        choices = action.choices
+        if choices is not None and value not in choices:
+            names = [str(c) for c in choices]
+            guess = closest(str(value), names)
+            hint = f"; did you mean {guess!r}?" if guess is not None else ""
+            raise argparse.ArgumentError(action, f"invalid choice: {value!r} (choose from "
+                                         f"{', '.join(repr(n) for n in names)}){hint}")
+        super()._check_value(action, value)
 
 
 def selected_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:

@@ -75,10 +75,12 @@ class FakeEncode(StageBase):
 class FakeLoop(LoopStageBase):
     """``steps_target`` from ``diffusion.steps``; a step adds 1 to ``steps_done``. ``fail``:
     request id -> the step (``steps_done`` before it) whose result is that request's own
-    failure, its batch-mates' steps standing (the ``step_many`` contract)."""
+    failure, its batch-mates' steps standing (the ``step_many`` contract). ``waiting``: loops
+    whose next step cannot run yet (as an AR loop waiting for KV blocks)."""
 
     calls: Calls
     fail: dict[str, int] = field(default_factory=dict)
+    waiting: set[str] = field(default_factory=set)  # request ids whose next step cannot run yet (``ready``)
     inputs = {"cond": TensorArtifact}  # type: ignore[assignment]
     outputs = {"latents": TensorArtifact}  # type: ignore[assignment]
 
@@ -107,6 +109,9 @@ class FakeLoop(LoopStageBase):
 
     def batch_key(self, loop: FakeLoopState) -> Any:  # type: ignore[override]
         return None if loop.done else (id(self), loop.shape)
+
+    def ready(self, loop: FakeLoopState) -> bool:  # type: ignore[override]
+        return loop.request_id not in self.waiting
 
     def batch_weight(self, loop: FakeLoopState) -> int:  # type: ignore[override]
         return 0 if loop.done else _pixels(loop.shape)  # "tokens": the scheduler's max_batch_tokens counts them

@@ -107,13 +107,19 @@ def test_the_token_budget_leaves_out_what_does_not_fit_and_takes_a_smaller_one_f
     assert plan.work == StepWork("loop", ("r0", "r1"))  # a third 32x32 step would exceed 2048 tokens
 
 
-def test_a_finished_loop_is_never_batched():
-    pipeline, _ = create_pipeline()
+def test_a_loop_that_cannot_step_yet_is_passed_over_and_resumes_when_ready():
+    pipeline, calls = create_pipeline()
+    stage = pipeline.spec.node("loop").stage
     scheduler = create_scheduler(max_batch=8)
-    reqs = create_requests(pipeline, 2, steps=1)
+    reqs = create_requests(pipeline, 2, steps=2)
     _into_loop(scheduler, pipeline, reqs)
-    reqs[0].loop.steps_done = 1  # done, not yet finalized
-    assert reqs[0].node.stage.batch_key(reqs[0].loop) is None
+    stage.waiting.add("r0")  # e.g. waiting for KV blocks
+    plan = scheduler.schedule()
+    assert plan.work == StepWork("loop", ("r1",))
+    run_plan(scheduler, pipeline, plan)
+    stage.waiting.clear()
+    assert run_to_completion(scheduler, pipeline)[-1] == "r0"
+    assert calls.steps() == [("r1",), ("r1", "r0"), ("r0",)]  # r1, with less left, leads the batch
 
 
 # -- priorities and deadlines ----------------------------------------------------------------
@@ -211,8 +217,8 @@ def test_plans_predict_their_cost_and_remaining_cost_counts_steps_left():
     assert scheduler.remaining_s(reqs[0]) == pytest.approx(3 * STEP_32)
 
 
-def test_cheap_prologue_work_runs_before_the_heads_step_and_costly_work_interleaves():
-    pipeline, calls = create_pipeline()
+def test_cheap_prologue_work_runs_before_the_heads_step():
+    pipeline, _ = create_pipeline()
     scheduler = create_scheduler(max_batch=1)
     head = create_requests(pipeline, 1, prefix="head", steps=3)[0]
     _into_loop(scheduler, pipeline, [head])
@@ -220,6 +226,21 @@ def test_cheap_prologue_work_runs_before_the_heads_step_and_costly_work_interlea
     scheduler.add(create_requests(pipeline, 1, prefix="new", steps=30, arrival=1.0)[0])
     plan = scheduler.schedule()  # the newcomer's encode (0.01 s prior) is cheap next to a 1 s step
     assert plan.work == NodeWork("encode", ("new0",))
+
+
+def test_costly_prologue_work_interleaves_one_item_per_head_step():
+    pipeline, _ = create_pipeline()
+    scheduler = create_scheduler(max_batch=1)
+    head = create_requests(pipeline, 1, prefix="head", steps=6)[0]
+    _into_loop(scheduler, pipeline, [head])
+    scheduler.add(create_requests(pipeline, 1, prefix="new", steps=30, arrival=1.0)[0])
+    works = []
+    for _ in range(5):  # the encode's 0.01 s prior is 10x the head's 1 ms step
+        plan = scheduler.schedule()
+        works.append(plan.work)
+        run_plan(scheduler, pipeline, plan)
+    head_step = StepWork("loop", ("head0",))
+    assert works == [head_step, NodeWork("encode", ("new0",)), head_step, NodeWork("loop", ("new0",)), head_step]
 
 
 # -- what the engine does with a plan ------------------------------------------------------

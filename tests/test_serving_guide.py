@@ -220,3 +220,63 @@ def test_every_family_has_its_section_and_every_path_exists():
 
 def test_the_readme_links_the_guide():
     assert "docs/serving-real-checkpoints.md" in (ROOT / "README.md").read_text()
+
+
+def _published_modules() -> dict[str, Any]:
+    """The guide's computed parameter counts -> builders of the published architectures
+    (the family presets; text encoders from their published configs), built without weights."""
+    from diffusers import (AnyFlowFARTransformer3DModel, AutoencoderKL, AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video,
+                           AutoencoderKLWan, AutoencoderOobleck, FluxTransformer2DModel, LTX2VideoTransformer3DModel,
+                           StableAudioDiTModel, WanTransformer3DModel)
+    from diffusers.pipelines.ltx2.connectors import LTX2TextConnectors
+    from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
+    from diffusers.pipelines.stable_audio import StableAudioProjectionModel
+    from transformers import (CLIPTextConfig, CLIPTextModel, Gemma3TextConfig, Gemma3TextModel, Qwen2Config,
+                              Qwen2ForCausalLM, T5Config, T5EncoderModel, UMT5Config, UMT5EncoderModel)
+
+    from omniloop.models.families.far import presets as far
+    from omniloop.models.families.flux import presets as flux
+    from omniloop.models.families.ltx2 import presets as ltx2
+    from omniloop.models.families.qwen2 import presets as qwen2
+    from omniloop.models.families.stable_audio import presets as sao
+    from omniloop.models.families.wan import presets as wan
+
+    t5_xxl = dict(d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64, feed_forward_proj="gated-gelu")
+    return {
+        "1,418,996,800": lambda: WanTransformer3DModel(**wan.WAN21_T2V_1_3B),
+        "14,288,491,584": lambda: WanTransformer3DModel(**wan.WAN21_T2V_14B),
+        "14,288,901,184": lambda: WanTransformer3DModel(**wan.WAN22_I2V_A14B),
+        "126,892,531": lambda: AutoencoderKLWan(**wan.WAN21_VAE),
+        "5,680,910,336": lambda: UMT5EncoderModel(UMT5Config(vocab_size=256384, **t5_xxl)),  # google/umt5-xxl
+        "1,422,147,136": lambda: AnyFlowFARTransformer3DModel(**far.FAR_WAN21_1_3B),
+        "11,891,178,560": lambda: FluxTransformer2DModel(**flux.FLUX1_SCHNELL),
+        "4,762,310,656": lambda: T5EncoderModel(T5Config(vocab_size=32128, **t5_xxl)),  # t5-v1_1-xxl
+        "123,060,480": lambda: CLIPTextModel(CLIPTextConfig(  # openai/clip-vit-large-patch14's text tower
+            hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12, projection_dim=768)),
+        "83,819,683": lambda: AutoencoderKL(**flux.FLUX1_VAE),
+        "18,876,174,592": lambda: LTX2VideoTransformer3DModel(**ltx2.LTX2_TRANSFORMER),
+        "11,766,034,176": lambda: Gemma3TextModel(Gemma3TextConfig(vocab_size=262208, **ltx2.GEMMA3_12B_TEXT)),
+        "1,431,475,200": lambda: LTX2TextConnectors(**ltx2.LTX2_CONNECTORS),
+        "1,222,479,601": lambda: AutoencoderKLLTX2Video(**ltx2.LTX2_VIDEO_VAE),
+        "53,248,146": lambda: AutoencoderKLLTX2Audio(**ltx2.LTX2_AUDIO_VAE),
+        "55,592,802": lambda: LTX2Vocoder(**ltx2.LTX2_VOCODER),
+        "1,056,939,136": lambda: StableAudioDiTModel(**sao.SAO_TRANSFORMER),
+        "156,112,514": lambda: AutoencoderOobleck(**sao.SAO_VAE),
+        "109,628,544": lambda: T5EncoderModel(T5Config(vocab_size=32128, d_model=768, d_kv=64, d_ff=3072, num_layers=12,
+                                                       num_heads=12)),  # t5-base
+        "396,544": lambda: StableAudioProjectionModel(**sao.SAO_PROJECTION),
+        "494,032,768": lambda: Qwen2ForCausalLM(Qwen2Config(**qwen2.QWEN25_0_5B)),
+        "1,543,714,304": lambda: Qwen2ForCausalLM(Qwen2Config(**qwen2.QWEN25_1_5B)),
+        "7,615,616,512": lambda: Qwen2ForCausalLM(Qwen2Config(**qwen2.QWEN25_7B)),
+    }
+
+
+def test_the_computed_parameter_counts_are_the_published_architectures():
+    pytest.importorskip("diffusers")
+    import torch
+
+    for written, build in _published_modules().items():
+        assert written in GUIDE, f"the guide no longer gives {written} parameters; update this table with it"
+        with torch.device("meta"):  # shapes only: no memory, no init
+            count = sum(p.numel() for p in build().parameters())
+        assert f"{count:,}" == written, f"the architecture the guide counts as {written} parameters has {count:,}"

@@ -80,7 +80,8 @@ def test_models_lists_the_families_without_importing_them():
 
     cards = builtin_family_cards()
     folders = {p.name for p in Path(families_path[0]).iterdir() if (p / "__init__.py").is_file()}
-    assert {c.family for c in cards} == folders  # every family folder has its card
+    assert {c.family for c in cards} == folders, ("every family folder needs its family.json (models/catalog.py: "
+                                                  "what its ModelSpecs declare, read by omniloop models)")
     specs = registered_specs()
     for family in folders:
         declared = sorted((c.diffusers_classes, c.description) for c in cards if c.family == family)

@@ -11,8 +11,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from omniloop.api.suggest import SuggestingParser, refuse_unknown
 from omniloop.api.schema_flags import DefaultsHelpFormatter, add_schema_flags, collect, flag_error
+from omniloop.api.suggest import SuggestingParser, refuse_unknown
 from omniloop.deploy import DeployConfig
 from omniloop.models.catalog import DEFAULT_MODEL
 from omniloop.request import DiffusionParams, InvalidRequest, SamplingParams, TaskType, require_prompt
@@ -460,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # Ctrl-C: one line, the shell's code for SIGINT; writers leave no partial file
-        print("\ninterrupted", file=sys.stderr)
+        print("interrupted", file=sys.stderr)
         return 130
 
 

@@ -32,7 +32,8 @@ def _generate_parser(sub: argparse._SubParsersAction) -> None:
                    "file (text: --task reason) or a directory of <request id>.mp4/.png/.wav/.txt")
     p.add_argument("--audio-only", action="store_true",
                    help="write only the sound as a wav (text-to-audio models always do)")
-    p.add_argument("--task", choices=[t.value for t in TaskType], default=None, help="task (default: t2v, or i2v with --image)")
+    p.add_argument("--task", choices=[t.value for t in TaskType], default=None, help="task (default: the one the model suggests for the inputs: t2v for a video model, i2v with --image, t2i "
+                   "for an image model, t2a for an audio model...)")
     p.add_argument("--image", default=None, help="first-frame image for i2v")
     p.add_argument("--deploy-config", default=None, help="YAML file of deploy options")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
@@ -68,30 +69,32 @@ def _flag_names(message: str) -> str:
     return re.sub(r"diffusion\.(\w+)", lambda m: "--" + m.group(1).replace("_", "-"), message)
 
 
-def _output_kinds(args: argparse.Namespace, tasks: list[str] | None = None) -> list[dict]:
+def _output_kinds(args: argparse.Namespace, task: TaskType | None = None) -> list[dict]:
     """What ``--output`` may name: a video, an image or sound, from the flags (and, once the
-    model is loaded, its ``tasks``: a text-to-audio model writes sound)."""
+    model is loaded, the ``task`` it runs: --task or the one suggested, e.g. t2a for a
+    text-to-audio model, which writes sound)."""
     from omniloop.api.generator import AUDIO_FILES, IMAGE_FILES, TEXT_FILES, VIDEO_FILES
 
-    if _makes_text(args, tasks):
+    task = task or (TaskType(args.task) if args.task is not None else None)
+    if task is TaskType.REASON:
         return [TEXT_FILES]
-    if args.audio_only or args.task == TaskType.T2A.value or (args.task is None and tasks == [TaskType.T2A.value]):
+    if args.audio_only or task is TaskType.T2A:
         return [AUDIO_FILES]
-    if args.task == TaskType.T2I.value:
+    if task is not None and task.makes_image:
         return [IMAGE_FILES]
-    return [VIDEO_FILES] if tasks is not None else [VIDEO_FILES, AUDIO_FILES, TEXT_FILES]  # before loading: any
+    return [VIDEO_FILES] if task is not None else [VIDEO_FILES, AUDIO_FILES, TEXT_FILES]  # before loading: any
 
 
-def _makes_text(args: argparse.Namespace, tasks: list[str] | None = None) -> bool:
-    """--task reason, or no --task for a model whose only task is reason (a language model)."""
-    return args.task == TaskType.REASON.value or (args.task is None and tasks == [TaskType.REASON.value])
+def _task(args: argparse.Namespace, gen: Any) -> TaskType:
+    """--task, or the task the offline API suggests for these flags (``request.suggest_task``)."""
+    return gen.task_for(args.task, image=args.image is not None)
 
 
-def _check_output(args: argparse.Namespace, tasks: list[str] | None = None) -> None:
+def _check_output(args: argparse.Namespace, task: TaskType | None = None) -> None:
     from omniloop.api.generator import output_file
 
     errors = []
-    for kind in _output_kinds(args, tasks):
+    for kind in _output_kinds(args, task):
         try:
             output_file(args.output, "check", **kind)
             return
@@ -145,14 +148,15 @@ def _generate_with(gen: Any, args: argparse.Namespace, prompt: str, params: dict
     from omniloop.api.generator import AUDIO_FILES
     from omniloop.api.progress import ProgressBars
 
-    _check_output(args, gen.tasks)  # now knowing what the model makes, still before any work
-    if _makes_text(args, gen.tasks):
+    task = _task(args, gen)
+    _check_output(args, task)  # now knowing what the model makes, still before any work
+    if task is TaskType.REASON:
         return _generate_text(args, gen, prompt, params, load_s)
     sampling = collect(args, args._sampling)
     if sampling:
         flags = ", ".join("--" + k.replace("_", "-") for k in sorted(sampling))
-        raise ValueError(f"{flags} apply to --task reason (text out); drop them for task {args.task or gen.tasks}")
-    audio_only = _output_kinds(args, gen.tasks)[0] is AUDIO_FILES
+        raise ValueError(f"{flags} apply to --task reason (text out); drop them for task {task.value}")
+    audio_only = _output_kinds(args, task)[0] is AUDIO_FILES
     if audio_only and args.image is not None:
         raise ValueError("--image conditions a video; drop it with --audio-only or a text-to-audio model")
     bars = None
@@ -161,7 +165,7 @@ def _generate_with(gen: Any, args: argparse.Namespace, prompt: str, params: dict
             bars = None if args.no_progress else ProgressBars([])
             result = gen.generate_audio(prompt, task=args.task, output_path=args.output, on_event=bars, **params)
         else:
-            request = gen.build_request(prompt, image=args.image, task=args.task, **params)
+            request = gen.build_request(prompt, image=args.image, task=task, **params)
             bars = None if args.no_progress else ProgressBars(gen.pipeline.active_nodes(request))
             result = gen.run_video(request, output_path=args.output, on_event=bars)
     except ValueError as e:  # refused at admission: the family's checks or the deployment's limits

@@ -36,11 +36,14 @@ from omniloop.request.parts import (
     require_prompt,
 )
 from omniloop.request.request import SCHEMA_VERSION, OmniRequest, new_request_id
+from omniloop.request.builder import ALIASES, FieldError, Fields, build_request, generation_fields
+from omniloop.request.tasks import TASK_IO, suggest_task
 
 __all__ = [
-    "ActionPart", "Artifact", "ArtifactEvent", "AudioArtifact", "AudioPart", "ChunkTrajectoryArtifact", "DiffusionParams", "FinalEvent",
+    "ALIASES", "ActionPart", "Artifact", "ArtifactEvent", "AudioArtifact", "AudioPart", "ChunkTrajectoryArtifact", "DiffusionParams", "FieldError", "Fields", "FinalEvent",
     "ImageArtifact", "ImagePart", "LatentPart", "LatentsArtifact", "LoraRef", "Modality", "ModalPart", "OmniEvent",
     "OmniOutput", "OmniRequest", "OutputSpec", "ProgressEvent", "RequestMetrics", "RequestStatus",
-    "SCHEMA_VERSION", "SamplingParams", "StatusEvent", "TaskType", "TensorArtifact", "TextArtifact", "TextPart",
-    "VideoArtifact", "VideoChunkArtifact", "VideoPart", "new_request_id", "require_prompt",
+    "SCHEMA_VERSION", "SamplingParams", "StatusEvent", "TASK_IO", "TaskType", "TensorArtifact", "TextArtifact", "TextPart",
+    "VideoArtifact", "VideoChunkArtifact", "VideoPart", "build_request", "generation_fields", "new_request_id",
+    "require_prompt", "suggest_task",
 ]

@@ -18,12 +18,14 @@ from typing import Any
 
 from omniloop.deploy import Limits
 from omniloop.engine import AsyncEngine, EngineError
-from omniloop.request import DiffusionParams, ImagePart, OmniRequest, RequestStatus, TaskType, TextPart, new_request_id
+from omniloop.request import (
+    DiffusionParams, ImagePart, Modality, OmniRequest, RequestStatus, TaskType, build_request, new_request_id,
+    suggest_task,
+)
+from omniloop.request.tasks import fits
 
 logger = logging.getLogger(__name__)
 DEFAULT_STEPS = 2
-# the task a warmup request runs: the first the model serves (i2v gets a gray first frame)
-_TASKS = (TaskType.T2V, TaskType.TI2V, TaskType.I2V, TaskType.T2I)
 
 
 class WarmupFailed(RuntimeError):
@@ -68,17 +70,20 @@ def describe(shape: DiffusionParams) -> str:
 
 
 def warmup_request(shape: DiffusionParams, tasks: frozenset[TaskType]) -> OmniRequest:
-    task = next((t for t in _TASKS if t in tasks), next(iter(tasks)))
+    """The task a client without one is suggested (``request.suggest_task``); one that needs
+    the first frame (an i2v model) gets a gray one."""
+    task = suggest_task(tasks)
     if task is TaskType.T2I:
         shape = shape.model_copy(update={"num_frames": 1})
     if task is TaskType.T2A:  # audio has no frames or pixels
         shape = shape.model_copy(update={"height": None, "width": None, "num_frames": None, "fps": None})
-    inputs: list[Any] = [TextPart(text="warmup")]
-    if task is TaskType.I2V:
+    parts: list[Any] = []
+    if not fits(task) and fits(task, {Modality.IMAGE}):
         from PIL import Image
 
-        inputs.append(ImagePart(role="first_frame", data=Image.new("RGB", (64, 64), (128, 128, 128))))
-    return OmniRequest(request_id=new_request_id(), task=task, inputs=inputs, diffusion=shape)
+        role = "reference" if task.makes_image else "first_frame"
+        parts.append(ImagePart(role=role, data=Image.new("RGB", (64, 64), (128, 128, 128))))
+    return build_request(task, "warmup", shape, parts=parts, request_id=new_request_id())
 
 
 async def run_warmup(engine: AsyncEngine, shapes: list[DiffusionParams], tasks: frozenset[TaskType]) -> None:

@@ -1,0 +1,153 @@
+"""One way from flat fields to a validated ``OmniRequest``, for every front end: the HTTP
+endpoints (``serve/wire.py`` for videos and images, ``serve/audio.py``, ``serve/chat.py``,
+``serve/sessions.py``), the Dynamo worker (through ``serve/wire.py``), the offline API
+(``VideoGenerator``) and the CLI (through the offline API).
+
+A front end collects its fields into ``Fields`` (each value remembering the name the caller
+spelled it with: a wire field, a flag, diffusers' alias), turns its inputs into parts, and
+calls ``build_request``. Every problem is a ``FieldError`` (a ValueError) naming the field as
+the caller spelled it. The alias table maps diffusers' names to ours; a later step extends it
+from the loops' own ``params_schema`` names (``ALIASES`` is the one table to extend).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from pydantic import ValidationError
+
+from omniloop.request.enums import TaskType
+from omniloop.request.params import DiffusionParams, OutputSpec, SamplingParams
+from omniloop.request.parts import ModalPart, TextPart, require_prompt
+from omniloop.request.request import OmniRequest
+
+# diffusers' (and other clients') names -> DiffusionParams fields
+ALIASES: Mapping[str, str] = {"num_inference_steps": "steps", "guidance": "guidance_scale"}
+GENERATION_FIELDS: frozenset[str] = frozenset(DiffusionParams.model_fields)
+SAMPLING_FIELDS: frozenset[str] = frozenset(SamplingParams.model_fields)
+
+
+def aliases_of(fields: Iterable[str], aliases: Mapping[str, str] = ALIASES) -> dict[str, str]:
+    """The aliases (alias -> field) of ``fields``: what a surface that takes ``fields`` also takes."""
+    wanted = set(fields)
+    return {alias: name for alias, name in aliases.items() if name in wanted}
+
+
+class FieldError(ValueError):
+    """A field a caller can fix. ``str()`` is ``"<field>: <message>"``; ``code`` says what kind
+    of problem (``invalid_value``, ``unsupported``, ``missing``, ``path_refused``)."""
+
+    def __init__(self, field: str, message: str, *, code: str = "invalid_value") -> None:
+        super().__init__(f"{field}: {message}")
+        self.field, self.message, self.code = field, message, code
+
+
+def describe_validation(errors: Iterable[Mapping[str, Any]], names: Mapping[str, str] | None = None,
+                        prefix: str = "") -> tuple[str, str]:
+    """(the first field at fault, one ``field: problem`` per problem joined by "; ") of
+    pydantic's ``errors()``, request-plane field names renamed to the caller's names in ``names``."""
+    problems, first = [], None
+    for item in errors:
+        # union members appear in loc as type tags ("float", "dict[...]"): not field names
+        loc = [str(p) for p in item.get("loc", ()) if str(p) not in _TYPE_TAGS and "[" not in str(p)]
+        if loc and names:
+            loc[0] = names.get(loc[0], loc[0])
+        where = ".".join(([prefix] if prefix else []) + loc) or prefix or "body"
+        first = first or where
+        msg = item.get("msg", "invalid")
+        if item.get("type") == "extra_forbidden":
+            msg = "unknown field; see /openapi.json for the accepted ones"
+        problems.append(f"{where}: {msg}")
+    return first or "body", "; ".join(problems)
+
+
+_TYPE_TAGS = {"float", "int", "str", "bool", "dict", "list", "bytes", "none", "literal"}
+_Built = TypeVar("_Built")
+
+
+def validated(build: Callable[[], _Built], names: Mapping[str, str] | None = None, prefix: str = "") -> _Built:
+    """``build()``, its pydantic errors as one ``FieldError`` naming the first field at fault
+    (as ``names`` spell the fields)."""
+    try:
+        return build()
+    except ValidationError as e:
+        where, message = describe_validation(e.errors(), names, prefix)
+        raise FieldError(where, message.removeprefix(f"{where}: ")) from None
+
+
+@dataclass
+class Fields:
+    """Values of one parameter model's fields (``DiffusionParams``, ``SamplingParams``), each
+    with the name the caller gave it under (``names``: field -> given name)."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    names: dict[str, str] = field(default_factory=dict)
+
+    def put(self, name: str, value: Any, given_as: str | None = None) -> None:
+        """Set ``name`` (given as ``given_as``, default: itself); None leaves it unset. Two
+        names that set one field must agree: the second is refused naming both."""
+        if value is None:
+            return
+        given_as = given_as or name
+        if name in self.values and self.values[name] != value:
+            raise FieldError(given_as, f"{value!r} disagrees with {self.names[name]}={self.values[name]!r}; "
+                             "pass one of them")
+        self.values[name] = value
+        self.names.setdefault(name, given_as)
+
+    def put_flat(self, given: Mapping[str, Any], aliases: Mapping[str, str] = ALIASES, prefix: str = "") -> None:
+        """``given`` by name, aliases resolved through ``aliases`` (aliases first, so a conflict
+        is reported on the field's own name); ``prefix`` precedes each given name."""
+        for name in sorted(given, key=lambda n: n not in aliases):  # stable: the caller's order otherwise
+            self.put(aliases.get(name, name), given[name], f"{prefix}{name}")
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.values.get(name, default)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.values
+
+    def diffusion(self) -> DiffusionParams:
+        return validated(lambda: DiffusionParams(**self.values), self.names)
+
+    def sampling(self) -> SamplingParams:
+        return validated(lambda: SamplingParams(**self.values), self.names)
+
+
+def generation_fields(given: Mapping[str, Any], aliases: Mapping[str, str] = ALIASES,
+                      accepted: frozenset[str] = GENERATION_FIELDS) -> Fields:
+    """Flat keyword parameters (the offline API's ``**params``) as ``Fields``: diffusers'
+    aliases resolved, a name neither a field nor an alias refused listing the accepted ones."""
+    unknown = sorted(n for n in given if aliases.get(n, n) not in accepted)
+    if unknown:
+        raise ValueError(f"unknown generation parameter(s) {unknown}; accepted: {sorted(accepted)}")
+    fields = Fields()
+    fields.put_flat({k: v for k, v in given.items() if v is not None}, aliases)
+    return fields
+
+
+def build_request(task: TaskType | str, prompt: str | None, params: Fields | DiffusionParams | None = None, *,
+                  parts: Sequence[ModalPart] = (), sampling: Fields | SamplingParams | None = None,
+                  outputs: OutputSpec | None = None, node_params: Mapping[str, dict[str, Any]] | None = None,
+                  request_id: str | None = None, model: str | None = None,
+                  scheduling: Mapping[str, Any] | None = None) -> OmniRequest:
+    """A validated ``OmniRequest``: ``prompt`` (None: the text is among ``parts``, e.g. a
+    conversation's) first, then ``parts``; ``params`` / ``sampling`` as ``Fields`` (validated
+    here, errors naming the caller's field) or already built; ``scheduling``: the request's
+    ``priority`` / ``deadline_s``. Raises ``FieldError`` naming the field at fault."""
+    if prompt is not None:
+        try:
+            prompt = require_prompt(prompt)
+        except ValueError as e:
+            raise FieldError("prompt", str(e).removeprefix("prompt: ")) from None
+    inputs = ([TextPart(text=prompt)] if prompt is not None else []) + list(parts)
+    diffusion = params.diffusion() if isinstance(params, Fields) else params
+    sampled = sampling.sampling() if isinstance(sampling, Fields) else sampling
+    given: dict[str, Any] = {"task": task, "inputs": inputs, "node_params": dict(node_params or {}),
+                             **dict(scheduling or {})}
+    optional = {"diffusion": diffusion, "sampling": sampled, "outputs": outputs, "request_id": request_id,
+                "model": model}
+    given.update({k: v for k, v in optional.items() if v is not None})
+    return validated(lambda: OmniRequest(**given))

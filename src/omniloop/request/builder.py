@@ -23,7 +23,10 @@ from omniloop.request.params import DiffusionParams, OutputSpec, SamplingParams
 from omniloop.request.parts import ModalPart, TextPart, require_prompt
 from omniloop.request.request import OmniRequest
 
-# diffusers' (and other clients') names -> DiffusionParams fields
+# diffusers' (and other clients') names -> DiffusionParams fields. The one table: the HTTP wire
+# models declare these names (serve/protocol.py), the offline API, the CLI and the Dynamo worker
+# resolve them here. NOTE: a loop's own knobs (its params_schema) extend it by passing
+# ``aliases={**ALIASES, ...}`` / ``accepted`` to ``generation_fields`` and ``Fields.put_flat``.
 ALIASES: Mapping[str, str] = {"num_inference_steps": "steps", "guidance": "guidance_scale"}
 GENERATION_FIELDS: frozenset[str] = frozenset(DiffusionParams.model_fields)
 SAMPLING_FIELDS: frozenset[str] = frozenset(SamplingParams.model_fields)

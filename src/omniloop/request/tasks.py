@@ -63,32 +63,25 @@ def fits(task: TaskType, given: Iterable[Modality] = ()) -> bool:
     return TASK_IO[task].needs <= frozenset(given)
 
 
-def reads_all(task: TaskType, given: Iterable[Modality] = ()) -> bool:
-    """``task`` reads every input ``given`` (none would be ignored)."""
-    return frozenset(given) <= TASK_IO[task].takes
-
-
 def suggest_task(served: Iterable[TaskType], given: Iterable[Modality] = (),
                  wants: Iterable[Modality] = ()) -> TaskType:
     """The task to run for a call that declared none.
 
     ``served``: the model's tasks; ``given``: the input modalities besides the prompt (an
-    image, a video, actions); ``wants``: the outputs the caller asks for (empty: any).
-    Candidates rank, first to last:
-
-    1. a served task that reads every given input, then one that makes everything wanted,
-       then one with every input it needs (a served task missing an input beats an unserved
-       one: admission then names the input to add, e.g. an i2v model called without an image);
-    2. an unserved task that reads the given inputs (a t2v model given an image: i2v, which
-       admission refuses naming the tasks served, instead of dropping the image silently);
-    3. the rest, in ``PREFERENCE`` order (ties always break there).
+    image, a video, actions); ``wants``: the outputs the caller asks for (empty: any). Tasks
+    rank by, in turn: served and reading every given input; reading every given input;
+    making everything wanted; having every input they need; served; making exactly what is
+    wanted (t2a before t2vs for sound); then ``PREFERENCE``. So a served task missing an input
+    beats an unserved one (an i2v model called without an image: i2v, and admission names
+    the image to add), and an image given to a t2v model suggests i2v, which admission
+    refuses naming the tasks served, instead of the image being dropped silently.
     """
     tasks, have, wanted = frozenset(served), frozenset(given), frozenset(wants)
 
-    def rank(task: TaskType) -> tuple[bool, ...]:
+    def rank(task: TaskType) -> tuple[bool | int, ...]:  # False sorts first
         io = TASK_IO[task]
         reads = have <= io.takes
         return (not (task in tasks and reads), not reads, not wanted <= io.makes, not io.needs <= have,
-                task not in tasks, io.makes != wanted and bool(wanted))
+                task not in tasks, bool(wanted) and io.makes != wanted, PREFERENCE.index(task))
 
-    return min(PREFERENCE, key=lambda t: (*rank(t), PREFERENCE.index(t)))
+    return min(PREFERENCE, key=rank)

@@ -33,7 +33,7 @@ def derived_field(model: type[BaseModel], name: str, **changes: Any) -> tuple[An
     return info.annotation, FieldInfo.merge_field_infos(info, **changes)
 
 
-def alias_field_defs(fields: tuple[str, ...]) -> dict[str, tuple[Any, FieldInfo]]:
+def alias_field_defs(fields: tuple[str, ...]) -> dict[str, Any]:
     """The wire fields of diffusers' aliases of ``fields`` (``request.ALIASES``: num_inference_steps
     for steps...), each defined as the field it stands for."""
     return {alias: derived_field(DiffusionParams, name, description=f"same as {name} (diffusers' name)")
@@ -41,7 +41,7 @@ def alias_field_defs(fields: tuple[str, ...]) -> dict[str, tuple[Any, FieldInfo]
 
 
 def _with_generation_fields(name: str, base: type[BaseModel], fields: tuple[str, ...], **extra: Any) -> Any:
-    defs = {n: derived_field(DiffusionParams, n) for n in fields} | alias_field_defs(fields)
+    defs: dict[str, Any] = {n: derived_field(DiffusionParams, n) for n in fields} | alias_field_defs(fields)
     return create_model(name, __base__=base, __module__=__name__, **defs, **extra)
 
 

@@ -81,8 +81,8 @@ def warmup_request(shape: DiffusionParams, tasks: frozenset[TaskType]) -> OmniRe
     if not fits(task) and fits(task, {Modality.IMAGE}):
         from PIL import Image
 
-        role = "reference" if task.makes_image else "first_frame"
-        parts.append(ImagePart(role=role, data=Image.new("RGB", (64, 64), (128, 128, 128))))
+        gray = Image.new("RGB", (64, 64), (128, 128, 128))
+        parts.append(ImagePart(role="reference", data=gray) if task.makes_image else ImagePart(data=gray))
     return build_request(task, "warmup", shape, parts=parts, request_id=new_request_id())
 
 

@@ -364,14 +364,9 @@ def wire_param(error: RequestRejected, names: Mapping[str, str]) -> str | None:
 
 # -- the HTTP server's OpenAI shapes (serve/protocol.py, validated before they get here) ---
 
-# DiffusionParams fields the OpenAI endpoints take as extra (peer-style) fields, by name, and
-# their diffusers' aliases (protocol.py declares both)
-OPENAI_VIDEO_FIELDS = VIDEO_FIELDS
-OPENAI_IMAGE_FIELDS = IMAGE_FIELDS
-OPENAI_EDIT_FIELDS = EDIT_FIELDS
-
-
 def _openai_call(wire: Any, names: tuple[str, ...]) -> WireCall:
+    """``names``: the DiffusionParams fields the endpoint takes as extra (peer-style) fields
+    (protocol.py's VIDEO_FIELDS...), read with their diffusers' aliases (protocol.py declares both)."""
     call = WireCall(prompt=wire.prompt)
     call.put_size(wire.size)
     call.put_flat({name: getattr(wire, name) for name in (*aliases_of(names), *names)})
@@ -383,7 +378,7 @@ def openai_video(wire: Any, request_id: str, model: ServedModel,
     """``wire`` is a validated ``VideoCreateRequest``; ``upload`` a multipart input_reference
     file. The call comes back too: its ``names`` map an engine rejection to the wire field."""
     model.check_name(wire.model)
-    call = _openai_call(wire, OPENAI_VIDEO_FIELDS)
+    call = _openai_call(wire, VIDEO_FIELDS)
     call.seconds = wire.seconds
     call.image = upload if upload is not None else wire.input_reference
     call.outputs = OutputSpec(stream=wire.preview_every is not None, preview_every=wire.preview_every)
@@ -395,7 +390,7 @@ def openai_video(wire: Any, request_id: str, model: ServedModel,
 def openai_images(wire: Any, request_ids: list[str], model: ServedModel) -> tuple[list[OmniRequest], WireCall]:
     """``wire`` is a validated ``ImageGenerationRequest``: ``n`` requests."""
     model.check_name(wire.model)
-    call = _openai_call(wire, OPENAI_IMAGE_FIELDS)
+    call = _openai_call(wire, IMAGE_FIELDS)
     return image_requests(call, request_ids, model), call
 
 
@@ -407,7 +402,7 @@ def openai_image_edit(wire: Any, request_ids: list[str], model: ServedModel, ima
     if mask is not None or wire.mask is not None:
         raise WireError("mask", f"{model.name!r} has no inpainting; omit mask (strength sets how much of the "
                         "whole image is redrawn)", code="unsupported")
-    call = _openai_call(wire, OPENAI_EDIT_FIELDS)
+    call = _openai_call(wire, EDIT_FIELDS)
     call.image, call.image_param = (image if image is not None else wire.image), "image"
     if call.image is None:
         raise WireError("image", "an edit needs the image to edit: upload it as the multipart file 'image', or pass "

@@ -21,6 +21,7 @@ from omniloop.models.loader import load_pipeline
 from omniloop.models.model_spec import ModelSpec
 from omniloop.pipeline.pipeline import Pipeline
 from omniloop.request import (
+    Fields,
     ImagePart,
     LatentPart,
     Modality,
@@ -339,7 +340,9 @@ class VideoGenerator:
         unknown = sorted(set(sampling) - set(SamplingParams.model_fields))
         if unknown:
             raise ValueError(f"unknown sampling parameter(s) {unknown}; accepted: {sorted(SamplingParams.model_fields)}")
-        request = build_request(TaskType.REASON, prompt, sampling=SamplingParams(**sampling))
+        given = Fields()
+        given.put_flat(sampling, aliases={})
+        request = build_request(TaskType.REASON, prompt, sampling=given)
         output = self._completed(request, on_event)
         text = output.text
         assert text is not None, "a completed reason request has a text artifact"

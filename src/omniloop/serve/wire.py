@@ -31,7 +31,7 @@ from omniloop.deploy import Limits
 from omniloop.engine import AsyncEngine, LimitExceeded, RequestRejected, check_images_per_call
 from omniloop.engine.model_pool import ModelPool
 from omniloop.request import (
-    ActionPart, DiffusionParams, FieldError, Fields, ImagePart, Modality, OmniRequest, OutputSpec, TaskType,
+    ALIASES, ActionPart, DiffusionParams, FieldError, Fields, ImagePart, Modality, OmniRequest, OutputSpec, TaskType,
     build_request, require_prompt, suggest_task,
 )
 from omniloop.request.builder import aliases_of, describe_validation, validated
@@ -466,15 +466,12 @@ def _dynamo_call(body: Mapping[str, Any], nvext_fields: tuple[str, ...]) -> Wire
     passthrough = (extra_args.get("media_passthrough") or {}) if isinstance(extra_args, Mapping) else None
     if not isinstance(passthrough, Mapping):
         raise WireError("extra_args.media_passthrough", "expected an object")
-    accepted = set(DiffusionParams.model_fields) | set(_REQUEST_PASSTHROUGH)
+    accepted = set(DiffusionParams.model_fields) | set(ALIASES) | set(_REQUEST_PASSTHROUGH)
     unknown = sorted(set(passthrough) - accepted)
     if unknown:
         raise WireError(unknown[0], f"not a field this worker accepts; extra fields accepted: {sorted(accepted)}")
-    for key, value in passthrough.items():
-        if key in _REQUEST_PASSTHROUGH:
-            call.request_fields[key] = value
-        else:
-            call.put(key, value, key)
+    call.request_fields.update({k: v for k, v in passthrough.items() if k in _REQUEST_PASSTHROUGH})
+    call.put_flat({k: v for k, v in passthrough.items() if k not in _REQUEST_PASSTHROUGH})
     call.image = body.get("input_reference")
     return call
 

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from omniloop.api.schema_flags import DefaultsHelpFormatter, add_schema_flags, collect, flag_error
 from omniloop.deploy import DeployConfig
-from omniloop.request import DiffusionParams, SamplingParams, TaskType, require_prompt
+from omniloop.request import ALIASES, DiffusionParams, Fields, SamplingParams, TaskType, require_prompt
 from omniloop.serve.config import DEFAULT_DRAIN_TIMEOUT_S
 from omniloop.serve.warmup import DEFAULT_STEPS as DEFAULT_WARMUP_STEPS
 from omniloop.serve.warmup import WarmupFailed
@@ -32,13 +32,14 @@ def _generate_parser(sub: argparse._SubParsersAction) -> None:
                    "file (text: --task reason) or a directory of <request id>.mp4/.png/.wav/.txt")
     p.add_argument("--audio-only", action="store_true",
                    help="write only the sound as a wav (text-to-audio models always do)")
-    p.add_argument("--task", choices=[t.value for t in TaskType], default=None, help="task (default: the one the model suggests for the inputs: t2v for a video model, i2v with --image, t2i "
-                   "for an image model, t2a for an audio model...)")
+    p.add_argument("--task", choices=[t.value for t in TaskType], default=None,
+                   help="task (default: the one suggested for the model and inputs: t2v for a video model, i2v with "
+                   "--image, t2i for an image model, t2a for an audio model...)")
     p.add_argument("--image", default=None, help="first-frame image for i2v")
     p.add_argument("--deploy-config", default=None, help="YAML file of deploy options")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     p.set_defaults(_params=add_schema_flags(p, DiffusionParams, skip={"plugin_params"}, group="generation",
-                                            unset="the model's"))
+                                            unset="the model's", aliases=ALIASES))
     p.set_defaults(_sampling=add_schema_flags(p, SamplingParams, skip=SAMPLING_SKIP, group="text (--task reason)"))
     p.set_defaults(_deploy=add_schema_flags(p, DeployConfig, skip={"plugins", "limits"}, group="deployment"))
     p.set_defaults(func=_cmd_generate)
@@ -121,16 +122,28 @@ def _check_declared_task(model: str, task: str | None) -> None:
                          f"--task {tasks[0]}, or a --model that serves {task} (omniloop models lists them)")
 
 
+def _generation_flags(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str]]:
+    """The generation flags set, as DiffusionParams fields (diffusers' alias flags such as
+    --num-inference-steps resolved by the request builder's table; two flags that set one
+    field must agree), and field -> the flag that set it."""
+    given = collect(args, args._params)
+    spelled = {f"--{n.replace('_', '-')}": n for n in sorted(given, key=lambda n: n not in ALIASES)}  # aliases first
+    fields = Fields()
+    fields.put_flat({flag: given[n] for flag, n in spelled.items()},
+                    {flag: ALIASES.get(n, n) for flag, n in spelled.items()})
+    return fields.values, fields.names
+
+
 def _cmd_generate(args: argparse.Namespace) -> int:
     from omniloop.api.generator import DEFAULT_MODEL, VideoGenerator
 
     # every flag is checked before the model loads (which takes seconds)
     prompt = require_prompt(args.prompt)
-    params = collect(args, args._params)
+    params, flags = _generation_flags(args)
     try:
         DiffusionParams(**params)
     except ValidationError as e:
-        raise flag_error(e, params) from None
+        raise flag_error(e, params, flags) from None
     deploy = _deploy_from_flags(args)
     deploy.check_device()
     _check_output(args)

@@ -22,7 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from omniloop.io.audio import AUDIO_FORMATS, MEDIA_TYPES, check_rate
 from omniloop.request import (
-    ALIASES, DiffusionParams, Fields, Modality, OmniRequest, OutputSpec, RequestStatus, TaskType, TextPart, build_request,
+    ALIASES, DiffusionParams, Fields, Modality, OmniRequest, OutputSpec, RequestStatus, TaskType, TextPart,
+    build_request,
 )
 from omniloop.request.builder import aliases_of
 from omniloop.serve.body import read_body

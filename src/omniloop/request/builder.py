@@ -1,13 +1,14 @@
 """One way from flat fields to a validated ``OmniRequest``, for every front end: the HTTP
 endpoints (``serve/wire.py`` for videos and images, ``serve/audio.py``, ``serve/chat.py``,
 ``serve/sessions.py``), the Dynamo worker (through ``serve/wire.py``), the offline API
-(``VideoGenerator``) and the CLI (through the offline API).
+(``VideoGenerator``) and the CLI (its alias flags, then the offline API).
 
 A front end collects its fields into ``Fields`` (each value remembering the name the caller
 spelled it with: a wire field, a flag, diffusers' alias), turns its inputs into parts, and
 calls ``build_request``. Every problem is a ``FieldError`` (a ValueError) naming the field as
-the caller spelled it. The alias table maps diffusers' names to ours; a later step extends it
-from the loops' own ``params_schema`` names (``ALIASES`` is the one table to extend).
+the caller spelled it. ``ALIASES`` maps diffusers' names to ours: the one table, which a later
+step extends with the loops' own ``params_schema`` names. Which task a call without one runs
+is ``request/tasks.py``'s ``suggest_task``.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from omniloop.request.request import OmniRequest
 # ``aliases={**ALIASES, ...}`` / ``accepted`` to ``generation_fields`` and ``Fields.put_flat``.
 ALIASES: Mapping[str, str] = {"num_inference_steps": "steps", "guidance": "guidance_scale"}
 GENERATION_FIELDS: frozenset[str] = frozenset(DiffusionParams.model_fields)
-SAMPLING_FIELDS: frozenset[str] = frozenset(SamplingParams.model_fields)
 
 
 def aliases_of(fields: Iterable[str], aliases: Mapping[str, str] = ALIASES) -> dict[str, str]:

@@ -59,6 +59,9 @@ def test_models_lists_builtins_and_families(capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--steps", "0"], "error: --steps 0: Input should be greater than or equal to 1"),
+    (["--num-inference-steps", "0"], "error: --num-inference-steps 0: Input should be greater than or equal to 1"),
+    (["--steps", "2", "--num-inference-steps", "3"],
+     "error: --steps: 2 disagrees with --num-inference-steps=3; pass one of them"),
     (["--height", "8"], "error: --height 8: Input should be greater than or equal to 16"),
     (["--device", "cuda"], "error: device='cuda': this torch ("),
     (["--device", "tpu"], "error: --device tpu: unknown device 'tpu'; pass 'auto', 'cpu', 'cuda' or 'cuda:N'"),
@@ -141,4 +144,5 @@ def test_serve_and_dynamo_worker_spell_their_shared_flags_the_same():
     assert flags("serve") - shared == {"--host", "--port", "--api-key", "--max-jobs", "--max-upload-bytes", "--drain",
                                        "--cancel-wait-s", "--sse-keepalive-s", "--job-store", "--output-dir",
                                        "--requeue-on-restart", "--no-requeue-on-restart", "--retention-max-bytes",
-                                       "--retention-max-age-s", "--max-sessions", "--session-idle-s", "--session-model"}
+                                       "--retention-max-age-s", "--max-sessions", "--session-idle-s", "--session-connect-grace-s",
+                                       "--session-model"}

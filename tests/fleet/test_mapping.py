@@ -51,6 +51,12 @@ def test_seconds_yield_to_explicit_num_frames_and_defaults_stay_unset():
     assert bare.steps is None and bare.height is None and bare.num_frames is None  # the model's defaults apply
 
 
+def test_extra_body_takes_diffusers_names_too():
+    passthrough = {"num_inference_steps": 6, "guidance": 2.5}
+    call = video_call({"model": "wan", "prompt": "x", "extra_args": {"media_passthrough": passthrough}}, "r", model())
+    assert (call.request.diffusion.steps, call.request.diffusion.guidance_scale) == (6, 2.5)
+
+
 def test_stream_asks_for_progress_previews():
     call = video_call({"model": "wan", "prompt": "x", "stream": True}, "r", model())
     assert call.stream and call.request.outputs.stream and call.request.outputs.preview_every == 1
@@ -74,6 +80,8 @@ def test_input_reference_selects_image_to_video():
     ({"extra_args": {"media_passthrough": {"motion_bucket_id": 127}}}, "motion_bucket_id: not a field this worker accepts"),
     ({"nvext": {"seed": 1}, "extra_args": {"media_passthrough": {"seed": 2}}},
      "seed: 2 disagrees with nvext.seed=1; pass one of them"),
+    ({"nvext": {"num_inference_steps": 4}, "extra_args": {"media_passthrough": {"steps": 5}}},
+     "steps: 5 disagrees with nvext.num_inference_steps=4; pass one of them"),
     ({"input_reference": "https://example.com/a.png"}, "input_reference: only data: URLs"),
     ({"input_reference": "not base64!"}, "input_reference: Value error, is not valid base64"),
     ({"input_reference": {"file_id": "f"}}, "input_reference.file_id: this server has no files API"),

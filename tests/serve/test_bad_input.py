@@ -29,6 +29,7 @@ def _error(r: httpx.Response, status: int, param: str) -> str:
     ({"steps": 5000}, 400, "steps", "less than or equal to 1000"),
     ({"steps": 5}, 400, "steps", "limits.max_steps"),
     ({"steps": 2, "num_inference_steps": 3}, 400, "steps", "disagrees"),
+    ({"guidance_scale": 2.0, "guidance": 3.0}, 400, "guidance_scale", "disagrees with guidance=3.0"),
     ({"num_frames": 6}, 400, "num_frames", "4k+1; pass 5 or 9"),
     ({"num_frames": 13}, 400, "num_frames", "limits.max_frames"),
     ({"num_frames": None, "seconds": 60}, 400, "seconds", "limits.max_frames"),

@@ -94,6 +94,7 @@ def test_sampling_fields(lm_server, qwen2_chat_dir):
      "messages[0].content[0].image_url.url"),
     ({"messages": [{"role": "tool", "content": "x"}]}, "messages.0.role"),
     ({"max_tokens": 100000}, "max_tokens"), ({"model": "gpt-4o"}, "model"),
+    ({"max_tokens": 4, "max_completion_tokens": 5}, "max_tokens"),
 ])
 def test_bad_input_is_a_400_naming_the_field(lm_server, extra, param):
     body = {"model": lm_server.state.model.name, "messages": MESSAGES, **extra}

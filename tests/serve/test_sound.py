@@ -132,6 +132,8 @@ def test_speech_sse_progress_then_the_audio(audio_server):
      "seconds=0.001: shorter than one sample at 128 Hz"),
     ({"input": "x", "steps": 50, "response_format": "wav"}, "steps", "limits.max_steps"),
     ({"input": ""}, "input", ""),
+    ({"input": "x", "steps": 2, "num_inference_steps": 3, "response_format": "wav"}, "steps",
+     "steps: 2 disagrees with num_inference_steps=3; pass one of them"),
 ])
 def test_speech_bad_input_names_the_field(audio_server, body, param, message):
     r = httpx.post(f"{audio_server.url}/v1/audio/speech", json=body)

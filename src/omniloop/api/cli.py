@@ -15,7 +15,7 @@ from omniloop.api.schema_flags import DefaultsHelpFormatter, add_schema_flags, c
 from omniloop.api.suggest import SuggestingParser, refuse_unknown
 from omniloop.deploy import DeployConfig
 from omniloop.models.catalog import DEFAULT_MODEL
-from omniloop.request import DiffusionParams, InvalidRequest, SamplingParams, TaskType, require_prompt
+from omniloop.request import ALIASES, DiffusionParams, Fields, InvalidRequest, SamplingParams, TaskType, require_prompt
 from omniloop.serve.config import DEFAULT_DRAIN_TIMEOUT_S
 from omniloop.serve.warmup import DEFAULT_STEPS as DEFAULT_WARMUP_STEPS
 from omniloop.serve.warmup import WarmupFailed
@@ -33,12 +33,14 @@ def _generate_parser(sub: argparse._SubParsersAction) -> None:
                    "file (text: --task reason) or a directory of <request id>.mp4/.png/.wav/.txt")
     p.add_argument("--audio-only", action="store_true",
                    help="write only the sound as a wav (text-to-audio models always do)")
-    p.add_argument("--task", choices=[t.value for t in TaskType], default=None, help="task (default: t2v, or i2v with --image)")
+    p.add_argument("--task", choices=[t.value for t in TaskType], default=None,
+                   help="task (default: the one suggested for the model and inputs: t2v for a video model, i2v with "
+                   "--image, t2i for an image model, t2a for an audio model...)")
     p.add_argument("--image", default=None, help="first-frame image for i2v")
     p.add_argument("--deploy-config", default=None, help="YAML file of deploy options")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     p.set_defaults(_params=add_schema_flags(p, DiffusionParams, skip={"plugin_params"}, group="generation",
-                                            unset="the model's"))
+                                            unset="the model's", aliases=ALIASES))
     p.set_defaults(_sampling=add_schema_flags(p, SamplingParams, skip=SAMPLING_SKIP, group="text (--task reason)"))
     p.set_defaults(_deploy=add_schema_flags(p, DeployConfig, skip={"plugins", "limits"}, group="deployment"))
     p.set_defaults(func=_cmd_generate)
@@ -78,37 +80,62 @@ def _in_flag_terms(error: ValueError) -> ValueError:
     return ValueError(error.spelled(flags))
 
 
-def _output_kinds(args: argparse.Namespace, tasks: list[str] | None = None) -> list[dict]:
+def _output_kinds(args: argparse.Namespace, task: TaskType | None = None) -> list[dict]:
     """What ``--output`` may name: a video, an image or sound, from the flags (and, once the
-    model is loaded, its ``tasks``: a text-to-audio model writes sound)."""
+    model is loaded, the ``task`` it runs: --task or the one suggested, e.g. t2a for a
+    text-to-audio model, which writes sound)."""
     from omniloop.api.output_paths import AUDIO_FILES, IMAGE_FILES, TEXT_FILES, VIDEO_FILES
 
-    if _makes_text(args, tasks):
+    task = task or (TaskType(args.task) if args.task is not None else None)
+    if task is TaskType.REASON:
         return [TEXT_FILES]
-    if args.audio_only or args.task == TaskType.T2A.value or (args.task is None and tasks == [TaskType.T2A.value]):
+    if args.audio_only or task is TaskType.T2A:
         return [AUDIO_FILES]
-    if args.task == TaskType.T2I.value:
+    if task is not None and task.makes_image:
         return [IMAGE_FILES]
-    return [VIDEO_FILES] if tasks is not None else [VIDEO_FILES, AUDIO_FILES, TEXT_FILES]  # before loading: any
+    return [VIDEO_FILES] if task is not None else [VIDEO_FILES, AUDIO_FILES, TEXT_FILES]  # before loading: any
 
 
-def _makes_text(args: argparse.Namespace, tasks: list[str] | None = None) -> bool:
-    """--task reason, or no --task for a model whose only task is reason (a language model)."""
-    return args.task == TaskType.REASON.value or (args.task is None and tasks == [TaskType.REASON.value])
+def _declared_task(args: argparse.Namespace, declared: Any) -> TaskType | None:
+    """Before loading: --task, or the task the manifest's tasks suggest (None: not known yet)."""
+    from omniloop.request import Modality, suggest_task
+
+    if args.task is not None:
+        return TaskType(args.task)
+    if declared is None:
+        return None
+    return suggest_task([TaskType(t) for t in declared.tasks], [Modality.IMAGE] if args.image is not None else [])
 
 
-def _check_output(args: argparse.Namespace, tasks: list[str] | None = None) -> None:
+def _task(args: argparse.Namespace, gen: Any) -> TaskType:
+    """--task, or the task the offline API suggests for these flags (``request.suggest_task``)."""
+    return gen.task_for(args.task, image=args.image is not None)
+
+
+def _check_output(args: argparse.Namespace, task: TaskType | None = None) -> None:
     from omniloop.api.output_paths import output_file
     from omniloop.api.preflight import check_writable
 
     errors = []
-    for kind in _output_kinds(args, tasks):
+    for kind in _output_kinds(args, task):
         try:
             check_writable(output_file(args.output, "check", **kind), "--output", args.output)
             return
         except ValueError as e:
             errors.append(str(e).replace("output_path", "--output", 1))
     raise ValueError(errors[0])
+
+
+def _generation_flags(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str]]:
+    """The generation flags set, as DiffusionParams fields (diffusers' alias flags such as
+    --num-inference-steps resolved by the request builder's table; two flags that set one
+    field must agree), and field -> the flag that set it."""
+    given = collect(args, args._params)
+    spelled = {f"--{n.replace('_', '-')}": n for n in sorted(given, key=lambda n: n not in ALIASES)}  # aliases first
+    fields = Fields()
+    fields.put_flat({flag: given[n] for flag, n in spelled.items()},
+                    {flag: ALIASES.get(n, n) for flag, n in spelled.items()})
+    return fields.values, fields.names
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
@@ -118,15 +145,15 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     # need no torch (api/preflight.py; the manifest's tasks, limits and shape rules), then the
     # deployment's (device and kernels: they import torch)
     prompt = require_prompt(args.prompt)
-    params = collect(args, args._params)
+    params, flags = _generation_flags(args)
     try:
         DiffusionParams(**params)
     except ValidationError as e:
-        raise flag_error(e, params) from None
+        raise flag_error(e, params, flags) from None
     declared = preflight.declared_model(args.model or DEFAULT_MODEL)
     if declared is not None:
         preflight.check_task(declared, args.task)
-    _check_output(args, list(declared.tasks) if declared is not None else None)
+    _check_output(args, _declared_task(args, declared))
     if args.image is not None and not Path(args.image).is_file():
         raise FileNotFoundError(f"--image {args.image}: no such file")
     if declared is not None:
@@ -153,17 +180,18 @@ def _load_and_generate(args: argparse.Namespace, deploy: DeployConfig, prompt: s
 
 def _generate_with(gen: Any, args: argparse.Namespace, prompt: str, params: dict[str, Any], load_s: float) -> int:
     """The checks that need the loaded model, the run, and its one-line summary."""
-    from omniloop.api.generator import AUDIO_FILES
+    from omniloop.api.output_paths import AUDIO_FILES
     from omniloop.api.progress import ProgressBars
 
-    _check_output(args, gen.tasks)  # now knowing what the model makes, still before any work
-    if _makes_text(args, gen.tasks):
+    task = _task(args, gen)
+    _check_output(args, task)  # now knowing what the model makes, still before any work
+    if task is TaskType.REASON:
         return _generate_text(args, gen, prompt, params, load_s)
     sampling = collect(args, args._sampling)
     if sampling:
         flags = ", ".join("--" + k.replace("_", "-") for k in sorted(sampling))
-        raise ValueError(f"{flags} apply to --task reason (text out); drop them for task {args.task or gen.tasks}")
-    audio_only = _output_kinds(args, gen.tasks)[0] is AUDIO_FILES
+        raise ValueError(f"{flags} apply to --task reason (text out); drop them for task {task.value}")
+    audio_only = _output_kinds(args, task)[0] is AUDIO_FILES
     if audio_only and args.image is not None:
         raise ValueError("--image conditions a video; drop it with --audio-only or a text-to-audio model")
     bars = None
@@ -172,7 +200,7 @@ def _generate_with(gen: Any, args: argparse.Namespace, prompt: str, params: dict
             bars = None if args.no_progress else ProgressBars([])
             result = gen.generate_audio(prompt, task=args.task, output_path=args.output, on_event=bars, **params)
         else:
-            request = gen.build_request(prompt, image=args.image, task=args.task, **params)
+            request = gen.build_request(prompt, image=args.image, task=task, **params)
             bars = None if args.no_progress else ProgressBars(gen.pipeline.active_nodes(request))
             result = gen.run_video(request, output_path=args.output, on_event=bars)
     except ValueError as e:  # refused at admission: the family's checks or the deployment's limits

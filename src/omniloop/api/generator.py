@@ -26,6 +26,7 @@ from omniloop.pipeline.pipeline import Pipeline
 from omniloop.request import (
     DiffusionParams,
     Failure,
+    Fields,
     ImagePart,
     LatentPart,
     Modality,
@@ -37,14 +38,12 @@ from omniloop.request import (
     RequestStatus,
     SamplingParams,
     TaskType,
-    TextPart,
-    require_prompt,
+    build_request,
+    generation_fields,
+    suggest_task,
 )
 
 logger = logging.getLogger(__name__)
-
-# diffusers-style aliases accepted by generate_video
-_ALIASES = {"num_inference_steps": "steps", "guidance": "guidance_scale"}
 
 
 class GenerationError(RuntimeError):
@@ -275,9 +274,7 @@ class VideoGenerator:
         """
         if task is None and TaskType.T2I not in self.pipeline.spec.tasks:
             raise ValueError(f"this model makes no images (tasks {self.tasks}); use generate_video")
-        if task is None:
-            task = TaskType.I2I if image is not None or latents is not None else TaskType.T2I
-        request = self.build_request(prompt, image=image, latents=latents, task=task, **params)
+        request = self.build_request(prompt, image=image, latents=latents, task=task, wants=Modality.IMAGE, **params)
         output = self.generate(request, on_event)
         if output.status is not RequestStatus.COMPLETED:
             raise GenerationError(f"request {output.request_id} {output.status.value}: {output.error}", output.failure)
@@ -319,9 +316,7 @@ class VideoGenerator:
         if "audio" not in self.pipeline.spec.outputs:
             raise ValueError(f"{self.pipeline.spec.name!r} has no audio path (it serves {self.tasks} and makes no "
                              "sound); pass a text-to-audio model or a video model with sound")
-        if task is None and TaskType.T2A in self.pipeline.spec.tasks:
-            task = TaskType.T2A
-        request = self.build_request(prompt, task=task, **params)
+        request = self.build_request(prompt, task=task, wants=Modality.AUDIO, **params)
         request = request.model_copy(update={"outputs": OutputSpec(modalities=[Modality.AUDIO])})
         output = self._completed(request, on_event)
         sound = output.audio
@@ -354,8 +349,9 @@ class VideoGenerator:
         unknown = sorted(set(sampling) - set(SamplingParams.model_fields))
         if unknown:
             raise ValueError(f"unknown sampling parameter(s) {unknown}; accepted: {sorted(SamplingParams.model_fields)}")
-        request = OmniRequest(task=TaskType.REASON, inputs=[TextPart(text=require_prompt(prompt))],
-                              sampling=SamplingParams(**sampling))
+        given = Fields()
+        given.put_flat(sampling, aliases={})
+        request = build_request(TaskType.REASON, prompt, sampling=given)
         output = self._completed(request, on_event)
         text = output.text
         assert text is not None, "a completed reason request has a text artifact"
@@ -374,26 +370,31 @@ class VideoGenerator:
         return output
 
     def build_request(self, prompt: str, *, image: Any = None, latents: Any = None,
-                      task: str | TaskType | None = None, audio: bool | None = None, **params: Any) -> OmniRequest:
-        fields = {_ALIASES.get(k, k): v for k, v in params.items()}
-        unknown = sorted(set(fields) - set(DiffusionParams.model_fields))
-        if unknown:
-            raise ValueError(f"unknown generation parameter(s) {unknown}; accepted: {sorted(DiffusionParams.model_fields)}")
-        inputs: list[Any] = [TextPart(text=require_prompt(prompt))]
-        role = "reference" if task is not None and TaskType(task).makes_image else "first_frame"
+                      task: str | TaskType | None = None, audio: bool | None = None,
+                      wants: Modality = Modality.VIDEO, **params: Any) -> OmniRequest:
+        """The request of a ``generate_*`` call: ``params`` are DiffusionParams fields or
+        diffusers' names for them (``request.ALIASES``); without ``task``, the one
+        ``request.suggest_task`` suggests for the inputs given and the output ``wants``."""
+        fields = generation_fields(params)
+        task = self.task_for(task, image=image is not None or latents is not None, wants=wants)
+        role = "reference" if task.makes_image else "first_frame"
+        parts: list[Any] = []
         if image is not None:
-            inputs.append(ImagePart(path=str(image), role=role) if isinstance(image, (str, Path))
-                          else ImagePart(data=image, role=role))
+            parts.append(ImagePart(path=str(image), role=role) if isinstance(image, (str, Path))
+                         else ImagePart(data=image, role=role))
         if latents is not None:
-            inputs.append(LatentPart(data=latents, of=Modality.IMAGE))
-        # Task is declared by the caller; the one suggestion made here is the obvious one.
-        if task is None:
-            task = TaskType.I2V if image is not None else (
-                TaskType.T2V if TaskType.T2V in self.pipeline.spec.tasks else next(iter(self.pipeline.spec.tasks))
-            )
-        task = TaskType(task)
-        return OmniRequest(task=task, inputs=inputs, diffusion=DiffusionParams(**fields),
-                           outputs=OutputSpec(modalities=self._modalities(task, audio)))
+            parts.append(LatentPart(data=latents, of=Modality.IMAGE))
+        return build_request(task, prompt, fields, parts=parts,
+                             outputs=OutputSpec(modalities=self._modalities(task, audio)))
+
+    def task_for(self, task: str | TaskType | None, *, image: bool = False,
+                 wants: Modality = Modality.VIDEO) -> TaskType:
+        """``task``, or the one suggested for a call that declared none (``request.suggest_task``:
+        the model's tasks, whether an image, or latents of one, is given, the output wanted)."""
+        # Task is declared by the caller; a default is suggested here, at the API boundary.
+        if task is not None:
+            return TaskType(task)
+        return suggest_task(self.pipeline.spec.tasks, {Modality.IMAGE} if image else set(), {wants})
 
     def _modalities(self, task: TaskType, audio: bool | None) -> list[Modality] | None:
         """OutputSpec.modalities for ``audio``: None, the task's default; False, pixels only;

@@ -10,6 +10,7 @@ import argparse
 import json
 import types
 import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -73,11 +74,14 @@ def _json_or_number(text: str) -> Any:
 
 
 def add_schema_flags(parser: argparse.ArgumentParser, model: type[BaseModel], *, skip: set[str] = frozenset(),
-                     group: str | None = None, unset: str | None = None) -> list[str]:
+                     group: str | None = None, unset: str | None = None,
+                     aliases: Mapping[str, str] | None = None) -> list[str]:
     """Add one flag per field of ``model``; returns the field names added (dest = field name).
 
     Help shows each field's default (``unset``: what a default of None means, e.g. "the
     model's"); a flag left out keeps the schema's default (``collect`` skips it).
+    ``aliases`` (alias -> field, e.g. the request builder's ``num_inference_steps``): a flag
+    of its own each (dest = the alias), parsed as the field is; resolving it is the caller's.
     """
     target = parser.add_argument_group(group) if group else parser
     added = []
@@ -93,6 +97,12 @@ def add_schema_flags(parser: argparse.ArgumentParser, model: type[BaseModel], *,
             conv, extra = _parser_for(info.annotation)
             target.add_argument(flag, dest=name, type=conv, default=None, help=help_text, **extra)
         added.append(name)
+    for alias, name in (aliases or {}).items():
+        if name in added and model.model_fields[name].annotation is not bool:
+            conv, extra = _parser_for(model.model_fields[name].annotation)
+            target.add_argument("--" + alias.replace("_", "-"), dest=alias, type=conv, default=None,
+                                help=f"same as --{name.replace('_', '-')} (diffusers' name)", **extra)
+            added.append(alias)
     return added
 
 

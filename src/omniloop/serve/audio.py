@@ -18,24 +18,27 @@ from typing import Literal
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from omniloop.io.audio import AUDIO_FORMATS, MEDIA_TYPES, check_rate
 from omniloop.request import (
-    DiffusionParams, ErrorKind, Modality, OmniRequest, OutputSpec, RequestStatus, TaskType, TextPart,
+    ALIASES, DiffusionParams, ErrorKind, Fields, Modality, OmniRequest, OutputSpec, RequestStatus, TaskType, TextPart,
+    build_request,
 )
+from omniloop.request.builder import aliases_of
 from omniloop.serve.body import read_body
-from omniloop.serve.errors import ApiError, failure_error, parse_body, validation_error
+from omniloop.serve.errors import ApiError, failure_error, parse_body
 from omniloop.serve.jobs import Geometry, Job, JobKind, output_response, read_output
-from omniloop.serve.protocol import derived_field
+from omniloop.serve.protocol import alias_field_defs, derived_field
 from omniloop.serve.state import State, new_id, require_auth
+from omniloop.serve.wire import wire_errors
 
 router = APIRouter(prefix="/v1/audio", tags=["audio"], dependencies=[Depends(require_auth)])
 SPEECH_BODY_DOC = {"json": "SpeechRequest"}
 OPENAI_FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
 
 
-class SpeechRequest(BaseModel):
+class _SpeechBase(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     input: str = Field(min_length=1, max_length=4096, description="what to generate (a text-to-audio prompt)")
@@ -47,13 +50,19 @@ class SpeechRequest(BaseModel):
     stream_format: Literal["audio", "sse"] = Field(default="audio", description="the file, or SSE progress events")
     seconds: float | None = derived_field(DiffusionParams, "duration_s", description="length of the audio in seconds")[1]
     steps: int | None = derived_field(DiffusionParams, "steps")[1]
-    num_inference_steps: int | None = derived_field(DiffusionParams, "steps", description="same as steps")[1]
     seed: int | None = derived_field(DiffusionParams, "seed")[1]
     guidance_scale: float | None = Field(default=None, ge=0, description="classifier-free guidance scale")
     negative_prompt: str | None = derived_field(DiffusionParams, "negative_prompt")[1]
 
 
-def speech_request(wire: SpeechRequest, request_id: str, state) -> OmniRequest:  # noqa: ANN001 - ServeState
+# the speech body's DiffusionParams fields under their own names, and "seconds"
+SPEECH_FIELDS = ("steps", "seed", "guidance_scale", "negative_prompt")
+SPEECH_ALIASES = {**ALIASES, "seconds": "duration_s"}
+SpeechRequest = create_model("SpeechRequest", __base__=_SpeechBase, __module__=__name__,
+                             **alias_field_defs(SPEECH_FIELDS))  # + diffusers' names (num_inference_steps)
+
+
+def speech_request(wire: _SpeechBase, request_id: str, state) -> OmniRequest:  # noqa: ANN001 - ServeState
     model = state.model
     model.check_name(wire.model)
     if TaskType.T2A not in model.tasks:
@@ -70,19 +79,14 @@ def speech_request(wire: SpeechRequest, request_id: str, state) -> OmniRequest: 
     if wire.speed not in (None, 1.0):
         raise ApiError(400, f"speed: {wire.speed} is not supported; pass 1.0 (set the length with seconds)",
                        param="speed", code="unsupported")
-    if wire.steps is not None and wire.num_inference_steps is not None and wire.steps != wire.num_inference_steps:
-        raise ApiError(400, f"steps: steps={wire.steps} disagrees with num_inference_steps={wire.num_inference_steps};"
-                       " pass one of them", param="steps", code="invalid_value")
-    steps = wire.steps if wire.steps is not None else wire.num_inference_steps
-    fields = dict(duration_s=wire.seconds, steps=steps, seed=wire.seed, guidance_scale=wire.guidance_scale,
-                  negative_prompt=wire.negative_prompt)
-    try:
-        params = DiffusionParams(**{k: v for k, v in fields.items() if v is not None})
-    except ValidationError as e:
-        raise validation_error(e) from None
+    names = ("seconds", *aliases_of(SPEECH_FIELDS), *SPEECH_FIELDS)
+    params = Fields()
     # deploy limits (steps) are the engine's, checked at submission like every other endpoint's
-    return OmniRequest(request_id=request_id, task=TaskType.T2A, inputs=[TextPart(text=wire.input)], diffusion=params,
-                       outputs=OutputSpec(modalities=[Modality.AUDIO]))
+    with wire_errors():
+        params.put_flat({name: getattr(wire, name) for name in names}, SPEECH_ALIASES)
+        # ``input`` as sent (the wire model already refuses an empty one)
+        return build_request(TaskType.T2A, None, params, parts=[TextPart(text=wire.input)], request_id=request_id,
+                             outputs=OutputSpec(modalities=[Modality.AUDIO]))
 
 
 @router.post("/speech", summary="Generate audio from text (text-to-audio models)", response_class=Response,

@@ -27,11 +27,12 @@ from omniloop.engine import EngineError
 from omniloop.io.image import open_image
 from omniloop.io.video import probe_video
 from omniloop.request import (
-    ArtifactEvent, FinalEvent, ImagePart, OmniOutput, OmniRequest, RequestStatus, SamplingParams, TaskType, TextPart,
-    VideoPart,
+    ArtifactEvent, Fields, FinalEvent, ImagePart, OmniOutput, OmniRequest, RequestStatus, TaskType, TextPart, VideoPart,
+    build_request,
 )
 from omniloop.serve.errors import ApiError, api_error, validation_error
 from omniloop.serve.state import ServeState, State, require_auth
+from omniloop.serve.wire import wire_errors
 
 router = APIRouter(prefix="/v1/chat", tags=["chat"], dependencies=[Depends(require_auth)])
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -130,17 +131,13 @@ def chat_request(wire: ChatCompletionRequest, request_id: str, state: ServeState
     if not any(isinstance(p, TextPart) and p.text for p in inputs):
         raise ApiError(400, "messages: the conversation has no text; pass at least one non-empty text content",
                        param="messages", code="invalid_value")
-    if wire.max_tokens is not None and wire.max_completion_tokens is not None and wire.max_tokens != wire.max_completion_tokens:
-        raise ApiError(400, "max_tokens disagrees with max_completion_tokens; pass one of them", param="max_tokens",
-                       code="invalid_value")
-    given: dict[str, Any] = {"temperature": wire.temperature, "top_p": wire.top_p, "seed": wire.seed,
-                             "max_tokens": wire.max_completion_tokens or wire.max_tokens,
-                             "stop": [wire.stop] if isinstance(wire.stop, str) else wire.stop}
-    try:
-        sampling = SamplingParams(**{k: v for k, v in given.items() if v is not None})
-    except ValidationError as e:
-        raise validation_error(e) from None
-    return OmniRequest(request_id=request_id, task=TaskType.REASON, inputs=inputs, sampling=sampling)
+    given = {"temperature": wire.temperature, "top_p": wire.top_p, "seed": wire.seed,
+             "max_completion_tokens": wire.max_completion_tokens, "max_tokens": wire.max_tokens,
+             "stop": [wire.stop] if isinstance(wire.stop, str) else wire.stop}
+    sampling = Fields()
+    with wire_errors():  # max_completion_tokens: OpenAI's newer name of max_tokens
+        sampling.put_flat(given, {"max_completion_tokens": "max_tokens"})
+        return build_request(TaskType.REASON, None, parts=inputs, sampling=sampling, request_id=request_id)
 
 
 # request-plane paths -> this endpoint's wire names (sampling.<name> is <name> on the wire)

@@ -20,7 +20,8 @@ from starlette.exceptions import HTTPException
 
 from omniloop.engine import EngineDeadError, RequestRejected, UnknownRequest
 from omniloop.request import ErrorKind, Failure, InvalidRequest, RequestStatus, field_problems, format_validation_error
-from omniloop.serve.wire import UNKNOWN_FIELD, WireError
+from omniloop.request.builder import UNKNOWN_FIELD
+from omniloop.serve.wire import WireError
 
 logger = logging.getLogger(__name__)
 

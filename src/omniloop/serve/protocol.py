@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from pydantic.fields import FieldInfo
 
 from omniloop.request import DiffusionParams, OutputSpec
+from omniloop.request.builder import aliases_of
 
 SIZE_PATTERN = r"^[1-9][0-9]{0,4}x[1-9][0-9]{0,4}$"
 # DiffusionParams fields both endpoints accept as extra (peer-style) generation fields.
@@ -32,9 +33,15 @@ def derived_field(model: type[BaseModel], name: str, **changes: Any) -> tuple[An
     return info.annotation, FieldInfo.merge_field_infos(info, **changes)
 
 
+def alias_field_defs(fields: tuple[str, ...]) -> dict[str, Any]:
+    """The wire fields of diffusers' aliases of ``fields`` (``request.ALIASES``: num_inference_steps
+    for steps...), each defined as the field it stands for."""
+    return {alias: derived_field(DiffusionParams, name, description=f"same as {name} (diffusers' name)")
+            for alias, name in aliases_of(fields).items()}
+
+
 def _with_generation_fields(name: str, base: type[BaseModel], fields: tuple[str, ...], **extra: Any) -> Any:
-    defs = {n: derived_field(DiffusionParams, n) for n in fields}
-    defs["num_inference_steps"] = derived_field(DiffusionParams, "steps", description="same as steps (diffusers' name)")
+    defs: dict[str, Any] = {n: derived_field(DiffusionParams, n) for n in fields} | alias_field_defs(fields)
     return create_model(name, __base__=base, __module__=__name__, **defs, **extra)
 
 

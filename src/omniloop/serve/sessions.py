@@ -37,8 +37,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from omniloop.engine import EngineError, UnknownRequest
 from omniloop.io.fmp4 import MIME, FragmentedMP4Stream
 from omniloop.pipeline.loops.chunk import Flush
-from omniloop.request import (ActionPart, ArtifactEvent, DiffusionParams, FinalEvent, OmniRequest, OutputSpec,
-                              RequestStatus, TaskType, TextPart, VideoChunkArtifact, format_validation_error)
+from omniloop.request import (ActionPart, ArtifactEvent, FieldError, Fields, FinalEvent, OmniRequest, OutputSpec,
+                              RequestStatus, TaskType, TextPart, VideoChunkArtifact, build_request,
+                              format_validation_error)
 from omniloop.serve.errors import ApiError, api_error, parse_body, validation_error
 from omniloop.serve.state import ServeState, State, check_auth, get_state, new_id, require_auth
 from omniloop.serve.wire import ServedModel
@@ -67,6 +68,25 @@ class SessionCreate(BaseModel):
     max_chunks: int | None = Field(default=None, ge=1, description="chunks to make; omit for open-ended")
     realtime: bool = Field(default=True, description="pace chunks to playback instead of running ahead")
     fps: int | None = Field(default=None, ge=1, le=120)
+
+
+# the body's DiffusionParams fields (size gives height and width)
+SESSION_FIELDS = {"seed", "steps", "negative_prompt", "fps", "guidance_scale", "first_chunk_guidance_scale",
+                  "first_chunk_steps"}
+
+
+def session_request(body: SessionCreate, session_id: str) -> OmniRequest:
+    """The open-ended rollout a session runs (the prompt as sent: the body refuses an empty one)."""
+    width, height = (int(v) for v in body.size.split("x")) if body.size else (None, None)
+    params = Fields()
+    params.put_flat({"height": height, "width": width, **body.model_dump(include=SESSION_FIELDS)})
+    try:
+        return build_request(TaskType.T2V, None, params, parts=[TextPart(text=body.prompt)], request_id=session_id,
+                             outputs=OutputSpec(stream=True),
+                             node_params={ROLLOUT_NODE: {"open_ended": True, "max_chunks": body.max_chunks,
+                                                         "realtime": body.realtime}})
+    except FieldError as e:
+        raise ApiError(400, str(e), param=e.field, code=e.code) from None
 
 
 class SessionObject(BaseModel):
@@ -150,20 +170,8 @@ class SessionManager:
         if len(self.live()) >= self.max_sessions:
             raise ApiError(429, f"{self.max_sessions} sessions are live (max_sessions); end one "
                            "(DELETE /v1/sessions/{id}) or retry later", code="too_many_sessions")
-        width, height = (int(v) for v in body.size.split("x")) if body.size else (None, None)
-        try:
-            diffusion = DiffusionParams(height=height, width=width, seed=body.seed, steps=body.steps,
-                                        negative_prompt=body.negative_prompt, fps=body.fps,
-                                        guidance_scale=body.guidance_scale,
-                                        first_chunk_guidance_scale=body.first_chunk_guidance_scale,
-                                        first_chunk_steps=body.first_chunk_steps)
-        except ValidationError as e:
-            raise validation_error(e) from None
         sid = new_id("session")
-        request = OmniRequest(task=TaskType.T2V, request_id=sid, inputs=[TextPart(text=body.prompt)],
-                              diffusion=diffusion, outputs=OutputSpec(stream=True),
-                              node_params={ROLLOUT_NODE: {"open_ended": True, "max_chunks": body.max_chunks,
-                                                          "realtime": body.realtime}})
+        request = session_request(body, sid)
         fps = body.fps or int(model.defaults.get("fps", 16))
         session = Session(id=sid, model=model.name, max_chunks=body.max_chunks, fps=fps)
         stream = self.engine.stream(request, paused=True)  # it runs while a client watches (serve_client)

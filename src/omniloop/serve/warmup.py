@@ -17,15 +17,17 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from omniloop.deploy import Limits
-from omniloop.request import DiffusionParams, ImagePart, OmniRequest, RequestStatus, TaskType, TextPart, new_request_id
+from omniloop.request import (
+    DiffusionParams, ImagePart, Modality, OmniRequest, RequestStatus, TaskType, build_request, new_request_id,
+    suggest_task,
+)
+from omniloop.request.tasks import fits
 
 if TYPE_CHECKING:  # the engine (torch) loads when a warmup runs, not when the CLI reads DEFAULT_STEPS
     from omniloop.engine import AsyncEngine
 
 logger = logging.getLogger(__name__)
 DEFAULT_STEPS = 2
-# the task a warmup request runs: the first the model serves (i2v gets a gray first frame)
-_TASKS = (TaskType.T2V, TaskType.TI2V, TaskType.I2V, TaskType.T2I)
 
 
 class WarmupFailed(RuntimeError):
@@ -70,17 +72,20 @@ def describe(shape: DiffusionParams) -> str:
 
 
 def warmup_request(shape: DiffusionParams, tasks: frozenset[TaskType]) -> OmniRequest:
-    task = next((t for t in _TASKS if t in tasks), next(iter(tasks)))
+    """The task a client without one is suggested (``request.suggest_task``); one that needs
+    the first frame (an i2v model) gets a gray one."""
+    task = suggest_task(tasks)
     if task is TaskType.T2I:
         shape = shape.model_copy(update={"num_frames": 1})
     if task is TaskType.T2A:  # audio has no frames or pixels
         shape = shape.model_copy(update={"height": None, "width": None, "num_frames": None, "fps": None})
-    inputs: list[Any] = [TextPart(text="warmup")]
-    if task is TaskType.I2V:
+    parts: list[Any] = []
+    if not fits(task) and fits(task, {Modality.IMAGE}):
         from PIL import Image
 
-        inputs.append(ImagePart(role="first_frame", data=Image.new("RGB", (64, 64), (128, 128, 128))))
-    return OmniRequest(request_id=new_request_id(), task=task, inputs=inputs, diffusion=shape)
+        gray = Image.new("RGB", (64, 64), (128, 128, 128))
+        parts.append(ImagePart(role="reference", data=gray) if task.makes_image else ImagePart(data=gray))
+    return build_request(task, "warmup", shape, parts=parts, request_id=new_request_id())
 
 
 async def run_warmup(engine: AsyncEngine, shapes: list[DiffusionParams], tasks: frozenset[TaskType]) -> None:

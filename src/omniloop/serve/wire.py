@@ -5,10 +5,11 @@ OpenAI shapes of ``protocol.py``) and the Dynamo worker (``serve/dynamo/``; Dyna
 A front end's reader (``openai_video`` / ``openai_images``, ``dynamo_video`` /
 ``dynamo_images``) only says where its fields are: it fills a ``WireCall`` with
 request-plane values, each recorded with the wire name it came from. Everything after is
-one path: ``size`` "WxH", ``seconds`` -> the nearest frame count the model takes, the steps
-alias, the task from the model's tasks and the input image, ``input_reference`` (uploaded
-bytes, a data: URL or base64; URLs are not fetched and paths never read), ``DiffusionParams``
-validation with errors naming the wire field, ``n`` image requests with consecutive seeds.
+one path: ``size`` "WxH", ``seconds`` -> the nearest frame count the model takes, diffusers'
+aliases (``request/builder.py``'s table), the task suggested from the model's tasks and the
+input image (``request/tasks.py``), ``input_reference`` (uploaded bytes, a data: URL or base64;
+URLs are not fetched and paths never read), the request built by ``request.build_request``
+with errors naming the wire field, ``n`` image requests with consecutive seeds.
 
 Deployment limits are the engine's (``engine/limits.py``: the same refusal offline, over
 HTTP and in the fleet); ``serve/errors.py`` names the wire field behind an engine rejection.
@@ -19,30 +20,46 @@ field at fault. Nothing here imports a web framework or Dynamo.
 from __future__ import annotations
 
 import base64
+import contextlib
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-from pydantic import ValidationError
 
 from omniloop.deploy import Limits
 from omniloop.engine import AsyncEngine, check_images_per_call
 from omniloop.engine.model_pool import ModelPool
 from omniloop.request import (
-    ActionPart, DiffusionParams, ImagePart, Modality, OmniRequest, OutputSpec, TaskType, TextPart, format_validation_error,
-    require_prompt,
+    ALIASES, ActionPart, DiffusionParams, FieldError, Fields, ImagePart, Modality, OmniRequest, OutputSpec, TaskType,
+    build_request, require_prompt, suggest_task,
 )
+from omniloop.request.builder import aliases_of, validated
+from omniloop.request.tasks import fits
 from omniloop.serve.protocol import EDIT_FIELDS, IMAGE_FIELDS, VIDEO_FIELDS
 
+__all__ = ["ServedModel", "WireCall", "WireError", "dynamo_images", "dynamo_video",
+           "openai_image_edit", "openai_images", "openai_video", "wire_errors", "wire_param"]
 
-class WireError(ValueError):
-    """A wire field a caller can fix. ``str()`` is ``"<param>: <message>"``."""
+
+class WireError(FieldError):
+    """A wire field a caller can fix. ``str()`` is ``"<param>: <message>"``; ``status`` the
+    HTTP status it answers with."""
 
     def __init__(self, param: str, message: str, *, status: int = 400, code: str = "invalid_value") -> None:
-        super().__init__(f"{param}: {message}")
-        self.param, self.status, self.code = param, status, code
+        super().__init__(param, message, code=code)
+        self.param, self.status = param, status
+
+
+@contextlib.contextmanager
+def wire_errors() -> Iterator[None]:
+    """The request builder's ``FieldError``s as ``WireError``s (its field is the wire's param)."""
+    try:
+        yield
+    except WireError:
+        raise
+    except FieldError as e:
+        raise WireError(e.field, e.message, code=e.code) from None
 
 
 @dataclass(frozen=True)
@@ -106,8 +123,7 @@ class WireCall:
     """One generation call in request-plane terms, before validation."""
 
     prompt: Any
-    fields: dict[str, Any] = field(default_factory=dict)  # DiffusionParams field -> value
-    names: dict[str, str] = field(default_factory=dict)  # DiffusionParams field -> the wire name that set it
+    params: Fields = field(default_factory=Fields)  # DiffusionParams field -> value, and the wire name that set it
     request_fields: dict[str, Any] = field(default_factory=dict)  # OmniRequest fields (priority, deadline_s)
     seconds: Any = None
     seconds_param: str = "seconds"
@@ -120,15 +136,20 @@ class WireCall:
     predict_actions: bool = False  # world models: predict the actions too (task v2w)
     node_params: dict[str, dict[str, Any]] | None = None  # per graph node options, validated by the model
 
+    @property
+    def names(self) -> dict[str, str]:
+        """DiffusionParams field -> the wire name that set it (an engine rejection's ``param``)."""
+        return self.params.names
+
     def put(self, name: str, value: Any, wire_name: str) -> None:
         """Set ``DiffusionParams.<name>`` from ``wire_name``; two wire fields that set it must agree."""
-        if value is None:
-            return
-        if name in self.fields and self.fields[name] != value:
-            raise WireError(wire_name, f"{value!r} disagrees with {self.names[name]}={self.fields[name]!r}; "
-                            "pass one of them")
-        self.fields[name] = value
-        self.names.setdefault(name, wire_name)
+        with wire_errors():
+            self.params.put(name, value, wire_name)
+
+    def put_flat(self, given: Mapping[str, Any], prefix: str = "") -> None:
+        """Wire fields by name, diffusers' aliases resolved (``request.ALIASES``)."""
+        with wire_errors():
+            self.params.put_flat(given, prefix=prefix)
 
     def put_size(self, size: Any, wire_name: str = "size") -> None:
         if size is None or size == "auto":
@@ -154,26 +175,13 @@ def _resolve_seconds(call: WireCall, model: ServedModel) -> None:
     seconds, param = call.seconds, call.seconds_param
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
         raise WireError(param, f"expected a positive clip length in seconds, got {seconds!r}")
-    if "num_frames" in call.fields:
+    if "num_frames" in call.params:
         if call.frames_over_seconds:
             return
         raise WireError(param, f"pass {param} or {call.names['num_frames']}, not both")
-    fps = call.fields.get("fps") or model.defaults.get("fps") or 16
+    fps = call.params.get("fps") or model.defaults.get("fps") or 16
     frames = frames_for_seconds(seconds, int(fps), int(model.defaults.get("vae_scale_temporal", 1)))
     call.put("num_frames", frames, param)
-
-
-# a DiffusionParams / OmniRequest problem the caller sent an unknown field for
-UNKNOWN_FIELD = {"extra_forbidden": "unknown field; see /openapi.json for the accepted ones"}
-
-
-def _validated(build: Any, names: Mapping[str, str], prefix: str = "") -> Any:
-    try:
-        return build()
-    except ValidationError as e:
-        found = format_validation_error(e, prefix=prefix, names=names, root="body", messages=UNKNOWN_FIELD)
-        param = found.first_field or "body"
-        raise WireError(param, found.message.removeprefix(f"{param}: ")) from None
 
 
 def reference_image(ref: Any, param: str = "input_reference", role: str = "first_frame") -> ImagePart | None:
@@ -191,7 +199,8 @@ def reference_image(ref: Any, param: str = "input_reference", role: str = "first
     if ref.startswith("file:") or "://" in ref.split(",", 1)[0]:  # (base64 and data: URLs hold no "://")
         raise WireError(param, "only data: URLs (data:image/png;base64,...) or base64 bytes are accepted; remote and "
                         "file URLs are not fetched and paths are never read", code="path_refused")
-    return _validated(lambda: ImagePart(role=role, b64=ref), {"b64": param})
+    with wire_errors():
+        return validated(lambda: ImagePart(role=role, b64=ref), {"b64": param})
 
 
 def _image_url(ref: Any, param: str) -> tuple[Any, str]:
@@ -211,16 +220,19 @@ def _image_url(ref: Any, param: str) -> tuple[Any, str]:
     return fields["image_url"], f"{param}.image_url"
 
 
+# the tasks /v1/videos runs without audio or actions (world_task picks those)
+_PLAIN_VIDEO = frozenset({TaskType.T2V, TaskType.I2V, TaskType.TI2V})
+
+
 def video_task(model: ServedModel, has_image: bool, image_param: str = "input_reference") -> TaskType:
+    given = {Modality.IMAGE} if has_image else set()
+    plain = model.tasks & _PLAIN_VIDEO
+    task = suggest_task(plain, given, wants={Modality.VIDEO})
+    if task in plain and fits(task, given):
+        return task
     if has_image:
-        for task in (TaskType.I2V, TaskType.TI2V):
-            if task in model.tasks:
-                return task
         raise WireError(image_param, f"{model.name!r} has no image-to-video task (tasks: {model.task_names}); omit it",
                         code="unsupported")
-    for task in (TaskType.T2V, TaskType.TI2V):
-        if task in model.tasks:
-            return task
     if TaskType.I2V in model.tasks:
         raise WireError(image_param, f"{model.name!r} is image-to-video; pass the first frame", code="missing")
     other = "/v1/audio/speech" if TaskType.T2A in model.tasks else "/v1/images/generations"
@@ -237,11 +249,11 @@ def _prompt(call: WireCall) -> str:
 
 def _request(request_id: str, task: TaskType, prompt: str, call: WireCall, params: DiffusionParams,
              image: ImagePart | None, extra: tuple[Any, ...] = (), model: "ServedModel | None" = None) -> OmniRequest:
-    inputs: list[Any] = [TextPart(text=prompt)] + ([image] if image is not None else []) + list(extra)
-    routed = {"model": model.route} if model is not None and model.route is not None else {}
-    return _validated(lambda: OmniRequest(request_id=request_id, task=task, inputs=inputs, diffusion=params,
-                                          outputs=call.outputs, node_params=call.node_params or {},
-                                          **call.request_fields, **routed), {})
+    parts = ([image] if image is not None else []) + list(extra)
+    with wire_errors():
+        return build_request(task, prompt, params, parts=parts, outputs=call.outputs, node_params=call.node_params,
+                             request_id=request_id, model=model.route if model is not None else None,
+                             scheduling=call.request_fields)
 
 
 def world_task(model: ServedModel, call: WireCall, has_image: bool) -> TaskType | None:
@@ -254,7 +266,9 @@ def world_task(model: ServedModel, call: WireCall, has_image: bool) -> TaskType 
         if call.actions is not None or call.predict_actions:
             raise WireError("audio", "a world-model rollout has no soundtrack; drop actions / predict_actions")
         # else the plain task asking for the audio modality (the family refuses what it cannot)
-        return TaskType.T2VS if not has_image and TaskType.T2VS in model.tasks else None
+        given = {Modality.IMAGE} if has_image else set()
+        task = suggest_task(model.tasks, given, wants={Modality.VIDEO, Modality.AUDIO})
+        return task if task is TaskType.T2VS and task in model.tasks else None
     if call.actions is None and not call.predict_actions:
         return None
     param = "actions" if call.actions is not None else "predict_actions"
@@ -292,9 +306,10 @@ def video_request(call: WireCall, request_id: str, model: ServedModel) -> OmniRe
     image = reference_image(call.image, call.image_param)
     task = world_task(model, call, image is not None) or video_task(model, image is not None, call.image_param)
     _resolve_seconds(call, model)
-    if call.actions is not None and "num_frames" not in call.fields:
+    if call.actions is not None and "num_frames" not in call.params:
         call.put("num_frames", len(call.actions) + 1, "actions")  # one transition per action
-    params = _validated(lambda: DiffusionParams(**call.fields), call.names)
+    with wire_errors():
+        params = call.params.diffusion()
     call.outputs = _video_outputs(call)
     extra = (_action_part(call.actions),) if call.actions is not None else ()
     return _request(request_id, task, prompt, call, params, image, extra, model)
@@ -308,17 +323,17 @@ def image_requests(call: WireCall, request_ids: list[str], model: ServedModel) -
         other = "/v1/audio/speech" if model.tasks == {TaskType.T2A} else "/v1/videos"
         raise WireError("model", f"{model.name!r} does not generate images (tasks: {model.task_names}); use {other}",
                         code="unsupported")
-    task, image = TaskType.T2I, None
-    if call.image is not None:
-        if TaskType.I2I not in model.tasks:
-            raise WireError(call.image_param, f"{model.name!r} has no image-to-image task (tasks: "
-                            f"{model.task_names}); omit it", code="unsupported")
-        task, image = TaskType.I2I, reference_image(call.image, call.image_param, role="reference")
+    task = suggest_task(model.tasks, {Modality.IMAGE} if call.image is not None else set(), wants={Modality.IMAGE})
+    if task not in model.tasks:  # given an image, the image-to-image task a model without it lacks
+        raise WireError(call.image_param, f"{model.name!r} has no image-to-image task (tasks: "
+                        f"{model.task_names}); omit it", code="unsupported")
+    image = reference_image(call.image, call.image_param, role="reference") if call.image is not None else None
     check_images_per_call(len(request_ids), model.limits)
-    if call.fields.get("num_frames", 1) != 1:
+    if call.params.get("num_frames", 1) != 1:
         raise WireError(call.names["num_frames"], "an image is one frame; omit it")
-    call.fields["num_frames"] = 1
-    params = _validated(lambda: DiffusionParams(**call.fields), call.names)
+    call.params.values["num_frames"] = 1
+    with wire_errors():
+        params = call.params.diffusion()
     requests = []
     for i, rid in enumerate(request_ids):
         seed = None if params.seed is None else (params.seed + i) % 2**63
@@ -328,20 +343,12 @@ def image_requests(call: WireCall, request_ids: list[str], model: ServedModel) -
 
 # -- the HTTP server's OpenAI shapes (serve/protocol.py, validated before they get here) ---
 
-# DiffusionParams fields the OpenAI endpoints take as extra (peer-style) fields, by name
-# (steps is read with its alias num_inference_steps)
-OPENAI_VIDEO_FIELDS = tuple(n for n in VIDEO_FIELDS if n != "steps")
-OPENAI_IMAGE_FIELDS = tuple(n for n in IMAGE_FIELDS if n != "steps")
-OPENAI_EDIT_FIELDS = tuple(n for n in EDIT_FIELDS if n != "steps")
-
-
 def _openai_call(wire: Any, names: tuple[str, ...]) -> WireCall:
+    """``names``: the DiffusionParams fields the endpoint takes as extra (peer-style) fields
+    (protocol.py's VIDEO_FIELDS...), read with their diffusers' aliases (protocol.py declares both)."""
     call = WireCall(prompt=wire.prompt)
     call.put_size(wire.size)
-    call.put("steps", wire.num_inference_steps, "num_inference_steps")
-    call.put("steps", wire.steps, "steps")
-    for name in names:
-        call.put(name, getattr(wire, name), name)
+    call.put_flat({name: getattr(wire, name) for name in (*aliases_of(names), *names)})
     return call
 
 
@@ -350,7 +357,7 @@ def openai_video(wire: Any, request_id: str, model: ServedModel,
     """``wire`` is a validated ``VideoCreateRequest``; ``upload`` a multipart input_reference
     file. The call comes back too: its ``names`` map an engine rejection to the wire field."""
     model.check_name(wire.model)
-    call = _openai_call(wire, OPENAI_VIDEO_FIELDS)
+    call = _openai_call(wire, VIDEO_FIELDS)
     call.seconds = wire.seconds
     call.image = upload if upload is not None else wire.input_reference
     call.outputs = OutputSpec(stream=wire.preview_every is not None, preview_every=wire.preview_every)
@@ -362,7 +369,7 @@ def openai_video(wire: Any, request_id: str, model: ServedModel,
 def openai_images(wire: Any, request_ids: list[str], model: ServedModel) -> tuple[list[OmniRequest], WireCall]:
     """``wire`` is a validated ``ImageGenerationRequest``: ``n`` requests."""
     model.check_name(wire.model)
-    call = _openai_call(wire, OPENAI_IMAGE_FIELDS)
+    call = _openai_call(wire, IMAGE_FIELDS)
     return image_requests(call, request_ids, model), call
 
 
@@ -374,7 +381,7 @@ def openai_image_edit(wire: Any, request_ids: list[str], model: ServedModel, ima
     if mask is not None or wire.mask is not None:
         raise WireError("mask", f"{model.name!r} has no inpainting; omit mask (strength sets how much of the "
                         "whole image is redrawn)", code="unsupported")
-    call = _openai_call(wire, OPENAI_EDIT_FIELDS)
+    call = _openai_call(wire, EDIT_FIELDS)
     call.image, call.image_param = (image if image is not None else wire.image), "image"
     if call.image is None:
         raise WireError("image", "an edit needs the image to edit: upload it as the multipart file 'image', or pass "
@@ -387,12 +394,10 @@ def openai_image_edit(wire: Any, request_ids: list[str], model: ServedModel, ima
 
 # -- Dynamo's media objects (what its frontend forwards to a worker) ----------------------
 
-# nvext field -> DiffusionParams field
-_NVEXT_VIDEO = {"num_inference_steps": "steps", "guidance_scale": "guidance_scale",
-                "guidance_scale_2": "guidance_scale_2", "seed": "seed", "negative_prompt": "negative_prompt",
-                "num_frames": "num_frames", "fps": "fps"}
-_NVEXT_IMAGE = {"num_inference_steps": "steps", "guidance_scale": "guidance_scale", "seed": "seed",
-                "negative_prompt": "negative_prompt"}
+# nvext fields: DiffusionParams fields under their own or diffusers' names (request.ALIASES)
+_NVEXT_VIDEO = ("num_inference_steps", "guidance_scale", "guidance_scale_2", "seed", "negative_prompt", "num_frames",
+                "fps")
+_NVEXT_IMAGE = ("num_inference_steps", "guidance_scale", "seed", "negative_prompt")
 _NVEXT_IGNORED = {"annotations"}  # SSE annotations: a frontend feature, nothing to generate
 _DYNAMO_VIDEO_KEYS = {"prompt", "model", "input_reference", "seconds", "size", "user", "response_format",
                       "output_format", "stream", "nvext", "extra_args"}
@@ -427,29 +432,25 @@ def _check_choice(body: Mapping[str, Any], name: str, allowed: tuple[Any, ...], 
         raise WireError(name, f"{body[name]!r} is not supported; {hint}")
 
 
-def _dynamo_call(body: Mapping[str, Any], nvext_fields: dict[str, str]) -> WireCall:
+def _dynamo_call(body: Mapping[str, Any], nvext_fields: tuple[str, ...]) -> WireCall:
     """size, nvext and ``extra_body`` (under ``extra_args.media_passthrough``) -> a WireCall."""
     call = WireCall(prompt=body.get("prompt"), frames_over_seconds=True)
     nvext = body.get("nvext") or {}
     if not isinstance(nvext, Mapping):
         raise WireError("nvext", "expected an object")
     _check_keys(nvext, set(nvext_fields) | _NVEXT_IGNORED, "nvext.")
-    for wire_name, name in nvext_fields.items():
-        call.put(name, nvext.get(wire_name), f"nvext.{wire_name}")
+    call.put_flat({name: nvext.get(name) for name in nvext_fields}, prefix="nvext.")
     call.put_size(body.get("size"))
     extra_args = body.get("extra_args") or {}
     passthrough = (extra_args.get("media_passthrough") or {}) if isinstance(extra_args, Mapping) else None
     if not isinstance(passthrough, Mapping):
         raise WireError("extra_args.media_passthrough", "expected an object")
-    accepted = set(DiffusionParams.model_fields) | set(_REQUEST_PASSTHROUGH)
+    accepted = set(DiffusionParams.model_fields) | set(ALIASES) | set(_REQUEST_PASSTHROUGH)
     unknown = sorted(set(passthrough) - accepted)
     if unknown:
         raise WireError(unknown[0], f"not a field this worker accepts; extra fields accepted: {sorted(accepted)}")
-    for key, value in passthrough.items():
-        if key in _REQUEST_PASSTHROUGH:
-            call.request_fields[key] = value
-        else:
-            call.put(key, value, key)
+    call.request_fields.update({k: v for k, v in passthrough.items() if k in _REQUEST_PASSTHROUGH})
+    call.put_flat({k: v for k, v in passthrough.items() if k not in _REQUEST_PASSTHROUGH})
     call.image = body.get("input_reference")
     return call
 

@@ -15,7 +15,9 @@ from omniloop.api.schema_flags import DefaultsHelpFormatter, add_schema_flags, c
 from omniloop.api.suggest import SuggestingParser, refuse_unknown
 from omniloop.deploy import DeployConfig
 from omniloop.models.catalog import DEFAULT_MODEL
-from omniloop.request import ALIASES, DiffusionParams, Fields, InvalidRequest, SamplingParams, TaskType, require_prompt
+from omniloop.request import (
+    ALIASES, DiffusionParams, Fields, InvalidRequest, SamplingParams, TaskType, parse_task, require_prompt,
+)
 from omniloop.serve.config import DEFAULT_DRAIN_TIMEOUT_S
 from omniloop.serve.warmup import DEFAULT_STEPS as DEFAULT_WARMUP_STEPS
 from omniloop.serve.warmup import WarmupFailed
@@ -33,7 +35,7 @@ def _generate_parser(sub: argparse._SubParsersAction) -> None:
                    "file (text: --task reason) or a directory of <request id>.mp4/.png/.wav/.txt")
     p.add_argument("--audio-only", action="store_true",
                    help="write only the sound as a wav (text-to-audio models always do)")
-    p.add_argument("--task", choices=[t.value for t in TaskType], default=None,
+    p.add_argument("--task", default=None, metavar="{" + ",".join(t.value for t in TaskType) + "}",
                    help="task (default: the one suggested for the model and inputs: t2v for a video model, i2v with "
                    "--image, t2i for an image model, t2a for an audio model...)")
     p.add_argument("--image", default=None, help="first-frame image for i2v")
@@ -145,6 +147,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     # need no torch (api/preflight.py; the manifest's tasks, limits and shape rules), then the
     # deployment's (device and kernels: they import torch)
     prompt = require_prompt(args.prompt)
+    if args.task is not None:
+        args.task = parse_task(args.task, "--task").value  # the API's and the server's message for a bad task
     params, flags = _generation_flags(args)
     try:
         DiffusionParams(**params)

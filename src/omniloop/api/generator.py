@@ -40,6 +40,7 @@ from omniloop.request import (
     TaskType,
     build_request,
     generation_fields,
+    parse_task,
     suggest_task,
 )
 
@@ -393,7 +394,7 @@ class VideoGenerator:
         the model's tasks, whether an image, or latents of one, is given, the output wanted)."""
         # Task is declared by the caller; a default is suggested here, at the API boundary.
         if task is not None:
-            return TaskType(task)
+            return parse_task(task)
         return suggest_task(self.pipeline.spec.tasks, {Modality.IMAGE} if image else set(), {wants})
 
     def _modalities(self, task: TaskType, audio: bool | None) -> list[Modality] | None:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from omniloop.request.enums import Modality, TaskType
 from omniloop.request.params import DiffusionParams, OutputSpec, SamplingParams
 from omniloop.request.parts import ImagePart, ModalPart, TextPart
+from omniloop.request.tasks import unknown_task
 
 SCHEMA_VERSION = "0.1"
 
@@ -36,6 +38,14 @@ class OmniRequest(BaseModel):
     )
     priority: int = Field(default=0, ge=-100, le=100, description="higher runs first")
     deadline_s: float | None = Field(default=None, gt=0, description="soft latency target in seconds from arrival")
+
+    @field_validator("task", mode="before")
+    @classmethod
+    def _known_task(cls, value: Any) -> Any:
+        # the one "unknown task" message (request.tasks.unknown_task), not pydantic's enum listing
+        if not isinstance(value, TaskType) and value not in {t.value for t in TaskType}:
+            raise PydanticCustomError("unknown_task", "{message}", {"message": unknown_task(value)})
+        return value
 
     # -- convenience views ------------------------------------------------------------
     @property

@@ -10,10 +10,31 @@ walked in one fixed preference order, so it does not depend on set iteration ord
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from omniloop.request.enums import Modality, TaskType
+from omniloop.request.errors import InvalidRequest
+
+
+def unknown_task(value: object) -> str:
+    """The one message for a task name that is not a task (every front end says it so)."""
+    names = [t.value for t in TaskType]
+    close = difflib.get_close_matches(str(value), names, n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"unknown task {value!r}; pass one of {', '.join(repr(n) for n in names)}{hint}"
+
+
+def parse_task(value: str | TaskType, field: str = "task") -> TaskType:
+    """``value`` as a TaskType, or an ``InvalidRequest`` naming ``field`` (as the caller spells
+    it: ``task``, ``--task``) in the one message format."""
+    if isinstance(value, TaskType):
+        return value
+    try:
+        return TaskType(value)
+    except ValueError:
+        raise InvalidRequest(f"{field}: {unknown_task(value)}", fields=(field,)) from None
 
 @dataclass(frozen=True)
 class TaskIO:

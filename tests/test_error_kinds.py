@@ -107,6 +107,7 @@ def test_failure_kinds_map_to_status_codes(status, failure, http, code):
     (("diffusion.height",), {"height": "size", "width": "size"}, "size", True),
     (("diffusion.height", "diffusion.width"), {"height": "size", "width": "size"}, "size", False),  # the whole size
     (("inputs",), {}, "input_reference", True),
+    (("inputs[1]",), {}, "input_reference", True),
     (("node_params['refine'].strength",), {}, "node_params", False),
     (("diffusion.loras[0].name",), {}, "loras", False),
     (("n",), {}, "n", False),

@@ -28,13 +28,16 @@ def test_a_validators_fields_and_kind_reach_the_rejection(make_engine):
     assert str(frames) == "diffusion.num_frames=6 must be 4k+1; pass 5 or 9"  # the message is unchanged
     size = _rejection(engine, req(1, size=40))
     assert size.fields in (("diffusion.height",), ("diffusion.width",))
+    sampler = _rejection(engine, req(1, sampler="ddim"))
+    assert sampler.fields == ("diffusion.sampler",) and sampler.hint is not None and sampler.hint.startswith("pass one of")
+    assert str(sampler) == f"diffusion.sampler 'ddim' is not offered by this model; {sampler.hint}"
     node = _rejection(engine, req(1, rid="n").model_copy(update={"node_params": {"nope": {}}}))
     assert node.fields == ("node_params",) and "nodes: " in str(node)
     engine.add_request(req(1, rid="dup"))
     dup = _rejection(engine, req(2, rid="dup"))
     assert dup.kind is ErrorKind.DUPLICATE and dup.fields == ("request_id",) and dup.hint == "pass a new id (or omit it)"
     assert isinstance(dup, ValueError) and isinstance(dup, InvalidRequest)  # old `except ValueError` callers still catch it
-    assert engine.stats.rejected == 5
+    assert engine.stats.rejected == 6
 
 
 def test_node_params_validation_names_the_field_path(make_engine):

@@ -134,7 +134,7 @@ class AdapterCache:
             for ref in refs:
                 entry = self._entry(ref.name)
                 if entry.unloading:
-                    raise InvalidRequest(f"LoRA {ref.name!r} was unloaded; load it again to use it",
+                    raise InvalidRequest(f"LoRA {ref.name!r} was unloaded", hint="load it again to use it",
                                          fields=("diffusion.loras",))
                 device = self._device_copy(entry)
                 entry.refs[owner] = entry.refs.get(owner, 0) + 1

@@ -35,5 +35,5 @@ def check_loras(caches: Any, refs: Any, model: str) -> None:
         return
     cache = adapter_cache(caches)
     if cache is None:
-        raise InvalidRequest(f"diffusion.loras: {model!r} takes no LoRAs; omit the field", fields=("diffusion.loras",))
+        raise InvalidRequest(f"diffusion.loras: {model!r} takes no LoRAs", hint="omit the field", fields=("diffusion.loras",))
     cache.check(refs)

@@ -16,4 +16,4 @@ def refuse_unused_parts(request: OmniRequest, model: str, takes: Iterable[str]) 
     for i, part in enumerate(request.inputs):
         if part.kind not in accepted:
             raise InvalidRequest(f"inputs[{i}]: {model} takes no {part.kind} input for task {request.task.value!r} "
-                                 f"(it reads {accepted}); drop it", fields=(f"inputs[{i}]",))
+                                 f"(it reads {accepted})", hint="drop it", fields=(f"inputs[{i}]",))

@@ -50,6 +50,7 @@ class InvalidRequest(ValueError):
 
     def __init__(self, message: str, *, fields: Iterable[str] = (), hint: str | None = None,
                  kind: ErrorKind = ErrorKind.INVALID_FIELD) -> None:
+        assert not isinstance(fields, str), f"fields is a tuple of paths, got the string {fields!r}"
         super().__init__(f"{message}; {hint}" if hint else message)
         self.fields: tuple[str, ...] = tuple(fields)
         self.hint = hint

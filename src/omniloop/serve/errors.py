@@ -112,7 +112,7 @@ def wire_param(error: InvalidRequest, names: Mapping[str, str],
                         if p.startswith("diffusion.") and field_name(p) in names), (None, None))
     if path is None or param is None:
         path = error.fields[0]
-        param = wire_names.get(path, field_name(path))
+        param = wire_names.get(path) or wire_names.get(field_name(path)) or field_name(path)  # inputs[0] -> inputs
     # the message names its fields by their paths: it names ``param`` if that is the field's
     # own name, or a wire field carrying exactly the error's fields (``size``: height and width)
     return param, param == field_name(path) or WIRE_GROUPS.get(param) == frozenset(error.fields)

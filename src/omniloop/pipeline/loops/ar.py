@@ -277,8 +277,8 @@ class ARDecodeLoop(LoopStageBase):
         ids = list(given.token_ids) if given is not None else tokenizer.encode(state.request.prompt or "")
         if not ids:
             raise InvalidRequest(
-                "the prompt is empty (no tokens); pass a non-empty TextPart (an empty prompt is refused, not "
-                "continued from nothing)", fields=("inputs",)
+                "the prompt is empty (no tokens)", fields=("inputs",),
+                hint="pass a non-empty TextPart (an empty prompt is refused, not continued from nothing)",
             )
         return ids
 
@@ -476,7 +476,7 @@ def check_context(prompt_len: int, max_tokens: int, max_context: int | None) -> 
         hint = f"pass sampling.max_tokens <= {room}" if room > 0 else "shorten the prompt"
         raise InvalidRequest(
             f"prompt of {prompt_len} tokens + sampling.max_tokens={max_tokens} exceeds the model's context of "
-            f"{max_context} tokens; {hint}", fields=("sampling.max_tokens",)
+            f"{max_context} tokens", hint=hint, fields=("sampling.max_tokens",)
         )
 
 
@@ -489,14 +489,14 @@ def make_ar_validator(
     def validate(request: OmniRequest) -> OmniRequest:
         prompt = request.prompt
         if not prompt:
-            raise InvalidRequest(f"task {request.task.value!r} needs a non-empty text prompt; pass inputs=[TextPart(text=...)]",
-                                 fields=("inputs",), kind=ErrorKind.MISSING_INPUT)
+            raise InvalidRequest(f"task {request.task.value!r} needs a non-empty text prompt",
+                                 hint="pass inputs=[TextPart(text=...)]", fields=("inputs",), kind=ErrorKind.MISSING_INPUT)
         bad = [t for t in request.sampling.stop_token_ids if not 0 <= t < vocab_size]
         if bad:
             raise InvalidRequest(f"sampling.stop_token_ids {bad} are outside the vocabulary [0, {vocab_size})",
                                  fields=("sampling.stop_token_ids",))
         if any(not s for s in request.sampling.stop):
-            raise InvalidRequest("sampling.stop contains an empty string; pass non-empty stop strings",
+            raise InvalidRequest("sampling.stop contains an empty string", hint="pass non-empty stop strings",
                                  fields=("sampling.stop",))
         if _is_chat(request):
             from omniloop.pipeline.stages.chat import chat_ids, chat_messages  # a stage built on this loop's edge
@@ -505,7 +505,7 @@ def make_ar_validator(
         else:
             ids = tokenizer.encode(prompt)
         if not ids:
-            raise InvalidRequest("the prompt tokenizes to nothing; pass a prompt with visible text", fields=("inputs",))
+            raise InvalidRequest("the prompt tokenizes to nothing", hint="pass a prompt with visible text", fields=("inputs",))
         check_context(len(ids), request.sampling.max_tokens, max_context)
         if pool is not None:
             pool.check_fits(len(ids) + request.sampling.max_tokens)

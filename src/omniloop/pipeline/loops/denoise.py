@@ -271,7 +271,7 @@ class DenoiseLoop(LoopStageBase):
         if not self.starts_from_given(ctx, produced):
             if override is not None and override.strength is not None:
                 raise InvalidRequest(f"node_params[{ctx.node!r}].strength: node {ctx.node!r} starts from noise in this "
-                                     "request (no given latents); drop strength",
+                                     "request (no given latents)", hint="drop strength",
                                      fields=(f"node_params[{ctx.node!r}].strength",))
             return
         field = f"node_params[{ctx.node!r}].strength" if override is not None and override.strength is not None \

@@ -27,8 +27,8 @@ def check_strength_leaves_steps(num_steps: int, strength: float, field: str) -> 
     """Admission check: a strength so small that no step runs is refused, naming ``field``."""
     if int(num_steps * strength) == 0:
         raise InvalidRequest(
-            f"{field}={strength} with {num_steps} steps runs no denoising step (int(steps * strength) = 0); "
-            f"pass a strength >= {1 / num_steps:.4g} or more steps", fields=(field,)
+            f"{field}={strength} with {num_steps} steps runs no denoising step (int(steps * strength) = 0)",
+            hint=f"pass a strength >= {1 / num_steps:.4g} or more steps", fields=(field,)
         )
 
 

@@ -89,13 +89,13 @@ class LatentStart(NoConditioning):
             clean, noise = state.latents.to(first.device, torch.float32), first
         if clean.shape != first.shape:
             raise InvalidRequest(f"the image's latents {tuple(clean.shape)} do not match the requested size's "
-                                 f"{tuple(first.shape)}; pass an image (or latents) of diffusion.height x diffusion.width",
-                                 fields=("diffusion.height", "diffusion.width", "inputs"))
+                                 f"{tuple(first.shape)}", hint="pass an image (or latents) of diffusion.height x "
+                                 "diffusion.width", fields=("diffusion.height", "diffusion.width", "inputs"))
         schedule = samplers[self.modality]
         start = start_index(schedule.num_steps, strength)
         if type(schedule) is not SamplerState:
-            raise InvalidRequest("diffusion.strength needs a sampler whose state is its schedule alone; pass "
-                                 "diffusion.sampler='flow_euler'", fields=("diffusion.strength", "diffusion.sampler"))
+            raise InvalidRequest("diffusion.strength needs a sampler whose state is its schedule alone",
+                                 hint="pass diffusion.sampler='flow_euler'", fields=("diffusion.strength", "diffusion.sampler"))
         moved = {m: dataclasses.replace(s, timesteps=s.timesteps[start:], sigmas=s.sigmas[start:], step_index=0)
                  for m, s in samplers.items()}
         sigma = schedule.sigmas[start].to(first.device)

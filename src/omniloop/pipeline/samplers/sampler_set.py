@@ -31,8 +31,8 @@ class SamplerSet:
         try:
             return self.samplers[name]
         except KeyError:
-            raise InvalidRequest(f"diffusion.sampler {name!r} is not offered by this model; pass one of {self.names}",
-                                 fields=("diffusion.sampler",)) from None
+            raise InvalidRequest(f"diffusion.sampler {name!r} is not offered by this model",
+                                 hint=f"pass one of {self.names}", fields=("diffusion.sampler",)) from None
 
     @property
     def names(self) -> list[str]:

@@ -43,18 +43,18 @@ class GivenLatents(StageBase):
             m = part.of.value
             where = f"inputs[latent of {m}]"
             if m not in shapes:
-                raise InvalidRequest(f"{where}: this model denoises {sorted(shapes)} latents; pass latents of those",
-                                     fields=("inputs",))
+                raise InvalidRequest(f"{where}: this model denoises {sorted(shapes)} latents",
+                                     hint="pass latents of those", fields=("inputs",))
             if m in by_modality:
-                raise InvalidRequest(f"{where}: given twice; pass one LatentPart per modality", fields=("inputs",))
+                raise InvalidRequest(f"{where}: given twice", hint="pass one LatentPart per modality", fields=("inputs",))
             x = part.data
             if not isinstance(x, torch.Tensor) or not x.is_floating_point():
                 raise InvalidRequest(f"{where}.data: pass a floating-point torch tensor, got {type(x).__name__}",
                                      fields=("inputs",))
             if tuple(x.shape) != tuple(shapes[m]):
                 raise InvalidRequest(f"{where}.data has shape {list(x.shape)} but this request's geometry needs "
-                                     f"{list(shapes[m])}; pass latents of that shape or change height/width/num_frames",
-                                     fields=("inputs",))
+                                     f"{list(shapes[m])}", fields=("inputs",),
+                                     hint="pass latents of that shape or change height/width/num_frames")
             if not bool(torch.isfinite(x).all()):
                 raise InvalidRequest(f"{where}.data holds NaN/Inf", fields=("inputs",))
             by_modality[m] = x.detach().to(device=ctx.device, dtype=torch.float32)

@@ -26,19 +26,19 @@ def make_validator(defaults: Mapping[str, Any], samplers: SamplerSet) -> Callabl
         g = geometry(request, defaults)
         for name, value in (("height", g.height), ("width", g.width)):
             if value % spatial:
-                raise InvalidRequest(f"diffusion.{name}={value} must be a multiple of {spatial} (FAR's compressed patch); "
-                                     f"pass {_nearest(value, spatial)}", fields=(f"diffusion.{name}",))
+                raise InvalidRequest(f"diffusion.{name}={value} must be a multiple of {spatial} (FAR's compressed patch)",
+                                     hint=f"pass {_nearest(value, spatial)}", fields=(f"diffusion.{name}",))
         if (g.num_frames - 1) % temporal:
             k = (g.num_frames - 1) // temporal
-            raise InvalidRequest(f"diffusion.num_frames={g.num_frames} must be {temporal}k+1; pass {temporal * k + 1} "
-                                 f"or {temporal * (k + 1) + 1}", fields=("diffusion.num_frames",))
+            raise InvalidRequest(f"diffusion.num_frames={g.num_frames} must be {temporal}k+1",
+                                 hint=f"pass {temporal * k + 1} or {temporal * (k + 1) + 1}", fields=("diffusion.num_frames",))
         samplers.get(request.diffusion.sampler)  # raises naming the offered samplers
         raw = request.node_params.get(ROLLOUT_NODE)
         rollout = ChunkRolloutParams.model_validate(raw) if raw is not None else None
         partition_for(request, rollout, defaults)
         if rollout is not None and rollout.open_ended and request.task is not TaskType.T2V:
-            raise InvalidRequest(f"a session (node_params['rollout'].open_ended) starts from text; pass task t2v, not "
-                                 f"{request.task.value!r}",
+            raise InvalidRequest("a session (node_params['rollout'].open_ended) starts from text",
+                                 hint=f"pass task t2v, not {request.task.value!r}",
                                  fields=("task", "node_params['rollout'].open_ended"), kind=ErrorKind.UNSUPPORTED_TASK)
         if request.task == TaskType.I2V and not request.images("first_frame"):
             raise InvalidRequest("task i2v needs an image: add ImagePart(role='first_frame', path=... | b64=... | data=...) "
@@ -51,8 +51,8 @@ def make_validator(defaults: Mapping[str, Any], samplers: SamplerSet) -> Callabl
         if video is not None:
             frames = video.shape[2]
             if (frames - 1) % temporal:
-                raise InvalidRequest(f"inputs video has {frames} frames; pass {temporal}k+1 (e.g. "
-                                     f"{(frames - 1) // temporal * temporal + 1})", fields=("inputs",))
+                raise InvalidRequest(f"inputs video has {frames} frames", fields=("inputs",),
+                                     hint=f"pass {temporal}k+1 (e.g. {(frames - 1) // temporal * temporal + 1})")
             if frames >= g.num_frames:
                 raise InvalidRequest(f"inputs video has {frames} frames, diffusion.num_frames={g.num_frames}: pass more "
                                      f"frames to make than to condition on", fields=("diffusion.num_frames", "inputs"))

@@ -32,22 +32,22 @@ def make_validator(defaults: Mapping[str, Any], samplers: SamplerSet,
         g = geometry(request, defaults)
         for name, value in (("height", g.height), ("width", g.width)):
             if value % multiple:
-                raise InvalidRequest(f"diffusion.{name}={value} must be a multiple of {multiple}; pass "
-                                     f"{_nearest_multiples(value, multiple)}", fields=(f"diffusion.{name}",))
+                raise InvalidRequest(f"diffusion.{name}={value} must be a multiple of {multiple}",
+                                     hint=f"pass {_nearest_multiples(value, multiple)}", fields=(f"diffusion.{name}",))
         if buckets and (g.height, g.width) not in buckets:
             near = min(buckets, key=lambda b: abs(b[0] * b[1] - g.height * g.width) + abs(b[0] / b[1] - g.height / g.width))
             raise InvalidRequest(f"size {g.width}x{g.height} is not one of this deployment's resolution buckets "
-                                 f"{[f'{w}x{h}' for h, w in buckets]}; pass one of them (nearest: {near[1]}x{near[0]})",
+                                 f"{[f'{w}x{h}' for h, w in buckets]}", hint=f"pass one of them (nearest: {near[1]}x{near[0]})",
                                  fields=("diffusion.width", "diffusion.height"))
         if p.num_frames not in (None, 1):
             raise InvalidRequest(f"Flux makes one image; diffusion.num_frames must be 1 or omitted (got {p.num_frames})",
                                  fields=("diffusion.num_frames",))
         if p.shift is not None:
             raise InvalidRequest("diffusion.shift does not apply to Flux: its shift follows the image size (mu from the "
-                                 "token count); omit it", fields=("diffusion.shift",))
+                                 "token count)", hint="omit it", fields=("diffusion.shift",))
         if p.negative_prompt is not None:
             raise InvalidRequest("diffusion.negative_prompt has no effect on Flux.1 (embedded guidance, no negative "
-                                 "branch); omit it", fields=("diffusion.negative_prompt",))
+                                 "branch)", hint="omit it", fields=("diffusion.negative_prompt",))
         if isinstance(p.guidance_scale, dict):
             raise InvalidRequest("diffusion.guidance_scale must be one number for Flux (its embedded guidance)",
                                  fields=("diffusion.guidance_scale",))
@@ -55,8 +55,8 @@ def make_validator(defaults: Mapping[str, Any], samplers: SamplerSet,
         if request.task == TaskType.I2I:
             _check_edit(request, defaults)
         elif p.strength is not None:
-            raise InvalidRequest("diffusion.strength applies to image-to-image (task i2i with an image); omit it for t2i",
-                                 fields=("diffusion.strength",))
+            raise InvalidRequest("diffusion.strength applies to image-to-image (task i2i with an image)",
+                                 hint="omit it for t2i", fields=("diffusion.strength",))
         return request
 
     return validate

@@ -30,23 +30,23 @@ def make_validator(d: Mapping[str, Any], samplers: SamplerSet, has_upsampler: bo
         g = geometry(request, d)
         for name, value in (("height", g.height), ("width", g.width)):
             if value % spatial:
-                raise InvalidRequest(f"diffusion.{name}={value} must be a multiple of {spatial}; pass {_near(value, spatial)}",
-                                     fields=(f"diffusion.{name}",))
+                raise InvalidRequest(f"diffusion.{name}={value} must be a multiple of {spatial}",
+                                     hint=f"pass {_near(value, spatial)}", fields=(f"diffusion.{name}",))
         if (g.num_frames - 1) % temporal:
             k = (g.num_frames - 1) // temporal
-            raise InvalidRequest(f"diffusion.num_frames={g.num_frames} must be {temporal}k+1; pass {temporal * k + 1} or "
-                                 f"{temporal * (k + 1) + 1}", fields=("diffusion.num_frames",))
+            raise InvalidRequest(f"diffusion.num_frames={g.num_frames} must be {temporal}k+1",
+                                 hint=f"pass {temporal * k + 1} or {temporal * (k + 1) + 1}", fields=("diffusion.num_frames",))
         if p.duration_s is not None:
-            raise InvalidRequest("diffusion.duration_s: LTX-2's sound lasts as long as its video (num_frames / fps); "
-                                 "drop duration_s and set num_frames and fps", fields=("diffusion.duration_s",))
+            raise InvalidRequest("diffusion.duration_s: LTX-2's sound lasts as long as its video (num_frames / fps)",
+                                 hint="drop duration_s and set num_frames and fps", fields=("diffusion.duration_s",))
         if g.audio_frames < 1:
-            raise InvalidRequest(f"diffusion.num_frames={g.num_frames} at fps={g.fps} is too short for any audio; "
-                                 "pass more frames", fields=("diffusion.num_frames",))
+            raise InvalidRequest(f"diffusion.num_frames={g.num_frames} at fps={g.fps} is too short for any audio",
+                                 hint="pass more frames", fields=("diffusion.num_frames",))
         sampler = samplers.get(p.sampler)
         steps = p.num_steps(d.get("steps", 30))
         if getattr(sampler, "shift_terminal", None) and steps < 2 and p.sigmas is None:
             raise InvalidRequest(f"diffusion.steps={steps}: this model's schedule stretches to a terminal sigma "
-                                 "(shift_terminal) and needs at least 2 steps; pass steps >= 2",
+                                 "(shift_terminal) and needs at least 2 steps", hint="pass steps >= 2",
                                  fields=("diffusion.steps",))
         if request.task == TaskType.I2V:
             part = first_frame(request)
@@ -56,12 +56,12 @@ def make_validator(d: Mapping[str, Any], samplers: SamplerSet, has_upsampler: bo
             load_image_part(part)  # unreadable -> ValueError naming the source
         if two_stage(request):
             if not has_upsampler:
-                raise InvalidRequest("node_params['upsample']: this checkpoint has no latent_upsampler/; add one (diffusers "
-                                     "LTX2LatentUpsamplerModel.save_pretrained) or drop the upsample/refine node_params",
-                                     fields=("node_params['upsample']",))
+                raise InvalidRequest("node_params['upsample']: this checkpoint has no latent_upsampler/",
+                                     hint="add one (diffusers LTX2LatentUpsamplerModel.save_pretrained) or drop the "
+                                     "upsample/refine node_params", fields=("node_params['upsample']",))
             if request.task == TaskType.I2V:
-                raise InvalidRequest("node_params['upsample']: the two-stage path is text-to-video only for now; drop "
-                                     "upsample/refine for i2v", fields=("node_params['upsample']", "task"))
+                raise InvalidRequest("node_params['upsample']: the two-stage path is text-to-video only for now",
+                                     hint="drop upsample/refine for i2v", fields=("node_params['upsample']", "task"))
         return request
 
     return validate

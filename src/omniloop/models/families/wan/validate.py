@@ -46,21 +46,16 @@ def make_validator(defaults: Mapping[str, Any], samplers: SamplerSet,
                                       ("num_frames", "max_frames", g.num_frames)):
             cap, why = (caps or {}).get(cap_name, (value, ""))
             if value > cap:
-                raise InvalidRequest(f"diffusion.{name}={value} is more than this model serves (at most {cap}: {why}); "
-                                     f"pass {cap} or less",
-                                     fields=(f"diffusion.{name}",))
+                raise InvalidRequest(f"diffusion.{name}={value} is more than this model serves (at most {cap}: {why})",
+                                     hint=f"pass {cap} or less", fields=(f"diffusion.{name}",))
         for name, value in (("height", g.height), ("width", g.width)):
             if value % spatial:
-                raise InvalidRequest(
-                    f"diffusion.{name}={value} must be a multiple of {spatial}; pass {_nearest_multiples(value, spatial)}",
-                    fields=(f"diffusion.{name}",)
-                )
+                raise InvalidRequest(f"diffusion.{name}={value} must be a multiple of {spatial}",
+                                     hint=f"pass {_nearest_multiples(value, spatial)}", fields=(f"diffusion.{name}",))
         if (g.num_frames - 1) % temporal:
             k = (g.num_frames - 1) // temporal
-            raise InvalidRequest(
-                f"diffusion.num_frames={g.num_frames} must be {temporal}k+1; pass {temporal * k + 1} or {temporal * (k + 1) + 1}",
-                fields=("diffusion.num_frames",)
-            )
+            raise InvalidRequest(f"diffusion.num_frames={g.num_frames} must be {temporal}k+1",
+                                 hint=f"pass {temporal * k + 1} or {temporal * (k + 1) + 1}", fields=("diffusion.num_frames",))
         if request.task == TaskType.T2I and g.num_frames != 1:
             raise InvalidRequest(f"task t2i makes one image; diffusion.num_frames must be 1 (got {g.num_frames})",
                                  fields=("diffusion.num_frames",))
@@ -91,6 +86,6 @@ def _frames_from_video(request: OmniRequest, temporal: int) -> OmniRequest:
                              f"{temporal * k + 1} or {temporal * (k + 1) + 1}", fields=("inputs",))
     given = request.diffusion.num_frames
     if given is not None and given != n:
-        raise InvalidRequest(f"diffusion.num_frames={given} but inputs[video] has {n} frames; omit num_frames or pass {n}",
-                             fields=("diffusion.num_frames", "inputs"))
+        raise InvalidRequest(f"diffusion.num_frames={given} but inputs[video] has {n} frames",
+                             hint=f"omit num_frames or pass {n}", fields=("diffusion.num_frames", "inputs"))
     return request.model_copy(update={"diffusion": request.diffusion.model_copy(update={"num_frames": n})})

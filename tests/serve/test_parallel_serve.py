@@ -9,11 +9,13 @@ pool-fatal error the engine recovers from (restart), and the next job is served 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
 
 import httpx
+from websockets.sync.client import connect
 import torch
 
 from omniloop.api.generator import VideoGenerator
@@ -43,8 +45,14 @@ def _serve_one(server) -> bytes:
 
 
 def _one_session(server) -> dict:
+    """A session runs while a client watches it: connect, and read its stream to the end."""
     sid = httpx.post(f"{server.url}/v1/sessions", json={"prompt": "a red circle", "size": "64x32", "steps": 1,
                                                          "max_chunks": 2, "realtime": False}, timeout=60).json()["id"]
+    with connect(f"ws://127.0.0.1:{server.url.rsplit(':', 1)[1]}/v1/sessions/{sid}/stream") as ws:
+        while True:
+            msg = ws.recv(timeout=120)
+            if isinstance(msg, str) and json.loads(msg)["type"] == "end":
+                break
     for _ in range(600):
         body = httpx.get(f"{server.url}/v1/sessions/{sid}").json()
         if body["status"] not in ("queued", "in_progress"):

@@ -26,7 +26,6 @@ ground truth drifts 18-142 there with up to 93% artifacts.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,12 +37,11 @@ ARTIFACT_DISTANCE = 40.0  # RGB distance from every background -> color segment 
 MAX_ARTIFACT_FRACTION = 0.01  # of a frame's pixels
 _MIN_AREA = 0.06  # a counted blob covers at least (0.06 * side)^2 pixels (adherence's object threshold)
 
-MIN_SILHOUETTE = 0.7  # soft IoU of an object's silhouette with its first frames' (ground truth >= 0.9)
-MAX_SIZE_CHANGE = 1.6  # an object's coverage may grow or shrink by this factor from its first frames'
+MIN_SILHOUETTE = 0.7  # soft IoU of an object's silhouette with its usual one (ground truth >= 0.8)
+MAX_SIZE_CHANGE = 1.6  # an object's coverage may grow or shrink by this factor from its usual one
 MAX_SOLIDITY_CHANGE = 0.12  # area / convex hull area: a melting cross or star fills in (cross 0.75, blob ~0.95)
 HOLE_FRACTION = 0.0007  # of the frame's pixels (11 at 128 x 128): an object with a hole this big has lost its shape
 MIN_HOLE = 4  # pixels: the hole threshold's floor on small frames
-_REFERENCE_SHARE = 0.25  # the reference silhouette: the median over the first quarter of the frames
 
 _PALETTE = np.asarray(list(COLORS.values()), dtype=np.float32)  # [K, 3]
 _PALETTE_NAMES = tuple(COLORS)
@@ -71,9 +69,9 @@ class FrameStability:
     objects: int  # separated palette-colored blobs
     artifact_fraction: float  # 0..1
     problems: tuple[str, ...]  # the scores past their thresholds (of PROBLEMS)
-    silhouette: float = 1.0  # worst object's silhouette IoU with its first frames' (1: no object)
-    size_change: float = 1.0  # worst object's coverage ratio to its first frames' (>= 1, either way)
-    solidity_change: float = 0.0  # worst object's |solidity - its first frames'|
+    silhouette: float = 1.0  # worst object's silhouette IoU with its usual one (1: no object)
+    size_change: float = 1.0  # worst object's coverage ratio to its usual one (>= 1, either way)
+    solidity_change: float = 0.0  # worst object's |solidity - its usual one|
     hole: int = 0  # pixels of the largest hole in an object
     specks: int = 0  # small off-palette or detached blobs
 
@@ -103,9 +101,9 @@ class StabilityScore:
         why = {"background": f"drift {f.background_drift:.0f}",
                "objects": f"{f.objects} objects vs {self.usual_objects}",
                "artifacts": f"artifacts {100 * f.artifact_fraction:.1f}%",
-               "shape": f"silhouette IoU {f.silhouette:.2f} with the first frames', solidity change "
+               "shape": f"silhouette IoU {f.silhouette:.2f} with the usual one, solidity change "
                         f"{f.solidity_change:.2f}, hole {f.hole} px",
-               "size": f"size x{f.size_change:.2f} of the first frames'",
+               "size": f"size x{f.size_change:.2f} of the usual one",
                "specks": f"{f.specks} specks"}
         return ", ".join(why[p] for p in f.problems)
 
@@ -163,19 +161,20 @@ class _TrackChanges:
 
 
 def track_changes(tracks: tuple[ObjectTrack, ...], f: int) -> _TrackChanges:
-    """Each tracked object's frames against its reference: the per-pixel median of its
-    descriptors, and the median coverage and solidity, over the first quarter of the clip's
-    frames where it is present. The world's objects never change shape or size and have no
-    holes, so a melting, morphing, shrinking or fading object drifts from its reference
-    while a moving one does not (the descriptor is centred and scaled)."""
+    """Each tracked object's frames against its usual self: the per-pixel median of its
+    descriptors, and the median coverage and solidity, over the frames where it is present.
+    The world's objects never change shape or size and have no holes, so a melting,
+    morphing, shrinking or fading object drifts from its usual self while a moving one does
+    not (the descriptor is centred and scaled). The median over the whole clip, not its
+    first frames: a clip that starts malformed and settles (two objects glued together,
+    then apart) names its first frames, and one that breaks down late its last ones."""
     out = _TrackChanges(np.ones(f), np.ones(f), np.zeros(f), np.zeros(f, dtype=np.int64))
     for track in tracks:
         present = [t for t, d in enumerate(track.descriptors) if d is not None and track.masses[t] > 0]
         if not present:
             continue
-        first = present[:max(1, math.ceil(_REFERENCE_SHARE * f))]
-        reference = np.median(np.stack([track.descriptors[t] for t in first]), axis=0)  # [T, T]
-        ref_mass, ref_solidity = float(np.median(track.masses[first])), float(np.median(track.solidity[first]))
+        reference = np.median(np.stack([track.descriptors[t] for t in present]), axis=0)  # [T, T]
+        ref_mass, ref_solidity = float(np.median(track.masses[present])), float(np.median(track.solidity[present]))
         for t in range(f):
             d = track.descriptors[t]
             if d is None or track.masses[t] <= 0:

@@ -14,7 +14,8 @@ Pipeline per clip (all numpy, ~ms per 17x128x128 clip):
 3. ``evaluate(pairs)``: per-attribute accuracy = correct / (correct + wrong + miss).
 
 Beyond the prompt: ``detect`` also scores every frame's stability (``eval/stability.py``:
-background drift from frame 0, separated objects per frame, artifact area), and a clip is
+background drift from frame 0, separated objects per frame, artifact area, and each
+object's silhouette, size and holes against its usual self, and specks), and a clip is
 ``all_correct`` only when every stated attribute is right *and* no frame fails, so a clip
 whose end collapses fails even when its colors, shapes and motions read right. ``count``
 (the number of separated objects the clip usually shows vs the number the prompt names) is
@@ -431,7 +432,8 @@ class ClipScore:
 
     @property
     def stable(self) -> bool:
-        """No frame fails the stability scores (background drift, object count, artifacts)."""
+        """No frame fails the stability scores (background drift, object count, artifacts,
+        an object's shape and size, specks)."""
         return self.detection.stability is None or self.detection.stability.stable
 
     @property
@@ -578,7 +580,8 @@ def _group_summary(clips: list[ClipScore]) -> dict:
 
 def stability_summary(scores: list[StabilityScore]) -> dict:
     """Stable share, clips per problem kind, and per frame index (over the clips that long):
-    the failing share, mean background drift, mean artifact share and off-count share."""
+    the failing share, mean background drift, mean artifact share, off-count share and the
+    shares failing on an object's shape, its size and specks."""
     if not scores:
         return {}
     longest = max(len(s.frames) for s in scores)
@@ -591,6 +594,8 @@ def stability_summary(scores: list[StabilityScore]) -> dict:
             "drift": round(float(np.mean([f.background_drift for f, _ in frames])), 2),
             "artifact_fraction": round(float(np.mean([f.artifact_fraction for f, _ in frames])), 5),
             "objects_off": round(sum(f.objects != usual for f, usual in frames) / len(frames), 4),
+            **{f"{kind}_off": round(sum(kind in f.problems for f, _ in frames) / len(frames), 4)
+               for kind in ("shape", "size", "specks")},
         })
     problems = {kind: sum(any(kind in f.problems for f in s.frames) for s in scores) for kind in PROBLEMS}
     return {"clips": len(scores), "stable": sum(s.stable for s in scores) / len(scores), "problems": problems,

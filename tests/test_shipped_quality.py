@@ -3,12 +3,17 @@ of held-out prompts on the CPU (16 videos) and must clear per-frame stability an
 thresholds, so a regression in the shipped weights fails CI.
 
 Measured on the shipped weights (issue 15's (b1)/(b2) student, CPU fp32, 1 thread):
-color 95.5%, shape 81.8%, motion 77.3% (22 objects), count 75%, stable 75% (12 of 16 clips;
-9 of the 10 one-object clips), at most 12.5% of the clips failing at any frame index; on 8
-images color 90%, shape 60%. With the session-5 VAE (9-frame training, frames 13-16
-collapsed) stable was 0% and every clip failed at frames 13-16.
+color 95.5%, shape 81.8%, motion 77.3% (22 objects), count 75%; on 8 images color 90%, shape
+60%. Stability with the stricter check of issue 30 item 7 (an object that loses its shape,
+grows a hole or changes size, and specks, are failures too): stable 43.75% (7 of 16 clips; 5
+of the 10 one-object clips), at most 37.5% of the clips failing at any frame index (frame 5).
+The older check (background, object count, artifact area only) read 75% stable (12 of 16; 9
+of 10 one-object clips), at most 12.5% failing at one frame index: it passed a white cross
+ending in a holed blob with a yellow speck. With the session-5 VAE (9-frame training, frames
+13-16 collapsed) stable was 0% and every clip failed at frames 13-16.
 Thresholds: those figures less a margin of 1-3 objects or clips (one object is ~4.5 points,
-one clip 6.25; CI's thread count may flip a clip). Re-measure when new weights ship and tighten:
+one clip 6.25, one of the 10 one-object clips 10; CI's thread count may flip a clip).
+Re-measure when new weights ship and tighten:
 ``python -m omniloop.train.recipes.evaluate --model shapes-t2v-4step --n 16 --images 8 --max-batch 8 --device cpu``.
 
 Cost: 16 x (4 DiT forwards + a 17x128x128 VAE decode; the decode is ~80%): 0.65 s a video on
@@ -30,9 +35,9 @@ from omniloop.train.recipes.shapes_model import STUDENT_NAME
 pytestmark = pytest.mark.slow
 
 N_PROMPTS = 16  # held_out_prompts(16, seed=0): 10 one-object and 6 two-object prompts
-THRESHOLDS = {"color": 0.9, "shape": 0.75, "motion": 0.7, "count": 0.68, "stable": 0.6}
-ONE_OBJECT_STABLE = 0.8  # the 10 one-object clips: a collapsing end fails every one of them
-MAX_FAILING_AT_ANY_FRAME = 0.25  # share of the clips failing at one frame index
+THRESHOLDS = {"color": 0.9, "shape": 0.75, "motion": 0.7, "count": 0.68, "stable": 0.3}
+ONE_OBJECT_STABLE = 0.4  # the 10 one-object clips: a collapsing end fails every one of them
+MAX_FAILING_AT_ANY_FRAME = 0.5  # share of the clips failing at one frame index
 IMAGE_THRESHOLDS = {"color": 0.75, "shape": 0.5}  # once the student declares T2I (8 prompts)
 
 

@@ -35,6 +35,8 @@ def _assert_accurate(report, at_least=0.98):
     for attribute in ("color", "shape", "motion"):
         assert report.attributes[attribute]["scored"] >= N_CLIPS
         assert report.accuracy(attribute) >= at_least, (attribute, report.attributes[attribute], report.failures[:3])
+    # ground truth holds to its last frame: no false alarm of the stability check (shape, size, specks included)
+    assert report.stability["stable"] == 1.0, [f["stability"]["why"] for f in report.failures if not f["stable"]][:3]
 
 
 # ---- ground truth ----------------------------------------------------------------------

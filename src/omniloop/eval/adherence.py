@@ -14,7 +14,8 @@ Pipeline per clip (all numpy, ~ms per 17x128x128 clip):
 3. ``evaluate(pairs)``: per-attribute accuracy = correct / (correct + wrong + miss).
 
 Beyond the prompt: ``detect`` also scores every frame's stability (``eval/stability.py``:
-background drift from frame 0, separated objects per frame, artifact area), and a clip is
+background drift from frame 0, separated objects per frame, artifact area, and each
+object's silhouette, size and holes against its usual self, and specks), and a clip is
 ``all_correct`` only when every stated attribute is right *and* no frame fails, so a clip
 whose end collapses fails even when its colors, shapes and motions read right. ``count``
 (the number of separated objects the clip usually shows vs the number the prompt names) is
@@ -35,7 +36,14 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from omniloop.eval.shapes_render import coverage_table, render_clip
-from omniloop.eval.stability import PROBLEMS, StabilityScore, score_stability
+from omniloop.eval.stability import (
+    PROBLEMS,
+    ObjectTrack,
+    StabilityScore,
+    blob_roots,
+    score_stability,
+    silhouette_geometry,
+)
 from omniloop.eval.shapes_world import (
     BACKGROUNDS,
     COLORS,
@@ -189,24 +197,41 @@ def detect(video) -> SceneDetection:
             cores[k] = (core, present)
             areas[k] = np.median(counts[present, k])
     ranked = [k for k in np.argsort(-areas) if k in cores and areas[k] >= _MIN_AREA_RATIO * areas.max()]
-    objects = [_describe_blob(frames, bg, labels, *cores[k], k, side) for k in ranked]
-    return SceneDetection(bg_name, tuple(objects), score_stability(frames, bg, labels))
+    described = [_describe_blob(frames, bg, labels, *cores[k], k, side) for k in ranked]
+    objects = tuple(d for d, _ in described)
+    return SceneDetection(bg_name, objects, score_stability(frames, bg, labels, tuple(t for _, t in described)))
 
 
 def _describe_blob(frames: np.ndarray, bg: np.ndarray, labels: np.ndarray, core: np.ndarray, present: np.ndarray,
-                   k: int, side: int) -> Detection:
+                   k: int, side: int) -> tuple[Detection, ObjectTrack]:
+    """The object's clip-level verdict (shape voted over <= _SHAPE_FRAMES frames) and its
+    frame-by-frame track (silhouette descriptor and coverage of every frame it is present
+    in), which the stability check compares with the object's first frames."""
+    f = frames.shape[0]
     frames_idx = np.nonzero(present)[0]
     picks = set(np.linspace(0, frames_idx.size - 1, min(_SHAPE_FRAMES, frames_idx.size)).round().astype(int).tolist())
     centroids, areas, descriptors = [], [], []
+    per_frame: list[np.ndarray | None] = [None] * f
+    masses, solidity, holes = np.zeros(f), np.zeros(f), np.zeros(f, dtype=np.int64)
     for j, i in enumerate(frames_idx):
         ys, xs = _object_pixels(labels[i], core[i], k)
         centroids.append((xs.mean() + 0.5, ys.mean() + 0.5))
         areas.append(ys.size)
+        coverage = _coverage_window(frames[i], bg[i], labels[i], k, ys, xs)
         if j in picks:
-            descriptors.append(shape_descriptor(_coverage_window(frames[i], bg[i], labels[i], k, ys, xs)))
+            descriptors.append(shape_descriptor(coverage))
+        # the track reads the object's own blob: a second blob of its color is another
+        # object (or a speck) to the stability check, not a change of this one's shape
+        by, bx = _main_blob(ys, xs, labels.shape[1:])
+        if by.size != ys.size:
+            coverage = _coverage_window(frames[i], bg[i], labels[i], k, by, bx)
+        per_frame[i] = shape_descriptor(coverage)
+        masses[i] = float(coverage.sum())
+        solidity[i], holes[i] = silhouette_geometry(by, bx, _half_covered(frames[i], bg[i], k, by, bx))
     shape, score = classify_shape(descriptors)
     motion = classify_motion(frames_idx, np.asarray(centroids), side)
-    return Detection(_PALETTE_NAMES[k], shape, motion, float(np.median(areas)), int(frames_idx.size), score)
+    detection = Detection(_PALETTE_NAMES[k], shape, motion, float(np.median(areas)), int(frames_idx.size), score)
+    return detection, ObjectTrack(_PALETTE_NAMES[k], tuple(per_frame), masses, solidity, holes)
 
 
 # --------------------------------------------------------------------------------------
@@ -235,6 +260,24 @@ def _coverage_window(frame: np.ndarray, bg: np.ndarray, labels: np.ndarray, k: i
     window_labels = labels[y0:y1, x0:x1]
     explained = (residual <= _MAX_RESIDUAL**2) & ((window_labels == k) | (window_labels < 0))
     return _ramp(np.where(explained, alpha, 0.0))
+
+
+def _main_blob(ys: np.ndarray, xs: np.ndarray, size: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """The largest 4-connected part of the pixels (ys, xs) [N] of an [H, W] frame."""
+    keys = np.full((1, *size), -1, dtype=np.int64)
+    keys[0, ys, xs] = 0
+    roots, pixels = blob_roots(keys)
+    ids, counts = np.unique(roots, return_counts=True)
+    keep = pixels[roots == ids[counts.argmax()]]
+    return keep // size[1], keep % size[1]
+
+
+def _half_covered(frame: np.ndarray, bg: np.ndarray, k: int, ys: np.ndarray, xs: np.ndarray) -> np.ndarray:
+    """[h, w] over the blob's bounding box: pixels whose projection on (color k - bg) is at
+    least half the way to color k, whatever their off-axis tint."""
+    d = frame[ys.min():ys.max() + 1, xs.min():xs.max() + 1].astype(np.float32) - bg
+    axis = _PALETTE[k] - bg
+    return d @ axis >= 0.5 * max(float(axis @ axis), 1.0)
 
 
 def _ramp(alpha: np.ndarray) -> np.ndarray:
@@ -389,7 +432,8 @@ class ClipScore:
 
     @property
     def stable(self) -> bool:
-        """No frame fails the stability scores (background drift, object count, artifacts)."""
+        """No frame fails the stability scores (background drift, object count, artifacts,
+        an object's shape and size, specks)."""
         return self.detection.stability is None or self.detection.stability.stable
 
     @property
@@ -536,7 +580,8 @@ def _group_summary(clips: list[ClipScore]) -> dict:
 
 def stability_summary(scores: list[StabilityScore]) -> dict:
     """Stable share, clips per problem kind, and per frame index (over the clips that long):
-    the failing share, mean background drift, mean artifact share and off-count share."""
+    the failing share, mean background drift, mean artifact share, off-count share and the
+    shares failing on an object's shape, its size and specks."""
     if not scores:
         return {}
     longest = max(len(s.frames) for s in scores)
@@ -549,6 +594,8 @@ def stability_summary(scores: list[StabilityScore]) -> dict:
             "drift": round(float(np.mean([f.background_drift for f, _ in frames])), 2),
             "artifact_fraction": round(float(np.mean([f.artifact_fraction for f, _ in frames])), 5),
             "objects_off": round(sum(f.objects != usual for f, usual in frames) / len(frames), 4),
+            **{f"{kind}_off": round(sum(kind in f.problems for f, _ in frames) / len(frames), 4)
+               for kind in ("shape", "size", "specks")},
         })
     problems = {kind: sum(any(kind in f.problems for f in s.frames) for s in scores) for kind in PROBLEMS}
     return {"clips": len(scores), "stable": sum(s.stable for s in scores) / len(scores), "problems": problems,

@@ -6,8 +6,10 @@ settings alternate run by run, so a machine whose load changes meanwhile treats 
     python benchmarks/bench_cli_threads.py                         # both shipped models
     python benchmarks/bench_cli_threads.py --tiny                  # smoke test (a toy export)
 
-One JSON line per (model, setting): median wall and CPU seconds of ``--repeats`` runs, the CLI's own
-generate / load seconds, the threads ``auto`` resolved to and the load average then.
+One JSON line per (model, setting): median wall and CPU seconds of ``--repeats`` runs, split
+into the CLI's own model-load and generate seconds and the rest (``startup_exit_s``: the
+interpreter, imports, flag checks and the process's exit), the threads ``auto`` resolved to
+and the load average then.
 ``OMP_NUM_THREADS`` is removed from the children's environment, so ``torch`` (the
 baseline setting) is torch's default: one thread per core.
 """
@@ -84,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                   "cpu_s": round(statistics.median(r["cpu_s"] for r in rows), 2),
                   "generate_s": round(statistics.median(r["generate_s"] for r in rows), 2),
                   "load_s": round(statistics.median(r["load_s"] for r in rows), 2),
+                  "startup_exit_s": round(statistics.median(r["wall_s"] - r["load_s"] - r["generate_s"] for r in rows), 2),
                   "walls_s": [round(r["wall_s"], 2) for r in rows], "auto_threads": sorted(set(auto)),
                   "loadavg_1m": [round(b.load, 2) for b in budgets if b.load is not None][:6],
                   "cores": budgets[0].affinity, "torch_default_threads": budgets[0].current})

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from pydantic import ValidationError
 
@@ -496,5 +497,30 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+# commands whose process ends with main(): nothing of theirs runs at interpreter exit
+_QUICK_EXIT = frozenset({"generate", "models", "eval"})
+
+
+def entry() -> NoReturn:
+    """The ``omniloop`` console script: ``main()``, then, for a command that is done once it
+    returns (its files written and renamed, its engine closed), the process leaves without the
+    interpreter's teardown of torch and the other loaded modules, which took 5-11 s after a
+    generate on a 2-core machine under load (``benchmarks/bench_cli_threads.py``:
+    ``startup_exit_s``). A server command exits normally."""
+    try:
+        code = main()
+    except SystemExit as e:  # argparse: --help (0) and usage errors (2)
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if e.code is not None and not isinstance(e.code, int):
+            print(e.code, file=sys.stderr)
+    command = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
+    if command is None or command in _QUICK_EXIT:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -192,7 +192,7 @@ class SPMDPool:
                 msg = None
             if isinstance(msg, RankFailed):
                 raise PoolFatalError(f"rank {rank} failed during {what}: {msg.error.strip().splitlines()[-1]}")
-            if isinstance(msg, kind):
+            if msg is not None and isinstance(msg, kind):  # None: the pipe closed (a rank that died)
                 return msg
             if msg is not None:
                 raise PoolFatalError(f"rank {rank} answered {type(msg).__name__} to {what}")

@@ -307,11 +307,11 @@ class Cosmos3Tokenize(StageBase):
     """Request prompt (or the reasoner's upsampled prompt, an optional typed edge) -> Cosmos3Prompts."""
 
     tokenizer: str = "tokenizer"
-    optional_inputs = {"upsampled": TextArtifact}  # type: ignore[assignment]
-    outputs = {"prompts": Cosmos3Prompts}  # type: ignore[assignment]
+    optional_inputs = {"upsampled": TextArtifact}
+    outputs = {"prompts": Cosmos3Prompts}
 
     @property
-    def components(self) -> tuple[str, ...]:  # type: ignore[override]
+    def components(self) -> tuple[str, ...]:
         return (self.tokenizer,)
 
     def forward(self, ctx: StageContext, state: RequestState) -> None:
@@ -397,7 +397,7 @@ class Cosmos3Condition(ComponentStage):
     gets from encoding the whole padded clip)."""
 
     component: str = "vae"
-    outputs = {"condition": Cosmos3Conditions}  # type: ignore[assignment]
+    outputs = {"condition": Cosmos3Conditions}
 
 
     @torch.inference_mode()
@@ -611,11 +611,11 @@ class Cosmos3DenoiseLoop(DenoiseLoop):
     diffusers' ``mask * x0 + (1 - mask) * noise`` for a 0/1 mask) and the padded action
     channels zeroed. The branches' text KV is freed at ``finalize`` / ``release``."""
 
-    inputs = {"prompts": Cosmos3Prompts}  # type: ignore[assignment]
-    optional_inputs = {"condition": ConditionLatents}  # type: ignore[assignment]
+    inputs = {"prompts": Cosmos3Prompts}
+    optional_inputs = {"condition": ConditionLatents}
     params_schema = Cosmos3Options
 
-    def init(self, ctx: StageContext, state: RequestState) -> DenoiseLoopState:  # type: ignore[override]
+    def init(self, ctx: StageContext, state: RequestState) -> DenoiseLoopState:
         loop = super().init(ctx, state)
         loop.samplers = {m: s for m, s in loop.samplers.items() if m in loop.latents}
         condition = ctx.read_optional(state, "condition", Cosmos3Conditions)
@@ -631,18 +631,18 @@ class Cosmos3DenoiseLoop(DenoiseLoop):
     def inputs_edge(self, ctx: StageContext) -> str:
         return ctx.inputs.get("prompts", "prompts")
 
-    def estimate(self, ctx: StageContext, state: RequestState) -> WorkEstimate:  # type: ignore[override]
+    def estimate(self, ctx: StageContext, state: RequestState) -> WorkEstimate:
         est = super().estimate(ctx, state)
         model = ctx.component(self.denoiser.component)  # type: ignore[attr-defined]
         prompt_tokens = 2 * 512  # both branches' text KV, a generous prompt
         kv = prompt_tokens * model.kv_layout.bytes_per_token(model.dtype)
         return replace(est, resident_bytes=est.resident_bytes + kv)  # its batch group too: steps batch by shape
 
-    def finalize(self, ctx: StageContext, loop: DenoiseLoopState, state: RequestState) -> None:  # type: ignore[override]
+    def finalize(self, ctx: StageContext, loop: DenoiseLoopState, state: RequestState) -> None:
         super().finalize(ctx, loop, state)
         _free_contexts(loop)
 
-    def release(self, loop: DenoiseLoopState) -> None:  # type: ignore[override]
+    def release(self, loop: DenoiseLoopState) -> None:
         super().release(loop)
         _free_contexts(loop)
 
@@ -660,8 +660,8 @@ def _free_contexts(loop: DenoiseLoopState) -> None:
 @dataclass
 class Cosmos3SoundDecode(ComponentStage):
     component: str = "sound_tokenizer"
-    inputs = {"latents": DenoisedLatents}  # type: ignore[assignment]
-    outputs = {"audio": AudioArtifact}  # type: ignore[assignment]
+    inputs = {"latents": DenoisedLatents}
+    outputs = {"audio": AudioArtifact}
 
 
     @torch.inference_mode()
@@ -675,8 +675,8 @@ class Cosmos3SoundDecode(ComponentStage):
 class Cosmos3ActionOutput(StageBase):
     """The predicted actions ``[Ta, raw_dim]`` (the embodiment's unpadded width) -> ``action``."""
 
-    inputs = {"latents": DenoisedLatents}  # type: ignore[assignment]
-    outputs = {"action": TensorArtifact}  # type: ignore[assignment]
+    inputs = {"latents": DenoisedLatents}
+    outputs = {"action": TensorArtifact}
 
     def forward(self, ctx: StageContext, state: RequestState) -> None:
         raw = P.EMBODIMENT_ACTION_DIMS[options_of(state.request).domain]  # type: ignore[index]

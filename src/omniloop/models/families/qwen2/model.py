@@ -72,7 +72,7 @@ class Qwen2Config:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"Qwen2 config: {name} must be a positive int; got {value!r}")
-        if self.num_attention_heads % self.num_key_value_heads:  # type: ignore[operator]
+        if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"Qwen2 config: num_attention_heads={self.num_attention_heads} must be a multiple of "
                 f"num_key_value_heads={self.num_key_value_heads} (grouped-query attention)"

@@ -146,10 +146,11 @@ class NodeHooks:
 
     def _segment_emitter(self, plugin: str) -> Emit:
         fire = self.chain.cache_event
+        assert fire is not None, "an emitter is made only for a chain with cache_event subscribers"
         node = self.node
 
         def emit(kind: str, seg: BlockSegment) -> None:
             s = seg.segment
-            fire(CacheEvent(plugin, kind, node, s.request_id, s.branch, s.step))  # type: ignore[misc]
+            fire(CacheEvent(plugin, kind, node, s.request_id, s.branch, s.step))
 
         return emit

@@ -328,8 +328,9 @@ class ARDecodeLoop(LoopStageBase[ARLoopState]):
 
     def _decode_rows(self, lm: CausalLM, loops: Sequence[ARLoopState]) -> None:
         """One forward over the last sampled token of every loop: KV append + next logits."""
-        if graph_rows(self.graphs, loops):
-            for lp, row in zip(loops, graph_decode(self.graphs, lm, loops)):  # type: ignore[arg-type]
+        graphs = self.graphs
+        if graphs is not None and graph_rows(graphs, loops):
+            for lp, row in zip(loops, graph_decode(graphs, lm, loops)):
                 lp.logits = row
             return
         device = loops[0].kv.device
@@ -394,12 +395,12 @@ def greedy_tokens(loops: Sequence[ARLoopState]) -> dict[int, int]:
     """``{row: token}`` of the loops whose next token is a plain argmax (temperature 0, no
     repetition penalty): one batched argmax and one ``tolist`` sync for all of them instead
     of one ``int(argmax)`` sync per row; equal to :func:`sample_token` for those rows."""
-    rows = [i for i, lp in enumerate(loops) if lp.logits is not None and lp.params.temperature == 0
-            and (lp.seen is None or lp.params.repetition_penalty == 1.0)]
-    if not rows:
+    greedy = [(i, lp.logits) for i, lp in enumerate(loops) if lp.logits is not None and lp.params.temperature == 0
+              and (lp.seen is None or lp.params.repetition_penalty == 1.0)]
+    if not greedy:
         return {}
-    tokens = torch.stack([loops[i].logits for i in rows]).argmax(-1).tolist()  # type: ignore[misc]
-    return dict(zip(rows, tokens))
+    tokens = torch.stack([logits for _, logits in greedy]).argmax(-1).tolist()
+    return dict(zip([i for i, _ in greedy], tokens))
 
 
 def sample_token(loop: ARLoopState) -> int:

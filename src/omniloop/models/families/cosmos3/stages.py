@@ -545,7 +545,7 @@ class Cosmos3Denoiser(DenoiserBase):
         layout = self.layout(ctx, request, condition)
         geo = geometry(request, ctx.defaults)
         domain = _domain(request, ctx.device)
-        raw = P.EMBODIMENT_ACTION_DIMS[options_of(request).domain] if action_mode(request) else None  # type: ignore[index]
+        raw = P.EMBODIMENT_ACTION_DIMS[embodiment(request)] if action_mode(request) else None
         out = {}
         for branch in branches:
             ids = prompts.cond if branch == COND else prompts.uncond
@@ -585,7 +585,14 @@ class Cosmos3Denoiser(DenoiserBase):
 def _domain(request: OmniRequest, device: torch.device) -> torch.Tensor | None:
     if action_mode(request) is None:
         return None
-    return torch.tensor([P.EMBODIMENT_DOMAIN_IDS[options_of(request).domain]], device=device)  # type: ignore[index]
+    return torch.tensor([P.EMBODIMENT_DOMAIN_IDS[embodiment(request)]], device=device)
+
+
+def embodiment(request: OmniRequest) -> str:
+    """An action request's embodiment domain (admission refuses an action task without one)."""
+    domain = options_of(request).domain
+    assert domain is not None, "admission requires node_params['denoise'].domain for action tasks"
+    return domain
 
 
 @dataclass(frozen=True)
@@ -622,7 +629,7 @@ class Cosmos3DenoiseLoop(DenoiseLoop):
         if condition is not None and condition.vision_frames:
             frames = list(condition.vision_frames)
             loop.latents["video"][:, :, frames] = condition.latents[:, :, frames].to(loop.latents["video"])
-        raw = P.EMBODIMENT_ACTION_DIMS[options_of(state.request).domain] if "action" in loop.latents else None  # type: ignore[index]
+        raw = P.EMBODIMENT_ACTION_DIMS[embodiment(state.request)] if "action" in loop.latents else None
         loop.policy_states[self.conditioning.name] = raw
         if raw is not None:
             loop.latents["action"][..., raw:] = 0
@@ -679,6 +686,6 @@ class Cosmos3ActionOutput(StageBase):
     outputs = {"action": TensorArtifact}
 
     def forward(self, ctx: StageContext, state: RequestState) -> None:
-        raw = P.EMBODIMENT_ACTION_DIMS[options_of(state.request).domain]  # type: ignore[index]
+        raw = P.EMBODIMENT_ACTION_DIMS[embodiment(state.request)]
         actions = ctx.read(state, "latents", DenoisedLatents).latents["action"][0, :, :raw]
         ctx.write(state, "action", TensorArtifact(tensor=actions.float().cpu()))

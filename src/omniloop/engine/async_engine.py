@@ -20,6 +20,7 @@ from omniloop.deploy import DeployConfig
 from omniloop.cache.adapters import CACHE_NAME as ADAPTERS
 from omniloop.cache.text_embeddings import CACHE_NAME as TEXT_EMBEDDINGS
 from omniloop.engine.engine import Engine, EngineConfig
+from omniloop.engine.engine_like import EngineLike
 from omniloop.engine.model_pool import ModelPool
 from omniloop.engine.errors import EngineDeadError, RequestRejected, UnknownRequest
 from omniloop.ext.install import install_plugins
@@ -58,7 +59,7 @@ def load_options(deploy: DeployConfig) -> LoadOptions:
 
 
 class AsyncEngine:
-    def __init__(self, engine: Engine, *, model_name: str = "") -> None:
+    def __init__(self, engine: EngineLike, *, model_name: str = "") -> None:
         self.engine = engine
         self.model_name = model_name
         # request id -> (its caller's event loop, the queue its events go to); one entry per
@@ -112,7 +113,7 @@ class AsyncEngine:
                          device_budget_bytes=None if config.model_device_gb is None else int(config.model_device_gb * gib),
                          host_budget_bytes=None if config.model_host_gb is None else int(config.model_host_gb * gib),
                          sources={n: (str(p),) for n, p in models.items()})
-        return cls(pool, model_name=next(iter(models)))  # type: ignore[arg-type]
+        return cls(pool, model_name=next(iter(models)))
 
     def cache_summaries(self) -> dict[str, dict[str, dict[str, Any]]]:
         """model -> cache name -> counters (the text-embedding and adapter caches) of every

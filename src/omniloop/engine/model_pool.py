@@ -32,7 +32,8 @@ from typing import Any, Callable, Literal
 
 import torch
 
-from omniloop.engine.engine import Engine, EngineConfig
+from omniloop.engine.engine import Engine, EngineConfig, EngineStats, EventSink
+from omniloop.engine.engine_like import CostSnapshots
 from omniloop.engine.errors import RequestRejected, UnknownRequest
 from omniloop.pipeline.pipeline import Pipeline
 from omniloop.request import ErrorKind, OmniOutput, OmniRequest
@@ -58,6 +59,11 @@ class ModelSlot:
         """Requests in flight: their loop states hold device tensors, so no eviction."""
         return self.engine is not None and self.engine.num_running() > 0
 
+    def loaded(self) -> Engine:
+        """The slot's engine, for a slot the pool has loaded (tier device or host)."""
+        assert self.engine is not None, f"model {self.name!r} is on disk; the pool loads it first"
+        return self.engine
+
     def oldest(self) -> float | None:
         return min(self.arrivals.values()) if self.arrivals else None
 
@@ -71,18 +77,46 @@ class PoolStats:
     disk_loads: int = 0
 
 
-class _Stats:
-    """The engines' counters summed (``rejected`` also counts the pool's own rejections)."""
+class PoolEngineStats:
+    """The engines' counters summed (an ``EngineStatsView``); ``rejected`` also counts the
+    pool's own rejections, the one counter callers add to."""
 
     def __init__(self, pool: "ModelPool") -> None:
-        object.__setattr__(self, "_pool", pool)
+        self._pool = pool
 
-    def __getattr__(self, name: str) -> int:
-        total = sum(getattr(s.engine.stats, name) for s in self._pool.slots.values() if s.engine is not None)
-        return total + (self._pool._rejected if name == "rejected" else 0)
+    def _sum(self, counter: Callable[[EngineStats], int]) -> int:
+        return sum(counter(s.engine.stats) for s in self._pool.slots.values() if s.engine is not None)
 
-    def __setattr__(self, name: str, value: int) -> None:
-        assert name == "rejected", f"pool stats are sums; only 'rejected' is counted at the pool (got {name})"
+    @property
+    def completed(self) -> int:
+        return self._sum(lambda s: s.completed)
+
+    @property
+    def failed(self) -> int:
+        return self._sum(lambda s: s.failed)
+
+    @property
+    def cancelled(self) -> int:
+        return self._sum(lambda s: s.cancelled)
+
+    @property
+    def pool_restarts(self) -> int:
+        return self._sum(lambda s: s.pool_restarts)
+
+    @property
+    def steps(self) -> int:
+        return self._sum(lambda s: s.steps)
+
+    @property
+    def batched_steps(self) -> int:
+        return self._sum(lambda s: s.batched_steps)
+
+    @property
+    def rejected(self) -> int:
+        return self._sum(lambda s: s.rejected) + self._pool._rejected
+
+    @rejected.setter
+    def rejected(self, value: int) -> None:
         self._pool._rejected += value - self.rejected
 
 
@@ -140,12 +174,12 @@ class ModelPool:
         self.switch_after = switch_after
         self.pool_stats = PoolStats()
         self._rejected = 0
-        self._event_sink: Any = None
+        self._event_sink: EventSink | None = None
         self._accepting = True
         self._owner: dict[str, str] = {}  # request id -> model
         self._lock = threading.Lock()
         self.device: torch.device | None = None  # the first pipeline's; every model serves on it
-        self.stats = _Stats(self)
+        self.stats = PoolEngineStats(self)
         for slot in self.slots.values():
             self._load(slot)  # everything starts loaded; over budget, the LRU goes to the host
 
@@ -154,7 +188,7 @@ class ModelPool:
         slot = self._slot_for(request)
         if slot.engine is None:  # on disk: admission needs the pipeline (its validator)
             self._load(slot)
-        rid = slot.engine.add_request(request, paused=paused)  # type: ignore[union-attr]
+        rid = slot.loaded().add_request(request, paused=paused)
         with self._lock:
             self._owner[rid] = slot.name
             slot.arrivals[rid] = time.perf_counter()
@@ -166,7 +200,7 @@ class ModelPool:
             return []
         if slot.tier != "device":
             self._make_resident(slot)
-        outs = slot.engine.step()  # type: ignore[union-attr]
+        outs = slot.loaded().step()
         slot.last_used = time.perf_counter()
         with self._lock:
             for out in outs:
@@ -177,14 +211,14 @@ class ModelPool:
         self._engine_of(request_id).abort(request_id, forget=forget)
 
     def pop_output(self, request_id: str) -> OmniOutput | None:
-        name = self._owner.get(request_id)
-        if name is None or self.slots[name].engine is None:
+        slot = self._owner_of(request_id)
+        if slot is None or slot.engine is None:
             return None
-        out = self.slots[name].engine.pop_output(request_id)  # type: ignore[union-attr]
+        out = slot.engine.pop_output(request_id)
         if out is not None:
             with self._lock:
                 self._owner.pop(request_id, None)
-                self.slots[name].arrivals.pop(request_id, None)
+                slot.arrivals.pop(request_id, None)
         return out
 
     def has_unfinished(self) -> bool:
@@ -205,9 +239,8 @@ class ModelPool:
         self._engine_of(request_id).resume(request_id)
 
     def is_tracked(self, request_id: str) -> bool:
-        name = self._owner.get(request_id)
-        return name is not None and self.slots[name].engine is not None and \
-            self.slots[name].engine.is_tracked(request_id)  # type: ignore[union-attr]
+        slot = self._owner_of(request_id)
+        return slot is not None and slot.engine is not None and slot.engine.is_tracked(request_id)
 
     def tracked_ids(self) -> list[str]:
         return [rid for s in self.slots.values() if s.engine is not None for rid in s.engine.tracked_ids()]
@@ -222,11 +255,11 @@ class ModelPool:
         return {n: s.engine.plugin_metrics() for n, s in self.slots.items() if s.engine is not None}
 
     @property
-    def event_sink(self) -> Any:
+    def event_sink(self) -> EventSink | None:
         return self._event_sink
 
     @event_sink.setter
-    def event_sink(self, sink: Any) -> None:
+    def event_sink(self, sink: EventSink | None) -> None:
         self._event_sink = sink
         for slot in self.slots.values():
             if slot.engine is not None:
@@ -244,7 +277,7 @@ class ModelPool:
                 slot.engine.accepting = value
 
     @property
-    def cost_model(self) -> Any:
+    def cost_model(self) -> CostSnapshots:
         return _Snapshots(self)
 
     @property
@@ -260,7 +293,7 @@ class ModelPool:
         for slot in self.slots.values():
             if slot.engine is None:
                 self._load(slot)
-        return {n: s.engine.pipeline for n, s in self.slots.items()}  # type: ignore[union-attr]
+        return {n: s.loaded().pipeline for n, s in self.slots.items()}
 
     # -- residency --------------------------------------------------------------------------
     def residency(self) -> dict[str, dict[str, Any]]:
@@ -305,7 +338,7 @@ class ModelPool:
             self._load(slot)
         self._evict_for(slot)
         if slot.tier == "host":
-            move_pipeline(slot.engine.pipeline, self.device)  # type: ignore[union-attr]
+            move_pipeline(slot.loaded().pipeline, self.device)
             slot.tier = "device"
         self.pool_stats.transitions += 1
         self.pool_stats.transition_s += time.perf_counter() - t0
@@ -320,7 +353,7 @@ class ModelPool:
             self._offload(idle.pop(0))
 
     def _offload(self, slot: ModelSlot) -> None:
-        move_pipeline(slot.engine.pipeline, "cpu")  # type: ignore[union-attr]
+        move_pipeline(slot.loaded().pipeline, "cpu")
         slot.tier = "host"
         self.pool_stats.evictions_to_host += 1
         if self.host_budget is None:
@@ -329,7 +362,7 @@ class ModelPool:
                         key=lambda s: s.last_used)
         while sum(s.nbytes for s in self.slots.values() if s.tier == "host") > self.host_budget and hosted:
             victim = hosted.pop(0)
-            adapters = victim.engine.pipeline.caches.get("adapters")  # type: ignore[union-attr]
+            adapters = victim.loaded().pipeline.caches.get("adapters")
             # LoRAs loaded while serving (not only the deploy config's): registered again on reload
             victim.loras = [(i["name"], i["source"]) for i in adapters.list()] if adapters is not None else []
             victim.engine, victim.tier = None, "disk"
@@ -362,11 +395,16 @@ class ModelPool:
                                   fields=("model",), kind=ErrorKind.UNKNOWN_MODEL)
         return slot
 
-    def _engine_of(self, request_id: str) -> Engine:
+    def _owner_of(self, request_id: str) -> ModelSlot | None:
+        """The slot of the model serving ``request_id`` (None: not a request of this pool)."""
         name = self._owner.get(request_id)
-        if name is None or self.slots[name].engine is None:
+        return self.slots[name] if name is not None else None
+
+    def _engine_of(self, request_id: str) -> Engine:
+        slot = self._owner_of(request_id)
+        if slot is None or slot.engine is None:
             raise UnknownRequest(f"no request {request_id!r}; pass the id add_request returned")
-        return self.slots[name].engine  # type: ignore[return-value]
+        return slot.engine
 
 
 class _Snapshots:

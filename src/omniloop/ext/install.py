@@ -25,7 +25,7 @@ import dataclasses
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping, Protocol, Sequence, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -33,9 +33,65 @@ from omniloop.ext.hooks import HookChain
 from omniloop.ext.plugin import BuildContext, PluginSpec, resolve_plugin
 from omniloop.ext.runtime import NodeHooks
 from omniloop.ext.taps import decompile_watched, register_taps
-from omniloop.request import InvalidRequest, format_validation_error
+from omniloop.request import InvalidRequest, OmniRequest, format_validation_error
 
 logger = logging.getLogger(__name__)
+
+
+# -- the pipeline as installation sees it (ext sits below pipeline: Protocols, not imports) --
+class HookedContext(Protocol):
+    """A node's ``StageContext``: a frozen dataclass installation copies with its hooks."""
+
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]  # what dataclasses.replace takes
+
+    @property
+    def hooks(self) -> NodeHooks | None: ...
+
+    @property
+    def defaults(self) -> Mapping[str, Any]: ...
+
+
+class HostNode(Protocol):
+    """A ``Node`` of the pipeline spec (a loop's stage declares ``interceptor_support``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def is_loop(self) -> bool: ...
+
+    @property
+    def stage(self) -> Any: ...
+
+
+class HostSpec(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def family(self) -> str: ...
+
+    @property
+    def nodes(self) -> Sequence[HostNode]: ...
+
+
+C = TypeVar("C", bound=HookedContext)
+
+
+class PluginHost(Protocol[C]):
+    """What plugin installation reads and replaces on a ``Pipeline``: its spec's nodes, its
+    components (module taps) and its per-node contexts (whose ``hooks`` it sets on a copy)."""
+
+    contexts: dict[str, C]
+
+    @property
+    def spec(self) -> HostSpec: ...
+
+    @property
+    def components(self) -> Mapping[str, Any]: ...
+
+
+P = TypeVar("P", bound=PluginHost[Any])
 
 
 @dataclass
@@ -60,8 +116,8 @@ class InstalledPlugins:
 
 
 def install_plugins(
-    pipeline: Any, plugins: Mapping[str, Mapping[str, Any] | None] | None, *, compile: bool = False, sp_group: Any = None
-) -> Any:
+    pipeline: P, plugins: Mapping[str, Mapping[str, Any] | None] | None, *, compile: bool = False, sp_group: Any = None
+) -> P:
     """A copy of ``pipeline`` with the plugins attached (the same pipeline when none)."""
     if not plugins:
         return pipeline
@@ -98,27 +154,27 @@ def install_plugins(
             step_interceptors=[p for p in node_plugins if p.declarations.kind == "step_interceptor"],
             block_interceptor=next((p for p in node_plugins if p.declarations.kind == "block_interceptor"), None),
             taps=bool(tapped),
+            installed=installed,
         )
-        hooks.installed = installed  # type: ignore[attr-defined]
         out.contexts[node_name] = dataclasses.replace(ctx, hooks=hooks)
     logger.info("plugins enabled: %s; hook points in use: %s; bindings: %s",
                 sorted(built), chain.subscribed, installed.bindings)
     return out
 
 
-def installed_plugins(pipeline: Any) -> InstalledPlugins | None:
+def installed_plugins(pipeline: PluginHost[Any]) -> InstalledPlugins | None:
     for ctx in pipeline.contexts.values():
         if ctx.hooks is not None:
             return ctx.hooks.installed
     return None
 
 
-def plugin_chain(pipeline: Any) -> HookChain | None:
+def plugin_chain(pipeline: PluginHost[Any]) -> HookChain | None:
     installed = installed_plugins(pipeline)
     return installed.chain if installed is not None else None
 
 
-def check_plugin_params(request: Any, pipeline: Any) -> None:
+def check_plugin_params(request: OmniRequest, pipeline: PluginHost[Any]) -> None:
     """Admission: ``diffusion.plugin_params`` may only name enabled plugins, each validated
     against its request schema. Raises ValueError naming the plugin and field."""
     params = request.diffusion.plugin_params
@@ -136,10 +192,10 @@ def check_plugin_params(request: Any, pipeline: Any) -> None:
             raise InvalidRequest(f"{where}: plugin {name!r} takes no per-request parameters; drop it from plugin_params",
                                  fields=(where,))
         try:
-            params = schema.model_validate(raw)
+            validated = schema.model_validate(raw)
             merge = getattr(installed.plugins[name], "request_config", None)
             if merge is not None:
-                merge(params, steps=1 << 30)  # the merged config must be valid too
+                merge(validated, steps=1 << 30)  # the merged config must be valid too
         except ValidationError as e:
             raise format_validation_error(e, prefix=where).error() from None
 
@@ -147,7 +203,7 @@ def check_plugin_params(request: Any, pipeline: Any) -> None:
 # -- checks -------------------------------------------------------------------------------
 
 
-def _bind(pipeline: Any, built: Mapping[str, Any]) -> dict[str, list[Any]]:
+def _bind(pipeline: PluginHost[Any], built: Mapping[str, Any]) -> dict[str, list[Any]]:
     """Interceptors per loop node, after the capability and conflict checks."""
     loops = [n for n in pipeline.spec.nodes if n.is_loop]
     support = {n.name: _support(n, pipeline.contexts[n.name]) for n in loops}
@@ -184,12 +240,12 @@ def _bind(pipeline: Any, built: Mapping[str, Any]) -> dict[str, list[Any]]:
     return {n: ps for n, ps in bound.items() if ps}
 
 
-def _support(node: Any, ctx: Any) -> frozenset[str]:
-    fn = getattr(node.stage, "interceptor_support", None)
-    return frozenset(fn(ctx)) if callable(fn) else frozenset()
+def _support(node: HostNode, ctx: HookedContext) -> frozenset[str]:
+    """The interceptor kinds a loop node takes (``LoopStage.interceptor_support``)."""
+    return frozenset(node.stage.interceptor_support(ctx))
 
 
-def _unsupported(name: str, want: str, node: str | None, pipeline: Any) -> str:
+def _unsupported(name: str, want: str, node: str | None, pipeline: PluginHost[Any]) -> str:
     where = f"loop {node!r}" if node else f"no loop of pipeline {pipeline.spec.name!r}"
     if want == "block":
         return (f"plugins[{name!r}] intercepts transformer blocks, but {where} runs a model without run_blocks "
@@ -207,7 +263,7 @@ def _check_steps(name: str, plugin: Any, node: str, defaults: Mapping[str, Any])
         )
 
 
-def _check_graph_declarations(pipeline: Any, built: Mapping[str, Any], tapped: list[str], compile: bool) -> list[str]:
+def _check_graph_declarations(pipeline: PluginHost[Any], built: Mapping[str, Any], tapped: list[str], compile: bool) -> list[str]:
     report = []
     for name, plugin in built.items():
         decl = plugin.declarations

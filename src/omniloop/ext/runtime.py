@@ -6,7 +6,7 @@ nothing here runs) and, per hook point, behind that point's ``is not None`` chec
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
@@ -24,6 +24,9 @@ from omniloop.ext.interceptors import (
 )
 from omniloop.ext.scope import Segment, using_scope
 
+if TYPE_CHECKING:
+    from omniloop.ext.install import InstalledPlugins
+
 
 class NodeHooks:
     """The observer chain (shared by every node) plus this node's interceptors."""
@@ -36,9 +39,11 @@ class NodeHooks:
         step_interceptors: Sequence[StepInterceptor] = (),
         block_interceptor: BlockInterceptorPlugin | None = None,
         taps: bool = False,
+        installed: InstalledPlugins | None = None,
     ) -> None:
         self.node = node
         self.chain = chain
+        self.installed = installed  # the deployment's plugins (shared by every node's hooks)
         self.step_interceptors = tuple(step_interceptors)
         self.block_interceptor = block_interceptor
         self.interceptors: tuple[Any, ...] = (*self.step_interceptors, *([block_interceptor] if block_interceptor else []))
@@ -141,10 +146,11 @@ class NodeHooks:
 
     def _segment_emitter(self, plugin: str) -> Emit:
         fire = self.chain.cache_event
+        assert fire is not None, "an emitter is made only for a chain with cache_event subscribers"
         node = self.node
 
         def emit(kind: str, seg: BlockSegment) -> None:
             s = seg.segment
-            fire(CacheEvent(plugin, kind, node, s.request_id, s.branch, s.step))  # type: ignore[misc]
+            fire(CacheEvent(plugin, kind, node, s.request_id, s.branch, s.step))
 
         return emit

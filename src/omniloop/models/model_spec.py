@@ -16,6 +16,7 @@ import torch
 
 from omniloop.models.layers.cuda_graph_defaults import DEFAULT_MAX_GRAPHS, DEFAULT_MAX_TOKENS
 from omniloop.pipeline.pipeline import Pipeline
+from omniloop.pipeline.policies.cfg import CFGMode
 from omniloop.request import TaskType
 
 
@@ -26,7 +27,7 @@ class LoadOptions:
     device: torch.device
     dtype: torch.dtype
     attention_backend: str = "sdpa"
-    cfg_mode: str = "sequential"
+    cfg_mode: CFGMode = "sequential"
     compile: bool = False
     quantization: str = "none"  # "fp8": e4m3 GEMMs in the transformer blocks (layers/fp8_linear.py)
     chunk_kv_budget_bytes: int | None = None  # causal video families' KV slab pool (None: cache/chunk_kv default)

@@ -43,7 +43,7 @@ class task_in(Predicate):  # noqa: N801 - reads as a declaration: when=task_in(I
     def __init__(self, *tasks: TaskType | Iterable[TaskType]) -> None:
         flat: list[TaskType] = []
         for t in tasks:
-            flat.extend([t] if isinstance(t, (TaskType, str)) else t)  # type: ignore[list-item]
+            flat.extend([t] if isinstance(t, (TaskType, str)) else t)
         object.__setattr__(self, "members", frozenset(TaskType(t) for t in flat))
 
     def __call__(self, request: OmniRequest) -> bool:

@@ -8,18 +8,25 @@ forward.
 
 The protocols list every method the engine calls; ``StageBase`` / ``LoopStageBase`` give
 the optional ones their defaults, so the engine never probes a stage with ``getattr``.
+Both loop types are generic over the loop's state: ``class DenoiseLoop(LoopStageBase[DenoiseLoopState])``
+takes its own state in ``step`` / ``finalize`` / ``batch_key``...; the engine, which holds
+loops of every kind, sees ``LoopStage[Any]``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Hashable, Mapping, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Hashable, Mapping, Protocol, Sequence, TypeVar, runtime_checkable
 
 from pydantic import BaseModel
 
 from omniloop.pipeline.failures import per_request
 from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
 from omniloop.request import Artifact
+
+
+# The state one loop keeps per request (``DenoiseLoopState``, ``ARLoopState``...).
+S = TypeVar("S", bound=LoopState)
 
 
 @dataclass(frozen=True)
@@ -45,13 +52,25 @@ class WorkEstimate:
 
 class _Ports(Protocol):
     # Typed ports: port name -> artifact type. Ports equal edge names unless the Node renames.
-    inputs: ClassVar[Mapping[str, type[Artifact]]] | Mapping[str, type[Artifact]]
-    optional_inputs: ClassVar[Mapping[str, type[Artifact]]] | Mapping[str, type[Artifact]]
-    outputs: ClassVar[Mapping[str, type[Artifact]]] | Mapping[str, type[Artifact]]
-    # Names of the components this stage binds (validated against the spec's components).
-    components: Sequence[str]
-    # Schema of OmniRequest.node_params[node] for this stage, or None if it takes none.
-    params_schema: type[BaseModel] | None
+    # Read-only: a class attribute or a property (computed from the stage's fields) satisfies them.
+    @property
+    def inputs(self) -> Mapping[str, type[Artifact]]: ...
+
+    @property
+    def optional_inputs(self) -> Mapping[str, type[Artifact]]: ...
+
+    @property
+    def outputs(self) -> Mapping[str, type[Artifact]]: ...
+
+    @property
+    def components(self) -> Sequence[str]:
+        """Names of the components this stage binds (validated against the spec's components)."""
+        ...
+
+    @property
+    def params_schema(self) -> type[BaseModel] | None:
+        """Schema of OmniRequest.node_params[node] for this stage, or None if it takes none."""
+        ...
 
 
 @runtime_checkable
@@ -84,14 +103,14 @@ class Stage(_Ports, Protocol):
 
 
 @runtime_checkable
-class LoopStage(_Ports, Protocol):
+class LoopStage(_Ports, Protocol[S]):
     """Every method the engine calls on a loop node (``LoopStageBase`` gives the defaults)."""
 
-    def init(self, ctx: StageContext, state: RequestState) -> LoopState: ...
+    def init(self, ctx: StageContext, state: RequestState) -> S: ...
 
-    def step(self, ctx: StageContext, loop: LoopState) -> StepResult: ...
+    def step(self, ctx: StageContext, loop: S) -> StepResult: ...
 
-    def finalize(self, ctx: StageContext, loop: LoopState, state: RequestState) -> None: ...
+    def finalize(self, ctx: StageContext, loop: S, state: RequestState) -> None: ...
 
     def estimate(self, ctx: StageContext, state: RequestState) -> WorkEstimate: ...
 
@@ -108,44 +127,49 @@ class LoopStage(_Ports, Protocol):
         refused elsewhere)."""
         ...
 
-    def step_flops(self, loop: LoopState) -> float | None:
+    def step_flops(self, loop: S) -> float | None:
         """Analytic FLOPs of the loop's next step (the cost model's prior; None: unknown)."""
         ...
 
-    def finite_many(self, loops: Sequence[LoopState]) -> list[bool]:
+    def finite_many(self, loops: Sequence[S]) -> list[bool]:
         """Per loop of one batched step: False when its state holds NaN/Inf."""
         ...
 
-    def release(self, loop: LoopState) -> None:
+    def release(self, loop: S) -> None:
         """Free what ``loop`` holds when it ends without ``finalize`` (cancel, failure)."""
         ...
 
-    def batch_key(self, loop: LoopState) -> Hashable | None:
+    def batch_key(self, loop: S) -> Hashable | None:
         """Steps of loops with equal, non-None keys may run as one ``step_many`` call (``batches_with``)."""
         ...
 
-    def step_many(self, ctx: StageContext, loops: Sequence[LoopState]) -> list[StepResult]:
+    def step_many(self, ctx: StageContext, loops: Sequence[S]) -> list[StepResult]:
         """One step of each loop. Either it raises before changing any loop (the engine then
         retries each loop alone, so only the culprit fails), or it returns one result per
         loop, where a request's own failure is ``StepResult.failed(exc)`` and the others'
         steps stand (``omniloop.pipeline.failures``)."""
         ...
 
-    def batch_weight(self, loop: LoopState) -> int:
+    def batch_weight(self, loop: S) -> int:
         """What the loop's next step adds to a batch under the scheduler's token budget
         (``SchedulingPolicy.max_batch_tokens``); 0: nothing counted."""
         ...
 
-    def ready(self, loop: LoopState) -> bool:
+    def ready(self, loop: S) -> bool:
         """False while the loop's next step cannot run (it waits for KV blocks)."""
         ...
 
-    def ready_at(self, loop: LoopState) -> float | None:
+    def ready_at(self, loop: S) -> float | None:
         """``time.perf_counter()`` before which the next step must not run (None: now)."""
         ...
 
-    def in_prologue(self, loop: LoopState) -> bool:
+    def in_prologue(self, loop: S) -> bool:
         """True while the loop's next step is prologue work (an AR loop's prefill chunks)."""
+        ...
+
+    def interceptor_support(self, ctx: StageContext) -> frozenset[str]:
+        """The plugin interceptor kinds the loop takes at this node: ``"step"``, ``"block"``
+        (its model runs its blocks through ``run_blocks``); plugin installation binds by it."""
         ...
 
 
@@ -167,8 +191,17 @@ class StageBase:
     inputs: ClassVar[Mapping[str, type[Artifact]]] = {}
     optional_inputs: ClassVar[Mapping[str, type[Artifact]]] = {}
     outputs: ClassVar[Mapping[str, type[Artifact]]] = {}
-    components: Sequence[str] = ()
     params_schema: type[BaseModel] | None = None
+    if TYPE_CHECKING:  # read-only to the engine: a subclass sets it or computes it from its fields
+        @property
+        def components(self) -> Sequence[str]: ...
+    else:
+        components: Sequence[str] = ()
+
+    if TYPE_CHECKING:  # a one-shot subclass defines it; declared for the type checker only, so a
+        # stage that lacks it still fails spec validation (``_check_node_shape``) instead of
+        # inheriting a default
+        def forward(self, ctx: StageContext, state: RequestState) -> None: ...
 
     def estimate(self, ctx: StageContext, state: RequestState) -> WorkEstimate:
         """Cost/memory estimate before the node runs (override where it matters)."""
@@ -186,7 +219,7 @@ class StageBase:
         """Default: ``forward`` for each request in turn (the engine calls it only when
         ``groups_forward``; a stage that batches overrides it)."""
         for state in states:
-            self.forward(ctx, state)  # type: ignore[attr-defined]
+            self.forward(ctx, state)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -199,28 +232,35 @@ class ComponentStage(StageBase):
     component: str = ""
 
     @property
-    def components(self) -> tuple[str, ...]:  # type: ignore[override]
+    def components(self) -> tuple[str, ...]:
         return (self.component,)
 
 
-class LoopStageBase(StageBase):
+class LoopStageBase(StageBase, Generic[S]):
     """Defaults of the optional loop methods: no cost prior, always finite, nothing to
     release, no batching (``step_many`` steps the loops one by one, each failure its own)."""
 
-    def step_flops(self, loop: LoopState) -> float | None:
+    if TYPE_CHECKING:  # every loop defines these (no defaults: spec validation names a missing one)
+        def init(self, ctx: StageContext, state: RequestState) -> S: ...
+
+        def step(self, ctx: StageContext, loop: S) -> StepResult: ...
+
+        def finalize(self, ctx: StageContext, loop: S, state: RequestState) -> None: ...
+
+    def step_flops(self, loop: S) -> float | None:
         """Analytic FLOPs of the loop's next step (None: unknown)."""
         return None
 
-    def is_finite(self, loop: LoopState) -> bool:
+    def is_finite(self, loop: S) -> bool:
         """False when the loop's state holds NaN/Inf (the engine then fails the request)."""
         return True
 
-    def finite_many(self, loops: Sequence[LoopState]) -> list[bool]:
+    def finite_many(self, loops: Sequence[S]) -> list[bool]:
         """``is_finite`` of each loop of one batched step (override to check them with one
         device sync instead of one per loop)."""
         return [self.is_finite(lp) for lp in loops]
 
-    def release(self, loop: LoopState) -> None:
+    def release(self, loop: S) -> None:
         """Free what ``loop`` holds when it ends without ``finalize`` (cancel, failure)."""
 
     def starts_from_given(self, ctx: StageContext, produced: frozenset[str]) -> bool:
@@ -231,28 +271,45 @@ class LoopStageBase(StageBase):
         """Whether the loop has a first chunk of its own guidance (default: no chunks)."""
         return False
 
-    def ready_at(self, loop: LoopState) -> float | None:
+    def ready_at(self, loop: S) -> float | None:
         """``time.perf_counter()`` before which the loop's next step must not run (a live
         session paced to real time); None: ready now."""
         return None
 
-    def in_prologue(self, loop: LoopState) -> bool:
+    def in_prologue(self, loop: S) -> bool:
         """True while the loop's next step is prologue work (an AR loop's prefill chunks): the
         scheduler interleaves it with other requests' steps instead of queueing it behind them."""
         return False
 
-    def ready(self, loop: LoopState) -> bool:
+    def ready(self, loop: S) -> bool:
         """False while the loop's next step cannot run (e.g. it waits for KV blocks after a
         preemption); the scheduler then picks other work."""
         return True
 
-    def batch_key(self, loop: LoopState) -> Hashable | None:
+    def batch_key(self, loop: S) -> Hashable | None:
         return None
 
-    def batch_weight(self, loop: LoopState) -> int:
+    def interceptor_support(self, ctx: StageContext) -> frozenset[str]:
+        """No plugin interceptors (a loop that runs them says which kinds)."""
+        return frozenset()
+
+    def batch_weight(self, loop: S) -> int:
         return 0
 
-    def step_many(self, ctx: StageContext, loops: Sequence[LoopState]) -> list[StepResult]:
+    def step_many(self, ctx: StageContext, loops: Sequence[S]) -> list[StepResult]:
         errors: list[BaseException | None] = [None] * len(loops)
-        results = per_request(errors, lambda i: self.step(ctx, loops[i]))  # type: ignore[attr-defined]
-        return [StepResult.failed(e) if e is not None else r for r, e in zip(results, errors)]  # type: ignore[misc]
+        results = per_request(errors, lambda i: self.step(ctx, loops[i]))
+        return step_results(results, errors)
+
+
+def step_results(results: Sequence[StepResult | None], errors: Sequence[BaseException | None]) -> list[StepResult]:
+    """Each loop's result of a batched step whose per-loop parts ran through ``per_request``:
+    its failure where ``errors`` holds one, else its result (then never None)."""
+    return [_result_of(r, e) for r, e in zip(results, errors)]
+
+
+def _result_of(result: StepResult | None, error: BaseException | None) -> StepResult:
+    if error is not None:
+        return StepResult.failed(error)
+    assert result is not None, "per_request returns None only for a failed request"
+    return result

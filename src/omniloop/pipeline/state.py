@@ -127,7 +127,7 @@ class RequestState:
                 f"node {reader!r} reads edge {edge!r}, which no node has produced for task {self.request.task.value!r}"
             ) from None
         assert isinstance(art, kind), f"edge {edge!r} holds {type(art).__name__}, node {reader!r} expects {kind.__name__}"
-        return art  # type: ignore[return-value]
+        return art
 
     def release_refs(self) -> None:
         """Drop every shared-cache reference the request holds (idempotent)."""

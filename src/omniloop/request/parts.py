@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -19,10 +19,12 @@ from omniloop.request.enums import Modality
 
 class _Part(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+    if TYPE_CHECKING:  # every part declares its own ``kind`` literal (the union's discriminator)
+        kind: str
 
     @property
     def modality(self) -> Modality:
-        return Modality(self.kind)  # type: ignore[attr-defined]
+        return Modality(self.kind)
 
 
 class TextPart(_Part):
@@ -64,7 +66,7 @@ class _MediaPart(_Part):
         given = [name for name in ("path", "b64", "data") if getattr(self, name) is not None]
         if len(given) != 1:
             raise ValueError(
-                f"{self.kind} part needs exactly one source among path, b64, data; got {given or 'none'}"  # type: ignore[attr-defined]
+                f"{self.kind} part needs exactly one source among path, b64, data; got {given or 'none'}"
             )
         return self
 

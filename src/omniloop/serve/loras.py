@@ -97,7 +97,7 @@ async def list_loras(state: State, model: str | None = Query(default=None)) -> L
     data = []
     for m in models:
         engine = state.engine.engine
-        pipeline = engine.loaded_pipelines().get(m.route) if isinstance(engine, ModelPool) else engine.pipeline
+        pipeline = engine.loaded_pipelines().get(m.route) if isinstance(engine, ModelPool) and m.route else engine.pipeline
         cache = adapter_cache(pipeline.caches) if pipeline is not None else None
         data += [_object(info, m) for info in (cache.list() if cache is not None else [])]
     return LoraList(data=data)

@@ -153,9 +153,9 @@ class DBCache(InterceptorBase):
         h_mid = assemble(segments, compute, computed, fill)
         out = call.range(n - bn, n, h_mid)
         for i, seg in enumerate(segments):  # commit: the forward went through
-            if seg.state is None:
+            if seg.loop_state is None:  # the plugin is off for this request (no branch state either)
                 continue
-            self.record(seg.loop_state, cached[i])  # type: ignore[arg-type]
+            self.record(seg.loop_state, cached[i])
             if emit is not None:
                 emit("hit" if cached[i] else "miss", seg)
             if not cached[i]:

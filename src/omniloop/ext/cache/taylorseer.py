@@ -49,10 +49,10 @@ class TaylorState:
         new: list[torch.Tensor | None] = [None] * (self.order + 1)
         new[0] = y
         for i in range(self.order):
-            if prev[i] is not None and step - self.origin > 1:
-                new[i + 1] = (new[i] - prev[i]) / window  # type: ignore[operator]
-            else:
+            before, latest = prev[i], new[i]  # latest: set, the loop stops at the first gap
+            if before is None or latest is None or step - self.origin <= 1:
                 break
+            new[i + 1] = (latest - before) / window
         self.current = new
         self.last_step = step
 

@@ -142,9 +142,9 @@ class TeaCache(InterceptorBase):
         computed = run_rows(call, 0, len(call.blocks), hidden, segments, compute)
         out = assemble(segments, compute, computed, lambda i: hidden[segments[i].rows] + segments[i].state.residual)
         for i, seg in enumerate(segments):
-            if seg.state is None:
+            if seg.loop_state is None:  # the plugin is off for this request (no branch state either)
                 continue
-            self.record(seg.loop_state, skip[i])  # type: ignore[arg-type]
+            self.record(seg.loop_state, skip[i])
             if emit is not None:
                 emit("hit" if skip[i] else "miss", seg)
             if not skip[i]:
@@ -164,7 +164,8 @@ class TeaCache(InterceptorBase):
             current.append(cur)
             cfg: TeaCacheConfig = seg.config
             step = b.calls
-            forced = step < cfg.ret_steps or seg.segment.step >= seg.steps_target - cfg.cutoff_steps  # type: ignore[operator]
+            assert seg.segment.step is not None, "a loop's block segments carry its step"
+            forced = step < cfg.ret_steps or seg.segment.step >= seg.steps_target - cfg.cutoff_steps
             if forced or cfg.threshold <= 0 or b.previous_input is None or b.residual is None:
                 b.accumulated = 0.0
             else:
@@ -179,7 +180,9 @@ class TeaCache(InterceptorBase):
             else:
                 b.accumulated = 0.0
         for i, seg in enumerate(segments):
+            modulated_input = current[i]
             if seg.state is not None:
-                seg.state.previous_input = current[i].clone()  # type: ignore[union-attr]
+                assert modulated_input is not None, "a segment with branch state has its modulated input"
+                seg.state.previous_input = modulated_input.clone()
                 seg.state.calls += 1
         return skip

@@ -144,6 +144,12 @@ class MoTLayer(nn.Module):
         self.pathways = nn.ModuleDict({name: Pathway(c) for name, c in pathways.items()})
         self.attention_backend = DEFAULT_BACKEND  # set from outside by set_attention_backend
 
+    def pathway(self, name: str) -> Pathway:
+        """The expert ``name`` (``nn.ModuleDict`` holds it as a plain ``Module``)."""
+        p = self.pathways[name]
+        assert isinstance(p, Pathway), f"pathway {name!r} is a {type(p).__name__}"
+        return p
+
     def forward_pathway(
         self, name: str, x: torch.Tensor, rope: Rotary, kv: KVView | None = None, *, causal: bool = True,
     ) -> torch.Tensor:
@@ -151,7 +157,7 @@ class MoTLayer(nn.Module):
         tables, built once for every layer: ``Rotary.of(cos, sin)``). With ``kv`` the new
         keys/values go through ``kv.update`` and attention spans what it returns (its mask
         or causal flag); without, the tokens attend each other (``causal`` or full)."""
-        p: Pathway = self.pathways[name]  # type: ignore[assignment]
+        p = self.pathway(name)
         q, k, v = p.project(p.input_norm(x), rope)
         mask = None
         if kv is not None:
@@ -166,7 +172,7 @@ class MoTLayer(nn.Module):
             idx = seq.index(x.device, pathway=name)
             if idx.numel() == 0:
                 continue
-            q, k, v = p.project(p.input_norm(x[idx]), rope.select(idx))  # type: ignore[union-attr]
+            q, k, v = p.project(p.input_norm(x[idx]), rope.select(idx))
             qs.append(q), ks.append(k), vs.append(v), rows.append(idx)
         order = torch.cat(rows)
         q, k, v = (torch.empty((x.shape[0], *t[0].shape[1:]), dtype=t[0].dtype, device=x.device).index_copy_(
@@ -174,5 +180,5 @@ class MoTLayer(nn.Module):
         attn = packed_attention(q, k, v, seq, self.attention_backend)  # [N, H, Dh]
         out = torch.empty_like(x)
         for name, idx in zip([n for n in self.pathways if seq.index(pathway=n).numel()], rows):
-            out[idx] = self.pathways[name].finish(x[idx], attn[idx])  # type: ignore[operator]
+            out[idx] = self.pathway(name).finish(x[idx], attn[idx])
         return out

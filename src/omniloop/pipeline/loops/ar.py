@@ -38,7 +38,7 @@ from omniloop.cache.paged_kv import BlockPool, PagedKVBatch, PagedKVHandle
 from omniloop.models.layers.cuda_graphs import CudaGraphRunner
 from omniloop.pipeline.failures import PoolFatalError, attempt, per_request
 from omniloop.pipeline.loops.ar_graphs import graph_decode, graph_rows
-from omniloop.pipeline.stage import LoopStageBase, WorkEstimate
+from omniloop.pipeline.stage import LoopStageBase, WorkEstimate, step_results
 from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
 from omniloop.request import Artifact, ErrorKind, InvalidRequest, OmniRequest, SamplingParams, TextArtifact
 
@@ -153,18 +153,18 @@ def effective_sampling(params: SamplingParams, defaults: Mapping[str, Any]) -> S
 
 
 @dataclass
-class ARDecodeLoop(LoopStageBase):
+class ARDecodeLoop(LoopStageBase[ARLoopState]):
     lm_component: str = "lm"
     tokenizer_component: str = "tokenizer"
     kv_component: str = "text_kv"  # the deployment's BlockPool (paged text KV)
     graphs: CudaGraphRunner | None = None  # cuda_graphs=True: decode forwards replay graphs (ar_graphs.py)
 
-    inputs = {}  # type: ignore[assignment]
-    optional_inputs = {"prompt_tokens": PromptTokens}  # type: ignore[assignment]
-    outputs = {"text": TextArtifact}  # type: ignore[assignment]
+    inputs = {}
+    optional_inputs = {"prompt_tokens": PromptTokens}
+    outputs = {"text": TextArtifact}
 
     @property
-    def components(self) -> tuple[str, ...]:  # type: ignore[override]
+    def components(self) -> tuple[str, ...]:
         return (self.lm_component, self.tokenizer_component, self.kv_component)
 
     # -- init / finalize ------------------------------------------------------------
@@ -195,18 +195,18 @@ class ARDecodeLoop(LoopStageBase):
         loop.steps_target += loop.chunks_left()
         return loop
 
-    def finalize(self, ctx: StageContext, loop: ARLoopState, state: RequestState) -> None:  # type: ignore[override]
+    def finalize(self, ctx: StageContext, loop: ARLoopState, state: RequestState) -> None:
         ctx.write(state, "text", TextArtifact(text=loop.text, token_ids=list(loop.output_ids),
                                               prompt_tokens=len(loop.prompt_ids), finish_reason=loop.finish_reason))
         loop.kv.free()
         loop.logits = loop.seen = None
 
-    def release(self, loop: ARLoopState) -> None:  # type: ignore[override]
+    def release(self, loop: ARLoopState) -> None:
         loop.kv.free()
         loop.logits = loop.seen = None
 
     # -- scheduling contract --------------------------------------------------------
-    def estimate(self, ctx: StageContext, state: RequestState) -> WorkEstimate:  # type: ignore[override]
+    def estimate(self, ctx: StageContext, state: RequestState) -> WorkEstimate:
         """KV growth and activations before the request starts. The KV is the loop's: the
         blocks of the prompt plus ``max_tokens`` positions, held while the loop runs and
         released when it ends, early on EOS/stop. (The pool enforces its own budget by
@@ -227,28 +227,28 @@ class ARDecodeLoop(LoopStageBase):
             batch_group="tokens",  # any two decode steps of this node batch (``batch_key``)
         )
 
-    def batch_key(self, loop: ARLoopState) -> Hashable | None:  # type: ignore[override]
+    def batch_key(self, loop: ARLoopState) -> Hashable | None:
         # Any two decode steps of this node batch, whatever their context lengths; prefill
         # chunks batch with chunks of the same length.
         if loop.done:
             return None
         return (id(self), "prefill", loop.next_chunk()) if loop.prefilling else (id(self), "decode")
 
-    def in_prologue(self, loop: ARLoopState) -> bool:  # type: ignore[override]
+    def in_prologue(self, loop: ARLoopState) -> bool:
         return not loop.done and loop.prefilling
 
-    def ready(self, loop: ARLoopState) -> bool:  # type: ignore[override]
+    def ready(self, loop: ARLoopState) -> bool:
         """A prefill step needs blocks for its chunk now; a decode step can always make room."""
         if not loop.prefilling:
             return True
         kv = loop.kv
         return kv.pool.can_allocate(kv.blocks_needed(kv.num_tokens + loop.next_chunk()))
 
-    def step(self, ctx: StageContext, loop: ARLoopState) -> StepResult:  # type: ignore[override]
+    def step(self, ctx: StageContext, loop: ARLoopState) -> StepResult:
         return self.step_many(ctx, [loop])[0]
 
     @torch.inference_mode()
-    def step_many(self, ctx: StageContext, loops: Sequence[ARLoopState]) -> list[StepResult]:  # type: ignore[override]
+    def step_many(self, ctx: StageContext, loops: Sequence[ARLoopState]) -> list[StepResult]:
         """A prefill chunk for every loop (prefill phase), or: sample, check stops and stream
         for each loop, make KV room, then one decode forward for those still running. A
         request's own failure (its sampling, its detokenization, its row of the forward)
@@ -269,7 +269,7 @@ class ARDecodeLoop(LoopStageBase):
         live = self._make_room([i for i, lp in enumerate(loops) if errors[i] is None and not lp.done], loops)
         if live:
             self._isolated(lambda rows: self._decode_rows(lm, rows), loops, live, errors)
-        return [StepResult.failed(e) if e is not None else r for r, e in zip(results, errors)]  # type: ignore[misc]
+        return step_results(results, errors)
 
     # -- slots ----------------------------------------------------------------------
     def _prompt_ids(self, ctx: StageContext, state: RequestState, tokenizer: Tokenizer) -> list[int]:
@@ -328,8 +328,9 @@ class ARDecodeLoop(LoopStageBase):
 
     def _decode_rows(self, lm: CausalLM, loops: Sequence[ARLoopState]) -> None:
         """One forward over the last sampled token of every loop: KV append + next logits."""
-        if graph_rows(self.graphs, loops):
-            for lp, row in zip(loops, graph_decode(self.graphs, lm, loops)):  # type: ignore[arg-type]
+        graphs = self.graphs
+        if graphs is not None and graph_rows(graphs, loops):
+            for lp, row in zip(loops, graph_decode(graphs, lm, loops)):
                 lp.logits = row
             return
         device = loops[0].kv.device
@@ -394,12 +395,12 @@ def greedy_tokens(loops: Sequence[ARLoopState]) -> dict[int, int]:
     """``{row: token}`` of the loops whose next token is a plain argmax (temperature 0, no
     repetition penalty): one batched argmax and one ``tolist`` sync for all of them instead
     of one ``int(argmax)`` sync per row; equal to :func:`sample_token` for those rows."""
-    rows = [i for i, lp in enumerate(loops) if lp.logits is not None and lp.params.temperature == 0
-            and (lp.seen is None or lp.params.repetition_penalty == 1.0)]
-    if not rows:
+    greedy = [(i, lp.logits) for i, lp in enumerate(loops) if lp.logits is not None and lp.params.temperature == 0
+              and (lp.seen is None or lp.params.repetition_penalty == 1.0)]
+    if not greedy:
         return {}
-    tokens = torch.stack([loops[i].logits for i in rows]).argmax(-1).tolist()  # type: ignore[misc]
-    return dict(zip(rows, tokens))
+    tokens = torch.stack([logits for _, logits in greedy]).argmax(-1).tolist()
+    return dict(zip([i for i, _ in greedy], tokens))
 
 
 def sample_token(loop: ARLoopState) -> int:

@@ -46,7 +46,7 @@ from omniloop.pipeline.failures import per_request
 from omniloop.pipeline.loops.batch_keys import kwargs_signature
 from omniloop.pipeline.loops.denoise import DenoiseLoop, DenoiseLoopState, DenoiseParams, _own, seeded_noise
 from omniloop.pipeline.loops.step_cost import denoise_step_cost, held_tensor_bytes
-from omniloop.pipeline.stage import LoopStageBase, WorkEstimate
+from omniloop.pipeline.stage import LoopStageBase, WorkEstimate, step_results
 from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
 from omniloop.request import (
     ActionPart,
@@ -106,7 +106,10 @@ class ChunkPlan:
 
     @property
     def num_chunks(self) -> int:
-        return self.max_chunks if self.open_ended else len(self.partition)  # type: ignore[return-value]
+        if not self.open_ended:
+            return len(self.partition)
+        assert self.max_chunks is not None, "a session has max_chunks (__post_init__)"
+        return self.max_chunks
 
     def frames(self, chunk: int) -> tuple[int, int]:
         """Latent frames ``[start, stop)`` of ``chunk``."""
@@ -196,13 +199,18 @@ class ChunkRolloutState(LoopState):
     def phase(self) -> str:
         return "denoise" if self.inner is not None else "boundary"
 
+    def running(self) -> DenoiseLoopState:
+        """The denoise loop of the chunk in flight (only called inside a chunk, never at a boundary)."""
+        assert self.inner is not None, f"request {self.request_id}: no chunk in flight at chunk {self.chunk}"
+        return self.inner
+
     @property
     def timestep(self) -> torch.Tensor | None:
         return self.inner.timestep if self.inner is not None and not self.inner.done else None
 
 
 @dataclass
-class ChunkRollout(LoopStageBase):
+class ChunkRollout(LoopStageBase[ChunkRolloutState]):
     denoise: DenoiseLoop  # the inner loop: its denoiser, policies and sampler serve every chunk
     model: ChunkModel
     decoder: ChunkDecoder | None = None
@@ -210,13 +218,13 @@ class ChunkRollout(LoopStageBase):
     decoder_component: str | None = "vae"
     training: bool = False  # KV in training mode: nothing recycled, written by reference
 
-    inputs = {"text": TextEmbeddings}  # type: ignore[assignment]
-    optional_inputs = {"condition": ConditionLatents}  # type: ignore[assignment]
-    outputs = {"latents": DenoisedLatents, "final_latents": LatentsArtifact, "video": VideoArtifact}  # type: ignore[assignment]
+    inputs = {"text": TextEmbeddings}
+    optional_inputs = {"condition": ConditionLatents}
+    outputs = {"latents": DenoisedLatents, "final_latents": LatentsArtifact, "video": VideoArtifact}
     params_schema = ChunkRolloutParams
 
     @property
-    def components(self) -> tuple[str, ...]:  # type: ignore[override]
+    def components(self) -> tuple[str, ...]:
         extra = (self.decoder_component,) if self.decoder is not None and self.decoder_component else ()
         return (*self.denoise.components, self.pool_component, *extra)
 
@@ -295,7 +303,7 @@ class ChunkRollout(LoopStageBase):
         """A rollout conditioned on given frames (I2V / V2V) has no chunk made from the prompt alone."""
         return ctx.inputs.get("condition", "condition") not in produced
 
-    def finalize(self, ctx: StageContext, loop: ChunkRolloutState, state: RequestState) -> None:  # type: ignore[override]
+    def finalize(self, ctx: StageContext, loop: ChunkRolloutState, state: RequestState) -> None:
         if not loop.plan.open_ended:
             latents = _own(torch.cat([loop.clean[c] for c in range(loop.plan.num_chunks)], dim=2))
             ctx.write(state, "latents", DenoisedLatents(latents={MODALITY: latents}))
@@ -305,13 +313,13 @@ class ChunkRollout(LoopStageBase):
             ctx.write(state, "video", VideoArtifact(frames=torch.cat(loop.frames), fps=loop.fps))
         self.release(loop)
 
-    def release(self, loop: ChunkRolloutState) -> None:  # type: ignore[override]
+    def release(self, loop: ChunkRolloutState) -> None:
         if loop.inner is not None:
             self.denoise.release(loop.inner)
         loop.kv.free()
 
     # -- scheduling contract --------------------------------------------------------------
-    def estimate(self, ctx: StageContext, state: RequestState) -> WorkEstimate:  # type: ignore[override]
+    def estimate(self, ctx: StageContext, state: RequestState) -> WorkEstimate:
         """Per step: one forward of the largest chunk; held: the video's noise and clean
         latents plus the inner loop's state of one chunk; the KV slabs' peak is charged
         against the chunk-KV pool (``pool_bytes``), whose budget is its own."""
@@ -340,12 +348,12 @@ class ChunkRollout(LoopStageBase):
             pool_bytes={self.pool_component: kv_bytes},
         )
 
-    def step_flops(self, loop: ChunkRolloutState) -> float | None:  # type: ignore[override]
+    def step_flops(self, loop: ChunkRolloutState) -> float | None:
         if loop.done or loop.inner is None:
             return None
         return self.denoise.step_flops(loop.inner)
 
-    def ready_at(self, loop: ChunkRolloutState) -> float | None:  # type: ignore[override]
+    def ready_at(self, loop: ChunkRolloutState) -> float | None:
         """A paced session's next chunk waits until playback is within ``lead_chunks`` of it."""
         if not loop.rollout.realtime or loop.first_emit is None or loop.inner is None or loop.inner.steps_done:
             return None
@@ -354,7 +362,7 @@ class ChunkRollout(LoopStageBase):
             return None
         return loop.first_emit + loop.emitted[ahead - 1] / loop.fps  # once chunks < ``ahead`` have played
 
-    def batch_key(self, loop: ChunkRolloutState) -> Hashable | None:  # type: ignore[override]
+    def batch_key(self, loop: ChunkRolloutState) -> Hashable | None:
         if loop.done:
             return None
         if loop.inner is not None:
@@ -364,7 +372,7 @@ class ChunkRollout(LoopStageBase):
         return ("boundary", id(self), self._needs_context(loop), cached, new, tuple(loop.plan.shape[3:]),
                 loop.branches, kwargs_signature(loop.kwargs, tensors_only=True))  # the context pass cats tensors only
 
-    def finite_many(self, loops: Sequence[ChunkRolloutState]) -> list[bool]:  # type: ignore[override]
+    def finite_many(self, loops: Sequence[ChunkRolloutState]) -> list[bool]:
         inner = [lp.inner for lp in loops if lp.inner is not None]
         flags = iter(self.denoise.finite_many(inner)) if inner else iter(())
         out = []
@@ -374,10 +382,10 @@ class ChunkRollout(LoopStageBase):
         return out
 
     # -- steps ----------------------------------------------------------------------------
-    def step(self, ctx: StageContext, loop: ChunkRolloutState) -> StepResult:  # type: ignore[override]
+    def step(self, ctx: StageContext, loop: ChunkRolloutState) -> StepResult:
         return self.step_many(ctx, [loop])[0]
 
-    def step_many(self, ctx: StageContext, loops: Sequence[ChunkRolloutState]) -> list[StepResult]:  # type: ignore[override]
+    def step_many(self, ctx: StageContext, loops: Sequence[ChunkRolloutState]) -> list[StepResult]:
         if loops[0].inner is not None:
             return self._denoise_steps(ctx, loops)
         return self._boundaries(ctx, loops)
@@ -387,7 +395,7 @@ class ChunkRollout(LoopStageBase):
         for lp in loops:
             if any(isinstance(item, Flush) for item in list(lp.request_state.inbox)):  # a snapshot: senders append
                 self._restart_chunk(ctx, lp)  # discard the chunk in flight: make it with the latest inputs
-        inner = self.denoise.step_many(ctx, [lp.inner for lp in loops])  # type: ignore[misc]
+        inner = self.denoise.step_many(ctx, [lp.running() for lp in loops])
         results = []
         for lp, res in zip(loops, inner):
             if res.error is not None:  # this request's own failure; its batch-mates' steps stand
@@ -395,9 +403,11 @@ class ChunkRollout(LoopStageBase):
                 continue
             lp.steps_done += 1
             if res.done:  # the chunk is clean: keep it, leave the inner loop
-                lp.clean[lp.chunk] = _own(lp.inner.latents[MODALITY])  # type: ignore[union-attr]
-                if lp.inner.trajectory is not None:  # type: ignore[union-attr]  # the denoise loop's own recorder
-                    lp.trajectory = torch.stack([lp.chunk_noise, *lp.inner.trajectory])  # type: ignore[union-attr,list-item]
+                chunk_loop = lp.running()
+                lp.clean[lp.chunk] = _own(chunk_loop.latents[MODALITY])
+                if chunk_loop.trajectory is not None:  # the denoise loop's own recorder
+                    assert lp.chunk_noise is not None, "a chunk's denoise loop starts from its noise"
+                    lp.trajectory = torch.stack([lp.chunk_noise, *chunk_loop.trajectory])
                 if ctx.hooks is not None:
                     ctx.hooks.close_loop(lp.inner)
                 lp.inner = None
@@ -412,7 +422,7 @@ class ChunkRollout(LoopStageBase):
             self._context_pass(ctx, writing)  # raises before any loop moved on: the engine retries each alone
         errors: list[BaseException | None] = [None] * len(loops)
         results = per_request(errors, lambda i: self._finish_chunk(ctx, loops[i]))
-        return [StepResult.failed(e) if e is not None else r for r, e in zip(results, errors)]  # type: ignore[misc]
+        return step_results(results, errors)
 
     def _finish_chunk(self, ctx: StageContext, loop: ChunkRolloutState) -> StepResult:
         """Past the context pass, one request's own: retire slabs, decode and emit, move on."""

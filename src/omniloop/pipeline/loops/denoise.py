@@ -33,7 +33,7 @@ from omniloop.pipeline.policies.conditioning import ConditioningPolicy, NoCondit
 from omniloop.pipeline.policies.routing import Route, RoutingPolicy, SingleModel
 from omniloop.pipeline.policies.shift import FlowShift, ShiftPolicy
 from omniloop.pipeline.samplers.base import Sampler, SamplerState
-from omniloop.pipeline.stage import LoopStageBase, WorkEstimate
+from omniloop.pipeline.stage import LoopStageBase, WorkEstimate, step_results
 from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
 from omniloop.request import DiffusionParams, InvalidRequest, LatentsArtifact, Modality, OmniRequest, TensorArtifact
 from omniloop.request.params import check_strength
@@ -43,7 +43,10 @@ class Denoiser(Protocol):
     """The family adapter a DenoiseLoop calls: shapes, per-branch inputs, the forward and its
     analytic cost (``DenoiserBase`` gives the cost methods their "unknown" defaults)."""
 
-    modalities: tuple[str, ...]
+    @property
+    def modalities(self) -> tuple[str, ...]:
+        """The latents it denoises, one entry per modality (a class attribute or a field)."""
+        ...
 
     def latent_shapes(self, ctx: StageContext, request: OmniRequest) -> dict[str, tuple[int, ...]]: ...
 
@@ -69,12 +72,18 @@ class Denoiser(Protocol):
         """Tokens one forward of one request's rows carries (what a batch's token budget counts)."""
         ...
 
-    # A denoiser that PACKS (``packs = True``) also implements ``forward_packed(model, xs, ts,
-    # kwargs) -> list[Prediction]`` for calls of different latent shapes (one list entry per
-    # call, each [b_i, ...]): they run as one forward over their packed token sequences, so
-    # requests of different sizes share a batched step (the loop then leaves latent shapes
-    # out of its batch key).
-    packs: bool
+    @property
+    def packs(self) -> bool:
+        """Whether ``forward_packed`` runs calls of different latent shapes as one forward."""
+        ...
+
+    def forward_packed(self, model: torch.nn.Module, xs: list[dict[str, torch.Tensor]], ts: list[torch.Tensor],
+                       kwargs: list[dict[str, Any]]) -> list[Prediction]:
+        """A denoiser that PACKS (``packs``) runs calls of different latent shapes (one list entry
+        per call, each [b_i, ...]) as one forward over their packed token sequences, so requests
+        of different sizes share a batched step (the loop then leaves latent shapes out of its
+        batch key). ``DenoiserBase``: raises (no packing)."""
+        ...
 
 
 class DenoiserBase:
@@ -145,7 +154,7 @@ class DenoiseLoopState(LoopState):
 
 
 @dataclass
-class DenoiseLoop(LoopStageBase):
+class DenoiseLoop(LoopStageBase[DenoiseLoopState]):
     denoiser: Denoiser
     cfg: CFGPolicy = field(default_factory=ClassicCFG)
     routing: RoutingPolicy = field(default_factory=SingleModel)
@@ -153,13 +162,13 @@ class DenoiseLoop(LoopStageBase):
     conditioning: ConditioningPolicy = field(default_factory=NoConditioning)
     sampler_component: str = "sampler"
 
-    inputs = {"text": TextEmbeddings}  # type: ignore[assignment]
-    optional_inputs = {"condition": ConditionLatents, "init_latents": InitLatents}  # type: ignore[assignment]
-    outputs = {"latents": DenoisedLatents, "final_latents": LatentsArtifact, "trajectory": TensorArtifact}  # type: ignore[assignment]
+    inputs = {"text": TextEmbeddings}
+    optional_inputs = {"condition": ConditionLatents, "init_latents": InitLatents}
+    outputs = {"latents": DenoisedLatents, "final_latents": LatentsArtifact, "trajectory": TensorArtifact}
     params_schema = DenoiseParams
 
     @property
-    def components(self) -> tuple[str, ...]:  # type: ignore[override]
+    def components(self) -> tuple[str, ...]:
         return (*self.routing.components(), self.sampler_component)
 
     # -- init / finalize ------------------------------------------------------------
@@ -213,8 +222,7 @@ class DenoiseLoop(LoopStageBase):
         latents, samplers = self.conditioning.start(latents, samplers, cond_state, gen, strength)
         num_steps = next(iter(samplers.values())).num_steps - start
         timesteps = next(iter(samplers.values())).timesteps.detach().cpu()[start:]
-        num_train = getattr(sampler, "num_train_timesteps", 1000)
-        routes = [self.routing.route(t, num_train) for t in timesteps]
+        routes = [self.routing.route(t, sampler.num_train_timesteps) for t in timesteps]
         model_dtype = _dtype_of(ctx.component(routes[0].component), ctx.dtype)
         loop = DenoiseLoopState(
             node=ctx.node,
@@ -281,18 +289,17 @@ class DenoiseLoop(LoopStageBase):
     def starts_from_given(self, ctx: StageContext, produced: frozenset[str]) -> bool:
         """Whether this loop starts from given latents in a request producing ``produced``: its
         ``init_latents`` port is fed, or its conditioning policy starts from the condition
-        (one that overrides ``start``: image-to-image's LatentStart) and that is fed."""
+        (``starts_from_condition``: image-to-image's LatentStart) and that is fed."""
         if ctx.inputs.get("init_latents", "init_latents") in produced:
             return True
         port = self.conditioning.input_port
-        starts = getattr(type(self.conditioning), "start", NoConditioning.start) is not NoConditioning.start
-        return starts and port is not None and ctx.inputs.get(port, port) in produced
+        return self.conditioning.starts_from_condition and port is not None and ctx.inputs.get(port, port) in produced
 
     def _num_steps(self, ctx: StageContext, state: RequestState, params: DiffusionParams) -> int:
         sampler = ctx.component(self.sampler_component).get(params.sampler)
         return self.schedule(ctx, params, self.denoiser.latent_shapes(ctx, state.request), sampler)[0]
 
-    def finalize(self, ctx: StageContext, loop: DenoiseLoopState, state: RequestState) -> None:  # type: ignore[override]
+    def finalize(self, ctx: StageContext, loop: DenoiseLoopState, state: RequestState) -> None:
         loop.latents = {m: _own(x) for m, x in loop.latents.items()}
         ctx.write(state, "latents", DenoisedLatents(latents=dict(loop.latents)))
         first = next(iter(loop.latents))
@@ -303,7 +310,7 @@ class DenoiseLoop(LoopStageBase):
         if ctx.hooks is not None:
             ctx.hooks.close_loop(loop)
 
-    def release(self, loop: DenoiseLoopState) -> None:  # type: ignore[override]
+    def release(self, loop: DenoiseLoopState) -> None:
         loop.plugin_states.clear()  # cached residuals of interceptors
 
     def interceptor_support(self, ctx: StageContext) -> frozenset[str]:
@@ -314,7 +321,7 @@ class DenoiseLoop(LoopStageBase):
         return frozenset({"step", "block"}) if blocks else frozenset({"step"})
 
     # -- scheduling contract --------------------------------------------------------
-    def estimate(self, ctx: StageContext, state: RequestState) -> WorkEstimate:  # type: ignore[override]
+    def estimate(self, ctx: StageContext, state: RequestState) -> WorkEstimate:
         request = state.request
         params = _effective_params(request.diffusion, state.node_params.get(ctx.node))
         shapes = self.denoiser.latent_shapes(ctx, request)
@@ -332,13 +339,13 @@ class DenoiseLoop(LoopStageBase):
     def inputs_edge(self, ctx: StageContext) -> str:
         return ctx.inputs.get("text", "text")
 
-    def step_flops(self, loop: DenoiseLoopState) -> float | None:  # type: ignore[override]
+    def step_flops(self, loop: DenoiseLoopState) -> float | None:
         if loop.done or loop.flops_per_forward is None:
             return None
         cfg_state: CFGState = loop.policy_states[self.cfg.name]
         return len(self.cfg.step_branches(cfg_state, loop.route.scale_set)) * loop.flops_per_forward
 
-    def batch_key(self, loop: DenoiseLoopState) -> Hashable | None:  # type: ignore[override]
+    def batch_key(self, loop: DenoiseLoopState) -> Hashable | None:
         if loop.done:
             return None
         route = loop.route
@@ -353,14 +360,14 @@ class DenoiseLoop(LoopStageBase):
             kwargs_signature(loop.branch_kwargs),
         )
 
-    def batch_weight(self, loop: DenoiseLoopState) -> int:  # type: ignore[override]
+    def batch_weight(self, loop: DenoiseLoopState) -> int:
         """Tokens this loop's next step adds to a batch (the scheduler's token budget)."""
         if loop.done:
             return 0
         cfg_state: CFGState = loop.policy_states[self.cfg.name]
         return len(self.cfg.step_branches(cfg_state, loop.route.scale_set)) * loop.tokens_per_forward
 
-    def finite_many(self, loops: Sequence[DenoiseLoopState]) -> list[bool]:  # type: ignore[override]
+    def finite_many(self, loops: Sequence[DenoiseLoopState]) -> list[bool]:
         """One reduction and one device sync for the whole batch. NOTE: a per-loop
         ``bool(isfinite(x).all())`` syncs once per request: 256 requests a step cost ~256
         round trips on a GPU, more than a small model's batched forward."""
@@ -379,10 +386,10 @@ class DenoiseLoop(LoopStageBase):
             out[i] = out[i] and ok
         return out
 
-    def step(self, ctx: StageContext, loop: DenoiseLoopState) -> StepResult:  # type: ignore[override]
+    def step(self, ctx: StageContext, loop: DenoiseLoopState) -> StepResult:
         return self.step_many(ctx, [loop])[0]
 
-    def step_many(self, ctx: StageContext, loops: Sequence[DenoiseLoopState]) -> list[StepResult]:  # type: ignore[override]
+    def step_many(self, ctx: StageContext, loops: Sequence[DenoiseLoopState]) -> list[StepResult]:
         route = loops[0].route
         assert all(lp.route == route for lp in loops), "a batched step must run one expert"
         model = ctx.component(route.component)
@@ -404,7 +411,7 @@ class DenoiseLoop(LoopStageBase):
         guided = per_request(errors, lambda i: self.combine(loops[i], cfg_states[i], preds[i], route))  # combine
         stepped = self._sampler_steps(loops, guided, errors)  # sampler_step
         results = per_request(errors, lambda i: self._commit(loops[i], stepped[i]))  # post_step, inter_step
-        return [StepResult.failed(e) if e is not None else r for r, e in zip(results, errors)]  # type: ignore[misc]
+        return step_results(results, errors)
 
     def _commit(self, loop: DenoiseLoopState, latents: dict[str, torch.Tensor]) -> StepResult:
         cond_state = loop.policy_states[self.conditioning.name]
@@ -415,9 +422,7 @@ class DenoiseLoop(LoopStageBase):
     def _prepare_inputs(self, loop: DenoiseLoopState) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         cond_state = loop.policy_states[self.conditioning.name]
         x = self.conditioning.prepare(loop.latents, cond_state)
-        scale = getattr(loop.sampler, "scale_model_input", None)  # EDM-style input preconditioning
-        if scale is not None:
-            x = {m: scale(loop.samplers[m], v) for m, v in x.items()}
+        x = {m: loop.sampler.scale_model_input(loop.samplers[m], v) for m, v in x.items()}  # EDM preconditioning
         x = {m: v.to(loop.model_dtype) for m, v in x.items()}
         batch = next(iter(x.values())).shape[0]
         t = loop.model_timestep  # 0-d, or a flow map's [t, r]
@@ -442,7 +447,7 @@ class DenoiseLoop(LoopStageBase):
         calls: list[tuple[int, str]] = [(i, b) for b in branches for i in range(len(loops)) if (i, b) not in supplied]
         rows = ctx.parallel
         local = calls if rows is None else rows.local_calls(calls, branches)
-        groups = [[c for c in local if c[1] in together] for together in _dispatch(self.cfg, branches)]
+        groups = [[c for c in local if c[1] in together] for together in self.cfg.dispatch(branches)]
         out: list[dict[str, Prediction]] = [{} for _ in loops]
         for (i, b), pred in supplied.items():
             out[i][b] = pred
@@ -501,7 +506,7 @@ class DenoiseLoop(LoopStageBase):
                 continue
             for m, sstate in lp.samplers.items():
                 key = lp.sampler.batch_key(sstate)
-                shape = (tuple(lp.latents[m].shape), lp.latents[m].dtype, guided[i][m].dtype)  # type: ignore[index]
+                shape = (tuple(lp.latents[m].shape), lp.latents[m].dtype, _guided(guided, i)[m].dtype)
                 groups.setdefault((id(lp.sampler), m, shape, key) if key is not None else (i, m), []).append((i, m))
         out: list[dict[str, torch.Tensor]] = [{} for _ in loops]
         for members in groups.values():
@@ -514,8 +519,8 @@ class DenoiseLoop(LoopStageBase):
                 except Exception:  # one member's state or inputs: find it by updating each alone
                     pass
             for i, m in members:
-                lp, pred = loops[i], guided[i]
-                new = attempt(errors, i, lambda: lp.sampler.step(lp.samplers[m], pred[m], lp.latents[m]).float())  # type: ignore[index]
+                lp, pred = loops[i], _guided(guided, i)
+                new = attempt(errors, i, lambda: lp.sampler.step(lp.samplers[m], pred[m], lp.latents[m]).float())
                 if new is not None:
                     out[i][m] = new
         return out
@@ -526,7 +531,7 @@ class DenoiseLoop(LoopStageBase):
         first, m = members[0]
         sampler = loops[first].sampler
         new = sampler.step_many([loops[i].samplers[m] for i, _ in members],
-                                torch.cat([guided[i][m] for i, _ in members]),  # type: ignore[index]
+                                torch.cat([_guided(guided, i)[m] for i, _ in members]),
                                 torch.cat([loops[i].latents[m] for i, _ in members])).float()
         for (i, _), part in zip(members, new.split(loops[first].latents[m].shape[0])):
             out[i][m] = part
@@ -543,13 +548,12 @@ class DenoiseLoop(LoopStageBase):
 
 
 # -- helpers --------------------------------------------------------------------------
-def _dispatch(cfg: Any, branches: tuple[str, ...]) -> list[tuple[str, ...]]:
-    """The branches that share one forward: all (``batched``), one each (``sequential``), or
-    the policy's own grouping (branches whose forward kwargs differ in kind run apart)."""
-    groups = getattr(cfg, "dispatch", None)
-    if groups is not None:
-        return groups(branches)
-    return [branches] if cfg.mode == "batched" else [(b,) for b in branches]
+def _guided(guided: Sequence[Prediction | None], i: int) -> Prediction:
+    """Request ``i``'s guided prediction: None only for a request that failed before its
+    sampler update, which takes no update."""
+    pred = guided[i]
+    assert pred is not None, f"request {i} of the step failed before its sampler update"
+    return pred
 
 
 def seeded_noise(shapes: Mapping[str, tuple[int, ...]], gen: torch.Generator, device: torch.device) -> dict[str, torch.Tensor]:

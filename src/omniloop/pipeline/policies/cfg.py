@@ -12,13 +12,15 @@ policy whose scale rides inside the forward (Flux-style guidance embedding).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, Mapping, Protocol
 
 import torch
 
 from omniloop.request import DiffusionParams, Modality
 
 COND, UNCOND = "cond", "uncond"
+# How a request's guidance branches run: stacked along the batch in one forward, or one forward each
+CFGMode = Literal["sequential", "batched"]
 Prediction = dict[str, torch.Tensor]  # modality -> model output
 
 
@@ -54,11 +56,57 @@ def guidance_enabled(params: DiffusionParams, default: float, default_2: float |
     return (first is not None and first > 1.0) or any(s > 1.0 for group in scales.values() for s in group.values())
 
 
+class CFGPolicy(Protocol):
+    """The loop's ``cfg`` slot: the branches a request's steps run and how their predictions
+    combine. A family adds its own (LTX-2's x0-space guidance) by implementing this; ``CFGBase``
+    gives the optional ``dispatch`` its default."""
+
+    @property
+    def name(self) -> str:
+        """The key of the policy's state in ``LoopState.policy_states``."""
+        ...
+
+    @property
+    def mode(self) -> CFGMode:
+        """``batched``: the branches stack along the batch, one forward; ``sequential``: one each."""
+        ...
+
+    def init(self, params: DiffusionParams, modalities: tuple[str, ...], defaults: Mapping[str, Any]) -> Any:
+        """The request's guidance state (``CFGState`` or the policy's own)."""
+        ...
+
+    def step_branches(self, state: Any, scale_set: str) -> tuple[str, ...]:
+        """The branches this step runs."""
+        ...
+
+    def dispatch(self, branches: tuple[str, ...]) -> list[tuple[str, ...]]:
+        """The branches that share one forward (``CFGBase``: by ``mode``)."""
+        ...
+
+    def pre_forward(self, state: Any, branch: str, kwargs: dict[str, Any], scale_set: str) -> dict[str, Any]:
+        """A branch's forward kwargs (e.g. the embedded guidance scale)."""
+        ...
+
+    def combine(self, state: Any, preds: Mapping[str, Prediction], scale_set: str) -> Prediction:
+        """One prediction per modality from the branches' predictions."""
+        ...
+
+
+class CFGBase:
+    """Default of the optional ``CFGPolicy`` member."""
+
+    mode: CFGMode
+
+    def dispatch(self, branches: tuple[str, ...]) -> list[tuple[str, ...]]:
+        """All branches in one forward (``batched``) or one forward each (``sequential``)."""
+        return [branches] if self.mode == "batched" else [(b,) for b in branches]
+
+
 @dataclass(frozen=True)
-class ClassicCFG:
+class ClassicCFG(CFGBase):
     """``uncond + s * (cond - uncond)`` per modality; dispatch ``sequential`` or ``batched``."""
 
-    mode: Literal["sequential", "batched"] = "sequential"
+    mode: CFGMode = "sequential"
     name: str = "cfg"
 
     def init(self, params: DiffusionParams, modalities: tuple[str, ...], defaults: Mapping[str, Any]) -> CFGState:
@@ -87,13 +135,13 @@ class ClassicCFG:
 
 
 @dataclass(frozen=True)
-class EmbeddedGuidance:
+class EmbeddedGuidance(CFGBase):
     """Single branch; the scale is passed to the model as ``kwarg`` (times ``multiplier``);
     ``kwarg=None``: a model without guidance (FLUX.1-schnell), the scale is not passed."""
 
     kwarg: str | None = "guidance"
     multiplier: float = 1.0
-    mode: Literal["sequential"] = "sequential"
+    mode: CFGMode = "sequential"  # one branch: nothing to stack
     name: str = "cfg"
 
     def init(self, params: DiffusionParams, modalities: tuple[str, ...], defaults: Mapping[str, Any]) -> CFGState:
@@ -120,5 +168,3 @@ def _batch_size(kwargs: Mapping[str, Any]) -> int:
             return int(v.shape[0])
     return 1
 
-
-CFGPolicy = ClassicCFG | EmbeddedGuidance

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 import torch
 
@@ -17,10 +17,39 @@ Latents = dict[str, torch.Tensor]
 SamplerStates = dict[str, SamplerState]
 
 
+class ConditioningPolicy(Protocol):
+    """The loop's ``conditioning`` slot: condition latents injected at ``init`` (``start``),
+    before each forward (``prepare``) and after each step (``post_step``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def input_port(self) -> str | None:
+        """The edge it reads the condition from (None: none)."""
+        ...
+
+    @property
+    def starts_from_condition(self) -> bool:
+        """Whether ``start`` starts the loop from the condition (image-to-image): a request that
+        feeds ``input_port`` then runs from given latents (``LoopStage.starts_from_given``)."""
+        ...
+
+    def init(self, condition: Any) -> Any: ...
+
+    def start(self, latents: Latents, samplers: SamplerStates, state: Any, gen: torch.Generator,
+              strength: float | None) -> tuple[Latents, SamplerStates]: ...
+
+    def prepare(self, latents: Latents, state: Any) -> Latents: ...
+
+    def post_step(self, latents: Latents, state: Any) -> Latents: ...
+
+
 @dataclass(frozen=True)
 class NoConditioning:
     name: str = "conditioning"
     input_port: str | None = None
+    starts_from_condition: ClassVar[bool] = False
 
     def init(self, condition: Any) -> Any:
         return None
@@ -69,6 +98,8 @@ class LatentStart(NoConditioning):
     first normal draw and the noise the second; given latents take none and the noise is the
     first. Needs a sampler whose state is its schedule alone (flow_euler)."""
 
+    starts_from_condition: ClassVar[bool] = True
+
     modality: str = "image"
     input_port: str = "condition"
     name: str = "conditioning"
@@ -107,5 +138,3 @@ def start_index(num_steps: int, strength: float) -> int:
     init = min(num_steps * strength, num_steps)
     return int(max(num_steps - init, 0))
 
-
-ConditioningPolicy = NoConditioning | LatentConcat | LatentStart

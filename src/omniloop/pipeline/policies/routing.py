@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -11,6 +12,21 @@ import torch
 class Route:
     component: str  # component name of the model to run
     scale_set: str  # "primary" or "secondary" guidance scales
+
+
+class RoutingPolicy(Protocol):
+    """The loop's ``routing`` slot: which model runs each step."""
+
+    @property
+    def name(self) -> str: ...
+
+    def components(self) -> tuple[str, ...]:
+        """Every model component a step may route to (the loop binds them all)."""
+        ...
+
+    def route(self, timestep: torch.Tensor, num_train_timesteps: int) -> Route:
+        """The model and guidance scale set of the step at ``timestep``."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -50,5 +66,3 @@ class BoundaryTimestepRouting:
             return Route(self.high, "primary")
         return Route(self.low, "secondary")
 
-
-RoutingPolicy = SingleModel | BoundaryTimestepRouting

@@ -35,6 +35,17 @@ class DynamicallyShifted(Protocol):
     def mu_for_seq_len(self, image_seq_len: int) -> float: ...
 
 
+class ShiftPolicy(Protocol):
+    """The loop's ``shift`` slot: a request's schedule as ``Sampler.init_state`` keywords."""
+
+    @property
+    def name(self) -> str: ...
+
+    def sampler_kwargs(self, params: DiffusionParams, shapes: Shapes, num_steps: int, sampler: Any) -> dict[str, Any]:
+        """``shift`` / ``mu`` / ``sigmas`` for ``sampler.init_state`` (``shapes``: modality -> latent shape)."""
+        ...
+
+
 @dataclass(frozen=True)
 class FlowShift:
     """``table`` maps a max token area (latent h*w) to a shift; the first entry whose
@@ -86,5 +97,3 @@ class DynamicShift:
             return {"shift": params.shift, "sigmas": sigmas}
         return {"mu": sampler.mu_for_seq_len(self.tokens(shapes)), "sigmas": sigmas}
 
-
-ShiftPolicy = FlowShift | DynamicShift

@@ -105,6 +105,17 @@ class Sampler(Protocol):
         the same schedule: every scalar of the update is the same); None: step alone."""
         ...
 
+    @property
+    def init_noise_sigma(self) -> float:
+        """What the loop scales its unit-variance initial noise by: 1 for flow samplers, sigma_max
+        scale for EDM-style ones (``SamplerBase``: 1)."""
+        ...
+
+    def scale_model_input(self, state: SamplerState, sample: torch.Tensor) -> torch.Tensor:
+        """The sample as the model takes it this step: EDM-style input preconditioning
+        (``SamplerBase``: ``sample`` itself, for flow samplers)."""
+        ...
+
     def step_many(self, states: Sequence[SamplerState], model_output: torch.Tensor,
                   sample: torch.Tensor) -> torch.Tensor:
         """:meth:`step` for requests of one ``batch_key``, their tensors concatenated along
@@ -114,6 +125,17 @@ class Sampler(Protocol):
         of 256. It must raise before changing any state (compute, then commit): the loop
         then updates each request alone, so only the one whose update fails fails."""
         ...
+
+
+class SamplerBase:
+    """Defaults of the optional ``Sampler`` members, for flow samplers (no preconditioning)."""
+
+    @property
+    def init_noise_sigma(self) -> float:
+        return 1.0
+
+    def scale_model_input(self, state: SamplerState, sample: torch.Tensor) -> torch.Tensor:
+        return sample
 
 
 SAMPLERS: dict[str, type] = {}

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from omniloop.pipeline.samplers.base import (
+    SamplerBase,
     SamplerState,
     SchedulerConfigError,
     check_config_keys,
@@ -91,7 +92,7 @@ def resolve_shift(config_shift: float, use_dynamic_shifting: bool, *, shift: flo
 
 @register_sampler
 @dataclass(frozen=True, kw_only=True)
-class FlowEulerSampler:
+class FlowEulerSampler(SamplerBase):
     """Stateless; every request's schedule and step index live in its :class:`SamplerState`."""
 
     name: ClassVar[str] = "flow_euler"

@@ -23,6 +23,7 @@ from typing import Any, ClassVar, Hashable, Sequence
 import torch
 
 from omniloop.pipeline.samplers.base import (
+    SamplerBase,
     SamplerState,
     SchedulerConfigError,
     check_config_keys,
@@ -53,7 +54,7 @@ class FlowMapState(SamplerState):
 
 @register_sampler
 @dataclass(frozen=True, kw_only=True)
-class FlowMapEulerSampler:
+class FlowMapEulerSampler(SamplerBase):
     """Stateless; every request's schedule and step index live in its :class:`FlowMapState`."""
 
     name: ClassVar[str] = "flow_map_euler"

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from omniloop.pipeline.samplers.base import (
+    SamplerBase,
     SamplerState,
     SchedulerConfigError,
     check_config_keys,
@@ -146,7 +147,7 @@ class _BhTerms:
 
 @register_sampler
 @dataclass(frozen=True, kw_only=True)
-class FlowUniPCSampler:
+class FlowUniPCSampler(SamplerBase):
     """Stateless; every request's schedule and multistep history live in its FlowUniPCState."""
 
     name: ClassVar[str] = "flow_unipc"

@@ -53,10 +53,10 @@ def chat_ids(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
 class ChatPrompt(StageBase):
     tokenizer: str = "tokenizer"
     system_prompt: str | None = None
-    outputs = {"prompt_tokens": PromptTokens}  # type: ignore[assignment]
+    outputs = {"prompt_tokens": PromptTokens}
 
     @property
-    def components(self) -> tuple[str, ...]:  # type: ignore[override]
+    def components(self) -> tuple[str, ...]:
         return (self.tokenizer,)
 
     def forward(self, ctx: StageContext, state: RequestState) -> None:

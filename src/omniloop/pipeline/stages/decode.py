@@ -114,8 +114,8 @@ class VAEDecode(StageBase):
     modality: str = "video"
     whole: bool | None = False
     decoder: LatentDecoder | None = field(default=None)
-    inputs = {"latents": DenoisedLatents}  # type: ignore[assignment]
-    outputs = {"video": VideoArtifact, "image": ImageArtifact, "audio": AudioArtifact}  # type: ignore[assignment]
+    inputs = {"latents": DenoisedLatents}
+    outputs = {"video": VideoArtifact, "image": ImageArtifact, "audio": AudioArtifact}
 
     def __post_init__(self) -> None:
         if self.decoder is None:
@@ -123,12 +123,17 @@ class VAEDecode(StageBase):
         self.modality = self.decoder.modality
 
     @property
-    def components(self) -> tuple[str, ...]:  # type: ignore[override]
-        return self.decoder.components  # type: ignore[union-attr]
+    def latent_decoder(self) -> LatentDecoder:
+        assert self.decoder is not None, "__post_init__ sets the decoder"
+        return self.decoder
+
+    @property
+    def components(self) -> tuple[str, ...]:
+        return self.latent_decoder.components
 
     def forward(self, ctx: StageContext, state: RequestState) -> None:
         latents = ctx.read(state, "latents", DenoisedLatents).latents[self.modality]
-        media = self.decoder.decode(ctx, latents)  # type: ignore[union-attr]
+        media = self.latent_decoder.decode(ctx, latents)
         if isinstance(media, DecodedAudio):
             ctx.write(state, "audio", AudioArtifact(samples=media.samples, sample_rate=media.sample_rate))
         elif media.frames.shape[0] == 1 and state.request.task.makes_image:

@@ -28,7 +28,7 @@ class GivenLatents(StageBase):
     """``denoiser``: the loop's adapter, whose ``latent_shapes`` say what the latents must be."""
 
     denoiser: Any
-    outputs = {"init_latents": InitLatents}  # type: ignore[assignment]
+    outputs = {"init_latents": InitLatents}
 
     def check_request(self, ctx: StageContext, state: RequestState, produced: frozenset[str]) -> None:
         self._latents(ctx, state.request)

@@ -47,7 +47,7 @@ class TextEncode(StageBase):
     # "cfg": encode the negative prompt when the request's guidance needs an uncond branch;
     # "embedded": never (the scale rides inside the forward: Flux's guidance embedding)
     guidance: Literal["cfg", "embedded"] = "cfg"
-    outputs = {"text": TextEmbeddings}  # type: ignore[assignment]
+    outputs = {"text": TextEmbeddings}
 
     def __post_init__(self) -> None:
         if not self.encoders:
@@ -61,7 +61,7 @@ class TextEncode(StageBase):
             raise ValueError(f"TextEncode encoder specs fill the same field twice: {fields}")
 
     @property
-    def components(self) -> tuple[str, ...]:  # type: ignore[override]
+    def components(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(s.component for s in self.encoders))
 
     def forward(self, ctx: StageContext, state: RequestState) -> None:
@@ -80,7 +80,8 @@ class TextEncode(StageBase):
             rows = {c: self._encode(ctx, c, states, wanted, cache, held) for c in self.components}
         except BaseException:
             for key, owner in held:
-                cache.release(key, owner)  # type: ignore[union-attr]
+                assert cache is not None, "references are taken in the cache only"
+                cache.release(key, owner)
             raise
         for i, state in enumerate(states):
             ctx.write(state, "text", self._embeddings(ctx, rows, i, len(wanted[i]) == 2))

@@ -26,6 +26,7 @@ from omniloop.models.families.wan.model import keeps_fp32
 from omniloop.models.manifest import LAYOUT, ModelManifest
 from omniloop.models.model_spec import LoadOptions, spec_for_class
 from omniloop.pipeline.pipeline import Pipeline
+from omniloop.pipeline.policies.cfg import CFGMode
 from omniloop.request import (
     DiffusionParams,
     Modality,
@@ -48,7 +49,7 @@ def build_pipeline(
     text_encoder: Any,
     device: torch.device,
     dtype: torch.dtype,
-    cfg_mode: str = "batched",
+    cfg_mode: CFGMode = "batched",
 ) -> Pipeline:
     """The pipeline ``VideoGenerator.from_pretrained(<exported model>)`` would build, around
     these modules: same ModelSpec, variant, sampler set, defaults and validator."""

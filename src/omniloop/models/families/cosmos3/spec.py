@@ -33,7 +33,7 @@ from omniloop.models.load_options import apply_load_options, graph_runner
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
 from omniloop.pipeline.loops.ar import ARDecodeLoop
 from omniloop.pipeline.pipeline import Pipeline
-from omniloop.pipeline.policies.cfg import ClassicCFG
+from omniloop.pipeline.policies.cfg import CFGMode, ClassicCFG
 from omniloop.pipeline.predicates import opt, task_in
 from omniloop.pipeline.samplers.sampler_set import SamplerSet, load_sampler_set
 from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
@@ -136,7 +136,7 @@ def _wants_pixels(request: OmniRequest) -> bool:
     return request.outputs.wants(Modality.VIDEO) or request.outputs.wants(Modality.IMAGE)
 
 
-def cosmos3_pipeline_spec(variant: Variant, *, generator: bool, cfg_mode: str = "sequential",
+def cosmos3_pipeline_spec(variant: Variant, *, generator: bool, cfg_mode: CFGMode = "sequential",
                           graphs: CudaGraphRunner | None = None) -> PipelineSpec:
     """``graphs``: the reasoner's decode forwards replay CUDA graphs (``cuda_graphs=True``)."""
     components = {w.component: ComponentSpec(name=w.component, kind=w.kind, optional=w.optional) for w in variant.weights}

@@ -307,11 +307,11 @@ class Cosmos3Tokenize(StageBase):
     """Request prompt (or the reasoner's upsampled prompt, an optional typed edge) -> Cosmos3Prompts."""
 
     tokenizer: str = "tokenizer"
-    optional_inputs = {"upsampled": TextArtifact}  # type: ignore[assignment]
-    outputs = {"prompts": Cosmos3Prompts}  # type: ignore[assignment]
+    optional_inputs = {"upsampled": TextArtifact}
+    outputs = {"prompts": Cosmos3Prompts}
 
     @property
-    def components(self) -> tuple[str, ...]:  # type: ignore[override]
+    def components(self) -> tuple[str, ...]:
         return (self.tokenizer,)
 
     def forward(self, ctx: StageContext, state: RequestState) -> None:
@@ -397,7 +397,7 @@ class Cosmos3Condition(ComponentStage):
     gets from encoding the whole padded clip)."""
 
     component: str = "vae"
-    outputs = {"condition": Cosmos3Conditions}  # type: ignore[assignment]
+    outputs = {"condition": Cosmos3Conditions}
 
 
     @torch.inference_mode()
@@ -545,7 +545,7 @@ class Cosmos3Denoiser(DenoiserBase):
         layout = self.layout(ctx, request, condition)
         geo = geometry(request, ctx.defaults)
         domain = _domain(request, ctx.device)
-        raw = P.EMBODIMENT_ACTION_DIMS[options_of(request).domain] if action_mode(request) else None  # type: ignore[index]
+        raw = P.EMBODIMENT_ACTION_DIMS[embodiment(request)] if action_mode(request) else None
         out = {}
         for branch in branches:
             ids = prompts.cond if branch == COND else prompts.uncond
@@ -585,7 +585,14 @@ class Cosmos3Denoiser(DenoiserBase):
 def _domain(request: OmniRequest, device: torch.device) -> torch.Tensor | None:
     if action_mode(request) is None:
         return None
-    return torch.tensor([P.EMBODIMENT_DOMAIN_IDS[options_of(request).domain]], device=device)  # type: ignore[index]
+    return torch.tensor([P.EMBODIMENT_DOMAIN_IDS[embodiment(request)]], device=device)
+
+
+def embodiment(request: OmniRequest) -> str:
+    """An action request's embodiment domain (admission refuses an action task without one)."""
+    domain = options_of(request).domain
+    assert domain is not None, "admission requires node_params['denoise'].domain for action tasks"
+    return domain
 
 
 @dataclass(frozen=True)
@@ -611,18 +618,18 @@ class Cosmos3DenoiseLoop(DenoiseLoop):
     diffusers' ``mask * x0 + (1 - mask) * noise`` for a 0/1 mask) and the padded action
     channels zeroed. The branches' text KV is freed at ``finalize`` / ``release``."""
 
-    inputs = {"prompts": Cosmos3Prompts}  # type: ignore[assignment]
-    optional_inputs = {"condition": ConditionLatents}  # type: ignore[assignment]
+    inputs = {"prompts": Cosmos3Prompts}
+    optional_inputs = {"condition": ConditionLatents}
     params_schema = Cosmos3Options
 
-    def init(self, ctx: StageContext, state: RequestState) -> DenoiseLoopState:  # type: ignore[override]
+    def init(self, ctx: StageContext, state: RequestState) -> DenoiseLoopState:
         loop = super().init(ctx, state)
         loop.samplers = {m: s for m, s in loop.samplers.items() if m in loop.latents}
         condition = ctx.read_optional(state, "condition", Cosmos3Conditions)
         if condition is not None and condition.vision_frames:
             frames = list(condition.vision_frames)
             loop.latents["video"][:, :, frames] = condition.latents[:, :, frames].to(loop.latents["video"])
-        raw = P.EMBODIMENT_ACTION_DIMS[options_of(state.request).domain] if "action" in loop.latents else None  # type: ignore[index]
+        raw = P.EMBODIMENT_ACTION_DIMS[embodiment(state.request)] if "action" in loop.latents else None
         loop.policy_states[self.conditioning.name] = raw
         if raw is not None:
             loop.latents["action"][..., raw:] = 0
@@ -631,18 +638,18 @@ class Cosmos3DenoiseLoop(DenoiseLoop):
     def inputs_edge(self, ctx: StageContext) -> str:
         return ctx.inputs.get("prompts", "prompts")
 
-    def estimate(self, ctx: StageContext, state: RequestState) -> WorkEstimate:  # type: ignore[override]
+    def estimate(self, ctx: StageContext, state: RequestState) -> WorkEstimate:
         est = super().estimate(ctx, state)
         model = ctx.component(self.denoiser.component)  # type: ignore[attr-defined]
         prompt_tokens = 2 * 512  # both branches' text KV, a generous prompt
         kv = prompt_tokens * model.kv_layout.bytes_per_token(model.dtype)
         return replace(est, resident_bytes=est.resident_bytes + kv)  # its batch group too: steps batch by shape
 
-    def finalize(self, ctx: StageContext, loop: DenoiseLoopState, state: RequestState) -> None:  # type: ignore[override]
+    def finalize(self, ctx: StageContext, loop: DenoiseLoopState, state: RequestState) -> None:
         super().finalize(ctx, loop, state)
         _free_contexts(loop)
 
-    def release(self, loop: DenoiseLoopState) -> None:  # type: ignore[override]
+    def release(self, loop: DenoiseLoopState) -> None:
         super().release(loop)
         _free_contexts(loop)
 
@@ -660,8 +667,8 @@ def _free_contexts(loop: DenoiseLoopState) -> None:
 @dataclass
 class Cosmos3SoundDecode(ComponentStage):
     component: str = "sound_tokenizer"
-    inputs = {"latents": DenoisedLatents}  # type: ignore[assignment]
-    outputs = {"audio": AudioArtifact}  # type: ignore[assignment]
+    inputs = {"latents": DenoisedLatents}
+    outputs = {"audio": AudioArtifact}
 
 
     @torch.inference_mode()
@@ -675,10 +682,10 @@ class Cosmos3SoundDecode(ComponentStage):
 class Cosmos3ActionOutput(StageBase):
     """The predicted actions ``[Ta, raw_dim]`` (the embodiment's unpadded width) -> ``action``."""
 
-    inputs = {"latents": DenoisedLatents}  # type: ignore[assignment]
-    outputs = {"action": TensorArtifact}  # type: ignore[assignment]
+    inputs = {"latents": DenoisedLatents}
+    outputs = {"action": TensorArtifact}
 
     def forward(self, ctx: StageContext, state: RequestState) -> None:
-        raw = P.EMBODIMENT_ACTION_DIMS[options_of(state.request).domain]  # type: ignore[index]
+        raw = P.EMBODIMENT_ACTION_DIMS[embodiment(state.request)]
         actions = ctx.read(state, "latents", DenoisedLatents).latents["action"][0, :, :raw]
         ctx.write(state, "action", TensorArtifact(tensor=actions.float().cpu()))

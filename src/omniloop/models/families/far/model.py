@@ -96,9 +96,9 @@ class FARConfig:
     def __post_init__(self) -> None:
         self.patch_size = tuple(self.patch_size)  # type: ignore[assignment]  # JSON gives lists
         self.compressed_patch_size = tuple(self.compressed_patch_size)  # type: ignore[assignment]
-        self.chunk_partition = tuple(self.chunk_partition)  # type: ignore[assignment]
+        self.chunk_partition = tuple(self.chunk_partition)
         if self.action_vocab is not None:
-            self.action_vocab = tuple(self.action_vocab)  # type: ignore[assignment]
+            self.action_vocab = tuple(self.action_vocab)
             if not self.action_vocab or len(set(self.action_vocab)) != len(self.action_vocab):
                 raise ValueError(f"action_vocab must list distinct action names; got {list(self.action_vocab)}")
         if self.out_channels in (None, 0):

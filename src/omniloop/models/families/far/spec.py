@@ -26,7 +26,7 @@ from omniloop.models.text.umt5 import load_umt5_encoder
 from omniloop.pipeline.loops.chunk import ChunkRollout
 from omniloop.pipeline.loops.denoise import DenoiseLoop
 from omniloop.pipeline.pipeline import Pipeline
-from omniloop.pipeline.policies.cfg import ClassicCFG
+from omniloop.pipeline.policies.cfg import CFGMode, ClassicCFG
 from omniloop.pipeline.policies.shift import FlowShift
 from omniloop.pipeline.predicates import task_in
 from omniloop.pipeline.samplers import build_sampler
@@ -66,10 +66,10 @@ def far_variant(index: Mapping[str, Any]) -> Variant:
     return Variant(name="anyflow-far", tasks=TASKS, weights=weights)
 
 
-def far_pipeline_spec(variant: Variant, *, full_chunk_limit: int, max_frames: int, cfg_mode: str = "sequential") -> PipelineSpec:
+def far_pipeline_spec(variant: Variant, *, full_chunk_limit: int, max_frames: int, cfg_mode: CFGMode = "sequential") -> PipelineSpec:
     components = {w.component: ComponentSpec(name=w.component, kind=w.kind) for w in variant.weights}
     components["chunk_kv"] = ComponentSpec(name="chunk_kv", kind="ChunkKVPool")
-    denoise = DenoiseLoop(FARDenoiser(), cfg=ClassicCFG(mode=cfg_mode), shift=FlowShift())  # type: ignore[arg-type]
+    denoise = DenoiseLoop(FARDenoiser(), cfg=ClassicCFG(mode=cfg_mode), shift=FlowShift())
     rollout = ChunkRollout(denoise, FARChunks(full_chunk_limit=full_chunk_limit, max_frames=max_frames),
                            decoder=StreamingVAEDecode())
     conditioned = variant.tasks & {TaskType.I2V, TaskType.V2V}  # a t2v-only model has no condition node

@@ -293,7 +293,7 @@ class FARVideoCondition(ComponentStage):
     [1, z_dim, f_ctx, h, w]; the rollout keeps them as its first (context) chunks."""
 
     component: str = "vae"
-    outputs = {"condition": ConditionLatents}  # type: ignore[assignment]
+    outputs = {"condition": ConditionLatents}
 
 
     @torch.inference_mode()

@@ -185,7 +185,7 @@ class FluxImageCondition(ComponentStage):
     sampled by the loop from the request's seed (diffusers' draw order)."""
 
     component: str = "vae"
-    outputs = {"condition": ConditionLatents}  # type: ignore[assignment]
+    outputs = {"condition": ConditionLatents}
 
 
     @torch.inference_mode()

@@ -160,7 +160,7 @@ class LTX2DenoiseLoop(DenoiseLoop):
     shift: ShiftPolicy = field(default_factory=lambda: DynamicShift(packed="video"))
     refine: bool = False
     params_schema = LTX2DenoiseParams
-    outputs = {**DenoiseLoop.outputs, "final_audio_latents": LatentsArtifact}  # type: ignore[assignment]
+    outputs = {**DenoiseLoop.outputs, "final_audio_latents": LatentsArtifact}
 
     def schedule(self, ctx: StageContext, params: DiffusionParams, shapes: Mapping[str, tuple[int, ...]],
                  sampler: Sampler) -> tuple[int, dict[str, Any]]:
@@ -194,7 +194,7 @@ class LTX2DenoiseLoop(DenoiseLoop):
         sigmas = {m: loop.samplers[m].sigma for m in MODALITIES}
         return self.cfg.combine_x0(cfg_state, preds, loop.latents, sigmas)
 
-    def finalize(self, ctx: StageContext, loop: DenoiseLoopState, state: RequestState) -> None:  # type: ignore[override]
+    def finalize(self, ctx: StageContext, loop: DenoiseLoopState, state: RequestState) -> None:
         super().finalize(ctx, loop, state)
         if state.request.outputs.wants_latents:
             ctx.write(state, "final_audio_latents", LatentsArtifact(latents=loop.latents["audio"], modality=Modality.AUDIO))

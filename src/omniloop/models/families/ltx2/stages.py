@@ -157,10 +157,10 @@ class LTX2TextEncode(StageBase):
 
     text_encoder: str = "text_encoder"
     connectors: str = "connectors"
-    outputs = {"text": LTX2TextStates}  # type: ignore[assignment]
+    outputs = {"text": LTX2TextStates}
 
     @property
-    def components(self) -> tuple[str, ...]:  # type: ignore[override]
+    def components(self) -> tuple[str, ...]:
         return (self.text_encoder, self.connectors)
 
     def forward(self, ctx: StageContext, state: RequestState) -> None:
@@ -294,7 +294,7 @@ class LTX2ImageCondition(ComponentStage):
     (bilinear), VAE-encoded (posterior mean) and normalized -> ConditionLatents [1, C, 1, h, w]."""
 
     component: str = "vae"
-    outputs = {"condition": ConditionLatents}  # type: ignore[assignment]
+    outputs = {"condition": ConditionLatents}
 
 
     @torch.inference_mode()
@@ -349,12 +349,12 @@ class LTX2LatentUpsample(StageBase):
     (denormalized and normalized again, as the stage-2 call of diffusers does)."""
 
     upsampler: str = "latent_upsampler"
-    inputs = {"latents": DenoisedLatents}  # type: ignore[assignment]
-    outputs = {"init_latents": InitLatents}  # type: ignore[assignment]
+    inputs = {"latents": DenoisedLatents}
+    outputs = {"init_latents": InitLatents}
     params_schema = UpsampleParams
 
     @property
-    def components(self) -> tuple[str, ...]:  # type: ignore[override]
+    def components(self) -> tuple[str, ...]:
         return (self.upsampler, "vae", "audio_vae")
 
     @torch.inference_mode()
@@ -388,9 +388,9 @@ def _final(ctx: StageContext, state: RequestState) -> tuple[dict[str, torch.Tens
 @dataclass
 class LTX2VideoDecode(ComponentStage):
     component: str = "vae"
-    inputs = {"latents": DenoisedLatents}  # type: ignore[assignment]
-    optional_inputs = {"refined": DenoisedLatents}  # type: ignore[assignment]
-    outputs = {"video": VideoArtifact}  # type: ignore[assignment]
+    inputs = {"latents": DenoisedLatents}
+    optional_inputs = {"refined": DenoisedLatents}
+    outputs = {"video": VideoArtifact}
 
 
     @torch.inference_mode()
@@ -407,9 +407,9 @@ class LTX2VideoDecode(ComponentStage):
 class LTX2AudioDecode(StageBase):
     """Audio latents -> mel spectrogram (audio VAE) -> waveform (vocoder)."""
 
-    inputs = {"latents": DenoisedLatents}  # type: ignore[assignment]
-    optional_inputs = {"refined": DenoisedLatents}  # type: ignore[assignment]
-    outputs = {"audio": AudioArtifact}  # type: ignore[assignment]
+    inputs = {"latents": DenoisedLatents}
+    optional_inputs = {"refined": DenoisedLatents}
+    outputs = {"audio": AudioArtifact}
     components = ("audio_vae", "vocoder")
 
     @torch.inference_mode()

@@ -72,12 +72,12 @@ class Qwen2Config:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"Qwen2 config: {name} must be a positive int; got {value!r}")
-        if self.num_attention_heads % self.num_key_value_heads:  # type: ignore[operator]
+        if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"Qwen2 config: num_attention_heads={self.num_attention_heads} must be a multiple of "
                 f"num_key_value_heads={self.num_key_value_heads} (grouped-query attention)"
             )
-        if self.head_dim % 2:  # type: ignore[operator]
+        if self.resolved_head_dim % 2:
             raise ValueError(f"Qwen2 config: head_dim={self.head_dim} must be even (rotary embeddings rotate pairs)")
         if not self.rms_norm_eps > 0:
             raise ValueError(f"Qwen2 config: rms_norm_eps must be > 0; got {self.rms_norm_eps!r}")
@@ -86,8 +86,18 @@ class Qwen2Config:
         self.eos_token_ids = tuple(self.eos_token_ids)
 
     @property
+    def resolved_head_dim(self) -> int:
+        assert self.head_dim is not None, "__post_init__ resolves head_dim"
+        return self.head_dim
+
+    @property
+    def resolved_kv_heads(self) -> int:
+        assert self.num_key_value_heads is not None, "__post_init__ resolves num_key_value_heads"
+        return self.num_key_value_heads
+
+    @property
     def kv_layout(self) -> KVLayout:
-        return KVLayout(self.num_hidden_layers, self.num_key_value_heads, self.head_dim)  # type: ignore[arg-type]
+        return KVLayout(self.num_hidden_layers, self.resolved_kv_heads, self.resolved_head_dim)
 
     @classmethod
     def from_hf_config(cls, d: Mapping[str, Any]) -> "Qwen2Config":
@@ -192,9 +202,9 @@ class Attention(nn.Module):
         super().__init__()
         self.layer = layer  # index into the KV view (structure, not request state)
         self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = config.head_dim
-        q_dim, kv_dim = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim  # type: ignore[operator]
+        self.num_kv_heads = config.resolved_kv_heads
+        self.head_dim = config.resolved_head_dim
+        q_dim, kv_dim = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.qkv_proj = nn.Linear(config.hidden_size, q_dim + 2 * kv_dim, bias=True)
         self.o_proj = nn.Linear(q_dim, config.hidden_size, bias=False)
         self.attention_backend = DEFAULT_BACKEND  # set from outside by set_attention_backend
@@ -280,7 +290,7 @@ class Qwen2LM(nn.Module):
             positions = torch.arange(length, device=input_ids.device).expand(b, length)
         # 2. embed and rotary tables (shared by every layer)
         h = self.embed_tokens(input_ids)  # [B, L, D]
-        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, h.dtype)  # type: ignore[arg-type]
+        cos, sin = rope_cos_sin(positions, self.config.resolved_head_dim, self.config.rope_theta, h.dtype)
         # 3. the block stack
         h = run_blocks(self.layers, h, cos, sin, kv)
         # 4. final norm and logits of the positions the caller needs

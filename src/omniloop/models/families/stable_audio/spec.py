@@ -17,7 +17,7 @@ from omniloop.models.text.t5 import load_masked_t5_encoder
 from omniloop.pipeline.input_kinds import refuse_unused_parts
 from omniloop.pipeline.loops.denoise import DenoiseLoop
 from omniloop.pipeline.pipeline import Pipeline
-from omniloop.pipeline.policies.cfg import ClassicCFG
+from omniloop.pipeline.policies.cfg import CFGMode, ClassicCFG
 from omniloop.pipeline.predicates import opt
 from omniloop.pipeline.samplers import build_sampler, sampler_for_diffusers_class
 from omniloop.pipeline.samplers.sampler_set import SamplerSet
@@ -80,11 +80,11 @@ def stable_audio_variant(index: Mapping[str, Any]) -> Variant:
     return Variant(name="stable-audio", tasks=frozenset({TaskType.T2A}), weights=weights)
 
 
-def stable_audio_pipeline_spec(variant: Variant, cfg_mode: str = "sequential") -> PipelineSpec:
+def stable_audio_pipeline_spec(variant: Variant, cfg_mode: CFGMode = "sequential") -> PipelineSpec:
     components = {w.component: ComponentSpec(name=w.component, kind=w.kind) for w in variant.weights}
     nodes = (
         Node("encode", StableAudioEncode()),
-        Node("denoise", DenoiseLoop(StableAudioDenoiser(), cfg=ClassicCFG(mode=cfg_mode))),  # type: ignore[arg-type]
+        Node("denoise", DenoiseLoop(StableAudioDenoiser(), cfg=ClassicCFG(mode=cfg_mode))),
         Node("decode", StableAudioDecode(), when=opt("audio wanted", lambda r: r.outputs.wants(Modality.AUDIO))),
     )
     return PipelineSpec(name=variant.name, family="stable_audio", tasks=variant.tasks, components=components,

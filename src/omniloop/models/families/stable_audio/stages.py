@@ -53,10 +53,10 @@ class StableAudioEncode(StageBase):
 
     text_encoder: str = "text_encoder"
     projection: str = "projection_model"
-    outputs = {"text": StableAudioConditioning}  # type: ignore[assignment]
+    outputs = {"text": StableAudioConditioning}
 
     @property
-    def components(self) -> tuple[str, ...]:  # type: ignore[override]
+    def components(self) -> tuple[str, ...]:
         return (self.text_encoder, self.projection)
 
     def forward(self, ctx: StageContext, state: RequestState) -> None:
@@ -145,8 +145,8 @@ class StableAudioDecode(ComponentStage):
     """Denoised latents -> the Oobleck waveform, cropped to the request's seconds."""
 
     component: str = "vae"
-    inputs = {"latents": DenoisedLatents}  # type: ignore[assignment]
-    outputs = {"audio": AudioArtifact}  # type: ignore[assignment]
+    inputs = {"latents": DenoisedLatents}
+    outputs = {"audio": AudioArtifact}
 
 
     @torch.inference_mode()

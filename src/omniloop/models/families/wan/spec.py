@@ -18,7 +18,7 @@ from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSp
 from omniloop.models.text.umt5 import load_umt5_encoder
 from omniloop.pipeline.loops.denoise import DenoiseLoop
 from omniloop.pipeline.pipeline import Pipeline
-from omniloop.pipeline.policies.cfg import ClassicCFG
+from omniloop.pipeline.policies.cfg import CFGMode, ClassicCFG
 from omniloop.pipeline.policies.conditioning import LatentConcat, NoConditioning
 from omniloop.pipeline.policies.routing import BoundaryTimestepRouting, SingleModel
 from omniloop.pipeline.policies.shift import FlowShift
@@ -108,7 +108,7 @@ def wan_variant(index: Mapping[str, Any]) -> Variant:
 # -- pipeline -------------------------------------------------------------------------
 
 
-def wan_pipeline_spec(variant: Variant, *, boundary_ratio: float | None, cfg_mode: str = "sequential",
+def wan_pipeline_spec(variant: Variant, *, boundary_ratio: float | None, cfg_mode: CFGMode = "sequential",
                       decode_whole: bool | None = False) -> PipelineSpec:
     """``decode_whole``: see ``VAEDecode.whole`` (diffusers checkpoints keep diffusers' chunked decode)."""
     i2v = TaskType.I2V in variant.tasks
@@ -127,7 +127,7 @@ def wan_pipeline_spec(variant: Variant, *, boundary_ratio: float | None, cfg_mod
             "denoise",
             DenoiseLoop(
                 WanDenoiser(),
-                cfg=ClassicCFG(mode=cfg_mode),  # type: ignore[arg-type]
+                cfg=ClassicCFG(mode=cfg_mode),
                 routing=routing,
                 shift=FlowShift(),
                 conditioning=LatentConcat() if i2v else NoConditioning(),

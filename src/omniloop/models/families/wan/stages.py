@@ -100,7 +100,7 @@ class WanImageCondition(ComponentStage):
     prepend the 4-channel first-frame mask -> ConditionLatents [1, 4 + z_dim, f, h, w]."""
 
     component: str = "vae"
-    outputs = {"condition": ConditionLatents}  # type: ignore[assignment]
+    outputs = {"condition": ConditionLatents}
 
 
     @torch.inference_mode()
@@ -145,7 +145,7 @@ class WanVideoEncode(ComponentStage):
     WanVideoToVideoPipeline.prepare_latents)."""
 
     component: str = "vae"
-    outputs = {"init_latents": InitLatents}  # type: ignore[assignment]
+    outputs = {"init_latents": InitLatents}
 
 
     @torch.inference_mode()

@@ -195,7 +195,8 @@ def track_changes(tracks: tuple[ObjectTrack, ...], f: int) -> _TrackChanges:
         present = [t for t, d in enumerate(track.descriptors) if d is not None and track.masses[t] > 0]
         if not present:
             continue
-        reference = np.median(np.stack([track.descriptors[t] for t in present]), axis=0)  # [T, T]
+        present_descriptors = [d for t in present if (d := track.descriptors[t]) is not None]  # all of them
+        reference = np.median(np.stack(present_descriptors), axis=0)  # [T, T]
         ref_mass, ref_solidity = float(np.median(track.masses[present])), float(np.median(track.solidity[present]))
         for t in range(f):
             d = track.descriptors[t]

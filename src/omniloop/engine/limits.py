@@ -3,18 +3,16 @@
 ``Engine.add_request`` calls ``check_limits`` before the family validator runs, so the
 offline API, the HTTP server and the Dynamo worker refuse an over-limit request with the
 same ``LimitExceeded`` message. The geometry is the resolved one: a field the request
-leaves unset counts at the model's default (``Pipeline.defaults``), since that is what
+leaves unset counts at the model's default (``Pipeline.defaults``, typed), since that is what
 would run. ``check_images_per_call`` is the one ceiling on a *call* (``n`` images), which
 only a front end sees; it lives here so every ceiling has one definition.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from omniloop.deploy import Limits
 from omniloop.engine.errors import RequestRejected
+from omniloop.pipeline.defaults import GenerationDefaults
 from omniloop.request import OmniRequest, TaskType
 
 
@@ -31,23 +29,23 @@ class LimitExceeded(RequestRejected):
         return self.fields[0] if self.fields == ("n",) else f"diffusion.{self.fields[0]}"
 
 
-def check_limits(request: OmniRequest, limits: Limits, defaults: Mapping[str, Any]) -> None:
+def check_limits(request: OmniRequest, limits: Limits, defaults: GenerationDefaults) -> None:
     """Raise ``LimitExceeded`` if ``request`` (with the model's ``defaults`` filled in)
     exceeds ``limits``: frames, pixels per frame, denoise steps."""
     if request.task is TaskType.REASON:  # text out: no frames, pixels or denoise steps (the AR KV is admission's)
         return
     p = request.diffusion
-    frames = p.num_frames or (1 if request.task.makes_image else int(defaults.get("num_frames", 1)))
+    frames = p.num_frames or (1 if request.task.makes_image else defaults.num_frames or 1)
     if frames > limits.max_frames:
         raise LimitExceeded(f"diffusion.num_frames: {frames} frames exceed this deployment's limit of "
                             f"{limits.max_frames} (limits.max_frames); ask for fewer frames (a shorter clip)",
                             fields=("num_frames",))
-    width, height = p.width or int(defaults.get("width", 0)), p.height or int(defaults.get("height", 0))
+    width, height = p.width or defaults.width or 0, p.height or defaults.height or 0
     if width * height > limits.max_pixels and not sized_by_input(request):
         raise LimitExceeded(f"diffusion.width x height: {width}x{height} = {width * height} pixels exceed this "
                             f"deployment's limit of {limits.max_pixels} (limits.max_pixels); pass a smaller size",
                             fields=("height", "width"))
-    steps = p.num_steps(int(defaults.get("steps", 0)))
+    steps = p.num_steps(defaults.steps)
     if steps > limits.max_steps:
         raise LimitExceeded(f"diffusion.steps: {steps} steps exceed this deployment's limit of {limits.max_steps} "
                             "(limits.max_steps); pass fewer steps", fields=("steps",))

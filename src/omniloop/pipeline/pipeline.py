@@ -14,6 +14,7 @@ import torch
 from pydantic import ValidationError
 
 from omniloop.pipeline.adapters import check_loras
+from omniloop.pipeline.defaults import GenerationDefaults
 from omniloop.pipeline.spec import Node, PipelineSpec
 from omniloop.pipeline.state import RequestState, StageContext
 from omniloop.request import Artifact, Modality, OmniOutput, OmniRequest, RequestStatus
@@ -42,7 +43,7 @@ class Pipeline:
     components: Mapping[str, Any]
     device: torch.device
     dtype: torch.dtype
-    defaults: Mapping[str, Any] = field(default_factory=dict)
+    defaults: GenerationDefaults = field(default_factory=GenerationDefaults)  # the family's, typed
     validate_request: RequestValidator | None = None  # family checks (sizes, required inputs)
     # deployment caches (cache name -> object), shared by reference with every node's context:
     # the loader adds them after the family builds the pipeline (see StageContext.caches)
@@ -64,7 +65,7 @@ class Pipeline:
                 dtype=self.dtype,
                 inputs=dict(node.inputs),
                 outputs=dict(node.outputs),
-                defaults={**self.defaults, **node.defaults},
+                defaults=self.defaults.replace(**node.defaults),  # a node's own over the pipeline's
                 caches=self.caches,
             )
             for node in self.spec.nodes

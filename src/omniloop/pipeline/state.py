@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping, TypeVar
 
 import torch
 
+from omniloop.pipeline.defaults import GenerationDefaults
 from omniloop.request import Artifact, OmniRequest, RequestMetrics, RequestStatus
 
 A = TypeVar("A", bound=Artifact)
@@ -33,7 +34,7 @@ class StageContext:
     dtype: torch.dtype
     inputs: Mapping[str, str] = field(default_factory=dict)
     outputs: Mapping[str, str] = field(default_factory=dict)
-    defaults: Mapping[str, Any] = field(default_factory=dict)  # model defaults (steps, guidance, ...)
+    defaults: GenerationDefaults = field(default_factory=GenerationDefaults)  # the node's generation defaults
     # deployment caches shared by every request (name -> cache: "text_embeddings", "adapters"); a
     # stage finds its cache here or runs without it
     caches: Mapping[str, Any] = field(default_factory=dict)

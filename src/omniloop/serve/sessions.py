@@ -128,7 +128,7 @@ class SessionManager:
 
     @property
     def actions(self) -> dict[str, list[list[float]]]:
-        return dict(self.model.defaults.get("actions") or {})
+        return dict(self.model.defaults.actions or {})
 
     def live(self) -> list[Session]:
         return [s for s in self.sessions.values() if not s.ended]
@@ -156,7 +156,7 @@ class SessionManager:
                               diffusion=diffusion, outputs=OutputSpec(stream=True),
                               node_params={ROLLOUT_NODE: {"open_ended": True, "max_chunks": body.max_chunks,
                                                           "realtime": body.realtime}})
-        fps = body.fps or int(model.defaults.get("fps", 16))
+        fps = body.fps or model.defaults.fps or 16
         session = Session(id=sid, model=model.name, max_chunks=body.max_chunks, fps=fps)
         stream = self.engine.stream(request)
         try:

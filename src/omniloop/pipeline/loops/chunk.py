@@ -254,7 +254,7 @@ class ChunkRollout(LoopStageBase):
             clean=clean, branches=branches, kwargs=self.denoise.denoiser.branch_inputs(ctx, state, branches + extra),
             kv=handle, first_params=first_params, request_state=state,
             stream=self.decoder.init(ctx) if wants_video else None,  # type: ignore[union-attr]
-            fps=request.diffusion.fps or int(ctx.defaults.get("fps", 16)), decode=wants_video,
+            fps=request.diffusion.fps or ctx.defaults.fps or 16, decode=wants_video,
         )
         self._enter_chunk(ctx, loop)
         return loop
@@ -271,10 +271,10 @@ class ChunkRollout(LoopStageBase):
             return None
         scale = params.first_chunk_guidance_scale
         if scale is None:
-            scale = ctx.defaults.get("first_chunk_guidance_scale")
+            scale = ctx.defaults.first_chunk_guidance_scale
         steps = params.first_chunk_steps
         if steps is None and params.sigmas is None:
-            steps = ctx.defaults.get("first_chunk_steps")
+            steps = ctx.defaults.first_chunk_steps
         update: dict[str, Any] = {}
         if scale is not None:
             update |= {"guidance_scale": float(scale), "guidance_scale_2": None}
@@ -284,7 +284,7 @@ class ChunkRollout(LoopStageBase):
 
     def _steps_target(self, ctx: StageContext, params: DiffusionParams, plan: ChunkPlan) -> int:
         """Scheduler steps of the whole rollout: each denoised chunk's, one boundary a chunk."""
-        default = ctx.defaults.get("steps", 50)
+        default = ctx.defaults.steps
         steps = params.num_steps(default) * (plan.num_chunks - plan.context_chunks) + plan.num_chunks
         first = self._first_params(ctx, params, plan)
         return steps if first is None else steps + first.num_steps(default) - params.num_steps(default)

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from omniloop.ext.interceptors import accepts_block_interceptor
 from omniloop.models.layers.lora import AdapterSet, LoraPlan, lora_rows
 from omniloop.pipeline.adapters import request_adapters
+from omniloop.pipeline.defaults import GenerationDefaults
 from omniloop.pipeline.edges import ConditionLatents, DenoisedLatents, InitLatents, TextEmbeddings
 from omniloop.pipeline.failures import PoolFatalError, attempt, per_request
 from omniloop.pipeline.loops.given_latents import check_strength_leaves_steps, loop_strength, start_from_given
@@ -207,7 +208,7 @@ class DenoiseLoop(LoopStageBase):
             else None
         )
         # image-to-image: noise the given latents and run the schedule's tail only
-        strength = params.strength if params.strength is not None else ctx.defaults.get("strength")
+        strength = params.strength if params.strength is not None else ctx.defaults.strength
         latents, samplers = self.conditioning.start(latents, samplers, cond_state, gen, strength)
         num_steps = next(iter(samplers.values())).num_steps - start
         timesteps = next(iter(samplers.values())).timesteps.detach().cpu()[start:]
@@ -244,7 +245,7 @@ class DenoiseLoop(LoopStageBase):
     def schedule(self, ctx: StageContext, params: DiffusionParams, shapes: Mapping[str, tuple[int, ...]],
                  sampler: Sampler) -> tuple[int, dict[str, Any]]:
         """(steps, ``init_state`` keyword arguments) of this request's schedule."""
-        num_steps = params.num_steps(ctx.defaults.get("steps", 50))
+        num_steps = params.num_steps(ctx.defaults.steps)
         return num_steps, self.shift.sampler_kwargs(params, _latent_area(shapes), num_steps, sampler)
 
     def initial_noise(self, ctx: StageContext, state: RequestState, shapes: Mapping[str, tuple[int, ...]],
@@ -253,7 +254,7 @@ class DenoiseLoop(LoopStageBase):
         (``given``: it will be mixed into given latents)."""
         return seeded_noise(shapes, gen, ctx.device)
 
-    def policy_defaults(self, ctx: StageContext, state: RequestState) -> Mapping[str, Any]:
+    def policy_defaults(self, ctx: StageContext, state: RequestState) -> GenerationDefaults:
         """The defaults the guidance policy resolves its scales against (the node's)."""
         return ctx.defaults
 

@@ -16,6 +16,7 @@ from typing import Any, Literal, Mapping
 
 import torch
 
+from omniloop.pipeline.defaults import GenerationDefaults
 from omniloop.request import DiffusionParams, Modality
 
 COND, UNCOND = "cond", "uncond"
@@ -61,10 +62,8 @@ class ClassicCFG:
     mode: Literal["sequential", "batched"] = "sequential"
     name: str = "cfg"
 
-    def init(self, params: DiffusionParams, modalities: tuple[str, ...], defaults: Mapping[str, Any]) -> CFGState:
-        scales = resolve_scales(
-            params, modalities, defaults.get("guidance_scale", 1.0), defaults.get("guidance_scale_2")
-        )
+    def init(self, params: DiffusionParams, modalities: tuple[str, ...], defaults: GenerationDefaults) -> CFGState:
+        scales = resolve_scales(params, modalities, defaults.guidance_scale, defaults.guidance_scale_2)
         on = any(s > 1.0 for group in scales.values() for s in group.values())
         return CFGState(branches=(COND, UNCOND) if on else (COND,), scales=scales)
 
@@ -96,8 +95,8 @@ class EmbeddedGuidance:
     mode: Literal["sequential"] = "sequential"
     name: str = "cfg"
 
-    def init(self, params: DiffusionParams, modalities: tuple[str, ...], defaults: Mapping[str, Any]) -> CFGState:
-        scales = resolve_scales(params, modalities, defaults.get("guidance_scale", 1.0), None)
+    def init(self, params: DiffusionParams, modalities: tuple[str, ...], defaults: GenerationDefaults) -> CFGState:
+        scales = resolve_scales(params, modalities, defaults.guidance_scale, None)
         return CFGState(branches=(COND,), scales=scales)
 
     def step_branches(self, state: CFGState, scale_set: str) -> tuple[str, ...]:

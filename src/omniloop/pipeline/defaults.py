@@ -16,10 +16,11 @@ subclass the family declares, e.g. LTX-2's per-modality guidance); an AR loop's 
 from __future__ import annotations
 
 import dataclasses
+import random
 from dataclasses import dataclass, field
 from typing import Any, Mapping, TypeVar
 
-from omniloop.request import SamplingParams
+from omniloop.request import OmniRequest, SamplingParams
 
 F = TypeVar("F", bound="FamilyDefaults")
 
@@ -114,4 +115,24 @@ class GenerationDefaults:
         return self.text if self.text is not None else TextDefaults()
 
 
-__all__ = ["FamilyDefaults", "GenerationDefaults", "TextDefaults"]
+def resolve_seeds(request: OmniRequest, defaults: GenerationDefaults) -> OmniRequest:
+    """``request`` with its random choices fixed, once, at admission: a diffusion or sampling
+    seed it leaves unset is the model's ``defaults.seed``, else drawn here. Every loop of the
+    request (a two-stage refine's too) and every rank of a pool then draw the same noise."""
+    update: dict[str, Any] = {}
+    if request.diffusion.seed is None:
+        seed = defaults.seed if defaults.seed is not None else random.randrange(2**63)
+        update["diffusion"] = request.diffusion.model_copy(update={"seed": seed})
+    if request.sampling.seed is None:
+        seed = defaults.seed if defaults.seed is not None else random.randrange(2**63)
+        update["sampling"] = request.sampling.model_copy(update={"seed": seed})
+    return request.model_copy(update=update) if update else request
+
+
+def admitted_seed(seed: int | None, node: str) -> int:
+    """A loop's seed: admission (``resolve_seeds``) has set it."""
+    assert seed is not None, f"node {node!r} runs a request that admission did not seed (Pipeline.admit resolves seeds)"
+    return seed
+
+
+__all__ = ["FamilyDefaults", "GenerationDefaults", "TextDefaults", "admitted_seed", "resolve_seeds"]

@@ -14,7 +14,7 @@ import torch
 from pydantic import ValidationError
 
 from omniloop.pipeline.adapters import check_loras
-from omniloop.pipeline.defaults import GenerationDefaults
+from omniloop.pipeline.defaults import GenerationDefaults, resolve_seeds
 from omniloop.pipeline.spec import Node, PipelineSpec
 from omniloop.pipeline.state import RequestState, StageContext
 from omniloop.request import Artifact, Modality, OmniOutput, OmniRequest, RequestStatus
@@ -73,10 +73,12 @@ class Pipeline:
 
     # -- admission ------------------------------------------------------------------
     def admit(self, request: OmniRequest) -> RequestState:
-        """Validate ``request`` against this pipeline and allocate its state.
+        """Resolve ``request`` (its seeds, once), validate it against this pipeline and
+        allocate its state (``state.request``: the resolved request).
 
         Raises ValueError naming the field at fault; nothing later fails on bad input.
         """
+        request = resolve_seeds(request, self.defaults)
         if request.task not in self.spec.tasks:
             raise ValueError(
                 f"task {request.task.value!r} is not served by {self.spec.name!r}; "

@@ -101,7 +101,9 @@ class RequestState:
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     ext: Any = None  # optional typed per-family extension (a dataclass the family registers)
     error: str | None = None
+    # the request's one lifecycle record (the engine's EngineRequest reads it): perf_counter times
     started_at: float | None = None
+    finished_at: float | None = None
     # live inputs a running request's loop takes (a session's actions, prompts, flushes), in
     # order; the engine appends (Engine.send), the loop consumes at its next chunk or step
     inbox: deque = field(default_factory=deque)
@@ -140,3 +142,11 @@ class RequestState:
         if self.started_at is None:
             self.started_at = time.perf_counter()
             self.status = RequestStatus.RUNNING
+
+    def mark_finished(self, status: RequestStatus, error: str | None) -> None:
+        assert status.finished, f"mark_finished takes a final status, got {status.value!r}"
+        self.status, self.error, self.finished_at = status, error, time.perf_counter()
+
+    def requeue(self) -> None:
+        """Back to waiting (a pool restart): not started, not finished."""
+        self.status, self.started_at, self.finished_at = RequestStatus.QUEUED, None, None

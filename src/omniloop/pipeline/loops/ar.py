@@ -27,7 +27,6 @@ the request early.
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Mapping, Protocol, Sequence
 
@@ -36,6 +35,7 @@ import torch
 from omniloop.cache.kv import KVLayout
 from omniloop.cache.paged_kv import BlockPool, PagedKVBatch, PagedKVHandle
 from omniloop.models.layers.cuda_graphs import CudaGraphRunner
+from omniloop.pipeline.defaults import admitted_seed
 from omniloop.pipeline.failures import PoolFatalError, attempt, per_request
 from omniloop.pipeline.loops.ar_graphs import graph_decode, graph_rows
 from omniloop.pipeline.stage import LoopStageBase, WorkEstimate
@@ -174,7 +174,7 @@ class ARDecodeLoop(LoopStageBase):
         params = effective_sampling(state.request.sampling, text.sampling)
         prompt_ids = self._prompt_ids(ctx, state, tokenizer)
         check_context(len(prompt_ids), params.max_tokens, text.max_context)
-        seed = params.seed if params.seed is not None else random.randrange(2**63)
+        seed = admitted_seed(params.seed, ctx.node)
         state.metrics.seed = seed
         pool: BlockPool = ctx.component(self.kv_component)
         loop = ARLoopState(

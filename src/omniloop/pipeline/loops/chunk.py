@@ -31,7 +31,6 @@ optionally a :class:`ChunkDecoder`; everything per request lives in
 
 from __future__ import annotations
 
-import random
 import time
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Mapping, Protocol, Sequence
@@ -41,6 +40,7 @@ from pydantic import Field
 
 from omniloop.cache.chunk_kv import ChunkKVBatch, ChunkKVHandle, ChunkKVPool, KVSegment, SlabLayout, TierPolicy
 from omniloop.ext.hooks import CacheEvent
+from omniloop.pipeline.defaults import admitted_seed
 from omniloop.pipeline.edges import ConditionLatents, DenoisedLatents, TextEmbeddings
 from omniloop.pipeline.failures import per_request
 from omniloop.pipeline.loops.denoise import DenoiseLoop, DenoiseLoopState, DenoiseParams, _own, seeded_noise
@@ -225,7 +225,7 @@ class ChunkRollout(LoopStageBase):
     def init(self, ctx: StageContext, state: RequestState) -> ChunkRolloutState:
         request = state.request
         params = self.denoise.params(ctx, state)
-        seed = params.seed if params.seed is not None else random.randrange(2**63)
+        seed = admitted_seed(params.seed, ctx.node)
         state.metrics.seed = seed
         condition = ctx.read_optional(state, "condition", ConditionLatents)
         plan = self.model.plan(ctx, state, condition)

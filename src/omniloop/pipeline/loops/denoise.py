@@ -13,7 +13,6 @@ same code.
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Mapping, Protocol, Sequence
 
@@ -23,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from omniloop.ext.interceptors import accepts_block_interceptor
 from omniloop.models.layers.lora import AdapterSet, LoraPlan, lora_rows
 from omniloop.pipeline.adapters import request_adapters
-from omniloop.pipeline.defaults import GenerationDefaults
+from omniloop.pipeline.defaults import GenerationDefaults, admitted_seed
 from omniloop.pipeline.edges import ConditionLatents, DenoisedLatents, InitLatents, TextEmbeddings
 from omniloop.pipeline.failures import PoolFatalError, attempt, per_request
 from omniloop.pipeline.loops.given_latents import check_strength_leaves_steps, loop_strength, start_from_given
@@ -165,7 +164,7 @@ class DenoiseLoop(LoopStageBase):
     def init(self, ctx: StageContext, state: RequestState) -> DenoiseLoopState:
         request = state.request
         params = self.params(ctx, state)
-        seed = params.seed if params.seed is not None else random.randrange(2**63)
+        seed = admitted_seed(params.seed, ctx.node)
         state.metrics.seed = seed
         # Same seed -> same noise as diffusers: a CPU generator, fp32, then moved.
         gen = torch.Generator("cpu").manual_seed(seed)

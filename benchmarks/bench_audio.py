@@ -95,8 +95,8 @@ def max_abs(a, b) -> float:
 def bench_stable_audio(args, options, base, sink):
     ref, ours = random_stable_audio(args.size, options)
     ref.set_progress_bar_config(disable=True)
-    seconds = args.sa_seconds or min(ours.defaults["sample_size"] * ours.defaults["hop_length"]
-                                     / ours.defaults["sample_rate"], 47.0)
+    dit, vae = ours.components["transformer"].config, ours.components["vae"].config
+    seconds = args.sa_seconds or min(dit.sample_size * vae.hop_length / vae.sampling_rate, 47.0)
 
     def request(rid, steps):
         return OmniRequest(request_id=rid, task=TaskType.T2A, inputs=[TextPart(text=PROMPT)],
@@ -132,7 +132,7 @@ def ltx2_request(rid, args, steps):
 
 
 def bench_ltx2(ref, ours, args, options, base, sink):
-    tokens = ours.defaults["max_sequence_length"]
+    tokens = ours.defaults.max_sequence_length
 
     def diffusers(steps):
         return ref(prompt=PROMPT, negative_prompt=NEGATIVE, height=args.height, width=args.width,

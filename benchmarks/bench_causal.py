@@ -155,13 +155,13 @@ def run_shapes_sessions(pipeline, n: int, args) -> dict:
     wall = time.perf_counter() - t0
     ttfc = [times[0] - submitted[rid] for rid, times in arrivals.items()]
     gaps = [b - a for times in arrivals.values() for a, b in zip(times, times[1:])]
-    fps = pipeline.defaults.get("fps", 8)
-    frames_per_chunk = pipeline.defaults["vae_scale_temporal"]
-    steps = args.steps or pipeline.defaults["steps"]
+    fps = pipeline.defaults.fps or 8
+    frames_per_chunk = pipeline.defaults.frames_per_latent
+    steps = args.steps or pipeline.defaults.steps
     return {"metric": "shapes_sessions", "sessions": n, "chunks": args.chunks, "steps_per_chunk": steps,
             "first_chunk_guidance_scale": chunk0.get("first_chunk_guidance_scale",
-                                                     pipeline.defaults.get("first_chunk_guidance_scale")),
-            "first_chunk_steps": chunk0.get("first_chunk_steps", pipeline.defaults.get("first_chunk_steps") or steps), "wall_s": wall, "ttfc_s_p50": _pct(ttfc, 0.5), "ttfc_s_max": max(ttfc),
+                                                     pipeline.defaults.first_chunk_guidance_scale),
+            "first_chunk_steps": chunk0.get("first_chunk_steps", pipeline.defaults.first_chunk_steps or steps), "wall_s": wall, "ttfc_s_p50": _pct(ttfc, 0.5), "ttfc_s_max": max(ttfc),
             "chunk_latency_p50_s": _pct(gaps, 0.5), "chunk_latency_p95_s": _pct(gaps, 0.95),
             "realtime_chunk_s": frames_per_chunk / fps,
             "realtime": _pct(gaps, 0.95) <= frames_per_chunk / fps, "batched_steps": engine.stats.batched_steps}
@@ -180,7 +180,7 @@ def main_shapes(args) -> None:
     pipeline, weights = shapes_pipeline(args, device, dtype)
     emit({"metric": "setup", "model": "shapes-interactive", "weights": weights, "device": str(device),
           "dtype": str(dtype), "threads": torch.get_num_threads(), "load_avg_1m": os.getloadavg()[0],
-          "size": f"{pipeline.defaults['width']}x{pipeline.defaults['height']}", "seconds": time.perf_counter() - t0,
+          "size": f"{pipeline.defaults.width}x{pipeline.defaults.height}", "seconds": time.perf_counter() - t0,
           "gpu": torch.cuda.get_device_name() if cuda else None}, sink)
     run_shapes_sessions(pipeline, 1, args)  # warm-up
     for n in [int(c) for c in (args.sessions or "1,2").split(",")]:
@@ -223,7 +223,7 @@ def main() -> None:
     pipeline = load_pipeline(folder, opts)[1]
     emit({"metric": "setup", "device": str(device), "dtype": str(dtype), "seconds": time.perf_counter() - t0,
           "size": f"{args.width}x{args.height}x{args.frames}", "steps": args.steps,
-          "partition": list(pipeline.defaults["chunk_partition"]), "gpu": torch.cuda.get_device_name() if cuda else None},
+          "partition": list(pipeline.components["transformer"].config.chunk_partition), "gpu": torch.cuda.get_device_name() if cuda else None},
          sink)
     run_sessions(pipeline, 1, "batched", args)  # warm-up: kernels, cuDNN plans, allocator
     for mode in ("batched", "one_at_a_time"):

@@ -22,6 +22,7 @@ every request runs its max_tokens. Videos request latents only (no VAE decode).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import collections
 import statistics
 import sys
@@ -112,7 +113,7 @@ def build(args, device, dtype):
     built = build_cosmos3(cosmos3_variant({"_class_name": "Cosmos3OmniPipeline"}), {}, components, options)
     # random weights: no EOS, every request runs its max_tokens
     return Pipeline(spec=built.spec, components=built.components, device=built.device, dtype=built.dtype,
-                    defaults={**built.defaults, "eos_token_ids": ()}, validate_request=built.validate_request,
+                    defaults=built.defaults.replace(text=dataclasses.replace(built.defaults.text_or_default(), eos_token_ids=())), validate_request=built.validate_request,
                     caches=built.caches)  # the CUDA-graph runner (cuda_graphs=True) lives there
 
 

@@ -221,12 +221,12 @@ def cmd_evaluate(args) -> int:
 
     pipeline = load_pipeline(INTERACTIVE_MODEL, LoadOptions(device=torch.device("cpu"), dtype=torch.float32))[1]
     clips, prompts = recipe.validation_clips(args.sessions, InteractiveRecipe.chunks, args.seed)
-    steps = args.sample_steps or pipeline.defaults["steps"]
+    steps = args.sample_steps or pipeline.defaults.steps
     chunk0 = {"first_chunk_guidance_scale": args.first_chunk_guidance, "first_chunk_steps": args.first_chunk_steps}
     chunk0 = {k: v for k, v in chunk0.items() if v is not None}
     for scale in (float(g) for g in args.guidance.split(",")):
         t0 = time.perf_counter()
-        videos = recipe.run_sessions(pipeline, clips, prompts, steps=steps, size=pipeline.defaults["height"],
+        videos = recipe.run_sessions(pipeline, clips, prompts, steps=steps, size=pipeline.defaults.height,
                                      max_batch=32, seed=args.seed, diffusion={"guidance_scale": scale, **chunk0})
         chunks = [s for v, c in zip(videos, clips) for s in score_clip(v, c.actions)]
         blank = [c for v, c in zip(videos, clips) if object_track(v)[0] is None]
@@ -235,9 +235,9 @@ def cmd_evaluate(args) -> int:
         emit({"metric": "interactive_action_accuracy", "model": INTERACTIVE_MODEL, "device": "cpu",
               "sessions": len(clips), "seed": args.seed, "guidance_scale": scale,
               "first_chunk_guidance_scale": chunk0.get("first_chunk_guidance_scale",
-                                                       pipeline.defaults.get("first_chunk_guidance_scale") or scale),
+                                                       pipeline.defaults.first_chunk_guidance_scale or scale),
               "steps": steps, "first_chunk_steps": chunk0.get("first_chunk_steps",
-                                                              pipeline.defaults.get("first_chunk_steps") or steps),
+                                                              pipeline.defaults.first_chunk_steps or steps),
               "chunks": len(chunks),
               "accuracy": round(correct / len(chunks), 4), "blank_sessions": len(blank),
               "accuracy_without_blank": round(correct / max(1, len(chunks) - blank_chunks), 4),

@@ -39,9 +39,9 @@ def test_the_shipped_interactive_model_follows_actions():
     from omniloop.train.recipes.interactive import action_accuracy
 
     pipeline = load_pipeline(INTERACTIVE_MODEL, LoadOptions(device=torch.device("cpu"), dtype=torch.float32))[1]
-    assert pipeline.defaults["guidance_scale"] == 1.0  # real time on 2 cores (docs/training.md)
-    assert (pipeline.defaults["first_chunk_guidance_scale"], pipeline.defaults["first_chunk_steps"]) == (4.0, 6)
-    report, _ = action_accuracy(pipeline, 16, 9, steps=None, size=pipeline.defaults["height"], max_batch=16)
+    assert pipeline.defaults.guidance_scale == 1.0  # real time on 2 cores (docs/training.md)
+    assert (pipeline.defaults.first_chunk_guidance_scale, pipeline.defaults.first_chunk_steps) == (4.0, 6)
+    report, _ = action_accuracy(pipeline, 16, 9, steps=None, size=pipeline.defaults.height, max_batch=16)
     assert report.n == 128
     # chance is ~0.2; the untrained init ignores actions (2.7% on the H200)
     assert report.accuracy >= FLOOR, report.summary()

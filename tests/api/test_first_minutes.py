@@ -121,7 +121,7 @@ def test_the_embedded_model_caps_the_sizes_it_serves():
     from omniloop.api.generator import VideoGenerator
 
     gen = VideoGenerator.from_pretrained("shapes-t2v-4step", device="cpu")
-    assert (gen.pipeline.defaults["max_height"], gen.pipeline.defaults["max_frames"]) == (256, 33)
+    assert (gen.pipeline.defaults.max_height, gen.pipeline.defaults.max_frames) == (256, 33)
     with pytest.raises(ValueError, match=r"^diffusion.height=480 is more than this model serves \(at most 256: "
                                          r"the limits.max_height of its manifest\); pass 256 or less$"):
         gen.generate_video("a red circle", width=832, height=480, num_frames=65, save_video=False)

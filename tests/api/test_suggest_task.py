@@ -99,7 +99,7 @@ found = {}
 for name, folder in json.loads(sys.argv[1]).items():
     gen = VideoGenerator.from_pretrained(folder, device="cpu", dtype="float32")
     tasks = frozenset(gen.pipeline.spec.tasks)
-    model = ServedModel(name=name, tasks=tasks, defaults=dict(gen.pipeline.defaults))
+    model = ServedModel(name=name, tasks=tasks, defaults=gen.pipeline.defaults)
     found[name] = {
         "order": [t.value for t in tasks],  # set iteration order: what the hash seed changes
         "offline": gen.build_request("x").task.value,

@@ -27,7 +27,8 @@ from typing import Any, Sequence
 import torch
 
 from omniloop.engine import Engine, EngineConfig, SchedulingPolicy
-from omniloop.engine.admission import MemoryBudget, MemoryEstimate
+from omniloop.engine.admission import RequestEstimates
+from omniloop.engine.memory_budget import MemoryBudget
 from omniloop.engine.cost_model import CostModel
 from omniloop.engine.request import EngineRequest
 from omniloop.engine.scheduler import NodeWork, SchedulerPlan, StepScheduler, StepWork
@@ -150,10 +151,9 @@ def create_request(rid: str, *, steps: int = 4, shape: tuple[int, int] = (32, 32
 def engine_request(pipeline: Pipeline, request: OmniRequest, *, arrival: float) -> EngineRequest:
     """What ``Engine.add_request`` queues: the admitted state, active nodes and estimates."""
     state = pipeline.admit(request)
-    req = EngineRequest(request=state.request, state=state, nodes=pipeline.active_nodes(state.request), arrival=arrival)
-    req.info["estimates"] = {n.name: n.stage.estimate(pipeline.contexts[n.name], state) for n in req.nodes}
-    req.memory = MemoryEstimate.of_nodes(req.info["estimates"])
-    return req
+    nodes = pipeline.active_nodes(state.request)
+    return EngineRequest(request=state.request, state=state, nodes=nodes, arrival=arrival,
+                         estimates=RequestEstimates.of(pipeline, state, nodes))
 
 
 def create_requests(pipeline: Pipeline, num: int, *, prefix: str = "r", start: int = 0, arrival: float = 0.0,

@@ -380,7 +380,7 @@ def test_engine_calibrates_its_cost_model(make_engine):
 
     engine = make_engine(max_batch=1)
     engine.add_request(req(7, steps=4, rid="first"))
-    flops = engine._requests["first"].info["estimates"]["denoise"].flops_per_step
+    flops = engine._requests["first"].estimates.nodes["denoise"].flops_per_step
     assert flops > 0  # the analytic prior: the DiT's matmul FLOPs at this shape
     prior = engine.cost_model.predict(ItemCost("denoise", "step", flops))
     outs, _ = run_all(engine)
@@ -391,7 +391,7 @@ def test_engine_calibrates_its_cost_model(make_engine):
     # a 4x larger latent is predicted slower before it was ever run (analytic shape scaling;
     # at toy size the 512-token text cross-attention dominates, so the ratio is under 4)
     engine.add_request(req(10, steps=4, rid="big", size=64))
-    big_flops = engine._requests["big"].info["estimates"]["denoise"].flops_per_step
+    big_flops = engine._requests["big"].estimates.nodes["denoise"].flops_per_step
     ratio = engine.cost_model.predict(ItemCost("denoise", "step", big_flops)) / calibrated
     assert ratio == pytest.approx(big_flops / flops) and ratio > 1.5
 

@@ -35,7 +35,7 @@ def hybrid(wan_t2v_dir, qwen2_dir):
         return (wan if request.task is TaskType.T2V else lm).validate_request(request)
 
     return Pipeline(spec=spec, components={**wan.components, **lm.components}, device=wan.device, dtype=wan.dtype,
-                    defaults={**lm.defaults, **wan.defaults}, validate_request=validate)
+                    defaults=wan.defaults.replace(text=lm.defaults.text), validate_request=validate)
 
 
 def _text_req(i, n=12):

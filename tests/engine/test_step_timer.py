@@ -69,7 +69,7 @@ def test_event_timer_reads_step_times_lazily_without_a_device_sync(wan_pipeline,
     timer = CudaEventTimer(torch.device("cuda"), event=FakeEvent, stream=lambda: None)
     engine = Engine(wan_pipeline, EngineConfig(policy=SchedulingPolicy(max_batch=1)), step_timer=timer)
     engine.add_request(req(5, steps=4, rid="timed"))
-    flops = engine._requests["timed"].info["estimates"]["denoise"].flops_per_step
+    flops = engine._requests["timed"].estimates.nodes["denoise"].flops_per_step
     observed = []
     with torch.inference_mode():
         while engine.has_unfinished():

@@ -99,7 +99,7 @@ def test_a_family_without_run_blocks_rejects_block_interceptors(base_pipeline):
 
 def test_distribution_altering_caches_are_rejected_on_few_step_models(base_pipeline):
     distilled = copy.copy(base_pipeline)
-    distilled.contexts = {n: dataclasses.replace(c, defaults={**c.defaults, "steps": 4})
+    distilled.contexts = {n: dataclasses.replace(c, defaults=c.defaults.replace(steps=4))
                           for n, c in base_pipeline.contexts.items()}
     for name in ("fbcache", "teacache", "taylorseer"):
         with pytest.raises(ValueError, match=rf"plugins\['{name}'\] skips .* 4 steps by default .* distilled"):

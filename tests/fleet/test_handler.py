@@ -13,6 +13,7 @@ import pytest
 from PIL import Image
 
 from omniloop.engine import AsyncEngine
+from omniloop.pipeline.defaults import GenerationDefaults
 from omniloop.serve.wire import ServedModel
 from tests.fleet.conftest import requires_dynamo
 
@@ -220,8 +221,8 @@ def test_worker_config_and_modalities_say_what_to_pass():
     with pytest.raises(ValueError, match=r"modalities=\('audio',\); pass a non-empty subset of \['videos', 'images'\]"):
         WorkerConfig(model="m", modalities=("audio",))
     assert WorkerConfig(model="/ckpt/Wan2.1-T2V-1.3B-Diffusers").name == "Wan2.1-T2V-1.3B-Diffusers"
-    t2v = ServedModel(name="wan", tasks=frozenset({TaskType.T2V, TaskType.T2I}), defaults={})
-    i2v = ServedModel(name="wan-i2v", tasks=frozenset({TaskType.I2V}), defaults={})
+    t2v = ServedModel(name="wan", tasks=frozenset({TaskType.T2V, TaskType.T2I}), defaults=GenerationDefaults())
+    i2v = ServedModel(name="wan-i2v", tasks=frozenset({TaskType.I2V}), defaults=GenerationDefaults())
     assert _served_modalities(t2v, None) == ("videos", "images")
     assert _served_modalities(i2v, None) == ("videos",)
     with pytest.raises(ValueError, match=r"modalities \['images'\] are not served by 'wan-i2v'"):

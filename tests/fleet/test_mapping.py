@@ -9,6 +9,7 @@ import io
 import pytest
 
 from omniloop.deploy import Limits
+from omniloop.pipeline.defaults import GenerationDefaults
 from omniloop.request import TaskType
 from omniloop.serve.wire import ServedModel
 from omniloop.serve.wire import dynamo_images as image_call
@@ -16,7 +17,7 @@ from omniloop.serve.wire import dynamo_video as video_call
 
 pytestmark = pytest.mark.fleet
 
-DEFAULTS = {"steps": 50, "height": 480, "width": 832, "num_frames": 81, "fps": 16, "vae_scale_temporal": 4}
+DEFAULTS = GenerationDefaults(steps=50, height=480, width=832, num_frames=81, fps=16, frames_per_latent=4)
 
 
 def model(tasks=(TaskType.T2V, TaskType.T2I), **limits) -> ServedModel:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from omniloop.api.generator import VideoGenerator
+from omniloop.pipeline.defaults import GenerationDefaults
 from omniloop.pipeline.edges import TextEmbeddings
 from omniloop.pipeline.loops.denoise import DenoiseLoop, DenoiserBase
 from omniloop.pipeline.pipeline import Pipeline
@@ -126,7 +127,7 @@ def _fake_pipeline(cfg, guidance=1.0):
     model = FakeModel()
     sampler = SamplerSet.single("flow_euler", build_sampler("flow_euler", {"shift": 1.0}))
     return Pipeline(spec=spec, components={"transformer": model, "sampler": sampler}, device=torch.device("cpu"),
-                    dtype=torch.float32, defaults={"steps": 3, "guidance_scale": guidance}), model
+                    dtype=torch.float32, defaults=GenerationDefaults(steps=3, guidance_scale=guidance)), model
 
 
 def _run(pipe, **params):

@@ -14,6 +14,7 @@ import torch
 
 from omniloop.cache.text_embeddings import CACHE_NAME, EmbeddingRow, TextEmbeddingCache
 from omniloop.models.text.base import EncodedText
+from omniloop.pipeline.defaults import GenerationDefaults
 from omniloop.pipeline.edges import DenoisedLatents, TextEmbeddings
 from omniloop.pipeline.stages import DecodedAudio, TextEncode, TextEncoderSpec, VAEDecode
 from omniloop.pipeline.state import RequestState, StageContext
@@ -41,7 +42,7 @@ class FakeEncoder:
 
 def _ctx(components, caches=None, defaults=None) -> StageContext:
     return StageContext(node="text_encode", components=components, device=torch.device("cpu"), dtype=torch.float32,
-                        defaults=defaults or {"guidance_scale": 5.0}, caches=caches or {})
+                        defaults=defaults or GenerationDefaults(guidance_scale=5.0), caches=caches or {})
 
 
 def _state(prompt: str, rid: str, **params) -> RequestState:

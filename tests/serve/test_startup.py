@@ -43,7 +43,7 @@ def test_default_warmup_shape_is_the_models_own_clamped_to_what_it_serves(wan_t2
         engine.shutdown()
     # Wan's 480x832x81 default; the tiny DiT's RoPE table (32 tokens a side) caps the width
     # at 32 tokens x patch 2 x VAE 8 = 512 pixels (the old default warmup ran 832 and failed)
-    assert (defaults["max_height"], defaults["max_width"], defaults["max_frames"]) == (512, 512, 125)
+    assert (defaults.max_height, defaults.max_width, defaults.max_frames) == (512, 512, 125)
     shape = default_shape(defaults, Limits(), VIDEO)
     assert (shape.height, shape.width, shape.num_frames, shape.steps) == (480, 512, 81, 2)
     # the deployment's ceilings clamp it too: pixels keep the aspect ratio on the 16-pixel grid,

@@ -5,21 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
-# What a request that sets nothing gets; the stages and the engine read these.
-TOY_DEFAULTS: dict[str, Any] = {
-    "steps": 8,
-    "guidance_scale": 3.0,
-    "height": 32,
-    "width": 32,
-    "num_frames": 5,
-    "fps": 8,
-    "negative_prompt": "",
-    "max_sequence_length": 16,
-}
+from omniloop.pipeline.defaults import GenerationDefaults
 
 # The largest request the toy serves (its position features are exact up to here).
 MAX_SIZE = 128
 MAX_FRAMES = 17
+
+# What a request that sets nothing gets; the stages and the engine read these (typed).
+TOY_DEFAULTS = GenerationDefaults(steps=8, guidance_scale=3.0, height=32, width=32, num_frames=5, fps=8,
+                                  negative_prompt="", max_sequence_length=16, max_height=MAX_SIZE,
+                                  max_width=MAX_SIZE, max_frames=MAX_FRAMES)
 
 # A two-block DiT over 4-channel latents, a byte-level text encoder, a 4x decoder.
 TINY_DIT: dict[str, Any] = {"latent_channels": 4, "patch_size": 2, "dim": 32, "heads": 2, "layers": 2,

@@ -19,7 +19,7 @@ from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
 from omniloop.pipeline.stages import TextEncode, VAEDecode
 from omniloop.request import Modality, OmniRequest, TaskType
 
-from .presets import MAX_FRAMES, MAX_SIZE, TOY_DEFAULTS
+from .presets import TOY_DEFAULTS
 from .stages import ToyDenoiser
 from .validate import make_validator
 from .vae import SCALE_SPATIAL, SCALE_TEMPORAL
@@ -75,8 +75,7 @@ def toy_pipeline_spec(variant: Variant) -> PipelineSpec:
 def build_toy(variant: Variant, index: Mapping[str, Any], components: Mapping[str, Any], options: LoadOptions) -> Pipeline:
     dit = components["transformer"]
     multiple = SCALE_SPATIAL * dit.config.patch_size
-    defaults = {**TOY_DEFAULTS, "vae_scale_spatial": SCALE_SPATIAL, "vae_scale_temporal": SCALE_TEMPORAL,
-                "size_multiple": multiple, "max_height": MAX_SIZE, "max_width": MAX_SIZE, "max_frames": MAX_FRAMES}
+    defaults = TOY_DEFAULTS.replace(size_multiple=multiple, frames_per_latent=SCALE_TEMPORAL)
     return Pipeline(spec=toy_pipeline_spec(variant), components=components, device=options.device,
                     dtype=options.dtype, defaults=defaults,
                     validate_request=make_validator(defaults, components["sampler"], multiple))

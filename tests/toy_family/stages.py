@@ -8,6 +8,7 @@ from typing import Any, Mapping
 
 import torch
 
+from omniloop.pipeline.defaults import GenerationDefaults
 from omniloop.pipeline.edges import TextEmbeddings
 from omniloop.pipeline.loops.denoise import DenoiserBase
 from omniloop.pipeline.policies.cfg import COND, UNCOND, Prediction
@@ -26,12 +27,12 @@ class ToyGeometry:
     num_frames: int
 
 
-def geometry(request: OmniRequest, defaults: Mapping[str, Any]) -> ToyGeometry:
+def geometry(request: OmniRequest, defaults: GenerationDefaults) -> ToyGeometry:
     """The request's size, the model's defaults where it sets none (an image is one frame)."""
-    p = request.diffusion
-    frames_default = 1 if request.task.makes_image else defaults["num_frames"]
-    return ToyGeometry(height=p.height or defaults["height"], width=p.width or defaults["width"],
-                       num_frames=p.num_frames or frames_default)
+    p, d = request.diffusion, defaults
+    assert d.height is not None and d.width is not None and d.num_frames is not None, "the toy makes videos"
+    frames_default = 1 if request.task.makes_image else d.num_frames
+    return ToyGeometry(height=p.height or d.height, width=p.width or d.width, num_frames=p.num_frames or frames_default)
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,6 @@ class ToyDenoiser(DenoiserBase):
         """Matmul FLOPs (2 per multiply-add) of one forward: per block, self-attention
         projections and scores, cross-attention, the MLP."""
         cfg = ctx.component("transformer").config
-        n, lt, d = self.tokens_per_forward(ctx, shapes), int(ctx.defaults["max_sequence_length"]), cfg.dim
+        n, lt, d = self.tokens_per_forward(ctx, shapes), ctx.defaults.max_sequence_length or 16, cfg.dim
         per_block = 4 * n * d * d + 2 * n * n * d + 2 * n * d * d + 2 * lt * d * d + 2 * n * lt * d + 2 * n * d * cfg.ffn_dim
         return float(2 * cfg.layers * per_block)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
+from omniloop.pipeline.defaults import GenerationDefaults
 from omniloop.pipeline.samplers.sampler_set import SamplerSet
 from omniloop.request import OmniRequest, TaskType
 
@@ -11,7 +12,7 @@ from .presets import MAX_FRAMES, MAX_SIZE
 from .stages import geometry
 
 
-def make_validator(defaults: Mapping[str, Any], samplers: SamplerSet, multiple: int) -> Callable[[OmniRequest], OmniRequest]:
+def make_validator(defaults: GenerationDefaults, samplers: SamplerSet, multiple: int) -> Callable[[OmniRequest], OmniRequest]:
     """``multiple``: the size step (VAE scale x patch size)."""
 
     def validate(request: OmniRequest) -> OmniRequest:

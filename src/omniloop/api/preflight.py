@@ -11,6 +11,7 @@ checkpoint's tasks and rules, the sampler names) is still admission's.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -135,9 +136,15 @@ def check_deploy_limits(limits: Limits, task: str | None, params: Mapping[str, A
     loading. A diffusers checkpoint's defaults are known once it loads: its unset fields are
     checked then. Not for text out (--task reason: no frames, pixels or steps)."""
     from omniloop.engine.limits import check_limits  # imports torch (the engine): the deployment already did
+    from omniloop.pipeline.defaults import GenerationDefaults
 
     if task == TaskType.REASON.value:
         return
     request = OmniRequest(task=TaskType(task or (model.tasks[0] if model else TaskType.T2V.value)),
                           diffusion=DiffusionParams(**params))
-    check_limits(request, limits, model.defaults if model is not None else {})
+    # a manifest's defaults, typed; unknown ones (a diffusers checkpoint before it loads) count as
+    # the least they can be (no frames, no pixels, one step): the engine checks them once known
+    known = {f.name for f in dataclasses.fields(GenerationDefaults)}
+    given = {k: tuple(v) if isinstance(v, list) else v for k, v in (model.defaults if model else {}).items()
+             if k in known}
+    check_limits(request, limits, GenerationDefaults(**{"steps": 1, **given}))

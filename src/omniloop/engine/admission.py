@@ -1,146 +1,103 @@
-"""Admission: a bounded queue and a memory budget that knows steps are batched.
+"""Admission, one pass: resolve -> validate -> estimate -> ``Admitted``.
 
-Every request carries a ``MemoryEstimate`` built at submission from its nodes'
-``WorkEstimate``s:
+``admit`` is the only way a request enters an engine (rank 0's, and a pool follower's with
+no ceilings); it raises, naming the field at fault, or returns an ``Admitted``:
 
-* held bytes: state kept from start to finish (latents, embeddings, history) plus what a
-  loop holds only while it runs (an AR loop's KV cache: ``max_tokens`` x bytes per token,
-  released when the loop ends, early on EOS/stop);
-* one step's activations, per batch group: a batched step of ``max_batch`` requests of one
-  group (same node, same shapes) runs all their rows at once, so its peak is the sum of
-  their per-request peaks (each already counts its CFG branches when they are stacked);
-* the activations of work that never batches (a loop's ``init``, e.g. an AR prefill);
-* bytes in cache pools with budgets of their own (the chunk-KV slabs of a causal video
-  rollout, ``WorkEstimate.pool_bytes``): each pool's budget is carved out of device memory at
-  start, so those bytes are charged against the pool, not the general budget.
+1. **limits** (``DeployConfig.limits``), the cheapest refusal first: frames, steps and
+   pixels with the model's ``GenerationDefaults`` counting for what the request leaves
+   unset (what would run). A request sized by its input (an edit's image) has its pixels
+   checked once the family has sized it (step 2); every ceiling is checked once.
+2. **resolve + validate** (``Pipeline.admit``): the seeds drawn (once: every loop and every
+   rank of a pool use them), the task, modalities, LoRAs, the family's checks and fills
+   (an edit's size, a v2v's frames, a student's sigmas), the node parameters, the stages'
+   own checks; plugin parameters.
+3. **estimate**: every active node's ``WorkEstimate`` and the ``MemoryEstimate`` the memory
+   budget reserves; a request that cannot fit even alone is refused (``DoesNotFit``).
 
-The pool admits a request to run only while the running requests' held bytes plus the
-worst single step any of them (the candidate included) can form stay within the budget;
-a request that cannot fit even alone is refused at submission. "No room" is a return value
-(``can_start``), not an exception (STYLE.md 5).
+The memory budget itself (what a running set may hold) is ``omniloop.engine.memory_budget``.
 """
 
 from __future__ import annotations
 
-import heapq
-from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Hashable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Mapping
 
-import torch
-
+from omniloop.deploy import Limits
+from omniloop.engine.errors import DoesNotFit
+from omniloop.engine.limits import check_limits, check_pixels, sized_by_input
+from omniloop.engine.memory_budget import MemoryBudget, MemoryEstimate
+from omniloop.ext.install import check_plugin_params
+from omniloop.pipeline.pipeline import Pipeline
+from omniloop.pipeline.spec import Node
 from omniloop.pipeline.stage import WorkEstimate
+from omniloop.pipeline.state import RequestState
+from omniloop.request import OmniRequest
+
+
+@dataclass(frozen=True, kw_only=True)
+class RequestEstimates:
+    """What admission predicted for one request: each active node's ``WorkEstimate`` (node
+    name -> estimate, in execution order) and the memory the budget reserves for it."""
+
+    nodes: Mapping[str, WorkEstimate] = field(default_factory=dict)
+    memory: MemoryEstimate = field(default_factory=MemoryEstimate)
+
+    @classmethod
+    def of(cls, pipeline: Pipeline, state: RequestState, nodes: list[Node]) -> "RequestEstimates":
+        estimates = {node.name: node.stage.estimate(pipeline.contexts[node.name], state) for node in nodes}
+        return cls(nodes=estimates, memory=MemoryEstimate.of_nodes(estimates))
 
 
 @dataclass(frozen=True)
-class MemoryEstimate:
-    resident_bytes: int = 0  # held from start to finish
-    loop_bytes: Mapping[str, int] = field(default_factory=dict)  # node -> held until that node's loop ends
-    peaks: Mapping[Hashable, int] = field(default_factory=dict)  # batch group -> one step's activations, this request
-    solo_peak_bytes: int = 0  # activations of work that never batches (loop init, e.g. an AR prefill)
-    pool_bytes: Mapping[str, int] = field(default_factory=dict)  # cache pool -> bytes it holds for this request
+class Admitted:
+    """An admitted request: ``request`` resolved (seeds fixed, the family's fills), its
+    ``state`` allocated, its active ``nodes`` and its ``estimates``."""
 
-    @classmethod
-    def of_nodes(cls, estimates: Mapping[str, WorkEstimate]) -> "MemoryEstimate":
-        """A request's estimate from its nodes' (node name -> WorkEstimate)."""
-        loops = {node: e.loop_bytes for node, e in estimates.items() if e.loop_bytes}
-        # steps stack only with steps of an equal predicted key (stage.batches_with): None runs alone
-        peaks = {(node, e.batch_group): e.peak_bytes for node, e in estimates.items()
-                 if e.peak_bytes and e.batch_group is not None}
-        solo = max([*(e.init_peak_bytes for e in estimates.values()),
-                    *(e.peak_bytes for e in estimates.values() if e.batch_group is None)], default=0)
-        pools: dict[str, int] = {}
-        for e in estimates.values():
-            for pool, n in e.pool_bytes.items():
-                pools[pool] = pools.get(pool, 0) + n
-        return cls(sum(e.resident_bytes for e in estimates.values()), loops, peaks, solo, pools)
-
-    @property
-    def held_bytes(self) -> int:
-        return self.resident_bytes + sum(self.loop_bytes.values())
-
-    @property
-    def peak_bytes(self) -> int:
-        """The largest transient this request needs alone."""
-        return max([self.solo_peak_bytes, *self.peaks.values()])
-
-    @property
-    def alone_bytes(self) -> int:
-        return self.held_bytes + self.peak_bytes
-
-    def without_loop(self, node: str) -> "MemoryEstimate":
-        return replace(self, loop_bytes={n: b for n, b in self.loop_bytes.items() if n != node})
+    request: OmniRequest
+    state: RequestState
+    nodes: list[Node]
+    estimates: RequestEstimates
 
 
-def step_peak_bytes(estimates: Iterable[MemoryEstimate], max_batch: int) -> int:
-    """The largest transient of any one work item these requests can form: per batch group,
-    the ``max_batch`` largest per-request peaks together; or one request's unbatched work."""
-    groups: dict[Hashable, list[int]] = {}
-    solo = 0
-    for est in estimates:
-        solo = max(solo, est.solo_peak_bytes)
-        for group, peak in est.peaks.items():
-            groups.setdefault(group, []).append(peak)
-    batched = (sum(heapq.nlargest(max_batch, peaks)) for peaks in groups.values())
-    return max(solo, max(batched, default=0))
+def admit(pipeline: Pipeline, request: OmniRequest, *, limits: Limits | None = None,
+          memory: MemoryBudget | None = None) -> Admitted:
+    """The one admission pass (module docstring). ``limits`` / ``memory``: the deployment's
+    ceilings and memory budget (None: not checked, a pool follower re-admitting what rank 0
+    admitted). Raises ValueError (``RequestRejected``, ``LimitExceeded``) or ``DoesNotFit``."""
+    if limits is not None:  # before the family's checks: the cheapest refusal first
+        check_limits(request, limits, pipeline.defaults)
+    state = pipeline.admit(request)
+    if limits is not None and sized_by_input(request) and not sized_by_input(state.request):
+        check_pixels(state.request, limits, pipeline.defaults)  # the family sized it from its input (an edit's image)
+    check_plugin_params(state.request, pipeline)
+    nodes = pipeline.active_nodes(state.request)
+    estimates = RequestEstimates.of(pipeline, state, nodes)
+    if memory is not None:
+        check_fits(estimates.memory, memory)
+    return Admitted(state.request, state, nodes, estimates)
 
 
-def default_memory_budget(device: torch.device) -> int:
-    """Free device memory after weights are resident (90%), or half the host's available RAM."""
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free * 0.9)
-    meminfo = Path("/proc/meminfo")
-    if meminfo.exists():
-        for line in meminfo.read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024 // 2
-    return 8 << 30
+def check_fits(need: MemoryEstimate, memory: MemoryBudget) -> None:
+    """Refuse (DoesNotFit, a 413) a request that cannot fit even alone, naming the budget and its need."""
+    for pool, (want, have) in memory.pools_short(need, alone=True).items():
+        raise DoesNotFit(
+            f"request needs ~{fmt_bytes(want)} of the {pool!r} cache pool but its budget is {fmt_bytes(have)}; "
+            f"raise the deployment's {pool}_budget_gb, or lower the resolution, frame count or chunk size"
+        )
+    if not memory.fits_alone(need):
+        raise DoesNotFit(
+            f"request needs ~{fmt_bytes(need.alone_bytes)} (state {fmt_bytes(need.held_bytes)} + "
+            f"activations {fmt_bytes(need.peak_bytes)}) but the memory budget is {fmt_bytes(memory.budget_bytes)}; "
+            "lower the resolution, frame count or max_tokens"
+        )
 
 
-@dataclass
-class MemoryBudget:
-    budget_bytes: int
-    max_batch: int = 1  # requests one batched step may hold (SchedulingPolicy.max_batch)
-    pool_budgets: Mapping[str, int] = field(default_factory=dict)  # cache pool -> its own budget
-    _running: dict[str, MemoryEstimate] = field(default_factory=dict)
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
+        n /= 1024
+    return f"{n:.1f} GiB"
 
-    def fits_alone(self, est: MemoryEstimate) -> bool:
-        return est.alone_bytes <= self.budget_bytes and not self.pools_short(est, alone=True)
 
-    def pools_short(self, est: MemoryEstimate, *, alone: bool = False) -> dict[str, tuple[int, int]]:
-        """Pools ``est`` would overdraw (alone, or with the running requests): pool -> (need, budget)."""
-        short = {}
-        for pool, n in est.pool_bytes.items():
-            budget = self.pool_budgets.get(pool)
-            if budget is None:
-                continue
-            need = n if alone else n + sum(e.pool_bytes.get(pool, 0) for e in self._running.values())
-            if need > budget:
-                short[pool] = (need, budget)
-        return short
-
-    def need_with_running(self, est: MemoryEstimate) -> int:
-        """Bytes the running requests and ``est`` would need at their worst step."""
-        running = list(self._running.values())
-        held = sum(e.held_bytes for e in running) + est.held_bytes
-        return held + step_peak_bytes([*running, est], self.max_batch)
-
-    def can_start(self, est: MemoryEstimate) -> bool:
-        return self.need_with_running(est) <= self.budget_bytes and not self.pools_short(est)
-
-    def reserve(self, request_id: str, est: MemoryEstimate) -> None:
-        self._running[request_id] = est
-
-    def release_loop(self, request_id: str, node: str) -> None:
-        """A loop of a running request ended (finished, or stopped early): what it held is free."""
-        est = self._running.get(request_id)
-        if est is not None and node in est.loop_bytes:
-            self._running[request_id] = est.without_loop(node)
-
-    def release(self, request_id: str) -> None:
-        self._running.pop(request_id, None)
-
-    @property
-    def reserved_bytes(self) -> int:
-        return sum(e.held_bytes for e in self._running.values())
+__all__ = ["Admitted", "RequestEstimates", "admit", "check_fits"]

@@ -19,16 +19,16 @@ import torch
 
 from omniloop.deploy import DeployConfig, Limits
 from omniloop.cache.chunk_kv import cache_pool_budgets
-from omniloop.engine.admission import MemoryBudget, MemoryEstimate, default_memory_budget
+from omniloop.engine.admission import Admitted, admit
+from omniloop.engine.memory_budget import MemoryBudget, default_memory_budget
 from omniloop.engine.cost_model import CostModel, ItemCost
-from omniloop.engine.errors import DoesNotFit, EngineDeadError, PoolFatalError, QueueFull, RequestRejected, UnknownRequest
+from omniloop.engine.errors import EngineDeadError, PoolFatalError, QueueFull, RequestRejected, UnknownRequest
 from omniloop.engine.fanout import FanOutPool
-from omniloop.engine.limits import check_limits, sized_by_input
 from omniloop.engine.request import EngineRequest
 from omniloop.engine.scheduler import NodeWork, SchedulerPlan, SchedulingPolicy, StepScheduler, StepWork
 from omniloop.engine.step_timer import StepTimer, step_timer_for
 from omniloop.ext.hooks import ArtifactEmitted, HookChain, NodeEvent, RequestEvent, ScheduleEvent, StepEvent, loop_timestep
-from omniloop.ext.install import check_plugin_params, plugin_chain
+from omniloop.ext.install import plugin_chain
 from omniloop.ext.scope import request_scope, using_scope
 from omniloop.pipeline.pipeline import Pipeline
 from omniloop.pipeline.state import StepResult
@@ -129,22 +129,14 @@ class Engine:
             self.stats.rejected += 1
             raise QueueFull("engine is draining and accepts no new requests", kind=ErrorKind.DRAINING)
         try:
-            if self.config.limits is not None:  # before the family's checks: the cheapest refusal first
-                check_limits(request, self.config.limits, self.pipeline.defaults)
-            state = self.pipeline.admit(request)
-            if self.config.limits is not None and sized_by_input(request) and not sized_by_input(state.request):
-                # the family sized the request from its input (an edit's image): those pixels count too
-                check_limits(state.request, self.config.limits, self.pipeline.defaults)
-            check_plugin_params(state.request, self.pipeline)
-            req = EngineRequest(request=state.request, state=state, nodes=self.pipeline.active_nodes(state.request),
-                                paused=paused)
-            self._estimate(req)
+            admitted = admit(self.pipeline, request, limits=self.config.limits, memory=self.scheduler.memory)
         except InvalidRequest as e:  # a typed refusal (fields, kind) of a validator or the limits
             self.stats.rejected += 1
             raise RequestRejected.of(e) from None
         except ValueError as e:  # an input that could not be read (an image, a video): no field to name
             self.stats.rejected += 1
             raise RequestRejected(str(e)) from None
+        req = self._track(admitted, paused=paused)
         rid = request.request_id
         with self._ids_lock:
             if rid in self._requests:
@@ -277,10 +269,8 @@ class Engine:
                              Failure(kind=ErrorKind.CANCELLED, message="cancelled by request"))
         for rid in plan.admitted:
             req = self.scheduler.running[rid]
-            req.status = RequestStatus.RUNNING
-            req.started = time.perf_counter()
             req.state.mark_started()
-            req.state.metrics.queue_s = req.started - req.arrival
+            req.state.metrics.queue_s = req.state.started_at - req.arrival
             if self.hooks is not None:
                 self._fire("request_start", lambda: RequestEvent(rid, request=req.request))
             self._emit(StatusEvent(request_id=rid, status=RequestStatus.RUNNING))
@@ -522,16 +512,14 @@ class Engine:
         if req.is_finished:
             return
         self.scheduler.remove(req.request_id)
-        req.status = status
-        req.finished = time.perf_counter()
-        self.step_timer.collect(wait=True)  # its metrics must hold every step's time
         state = req.state
-        state.status, state.failure = status, failure
+        state.mark_finished(status, failure)
+        self.step_timer.collect(wait=True)  # its metrics must hold every step's time
         metrics = state.metrics
-        if req.started is not None:
-            metrics.run_s = req.finished - req.started
+        if state.started_at is not None:
+            metrics.run_s = state.finished_at - state.started_at
         else:
-            metrics.queue_s = req.finished - req.arrival
+            metrics.queue_s = state.finished_at - req.arrival
         metrics.predicted_cost_s = req.predicted_total_s
         metrics.actual_cost_s = req.actual_s
         metrics.peak_memory_bytes = _peak_memory(self.pipeline.device, req)
@@ -588,26 +576,13 @@ class Engine:
                 req.state = self.pipeline.admit(req.request)
                 req.nodes = self.pipeline.active_nodes(req.request)
 
-    # -- estimates ------------------------------------------------------------------------
-    def _estimate(self, req: EngineRequest) -> None:
-        """Cost and memory of every node, before the request is queued; one that cannot fit
-        even alone is refused here (DoesNotFit, a 413), naming the budget and its need."""
-        estimates = {node.name: node.stage.estimate(self.pipeline.contexts[node.name], req.state) for node in req.nodes}
-        req.info["estimates"] = estimates
-        req.memory = MemoryEstimate.of_nodes(estimates)
-        budget = self.scheduler.memory.budget_bytes
-        for pool, (need, have) in self.scheduler.memory.pools_short(req.memory, alone=True).items():
-            raise DoesNotFit(
-                f"request needs ~{_fmt_bytes(need)} of the {pool!r} cache pool but its budget is {_fmt_bytes(have)}; "
-                f"raise the deployment's {pool}_budget_gb, or lower the resolution, frame count or chunk size"
-            )
-        if not self.scheduler.memory.fits_alone(req.memory):
-            raise DoesNotFit(
-                f"request needs ~{_fmt_bytes(req.memory.alone_bytes)} (state {_fmt_bytes(req.memory.held_bytes)} + "
-                f"activations {_fmt_bytes(req.memory.peak_bytes)}) but the memory budget is {_fmt_bytes(budget)}; "
-                "lower the resolution, frame count or max_tokens"
-            )
+    # -- admitted requests -----------------------------------------------------------------
+    def _track(self, admitted: Admitted, *, paused: bool = False) -> EngineRequest:
+        """The runtime record of an admitted request, with its predicted seconds of work."""
+        req = EngineRequest(request=admitted.request, state=admitted.state, nodes=admitted.nodes,
+                            estimates=admitted.estimates, paused=paused)
         req.predicted_total_s = self.scheduler.remaining_s(req)
+        return req
 
     def _emit(self, event: OmniEvent) -> None:
         if self.hooks is not None and isinstance(event, ArtifactEvent):
@@ -629,14 +604,6 @@ class Engine:
         fan = getattr(self.hooks, point)
         if fan is not None:
             fan(make())
-
-
-def _fmt_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
-        n /= 1024
-    return f"{n:.1f} GiB"
 
 
 def _peak_memory(device: torch.device, req: EngineRequest) -> int:

@@ -21,7 +21,6 @@ Failures (design §6.3.1):
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import weakref
 from multiprocessing.connection import wait
@@ -43,7 +42,7 @@ from omniloop.parallel.launch import process_context, rank_threads
 from omniloop.parallel.mesh import rendezvous_store
 from omniloop.parallel.preflight import check_model, model_facts
 from omniloop.pipeline.pipeline import Pipeline
-from omniloop.request import ErrorKind, Failure, OmniRequest, RequestStatus
+from omniloop.request import ErrorKind, Failure, RequestStatus
 
 logger = logging.getLogger(__name__)
 
@@ -224,10 +223,6 @@ class PoolEngine(Engine):
         self._ended: list[tuple[str, str, Failure | None]] | None = None
         self._finalizer = weakref.finalize(self, pool.shutdown)
 
-    def add_request(self, request: OmniRequest, *, paused: bool = False) -> str:
-        # Every rank must draw the same noise: a request without a seed gets one here, once.
-        return super().add_request(with_seed(request), paused=paused)
-
     def send(self, request_id: str, item: Any) -> None:
         """Refused: a live input would reach rank 0's loop only (plans carry no session inputs),
         and the other ranks' copies of the request would diverge from it."""
@@ -305,16 +300,6 @@ class PoolEngine(Engine):
                 self.close()
 
 
-def with_seed(request: OmniRequest) -> OmniRequest:
-    """``request`` with its random choices fixed (diffusion and sampling seeds)."""
-    update: dict[str, Any] = {}
-    if request.diffusion.seed is None:
-        update["diffusion"] = request.diffusion.model_copy(update={"seed": random.randrange(2**63)})
-    if request.sampling.seed is None:
-        update["sampling"] = request.sampling.model_copy(update={"seed": random.randrange(2**63)})
-    return request.model_copy(update=update) if update else request
-
-
 def launch_pool_engine(model: str | Path, deploy: DeployConfig, *, event_sink: EventSink | None = None) -> PoolEngine:
     """Check the spec against the checkpoint (before any weight is read), start the pool,
     and return rank 0's engine."""
@@ -325,4 +310,4 @@ def launch_pool_engine(model: str | Path, deploy: DeployConfig, *, event_sink: E
     return PoolEngine(pool, model_spec, pipeline, EngineConfig.from_deploy(deploy), event_sink=event_sink)
 
 
-__all__ = ["PoolEngine", "SPMDPool", "launch_pool_engine", "with_seed"]
+__all__ = ["PoolEngine", "SPMDPool", "launch_pool_engine"]

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from omniloop.deploy import DeployConfig
+from omniloop.engine.admission import admit
 from omniloop.engine.async_engine import load_options
 from omniloop.engine.engine import Engine, EngineConfig
 from omniloop.engine.errors import PoolFatalError
@@ -137,9 +138,7 @@ class FollowerEngine(Engine):
 
     def _adopt(self, request: OmniRequest) -> None:
         """Rank 0 admitted ``request``: the same admission here, without the queue and memory limits."""
-        state = self.pipeline.admit(request)
-        req = EngineRequest(request=state.request, state=state, nodes=self.pipeline.active_nodes(state.request))
-        self._estimate(req)  # the remaining-cost view the engine keeps per request
+        req = self._track(admit(self.pipeline, request))  # the remaining-cost view the engine keeps per request
         self._requests[request.request_id] = req
         self.scheduler.add(req)
 

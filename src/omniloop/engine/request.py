@@ -1,16 +1,16 @@
 """``EngineRequest``: one request's runtime record (one object, an enum status; STYLE.md 3).
 
 It walks its active graph nodes in order; a loop node is entered with ``init``, advanced
-one ``step`` at a time by the scheduler and left with ``finalize``.
+one ``step`` at a time by the scheduler and left with ``finalize``. Its status and its
+start/finish times are its ``RequestState``'s (one owner; read here through properties).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
-
-from omniloop.engine.admission import MemoryEstimate
+from omniloop.engine.admission import RequestEstimates
+from omniloop.engine.memory_budget import MemoryEstimate
 from omniloop.pipeline.spec import Node
 from omniloop.pipeline.state import LoopState, RequestState
 from omniloop.request import Failure, OmniRequest, RequestStatus
@@ -24,21 +24,34 @@ class EngineRequest:
     arrival: float = field(default_factory=time.perf_counter)
     node_index: int = 0
     loop: LoopState | None = None  # live loop of the current node (after init)
-    status: RequestStatus = RequestStatus.QUEUED
     abort_requested: bool = False
     paused: bool = False  # held by its caller (a live session nobody watches): none of its steps run
     failure: Failure | None = None  # set when its event consumer failed: fail (not cancel) at the boundary
     attempts: int = 0  # pool restarts this request has been re-queued through
-    started: float | None = None
-    finished: float | None = None
     predicted_total_s: float = 0.0
     actual_s: float = 0.0  # measured compute seconds spent on this request
-    memory: MemoryEstimate = field(default_factory=MemoryEstimate)  # admission's estimate (what it reserves)
-    info: dict[str, Any] = field(default_factory=dict)
+    estimates: RequestEstimates = field(default_factory=RequestEstimates)  # admission's (per node; memory)
 
     @property
     def request_id(self) -> str:
         return self.request.request_id
+
+    @property
+    def memory(self) -> MemoryEstimate:
+        """What the memory budget reserves for this request (admission's estimate)."""
+        return self.estimates.memory
+
+    @property
+    def status(self) -> RequestStatus:
+        return self.state.status
+
+    @property
+    def started(self) -> float | None:
+        return self.state.started_at
+
+    @property
+    def finished(self) -> float | None:
+        return self.state.finished_at
 
     @property
     def node(self) -> Node | None:
@@ -58,5 +71,4 @@ class EngineRequest:
         self.loop = None
         self.state.artifacts.clear()
         self.state.loops.clear()
-        self.status = RequestStatus.QUEUED
-        self.started = None
+        self.state.requeue()

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal
 
-from omniloop.engine.admission import MemoryBudget
+from omniloop.engine.memory_budget import MemoryBudget
 from omniloop.engine.cost_model import CostModel, ItemCost
 from omniloop.engine.fanout import ready_siblings
 from omniloop.engine.request import EngineRequest
@@ -235,7 +235,7 @@ class StepScheduler:
         total = 0.0
         for i in range(req.node_index, len(req.nodes)):
             node = req.nodes[i]
-            est = req.info["estimates"][node.name]
+            est = req.estimates.nodes[node.name]
             if node.is_loop:
                 steps_left = est.steps
                 if i == req.node_index and req.loop is not None:
@@ -281,7 +281,7 @@ def _ready(req: EngineRequest) -> bool:
 def _shape_key(req: EngineRequest) -> tuple:
     """Requests with equal keys do the same work (nodes, step counts, FLOPs, the batch keys
     their steps are predicted to have): they can run as one batch start to finish."""
-    return tuple((name, e.steps, e.flops_per_step, e.batch_group) for name, e in req.info["estimates"].items())
+    return tuple((name, e.steps, e.flops_per_step, e.batch_group) for name, e in req.estimates.nodes.items())
 
 
 def _in_prologue(req: EngineRequest) -> bool:

@@ -227,7 +227,7 @@ def _bind(pipeline: PluginHost[Any], built: Mapping[str, Any]) -> dict[str, list
         if not targets:
             raise ValueError(_unsupported(name, want, None, pipeline))
         for node in targets:
-            _check_steps(name, plugin, node, pipeline.contexts[node].defaults)
+            _check_steps(name, plugin, node, pipeline.contexts[node].defaults.steps)
             bound[node].append(plugin)
     for node, plugins in bound.items():
         for skips in ("block", "step"):
@@ -253,10 +253,10 @@ def _unsupported(name: str, want: str, node: str | None, pipeline: PluginHost[An
     return f"plugins[{name!r}] intercepts loop steps, but {where} takes no step interceptors"
 
 
-def _check_steps(name: str, plugin: Any, node: str, defaults: Mapping[str, Any]) -> None:
+def _check_steps(name: str, plugin: Any, node: str, steps: int) -> None:
+    """``steps``: the loop's default step count (its node's GenerationDefaults.steps)."""
     decl = plugin.declarations
-    steps = defaults.get("steps")
-    if decl.distribution_altering and decl.skips and steps is not None and steps < decl.min_steps:
+    if decl.distribution_altering and decl.skips and steps < decl.min_steps:
         raise ValueError(
             f"plugins[{name!r}] skips {decl.skips}s and alters outputs, but loop {node!r} samples in {steps} steps by "
             f"default (a few-step / distilled model); caches need >= {decl.min_steps} steps. Disable it for this model"

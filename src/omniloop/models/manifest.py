@@ -22,6 +22,7 @@ sibling (``../shapes-t2v/vae``: the 4-step student shares its teacher's VAE file
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -31,6 +32,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from omniloop.pipeline.defaults import GenerationDefaults
 from omniloop.request import TaskType, format_validation_error
 
 MANIFEST_FILE = "omniloop_model.json"
@@ -98,6 +100,15 @@ class ModelManifest(BaseModel):
                              f"upgrade omniloop or re-export the model")
         return v
 
+    def generation_defaults(self, base: GenerationDefaults) -> GenerationDefaults:
+        """``base`` (the family's presets) with this manifest's ``defaults`` over it, typed
+        (lists become tuples; a name GenerationDefaults lacks is refused, naming it)."""
+        unknown = sorted(set(self.defaults) - {f.name for f in dataclasses.fields(GenerationDefaults)})
+        if unknown:
+            raise ValueError(f"omniloop_model.json of {self.name!r}: defaults {unknown} are not generation defaults")
+        typed = {k: tuple(v) if isinstance(v, list) else v for k, v in self.defaults.items()}
+        return base.replace(**typed)
+
     @property
     def class_name(self) -> str:
         """What ``spec_for_class`` looks the family up by (``omniloop:<family>``)."""
@@ -158,7 +169,8 @@ def manifest_weights(manifest: ModelManifest, *, transformer_kind: str, load_tra
     from omniloop.models.text.minilm import load_minilm_encoder
 
     def load_text(root: Path, index: Mapping[str, Any], options: Any) -> Any:
-        max_len = int(index["manifest"].defaults.get("max_sequence_length", max_sequence_length))
+        typed = index["manifest"].generation_defaults(GenerationDefaults(max_sequence_length=max_sequence_length))
+        max_len = typed.max_sequence_length or max_sequence_length
         return load_minilm_encoder(device=options.device, max_sequence_length=max_len)
 
     dit, vae = manifest.components["transformer"].subfolder, manifest.components["vae"]

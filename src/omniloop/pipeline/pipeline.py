@@ -14,6 +14,7 @@ import torch
 from pydantic import ValidationError
 
 from omniloop.pipeline.adapters import check_loras
+from omniloop.pipeline.defaults import GenerationDefaults, resolve_seeds
 from omniloop.pipeline.spec import Node, PipelineSpec
 from omniloop.pipeline.state import RequestState, StageContext
 from omniloop.request import (Artifact, ErrorKind, InvalidRequest, Modality, OmniOutput, OmniRequest, RequestStatus,
@@ -33,7 +34,7 @@ class Pipeline:
     components: Mapping[str, Any]
     device: torch.device
     dtype: torch.dtype
-    defaults: Mapping[str, Any] = field(default_factory=dict)
+    defaults: GenerationDefaults = field(default_factory=GenerationDefaults)  # the family's, typed
     validate_request: RequestValidator | None = None  # family checks (sizes, required inputs)
     # deployment caches (cache name -> object), shared by reference with every node's context:
     # the loader adds them after the family builds the pipeline (see StageContext.caches)
@@ -55,7 +56,7 @@ class Pipeline:
                 dtype=self.dtype,
                 inputs=dict(node.inputs),
                 outputs=dict(node.outputs),
-                defaults={**self.defaults, **node.defaults},
+                defaults=self.defaults.replace(**node.defaults),  # a node's own over the pipeline's
                 caches=self.caches,
             )
             for node in self.spec.nodes
@@ -63,10 +64,12 @@ class Pipeline:
 
     # -- admission ------------------------------------------------------------------
     def admit(self, request: OmniRequest) -> RequestState:
-        """Validate ``request`` against this pipeline and allocate its state.
+        """Resolve ``request`` (its seeds, once), validate it against this pipeline and
+        allocate its state (``state.request``: the resolved request).
 
         Raises InvalidRequest (a ValueError) naming the field at fault; nothing later fails on bad input.
         """
+        request = resolve_seeds(request, self.defaults)
         if request.task not in self.spec.tasks:
             raise InvalidRequest(
                 f"task {request.task.value!r} is not served by {self.spec.name!r}",

@@ -40,7 +40,8 @@ class Node:
     when: Predicate | None = None
     inputs: Mapping[str, str] = field(default_factory=dict)  # port -> edge rename
     outputs: Mapping[str, str] = field(default_factory=dict)  # port -> edge rename
-    # this node's model defaults, over the pipeline's (a refine loop's own sigmas and guidance)
+    # this node's own GenerationDefaults fields, over the pipeline's (a refine loop's sigmas and
+    # guidance): field name -> value, applied with GenerationDefaults.replace at build
     defaults: Mapping[str, Any] = field(default_factory=dict)
 
     @property

@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping, TypeVar
 
 import torch
 
+from omniloop.pipeline.defaults import GenerationDefaults
 from omniloop.request import Artifact, Failure, OmniRequest, RequestMetrics, RequestStatus
 
 A = TypeVar("A", bound=Artifact)
@@ -33,7 +34,7 @@ class StageContext:
     dtype: torch.dtype
     inputs: Mapping[str, str] = field(default_factory=dict)
     outputs: Mapping[str, str] = field(default_factory=dict)
-    defaults: Mapping[str, Any] = field(default_factory=dict)  # model defaults (steps, guidance, ...)
+    defaults: GenerationDefaults = field(default_factory=GenerationDefaults)  # the node's generation defaults
     # deployment caches shared by every request (name -> cache: "text_embeddings", "adapters"); a
     # stage finds its cache here or runs without it
     caches: Mapping[str, Any] = field(default_factory=dict)
@@ -100,7 +101,9 @@ class RequestState:
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     ext: Any = None  # optional typed per-family extension (a dataclass the family registers)
     failure: Failure | None = None  # why it ended without its result
+    # the request's one lifecycle record (the engine's EngineRequest reads it): perf_counter times
     started_at: float | None = None
+    finished_at: float | None = None
     # live inputs a running request's loop takes (a session's actions, prompts, flushes), in
     # order; the engine appends (Engine.send), the loop consumes at its next chunk or step
     inbox: deque = field(default_factory=deque)
@@ -139,3 +142,11 @@ class RequestState:
         if self.started_at is None:
             self.started_at = time.perf_counter()
             self.status = RequestStatus.RUNNING
+
+    def mark_finished(self, status: RequestStatus, failure: Failure | None) -> None:
+        assert status.finished, f"mark_finished takes a final status, got {status.value!r}"
+        self.status, self.failure, self.finished_at = status, failure, time.perf_counter()
+
+    def requeue(self) -> None:
+        """Back to waiting (a pool restart): not started, not finished."""
+        self.status, self.started_at, self.finished_at = RequestStatus.QUEUED, None, None

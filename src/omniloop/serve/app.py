@@ -51,7 +51,7 @@ async def models(state: State) -> ModelList:
     if mgr.own_engine and mgr.model.name not in state.models:  # the interactive model beside (sessions, /play)
         served.append(mgr.model)
     return ModelList(data=[ModelCard(id=m.name, created=state.started_at, tasks=m.task_names,
-                                     actions=sorted(m.defaults["actions"]) if "actions" in m.defaults else None)
+                                     actions=sorted(m.defaults.actions) if m.defaults.actions is not None else None)
                            for m in served])
 
 
@@ -89,10 +89,10 @@ def _this_server(body: dict[str, Any], state: ServeState) -> dict[str, Any]:
         body["properties"]["loras"]["maxItems"] = 0  # no served model takes LoRAs
     if state.warmup_shapes and "prompt" in body["properties"]:  # (speech bodies take ``input``)
         shape, d = state.warmup_shapes[0], state.model.defaults
-        example = {"prompt": "a red circle moving right", "steps": shape.num_steps(d.get("steps", 1)),
-                   "size": f"{shape.width or d.get('width')}x{shape.height or d.get('height')}"}
+        example = {"prompt": "a red circle moving right", "steps": shape.num_steps(d.steps),
+                   "size": f"{shape.width or d.width}x{shape.height or d.height}"}
         if "num_frames" in body["properties"]:
-            example["num_frames"] = shape.num_frames or d.get("num_frames")
+            example["num_frames"] = shape.num_frames or d.num_frames
         body["examples"] = [example]
     return body
 

@@ -73,7 +73,7 @@ def speech_request(wire: _SpeechBase, request_id: str, state) -> OmniRequest:  #
         raise ApiError(400, f"response_format: {wire.response_format!r} is not encoded here; pass one of "
                        f"{sorted(AUDIO_FORMATS)}", param="response_format", code="unsupported")
     try:
-        check_rate(wire.response_format, int(model.defaults.get("sample_rate", 0)))
+        check_rate(wire.response_format, model.defaults.sample_rate or 0)
     except ValueError as e:
         raise ApiError(400, f"response_format: {e}", param="response_format", code="unsupported") from None
     if wire.speed not in (None, 1.0):
@@ -101,7 +101,7 @@ async def create_speech(request: Request, state: State) -> Response:
         omni = speech_request(wire, job_id, state)
         seconds = omni.diffusion.duration_s
         geometry = Geometry(width=0, height=0, num_frames=0, fps=0,
-                            steps=omni.diffusion.num_steps(state.model.defaults.get("steps", 0)),
+                            steps=omni.diffusion.num_steps(state.model.defaults.steps),
                             seconds=f"{seconds:g}" if seconds is not None else "")
         job = Job(id=job_id, kind=JobKind.AUDIO, model=state.model.name, prompt=wire.input, geometry=geometry,
                   audio_format=wire.response_format)

@@ -14,12 +14,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from omniloop.pipeline.defaults import GenerationDefaults
 from omniloop.request import Failure, OmniRequest, RequestStatus
 
 if TYPE_CHECKING:
@@ -48,13 +49,13 @@ class Geometry:
         return f"{self.width}x{self.height}"
 
     @classmethod
-    def of(cls, request: OmniRequest, defaults: Mapping[str, Any], seconds: float | None = None) -> "Geometry":
+    def of(cls, request: OmniRequest, defaults: GenerationDefaults, seconds: float | None = None) -> "Geometry":
         """``request``'s geometry with the model's ``defaults`` for what it leaves unset."""
         p, d = request.diffusion, defaults
-        frames = p.num_frames or (1 if request.task.makes_image else d.get("num_frames", 1))
-        fps = p.fps or d.get("fps", 16)
-        return cls(width=p.width or d.get("width", 0), height=p.height or d.get("height", 0), num_frames=frames,
-                   fps=fps, steps=p.num_steps(d.get("steps", 0)),
+        frames = p.num_frames or (1 if request.task.makes_image else d.num_frames or 1)
+        fps = p.fps or d.fps or 16
+        return cls(width=p.width or d.width or 0, height=p.height or d.height or 0, num_frames=frames,
+                   fps=fps, steps=p.num_steps(d.steps),
                    seconds=f"{seconds:g}" if seconds is not None else f"{frames / fps:g}")
 
 

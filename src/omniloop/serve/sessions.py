@@ -156,7 +156,7 @@ class SessionManager:
 
     @property
     def actions(self) -> dict[str, list[list[float]]]:
-        return dict(self.model.defaults.get("actions") or {})
+        return dict(self.model.defaults.actions or {})
 
     def live(self) -> list[Session]:
         return [s for s in self.sessions.values() if not s.ended]
@@ -172,7 +172,7 @@ class SessionManager:
                            "(DELETE /v1/sessions/{id}) or retry later", code="too_many_sessions")
         sid = new_id("session")
         request = session_request(body, sid)
-        fps = body.fps or int(model.defaults.get("fps", 16))
+        fps = body.fps or model.defaults.fps or 16
         session = Session(id=sid, model=model.name, max_chunks=body.max_chunks, fps=fps)
         stream = self.engine.stream(request, paused=True)  # it runs while a client watches (serve_client)
         try:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from omniloop.deploy import Limits
@@ -25,6 +24,7 @@ from omniloop.request.tasks import fits
 
 if TYPE_CHECKING:  # the engine (torch) loads when a warmup runs, not when the CLI reads DEFAULT_STEPS
     from omniloop.engine import AsyncEngine
+    from omniloop.pipeline.defaults import GenerationDefaults
 
 logger = logging.getLogger(__name__)
 DEFAULT_STEPS = 2
@@ -34,28 +34,28 @@ class WarmupFailed(RuntimeError):
     """A warmup request was refused or did not complete; the message names shape and cause."""
 
 
-def default_shape(defaults: Mapping[str, Any], limits: Limits, tasks: frozenset[TaskType],
+def default_shape(defaults: GenerationDefaults, limits: Limits, tasks: frozenset[TaskType],
                   steps: int = DEFAULT_STEPS) -> DiffusionParams:
     """The model's default geometry, clamped to what it serves and the deployment allows.
 
     Pixels above ``limits.max_pixels`` are scaled down keeping the aspect ratio, to the
     model's size step (``size_multiple``); frames stay of the form ``temporal * k + 1``.
     """
-    step = int(defaults.get("size_multiple", 16))
-    height = min(int(defaults.get("height", 256)), int(defaults.get("max_height", 1 << 30)))
-    width = min(int(defaults.get("width", 256)), int(defaults.get("max_width", 1 << 30)))
+    step = defaults.size_multiple
+    height = min(defaults.height or 256, defaults.max_height or 1 << 30)
+    width = min(defaults.width or 256, defaults.max_width or 1 << 30)
     if height * width > limits.max_pixels:
         scale = math.sqrt(limits.max_pixels / (height * width))
         height, width = (max(step, int(v * scale) // step * step) for v in (height, width))
     frames = 1
     if not tasks <= {TaskType.T2I}:
-        temporal = int(defaults.get("vae_scale_temporal", 1))
-        most = min(int(defaults.get("num_frames", 1)), int(defaults.get("max_frames", 1 << 30)), limits.max_frames)
+        temporal = defaults.frames_per_latent
+        most = min(defaults.num_frames or 1, defaults.max_frames or 1 << 30, limits.max_frames)
         frames = (most - 1) // temporal * temporal + 1
     return DiffusionParams(steps=min(steps, limits.max_steps), height=height, width=width, num_frames=frames)
 
 
-def warmup_shapes(configured: list[DiffusionParams] | None, defaults: Mapping[str, Any], limits: Limits,
+def warmup_shapes(configured: list[DiffusionParams] | None, defaults: GenerationDefaults, limits: Limits,
                   tasks: frozenset[TaskType]) -> list[DiffusionParams]:
     """The shapes to run: the configured ones with what they leave unset taken from
     ``default_shape`` (so ``[{steps: 1}]`` is the clamped default size at one step), or just

@@ -30,6 +30,7 @@ from typing import Any
 from omniloop.deploy import Limits
 from omniloop.engine import AsyncEngine, check_images_per_call
 from omniloop.engine.model_pool import ModelPool
+from omniloop.pipeline.defaults import GenerationDefaults
 from omniloop.request import (
     ALIASES, ActionPart, DiffusionParams, FieldError, Fields, ImagePart, Modality, OmniRequest, OutputSpec, TaskType,
     build_request, require_prompt, suggest_task,
@@ -68,7 +69,7 @@ class ServedModel:
 
     name: str  # the id clients pass as "model"
     tasks: frozenset[TaskType]
-    defaults: Mapping[str, Any]  # the pipeline's generation defaults (steps, height, fps...)
+    defaults: GenerationDefaults  # the pipeline's generation defaults (steps, height, fps...)
     limits: Limits = field(default_factory=Limits)  # the deployment's (its max_batch caps n per call)
     aliases: frozenset[str] = frozenset()  # also accepted (e.g. the checkpoint path it was loaded from)
     makes_audio: bool = False  # the pipeline has an audio output (a soundtrack, or text-to-audio)
@@ -80,7 +81,7 @@ class ServedModel:
         path = engine.model_name or "omniloop"
         pipeline = engine.engine.pipeline
         return cls(name=served_name or Path(path).name or path, tasks=frozenset(pipeline.spec.tasks),
-                   defaults=dict(pipeline.defaults), limits=engine.engine.config.limits or Limits(),
+                   defaults=pipeline.defaults, limits=engine.engine.config.limits or Limits(),
                    aliases=frozenset({path}), makes_audio="audio" in pipeline.spec.outputs,
                    takes_loras="adapters" in pipeline.caches)
 
@@ -95,7 +96,7 @@ class ServedModel:
         limits = pool.config.limits or Limits()
         names = [pool.default] + [n for n in pool.slots if n != pool.default]
         pipelines = pool.pipelines()
-        return {n: cls(name=n, tasks=frozenset(pipelines[n].spec.tasks), defaults=dict(pipelines[n].defaults),
+        return {n: cls(name=n, tasks=frozenset(pipelines[n].spec.tasks), defaults=pipelines[n].defaults,
                        limits=limits, aliases=frozenset(pool.sources.get(n, ())), route=n,
                        makes_audio="audio" in pipelines[n].spec.outputs,
                        takes_loras="adapters" in pipelines[n].caches) for n in names}
@@ -179,8 +180,8 @@ def _resolve_seconds(call: WireCall, model: ServedModel) -> None:
         if call.frames_over_seconds:
             return
         raise WireError(param, f"pass {param} or {call.names['num_frames']}, not both")
-    fps = call.params.get("fps") or model.defaults.get("fps") or 16
-    frames = frames_for_seconds(seconds, int(fps), int(model.defaults.get("vae_scale_temporal", 1)))
+    fps = call.params.get("fps") or model.defaults.fps or 16
+    frames = frames_for_seconds(seconds, int(fps), model.defaults.frames_per_latent)
     call.put("num_frames", frames, param)
 
 

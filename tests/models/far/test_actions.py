@@ -94,7 +94,7 @@ def test_an_action_changes_a_denoise_forward_and_no_action_leaves_the_model_as_i
 
 
 def test_the_pipeline_lists_the_vocabulary_and_refuses_an_unknown_action(pipeline):
-    assert sorted(pipeline.defaults["actions"]) == sorted(ACTION_NAMES)
+    assert sorted(pipeline.defaults.actions) == sorted(ACTION_NAMES)
     model = pipeline.spec.nodes[-1].stage.model
     ctx = pipeline.contexts["rollout"]
     with pytest.raises(ValueError, match=r"unknown action 'jump'; this model's actions: \['left'"):

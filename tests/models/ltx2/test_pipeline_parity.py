@@ -43,10 +43,11 @@ def _request(task=TaskType.T2V, inputs=None, node_params=None, **params):
 def _ours(gen, out, request, scale=1):
     """Our final latents in diffusers' output_type="latent" form (unpacked, denormalized)."""
     assert out.status.value == "completed", out.error
-    g = geometry(request, gen.pipeline.defaults, scale)
+    c = gen.pipeline.components
+    g = geometry(request, gen.pipeline.defaults, c["vae"].config, c["audio_vae"].config, scale)
     video = gen.pipeline.components["vae"].denormalize(unpack_video(out.artifacts["latents"].latents, g))
     audio = denormalize_audio(out.artifacts["audio_latents"].latents, gen.pipeline.components["audio_vae"])
-    return video, unpack_audio(audio, gen.pipeline.defaults["audio_latent_mel_bins"])
+    return video, unpack_audio(audio, c["audio_vae"].config.latent_mel_bins)
 
 
 def _compare(gen, out, request, ref_latents, ref_decoded, *, exact: bool, scale=1):

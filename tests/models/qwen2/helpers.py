@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from omniloop.pipeline.pipeline import Pipeline
@@ -33,7 +35,8 @@ def run_alone(pipeline: Pipeline, request: OmniRequest):
 
 
 def with_defaults(pipeline: Pipeline, **defaults) -> Pipeline:
-    """The same components and spec with some model defaults replaced (e.g. eos ids)."""
+    """The same components and spec with some AR defaults (TextDefaults fields) replaced (e.g. eos ids)."""
+    text = dataclasses.replace(pipeline.defaults.text_or_default(), **defaults)
     return Pipeline(spec=pipeline.spec, components=pipeline.components, device=torch.device(pipeline.device),
-                    dtype=pipeline.dtype, defaults={**pipeline.defaults, **defaults},
+                    dtype=pipeline.dtype, defaults=pipeline.defaults.replace(text=text),
                     validate_request=pipeline.validate_request)

@@ -27,7 +27,6 @@ the request early.
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Mapping, Protocol, Sequence
 
@@ -36,6 +35,7 @@ import torch
 from omniloop.cache.kv import KVLayout
 from omniloop.cache.paged_kv import BlockPool, PagedKVBatch, PagedKVHandle
 from omniloop.models.layers.cuda_graphs import CudaGraphRunner
+from omniloop.pipeline.defaults import admitted_seed
 from omniloop.pipeline.failures import PoolFatalError, attempt, per_request
 from omniloop.pipeline.loops.ar_graphs import graph_decode, graph_rows
 from omniloop.pipeline.stage import LoopStageBase, WorkEstimate, step_results
@@ -44,8 +44,6 @@ from omniloop.request import Artifact, ErrorKind, InvalidRequest, OmniRequest, S
 
 FINISH_STOP = "stop"  # EOS, a stop token id or a stop string
 FINISH_LENGTH = "length"  # max_tokens reached
-DEFAULT_PREFILL_CHUNK = 512  # prompt tokens one prefill step forwards (the step's token budget)
-
 
 class CausalLM(Protocol):
     """The model an AR loop drives (e.g. ``omniloop.models.families.qwen2.model.Qwen2LM``)."""
@@ -172,10 +170,11 @@ class ARDecodeLoop(LoopStageBase[ARLoopState]):
     def init(self, ctx: StageContext, state: RequestState) -> ARLoopState:
         lm: CausalLM = ctx.component(self.lm_component)
         tokenizer: Tokenizer = ctx.component(self.tokenizer_component)
-        params = effective_sampling(state.request.sampling, ctx.defaults.get("sampling", {}))
+        text = ctx.defaults.text_or_default()
+        params = effective_sampling(state.request.sampling, text.sampling)
         prompt_ids = self._prompt_ids(ctx, state, tokenizer)
-        check_context(len(prompt_ids), params.max_tokens, ctx.defaults.get("max_context"))
-        seed = params.seed if params.seed is not None else random.randrange(2**63)
+        check_context(len(prompt_ids), params.max_tokens, text.max_context)
+        seed = admitted_seed(params.seed, ctx.node)
         state.metrics.seed = seed
         pool: BlockPool = ctx.component(self.kv_component)
         loop = ARLoopState(
@@ -186,9 +185,9 @@ class ARDecodeLoop(LoopStageBase[ARLoopState]):
             seed=seed,
             generator=torch.Generator(ctx.device).manual_seed(seed),
             kv=pool.handle(),
-            prefill_chunk=int(ctx.defaults.get("prefill_chunk_tokens", DEFAULT_PREFILL_CHUNK)),
+            prefill_chunk=text.prefill_chunk_tokens,
             prompt_ids=prompt_ids,
-            stop_ids=frozenset(ctx.defaults.get("eos_token_ids", ())) | frozenset(params.stop_token_ids),
+            stop_ids=frozenset(text.eos_token_ids) | frozenset(params.stop_token_ids),
             lm_inputs=getattr(ctx.read_optional(state, "prompt_tokens", PromptTokens), "lm_inputs", None),
         )
         self._prefill(lm, [loop])  # the first chunk now when the pool has room (a short prompt: all of it)
@@ -213,11 +212,12 @@ class ARDecodeLoop(LoopStageBase[ARLoopState]):
         preemption; this reservation keeps the engine from admitting more than fits.)"""
         lm: CausalLM = ctx.component(self.lm_component)
         pool: BlockPool = ctx.component(self.kv_component)
-        params = effective_sampling(state.request.sampling, ctx.defaults.get("sampling", {}))
+        text = ctx.defaults.text_or_default()
+        params = effective_sampling(state.request.sampling, text.sampling)
         prompt = len(self._prompt_ids(ctx, state, ctx.component(self.tokenizer_component)))
         context = prompt + params.max_tokens
         kv_bytes = pool.blocks_for(context) * pool.block_bytes
-        chunk = min(prompt, int(ctx.defaults.get("prefill_chunk_tokens", DEFAULT_PREFILL_CHUNK)))
+        chunk = min(prompt, text.prefill_chunk_tokens)
         return WorkEstimate(
             steps=params.max_tokens,
             resident_bytes=0,

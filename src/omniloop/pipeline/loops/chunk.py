@@ -31,7 +31,6 @@ optionally a :class:`ChunkDecoder`; everything per request lives in
 
 from __future__ import annotations
 
-import random
 import time
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Mapping, Protocol, Sequence
@@ -41,6 +40,7 @@ from pydantic import Field
 
 from omniloop.cache.chunk_kv import ChunkKVBatch, ChunkKVHandle, ChunkKVPool, KVSegment, SlabLayout, TierPolicy
 from omniloop.ext.hooks import CacheEvent
+from omniloop.pipeline.defaults import admitted_seed
 from omniloop.pipeline.edges import ConditionLatents, DenoisedLatents, TextEmbeddings
 from omniloop.pipeline.failures import per_request
 from omniloop.pipeline.loops.batch_keys import kwargs_signature
@@ -235,7 +235,7 @@ class ChunkRollout(LoopStageBase[ChunkRolloutState]):
     def init(self, ctx: StageContext, state: RequestState) -> ChunkRolloutState:
         request = state.request
         params = self.denoise.params(ctx, state)
-        seed = params.seed if params.seed is not None else random.randrange(2**63)
+        seed = admitted_seed(params.seed, ctx.node)
         state.metrics.seed = seed
         condition = ctx.read_optional(state, "condition", ConditionLatents)
         plan = self.model.plan(ctx, state, condition)
@@ -264,7 +264,7 @@ class ChunkRollout(LoopStageBase[ChunkRolloutState]):
             clean=clean, branches=branches, kwargs=self.denoise.denoiser.branch_inputs(ctx, state, branches + extra),
             kv=handle, first_params=first_params, request_state=state,
             stream=self.decoder.init(ctx) if wants_video else None,  # type: ignore[union-attr]
-            fps=request.diffusion.fps or int(ctx.defaults.get("fps", 16)), decode=wants_video,
+            fps=request.diffusion.fps or ctx.defaults.fps or 16, decode=wants_video,
         )
         self._enter_chunk(ctx, loop)
         return loop
@@ -281,10 +281,10 @@ class ChunkRollout(LoopStageBase[ChunkRolloutState]):
             return None
         scale = params.first_chunk_guidance_scale
         if scale is None:
-            scale = ctx.defaults.get("first_chunk_guidance_scale")
+            scale = ctx.defaults.first_chunk_guidance_scale
         steps = params.first_chunk_steps
         if steps is None and params.sigmas is None:
-            steps = ctx.defaults.get("first_chunk_steps")
+            steps = ctx.defaults.first_chunk_steps
         update: dict[str, Any] = {}
         if scale is not None:
             update |= {"guidance_scale": float(scale), "guidance_scale_2": None}
@@ -294,7 +294,7 @@ class ChunkRollout(LoopStageBase[ChunkRolloutState]):
 
     def _steps_target(self, ctx: StageContext, params: DiffusionParams, plan: ChunkPlan) -> int:
         """Scheduler steps of the whole rollout: each denoised chunk's, one boundary a chunk."""
-        default = ctx.defaults.get("steps", 50)
+        default = ctx.defaults.steps
         steps = params.num_steps(default) * (plan.num_chunks - plan.context_chunks) + plan.num_chunks
         first = self._first_params(ctx, params, plan)
         return steps if first is None else steps + first.num_steps(default) - params.num_steps(default)

@@ -13,7 +13,6 @@ same code.
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Mapping, Protocol, Sequence
 
@@ -23,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from omniloop.ext.interceptors import accepts_block_interceptor
 from omniloop.models.layers.lora import AdapterSet, LoraPlan, lora_rows
 from omniloop.pipeline.adapters import request_adapters
+from omniloop.pipeline.defaults import GenerationDefaults, admitted_seed
 from omniloop.pipeline.edges import ConditionLatents, DenoisedLatents, InitLatents, TextEmbeddings
 from omniloop.pipeline.failures import PoolFatalError, attempt, per_request
 from omniloop.pipeline.loops.batch_keys import kwargs_signature, latent_signature, packs_shapes
@@ -175,7 +175,7 @@ class DenoiseLoop(LoopStageBase[DenoiseLoopState]):
     def init(self, ctx: StageContext, state: RequestState) -> DenoiseLoopState:
         request = state.request
         params = self.params(ctx, state)
-        seed = params.seed if params.seed is not None else random.randrange(2**63)
+        seed = admitted_seed(params.seed, ctx.node)
         state.metrics.seed = seed
         # Same seed -> same noise as diffusers: a CPU generator, fp32, then moved.
         gen = torch.Generator("cpu").manual_seed(seed)
@@ -218,7 +218,7 @@ class DenoiseLoop(LoopStageBase[DenoiseLoopState]):
             else None
         )
         # image-to-image: noise the given latents and run the schedule's tail only
-        strength = params.strength if params.strength is not None else ctx.defaults.get("strength")
+        strength = params.strength if params.strength is not None else ctx.defaults.strength
         latents, samplers = self.conditioning.start(latents, samplers, cond_state, gen, strength)
         num_steps = next(iter(samplers.values())).num_steps - start
         timesteps = next(iter(samplers.values())).timesteps.detach().cpu()[start:]
@@ -254,7 +254,7 @@ class DenoiseLoop(LoopStageBase[DenoiseLoopState]):
     def schedule(self, ctx: StageContext, params: DiffusionParams, shapes: Mapping[str, tuple[int, ...]],
                  sampler: Sampler) -> tuple[int, dict[str, Any]]:
         """(steps, ``init_state`` keyword arguments) of this request's schedule."""
-        num_steps = params.num_steps(ctx.defaults.get("steps", 50))
+        num_steps = params.num_steps(ctx.defaults.steps)
         return num_steps, self.shift.sampler_kwargs(params, shapes, num_steps, sampler)
 
     def initial_noise(self, ctx: StageContext, state: RequestState, shapes: Mapping[str, tuple[int, ...]],
@@ -263,7 +263,7 @@ class DenoiseLoop(LoopStageBase[DenoiseLoopState]):
         (``given``: it will be mixed into given latents)."""
         return seeded_noise(shapes, gen, ctx.device)
 
-    def policy_defaults(self, ctx: StageContext, state: RequestState) -> Mapping[str, Any]:
+    def policy_defaults(self, ctx: StageContext, state: RequestState) -> GenerationDefaults:
         """The defaults the guidance policy resolves its scales against (the node's)."""
         return ctx.defaults
 

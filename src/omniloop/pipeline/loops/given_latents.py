@@ -9,18 +9,18 @@ noise; a schedule that starts lower (a refine stage's sigmas) noises to its firs
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
 import torch
 
+from omniloop.pipeline.defaults import GenerationDefaults
 from omniloop.pipeline.edges import InitLatents
 from omniloop.pipeline.samplers.base import Sampler, SamplerState, start_step
 from omniloop.request import DiffusionParams, InvalidRequest
 
 
-def loop_strength(params: DiffusionParams, defaults: Mapping[str, Any]) -> float:
+def loop_strength(params: DiffusionParams, defaults: GenerationDefaults) -> float:
     """The request's (or node's) strength, else the model's default, else 1."""
-    return float(params.strength if params.strength is not None else defaults.get("strength", 1.0))
+    strength = params.strength if params.strength is not None else defaults.strength
+    return float(strength if strength is not None else 1.0)
 
 
 def check_strength_leaves_steps(num_steps: int, strength: float, field: str) -> None:

@@ -16,6 +16,7 @@ from typing import Any, Literal, Mapping, Protocol
 
 import torch
 
+from omniloop.pipeline.defaults import GenerationDefaults
 from omniloop.request import DiffusionParams, Modality
 
 COND, UNCOND = "cond", "uncond"
@@ -109,10 +110,8 @@ class ClassicCFG(CFGBase):
     mode: CFGMode = "sequential"
     name: str = "cfg"
 
-    def init(self, params: DiffusionParams, modalities: tuple[str, ...], defaults: Mapping[str, Any]) -> CFGState:
-        scales = resolve_scales(
-            params, modalities, defaults.get("guidance_scale", 1.0), defaults.get("guidance_scale_2")
-        )
+    def init(self, params: DiffusionParams, modalities: tuple[str, ...], defaults: GenerationDefaults) -> CFGState:
+        scales = resolve_scales(params, modalities, defaults.guidance_scale, defaults.guidance_scale_2)
         on = any(s > 1.0 for group in scales.values() for s in group.values())
         return CFGState(branches=(COND, UNCOND) if on else (COND,), scales=scales)
 
@@ -144,8 +143,8 @@ class EmbeddedGuidance(CFGBase):
     mode: CFGMode = "sequential"  # one branch: nothing to stack
     name: str = "cfg"
 
-    def init(self, params: DiffusionParams, modalities: tuple[str, ...], defaults: Mapping[str, Any]) -> CFGState:
-        scales = resolve_scales(params, modalities, defaults.get("guidance_scale", 1.0), None)
+    def init(self, params: DiffusionParams, modalities: tuple[str, ...], defaults: GenerationDefaults) -> CFGState:
+        scales = resolve_scales(params, modalities, defaults.guidance_scale, None)
         return CFGState(branches=(COND,), scales=scales)
 
     def step_branches(self, state: CFGState, scale_set: str) -> tuple[str, ...]:

@@ -139,7 +139,7 @@ class VAEDecode(StageBase):
         elif media.frames.shape[0] == 1 and state.request.task.makes_image:
             ctx.write(state, "image", ImageArtifact(image=media.frames[0]))
         else:
-            fps = state.request.diffusion.fps or int(ctx.defaults.get("fps", 16))
+            fps = state.request.diffusion.fps or ctx.defaults.fps or 16
             ctx.write(state, "video", VideoArtifact(frames=media.frames, fps=fps))
 
 

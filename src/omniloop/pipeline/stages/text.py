@@ -176,11 +176,10 @@ class TextEncode(StageBase):
         params = state.request.diffusion
         prompts = [state.request.prompt or ""]
         if self.guidance == "cfg" and guidance_enabled(
-            params, ctx.defaults.get("guidance_scale", 1.0), ctx.defaults.get("guidance_scale_2"),
-            ctx.defaults.get("first_chunk_guidance_scale"),
+            params, ctx.defaults.guidance_scale, ctx.defaults.guidance_scale_2, ctx.defaults.first_chunk_guidance_scale,
         ):
             negative = params.negative_prompt
-            prompts.append(negative if negative is not None else ctx.defaults.get("negative_prompt", ""))
+            prompts.append(negative if negative is not None else ctx.defaults.negative_prompt)
         return prompts
 
 

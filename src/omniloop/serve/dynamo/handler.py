@@ -209,8 +209,8 @@ class GenerationHandler:
 
     def _preview_chunk(self, tracked: _Tracked, art: LatentsArtifact) -> dict[str, Any]:
         d, p = self.model.defaults, tracked.request.diffusion
-        height, width = p.height or d.get("height", 256), p.width or d.get("width", 256)
-        total = max(1, p.num_steps(d.get("steps", 1)))
+        height, width = p.height or d.height or 256, p.width or d.width or 256
+        total = max(1, p.num_steps(d.steps))
         step = art.step or 0
         jpeg = jpeg_b64(latent_preview(art.latents, height, width))
         return video_response(tracked.request.request_id, self.model.name, status="in_progress",

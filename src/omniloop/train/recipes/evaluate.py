@@ -28,6 +28,7 @@ from typing import Any
 from omniloop.deploy import DeployConfig
 from omniloop.eval.shapes_world import eval_image_prompts, held_out_prompts
 from omniloop.models.loader import load_pipeline
+from omniloop.pipeline.defaults import GenerationDefaults
 from omniloop.models.model_spec import LoadOptions
 from omniloop.request import TaskType
 from omniloop.train.recipes.rollout import adherence_summary, generate, score
@@ -69,7 +70,7 @@ def evaluate_model(model: str | Path, *, n: int = 256, seed: int = 0, device: st
     if images:
         extra["images"] = _images(pipeline, images, seed, max_batch, params)
     if videos_dir is not None:
-        _write_videos(Path(videos_dir), videos.videos, videos.prompts, int(pipeline.defaults.get("fps", 8)))
+        _write_videos(Path(videos_dir), videos.videos, videos.prompts, pipeline.defaults.fps or 8)
     params_count = {name: sum(p.numel() for p in c.parameters())
                     for name, c in pipeline.components.items() if name in ("transformer", "vae")}
     return {
@@ -78,7 +79,7 @@ def evaluate_model(model: str | Path, *, n: int = 256, seed: int = 0, device: st
         "seed": seed,
         "params": params_count,
         "overrides": params,
-        "steps": pipeline.defaults.get("steps") if "steps" not in params else params["steps"],
+        "steps": pipeline.defaults.steps if "steps" not in params else params["steps"],
         "device": str(pipeline.device),
         "dtype": str(pipeline.dtype).removeprefix("torch."),
         "load_seconds": round(load_s, 2),
@@ -133,7 +134,8 @@ def _packed_text_encoder(pack: Path, model: str, device: str) -> Any:
                          "wrote (e.g. .scratch/minilm_pack)")
     manifest = read_manifest(resolve_model_path(model))
     return load_packed_minilm(pack, device=DeployConfig(device=device).torch_device(),
-                              max_sequence_length=int(manifest.defaults.get("max_sequence_length", 32)))
+                              max_sequence_length=manifest.generation_defaults(
+                                  GenerationDefaults(max_sequence_length=32)).max_sequence_length or 32)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,22 +3,38 @@ the ones the diffusers pipeline and the model were trained with), the published 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
+from omniloop.pipeline.defaults import FamilyDefaults, GenerationDefaults, TextDefaults
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cosmos3Defaults(FamilyDefaults):
+    """Cosmos3's own defaults (a request's ``Cosmos3Options`` override them)."""
+
+    condition_frames: tuple[int, ...] = (0, 1)  # V2W: latent frames of the given video kept clean
+    use_system_prompt: bool = True  # the checkpoint's default_use_system_prompt
+    action_num_frames: int = 17  # an action run without given actions: chunk_size + 1 frames
+
+    def __post_init__(self) -> None:
+        if not self.condition_frames or min(self.condition_frames) < 0:
+            raise ValueError(f"Cosmos3Defaults.condition_frames={self.condition_frames}: pass latent frame indices >= 0")
+
+
 # Defaults of Cosmos3OmniPipeline.__call__ (720p, 189 frames at 24 fps, 35 UniPC steps, CFG 6).
-COSMOS3_DEFAULTS: dict[str, Any] = {
-    "height": 720,
-    "width": 1280,
-    "num_frames": 189,
-    "fps": 24,
-    "steps": 35,
-    "guidance_scale": 6.0,
-    "negative_prompt": "",
-    "condition_frames": (0, 1),  # V2W: latent frames of the given video kept clean
-    "max_context": 32768,  # reasoner prompt + output tokens (diffusers' config carries none)
-    "kv_block_tokens": 16,
-    "prefill_chunk_tokens": 512,
-}
+COSMOS3_DEFAULTS = GenerationDefaults(
+    height=720,
+    width=1280,
+    num_frames=189,
+    fps=24,
+    steps=35,
+    guidance_scale=6.0,
+    negative_prompt="",
+    # reasoner prompt + output tokens (diffusers' config carries none)
+    text=TextDefaults(max_context=32768, kv_block_tokens=16, prefill_chunk_tokens=512),
+    family=Cosmos3Defaults(),
+)
 
 SYSTEM_PROMPT_IMAGE = "You are a helpful assistant who will generate images from a give prompt."
 SYSTEM_PROMPT_VIDEO = "You are a helpful assistant who will generate videos from a give prompt."

@@ -13,6 +13,7 @@ the ``denoise`` loop drives both pathways. Graph::
 from __future__ import annotations
 
 from pathlib import Path
+import dataclasses
 from typing import Any, Mapping
 
 from omniloop.cache.paged_kv import build_text_kv_pool
@@ -175,32 +176,24 @@ def build_cosmos3(variant: Variant, index: Mapping[str, Any], components: Mappin
     model = components["transformer"]
     config = model.config
     tokenizer = components["tokenizer"]
-    max_context = config.max_position_embeddings or P.COSMOS3_DEFAULTS["max_context"]
+    base_text = P.COSMOS3_DEFAULTS.text_or_default()
+    max_context = config.max_position_embeddings or base_text.max_context
     pool = build_text_kv_pool(config.kv_layout, dtype=model.dtype, device=options.device, max_context=max_context,
-                              kv_cache_gb=options.kv_cache_gb, block_size=P.COSMOS3_DEFAULTS["kv_block_tokens"])
+                              kv_cache_gb=options.kv_cache_gb, block_size=base_text.kv_block_tokens)
     components = {**components, "reasoner": Cosmos3Reasoner(model), "text_kv": pool}
     eos = [tokenizer.eos_token_id] + ([tokenizer.convert_tokens_to_ids("<|endoftext|>")]
                                       if "<|endoftext|>" in tokenizer.get_vocab() else [])
-    defaults: dict[str, Any] = {
-        **P.COSMOS3_DEFAULTS,
-        "eos_token_ids": tuple(dict.fromkeys(t for t in eos if t is not None)),
-        "sampling": {},
-        "use_system_prompt": bool(index.get("default_use_system_prompt", True)),
-    }
-    defaults["max_context"] = max_context
+    text = dataclasses.replace(base_text, eos_token_ids=tuple(dict.fromkeys(t for t in eos if t is not None)),
+                               sampling={}, max_context=max_context)
+    family = dataclasses.replace(P.COSMOS3_DEFAULTS.family_as(P.Cosmos3Defaults),
+                                 use_system_prompt=bool(index.get("default_use_system_prompt", True)))
+    defaults = P.COSMOS3_DEFAULTS.replace(text=text, family=family)
     if config.generator:
         vae = components["vae"]
-        defaults.update({
-            "z_dim": vae.config.z_dim, "vae_scale_temporal": vae.config.scale_factor_temporal,
-            "vae_scale_spatial": vae.config.scale_factor_spatial, "patch_size": config.latent_patch_size,
-            "sound_dim": config.sound_dim or 0, "action_dim": config.action_dim or 0,
-        })
+        defaults = defaults.replace(frames_per_latent=vae.config.scale_factor_temporal)
         if vae.config.z_dim != config.latent_channel:
             raise ValueError(f"the VAE's z_dim={vae.config.z_dim} differs from the transformer's latent_channel="
                              f"{config.latent_channel}; the checkpoint's vae/ and transformer/ do not belong together")
-        sound = components.get("sound_tokenizer")
-        if sound is not None:
-            defaults.update({"sound_sample_rate": sound.sample_rate, "sound_hop": sound.config.hop})
     graphs = graph_runner(options)  # refused off CUDA
     spec = cosmos3_pipeline_spec(variant, generator=config.generator, cfg_mode=options.cfg_mode, graphs=graphs)
     return Pipeline(spec=spec, components=components, device=options.device, dtype=options.dtype, defaults=defaults,

@@ -30,10 +30,12 @@ from omniloop.cache.kv import KVBatch, KVHandle
 from omniloop.io.image import open_image
 from omniloop.io.video import read_video
 from omniloop.models.families.cosmos3 import presets as P
+from omniloop.models.families.cosmos3.presets import Cosmos3Defaults
 from omniloop.models.families.cosmos3.model import Cosmos3Transformer, GenLayout, pack_sample
 from omniloop.models.families.cosmos3.vision import (
     Media, VideoProcessing, image_media, video_media, vision_prompt,
 )
+from omniloop.pipeline.defaults import GenerationDefaults
 from omniloop.pipeline.edges import ConditionLatents, DenoisedLatents
 from omniloop.pipeline.policies.conditioning import NoConditioning
 from omniloop.pipeline.loops.ar import PromptTokens
@@ -192,16 +194,18 @@ def _round_to(x: int, m: int) -> int:
     return x - x % m
 
 
-def geometry(request: OmniRequest, defaults: Mapping[str, Any]) -> Geometry:
+def geometry(request: OmniRequest, defaults: GenerationDefaults, vae: Any) -> Geometry:
+    """The request's pixel geometry; ``vae``: the VAE's config (an action canvas is cut to
+    its spatial scale)."""
     p = request.diffusion
-    fps = float(p.fps or defaults["fps"])
+    fps = float(p.fps or defaults.fps)
     mode = action_mode(request)
     if mode is None:
-        frames = p.num_frames or (1 if request.task.makes_image else defaults["num_frames"])
-        return Geometry(p.height or defaults["height"], p.width or defaults["width"], frames, fps)
+        frames = p.num_frames or (1 if request.task.makes_image else defaults.num_frames)
+        return Geometry(p.height or defaults.height, p.width or defaults.width, frames, fps)
     image = first_image(request)
     assert image is not None, "admission guarantees an action request carries an image or a video"
-    s = int(defaults["vae_scale_spatial"])
+    s = int(vae.scale_factor_spatial)
     src_w, src_h = (_round_to(v, s) for v in image.size)
     tier = options_of(request).resolution_tier
     ar = float(src_h / src_w)
@@ -212,21 +216,27 @@ def geometry(request: OmniRequest, defaults: Mapping[str, Any]) -> Geometry:
     return Geometry(height, width, action_frames(request, defaults), fps, content)
 
 
-def action_frames(request: OmniRequest, defaults: Mapping[str, Any]) -> int:
+def action_frames(request: OmniRequest, defaults: GenerationDefaults) -> int:
     """chunk_size + 1 frames: the request's num_frames, else the given actions' count + 1."""
     if request.diffusion.num_frames is not None:
         return request.diffusion.num_frames
     actions = given_actions(request)
-    return (actions.shape[0] + 1) if actions is not None else int(defaults.get("action_num_frames", 17))
+    return (actions.shape[0] + 1) if actions is not None else defaults.family_as(Cosmos3Defaults).action_num_frames
 
 
-def latent_grid(geo: Geometry, defaults: Mapping[str, Any]) -> tuple[int, int, int]:
-    """(T, h, w) of the vision latents (an action run's latents cover its content only)."""
-    st, ss = int(defaults["vae_scale_temporal"]), int(defaults["vae_scale_spatial"])
+def latent_grid(geo: Geometry, vae: Any) -> tuple[int, int, int]:
+    """(T, h, w) of the vision latents (an action run's latents cover its content only);
+    ``vae``: the VAE's config (its scale factors)."""
+    st, ss = int(vae.scale_factor_temporal), int(vae.scale_factor_spatial)
     t = (geo.num_frames - 1) // st + 1
     if geo.content is not None:
         return t, max(geo.content[0] // ss, 1), max(geo.content[1] // ss, 1)
     return t, geo.height // ss, geo.width // ss
+
+
+def vae_config(ctx: StageContext) -> Any:
+    """The loaded VAE's config: the latent grid's scale factors and channels are its."""
+    return ctx.component("vae").config
 
 
 def sound_frames(geo: Geometry, sample_rate: int, hop: int) -> int:
@@ -319,10 +329,11 @@ class Cosmos3Tokenize(StageBase):
         upsampled = ctx.read_optional(state, "upsampled", TextArtifact)
         prompt = upsampled.text if upsampled is not None else (request.prompt or "")
         negative = request.diffusion.negative_prompt
-        negative = ctx.defaults.get("negative_prompt", "") if negative is None else negative
-        geo = geometry(request, ctx.defaults)
+        negative = ctx.defaults.negative_prompt if negative is None else negative
+        geo = geometry(request, ctx.defaults, vae_config(ctx))
         opts = options_of(request)
-        system = opts.use_system_prompt if opts.use_system_prompt is not None else ctx.defaults.get("use_system_prompt", True)
+        own = ctx.defaults.family_as(Cosmos3Defaults)
+        system = opts.use_system_prompt if opts.use_system_prompt is not None else own.use_system_prompt
         cond, uncond = generator_prompt_ids(ctx.component(self.tokenizer), prompt, negative, geo, opts,
                                             action_mode(request), system)
         ctx.write(state, "prompts", Cosmos3Prompts(cond=cond, uncond=uncond))
@@ -403,20 +414,20 @@ class Cosmos3Condition(ComponentStage):
     @torch.inference_mode()
     def forward(self, ctx: StageContext, state: RequestState) -> None:
         request, vae = state.request, ctx.component(self.component)
-        geo = geometry(request, ctx.defaults)
-        st = int(ctx.defaults["vae_scale_temporal"])
-        t, h, w = latent_grid(geo, ctx.defaults)
+        geo = geometry(request, ctx.defaults, vae.config)
+        st = int(vae.config.scale_factor_temporal)
+        t, h, w = latent_grid(geo, vae.config)
         mode = action_mode(request)
         if mode is not None:
             videos = request.parts(Modality.VIDEO)
             clip = video_frames(videos[0]) if videos and not request.images("first_frame") else [first_image(request)]
-            frames = preprocess_frames(clip, None, None, int(ctx.defaults["vae_scale_spatial"]))
+            frames = preprocess_frames(clip, None, None, int(vae.config.scale_factor_spatial))
             keep = list(range(t)) if mode == INVERSE_DYNAMICS else [0]
             pixels = action_canvas(frames, geo, geo.num_frames)[:, :, : max(keep) * st + 1]
         elif request.task is TaskType.V2W:
-            keep = sorted(set(options_of(request).condition_frames or ctx.defaults["condition_frames"]))
+            keep = sorted(set(options_of(request).condition_frames or ctx.defaults.family_as(Cosmos3Defaults).condition_frames))
             clip = video_frames(request.parts(Modality.VIDEO)[0])
-            frames = preprocess_frames(clip, geo.height, geo.width, int(ctx.defaults["vae_scale_spatial"]))
+            frames = preprocess_frames(clip, geo.height, geo.width, int(vae.config.scale_factor_spatial))
             n = max(keep) * st + 1
             frames = frames[:, :, :n] if options_of(request).condition_video_keep == "first" else frames[:, :, -n:]
             if frames.shape[2] < n:  # a short clip: its last frame repeated (as diffusers pads the tail)
@@ -438,11 +449,11 @@ class Cosmos3Condition(ComponentStage):
             return None
         raw = given_actions(request)
         assert raw is not None, "admission guarantees forward dynamics carries actions"
-        chunk = geometry(request, ctx.defaults).num_frames - 1
+        chunk = geometry(request, ctx.defaults, vae_config(ctx)).num_frames - 1
         if raw.shape[0] < chunk:  # short: the last action repeats; long: cut
             raw = torch.cat([raw, raw[-1:].expand(chunk - raw.shape[0], -1)])
         raw = raw[:chunk]
-        width = int(ctx.defaults["action_dim"])
+        width = int(ctx.component("transformer").config.action_dim or 0)
         return F.pad(raw, (0, width - raw.shape[1]))[None].to(ctx.device)  # [1, Ta, Da]
 
 
@@ -513,14 +524,15 @@ class Cosmos3Denoiser(DenoiserBase):
 
     def latent_shapes(self, ctx: StageContext, request: OmniRequest) -> dict[str, tuple[int, ...]]:
         # order = diffusers' noise draws: vision, sound, action
-        geo = geometry(request, ctx.defaults)
-        t, h, w = latent_grid(geo, ctx.defaults)
-        shapes: dict[str, tuple[int, ...]] = {"video": (1, int(ctx.defaults["z_dim"]), t, h, w)}
+        vae, config = vae_config(ctx), ctx.component(self.component).config
+        geo = geometry(request, ctx.defaults, vae)
+        t, h, w = latent_grid(geo, vae)
+        shapes: dict[str, tuple[int, ...]] = {"video": (1, int(vae.z_dim), t, h, w)}
         if request.task is TaskType.T2VS:
-            shapes["audio"] = (1, int(ctx.defaults["sound_dim"]),
-                               sound_frames(geo, ctx.defaults["sound_sample_rate"], ctx.defaults["sound_hop"]))
+            sound = ctx.component("sound_tokenizer")
+            shapes["audio"] = (1, int(config.sound_dim or 0), sound_frames(geo, sound.sample_rate, sound.config.hop))
         if action_mode(request) in (POLICY, INVERSE_DYNAMICS):
-            shapes["action"] = (1, geo.num_frames - 1, int(ctx.defaults["action_dim"]))
+            shapes["action"] = (1, geo.num_frames - 1, int(config.action_dim or 0))
         return shapes
 
     def layout(self, ctx: StageContext, request: OmniRequest, condition: Cosmos3Conditions | None) -> GenLayout:
@@ -528,9 +540,9 @@ class Cosmos3Denoiser(DenoiserBase):
         _, c, t, h, w = shapes["video"]
         clean = set(condition.vision_frames) if condition is not None else set()
         mode = action_mode(request)
-        action_len = geometry(request, ctx.defaults).num_frames - 1 if mode is not None else 0
+        action_len = geometry(request, ctx.defaults, vae_config(ctx)).num_frames - 1 if mode is not None else 0
         return GenLayout(
-            vision_shape=(c, t, h, w), patch=int(ctx.defaults["patch_size"]),
+            vision_shape=(c, t, h, w), patch=int(ctx.component(self.component).config.latent_patch_size),
             noisy_vision=tuple(i for i in range(t) if i not in clean),
             sound_len=shapes["audio"][2] if "audio" in shapes else 0, action_len=action_len,
             noisy_action=tuple(range(action_len)) if mode in (POLICY, INVERSE_DYNAMICS) else (),
@@ -543,7 +555,7 @@ class Cosmos3Denoiser(DenoiserBase):
         prompts = ctx.read(state, "prompts", Cosmos3Prompts)
         condition = ctx.read_optional(state, "condition", Cosmos3Conditions)
         layout = self.layout(ctx, request, condition)
-        geo = geometry(request, ctx.defaults)
+        geo = geometry(request, ctx.defaults, vae_config(ctx))
         domain = _domain(request, ctx.device)
         raw = P.EMBODIMENT_ACTION_DIMS[embodiment(request)] if action_mode(request) else None
         out = {}
@@ -552,7 +564,7 @@ class Cosmos3Denoiser(DenoiserBase):
             handle = KVHandle(model.kv_layout, dtype=model.dtype, device=ctx.device, reserve_tokens=len(ids))
             model.forward_text(torch.tensor([ids], device=ctx.device), KVBatch([handle], len(ids)))
             seq = pack_sample(model.config, layout, len(ids), fps=geo.fps,
-                              frames_per_latent=int(ctx.defaults["vae_scale_temporal"]))
+                              frames_per_latent=int(vae_config(ctx).scale_factor_temporal))
             cos, sin = model.rope(seq.positions[:, len(ids):].to(ctx.device)[:, None])  # [1, Lg, Dh]
             out[branch] = {"context": GenContext(layout, [handle], cos, sin, domain,
                                                  condition.actions if condition is not None else None, raw)}
@@ -573,7 +585,7 @@ class Cosmos3Denoiser(DenoiserBase):
         ``Lg`` tokens, attention over ``Lt + Lg`` keys (``Lt`` ~ a typical prompt)."""
         c = ctx.component(self.component).config
         _, _, t, h, w = shapes["video"]
-        p = int(ctx.defaults["patch_size"])
+        p = int(c.latent_patch_size)
         lg = t * (-(-h // p)) * (-(-w // p)) + sum(s[2] if m == "audio" else s[1] for m, s in shapes.items() if m != "video")
         lt = 256
         d, kv = c.hidden_size, c.num_key_value_heads * c.head_dim

@@ -14,7 +14,9 @@ from omniloop.models.families.cosmos3.stages import (
     FORWARD_DYNAMICS, INVERSE_DYNAMICS, Cosmos3Options, action_mode, first_image, geometry, given_actions,
     latent_grid,
 )
+from omniloop.models.families.cosmos3.presets import Cosmos3Defaults
 from omniloop.models.families.cosmos3.vision import video_media
+from omniloop.pipeline.defaults import GenerationDefaults
 from omniloop.pipeline.stages import chat_ids, chat_messages
 from omniloop.pipeline.loops.ar import check_context
 from omniloop.request import ErrorKind, InvalidRequest, format_validation_error
@@ -23,7 +25,7 @@ from omniloop.request import Modality, OmniRequest, TaskType
 GENERATION_TASKS = frozenset({TaskType.T2I, TaskType.T2V, TaskType.I2V, TaskType.V2W, TaskType.T2VS, TaskType.A2W})
 
 
-def make_validator(defaults: Mapping[str, Any], components: Mapping[str, Any]) -> Callable[[OmniRequest], OmniRequest]:
+def make_validator(defaults: GenerationDefaults, components: Mapping[str, Any]) -> Callable[[OmniRequest], OmniRequest]:
     model = components["transformer"]
     config = model.config
     tokenizer = components["tokenizer"]
@@ -45,11 +47,12 @@ def make_validator(defaults: Mapping[str, Any], components: Mapping[str, Any]) -
         if mode is not None:
             _actions(request, opts, config, mode)
         _inputs(request, mode)
-        geo = geometry(request, defaults)
-        _sizes(request, geo, defaults, mode)
+        vae = components["vae"].config
+        geo = geometry(request, defaults, vae)
+        _sizes(request, geo, vae, mode)
         if request.task is TaskType.V2W and mode is None:
-            t = latent_grid(geo, defaults)[0]
-            frames = opts.condition_frames or list(defaults["condition_frames"])
+            t = latent_grid(geo, vae)[0]
+            frames = opts.condition_frames or list(defaults.family_as(Cosmos3Defaults).condition_frames)
             if not frames or min(frames) < 0 or max(frames) >= t:
                 raise InvalidRequest(f"node_params['denoise'].condition_frames={frames} must be latent frames in [0, {t}) "
                                      f"for num_frames={geo.num_frames}; pass e.g. [0, 1]",
@@ -60,7 +63,7 @@ def make_validator(defaults: Mapping[str, Any], components: Mapping[str, Any]) -
     return validate
 
 
-def _reason(request: OmniRequest, tokenizer, defaults: Mapping[str, Any], components: Mapping[str, Any]) -> None:
+def _reason(request: OmniRequest, tokenizer, defaults: GenerationDefaults, components: Mapping[str, Any]) -> None:
     if not request.prompt:
         raise InvalidRequest("task 'reason' needs a non-empty text prompt; pass inputs=[TextPart(text=...)]",
                              fields=("inputs",), kind=ErrorKind.MISSING_INPUT)
@@ -73,7 +76,7 @@ def _reason(request: OmniRequest, tokenizer, defaults: Mapping[str, Any], compon
         raise InvalidRequest("sampling.stop contains an empty string; pass non-empty stop strings",
                              fields=("sampling.stop",))
     prompt_len = len(chat_ids(tokenizer, chat_messages(request))) + media_tokens
-    check_context(prompt_len, request.sampling.max_tokens, defaults.get("max_context"))
+    check_context(prompt_len, request.sampling.max_tokens, defaults.text_or_default().max_context)
     pool = components.get("text_kv")
     if pool is not None:
         pool.check_fits(prompt_len + request.sampling.max_tokens)
@@ -165,8 +168,9 @@ def _inputs(request: OmniRequest, mode: str | None) -> None:
         first_image(request)  # unreadable -> ValueError naming the source
 
 
-def _sizes(request: OmniRequest, geo, defaults: Mapping[str, Any], mode: str | None) -> None:
-    s, t = int(defaults["vae_scale_spatial"]), int(defaults["vae_scale_temporal"])
+def _sizes(request: OmniRequest, geo, vae: Any, mode: str | None) -> None:
+    """``vae``: the VAE's config (sizes are multiples of its scale factors)."""
+    s, t = int(vae.scale_factor_spatial), int(vae.scale_factor_temporal)
     if mode is None:
         for name, value in (("height", geo.height), ("width", geo.width)):
             if value % s:

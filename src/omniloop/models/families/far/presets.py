@@ -5,19 +5,25 @@ from __future__ import annotations
 
 from typing import Any
 
-FAR_DEFAULTS: dict[str, Any] = {
-    "steps": 50,  # diffusers' default; the distilled AnyFlow checkpoints sample well at 1-8
-    "guidance_scale": 1.0,  # AnyFlow fuses CFG into the weights
-    "guidance_scale_2": None,
-    "first_chunk_guidance_scale": None,  # chunk 0's own CFG scale (None: guidance_scale)
-    "first_chunk_steps": None,  # chunk 0's own steps (None: steps)
-    "height": 480,
-    "width": 832,
-    "num_frames": 81,
-    "fps": 16,
-    "negative_prompt": "",
-    "max_sequence_length": 512,
-}
+from omniloop.pipeline.defaults import GenerationDefaults
+
+FAR_DEFAULTS = GenerationDefaults(
+    steps=50,  # diffusers' default; the distilled AnyFlow checkpoints sample well at 1-8
+    guidance_scale=1.0,  # AnyFlow fuses CFG into the weights
+    guidance_scale_2=None,
+    first_chunk_guidance_scale=None,  # chunk 0's own CFG scale (None: guidance_scale)
+    first_chunk_steps=None,  # chunk 0's own steps (None: steps)
+    height=480,
+    width=832,
+    num_frames=81,
+    fps=16,
+    negative_prompt="",
+    max_sequence_length=512,
+)
+# the GenerationDefaults fields a manifest FAR model may set
+FAR_MANIFEST_KEYS = frozenset({"steps", "guidance_scale", "guidance_scale_2", "first_chunk_guidance_scale",
+                               "first_chunk_steps", "height", "width", "num_frames", "fps", "negative_prompt",
+                               "max_sequence_length"})
 
 # nvidia/AnyFlow-FAR-Wan2.1-1.3B-Diffusers transformer/config.json (Wan2.1-1.3B + FAR)
 FAR_WAN21_1_3B: dict[str, Any] = {

@@ -15,7 +15,8 @@ from typing import Any, Mapping
 from omniloop.cache.chunk_kv import ChunkKVPool, default_budget_bytes
 from omniloop.models.autoencoders.wan_vae import wan_vae_loader
 from omniloop.models.families.far.parallelize import FAR_PARALLEL
-from omniloop.models.families.far.presets import FAR_DEFAULTS
+from omniloop.models.families.far.presets import FAR_DEFAULTS, FAR_MANIFEST_KEYS
+from omniloop.pipeline.defaults import GenerationDefaults
 from omniloop.models.families.far.stages import FARChunks, FARDenoiser, FARVideoCondition
 from omniloop.models.families.far.validate import ROLLOUT_NODE, make_validator
 from omniloop.models.families.far.weights import load_far_dit
@@ -48,7 +49,7 @@ def _load_transformer(root: Path, index: Mapping[str, Any], options: LoadOptions
 
 def _load_text(root: Path, index: Mapping[str, Any], options: LoadOptions):
     return load_umt5_encoder(root / "text_encoder", root / "tokenizer", device=options.device, dtype=options.dtype,
-                             max_sequence_length=FAR_DEFAULTS["max_sequence_length"])
+                             max_sequence_length=FAR_DEFAULTS.max_sequence_length)
 
 
 def _load_scheduler(root: Path, index: Mapping[str, Any], options: LoadOptions) -> SamplerSet:
@@ -86,25 +87,18 @@ def build_far(variant: Variant, index: Mapping[str, Any], components: Mapping[st
     return _build(variant, components, options, FAR_DEFAULTS)
 
 
-def _build(variant: Variant, components: Mapping[str, Any], options: LoadOptions, base: Mapping[str, Any]) -> Pipeline:
+def _build(variant: Variant, components: Mapping[str, Any], options: LoadOptions, base: GenerationDefaults) -> Pipeline:
     dit, vae = components["transformer"], components["vae"]
     budget = options.chunk_kv_budget_bytes or default_budget_bytes(options.device)
     components = {**components, "chunk_kv": ChunkKVPool(budget, options.device)}
     vocab = dit.config.action_vocab or ()
-    defaults = {
-        **base,
-        "z_dim": vae.config.z_dim,
-        "vae_scale_temporal": vae.config.scale_factor_temporal,
-        "vae_scale_spatial": vae.config.scale_factor_spatial,
-        "compressed_patch": dit.config.compressed_patch_size[1],
-        "chunk_partition": tuple(dit.config.chunk_partition),
-        # the action vocabulary sessions may send: name -> ActionPart values (FAR takes none)
-        "actions": {name: [[float(i)]] for i, name in enumerate(vocab)},
-    }
+    # the action vocabulary sessions may send: name -> ActionPart values (FAR takes none)
+    defaults = base.replace(frames_per_latent=vae.config.scale_factor_temporal,
+                            actions={name: [[float(i)]] for i, name in enumerate(vocab)})
     spec = far_pipeline_spec(variant, full_chunk_limit=dit.config.full_chunk_limit,
                              max_frames=dit.config.rope_max_seq_len, cfg_mode=options.cfg_mode)
     return Pipeline(spec=spec, components=components, device=options.device, dtype=options.dtype, defaults=defaults,
-                    validate_request=make_validator(defaults, components["sampler"]))
+                    validate_request=make_validator(defaults, vae.config, dit.config, components["sampler"]))
 
 
 FAR = register_model_spec(
@@ -124,7 +118,7 @@ FAR = register_model_spec(
 
 MANIFEST_VAES = {"WanVAE": wan_vae_loader}  # the manifest's vae kind -> make(subfolder) -> loader
 MANIFEST_CLASS = manifest_class_name("far")
-MANIFEST_DEFAULT_KEYS = frozenset(FAR_DEFAULTS)
+MANIFEST_DEFAULT_KEYS = FAR_MANIFEST_KEYS
 
 
 def _manifest(index: Mapping[str, Any]) -> ModelManifest:
@@ -160,7 +154,7 @@ def build_far_manifest(variant: Variant, index: Mapping[str, Any], components: M
                        options: LoadOptions) -> Pipeline:
     """A manifest FAR model (the interactive shapes world): FAR's pipeline with the manifest's
     defaults. Also how training builds the real pipeline around its in-memory modules."""
-    return _build(variant, components, options, {**FAR_DEFAULTS, **_manifest(index).defaults})
+    return _build(variant, components, options, _manifest(index).generation_defaults(FAR_DEFAULTS))
 
 
 FAR_MANIFEST = register_model_spec(

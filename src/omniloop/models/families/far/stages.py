@@ -5,7 +5,7 @@ I2V / V2V conditioning encoder."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -18,6 +18,7 @@ from omniloop.pipeline.loops.chunk import ChunkPlan, ChunkRolloutParams
 from omniloop.pipeline.loops.denoise import DenoiserBase
 from omniloop.pipeline.policies.cfg import COND, UNCOND, Prediction
 from omniloop.pipeline.stage import ComponentStage
+from omniloop.pipeline.defaults import GenerationDefaults
 from omniloop.pipeline.state import RequestState, StageContext
 from omniloop.request import ActionPart, ImagePart, InvalidRequest, OmniRequest, TaskType, VideoPart
 
@@ -31,14 +32,15 @@ class Geometry:
     width: int
     num_frames: int
 
-    def latent(self, defaults: Mapping[str, Any]) -> tuple[int, int, int]:
-        st, ss = defaults["vae_scale_temporal"], defaults["vae_scale_spatial"]
+    def latent(self, vae: Any) -> tuple[int, int, int]:
+        """(frames, rows, cols) of the latent grid; ``vae``: the VAE's config (its scale factors)."""
+        st, ss = vae.scale_factor_temporal, vae.scale_factor_spatial
         return (self.num_frames - 1) // st + 1, self.height // ss, self.width // ss
 
 
-def geometry(request: OmniRequest, defaults: Mapping[str, Any]) -> Geometry:
+def geometry(request: OmniRequest, defaults: GenerationDefaults) -> Geometry:
     p = request.diffusion
-    return Geometry(p.height or defaults["height"], p.width or defaults["width"], p.num_frames or defaults["num_frames"])
+    return Geometry(p.height or defaults.height, p.width or defaults.width, p.num_frames or defaults.num_frames)
 
 
 def default_partition(frames: int, model_partition: tuple[int, ...]) -> tuple[int, ...]:
@@ -53,10 +55,12 @@ def default_partition(frames: int, model_partition: tuple[int, ...]) -> tuple[in
     return (first, *([size] * (rest // size)), *((rest % size,) if rest % size else ()))
 
 
-def partition_for(request: OmniRequest, params: ChunkRolloutParams | None, defaults: Mapping[str, Any]) -> tuple[int, ...]:
-    """A finite video's chunks; a session's ``(first chunk, every later chunk)``."""
-    frames = geometry(request, defaults).latent(defaults)[0]
-    model_partition = tuple(defaults["chunk_partition"])
+def partition_for(request: OmniRequest, params: ChunkRolloutParams | None, defaults: GenerationDefaults,
+                  vae: Any, dit: Any) -> tuple[int, ...]:
+    """A finite video's chunks; a session's ``(first chunk, every later chunk)``. ``vae`` /
+    ``dit``: the components' configs (scale factors; the checkpoint's chunk partition)."""
+    frames = geometry(request, defaults).latent(vae)[0]
+    model_partition = tuple(dit.chunk_partition)
     session = params is not None and params.open_ended
     if params is None or params.chunk_partition is None:
         return (model_partition[0], max(model_partition)) if session else default_partition(frames, model_partition)
@@ -90,8 +94,9 @@ class FARDenoiser(DenoiserBase):
     modalities: tuple[str, ...] = ("video",)
 
     def latent_shapes(self, ctx: StageContext, request: OmniRequest) -> dict[str, tuple[int, ...]]:
-        f, h, w = geometry(request, ctx.defaults).latent(ctx.defaults)
-        return {"video": (1, ctx.defaults["z_dim"], f, h, w)}
+        vae = ctx.component("vae").config  # the latent grid is the VAE's
+        f, h, w = geometry(request, ctx.defaults).latent(vae)
+        return {"video": (1, vae.z_dim, f, h, w)}
 
     def branch_inputs(self, ctx: StageContext, state: RequestState, branches: tuple[str, ...]) -> dict[str, dict[str, Any]]:
         text = ctx.read(state, "text", TextEmbeddings)
@@ -114,7 +119,7 @@ class FARDenoiser(DenoiserBase):
         cfg = ctx.component("transformer").config
         _, _, f, h, w = shapes["video"]
         tokens = f * cfg.tokens_per_frame(FULL, h, w)
-        return tokens, int(ctx.defaults.get("max_sequence_length", 512)), cfg.inner_dim, cfg.ffn_dim, cfg.num_layers
+        return tokens, ctx.defaults.max_sequence_length or 512, cfg.inner_dim, cfg.ffn_dim, cfg.num_layers
 
     def tokens_per_forward(self, ctx: StageContext, shapes: dict[str, tuple[int, ...]]) -> int:
         return self._dims(ctx, shapes)[0]
@@ -156,20 +161,21 @@ class FARChunks:
 
     def plan(self, ctx: StageContext, state: RequestState, condition: ConditionLatents | None) -> ChunkPlan:
         request = state.request
-        f, h, w = geometry(request, ctx.defaults).latent(ctx.defaults)
+        vae, dit = ctx.component("vae").config, ctx.component(self.component).config
+        f, h, w = geometry(request, ctx.defaults).latent(vae)
         params = state.node_params.get(ctx.node)
-        partition = partition_for(request, params, ctx.defaults)
+        partition = partition_for(request, params, ctx.defaults, vae, dit)
         if params is not None and params.open_ended:
             first, repeat = partition
             most = 1 + (self.max_frames - first) // repeat  # RoPE's reach
             chunks = min(params.max_chunks or most, most)
-            return ChunkPlan(partition=(first,), context_chunks=0, shape=(1, ctx.defaults["z_dim"], first, h, w),
+            return ChunkPlan(partition=(first,), context_chunks=0, shape=(1, vae.z_dim, first, h, w),
                              open_ended=True, repeat=repeat, max_chunks=chunks)
         context_frames = 0 if condition is None else min(int(condition.latents.shape[2]), f)
         context_chunks = 0
         if context_frames:
             context_chunks = next(i + 1 for i in range(len(partition)) if sum(partition[: i + 1]) >= context_frames)
-        return ChunkPlan(partition=partition, context_chunks=context_chunks, shape=(1, ctx.defaults["z_dim"], f, h, w),
+        return ChunkPlan(partition=partition, context_chunks=context_chunks, shape=(1, vae.z_dim, f, h, w),
                          context_frames=context_frames)
 
     def kv_tiers(self, ctx: StageContext, request: OmniRequest, plan: ChunkPlan

@@ -3,9 +3,10 @@ what to pass instead, before any work starts."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from omniloop.models.families.far.stages import conditioning_video, geometry, partition_for
+from omniloop.pipeline.defaults import GenerationDefaults
 from omniloop.pipeline.loops.chunk import ChunkRolloutParams
 from omniloop.pipeline.samplers.sampler_set import SamplerSet
 from omniloop.request import ErrorKind, InvalidRequest, OmniRequest, TaskType, VideoPart
@@ -18,9 +19,11 @@ def _nearest(value: int, m: int) -> str:
     return f"{lo} or {lo + m}" if lo != value else str(value)
 
 
-def make_validator(defaults: Mapping[str, Any], samplers: SamplerSet) -> Callable[[OmniRequest], OmniRequest]:
-    spatial = defaults["vae_scale_spatial"] * defaults["compressed_patch"]  # latents tile the compressed patch
-    temporal = defaults["vae_scale_temporal"]
+def make_validator(defaults: GenerationDefaults, vae: Any, dit: Any,
+                   samplers: SamplerSet) -> Callable[[OmniRequest], OmniRequest]:
+    """``vae`` / ``dit``: the components' configs (scale factors, compressed patch, chunk partition)."""
+    spatial = vae.scale_factor_spatial * dit.compressed_patch_size[1]  # latents tile the compressed patch
+    temporal = vae.scale_factor_temporal
 
     def validate(request: OmniRequest) -> OmniRequest:
         g = geometry(request, defaults)
@@ -35,7 +38,7 @@ def make_validator(defaults: Mapping[str, Any], samplers: SamplerSet) -> Callabl
         samplers.get(request.diffusion.sampler)  # raises naming the offered samplers
         raw = request.node_params.get(ROLLOUT_NODE)
         rollout = ChunkRolloutParams.model_validate(raw) if raw is not None else None
-        partition_for(request, rollout, defaults)
+        partition_for(request, rollout, defaults, vae, dit)
         if rollout is not None and rollout.open_ended and request.task is not TaskType.T2V:
             raise InvalidRequest("a session (node_params['rollout'].open_ended) starts from text",
                                  hint=f"pass task t2v, not {request.task.value!r}",

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from omniloop.pipeline.defaults import GenerationDefaults
+
 # Defaults of diffusers' FluxPipeline / FluxImg2ImgPipeline, so the same call gives the same image.
-FLUX_DEFAULTS: dict[str, Any] = {
-    "steps": 28,
-    "guidance_scale": 3.5,  # embedded guidance (the guidance-distilled dev model)
-    "height": 1024,
-    "width": 1024,
-    "max_sequence_length": 512,
-    "strength": 0.6,  # image-to-image
-}
+FLUX_DEFAULTS = GenerationDefaults(
+    steps=28,
+    guidance_scale=3.5,  # embedded guidance (the guidance-distilled dev model)
+    height=1024,
+    width=1024,
+    max_sequence_length=512,
+    strength=0.6,  # image-to-image
+)
 
 # FLUX.1-dev transformer (diffusers config keys), for benchmarks and random-weight builds: 11.9B params.
 FLUX1_DEV: dict[str, Any] = {

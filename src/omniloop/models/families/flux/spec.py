@@ -60,7 +60,7 @@ def _load_clip(root: Path, index: Mapping[str, Any], options: LoadOptions):
 
 def _load_t5(root: Path, index: Mapping[str, Any], options: LoadOptions):
     return load_t5_encoder(root / "text_encoder_2", root / "tokenizer_2", device=options.device, dtype=options.dtype,
-                           max_sequence_length=FLUX_DEFAULTS["max_sequence_length"])
+                           max_sequence_length=FLUX_DEFAULTS.max_sequence_length)
 
 
 def _load_scheduler(root: Path, index: Mapping[str, Any], options: LoadOptions) -> SamplerSet:
@@ -137,16 +137,12 @@ def build_flux(variant: Variant, index: Mapping[str, Any], components: Mapping[s
     buckets = options.resolution_buckets
     graphs = graph_runner(options)
     spec = flux_pipeline_spec(variant, guidance_embeds=dit.config.guidance_embeds, pack=not buckets, graphs=graphs)
-    defaults = {
-        **FLUX_DEFAULTS,
-        "latent_channels": vae.config.latent_channels,
-        "vae_scale_spatial": vae.config.scale_factor_spatial,
-    }
+    defaults = FLUX_DEFAULTS
     if dit.config.latent_channels != vae.config.latent_channels:
         raise ValueError(f"transformer in_channels {dit.config.in_channels} needs a VAE of "
                          f"{dit.config.latent_channels} latent channels; vae/ has {vae.config.latent_channels}")
     return Pipeline(spec=spec, components=components, device=options.device, dtype=options.dtype, defaults=defaults,
-                    validate_request=make_validator(defaults, components["sampler"], buckets),
+                    validate_request=make_validator(defaults, vae.config, components["sampler"], buckets),
                     caches={GRAPHS: graphs} if graphs is not None else {})
 
 

@@ -4,7 +4,7 @@ one forward) and the image-to-image condition encoder."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
@@ -17,6 +17,7 @@ from omniloop.pipeline.loops.denoise import DenoiserBase
 from omniloop.pipeline.edges import ConditionLatents, LatentPosterior, TextEmbeddings
 from omniloop.pipeline.policies.cfg import COND, Prediction
 from omniloop.pipeline.stage import ComponentStage
+from omniloop.pipeline.defaults import GenerationDefaults
 from omniloop.pipeline.state import RequestState, StageContext
 from omniloop.request import ImagePart, LatentPart, Modality, OmniRequest
 
@@ -29,9 +30,9 @@ class ImageGeometry:
     width: int
 
 
-def geometry(request: OmniRequest, defaults: Mapping[str, Any]) -> ImageGeometry:
+def geometry(request: OmniRequest, defaults: GenerationDefaults) -> ImageGeometry:
     p = request.diffusion
-    return ImageGeometry(height=p.height or defaults["height"], width=p.width or defaults["width"])
+    return ImageGeometry(height=p.height or defaults.height, width=p.width or defaults.width)
 
 
 def pack_latents(x: torch.Tensor) -> torch.Tensor:
@@ -69,8 +70,9 @@ class FluxDenoiser(DenoiserBase):
 
     def latent_shapes(self, ctx: StageContext, request: OmniRequest) -> dict[str, tuple[int, ...]]:
         g = geometry(request, ctx.defaults)
-        s = ctx.defaults["vae_scale_spatial"]
-        return {IMAGE: (1, ctx.defaults["latent_channels"], g.height // s, g.width // s)}
+        vae = ctx.component("vae").config  # the latent grid is the VAE's
+        s = vae.scale_factor_spatial
+        return {IMAGE: (1, vae.latent_channels, g.height // s, g.width // s)}
 
     def branch_inputs(self, ctx: StageContext, state: RequestState, branches: tuple[str, ...]) -> dict[str, dict[str, Any]]:
         text = ctx.read(state, "text", TextEmbeddings)
@@ -118,7 +120,7 @@ class FluxDenoiser(DenoiserBase):
     # -- analytic costs (the engine's cost model and token budget) ---------------------
     def _dims(self, ctx: StageContext, shapes: dict[str, tuple[int, ...]]) -> tuple[int, int, Any]:
         _, _, h, w = shapes[IMAGE]
-        return (h // 2) * (w // 2), int(ctx.defaults.get("max_sequence_length", 512)), ctx.component("transformer").config
+        return (h // 2) * (w // 2), ctx.defaults.max_sequence_length or 512, ctx.component("transformer").config
 
     def tokens_per_forward(self, ctx: StageContext, shapes: dict[str, tuple[int, ...]]) -> int:
         img, txt, _ = self._dims(ctx, shapes)

@@ -3,12 +3,13 @@ and what to pass instead, before any work starts."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import torch
 
 from omniloop.io.image import open_image_part
 from omniloop.models.families.flux.stages import edit_source, geometry
+from omniloop.pipeline.defaults import GenerationDefaults
 from omniloop.pipeline.samplers.sampler_set import SamplerSet
 from omniloop.request import ErrorKind, InvalidRequest, LatentPart, OmniRequest, TaskType
 
@@ -18,16 +19,17 @@ def _nearest_multiples(value: int, m: int) -> str:
     return f"{lo} or {lo + m}" if lo != value else str(value)
 
 
-def make_validator(defaults: Mapping[str, Any], samplers: SamplerSet,
+def make_validator(defaults: GenerationDefaults, vae: Any, samplers: SamplerSet,
                    buckets: tuple[tuple[int, int], ...] = ()) -> Callable[[OmniRequest], OmniRequest]:
-    """``buckets``: the deployment's resolution buckets ((height, width), ...); when set, a
-    request must name one of them (kernels that need fixed shapes: CUDA graphs, compile)."""
-    multiple = defaults["vae_scale_spatial"] * 2  # 8x VAE, then 2x2 packing
+    """``vae``: the VAE's config (scale factor, latent channels); ``buckets``: the deployment's
+    resolution buckets ((height, width), ...); when set, a request must name one of them
+    (kernels that need fixed shapes: CUDA graphs, compile)."""
+    multiple = vae.scale_factor_spatial * 2  # 8x VAE, then 2x2 packing
 
     def validate(request: OmniRequest) -> OmniRequest:
         p = request.diffusion
         if request.task == TaskType.I2I:
-            request = _with_source_size(request, defaults)
+            request = _with_source_size(request, vae.scale_factor_spatial)
             p = request.diffusion
         g = geometry(request, defaults)
         for name, value in (("height", g.height), ("width", g.width)):
@@ -53,7 +55,7 @@ def make_validator(defaults: Mapping[str, Any], samplers: SamplerSet,
                                  fields=("diffusion.guidance_scale",))
         samplers.get(p.sampler)  # raises naming the offered samplers
         if request.task == TaskType.I2I:
-            _check_edit(request, defaults)
+            _check_edit(request, defaults, vae)
         elif p.strength is not None:
             raise InvalidRequest("diffusion.strength applies to image-to-image (task i2i with an image)",
                                  hint="omit it for t2i", fields=("diffusion.strength",))
@@ -62,7 +64,7 @@ def make_validator(defaults: Mapping[str, Any], samplers: SamplerSet,
     return validate
 
 
-def _with_source_size(request: OmniRequest, defaults: Mapping[str, Any]) -> OmniRequest:
+def _with_source_size(request: OmniRequest, scale: int) -> OmniRequest:
     """An i2i request without a size takes its image's (or latents') size."""
     source = edit_source(request)
     if source is None:
@@ -74,20 +76,20 @@ def _with_source_size(request: OmniRequest, defaults: Mapping[str, Any]) -> Omni
         return request
     if isinstance(source, LatentPart):
         data = torch.as_tensor(source.data)
-        height, width = data.shape[-2] * defaults["vae_scale_spatial"], data.shape[-1] * defaults["vae_scale_spatial"]
+        height, width = data.shape[-2] * scale, data.shape[-1] * scale
     else:
         width, height = open_image_part(source).size  # unreadable -> ValueError naming the source
     update = {"height": p.height or height, "width": p.width or width}
     return request.model_copy(update={"diffusion": p.model_copy(update=update)})
 
 
-def _check_edit(request: OmniRequest, defaults: Mapping[str, Any]) -> None:
+def _check_edit(request: OmniRequest, defaults: GenerationDefaults, vae: Any) -> None:
     source = edit_source(request)
     g = geometry(request, defaults)
     if isinstance(source, LatentPart):
         data = torch.as_tensor(source.data)
-        s = defaults["vae_scale_spatial"]
-        want = (defaults["latent_channels"], g.height // s, g.width // s)
+        s = vae.scale_factor_spatial
+        want = (vae.latent_channels, g.height // s, g.width // s)
         if tuple(data.shape[-3:]) != want or data.numel() != want[0] * want[1] * want[2]:
             raise InvalidRequest(f"inputs latents must be [1, {want[0]}, {want[1]}, {want[2]}] for a {g.width}x{g.height} "
                                  f"image (the DiT's normalized latent space); got {list(data.shape)}",

@@ -44,6 +44,17 @@ class LTX2AudioVAEConfig:
         if self.norm_type not in ("group", "pixel"):
             raise ValueError(f"audio VAE norm_type={self.norm_type!r}: pass 'pixel' or 'group'")
 
+    @property
+    def latent_mel_bins(self) -> int:
+        """Mel bins of the latent (the encoder halves the mel axis twice)."""
+        assert self.mel_bins is not None, "an LTX-2 audio VAE config names its mel_bins"
+        return self.mel_bins // 4
+
+    @property
+    def temporal_ratio(self) -> int:
+        """Mel frames per latent frame (diffusers' LTX2 pipelines: 4)."""
+        return 4
+
     @classmethod
     def from_diffusers_config(cls, d: Mapping[str, Any]) -> "LTX2AudioVAEConfig":
         known = {f.name for f in fields(cls)}

@@ -16,12 +16,14 @@ runs in x0 space per modality (diffusers, step i with sigma s):
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
 import torch
 from pydantic import ConfigDict, Field
 
+from omniloop.pipeline.defaults import GenerationDefaults
 from omniloop.pipeline.edges import ConditionLatents
 from omniloop.pipeline.loops.denoise import DenoiseLoop, DenoiseLoopState, DenoiseParams
 from omniloop.pipeline.policies.cfg import COND, UNCOND, Prediction
@@ -32,6 +34,7 @@ from omniloop.pipeline.samplers.base import Sampler
 from omniloop.pipeline.state import RequestState, StageContext
 from omniloop.request import DiffusionParams, LatentsArtifact, Modality
 from omniloop.models.families.ltx2.model import Guidance
+from omniloop.models.families.ltx2.presets import LTX2Defaults
 from omniloop.models.families.ltx2.stages import (
     MODALITIES,
     GuidanceScales,
@@ -72,9 +75,10 @@ class LTX2Guidance:
     mode: Literal["sequential", "batched"] = "batched"
     name: str = "cfg"
 
-    def init(self, params: DiffusionParams, modalities: tuple[str, ...], defaults: Mapping[str, Any]) -> LTX2GuidanceState:
-        request_cfg = params.guidance_scale if defaults.get("use_request_guidance", True) else None
-        scales = guidance_scales(defaults, request_cfg, defaults.get("node_guidance"))
+    def init(self, params: DiffusionParams, modalities: tuple[str, ...], defaults: GenerationDefaults) -> LTX2GuidanceState:
+        ltx2 = defaults.family_as(LTX2Defaults)
+        request_cfg = params.guidance_scale if ltx2.use_request_guidance else None
+        scales = guidance_scales(ltx2, request_cfg, ltx2.node_guidance)
         branches = (COND,) + ((UNCOND,) if scales.uses_text_cfg else ()) + ((STG,) if scales.uses_stg else ()) + (
             (MODALITY,) if scales.uses_modality else ())
         if STG in branches and not scales.stg_blocks:
@@ -165,9 +169,10 @@ class LTX2DenoiseLoop(DenoiseLoop):
     def schedule(self, ctx: StageContext, params: DiffusionParams, shapes: Mapping[str, tuple[int, ...]],
                  sampler: Sampler) -> tuple[int, dict[str, Any]]:
         if self.refine:
-            sigmas = list(ctx.defaults["sigmas"])
+            assert ctx.defaults.sigmas is not None, f"the refine node {ctx.node!r} has its own sigmas (REFINE_DEFAULTS)"
+            sigmas = list(ctx.defaults.sigmas)
             return len(sigmas), {"sigmas": sigmas}
-        n = params.num_steps(ctx.defaults.get("steps", 30))
+        n = params.num_steps(ctx.defaults.steps)
         return n, self.shift.sampler_kwargs(params, shapes, n, sampler)
 
     def initial_noise(self, ctx: StageContext, state: RequestState, shapes: Mapping[str, tuple[int, ...]],
@@ -185,10 +190,12 @@ class LTX2DenoiseLoop(DenoiseLoop):
         audio = torch.randn(full["audio"], generator=gen, dtype=torch.float32)
         return {"video": pack_video(video).to(ctx.device), "audio": pack_audio(audio).to(ctx.device)}
 
-    def policy_defaults(self, ctx: StageContext, state: RequestState) -> Mapping[str, Any]:
+    def policy_defaults(self, ctx: StageContext, state: RequestState) -> GenerationDefaults:
         node = state.node_params.get(ctx.node)
         knobs = {k: v for k, v in node.model_dump().items() if v is not None} if node is not None else {}
-        return {**ctx.defaults, "node_guidance": knobs, "use_request_guidance": not self.refine}
+        ltx2 = dataclasses.replace(ctx.defaults.family_as(LTX2Defaults), node_guidance=knobs,
+                                   use_request_guidance=not self.refine)
+        return ctx.defaults.replace(family=ltx2)
 
     def combine(self, loop: DenoiseLoopState, cfg_state: Any, preds: Mapping[str, Prediction], route: Route) -> Prediction:
         sigmas = {m: loop.samplers[m].sigma for m in MODALITIES}

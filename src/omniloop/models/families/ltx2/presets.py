@@ -3,37 +3,70 @@ distilled schedule, and the published LTX-2 architecture (random-weight builds).
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from omniloop.pipeline.defaults import FamilyDefaults, GenerationDefaults
+
+
+@dataclass(frozen=True, kw_only=True)
+class LTX2Defaults(FamilyDefaults):
+    """LTX-2's own defaults: guidance per modality (CFG, spatio-temporal (STG), modality
+    isolation, rescale; modality -> scale) and the conditioning image's re-compression.
+
+    ``node_guidance`` / ``use_request_guidance`` are a loop's view at init (its node's
+    ``node_params`` overrides; whether the request's CFG scale applies: not in the refine
+    stage), set by ``LTX2DenoiseLoop.policy_defaults``."""
+
+    guidance_scale: Mapping[str, float]
+    stg_scale: Mapping[str, float]
+    modality_scale: Mapping[str, float]
+    guidance_rescale: Mapping[str, float]
+    stg_blocks: tuple[int, ...]
+    image_crf: int = 33  # H.264 re-compression of a conditioning image (LTX-2.0 .. 2.3); 0: none
+    node_guidance: Mapping[str, Any] = field(default_factory=dict)
+    use_request_guidance: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("guidance_scale", "stg_scale", "modality_scale", "guidance_rescale"):
+            if set(getattr(self, name)) != {"video", "audio"}:
+                raise ValueError(f"LTX2Defaults.{name} must give 'video' and 'audio', got {dict(getattr(self, name))}")
+
 
 # diffusers LTX2Pipeline / LTX2ImageToVideoPipeline call defaults
-LTX2_DEFAULTS: dict[str, Any] = {
-    "steps": 30,
-    "height": 512,
-    "width": 768,
-    "num_frames": 121,
-    "fps": 24,
-    "negative_prompt": "",
-    "max_sequence_length": 1024,
-    "image_crf": 33,  # H.264 re-compression of a conditioning image (LTX-2.0 .. 2.3)
-    # guidance, per modality: CFG, spatio-temporal (STG), modality isolation, rescale
-    "guidance_scale": {"video": 3.0, "audio": 7.0},
-    "stg_scale": {"video": 1.0, "audio": 1.0},
-    "modality_scale": {"video": 3.0, "audio": 3.0},
-    "guidance_rescale": {"video": 0.7, "audio": 0.7},
-    "stg_blocks": (28,),
-}
+LTX2_DEFAULTS = GenerationDefaults(
+    steps=30,
+    height=512,
+    width=768,
+    num_frames=121,
+    fps=24,
+    negative_prompt="",
+    max_sequence_length=1024,
+    guidance_scale=3.0,  # the video stream's; per modality in family.guidance_scale
+    family=LTX2Defaults(
+        guidance_scale={"video": 3.0, "audio": 7.0},
+        stg_scale={"video": 1.0, "audio": 1.0},
+        modality_scale={"video": 3.0, "audio": 3.0},
+        guidance_rescale={"video": 0.7, "audio": 0.7},
+        stg_blocks=(28,),
+    ),
+)
 
 # The refine stage after the latent upsampler: the distilled model's last three sigmas,
 # no guidance, noised to the first of them (diffusers STAGE_2_DISTILLED_SIGMA_VALUES).
 STAGE_2_SIGMAS = (0.909375, 0.725, 0.421875)
+# the refine node's GenerationDefaults fields (Node.defaults), over the pipeline's
 REFINE_DEFAULTS: dict[str, Any] = {
     "sigmas": STAGE_2_SIGMAS,
     "strength": 1.0,
-    "guidance_scale": {"video": 1.0, "audio": 1.0},
-    "stg_scale": {"video": 0.0, "audio": 0.0},
-    "modality_scale": {"video": 1.0, "audio": 1.0},
-    "guidance_rescale": {"video": 0.0, "audio": 0.0},
-    "stg_blocks": (),
+    "guidance_scale": 1.0,
+    "family": LTX2Defaults(
+        guidance_scale={"video": 1.0, "audio": 1.0},
+        stg_scale={"video": 0.0, "audio": 0.0},
+        modality_scale={"video": 1.0, "audio": 1.0},
+        guidance_rescale={"video": 0.0, "audio": 0.0},
+        stg_blocks=(),
+    ),
 }
 # the refine stage's scheduler: the base one without resolution-dependent shift or terminal stretch
 REFINE_SCHEDULER_OVERRIDES: dict[str, Any] = {"use_dynamic_shifting": False, "shift_terminal": None}

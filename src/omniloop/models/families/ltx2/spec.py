@@ -31,6 +31,7 @@ from omniloop.models.families.ltx2.stages import (
     LTX2LatentUpsample,
     LTX2TextEncode,
     LTX2VideoDecode,
+    upsample_scale,
 )
 from omniloop.models.families.ltx2.validate import make_validator, two_stage
 from omniloop.models.families.ltx2.weights import (
@@ -62,7 +63,7 @@ def _transformer(root: Path, index: Mapping[str, Any], options: LoadOptions):
 
 def _text(root: Path, index: Mapping[str, Any], options: LoadOptions):
     return load_gemma_layer_states(root / "text_encoder", root / "tokenizer", device=options.device,
-                                   dtype=options.dtype, max_sequence_length=LTX2_DEFAULTS["max_sequence_length"])
+                                   dtype=options.dtype, max_sequence_length=LTX2_DEFAULTS.max_sequence_length)
 
 
 def _sampler(root: Path, index: Mapping[str, Any], options: LoadOptions) -> SamplerSet:
@@ -121,40 +122,17 @@ def ltx2_pipeline_spec(variant: Variant, upsample_scale: int, cfg_mode: str = "b
                                  "audio_latents": "final_audio_latents", "trajectory": "trajectory"})
 
 
-def _upsample_scale(upsampler: Any) -> int:
-    if upsampler is None:
-        return 2
-    c = upsampler.config
-    scale = c.rational_spatial_scale if c.use_rational_resampler and not c.temporal_upsample else 2
-    if not float(scale).is_integer() or not c.spatial_upsample or c.temporal_upsample:
-        raise ValueError(f"latent_upsampler/: spatial x{scale}, temporal {c.temporal_upsample}; the refine stage "
-                         "supports integer spatial upsampling only")
-    return int(scale)
-
-
 def build_ltx2(variant: Variant, index: Mapping[str, Any], components: Mapping[str, Any], options: LoadOptions) -> Pipeline:
     dit, vae, audio_vae = components["transformer"], components["vae"], components["audio_vae"]
     text, upsampler = components["text_encoder"], components.get("latent_upsampler")
-    mel = audio_vae.config.mel_bins
-    defaults = {
-        **LTX2_DEFAULTS,
-        "latent_channels": dit.config.in_channels,
-        "audio_latent_channels": audio_vae.config.latent_channels,
-        "audio_latent_mel_bins": mel // 4,
-        "audio_sample_rate": audio_vae.config.sample_rate,
-        "audio_hop_length": audio_vae.config.mel_hop_length,
-        "audio_temporal_ratio": 4,
-        "vae_spatial_ratio": vae.config.spatial_ratio,
-        "vae_temporal_ratio": vae.config.temporal_ratio,
-        "upsample_scale": _upsample_scale(upsampler),
-        "max_sequence_length": text.max_sequence_length,
-    }
-    if dit.config.audio_in_channels != defaults["audio_latent_channels"] * defaults["audio_latent_mel_bins"]:
+    audio = audio_vae.config
+    defaults = LTX2_DEFAULTS.replace(max_sequence_length=text.max_sequence_length)
+    if dit.config.audio_in_channels != audio.latent_channels * audio.latent_mel_bins:
         raise ValueError(f"transformer/ takes {dit.config.audio_in_channels} audio channels but audio_vae/ makes "
-                         f"{defaults['audio_latent_channels']} x {defaults['audio_latent_mel_bins']}; the components "
+                         f"{audio.latent_channels} x {audio.latent_mel_bins}; the components "
                          "do not belong together")
-    spec = ltx2_pipeline_spec(variant, defaults["upsample_scale"], options.cfg_mode)
-    validate = make_validator(defaults, components["sampler"], has_upsampler=upsampler is not None)
+    spec = ltx2_pipeline_spec(variant, upsample_scale(upsampler), options.cfg_mode)
+    validate = make_validator(defaults, vae.config, audio, components["sampler"], has_upsampler=upsampler is not None)
     return Pipeline(spec=spec, components=components, device=options.device, dtype=options.dtype, defaults=defaults,
                     validate_request=validate)
 

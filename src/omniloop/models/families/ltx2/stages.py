@@ -17,6 +17,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from omniloop.io.image import h264_recompress, image_to_tensor
+from omniloop.pipeline.defaults import GenerationDefaults
 from omniloop.pipeline.edges import ConditionLatents, DenoisedLatents, InitLatents, TextEmbeddings
 from omniloop.pipeline.loops.denoise import DenoiserBase
 from omniloop.pipeline.policies.cfg import Prediction
@@ -25,6 +26,7 @@ from omniloop.pipeline.stages.decode import to_uint8_frames
 from omniloop.pipeline.state import RequestState, StageContext
 from omniloop.request import AudioArtifact, ImagePart, Modality, OmniRequest, VideoArtifact
 from omniloop.models.families.ltx2.model import Guidance
+from omniloop.models.families.ltx2.presets import LTX2Defaults
 
 MODALITIES = ("video", "audio")
 
@@ -48,17 +50,35 @@ class LTX2Geometry:
         return self.frames * self.rows * self.cols
 
 
-def geometry(request: OmniRequest, d: Mapping[str, Any], scale: int = 1) -> LTX2Geometry:
-    """The request's video and audio latent grid; ``scale``: the latent upsampler's spatial
-    factor (the refine stage denoises at ``scale`` x the base resolution)."""
+def geometry(request: OmniRequest, d: GenerationDefaults, vae: Any, audio_vae: Any, scale: int = 1) -> LTX2Geometry:
+    """The request's video and audio latent grid; ``vae`` / ``audio_vae``: the components'
+    configs (their compression ratios, sample rate, hop); ``scale``: the latent upsampler's
+    spatial factor (the refine stage denoises at ``scale`` x the base resolution)."""
     p = request.diffusion
-    height, width = p.height or d["height"], p.width or d["width"]
-    frames, fps = p.num_frames or d["num_frames"], p.fps or d["fps"]
+    height, width = p.height or d.height, p.width or d.width
+    frames, fps = p.num_frames or d.num_frames, p.fps or d.fps
     duration = frames / float(fps)
     # diffusers: round(duration * sampling_rate / hop / 4) latent audio frames (Python's round)
-    audio = round(duration * (d["audio_sample_rate"] / d["audio_hop_length"] / float(d["audio_temporal_ratio"])))
-    return LTX2Geometry(height * scale, width * scale, frames, fps, (frames - 1) // d["vae_temporal_ratio"] + 1,
-                        height // d["vae_spatial_ratio"] * scale, width // d["vae_spatial_ratio"] * scale, audio)
+    audio = round(duration * (audio_vae.sample_rate / audio_vae.mel_hop_length / float(audio_vae.temporal_ratio)))
+    return LTX2Geometry(height * scale, width * scale, frames, fps, (frames - 1) // vae.temporal_ratio + 1,
+                        height // vae.spatial_ratio * scale, width // vae.spatial_ratio * scale, audio)
+
+
+def geometry_in(ctx: StageContext, request: OmniRequest, scale: int = 1) -> LTX2Geometry:
+    """``geometry`` with the node's defaults and the loaded VAEs."""
+    return geometry(request, ctx.defaults, ctx.component("vae").config, ctx.component("audio_vae").config, scale)
+
+
+def upsample_scale(upsampler: Any) -> int:
+    """The latent upsampler's spatial factor (2 without one: the refine stage's default)."""
+    if upsampler is None:
+        return 2
+    c = upsampler.config
+    scale = c.rational_spatial_scale if c.use_rational_resampler and not c.temporal_upsample else 2
+    if not float(scale).is_integer() or not c.spatial_upsample or c.temporal_upsample:
+        raise ValueError(f"latent_upsampler/: spatial x{scale}, temporal {c.temporal_upsample}; the refine stage "
+                         "supports integer spatial upsampling only")
+    return int(scale)
 
 
 def pack_video(x: torch.Tensor) -> torch.Tensor:
@@ -123,17 +143,17 @@ def _per_modality(value: Any, default: Mapping[str, float]) -> dict[str, float]:
     return {m: float(value) for m in MODALITIES}
 
 
-def guidance_scales(d: Mapping[str, Any], request_cfg: Any = None, overrides: Mapping[str, Any] | None = None
+def guidance_scales(d: LTX2Defaults, request_cfg: Any = None, overrides: Mapping[str, Any] | None = None
                     ) -> GuidanceScales:
     """The node's defaults, the request's CFG scale (``diffusion.guidance_scale``: a number
     for both modalities or one per modality) and the node's overrides, in that order."""
     o = overrides or {}
-    cfg = _per_modality(request_cfg, d["guidance_scale"])
+    cfg = _per_modality(request_cfg, d.guidance_scale)
     cfg = _per_modality(o.get("guidance_scale"), cfg)
-    return GuidanceScales(cfg=cfg, stg=_per_modality(o.get("stg_scale"), d["stg_scale"]),
-                          modality=_per_modality(o.get("modality_scale"), d["modality_scale"]),
-                          rescale=_per_modality(o.get("guidance_rescale"), d["guidance_rescale"]),
-                          stg_blocks=tuple(o.get("stg_blocks") if o.get("stg_blocks") is not None else d["stg_blocks"]))
+    return GuidanceScales(cfg=cfg, stg=_per_modality(o.get("stg_scale"), d.stg_scale),
+                          modality=_per_modality(o.get("modality_scale"), d.modality_scale),
+                          rescale=_per_modality(o.get("guidance_rescale"), d.guidance_rescale),
+                          stg_blocks=tuple(o.get("stg_blocks") if o.get("stg_blocks") is not None else d.stg_blocks))
 
 
 # -- text ----------------------------------------------------------------------------------
@@ -190,8 +210,8 @@ class LTX2TextEncode(StageBase):
     def _prompts(ctx: StageContext, state: RequestState) -> list[str]:
         p = state.request.diffusion
         prompts = [state.request.prompt or ""]
-        if guidance_scales(ctx.defaults, p.guidance_scale).uses_text_cfg:
-            prompts.append(p.negative_prompt or ctx.defaults.get("negative_prompt", ""))
+        if guidance_scales(ctx.defaults.family_as(LTX2Defaults), p.guidance_scale).uses_text_cfg:
+            prompts.append(p.negative_prompt or ctx.defaults.negative_prompt)
         return prompts
 
 
@@ -208,17 +228,19 @@ class LTX2Denoiser(DenoiserBase):
     modalities: tuple[str, ...] = MODALITIES
 
     def geometry(self, ctx: StageContext, request: OmniRequest) -> LTX2Geometry:
-        return geometry(request, ctx.defaults, self.scale)
+        return geometry_in(ctx, request, self.scale)
 
     def unpacked_shapes(self, ctx: StageContext, request: OmniRequest) -> dict[str, tuple[int, ...]]:
-        g, d = self.geometry(ctx, request), ctx.defaults
-        return {"video": (1, d["latent_channels"], g.frames, g.rows, g.cols),
-                "audio": (1, d["audio_latent_channels"], g.audio_frames, d["audio_latent_mel_bins"])}
+        g, audio = self.geometry(ctx, request), ctx.component("audio_vae").config
+        channels = ctx.component("transformer").config.in_channels
+        return {"video": (1, channels, g.frames, g.rows, g.cols),
+                "audio": (1, audio.latent_channels, g.audio_frames, audio.latent_mel_bins)}
 
     def latent_shapes(self, ctx: StageContext, request: OmniRequest) -> dict[str, tuple[int, ...]]:
-        g, d = self.geometry(ctx, request), ctx.defaults
-        return {"video": (1, g.tokens, d["latent_channels"]),
-                "audio": (1, g.audio_frames, d["audio_latent_channels"] * d["audio_latent_mel_bins"])}
+        g, audio = self.geometry(ctx, request), ctx.component("audio_vae").config
+        channels = ctx.component("transformer").config.in_channels
+        return {"video": (1, g.tokens, channels),
+                "audio": (1, g.audio_frames, audio.latent_channels * audio.latent_mel_bins)}
 
     def branch_inputs(self, ctx: StageContext, state: RequestState, branches: tuple[str, ...]) -> dict[str, dict[str, Any]]:
         text = ctx.read(state, "text", LTX2TextStates)
@@ -254,7 +276,7 @@ class LTX2Denoiser(DenoiserBase):
         text cross-attention and FFN, plus the two cross-modal attentions."""
         c = ctx.component("transformer").config
         n, la = shapes["video"][1], shapes["audio"][1]
-        lt = int(ctx.defaults.get("max_sequence_length", 1024))
+        lt = ctx.defaults.max_sequence_length or 1024
         d, da, dc = c.inner_dim, c.audio_inner_dim, c.cross_attention_dim
         per_layer = (
             4 * n * d * d + 2 * n * n * d + 2 * n * d * d + 2 * lt * dc * d + 2 * n * lt * d + 8 * n * d * d  # video
@@ -302,11 +324,11 @@ class LTX2ImageCondition(ComponentStage):
         from PIL import Image
 
         vae = ctx.component(self.component)
-        g = geometry(state.request, ctx.defaults)
+        g = geometry_in(ctx, state.request)
         part = first_frame(state.request)
         assert part is not None, "admission guarantees an i2v request carries a first_frame image"
         image = load_image_part(part)
-        crf = int(ctx.defaults["image_crf"])
+        crf = ctx.defaults.family_as(LTX2Defaults).image_crf
         if crf:
             image = Image.fromarray(h264_recompress(np.array(image.convert("RGB")), crf))
         pixels = image_to_tensor(image, g.height, g.width, resample="bilinear").to(ctx.device)  # [1, 3, H, W]
@@ -362,7 +384,7 @@ class LTX2LatentUpsample(StageBase):
         vae, audio_vae, model = ctx.component("vae"), ctx.component("audio_vae"), ctx.component(self.upsampler)
         params = state.node_params.get(ctx.node) or UpsampleParams()
         base = ctx.read(state, "latents", DenoisedLatents).latents
-        g = geometry(state.request, ctx.defaults)
+        g = geometry_in(ctx, state.request)
         video = vae.denormalize(unpack_video(base["video"], g))  # [1, C, F, h, w] in the VAE's space
         up = model(video).float()
         if params.adain_factor > 0.0:
@@ -381,7 +403,7 @@ def _final(ctx: StageContext, state: RequestState) -> tuple[dict[str, torch.Tens
     """The refine loop's latents when it ran (spatial scale of the upsampler), else the base's."""
     refined = ctx.read_optional(state, "refined", DenoisedLatents)
     if refined is not None:
-        return refined.latents, int(ctx.defaults["upsample_scale"])
+        return refined.latents, upsample_scale(ctx.component("latent_upsampler"))
     return ctx.read(state, "latents", DenoisedLatents).latents, 1
 
 
@@ -397,7 +419,7 @@ class LTX2VideoDecode(ComponentStage):
     def forward(self, ctx: StageContext, state: RequestState) -> None:
         vae = ctx.component(self.component)
         latents, scale = _final(ctx, state)
-        g = geometry(state.request, ctx.defaults, scale)
+        g = geometry_in(ctx, state.request, scale)
         video = vae.decode(vae.denormalize(unpack_video(latents["video"], g).to(vae.dtype)))  # [1, 3, F, H, W]
         frames = to_uint8_frames((video[0].float() / 2 + 0.5).clamp(0, 1))
         ctx.write(state, "video", VideoArtifact(frames=frames, fps=g.fps))
@@ -416,7 +438,7 @@ class LTX2AudioDecode(StageBase):
     def forward(self, ctx: StageContext, state: RequestState) -> None:
         audio_vae, vocoder = ctx.component("audio_vae"), ctx.component("vocoder")
         latents, _ = _final(ctx, state)
-        z = unpack_audio(denormalize_audio(latents["audio"], audio_vae), ctx.defaults["audio_latent_mel_bins"])
+        z = unpack_audio(denormalize_audio(latents["audio"], audio_vae), audio_vae.config.latent_mel_bins)
         mel = audio_vae.decode(z.to(audio_vae.dtype))  # [1, channels, T, mel]
         wave = vocoder(mel.to(vocoder.dtype))[0]  # [out_channels, samples]
         ctx.write(state, "audio", AudioArtifact(samples=wave.float().cpu(),

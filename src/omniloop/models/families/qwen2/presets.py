@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-# Loop defaults the family hands the AR decode node (StageContext.defaults).
-QWEN2_DEFAULTS: dict[str, Any] = {
-    "kv_block_tokens": 16,  # tokens per block of the paged text-KV pool
-    "prefill_chunk_tokens": 512,  # prompt tokens one prefill step forwards
-}
+from omniloop.pipeline.defaults import TextDefaults
+
+# Loop defaults the family hands the AR decode node (StageContext.defaults.text).
+QWEN2_DEFAULTS = TextDefaults(
+    kv_block_tokens=16,  # tokens per block of the paged text-KV pool
+    prefill_chunk_tokens=512,  # prompt tokens one prefill step forwards
+)
 
 # generation_config.json keys that become SamplingParams defaults (request fields left unset).
 GENERATION_KEYS: tuple[str, ...] = ("temperature", "top_p", "top_k", "repetition_penalty")

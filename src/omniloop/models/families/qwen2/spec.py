@@ -12,7 +12,7 @@ prefills and decodes; output ``text``. A conversation (text parts with roles, e.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+import dataclasses
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -23,6 +23,7 @@ from omniloop.models.families.qwen2.presets import GENERATION_KEYS, QWEN2_DEFAUL
 from omniloop.models.families.qwen2.weights import load_qwen2
 from omniloop.models.load_options import apply_load_options
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
+from omniloop.pipeline.defaults import GenerationDefaults, TextDefaults
 from omniloop.pipeline.loops.ar import ARDecodeLoop, make_ar_validator
 from omniloop.pipeline.pipeline import Pipeline
 from omniloop.pipeline.predicates import opt
@@ -32,14 +33,6 @@ from omniloop.request import TaskType
 
 GENERATION_CONFIG_FILE = "generation_config.json"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
-
-
-@dataclass(frozen=True)
-class GenerationDefaults:
-    """What ``config.json`` + ``generation_config.json`` say about decoding."""
-
-    eos_token_ids: tuple[int, ...] = ()
-    sampling: Mapping[str, Any] = field(default_factory=dict)  # SamplingParams field -> model default
 
 
 # -- component loaders ---------------------------------------------------------------
@@ -62,7 +55,9 @@ def _load_tokenizer(root: Path, index: Mapping[str, Any], options: LoadOptions):
     return AutoTokenizer.from_pretrained(str(root))
 
 
-def read_generation_defaults(root: Path, config: Mapping[str, Any]) -> GenerationDefaults:
+def read_generation_defaults(root: Path, config: Mapping[str, Any]) -> TextDefaults:
+    """What ``config.json`` + ``generation_config.json`` say about decoding: stop tokens and
+    sampling defaults (the rest of the returned TextDefaults is the family's)."""
     path = root / GENERATION_CONFIG_FILE
     gen: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
     eos: list[int] = []
@@ -74,10 +69,10 @@ def read_generation_defaults(root: Path, config: Mapping[str, Any]) -> Generatio
         sampling: dict[str, Any] = {"temperature": 0.0}  # transformers: do_sample=False is greedy
     else:
         sampling = {k: gen[k] for k in GENERATION_KEYS if gen.get(k) is not None}
-    return GenerationDefaults(eos_token_ids=tuple(eos), sampling=sampling)
+    return dataclasses.replace(QWEN2_DEFAULTS, eos_token_ids=tuple(eos), sampling=sampling)
 
 
-def _load_generation(root: Path, index: Mapping[str, Any], options: LoadOptions) -> GenerationDefaults:
+def _load_generation(root: Path, index: Mapping[str, Any], options: LoadOptions) -> TextDefaults:
     return read_generation_defaults(root, index.get("config", {}))
 
 
@@ -114,16 +109,12 @@ def qwen2_pipeline_spec(variant: Variant) -> PipelineSpec:
 
 def build_qwen2(variant: Variant, index: Mapping[str, Any], components: Mapping[str, Any], options: LoadOptions) -> Pipeline:
     config: Qwen2Config = components["lm"].config
-    generation: GenerationDefaults = components.get("generation") or GenerationDefaults(eos_token_ids=config.eos_token_ids)
+    generation: TextDefaults = components.get("generation") or dataclasses.replace(
+        QWEN2_DEFAULTS, eos_token_ids=tuple(config.eos_token_ids))
     components = {**components, "text_kv": build_text_kv_pool(
         config.kv_layout, dtype=options.dtype, device=options.device, max_context=config.max_position_embeddings,
-        kv_cache_gb=options.kv_cache_gb, block_size=QWEN2_DEFAULTS["kv_block_tokens"])}
-    defaults = {
-        **QWEN2_DEFAULTS,
-        "eos_token_ids": generation.eos_token_ids,
-        "sampling": dict(generation.sampling),
-        "max_context": config.max_position_embeddings,
-    }
+        kv_cache_gb=options.kv_cache_gb, block_size=QWEN2_DEFAULTS.kv_block_tokens)}
+    defaults = GenerationDefaults(text=dataclasses.replace(generation, max_context=config.max_position_embeddings))
     return Pipeline(
         spec=qwen2_pipeline_spec(variant),
         components=components,

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-STABLE_AUDIO_DEFAULTS: dict[str, Any] = {
-    "steps": 100,
-    "guidance_scale": 7.0,
-}
+from omniloop.pipeline.defaults import GenerationDefaults
+
+STABLE_AUDIO_DEFAULTS = GenerationDefaults(steps=100, guidance_scale=7.0)
 
 # stabilityai/stable-audio-open-1.0 (diffusers config keys)
 SAO_TRANSFORMER: dict[str, Any] = {

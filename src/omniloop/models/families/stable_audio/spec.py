@@ -91,10 +91,11 @@ def stable_audio_pipeline_spec(variant: Variant, cfg_mode: CFGMode = "sequential
                         nodes=nodes, outputs={"audio": "audio", "latents": "final_latents", "trajectory": "trajectory"})
 
 
-def make_validator(defaults: Mapping[str, Any], projection_range: tuple[float, float],
+def make_validator(dit: Any, vae: Any, projection_range: tuple[float, float],
                    samplers: SamplerSet) -> Callable[[OmniRequest], OmniRequest]:
-    longest = max_seconds(defaults)
-    rate = int(defaults["sample_rate"])
+    """``dit`` / ``vae``: the components' configs (latent length, hop, sample rate)."""
+    longest = max_seconds(dit, vae)
+    rate = int(vae.sampling_rate)
     lo, hi = projection_range
 
     def validate(request: OmniRequest) -> OmniRequest:
@@ -122,18 +123,12 @@ def build_stable_audio(variant: Variant, index: Mapping[str, Any], components: M
                        options: LoadOptions) -> Pipeline:
     dit, vae, text = components["transformer"], components["vae"], components["text_encoder"]
     projection = components["projection_model"]
-    defaults = {
-        **STABLE_AUDIO_DEFAULTS,
-        "sample_size": dit.config.sample_size,
-        "latent_channels": dit.config.in_channels,
-        "hop_length": vae.config.hop_length,
-        "sample_rate": vae.config.sampling_rate,
-        "text_tokens": text.max_sequence_length,
-    }
+    defaults = STABLE_AUDIO_DEFAULTS.replace(sample_rate=int(vae.config.sampling_rate),
+                                             max_sequence_length=text.max_sequence_length)
     if vae.config.decoder_input_channels != dit.config.in_channels:
         raise ValueError(f"vae/ decodes {vae.config.decoder_input_channels} latent channels but transformer/ "
                          f"denoises {dit.config.in_channels}; the checkpoint's components do not belong together")
-    validate = make_validator(defaults, (projection.config.min_value, projection.config.max_value), components["sampler"])
+    validate = make_validator(dit.config, vae.config, (projection.config.min_value, projection.config.max_value), components["sampler"])
     return Pipeline(spec=stable_audio_pipeline_spec(variant, options.cfg_mode), components=components,
                     device=options.device, dtype=options.dtype, defaults=defaults, validate_request=validate)
 

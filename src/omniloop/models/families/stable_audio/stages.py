@@ -4,7 +4,7 @@ and the waveform decode (diffusers' ``StableAudioPipeline``, stage by stage)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -27,14 +27,16 @@ class AudioSpan:
         return slice(int(self.start_s * sample_rate), int(self.end_s * sample_rate))
 
 
-def max_seconds(defaults: Mapping[str, Any]) -> float:
-    """The model's longest clip: its fixed latent length times the VAE hop, in seconds."""
-    return defaults["sample_size"] * defaults["hop_length"] / defaults["sample_rate"]
+def max_seconds(dit: Any, vae: Any) -> float:
+    """The model's longest clip: the DiT's fixed latent length (``sample_size``) times the
+    VAE hop, in seconds (``dit`` / ``vae``: the components' configs)."""
+    return dit.sample_size * vae.hop_length / vae.sampling_rate
 
 
-def audio_span(request: OmniRequest, defaults: Mapping[str, Any]) -> AudioSpan:
+def audio_span(request: OmniRequest, ctx: StageContext) -> AudioSpan:
     duration = request.diffusion.duration_s
-    return AudioSpan(0.0, float(duration) if duration is not None else max_seconds(defaults))
+    longest = max_seconds(ctx.component("transformer").config, ctx.component("vae").config)
+    return AudioSpan(0.0, float(duration) if duration is not None else longest)
 
 
 @dataclass(kw_only=True)
@@ -74,7 +76,7 @@ class StableAudioEncode(StageBase):
         text = projection.project_text(encoded.embeds.to(projection_dtype(projection))) * mask  # [N, L, D]
         outs, row = [], 0
         for state, prompts in zip(states, wanted):
-            span = audio_span(state.request, ctx.defaults)
+            span = audio_span(state.request, ctx)
             start, end = projection.seconds(torch.tensor([span.start_s], device=ctx.device),
                                             torch.tensor([span.end_s], device=ctx.device))  # [1, 1, D] each
             cond = torch.cat([text[row:row + 1], start, end], dim=1)
@@ -91,7 +93,7 @@ class StableAudioEncode(StageBase):
 
     @staticmethod
     def _guided(ctx: StageContext, state: RequestState) -> bool:
-        return guidance_enabled(state.request.diffusion, ctx.defaults.get("guidance_scale", 1.0))
+        return guidance_enabled(state.request.diffusion, ctx.defaults.guidance_scale)
 
     def _prompts(self, ctx: StageContext, state: RequestState) -> list[str]:
         """[prompt], or [prompt, negative prompt] when guided with a negative prompt given."""
@@ -114,7 +116,8 @@ class StableAudioDenoiser(DenoiserBase):
     modalities: tuple[str, ...] = ("audio",)
 
     def latent_shapes(self, ctx: StageContext, request: OmniRequest) -> dict[str, tuple[int, ...]]:
-        return {"audio": (1, ctx.defaults["latent_channels"], ctx.defaults["sample_size"])}
+        dit = ctx.component("transformer").config  # a fixed latent length: the DiT's
+        return {"audio": (1, dit.in_channels, dit.sample_size)}
 
     def branch_inputs(self, ctx: StageContext, state: RequestState, branches: tuple[str, ...]) -> dict[str, dict[str, Any]]:
         cond = ctx.read(state, "text", StableAudioConditioning)
@@ -132,7 +135,7 @@ class StableAudioDenoiser(DenoiserBase):
         """Matmul FLOPs of one DiT forward: self-attention (projections and scores), cross
         attention to the text tokens, the SwiGLU FFN (2 per multiply-add)."""
         c = ctx.component("transformer").config
-        L, D, Lt = shapes["audio"][-1] + 1, c.inner_dim, int(ctx.defaults.get("text_tokens", 128)) + 2
+        L, D, Lt = shapes["audio"][-1] + 1, c.inner_dim, (ctx.defaults.max_sequence_length or 128) + 2
         kv = c.num_key_value_attention_heads * c.attention_head_dim
         self_attn = 4 * L * D * D + 2 * L * L * D
         cross = 2 * L * D * D + 2 * 2 * Lt * c.cross_attention_dim * kv + 2 * L * Lt * D
@@ -153,7 +156,7 @@ class StableAudioDecode(ComponentStage):
     def forward(self, ctx: StageContext, state: RequestState) -> None:
         vae = ctx.component(self.component)
         latents = ctx.read(state, "latents", DenoisedLatents).latents["audio"]
-        rate = int(ctx.defaults["sample_rate"])
+        rate = int(vae.config.sampling_rate)
         waveform = vae.decode(latents)[0]  # [channels, S]
-        crop = waveform[:, audio_span(state.request, ctx.defaults).samples(rate)]
+        crop = waveform[:, audio_span(state.request, ctx).samples(rate)]
         ctx.write(state, "audio", AudioArtifact(samples=crop.float().cpu(), sample_rate=rate))

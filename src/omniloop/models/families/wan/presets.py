@@ -4,19 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from omniloop.pipeline.defaults import GenerationDefaults
+
 # Defaults of diffusers' WanPipeline, so the same call gives the same video.
-WAN_DEFAULTS: dict[str, Any] = {
-    "steps": 50,
-    "guidance_scale": 5.0,
-    "guidance_scale_2": None,  # two-expert models: defaults to guidance_scale (as diffusers)
-    "height": 480,
-    "width": 832,
-    "num_frames": 81,
-    "fps": 16,
-    "negative_prompt": "",
-    "max_sequence_length": 512,
-    "strength": 0.8,  # WanVideoToVideoPipeline's: loops from given latents (v2v, latent inputs) run the last 80%
-}
+WAN_DEFAULTS = GenerationDefaults(
+    steps=50,
+    guidance_scale=5.0,
+    guidance_scale_2=None,  # two-expert models: defaults to guidance_scale (as diffusers)
+    height=480,
+    width=832,
+    num_frames=81,
+    fps=16,
+    negative_prompt="",
+    max_sequence_length=512,
+    strength=0.8,  # WanVideoToVideoPipeline's: loops from given latents (v2v, latent inputs) run the last 80%
+)
 
 # Published DiT architectures (diffusers config keys), for benchmarks and random-weight builds.
 WAN21_T2V_1_3B: dict[str, Any] = {

@@ -16,6 +16,7 @@ from omniloop.models.load_options import apply_load_options
 from omniloop.models.manifest import ModelLimits, ModelManifest, check_manifest, manifest_class_name, manifest_weights
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
 from omniloop.models.text.umt5 import load_umt5_encoder
+from omniloop.pipeline.defaults import GenerationDefaults
 from omniloop.pipeline.loops.denoise import DenoiseLoop
 from omniloop.pipeline.pipeline import Pipeline
 from omniloop.pipeline.policies.cfg import CFGMode, ClassicCFG
@@ -61,7 +62,7 @@ _load_vae = wan_vae_loader()
 def _load_text(root: Path, index: Mapping[str, Any], options: LoadOptions):
     return load_umt5_encoder(
         root / "text_encoder", root / "tokenizer", device=options.device, dtype=options.dtype,
-        max_sequence_length=WAN_DEFAULTS["max_sequence_length"],
+        max_sequence_length=WAN_DEFAULTS.max_sequence_length,
     )
 
 
@@ -159,25 +160,19 @@ def build_wan(variant: Variant, index: Mapping[str, Any], components: Mapping[st
 def _pipeline(
     spec: PipelineSpec,
     components: Mapping[str, Any],
-    model_defaults: Mapping[str, Any],
+    model_defaults: GenerationDefaults,
     options: LoadOptions,
     wrap_validator: Callable[[Callable[[OmniRequest], OmniRequest]], Callable[[OmniRequest], OmniRequest]] | None = None,
     limits: ModelLimits | None = None,
 ) -> Pipeline:
     vae = components["vae"]
     dit = components["transformer"]
-    defaults = {
-        **model_defaults,
-        "z_dim": vae.config.z_dim,
-        "vae_scale_temporal": vae.config.scale_factor_temporal,
-        "vae_scale_spatial": vae.config.scale_factor_spatial,
-        "patch_size": tuple(dit.config.patch_size),
-    }
-    caps = size_caps(defaults, dit.config.rope_max_seq_len, limits or ModelLimits())
-    # the largest size the model serves and its size step, for generic readers (server warmup)
-    defaults.update({name: value for name, (value, _) in caps.items()},
-                    size_multiple=vae.config.scale_factor_spatial * dit.config.patch_size[1])
-    validate = make_validator(defaults, components["sampler"], caps)
+    caps = size_caps(vae.config, dit.config, limits or ModelLimits())
+    # the largest size the model serves, its size and frame steps, for generic readers (server warmup)
+    defaults = model_defaults.replace(**{name: value for name, (value, _) in caps.items()},
+                                      size_multiple=vae.config.scale_factor_spatial * dit.config.patch_size[1],
+                                      frames_per_latent=vae.config.scale_factor_temporal)
+    validate = make_validator(defaults, vae.config, dit.config, components["sampler"], caps)
     return Pipeline(
         spec=spec,
         components=components,
@@ -206,7 +201,8 @@ MANIFEST_CLASS = manifest_class_name("wan")
 MANIFEST_VAES = {"WanVAE": wan_vae_loader}  # the manifest's vae kind -> make(subfolder) -> loader
 TEXT_ENCODER_KINDS = ("minilm",)
 # Generation defaults a manifest may set (WAN_DEFAULTS keys, plus a student's fixed sigmas).
-MANIFEST_DEFAULT_KEYS = frozenset(WAN_DEFAULTS) | {"sigmas"}
+MANIFEST_DEFAULT_KEYS = frozenset({"steps", "guidance_scale", "guidance_scale_2", "height", "width", "num_frames",
+                                   "fps", "negative_prompt", "max_sequence_length", "strength", "sigmas"})
 
 
 def _manifest(index: Mapping[str, Any]) -> ModelManifest:
@@ -231,7 +227,7 @@ def wan_manifest_variant(index: Mapping[str, Any]) -> Variant:
     )
     weights = manifest_weights(m, transformer_kind="WanDiT", load_transformer=_load_transformer,
                                vae_loaders=MANIFEST_VAES, load_sampler=_load_manifest_sampler,
-                               max_sequence_length=int(WAN_DEFAULTS["max_sequence_length"]))
+                               max_sequence_length=WAN_DEFAULTS.max_sequence_length or 512)
     return Variant(name=m.variant, tasks=tasks, weights=weights)
 
 
@@ -258,11 +254,12 @@ def build_wan_manifest(
     """A manifest Wan model: the Wan pipeline with the manifest's defaults. Also how training
     builds the real pipeline around its in-memory modules (``omniloop.train.recipes``)."""
     m = _manifest(index)
-    defaults = {**WAN_DEFAULTS, **m.defaults}
-    sigmas = defaults.pop("sigmas", None)
+    defaults = m.generation_defaults(WAN_DEFAULTS)
+    sigmas = defaults.sigmas
     if sigmas is not None:
-        sigmas = DiffusionParams(sigmas=sigmas).sigmas  # the request schema checks them
-        defaults["steps"] = len(sigmas)
+        sigmas = DiffusionParams(sigmas=list(sigmas)).sigmas  # the request schema checks them
+        # the student's grid reaches requests through the validator (with_default_sigmas), not the loops
+        defaults = defaults.replace(steps=len(sigmas), sigmas=None)
     # our small models decode short clips as one chunk (5x faster on a CPU; see WanVAE.whole_fits)
     spec = wan_pipeline_spec(variant, boundary_ratio=None, cfg_mode=options.cfg_mode, decode_whole=None)
     return _pipeline(spec, components, defaults, options, with_default_sigmas(sigmas) if sigmas else None,

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
 from omniloop.io.image import image_to_tensor, open_image_part
 from omniloop.io.video import video_frames, video_to_tensor
+from omniloop.pipeline.defaults import GenerationDefaults
 from omniloop.pipeline.edges import ConditionLatents, InitLatents, TextEmbeddings
 from omniloop.pipeline.loops.denoise import DenoiserBase
 from omniloop.pipeline.policies.cfg import COND, UNCOND, Prediction
@@ -25,14 +26,14 @@ class VideoGeometry:
     fps: int
 
 
-def geometry(request: OmniRequest, defaults: Mapping[str, Any]) -> VideoGeometry:
+def geometry(request: OmniRequest, defaults: GenerationDefaults) -> VideoGeometry:
     p = request.diffusion
-    frames_default = 1 if request.task.makes_image else defaults["num_frames"]
+    frames_default = 1 if request.task.makes_image else defaults.num_frames
     return VideoGeometry(
-        height=p.height or defaults["height"],
-        width=p.width or defaults["width"],
+        height=p.height or defaults.height,
+        width=p.width or defaults.width,
         num_frames=p.num_frames or frames_default,
-        fps=p.fps or defaults["fps"],
+        fps=p.fps or defaults.fps,
     )
 
 
@@ -44,9 +45,10 @@ class WanDenoiser(DenoiserBase):
 
     def latent_shapes(self, ctx: StageContext, request: OmniRequest) -> dict[str, tuple[int, ...]]:
         g = geometry(request, ctx.defaults)
-        st, ss = ctx.defaults["vae_scale_temporal"], ctx.defaults["vae_scale_spatial"]
+        vae = ctx.component("vae").config  # the latent grid is the VAE's
+        st, ss = vae.scale_factor_temporal, vae.scale_factor_spatial
         f = (g.num_frames - 1) // st + 1
-        return {"video": (1, ctx.defaults["z_dim"], f, g.height // ss, g.width // ss)}
+        return {"video": (1, vae.z_dim, f, g.height // ss, g.width // ss)}
 
     def branch_inputs(self, ctx: StageContext, state: RequestState, branches: tuple[str, ...]) -> dict[str, dict[str, Any]]:
         text = ctx.read(state, "text", TextEmbeddings)
@@ -66,7 +68,7 @@ class WanDenoiser(DenoiserBase):
         _, _, f, h, w = shapes["video"]
         pt, ph, pw = cfg.patch_size
         tokens = (f // pt) * (h // ph) * (w // pw)
-        text_len = int(ctx.defaults.get("max_sequence_length", 512))
+        text_len = ctx.defaults.max_sequence_length or 512
         return tokens, text_len, cfg.inner_dim, cfg.ffn_dim, cfg.num_layers, cfg.num_attention_heads
 
     def flops_per_forward(self, ctx: StageContext, shapes: dict[str, tuple[int, ...]]) -> float:
@@ -110,7 +112,7 @@ class WanImageCondition(ComponentStage):
         part = first_frame(state.request)
         assert part is not None, "admission guarantees an I2V request carries a first_frame image"
         image = image_to_tensor(load_part_image(part), g.height, g.width).to(ctx.device)  # [1, 3, H, W]
-        st = ctx.defaults["vae_scale_temporal"]
+        st = vae.config.scale_factor_temporal
         video = torch.cat([image[:, :, None], image.new_zeros(1, 3, g.num_frames - 1, g.height, g.width)], dim=2)
         mean, _ = vae.encode(video.to(vae.dtype))
         latents = vae.normalize_latents(mean.float())  # [1, z, f, h, w]

@@ -7,6 +7,7 @@ from typing import Any, Callable, Mapping
 
 from omniloop.models.families.wan.stages import first_frame, geometry, load_part_image, load_part_video, source_video
 from omniloop.models.manifest import ModelLimits
+from omniloop.pipeline.defaults import GenerationDefaults
 from omniloop.pipeline.samplers.sampler_set import SamplerSet
 from omniloop.request import ErrorKind, InvalidRequest, OmniRequest, TaskType
 
@@ -16,12 +17,14 @@ def _nearest_multiples(value: int, m: int) -> str:
     return f"{lo} or {lo + m}" if lo != value else str(value)
 
 
-def size_caps(defaults: Mapping[str, Any], rope_max_seq_len: int, limits: ModelLimits) -> dict[str, tuple[int, str]]:
+def size_caps(vae: Any, dit: Any, limits: ModelLimits) -> dict[str, tuple[int, str]]:
     """``max_height`` / ``max_width`` / ``max_frames`` -> (the largest value served, why): the
     DiT's RoPE table covers ``rope_max_seq_len`` tokens per axis (a latent patch is a token),
-    and a manifest's ``limits`` may cap lower (what the model was trained for)."""
-    pt, ph, pw = defaults["patch_size"]
-    spatial, temporal = defaults["vae_scale_spatial"], defaults["vae_scale_temporal"]
+    and a manifest's ``limits`` may cap lower (what the model was trained for). ``vae`` /
+    ``dit``: the components' configs (scale factors, patch size)."""
+    pt, ph, pw = dit.patch_size
+    rope_max_seq_len = dit.rope_max_seq_len
+    spatial, temporal = vae.scale_factor_spatial, vae.scale_factor_temporal
     rope = f"its transformer's RoPE table covers {rope_max_seq_len} tokens per axis, rope_max_seq_len"
     caps = {"max_height": (rope_max_seq_len * ph * spatial, rope), "max_width": (rope_max_seq_len * pw * spatial, rope),
             "max_frames": ((rope_max_seq_len * pt - 1) * temporal + 1, rope)}
@@ -32,11 +35,11 @@ def size_caps(defaults: Mapping[str, Any], rope_max_seq_len: int, limits: ModelL
     return caps
 
 
-def make_validator(defaults: Mapping[str, Any], samplers: SamplerSet,
+def make_validator(defaults: GenerationDefaults, vae: Any, dit: Any, samplers: SamplerSet,
                    caps: Mapping[str, tuple[int, str]] | None = None) -> Callable[[OmniRequest], OmniRequest]:
-    """``caps``: ``size_caps``' (None: no size ceiling)."""
-    spatial = defaults["vae_scale_spatial"] * defaults["patch_size"][1]
-    temporal = defaults["vae_scale_temporal"]
+    """``vae`` / ``dit``: the components' configs; ``caps``: ``size_caps``' (None: no size ceiling)."""
+    spatial = vae.scale_factor_spatial * dit.patch_size[1]
+    temporal = vae.scale_factor_temporal
 
     def validate(request: OmniRequest) -> OmniRequest:
         if request.task == TaskType.V2V:

@@ -1,0 +1,138 @@
+"""A model's generation defaults, typed: what a request that leaves a field unset gets.
+
+Every family builds one ``GenerationDefaults`` at pipeline build (from its presets, a
+manifest's ``defaults`` or a checkpoint's ``generation_config.json``); admission resolves
+a request against it once, and stages read its fields (never a string-keyed bag).
+
+Architecture facts (latent scale factors, channels, patch sizes) are *not* defaults: they
+are typed fields of the components that own them (``vae.config.scale_factor_spatial``,
+``transformer.config.patch_size``), read from the component.
+
+A family's own knobs live in a typed extension (``family``: a ``FamilyDefaults``
+subclass the family declares, e.g. LTX-2's per-modality guidance); an AR loop's in
+``text`` (``TextDefaults``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from dataclasses import dataclass, field
+from typing import Any, Mapping, TypeVar
+
+from omniloop.request import OmniRequest, SamplingParams
+
+F = TypeVar("F", bound="FamilyDefaults")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FamilyDefaults:
+    """Base of a family's own typed defaults (subclass it in the family folder)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TextDefaults:
+    """An AR decode loop's defaults: the checkpoint's sampling defaults and stop tokens,
+    the context it serves and how a prompt is prefilled."""
+
+    eos_token_ids: tuple[int, ...] = ()
+    # SamplingParams field -> the model's default (generation_config.json); request fields left
+    # unset take these
+    sampling: Mapping[str, Any] = field(default_factory=dict)
+    max_context: int | None = None  # prompt + output tokens the model serves (None: unbounded here)
+    prefill_chunk_tokens: int = 512  # prompt tokens one prefill step forwards
+    kv_block_tokens: int = 16  # tokens per block of the paged text-KV pool
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.sampling) - set(SamplingParams.model_fields))
+        if unknown:
+            raise ValueError(f"TextDefaults.sampling names {unknown}, which are not SamplingParams fields")
+        if self.prefill_chunk_tokens < 1 or self.kv_block_tokens < 1:
+            raise ValueError(f"TextDefaults: prefill_chunk_tokens={self.prefill_chunk_tokens} and kv_block_tokens="
+                             f"{self.kv_block_tokens} must be >= 1")
+        if self.max_context is not None and self.max_context < 1:
+            raise ValueError(f"TextDefaults.max_context={self.max_context} must be >= 1 or None")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerationDefaults:
+    """The values a request's unset ``DiffusionParams`` fields take, plus the size facts a
+    front end needs before admission (the largest size served, its step)."""
+
+    steps: int = 50  # diffusers' default
+    guidance_scale: float = 1.0  # 1: no classifier-free guidance
+    guidance_scale_2: float | None = None  # two-expert models' low-noise scale (None: guidance_scale)
+    first_chunk_guidance_scale: float | None = None  # chunk 0's own scale (None: guidance_scale)
+    first_chunk_steps: int | None = None  # chunk 0's own steps (None: steps)
+    height: int | None = None  # None: the model makes no pixels
+    width: int | None = None
+    num_frames: int | None = None  # None: the model makes no video
+    fps: int | None = None
+    negative_prompt: str = ""
+    strength: float | None = None  # a loop from given latents: the fraction of the schedule it runs
+    max_sequence_length: int | None = None  # prompt tokens the text encoder keeps
+    sigmas: tuple[float, ...] | None = None  # a fixed schedule (a distilled student, a refine stage)
+    seed: int | None = None  # None: admission draws one per request
+    # -- size facts for front ends (server warmup, seconds -> frames) --
+    size_multiple: int = 16  # height and width step
+    frames_per_latent: int = 1  # frame counts the model takes are 1 + k * frames_per_latent
+    max_height: int | None = None
+    max_width: int | None = None
+    max_frames: int | None = None
+    sample_rate: int | None = None  # Hz of the audio the model makes (None: no audio)
+    # the action vocabulary a live session may send: name -> ActionPart values
+    actions: Mapping[str, Any] | None = None
+    text: TextDefaults | None = None  # an AR loop's defaults (None: no AR loop)
+    family: FamilyDefaults | None = None  # the family's own typed defaults
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "height", "width", "num_frames", "fps", "max_sequence_length", "first_chunk_steps",
+                     "max_height", "max_width", "max_frames", "sample_rate"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"GenerationDefaults.{name}={value} must be >= 1 (or None where optional)")
+        if self.size_multiple < 1 or self.frames_per_latent < 1:
+            raise ValueError(f"GenerationDefaults: size_multiple={self.size_multiple} and frames_per_latent="
+                             f"{self.frames_per_latent} must be >= 1")
+        if self.strength is not None and not 0.0 < self.strength <= 1.0:
+            raise ValueError(f"GenerationDefaults.strength={self.strength} must be in (0, 1]")
+        if self.sigmas is not None:
+            object.__setattr__(self, "sigmas", tuple(float(s) for s in self.sigmas))
+            if not self.sigmas:
+                raise ValueError("GenerationDefaults.sigmas is empty; pass a schedule or None")
+
+    def replace(self, **changes: Any) -> "GenerationDefaults":
+        """A copy with ``changes`` (a node's own defaults over its pipeline's); an unknown
+        name raises TypeError, so a typo fails at build."""
+        return dataclasses.replace(self, **changes)
+
+    def family_as(self, kind: type["F"]) -> "F":
+        """The family extension, checked to be ``kind`` (a family reads only its own)."""
+        assert isinstance(self.family, kind), f"defaults.family is {type(self.family).__name__}, expected {kind.__name__}"
+        return self.family
+
+    def text_or_default(self) -> TextDefaults:
+        return self.text if self.text is not None else TextDefaults()
+
+
+def resolve_seeds(request: OmniRequest, defaults: GenerationDefaults) -> OmniRequest:
+    """``request`` with its random choices fixed, once, at admission: a diffusion or sampling
+    seed it leaves unset is the model's ``defaults.seed``, else drawn here. Every loop of the
+    request (a two-stage refine's too) and every rank of a pool then draw the same noise."""
+    update: dict[str, Any] = {}
+    if request.diffusion.seed is None:
+        seed = defaults.seed if defaults.seed is not None else random.randrange(2**63)
+        update["diffusion"] = request.diffusion.model_copy(update={"seed": seed})
+    if request.sampling.seed is None:
+        seed = defaults.seed if defaults.seed is not None else random.randrange(2**63)
+        update["sampling"] = request.sampling.model_copy(update={"seed": seed})
+    return request.model_copy(update=update) if update else request
+
+
+def admitted_seed(seed: int | None, node: str) -> int:
+    """A loop's seed: admission (``resolve_seeds``) has set it."""
+    assert seed is not None, f"node {node!r} runs a request that admission did not seed (Pipeline.admit resolves seeds)"
+    return seed
+
+
+__all__ = ["FamilyDefaults", "GenerationDefaults", "TextDefaults", "admitted_seed", "resolve_seeds"]

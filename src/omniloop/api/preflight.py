@@ -145,6 +145,6 @@ def check_deploy_limits(limits: Limits, task: str | None, params: Mapping[str, A
     # a manifest's defaults, typed; unknown ones (a diffusers checkpoint before it loads) count as
     # the least they can be (no frames, no pixels, one step): the engine checks them once known
     known = {f.name for f in dataclasses.fields(GenerationDefaults)}
-    given = {k: tuple(v) if isinstance(v, list) else v for k, v in (model.defaults if model else {}).items()
-             if k in known}
+    given: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
+                             for k, v in (model.defaults if model else {}).items() if k in known}
     check_limits(request, limits, GenerationDefaults(**{"steps": 1, **given}))

@@ -269,8 +269,7 @@ class Engine:
                              Failure(kind=ErrorKind.CANCELLED, message="cancelled by request"))
         for rid in plan.admitted:
             req = self.scheduler.running[rid]
-            req.state.mark_started()
-            req.state.metrics.queue_s = req.state.started_at - req.arrival
+            req.state.metrics.queue_s = req.state.mark_started() - req.arrival
             if self.hooks is not None:
                 self._fire("request_start", lambda: RequestEvent(rid, request=req.request))
             self._emit(StatusEvent(request_id=rid, status=RequestStatus.RUNNING))
@@ -513,13 +512,13 @@ class Engine:
             return
         self.scheduler.remove(req.request_id)
         state = req.state
-        state.mark_finished(status, failure)
+        finished = state.mark_finished(status, failure)
         self.step_timer.collect(wait=True)  # its metrics must hold every step's time
         metrics = state.metrics
         if state.started_at is not None:
-            metrics.run_s = state.finished_at - state.started_at
+            metrics.run_s = finished - state.started_at
         else:
-            metrics.queue_s = state.finished_at - req.arrival
+            metrics.queue_s = finished - req.arrival
         metrics.predicted_cost_s = req.predicted_total_s
         metrics.actual_cost_s = req.actual_s
         metrics.peak_memory_bytes = _peak_memory(self.pipeline.device, req)

@@ -138,14 +138,18 @@ class RequestState:
         for release in releases:
             release()
 
-    def mark_started(self) -> None:
+    def mark_started(self) -> float:
+        """Running from now (once); returns when it started."""
         if self.started_at is None:
             self.started_at = time.perf_counter()
             self.status = RequestStatus.RUNNING
+        return self.started_at
 
-    def mark_finished(self, status: RequestStatus, failure: Failure | None) -> None:
+    def mark_finished(self, status: RequestStatus, failure: Failure | None) -> float:
+        """Ended with ``status`` (and why, if it failed or was cancelled); returns when."""
         assert status.finished, f"mark_finished takes a final status, got {status.value!r}"
         self.status, self.failure, self.finished_at = status, failure, time.perf_counter()
+        return self.finished_at
 
     def requeue(self) -> None:
         """Back to waiting (a pool restart): not started, not finished."""

@@ -35,7 +35,7 @@ from omniloop.pipeline.policies.shift import FlowShift, ShiftPolicy
 from omniloop.pipeline.samplers.base import Sampler, SamplerState
 from omniloop.pipeline.stage import LoopStageBase, WorkEstimate, step_results
 from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
-from omniloop.request import DiffusionParams, InvalidRequest, LatentsArtifact, Modality, OmniRequest, TensorArtifact
+from omniloop.request import Artifact, DiffusionParams, InvalidRequest, LatentsArtifact, Modality, OmniRequest, TensorArtifact
 from omniloop.request.params import check_strength
 
 
@@ -540,7 +540,7 @@ class DenoiseLoop(LoopStageBase[DenoiseLoopState]):
         loop.steps_done += 1
         if loop.trajectory is not None:
             loop.trajectory.append(next(iter(loop.latents.values())).detach().clone())
-        emit = None
+        emit: list[tuple[str, Artifact]] | None = None
         if loop.preview_every and (loop.steps_done % loop.preview_every == 0) and not loop.done:
             m, x = next(iter(loop.latents.items()))
             emit = [("preview_latents", LatentsArtifact(latents=x.detach().clone(), modality=Modality(m), step=loop.steps_done, node=loop.node))]

@@ -72,7 +72,7 @@ class CFGPolicy(Protocol):
         """``batched``: the branches stack along the batch, one forward; ``sequential``: one each."""
         ...
 
-    def init(self, params: DiffusionParams, modalities: tuple[str, ...], defaults: Mapping[str, Any]) -> Any:
+    def init(self, params: DiffusionParams, modalities: tuple[str, ...], defaults: GenerationDefaults) -> Any:
         """The request's guidance state (``CFGState`` or the policy's own)."""
         ...
 

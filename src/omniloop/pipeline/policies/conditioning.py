@@ -37,7 +37,7 @@ class ConditioningPolicy(Protocol):
 
     def init(self, condition: Any) -> Any: ...
 
-    def start(self, latents: Latents, samplers: SamplerStates, state: Any, gen: torch.Generator,
+    def start(self, latents: Latents, samplers: SamplerStates, state: Any, gen: torch.Generator | None,
               strength: float | None) -> tuple[Latents, SamplerStates]: ...
 
     def prepare(self, latents: Latents, state: Any) -> Latents: ...
@@ -54,7 +54,7 @@ class NoConditioning:
     def init(self, condition: Any) -> Any:
         return None
 
-    def start(self, latents: Latents, samplers: SamplerStates, state: Any, gen: torch.Generator,
+    def start(self, latents: Latents, samplers: SamplerStates, state: Any, gen: torch.Generator | None,
               strength: float | None) -> tuple[Latents, SamplerStates]:
         return latents, samplers
 
@@ -108,13 +108,14 @@ class LatentStart(NoConditioning):
         return condition
 
     def start(self, latents: Latents, samplers: SamplerStates, state: ConditionLatents | None,
-              gen: torch.Generator, strength: float | None) -> tuple[Latents, SamplerStates]:
+              gen: torch.Generator | None, strength: float | None) -> tuple[Latents, SamplerStates]:
         if state is None:
             return latents, samplers
         assert strength is not None, "admission resolves strength for image-to-image requests"
         first = latents[self.modality]
         if state.posterior is not None:
             clean = state.posterior.sample(first)
+            assert gen is not None, "image-to-image starts from the request's seeded generator (DenoiseLoop.init)"
             noise = torch.randn(first.shape, generator=gen, dtype=torch.float32).to(first.device)
         else:
             clean, noise = state.latents.to(first.device, torch.float32), first

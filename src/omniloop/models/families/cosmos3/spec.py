@@ -178,6 +178,7 @@ def build_cosmos3(variant: Variant, index: Mapping[str, Any], components: Mappin
     tokenizer = components["tokenizer"]
     base_text = P.COSMOS3_DEFAULTS.text_or_default()
     max_context = config.max_position_embeddings or base_text.max_context
+    assert max_context, "the reasoner's context comes from its config (max_position_embeddings) or its defaults"
     pool = build_text_kv_pool(config.kv_layout, dtype=model.dtype, device=options.device, max_context=max_context,
                               kv_cache_gb=options.kv_cache_gb, block_size=base_text.kv_block_tokens)
     components = {**components, "reasoner": Cosmos3Reasoner(model), "text_kv": pool}

@@ -197,12 +197,13 @@ def _round_to(x: int, m: int) -> int:
 def geometry(request: OmniRequest, defaults: GenerationDefaults, vae: Any) -> Geometry:
     """The request's pixel geometry; ``vae``: the VAE's config (an action canvas is cut to
     its spatial scale)."""
-    p = request.diffusion
-    fps = float(p.fps or defaults.fps)
+    p, d = request.diffusion, defaults
+    assert d.height and d.width and d.num_frames and d.fps, "Cosmos3's defaults state its video geometry"
+    fps = float(p.fps or d.fps)
     mode = action_mode(request)
     if mode is None:
-        frames = p.num_frames or (1 if request.task.makes_image else defaults.num_frames)
-        return Geometry(p.height or defaults.height, p.width or defaults.width, frames, fps)
+        frames = p.num_frames or (1 if request.task.makes_image else d.num_frames)
+        return Geometry(p.height or d.height, p.width or d.width, frames, fps)
     image = first_image(request)
     assert image is not None, "admission guarantees an action request carries an image or a video"
     s = int(vae.scale_factor_spatial)

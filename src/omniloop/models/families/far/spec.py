@@ -49,7 +49,7 @@ def _load_transformer(root: Path, index: Mapping[str, Any], options: LoadOptions
 
 def _load_text(root: Path, index: Mapping[str, Any], options: LoadOptions):
     return load_umt5_encoder(root / "text_encoder", root / "tokenizer", device=options.device, dtype=options.dtype,
-                             max_sequence_length=FAR_DEFAULTS.max_sequence_length)
+                             max_sequence_length=FAR_DEFAULTS.max_sequence_length or 512)
 
 
 def _load_scheduler(root: Path, index: Mapping[str, Any], options: LoadOptions) -> SamplerSet:

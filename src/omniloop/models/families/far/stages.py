@@ -39,8 +39,9 @@ class Geometry:
 
 
 def geometry(request: OmniRequest, defaults: GenerationDefaults) -> Geometry:
-    p = request.diffusion
-    return Geometry(p.height or defaults.height, p.width or defaults.width, p.num_frames or defaults.num_frames)
+    p, d = request.diffusion, defaults
+    assert d.height and d.width and d.num_frames, "FAR's defaults state its video geometry"
+    return Geometry(p.height or d.height, p.width or d.width, p.num_frames or d.num_frames)
 
 
 def default_partition(frames: int, model_partition: tuple[int, ...]) -> tuple[int, ...]:

@@ -60,7 +60,7 @@ def _load_clip(root: Path, index: Mapping[str, Any], options: LoadOptions):
 
 def _load_t5(root: Path, index: Mapping[str, Any], options: LoadOptions):
     return load_t5_encoder(root / "text_encoder_2", root / "tokenizer_2", device=options.device, dtype=options.dtype,
-                           max_sequence_length=FLUX_DEFAULTS.max_sequence_length)
+                           max_sequence_length=FLUX_DEFAULTS.max_sequence_length or 512)
 
 
 def _load_scheduler(root: Path, index: Mapping[str, Any], options: LoadOptions) -> SamplerSet:

@@ -31,8 +31,9 @@ class ImageGeometry:
 
 
 def geometry(request: OmniRequest, defaults: GenerationDefaults) -> ImageGeometry:
-    p = request.diffusion
-    return ImageGeometry(height=p.height or defaults.height, width=p.width or defaults.width)
+    p, d = request.diffusion, defaults
+    assert d.height and d.width, "Flux's defaults state its image size"
+    return ImageGeometry(height=p.height or d.height, width=p.width or d.width)
 
 
 def pack_latents(x: torch.Tensor) -> torch.Tensor:

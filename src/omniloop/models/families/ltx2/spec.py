@@ -63,7 +63,7 @@ def _transformer(root: Path, index: Mapping[str, Any], options: LoadOptions):
 
 def _text(root: Path, index: Mapping[str, Any], options: LoadOptions):
     return load_gemma_layer_states(root / "text_encoder", root / "tokenizer", device=options.device,
-                                   dtype=options.dtype, max_sequence_length=LTX2_DEFAULTS.max_sequence_length)
+                                   dtype=options.dtype, max_sequence_length=LTX2_DEFAULTS.max_sequence_length or 1024)
 
 
 def _sampler(root: Path, index: Mapping[str, Any], options: LoadOptions) -> SamplerSet:

@@ -55,6 +55,7 @@ def geometry(request: OmniRequest, d: GenerationDefaults, vae: Any, audio_vae: A
     configs (their compression ratios, sample rate, hop); ``scale``: the latent upsampler's
     spatial factor (the refine stage denoises at ``scale`` x the base resolution)."""
     p = request.diffusion
+    assert d.height and d.width and d.num_frames and d.fps, "LTX-2's defaults state its video geometry"
     height, width = p.height or d.height, p.width or d.width
     frames, fps = p.num_frames or d.num_frames, p.fps or d.fps
     duration = frames / float(fps)
@@ -153,7 +154,7 @@ def guidance_scales(d: LTX2Defaults, request_cfg: Any = None, overrides: Mapping
     return GuidanceScales(cfg=cfg, stg=_per_modality(o.get("stg_scale"), d.stg_scale),
                           modality=_per_modality(o.get("modality_scale"), d.modality_scale),
                           rescale=_per_modality(o.get("guidance_rescale"), d.guidance_rescale),
-                          stg_blocks=tuple(o.get("stg_blocks") if o.get("stg_blocks") is not None else d.stg_blocks))
+                          stg_blocks=tuple(o.get("stg_blocks") if o.get("stg_blocks") is not None else d.stg_blocks or ()))
 
 
 # -- text ----------------------------------------------------------------------------------

@@ -62,7 +62,7 @@ _load_vae = wan_vae_loader()
 def _load_text(root: Path, index: Mapping[str, Any], options: LoadOptions):
     return load_umt5_encoder(
         root / "text_encoder", root / "tokenizer", device=options.device, dtype=options.dtype,
-        max_sequence_length=WAN_DEFAULTS.max_sequence_length,
+        max_sequence_length=WAN_DEFAULTS.max_sequence_length or 512,
     )
 
 
@@ -255,9 +255,9 @@ def build_wan_manifest(
     builds the real pipeline around its in-memory modules (``omniloop.train.recipes``)."""
     m = _manifest(index)
     defaults = m.generation_defaults(WAN_DEFAULTS)
-    sigmas = defaults.sigmas
+    sigmas: list[float] | None = None if defaults.sigmas is None else list(defaults.sigmas)
     if sigmas is not None:
-        sigmas = DiffusionParams(sigmas=list(sigmas)).sigmas  # the request schema checks them
+        sigmas = DiffusionParams(sigmas=sigmas).sigmas  # the request schema checks them
         # the student's grid reaches requests through the validator (with_default_sigmas), not the loops
         defaults = defaults.replace(steps=len(sigmas), sigmas=None)
     # our small models decode short clips as one chunk (5x faster on a CPU; see WanVAE.whole_fits)

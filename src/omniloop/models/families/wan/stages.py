@@ -27,13 +27,14 @@ class VideoGeometry:
 
 
 def geometry(request: OmniRequest, defaults: GenerationDefaults) -> VideoGeometry:
-    p = request.diffusion
-    frames_default = 1 if request.task.makes_image else defaults.num_frames
+    p, d = request.diffusion, defaults
+    assert d.height and d.width and d.num_frames and d.fps, "a Wan model's defaults state its video geometry"
+    frames_default = 1 if request.task.makes_image else d.num_frames
     return VideoGeometry(
-        height=p.height or defaults.height,
-        width=p.width or defaults.width,
+        height=p.height or d.height,
+        width=p.width or d.width,
         num_frames=p.num_frames or frames_default,
-        fps=p.fps or defaults.fps,
+        fps=p.fps or d.fps,
     )
 
 

@@ -24,6 +24,7 @@ from omniloop.serve import audio, chat, images, loras, play, sessions, streaming
 from omniloop.serve.config import ServeConfig
 from omniloop.serve.docs_pages import install_docs
 from omniloop.serve.errors import install_error_handlers
+from omniloop.serve.guards import BodyLimit
 from omniloop.serve.jobs import JobStore
 from omniloop.serve.protocol import ImageEditRequest, ImageGenerationRequest, ModelCard, ModelList, VideoCreateRequest
 from omniloop.serve.state import ServeState, State, require_auth
@@ -148,5 +149,8 @@ def create_app(engine: AsyncEngine, config: ServeConfig | None = None, *, jobs: 
     for router in (system, videos.router, streaming.router, images.router, sessions.router,
                    chat.router, audio.router, loras.router, play.router):
         app.include_router(router)
+    config = state.config
+    app.add_middleware(BodyLimit, max_bytes=config.max_upload_bytes, max_json_depth=config.max_json_depth,
+                       max_ws_message_bytes=config.max_ws_message_bytes)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

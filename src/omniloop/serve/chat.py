@@ -25,13 +25,12 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from omniloop.engine import EngineError
-from omniloop.io.image import open_image
-from omniloop.io.video import probe_video
 from omniloop.request import (
     ArtifactEvent, FinalEvent, ImagePart, OmniOutput, OmniRequest, RequestStatus, SamplingParams, TaskType, TextPart,
     VideoPart,
 )
 from omniloop.serve.errors import ApiError, api_error, validation_error
+from omniloop.serve.media import check_media, image_pixel_cap
 from omniloop.serve.state import ServeState, State, require_auth
 
 router = APIRouter(prefix="/v1/chat", tags=["chat"], dependencies=[Depends(require_auth)])
@@ -88,7 +87,7 @@ class ChatCompletionRequest(_Wire):
 _FORMATS = {"image": "a PNG, JPEG or WebP image", "video": "an mp4 (H.264) or webm video"}
 
 
-def _media(part: ContentPart, index: int, where: str):
+def _media(part: ContentPart, index: int, where: str, max_pixels: int):
     """An ``image_url`` / ``video_url`` content part -> its media part, decodable: every
     refusal is a 400 whose ``param`` is the part's JSON path (``messages[i].content[j].video_url.url``)
     and says what to pass instead."""
@@ -104,7 +103,7 @@ def _media(part: ContentPart, index: int, where: str):
     except ValidationError as e:
         raise validation_error(e, prefix=param) from None
     try:
-        open_image(media.raw_bytes()) if kind == "image" else probe_video(media.raw_bytes())
+        check_media(kind, media.raw_bytes(), max_pixels)  # the header against the cap; no image decode
     except ValueError as e:
         raise ApiError(400, f"{param}: the server cannot decode this {kind} ({e}); {instead}", param=param,
                        code="invalid_value") from None
@@ -127,7 +126,7 @@ def chat_request(wire: ChatCompletionRequest, request_id: str, state: ServeState
                                    code="invalid_value")
                 inputs.append(TextPart(text=part.text, role=role))  # type: ignore[arg-type]
             else:
-                inputs.append(_media(part, j, where))
+                inputs.append(_media(part, j, where, image_pixel_cap(state.config, state.model)))
     if not any(isinstance(p, TextPart) and p.text for p in inputs):
         raise ApiError(400, "messages: the conversation has no text; pass at least one non-empty text content",
                        param="messages", code="invalid_value")

@@ -62,7 +62,16 @@ class ServeConfig(BaseModel):
     retention_max_age_s: float | None = Field(
         default=None, gt=0, description="seconds a finished job is kept after it ends (default: no age limit)",
     )
-    max_upload_bytes: int = Field(default=16 * 2**20, ge=1024, description="largest request body (413 beyond)")
+    max_upload_bytes: int = Field(default=16 * 2**20, ge=1024, description="largest request body on every route, "
+                                  "counted while it streams in (413 beyond, the rest never read)")
+    max_json_depth: int = Field(default=64, ge=2, description="deepest nesting of a JSON body (400 beyond, checked "
+                                "before it is parsed)")
+    max_ws_message_bytes: int = Field(default=64 * 2**10, ge=1024, description="largest WebSocket message a client "
+                                      "may send (the socket closes with 4413 beyond)")
+    max_image_pixels: int | None = Field(
+        default=None, ge=64 * 64, description="largest uploaded image or video frame, width x height, checked in the "
+        "file's header before anything is decoded (400 beyond); default: 16x the limits' max_pixels, at least 4 MP",
+    )
     warmup: list[DiffusionParams] | None = Field(
         default=None,
         description="shapes run once at start before /ready turns 200 (a failure exits the process); "

@@ -19,6 +19,7 @@ from omniloop.request import OmniRequest, RequestStatus
 from omniloop.serve.body import read_body
 from omniloop.serve.errors import ApiError, parse_body
 from omniloop.serve.jobs import Geometry, Job, JobKind, output_response, read_output
+from omniloop.serve.media import check_request_images, image_pixel_cap
 from omniloop.serve.protocol import ImageData, ImageEditRequest, ImageGenerationRequest, ImagesResponse
 from omniloop.serve.state import ServeState, State, new_id, require_auth
 from omniloop.serve.wire import ServedModel, WireCall, openai_image_edit, openai_images
@@ -54,6 +55,7 @@ async def edit_images(request: Request, state: State) -> ImagesResponse:
         model = state.served(wire.model)
         ids = [new_id("img") for _ in range(wire.n)]
         requests, call = openai_image_edit(wire, ids, model, image=image, mask=mask)
+        await check_request_images(requests, "image", image_pixel_cap(state.config, model))
         jobs = await _submit(state, model, wire, requests, call)
     return await _answer(request, wire, jobs)
 

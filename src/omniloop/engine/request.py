@@ -26,6 +26,7 @@ class EngineRequest:
     loop: LoopState | None = None  # live loop of the current node (after init)
     status: RequestStatus = RequestStatus.QUEUED
     abort_requested: bool = False
+    abort_reason: str | None = None  # the cancelled output's error when not "cancelled by request"
     paused: bool = False  # held by its caller (a live session nobody watches): none of its steps run
     failure: str | None = None  # set when its event consumer failed: fail (not cancel) at the boundary
     attempts: int = 0  # pool restarts this request has been re-queued through

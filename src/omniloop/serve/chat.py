@@ -38,7 +38,7 @@ _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant"
 
 
 class _Wire(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # NaN/Infinity: a 400 naming the field
 
 
 class MediaURL(_Wire):

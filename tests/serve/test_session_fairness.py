@@ -1,0 +1,138 @@
+"""Fair sessions (issue 29 item 4): one session's flood of 500 prompts is coalesced (the
+latest prompt wins) and does not delay another session's next chunk by more than one
+chunk's time; a binary frame closes the stream with 4415 and a reason; every 429 carries a
+Retry-After computed from the work ahead."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+import time
+
+import httpx
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+from omniloop.serve.session_inbox import SessionInbox
+from omniloop.pipeline.loops.chunk import Flush
+from omniloop.request import ActionPart, TextPart
+from tests.serve.conftest import live_server
+
+OPEN = {"prompt": "a red circle", "size": "64x32", "steps": 1, "seed": 1, "realtime": False}
+
+
+@pytest.fixture(scope="module")
+def server(far_dir):
+    with live_server(far_dir, serve={"max_sessions": 2, "session_idle_s": 2.0}) as s:
+        yield s
+
+
+def _ws(server, sid: str):
+    return connect(f"ws://127.0.0.1:{server.url.rsplit(':', 1)[1]}/v1/sessions/{sid}/stream")
+
+
+def _create(server, **fields) -> str:
+    r = httpx.post(f"{server.url}/v1/sessions", json={**OPEN, **fields}, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()["id"]
+
+
+def test_the_inbox_forwards_the_first_of_each_kind_and_holds_the_latest_of_the_rest():
+    inbox = SessionInbox()
+    prompts = [TextPart(text=f"p{i}") for i in range(500)]
+    sent = [item for p in prompts for item in inbox.offer(p)]
+    assert [p.text for p in sent] == ["p0"] and inbox.coalesced == 498
+    assert inbox.offer(ActionPart(name="left", values=[[1.0]])) != []  # another kind: at once
+    assert len(inbox.offer(Flush())) == 1 and inbox.offer(Flush()) == []  # one flush per chunk
+    held = inbox.on_chunk()
+    assert [p.text for p in held] == ["p499"]  # the latest prompt won
+    assert inbox.on_chunk() == [] and [p.text for p in inbox.offer(TextPart(text="next"))] == ["next"]
+
+
+def _drain(ws, stop: threading.Event, arrivals: list[float]) -> None:
+    while not stop.is_set():
+        try:
+            msg = ws.recv(timeout=0.5)
+        except TimeoutError:
+            continue
+        except ConnectionClosed:
+            return
+        if isinstance(msg, str) and json.loads(msg)["type"] == "chunk":
+            arrivals.append(time.monotonic())
+
+
+def _other_gaps(server, flood: int) -> tuple[list[float], int]:
+    """Two sessions paced to playback (8 frames at 16 fps: a chunk every 0.5 s; the tiny FAR
+    model makes 17 chunks); once the second one has made 3 chunks the first one's client
+    sends ``flood`` prompts. The second one's gaps between its next chunks, and how many
+    prompts the first one's inbox coalesced."""
+    flooder, other = _create(server, realtime=True), _create(server, realtime=True)
+    stop = threading.Event()
+    flood_chunks: list[float] = []
+    other_chunks: list[float] = []
+    deadline = time.monotonic() + 300
+    with _ws(server, flooder) as a, _ws(server, other) as b:
+        threads = [threading.Thread(target=_drain, args=(a, stop, flood_chunks), daemon=True),
+                   threading.Thread(target=_drain, args=(b, stop, other_chunks), daemon=True)]
+        for t in threads:
+            t.start()
+        while len(other_chunks) < 3:
+            assert time.monotonic() < deadline, other_chunks
+            time.sleep(0.01)
+        for i in range(flood):
+            a.send(json.dumps({"type": "prompt", "prompt": f"a blue square number {i}"}))
+        inbox = server.state.sessions.sessions[flooder].inbox  # (an ended session is forgotten after idle_s)
+        while len(other_chunks) < 10:
+            assert time.monotonic() < deadline, other_chunks
+            time.sleep(0.02)
+        stop.set()
+        for t in threads:
+            t.join(timeout=10)
+        coalesced = inbox.coalesced
+    for sid in (flooder, other):
+        httpx.delete(f"{server.url}/v1/sessions/{sid}")
+    return [t1 - t0 for t0, t1 in zip(other_chunks[2:], other_chunks[3:])], coalesced
+
+
+def test_a_flood_of_prompts_does_not_delay_another_sessions_next_chunk(server):
+    quiet, _ = _other_gaps(server, flood=0)
+    flooded, coalesced = _other_gaps(server, flood=500)
+    chunk_s = 8 / 16  # one chunk's time: the playback time each chunk is paced to
+    print(json.dumps({"quiet_gap_max_s": round(max(quiet), 3), "flooded_gap_max_s": round(max(flooded), 3),
+                      "quiet_gap_median_s": round(statistics.median(quiet), 3),
+                      "flooded_gap_median_s": round(statistics.median(flooded), 3), "coalesced": coalesced}))
+    assert max(flooded) <= max(quiet) + chunk_s, (quiet, flooded)
+    assert coalesced >= 400  # held and replaced, not encoded one by one
+
+
+def test_a_binary_frame_closes_the_stream_with_4415_and_a_reason(server):
+    sid = _create(server, realtime=True)
+    with _ws(server, sid) as ws:
+        ws.send(b"\x00\x01binary")
+        with pytest.raises(ConnectionClosed) as closed:
+            while True:
+                ws.recv(timeout=30)
+    assert closed.value.rcvd.code == 4415 and "JSON text" in closed.value.rcvd.reason
+    httpx.delete(f"{server.url}/v1/sessions/{sid}")
+
+
+def test_every_429_carries_a_computed_retry_after(server, far_dir):
+    live = [_create(server, realtime=True) for _ in range(2)]
+    r = httpx.post(f"{server.url}/v1/sessions", json=OPEN)
+    assert r.status_code == 429 and 1 <= int(r.headers["retry-after"]) <= 600, r.headers
+    # nobody watches them: the soonest expiry is within session_connect_grace_s (10 s)
+    assert int(r.headers["retry-after"]) <= 10
+    for sid in live:
+        httpx.delete(f"{server.url}/v1/sessions/{sid}")
+    with live_server(far_dir, max_queue=1, limits={"max_steps": 1000}, serve={"warmup": []}) as queued:
+        body = {"prompt": "a cat", "size": "64x32", "steps": 1000, "num_frames": 9}
+        first = httpx.post(f"{queued.url}/v1/videos", json=body, timeout=60)
+        assert first.status_code == 200, first.text
+        refused = [httpx.post(f"{queued.url}/v1/videos", json=body, timeout=60) for _ in range(3)]
+        full = next(r for r in refused if r.status_code == 429)
+        backlog = queued.engine.stats()["backlog_s"]
+        print(json.dumps({"retry_after": full.headers["retry-after"], "backlog_s": backlog}))
+        assert int(full.headers["retry-after"]) > 1  # a 1000-step job ahead: more than the old fixed second
+        httpx.delete(f"{queued.url}/v1/videos/{first.json()['id']}")

@@ -11,7 +11,7 @@ import pytest
 
 from omniloop.engine import AsyncEngine
 from omniloop.request import OmniRequest, RequestStatus
-from tests.serve.conftest import STRICT_LIMITS
+from tests.serve.conftest import STRICT_LIMITS, live_server
 
 
 @pytest.mark.parametrize("field,value", [("guidance_scale", "NaN"), ("guidance_scale", "Infinity"),
@@ -54,3 +54,38 @@ def test_a_drain_timeout_cancellation_is_labelled_as_such(wan_t2v_dir):
 
     error = asyncio.run(run())
     assert "drain timeout" in error and "drain_timeout_s" in error and "by request" not in error
+
+
+def test_the_default_warmup_fits_a_small_context_chat_model(qwen2_dir):
+    """The tiny Qwen2 has a 128-token context: the default warmup used to ask the sampling
+    default of 256 tokens and exit the server; now it decodes a few tokens and /ready turns 200."""
+    with live_server(qwen2_dir, serve={"warmup": None}) as server:
+        assert httpx.get(f"{server.url}/ready").status_code == 200
+        assert server.state.warmup_error is None
+
+
+@pytest.fixture(scope="module")
+def qwen2_chat_dir(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    from tests.models.qwen2.checkpoint import save_qwen2_checkpoint
+    from tests.serve.test_chat import CHAT_TEMPLATE
+
+    folder = tmp_path_factory.mktemp("qwen2_chat")
+    save_qwen2_checkpoint(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_chat_serves_the_model_named_by_model_on_a_multi_model_server(qwen2_chat_dir, wan_t2v_dir):
+    with live_server({"wan": wan_t2v_dir, "qwen": qwen2_chat_dir}, serve={"warmup": []}) as server:
+        messages = [{"role": "user", "content": "hello"}]
+        r = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "qwen", "messages": messages,
+                                                                   "max_tokens": 3, "seed": 0}, timeout=120)
+        assert r.status_code == 200 and r.json()["model"] == "qwen", r.text
+        r = httpx.post(f"{server.url}/v1/chat/completions", json={"messages": messages, "max_tokens": 3}, timeout=60)
+        assert r.status_code == 400 and "'wan' does not serve chat" in r.json()["error"]["message"]
+        r = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "nope", "messages": messages})
+        assert r.status_code == 404 and r.json()["error"]["param"] == "model"

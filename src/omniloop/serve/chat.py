@@ -111,10 +111,10 @@ def _media(part: ContentPart, index: int, where: str, max_pixels: int):
 
 
 def chat_request(wire: ChatCompletionRequest, request_id: str, state: ServeState) -> OmniRequest:
-    state.model.check_name(wire.model)
-    if TaskType.REASON not in state.model.tasks:
-        raise ApiError(400, f"model: {state.model.name!r} does not serve chat completions (tasks: "
-                       f"{sorted(t.value for t in state.model.tasks)})", param="model", code="unsupported")
+    model = state.served(wire.model)  # on a server of several models, the one ``model`` names
+    if TaskType.REASON not in model.tasks:
+        raise ApiError(400, f"model: {model.name!r} does not serve chat completions (tasks: "
+                       f"{sorted(t.value for t in model.tasks)})", param="model", code="unsupported")
     inputs: list[Any] = []
     for i, message in enumerate(wire.messages):
         role, where = _ROLES[message.role], f"messages[{i}]"
@@ -126,7 +126,7 @@ def chat_request(wire: ChatCompletionRequest, request_id: str, state: ServeState
                                    code="invalid_value")
                 inputs.append(TextPart(text=part.text, role=role))  # type: ignore[arg-type]
             else:
-                inputs.append(_media(part, j, where, image_pixel_cap(state.config, state.model)))
+                inputs.append(_media(part, j, where, image_pixel_cap(state.config, model)))
     if not any(isinstance(p, TextPart) and p.text for p in inputs):
         raise ApiError(400, "messages: the conversation has no text; pass at least one non-empty text content",
                        param="messages", code="invalid_value")
@@ -140,7 +140,8 @@ def chat_request(wire: ChatCompletionRequest, request_id: str, state: ServeState
         sampling = SamplingParams(**{k: v for k, v in given.items() if v is not None})
     except ValidationError as e:
         raise validation_error(e) from None
-    return OmniRequest(request_id=request_id, task=TaskType.REASON, inputs=inputs, sampling=sampling)
+    routed = {"model": model.route} if model.route is not None else {}  # a ModelPool's name for it
+    return OmniRequest(request_id=request_id, task=TaskType.REASON, inputs=inputs, sampling=sampling, **routed)
 
 
 def _rejection(error: EngineError) -> ApiError:
@@ -219,6 +220,7 @@ async def create_chat_completion(wire: ChatCompletionRequest, request: Request, 
         state.check_accepting()
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         omni = chat_request(wire, request_id, state)
+        served = state.served(wire.model).name
         created = int(time.time())
         stream = state.engine.stream(omni)
         try:
@@ -227,7 +229,7 @@ async def create_chat_completion(wire: ChatCompletionRequest, request: Request, 
             raise _rejection(e) from None
     if wire.stream:
         usage = wire.stream_options is not None and wire.stream_options.include_usage
-        return StreamingResponse(_sse(stream, first, request_id, state.model.name, created, usage),
+        return StreamingResponse(_sse(stream, first, request_id, served, created, usage),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     event = first
@@ -239,4 +241,4 @@ async def create_chat_completion(wire: ChatCompletionRequest, request: Request, 
     out = event.output
     if out.status is not RequestStatus.COMPLETED:
         raise _failure(out)
-    return JSONResponse(_completion(out, request_id, state.model.name, created))
+    return JSONResponse(_completion(out, request_id, served, created))

@@ -92,7 +92,7 @@ class ServeState:
 
     async def _warmup(self) -> None:
         try:
-            await run_warmup(self.engine, self.warmup_shapes, self.model.tasks)
+            await run_warmup(self.engine, self.warmup_shapes, self.model.tasks, self.model.defaults)
         except WarmupFailed as e:
             self.warmup_error = str(e)
             logger.error("%s", e)

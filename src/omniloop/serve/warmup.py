@@ -18,10 +18,12 @@ from typing import Any
 
 from omniloop.deploy import Limits
 from omniloop.engine import AsyncEngine, EngineError
-from omniloop.request import DiffusionParams, ImagePart, OmniRequest, RequestStatus, TaskType, TextPart, new_request_id
+from omniloop.request import (DiffusionParams, ImagePart, OmniRequest, RequestStatus, SamplingParams, TaskType,
+                              TextPart, new_request_id)
 
 logger = logging.getLogger(__name__)
 DEFAULT_STEPS = 2
+WARMUP_TOKENS = 8  # a chat model's warmup decodes this many tokens (fewer when its context is small)
 # the task a warmup request runs: the first the model serves (i2v gets a gray first frame)
 _TASKS = (TaskType.T2V, TaskType.TI2V, TaskType.I2V, TaskType.T2I)
 
@@ -67,8 +69,14 @@ def describe(shape: DiffusionParams) -> str:
     return " ".join(f"{k}={v}" for k, v in shape.model_dump(exclude_defaults=True).items()) or "the model's defaults"
 
 
-def warmup_request(shape: DiffusionParams, tasks: frozenset[TaskType]) -> OmniRequest:
+def warmup_request(shape: DiffusionParams, tasks: frozenset[TaskType],
+                   defaults: Mapping[str, Any] | None = None) -> OmniRequest:
+    """``defaults``: the model's (a chat model's ``max_context`` sizes its warmup decode)."""
     task = next((t for t in _TASKS if t in tasks), next(iter(tasks)))
+    if task is TaskType.REASON:  # a chat model: a short decode that fits its context, not the sampling default
+        context = int((defaults or {}).get("max_context") or 4 * WARMUP_TOKENS)
+        sampling = SamplingParams(max_tokens=max(1, min(WARMUP_TOKENS, context // 4)))
+        return OmniRequest(request_id=new_request_id(), task=task, inputs=[TextPart(text="warmup")], sampling=sampling)
     if task is TaskType.T2I:
         shape = shape.model_copy(update={"num_frames": 1})
     if task is TaskType.T2A:  # audio has no frames or pixels
@@ -81,12 +89,13 @@ def warmup_request(shape: DiffusionParams, tasks: frozenset[TaskType]) -> OmniRe
     return OmniRequest(request_id=new_request_id(), task=task, inputs=inputs, diffusion=shape)
 
 
-async def run_warmup(engine: AsyncEngine, shapes: list[DiffusionParams], tasks: frozenset[TaskType]) -> None:
+async def run_warmup(engine: AsyncEngine, shapes: list[DiffusionParams], tasks: frozenset[TaskType],
+                     defaults: Mapping[str, Any] | None = None) -> None:
     """Run each shape once, in order; raise ``WarmupFailed`` at the first that fails."""
     for i, shape in enumerate(shapes):
         where = f"warmup shape {i} ({describe(shape)})"
         try:
-            out = await engine.generate(warmup_request(shape, tasks))
+            out = await engine.generate(warmup_request(shape, tasks, defaults))
         except EngineError as e:  # refused at admission (bad size, over a limit, queue, dead engine)
             raise WarmupFailed(f"{where} was refused: {e}") from None
         if out.status is not RequestStatus.COMPLETED:

@@ -140,8 +140,8 @@ def chat_request(wire: ChatCompletionRequest, request_id: str, state: ServeState
         sampling = SamplingParams(**{k: v for k, v in given.items() if v is not None})
     except ValidationError as e:
         raise validation_error(e) from None
-    routed = {"model": model.route} if model.route is not None else {}  # a ModelPool's name for it
-    return OmniRequest(request_id=request_id, task=TaskType.REASON, inputs=inputs, sampling=sampling, **routed)
+    return OmniRequest(request_id=request_id, task=TaskType.REASON, inputs=inputs, sampling=sampling,
+                       model=model.route)  # a ModelPool's name for it (None: the one model)
 
 
 def _rejection(error: EngineError) -> ApiError:

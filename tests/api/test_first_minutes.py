@@ -144,5 +144,9 @@ def test_serve_and_dynamo_worker_spell_their_shared_flags_the_same():
     assert flags("serve") - shared == {"--host", "--port", "--api-key", "--max-jobs", "--max-upload-bytes", "--drain",
                                        "--cancel-wait-s", "--sse-keepalive-s", "--job-store", "--output-dir",
                                        "--requeue-on-restart", "--no-requeue-on-restart", "--retention-max-bytes",
-                                       "--retention-max-age-s", "--max-sessions", "--session-idle-s", "--session-connect-grace-s",
-                                       "--session-model"}
+                                       "--retention-max-age-s", "--max-sessions", "--session-idle-s", "--session-model",
+                                       "--session-connect-grace-s",
+                                       # issue 29's edges: caps, browser safety, LoRA registrations
+                                       "--max-json-depth", "--max-ws-message-bytes", "--max-image-pixels",
+                                       "--metrics-public", "--no-metrics-public", "--browser-token-s",
+                                       "--allowed-hosts", "--allowed-origins", "--max-loras", "--max-lora-bytes"}

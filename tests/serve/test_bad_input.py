@@ -85,7 +85,7 @@ def test_api_key_and_draining(wan_t2v_dir):
     engine = AsyncEngine.from_pretrained(wan_t2v_dir, device="cpu", dtype="float32")
     try:
         app = create_app(engine, ServeConfig(api_key="s3cret", warmup=[]))
-        client = TestClient(app)  # no lifespan: nothing runs, admission paths only
+        client = TestClient(app, base_url="http://127.0.0.1")  # no lifespan: nothing runs, admission paths only
         assert client.get("/v1/models").status_code == 401
         assert client.get("/v1/models", headers={"Authorization": "Bearer s3cret"}).status_code == 200
         assert client.get("/health").status_code == 200  # probes need no key

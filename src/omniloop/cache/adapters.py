@@ -25,7 +25,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -71,6 +71,7 @@ class AdapterCache:
         self._device_lru: OrderedDict[str, None] = OrderedDict()
         self._host_lru: OrderedDict[str, None] = OrderedDict()
         self._lock = threading.RLock()
+        self.on_drop: Callable[[str, str], None] | None = None  # (name, source file) once no request holds it
 
     # -- registry -------------------------------------------------------------------------
     def load(self, name: str, path: str | Path) -> dict[str, Any]:
@@ -214,9 +215,11 @@ class AdapterCache:
         lru.move_to_end(name)
 
     def _drop(self, name: str) -> None:
-        self._entries.pop(name, None)
+        entry = self._entries.pop(name, None)
         self._device_lru.pop(name, None)
         self._host_lru.pop(name, None)
+        if entry is not None and self.on_drop is not None:
+            self.on_drop(name, entry.source)
 
     def _entry(self, name: str) -> _Entry:
         entry = self._entries.get(name)

@@ -252,9 +252,12 @@ class AsyncEngine:
         deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
         while self.engine.has_unfinished() and self._error is None:
             if deadline is not None and asyncio.get_running_loop().time() >= deadline:
+                reason = (f"cancelled by the drain timeout: still running {timeout:g} s after the drain began "
+                          "(drain_timeout_s)") if timeout else "cancelled by the drain: in-flight work is cancelled " \
+                                                             "at shutdown (drain: cancel)"
                 for rid in self.engine.tracked_ids():
                     try:
-                        self.engine.abort(rid)
+                        self.engine.abort(rid, reason=reason)
                     except UnknownRequest:  # popped meanwhile
                         pass
                 self._notify()
@@ -267,6 +270,7 @@ class AsyncEngine:
             "model": self.model_name,
             "waiting": e.num_waiting(),
             "running": e.num_running(),
+            "backlog_s": e.predicted_backlog_s(),  # predicted seconds of work left (the cost model's)
             "completed": e.stats.completed,
             "failed": e.stats.failed,
             "cancelled": e.stats.cancelled,

@@ -151,10 +151,11 @@ class Engine:
         self._emit(StatusEvent(request_id=rid, status=RequestStatus.QUEUED, predicted_cost_s=req.predicted_total_s))
         return rid
 
-    def abort(self, request_id: str, *, forget: bool = False) -> None:
+    def abort(self, request_id: str, *, forget: bool = False, reason: str | None = None) -> None:
         """Cancel at the next step boundary (at once if still waiting). ``forget``: nobody
         will pop the output (its caller went away): the request leaves every table when it
-        ends, and at once if it has ended already."""
+        ends, and at once if it has ended already. ``reason``: the output's error (default
+        "cancelled by request"), e.g. a drain timeout's."""
         with self._ids_lock:
             req = self._requests.get(request_id)
             if req is None:
@@ -165,6 +166,7 @@ class Engine:
             if forget:
                 self._forget.add(request_id)
             req.abort_requested = True  # no-op for a finished request
+            req.abort_reason = req.abort_reason or reason
 
     def pause(self, request_id: str) -> None:
         """Hold a queued or running request: none of its steps run (its state stays) until
@@ -248,6 +250,17 @@ class Engine:
     def num_running(self) -> int:
         return len(self.scheduler.running)
 
+    def predicted_backlog_s(self) -> float:
+        """Predicted seconds of work left over every running and queued request (the cost
+        model's): how long the queue takes to drain, for a refused client's Retry-After.
+        Read from another thread: a snapshot, 0 for requests not yet admitted."""
+        try:
+            running = sum(self.scheduler.remaining_s(r) for r in list(self.scheduler.running.values()))
+            waiting = sum(r.predicted_total_s for r in list(self.scheduler.waiting))
+        except (RuntimeError, KeyError):  # the engine thread changed a request meanwhile: no estimate
+            return 0.0
+        return running + waiting
+
     def plugin_metrics(self) -> dict[str, Any]:
         """Metrics of the deployment's plugins (profiler timings, cache hit rates, ...)."""
         return self.hooks.metrics() if self.hooks is not None else {}
@@ -266,7 +279,7 @@ class Engine:
                 self._finish(req, RequestStatus.FAILED, req.failure)
             elif req is not None:
                 self._finish(req, RequestStatus.CANCELLED,
-                             Failure(kind=ErrorKind.CANCELLED, message="cancelled by request"))
+                             Failure(kind=ErrorKind.CANCELLED, message=req.abort_reason or "cancelled by request"))
         for rid in plan.admitted:
             req = self.scheduler.running[rid]
             req.state.metrics.queue_s = req.state.mark_started() - req.arrival

@@ -207,8 +207,8 @@ class ModelPool:
                 slot.arrivals.pop(out.request_id, None)
         return outs
 
-    def abort(self, request_id: str, *, forget: bool = False) -> None:
-        self._engine_of(request_id).abort(request_id, forget=forget)
+    def abort(self, request_id: str, *, forget: bool = False, reason: str | None = None) -> None:
+        self._engine_of(request_id).abort(request_id, forget=forget, reason=reason)
 
     def pop_output(self, request_id: str) -> OmniOutput | None:
         slot = self._owner_of(request_id)
@@ -250,6 +250,9 @@ class ModelPool:
 
     def num_running(self) -> int:
         return sum(s.engine.num_running() for s in self.slots.values() if s.engine is not None)
+
+    def predicted_backlog_s(self) -> float:
+        return sum(s.engine.predicted_backlog_s() for s in self.slots.values() if s.engine is not None)
 
     def plugin_metrics(self) -> dict[str, Any]:
         return {n: s.engine.plugin_metrics() for n, s in self.slots.items() if s.engine is not None}

@@ -25,6 +25,7 @@ class EngineRequest:
     node_index: int = 0
     loop: LoopState | None = None  # live loop of the current node (after init)
     abort_requested: bool = False
+    abort_reason: str | None = None  # the cancelled output's error when not "cancelled by request"
     paused: bool = False  # held by its caller (a live session nobody watches): none of its steps run
     failure: Failure | None = None  # set when its event consumer failed: fail (not cancel) at the boundary
     attempts: int = 0  # pool restarts this request has been re-queued through

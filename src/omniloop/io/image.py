@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +34,39 @@ def open_image(source: Any) -> "PIL.Image.Image":  # noqa: F821
         data = io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else Path(source)
         img = Image.open(data)
         img.load()
-    except (UnidentifiedImageError, OSError, TypeError) as e:
+    except (UnidentifiedImageError, OSError, TypeError, Image.DecompressionBombError) as e:
         raise InvalidRequest(f"cannot read image {label}: {e}", fields=("inputs",)) from None
     return img.convert("RGB")
+
+
+def image_size(source: bytes) -> tuple[int, int]:
+    """(width, height) read from the file's header: no pixel is decoded (PIL's ``open`` is
+    lazy), so a 140 KB PNG that would decode to 12000x12000 costs nothing here. Unreadable
+    headers and PIL's decompression-bomb refusal raise ValueError."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with warnings.catch_warnings():  # over PIL's own limit: the caller's cap (far lower) refuses it
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(source)) as img:
+                return img.size
+    except (UnidentifiedImageError, OSError) as e:
+        raise ValueError(f"cannot read image <bytes>: {e}") from None
+    except Image.DecompressionBombError as e:
+        raise ValueError(f"refused as a decompression bomb: {e}") from None
+
+
+def verify_image(source: bytes, max_pixels: int) -> tuple[int, int]:
+    """(width, height) of an uploaded image, its header checked against ``max_pixels``
+    *before* anything is decoded, then decoded once (memory bounded by the cap) so a
+    truncated or corrupt file is refused here rather than failing the job later."""
+    width, height = image_size(source)
+    if width * height > max_pixels:
+        raise ValueError(f"the image is {width}x{height} = {width * height:,} pixels, over this server's "
+                         f"{max_pixels:,} (max_image_pixels); send a smaller image (it is resized to the output "
+                         "size anyway)")
+    open_image(source)  # truncated / corrupt -> ValueError
+    return width, height
 
 
 def open_image_part(part: Any) -> "PIL.Image.Image":  # noqa: F821

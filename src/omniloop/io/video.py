@@ -12,7 +12,7 @@ import torch
 
 from omniloop.io.audio import add_audio_stream, as_float_samples, check_rate, mux_audio
 from omniloop.io.files import written_whole
-from omniloop.request import InvalidRequest
+from omniloop.request import ErrorKind, InvalidRequest
 
 
 def _as_uint8_frames(frames: torch.Tensor | np.ndarray) -> np.ndarray:
@@ -82,16 +82,23 @@ def read_video(source: str | Path | bytes | BinaryIO) -> tuple[np.ndarray, float
     return np.stack(frames), fps
 
 
-def probe_video(source: bytes) -> None:
+def probe_video(source: bytes, max_pixels: int | None = None) -> None:
     """Raise ValueError (as :func:`read_video` words it) unless ``source`` opens as a video and
-    its first frame decodes: a cheap check at the wire, before a request is queued."""
+    its first frame decodes: a cheap check at the wire, before a request is queued. With
+    ``max_pixels``, the frame size in the stream's header is checked first, before any decode."""
     import av
 
     try:
         with av.open(io.BytesIO(source)) as container:
             if not container.streams.video:
                 raise InvalidRequest("cannot read video <bytes>: it has no video stream", fields=("inputs",))
-            next(container.decode(container.streams.video[0]))
+            stream = container.streams.video[0]
+            width, height = stream.codec_context.width, stream.codec_context.height
+            if max_pixels is not None and width * height > max_pixels:
+                raise InvalidRequest(f"its frames are {width}x{height} = {width * height:,} pixels, over this "
+                                     f"server's {max_pixels:,} (max_image_pixels); send a smaller video",
+                                     fields=("inputs",), kind=ErrorKind.LIMIT_EXCEEDED)
+            next(container.decode(stream))
     except (av.error.FFmpegError, OSError, StopIteration) as e:
         raise InvalidRequest(f"cannot read video <bytes>: {e or 'no decodable frame'}", fields=("inputs",)) from None
 

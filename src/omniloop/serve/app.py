@@ -13,7 +13,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
@@ -25,9 +26,13 @@ from omniloop.serve import audio, chat, images, loras, play, sessions, streaming
 from omniloop.serve.config import ServeConfig
 from omniloop.serve.docs_pages import install_docs
 from omniloop.serve.errors import install_error_handlers
+from omniloop.serve.backpressure import RetryAfter, queue_wait_s
+from omniloop.serve.browser import BrowserGuard, HostPolicy, OriginPolicy
+from omniloop.serve.guards import BodyLimit
+from omniloop.serve.idempotency import Idempotent
 from omniloop.serve.jobs import JobStore
 from omniloop.serve.protocol import ImageEditRequest, ImageGenerationRequest, ModelCard, ModelList, VideoCreateRequest
-from omniloop.serve.state import ServeState, State, require_auth
+from omniloop.serve.state import ServeState, State, check_auth, require_auth
 
 system = APIRouter(tags=["system"])
 
@@ -57,7 +62,9 @@ async def models(state: State) -> ModelList:
 
 @system.get("/metrics", summary="Prometheus metrics", response_class=Response,
             responses={200: {"content": {"text/plain": {}}}})
-async def metrics(state: State) -> Response:
+async def metrics(request: Request, state: State) -> Response:
+    if not state.config.metrics_public:
+        check_auth(request)
     return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
@@ -149,5 +156,17 @@ def create_app(engine: AsyncEngine, config: ServeConfig | None = None, *, jobs: 
     for router in (system, videos.router, streaming.router, images.router, sessions.router,
                    chat.router, audio.router, loras.router, play.router):
         app.include_router(router)
+    config = state.config
+    app.add_middleware(Idempotent)  # inside the body cap: it reads the (capped) body to key a retry
+    app.add_middleware(BodyLimit, max_bytes=config.max_upload_bytes, max_json_depth=config.max_json_depth,
+                       max_ws_message_bytes=config.max_ws_message_bytes)
+    app.add_middleware(RetryAfter, estimate=lambda path: sessions.manager(state).retry_after_s()
+                       if path.startswith("/v1/sessions") else queue_wait_s(state.engine.stats()))
+    if config.allowed_origins:  # preflights and Access-Control-Allow-Origin for the pages allowed to call
+        app.add_middleware(CORSMiddleware, allow_origins=config.allowed_origins, allow_credentials="*" not in
+                           config.allowed_origins, allow_methods=["GET", "POST", "DELETE"],
+                           allow_headers=["Authorization", "Content-Type", "Idempotency-Key"], max_age=600)
+    app.add_middleware(BrowserGuard, hosts=HostPolicy(config.host, config.allowed_hosts),  # outermost: refuse first
+                       origins=OriginPolicy(config.allowed_origins))
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

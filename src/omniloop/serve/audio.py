@@ -39,7 +39,7 @@ OPENAI_FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
 
 
 class _SpeechBase(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # NaN/Infinity: a 400 naming the field
 
     input: str = Field(min_length=1, max_length=4096, description="what to generate (a text-to-audio prompt)")
     model: str | None = Field(default=None, description="the served model id (see /v1/models); default: it")

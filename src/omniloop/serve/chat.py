@@ -24,13 +24,12 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from omniloop.engine import EngineError
-from omniloop.io.image import open_image
-from omniloop.io.video import probe_video
 from omniloop.request import (
     ArtifactEvent, Fields, FinalEvent, ImagePart, OmniOutput, OmniRequest, RequestStatus, TaskType, TextPart, VideoPart,
     build_request,
 )
 from omniloop.serve.errors import ApiError, api_error, validation_error
+from omniloop.serve.media import check_media, image_pixel_cap
 from omniloop.serve.state import ServeState, State, require_auth
 from omniloop.serve.wire import wire_errors
 
@@ -39,7 +38,7 @@ _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant"
 
 
 class _Wire(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # NaN/Infinity: a 400 naming the field
 
 
 class MediaURL(_Wire):
@@ -88,7 +87,7 @@ class ChatCompletionRequest(_Wire):
 _FORMATS = {"image": "a PNG, JPEG or WebP image", "video": "an mp4 (H.264) or webm video"}
 
 
-def _media(part: ContentPart, index: int, where: str):
+def _media(part: ContentPart, index: int, where: str, max_pixels: int):
     """An ``image_url`` / ``video_url`` content part -> its media part, decodable: every
     refusal is a 400 whose ``param`` is the part's JSON path (``messages[i].content[j].video_url.url``)
     and says what to pass instead."""
@@ -104,7 +103,7 @@ def _media(part: ContentPart, index: int, where: str):
     except ValidationError as e:
         raise validation_error(e, prefix=param) from None
     try:
-        open_image(media.raw_bytes()) if kind == "image" else probe_video(media.raw_bytes())
+        check_media(kind, media.raw_bytes(), max_pixels)  # the header against the cap; no image decode
     except ValueError as e:
         raise ApiError(400, f"{param}: the server cannot decode this {kind} ({e}); {instead}", param=param,
                        code="invalid_value") from None
@@ -112,10 +111,10 @@ def _media(part: ContentPart, index: int, where: str):
 
 
 def chat_request(wire: ChatCompletionRequest, request_id: str, state: ServeState) -> OmniRequest:
-    state.model.check_name(wire.model)
-    if TaskType.REASON not in state.model.tasks:
-        raise ApiError(400, f"model: {state.model.name!r} does not serve chat completions (tasks: "
-                       f"{sorted(t.value for t in state.model.tasks)})", param="model", code="unsupported")
+    model = state.served(wire.model)  # on a server of several models, the one ``model`` names
+    if TaskType.REASON not in model.tasks:
+        raise ApiError(400, f"model: {model.name!r} does not serve chat completions (tasks: "
+                       f"{sorted(t.value for t in model.tasks)})", param="model", code="unsupported")
     inputs: list[Any] = []
     for i, message in enumerate(wire.messages):
         role, where = _ROLES[message.role], f"messages[{i}]"
@@ -127,7 +126,7 @@ def chat_request(wire: ChatCompletionRequest, request_id: str, state: ServeState
                                    code="invalid_value")
                 inputs.append(TextPart(text=part.text, role=role))  # type: ignore[arg-type]
             else:
-                inputs.append(_media(part, j, where))
+                inputs.append(_media(part, j, where, image_pixel_cap(state.config, model)))
     if not any(isinstance(p, TextPart) and p.text for p in inputs):
         raise ApiError(400, "messages: the conversation has no text; pass at least one non-empty text content",
                        param="messages", code="invalid_value")
@@ -137,7 +136,8 @@ def chat_request(wire: ChatCompletionRequest, request_id: str, state: ServeState
     sampling = Fields()
     with wire_errors():  # max_completion_tokens: OpenAI's newer name of max_tokens
         sampling.put_flat(given, {"max_completion_tokens": "max_tokens"})
-        return build_request(TaskType.REASON, None, parts=inputs, sampling=sampling, request_id=request_id)
+        return build_request(TaskType.REASON, None, parts=inputs, sampling=sampling, request_id=request_id,
+                             model=model.route)  # a ModelPool's name for it (None: the one model)
 
 
 # request-plane paths -> this endpoint's wire names (sampling.<name> is <name> on the wire)
@@ -214,6 +214,7 @@ async def create_chat_completion(wire: ChatCompletionRequest, request: Request, 
         state.check_accepting()
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         omni = chat_request(wire, request_id, state)
+        served = state.served(wire.model).name
         created = int(time.time())
         stream = state.engine.stream(omni)
         try:
@@ -222,7 +223,7 @@ async def create_chat_completion(wire: ChatCompletionRequest, request: Request, 
             raise _rejection(e) from None
     if wire.stream:
         usage = wire.stream_options is not None and wire.stream_options.include_usage
-        return StreamingResponse(_sse(stream, first, request_id, state.model.name, created, usage),
+        return StreamingResponse(_sse(stream, first, request_id, served, created, usage),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     event = first
@@ -234,4 +235,4 @@ async def create_chat_completion(wire: ChatCompletionRequest, request: Request, 
     out = event.output
     if out.status is not RequestStatus.COMPLETED:
         raise _failure(out)
-    return JSONResponse(_completion(out, request_id, state.model.name, created))
+    return JSONResponse(_completion(out, request_id, served, created))

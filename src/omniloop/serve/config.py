@@ -19,6 +19,7 @@ serve:
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,7 +40,21 @@ class ServeConfig(BaseModel):
     served_model_name: str | None = Field(
         default=None, description="the model id clients pass as 'model' (default: the checkpoint folder's name)"
     )
-    api_key: str | None = Field(default=None, description="if set, /v1 requires 'Authorization: Bearer <api_key>'")
+    api_key: str | None = Field(
+        default_factory=lambda: os.environ.get("OMNILOOP_API_KEY") or None,
+        description="if set, /v1 (and /metrics) require 'Authorization: Bearer <api_key>' (default: the "
+        "OMNILOOP_API_KEY environment variable; unset: no key)")
+    metrics_public: bool = Field(default=False, description="serve /metrics without the API key (for a scraper "
+                                 "that cannot send one)")
+    browser_token_s: float = Field(default=3600.0, gt=0, description="lifetime of the cookie a browser page (/play) "
+                                   "gets for presenting the API key once (POST /v1/browser-token)")
+    allowed_hosts: list[str] = Field(
+        default_factory=list, description="Host names served besides IP literals, localhost and the bound address "
+        "(DNS-rebinding guard; '*': any); e.g. a proxy's or a DNS name's")
+    allowed_origins: list[str] = Field(
+        default_factory=list, description="web origins (scheme://host:port) whose pages may call this server: CORS "
+        "is answered for them and their POSTs and WebSockets are accepted ('*': any); default: only pages this "
+        "server serves")
     max_jobs: int = Field(
         default=256, ge=1, description="jobs (videos and images) kept; the oldest finished one is evicted first"
     )
@@ -62,7 +77,20 @@ class ServeConfig(BaseModel):
     retention_max_age_s: float | None = Field(
         default=None, gt=0, description="seconds a finished job is kept after it ends (default: no age limit)",
     )
-    max_upload_bytes: int = Field(default=16 * 2**20, ge=1024, description="largest request body (413 beyond)")
+    max_upload_bytes: int = Field(default=16 * 2**20, ge=1024, description="largest request body on every route, "
+                                  "counted while it streams in (413 beyond, the rest never read)")
+    max_json_depth: int = Field(default=64, ge=2, description="deepest nesting of a JSON body (400 beyond, checked "
+                                "before it is parsed)")
+    max_ws_message_bytes: int = Field(default=64 * 2**10, ge=1024, description="largest WebSocket message a client "
+                                      "may send (the socket closes with 4413 beyond)")
+    max_image_pixels: int | None = Field(
+        default=None, ge=64 * 64, description="largest uploaded image or video frame, width x height, checked in the "
+        "file's header before anything is decoded (400 beyond); default: 16x the limits' max_pixels, at least 4 MP",
+    )
+    max_loras: int = Field(default=16, ge=0, description="LoRA adapters registered per model through /v1/loras "
+                           "(409 beyond: delete one first)")
+    max_lora_bytes: int = Field(default=4 * 2**30, ge=0, description="bytes of the LoRA adapters registered per model "
+                                "(409 beyond)")
     warmup: list[DiffusionParams] | None = Field(
         default=None,
         description="shapes run once at start before /ready turns 200 (a failure exits the process); "

@@ -10,17 +10,20 @@ import asyncio
 import base64
 import json
 import time
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
+from pydantic import BaseModel, Field
 
 from omniloop.request import ErrorKind, OmniRequest, RequestStatus
 from omniloop.serve.body import read_body
+from omniloop.serve.cancellation import wait_or_abort
 from omniloop.serve.errors import ApiError, failure_error, parse_body
 from omniloop.serve.jobs import Geometry, Job, JobKind, output_response, read_output
+from omniloop.serve.media import check_request_images, image_pixel_cap
 from omniloop.serve.protocol import ImageData, ImageEditRequest, ImageGenerationRequest, ImagesResponse
-from omniloop.serve.state import ServeState, State, new_id, require_auth
+from omniloop.serve.state import ServeState, State, get_state, new_id, require_auth
 from omniloop.serve.wire import ServedModel, WireCall, openai_image_edit, openai_images
 
 router = APIRouter(prefix="/v1/images", tags=["images"], dependencies=[Depends(require_auth)])
@@ -54,6 +57,7 @@ async def edit_images(request: Request, state: State) -> ImagesResponse:
         model = state.served(wire.model)
         ids = [new_id("img") for _ in range(wire.n)]
         requests, call = openai_image_edit(wire, ids, model, image=image, mask=mask)
+        await check_request_images(requests, "image", image_pixel_cap(state.config, model))
         jobs = await _submit(state, model, wire, requests, call)
     return await _answer(request, wire, jobs)
 
@@ -86,7 +90,7 @@ async def _submit(state: ServeState, model: ServedModel, wire: Any, requests: li
 
 
 async def _answer(request: Request, wire: Any, jobs: list[Job]) -> ImagesResponse:
-    await asyncio.gather(*(job.wait_sealed() for job in jobs))
+    await wait_or_abort(request, jobs, get_state(request).runner)  # a client that left cancels its images
     failed = [j for j in jobs if j.status is not RequestStatus.COMPLETED]
     if failed:
         raise _generation_error(failed[0], len(failed), len(jobs))
@@ -115,3 +119,22 @@ async def image_content(image_id: str, state: State) -> Response:
         raise ApiError(409, f"image {image_id} is {job.status.value}; content exists once it is completed",
                        param="image_id", code="not_ready")
     return output_response(job, "content", "image/png")
+
+
+class ImageDeleted(BaseModel):
+    id: str
+    object: Literal["image.deleted"] = "image.deleted"
+    deleted: bool = Field(description="true: the image is gone; false: it was cancelled and is kept")
+    status: str
+
+
+@router.delete("/{image_id}", response_model=ImageDeleted,
+               summary="Cancel a running image (answers at once: 'cancelling'), or delete a finished one")
+async def delete_image(image_id: str, state: State) -> ImageDeleted:
+    """The synchronous call waiting for it then answers that it was cancelled."""
+    job = state.job(image_id, JobKind.IMAGE)
+    if not job.sealed:
+        await state.runner.request_cancel(job)
+        return ImageDeleted(id=job.id, deleted=False, status="cancelling" if not job.sealed else job.status.value)
+    state.jobs.remove(job.id)
+    return ImageDeleted(id=job.id, deleted=True, status=job.status.value)

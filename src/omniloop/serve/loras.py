@@ -7,7 +7,10 @@
   File paths are never read on a client's behalf (the deploy config's ``lora_files``
   names files on the server's disk).
 * ``DELETE /v1/loras/{name}`` (``?model=``): new requests can no longer name it; running
-  ones keep it until they end.
+  ones keep it until they end, and then its uploaded file is removed from disk.
+
+Registrations are capped per model: ``ServeConfig.max_loras`` adapters and
+``max_lora_bytes`` of their files (409 beyond: delete one first).
 
 Requests then name adapters in ``loras: [{"name": ..., "strength": ...}]``. The registry is
 the pipeline's ``AdapterCache`` (``cache/adapters.py``: device and host tiers, LRU, byte
@@ -91,6 +94,27 @@ def _upload_dir(state: ServeState) -> Path:
     return state.lora_upload_dir
 
 
+def _check_room(state: ServeState, cache: AdapterCache, model: ServedModel, size: int) -> None:
+    loaded = cache.list()
+    if len(loaded) >= state.config.max_loras:
+        raise ApiError(409, f"name: {len(loaded)} LoRAs are loaded on {model.name!r} (max_loras "
+                       f"{state.config.max_loras}); DELETE /v1/loras/{{name}} one first", param="name",
+                       code="too_many_loras")
+    held = sum(info["bytes"] for info in loaded)
+    if held + size > state.config.max_lora_bytes:
+        raise ApiError(409, f"file: {size} more bytes would hold {held + size} of LoRAs on {model.name!r}, over "
+                       f"max_lora_bytes {state.config.max_lora_bytes}; DELETE /v1/loras/{{name}} one first",
+                       param="file", code="too_many_lora_bytes")
+
+
+def _remove_upload(upload_dir: Path, source: str) -> None:
+    """An unloaded adapter's file, once no request holds it -- only files uploaded here (the
+    deploy config's ``lora_files`` are the operator's and stay)."""
+    path = Path(source)
+    if path.parent == upload_dir:
+        path.unlink(missing_ok=True)
+
+
 @router.get("", response_model=LoraList, summary="List the loaded LoRAs")
 async def list_loras(state: State, model: str | None = Query(default=None)) -> LoraList:
     models = [state.served(model)] if model is not None else list(state.models.values())
@@ -126,7 +150,10 @@ async def load_lora(request: Request, state: State) -> LoraObject:
     if name in cache:
         raise ApiError(409, f"name: a LoRA named {name!r} is already loaded on {model.name!r}; DELETE "
                        f"/v1/loras/{name} first or pick another name", param="name", code="conflict")
-    path = _upload_dir(state) / f"{uuid.uuid4().hex}.safetensors"
+    _check_room(state, cache, model, len(files["file"]))
+    upload_dir = _upload_dir(state)
+    cache.on_drop = lambda _name, source: _remove_upload(upload_dir, source)
+    path = upload_dir / f"{uuid.uuid4().hex}.safetensors"
     path.write_bytes(files["file"])
     try:
         info = await asyncio.to_thread(cache.load, name, path)

@@ -6,7 +6,12 @@ appends each chunk's fMP4 segment to a MediaSource ``SourceBuffer`` (the first o
 init segment) and sends ``{"type": "action", "action": ...}`` for the arrow keys (space:
 ``stay``). The action vocabulary comes from ``/v1/models``; the page shows each chunk's
 action as the server reports it. ``window.omniloopPlay`` exposes what the page saw (chunk
-events, segment count, errors) for tests and debugging. ``?key=`` passes an API key.
+events, segment count, errors) for tests and debugging.
+
+With an API key set, the page asks for it once and trades it for a short-lived HttpOnly
+cookie (``POST /v1/browser-token`` with ``Authorization: Bearer <key>``): later fetches and
+the WebSocket (on which browsers put no headers) carry the cookie, never the key, and the
+key never goes in a URL.
 
 A session makes chunks only while its stream is connected, so the page keeps its session's
 id in ``sessionStorage``: reloaded, it reconnects to that session (paused while the page was
@@ -15,8 +20,11 @@ gone) instead of leaving it behind and starting another; the start button starts
 
 from __future__ import annotations
 
-from fastapi import APIRouter
-from fastapi.responses import HTMLResponse
+from fastapi import APIRouter, Depends
+from fastapi.responses import HTMLResponse, JSONResponse
+
+from omniloop.serve.browser import TOKEN_COOKIE
+from omniloop.serve.state import State, require_auth
 
 router = APIRouter(tags=["play"])
 
@@ -38,15 +46,17 @@ PAGE = """<!doctype html>
 <h1>omniloop play</h1>
 <p>Arrow keys steer the object, space stops it. <input id="prompt" value="a red circle on a black background">
 <button id="start">start</button></p>
+<p id="login" hidden>This server needs its API key: <input id="key" type="password" autocomplete="off">
+<button id="use-key">use key</button></p>
 <video id="video" autoplay muted playsinline></video>
 <div id="status">press start (or it starts by itself)</div>
 <script>
 "use strict";
 const KEYS = %KEYS%;
-const play = window.omniloopPlay = {events: [], segments: 0, errors: [], sent: [], session: null, actions: []};
+const play = window.omniloopPlay = {events: [], segments: 0, errors: [], sent: [], session: null, actions: [],
+                                    needsKey: false};
 const params = new URLSearchParams(location.search);
-const headers = {"Content-Type": "application/json"};
-if (params.get("key")) headers["Authorization"] = "Bearer " + params.get("key");
+const headers = {"Content-Type": "application/json"};  // the key, when one is set, travels as a cookie
 const status = (text) => { document.getElementById("status").textContent = text; };
 let ws = null;
 
@@ -62,7 +72,14 @@ async function resumable() {
 
 async function start(reuse) {
   if (ws) ws.close();
-  const models = await (await fetch("/v1/models", {headers})).json();
+  const listed = await fetch("/v1/models", {headers});
+  if (listed.status === 401) {  // a key is set: ask for it, trade it for the cookie, then start
+    play.needsKey = true;
+    document.getElementById("login").hidden = false;
+    status("enter the API key");
+    return;
+  }
+  const models = await listed.json();
   const interactive = models.data.find((m) => m.actions && m.actions.length) || models.data[0];
   play.actions = interactive.actions || [];
   let session = reuse ? await resumable() : null;
@@ -118,6 +135,14 @@ document.addEventListener("keydown", (e) => {
   play.sent.push(action);
 });
 document.getElementById("start").addEventListener("click", () => start(false));
+document.getElementById("use-key").addEventListener("click", async () => {
+  const key = document.getElementById("key").value;
+  const r = await fetch("/v1/browser-token", {method: "POST", headers: {"Authorization": "Bearer " + key}});
+  if (!r.ok) { status("wrong key"); return; }
+  document.getElementById("login").hidden = true;
+  play.needsKey = false;
+  start(true);
+});
 if (params.get("autostart") !== "0") start(true);
 </script>
 </body>
@@ -130,3 +155,16 @@ async def play_page() -> HTMLResponse:
     import json
 
     return HTMLResponse(PAGE.replace("%KEYS%", json.dumps(KEYS)))
+
+
+@router.post("/v1/browser-token", summary="Trade the API key for a short-lived browser cookie",
+             dependencies=[Depends(require_auth)])
+async def browser_token(state: State) -> JSONResponse:
+    """For pages (/play): the key, presented once as ``Authorization: Bearer``, becomes an
+    HttpOnly SameSite=Strict cookie that authenticates this browser's requests and
+    WebSockets for ``browser_token_s``."""
+    ttl = state.config.browser_token_s
+    response = JSONResponse({"object": "browser_token", "expires_in": ttl})
+    response.set_cookie(TOKEN_COOKIE, state.browser_tokens.issue(), max_age=int(ttl), httponly=True,
+                        samesite="strict", path="/")
+    return response

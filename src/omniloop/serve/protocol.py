@@ -46,7 +46,7 @@ def _with_generation_fields(name: str, base: type[BaseModel], fields: tuple[str,
 
 
 class _Wire(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # NaN/Infinity: a 400 naming the field
 
 
 class ImageReference(_Wire):

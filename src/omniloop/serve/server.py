@@ -113,7 +113,7 @@ def run_server(model: str | Path | Mapping[str, str], deploy: DeployConfig, conf
         app = create_app(engine, config, jobs=jobs, session_engine=session_engine)
         state: ServeState = app.state.omniloop
         uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
-                                   timeout_graceful_shutdown=5)
+                                   timeout_graceful_shutdown=5, ws_max_size=4 * config.max_ws_message_bytes)
         server = DrainingServer(uv_config, state, announce=True)
         server.run()
     finally:

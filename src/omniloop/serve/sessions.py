@@ -40,18 +40,21 @@ from omniloop.pipeline.loops.chunk import Flush
 from omniloop.request import (ActionPart, ArtifactEvent, FieldError, Fields, FinalEvent, OmniRequest, OutputSpec,
                               RequestStatus, TaskType, TextPart, VideoChunkArtifact, build_request,
                               format_validation_error)
+from omniloop.serve.backpressure import session_wait_s
 from omniloop.serve.errors import ApiError, api_error, parse_body, validation_error
+from omniloop.serve.session_inbox import SessionInbox
 from omniloop.serve.state import ServeState, State, check_auth, get_state, new_id, require_auth
 from omniloop.serve.wire import ServedModel
 
 logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 ROLLOUT_NODE = "rollout"
+WS_BINARY_REFUSED = 4415  # 4000 + HTTP 415: the stream takes JSON text messages only
 KEEP_CHUNKS = 4  # chunks a session keeps for a client that (re)connects: it starts at the oldest
 
 
 class SessionCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # NaN/Infinity: a 400 naming it
 
     model: str | None = Field(default=None, description="the served model (default: this server's)")
     prompt: str = Field(min_length=1, max_length=4000)
@@ -128,6 +131,7 @@ class Session:
     ended: bool = False
     ended_at: float | None = None  # monotonic; an ended session is described for session_idle_s more
     task: asyncio.Task | None = None
+    inbox: SessionInbox = field(default_factory=SessionInbox)  # steering messages, coalesced between chunks
     _tick: asyncio.Event = field(default_factory=asyncio.Event)
     _fmp4: FragmentedMP4Stream | None = None
 
@@ -169,7 +173,7 @@ class SessionManager:
                            param="model", code="model_not_found")
         if len(self.live()) >= self.max_sessions:
             raise ApiError(429, f"{self.max_sessions} sessions are live (max_sessions); end one "
-                           "(DELETE /v1/sessions/{id}) or retry later", code="too_many_sessions")
+                           "(DELETE /v1/sessions/{id}) or retry after Retry-After seconds", code="too_many_sessions")
         sid = new_id("session")
         request = session_request(body, sid)
         fps = body.fps or model.defaults.fps or 16
@@ -211,6 +215,7 @@ class SessionManager:
             async for event in stream:
                 if isinstance(event, ArtifactEvent) and event.partial and isinstance(event.artifact, VideoChunkArtifact):
                     await asyncio.to_thread(self._add_chunk, session, event.artifact)
+                    await self._forward(session, session.inbox.on_chunk())
                 elif isinstance(event, FinalEvent):  # why it ended, when we ended it, beats "cancelled by request"
                     session.status, session.error = event.output.status, session.error or event.output.error
                 else:
@@ -276,13 +281,20 @@ class SessionManager:
         sender = asyncio.create_task(self._send_chunks(websocket, session))
         try:
             while not sender.done():
-                receive = asyncio.create_task(websocket.receive_text())
+                receive = asyncio.create_task(websocket.receive())
                 done, _ = await asyncio.wait({receive, sender}, return_when=asyncio.FIRST_COMPLETED)
                 if receive not in done:
                     receive.cancel()
                     break
+                message = receive.result()
+                if message["type"] == "websocket.disconnect":
+                    break
+                if message.get("text") is None:  # a binary frame: the protocol is JSON text
+                    await websocket.close(code=WS_BINARY_REFUSED, reason="binary messages are not accepted; send "
+                                          "JSON text like {\"type\": \"prompt\", \"prompt\": \"...\"}")
+                    break
                 session.last_seen = time.monotonic()
-                reply = await self._handle(session, receive.result())
+                reply = await self._handle(session, message["text"])
                 if reply is not None:
                     await websocket.send_json(reply)
         except (WebSocketDisconnect, RuntimeError):
@@ -340,11 +352,20 @@ class SessionManager:
             item = TextPart(text=message.prompt)
         else:
             item = Flush()
-        try:
-            await self.engine.send(session.id, item)
-        except UnknownRequest:
+        if session.ended:
             return _error(f"session {session.id} has ended")
+        await self._forward(session, session.inbox.offer(item))  # held and coalesced while a chunk is made
         return None
+
+    async def _forward(self, session: Session, items: list[Any]) -> None:
+        for item in items:
+            with contextlib.suppress(UnknownRequest):  # it ended meanwhile: nothing to steer
+                await self.engine.send(session.id, item)
+
+    def retry_after_s(self) -> float:
+        """Seconds until a session slot may free (``serve/backpressure.py``)."""
+        unwatched = [(s.connected, s.last_seen) for s in self.live() if s.clients == 0]
+        return session_wait_s(unwatched, self.connect_grace_s, self.idle_s)
 
 
 def _error(message: str) -> dict[str, Any]:

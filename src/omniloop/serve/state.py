@@ -18,6 +18,7 @@ from starlette.requests import HTTPConnection
 
 from omniloop.engine import AsyncEngine, EngineError, RequestRejected
 from omniloop.request import ErrorKind, Failure, OmniRequest, RequestStatus
+from omniloop.serve.browser import TOKEN_COOKIE, BrowserTokens
 from omniloop.serve.config import ServeConfig
 from omniloop.serve.errors import ApiError, api_error
 from omniloop.serve.jobs import Job, JobKind, JobStore
@@ -48,6 +49,7 @@ class ServeState:
         self.on_fatal: Callable[[Exception], None] | None = None  # a failed warmup; the server stops
         self.on_ready: Callable[[], None] | None = None
         self.draining = False
+        self.browser_tokens = BrowserTokens(config.browser_token_s)  # cookies standing in for the key (/play)
         self.lora_upload_dir: Path | None = None  # LoRA files uploaded through /v1/loras (serve/loras.py)
         self.on_close: list[Callable[[], None]] = []
         self.started_at = int(time.time())
@@ -90,7 +92,7 @@ class ServeState:
 
     async def _warmup(self) -> None:
         try:
-            await run_warmup(self.engine, self.warmup_shapes, self.model.tasks)
+            await run_warmup(self.engine, self.warmup_shapes, self.model.tasks, self.model.defaults)
         except WarmupFailed as e:
             self.warmup_error = str(e)
             logger.error("%s", e)
@@ -199,9 +201,14 @@ def require_auth(request: Request) -> None:
 
 
 def check_auth(conn: HTTPConnection) -> None:
-    key = get_state(conn).config.api_key
+    """The API key as ``Authorization: Bearer <key>`` (the scheme is case-insensitive, as HTTP
+    says), or a browser token's cookie issued for it (``POST /v1/browser-token``)."""
+    state = get_state(conn)
+    key = state.config.api_key
     if key is None:
         return
-    given = conn.headers.get("authorization", "")
-    if not secrets.compare_digest(given.encode(), f"Bearer {key}".encode()):
+    scheme, _, given = conn.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and secrets.compare_digest(given.strip().encode(), key.encode()):
+        return
+    if not state.browser_tokens.valid(conn.cookies.get(TOKEN_COOKIE)):
         raise ApiError(401, "missing or wrong API key; send 'Authorization: Bearer <key>'", code="invalid_api_key")

@@ -12,6 +12,7 @@ from fastapi.responses import Response
 from omniloop.serve.body import read_body
 from omniloop.serve.errors import ApiError, parse_body
 from omniloop.serve.jobs import Geometry, Job, JobKind, JobStore, output_response
+from omniloop.serve.media import check_request_images, image_pixel_cap
 from omniloop.serve.protocol import JobError, VideoCreateRequest, VideoDeleted, VideoList, VideoObject
 from omniloop.serve.state import State, new_id, require_auth
 from omniloop.serve.wire import openai_video
@@ -45,6 +46,7 @@ async def create_video(request: Request, state: State) -> VideoObject:
         job_id = new_id("video")
         model = state.served(wire.model)
         omni, call = openai_video(wire, job_id, model, upload=files.get("input_reference"))
+        await check_request_images([omni], "input_reference", image_pixel_cap(state.config, model))
         geometry = Geometry.of(omni, model.defaults, wire.seconds)
         job = Job(id=job_id, kind=JobKind.VIDEO, model=model.name, prompt=wire.prompt, geometry=geometry)
         await state.submit([job], [omni], call.names)

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from omniloop.deploy import Limits
 from omniloop.request import (
-    DiffusionParams, ImagePart, Modality, OmniRequest, RequestStatus, TaskType, build_request, new_request_id,
-    suggest_task,
+    DiffusionParams, ImagePart, Modality, OmniRequest, RequestStatus, SamplingParams, TaskType, TextPart,
+    build_request, new_request_id, suggest_task,
 )
 from omniloop.request.tasks import fits
 
@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # the engine (torch) loads when a warmup runs, not when the C
 
 logger = logging.getLogger(__name__)
 DEFAULT_STEPS = 2
+WARMUP_TOKENS = 8  # a chat model's warmup decodes this many tokens (fewer when its context is small)
 
 
 class WarmupFailed(RuntimeError):
@@ -71,10 +72,17 @@ def describe(shape: DiffusionParams) -> str:
     return " ".join(f"{k}={v}" for k, v in shape.model_dump(exclude_defaults=True).items()) or "the model's defaults"
 
 
-def warmup_request(shape: DiffusionParams, tasks: frozenset[TaskType]) -> OmniRequest:
+def warmup_request(shape: DiffusionParams, tasks: frozenset[TaskType],
+                   defaults: GenerationDefaults | None = None) -> OmniRequest:
     """The task a client without one is suggested (``request.suggest_task``); one that needs
-    the first frame (an i2v model) gets a gray one."""
+    the first frame (an i2v model) gets a gray one. ``defaults``: the model's (a chat model's
+    context, ``text.max_context``, sizes its warmup decode)."""
     task = suggest_task(tasks)
+    if task is TaskType.REASON:  # a chat model: a short decode that fits its context, not the sampling default
+        text = defaults.text if defaults is not None else None
+        context = (text.max_context if text is not None else None) or 4 * WARMUP_TOKENS
+        sampling = SamplingParams(max_tokens=max(1, min(WARMUP_TOKENS, context // 4)))
+        return OmniRequest(request_id=new_request_id(), task=task, inputs=[TextPart(text="warmup")], sampling=sampling)
     if task is TaskType.T2I:
         shape = shape.model_copy(update={"num_frames": 1})
     if task is TaskType.T2A:  # audio has no frames or pixels
@@ -88,14 +96,15 @@ def warmup_request(shape: DiffusionParams, tasks: frozenset[TaskType]) -> OmniRe
     return build_request(task, "warmup", shape, parts=parts, request_id=new_request_id())
 
 
-async def run_warmup(engine: AsyncEngine, shapes: list[DiffusionParams], tasks: frozenset[TaskType]) -> None:
+async def run_warmup(engine: AsyncEngine, shapes: list[DiffusionParams], tasks: frozenset[TaskType],
+                     defaults: GenerationDefaults | None = None) -> None:
     """Run each shape once, in order; raise ``WarmupFailed`` at the first that fails."""
     from omniloop.engine import EngineError
 
     for i, shape in enumerate(shapes):
         where = f"warmup shape {i} ({describe(shape)})"
         try:
-            out = await engine.generate(warmup_request(shape, tasks))
+            out = await engine.generate(warmup_request(shape, tasks, defaults))
         except EngineError as e:  # refused at admission (bad size, over a limit, queue, dead engine)
             raise WarmupFailed(f"{where} was refused: {e}") from None
         if out.status is not RequestStatus.COMPLETED:

@@ -96,7 +96,7 @@ async def _serve(config: WorkerConfig) -> None:
     try:
         shapes = warmup_shapes(None if config.warmup is None else list(config.warmup), model.defaults, model.limits,
                                model.tasks)
-        await run_warmup(engine, shapes, model.tasks)
+        await run_warmup(engine, shapes, model.tasks, model.defaults)
     except BaseException:
         await asyncio.to_thread(engine.shutdown)
         runtime.shutdown()

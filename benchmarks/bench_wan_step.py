@@ -77,6 +77,10 @@ def our_loop(ours, shape: Shape, text: torch.Tensor, device, dtype, guidance: fl
     from omniloop.pipeline.policies.cfg import ClassicCFG
     from omniloop.pipeline.samplers import build_sampler
     from omniloop.pipeline.samplers.sampler_set import SamplerSet
+    from types import SimpleNamespace
+
+    from omniloop.models.autoencoders.wan_vae import WanVAEConfig
+    from omniloop.pipeline.defaults import GenerationDefaults
     from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
     from omniloop.pipeline.stage import StageBase
     from omniloop.request import DiffusionParams, OmniRequest, TaskType, TextPart
@@ -94,9 +98,12 @@ def our_loop(ours, shape: Shape, text: torch.Tensor, device, dtype, guidance: fl
         nodes=(Node("text", GivenText()), Node("denoise", DenoiseLoop(WanDenoiser(), cfg=ClassicCFG(cfg_mode)))),
         outputs={},
     )
-    defaults = {"steps": 1000, "guidance_scale": guidance, "height": shape.height, "width": shape.width,
-                "num_frames": shape.frames, "fps": 16, "z_dim": 16, "vae_scale_temporal": 4, "vae_scale_spatial": 8}
-    pipe = Pipeline(spec=spec, components={"transformer": ours, "sampler": SamplerSet.single("flow_unipc", sampler)},
+    defaults = GenerationDefaults(steps=1000, guidance_scale=guidance, height=shape.height, width=shape.width,
+                                  num_frames=shape.frames, fps=16)
+    # the latent grid is the VAE's (Wan2.1: z_dim 16, 4x temporal, 8x spatial): its config, no weights
+    vae = SimpleNamespace(config=WanVAEConfig())
+    pipe = Pipeline(spec=spec, components={"transformer": ours, "vae": vae,
+                                           "sampler": SamplerSet.single("flow_unipc", sampler)},
                     device=device, dtype=dtype, defaults=defaults)
     state = pipe.admit(OmniRequest(task=TaskType.T2V, inputs=[TextPart(text="x")], diffusion=DiffusionParams(seed=0)))
     pipe.spec.node("text").stage.forward(pipe.contexts["text"], state)

@@ -46,7 +46,8 @@ def test_task_the_model_does_not_declare(t2v):
 
 
 def test_unknown_task_name_lists_accepted_values():
-    with pytest.raises(ValidationError, match=r"Input should be 't2v', 'i2v'"):
+    # the one "unknown task" message (request.tasks.unknown_task): the API, the CLI and OmniRequest say it
+    with pytest.raises(ValidationError, match=r"unknown task 'txt2vid'; pass one of 't2v', 'i2v'"):
         OmniRequest(task="txt2vid")
 
 

@@ -53,11 +53,11 @@ class RetryAfter:
             await self.app(scope, receive, send)
             return
 
-        async def with_retry_after(message: Message) -> None:
-            if message["type"] == "http.response.start" and message["status"] == 429:
+        async def with_retry_after(event: Message) -> None:  # an ASGI send event
+            if event["type"] == "http.response.start" and event["status"] == 429:
                 value = header_value(self.estimate(scope["path"])).encode()
-                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"retry-after"]
-                message = {**message, "headers": [*headers, (b"retry-after", value)]}
-            await send(message)
+                headers = [(k, v) for k, v in event.get("headers", []) if k.lower() != b"retry-after"]
+                event = {**event, "headers": [*headers, (b"retry-after", value)]}
+            await send(event)
 
         await self.app(scope, receive, with_retry_after)

@@ -484,7 +484,7 @@ class Engine:
         # NOTE: events are built only when someone receives them: a ProgressEvent (and its ETA:
         # a walk over the request's nodes) per request per step is a measurable share of a
         # batched decode step's host time (tiny Cosmos3, batch 32: ~25 us a row)
-        if self.event_sink is not None:
+        if self.event_sink is not None and node.stage.progress_steps:
             eta = self.scheduler.remaining_s(req)
             self._emit(ProgressEvent(request_id=req.request_id, node=node.name, step=loop.steps_done,
                                      total=loop.steps_target, eta_s=eta))
@@ -504,7 +504,8 @@ class Engine:
         if self.hooks is not None:
             self._fire("loop_finalize", lambda: NodeEvent(req.request_id, node.name, True, loop))
             self._fire("node_end", lambda: NodeEvent(req.request_id, node.name, True, loop))
-        req.state.metrics.steps += loop.steps_done
+        if node.stage.progress_steps:  # not a streamed decode's steps: the request's own steps
+            req.state.metrics.steps += loop.steps_done
         req.state.loops.pop(node.name, None)
         self._next_node(req)
 

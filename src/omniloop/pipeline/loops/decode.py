@@ -65,6 +65,7 @@ class DecodePlan:
 class VideoDecodeState(LoopState):
     latents: torch.Tensor  # [1, C, f, h, w] denoised (normalized) latents
     frames_per_step: int
+    flops_per_frame: float  # ~decoder FLOPs of one latent frame (``decode_flops``)
     stream: Any = None  # this request's causal cache (``WanVAE.new_stream``); None: one-step decode
     parts: list[torch.Tensor] = field(default_factory=list)  # decoded [F_i, H, W, 3] uint8, in order
 
@@ -130,7 +131,7 @@ class VideoDecodeLoop(LoopStageBase):
         vae = ctx.component(self.component)
         plan = self.plan(vae, tuple(latents.shape), state.request)
         return VideoDecodeState(node=ctx.node, request_id=state.request_id, steps_target=plan.steps, latents=latents,
-                                frames_per_step=plan.frames_per_step,
+                                frames_per_step=plan.frames_per_step, flops_per_frame=decode_flops(vae.config, latents.shape, 1),
                                 stream=StreamingVAEDecode(self.component).init(ctx) if plan.streamed else None)
 
     def step(self, ctx: StageContext, loop: VideoDecodeState) -> StepResult:  # type: ignore[override]
@@ -153,6 +154,12 @@ class VideoDecodeLoop(LoopStageBase):
         loop.parts.clear()
         loop.stream = None
 
+    def step_flops(self, loop: VideoDecodeState) -> float | None:  # type: ignore[override]
+        if loop.done:
+            return None
+        start = loop.steps_done * loop.frames_per_step
+        return loop.flops_per_frame * min(loop.frames_per_step, loop.latents.shape[2] - start)
+
     # -- admission -------------------------------------------------------------------------
     def estimate(self, ctx: StageContext, state: RequestState) -> WorkEstimate:
         if self.shapes is None:
@@ -160,10 +167,11 @@ class VideoDecodeLoop(LoopStageBase):
         vae = ctx.component(self.component)
         shape = self.shapes.latent_shapes(ctx, state.request)[self.modality]
         plan = self.plan(vae, shape, state.request)
+        flops = decode_flops(vae.config, shape, plan.frames_per_step)
         if not plan.streamed:
-            return WorkEstimate()  # the one-shot node's estimate
+            return WorkEstimate(flops_per_step=flops)  # memory: the one-shot node's estimate (none)
         held = causal_cache_bytes(vae.config, shape, vae.dtype) + decoded_bytes(vae.config, shape)
-        return WorkEstimate(steps=plan.steps, loop_bytes=held,
+        return WorkEstimate(steps=plan.steps, flops_per_step=flops, loop_bytes=held,
                             peak_bytes=step_activation_bytes(vae.config, shape, plan.frames_per_step, vae.dtype))
 
 
@@ -206,3 +214,16 @@ def step_activation_bytes(config: Any, latent_shape: tuple[int, ...], frames_per
     frames = config.scale_factor_temporal * frames_per_step
     return 4 * b * _level_dims(config)[-1] * frames * (h << top) * (w << top) * torch.finfo(dtype).bits // 8
 
+
+
+def decode_flops(config: Any, latent_shape: tuple[int, ...], latent_frames: int) -> float:
+    """~FLOPs of decoding ``latent_frames`` latent frames (the cost model's prior; it calibrates
+    the ratio): the 3x3x3 convs of every residual block (two each) and of the mid block, at
+    each level's channels and resolution, for the output frames of those latent frames."""
+    b, z_dim, _, h, w = latent_shape
+    dims = _level_dims(config)
+    frames = config.scale_factor_temporal * latent_frames
+    macs = (27 * z_dim + 4 * 27 * dims[0]) * dims[0] * h * w
+    for level, dim in enumerate(dims[1:]):
+        macs += 2 * (config.num_res_blocks + 1) * 27 * dim * dim * (h << level) * (w << level)
+    return 2.0 * b * frames * macs

@@ -34,9 +34,10 @@ from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepR
 from omniloop.request import OmniRequest
 
 # A decode of more output pixels (frames x H x W) than this runs as several steps.
-# NOTE: 33x256x256 (2.2M) streams; the shapes models' default 17x128x128 (0.28M) stays one
-# step, in one chunk (5x faster on a CPU than chunk by chunk, see WanVAE.whole_fits).
-STREAM_ABOVE_PIXELS = 2**20
+# NOTE: 33x256x256 (2.16M) streams; 17x256x256 and the shapes models' default 17x128x128
+# (0.28M) stay one step, in one chunk (5x faster on a CPU than chunk by chunk, see
+# WanVAE.whole_fits), with the one-shot node's admission estimate.
+STREAM_ABOVE_PIXELS = 2**21
 # Output pixels one streamed step decodes at most (one latent frame at least): 256x256x4.
 STEP_PIXELS = 2**18
 

@@ -335,6 +335,8 @@ class Engine:
             self._fire(kind, lambda: NodeEvent(req.request_id, node.name, node.is_loop, req.loop))
         if not node.is_loop:
             self._next_node(req)
+        elif req.loop.done:  # its work was all in init (a small VAE decode): no step to schedule
+            self._end_loop(req)
 
     def _fans_out(self, req: EngineRequest, work: NodeWork) -> bool:
         """Siblings still the request's next nodes, in a deployment without plugins (their

@@ -131,18 +131,19 @@ class VideoDecodeLoop(LoopStageBase):
         latents = ctx.read(state, "latents", DenoisedLatents).latents[self.modality]
         vae = ctx.component(self.component)
         plan = self.plan(vae, tuple(latents.shape), state.request)
-        return VideoDecodeState(node=ctx.node, request_id=state.request_id, steps_target=plan.steps, latents=latents,
-                                frames_per_step=plan.frames_per_step, flops_per_frame=decode_flops(vae.config, latents.shape, 1),
-                                stream=StreamingVAEDecode(self.component).init(ctx) if plan.streamed else None)
+        loop = VideoDecodeState(node=ctx.node, request_id=state.request_id, steps_target=plan.steps, latents=latents,
+                                frames_per_step=plan.frames_per_step, flops_per_frame=decode_flops(vae.config, latents.shape, 1))
+        if not plan.streamed:  # one-shot: exactly the one-shot node's decode, here; the engine ends a loop done at init
+            loop.steps_target = 0
+            loop.parts.append(VideoVAEDecoder(self.component, self.modality, self.whole).decode(ctx, latents).frames)
+        else:
+            loop.stream = StreamingVAEDecode(self.component).init(ctx)
+        return loop
 
     def step(self, ctx: StageContext, loop: VideoDecodeState) -> StepResult:  # type: ignore[override]
-        if loop.stream is None:  # one step: exactly the one-shot node's decode
-            frames = VideoVAEDecoder(self.component, self.modality, self.whole).decode(ctx, loop.latents).frames
-        else:
-            start = loop.steps_done * loop.frames_per_step
-            z = loop.latents[:, :, start:start + loop.frames_per_step]  # [1, C, k, h, w]
-            frames = StreamingVAEDecode(self.component).decode(ctx, loop.stream, z)  # [F_k, H, W, 3] uint8
-        loop.parts.append(frames)
+        start = loop.steps_done * loop.frames_per_step
+        z = loop.latents[:, :, start:start + loop.frames_per_step]  # [1, C, k, h, w]
+        loop.parts.append(StreamingVAEDecode(self.component).decode(ctx, loop.stream, z))  # [F_k, H, W, 3] uint8
         loop.steps_done += 1
         return StepResult(done=loop.done)
 
@@ -168,11 +169,10 @@ class VideoDecodeLoop(LoopStageBase):
         vae = ctx.component(self.component)
         shape = self.shapes.latent_shapes(ctx, state.request)[self.modality]
         plan = self.plan(vae, shape, state.request)
-        flops = decode_flops(vae.config, shape, plan.frames_per_step)
         if not plan.streamed:
-            return WorkEstimate(flops_per_step=flops)  # memory: the one-shot node's estimate (none)
+            return WorkEstimate(steps=0)  # decoded at init, as the one-shot node: its estimate
         held = causal_cache_bytes(vae.config, shape, vae.dtype) + decoded_bytes(vae.config, shape)
-        return WorkEstimate(steps=plan.steps, flops_per_step=flops, loop_bytes=held,
+        return WorkEstimate(steps=plan.steps, flops_per_step=decode_flops(vae.config, shape, plan.frames_per_step), loop_bytes=held,
                             peak_bytes=step_activation_bytes(vae.config, shape, plan.frames_per_step, vae.dtype))
 
 

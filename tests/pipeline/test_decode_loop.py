@@ -4,11 +4,13 @@ bit-equal to the one-shot node's decode, seen from outside as that node."""
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 import torch
 
 from omniloop.engine import Engine, EngineConfig
+from omniloop.engine.scheduler import StepWork
 from omniloop.models.loader import load_pipeline
 from omniloop.models.model_spec import LoadOptions
 from omniloop.pipeline.loops.decode import VideoDecodeLoop, causal_cache_bytes
@@ -77,3 +79,42 @@ def test_the_causal_cache_estimate_is_the_cache_the_stream_holds(wan):
     held = sum(t.numel() * t.element_size() for t in cache._slots if t is not None)
     est = causal_cache_bytes(vae.config, tuple(z.shape), vae.dtype)
     assert held / 2 <= est <= 2 * held, (held, est)
+
+
+def _latency_with(engine, small_id, large_id):
+    """Steps ``engine`` until ``small_id`` is done: its wall latency and the large request's
+    decode steps that ran meanwhile."""
+    plans = []
+    schedule = engine.scheduler.schedule
+    engine.scheduler.schedule = lambda: plans.append(schedule()) or plans[-1]
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        while not any(o.request_id == small_id for o in engine.step()):
+            pass
+    latency = time.perf_counter() - t0
+    engine.scheduler.schedule = schedule
+    large_steps = sum(isinstance(p.work, StepWork) and p.work.node == "decode" and large_id in p.work.request_ids
+                      for p in plans)
+    return latency, large_steps
+
+
+def test_a_small_request_is_not_stalled_by_a_large_decode(wan):
+    """The large request reaches its decode loop; a small one arriving then runs to its end
+    with at most one of the large decode's steps before it (SRPT between steps), so its
+    latency stays within 2x its solo latency (the one-shot node made it wait for the whole
+    decode: benchmarks/bench_decode_interleave.py)."""
+    pipeline = _streaming(wan, stream_above_pixels=0, step_pixels=1)
+    engine = Engine(pipeline, EngineConfig())
+    engine.run_until_done(engine.add_request(_request(frames=5, size=16, rid="warm")))
+    solo = min(engine.run_until_done(engine.add_request(_request(frames=5, size=16, rid=f"solo{i}"))).metrics.run_s
+               for i in range(2))
+    large = engine.add_request(_request(frames=61, size=32, rid="large"))
+    with torch.inference_mode():
+        while engine._requests[large].loop is None or engine._requests[large].node.name != "decode":
+            engine.step()
+        engine.step()  # one decode step: the decode is under way
+    assert engine._requests[large].loop.steps_done >= 1 and engine._requests[large].loop.steps_target == 16
+    small = engine.add_request(_request(frames=5, size=16, rid="small"))
+    latency, large_steps = _latency_with(engine, small, large)
+    assert large_steps <= 1, large_steps
+    assert latency <= 2 * solo, (latency, solo)

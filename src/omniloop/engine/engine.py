@@ -330,7 +330,7 @@ class Engine:
             else:
                 node.stage.forward(ctx, req.state)
         self._account_node(req, item, time.perf_counter() - t0)
-        if self.hooks is not None:
+        if self.hooks is not None and (not node.is_loop or node.stage.progress_steps):  # else: node_end at its end
             kind = "loop_init" if node.is_loop else "node_end"
             self._fire(kind, lambda: NodeEvent(req.request_id, node.name, node.is_loop, req.loop))
         if not node.is_loop:
@@ -504,7 +504,8 @@ class Engine:
         node.stage.finalize(ctx, loop, req.state)
         self.scheduler.memory.release_loop(req.request_id, node.name)  # e.g. its KV cache
         if self.hooks is not None:
-            self._fire("loop_finalize", lambda: NodeEvent(req.request_id, node.name, True, loop))
+            if node.stage.progress_steps:  # a streamed decode looks like the one-shot node to plugins
+                self._fire("loop_finalize", lambda: NodeEvent(req.request_id, node.name, True, loop))
             self._fire("node_end", lambda: NodeEvent(req.request_id, node.name, True, loop))
         if node.stage.progress_steps:  # not a streamed decode's steps: the request's own steps
             req.state.metrics.steps += loop.steps_done

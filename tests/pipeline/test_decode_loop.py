@@ -106,15 +106,18 @@ def test_a_small_request_is_not_stalled_by_a_large_decode(wan):
     pipeline = _streaming(wan, stream_above_pixels=0, step_pixels=1)
     engine = Engine(pipeline, EngineConfig())
     engine.run_until_done(engine.add_request(_request(frames=5, size=16, rid="warm")))
-    solo = min(engine.run_until_done(engine.add_request(_request(frames=5, size=16, rid=f"solo{i}"))).metrics.run_s
-               for i in range(2))
+    solo = min(_latency_with(engine, engine.add_request(_request(frames=5, size=16, rid=f"solo{i}")), None)[0]
+               for i in range(3))
     large = engine.add_request(_request(frames=61, size=32, rid="large"))
     with torch.inference_mode():
         while engine._requests[large].loop is None or engine._requests[large].node.name != "decode":
             engine.step()
         engine.step()  # one decode step: the decode is under way
     assert engine._requests[large].loop.steps_done >= 1 and engine._requests[large].loop.steps_target == 16
-    small = engine.add_request(_request(frames=5, size=16, rid="small"))
-    latency, large_steps = _latency_with(engine, small, large)
-    assert large_steps <= 1, large_steps
+    # best of 3 on each side: this CPU is shared, a single wall time can be a descheduled one
+    runs = [_latency_with(engine, engine.add_request(_request(frames=5, size=16, rid=f"small{i}")), large)
+            for i in range(3)]
+    assert all(large_steps <= 1 for _, large_steps in runs), runs
+    assert not engine._requests[large].is_finished  # all three ran while the large decode was under way
+    latency = min(t for t, _ in runs)
     assert latency <= 2 * solo, (latency, solo)

@@ -102,9 +102,8 @@ class VideoDecodeLoop(LoopStageBase):
     inputs = VAEDecode.inputs
     outputs = VAEDecode.outputs
 
-    @property
-    def components(self) -> tuple[str, ...]:  # type: ignore[override]
-        return (self.component,)
+    def __post_init__(self) -> None:
+        self.components = (self.component,)
 
     @property
     def progress_steps(self) -> bool:
@@ -140,23 +139,27 @@ class VideoDecodeLoop(LoopStageBase):
             loop.stream = StreamingVAEDecode(self.component).init(ctx)
         return loop
 
-    def step(self, ctx: StageContext, loop: VideoDecodeState) -> StepResult:  # type: ignore[override]
+    def step(self, ctx: StageContext, loop: LoopState) -> StepResult:
+        assert isinstance(loop, VideoDecodeState), f"node {ctx.node!r} steps a {type(loop).__name__}"
         start = loop.steps_done * loop.frames_per_step
         z = loop.latents[:, :, start:start + loop.frames_per_step]  # [1, C, k, h, w]
         loop.parts.append(StreamingVAEDecode(self.component).decode(ctx, loop.stream, z))  # [F_k, H, W, 3] uint8
         loop.steps_done += 1
         return StepResult(done=loop.done)
 
-    def finalize(self, ctx: StageContext, loop: VideoDecodeState, state: RequestState) -> None:  # type: ignore[override]
+    def finalize(self, ctx: StageContext, loop: LoopState, state: RequestState) -> None:
+        assert isinstance(loop, VideoDecodeState), f"node {ctx.node!r} finalizes a {type(loop).__name__}"
         frames = torch.cat(loop.parts) if len(loop.parts) > 1 else loop.parts[0]
         self.release(loop)
         VAEDecode(self.component, decoder=_Decoded(frames, self.component, self.modality)).forward(ctx, state)
 
-    def release(self, loop: VideoDecodeState) -> None:  # type: ignore[override]
+    def release(self, loop: LoopState) -> None:
+        assert isinstance(loop, VideoDecodeState), f"{type(loop).__name__} is no decode loop state"
         loop.parts.clear()
         loop.stream = None
 
-    def step_flops(self, loop: VideoDecodeState) -> float | None:  # type: ignore[override]
+    def step_flops(self, loop: LoopState) -> float | None:
+        assert isinstance(loop, VideoDecodeState), f"{type(loop).__name__} is no decode loop state"
         if loop.done:
             return None
         start = loop.steps_done * loop.frames_per_step

@@ -318,6 +318,7 @@ class Engine:
 
     def _run_node(self, req: EngineRequest) -> None:
         node = req.node
+        assert node is not None, f"request {req.request_id} has no node left to run"
         ctx = self.pipeline.contexts[node.name]
         item = self.scheduler.item_cost(req)
         if self.hooks is not None:
@@ -335,7 +336,7 @@ class Engine:
             self._fire(kind, lambda: NodeEvent(req.request_id, node.name, node.is_loop, req.loop))
         if not node.is_loop:
             self._next_node(req)
-        elif req.loop.done:  # its work was all in init (a small VAE decode): no step to schedule
+        elif req.loop is not None and req.loop.done:  # its work was all in init (a small VAE decode): no step to schedule
             self._end_loop(req)
 
     def _fans_out(self, req: EngineRequest, work: NodeWork) -> bool:
@@ -475,6 +476,7 @@ class Engine:
 
     def _after_step(self, req: EngineRequest, result: StepResult, finite: bool) -> None:
         node, loop = req.node, req.loop
+        assert node is not None and loop is not None, f"request {req.request_id} stepped outside a loop"
         if result.error is not None:
             self._fail(req, result.error)
             return
@@ -500,6 +502,7 @@ class Engine:
 
     def _end_loop(self, req: EngineRequest) -> None:
         node, loop = req.node, req.loop
+        assert node is not None and loop is not None, f"request {req.request_id} ends a loop outside one"
         ctx = self.pipeline.contexts[node.name]
         node.stage.finalize(ctx, loop, req.state)
         self.scheduler.memory.release_loop(req.request_id, node.name)  # e.g. its KV cache

@@ -71,7 +71,7 @@ class VideoDecodeState(LoopState):
     parts: list[torch.Tensor] = field(default_factory=list)  # decoded [F_i, H, W, 3] uint8, in order
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Decoded:
     """The ``LatentDecoder`` of frames already decoded: ``finalize`` writes them through the
     one-shot node's own writing (image vs video, fps), so both write alike."""

@@ -105,8 +105,8 @@ def test_a_small_request_is_not_stalled_by_a_large_decode(wan):
     decode: benchmarks/bench_decode_interleave.py)."""
     pipeline = _streaming(wan, stream_above_pixels=0, step_pixels=1)
     engine = Engine(pipeline, EngineConfig())
-    engine.run_until_done(engine.add_request(_request(frames=5, size=16, rid="warm")))
-    solo = min(_latency_with(engine, engine.add_request(_request(frames=5, size=16, rid=f"solo{i}")), None)[0]
+    engine.run_until_done(engine.add_request(_request(frames=9, size=32, steps=4, rid="warm")))
+    solo = min(_latency_with(engine, engine.add_request(_request(frames=9, size=32, steps=4, rid=f"solo{i}")), None)[0]
                for i in range(3))
     large = engine.add_request(_request(frames=61, size=32, rid="large"))
     with torch.inference_mode():
@@ -115,7 +115,7 @@ def test_a_small_request_is_not_stalled_by_a_large_decode(wan):
         engine.step()  # one decode step: the decode is under way
     assert engine._requests[large].loop.steps_done >= 1 and engine._requests[large].loop.steps_target == 16
     # best of 3 on each side: this CPU is shared, a single wall time can be a descheduled one
-    runs = [_latency_with(engine, engine.add_request(_request(frames=5, size=16, rid=f"small{i}")), large)
+    runs = [_latency_with(engine, engine.add_request(_request(frames=9, size=32, steps=4, rid=f"small{i}")), large)
             for i in range(3)]
     assert all(large_steps <= 1 for _, large_steps in runs), runs
     assert not engine._requests[large].is_finished  # all three ran while the large decode was under way

@@ -320,6 +320,7 @@ class Engine:
 
     def _run_node(self, req: EngineRequest) -> None:
         node = req.node
+        assert node is not None, f"request {req.request_id} has no node left to run"
         ctx = self.pipeline.contexts[node.name]
         item = self.scheduler.item_cost(req)
         if self.hooks is not None:
@@ -332,11 +333,13 @@ class Engine:
             else:
                 node.stage.forward(ctx, req.state)
         self._account_node(req, item, time.perf_counter() - t0)
-        if self.hooks is not None:
+        if self.hooks is not None and (not node.is_loop or node.stage.progress_steps):  # else: node_end at its end
             kind = "loop_init" if node.is_loop else "node_end"
             self._fire(kind, lambda: NodeEvent(req.request_id, node.name, node.is_loop, req.loop))
         if not node.is_loop:
             self._next_node(req)
+        elif req.loop is not None and req.loop.done:  # its work was all in init (a small VAE decode): no step to schedule
+            self._end_loop(req)
 
     def _fans_out(self, req: EngineRequest, work: NodeWork) -> bool:
         """Siblings still the request's next nodes, in a deployment without plugins (their
@@ -475,6 +478,7 @@ class Engine:
 
     def _after_step(self, req: EngineRequest, result: StepResult, finite: bool) -> None:
         node, loop = req.node, req.loop
+        assert node is not None and loop is not None, f"request {req.request_id} stepped outside a loop"
         if result.error is not None:
             self._fail(req, result.error)
             return
@@ -486,7 +490,7 @@ class Engine:
         # NOTE: events are built only when someone receives them: a ProgressEvent (and its ETA:
         # a walk over the request's nodes) per request per step is a measurable share of a
         # batched decode step's host time (tiny Cosmos3, batch 32: ~25 us a row)
-        if self.event_sink is not None:
+        if self.event_sink is not None and node.stage.progress_steps:
             eta = self.scheduler.remaining_s(req)
             self._emit(ProgressEvent(request_id=req.request_id, node=node.name, step=loop.steps_done,
                                      total=loop.steps_target, eta_s=eta))
@@ -500,13 +504,16 @@ class Engine:
 
     def _end_loop(self, req: EngineRequest) -> None:
         node, loop = req.node, req.loop
+        assert node is not None and loop is not None, f"request {req.request_id} ends a loop outside one"
         ctx = self.pipeline.contexts[node.name]
         node.stage.finalize(ctx, loop, req.state)
         self.scheduler.memory.release_loop(req.request_id, node.name)  # e.g. its KV cache
         if self.hooks is not None:
-            self._fire("loop_finalize", lambda: NodeEvent(req.request_id, node.name, True, loop))
+            if node.stage.progress_steps:  # a streamed decode looks like the one-shot node to plugins
+                self._fire("loop_finalize", lambda: NodeEvent(req.request_id, node.name, True, loop))
             self._fire("node_end", lambda: NodeEvent(req.request_id, node.name, True, loop))
-        req.state.metrics.steps += loop.steps_done
+        if node.stage.progress_steps:  # not a streamed decode's steps: the request's own steps
+            req.state.metrics.steps += loop.steps_done
         req.state.loops.pop(node.name, None)
         self._next_node(req)
 

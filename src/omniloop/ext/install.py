@@ -205,7 +205,7 @@ def check_plugin_params(request: OmniRequest, pipeline: PluginHost[Any]) -> None
 
 def _bind(pipeline: PluginHost[Any], built: Mapping[str, Any]) -> dict[str, list[Any]]:
     """Interceptors per loop node, after the capability and conflict checks."""
-    loops = [n for n in pipeline.spec.nodes if n.is_loop]
+    loops = [n for n in pipeline.spec.nodes if n.is_loop and n.stage.progress_steps]  # not a streamed decode
     support = {n.name: _support(n, pipeline.contexts[n.name]) for n in loops}
     bound: dict[str, list[Any]] = {n.name: [] for n in loops}
     for name, plugin in built.items():

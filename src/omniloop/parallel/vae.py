@@ -47,6 +47,8 @@ class TiledParallelVAE:
     """A VAE component whose ``decode`` is a tiled decode with the tiles spread across ranks;
     everything else (encode, latent normalization, dtype, config) is the wrapped VAE's."""
 
+    streams_frames = False  # its decode is tiled: a frame-by-frame stream of the whole frame would differ
+
     def __init__(self, vae: Any, tiling: Any, group: Any = None) -> None:
         self._vae = vae
         self.tiling = tiling

@@ -172,6 +172,12 @@ class LoopStage(_Ports, Protocol[S]):
         (its model runs its blocks through ``run_blocks``); plugin installation binds by it."""
         ...
 
+    @property
+    def progress_steps(self) -> bool:
+        """Whether the loop's steps are the request's progress (ProgressEvents, ``RequestMetrics.steps``,
+        step plugins); False for a loop that only splits one-shot work into steps (a streamed VAE decode)."""
+        ...
+
 
 def batches_with(key: Hashable | None, other: Hashable | None) -> bool:
     """The one rule of batch compatibility: steps of one node run as one ``step_many`` when
@@ -284,6 +290,12 @@ class LoopStageBase(StageBase, Generic[S]):
     def ready(self, loop: S) -> bool:
         """False while the loop's next step cannot run (e.g. it waits for KV blocks after a
         preemption); the scheduler then picks other work."""
+        return True
+
+    @property
+    def progress_steps(self) -> bool:
+        """The loop's steps are the request's progress (a loop that splits one-shot work into
+        steps so the scheduler can interleave it says False: it looks like that node outside)."""
         return True
 
     def batch_key(self, loop: S) -> Hashable | None:

@@ -576,6 +576,9 @@ class WanVAETiling:
 class WanVAE(nn.Module):
     """The Wan2.1 video VAE. Holds only weights: every call brings its own :class:`CausalCache`."""
 
+    # decode_stream equals decode(whole=False) bit for bit (a decode loop may stream it)
+    streams_frames: bool = True
+
     def __init__(self, config: WanVAEConfig) -> None:
         super().__init__()
         self.config = config

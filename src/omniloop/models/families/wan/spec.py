@@ -26,7 +26,8 @@ from omniloop.pipeline.policies.shift import FlowShift
 from omniloop.pipeline.predicates import opt, task_in
 from omniloop.pipeline.samplers.sampler_set import SamplerSet, flow_sampler_set, load_sampler_set
 from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
-from omniloop.pipeline.stages import LATENTS_GIVEN, GivenLatents, TextEncode, VAEDecode
+from omniloop.pipeline.loops.decode import VideoDecodeLoop
+from omniloop.pipeline.stages import LATENTS_GIVEN, GivenLatents, TextEncode
 from omniloop.models.families.wan.parallelize import WAN_PARALLEL
 from omniloop.models.families.wan.presets import TEACACHE_DEFAULT, TEACACHE_POLYNOMIALS, WAN_DEFAULTS
 from omniloop.models.families.wan.stages import WanDenoiser, WanImageCondition, WanVideoEncode
@@ -135,7 +136,8 @@ def wan_pipeline_spec(variant: Variant, *, boundary_ratio: float | None, cfg_mod
             ),
         ),
         # outputs.modalities=["latent"] (trajectory rollouts, latent-space pipelines) skips the VAE
-        Node("decode", VAEDecode(whole=decode_whole), when=opt("pixels wanted", _wants_pixels)),
+        # a large video decodes as steps the scheduler interleaves (pipeline/loops/decode.py)
+        Node("decode", VideoDecodeLoop(WanDenoiser(), whole=decode_whole), when=opt("pixels wanted", _wants_pixels)),
     ]
     return PipelineSpec(
         name=variant.name,

@@ -133,8 +133,5 @@ class ImageDeleted(BaseModel):
 async def delete_image(image_id: str, state: State) -> ImageDeleted:
     """The synchronous call waiting for it then answers that it was cancelled."""
     job = state.job(image_id, JobKind.IMAGE)
-    if not job.sealed:
-        await state.runner.request_cancel(job)
-        return ImageDeleted(id=job.id, deleted=False, status="cancelling" if not job.sealed else job.status.value)
-    state.jobs.remove(job.id)
-    return ImageDeleted(id=job.id, deleted=True, status=job.status.value)
+    deleted, status = await state.runner.cancel_or_delete(job)
+    return ImageDeleted(id=job.id, deleted=deleted, status=status)

@@ -75,6 +75,17 @@ class JobRunner:
         except UnknownRequest:
             pass  # finished in the meantime
 
+    async def cancel_or_delete(self, job: Job) -> tuple[bool, str]:
+        """``DELETE`` on a job: a running one is cancelled at its next step boundary (which may
+        be seconds away) and kept, so its final status and partial progress stay visible, and
+        the answer does not wait for it ("cancelling", then GET shows "cancelled"); a stopped
+        one is removed. Returns (deleted, status)."""
+        if not job.sealed:
+            await self.request_cancel(job)
+            return False, "cancelling" if not job.sealed else job.status.value
+        self.jobs.remove(job.id)
+        return True, job.status.value
+
     async def cancel(self, job: Job, wait_s: float) -> bool:
         """Abort at the next step boundary; True once the job has stopped."""
         await self.request_cancel(job)

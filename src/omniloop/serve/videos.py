@@ -98,12 +98,5 @@ async def download_video(
                summary="Delete a finished job, or cancel a running one (answers at once: 'cancelling')")
 async def delete_video(video_id: str, state: State) -> VideoDeleted:
     job = state.job(video_id, JobKind.VIDEO)
-    if not job.sealed:
-        # NOTE: a running job is cancelled at its next step boundary (which may be seconds
-        # away) and kept, so its final status and partial progress stay visible; the answer
-        # does not wait for it: "cancelling", then GET shows "cancelled". A second DELETE
-        # of the stopped job removes it.
-        await state.runner.request_cancel(job)
-        return VideoDeleted(id=job.id, deleted=False, status="cancelling" if not job.sealed else job.status.value)
-    state.jobs.remove(job.id)
-    return VideoDeleted(id=job.id, deleted=True, status=job.status.value)
+    deleted, status = await state.runner.cancel_or_delete(job)  # a second DELETE of a stopped job removes it
+    return VideoDeleted(id=job.id, deleted=deleted, status=status)

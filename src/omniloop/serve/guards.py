@@ -154,16 +154,7 @@ class BodyLimit:
             await refuse(send, 400, f"body: JSON nested {depth} deep; this server accepts at most "
                          f"{self.max_depth} levels (max_json_depth)", param="body", code="too_deep")
             return
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await capped()  # after the body: the disconnect, when it comes
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replay_body(body, capped), send)
 
     async def _too_large(self, send: Send, how: str) -> None:
         await refuse(send, 413, f"body: {how} this server's limit of {self.max_bytes} bytes (max_upload_bytes)",
@@ -183,3 +174,18 @@ class BodyLimit:
             return message
 
         return capped
+
+
+def replay_body(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that hands the app ``body`` (already read, whole) as one message, then
+    whatever ``receive`` gives after it (the disconnect, when it comes)."""
+    given = False
+
+    async def replay() -> Message:
+        nonlocal given
+        if not given:
+            given = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay

@@ -22,7 +22,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from omniloop.serve.guards import ASGIApp, Message, Receive, Scope, Send, header, refuse
+from omniloop.serve.guards import ASGIApp, Message, Receive, Scope, Send, header, refuse, replay_body
 
 IDEMPOTENT_PATHS = frozenset({"/v1/videos", "/v1/images/generations", "/v1/images/edits", "/v1/sessions"})
 
@@ -63,7 +63,7 @@ class Idempotent:
             return
         kept = self._kept[key] = _Kept(digest)
         try:
-            await self.app(scope, _replay(body, receive), self._keeping(kept, send))
+            await self.app(scope, replay_body(body, receive), self._keeping(kept, send))
         finally:
             if not 200 <= kept.status < 300:
                 self._kept.pop(key, None)  # an error is not kept: a retry runs again
@@ -106,16 +106,3 @@ class Idempotent:
             if oldest is None:
                 return
             del self._kept[oldest]
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    given = False
-
-    async def replay() -> Message:
-        nonlocal given
-        if not given:
-            given = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay

@@ -285,3 +285,18 @@ def test_the_console_script_skips_the_interpreter_teardown_once_a_command_is_don
     assert proc.returncode == 0, proc.stderr
     assert ("TEARDOWN" in proc.stdout) is torn_down
     assert "usage: omniloop" in proc.stdout or "shapes-t2v" in proc.stdout  # flushed before leaving
+
+
+def test_a_checkpoint_folders_task_is_checked_before_its_weights_load(capsys, monkeypatch, flux_dir):
+    """A diffusers checkpoint's tasks come from its model_index.json and its family's variant
+    (no weight read): ``--task t2v`` on a Flux folder is refused before the model loads."""
+    from omniloop.api.generator import VideoGenerator
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the model loaded before --task was checked")
+
+    monkeypatch.setattr(VideoGenerator, "from_pretrained", no_loading)
+    code = main(["generate", "a red circle", "--model", str(flux_dir), "--task", "t2v", "--device", "cpu"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith(f"error: --task t2v: task 't2v' is not served by '{flux_dir}' (its tasks: "
+                                        "['i2i', 't2i']); pass --task i2i"), err

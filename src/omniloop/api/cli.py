@@ -165,6 +165,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         preflight.check_shape(declared, args.task, params)
     deploy = _deploy_from_flags(args)
     deploy.check_device()
+    if declared is None:  # a checkpoint folder: its variant's tasks, from its index (no weights)
+        preflight.check_checkpoint_task(args.model or DEFAULT_MODEL, args.task)
     preflight.check_lora_files(deploy.lora_files)
     preflight.check_lora_refs(params.get("loras", []), deploy.lora_files)
     try:

@@ -51,11 +51,30 @@ def declared_model(model: str) -> DeclaredModel | None:
 
 def check_task(model: DeclaredModel, task: str | None) -> None:
     """--task against the tasks the manifest declares."""
-    if task is None or task in model.tasks:
+    check_task_in(list(model.tasks), model.name, task)
+
+
+def check_task_in(tasks: list[str], name: str, task: str | None) -> None:
+    if task is None or task in tasks:
         return
-    tasks = list(model.tasks)
-    raise ValueError(f"--task {task}: task {task!r} is not served by {model.name!r} (its tasks: {tasks}); pass "
+    raise ValueError(f"--task {task}: task {task!r} is not served by {name!r} (its tasks: {tasks}); pass "
                      f"--task {tasks[0]}, or a --model that serves {task} (omniloop models lists them)")
+
+
+def check_checkpoint_task(model: str, task: str | None) -> None:
+    """--task against the tasks a diffusers / transformers checkpoint's variant serves, from its
+    ``model_index.json`` (or ``config.json``) and its family's spec: no weight is read. Imports
+    the family (torch), so it runs after the torch-free checks."""
+    if task is None:
+        return
+    from omniloop.models.catalog import resolve_model_path
+    from omniloop.models.loader import read_model_index
+    from omniloop.models.model_spec import spec_for_class
+
+    root = resolve_model_path(model)
+    index = read_model_index(root)
+    variant = spec_for_class(index["_class_name"]).variant(index)
+    check_task_in(sorted(t.value for t in variant.tasks), model, task)
 
 
 def _nearest_multiples(value: int, m: int) -> str:

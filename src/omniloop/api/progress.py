@@ -17,11 +17,13 @@ from omniloop.request import FinalEvent, OmniEvent, ProgressEvent
 
 
 def one_shot_tails(nodes: Sequence[Any]) -> dict[str, list[str]]:
-    """Loop node name -> the one-shot nodes that run after it, up to the next loop."""
+    """Loop node name -> the one-shot nodes that run after it, up to the next loop. A loop
+    whose steps are not progress (a VAE decode streamed in steps) counts as one-shot: it
+    reports no steps, and looks like the one-shot node it replaces."""
     tails: dict[str, list[str]] = {}
     current: list[str] | None = None
     for node in nodes:
-        if node.is_loop:
+        if node.is_loop and node.stage.progress_steps:
             current = tails.setdefault(node.name, [])
         elif current is not None:
             current.append(node.name)

@@ -112,3 +112,22 @@ def strict_server(wan_t2v_dir):
     """Tight ceilings: every valid request is cheap (bad-input tests and fuzzing)."""
     with live_server(wan_t2v_dir, limits=STRICT_LIMITS, max_queue=8, serve={"max_upload_bytes": 64 * 1024}) as server:
         yield server
+
+
+# a plain chat template for the tiny Qwen2 (the chat tests and the warmup edge test)
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_end|>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant: {% endif %}")
+
+
+@pytest.fixture(scope="module")
+def qwen2_chat_dir(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    from tests.models.qwen2.checkpoint import save_qwen2_checkpoint
+
+    folder = tmp_path_factory.mktemp("qwen2_chat")
+    save_qwen2_checkpoint(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(folder)
+    return folder

@@ -21,23 +21,7 @@ from omniloop.request import OmniRequest, SamplingParams, TaskType, TextPart
 from tests.serve.conftest import IGNORE_SORA_DEPRECATION, live_server
 
 pytestmark = pytest.mark.filterwarnings(IGNORE_SORA_DEPRECATION)
-CHAT_TEMPLATE = ("{% for m in messages %}<|im_end|>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-                 "{% if add_generation_prompt %}assistant: {% endif %}")
 MESSAGES = [{"role": "system", "content": "the cat"}, {"role": "user", "content": "hello world, the quick brown fox"}]
-
-
-@pytest.fixture(scope="module")
-def qwen2_chat_dir(tmp_path_factory):
-    from transformers import AutoTokenizer
-
-    from tests.models.qwen2.checkpoint import save_qwen2_checkpoint
-
-    folder = tmp_path_factory.mktemp("qwen2_chat")
-    save_qwen2_checkpoint(folder)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    tokenizer.chat_template = CHAT_TEMPLATE
-    tokenizer.save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")

@@ -64,21 +64,6 @@ def test_the_default_warmup_fits_a_small_context_chat_model(qwen2_dir):
         assert server.state.warmup_error is None
 
 
-@pytest.fixture(scope="module")
-def qwen2_chat_dir(tmp_path_factory):
-    from transformers import AutoTokenizer
-
-    from tests.models.qwen2.checkpoint import save_qwen2_checkpoint
-    from tests.serve.test_chat import CHAT_TEMPLATE
-
-    folder = tmp_path_factory.mktemp("qwen2_chat")
-    save_qwen2_checkpoint(folder)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    tokenizer.chat_template = CHAT_TEMPLATE
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
 def test_chat_serves_the_model_named_by_model_on_a_multi_model_server(qwen2_chat_dir, wan_t2v_dir):
     with live_server({"wan": wan_t2v_dir, "qwen": qwen2_chat_dir}, serve={"warmup": []}) as server:
         messages = [{"role": "user", "content": "hello"}]

@@ -9,9 +9,8 @@ from typing import Any, Mapping
 import torch
 
 from omniloop.pipeline.defaults import GenerationDefaults
-from omniloop.pipeline.edges import TextEmbeddings
-from omniloop.pipeline.loops.denoise import DenoiserBase
-from omniloop.pipeline.policies.cfg import COND, UNCOND, Prediction
+from omniloop.pipeline.loops.denoise import DenoiserBase, text_branch_inputs
+from omniloop.pipeline.policies.cfg import Prediction
 from omniloop.pipeline.state import RequestState, StageContext
 from omniloop.request import OmniRequest
 
@@ -48,12 +47,7 @@ class ToyDenoiser(DenoiserBase):
         return {VIDEO: (1, channels, frames, g.height // SCALE_SPATIAL, g.width // SCALE_SPATIAL)}
 
     def branch_inputs(self, ctx: StageContext, state: RequestState, branches: tuple[str, ...]) -> dict[str, dict[str, Any]]:
-        text = ctx.read(state, "text", TextEmbeddings)
-        out = {COND: {"encoder_hidden_states": text.prompt}}
-        if UNCOND in branches:
-            assert text.negative is not None, "guidance is on but no negative embeddings were encoded"
-            out[UNCOND] = {"encoder_hidden_states": text.negative}
-        return out
+        return text_branch_inputs(ctx, state, branches)
 
     def forward(self, model: torch.nn.Module, inputs: dict[str, torch.Tensor], timestep: torch.Tensor,
                 kwargs: dict[str, Any]) -> Prediction:

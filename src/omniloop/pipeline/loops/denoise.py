@@ -28,7 +28,7 @@ from omniloop.pipeline.failures import PoolFatalError, attempt, per_request
 from omniloop.pipeline.loops.batch_keys import kwargs_signature, latent_signature, packs_shapes
 from omniloop.pipeline.loops.given_latents import check_strength_leaves_steps, loop_strength, start_from_given
 from omniloop.pipeline.loops.step_cost import denoise_step_cost, held_tensor_bytes
-from omniloop.pipeline.policies.cfg import CFGPolicy, CFGState, ClassicCFG, Prediction
+from omniloop.pipeline.policies.cfg import COND, UNCOND, CFGPolicy, CFGState, ClassicCFG, Prediction
 from omniloop.pipeline.policies.conditioning import ConditioningPolicy, NoConditioning
 from omniloop.pipeline.policies.routing import Route, RoutingPolicy, SingleModel
 from omniloop.pipeline.policies.shift import FlowShift, ShiftPolicy
@@ -84,6 +84,18 @@ class Denoiser(Protocol):
         of different sizes share a batched step (the loop then leaves latent shapes out of its
         batch key). ``DenoiserBase``: raises (no packing)."""
         ...
+
+
+def text_branch_inputs(ctx: StageContext, state: RequestState, branches: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """Per guidance branch, the text embeddings as ``encoder_hidden_states``: the prompt's for
+    the conditional branch, the negative prompt's for the unconditional one (a DiT that is
+    conditioned by cross-attention on one text encoder's states: Wan, FAR)."""
+    text = ctx.read(state, "text", TextEmbeddings)
+    out = {COND: {"encoder_hidden_states": text.prompt}}
+    if UNCOND in branches:
+        assert text.negative is not None, "guidance is on but no negative embeddings were encoded"
+        out[UNCOND] = {"encoder_hidden_states": text.negative}
+    return out
 
 
 class DenoiserBase:

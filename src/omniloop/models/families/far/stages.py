@@ -13,10 +13,10 @@ import torch
 from omniloop.cache.chunk_kv import ChunkKVBatch, KVSegment, SlabLayout, TierPolicy
 from omniloop.io.image import image_to_tensor, open_image
 from omniloop.models.families.far.model import COMPRESSED, FULL
-from omniloop.pipeline.edges import ConditionLatents, TextEmbeddings
+from omniloop.pipeline.edges import ConditionLatents
 from omniloop.pipeline.loops.chunk import ChunkPlan, ChunkRolloutParams
-from omniloop.pipeline.loops.denoise import DenoiserBase
-from omniloop.pipeline.policies.cfg import COND, UNCOND, Prediction
+from omniloop.pipeline.loops.denoise import DenoiserBase, text_branch_inputs
+from omniloop.pipeline.policies.cfg import COND, Prediction
 from omniloop.pipeline.stage import ComponentStage
 from omniloop.pipeline.defaults import GenerationDefaults
 from omniloop.pipeline.state import RequestState, StageContext
@@ -100,12 +100,7 @@ class FARDenoiser(DenoiserBase):
         return {"video": (1, vae.z_dim, f, h, w)}
 
     def branch_inputs(self, ctx: StageContext, state: RequestState, branches: tuple[str, ...]) -> dict[str, dict[str, Any]]:
-        text = ctx.read(state, "text", TextEmbeddings)
-        out = {COND: {"encoder_hidden_states": text.prompt}}
-        if UNCOND in branches:
-            assert text.negative is not None, "guidance is on but no negative embeddings were encoded"
-            out[UNCOND] = {"encoder_hidden_states": text.negative}
-        return out
+        return text_branch_inputs(ctx, state, branches)
 
     def forward(self, model: torch.nn.Module, inputs: dict[str, torch.Tensor], timestep: torch.Tensor,
                 kwargs: dict[str, Any]) -> Prediction:

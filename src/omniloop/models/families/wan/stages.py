@@ -10,9 +10,9 @@ import torch
 from omniloop.io.image import image_to_tensor, open_image_part
 from omniloop.io.video import video_frames, video_to_tensor
 from omniloop.pipeline.defaults import GenerationDefaults
-from omniloop.pipeline.edges import ConditionLatents, InitLatents, TextEmbeddings
-from omniloop.pipeline.loops.denoise import DenoiserBase
-from omniloop.pipeline.policies.cfg import COND, UNCOND, Prediction
+from omniloop.pipeline.edges import ConditionLatents, InitLatents
+from omniloop.pipeline.loops.denoise import DenoiserBase, text_branch_inputs
+from omniloop.pipeline.policies.cfg import Prediction
 from omniloop.pipeline.stage import ComponentStage
 from omniloop.pipeline.state import RequestState, StageContext
 from omniloop.request import ImagePart, Modality, OmniRequest, VideoPart
@@ -52,12 +52,7 @@ class WanDenoiser(DenoiserBase):
         return {"video": (1, vae.z_dim, f, g.height // ss, g.width // ss)}
 
     def branch_inputs(self, ctx: StageContext, state: RequestState, branches: tuple[str, ...]) -> dict[str, dict[str, Any]]:
-        text = ctx.read(state, "text", TextEmbeddings)
-        out = {COND: {"encoder_hidden_states": text.prompt}}
-        if UNCOND in branches:
-            assert text.negative is not None, "guidance is on but no negative embeddings were encoded"
-            out[UNCOND] = {"encoder_hidden_states": text.negative}
-        return out
+        return text_branch_inputs(ctx, state, branches)
 
     def forward(
         self, model: torch.nn.Module, inputs: dict[str, torch.Tensor], timestep: torch.Tensor, kwargs: dict[str, Any]

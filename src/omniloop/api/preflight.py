@@ -11,7 +11,6 @@ checkpoint's tasks and rules, the sampler names) is still admission's.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -163,7 +162,5 @@ def check_deploy_limits(limits: Limits, task: str | None, params: Mapping[str, A
                           diffusion=DiffusionParams(**params))
     # a manifest's defaults, typed; unknown ones (a diffusers checkpoint before it loads) count as
     # the least they can be (no frames, no pixels, one step): the engine checks them once known
-    known = {f.name for f in dataclasses.fields(GenerationDefaults)}
-    given: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
-                             for k, v in (model.defaults if model else {}).items() if k in known}
-    check_limits(request, limits, GenerationDefaults(**{"steps": 1, **given}))
+    least = GenerationDefaults(steps=1)
+    check_limits(request, limits, least if model is None else least.with_json(model.defaults, model.name))

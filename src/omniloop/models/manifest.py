@@ -22,7 +22,6 @@ sibling (``../shapes-t2v/vae``: the 4-step student shares its teacher's VAE file
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -103,11 +102,7 @@ class ModelManifest(BaseModel):
     def generation_defaults(self, base: GenerationDefaults) -> GenerationDefaults:
         """``base`` (the family's presets) with this manifest's ``defaults`` over it, typed
         (lists become tuples; a name GenerationDefaults lacks is refused, naming it)."""
-        unknown = sorted(set(self.defaults) - {f.name for f in dataclasses.fields(GenerationDefaults)})
-        if unknown:
-            raise ValueError(f"omniloop_model.json of {self.name!r}: defaults {unknown} are not generation defaults")
-        typed = {k: tuple(v) if isinstance(v, list) else v for k, v in self.defaults.items()}
-        return base.replace(**typed)
+        return base.with_json(self.defaults, f"omniloop_model.json of {self.name!r}")
 
     @property
     def class_name(self) -> str:

@@ -106,6 +106,14 @@ class GenerationDefaults:
         name raises TypeError, so a typo fails at build."""
         return dataclasses.replace(self, **changes)
 
+    def with_json(self, values: Mapping[str, Any], where: str) -> "GenerationDefaults":
+        """These defaults with ``values`` (a manifest's JSON ``defaults``) over them, typed:
+        lists become tuples; a name GenerationDefaults lacks is refused, naming ``where``."""
+        unknown = sorted(set(values) - {f.name for f in dataclasses.fields(GenerationDefaults)})
+        if unknown:
+            raise ValueError(f"{where}: defaults {unknown} are not generation defaults")
+        return self.replace(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+
     def family_as(self, kind: type["F"]) -> "F":
         """The family extension, checked to be ``kind`` (a family reads only its own)."""
         assert isinstance(self.family, kind), f"defaults.family is {type(self.family).__name__}, expected {kind.__name__}"

@@ -35,14 +35,9 @@ def _one_process_mp4(model_dir) -> bytes:
 
 
 def _serve_one(server) -> bytes:
-    """Rank 0 (this process's engine thread) computes with the ranks' thread count: the
-    session model's engine, started after the pool, set torch's count by ``cpu_threads=auto``
-    (the machine's load at that moment), and CPU kernels round differently with another count."""
-    with threads(rank_threads(2)):
-        return _served(server)
-
-
-def _served(server) -> bytes:
+    """Rank 0 computes on the server's engine thread, which pins the ranks' thread count itself
+    (AsyncEngine(threads=)): the session model's engine, loaded after the pool, sets torch's
+    count by ``cpu_threads=auto``, and CPU kernels round differently with another count."""
     client = server.client()
     video = client.videos.create(prompt=PROMPT, size="32x32", extra_body={
         "steps": PARAMS["steps"], "num_frames": PARAMS["num_frames"], "seed": PARAMS["seed"],

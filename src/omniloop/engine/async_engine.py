@@ -34,13 +34,15 @@ logger = logging.getLogger(__name__)
 _REPORTED_CACHES = (TEXT_EMBEDDINGS, ADAPTERS)  # caches with summary() counters for /metrics
 
 
-def _server_cpu_threads(config: DeployConfig) -> None:
+def _server_cpu_threads(config: DeployConfig) -> int | None:
+    """The engine thread's intra-op thread count, or None to keep torch's."""
     if config.torch_device().type == "cpu" and config.cpu_threads != "auto":
         # an explicit count (serve --cpu-threads N) holds; "auto" keeps torch's for a long-lived server,
         # whose load is its own work, not a neighbour's
         from omniloop.cpu_threads import apply_cpu_threads
 
-        apply_cpu_threads(config.cpu_threads)
+        return apply_cpu_threads(config.cpu_threads)
+    return None
 
 
 def load_options(deploy: DeployConfig) -> LoadOptions:
@@ -59,9 +61,13 @@ def load_options(deploy: DeployConfig) -> LoadOptions:
 
 
 class AsyncEngine:
-    def __init__(self, engine: EngineLike, *, model_name: str = "") -> None:
+    def __init__(self, engine: EngineLike, *, model_name: str = "", threads: int | None = None) -> None:
         self.engine = engine
         self.model_name = model_name
+        # torch's intra-op count is per thread once a thread has computed (OpenMP's ICV): the
+        # engine thread sets its own, so another engine or caller setting theirs later (a session
+        # model's cpu_threads=auto) cannot change how this one's CPU kernels round
+        self._threads = threads
         # request id -> (its caller's event loop, the queue its events go to); one entry per
         # live stream, removed when the stream ends (however it ends)
         self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
@@ -78,18 +84,19 @@ class AsyncEngine:
         """Load like ``VideoGenerator.from_pretrained``; ``options`` are DeployConfig fields
         (``plugins={name: config}`` enables plugins, e.g. from the server's deploy config file)."""
         config = DeployConfig.from_options(deploy, **options)
-        _server_cpu_threads(config)
+        threads = _server_cpu_threads(config)
         if config.parallel.world > 1:  # this process becomes rank 0 of an SPMD pool (engine/pool.py)
             from omniloop.engine.pool import launch_pool_engine
 
-            return cls(launch_pool_engine(model, config), model_name=str(model))
+            pool_engine = launch_pool_engine(model, config)
+            return cls(pool_engine, model_name=str(model), threads=pool_engine.pool.threads)
         opts = load_options(config)
 
         def build() -> Pipeline:  # DeployConfig.plugins is the one source of enabled plugins
             return install_plugins(load_pipeline(model, opts)[1], config.plugins, compile=config.compile)
 
         engine = Engine(build(), EngineConfig.from_deploy(config), restart_pool=build)
-        return cls(engine, model_name=str(model))
+        return cls(engine, model_name=str(model), threads=threads)
 
     @classmethod
     def serving_models(cls, models: Mapping[str, str | Path], *, deploy: DeployConfig | None = None,
@@ -100,7 +107,7 @@ class AsyncEngine:
         if not models:
             raise ValueError("models: pass at least one {name: checkpoint}")
         config = DeployConfig.from_options(deploy, **options)
-        _server_cpu_threads(config)
+        threads = _server_cpu_threads(config)
         if config.parallel.world > 1:
             raise ValueError("parallel: a server of several models runs on one device; serve one model per SPMD pool")
         opts = load_options(config)
@@ -113,7 +120,7 @@ class AsyncEngine:
                          device_budget_bytes=None if config.model_device_gb is None else int(config.model_device_gb * gib),
                          host_budget_bytes=None if config.model_host_gb is None else int(config.model_host_gb * gib),
                          sources={n: (str(p),) for n, p in models.items()})
-        return cls(pool, model_name=next(iter(models)))
+        return cls(pool, model_name=next(iter(models)), threads=threads)
 
     def cache_summaries(self) -> dict[str, dict[str, dict[str, Any]]]:
         """model -> cache name -> counters (the text-embedding and adapter caches) of every
@@ -125,6 +132,8 @@ class AsyncEngine:
 
     # -- worker thread ------------------------------------------------------------------
     def _run(self) -> None:
+        if self._threads is not None:
+            torch.set_num_threads(self._threads)
         with torch.inference_mode():
             while not self._stop:
                 with self._wake:

@@ -57,6 +57,7 @@ class SPMDPool:
         self.mesh: Any = None
         self._store: Any = None  # the rendezvous TCPStore (rank 0 holds it)
         self._threads_before: int | None = None  # this process's thread count before the pool
+        self.threads: int | None = None  # every rank's intra-op threads (CPU pools), once started
         self._procs: list[Any] = []  # rank r at index r - 1
         self._conns: list[Any] = []
         self.starts = 0
@@ -73,6 +74,7 @@ class SPMDPool:
         if self._threads_before is None:
             self._threads_before = torch.get_num_threads()
         torch.set_num_threads(threads)  # rank 0 is one of the ranks sharing the cores
+        self.threads = threads if self.deploy.torch_device().type == "cpu" else None
         for rank in range(1, self.spec.world):
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=worker_main, args=(rank, self.model, deploy_json, port, threads, child),

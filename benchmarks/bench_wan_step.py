@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from common import emit, profile_top, timed  # benchmarks/ is on sys.path when this runs as a script
-from omniloop.models.families.wan.presets import WAN21_T2V_1_3B, WAN21_VAE
+from omniloop.models.families.wan.presets import WAN21_T2V_1_3B, WAN21_T2V_14B, WAN21_VAE
 from omniloop.models.families.wan.weights import load_wan_dit
 from omniloop.models.layers.attention import set_attention_backend
 
@@ -51,7 +51,7 @@ def dit_flops(cfg: dict, shape: Shape) -> float:
 
 
 
-def build_models(cfg: dict, device, dtype):
+def build_models(cfg: dict, device, dtype, *, reference: bool = True):
     """Both models loaded the way users load them, from one saved random checkpoint:
     diffusers ``from_pretrained(torch_dtype=...)`` and our ``load_wan_dit`` (both keep the
     same modules in fp32)."""
@@ -63,7 +63,8 @@ def build_models(cfg: dict, device, dtype):
     torch.manual_seed(0)
     with torch.device(device):  # random init on the GPU: seconds instead of minutes
         WanTransformer3DModel(**cfg).save_pretrained(folder)
-    ref = WanTransformer3DModel.from_pretrained(folder, torch_dtype=dtype).to(device).eval().requires_grad_(False)
+    ref = (WanTransformer3DModel.from_pretrained(folder, torch_dtype=dtype).to(device).eval().requires_grad_(False)
+           if reference else None)
     ours = load_wan_dit(folder, device=device, dtype=dtype).eval().requires_grad_(False)
     return ref, ours, folder
 
@@ -117,7 +118,7 @@ def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 def bench_dit(args, cfg, shape, device, dtype, sink):
     cuda = device.type == "cuda"
-    ref, ours, folder = build_models(cfg, device, dtype)
+    ref, ours, folder = build_models(cfg, device, dtype, reference=args.diffusers)
     f, h, w = shape.latent
     g = torch.Generator("cpu").manual_seed(0)
     x = torch.randn(1, cfg["in_channels"], f, h, w, generator=g).to(device, dtype)
@@ -126,12 +127,14 @@ def bench_dit(args, cfg, shape, device, dtype, sink):
     flops = dit_flops(cfg, shape)
     base = {"bench": "wan_dit", "tokens": shape.tokens(), "shape": [shape.height, shape.width, shape.frames],
             "dtype": str(dtype).removeprefix("torch."), "device": torch.cuda.get_device_name() if cuda else "cpu",
-            "torch": torch.__version__, "tflop_per_forward": round(flops / 1e12, 2)}
+            "torch": torch.__version__, "tflop_per_forward": round(flops / 1e12, 2), "arch": args.arch}
 
     with torch.inference_mode():
         # numerical agreement on these exact inputs (bf16: both accumulate differently)
-        a = ref(hidden_states=x, timestep=t, encoder_hidden_states=text, return_dict=False)[0]
         b = ours(x, t, text)
+        if ref is None:  # --no-diffusers: our step alone (a model too large to hold twice, or timed alone)
+            return bench_ours_alone(args, ours, shape, text, device, dtype, base, sink)
+        a = ref(hidden_states=x, timestep=t, encoder_hidden_states=text, return_dict=False)[0]
         emit({**base, "metric": "rel_l2_ours_vs_diffusers", "value": _rel(b, a)}, sink)
 
         results = {}
@@ -237,6 +240,30 @@ def bench_dit(args, cfg, shape, device, dtype, sink):
         torch.cuda.empty_cache()
 
 
+def bench_ours_alone(args, ours, shape, text, device, dtype, base, sink) -> None:
+    """Our step, compiled per block with the last backend (the best): one forward and a
+    batched-CFG step (two forwards), as a served request runs them."""
+    cuda = device.type == "cuda"
+    best = args.backends[-1]
+    set_attention_backend(ours, best)
+    if args.compile:
+        for block in ours.blocks:
+            block.compile()
+    mode = "compiled" if args.compile else "eager"
+    cases = [(f"ours_step_{mode}[{best}]", 1.0, "sequential", 1)]
+    if args.cfg:
+        cases.append((f"ours_step_cfg_batched_{mode}[{best}]", 5.0, "batched", 2))
+    flops = base["tflop_per_forward"] * 1e12
+    for name, guidance, cfg_mode, forwards in cases:
+        stage, ctx, loop = our_loop(ours, shape, text, device, dtype, guidance, cfg_mode)
+        times = timed(lambda: stage.step(ctx, loop), warmup=args.warmup, iters=args.iters, cuda=cuda)
+        med = statistics.median(times)
+        emit({**base, "metric": name, "median_s": med, "min_s": min(times), "iters": len(times),
+              "tflops": round(forwards * flops / med / 1e12, 1)}, sink)
+    if cuda:
+        emit({**base, "metric": "peak_memory_gb", "value": round(torch.cuda.max_memory_allocated() / 2**30, 2)}, sink)
+
+
 def bench_vae(args, shape, device, dtype, sink):
     import tempfile
 
@@ -281,6 +308,11 @@ def main(argv=None) -> int:
     p.add_argument("--profile", action="store_true", help="also list the top kernels of our step and of diffusers'")
     p.add_argument("--no-cfg", dest="cfg", action="store_false", help="skip the two-forward CFG step timings")
     p.add_argument("--backends", default="sdpa,sdpa_cudnn", help="our attention backends to time (last = best)")
+    p.add_argument("--arch", default="1.3b", choices=("1.3b", "14b"),
+                   help="14b: Wan2.1-T2V-14B (one expert of Wan2.2-A14B: the same DiT, one active per step)")
+    p.add_argument("--size", default="480p", choices=("480p", "720p"), help="480x832x81 or 720x1280x81")
+    p.add_argument("--no-diffusers", dest="diffusers", action="store_false",
+                   help="time our step alone (no diffusers model beside it)")
     p.add_argument("--out", default=None, help="also append the JSON lines to this file")
     args = p.parse_args(argv)
     args.backends = args.backends.split(",")
@@ -291,7 +323,8 @@ def main(argv=None) -> int:
                "text_dim": 32, "freq_dim": 16}
         shape = Shape(32, 48, 9, text_len=16)
     else:
-        cfg, shape = dict(WAN21_T2V_1_3B), Shape(480, 832, 81)
+        cfg = dict(WAN21_T2V_14B if args.arch == "14b" else WAN21_T2V_1_3B)
+        shape = Shape(720, 1280, 81) if args.size == "720p" else Shape(480, 832, 81)
     sink = open(args.out, "a") if args.out else None
     try:
         if args.vae:  # first: quick, so its numbers survive a timeout in a long compile below

@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from omniloop.models.families import CARD_FILE  # torch-free: json and pkgutil only
 from omniloop.models.manifest import MANIFEST_FILE
 
 DEFAULT_MODEL = "shapes-t2v"  # the embedded default: what --model / from_pretrained() mean when not given
@@ -32,7 +33,6 @@ if (BUILTIN_DIR / INTERACTIVE_MODEL / MANIFEST_FILE).is_file():
     BUILTIN_MODELS[INTERACTIVE_MODEL] = BUILTIN_DIR / INTERACTIVE_MODEL
 
 FAMILIES_DIR = Path(__file__).resolve().parent / "families"
-CARD_FILE = "family.json"
 
 
 def resolve_model_path(model: str | Path) -> Path:

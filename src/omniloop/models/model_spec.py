@@ -96,7 +96,11 @@ def register_model_spec(spec: ModelSpec) -> ModelSpec:
 
 
 def spec_for_class(class_name: str) -> ModelSpec:
-    discover_families()
+    if class_name not in _REGISTRY:
+        from omniloop.models.families import import_family_of
+
+        if not import_family_of(class_name) or class_name not in _REGISTRY:
+            discover_families()  # a plug-in family, or a card that disagrees with its spec
     try:
         return _REGISTRY[class_name]
     except KeyError:

@@ -13,14 +13,29 @@ group: an entry point names a module (or an object in one) whose import calls
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import pkgutil
 from importlib.metadata import entry_points
+from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "omniloop.families"
+CARD_FILE = "family.json"  # each built-in family's card (models/catalog.py reads it for listings)
 _discovered = False
+
+
+def import_family_of(class_name: str) -> bool:
+    """Import only the built-in family whose card (``family.json``) lists ``class_name``;
+    -> whether one does. Loading one checkpoint then imports one family, not all of them
+    (Cosmos3's import alone pulls in torch._dynamo: seconds on a small CPU)."""
+    for card in sorted(Path(__path__[0]).glob(f"*/{CARD_FILE}")):
+        layouts = json.loads(card.read_text())["layouts"]
+        if any(class_name in layout["diffusers_classes"] for layout in layouts):
+            importlib.import_module(f"{__name__}.{card.parent.name}")
+            return True
+    return False
 
 
 def discover_families() -> None:

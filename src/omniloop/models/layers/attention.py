@@ -24,6 +24,7 @@ never per-request state.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Callable, Protocol
 
 import torch
@@ -59,11 +60,19 @@ def register_attention_backend(name: str, *, masks: bool = True) -> Callable[[At
     return wrap
 
 
+# Backends in their own modules register when first named: their imports (Triton; torch._dynamo,
+# which ``torch.compiler.disable`` pulls in: seconds on a small CPU) are paid by the models that use them.
+_LAZY_BACKENDS = {"triton_8bit": "omniloop.models.layers.attention_8bit",
+                  "cudnn_fp8": "omniloop.models.layers.attention_cudnn_fp8"}
+
+
 def available_attention_backends() -> list[str]:
-    return sorted(_BACKENDS)
+    return sorted({*_BACKENDS, *_LAZY_BACKENDS})
 
 
 def get_attention_backend(name: str) -> AttentionFn:
+    if name not in _BACKENDS and name in _LAZY_BACKENDS:
+        importlib.import_module(_LAZY_BACKENDS[name])  # registers it
     try:
         return _BACKENDS[name]
     except KeyError:
@@ -82,7 +91,7 @@ def attention(
     causal: bool = False,
 ) -> torch.Tensor:
     """``[B, Lq, H, D] x [B, Lk, H_kv, D] -> [B, Lq, H, D]`` with the named backend."""
-    fn = _BACKENDS[backend]
+    fn = _BACKENDS[backend] if backend in _BACKENDS else get_attention_backend(backend)
     assert q.shape[2] % k.shape[2] == 0, f"{q.shape[2]} query heads cannot share {k.shape[2]} kv heads evenly"
     if mask is None and not causal:
         return fn(q, k, v)  # the DiT path: backends registered with three arguments keep working
@@ -279,7 +288,3 @@ def set_attention_backend(module: torch.nn.Module, name: str) -> None:
         if hasattr(sub, "attention_backend"):
             sub.attention_backend = name
 
-
-# Backends in their own modules register on import (after the registry above exists).
-from omniloop.models.layers import attention_8bit as _attention_8bit  # noqa: E402,F401
-from omniloop.models.layers import attention_cudnn_fp8 as _attention_cudnn_fp8  # noqa: E402,F401

@@ -62,6 +62,16 @@ class DiffusersRMSNorm(nn.Module):
         return x * self.weight
 
 
+def modulation_table(rows: int, dim: int) -> nn.Parameter:
+    """``[1, rows, dim]`` learned shift/scale(/gate) rows, initialised ``randn / sqrt(dim)``.
+
+    NOTE: on a meta build (the loaders') only the shape is made: ``torch.randn`` on meta runs
+    torch's Python reference, whose checks import sympy (seconds of a model's load on a CPU)."""
+    if torch.get_default_device().type == "meta":
+        return nn.Parameter(torch.empty(1, rows, dim))
+    return nn.Parameter(torch.randn(1, rows, dim) / dim**0.5)
+
+
 def sinusoidal_timestep_embedding(timestep: torch.Tensor, dim: int) -> torch.Tensor:
     """``[N] -> [N, dim]`` fp32 ``[cos | sin]`` features (diffusers ``Timesteps(flip_sin_to_cos=True, shift=0)``)."""
     half = dim // 2
@@ -146,7 +156,7 @@ class WanBlock(nn.Module):
         self.norm3 = FP32LayerNorm(dim, eps, elementwise_affine=False)
         self.ffn = FeedForward(dim, ffn_dim)
         # rows: shift, scale, gate (self-attn), shift, scale, gate (FFN); fp32
-        self.scale_shift_table = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
+        self.scale_shift_table = modulation_table(6, dim)
 
     def forward(
         self,

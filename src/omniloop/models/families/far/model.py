@@ -53,6 +53,7 @@ from omniloop.models.layers.wan_dit import (
     FP32LayerNorm,
     TwoLayerMLP,
     WanBlock,
+    modulation_table,
     sinusoidal_timestep_embedding,
 )
 
@@ -300,7 +301,7 @@ class FARDiT(nn.Module):
         ])
         self.norm_out = FP32LayerNorm(dim, eps, elementwise_affine=False)
         self.proj_out = nn.Linear(dim, config.out_channels * math.prod(config.patch_size))
-        self.scale_shift_table = nn.Parameter(torch.randn(1, 2, dim) / dim**0.5)  # rows: shift, scale
+        self.scale_shift_table = modulation_table(2, dim)  # rows: shift, scale
 
     def forward(
         self,

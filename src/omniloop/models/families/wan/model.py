@@ -34,7 +34,8 @@ from torch import nn
 
 from omniloop.models.layers.attention import DEFAULT_BACKEND, attention
 from omniloop.models.layers.run_blocks import BlockInterceptor, run_blocks
-from omniloop.models.layers.wan_dit import FP32LayerNorm, TwoLayerMLP, WanBlock, sinusoidal_timestep_embedding
+from omniloop.models.layers.wan_dit import (FP32LayerNorm, TwoLayerMLP, WanBlock, modulation_table,
+                                            sinusoidal_timestep_embedding)
 
 __all__ = ["FP32LayerNorm", "KEEP_IN_FP32_COMPONENTS", "WanBlock", "WanDiT", "WanDiTConfig", "keeps_fp32"]
 
@@ -196,6 +197,12 @@ class WanRotaryEmbedding(nn.Module):
     def reset_tables(self, device: torch.device | str) -> None:
         """(Re)build the tables on ``device``; the loader calls it after a ``meta`` build."""
         device = torch.device(device)
+        if device.type == "meta":  # a meta build (the loader's): shapes only; computing them on meta
+            # runs torch's Python meta kernels, whose first use imports torch._refs / _decomp (seconds)
+            half = sum(dim // 2 for dim in self.axis_dims)
+            self.cos_table = torch.empty(self.max_seq_len, half, device=device)
+            self.sin_table = torch.empty(self.max_seq_len, half, device=device)
+            return
         angle_dtype = torch.float32 if device.type == "mps" else torch.float64  # MPS has no fp64
         positions = torch.arange(self.max_seq_len, dtype=angle_dtype, device=device)
         angles = []
@@ -323,7 +330,7 @@ class WanDiT(nn.Module):
         self.blocks = nn.ModuleList([_block(config) for _ in range(config.num_layers)])
         self.norm_out = FP32LayerNorm(dim, config.eps, elementwise_affine=False)
         self.proj_out = nn.Linear(dim, config.out_channels * math.prod(config.patch_size))
-        self.scale_shift_table = nn.Parameter(torch.randn(1, 2, dim) / dim**0.5)  # rows: shift, scale
+        self.scale_shift_table = modulation_table(2, dim)  # rows: shift, scale
 
     def forward(
         self,

@@ -186,6 +186,9 @@ def main(argv=None) -> int:
     finally:
         if sink:
             sink.close()
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)  # a 7B checkpoint is 15 GB of the device's disk
     return 0
 
 

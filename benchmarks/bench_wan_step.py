@@ -66,6 +66,10 @@ def build_models(cfg: dict, device, dtype, *, reference: bool = True):
     ref = (WanTransformer3DModel.from_pretrained(folder, torch_dtype=dtype).to(device).eval().requires_grad_(False)
            if reference else None)
     ours = load_wan_dit(folder, device=device, dtype=dtype).eval().requires_grad_(False)
+    if not reference:  # nothing reloads it (the FP8 runs need the reference): a 14B checkpoint is 57 GB of disk
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
     return ref, ours, folder
 
 

@@ -46,11 +46,17 @@ class DeployConfig(BaseModel):
 
     device: str = Field(default="auto", description="'auto', 'cpu', 'cuda', 'cuda:1', ...")
     dtype: str = Field(default="auto", description="'auto' (bf16 on GPU, fp32 on CPU), 'float32', 'bfloat16', 'float16'")
-    attention_backend: str = Field(default="sdpa", description="attention kernel: sdpa, sdpa_cudnn, sdpa_flash, math; or, changing the numbers, triton_8bit (INT8 QK + FP8 PV, Ada/Hopper) or cudnn_fp8 (cuDNN FP8 flash attention, Hopper)")
-    cfg_mode: Literal["sequential", "batched"] = Field(
-        default="sequential", description="CFG dispatch: two forwards, or cond+uncond stacked in one"
+    attention_backend: str = Field(default="auto", description="attention kernel: auto (the family's fastest exact "
+                                   "kernel on this GPU; sdpa on a CPU), sdpa, sdpa_cudnn, sdpa_flash, math; or, changing "
+                                   "the numbers, triton_8bit (INT8 QK + FP8 PV, Ada/Hopper) or cudnn_fp8 (cuDNN FP8 flash "
+                                   "attention, Hopper)")
+    cfg_mode: Literal["auto", "sequential", "batched"] = Field(
+        default="auto", description="CFG dispatch: two forwards (sequential), or cond+uncond stacked in one (batched); "
+        "auto: the family's faster one on a GPU, sequential on a CPU"
     )
-    compile: bool = Field(default=False, description="torch.compile each transformer block (GPU)")
+    compile: bool | Literal["auto"] = Field(
+        default="auto", description="torch.compile each repeated transformer block; auto: on CUDA for the families "
+        "whose compiled step is measured faster (models/fast_path.py), never on a CPU; --no-compile turns it off")
     quantization: Literal["none", "fp8", "fp8_tensor"] = Field(
         default="none",
         description="'fp8': e4m3 weights (per channel) and activations (per token) in the transformer blocks' "
@@ -155,7 +161,8 @@ class DeployConfig(BaseModel):
     def _known_backend(cls, v: str) -> str:
         from omniloop.models.layers.attention import get_attention_backend
 
-        get_attention_backend(v)
+        if v != "auto":
+            get_attention_backend(v)
         return v
 
     @field_validator("device")

@@ -108,7 +108,8 @@ def test_help_shows_defaults():
     flat = " ".join(generate.split())
     assert "--output OUTPUT a .mp4 file, a .png file" in flat and "(default: outputs/)" in flat
     assert "--steps STEPS number of denoising steps (default: the model's)" in flat
-    assert "--attention-backend ATTENTION_BACKEND" in flat and "(default: sdpa)" in flat
+    assert "--attention-backend ATTENTION_BACKEND" in flat and "(default: auto)" in flat  # models/fast_path.py
+    assert "--compile, --no-compile" in flat
     assert "(default: a random one" in flat  # --seed
     serve = " ".join(build_parser()._subparsers._group_actions[0].choices["serve"].format_help().split())
     assert "--port PORT TCP port (0: any free port) (default: 8000)" in serve

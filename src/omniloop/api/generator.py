@@ -139,7 +139,7 @@ class VideoGenerator:
             engine = launch_pool_engine(model, config)
             return cls(engine.model_spec, engine.pipeline, config, engine)
         spec, pipeline = load_pipeline(model, load_options(config))
-        pipeline = install_plugins(pipeline, config.plugins, compile=config.compile)  # deploy-scoped plugins
+        pipeline = install_plugins(pipeline, config.plugins, compile=pipeline.compiled)  # deploy-scoped plugins
         return cls(spec, pipeline, config)
 
     def close(self) -> None:

@@ -63,6 +63,13 @@ def _literal_words(union: Any) -> tuple[str, ...]:
     return tuple(str(w) for a in typing.get_args(union) if typing.get_origin(a) is Literal for w in typing.get_args(a))
 
 
+def _bool_or_words(annotation: Any) -> bool:
+    """``bool | Literal[...]`` (e.g. DeployConfig.compile: True, False or "auto")."""
+    origin = typing.get_origin(annotation)
+    return origin in (typing.Union, types.UnionType) and bool in typing.get_args(annotation) \
+        and bool(_literal_words(annotation))
+
+
 def _json_or_number(text: str) -> Any:
     try:
         return float(text)
@@ -91,7 +98,7 @@ def add_schema_flags(parser: argparse.ArgumentParser, model: type[BaseModel], *,
         flag = "--" + name.replace("_", "-")
         ann = _unwrap_optional(info.annotation)
         help_text = _with_default(info.description or "", _default_text(info, unset))
-        if ann is bool:
+        if ann is bool or _bool_or_words(ann):  # bool | Literal["auto"]: --flag / --no-flag, left out = the default
             target.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         else:
             conv, extra = _parser_for(info.annotation)

@@ -46,10 +46,18 @@ def _server_cpu_threads(config: DeployConfig) -> int | None:
 
 
 def load_options(deploy: DeployConfig) -> LoadOptions:
-    """The slice of ``deploy`` that loading and pipeline building read (its device checked first)."""
+    """The slice of ``deploy`` that loading and pipeline building read (its device checked first).
+    Kernel options left "auto" hold the CPU's values and are named in ``auto``: the loader sets
+    them from the family's fast path once it knows the family (models/fast_path.py)."""
     deploy.check_device()
-    return LoadOptions(device=deploy.torch_device(), dtype=deploy.torch_dtype(), attention_backend=deploy.attention_backend,
-                       cfg_mode=deploy.cfg_mode, compile=deploy.compile, quantization=deploy.quantization,
+    auto = {name for name in ("attention_backend", "cfg_mode", "compile") if getattr(deploy, name) == "auto"}
+    if deploy.parallel.world > 1:  # the SPMD axes have their own kernel rules (parallel/preflight.py)
+        auto.discard("attention_backend")
+        auto.discard("cfg_mode")
+    return LoadOptions(device=deploy.torch_device(), dtype=deploy.torch_dtype(),
+                       attention_backend="sdpa" if deploy.attention_backend == "auto" else deploy.attention_backend,
+                       cfg_mode="sequential" if deploy.cfg_mode == "auto" else deploy.cfg_mode,
+                       compile=deploy.compile is True, auto=frozenset(auto), quantization=deploy.quantization,
                        text_cache_bytes=int(deploy.text_cache_mb * 2**20), resolution_buckets=deploy.bucket_sizes(),
                        lora_device_bytes=int(deploy.lora_device_mb * 2**20),
                        lora_host_bytes=int(deploy.lora_host_mb * 2**20), loras=tuple(deploy.lora_files.items()),
@@ -58,6 +66,10 @@ def load_options(deploy: DeployConfig) -> LoadOptions:
                        kv_cache_gb=deploy.kv_cache_gb, cuda_graphs=deploy.cuda_graphs,
                        cuda_graph_max_tokens=deploy.cuda_graph_max_tokens,
                        cuda_graph_max_graphs=deploy.cuda_graph_max_graphs)
+
+
+def _with_plugins(pipeline: Pipeline, config: DeployConfig) -> Pipeline:
+    return install_plugins(pipeline, config.plugins, compile=pipeline.compiled)
 
 
 class AsyncEngine:
@@ -93,7 +105,8 @@ class AsyncEngine:
         opts = load_options(config)
 
         def build() -> Pipeline:  # DeployConfig.plugins is the one source of enabled plugins
-            return install_plugins(load_pipeline(model, opts)[1], config.plugins, compile=config.compile)
+            pipeline = load_pipeline(model, opts)[1]
+            return install_plugins(pipeline, config.plugins, compile=pipeline.compiled)
 
         engine = Engine(build(), EngineConfig.from_deploy(config), restart_pool=build)
         return cls(engine, model_name=str(model), threads=threads)
@@ -113,7 +126,7 @@ class AsyncEngine:
         opts = load_options(config)
 
         def builder(path: str | Path) -> Callable[[], Pipeline]:
-            return lambda: install_plugins(load_pipeline(path, opts)[1], config.plugins, compile=config.compile)
+            return lambda: _with_plugins(load_pipeline(path, opts)[1], config)
 
         gib = 2**30
         pool = ModelPool({n: builder(p) for n, p in models.items()}, EngineConfig.from_deploy(config),

@@ -63,7 +63,7 @@ def build_rank_pipeline(model: Any, deploy: DeployConfig, mesh: ParallelMesh) ->
     plan = parallel_plan(model_spec)
     assert plan is not None, "the pre-flight check refuses a pool for a family without a parallel plan"
     pipeline = parallelize_pipeline(pipeline, plan, mesh)
-    pipeline = install_plugins(pipeline, deploy.plugins, compile=deploy.compile, sp_group=mesh.group("sp"))
+    pipeline = install_plugins(pipeline, deploy.plugins, compile=pipeline.compiled, sp_group=mesh.group("sp"))
     return model_spec, pipeline
 
 

@@ -23,6 +23,7 @@ from omniloop.cache.text_embeddings import TextEmbeddingCache
 from omniloop.models.catalog import BUILTIN_DIR, BUILTIN_MODELS, INTERACTIVE_MODEL, resolve_model_path  # noqa: F401
 from omniloop.models.manifest import LAYOUT, MANIFEST_FILE, manifest_index, verify_files
 from omniloop.models.lora import LoraSupport
+from omniloop.models.fast_path import resolve_kernels
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, spec_for_class
 from omniloop.pipeline.pipeline import Pipeline
 
@@ -109,10 +110,12 @@ def load_pipeline(
     if index.get("_layout") == LAYOUT:
         verify_files(root, index["manifest"])  # missing/corrupt weights fail here, naming the file
     spec = spec_for_class(index["_class_name"])
+    options = resolve_kernels(options, spec.fast_path, family=spec.family)  # "auto" kernels, for this device
     variant = spec.variant(index)
     check_layout(root, variant)
     components = load_components(root, index, variant, options, preloaded)
     pipeline = spec.build(variant, index, components, options)
+    pipeline.compiled = options.compile
     if options.cuda_graphs and "cuda_graphs" not in pipeline.caches:
         logger.warning("cuda_graphs=True: the %s family does not capture its step into CUDA graphs; "
                        "its steps run eager", spec.family)

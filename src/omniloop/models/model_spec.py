@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from omniloop.models.fast_path import FastPath
 from omniloop.models.layers.cuda_graph_defaults import DEFAULT_MAX_GRAPHS, DEFAULT_MAX_TOKENS
 from omniloop.pipeline.pipeline import Pipeline
 from omniloop.pipeline.policies.cfg import CFGMode
@@ -40,6 +41,9 @@ class LoadOptions:
     cuda_graphs: bool = False  # Flux steps and Cosmos3 reasoner decode steps replay CUDA graphs (layers/cuda_graphs.py)
     cuda_graph_max_tokens: int = DEFAULT_MAX_TOKENS  # steps over this many tokens stay eager
     cuda_graph_max_graphs: int = DEFAULT_MAX_GRAPHS  # captured graphs kept (LRU)
+    # the fields the deployment left to the family ("auto": attention_backend, cfg_mode, compile);
+    # load_pipeline sets them from ModelSpec.fast_path for the device (models/fast_path.py)
+    auto: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,6 +86,7 @@ class ModelSpec:
     schema_version: str = "0.1"
     extras: Mapping[str, Any] = field(default_factory=dict)
     lora: Any = None  # a models.lora.LoraSupport when the family takes LoRA files
+    fast_path: FastPath = FastPath()  # its exact fast kernels on CUDA, for a deployment's "auto" options
 
 
 _REGISTRY: dict[str, ModelSpec] = {}

@@ -39,6 +39,7 @@ class Pipeline:
     # deployment caches (cache name -> object), shared by reference with every node's context:
     # the loader adds them after the family builds the pipeline (see StageContext.caches)
     caches: dict[str, Any] = field(default_factory=dict)
+    compiled: bool = False  # its blocks were compiled at load (the deployment's compile, resolved: plugins check it)
     contexts: dict[str, StageContext] = field(init=False)
 
     def __post_init__(self) -> None:

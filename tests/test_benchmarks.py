@@ -98,3 +98,31 @@ def test_causal_shapes_benchmark_smoke(tmp_path):
     assert set(runs) == {1, 2} and runs[2]["batched_steps"] > 0
     for r in runs.values():
         assert 0 < r["ttfc_s_p50"] and 0 < r["chunk_latency_p50_s"] <= r["chunk_latency_p95_s"]
+
+
+def _run_bench(script: str, *args: str, out: Path) -> list[dict]:
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args, "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def test_wan_step_benchmark_times_our_step_alone(tmp_path):
+    """--no-diffusers (a 14B DiT held once): our compiled-or-eager step and the CFG step."""
+    records = _run_bench("bench_wan_step.py", "--tiny", "--iters", "1", "--warmup", "0", "--no-compile", "--no-vae",
+                         "--no-diffusers", out=tmp_path / "b.jsonl")
+    assert {r["metric"] for r in records} == {"ours_step_eager[sdpa_cudnn]", "ours_step_cfg_batched_eager[sdpa_cudnn]"}
+    assert all(r["median_s"] > 0 and r["arch"] == "1.3b" for r in records)
+
+
+def test_qwen2_benchmark_compares_our_engine_with_transformers(tmp_path):
+    records = _run_bench("bench_qwen2.py", "--tiny", "--iters", "1", out=tmp_path / "q.jsonl")
+    sides = {(r["metric"], r.get("batch")) for r in records}
+    assert {("ours", 1), ("ours", 4), ("transformers_generate", 1), ("transformers_generate", 4)} <= sides
+    assert all(r["decode_tok_per_s"] > 0 for r in records if r["metric"] != "load_s")
+
+
+def test_defaults_benchmark_agrees_with_diffusers(tmp_path):
+    records = _run_bench("bench_defaults.py", "--tiny", "--sides", "ours_default,diffusers", out=tmp_path / "d.jsonl")
+    agreement = [r for r in records if r.get("metric") == "agreement_vs_diffusers"]
+    assert agreement and agreement[0]["side"] == "ours_default" and agreement[0]["psnr_db"] > 40, agreement

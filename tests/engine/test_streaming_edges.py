@@ -273,3 +273,74 @@ def test_an_edge_declared_streaming_between_nodes_that_cannot_stream_is_refused_
         _spec(Produce(log), Consume(log), (StreamEdge("codes"),))
     with pytest.raises(ValueError, match=r"capacity=0: pass a capacity of at least 1"):
         StreamEdge("tokens", capacity=0)
+
+
+@dataclass(kw_only=True)
+class RelayState(LoopState):
+    tokens: EdgeChannel
+
+
+@dataclass(eq=False)
+class Relay(LoopStageBase):
+    """A middle node (the talker): reads ``tokens`` and emits each chunk plus 100 on ``codes``."""
+
+    log: Log
+    stream_inputs = {"tokens": TensorArtifact}  # type: ignore[assignment]
+    stream_outputs = {"codes": TensorArtifact}  # type: ignore[assignment]
+
+    def init(self, ctx: StageContext, state: RequestState) -> RelayState:
+        return RelayState(node=ctx.node, request_id=state.request_id, steps_target=1 << 30,
+                          tokens=ctx.stream(state, "tokens"))
+
+    def step(self, ctx: StageContext, loop: RelayState) -> StepResult:  # type: ignore[override]
+        self.log.append((ctx.node, (loop.request_id,)))
+        chunks = [("codes", TensorArtifact(tensor=c.tensor + 100)) for c in loop.tokens.take(1)]
+        loop.steps_done += 1
+        return StepResult(done=loop.tokens.exhausted, chunks=chunks)
+
+    def finalize(self, ctx: StageContext, loop: RelayState, state: RequestState) -> None:  # type: ignore[override]
+        pass
+
+
+def test_a_chain_of_streams_runs_all_three_loops_at_once_and_equals_the_non_streamed_chain():
+    def build(streams: tuple[StreamEdge, ...]) -> tuple[Pipeline, Log]:
+        log: Log = []
+        spec = PipelineSpec(name="chain", family="fake", tasks=frozenset({TaskType.T2A}), components={},
+                            nodes=(Node("thinker", Produce(log)), Node("talker", Relay(log)),
+                                   Node("vocoder", Consume(log), inputs={"tokens": "codes"})),
+                            outputs={"text": "text", "audio": "audio"}, streams=streams)
+        return Pipeline(spec, components={}, device=torch.device("cpu"), dtype=torch.float32), log
+
+    plain, _ = build(())
+    streamed, log = build((StreamEdge("tokens", capacity=2), StreamEdge("codes", capacity=2)))
+    want = _run(_engine(plain), "r0", "r1", steps=5)
+    got = _run(_engine(streamed), "r0", "r1", steps=5)
+    for rid in ("r0", "r1"):
+        assert got[rid].status is RequestStatus.COMPLETED
+        assert torch.equal(got[rid].artifacts["audio"].tensor, want[rid].artifacts["audio"].tensor)
+    assert _first(log, "vocoder", "r0") < _last(log, "thinker", "r0")  # the last node began before the first ended
+
+
+def test_a_pool_restart_mid_stream_requeues_the_request_without_its_lanes_and_it_finishes_equal():
+    from omniloop.engine.errors import PoolFatalError
+
+    pipeline, log, _, consume = _pipeline(streams=(StreamEdge("tokens", capacity=2),))
+    engine = _engine(pipeline)
+    engine.add_request(_request("r0", 5))
+    fired: list[bool] = []
+    step_many = consume.step_many
+
+    def fatal_once(ctx: StageContext, loops: Sequence[ConsumeState]) -> list[StepResult]:
+        if not fired and loops[0].steps_done == 1:  # the device goes away mid-stream, once
+            fired.append(True)
+            raise PoolFatalError("device lost")
+        return step_many(ctx, loops)
+
+    consume.step_many = fatal_once  # type: ignore[method-assign]
+    consume.step = lambda ctx, loop: fatal_once(ctx, [loop])[0]  # type: ignore[method-assign]
+    while engine.has_unfinished():
+        engine.step()
+    out = engine.pop_output("r0")
+    assert engine.stats.pool_restarts == 1 and out.status is RequestStatus.COMPLETED
+    want = _run(_engine(_pipeline()[0]), "r0", steps=5)["r0"]
+    assert torch.equal(out.artifacts["audio"].tensor, want.artifacts["audio"].tensor)

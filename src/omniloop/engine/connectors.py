@@ -25,7 +25,6 @@ from typing import Any, Mapping, Protocol
 
 import torch
 
-from omniloop.request import Artifact
 
 CONNECTORS = ("in_process", "shared_memory")
 EXTENSION_POINTS = ("nccl", "nixl")
@@ -58,11 +57,12 @@ class Packed:
 class Connector(Protocol):
     name: str
 
-    def pack(self, request_id: str, source: str, artifacts: Mapping[str, Artifact]) -> Packed:
-        """Sender side: the artifacts of one transfer, made ready to cross."""
+    def pack(self, request_id: str, source: str, artifacts: Mapping[str, Any]) -> Packed:
+        """Sender side: the artifacts of one transfer (edge -> artifact, or any picklable value
+        holding artifacts and tensors), made ready to cross."""
         ...
 
-    def unpack(self, packed: Packed, target: str, device: torch.device) -> tuple[dict[str, Artifact], TransferMetric]:
+    def unpack(self, packed: Packed, target: str, device: torch.device) -> tuple[dict[str, Any], TransferMetric]:
         """Receiver side: the artifacts on ``device`` once they are all there (readiness), and the transfer's metric."""
         ...
 
@@ -72,11 +72,11 @@ class InProcessConnector:
 
     name = "in_process"
 
-    def pack(self, request_id: str, source: str, artifacts: Mapping[str, Artifact]) -> Packed:
+    def pack(self, request_id: str, source: str, artifacts: Mapping[str, Any]) -> Packed:
         return Packed(request_id, source, dict(artifacts), 0, time.perf_counter())
 
-    def unpack(self, packed: Packed, target: str, device: torch.device) -> tuple[dict[str, Artifact], TransferMetric]:
-        arts: dict[str, Artifact] = packed.payload
+    def unpack(self, packed: Packed, target: str, device: torch.device) -> tuple[dict[str, Any], TransferMetric]:
+        arts: dict[str, Any] = packed.payload
         metric = TransferMetric(packed.request_id, tuple(arts), packed.source, target, 0,
                                 time.perf_counter() - packed.started)
         return arts, metric
@@ -142,7 +142,7 @@ class SharedMemoryConnector:
 
     name: str = "shared_memory"
 
-    def pack(self, request_id: str, source: str, artifacts: Mapping[str, Artifact]) -> Packed:
+    def pack(self, request_id: str, source: str, artifacts: Mapping[str, Any]) -> Packed:
         started = time.perf_counter()
         buffer = io.BytesIO()
         pickler = _Pickler(buffer)
@@ -152,8 +152,8 @@ class SharedMemoryConnector:
         return Packed(request_id, source, buffer.getvalue(), pickler.bytes, started,
                       tuple(seg.name for seg in pickler.segments))
 
-    def unpack(self, packed: Packed, target: str, device: torch.device) -> tuple[dict[str, Artifact], TransferMetric]:
-        arts: dict[str, Artifact] = _Unpickler(io.BytesIO(packed.payload), torch.device(device)).load()
+    def unpack(self, packed: Packed, target: str, device: torch.device) -> tuple[dict[str, Any], TransferMetric]:
+        arts: dict[str, Any] = _Unpickler(io.BytesIO(packed.payload), torch.device(device)).load()
         metric = TransferMetric(packed.request_id, tuple(arts), packed.source, target, packed.bytes,
                                 time.perf_counter() - packed.started)
         return arts, metric

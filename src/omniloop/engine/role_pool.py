@@ -33,6 +33,7 @@ runs in the engine's own process, "main"). Nothing in the engine or the schedule
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import weakref
 from multiprocessing.connection import wait
@@ -167,7 +168,7 @@ class RolePool:
         if rid not in self.contacted:
             self.contacted.add(rid)
             request = state.request
-            state.releases.append(lambda pool=self, gen=self.generation: pool.forget(rid, gen))
+            state.releases.append(functools.partial(self.forget, rid, self.generation))
         packed = self.pack(rid, inputs) if inputs else None
         return CallItem(rid, request, packed)
 

@@ -22,6 +22,10 @@ class CallItem:
     request_id: str
     request: OmniRequest | None = None
     inputs: Packed | None = None
+    # a stream consumer's new chunks ({edge: [chunk, ...]}, through the connector) and the edges
+    # whose producer has finished since the last call: the pool's channels mirror rank 0's
+    chunks: Packed | None = None
+    closed: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,7 @@ class LoopView:
     ready_at: float | None
     in_prologue: bool
     finite: bool = True
+    consumed: tuple[tuple[str, int], ...] = ()  # stream input edge -> chunks the loop has taken so far
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,14 @@ runs in the engine's own process, "main"). Nothing in the engine or the schedule
   rebuilt); the requests whose state it held (the call in flight, loops on it) fail with
   ``pool_failed``-style messages naming the pool, and every other request goes on — including
   later requests on the restarted pool.
+* **Streams across pools.** A placed producer's chunks come back with its step's reply onto
+  the request's channel (rank 0's). A placed consumer's pool holds a mirror of that channel:
+  each call forwards the chunks not yet sent and the end of the stream, and the pool's view
+  says how many the loop took, which rank 0's channel then drops — so the engine's readiness
+  and backpressure read rank 0's channel exactly as for a local consumer.
 * **Limits of this build.** Every process loads the whole pipeline (rank 0 for admission,
-  each pool for its nodes); a placed node cannot read a stream edge (a consumer on a pool
-  would need its channel fed across processes: refused at launch naming the node and pool);
-  plugins do not run on pools; role pools exclude an SPMD ``parallel`` spec.
+  each pool for its nodes); plugins do not run on pools; one process per pool; role pools
+  exclude an SPMD ``parallel`` spec.
 """
 
 from __future__ import annotations
@@ -45,12 +49,14 @@ import torch
 from omniloop.deploy import DeployConfig, PoolSpec
 from omniloop.engine.connectors import Connector, Packed, TransferMetric, connector_for, discard
 from omniloop.engine.engine import Engine, EngineConfig, EventSink
+from omniloop.engine.role_worker import PipelineBuilder, role_worker_main
 from omniloop.engine.role_messages import CallItem, CallReply, ItemResult, LoopView, NodeCall, Op, PoolFailed, PoolReady
 from omniloop.parallel.launch import process_context
 from omniloop.pipeline.pipeline import Pipeline
 from omniloop.pipeline.spec import Node, PipelineSpec
 from omniloop.pipeline.stage import LoopStageBase, StageBase, WorkEstimate
 from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
+from omniloop.pipeline.streams import EdgeChannel
 
 logger = logging.getLogger(__name__)
 MAIN = "main"  # the engine's own process, as a transfer's source or target
@@ -63,8 +69,10 @@ class PoolLost(RuntimeError):
 class RolePool:
     """One role pool: its worker process, the pipe to it, and its connector."""
 
-    def __init__(self, name: str, spec: PoolSpec, model: str, deploy: DeployConfig) -> None:
+    def __init__(self, name: str, spec: PoolSpec, model: str, deploy: DeployConfig,
+                 build: PipelineBuilder | None = None) -> None:
         self.name = name
+        self.build = build  # how the worker builds its pipeline (a module-level function); None: load ``model``
         self.spec = spec
         self.model = model
         self.deploy = deploy
@@ -80,11 +88,10 @@ class RolePool:
     def start(self) -> None:
         ctx = process_context(self.device, ("omniloop.engine.role_worker",))
         parent, child = ctx.Pipe()
-        from omniloop.engine.role_worker import role_worker_main
 
         self._proc = ctx.Process(target=role_worker_main, name=f"omniloop-pool-{self.name}", daemon=True,
                                  args=(self.name, self.model, self.deploy.model_dump_json(), torch.get_num_threads(),
-                                       child))
+                                       child, self.build))
         self._proc.start()
         child.close()
         self._conn = parent
@@ -243,21 +250,51 @@ class PlacedStage(_Placed, StageBase):
 
 @dataclasses.dataclass(kw_only=True)
 class RemoteLoop(LoopState):
-    """Rank 0's record of a loop whose state lives on a pool: the pool's last view of it."""
+    """Rank 0's record of a loop whose state lives on a pool: the pool's last view of it, and
+    (a stream consumer) how far its pool's channels mirror rank 0's."""
 
     view: LoopView
     generation: int  # the pool's start it lives on
+    channels: dict[str, EdgeChannel] = dataclasses.field(default_factory=dict)  # rank 0's, of the streams it reads
+    forwarded: dict[str, int] = dataclasses.field(default_factory=dict)  # edge -> chunks sent to the pool so far
+    told_closed: set[str] = dataclasses.field(default_factory=set)  # edges whose end the pool knows
 
 
 class PlacedLoop(_Placed, LoopStageBase[RemoteLoop]):
     """A loop node that runs on a pool; the scheduler reads its loops' views."""
 
     def init(self, ctx: StageContext, state: RequestState) -> RemoteLoop:
-        result = self.pool.call("init", self.node.name, [self.pool.item(state, _inputs(self.node, state))]).results[0]
+        channels = {e: state.channels[e] for e in self.node.stream_input_edges() if e in state.channels}
+        streams = RemoteLoop(node=self.node.name, request_id=state.request_id, steps_target=0,
+                             view=_NO_VIEW, generation=self.pool.generation, channels=channels)
+        item = dataclasses.replace(self.pool.item(state, _inputs(self.node, state)), **self._forward_chunks(streams))
+        result = self.pool.call("init", self.node.name, [item]).results[0]
         _raise(result, self.pool, self.node.name)
         assert result.view is not None
-        return RemoteLoop(node=self.node.name, request_id=state.request_id, steps_target=result.view.steps_target,
-                          steps_done=result.view.steps_done, view=result.view, generation=self.pool.generation)
+        self._mirror(streams, result.view)
+        return streams
+
+    def _forward_chunks(self, loop: RemoteLoop) -> dict[str, Any]:
+        """The chunks of the streams the loop reads that its pool has not been sent, and the
+        streams that ended since: ``CallItem`` fields (the pool's channels mirror rank 0's)."""
+        if not loop.channels:
+            return {}
+        new = {}
+        for edge, channel in loop.channels.items():
+            sent = loop.forwarded.get(edge, 0)
+            if channel.produced > sent:
+                new[edge] = channel.since(sent)
+                loop.forwarded[edge] = channel.produced
+        closed = tuple(e for e, ch in loop.channels.items() if ch.closed and e not in loop.told_closed)
+        loop.told_closed.update(closed)
+        return {"chunks": self.pool.pack(loop.request_id, new) if new else None, "closed": closed}
+
+    def _mirror(self, loop: RemoteLoop, view: LoopView) -> None:
+        """The pool's view of the loop; rank 0's channels drop the chunks the loop took there."""
+        loop.view, loop.steps_done, loop.steps_target = view, view.steps_done, view.steps_target
+        for edge, consumed in view.consumed:
+            channel = loop.channels[edge]
+            channel.take(consumed - channel.consumed)
 
     def step(self, ctx: StageContext, loop: RemoteLoop) -> StepResult:
         return self.step_many(ctx, [loop])[0]
@@ -267,14 +304,15 @@ class PlacedLoop(_Placed, LoopStageBase[RemoteLoop]):
         if lost:
             raise PoolLost(f"node {self.node.name!r}: pool {self.pool.name!r} restarted since the loop of {lost} "
                            "began there; its state is lost")
-        reply = self.pool.call("step", self.node.name, [CallItem(lp.request_id) for lp in loops])
+        items = [CallItem(lp.request_id, **self._forward_chunks(lp)) for lp in loops]
+        reply = self.pool.call("step", self.node.name, items)
         return [self._result(lp, r) for lp, r in zip(loops, reply.results)]
 
     def _result(self, loop: RemoteLoop, result: ItemResult) -> StepResult:
         if result.error is not None:
             return StepResult.failed(RuntimeError(f"node {self.node.name!r} on pool {self.pool.name!r}: {result.error}"))
         assert result.view is not None
-        loop.view, loop.steps_done, loop.steps_target = result.view, result.view.steps_done, result.view.steps_target
+        self._mirror(loop, result.view)
         emitted = self.pool.unpack(result.emitted) if result.emitted is not None else {}
         return StepResult(done=result.done, emit=emitted.get("emit") or None, chunks=emitted.get("chunks") or None)
 
@@ -325,6 +363,10 @@ class PlacedLoop(_Placed, LoopStageBase[RemoteLoop]):
         return self.local.progress_steps
 
 
+_NO_VIEW = LoopView(steps_done=0, steps_target=0, batch_key=None, batch_weight=0, step_flops=None, ready=True,
+                   ready_at=None, in_prologue=False)
+
+
 def placed(node: Node, pool: RolePool) -> Any:
     """The proxy of ``node``'s stage on ``pool``: a class of its own, so the ports are class
     attributes as every stage's are."""
@@ -341,17 +383,12 @@ def placed(node: Node, pool: RolePool) -> Any:
 
 
 def check_placement(spec: PipelineSpec, deploy: DeployConfig) -> None:
-    """A placement the pipeline can run: every placed node exists and can live on a pool."""
+    """A placement the pipeline can run: every placed node exists."""
     names = [n.name for n in spec.nodes]
     for node_name, pool in deploy.placement.items():
         if node_name not in names:
             raise ValueError(f"placement[{node_name!r}]: pipeline {spec.name!r} has no node {node_name!r}; nodes: "
                              f"{names} (pools: {sorted(deploy.pools)})")
-        node = spec.node(node_name)
-        if node.stream_input_edges():
-            raise ValueError(f"placement[{node_name!r}]: node {node_name!r} reads stream edge(s) "
-                             f"{sorted(node.stream_input_edges())}, which pool {pool!r} cannot hold in this build "
-                             "(a stream consumer runs in the engine's process): leave it out of placement")
 
 
 def place_pipeline(pipeline: Pipeline, placement: dict[str, str], pools: dict[str, RolePool]) -> Pipeline:
@@ -384,9 +421,11 @@ def _stop_all(pools: list[RolePool]) -> None:
 
 
 def launch_role_engine(model: str | Path, deploy: DeployConfig, *, event_sink: EventSink | None = None,
-                       pipeline: Pipeline | None = None) -> RoleEngine:
+                       pipeline: Pipeline | None = None, build: PipelineBuilder | None = None) -> RoleEngine:
     """Load rank 0's pipeline (or take ``pipeline``, loaded from ``model`` with ``deploy``'s
-    options), check the placement, start the pools it uses and return the engine."""
+    options), check the placement, start the pools it uses and return the engine. ``build``:
+    how each pool builds its pipeline (a module-level function of (model, deploy, device));
+    default: load ``model`` as rank 0 did."""
     from omniloop.engine.async_engine import load_options
     from omniloop.models.loader import load_pipeline
 
@@ -395,7 +434,8 @@ def launch_role_engine(model: str | Path, deploy: DeployConfig, *, event_sink: E
     check_placement(pipeline.spec, deploy)
     for spec in deploy.pools.values():
         connector_for(spec.connector)  # an extension point not built is refused before any process starts
-    pools = {name: RolePool(name, deploy.pools[name], str(model), deploy) for name in sorted(set(deploy.placement.values()))}
+    pools = {name: RolePool(name, deploy.pools[name], str(model), deploy, build)
+             for name in sorted(set(deploy.placement.values()))}
     try:
         for pool in pools.values():
             pool.main_device = torch.device(pipeline.device)

@@ -21,16 +21,21 @@ from omniloop.deploy import DeployConfig
 from omniloop.engine.connectors import Connector, TransferMetric, connector_for
 from omniloop.engine.role_messages import CallItem, CallReply, ItemResult, LoopView, NodeCall, PoolFailed, PoolReady
 from omniloop.pipeline.pipeline import Pipeline
+from omniloop.pipeline.spec import Node
 from omniloop.pipeline.state import LoopState, RequestState, StepResult
 
 logger = logging.getLogger(__name__)
 
 
-def loop_view(stage: Any, loop: LoopState, finite: bool = True) -> LoopView:
-    """The scheduler's reading of ``loop`` (what rank 0 would ask the stage)."""
+def loop_view(node: Node, loop: LoopState, state: RequestState, finite: bool = True) -> LoopView:
+    """The scheduler's reading of ``loop`` (what rank 0 would ask the stage), with how many
+    chunks of each stream it reads the loop has taken (rank 0's channel drops as many)."""
+    stage = node.stage
+    consumed = tuple((e, state.channels[e].consumed) for e in node.stream_input_edges() if e in state.channels)
     return LoopView(steps_done=loop.steps_done, steps_target=loop.steps_target, batch_key=stage.batch_key(loop),
                     batch_weight=stage.batch_weight(loop), step_flops=stage.step_flops(loop), ready=stage.ready(loop),
-                    ready_at=stage.ready_at(loop), in_prologue=stage.in_prologue(loop), finite=finite)
+                    ready_at=stage.ready_at(loop), in_prologue=stage.in_prologue(loop), finite=finite,
+                    consumed=consumed)
 
 
 def _error(exc: BaseException) -> str:
@@ -78,7 +83,19 @@ class RoleWorker:
             self._received.append(metric)
             for edge, art in artifacts.items():
                 state.put(edge, art, node=art.node)
+        self._feed(state, item)
         return state
+
+    def _feed(self, state: RequestState, item: CallItem) -> None:
+        """A stream consumer's chunks that rank 0 forwarded, onto this pool's channels."""
+        if item.chunks is not None:
+            chunks, metric = self.connector.unpack(item.chunks, self.name, self.pipeline.device)
+            self._received.append(metric)
+            for edge, items in chunks.items():
+                for chunk in items:
+                    state.channels[edge].put(chunk)
+        for edge in item.closed:
+            state.channels[edge].close()
 
     def _outputs(self, node: str, state: RequestState) -> Any:
         edges = [e for e in self.pipeline.spec.node(node).output_edges() if e in state.artifacts]
@@ -107,11 +124,11 @@ class RoleWorker:
 
     def _init(self, node: str, item: CallItem) -> ItemResult:
         state = self._state(item)
-        stage = self.pipeline.spec.node(node).stage
-        loop = stage.init(self.pipeline.contexts[node], state)
+        spec_node = self.pipeline.spec.node(node)
+        loop = spec_node.stage.init(self.pipeline.contexts[node], state)
         state.loops[node] = loop
         self.loops[(item.request_id, node)] = loop
-        return ItemResult(view=loop_view(stage, loop))
+        return ItemResult(view=loop_view(spec_node, loop, state))
 
     def _finalize(self, node: str, item: CallItem) -> ItemResult:
         state = self.states[item.request_id]
@@ -150,6 +167,9 @@ class RoleWorker:
         node = self.pipeline.spec.node(call.node)
         ctx = self.pipeline.contexts[call.node]
         loops = [self.loops.get((item.request_id, call.node)) for item in call.items]
+        for item in call.items:
+            if item.request_id in self.states:
+                self._feed(self.states[item.request_id], item)
         if any(lp is None for lp in loops):  # not the pool's (a restart lost it): each alone says whose
             return [self._step_alone(call, item) for item in call.items]
         live: list[LoopState] = [lp for lp in loops if lp is not None]
@@ -176,7 +196,8 @@ class RoleWorker:
         return self._step_results(NodeCall("step", call.node, (item,)), [loop], [result])[0]
 
     def _step_results(self, call: NodeCall, loops: list[LoopState], results: list[StepResult]) -> list[ItemResult]:
-        stage = self.pipeline.spec.node(call.node).stage
+        node = self.pipeline.spec.node(call.node)
+        stage = node.stage
         ok = [i for i, r in enumerate(results) if r.error is None]
         finite = [True] * len(loops)
         for i, flag in zip(ok, stage.finite_many([loops[i] for i in ok]) if ok else ()):
@@ -191,7 +212,8 @@ class RoleWorker:
             if result.emit or result.chunks:
                 emitted = self.connector.pack(item.request_id, self.name,
                                               {"emit": list(result.emit or ()), "chunks": list(result.chunks or ())})
-            out.append(ItemResult(view=loop_view(stage, loop, fin), done=result.done, emitted=emitted))
+            view = loop_view(node, loop, self.states[item.request_id], fin)
+            out.append(ItemResult(view=view, done=result.done, emitted=emitted))
         return out
 
 
@@ -203,13 +225,18 @@ def build_pool_pipeline(model: str, deploy: DeployConfig, device: torch.device) 
     return load_pipeline(model, options)[1]
 
 
-def role_worker_main(name: str, model: str, deploy_json: str, threads: int, conn: Any) -> None:
-    """The process of pool ``name``: build, then answer calls until rank 0 says stop (None) or goes away."""
+PipelineBuilder = Callable[[str, DeployConfig, torch.device], Pipeline]
+
+
+def role_worker_main(name: str, model: str, deploy_json: str, threads: int, conn: Any,
+                     build: PipelineBuilder | None = None) -> None:
+    """The process of pool ``name``: build (``build``: a module-level function; default: load
+    ``model`` as the engine did), then answer calls until rank 0 says stop (None) or goes away."""
     try:
         torch.set_num_threads(threads)
         deploy = DeployConfig.model_validate_json(deploy_json)
         spec = deploy.pools[name]
-        pipeline = build_pool_pipeline(model, deploy, torch.device(spec.device))
+        pipeline = (build or build_pool_pipeline)(model, deploy, torch.device(spec.device))
         worker = RoleWorker(name, pipeline, connector_for(spec.connector))
         conn.send(PoolReady(name))
     except BaseException:

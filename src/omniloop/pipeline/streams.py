@@ -84,6 +84,11 @@ class EdgeChannel(Generic[C]):
         self.consumed += n
         return out
 
+    def since(self, produced: int) -> list[C]:
+        """The pending chunks put after the first ``produced`` ones (what a mirror of this channel
+        in another process has not been sent yet), oldest first; nothing is taken."""
+        return list(self._chunks)[max(produced - self.consumed, 0):]
+
     @property
     def pending(self) -> int:
         return len(self._chunks)

@@ -105,3 +105,6 @@ def test_a_node_placed_on_a_pool_that_does_not_exist_is_refused_naming_it_and_th
                                          r"build; pass one of \['in_process', 'shared_memory'\]"):
         launch_role_engine(wan_t2v_dir, DeployConfig(device="cpu", pools={"denoise": {"connector": "nccl"}},
                                                      placement={"denoise": "denoise"}), pipeline=wan_pipeline)
+    with pytest.raises(ValueError, match=r"pools\['denoise'\].device='cuda:7': \d+ CUDA device\(s\) visible"):
+        launch_role_engine(wan_t2v_dir, DeployConfig(device="cpu", pools={"denoise": {"device": "cuda:7"}},
+                                                     placement={"denoise": "denoise"}), pipeline=wan_pipeline)

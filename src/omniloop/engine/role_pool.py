@@ -391,6 +391,17 @@ def check_placement(spec: PipelineSpec, deploy: DeployConfig) -> None:
                              f"{names} (pools: {sorted(deploy.pools)})")
 
 
+def _check_pool_device(name: str, spec: PoolSpec) -> None:
+    """A pool whose device this machine lacks cannot hold its nodes: refused naming the pool."""
+    device = torch.device(spec.device)
+    if device.type != "cuda":
+        return
+    count = torch.cuda.device_count() if torch.backends.cuda.is_built() else 0
+    if (device.index or 0) >= count:
+        raise ValueError(f"pools[{name!r}].device={spec.device!r}: {count} CUDA device(s) visible to this process; "
+                         "pass device='cpu' or a visible device ('cuda:0')")
+
+
 def place_pipeline(pipeline: Pipeline, placement: dict[str, str], pools: dict[str, RolePool]) -> Pipeline:
     """``pipeline`` with every placed node's stage replaced by its pool proxy."""
     nodes = tuple(dataclasses.replace(n, stage=placed(n, pools[placement[n.name]])) if n.name in placement else n
@@ -432,8 +443,9 @@ def launch_role_engine(model: str | Path, deploy: DeployConfig, *, event_sink: E
     if pipeline is None:
         pipeline = load_pipeline(model, load_options(deploy))[1]
     check_placement(pipeline.spec, deploy)
-    for spec in deploy.pools.values():
-        connector_for(spec.connector)  # an extension point not built is refused before any process starts
+    for name, spec in deploy.pools.items():  # before any process starts
+        connector_for(spec.connector)
+        _check_pool_device(name, spec)
     pools = {name: RolePool(name, deploy.pools[name], str(model), deploy, build)
              for name in sorted(set(deploy.placement.values()))}
     try:

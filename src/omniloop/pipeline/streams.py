@@ -10,7 +10,9 @@ graph may therefore *stream*:
   ``stream_inputs`` and reads an :class:`EdgeChannel` through ``ctx.stream(state, port)``
   (at ``init``; it keeps the channel in its ``LoopState``), taking chunks in its steps
   with ``take()`` until ``exhausted``. Stream ports are not ``inputs``/``outputs``: they carry
-  chunks, never one whole artifact in ``RequestState.artifacts``.
+  chunks, never one whole artifact in ``RequestState.artifacts``. A consumer that needs more
+  than one chunk per step (a vocoder's window of codec codes) says so in its ``ready(loop)``
+  (``loop.codes.pending >= window or loop.codes.closed``); the engine's rule is one chunk.
 * **Declaration.** The family declares which edges stream in its PipelineSpec:
   ``PipelineSpec(..., streams=(StreamEdge("codes", capacity=4),))``. A stream port whose
   edge is *not* declared still works: its channel is unbounded and the consumer starts when

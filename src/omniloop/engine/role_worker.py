@@ -234,6 +234,9 @@ def role_worker_main(name: str, model: str, deploy_json: str, threads: int, conn
     ``model`` as the engine did), then answer calls until rank 0 says stop (None) or goes away."""
     try:
         torch.set_num_threads(threads)
+        from omniloop.engine.pool_worker import _quiet_progress_bars
+
+        _quiet_progress_bars()  # rank 0 shows the loading bars; a bar's lock would outlive os._exit
         deploy = DeployConfig.model_validate_json(deploy_json)
         spec = deploy.pools[name]
         pipeline = (build or build_pool_pipeline)(model, deploy, torch.device(spec.device))

@@ -344,3 +344,11 @@ def test_a_pool_restart_mid_stream_requeues_the_request_without_its_lanes_and_it
     assert engine.stats.pool_restarts == 1 and out.status is RequestStatus.COMPLETED
     want = _run(_engine(_pipeline()[0]), "r0", steps=5)["r0"]
     assert torch.equal(out.artifacts["audio"].tensor, want.artifacts["audio"].tensor)
+
+
+def test_under_fifo_the_consumer_also_runs_before_the_producer_ends():
+    pipeline, log, _, _ = _pipeline(streams=(StreamEdge("tokens", capacity=8),))
+    engine = Engine(pipeline, EngineConfig(memory_budget_bytes=1 << 30, policy=SchedulingPolicy(kind="fifo")))
+    out = _run(engine, "r0", steps=5)["r0"]
+    assert out.status is RequestStatus.COMPLETED
+    assert _first(log, "consume", "r0") < _last(log, "produce", "r0")

@@ -186,7 +186,7 @@ class StepScheduler:
 
     def _rank(self, reqs: list[EngineRequest]) -> list[EngineRequest]:
         if self.policy.kind in ("fifo", "fifo_batch"):
-            return sorted(reqs, key=lambda r: r.arrival)
+            return sorted(reqs, key=lambda r: (r.arrival, -_depth(r)))
         now = time.perf_counter()
         return sorted(reqs, key=lambda r: self._key(r, now))
 
@@ -201,8 +201,7 @@ class StepScheduler:
         if req.request.deadline_s is not None:
             slack = req.arrival + req.request.deadline_s - now
             at_risk = 0 if slack < self.policy.deadline_margin * remaining else 1
-        depth = req.node_index if req.parent is None else root.nodes.index(req.nodes[0])
-        return (-req.request.priority, at_risk, remaining - self.policy.aging * waited, req.arrival, -depth)
+        return (-req.request.priority, at_risk, remaining - self.policy.aging * waited, req.arrival, -_depth(req))
 
     def _work_for(self, head: EngineRequest, ranked: list[EngineRequest], *, group: bool) -> NodeWork | StepWork:
         """``group``: the head leads the ranking, so requests at its one-shot node may join
@@ -286,6 +285,11 @@ class StepScheduler:
         self.running.clear()
         self.waiting = moved + self.waiting
         return moved
+
+
+def _depth(req: EngineRequest) -> int:
+    """How far down its request's graph the unit's node is (a lane's consumer ranks before its producer)."""
+    return req.node_index if req.parent is None else req.root.nodes.index(req.nodes[0])
 
 
 def _ready(req: EngineRequest) -> bool:

@@ -352,3 +352,27 @@ def test_under_fifo_the_consumer_also_runs_before_the_producer_ends():
     out = _run(engine, "r0", steps=5)["r0"]
     assert out.status is RequestStatus.COMPLETED
     assert _first(log, "consume", "r0") < _last(log, "produce", "r0")
+
+
+def test_a_caller_that_goes_away_mid_stream_leaves_nothing_behind():
+    pipeline, log, produce, consume = _pipeline(streams=(StreamEdge("tokens", capacity=2),))
+    engine = _engine(pipeline)
+    engine.add_request(_request("r0", 30))
+    while not any(n == "consume" for n, _ in log):
+        engine.step()
+    state = engine.scheduler.running["r0"].state
+    engine.abort("r0", forget=True)  # what AsyncEngine does when a client disconnects
+    engine.step()
+    assert engine.tracked_ids() == [] and not engine.scheduler.running and not engine.has_unfinished()
+    assert produce.released == ["r0"] and consume.released == ["r0"]
+    assert state.channels == {} and state.loops == {} and state.artifacts == {}
+
+
+def test_a_stream_edge_read_by_two_nodes_is_refused():
+    log: Log = []
+    with pytest.raises(PipelineSpecError, match=r"stream edge 'tokens' is read by nodes \['a', 'b'\]; one node "
+                                                r"consumes a stream"):
+        PipelineSpec(name="bad", family="fake", tasks=frozenset({TaskType.T2A}), components={},
+                     nodes=(Node("speak", Produce(log)), Node("a", Consume(log)),
+                            Node("b", Consume(log), outputs={"audio": "audio2"})),
+                     outputs={"audio": "audio"})

@@ -220,6 +220,9 @@ class DeployConfig(BaseModel):
             if pool not in self.pools:
                 raise ValueError(f"placement[{node!r}] names pool {pool!r}, which is not declared; pools: "
                                  f"{sorted(self.pools)} (declare it under pools, or place the node on one of them)")
+        if self.placement and self.plugins:
+            raise ValueError(f"plugins {sorted(self.plugins)} with placement: plugins do not run on role pools in this "
+                             "build; drop the plugins or the placement")
         if self.pools and self.parallel.world > 1:
             raise ValueError(f"pools with parallel={self.parallel.compact()!r}: role pools run one process each in "
                              "this build; drop parallel (or the pools)")

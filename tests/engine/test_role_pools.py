@@ -105,6 +105,23 @@ def test_a_node_placed_on_a_pool_that_does_not_exist_is_refused_naming_it_and_th
                                          r"build; pass one of \['in_process', 'shared_memory'\]"):
         launch_role_engine(wan_t2v_dir, DeployConfig(device="cpu", pools={"denoise": {"connector": "nccl"}},
                                                      placement={"denoise": "denoise"}), pipeline=wan_pipeline)
+    with pytest.raises(ValueError, match=r"plugins \['profiler'\] with placement: plugins do not run on role pools"):
+        DeployConfig(device="cpu", pools={"decode": {}}, placement={"decode": "decode"}, plugins={"profiler": {}})
     with pytest.raises(ValueError, match=r"pools\['denoise'\].device='cuda:7': \d+ CUDA device\(s\) visible"):
         launch_role_engine(wan_t2v_dir, DeployConfig(device="cpu", pools={"denoise": {"device": "cuda:7"}},
                                                      placement={"denoise": "denoise"}), pipeline=wan_pipeline)
+
+
+@pytest.mark.slow
+def test_video_generator_runs_a_placement(wan_t2v_dir, one_process):
+    from omniloop.api.generator import VideoGenerator
+
+    gen = VideoGenerator.from_pretrained(wan_t2v_dir, device="cpu", dtype="float32", pools={"vae": {}},
+                                         placement={"decode": "vae"})
+    try:
+        assert type(gen.engine.pipeline.spec.node("decode").stage).__name__ == "PlacedVideoDecodeLoop"
+        out = gen.generate(_requests(2)[0])
+    finally:
+        gen.close()
+    assert out.status is RequestStatus.COMPLETED, out.failure
+    assert torch.equal(out.artifacts["video"].frames, one_process["r2"].artifacts["video"].frames)

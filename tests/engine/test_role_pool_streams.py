@@ -13,7 +13,7 @@ from omniloop.engine.role_pool import launch_role_engine
 from omniloop.pipeline.pipeline import Pipeline
 from omniloop.pipeline.streams import StreamEdge
 from omniloop.request import ProgressEvent, RequestStatus
-from tests.engine.test_streaming_edges import _engine, _pipeline, _request, _run
+from tests.engine.test_streaming_edges import _engine, _pipeline, _run
 
 STREAMS = (StreamEdge("tokens", capacity=2),)
 DEPLOY = DeployConfig(device="cpu", dtype="float32", pools={"thinker": {}, "talker": {}},

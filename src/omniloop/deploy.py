@@ -41,6 +41,29 @@ class Limits(BaseModel):
     max_batch: int = Field(default=8, ge=1)
 
 
+class PoolSpec(BaseModel):
+    """A role pool (design §6.3.4): a worker process with its own device that runs the graph
+    nodes ``DeployConfig.placement`` puts on it; rank 0's scheduler still decides every step."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    device: str = Field(default="cpu", description="the pool's device: 'cpu', 'cuda', 'cuda:1', ...")
+    connector: Literal["shared_memory", "nccl", "nixl"] = Field(
+        default="shared_memory", description="how edge artifacts reach and leave the pool: shared memory between "
+        "processes (implemented); nccl / nixl are named extension points, refused until implemented")
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, v: str) -> str:
+        import torch
+
+        try:
+            torch.device(v)
+        except RuntimeError:
+            raise ValueError(f"unknown pool device {v!r}; pass 'cpu', 'cuda' or 'cuda:N'") from None
+        return v
+
+
 class DeployConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -120,6 +143,13 @@ class DeployConfig(BaseModel):
                                       "contexts, at most 1 GiB on a CPU / a quarter of the free GPU memory")
     nan_check: bool = Field(default=True, description="fail a request whose loop state turns NaN/Inf")
     on_pool_failure: Literal["requeue", "fail"] = Field(default="requeue", description="what a pool restart does to in-flight requests")
+    # -- placement (design §6.3.4) ------------------------------------------------------------
+    pools: dict[str, PoolSpec] = Field(
+        default_factory=dict, description="role pools by name (e.g. encode / denoise / decode, or thinker / talker / "
+        "vocoder), each a worker process with its own device; nodes run on them per placement")
+    placement: dict[str, str] = Field(
+        default_factory=dict, description="graph node -> the pool it runs on (a node not listed runs in the engine's "
+        "own process)")
 
     @field_validator("dtype")
     @classmethod
@@ -189,6 +219,20 @@ class DeployConfig(BaseModel):
 
         check_deploy(self.parallel, cfg_mode=self.cfg_mode, attention_backend=self.attention_backend,
                      quantization=self.quantization, device=self.torch_device(), cuda_graphs=self.cuda_graphs)
+        return self
+
+    @model_validator(mode="after")
+    def _placement_names_pools(self) -> DeployConfig:
+        for node, pool in self.placement.items():
+            if pool not in self.pools:
+                raise ValueError(f"placement[{node!r}] names pool {pool!r}, which is not declared; pools: "
+                                 f"{sorted(self.pools)} (declare it under pools, or place the node on one of them)")
+        if self.placement and self.plugins:
+            raise ValueError(f"plugins {sorted(self.plugins)} with placement: plugins do not run on role pools in this "
+                             "build; drop the plugins or the placement")
+        if self.pools and self.parallel.world > 1:
+            raise ValueError(f"pools with parallel={self.parallel.compact()!r}: role pools run one process each in "
+                             "this build; drop parallel (or the pools)")
         return self
 
     @model_validator(mode="after")

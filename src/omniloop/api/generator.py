@@ -139,6 +139,11 @@ class VideoGenerator:
             engine = launch_pool_engine(model, config)
             return cls(engine.model_spec, engine.pipeline, config, engine)
         spec, pipeline = load_pipeline(model, load_options(config))
+        if config.placement:  # nodes on role pools, each a worker process (engine/role_pool.py)
+            from omniloop.engine.role_pool import launch_role_engine
+
+            role_engine = launch_role_engine(model, config, pipeline=pipeline)
+            return cls(spec, role_engine.pipeline, config, role_engine)
         pipeline = install_plugins(pipeline, config.plugins, compile=pipeline.compiled)  # deploy-scoped plugins
         return cls(spec, pipeline, config)
 

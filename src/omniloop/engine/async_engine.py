@@ -102,6 +102,10 @@ class AsyncEngine:
 
             pool_engine = launch_pool_engine(model, config)
             return cls(pool_engine, model_name=str(model), threads=pool_engine.pool.threads)
+        if config.placement:  # nodes on role pools, each a worker process (engine/role_pool.py)
+            from omniloop.engine.role_pool import launch_role_engine
+
+            return cls(launch_role_engine(model, config), model_name=str(model), threads=threads)
         opts = load_options(config)
 
         def build() -> Pipeline:  # DeployConfig.plugins is the one source of enabled plugins
@@ -123,6 +127,9 @@ class AsyncEngine:
         threads = _server_cpu_threads(config)
         if config.parallel.world > 1:
             raise ValueError("parallel: a server of several models runs on one device; serve one model per SPMD pool")
+        if config.placement:
+            raise ValueError("placement: a server of several models runs on one device; serve one model per "
+                             "deployment with role pools")
         opts = load_options(config)
 
         def builder(path: str | Path) -> Callable[[], Pipeline]:

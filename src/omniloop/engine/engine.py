@@ -4,6 +4,10 @@ Each ``step()`` asks the StepScheduler for one plan, executes it (a one-shot nod
 loop's init, or one batched loop step), and turns the results into events and finished
 outputs. Failures are isolated per request; a pool-fatal error restarts the pool and
 re-queues (or fails) the in-flight requests.
+
+Streaming edges (pipeline/streams.py) are the engine's: it puts a loop's chunks on the
+request's edge channels, closes them when the loop ends, starts a declared edge's consumer
+as a lane at its first chunk (``_start_consumers``), and ends every lane with its request.
 """
 
 from __future__ import annotations
@@ -248,7 +252,7 @@ class Engine:
         return len(self.scheduler.waiting) + len(self._intake)
 
     def num_running(self) -> int:
-        return len(self.scheduler.running)
+        return self.scheduler.num_running
 
     def predicted_backlog_s(self) -> float:
         """Predicted seconds of work left over every running and queued request (the cost
@@ -497,16 +501,63 @@ class Engine:
         if self.event_sink is not None or self.hooks is not None:
             for name, artifact in result.emit or ():
                 self._emit(ArtifactEvent(request_id=req.request_id, name=name, artifact=artifact, partial=True))
-        if req.failure is not None:  # its event consumer failed on one of these
-            self._finish(req, RequestStatus.FAILED, req.failure)
+        if result.chunks:
+            self._put_chunks(req, result.chunks)
+        root = req.root
+        if root.failure is not None:  # its event consumer failed on one of these
+            self._finish(req, RequestStatus.FAILED, root.failure)
         elif result.done:
             self._end_loop(req)
+        elif result.chunks:
+            self._start_consumers(root)
+
+    # -- streaming edges (pipeline/streams.py) ---------------------------------------------
+    def _put_chunks(self, req: EngineRequest, chunks: list[tuple[str, Any]]) -> None:
+        """A step's chunks onto the request's channels (dropped where no active node reads them)."""
+        node = req.node
+        assert node is not None, f"{req.key} emitted chunks outside a node"
+        ctx = self.pipeline.contexts[node.name]
+        channels = req.state.channels
+        for port, chunk in chunks:
+            channel = channels.get(ctx.outputs.get(port, port))
+            if channel is not None:
+                chunk.node = node.name
+                channel.put(chunk)
+
+    def _start_consumers(self, root: EngineRequest) -> None:
+        """Start, as lanes, the consumers of the request's declared stream edges that have a
+        chunk, whose other inputs are all there, and that neither ran nor run yet."""
+        channels = root.state.channels
+        for declared in self.pipeline.spec.streams:
+            channel = channels.get(declared.edge)
+            if channel is None or not channel.produced:
+                continue
+            for node in root.nodes[root.node_index + 1:]:
+                if declared.edge in node.stream_input_edges() and self._can_start(root, node):
+                    self.scheduler.add_lane(root.start_lane(node))
+
+    def _can_start(self, root: EngineRequest, node: Any) -> bool:
+        if node.name in root.lanes or node.name in root.done_nodes:
+            return False
+        reads = [*node.input_edges(), *node.input_edges(optional=True)]
+        producers = [n.name for n in root.nodes if any(e in reads for e in n.output_edges())]
+        channels = root.state.channels
+        return (all(p in root.done_nodes for p in producers)
+                and all(channels[e].readable for e in node.stream_input_edges() if e in channels))
+
+    def _close_streams(self, req: EngineRequest) -> None:
+        """The loop that feeds them ended: its channels get no more chunks."""
+        channels, node = req.state.channels, req.node
+        for edge in node.stream_output_edges() if channels and node is not None else ():
+            if edge in channels:
+                channels[edge].close()
 
     def _end_loop(self, req: EngineRequest) -> None:
         node, loop = req.node, req.loop
         assert node is not None and loop is not None, f"request {req.request_id} ends a loop outside one"
         ctx = self.pipeline.contexts[node.name]
         node.stage.finalize(ctx, loop, req.state)
+        self._close_streams(req)
         self.scheduler.memory.release_loop(req.request_id, node.name)  # e.g. its KV cache
         if self.hooks is not None:
             if node.stage.progress_steps:  # a streamed decode looks like the one-shot node to plugins
@@ -518,9 +569,17 @@ class Engine:
         self._next_node(req)
 
     def _next_node(self, req: EngineRequest) -> None:
-        req.advance_node()
-        if req.node is None:
+        adopted = req.advance_node()
+        if adopted is not None:  # the cursor took a lane's loop over
+            self.scheduler.remove(adopted.key)
+        if req.parent is not None:  # a lane's one node is done: the lane ends, its request goes on
+            req.parent.lanes.pop(req.nodes[0].name, None)
+            self.scheduler.remove(req.key)
+            self._start_consumers(req.parent)
+        elif req.node is None:
             self._finish(req, RequestStatus.COMPLETED, None)
+        elif req.state.channels:
+            self._start_consumers(req)
 
     # -- endings --------------------------------------------------------------------------
     def _fail(self, req: EngineRequest, exc: BaseException) -> None:
@@ -528,9 +587,11 @@ class Engine:
         self._finish(req, RequestStatus.FAILED, failure_of(exc))
 
     def _finish(self, req: EngineRequest, status: RequestStatus, failure: Failure | None) -> None:
+        req = req.root  # a lane's failure is its request's
         if req.is_finished:
             return
         self.scheduler.remove(req.request_id)
+        self._end_lanes(req)
         state = req.state
         finished = state.mark_finished(status, failure)
         self.step_timer.collect(wait=True)  # its metrics must hold every step's time
@@ -563,6 +624,16 @@ class Engine:
         if self.hooks is not None:
             self._fire("request_end", lambda: RequestEvent(req.request_id, request=req.request, output=output))
         self._emit(FinalEvent(request_id=req.request_id, output=output))
+
+    def _end_lanes(self, req: EngineRequest) -> None:
+        """Stop every lane of a request that ends (cancel, failure): free their loops now."""
+        for lane in req.lanes.values():
+            self.scheduler.remove(lane.key)
+            if lane.loop is not None:
+                lane.nodes[0].stage.release(lane.loop)
+                lane.loop = None
+        req.lanes.clear()
+        req.state.channels.clear()
 
     def _on_pool_failure(self, error: PoolFatalError) -> None:
         self.stats.pool_restarts += 1

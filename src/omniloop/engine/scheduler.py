@@ -88,12 +88,23 @@ class StepScheduler:
     def add(self, req: EngineRequest) -> None:
         self.waiting.append(req)
 
+    def add_lane(self, lane: EngineRequest) -> None:
+        """A running request's streaming consumer, started now (engine/request.py): ranked and
+        batched like a request; its request's admission holds its memory."""
+        assert lane.parent is not None and lane.key not in self.running, f"lane {lane.key!r} already running"
+        self.running[lane.key] = lane
+
     def find(self, request_id: str) -> EngineRequest | None:
         return self.running.get(request_id) or next((r for r in self.waiting if r.request_id == request_id), None)
 
     @property
     def num_unfinished(self) -> int:
-        return len(self.waiting) + len(self.running)
+        return len(self.waiting) + self.num_running
+
+    @property
+    def num_running(self) -> int:
+        """Requests running (their lanes are not counted)."""
+        return sum(1 for r in self.running.values() if r.parent is None)
 
     # -- the core loop: one plan per iteration ---------------------------------------------
     def schedule(self) -> SchedulerPlan:
@@ -101,8 +112,8 @@ class StepScheduler:
         aborted = self._take_aborted()
         admitted = self._admit()
         now = time.perf_counter()
-        ranked = self._rank([r for r in self.running.values()
-                             if not r.abort_requested and not r.paused and _ready(r) and self._ready_at(r) <= now])
+        ranked = self._rank([r for r in self.running.values() if not r.root.abort_requested and not r.root.paused
+                             and _ready(r) and self._ready_at(r) <= now])
         head = ranked[0] if ranked else None
         prologue = [r for r in ranked if _in_prologue(r)]
         if prologue and head is not prologue[0] and self._prologue_first(prologue[0], head):
@@ -119,7 +130,7 @@ class StepScheduler:
         wakes them)."""
         if not self.running:
             return None
-        live = [r for r in self.running.values() if not r.paused or r.abort_requested]
+        live = [r for r in self.running.values() if not r.root.paused or r.root.abort_requested]
         if not live:
             return math.inf
         now = time.perf_counter()
@@ -128,7 +139,7 @@ class StepScheduler:
     # -- helpers --------------------------------------------------------------------------
     def _ready_at(self, req: EngineRequest) -> float:
         node = req.node
-        if req.abort_requested or req.loop is None or node is None or not node.is_loop:
+        if req.root.abort_requested or req.loop is None or node is None or not node.is_loop:
             return 0.0
         at = node.stage.ready_at(req.loop)
         return 0.0 if at is None else at
@@ -146,7 +157,7 @@ class StepScheduler:
 
     def _take_aborted(self) -> tuple[str, ...]:
         ids = [r.request_id for r in self.waiting if r.abort_requested]
-        ids += [rid for rid, r in self.running.items() if r.abort_requested]
+        ids += [rid for rid, r in self.running.items() if r.abort_requested and r.parent is None]
         return tuple(ids)
 
     def _admit(self) -> tuple[str, ...]:
@@ -155,7 +166,7 @@ class StepScheduler:
         if self.policy.kind == "fifo_batch":
             candidates = self._request_batch(candidates)
         for req in candidates:
-            if len(self.running) >= self.policy.max_running:
+            if self.num_running >= self.policy.max_running:
                 break
             if not self.memory.can_start(req.memory):
                 break  # no room now: wait for a running request to finish (head-of-line by rank)
@@ -175,18 +186,22 @@ class StepScheduler:
 
     def _rank(self, reqs: list[EngineRequest]) -> list[EngineRequest]:
         if self.policy.kind in ("fifo", "fifo_batch"):
-            return sorted(reqs, key=lambda r: r.arrival)
+            return sorted(reqs, key=lambda r: (r.arrival, -_depth(r)))
         now = time.perf_counter()
         return sorted(reqs, key=lambda r: self._key(r, now))
 
     def _key(self, req: EngineRequest, now: float) -> tuple:
-        remaining = self.remaining_s(req)
+        """A request and its lanes rank as one request; among them the node furthest down
+        the graph goes first (a consumer drains its stream before the producer refills it:
+        the first audio comes sooner and the queue stays short)."""
+        root = req.root
+        remaining = self.remaining_s(root) + sum(self.remaining_s(lane) for lane in root.lanes.values())
         waited = now - req.arrival
         at_risk = 1
         if req.request.deadline_s is not None:
             slack = req.arrival + req.request.deadline_s - now
             at_risk = 0 if slack < self.policy.deadline_margin * remaining else 1
-        return (-req.request.priority, at_risk, remaining - self.policy.aging * waited, req.arrival)
+        return (-req.request.priority, at_risk, remaining - self.policy.aging * waited, req.arrival, -_depth(req))
 
     def _work_for(self, head: EngineRequest, ranked: list[EngineRequest], *, group: bool) -> NodeWork | StepWork:
         """``group``: the head leads the ranking, so requests at its one-shot node may join
@@ -204,7 +219,7 @@ class StepScheduler:
             parallel = ()
             if len(batch) == 1 and self.policy.fan_out and not node.is_loop:
                 parallel = tuple(n.name for n in ready_siblings(head.nodes, head.node_index))
-            return NodeWork(node.name, tuple(r.request_id for r in batch), parallel)
+            return NodeWork(node.name, tuple(r.key for r in batch), parallel)
         key = node.stage.batch_key(head.loop)
         batch = [head]
         budget, used = self.policy.max_batch_tokens, node.stage.batch_weight(head.loop)
@@ -219,7 +234,7 @@ class StepScheduler:
                     continue  # over the token budget: a smaller request further down may still fit
                 batch.append(other)
                 used += weight
-        return StepWork(node.name, tuple(r.request_id for r in batch))
+        return StepWork(node.name, tuple(r.key for r in batch))
 
     def item_cost(self, req: EngineRequest) -> ItemCost:
         """The cost-model item of the request's next piece of work."""
@@ -235,6 +250,8 @@ class StepScheduler:
         total = 0.0
         for i in range(req.node_index, len(req.nodes)):
             node = req.nodes[i]
+            if i > req.node_index and (node.name in req.lanes or node.name in req.done_nodes):
+                continue  # a lane's work: its own remaining cost
             est = req.estimates.nodes[node.name]
             if node.is_loop:
                 steps_left = est.steps
@@ -260,8 +277,8 @@ class StepScheduler:
         return req
 
     def requeue_running(self) -> list[EngineRequest]:
-        """Pool restart: every running request loses its state and waits again."""
-        moved = list(self.running.values())
+        """Pool restart: every running request loses its state (and its lanes) and waits again."""
+        moved = [r for r in self.running.values() if r.parent is None]
         for req in moved:
             self.memory.release(req.request_id)
             req.reset()
@@ -270,12 +287,18 @@ class StepScheduler:
         return moved
 
 
+def _depth(req: EngineRequest) -> int:
+    """How far down its request's graph the unit's node is (a lane's consumer ranks before its producer)."""
+    return req.node_index if req.parent is None else req.root.nodes.index(req.nodes[0])
+
+
 def _ready(req: EngineRequest) -> bool:
-    """A request inside a loop whose next step cannot run yet (waiting for KV blocks) is skipped."""
+    """A request inside a loop whose next step cannot run yet (waiting for KV blocks, for a
+    chunk of a stream it reads, for room on a stream it feeds) is skipped."""
     node = req.node
     if req.loop is None or node is None or not node.is_loop:
         return True
-    return bool(node.stage.ready(req.loop))
+    return req.streams_ready() and bool(node.stage.ready(req.loop))
 
 
 def _shape_key(req: EngineRequest) -> tuple:

@@ -17,6 +17,7 @@ from omniloop.pipeline.adapters import check_loras
 from omniloop.pipeline.defaults import GenerationDefaults, resolve_seeds
 from omniloop.pipeline.spec import Node, PipelineSpec
 from omniloop.pipeline.state import RequestState, StageContext
+from omniloop.pipeline.streams import EdgeChannel
 from omniloop.request import (Artifact, ErrorKind, InvalidRequest, Modality, OmniOutput, OmniRequest, RequestStatus,
                               format_validation_error)
 
@@ -84,7 +85,21 @@ class Pipeline:
         state = RequestState(request=request)
         state.node_params = self._node_params(request)
         self._check_nodes(state)
+        state.channels = self.open_channels(self.active_nodes(request))
         return state
+
+    def open_channels(self, nodes: list[Node]) -> dict[str, EdgeChannel]:
+        """One chunk channel per stream edge that an active node emits and an active node reads;
+        bounded by the edge's declared capacity when it streams, else unbounded (its consumer
+        starts after the producer ended: pipeline/streams.py)."""
+        emitted = {edge for node in nodes for edge in node.stream_output_edges()}
+        channels: dict[str, EdgeChannel] = {}
+        for node in nodes:
+            for edge in node.stream_input_edges():
+                if edge in emitted:
+                    declared = self.spec.stream(edge)
+                    channels[edge] = EdgeChannel(edge, capacity=None if declared is None else declared.capacity)
+        return channels
 
     def _check_nodes(self, state: RequestState) -> None:
         """Stages' own admission checks (``check_request(ctx, state, produced_edges)``),

@@ -2,7 +2,8 @@
 
 Validation runs at construction and names the node and edge at fault: unknown
 component, edge type mismatch, missing producer (per declared task), cycle, a node
-unreachable for every declared task, an output naming no edge.
+unreachable for every declared task, an output naming no edge, an edge declared streaming
+between nodes that cannot stream it (pipeline/streams.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any, Iterable, Mapping
 
 from omniloop.pipeline.predicates import Predicate
 from omniloop.pipeline.stage import LoopStage, Stage, is_loop
+from omniloop.pipeline.streams import StreamEdge
 from omniloop.request import Artifact, TaskType
 
 
@@ -55,6 +57,14 @@ class Node:
     def output_edges(self) -> dict[str, type[Artifact]]:
         return {self.outputs.get(p, p): t for p, t in self.stage.outputs.items()}
 
+    def stream_input_edges(self) -> dict[str, type[Artifact]]:
+        """Edges whose chunks the node reads (its ``stream_inputs``, renamed) -> chunk type."""
+        return {self.inputs.get(p, p): t for p, t in self.stage.stream_inputs.items()}
+
+    def stream_output_edges(self) -> dict[str, type[Artifact]]:
+        """Edges the node emits chunks on (its ``stream_outputs``, renamed) -> chunk type."""
+        return {self.outputs.get(p, p): t for p, t in self.stage.stream_outputs.items()}
+
     def may_run_for(self, task: TaskType) -> bool:
         tasks = None if self.when is None else self.when.tasks()
         return tasks is None or task in tasks
@@ -71,11 +81,14 @@ class PipelineSpec:
     components: Mapping[str, ComponentSpec]
     nodes: tuple[Node, ...]
     outputs: Mapping[str, str]  # output artifact name -> edge
+    # edges declared streaming: the consumer starts at the first chunk (pipeline/streams.py)
+    streams: tuple[StreamEdge, ...] = ()
     order: tuple[str, ...] = field(init=False)  # topological node order, computed by validation
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tasks", frozenset(TaskType(t) for t in self.tasks))
         object.__setattr__(self, "nodes", tuple(self.nodes))
+        object.__setattr__(self, "streams", tuple(self.streams))
         object.__setattr__(self, "order", _validate(self))
 
     def node(self, name: str) -> Node:
@@ -83,6 +96,10 @@ class PipelineSpec:
             if n.name == name:
                 return n
         raise KeyError(f"pipeline {self.name!r} has no node {name!r}; nodes: {[n.name for n in self.nodes]}")
+
+    def stream(self, edge: str) -> StreamEdge | None:
+        """The declaration of ``edge`` if it streams, else None."""
+        return next((s for s in self.streams if s.edge == edge), None)
 
     def nodes_in_order(self) -> list[Node]:
         by_name = {n.name: n for n in self.nodes}
@@ -112,10 +129,14 @@ def _validate(spec: PipelineSpec) -> tuple[str, ...]:
             raise _fail(spec, f"component key {key!r} differs from its ComponentSpec name {comp.name!r}")
 
     producers: dict[str, list[tuple[Node, type[Artifact]]]] = defaultdict(list)
+    stream_producers: dict[str, list[tuple[Node, type[Artifact]]]] = defaultdict(list)
     for node in spec.nodes:
         _check_node_shape(spec, node)
         for edge, kind in node.output_edges().items():
             producers[edge].append((node, kind))
+        for edge, kind in node.stream_output_edges().items():
+            stream_producers[edge].append((node, kind))
+    _check_streams(spec, producers, stream_producers)  # first: it names both ends of a bad declaration
 
     for node in spec.nodes:
         if not any(node.may_run_for(t) for t in spec.tasks):
@@ -127,11 +148,57 @@ def _validate(spec: PipelineSpec) -> tuple[str, ...]:
         for optional in (False, True):
             for edge, want in node.input_edges(optional=optional).items():
                 _check_edge(spec, node, edge, want, producers, optional)
+        for edge, want in node.stream_input_edges().items():
+            _check_edge(spec, node, edge, want, stream_producers, False)
 
     for out, edge in spec.outputs.items():
         if edge not in producers:
             raise _fail(spec, f"output {out!r} names edge {edge!r}, which no node produces")
-    return _toposort(spec, producers)
+    every: dict[str, list[tuple[Node, type[Artifact]]]] = defaultdict(list)
+    for table in (producers, stream_producers):
+        for edge, found in table.items():
+            every[edge] += found
+    return _toposort(spec, every)
+
+
+def _check_streams(spec: PipelineSpec, producers: Mapping[str, list[tuple[Node, type[Artifact]]]],
+                   stream_producers: Mapping[str, list[tuple[Node, type[Artifact]]]]) -> None:
+    """Every edge declared streaming runs from a loop's stream output to a loop's stream input."""
+    for edge in {e for n in spec.nodes for e in n.stream_input_edges()}:
+        consumers = [n.name for n in spec.nodes if edge in n.stream_input_edges()]
+        if len(consumers) > 1:  # a channel's chunks are taken once
+            raise _fail(spec, f"stream edge {edge!r} is read by nodes {consumers}; one node consumes a stream "
+                              "(emit a second stream port for a second consumer)")
+    edges = [s.edge for s in spec.streams]
+    dup = sorted({e for e in edges if edges.count(e) > 1})
+    if dup:
+        raise _fail(spec, f"streams declares edge(s) {dup} more than once")
+    for edge in edges:
+        writers = [p for p, _ in list(producers.get(edge, [])) + list(stream_producers.get(edge, []))]
+        readers = [n for n in spec.nodes if edge in n.input_edges() or edge in n.input_edges(optional=True)
+                   or edge in n.stream_input_edges()]
+        if not writers or not readers:
+            raise _fail(spec, f"streams declares edge {edge!r}, which no node "
+                              f"{'produces' if not writers else 'reads'}; edges: {sorted(set(producers) | set(stream_producers))}")
+        for writer in writers:
+            for reader in readers:
+                why = _why_not_streamable(writer, reader, edge)
+                if why:
+                    raise _fail(spec, f"edge {edge!r} is declared streaming, but node {writer.name!r} -> node "
+                                      f"{reader.name!r} cannot stream it: {why}; declare the ports as stream "
+                                      "ports of two loops, or drop the edge from streams")
+
+
+def _why_not_streamable(writer: Node, reader: Node, edge: str) -> str:
+    if not writer.is_loop:
+        return f"node {writer.name!r} is a one-shot stage (only a loop emits chunks)"
+    if edge not in writer.stream_output_edges():
+        return f"node {writer.name!r} writes it whole, not in its stream_outputs {sorted(writer.stream_output_edges())}"
+    if not reader.is_loop:
+        return f"node {reader.name!r} is a one-shot stage (only a loop consumes chunks)"
+    if edge not in reader.stream_input_edges():
+        return f"node {reader.name!r} reads it whole, not in its stream_inputs {sorted(reader.stream_input_edges())}"
+    return ""
 
 
 def _check_node_shape(spec: PipelineSpec, node: Node) -> None:
@@ -154,7 +221,8 @@ def _check_node_shape(spec: PipelineSpec, node: Node) -> None:
                 f"node {node.name!r} binds unknown component {comp!r}; declared components: {sorted(spec.components)}",
             )
     for ports, label in ((node.inputs, "input"), (node.outputs, "output")):
-        known = set(stage.inputs) | set(stage.optional_inputs) if label == "input" else set(stage.outputs)
+        known = (set(stage.inputs) | set(stage.optional_inputs) | set(stage.stream_inputs) if label == "input"
+                 else set(stage.outputs) | set(stage.stream_outputs))
         bad = sorted(set(ports) - known)
         if bad:
             raise _fail(spec, f"node {node.name!r} renames unknown {label} port(s) {bad}; ports: {sorted(known)}")
@@ -202,9 +270,8 @@ def _check_edge(
 def _toposort(spec: PipelineSpec, producers: Mapping[str, list[tuple[Node, type[Artifact]]]]) -> tuple[str, ...]:
     deps: dict[str, set[str]] = {n.name: set() for n in spec.nodes}
     for node in spec.nodes:
-        for optional in (False, True):
-            for edge in node.input_edges(optional=optional):
-                deps[node.name] |= {p.name for p, _ in producers.get(edge, []) if p.name != node.name}
+        for edge in [*node.input_edges(), *node.input_edges(optional=True), *node.stream_input_edges()]:
+            deps[node.name] |= {p.name for p, _ in producers.get(edge, []) if p.name != node.name}
     order: list[str] = []
     ready = [n.name for n in spec.nodes if not deps[n.name]]  # declaration order breaks ties
     remaining = {k: set(v) for k, v in deps.items()}

@@ -73,8 +73,19 @@ class _Ports(Protocol):
         ...
 
 
+class _StreamPorts(Protocol):
+    # Stream ports of a loop (pipeline/streams.py): chunks it emits in ``StepResult.chunks`` /
+    # reads through ``ctx.stream``; port name -> chunk type. Empty for a stage that cannot
+    # stream (``StageBase``'s default); listed with the methods, so a stage without them is refused.
+    @property
+    def stream_inputs(self) -> Mapping[str, type[Artifact]]: ...
+
+    @property
+    def stream_outputs(self) -> Mapping[str, type[Artifact]]: ...
+
+
 @runtime_checkable
-class Stage(_Ports, Protocol):
+class Stage(_Ports, _StreamPorts, Protocol):
     """Every method the engine calls on a one-shot node (``StageBase`` gives the defaults)."""
 
     def forward(self, ctx: StageContext, state: RequestState) -> None: ...
@@ -103,7 +114,7 @@ class Stage(_Ports, Protocol):
 
 
 @runtime_checkable
-class LoopStage(_Ports, Protocol[S]):
+class LoopStage(_Ports, _StreamPorts, Protocol[S]):
     """Every method the engine calls on a loop node (``LoopStageBase`` gives the defaults)."""
 
     def init(self, ctx: StageContext, state: RequestState) -> S: ...
@@ -197,6 +208,8 @@ class StageBase:
     inputs: ClassVar[Mapping[str, type[Artifact]]] = {}
     optional_inputs: ClassVar[Mapping[str, type[Artifact]]] = {}
     outputs: ClassVar[Mapping[str, type[Artifact]]] = {}
+    stream_inputs: ClassVar[Mapping[str, type[Artifact]]] = {}
+    stream_outputs: ClassVar[Mapping[str, type[Artifact]]] = {}
     params_schema: type[BaseModel] | None = None
     if TYPE_CHECKING:  # read-only to the engine: a subclass sets it or computes it from its fields
         @property

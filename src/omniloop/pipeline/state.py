@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping, TypeVar
 import torch
 
 from omniloop.pipeline.defaults import GenerationDefaults
+from omniloop.pipeline.streams import EdgeChannel
 from omniloop.request import Artifact, Failure, OmniRequest, RequestMetrics, RequestStatus
 
 A = TypeVar("A", bound=Artifact)
@@ -58,6 +59,15 @@ class StageContext:
     def write(self, state: "RequestState", port: str, artifact: Artifact) -> None:
         state.put(self.outputs.get(port, port), artifact, node=self.node)
 
+    def stream(self, state: "RequestState", port: str) -> EdgeChannel:
+        """The chunk channel of stream input ``port`` (``stream_inputs``; see pipeline/streams.py)."""
+        edge = self.inputs.get(port, port)
+        try:
+            return state.channels[edge]
+        except KeyError:
+            raise RuntimeError(f"node {self.node!r} reads stream edge {edge!r}, which no active node of this "
+                               f"{state.request.task.value!r} request streams") from None
+
 
 @dataclass(kw_only=True)
 class LoopState:
@@ -83,6 +93,9 @@ class StepResult:
     # This request's own failure in a batched step (its batch-mates' results stand); the
     # engine fails the request with it. See ``omniloop.pipeline.failures``.
     error: BaseException | None = None
+    # chunks for the loop's stream outputs (``stream_outputs`` port, chunk), in order: the engine
+    # puts them on the request's edge channels (pipeline/streams.py)
+    chunks: list[tuple[str, Artifact]] | None = None
 
     @classmethod
     def failed(cls, error: BaseException) -> "StepResult":
@@ -113,6 +126,8 @@ class RequestState:
     # the request's LoRAs on the device, per component they patch (component -> adapter set),
     # acquired from the deployment's adapter cache by its first node that applies them
     adapters: dict[str, Any] | None = None
+    # stream edge -> its chunk channel (pipeline/streams.py), opened at admission
+    channels: dict[str, EdgeChannel] = field(default_factory=dict)
 
     @property
     def request_id(self) -> str:

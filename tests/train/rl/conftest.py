@@ -21,7 +21,7 @@ def generator(wan_t2v_dir):
     gen.close()
 
 
-def velocity_norm_scorer(name: str = "latent_mean"):
+def latent_mean_scorer(name: str = "latent_mean"):
     """A cheap in-process scorer: the final latents' mean (rewards that differ within a group)."""
 
     class LatentMean:

@@ -98,6 +98,19 @@ def no_push(version: int) -> None:
     """Library mode with the rollout and the trainer sharing one module: nothing to move."""
 
 
+def copy_push(source: torch.nn.Module, rollout: torch.nn.Module) -> PushWeights:
+    """Library mode with a rollout copy (the async loop, or NFT's old policy): copy ``source``'s
+    parameters into the rollout pipeline's module in place (same layout: no reallocation). Engine-
+    client mode pushes through the engine's weight plane instead (``POST /v1/weights``)."""
+
+    @torch.no_grad()
+    def push(version: int) -> None:
+        for dst, src in zip(rollout.parameters(), source.parameters(), strict=True):
+            dst.copy_(src.detach())
+
+    return push
+
+
 @dataclass
 class IterationLog:
     iteration: int

@@ -32,10 +32,10 @@ def _rollout(pipeline, spec=SPEC, group=GROUP):
     return TrainingBatch(trajs, torch.linspace(-1, 1, len(trajs)))
 
 
-def _drift(pipeline, batch, *, solo: bool) -> list[float]:
+def _drift(pipeline, batch, *, solo: bool, guidance_scale: float = 1.0) -> list[float]:
     """Per step, max |recomputed - recorded| (grad-enabled forward over the group, or each alone)."""
     pipeline.components["transformer"].requires_grad_(True)  # the trainer's forward: parameters take grads
-    policy = TextConditionedPolicy.of(pipeline)
+    policy = TextConditionedPolicy.of(pipeline, guidance_scale=guidance_scale)
     out = []
     for k in range(SPEC.steps):
         parts = [TrainingBatch([t], batch.advantages[i:i + 1]) for i, t in enumerate(batch.trajectories)] if solo \
@@ -58,6 +58,17 @@ def test_c1_drift_is_within_the_gate(generator):
     # and the objective's own telemetry reports the same figure
     _, metrics = flow_grpo_loss(TextConditionedPolicy.of(pipeline), batch, 0, FlowGRPOConfig())
     assert metrics["logprob_diff_max"] <= C1_EPS and metrics["clip_frac"] == 0.0
+
+
+def test_c1_drift_with_guidance(generator):
+    """Classifier-free guidance at 5 (the shipped shapes model's): both branches in the rollout's
+    batched dispatch, combined in fp32, the prompt encoded with the negative prompt."""
+    spec = RolloutSpec(steps=4, height=32, width=32, num_frames=5, decode=False, guidance_scale=5.0)
+    pipeline = apply_profile(generator.pipeline, RolloutProfile(level=ConsistencyLevel.C1))
+    batch = _rollout(pipeline, spec=spec)
+    drift = _drift(pipeline, batch, solo=False, guidance_scale=5.0)
+    print(f"C1 with guidance 5: logprob_diff max {max(drift):.3g}")
+    assert max(drift) <= C1_EPS
 
 
 def test_c2_batched_rollout_equals_the_solo_training_forward(generator):

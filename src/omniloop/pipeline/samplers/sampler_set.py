@@ -83,7 +83,13 @@ def load_sampler_set(folder: Path) -> SamplerSet:
             {"num_train_timesteps": num_train, "prediction_type": "flow_prediction", "use_flow_sigmas": True,
              "flow_shift": float(config.get("shift", 1.0))},
         )
+    return SamplerSet(default=default, samplers=with_rollout_sampler(samplers))
+
+
+def with_rollout_sampler(samplers: dict[str, Sampler]) -> dict[str, Sampler]:
+    """``samplers`` plus ``flow_sde`` on the flow_euler sampler's schedule (same shift, mu, terminal),
+    when there is one (an EDM-style model gets none: its log-prob requests are refused)."""
     euler = samplers.get("flow_euler")
-    if isinstance(euler, FlowEulerSampler):  # the SDE walks Euler's schedule (same shift, mu, terminal)
-        samplers[ROLLOUT_SAMPLER] = build_sampler(ROLLOUT_SAMPLER, dataclasses.asdict(euler))
-    return SamplerSet(default=default, samplers=samplers)
+    if isinstance(euler, FlowEulerSampler):
+        return {**samplers, ROLLOUT_SAMPLER: build_sampler(ROLLOUT_SAMPLER, dataclasses.asdict(euler))}
+    return samplers

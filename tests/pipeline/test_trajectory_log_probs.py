@@ -86,3 +86,17 @@ def test_non_finite_log_probs_fail_the_request_naming_log_probs(gen):
     assert out.status.value == "failed"
     assert "log_probs" in str(out.error)
     assert gen.generate(_request(2)).status.value == "completed"  # the engine goes on
+
+
+def test_sde_window_and_noise_level_per_request(gen):
+    req = _request(4, steps=4).model_copy(update={"node_params": {"denoise": {"sde_window": [1, 3], "noise_level": 0.5}}})
+    traj = gen.generate(req).artifacts["trajectory"]
+    assert traj.stochastic.tolist() == [False, True, True, False]
+    assert traj.log_probs[0] == 0 and traj.log_probs[3] == 0 and (traj.log_probs[1:3] != 0).all()
+    plain = gen.generate(_request(4, steps=4)).artifacts["trajectory"]
+    assert not torch.equal(plain.log_probs, traj.log_probs)
+    with pytest.raises(RequestRejected, match=r"node_params\['denoise'\]\.sde_window: sampler 'flow_euler' draws no SDE"):
+        gen.generate(_request(4, sampler="flow_euler", log_probs=False).model_copy(
+            update={"node_params": {"denoise": {"sde_window": [0, 2]}}}))
+    with pytest.raises(RequestRejected, match=r"node_params\['denoise'\]\.sde_window: \[5, 6\] must be \[start, end\)"):
+        gen.generate(req.model_copy(update={"node_params": {"denoise": {"sde_window": [5, 6]}}}))

@@ -13,8 +13,9 @@ same code.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Hashable, Mapping, Protocol, Sequence
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -33,6 +34,7 @@ from omniloop.pipeline.policies.conditioning import ConditioningPolicy, NoCondit
 from omniloop.pipeline.policies.routing import Route, RoutingPolicy, SingleModel
 from omniloop.pipeline.policies.shift import FlowShift, ShiftPolicy
 from omniloop.pipeline.samplers.base import Sampler, SamplerState
+from omniloop.pipeline.samplers.flow_sde import FlowSDESampler
 from omniloop.pipeline.stage import LoopStageBase, WorkEstimate, step_results
 from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
 from omniloop.request import (Artifact, DiffusionParams, InvalidRequest, LatentsArtifact, Modality, OmniRequest,
@@ -129,6 +131,10 @@ class DenoiseParams(BaseModel):
     shift: float | None = Field(default=None, gt=0, le=100)
     sampler: str | None = None
     strength: float | None = Field(default=None, description="see DiffusionParams.strength (this node only)")
+    # the stochastic rollout sampler's knobs (sampler='flow_sde'; refused with any other sampler)
+    noise_level: float | None = Field(default=None, gt=0, le=10, description="flow_sde: the SDE's noise level")
+    sde_window: tuple[int, int] | None = Field(
+        default=None, description="flow_sde: [start, end) steps that take the SDE step (ODE elsewhere; MixGRPO)")
 
     @field_validator("strength")
     @classmethod
@@ -215,7 +221,7 @@ class DenoiseLoop(LoopStageBase[DenoiseLoopState]):
         (``ChunkRollout``) starts one per chunk with its slice of the video's noise and forward
         kwargs of its own (the chunk's KV view), the policies and sampler unchanged."""
         request = state.request
-        sampler = ctx.component(self.sampler_component).get(params.sampler)
+        sampler = sde_options(ctx.component(self.sampler_component).get(params.sampler), state.node_params.get(ctx.node))
         shapes = {m: tuple(x.shape) for m, x in latents.items()}
         num_steps, schedule = self.schedule(ctx, params, shapes, sampler)
         samplers = {m: sampler.init_state(num_steps, device=ctx.device, seed=seed, **schedule)
@@ -294,8 +300,11 @@ class DenoiseLoop(LoopStageBase[DenoiseLoopState]):
         """Admission: a strength on a node that starts from noise, or one that leaves no step."""
         override = state.node_params.get(ctx.node)
         params = _effective_params(state.request.diffusion, override)
+        sampler = ctx.component(self.sampler_component).get(params.sampler)
         if state.request.outputs.return_log_probs:
-            check_records_log_probs(ctx.component(self.sampler_component).get(params.sampler), ctx.node, override)
+            check_records_log_probs(sampler, ctx.node, override)
+        if override is not None:
+            check_sde_options(sampler, ctx.node, override, lambda: self._num_steps(ctx, state, params))
         if not self.starts_from_given(ctx, produced):
             if override is not None and override.strength is not None:
                 raise InvalidRequest(f"node_params[{ctx.node!r}].strength: node {ctx.node!r} starts from noise in this "
@@ -587,6 +596,38 @@ def check_records_log_probs(sampler: Sampler, node: str, override: DenoiseParams
     raise InvalidRequest(f"{field}: sampler {sampler.name!r} is deterministic and has no transition log-probs "
                          "(outputs.return_log_probs)", hint="pass sampler='flow_sde' (the stochastic flow sampler), "
                          "or drop return_log_probs", fields=(field,))
+
+
+def sde_options(sampler: Sampler, override: DenoiseParams | None) -> Sampler:
+    """The request's flow_sde (its ``noise_level`` / ``sde_window`` node params applied): a
+    per-request copy of the stateless sampler, which the request's loop state holds."""
+    if override is None or (override.noise_level is None and override.sde_window is None):
+        return sampler
+    assert isinstance(sampler, FlowSDESampler), "admission checks the SDE knobs name flow_sde"
+    changes: dict[str, Any] = {}
+    if override.noise_level is not None:
+        changes["noise_level"] = override.noise_level
+    if override.sde_window is not None:
+        changes["sde_window"] = override.sde_window
+    return dataclasses.replace(sampler, **changes)
+
+
+def check_sde_options(sampler: Sampler, node: str, override: DenoiseParams, num_steps: Callable[[], int]) -> None:
+    """Admission: the SDE knobs need flow_sde, and a window that starts inside the schedule
+    (``num_steps``: the request's step count, computed only when a window is given)."""
+    for name, value in (("noise_level", override.noise_level), ("sde_window", override.sde_window)):
+        if value is not None and not isinstance(sampler, FlowSDESampler):
+            field = f"node_params[{node!r}].{name}"
+            raise InvalidRequest(f"{field}: sampler {sampler.name!r} draws no SDE noise", fields=(field,),
+                                 hint="pass sampler='flow_sde', or drop it")
+    window = override.sde_window
+    if window is None:
+        return
+    steps = num_steps()
+    if not (0 <= window[0] < window[1] and window[0] < steps):
+        field = f"node_params[{node!r}].sde_window"
+        raise InvalidRequest(f"{field}: {list(window)} must be [start, end) with 0 <= start < end and start < "
+                             f"{steps} (the steps)", fields=(field,), hint=f"pass e.g. [0, {steps}]")
 
 
 def check_step_log_prob(loop: DenoiseLoopState) -> None:

@@ -78,7 +78,9 @@ class TextConditionedPolicy:
         cond = torch.cat([self._embeds[p][0] for p in prompts])
         if not self.guided:
             return cond, None
-        return cond, torch.cat([self._embeds[p][1] for p in prompts])  # type: ignore[misc]
+        negatives = [self._embeds[p][1] for p in prompts]
+        assert all(n is not None for n in negatives), "a guided policy encodes every prompt with its negative"
+        return cond, torch.cat([n for n in negatives if n is not None])
 
     def __call__(self, x: torch.Tensor, timestep: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
         cond, neg = self.embeddings(prompts)

@@ -68,6 +68,9 @@ class RolloutSpec:
     guidance_scale: float = 1.0
     decode: bool = True
     task: TaskType = TaskType.T2V
+    noise_level: float | None = None  # flow_sde's, per request (None: the sampler's default, 0.7)
+    sde_window: tuple[int, int] | None = None  # [start, end): the SDE steps (None: every step)
+    node: str = "denoise"  # the denoise node the SDE knobs go to (node_params)
 
     def __post_init__(self) -> None:
         if self.capture == "per_step" and self.sampler != "flow_sde":
@@ -83,8 +86,9 @@ class RolloutSpec:
     def request(self, prompt: str, seed: int) -> OmniRequest:
         params = DiffusionParams(seed=seed, sampler=self.sampler, steps=self.steps, height=self.height,
                                  width=self.width, num_frames=self.num_frames, guidance_scale=self.guidance_scale)
+        knobs = {k: v for k, v in (("noise_level", self.noise_level), ("sde_window", self.sde_window)) if v is not None}
         return OmniRequest(task=self.task, inputs=[TextPart(text=prompt)], diffusion=params,
-                           outputs=self.output_spec())
+                           outputs=self.output_spec(), node_params={self.node: knobs} if knobs else {})
 
 
 @dataclass(kw_only=True)

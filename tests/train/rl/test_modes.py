@@ -12,7 +12,7 @@ import torch
 
 from omniloop.api.generator import VideoGenerator
 from omniloop.request import DiffusionParams, OmniRequest, OutputSpec, TaskType, TextPart
-from omniloop.train.rl import HttpClient, LibraryClient, PromptList, RolloutContext, group_rollout
+from omniloop.train.rl import AsyncEngineClient, HttpClient, LibraryClient, PromptList, RolloutContext, group_rollout
 from omniloop.train.rl.rollout import RolloutSpec
 from omniloop.train.rl.trajectory import TrajectoryStatus
 from tests.serve.conftest import live_server
@@ -40,8 +40,9 @@ def test_library_and_http_rollouts_are_identical(wan_t2v_dir, server):
     finally:
         gen.close()
     remote = group_rollout(_ctx(HttpClient(server.url)))
-    assert len(library) == len(remote) == 4
-    for a, b in zip(library, remote):
+    in_process = group_rollout(_ctx(AsyncEngineClient(server.engine)))  # the served engine, called in process
+    assert len(library) == len(remote) == len(in_process) == 4
+    for a, b in [*zip(library, remote), *zip(library, in_process)]:
         assert a.status is b.status is TrajectoryStatus.COMPLETED
         assert a.seed == b.seed and a.prompt == b.prompt and a.group == b.group
         for name in FIELDS:

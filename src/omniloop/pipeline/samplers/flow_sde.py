@@ -28,7 +28,8 @@ from typing import Any, ClassVar, Sequence
 
 import torch
 
-from omniloop.pipeline.samplers.base import SamplerState, SchedulerConfigError, TransitionLog, register_sampler
+from omniloop.pipeline.samplers.base import (SamplerState, SchedulerConfigError, TransitionLog, check_config_keys,
+                                             register_sampler)
 from omniloop.pipeline.samplers.flow_euler import _REFUSED_FLAGS, _SUPPORTED_KEYS, FlowEulerSampler
 
 _SDE_KEYS = ("noise_level", "sde_window")
@@ -124,8 +125,6 @@ class FlowSDESampler(FlowEulerSampler):
     def from_config(cls, config: dict[str, Any]) -> "FlowSDESampler":
         config = {"_class_name": cls.diffusers_class, **config}
         known = (*_SUPPORTED_KEYS, *_REFUSED_FLAGS, *_SDE_KEYS)
-        from omniloop.pipeline.samplers.base import check_config_keys
-
         check_config_keys(config, diffusers_class=cls.diffusers_class, known=known)
         for key, why in _REFUSED_FLAGS.items():
             if config.get(key):
@@ -170,8 +169,9 @@ class FlowSDESampler(FlowEulerSampler):
         assert model_output.shape == sample.shape, f"{tuple(model_output.shape)} != {tuple(sample.shape)}"
         i = first.step_index
         rows = sample.shape[0] // len(states)
-        if not self.is_stochastic(first, i):  # ODE step: the Euler update, no density
-            prev = sample.float() + float(first.sigmas[i + 1] - first.sigmas[i]) * model_output.float()
+        if not self.is_stochastic(first, i):  # ODE step: flow_euler's update, bit for bit (its dtype rules too)
+            dt = first.sigmas[i + 1] - first.sigmas[i]
+            prev = (sample.to(torch.float32) + dt * model_output).to(model_output.dtype)
             zeros = torch.zeros(rows)
             self._commit(sde_states, [(zeros, zeros)] * len(states), stochastic=False)
             return prev

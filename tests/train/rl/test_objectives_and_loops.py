@@ -157,3 +157,20 @@ def test_async_loop_overlaps_rollout_with_training_under_the_staleness_bound(gen
     sync_logs = async_loop(group_rollout, ctx, reward, update, LoopConfig(iterations=2, max_staleness=0),
                            push_weights=push)
     assert [log.trained_at - log.version for log in sync_logs] == [0, 0]
+
+
+def test_a_refused_request_fails_its_rollout_batch_and_the_engine_goes_on(generator):
+    import pytest
+
+    from omniloop.engine.errors import RequestRejected
+
+    client = LibraryClient.of(generator.pipeline, max_batch=4)
+    good = SPEC.request(PROMPT, 1)
+    bad = RolloutSpec(capture="final", sampler="flow_euler", steps=2, height=32, width=32, num_frames=5,
+                      decode=False).request(PROMPT, 2)
+    bad = bad.model_copy(update={"outputs": good.outputs})  # log-probs asked of a deterministic sampler
+    with pytest.raises(RequestRejected, match=r"diffusion\.sampler"):
+        client.run([good, bad])
+    again = client.run([SPEC.request(PROMPT, 3)])
+    assert again[0].completed and again[0].tensors["log_probs"].shape == (SPEC.steps,)
+    assert not client.engine.has_unfinished()

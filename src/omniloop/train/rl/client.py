@@ -47,13 +47,21 @@ class LibraryClient:
     def run(self, requests: Sequence[OmniRequest]) -> list[RolloutRecord]:
         records: dict[str, RolloutRecord] = {}
         pending = list(requests)
-        with torch.inference_mode():
-            while pending or self.engine.has_unfinished():
-                while pending and self.engine.num_waiting() < self.engine.config.max_queue // 2:
-                    self.engine.add_request(pending.pop(0))
-                for out in self.engine.step():
-                    final = self.engine.pop_output(out.request_id) or out
-                    records[out.request_id] = RolloutRecord.from_output(final)
+        added: list[str] = []
+        try:
+            with torch.inference_mode():
+                while pending or self.engine.has_unfinished():
+                    while pending and self.engine.num_waiting() < self.engine.config.max_queue // 2:
+                        self.engine.add_request(pending[0])  # a refusal raises here, naming the field
+                        added.append(pending.pop(0).request_id)
+                    for out in self.engine.step():
+                        final = self.engine.pop_output(out.request_id) or out
+                        records[out.request_id] = RolloutRecord.from_output(final)
+        except BaseException:
+            for rid in added:  # the batch fails as a whole: nothing of it keeps running
+                if rid not in records:
+                    self.engine.abort(rid, forget=True, reason="another request of its rollout batch was refused")
+            raise
         return [records[r.request_id] for r in requests]
 
 

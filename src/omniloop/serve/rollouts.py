@@ -22,9 +22,12 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from omniloop.request import LatentsArtifact, OmniOutput, OmniRequest, RequestStatus, TrajectoryArtifact
+from omniloop.request import (AudioPart, ImagePart, LatentsArtifact, OmniOutput, OmniRequest, RequestStatus,
+                              TrajectoryArtifact, VideoPart)
 from omniloop.serve.body import read_body
 from omniloop.serve.errors import parse_body
+from omniloop.serve.media import check_request_images, image_pixel_cap
+from omniloop.serve.wire import WireError
 from omniloop.serve.state import State, require_auth
 
 router = APIRouter(tags=["rollouts"], dependencies=[Depends(require_auth)])
@@ -95,6 +98,14 @@ def decode_records(payload: bytes) -> list[RolloutRecord]:
             for i, m in enumerate(meta)]
 
 
+def refuse_paths(request: OmniRequest, where: str) -> None:
+    """A media part's ``path`` would make the server read its own files: refused (as every route does)."""
+    for j, part in enumerate(request.inputs):
+        if isinstance(part, (ImagePart, VideoPart, AudioPart)) and part.path is not None:
+            raise WireError(f"{where}.inputs[{j}].path", "paths are never read by the server; send the bytes as b64",
+                            code="path_refused")
+
+
 @router.post("/v1/rollouts", summary="Run seeded OmniRequests; their trajectories as safetensors (RL rollouts)",
              response_class=Response, responses={200: {"content": {MEDIA_TYPE: {}}}})
 async def create_rollouts(request: Request, state: State) -> Response:
@@ -102,6 +113,11 @@ async def create_rollouts(request: Request, state: State) -> Response:
         state.check_accepting()
         fields, _ = await read_body(request, state.config.max_upload_bytes)
         batch = parse_body(RolloutBatch, fields)
+        model = state.served(None)
+        for i, req in enumerate(batch.requests):
+            refuse_paths(req, f"requests[{i}]")
+            state.served(req.model)  # 404 naming the served models
+        await check_request_images(batch.requests, "requests[].inputs", image_pixel_cap(state.config, model))
         # every request is admitted (or refused, the whole batch with it) before any runs to the end
         tasks = [asyncio.ensure_future(state.engine.generate(r)) for r in batch.requests]
         try:

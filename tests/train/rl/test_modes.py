@@ -62,3 +62,15 @@ def test_rollouts_endpoint_refuses_bad_input(server):
     assert "diffusion.sampler" in reply.text and "deterministic" in reply.text
     reply = httpx.post(f"{server.url}/v1/rollouts", json={"requests": []}, timeout=60)
     assert reply.status_code == 400 and "requests" in reply.text
+
+
+def test_rollouts_endpoint_never_reads_server_paths(server, tmp_path):
+    from omniloop.request import ImagePart
+
+    secret = tmp_path / "secret.png"
+    secret.write_bytes(b"not for clients")
+    req = OmniRequest(task=TaskType.I2V, inputs=[TextPart(text="a cat"), ImagePart(path=str(secret))],
+                      diffusion=DiffusionParams(seed=1, steps=2, height=32, width=32, num_frames=5))
+    reply = httpx.post(f"{server.url}/v1/rollouts", json={"requests": [req.model_dump(mode="json")]}, timeout=60)
+    assert reply.status_code == 400, reply.text
+    assert "path_refused" in reply.text and "requests[0].inputs[1].path" in reply.text

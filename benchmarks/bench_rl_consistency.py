@@ -52,7 +52,7 @@ def drift(pipeline, batch, spec, *, solo: bool) -> dict[str, float]:
         for part in parts:
             with torch.enable_grad():
                 logp, _ = step_log_probs(policy, step_inputs(part, k, 0.7))
-            diffs.append((logp.detach().cpu() - part.stack("log_probs")[:, k]).abs())
+            diffs.append((logp.detach().cpu() - part.rollout_log_probs()[:, k]).abs())
     model.requires_grad_(False)
     d = torch.cat(diffs)
     return {"max": float(d.max()), "mean": float(d.mean()), "equal": bool((d == 0).all())}

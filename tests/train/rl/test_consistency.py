@@ -44,7 +44,7 @@ def _drift(pipeline, batch, *, solo: bool, guidance_scale: float = 1.0) -> list[
             with torch.enable_grad():
                 logp, _ = step_log_probs(policy, step_inputs(part, k, 0.7))
             assert logp.requires_grad
-            out.append(float((logp.detach() - part.stack("log_probs")[:, k]).abs().max()))
+            out.append(float((logp.detach() - part.rollout_log_probs()[:, k]).abs().max()))
     return out
 
 

@@ -17,7 +17,6 @@ class BufferStats:
     unusable: int = 0  # aborted, truncated (a scorer failed), or unrewarded
     small_groups: int = 0  # trajectories of groups with fewer than 2 usable members
     zero_variance: int = 0  # trajectories of groups whose rewards are all equal
-    stale: int = 0  # dropped for exceeding the staleness bound
 
     def to_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -37,11 +36,11 @@ class TrainingBatch:
     def prompts(self) -> list[str]:
         return [t.prompt for t in self.trajectories]
 
-    def stack(self, name: str) -> torch.Tensor:
-        """A per-trajectory tensor field stacked along a new dim 0 (e.g. ``log_probs`` -> [N, S])."""
-        values = [getattr(t, name) for t in self.trajectories]
-        assert all(v is not None for v in values), f"a trajectory of the batch has no {name}"
-        return torch.stack(values)
+    def rollout_log_probs(self) -> torch.Tensor:
+        """[N, S]: the per-step log-probs the rollout recorded."""
+        values = [t.log_probs for t in self.trajectories]
+        assert all(v is not None for v in values), "a trajectory of the batch has no log-probs (capture='per_step')"
+        return torch.stack([v for v in values if v is not None])
 
     def minibatches(self, size: int, *, generator: torch.Generator | None = None) -> Iterator["TrainingBatch"]:
         order = torch.randperm(len(self), generator=generator) if generator is not None else torch.arange(len(self))
@@ -71,13 +70,6 @@ class TrajectoryBuffer:
         for t in self.trajectories:
             out.setdefault(t.group, []).append(t)
         return out
-
-    def drop_stale(self, current_version: int, max_staleness: int, version_of: dict[int, int]) -> None:
-        """Drop groups rolled out more than ``max_staleness`` policy versions ago (``version_of``:
-        group -> the trainer step whose weights rolled it out)."""
-        keep = [t for t in self.trajectories if current_version - version_of.get(t.group, current_version) <= max_staleness]
-        self.stats.stale += len(self.trajectories) - len(keep)
-        self.trajectories = keep
 
     def take_batch(self) -> TrainingBatch | None:
         """Everything usable as one batch (advantages within each group), the buffer emptied;

@@ -103,7 +103,7 @@ def flow_grpo_loss(policy: VelocityModel, batch: TrainingBatch, k: int, config: 
         raise ValueError("kl_beta > 0 needs reference= (the reference policy's forward)")
     inputs = step_inputs(batch, k, config.noise_level)
     logp, mean = step_log_probs(policy, inputs)
-    rollout = batch.stack("log_probs")[:, k].to(logp.device)  # [N]
+    rollout = batch.rollout_log_probs()[:, k].to(logp.device)  # [N]
     drift = (logp.detach() - rollout).abs()
     adv = clip_advantages(batch.advantages.to(logp.device), config.adv_clip_max)
     weight = torch.ones_like(logp)

@@ -188,3 +188,20 @@ def test_a_family_is_named_in_no_literal_outside_its_folder():
     assert not problems, "\n".join(problems)
     stale = sorted(set(LITERAL_ALLOW) - used)
     assert not stale, f"LITERAL_ALLOW entries for files that name no family (remove them): {stale}"
+
+
+def test_rl_layer_is_a_consumer():
+    """``train/rl`` consumes the engine and the substrate (design §8.2): nothing outside it imports
+    it (not the engine, not serve, not the other training recipes), and it names no model family --
+    it drives any denoise family through the pipeline's own Denoiser."""
+    rl = SRC / "train" / "rl"
+    problems = []
+    for path in _sources():
+        inside = rl in path.parents
+        modules = _modules(path)
+        if not inside and any(m == "omniloop.train.rl" or m.startswith("omniloop.train.rl.") for m in modules):
+            problems.append(f"{path.relative_to(SRC)} imports train.rl")
+        if inside and any(m.startswith("omniloop.models.families.") for m in modules):
+            problems.append(f"{path.relative_to(SRC)} names a model family")
+    assert (rl / "__init__.py").is_file()
+    assert not problems, problems

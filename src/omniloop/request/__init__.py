@@ -7,6 +7,7 @@ from omniloop.request.artifacts import (
     Artifact,
     AudioArtifact,
     ChunkTrajectoryArtifact,
+    TrajectoryArtifact,
     ImageArtifact,
     LatentsArtifact,
     TensorArtifact,
@@ -51,7 +52,7 @@ from omniloop.request.tasks import TASK_IO, parse_task, suggest_task
 
 __all__ = [
     "ActionPart", "ALIASES", "Artifact", "ArtifactEvent", "AudioArtifact", "AudioPart", "build_request",
-    "ChunkTrajectoryArtifact", "DiffusionParams", "ErrorKind", "Failure", "failure_of", "field_problems",
+    "ChunkTrajectoryArtifact", "TrajectoryArtifact", "DiffusionParams", "ErrorKind", "Failure", "failure_of", "field_problems",
     "FieldError", "FieldProblem", "Fields", "FinalEvent", "format_validation_error", "generation_fields",
     "ImageArtifact", "ImagePart", "InvalidRequest", "LatentPart", "LatentsArtifact", "LoraRef", "Modality",
     "ModalPart", "new_request_id", "parse_task", "OmniEvent", "OmniOutput", "OmniRequest", "OutputSpec", "ProgressEvent",

@@ -103,6 +103,32 @@ class TensorArtifact(Artifact):
 
 
 @dataclass(kw_only=True)
+class TrajectoryArtifact(TensorArtifact):
+    """A denoise loop's trajectory (``OutputSpec.return_trajectory``): ``tensor`` [S, B, C, ...]
+    fp32, the latents after each of the S steps that ran (the last: the final latents), with
+    what a training objective replays them against. With ``return_log_probs``, per step the
+    log-density of the transition the (stochastic) sampler drew, for this request: ``log_probs``
+    [S] the mean over its latent elements (Flow-GRPO's figure), ``log_prob_sums`` [S] the sum
+    (the exact log-density), ``stochastic`` [S] whether the step drew noise (a windowed
+    schedule's ODE steps record 0). A loop over several modalities keeps the first's latents
+    and scores the transition of all of them."""
+
+    start: torch.Tensor  # [B, C, ...] the latents the first step took (the initial noise from a seed)
+    timesteps: torch.Tensor  # [S] the model timesteps of the steps that ran (CPU)
+    sigmas: torch.Tensor  # [S + 1] their noise levels, then the terminal one (CPU fp32)
+    log_probs: torch.Tensor | None = None  # [S] fp32
+    log_prob_sums: torch.Tensor | None = None  # [S] fp32
+    stochastic: torch.Tensor | None = None  # [S] bool
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.tensor.shape[0])
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "steps": self.num_steps, "log_probs": self.log_probs is not None}
+
+
+@dataclass(kw_only=True)
 class ChunkTrajectoryArtifact(TensorArtifact):
     """One chunk's denoise trajectory in a rollout asked for ``return_trajectory``:
     ``tensor`` [S + 1, B, C, f, h, w] fp32 -- the chunk's starting noise, then the latents

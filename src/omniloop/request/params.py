@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from omniloop.request.enums import Modality
 
@@ -164,7 +164,17 @@ class OutputSpec(BaseModel):
     )
     return_latents: bool = Field(default=False, description="also return the final latents")
     return_trajectory: bool = Field(default=False, description="also return the latents after every step")
+    return_log_probs: bool = Field(
+        default=False, description="with return_trajectory: also each step's transition log-prob (a stochastic "
+        "sampler's, e.g. diffusion.sampler='flow_sde'), in the trajectory artifact")
     video_format: Literal["mp4", "frames"] = "mp4"
+
+    @field_validator("return_log_probs")
+    @classmethod
+    def _log_probs_ride_the_trajectory(cls, v: bool, info: ValidationInfo) -> bool:
+        if v and not info.data.get("return_trajectory"):
+            raise ValueError("log-probs are returned in the trajectory artifact; pass return_trajectory=true too")
+        return v
 
     def wants(self, modality: Modality) -> bool:
         """Whether ``modality`` is asked for (no ``modalities``: the task's default outputs)."""

@@ -23,7 +23,7 @@ def _req(task=TaskType.T2I, extra=(), **params):
     (_req(height=32, width=32, negative_prompt="blurry"), r"diffusion.negative_prompt has no effect on Flux.1"),
     (_req(height=32, width=32, strength=0.5), r"diffusion.strength applies to image-to-image"),
     (_req(height=32, width=32, sampler="flow_unipc"), r"diffusion.sampler 'flow_unipc' is not offered by this model; "
-                                                      r"pass one of \['flow_euler'\]"),
+                                                      r"pass one of \['flow_euler', 'flow_sde'\]"),
     (_req(TaskType.I2I, height=32, width=32), r"task i2i needs an image: add ImagePart"),
     (_req(TaskType.I2I, [LatentPart(data=torch.zeros(1, 4, 3, 3), of="image")], height=32, width=32),
      r"inputs latents must be \[1, 4, 4, 4\] for a 32x32 image"),

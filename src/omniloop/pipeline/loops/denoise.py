@@ -13,8 +13,9 @@ same code.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Hashable, Mapping, Protocol, Sequence
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -33,9 +34,11 @@ from omniloop.pipeline.policies.conditioning import ConditioningPolicy, NoCondit
 from omniloop.pipeline.policies.routing import Route, RoutingPolicy, SingleModel
 from omniloop.pipeline.policies.shift import FlowShift, ShiftPolicy
 from omniloop.pipeline.samplers.base import Sampler, SamplerState
+from omniloop.pipeline.samplers.flow_sde import FlowSDESampler
 from omniloop.pipeline.stage import LoopStageBase, WorkEstimate, step_results
 from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
-from omniloop.request import Artifact, DiffusionParams, InvalidRequest, LatentsArtifact, Modality, OmniRequest, TensorArtifact
+from omniloop.request import (Artifact, DiffusionParams, InvalidRequest, LatentsArtifact, Modality, OmniRequest,
+                              TrajectoryArtifact)
 from omniloop.request.params import check_strength
 
 
@@ -128,6 +131,10 @@ class DenoiseParams(BaseModel):
     shift: float | None = Field(default=None, gt=0, le=100)
     sampler: str | None = None
     strength: float | None = Field(default=None, description="see DiffusionParams.strength (this node only)")
+    # the stochastic rollout sampler's knobs (sampler='flow_sde'; refused with any other sampler)
+    noise_level: float | None = Field(default=None, gt=0, le=10, description="flow_sde: the SDE's noise level")
+    sde_window: tuple[int, int] | None = Field(
+        default=None, description="flow_sde: [start, end) steps that take the SDE step (ODE elsewhere; MixGRPO)")
 
     @field_validator("strength")
     @classmethod
@@ -150,7 +157,9 @@ class DenoiseLoopState(LoopState):
     packed: bool = False  # steps batch with other latent shapes (a packing denoiser, no plugins)
     adapters: dict[str, AdapterSet] = field(default_factory=dict)  # component -> the request's LoRAs
     preview_every: int | None = None
-    trajectory: list[torch.Tensor] | None = None
+    trajectory: list[torch.Tensor] | None = None  # return_trajectory: the latents after each step
+    trajectory_start: torch.Tensor | None = None  # ... and the ones the first step took
+    log_probs: bool = False  # return_log_probs: each step's transition log-density is checked and returned
 
     @property
     def route(self) -> Route:
@@ -176,7 +185,7 @@ class DenoiseLoop(LoopStageBase[DenoiseLoopState]):
 
     inputs = {"text": TextEmbeddings}
     optional_inputs = {"condition": ConditionLatents, "init_latents": InitLatents}
-    outputs = {"latents": DenoisedLatents, "final_latents": LatentsArtifact, "trajectory": TensorArtifact}
+    outputs = {"latents": DenoisedLatents, "final_latents": LatentsArtifact, "trajectory": TrajectoryArtifact}
     params_schema = DenoiseParams
 
     @property
@@ -212,7 +221,7 @@ class DenoiseLoop(LoopStageBase[DenoiseLoopState]):
         (``ChunkRollout``) starts one per chunk with its slice of the video's noise and forward
         kwargs of its own (the chunk's KV view), the policies and sampler unchanged."""
         request = state.request
-        sampler = ctx.component(self.sampler_component).get(params.sampler)
+        sampler = sde_options(ctx.component(self.sampler_component).get(params.sampler), state.node_params.get(ctx.node))
         shapes = {m: tuple(x.shape) for m, x in latents.items()}
         num_steps, schedule = self.schedule(ctx, params, shapes, sampler)
         samplers = {m: sampler.init_state(num_steps, device=ctx.device, seed=seed, **schedule)
@@ -255,6 +264,9 @@ class DenoiseLoop(LoopStageBase[DenoiseLoopState]):
             adapters=request_adapters(ctx, state),
             preview_every=request.outputs.preview_every if request.outputs.stream else None,
             trajectory=[] if request.outputs.return_trajectory else None,
+            trajectory_start=next(iter(latents.values())).detach().clone() if request.outputs.return_trajectory
+            else None,
+            log_probs=request.outputs.return_log_probs,
         )
         loop.policy_states[self.cfg.name] = cfg_state
         loop.policy_states[self.conditioning.name] = cond_state
@@ -288,6 +300,11 @@ class DenoiseLoop(LoopStageBase[DenoiseLoopState]):
         """Admission: a strength on a node that starts from noise, or one that leaves no step."""
         override = state.node_params.get(ctx.node)
         params = _effective_params(state.request.diffusion, override)
+        sampler = ctx.component(self.sampler_component).get(params.sampler)
+        if state.request.outputs.return_log_probs:
+            check_records_log_probs(sampler, ctx.node, override)
+        if override is not None:
+            check_sde_options(sampler, ctx.node, override, lambda: self._num_steps(ctx, state, params))
         if not self.starts_from_given(ctx, produced):
             if override is not None and override.strength is not None:
                 raise InvalidRequest(f"node_params[{ctx.node!r}].strength: node {ctx.node!r} starts from noise in this "
@@ -318,7 +335,7 @@ class DenoiseLoop(LoopStageBase[DenoiseLoopState]):
         if state.request.outputs.wants_latents:
             ctx.write(state, "final_latents", LatentsArtifact(latents=loop.latents[first], modality=Modality(first)))
         if loop.trajectory is not None:
-            ctx.write(state, "trajectory", TensorArtifact(tensor=torch.stack(loop.trajectory)))
+            ctx.write(state, "trajectory", trajectory_artifact(loop))
         if ctx.hooks is not None:
             ctx.hooks.close_loop(loop)
 
@@ -426,6 +443,8 @@ class DenoiseLoop(LoopStageBase[DenoiseLoopState]):
         return step_results(results, errors)
 
     def _commit(self, loop: DenoiseLoopState, latents: dict[str, torch.Tensor]) -> StepResult:
+        if loop.log_probs:
+            check_step_log_prob(loop)
         cond_state = loop.policy_states[self.conditioning.name]
         loop.latents = self.conditioning.post_step(latents, cond_state)  # post_step
         return self._inter_step(loop)  # inter_step
@@ -566,6 +585,82 @@ def _guided(guided: Sequence[Prediction | None], i: int) -> Prediction:
     pred = guided[i]
     assert pred is not None, f"request {i} of the step failed before its sampler update"
     return pred
+
+
+def check_records_log_probs(sampler: Sampler, node: str, override: DenoiseParams | None) -> None:
+    """Admission: ``return_log_probs`` needs a sampler that draws (and scores) its transitions."""
+    if sampler.records_log_probs:
+        return
+    field = f"node_params[{node!r}].sampler" if override is not None and override.sampler is not None \
+        else "diffusion.sampler"
+    raise InvalidRequest(f"{field}: sampler {sampler.name!r} is deterministic and has no transition log-probs "
+                         "(outputs.return_log_probs)", hint="pass sampler='flow_sde' (the stochastic flow sampler), "
+                         "or drop return_log_probs", fields=(field,))
+
+
+def sde_options(sampler: Sampler, override: DenoiseParams | None) -> Sampler:
+    """The request's flow_sde (its ``noise_level`` / ``sde_window`` node params applied): a
+    per-request copy of the stateless sampler, which the request's loop state holds."""
+    if override is None or (override.noise_level is None and override.sde_window is None):
+        return sampler
+    assert isinstance(sampler, FlowSDESampler), "admission checks the SDE knobs name flow_sde"
+    changes: dict[str, Any] = {}
+    if override.noise_level is not None:
+        changes["noise_level"] = override.noise_level
+    if override.sde_window is not None:
+        changes["sde_window"] = override.sde_window
+    return dataclasses.replace(sampler, **changes)
+
+
+def check_sde_options(sampler: Sampler, node: str, override: DenoiseParams, num_steps: Callable[[], int]) -> None:
+    """Admission: the SDE knobs need flow_sde, and a window that starts inside the schedule
+    (``num_steps``: the request's step count, computed only when a window is given)."""
+    for name, value in (("noise_level", override.noise_level), ("sde_window", override.sde_window)):
+        if value is not None and not isinstance(sampler, FlowSDESampler):
+            field = f"node_params[{node!r}].{name}"
+            raise InvalidRequest(f"{field}: sampler {sampler.name!r} draws no SDE noise", fields=(field,),
+                                 hint="pass sampler='flow_sde', or drop it")
+    window = override.sde_window
+    if window is None:
+        return
+    steps = num_steps()
+    if not (0 <= window[0] < window[1] and window[0] < steps):
+        field = f"node_params[{node!r}].sde_window"
+        raise InvalidRequest(f"{field}: {list(window)} must be [start, end) with 0 <= start < end and start < "
+                             f"{steps} (the steps)", fields=(field,), hint=f"pass e.g. [0, {steps}]")
+
+
+def check_step_log_prob(loop: DenoiseLoopState) -> None:
+    """A step's recorded log-density must be finite: a NaN/Inf one would poison a policy-gradient
+    ratio silently, so the request fails here, naming it."""
+    for m, sstate in loop.samplers.items():
+        log = sstate.transitions
+        assert log is not None, f"{loop.node}: a sampler that records log-probs kept none for {m!r}"
+        if log.sums and not bool(torch.isfinite(log.sums[-1]).all()):
+            raise ValueError(f"log_probs: the transition log-prob of step {len(log.sums) - 1} of node {loop.node!r} "
+                             f"({m}) is not finite ({log.sums[-1].tolist()}); the prediction or the schedule "
+                             "overflowed -- lower noise_level or check the model")
+
+
+def trajectory_artifact(loop: DenoiseLoopState) -> TrajectoryArtifact:
+    """The trajectory of a finished loop: the first modality's latents per step, the schedule
+    of the steps that ran, and (``log_probs``) per step the log-density of every modality's
+    transition, summed over the request's latent elements and averaged by their count."""
+    assert loop.trajectory is not None and loop.trajectory_start is not None, "no trajectory was recorded"
+    first = next(iter(loop.samplers.values()))
+    skipped = first.num_steps - loop.steps_target  # steps a start from given latents skipped
+    out = TrajectoryArtifact(tensor=torch.stack(loop.trajectory), start=loop.trajectory_start,
+                             timesteps=first.timesteps.detach().cpu()[skipped:], sigmas=first.sigmas[skipped:].clone())
+    if loop.log_probs:
+        logs = [s.transitions for s in loop.samplers.values()]
+        assert all(log is not None for log in logs), "a log-prob request stepped a sampler that keeps none"
+        sums = sum(torch.stack([t.sum() for t in log.sums]) for log in logs if log is not None)  # [S]
+        numel = sum(x.numel() for x in loop.latents.values())
+        assert isinstance(sums, torch.Tensor)
+        out.log_prob_sums = sums
+        out.log_probs = sums / numel
+        out.stochastic = torch.tensor(logs[0].stochastic if logs[0] is not None else [], dtype=torch.bool)
+    return out
 
 
 def seeded_noise(shapes: Mapping[str, tuple[int, ...]], gen: torch.Generator, device: torch.device) -> dict[str, torch.Tensor]:

@@ -11,6 +11,7 @@ from omniloop.pipeline.samplers.base import (
 )
 from omniloop.pipeline.samplers.cosine_dpmsolver import CosineDPMSolverSampler, CosineDPMState
 from omniloop.pipeline.samplers.flow_euler import FlowEulerSampler
+from omniloop.pipeline.samplers.flow_sde import FlowSDESampler, FlowSDEState
 from omniloop.pipeline.samplers.flow_map_euler import FlowMapEulerSampler, FlowMapState
 from omniloop.pipeline.samplers.flow_unipc import FlowUniPCSampler, FlowUniPCState
 
@@ -35,6 +36,8 @@ __all__ = [
     "FlowEulerSampler",
     "FlowMapEulerSampler",
     "FlowMapState",
+    "FlowSDESampler",
+    "FlowSDEState",
     "FlowUniPCSampler",
     "FlowUniPCState",
     "Sampler",

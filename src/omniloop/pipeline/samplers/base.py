@@ -9,10 +9,25 @@ scheduler object, which breaks as soon as two requests interleave).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Collection, Hashable, Protocol, Sequence
 
 import torch
+
+
+@dataclass(kw_only=True)
+class TransitionLog:
+    """Per step, the log-density of the transition a stochastic sampler drew (one request).
+
+    Each entry is a ``[B]`` fp32 tensor (one value per latent row of the request): ``means``
+    is the Gaussian log-density averaged over the row's latent elements (Flow-GRPO's figure),
+    ``sums`` the same summed (the exact log-density of the row's transition). ``stochastic``
+    says whether the step drew noise at all: a deterministic (ODE) step of a windowed schedule
+    has no density and records 0 in both, its flag False."""
+
+    means: list[torch.Tensor] = field(default_factory=list)
+    sums: list[torch.Tensor] = field(default_factory=list)
+    stochastic: list[bool] = field(default_factory=list)
 
 
 @dataclass(kw_only=True)
@@ -26,6 +41,8 @@ class SamplerState:
     # the CPU so per-step scalar math never syncs the device (diffusers does the same for UniPC).
     sigmas: torch.Tensor
     step_index: int = 0
+    # the log-densities of the drawn transitions (a sampler that ``records_log_probs``); None: none kept
+    transitions: TransitionLog | None = None
 
     @property
     def num_steps(self) -> int:
@@ -60,6 +77,9 @@ class Sampler(Protocol):
 
     name: ClassVar[str]
     diffusers_class: ClassVar[str]  # the diffusers scheduler whose config and numerics it reproduces
+    # whether its states record each drawn transition's log-density (``SamplerState.transitions``):
+    # what a request asking ``OutputSpec.return_log_probs`` needs (deterministic samplers: False)
+    records_log_probs: ClassVar[bool]
     num_train_timesteps: int
 
     @classmethod
@@ -129,6 +149,8 @@ class Sampler(Protocol):
 
 class SamplerBase:
     """Defaults of the optional ``Sampler`` members, for flow samplers (no preconditioning)."""
+
+    records_log_probs: ClassVar[bool] = False
 
     @property
     def init_noise_sigma(self) -> float:

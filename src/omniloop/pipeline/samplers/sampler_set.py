@@ -6,15 +6,20 @@ config fails at load, and a request naming a sampler is checked at admission.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 from omniloop.pipeline.samplers.base import Sampler, build_sampler
+from omniloop.pipeline.samplers.flow_euler import FlowEulerSampler
 from omniloop.request import InvalidRequest
 
 FLOW_SAMPLERS = ("flow_euler", "flow_unipc")
+# offered beside the flow samplers on every flow model, never a default: the stochastic sampler an
+# RL rollout names (diffusion.sampler="flow_sde") to get per-step log-probs, on the same schedule
+ROLLOUT_SAMPLER = "flow_sde"
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,7 @@ def flow_sampler_set(default: str, *, shift: float, num_train_timesteps: int = 1
         "flow_euler": {"num_train_timesteps": num_train_timesteps, "shift": float(shift)},
         "flow_unipc": {"num_train_timesteps": num_train_timesteps, "prediction_type": "flow_prediction",
                        "use_flow_sigmas": True, "flow_shift": float(shift)},
+        ROLLOUT_SAMPLER: {"num_train_timesteps": num_train_timesteps, "shift": float(shift)},
     }
     return SamplerSet(default=default, samplers={name: build_sampler(name, cfg) for name, cfg in configs.items()})
 
@@ -77,4 +83,13 @@ def load_sampler_set(folder: Path) -> SamplerSet:
             {"num_train_timesteps": num_train, "prediction_type": "flow_prediction", "use_flow_sigmas": True,
              "flow_shift": float(config.get("shift", 1.0))},
         )
-    return SamplerSet(default=default, samplers=samplers)
+    return SamplerSet(default=default, samplers=with_rollout_sampler(samplers))
+
+
+def with_rollout_sampler(samplers: dict[str, Sampler]) -> dict[str, Sampler]:
+    """``samplers`` plus ``flow_sde`` on the flow_euler sampler's schedule (same shift, mu, terminal),
+    when there is one (an EDM-style model gets none: its log-prob requests are refused)."""
+    euler = samplers.get("flow_euler")
+    if isinstance(euler, FlowEulerSampler):
+        return {**samplers, ROLLOUT_SAMPLER: build_sampler(ROLLOUT_SAMPLER, dataclasses.asdict(euler))}
+    return samplers

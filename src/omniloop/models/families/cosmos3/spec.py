@@ -166,7 +166,7 @@ def cosmos3_pipeline_spec(variant: Variant, *, generator: bool, cfg_mode: CFGMod
             Node("actions", Cosmos3ActionOutput(), when=task_in(TaskType.V2W) & opt("actions wanted", wants_actions_out)),
         ]
         outputs.update({"video": "video", "image": "image", "audio": "audio", "action": "action",
-                        "latents": "final_latents"})
+                        "latents": "final_latents", "trajectory": "trajectory"})
     return PipelineSpec(name=variant.name, family="cosmos3", tasks=variant.tasks, components=components,
                         nodes=tuple(nodes), outputs=outputs)
 

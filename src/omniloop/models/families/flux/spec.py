@@ -31,7 +31,7 @@ from omniloop.pipeline.policies.conditioning import LatentStart
 from omniloop.pipeline.policies.shift import DynamicShift
 from omniloop.pipeline.predicates import opt, task_in
 from omniloop.pipeline.samplers.base import build_sampler
-from omniloop.pipeline.samplers.sampler_set import SamplerSet
+from omniloop.pipeline.samplers.sampler_set import SamplerSet, with_rollout_sampler
 from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
 from omniloop.pipeline.stages import ImageVAEDecoder, TextEncode, TextEncoderSpec, VAEDecode
 from omniloop.request import Modality, OmniRequest, TaskType
@@ -65,11 +65,12 @@ def _load_t5(root: Path, index: Mapping[str, Any], options: LoadOptions):
 
 def _load_scheduler(root: Path, index: Mapping[str, Any], options: LoadOptions) -> SamplerSet:
     """The checkpoint's FlowMatchEulerDiscreteScheduler (dynamic shifting for dev, static for
-    schnell) as the one offered sampler: Flux's schedule is Euler's."""
+    schnell), and flow_sde on its schedule for RL rollouts: Flux's schedule is Euler's."""
     path = root / "scheduler" / "scheduler_config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found; a diffusers Flux checkpoint keeps its scheduler config there")
-    return SamplerSet.single("flow_euler", build_sampler("flow_euler", json.loads(path.read_text())))
+    euler = build_sampler("flow_euler", json.loads(path.read_text()))
+    return SamplerSet(default="flow_euler", samplers=with_rollout_sampler({"flow_euler": euler}))  # + flow_sde (RL)
 
 
 def flux_variant(index: Mapping[str, Any]) -> Variant:

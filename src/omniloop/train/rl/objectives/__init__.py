@@ -1,0 +1,7 @@
+"""Training objectives over trajectories: FlowGRPO (per-step SDE log-probs) and DiffusionNFT
+(likelihood-free, final latents). Each is a small module; advantages are ``advantages.py``'s."""
+
+from omniloop.train.rl.objectives.diffusion_nft import NFTConfig, blend_old_policy, nft_loss
+from omniloop.train.rl.objectives.flow_grpo import FlowGRPOConfig, flow_grpo_loss, step_log_probs
+
+__all__ = ["FlowGRPOConfig", "NFTConfig", "blend_old_policy", "flow_grpo_loss", "nft_loss", "step_log_probs"]

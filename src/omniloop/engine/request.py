@@ -32,6 +32,9 @@ class EngineRequest:
     predicted_total_s: float = 0.0
     actual_s: float = 0.0  # measured compute seconds spent on this request
     estimates: RequestEstimates = field(default_factory=RequestEstimates)  # admission's (per node; memory)
+    # (steps_done, perf_counter) of the current loop's last crash checkpoint or start; None:
+    # the loop is not checkpointed (engine/checkpoints.py)
+    checkpoint_mark: tuple[int, float] | None = None
 
     @property
     def request_id(self) -> str:
@@ -65,6 +68,7 @@ class EngineRequest:
     def advance_node(self) -> None:
         self.node_index += 1
         self.loop = None
+        self.checkpoint_mark = None
 
     def reset(self) -> None:
         """Back to the start (pool restart re-queue): nothing computed survives."""

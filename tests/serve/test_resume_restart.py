@@ -12,9 +12,10 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from tests.serve.conftest import IGNORE_SORA_DEPRECATION
 from tests.serve.test_durable_restart import Server
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings(IGNORE_SORA_DEPRECATION)]
 STEPS, EVERY = 200, 10
 FLAGS = ("--requeue-on-restart", "--checkpoint-every-steps", str(EVERY), "--checkpoint-every-s", "0")
 

@@ -69,8 +69,10 @@ class LoopCheckpoint:
         if not isinstance(data, dict):
             raise CheckpointMismatch(f"a checkpoint is a mapping, got {type(data).__name__}")
         tensors, values = data.get("tensors"), data.get("values")
+        if not (isinstance(tensors, dict) and isinstance(values, dict)):
+            raise CheckpointMismatch("the checkpoint's fields are not node/steps_done/steps_target/tensors/values")
         ok = (isinstance(data.get("node"), str) and isinstance(data.get("steps_done"), int)
-              and isinstance(data.get("steps_target"), int) and isinstance(tensors, dict) and isinstance(values, dict)
+              and isinstance(data.get("steps_target"), int)
               and all(isinstance(t, torch.Tensor) for t in tensors.values())
               and all(v is None or isinstance(v, (int, float, bool, str)) for v in values.values()))
         if not ok:

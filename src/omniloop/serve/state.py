@@ -149,7 +149,10 @@ class ServeState:
             logger.warning("an SPMD pool writes no crash checkpoints: re-queued jobs run from their first step")
             return
         loop = asyncio.get_running_loop()
-        store.on_resumed = lambda rid, node, step, why: loop.call_soon_threadsafe(self._resumed, rid, step)
+        def on_resumed(job_id: str, node: str, step: int | None, why: str | None) -> None:
+            loop.call_soon_threadsafe(self._resumed, job_id, step)  # the job is the event loop's
+
+        store.on_resumed = on_resumed
         store.is_job = lambda rid: self.jobs.get(rid) is not None  # a dict read, from the engine thread
         self.engine.engine.checkpoints = store
 

@@ -106,3 +106,34 @@ def test_trajectory_and_seconds_cadence(make_engine):
     engine.checkpoints = quiet
     _run(engine, req(5, steps=4, rid="short"))
     assert quiet.saved == {} and quiet.discarded == ["short"]
+
+
+def test_a_chunk_rollout_resumes_from_its_made_chunks_and_equals_the_uninterrupted_run(far_dir):
+    """FAR (causal chunks, tiny random checkpoint): a checkpoint inside a chunk and one at a
+    chunk boundary; the made chunks' K/V and decoded frames are rebuilt by running their
+    boundaries again, and the video and latents equal the uninterrupted run's."""
+    from omniloop.engine import Engine, EngineConfig
+    from omniloop.models.loader import load_pipeline
+    from omniloop.models.model_spec import LoadOptions
+    from omniloop.request import DiffusionParams, OmniRequest, TaskType, TextPart
+
+    pipeline = load_pipeline(far_dir, LoadOptions(device=torch.device("cpu"), dtype=torch.float32))[1]
+    request = OmniRequest(task=TaskType.T2V, request_id="job", inputs=[TextPart(text="a circle")],
+                          outputs=OutputSpec(return_latents=True),
+                          diffusion=DiffusionParams(seed=4, steps=2, height=32, width=64, num_frames=17))
+    whole = Engine(pipeline, EngineConfig())
+    store = MemoryCheckpoints(CheckpointCadence(every_steps=1, every_s=None))
+    whole.checkpoints = store
+    expected = _run(whole, request)
+    saved = store.saved["job"]
+    inside = next(c for c in saved if c.values["chunk"] == 1 and c.values.get("inner#steps") == 1)
+    boundary = next(c for c in saved if c.values["chunk"] == 1 and c.values["boundary"])
+    assert inside.steps_done == 4 and boundary.steps_done == 5 and "clean/1" in boundary.tensors
+    for ck in (inside, boundary, saved[-1]):
+        again = Engine(pipeline, EngineConfig())
+        resumed = MemoryCheckpoints(CheckpointCadence(every_steps=None, every_s=None), {"job": ck})
+        again.checkpoints = resumed
+        out = _run(again, request)
+        assert resumed.reports == [("job", "rollout", ck.steps_done, None)], ck.values
+        assert torch.equal(_latents(out), _latents(expected))
+        assert torch.equal(out.video.frames, expected.video.frames)

@@ -521,7 +521,7 @@ class Engine:
         checkpoint = store.resume_point(req.request_id, node.name)
         if checkpoint is not None:
             try:
-                node.stage.restore(loop, checkpoint)
+                node.stage.restore(self.pipeline.contexts[node.name], loop, checkpoint)
             except CheckpointMismatch as e:
                 store.resumed(req.request_id, node.name, None, f"its checkpoint does not fit: {e}")
             else:

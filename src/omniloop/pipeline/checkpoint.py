@@ -59,6 +59,21 @@ class LoopCheckpoint:
         except KeyError:
             raise CheckpointMismatch(f"checkpoint of node {self.node!r} has no value {name!r}") from None
 
+    def nested(self, prefix: str) -> tuple[dict[str, torch.Tensor], dict[str, Scalar]]:
+        """Its entries under ``prefix/`` (an outer loop's checkpoint holding an inner loop's)."""
+        return ({f"{prefix}/{k}": t for k, t in self.tensors.items()},
+                {f"{prefix}/{k}": v for k, v in self.values.items()}
+                | {f"{prefix}#steps": self.steps_done, f"{prefix}#target": self.steps_target})
+
+    def part(self, prefix: str) -> "LoopCheckpoint":
+        """The inner loop's checkpoint ``nested`` under ``prefix``, as its own."""
+        cut = len(prefix) + 1
+        steps, target = self.value(f"{prefix}#steps"), self.value(f"{prefix}#target")
+        assert isinstance(steps, int) and isinstance(target, int), f"{prefix}: steps {steps!r} of {target!r}"
+        return LoopCheckpoint(node=self.node, steps_done=steps, steps_target=target,
+                              tensors={k[cut:]: t for k, t in self.tensors.items() if k.startswith(f"{prefix}/")},
+                              values={k[cut:]: v for k, v in self.values.items() if k.startswith(f"{prefix}/")})
+
     def to_dict(self) -> dict[str, Any]:
         """Tensors and scalars only: what ``torch.load(weights_only=True)`` reads back."""
         return {"node": self.node, "steps_done": self.steps_done, "steps_target": self.steps_target,

@@ -184,7 +184,7 @@ class LoopStage(_Ports, Protocol[S]):
         durable job's crash checkpoint); raises ``CheckpointUnsupported`` saying why not."""
         ...
 
-    def restore(self, loop: S, checkpoint: LoopCheckpoint) -> None:
+    def restore(self, ctx: StageContext, loop: S, checkpoint: LoopCheckpoint) -> None:
         """Overwrite a freshly ``init``-ed loop's mutable state with ``checkpoint``'s (a resumed
         job); raises ``CheckpointMismatch`` before changing anything when it does not fit."""
         ...
@@ -316,7 +316,7 @@ class LoopStageBase(StageBase, Generic[S]):
         """Default: not checkpointable (a resumed job runs this loop from its first step)."""
         raise CheckpointUnsupported(f"{type(self).__name__} loops are not checkpointed")
 
-    def restore(self, loop: S, checkpoint: LoopCheckpoint) -> None:
+    def restore(self, ctx: StageContext, loop: S, checkpoint: LoopCheckpoint) -> None:
         raise CheckpointMismatch(f"{type(self).__name__} loops take no checkpoint (it was written by another graph)")
 
     def interceptor_support(self, ctx: StageContext) -> frozenset[str]:

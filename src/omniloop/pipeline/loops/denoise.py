@@ -345,7 +345,7 @@ class DenoiseLoop(LoopStageBase[DenoiseLoopState]):
         return LoopCheckpoint(node=loop.node, steps_done=loop.steps_done, steps_target=loop.steps_target,
                               tensors=tensors, values=values)
 
-    def restore(self, loop: DenoiseLoopState, checkpoint: LoopCheckpoint) -> None:
+    def restore(self, ctx: StageContext, loop: DenoiseLoopState, checkpoint: LoopCheckpoint) -> None:
         """Continue ``loop`` (just ``init``-ed for the same request) from ``checkpoint``: every
         part is checked against the fresh state first (same steps, schedule, shapes, sampler
         class), then assigned."""

@@ -41,6 +41,9 @@ class TimedStore:
         self.saves.append(time.perf_counter() - t0)
         self.last = checkpoint
 
+    def wants(self, request_id) -> bool:
+        return self.store.wants(request_id)
+
     def resume_point(self, request_id, node):
         return self.store.resume_point(request_id, node)
 

@@ -25,6 +25,9 @@ class MemoryCheckpoints:
         self.reports: list[tuple[str, str, int | None, str | None]] = []
         self.discarded: list[str] = []
 
+    def wants(self, request_id: str) -> bool:
+        return request_id != "not-a-job"
+
     def save(self, request_id: str, checkpoint: LoopCheckpoint) -> None:
         self.saved.setdefault(request_id, []).append(checkpoint)
 
@@ -106,6 +109,11 @@ def test_trajectory_and_seconds_cadence(make_engine):
     engine.checkpoints = quiet
     _run(engine, req(5, steps=4, rid="short"))
     assert quiet.saved == {} and quiet.discarded == ["short"]
+    every = MemoryCheckpoints(CheckpointCadence(every_steps=1, every_s=None))
+    engine = make_engine()
+    engine.checkpoints = every
+    _run(engine, req(5, steps=4, rid="not-a-job"))  # the store does not want it: no checkpoint is even taken
+    assert every.saved == {}
 
 
 def test_a_chunk_rollout_resumes_from_its_made_chunks_and_equals_the_uninterrupted_run(far_dir):

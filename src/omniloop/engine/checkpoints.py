@@ -46,6 +46,11 @@ class LoopCheckpoints(Protocol):
     @property
     def cadence(self) -> CheckpointCadence: ...
 
+    def wants(self, request_id: str) -> bool:
+        """Whether the request's loops are checkpointed at all (a server's durable jobs are;
+        its sessions, chats and warmup requests are not: nothing would resume them)."""
+        ...
+
     def save(self, request_id: str, checkpoint: LoopCheckpoint) -> None:
         """Keep ``checkpoint`` as the request's latest (replacing the one before)."""
         ...

@@ -529,7 +529,8 @@ class Engine:
                 if self.event_sink is not None and node.stage.progress_steps:
                     self._emit(ProgressEvent(request_id=req.request_id, node=node.name, step=loop.steps_done,
                                              total=loop.steps_target, eta_s=self.scheduler.remaining_s(req)))
-        req.checkpoint_mark = (loop.steps_done, time.perf_counter())
+        wanted = store.wants(req.request_id) and node.stage.progress_steps  # not a streamed decode's split
+        req.checkpoint_mark = (loop.steps_done, time.perf_counter()) if wanted else None
 
     def _checkpoint(self, req: EngineRequest) -> None:
         """The request's loop checkpointed if the cadence says it is due (never fails the request:
@@ -541,7 +542,7 @@ class Engine:
         try:
             store.save(req.request_id, node.stage.checkpoint(loop))
         except CheckpointUnsupported as e:
-            logger.info("request %s: node %s is not checkpointed (%s)", req.request_id, node.name, e)
+            logger.debug("request %s: node %s is not checkpointed (%s)", req.request_id, node.name, e)
             req.checkpoint_mark = None
             return
         except PoolFatalError:

@@ -116,8 +116,11 @@ class JobCheckpoints:
             return sum(self._sizes.values())
 
     # -- the engine's side --------------------------------------------------------------------
+    def wants(self, request_id: str) -> bool:
+        return bool(_SAFE_ID.match(request_id)) and (self.is_job is None or self.is_job(request_id))
+
     def save(self, request_id: str, checkpoint: LoopCheckpoint) -> None:
-        if not _SAFE_ID.match(request_id) or (self.is_job is not None and not self.is_job(request_id)):
+        if not self.wants(request_id):
             return
         with self._lock:
             if request_id in self._resumable:  # the dead process got further (a later loop): keep its

@@ -133,8 +133,14 @@ class JobCheckpoints:
                                "--checkpoint-max-bytes)", request_id, checkpoint.steps_done,
                                others + len(data) - self.max_bytes, self.max_bytes)
                 return
+        path = self.path(request_id)
+        try:
+            atomic_write(path, data)  # the engine thread is the only writer: the budget read above holds
+        except OSError:
+            path.with_name(f".{path.name}.tmp").unlink(missing_ok=True)  # a full disk: the previous file stands
+            raise
+        with self._lock:
             self._sizes[request_id] = len(data)
-        atomic_write(self.path(request_id), data)
 
     def resume_point(self, request_id: str, node: str) -> LoopCheckpoint | None:
         with self._lock:

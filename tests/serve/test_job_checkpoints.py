@@ -118,6 +118,16 @@ def test_a_job_the_server_died_under_too_often_is_failed_not_run_again(tmp_path)
     assert store.pending == [] and job.status is RequestStatus.FAILED and job.sealed
     assert job.error == ("the server stopped while this job was queued; it did not finish; it ran again 2 time(s) "
                          "after the server died and is not run again (--max-job-restarts 2): submit it again")
+    store.add(*_job("video_b"))
+    store.close()
+    db = sqlite3.connect(tmp_path / "jobs.db")
+    db.execute("UPDATE jobs SET request = ? WHERE id = 'video_b'", ('{"task": "no-such-task"}',))
+    db.commit()
+    db.close()
+    store = JobStore.open(config)
+    assert store.pending == [] and store.get("video_b").error == (
+        "the server stopped while this job was queued; it did not finish; its stored request cannot be read by this "
+        "version of omniloop, so it cannot run again: submit it again")
     store.close()
 
 

@@ -100,6 +100,9 @@ class JobArchive:
                     job.restarts += 1
                     self.update(job)
                     pending.append((job, request))
+                elif requeue:  # a row of another omniloop version, or of a store without requests
+                    self._interrupted(job, requeue, "; its stored request cannot be read by this version of omniloop, "
+                                      "so it cannot run again: submit it again")
                 else:
                     self._interrupted(job, requeue)
             jobs.append(job)

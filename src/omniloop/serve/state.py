@@ -149,6 +149,7 @@ class ServeState:
             logger.warning("an SPMD pool writes no crash checkpoints: re-queued jobs run from their first step")
             return
         loop = asyncio.get_running_loop()
+
         def on_resumed(job_id: str, node: str, step: int | None, why: str | None) -> None:
             loop.call_soon_threadsafe(self._resumed, job_id, step)  # the job is the event loop's
 

@@ -118,6 +118,7 @@ class ServeState:
                     kind=ErrorKind.INTERRUPTED, message=f"it ran on model {job.model!r}, which this server does not "
                     f"serve now (it serves {sorted(self.models)}); submit it again"))
                 continue
+            job.progress = 0  # counted again: from the step it resumes from (its ProgressEvent), else from 0
             try:
                 await self.runner.start(job, request, stored=True)
             except EngineError as e:  # e.g. the limits changed across the restart

@@ -150,4 +150,7 @@ def test_serve_and_dynamo_worker_spell_their_shared_flags_the_same():
                                        # issue 29's edges: caps, browser safety, LoRA registrations
                                        "--max-json-depth", "--max-ws-message-bytes", "--max-image-pixels",
                                        "--metrics-public", "--no-metrics-public", "--browser-token-s",
-                                       "--allowed-hosts", "--allowed-origins", "--max-loras", "--max-lora-bytes"}
+                                       "--allowed-hosts", "--allowed-origins", "--max-loras", "--max-lora-bytes",
+                                       # issue 29 item 8: crash checkpoints of durable jobs
+                                       "--checkpoint-every-s", "--checkpoint-every-steps", "--checkpoint-max-bytes",
+                                       "--max-job-restarts"}

@@ -24,6 +24,7 @@ import torch
 from omniloop.deploy import DeployConfig, Limits
 from omniloop.cache.chunk_kv import cache_pool_budgets
 from omniloop.engine.admission import Admitted, admit
+from omniloop.engine.checkpoints import LoopCheckpoints
 from omniloop.engine.memory_budget import MemoryBudget, default_memory_budget
 from omniloop.engine.cost_model import CostModel, ItemCost
 from omniloop.engine.errors import EngineDeadError, PoolFatalError, QueueFull, RequestRejected, UnknownRequest
@@ -34,6 +35,7 @@ from omniloop.engine.step_timer import StepTimer, step_timer_for
 from omniloop.ext.hooks import ArtifactEmitted, HookChain, NodeEvent, RequestEvent, ScheduleEvent, StepEvent, loop_timestep
 from omniloop.ext.install import plugin_chain
 from omniloop.ext.scope import request_scope, using_scope
+from omniloop.pipeline.checkpoint import CheckpointMismatch, CheckpointUnsupported
 from omniloop.pipeline.pipeline import Pipeline
 from omniloop.pipeline.state import StepResult
 from omniloop.request import (
@@ -121,6 +123,9 @@ class Engine:
         # Observer chain of the deployment's plugins (None: no plugins, no hook calls).
         self.hooks: HookChain | None = plugin_chain(pipeline)
         self._fan_out: FanOutPool | None = None  # threads for fan-out nodes, made at first use
+        # Where running loops' crash checkpoints go, and resumed requests' come from (a durable
+        # job store: serve/job_checkpoints.py); None: no checkpoints (engine/checkpoints.py)
+        self.checkpoints: LoopCheckpoints | None = None
 
     # -- public API ---------------------------------------------------------------------
     def add_request(self, request: OmniRequest, *, paused: bool = False) -> str:
@@ -334,6 +339,8 @@ class Engine:
             if node.is_loop:
                 req.loop = node.stage.init(ctx, req.state)
                 req.state.loops[node.name] = req.loop
+                if self.checkpoints is not None:
+                    self._resume_loop(req)
             else:
                 node.stage.forward(ctx, req.state)
         self._account_node(req, item, time.perf_counter() - t0)
@@ -508,8 +515,11 @@ class Engine:
             self._finish(req, RequestStatus.FAILED, root.failure)
         elif result.done:
             self._end_loop(req)
-        elif result.chunks:
-            self._start_consumers(root)
+        else:
+            if result.chunks:
+                self._start_consumers(root)
+            if self.checkpoints is not None and req.parent is None:  # a lane's loop is not checkpointed
+                self._checkpoint(req)
 
     # -- streaming edges (pipeline/streams.py) ---------------------------------------------
     def _put_chunks(self, req: EngineRequest, chunks: list[tuple[str, Any]]) -> None:
@@ -551,6 +561,46 @@ class Engine:
         for edge in node.stream_output_edges() if channels and node is not None else ():
             if edge in channels:
                 channels[edge].close()
+    # -- crash checkpoints (engine/checkpoints.py) ------------------------------------------
+    def _resume_loop(self, req: EngineRequest) -> None:
+        """A just-``init``-ed loop continues from the request's checkpoint, if it has one for
+        this node (a job resumed after a crash); one that does not fit is set aside and the
+        loop runs from its first step."""
+        node, loop, store = req.node, req.loop, self.checkpoints
+        assert node is not None and loop is not None and store is not None, "resume outside a loop's init"
+        checkpoint = store.resume_point(req.request_id, node.name)
+        if checkpoint is not None:
+            try:
+                node.stage.restore(self.pipeline.contexts[node.name], loop, checkpoint)
+            except CheckpointMismatch as e:
+                store.resumed(req.request_id, node.name, None, f"its checkpoint does not fit: {e}")
+            else:
+                store.resumed(req.request_id, node.name, loop.steps_done, None)
+                if self.event_sink is not None and node.stage.progress_steps:
+                    self._emit(ProgressEvent(request_id=req.request_id, node=node.name, step=loop.steps_done,
+                                             total=loop.steps_target, eta_s=self.scheduler.remaining_s(req)))
+        wanted = store.wants(req.request_id) and node.stage.progress_steps  # not a streamed decode's split
+        req.checkpoint_mark = (loop.steps_done, time.perf_counter()) if wanted else None
+
+    def _checkpoint(self, req: EngineRequest) -> None:
+        """The request's loop checkpointed if the cadence says it is due (never fails the request:
+        a loop that cannot be checkpointed runs on without, a write that fails is logged)."""
+        store, loop, node, mark = self.checkpoints, req.loop, req.node, req.checkpoint_mark
+        assert store is not None and loop is not None and node is not None, "checkpoint outside a loop"
+        if mark is None or not store.cadence.due(loop.steps_done - mark[0], time.perf_counter() - mark[1]):
+            return
+        try:
+            store.save(req.request_id, node.stage.checkpoint(loop))
+        except CheckpointUnsupported as e:
+            logger.debug("request %s: node %s is not checkpointed (%s)", req.request_id, node.name, e)
+            req.checkpoint_mark = None
+            return
+        except PoolFatalError:
+            raise
+        except Exception:
+            logger.exception("request %s: checkpoint of node %s at step %d failed", req.request_id, node.name,
+                             loop.steps_done)
+        req.checkpoint_mark = (loop.steps_done, time.perf_counter())
 
     def _end_loop(self, req: EngineRequest) -> None:
         node, loop = req.node, req.loop
@@ -610,6 +660,8 @@ class Engine:
         req.loop = None
         state.artifacts.clear()  # free the request's tensors; the output holds what it returns
         state.release_refs()  # shared cache entries (text embeddings, adapters) it pinned
+        if self.checkpoints is not None:
+            self.checkpoints.discard(req.request_id)
         with self._ids_lock:
             if req.request_id in self._forget:  # nobody will pop it: forget the request now
                 self._forget.discard(req.request_id)

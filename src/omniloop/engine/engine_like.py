@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from omniloop.request import OmniOutput, OmniRequest
 
 if TYPE_CHECKING:
+    from omniloop.engine.checkpoints import LoopCheckpoints
     from omniloop.engine.engine import EngineConfig, EventSink
     from omniloop.pipeline.pipeline import Pipeline
 
@@ -54,6 +55,7 @@ class EngineLike(Protocol):
     config: EngineConfig
     accepting: bool  # False while draining: new requests are refused
     event_sink: EventSink | None
+    checkpoints: LoopCheckpoints | None  # crash checkpoints of running loops (engine/checkpoints.py)
 
     @property
     def pipeline(self) -> Pipeline:

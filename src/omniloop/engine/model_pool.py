@@ -32,6 +32,7 @@ from typing import Any, Callable, Literal
 
 import torch
 
+from omniloop.engine.checkpoints import LoopCheckpoints
 from omniloop.engine.engine import Engine, EngineConfig, EngineStats, EventSink
 from omniloop.engine.engine_like import CostSnapshots
 from omniloop.engine.errors import RequestRejected, UnknownRequest
@@ -175,6 +176,7 @@ class ModelPool:
         self.pool_stats = PoolStats()
         self._rejected = 0
         self._event_sink: EventSink | None = None
+        self._checkpoints: LoopCheckpoints | None = None
         self._accepting = True
         self._owner: dict[str, str] = {}  # request id -> model
         self._lock = threading.Lock()
@@ -267,6 +269,17 @@ class ModelPool:
         for slot in self.slots.values():
             if slot.engine is not None:
                 slot.engine.event_sink = sink
+
+    @property
+    def checkpoints(self) -> LoopCheckpoints | None:
+        return self._checkpoints
+
+    @checkpoints.setter
+    def checkpoints(self, store: LoopCheckpoints | None) -> None:
+        self._checkpoints = store  # one store for every model: request ids are unique across them
+        for slot in self.slots.values():
+            if slot.engine is not None:
+                slot.engine.checkpoints = store
 
     @property
     def accepting(self) -> bool:
@@ -382,6 +395,7 @@ class ModelPool:
         assert pipeline.device == self.device, f"model {slot.name} loads on {pipeline.device}, the pool serves on {self.device}"
         slot.engine = Engine(pipeline, self.config, event_sink=self._event_sink, restart_pool=slot.build)
         slot.engine.accepting = self._accepting
+        slot.engine.checkpoints = self._checkpoints
         slot.nbytes, slot.tier, slot.last_used = pipeline_bytes(pipeline), "device", time.perf_counter()
         self.pool_stats.disk_loads += 1
         self._evict_for(slot)

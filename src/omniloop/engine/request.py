@@ -42,6 +42,9 @@ class EngineRequest:
     parent: "EngineRequest | None" = None  # a lane: the request it runs a streaming consumer of
     lanes: dict[str, "EngineRequest"] = field(default_factory=dict)  # node -> lane running it (a request's)
     done_nodes: set[str] = field(default_factory=set)  # nodes that have finished (a request's)
+    # (steps_done, perf_counter) of the current loop's last crash checkpoint or start; None:
+    # the loop is not checkpointed (engine/checkpoints.py)
+    checkpoint_mark: tuple[int, float] | None = None
 
     @property
     def request_id(self) -> str:
@@ -91,6 +94,7 @@ class EngineRequest:
             root.done_nodes.add(self.node.name)
         self.node_index += 1
         self.loop = None
+        self.checkpoint_mark = None
         if self.parent is not None:
             return None
         while self.node is not None and self.node.name in self.done_nodes:

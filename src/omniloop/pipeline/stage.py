@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Hashable, Mapping, Pro
 
 from pydantic import BaseModel
 
+from omniloop.pipeline.checkpoint import CheckpointMismatch, CheckpointUnsupported, LoopCheckpoint
 from omniloop.pipeline.failures import per_request
 from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
 from omniloop.request import Artifact
@@ -189,6 +190,16 @@ class LoopStage(_Ports, _StreamPorts, Protocol[S]):
         step plugins); False for a loop that only splits one-shot work into steps (a streamed VAE decode)."""
         ...
 
+    def checkpoint(self, loop: S) -> LoopCheckpoint:
+        """The loop's mutable state at this step boundary, as plain tensors and scalars (a
+        durable job's crash checkpoint); raises ``CheckpointUnsupported`` saying why not."""
+        ...
+
+    def restore(self, ctx: StageContext, loop: S, checkpoint: LoopCheckpoint) -> None:
+        """Overwrite a freshly ``init``-ed loop's mutable state with ``checkpoint``'s (a resumed
+        job); raises ``CheckpointMismatch`` before changing anything when it does not fit."""
+        ...
+
 
 def batches_with(key: Hashable | None, other: Hashable | None) -> bool:
     """The one rule of batch compatibility: steps of one node run as one ``step_many`` when
@@ -313,6 +324,13 @@ class LoopStageBase(StageBase, Generic[S]):
 
     def batch_key(self, loop: S) -> Hashable | None:
         return None
+
+    def checkpoint(self, loop: S) -> LoopCheckpoint:
+        """Default: not checkpointable (a resumed job runs this loop from its first step)."""
+        raise CheckpointUnsupported(f"{type(self).__name__} loops are not checkpointed")
+
+    def restore(self, ctx: StageContext, loop: S, checkpoint: LoopCheckpoint) -> None:
+        raise CheckpointMismatch(f"{type(self).__name__} loops take no checkpoint (it was written by another graph)")
 
     def interceptor_support(self, ctx: StageContext) -> frozenset[str]:
         """No plugin interceptors (a loop that runs them says which kinds)."""

@@ -26,6 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from omniloop.deploy import DeployConfig
+from omniloop.engine.checkpoints import CheckpointCadence
 from omniloop.request import DiffusionParams
 
 
@@ -67,9 +68,22 @@ class ServeConfig(BaseModel):
         "next to the job store)",
     )
     requeue_on_restart: bool = Field(
-        default=False, description="jobs queued or running when the server died run again after a restart "
-        "(default: they are reported failed, saying so)",
+        default=False, description="jobs queued or running when the server died run again after a restart, "
+        "resuming from their last checkpoint (see checkpoint_every_s) or else from the start (default: they are "
+        "reported failed, saying so)",
     )
+    checkpoint_every_s: float = Field(
+        default=30.0, ge=0, description="with requeue_on_restart: a running job's loop state (latents, sampler "
+        "state, step) is checkpointed beside the job store every this many seconds, so a job interrupted by a crash "
+        "resumes from there; a job shorter than this writes none (0: not by time)")
+    checkpoint_every_steps: int = Field(
+        default=0, ge=0, description="with requeue_on_restart: also checkpoint every this many steps (0: not by steps)")
+    checkpoint_max_bytes: int = Field(
+        default=8 * 2**30, ge=0, description="disk the checkpoints of running jobs may take together; a checkpoint "
+        "beyond it is not written (the job keeps its previous one)")
+    max_job_restarts: int = Field(
+        default=3, ge=1, description="with requeue_on_restart: times one job runs again after the server died; "
+        "interrupted once more, it is failed saying so (a job that takes the server down cannot do it forever)")
     retention_max_bytes: int | None = Field(
         default=None, ge=0, description="finished jobs' outputs kept, in bytes; beyond, the oldest completed "
         "job is deleted first (default: no size limit)",
@@ -121,6 +135,15 @@ class ServeConfig(BaseModel):
                 raise ValueError(f"{name} needs job_store: only a durable job store (--job-store PATH) keeps "
                                  "outputs on disk and jobs across restarts")
         return self
+
+    def checkpoints_dir(self) -> Path:
+        """Where a durable store's crash checkpoints live (beside it)."""
+        assert self.job_store is not None, "checkpoints_dir() is for a durable job store"
+        return self.job_store.with_name(f"{self.job_store.stem}-checkpoints")
+
+    def checkpoint_cadence(self) -> CheckpointCadence:
+        return CheckpointCadence(every_steps=self.checkpoint_every_steps or None,
+                                 every_s=self.checkpoint_every_s or None)
 
     def outputs_dir(self) -> Path:
         """Where a durable store's output files live."""

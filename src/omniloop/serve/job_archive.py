@@ -5,7 +5,9 @@ A job's files are written (temporary name, fsync, rename) before its row says
 ``completed``, so a completed row always has its files; a crash in between leaves an
 orphan file that the next start deletes. ``restore`` reads the rows back after a restart:
 finished jobs as they were; a job the dead process had ``queued`` or ``in_progress`` is
-``failed`` with an error saying so, or queued again (``requeue_on_restart``); never lost.
+``failed`` with an error saying so, or queued again (``requeue_on_restart``: it resumes
+from its crash checkpoint, ``job_checkpoints.py``, where it has one), at most
+``max_job_restarts`` times; never lost.
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ class JobArchive:
 
     def _fields(self, job: Job) -> dict[str, Any]:
         fields: dict[str, Any] = {"status": job.status.value, "progress": job.progress,
-                                  "completed_at": job.completed_at, "error": job.error, "metrics": job.metrics}
+                                  "completed_at": job.completed_at, "error": job.error, "metrics": job.metrics,
+                                  "restarts": job.restarts, "resumed_from": job.resumed_from_step}
         if job.sealed:
             fields["events"] = job.events
             fields["outputs"] = {name: p.name for name, p in job.outputs.items() if isinstance(p, Path)}
@@ -75,20 +78,31 @@ class JobArchive:
         self.db.close()
 
     # -- a restart --------------------------------------------------------------------------
-    def restore(self, *, requeue: bool) -> tuple[list[Job], list[tuple[Job, OmniRequest]]]:
-        """(every stored job, oldest first; the unfinished ones to submit again)."""
+    def restore(self, *, max_restarts: int | None) -> tuple[list[Job], list[tuple[Job, OmniRequest]]]:
+        """(every stored job, oldest first; the unfinished ones to submit again). ``max_restarts``:
+        how often one job may run again (None: never, ``requeue_on_restart`` is off); a job the
+        server died under more often than that is failed, so it cannot crash it forever."""
         try:
             rows = self.db.rows()
         except (ValueError, TypeError) as e:
             raise JobStoreError(f"job store {self.db.path}: a row cannot be read ({e}); move it away or pass "
                                 "another --job-store path") from None
         jobs, pending = [], []
+        requeue = max_restarts is not None
         for row in rows:
             job = self._job(row)
             if not job.sealed:
                 request = _request(row["request"]) if requeue else None
-                if request is not None:
+                if request is not None and max_restarts is not None and job.restarts >= max_restarts:
+                    self._interrupted(job, requeue, f"; it ran again {job.restarts} time(s) after the server "
+                                      f"died and is not run again (--max-job-restarts {max_restarts}): submit it again")
+                elif request is not None:
+                    job.restarts += 1
+                    self.update(job)
                     pending.append((job, request))
+                elif requeue:  # a row of another omniloop version, or of a store without requests
+                    self._interrupted(job, requeue, "; its stored request cannot be read by this version of omniloop, "
+                                      "so it cannot run again: submit it again")
                 else:
                     self._interrupted(job, requeue)
             jobs.append(job)
@@ -103,7 +117,8 @@ class JobArchive:
                   geometry=Geometry(**row["geometry"]), created_at=row["created_at"], status=status,
                   progress=row["progress"] or 0, completed_at=row["completed_at"],
                   failure=None if row["error"] is None else Failure(kind=ErrorKind.UNKNOWN, message=row["error"]),
-                  outputs=outputs, metrics=row["metrics"], events=list(row["events"] or []))
+                  outputs=outputs, metrics=row["metrics"], events=list(row["events"] or []),
+                  restarts=row["restarts"] or 0, resumed_from_step=row["resumed_from"])
         job.output_bytes = sum(p.stat().st_size for p in outputs.values() if p.is_file())
         if status.finished:
             job.sealed = True
@@ -115,12 +130,12 @@ class JobArchive:
                 self.update(job)
         return job
 
-    def _interrupted(self, job: Job, requeue: bool) -> None:
+    def _interrupted(self, job: Job, requeue: bool, why: str | None = None) -> None:
         was = job.status.value  # queued / in_progress
         job.status, job.completed_at = RequestStatus.FAILED, int(time.time())
-        job.failure = Failure(kind=ErrorKind.INTERRUPTED,
-                              message=f"the server stopped while this job was {was}; it did not finish: submit it again"
-                              + ("" if requeue else " (omniloop serve --requeue-on-restart queues such jobs again)"))
+        message = f"the server stopped while this job was {was}; it did not finish" + (why or (
+            ": submit it again" + ("" if requeue else " (omniloop serve --requeue-on-restart queues such jobs again)")))
+        job.failure = Failure(kind=ErrorKind.INTERRUPTED, message=message)
         job.publish(FinalEvent(request_id=job.id, output=OmniOutput(request_id=job.id, status=job.status,
                                                                     failure=job.failure)).to_dict())
         job.sealed = True

@@ -15,15 +15,18 @@ from pathlib import Path
 from typing import Any
 
 APP = "omniloop-jobs"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 COLUMNS = ("id", "kind", "model", "prompt", "geometry", "created_at", "status", "progress", "completed_at", "error",
-           "metrics", "request", "events", "outputs")
+           "metrics", "request", "events", "outputs", "restarts", "resumed_from")
 _JSON = {"geometry", "metrics", "events", "outputs"}
+_INTEGER = {"created_at", "progress", "completed_at", "restarts", "resumed_from"}
+# version 2 added: restarts (times the job ran again after the server died), resumed_from (the
+# step its loop resumed from); a version 1 store gains them on open
+_ADDED_IN_2 = ("restarts", "resumed_from")
 _SCHEMA = f"""
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE jobs (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE,
-                   {", ".join(f"{c} {'INTEGER' if c in ('created_at', 'progress', 'completed_at') else 'TEXT'}"
-                              for c in COLUMNS[1:])});
+                   {", ".join(f"{c} {'INTEGER' if c in _INTEGER else 'TEXT'}" for c in COLUMNS[1:])});
 INSERT INTO meta VALUES ('app', '{APP}'), ('schema_version', '{SCHEMA_VERSION}');
 """
 
@@ -70,6 +73,13 @@ class JobDatabase:
         meta = dict(db.execute("SELECT key, value FROM meta")) if "meta" in tables else {}
         if meta.get("app") != APP or "jobs" not in tables:
             raise self._fail(f"is a SQLite database, but not an omniloop job store (tables {sorted(tables)})")
+        if meta.get("schema_version") == "1":  # one transaction: a crash leaves version 1 or 2, whole
+            db.execute("BEGIN")
+            for column in _ADDED_IN_2:
+                db.execute(f"ALTER TABLE jobs ADD COLUMN {column} INTEGER")
+            db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
+            db.execute("COMMIT")
+            return
         if meta.get("schema_version") != str(SCHEMA_VERSION):
             raise self._fail(f"has job-store schema version {meta.get('schema_version')}; this omniloop reads "
                              f"version {SCHEMA_VERSION}")

@@ -20,11 +20,17 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+import logging
+
 from omniloop.pipeline.defaults import GenerationDefaults
 from omniloop.request import Failure, OmniRequest, RequestStatus
 
 if TYPE_CHECKING:
     from omniloop.serve.job_archive import JobArchive
+    from omniloop.serve.job_checkpoints import JobCheckpoints
+
+
+logger = logging.getLogger(__name__)
 
 
 class JobKind(str, Enum):
@@ -80,6 +86,8 @@ class Job:
     actions: list[list[float]] | None = None  # predicted actions of a world-model job
     events: list[dict[str, Any]] = field(default_factory=list)  # OmniEvent.to_dict() history
     loop_nodes: set[str] = field(default_factory=set)  # nodes that reported step progress
+    restarts: int = 0  # times it ran again after the server died (a durable store's --requeue-on-restart)
+    resumed_from_step: int | None = None  # the step its loop resumed from after a crash (a checkpoint)
     sealed: bool = False  # no more events will come
     _tick: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
@@ -145,11 +153,13 @@ class JobStore:
         self.capacity, self.archive, self.max_bytes, self.max_age_s = capacity, archive, max_bytes, max_age_s
         self._jobs: OrderedDict[str, Job] = OrderedDict()
         self.pending: list[tuple[Job, OmniRequest]] = []  # restored unfinished jobs to re-queue
+        self.checkpoints: JobCheckpoints | None = None  # running jobs' crash checkpoints (requeue_on_restart)
 
     @classmethod
     def open(cls, config: Any) -> "JobStore":
         """The store a ``ServeConfig`` asks for: durable with ``job_store`` (its records
-        restored: unfinished ones failed, or re-queued with ``requeue_on_restart``)."""
+        restored: unfinished ones failed, or re-queued with ``requeue_on_restart``, to resume
+        from their crash checkpoints where they have one)."""
         archive = None
         if config.job_store is not None:
             from omniloop.serve.job_archive import JobArchive
@@ -158,10 +168,20 @@ class JobStore:
         store = cls(config.max_jobs, archive=archive, max_bytes=config.retention_max_bytes,
                     max_age_s=config.retention_max_age_s)
         if archive is not None:
-            jobs, store.pending = archive.restore(requeue=config.requeue_on_restart)
+            restarts = config.max_job_restarts if config.requeue_on_restart else None
+            jobs, store.pending = archive.restore(max_restarts=restarts)
             for job in jobs:
                 store._jobs[job.id] = job
             store.sweep()
+        if archive is not None and config.requeue_on_restart:
+            from omniloop.serve.job_checkpoints import JobCheckpoints
+
+            store.checkpoints = JobCheckpoints(config.checkpoints_dir(), config.checkpoint_cadence(),
+                                               config.checkpoint_max_bytes)
+            found = store.checkpoints.adopt({job.id for job, _ in store.pending})
+            if store.pending:
+                logger.info("%d re-queued job(s), %d of them resuming from a checkpoint", len(store.pending),
+                            len(found))
         return store
 
     def __len__(self) -> int:

@@ -150,6 +150,9 @@ class VideoObject(BaseModel):
     steps: int
     metrics: dict[str, Any] | None = None
     actions: list[list[float]] | None = Field(default=None, description="predicted actions [steps][action width]")
+    resumed_from_step: int | None = Field(
+        default=None, description="the step the job resumed from after the server died (its crash checkpoint's; "
+        "--requeue-on-restart); None: it ran without interruption, or again from its first step")
 
 
 class VideoList(BaseModel):

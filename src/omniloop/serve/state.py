@@ -17,6 +17,7 @@ from fastapi import Depends, Request
 from starlette.requests import HTTPConnection
 
 from omniloop.engine import AsyncEngine, EngineError, RequestRejected
+from omniloop.pipeline.defaults import resolve_seeds
 from omniloop.request import ErrorKind, Failure, OmniRequest, RequestStatus
 from omniloop.serve.browser import TOKEN_COOKIE, BrowserTokens
 from omniloop.serve.config import ServeConfig
@@ -86,6 +87,7 @@ class ServeState:
         return True, "ready"
 
     def start(self) -> None:
+        self._attach_checkpoints()
         self._tasks.append(asyncio.create_task(self._warmup(), name="omniloop-warmup"))
         if self.jobs.max_age_s is not None:
             self._tasks.append(asyncio.create_task(self._sweep_by_age(), name="omniloop-retention"))
@@ -105,19 +107,62 @@ class ServeState:
             self.on_ready()
 
     async def _requeue(self) -> None:
-        """Jobs a dead process left queued or running, submitted again (``requeue_on_restart``)."""
+        """Jobs a dead process left queued or running, submitted again (``requeue_on_restart``):
+        each resumes from its crash checkpoint when it has one (the engine restores it at the
+        loop's init). One that cannot run here (its model is not served now, the limits
+        refuse it) is failed saying why."""
         pending, self.jobs.pending = self.jobs.pending, []
         for job, request in pending:
+            if not self._serves(job.model):
+                self._refuse_requeued(job, Failure(
+                    kind=ErrorKind.INTERRUPTED, message=f"it ran on model {job.model!r}, which this server does not "
+                    f"serve now (it serves {sorted(self.models)}); submit it again"))
+                continue
+            job.progress = 0  # counted again: from the step it resumes from (its ProgressEvent), else from 0
             try:
                 await self.runner.start(job, request, stored=True)
             except EngineError as e:  # e.g. the limits changed across the restart
-                job.status = RequestStatus.FAILED
                 refused = e.failure() if isinstance(e, RequestRejected) else \
                     Failure(kind=ErrorKind.ENGINE_DEAD, message=str(e))
-                job.failure = refused.prefixed("re-queued after a restart, then refused: ")
-                job.completed_at = int(time.time())
-                job.seal()
-                self.jobs.save(job)
+                self._refuse_requeued(job, refused)
+
+    def _serves(self, model: str) -> bool:
+        return any(model == m.name or model in m.aliases for m in self.models.values())
+
+    def _refuse_requeued(self, job: Job, failure: Failure) -> None:
+        job.status = RequestStatus.FAILED
+        job.failure = failure.prefixed("re-queued after a restart, then refused: ")
+        job.completed_at = int(time.time())
+        job.seal()
+        self.jobs.save(job)
+        if self.jobs.checkpoints is not None:
+            self.jobs.checkpoints.discard(job.id)
+
+    def _attach_checkpoints(self) -> None:
+        """Running jobs' loops checkpoint into the durable store's ``JobCheckpoints`` (and resumed
+        ones restore from it); the step a job resumed from is recorded on it."""
+        store = self.jobs.checkpoints
+        if store is None:
+            return
+        from omniloop.engine.pool import PoolEngine
+
+        if isinstance(self.engine.engine, PoolEngine):  # its ranks would each have to restore: not yet
+            logger.warning("an SPMD pool writes no crash checkpoints: re-queued jobs run from their first step")
+            return
+        loop = asyncio.get_running_loop()
+
+        def on_resumed(job_id: str, node: str, step: int | None, why: str | None) -> None:
+            loop.call_soon_threadsafe(self._resumed, job_id, step)  # the job is the event loop's
+
+        store.on_resumed = on_resumed
+        store.is_job = lambda rid: self.jobs.get(rid) is not None  # a dict read, from the engine thread
+        self.engine.engine.checkpoints = store
+
+    def _resumed(self, job_id: str, step: int | None) -> None:
+        job = self.jobs.get(job_id)
+        if job is not None and step is not None:
+            job.resumed_from_step = step
+            self.jobs.save(job)
 
     async def _sweep_by_age(self) -> None:
         """Age retention between completions (each completion sweeps too)."""
@@ -163,6 +208,8 @@ class ServeState:
         started: list[Job] = []
         try:
             for job, request in zip(jobs, requests, strict=True):
+                if self.config.requeue_on_restart:  # the stored request draws the same noise when it runs again
+                    request = resolve_seeds(request, self.served(request.model).defaults)
                 await self.runner.start(job, request)
                 started.append(job)
         except EngineError as e:

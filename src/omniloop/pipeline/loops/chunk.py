@@ -40,6 +40,7 @@ from pydantic import Field
 
 from omniloop.cache.chunk_kv import ChunkKVBatch, ChunkKVHandle, ChunkKVPool, KVSegment, SlabLayout, TierPolicy
 from omniloop.ext.hooks import CacheEvent
+from omniloop.pipeline.checkpoint import CheckpointMismatch, CheckpointUnsupported, LoopCheckpoint, cpu_copy
 from omniloop.pipeline.defaults import admitted_seed
 from omniloop.pipeline.edges import ConditionLatents, DenoisedLatents, TextEmbeddings
 from omniloop.pipeline.failures import per_request
@@ -317,6 +318,75 @@ class ChunkRollout(LoopStageBase[ChunkRolloutState]):
         if loop.inner is not None:
             self.denoise.release(loop.inner)
         loop.kv.free()
+
+    # -- crash checkpoints (a durable job that resumes) -----------------------------------
+    def checkpoint(self, loop: ChunkRolloutState) -> LoopCheckpoint:
+        """The chunks already made (their clean latents [1, C, f, h, w]) and, inside a chunk, its
+        denoise loop's checkpoint. The K/V slabs and the decoder's cache are not stored:
+        ``restore`` rebuilds them by running the made chunks' boundaries again (a context pass
+        and a decode each, no denoising). Finite videos only: a live session is not a job."""
+        if loop.plan.open_ended:
+            raise CheckpointUnsupported(f"node {loop.node!r} runs a live session")
+        if loop.trajectory is not None or (loop.inner is not None and loop.inner.trajectory is not None):
+            raise CheckpointUnsupported(f"node {loop.node!r} records chunk trajectories")
+        made = range(loop.chunk + (loop.inner is None))  # at a boundary the chunk is made, its boundary not run
+        tensors = {f"clean/{c}": cpu_copy(loop.clean[c]) for c in made}
+        values: dict[str, Any] = {"chunk": loop.chunk, "boundary": loop.inner is None}
+        if loop.inner is not None:
+            inner_tensors, inner_values = self.denoise.checkpoint(loop.inner).nested("inner")
+            tensors |= inner_tensors
+            values |= inner_values
+        return LoopCheckpoint(node=loop.node, steps_done=loop.steps_done, steps_target=loop.steps_target,
+                              tensors=tensors, values=values)
+
+    def restore(self, ctx: StageContext, loop: ChunkRolloutState, checkpoint: LoopCheckpoint) -> None:
+        """Continue a fresh rollout from ``checkpoint``: every made chunk's latents are checked
+        against the plan first; then their boundaries run again in order (the K/V slabs, the
+        decoded frames and the decoder's cache end as the dead run left them), and the chunk in
+        flight continues from its denoise loop's checkpoint (or from its first step, should
+        that not fit: the chunks before it stand)."""
+        ck = checkpoint
+        chunk, boundary = ck.value("chunk"), ck.value("boundary")
+        if loop.plan.open_ended or (ck.node, ck.steps_target) != (loop.node, loop.steps_target) \
+                or not isinstance(chunk, int) or not 0 <= chunk < loop.plan.num_chunks:
+            raise CheckpointMismatch(f"checkpoint of node {ck.node!r} ({ck.steps_target} steps, chunk {chunk}) does "
+                                     f"not fit node {loop.node!r} ({loop.steps_target} steps, "
+                                     f"{loop.plan.num_chunks} chunks)")
+        made = {}
+        for c in range(chunk + bool(boundary)):
+            saved = ck.tensor(f"clean/{c}")
+            start, stop = loop.plan.frames(c)
+            want = (*loop.plan.shape[:2], stop - start, *loop.plan.shape[3:])
+            if tuple(saved.shape) != want:
+                raise CheckpointMismatch(f"clean/{c} is {list(saved.shape)} in the checkpoint, {list(want)} now")
+            made[c] = saved.to(loop.kv.pool.device)
+        loop.steps_done = 0
+        for c in range(chunk):  # the made chunks' boundaries again, in order (their emits are not sent)
+            self._leave_inner(ctx, loop)
+            loop.clean[c] = made[c]
+            (result,) = self._boundaries(ctx, [loop])
+            if result.error is not None:
+                raise result.error
+        if boundary:  # the chunk is made, its boundary is the next step
+            self._leave_inner(ctx, loop)
+            loop.clean[chunk] = made[chunk]
+        elif loop.inner is not None:
+            try:
+                self.denoise.restore(ctx, loop.inner, ck.part("inner"))
+            except CheckpointMismatch:  # the chunks before stand; this one starts over (from its noise)
+                pass
+            loop.steps_done += loop.inner.steps_done
+
+    def _leave_inner(self, ctx: StageContext, loop: ChunkRolloutState) -> None:
+        """Drop the chunk's fresh denoise loop (a restore has its chunk made already), counting
+        its steps as done."""
+        if loop.inner is None:
+            return
+        loop.steps_done += loop.inner.steps_target
+        if ctx.hooks is not None:
+            ctx.hooks.close_loop(loop.inner)
+        self.denoise.release(loop.inner)
+        loop.inner = None
 
     # -- scheduling contract --------------------------------------------------------------
     def estimate(self, ctx: StageContext, state: RequestState) -> WorkEstimate:

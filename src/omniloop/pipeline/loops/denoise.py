@@ -23,6 +23,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from omniloop.ext.interceptors import accepts_block_interceptor
 from omniloop.models.layers.lora import AdapterSet, LoraPlan, lora_rows
 from omniloop.pipeline.adapters import request_adapters
+from omniloop.pipeline.checkpoint import (
+    CheckpointMismatch, CheckpointUnsupported, LoopCheckpoint, apply_state_values, cpu_copy, state_values,
+)
 from omniloop.pipeline.defaults import GenerationDefaults, admitted_seed
 from omniloop.pipeline.edges import ConditionLatents, DenoisedLatents, InitLatents, TextEmbeddings
 from omniloop.pipeline.failures import PoolFatalError, attempt, per_request
@@ -341,6 +344,56 @@ class DenoiseLoop(LoopStageBase[DenoiseLoopState]):
 
     def release(self, loop: DenoiseLoopState) -> None:
         loop.plugin_states.clear()  # cached residuals of interceptors
+
+    # -- crash checkpoints (a durable job that resumes) -----------------------------------
+    def checkpoint(self, loop: DenoiseLoopState) -> LoopCheckpoint:
+        """What the steps change: the latents, each modality's sampler state and the
+        trajectory so far. Policy states are the request's, rebuilt by ``init``; plugin
+        states (an interceptor's cached residuals) are not stored, so a loop holding any is
+        not checkpointed."""
+        if any(v is not None for v in loop.plugin_states.values()):
+            raise CheckpointUnsupported(f"node {loop.node!r} holds plugin state ({sorted(loop.plugin_states)})")
+        tensors = {f"latents/{m}": cpu_copy(x) for m, x in loop.latents.items()}  # [B, C, ...] fp32 each
+        values: dict[str, Any] = {"trajectory#len": None if loop.trajectory is None else len(loop.trajectory)}
+        for i, x in enumerate(loop.trajectory or ()):
+            tensors[f"trajectory/{i}"] = cpu_copy(x)
+        for m, sstate in loop.samplers.items():
+            state_values(sstate, f"sampler/{m}", tensors, values)
+        return LoopCheckpoint(node=loop.node, steps_done=loop.steps_done, steps_target=loop.steps_target,
+                              tensors=tensors, values=values)
+
+    def restore(self, ctx: StageContext, loop: DenoiseLoopState, checkpoint: LoopCheckpoint) -> None:
+        """Continue ``loop`` (just ``init``-ed for the same request) from ``checkpoint``: every
+        part is checked against the fresh state first (same steps, schedule, shapes, sampler
+        class), then assigned."""
+        ck = checkpoint
+        if (ck.node, ck.steps_target) != (loop.node, loop.steps_target) or not 0 <= ck.steps_done < ck.steps_target:
+            raise CheckpointMismatch(f"checkpoint of node {ck.node!r} at step {ck.steps_done}/{ck.steps_target} does "
+                                     f"not fit node {loop.node!r} of {loop.steps_target} steps")
+        latents = {}
+        for m, x in loop.latents.items():
+            saved = ck.tensor(f"latents/{m}")
+            if (saved.dtype, saved.shape) != (x.dtype, x.shape):
+                raise CheckpointMismatch(f"latents/{m} are {saved.dtype}{list(saved.shape)} in the checkpoint, "
+                                         f"{x.dtype}{list(x.shape)} now")
+            latents[m] = saved.to(x.device)
+        samplers = {m: apply_state_values(s, f"sampler/{m}", ck, s.timesteps.device) for m, s in loop.samplers.items()}
+        for m, fields in samplers.items():
+            fresh = loop.samplers[m]
+            if not (torch.equal(fields["sigmas"], fresh.sigmas) and torch.equal(fields["timesteps"], fresh.timesteps)):
+                raise CheckpointMismatch(f"sampler/{m}: the schedule differs from the checkpoint's (another sampler "
+                                         "config or shift)")
+        count = ck.value("trajectory#len")
+        if (count is None) != (loop.trajectory is None):
+            raise CheckpointMismatch("the checkpoint's trajectory does not match the request's return_trajectory")
+        trajectory = None if loop.trajectory is None else [ck.tensor(f"trajectory/{i}") for i in range(int(count or 0))]
+        # everything fits: commit
+        loop.latents, loop.steps_done = latents, ck.steps_done
+        for m, fields in samplers.items():
+            for name, value in fields.items():
+                setattr(loop.samplers[m], name, value)
+        if trajectory is not None:
+            loop.trajectory = [x.to(next(iter(latents.values())).device) for x in trajectory]
 
     def interceptor_support(self, ctx: StageContext) -> frozenset[str]:
         """Interceptor kinds this loop accepts: step-level always; block-level when every

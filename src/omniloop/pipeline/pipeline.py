@@ -15,10 +15,11 @@ from pydantic import ValidationError
 
 from omniloop.pipeline.adapters import check_loras
 from omniloop.pipeline.defaults import GenerationDefaults, resolve_seeds
+from omniloop.pipeline.knobs import knob_table
 from omniloop.pipeline.spec import Node, PipelineSpec
 from omniloop.pipeline.state import RequestState, StageContext
-from omniloop.request import (Artifact, ErrorKind, InvalidRequest, Modality, OmniOutput, OmniRequest, RequestStatus,
-                              format_validation_error)
+from omniloop.request import (Artifact, ErrorKind, InvalidRequest, KnobTable, Modality, OmniOutput, OmniRequest,
+                              RequestStatus, format_validation_error)
 
 # OutputSpec.modalities -> the pipeline output (PipelineSpec.outputs key) that carries it
 MODALITY_OUTPUTS = {Modality.TEXT: "text", Modality.IMAGE: "image", Modality.VIDEO: "video",
@@ -40,6 +41,7 @@ class Pipeline:
     # the loader adds them after the family builds the pipeline (see StageContext.caches)
     caches: dict[str, Any] = field(default_factory=dict)
     contexts: dict[str, StageContext] = field(init=False)
+    knobs: KnobTable = field(init=False)  # the loops' knobs a caller may pass flat (pipeline/knobs.py)
 
     def __post_init__(self) -> None:
         missing = sorted(self.spec.required_components(self.spec.tasks) - set(self.components))
@@ -61,6 +63,7 @@ class Pipeline:
             )
             for node in self.spec.nodes
         }
+        self.knobs = knob_table(self.spec)
 
     # -- admission ------------------------------------------------------------------
     def admit(self, request: OmniRequest) -> RequestState:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -45,8 +45,23 @@ class LoraRef(BaseModel):
         return v
 
 
+class LoopParams(BaseModel):
+    """Base of a loop's own ``params_schema`` (``OmniRequest.node_params[node]``): knobs one
+    loop owns, which ``DiffusionParams`` (the knobs every family shares) does not carry.
+
+    ``flat`` names the knobs a caller may also pass flat, under diffusers' names
+    (``generate_video(stg_scale=2.0)``, ``"stg_scale": 2.0`` on the wire): flat name -> field.
+    The request builder's knob table (``request.builder.KnobTable``, derived from a loaded
+    model's loop schemas) puts a flat knob on the nodes whose schema declares it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    flat: ClassVar[Mapping[str, str]] = {}
+
+
 class DiffusionParams(BaseModel):
-    """Knobs of a denoise loop. Node-specific overrides go to ``OmniRequest.node_params``."""
+    """The knobs every diffusion family shares. A loop's own knobs live in its ``params_schema``
+    (``LoopParams``: ``OmniRequest.node_params[node]``, or flat through the knob table)."""
 
     model_config = _FROZEN
 

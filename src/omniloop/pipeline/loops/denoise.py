@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Hashable, Mapping, Protocol, Sequence
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
 from omniloop.ext.interceptors import accepts_block_interceptor
 from omniloop.models.layers.lora import AdapterSet, LoraPlan, lora_rows
@@ -36,7 +36,7 @@ from omniloop.pipeline.samplers.base import Sampler, SamplerState
 from omniloop.pipeline.stage import LoopStageBase, WorkEstimate, step_results
 from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
 from omniloop.request import Artifact, DiffusionParams, InvalidRequest, LatentsArtifact, Modality, OmniRequest, TensorArtifact
-from omniloop.request.params import check_strength
+from omniloop.request.params import LoopParams, check_strength
 
 
 class Denoiser(Protocol):
@@ -117,7 +117,7 @@ class DenoiserBase:
         return None
 
 
-class DenoiseParams(BaseModel):
+class DenoiseParams(LoopParams):
     """``node_params[<denoise node>]``: per-node overrides of the request's DiffusionParams."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

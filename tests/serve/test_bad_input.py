@@ -40,6 +40,7 @@ def _error(r: httpx.Response, status: int, param: str) -> str:
     ({"prompt": ""}, 400, "prompt", "pass a non-empty text prompt (got an empty string)"),
     ({"prompt": "  "}, 400, "prompt", "pass a non-empty text prompt (got only whitespace)"),
     ({"stepz": 3}, 400, "stepz", "unknown field"),
+    ({"stg_scale": 2.0}, 400, "stg_scale", "nor a knob of 'wan_t2v"),  # LTX-2's loop knob, not Wan's
     ({"input_reference": {"image_url": "file:///etc/passwd"}}, 400, "input_reference.image_url", "data: URLs"),
 ])
 def test_bad_video_fields(strict_server, change, status, param, says):

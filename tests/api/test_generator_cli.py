@@ -69,3 +69,27 @@ def test_cli_bad_input_is_a_clear_error(wan_t2v_dir, tmp_path, capsys):
     assert code == 2
     assert "error: --height=30 must be a multiple of 16; pass 16 or 32" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_a_knob_the_models_loops_lack_is_refused_naming_it_and_the_model(wan_t2v_dir, tmp_path, capsys):
+    """LTX-2's ``stg_scale`` on a Wan model: refused by the offline API and the CLI (--knob),
+    naming the knob, the model and the knobs its loops have; nothing runs."""
+    import pytest
+
+    from omniloop.api.cli import main
+    from omniloop.request import FieldError
+
+    gen = VideoGenerator.from_pretrained(wan_t2v_dir, device="cpu", dtype="float32")
+    name = gen.pipeline.spec.name
+    with pytest.raises(FieldError, match=rf"^stg_scale: unknown generation parameter\(s\) \['stg_scale'\]: not a knob "
+                                         rf"of '{name}''s loops \(its loop knobs: ") as e:
+        gen.generate_video("x", stg_scale=2.0, save_video=False)
+    assert e.value.fields == ("stg_scale",)
+    code = main(["generate", "x", "--model", str(wan_t2v_dir), "--knob", "stg_scale=2", "--steps", "1", "--height",
+                 "32", "--width", "32", "--num-frames", "5", "--output", str(tmp_path), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and f"error: --knob stg_scale: unknown generation parameter(s) ['stg_scale']: not a knob of " \
+        f"'{name}''s loops" in err, err
+    assert main(["generate", "x", "--knob", "stg_scale"]) == 2  # not NAME=VALUE: refused before loading
+    assert "--knob stg_scale: pass NAME=VALUE" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # nothing written

@@ -19,6 +19,7 @@ from omniloop.models.catalog import DEFAULT_MODEL
 from omniloop.request import (
     ALIASES, DiffusionParams, FieldError, Fields, InvalidRequest, SamplingParams, TaskType, parse_task, require_prompt,
 )
+from omniloop.request.params import MOVED_TO_LOOPS
 from omniloop.serve.config import DEFAULT_DRAIN_TIMEOUT_S
 from omniloop.serve.warmup import DEFAULT_STEPS as DEFAULT_WARMUP_STEPS
 from omniloop.serve.warmup import WarmupFailed
@@ -46,6 +47,8 @@ def _generate_parser(sub: argparse._SubParsersAction) -> None:
                    help="a knob of the model's own loops, under diffusers' name (LTX-2: --knob stg_scale=2 --knob "
                    "audio_guidance_scale=5; a VALUE in JSON for lists: --knob spatio_temporal_guidance_blocks=[28]); "
                    "repeatable; a knob the model's loops do not have is refused, naming the knobs they have")
+    for name in MOVED_TO_LOOPS:  # loop knobs that were generation flags: one release as --knob's spelling
+        p.add_argument(f"--{name.replace('_', '-')}", dest=f"moved_{name}", default=None, help=argparse.SUPPRESS)
     p.set_defaults(_params=add_schema_flags(p, DiffusionParams, skip={"plugin_params"}, group="generation",
                                             unset="the model's", aliases=ALIASES))
     p.set_defaults(_sampling=add_schema_flags(p, SamplingParams, skip=SAMPLING_SKIP, group="text (--task reason)"))
@@ -151,7 +154,11 @@ def _knob_flags(args: argparse.Namespace) -> dict[str, Any]:
     import json
 
     knobs: dict[str, Any] = {}
-    for given in args.knob or ():
+    moved = [f"{name}={value}" for name in MOVED_TO_LOOPS if (value := vars(args).get(f"moved_{name}")) is not None]
+    for given in moved:
+        flag = "--" + given.partition("=")[0].replace("_", "-")
+        print(f"warning: {flag} is deprecated (a loop knob now): pass --knob {given}", file=sys.stderr)
+    for given in [*moved, *(args.knob or ())]:
         name, eq, text = given.partition("=")
         name = name.strip()
         if not eq or not name.isidentifier():

@@ -89,8 +89,8 @@ class Pipeline:
         return state
 
     def _check_nodes(self, state: RequestState) -> None:
-        """Stages' own admission checks (``check_request(ctx, state, produced_edges)``),
-        and a ``diffusion.strength`` that no loop of this request can use."""
+        """Stages' own admission checks (``check_request(ctx, state, produced_edges)``: a loop
+        checks its own knobs), and a ``diffusion.strength`` that no loop of this request can use."""
         active = self.active_nodes(state.request)
         produced = frozenset(edge for node in active for edge in node.output_edges())
         for node in active:
@@ -104,17 +104,6 @@ class Pipeline:
                 "latents (pass a video for task v2v, an image for i2i, or a LatentPart, where the model takes one); "
                 "drop strength", fields=("diffusion.strength",)
             )
-        params = state.request.diffusion
-        for name, instead in (("first_chunk_guidance_scale", "guidance_scale"), ("first_chunk_steps", "steps")):
-            value = getattr(params, name)
-            if value is not None and not any(
-                node.stage.guides_first_chunk(self.contexts[node.name], produced) for node in active if node.is_loop
-            ):
-                raise InvalidRequest(
-                    f"diffusion.{name}={value}: no loop of this {state.request.task.value!r} request makes a chunk "
-                    f"from the prompt alone (causal text-to-video rollouts and live sessions do); use {instead}, "
-                    f"or drop {name}", fields=(f"diffusion.{name}",)
-                )
 
     def _check_modalities(self, request: OmniRequest) -> None:
         wanted = request.outputs.modalities

@@ -58,6 +58,19 @@ class LoopParams(BaseModel):
 
     flat: ClassVar[Mapping[str, str]] = {}
 
+    def guidance_scales(self) -> tuple[float, ...]:
+        """The CFG scales this node's knobs set (a text encoder encodes the negative prompt
+        when one exceeds 1); none by default."""
+        return ()
+
+
+# Loop knobs that were DiffusionParams fields: where they live now (one release of this message)
+MOVED_TO_LOOPS: Mapping[str, str] = {
+    "guidance_scale_2": "the denoise loop's (two-expert models such as Wan2.2)",
+    "first_chunk_guidance_scale": "the chunk rollout's (causal text-to-video, live sessions)",
+    "first_chunk_steps": "the chunk rollout's (causal text-to-video, live sessions)",
+}
+
 
 class DiffusionParams(BaseModel):
     """The knobs every diffusion family shares. A loop's own knobs live in its ``params_schema``
@@ -68,19 +81,6 @@ class DiffusionParams(BaseModel):
     steps: int | None = Field(default=None, ge=1, le=1000, description="number of denoising steps")
     guidance_scale: float | dict[Modality, float] | None = Field(
         default=None, description="CFG scale; a number, or one per output modality ({'video': 5.0})"
-    )
-    guidance_scale_2: float | None = Field(
-        default=None, ge=0, description="CFG scale of the low-noise expert (two-expert models such as Wan2.2)"
-    )
-    first_chunk_guidance_scale: float | None = Field(
-        default=None, ge=0, description="causal rollouts (text-to-video, live sessions): the CFG scale of chunk 0, the "
-        "one chunk made from the prompt alone, while later chunks use guidance_scale (default: the model's, else "
-        "guidance_scale)",
-    )
-    first_chunk_steps: int | None = Field(
-        default=None, ge=1, le=1000, description="causal rollouts: denoising steps of chunk 0 (one latent frame, "
-        "cheap next to the rest; a blank first frame leaves a whole session blank), later chunks use steps "
-        "(default: the model's, else steps)",
     )
     shift: float | None = Field(default=None, gt=0, le=100, description="flow-matching timestep shift")
     sigmas: list[float] | None = Field(
@@ -108,6 +108,18 @@ class DiffusionParams(BaseModel):
     plugin_params: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="parameters for plugins enabled by the deployment, by plugin name"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_knobs(cls, v: Any) -> Any:
+        """A loop knob that was a field here, named with where to pass it now."""
+        moved = sorted(set(v) & set(MOVED_TO_LOOPS)) if isinstance(v, dict) else []
+        if moved:
+            name = moved[0]
+            raise ValueError(f"{name} is {MOVED_TO_LOOPS[name]} knob now, not a shared DiffusionParams field: pass it "
+                             f"flat (generate_video({name}=...), the wire field {name!r}, the CLI's --knob {name}=...) "
+                             f"or in OmniRequest.node_params[<loop node>]")
+        return v
 
     @field_validator("guidance_scale")
     @classmethod

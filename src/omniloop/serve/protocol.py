@@ -20,9 +20,8 @@ from omniloop.request.builder import aliases_of
 SIZE_PATTERN = r"^[1-9][0-9]{0,4}x[1-9][0-9]{0,4}$"
 # DiffusionParams fields both endpoints accept as extra (peer-style) generation fields (a served
 # model's loop knobs come on top, as extra fields: _GenerationWire).
-GENERATION_FIELDS = ("steps", "guidance_scale", "guidance_scale_2", "shift", "seed", "negative_prompt", "sampler")
-VIDEO_FIELDS = GENERATION_FIELDS + ("num_frames", "fps", "height", "width", "first_chunk_guidance_scale",
-                                     "first_chunk_steps")
+GENERATION_FIELDS = ("steps", "guidance_scale", "shift", "seed", "negative_prompt", "sampler")
+VIDEO_FIELDS = GENERATION_FIELDS + ("num_frames", "fps", "height", "width")
 # "loras": per-request adapters ([{"name": ..., "strength": ...}], loaded through /v1/loras)
 IMAGE_FIELDS = GENERATION_FIELDS + ("height", "width", "loras")
 EDIT_FIELDS = IMAGE_FIELDS + ("strength",)  # how much of the given image is redrawn

@@ -420,7 +420,8 @@ def openai_image_edit(wire: Any, request_ids: list[str], model: ServedModel, ima
 
 # -- Dynamo's media objects (what its frontend forwards to a worker) ----------------------
 
-# nvext fields: DiffusionParams fields under their own or diffusers' names (request.ALIASES)
+# nvext fields: DiffusionParams fields under their own or diffusers' names (request.ALIASES), and
+# Wan2.2's loop knob guidance_scale_2 (routed by the model's knob table)
 _NVEXT_VIDEO = ("num_inference_steps", "guidance_scale", "guidance_scale_2", "seed", "negative_prompt", "num_frames",
                 "fps")
 _NVEXT_IMAGE = ("num_inference_steps", "guidance_scale", "seed", "negative_prompt")
@@ -466,7 +467,11 @@ def _dynamo_call(body: Mapping[str, Any], nvext_fields: tuple[str, ...], model: 
     if not isinstance(nvext, Mapping):
         raise WireError("nvext", "expected an object")
     _check_keys(nvext, set(nvext_fields) | _NVEXT_IGNORED, "nvext.")
-    call.put_flat({name: nvext.get(name) for name in nvext_fields}, prefix="nvext.")
+    shared = set(DiffusionParams.model_fields) | set(ALIASES)
+    call.put_flat({name: nvext.get(name) for name in nvext_fields if name in shared}, prefix="nvext.")
+    call.put_knobs({name: nvext[name] for name in nvext_fields if name not in shared and name in nvext}, model,
+                   prefix="nvext.", refused="not a field this worker accepts",
+                   accepted=f"nvext fields accepted: {sorted(nvext_fields)}")
     call.put_size(body.get("size"))
     extra_args = body.get("extra_args") or {}
     passthrough = (extra_args.get("media_passthrough") or {}) if isinstance(extra_args, Mapping) else None

@@ -14,7 +14,7 @@ same code.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Mapping, Protocol, Sequence
+from typing import Any, ClassVar, Hashable, Mapping, Protocol, Sequence
 
 import torch
 from pydantic import ConfigDict, Field, field_validator
@@ -28,7 +28,7 @@ from omniloop.pipeline.failures import PoolFatalError, attempt, per_request
 from omniloop.pipeline.loops.batch_keys import kwargs_signature, latent_signature, packs_shapes
 from omniloop.pipeline.loops.given_latents import check_strength_leaves_steps, loop_strength, start_from_given
 from omniloop.pipeline.loops.step_cost import denoise_step_cost, held_tensor_bytes
-from omniloop.pipeline.policies.cfg import COND, UNCOND, CFGPolicy, CFGState, ClassicCFG, Prediction
+from omniloop.pipeline.policies.cfg import COND, UNCOND, CFGPolicy, CFGState, ClassicCFG, GuidedParams, Prediction
 from omniloop.pipeline.policies.conditioning import ConditioningPolicy, NoConditioning
 from omniloop.pipeline.policies.routing import Route, RoutingPolicy, SingleModel
 from omniloop.pipeline.policies.shift import FlowShift, ShiftPolicy
@@ -129,15 +129,23 @@ class DenoiseParams(LoopParams):
     sampler: str | None = None
     strength: float | None = Field(default=None, description="see DiffusionParams.strength (this node only)")
 
+    # the loop's own knob, also taken flat (diffusers' WanPipeline name); the others override shared fields
+    flat: ClassVar[Mapping[str, str]] = {"guidance_scale_2": "guidance_scale_2"}
+
     @field_validator("strength")
     @classmethod
     def _strength_in_unit_interval(cls, v: float | None) -> float | None:
         return check_strength(v)
 
+    def guidance_scales(self) -> tuple[float, ...]:
+        scales: list[Any] = [self.guidance_scale, self.guidance_scale_2]
+        return tuple(float(s) for v in scales if v is not None
+                     for s in (v.values() if isinstance(v, Mapping) else (v,)))
+
 
 @dataclass(kw_only=True)
 class DenoiseLoopState(LoopState):
-    params: DiffusionParams
+    params: GuidedParams
     seed: int
     sampler: Sampler  # the shared, stateless solver; its state is in ``samplers``
     samplers: dict[str, SamplerState]  # modality -> per-request solver state
@@ -196,12 +204,12 @@ class DenoiseLoop(LoopStageBase[DenoiseLoopState]):
         latents = self.initial_noise(ctx, state, shapes, gen, given is not None)
         return self.start(ctx, state, params, latents, seed=seed, gen=gen, given=given)
 
-    def params(self, ctx: StageContext, state: RequestState) -> DiffusionParams:
+    def params(self, ctx: StageContext, state: RequestState) -> GuidedParams:
         """The request's DiffusionParams with this node's ``node_params`` applied."""
         return _effective_params(state.request.diffusion, state.node_params.get(ctx.node))
 
     def start(
-        self, ctx: StageContext, state: RequestState, params: DiffusionParams, latents: dict[str, torch.Tensor], *,
+        self, ctx: StageContext, state: RequestState, params: GuidedParams, latents: dict[str, torch.Tensor], *,
         seed: int, gen: torch.Generator | None = None, branch_kwargs: dict[str, dict[str, Any]] | None = None,
         given: InitLatents | None = None,
     ) -> DenoiseLoopState:
@@ -579,14 +587,16 @@ def _own(x: torch.Tensor) -> torch.Tensor:
     return x if x.untyped_storage().nbytes() == x.numel() * x.element_size() else x.clone()
 
 
-def _effective_params(params: DiffusionParams, overrides: DenoiseParams | None) -> DiffusionParams:
+def _effective_params(params: DiffusionParams, overrides: DenoiseParams | None) -> GuidedParams:
+    """The request's shared params with the node's overrides of them and its guidance knob."""
+    shared = dict(params)  # the validated values (nested models as they are)
     if overrides is None:
-        return params
-    # only DiffusionParams fields (a family's node schema or an outer loop's may add knobs of its own)
-    update = {k: v for k, v in overrides.model_dump().items() if v is not None and k in DiffusionParams.model_fields}
+        return GuidedParams.model_construct(params.model_fields_set, **shared)
+    # GuidedParams fields only (a family's node schema or an outer loop's may add knobs of its own)
+    update = {k: v for k, v in overrides.model_dump().items() if v is not None and k in GuidedParams.model_fields}
     if "steps" in update and params.sigmas is not None:
         update["sigmas"] = None
-    return params.model_copy(update=update)
+    return GuidedParams.model_construct(params.model_fields_set | set(update), **(shared | update))
 
 
 def _dtype_of(module: Any, default: torch.dtype) -> torch.dtype:

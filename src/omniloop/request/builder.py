@@ -150,6 +150,22 @@ class KnobTable:
         """The same table, refusals naming the model ``model`` (a served name)."""
         return KnobTable(model, self.knobs, self.schemas)
 
+    def json_schema(self, ref_template: str = "#/$defs/{model}") -> tuple[dict[str, Any], dict[str, Any]]:
+        """(each flat knob's JSON schema: its field's, from the first node taking it; the
+        definitions they refer to), for a front end's published schema (OpenAPI)."""
+        properties: dict[str, Any] = {}
+        defs: dict[str, Any] = {}
+        for name, targets in sorted(self.knobs.items()):
+            schema = self.schemas[targets[0].node].model_json_schema(ref_template=ref_template)
+            defs |= schema.get("$defs", {})
+            field = dict(schema["properties"][targets[0].field])
+            nodes = ", ".join(t.node for t in targets)
+            field["description"] = f"{self.model}'s loop knob (node {nodes})" + (
+                f": {field['description']}" if field.get("description") else "")
+            field.pop("title", None)
+            properties[name] = field
+        return properties, defs
+
     def refusal(self, unknown: Sequence[str], given_as: str | None = None) -> FieldError:
         """A refusal of knobs ``unknown`` (given flat) that this model's loops do not have."""
         has = ", ".join(self.names) or "none"

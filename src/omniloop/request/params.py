@@ -66,7 +66,7 @@ class LoopParams(BaseModel):
 
 # Loop knobs that were DiffusionParams fields: where they live now (one release of this message)
 MOVED_TO_LOOPS: Mapping[str, str] = {
-    "guidance_scale_2": "the denoise loop's (two-expert models such as Wan2.2)",
+    "guidance_scale_2": "the denoise loop's (the low-noise expert's scale of two-expert models)",
     "first_chunk_guidance_scale": "the chunk rollout's (causal text-to-video, live sessions)",
     "first_chunk_steps": "the chunk rollout's (causal text-to-video, live sessions)",
 }

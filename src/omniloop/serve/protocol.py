@@ -57,7 +57,7 @@ class _GenerationWire(_Wire):
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False,
                               json_schema_extra={"description": "extra fields: the served model's loop knobs under "
-                                                 "diffusers' names (e.g. stg_scale for LTX-2); others are refused"})
+                                                 "diffusers' names (listed as properties); others are refused"})
 
 
 class ImageReference(_Wire):

@@ -49,7 +49,8 @@ def test_cli_generate(wan_t2v_dir, tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "omniloop.api.cli", "generate", "a blue square moving left", "--model", str(wan_t2v_dir),
          "--output", str(out), "--steps", "2", "--height", "32", "--width", "32", "--num-frames", "5",
-         "--seed", "3", "--guidance-scale", "4.5", "--dtype", "float32", "--device", "cpu"],
+         "--seed", "3", "--guidance-scale", "4.5", "--dtype", "float32", "--device", "cpu",
+         "--knob", "guidance_scale_2=3"],  # the denoise loop's own knob, flat under diffusers' name
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
@@ -93,3 +94,21 @@ def test_a_knob_the_models_loops_lack_is_refused_naming_it_and_the_model(wan_t2v
     assert main(["generate", "x", "--knob", "stg_scale"]) == 2  # not NAME=VALUE: refused before loading
     assert "--knob stg_scale: pass NAME=VALUE" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_knob_flags_parse_as_json_and_the_old_flags_still_work(capsys):
+    """``--knob NAME=VALUE`` (JSON values), and a loop knob's old flag (``--guidance-scale-2``),
+    kept one release with a deprecation warning; all before any model loads."""
+    import pytest
+
+    from omniloop.api.cli import _knob_flags, build_parser
+
+    args = build_parser().parse_args(["generate", "x", "--guidance-scale-2", "3", "--knob",
+                                      "spatio_temporal_guidance_blocks=[28]", "--knob", "sampler_name=euler"])
+    assert _knob_flags(args) == {"guidance_scale_2": 3, "spatio_temporal_guidance_blocks": [28], "sampler_name": "euler"}
+    assert "warning: --guidance-scale-2 is deprecated (a loop knob now): pass --knob guidance_scale_2=3" in \
+        capsys.readouterr().err
+    shared = build_parser().parse_args(["generate", "x", "--knob", "num_inference_steps=3"])
+    with pytest.raises(ValueError, match=r"^--knob num_inference_steps=3: num_inference_steps is a generation flag "
+                                         r"every model takes; pass --steps$"):
+        _knob_flags(shared)

@@ -131,7 +131,7 @@ class LoopKnob:
 @dataclass(frozen=True)
 class KnobTable:
     """The loop knobs one loaded model takes flat (``generate_video(stg_scale=2.0)``, a wire
-    field, a CLI ``--param``): flat name (diffusers') -> the loop nodes it sets. Derived from the
+    field, a CLI ``--knob``): flat name (diffusers') -> the loop nodes it sets. Derived from the
     model's loop schemas (``LoopParams.flat``) by ``pipeline.knobs.knob_table``; ``model`` names
     the model in refusals."""
 

@@ -587,16 +587,19 @@ def _own(x: torch.Tensor) -> torch.Tensor:
     return x if x.untyped_storage().nbytes() == x.numel() * x.element_size() else x.clone()
 
 
+_GUIDED = GuidedParams()  # the empty view the loops' views copy (a copy with an update: no re-validation)
+
+
 def _effective_params(params: DiffusionParams, overrides: DenoiseParams | None) -> GuidedParams:
     """The request's shared params with the node's overrides of them and its guidance knob."""
-    shared = dict(params)  # the validated values (nested models as they are)
-    if overrides is None:
-        return GuidedParams.model_construct(params.model_fields_set, **shared)
     # GuidedParams fields only (a family's node schema or an outer loop's may add knobs of its own)
-    update = {k: v for k, v in overrides.model_dump().items() if v is not None and k in GuidedParams.model_fields}
+    update = {} if overrides is None else {
+        k: v for k, v in overrides.model_dump().items() if v is not None and k in GuidedParams.model_fields}
     if "steps" in update and params.sigmas is not None:
         update["sigmas"] = None
-    return GuidedParams.model_construct(params.model_fields_set | set(update), **(shared | update))
+    # ``__dict__``: a pydantic model's validated field values (nested models as they are); dict(params)
+    # gives the same but costs 60 us where this copy costs 5 (it runs at admission and init)
+    return _GUIDED.model_copy(update=params.__dict__ | update)
 
 
 def _dtype_of(module: Any, default: torch.dtype) -> torch.dtype:

@@ -144,8 +144,8 @@ def run_shapes_sessions(pipeline, n: int, args) -> dict:
     for i in range(n):
         rid = f"shapes{n}-{i}"
         request = OmniRequest(task=TaskType.T2V, request_id=rid, inputs=[TextPart(text="a red circle on a black background")],
-                              diffusion=DiffusionParams(seed=i, steps=args.steps, **chunk0), outputs=OutputSpec(stream=True),
-                              node_params={"rollout": {"open_ended": True, "max_chunks": args.chunks}})
+                              diffusion=DiffusionParams(seed=i, steps=args.steps), outputs=OutputSpec(stream=True),
+                              node_params={"rollout": {"open_ended": True, "max_chunks": args.chunks, **chunk0}})
         submitted[rid] = time.perf_counter()
         engine.add_request(request)
     t0 = time.perf_counter()

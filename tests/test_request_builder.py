@@ -80,3 +80,33 @@ def test_request_level_fields_are_checked_by_name():
     sampling.put_flat({"max_completion_tokens": 0}, {"max_completion_tokens": "max_tokens"})
     with pytest.raises(FieldError, match=r"^max_completion_tokens: Input should be greater than or equal to 1"):
         build_request(TaskType.REASON, "hi", sampling=sampling)
+
+
+# -- loop knobs: a model's KnobTable, derived from its loops' schemas (no checkpoint needed) ------
+
+def test_the_knob_table_routes_flat_knobs_to_their_nodes_and_refuses_others():
+    from omniloop.pipeline.loops.denoise import DenoiseParams
+    from omniloop.request import KnobTable, LoopKnob
+
+    table = KnobTable("m", {"guidance_scale_2": (LoopKnob("denoise", "guidance_scale_2"),)}, {"denoise": DenoiseParams})
+    fields = generation_fields({"num_inference_steps": 2, "guidance_scale_2": 3.0}, knobs=table)
+    assert (fields.values, fields.knobs) == ({"steps": 2}, {"guidance_scale_2": 3.0})
+    request = build_request(TaskType.T2V, "a cat", fields, node_params={"denoise": {"shift": 5.0}}, knobs=table)
+    assert request.node_params == {"denoise": {"shift": 5.0, "guidance_scale_2": 3.0}}
+    with pytest.raises(FieldError, match=r"^guidance_scale_2: 3.0 disagrees with node_params\['denoise'\]"
+                                         r"\.guidance_scale_2=2.0; pass one of them$"):
+        table.route({"guidance_scale_2": 3.0}, {"denoise": {"guidance_scale_2": 2.0}})
+    with pytest.raises(FieldError, match=r"^guidance_scale_2: Input should be greater than or equal to 0"):
+        table.route({"guidance_scale_2": -1.0})
+    with pytest.raises(FieldError, match=r"^stg_scale: unknown generation parameter\(s\) \['stg_scale'\]: not a knob "
+                                         r"of 'm''s loops \(its loop knobs: guidance_scale_2\)") as e:
+        generation_fields({"stg_scale": 2.0}, knobs=table)
+    assert e.value.fields == ("stg_scale",)
+
+
+@pytest.mark.parametrize("name", ["guidance_scale_2", "first_chunk_guidance_scale", "first_chunk_steps"])
+def test_a_loop_knob_that_was_a_shared_field_says_where_it_goes_now(name):
+    with pytest.raises(ValueError, match=rf"{name} is the .* knob now, not a shared DiffusionParams field: pass it flat "
+                                         rf"\(generate_video\({name}=...\), the wire field '{name}', the CLI's --knob "
+                                         rf"{name}=...\) or in OmniRequest.node_params\[<loop node>\]"):
+        DiffusionParams(**{name: 3})

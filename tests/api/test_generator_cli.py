@@ -49,7 +49,8 @@ def test_cli_generate(wan_t2v_dir, tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "omniloop.api.cli", "generate", "a blue square moving left", "--model", str(wan_t2v_dir),
          "--output", str(out), "--steps", "2", "--height", "32", "--width", "32", "--num-frames", "5",
-         "--seed", "3", "--guidance-scale", "4.5", "--dtype", "float32", "--device", "cpu"],
+         "--seed", "3", "--guidance-scale", "4.5", "--dtype", "float32", "--device", "cpu",
+         "--knob", "guidance_scale_2=3"],  # the denoise loop's own knob, flat under diffusers' name
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
@@ -69,3 +70,45 @@ def test_cli_bad_input_is_a_clear_error(wan_t2v_dir, tmp_path, capsys):
     assert code == 2
     assert "error: --height=30 must be a multiple of 16; pass 16 or 32" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_a_knob_the_models_loops_lack_is_refused_naming_it_and_the_model(wan_t2v_dir, tmp_path, capsys):
+    """LTX-2's ``stg_scale`` on a Wan model: refused by the offline API and the CLI (--knob),
+    naming the knob, the model and the knobs its loops have; nothing runs."""
+    import pytest
+
+    from omniloop.api.cli import main
+    from omniloop.request import FieldError
+
+    gen = VideoGenerator.from_pretrained(wan_t2v_dir, device="cpu", dtype="float32")
+    name = gen.pipeline.spec.name
+    with pytest.raises(FieldError, match=rf"^stg_scale: unknown generation parameter\(s\) \['stg_scale'\]: not a knob "
+                                         rf"of '{name}''s loops \(its loop knobs: ") as e:
+        gen.generate_video("x", stg_scale=2.0, save_video=False)
+    assert e.value.fields == ("stg_scale",)
+    code = main(["generate", "x", "--model", str(wan_t2v_dir), "--knob", "stg_scale=2", "--steps", "1", "--height",
+                 "32", "--width", "32", "--num-frames", "5", "--output", str(tmp_path), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and f"error: --knob stg_scale: unknown generation parameter(s) ['stg_scale']: not a knob of " \
+        f"'{name}''s loops" in err, err
+    assert main(["generate", "x", "--knob", "stg_scale"]) == 2  # not NAME=VALUE: refused before loading
+    assert "--knob stg_scale: pass NAME=VALUE" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_knob_flags_parse_as_json_and_the_old_flags_still_work(capsys):
+    """``--knob NAME=VALUE`` (JSON values), and a loop knob's old flag (``--guidance-scale-2``),
+    kept one release with a deprecation warning; all before any model loads."""
+    import pytest
+
+    from omniloop.api.cli import _knob_flags, build_parser
+
+    args = build_parser().parse_args(["generate", "x", "--guidance-scale-2", "3", "--knob",
+                                      "spatio_temporal_guidance_blocks=[28]", "--knob", "sampler_name=euler"])
+    assert _knob_flags(args) == {"guidance_scale_2": 3, "spatio_temporal_guidance_blocks": [28], "sampler_name": "euler"}
+    assert "warning: --guidance-scale-2 is deprecated (a loop knob now): pass --knob guidance_scale_2=3" in \
+        capsys.readouterr().err
+    shared = build_parser().parse_args(["generate", "x", "--knob", "num_inference_steps=3"])
+    with pytest.raises(ValueError, match=r"^--knob num_inference_steps=3: num_inference_steps is a generation flag "
+                                         r"every model takes; pass --steps$"):
+        _knob_flags(shared)

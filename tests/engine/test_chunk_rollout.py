@@ -153,7 +153,9 @@ def test_slab_events_reach_the_cache_event_hook(far_dir, monkeypatch):
 
 def _chunk0_req(seed: int, **params) -> OmniRequest:
     req = _req(seed, rid="-".join(f"{k}{v}" for k, v in params.items()) or "plain")
-    return req.model_copy(update={"diffusion": req.diffusion.model_copy(update=params)})
+    knobs = {k: params.pop(k) for k in list(params) if k.startswith("first_chunk_")}  # the rollout's own knobs
+    return req.model_copy(update={"diffusion": req.diffusion.model_copy(update=params),
+                                  "node_params": {"rollout": knobs} if knobs else req.node_params})
 
 
 def _run_tracking_pool(pipeline, req: OmniRequest) -> tuple[torch.Tensor, int, int, int]:

@@ -10,7 +10,8 @@ import pytest
 
 from omniloop.deploy import Limits
 from omniloop.pipeline.defaults import GenerationDefaults
-from omniloop.request import TaskType
+from omniloop.pipeline.loops.denoise import DenoiseParams
+from omniloop.request import KnobTable, LoopKnob, TaskType
 from omniloop.serve.wire import ServedModel
 from omniloop.serve.wire import dynamo_images as image_call
 from omniloop.serve.wire import dynamo_video as video_call
@@ -18,10 +19,12 @@ from omniloop.serve.wire import dynamo_video as video_call
 pytestmark = pytest.mark.fleet
 
 DEFAULTS = GenerationDefaults(steps=50, height=480, width=832, num_frames=81, fps=16, frames_per_latent=4)
+# a Wan pipeline's loop knobs (pipeline.knobs of its one denoise node)
+KNOBS = KnobTable("wan", {"guidance_scale_2": (LoopKnob("denoise", "guidance_scale_2"),)}, {"denoise": DenoiseParams})
 
 
 def model(tasks=(TaskType.T2V, TaskType.T2I), **limits) -> ServedModel:
-    return ServedModel(name="wan", tasks=frozenset(tasks), defaults=DEFAULTS, limits=Limits(**limits))
+    return ServedModel(name="wan", tasks=frozenset(tasks), defaults=DEFAULTS, limits=Limits(**limits), knobs=KNOBS)
 
 
 def png_b64() -> str:
@@ -40,7 +43,8 @@ def test_video_fields_and_nvext_map_onto_diffusion_params():
     call = video_call(body, "req-1", model())
     r, p = call.request, call.request.diffusion
     assert (r.request_id, r.task, r.prompt, r.priority, call.stream) == ("req-1", TaskType.T2V, "a cat", 3, False)
-    assert (p.width, p.height, p.steps, p.guidance_scale, p.guidance_scale_2, p.seed) == (832, 480, 30, 4.5, 3.0, 7)
+    assert (p.width, p.height, p.steps, p.guidance_scale, p.seed) == (832, 480, 30, 4.5, 7)
+    assert r.node_params == {"denoise": {"guidance_scale_2": 3.0}}  # the denoise loop's knob (its schema's)
     assert (p.negative_prompt, p.fps, p.shift, p.sampler) == ("blurry", 24, 5.0, "flow_euler")
     assert p.num_frames == 49  # 2 s at 24 fps, the nearest 4k+1 frame count
 

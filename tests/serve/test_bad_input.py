@@ -40,6 +40,7 @@ def _error(r: httpx.Response, status: int, param: str) -> str:
     ({"prompt": ""}, 400, "prompt", "pass a non-empty text prompt (got an empty string)"),
     ({"prompt": "  "}, 400, "prompt", "pass a non-empty text prompt (got only whitespace)"),
     ({"stepz": 3}, 400, "stepz", "unknown field"),
+    ({"stg_scale": 2.0}, 400, "stg_scale", "nor a knob of 'wan_t2v"),  # LTX-2's loop knob, not Wan's
     ({"input_reference": {"image_url": "file:///etc/passwd"}}, 400, "input_reference.image_url", "data: URLs"),
 ])
 def test_bad_video_fields(strict_server, change, status, param, says):
@@ -104,3 +105,18 @@ def test_overflowing_parameters_are_422_not_500(strict_server, change):
     r = httpx.post(f"{strict_server.url}/v1/images/generations", json=body)
     message = r.json()["error"]["message"]
     assert r.status_code == 422 and "non-finite" in message and "guidance_scale" in message
+
+
+def test_loop_knobs_come_flat_and_are_checked_by_their_loops_schema(strict_server):
+    """A served model's loop knob is a flat field (Wan's denoise loop: guidance_scale_2), checked
+    by the loop's schema under the name sent; a knob its loops lack is a 400 naming it, the
+    model and the knobs they have. /openapi.json lists the knobs as the body's properties."""
+    url = f"{strict_server.url}/v1/videos"
+    ok = httpx.post(url, json={**OK, "guidance_scale_2": 3.0})
+    assert ok.status_code == 200 and strict_server.wait_finished(ok.json()["id"])["status"] == "completed"
+    assert "greater than or equal to 0" in _error(httpx.post(url, json={**OK, "guidance_scale_2": -1}), 400,
+                                                  "guidance_scale_2")
+    message = _error(httpx.post(url, json={**OK, "audio_guidance_scale": 5.0}), 400, "audio_guidance_scale")
+    assert "(its loop knobs: guidance_scale_2)" in message, message
+    body = httpx.get(f"{strict_server.url}/openapi.json").json()["components"]["schemas"]["VideoCreateRequest"]
+    assert "guidance_scale_2" in body["properties"] and body["additionalProperties"] is False

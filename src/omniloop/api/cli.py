@@ -17,8 +17,9 @@ from omniloop.api.suggest import SuggestingParser, refuse_unknown
 from omniloop.deploy import DeployConfig
 from omniloop.models.catalog import DEFAULT_MODEL
 from omniloop.request import (
-    ALIASES, DiffusionParams, Fields, InvalidRequest, SamplingParams, TaskType, parse_task, require_prompt,
+    ALIASES, DiffusionParams, FieldError, Fields, InvalidRequest, SamplingParams, TaskType, parse_task, require_prompt,
 )
+from omniloop.request.params import MOVED_TO_LOOPS
 from omniloop.serve.config import DEFAULT_DRAIN_TIMEOUT_S
 from omniloop.serve.warmup import DEFAULT_STEPS as DEFAULT_WARMUP_STEPS
 from omniloop.serve.warmup import WarmupFailed
@@ -42,6 +43,12 @@ def _generate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--image", default=None, help="first-frame image for i2v")
     p.add_argument("--deploy-config", default=None, help="YAML file of deploy options")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    p.add_argument("--knob", action="append", default=None, metavar="NAME=VALUE",
+                   help="a knob of the model's own loops, under diffusers' name (LTX-2: --knob stg_scale=2 --knob "
+                   "audio_guidance_scale=5; a VALUE in JSON for lists: --knob spatio_temporal_guidance_blocks=[28]); "
+                   "repeatable; a knob the model's loops do not have is refused, naming the knobs they have")
+    for name in MOVED_TO_LOOPS:  # loop knobs that were generation flags: one release as --knob's spelling
+        p.add_argument(f"--{name.replace('_', '-')}", dest=f"moved_{name}", default=None, help=argparse.SUPPRESS)
     p.set_defaults(_params=add_schema_flags(p, DiffusionParams, skip={"plugin_params"}, group="generation",
                                             unset="the model's", aliases=ALIASES))
     p.set_defaults(_sampling=add_schema_flags(p, SamplingParams, skip=SAMPLING_SKIP, group="text (--task reason)"))
@@ -141,6 +148,35 @@ def _generation_flags(args: argparse.Namespace) -> tuple[dict[str, Any], dict[st
     return fields.values, fields.names
 
 
+def _knob_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """``--knob NAME=VALUE`` flags: the model's loop knobs by flat name (VALUE as JSON when it
+    parses, else the text); resolved once the model is loaded (its ``pipeline.knobs``)."""
+    import json
+
+    knobs: dict[str, Any] = {}
+    moved = [f"{name}={value}" for name in MOVED_TO_LOOPS if (value := vars(args).get(f"moved_{name}")) is not None]
+    for given in moved:
+        flag = "--" + given.partition("=")[0].replace("_", "-")
+        print(f"warning: {flag} is deprecated (a loop knob now): pass --knob {given}", file=sys.stderr)
+    for given in [*moved, *(args.knob or ())]:
+        name, eq, text = given.partition("=")
+        name = name.strip()
+        if not eq or not name.isidentifier():
+            raise ValueError(f"--knob {given}: pass NAME=VALUE, e.g. --knob stg_scale=2.0")
+        if name in DiffusionParams.model_fields or name in ALIASES:
+            raise ValueError(f"--knob {given}: {name} is a generation flag every model takes; pass "
+                             f"--{ALIASES.get(name, name).replace('_', '-')}")
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = text
+        if name in knobs and knobs[name] != value:
+            raise ValueError(f"--knob {given} disagrees with --knob {name}={json.dumps(knobs[name])}; "
+                             "pass one of them")
+        knobs[name] = value
+    return knobs
+
+
 def _cmd_generate(args: argparse.Namespace) -> int:
     from omniloop.api import preflight
 
@@ -151,6 +187,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if args.task is not None:
         args.task = parse_task(args.task, "--task").value  # the API's and the server's message for a bad task
     params, flags = _generation_flags(args)
+    args.knobs = _knob_flags(args)
     try:
         DiffusionParams(**params)
     except ValidationError as e:
@@ -194,6 +231,7 @@ def _generate_with(gen: Any, args: argparse.Namespace, prompt: str, params: dict
     _check_output(args, task)  # now knowing what the model makes, still before any work
     if task is TaskType.REASON:
         return _generate_text(args, gen, prompt, params, load_s)
+    params = {**params, **args.knobs}
     sampling = collect(args, args._sampling)
     if sampling:
         flags = ", ".join("--" + k.replace("_", "-") for k in sorted(sampling))
@@ -210,6 +248,8 @@ def _generate_with(gen: Any, args: argparse.Namespace, prompt: str, params: dict
             request = gen.build_request(prompt, image=args.image, task=task, **params)
             bars = None if args.no_progress else ProgressBars(gen.pipeline.active_nodes(request))
             result = gen.run_video(request, output_path=args.output, on_event=bars)
+    except FieldError as e:  # a --knob the model's loops lack, or its bad value
+        raise ValueError(f"--knob {e}" if e.field in args.knobs else str(_in_flag_terms(e))) from None
     except ValueError as e:  # refused at admission: the family's checks or the deployment's limits
         raise _in_flag_terms(e) from None
     finally:
@@ -231,7 +271,7 @@ def _generate_with(gen: Any, args: argparse.Namespace, prompt: str, params: dict
 def _generate_text(args: argparse.Namespace, gen, prompt: str, params: dict, load_s: float) -> int:
     """--task reason: the AR loop's text on stdout (and in --output's .txt file)."""
     wrong = sorted(set(params) - {"seed"}) + (["image"] if args.image is not None else []) + \
-        (["audio_only"] if args.audio_only else [])
+        (["audio_only"] if args.audio_only else []) + (["knob"] if args.knobs else [])
     if wrong:
         flags = ", ".join("--" + w.replace("_", "-") for w in wrong)
         raise ValueError(f"{flags} do(es) not apply to --task reason (text out); drop them, or pass "

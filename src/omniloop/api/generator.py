@@ -219,8 +219,10 @@ class VideoGenerator:
         ``audio``: None makes sound when the model does; False skips the audio decode; True
         requires it (a model without an audio path refuses the request). ``params`` are
         DiffusionParams fields (``steps``/``num_inference_steps``, ``guidance_scale``,
-        ``guidance_scale_2``, ``shift``, ``sigmas``, ``height``, ``width``, ``num_frames``,
-        ``fps``, ``seed``, ``negative_prompt``, ``sampler``).
+        ``shift``, ``sigmas``, ``height``, ``width``, ``num_frames``, ``fps``, ``seed``,
+        ``negative_prompt``, ``sampler``) and the knobs of this model's loops under diffusers'
+        names (``self.pipeline.knobs``: ``guidance_scale_2`` on Wan2.2, ``stg_scale`` /
+        ``audio_guidance_scale`` on LTX-2...); a knob the model's loops lack is refused.
         """
         request = self.build_request(prompt, image=image, task=task, audio=audio, **params)
         if request.task in (TaskType.T2A, TaskType.REASON):  # no pixels: refused before any work runs
@@ -379,9 +381,12 @@ class VideoGenerator:
                       task: str | TaskType | None = None, audio: bool | None = None,
                       wants: Modality = Modality.VIDEO, **params: Any) -> OmniRequest:
         """The request of a ``generate_*`` call: ``params`` are DiffusionParams fields or
-        diffusers' names for them (``request.ALIASES``); without ``task``, the one
+        diffusers' names for them (``request.ALIASES``), or knobs of this model's loops under
+        diffusers' names (``pipeline.knobs``: LTX-2's ``stg_scale``...; a knob the model's loops
+        do not have is refused naming it and the model); without ``task``, the one
         ``request.suggest_task`` suggests for the inputs given and the output ``wants``."""
-        fields = generation_fields(params)
+        knobs = self.pipeline.knobs
+        fields = generation_fields(params, knobs=knobs)
         task = self.task_for(task, image=image is not None or latents is not None, wants=wants)
         role = "reference" if task.makes_image else "first_frame"
         parts: list[Any] = []
@@ -391,7 +396,7 @@ class VideoGenerator:
         if latents is not None:
             parts.append(LatentPart(data=latents, of=Modality.IMAGE))
         return build_request(task, prompt, fields, parts=parts,
-                             outputs=OutputSpec(modalities=self._modalities(task, audio)))
+                             outputs=OutputSpec(modalities=self._modalities(task, audio)), knobs=knobs)
 
     def task_for(self, task: str | TaskType | None, *, image: bool = False,
                  wants: Modality = Modality.VIDEO) -> TaskType:

@@ -15,11 +15,12 @@ from pydantic import ValidationError
 
 from omniloop.pipeline.adapters import check_loras
 from omniloop.pipeline.defaults import GenerationDefaults, resolve_seeds
+from omniloop.pipeline.knobs import knob_table
 from omniloop.pipeline.spec import Node, PipelineSpec
 from omniloop.pipeline.state import RequestState, StageContext
 from omniloop.pipeline.streams import EdgeChannel
-from omniloop.request import (Artifact, ErrorKind, InvalidRequest, Modality, OmniOutput, OmniRequest, RequestStatus,
-                              format_validation_error)
+from omniloop.request import (Artifact, ErrorKind, InvalidRequest, KnobTable, Modality, OmniOutput, OmniRequest,
+                              RequestStatus, format_validation_error)
 
 # OutputSpec.modalities -> the pipeline output (PipelineSpec.outputs key) that carries it
 MODALITY_OUTPUTS = {Modality.TEXT: "text", Modality.IMAGE: "image", Modality.VIDEO: "video",
@@ -42,6 +43,7 @@ class Pipeline:
     caches: dict[str, Any] = field(default_factory=dict)
     compiled: bool = False  # its blocks were compiled at load (the deployment's compile, resolved: plugins check it)
     contexts: dict[str, StageContext] = field(init=False)
+    knobs: KnobTable = field(init=False)  # the loops' knobs a caller may pass flat (pipeline/knobs.py)
 
     def __post_init__(self) -> None:
         missing = sorted(self.spec.required_components(self.spec.tasks) - set(self.components))
@@ -63,6 +65,7 @@ class Pipeline:
             )
             for node in self.spec.nodes
         }
+        self.knobs = knob_table(self.spec)
 
     # -- admission ------------------------------------------------------------------
     def admit(self, request: OmniRequest) -> RequestState:
@@ -102,8 +105,8 @@ class Pipeline:
         return channels
 
     def _check_nodes(self, state: RequestState) -> None:
-        """Stages' own admission checks (``check_request(ctx, state, produced_edges)``),
-        and a ``diffusion.strength`` that no loop of this request can use."""
+        """Stages' own admission checks (``check_request(ctx, state, produced_edges)``: a loop
+        checks its own knobs), and a ``diffusion.strength`` that no loop of this request can use."""
         active = self.active_nodes(state.request)
         produced = frozenset(edge for node in active for edge in node.output_edges())
         for node in active:
@@ -117,17 +120,6 @@ class Pipeline:
                 "latents (pass a video for task v2v, an image for i2i, or a LatentPart, where the model takes one); "
                 "drop strength", fields=("diffusion.strength",)
             )
-        params = state.request.diffusion
-        for name, instead in (("first_chunk_guidance_scale", "guidance_scale"), ("first_chunk_steps", "steps")):
-            value = getattr(params, name)
-            if value is not None and not any(
-                node.stage.guides_first_chunk(self.contexts[node.name], produced) for node in active if node.is_loop
-            ):
-                raise InvalidRequest(
-                    f"diffusion.{name}={value}: no loop of this {state.request.task.value!r} request makes a chunk "
-                    f"from the prompt alone (causal text-to-video rollouts and live sessions do); use {instead}, "
-                    f"or drop {name}", fields=(f"diffusion.{name}",)
-                )
 
     def _check_modalities(self, request: OmniRequest) -> None:
         wanted = request.outputs.modalities

@@ -133,12 +133,6 @@ class LoopStage(_Ports, _StreamPorts, Protocol[S]):
         ``diffusion.strength`` that no loop of a request can use is refused at admission)."""
         ...
 
-    def guides_first_chunk(self, ctx: StageContext, produced: frozenset[str]) -> bool:
-        """Whether the loop makes a chunk from the prompt alone whose guidance and steps
-        ``diffusion.first_chunk_guidance_scale`` / ``first_chunk_steps`` set (causal rollouts;
-        refused elsewhere)."""
-        ...
-
     def step_flops(self, loop: S) -> float | None:
         """Analytic FLOPs of the loop's next step (the cost model's prior; None: unknown)."""
         ...
@@ -295,10 +289,6 @@ class LoopStageBase(StageBase, Generic[S]):
 
     def starts_from_given(self, ctx: StageContext, produced: frozenset[str]) -> bool:
         """Whether the loop starts from given latents (default: it starts from noise or a prompt)."""
-        return False
-
-    def guides_first_chunk(self, ctx: StageContext, produced: frozenset[str]) -> bool:
-        """Whether the loop has a first chunk of its own guidance (default: no chunks)."""
         return False
 
     def ready_at(self, loop: S) -> float | None:

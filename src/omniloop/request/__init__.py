@@ -35,7 +35,7 @@ from omniloop.request.output import (
     RequestMetrics,
     StatusEvent,
 )
-from omniloop.request.params import DiffusionParams, LoraRef, OutputSpec, SamplingParams
+from omniloop.request.params import DiffusionParams, LoopParams, LoraRef, OutputSpec, SamplingParams
 from omniloop.request.parts import (
     ActionPart,
     AudioPart,
@@ -47,14 +47,14 @@ from omniloop.request.parts import (
     require_prompt,
 )
 from omniloop.request.request import SCHEMA_VERSION, OmniRequest, new_request_id
-from omniloop.request.builder import ALIASES, FieldError, Fields, build_request, generation_fields
+from omniloop.request.builder import ALIASES, FieldError, Fields, KnobTable, LoopKnob, build_request, generation_fields
 from omniloop.request.tasks import TASK_IO, parse_task, suggest_task
 
 __all__ = [
     "ActionPart", "ALIASES", "Artifact", "ArtifactEvent", "AudioArtifact", "AudioPart", "build_request",
     "ChunkTrajectoryArtifact", "TrajectoryArtifact", "DiffusionParams", "ErrorKind", "Failure", "failure_of", "field_problems",
     "FieldError", "FieldProblem", "Fields", "FinalEvent", "format_validation_error", "generation_fields",
-    "ImageArtifact", "ImagePart", "InvalidRequest", "LatentPart", "LatentsArtifact", "LoraRef", "Modality",
+    "ImageArtifact", "ImagePart", "InvalidRequest", "KnobTable", "LatentPart", "LoopKnob", "LoopParams", "LatentsArtifact", "LoraRef", "Modality",
     "ModalPart", "new_request_id", "parse_task", "OmniEvent", "OmniOutput", "OmniRequest", "OutputSpec", "ProgressEvent",
     "RequestMetrics", "RequestStatus", "require_prompt", "SamplingParams", "SCHEMA_VERSION", "StatusEvent",
     "suggest_task", "TASK_IO", "TaskType", "TensorArtifact", "TextArtifact", "TextPart", "ValidationMessage",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -45,27 +45,42 @@ class LoraRef(BaseModel):
         return v
 
 
+class LoopParams(BaseModel):
+    """Base of a loop's own ``params_schema`` (``OmniRequest.node_params[node]``): knobs one
+    loop owns, which ``DiffusionParams`` (the knobs every family shares) does not carry.
+
+    ``flat`` names the knobs a caller may also pass flat, under diffusers' names
+    (``generate_video(stg_scale=2.0)``, ``"stg_scale": 2.0`` on the wire): flat name -> field.
+    The request builder's knob table (``request.builder.KnobTable``, derived from a loaded
+    model's loop schemas) puts a flat knob on the nodes whose schema declares it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    flat: ClassVar[Mapping[str, str]] = {}
+
+    def guidance_scales(self) -> tuple[float, ...]:
+        """The CFG scales this node's knobs set (a text encoder encodes the negative prompt
+        when one exceeds 1); none by default."""
+        return ()
+
+
+# Loop knobs that were DiffusionParams fields: where they live now (one release of this message)
+MOVED_TO_LOOPS: Mapping[str, str] = {
+    "guidance_scale_2": "the denoise loop's (the low-noise expert's scale of two-expert models)",
+    "first_chunk_guidance_scale": "the chunk rollout's (causal text-to-video, live sessions)",
+    "first_chunk_steps": "the chunk rollout's (causal text-to-video, live sessions)",
+}
+
+
 class DiffusionParams(BaseModel):
-    """Knobs of a denoise loop. Node-specific overrides go to ``OmniRequest.node_params``."""
+    """The knobs every diffusion family shares. A loop's own knobs live in its ``params_schema``
+    (``LoopParams``: ``OmniRequest.node_params[node]``, or flat through the knob table)."""
 
     model_config = _FROZEN
 
     steps: int | None = Field(default=None, ge=1, le=1000, description="number of denoising steps")
     guidance_scale: float | dict[Modality, float] | None = Field(
         default=None, description="CFG scale; a number, or one per output modality ({'video': 5.0})"
-    )
-    guidance_scale_2: float | None = Field(
-        default=None, ge=0, description="CFG scale of the low-noise expert (two-expert models such as Wan2.2)"
-    )
-    first_chunk_guidance_scale: float | None = Field(
-        default=None, ge=0, description="causal rollouts (text-to-video, live sessions): the CFG scale of chunk 0, the "
-        "one chunk made from the prompt alone, while later chunks use guidance_scale (default: the model's, else "
-        "guidance_scale)",
-    )
-    first_chunk_steps: int | None = Field(
-        default=None, ge=1, le=1000, description="causal rollouts: denoising steps of chunk 0 (one latent frame, "
-        "cheap next to the rest; a blank first frame leaves a whole session blank), later chunks use steps "
-        "(default: the model's, else steps)",
     )
     shift: float | None = Field(default=None, gt=0, le=100, description="flow-matching timestep shift")
     sigmas: list[float] | None = Field(
@@ -93,6 +108,18 @@ class DiffusionParams(BaseModel):
     plugin_params: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="parameters for plugins enabled by the deployment, by plugin name"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_knobs(cls, v: Any) -> Any:
+        """A loop knob that was a field here, named with where to pass it now."""
+        moved = sorted(set(v) & set(MOVED_TO_LOOPS)) if isinstance(v, dict) else []
+        if moved:
+            name = moved[0]
+            raise ValueError(f"{name} is {MOVED_TO_LOOPS[name]} knob now, not a shared DiffusionParams field: pass it "
+                             f"flat (generate_video({name}=...), the wire field {name!r}, the CLI's --knob {name}=...) "
+                             f"or in OmniRequest.node_params[<loop node>]")
+        return v
 
     @field_validator("guidance_scale")
     @classmethod

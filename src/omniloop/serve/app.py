@@ -92,6 +92,12 @@ def _this_server(body: dict[str, Any], state: ServeState) -> dict[str, Any]:
         for variant in body["properties"].get(name, {}).get("anyOf", [body["properties"].get(name, {})]):
             if "maximum" in variant:
                 variant["maximum"] = min(variant["maximum"], ceiling)
+    if body.get("additionalProperties") is True:  # a generation body: its extra fields are the models' loop knobs
+        for model in state.models.values():
+            knobs, defs = model.knob_table().json_schema(ref_template="#/components/schemas/{model}")
+            body.setdefault("$defs", {}).update(defs)
+            body["properties"] = {**knobs, **body["properties"]}
+        body["additionalProperties"] = False  # any other extra field is refused (400)
     if "loras" in body["properties"] and not any(m.takes_loras for m in state.models.values()):
         body["properties"]["loras"]["maxItems"] = 0  # no served model takes LoRAs
     if state.warmup_shapes and "prompt" in body["properties"]:  # (speech bodies take ``input``)
@@ -112,9 +118,9 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     for model_name, model in _BODIES.items():
-        body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        body = _this_server(model.model_json_schema(ref_template="#/components/schemas/{model}"), app.state.omniloop)
         components.update(body.pop("$defs", {}))
-        components[model_name] = _this_server(body, app.state.omniloop)
+        components[model_name] = body
     for path in schema["paths"].values():
         for op in path.values():
             doc = op.pop("x-omniloop-body", None)

@@ -18,10 +18,10 @@ from omniloop.request import DiffusionParams, OutputSpec
 from omniloop.request.builder import aliases_of
 
 SIZE_PATTERN = r"^[1-9][0-9]{0,4}x[1-9][0-9]{0,4}$"
-# DiffusionParams fields both endpoints accept as extra (peer-style) generation fields.
-GENERATION_FIELDS = ("steps", "guidance_scale", "guidance_scale_2", "shift", "seed", "negative_prompt", "sampler")
-VIDEO_FIELDS = GENERATION_FIELDS + ("num_frames", "fps", "height", "width", "first_chunk_guidance_scale",
-                                     "first_chunk_steps")
+# DiffusionParams fields both endpoints accept as extra (peer-style) generation fields (a served
+# model's loop knobs come on top, as extra fields: _GenerationWire).
+GENERATION_FIELDS = ("steps", "guidance_scale", "shift", "seed", "negative_prompt", "sampler")
+VIDEO_FIELDS = GENERATION_FIELDS + ("num_frames", "fps", "height", "width")
 # "loras": per-request adapters ([{"name": ..., "strength": ...}], loaded through /v1/loras)
 IMAGE_FIELDS = GENERATION_FIELDS + ("height", "width", "loras")
 EDIT_FIELDS = IMAGE_FIELDS + ("strength",)  # how much of the given image is redrawn
@@ -49,6 +49,17 @@ class _Wire(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # NaN/Infinity: a 400 naming the field
 
 
+class _GenerationWire(_Wire):
+    """A generation request: besides its declared fields, the served model's loop knobs, flat
+    under diffusers' names (LTX-2's ``stg_scale``...). They are the model's, not the
+    endpoint's: kept as extra fields here, each routed (or refused naming the model and its
+    knobs) through the model's knob table (``serve/wire.py``, ``request.KnobTable``)."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False,
+                              json_schema_extra={"description": "extra fields: the served model's loop knobs under "
+                                                 "diffusers' names (listed as properties); others are refused"})
+
+
 class ImageReference(_Wire):
     """JSON form of ``input_reference``: an inline image. (Multipart uploads a file instead.)"""
 
@@ -57,7 +68,7 @@ class ImageReference(_Wire):
     file_id: str | None = Field(default=None, description="not supported: this server has no files API")
 
 
-class _VideoCreateBase(_Wire):
+class _VideoCreateBase(_GenerationWire):
     # minLength is documented, not checked here: request.require_prompt refuses an empty (or
     # blank) prompt with the message the CLI and the Dynamo worker give
     prompt: str = Field(max_length=32000, description="what to generate", json_schema_extra={"minLength": 1})
@@ -89,7 +100,7 @@ VideoCreateRequest = _with_generation_fields(
 )
 
 
-class _ImageGenerationBase(_Wire):
+class _ImageGenerationBase(_GenerationWire):
     prompt: str = Field(max_length=32000, description="what to generate", json_schema_extra={"minLength": 1})
     model: str | None = None
     n: int = Field(default=1, ge=1, le=128, description="images to make; they run as one batch of requests")

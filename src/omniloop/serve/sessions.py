@@ -74,8 +74,9 @@ class SessionCreate(BaseModel):
 
 
 # the body's DiffusionParams fields (size gives height and width)
-SESSION_FIELDS = {"seed", "steps", "negative_prompt", "fps", "guidance_scale", "first_chunk_guidance_scale",
-                  "first_chunk_steps"}
+SESSION_FIELDS = {"seed", "steps", "negative_prompt", "fps", "guidance_scale"}
+# the body's rollout knobs (ChunkRolloutParams fields: node_params of the rollout node)
+ROLLOUT_FIELDS = {"first_chunk_guidance_scale", "first_chunk_steps", "max_chunks", "realtime"}
 
 
 def session_request(body: SessionCreate, session_id: str) -> OmniRequest:
@@ -86,8 +87,8 @@ def session_request(body: SessionCreate, session_id: str) -> OmniRequest:
     try:
         return build_request(TaskType.T2V, None, params, parts=[TextPart(text=body.prompt)], request_id=session_id,
                              outputs=OutputSpec(stream=True),
-                             node_params={ROLLOUT_NODE: {"open_ended": True, "max_chunks": body.max_chunks,
-                                                         "realtime": body.realtime}})
+                             node_params={ROLLOUT_NODE: {"open_ended": True, **body.model_dump(
+                                 include=ROLLOUT_FIELDS, exclude_none=True)}})
     except FieldError as e:
         raise ApiError(400, str(e), param=e.field, code=e.code) from None
 

@@ -32,8 +32,8 @@ from omniloop.engine import AsyncEngine, check_images_per_call
 from omniloop.engine.model_pool import ModelPool
 from omniloop.pipeline.defaults import GenerationDefaults
 from omniloop.request import (
-    ALIASES, ActionPart, DiffusionParams, FieldError, Fields, ImagePart, Modality, OmniRequest, OutputSpec, TaskType,
-    build_request, require_prompt, suggest_task,
+    ALIASES, ActionPart, DiffusionParams, FieldError, Fields, ImagePart, KnobTable, Modality, OmniRequest, OutputSpec,
+    TaskType, build_request, require_prompt, suggest_task,
 )
 from omniloop.request.builder import aliases_of, validated
 from omniloop.request.tasks import fits
@@ -75,6 +75,7 @@ class ServedModel:
     makes_audio: bool = False  # the pipeline has an audio output (a soundtrack, or text-to-audio)
     route: str | None = None  # OmniRequest.model on a server of several models (the pool's name); None: one
     takes_loras: bool = False  # the pipeline has an adapter cache (requests may name LoRAs)
+    knobs: KnobTable | None = None  # its loops' knobs, flat under diffusers' names (None: none)
 
     @classmethod
     def of(cls, engine: AsyncEngine, served_name: str | None = None) -> "ServedModel":
@@ -83,7 +84,7 @@ class ServedModel:
         return cls(name=served_name or Path(path).name or path, tasks=frozenset(pipeline.spec.tasks),
                    defaults=pipeline.defaults, limits=engine.engine.config.limits or Limits(),
                    aliases=frozenset({path}), makes_audio="audio" in pipeline.spec.outputs,
-                   takes_loras="adapters" in pipeline.caches)
+                   takes_loras="adapters" in pipeline.caches, knobs=pipeline.knobs)
 
     @classmethod
     def all_of(cls, engine: AsyncEngine, served_name: str | None = None) -> dict[str, "ServedModel"]:
@@ -99,7 +100,7 @@ class ServedModel:
         return {n: cls(name=n, tasks=frozenset(pipelines[n].spec.tasks), defaults=pipelines[n].defaults,
                        limits=limits, aliases=frozenset(pool.sources.get(n, ())), route=n,
                        makes_audio="audio" in pipelines[n].spec.outputs,
-                       takes_loras="adapters" in pipelines[n].caches) for n in names}
+                       takes_loras="adapters" in pipelines[n].caches, knobs=pipelines[n].knobs) for n in names}
 
     @property
     def serves_images(self) -> bool:
@@ -112,6 +113,10 @@ class ServedModel:
     @property
     def task_names(self) -> list[str]:
         return sorted(t.value for t in self.tasks)
+
+    def knob_table(self) -> KnobTable:
+        """Its knob table, refusals naming it as clients do."""
+        return (self.knobs or KnobTable(self.name)).named(self.name)
 
     def check_name(self, requested: str | None) -> None:
         if requested is not None and requested != self.name and requested not in self.aliases:
@@ -151,6 +156,20 @@ class WireCall:
         """Wire fields by name, diffusers' aliases resolved (``request.ALIASES``)."""
         with wire_errors():
             self.params.put_flat(given, prefix=prefix)
+
+    def put_knobs(self, given: Mapping[str, Any], model: ServedModel, prefix: str = "",
+                  refused: str = "unknown field: not a field of this endpoint",
+                  accepted: str = "see /openapi.json for the accepted fields") -> None:
+        """Fields the endpoint does not declare: the model's loop knobs (its ``KnobTable``);
+        any other is refused (``refused``, ``accepted``: the front end's words) naming the
+        model and the knobs its loops have."""
+        table = model.knob_table()
+        for name, value in given.items():
+            if name not in table:
+                raise WireError(f"{prefix}{name}", f"{refused} nor a knob of {model.name!r}'s loops (its loop "
+                                f"knobs: {', '.join(table.names) or 'none'}); {accepted}")
+            with wire_errors():
+                self.params.put_knob(name, value, f"{prefix}{name}")
 
     def put_size(self, size: Any, wire_name: str = "size") -> None:
         if size is None or size == "auto":
@@ -252,7 +271,11 @@ def _request(request_id: str, task: TaskType, prompt: str, call: WireCall, param
              image: ImagePart | None, extra: tuple[Any, ...] = (), model: "ServedModel | None" = None) -> OmniRequest:
     parts = ([image] if image is not None else []) + list(extra)
     with wire_errors():
-        return build_request(task, prompt, params, parts=parts, outputs=call.outputs, node_params=call.node_params,
+        node_params = call.node_params
+        if call.params.knobs:
+            assert model is not None, "loop knobs are routed by the served model's knob table"
+            node_params = model.knob_table().route(call.params.knobs, node_params, call.params.knob_names)
+        return build_request(task, prompt, params, parts=parts, outputs=call.outputs, node_params=node_params,
                              request_id=request_id, model=model.route if model is not None else None,
                              scheduling=call.request_fields)
 
@@ -344,12 +367,14 @@ def image_requests(call: WireCall, request_ids: list[str], model: ServedModel) -
 
 # -- the HTTP server's OpenAI shapes (serve/protocol.py, validated before they get here) ---
 
-def _openai_call(wire: Any, names: tuple[str, ...]) -> WireCall:
+def _openai_call(wire: Any, names: tuple[str, ...], model: ServedModel) -> WireCall:
     """``names``: the DiffusionParams fields the endpoint takes as extra (peer-style) fields
-    (protocol.py's VIDEO_FIELDS...), read with their diffusers' aliases (protocol.py declares both)."""
+    (protocol.py's VIDEO_FIELDS...), read with their diffusers' aliases (protocol.py declares both);
+    the undeclared fields (``model_extra``): the model's loop knobs."""
     call = WireCall(prompt=wire.prompt)
     call.put_size(wire.size)
     call.put_flat({name: getattr(wire, name) for name in (*aliases_of(names), *names)})
+    call.put_knobs(wire.model_extra or {}, model)
     return call
 
 
@@ -358,7 +383,7 @@ def openai_video(wire: Any, request_id: str, model: ServedModel,
     """``wire`` is a validated ``VideoCreateRequest``; ``upload`` a multipart input_reference
     file. The call comes back too: its ``names`` map an engine rejection to the wire field."""
     model.check_name(wire.model)
-    call = _openai_call(wire, VIDEO_FIELDS)
+    call = _openai_call(wire, VIDEO_FIELDS, model)
     call.seconds = wire.seconds
     call.image = upload if upload is not None else wire.input_reference
     call.outputs = OutputSpec(stream=wire.preview_every is not None, preview_every=wire.preview_every)
@@ -370,7 +395,7 @@ def openai_video(wire: Any, request_id: str, model: ServedModel,
 def openai_images(wire: Any, request_ids: list[str], model: ServedModel) -> tuple[list[OmniRequest], WireCall]:
     """``wire`` is a validated ``ImageGenerationRequest``: ``n`` requests."""
     model.check_name(wire.model)
-    call = _openai_call(wire, IMAGE_FIELDS)
+    call = _openai_call(wire, IMAGE_FIELDS, model)
     return image_requests(call, request_ids, model), call
 
 
@@ -382,7 +407,7 @@ def openai_image_edit(wire: Any, request_ids: list[str], model: ServedModel, ima
     if mask is not None or wire.mask is not None:
         raise WireError("mask", f"{model.name!r} has no inpainting; omit mask (strength sets how much of the "
                         "whole image is redrawn)", code="unsupported")
-    call = _openai_call(wire, EDIT_FIELDS)
+    call = _openai_call(wire, EDIT_FIELDS, model)
     call.image, call.image_param = (image if image is not None else wire.image), "image"
     if call.image is None:
         raise WireError("image", "an edit needs the image to edit: upload it as the multipart file 'image', or pass "
@@ -395,7 +420,8 @@ def openai_image_edit(wire: Any, request_ids: list[str], model: ServedModel, ima
 
 # -- Dynamo's media objects (what its frontend forwards to a worker) ----------------------
 
-# nvext fields: DiffusionParams fields under their own or diffusers' names (request.ALIASES)
+# nvext fields: DiffusionParams fields under their own or diffusers' names (request.ALIASES), and
+# Wan2.2's loop knob guidance_scale_2 (routed by the model's knob table)
 _NVEXT_VIDEO = ("num_inference_steps", "guidance_scale", "guidance_scale_2", "seed", "negative_prompt", "num_frames",
                 "fps")
 _NVEXT_IMAGE = ("num_inference_steps", "guidance_scale", "seed", "negative_prompt")
@@ -433,25 +459,30 @@ def _check_choice(body: Mapping[str, Any], name: str, allowed: tuple[Any, ...], 
         raise WireError(name, f"{body[name]!r} is not supported; {hint}")
 
 
-def _dynamo_call(body: Mapping[str, Any], nvext_fields: tuple[str, ...]) -> WireCall:
-    """size, nvext and ``extra_body`` (under ``extra_args.media_passthrough``) -> a WireCall."""
+def _dynamo_call(body: Mapping[str, Any], nvext_fields: tuple[str, ...], model: ServedModel) -> WireCall:
+    """size, nvext and ``extra_body`` (under ``extra_args.media_passthrough``: DiffusionParams
+    fields, the model's loop knobs, the request's scheduling fields) -> a WireCall."""
     call = WireCall(prompt=body.get("prompt"), frames_over_seconds=True)
     nvext = body.get("nvext") or {}
     if not isinstance(nvext, Mapping):
         raise WireError("nvext", "expected an object")
     _check_keys(nvext, set(nvext_fields) | _NVEXT_IGNORED, "nvext.")
-    call.put_flat({name: nvext.get(name) for name in nvext_fields}, prefix="nvext.")
+    shared = set(DiffusionParams.model_fields) | set(ALIASES)
+    call.put_flat({name: nvext.get(name) for name in nvext_fields if name in shared}, prefix="nvext.")
+    call.put_knobs({name: nvext[name] for name in nvext_fields if name not in shared and name in nvext}, model,
+                   prefix="nvext.", refused="not a field this worker accepts",
+                   accepted=f"nvext fields accepted: {sorted(nvext_fields)}")
     call.put_size(body.get("size"))
     extra_args = body.get("extra_args") or {}
     passthrough = (extra_args.get("media_passthrough") or {}) if isinstance(extra_args, Mapping) else None
     if not isinstance(passthrough, Mapping):
         raise WireError("extra_args.media_passthrough", "expected an object")
     accepted = set(DiffusionParams.model_fields) | set(ALIASES) | set(_REQUEST_PASSTHROUGH)
-    unknown = sorted(set(passthrough) - accepted)
-    if unknown:
-        raise WireError(unknown[0], f"not a field this worker accepts; extra fields accepted: {sorted(accepted)}")
     call.request_fields.update({k: v for k, v in passthrough.items() if k in _REQUEST_PASSTHROUGH})
-    call.put_flat({k: v for k, v in passthrough.items() if k not in _REQUEST_PASSTHROUGH})
+    call.put_flat({k: v for k, v in passthrough.items() if k in accepted and k not in _REQUEST_PASSTHROUGH})
+    call.put_knobs({k: v for k, v in passthrough.items() if k not in accepted}, model,
+                   refused="not a field this worker accepts",
+                   accepted=f"extra fields accepted: {sorted(accepted)} and the loop knobs")
     call.image = body.get("input_reference")
     return call
 
@@ -465,7 +496,7 @@ def dynamo_video(body: Mapping[str, Any], request_id: str, model: ServedModel) -
     stream = body.get("stream")
     if stream not in (None, True, False):
         raise WireError("stream", f"expected true or false, got {stream!r}")
-    call = _dynamo_call(body, _NVEXT_VIDEO)
+    call = _dynamo_call(body, _NVEXT_VIDEO, model)
     call.seconds = body.get("seconds")
     if stream:
         call.outputs = OutputSpec(stream=True, preview_every=1)
@@ -484,4 +515,4 @@ def dynamo_images(body: Mapping[str, Any], request_id: str, model: ServedModel) 
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise WireError("n", f"expected a whole number of images >= 1, got {n!r}")
     ids = [request_id] if n == 1 else [f"{request_id}-{i}" for i in range(n)]
-    return ImageCall(requests=tuple(image_requests(_dynamo_call(body, _NVEXT_IMAGE), ids, model)))
+    return ImageCall(requests=tuple(image_requests(_dynamo_call(body, _NVEXT_IMAGE, model), ids, model)))

@@ -35,9 +35,10 @@ def _req(task=TaskType.T2V, inputs=(), node_params=None, **params):
     (_req(TaskType.V2V, [VideoPart(data=np.zeros((4, 32, 64, 3), np.uint8))]), "inputs video has 4 frames; pass 4k\\+1"),
     (_req(TaskType.V2V, [VideoPart(data=np.zeros((17, 32, 64, 3), np.uint8))]), "more frames to make than"),
     (_req(TaskType.V2V, [VideoPart(data=np.zeros((5, 16, 64, 3), np.uint8))]), "pass frames of the requested size"),
-    (_req(TaskType.I2V, [ImagePart(data=np.zeros((32, 64, 3), np.uint8))], first_chunk_guidance_scale=3.0),
+    (_req(TaskType.I2V, [ImagePart(data=np.zeros((32, 64, 3), np.uint8))],
+          node_params={"rollout": {"first_chunk_guidance_scale": 3.0}}),
      r"first_chunk_guidance_scale=3.0: no loop of this 'i2v' request makes a chunk from the prompt alone"),
-    (_req(TaskType.I2V, [ImagePart(data=np.zeros((32, 64, 3), np.uint8))], first_chunk_steps=4),
+    (_req(TaskType.I2V, [ImagePart(data=np.zeros((32, 64, 3), np.uint8))], node_params={"rollout": {"first_chunk_steps": 4}}),
      r"first_chunk_steps=4: no loop .* use steps, or drop first_chunk_steps"),
 ])
 def test_bad_requests_are_refused_with_the_fix(engine, request_, message):

@@ -91,3 +91,16 @@ def test_v2v_matches_diffusers(generator, reference):
     clip = _frames_uint8(2, 5)  # 2 latent frames: chunk 0 and half of chunk 1 are given
     ref_video = torch.from_numpy(clip.astype(np.float32) / 255.0).permute(0, 3, 1, 2)[None]  # [1, 5, 3, H, W]
     _compare(generator, reference, TaskType.V2V, [VideoPart(data=clip)], ref_video)
+
+
+def test_first_chunk_knobs_are_the_rollouts_and_go_flat(generator):
+    """``first_chunk_*`` are the chunk rollout's knobs (its ``ChunkRolloutParams``): passed flat
+    to the offline API they reach its node's params; on a rollout conditioned on a given frame
+    its own admission check refuses them, naming the knob."""
+    request = generator.build_request(PROMPT, first_chunk_steps=3, first_chunk_guidance_scale=2.0, steps=2, **SIZE)
+    assert request.node_params == {"rollout": {"first_chunk_steps": 3, "first_chunk_guidance_scale": 2.0}}
+    assert {"first_chunk_guidance_scale", "first_chunk_steps"} <= set(generator.pipeline.knobs.names)
+    image = np.zeros((SIZE["height"], SIZE["width"], 3), np.uint8)
+    with pytest.raises(ValueError, match=r"node_params\['rollout'\]\.first_chunk_steps=3: no loop of this 'i2v' request "
+                                         r"makes a chunk from the prompt alone .* use steps, or drop first_chunk_steps"):
+        generator.generate_video(PROMPT, image=image, first_chunk_steps=3, steps=1, save_video=False, **SIZE)

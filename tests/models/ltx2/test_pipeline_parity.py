@@ -123,3 +123,20 @@ def test_two_stage_base_upsample_refine_matches_diffusers(ltx2_dir, gen, t2v_pip
                 modality_scale=1.0, audio_modality_scale=1.0, guidance_rescale=0.0, audio_guidance_rescale=0.0)
     _compare(gen, out, request, *_diffusers(stage2, 7, **call), exact=False, scale=2)
     assert out.video.frames.shape == (9, 128, 128, 3)  # twice the base resolution
+
+
+def test_flat_loop_knobs_change_the_output_as_ltx2_pipeline(gen, t2v_pipe):
+    """LTX-2's own knobs passed flat to ``generate_video`` under diffusers' names (its denoise
+    loop's schema declares them; the knob table puts them on the base stage's node) give
+    diffusers' output for the same call: STG of the video stream only, the audio stream's CFG."""
+    knobs = dict(stg_scale=2.0, audio_guidance_scale=5.0, spatio_temporal_guidance_blocks=[1])
+    call = dict(num_inference_steps=3, seed=3, height=64, width=64, num_frames=9, negative_prompt=NEGATIVE)
+    request = gen.build_request(PROMPT, **call, **knobs)
+    assert request.node_params == {"denoise": {"stg_scale": 2.0, "audio_guidance_scale": 5.0, "stg_blocks": [1]}}
+    ours = gen.generate_video(PROMPT, save_video=False, **call, **knobs)
+    frames, wave = t2v_pipe(generator=torch.Generator().manual_seed(3), output_type="np",
+                            **dict(CALL, stg_scale=2.0, audio_guidance_scale=5.0))
+    assert np.array_equal(ours.frames, np.round(frames[0] * 255).astype(np.uint8))
+    assert torch.equal(torch.from_numpy(ours.audio), wave[0])
+    _, default_wave = t2v_pipe(generator=torch.Generator().manual_seed(3), output_type="np", **CALL)
+    assert not torch.equal(default_wave[0], wave[0])  # the knobs changed what diffusers makes, and ours alike

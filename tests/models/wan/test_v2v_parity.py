@@ -12,7 +12,7 @@ import torch
 
 from omniloop.api.generator import VideoGenerator
 from omniloop.engine.errors import RequestRejected
-from omniloop.request import DiffusionParams, LatentPart, OmniRequest, OutputSpec, TaskType, TextPart, VideoPart
+from omniloop.request import DiffusionParams, FieldError, LatentPart, OmniRequest, OutputSpec, TaskType, TextPart, VideoPart
 
 PROMPT = "a red circle moving right"
 NEGATIVE = "low quality, blurry"
@@ -77,10 +77,10 @@ def test_strength_bad_input_names_the_field(gen):
     t2v = _request(TaskType.T2V, [TextPart(text=PROMPT)], num_frames=F, steps=2, strength=0.5)
     with pytest.raises(RequestRejected, match=r"diffusion.strength=0.5: no loop of this 't2v' request starts from given"):
         gen.generate(t2v)
-    chunked = _request(TaskType.T2V, [TextPart(text=PROMPT)], num_frames=F, steps=2, first_chunk_guidance_scale=3.0)
-    with pytest.raises(RequestRejected, match=r"first_chunk_guidance_scale=3.0: no loop of this 't2v' request makes a "
-                       "chunk from the prompt alone"):
-        gen.generate(chunked)  # Wan makes the whole clip at once
+    # Wan makes the whole clip at once: its loops have no first-chunk knob (the chunk rollout's)
+    with pytest.raises(FieldError, match=r"^first_chunk_guidance_scale: unknown generation parameter\(s\) "
+                       r"\['first_chunk_guidance_scale'\]: not a knob of '.*'s loops \(its loop knobs: guidance_scale_2\)"):
+        gen.generate_video(PROMPT, task="t2v", num_frames=F, steps=2, first_chunk_guidance_scale=3.0, save_video=False)
 
 
 def test_sdedit_from_given_latents_equals_v2v_of_the_same_latents(gen):

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Mapping, Protocol, Sequence
+from typing import Any, ClassVar, Hashable, Mapping, Protocol, Sequence
 
 import torch
 from pydantic import Field
@@ -47,12 +47,13 @@ from omniloop.pipeline.failures import per_request
 from omniloop.pipeline.loops.batch_keys import kwargs_signature
 from omniloop.pipeline.loops.denoise import DenoiseLoop, DenoiseLoopState, DenoiseParams, _own, seeded_noise
 from omniloop.pipeline.loops.step_cost import denoise_step_cost, held_tensor_bytes
+from omniloop.pipeline.policies.cfg import GuidedParams
 from omniloop.pipeline.stage import LoopStageBase, WorkEstimate, step_results
 from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
 from omniloop.request import (
     ActionPart,
     ChunkTrajectoryArtifact,
-    DiffusionParams,
+    InvalidRequest,
     LatentsArtifact,
     Modality,
     OmniRequest,
@@ -77,6 +78,23 @@ class ChunkRolloutParams(DenoiseParams):
     max_chunks: int | None = Field(default=None, ge=1, description="a session's last chunk (default: the model's limit)")
     realtime: bool = Field(default=False, description="pace a session to playback instead of running ahead")
     lead_chunks: int = Field(default=2, ge=1, le=64, description="chunks a paced session may run ahead of playback")
+    first_chunk_guidance_scale: float | None = Field(
+        default=None, ge=0, description="the CFG scale of chunk 0, the one chunk made from the prompt alone, while "
+        "later chunks use guidance_scale (default: the model's, else guidance_scale)",
+    )
+    first_chunk_steps: int | None = Field(
+        default=None, ge=1, le=1000, description="denoising steps of chunk 0 (one latent frame, cheap next to the "
+        "rest; a blank first frame leaves a whole session blank), later chunks use steps (default: the model's, "
+        "else steps)",
+    )
+
+    # the rollout's own knobs, also taken flat (with the denoise loop's)
+    flat: ClassVar[Mapping[str, str]] = {**DenoiseParams.flat, "first_chunk_guidance_scale": "first_chunk_guidance_scale",
+                                         "first_chunk_steps": "first_chunk_steps"}
+
+    def guidance_scales(self) -> tuple[float, ...]:
+        first = () if self.first_chunk_guidance_scale is None else (self.first_chunk_guidance_scale,)
+        return super().guidance_scales() + first
 
 
 @dataclass(frozen=True)
@@ -172,7 +190,7 @@ class ChunkDecoder(Protocol):
 @dataclass(kw_only=True)
 class ChunkRolloutState(LoopState):
     plan: ChunkPlan
-    params: DiffusionParams
+    params: GuidedParams
     rollout: ChunkRolloutParams
     seed: int
     gen: torch.Generator  # a session draws each chunk's noise from it, in order
@@ -194,7 +212,7 @@ class ChunkRolloutState(LoopState):
     fps: int = 16
     decode: bool = True  # the request wants pixels (else latents only: nothing decoded or streamed)
     trajectory: torch.Tensor | None = None  # return_trajectory: the finished chunk's [S + 1, 1, C, f, h, w]
-    first_params: DiffusionParams | None = None  # chunk 0's own (first_chunk_*), None: ``params``
+    first_params: GuidedParams | None = None  # chunk 0's own (first_chunk_*), None: ``params``
 
     @property
     def phase(self) -> str:
@@ -251,7 +269,7 @@ class ChunkRollout(LoopStageBase[ChunkRolloutState]):
                 start, stop = plan.frames(c)
                 clean[c] = given[:, :, start:stop].clone()
         branches = self._branches(ctx, params)
-        first_params = self._first_params(ctx, params, plan)
+        first_params = self._first_params(ctx, state, params, plan)
         # chunk 0 attends to no cached K/V, so its extra branches (its own guidance) need no slabs
         extra = tuple(b for b in self._branches(ctx, first_params) if b not in branches) if first_params else ()
         layouts, policies = self.model.kv_tiers(ctx, request, plan)
@@ -260,7 +278,7 @@ class ChunkRollout(LoopStageBase[ChunkRolloutState]):
                                on_event=_event_sink(ctx, state.request_id))
         wants_video = self.decoder is not None and request.outputs.wants(Modality.VIDEO)
         loop = ChunkRolloutState(
-            node=ctx.node, request_id=state.request_id, steps_target=self._steps_target(ctx, params, plan),
+            node=ctx.node, request_id=state.request_id, steps_target=self._steps_target(ctx, state, params, plan),
             plan=plan, params=params, rollout=self.rollout_params(ctx, state), seed=seed, gen=gen, noise=noise,
             clean=clean, branches=branches, kwargs=self.denoise.denoiser.branch_inputs(ctx, state, branches + extra),
             kv=handle, first_params=first_params, request_state=state,
@@ -270,20 +288,22 @@ class ChunkRollout(LoopStageBase[ChunkRolloutState]):
         self._enter_chunk(ctx, loop)
         return loop
 
-    def _branches(self, ctx: StageContext, params: DiffusionParams) -> tuple[str, ...]:
+    def _branches(self, ctx: StageContext, params: GuidedParams) -> tuple[str, ...]:
         return self.denoise.cfg.init(params, self.denoise.denoiser.modalities, ctx.defaults).branches
 
-    def _first_params(self, ctx: StageContext, params: DiffusionParams, plan: ChunkPlan) -> DiffusionParams | None:
-        """Chunk 0's params when it has a guidance scale or step count of its own (the
-        request's ``first_chunk_guidance_scale`` / ``first_chunk_steps``, else the model's; the
-        model's steps not when the request gives explicit ``sigmas``); only a rollout whose
-        chunk 0 is made from the prompt alone (no given frames) has them."""
+    def _first_params(self, ctx: StageContext, state: RequestState, params: GuidedParams,
+                      plan: ChunkPlan) -> GuidedParams | None:
+        """Chunk 0's params when it has a guidance scale or step count of its own (the node's
+        ``first_chunk_guidance_scale`` / ``first_chunk_steps``, else the model's; the model's
+        steps not when the request gives explicit ``sigmas``); only a rollout whose chunk 0 is
+        made from the prompt alone (no given frames) has them."""
         if plan.context_chunks:
             return None
-        scale = params.first_chunk_guidance_scale
+        knobs = self.rollout_params(ctx, state)
+        scale = knobs.first_chunk_guidance_scale
         if scale is None:
             scale = ctx.defaults.first_chunk_guidance_scale
-        steps = params.first_chunk_steps
+        steps = knobs.first_chunk_steps
         if steps is None and params.sigmas is None:
             steps = ctx.defaults.first_chunk_steps
         update: dict[str, Any] = {}
@@ -293,16 +313,27 @@ class ChunkRollout(LoopStageBase[ChunkRolloutState]):
             update |= {"steps": int(steps), "sigmas": None}
         return params.model_copy(update=update) if update else None
 
-    def _steps_target(self, ctx: StageContext, params: DiffusionParams, plan: ChunkPlan) -> int:
+    def _steps_target(self, ctx: StageContext, state: RequestState, params: GuidedParams, plan: ChunkPlan) -> int:
         """Scheduler steps of the whole rollout: each denoised chunk's, one boundary a chunk."""
         default = ctx.defaults.steps
         steps = params.num_steps(default) * (plan.num_chunks - plan.context_chunks) + plan.num_chunks
-        first = self._first_params(ctx, params, plan)
+        first = self._first_params(ctx, state, params, plan)
         return steps if first is None else steps + first.num_steps(default) - params.num_steps(default)
 
-    def guides_first_chunk(self, ctx: StageContext, produced: frozenset[str]) -> bool:
-        """A rollout conditioned on given frames (I2V / V2V) has no chunk made from the prompt alone."""
-        return ctx.inputs.get("condition", "condition") not in produced
+    def check_request(self, ctx: StageContext, state: RequestState, produced: frozenset[str]) -> None:
+        """A first-chunk knob on a rollout conditioned on given frames (I2V / V2V), which makes
+        no chunk from the prompt alone."""
+        if ctx.inputs.get("condition", "condition") not in produced:
+            return
+        knobs = self.rollout_params(ctx, state)
+        given = ((knobs.first_chunk_guidance_scale, "first_chunk_guidance_scale", "guidance_scale"),
+                 (knobs.first_chunk_steps, "first_chunk_steps", "steps"))
+        for value, name, instead in given:
+            if value is not None:
+                path = f"node_params[{ctx.node!r}].{name}"
+                raise InvalidRequest(f"{path}={value}: no loop of this {state.request.task.value!r} request makes a "
+                                     f"chunk from the prompt alone (causal text-to-video rollouts and live sessions "
+                                     f"do); use {instead}, or drop {name}", fields=(path,))
 
     def finalize(self, ctx: StageContext, loop: ChunkRolloutState, state: RequestState) -> None:
         if not loop.plan.open_ended:
@@ -396,7 +427,7 @@ class ChunkRollout(LoopStageBase[ChunkRolloutState]):
         condition = ctx.read_optional(state, "condition", ConditionLatents)
         plan = self.model.plan(ctx, state, condition)
         params = self.denoise.params(ctx, state)
-        first = self._first_params(ctx, params, plan)
+        first = self._first_params(ctx, state, params, plan)
         slab_rows = len(self._branches(ctx, params))  # chunk 0's own extra branches hold no slabs
         forwards = max(slab_rows, len(self._branches(ctx, first)) if first is not None else 0)
         b, c, _, h, w = plan.shape
@@ -410,7 +441,7 @@ class ChunkRollout(LoopStageBase[ChunkRolloutState]):
         # a finite video's noise and clean latents; a session's of about its last 4 chunks
         video_bytes = frame_bytes * (plan.shape[2] if not plan.open_ended else 4 * largest)
         return WorkEstimate(
-            steps=self._steps_target(ctx, params, plan),
+            steps=self._steps_target(ctx, state, params, plan),
             flops_per_step=cost.flops_per_step,
             resident_bytes=2 * video_bytes + cost.state_bytes + text_bytes,
             peak_bytes=cost.peak_bytes,

@@ -12,9 +12,10 @@ policy whose scale rides inside the forward (Flux-style guidance embedding).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, Protocol
+from typing import Any, Iterable, Literal, Mapping, Protocol
 
 import torch
+from pydantic import Field
 
 from omniloop.pipeline.defaults import GenerationDefaults
 from omniloop.request import DiffusionParams, Modality
@@ -23,6 +24,16 @@ COND, UNCOND = "cond", "uncond"
 # How a request's guidance branches run: stacked along the batch in one forward, or one forward each
 CFGMode = Literal["sequential", "batched"]
 Prediction = dict[str, torch.Tensor]  # modality -> model output
+
+
+class GuidedParams(DiffusionParams):
+    """What a denoise loop's guidance reads: the request's shared params with the loop node's
+    overrides, and the loop's own knob ``guidance_scale_2`` (its ``DenoiseParams``; the request
+    carries it in ``node_params``, callers pass it flat)."""
+
+    guidance_scale_2: float | None = Field(
+        default=None, ge=0, description="CFG scale of the low-noise expert (two-expert models such as Wan2.2)"
+    )
 
 
 @dataclass(kw_only=True)
@@ -34,13 +45,14 @@ class CFGState:
 
 
 def resolve_scales(
-    params: DiffusionParams, modalities: tuple[str, ...], default: float, default_2: float | None
+    params: DiffusionParams, modalities: tuple[str, ...], default: float, default_2: float | None,
+    scale_2: float | None = None,
 ) -> dict[str, dict[str, float]]:
     """Guidance scales per scale set and modality. ``secondary`` is the low-noise expert's
-    (``guidance_scale_2``; defaults to the primary scale, as diffusers does)."""
+    (``scale_2``: the loop's ``guidance_scale_2``; defaults to the primary scale, as diffusers does)."""
     primary = {m: params.scale_for(Modality(m), default) for m in modalities}
-    if params.guidance_scale_2 is not None:
-        secondary = {m: params.guidance_scale_2 for m in modalities}
+    if scale_2 is not None:
+        secondary = {m: scale_2 for m in modalities}
     elif default_2 is not None and params.guidance_scale is None:
         secondary = {m: default_2 for m in modalities}
     else:
@@ -49,12 +61,13 @@ def resolve_scales(
 
 
 def guidance_enabled(params: DiffusionParams, default: float, default_2: float | None = None,
-                     default_first: float | None = None) -> bool:
+                     default_first: float | None = None, node_scales: Iterable[float] = ()) -> bool:
     """Whether any step of a request needs the unconditional branch (and so a negative prompt);
-    ``default_first``: the model's first-chunk scale (causal rollouts)."""
+    ``default_first``: the model's first-chunk scale (causal rollouts); ``node_scales``: the
+    scales the request's loop nodes set (``LoopParams.guidance_scales``)."""
     scales = resolve_scales(params, tuple(m.value for m in Modality), default, default_2)
-    first = params.first_chunk_guidance_scale if params.first_chunk_guidance_scale is not None else default_first
-    return (first is not None and first > 1.0) or any(s > 1.0 for group in scales.values() for s in group.values())
+    return (default_first is not None and default_first > 1.0) or any(s > 1.0 for s in node_scales) or any(
+        s > 1.0 for group in scales.values() for s in group.values())
 
 
 class CFGPolicy(Protocol):
@@ -72,7 +85,7 @@ class CFGPolicy(Protocol):
         """``batched``: the branches stack along the batch, one forward; ``sequential``: one each."""
         ...
 
-    def init(self, params: DiffusionParams, modalities: tuple[str, ...], defaults: GenerationDefaults) -> Any:
+    def init(self, params: GuidedParams, modalities: tuple[str, ...], defaults: GenerationDefaults) -> Any:
         """The request's guidance state (``CFGState`` or the policy's own)."""
         ...
 
@@ -110,8 +123,9 @@ class ClassicCFG(CFGBase):
     mode: CFGMode = "sequential"
     name: str = "cfg"
 
-    def init(self, params: DiffusionParams, modalities: tuple[str, ...], defaults: GenerationDefaults) -> CFGState:
-        scales = resolve_scales(params, modalities, defaults.guidance_scale, defaults.guidance_scale_2)
+    def init(self, params: GuidedParams, modalities: tuple[str, ...], defaults: GenerationDefaults) -> CFGState:
+        scales = resolve_scales(params, modalities, defaults.guidance_scale, defaults.guidance_scale_2,
+                                params.guidance_scale_2)
         on = any(s > 1.0 for group in scales.values() for s in group.values())
         return CFGState(branches=(COND, UNCOND) if on else (COND,), scales=scales)
 

@@ -23,6 +23,7 @@ from omniloop.pipeline.edges import POOLED_FIELD, PROMPT_FIELD, BranchPair, Text
 from omniloop.pipeline.policies.cfg import guidance_enabled
 from omniloop.pipeline.stage import StageBase
 from omniloop.pipeline.state import RequestState, StageContext
+from omniloop.request import LoopParams
 
 
 
@@ -175,8 +176,12 @@ class TextEncode(StageBase):
         """[prompt] or [prompt, negative prompt] (when guidance needs one)."""
         params = state.request.diffusion
         prompts = [state.request.prompt or ""]
+        # the scales the request's loop nodes set (guidance_scale_2, first_chunk_guidance_scale...)
+        node_scales = [s for knobs in state.node_params.values() if isinstance(knobs, LoopParams)
+                       for s in knobs.guidance_scales()]
         if self.guidance == "cfg" and guidance_enabled(
             params, ctx.defaults.guidance_scale, ctx.defaults.guidance_scale_2, ctx.defaults.first_chunk_guidance_scale,
+            node_scales,
         ):
             negative = params.negative_prompt
             prompts.append(negative if negative is not None else ctx.defaults.negative_prompt)

@@ -258,13 +258,15 @@ def session_request(prompt: str, seed: int, chunks: int, *, steps: int | None, s
                     ) -> OmniRequest:
     """``trajectory``: each chunk's denoise trajectory streamed too (``chunk_trajectory``);
     ``decode=False``: latents only (no VAE, no frames: a teacher rollout for distillation);
-    ``diffusion``: more DiffusionParams fields (``guidance_scale``, ``first_chunk_steps``, ...;
-    what is left out takes the model's default)."""
+    ``diffusion``: more DiffusionParams fields (``guidance_scale``, ...) and the rollout's own
+    knobs (``first_chunk_steps``, ...: its node's params); what is left out takes the model's default."""
     outputs = OutputSpec(stream=True, return_trajectory=trajectory, modalities=None if decode else [Modality.LATENT])
+    shared = {k: v for k, v in (diffusion or {}).items() if k in DiffusionParams.model_fields}
+    knobs = {k: v for k, v in (diffusion or {}).items() if k not in shared}  # the rollout loop's (ChunkRolloutParams)
     return OmniRequest(task=TaskType.T2V, request_id=rid, inputs=[TextPart(text=prompt)],
-                       diffusion=DiffusionParams(seed=seed, steps=steps, height=size, width=size, **(diffusion or {})),
+                       diffusion=DiffusionParams(seed=seed, steps=steps, height=size, width=size, **shared),
                        outputs=outputs,
-                       node_params={"rollout": {"open_ended": True, "max_chunks": chunks}})
+                       node_params={"rollout": {"open_ended": True, "max_chunks": chunks, **knobs}})
 
 
 def run_sessions(pipeline, clips: Sequence[ActionClip], prompts: Sequence[str], *, steps: int | None, size: int,

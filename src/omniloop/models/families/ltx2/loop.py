@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping
+from typing import Any, ClassVar, Literal, Mapping
 
 import torch
 from pydantic import ConfigDict, Field
@@ -49,16 +49,41 @@ Scale = float | dict[Modality, float]
 
 
 class LTX2DenoiseParams(DenoiseParams):
-    """``node_params`` of an LTX-2 loop: the shared loop knobs plus LTX-2's guidance (a number
-    for both modalities or ``{"video": .., "audio": ..}``)."""
+    """``node_params`` of an LTX-2 loop: the shared loop knobs plus LTX-2's guidance, under
+    diffusers' LTX2Pipeline names and meanings: ``stg_scale`` / ``modality_scale`` /
+    ``guidance_rescale`` are the video stream's (or ``{"video": .., "audio": ..}``), their
+    ``audio_`` twins the audio stream's; ``audio_guidance_scale`` is the audio stream's CFG
+    scale (``guidance_scale``: a number for both, as the request's). Unset: the model's.
+    Flat (``generate_video(stg_scale=2.0, audio_guidance_scale=5.0)``): the base stage's."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     guidance_scale: Scale | None = Field(default=None)  # type: ignore[assignment]
-    stg_scale: Scale | None = Field(default=None, description="spatio-temporal guidance scale (0 disables)")
-    modality_scale: Scale | None = Field(default=None, description="modality-isolation guidance (1 disables)")
-    guidance_rescale: Scale | None = Field(default=None, description="std rescale of the guided x0 (0 disables)")
+    audio_guidance_scale: float | None = Field(default=None, ge=0, description="CFG scale of the audio stream")
+    stg_scale: Scale | None = Field(default=None, description="spatio-temporal guidance scale of the video stream "
+                                    "(0 disables)")
+    audio_stg_scale: float | None = Field(default=None, ge=0, description="spatio-temporal guidance scale of the "
+                                          "audio stream (0 disables)")
+    modality_scale: Scale | None = Field(default=None, description="modality-isolation guidance of the video stream "
+                                         "(1 disables)")
+    audio_modality_scale: float | None = Field(default=None, ge=0, description="modality-isolation guidance of the "
+                                               "audio stream (1 disables)")
+    guidance_rescale: Scale | None = Field(default=None, description="std rescale of the guided video x0 (0 disables)")
+    audio_guidance_rescale: float | None = Field(default=None, ge=0, le=1, description="std rescale of the guided "
+                                                 "audio x0 (0 disables)")
     stg_blocks: list[int] | None = Field(default=None, description="blocks whose self-attention STG perturbs")
+
+    flat: ClassVar[Mapping[str, str]] = {
+        name: name for name in ("audio_guidance_scale", "stg_scale", "audio_stg_scale", "modality_scale",
+                                "audio_modality_scale", "guidance_rescale", "audio_guidance_rescale")
+    } | {"spatio_temporal_guidance_blocks": "stg_blocks"}
+
+
+class LTX2RefineParams(LTX2DenoiseParams):
+    """``node_params`` of the refine stage: its guidance is its own (the distilled schedule's:
+    none), so flat knobs, which are the base stage's, do not reach it."""
+
+    flat: ClassVar[Mapping[str, str]] = {}
 
 
 @dataclass(kw_only=True)
@@ -163,8 +188,10 @@ class LTX2DenoiseLoop(DenoiseLoop):
     # diffusers: sigmas linspace(1, 1/n, n) and mu from the video token count (latents packed [B, L, C])
     shift: ShiftPolicy = field(default_factory=lambda: DynamicShift(packed="video"))
     refine: bool = False
-    params_schema = LTX2DenoiseParams
     outputs = {**DenoiseLoop.outputs, "final_audio_latents": LatentsArtifact}
+
+    def __post_init__(self) -> None:
+        self.params_schema = LTX2RefineParams if self.refine else LTX2DenoiseParams
 
     def schedule(self, ctx: StageContext, params: DiffusionParams, shapes: Mapping[str, tuple[int, ...]],
                  sampler: Sampler) -> tuple[int, dict[str, Any]]:

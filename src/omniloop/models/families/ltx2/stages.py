@@ -137,6 +137,7 @@ class GuidanceScales:
 
 
 def _per_modality(value: Any, default: Mapping[str, float]) -> dict[str, float]:
+    """A number for both modalities or one per modality (the request's ``guidance_scale``)."""
     if value is None:
         return dict(default)
     if isinstance(value, Mapping):
@@ -144,16 +145,33 @@ def _per_modality(value: Any, default: Mapping[str, float]) -> dict[str, float]:
     return {m: float(value) for m in MODALITIES}
 
 
+def _per_stream(value: Any, audio: Any, default: Mapping[str, float]) -> dict[str, float]:
+    """diffusers' pair of knobs (``stg_scale`` / ``audio_stg_scale``): a number is the video
+    stream's (a mapping: per modality), ``audio`` the audio stream's; unset ones the default."""
+    out = dict(default)
+    if isinstance(value, Mapping):
+        out = _per_modality(value, default)
+    elif value is not None:
+        out["video"] = float(value)
+    if audio is not None:
+        out["audio"] = float(audio)
+    return out
+
+
 def guidance_scales(d: LTX2Defaults, request_cfg: Any = None, overrides: Mapping[str, Any] | None = None
                     ) -> GuidanceScales:
     """The node's defaults, the request's CFG scale (``diffusion.guidance_scale``: a number
-    for both modalities or one per modality) and the node's overrides, in that order."""
+    for both modalities or one per modality) and the node's knobs (``LTX2DenoiseParams``:
+    ``stg_scale`` / ``audio_stg_scale`` ..., diffusers' names and meanings), in that order."""
     o = overrides or {}
     cfg = _per_modality(request_cfg, d.guidance_scale)
     cfg = _per_modality(o.get("guidance_scale"), cfg)
-    return GuidanceScales(cfg=cfg, stg=_per_modality(o.get("stg_scale"), d.stg_scale),
-                          modality=_per_modality(o.get("modality_scale"), d.modality_scale),
-                          rescale=_per_modality(o.get("guidance_rescale"), d.guidance_rescale),
+    if o.get("audio_guidance_scale") is not None:
+        cfg["audio"] = float(o["audio_guidance_scale"])
+    return GuidanceScales(cfg=cfg, stg=_per_stream(o.get("stg_scale"), o.get("audio_stg_scale"), d.stg_scale),
+                          modality=_per_stream(o.get("modality_scale"), o.get("audio_modality_scale"), d.modality_scale),
+                          rescale=_per_stream(o.get("guidance_rescale"), o.get("audio_guidance_rescale"),
+                                              d.guidance_rescale),
                           stg_blocks=tuple(o.get("stg_blocks") if o.get("stg_blocks") is not None else d.stg_blocks or ()))
 
 

@@ -149,6 +149,7 @@ class VideoObject(BaseModel):
     fps: int
     steps: int
     metrics: dict[str, Any] | None = None
+    weight_version: str | None = None  # the weights it ran on (POST /v1/weights)
     actions: list[list[float]] | None = Field(default=None, description="predicted actions [steps][action width]")
 
 

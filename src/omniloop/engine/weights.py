@@ -58,9 +58,10 @@ class WeightUpdateRefused(ValueError):
     """An update (or sleep/wake call) refused before anything changed; ``field`` names what
     the caller passed wrong (``version``, ``source``, ``component``, ``running``, ``level``)."""
 
-    def __init__(self, message: str, *, field: str) -> None:
-        super().__init__(message)
+    def __init__(self, detail: str, *, field: str) -> None:
+        super().__init__(f"{field}: {detail}")
         self.field = field
+        self.detail = detail  # the message without the field's name (a front end names its own)
 
 
 @dataclass(frozen=True)
@@ -98,10 +99,10 @@ def check_version(version: Any, current: str) -> str:
     if isinstance(version, int) and not isinstance(version, bool):
         version = str(version)
     if not isinstance(version, str) or not version.strip() or len(version) > 128:
-        raise WeightUpdateRefused(f"version: {version!r} is not a version; pass a non-empty string (or int) of at "
+        raise WeightUpdateRefused(f"{version!r} is not a version; pass a non-empty string (or int) of at "
                                   "most 128 characters, newer than the current one", field="version")
     if version_key(version) <= version_key(current):
-        raise WeightUpdateRefused(f"version: {version!r} is not newer than the current version {current!r} "
+        raise WeightUpdateRefused(f"{version!r} is not newer than the current version {current!r} "
                                   "(versions order naturally: digit runs as numbers); pass a newer one",
                                   field="version")
     return version
@@ -117,7 +118,7 @@ def component_module(pipeline: Pipeline, component: str) -> nn.Module:
     if not isinstance(module, nn.Module):
         modules = sorted(n for n, c in pipeline.components.items()
                          if isinstance(c, nn.Module) or isinstance(getattr(c, "model", None), nn.Module))
-        raise WeightUpdateRefused(f"component: {component!r} is not a module of this pipeline; pass one of {modules}",
+        raise WeightUpdateRefused(f"{component!r} is not a module of this pipeline; pass one of {modules}",
                                   field="component")
     return module
 
@@ -127,13 +128,13 @@ def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
 
     path = Path(path)
     if path.suffix != ".safetensors" or not path.is_file():
-        raise WeightUpdateRefused(f"source: {path.name!r} is not a .safetensors file that exists; pass a "
+        raise WeightUpdateRefused(f"{path.name!r} is not a .safetensors file that exists; pass a "
                                   "safetensors file (a checkpoint's transformer/*.safetensors)", field="source")
     try:
         with safe_open(str(path), framework="pt") as f:
             return {k: f.get_tensor(k) for k in f.keys()}
     except Exception as e:  # a truncated or foreign file
-        raise WeightUpdateRefused(f"source: cannot read {path.name!r} as safetensors: {e}", field="source") from None
+        raise WeightUpdateRefused(f"cannot read {path.name!r} as safetensors: {e}", field="source") from None
 
 
 @dataclass
@@ -175,34 +176,34 @@ def plan_copy(module: nn.Module, source: Mapping[str, torch.Tensor], layout: Cal
         try:
             names = layout(dict(source))
         except (ValueError, KeyError, RuntimeError) as e:  # an incomplete fused group (one of q/k/v)
-            raise WeightUpdateRefused(f"source: {e}", field="source") from None
+            raise WeightUpdateRefused(f"{e}", field="source") from None
         converted = True
     where = " (converted from the checkpoint's names)" if converted else ""
     if not names:
-        raise WeightUpdateRefused("source: it holds no tensors; pass the component's weights", field="source")
+        raise WeightUpdateRefused("it holds no tensors; pass the component's weights", field="source")
     pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
     shared = 0
     for name, tensor in names.items():
         target = targets.get(name)
         if target is None:
-            raise WeightUpdateRefused(f"source: tensor {name!r}{where} is not a weight of component {component!r}; "
+            raise WeightUpdateRefused(f"tensor {name!r}{where} is not a weight of component {component!r}; "
                                       f"pass its state dict's names or its checkpoint's (e.g. "
                                       f"{next(iter(targets), '')!r})", field="source")
         if not isinstance(tensor, torch.Tensor):
-            raise WeightUpdateRefused(f"source: {name!r} is a {type(tensor).__name__}, not a tensor", field="source")
+            raise WeightUpdateRefused(f"{name!r} is a {type(tensor).__name__}, not a tensor", field="source")
         if tuple(tensor.shape) != tuple(target.shape):
-            raise WeightUpdateRefused(f"source: tensor {name!r}{where} has shape {tuple(tensor.shape)}, component "
+            raise WeightUpdateRefused(f"tensor {name!r}{where} has shape {tuple(tensor.shape)}, component "
                                       f"{component!r} holds {tuple(target.shape)}; pass weights of the served "
                                       "architecture", field="source")
         if target.dtype in _FP8:
-            raise WeightUpdateRefused(f"source: {name!r} is stored quantized ({target.dtype}) in this deployment; "
+            raise WeightUpdateRefused(f"{name!r} is stored quantized ({target.dtype}) in this deployment; "
                                       "update weights of an unquantized deployment", field="source")
         if not _same_kind(tensor.dtype, target.dtype):
-            raise WeightUpdateRefused(f"source: tensor {name!r}{where} has dtype {tensor.dtype}, component "
+            raise WeightUpdateRefused(f"tensor {name!r}{where} has dtype {tensor.dtype}, component "
                                       f"{component!r} holds {target.dtype}; pass a tensor of that kind",
                                       field="source")
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            raise WeightUpdateRefused(f"source: tensor {name!r}{where} holds NaN or Inf; pass finite weights",
+            raise WeightUpdateRefused(f"tensor {name!r}{where} holds NaN or Inf; pass finite weights",
                                       field="source")
         if tensor.data_ptr() == target.data_ptr() and tensor.dtype == target.dtype and tensor.device == target.device:
             shared += 1  # the engine's own tensor (the trainer's module is the engine's): nothing to copy
@@ -218,7 +219,7 @@ def resolve_source(source: WeightSource, module: nn.Module) -> Mapping[str, torc
         return read_safetensors(source)
     if isinstance(source, Mapping):
         return source
-    raise WeightUpdateRefused(f"source: a {type(source).__name__}; pass a safetensors path, a state dict or a "
+    raise WeightUpdateRefused(f"a {type(source).__name__}; pass a safetensors path, a state dict or a "
                               "module", field="source")
 
 
@@ -331,7 +332,7 @@ class WeightPlane:
     def schedule_sleep(self, level: int, *, running: Running = "finish") -> Future:
         _check_running(running)
         if level not in (1, 2):
-            raise WeightUpdateRefused(f"level: {level!r}; pass 1 (release the DiT/LM weights and KV caches, keep the "
+            raise WeightUpdateRefused(f"{level!r}; pass 1 (release the DiT/LM weights and KV caches, keep the "
                                       "VAE and text encoders) or 2 (release everything)", field="level")
         op = _Op("sleep", running, lambda: self._apply_sleep(level))
         with self._lock:
@@ -465,5 +466,5 @@ class WeightPlane:
 
 def _check_running(running: Any) -> None:
     if running not in ("finish", "requeue"):
-        raise WeightUpdateRefused(f"running: {running!r}; pass 'finish' (running requests end on the old weights) "
+        raise WeightUpdateRefused(f"{running!r}; pass 'finish' (running requests end on the old weights) "
                                   "or 'requeue' (they start over on the new ones)", field="running")

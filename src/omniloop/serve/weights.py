@@ -101,11 +101,9 @@ async def update_weights(request: Request, state: State) -> dict[str, Any]:
             info = await state.engine.update_weights(source, fields["version"], role=role, component=component,
                                                      running=running)
         except WeightUpdateRefused as e:  # nothing changed: the server serves the old weights
-            message = str(e).replace(str(source), shown).replace(source.name, shown)
+            detail = e.detail.replace(str(source), shown).replace(source.name, shown)  # server paths stay private
             param = "file" if e.field == "source" and path is None else "path" if e.field == "source" else e.field
-            if not message.startswith(f"{param}:"):
-                message = f"{param}: {message.partition(': ')[2] or message}"
-            raise ApiError(400, message, param=param, code="invalid_weights") from None
+            raise ApiError(400, f"{param}: {detail}", param=param, code="invalid_weights") from None
     return {**info.to_dict(), "copied_tensors": info.copied_tensors, "seconds": info.seconds}
 
 
@@ -124,8 +122,7 @@ async def sleep(request: Request, state: State) -> dict[str, Any]:
     try:
         report = await state.engine.sleep(level, running=fields.get("running", "finish"))
     except WeightUpdateRefused as e:
-        raise ApiError(400, f"{e.field}: {str(e).partition(': ')[2] or e}", param=e.field,
-                       code="invalid_value") from None
+        raise ApiError(400, str(e), param=e.field, code="invalid_value") from None
     return report.to_dict()
 
 

@@ -244,7 +244,7 @@ class _Released:
             device = t.device
             # NOTE: a CPU deployment keeps the tensor's own storage aside (nothing to gain from a copy);
             # a device's weights go to (pinned) host memory and the device storage is freed
-            host = t.data if device.type == "cpu" else t.data.to("cpu", copy=True)
+            host = t.data if device.type == "cpu" else _pinned_copy(t.data)
             kept.append((t, host, device))
             t.data = torch.empty(0, dtype=t.dtype, device=device)
         return cls(kept)
@@ -252,7 +252,14 @@ class _Released:
     @torch.no_grad()
     def restore(self) -> None:
         for t, host, device in self.tensors:
-            t.data = host if device.type == "cpu" else host.to(device)
+            t.data = host if device.type == "cpu" else host.to(device, non_blocking=True)
+
+
+def _pinned_copy(t: torch.Tensor) -> torch.Tensor:
+    """A page-locked host copy (the wake's host-to-device copies run at full bandwidth)."""
+    host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
+    host.copy_(t)
+    return host
 
 
 @dataclass

@@ -164,6 +164,10 @@ class OutputSpec(BaseModel):
     )
     return_latents: bool = Field(default=False, description="also return the final latents")
     return_trajectory: bool = Field(default=False, description="also return the latents after every step")
+    return_log_probs: bool = Field(default=False, description="also return the log-probability of what was sampled "
+                                   "(an AR loop: each generated token's)")
+    top_logprobs: int = Field(default=0, ge=0, le=20, description="with each token's log-prob, the N most likely "
+                              "tokens at its position (AR loops; implies return_log_probs)")
     video_format: Literal["mp4", "frames"] = "mp4"
 
     def wants(self, modality: Modality) -> bool:

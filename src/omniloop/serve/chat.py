@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from omniloop.engine import EngineError
 from omniloop.request import (
     ArtifactEvent, Fields, FinalEvent, ImagePart, OmniOutput, OmniRequest, OutputSpec, RequestStatus, TaskType,
-    TextPart, TokenLogProb, VideoPart, build_request,
+    TextArtifact, TextPart, TokenLogProb, VideoPart, build_request,
 )
 from omniloop.serve.errors import ApiError, api_error, validation_error
 from omniloop.serve.media import check_media, image_pixel_cap
@@ -220,10 +220,10 @@ async def _sse(stream: AsyncIterator, first: Any, request_id: str, model: str, c
     event = first
     try:
         while True:
-            if isinstance(event, ArtifactEvent) and event.partial and event.name == "text_delta" and (
-                    event.artifact.text or event.artifact.log_probs):  # tokens without text yet still have log-probs
-                yield _chunk(request_id, model, created, {"content": event.artifact.text},
-                             logprobs=_logprobs(event.artifact.log_probs))
+            delta = event.artifact if isinstance(event, ArtifactEvent) and event.partial and \
+                event.name == "text_delta" else None
+            if isinstance(delta, TextArtifact) and (delta.text or delta.log_probs):  # tokens without text: log-probs
+                yield _chunk(request_id, model, created, {"content": delta.text}, logprobs=_logprobs(delta.log_probs))
             elif isinstance(event, FinalEvent):
                 out = event.output
                 if out.status is not RequestStatus.COMPLETED:

@@ -156,3 +156,16 @@ def test_asleep_refuses_when_configured(wan_t2v_dir):
         engine.update_weights(engine.pipeline.components["transformer"], "1")
     engine.wake()
     _latents(engine)
+
+
+def test_weights_restored_inside_the_engine_thread_stay_trainable(engine):
+    """The AsyncEngine thread steps in inference mode: a wake (or an update) there must not turn
+    the trainer's parameters into inference tensors."""
+    dit = engine.pipeline.components["transformer"]
+    with torch.inference_mode():
+        engine.sleep(1)
+        engine.wake()
+    assert not any(p.is_inference() for p in dit.parameters())
+    x = next(dit.parameters()).requires_grad_(True)  # a trainer's step on the woken module
+    (x * 2).sum().backward()
+    assert x.grad is not None

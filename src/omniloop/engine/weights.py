@@ -384,7 +384,11 @@ class WeightPlane:
                     return
             self._pending.popleft()
             try:
-                op.future.set_result(op.apply())
+                # NOTE: the engine thread runs in inference mode; tensors made there are inference
+                # tensors, which a trainer holding the module could not backpropagate through
+                with torch.inference_mode(False), torch.no_grad():
+                    result = op.apply()
+                op.future.set_result(result)
             except Exception as e:  # noqa: BLE001 - the caller gets it; the engine goes on serving
                 op.future.set_exception(e)
         scheduler.hold_admission = bool(self.asleep)

@@ -98,3 +98,16 @@ def test_causal_shapes_benchmark_smoke(tmp_path):
     assert set(runs) == {1, 2} and runs[2]["batched_steps"] > 0
     for r in runs.values():
         assert 0 < r["ttfc_s_p50"] and 0 < r["chunk_latency_p50_s"] <= r["chunk_latency_p95_s"]
+
+
+def test_update_weights_benchmark_smoke(tmp_path):
+    """Tiny on CPU: every swap-back and every wake is bit-equal to the original generation."""
+    out = tmp_path / "bench.jsonl"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_update_weights.py"), "--iters", "1",
+                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    ops = {r["op"] for r in records}
+    assert {"in_place_state_dict", "from_file", "own_module", "sleep_wake_level1", "sleep_wake_level2"} <= ops
+    assert all(r["bit_equal"] for r in records if "bit_equal" in r)
+    assert all(r["copied_tensors"] == 0 for r in records if r["op"] == "own_module")

@@ -175,7 +175,10 @@ def plan_copy(module: nn.Module, source: Mapping[str, torch.Tensor], layout: Cal
     if any(k not in targets for k in source) and layout is not None:
         try:
             names = layout(dict(source))
-        except (ValueError, KeyError, RuntimeError) as e:  # an incomplete fused group (one of q/k/v)
+        except KeyError as e:  # the layout converts whole groups (q/k/v, gate/up) or the whole model
+            raise WeightUpdateRefused(f"the checkpoint's tensor {e} is missing; its layout converts complete groups: "
+                                      "pass the whole state dict (or our module's own names)", field="source") from None
+        except (ValueError, RuntimeError) as e:  # an incomplete fused group (one of q/k/v)
             raise WeightUpdateRefused(f"{e}", field="source") from None
         converted = True
     where = " (converted from the checkpoint's names)" if converted else ""

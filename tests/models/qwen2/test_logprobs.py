@@ -77,3 +77,30 @@ def test_no_logprobs_unless_asked(qwen2_pipeline):
     assert out.text.log_probs is None
     out = run_request(qwen2_pipeline, _request(PROMPTS[0], top=0, max_tokens=4))
     assert len(out.text.log_probs) == 4 and all(t.top == () for t in out.text.log_probs)
+
+
+def test_update_weights_from_a_transformers_state_dict(qwen2_dir, qwen2_hf):
+    """AR RL's weight push: a perturbed ``Qwen2ForCausalLM`` state dict (transformers' names,
+    fused into ours by the family's layout) -> the engine decodes what that model generates."""
+    from transformers import Qwen2ForCausalLM
+
+    from omniloop.models.loader import load_pipeline
+    from omniloop.models.model_spec import LoadOptions
+
+    _, tokenizer = qwen2_hf
+    pipeline = load_pipeline(qwen2_dir, LoadOptions(device=torch.device("cpu"), dtype=torch.float32))[1]
+    engine = Engine(pipeline, EngineConfig())
+    policy = Qwen2ForCausalLM.from_pretrained(qwen2_dir, dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.5 * torch.randn(p.shape, generator=gen))
+    info = engine.update_weights(policy.state_dict(), "1", component="lm")
+    assert info.copied_tensors > 0
+    rid = engine.add_request(_request(PROMPTS[1], top=0))
+    with torch.inference_mode():
+        out = engine.run_until_done(rid)
+    ids = tokenizer(PROMPTS[1], return_tensors="pt").input_ids
+    with torch.no_grad():
+        want = policy.generate(ids, max_new_tokens=12, do_sample=False)[0, ids.shape[1]:].tolist()
+    assert out.weight_version == "1" and out.text.token_ids == want

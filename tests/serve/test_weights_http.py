@@ -114,8 +114,17 @@ def test_sleep_and_wake(server):
     r = httpx.post(f"{server.url}/v1/sleep", headers=AUTH, json={"level": 3})
     assert r.status_code == 400 and r.json()["error"]["param"] == "level"
     assert httpx.post(f"{server.url}/v1/wake").status_code == 401
+    client = _client(server)
+    waiting = client.videos.create(prompt="a red circle moving right", size="32x32", extra_body=PARAMS)
+    time.sleep(0.5)
+    assert client.videos.retrieve(waiting.id).status == "queued"  # while_asleep: wait (the default)
     r = httpx.post(f"{server.url}/v1/wake", headers=AUTH, timeout=60)
     assert r.status_code == 200, r.text
+    deadline = time.monotonic() + 120
+    while client.videos.retrieve(waiting.id).status != "completed":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert client.videos.download_content(waiting.id).content == before
     after, _ = _video(server)
     assert after == before
 

@@ -215,9 +215,10 @@ def plan_copy(module: nn.Module, source: Mapping[str, torch.Tensor], layout: Cal
     return CopyPlan(pairs, shared)
 
 
-def resolve_source(source: WeightSource, module: nn.Module) -> Mapping[str, torch.Tensor]:
+def resolve_source(source: WeightSource) -> Mapping[str, torch.Tensor]:
+    """The tensors of ``source``: a module's state dict, a safetensors file's, or the mapping."""
     if isinstance(source, nn.Module):
-        return source.state_dict(keep_vars=True) if source is not module else module.state_dict(keep_vars=True)
+        return source.state_dict(keep_vars=True)
     if isinstance(source, (str, Path)):
         return read_safetensors(source)
     if isinstance(source, Mapping):
@@ -330,7 +331,7 @@ class WeightPlane:
         if source is module:
             plan = CopyPlan([], shared=len(module.state_dict()))
         else:
-            plan = plan_copy(module, resolve_source(source, module), pipeline.checkpoint_layouts.get(component),
+            plan = plan_copy(module, resolve_source(source), pipeline.checkpoint_layouts.get(component),
                              component)
         with self._lock:  # another update may have been accepted meanwhile
             version = check_version(version, self._queued_version)

@@ -126,3 +126,14 @@ def test_defaults_benchmark_agrees_with_diffusers(tmp_path):
     records = _run_bench("bench_defaults.py", "--tiny", "--sides", "ours_default,diffusers", out=tmp_path / "d.jsonl")
     agreement = [r for r in records if r.get("metric") == "agreement_vs_diffusers"]
     assert agreement and agreement[0]["side"] == "ours_default" and agreement[0]["psnr_db"] > 40, agreement
+def test_update_weights_benchmark_smoke(tmp_path):
+    """Tiny on CPU: every swap-back and every wake is bit-equal to the original generation."""
+    out = tmp_path / "bench.jsonl"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_update_weights.py"), "--iters", "1",
+                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    ops = {r["op"] for r in records}
+    assert {"in_place_state_dict", "from_file", "own_module", "sleep_wake_level1", "sleep_wake_level2"} <= ops
+    assert all(r["bit_equal"] for r in records if "bit_equal" in r)
+    assert all(r["copied_tensors"] == 0 for r in records if r["op"] == "own_module")

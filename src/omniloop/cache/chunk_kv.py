@@ -221,6 +221,13 @@ class ChunkKVPool:
         self.allocated_bytes += need
         return layout.empty(self.device)
 
+    def drop_storage(self) -> int:
+        """Give every free slab's storage back (the engine's sleep); slabs in use stay.
+        Returns the bytes freed."""
+        before = self.allocated_bytes
+        self._drop_free(before)
+        return before - self.allocated_bytes
+
     def _drop_free(self, want: int) -> None:
         """Give free storage of any layout back to the allocator until ``want`` bytes are freed."""
         for lay, tensors in self._free.items():

@@ -59,6 +59,7 @@ class BlockPool:
                 f"{block_size} tokens x {layout.num_layers} layers); pass a larger kv_cache_gb"
             )
         self._free: list[int] = list(range(self.num_blocks - 1, -1, -1))  # a stack: low ids first
+        self._total_blocks = self.num_blocks  # the storage's blocks (num_blocks drops by the scratch block)
         self._k: torch.Tensor | None = None  # [layers, slots, H_kv, D], materialized at first use
         self._v: torch.Tensor | None = None
         self._layers: list[tuple[torch.Tensor, torch.Tensor]] = []  # per-layer views of _k/_v, made once
@@ -130,11 +131,22 @@ class BlockPool:
         if self._k is None:
             # zeros, not empty: gathered padding rows must hold finite values (masked scores
             # are -inf, but 0 * NaN in the value product would still be NaN)
-            shape = (self.layout.num_layers, len(self._free) * self.block_size, self.layout.num_kv_heads,
-                     self.layout.head_dim)  # every block is free at the first allocation
+            shape = (self.layout.num_layers, self._total_blocks * self.block_size, self.layout.num_kv_heads,
+                     self.layout.head_dim)
             self._k = torch.zeros(shape, dtype=self.dtype, device=self.device)
             self._v = torch.zeros(shape, dtype=self.dtype, device=self.device)
             self._layers = list(zip(self._k.unbind(0), self._v.unbind(0)))  # no select op per layer per step
+
+    def drop_storage(self) -> int:
+        """Free the pool's storage while no request holds a block (the engine's sleep); the
+        next allocation makes it again, zeroed (woken KV starts empty: sessions re-prefill).
+        Returns the bytes freed (0 when some block is held: nothing is dropped then)."""
+        if len(self._free) < self.num_blocks:
+            return 0
+        freed = self.nbytes
+        self._k = self._v = None
+        self._layers = []
+        return freed
 
     def __repr__(self) -> str:
         used = self.num_blocks - len(self._free)

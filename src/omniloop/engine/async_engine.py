@@ -23,6 +23,8 @@ from omniloop.engine.engine import Engine, EngineConfig
 from omniloop.engine.engine_like import EngineLike
 from omniloop.engine.model_pool import ModelPool
 from omniloop.engine.errors import EngineDeadError, RequestRejected, UnknownRequest
+from omniloop.engine.weights import (DEFAULT_ROLE, Running, SleepReport, WeightInfo, WeightPlane, WeightSource,
+                                     WeightUpdateRefused)
 from omniloop.ext.install import install_plugins
 from omniloop.models.loader import load_pipeline
 from omniloop.models.model_spec import LoadOptions
@@ -293,8 +295,45 @@ class AsyncEngine:
                 deadline = None
             await asyncio.sleep(0.01)
 
+    # -- the weight plane (engine/weights.py) -----------------------------------------------------
+    def weight_plane(self) -> WeightPlane | None:
+        """The engine's weight plane; None for a pool of several models or an SPMD pool (a swap
+        on rank 0 alone would split the ranks' weights)."""
+        from omniloop.engine.pool import PoolEngine
+
+        e = self.engine
+        return e.weights if isinstance(e, Engine) and not isinstance(e, PoolEngine) else None
+
+    def _plane(self) -> WeightPlane:
+        plane = self.weight_plane()
+        if plane is None:
+            raise WeightUpdateRefused("model: this deployment (several models, or an SPMD pool) takes no weight "
+                                      "updates or sleep; serve one model on one device", field="model")
+        return plane
+
+    async def update_weights(self, source: WeightSource, version: str | int, *, role: str = DEFAULT_ROLE,
+                             component: str = "transformer", running: Running = "finish") -> WeightInfo:
+        """``Engine.update_weights`` from the event loop: checked here (a file is read off the
+        loop), applied by the engine thread at a step boundary; returns once swapped."""
+        plane = self._plane()
+        future = await asyncio.to_thread(plane.schedule_update, source, version, role=role, component=component,
+                                         running=running)
+        self._notify()
+        return await asyncio.wrap_future(future)
+
+    async def sleep(self, level: int = 1, *, running: Running = "finish") -> SleepReport:
+        future = self._plane().schedule_sleep(level, running=running)
+        self._notify()
+        return await asyncio.wrap_future(future)
+
+    async def wake(self) -> SleepReport:
+        future = self._plane().schedule_wake()
+        self._notify()
+        return await asyncio.wrap_future(future)
+
     def stats(self) -> dict[str, Any]:
         e = self.engine
+        plane = self.weight_plane()
         return {
             "model": self.model_name,
             "waiting": e.num_waiting(),
@@ -313,6 +352,11 @@ class AsyncEngine:
             "alive": self._error is None and self._thread.is_alive(),
             "cost_model": e.cost_model.snapshot(),
             "plugins": e.plugin_metrics(),
+            # the weight plane: the served version (None: a deployment without one), updates, sleep level
+            "weight_version": None if plane is None else plane.version,
+            "weight_role": None if plane is None else plane.info.role,
+            "weight_updates": 0 if plane is None else plane.updates,
+            "asleep": 0 if plane is None else plane.asleep,
         }
 
     def shutdown(self) -> None:

@@ -32,6 +32,7 @@ from omniloop.engine.fanout import FanOutPool
 from omniloop.engine.request import EngineRequest
 from omniloop.engine.scheduler import NodeWork, SchedulerPlan, SchedulingPolicy, StepScheduler, StepWork
 from omniloop.engine.step_timer import StepTimer, step_timer_for
+from omniloop.engine.weights import DEFAULT_ROLE, Running, SleepReport, WeightInfo, WeightPlane, WeightSource, WhileAsleep
 from omniloop.ext.hooks import ArtifactEmitted, HookChain, NodeEvent, RequestEvent, ScheduleEvent, StepEvent, loop_timestep
 from omniloop.ext.install import plugin_chain
 from omniloop.ext.scope import request_scope, using_scope
@@ -67,6 +68,7 @@ class EngineConfig:
     max_request_attempts: int = 2  # pool restarts a request may be re-queued through
     policy: SchedulingPolicy = field(default_factory=SchedulingPolicy)
     limits: Limits | None = None  # the deployment's request ceilings; None: none (tests, training rollouts)
+    while_asleep: WhileAsleep = "wait"  # requests arriving while asleep (sleep()) wait, or are refused (asleep)
 
     @classmethod
     def from_deploy(cls, deploy: DeployConfig) -> "EngineConfig":
@@ -126,6 +128,7 @@ class Engine:
         # Where running loops' crash checkpoints go, and resumed requests' come from (a durable
         # job store: serve/job_checkpoints.py); None: no checkpoints (engine/checkpoints.py)
         self.checkpoints: LoopCheckpoints | None = None
+        self.weights = WeightPlane(self, while_asleep=self.config.while_asleep)  # update_weights, sleep/wake
 
     # -- public API ---------------------------------------------------------------------
     def add_request(self, request: OmniRequest, *, paused: bool = False) -> str:
@@ -137,6 +140,11 @@ class Engine:
         if not self.accepting:
             self.stats.rejected += 1
             raise QueueFull("engine is draining and accepts no new requests", kind=ErrorKind.DRAINING)
+        try:
+            self.weights.check_accepting()
+        except QueueFull:
+            self.stats.rejected += 1
+            raise
         try:
             admitted = admit(self.pipeline, request, limits=self.config.limits, memory=self.scheduler.memory)
         except InvalidRequest as e:  # a typed refusal (fields, kind) of a validator or the limits
@@ -210,12 +218,40 @@ class Engine:
 
     def idle_s(self) -> float | None:
         """Seconds until some work can run (0: now; None: nothing queued or running)."""
+        if self.weights.pending:
+            return 0.0
+        asleep = self.weights.idle_s()
+        if asleep is not None:
+            return asleep
         if self._intake or self.scheduler.waiting:
             return 0.0
         return self.scheduler.next_ready_s()
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.num_unfinished > 0 or bool(self._intake)
+        return self.scheduler.num_unfinished > 0 or bool(self._intake) or self.weights.pending
+
+    # -- the weight plane (engine/weights.py) ----------------------------------------------
+    def update_weights(self, source: WeightSource, version: str | int, *, role: str = DEFAULT_ROLE,
+                       component: str = "transformer", running: Running = "finish") -> WeightInfo:
+        """Swap ``component``'s weights for ``source`` (a safetensors file, a state dict, a
+        module) as ``version`` at a step boundary, driving the engine until it is done: for the
+        thread that steps this engine (an AsyncEngine's callers use ``AsyncEngine.update_weights``).
+        A bad source or an older version raises WeightUpdateRefused and nothing changes."""
+        return self._drive(self.weights.schedule_update(source, version, role=role, component=component,
+                                                        running=running))
+
+    def sleep(self, level: int = 1, *, running: Running = "finish") -> SleepReport:
+        """Release weights and caches (level 1: the loops' DiT/LM and KV; 2: everything)."""
+        return self._drive(self.weights.schedule_sleep(level, running=running))
+
+    def wake(self) -> SleepReport:
+        """Restore what ``sleep`` released; waiting requests run again."""
+        return self._drive(self.weights.schedule_wake())
+
+    def _drive(self, future: Any) -> Any:
+        while not future.done():
+            self.step()
+        return future.result()
 
     def step(self) -> list[OmniOutput]:
         """One scheduler iteration; returns the outputs of requests that finished in it."""
@@ -225,6 +261,8 @@ class Engine:
             done_before = set(self._finished)
         while self._intake:
             self.scheduler.add(self._intake.popleft())
+        if self.weights.pending:  # a weight update or sleep/wake waits for this boundary
+            self.weights.at_boundary()
         self.step_timer.collect()  # the device times of steps the GPU has finished -> cost model
         plan = self.scheduler.schedule()
         if self.hooks is not None:
@@ -654,6 +692,7 @@ class Engine:
         metrics.actual_cost_s = req.actual_s
         metrics.peak_memory_bytes = _peak_memory(self.pipeline.device, req)
         output = self.pipeline.collect_output(state, status)
+        output.weight_version = self.weights.version
         if req.loop is not None and req.node is not None:
             req.node.stage.release(req.loop)  # cancelled or failed mid-loop: free its cache now
         state.loops.clear()
@@ -699,6 +738,7 @@ class Engine:
         if self._restart_pool is not None:
             self.pipeline = self._restart_pool()
             self.hooks = plugin_chain(self.pipeline)
+            self.weights.on_pipeline_rebuilt()  # the checkpoint's weights again
         if self._own_timer:  # events recorded on a corrupt context cannot be read
             self.step_timer = step_timer_for(self.pipeline.device)
         in_flight = list(self.scheduler.running.values())

@@ -82,6 +82,7 @@ class StepScheduler:
     waiting: list[EngineRequest] = field(default_factory=list)
     running: dict[str, EngineRequest] = field(default_factory=dict)
     iteration: int = 0
+    hold_admission: bool = False  # no waiting request starts (a weight-plane barrier, an asleep engine)
     _last_was_step: bool = False
 
     # -- intake -------------------------------------------------------------------------
@@ -161,6 +162,8 @@ class StepScheduler:
         return tuple(ids)
 
     def _admit(self) -> tuple[str, ...]:
+        if self.hold_admission:
+            return ()
         admitted = []
         candidates = self._rank([r for r in self.waiting if not r.abort_requested])
         if self.policy.kind == "fifo_batch":

@@ -28,6 +28,9 @@ MODALITY_OUTPUTS = {Modality.TEXT: "text", Modality.IMAGE: "image", Modality.VID
 PIXELS = (Modality.IMAGE, Modality.VIDEO)
 
 RequestValidator = Callable[[OmniRequest], OmniRequest]
+# a checkpoint's state dict (its files' tensor names) -> the component module's state dict
+# (the family's weights.py mapping: renames, fused q/k/v); used by the engine's update_weights
+StateDictAdapter = Callable[[Mapping[str, torch.Tensor]], dict[str, torch.Tensor]]
 
 
 @dataclass
@@ -42,6 +45,8 @@ class Pipeline:
     # the loader adds them after the family builds the pipeline (see StageContext.caches)
     caches: dict[str, Any] = field(default_factory=dict)
     compiled: bool = False  # its blocks were compiled at load (the deployment's compile, resolved: plugins check it)
+    # component -> how its checkpoint files' names map to its module's (absent: the same names)
+    checkpoint_layouts: Mapping[str, StateDictAdapter] = field(default_factory=dict)
     contexts: dict[str, StageContext] = field(init=False)
     knobs: KnobTable = field(init=False)  # the loops' knobs a caller may pass flat (pipeline/knobs.py)
 

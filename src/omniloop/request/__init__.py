@@ -12,6 +12,7 @@ from omniloop.request.artifacts import (
     LatentsArtifact,
     TensorArtifact,
     TextArtifact,
+    TokenLogProb,
     VideoArtifact,
     VideoChunkArtifact,
 )
@@ -57,6 +58,6 @@ __all__ = [
     "ImageArtifact", "ImagePart", "InvalidRequest", "KnobTable", "LatentPart", "LoopKnob", "LoopParams", "LatentsArtifact", "LoraRef", "Modality",
     "ModalPart", "new_request_id", "parse_task", "OmniEvent", "OmniOutput", "OmniRequest", "OutputSpec", "ProgressEvent",
     "RequestMetrics", "RequestStatus", "require_prompt", "SamplingParams", "SCHEMA_VERSION", "StatusEvent",
-    "suggest_task", "TASK_IO", "TaskType", "TensorArtifact", "TextArtifact", "TextPart", "ValidationMessage",
+    "suggest_task", "TASK_IO", "TaskType", "TensorArtifact", "TextArtifact", "TextPart", "TokenLogProb", "ValidationMessage",
     "VideoArtifact", "VideoChunkArtifact", "VideoPart",
 ]

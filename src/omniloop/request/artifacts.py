@@ -83,12 +83,29 @@ class AudioArtifact(Artifact):
         return {**super().describe(), "channels": int(c), "num_samples": int(n), "sample_rate": self.sample_rate}
 
 
+@dataclass(frozen=True)
+class TokenLogProb:
+    """One generated token's log-probability under the model (``log_softmax`` of its raw
+    logits, before temperature / top-k / top-p / repetition penalty), with the most likely
+    tokens at that position when asked for (``OutputSpec.top_logprobs``)."""
+
+    token_id: int
+    token: str  # its text (the tokenizer's decode of the one id)
+    logprob: float
+    top: tuple["TokenLogProb", ...] = ()  # best first; empty unless top_logprobs > 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"token_id": self.token_id, "token": self.token, "logprob": self.logprob,
+                "top": [t.to_dict() for t in self.top]}
+
+
 @dataclass(kw_only=True)
 class TextArtifact(Artifact):
     text: str
     token_ids: list[int] = field(default_factory=list)
     prompt_tokens: int | None = None  # tokens of the prompt it continued (usage accounting)
     finish_reason: str | None = None  # "stop" (EOS, a stop token or string) or "length" (max_tokens)
+    log_probs: list[TokenLogProb] | None = None  # one per token_ids entry (OutputSpec.return_log_probs)
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "text": self.text, "num_tokens": len(self.token_ids)}

@@ -30,6 +30,7 @@ class ErrorKind(str, Enum):
     DOES_NOT_FIT = "does_not_fit"  # cannot fit the memory budget even alone
     QUEUE_FULL = "queue_full"  # retry later
     DRAINING = "draining"  # the engine is shutting down and accepts nothing new
+    ASLEEP = "asleep"  # the engine's weights are released (sleep) and it refuses rather than waits: retry
     DUPLICATE = "duplicate"  # the request id is in use
     # failed after admission (``OmniOutput.failure``)
     NON_FINITE = "non_finite"  # NaN/Inf in a loop's state: the request's own numbers overflowed

@@ -35,6 +35,7 @@ class OmniOutput:
     artifacts: dict[str, Artifact] = field(default_factory=dict)
     failure: Failure | None = None  # why it ended without its result (None: completed)
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
+    weight_version: str | None = None  # the engine's weights it ran on (Engine.update_weights; None: not run)
 
     @property
     def error(self) -> str | None:
@@ -71,6 +72,7 @@ class OmniOutput:
             "failure": None if self.failure is None else self.failure.to_dict(),
             "artifacts": {name: art.describe() for name, art in self.artifacts.items()},
             "metrics": self.metrics.to_dict(),
+            "weight_version": self.weight_version,
         }
 
 

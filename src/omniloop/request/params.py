@@ -192,8 +192,11 @@ class OutputSpec(BaseModel):
     return_latents: bool = Field(default=False, description="also return the final latents")
     return_trajectory: bool = Field(default=False, description="also return the latents after every step")
     return_log_probs: bool = Field(
-        default=False, description="with return_trajectory: also each step's transition log-prob (a stochastic "
-        "sampler's, e.g. diffusion.sampler='flow_sde'), in the trajectory artifact")
+        default=False, description="also return the log-probability of what was sampled: each generated token's (an "
+        "AR loop), or with return_trajectory each denoise step's transition log-prob (a stochastic sampler's, e.g. "
+        "diffusion.sampler='flow_sde'), in the trajectory artifact")
+    top_logprobs: int = Field(default=0, ge=0, le=20, description="with each token's log-prob, the N most likely "
+                              "tokens at its position (AR loops; implies return_log_probs)")
     video_format: Literal["mp4", "frames"] = "mp4"
 
     @field_validator("return_log_probs")

@@ -22,7 +22,7 @@ from pydantic import BaseModel
 import omniloop
 from omniloop.engine import AsyncEngine
 from omniloop.request.builder import aliases_of
-from omniloop.serve import audio, chat, images, loras, play, rollouts, sessions, streaming, videos
+from omniloop.serve import audio, chat, images, loras, play, rollouts, sessions, streaming, videos, weights
 from omniloop.serve.config import ServeConfig
 from omniloop.serve.docs_pages import install_docs
 from omniloop.serve.errors import install_error_handlers
@@ -160,7 +160,7 @@ def create_app(engine: AsyncEngine, config: ServeConfig | None = None, *, jobs: 
     app.state.omniloop = state
     install_error_handlers(app)
     for router in (system, videos.router, streaming.router, images.router, sessions.router,
-                   chat.router, audio.router, loras.router, play.router, rollouts.router):
+                   chat.router, audio.router, loras.router, play.router, rollouts.router, weights.router):
         app.include_router(router)
     config = state.config
     app.add_middleware(Idempotent)  # inside the body cap: it reads the (capped) body to key a retry

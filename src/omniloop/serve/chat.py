@@ -6,6 +6,10 @@ model's chat template applies, ``pipeline/stages/chat.py``) and whose image/vide
 parts are media parts (data: URLs only; the model's validator says whether it can see
 them). ``temperature``, ``top_p``, ``max_tokens`` / ``max_completion_tokens``, ``stop`` and
 ``seed`` map to ``SamplingParams``; fields left out keep the model's generation defaults.
+``logprobs: true`` (and ``top_logprobs: N``) return each generated token's log-prob under the
+model (``log_softmax`` of its raw logits, from the AR loop: ``OutputSpec.return_log_probs``) as
+OpenAI's ``choices[].logprobs.content[]`` (``token``, ``logprob``, ``bytes``, ``top_logprobs``), in
+stream chunks too; a model whose text no AR loop makes refuses them (400 naming ``logprobs``).
 ``stream: true`` answers Server-Sent Events of ``chat.completion.chunk`` objects, one per
 text delta the decode loop emits, then ``data: [DONE]``; closing the stream cancels the
 request at its next step.
@@ -25,8 +29,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from omniloop.engine import EngineError
 from omniloop.request import (
-    ArtifactEvent, Fields, FinalEvent, ImagePart, OmniOutput, OmniRequest, RequestStatus, TaskType, TextPart, VideoPart,
-    build_request,
+    ArtifactEvent, Fields, FinalEvent, ImagePart, OmniOutput, OmniRequest, OutputSpec, RequestStatus, TaskType,
+    TextArtifact, TextPart, TokenLogProb, VideoPart, build_request,
 )
 from omniloop.serve.errors import ApiError, api_error, validation_error
 from omniloop.serve.media import check_media, image_pixel_cap
@@ -77,7 +81,9 @@ class ChatCompletionRequest(_Wire):
     n: int = Field(default=1, ge=1, le=1, description="one choice per call")
     frequency_penalty: float = Field(default=0.0, ge=0.0, le=0.0, description="not supported: must be 0")
     presence_penalty: float = Field(default=0.0, ge=0.0, le=0.0, description="not supported: must be 0")
-    logprobs: Literal[False] | None = None
+    logprobs: bool | None = Field(default=None, description="return each output token's log-prob")
+    top_logprobs: int | None = Field(default=None, ge=0, le=20, description="with logprobs: the N most likely "
+                                     "tokens at each position")
     user: str | None = Field(default=None, max_length=256)
 
 
@@ -112,6 +118,7 @@ def _media(part: ContentPart, index: int, where: str, max_pixels: int):
 
 def chat_request(wire: ChatCompletionRequest, request_id: str, state: ServeState) -> OmniRequest:
     model = state.served(wire.model)  # on a server of several models, the one ``model`` names
+    outputs = _logprobs_spec(wire, model.token_logprobs, model.name)
     if TaskType.REASON not in model.tasks:
         raise ApiError(400, f"model: {model.name!r} does not serve chat completions (tasks: "
                        f"{sorted(t.value for t in model.tasks)})", param="model", code="unsupported")
@@ -137,7 +144,20 @@ def chat_request(wire: ChatCompletionRequest, request_id: str, state: ServeState
     with wire_errors():  # max_completion_tokens: OpenAI's newer name of max_tokens
         sampling.put_flat(given, {"max_completion_tokens": "max_tokens"})
         return build_request(TaskType.REASON, None, parts=inputs, sampling=sampling, request_id=request_id,
-                             model=model.route)  # a ModelPool's name for it (None: the one model)
+                             outputs=outputs, model=model.route)  # a ModelPool's name for it (None: the one model)
+
+
+def _logprobs_spec(wire: ChatCompletionRequest, has_ar_loop: bool, name: str) -> OutputSpec | None:
+    """``logprobs`` / ``top_logprobs`` as the request's OutputSpec (None: not asked)."""
+    if wire.top_logprobs is not None and not wire.logprobs:
+        raise ApiError(400, "top_logprobs: needs logprobs: true; pass both, or drop top_logprobs",
+                       param="top_logprobs", code="invalid_value")
+    if not wire.logprobs:
+        return None
+    if not has_ar_loop:
+        raise ApiError(400, f"logprobs: {name!r} makes no text with an autoregressive decode loop, so it has no "
+                       "token log-probs; drop logprobs", param="logprobs", code="unsupported")
+    return OutputSpec(return_log_probs=True, top_logprobs=wire.top_logprobs or 0)
 
 
 # request-plane paths -> this endpoint's wire names (sampling.<name> is <name> on the wire)
@@ -163,16 +183,29 @@ def _finish_reason(out: OmniOutput) -> str:
     return (out.text.finish_reason if out.text is not None else None) or "stop"
 
 
+def _token(entry: TokenLogProb) -> dict[str, Any]:
+    return {"token": entry.token, "logprob": entry.logprob, "bytes": list(entry.token.encode("utf-8"))}
+
+
+def _logprobs(entries: list[TokenLogProb] | None) -> dict[str, Any] | None:
+    """OpenAI's ``choice.logprobs``: one ``content`` entry per generated token."""
+    if entries is None:
+        return None
+    return {"content": [{**_token(e), "top_logprobs": [_token(t) for t in e.top]} for e in entries], "refusal": None}
+
+
 def _completion(out: OmniOutput, request_id: str, model: str, created: int) -> dict[str, Any]:
     message = {"role": "assistant", "content": out.text.text if out.text is not None else ""}
+    logprobs = _logprobs(out.text.log_probs) if out.text is not None else None
     return {"id": request_id, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": message, "finish_reason": _finish_reason(out), "logprobs": None}],
+            "choices": [{"index": 0, "message": message, "finish_reason": _finish_reason(out), "logprobs": logprobs}],
             "usage": _usage(out)}
 
 
-def _chunk(request_id: str, model: str, created: int, delta: dict[str, Any], finish: str | None = None) -> str:
+def _chunk(request_id: str, model: str, created: int, delta: dict[str, Any], finish: str | None = None,
+           logprobs: dict[str, Any] | None = None) -> str:
     body = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}]}
     return f"data: {json.dumps(body)}\n\n"
 
 
@@ -187,8 +220,10 @@ async def _sse(stream: AsyncIterator, first: Any, request_id: str, model: str, c
     event = first
     try:
         while True:
-            if isinstance(event, ArtifactEvent) and event.partial and event.name == "text_delta" and event.artifact.text:
-                yield _chunk(request_id, model, created, {"content": event.artifact.text})
+            delta = event.artifact if isinstance(event, ArtifactEvent) and event.partial and \
+                event.name == "text_delta" else None
+            if isinstance(delta, TextArtifact) and (delta.text or delta.log_probs):  # tokens without text: log-probs
+                yield _chunk(request_id, model, created, {"content": delta.text}, logprobs=_logprobs(delta.log_probs))
             elif isinstance(event, FinalEvent):
                 out = event.output
                 if out.status is not RequestStatus.COMPLETED:

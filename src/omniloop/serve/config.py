@@ -105,6 +105,12 @@ class ServeConfig(BaseModel):
                            "(409 beyond: delete one first)")
     max_lora_bytes: int = Field(default=4 * 2**30, ge=0, description="bytes of the LoRA adapters registered per model "
                                 "(409 beyond)")
+    weights_dir: Path | None = Field(
+        default=None, description="the directory POST /v1/weights may read weight files from (a 'path' outside it is "
+        "a 403); default: none, weights come only as uploads")
+    while_asleep: Literal["wait", "reject"] = Field(
+        default="wait", description="requests arriving while the engine sleeps (POST /v1/sleep): wait for the wake, "
+        "or get a 503 with Retry-After")
     warmup: list[DiffusionParams] | None = Field(
         default=None,
         description="shapes run once at start before /ready turns 200 (a failure exits the process); "

@@ -48,6 +48,7 @@ class EngineStateCollector(Collector):
             GaugeMetricFamily("omniloop_engine_alive", "1 while the engine thread runs", value=float(s["alive"])),
             GaugeMetricFamily("omniloop_engine_accepting", "1 unless draining", value=float(s["accepting"])),
         ]
+        metrics += _weights(s)
         calib = GaugeMetricFamily("omniloop_cost_model", "cost model calibration: measured/prior ratio per "
                                   "(node, kind), or EMA seconds for flop-less items", labels=["item"])
         for key, value in sorted(s["cost_model"].items()):
@@ -56,6 +57,23 @@ class EngineStateCollector(Collector):
         if self._aliases:
             metrics += _aliases(s)
         yield from metrics
+
+
+def _weights(s: dict[str, Any]) -> list[Metric]:
+    """The served weights (``update_weights``): an info gauge labelled with the version, the
+    swaps so far, and the sleep level (0 awake)."""
+    out: list[Metric] = [
+        CounterMetricFamily("omniloop_weight_updates", "weight updates applied (update_weights)",
+                            value=s.get("weight_updates", 0)),
+        GaugeMetricFamily("omniloop_engine_asleep", "sleep level: 0 awake, 1 DiT/LM weights and KV released, "
+                          "2 everything released", value=s.get("asleep", 0)),
+    ]
+    if s.get("weight_version") is not None:
+        info = GaugeMetricFamily("omniloop_weight_version", "the weights served: 1, labelled with their version "
+                                 "and role", labels=["version", "role"])
+        info.add_metric([str(s["weight_version"]), str(s.get("weight_role") or "")], 1.0)
+        out.append(info)
+    return out
 
 
 def _finished(name: str, help_: str, s: dict[str, Any]) -> CounterMetricFamily:

@@ -71,7 +71,9 @@ REJECTION_STATUS: dict[ErrorKind, tuple[int, str]] = {  # kind -> (HTTP status, 
     ErrorKind.DOES_NOT_FIT: (413, "does_not_fit"),
     ErrorKind.QUEUE_FULL: (429, "queue_full"),
     ErrorKind.DRAINING: (429, "queue_full"),  # a draining server sheds load like a full one (retry elsewhere)
+    ErrorKind.ASLEEP: (503, "asleep"),  # the weights are released (POST /v1/sleep, while_asleep: reject)
 }
+ASLEEP_RETRY_S = 5  # Retry-After of a request refused while asleep (a wake takes seconds, not a queue's drain)
 FAILURE_STATUS: dict[ErrorKind, tuple[int, str]] = {  # a finished job's failure; else 500 "generation_failed"
     # NOTE: the engine's per-request NaN/Inf check: the request's own numbers (an extreme
     # guidance_scale or a tiny shift) made its latents overflow, not the server
@@ -132,8 +134,9 @@ def api_error(error: Exception, names: Mapping[str, str] | None = None,
         return ApiError(503, f"engine stopped: {error}", code="engine_dead")
     assert isinstance(error, RequestRejected), f"unexpected engine error {type(error).__name__}"
     status, code = REJECTION_STATUS.get(error.kind, (400, "rejected"))
-    if error.kind in (ErrorKind.QUEUE_FULL, ErrorKind.DRAINING):  # nothing wrong with the request: retry
-        return ApiError(status, str(error), code=code, headers={"Retry-After": "1"})
+    if error.kind in (ErrorKind.QUEUE_FULL, ErrorKind.DRAINING, ErrorKind.ASLEEP):  # nothing wrong with it: retry
+        return ApiError(status, str(error), code=code, headers={"Retry-After": str(ASLEEP_RETRY_S if error.kind is
+                                                                                   ErrorKind.ASLEEP else 1)})
     param, named = wire_param(error, names or {}, wire_names)
     message = str(error) if param is None or named else f"{param}: {error}"
     return ApiError(status, message, param=param, code=code, fields=error.fields)

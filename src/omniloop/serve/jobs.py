@@ -83,6 +83,7 @@ class Job:
     output_bytes: int = 0
     audio_format: str = "wav"  # an audio job's file format (wav, flac, mp3)
     metrics: dict[str, Any] | None = None
+    weight_version: str | None = None  # the engine's weights it ran on (POST /v1/weights; None: not run yet)
     actions: list[list[float]] | None = None  # predicted actions of a world-model job
     events: list[dict[str, Any]] = field(default_factory=list)  # OmniEvent.to_dict() history
     loop_nodes: set[str] = field(default_factory=set)  # nodes that reported step progress

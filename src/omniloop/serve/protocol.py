@@ -160,6 +160,7 @@ class VideoObject(BaseModel):
     fps: int
     steps: int
     metrics: dict[str, Any] | None = None
+    weight_version: str | None = None  # the weights it ran on (POST /v1/weights)
     actions: list[list[float]] | None = Field(default=None, description="predicted actions [steps][action width]")
     resumed_from_step: int | None = Field(
         default=None, description="the step the job resumed from after the server died (its crash checkpoint's; "

@@ -143,6 +143,7 @@ class JobRunner:
                 status, failure = RequestStatus.FAILED, Failure(kind=ErrorKind.STAGE_ERROR,
                                                                 message=f"encoding or writing the output failed: {e}")
         job.metrics = output.metrics.to_dict()
+        job.weight_version = output.weight_version
         if output.video is not None:  # a multi-stage graph may change the size (LTX-2's two-stage path doubles it)
             frames = output.video.frames  # [F, H, W, 3]
             job.geometry = replace(job.geometry, height=int(frames.shape[1]), width=int(frames.shape[2]))

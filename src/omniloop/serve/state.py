@@ -52,6 +52,9 @@ class ServeState:
         self.draining = False
         self.browser_tokens = BrowserTokens(config.browser_token_s)  # cookies standing in for the key (/play)
         self.lora_upload_dir: Path | None = None  # LoRA files uploaded through /v1/loras (serve/loras.py)
+        plane = engine.weight_plane()
+        if plane is not None:
+            plane.while_asleep = config.while_asleep  # requests arriving while asleep (serve/weights.py)
         self.on_close: list[Callable[[], None]] = []
         self.started_at = int(time.time())
         self._tasks: list[asyncio.Task] = []

@@ -33,7 +33,8 @@ def video_object(job: Job, jobs: JobStore) -> VideoObject:
                        created_at=job.created_at, completed_at=job.completed_at, expires_at=jobs.expires_at(job),
                        prompt=job.prompt, seconds=g.seconds, size=g.size, error=error, num_frames=g.num_frames,
                        fps=g.fps, steps=g.steps, metrics=job.metrics,
-                       actions=job.actions, resumed_from_step=job.resumed_from_step)
+                       actions=job.actions, resumed_from_step=job.resumed_from_step,
+                       weight_version=job.weight_version)
 
 
 @router.post("", response_model=VideoObject, summary="Create a video job",

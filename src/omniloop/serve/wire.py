@@ -31,6 +31,8 @@ from omniloop.deploy import Limits
 from omniloop.engine import AsyncEngine, check_images_per_call
 from omniloop.engine.model_pool import ModelPool
 from omniloop.pipeline.defaults import GenerationDefaults
+from omniloop.pipeline.loops.ar import ARDecodeLoop
+from omniloop.pipeline.pipeline import Pipeline
 from omniloop.request import (
     ALIASES, ActionPart, DiffusionParams, FieldError, Fields, ImagePart, KnobTable, Modality, OmniRequest, OutputSpec,
     TaskType, build_request, require_prompt, suggest_task,
@@ -63,6 +65,11 @@ def wire_errors() -> Iterator[None]:
         raise WireError(e.field, e.message, code=e.code) from None
 
 
+def has_ar_loop(pipeline: Pipeline) -> bool:
+    """Whether some node of ``pipeline`` is an AR decode loop (token log-probs come from it)."""
+    return any(isinstance(node.stage, ARDecodeLoop) for node in pipeline.spec.nodes)
+
+
 @dataclass(frozen=True)
 class ServedModel:
     """What translation needs to know about the one model a front end serves."""
@@ -76,6 +83,7 @@ class ServedModel:
     route: str | None = None  # OmniRequest.model on a server of several models (the pool's name); None: one
     takes_loras: bool = False  # the pipeline has an adapter cache (requests may name LoRAs)
     knobs: KnobTable | None = None  # its loops' knobs, flat under diffusers' names (None: none)
+    token_logprobs: bool = False  # an AR decode loop makes its text: it can return token log-probs
 
     @classmethod
     def of(cls, engine: AsyncEngine, served_name: str | None = None) -> "ServedModel":
@@ -84,7 +92,8 @@ class ServedModel:
         return cls(name=served_name or Path(path).name or path, tasks=frozenset(pipeline.spec.tasks),
                    defaults=pipeline.defaults, limits=engine.engine.config.limits or Limits(),
                    aliases=frozenset({path}), makes_audio="audio" in pipeline.spec.outputs,
-                   takes_loras="adapters" in pipeline.caches, knobs=pipeline.knobs)
+                   takes_loras="adapters" in pipeline.caches, knobs=pipeline.knobs,
+                   token_logprobs=has_ar_loop(pipeline))
 
     @classmethod
     def all_of(cls, engine: AsyncEngine, served_name: str | None = None) -> dict[str, "ServedModel"]:
@@ -100,7 +109,8 @@ class ServedModel:
         return {n: cls(name=n, tasks=frozenset(pipelines[n].spec.tasks), defaults=pipelines[n].defaults,
                        limits=limits, aliases=frozenset(pool.sources.get(n, ())), route=n,
                        makes_audio="audio" in pipelines[n].spec.outputs,
-                       takes_loras="adapters" in pipelines[n].caches, knobs=pipelines[n].knobs) for n in names}
+                       takes_loras="adapters" in pipelines[n].caches, knobs=pipelines[n].knobs,
+                       token_logprobs=has_ar_loop(pipelines[n])) for n in names}
 
     @property
     def serves_images(self) -> bool:

@@ -40,7 +40,8 @@ from omniloop.pipeline.failures import PoolFatalError, attempt, per_request
 from omniloop.pipeline.loops.ar_graphs import graph_decode, graph_rows
 from omniloop.pipeline.stage import LoopStageBase, WorkEstimate, step_results
 from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
-from omniloop.request import Artifact, ErrorKind, InvalidRequest, OmniRequest, SamplingParams, TextArtifact
+from omniloop.request import (Artifact, ErrorKind, InvalidRequest, OmniRequest, SamplingParams, TextArtifact,
+                              TokenLogProb)
 
 FINISH_STOP = "stop"  # EOS, a stop token id or a stop string
 FINISH_LENGTH = "length"  # max_tokens reached
@@ -116,6 +117,8 @@ class ARLoopState(LoopState):
     emitted_tokens: int = 0  # prefix of ``output_ids`` already streamed
     finish_reason: str | None = None
     preemptions: int = 0  # times its KV was taken back to make room
+    top_logprobs: int | None = None  # recording each token's log-prob with this many alternatives (None: not)
+    log_probs: list[TokenLogProb] = field(default_factory=list)  # one per output id while recording
 
     @property
     def context_len(self) -> int:
@@ -189,6 +192,7 @@ class ARDecodeLoop(LoopStageBase[ARLoopState]):
             prompt_ids=prompt_ids,
             stop_ids=frozenset(text.eos_token_ids) | frozenset(params.stop_token_ids),
             lm_inputs=getattr(ctx.read_optional(state, "prompt_tokens", PromptTokens), "lm_inputs", None),
+            top_logprobs=_top_logprobs(state.request),
         )
         self._prefill(lm, [loop])  # the first chunk now when the pool has room (a short prompt: all of it)
         loop.steps_target += loop.chunks_left()
@@ -196,7 +200,8 @@ class ARDecodeLoop(LoopStageBase[ARLoopState]):
 
     def finalize(self, ctx: StageContext, loop: ARLoopState, state: RequestState) -> None:
         ctx.write(state, "text", TextArtifact(text=loop.text, token_ids=list(loop.output_ids),
-                                              prompt_tokens=len(loop.prompt_ids), finish_reason=loop.finish_reason))
+                                              prompt_tokens=len(loop.prompt_ids), finish_reason=loop.finish_reason,
+                                              log_probs=None if loop.top_logprobs is None else list(loop.log_probs)))
         loop.kv.free()
         loop.logits = loop.seen = None
 
@@ -285,6 +290,9 @@ class ARDecodeLoop(LoopStageBase[ARLoopState]):
     def _advance(self, tokenizer: Tokenizer, loop: ARLoopState, token: int | None = None) -> StepResult:
         """Append the next token (``token`` when already chosen, else sampled) and check stops."""
         token = sample_token(loop) if token is None else token
+        if loop.top_logprobs is not None:
+            assert loop.logits is not None, "a token chosen before prefill"
+            loop.log_probs.append(token_log_prob(tokenizer, loop.logits, token, loop.top_logprobs))
         loop.output_ids.append(token)
         loop.steps_done += 1
         if loop.seen is not None:
@@ -391,6 +399,25 @@ def _preempt(loop: ARLoopState) -> None:
 # -- sampling ----------------------------------------------------------------------------
 
 
+def _top_logprobs(request: OmniRequest) -> int | None:
+    """Alternatives to record per token, or None when the request wants no log-probs."""
+    out = request.outputs
+    return out.top_logprobs if out.return_log_probs or out.top_logprobs else None
+
+
+def token_log_prob(tokenizer: Tokenizer, logits: torch.Tensor, token: int, top: int) -> TokenLogProb:
+    """``token``'s log-prob under ``logits [vocab]`` (the model's raw fp32 logits: ``log_softmax``
+    before any sampling processing, as transformers' ``output_scores`` raw logits give it), and
+    the ``top`` most likely tokens, best first. One host sync."""
+    logp = torch.log_softmax(logits.float(), dim=-1)  # [V]
+    if top:
+        values, ids = torch.topk(logp, min(top, logp.shape[-1]))
+        flat = torch.cat([logp[token : token + 1], values]).tolist()
+        alts = tuple(TokenLogProb(i, tokenizer.decode([i]), v) for i, v in zip(ids.tolist(), flat[1:]))
+        return TokenLogProb(token, tokenizer.decode([token]), flat[0], alts)
+    return TokenLogProb(token, tokenizer.decode([token]), float(logp[token]))
+
+
 def greedy_tokens(loops: Sequence[ARLoopState]) -> dict[int, int]:
     """``{row: token}`` of the loops whose next token is a plain argmax (temperature 0, no
     repetition penalty): one batched argmax and one ``tolist`` sync for all of them instead
@@ -464,8 +491,9 @@ def _text_delta(loop: ARLoopState) -> list[tuple[str, Artifact]] | None:
     tokens = loop.output_ids[loop.emitted_tokens :]
     if not text and not (loop.done and tokens):
         return None
+    log_probs = None if loop.top_logprobs is None else loop.log_probs[loop.emitted_tokens :]
     loop.emitted_chars, loop.emitted_tokens = upto, len(loop.output_ids)
-    return [("text_delta", TextArtifact(text=text, token_ids=tokens, node=loop.node))]
+    return [("text_delta", TextArtifact(text=text, token_ids=tokens, node=loop.node, log_probs=log_probs))]
 
 
 # -- admission ---------------------------------------------------------------------------

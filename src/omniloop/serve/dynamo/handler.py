@@ -72,7 +72,8 @@ class _Tracked:
     streamed: int = 0  # video frames already sent as their chunks were made (causal models)
 
     def annotation(self, output: OmniOutput | None = None) -> dict[str, Any]:
-        return cost_annotation(self.request.request_id, self.predicted_s, output.metrics if output else None)
+        note = cost_annotation(self.request.request_id, self.predicted_s, output.metrics if output else None)
+        return note if output is None else {**note, "weight_version": output.weight_version}  # the weights it ran on
 
 
 class GenerationHandler:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import dataclasses
+import functools
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -20,7 +21,7 @@ from omniloop.cache.paged_kv import build_text_kv_pool
 from omniloop.models.families.qwen2.model import ARCHITECTURE, Qwen2Config
 from omniloop.models.families.qwen2.parallelize import QWEN2_PARALLEL
 from omniloop.models.families.qwen2.presets import GENERATION_KEYS, QWEN2_DEFAULTS
-from omniloop.models.families.qwen2.weights import load_qwen2
+from omniloop.models.families.qwen2.weights import load_qwen2, state_dict_from_transformers
 from omniloop.models.load_options import apply_load_options
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
 from omniloop.pipeline.defaults import GenerationDefaults, TextDefaults
@@ -125,6 +126,8 @@ def build_qwen2(variant: Variant, index: Mapping[str, Any], components: Mapping[
             components["tokenizer"], vocab_size=config.vocab_size, max_context=config.max_position_embeddings,
             pool=components["text_kv"],
         ),
+        # update_weights takes a transformers Qwen2ForCausalLM state dict (the whole of it)
+        checkpoint_layouts={"lm": functools.partial(state_dict_from_transformers, config=config)},
     )
 
 

@@ -33,7 +33,7 @@ from omniloop.models.families.wan.parallelize import WAN_PARALLEL
 from omniloop.models.families.wan.presets import TEACACHE_DEFAULT, TEACACHE_POLYNOMIALS, WAN_DEFAULTS
 from omniloop.models.families.wan.stages import WanDenoiser, WanImageCondition, WanVideoEncode
 from omniloop.models.families.wan.validate import make_validator, size_caps
-from omniloop.models.families.wan.weights import load_wan_dit
+from omniloop.models.families.wan.weights import dit_state_dict_from_diffusers, load_wan_dit
 from omniloop.models.autoencoders.wan_vae import wan_vae_loader
 from omniloop.request import DiffusionParams, Modality, OmniRequest, TaskType
 
@@ -183,6 +183,8 @@ def _pipeline(
         dtype=options.dtype,
         defaults=defaults,
         validate_request=wrap_validator(validate) if wrap_validator else validate,
+        # update_weights takes the checkpoint's transformer/*.safetensors names
+        checkpoint_layouts={c: dit_state_dict_from_diffusers for c in ("transformer", "transformer_2") if c in components},
     )
 
 

@@ -276,6 +276,37 @@ def _cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _comfy_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("comfy", help="ComfyUI workflows (API or UI format JSON) on omniloop",
+                       formatter_class=DefaultsHelpFormatter)
+    kinds = p.add_subparsers(dest="comfy_command", required=True)
+    c = kinds.add_parser("check", help="coverage report: the nodes supported and refused, the compiled requests, "
+                         "what runs differently from ComfyUI; exit 1 if a workflow is refused",
+                         formatter_class=DefaultsHelpFormatter)
+    c.add_argument("workflow", nargs="+", help="workflow .json files")
+    c.add_argument("--models", default=None, metavar="DIR", help="a ComfyUI models folder with omniloop-models.json "
+                   "(default: file names are not checked)")
+    c.add_argument("--input", default=None, metavar="DIR", help="LoadImage's folder (default: names not checked)")
+    c.add_argument("--exact", action="store_true", help="refuse what would run differently from ComfyUI")
+    c.add_argument("--json", action="store_true", help="one JSON line per workflow instead of the report")
+    c.set_defaults(func=_cmd_comfy_check)
+
+
+def _cmd_comfy_check(args: argparse.Namespace) -> int:
+    import json
+
+    from omniloop.workflows.coverage import coverage
+    from omniloop.workflows.model_folder import ModelFolder
+
+    models = ModelFolder.load(args.models) if args.models else None
+    refused = 0
+    for path in map(Path, args.workflow):
+        report = coverage(path.read_bytes(), path.name, models, Path(args.input) if args.input else None, args.exact)
+        refused += report.compiled is None
+        print(json.dumps(report.row()) if args.json else report.render() + "\n")
+    return 1 if refused else 0
+
+
 def _eval_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="evaluate generated media", formatter_class=DefaultsHelpFormatter)
     kinds = p.add_subparsers(dest="eval_command", required=True)
@@ -477,6 +508,7 @@ def build_parser() -> argparse.ArgumentParser:
     _eval_parser(sub)
     _serve_parser(sub)
     _dynamo_parser(sub)
+    _comfy_parser(sub)
     return parser
 
 
@@ -500,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # commands whose process ends with main(): nothing of theirs runs at interpreter exit
-_QUICK_EXIT = frozenset({"generate", "models", "eval"})
+_QUICK_EXIT = frozenset({"generate", "models", "eval", "comfy"})
 
 
 def entry() -> NoReturn:

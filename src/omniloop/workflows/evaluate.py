@@ -35,7 +35,7 @@ class Evaluation:
 
     graph: Graph
     models: ModelFolder
-    input_dir: Path | None = None
+    input_dir: Path | None = None  # LoadImage's folder; None: names are not checked (coverage)
     exact: bool = False
     values: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     saves: list[SaveTarget] = field(default_factory=list)
@@ -71,8 +71,10 @@ class Evaluation:
         if clean.startswith(("/", "\\")) or ".." in parts:
             raise node_error(call.id, call.class_type, "value_not_in_list", f"{input_name}: {name!r} leaves the "
                              "input folder; pass a name inside it", input_name=input_name)
-        path = (self.input_dir / clean) if self.input_dir is not None else None
-        if path is None or not path.is_file():
+        if self.input_dir is None:
+            return Pixels("file", path=clean, width=512, height=512)  # unchecked: a stand-in size
+        path = self.input_dir / clean
+        if not path.is_file():
             existing = sorted(p.name for p in self.input_dir.iterdir()) if self.input_dir and self.input_dir.is_dir() \
                 else []
             raise node_error(call.id, call.class_type, "value_not_in_list", f"{input_name}: image {clean!r} is not in "

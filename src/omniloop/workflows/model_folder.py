@@ -50,6 +50,7 @@ class ModelFolder:
     served: dict[str, ServedCheckpoint] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)  # "<folder>/<name>" -> served name
     root: Path | None = None
+    accept_any: str | None = None  # every name resolves to this served model (coverage reports)
 
     @classmethod
     def load(cls, root: str | Path) -> "ModelFolder":
@@ -78,6 +79,12 @@ class ModelFolder:
             files[f"{FOLDER_ALIASES.get(folder, folder)}/{name}"] = target
         return cls(served, files, root)
 
+    @classmethod
+    def any_name(cls, served: str = "served") -> "ModelFolder":
+        """A folder where every name resolves to one served model: for coverage reports
+        that check the nodes, not the files."""
+        return cls({served: ServedCheckpoint(served)}, {}, None, accept_any=served)
+
     def names(self, folder: str) -> list[str]:
         """The file names of one ComfyUI folder (``GET /models/{folder}``)."""
         folder = FOLDER_ALIASES.get(folder, folder)
@@ -90,6 +97,8 @@ class ModelFolder:
                 input_name: str) -> ServedCheckpoint:
         """The served checkpoint ``name`` (a file in one of ``folders``) maps to."""
         name = self._checked_name(name, folders, node_id, class_type, input_name)
+        if self.accept_any is not None:
+            return self.served[self.accept_any]
         for folder in folders:
             target = self.files.get(f"{FOLDER_ALIASES.get(folder, folder)}/{name}")
             if target is not None:
@@ -99,6 +108,8 @@ class ModelFolder:
     def lora(self, name: Any, node_id: str, class_type: str, input_name: str) -> str:
         """A LoRA: its mapped adapter name, else the file's path in ``loras/``."""
         name = self._checked_name(name, ("loras",), node_id, class_type, input_name)
+        if self.accept_any is not None:
+            return name
         mapped = self.files.get(f"loras/{name}")
         if mapped is not None:
             return mapped

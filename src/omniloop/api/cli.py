@@ -456,8 +456,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         serve = ServeConfig.model_validate({**serve.model_dump(), **options})
     except ValidationError as e:
         raise flag_error(e, options, {"drain_timeout_s": "--drain-timeout"}) from None
-    specs = args.model or [DEFAULT_MODEL]
-    if args.model is None and serve.session_model is None:  # the default server also serves the interactive model
+    specs = args.model or _comfy_models(serve) or [DEFAULT_MODEL]
+    if specs == [DEFAULT_MODEL] and serve.session_model is None:  # the default server also serves the interactive model
         serve = serve.model_copy(update={"session_model": _interactive_default()})
     models = served_models(specs)
     if len(models) > 1 and args.served_model_name:
@@ -468,6 +468,16 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             serve = serve.model_copy(update={"served_model_name": name})
         return run_server(model, deploy, serve, log_level="info" if args.verbose else "warning")
     return run_server(models, deploy, serve, log_level="info" if args.verbose else "warning")
+
+
+def _comfy_models(serve: Any) -> list[str]:
+    """``--comfy-models DIR`` without ``--model``: serve the checkpoints its map names."""
+    if serve.comfy_models is None:
+        return []
+    from omniloop.workflows import ModelFolder
+
+    folder = ModelFolder.load(serve.comfy_models)
+    return [f"{name}={checkpoint.path}" for name, checkpoint in folder.served.items()]
 
 
 def served_models(specs: list[str]) -> dict[str, str]:

@@ -39,14 +39,14 @@ def compiled(name: str, models, input_dir):
 # template -> (task, served model, outputs, diffusion fields that must hold)
 EXPECTED = {
     "text_to_video_wan": (TaskType.T2V, "wan", [Modality.VIDEO],
-                          {"steps": 30, "guidance_scale": 6.0, "shift": 8.0, "width": 832, "height": 480,
+                          {"steps": None, "guidance_scale": 6.0, "shift": 1.0, "width": 832, "height": 480,
                            "num_frames": 33, "fps": 16, "sampler": "flow_unipc", "seed": 82628696717253}),
     "image_to_video_wan": (TaskType.I2V, "wan_i2v", [Modality.VIDEO],
-                           {"steps": 20, "guidance_scale": 6.0, "width": 512, "height": 512, "num_frames": 33}),
+                           {"guidance_scale": 6.0, "width": 512, "height": 512, "num_frames": 33}),
     "video_wan2_2_14B_t2v": (TaskType.T2V, "wan_a14b", [Modality.VIDEO],
-                             {"steps": 20, "guidance_scale": 3.5, "guidance_scale_2": 3.5, "width": 640,
+                             {"guidance_scale": 3.5, "guidance_scale_2": 3.5, "width": 640,
                               "num_frames": 81, "sampler": "flow_euler"}),
-    "video_wan2_2_14B_i2v": (TaskType.I2V, "wan_i2v", [Modality.VIDEO], {"steps": 20, "guidance_scale_2": 3.5}),
+    "video_wan2_2_14B_i2v": (TaskType.I2V, "wan_i2v", [Modality.VIDEO], {"guidance_scale_2": 3.5}),
     "flux_schnell": (TaskType.T2I, "flux", [Modality.IMAGE], {"steps": 4, "width": 1024, "guidance_scale": None}),
     "flux_schnell_full_text_to_image": (TaskType.T2I, "flux", [Modality.IMAGE], {"steps": 4, "guidance_scale": 3.5}),
     "flux_dev_checkpoint_example": (TaskType.T2I, "flux", [Modality.IMAGE],
@@ -78,6 +78,19 @@ def test_template_compiles_to_its_request(name, models, input_dir):
     if task in (TaskType.I2V,):
         assert [p.role for p in request.images()] == ["first_frame"]
     assert {s.class_type for s in generation.saves} <= {"SaveVideo", "SaveImage", "SaveAudioAdvanced"}
+
+
+@pytest.mark.parametrize("name, scheduler, steps, shift", [("text_to_video_wan", "simple", 30, 8.0),
+                                                          ("image_to_video_wan", "simple", 20, 8.0),
+                                                          ("video_wan2_2_14B_t2v", "simple", 20, 5.000000000000001)])
+def test_model_sampling_sd3_templates_run_comfyuis_own_schedule(name, scheduler, steps, shift, models, input_dir):
+    """Under ModelSamplingSD3 the request carries ComfyUI's shifted sigmas (schedules.py,
+    checked against ComfyUI's own functions) with shift 1."""
+    from omniloop.workflows.schedules import flow_schedule
+
+    params = compiled(name, models, input_dir).generations[0].request.diffusion
+    assert params.sigmas == flow_schedule(scheduler, steps, shift)[:-1] and params.shift == 1.0
+    assert params.num_steps(0) == steps
 
 
 def test_two_stage_templates_ask_for_the_refine_stage(models, input_dir):

@@ -28,11 +28,12 @@ from omniloop.workflows.errors import WorkflowError, node_error
 from omniloop.workflows.evaluate import Deviation, Evaluation
 from omniloop.workflows.graph import Graph, load_workflow
 from omniloop.workflows.model_folder import ModelFolder, ServedCheckpoint
+from omniloop.workflows.schedules import SCHEDULES, flow_schedule
 from omniloop.workflows.values import AudioOut, Latent, Pixels, SaveTarget, Sampling, VideoOut
 
-# ComfyUI sampler -> ours; the schedules we run as the named ComfyUI scheduler over a flow model
+# ComfyUI sampler -> ours; the named schedules we run (ComfyUI's own under ModelSamplingSD3)
 SUPPORTED_SAMPLERS: Mapping[str, str] = {"euler": "flow_euler", "uni_pc": "flow_unipc", "uni_pc_bh2": "flow_unipc"}
-SUPPORTED_SCHEDULERS = ("simple", "normal", "sgm_uniform")
+SUPPORTED_SCHEDULERS = SCHEDULES
 # the second stage's sigmas of the distilled two-stage recipe (the refine node's own)
 REFINE_SIGMAS = (0.909375, 0.725, 0.421875)
 SEED_LIMIT = 2**63
@@ -228,16 +229,23 @@ def _sampler(ev: Evaluation, run: Sampling) -> str | None:
 
 
 def _schedule(ev: Evaluation, run: Sampling, fields: Fields) -> None:
+    """Steps or sigmas, sampler, shift. Under ``ModelSamplingSD3`` (a flow model with a static
+    shift) a named schedule is ComfyUI's own (``schedules.py``): its shifted sigmas, shift 1."""
     sampler = _sampler(ev, run)
     if run.scheduler is not None and run.scheduler != "ltxv" and run.scheduler not in SUPPORTED_SCHEDULERS:
         _deviate(ev, run.node, f"scheduler={run.scheduler!r} is not supported (supported: {list(SUPPORTED_SCHEDULERS)}"
                  "); the model's own flow schedule runs")
-    if run.sigmas is not None:
-        fields.put("sigmas", list(run.sigmas))
-    else:
-        fields.put("steps", run.steps)
     if sampler is not None:
         fields.put("sampler", sampler)
+    if run.sigmas is not None:
+        fields.put("sigmas", list(run.sigmas))
+    elif run.model.shift is not None and run.scheduler in SCHEDULES and run.denoise >= 1.0:
+        sigmas = flow_schedule(run.scheduler, run.steps, run.model.shift)
+        fields.put("sigmas", sigmas[:-1])  # (the final 0 is implied)
+        fields.put("shift", 1.0, "ModelSamplingSD3.shift")  # the sigmas are shifted already
+        return
+    else:
+        fields.put("steps", run.steps)
     if run.model.shift is not None:
         fields.put("shift", run.model.shift, "ModelSamplingSD3.shift")
     if run.denoise < 1.0 and run.start.encoded is None:

@@ -477,6 +477,10 @@ def _comfy_models(serve: Any) -> list[str]:
     from omniloop.workflows import ModelFolder
 
     folder = ModelFolder.load(serve.comfy_models)
+    unplaced = sorted(name for name, checkpoint in folder.served.items() if checkpoint.path is None)
+    if unplaced:
+        raise ValueError(f"--comfy-models: served models {unplaced} have no \"path\" in omniloop-models.json; give "
+                         "each its checkpoint folder, or serve them with --model NAME=PATH")
     return [f"{name}={checkpoint.path}" for name, checkpoint in folder.served.items()]
 
 

@@ -35,6 +35,11 @@ def models_folder(root: Path, checkpoints: dict[str, Path]) -> Path:
     served = {"wan": {"path": str(checkpoints["wan"])},
               "flux": {"path": str(checkpoints["flux"]), "embedded_guidance": True}}
     (root / "omniloop-models.json").write_text(json.dumps({"served": served, "files": files}))
+    from tests.flux_checkpoint import save_flux_loras
+
+    (root / "loras").mkdir()
+    detail = save_flux_loras(root / "_lora_src")["detail"]
+    (root / "loras" / "flux_detail.safetensors").write_bytes(detail.read_bytes())
     return root
 
 
@@ -248,3 +253,26 @@ def test_prompts_queued_together_batch_their_steps(comfy):
         time.sleep(0.05)
     assert all(history[i]["status"]["completed"] for i in ids)
     assert comfy.engine.stats()["batched_steps"] > before
+
+
+def test_a_lora_of_the_folder_applies_to_its_prompt(comfy):
+    """LoraLoaderModelOnly naming a file of loras/: registered with the served model on first
+    use, applied to this prompt only (the same seed without it makes another image)."""
+    def image_of(prompt: dict) -> bytes:
+        _, _, history = ScriptClient(comfy.url).run(prompt)
+        (item,) = next(iter(history["outputs"].values()))["images"]
+        return ScriptClient(comfy.url).view(item)
+
+    plain = workflow("flux_schnell", seed=21)
+    with_lora = workflow("flux_schnell", seed=21)
+    loader = next(nid for nid, n in with_lora.items() if n["class_type"] == "CheckpointLoaderSimple")
+    sampler = next(nid for nid, n in with_lora.items() if n["class_type"] == "KSampler")
+    with_lora["50"] = {"class_type": "LoraLoaderModelOnly", "inputs": {
+        "model": [loader, 0], "lora_name": "flux_detail.safetensors", "strength_model": 1.0}}
+    with_lora[sampler]["inputs"]["model"] = ["50", 0]
+    assert image_of(with_lora) != image_of(plain)
+    assert image_of(plain) == image_of(plain)  # the adapter stays with the prompt that named it
+    with_lora["50"]["inputs"]["lora_name"] = "missing.safetensors"
+    r = httpx.post(f"{comfy.url}/prompt", json={"prompt": with_lora})
+    assert r.status_code == 400
+    assert "flux_detail.safetensors" in r.json()["node_errors"]["50"]["errors"][0]["details"]  # what exists

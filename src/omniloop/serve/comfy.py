@@ -37,6 +37,8 @@ from starlette.datastructures import UploadFile
 
 import omniloop
 from omniloop.engine import EngineError, RequestRejected
+from omniloop.engine.model_pool import ModelPool
+from omniloop.pipeline.adapters import adapter_cache
 from omniloop.request import FinalEvent, OmniEvent, OmniOutput, ProgressEvent, RequestStatus
 from omniloop.serve.state import ServeState, check_auth, require_auth
 from omniloop.serve.wire import ServedModel
@@ -142,9 +144,8 @@ class ComfyApi:
             raise WorkflowError("no prompt: pass {\"prompt\": <workflow in API format>, \"client_id\": ...}",
                                 kind="no_prompt")
         compiled = await asyncio.to_thread(compile_workflow, prompt, self.folder, input_dir=self.dirs["input"])
-        compiled = replace(compiled, generations=tuple(  # the engine's name of each request's served model
-            replace(g, request=g.request.model_copy(update={"model": self.routes.get(g.served.name)}))
-            for g in compiled.generations))
+        compiled = replace(compiled, generations=tuple([await self._for_engine(compiled, g)
+                                                        for g in compiled.generations]))
         self.state.check_accepting()
         streams: list[tuple[AsyncIterator[OmniEvent], OmniEvent]] = []
         try:
@@ -170,6 +171,40 @@ class ComfyApi:
         task.add_done_callback(self.tasks.discard)
         await self.broadcast_status()
         return job
+
+    async def _for_engine(self, compiled: CompiledWorkflow, generation: Generation) -> Generation:
+        """The request as the engine takes it: its served model's engine name, and LoRA files
+        of the folder's ``loras/`` registered with that model (under their names there) and
+        named by those."""
+        route = self.routes.get(generation.served.name)
+        loras = generation.request.diffusion.loras
+        if loras:
+            node = generation.sampler_nodes[0]
+            names = [await self._registered(route, ref.name, node, compiled.graph[node].class_type) for ref in loras]
+            params = generation.request.diffusion.model_copy(
+                update={"loras": [ref.model_copy(update={"name": n}) for ref, n in zip(loras, names)]})
+            generation = replace(generation, request=generation.request.model_copy(update={"diffusion": params}))
+        return replace(generation, request=generation.request.model_copy(update={"model": route}))
+
+    async def _registered(self, route: str | None, name: str, node: str, class_type: str) -> str:
+        """A LoRA file of ``loras/`` loaded into the model's adapter cache once; its name there."""
+        path = Path(name)
+        if not path.is_absolute() or self.folder.root is None:
+            return name  # a name the map gives (an adapter registered through /v1/loras)
+        registered = path.relative_to(self.folder.root / "loras").as_posix()
+        engine = self.state.engine.engine
+        pipeline = engine.pipelines()[route] if isinstance(engine, ModelPool) and route else engine.pipeline
+        cache = adapter_cache(pipeline.caches)
+        if cache is None:
+            raise node_error(node, class_type, "invalid_input", f"LoRA {registered!r}: this model takes no LoRAs")
+        if registered not in cache:
+            try:
+                await asyncio.to_thread(cache.load, registered, path)
+            except ValueError as e:
+                if registered not in cache:  # (not a concurrent prompt loading it first)
+                    raise node_error(node, class_type, "invalid_input", f"LoRA {registered!r} does not fit "
+                                     "the model", str(e)) from None
+        return registered
 
     def _trim_history(self) -> None:
         finished = [j for j in self.jobs.values() if j.status not in ("pending", "running")]

@@ -17,12 +17,21 @@ CASES = [c for c in GOLDEN["schedules"] if c["scheduler"] in SCHEDULES]
 
 
 def test_the_table_covers_every_schedule_we_run():
-    assert {c["scheduler"] for c in CASES} == set(SCHEDULES) and len(CASES) == 60
+    assert {c["scheduler"] for c in CASES} == set(SCHEDULES) and len(CASES) == 80
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c['scheduler']}-shift{c['shift']:g}-{c['steps']}")
 def test_schedule_equals_comfyui(case):
     assert flow_schedule(case["scheduler"], case["steps"], case["shift"]) == case["sigmas"]  # bit for bit
+
+
+def test_beta_quantiles_equal_scipys():
+    """The Beta(0.6, 0.6) inverse CDF behind ``beta`` (scipy, ComfyUI's, is a test oracle only)."""
+    scipy_stats = pytest.importorskip("scipy.stats")
+    from omniloop.workflows.schedules import beta_ppf
+
+    for q in (0.0, 0.001, 0.05, 0.3, 0.5, 0.7, 0.95, 0.999, 1.0):
+        assert beta_ppf(q, 0.6, 0.6) == pytest.approx(float(scipy_stats.beta.ppf(q, 0.6, 0.6)), abs=1e-12)
 
 
 @pytest.mark.parametrize("case", GOLDEN["euler"], ids=lambda c: f"shift{c['shift']:g}-{c['steps']}")

@@ -608,4 +608,4 @@ def install(app: FastAPI, state: ServeState, folder: ModelFolder, workdir: Path 
     return comfy
 
 
-__all__ = ["ComfyApi", "install", "node_error"]
+__all__ = ["ComfyApi", "install"]

@@ -20,13 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from omniloop.request import (
-    DiffusionParams, Fields, ImagePart, LoraRef, Modality, OmniRequest, OutputSpec, TaskType, build_request,
-)
+from omniloop.request import Fields, ImagePart, LoraRef, Modality, OmniRequest, OutputSpec, TaskType, build_request
 from omniloop.request.builder import FieldError
-from omniloop.workflows.errors import WorkflowError, node_error
+from omniloop.workflows.errors import node_error
 from omniloop.workflows.evaluate import Deviation, Evaluation
-from omniloop.workflows.graph import Graph, load_workflow
+from omniloop.workflows.graph import Graph, GraphNode, load_workflow
 from omniloop.workflows.model_folder import ModelFolder, ServedCheckpoint
 from omniloop.workflows.schedules import SCHEDULES, flow_schedule
 from omniloop.workflows.values import AudioOut, Latent, Pixels, SaveTarget, Sampling, VideoOut
@@ -83,8 +81,6 @@ def compile_workflow(source: str | bytes | Mapping[str, Any] | Graph, models: Mo
 
 
 def _is_graph(source: Any) -> bool:
-    from omniloop.workflows.graph import GraphNode
-
     return isinstance(source, dict) and bool(source) and all(isinstance(v, GraphNode) for v in source.values())
 
 

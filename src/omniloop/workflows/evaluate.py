@@ -82,7 +82,7 @@ class Evaluation:
                              input_name)
         return Pixels("file", path=str(path))
 
-    def image_size(self, call: NodeCall, pixels: Any) -> tuple[int, int]:
+    def image_size(self, call: NodeCall, pixels: Pixels) -> tuple[int, int]:
         if pixels.width is not None and pixels.height is not None:
             return pixels.width, pixels.height
         if pixels.source == "file" and pixels.path is not None:
@@ -90,8 +90,9 @@ class Evaluation:
 
             with Image.open(pixels.path) as image:
                 return image.size
-        if pixels.latent is not None and pixels.latent.width is not None:
-            return pixels.latent.width, pixels.latent.height
+        latent = pixels.latent
+        if latent is not None and latent.width is not None and latent.height is not None:
+            return latent.width, latent.height
         raise node_error(call.id, call.class_type, "invalid_input_type", "the image's size is not known when the "
                          "workflow is compiled", input_name="image")
 

@@ -331,10 +331,7 @@ def ltxv_img_to_video_inplace(call: NodeCall) -> tuple[Any, ...]:
         return (call["latent"],)
     if float(call["strength"]) != 1.0:
         call.context.deviate(call, f"strength={call['strength']}: the first frame is kept exactly (strength 1)")
-    latent = call["latent"]
-    if latent.kind == "av":
-        return (replace(latent, image=call["image"]),)
-    return (replace(latent, image=call["image"]),)
+    return (replace(call["latent"], image=call["image"]),)  # (an "av" latent keeps its audio half)
 
 
 @node("VAEEncode", [i("pixels", "IMAGE"), i("vae", "VAE")], ["LATENT"], category="latent")

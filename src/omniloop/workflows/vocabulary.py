@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
+
+from omniloop.workflows.model_folder import ServedCheckpoint
+from omniloop.workflows.values import Pixels, SaveTarget
 
 WIDGET_TYPES = frozenset({"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"})
 
@@ -46,15 +49,26 @@ class InputSpec:
         return bool(wanted & given) or (self.type == "COMBO" and socket in ("STRING", "COMBO"))
 
 
+class NodeContext(Protocol):
+    """What a handler may ask of the evaluation it runs in (``evaluate.Evaluation``)."""
+
+    def resolve(self, call: "NodeCall", input_name: str, folders: tuple[str, ...]) -> ServedCheckpoint: ...
+    def lora(self, call: "NodeCall", input_name: str) -> str: ...
+    def deviate(self, call: "NodeCall", message: str) -> None: ...
+    def save(self, target: SaveTarget) -> None: ...
+    def load_image(self, call: "NodeCall", input_name: str) -> Pixels: ...
+    def image_size(self, call: "NodeCall", pixels: Pixels) -> tuple[int, int]: ...
+
+
 @dataclass(frozen=True)
 class NodeCall:
     """One node being evaluated: its id and class, its inputs' values (links resolved,
-    defaults filled), and the compile's context (``notes`` collects deviations)."""
+    widgets checked), and the evaluation it runs in."""
 
     id: str
     class_type: str
     inputs: Mapping[str, Any]
-    context: Any  # compiler.Evaluation (typed there; a Protocol here would be a cycle)
+    context: NodeContext
 
     def __getitem__(self, name: str) -> Any:
         return self.inputs[name]

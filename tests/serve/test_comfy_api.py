@@ -169,6 +169,10 @@ def test_a_bad_workflow_is_400_with_node_errors_and_nothing_is_queued(comfy):
     too_big = workflow("text_to_video_wan", width=512, height=512)  # over the deployment's max_pixels
     r = httpx.post(f"{comfy.url}/prompt", json={"prompt": too_big})
     assert r.status_code == 400 and r.json()["node_errors"][sampler]["errors"][0]["type"] == "invalid_input"
+    taken = next(iter(before), None)
+    if taken is not None:  # a client's own prompt_id must be new
+        r = httpx.post(f"{comfy.url}/prompt", json={"prompt": workflow("text_to_video_wan"), "prompt_id": taken})
+        assert r.status_code == 400 and "is taken" in r.json()["error"]["message"]
     assert httpx.get(f"{comfy.url}/queue").json() == {"queue_running": [], "queue_pending": []}
     assert httpx.get(f"{comfy.url}/history").json() == before
     assert httpx.get(f"{comfy.url}/health").status_code == 200

@@ -139,7 +139,10 @@ class ComfyApi:
     # -- prompts --------------------------------------------------------------------------
     async def accept(self, body: dict[str, Any]) -> PromptJob:
         """Compile and submit; every request admitted or none (a refusal is a WorkflowError)."""
-        prompt = body.get("prompt")
+        prompt, given_id = body.get("prompt"), body.get("prompt_id")
+        if given_id is not None and (not isinstance(given_id, str) or not given_id or given_id in self.jobs):
+            raise WorkflowError(f"prompt_id {given_id!r} is taken or not a string; pass a new one or omit it",
+                                kind="invalid_prompt")
         if not isinstance(prompt, dict):
             raise WorkflowError("no prompt: pass {\"prompt\": <workflow in API format>, \"client_id\": ...}",
                                 kind="no_prompt")
@@ -161,7 +164,7 @@ class ComfyApi:
         self.number += 1
         client_id = body.get("client_id")
         extra = body.get("extra_data")
-        job = PromptJob(uuid.uuid4().hex if not isinstance(body.get("prompt_id"), str) else body["prompt_id"],
+        job = PromptJob(given_id if isinstance(given_id, str) else uuid.uuid4().hex,
                         self.number, prompt, client_id if isinstance(client_id, str) else None,
                         extra if isinstance(extra, dict) else {}, compiled, streams)
         self.jobs[job.id] = job

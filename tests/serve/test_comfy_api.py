@@ -247,7 +247,7 @@ def test_prompts_queued_together_batch_their_steps(comfy):
     import time
 
     before = comfy.engine.stats()["batched_steps"]
-    ids = [httpx.post(f"{comfy.url}/prompt", json={"prompt": workflow("text_to_video_wan", seed=s, steps=12),
+    ids = [httpx.post(f"{comfy.url}/prompt", json={"prompt": workflow("text_to_video_wan", seed=s, steps=40),
                                                    "client_id": f"c{s}"}).json()["prompt_id"] for s in (1, 2, 3)]
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

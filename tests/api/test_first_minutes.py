@@ -149,4 +149,6 @@ def test_serve_and_dynamo_worker_spell_their_shared_flags_the_same():
                                        # issue 29's edges: caps, browser safety, LoRA registrations
                                        "--max-json-depth", "--max-ws-message-bytes", "--max-image-pixels",
                                        "--metrics-public", "--no-metrics-public", "--browser-token-s",
-                                       "--allowed-hosts", "--allowed-origins", "--max-loras", "--max-lora-bytes"}
+                                       "--allowed-hosts", "--allowed-origins", "--max-loras", "--max-lora-bytes",
+                                       # issue 33: ComfyUI's API beside the OpenAI one (HTTP only)
+                                       "--comfy-models", "--comfy-workdir"}

@@ -17,6 +17,8 @@ ALLOWED = {
     "engine": {"request", "pipeline", "models", "cache", "ext", "deploy", "cpu_threads", "io", "parallel"},
     # the axis spec, pre-flight and the pieces that parallelize a model: below the engine (its pool uses them)
     "parallel": {"request", "pipeline", "models", "ext"},
+    # the ComfyUI workflow compiler: a request-plane front end (graph JSON -> OmniRequests), beside api/serve
+    "workflows": {"request"},
 }
 FORBIDDEN_EVERYWHERE = {"train"}
 

@@ -153,4 +153,6 @@ def test_serve_and_dynamo_worker_spell_their_shared_flags_the_same():
                                        "--allowed-hosts", "--allowed-origins", "--max-loras", "--max-lora-bytes",
                                        # issue 29 item 8: crash checkpoints of durable jobs
                                        "--checkpoint-every-s", "--checkpoint-every-steps", "--checkpoint-max-bytes",
-                                       "--max-job-restarts"}
+                                       "--max-job-restarts",
+                                       # issue 33: ComfyUI's API beside the OpenAI one (HTTP only)
+                                       "--comfy-models", "--comfy-workdir"}

@@ -316,6 +316,37 @@ def _cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _comfy_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("comfy", help="ComfyUI workflows (API or UI format JSON) on omniloop",
+                       formatter_class=DefaultsHelpFormatter)
+    kinds = p.add_subparsers(dest="comfy_command", required=True)
+    c = kinds.add_parser("check", help="coverage report: the nodes supported and refused, the compiled requests, "
+                         "what runs differently from ComfyUI; exit 1 if a workflow is refused",
+                         formatter_class=DefaultsHelpFormatter)
+    c.add_argument("workflow", nargs="+", help="workflow .json files")
+    c.add_argument("--models", default=None, metavar="DIR", help="a ComfyUI models folder with omniloop-models.json "
+                   "(default: file names are not checked)")
+    c.add_argument("--input", default=None, metavar="DIR", help="LoadImage's folder (default: names not checked)")
+    c.add_argument("--exact", action="store_true", help="refuse what would run differently from ComfyUI")
+    c.add_argument("--json", action="store_true", help="one JSON line per workflow instead of the report")
+    c.set_defaults(func=_cmd_comfy_check)
+
+
+def _cmd_comfy_check(args: argparse.Namespace) -> int:
+    import json
+
+    from omniloop.workflows.coverage import coverage
+    from omniloop.workflows.model_folder import ModelFolder
+
+    models = ModelFolder.load(args.models) if args.models else None
+    refused = 0
+    for path in map(Path, args.workflow):
+        report = coverage(path.read_bytes(), path.name, models, Path(args.input) if args.input else None, args.exact)
+        refused += report.compiled is None
+        print(json.dumps(report.row()) if args.json else report.render() + "\n")
+    return 1 if refused else 0
+
+
 def _eval_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="evaluate generated media", formatter_class=DefaultsHelpFormatter)
     kinds = p.add_subparsers(dest="eval_command", required=True)
@@ -465,8 +496,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         serve = ServeConfig.model_validate({**serve.model_dump(), **options})
     except ValidationError as e:
         raise flag_error(e, options, {"drain_timeout_s": "--drain-timeout"}) from None
-    specs = args.model or [DEFAULT_MODEL]
-    if args.model is None and serve.session_model is None:  # the default server also serves the interactive model
+    specs = args.model or _comfy_models(serve) or [DEFAULT_MODEL]
+    if specs == [DEFAULT_MODEL] and serve.session_model is None:  # the default server also serves the interactive model
         serve = serve.model_copy(update={"session_model": _interactive_default()})
     models = served_models(specs)
     if len(models) > 1 and args.served_model_name:
@@ -477,6 +508,20 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             serve = serve.model_copy(update={"served_model_name": name})
         return run_server(model, deploy, serve, log_level="info" if args.verbose else "warning")
     return run_server(models, deploy, serve, log_level="info" if args.verbose else "warning")
+
+
+def _comfy_models(serve: Any) -> list[str]:
+    """``--comfy-models DIR`` without ``--model``: serve the checkpoints its map names."""
+    if serve.comfy_models is None:
+        return []
+    from omniloop.workflows import ModelFolder
+
+    folder = ModelFolder.load(serve.comfy_models)
+    unplaced = sorted(name for name, checkpoint in folder.served.items() if checkpoint.path is None)
+    if unplaced:
+        raise ValueError(f"--comfy-models: served models {unplaced} have no \"path\" in omniloop-models.json; give "
+                         "each its checkpoint folder, or serve them with --model NAME=PATH")
+    return [f"{name}={checkpoint.path}" for name, checkpoint in folder.served.items()]
 
 
 def served_models(specs: list[str]) -> dict[str, str]:
@@ -517,6 +562,7 @@ def build_parser() -> argparse.ArgumentParser:
     _eval_parser(sub)
     _serve_parser(sub)
     _dynamo_parser(sub)
+    _comfy_parser(sub)
     return parser
 
 
@@ -540,7 +586,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # commands whose process ends with main(): nothing of theirs runs at interpreter exit
-_QUICK_EXIT = frozenset({"generate", "models", "eval"})
+_QUICK_EXIT = frozenset({"generate", "models", "eval", "comfy"})
 
 
 def entry() -> NoReturn:

@@ -163,6 +163,11 @@ def create_app(engine: AsyncEngine, config: ServeConfig | None = None, *, jobs: 
                    chat.router, audio.router, loras.router, play.router, rollouts.router, weights.router):
         app.include_router(router)
     config = state.config
+    if config.comfy_models is not None:  # ComfyUI's API beside the OpenAI one (serve/comfy.py)
+        from omniloop.serve import comfy
+        from omniloop.workflows import ModelFolder
+
+        comfy.install(app, state, ModelFolder.load(config.comfy_models), config.comfy_workdir)
     app.add_middleware(Idempotent)  # inside the body cap: it reads the (capped) body to key a retry
     app.add_middleware(BodyLimit, max_bytes=config.max_upload_bytes, max_json_depth=config.max_json_depth,
                        max_ws_message_bytes=config.max_ws_message_bytes)

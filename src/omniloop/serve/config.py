@@ -130,6 +130,13 @@ class ServeConfig(BaseModel):
                                   "(no chunks made) and ends after this unless a client reconnects")
     session_connect_grace_s: float = Field(default=10.0, gt=0, description="a session no client ever connects "
                                            "to (it makes no chunks meanwhile) ends after this")
+    comfy_models: Path | None = Field(
+        default=None, description="a ComfyUI models folder (diffusion_models/, checkpoints/, vae/, loras/...) with "
+        "omniloop-models.json mapping its file names to the served checkpoints: serves ComfyUI's HTTP/WebSocket API "
+        "(/prompt, /history, /view, /ws...) beside the OpenAI API (docs/comfyui.md)")
+    comfy_workdir: Path | None = Field(
+        default=None, description="where the ComfyUI API keeps its input/, output/ and temp/ folders (default: a "
+        "temporary folder removed at exit)")
     session_model: str | None = Field(
         default=None, description="an interactive model (a built-in name or a folder) that serves /v1/sessions and "
         "/play beside the served model; `omniloop serve` without --model uses the built-in shapes-interactive")

@@ -1,0 +1,614 @@
+"""ComfyUI's HTTP/WebSocket API on the engine (``omniloop serve --comfy-models DIR``).
+
+The routes ComfyUI's clients use, with its payloads: ``POST /prompt`` (a workflow in API
+format -> ``{prompt_id, number, node_errors}``, or 400 with ``error`` and ``node_errors``
+and nothing queued), ``GET /history[/{id}]``, ``GET /view``, ``GET/POST /queue``,
+``POST /interrupt``, ``POST /upload/image``, ``GET /object_info[/{class}]``,
+``GET /system_stats``, ``GET /models[/{folder}]`` and the WebSocket ``/ws?clientId=`` with
+its message types (``status``, ``execution_start``, ``execution_cached``, ``executing``
+ending with ``node: null``, ``progress``, ``executed``, ``execution_success``,
+``execution_error``, ``execution_interrupted``).
+
+Unlike ComfyUI's one-at-a-time queue, a prompt's requests go to the engine as soon as it is
+accepted: prompts of every client batch and interleave step by step. A prompt's
+``progress`` messages count its own steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal
+
+from fastapi import APIRouter, Depends, FastAPI, Request, WebSocket, WebSocketDisconnect
+from fastapi.responses import FileResponse, JSONResponse
+from starlette.datastructures import UploadFile
+
+import omniloop
+from omniloop.engine import EngineError, RequestRejected
+from omniloop.engine.model_pool import ModelPool
+from omniloop.pipeline.adapters import adapter_cache
+from omniloop.request import FinalEvent, OmniEvent, OmniOutput, ProgressEvent, RequestStatus
+from omniloop.serve.state import ServeState, check_auth, require_auth
+from omniloop.serve.wire import ServedModel
+from omniloop.workflows import CompiledWorkflow, Generation, ModelFolder, WorkflowError, compile_workflow
+from omniloop.workflows.errors import NodeProblem, node_error
+from omniloop.workflows.values import AudioOut, Pixels, SaveTarget, VideoOut
+from omniloop.workflows.vocabulary import VOCABULARY
+
+logger = logging.getLogger(__name__)
+router = APIRouter(tags=["comfyui"], dependencies=[Depends(require_auth)])
+ws_router = APIRouter(tags=["comfyui"])  # the socket checks the key itself (a dependency takes a Request)
+FileKind = Literal["output", "input", "temp"]
+# COMBO inputs whose options are the files of a folder (what /object_info lists)
+MODEL_INPUTS = {"ckpt_name": "checkpoints", "unet_name": "diffusion_models", "clip_name": "text_encoders",
+                "clip_name1": "text_encoders", "clip_name2": "text_encoders", "text_encoder": "text_encoders",
+                "vae_name": "vae", "lora_name": "loras", "model_name": "latent_upscale_models"}
+MAX_HISTORY = 1000
+
+
+@dataclass
+class PromptJob:
+    """One accepted prompt: its workflow, its compiled requests, where it is, what it made."""
+
+    id: str
+    number: int
+    prompt: dict[str, Any]
+    client_id: str | None
+    extra_data: dict[str, Any]
+    compiled: CompiledWorkflow
+    streams: list[tuple[AsyncIterator[OmniEvent], OmniEvent]]  # each request's events, and its first
+    status: Literal["pending", "running", "success", "error", "interrupted"] = "pending"
+    outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    messages: list[list[Any]] = field(default_factory=list)
+    interrupted: bool = False
+
+    def entry(self) -> list[Any]:
+        """ComfyUI's queue / history item: [number, id, prompt, extra_data, outputs to execute]."""
+        return [self.number, self.id, self.prompt, self.extra_data, [s.node for g in self.compiled.generations
+                                                                      for s in g.saves]]
+
+    @property
+    def request_ids(self) -> list[str]:
+        return [g.request.request_id for g in self.compiled.generations]
+
+
+class ComfyApi:
+    """The ComfyUI front end of one server: prompts, files and WebSocket clients."""
+
+    def __init__(self, state: ServeState, folder: ModelFolder, workdir: Path | None = None) -> None:
+        self.state, self.folder = state, folder
+        self._own_dir = workdir is None
+        self.root = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="omniloop-comfy-"))
+        self.dirs: dict[str, Path] = {kind: self.root / kind for kind in ("input", "output", "temp")}
+        for path in self.dirs.values():
+            path.mkdir(parents=True, exist_ok=True)
+        self.routes = self._routes(ServedModel.all_of(state.engine))
+        self.jobs: dict[str, PromptJob] = {}  # by id, in arrival order (history included)
+        self.clients: dict[str, set[WebSocket]] = {}
+        self.number = 0
+        self.tasks: set[asyncio.Task] = set()
+
+    def _routes(self, served: dict[str, ServedModel]) -> dict[str, str | None]:
+        """The folder's served names -> OmniRequest.model (None: a one-model engine)."""
+        if len(served) == 1:
+            return {name: None for name in self.folder.served}
+        routes = {}
+        for name in self.folder.served:
+            model = served.get(name)
+            if model is None:
+                raise ValueError(f"--comfy-models: {name!r} (omniloop-models.json) is not a served model; "
+                                 f"serve it (--model {name}=PATH) or pass one of {sorted(served)}")
+            routes[name] = model.route
+        return routes
+
+    def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        if self._own_dir:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    # -- WebSocket ------------------------------------------------------------------------
+    async def send(self, kind: str, data: dict[str, Any], client_id: str | None) -> None:
+        """A message to the prompt's client (every client when it named none)."""
+        message = {"type": kind, "data": data}
+        targets = self.clients.get(client_id, set()) if client_id else set().union(*self.clients.values())
+        for ws in list(targets):
+            with contextlib.suppress(Exception):  # a client gone mid-send is dropped on its own receive
+                await ws.send_json(message)
+
+    def queue_remaining(self) -> int:
+        return sum(job.status in ("pending", "running") for job in self.jobs.values())
+
+    async def broadcast_status(self) -> None:
+        data = {"status": {"exec_info": {"queue_remaining": self.queue_remaining()}}}
+        for client_id in list(self.clients):
+            await self.send("status", {**data, "sid": client_id}, client_id)
+
+    # -- prompts --------------------------------------------------------------------------
+    async def accept(self, body: dict[str, Any]) -> PromptJob:
+        """Compile and submit; every request admitted or none (a refusal is a WorkflowError)."""
+        prompt, given_id = body.get("prompt"), body.get("prompt_id")
+        if given_id is not None and (not isinstance(given_id, str) or not given_id or given_id in self.jobs):
+            raise WorkflowError(f"prompt_id {given_id!r} is taken or not a string; pass a new one or omit it",
+                                kind="invalid_prompt")
+        if not isinstance(prompt, dict):
+            raise WorkflowError("no prompt: pass {\"prompt\": <workflow in API format>, \"client_id\": ...}",
+                                kind="no_prompt")
+        compiled = await asyncio.to_thread(compile_workflow, prompt, self.folder, input_dir=self.dirs["input"])
+        compiled = replace(compiled, generations=tuple([await self._for_engine(compiled, g)
+                                                        for g in compiled.generations]))
+        self.state.check_accepting()
+        streams: list[tuple[AsyncIterator[OmniEvent], OmniEvent]] = []
+        try:
+            for generation in compiled.generations:
+                stream = self.state.engine.stream(generation.request)
+                streams.append((stream, await anext(stream)))  # submitted here: a rejection raises
+        except RequestRejected as e:
+            for stream, _ in streams:
+                await _close(stream)  # aborts what was submitted
+            node = compiled.generations[len(streams)].sampler_nodes[0]
+            raise WorkflowError("Prompt outputs failed validation", node_errors={node: (
+                compiled.graph[node].class_type, [NodeProblem("invalid_input", str(e), e.hint or "")])}) from None
+        self.number += 1
+        client_id = body.get("client_id")
+        extra = body.get("extra_data")
+        job = PromptJob(given_id if isinstance(given_id, str) else uuid.uuid4().hex,
+                        self.number, prompt, client_id if isinstance(client_id, str) else None,
+                        extra if isinstance(extra, dict) else {}, compiled, streams)
+        self.jobs[job.id] = job
+        self._trim_history()
+        task = asyncio.create_task(self._run(job), name=f"comfy-prompt-{job.id}")
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        await self.broadcast_status()
+        return job
+
+    async def _for_engine(self, compiled: CompiledWorkflow, generation: Generation) -> Generation:
+        """The request as the engine takes it: its served model's engine name, and LoRA files
+        of the folder's ``loras/`` registered with that model (under their names there) and
+        named by those."""
+        route = self.routes.get(generation.served.name)
+        loras = generation.request.diffusion.loras
+        if loras:
+            node = generation.sampler_nodes[0]
+            names = [await self._registered(route, ref.name, node, compiled.graph[node].class_type) for ref in loras]
+            params = generation.request.diffusion.model_copy(
+                update={"loras": [ref.model_copy(update={"name": n}) for ref, n in zip(loras, names)]})
+            generation = replace(generation, request=generation.request.model_copy(update={"diffusion": params}))
+        return replace(generation, request=generation.request.model_copy(update={"model": route}))
+
+    async def _registered(self, route: str | None, name: str, node: str, class_type: str) -> str:
+        """A LoRA file of ``loras/`` loaded into the model's adapter cache once; its name there."""
+        path = Path(name)
+        if not path.is_absolute() or self.folder.root is None:
+            return name  # a name the map gives (an adapter registered through /v1/loras)
+        registered = path.relative_to(self.folder.root / "loras").as_posix()
+        engine = self.state.engine.engine
+        pipeline = engine.pipelines()[route] if isinstance(engine, ModelPool) and route else engine.pipeline
+        cache = adapter_cache(pipeline.caches)
+        if cache is None:
+            raise node_error(node, class_type, "invalid_input", f"LoRA {registered!r}: this model takes no LoRAs")
+        if registered not in cache:
+            try:
+                await asyncio.to_thread(cache.load, registered, path)
+            except ValueError as e:
+                if registered not in cache:  # (not a concurrent prompt loading it first)
+                    raise node_error(node, class_type, "invalid_input", f"LoRA {registered!r} does not fit "
+                                     "the model", str(e)) from None
+        return registered
+
+    def _trim_history(self) -> None:
+        finished = [j for j in self.jobs.values() if j.status not in ("pending", "running")]
+        for job in finished[:max(0, len(self.jobs) - MAX_HISTORY)]:
+            del self.jobs[job.id]
+
+    async def _message(self, job: PromptJob, kind: str, **data: Any) -> None:
+        data = {"prompt_id": job.id, **data}
+        if kind.startswith("execution_"):
+            data.setdefault("timestamp", int(time.time() * 1000))
+            job.messages.append([kind, data])
+        await self.send(kind, data, job.client_id)
+
+    async def _run(self, job: PromptJob) -> None:
+        await self._message(job, "execution_start")
+        await self._message(job, "execution_cached", nodes=[])
+        executed: list[str] = []
+        try:
+            outputs = await asyncio.gather(*(self._follow(job, g, stream, first) for g, (stream, first) in
+                                             zip(job.compiled.generations, job.streams)))
+            for generation, output in zip(job.compiled.generations, outputs):
+                await self._finish(job, generation, output, executed)
+        except asyncio.CancelledError:
+            for rid in job.request_ids:
+                with contextlib.suppress(EngineError):
+                    await self.state.engine.abort(rid)
+            raise
+        except _Stopped as stop:
+            if stop.interrupted:
+                job.status = "interrupted"
+                await self._message(job, "execution_interrupted", node_id=stop.node, node_type=stop.class_type,
+                                    executed=executed)
+            else:
+                job.status = "error"
+                await self._message(job, "execution_error", node_id=stop.node, node_type=stop.class_type,
+                                    executed=executed, exception_message=stop.message,
+                                    exception_type=stop.exception_type, traceback=[], current_inputs={},
+                                    current_outputs={})
+            await self._message(job, "executing", node=None, display_node=None)
+            await self.broadcast_status()
+            return
+        job.status = "success"
+        await self._message(job, "execution_success")
+        await self._message(job, "executing", node=None, display_node=None)  # the end, as ComfyUI's worker says it
+        await self.broadcast_status()
+
+    async def _follow(self, job: PromptJob, generation: Generation, stream: AsyncIterator[OmniEvent],
+                      first: OmniEvent) -> OmniOutput:
+        """The engine's events of one request as ``executing`` / ``progress`` messages of its
+        sampler nodes (the loops in the order they first report map onto them)."""
+        loops: list[str] = []
+        event: OmniEvent | None = first
+        try:
+            while event is not None:
+                if isinstance(event, ProgressEvent) and (event.node in loops or
+                                                         len(loops) < len(generation.sampler_nodes)):
+                    if event.node not in loops:  # (a later loop, e.g. a streamed decode, is not a sampler's)
+                        loops.append(event.node)
+                        job.status = "running"
+                        node = generation.sampler_nodes[len(loops) - 1]
+                        await self._message(job, "executing", node=node, display_node=node)
+                    node = generation.sampler_nodes[loops.index(event.node)]
+                    await self._message(job, "progress", value=event.step, max=event.total, node=node)
+                elif isinstance(event, FinalEvent):
+                    return self._checked(job, generation, event.output)
+                event = await anext(stream, None)
+        finally:
+            await _close(stream)  # an interrupted prompt's request is aborted here
+        raise AssertionError("the event stream ended without a final event")
+
+    def _checked(self, job: PromptJob, generation: Generation, output: OmniOutput) -> OmniOutput:
+        if output.status is RequestStatus.COMPLETED:
+            return output
+        node = generation.sampler_nodes[-1]
+        class_type = job.compiled.graph[node].class_type
+        if output.status is RequestStatus.CANCELLED or job.interrupted:
+            raise _Stopped(node, class_type, "interrupted", interrupted=True)
+        failure = output.failure
+        raise _Stopped(node, class_type, failure.message if failure else "failed",
+                       exception_type=failure.kind.value if failure else "RuntimeError")
+
+    async def _finish(self, job: PromptJob, generation: Generation, output: OmniOutput, executed: list[str]) -> None:
+        """Write what each output node saves and tell its client (``executed``)."""
+        for save in generation.saves:
+            await self._message(job, "executing", node=save.node, display_node=save.node)
+            ui = await asyncio.to_thread(self._write, save, output)
+            job.outputs[save.node] = ui
+            executed.append(save.node)
+            await self._message(job, "executed", node=save.node, display_node=save.node, output=ui)
+
+    # -- files ----------------------------------------------------------------------------
+    def _target(self, save: SaveTarget, suffix: str) -> tuple[Path, str, str]:
+        kind: FileKind = "temp" if save.temporary else "output"
+        prefix = PurePosixPath(save.prefix.replace("\\", "/"))
+        parts = [p for p in prefix.parts if p not in ("", ".", "..", "/")]
+        subfolder = "/".join(parts[:-1])
+        stem = parts[-1] if parts else "ComfyUI"
+        folder = self.dirs[kind] / subfolder
+        folder.mkdir(parents=True, exist_ok=True)
+        taken = len(list(folder.glob(f"{stem}_*_.{suffix}")))
+        name = f"{stem}_{taken + 1:05d}_.{suffix}"
+        return folder / name, subfolder, kind
+
+    def _write(self, save: SaveTarget, output: OmniOutput) -> dict[str, Any]:
+        from omniloop.io.audio import write_audio
+        from omniloop.io.image import write_png
+        from omniloop.io.video import write_mp4
+
+        media = save.media
+        if isinstance(media, AudioOut):
+            audio = output.audio
+            assert audio is not None, f"{save.node}: the request made no audio"
+            path, subfolder, kind = self._target(save, "wav")
+            write_audio(audio.samples, path, audio.sample_rate, format="wav")
+            return {"audio": [{"filename": path.name, "subfolder": subfolder, "type": kind}]}
+        if isinstance(media, VideoOut):
+            video, audio = output.video, output.audio if media.audio is not None else None
+            assert video is not None, f"{save.node}: the request made no video"
+            path, subfolder, kind = self._target(save, "mp4")
+            write_mp4(video.frames, path, fps=max(1, round(media.fps)), audio=audio.samples if audio else None,
+                      sample_rate=audio.sample_rate if audio else None)
+            return {"images": [{"filename": path.name, "subfolder": subfolder, "type": kind}], "animated": [True]}
+        assert isinstance(media, Pixels)
+        frames = [output.image.image] if output.image is not None else \
+            list(output.video.frames) if output.video is not None else []
+        files = []
+        for frame in frames:  # [H, W, 3] uint8 each
+            path, subfolder, kind = self._target(save, "png")
+            write_png(frame, path)
+            files.append({"filename": path.name, "subfolder": subfolder, "type": kind})
+        return {"images": files}
+
+    def file(self, filename: str, subfolder: str, kind: str) -> Path:
+        """A file under input/, output/ or temp/; names leaving them are refused (404)."""
+        if kind not in self.dirs:
+            raise _NotFound(f"type {kind!r}: pass output, input or temp")
+        base = self.dirs[kind].resolve()
+        path = (base / subfolder / filename).resolve()
+        if not path.is_relative_to(base) or not path.is_file():
+            raise _NotFound(f"no file {filename!r} in {kind}/{subfolder}")
+        return path
+
+    # -- queue ----------------------------------------------------------------------------
+    async def interrupt(self, prompt_id: str | None) -> None:
+        for job in self.jobs.values():
+            if job.status in ("pending", "running") and prompt_id in (None, job.id):
+                job.interrupted = True
+                for rid in job.request_ids:
+                    with contextlib.suppress(EngineError):
+                        await self.state.engine.abort(rid)
+
+
+async def _close(stream: AsyncIterator[OmniEvent]) -> None:
+    """End an engine event stream early (``AsyncEngine.stream`` aborts its request then)."""
+    if isinstance(stream, AsyncGenerator):
+        await stream.aclose()
+
+
+class _Stopped(Exception):
+    def __init__(self, node: str, class_type: str, message: str, *, interrupted: bool = False,
+                 exception_type: str = "RuntimeError") -> None:
+        super().__init__(message)
+        self.node, self.class_type, self.message = node, class_type, message
+        self.interrupted, self.exception_type = interrupted, exception_type
+
+
+class _NotFound(Exception):
+    pass
+
+
+def api(request: Request) -> ComfyApi:
+    return request.app.state.comfy
+
+
+def _bad_prompt(error: WorkflowError) -> JSONResponse:
+    return JSONResponse(error.to_comfy(), status_code=400)
+
+
+@router.post("/prompt", summary="Queue a workflow (API format); 400 with node_errors if it cannot run")
+async def post_prompt(request: Request) -> JSONResponse:
+    comfy = api(request)
+    try:
+        body = await request.json()
+    except ValueError:
+        return _bad_prompt(WorkflowError("the body is not JSON; send {\"prompt\": {...}, \"client_id\": \"...\"}",
+                                         kind="invalid_prompt"))
+    if not isinstance(body, dict):
+        return _bad_prompt(WorkflowError("the body must be an object {\"prompt\": {...}}", kind="invalid_prompt"))
+    try:
+        job = await comfy.accept(body)
+    except WorkflowError as e:
+        return _bad_prompt(e)
+    return JSONResponse({"prompt_id": job.id, "number": job.number, "node_errors": {}})
+
+
+@router.get("/prompt")
+async def get_prompt(request: Request) -> dict[str, Any]:
+    return {"exec_info": {"queue_remaining": api(request).queue_remaining()}}
+
+
+def _history_item(job: PromptJob) -> dict[str, Any]:
+    status = {"status_str": "success" if job.status == "success" else "error", "completed": job.status == "success",
+              "messages": job.messages}
+    meta = {node: {"node_id": node, "display_node": node} for node in job.outputs}
+    return {"prompt": job.entry(), "outputs": job.outputs, "status": status, "meta": meta}
+
+
+@router.get("/history")
+async def history(request: Request, max_items: int | None = None) -> dict[str, Any]:
+    done = [j for j in api(request).jobs.values() if j.status not in ("pending", "running")]
+    if max_items is not None:
+        done = done[-max_items:] if max_items > 0 else []
+    return {j.id: _history_item(j) for j in done}
+
+
+@router.get("/history/{prompt_id}")
+async def history_of(request: Request, prompt_id: str) -> dict[str, Any]:
+    job = api(request).jobs.get(prompt_id)
+    if job is None or job.status in ("pending", "running"):
+        return {}  # ComfyUI answers an unknown (or unfinished) id with an empty object
+    return {job.id: _history_item(job)}
+
+
+@router.post("/history")
+async def post_history(request: Request) -> JSONResponse:
+    comfy, body = api(request), await _json_body(request)
+    done = [pid for pid, j in comfy.jobs.items() if j.status not in ("pending", "running")]
+    doomed = done if body.get("clear") else [p for p in body.get("delete", []) if p in done]
+    for pid in doomed:
+        del comfy.jobs[pid]
+    return JSONResponse({})
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    with contextlib.suppress(ValueError):
+        body = await request.json()
+        if isinstance(body, dict):
+            return body
+    return {}
+
+
+@router.get("/queue")
+async def get_queue(request: Request) -> dict[str, Any]:
+    jobs = api(request).jobs.values()
+    return {"queue_running": [j.entry() for j in jobs if j.status == "running"],
+            "queue_pending": [j.entry() for j in jobs if j.status == "pending"]}
+
+
+@router.post("/queue")
+async def post_queue(request: Request) -> JSONResponse:
+    """``{"clear": true}`` cancels every pending prompt; ``{"delete": [ids]}`` those named."""
+    comfy, body = api(request), await _json_body(request)
+    for job in list(comfy.jobs.values()):
+        if job.status == "pending" and (body.get("clear") or job.id in body.get("delete", [])):
+            await comfy.interrupt(job.id)
+    return JSONResponse({})
+
+
+@router.post("/interrupt")
+async def interrupt(request: Request) -> JSONResponse:
+    """Stop the running prompt(s) (``{"prompt_id": id}``: that one only)."""
+    body = await _json_body(request)
+    await api(request).interrupt(body.get("prompt_id") if isinstance(body.get("prompt_id"), str) else None)
+    return JSONResponse({})
+
+
+@router.get("/view")
+async def view(request: Request, filename: str, subfolder: str = "", type: str = "output") -> Any:
+    try:
+        return FileResponse(api(request).file(filename, subfolder, type))
+    except _NotFound as e:
+        return JSONResponse({"error": str(e)}, status_code=404)
+
+
+@router.post("/upload/image")
+async def upload_image(request: Request) -> JSONResponse:
+    """A multipart ``image`` file into input/ (``subfolder``, ``overwrite``); not an image or
+    over the size limits: 400."""
+    from omniloop.io.image import verify_image
+
+    comfy = api(request)
+    form = await request.form()
+    upload = form.get("image")
+    if not isinstance(upload, UploadFile) or not upload.filename:
+        return JSONResponse({"error": "send the image as the multipart field 'image'"}, status_code=400)
+    data = await upload.read()
+    limit = comfy.state.config.max_image_pixels or 16 * 2**20
+    try:
+        verify_image(data, limit)
+    except ValueError as e:
+        return JSONResponse({"error": f"image: {e}"}, status_code=400)
+    name = PurePosixPath(upload.filename.replace("\\", "/")).name
+    subfolder = str(form.get("subfolder") or "")
+    if not name or ".." in PurePosixPath(subfolder).parts or subfolder.startswith("/"):
+        return JSONResponse({"error": "image: pass a plain file name and a subfolder inside input/"}, status_code=400)
+    folder = comfy.dirs["input"] / subfolder
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    if path.exists() and str(form.get("overwrite", "")).lower() not in ("true", "1"):
+        stem, suffix, n = path.stem, path.suffix, 1
+        while path.exists():
+            path, n = folder / f"{stem} ({n}){suffix}", n + 1
+    path.write_bytes(data)
+    return JSONResponse({"name": path.name, "subfolder": subfolder, "type": "input"})
+
+
+def _object_info(comfy: ComfyApi, class_type: str) -> dict[str, Any]:
+    spec = VOCABULARY.specs[class_type]
+    info = spec.object_info()
+    for group in ("required", "optional"):
+        for name, described in info["input"].get(group, {}).items():
+            folder = "clip_vision" if class_type == "CLIPVisionLoader" else MODEL_INPUTS.get(name)
+            if folder is not None:
+                described[0] = comfy.folder.names(folder)
+            elif class_type == "LoadImage" and name == "image":
+                described[0] = sorted(p.name for p in comfy.dirs["input"].iterdir() if p.is_file())
+    return info
+
+
+@router.get("/object_info")
+async def object_info(request: Request) -> dict[str, Any]:
+    comfy = api(request)
+    return {name: _object_info(comfy, name) for name in VOCABULARY.names()}
+
+
+@router.get("/object_info/{class_type}")
+async def object_info_of(request: Request, class_type: str) -> dict[str, Any]:
+    if VOCABULARY.get(class_type) is None:
+        return {}
+    return {class_type: _object_info(api(request), class_type)}
+
+
+@router.get("/system_stats")
+async def system_stats(request: Request) -> dict[str, Any]:
+    import torch
+
+    devices = [{"name": "cpu", "type": "cpu", "index": 0, "vram_total": 0, "vram_free": 0,
+                "torch_vram_total": 0, "torch_vram_free": 0}]
+    if torch.cuda.is_available():
+        devices[0].update(type="cuda")
+        free, total = torch.cuda.mem_get_info()
+        devices[0].update(name=torch.cuda.get_device_name(), vram_total=total, vram_free=free)
+    pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 0
+    return {"system": {"os": platform.system().lower(), "python_version": sys.version, "embedded_python": False,
+                       "comfyui_version": f"omniloop {omniloop.__version__}", "pytorch_version": torch.__version__,
+                       "ram_total": pages, "ram_free": 0, "argv": ["omniloop", "serve"]}, "devices": devices}
+
+
+@router.get("/models")
+async def model_folders(request: Request) -> list[str]:
+    return ["checkpoints", "diffusion_models", "text_encoders", "vae", "loras", "clip_vision", "latent_upscale_models"]
+
+
+@router.get("/models/{folder}")
+async def models_in(request: Request, folder: str) -> Any:
+    if folder not in await model_folders(request) and folder not in ("clip", "unet", "upscale_models"):
+        return JSONResponse({"error": f"no model folder {folder!r}"}, status_code=404)
+    return api(request).folder.names(folder)
+
+
+@router.get("/embeddings")
+async def embeddings(request: Request) -> list[str]:
+    return []
+
+
+@ws_router.websocket("/ws")
+async def websocket(ws: WebSocket) -> None:
+    """ComfyUI's message stream: ``status`` on connect, then the messages of this client's
+    prompts (every prompt's, for a client that queues without a client_id)."""
+    try:
+        check_auth(ws)
+    except Exception:
+        await ws.close(code=4401)
+        return
+    comfy: ComfyApi = ws.app.state.comfy
+    client_id = ws.query_params.get("clientId") or uuid.uuid4().hex
+    await ws.accept()
+    comfy.clients.setdefault(client_id, set()).add(ws)
+    try:
+        await ws.send_json({"type": "status", "data": {"status": {"exec_info": {"queue_remaining":
+                                                                              comfy.queue_remaining()}},
+                                                       "sid": client_id}})
+        while True:
+            await ws.receive_text()  # ComfyUI clients send nothing we act on; this waits for the close
+    except WebSocketDisconnect:
+        pass
+    finally:
+        sockets = comfy.clients.get(client_id, set())
+        sockets.discard(ws)
+        if not sockets:
+            comfy.clients.pop(client_id, None)
+
+
+def install(app: FastAPI, state: ServeState, folder: ModelFolder, workdir: Path | None = None) -> ComfyApi:
+    """Serve ComfyUI's API on ``app`` over ``state``'s engine, names resolved in ``folder``."""
+    comfy = ComfyApi(state, folder, workdir)
+    app.state.comfy = comfy
+    app.include_router(router)
+    app.include_router(ws_router)
+    state.on_close.append(comfy.close)
+    return comfy
+
+
+__all__ = ["ComfyApi", "install"]

@@ -1,0 +1,342 @@
+"""Workflow -> ``OmniRequest``s: the sampler chains the output nodes depend on, read as
+generation calls on the served models, built by the project's one request builder.
+
+A chain is one of:
+
+- one sampler (``KSampler``, or ``SamplerCustomAdvanced`` with its noise, guider, sampler
+  and sigmas nodes) -> one denoise loop;
+- two ``KSamplerAdvanced`` splitting one schedule (``end_at_step`` = ``start_at_step``) over
+  a high-noise and a low-noise model -> a two-expert model's one loop (``guidance_scale`` and
+  ``guidance_scale_2``);
+- a sampler, ``LTXVLatentUpsampler``, a second sampler on the upsampled latents -> the
+  two-stage path (``node_params`` ``upsample`` and ``refine``).
+
+Output nodes fed by one chain share its request; each chain is one request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from omniloop.request import Fields, ImagePart, LoraRef, Modality, OmniRequest, OutputSpec, TaskType, build_request
+from omniloop.request.builder import FieldError
+from omniloop.workflows.errors import node_error
+from omniloop.workflows.evaluate import Deviation, Evaluation
+from omniloop.workflows.graph import Graph, GraphNode, load_workflow
+from omniloop.workflows.model_folder import ModelFolder, ServedCheckpoint
+from omniloop.workflows.schedules import SCHEDULES, flow_schedule
+from omniloop.workflows.values import AudioOut, Latent, Pixels, SaveTarget, Sampling, VideoOut
+
+# ComfyUI sampler -> ours; the named schedules we run (ComfyUI's own under ModelSamplingSD3)
+SUPPORTED_SAMPLERS: Mapping[str, str] = {"euler": "flow_euler", "uni_pc": "flow_unipc", "uni_pc_bh2": "flow_unipc"}
+SUPPORTED_SCHEDULERS = SCHEDULES
+# the second stage's sigmas of the distilled two-stage recipe (the refine node's own)
+REFINE_SIGMAS = (0.909375, 0.725, 0.421875)
+SEED_LIMIT = 2**63
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One request of a compiled workflow and the output nodes that save its results."""
+
+    request: OmniRequest
+    served: ServedCheckpoint
+    saves: tuple[SaveTarget, ...]
+    sampler_nodes: tuple[str, ...]  # the sampler nodes it runs (progress is theirs)
+
+
+@dataclass(frozen=True)
+class CompiledWorkflow:
+    graph: Graph
+    generations: tuple[Generation, ...]
+    deviations: tuple[Deviation, ...]
+    evaluated: tuple[str, ...]  # node ids the outputs depend on (ComfyUI executes these)
+
+
+def compile_workflow(source: str | bytes | Mapping[str, Any] | Graph, models: ModelFolder, *,
+                     input_dir: Path | None = None, exact: bool = False) -> CompiledWorkflow:
+    """Compile a workflow (API or UI format; JSON text or parsed) against ``models``.
+    ``exact``: refuse what would run differently from ComfyUI instead of reporting it.
+    Raises ``WorkflowError`` (ComfyUI's ``node_errors`` shape) for anything we cannot run."""
+    graph: Graph = load_workflow(source) if isinstance(source, (str, bytes)) or not _is_graph(source) \
+        else dict(source)
+    ev = Evaluation(graph, models, input_dir, exact)
+    ev.run()
+    chains: dict[str, list[SaveTarget]] = {}
+    finals: dict[str, Latent] = {}
+    for save in ev.saves:
+        latent = _latent_of(save)
+        if latent is None or latent.sampled is None:
+            raise node_error(save.node, save.class_type, "invalid_input_type", "saves nothing a sampler made",
+                             "connect it to the decoded output of a KSampler / SamplerCustomAdvanced")
+        key = latent.sampled.node
+        chains.setdefault(key, []).append(save)
+        finals.setdefault(key, latent)
+    generations = []
+    for key, saves in chains.items():
+        generations.append(_generation(ev, finals[key], tuple(saves)))
+    return CompiledWorkflow(graph, tuple(generations), tuple(ev.deviations), tuple(ev.values))
+
+
+def _is_graph(source: Any) -> bool:
+    return isinstance(source, dict) and bool(source) and all(isinstance(v, GraphNode) for v in source.values())
+
+
+def _latent_of(save: SaveTarget) -> Latent | None:
+    media = save.media
+    if isinstance(media, VideoOut):
+        media = media.images
+    if isinstance(media, AudioOut):
+        return media.latent
+    if isinstance(media, Pixels):
+        return media.latent
+    return None
+
+
+def _modalities(saves: tuple[SaveTarget, ...], kind: str) -> list[Modality]:
+    wanted: list[Modality] = []
+    for save in saves:
+        media = save.media
+        if isinstance(media, VideoOut):
+            wanted += [Modality.VIDEO] + ([Modality.AUDIO] if media.audio is not None else [])
+        elif isinstance(media, AudioOut):
+            wanted.append(Modality.AUDIO)
+        else:
+            wanted.append(Modality.IMAGE if kind == "image" else Modality.VIDEO)
+    return list(dict.fromkeys(wanted))
+
+
+# -- one chain -> one request ----------------------------------------------------------------
+def _generation(ev: Evaluation, final: Latent, saves: tuple[SaveTarget, ...]) -> Generation:
+    last = final.sampled
+    assert last is not None, "a chain ends in a sampled latent"
+    node_params: dict[str, dict[str, Any]] = {}
+    fields = Fields()
+    runs: tuple[Sampling, ...]
+    if last.start.upsampled_from is not None:  # base -> upsample -> refine
+        base = last.start.upsampled_from.sampled
+        assert base is not None, "the upsampler checks its input was sampled"
+        _refine(ev, base, last, node_params)
+        runs = (base, last)
+        first = base
+    elif last.start.sampled is not None:  # one schedule split over two models
+        first = last.start.sampled
+        _split(ev, first, last, fields)
+        runs = (first, last)
+    else:
+        first = last
+        runs = (last,)
+    served = _served(ev, runs)
+    canvas = first.start
+    task = _task(ev, first, canvas, saves)
+    if node_params and task == TaskType.I2V:
+        _deviate(ev, last.node, "the two-stage path (upsample + refine) runs text-to-video only: this image-to-video "
+                 "runs the base stage alone, at the base size")
+        node_params.clear()
+        runs = (first,)
+    prompt = _prompt(ev, first)
+    _guidance(ev, first, served, fields)
+    _schedule(ev, first, fields)
+    _geometry(ev, first, canvas, saves, fields, task)
+    fields.put("seed", _seed(ev, first))
+    loras = _loras(ev, runs)
+    if loras:
+        fields.put("loras", loras)
+    parts = _parts(ev, first, canvas)
+    if task == TaskType.I2I:
+        fields.put("strength", first.denoise)
+    outputs = OutputSpec(modalities=_modalities(saves, canvas.kind))
+    try:
+        request = build_request(task, prompt, fields, parts=parts, outputs=outputs, node_params=node_params,
+                                model=served.name)
+    except FieldError as e:
+        raise node_error(first.node, _class(ev, first.node), "invalid_input_type", e.message,
+                         f"request field {e.field}") from None
+    return Generation(request, served, saves, tuple(r.node for r in runs))
+
+
+def _class(ev: Evaluation, node_id: str) -> str:
+    return ev.graph[node_id].class_type
+
+
+def _deviate(ev: Evaluation, node_id: str, message: str) -> None:
+    if ev.exact:
+        raise node_error(node_id, _class(ev, node_id), "exact_compile_refused", message,
+                         "compile without exact to run it as described")
+    ev.deviations.append(Deviation(node_id, _class(ev, node_id), message))
+
+
+def _served(ev: Evaluation, runs: tuple[Sampling, ...]) -> ServedCheckpoint:
+    served = [ev.loaded[r.model.loader] for r in runs]
+    if any(s.name != served[0].name for s in served):
+        names = {r.model.name: ev.loaded[r.model.loader].name for r in runs}
+        raise node_error(runs[-1].node, _class(ev, runs[-1].node), "invalid_input_type", "the sampler chain's "
+                         f"models are different checkpoints ({names}); one chain runs on one served model")
+    return served[0]
+
+
+def _task(ev: Evaluation, first: Sampling, canvas: Latent, saves: tuple[SaveTarget, ...]) -> TaskType:
+    if canvas.kind == "image":
+        return TaskType.I2I if canvas.encoded is not None and first.denoise < 1 else TaskType.T2I
+    if canvas.kind == "audio":
+        return TaskType.T2A
+    if canvas.image is not None or first.positive.image is not None:
+        return TaskType.I2V
+    if canvas.kind == "av" and Modality.AUDIO in _modalities(saves, canvas.kind):
+        return TaskType.T2VS
+    return TaskType.T2V
+
+
+def _prompt(ev: Evaluation, run: Sampling) -> str:
+    text = run.positive.text
+    if not text or not text.strip():
+        raise node_error(run.node, _class(ev, run.node), "required_input_missing", "positive: the prompt is empty",
+                         "write a prompt in the positive text encoder", "positive")
+    return text
+
+
+def _guidance(ev: Evaluation, run: Sampling, served: ServedCheckpoint, fields: Fields) -> None:
+    """cfg -> guidance_scale; on a guidance-distilled model its embedded guidance instead."""
+    negative = run.negative.text if run.negative is not None else None
+    if served.embedded_guidance:
+        if run.cfg != 1.0:
+            _deviate(ev, run.node, f"cfg={run.cfg} on a guidance-distilled model: it runs with its embedded guidance "
+                     "only (cfg 1)")
+        if run.positive.guidance is not None:
+            fields.put("guidance_scale", run.positive.guidance, "FluxGuidance.guidance")
+        return
+    if run.positive.guidance is not None:
+        _deviate(ev, run.node, "an embedded guidance (FluxGuidance) on a model without one is ignored")
+    if "guidance_scale" not in fields:
+        fields.put("guidance_scale", run.cfg, "cfg")
+    if run.cfg > 1.0 and negative:
+        fields.put("negative_prompt", negative)
+
+
+def _sampler(ev: Evaluation, run: Sampling) -> str | None:
+    ours = SUPPORTED_SAMPLERS.get(run.sampler_name)
+    if ours is None:
+        message = (f"sampler_name={run.sampler_name!r} is not supported (supported: {sorted(SUPPORTED_SAMPLERS)}); "
+                   "the model's own sampler runs")
+        _deviate(ev, run.node, message)
+    return ours
+
+
+def _schedule(ev: Evaluation, run: Sampling, fields: Fields) -> None:
+    """Steps or sigmas, sampler, shift. Under ``ModelSamplingSD3`` (a flow model with a static
+    shift) a named schedule is ComfyUI's own (``schedules.py``): its shifted sigmas, shift 1."""
+    sampler = _sampler(ev, run)
+    if run.scheduler is not None and run.scheduler != "ltxv" and run.scheduler not in SUPPORTED_SCHEDULERS:
+        _deviate(ev, run.node, f"scheduler={run.scheduler!r} is not supported (supported: {list(SUPPORTED_SCHEDULERS)}"
+                 "); the model's own flow schedule runs")
+    if sampler is not None:
+        fields.put("sampler", sampler)
+    if run.sigmas is not None:
+        fields.put("sigmas", list(run.sigmas))
+    elif run.model.shift is not None and run.scheduler in SCHEDULES and run.denoise >= 1.0:
+        sigmas = flow_schedule(run.scheduler, run.steps, run.model.shift)
+        fields.put("sigmas", sigmas[:-1])  # (the final 0 is implied)
+        fields.put("shift", 1.0, "ModelSamplingSD3.shift")  # the sigmas are shifted already
+        return
+    else:
+        fields.put("steps", run.steps)
+    if run.model.shift is not None:
+        fields.put("shift", run.model.shift, "ModelSamplingSD3.shift")
+    if run.denoise < 1.0 and run.start.encoded is None:
+        _deviate(ev, run.node, f"denoise={run.denoise} from an empty latent: the whole schedule runs")
+
+
+def _geometry(ev: Evaluation, run: Sampling, canvas: Latent, saves: tuple[SaveTarget, ...], fields: Fields,
+              task: TaskType) -> None:
+    if canvas.batch != 1:
+        _deviate(ev, run.node, f"batch_size={canvas.batch}: one result is made per prompt (queue it again for more)")
+    if canvas.kind == "audio":
+        if canvas.seconds is not None:
+            fields.put("duration_s", canvas.seconds, "seconds")
+        return
+    if task == TaskType.I2I:
+        return  # the image's size
+    fields.put("width", canvas.width)
+    fields.put("height", canvas.height)
+    if canvas.kind in ("video", "av"):
+        fields.put("num_frames", canvas.frames, "length")
+        rate = run.positive.frame_rate
+        fps = next((s.media.fps for s in saves if isinstance(s.media, VideoOut)), None)
+        if rate is not None and fps is not None and rate != fps:
+            _deviate(ev, run.node, f"frame_rate={rate} conditions the model but the video is saved at {fps} fps")
+        chosen = rate if rate is not None else fps
+        if chosen is not None:
+            if float(chosen) != int(chosen):
+                _deviate(ev, run.node, f"fps={chosen}: rounded to {round(chosen)}")
+            fields.put("fps", int(round(chosen)), "fps")
+
+
+def _seed(ev: Evaluation, run: Sampling) -> int:
+    if run.seed is None:
+        raise node_error(run.node, _class(ev, run.node), "invalid_input_type", "the first sampler adds no noise "
+                         "(add_noise=disable / DisableNoise)", "enable its noise")
+    if run.seed >= SEED_LIMIT:
+        _deviate(ev, run.node, f"seed={run.seed} is above 2**63; seed {run.seed % SEED_LIMIT} runs")
+    return run.seed % SEED_LIMIT
+
+
+def _loras(ev: Evaluation, runs: tuple[Sampling, ...]) -> list[LoraRef]:
+    loras = list(runs[0].model.loras)
+    for run in runs[1:]:
+        if list(run.model.loras) != loras:
+            if len(runs) == 2 and runs[1].start.upsampled_from is not None:
+                _deviate(ev, run.node, f"LoRAs of the refine stage ({[l.name for l in run.model.loras]}) differ from "
+                         "the base stage's: the refine stage runs the base stage's")
+            else:
+                raise node_error(run.node, _class(ev, run.node), "invalid_input_type", "the two samplers' models "
+                                 "carry different LoRAs; per-expert LoRAs are not supported",
+                                 "apply the same LoRAs to both, or none")
+    return loras
+
+
+def _parts(ev: Evaluation, run: Sampling, canvas: Latent) -> list[ImagePart]:
+    image = canvas.image or run.positive.image or canvas.encoded
+    if image is None:
+        return []
+    if image.source != "file" or image.path is None:
+        raise node_error(run.node, _class(ev, run.node), "invalid_input_type", "the conditioning image must come "
+                         "from LoadImage", "connect a LoadImage (resizes are applied by the model)")
+    return [ImagePart(path=image.path, role="first_frame")]
+
+
+def _split(ev: Evaluation, first: Sampling, second: Sampling, fields: Fields) -> None:
+    """Two KSamplerAdvanced over one schedule: the first (high noise) ends where the second starts."""
+    if first.end_at_step is None or first.end_at_step != second.start_at_step or first.steps != second.steps \
+            or first.start_at_step != 0:
+        raise node_error(second.node, _class(ev, second.node), "invalid_input_type", "chained samplers must split "
+                         "one schedule: the first from step 0 to k, the second from k, with the same steps",
+                         f"got steps {first.steps}/{second.steps}, end_at_step {first.end_at_step}, "
+                         f"start_at_step {second.start_at_step}")
+    if second.seed is not None:
+        _deviate(ev, second.node, "add_noise=enable on the second sampler: no noise is added between experts")
+    if (first.sampler_name, first.scheduler) != (second.sampler_name, second.scheduler):
+        _deviate(ev, second.node, "the second sampler's sampler/scheduler differ from the first's; the first's run")
+    if first.model.shift != second.model.shift:
+        _deviate(ev, second.node, f"the experts' shifts differ ({first.model.shift}, {second.model.shift}); "
+                 f"{first.model.shift} runs")
+    _deviate(ev, second.node, f"the experts switch at the checkpoint's boundary (its boundary_ratio), not at step "
+             f"{first.end_at_step} of {first.steps}")
+    fields.put("guidance_scale", first.cfg, "cfg")
+    fields.put("guidance_scale_2", second.cfg, "cfg")
+    negative = first.negative.text if first.negative is not None else None
+    if max(first.cfg, second.cfg) > 1.0 and negative:
+        fields.put("negative_prompt", negative)
+
+
+def _refine(ev: Evaluation, base: Sampling, refine: Sampling, node_params: dict[str, dict[str, Any]]) -> None:
+    if refine.sigmas is None or tuple(round(s, 6) for s in refine.sigmas) != REFINE_SIGMAS:
+        _deviate(ev, refine.node, f"the refine stage runs its own sigmas {list(REFINE_SIGMAS)}, not "
+                 f"{list(refine.sigmas or ())}")
+    if refine.sampler_name != base.sampler_name:
+        _deviate(ev, refine.node, "the refine stage's sampler differs from the base stage's; the model's runs")
+    node_params["upsample"] = {}
+    node_params["refine"] = {"guidance_scale": refine.cfg} if refine.cfg != 1.0 else {}
+
+

@@ -1,0 +1,727 @@
+"""The nodes we compile: each a ``vocabulary.node`` registration and a small function from
+its inputs' values to its outputs' (``values.py``).
+
+Widget orders, defaults and bounds follow ComfyUI's node definitions (read for behaviour,
+not copied); a handler only records what the node means. What a node asks that we cannot
+honour exactly is either a deviation the compile reports (``call.context.deviate``, refused
+when the compile is exact) or an error naming the input.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+from dataclasses import replace
+from collections.abc import Callable
+from typing import Any
+
+from omniloop.request import LoraRef
+from omniloop.workflows.errors import node_error
+from omniloop.workflows.values import (
+    AudioOut, ClipRef, ClipVisionOutput, Conditioning, Guider, Latent, ModelRef, NamedFile, Noise, Pixels,
+    SamplerChoice, SaveTarget, Sampling, Sigmas, VaeRef, VideoOut,
+)
+from omniloop.workflows.vocabulary import NodeCall, i, node
+
+MAX_RESOLUTION = 16384
+SEED_MAX = 0xFFFFFFFFFFFFFFFF
+# ComfyUI's sampler and scheduler names (KSampler's combos); which of them we run is the
+# compiler's SUPPORTED_SAMPLERS / SUPPORTED_SCHEDULERS.
+SAMPLER_NAMES = (
+    "euler", "euler_cfg_pp", "euler_ancestral", "euler_ancestral_cfg_pp", "heun", "heunpp2", "dpm_2",
+    "dpm_2_ancestral", "lms", "dpm_fast", "dpm_adaptive", "dpmpp_2s_ancestral", "dpmpp_2s_ancestral_cfg_pp",
+    "dpmpp_sde", "dpmpp_sde_gpu", "dpmpp_2m", "dpmpp_2m_cfg_pp", "dpmpp_2m_sde", "dpmpp_2m_sde_gpu", "dpmpp_3m_sde",
+    "dpmpp_3m_sde_gpu", "ddpm", "lcm", "ipndm", "ipndm_v", "deis", "res_multistep", "res_multistep_cfg_pp",
+    "res_multistep_ancestral", "res_multistep_ancestral_cfg_pp", "gradient_estimation", "er_sde", "seeds_2",
+    "seeds_3", "sa_solver", "sa_solver_pece", "ddim", "uni_pc", "uni_pc_bh2",
+)
+SCHEDULER_NAMES = ("simple", "sgm_uniform", "karras", "exponential", "ddim_uniform", "beta", "normal",
+                   "linear_quadratic", "kl_optimal")
+UPSCALE_METHODS = ("nearest-exact", "bilinear", "area", "bicubic", "lanczos")
+
+
+def _size(name: str, default: int, step_min: int = 16) -> Any:
+    return i(name, "INT", default, min=step_min, max=MAX_RESOLUTION)
+
+
+# -- loaders ----------------------------------------------------------------------------------
+@node("CheckpointLoaderSimple", [i("ckpt_name", "COMBO")], ["MODEL", "CLIP", "VAE"], category="loaders")
+def checkpoint_loader(call: NodeCall) -> tuple[Any, ...]:
+    """A checkpoint with its model, text encoders and VAE."""
+    name = call["ckpt_name"]
+    call.context.resolve(call, "ckpt_name", ("checkpoints",))
+    return ModelRef(name, call.id), ClipRef((name,)), VaeRef(name)
+
+
+@node("UNETLoader", [i("unet_name", "COMBO"), i("weight_dtype", "COMBO", "default",
+                                                  options=("default", "fp8_e4m3fn", "fp8_e4m3fn_fast", "fp8_e5m2"))],
+      ["MODEL"], category="loaders")
+def unet_loader(call: NodeCall) -> tuple[Any, ...]:
+    """A diffusion model."""
+    call.context.resolve(call, "unet_name", ("diffusion_models",))
+    if call.get("weight_dtype", "default") != "default":
+        call.context.deviate(call, f"weight_dtype={call['weight_dtype']!r}: the deployment's dtype applies")
+    return (ModelRef(call["unet_name"], call.id),)
+
+
+@node("CLIPLoader", [i("clip_name", "COMBO"), i("type", "COMBO", "stable_diffusion"),
+                     i("device", "COMBO", "default", optional=True, options=("default", "cpu"))],
+      ["CLIP"], category="loaders")
+def clip_loader(call: NodeCall) -> tuple[Any, ...]:
+    """A text encoder."""
+    call.context.resolve(call, "clip_name", ("text_encoders",))
+    return (ClipRef((call["clip_name"],)),)
+
+
+@node("DualCLIPLoader", [i("clip_name1", "COMBO"), i("clip_name2", "COMBO"), i("type", "COMBO"),
+                         i("device", "COMBO", "default", optional=True, options=("default", "cpu"))],
+      ["CLIP"], category="loaders")
+def dual_clip_loader(call: NodeCall) -> tuple[Any, ...]:
+    """Two text encoders (CLIP-L + T5-XXL)."""
+    for name in ("clip_name1", "clip_name2"):
+        call.context.resolve(call, name, ("text_encoders",))
+    return (ClipRef((call["clip_name1"], call["clip_name2"])),)
+
+
+@node("LTXAVTextEncoderLoader", [i("text_encoder", "COMBO"), i("ckpt_name", "COMBO"),
+                                 i("device", "COMBO", "default", options=("default", "cpu"))],
+      ["CLIP"], category="loaders")
+def ltxav_text_encoder_loader(call: NodeCall) -> tuple[Any, ...]:
+    """The Gemma text encoder with the checkpoint's connectors."""
+    call.context.resolve(call, "text_encoder", ("text_encoders",))
+    call.context.resolve(call, "ckpt_name", ("checkpoints",))
+    return (ClipRef((call["text_encoder"], call["ckpt_name"])),)
+
+
+@node("VAELoader", [i("vae_name", "COMBO")], ["VAE"], category="loaders")
+def vae_loader(call: NodeCall) -> tuple[Any, ...]:
+    """A VAE."""
+    call.context.resolve(call, "vae_name", ("vae",))
+    return (VaeRef(call["vae_name"]),)
+
+
+@node("LTXVAudioVAELoader", [i("ckpt_name", "COMBO")], ["VAE"], category="loaders")
+def ltxv_audio_vae_loader(call: NodeCall) -> tuple[Any, ...]:
+    """The audio VAE (and vocoder) of a checkpoint."""
+    call.context.resolve(call, "ckpt_name", ("checkpoints",))
+    return (VaeRef(call["ckpt_name"], audio=True),)
+
+
+@node("CLIPVisionLoader", [i("clip_name", "COMBO")], ["CLIP_VISION"], category="loaders")
+def clip_vision_loader(call: NodeCall) -> tuple[Any, ...]:
+    """An image encoder."""
+    call.context.resolve(call, "clip_name", ("clip_vision",))
+    return (NamedFile(call["clip_name"], "clip_vision"),)
+
+
+@node("LatentUpscaleModelLoader", [i("model_name", "COMBO")], ["LATENT_UPSCALE_MODEL"], category="loaders")
+def latent_upscale_model_loader(call: NodeCall) -> tuple[Any, ...]:
+    """A latent upsampler."""
+    call.context.resolve(call, "model_name", ("latent_upscale_models",))
+    return (NamedFile(call["model_name"], "latent_upscale_model"),)
+
+
+@node("LoraLoader", [i("model", "MODEL"), i("clip", "CLIP"), i("lora_name", "COMBO"),
+                     i("strength_model", "FLOAT", 1.0, min=-100.0, max=100.0),
+                     i("strength_clip", "FLOAT", 1.0, min=-100.0, max=100.0)], ["MODEL", "CLIP"], category="loaders")
+def lora_loader(call: NodeCall) -> tuple[Any, ...]:
+    """A LoRA on the model (and the text encoder)."""
+    if call["strength_clip"] != 0:
+        call.context.deviate(call, f"strength_clip={call['strength_clip']}: LoRAs apply to the diffusion model "
+                             "only; the text encoder runs without it (pass strength_clip=0 for exact)")
+    return _with_lora(call), call["clip"]
+
+
+@node("LoraLoaderModelOnly", [i("model", "MODEL"), i("lora_name", "COMBO"),
+                              i("strength_model", "FLOAT", 1.0, min=-100.0, max=100.0)], ["MODEL"], category="loaders")
+def lora_loader_model_only(call: NodeCall) -> tuple[Any, ...]:
+    """A LoRA on the diffusion model."""
+    return (_with_lora(call),)
+
+
+def _with_lora(call: NodeCall) -> ModelRef:
+    name = call.context.lora(call, "lora_name")
+    strength = float(call["strength_model"])
+    if strength == 0:
+        return call["model"]
+    try:
+        ref = LoraRef(name=name, strength=strength)
+    except ValueError as e:
+        raise node_error(call.id, call.class_type, "value_bigger_than_max", "strength_model is out of range",
+                         str(e).splitlines()[-1], "strength_model") from None
+    return call["model"].with_lora(ref)
+
+
+# -- model sampling ---------------------------------------------------------------------------
+@node("ModelSamplingSD3", [i("model", "MODEL"), i("shift", "FLOAT", 3.0, min=0.0, max=100.0)], ["MODEL"],
+      category="advanced/model")
+def model_sampling_sd3(call: NodeCall) -> tuple[Any, ...]:
+    """The flow schedule's shift."""
+    return (replace(call["model"], shift=float(call["shift"])),)
+
+
+@node("ModelSamplingFlux", [i("model", "MODEL"), i("max_shift", "FLOAT", 1.15, min=0.0, max=100.0),
+                            i("base_shift", "FLOAT", 0.5, min=0.0, max=100.0), _size("width", 1024),
+                            _size("height", 1024)], ["MODEL"], category="advanced/model")
+def model_sampling_flux(call: NodeCall) -> tuple[Any, ...]:
+    """The resolution-dependent shift of Flux."""
+    if (call["max_shift"], call["base_shift"]) != (1.15, 0.5):
+        call.context.deviate(call, f"max_shift={call['max_shift']}, base_shift={call['base_shift']}: the checkpoint's "
+                             "scheduler config sets the resolution-dependent shift")
+    return (call["model"],)
+
+
+# -- text -------------------------------------------------------------------------------------
+@node("CLIPTextEncode", [i("text", "STRING", "", multiline=True), i("clip", "CLIP")], ["CONDITIONING"],
+      category="conditioning")
+def clip_text_encode(call: NodeCall) -> tuple[Any, ...]:
+    """A prompt."""
+    return (Conditioning(text=str(call.get("text", ""))),)
+
+
+@node("CLIPTextEncodeFlux", [i("clip", "CLIP"), i("clip_l", "STRING", "", multiline=True),
+                             i("t5xxl", "STRING", "", multiline=True),
+                             i("guidance", "FLOAT", 3.5, min=0.0, max=100.0)], ["CONDITIONING"],
+      category="advanced/conditioning")
+def clip_text_encode_flux(call: NodeCall) -> tuple[Any, ...]:
+    """A prompt for each Flux text encoder, with the embedded guidance."""
+    clip_l, t5 = str(call.get("clip_l", "")), str(call.get("t5xxl", ""))
+    if clip_l and clip_l != t5:
+        call.context.deviate(call, "clip_l differs from t5xxl: both encoders read the t5xxl text")
+    return (Conditioning(text=t5 or clip_l, guidance=float(call["guidance"])),)
+
+
+@node("ConditioningZeroOut", [i("conditioning", "CONDITIONING")], ["CONDITIONING"], category="advanced/conditioning")
+def conditioning_zero_out(call: NodeCall) -> tuple[Any, ...]:
+    """No prompt (the negative of guidance-distilled models)."""
+    return (replace(call["conditioning"], text=None),)
+
+
+@node("FluxGuidance", [i("conditioning", "CONDITIONING"), i("guidance", "FLOAT", 3.5, min=0.0, max=100.0)],
+      ["CONDITIONING"], category="advanced/conditioning")
+def flux_guidance(call: NodeCall) -> tuple[Any, ...]:
+    """The embedded guidance scale."""
+    return (replace(call["conditioning"], guidance=float(call["guidance"])),)
+
+
+@node("LTXVConditioning", [i("positive", "CONDITIONING"), i("negative", "CONDITIONING"),
+                           i("frame_rate", "FLOAT", 25.0, min=0.0, max=1000.0)], ["CONDITIONING", "CONDITIONING"],
+      output_names=("positive", "negative"), category="conditioning/video_models")
+def ltxv_conditioning(call: NodeCall) -> tuple[Any, ...]:
+    """The frame rate the video is conditioned on."""
+    rate = float(call["frame_rate"])
+    return replace(call["positive"], frame_rate=rate), replace(call["negative"], frame_rate=rate)
+
+
+@node("LTXVCropGuides", [i("positive", "CONDITIONING"), i("negative", "CONDITIONING"), i("latent", "LATENT")],
+      ["CONDITIONING", "CONDITIONING", "LATENT"], output_names=("positive", "negative", "latent"),
+      category="conditioning/video_models")
+def ltxv_crop_guides(call: NodeCall) -> tuple[Any, ...]:
+    """Drops keyframe guides before the refine stage (our refine stage has none to drop)."""
+    return call["positive"], call["negative"], call["latent"]
+
+
+# -- latents ----------------------------------------------------------------------------------
+@node("EmptyLatentImage", [_size("width", 512), _size("height", 512), i("batch_size", "INT", 1, min=1, max=4096)],
+      ["LATENT"], category="latent")
+def empty_latent_image(call: NodeCall) -> tuple[Any, ...]:
+    """An image canvas."""
+    return (_image_latent(call),)
+
+
+@node("EmptySD3LatentImage", [_size("width", 1024), _size("height", 1024), i("batch_size", "INT", 1, min=1, max=4096)],
+      ["LATENT"], category="latent/sd3")
+def empty_sd3_latent_image(call: NodeCall) -> tuple[Any, ...]:
+    """An image canvas (16-channel latents)."""
+    return (_image_latent(call),)
+
+
+def _image_latent(call: NodeCall) -> Latent:
+    return Latent("image", width=int(call["width"]), height=int(call["height"]), frames=1,
+                  batch=int(call["batch_size"]))
+
+
+def _video_latent(call: NodeCall) -> Latent:
+    return Latent("video", width=int(call["width"]), height=int(call["height"]), frames=int(call["length"]),
+                  batch=int(call["batch_size"]))
+
+
+@node("EmptyHunyuanLatentVideo", [_size("width", 848), _size("height", 480), i("length", "INT", 25, min=1, max=MAX_RESOLUTION),
+                                  i("batch_size", "INT", 1, min=1, max=4096)], ["LATENT"], category="latent/video")
+def empty_hunyuan_latent_video(call: NodeCall) -> tuple[Any, ...]:
+    """A video canvas (frames = 4k+1)."""
+    return (_video_latent(call),)
+
+
+@node("EmptyLTXVLatentVideo", [_size("width", 768, 64), _size("height", 512, 64),
+                               i("length", "INT", 97, min=1, max=MAX_RESOLUTION),
+                               i("batch_size", "INT", 1, min=1, max=4096)], ["LATENT"], category="latent/video/ltxv")
+def empty_ltxv_latent_video(call: NodeCall) -> tuple[Any, ...]:
+    """A video canvas (frames = 8k+1)."""
+    return (_video_latent(call),)
+
+
+@node("EmptyLatentAudio", [i("seconds", "FLOAT", 47.6, min=1.0, max=1000.0),
+                           i("batch_size", "INT", 1, min=1, max=4096)], ["LATENT"], category="latent/audio")
+def empty_latent_audio(call: NodeCall) -> tuple[Any, ...]:
+    """An audio canvas of some seconds."""
+    return (Latent("audio", seconds=float(call["seconds"]), batch=int(call["batch_size"])),)
+
+
+@node("LTXVEmptyLatentAudio", [i("frames_number", "INT", 97, min=1, max=1000), i("frame_rate", "INT", 25, min=1, max=1000),
+                               i("batch_size", "INT", 1, min=1, max=4096), i("audio_vae", "VAE")], ["LATENT"],
+      output_names=("Latent",), category="latent/audio")
+def ltxv_empty_latent_audio(call: NodeCall) -> tuple[Any, ...]:
+    """The sound track's canvas, as long as the video."""
+    return (Latent("audio", frames=int(call["frames_number"]), frame_rate=float(call["frame_rate"]),
+                   batch=int(call["batch_size"])),)
+
+
+@node("LTXVConcatAVLatent", [i("video_latent", "LATENT"), i("audio_latent", "LATENT")], ["LATENT"],
+      category="latent/video/ltxv")
+def ltxv_concat_av_latent(call: NodeCall) -> tuple[Any, ...]:
+    """Video and audio latents denoised together."""
+    video, audio = call["video_latent"], call["audio_latent"]
+    return (replace(video, kind="av", audio=audio),)
+
+
+@node("LTXVSeparateAVLatent", [i("av_latent", "LATENT")], ["LATENT", "LATENT"],
+      output_names=("video_latent", "audio_latent"), category="latent/video/ltxv")
+def ltxv_separate_av_latent(call: NodeCall) -> tuple[Any, ...]:
+    """The video and the audio half of a joint latent."""
+    av = call["av_latent"]
+    audio = replace(av.audio, sampled=av.sampled) if av.audio is not None else replace(av, kind="audio")
+    return replace(av, kind="video", audio=None), replace(audio, upsampled_from=None)
+
+
+@node("LTXVLatentUpsampler", [i("samples", "LATENT"), i("upscale_model", "LATENT_UPSCALE_MODEL"), i("vae", "VAE")],
+      ["LATENT"], category="latent/video")
+def ltxv_latent_upsampler(call: NodeCall) -> tuple[Any, ...]:
+    """The latent upsampler (x2 in space) between the two stages."""
+    base = call["samples"]
+    if base.sampled is None:
+        raise node_error(call.id, call.class_type, "invalid_input_type", "samples: upsample the latents of a "
+                         "sampler node (the base stage)", input_name="samples")
+    return (Latent("video", width=(base.width or 0) * 2, height=(base.height or 0) * 2, frames=base.frames,
+                   batch=base.batch, upsampled_from=base, image=base.image),)
+
+
+@node("WanImageToVideo", [i("positive", "CONDITIONING"), i("negative", "CONDITIONING"), i("vae", "VAE"),
+                          _size("width", 832), _size("height", 480), i("length", "INT", 81, min=1, max=MAX_RESOLUTION),
+                          i("batch_size", "INT", 1, min=1, max=4096),
+                          i("clip_vision_output", "CLIP_VISION_OUTPUT", optional=True),
+                          i("start_image", "IMAGE", optional=True)],
+      ["CONDITIONING", "CONDITIONING", "LATENT"], output_names=("positive", "negative", "latent"),
+      category="conditioning/video_models")
+def wan_image_to_video(call: NodeCall) -> tuple[Any, ...]:
+    """A first-frame image and the video canvas."""
+    image, vision = call.get("start_image"), call.get("clip_vision_output")
+    latent = replace(_video_latent(call), image=image)
+    return (replace(call["positive"], image=image, clip_vision=vision),
+            replace(call["negative"], image=image, clip_vision=vision), latent)
+
+
+@node("LTXVImgToVideoInplace", [i("vae", "VAE"), i("image", "IMAGE"), i("latent", "LATENT"),
+                                i("strength", "FLOAT", 1.0, min=0.0, max=1.0), i("bypass", "BOOLEAN", False)],
+      ["LATENT"], output_names=("latent",), category="conditioning/video_models")
+def ltxv_img_to_video_inplace(call: NodeCall) -> tuple[Any, ...]:
+    """The first frame written into the video latent."""
+    if call.get("bypass"):
+        return (call["latent"],)
+    if float(call["strength"]) != 1.0:
+        call.context.deviate(call, f"strength={call['strength']}: the first frame is kept exactly (strength 1)")
+    return (replace(call["latent"], image=call["image"]),)  # (an "av" latent keeps its audio half)
+
+
+@node("VAEEncode", [i("pixels", "IMAGE"), i("vae", "VAE")], ["LATENT"], category="latent")
+def vae_encode(call: NodeCall) -> tuple[Any, ...]:
+    """Latents of an image (image-to-image)."""
+    pixels = call["pixels"]
+    width, height = call.context.image_size(call, pixels)
+    return (Latent("image", width=width, height=height, frames=1, encoded=pixels),)
+
+
+# -- sampling ---------------------------------------------------------------------------------
+_SAMPLER_INPUTS = [i("sampler_name", "COMBO", "euler", options=SAMPLER_NAMES),
+                   i("scheduler", "COMBO", "simple", options=SCHEDULER_NAMES)]
+
+
+@node("KSampler", [i("model", "MODEL"), i("seed", "INT", 0, min=0, max=SEED_MAX, seed=True),
+                   i("steps", "INT", 20, min=1, max=10000), i("cfg", "FLOAT", 8.0, min=0.0, max=100.0),
+                   *_SAMPLER_INPUTS, i("positive", "CONDITIONING"), i("negative", "CONDITIONING"),
+                   i("latent_image", "LATENT"), i("denoise", "FLOAT", 1.0, min=0.0, max=1.0)],
+      ["LATENT"], category="sampling")
+def ksampler(call: NodeCall) -> tuple[Any, ...]:
+    """Denoise a latent."""
+    latent = call["latent_image"]
+    run = Sampling(call.id, call["model"], call["positive"], call["negative"], float(call["cfg"]),
+                   call["sampler_name"], call["scheduler"], int(call["steps"]), int(call["seed"]), latent,
+                   denoise=float(call["denoise"]))
+    return (replace(latent, sampled=run, upsampled_from=None),)
+
+
+@node("KSamplerAdvanced", [i("model", "MODEL"), i("add_noise", "COMBO", "enable", options=("enable", "disable")),
+                           i("noise_seed", "INT", 0, min=0, max=SEED_MAX, seed=True),
+                           i("steps", "INT", 20, min=1, max=10000), i("cfg", "FLOAT", 8.0, min=0.0, max=100.0),
+                           *_SAMPLER_INPUTS, i("positive", "CONDITIONING"), i("negative", "CONDITIONING"),
+                           i("latent_image", "LATENT"), i("start_at_step", "INT", 0, min=0, max=10000),
+                           i("end_at_step", "INT", 10000, min=0, max=10000),
+                           i("return_with_leftover_noise", "COMBO", "disable", options=("disable", "enable"))],
+      ["LATENT"], category="sampling")
+def ksampler_advanced(call: NodeCall) -> tuple[Any, ...]:
+    """Denoise part of a schedule (two-expert models run two of these)."""
+    latent = call["latent_image"]
+    steps = int(call["steps"])
+    end = int(call["end_at_step"])
+    run = Sampling(call.id, call["model"], call["positive"], call["negative"], float(call["cfg"]),
+                   call["sampler_name"], call["scheduler"], steps,
+                   int(call["noise_seed"]) if call["add_noise"] == "enable" else None, latent,
+                   start_at_step=int(call["start_at_step"]), end_at_step=None if end >= steps else end)
+    return (replace(latent, sampled=run, upsampled_from=None),)
+
+
+@node("SamplerCustomAdvanced", [i("noise", "NOISE"), i("guider", "GUIDER"), i("sampler", "SAMPLER"),
+                                i("sigmas", "SIGMAS"), i("latent_image", "LATENT")], ["LATENT", "LATENT"],
+      output_names=("output", "denoised_output"), category="sampling/custom_sampling")
+def sampler_custom_advanced(call: NodeCall) -> tuple[Any, ...]:
+    """Denoise with a noise source, a guider, a sampler and sigmas given as nodes."""
+    noise, guider, sigmas, latent = call["noise"], call["guider"], call["sigmas"], call["latent_image"]
+    run = Sampling(call.id, guider.model, guider.positive, guider.negative, guider.cfg, call["sampler"].name,
+                   sigmas.scheduler, sigmas.steps, noise.seed, latent, denoise=sigmas.denoise, sigmas=sigmas.values)
+    out = replace(latent, sampled=run, upsampled_from=None)
+    return out, out
+
+
+@node("RandomNoise", [i("noise_seed", "INT", 0, min=0, max=SEED_MAX, seed=True)], ["NOISE"],
+      category="sampling/custom_sampling/noise")
+def random_noise(call: NodeCall) -> tuple[Any, ...]:
+    """Seeded noise."""
+    return (Noise(int(call["noise_seed"])),)
+
+
+@node("DisableNoise", [], ["NOISE"], category="sampling/custom_sampling/noise")
+def disable_noise(call: NodeCall) -> tuple[Any, ...]:
+    """No noise added."""
+    return (Noise(None),)
+
+
+@node("CFGGuider", [i("model", "MODEL"), i("positive", "CONDITIONING"), i("negative", "CONDITIONING"),
+                    i("cfg", "FLOAT", 8.0, min=0.0, max=100.0)], ["GUIDER"], category="sampling/custom_sampling/guiders")
+def cfg_guider(call: NodeCall) -> tuple[Any, ...]:
+    """Classifier-free guidance."""
+    return (Guider(call["model"], call["positive"], call["negative"], float(call["cfg"])),)
+
+
+@node("BasicGuider", [i("model", "MODEL"), i("conditioning", "CONDITIONING")], ["GUIDER"],
+      category="sampling/custom_sampling/guiders")
+def basic_guider(call: NodeCall) -> tuple[Any, ...]:
+    """The positive prompt alone (cfg 1)."""
+    return (Guider(call["model"], call["conditioning"], None, 1.0),)
+
+
+@node("KSamplerSelect", [i("sampler_name", "COMBO", "euler", options=SAMPLER_NAMES)], ["SAMPLER"],
+      category="sampling/custom_sampling/samplers")
+def ksampler_select(call: NodeCall) -> tuple[Any, ...]:
+    """A sampler by name."""
+    return (SamplerChoice(call["sampler_name"]),)
+
+
+@node("BasicScheduler", [i("model", "MODEL"), i("scheduler", "COMBO", "simple", options=SCHEDULER_NAMES),
+                         i("steps", "INT", 20, min=1, max=10000), i("denoise", "FLOAT", 1.0, min=0.0, max=1.0)],
+      ["SIGMAS"], category="sampling/custom_sampling/schedulers")
+def basic_scheduler(call: NodeCall) -> tuple[Any, ...]:
+    """A named schedule."""
+    return (Sigmas(int(call["steps"]), call["scheduler"], denoise=float(call["denoise"])),)
+
+
+@node("LTXVScheduler", [i("steps", "INT", 20, min=1, max=10000), i("max_shift", "FLOAT", 2.05, min=0.0, max=100.0),
+                        i("base_shift", "FLOAT", 0.95, min=0.0, max=100.0), i("stretch", "BOOLEAN", True),
+                        i("terminal", "FLOAT", 0.1, min=0.0, max=0.99), i("latent", "LATENT", optional=True)],
+      ["SIGMAS"], category="sampling/custom_sampling/schedulers")
+def ltxv_scheduler(call: NodeCall) -> tuple[Any, ...]:
+    """LTX's token-count shifted schedule stretched to a terminal sigma."""
+    given = (call["max_shift"], call["base_shift"], bool(call["stretch"]), call["terminal"])
+    if given != (2.05, 0.95, True, 0.1):
+        call.context.deviate(call, f"max_shift, base_shift, stretch, terminal = {given}: the checkpoint's scheduler "
+                             "config sets them")
+    return (Sigmas(int(call["steps"]), "ltxv"),)
+
+
+@node("ManualSigmas", [i("sigmas", "STRING", "1, 0.5", multiline=False)], ["SIGMAS"],
+      category="sampling/custom_sampling/schedulers")
+def manual_sigmas(call: NodeCall) -> tuple[Any, ...]:
+    """Explicit sigmas, comma separated (a trailing 0 ends the schedule)."""
+    text = str(call["sigmas"])
+    try:
+        values = [float(v) for v in text.replace(";", ",").split(",") if v.strip()]
+    except ValueError:
+        raise node_error(call.id, call.class_type, "invalid_input_type", "sigmas: pass numbers separated by commas",
+                         f"got {text!r}", "sigmas") from None
+    values = values[:-1] if values and values[-1] == 0 else values
+    if not values or any(v <= 0 or v > 1 for v in values) or any(a <= b for a, b in zip(values, values[1:])):
+        raise node_error(call.id, call.class_type, "invalid_input_type", "sigmas: pass descending values in (0, 1], "
+                         "optionally ending with 0", f"got {text!r}", "sigmas")
+    return (Sigmas(len(values), None, tuple(values)),)
+
+
+# -- decode -----------------------------------------------------------------------------------
+@node("VAEDecode", [i("samples", "LATENT"), i("vae", "VAE")], ["IMAGE"], category="latent")
+def vae_decode(call: NodeCall) -> tuple[Any, ...]:
+    """Pixels of a latent."""
+    return (Pixels("decoded", latent=call["samples"]),)
+
+
+@node("VAEDecodeTiled", [i("samples", "LATENT"), i("vae", "VAE"), i("tile_size", "INT", 512, min=64, max=4096),
+                         i("overlap", "INT", 64, min=0, max=4096), i("temporal_size", "INT", 64, min=8, max=4096),
+                         i("temporal_overlap", "INT", 8, min=4, max=4096)], ["IMAGE"], category="_for_testing")
+def vae_decode_tiled(call: NodeCall) -> tuple[Any, ...]:
+    """Pixels of a latent, decoded in tiles (our decode picks its own tiling)."""
+    return (Pixels("decoded", latent=call["samples"]),)
+
+
+@node("VAEDecodeAudio", [i("samples", "LATENT"), i("vae", "VAE")], ["AUDIO"], category="latent/audio")
+def vae_decode_audio(call: NodeCall) -> tuple[Any, ...]:
+    """A waveform of an audio latent."""
+    return (AudioOut(call["samples"]),)
+
+
+@node("LTXVAudioVAEDecode", [i("samples", "LATENT"), i("audio_vae", "VAE")], ["AUDIO"], output_names=("Audio",),
+      category="audio")
+def ltxv_audio_vae_decode(call: NodeCall) -> tuple[Any, ...]:
+    """The sound track of a joint latent's audio half."""
+    return (AudioOut(call["samples"]),)
+
+
+# -- images -----------------------------------------------------------------------------------
+@node("LoadImage", [i("image", "COMBO"), i("upload", "COMBO", "image", optional=True, options=("image",))],
+      ["IMAGE", "MASK"], category="image")
+def load_image(call: NodeCall) -> tuple[Any, ...]:
+    """An image from the input folder."""
+    return call.context.load_image(call, "image"), None
+
+
+@node("EmptyImage", [_size("width", 512, 1), _size("height", 512, 1), i("batch_size", "INT", 1, min=1, max=4096),
+                     i("color", "INT", 0, min=0, max=0xFFFFFF)], ["IMAGE"], category="image")
+def empty_image(call: NodeCall) -> tuple[Any, ...]:
+    """A blank image (templates size their canvases with it)."""
+    return (Pixels("blank", width=int(call["width"]), height=int(call["height"])),)
+
+
+@node("GetImageSize", [i("image", "IMAGE")], ["INT", "INT", "INT"], output_names=("width", "height", "batch_size"),
+      category="image")
+def get_image_size(call: NodeCall) -> tuple[Any, ...]:
+    """An image's width, height and count."""
+    width, height = call.context.image_size(call, call["image"])
+    return width, height, 1
+
+
+def _scaled(call: NodeCall, width: int, height: int) -> Pixels:
+    return replace(call["image"], width=max(1, width), height=max(1, height))
+
+
+@node("ImageScaleBy", [i("image", "IMAGE"), i("upscale_method", "COMBO", "nearest-exact", options=UPSCALE_METHODS),
+                       i("scale_by", "FLOAT", 1.0, min=0.01, max=8.0)], ["IMAGE"], category="image/upscaling")
+def image_scale_by(call: NodeCall) -> tuple[Any, ...]:
+    """An image scaled by a factor."""
+    width, height = call.context.image_size(call, call["image"])
+    scale = float(call["scale_by"])
+    return (_scaled(call, round(width * scale), round(height * scale)),)
+
+
+@node("ImageScaleToMaxDimension", [i("image", "IMAGE"), i("upscale_method", "COMBO", "area", options=UPSCALE_METHODS),
+                                   i("largest_size", "INT", 512, min=0, max=MAX_RESOLUTION)], ["IMAGE"],
+      category="image/upscaling")
+def image_scale_to_max_dimension(call: NodeCall) -> tuple[Any, ...]:
+    """An image scaled so its longer side is ``largest_size``."""
+    width, height = call.context.image_size(call, call["image"])
+    largest = int(call["largest_size"])
+    scale = largest / max(width, height)
+    return (_scaled(call, round(width * scale), round(height * scale)),)
+
+
+def _resize_layout(values: list[Any]) -> list[str]:
+    """ResizeImageMaskNode's widgets follow its ``resize_type`` (a dynamic combo)."""
+    middle = {"scale dimensions": ["resize_type.width", "resize_type.height", "resize_type.crop"],
+              "scale longer dimension": ["resize_type.longer_size"],
+              "scale shorter dimension": ["resize_type.shorter_size"],
+              "scale by multiplier": ["resize_type.multiplier"]}.get(values[0], [])
+    return ["resize_type", *middle, "scale_method"]
+
+
+@node("ResizeImageMaskNode", [i("input", "IMAGE,MASK"),
+                              i("resize_type", "COMBO", "scale dimensions",
+                                options=("scale dimensions", "scale longer dimension", "scale shorter dimension",
+                                         "scale by multiplier")),
+                              i("resize_type.width", "INT", optional=True, min=0, max=MAX_RESOLUTION),
+                              i("resize_type.height", "INT", optional=True, min=0, max=MAX_RESOLUTION),
+                              i("resize_type.crop", "COMBO", optional=True, options=("disabled", "center")),
+                              i("resize_type.longer_size", "INT", optional=True, min=0, max=MAX_RESOLUTION),
+                              i("resize_type.shorter_size", "INT", optional=True, min=0, max=MAX_RESOLUTION),
+                              i("resize_type.multiplier", "FLOAT", optional=True, min=0.01, max=8.0),
+                              i("scale_method", "COMBO", "lanczos", options=UPSCALE_METHODS)], ["IMAGE"],
+      category="image/transform", widget_layout=_resize_layout)
+def resize_image_mask(call: NodeCall) -> tuple[Any, ...]:
+    """An image resized: to given dimensions, its longer / shorter side to a size, or by a factor."""
+    kind = call["resize_type"]
+    if kind == "scale dimensions":
+        width, height = int(call.get("resize_type.width", 0)), int(call.get("resize_type.height", 0))
+        return (replace(call["input"], width=width, height=height),)
+    width, height = call.context.image_size(call, call["input"])
+    if kind == "scale by multiplier":
+        scale = float(call.get("resize_type.multiplier", 1.0))
+    elif kind == "scale longer dimension":
+        scale = int(call.get("resize_type.longer_size", max(width, height))) / max(width, height)
+    else:
+        scale = int(call.get("resize_type.shorter_size", min(width, height))) / min(width, height)
+    return (replace(call["input"], width=max(1, round(width * scale)), height=max(1, round(height * scale))),)
+
+
+@node("LTXVPreprocess", [i("image", "IMAGE"), i("img_compression", "INT", 35, min=0, max=100)], ["IMAGE"],
+      output_names=("output_image",), category="image")
+def ltxv_preprocess(call: NodeCall) -> tuple[Any, ...]:
+    """The conditioning image's re-compression (the model's own image_crf applies)."""
+    return (call["image"],)
+
+
+@node("CLIPVisionEncode", [i("clip_vision", "CLIP_VISION"), i("image", "IMAGE"),
+                           i("crop", "COMBO", "center", options=("center", "none"))], ["CLIP_VISION_OUTPUT"],
+      category="conditioning")
+def clip_vision_encode(call: NodeCall) -> tuple[Any, ...]:
+    """The image encoder's view of an image (the checkpoint's own image encoder runs it)."""
+    return (ClipVisionOutput(call["image"]),)
+
+
+# -- outputs ----------------------------------------------------------------------------------
+@node("CreateVideo", [i("images", "IMAGE"), i("fps", "FLOAT", 30.0, min=1.0, max=120.0),
+                      i("audio", "AUDIO", optional=True)], ["VIDEO"], category="image/video")
+def create_video(call: NodeCall) -> tuple[Any, ...]:
+    """Frames (and a sound track) as a video."""
+    return (VideoOut(call["images"], float(call["fps"]), call.get("audio")),)
+
+
+def _save(call: NodeCall, media: Any, fmt: str | None = None, temporary: bool = False) -> tuple[Any, ...]:
+    prefix = str(call.get("filename_prefix", "ComfyUI"))
+    call.context.save(SaveTarget(call.id, call.class_type, media, prefix, fmt, temporary))
+    return ()
+
+
+@node("SaveVideo", [i("video", "VIDEO"), i("filename_prefix", "STRING", "video/ComfyUI"),
+                    i("format", "COMBO", "auto", options=("auto", "mp4")), i("codec", "COMBO", "auto", options=("auto", "h264"))],
+      [], output_node=True, category="image/video")
+def save_video(call: NodeCall) -> tuple[Any, ...]:
+    """Save a video (mp4)."""
+    return _save(call, call["video"], "mp4")
+
+
+@node("SaveImage", [i("images", "IMAGE"), i("filename_prefix", "STRING", "ComfyUI")], [], output_node=True,
+      category="image")
+def save_image(call: NodeCall) -> tuple[Any, ...]:
+    """Save images (png)."""
+    return _save(call, call["images"], "png")
+
+
+@node("PreviewImage", [i("images", "IMAGE")], [], output_node=True, category="image")
+def preview_image(call: NodeCall) -> tuple[Any, ...]:
+    """Show images (temporary png)."""
+    return _save(call, call["images"], "png", temporary=True)
+
+
+@node("SaveAudio", [i("audio", "AUDIO"), i("filename_prefix", "STRING", "audio/ComfyUI")], [], output_node=True,
+      category="audio")
+def save_audio(call: NodeCall) -> tuple[Any, ...]:
+    """Save audio (flac in ComfyUI; wav here)."""
+    return _save(call, call["audio"], "wav")
+
+
+@node("SaveAudioAdvanced", [i("audio", "AUDIO"), i("filename_prefix", "STRING", "audio/ComfyUI"),
+                            i("format", "COMBO", "flac", options=("flac", "mp3", "opus", "wav"))], [], output_node=True,
+      category="audio")
+def save_audio_advanced(call: NodeCall) -> tuple[Any, ...]:
+    """Save audio in a chosen format (written as wav here)."""
+    if call.get("format", "flac") != "wav":
+        call.context.deviate(call, f"format={call['format']!r}: audio is written as wav")
+    return _save(call, call["audio"], "wav")
+
+
+# -- primitives and logic ---------------------------------------------------------------------
+@node("PrimitiveInt", [i("value", "INT", 0, min=-SEED_MAX, max=SEED_MAX, seed=True)], ["INT"], category="utils/primitive")
+def primitive_int(call: NodeCall) -> tuple[Any, ...]:
+    """An integer."""
+    return (int(call["value"]),)
+
+
+@node("PrimitiveFloat", [i("value", "FLOAT", 0.0)], ["FLOAT"], category="utils/primitive")
+def primitive_float(call: NodeCall) -> tuple[Any, ...]:
+    """A number."""
+    return (float(call["value"]),)
+
+
+@node("PrimitiveBoolean", [i("value", "BOOLEAN", False)], ["BOOLEAN"], category="utils/primitive")
+def primitive_boolean(call: NodeCall) -> tuple[Any, ...]:
+    """A boolean."""
+    return (bool(call["value"]),)
+
+
+@node("PrimitiveString", [i("value", "STRING", "")], ["STRING"], category="utils/primitive")
+def primitive_string(call: NodeCall) -> tuple[Any, ...]:
+    """A string."""
+    return (str(call["value"]),)
+
+
+@node("PrimitiveStringMultiline", [i("value", "STRING", "", multiline=True)], ["STRING"], category="utils/primitive")
+def primitive_string_multiline(call: NodeCall) -> tuple[Any, ...]:
+    """A multi-line string."""
+    return (str(call["value"]),)
+
+
+@node("ComfySwitchNode", [i("switch", "BOOLEAN", False), i("on_false", "*", optional=True), i("on_true", "*", optional=True)],
+      ["*"], category="logic")
+def switch(call: NodeCall) -> tuple[Any, ...]:
+    """One of two inputs, by a boolean."""
+    chosen = "on_true" if call["switch"] else "on_false"
+    if call.get(chosen) is None:
+        raise node_error(call.id, call.class_type, "required_input_missing", f"{chosen}: the switch selects it but "
+                         "nothing is connected", input_name=chosen)
+    return (call[chosen],)
+
+
+_MATH_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+             ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_MATH_FUNCS: dict[str, Callable[..., Any]] = {"floor": math.floor, "ceil": math.ceil, "round": round, "abs": abs, "min": min, "max": max,
+               "sqrt": math.sqrt, "int": int, "float": float}
+
+
+def _math(node_: ast.AST, names: dict[str, float]) -> float:
+    """A small arithmetic expression: numbers, a..z, + - * / // % **, floor/ceil/round/min/max/abs/sqrt."""
+    if isinstance(node_, ast.Expression):
+        return _math(node_.body, names)
+    if isinstance(node_, ast.Constant) and isinstance(node_.value, (int, float)) and not isinstance(node_.value, bool):
+        return node_.value
+    if isinstance(node_, ast.Name) and node_.id in names:
+        return names[node_.id]
+    if isinstance(node_, ast.BinOp) and type(node_.op) in _MATH_OPS:
+        return _MATH_OPS[type(node_.op)](_math(node_.left, names), _math(node_.right, names))
+    if isinstance(node_, ast.UnaryOp) and isinstance(node_.op, (ast.USub, ast.UAdd)):
+        value = _math(node_.operand, names)
+        return -value if isinstance(node_.op, ast.USub) else value
+    if isinstance(node_, ast.Call) and isinstance(node_.func, ast.Name) and node_.func.id in _MATH_FUNCS \
+            and not node_.keywords:
+        return _MATH_FUNCS[node_.func.id](*[_math(a, names) for a in node_.args])
+    raise ValueError(f"{ast.dump(node_)[:60]} is not supported")
+
+
+@node("ComfyMathExpression", [i("expression", "STRING", "a + b", multiline=True),
+                              *[i(f"values.{c}", "FLOAT,INT", optional=True) for c in "abcdefgh"]],
+      ["FLOAT", "INT"], category="logic")
+def math_expression(call: NodeCall) -> tuple[Any, ...]:
+    """An arithmetic expression of the inputs a, b, c..."""
+    names = {k.split(".", 1)[1]: v for k, v in call.inputs.items() if k.startswith("values.") and v is not None}
+    text = str(call["expression"])
+    try:
+        value = float(_math(ast.parse(text, mode="eval"), names))
+    except (ValueError, SyntaxError, ZeroDivisionError, TypeError, OverflowError) as e:
+        raise node_error(call.id, call.class_type, "invalid_input_type", f"expression {text!r} cannot be "
+                         f"evaluated: {e}", "use numbers, the inputs a, b, ..., + - * / // % ** and "
+                         "floor/ceil/round/min/max/abs/sqrt", "expression") from None
+    return value, int(value)

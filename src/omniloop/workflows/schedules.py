@@ -1,0 +1,121 @@
+"""ComfyUI's sigma schedules over a discrete flow model with a static shift
+(``ModelSamplingSD3``), computed the way ComfyUI computes them (float32, 1000 training
+sigmas), so a workflow's ``KSampler(..., scheduler)`` runs the same noise levels here.
+
+The flow model's training sigmas are ``shift * t / (1 + (shift - 1) * t)`` at ``t = i / 1000``,
+``i = 1..1000``; a schedule picks among them (``simple``: evenly spaced indices from the top)
+or evaluates the shift at evenly spaced timesteps (``normal``; ``sgm_uniform`` drops the end
+point), or picks the training sigmas at quantiles of a Beta(0.6, 0.6) distribution (``beta``,
+arXiv 2407.12173), and ends with 0. Checked against tables made by running ComfyUI's own functions
+(tests/workflows/golden/).
+"""
+
+from __future__ import annotations
+
+import math
+
+SCHEDULES = ("simple", "normal", "sgm_uniform", "beta")
+BETA_ALPHA = BETA_BETA = 0.6
+TRAIN_STEPS, MULTIPLIER = 1000, 1000
+
+
+def _shifted(shift: float, t):  # t: float32 tensor in [0, 1]
+    return t if shift == 1.0 else shift * t / (1 + (shift - 1) * t)
+
+
+def _train_sigmas(shift: float):
+    """[1000] float32, ascending (index 999 is sigma 1)."""
+    import torch
+
+    timesteps = (torch.arange(1, TRAIN_STEPS + 1, 1) / TRAIN_STEPS) * MULTIPLIER
+    return _shifted(shift, timesteps / MULTIPLIER)
+
+
+def flow_schedule(scheduler: str, steps: int, shift: float) -> list[float]:
+    """The sigmas ComfyUI's ``scheduler`` gives a flow model at ``shift`` for ``steps`` steps,
+    descending, ending with 0."""
+    import torch
+
+    if scheduler not in SCHEDULES:
+        raise ValueError(f"scheduler {scheduler!r}: pass one of {list(SCHEDULES)}")
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    sigmas = _train_sigmas(shift)
+    if scheduler == "beta":
+        return _beta_schedule(sigmas, steps)
+    if scheduler == "simple":
+        stride = len(sigmas) / steps
+        return [float(sigmas[-(1 + int(x * stride))]) for x in range(steps)] + [0.0]
+    start, end = sigmas[-1] * MULTIPLIER, sigmas[0] * MULTIPLIER  # timesteps of sigma max, min
+    append_zero = True
+    if scheduler == "sgm_uniform":
+        timesteps = torch.linspace(start, end, steps + 1)[:-1]
+    else:
+        if math.isclose(float(_shifted(shift, end / MULTIPLIER)), 0, abs_tol=1e-5):
+            steps, append_zero = steps + 1, False
+        timesteps = torch.linspace(start, end, steps)
+    values = [float(_shifted(shift, t / MULTIPLIER)) for t in timesteps]
+    return values + ([0.0] if append_zero else [])
+
+
+def _beta_schedule(sigmas, steps: int) -> list[float]:
+    """Training sigmas at the Beta(0.6, 0.6) quantiles of ``1 - i / steps`` (repeats dropped)."""
+    import numpy as np
+
+    last = len(sigmas) - 1
+    quantiles = 1 - np.linspace(0, 1, steps, endpoint=False)
+    indices = np.rint(np.array([beta_ppf(float(q), BETA_ALPHA, BETA_BETA) for q in quantiles]) * last)
+    picked: list[float] = []
+    previous = -1.0
+    for index in indices:
+        if index != previous:
+            picked.append(float(sigmas[int(index)]))
+        previous = index
+    return picked + [0.0]
+
+
+def beta_ppf(p: float, a: float, b: float) -> float:
+    """The inverse of the regularized incomplete beta function I_x(a, b) (float64 bisection)."""
+    if p <= 0.0:
+        return 0.0
+    if p >= 1.0:
+        return 1.0
+    if a == b and p >= 0.5:  # symmetric: the median is exactly 1/2 (rounding 0.5 * 999 must see it)
+        return 0.5 if p == 0.5 else 1.0 - beta_ppf(1.0 - p, a, b)
+    lo, hi = 0.0, 1.0
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if mid in (lo, hi):
+            break
+        lo, hi = (mid, hi) if betainc(a, b, mid) < p else (lo, mid)
+    return (lo + hi) / 2
+
+
+def betainc(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function I_x(a, b), by its continued fraction."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1) / (a + b + 2):
+        return front * _beta_fraction(a, b, x) / a
+    return 1.0 - front * _beta_fraction(b, a, 1 - x) / b
+
+
+def _beta_fraction(a: float, b: float, x: float, tiny: float = 1e-300, eps: float = 1e-16) -> float:
+    """The continued fraction of I_x(a, b) by the modified Lentz method."""
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    result = d
+    for m in range(1, 1000):
+        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            result *= d * c
+        if abs(d * c - 1.0) < eps:
+            break
+    return result

@@ -1,0 +1,169 @@
+"""What flows along a compiled workflow's links: ComfyUI's socket types as plain values.
+
+Compiling evaluates the graph once, symbolically: a loader yields a ``ModelRef`` (a name in
+the model folder, not weights), a sampler node yields a ``Latent`` that remembers the
+``Sampling`` that made it, a decode yields ``Pixels`` over that latent. The output nodes'
+values then say what to generate (``compiler.py``). Constants (INT, FLOAT, STRING, BOOLEAN)
+are Python values, so primitive and math nodes fold away.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from omniloop.request import LoraRef
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A diffusion model (MODEL): the loader's file name, then what patch nodes added."""
+
+    name: str
+    loader: str  # the node id that loaded it
+    loras: tuple[LoraRef, ...] = ()
+    shift: float | None = None  # ModelSamplingSD3 / ModelSamplingFlux
+
+    def with_lora(self, lora: LoraRef) -> "ModelRef":
+        return replace(self, loras=(*self.loras, lora))
+
+
+@dataclass(frozen=True)
+class ClipRef:
+    """Text encoder(s) (CLIP): file names of the loader."""
+
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class VaeRef:
+    name: str
+    audio: bool = False
+
+
+@dataclass(frozen=True)
+class NamedFile:
+    """A loaded file we only check for existence (CLIP_VISION, LATENT_UPSCALE_MODEL)."""
+
+    name: str
+    kind: str
+
+
+@dataclass(frozen=True)
+class Pixels:
+    """IMAGE: a loaded file (``path``), a blank canvas (``blank``), or decoded ``latent``.
+    ``width``/``height``: known when the graph fixes them (None: the file's own size)."""
+
+    source: Literal["file", "blank", "decoded"]
+    width: int | None = None
+    height: int | None = None
+    path: str | None = None
+    latent: "Latent | None" = None
+
+
+@dataclass(frozen=True)
+class ClipVisionOutput:
+    image: Pixels
+
+
+@dataclass(frozen=True)
+class Conditioning:
+    """CONDITIONING: the prompt text (None: zeroed out) and what nodes attached."""
+
+    text: str | None
+    guidance: float | None = None  # FluxGuidance / CLIPTextEncodeFlux: embedded guidance
+    frame_rate: float | None = None  # LTXVConditioning
+    image: Pixels | None = None  # WanImageToVideo's start image
+    clip_vision: ClipVisionOutput | None = None
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """One sampler node's run: model, prompts, guidance, schedule, seed."""
+
+    node: str
+    model: ModelRef
+    positive: Conditioning
+    negative: Conditioning | None
+    cfg: float
+    sampler_name: str
+    scheduler: str | None  # None: explicit sigmas
+    steps: int
+    seed: int | None  # None: no noise added (KSamplerAdvanced add_noise=disable)
+    start: Latent
+    denoise: float = 1.0
+    start_at_step: int = 0
+    end_at_step: int | None = None  # None: to the end
+    sigmas: tuple[float, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Latent:
+    """LATENT: an empty canvas of some geometry, or the result of a ``Sampling``."""
+
+    kind: Literal["image", "video", "audio", "av"]
+    width: int | None = None
+    height: int | None = None
+    frames: int | None = None
+    seconds: float | None = None
+    batch: int = 1
+    sampled: Sampling | None = None
+    upsampled_from: "Latent | None" = None  # LTXVLatentUpsampler: the base stage's latent
+    image: Pixels | None = None  # first-frame conditioning (LTXVImgToVideoInplace)
+    encoded: Pixels | None = None  # VAEEncode: the latents of these pixels (image-to-image)
+    audio: "Latent | None" = None  # the audio half of an "av" latent
+    frame_rate: float | None = None
+
+
+@dataclass(frozen=True)
+class Noise:
+    seed: int | None
+
+
+@dataclass(frozen=True)
+class Guider:
+    model: ModelRef
+    positive: Conditioning
+    negative: Conditioning | None
+    cfg: float
+
+
+@dataclass(frozen=True)
+class SamplerChoice:
+    name: str
+
+
+@dataclass(frozen=True)
+class Sigmas:
+    """SIGMAS: a named schedule over ``steps`` (BasicScheduler, LTXVScheduler) or explicit values."""
+
+    steps: int
+    scheduler: str | None = None
+    values: tuple[float, ...] | None = None
+    denoise: float = 1.0
+
+
+@dataclass(frozen=True)
+class AudioOut:
+    latent: Latent
+
+
+@dataclass(frozen=True)
+class VideoOut:
+    images: Pixels
+    fps: float
+    audio: AudioOut | None = None
+
+
+@dataclass(frozen=True)
+class SaveTarget:
+    """What an output node saves: the media and how (prefix, container)."""
+
+    node: str
+    class_type: str
+    media: Pixels | VideoOut | AudioOut
+    prefix: str = "ComfyUI"
+    format: str | None = None
+    temporary: bool = False  # PreviewImage: ComfyUI's "temp" folder
+
+

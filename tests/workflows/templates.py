@@ -1,0 +1,60 @@
+"""The official ComfyUI templates of our families (``comfyui-workflow-templates-json``) and
+a model folder that maps every file name they load to one served checkpoint per family."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from omniloop.workflows import ModelFolder
+from omniloop.workflows.ui_format import ui_to_api
+
+TEMPLATES = {  # template -> the family whose checkpoint serves it
+    "text_to_video_wan": "wan", "image_to_video_wan": "wan_i2v", "video_wan2_2_14B_t2v": "wan_a14b",
+    "video_wan2_2_14B_i2v": "wan_i2v", "flux_schnell": "flux", "flux_schnell_full_text_to_image": "flux",
+    "flux_dev_checkpoint_example": "flux", "flux_dev_full_text_to_image": "flux", "flux1_krea_dev": "flux",
+    "video_ltx2_t2v": "ltx2", "video_ltx2_i2v": "ltx2", "video_ltx2_t2v_distilled": "ltx2",
+    "video_ltx2_i2v_lora": "ltx2", "audio_stable_audio_example": "stable_audio",
+}
+FAMILY_WORDS = ("wan", "flux", "ltx", "stable")  # template name prefixes of the four families
+LOADER_FOLDERS = {"UNETLoader": "diffusion_models", "CheckpointLoaderSimple": "checkpoints", "CLIPLoader": "text_encoders",
+                  "DualCLIPLoader": "text_encoders", "VAELoader": "vae", "CLIPVisionLoader": "clip_vision",
+                  "LatentUpscaleModelLoader": "latent_upscale_models", "LTXVAudioVAELoader": "checkpoints",
+                  "LoraLoaderModelOnly": "loras", "LoraLoader": "loras", "LTXAVTextEncoderLoader": None}
+EMBEDDED_GUIDANCE = {"flux"}
+
+
+def templates_dir() -> Path:
+    import comfyui_workflow_templates_json
+
+    return Path(comfyui_workflow_templates_json.__file__).parent / "templates"
+
+
+def template(name: str) -> dict[str, Any]:
+    return json.loads((templates_dir() / f"{name}.json").read_text())
+
+
+def loaded_files(api: dict[str, Any]) -> list[tuple[str, str]]:
+    """(folder, file name) of every loader input of an API graph."""
+    found = []
+    for node in api.values():
+        if node["class_type"] not in LOADER_FOLDERS:
+            continue
+        for key, value in node["inputs"].items():
+            if isinstance(value, str) and value.endswith((".safetensors", ".pt", ".ckpt", ".pth", ".sft")):
+                folder = LOADER_FOLDERS[node["class_type"]] or ("checkpoints" if key == "ckpt_name" else "text_encoders")
+                found.append((folder, value))
+    return found
+
+
+def template_models(paths: dict[str, Path] | None = None, root: Path | None = None) -> ModelFolder:
+    """Every file the templates load -> the served checkpoint of its template's family
+    (``paths``: family -> diffusers folder, for runs; names only for compiling)."""
+    files: dict[str, str] = {}
+    for name, family in TEMPLATES.items():
+        for folder, file_name in loaded_files(ui_to_api(template(name))):
+            files.setdefault(f"{folder}/{file_name}", family)
+    families = set(TEMPLATES.values())
+    served = {f: {"path": str((paths or {}).get(f, f)), "embedded_guidance": f in EMBEDDED_GUIDANCE} for f in families}
+    return ModelFolder.from_mapping({"served": served, "files": files}, root)

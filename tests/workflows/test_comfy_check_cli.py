@@ -1,0 +1,36 @@
+"""``omniloop comfy check``: the coverage report of workflow files (exit 1 if one is refused)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from omniloop.api.cli import main
+from tests.workflows.templates import templates_dir
+
+pytest.importorskip("comfyui_workflow_templates_json")
+
+
+def test_check_reports_supported_refused_and_the_requests(capsys):
+    ok = templates_dir() / "text_to_video_wan.json"
+    assert main(["comfy", "check", str(ok)]) == 0
+    report = capsys.readouterr().out
+    assert "ok  KSampler x1" in report and "result: compiles; 1 request(s)" in report
+    assert "task t2v outputs ['video']" in report
+    refused = templates_dir() / "video_wan_vace_14B_t2v.json"
+    assert main(["comfy", "check", "--json", str(ok), str(refused)]) == 1
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["status"] for r in rows] == ["compiles", "refused"]
+    assert rows[1]["refused"] == ["TrimVideoLatent", "WanVaceToVideo"]
+
+
+def test_exact_refuses_deviations_and_models_are_checked(tmp_path, capsys):
+    audio = templates_dir() / "audio_stable_audio_example.json"
+    assert main(["comfy", "check", str(audio)]) == 0
+    assert "deviation: node 3 (KSampler): sampler_name='dpmpp_3m_sde_gpu'" in capsys.readouterr().out
+    assert main(["comfy", "check", "--exact", str(audio)]) == 1
+    (tmp_path / "omniloop-models.json").write_text(json.dumps({"served": {"a": {"path": "x"}}, "files": {}}))
+    assert main(["comfy", "check", "--models", str(tmp_path), str(audio)]) == 1
+    assert "'stable-audio-open-1.0.safetensors' not in checkpoints/" in capsys.readouterr().out
+    assert main(["comfy", "check", "--models", str(tmp_path / "nope"), str(audio)]) == 2  # no map file: exit 2

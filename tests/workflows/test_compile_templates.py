@@ -1,0 +1,128 @@
+"""Every official template of our families compiles to the requests it means (the
+``comfyui-workflow-templates-json`` package is the corpus)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from omniloop.request import Modality, TaskType
+from omniloop.workflows import WorkflowError, compile_workflow
+from omniloop.workflows.ui_format import ui_to_api
+from tests.workflows.templates import TEMPLATES, template, template_models
+
+pytest.importorskip("comfyui_workflow_templates_json")
+
+IMAGES = ("image_to_video_wan_start_image.png", "video_wan2_2_14B_i2v_input_image.jpg", "freckled_curly_girl.png")
+
+
+@pytest.fixture(scope="module")
+def input_dir(tmp_path_factory) -> Path:
+    from PIL import Image
+
+    folder = tmp_path_factory.mktemp("input")
+    for name in IMAGES:
+        Image.new("RGB", (96, 64), (200, 40, 40)).save(folder / name)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def models():
+    return template_models()
+
+
+def compiled(name: str, models, input_dir):
+    return compile_workflow(template(name), models, input_dir=input_dir)
+
+
+# template -> (task, served model, outputs, diffusion fields that must hold)
+EXPECTED = {
+    "text_to_video_wan": (TaskType.T2V, "wan", [Modality.VIDEO],
+                          {"steps": None, "guidance_scale": 6.0, "shift": 1.0, "width": 832, "height": 480,
+                           "num_frames": 33, "fps": 16, "sampler": "flow_unipc", "seed": 82628696717253}),
+    "image_to_video_wan": (TaskType.I2V, "wan_i2v", [Modality.VIDEO],
+                           {"guidance_scale": 6.0, "width": 512, "height": 512, "num_frames": 33}),
+    "video_wan2_2_14B_t2v": (TaskType.T2V, "wan_a14b", [Modality.VIDEO],
+                             {"guidance_scale": 3.5, "guidance_scale_2": 3.5, "width": 640,
+                              "num_frames": 81, "sampler": "flow_euler"}),
+    "video_wan2_2_14B_i2v": (TaskType.I2V, "wan_i2v", [Modality.VIDEO], {"guidance_scale_2": 3.5}),
+    "flux_schnell": (TaskType.T2I, "flux", [Modality.IMAGE], {"steps": 4, "width": 1024, "guidance_scale": None}),
+    "flux_schnell_full_text_to_image": (TaskType.T2I, "flux", [Modality.IMAGE], {"steps": 4, "guidance_scale": 3.5}),
+    "flux_dev_checkpoint_example": (TaskType.T2I, "flux", [Modality.IMAGE],
+                                    {"steps": 20, "negative_prompt": None, "sampler": "flow_euler"}),
+    "flux_dev_full_text_to_image": (TaskType.T2I, "flux", [Modality.IMAGE], {"steps": 20}),
+    "flux1_krea_dev": (TaskType.T2I, "flux", [Modality.IMAGE], {"steps": 20}),
+    "video_ltx2_t2v": (TaskType.T2VS, "ltx2", [Modality.VIDEO, Modality.AUDIO],
+                       {"steps": 20, "guidance_scale": 4.0, "width": 640, "height": 360, "num_frames": 121,
+                        "fps": 24, "seed": 10}),
+    "video_ltx2_i2v": (TaskType.I2V, "ltx2", [Modality.VIDEO, Modality.AUDIO], {"steps": 20, "fps": 25}),
+    "video_ltx2_t2v_distilled": (TaskType.T2VS, "ltx2", [Modality.VIDEO, Modality.AUDIO],
+                                 {"sigmas": [1.0, 0.99375, 0.9875, 0.98125, 0.975, 0.909375, 0.725, 0.421875]}),
+    "audio_stable_audio_example": (TaskType.T2A, "stable_audio", [Modality.AUDIO],
+                                   {"steps": 50, "guidance_scale": 4.98, "duration_s": 47.6, "sampler": None}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_template_compiles_to_its_request(name, models, input_dir):
+    result = compiled(name, models, input_dir)
+    assert len(result.generations) == 1, [g.request for g in result.generations]
+    generation = result.generations[0]
+    task, model, outputs, fields = EXPECTED[name]
+    request = generation.request
+    assert (request.task, request.model, request.outputs.modalities) == (task, model, outputs)
+    assert request.prompt and request.prompt.strip()
+    got = request.diffusion.model_dump()
+    assert {k: got[k] for k in fields} == fields
+    if task in (TaskType.I2V,):
+        assert [p.role for p in request.images()] == ["first_frame"]
+    assert {s.class_type for s in generation.saves} <= {"SaveVideo", "SaveImage", "SaveAudioAdvanced"}
+
+
+@pytest.mark.parametrize("name, scheduler, steps, shift", [("text_to_video_wan", "simple", 30, 8.0),
+                                                          ("image_to_video_wan", "simple", 20, 8.0),
+                                                          ("video_wan2_2_14B_t2v", "simple", 20, 5.000000000000001)])
+def test_model_sampling_sd3_templates_run_comfyuis_own_schedule(name, scheduler, steps, shift, models, input_dir):
+    """Under ModelSamplingSD3 the request carries ComfyUI's shifted sigmas (schedules.py,
+    checked against ComfyUI's own functions) with shift 1."""
+    from omniloop.workflows.schedules import flow_schedule
+
+    params = compiled(name, models, input_dir).generations[0].request.diffusion
+    assert params.sigmas == flow_schedule(scheduler, steps, shift)[:-1] and params.shift == 1.0
+    assert params.num_steps(0) == steps
+
+
+def test_two_stage_templates_ask_for_the_refine_stage(models, input_dir):
+    t2v = compiled("video_ltx2_t2v", models, input_dir).generations[0].request
+    assert set(t2v.node_params) == {"upsample", "refine"}
+    i2v = compiled("video_ltx2_i2v", models, input_dir)
+    assert i2v.generations[0].request.node_params == {}  # the two-stage path is t2v only: reported
+    assert any("base stage alone" in d.message for d in i2v.deviations)
+
+
+def test_deviations_are_reported_and_an_exact_compile_refuses_them(models, input_dir):
+    loose = compiled("audio_stable_audio_example", models, input_dir)
+    assert {(d.node, d.class_type) for d in loose.deviations} >= {("3", "KSampler")}
+    api = ui_to_api(template("text_to_video_wan"))
+    sampler = next(n for n in api.values() if n["class_type"] == "KSampler")
+    sampler["inputs"]["sampler_name"] = "dpmpp_3m_sde_gpu"
+    assert compile_workflow(api, models, input_dir=input_dir).generations[0].request.diffusion.sampler is None
+    with pytest.raises(WorkflowError, match="sampler_name='dpmpp_3m_sde_gpu' is not supported") as e:
+        compile_workflow(api, models, input_dir=input_dir, exact=True)
+    body = e.value.to_comfy()
+    (node_id, entry), = body["node_errors"].items()
+    assert entry["class_type"] == "KSampler" and api[node_id]["class_type"] == "KSampler"
+    assert "uni_pc" in entry["errors"][0]["message"]  # names what is supported
+
+
+def test_the_ltx2_i2v_lora_template_ships_a_dangling_subgraph_output(models, input_dir):
+    """Package 0.1.x: the subgraph's output names link 265, which its links lack, so its
+    SaveVideo has no input (ComfyUI's front end leaves it unconnected too)."""
+    with pytest.raises(WorkflowError, match="Required input is missing: video") as e:
+        compiled("video_ltx2_i2v_lora", models, input_dir)
+    assert e.value.to_comfy()["node_errors"]["75"]["class_type"] == "SaveVideo"
+
+
+def test_every_template_of_the_corpus_is_listed():
+    assert set(EXPECTED) | {"video_ltx2_i2v_lora"} == set(TEMPLATES)

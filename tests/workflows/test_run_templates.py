@@ -1,0 +1,115 @@
+"""The official templates run end to end on tiny checkpoints: compiled (sizes, lengths and
+steps shrunk to CPU scale by editing the workflow's widget values, as a user would), run by
+the engine, and each makes the media its output nodes save."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from omniloop.request import Modality
+from omniloop.workflows import compile_workflow
+from omniloop.workflows.ui_format import ui_to_api
+from tests.workflows.templates import template, template_models
+
+pytest.importorskip("comfyui_workflow_templates_json")
+
+# class -> widget values that make a template CPU-sized (sizes for the tiny checkpoints:
+# multiples of 16 / 32, frames 4k+1 / 8k+1)
+SMALL: dict[str, dict[str, Any]] = {
+    "EmptyHunyuanLatentVideo": {"width": 32, "height": 32, "length": 5},
+    "WanImageToVideo": {"width": 32, "height": 32, "length": 5},
+    "EmptySD3LatentImage": {"width": 32, "height": 32},
+    "EmptyLatentAudio": {"seconds": 1.0},
+    "KSampler": {"steps": 2},
+    "KSamplerAdvanced": {"steps": 2},
+    "EmptyImage": {"width": 128, "height": 128},  # LTX-2 base stage: half of it
+    "ResizeImageMaskNode": {"resize_type.width": 128, "resize_type.height": 128},
+    "ImageScaleToMaxDimension": {"largest_size": 128},
+    "EmptyLTXVLatentVideo": {"length": 9},
+    "LTXVEmptyLatentAudio": {"frames_number": 9},
+    "LTXVScheduler": {"steps": 2},
+}
+
+
+def small(api: dict[str, Any]) -> dict[str, Any]:
+    for node in api.values():
+        node["inputs"].update(SMALL.get(node["class_type"], {}))
+        if node["class_type"] == "KSamplerAdvanced":  # the two experts split 2 steps at 1
+            name = "end_at_step" if node["inputs"]["add_noise"] == "enable" else "start_at_step"
+            node["inputs"][name] = 1
+            if name == "start_at_step":
+                node["inputs"]["end_at_step"] = 10000
+        if node["class_type"] == "ManualSigmas" and len(str(node["inputs"]["sigmas"]).split(",")) > 4:
+            node["inputs"]["sigmas"] = "1.0, 0.5, 0.0"  # the distilled base stage, two steps
+    return api
+
+
+@pytest.fixture(scope="module")
+def input_dir(tmp_path_factory) -> Path:
+    from PIL import Image
+
+    folder = tmp_path_factory.mktemp("input")
+    for name in ("image_to_video_wan_start_image.png", "video_wan2_2_14B_i2v_input_image.jpg",
+                 "freckled_curly_girl.png"):
+        Image.new("RGB", (96, 64), (200, 40, 40)).save(folder / name)
+    return folder
+
+
+def run(name: str, checkpoint: Path, family: str, input_dir: Path):
+    from omniloop.api.generator import VideoGenerator
+
+    models = template_models({family: checkpoint})
+    compiled = compile_workflow(small(ui_to_api(template(name))), models, input_dir=input_dir)
+    (generation,) = compiled.generations
+    with VideoGenerator.from_pretrained(str(generation.served.path)) as gen:
+        out = gen.generate(generation.request)
+    assert out.failure is None, out.failure
+    return generation.request, out
+
+
+def check_video(out, frames: int, size: tuple[int, int]) -> None:
+    video = out.artifacts["video"]
+    assert tuple(video.frames.shape[:3]) == (frames, *size), video.frames.shape  # [T, H, W, C]
+
+
+@pytest.mark.parametrize("name", ["text_to_video_wan"])
+def test_wan_t2v_template_runs(name, wan_t2v_dir, input_dir):
+    request, out = run(name, wan_t2v_dir, "wan", input_dir)
+    check_video(out, 5, (32, 32))
+
+
+@pytest.mark.parametrize("name", ["image_to_video_wan", "video_wan2_2_14B_i2v"])
+def test_wan_i2v_templates_run(name, wan_i2v_dir, input_dir):
+    request, out = run(name, wan_i2v_dir, "wan_i2v", input_dir)
+    check_video(out, 5, (32, 32))
+
+
+def test_wan22_two_expert_template_runs(wan_a14b_dir, input_dir):
+    request, out = run("video_wan2_2_14B_t2v", wan_a14b_dir, "wan_a14b", input_dir)
+    assert request.diffusion.guidance_scale_2 == 3.5
+    check_video(out, 5, (32, 32))
+
+
+@pytest.mark.parametrize("name", ["flux_schnell", "flux_schnell_full_text_to_image", "flux_dev_checkpoint_example",
+                                  "flux_dev_full_text_to_image", "flux1_krea_dev"])
+def test_flux_templates_run(name, flux_dir, input_dir):
+    request, out = run(name, flux_dir, "flux", input_dir)
+    image = out.artifacts["image"]
+    assert tuple(image.image.shape) == (32, 32, 3), image.image.shape  # [H, W, 3]
+
+
+@pytest.mark.parametrize("name", ["video_ltx2_t2v", "video_ltx2_t2v_distilled", "video_ltx2_i2v"])
+def test_ltx2_templates_run(name, ltx2_dir, input_dir):
+    request, out = run(name, ltx2_dir, "ltx2", input_dir)
+    two_stage = bool(request.node_params)
+    check_video(out, 9, (128, 128) if two_stage else (64, 64))
+    assert Modality.AUDIO in (request.outputs.modalities or []) and out.artifacts["audio"].samples.numel() > 0
+
+
+def test_stable_audio_template_runs(stable_audio_dir, input_dir):
+    request, out = run("audio_stable_audio_example", stable_audio_dir, "stable_audio", input_dir)
+    assert request.diffusion.duration_s == 1.0
+    assert out.artifacts["audio"].samples.shape[-1] > 0

@@ -80,7 +80,7 @@ def test_thinker_states_equal_transformers_hidden_states(omni_hf, omni_pipeline)
 def test_greedy_codes_and_waveform_equal_generate(omni_hf, omni_pipeline, voice):
     hf, tokenizer = omni_hf
     waves = []
-    for prompt in PROMPTS[:2]:
+    for prompt in PROMPTS[:2] if voice == "Chelsie" else PROMPTS[:1]:
         capture: dict = {}
         text, wav = hf_generate(hf, tokenizer, prompt, speaker=voice, capture=capture)
         state = run_nodes(omni_pipeline, omni_request(prompt, voice=None if voice == "Chelsie" else voice))

@@ -50,8 +50,8 @@ def sway_time_points(num_points: int, sway: float | None, device: torch.device |
 @dataclass(frozen=True, kw_only=True)
 class RK4FlowSampler(SamplerBase):
     name: ClassVar[str] = "rk4_flow"
-    # no diffusers scheduler: the reference is transformers' token2wav solver
-    diffusers_class: ClassVar[str] = "Qwen2_5OmniToken2WavRK4"
+    # no diffusers scheduler: the reference is transformers' solver class of that name
+    diffusers_class: ClassVar[str] = "RungeKutta4ODESolver"
 
     sway_coefficient: float | None = -1.0
     num_train_timesteps: int = 1  # the model takes t in [0, 1] as is

@@ -81,6 +81,8 @@ class SnakeBeta(nn.Module):
 
 
 class UpSample1d(nn.Module):
+    filter: torch.Tensor  # [1, 1, kernel] low-pass (a computed buffer, not in the checkpoint)
+
     def __init__(self, ratio: int = 2, kernel_size: int = 12) -> None:
         super().__init__()
         self.ratio, self.kernel_size, self.stride = ratio, kernel_size, ratio
@@ -97,6 +99,8 @@ class UpSample1d(nn.Module):
 
 
 class DownSample1d(nn.Module):
+    filter: torch.Tensor  # [1, 1, kernel] low-pass (a computed buffer, not in the checkpoint)
+
     def __init__(self, ratio: int = 2, kernel_size: int = 12) -> None:
         super().__init__()
         even = kernel_size % 2 == 0
@@ -168,6 +172,7 @@ class BigVGAN(nn.Module):
     def forward(self, mel: torch.Tensor) -> torch.Tensor:
         x = self.conv_pre(self.normalized_db(mel))
         for i, up in enumerate(self.ups):
+            assert isinstance(up, nn.ModuleList)  # one ConvTranspose1d (the checkpoint's ``ups.i.0``)
             x = up[0](x)
             x = sum(self.resblocks[i * self.num_kernels + j](x) for j in range(self.num_kernels)) / self.num_kernels
         x = self.conv_post(self.activation_post(x))

@@ -23,7 +23,7 @@ multimodal RoPE the plain one; the KV view's positions drive it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence, cast
 
 import torch
 import torch.nn.functional as F
@@ -189,7 +189,7 @@ class Decoder(nn.Module):
     def forward(self, h: torch.Tensor, positions: torch.Tensor, kv: KVCacheView | None) -> torch.Tensor:
         """``h [B, L, hidden]`` at ``positions [B, L]`` -> normed hidden states ``[B, L, hidden]``."""
         cos, sin = mrope_cos_sin(positions[None].expand(3, -1, -1), self.config, h.dtype)
-        return self.norm(run_blocks(self.layers, h, cos, sin, kv))
+        return self.norm(run_blocks(cast(Sequence[nn.Module], self.layers), h, cos, sin, kv))
 
 
 def _positions(ids: torch.Tensor, kv: KVCacheView | None) -> torch.Tensor:
@@ -338,9 +338,10 @@ class OmniTalker(nn.Module):
     def forward(self, input_ids: torch.Tensor, *, kv: KVCacheView | None = None, logits_to_keep: int = 0,
                 lm_inputs: Sequence[TalkerRow | None] | None = None) -> torch.Tensor:
         """``input_ids [B, L]`` codec ids -> codec logits ``[B, L', vocab]`` (fp32)."""
-        assert lm_inputs is not None and all(r is not None for r in lm_inputs), "every talker row needs its TalkerRow"
+        rows = [r for r in lm_inputs or () if r is not None]
+        assert len(rows) == input_ids.shape[0], "every talker row needs its TalkerRow"
         positions = _positions(input_ids, kv)
-        embeds = torch.stack([self._row_embeds(i, p, r) for i, p, r in zip(input_ids, positions, lm_inputs)])
+        embeds = torch.stack([self._row_embeds(i, p, r) for i, p, r in zip(input_ids, positions, rows)])
         h = self.model(self.thinker_to_talker_proj(embeds), positions, kv)
         if logits_to_keep:
             h = h[:, -logits_to_keep:]

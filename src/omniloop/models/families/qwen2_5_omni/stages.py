@@ -279,7 +279,8 @@ class Token2WavLoop(DenoiseLoop):
         codec = ctx.read(state, "codec", CodecCodes)
         if not codec.codes:
             raise ValueError("the talker ended before its first code: there is no speech to decode")
-        dit: Token2WavDiT = ctx.component(self.denoiser.dit_component)  # type: ignore[attr-defined]
+        assert isinstance(self.denoiser, Token2WavDenoiser), "token2wav's loop runs the token2wav denoiser"
+        dit: Token2WavDiT = ctx.component(self.denoiser.dit_component)
         frames = len(codec.codes) * dit.config.repeats
         if frames > dit.config.max_position_embeddings:
             raise ValueError(f"{len(codec.codes)} codes make {frames} mel frames, more than token2wav decodes "
@@ -297,7 +298,7 @@ class Token2WavLoop(DenoiseLoop):
         return None if loop.done else (id(self), loop.request_id)  # per-request codes: steps run alone
 
 
-@dataclass(frozen=True)
+@dataclass
 class BigVGANDecoder:
     """Mel latents ``[1, T, mel]`` -> 24 kHz mono speech through BigVGAN (fp32)."""
 

@@ -165,6 +165,8 @@ class OutputSpec(BaseModel):
     return_latents: bool = Field(default=False, description="also return the final latents")
     return_trajectory: bool = Field(default=False, description="also return the latents after every step")
     video_format: Literal["mp4", "frames"] = "mp4"
+    voice: str | None = Field(default=None, min_length=1, max_length=64,
+                              description="the voice of spoken output (one of the model's speakers); None: its default")
 
     def wants(self, modality: Modality) -> bool:
         """Whether ``modality`` is asked for (no ``modalities``: the task's default outputs)."""

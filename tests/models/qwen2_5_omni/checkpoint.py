@@ -79,7 +79,7 @@ def tiny_omni_config(tokenizer, **overrides: Any):
                   vision_start_token_id=ids["<|vision_bos|>"], vision_end_token_id=ids["<|vision_eos|>"],
                   audio_start_token_id=ids["<|audio_bos|>"], audio_end_token_id=ids["<|audio_eos|>"])
     dit = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=2, head_dim=16, ff_mult=2, emb_dim=16,
-               rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, max_position_embeddings=1024,
+               rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, max_position_embeddings=128,
                block_size=4, look_ahead_layers=[1], look_backward_layers=[0, 2], repeats=2,
                num_embeds=TALKER_VOCAB, mel_dim=MEL_DIM, dropout=0.0, enc_emb_dim=8, enc_dim=8,
                enc_channels=[8, 8, 8, 16], enc_kernel_sizes=[5, 3, 3, 1], enc_dilations=[1, 2, 3, 1],

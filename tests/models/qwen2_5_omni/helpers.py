@@ -20,13 +20,10 @@ def omni_request(prompt: str, *, speech: bool = True, seed: int = 5, voice: str 
     sampling.setdefault("max_tokens", TEXT_TOKENS)
     if greedy:
         sampling.setdefault("temperature", 0.0)
-    talker: dict[str, Any] = {"max_tokens": AUDIO_TOKENS}
-    if voice is not None:
-        talker["voice"] = voice
     return OmniRequest(task=TaskType.REASON, inputs=[TextPart(text=prompt)],
                        sampling=SamplingParams(seed=seed, **sampling), diffusion=DiffusionParams(seed=seed),
-                       outputs=OutputSpec(modalities=[Modality.TEXT, Modality.AUDIO] if speech else None),
-                       node_params={"talker": talker} if speech else {})
+                       outputs=OutputSpec(modalities=[Modality.TEXT, Modality.AUDIO] if speech else None, voice=voice),
+                       node_params={"talker": {"max_tokens": AUDIO_TOKENS}} if speech else {})
 
 
 def hf_generate(hf, tokenizer, prompt: str, *, seed: int = 5, speaker: str = "Chelsie", greedy: bool = True,

@@ -62,7 +62,7 @@ def test_a_text_only_request_runs_only_the_thinker(omni_pipeline):
 def test_bad_input_is_refused_naming_the_field(omni_pipeline):
     with pytest.raises(ValueError, match=r"voice 'Nobody' is not one of .*\['Chelsie', 'Ethan'\]") as err:
         run_request(omni_pipeline, omni_request(PROMPTS[0], voice="Nobody"))
-    assert err.value.fields == ("node_params['talker'].voice",)
+    assert err.value.fields == ("outputs.voice",)
     image = ImagePart(data=np.zeros((8, 8, 3), dtype=np.uint8))
     with pytest.raises(ValueError, match="inputs.*text only"):
         run_request(omni_pipeline, OmniRequest(task=TaskType.REASON, inputs=[TextPart(text="hi"), image]))

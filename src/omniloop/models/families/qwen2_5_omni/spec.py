@@ -113,7 +113,7 @@ def omni_variant(index: Mapping[str, Any]) -> Variant:
     return Variant(name=f"qwen2.5-omni-{size}", tasks=frozenset({TaskType.REASON}), weights=weights)
 
 
-def omni_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = None) -> PipelineSpec:
+def omni_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = None, max_codes: int = 4096) -> PipelineSpec:
     """``talker_text``: the talker node's own loop defaults (its stop codes, transformers'
     talker sampling), over the pipeline's (the thinker's)."""
     components = {w.component: ComponentSpec(name=w.component, kind=w.kind, optional=w.optional) for w in variant.weights}
@@ -135,7 +135,7 @@ def omni_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = None
             Node("talker", TalkerLoop(lm_component="talker", tokenizer_component="codec_vocab",
                                       kv_component="talker_kv"), when=speech,
                  defaults={} if talker_text is None else {"text": talker_text}),
-            Node("token2wav", Token2WavLoop(Token2WavDenoiser(), cfg=EmbeddedGuidance(kwarg="guidance_scale"),
+            Node("token2wav", Token2WavLoop(Token2WavDenoiser(max_codes=max_codes), cfg=EmbeddedGuidance(kwarg="guidance_scale"),
                                             routing=SingleModel("dit"), sampler_component="sampler"), when=speech),
             Node("vocoder", VAEDecode(decoder=BigVGANDecoder()), when=speech),
         ),
@@ -148,8 +148,10 @@ def build_omni(variant: Variant, index: Mapping[str, Any], components: Mapping[s
     thinker_text = dataclasses.replace(THINKER_DEFAULTS, eos_token_ids=config.eos_token_ids,
                                        max_context=config.thinker.max_position_embeddings,
                                        sampling=components.get("generation") or {"temperature": 0.0})
+    # the speech's bound: transformers' 4096 codes, at most what token2wav decodes (its mel positions)
+    max_codes = min(int(TALKER_SAMPLING["max_tokens"]), config.dit.max_position_embeddings // config.dit.repeats)
     talker_text = TextDefaults(eos_token_ids=(config.tokens.codec_pad, config.tokens.codec_eos),
-                               sampling=TALKER_SAMPLING, max_context=config.talker.max_position_embeddings,
+                               sampling={**TALKER_SAMPLING, "max_tokens": max_codes}, max_context=config.talker.max_position_embeddings,
                                prefill_chunk_tokens=THINKER_DEFAULTS.prefill_chunk_tokens)
     pools = {
         name: build_text_kv_pool(cfg.kv_layout, dtype=options.dtype, device=options.device,
@@ -162,7 +164,7 @@ def build_omni(variant: Variant, index: Mapping[str, Any], components: Mapping[s
     defaults = GenerationDefaults(steps=TOKEN2WAV_STEPS, guidance_scale=TOKEN2WAV_GUIDANCE, sample_rate=24000,
                                   text=thinker_text)
     return Pipeline(
-        spec=omni_pipeline_spec(variant, talker_text), components=components, device=options.device, dtype=options.dtype, defaults=defaults,
+        spec=omni_pipeline_spec(variant, talker_text, max_codes), components=components, device=options.device, dtype=options.dtype, defaults=defaults,
         validate_request=make_omni_validator(components["tokenizer"], config, pool=pools["thinker_kv"]),
     )
 

@@ -67,11 +67,11 @@ class CodecCodes(Artifact):
 
 
 class TalkerParams(BaseModel):
-    """``node_params["talker"]``: the voice and the speech's own length bound."""
+    """``node_params["talker"]``: the speech's own length bound (the voice is the request's
+    ``outputs.voice``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    voice: str | None = Field(default=None, description="a voice of the checkpoint's spk_dict.pt (default Chelsie)")
     max_tokens: int | None = Field(default=None, ge=1, le=32768, description="codec tokens at most (default 4096)")
 
 
@@ -190,11 +190,11 @@ class TalkerLoop(ARDecodeLoop):
         return SamplingParams(**defaults).model_copy(update=update)
 
     def check_request(self, ctx: StageContext, state: RequestState, produced: frozenset[str]) -> None:
-        voice = self._overrides(state, ctx.node).voice
+        voice = state.request.outputs.voice
         speakers: dict[str, Speaker] = ctx.component(self.speakers_component)
         if voice is not None and voice not in speakers:
             raise InvalidRequest(f"voice {voice!r} is not one of this model's voices", hint=f"pass one of {sorted(speakers)}",
-                                 fields=(f"node_params[{ctx.node!r}].voice",))
+                                 fields=("outputs.voice",))
 
     def init(self, ctx: StageContext, state: RequestState) -> ARLoopState:
         states = ctx.read(state, "thinker_states", ThinkerStates)
@@ -203,7 +203,7 @@ class TalkerLoop(ARDecodeLoop):
                              "(raise sampling.max_tokens)")
         talker: OmniTalker = ctx.component(self.lm_component)
         speakers: dict[str, Speaker] = ctx.component(self.speakers_component)
-        voice = resolve_voice(speakers, self._overrides(state, ctx.node).voice)
+        voice = resolve_voice(speakers, state.request.outputs.voice)
         row = talker_row(ctx.component(self.thinker_component), talker, states, speakers[voice])
         tok = talker.tokens
         prompt_ids = [tok.codec_mask] * len(states.prompt_ids) + [tok.codec_pad, tok.codec_bos]
@@ -233,7 +233,7 @@ class TalkerLoop(ARDecodeLoop):
         codes = list(loop.output_ids)
         if codes and codes[-1] in loop.stop_ids:
             codes = codes[:-1]
-        voice = resolve_voice(ctx.component(self.speakers_component), self._overrides(state, ctx.node).voice)
+        voice = resolve_voice(ctx.component(self.speakers_component), state.request.outputs.voice)
         ctx.write(state, "codec", CodecCodes(codes=codes, voice=voice, finish_reason=loop.finish_reason))
         self.release(loop)
 
@@ -286,7 +286,8 @@ class Token2WavLoop(DenoiseLoop):
             raise ValueError(f"{len(codec.codes)} codes make {frames} mel frames, more than token2wav decodes "
                              f"({dit.config.max_position_embeddings}); bound the speech with node_params['talker'].max_tokens")
         params = self.params(ctx, state)
-        seed = admitted_seed(params.seed, ctx.node)
+        # one seed per spoken answer: the request's sampling seed (the talker's) draws the noise too
+        seed = admitted_seed(state.request.sampling.seed, ctx.node)
         gen = torch.Generator("cpu").manual_seed(seed)  # transformers draws torch.randn on the CPU generator
         latents = seeded_noise({"audio": (1, frames, dit.config.mel_dim)}, gen, ctx.device)
         return self.start(ctx, state, params, latents, seed=seed, gen=gen)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -33,7 +33,7 @@ class AudioRequest(BaseModel):
     format: AudioFormat = Field(description="wav, mp3, flac, or pcm16 (raw 16-bit little-endian mono)")
 
 
-def wanted_modalities(modalities: list[str] | None) -> list[Modality] | None:
+def wanted_modalities(modalities: Sequence[str] | None) -> list[Modality] | None:
     """The request-plane ``outputs.modalities`` of a chat request (None: the task's default, text)."""
     if modalities is None or "audio" not in modalities:
         return None

@@ -49,9 +49,9 @@ def test_concurrent_spoken_answers_batch_and_equal_solo(omni_generator, omni_pip
     for alone, together in zip(solo, outs):
         assert together.status.value == "completed", together.error
         assert together.text.token_ids == alone.text.token_ids
-        # batched decode steps pad and mask the KV: a few 1e-7 of drift is allowed, not a different answer
+        # batched decode steps pad and mask the KV (measured: 0.0 on the CPU; a bound for other kernels)
         assert together.audio.samples.shape == alone.audio.samples.shape
-        assert (together.audio.samples - alone.audio.samples).abs().max() <= 1e-4
+        assert (together.audio.samples - alone.audio.samples).abs().max() <= 1e-6
 
 
 def test_a_text_only_request_runs_only_the_thinker(omni_pipeline):

@@ -324,16 +324,13 @@ class OmniTalker(nn.Module):
         return _activation_bytes(self.config, self.dtype, num_tokens, context, self.config.vocab_size)
 
     def _row_embeds(self, ids: torch.Tensor, positions: torch.Tensor, row: TalkerRow) -> torch.Tensor:
-        """``ids, positions [L]`` of one row -> ``[L, thinker_hidden]`` talker input embeddings."""
-        pos = positions.tolist()
-        out = []
-        for i, p in enumerate(pos):
-            if p < row.prompt_len:
-                out.append(row.prompt_embeds[p])
-            else:
-                k = min(p - row.prompt_len, row.reply.shape[0] - 1)
-                out.append(self.model.embed_tokens(ids[i]) + row.reply[k])
-        return torch.stack(out)
+        """``ids, positions [L]`` of one row -> ``[L, thinker_hidden]`` talker input embeddings:
+        the prepared prompt embedding below ``prompt_len``, else the code's embedding plus the
+        reply part at ``position - prompt_len`` (the last one once they run out)."""
+        in_prompt = (positions < row.prompt_len)[:, None]  # [L, 1]
+        prompt = row.prompt_embeds[positions.clamp(max=row.prompt_len - 1)]
+        reply = row.reply[(positions - row.prompt_len).clamp(0, row.reply.shape[0] - 1)]
+        return torch.where(in_prompt, prompt, self.model.embed_tokens(ids) + reply)
 
     def forward(self, input_ids: torch.Tensor, *, kv: KVCacheView | None = None, logits_to_keep: int = 0,
                 lm_inputs: Sequence[TalkerRow | None] | None = None) -> torch.Tensor:

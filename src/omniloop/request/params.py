@@ -198,6 +198,8 @@ class OutputSpec(BaseModel):
     top_logprobs: int = Field(default=0, ge=0, le=20, description="with each token's log-prob, the N most likely "
                               "tokens at its position (AR loops; implies return_log_probs)")
     video_format: Literal["mp4", "frames"] = "mp4"
+    voice: str | None = Field(default=None, min_length=1, max_length=64,
+                              description="the voice of spoken output (one of the model's speakers); None: its default")
 
     @field_validator("return_log_probs")
     @classmethod

@@ -34,6 +34,7 @@ from omniloop.request import (
 )
 from omniloop.serve.errors import ApiError, api_error, validation_error
 from omniloop.serve.media import check_media, image_pixel_cap
+from omniloop.serve.speech import AudioRequest, message_audio, wanted_modalities
 from omniloop.serve.state import ServeState, State, require_auth
 from omniloop.serve.wire import wire_errors
 
@@ -85,6 +86,9 @@ class ChatCompletionRequest(_Wire):
     top_logprobs: int | None = Field(default=None, ge=0, le=20, description="with logprobs: the N most likely "
                                      "tokens at each position")
     user: str | None = Field(default=None, max_length=256)
+    modalities: list[Literal["text", "audio"]] | None = Field(
+        default=None, min_length=1, description='["text"] (default) or ["text", "audio"]: a spoken answer too')
+    audio: AudioRequest | None = Field(default=None, description="with modalities audio: {voice, format}")
 
 
 # -- translation --------------------------------------------------------------------------
@@ -143,8 +147,9 @@ def chat_request(wire: ChatCompletionRequest, request_id: str, state: ServeState
     sampling = Fields()
     with wire_errors():  # max_completion_tokens: OpenAI's newer name of max_tokens
         sampling.put_flat(given, {"max_completion_tokens": "max_tokens"})
-        return build_request(TaskType.REASON, None, parts=inputs, sampling=sampling, request_id=request_id,
-                             outputs=outputs, model=model.route)  # a ModelPool's name for it (None: the one model)
+        request = build_request(TaskType.REASON, None, parts=inputs, sampling=sampling, request_id=request_id,
+                                outputs=outputs, model=model.route)  # a ModelPool's name for it (None: the one model)
+    return _with_speech(wire, request)
 
 
 def _logprobs_spec(wire: ChatCompletionRequest, has_ar_loop: bool, name: str) -> OutputSpec | None:
@@ -160,8 +165,26 @@ def _logprobs_spec(wire: ChatCompletionRequest, has_ar_loop: bool, name: str) ->
     return OutputSpec(return_log_probs=True, top_logprobs=wire.top_logprobs or 0)
 
 
+def _with_speech(wire: ChatCompletionRequest, request: OmniRequest) -> OmniRequest:
+    """``modalities`` / ``audio`` -> ``outputs.modalities`` and ``outputs.voice`` (the model
+    checks the voice at admission; the format is this endpoint's encoding)."""
+    speech = wire.modalities is not None and "audio" in wire.modalities
+    if speech and wire.audio is None:
+        raise ApiError(400, 'audio: modalities ["text", "audio"] needs audio: {"voice": ..., "format": "wav"}',
+                       param="audio", code="invalid_value")
+    if not speech and wire.audio is not None:
+        raise ApiError(400, 'modalities: audio was given but modalities does not name "audio"; pass modalities '
+                       '["text", "audio"] or drop audio', param="modalities", code="invalid_value")
+    if not speech or wire.audio is None:
+        return request
+    outputs = request.outputs.model_copy(update={"modalities": wanted_modalities(wire.modalities),
+                                                 "voice": wire.audio.voice})
+    return request.model_copy(update={"outputs": outputs})
+
+
 # request-plane paths -> this endpoint's wire names (sampling.<name> is <name> on the wire)
-CHAT_WIRE_NAMES = {"inputs": "messages", "task": "model"}
+CHAT_WIRE_NAMES = {"inputs": "messages", "task": "model", "outputs.voice": "audio.voice",
+                   "outputs.modalities": "modalities"}
 
 
 def _rejection(error: EngineError) -> ApiError:
@@ -194,8 +217,12 @@ def _logprobs(entries: list[TokenLogProb] | None) -> dict[str, Any] | None:
     return {"content": [{**_token(e), "top_logprobs": [_token(t) for t in e.top]} for e in entries], "refusal": None}
 
 
-def _completion(out: OmniOutput, request_id: str, model: str, created: int) -> dict[str, Any]:
-    message = {"role": "assistant", "content": out.text.text if out.text is not None else ""}
+def _completion(out: OmniOutput, request_id: str, model: str, created: int,
+                audio: AudioRequest | None = None) -> dict[str, Any]:
+    text = out.text.text if out.text is not None else ""
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if audio is not None and out.audio is not None:  # OpenAI's spoken answer: the text is the transcript
+        message.update(content=None, audio=message_audio(out.audio, audio.format, text))
     logprobs = _logprobs(out.text.log_probs) if out.text is not None else None
     return {"id": request_id, "object": "chat.completion", "created": created, "model": model,
             "choices": [{"index": 0, "message": message, "finish_reason": _finish_reason(out), "logprobs": logprobs}],
@@ -215,7 +242,7 @@ def _failure(out: OmniOutput) -> ApiError:
 
 
 async def _sse(stream: AsyncIterator, first: Any, request_id: str, model: str, created: int,
-               usage: bool) -> AsyncIterator[str]:
+               usage: bool, audio: AudioRequest | None = None) -> AsyncIterator[str]:
     yield _chunk(request_id, model, created, {"role": "assistant", "content": ""})
     event = first
     try:
@@ -223,13 +250,18 @@ async def _sse(stream: AsyncIterator, first: Any, request_id: str, model: str, c
             delta = event.artifact if isinstance(event, ArtifactEvent) and event.partial and \
                 event.name == "text_delta" else None
             if isinstance(delta, TextArtifact) and (delta.text or delta.log_probs):  # tokens without text: log-probs
-                yield _chunk(request_id, model, created, {"content": delta.text}, logprobs=_logprobs(delta.log_probs))
+                # spoken: the text streams as the audio's transcript
+                body = {"audio": {"transcript": delta.text}} if audio is not None else {"content": delta.text}
+                yield _chunk(request_id, model, created, body, logprobs=_logprobs(delta.log_probs))
             elif isinstance(event, FinalEvent):
                 out = event.output
                 if out.status is not RequestStatus.COMPLETED:
                     error = _failure(out)
                     yield f"data: {json.dumps({'error': {'message': error.message, 'code': error.code}})}\n\n"
                 else:
+                    if audio is not None and out.audio is not None:  # the speech, once it is whole
+                        whole = message_audio(out.audio, audio.format, "")
+                        yield _chunk(request_id, model, created, {"audio": {k: whole[k] for k in ("id", "data", "expires_at")}})
                     yield _chunk(request_id, model, created, {}, _finish_reason(out))
                     if usage:
                         body = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
@@ -258,7 +290,7 @@ async def create_chat_completion(wire: ChatCompletionRequest, request: Request, 
             raise _rejection(e) from None
     if wire.stream:
         usage = wire.stream_options is not None and wire.stream_options.include_usage
-        return StreamingResponse(_sse(stream, first, request_id, served, created, usage),
+        return StreamingResponse(_sse(stream, first, request_id, served, created, usage, _spoken(wire)),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     event = first
@@ -270,4 +302,8 @@ async def create_chat_completion(wire: ChatCompletionRequest, request: Request, 
     out = event.output
     if out.status is not RequestStatus.COMPLETED:
         raise _failure(out)
-    return JSONResponse(_completion(out, request_id, served, created))
+    return JSONResponse(_completion(out, request_id, served, created, _spoken(wire)))
+
+
+def _spoken(wire: ChatCompletionRequest) -> AudioRequest | None:
+    return wire.audio if wire.modalities is not None and "audio" in wire.modalities else None

@@ -14,6 +14,7 @@ from omniloop.pipeline.samplers.flow_euler import FlowEulerSampler
 from omniloop.pipeline.samplers.flow_sde import FlowSDESampler, FlowSDEState
 from omniloop.pipeline.samplers.flow_map_euler import FlowMapEulerSampler, FlowMapState
 from omniloop.pipeline.samplers.flow_unipc import FlowUniPCSampler, FlowUniPCState
+from omniloop.pipeline.samplers.rk4_flow import RK4FlowSampler, RK4FlowState
 
 
 def sampler_for_diffusers_class(class_name: str) -> str:
@@ -40,6 +41,8 @@ __all__ = [
     "FlowSDEState",
     "FlowUniPCSampler",
     "FlowUniPCState",
+    "RK4FlowSampler",
+    "RK4FlowState",
     "Sampler",
     "SamplerState",
     "SchedulerConfigError",

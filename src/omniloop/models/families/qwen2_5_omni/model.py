@@ -1,0 +1,348 @@
+"""Qwen2.5-Omni's two AR transformers: the thinker (text LM) and the talker (codec LM).
+
+Both are Qwen2 decoders (GQA with q/k/v biases, RMSNorm, SwiGLU) with multimodal RoPE
+(``mrope_section``: the rotary frequencies split into temporal / height / width planes);
+module names are transformers' (``model.layers.0.self_attn.q_proj``...), so the checkpoint
+loads by stripping the ``thinker.`` / ``talker.`` prefix.
+
+* :class:`OmniThinker` - ``input_ids`` -> text logits; every forward also records each
+  row's final (normed) hidden states at their positions into the row's
+  :class:`ThinkerRow` (the per-request record the thinker loop keeps): the talker reads them,
+  as transformers' ``generate`` reads ``output_hidden_states``.
+* :class:`OmniTalker` - codec ids -> codec logits. Its input embedding is not a lookup of the
+  ids alone: a prompt position takes the prepared embedding of the thinker's states
+  (:class:`TalkerRow.prompt_embeds`) and a generated position ``p`` the codec embedding of
+  its id plus the thinker's reply part at ``p - prompt_len`` (the last one repeated), then
+  ``thinker_to_talker_proj``. So chunked prefill, batched decode and re-prefill after
+  preemption all see exactly the inputs transformers' talker ``generate`` feeds.
+
+Text-only and audio prompts have 1-D positions (the three planes equal), which makes the
+multimodal RoPE the plain one; the KV view's positions drive it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Protocol, Sequence, cast
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from omniloop.cache.kv import KVLayout
+from omniloop.models.layers.attention import DEFAULT_BACKEND, attention
+from omniloop.models.layers.run_blocks import run_blocks
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecoderConfig:
+    """One Qwen2 decoder of the omni checkpoint (thinker ``text_config`` or ``talker_config``)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    mrope_section: tuple[int, ...]
+    max_position_embeddings: int
+    embedding_size: int  # the token embedding width (the talker's is the thinker's hidden size)
+
+    def __post_init__(self) -> None:
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_attention_heads={self.num_attention_heads} must be a multiple of "
+                             f"num_key_value_heads={self.num_key_value_heads}")
+        if sum(self.mrope_section) != self.head_dim // 2:
+            raise ValueError(f"mrope_section {list(self.mrope_section)} must sum to head_dim // 2 = {self.head_dim // 2}")
+
+    @property
+    def kv_layout(self) -> KVLayout:
+        return KVLayout(self.num_hidden_layers, self.num_key_value_heads, self.head_dim)
+
+    @classmethod
+    def from_hf(cls, d: Mapping[str, Any], *, embedding_size: int | None = None) -> "DecoderConfig":
+        if d.get("use_sliding_window"):
+            raise ValueError("Qwen2.5-Omni config: use_sliding_window=true is not supported (every released "
+                             "checkpoint runs full attention); set it to false")
+        if d.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"Qwen2.5-Omni config: hidden_act={d['hidden_act']!r} is not supported; expected 'silu'")
+        rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
+        if rope.get("rope_type", rope.get("type", "default")) not in ("default", "mrope"):
+            raise ValueError(f"Qwen2.5-Omni config: rope_type={rope.get('rope_type')!r} is not supported; "
+                             "only the default multimodal RoPE is")
+        heads = int(d["num_attention_heads"])
+        return cls(
+            vocab_size=int(d["vocab_size"]), hidden_size=int(d["hidden_size"]),
+            intermediate_size=int(d["intermediate_size"]), num_hidden_layers=int(d["num_hidden_layers"]),
+            num_attention_heads=heads, num_key_value_heads=int(d.get("num_key_value_heads") or heads),
+            head_dim=int(d.get("head_dim") or int(d["hidden_size"]) // heads),
+            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(rope.get("rope_theta", d.get("rope_theta", 1e6))),
+            mrope_section=tuple(int(s) for s in rope.get("mrope_section", (16, 24, 24))),
+            max_position_embeddings=int(d.get("max_position_embeddings", 32768)),
+            embedding_size=int(embedding_size or d.get("embedding_size") or d["hidden_size"]),
+        )
+
+
+class KVCacheView(Protocol):
+    """What a forward needs from the KV cache (``omniloop.cache.paged_kv.PagedKVBatch``)."""
+
+    positions: torch.Tensor  # [B, Lq]
+    mask: torch.Tensor | None  # [B, 1, Lq, Lk] bool, or None: bottom-right causal
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+# -- layers -------------------------------------------------------------------------------
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()  # normalize in fp32, scale in the model dtype (transformers' order)
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def mrope_cos_sin(positions: torch.Tensor, config: DecoderConfig, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``positions [3, B, L]`` (t, h, w planes) -> ``cos, sin [B, L, 1, D]``: frequency section
+    ``i`` of ``mrope_section`` takes plane ``i % 3`` (transformers' ``recomposition_frequencies``)."""
+    d = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float, device=positions.device) / d))
+    freqs = positions[..., None].float() * inv_freq  # [3, B, L, D/2]
+    parts = [m[i % 3] for i, m in enumerate(freqs.split(list(config.mrope_section), dim=-1))]
+    freq = torch.cat(parts, dim=-1)  # [B, L, D/2]
+    emb = torch.cat((freq, freq), dim=-1)[:, :, None, :]  # [B, L, 1, D]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE on ``x [B, L, H, D]``."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, c: DecoderConfig, layer: int) -> None:
+        super().__init__()
+        self.layer, self.heads, self.kv_heads, self.head_dim = layer, c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.q_proj = nn.Linear(c.hidden_size, c.num_attention_heads * c.head_dim, bias=True)
+        self.k_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=True)
+        self.v_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=True)
+        self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
+        self.attention_backend = DEFAULT_BACKEND  # set from outside by set_attention_backend
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVCacheView | None) -> torch.Tensor:
+        b, n, _ = x.shape
+        q = apply_rope(self.q_proj(x).view(b, n, self.heads, self.head_dim), cos, sin)  # [B, L, H, D]
+        k = apply_rope(self.k_proj(x).view(b, n, self.kv_heads, self.head_dim), cos, sin)  # [B, L, H_kv, D]
+        v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim)
+        mask = None
+        if kv is not None:
+            k, v = kv.update(self.layer, k, v)  # [B, Lk, H_kv, D]
+            mask = kv.mask
+        out = attention(q, k, v, self.attention_backend, mask=mask, causal=mask is None)
+        return self.o_proj(out.reshape(b, n, self.heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, c: DecoderConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, c: DecoderConfig, layer: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = Attention(c, layer)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = MLP(c)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVCacheView | None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Decoder(nn.Module):
+    """embed_tokens + layers + norm (transformers' ``...ThinkerTextModel`` / ``...TalkerModel``)."""
+
+    def __init__(self, c: DecoderConfig) -> None:
+        super().__init__()
+        self.config = c
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.embedding_size)
+        self.layers = nn.ModuleList(DecoderLayer(c, i) for i in range(c.num_hidden_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+    def forward(self, h: torch.Tensor, positions: torch.Tensor, kv: KVCacheView | None) -> torch.Tensor:
+        """``h [B, L, hidden]`` at ``positions [B, L]`` -> normed hidden states ``[B, L, hidden]``."""
+        cos, sin = mrope_cos_sin(positions[None].expand(3, -1, -1), self.config, h.dtype)
+        return self.norm(run_blocks(cast(Sequence[nn.Module], self.layers), h, cos, sin, kv))
+
+
+def _positions(ids: torch.Tensor, kv: KVCacheView | None) -> torch.Tensor:
+    b, n = ids.shape
+    return kv.positions if kv is not None else torch.arange(n, device=ids.device).expand(b, n)
+
+
+def _activation_bytes(c: DecoderConfig, dtype: torch.dtype, num_tokens: int, context: int, vocab: int) -> int:
+    qkv = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
+    layer = num_tokens * (3 * c.hidden_size + qkv + 3 * c.intermediate_size) * dtype.itemsize
+    return int(layer + c.num_attention_heads * num_tokens * context * 4 + vocab * 4)
+
+
+# -- the thinker ------------------------------------------------------------------------
+
+
+@dataclass
+class ThinkerRow:
+    """One request's per-forward inputs and record of the thinker (``ARLoopState.lm_inputs``):
+    the final hidden states of every position forwarded so far, written by position (a
+    re-prefill after preemption overwrites the same rows with the same values)."""
+
+    hidden: torch.Tensor | None = None  # [capacity, hidden] (rows past ``filled`` unused)
+    filled: int = 0
+
+    def record(self, start: int, rows: torch.Tensor) -> None:
+        end = start + rows.shape[0]
+        if self.hidden is None or self.hidden.shape[0] < end:
+            grown = rows.new_empty(max(end, 2 * (0 if self.hidden is None else self.hidden.shape[0]), 64), rows.shape[1])
+            if self.hidden is not None:
+                grown[: self.filled] = self.hidden[: self.filled]
+            self.hidden = grown
+        self.hidden[start:end] = rows
+        self.filled = max(self.filled, end)
+
+    def states(self) -> torch.Tensor:
+        """``[filled, hidden]``: position ``p``'s final hidden state in row ``p``."""
+        assert self.hidden is not None, "the thinker recorded nothing"
+        return self.hidden[: self.filled].clone()
+
+
+class OmniThinker(nn.Module):
+    """transformers' ``thinker`` text path: ``model`` (the decoder) + ``lm_head``."""
+
+    def __init__(self, c: DecoderConfig) -> None:
+        super().__init__()
+        self.config = c
+        self.model = Decoder(c)
+        self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    @property
+    def kv_layout(self) -> KVLayout:
+        return self.config.kv_layout
+
+    def activation_bytes(self, num_tokens: int, context: int) -> int:
+        return _activation_bytes(self.config, self.dtype, num_tokens, context, self.config.vocab_size)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(ids)
+
+    def forward(self, input_ids: torch.Tensor, *, kv: KVCacheView | None = None, logits_to_keep: int = 0,
+                lm_inputs: Sequence[ThinkerRow | None] | None = None) -> torch.Tensor:
+        """``input_ids [B, L]`` -> logits ``[B, L', vocab]``; each row's hidden states go to its
+        ``lm_inputs`` record (None: not recorded)."""
+        positions = _positions(input_ids, kv)
+        h = self.model(self.embed(input_ids), positions, kv)  # [B, L, hidden]
+        for row, hidden, pos in zip(lm_inputs or (), h, positions):
+            if row is not None:
+                row.record(int(pos[0]), hidden)
+        if logits_to_keep:
+            h = h[:, -logits_to_keep:]
+        return self.lm_head(h)
+
+
+# -- the talker -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class TalkerTokens:
+    """The talker's special ids: codec ids (its own vocabulary) and text ids (the thinker's)."""
+
+    codec_bos: int
+    codec_eos: int
+    codec_pad: int
+    codec_mask: int
+    text_bos: int
+    text_eos: int
+    text_pad: int
+
+
+
+@dataclass
+class TalkerRow:
+    """One request's talker inputs (``ARLoopState.lm_inputs``), built from the thinker's states."""
+
+    prompt_embeds: torch.Tensor  # [P, thinker_hidden]: prompt position embeddings (codec pad/bos added)
+    reply: torch.Tensor  # [R, thinker_hidden]: what generated position P + k adds (k >= R - 1: the last)
+    prompt_len: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.prompt_len = int(self.prompt_embeds.shape[0])
+
+
+class OmniTalker(nn.Module):
+    """transformers' ``talker``: ``thinker_to_talker_proj`` + ``model`` + ``codec_head``.
+
+    Its codec-start logit is -inf: transformers' ``generate`` passes ``suppress_tokens=
+    [codec_bos]`` (the talker never emits its start token)."""
+
+    def __init__(self, c: DecoderConfig, tokens: TalkerTokens) -> None:
+        super().__init__()
+        self.config = c
+        self.tokens = tokens
+        self.suppress = (tokens.codec_bos,)
+        self.thinker_to_talker_proj = nn.Linear(c.embedding_size, c.hidden_size)
+        self.model = Decoder(c)
+        self.codec_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.codec_head.weight.dtype
+
+    @property
+    def kv_layout(self) -> KVLayout:
+        return self.config.kv_layout
+
+    def activation_bytes(self, num_tokens: int, context: int) -> int:
+        return _activation_bytes(self.config, self.dtype, num_tokens, context, self.config.vocab_size)
+
+    def _row_embeds(self, ids: torch.Tensor, positions: torch.Tensor, row: TalkerRow) -> torch.Tensor:
+        """``ids, positions [L]`` of one row -> ``[L, thinker_hidden]`` talker input embeddings:
+        the prepared prompt embedding below ``prompt_len``, else the code's embedding plus the
+        reply part at ``position - prompt_len`` (the last one once they run out)."""
+        in_prompt = (positions < row.prompt_len)[:, None]  # [L, 1]
+        prompt = row.prompt_embeds[positions.clamp(max=row.prompt_len - 1)]
+        reply = row.reply[(positions - row.prompt_len).clamp(0, row.reply.shape[0] - 1)]
+        return torch.where(in_prompt, prompt, self.model.embed_tokens(ids) + reply)
+
+    def forward(self, input_ids: torch.Tensor, *, kv: KVCacheView | None = None, logits_to_keep: int = 0,
+                lm_inputs: Sequence[TalkerRow | None] | None = None) -> torch.Tensor:
+        """``input_ids [B, L]`` codec ids -> codec logits ``[B, L', vocab]`` (fp32)."""
+        rows = [r for r in lm_inputs or () if r is not None]
+        assert len(rows) == input_ids.shape[0], "every talker row needs its TalkerRow"
+        positions = _positions(input_ids, kv)
+        embeds = torch.stack([self._row_embeds(i, p, r) for i, p, r in zip(input_ids, positions, rows)])
+        h = self.model(self.thinker_to_talker_proj(embeds), positions, kv)
+        if logits_to_keep:
+            h = h[:, -logits_to_keep:]
+        logits = self.codec_head(h).float()
+        if self.suppress:
+            logits[..., list(self.suppress)] = float("-inf")
+        return logits

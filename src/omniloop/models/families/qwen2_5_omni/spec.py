@@ -1,0 +1,183 @@
+"""Qwen2.5-Omni ModelSpec: a transformers ``Qwen2_5OmniForConditionalGeneration`` folder -> the
+thinker -> talker -> token2wav -> vocoder graph.
+
+Task REASON (a conversation or a prompt in, text out). With ``outputs.modalities`` naming
+``audio`` the spoken answer runs too: each node is its own loop, scheduled step by step and
+batched with other requests' steps like any loop of the engine:
+
+    chat (conversation -> prompt ids)
+    thinker   ARDecodeLoop (paged KV)     -> text, thinker_states
+    talker    ARDecodeLoop (paged KV)     -> codec           [speech only]
+    token2wav DenoiseLoop (DiT, rk4_flow) -> latents (mel)    [speech only]
+    vocoder   VAEDecode (BigVGAN)         -> audio (24 kHz)   [speech only]
+
+The edges ``thinker_states`` and ``codec`` are the ones that stream once the engine's
+streaming edges land (:data:`STREAM_EDGES`); today each node starts when its predecessor ends.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+from omniloop.cache.paged_kv import build_text_kv_pool
+from omniloop.models.families.qwen2_5_omni.presets import (
+    TALKER_SAMPLING, THINKER_DEFAULTS, TOKEN2WAV_GUIDANCE, TOKEN2WAV_STEPS, TOKEN2WAV_SWAY,
+)
+from omniloop.models.families.qwen2_5_omni.stages import (
+    BigVGANDecoder, CodecVocab, TalkerLoop, ThinkerLoop, Token2WavDenoiser, Token2WavLoop, wants_speech,
+)
+from omniloop.models.families.qwen2_5_omni.validate import make_omni_validator
+from omniloop.models.families.qwen2_5_omni.weights import (
+    ARCHITECTURE, OmniConfig, load_bigvgan, load_dit, load_speakers, load_talker, load_thinker, read_config,
+)
+from omniloop.models.load_options import apply_load_options
+from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
+from omniloop.pipeline.defaults import GenerationDefaults, TextDefaults
+from omniloop.pipeline.pipeline import Pipeline
+from omniloop.pipeline.policies.cfg import EmbeddedGuidance
+from omniloop.pipeline.policies.routing import SingleModel
+from omniloop.pipeline.predicates import opt
+from omniloop.pipeline.samplers.rk4_flow import RK4FlowSampler
+from omniloop.pipeline.samplers.sampler_set import SamplerSet
+from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
+from omniloop.pipeline.stages import ChatPrompt, VAEDecode, is_chat
+from omniloop.request import TaskType
+
+# The edges that stream (the downstream node starts at the upstream's first chunk) once the
+# engine's streaming edges are merged: thinker -> talker and talker -> token2wav.
+STREAM_EDGES: tuple[str, ...] = ()  # after the merge: ("thinker_states", "codec")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
+GENERATION_CONFIG_FILE = "generation_config.json"
+
+
+def _config(root: Path, index: Mapping[str, Any]) -> OmniConfig:
+    return OmniConfig.from_hf(dict(index.get("config", {})))
+
+
+def _load_thinker(root: Path, index: Mapping[str, Any], options: LoadOptions):
+    model = load_thinker(root, _config(root, index), device=options.device, dtype=options.dtype)
+    return apply_load_options(model, options, blocks=model.model.layers, fp8_layers=r"^model\.layers\.")
+
+
+def _load_talker(root: Path, index: Mapping[str, Any], options: LoadOptions):
+    model = load_talker(root, _config(root, index), device=options.device, dtype=options.dtype)
+    return apply_load_options(model, options, blocks=model.model.layers, fp8_layers=r"^model\.layers\.")
+
+
+def _load_dit(root: Path, index: Mapping[str, Any], options: LoadOptions):
+    return load_dit(root, _config(root, index), device=options.device)
+
+
+def _load_vocoder(root: Path, index: Mapping[str, Any], options: LoadOptions):
+    return load_bigvgan(root, _config(root, index), device=options.device)
+
+
+def _load_speakers(root: Path, index: Mapping[str, Any], options: LoadOptions):
+    return load_speakers(root, device=options.device)
+
+
+def _load_tokenizer(root: Path, index: Mapping[str, Any], options: LoadOptions):
+    if not any((root / name).is_file() for name in _TOKENIZER_FILES):
+        raise ValueError(f"no tokenizer in {root}: expected one of {list(_TOKENIZER_FILES)} next to config.json")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(root))
+
+
+def _load_generation(root: Path, index: Mapping[str, Any], options: LoadOptions) -> dict[str, Any]:
+    """The thinker's sampling defaults from ``generation_config.json``: transformers samples
+    only when it says ``do_sample: true`` (absent, its default is greedy)."""
+    path = root / GENERATION_CONFIG_FILE
+    gen: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
+    if not gen.get("do_sample"):
+        return {"temperature": 0.0}
+    return {k: gen[k] for k in ("temperature", "top_p", "top_k", "repetition_penalty") if gen.get(k) is not None}
+
+
+def omni_variant(index: Mapping[str, Any]) -> Variant:
+    config = OmniConfig.from_hf(dict(index.get("config", {})))  # unsupported options fail before any read
+    weights = (
+        WeightSpec(component="thinker", kind="Qwen2.5-Omni thinker", subfolder=".", load=_load_thinker),
+        WeightSpec(component="talker", kind="Qwen2.5-Omni talker", subfolder=".", load=_load_talker),
+        WeightSpec(component="dit", kind="Qwen2.5-Omni token2wav DiT", subfolder=".", load=_load_dit),
+        WeightSpec(component="vocoder", kind="Qwen2.5-Omni BigVGAN", subfolder=".", load=_load_vocoder),
+        WeightSpec(component="speakers", kind="spk_dict.pt voices", subfolder=".", load=_load_speakers),
+        WeightSpec(component="tokenizer", kind="tokenizer", subfolder=".", load=_load_tokenizer),
+        WeightSpec(component="generation", kind="generation defaults", subfolder=".", load=_load_generation,
+                   optional=True),
+    )
+    size = f"{config.thinker.num_hidden_layers}L-{config.thinker.hidden_size}d"
+    return Variant(name=f"qwen2.5-omni-{size}", tasks=frozenset({TaskType.REASON}), weights=weights)
+
+
+def omni_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = None, max_codes: int = 4096) -> PipelineSpec:
+    """``talker_text``: the talker node's own loop defaults (its stop codes, transformers'
+    talker sampling), over the pipeline's (the thinker's)."""
+    components = {w.component: ComponentSpec(name=w.component, kind=w.kind, optional=w.optional) for w in variant.weights}
+    for name, kind in (("thinker_kv", "paged text-KV pool of the thinker (built)"),
+                       ("talker_kv", "paged KV pool of the talker (built)"),
+                       ("codec_vocab", "the talker's codec vocabulary (built)"),
+                       ("sampler", "token2wav's ODE solver (built)")):
+        components[name] = ComponentSpec(name=name, kind=kind)
+    speech = opt("speech wanted (outputs.modalities names audio)", wants_speech)
+    return PipelineSpec(
+        name=variant.name,
+        family="qwen2_5_omni",
+        tasks=variant.tasks,
+        components=components,
+        nodes=(
+            Node("chat", ChatPrompt(), when=opt("a conversation (text parts with roles)", is_chat)),
+            Node("thinker", ThinkerLoop(lm_component="thinker", tokenizer_component="tokenizer",
+                                        kv_component="thinker_kv")),
+            Node("talker", TalkerLoop(lm_component="talker", tokenizer_component="codec_vocab",
+                                      kv_component="talker_kv"), when=speech,
+                 defaults={} if talker_text is None else {"text": talker_text}),
+            Node("token2wav", Token2WavLoop(Token2WavDenoiser(max_codes=max_codes), cfg=EmbeddedGuidance(kwarg="guidance_scale"),
+                                            routing=SingleModel("dit"), sampler_component="sampler"), when=speech),
+            Node("vocoder", VAEDecode(decoder=BigVGANDecoder()), when=speech),
+        ),
+        outputs={"text": "text", "audio": "audio"},
+    )
+
+
+def build_omni(variant: Variant, index: Mapping[str, Any], components: Mapping[str, Any], options: LoadOptions) -> Pipeline:
+    config = OmniConfig.from_hf(dict(index.get("config", {})))
+    thinker_text = dataclasses.replace(THINKER_DEFAULTS, eos_token_ids=config.eos_token_ids,
+                                       max_context=config.thinker.max_position_embeddings,
+                                       sampling=components.get("generation") or {"temperature": 0.0})
+    # the speech's bound: transformers' 4096 codes, at most what token2wav decodes (its mel positions)
+    max_codes = min(int(TALKER_SAMPLING["max_tokens"]), config.dit.max_position_embeddings // config.dit.repeats)
+    talker_text = TextDefaults(eos_token_ids=(config.tokens.codec_pad, config.tokens.codec_eos),
+                               sampling={**TALKER_SAMPLING, "max_tokens": max_codes}, max_context=config.talker.max_position_embeddings,
+                               prefill_chunk_tokens=THINKER_DEFAULTS.prefill_chunk_tokens)
+    pools = {
+        name: build_text_kv_pool(cfg.kv_layout, dtype=options.dtype, device=options.device,
+                                 max_context=cfg.max_position_embeddings, kv_cache_gb=options.kv_cache_gb,
+                                 block_size=THINKER_DEFAULTS.kv_block_tokens)
+        for name, cfg in (("thinker_kv", config.thinker), ("talker_kv", config.talker))
+    }
+    sampler = RK4FlowSampler.from_config({"sway_coefficient": TOKEN2WAV_SWAY})
+    components = {**components, **pools, "codec_vocab": CodecVocab(), "sampler": SamplerSet.single(sampler.name, sampler)}
+    defaults = GenerationDefaults(steps=TOKEN2WAV_STEPS, guidance_scale=TOKEN2WAV_GUIDANCE, sample_rate=24000,
+                                  text=thinker_text)
+    return Pipeline(
+        spec=omni_pipeline_spec(variant, talker_text, max_codes), components=components, device=options.device, dtype=options.dtype, defaults=defaults,
+        validate_request=make_omni_validator(components["tokenizer"], config, pool=pools["thinker_kv"]),
+    )
+
+
+QWEN2_5_OMNI = register_model_spec(
+    ModelSpec(
+        family="qwen2_5_omni",
+        diffusers_classes=(ARCHITECTURE,),  # transformers folders: config.json architectures[0]
+        variant=omni_variant,
+        build=build_omni,
+        description="Qwen2.5-Omni: thinker (text AR loop) -> talker (codec AR loop) -> token2wav (DiT flow + RK4 "
+                    "on the denoise loop) -> BigVGAN",
+    )
+)
+
+__all__ = ["QWEN2_5_OMNI", "STREAM_EDGES", "read_config"]

@@ -1,0 +1,317 @@
+"""Qwen2.5-Omni's nodes: thinker -> talker -> token2wav (DiT flow on the denoise loop) -> vocoder.
+
+* :class:`ThinkerLoop` - the ``ARDecodeLoop`` on the thinker, recording each position's final
+  hidden state (``ThinkerRow``); ``finalize`` writes ``text`` and ``thinker_states``.
+* :class:`TalkerLoop` - the ``ARDecodeLoop`` on the talker: its prompt is built from the
+  thinker's states as transformers' ``Qwen2_5OmniForConditionalGeneration.generate`` builds it
+  (prompt = hidden + embedding of every conversation position, then the voice's start token
+  and the first reply token; the remaining reply positions feed one per generated code, then
+  the text-end and text-pad embeddings); writes ``codec`` (codes up to the first codec end).
+* :class:`Token2WavLoop` - the ``DenoiseLoop`` over the mel spectrogram ``[1, codes * repeats,
+  mel]`` with :class:`Token2WavDenoiser` (one guided DiT velocity) and the ``rk4_flow``
+  sampler; :class:`BigVGANDecoder` turns its latents into 24 kHz audio.
+
+Per request, everything mutable is in the loop states (the ``ThinkerRow`` / ``TalkerRow`` in
+``ARLoopState.lm_inputs``); the models, the speakers and these stage objects are shared.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Hashable, Sequence
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from omniloop.cache.paged_kv import BlockPool
+from omniloop.models.families.qwen2_5_omni.bigvgan import SAMPLE_RATE, BigVGAN
+from omniloop.models.families.qwen2_5_omni.dit import Token2WavDiT
+from omniloop.models.families.qwen2_5_omni.model import OmniTalker, OmniThinker, TalkerRow, ThinkerRow
+from omniloop.models.families.qwen2_5_omni.weights import Speaker
+from omniloop.pipeline.defaults import admitted_seed
+from omniloop.pipeline.loops.ar import ARDecodeLoop, ARLoopState, PromptTokens, check_context, effective_sampling
+from omniloop.pipeline.loops.denoise import DenoiseLoop, DenoiseLoopState, DenoiserBase, seeded_noise
+from omniloop.pipeline.policies.cfg import COND
+from omniloop.pipeline.stage import WorkEstimate
+from omniloop.pipeline.stages.decode import DecodedAudio
+from omniloop.pipeline.state import RequestState, StageContext, StepResult
+from omniloop.request import Artifact, InvalidRequest, Modality, OmniRequest, SamplingParams, TextArtifact
+
+DEFAULT_VOICE = "Chelsie"  # transformers' generate(speaker="Chelsie")
+
+
+def wants_speech(request: OmniRequest) -> bool:
+    """The request asks for audio (``outputs.modalities`` names it): the talker runs."""
+    return request.outputs.modalities is not None and Modality.AUDIO in request.outputs.modalities
+
+
+# -- edges -------------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class ThinkerStates(Artifact):
+    """The thinker's answer as the talker reads it."""
+
+    prompt_ids: list[int]
+    output_ids: list[int]
+    hidden: torch.Tensor  # [P + n - 1, D] final hidden state of every forwarded position (the last token is never forwarded)
+
+
+@dataclass(kw_only=True)
+class CodecCodes(Artifact):
+    """The talker's speech codes (codec end excluded) and the voice they are spoken in."""
+
+    codes: list[int]
+    voice: str
+    finish_reason: str | None = None  # "stop" (a codec end) or "length" (max audio tokens)
+
+
+class TalkerParams(BaseModel):
+    """``node_params["talker"]``: the speech's own length bound (the voice is the request's
+    ``outputs.voice``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_tokens: int | None = Field(default=None, ge=1, le=32768, description="codec tokens at most (default 4096)")
+
+
+def resolve_voice(speakers: dict[str, Speaker], voice: str | None) -> str:
+    if voice is None:
+        return DEFAULT_VOICE if DEFAULT_VOICE in speakers else next(iter(speakers))
+    return voice
+
+
+# -- AR loop start (shared by both AR nodes) ---------------------------------------------------
+
+
+def start_ar_loop(stage: ARDecodeLoop, ctx: StageContext, state: RequestState, *, params: SamplingParams,
+                  prompt_ids: list[int], stop_ids: frozenset[int], lm_inputs: Any) -> ARLoopState:
+    """``ARDecodeLoop.init`` with this family's prompt, sampling and per-request model inputs."""
+    text = ctx.defaults.text_or_default()
+    check_context(len(prompt_ids), params.max_tokens, text.max_context)
+    seed = admitted_seed(params.seed, ctx.node)
+    pool: BlockPool = ctx.component(stage.kv_component)
+    loop = ARLoopState(
+        node=ctx.node, request_id=state.request_id, steps_target=params.max_tokens, params=params, seed=seed,
+        generator=torch.Generator(ctx.device).manual_seed(seed), kv=pool.handle(),
+        prefill_chunk=text.prefill_chunk_tokens, prompt_ids=prompt_ids, stop_ids=stop_ids, lm_inputs=lm_inputs)
+    stage._prefill(ctx.component(stage.lm_component), [loop])  # the first chunk now when the pool has room
+    loop.steps_target += loop.chunks_left()
+    return loop
+
+
+# -- the thinker -------------------------------------------------------------------------------
+
+
+@dataclass
+class ThinkerLoop(ARDecodeLoop):
+    outputs = {"text": TextArtifact, "thinker_states": ThinkerStates}
+
+    def init(self, ctx: StageContext, state: RequestState) -> ARLoopState:
+        text = ctx.defaults.text_or_default()
+        params = effective_sampling(state.request.sampling, text.sampling)
+        prompt_ids = self._prompt_ids(ctx, state, ctx.component(self.tokenizer_component))
+        state.metrics.seed = params.seed
+        row = ThinkerRow() if wants_speech(state.request) else None  # record hidden states only for the talker
+        return start_ar_loop(self, ctx, state, params=params, prompt_ids=prompt_ids,
+                             stop_ids=frozenset(text.eos_token_ids) | frozenset(params.stop_token_ids), lm_inputs=row)
+
+    def finalize(self, ctx: StageContext, loop: ARLoopState, state: RequestState) -> None:
+        if isinstance(loop.lm_inputs, ThinkerRow):
+            ctx.write(state, "thinker_states", ThinkerStates(prompt_ids=list(loop.prompt_ids),
+                                                             output_ids=list(loop.output_ids),
+                                                             hidden=loop.lm_inputs.states()))
+            loop.lm_inputs = None
+        super().finalize(ctx, loop, state)
+
+
+# -- the talker --------------------------------------------------------------------------------
+
+
+class CodecVocab:
+    """The talker's "tokenizer": codec codes have no text (the AR loop detokenizes nothing)."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        raise AssertionError("the talker's prompt comes from the thinker's states, never from text")
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return ""
+
+
+@torch.inference_mode()
+def talker_row(thinker: OmniThinker, talker: OmniTalker, states: ThinkerStates, speaker: Speaker) -> TalkerRow:
+    """The talker's inputs from the thinker's answer, in transformers' arithmetic (``generate``)."""
+    tok = talker.tokens
+    p, n = len(states.prompt_ids), len(states.output_ids)
+    device = states.hidden.device
+    embed = lambda ids: thinker.embed(torch.tensor(ids, device=device))  # noqa: E731  [len, D]
+    hidden = states.hidden.to(thinker.dtype)
+    prompt = hidden[:p] + embed(states.prompt_ids)  # [P, D]
+    reply = hidden[p:] + embed(states.output_ids[: n - 1])  # [n - 1, D]: the generated tokens that were forwarded
+    embeds = torch.cat([prompt, embed([speaker.bos_token]), reply[:1]])  # [P + 2, D]
+    codec = talker.model.embed_tokens(torch.tensor([tok.codec_bos, tok.codec_pad], device=device))
+    embeds[-1] += codec[0]
+    embeds[-2] += codec[1]
+    rest = torch.cat([reply[1:], embed([tok.text_eos]), embed([tok.text_pad])])  # [n, D]
+    return TalkerRow(prompt_embeds=embeds, reply=rest)
+
+
+@dataclass
+class TalkerLoop(ARDecodeLoop):
+    thinker_component: str = "thinker"
+    speakers_component: str = "speakers"
+    text_tokenizer_component: str = "tokenizer"
+
+    inputs = {"thinker_states": ThinkerStates}
+    optional_inputs = {}
+    outputs = {"codec": CodecCodes}
+    params_schema = TalkerParams
+
+    @property
+    def components(self) -> tuple[str, ...]:
+        return (*super().components, self.thinker_component, self.speakers_component, self.text_tokenizer_component)
+
+    def _overrides(self, state: RequestState, node: str) -> TalkerParams:
+        given = state.node_params.get(node)
+        return given if isinstance(given, TalkerParams) else TalkerParams()
+
+    def talker_params(self, ctx: StageContext, state: RequestState) -> SamplingParams:
+        """transformers' talker defaults (the node's TextDefaults.sampling); ``temperature: 0`` on
+        the request makes the talker greedy too (its repetition penalty stays, as in
+        ``generate(talker_do_sample=False)``); the request's seed; the node's max_tokens."""
+        defaults = ctx.defaults.text_or_default().sampling
+        request = state.request.sampling
+        update: dict[str, Any] = {"seed": request.seed}
+        if "temperature" in request.model_fields_set and request.temperature == 0:
+            update["temperature"] = 0.0
+        override = self._overrides(state, ctx.node).max_tokens
+        if override is not None:
+            update["max_tokens"] = override
+        return SamplingParams(**defaults).model_copy(update=update)
+
+    def check_request(self, ctx: StageContext, state: RequestState, produced: frozenset[str]) -> None:
+        voice = state.request.outputs.voice
+        speakers: dict[str, Speaker] = ctx.component(self.speakers_component)
+        if voice is not None and voice not in speakers:
+            raise InvalidRequest(f"voice {voice!r} is not one of this model's voices", hint=f"pass one of {sorted(speakers)}",
+                                 fields=("outputs.voice",))
+
+    def init(self, ctx: StageContext, state: RequestState) -> ARLoopState:
+        states = ctx.read(state, "thinker_states", ThinkerStates)
+        if len(states.output_ids) < 2:
+            raise ValueError("the text answer is a single token: the talker needs at least two to speak "
+                             "(raise sampling.max_tokens)")
+        talker: OmniTalker = ctx.component(self.lm_component)
+        speakers: dict[str, Speaker] = ctx.component(self.speakers_component)
+        voice = resolve_voice(speakers, state.request.outputs.voice)
+        row = talker_row(ctx.component(self.thinker_component), talker, states, speakers[voice])
+        tok = talker.tokens
+        prompt_ids = [tok.codec_mask] * len(states.prompt_ids) + [tok.codec_pad, tok.codec_bos]
+        params = self.talker_params(ctx, state)
+        return start_ar_loop(self, ctx, state, params=params, prompt_ids=prompt_ids,
+                             stop_ids=frozenset(ctx.defaults.text_or_default().eos_token_ids), lm_inputs=row)
+
+    def estimate(self, ctx: StageContext, state: RequestState) -> WorkEstimate:
+        """Before the thinker has answered: the prompt is at most the conversation + the
+        thinker's max_tokens + 2, the speech at most the talker's max_tokens."""
+        lm = ctx.component(self.lm_component)
+        pool: BlockPool = ctx.component(self.kv_component)
+        tokenizer = ctx.component(self.text_tokenizer_component)
+        prompt = len(tokenizer.encode(state.request.prompt or "")) + state.request.sampling.max_tokens + 2
+        steps = self.talker_params(ctx, state).max_tokens
+        kv_bytes = pool.blocks_for(prompt + steps) * pool.block_bytes
+        return WorkEstimate(steps=steps, resident_bytes=0, loop_bytes=kv_bytes,
+                            peak_bytes=lm.activation_bytes(prompt, prompt + steps) + kv_bytes,
+                            init_peak_bytes=lm.activation_bytes(prompt, prompt), batch_group="tokens")
+
+    def step_many(self, ctx: StageContext, loops: Sequence[ARLoopState]) -> list[StepResult]:
+        # codes are no text: nothing is streamed as a text delta (once the codec edge streams,
+        # each step's new code is emitted here)
+        return [StepResult(done=r.done, error=r.error) for r in super().step_many(ctx, loops)]
+
+    def finalize(self, ctx: StageContext, loop: ARLoopState, state: RequestState) -> None:
+        codes = list(loop.output_ids)
+        if codes and codes[-1] in loop.stop_ids:
+            codes = codes[:-1]
+        voice = resolve_voice(ctx.component(self.speakers_component), state.request.outputs.voice)
+        ctx.write(state, "codec", CodecCodes(codes=codes, voice=voice, finish_reason=loop.finish_reason))
+        self.release(loop)
+
+
+# -- token2wav ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Token2WavDenoiser(DenoiserBase):
+    """One guided velocity of the token2wav DiT over the mel latents ``[1, T, mel]``."""
+
+    dit_component: str = "dit"
+    speakers_component: str = "speakers"
+    max_codes: int = 4096  # admission's bound on the codes (the talker's default max_tokens)
+    modalities: tuple[str, ...] = ("audio",)
+
+    def latent_shapes(self, ctx: StageContext, request: OmniRequest) -> dict[str, tuple[int, ...]]:
+        """Admission's bound (the codes are not known yet): the talker's longest speech."""
+        c = ctx.component(self.dit_component).config
+        return {"audio": (1, c.repeats * min(self.max_codes, c.max_position_embeddings // c.repeats), c.mel_dim)}
+
+    def branch_inputs(self, ctx: StageContext, state: RequestState, branches: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+        codec = ctx.read(state, "codec", CodecCodes)
+        speaker: Speaker = ctx.component(self.speakers_component)[codec.voice]
+        return {COND: {"codes": torch.tensor([codec.codes], device=ctx.device), "speaker": speaker.cond,
+                       "ref_mel": speaker.ref_mel}}
+
+    def forward(self, model: torch.nn.Module, inputs: dict[str, torch.Tensor], timestep: torch.Tensor,
+                kwargs: dict[str, Any]) -> dict[str, torch.Tensor]:
+        assert isinstance(model, Token2WavDiT)
+        scale = float(kwargs["guidance_scale"][0])
+        return {"audio": model(inputs["audio"], timestep, kwargs["codes"], kwargs["speaker"], kwargs["ref_mel"], scale)}
+
+
+@dataclass
+class Token2WavLoop(DenoiseLoop):
+    """The denoise loop over token2wav's mel latents, sized by the talker's codes."""
+
+    inputs = {"codec": CodecCodes}
+    optional_inputs = {}
+
+    def init(self, ctx: StageContext, state: RequestState) -> DenoiseLoopState:
+        codec = ctx.read(state, "codec", CodecCodes)
+        if not codec.codes:
+            raise ValueError("the talker ended before its first code: there is no speech to decode")
+        assert isinstance(self.denoiser, Token2WavDenoiser), "token2wav's loop runs the token2wav denoiser"
+        dit: Token2WavDiT = ctx.component(self.denoiser.dit_component)
+        frames = len(codec.codes) * dit.config.repeats
+        if frames > dit.config.max_position_embeddings:
+            raise ValueError(f"{len(codec.codes)} codes make {frames} mel frames, more than token2wav decodes "
+                             f"({dit.config.max_position_embeddings}); bound the speech with node_params['talker'].max_tokens")
+        params = self.params(ctx, state)
+        # one seed per spoken answer: the request's sampling seed (the talker's) draws the noise too
+        seed = admitted_seed(state.request.sampling.seed, ctx.node)
+        gen = torch.Generator("cpu").manual_seed(seed)  # transformers draws torch.randn on the CPU generator
+        latents = seeded_noise({"audio": (1, frames, dit.config.mel_dim)}, gen, ctx.device)
+        return self.start(ctx, state, params, latents, seed=seed, gen=gen)
+
+    def inputs_edge(self, ctx: StageContext) -> str:
+        return ctx.inputs.get("codec", "codec")
+
+    def batch_key(self, loop: DenoiseLoopState) -> Hashable | None:
+        return None if loop.done else (id(self), loop.request_id)  # per-request codes: steps run alone
+
+
+@dataclass
+class BigVGANDecoder:
+    """Mel latents ``[1, T, mel]`` -> 24 kHz mono speech through BigVGAN (fp32)."""
+
+    component: str = "vocoder"
+    modality: str = "audio"
+
+    @property
+    def components(self) -> tuple[str, ...]:
+        return (self.component,)
+
+    @torch.inference_mode()
+    def decode(self, ctx: StageContext, latents: torch.Tensor) -> DecodedAudio:
+        vocoder: BigVGAN = ctx.component(self.component)
+        wav = vocoder(latents.permute(0, 2, 1).to(vocoder.dtype))  # [1, samples]
+        return DecodedAudio(samples=wav.float().cpu(), sample_rate=SAMPLE_RATE)

@@ -1,0 +1,166 @@
+"""Qwen2.5-Omni checkpoints: the transformers ``Qwen2_5OmniForConditionalGeneration`` layout.
+
+A folder holds ``config.json`` (``thinker_config`` / ``talker_config`` / ``token2wav_config``),
+``model.safetensors`` (or shards + index), ``spk_dict.pt`` (the voices) and the tokenizer.
+Tensor names carry the part as a prefix (``thinker.model.layers.0...``, ``talker.codec_head``,
+``token2wav.code2wav_dit_model...``, ``token2wav.code2wav_bigvgan_model...``); our modules keep
+transformers' names below the prefix, so each part loads by stripping it. Each part is built
+on ``meta`` and assigned its tensors after its key set and shapes are checked by name.
+
+Not run here: the thinker's audio and vision encoders (``thinker.audio_tower.*``,
+``thinker.visual.*``). Their tensors are left unread, and a request carrying audio or images
+is refused at admission (``validate.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from omniloop.models.checkpoint_files import aligned, cast_to, check_and_assign, read_tensors, weight_files
+from omniloop.models.families.qwen2_5_omni.bigvgan import BigVGAN, BigVGANConfig
+from omniloop.models.families.qwen2_5_omni.dit import DiTConfig, Token2WavDiT
+from omniloop.models.families.qwen2_5_omni.model import DecoderConfig, OmniTalker, OmniThinker, TalkerTokens
+
+ARCHITECTURE = "Qwen2_5OmniForConditionalGeneration"
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
+SPEAKERS_FILE = "spk_dict.pt"
+NOT_RUN = ("thinker.audio_tower.", "thinker.visual.")  # encoders this family does not run (yet)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OmniConfig:
+    thinker: DecoderConfig
+    talker: DecoderConfig
+    tokens: TalkerTokens
+    dit: DiTConfig
+    bigvgan: BigVGANConfig
+    eos_token_ids: tuple[int, ...]  # the thinker's
+    audio_token_id: int
+    image_token_id: int
+    video_token_id: int
+
+    @classmethod
+    def from_hf(cls, raw: dict[str, Any]) -> "OmniConfig":
+        try:
+            thinker, talker, t2w = raw["thinker_config"], raw["talker_config"], raw["token2wav_config"]
+            text = thinker["text_config"]
+        except KeyError as e:
+            raise ValueError(f"config.json lacks {e.args[0]!r}; pass a {ARCHITECTURE} folder saved with its talker "
+                             "and token2wav (enable_audio_output=true)") from None
+        if raw.get("enable_audio_output") is False:
+            raise ValueError("config.json has enable_audio_output=false: this checkpoint has no talker/token2wav; "
+                             "pass the full Qwen2.5-Omni folder")
+        thinker_cfg = DecoderConfig.from_hf(text)
+        eos = text.get("eos_token_id")
+        return cls(
+            thinker=thinker_cfg,
+            talker=DecoderConfig.from_hf(talker, embedding_size=talker.get("embedding_size", thinker_cfg.hidden_size)),
+            tokens=TalkerTokens(
+                codec_bos=int(talker["tts_codec_start_token_id"]), codec_eos=int(talker["tts_codec_end_token_id"]),
+                codec_pad=int(talker["tts_codec_pad_token_id"]), codec_mask=int(talker["tts_codec_mask_token_id"]),
+                text_bos=int(talker["tts_text_start_token_id"]), text_eos=int(talker["tts_text_end_token_id"]),
+                text_pad=int(talker["tts_text_pad_token_id"])),
+            dit=DiTConfig.from_hf(t2w["dit_config"]),
+            bigvgan=BigVGANConfig.from_hf(t2w["bigvgan_config"]),
+            eos_token_ids=() if eos is None else tuple(eos) if isinstance(eos, list) else (int(eos),),
+            audio_token_id=int(thinker.get("audio_token_index", 151646)),
+            image_token_id=int(thinker.get("image_token_index", 151655)),
+            video_token_id=int(thinker.get("video_token_index", 151656)),
+        )
+
+
+def read_config(folder: Path) -> OmniConfig:
+    path = folder / CONFIG_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found; pass a transformers {ARCHITECTURE} folder")
+    raw = json.loads(path.read_text())
+    if ARCHITECTURE not in (raw.get("architectures") or [ARCHITECTURE]):
+        raise ValueError(f"{path} describes {raw.get('architectures')}, not {ARCHITECTURE}")
+    try:
+        return OmniConfig.from_hf(raw)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+
+
+def _load_part(folder: Path, prefix: str, model: nn.Module, device: torch.device | str, dtype: torch.dtype) -> nn.Module:
+    """The tensors under ``prefix`` of the checkpoint, prefix stripped, assigned to ``model``
+    (built on meta); missing / unexpected / wrong-shape keys are named."""
+    files = weight_files(folder, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, ARCHITECTURE)
+    tensors = read_tensors(files, aligned(cast_to(device, dtype)), skip=lambda key: not key.startswith(prefix))
+    sd = {key[len(prefix):]: t for key, t in tensors.items()}
+    check_and_assign(model, sd, f"{folder} ({prefix}*)", f"pass a transformers {ARCHITECTURE} folder whose "
+                     "config.json describes its weights")
+    for name, buf in model.named_buffers():  # non-persistent buffers (filters) are rebuilt off meta
+        assert not buf.is_meta, f"buffer {name} still on meta"
+    return model.eval().requires_grad_(False)
+
+
+def load_thinker(folder: Path, config: OmniConfig, *, device: torch.device | str, dtype: torch.dtype) -> OmniThinker:
+    with torch.device("meta"):
+        model = OmniThinker(config.thinker)
+    _load_part(folder, "thinker.model.", model.model, device, dtype)
+    _load_part(folder, "thinker.lm_head.", model.lm_head, device, dtype)
+    return model.eval().requires_grad_(False)
+
+
+def load_talker(folder: Path, config: OmniConfig, *, device: torch.device | str, dtype: torch.dtype) -> OmniTalker:
+    with torch.device("meta"):
+        model = OmniTalker(config.talker, config.tokens)
+    _load_part(folder, "talker.", model, device, dtype)
+    return model
+
+
+def load_dit(folder: Path, config: OmniConfig, *, device: torch.device | str) -> Token2WavDiT:
+    """fp32 always: transformers runs token2wav in fp32 whatever the rest's dtype."""
+    with torch.device("meta"):
+        model = Token2WavDiT(config.dit)
+    _load_part(folder, "token2wav.code2wav_dit_model.", model, device, torch.float32)
+    return model
+
+
+def load_bigvgan(folder: Path, config: OmniConfig, *, device: torch.device | str) -> BigVGAN:
+    model = BigVGAN(config.bigvgan).to(device)  # built for real: its Kaiser filters are computed buffers
+    state = {k: v for k, v in model.state_dict().items()}
+    files = weight_files(folder, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, ARCHITECTURE)
+    prefix = "token2wav.code2wav_bigvgan_model."
+    tensors = read_tensors(files, aligned(cast_to(device, torch.float32)), skip=lambda key: not key.startswith(prefix))
+    sd = {key[len(prefix):]: t for key, t in tensors.items()}
+    missing, unexpected = sorted(set(state) - set(sd)), sorted(set(sd) - set(state))
+    if missing or unexpected:
+        raise ValueError(f"checkpoint {folder} ({prefix}*) does not match its config: missing {missing[:8]}, "
+                         f"unexpected {unexpected[:8]}")
+    model.load_state_dict(sd, strict=True)
+    return model.eval().requires_grad_(False)
+
+
+@dataclass(frozen=True)
+class Speaker:
+    """One voice of ``spk_dict.pt``: the talker's text-start token and token2wav's conditioning."""
+
+    bos_token: int  # a thinker token id the talker's prompt embeds after the conversation
+    cond: torch.Tensor  # [1, enc_emb_dim] speaker embedding
+    ref_mel: torch.Tensor  # [1, T_ref, mel_dim] reference mel (log amplitude)
+
+
+def load_speakers(folder: Path, *, device: torch.device | str) -> dict[str, Speaker]:
+    path = folder / SPEAKERS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: Qwen2.5-Omni checkpoints ship their voices in {SPEAKERS_FILE} "
+                                "({name: {bos_token, cond, ref_mel}}); copy it next to config.json")
+    raw = torch.load(path, weights_only=True, map_location="cpu")
+    out = {}
+    for name, entry in raw.items():
+        cond, ref = entry["cond"].float(), entry["ref_mel"].float()
+        out[str(name)] = Speaker(bos_token=int(entry["bos_token"]), cond=cond.reshape(1, -1).to(device),
+                                 ref_mel=ref.reshape(1, -1, ref.shape[-1]).to(device))
+    if not out:
+        raise ValueError(f"{path} holds no voices")
+    return out

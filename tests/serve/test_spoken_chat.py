@@ -1,0 +1,106 @@
+"""Spoken chat: ``/v1/chat/completions`` with ``modalities: ["text", "audio"]`` on a live server
+serving a tiny Qwen2.5-Omni, driven by the official openai client: ``message.audio`` in
+OpenAI's shape (base64 WAV that PyAV decodes, the transcript, an id), equal to the engine's
+answer; streamed transcript and audio deltas; a bad voice or format is a 400 naming the field."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+import openai
+import pytest
+import torch
+
+from omniloop.engine.offline import run_request
+from omniloop.io.audio import read_audio
+from omniloop.models.loader import load_pipeline
+from omniloop.models.model_spec import LoadOptions
+from omniloop.request import Modality, OmniRequest, OutputSpec, SamplingParams, TaskType, TextPart
+from tests.serve.conftest import live_server
+
+MESSAGES = [{"role": "user", "content": "say hello to the user"}]
+
+
+@pytest.fixture(scope="module")
+def omni_chat_dir(tmp_path_factory):
+    from tests.models.qwen2_5_omni.checkpoint import save_omni_checkpoint
+
+    folder = tmp_path_factory.mktemp("omni_chat")
+    save_omni_checkpoint(folder, seed=3)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def omni_server(omni_chat_dir):
+    with live_server(omni_chat_dir, serve={"warmup": []}) as server:
+        yield server
+
+
+def _engine_answer(folder, voice: str):
+    _, pipeline = load_pipeline(folder, LoadOptions(device=torch.device("cpu"), dtype=torch.float32))
+    parts = [TextPart(text=m["content"], role=m["role"]) for m in MESSAGES]
+    request = OmniRequest(task=TaskType.REASON, inputs=parts, sampling=SamplingParams(temperature=0.0, max_tokens=8, seed=7),
+                          outputs=OutputSpec(modalities=[Modality.TEXT, Modality.AUDIO], voice=voice))
+    return run_request(pipeline, request)
+
+
+def test_spoken_answer_in_openais_shape_equals_the_engine(omni_server, omni_chat_dir):
+    client = omni_server.client()
+    done = client.chat.completions.create(model=omni_server.state.model.name, messages=MESSAGES, temperature=0,
+                                          max_tokens=8, seed=7, modalities=["text", "audio"],
+                                          audio={"voice": "Ethan", "format": "wav"})
+    message = done.choices[0].message
+    assert message.content is None and message.audio is not None
+    assert message.audio.id.startswith("audio_") and message.audio.expires_at > 0
+    want = _engine_answer(omni_chat_dir, "Ethan")
+    assert message.audio.transcript == want.text.text
+    samples, rate = read_audio(base64.b64decode(message.audio.data))  # a real WAV, decoded by PyAV
+    assert rate == 24000 and samples.shape == tuple(want.audio.samples.shape)
+    # one seed (the wire's) seeds the talker and token2wav's noise: the engine's answer exactly
+    assert np.abs(samples - want.audio.samples.numpy()).max() <= 1 / 32767 + 1e-6
+    assert done.choices[0].finish_reason in ("stop", "length")
+    # pcm16: raw little-endian 16-bit mono, the same samples
+    raw = client.chat.completions.create(model=omni_server.state.model.name, messages=MESSAGES, temperature=0,
+                                         max_tokens=8, seed=7, modalities=["text", "audio"],
+                                         audio={"voice": "Ethan", "format": "pcm16"})
+    pcm = np.frombuffer(base64.b64decode(raw.choices[0].message.audio.data), dtype="<i2")
+    assert np.array_equal(pcm, (samples[0] * 32767).round().astype("<i2"))
+
+
+def test_streamed_spoken_answer(omni_server):
+    client = omni_server.client()
+    chunks = list(client.chat.completions.create(model=omni_server.state.model.name, messages=MESSAGES,
+                                                 temperature=0, max_tokens=8, seed=7, stream=True,
+                                                 modalities=["text", "audio"], audio={"voice": "Chelsie", "format": "wav"}))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    audio = [d.audio for d in deltas if d.audio is not None]  # openai's ChoiceDeltaAudio
+    transcript = "".join(a.transcript or "" for a in audio)
+    data = [a for a in audio if a.data]
+    assert transcript and len(data) == 1 and data[0].id.startswith("audio_") and data[0].expires_at > 0
+    assert all(d.content is None for d in deltas[1:])  # spoken: the text streams as the transcript
+    samples, rate = read_audio(base64.b64decode(data[0].data))
+    assert rate == 24000 and samples.shape[1] > 0
+    done = client.chat.completions.create(model=omni_server.state.model.name, messages=MESSAGES, temperature=0,
+                                          max_tokens=8, seed=7, modalities=["text", "audio"],
+                                          audio={"voice": "Chelsie", "format": "wav"})
+    assert transcript == done.choices[0].message.audio.transcript
+
+
+def test_bad_speech_requests_are_400s_naming_the_field(omni_server):
+    client = omni_server.client()
+    model = omni_server.state.model.name
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=8, modalities=["text", "audio"],
+                                       audio={"voice": "Nobody", "format": "wav"})
+    body = err.value.body
+    assert body["param"] == "audio.voice" and "audio.voice" in body["message"]
+    assert "Chelsie" in body["message"] and "Ethan" in body["message"]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=8, modalities=["text", "audio"],
+                                       audio={"voice": "Ethan", "format": "opus"})
+    assert "audio.format" in err.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=model, messages=MESSAGES, modalities=["text", "audio"])
+    assert err.value.body["param"] == "audio"

@@ -251,8 +251,8 @@ async def _sse(stream: AsyncIterator, first: Any, request_id: str, model: str, c
                 event.name == "text_delta" else None
             if isinstance(delta, TextArtifact) and (delta.text or delta.log_probs):  # tokens without text: log-probs
                 # spoken: the text streams as the audio's transcript
-                body = {"audio": {"transcript": delta.text}} if audio is not None else {"content": delta.text}
-                yield _chunk(request_id, model, created, body, logprobs=_logprobs(delta.log_probs))
+                piece: dict[str, Any] = {"audio": {"transcript": delta.text}} if audio is not None else {"content": delta.text}
+                yield _chunk(request_id, model, created, piece, logprobs=_logprobs(delta.log_probs))
             elif isinstance(event, FinalEvent):
                 out = event.output
                 if out.status is not RequestStatus.COMPLETED:

@@ -154,5 +154,7 @@ def test_serve_and_dynamo_worker_spell_their_shared_flags_the_same():
                                        # issue 29 item 8: crash checkpoints of durable jobs
                                        "--checkpoint-every-s", "--checkpoint-every-steps", "--checkpoint-max-bytes",
                                        "--max-job-restarts",
+                                       # issue 31 item 5: the weight plane (admin routes; HTTP only)
+                                       "--weights-dir", "--while-asleep",
                                        # issue 33: ComfyUI's API beside the OpenAI one (HTTP only)
                                        "--comfy-models", "--comfy-workdir"}

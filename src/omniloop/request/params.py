@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from omniloop.request.enums import Modality
 
@@ -200,13 +200,6 @@ class OutputSpec(BaseModel):
     video_format: Literal["mp4", "frames"] = "mp4"
     voice: str | None = Field(default=None, min_length=1, max_length=64,
                               description="the voice of spoken output (one of the model's speakers); None: its default")
-
-    @field_validator("return_log_probs")
-    @classmethod
-    def _log_probs_ride_the_trajectory(cls, v: bool, info: ValidationInfo) -> bool:
-        if v and not info.data.get("return_trajectory"):
-            raise ValueError("log-probs are returned in the trajectory artifact; pass return_trajectory=true too")
-        return v
 
     def wants(self, modality: Modality) -> bool:
         """Whether ``modality`` is asked for (no ``modalities``: the task's default outputs)."""

@@ -21,13 +21,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from omniloop.deploy import DeployConfig
-from omniloop.engine.checkpoints import CheckpointCadence
 from omniloop.request import DiffusionParams
+
+if TYPE_CHECKING:  # omniloop.engine imports torch; this config is read by the CLI's --help (torch-free)
+    from omniloop.engine.checkpoints import CheckpointCadence
 
 
 DEFAULT_DRAIN_TIMEOUT_S = 25.0  # below Kubernetes' default 30 s termination grace period
@@ -155,6 +157,8 @@ class ServeConfig(BaseModel):
         return self.job_store.with_name(f"{self.job_store.stem}-checkpoints")
 
     def checkpoint_cadence(self) -> CheckpointCadence:
+        from omniloop.engine.checkpoints import CheckpointCadence
+
         return CheckpointCadence(every_steps=self.checkpoint_every_steps or None,
                                  every_s=self.checkpoint_every_s or None)
 

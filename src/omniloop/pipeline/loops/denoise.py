@@ -312,7 +312,11 @@ class DenoiseLoop(LoopStageBase[DenoiseLoopState]):
         override = state.node_params.get(ctx.node)
         params = _effective_params(state.request.diffusion, override)
         sampler = ctx.component(self.sampler_component).get(params.sampler)
-        if state.request.outputs.return_log_probs:
+        if state.request.outputs.return_log_probs:  # (an AR loop's token log-probs need no trajectory)
+            if not state.request.outputs.return_trajectory:
+                raise InvalidRequest("outputs.return_log_probs: a denoise loop returns its log-probs in the trajectory "
+                                     "artifact", hint="pass return_trajectory=true too",
+                                     fields=("outputs.return_log_probs",))
             check_records_log_probs(sampler, ctx.node, override)
         if override is not None:
             check_sde_options(sampler, ctx.node, override, lambda: self._num_steps(ctx, state, params))

@@ -1,0 +1,91 @@
+"""Single-file checkpoints as ComfyUI users hold them: one ``.safetensors`` in the original
+repository's key layout (Wan, BFL), possibly wrapped (``model.diffusion_model.``) and possibly
+stored in ComfyUI's scaled-fp8 form.
+
+Storage forms read here (each tensor is read once, dequantized if needed, then ``cast``):
+
+* fp32 / fp16 / bf16: read as stored, then cast.
+* plain fp8 (``*.weight`` in ``float8_e4m3fn``/``float8_e5m2``, no scale): upcast (scale 1).
+* ComfyUI scaled fp8: ``<layer>.weight`` in fp8 with a per-layer ``<layer>.scale_weight``
+  (a one-element fp32 tensor) and a ``scaled_fp8`` marker key; the real weight is
+  ``weight.float() * scale_weight``. ``<layer>.scale_input`` (ComfyUI's fp8-matmul input
+  scale) carries no weight and is dropped, as is the marker.
+
+Behaviour read from ComfyUI's ``comfy/ops.py`` / ``comfy/model_detection.py``; the code is ours.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from omniloop.models.checkpoint_files import Cast
+
+# Wrappers around a DiT's own keys: ComfyUI full checkpoints (``checkpoints/``) and models
+# saved by ComfyUI's ``ModelSave``.
+WRAPPER_PREFIXES: tuple[str, ...] = ("model.diffusion_model.", "diffusion_model.")
+SCALED_FP8_MARKER = "scaled_fp8"
+FP8_DTYPES: frozenset[torch.dtype] = frozenset({torch.float8_e4m3fn, torch.float8_e5m2})
+_SCALE_SUFFIXES = (".scale_weight", ".scale_input")
+
+
+@dataclass(frozen=True, slots=True)
+class SingleFileStorage:
+    """How a single file stores its weights (for logs and tests)."""
+
+    dtypes: frozenset[torch.dtype]  # of the stored weights (before dequantization)
+    scaled_fp8: bool  # ComfyUI's scaled-fp8 form (a marker key or any ``scale_weight``)
+
+
+def storage_of(path: Path) -> SingleFileStorage:
+    with safe_open(str(path), framework="pt") as f:
+        keys = list(f.keys())
+        dtypes = frozenset(f.get_slice(k).get_dtype() for k in keys)
+    scaled = any(k == SCALED_FP8_MARKER or k.endswith(SCALED_FP8_MARKER) or k.endswith(".scale_weight") for k in keys)
+    return SingleFileStorage(dtypes=frozenset(_DTYPE_NAMES.get(d, torch.float32) for d in dtypes), scaled_fp8=scaled)
+
+
+_DTYPE_NAMES: dict[str, torch.dtype] = {
+    "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2, "F64": torch.float64,
+}
+
+
+def unwrapped(key: str) -> str:
+    for prefix in WRAPPER_PREFIXES:
+        if key.startswith(prefix):
+            return key[len(prefix):]
+    return key
+
+
+def read_single_file(path: Path, cast: Cast, *, keep: str = "") -> dict[str, torch.Tensor]:
+    """Every weight of ``path`` under its unwrapped key, dequantized, through ``cast``.
+
+    ``keep``: when the file is a full ComfyUI checkpoint (DiT, VAE and text encoders in one
+    file), only keys under this prefix (after unwrapping) are read, e.g. ``""`` for all.
+    fp8 tensors are upcast to fp32 (times their ``scale_weight``) before ``cast``, so the
+    cast decides the final dtype; a ``scale_weight`` whose weight is missing is an error.
+    """
+    sd: dict[str, torch.Tensor] = {}
+    with safe_open(str(path), framework="pt") as f:
+        keys = set(f.keys())
+        for key in sorted(keys):
+            name = unwrapped(key)
+            if name == SCALED_FP8_MARKER or name.endswith(_SCALE_SUFFIXES) or not name.startswith(keep):
+                continue
+            tensor = f.get_tensor(key)
+            if tensor.dtype in FP8_DTYPES:
+                tensor = tensor.to(torch.float32)
+                scale_key = key[: -len(".weight")] + ".scale_weight" if key.endswith(".weight") else None
+                if scale_key is not None and scale_key in keys:
+                    # [] or [1]: one scale per layer (ComfyUI's per-tensor scaled fp8)
+                    tensor = tensor * f.get_tensor(scale_key).to(torch.float32).reshape(())
+            sd[name] = cast(name, tensor)
+        orphans = [k for k in keys if k.endswith(".scale_weight") and k[: -len(".scale_weight")] + ".weight" not in keys]
+    if orphans:
+        raise ValueError(f"{path}: scale_weight tensors without their weight: {sorted(orphans)[:8]}; the file is "
+                         "truncated or not in ComfyUI's scaled-fp8 layout")
+    return sd

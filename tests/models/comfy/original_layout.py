@@ -1,0 +1,110 @@
+"""Tiny single files in the ORIGINAL key layouts (Wan-AI's repos, BFL's ``flux1-dev`` and
+``ae``), made from tiny diffusers models by the inverse of diffusers' single-file key maps
+(``diffusers.loaders.single_file_utils``), plus ComfyUI's scaled-fp8 storage. Written here
+from diffusers' forward maps, independent of the loader under test; each test first checks
+the round trip through diffusers' own ``from_single_file``."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+# diffusers key -> original Wan key (inverse of convert_wan_transformer_to_diffusers)
+_WAN_DIT = (
+    (r"^condition_embedder\.time_embedder\.linear_1\.", "time_embedding.0."),
+    (r"^condition_embedder\.time_embedder\.linear_2\.", "time_embedding.2."),
+    (r"^condition_embedder\.text_embedder\.linear_1\.", "text_embedding.0."),
+    (r"^condition_embedder\.text_embedder\.linear_2\.", "text_embedding.2."),
+    (r"^condition_embedder\.time_proj\.", "time_projection.1."),
+    (r"^condition_embedder\.image_embedder\.norm1\.", "img_emb.proj.0."),
+    (r"^condition_embedder\.image_embedder\.ff\.net\.0\.proj\.", "img_emb.proj.1."),
+    (r"^condition_embedder\.image_embedder\.ff\.net\.2\.", "img_emb.proj.3."),
+    (r"^condition_embedder\.image_embedder\.norm2\.", "img_emb.proj.4."),
+    (r"^proj_out\.", "head.head."),
+    (r"^scale_shift_table$", "head.modulation"),
+    (r"^blocks\.(\d+)\.scale_shift_table$", r"blocks.\1.modulation"),
+    (r"^blocks\.(\d+)\.attn1\.to_out\.0\.", r"blocks.\1.self_attn.o."),
+    (r"^blocks\.(\d+)\.attn1\.to_([qkv])\.", r"blocks.\1.self_attn.\2."),
+    (r"^blocks\.(\d+)\.attn1\.norm_([qk])\.", r"blocks.\1.self_attn.norm_\2."),
+    (r"^blocks\.(\d+)\.attn2\.to_out\.0\.", r"blocks.\1.cross_attn.o."),
+    (r"^blocks\.(\d+)\.attn2\.to_([qkv])\.", r"blocks.\1.cross_attn.\2."),
+    (r"^blocks\.(\d+)\.attn2\.add_([kv])_proj\.", r"blocks.\1.cross_attn.\2_img."),
+    (r"^blocks\.(\d+)\.attn2\.norm_added_k\.", r"blocks.\1.cross_attn.norm_k_img."),
+    (r"^blocks\.(\d+)\.attn2\.norm_([qk])\.", r"blocks.\1.cross_attn.norm_\2."),
+    (r"^blocks\.(\d+)\.norm2\.", r"blocks.\1.norm3."),
+    (r"^blocks\.(\d+)\.ffn\.net\.0\.proj\.", r"blocks.\1.ffn.0."),
+    (r"^blocks\.(\d+)\.ffn\.net\.2\.", r"blocks.\1.ffn.2."),
+)
+
+
+def _renamed(sd: dict[str, torch.Tensor], table) -> dict[str, torch.Tensor]:
+    out = {}
+    for key, tensor in sd.items():
+        for pattern, repl in table:
+            if re.match(pattern, key):
+                key = re.sub(pattern, repl, key, count=1)
+                break
+        out[key] = tensor.detach().clone().contiguous()
+    return out
+
+
+def wan_dit_original(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return _renamed(sd, _WAN_DIT)
+
+
+def wan_vae_original(sd: dict[str, torch.Tensor], num_res_blocks: int = 2) -> dict[str, torch.Tensor]:
+    """diffusers ``AutoencoderKLWan`` (Wan2.1) -> the original ``WanVAE_`` keys (inverse of
+    convert_wan_vae_to_diffusers): decoder levels flatten into ``decoder.upsamples.{i}``
+    (``num_res_blocks + 1`` resnets then the upsampler per level)."""
+    per_level = num_res_blocks + 2
+    resnet = (("norm1.gamma", "residual.0.gamma"), ("conv1.", "residual.2."), ("norm2.gamma", "residual.3.gamma"),
+              ("conv2.", "residual.6."), ("conv_shortcut.", "shortcut."))
+    out = {}
+    for key, tensor in sd.items():
+        new = key
+        for side in ("encoder", "decoder"):
+            new = re.sub(rf"^{side}\.conv_in\.", f"{side}.conv1.", new)
+            new = re.sub(rf"^{side}\.norm_out\.gamma$", f"{side}.head.0.gamma", new)
+            new = re.sub(rf"^{side}\.conv_out\.", f"{side}.head.2.", new)
+            new = re.sub(rf"^{side}\.mid_block\.attentions\.0\.", f"{side}.middle.1.", new)
+            m = re.match(rf"^{side}\.mid_block\.resnets\.(\d)\.(.*)$", new)
+            if m:
+                new = f"{side}.middle.{2 * int(m[1])}.{m[2]}"
+        new = re.sub(r"^quant_conv\.", "conv1.", new)
+        new = re.sub(r"^post_quant_conv\.", "conv2.", new)
+        new = re.sub(r"^encoder\.down_blocks\.", "encoder.downsamples.", new)
+        m = re.match(r"^decoder\.up_blocks\.(\d+)\.resnets\.(\d+)\.(.*)$", new)
+        if m:
+            new = f"decoder.upsamples.{int(m[1]) * per_level + int(m[2])}.{m[3]}"
+        m = re.match(r"^decoder\.up_blocks\.(\d+)\.upsamplers\.0\.(.*)$", new)
+        if m:
+            new = f"decoder.upsamples.{int(m[1]) * per_level + num_res_blocks + 1}.{m[2]}"
+        m = re.match(r"^((?:encoder|decoder)\.(?:downsamples|upsamples|middle)\.\d+\.)(.*)$", new)
+        if m:
+            rest = m[2]
+            for a, b in resnet:
+                if rest.startswith(a):
+                    rest = b + rest[len(a):]
+            new = m[1] + rest
+        out[new] = tensor.detach().clone().contiguous()
+    return out
+
+
+def scaled_fp8(sd: dict[str, torch.Tensor], *, marker: bool = True) -> dict[str, torch.Tensor]:
+    """ComfyUI's scaled-fp8 storage of ``sd``: every 2-D ``*.weight`` as ``float8_e4m3fn``
+    with a per-layer fp32 ``scale_weight`` (amax / 448) and a ``scale_input`` of 1; the
+    other tensors kept; plus the ``scaled_fp8`` marker."""
+    out: dict[str, torch.Tensor] = {}
+    for key, tensor in sd.items():
+        if key.endswith(".weight") and tensor.dim() == 2:
+            scale = (tensor.abs().amax().float() / 448.0).clamp_min(1e-12).reshape(1)
+            out[key] = (tensor.float() / scale).to(torch.float8_e4m3fn)
+            base = key[: -len(".weight")]
+            out[f"{base}.scale_weight"] = scale
+            out[f"{base}.scale_input"] = torch.ones(1)
+        else:
+            out[key] = tensor
+    if marker:
+        out["scaled_fp8"] = torch.empty(0, dtype=torch.float8_e4m3fn)
+    return out

@@ -108,3 +108,51 @@ def scaled_fp8(sd: dict[str, torch.Tensor], *, marker: bool = True) -> dict[str,
     if marker:
         out["scaled_fp8"] = torch.empty(0, dtype=torch.float8_e4m3fn)
     return out
+
+
+# diffusers FluxTransformer2DModel -> BFL keys (inverse of convert_flux_transformer_checkpoint_to_diffusers)
+_FLUX_PLAIN = (
+    (r"^time_text_embed\.timestep_embedder\.linear_1\.", "time_in.in_layer."),
+    (r"^time_text_embed\.timestep_embedder\.linear_2\.", "time_in.out_layer."),
+    (r"^time_text_embed\.text_embedder\.linear_1\.", "vector_in.in_layer."),
+    (r"^time_text_embed\.text_embedder\.linear_2\.", "vector_in.out_layer."),
+    (r"^time_text_embed\.guidance_embedder\.linear_1\.", "guidance_in.in_layer."),
+    (r"^time_text_embed\.guidance_embedder\.linear_2\.", "guidance_in.out_layer."),
+    (r"^context_embedder\.", "txt_in."),
+    (r"^x_embedder\.", "img_in."),
+    (r"^proj_out\.", "final_layer.linear."),
+    (r"^transformer_blocks\.(\d+)\.norm1\.linear\.", r"double_blocks.\1.img_mod.lin."),
+    (r"^transformer_blocks\.(\d+)\.norm1_context\.linear\.", r"double_blocks.\1.txt_mod.lin."),
+    (r"^transformer_blocks\.(\d+)\.attn\.norm_q\.weight", r"double_blocks.\1.img_attn.norm.query_norm.scale"),
+    (r"^transformer_blocks\.(\d+)\.attn\.norm_k\.weight", r"double_blocks.\1.img_attn.norm.key_norm.scale"),
+    (r"^transformer_blocks\.(\d+)\.attn\.norm_added_q\.weight", r"double_blocks.\1.txt_attn.norm.query_norm.scale"),
+    (r"^transformer_blocks\.(\d+)\.attn\.norm_added_k\.weight", r"double_blocks.\1.txt_attn.norm.key_norm.scale"),
+    (r"^transformer_blocks\.(\d+)\.ff\.net\.0\.proj\.", r"double_blocks.\1.img_mlp.0."),
+    (r"^transformer_blocks\.(\d+)\.ff\.net\.2\.", r"double_blocks.\1.img_mlp.2."),
+    (r"^transformer_blocks\.(\d+)\.ff_context\.net\.0\.proj\.", r"double_blocks.\1.txt_mlp.0."),
+    (r"^transformer_blocks\.(\d+)\.ff_context\.net\.2\.", r"double_blocks.\1.txt_mlp.2."),
+    (r"^transformer_blocks\.(\d+)\.attn\.to_out\.0\.", r"double_blocks.\1.img_attn.proj."),
+    (r"^transformer_blocks\.(\d+)\.attn\.to_add_out\.", r"double_blocks.\1.txt_attn.proj."),
+    (r"^single_transformer_blocks\.(\d+)\.norm\.linear\.", r"single_blocks.\1.modulation.lin."),
+    (r"^single_transformer_blocks\.(\d+)\.attn\.norm_q\.weight", r"single_blocks.\1.norm.query_norm.scale"),
+    (r"^single_transformer_blocks\.(\d+)\.attn\.norm_k\.weight", r"single_blocks.\1.norm.key_norm.scale"),
+    (r"^single_transformer_blocks\.(\d+)\.proj_out\.", r"single_blocks.\1.linear2."),
+)
+
+
+def flux_dit_original(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    sd = {k: v.detach() for k, v in sd.items()}
+    out: dict[str, torch.Tensor] = {}
+    for leaf in ("weight", "bias"):
+        for i in sorted({int(k.split(".")[1]) for k in sd if k.startswith("transformer_blocks.")}):
+            p = f"transformer_blocks.{i}.attn"
+            out[f"double_blocks.{i}.img_attn.qkv.{leaf}"] = torch.cat([sd.pop(f"{p}.to_{n}.{leaf}") for n in "qkv"])
+            out[f"double_blocks.{i}.txt_attn.qkv.{leaf}"] = torch.cat([sd.pop(f"{p}.add_{n}_proj.{leaf}") for n in "qkv"])
+        for i in sorted({int(k.split(".")[1]) for k in sd if k.startswith("single_transformer_blocks.")}):
+            p = f"single_transformer_blocks.{i}"
+            out[f"single_blocks.{i}.linear1.{leaf}"] = torch.cat(
+                [sd.pop(f"{p}.attn.to_{n}.{leaf}") for n in "qkv"] + [sd.pop(f"{p}.proj_mlp.{leaf}")])
+        scale, shift = sd.pop(f"norm_out.linear.{leaf}").chunk(2)
+        out[f"final_layer.adaLN_modulation.1.{leaf}"] = torch.cat([shift, scale])
+    out.update(_renamed(sd, _FLUX_PLAIN))
+    return {k: v.clone().contiguous() for k, v in out.items()}

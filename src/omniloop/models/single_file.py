@@ -18,11 +18,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from safetensors import safe_open
 
 from omniloop.models.checkpoint_files import Cast
+
+if TYPE_CHECKING:
+    from omniloop.models.model_spec import LoadOptions
 
 # Wrappers around a DiT's own keys: ComfyUI full checkpoints (``checkpoints/``) and models
 # saved by ComfyUI's ``ModelSave``.
@@ -89,3 +93,50 @@ def read_single_file(path: Path, cast: Cast, *, keep: str = "") -> dict[str, tor
         raise ValueError(f"{path}: scale_weight tensors without their weight: {sorted(orphans)[:8]}; the file is "
                          "truncated or not in ComfyUI's scaled-fp8 layout")
     return sd
+
+
+# -- a model made of single files (the names a workflow's loader nodes give) -----------------
+
+Resolve = Callable[[str, str], Path]  # (folder kind, name) -> a path inside the models folder
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SingleFileSet:
+    """The files one model is made of, by their names in a ComfyUI models folder.
+
+    ``diffusion_models``: one DiT, or a family's two experts in order (Wan2.2 A14B: high
+    noise, low noise) with ``boundary_ratio``. ``text_encoders`` in the family's order
+    (ComfyUI's ``DualCLIPLoader``: CLIP-L, then T5-XXL). The last three are architecture
+    facts the files do not carry; None takes the family's released value.
+    """
+
+    family: str
+    diffusion_models: tuple[str, ...]
+    vae: str
+    text_encoders: tuple[str, ...]
+    boundary_ratio: float | None = None
+    attention_head_dim: int | None = None
+    rope_axes: tuple[int, ...] | None = None
+    vae_norm_groups: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.diffusion_models or not all(self.diffusion_models):
+            raise ValueError("diffusion_models must name at least one file in diffusion_models/")
+        if not self.vae:
+            raise ValueError("vae must name a file in vae/")
+        if self.boundary_ratio is not None and not 0.0 < self.boundary_ratio < 1.0:
+            raise ValueError(f"boundary_ratio must be in (0, 1) (e.g. 0.875); got {self.boundary_ratio}")
+
+
+# (files, resolve, load options) -> (the model_index a diffusers folder would have, components)
+SingleFileLoader = Callable[[SingleFileSet, Resolve, "LoadOptions"], tuple[dict[str, Any], dict[str, Any]]]
+
+
+def text_encoder_folder(resolve: Resolve, name: str) -> Path:
+    """A text encoder in ``text_encoders/``: for now a transformers-layout folder (config.json,
+    weights and tokenizer files together); single text-encoder files do not load yet."""
+    path = resolve("text_encoders", name)
+    if not path.is_dir():
+        raise ValueError(f"text encoder {name!r} is a single file; text encoders load from a transformers-layout "
+                         "folder in text_encoders/ for now (config.json, weights and tokenizer files in one folder)")
+    return path

@@ -68,7 +68,7 @@ def test_flux_dit_single_file_scaled_fp8_and_bad_input(tmp_path):
 
 def test_flux_ae_single_file_equals_diffusers_from_single_file(tmp_path):
     from omniloop.models.autoencoders.kl2d import load_kl2d_vae
-    from omniloop.models.autoencoders.kl2d_single_file import load_kl2d_vae_single_file
+    from omniloop.models.families.flux.weights import load_flux_ae_single_file
     from tests.flux_checkpoint import tiny_kl_vae
     from tests.models.comfy.original_layout import kl_vae_original
 
@@ -79,11 +79,11 @@ def test_flux_ae_single_file_equals_diffusers_from_single_file(tmp_path):
     oracle = diffusers.AutoencoderKL.from_single_file(str(path), config=str(tmp_path / "vae"))
     _same(oracle.state_dict(), vae.state_dict())
 
-    ours = load_kl2d_vae_single_file(path, norm_num_groups=4)
+    ours = load_flux_ae_single_file(path, norm_num_groups=4)
     _same(ours.state_dict(), load_kl2d_vae(tmp_path / "vae").state_dict())
     _same(ours.state_dict(), {k: v for k, v in oracle.state_dict().items() if k in ours.state_dict()})
     assert (ours.config.scaling_factor, ours.config.shift_factor) == (0.3611, 0.1159)
     save_file({f"first_stage_model.{k}": v for k, v in kl_vae_original(vae.state_dict(), 4).items()},
               tmp_path / "x.safetensors")
     with pytest.raises(ValueError, match="not an original-layout"):
-        load_kl2d_vae_single_file(tmp_path / "x.safetensors")
+        load_flux_ae_single_file(tmp_path / "x.safetensors")

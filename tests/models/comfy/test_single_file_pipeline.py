@@ -17,7 +17,8 @@ from omniloop.api.generator import VideoGenerator
 from omniloop.deploy import DeployConfig
 from omniloop.engine.async_engine import load_options
 from omniloop.models.comfy_folder import ComfyModelNotFound, ComfyModels
-from omniloop.models.single_file_pipeline import SingleFileModel, load_single_file_pipeline
+from omniloop.models.single_file import SingleFileSet
+from omniloop.models.single_file_pipeline import load_single_file_pipeline
 from omniloop.request import DiffusionParams, OmniRequest, OutputSpec, TaskType, TextPart
 from tests.models.comfy.original_layout import flux_dit_original, kl_vae_original, wan_dit_original, wan_vae_original
 
@@ -57,8 +58,8 @@ def test_wan_from_models_folder_equals_diffusers_folder(tmp_path):
     _text_folder(root, "umt5", pipe.text_encoder, tokenizer)
 
     deploy = DeployConfig.from_options(None, device="cpu", dtype="float32")
-    model = SingleFileModel(family="wan", diffusion_model="wan_t2v.safetensors", vae="wan_2.1_vae.safetensors",
-                            text_encoders=("umt5",), attention_head_dim=12)
+    model = SingleFileSet(family="wan", diffusion_models=("wan_t2v.safetensors",), vae="wan_2.1_vae.safetensors",
+                          text_encoders=("umt5",), attention_head_dim=12)
     spec, pipeline = load_single_file_pipeline(ComfyModels(root), model, load_options(deploy))
     assert spec.family == "wan" and pipeline.spec.name == "wan2.1-t2v"
     params = dict(height=32, width=32, num_frames=5, steps=2, guidance_scale=5.0, seed=7, negative_prompt="blurry")
@@ -68,8 +69,8 @@ def test_wan_from_models_folder_equals_diffusers_folder(tmp_path):
     assert ours.shape == folder.shape and (ours - folder).abs().max() <= TOL, (ours - folder).abs().max()
 
     with pytest.raises(ComfyModelNotFound, match="wan_t2v.safetensors") as err:
-        load_single_file_pipeline(ComfyModels(root), SingleFileModel(
-            family="wan", diffusion_model="wan_i2v.safetensors", vae="wan_2.1_vae.safetensors",
+        load_single_file_pipeline(ComfyModels(root), SingleFileSet(
+            family="wan", diffusion_models=("wan_i2v.safetensors",), vae="wan_2.1_vae.safetensors",
             text_encoders=("umt5",)), load_options(deploy))
     assert err.value.folder == "diffusion_models" and err.value.name == "wan_i2v.safetensors"
 
@@ -87,8 +88,8 @@ def test_flux_from_models_folder_equals_diffusers_folder(tmp_path):
     _text_folder(root, "t5xxl", pipe.text_encoder_2, pipe.tokenizer_2)
 
     deploy = DeployConfig.from_options(None, device="cpu", dtype="float32")
-    model = SingleFileModel(family="flux", diffusion_model="flux1-dev.safetensors", vae="ae.safetensors",
-                            text_encoders=("clip_l", "t5xxl"), flux_axes_dims_rope=(4, 6, 6), flux_vae_norm_groups=4)
+    model = SingleFileSet(family="flux", diffusion_models=("flux1-dev.safetensors",), vae="ae.safetensors",
+                          text_encoders=("clip_l", "t5xxl"), rope_axes=(4, 6, 6), vae_norm_groups=4)
     spec, pipeline = load_single_file_pipeline(ComfyModels(root), model, load_options(deploy))
     params = dict(height=32, width=32, steps=2, guidance_scale=3.5, seed=3)
     ours = _generate(VideoGenerator(spec, pipeline, deploy), TaskType.T2I, **params)
@@ -97,10 +98,19 @@ def test_flux_from_models_folder_equals_diffusers_folder(tmp_path):
     assert ours.shape == folder.shape and (ours - folder).abs().max() <= TOL, (ours - folder).abs().max()
 
 
-def test_single_file_model_bad_input():
-    with pytest.raises(ValueError, match="takes 2 text encoder"):
-        SingleFileModel(family="flux", diffusion_model="a", vae="b", text_encoders=("t5",))
-    with pytest.raises(ValueError, match="go together"):
-        SingleFileModel(family="wan", diffusion_model="a", vae="b", text_encoders=("t5",), diffusion_model_2="c")
-    with pytest.raises(ValueError, match="pass 'wan' or 'flux'"):
-        SingleFileModel(family="ltx2", diffusion_model="a", vae="b", text_encoders=())  # type: ignore[arg-type]
+def test_single_file_set_bad_input(tmp_path):
+    with pytest.raises(ValueError, match="diffusion_models must name"):
+        SingleFileSet(family="wan", diffusion_models=(), vae="b", text_encoders=("t5",))
+    with pytest.raises(ValueError, match=r"boundary_ratio must be in \(0, 1\)"):
+        SingleFileSet(family="wan", diffusion_models=("a",), vae="b", text_encoders=("t5",), boundary_ratio=2.0)
+    (tmp_path / "vae").mkdir()
+    deploy = load_options(DeployConfig.from_options(None, device="cpu", dtype="float32"))
+    with pytest.raises(ValueError, match=r"family 'ltx2' does not load from single files yet; pass one of \['flux', 'wan'\]"):
+        load_single_file_pipeline(ComfyModels(tmp_path), SingleFileSet(
+            family="ltx2", diffusion_models=("a",), vae="b", text_encoders=()), deploy)
+    with pytest.raises(ValueError, match="Flux takes one DiT and two text encoders"):
+        load_single_file_pipeline(ComfyModels(tmp_path), SingleFileSet(
+            family="flux", diffusion_models=("a",), vae="b", text_encoders=("t5",)), deploy)
+    with pytest.raises(ValueError, match="need boundary_ratio"):
+        load_single_file_pipeline(ComfyModels(tmp_path), SingleFileSet(
+            family="wan", diffusion_models=("a", "b"), vae="v", text_encoders=("t5",)), deploy)

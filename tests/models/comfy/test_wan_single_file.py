@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import save_file
 
 from omniloop.models.autoencoders.wan_vae import load_wan_vae, vae_state_dict_from_diffusers
-from omniloop.models.autoencoders.wan_vae_single_file import load_wan_vae_single_file
+from omniloop.models.autoencoders.wan_vae import load_wan_vae_single_file
 from omniloop.models.families.wan.weights import dit_state_dict_from_diffusers, load_wan_dit_single_file
 from tests.models.comfy.original_layout import scaled_fp8, wan_dit_original, wan_vae_original
 from tests.wan_checkpoint import tiny_transformer

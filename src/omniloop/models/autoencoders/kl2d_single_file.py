@@ -1,5 +1,5 @@
-"""A 2D KL autoencoder as one file in the original (LDM / BFL) layout -> :class:`KL2DAutoencoder`.
-FLUX.1's ``ae.safetensors`` (ComfyUI's ``vae/ae.safetensors``) is this layout.
+"""A 2D KL autoencoder as one file in the original LDM layout -> :class:`KL2DAutoencoder`
+(ComfyUI's ``vae/ae.safetensors`` is this layout; the families pass what the file lacks).
 
 Original keys -> ours (= diffusers ``AutoencoderKL`` names):
 
@@ -13,7 +13,7 @@ Original keys -> ours (= diffusers ``AutoencoderKL`` names):
 * ``nin_shortcut`` -> ``conv_shortcut``
 
 The file has no config: widths, depth and latent channels are read off the shapes; the
-group count and the latent scaling/shift are not in it (FLUX.1's are the defaults).
+group count and the latent scaling/shift are not in it (the caller passes them).
 """
 
 from __future__ import annotations
@@ -27,8 +27,6 @@ from omniloop.models.autoencoders.kl2d import KL2DAutoencoder, KL2DConfig
 from omniloop.models.checkpoint_files import aligned, cast_to, check_and_assign
 from omniloop.models.single_file import read_single_file
 
-FLUX_AE_SCALING = 0.3611  # FLUX.1 vae/config.json scaling_factor
-FLUX_AE_SHIFT = 0.1159  # shift_factor
 _ATTENTION = {"norm": "group_norm", "q": "to_q", "k": "to_k", "v": "to_v", "proj_out": "to_out.0"}
 
 
@@ -57,8 +55,8 @@ def diffusers_key_from_original(key: str, levels: int) -> str:
 def kl2d_config_from_original(shapes: dict[str, torch.Size], *, norm_num_groups: int, scaling_factor: float,
                               shift_factor: float | None) -> KL2DConfig:
     if "encoder.down.0.block.0.conv1.weight" not in shapes or "decoder.conv_in.weight" not in shapes:
-        raise ValueError("not an original-layout (LDM/BFL) autoencoder: no encoder.down.0.block.0.conv1.weight; pass "
-                         "a VAE file like FLUX.1's ae.safetensors")
+        raise ValueError("not an original-layout (LDM) autoencoder: no encoder.down.0.block.0.conv1.weight; pass "
+                         "an AutoencoderKL file in the LDM layout (ae.safetensors)")
     levels = len({int(k.split(".")[2]) for k in shapes if k.startswith("encoder.down.")})
     widths = tuple(int(shapes[f"encoder.down.{i}.block.0.conv1.weight"][0]) for i in range(levels))
     layers = len({int(k.split(".")[4]) for k in shapes if k.startswith("encoder.down.0.block.")})
@@ -72,13 +70,13 @@ def kl2d_config_from_original(shapes: dict[str, torch.Size], *, norm_num_groups:
     )
 
 
-def load_kl2d_vae_single_file(path: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                              norm_num_groups: int = 32, scaling_factor: float = FLUX_AE_SCALING,
-                              shift_factor: float | None = FLUX_AE_SHIFT) -> KL2DAutoencoder:
-    """Load an LDM/BFL-layout autoencoder file (FLUX.1 ``ae.safetensors`` by default settings)."""
+def load_kl2d_vae_single_file(path: str | Path, *, scaling_factor: float, shift_factor: float | None,
+                              norm_num_groups: int = 32, device: torch.device | str = "cpu",
+                              dtype: torch.dtype = torch.float32) -> KL2DAutoencoder:
+    """Load an LDM-layout autoencoder file; the latent scaling/shift are the model's (not in the file)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path} not found; pass a VAE .safetensors file (FLUX.1's ae.safetensors)")
+        raise FileNotFoundError(f"{path} not found; pass a VAE .safetensors file in the LDM layout")
     raw = read_single_file(path, aligned(cast_to(device, dtype)))
     config = kl2d_config_from_original({k: t.shape for k, t in raw.items()}, norm_num_groups=norm_num_groups,
                                        scaling_factor=scaling_factor, shift_factor=shift_factor)
@@ -91,5 +89,5 @@ def load_kl2d_vae_single_file(path: str | Path, *, device: torch.device | str = 
         sd[new] = tensor
     with torch.device("meta"):
         model = KL2DAutoencoder(config)
-    check_and_assign(model, sd, str(path), "pass an LDM/BFL-layout AutoencoderKL file (FLUX.1's ae.safetensors)")
+    check_and_assign(model, sd, str(path), "pass an LDM-layout AutoencoderKL file (ae.safetensors)")
     return model.eval().requires_grad_(False)

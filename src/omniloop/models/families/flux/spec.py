@@ -18,7 +18,9 @@ from omniloop.models.families.flux.stages import FluxDenoiser, FluxImageConditio
 from omniloop.models.families.flux.validate import make_validator
 from omniloop.models.layers.cuda_graphs import CACHE_NAME as GRAPHS
 from omniloop.models.layers.cuda_graphs import CudaGraphRunner
-from omniloop.models.families.flux.weights import flux_lora_from_kohya, flux_lora_stream, load_flux_transformer
+from omniloop.models.families.flux.weights import (flux_lora_from_kohya, flux_lora_stream, load_flux_ae_single_file,
+                                                   load_flux_transformer, load_flux_transformer_single_file)
+from omniloop.models.single_file import Resolve, SingleFileSet, text_encoder_folder
 from omniloop.models.load_options import apply_load_options, graph_runner
 from omniloop.models.lora import LoraSupport
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
@@ -90,6 +92,39 @@ def flux_variant(index: Mapping[str, Any]) -> Variant:
     return Variant(name="flux.1", tasks=frozenset({TaskType.T2I, TaskType.I2I}), weights=weights)
 
 
+# -- single files (a ComfyUI models folder) -----------------------------------------------
+
+# The FLUX.1 repos' scheduler_config.json (the files carry none); a workflow's sampler overrides it.
+FLUX_DEV_SCHEDULER = {"num_train_timesteps": 1000, "shift": 3.0, "use_dynamic_shifting": True, "base_shift": 0.5,
+                      "max_shift": 1.15, "base_image_seq_len": 256, "max_image_seq_len": 4096}
+FLUX_SCHNELL_SCHEDULER = {"num_train_timesteps": 1000, "shift": 1.0, "use_dynamic_shifting": False}
+
+
+def flux_single_files(files: SingleFileSet, resolve: Resolve,
+                      options: LoadOptions) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A BFL-layout DiT file and ``ae.safetensors``; CLIP-L and T5-XXL from transformers folders."""
+    if len(files.diffusion_models) != 1 or len(files.text_encoders) != 2:
+        raise ValueError(f"Flux takes one DiT and two text encoders (CLIP-L, then T5-XXL); got diffusion_models="
+                         f"{list(files.diffusion_models)}, text_encoders={list(files.text_encoders)}")
+    dit = load_flux_transformer_single_file(resolve("diffusion_models", files.diffusion_models[0]),
+                                            device=options.device, dtype=options.dtype, axes_dims_rope=files.rope_axes)
+    dit = apply_load_options(dit, options, blocks=[*dit.transformer_blocks, *dit.single_transformer_blocks],
+                             fp8_layers=BLOCK_GEMMS)
+    clip, t5 = (text_encoder_folder(resolve, name) for name in files.text_encoders)
+    # dev is guidance-distilled (dynamic shift); schnell is not (shift 1)
+    scheduler = FLUX_DEV_SCHEDULER if dit.config.guidance_embeds else FLUX_SCHNELL_SCHEDULER
+    components = {
+        "transformer": dit,
+        "vae": load_flux_ae_single_file(resolve("vae", files.vae), device=options.device, dtype=options.dtype,
+                                        norm_num_groups=files.vae_norm_groups or 32),
+        "text_encoder": load_clip_encoder(clip, clip, device=options.device, dtype=options.dtype),
+        "text_encoder_2": load_t5_encoder(t5, t5, device=options.device, dtype=options.dtype,
+                                          max_sequence_length=FLUX_DEFAULTS.max_sequence_length or 512),
+        "sampler": SamplerSet.single("flow_euler", build_sampler("flow_euler", scheduler)),
+    }
+    return {"_class_name": "FluxPipeline"}, components
+
+
 # -- pipeline -------------------------------------------------------------------------
 
 
@@ -158,5 +193,6 @@ FLUX = register_model_spec(
         lora=LoraSupport(components=("transformer", "text_encoder"), convert=flux_lora_from_kohya,
                          streams={"transformer": flux_lora_stream}),
         extras={"parallel": FLUX_PARALLEL},
+        single_files=flux_single_files,
     )
 )

@@ -17,6 +17,8 @@ import torch
 
 from omniloop.models.checkpoint_files import (aligned, cast_to, check_and_assign, format_keys, read_tensors,
                                              weight_files, wrong_shapes)
+from omniloop.models.autoencoders.kl2d import KL2DAutoencoder
+from omniloop.models.autoencoders.kl2d_single_file import load_kl2d_vae_single_file
 from omniloop.models.families.flux.model import FluxConfig, FluxTransformer
 
 CONFIG_FILE = "config.json"
@@ -174,6 +176,8 @@ def flux_lora_stream(name: str) -> str | None:
 # -- single files in BFL's original layout (flux1-dev.safetensors; ComfyUI's diffusion_models/) ------
 
 FLUX_ORIGINAL_MARKER = "double_blocks.0.img_attn.norm.key_norm.scale"  # diffusers' detection key
+FLUX_AE_SCALING = 0.3611  # FLUX.1 vae/config.json scaling_factor (not in ae.safetensors)
+FLUX_AE_SHIFT = 0.1159  # its shift_factor
 FLUX1_AXES_DIMS_ROPE = (16, 56, 56)  # FLUX.1's RoPE split of its 128-wide heads (not in the file)
 
 # Plain renames, BFL -> diffusers (= our module names); the fused qkv / linear1 splits and the
@@ -311,3 +315,10 @@ def load_flux_transformer_single_file(path: str | Path, *, device: torch.device 
     check_and_assign(model, sd, str(path), "pass a FLUX.1 dev/schnell DiT file (Fill/Depth/Redux/FLUX.2 are not "
                      "supported)")
     return model.eval().requires_grad_(False)
+
+
+def load_flux_ae_single_file(path: Path, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                             norm_num_groups: int = 32) -> KL2DAutoencoder:
+    """FLUX.1's ``ae.safetensors`` (LDM layout) with FLUX.1's latent scaling and shift."""
+    return load_kl2d_vae_single_file(path, scaling_factor=FLUX_AE_SCALING, shift_factor=FLUX_AE_SHIFT,
+                                     norm_num_groups=norm_num_groups, device=device, dtype=dtype)

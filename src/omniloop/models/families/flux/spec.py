@@ -106,13 +106,14 @@ def flux_single_files(files: SingleFileSet, resolve: Resolve,
     if len(files.diffusion_models) != 1 or len(files.text_encoders) != 2:
         raise ValueError(f"Flux takes one DiT and two text encoders (CLIP-L, then T5-XXL); got diffusion_models="
                          f"{list(files.diffusion_models)}, text_encoders={list(files.text_encoders)}")
-    dit = load_flux_transformer_single_file(resolve("diffusion_models", files.diffusion_models[0]),
-                                            device=options.device, dtype=options.dtype, axes_dims_rope=files.rope_axes)
-    dit = apply_load_options(dit, options, blocks=[*dit.transformer_blocks, *dit.single_transformer_blocks],
+    loaded = load_flux_transformer_single_file(resolve("diffusion_models", files.diffusion_models[0]),
+                                               device=options.device, dtype=options.dtype, axes_dims_rope=files.rope_axes)
+    guidance = loaded.config.guidance_embeds
+    dit = apply_load_options(loaded, options, blocks=[*loaded.transformer_blocks, *loaded.single_transformer_blocks],
                              fp8_layers=BLOCK_GEMMS)
     clip, t5 = (text_encoder_folder(resolve, name) for name in files.text_encoders)
     # dev is guidance-distilled (dynamic shift); schnell is not (shift 1)
-    scheduler = FLUX_DEV_SCHEDULER if dit.config.guidance_embeds else FLUX_SCHNELL_SCHEDULER
+    scheduler = FLUX_DEV_SCHEDULER if guidance else FLUX_SCHNELL_SCHEDULER
     components = {
         "transformer": dit,
         "vae": load_flux_ae_single_file(resolve("vae", files.vae), device=options.device, dtype=options.dtype,

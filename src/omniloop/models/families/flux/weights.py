@@ -241,8 +241,8 @@ def flux_state_dict_from_original(sd: dict[str, torch.Tensor]) -> dict[str, torc
                 out[f"transformer_blocks.{m[1]}.attn.{name}.{leaf}"] = part
         elif m := re.match(r"^single_blocks\.(\d+)\.linear1\.(weight|bias)$", key):
             inner = _single_width(out, sd, key)
-            names = ("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp")
-            for name, part in zip(names, _split_rows(tensor, [inner] * 3 + [tensor.shape[0] - 3 * inner])):
+            parts = ("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp")
+            for name, part in zip(parts, _split_rows(tensor, [inner] * 3 + [tensor.shape[0] - 3 * inner])):
                 out[f"single_transformer_blocks.{m[1]}.{name}.{leaf}"] = part
         elif key.startswith("final_layer.adaLN_modulation.1."):
             shift, scale = tensor.chunk(2, dim=0)

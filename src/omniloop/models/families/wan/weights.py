@@ -147,7 +147,7 @@ def wan_config_from_original(shapes: Mapping[str, torch.Size], *, attention_head
     image = "img_emb.proj.1.weight" in shapes
     pos = shapes.get("img_emb.emb_pos")
     return WanDiTConfig(
-        patch_size=tuple(patch), num_attention_heads=dim // attention_head_dim,  # type: ignore[arg-type]
+        patch_size=(int(patch[0]), int(patch[1]), int(patch[2])), num_attention_heads=dim // attention_head_dim,
         attention_head_dim=attention_head_dim, in_channels=in_channels,
         out_channels=shapes["head.head.weight"][0] // (patch[0] * patch[1] * patch[2]),
         text_dim=shapes["text_embedding.0.weight"][1], freq_dim=shapes["time_embedding.0.weight"][1],

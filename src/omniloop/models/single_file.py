@@ -28,57 +28,36 @@ from omniloop.models.checkpoint_files import Cast
 if TYPE_CHECKING:
     from omniloop.models.model_spec import LoadOptions
 
-# Wrappers around a DiT's own keys: ComfyUI full checkpoints (``checkpoints/``) and models
-# saved by ComfyUI's ``ModelSave``.
-WRAPPER_PREFIXES: tuple[str, ...] = ("model.diffusion_model.", "diffusion_model.")
+# A full ComfyUI checkpoint (``checkpoints/``) holds several components, each under a prefix
+# (ComfyUI's ``model.diffusion_model.`` for the DiT, ``vae.`` or ``first_stage_model.`` for the
+# VAE, ``text_encoders.*`` ...); a DiT saved by ComfyUI's ``ModelSave`` keeps its prefix too.
+DIT_SECTIONS: tuple[str, ...] = ("model.diffusion_model.", "diffusion_model.")
+VAE_SECTIONS: tuple[str, ...] = ("vae.", "first_stage_model.")
 SCALED_FP8_MARKER = "scaled_fp8"
 FP8_DTYPES: frozenset[torch.dtype] = frozenset({torch.float8_e4m3fn, torch.float8_e5m2})
 _SCALE_SUFFIXES = (".scale_weight", ".scale_input")
 
 
-@dataclass(frozen=True, slots=True)
-class SingleFileStorage:
-    """How a single file stores its weights (for logs and tests)."""
-
-    dtypes: frozenset[torch.dtype]  # of the stored weights (before dequantization)
-    scaled_fp8: bool  # ComfyUI's scaled-fp8 form (a marker key or any ``scale_weight``)
+def _section(keys: set[str], sections: tuple[str, ...]) -> str | None:
+    """The prefix of ``sections`` the file's keys carry (the first that any key does), if any."""
+    return next((p for p in sections if any(k.startswith(p) for k in keys)), None)
 
 
-def storage_of(path: Path) -> SingleFileStorage:
-    with safe_open(str(path), framework="pt") as f:
-        keys = list(f.keys())
-        dtypes = frozenset(f.get_slice(k).get_dtype() for k in keys)
-    scaled = any(k == SCALED_FP8_MARKER or k.endswith(SCALED_FP8_MARKER) or k.endswith(".scale_weight") for k in keys)
-    return SingleFileStorage(dtypes=frozenset(_DTYPE_NAMES.get(d, torch.float32) for d in dtypes), scaled_fp8=scaled)
+def read_single_file(path: Path, cast: Cast, *, sections: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """The weights of one component in ``path``, dequantized, through ``cast``.
 
-
-_DTYPE_NAMES: dict[str, torch.dtype] = {
-    "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F8_E4M3": torch.float8_e4m3fn,
-    "F8_E5M2": torch.float8_e5m2, "F64": torch.float64,
-}
-
-
-def unwrapped(key: str) -> str:
-    for prefix in WRAPPER_PREFIXES:
-        if key.startswith(prefix):
-            return key[len(prefix):]
-    return key
-
-
-def read_single_file(path: Path, cast: Cast, *, keep: str = "") -> dict[str, torch.Tensor]:
-    """Every weight of ``path`` under its unwrapped key, dequantized, through ``cast``.
-
-    ``keep``: when the file is a full ComfyUI checkpoint (DiT, VAE and text encoders in one
-    file), only keys under this prefix (after unwrapping) are read, e.g. ``""`` for all.
-    fp8 tensors are upcast to fp32 (times their ``scale_weight``) before ``cast``, so the
-    cast decides the final dtype; a ``scale_weight`` whose weight is missing is an error.
+    When the file's keys carry one of ``sections`` (a full checkpoint, or a wrapped DiT) only
+    that section is read, its prefix dropped; otherwise the file is the component and every key
+    is read. fp8 tensors are upcast to fp32 (times their ``scale_weight``) before ``cast``, so
+    the cast decides the final dtype; a ``scale_weight`` whose weight is missing is an error.
     """
     sd: dict[str, torch.Tensor] = {}
     with safe_open(str(path), framework="pt") as f:
         keys = set(f.keys())
+        prefix = _section(keys, sections) or ""
         for key in sorted(keys):
-            name = unwrapped(key)
-            if name == SCALED_FP8_MARKER or name.endswith(_SCALE_SUFFIXES) or not name.startswith(keep):
+            name = key[len(prefix):]
+            if not key.startswith(prefix) or name == SCALED_FP8_MARKER or name.endswith(_SCALE_SUFFIXES):
                 continue
             tensor = f.get_tensor(key)
             if tensor.dtype in FP8_DTYPES:
@@ -88,7 +67,8 @@ def read_single_file(path: Path, cast: Cast, *, keep: str = "") -> dict[str, tor
                     # [] or [1]: one scale per layer (ComfyUI's per-tensor scaled fp8)
                     tensor = tensor * f.get_tensor(scale_key).to(torch.float32).reshape(())
             sd[name] = cast(name, tensor)
-        orphans = [k for k in keys if k.endswith(".scale_weight") and k[: -len(".scale_weight")] + ".weight" not in keys]
+        orphans = [k for k in keys if k.startswith(prefix) and k.endswith(".scale_weight")
+                   and k[: -len(".scale_weight")] + ".weight" not in keys]
     if orphans:
         raise ValueError(f"{path}: scale_weight tensors without their weight: {sorted(orphans)[:8]}; the file is "
                          "truncated or not in ComfyUI's scaled-fp8 layout")
@@ -111,21 +91,34 @@ class SingleFileSet:
     """
 
     family: str
-    diffusion_models: tuple[str, ...]
-    vae: str
-    text_encoders: tuple[str, ...]
+    diffusion_models: tuple[str, ...] = ()
+    vae: str = ""
+    text_encoders: tuple[str, ...] = ()
+    checkpoint: str | None = None  # a full checkpoint in checkpoints/: the DiT and VAE come from it
     boundary_ratio: float | None = None
     attention_head_dim: int | None = None
     rope_axes: tuple[int, ...] | None = None
     vae_norm_groups: int | None = None
 
     def __post_init__(self) -> None:
-        if not self.diffusion_models or not all(self.diffusion_models):
-            raise ValueError("diffusion_models must name at least one file in diffusion_models/")
-        if not self.vae:
-            raise ValueError("vae must name a file in vae/")
+        if self.checkpoint is not None:
+            if self.diffusion_models or self.vae or not self.checkpoint:
+                raise ValueError("checkpoint names one file in checkpoints/ holding the DiT and VAE; pass it alone, "
+                                 "or diffusion_models and vae without it")
+        elif not self.diffusion_models or not all(self.diffusion_models) or not self.vae:
+            raise ValueError("diffusion_models must name at least one file in diffusion_models/ and vae one in vae/ "
+                             "(or pass checkpoint: a full checkpoint in checkpoints/)")
         if self.boundary_ratio is not None and not 0.0 < self.boundary_ratio < 1.0:
             raise ValueError(f"boundary_ratio must be in (0, 1) (e.g. 0.875); got {self.boundary_ratio}")
+
+
+    def dit_paths(self, resolve: Resolve) -> list[Path]:
+        if self.checkpoint is not None:
+            return [resolve("checkpoints", self.checkpoint)]
+        return [resolve("diffusion_models", name) for name in self.diffusion_models]
+
+    def vae_path(self, resolve: Resolve) -> Path:
+        return resolve("checkpoints", self.checkpoint) if self.checkpoint is not None else resolve("vae", self.vae)
 
 
 # (files, resolve, load options) -> (the model_index a diffusers folder would have, components)

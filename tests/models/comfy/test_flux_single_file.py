@@ -83,7 +83,10 @@ def test_flux_ae_single_file_equals_diffusers_from_single_file(tmp_path):
     _same(ours.state_dict(), load_kl2d_vae(tmp_path / "vae").state_dict())
     _same(ours.state_dict(), {k: v for k, v in oracle.state_dict().items() if k in ours.state_dict()})
     assert (ours.config.scaling_factor, ours.config.shift_factor) == (0.3611, 0.1159)
-    save_file({f"first_stage_model.{k}": v for k, v in kl_vae_original(vae.state_dict(), 4).items()},
-              tmp_path / "x.safetensors")
+    # inside a full checkpoint the VAE sits under first_stage_model. (or vae.), beside other components
+    save_file({**{f"first_stage_model.{k}": v for k, v in kl_vae_original(vae.state_dict(), 4).items()},
+               "model.diffusion_model.img_in.weight": torch.zeros(2, 2)}, tmp_path / "full.safetensors")
+    _same(load_flux_ae_single_file(tmp_path / "full.safetensors", norm_num_groups=4).state_dict(), ours.state_dict())
+    save_file({"model.diffusion_model.img_in.weight": torch.zeros(2, 2)}, tmp_path / "dit.safetensors")
     with pytest.raises(ValueError, match="not an original-layout"):
-        load_flux_ae_single_file(tmp_path / "x.safetensors")
+        load_flux_ae_single_file(tmp_path / "dit.safetensors")

@@ -114,3 +114,34 @@ def test_single_file_set_bad_input(tmp_path):
     with pytest.raises(ValueError, match="need boundary_ratio"):
         load_single_file_pipeline(ComfyModels(tmp_path), SingleFileSet(
             family="wan", diffusion_models=("a", "b"), vae="v", text_encoders=("t5",)), deploy)
+
+
+def test_flux_from_a_full_checkpoint(tmp_path):
+    """ComfyUI's all-in-one checkpoints (checkpoints/flux1-dev-fp8.safetensors): the DiT under
+    model.diffusion_model. (here in scaled fp8), the ae under vae., text encoders beside them
+    (not read: text encoders come from their folders)."""
+    from tests.flux_checkpoint import make_flux_pipeline
+    from tests.models.comfy.original_layout import scaled_fp8
+
+    pipe = make_flux_pipeline(tmp_path)
+    root = tmp_path / "models"
+    (root / "checkpoints").mkdir(parents=True)
+    full = {f"model.diffusion_model.{k}": v for k, v in scaled_fp8(flux_dit_original(pipe.transformer.state_dict())).items()}
+    full |= {f"vae.{k}": v for k, v in kl_vae_original(pipe.vae.state_dict(), levels=4).items()}
+    full |= {f"text_encoders.t5xxl.transformer.{k}": v.clone() for k, v in pipe.text_encoder_2.state_dict().items()}
+    save_file(full, root / "checkpoints" / "flux1-dev-fp8.safetensors")
+    _text_folder(root, "clip_l", pipe.text_encoder, pipe.tokenizer)
+    _text_folder(root, "t5xxl", pipe.text_encoder_2, pipe.tokenizer_2)
+
+    deploy = DeployConfig.from_options(None, device="cpu", dtype="float32")
+    files = SingleFileSet(family="flux", checkpoint="flux1-dev-fp8.safetensors", text_encoders=("clip_l", "t5xxl"),
+                          rope_axes=(4, 6, 6), vae_norm_groups=4)
+    spec, pipeline = load_single_file_pipeline(ComfyModels(root), files, load_options(deploy))
+    vae = pipeline.components["vae"]
+    assert torch.equal(vae.decoder.conv_in.weight, pipe.vae.decoder.conv_in.weight)
+    block = "model.diffusion_model.double_blocks.0.img_mlp.0"
+    assert torch.equal(pipeline.components["transformer"].transformer_blocks[0].ff.net[0].proj.weight,
+                       full[f"{block}.weight"].float() * full[f"{block}.scale_weight"])
+    _generate(VideoGenerator(spec, pipeline, deploy), TaskType.T2I, height=32, width=32, steps=1, seed=0)
+    with pytest.raises(ValueError, match="pass it alone"):
+        SingleFileSet(family="flux", checkpoint="x", vae="ae.safetensors", text_encoders=("a", "b"))

@@ -25,7 +25,7 @@ import torch
 
 from omniloop.models.autoencoders.kl2d import KL2DAutoencoder, KL2DConfig
 from omniloop.models.checkpoint_files import aligned, cast_to, check_and_assign
-from omniloop.models.single_file import read_single_file
+from omniloop.models.single_file import VAE_SECTIONS, read_single_file
 
 _ATTENTION = {"norm": "group_norm", "q": "to_q", "k": "to_k", "v": "to_v", "proj_out": "to_out.0"}
 
@@ -77,7 +77,7 @@ def load_kl2d_vae_single_file(path: str | Path, *, scaling_factor: float, shift_
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found; pass a VAE .safetensors file in the LDM layout")
-    raw = read_single_file(path, aligned(cast_to(device, dtype)))
+    raw = read_single_file(path, aligned(cast_to(device, dtype)), sections=VAE_SECTIONS)
     config = kl2d_config_from_original({k: t.shape for k, t in raw.items()}, norm_num_groups=norm_num_groups,
                                        scaling_factor=scaling_factor, shift_factor=shift_factor)
     levels = len(config.block_out_channels)

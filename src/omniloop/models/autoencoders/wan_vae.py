@@ -46,7 +46,7 @@ from torch import Tensor, nn
 
 from omniloop.models.checkpoint_files import (cast_to, check_and_assign, format_keys, read_tensors, weight_files,
                                              wrong_shapes)
-from omniloop.models.single_file import read_single_file
+from omniloop.models.single_file import VAE_SECTIONS, read_single_file
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "diffusion_pytorch_model.safetensors"
@@ -969,7 +969,7 @@ def load_wan_vae_single_file(path: str | Path, *, device: torch.device | str = "
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found; pass the Wan2.1 VAE .safetensors file")
-    raw = read_single_file(path, cast_to(device, dtype))
+    raw = read_single_file(path, cast_to(device, dtype), sections=VAE_SECTIONS)
     config = wan_vae_config_from_original({k: t.shape for k, t in raw.items()})
     diffusers_sd = {vae_diffusers_key_from_original(k, config.num_res_blocks): raw.pop(k) for k in list(raw)}
     sd = vae_state_dict_from_diffusers(diffusers_sd)

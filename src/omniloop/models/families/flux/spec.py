@@ -103,11 +103,11 @@ FLUX_SCHNELL_SCHEDULER = {"num_train_timesteps": 1000, "shift": 1.0, "use_dynami
 def flux_single_files(files: SingleFileSet, resolve: Resolve,
                       options: LoadOptions) -> tuple[dict[str, Any], dict[str, Any]]:
     """A BFL-layout DiT file and ``ae.safetensors``; CLIP-L and T5-XXL from transformers folders."""
-    if len(files.diffusion_models) != 1 or len(files.text_encoders) != 2:
+    if len(files.diffusion_models) > 1 or len(files.text_encoders) != 2:
         raise ValueError(f"Flux takes one DiT and two text encoders (CLIP-L, then T5-XXL); got diffusion_models="
                          f"{list(files.diffusion_models)}, text_encoders={list(files.text_encoders)}")
-    loaded = load_flux_transformer_single_file(resolve("diffusion_models", files.diffusion_models[0]),
-                                               device=options.device, dtype=options.dtype, axes_dims_rope=files.rope_axes)
+    loaded = load_flux_transformer_single_file(files.dit_paths(resolve)[0], device=options.device, dtype=options.dtype,
+                                               axes_dims_rope=files.rope_axes)
     guidance = loaded.config.guidance_embeds
     dit = apply_load_options(loaded, options, blocks=[*loaded.transformer_blocks, *loaded.single_transformer_blocks],
                              fp8_layers=BLOCK_GEMMS)
@@ -116,7 +116,7 @@ def flux_single_files(files: SingleFileSet, resolve: Resolve,
     scheduler = FLUX_DEV_SCHEDULER if guidance else FLUX_SCHNELL_SCHEDULER
     components = {
         "transformer": dit,
-        "vae": load_flux_ae_single_file(resolve("vae", files.vae), device=options.device, dtype=options.dtype,
+        "vae": load_flux_ae_single_file(files.vae_path(resolve), device=options.device, dtype=options.dtype,
                                         norm_num_groups=files.vae_norm_groups or 32),
         "text_encoder": load_clip_encoder(clip, clip, device=options.device, dtype=options.dtype),
         "text_encoder_2": load_t5_encoder(t5, t5, device=options.device, dtype=options.dtype,

@@ -297,14 +297,14 @@ def load_flux_transformer_single_file(path: str | Path, *, device: torch.device 
                                       axes_dims_rope: tuple[int, ...] | None = None) -> FluxTransformer:
     """Load a BFL-layout FLUX.1 DiT file (``flux1-dev.safetensors``, ``flux1-schnell-fp8...``,
     a ComfyUI checkpoint's ``model.diffusion_model.*``) as :class:`FluxTransformer`."""
-    from omniloop.models.single_file import read_single_file
+    from omniloop.models.single_file import DIT_SECTIONS, read_single_file
 
     if not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating dtype (torch.bfloat16, torch.float32, ...); got {dtype}")
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found; pass a FLUX.1 diffusion-model .safetensors file")
-    raw = read_single_file(path, cast_to(device, dtype))
+    raw = read_single_file(path, cast_to(device, dtype), sections=DIT_SECTIONS)
     if FLUX_ORIGINAL_MARKER not in raw:
         raise ValueError(f"{path} is not a BFL-layout Flux DiT (no {FLUX_ORIGINAL_MARKER}); pass a FLUX.1 diffusion "
                          "model file, or a diffusers `transformer/` folder to load_flux_transformer")

@@ -83,27 +83,28 @@ def wan_single_files(files: SingleFileSet, resolve: Resolve,
                      options: LoadOptions) -> tuple[dict[str, Any], dict[str, Any]]:
     """Original-layout DiT file(s) and the Wan2.1 VAE file, UMT5 from a transformers folder.
     -> the model_index a diffusers folder of them would have, and the components."""
-    if len(files.diffusion_models) not in (1, 2) or len(files.text_encoders) != 1:
+    if len(files.diffusion_models) > 2 or len(files.text_encoders) != 1:
         raise ValueError(f"Wan takes one DiT (or Wan2.2's two experts) and one text encoder (UMT5-XXL); got "
                          f"diffusion_models={list(files.diffusion_models)}, text_encoders={list(files.text_encoders)}")
-    if (len(files.diffusion_models) == 2) != (files.boundary_ratio is not None):
+    if (len(files.diffusion_models) == 2) != (files.boundary_ratio is not None):  # a checkpoint holds one DiT
         raise ValueError("Wan2.2's two experts need boundary_ratio (0.875 t2v, 0.9 i2v), and boundary_ratio needs "
                          "two diffusion_models; pass both or neither")
 
-    def dit(name: str) -> Any:
-        model = load_wan_dit_single_file(resolve("diffusion_models", name), device=options.device, dtype=options.dtype,
+    def dit(path: Path) -> Any:
+        model = load_wan_dit_single_file(path, device=options.device, dtype=options.dtype,
                                          attention_head_dim=files.attention_head_dim or WAN_HEAD_DIM)
         return apply_load_options(model, options, blocks=model.blocks, fp8_layers=BLOCK_GEMMS)
 
-    experts = [dit(name) for name in files.diffusion_models]
+    paths = files.dit_paths(resolve)
+    experts = [dit(path) for path in paths]
     config = experts[0].config
     if config.image_dim is not None:
-        raise ValueError(f"{files.diffusion_models[0]} is a Wan2.1 I2V DiT (CLIP image conditioning), which this "
+        raise ValueError(f"{paths[0].name} is a Wan2.1 I2V DiT (CLIP image conditioning), which this "
                          "family does not serve; pass a Wan2.1 T2V or a Wan2.2 DiT")
     text = text_encoder_folder(resolve, files.text_encoders[0])
     components: dict[str, Any] = {
         "transformer": experts[0],
-        "vae": load_wan_vae_single_file(resolve("vae", files.vae), device=options.device, dtype=options.dtype),
+        "vae": load_wan_vae_single_file(files.vae_path(resolve), device=options.device, dtype=options.dtype),
         "text_encoder": load_umt5_encoder(text, text, device=options.device, dtype=options.dtype,
                                           max_sequence_length=WAN_DEFAULTS.max_sequence_length or 512),
         "sampler": flow_sampler_set("flow_unipc", shift=WAN_SHIFT),

@@ -170,7 +170,7 @@ def load_wan_dit_single_file(
     :class:`WanDiT`: the config is read off the shapes (:func:`wan_config_from_original`),
     keys go original -> diffusers -> ours, fp8 storage is dequantized (``single_file``), and
     the fp32 rule is diffusers' on the diffusers key."""
-    from omniloop.models.single_file import read_single_file, unwrapped
+    from omniloop.models.single_file import DIT_SECTIONS, read_single_file
 
     if not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating dtype (torch.bfloat16, torch.float32, ...); got {dtype}")
@@ -178,12 +178,12 @@ def load_wan_dit_single_file(
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found; pass a Wan diffusion-model .safetensors file")
     cast = cast_to(device, dtype, keep_fp32=keeps_fp32)
-    raw = read_single_file(path, lambda key, t: cast(diffusers_key_from_original(key), t))
+    raw = read_single_file(path, lambda key, t: cast(diffusers_key_from_original(key), t), sections=DIT_SECTIONS)
     if WAN_ORIGINAL_MARKER not in raw:
         raise ValueError(f"{path} is not an original-layout Wan DiT (no {WAN_ORIGINAL_MARKER}); pass a Wan "
                          "diffusion model file, or a diffusers `transformer/` folder to load_wan_dit")
     config = wan_config_from_original({k: t.shape for k, t in raw.items()}, attention_head_dim=attention_head_dim)
-    renamed = {diffusers_key_from_original(unwrapped(k)): raw.pop(k) for k in list(raw)}
+    renamed = {diffusers_key_from_original(k): raw.pop(k) for k in list(raw)}
     try:
         sd = _convert(renamed, consume=True)
     except ValueError as err:

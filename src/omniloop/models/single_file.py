@@ -6,16 +6,21 @@ Storage forms read here (each tensor is read once, dequantized if needed, then `
 
 * fp32 / fp16 / bf16: read as stored, then cast.
 * plain fp8 (``*.weight`` in ``float8_e4m3fn``/``float8_e5m2``, no scale): upcast (scale 1).
-* ComfyUI scaled fp8: ``<layer>.weight`` in fp8 with a per-layer ``<layer>.scale_weight``
-  (a one-element fp32 tensor) and a ``scaled_fp8`` marker key; the real weight is
-  ``weight.float() * scale_weight``. ``<layer>.scale_input`` (ComfyUI's fp8-matmul input
-  scale) carries no weight and is dropped, as is the marker.
+* ComfyUI scaled fp8, two generations of it:
+  - legacy (``*_fp8_scaled.safetensors`` releases): ``<layer>.weight`` in fp8 with a per-layer
+    ``<layer>.scale_weight`` (one fp32 value) and a ``scaled_fp8`` marker key;
+  - mixed precision (``comfy/ops.py``'s ``MixedPrecisionOps``): a per-layer ``<layer>.comfy_quant``
+    (JSON bytes as a uint8 tensor, ``{"format": "float8_e4m3fn"}``) and ``<layer>.weight_scale``.
+  Either way the real weight is ``weight.float() * scale``. The input scales (``scale_input``,
+  ``input_scale``: ComfyUI's fp8-matmul activation scales) carry no weight and are dropped, as
+  is the marker. ``nvfp4`` layers are refused (not dequantized here).
 
-Behaviour read from ComfyUI's ``comfy/ops.py`` / ``comfy/model_detection.py``; the code is ours.
+Behaviour read from ComfyUI's ``comfy/ops.py``; the code is ours.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -35,7 +40,9 @@ DIT_SECTIONS: tuple[str, ...] = ("model.diffusion_model.", "diffusion_model.")
 VAE_SECTIONS: tuple[str, ...] = ("vae.", "first_stage_model.")
 SCALED_FP8_MARKER = "scaled_fp8"
 FP8_DTYPES: frozenset[torch.dtype] = frozenset({torch.float8_e4m3fn, torch.float8_e5m2})
-_SCALE_SUFFIXES = (".scale_weight", ".scale_input")
+_SCALE_SUFFIXES = (".scale_weight", ".scale_input", ".weight_scale", ".input_scale", ".comfy_quant")
+_WEIGHT_SCALES = ("scale_weight", "weight_scale")  # legacy, mixed precision
+_FP8_FORMATS = frozenset({"float8_e4m3fn", "float8_e5m2"})
 
 
 def _section(keys: set[str], sections: tuple[str, ...]) -> str | None:
@@ -48,8 +55,9 @@ def read_single_file(path: Path, cast: Cast, *, sections: tuple[str, ...]) -> di
 
     When the file's keys carry one of ``sections`` (a full checkpoint, or a wrapped DiT) only
     that section is read, its prefix dropped; otherwise the file is the component and every key
-    is read. fp8 tensors are upcast to fp32 (times their ``scale_weight``) before ``cast``, so
-    the cast decides the final dtype; a ``scale_weight`` whose weight is missing is an error.
+    is read. fp8 tensors are upcast to fp32 (times their ``scale_weight`` / ``weight_scale``)
+    before ``cast``, so the cast decides the final dtype; a scale whose weight is missing is an
+    error, and so is a layer quantized in a format other than fp8 (``comfy_quant``).
     """
     sd: dict[str, torch.Tensor] = {}
     with safe_open(str(path), framework="pt") as f:
@@ -59,18 +67,26 @@ def read_single_file(path: Path, cast: Cast, *, sections: tuple[str, ...]) -> di
             name = key[len(prefix):]
             if not key.startswith(prefix) or name == SCALED_FP8_MARKER or name.endswith(_SCALE_SUFFIXES):
                 continue
+            layer = key[: -len(".weight")] if key.endswith(".weight") else None
+            quant = f"{layer}.comfy_quant"
+            if layer is not None and quant in keys:
+                fmt = json.loads(f.get_tensor(quant).numpy().tobytes()).get("format")
+                if fmt not in _FP8_FORMATS:
+                    raise ValueError(f"{path}: layer {name[: -len('.weight')]} is stored as {fmt!r}; only fp8 "
+                                     f"({sorted(_FP8_FORMATS)}) ComfyUI quantization is dequantized on load")
             tensor = f.get_tensor(key)
             if tensor.dtype in FP8_DTYPES:
                 tensor = tensor.to(torch.float32)
-                scale_key = key[: -len(".weight")] + ".scale_weight" if key.endswith(".weight") else None
-                if scale_key is not None and scale_key in keys:
-                    # [] or [1]: one scale per layer (ComfyUI's per-tensor scaled fp8)
-                    tensor = tensor * f.get_tensor(scale_key).to(torch.float32).reshape(())
+                for scale_key in (f"{layer}.{suffix}" for suffix in _WEIGHT_SCALES if layer is not None):
+                    if scale_key in keys:
+                        # [] or [1]: one scale per layer (ComfyUI's per-tensor scaled fp8)
+                        tensor = tensor * f.get_tensor(scale_key).to(torch.float32).reshape(())
+                        break
             sd[name] = cast(name, tensor)
-        orphans = [k for k in keys if k.startswith(prefix) and k.endswith(".scale_weight")
-                   and k[: -len(".scale_weight")] + ".weight" not in keys]
+        orphans = [k for k in keys if k.startswith(prefix) and k.endswith((".scale_weight", ".weight_scale"))
+                   and k.rsplit(".", 1)[0] + ".weight" not in keys]
     if orphans:
-        raise ValueError(f"{path}: scale_weight tensors without their weight: {sorted(orphans)[:8]}; the file is "
+        raise ValueError(f"{path}: weight scales without their weight: {sorted(orphans)[:8]}; the file is "
                          "truncated or not in ComfyUI's scaled-fp8 layout")
     return sd
 

@@ -179,3 +179,22 @@ def kl_vae_original(sd: dict[str, torch.Tensor], levels: int) -> dict[str, torch
                      lambda m: f"decoder.up.{levels - 1 - int(m[1])}.upsample.", new)
         out[new] = tensor.detach().clone().contiguous()
     return out
+
+
+def comfy_quant_fp8(sd: dict[str, torch.Tensor], fmt: str = "float8_e4m3fn") -> dict[str, torch.Tensor]:
+    """ComfyUI's mixed-precision storage (comfy/ops.py MixedPrecisionOps): every 2-D ``*.weight``
+    in fp8 with ``weight_scale``, an ``input_scale`` and a ``comfy_quant`` JSON-bytes tensor."""
+    import json
+
+    out: dict[str, torch.Tensor] = {}
+    for key, tensor in sd.items():
+        if key.endswith(".weight") and tensor.dim() == 2:
+            base = key[: -len(".weight")]
+            scale = (tensor.abs().amax().float() / 448.0).clamp_min(1e-12)
+            out[key] = (tensor.float() / scale).to(torch.float8_e4m3fn)
+            out[f"{base}.weight_scale"] = scale
+            out[f"{base}.input_scale"] = torch.tensor(1.0)
+            out[f"{base}.comfy_quant"] = torch.tensor(list(json.dumps({"format": fmt}).encode()), dtype=torch.uint8)
+        else:
+            out[key] = tensor
+    return out

@@ -10,7 +10,7 @@ from safetensors.torch import save_file
 from omniloop.models.autoencoders.wan_vae import load_wan_vae, vae_state_dict_from_diffusers
 from omniloop.models.autoencoders.wan_vae import load_wan_vae_single_file
 from omniloop.models.families.wan.weights import dit_state_dict_from_diffusers, load_wan_dit_single_file
-from tests.models.comfy.original_layout import scaled_fp8, wan_dit_original, wan_vae_original
+from tests.models.comfy.original_layout import comfy_quant_fp8, scaled_fp8, wan_dit_original, wan_vae_original
 from tests.wan_checkpoint import tiny_transformer
 
 diffusers = pytest.importorskip("diffusers")
@@ -73,6 +73,18 @@ def test_wan_dit_single_file_wrapped_bf16_and_scaled_fp8(tmp_path):
     dequant = fp8["blocks.1.ffn.0.weight"].float() * fp8["blocks.1.ffn.0.scale_weight"]
     assert torch.equal(ours.blocks[1].ffn.proj_in.weight, dequant)
     assert (dequant - original["blocks.1.ffn.0.weight"]).abs().max() < 0.1 * original["blocks.1.ffn.0.weight"].abs().max()
+
+
+def test_wan_dit_single_file_mixed_precision_fp8(tmp_path):
+    original = wan_dit_original(_perturbed(tiny_transformer(2)).state_dict())
+    quant = comfy_quant_fp8(original)
+    save_file(quant, tmp_path / "mixed.safetensors")
+    ours = load_wan_dit_single_file(tmp_path / "mixed.safetensors", dtype=torch.float32, attention_head_dim=12)
+    dequant = quant["blocks.0.cross_attn.o.weight"].float() * quant["blocks.0.cross_attn.o.weight_scale"]
+    assert torch.equal(ours.blocks[0].cross_attn.out.weight, dequant)
+    save_file(comfy_quant_fp8(original, fmt="nvfp4"), tmp_path / "nvfp4.safetensors")
+    with pytest.raises(ValueError, match=r"stored as 'nvfp4'; only fp8"):
+        load_wan_dit_single_file(tmp_path / "nvfp4.safetensors", attention_head_dim=12)
 
 
 def test_wan_dit_single_file_bad_input(tmp_path):

@@ -6,7 +6,7 @@ Layout (ComfyUI's ``folder_paths``; the legacy names ``unet/`` and ``clip/`` are
     models/
       diffusion_models/  (unet/)    DiT single files: wan2.1_t2v_1.3B_fp16.safetensors, flux1-dev.safetensors
       checkpoints/                  full checkpoints (DiT + VAE + text encoders in one file)
-      text_encoders/     (clip/)    text encoders (here: diffusers/transformers-layout folders too)
+      text_encoders/     (clip/)    text encoders (here also transformers-layout model / tokenizer folders)
       vae/                          wan_2.1_vae.safetensors, ae.safetensors
       loras/  clip_vision/  upscale_models/
 
@@ -37,8 +37,10 @@ FOLDERS: dict[str, tuple[str, ...]] = {
 }
 # what a list shows and a name may point at: the weight files our loaders read
 WEIGHT_SUFFIXES = (".safetensors", ".sft")
-# kinds whose entries may also be a folder in the diffusers / transformers layout (config.json inside)
+# kinds whose entries may also be a folder in the transformers layout (a model's config.json, or a
+# tokenizer's tokenizer_config.json, inside)
 FOLDER_ENTRIES = frozenset({"text_encoders", "clip", "clip_vision"})
+FOLDER_MARKERS = ("config.json", "tokenizer_config.json")
 
 
 class ComfyModelNotFound(FileNotFoundError):
@@ -85,7 +87,7 @@ class ComfyModels:
     def _is_entry(self, folder: str, path: Path) -> bool:
         if path.is_file():
             return path.suffix.lower() in WEIGHT_SUFFIXES
-        return folder in FOLDER_ENTRIES and path.is_dir() and (path / "config.json").is_file()
+        return folder in FOLDER_ENTRIES and path.is_dir() and any((path / m).is_file() for m in FOLDER_MARKERS)
 
     def list(self, folder: str) -> list[str]:
         """The names in ``folder`` (sorted, ``/``-separated), as ``GET /models/{folder}`` gives.

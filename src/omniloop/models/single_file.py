@@ -111,6 +111,8 @@ class SingleFileSet:
     vae: str = ""
     text_encoders: tuple[str, ...] = ()
     checkpoint: str | None = None  # a full checkpoint in checkpoints/: the DiT and VAE come from it
+    # tokenizer folders in text_encoders/, in order, one per text encoder given as a single file
+    tokenizers: tuple[str, ...] = ()
     boundary_ratio: float | None = None
     attention_head_dim: int | None = None
     rope_axes: tuple[int, ...] | None = None
@@ -141,11 +143,33 @@ class SingleFileSet:
 SingleFileLoader = Callable[[SingleFileSet, Resolve, "LoadOptions"], tuple[dict[str, Any], dict[str, Any]]]
 
 
-def text_encoder_folder(resolve: Resolve, name: str) -> Path:
-    """A text encoder in ``text_encoders/``: for now a transformers-layout folder (config.json,
-    weights and tokenizer files together); single text-encoder files do not load yet."""
-    path = resolve("text_encoders", name)
-    if not path.is_dir():
-        raise ValueError(f"text encoder {name!r} is a single file; text encoders load from a transformers-layout "
-                         "folder in text_encoders/ for now (config.json, weights and tokenizer files in one folder)")
-    return path
+@dataclass(frozen=True, slots=True)
+class TextEncoderSource:
+    """Where one text encoder's weights and tokenizer are: one transformers-layout folder
+    holding both (``tokenizer == weights``), or a single weights file and a tokenizer folder."""
+
+    weights: Path
+    tokenizer: Path
+
+    @property
+    def single_file(self) -> bool:
+        return self.weights.is_file()
+
+
+def text_encoder_sources(files: SingleFileSet, resolve: Resolve) -> list[TextEncoderSource]:
+    """The text encoders of ``files`` in order; single files take the ``tokenizers`` in order."""
+    tokenizers = list(files.tokenizers)
+    sources = []
+    for name in files.text_encoders:
+        path = resolve("text_encoders", name)
+        if path.is_dir():
+            sources.append(TextEncoderSource(path, path))
+            continue
+        if not tokenizers:
+            raise ValueError(f"text encoder {name!r} is a single file and carries no tokenizer; pass tokenizers: a "
+                             "tokenizer folder in text_encoders/ for each text encoder given as a file")
+        sources.append(TextEncoderSource(path, resolve("text_encoders", tokenizers.pop(0))))
+    if tokenizers:
+        raise ValueError(f"tokenizers {list(files.tokenizers)} name more folders than there are text encoders given "
+                         "as single files; drop the extra ones")
+    return sources

@@ -68,6 +68,23 @@ def test_wan_from_models_folder_equals_diffusers_folder(tmp_path):
                        **params)
     assert ours.shape == folder.shape and (ours - folder).abs().max() <= TOL, (ours - folder).abs().max()
 
+    # UMT5 as ComfyUI's single file (fp16, one copy of the tied embedding) + a tokenizer folder
+    umt5 = {k: v.to(torch.float16).clone() for k, v in pipe.text_encoder.state_dict().items()
+            if k != "encoder.embed_tokens.weight"}
+    save_file(umt5, root / "text_encoders" / "umt5_xxl_fp16.safetensors")
+    tokenizer.save_pretrained(root / "text_encoders" / "umt5_tokenizer")
+    files = SingleFileSet(family="wan", diffusion_models=("wan_t2v.safetensors",), vae="wan_2.1_vae.safetensors",
+                          text_encoders=("umt5_xxl_fp16.safetensors",), tokenizers=("umt5_tokenizer",),
+                          attention_head_dim=12)
+    spec, pipeline = load_single_file_pipeline(ComfyModels(root), files, load_options(deploy))
+    encoder = pipeline.components["text_encoder"].model
+    assert torch.equal(encoder.shared.weight, pipe.text_encoder.shared.weight.to(torch.float16).float())
+    _generate(VideoGenerator(spec, pipeline, deploy), TaskType.T2V, **params)
+    with pytest.raises(ValueError, match="carries no tokenizer"):
+        load_single_file_pipeline(ComfyModels(root), SingleFileSet(
+            family="wan", diffusion_models=("wan_t2v.safetensors",), vae="wan_2.1_vae.safetensors",
+            text_encoders=("umt5_xxl_fp16.safetensors",), attention_head_dim=12), load_options(deploy))
+
     with pytest.raises(ComfyModelNotFound, match="wan_t2v.safetensors") as err:
         load_single_file_pipeline(ComfyModels(root), SingleFileSet(
             family="wan", diffusion_models=("wan_i2v.safetensors",), vae="wan_2.1_vae.safetensors",
@@ -131,10 +148,13 @@ def test_flux_from_a_full_checkpoint(tmp_path):
     full |= {f"text_encoders.t5xxl.transformer.{k}": v.clone() for k, v in pipe.text_encoder_2.state_dict().items()}
     save_file(full, root / "checkpoints" / "flux1-dev-fp8.safetensors")
     _text_folder(root, "clip_l", pipe.text_encoder, pipe.tokenizer)
-    _text_folder(root, "t5xxl", pipe.text_encoder_2, pipe.tokenizer_2)
+    t5 = {k: v.clone() for k, v in pipe.text_encoder_2.state_dict().items() if k != "encoder.embed_tokens.weight"}
+    save_file(t5, root / "text_encoders" / "t5xxl_fp16.safetensors")  # T5 as a single file + its tokenizer
+    pipe.tokenizer_2.save_pretrained(root / "text_encoders" / "t5_tokenizer")
 
     deploy = DeployConfig.from_options(None, device="cpu", dtype="float32")
-    files = SingleFileSet(family="flux", checkpoint="flux1-dev-fp8.safetensors", text_encoders=("clip_l", "t5xxl"),
+    files = SingleFileSet(family="flux", checkpoint="flux1-dev-fp8.safetensors",
+                          text_encoders=("clip_l", "t5xxl_fp16.safetensors"), tokenizers=("t5_tokenizer",),
                           rope_axes=(4, 6, 6), vae_norm_groups=4)
     spec, pipeline = load_single_file_pipeline(ComfyModels(root), files, load_options(deploy))
     vae = pipeline.components["vae"]
@@ -142,6 +162,7 @@ def test_flux_from_a_full_checkpoint(tmp_path):
     block = "model.diffusion_model.double_blocks.0.img_mlp.0"
     assert torch.equal(pipeline.components["transformer"].transformer_blocks[0].ff.net[0].proj.weight,
                        full[f"{block}.weight"].float() * full[f"{block}.scale_weight"])
+    assert torch.equal(pipeline.components["text_encoder_2"].model.shared.weight, pipe.text_encoder_2.shared.weight)
     _generate(VideoGenerator(spec, pipeline, deploy), TaskType.T2I, height=32, width=32, steps=1, seed=0)
     with pytest.raises(ValueError, match="pass it alone"):
         SingleFileSet(family="flux", checkpoint="x", vae="ae.safetensors", text_encoders=("a", "b"))

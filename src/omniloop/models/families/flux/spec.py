@@ -20,12 +20,12 @@ from omniloop.models.layers.cuda_graphs import CACHE_NAME as GRAPHS
 from omniloop.models.layers.cuda_graphs import CudaGraphRunner
 from omniloop.models.families.flux.weights import (flux_lora_from_kohya, flux_lora_stream, load_flux_ae_single_file,
                                                    load_flux_transformer, load_flux_transformer_single_file)
-from omniloop.models.single_file import Resolve, SingleFileSet, text_encoder_folder
+from omniloop.models.single_file import Resolve, SingleFileSet, text_encoder_sources
 from omniloop.models.load_options import apply_load_options, graph_runner
 from omniloop.models.lora import LoraSupport
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
 from omniloop.models.text.clip import load_clip_encoder
-from omniloop.models.text.t5 import load_t5_encoder
+from omniloop.models.text.t5 import load_t5_encoder, load_t5_encoder_single_file
 from omniloop.pipeline.loops.denoise import DenoiseLoop
 from omniloop.pipeline.pipeline import Pipeline
 from omniloop.pipeline.policies.cfg import EmbeddedGuidance
@@ -102,7 +102,8 @@ FLUX_SCHNELL_SCHEDULER = {"num_train_timesteps": 1000, "shift": 1.0, "use_dynami
 
 def flux_single_files(files: SingleFileSet, resolve: Resolve,
                       options: LoadOptions) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A BFL-layout DiT file and ``ae.safetensors``; CLIP-L and T5-XXL from transformers folders."""
+    """A BFL-layout DiT file and ``ae.safetensors``; CLIP-L from a transformers folder, T5-XXL
+    from one or from a single file (with a tokenizer folder)."""
     if len(files.diffusion_models) > 1 or len(files.text_encoders) != 2:
         raise ValueError(f"Flux takes one DiT and two text encoders (CLIP-L, then T5-XXL); got diffusion_models="
                          f"{list(files.diffusion_models)}, text_encoders={list(files.text_encoders)}")
@@ -111,16 +112,20 @@ def flux_single_files(files: SingleFileSet, resolve: Resolve,
     guidance = loaded.config.guidance_embeds
     dit = apply_load_options(loaded, options, blocks=[*loaded.transformer_blocks, *loaded.single_transformer_blocks],
                              fp8_layers=BLOCK_GEMMS)
-    clip, t5 = (text_encoder_folder(resolve, name) for name in files.text_encoders)
+    clip, t5 = text_encoder_sources(files, resolve)
+    if clip.single_file:
+        raise ValueError(f"CLIP-L as a single file ({clip.weights.name}) does not load yet; pass a transformers-layout "
+                         "CLIPTextModel folder in text_encoders/")
+    load_t5 = load_t5_encoder_single_file if t5.single_file else load_t5_encoder
     # dev is guidance-distilled (dynamic shift); schnell is not (shift 1)
     scheduler = FLUX_DEV_SCHEDULER if guidance else FLUX_SCHNELL_SCHEDULER
     components = {
         "transformer": dit,
         "vae": load_flux_ae_single_file(files.vae_path(resolve), device=options.device, dtype=options.dtype,
                                         norm_num_groups=files.vae_norm_groups or 32),
-        "text_encoder": load_clip_encoder(clip, clip, device=options.device, dtype=options.dtype),
-        "text_encoder_2": load_t5_encoder(t5, t5, device=options.device, dtype=options.dtype,
-                                          max_sequence_length=FLUX_DEFAULTS.max_sequence_length or 512),
+        "text_encoder": load_clip_encoder(clip.weights, clip.tokenizer, device=options.device, dtype=options.dtype),
+        "text_encoder_2": load_t5(t5.weights, t5.tokenizer, device=options.device, dtype=options.dtype,
+                                  max_sequence_length=FLUX_DEFAULTS.max_sequence_length or 512),
         "sampler": SamplerSet.single("flow_euler", build_sampler("flow_euler", scheduler)),
     }
     return {"_class_name": "FluxPipeline"}, components

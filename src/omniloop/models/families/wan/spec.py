@@ -16,7 +16,7 @@ from omniloop.models.load_options import apply_load_options
 from omniloop.models.manifest import ModelLimits, ModelManifest, check_manifest, manifest_class_name, manifest_weights
 from omniloop.models.fast_path import FastPath
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
-from omniloop.models.text.umt5 import load_umt5_encoder
+from omniloop.models.text.umt5 import load_umt5_encoder, load_umt5_encoder_single_file
 from omniloop.pipeline.defaults import GenerationDefaults
 from omniloop.pipeline.loops.denoise import DenoiseLoop
 from omniloop.pipeline.pipeline import Pipeline
@@ -35,7 +35,7 @@ from omniloop.models.families.wan.stages import WanDenoiser, WanImageCondition, 
 from omniloop.models.families.wan.validate import make_validator, size_caps
 from omniloop.models.families.wan.weights import load_wan_dit, load_wan_dit_single_file
 from omniloop.models.autoencoders.wan_vae import load_wan_vae_single_file, wan_vae_loader
-from omniloop.models.single_file import Resolve, SingleFileSet, text_encoder_folder
+from omniloop.models.single_file import Resolve, SingleFileSet, text_encoder_sources
 from omniloop.request import DiffusionParams, Modality, OmniRequest, TaskType
 
 T2V_PIPELINE = "WanPipeline"
@@ -81,7 +81,8 @@ WAN_SHIFT = 3.0  # the Wan2.1/2.2 diffusers repos' UniPC flow shift (480p); a wo
 
 def wan_single_files(files: SingleFileSet, resolve: Resolve,
                      options: LoadOptions) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Original-layout DiT file(s) and the Wan2.1 VAE file, UMT5 from a transformers folder.
+    """Original-layout DiT file(s) and the Wan2.1 VAE file; UMT5 from a transformers folder or a
+    single file (with a tokenizer folder).
     -> the model_index a diffusers folder of them would have, and the components."""
     if len(files.diffusion_models) > 2 or len(files.text_encoders) != 1:
         raise ValueError(f"Wan takes one DiT (or Wan2.2's two experts) and one text encoder (UMT5-XXL); got "
@@ -101,12 +102,13 @@ def wan_single_files(files: SingleFileSet, resolve: Resolve,
     if config.image_dim is not None:
         raise ValueError(f"{paths[0].name} is a Wan2.1 I2V DiT (CLIP image conditioning), which this "
                          "family does not serve; pass a Wan2.1 T2V or a Wan2.2 DiT")
-    text = text_encoder_folder(resolve, files.text_encoders[0])
+    text = text_encoder_sources(files, resolve)[0]
+    load_text = load_umt5_encoder_single_file if text.single_file else load_umt5_encoder
     components: dict[str, Any] = {
         "transformer": experts[0],
         "vae": load_wan_vae_single_file(files.vae_path(resolve), device=options.device, dtype=options.dtype),
-        "text_encoder": load_umt5_encoder(text, text, device=options.device, dtype=options.dtype,
-                                          max_sequence_length=WAN_DEFAULTS.max_sequence_length or 512),
+        "text_encoder": load_text(text.weights, text.tokenizer, device=options.device, dtype=options.dtype,
+                                  max_sequence_length=WAN_DEFAULTS.max_sequence_length or 512),
         "sampler": flow_sampler_set("flow_unipc", shift=WAN_SHIFT),
     }
     # latent-concat I2V DiTs take the noise and the image latents (16 + 20 channels)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
 
@@ -19,6 +19,9 @@ from omniloop.models.layers.cuda_graph_defaults import DEFAULT_MAX_GRAPHS, DEFAU
 from omniloop.pipeline.pipeline import Pipeline
 from omniloop.pipeline.policies.cfg import CFGMode
 from omniloop.request import TaskType
+
+if TYPE_CHECKING:
+    from omniloop.models.single_file import SingleFileLoader
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,8 @@ class ModelSpec:
     extras: Mapping[str, Any] = field(default_factory=dict)
     lora: Any = None  # a models.lora.LoraSupport when the family takes LoRA files
     fast_path: FastPath = FastPath()  # its exact fast kernels on CUDA, for a deployment's "auto" options
+    # its components from ComfyUI-style single files (models/single_file_pipeline.py), when it loads them
+    single_files: SingleFileLoader | None = None
 
 
 _REGISTRY: dict[str, ModelSpec] = {}

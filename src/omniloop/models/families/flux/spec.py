@@ -18,12 +18,14 @@ from omniloop.models.families.flux.stages import FluxDenoiser, FluxImageConditio
 from omniloop.models.families.flux.validate import make_validator
 from omniloop.models.layers.cuda_graphs import CACHE_NAME as GRAPHS
 from omniloop.models.layers.cuda_graphs import CudaGraphRunner
-from omniloop.models.families.flux.weights import flux_lora_from_kohya, flux_lora_stream, load_flux_transformer
+from omniloop.models.families.flux.weights import (flux_lora_from_kohya, flux_lora_stream, load_flux_ae_single_file,
+                                                   load_flux_transformer, load_flux_transformer_single_file)
+from omniloop.models.single_file import Resolve, SingleFileSet, text_encoder_sources
 from omniloop.models.load_options import apply_load_options, graph_runner
 from omniloop.models.lora import LoraSupport
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
 from omniloop.models.text.clip import load_clip_encoder
-from omniloop.models.text.t5 import load_t5_encoder
+from omniloop.models.text.t5 import load_t5_encoder, load_t5_encoder_single_file
 from omniloop.pipeline.loops.denoise import DenoiseLoop
 from omniloop.pipeline.pipeline import Pipeline
 from omniloop.pipeline.policies.cfg import EmbeddedGuidance
@@ -89,6 +91,45 @@ def flux_variant(index: Mapping[str, Any]) -> Variant:
         WeightSpec(component="sampler", kind="scheduler config", subfolder="scheduler", load=_load_scheduler),
     )
     return Variant(name="flux.1", tasks=frozenset({TaskType.T2I, TaskType.I2I}), weights=weights)
+
+
+# -- single files (a ComfyUI models folder) -----------------------------------------------
+
+# The FLUX.1 repos' scheduler_config.json (the files carry none); a workflow's sampler overrides it.
+FLUX_DEV_SCHEDULER = {"num_train_timesteps": 1000, "shift": 3.0, "use_dynamic_shifting": True, "base_shift": 0.5,
+                      "max_shift": 1.15, "base_image_seq_len": 256, "max_image_seq_len": 4096}
+FLUX_SCHNELL_SCHEDULER = {"num_train_timesteps": 1000, "shift": 1.0, "use_dynamic_shifting": False}
+
+
+def flux_single_files(files: SingleFileSet, resolve: Resolve,
+                      options: LoadOptions) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A BFL-layout DiT file and ``ae.safetensors``; CLIP-L from a transformers folder, T5-XXL
+    from one or from a single file (with a tokenizer folder)."""
+    if len(files.diffusion_models) > 1 or len(files.text_encoders) != 2:
+        raise ValueError(f"Flux takes one DiT and two text encoders (CLIP-L, then T5-XXL); got diffusion_models="
+                         f"{list(files.diffusion_models)}, text_encoders={list(files.text_encoders)}")
+    loaded = load_flux_transformer_single_file(files.dit_paths(resolve)[0], device=options.device, dtype=options.dtype,
+                                               axes_dims_rope=files.rope_axes)
+    guidance = loaded.config.guidance_embeds
+    dit = apply_load_options(loaded, options, blocks=[*loaded.transformer_blocks, *loaded.single_transformer_blocks],
+                             fp8_layers=BLOCK_GEMMS)
+    clip, t5 = text_encoder_sources(files, resolve)
+    if clip.single_file:
+        raise ValueError(f"CLIP-L as a single file ({clip.weights.name}) does not load yet; pass a transformers-layout "
+                         "CLIPTextModel folder in text_encoders/")
+    load_t5 = load_t5_encoder_single_file if t5.single_file else load_t5_encoder
+    # dev is guidance-distilled (dynamic shift); schnell is not (shift 1)
+    scheduler = FLUX_DEV_SCHEDULER if guidance else FLUX_SCHNELL_SCHEDULER
+    components = {
+        "transformer": dit,
+        "vae": load_flux_ae_single_file(files.vae_path(resolve), device=options.device, dtype=options.dtype,
+                                        norm_num_groups=files.vae_norm_groups or 32),
+        "text_encoder": load_clip_encoder(clip.weights, clip.tokenizer, device=options.device, dtype=options.dtype),
+        "text_encoder_2": load_t5(t5.weights, t5.tokenizer, device=options.device, dtype=options.dtype,
+                                  max_sequence_length=FLUX_DEFAULTS.max_sequence_length or 512),
+        "sampler": SamplerSet.single("flow_euler", build_sampler("flow_euler", scheduler)),
+    }
+    return {"_class_name": "FluxPipeline"}, components
 
 
 # -- pipeline -------------------------------------------------------------------------
@@ -159,5 +200,6 @@ FLUX = register_model_spec(
         lora=LoraSupport(components=("transformer", "text_encoder"), convert=flux_lora_from_kohya,
                          streams={"transformer": flux_lora_stream}),
         extras={"parallel": FLUX_PARALLEL},
+        single_files=flux_single_files,
     )
 )

@@ -15,7 +15,10 @@ from typing import Mapping
 
 import torch
 
-from omniloop.models.checkpoint_files import aligned, cast_to, format_keys, read_tensors, weight_files, wrong_shapes
+from omniloop.models.checkpoint_files import (aligned, cast_to, check_and_assign, format_keys, read_tensors,
+                                             weight_files, wrong_shapes)
+from omniloop.models.autoencoders.kl2d import KL2DAutoencoder
+from omniloop.models.autoencoders.kl2d_single_file import load_kl2d_vae_single_file
 from omniloop.models.families.flux.model import FluxConfig, FluxTransformer
 
 CONFIG_FILE = "config.json"
@@ -168,3 +171,154 @@ def flux_lora_stream(name: str) -> str | None:
     if name == "context_embedder" or ".add_" in name or name.endswith("to_add_out") or ".ff_context." in name:
         return "text"
     return "image"
+
+
+# -- single files in BFL's original layout (flux1-dev.safetensors; ComfyUI's diffusion_models/) ------
+
+FLUX_ORIGINAL_MARKER = "double_blocks.0.img_attn.norm.key_norm.scale"  # diffusers' detection key
+FLUX_AE_SCALING = 0.3611  # FLUX.1 vae/config.json scaling_factor (not in ae.safetensors)
+FLUX_AE_SHIFT = 0.1159  # its shift_factor
+FLUX1_AXES_DIMS_ROPE = (16, 56, 56)  # FLUX.1's RoPE split of its 128-wide heads (not in the file)
+
+# Plain renames, BFL -> diffusers (= our module names); the fused qkv / linear1 splits and the
+# final norm's (shift, scale) -> (scale, shift) swap are done in flux_state_dict_from_original.
+_EMBEDDER_RENAMES = (
+    ("time_in.in_layer.", "time_text_embed.timestep_embedder.linear_1."),
+    ("time_in.out_layer.", "time_text_embed.timestep_embedder.linear_2."),
+    ("vector_in.in_layer.", "time_text_embed.text_embedder.linear_1."),
+    ("vector_in.out_layer.", "time_text_embed.text_embedder.linear_2."),
+    ("guidance_in.in_layer.", "time_text_embed.guidance_embedder.linear_1."),
+    ("guidance_in.out_layer.", "time_text_embed.guidance_embedder.linear_2."),
+    ("txt_in.", "context_embedder."),
+    ("img_in.", "x_embedder."),
+    ("final_layer.linear.", "proj_out."),
+)
+_DOUBLE_RENAMES = (
+    ("img_mod.lin.", "norm1.linear."), ("txt_mod.lin.", "norm1_context.linear."),
+    ("img_attn.norm.query_norm.scale", "attn.norm_q.weight"), ("img_attn.norm.key_norm.scale", "attn.norm_k.weight"),
+    ("txt_attn.norm.query_norm.scale", "attn.norm_added_q.weight"),
+    ("txt_attn.norm.key_norm.scale", "attn.norm_added_k.weight"),
+    ("img_mlp.0.", "ff.net.0.proj."), ("img_mlp.2.", "ff.net.2."),
+    ("txt_mlp.0.", "ff_context.net.0.proj."), ("txt_mlp.2.", "ff_context.net.2."),
+    ("img_attn.proj.", "attn.to_out.0."), ("txt_attn.proj.", "attn.to_add_out."),
+)
+_SINGLE_RENAMES = (
+    ("modulation.lin.", "norm.linear."), ("norm.query_norm.scale", "attn.norm_q.weight"),
+    ("norm.key_norm.scale", "attn.norm_k.weight"), ("linear2.", "proj_out."),
+)
+
+
+def _split_rows(tensor: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
+    # clones: fresh, aligned storage per part (see checkpoint_files.aligned)
+    return [part.clone() for part in tensor.split(sizes, dim=0)]
+
+
+def _block_key(key: str) -> str | None:
+    """A double/single block key in diffusers' names, or None when it is fused / unknown."""
+    for kind, target, renames in (("double_blocks", "transformer_blocks", _DOUBLE_RENAMES),
+                                  ("single_blocks", "single_transformer_blocks", _SINGLE_RENAMES)):
+        m = re.match(rf"^{kind}\.(\d+)\.(.*)$", key)
+        if m:
+            for a, b in renames:
+                if m[2].startswith(a):
+                    return f"{target}.{m[1]}.{b}{m[2][len(a):]}"
+    return None
+
+
+def flux_state_dict_from_original(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """BFL ``flux1-*.safetensors`` keys -> ours (= diffusers'), consuming ``sd``. The fused
+    ``img_attn.qkv`` / ``txt_attn.qkv`` split in three, ``single_blocks.{i}.linear1`` into
+    q, k, v (inner each) and the MLP input (the rest); the final adaLN's rows are swapped
+    to diffusers' (scale, shift). Unknown keys pass through (the loader names them)."""
+    out: dict[str, torch.Tensor] = {}
+    for key in list(sd):
+        tensor = sd.pop(key)
+        leaf = key.rsplit(".", 1)[-1]
+        if m := re.match(r"^double_blocks\.(\d+)\.(img|txt)_attn\.qkv\.(weight|bias)$", key):
+            names = ("to_q", "to_k", "to_v") if m[2] == "img" else ("add_q_proj", "add_k_proj", "add_v_proj")
+            rows = tensor.shape[0] // 3
+            for name, part in zip(names, _split_rows(tensor, [rows] * 3)):
+                out[f"transformer_blocks.{m[1]}.attn.{name}.{leaf}"] = part
+        elif m := re.match(r"^single_blocks\.(\d+)\.linear1\.(weight|bias)$", key):
+            inner = _single_width(out, sd, key)
+            parts = ("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp")
+            for name, part in zip(parts, _split_rows(tensor, [inner] * 3 + [tensor.shape[0] - 3 * inner])):
+                out[f"single_transformer_blocks.{m[1]}.{name}.{leaf}"] = part
+        elif key.startswith("final_layer.adaLN_modulation.1."):
+            shift, scale = tensor.chunk(2, dim=0)
+            out[f"norm_out.linear.{leaf}"] = torch.cat([scale, shift], dim=0)
+        elif (block := _block_key(key)) is not None:
+            out[block] = tensor
+        else:
+            out[next((b + key[len(a):] for a, b in _EMBEDDER_RENAMES if key.startswith(a)), key)] = tensor
+    return out
+
+
+def _single_width(done: Mapping[str, torch.Tensor], rest: Mapping[str, torch.Tensor], key: str) -> int:
+    """The model width for splitting ``linear1``: the rows of ``linear2``'s output (its
+    ``[inner, inner + mlp]`` weight), read from whichever dict holds it now."""
+    i = key.split(".")[1]
+    for sd, name in ((rest, f"single_blocks.{i}.linear2.weight"), (done, f"single_transformer_blocks.{i}.proj_out.weight")):
+        if name in sd:
+            return int(sd[name].shape[0])
+    raise ValueError(f"{key} needs single_blocks.{i}.linear2.weight to be split; the file is incomplete")
+
+
+def flux_config_from_original(shapes: Mapping[str, torch.Size], *,
+                              axes_dims_rope: tuple[int, ...] | None = None) -> FluxConfig:
+    """A BFL-layout Flux DiT's architecture, read off its shapes. The RoPE axes split is not
+    in the file: FLUX.1's (16, 56, 56) for 128-wide heads unless ``axes_dims_rope`` is given."""
+    needed = ("img_in.weight", "txt_in.weight", "vector_in.in_layer.weight", "final_layer.linear.weight",
+              "double_blocks.0.img_attn.norm.query_norm.scale")
+    missing = [k for k in needed if k not in shapes]
+    if missing:
+        raise ValueError(f"not a BFL-layout Flux DiT: it lacks {missing}; pass a FLUX.1 diffusion model file "
+                         "(keys like double_blocks.0.img_attn.qkv.weight)")
+    inner, in_channels = shapes["img_in.weight"]
+    head_dim = shapes["double_blocks.0.img_attn.norm.query_norm.scale"][0]
+    if axes_dims_rope is None:
+        if head_dim != sum(FLUX1_AXES_DIMS_ROPE):
+            raise ValueError(f"heads are {head_dim} wide, not FLUX.1's 128: pass axes_dims_rope (summing to {head_dim})")
+        axes_dims_rope = FLUX1_AXES_DIMS_ROPE
+
+    def count(prefix: str) -> int:
+        return len({int(k.split(".")[1]) for k in shapes if k.startswith(prefix)})
+
+    return FluxConfig(
+        in_channels=in_channels, out_channels=shapes["final_layer.linear.weight"][0], num_layers=count("double_blocks."),
+        num_single_layers=count("single_blocks."), attention_head_dim=head_dim, num_attention_heads=inner // head_dim,
+        joint_attention_dim=shapes["txt_in.weight"][1], pooled_projection_dim=shapes["vector_in.in_layer.weight"][1],
+        guidance_embeds="guidance_in.in_layer.weight" in shapes, axes_dims_rope=axes_dims_rope,
+    )
+
+
+def load_flux_transformer_single_file(path: str | Path, *, device: torch.device | str = "cpu",
+                                      dtype: torch.dtype = torch.bfloat16,
+                                      axes_dims_rope: tuple[int, ...] | None = None) -> FluxTransformer:
+    """Load a BFL-layout FLUX.1 DiT file (``flux1-dev.safetensors``, ``flux1-schnell-fp8...``,
+    a ComfyUI checkpoint's ``model.diffusion_model.*``) as :class:`FluxTransformer`."""
+    from omniloop.models.single_file import DIT_SECTIONS, read_single_file
+
+    if not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating dtype (torch.bfloat16, torch.float32, ...); got {dtype}")
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found; pass a FLUX.1 diffusion-model .safetensors file")
+    raw = read_single_file(path, cast_to(device, dtype), sections=DIT_SECTIONS)
+    if FLUX_ORIGINAL_MARKER not in raw:
+        raise ValueError(f"{path} is not a BFL-layout Flux DiT (no {FLUX_ORIGINAL_MARKER}); pass a FLUX.1 diffusion "
+                         "model file, or a diffusers `transformer/` folder to load_flux_transformer")
+    config = flux_config_from_original({k: t.shape for k, t in raw.items()}, axes_dims_rope=axes_dims_rope)
+    sd = flux_state_dict_from_original(raw)
+    with torch.device("meta"):
+        model = FluxTransformer(config)
+    check_and_assign(model, sd, str(path), "pass a FLUX.1 dev/schnell DiT file (Fill/Depth/Redux/FLUX.2 are not "
+                     "supported)")
+    return model.eval().requires_grad_(False)
+
+
+def load_flux_ae_single_file(path: Path, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                             norm_num_groups: int = 32) -> KL2DAutoencoder:
+    """FLUX.1's ``ae.safetensors`` (LDM layout) with FLUX.1's latent scaling and shift."""
+    return load_kl2d_vae_single_file(path, scaling_factor=FLUX_AE_SCALING, shift_factor=FLUX_AE_SHIFT,
+                                     norm_num_groups=norm_num_groups, device=device, dtype=dtype)

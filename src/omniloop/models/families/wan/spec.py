@@ -16,7 +16,7 @@ from omniloop.models.load_options import apply_load_options
 from omniloop.models.manifest import ModelLimits, ModelManifest, check_manifest, manifest_class_name, manifest_weights
 from omniloop.models.fast_path import FastPath
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
-from omniloop.models.text.umt5 import load_umt5_encoder
+from omniloop.models.text.umt5 import load_umt5_encoder, load_umt5_encoder_single_file
 from omniloop.pipeline.defaults import GenerationDefaults
 from omniloop.pipeline.loops.denoise import DenoiseLoop
 from omniloop.pipeline.pipeline import Pipeline
@@ -33,8 +33,9 @@ from omniloop.models.families.wan.parallelize import WAN_PARALLEL
 from omniloop.models.families.wan.presets import TEACACHE_DEFAULT, TEACACHE_POLYNOMIALS, WAN_DEFAULTS
 from omniloop.models.families.wan.stages import WanDenoiser, WanImageCondition, WanVideoEncode
 from omniloop.models.families.wan.validate import make_validator, size_caps
-from omniloop.models.families.wan.weights import dit_state_dict_from_diffusers, load_wan_dit
-from omniloop.models.autoencoders.wan_vae import wan_vae_loader
+from omniloop.models.families.wan.weights import dit_state_dict_from_diffusers, load_wan_dit, load_wan_dit_single_file
+from omniloop.models.autoencoders.wan_vae import load_wan_vae_single_file, wan_vae_loader
+from omniloop.models.single_file import Resolve, SingleFileSet, text_encoder_sources
 from omniloop.request import DiffusionParams, Modality, OmniRequest, TaskType
 
 T2V_PIPELINE = "WanPipeline"
@@ -70,6 +71,52 @@ def _load_text(root: Path, index: Mapping[str, Any], options: LoadOptions):
 
 def _load_scheduler(root: Path, index: Mapping[str, Any], options: LoadOptions) -> SamplerSet:
     return load_sampler_set(root / "scheduler")
+
+
+# -- single files (a ComfyUI models folder) -----------------------------------------------
+
+WAN_HEAD_DIM = 128  # every released Wan DiT (not in the file)
+WAN_SHIFT = 3.0  # the Wan2.1/2.2 diffusers repos' UniPC flow shift (480p); a workflow's sampler overrides it
+
+
+def wan_single_files(files: SingleFileSet, resolve: Resolve,
+                     options: LoadOptions) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Original-layout DiT file(s) and the Wan2.1 VAE file; UMT5 from a transformers folder or a
+    single file (with a tokenizer folder).
+    -> the model_index a diffusers folder of them would have, and the components."""
+    if len(files.diffusion_models) > 2 or len(files.text_encoders) != 1:
+        raise ValueError(f"Wan takes one DiT (or Wan2.2's two experts) and one text encoder (UMT5-XXL); got "
+                         f"diffusion_models={list(files.diffusion_models)}, text_encoders={list(files.text_encoders)}")
+    if (len(files.diffusion_models) == 2) != (files.boundary_ratio is not None):  # a checkpoint holds one DiT
+        raise ValueError("Wan2.2's two experts need boundary_ratio (0.875 t2v, 0.9 i2v), and boundary_ratio needs "
+                         "two diffusion_models; pass both or neither")
+
+    def dit(path: Path) -> Any:
+        model = load_wan_dit_single_file(path, device=options.device, dtype=options.dtype,
+                                         attention_head_dim=files.attention_head_dim or WAN_HEAD_DIM)
+        return apply_load_options(model, options, blocks=model.blocks, fp8_layers=BLOCK_GEMMS)
+
+    paths = files.dit_paths(resolve)
+    experts = [dit(path) for path in paths]
+    config = experts[0].config
+    if config.image_dim is not None:
+        raise ValueError(f"{paths[0].name} is a Wan2.1 I2V DiT (CLIP image conditioning), which this "
+                         "family does not serve; pass a Wan2.1 T2V or a Wan2.2 DiT")
+    text = text_encoder_sources(files, resolve)[0]
+    load_text = load_umt5_encoder_single_file if text.single_file else load_umt5_encoder
+    components: dict[str, Any] = {
+        "transformer": experts[0],
+        "vae": load_wan_vae_single_file(files.vae_path(resolve), device=options.device, dtype=options.dtype),
+        "text_encoder": load_text(text.weights, text.tokenizer, device=options.device, dtype=options.dtype,
+                                  max_sequence_length=WAN_DEFAULTS.max_sequence_length or 512),
+        "sampler": flow_sampler_set("flow_unipc", shift=WAN_SHIFT),
+    }
+    # latent-concat I2V DiTs take the noise and the image latents (16 + 20 channels)
+    index: dict[str, Any] = {"_class_name": I2V_PIPELINE if config.in_channels != config.out_channels else T2V_PIPELINE}
+    if len(experts) == 2:
+        components["transformer_2"] = experts[1]
+        index.update(boundary_ratio=files.boundary_ratio, transformer_2=["diffusers", "WanTransformer3DModel"])
+    return index, components
 
 
 # -- variants -------------------------------------------------------------------------
@@ -201,6 +248,7 @@ WAN = register_model_spec(
         description="Wan2.1 / Wan2.2 video DiT with the causal 3D VAE and UMT5 text encoder",
         extras={"parallel": WAN_PARALLEL},
         fast_path=WAN_FAST_PATH,
+        single_files=wan_single_files,
     )
 )
 

@@ -87,3 +87,110 @@ def load_wan_dit(
     leftover = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     assert not leftover, f"tensors still on meta after load: {leftover}"
     return model.eval()
+
+
+# -- single files in the original Wan layout (Wan-AI's repos, ComfyUI's diffusion_models/) --------
+#
+# Original key -> diffusers key, first match wins. The original names its cross-attention norm
+# ``norm3`` (diffusers ``norm2``; the two non-affine norms carry no weights), its per-block
+# modulation ``modulation`` (diffusers ``scale_shift_table``) and its projections q/k/v/o.
+_ORIGINAL_TO_DIFFUSERS = compile_renames((
+    (r"^time_embedding\.0\.", "condition_embedder.time_embedder.linear_1."),
+    (r"^time_embedding\.2\.", "condition_embedder.time_embedder.linear_2."),
+    (r"^text_embedding\.0\.", "condition_embedder.text_embedder.linear_1."),
+    (r"^text_embedding\.2\.", "condition_embedder.text_embedder.linear_2."),
+    (r"^time_projection\.1\.", "condition_embedder.time_proj."),
+    (r"^img_emb\.proj\.0\.", "condition_embedder.image_embedder.norm1."),
+    (r"^img_emb\.proj\.1\.", "condition_embedder.image_embedder.ff.net.0.proj."),
+    (r"^img_emb\.proj\.3\.", "condition_embedder.image_embedder.ff.net.2."),
+    (r"^img_emb\.proj\.4\.", "condition_embedder.image_embedder.norm2."),
+    (r"^img_emb\.emb_pos$", "condition_embedder.image_embedder.pos_embed"),
+    (r"^head\.head\.", "proj_out."),
+    (r"^head\.modulation$", "scale_shift_table"),
+    (r"^blocks\.(\d+)\.modulation$", r"blocks.\1.scale_shift_table"),
+    (r"^blocks\.(\d+)\.self_attn\.([qkv])\.", r"blocks.\1.attn1.to_\2."),
+    (r"^blocks\.(\d+)\.self_attn\.o\.", r"blocks.\1.attn1.to_out.0."),
+    (r"^blocks\.(\d+)\.self_attn\.norm_([qk])\.", r"blocks.\1.attn1.norm_\2."),
+    (r"^blocks\.(\d+)\.cross_attn\.([kv])_img\.", r"blocks.\1.attn2.add_\2_proj."),
+    (r"^blocks\.(\d+)\.cross_attn\.norm_k_img\.", r"blocks.\1.attn2.norm_added_k."),
+    (r"^blocks\.(\d+)\.cross_attn\.([qkv])\.", r"blocks.\1.attn2.to_\2."),
+    (r"^blocks\.(\d+)\.cross_attn\.o\.", r"blocks.\1.attn2.to_out.0."),
+    (r"^blocks\.(\d+)\.cross_attn\.norm_([qk])\.", r"blocks.\1.attn2.norm_\2."),
+    (r"^blocks\.(\d+)\.norm3\.", r"blocks.\1.norm2."),
+    (r"^blocks\.(\d+)\.ffn\.0\.", r"blocks.\1.ffn.net.0.proj."),
+    (r"^blocks\.(\d+)\.ffn\.2\.", r"blocks.\1.ffn.net.2."),
+))
+WAN_ORIGINAL_MARKER = "head.modulation"  # diffusers' detection key for the original layout
+
+
+def diffusers_key_from_original(key: str) -> str:
+    for pattern, repl in _ORIGINAL_TO_DIFFUSERS:
+        if pattern.match(key):
+            return pattern.sub(repl, key, count=1)
+    return key
+
+
+def wan_config_from_original(shapes: Mapping[str, torch.Size], *, attention_head_dim: int = 128) -> WanDiTConfig:
+    """The architecture of an original-layout Wan DiT, read off its tensor shapes (the file
+    carries no config). The head count is not in the shapes: ``dim // attention_head_dim``
+    (128 in every released Wan, ComfyUI's rule too)."""
+    missing = [k for k in ("patch_embedding.weight", "head.head.weight", "text_embedding.0.weight",
+                           "time_embedding.0.weight", "blocks.0.ffn.0.weight") if k not in shapes]
+    if missing:
+        raise ValueError(f"not an original-layout Wan DiT: it lacks {missing}; pass a Wan2.1/2.2 diffusion model "
+                         "file (keys like blocks.0.self_attn.q.weight, head.head.weight)")
+    dim, in_channels, *patch = shapes["patch_embedding.weight"]
+    if dim % attention_head_dim:
+        raise ValueError(f"model width {dim} is not a multiple of attention_head_dim={attention_head_dim}; "
+                         "pass the checkpoint's head width")
+    layers = 1 + max(int(k.split(".")[1]) for k in shapes if k.startswith("blocks."))
+    image = "img_emb.proj.1.weight" in shapes
+    pos = shapes.get("img_emb.emb_pos")
+    return WanDiTConfig(
+        patch_size=(int(patch[0]), int(patch[1]), int(patch[2])), num_attention_heads=dim // attention_head_dim,
+        attention_head_dim=attention_head_dim, in_channels=in_channels,
+        out_channels=shapes["head.head.weight"][0] // (patch[0] * patch[1] * patch[2]),
+        text_dim=shapes["text_embedding.0.weight"][1], freq_dim=shapes["time_embedding.0.weight"][1],
+        ffn_dim=shapes["blocks.0.ffn.0.weight"][0], num_layers=layers,
+        cross_attn_norm="blocks.0.norm3.weight" in shapes,
+        image_dim=shapes["img_emb.proj.0.weight"][0] if image else None,
+        added_kv_proj_dim=dim if image else None,
+        pos_embed_seq_len=pos[1] if pos is not None else None,
+    )
+
+
+def load_wan_dit_single_file(
+    path: str | Path,
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.bfloat16,
+    attention_head_dim: int = 128,
+) -> WanDiT:
+    """Load an original-layout Wan DiT file (``wan2.1_t2v_1.3B_fp16.safetensors``, ...) as
+    :class:`WanDiT`: the config is read off the shapes (:func:`wan_config_from_original`),
+    keys go original -> diffusers -> ours, fp8 storage is dequantized (``single_file``), and
+    the fp32 rule is diffusers' on the diffusers key."""
+    from omniloop.models.single_file import DIT_SECTIONS, read_single_file
+
+    if not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating dtype (torch.bfloat16, torch.float32, ...); got {dtype}")
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found; pass a Wan diffusion-model .safetensors file")
+    cast = cast_to(device, dtype, keep_fp32=keeps_fp32)
+    raw = read_single_file(path, lambda key, t: cast(diffusers_key_from_original(key), t), sections=DIT_SECTIONS)
+    if WAN_ORIGINAL_MARKER not in raw:
+        raise ValueError(f"{path} is not an original-layout Wan DiT (no {WAN_ORIGINAL_MARKER}); pass a Wan "
+                         "diffusion model file, or a diffusers `transformer/` folder to load_wan_dit")
+    config = wan_config_from_original({k: t.shape for k, t in raw.items()}, attention_head_dim=attention_head_dim)
+    renamed = {diffusers_key_from_original(k): raw.pop(k) for k in list(raw)}
+    try:
+        sd = _convert(renamed, consume=True)
+    except ValueError as err:
+        raise ValueError(f"checkpoint {path}: {err}") from None
+    with torch.device("meta"):
+        model = WanDiT(config)
+    check_and_assign(model, sd, str(path), "pass an original-layout Wan2.1/2.2 DiT file (VACE/Animate files are "
+                     "not supported)")
+    model.rope.reset_tables(device)
+    return model.eval()

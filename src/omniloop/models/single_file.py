@@ -1,0 +1,175 @@
+"""Single-file checkpoints as ComfyUI users hold them: one ``.safetensors`` in the original
+repository's key layout (Wan, BFL), possibly wrapped (``model.diffusion_model.``) and possibly
+stored in ComfyUI's scaled-fp8 form.
+
+Storage forms read here (each tensor is read once, dequantized if needed, then ``cast``):
+
+* fp32 / fp16 / bf16: read as stored, then cast.
+* plain fp8 (``*.weight`` in ``float8_e4m3fn``/``float8_e5m2``, no scale): upcast (scale 1).
+* ComfyUI scaled fp8, two generations of it:
+  - legacy (``*_fp8_scaled.safetensors`` releases): ``<layer>.weight`` in fp8 with a per-layer
+    ``<layer>.scale_weight`` (one fp32 value) and a ``scaled_fp8`` marker key;
+  - mixed precision (``comfy/ops.py``'s ``MixedPrecisionOps``): a per-layer ``<layer>.comfy_quant``
+    (JSON bytes as a uint8 tensor, ``{"format": "float8_e4m3fn"}``) and ``<layer>.weight_scale``.
+  Either way the real weight is ``weight.float() * scale``. The input scales (``scale_input``,
+  ``input_scale``: ComfyUI's fp8-matmul activation scales) carry no weight and are dropped, as
+  is the marker. ``nvfp4`` layers are refused (not dequantized here).
+
+Behaviour read from ComfyUI's ``comfy/ops.py``; the code is ours.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+from safetensors import safe_open
+
+from omniloop.models.checkpoint_files import Cast
+
+if TYPE_CHECKING:
+    from omniloop.models.model_spec import LoadOptions
+
+# A full ComfyUI checkpoint (``checkpoints/``) holds several components, each under a prefix
+# (ComfyUI's ``model.diffusion_model.`` for the DiT, ``vae.`` or ``first_stage_model.`` for the
+# VAE, ``text_encoders.*`` ...); a DiT saved by ComfyUI's ``ModelSave`` keeps its prefix too.
+DIT_SECTIONS: tuple[str, ...] = ("model.diffusion_model.", "diffusion_model.")
+VAE_SECTIONS: tuple[str, ...] = ("vae.", "first_stage_model.")
+SCALED_FP8_MARKER = "scaled_fp8"
+FP8_DTYPES: frozenset[torch.dtype] = frozenset({torch.float8_e4m3fn, torch.float8_e5m2})
+_SCALE_SUFFIXES = (".scale_weight", ".scale_input", ".weight_scale", ".input_scale", ".comfy_quant")
+_WEIGHT_SCALES = ("scale_weight", "weight_scale")  # legacy, mixed precision
+_FP8_FORMATS = frozenset({"float8_e4m3fn", "float8_e5m2"})
+
+
+def _section(keys: set[str], sections: tuple[str, ...]) -> str | None:
+    """The prefix of ``sections`` the file's keys carry (the first that any key does), if any."""
+    return next((p for p in sections if any(k.startswith(p) for k in keys)), None)
+
+
+def read_single_file(path: Path, cast: Cast, *, sections: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """The weights of one component in ``path``, dequantized, through ``cast``.
+
+    When the file's keys carry one of ``sections`` (a full checkpoint, or a wrapped DiT) only
+    that section is read, its prefix dropped; otherwise the file is the component and every key
+    is read. fp8 tensors are upcast to fp32 (times their ``scale_weight`` / ``weight_scale``)
+    before ``cast``, so the cast decides the final dtype; a scale whose weight is missing is an
+    error, and so is a layer quantized in a format other than fp8 (``comfy_quant``).
+    """
+    sd: dict[str, torch.Tensor] = {}
+    with safe_open(str(path), framework="pt") as f:
+        keys = set(f.keys())
+        prefix = _section(keys, sections) or ""
+        for key in sorted(keys):
+            name = key[len(prefix):]
+            if not key.startswith(prefix) or name == SCALED_FP8_MARKER or name.endswith(_SCALE_SUFFIXES):
+                continue
+            layer = key[: -len(".weight")] if key.endswith(".weight") else None
+            quant = f"{layer}.comfy_quant"
+            if layer is not None and quant in keys:
+                fmt = json.loads(f.get_tensor(quant).numpy().tobytes()).get("format")
+                if fmt not in _FP8_FORMATS:
+                    raise ValueError(f"{path}: layer {name[: -len('.weight')]} is stored as {fmt!r}; only fp8 "
+                                     f"({sorted(_FP8_FORMATS)}) ComfyUI quantization is dequantized on load")
+            tensor = f.get_tensor(key)
+            if tensor.dtype in FP8_DTYPES:
+                tensor = tensor.to(torch.float32)
+                for scale_key in (f"{layer}.{suffix}" for suffix in _WEIGHT_SCALES if layer is not None):
+                    if scale_key in keys:
+                        # [] or [1]: one scale per layer (ComfyUI's per-tensor scaled fp8)
+                        tensor = tensor * f.get_tensor(scale_key).to(torch.float32).reshape(())
+                        break
+            sd[name] = cast(name, tensor)
+        orphans = [k for k in keys if k.startswith(prefix) and k.endswith((".scale_weight", ".weight_scale"))
+                   and k.rsplit(".", 1)[0] + ".weight" not in keys]
+    if orphans:
+        raise ValueError(f"{path}: weight scales without their weight: {sorted(orphans)[:8]}; the file is "
+                         "truncated or not in ComfyUI's scaled-fp8 layout")
+    return sd
+
+
+# -- a model made of single files (the names a workflow's loader nodes give) -----------------
+
+Resolve = Callable[[str, str], Path]  # (folder kind, name) -> a path inside the models folder
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SingleFileSet:
+    """The files one model is made of, by their names in a ComfyUI models folder.
+
+    ``diffusion_models``: one DiT, or a family's two experts in order (Wan2.2 A14B: high
+    noise, low noise) with ``boundary_ratio``. ``text_encoders`` in the family's order
+    (ComfyUI's ``DualCLIPLoader``: CLIP-L, then T5-XXL). The last three are architecture
+    facts the files do not carry; None takes the family's released value.
+    """
+
+    family: str
+    diffusion_models: tuple[str, ...] = ()
+    vae: str = ""
+    text_encoders: tuple[str, ...] = ()
+    checkpoint: str | None = None  # a full checkpoint in checkpoints/: the DiT and VAE come from it
+    # tokenizer folders in text_encoders/, in order, one per text encoder given as a single file
+    tokenizers: tuple[str, ...] = ()
+    boundary_ratio: float | None = None
+    attention_head_dim: int | None = None
+    rope_axes: tuple[int, ...] | None = None
+    vae_norm_groups: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.checkpoint is not None:
+            if self.diffusion_models or self.vae or not self.checkpoint:
+                raise ValueError("checkpoint names one file in checkpoints/ holding the DiT and VAE; pass it alone, "
+                                 "or diffusion_models and vae without it")
+        elif not self.diffusion_models or not all(self.diffusion_models) or not self.vae:
+            raise ValueError("diffusion_models must name at least one file in diffusion_models/ and vae one in vae/ "
+                             "(or pass checkpoint: a full checkpoint in checkpoints/)")
+        if self.boundary_ratio is not None and not 0.0 < self.boundary_ratio < 1.0:
+            raise ValueError(f"boundary_ratio must be in (0, 1) (e.g. 0.875); got {self.boundary_ratio}")
+
+
+    def dit_paths(self, resolve: Resolve) -> list[Path]:
+        if self.checkpoint is not None:
+            return [resolve("checkpoints", self.checkpoint)]
+        return [resolve("diffusion_models", name) for name in self.diffusion_models]
+
+    def vae_path(self, resolve: Resolve) -> Path:
+        return resolve("checkpoints", self.checkpoint) if self.checkpoint is not None else resolve("vae", self.vae)
+
+
+# (files, resolve, load options) -> (the model_index a diffusers folder would have, components)
+SingleFileLoader = Callable[[SingleFileSet, Resolve, "LoadOptions"], tuple[dict[str, Any], dict[str, Any]]]
+
+
+@dataclass(frozen=True, slots=True)
+class TextEncoderSource:
+    """Where one text encoder's weights and tokenizer are: one transformers-layout folder
+    holding both (``tokenizer == weights``), or a single weights file and a tokenizer folder."""
+
+    weights: Path
+    tokenizer: Path
+
+    @property
+    def single_file(self) -> bool:
+        return self.weights.is_file()
+
+
+def text_encoder_sources(files: SingleFileSet, resolve: Resolve) -> list[TextEncoderSource]:
+    """The text encoders of ``files`` in order; single files take the ``tokenizers`` in order."""
+    tokenizers = list(files.tokenizers)
+    sources = []
+    for name in files.text_encoders:
+        path = resolve("text_encoders", name)
+        if path.is_dir():
+            sources.append(TextEncoderSource(path, path))
+            continue
+        if not tokenizers:
+            raise ValueError(f"text encoder {name!r} is a single file and carries no tokenizer; pass tokenizers: a "
+                             "tokenizer folder in text_encoders/ for each text encoder given as a file")
+        sources.append(TextEncoderSource(path, resolve("text_encoders", tokenizers.pop(0))))
+    if tokenizers:
+        raise ValueError(f"tokenizers {list(files.tokenizers)} name more folders than there are text encoders given "
+                         "as single files; drop the extra ones")
+    return sources

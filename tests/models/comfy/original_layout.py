@@ -1,0 +1,200 @@
+"""Tiny single files in the ORIGINAL key layouts (Wan-AI's repos, BFL's ``flux1-dev`` and
+``ae``), made from tiny diffusers models by the inverse of diffusers' single-file key maps
+(``diffusers.loaders.single_file_utils``), plus ComfyUI's scaled-fp8 storage. Written here
+from diffusers' forward maps, independent of the loader under test; each test first checks
+the round trip through diffusers' own ``from_single_file``."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+# diffusers key -> original Wan key (inverse of convert_wan_transformer_to_diffusers)
+_WAN_DIT = (
+    (r"^condition_embedder\.time_embedder\.linear_1\.", "time_embedding.0."),
+    (r"^condition_embedder\.time_embedder\.linear_2\.", "time_embedding.2."),
+    (r"^condition_embedder\.text_embedder\.linear_1\.", "text_embedding.0."),
+    (r"^condition_embedder\.text_embedder\.linear_2\.", "text_embedding.2."),
+    (r"^condition_embedder\.time_proj\.", "time_projection.1."),
+    (r"^condition_embedder\.image_embedder\.norm1\.", "img_emb.proj.0."),
+    (r"^condition_embedder\.image_embedder\.ff\.net\.0\.proj\.", "img_emb.proj.1."),
+    (r"^condition_embedder\.image_embedder\.ff\.net\.2\.", "img_emb.proj.3."),
+    (r"^condition_embedder\.image_embedder\.norm2\.", "img_emb.proj.4."),
+    (r"^proj_out\.", "head.head."),
+    (r"^scale_shift_table$", "head.modulation"),
+    (r"^blocks\.(\d+)\.scale_shift_table$", r"blocks.\1.modulation"),
+    (r"^blocks\.(\d+)\.attn1\.to_out\.0\.", r"blocks.\1.self_attn.o."),
+    (r"^blocks\.(\d+)\.attn1\.to_([qkv])\.", r"blocks.\1.self_attn.\2."),
+    (r"^blocks\.(\d+)\.attn1\.norm_([qk])\.", r"blocks.\1.self_attn.norm_\2."),
+    (r"^blocks\.(\d+)\.attn2\.to_out\.0\.", r"blocks.\1.cross_attn.o."),
+    (r"^blocks\.(\d+)\.attn2\.to_([qkv])\.", r"blocks.\1.cross_attn.\2."),
+    (r"^blocks\.(\d+)\.attn2\.add_([kv])_proj\.", r"blocks.\1.cross_attn.\2_img."),
+    (r"^blocks\.(\d+)\.attn2\.norm_added_k\.", r"blocks.\1.cross_attn.norm_k_img."),
+    (r"^blocks\.(\d+)\.attn2\.norm_([qk])\.", r"blocks.\1.cross_attn.norm_\2."),
+    (r"^blocks\.(\d+)\.norm2\.", r"blocks.\1.norm3."),
+    (r"^blocks\.(\d+)\.ffn\.net\.0\.proj\.", r"blocks.\1.ffn.0."),
+    (r"^blocks\.(\d+)\.ffn\.net\.2\.", r"blocks.\1.ffn.2."),
+)
+
+
+def _renamed(sd: dict[str, torch.Tensor], table) -> dict[str, torch.Tensor]:
+    out = {}
+    for key, tensor in sd.items():
+        for pattern, repl in table:
+            if re.match(pattern, key):
+                key = re.sub(pattern, repl, key, count=1)
+                break
+        out[key] = tensor.detach().clone().contiguous()
+    return out
+
+
+def wan_dit_original(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return _renamed(sd, _WAN_DIT)
+
+
+def wan_vae_original(sd: dict[str, torch.Tensor], num_res_blocks: int = 2) -> dict[str, torch.Tensor]:
+    """diffusers ``AutoencoderKLWan`` (Wan2.1) -> the original ``WanVAE_`` keys (inverse of
+    convert_wan_vae_to_diffusers): decoder levels flatten into ``decoder.upsamples.{i}``
+    (``num_res_blocks + 1`` resnets then the upsampler per level)."""
+    per_level = num_res_blocks + 2
+    resnet = (("norm1.gamma", "residual.0.gamma"), ("conv1.", "residual.2."), ("norm2.gamma", "residual.3.gamma"),
+              ("conv2.", "residual.6."), ("conv_shortcut.", "shortcut."))
+    out = {}
+    for key, tensor in sd.items():
+        new = key
+        for side in ("encoder", "decoder"):
+            new = re.sub(rf"^{side}\.conv_in\.", f"{side}.conv1.", new)
+            new = re.sub(rf"^{side}\.norm_out\.gamma$", f"{side}.head.0.gamma", new)
+            new = re.sub(rf"^{side}\.conv_out\.", f"{side}.head.2.", new)
+            new = re.sub(rf"^{side}\.mid_block\.attentions\.0\.", f"{side}.middle.1.", new)
+            m = re.match(rf"^{side}\.mid_block\.resnets\.(\d)\.(.*)$", new)
+            if m:
+                new = f"{side}.middle.{2 * int(m[1])}.{m[2]}"
+        new = re.sub(r"^quant_conv\.", "conv1.", new)
+        new = re.sub(r"^post_quant_conv\.", "conv2.", new)
+        new = re.sub(r"^encoder\.down_blocks\.", "encoder.downsamples.", new)
+        m = re.match(r"^decoder\.up_blocks\.(\d+)\.resnets\.(\d+)\.(.*)$", new)
+        if m:
+            new = f"decoder.upsamples.{int(m[1]) * per_level + int(m[2])}.{m[3]}"
+        m = re.match(r"^decoder\.up_blocks\.(\d+)\.upsamplers\.0\.(.*)$", new)
+        if m:
+            new = f"decoder.upsamples.{int(m[1]) * per_level + num_res_blocks + 1}.{m[2]}"
+        m = re.match(r"^((?:encoder|decoder)\.(?:downsamples|upsamples|middle)\.\d+\.)(.*)$", new)
+        if m:
+            rest = m[2]
+            for a, b in resnet:
+                if rest.startswith(a):
+                    rest = b + rest[len(a):]
+            new = m[1] + rest
+        out[new] = tensor.detach().clone().contiguous()
+    return out
+
+
+def scaled_fp8(sd: dict[str, torch.Tensor], *, marker: bool = True) -> dict[str, torch.Tensor]:
+    """ComfyUI's scaled-fp8 storage of ``sd``: every 2-D ``*.weight`` as ``float8_e4m3fn``
+    with a per-layer fp32 ``scale_weight`` (amax / 448) and a ``scale_input`` of 1; the
+    other tensors kept; plus the ``scaled_fp8`` marker."""
+    out: dict[str, torch.Tensor] = {}
+    for key, tensor in sd.items():
+        if key.endswith(".weight") and tensor.dim() == 2:
+            scale = (tensor.abs().amax().float() / 448.0).clamp_min(1e-12).reshape(1)
+            out[key] = (tensor.float() / scale).to(torch.float8_e4m3fn)
+            base = key[: -len(".weight")]
+            out[f"{base}.scale_weight"] = scale
+            out[f"{base}.scale_input"] = torch.ones(1)
+        else:
+            out[key] = tensor
+    if marker:
+        out["scaled_fp8"] = torch.empty(0, dtype=torch.float8_e4m3fn)
+    return out
+
+
+# diffusers FluxTransformer2DModel -> BFL keys (inverse of convert_flux_transformer_checkpoint_to_diffusers)
+_FLUX_PLAIN = (
+    (r"^time_text_embed\.timestep_embedder\.linear_1\.", "time_in.in_layer."),
+    (r"^time_text_embed\.timestep_embedder\.linear_2\.", "time_in.out_layer."),
+    (r"^time_text_embed\.text_embedder\.linear_1\.", "vector_in.in_layer."),
+    (r"^time_text_embed\.text_embedder\.linear_2\.", "vector_in.out_layer."),
+    (r"^time_text_embed\.guidance_embedder\.linear_1\.", "guidance_in.in_layer."),
+    (r"^time_text_embed\.guidance_embedder\.linear_2\.", "guidance_in.out_layer."),
+    (r"^context_embedder\.", "txt_in."),
+    (r"^x_embedder\.", "img_in."),
+    (r"^proj_out\.", "final_layer.linear."),
+    (r"^transformer_blocks\.(\d+)\.norm1\.linear\.", r"double_blocks.\1.img_mod.lin."),
+    (r"^transformer_blocks\.(\d+)\.norm1_context\.linear\.", r"double_blocks.\1.txt_mod.lin."),
+    (r"^transformer_blocks\.(\d+)\.attn\.norm_q\.weight", r"double_blocks.\1.img_attn.norm.query_norm.scale"),
+    (r"^transformer_blocks\.(\d+)\.attn\.norm_k\.weight", r"double_blocks.\1.img_attn.norm.key_norm.scale"),
+    (r"^transformer_blocks\.(\d+)\.attn\.norm_added_q\.weight", r"double_blocks.\1.txt_attn.norm.query_norm.scale"),
+    (r"^transformer_blocks\.(\d+)\.attn\.norm_added_k\.weight", r"double_blocks.\1.txt_attn.norm.key_norm.scale"),
+    (r"^transformer_blocks\.(\d+)\.ff\.net\.0\.proj\.", r"double_blocks.\1.img_mlp.0."),
+    (r"^transformer_blocks\.(\d+)\.ff\.net\.2\.", r"double_blocks.\1.img_mlp.2."),
+    (r"^transformer_blocks\.(\d+)\.ff_context\.net\.0\.proj\.", r"double_blocks.\1.txt_mlp.0."),
+    (r"^transformer_blocks\.(\d+)\.ff_context\.net\.2\.", r"double_blocks.\1.txt_mlp.2."),
+    (r"^transformer_blocks\.(\d+)\.attn\.to_out\.0\.", r"double_blocks.\1.img_attn.proj."),
+    (r"^transformer_blocks\.(\d+)\.attn\.to_add_out\.", r"double_blocks.\1.txt_attn.proj."),
+    (r"^single_transformer_blocks\.(\d+)\.norm\.linear\.", r"single_blocks.\1.modulation.lin."),
+    (r"^single_transformer_blocks\.(\d+)\.attn\.norm_q\.weight", r"single_blocks.\1.norm.query_norm.scale"),
+    (r"^single_transformer_blocks\.(\d+)\.attn\.norm_k\.weight", r"single_blocks.\1.norm.key_norm.scale"),
+    (r"^single_transformer_blocks\.(\d+)\.proj_out\.", r"single_blocks.\1.linear2."),
+)
+
+
+def flux_dit_original(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    sd = {k: v.detach() for k, v in sd.items()}
+    out: dict[str, torch.Tensor] = {}
+    for leaf in ("weight", "bias"):
+        for i in sorted({int(k.split(".")[1]) for k in sd if k.startswith("transformer_blocks.")}):
+            p = f"transformer_blocks.{i}.attn"
+            out[f"double_blocks.{i}.img_attn.qkv.{leaf}"] = torch.cat([sd.pop(f"{p}.to_{n}.{leaf}") for n in "qkv"])
+            out[f"double_blocks.{i}.txt_attn.qkv.{leaf}"] = torch.cat([sd.pop(f"{p}.add_{n}_proj.{leaf}") for n in "qkv"])
+        for i in sorted({int(k.split(".")[1]) for k in sd if k.startswith("single_transformer_blocks.")}):
+            p = f"single_transformer_blocks.{i}"
+            out[f"single_blocks.{i}.linear1.{leaf}"] = torch.cat(
+                [sd.pop(f"{p}.attn.to_{n}.{leaf}") for n in "qkv"] + [sd.pop(f"{p}.proj_mlp.{leaf}")])
+        scale, shift = sd.pop(f"norm_out.linear.{leaf}").chunk(2)
+        out[f"final_layer.adaLN_modulation.1.{leaf}"] = torch.cat([shift, scale])
+    out.update(_renamed(sd, _FLUX_PLAIN))
+    return {k: v.clone().contiguous() for k, v in out.items()}
+
+
+def kl_vae_original(sd: dict[str, torch.Tensor], levels: int) -> dict[str, torch.Tensor]:
+    """diffusers ``AutoencoderKL`` -> the LDM/BFL ``ae.safetensors`` keys (inverse of
+    convert_ldm_vae_checkpoint): decoder levels reversed, attention as 1x1 convs."""
+    attn = {"group_norm": "norm", "to_q": "q", "to_k": "k", "to_v": "v", "to_out.0": "proj_out"}
+    out = {}
+    for key, tensor in sd.items():
+        new = key.replace("conv_shortcut.", "nin_shortcut.")
+        new = re.sub(r"^(encoder|decoder)\.conv_norm_out\.", r"\1.norm_out.", new)
+        new = re.sub(r"^(encoder|decoder)\.mid_block\.resnets\.(\d)\.",
+                     lambda m: f"{m[1]}.mid.block_{int(m[2]) + 1}.", new)
+        if m := re.match(r"^(encoder|decoder)\.mid_block\.attentions\.0\.(group_norm|to_q|to_k|to_v|to_out\.0)\.(.*)$", new):
+            new = f"{m[1]}.mid.attn_1.{attn[m[2]]}.{m[3]}"
+            if tensor.dim() == 2:
+                tensor = tensor[:, :, None, None]
+        new = re.sub(r"^encoder\.down_blocks\.(\d+)\.resnets\.", r"encoder.down.\1.block.", new)
+        new = re.sub(r"^encoder\.down_blocks\.(\d+)\.downsamplers\.0\.", r"encoder.down.\1.downsample.", new)
+        new = re.sub(r"^decoder\.up_blocks\.(\d+)\.resnets\.", lambda m: f"decoder.up.{levels - 1 - int(m[1])}.block.", new)
+        new = re.sub(r"^decoder\.up_blocks\.(\d+)\.upsamplers\.0\.",
+                     lambda m: f"decoder.up.{levels - 1 - int(m[1])}.upsample.", new)
+        out[new] = tensor.detach().clone().contiguous()
+    return out
+
+
+def comfy_quant_fp8(sd: dict[str, torch.Tensor], fmt: str = "float8_e4m3fn") -> dict[str, torch.Tensor]:
+    """ComfyUI's mixed-precision storage (comfy/ops.py MixedPrecisionOps): every 2-D ``*.weight``
+    in fp8 with ``weight_scale``, an ``input_scale`` and a ``comfy_quant`` JSON-bytes tensor."""
+    import json
+
+    out: dict[str, torch.Tensor] = {}
+    for key, tensor in sd.items():
+        if key.endswith(".weight") and tensor.dim() == 2:
+            base = key[: -len(".weight")]
+            scale = (tensor.abs().amax().float() / 448.0).clamp_min(1e-12)
+            out[key] = (tensor.float() / scale).to(torch.float8_e4m3fn)
+            out[f"{base}.weight_scale"] = scale
+            out[f"{base}.input_scale"] = torch.tensor(1.0)
+            out[f"{base}.comfy_quant"] = torch.tensor(list(json.dumps({"format": fmt}).encode()), dtype=torch.uint8)
+        else:
+            out[key] = tensor
+    return out

@@ -1,0 +1,119 @@
+"""Original-layout Wan single files (ComfyUI's ``diffusion_models/`` and ``vae/``) load into our
+Wan DiT and VAE with the module state diffusers' ``from_single_file`` gives on the same file."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from omniloop.models.autoencoders.wan_vae import load_wan_vae, vae_state_dict_from_diffusers
+from omniloop.models.autoencoders.wan_vae import load_wan_vae_single_file
+from omniloop.models.families.wan.weights import dit_state_dict_from_diffusers, load_wan_dit_single_file
+from tests.models.comfy.original_layout import comfy_quant_fp8, scaled_fp8, wan_dit_original, wan_vae_original
+from tests.wan_checkpoint import tiny_transformer
+
+diffusers = pytest.importorskip("diffusers")
+
+
+def _tiny_i2v():
+    torch.manual_seed(4)
+    return diffusers.WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=36, out_channels=16,
+        text_dim=32, freq_dim=16, ffn_dim=32, num_layers=2, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
+        eps=1e-6, image_dim=20, added_kv_proj_dim=24, rope_max_seq_len=32).eval()
+
+
+def _perturbed(model):
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # norms off 1, biases off 0: a swapped key cannot hide
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    return model
+
+
+def _assert_same(ours: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    assert sorted(ours) == sorted(expected)
+    bad = [k for k in expected if ours[k].dtype != expected[k].dtype or not torch.equal(ours[k], expected[k])]
+    assert not bad, f"tensors differ: {bad[:5]}"
+
+
+@pytest.mark.parametrize("kind", ["t2v", "i2v"])
+def test_wan_dit_single_file_equals_diffusers_from_single_file(tmp_path, kind):
+    model = _perturbed(tiny_transformer(2) if kind == "t2v" else _tiny_i2v())
+    model.save_pretrained(tmp_path / "transformer")
+    path = tmp_path / f"wan_{kind}.safetensors"
+    save_file(wan_dit_original(model.state_dict()), path)
+    # the inverse map is right: diffusers reads the file back to the model it came from
+    oracle = diffusers.WanTransformer3DModel.from_single_file(str(path), config=str(tmp_path / "transformer"))
+    _assert_same(oracle.state_dict(), model.state_dict())
+
+    ours = load_wan_dit_single_file(path, dtype=torch.float32, attention_head_dim=12)
+    _assert_same(ours.state_dict(), {k: v for k, v in dit_state_dict_from_diffusers(oracle.state_dict()).items()
+                                     if k in ours.state_dict()})
+    assert ours.config.num_layers == 2 and ours.config.in_channels == model.config.in_channels
+    assert ours.config.image_dim == model.config.image_dim
+
+
+def test_wan_dit_single_file_wrapped_bf16_and_scaled_fp8(tmp_path):
+    model = _perturbed(tiny_transformer(2))
+    original = wan_dit_original(model.state_dict())
+    # a ComfyUI full checkpoint wraps the DiT keys; bf16 storage loads as bf16 (fp32 where diffusers keeps fp32)
+    save_file({f"model.diffusion_model.{k}": v.to(torch.bfloat16) for k, v in original.items()},
+              tmp_path / "bf16.safetensors")
+    bf16 = load_wan_dit_single_file(tmp_path / "bf16.safetensors", dtype=torch.bfloat16, attention_head_dim=12)
+    assert bf16.blocks[0].self_attn.qkv.weight.dtype == torch.bfloat16
+    assert bf16.scale_shift_table.dtype == torch.float32  # diffusers' _keep_in_fp32_modules
+    expected = torch.cat([original[f"blocks.0.self_attn.{p}.weight"] for p in "qkv"]).to(torch.bfloat16)
+    assert torch.equal(bf16.blocks[0].self_attn.qkv.weight, expected)
+
+    fp8 = scaled_fp8(original)
+    save_file(fp8, tmp_path / "fp8.safetensors")
+    ours = load_wan_dit_single_file(tmp_path / "fp8.safetensors", dtype=torch.float32, attention_head_dim=12)
+    dequant = fp8["blocks.1.ffn.0.weight"].float() * fp8["blocks.1.ffn.0.scale_weight"]
+    assert torch.equal(ours.blocks[1].ffn.proj_in.weight, dequant)
+    assert (dequant - original["blocks.1.ffn.0.weight"]).abs().max() < 0.1 * original["blocks.1.ffn.0.weight"].abs().max()
+
+
+def test_wan_dit_single_file_mixed_precision_fp8(tmp_path):
+    original = wan_dit_original(_perturbed(tiny_transformer(2)).state_dict())
+    quant = comfy_quant_fp8(original)
+    save_file(quant, tmp_path / "mixed.safetensors")
+    ours = load_wan_dit_single_file(tmp_path / "mixed.safetensors", dtype=torch.float32, attention_head_dim=12)
+    dequant = quant["blocks.0.cross_attn.o.weight"].float() * quant["blocks.0.cross_attn.o.weight_scale"]
+    assert torch.equal(ours.blocks[0].cross_attn.out.weight, dequant)
+    save_file(comfy_quant_fp8(original, fmt="nvfp4"), tmp_path / "nvfp4.safetensors")
+    with pytest.raises(ValueError, match=r"stored as 'nvfp4'; only fp8"):
+        load_wan_dit_single_file(tmp_path / "nvfp4.safetensors", attention_head_dim=12)
+
+
+def test_wan_dit_single_file_bad_input(tmp_path):
+    with pytest.raises(FileNotFoundError, match="Wan diffusion-model"):
+        load_wan_dit_single_file(tmp_path / "nope.safetensors")
+    save_file({"foo.weight": torch.zeros(2)}, tmp_path / "other.safetensors")
+    with pytest.raises(ValueError, match="not an original-layout Wan DiT"):
+        load_wan_dit_single_file(tmp_path / "other.safetensors")
+    original = wan_dit_original(tiny_transformer(2).state_dict())
+    save_file(original, tmp_path / "wan.safetensors")
+    with pytest.raises(ValueError, match="attention_head_dim=128"):
+        load_wan_dit_single_file(tmp_path / "wan.safetensors")  # width 24 is no multiple of 128
+    del original["blocks.1.self_attn.k.weight"]
+    save_file(original, tmp_path / "broken.safetensors")
+    with pytest.raises(ValueError, match=r"blocks\.1\.attn1\.to_k\.weight"):
+        load_wan_dit_single_file(tmp_path / "broken.safetensors", attention_head_dim=12)
+
+
+def test_wan_vae_single_file_equals_diffusers_from_single_file(tmp_path):
+    torch.manual_seed(1)
+    vae = _perturbed(diffusers.AutoencoderKLWan(base_dim=8, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2,
+                                                temperal_downsample=[False, True, True]).eval())
+    vae.save_pretrained(tmp_path / "vae")
+    path = tmp_path / "wan_2.1_vae.safetensors"
+    save_file(wan_vae_original(vae.state_dict()), path)
+    oracle = diffusers.AutoencoderKLWan.from_single_file(str(path), config=str(tmp_path / "vae"))
+    _assert_same(oracle.state_dict(), vae.state_dict())
+
+    ours = load_wan_vae_single_file(path, dtype=torch.float32)
+    _assert_same(ours.state_dict(), vae_state_dict_from_diffusers(oracle.state_dict()))
+    folder = load_wan_vae(tmp_path / "vae", dtype=torch.float32)
+    _assert_same(ours.state_dict(), folder.state_dict())

@@ -169,6 +169,24 @@ def resolve_request(request: OmniRequest, defaults: GenerationDefaults) -> OmniR
     return request.model_copy(update={"diffusion": p.model_copy(update=fill)}) if fill else request
 
 
+def effective_sampling(params: SamplingParams, defaults: Mapping[str, Any]) -> SamplingParams:
+    """Fill the fields the request left unset from the model's generation defaults
+    (``generation_config.json``); an explicitly set field always wins."""
+    update = {k: v for k, v in defaults.items() if k in SamplingParams.model_fields and k not in params.model_fields_set}
+    return params.model_copy(update=update) if update else params
+
+
+def resolve_sampling(request: OmniRequest, defaults: GenerationDefaults) -> OmniRequest:
+    """``request`` with the ``SamplingParams`` fields it leaves unset taken from the model's
+    text defaults (``defaults.text.sampling``: its generation_config.json), once, at admission
+    (before the family's checks: nothing of the request's inputs decides them), so an AR loop
+    reads the resolved ``request.sampling``. Idempotent (filled fields count as set)."""
+    if defaults.text is None:
+        return request
+    sampling = effective_sampling(request.sampling, defaults.text.sampling)
+    return request if sampling is request.sampling else request.model_copy(update={"sampling": sampling})
+
+
 def admitted(value: T | None, name: str, node: str) -> T:
     """A resolved request field a loop reads (``diffusion.<name>``): admission has set it."""
     assert value is not None, (f"node {node!r} reads diffusion.{name}, which admission resolves "
@@ -189,4 +207,4 @@ def admitted_seed(seed: int | None, node: str) -> int:
 
 
 __all__ = ["DEFAULT_FPS", "FamilyDefaults", "GenerationDefaults", "TextDefaults", "admitted", "admitted_seed",
-           "admitted_steps", "resolve_request", "resolve_seeds"]
+           "admitted_steps", "effective_sampling", "resolve_request", "resolve_sampling", "resolve_seeds"]

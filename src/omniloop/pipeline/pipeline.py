@@ -14,7 +14,7 @@ import torch
 from pydantic import ValidationError
 
 from omniloop.pipeline.adapters import check_loras
-from omniloop.pipeline.defaults import GenerationDefaults, resolve_request, resolve_seeds
+from omniloop.pipeline.defaults import GenerationDefaults, resolve_request, resolve_sampling, resolve_seeds
 from omniloop.pipeline.spec import Node, PipelineSpec
 from omniloop.pipeline.state import RequestState, StageContext
 from omniloop.request import (Artifact, ErrorKind, InvalidRequest, Modality, OmniOutput, OmniRequest, RequestStatus,
@@ -64,14 +64,14 @@ class Pipeline:
 
     # -- admission ------------------------------------------------------------------
     def admit(self, request: OmniRequest) -> RequestState:
-        """Resolve ``request`` (its seeds; the family's fills; then the steps and geometry it
-        leaves unset, from this pipeline's defaults: ``resolve_request``), once, validate it
+        """Resolve ``request`` (its seeds and its sampling defaults; the family's fills; then the
+        steps and geometry it leaves unset, from this pipeline's defaults: ``resolve_request``), once, validate it
         against this pipeline and allocate its state (``state.request``: the resolved request,
         whose fields the loops read).
 
         Raises InvalidRequest (a ValueError) naming the field at fault; nothing later fails on bad input.
         """
-        request = resolve_seeds(request, self.defaults)
+        request = resolve_sampling(resolve_seeds(request, self.defaults), self.defaults)  # the family checks them
         if request.task not in self.spec.tasks:
             raise InvalidRequest(
                 f"task {request.task.value!r} is not served by {self.spec.name!r}",

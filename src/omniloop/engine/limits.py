@@ -48,8 +48,11 @@ class NodeSteps:
 
 def denoise_steps(request: OmniRequest, nodes: Iterable[Node], node_params: Mapping[str, Any]) -> list[NodeSteps]:
     """Per active node whose parameters are a denoise loop's (``DenoiseParams``), in order:
-    its ``node_params`` steps, else the resolved request's (``resolve_request`` set them)."""
-    out = []
+    its ``node_params`` steps, else the resolved request's (``resolve_request`` set them).
+    A text-out request (task reason) runs no denoise loop."""
+    out: list[NodeSteps] = []
+    if request.task is TaskType.REASON:
+        return out
     for node in nodes:
         schema = node.stage.params_schema
         if schema is None or not issubclass(schema, DenoiseParams):

@@ -27,8 +27,8 @@ from omniloop.request import DiffusionParams, OmniRequest, SamplingParams, TaskT
 F = TypeVar("F", bound="FamilyDefaults")
 T = TypeVar("T")
 
-# the frame rate of a video model whose defaults state none (diffusers' export_to_video default is 8; ours
-# has always been 16, the rate of Wan-class checkpoints)
+# the frame rate of a video model whose defaults state none (the rate of Wan-class checkpoints; the
+# decode and rollout stages' fallback before admission resolved it)
 DEFAULT_FPS = 16
 
 

@@ -73,3 +73,17 @@ def test_the_engine_runs_and_reports_the_node_params_steps(make_engine):
     outs, _ = run_all(engine)
     assert outs[rid].status is RequestStatus.COMPLETED
     assert outs[rid].metrics.steps == 3  # the denoise loop's 3 steps, not the request's 2
+
+
+def test_non_finite_numbers_are_refused_naming_the_field(wan_pipeline):
+    """NaN / Infinity were accepted for guidance_scale (and any float knob): the request plane and
+    the node-parameter schemas refuse them, naming the field."""
+    from omniloop.request.builder import build_request
+
+    with pytest.raises(ValueError, match=r"^diffusion.guidance_scale: Input should be a finite number"):
+        build_request(TaskType.T2V, "a clip", {"guidance_scale": float("nan")})
+    with pytest.raises(ValueError, match=r"^diffusion.shift: Input should be a finite number"):
+        build_request(TaskType.T2V, "a clip", {"shift": float("inf")})
+    request = _t2v(steps=2, height=32, width=32, num_frames=5, node_params={"denoise": {"guidance_scale": float("-inf")}})
+    with pytest.raises(ValueError, match=r"node_params\['denoise'\].guidance_scale: Input should be a finite number"):
+        admit(wan_pipeline, request, limits=LIMITS)

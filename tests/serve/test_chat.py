@@ -134,8 +134,10 @@ def cosmos3_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cosmos3_server(cosmos3_dir):
+    # max_pixels admits an action run's canvas (a first frame at tier 256 runs at 320x192), which
+    # the ceiling counts since it is checked on the resolved request
     with live_server(cosmos3_dir, serve={"warmup": []}, limits={"max_steps": 4, "max_frames": 17,
-                                                                "max_pixels": 64 * 64}) as server:
+                                                                "max_pixels": 320 * 192}) as server:
         yield server
 
 

@@ -8,6 +8,7 @@ from collections import Counter
 import httpx
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 from schemathesis.generation.modes import GenerationMode
 
@@ -57,3 +58,42 @@ def test_openapi_fuzzing_finds_no_5xx(strict_server):
     assert tally.statuses[400] > 0
     assert tally.generations["POST /v1/videos"] > 0 and tally.generations["POST /v1/images/generations"] > 0
     assert httpx.get(f"{url}/ready").status_code == 200  # and the server is still fine
+
+
+# -- node_params beyond the limits (issue 29 item 3) ------------------------------------------------
+# the denoise node's knobs with values that are each valid for the node's schema; steps above the
+# strict server's max_steps (4) must be refused however they are combined, naming the field and the limit
+NODE_KNOBS = st.fixed_dictionaries(
+    {"steps": st.integers(min_value=5, max_value=1000)},
+    optional={"guidance_scale": st.floats(min_value=0, max_value=20), "shift": st.floats(min_value=0.5, max_value=20),
+              "sampler": st.sampled_from(["flow_unipc", "flow_euler"])},
+)
+# request fields beside them (valid under the strict limits): the ceiling holds whatever else is set
+WIRE = st.fixed_dictionaries({}, optional={"steps": st.integers(min_value=1, max_value=4),
+                                           "seed": st.integers(min_value=0, max_value=2**31),
+                                           "guidance_scale": st.floats(min_value=0, max_value=20),
+                                           "num_frames": st.sampled_from([1, 5, 9])})
+
+
+def test_node_params_beyond_the_limits_are_refused_naming_the_field(strict_server):
+    url = strict_server.url
+    tried = []
+
+    @settings(max_examples=40, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(knobs=NODE_KNOBS, wire=WIRE)
+    def run(knobs, wire):
+        # the request's own steps default to the model's 50, refused first (as the request's): set them
+        body = {"prompt": "a cat", "size": "32x32", "num_frames": 5, "steps": 2, **wire,
+                "node_params": {"denoise": knobs}}
+        r = httpx.post(f"{url}/v1/videos", json=body, timeout=60)
+        assert r.status_code == 400, (body, r.text)
+        error = r.json()["error"]
+        assert error["code"] == "limit_exceeded" and error["param"] == "node_params", (body, error)
+        assert error["message"] == (f"node_params['denoise'].steps: {knobs['steps']} steps exceed this deployment's "
+                                    "limit of 4 (limits.max_steps); pass fewer steps"), (body, error)
+        tried.append(knobs["steps"])
+
+    run()
+    assert len(tried) >= 20 and max(tried) > 100, tried
+    assert httpx.get(f"{url}/ready").status_code == 200

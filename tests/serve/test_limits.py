@@ -98,3 +98,54 @@ def test_unset_fields_count_at_the_models_defaults(wan_t2v_dir):
     with pytest.raises(ValueError, match=r"^diffusion.steps: 50 steps exceed"):
         gen.generate_video("a cat", save_video=False, height=32, width=32, num_frames=5)
     assert gen.engine.stats.rejected == 2
+
+
+# -- node_params cannot bypass a ceiling; a job reports what runs (issue 29 item 3) ---------------
+NODE_STEPS_MESSAGE = ("node_params['denoise'].steps: 1000 steps exceed this deployment's limit of 4 (limits.max_steps); "
+                      "pass fewer steps")
+
+
+def test_node_params_steps_over_max_steps_are_refused_over_http_and_offline(wan_t2v_dir, strict_server):
+    """``node_params: {"denoise": {"steps": 1000}}`` ran 1000 steps under max_steps 4: the
+    ceiling is now checked on the resolved request, the node's own steps included."""
+    r = httpx.post(f"{strict_server.url}/v1/videos", json={**BASE, "prompt": "a cat", "size": "32x32",
+                                                           "node_params": {"denoise": {"steps": 1000}}})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert (error["code"], error["param"], error["message"]) == ("limit_exceeded", "node_params", NODE_STEPS_MESSAGE)
+    gen = VideoGenerator.from_pretrained(wan_t2v_dir, device="cpu", dtype="float32", limits=STRICT_LIMITS)
+    request = gen.build_request("a cat", **BASE).model_copy(update={"node_params": {"denoise": {"steps": 1000}}})
+    with pytest.raises(ValueError) as info:
+        gen.generate(request)
+    assert str(info.value) == NODE_STEPS_MESSAGE
+    assert gen.engine.stats.rejected == 1
+
+
+def test_the_job_reports_the_steps_that_run(wan_t2v_dir, strict_server):
+    """The job object said ``steps: 4`` (the wire value) while the node ran others: it now
+    reports admission's resolved values, from the create response on."""
+    body = {"prompt": "a cat", "size": "32x32", "num_frames": 5, "steps": 2, "node_params": {"denoise": {"steps": 3}}}
+    r = httpx.post(f"{strict_server.url}/v1/videos", json=body)
+    assert r.status_code == 200, r.text
+    assert (r.json()["steps"], r.json()["num_frames"], r.json()["size"]) == (3, 5, "32x32")
+    done = strict_server.wait_finished(r.json()["id"])
+    assert done["status"] == "completed" and done["steps"] == 3, done
+    # offline: the output's metrics count the 3 steps that ran
+    gen = VideoGenerator.from_pretrained(wan_t2v_dir, device="cpu", dtype="float32", limits=STRICT_LIMITS)
+    request = gen.build_request("a cat", **BASE).model_copy(update={"node_params": {"denoise": {"steps": 3}}})
+    out = gen.generate(request)
+    assert out.status.value == "completed" and out.metrics.steps == 3
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity"])
+def test_non_finite_numbers_are_refused_naming_the_field(strict_server, value):
+    """NaN / Infinity in a wire field or in node_params: a 400 naming the field (was accepted)."""
+    for raw, param, field in ((f'{{"prompt": "a cat", "size": "32x32", "guidance_scale": {value}}}', "guidance_scale",
+                               "guidance_scale"),
+                              (f'{{"prompt": "a cat", "size": "32x32", "num_frames": 5, "steps": 2, "node_params": {{"denoise": '
+                               f'{{"guidance_scale": {value}}}}}}}', "node_params",
+                               "node_params['denoise'].guidance_scale")):
+        r = httpx.post(f"{strict_server.url}/v1/videos", content=raw, headers={"content-type": "application/json"})
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == param and field in error["message"] and "finite" in error["message"], error

@@ -8,7 +8,7 @@ from typing import Any, Mapping
 
 import torch
 
-from omniloop.pipeline.defaults import GenerationDefaults
+from omniloop.pipeline.defaults import admitted
 from omniloop.pipeline.loops.denoise import DenoiserBase, text_branch_inputs
 from omniloop.pipeline.policies.cfg import Prediction
 from omniloop.pipeline.state import RequestState, StageContext
@@ -26,12 +26,12 @@ class ToyGeometry:
     num_frames: int
 
 
-def geometry(request: OmniRequest, defaults: GenerationDefaults) -> ToyGeometry:
-    """The request's size, the model's defaults where it sets none (an image is one frame)."""
-    p, d = request.diffusion, defaults
-    assert d.height is not None and d.width is not None and d.num_frames is not None, "the toy makes videos"
-    frames_default = 1 if request.task.makes_image else d.num_frames
-    return ToyGeometry(height=p.height or d.height, width=p.width or d.width, num_frames=p.num_frames or frames_default)
+def geometry(request: OmniRequest, node: str = "admission") -> ToyGeometry:
+    """The resolved request's size (admission filled in the model's defaults where it set
+    none: ``resolve_request``; an image is one frame)."""
+    p = request.diffusion
+    return ToyGeometry(height=admitted(p.height, "height", node), width=admitted(p.width, "width", node),
+                       num_frames=admitted(p.num_frames, "num_frames", node))
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class ToyDenoiser(DenoiserBase):
     modalities: tuple[str, ...] = (VIDEO,)
 
     def latent_shapes(self, ctx: StageContext, request: OmniRequest) -> dict[str, tuple[int, ...]]:
-        g = geometry(request, ctx.defaults)
+        g = geometry(request, ctx.node)
         frames = (g.num_frames - 1) // SCALE_TEMPORAL + 1
         channels = ctx.component("transformer").config.latent_channels
         return {VIDEO: (1, channels, frames, g.height // SCALE_SPATIAL, g.width // SCALE_SPATIAL)}

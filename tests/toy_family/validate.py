@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from omniloop.pipeline.defaults import GenerationDefaults
+from omniloop.pipeline.defaults import GenerationDefaults, resolve_request
 from omniloop.pipeline.samplers.sampler_set import SamplerSet
 from omniloop.request import OmniRequest, TaskType
 
@@ -16,7 +16,8 @@ def make_validator(defaults: GenerationDefaults, samplers: SamplerSet, multiple:
     """``multiple``: the size step (VAE scale x patch size)."""
 
     def validate(request: OmniRequest) -> OmniRequest:
-        g = geometry(request, defaults)
+        request = resolve_request(request, defaults)  # what runs: the checks below are on it
+        g = geometry(request)
         for name, value, most in (("height", g.height, MAX_SIZE), ("width", g.width, MAX_SIZE),
                                   ("num_frames", g.num_frames, MAX_FRAMES)):
             if value > most:

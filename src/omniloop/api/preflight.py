@@ -153,7 +153,7 @@ def check_deploy_limits(limits: Limits, task: str | None, params: Mapping[str, A
     for a manifest model, its defaults: the engine's own check (engine/limits.py), run before
     loading. A diffusers checkpoint's defaults are known once it loads: its unset fields are
     checked then. Not for text out (--task reason: no frames, pixels or steps)."""
-    from omniloop.engine.limits import check_limits  # imports torch (the engine): the deployment already did
+    from omniloop.engine.limits import check_as_asked  # imports torch (the engine): the deployment already did
     from omniloop.pipeline.defaults import GenerationDefaults
 
     if task == TaskType.REASON.value:
@@ -163,4 +163,4 @@ def check_deploy_limits(limits: Limits, task: str | None, params: Mapping[str, A
     # a manifest's defaults, typed; unknown ones (a diffusers checkpoint before it loads) count as
     # the least they can be (no frames, no pixels, one step): the engine checks them once known
     least = GenerationDefaults(steps=1)
-    check_limits(request, limits, least if model is None else least.with_json(model.defaults, model.name))
+    check_as_asked(request, limits, least if model is None else least.with_json(model.defaults, model.name))

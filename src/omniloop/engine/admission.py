@@ -3,14 +3,18 @@
 ``admit`` is the only way a request enters an engine (rank 0's, and a pool follower's with
 no ceilings); it raises, naming the field at fault, or returns an ``Admitted``:
 
-1. **limits** (``DeployConfig.limits``), the cheapest refusal first: frames, steps and
-   pixels with the model's ``GenerationDefaults`` counting for what the request leaves
-   unset (what would run). A request sized by its input (an edit's image) has its pixels
-   checked once the family has sized it (step 2); every ceiling is checked once.
-2. **resolve + validate** (``Pipeline.admit``): the seeds drawn (once: every loop and every
+0. **limits as asked** (``check_as_asked``): a request already over a ceiling with the
+   model's defaults for what it leaves unset is refused before the family reads its inputs
+   (the cheapest refusal first).
+1. **resolve + validate** (``Pipeline.admit``): the seeds drawn (once: every loop and every
    rank of a pool use them), the task, modalities, LoRAs, the family's checks and fills
-   (an edit's size, a v2v's frames, a student's sigmas), the node parameters, the stages'
+   (an edit's size, a v2v's frames, a student's sigmas), then the model's
+   ``GenerationDefaults`` for the steps and geometry left unset (``resolve_request``): the
+   resolved request carries every value the loops read; the node parameters, the stages'
    own checks; plugin parameters.
+2. **limits** (``DeployConfig.limits``) on the resolved request: frames, pixels and steps
+   as they would run (an edit's size is its image's), each loop node's ``node_params`` steps
+   included (``denoise_steps``): no path around a ceiling.
 3. **estimate**: every active node's ``WorkEstimate`` and the ``MemoryEstimate`` the memory
    budget reserves; a request that cannot fit even alone is refused (``DoesNotFit``).
 
@@ -24,7 +28,7 @@ from typing import Mapping
 
 from omniloop.deploy import Limits
 from omniloop.engine.errors import DoesNotFit
-from omniloop.engine.limits import check_limits, check_pixels, sized_by_input
+from omniloop.engine.limits import check_as_asked, check_limits, denoise_steps
 from omniloop.engine.memory_budget import MemoryBudget, MemoryEstimate
 from omniloop.ext.install import check_plugin_params
 from omniloop.pipeline.pipeline import Pipeline
@@ -50,13 +54,16 @@ class RequestEstimates:
 
 @dataclass(frozen=True)
 class Admitted:
-    """An admitted request: ``request`` resolved (seeds fixed, the family's fills), its
-    ``state`` allocated, its active ``nodes`` and its ``estimates``."""
+    """An admitted request: ``request`` resolved (seeds fixed, the family's fills, the
+    model's defaults for what it left unset), its ``state`` allocated, its active ``nodes``,
+    its ``estimates`` and ``steps``: the denoising steps its first denoise loop runs (its
+    ``node_params`` steps, else the request's; None: no denoise loop), what a job reports."""
 
     request: OmniRequest
     state: RequestState
     nodes: list[Node]
     estimates: RequestEstimates
+    steps: int | None = None
 
 
 def admit(pipeline: Pipeline, request: OmniRequest, *, limits: Limits | None = None,
@@ -64,17 +71,18 @@ def admit(pipeline: Pipeline, request: OmniRequest, *, limits: Limits | None = N
     """The one admission pass (module docstring). ``limits`` / ``memory``: the deployment's
     ceilings and memory budget (None: not checked, a pool follower re-admitting what rank 0
     admitted). Raises ValueError (``RequestRejected``, ``LimitExceeded``) or ``DoesNotFit``."""
-    if limits is not None:  # before the family's checks: the cheapest refusal first
-        check_limits(request, limits, pipeline.defaults)
+    if limits is not None:
+        check_as_asked(request, limits, pipeline.defaults)
     state = pipeline.admit(request)
-    if limits is not None and sized_by_input(request) and not sized_by_input(state.request):
-        check_pixels(state.request, limits, pipeline.defaults)  # the family sized it from its input (an edit's image)
-    check_plugin_params(state.request, pipeline)
     nodes = pipeline.active_nodes(state.request)
+    steps = denoise_steps(state.request, nodes, state.node_params)
+    if limits is not None:  # on what would run: the resolved request and every node's own steps
+        check_limits(state.request, limits, steps)
+    check_plugin_params(state.request, pipeline)
     estimates = RequestEstimates.of(pipeline, state, nodes)
     if memory is not None:
         check_fits(estimates.memory, memory)
-    return Admitted(state.request, state, nodes, estimates)
+    return Admitted(state.request, state, nodes, estimates, steps=steps[0].steps if steps else None)
 
 
 def check_fits(need: MemoryEstimate, memory: MemoryBudget) -> None:

@@ -165,7 +165,8 @@ class Engine:
                 raise QueueFull(f"queue is full ({self.config.max_queue} waiting)", hint="retry later")
             self._requests[rid] = req
             self._intake.append(req)
-        self._emit(StatusEvent(request_id=rid, status=RequestStatus.QUEUED, predicted_cost_s=req.predicted_total_s))
+        self._emit(StatusEvent(request_id=rid, status=RequestStatus.QUEUED, predicted_cost_s=req.predicted_total_s,
+                               resolved=admitted.request, steps=admitted.steps))
         return rid
 
     def abort(self, request_id: str, *, forget: bool = False, reason: str | None = None) -> None:

@@ -2,7 +2,9 @@
 
 Every family builds one ``GenerationDefaults`` at pipeline build (from its presets, a
 manifest's ``defaults`` or a checkpoint's ``generation_config.json``); admission resolves
-a request against it once, and stages read its fields (never a string-keyed bag).
+a request against it once (``resolve_request``: the steps and the geometry a request leaves
+unset, after the family's own fills), and the loops read the resolved request's fields
+(``admitted_steps``, ``admitted``), never a fallback to the defaults.
 
 Architecture facts (latent scale factors, channels, patch sizes) are *not* defaults: they
 are typed fields of the components that own them (``vae.config.scale_factor_spatial``,
@@ -20,9 +22,14 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Mapping, TypeVar
 
-from omniloop.request import OmniRequest, SamplingParams
+from omniloop.request import DiffusionParams, OmniRequest, SamplingParams, TaskType
 
 F = TypeVar("F", bound="FamilyDefaults")
+T = TypeVar("T")
+
+# the frame rate of a video model whose defaults state none (the rate of Wan-class checkpoints; the
+# decode and rollout stages' fallback before admission resolved it)
+DEFAULT_FPS = 16
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,10 +144,67 @@ def resolve_seeds(request: OmniRequest, defaults: GenerationDefaults) -> OmniReq
     return request.model_copy(update=update) if update else request
 
 
+def resolve_request(request: OmniRequest, defaults: GenerationDefaults) -> OmniRequest:
+    """``request`` with the ``DiffusionParams`` values every loop reads filled in from the
+    model's ``defaults``, once, at admission (``Pipeline.admit``, after the family's own fills
+    from its inputs: an edit's size, a v2v's frames, an action run's canvas): ``steps`` (unless
+    explicit ``sigmas`` fix the schedule), ``height`` / ``width``, ``num_frames`` (1 for an
+    image task) and ``fps`` where the model makes pixels. Idempotent (a pool follower or a
+    restart re-admits the resolved request); a text-out request (task reason) runs no
+    denoise loop and is returned as is. Per-node overrides (``node_params``) stay the node's."""
+    if request.task is TaskType.REASON:
+        return request
+    p, d = request.diffusion, defaults
+    fill: dict[str, Any] = {}
+    if p.steps is None and p.sigmas is None:
+        fill["steps"] = d.steps
+    if p.height is None and d.height is not None:
+        fill["height"] = d.height
+    if p.width is None and d.width is not None:
+        fill["width"] = d.width
+    if p.num_frames is None and (request.task.makes_image or d.num_frames is not None):
+        fill["num_frames"] = 1 if request.task.makes_image else d.num_frames
+    if p.fps is None and d.num_frames is not None:  # a video model (its image tasks' fps is unused)
+        fill["fps"] = d.fps or DEFAULT_FPS
+    return request.model_copy(update={"diffusion": p.model_copy(update=fill)}) if fill else request
+
+
+def effective_sampling(params: SamplingParams, defaults: Mapping[str, Any]) -> SamplingParams:
+    """Fill the fields the request left unset from the model's generation defaults
+    (``generation_config.json``); an explicitly set field always wins."""
+    update = {k: v for k, v in defaults.items() if k in SamplingParams.model_fields and k not in params.model_fields_set}
+    return params.model_copy(update=update) if update else params
+
+
+def resolve_sampling(request: OmniRequest, defaults: GenerationDefaults) -> OmniRequest:
+    """``request`` with the ``SamplingParams`` fields it leaves unset taken from the model's
+    text defaults (``defaults.text.sampling``: its generation_config.json), once, at admission
+    (before the family's checks: nothing of the request's inputs decides them), so an AR loop
+    reads the resolved ``request.sampling``. Idempotent (filled fields count as set)."""
+    if defaults.text is None:
+        return request
+    sampling = effective_sampling(request.sampling, defaults.text.sampling)
+    return request if sampling is request.sampling else request.model_copy(update={"sampling": sampling})
+
+
+def admitted(value: T | None, name: str, node: str) -> T:
+    """A resolved request field a loop reads (``diffusion.<name>``): admission has set it."""
+    assert value is not None, (f"node {node!r} reads diffusion.{name}, which admission resolves "
+                               "(Pipeline.admit -> resolve_request)")
+    return value
+
+
+def admitted_steps(params: DiffusionParams, node: str) -> int:
+    """The denoising steps of ``params`` (a resolved request's, with a node's overrides):
+    its explicit ``sigmas``' count, else its ``steps``, which admission has set."""
+    return len(params.sigmas) if params.sigmas is not None else admitted(params.steps, "steps", node)
+
+
 def admitted_seed(seed: int | None, node: str) -> int:
     """A loop's seed: admission (``resolve_seeds``) has set it."""
     assert seed is not None, f"node {node!r} runs a request that admission did not seed (Pipeline.admit resolves seeds)"
     return seed
 
 
-__all__ = ["FamilyDefaults", "GenerationDefaults", "TextDefaults", "admitted_seed", "resolve_seeds"]
+__all__ = ["DEFAULT_FPS", "FamilyDefaults", "GenerationDefaults", "TextDefaults", "admitted", "admitted_seed",
+           "admitted_steps", "effective_sampling", "resolve_request", "resolve_sampling", "resolve_seeds"]

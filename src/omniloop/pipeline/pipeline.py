@@ -14,7 +14,7 @@ import torch
 from pydantic import ValidationError
 
 from omniloop.pipeline.adapters import check_loras
-from omniloop.pipeline.defaults import GenerationDefaults, resolve_seeds
+from omniloop.pipeline.defaults import GenerationDefaults, resolve_request, resolve_sampling, resolve_seeds
 from omniloop.pipeline.knobs import knob_table
 from omniloop.pipeline.spec import Node, PipelineSpec
 from omniloop.pipeline.state import RequestState, StageContext
@@ -74,12 +74,14 @@ class Pipeline:
 
     # -- admission ------------------------------------------------------------------
     def admit(self, request: OmniRequest) -> RequestState:
-        """Resolve ``request`` (its seeds, once), validate it against this pipeline and
-        allocate its state (``state.request``: the resolved request).
+        """Resolve ``request`` (its seeds and its sampling defaults; the family's fills; then the
+        steps and geometry it leaves unset, from this pipeline's defaults: ``resolve_request``), once, validate it
+        against this pipeline and allocate its state (``state.request``: the resolved request,
+        whose fields the loops read).
 
         Raises InvalidRequest (a ValueError) naming the field at fault; nothing later fails on bad input.
         """
-        request = resolve_seeds(request, self.defaults)
+        request = resolve_sampling(resolve_seeds(request, self.defaults), self.defaults)  # the family checks them
         if request.task not in self.spec.tasks:
             raise InvalidRequest(
                 f"task {request.task.value!r} is not served by {self.spec.name!r}",
@@ -89,7 +91,8 @@ class Pipeline:
         self._check_modalities(request)
         check_loras(self.caches, request.diffusion.loras, self.spec.name)
         if self.validate_request is not None:
-            request = self.validate_request(request)
+            request = self.validate_request(request)  # checks, and the family's fills from its inputs
+        request = resolve_request(request, self.defaults)
         state = RequestState(request=request)
         state.node_params = self._node_params(request)
         self._check_nodes(state)

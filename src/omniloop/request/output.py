@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 from omniloop.request.artifacts import Artifact, AudioArtifact, ImageArtifact, TextArtifact, VideoArtifact
 from omniloop.request.enums import RequestStatus
 from omniloop.request.errors import Failure
-from omniloop.request.request import SCHEMA_VERSION
+from omniloop.request.request import SCHEMA_VERSION, OmniRequest
 
 
 @dataclass(kw_only=True)
@@ -96,6 +96,12 @@ class StatusEvent(OmniEvent):
     type: ClassVar[str] = "status"
     status: RequestStatus
     predicted_cost_s: float | None = None  # the engine's cost estimate, published at admission
+    # published at admission (the queued event): the resolved request (the model's defaults and the
+    # family's fills in: the size, frames and fps that run) and the denoising steps its first denoise
+    # loop runs (its node_params steps, else the request's; None: no denoise loop); what a front end
+    # reports as the values used
+    resolved: OmniRequest | None = None
+    steps: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {**super().to_dict(), "status": self.status.value, "predicted_cost_s": self.predicted_cost_s}

@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from omniloop.request.enums import Modality
 
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
+_FROZEN = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)  # NaN / Infinity: refused, naming the field
 
 
 def check_strength(v: float | None) -> float | None:

@@ -64,6 +64,18 @@ class Geometry:
                    fps=fps, steps=p.num_steps(d.steps),
                    seconds=f"{seconds:g}" if seconds is not None else f"{frames / fps:g}")
 
+    def admitted(self, request: OmniRequest, steps: int | None) -> "Geometry":
+        """These values as the engine's admission resolved them (``request``: the resolved
+        request; ``steps``: what its first denoise loop runs, its node_params' included):
+        what the job reports is what runs. A value the request does not carry (an audio job's
+        size) stays; the seconds stay as asked unless the frames or fps changed."""
+        p = request.diffusion
+        width, height = p.width or self.width, p.height or self.height
+        frames, fps = p.num_frames or self.num_frames, p.fps or self.fps
+        seconds = self.seconds if (frames, fps) == (self.num_frames, self.fps) else f"{frames / fps:g}"
+        return Geometry(width=width, height=height, num_frames=frames, fps=fps,
+                        steps=self.steps if steps is None else steps, seconds=seconds)
+
 
 @dataclass(eq=False)
 class Job:

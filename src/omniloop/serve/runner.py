@@ -124,6 +124,8 @@ class JobRunner:
 
     def _apply(self, job: Job, event: OmniEvent) -> None:
         if isinstance(event, StatusEvent):
+            if event.resolved is not None:  # admission's values: the job reports what runs
+                job.geometry = job.geometry.admitted(event.resolved, event.steps)
             changed, job.status = job.status is not event.status, event.status
             if changed:
                 self.jobs.save(job)

@@ -17,6 +17,7 @@ import torch
 
 from omniloop.api.generator import VideoGenerator
 from omniloop.models.families.ltx2.stages import denormalize_audio, geometry, unpack_audio, unpack_video
+from omniloop.pipeline.defaults import resolve_request
 from omniloop.request import DiffusionParams, ImagePart, OmniRequest, OutputSpec, TaskType, TextPart
 
 PROMPT, NEGATIVE = "a red circle moving right", "worst quality"
@@ -44,7 +45,8 @@ def _ours(gen, out, request, scale=1):
     """Our final latents in diffusers' output_type="latent" form (unpacked, denormalized)."""
     assert out.status.value == "completed", out.error
     c = gen.pipeline.components
-    g = geometry(request, gen.pipeline.defaults, c["vae"].config, c["audio_vae"].config, scale)
+    resolved = resolve_request(request, gen.pipeline.defaults)  # the size and frames admission ran
+    g = geometry(resolved, c["vae"].config, c["audio_vae"].config, scale)
     video = gen.pipeline.components["vae"].denormalize(unpack_video(out.artifacts["latents"].latents, g))
     audio = denormalize_audio(out.artifacts["audio_latents"].latents, gen.pipeline.components["audio_vae"])
     return video, unpack_audio(audio, c["audio_vae"].config.latent_mel_bins)

@@ -163,7 +163,7 @@ def test_generation_config_fills_only_unset_sampling_fields(tmp_path):
     import json
 
     from omniloop.models.families.qwen2.spec import read_generation_defaults
-    from omniloop.pipeline.loops.ar import effective_sampling
+    from omniloop.pipeline.defaults import effective_sampling
 
     (tmp_path / "generation_config.json").write_text(
         json.dumps({"eos_token_id": [7, 3], "temperature": 0.7, "top_k": 20, "top_p": None, "do_sample": True}))

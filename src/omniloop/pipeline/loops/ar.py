@@ -28,7 +28,7 @@ the request early.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Hashable, Protocol, Sequence
 
 import torch
 
@@ -143,13 +143,6 @@ def _lm_inputs(loops: Sequence[ARLoopState]) -> dict[str, Any]:
     return {"lm_inputs": rows} if any(r is not None for r in rows) else {}
 
 
-def effective_sampling(params: SamplingParams, defaults: Mapping[str, Any]) -> SamplingParams:
-    """Fill the fields the request left unset from the model's generation defaults
-    (``generation_config.json``); an explicitly set field always wins."""
-    update = {k: v for k, v in defaults.items() if k in SamplingParams.model_fields and k not in params.model_fields_set}
-    return params.model_copy(update=update) if update else params
-
-
 # -- the loop --------------------------------------------------------------------------
 
 
@@ -174,7 +167,7 @@ class ARDecodeLoop(LoopStageBase[ARLoopState]):
         lm: CausalLM = ctx.component(self.lm_component)
         tokenizer: Tokenizer = ctx.component(self.tokenizer_component)
         text = ctx.defaults.text_or_default()
-        params = effective_sampling(state.request.sampling, text.sampling)
+        params = state.request.sampling  # admission filled the model's defaults in (resolve_sampling)
         prompt_ids = self._prompt_ids(ctx, state, tokenizer)
         check_context(len(prompt_ids), params.max_tokens, text.max_context)
         seed = admitted_seed(params.seed, ctx.node)
@@ -218,7 +211,7 @@ class ARDecodeLoop(LoopStageBase[ARLoopState]):
         lm: CausalLM = ctx.component(self.lm_component)
         pool: BlockPool = ctx.component(self.kv_component)
         text = ctx.defaults.text_or_default()
-        params = effective_sampling(state.request.sampling, text.sampling)
+        params = state.request.sampling  # admission filled the model's defaults in (resolve_sampling)
         prompt = len(self._prompt_ids(ctx, state, ctx.component(self.tokenizer_component)))
         context = prompt + params.max_tokens
         kv_bytes = pool.blocks_for(context) * pool.block_bytes

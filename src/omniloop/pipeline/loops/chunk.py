@@ -41,7 +41,7 @@ from pydantic import Field
 from omniloop.cache.chunk_kv import ChunkKVBatch, ChunkKVHandle, ChunkKVPool, KVSegment, SlabLayout, TierPolicy
 from omniloop.ext.hooks import CacheEvent
 from omniloop.pipeline.checkpoint import CheckpointMismatch, CheckpointUnsupported, LoopCheckpoint, cpu_copy
-from omniloop.pipeline.defaults import admitted_seed
+from omniloop.pipeline.defaults import admitted, admitted_seed, admitted_steps
 from omniloop.pipeline.edges import ConditionLatents, DenoisedLatents, TextEmbeddings
 from omniloop.pipeline.failures import per_request
 from omniloop.pipeline.loops.batch_keys import kwargs_signature
@@ -283,7 +283,7 @@ class ChunkRollout(LoopStageBase[ChunkRolloutState]):
             clean=clean, branches=branches, kwargs=self.denoise.denoiser.branch_inputs(ctx, state, branches + extra),
             kv=handle, first_params=first_params, request_state=state,
             stream=self.decoder.init(ctx) if wants_video else None,  # type: ignore[union-attr]
-            fps=request.diffusion.fps or ctx.defaults.fps or 16, decode=wants_video,
+            fps=admitted(request.diffusion.fps, "fps", ctx.node), decode=wants_video,
         )
         self._enter_chunk(ctx, loop)
         return loop
@@ -315,10 +315,10 @@ class ChunkRollout(LoopStageBase[ChunkRolloutState]):
 
     def _steps_target(self, ctx: StageContext, state: RequestState, params: GuidedParams, plan: ChunkPlan) -> int:
         """Scheduler steps of the whole rollout: each denoised chunk's, one boundary a chunk."""
-        default = ctx.defaults.steps
-        steps = params.num_steps(default) * (plan.num_chunks - plan.context_chunks) + plan.num_chunks
+        per_chunk = admitted_steps(params, ctx.node)
+        steps = per_chunk * (plan.num_chunks - plan.context_chunks) + plan.num_chunks
         first = self._first_params(ctx, state, params, plan)
-        return steps if first is None else steps + first.num_steps(default) - params.num_steps(default)
+        return steps if first is None else steps + admitted_steps(first, ctx.node) - per_chunk
 
     def check_request(self, ctx: StageContext, state: RequestState, produced: frozenset[str]) -> None:
         """A first-chunk knob on a rollout conditioned on given frames (I2V / V2V), which makes

@@ -26,7 +26,7 @@ from omniloop.pipeline.adapters import request_adapters
 from omniloop.pipeline.checkpoint import (
     CheckpointMismatch, CheckpointUnsupported, LoopCheckpoint, apply_state_values, cpu_copy, state_values,
 )
-from omniloop.pipeline.defaults import GenerationDefaults, admitted_seed
+from omniloop.pipeline.defaults import GenerationDefaults, admitted_seed, admitted_steps
 from omniloop.pipeline.edges import ConditionLatents, DenoisedLatents, InitLatents, TextEmbeddings
 from omniloop.pipeline.failures import PoolFatalError, attempt, per_request
 from omniloop.pipeline.loops.batch_keys import kwargs_signature, latent_signature, packs_shapes
@@ -126,7 +126,7 @@ class DenoiserBase:
 class DenoiseParams(LoopParams):
     """``node_params[<denoise node>]``: per-node overrides of the request's DiffusionParams."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # NaN / Infinity: refused, naming it
 
     steps: int | None = Field(default=None, ge=1, le=1000)
     guidance_scale: float | None = Field(default=None, ge=0)
@@ -289,7 +289,7 @@ class DenoiseLoop(LoopStageBase[DenoiseLoopState]):
     def schedule(self, ctx: StageContext, params: DiffusionParams, shapes: Mapping[str, tuple[int, ...]],
                  sampler: Sampler) -> tuple[int, dict[str, Any]]:
         """(steps, ``init_state`` keyword arguments) of this request's schedule."""
-        num_steps = params.num_steps(ctx.defaults.steps)
+        num_steps = admitted_steps(params, ctx.node)
         return num_steps, self.shift.sampler_kwargs(params, shapes, num_steps, sampler)
 
     def initial_noise(self, ctx: StageContext, state: RequestState, shapes: Mapping[str, tuple[int, ...]],

@@ -21,6 +21,7 @@ from typing import Protocol
 
 import torch
 
+from omniloop.pipeline.defaults import admitted
 from omniloop.pipeline.edges import DenoisedLatents
 from omniloop.pipeline.stage import StageBase
 from omniloop.pipeline.state import RequestState, StageContext
@@ -139,7 +140,7 @@ class VAEDecode(StageBase):
         elif media.frames.shape[0] == 1 and state.request.task.makes_image:
             ctx.write(state, "image", ImageArtifact(image=media.frames[0]))
         else:
-            fps = state.request.diffusion.fps or ctx.defaults.fps or 16
+            fps = admitted(state.request.diffusion.fps, "fps", ctx.node)
             ctx.write(state, "video", VideoArtifact(frames=media.frames, fps=fps))
 
 

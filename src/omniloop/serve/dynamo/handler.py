@@ -66,9 +66,10 @@ def dynamo_error(error: Exception, *, draining: bool = False) -> Exception:
 class _Tracked:
     """What a handler learns about its request while it runs."""
 
-    request: OmniRequest
+    request: OmniRequest  # as sent, then as admission resolved it (the queued event's)
     started: float
     predicted_s: float | None = None
+    steps: int | None = None  # the denoising steps that run (admission's)
     streamed: int = 0  # video frames already sent as their chunks were made (causal models)
 
     def annotation(self, output: OmniOutput | None = None) -> dict[str, Any]:
@@ -154,6 +155,8 @@ class GenerationHandler:
             while event is not None:
                 if isinstance(event, StatusEvent) and event.status is RequestStatus.QUEUED:
                     tracked.predicted_s = event.predicted_cost_s
+                    if event.resolved is not None:  # previews at the size and step count that run
+                        tracked.request, tracked.steps = event.resolved, event.steps
                     self.metrics.admitted(tracked.predicted_s)
                 elif isinstance(event, FinalEvent):
                     self.metrics.finished(tracked.predicted_s, event.output.metrics.actual_cost_s)
@@ -211,7 +214,7 @@ class GenerationHandler:
     def _preview_chunk(self, tracked: _Tracked, art: LatentsArtifact) -> dict[str, Any]:
         d, p = self.model.defaults, tracked.request.diffusion
         height, width = p.height or d.height or 256, p.width or d.width or 256
-        total = max(1, p.num_steps(d.steps))
+        total = max(1, tracked.steps if tracked.steps is not None else p.num_steps(d.steps))
         step = art.step or 0
         jpeg = jpeg_b64(latent_preview(art.latents, height, width))
         return video_response(tracked.request.request_id, self.model.name, status="in_progress",

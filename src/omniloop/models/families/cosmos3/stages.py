@@ -35,7 +35,7 @@ from omniloop.models.families.cosmos3.model import Cosmos3Transformer, GenLayout
 from omniloop.models.families.cosmos3.vision import (
     Media, VideoProcessing, image_media, video_media, vision_prompt,
 )
-from omniloop.pipeline.defaults import GenerationDefaults
+from omniloop.pipeline.defaults import GenerationDefaults, admitted, resolve_request
 from omniloop.pipeline.edges import ConditionLatents, DenoisedLatents
 from omniloop.pipeline.policies.conditioning import NoConditioning
 from omniloop.pipeline.loops.ar import PromptTokens
@@ -194,16 +194,32 @@ def _round_to(x: int, m: int) -> int:
     return x - x % m
 
 
-def geometry(request: OmniRequest, defaults: GenerationDefaults, vae: Any) -> Geometry:
-    """The request's pixel geometry; ``vae``: the VAE's config (an action canvas is cut to
-    its spatial scale)."""
-    p, d = request.diffusion, defaults
-    assert d.height and d.width and d.num_frames and d.fps, "Cosmos3's defaults state its video geometry"
-    fps = float(p.fps or d.fps)
-    mode = action_mode(request)
-    if mode is None:
-        frames = p.num_frames or (1 if request.task.makes_image else d.num_frames)
-        return Geometry(p.height or d.height, p.width or d.width, frames, fps)
+def resolve_geometry(request: OmniRequest, defaults: GenerationDefaults, vae: Any) -> OmniRequest:
+    """Admission: ``request`` with its geometry resolved (``resolve_request``); an action run's
+    canvas is its first frame's resolution tier and its frames its actions' count + 1 (else the
+    model's ``action_num_frames``), not the model's video defaults. ``vae``: the VAE's config."""
+    if action_mode(request) is not None:
+        height, width, _ = action_canvas_size(request, vae)
+        fill = {"height": height, "width": width, "num_frames": action_frames(request, defaults)}
+        request = request.model_copy(update={"diffusion": request.diffusion.model_copy(update=fill)})
+    return resolve_request(request, defaults)
+
+
+def geometry(request: OmniRequest, vae: Any, node: str = "admission") -> Geometry:
+    """The resolved request's pixel geometry (``resolve_geometry``); ``vae``: the VAE's config
+    (an action canvas is cut to its spatial scale)."""
+    p = request.diffusion
+    fps = float(admitted(p.fps, "fps", node))
+    frames = admitted(p.num_frames, "num_frames", node)
+    if action_mode(request) is None:
+        return Geometry(admitted(p.height, "height", node), admitted(p.width, "width", node), frames, fps)
+    height, width, content = action_canvas_size(request, vae)
+    return Geometry(height, width, frames, fps, content)
+
+
+def action_canvas_size(request: OmniRequest, vae: Any) -> tuple[int, int, tuple[int, int]]:
+    """An action run's canvas (height, width) by its first frame's resolution tier, and the
+    content (h, w) the frame is scaled to inside it; ``vae``: the VAE's config."""
     image = first_image(request)
     assert image is not None, "admission guarantees an action request carries an image or a video"
     s = int(vae.scale_factor_spatial)
@@ -214,7 +230,7 @@ def geometry(request: OmniRequest, defaults: GenerationDefaults, vae: Any) -> Ge
     height, width = bins[min(bins, key=lambda r: abs(float(r) - ar))]
     scale = min(width / src_w, height / src_h, 1.0)
     content = (max(1, int(scale * src_h + 0.5)), max(1, int(scale * src_w + 0.5)))
-    return Geometry(height, width, action_frames(request, defaults), fps, content)
+    return height, width, content
 
 
 def action_frames(request: OmniRequest, defaults: GenerationDefaults) -> int:
@@ -331,7 +347,7 @@ class Cosmos3Tokenize(StageBase):
         prompt = upsampled.text if upsampled is not None else (request.prompt or "")
         negative = request.diffusion.negative_prompt
         negative = ctx.defaults.negative_prompt if negative is None else negative
-        geo = geometry(request, ctx.defaults, vae_config(ctx))
+        geo = geometry(request, vae_config(ctx), ctx.node)
         opts = options_of(request)
         own = ctx.defaults.family_as(Cosmos3Defaults)
         system = opts.use_system_prompt if opts.use_system_prompt is not None else own.use_system_prompt
@@ -415,7 +431,7 @@ class Cosmos3Condition(ComponentStage):
     @torch.inference_mode()
     def forward(self, ctx: StageContext, state: RequestState) -> None:
         request, vae = state.request, ctx.component(self.component)
-        geo = geometry(request, ctx.defaults, vae.config)
+        geo = geometry(request, vae.config, ctx.node)
         st = int(vae.config.scale_factor_temporal)
         t, h, w = latent_grid(geo, vae.config)
         mode = action_mode(request)
@@ -450,7 +466,7 @@ class Cosmos3Condition(ComponentStage):
             return None
         raw = given_actions(request)
         assert raw is not None, "admission guarantees forward dynamics carries actions"
-        chunk = geometry(request, ctx.defaults, vae_config(ctx)).num_frames - 1
+        chunk = geometry(request, vae_config(ctx), ctx.node).num_frames - 1
         if raw.shape[0] < chunk:  # short: the last action repeats; long: cut
             raw = torch.cat([raw, raw[-1:].expand(chunk - raw.shape[0], -1)])
         raw = raw[:chunk]
@@ -526,7 +542,7 @@ class Cosmos3Denoiser(DenoiserBase):
     def latent_shapes(self, ctx: StageContext, request: OmniRequest) -> dict[str, tuple[int, ...]]:
         # order = diffusers' noise draws: vision, sound, action
         vae, config = vae_config(ctx), ctx.component(self.component).config
-        geo = geometry(request, ctx.defaults, vae)
+        geo = geometry(request, vae, ctx.node)
         t, h, w = latent_grid(geo, vae)
         shapes: dict[str, tuple[int, ...]] = {"video": (1, int(vae.z_dim), t, h, w)}
         if request.task is TaskType.T2VS:
@@ -541,7 +557,7 @@ class Cosmos3Denoiser(DenoiserBase):
         _, c, t, h, w = shapes["video"]
         clean = set(condition.vision_frames) if condition is not None else set()
         mode = action_mode(request)
-        action_len = geometry(request, ctx.defaults, vae_config(ctx)).num_frames - 1 if mode is not None else 0
+        action_len = geometry(request, vae_config(ctx), ctx.node).num_frames - 1 if mode is not None else 0
         return GenLayout(
             vision_shape=(c, t, h, w), patch=int(ctx.component(self.component).config.latent_patch_size),
             noisy_vision=tuple(i for i in range(t) if i not in clean),
@@ -556,7 +572,7 @@ class Cosmos3Denoiser(DenoiserBase):
         prompts = ctx.read(state, "prompts", Cosmos3Prompts)
         condition = ctx.read_optional(state, "condition", Cosmos3Conditions)
         layout = self.layout(ctx, request, condition)
-        geo = geometry(request, ctx.defaults, vae_config(ctx))
+        geo = geometry(request, vae_config(ctx), ctx.node)
         domain = _domain(request, ctx.device)
         raw = P.EMBODIMENT_ACTION_DIMS[embodiment(request)] if action_mode(request) else None
         out = {}

@@ -12,7 +12,7 @@ from omniloop.models.families.cosmos3 import presets as P
 from omniloop.models.families.cosmos3.stages import (
     _pil, video_array, video_processing,
     FORWARD_DYNAMICS, INVERSE_DYNAMICS, Cosmos3Options, action_mode, first_image, geometry, given_actions,
-    latent_grid,
+    latent_grid, resolve_geometry,
 )
 from omniloop.models.families.cosmos3.presets import Cosmos3Defaults
 from omniloop.models.families.cosmos3.vision import video_media
@@ -48,8 +48,9 @@ def make_validator(defaults: GenerationDefaults, components: Mapping[str, Any]) 
             _actions(request, opts, config, mode)
         _inputs(request, mode)
         vae = components["vae"].config
-        geo = geometry(request, defaults, vae)
-        _sizes(request, geo, vae, mode)
+        resolved = resolve_geometry(request, defaults, vae)  # what runs: the checks below are on it
+        geo = geometry(resolved, vae)
+        _sizes(request, geo, vae, mode)  # ``request``: as asked (which field to name)
         if request.task is TaskType.V2W and mode is None:
             t = latent_grid(geo, vae)[0]
             frames = opts.condition_frames or list(defaults.family_as(Cosmos3Defaults).condition_frames)
@@ -58,7 +59,7 @@ def make_validator(defaults: GenerationDefaults, components: Mapping[str, Any]) 
                                      f"for num_frames={geo.num_frames}; pass e.g. [0, 1]",
                                      fields=("node_params['denoise'].condition_frames",))
         components["sampler"].get(request.diffusion.sampler)
-        return request
+        return resolved
 
     return validate
 

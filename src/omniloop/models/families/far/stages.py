@@ -18,7 +18,7 @@ from omniloop.pipeline.loops.chunk import ChunkPlan, ChunkRolloutParams
 from omniloop.pipeline.loops.denoise import DenoiserBase, text_branch_inputs
 from omniloop.pipeline.policies.cfg import COND, Prediction
 from omniloop.pipeline.stage import ComponentStage
-from omniloop.pipeline.defaults import GenerationDefaults
+from omniloop.pipeline.defaults import admitted
 from omniloop.pipeline.state import RequestState, StageContext
 from omniloop.request import ActionPart, ImagePart, InvalidRequest, OmniRequest, TaskType, VideoPart
 
@@ -38,10 +38,12 @@ class Geometry:
         return (self.num_frames - 1) // st + 1, self.height // ss, self.width // ss
 
 
-def geometry(request: OmniRequest, defaults: GenerationDefaults) -> Geometry:
-    p, d = request.diffusion, defaults
-    assert d.height and d.width and d.num_frames, "FAR's defaults state its video geometry"
-    return Geometry(p.height or d.height, p.width or d.width, p.num_frames or d.num_frames)
+def geometry(request: OmniRequest, node: str = "admission") -> Geometry:
+    """The resolved request's video geometry (admission filled in the model's defaults:
+    ``resolve_request``)."""
+    p = request.diffusion
+    return Geometry(admitted(p.height, "height", node), admitted(p.width, "width", node),
+                    admitted(p.num_frames, "num_frames", node))
 
 
 def default_partition(frames: int, model_partition: tuple[int, ...]) -> tuple[int, ...]:
@@ -56,11 +58,10 @@ def default_partition(frames: int, model_partition: tuple[int, ...]) -> tuple[in
     return (first, *([size] * (rest // size)), *((rest % size,) if rest % size else ()))
 
 
-def partition_for(request: OmniRequest, params: ChunkRolloutParams | None, defaults: GenerationDefaults,
-                  vae: Any, dit: Any) -> tuple[int, ...]:
+def partition_for(request: OmniRequest, params: ChunkRolloutParams | None, vae: Any, dit: Any) -> tuple[int, ...]:
     """A finite video's chunks; a session's ``(first chunk, every later chunk)``. ``vae`` /
     ``dit``: the components' configs (scale factors; the checkpoint's chunk partition)."""
-    frames = geometry(request, defaults).latent(vae)[0]
+    frames = geometry(request).latent(vae)[0]
     model_partition = tuple(dit.chunk_partition)
     session = params is not None and params.open_ended
     if params is None or params.chunk_partition is None:
@@ -96,7 +97,7 @@ class FARDenoiser(DenoiserBase):
 
     def latent_shapes(self, ctx: StageContext, request: OmniRequest) -> dict[str, tuple[int, ...]]:
         vae = ctx.component("vae").config  # the latent grid is the VAE's
-        f, h, w = geometry(request, ctx.defaults).latent(vae)
+        f, h, w = geometry(request, ctx.node).latent(vae)
         return {"video": (1, vae.z_dim, f, h, w)}
 
     def branch_inputs(self, ctx: StageContext, state: RequestState, branches: tuple[str, ...]) -> dict[str, dict[str, Any]]:
@@ -158,9 +159,9 @@ class FARChunks:
     def plan(self, ctx: StageContext, state: RequestState, condition: ConditionLatents | None) -> ChunkPlan:
         request = state.request
         vae, dit = ctx.component("vae").config, ctx.component(self.component).config
-        f, h, w = geometry(request, ctx.defaults).latent(vae)
+        f, h, w = geometry(request, ctx.node).latent(vae)
         params = state.node_params.get(ctx.node)
-        partition = partition_for(request, params, ctx.defaults, vae, dit)
+        partition = partition_for(request, params, vae, dit)
         if params is not None and params.open_ended:
             first, repeat = partition
             most = 1 + (self.max_frames - first) // repeat  # RoPE's reach
@@ -301,7 +302,7 @@ class FARVideoCondition(ComponentStage):
     @torch.inference_mode()
     def forward(self, ctx: StageContext, state: RequestState) -> None:
         vae = ctx.component(self.component)
-        g = geometry(state.request, ctx.defaults)
+        g = geometry(state.request, ctx.node)
         video = conditioning_video(state.request, g.height, g.width)
         assert video is not None, "admission guarantees i2v / v2v requests carry their frames"
         mean, _ = vae.encode(video.to(ctx.device, vae.dtype))

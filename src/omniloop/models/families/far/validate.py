@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from omniloop.models.families.far.stages import conditioning_video, geometry, partition_for
-from omniloop.pipeline.defaults import GenerationDefaults
+from omniloop.pipeline.defaults import GenerationDefaults, resolve_request
 from omniloop.pipeline.loops.chunk import ChunkRolloutParams
 from omniloop.pipeline.samplers.sampler_set import SamplerSet
 from omniloop.request import ErrorKind, InvalidRequest, OmniRequest, TaskType, VideoPart
@@ -26,7 +26,8 @@ def make_validator(defaults: GenerationDefaults, vae: Any, dit: Any,
     temporal = vae.scale_factor_temporal
 
     def validate(request: OmniRequest) -> OmniRequest:
-        g = geometry(request, defaults)
+        request = resolve_request(request, defaults)  # what runs: the checks below are on it
+        g = geometry(request)
         for name, value in (("height", g.height), ("width", g.width)):
             if value % spatial:
                 raise InvalidRequest(f"diffusion.{name}={value} must be a multiple of {spatial} (FAR's compressed patch)",
@@ -38,7 +39,7 @@ def make_validator(defaults: GenerationDefaults, vae: Any, dit: Any,
         samplers.get(request.diffusion.sampler)  # raises naming the offered samplers
         raw = request.node_params.get(ROLLOUT_NODE)
         rollout = ChunkRolloutParams.model_validate(raw) if raw is not None else None
-        partition_for(request, rollout, defaults, vae, dit)
+        partition_for(request, rollout, vae, dit)
         if rollout is not None and rollout.open_ended and request.task is not TaskType.T2V:
             raise InvalidRequest("a session (node_params['rollout'].open_ended) starts from text",
                                  hint=f"pass task t2v, not {request.task.value!r}",

@@ -17,7 +17,7 @@ from omniloop.pipeline.loops.denoise import DenoiserBase
 from omniloop.pipeline.edges import ConditionLatents, LatentPosterior, TextEmbeddings
 from omniloop.pipeline.policies.cfg import COND, Prediction
 from omniloop.pipeline.stage import ComponentStage
-from omniloop.pipeline.defaults import GenerationDefaults
+from omniloop.pipeline.defaults import admitted
 from omniloop.pipeline.state import RequestState, StageContext
 from omniloop.request import ImagePart, LatentPart, Modality, OmniRequest
 
@@ -30,10 +30,11 @@ class ImageGeometry:
     width: int
 
 
-def geometry(request: OmniRequest, defaults: GenerationDefaults) -> ImageGeometry:
-    p, d = request.diffusion, defaults
-    assert d.height and d.width, "Flux's defaults state its image size"
-    return ImageGeometry(height=p.height or d.height, width=p.width or d.width)
+def geometry(request: OmniRequest, node: str = "admission") -> ImageGeometry:
+    """The resolved request's image size (admission filled in the model's default, or an
+    edit's image size: ``resolve_request``)."""
+    p = request.diffusion
+    return ImageGeometry(height=admitted(p.height, "height", node), width=admitted(p.width, "width", node))
 
 
 def pack_latents(x: torch.Tensor) -> torch.Tensor:
@@ -70,7 +71,7 @@ class FluxDenoiser(DenoiserBase):
     graphs: CudaGraphRunner | None = None
 
     def latent_shapes(self, ctx: StageContext, request: OmniRequest) -> dict[str, tuple[int, ...]]:
-        g = geometry(request, ctx.defaults)
+        g = geometry(request, ctx.node)
         vae = ctx.component("vae").config  # the latent grid is the VAE's
         s = vae.scale_factor_spatial
         return {IMAGE: (1, vae.latent_channels, g.height // s, g.width // s)}
@@ -200,7 +201,7 @@ class FluxImageCondition(ComponentStage):
             ctx.write(state, "condition", ConditionLatents(latents=latents.reshape(1, *latents.shape[-3:])))
             return
         vae = ctx.component(self.component)
-        g = geometry(state.request, ctx.defaults)
+        g = geometry(state.request, ctx.node)
         image = image_to_tensor(open_image_part(source), g.height, g.width).to(ctx.device)  # [1, 3, H, W]
         # NOTE: diffusers' VaeImageProcessor hands the VAE a channels-last view of the decoded
         # image, and oneDNN's convs take another (differently rounded) path on that layout; the

@@ -9,7 +9,7 @@ import torch
 
 from omniloop.io.image import open_image_part
 from omniloop.models.families.flux.stages import edit_source, geometry
-from omniloop.pipeline.defaults import GenerationDefaults
+from omniloop.pipeline.defaults import GenerationDefaults, resolve_request
 from omniloop.pipeline.samplers.sampler_set import SamplerSet
 from omniloop.request import ErrorKind, InvalidRequest, LatentPart, OmniRequest, TaskType
 
@@ -31,7 +31,8 @@ def make_validator(defaults: GenerationDefaults, vae: Any, samplers: SamplerSet,
         if request.task == TaskType.I2I:
             request = _with_source_size(request, vae.scale_factor_spatial)
             p = request.diffusion
-        g = geometry(request, defaults)
+        request = resolve_request(request, defaults)  # what runs: the checks below are on it (``p``: as asked)
+        g = geometry(request)
         for name, value in (("height", g.height), ("width", g.width)):
             if value % multiple:
                 raise InvalidRequest(f"diffusion.{name}={value} must be a multiple of {multiple}",
@@ -55,7 +56,7 @@ def make_validator(defaults: GenerationDefaults, vae: Any, samplers: SamplerSet,
                                  fields=("diffusion.guidance_scale",))
         samplers.get(p.sampler)  # raises naming the offered samplers
         if request.task == TaskType.I2I:
-            _check_edit(request, defaults, vae)
+            _check_edit(request, vae)
         elif p.strength is not None:
             raise InvalidRequest("diffusion.strength applies to image-to-image (task i2i with an image)",
                                  hint="omit it for t2i", fields=("diffusion.strength",))
@@ -83,9 +84,9 @@ def _with_source_size(request: OmniRequest, scale: int) -> OmniRequest:
     return request.model_copy(update={"diffusion": p.model_copy(update=update)})
 
 
-def _check_edit(request: OmniRequest, defaults: GenerationDefaults, vae: Any) -> None:
+def _check_edit(request: OmniRequest, vae: Any) -> None:
     source = edit_source(request)
-    g = geometry(request, defaults)
+    g = geometry(request)
     if isinstance(source, LatentPart):
         data = torch.as_tensor(source.data)
         s = vae.scale_factor_spatial

@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Literal, Mapping
 import torch
 from pydantic import ConfigDict, Field
 
-from omniloop.pipeline.defaults import GenerationDefaults
+from omniloop.pipeline.defaults import GenerationDefaults, admitted_steps
 from omniloop.pipeline.edges import ConditionLatents
 from omniloop.pipeline.loops.denoise import DenoiseLoop, DenoiseLoopState, DenoiseParams
 from omniloop.pipeline.policies.cfg import COND, UNCOND, Prediction
@@ -199,7 +199,7 @@ class LTX2DenoiseLoop(DenoiseLoop):
             assert ctx.defaults.sigmas is not None, f"the refine node {ctx.node!r} has its own sigmas (REFINE_DEFAULTS)"
             sigmas = list(ctx.defaults.sigmas)
             return len(sigmas), {"sigmas": sigmas}
-        n = params.num_steps(ctx.defaults.steps)
+        n = admitted_steps(params, ctx.node)
         return n, self.shift.sampler_kwargs(params, shapes, n, sampler)
 
     def initial_noise(self, ctx: StageContext, state: RequestState, shapes: Mapping[str, tuple[int, ...]],

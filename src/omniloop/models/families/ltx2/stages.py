@@ -17,7 +17,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from omniloop.io.image import h264_recompress, image_to_tensor
-from omniloop.pipeline.defaults import GenerationDefaults
+from omniloop.pipeline.defaults import admitted
 from omniloop.pipeline.edges import ConditionLatents, DenoisedLatents, InitLatents, TextEmbeddings
 from omniloop.pipeline.loops.denoise import DenoiserBase
 from omniloop.pipeline.policies.cfg import Prediction
@@ -50,14 +50,14 @@ class LTX2Geometry:
         return self.frames * self.rows * self.cols
 
 
-def geometry(request: OmniRequest, d: GenerationDefaults, vae: Any, audio_vae: Any, scale: int = 1) -> LTX2Geometry:
-    """The request's video and audio latent grid; ``vae`` / ``audio_vae``: the components'
-    configs (their compression ratios, sample rate, hop); ``scale``: the latent upsampler's
-    spatial factor (the refine stage denoises at ``scale`` x the base resolution)."""
+def geometry(request: OmniRequest, vae: Any, audio_vae: Any, scale: int = 1, node: str = "admission") -> LTX2Geometry:
+    """The resolved request's video and audio latent grid (admission filled in the model's
+    defaults: ``resolve_request``); ``vae`` / ``audio_vae``: the components' configs (their
+    compression ratios, sample rate, hop); ``scale``: the latent upsampler's spatial factor
+    (the refine stage denoises at ``scale`` x the base resolution)."""
     p = request.diffusion
-    assert d.height and d.width and d.num_frames and d.fps, "LTX-2's defaults state its video geometry"
-    height, width = p.height or d.height, p.width or d.width
-    frames, fps = p.num_frames or d.num_frames, p.fps or d.fps
+    height, width = admitted(p.height, "height", node), admitted(p.width, "width", node)
+    frames, fps = admitted(p.num_frames, "num_frames", node), admitted(p.fps, "fps", node)
     duration = frames / float(fps)
     # diffusers: round(duration * sampling_rate / hop / 4) latent audio frames (Python's round)
     audio = round(duration * (audio_vae.sample_rate / audio_vae.mel_hop_length / float(audio_vae.temporal_ratio)))
@@ -66,8 +66,8 @@ def geometry(request: OmniRequest, d: GenerationDefaults, vae: Any, audio_vae: A
 
 
 def geometry_in(ctx: StageContext, request: OmniRequest, scale: int = 1) -> LTX2Geometry:
-    """``geometry`` with the node's defaults and the loaded VAEs."""
-    return geometry(request, ctx.defaults, ctx.component("vae").config, ctx.component("audio_vae").config, scale)
+    """``geometry`` with the loaded VAEs."""
+    return geometry(request, ctx.component("vae").config, ctx.component("audio_vae").config, scale, ctx.node)
 
 
 def upsample_scale(upsampler: Any) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from omniloop.models.families.ltx2.stages import first_frame, geometry, load_image_part
-from omniloop.pipeline.defaults import GenerationDefaults
+from omniloop.pipeline.defaults import GenerationDefaults, admitted_steps, resolve_request
 from omniloop.pipeline.input_kinds import refuse_unused_parts
 from omniloop.pipeline.samplers.sampler_set import SamplerSet
 from omniloop.request import ErrorKind, InvalidRequest, OmniRequest, TaskType
@@ -27,10 +27,11 @@ def make_validator(d: GenerationDefaults, vae: Any, audio_vae: Any, samplers: Sa
     spatial, temporal = vae.spatial_ratio, vae.temporal_ratio
 
     def validate(request: OmniRequest) -> OmniRequest:
+        request = resolve_request(request, d)  # what runs: the checks below are on it
         p = request.diffusion
         # no given latents: the refine stage starts from the upsampled base, never a LatentPart
         refuse_unused_parts(request, "LTX-2", ("text", "image") if request.task == TaskType.I2V else ("text",))
-        g = geometry(request, d, vae, audio_vae)
+        g = geometry(request, vae, audio_vae)
         for name, value in (("height", g.height), ("width", g.width)):
             if value % spatial:
                 raise InvalidRequest(f"diffusion.{name}={value} must be a multiple of {spatial}",
@@ -46,7 +47,7 @@ def make_validator(d: GenerationDefaults, vae: Any, audio_vae: Any, samplers: Sa
             raise InvalidRequest(f"diffusion.num_frames={g.num_frames} at fps={g.fps} is too short for any audio",
                                  hint="pass more frames", fields=("diffusion.num_frames",))
         sampler = samplers.get(p.sampler)
-        steps = p.num_steps(d.steps)
+        steps = admitted_steps(p, "admission")
         if getattr(sampler, "shift_terminal", None) and steps < 2 and p.sigmas is None:
             raise InvalidRequest(f"diffusion.steps={steps}: this model's schedule stretches to a terminal sigma "
                                  "(shift_terminal) and needs at least 2 steps", hint="pass steps >= 2",

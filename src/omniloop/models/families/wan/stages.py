@@ -9,7 +9,7 @@ import torch
 
 from omniloop.io.image import image_to_tensor, open_image_part
 from omniloop.io.video import video_frames, video_to_tensor
-from omniloop.pipeline.defaults import GenerationDefaults
+from omniloop.pipeline.defaults import admitted
 from omniloop.pipeline.edges import ConditionLatents, InitLatents
 from omniloop.pipeline.loops.denoise import DenoiserBase, text_branch_inputs
 from omniloop.pipeline.policies.cfg import Prediction
@@ -26,16 +26,12 @@ class VideoGeometry:
     fps: int
 
 
-def geometry(request: OmniRequest, defaults: GenerationDefaults) -> VideoGeometry:
-    p, d = request.diffusion, defaults
-    assert d.height and d.width and d.num_frames and d.fps, "a Wan model's defaults state its video geometry"
-    frames_default = 1 if request.task.makes_image else d.num_frames
-    return VideoGeometry(
-        height=p.height or d.height,
-        width=p.width or d.width,
-        num_frames=p.num_frames or frames_default,
-        fps=p.fps or d.fps,
-    )
+def geometry(request: OmniRequest, node: str = "admission") -> VideoGeometry:
+    """The resolved request's video geometry (admission filled in the model's defaults:
+    ``resolve_request``; an image task's one frame)."""
+    p = request.diffusion
+    return VideoGeometry(height=admitted(p.height, "height", node), width=admitted(p.width, "width", node),
+                         num_frames=admitted(p.num_frames, "num_frames", node), fps=admitted(p.fps, "fps", node))
 
 
 @dataclass(frozen=True)
@@ -45,7 +41,7 @@ class WanDenoiser(DenoiserBase):
     modalities: tuple[str, ...] = ("video",)
 
     def latent_shapes(self, ctx: StageContext, request: OmniRequest) -> dict[str, tuple[int, ...]]:
-        g = geometry(request, ctx.defaults)
+        g = geometry(request, ctx.node)
         vae = ctx.component("vae").config  # the latent grid is the VAE's
         st, ss = vae.scale_factor_temporal, vae.scale_factor_spatial
         f = (g.num_frames - 1) // st + 1
@@ -104,7 +100,7 @@ class WanImageCondition(ComponentStage):
     @torch.inference_mode()
     def forward(self, ctx: StageContext, state: RequestState) -> None:
         vae = ctx.component(self.component)
-        g = geometry(state.request, ctx.defaults)
+        g = geometry(state.request, ctx.node)
         part = first_frame(state.request)
         assert part is not None, "admission guarantees an I2V request carries a first_frame image"
         image = image_to_tensor(load_part_image(part), g.height, g.width).to(ctx.device)  # [1, 3, H, W]
@@ -149,7 +145,7 @@ class WanVideoEncode(ComponentStage):
     @torch.inference_mode()
     def forward(self, ctx: StageContext, state: RequestState) -> None:
         vae = ctx.component(self.component)
-        g = geometry(state.request, ctx.defaults)
+        g = geometry(state.request, ctx.node)
         part = source_video(state.request)
         assert part is not None, "admission guarantees a v2v request carries a video"
         video = video_to_tensor(load_part_video(part), g.height, g.width).to(ctx.device)  # [1, 3, F, H, W]

@@ -7,7 +7,7 @@ from typing import Any, Callable, Mapping
 
 from omniloop.models.families.wan.stages import first_frame, geometry, load_part_image, load_part_video, source_video
 from omniloop.models.manifest import ModelLimits
-from omniloop.pipeline.defaults import GenerationDefaults
+from omniloop.pipeline.defaults import GenerationDefaults, resolve_request
 from omniloop.pipeline.samplers.sampler_set import SamplerSet
 from omniloop.request import ErrorKind, InvalidRequest, OmniRequest, TaskType
 
@@ -44,7 +44,8 @@ def make_validator(defaults: GenerationDefaults, vae: Any, dit: Any, samplers: S
     def validate(request: OmniRequest) -> OmniRequest:
         if request.task == TaskType.V2V:
             request = _frames_from_video(request, temporal)
-        g = geometry(request, defaults)
+        request = resolve_request(request, defaults)  # what runs: the checks below are on it
+        g = geometry(request)
         for name, cap_name, value in (("height", "max_height", g.height), ("width", "max_width", g.width),
                                       ("num_frames", "max_frames", g.num_frames)):
             cap, why = (caps or {}).get(cap_name, (value, ""))

@@ -38,7 +38,23 @@ class Limits(BaseModel):
     max_frames: int = Field(default=257, ge=1)
     max_pixels: int = Field(default=2**21, ge=256, description="max height * width (default 2,097,152: 1920x1088 video, 1024x1024 or 1440x1440 images)")
     max_steps: int = Field(default=100, ge=1)
-    max_batch: int = Field(default=8, ge=1)
+    max_images: int = Field(default=8, ge=1, description="images one call may ask for (OpenAI's n); "
+                            "DeployConfig.max_batch is the requests one batched step holds")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_spelling(cls, data: Any) -> Any:
+        """``limits.max_batch`` was this field's name until 2026-12 (it read as the scheduler's
+        batch size, which is ``DeployConfig.max_batch``); accepted for a round, with a warning."""
+        if isinstance(data, dict) and "max_batch" in data:
+            import warnings
+
+            warnings.warn("limits.max_batch is deprecated: it is limits.max_images (images one call may ask for); "
+                          "DeployConfig.max_batch is the scheduler's batch size", DeprecationWarning, stacklevel=2)
+            data = {**data}
+            given = data.pop("max_batch")
+            data.setdefault("max_images", given)
+        return data
 
 
 class PoolSpec(BaseModel):

@@ -71,3 +71,13 @@ def test_a_loaded_wan_pipeline_on_cpu_is_eager_and_sequential(wan_t2v_dir):
     assert pipeline.compiled is False
     dit = pipeline.components["transformer"]
     assert {m.attention_backend for m in dit.modules() if hasattr(m, "attention_backend")} == {"sdpa"}
+
+
+def test_limits_max_batch_is_the_old_spelling_of_max_images():
+    """limits.max_batch read as the scheduler's batch size (DeployConfig.max_batch); the field is
+    max_images now, and a deploy file with the old name keeps working for a round, warned."""
+    from omniloop.deploy import Limits
+
+    with pytest.warns(DeprecationWarning, match=r"limits.max_batch is deprecated: it is limits.max_images"):
+        limits = DeployConfig(device="cpu", limits={"max_batch": 3}).limits
+    assert limits == Limits(max_images=3)

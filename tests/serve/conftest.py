@@ -99,12 +99,12 @@ def live_server(model_dir, *, serve: dict[str, Any] | None = None, wait: bool = 
 @pytest.fixture(scope="session")
 def t2v_server(wan_t2v_dir):
     """Generous step ceiling (a 1000-step job is the long one DELETE cancels)."""
-    limits = {"max_steps": 1000, "max_frames": 17, "max_pixels": 64 * 64, "max_batch": 4}
+    limits = {"max_steps": 1000, "max_frames": 17, "max_pixels": 64 * 64, "max_images": 4}
     with live_server(wan_t2v_dir, limits=limits) as server:
         yield server
 
 
-STRICT_LIMITS = {"max_steps": 4, "max_frames": 9, "max_pixels": 64 * 64, "max_batch": 2}
+STRICT_LIMITS = {"max_steps": 4, "max_frames": 9, "max_pixels": 64 * 64, "max_images": 2}
 
 
 @pytest.fixture(scope="session")

@@ -49,7 +49,7 @@ def test_bad_video_fields(strict_server, change, status, param, says):
 
 
 @pytest.mark.parametrize("change,param,says", [
-    ({"n": 3}, "n", "limits.max_batch"),
+    ({"n": 3}, "n", "limits.max_images"),
     ({"n": 0}, "n", "greater than or equal to 1"),
     ({"size": "24x24"}, "size", "multiple of 16"),
     ({"response_format": "gif"}, "response_format", "'b64_json' or 'url'"),

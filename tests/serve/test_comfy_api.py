@@ -46,7 +46,7 @@ def models_folder(root: Path, checkpoints: dict[str, Path]) -> Path:
 @pytest.fixture(scope="module")
 def comfy(wan_t2v_dir, flux_dir, tmp_path_factory):
     folder = models_folder(tmp_path_factory.mktemp("comfy_models"), {"wan": wan_t2v_dir, "flux": flux_dir})
-    limits = {"max_steps": 1000, "max_frames": 17, "max_pixels": 64 * 64, "max_batch": 4}
+    limits = {"max_steps": 1000, "max_frames": 17, "max_pixels": 64 * 64, "max_images": 4}
     with live_server({"wan": wan_t2v_dir, "flux": flux_dir}, limits=limits,
                      serve={"comfy_models": folder, "comfy_workdir": tmp_path_factory.mktemp("comfy_work")}) as server:
         yield server

@@ -34,7 +34,7 @@ def lora_files(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(flux_dir):
-    with live_server(flux_dir, serve={"warmup": WARMUP}, limits={"max_steps": 4, "max_batch": 4}) as s:
+    with live_server(flux_dir, serve={"warmup": WARMUP}, limits={"max_steps": 4, "max_images": 4}) as s:
         yield s
 
 

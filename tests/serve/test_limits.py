@@ -85,7 +85,7 @@ def test_http_names_the_wire_field_the_caller_used(strict_server):
     r = httpx.post(f"{strict_server.url}/v1/images/generations", json={"prompt": "a cat", "size": "32x32", "n": 3})
     error = r.json()["error"]
     assert r.status_code == 400 and error["param"] == "n"
-    assert error["message"] == ("n: 3 images in one call exceed this deployment's limit of 2 (limits.max_batch); "
+    assert error["message"] == ("n: 3 images in one call exceed this deployment's limit of 2 (limits.max_images); "
                                 "split the call")
 
 

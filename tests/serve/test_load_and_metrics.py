@@ -19,7 +19,7 @@ CLIENTS, PER_CLIENT = 10, 5
 
 @pytest.fixture(scope="module")
 def loaded_server(wan_t2v_dir):
-    limits = {"max_steps": 4, "max_frames": 9, "max_pixels": 64 * 64, "max_batch": 4}
+    limits = {"max_steps": 4, "max_frames": 9, "max_pixels": 64 * 64, "max_images": 4}
     with live_server(wan_t2v_dir, limits=limits, max_queue=3, max_running=3, max_batch=4) as server:
         yield server
 

@@ -18,7 +18,7 @@ def server(flux_dir, wan_t2v_dir):
     # model_device_gb: ~1 KB, so only one of the two is on the device at a time
     with live_server({"flux": flux_dir, "wan": wan_t2v_dir}, model_device_gb=1e-6,
                      serve={"warmup": [DiffusionParams(steps=1, height=32, width=32)]},
-                     limits={"max_steps": 4, "max_batch": 4, "max_frames": 9}) as s:
+                     limits={"max_steps": 4, "max_images": 4, "max_frames": 9}) as s:
         yield s
 
 

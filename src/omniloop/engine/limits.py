@@ -113,6 +113,6 @@ def sized_by_input(request: OmniRequest) -> bool:
 
 
 def check_images_per_call(n: int, limits: Limits) -> None:
-    if n > limits.max_batch:
-        raise LimitExceeded(f"n: {n} images in one call exceed this deployment's limit of {limits.max_batch} "
-                            "(limits.max_batch)", hint="split the call", fields=("n",))
+    if n > limits.max_images:
+        raise LimitExceeded(f"n: {n} images in one call exceed this deployment's limit of {limits.max_images} "
+                            "(limits.max_images)", hint="split the call", fields=("n",))

@@ -86,7 +86,7 @@ def _multipart_schema(schema: dict[str, Any], file_fields: tuple[str, ...]) -> d
 def _this_server(body: dict[str, Any], state: ServeState) -> dict[str, Any]:
     """The deployment's ceilings as schema bounds, and an example that is known to work
     (the first warmup shape), so clients and fuzzers see what this server accepts."""
-    ceilings = {"steps": state.limits.max_steps, "num_frames": state.limits.max_frames, "n": state.limits.max_batch}
+    ceilings = {"steps": state.limits.max_steps, "num_frames": state.limits.max_frames, "n": state.limits.max_images}
     ceilings |= {alias: ceilings[name] for alias, name in aliases_of(ceilings).items()}  # num_inference_steps
     for name, ceiling in ceilings.items():
         for variant in body["properties"].get(name, {}).get("anyOf", [body["properties"].get(name, {})]):

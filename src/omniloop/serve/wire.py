@@ -77,7 +77,7 @@ class ServedModel:
     name: str  # the id clients pass as "model"
     tasks: frozenset[TaskType]
     defaults: GenerationDefaults  # the pipeline's generation defaults (steps, height, fps...)
-    limits: Limits = field(default_factory=Limits)  # the deployment's (its max_batch caps n per call)
+    limits: Limits = field(default_factory=Limits)  # the deployment's (its max_images caps n per call)
     aliases: frozenset[str] = frozenset()  # also accepted (e.g. the checkpoint path it was loaded from)
     makes_audio: bool = False  # the pipeline has an audio output (a soundtrack, or text-to-audio)
     route: str | None = None  # OmniRequest.model on a server of several models (the pool's name); None: one

@@ -23,7 +23,7 @@ FIELDS = ("latents", "start", "timesteps", "sigmas", "log_probs", "stochastic", 
 
 @pytest.fixture(scope="module")
 def server(wan_t2v_dir):
-    limits = {"max_steps": 8, "max_frames": 9, "max_pixels": 32 * 32, "max_batch": 4}
+    limits = {"max_steps": 8, "max_frames": 9, "max_pixels": 32 * 32, "max_images": 4}
     with live_server(wan_t2v_dir, limits=limits, max_batch=1) as live:
         yield live
 

@@ -29,7 +29,8 @@ from omniloop.models.families.qwen2_5_omni.dit import Token2WavDiT
 from omniloop.models.families.qwen2_5_omni.model import OmniTalker, OmniThinker, TalkerRow, ThinkerRow
 from omniloop.models.families.qwen2_5_omni.weights import Speaker
 from omniloop.pipeline.defaults import admitted_seed
-from omniloop.pipeline.loops.ar import ARDecodeLoop, ARLoopState, PromptTokens, check_context, effective_sampling
+from omniloop.pipeline.defaults import effective_sampling
+from omniloop.pipeline.loops.ar import ARDecodeLoop, ARLoopState, PromptTokens, check_context
 from omniloop.pipeline.loops.denoise import DenoiseLoop, DenoiseLoopState, DenoiserBase, seeded_noise
 from omniloop.pipeline.policies.cfg import COND
 from omniloop.pipeline.stage import WorkEstimate

@@ -73,7 +73,7 @@ def test_template_compiles_to_its_request(name, models, input_dir):
     request = generation.request
     assert (request.task, request.model, request.outputs.modalities) == (task, model, outputs)
     assert request.prompt and request.prompt.strip()
-    got = request.diffusion.model_dump()
+    got = {**request.diffusion.model_dump(), **request.node_params.get("denoise", {})}  # + the loop's own knobs
     assert {k: got[k] for k in fields} == fields
     if task in (TaskType.I2V,):
         assert [p.role for p in request.images()] == ["first_frame"]

@@ -35,6 +35,7 @@ SUPPORTED_SCHEDULERS = SCHEDULES
 # the second stage's sigmas of the distilled two-stage recipe (the refine node's own)
 REFINE_SIGMAS = (0.909375, 0.725, 0.421875)
 SEED_LIMIT = 2**63
+DENOISE_NODE = "denoise"  # the graph's denoise loop node (every denoise family names it so)
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,7 @@ def _generation(ev: Evaluation, final: Latent, saves: tuple[SaveTarget, ...]) ->
         first = base
     elif last.start.sampled is not None:  # one schedule split over two models
         first = last.start.sampled
-        _split(ev, first, last, fields)
+        _split(ev, first, last, fields, node_params)
         runs = (first, last)
     else:
         first = last
@@ -131,7 +132,7 @@ def _generation(ev: Evaluation, final: Latent, saves: tuple[SaveTarget, ...]) ->
     served = _served(ev, runs)
     canvas = first.start
     task = _task(ev, first, canvas, saves)
-    if node_params and task == TaskType.I2V:
+    if "refine" in node_params and task == TaskType.I2V:
         _deviate(ev, last.node, "the two-stage path (upsample + refine) runs text-to-video only: this image-to-video "
                  "runs the base stage alone, at the base size")
         node_params.clear()
@@ -306,7 +307,8 @@ def _parts(ev: Evaluation, run: Sampling, canvas: Latent) -> list[ImagePart]:
     return [ImagePart(path=image.path, role="first_frame")]
 
 
-def _split(ev: Evaluation, first: Sampling, second: Sampling, fields: Fields) -> None:
+def _split(ev: Evaluation, first: Sampling, second: Sampling, fields: Fields,
+           node_params: dict[str, dict[str, Any]]) -> None:
     """Two KSamplerAdvanced over one schedule: the first (high noise) ends where the second starts."""
     if first.end_at_step is None or first.end_at_step != second.start_at_step or first.steps != second.steps \
             or first.start_at_step != 0:
@@ -324,7 +326,8 @@ def _split(ev: Evaluation, first: Sampling, second: Sampling, fields: Fields) ->
     _deviate(ev, second.node, f"the experts switch at the checkpoint's boundary (its boundary_ratio), not at step "
              f"{first.end_at_step} of {first.steps}")
     fields.put("guidance_scale", first.cfg, "cfg")
-    fields.put("guidance_scale_2", second.cfg, "cfg")
+    # the low-noise expert's scale is the denoise loop's knob (its params_schema), not a shared field
+    node_params.setdefault(DENOISE_NODE, {})["guidance_scale_2"] = second.cfg
     negative = first.negative.text if first.negative is not None else None
     if max(first.cfg, second.cfg) > 1.0 and negative:
         fields.put("negative_prompt", negative)

@@ -57,7 +57,7 @@ def load_options(deploy: DeployConfig) -> LoadOptions:
     return LoadOptions(device=deploy.torch_device(), dtype=deploy.torch_dtype(),
                        attention_backend="sdpa" if deploy.attention_backend == "auto" else deploy.attention_backend,
                        cfg_mode="sequential" if deploy.cfg_mode == "auto" else deploy.cfg_mode,
-                       compile=deploy.compile is True, auto=frozenset(auto), quantization=deploy.quantization,
+                       compile=deploy.compile is True, compile_cache_dir=deploy.compile_cache_dir, auto=frozenset(auto), quantization=deploy.quantization,
                        text_cache_bytes=int(deploy.text_cache_mb * 2**20), resolution_buckets=deploy.bucket_sizes(),
                        lora_device_bytes=int(deploy.lora_device_mb * 2**20),
                        lora_host_bytes=int(deploy.lora_host_mb * 2**20), loras=tuple(deploy.lora_files.items()),

@@ -39,6 +39,7 @@ def child(args: argparse.Namespace) -> None:
 
     imported = time.perf_counter()
     gen = VideoGenerator.from_pretrained(args.model, device=args.device, compile=args.compile,
+                                         compile_dynamic=args.dynamic,
                                          compile_cache_dir=args.cache_dir if args.compile else "none")
     loaded = time.perf_counter()
     before = CompileCounts.now()
@@ -49,19 +50,32 @@ def child(args: argparse.Namespace) -> None:
     saved = save_opened(f"height={args.height} width={args.width} num_frames={args.frames}")
     torch.save(torch.from_numpy(video.frames), Path(args.frames_out))
     cache = opened()[0].summary() if opened() else {}
-    print("RESULT " + json.dumps({
+    second: dict = {}
+    if args.second_size:  # another size after the first video: does it compile again?
+        height, width, frames = (int(v) for v in args.second_size.split("x"))
+        again, second_start = CompileCounts.now(), time.perf_counter()
+        gen.generate_video("a blue square moving left", height=height, width=width, num_frames=frames,
+                           steps=args.steps, seed=0, output_path=None)
+        second = {"second_size": args.second_size, "second_video_s": round(time.perf_counter() - second_start, 3),
+                  "second_graphs": (CompileCounts.now() - again).graphs}
+    print("RESULT " + json.dumps({**second,
         "import_s": round(imported - start, 3), "load_s": round(loaded - imported, 3),
         "first_video_s": round(first - loaded, 3), "graphs": counts.graphs, "fxgraph_hits": counts.fxgraph_hits,
         "fxgraph_misses": counts.fxgraph_misses, "artifacts_loaded": cache.get("loaded", 0), "saved": len(saved)}),
         flush=True)
 
 
-def run(name: str, args: argparse.Namespace, *, compile_: bool, cache_dir: Path, frames_out: Path) -> dict:
+def run(name: str, args: argparse.Namespace, *, compile_: bool, cache_dir: Path, frames_out: Path,
+        dynamic: bool = False, second_size: str | None = None) -> dict:
     cmd = [sys.executable, __file__, "--child", "--model", str(args.model), "--device", args.device,
            "--cache-dir", str(cache_dir), "--frames-out", str(frames_out), "--height", str(args.height),
            "--width", str(args.width), "--frames", str(args.frames), "--steps", str(args.steps)]
     if compile_:
         cmd.append("--compile")
+    if dynamic:
+        cmd.append("--dynamic")
+    if second_size:
+        cmd += ["--second-size", second_size]
     env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}  # the option decides
     start = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -70,10 +84,16 @@ def run(name: str, args: argparse.Namespace, *, compile_: bool, cache_dir: Path,
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"{name} run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     row = {"bench": "compile_cache", "run": name, "size": args.size, "device": args.device,
-           "shape": f"{args.height}x{args.width}x{args.frames}", "steps": args.steps,
+           "shape": f"{args.height}x{args.width}x{args.frames}", "steps": args.steps, "dynamic": dynamic,
            "process_to_first_video_s": round(wall, 3), **json.loads(lines[-1][len("RESULT "):])}
     print(json.dumps(row), flush=True)
     return row
+
+
+def write(rows: list[dict], out: str | None) -> None:
+    if out:
+        with open(out, "a") as f:
+            f.writelines(json.dumps(row) + "\n" for row in rows)
 
 
 def main() -> None:
@@ -90,6 +110,10 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=5)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--skip-eager", action="store_true")
+    parser.add_argument("--dynamic", action="store_true", help="child: compile_dynamic=True")
+    parser.add_argument("--second-size", default=None, help="child: HxWxF of a second video after the first")
+    parser.add_argument("--dynamic-check", action="store_true",
+                        help="instead: two sizes, static vs token dimension marked dynamic (graphs compiled)")
     parser.add_argument("--out", default=None, help="append the JSON lines to this file")
     args = parser.parse_args()
     if args.child:
@@ -102,6 +126,11 @@ def main() -> None:
 
             args.model = save_random_wan(work / "model", size=args.size)
         cache = work / "cache"
+        if args.dynamic_check:
+            second = f"{args.height + 32}x{args.width}x{args.frames}"
+            rows = [run(name, args, compile_=True, cache_dir=work / name, frames_out=work / f"{name}.pt",
+                        dynamic=name == "dynamic", second_size=second) for name in ("static", "dynamic")]
+            return write(rows, args.out)
         rows = [] if args.skip_eager else [run("eager", args, compile_=False, cache_dir=cache, frames_out=work / "eager.pt")]
         rows.append(run("cold", args, compile_=True, cache_dir=cache, frames_out=work / "cold.pt"))
         rows.append(run("warm", args, compile_=True, cache_dir=cache, frames_out=work / "warm.pt"))
@@ -111,12 +140,7 @@ def main() -> None:
 
         same = torch.equal(torch.load(work / "cold.pt"), torch.load(work / "warm.pt"))
         print(json.dumps({"bench": "compile_cache", "run": "check", "warm_equals_cold": same}), flush=True)
-        if args.out:
-            with open(args.out, "a") as f:
-                for row in rows:
-                    f.write(json.dumps(row) + "\n")
-                f.write(json.dumps({"bench": "compile_cache", "run": "check", "size": args.size,
-                                    "warm_equals_cold": same}) + "\n")
+        write([*rows, {"bench": "compile_cache", "run": "check", "size": args.size, "warm_equals_cold": same}], args.out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import Any
 
+import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves
 
 from omniloop.models.layers.attention import set_attention_backend
 from omniloop.models.layers.cuda_graphs import CudaGraphRunner
@@ -30,8 +33,28 @@ def apply_load_options(model: nn.Module, options: LoadOptions, *, blocks: Iterab
         quantize_linears_(model, lambda name, _: pattern.match(name) is not None, scaling)
     if options.compile:
         for block in blocks:
+            if options.compile_dynamic:
+                block.register_forward_pre_hook(mark_tokens_dynamic, with_kwargs=True)
             block.compile()
     return model
+
+
+def mark_tokens_dynamic(block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """A compiled block's forward pre-hook: the token dimension of its inputs is dynamic, so
+    one compiled graph serves every size (no recompile when a request of another resolution
+    or length arrives). The block's first argument is the hidden state ``[B, L, D]``; every
+    input dimension of size L (the hidden state's, RoPE tables', per-token modulation's) is
+    marked. ``maybe_mark_dynamic``: a dimension the graph must specialize stays static
+    instead of failing. Runs eagerly (nn.Module's call wrapper is outside what Dynamo traces)."""
+    hidden = args[0] if args else None
+    if not isinstance(hidden, torch.Tensor) or hidden.ndim < 2:
+        return
+    tokens = hidden.shape[1]
+    for value in tree_leaves((args, kwargs)):
+        if isinstance(value, torch.Tensor):
+            for dim, size in enumerate(value.shape):
+                if size == tokens:
+                    torch._dynamo.maybe_mark_dynamic(value, dim)
 
 
 def graph_runner(options: LoadOptions) -> CudaGraphRunner | None:

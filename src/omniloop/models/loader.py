@@ -128,7 +128,8 @@ def load_pipeline(
 
 def _kernels(options: LoadOptions) -> str:
     """The load options that change a compiled block's graph (part of its compile-cache key)."""
-    return f"{options.dtype}/{options.attention_backend}/{options.quantization}/{options.cfg_mode}"
+    dynamic = "dynamic" if options.compile_dynamic else "static"
+    return f"{options.dtype}/{options.attention_backend}/{options.quantization}/{options.cfg_mode}/{dynamic}"
 
 
 def attach_caches(pipeline: Pipeline, options: LoadOptions, lora: LoraSupport | None = None) -> Pipeline:

@@ -81,9 +81,9 @@ class DeployConfig(BaseModel):
         default="auto", description="torch.compile each repeated transformer block; auto: on CUDA for the families "
         "whose compiled step is measured faster (models/fast_path.py), never on a CPU; --no-compile turns it off")
     compile_dynamic: bool = Field(
-        default=False, description="compiled blocks take the token dimension as dynamic (torch._dynamo "
-        "maybe_mark_dynamic): one compiled graph serves every size, no recompile when a request of another "
-        "resolution or length arrives; off: a graph per size (static kernels), recompiling for each new size")
+        default=False, description="compiled blocks take their input sizes (tokens, batch) as dynamic "
+        "(torch.compile dynamic=True): one compiled graph serves every size, no recompile when a request of another "
+        "resolution or length arrives; off: static kernels, a recompile when a new size arrives")
     compile_cache_dir: str = Field(
         default="auto", description="where compiled blocks are kept across restarts (Inductor's cache and torch's "
         "cache artifacts, keyed by model, shape bucket and versions: models/compile_cache.py); auto: "

@@ -42,7 +42,7 @@ def test_the_key_separates_models_configs_and_versions(tmp_path):
     key = _key(tmp_path)
     assert key.folder(tmp_path) == _key(tmp_path).folder(tmp_path)  # the same model and software: the same entries
     assert _key(tmp_path, '{"_class_name": "WanPipeline", "x": 1}').folder(tmp_path) != key.folder(tmp_path)  # another architecture
-    assert replace(key, torch="0.0").folder(tmp_path) != key.folder(tmp_path)  # another torch
+    assert replace(key, torch_version="0.0").folder(tmp_path) != key.folder(tmp_path)  # another torch
     assert replace(key, device="NVIDIA H200").folder(tmp_path) != key.folder(tmp_path)
 
 
@@ -64,11 +64,11 @@ def test_a_corrupt_entry_is_ignored_with_a_log_line(tmp_path, caplog, content):
 def test_an_entry_written_for_another_key_is_not_loaded(tmp_path, caplog):
     cache = CompileCache(tmp_path / "cache", _key(tmp_path))
     cache.folder.mkdir(parents=True)
-    foreign = json.dumps(compile_cache.asdict(replace(cache.key, torch="0.0")), sort_keys=True).encode()
+    foreign = json.dumps(compile_cache.asdict(replace(cache.key, torch_version="0.0")), sort_keys=True).encode()
     (cache.folder / f"bucket{SUFFIX}").write_bytes(MAGIC + foreign + b"\n" + b"payload")
     with caplog.at_level(logging.WARNING, logger="omniloop.models.compile_cache"):
         assert cache.load() == 0
-    assert "written for another model or versions (torch: '0.0'" in caplog.text
+    assert "written for another model or versions (torch_version: '0.0'" in caplog.text
 
 
 def _run(model: Path, cache: Path, frames_out: Path, *extra: str) -> dict:

@@ -88,7 +88,7 @@ class CompileCacheKey:
     model: str  # the resolved checkpoint path
     configs: str  # hash of its JSON configs
     kernels: str  # dtype, attention backend, quantization, cfg mode: what changes the traced graph
-    torch: str
+    torch_version: str
     triton: str | None
     omniloop: str
     device: str
@@ -98,14 +98,14 @@ class CompileCacheKey:
         from omniloop import __version__
 
         root = root.resolve()
-        return cls(model=str(root), configs=_configs_hash(root), kernels=kernels, torch=torch.__version__,
+        return cls(model=str(root), configs=_configs_hash(root), kernels=kernels, torch_version=torch.__version__,
                    triton=_version("triton") or _version("pytorch-triton"), omniloop=__version__,
                    device=device_name(device))
 
     def folder(self, root: Path) -> Path:
         """``root/<model key>/<versions key>``: one model's entries for this software and device."""
         model = _digest(self.model, self.configs, self.kernels)
-        versions = _digest(self.torch, str(self.triton), self.omniloop, self.device)
+        versions = _digest(self.torch_version, str(self.triton), self.omniloop, self.device)
         return root / f"{Path(self.model).name}-{model}" / versions
 
 

@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import Any
 
-import torch
 from torch import nn
-from torch.utils._pytree import tree_leaves
 
 from omniloop.models.layers.attention import set_attention_backend
 from omniloop.models.layers.cuda_graphs import CudaGraphRunner
@@ -33,36 +30,9 @@ def apply_load_options(model: nn.Module, options: LoadOptions, *, blocks: Iterab
         quantize_linears_(model, lambda name, _: pattern.match(name) is not None, scaling)
     if options.compile:
         for block in blocks:
-            if options.compile_dynamic:
-                block.register_forward_pre_hook(mark_tokens_dynamic, with_kwargs=True)
-            block.compile()
+            # dynamic: the block's input sizes (tokens, batch) are symbols, so one graph serves every
+            # resolution and length; None: Dynamo's default (a graph per size until one recompiles dynamic).
+            # NOTE: marking only the token dimension from a forward pre-hook does not work: Dynamo traces
+            # the hook, and torch._dynamo.maybe_mark_dynamic is forbidden inside a traced region
+            block.compile(dynamic=True if options.compile_dynamic else None)
     return model
-
-
-def mark_tokens_dynamic(block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """A compiled block's forward pre-hook: the token dimension of its inputs is dynamic, so
-    one compiled graph serves every size (no recompile when a request of another resolution
-    or length arrives). The block's first argument is the hidden state ``[B, L, D]``; every
-    input dimension of size L (the hidden state's, RoPE tables', per-token modulation's) is
-    marked. ``maybe_mark_dynamic``: a dimension the graph must specialize stays static
-    instead of failing. Runs eagerly (nn.Module's call wrapper is outside what Dynamo traces)."""
-    hidden = args[0] if args else None
-    if not isinstance(hidden, torch.Tensor) or hidden.ndim < 2:
-        return
-    tokens = hidden.shape[1]
-    for value in tree_leaves((args, kwargs)):
-        if isinstance(value, torch.Tensor):
-            for dim, size in enumerate(value.shape):
-                if size == tokens:
-                    torch._dynamo.maybe_mark_dynamic(value, dim)
-
-
-def graph_runner(options: LoadOptions) -> CudaGraphRunner | None:
-    """The deployment's CUDA-graph runner, or None (``cuda_graphs`` off). Refused off CUDA:
-    a CPU has no graphs, and a flag that silently does nothing would hide a wrong deployment."""
-    if not options.cuda_graphs:
-        return None
-    if options.device.type != "cuda":
-        raise ValueError(f"cuda_graphs=True needs a CUDA device, and this deployment's device is {str(options.device)!r}; "
-                         "pass cuda_graphs=False (leave out --cuda-graphs) or device='cuda'")
-    return CudaGraphRunner(max_graphs=options.cuda_graph_max_graphs, max_tokens=options.cuda_graph_max_tokens)

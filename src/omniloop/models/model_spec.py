@@ -30,7 +30,7 @@ class LoadOptions:
     attention_backend: str = "sdpa"
     cfg_mode: CFGMode = "sequential"
     compile: bool = False
-    compile_dynamic: bool = False  # compiled blocks' token dimension dynamic: one graph for every size
+    compile_dynamic: bool = False  # compiled blocks' input sizes dynamic: one graph for every size
     compile_cache_dir: str | None = None  # compiled blocks kept across processes (models/compile_cache.py); None: off
     quantization: str = "none"  # "fp8": e4m3 GEMMs in the transformer blocks (layers/fp8_linear.py)
     chunk_kv_budget_bytes: int | None = None  # causal video families' KV slab pool (None: cache/chunk_kv default)

@@ -36,3 +36,14 @@ def apply_load_options(model: nn.Module, options: LoadOptions, *, blocks: Iterab
             # the hook, and torch._dynamo.maybe_mark_dynamic is forbidden inside a traced region
             block.compile(dynamic=True if options.compile_dynamic else None)
     return model
+
+
+def graph_runner(options: LoadOptions) -> CudaGraphRunner | None:
+    """The deployment's CUDA-graph runner, or None (``cuda_graphs`` off). Refused off CUDA:
+    a CPU has no graphs, and a flag that silently does nothing would hide a wrong deployment."""
+    if not options.cuda_graphs:
+        return None
+    if options.device.type != "cuda":
+        raise ValueError(f"cuda_graphs=True needs a CUDA device, and this deployment's device is {str(options.device)!r}; "
+                         "pass cuda_graphs=False (leave out --cuda-graphs) or device='cuda'")
+    return CudaGraphRunner(max_graphs=options.cuda_graph_max_graphs, max_tokens=options.cuda_graph_max_tokens)

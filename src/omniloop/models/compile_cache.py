@@ -189,9 +189,14 @@ def _bucket_name(bucket: str) -> str:
 
 def use_inductor_dir(root: Path) -> Path:
     """Point Inductor's local cache at ``root/inductor`` (process-wide), unless the user set
-    ``TORCHINDUCTOR_CACHE_DIR`` themselves (theirs wins). Returns the folder in use."""
+    ``TORCHINDUCTOR_CACHE_DIR`` to a folder of their own (theirs wins). Returns the folder in use."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
     configured = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if configured and Path(configured).resolve() != (root / "inductor").resolve():
+    # Inductor writes its default into the environment once it has used it: that one is not a user's choice
+    chosen = configured and Path(configured).resolve() not in (Path(default_cache_dir()).resolve(),
+                                                               (root / "inductor").resolve())
+    if chosen:
         logger.info("compile cache: TORCHINDUCTOR_CACHE_DIR=%s is set and kept", configured)
         return Path(configured)
     folder = root / "inductor"

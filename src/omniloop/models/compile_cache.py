@@ -196,7 +196,7 @@ def use_inductor_dir(root: Path) -> Path:
     # Inductor writes its default into the environment once it has used it: that one is not a user's choice
     chosen = configured and Path(configured).resolve() not in (Path(default_cache_dir()).resolve(),
                                                                (root / "inductor").resolve())
-    if chosen:
+    if configured and chosen:
         logger.info("compile cache: TORCHINDUCTOR_CACHE_DIR=%s is set and kept", configured)
         return Path(configured)
     folder = root / "inductor"

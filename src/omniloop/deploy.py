@@ -96,6 +96,14 @@ class DeployConfig(BaseModel):
     compile: bool | Literal["auto"] = Field(
         default="auto", description="torch.compile each repeated transformer block; auto: on CUDA for the families "
         "whose compiled step is measured faster (models/fast_path.py), never on a CPU; --no-compile turns it off")
+    compile_dynamic: bool = Field(
+        default=False, description="compiled blocks take their input sizes (tokens, batch) as dynamic "
+        "(torch.compile dynamic=True): one compiled graph serves every size, no recompile when a request of another "
+        "resolution or length arrives; off: static kernels, a recompile when a new size arrives")
+    compile_cache_dir: str = Field(
+        default="auto", description="where compiled blocks are kept across restarts (Inductor's cache and torch's "
+        "cache artifacts, keyed by model, shape bucket and versions: models/compile_cache.py); auto: "
+        "~/.cache/omniloop/compile; 'none': no cache (each process compiles again)")
     quantization: Literal["none", "fp8", "fp8_tensor"] = Field(
         default="none",
         description="'fp8': e4m3 weights (per channel) and activations (per token) in the transformer blocks' "

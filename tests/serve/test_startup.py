@@ -108,3 +108,24 @@ def test_a_configured_warmup_goes_through_the_same_admission(wan_t2v_dir):
                            limits={"max_steps": 4})
     assert error == ("warmup shape 0 (steps=8 height=32 width=32 num_frames=5) was refused: diffusion.steps: 8 steps "
                      "exceed this deployment's limit of 4 (limits.max_steps); pass fewer steps")
+
+
+@pytest.mark.slow
+def test_a_compiled_server_compiles_its_warmup_shape_before_ready_and_saves_the_cache(wan_t2v_dir, tmp_path):
+    """``--compile`` on a CPU (Inductor C++): the warmup compiles the blocks before ``ready``
+    is printed, and what it compiled is in the compile cache when the server answers ready."""
+    cache = tmp_path / "compile"
+    proc, port = _serve(wan_t2v_dir, "--limits", json.dumps({"max_pixels": 32 * 32, "max_frames": 5}),
+                        "--warmup-steps", "1", "--compile", "--compile-cache-dir", str(cache))
+    try:
+        proc.stdout.readline()  # the address
+        assert proc.stdout.readline().strip() == "omniloop serve: ready"
+        assert httpx.get(f"http://127.0.0.1:{port}/ready").status_code == 200
+        (saved,) = cache.glob("*/*/*.artifacts")  # model key / versions key / the warmup's bucket
+        assert saved.name.startswith("steps_1_height_")  # the bucket: the warmup shape it compiled
+        assert any((cache / "inductor").iterdir())  # Inductor's own cache, in the same folder
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -30,7 +30,11 @@ def apply_load_options(model: nn.Module, options: LoadOptions, *, blocks: Iterab
         quantize_linears_(model, lambda name, _: pattern.match(name) is not None, scaling)
     if options.compile:
         for block in blocks:
-            block.compile()
+            # dynamic: the block's input sizes (tokens, batch) are symbols, so one graph serves every
+            # resolution and length; None: Dynamo's default (a graph per size until one recompiles dynamic).
+            # NOTE: marking only the token dimension from a forward pre-hook does not work: Dynamo traces
+            # the hook, and torch._dynamo.maybe_mark_dynamic is forbidden inside a traced region
+            block.compile(dynamic=True if options.compile_dynamic else None)
     return model
 
 

@@ -23,6 +23,7 @@ from omniloop.cache.text_embeddings import TextEmbeddingCache
 from omniloop.models.catalog import BUILTIN_DIR, BUILTIN_MODELS, INTERACTIVE_MODEL, resolve_model_path  # noqa: F401
 from omniloop.models.manifest import LAYOUT, MANIFEST_FILE, manifest_index, verify_files
 from omniloop.models.lora import LoraSupport
+from omniloop.models.compile_cache import open_compile_cache
 from omniloop.models.fast_path import resolve_kernels
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, spec_for_class
 from omniloop.pipeline.pipeline import Pipeline
@@ -113,6 +114,8 @@ def load_pipeline(
     options = resolve_kernels(options, spec.fast_path, family=spec.family)  # "auto" kernels, for this device
     variant = spec.variant(index)
     check_layout(root, variant)
+    if options.compile:  # before the blocks compile: torch's caches get what earlier processes compiled
+        open_compile_cache(options.compile_cache_dir, root, device=options.device, kernels=_kernels(options))
     components = load_components(root, index, variant, options, preloaded)
     pipeline = spec.build(variant, index, components, options)
     pipeline.compiled = options.compile
@@ -121,6 +124,12 @@ def load_pipeline(
                        "its steps run eager", spec.family)
     attach_caches(pipeline, options, spec.lora)
     return spec, pipeline
+
+
+def _kernels(options: LoadOptions) -> str:
+    """The load options that change a compiled block's graph (part of its compile-cache key)."""
+    dynamic = "dynamic" if options.compile_dynamic else "static"
+    return f"{options.dtype}/{options.attention_backend}/{options.quantization}/{options.cfg_mode}/{dynamic}"
 
 
 def attach_caches(pipeline: Pipeline, options: LoadOptions, lora: LoraSupport | None = None) -> Pipeline:

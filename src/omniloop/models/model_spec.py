@@ -33,6 +33,8 @@ class LoadOptions:
     attention_backend: str = "sdpa"
     cfg_mode: CFGMode = "sequential"
     compile: bool = False
+    compile_dynamic: bool = False  # compiled blocks' input sizes dynamic: one graph for every size
+    compile_cache_dir: str | None = None  # compiled blocks kept across processes (models/compile_cache.py); None: off
     quantization: str = "none"  # "fp8": e4m3 GEMMs in the transformer blocks (layers/fp8_linear.py)
     chunk_kv_budget_bytes: int | None = None  # causal video families' KV slab pool (None: cache/chunk_kv default)
     text_cache_bytes: int = 256 * 2**20  # text-embedding cache budget (0: no cache)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from typing import TYPE_CHECKING, Any
 
 from omniloop.deploy import Limits
@@ -98,15 +99,31 @@ def warmup_request(shape: DiffusionParams, tasks: frozenset[TaskType],
 
 async def run_warmup(engine: AsyncEngine, shapes: list[DiffusionParams], tasks: frozenset[TaskType],
                      defaults: GenerationDefaults | None = None) -> None:
-    """Run each shape once, in order; raise ``WarmupFailed`` at the first that fails."""
-    from omniloop.engine import EngineError
+    """Run each shape once, in order; raise ``WarmupFailed`` at the first that fails.
 
+    A compiled model compiles each shape bucket here (its first request of that shape), before
+    ``/ready``: each shape's line says what it compiled and how long it took, and what was
+    compiled is then saved to the compile cache (models/compile_cache.py), so the next
+    process loads it instead of compiling again."""
+    from omniloop.engine import EngineError
+    from omniloop.models.compile_cache import CompileCounts, opened, save_opened
+
+    start, before = time.perf_counter(), CompileCounts.now()
     for i, shape in enumerate(shapes):
         where = f"warmup shape {i} ({describe(shape)})"
+        shape_start, shape_before = time.perf_counter(), CompileCounts.now()
         try:
             out = await engine.generate(warmup_request(shape, tasks, defaults))
         except EngineError as e:  # refused at admission (bad size, over a limit, queue, dead engine)
             raise WarmupFailed(f"{where} was refused: {e}") from None
         if out.status is not RequestStatus.COMPLETED:
             raise WarmupFailed(f"{where} {out.status.value}: {out.error}")
-        logger.info("%s done in %.2fs", where, out.metrics.queue_s + out.metrics.run_s)
+        compiled = CompileCounts.now() - shape_before
+        logger.info("%s done in %.2fs%s", where, time.perf_counter() - shape_start,
+                    f" (compile: {compiled.describe()})" if compiled.graphs else "")
+    compiled = CompileCounts.now() - before
+    if compiled.graphs or opened():
+        logger.info("warmup compiled %d shape bucket(s) in %.2fs: %s", len(shapes), time.perf_counter() - start,
+                    compiled.describe())
+        for path in save_opened(" ".join(describe(s) for s in shapes)):
+            logger.info("warmup: compile cache saved to %s", path)

@@ -43,12 +43,14 @@ from omniloop.pipeline.predicates import opt
 from omniloop.pipeline.samplers.rk4_flow import RK4FlowSampler
 from omniloop.pipeline.samplers.sampler_set import SamplerSet
 from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
+from omniloop.pipeline.streams import StreamEdge
 from omniloop.pipeline.stages import ChatPrompt, VAEDecode, is_chat
 from omniloop.request import TaskType
 
-# The edges that stream (the downstream node starts at the upstream's first chunk) once the
-# engine's streaming edges are merged: thinker -> talker and talker -> token2wav.
-STREAM_EDGES: tuple[str, ...] = ()  # after the merge: ("thinker_states", "codec")
+# The edges that stream (the downstream node starts at the upstream's first chunk): thinker ->
+# talker. Its capacity never holds the thinker back (the text answer is not paced by the
+# speech: the talker makes several codes per text token); one chunk is one [1, D] row.
+STREAM_EDGES: tuple[StreamEdge, ...] = (StreamEdge("thinker_hidden", capacity=1 << 20),)
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
 GENERATION_CONFIG_FILE = "generation_config.json"
 
@@ -113,7 +115,8 @@ def omni_variant(index: Mapping[str, Any]) -> Variant:
     return Variant(name=f"qwen2.5-omni-{size}", tasks=frozenset({TaskType.REASON}), weights=weights)
 
 
-def omni_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = None, max_codes: int = 4096) -> PipelineSpec:
+def omni_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = None, max_codes: int = 4096,
+                       streams: tuple[StreamEdge, ...] = STREAM_EDGES) -> PipelineSpec:
     """``talker_text``: the talker node's own loop defaults (its stop codes, transformers'
     talker sampling), over the pipeline's (the thinker's)."""
     components = {w.component: ComponentSpec(name=w.component, kind=w.kind, optional=w.optional) for w in variant.weights}
@@ -140,6 +143,7 @@ def omni_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = None
             Node("vocoder", VAEDecode(decoder=BigVGANDecoder()), when=speech),
         ),
         outputs={"text": "text", "audio": "audio"},
+        streams=streams,
     )
 
 

@@ -35,6 +35,7 @@ from omniloop.pipeline.policies.cfg import COND
 from omniloop.pipeline.stage import WorkEstimate
 from omniloop.pipeline.stages.decode import DecodedAudio
 from omniloop.pipeline.state import RequestState, StageContext, StepResult
+from omniloop.pipeline.streams import EdgeChannel
 from omniloop.request import Artifact, InvalidRequest, Modality, OmniRequest, SamplingParams, TextArtifact
 
 DEFAULT_VOICE = "Chelsie"  # transformers' generate(speaker="Chelsie")
@@ -55,6 +56,19 @@ class ThinkerStates(Artifact):
     prompt_ids: list[int]
     output_ids: list[int]
     hidden: torch.Tensor  # [P + n - 1, D] final hidden state of every forwarded position (the last token is never forwarded)
+
+
+@dataclass(kw_only=True)
+class ThinkerChunk(Artifact):
+    """A run of the thinker's forwarded positions as the talker reads them while the thinker
+    still runs (the stream edge ``thinker_hidden``): positions ``start .. start + len(ids)``.
+    The first chunk starts at 0 and reaches the first generated token's position (what the
+    talker's prompt needs); each later one adds the position forwarded by one decode step."""
+
+    prompt_len: int  # P: the conversation's positions
+    start: int
+    ids: list[int]  # the token at each position
+    hidden: torch.Tensor  # [len(ids), D] the final hidden state of each position
 
 
 @dataclass(kw_only=True)
@@ -85,14 +99,17 @@ def resolve_voice(speakers: dict[str, Speaker], voice: str | None) -> str:
 
 
 def start_ar_loop(stage: ARDecodeLoop, ctx: StageContext, state: RequestState, *, params: SamplingParams,
-                  prompt_ids: list[int], stop_ids: frozenset[int], lm_inputs: Any) -> ARLoopState:
-    """``ARDecodeLoop.init`` with this family's prompt, sampling and per-request model inputs."""
+                  prompt_ids: list[int], stop_ids: frozenset[int], lm_inputs: Any,
+                  extra: dict[str, Any] | None = None) -> ARLoopState:
+    """``ARDecodeLoop.init`` with this family's prompt, sampling and per-request model inputs;
+    ``extra``: the talker's stream (a :class:`TalkerLoopState`)."""
     text = ctx.defaults.text_or_default()
     check_context(len(prompt_ids), params.max_tokens, text.max_context)
     seed = admitted_seed(params.seed, ctx.node)
     pool: BlockPool = ctx.component(stage.kv_component)
-    loop = ARLoopState(
-        node=ctx.node, request_id=state.request_id, steps_target=params.max_tokens, params=params, seed=seed,
+    state_type = ARLoopState if extra is None else TalkerLoopState
+    loop = state_type(
+        **(extra or {}), node=ctx.node, request_id=state.request_id, steps_target=params.max_tokens, params=params, seed=seed,
         generator=torch.Generator(ctx.device).manual_seed(seed), kv=pool.handle(),
         prefill_chunk=text.prefill_chunk_tokens, prompt_ids=prompt_ids, stop_ids=stop_ids, lm_inputs=lm_inputs)
     stage._prefill(ctx.component(stage.lm_component), [loop])  # the first chunk now when the pool has room
@@ -106,6 +123,7 @@ def start_ar_loop(stage: ARDecodeLoop, ctx: StageContext, state: RequestState, *
 @dataclass
 class ThinkerLoop(ARDecodeLoop):
     outputs = {"text": TextArtifact, "thinker_states": ThinkerStates}
+    stream_outputs = {"thinker_hidden": ThinkerChunk}
 
     def init(self, ctx: StageContext, state: RequestState) -> ARLoopState:
         text = ctx.defaults.text_or_default()
@@ -115,6 +133,28 @@ class ThinkerLoop(ARDecodeLoop):
         row = ThinkerRow() if wants_speech(state.request) else None  # record hidden states only for the talker
         return start_ar_loop(self, ctx, state, params=params, prompt_ids=prompt_ids,
                              stop_ids=frozenset(text.eos_token_ids) | frozenset(params.stop_token_ids), lm_inputs=row)
+
+    def step_many(self, ctx: StageContext, loops: Sequence[ARLoopState]) -> list[StepResult]:
+        results = super().step_many(ctx, loops)
+        for loop, result in zip(loops, results):
+            chunk = self._new_positions(loop) if result.error is None else None
+            if chunk is not None:
+                result.chunks = [("thinker_hidden", chunk)]
+        return results
+
+    @staticmethod
+    def _new_positions(loop: ARLoopState) -> ThinkerChunk | None:
+        """The positions recorded since the last chunk, once the first generated token has been
+        forwarded (the talker's prompt needs position P); None while there is nothing to hand on.
+        The thinker's last token is never forwarded, so every position comes out of some step."""
+        row, p = loop.lm_inputs, len(loop.prompt_ids)
+        if not isinstance(row, ThinkerRow) or row.filled <= max(p, row.streamed):
+            return None
+        assert row.hidden is not None, "positions recorded without hidden states"
+        start, end = row.streamed, row.filled
+        row.streamed = end
+        ids = (loop.prompt_ids + loop.output_ids)[start:end]
+        return ThinkerChunk(prompt_len=p, start=start, ids=ids, hidden=row.hidden[start:end].clone())
 
     def finalize(self, ctx: StageContext, loop: ARLoopState, state: RequestState) -> None:
         if isinstance(loop.lm_inputs, ThinkerRow):
@@ -138,22 +178,49 @@ class CodecVocab:
         return ""
 
 
+def _embed(thinker: OmniThinker, ids: list[int], device: torch.device) -> torch.Tensor:
+    return thinker.embed(torch.tensor(ids, device=device))  # [len, D]
+
+
 @torch.inference_mode()
-def talker_row(thinker: OmniThinker, talker: OmniTalker, states: ThinkerStates, speaker: Speaker) -> TalkerRow:
-    """The talker's inputs from the thinker's answer, in transformers' arithmetic (``generate``)."""
-    tok = talker.tokens
-    p, n = len(states.prompt_ids), len(states.output_ids)
-    device = states.hidden.device
-    embed = lambda ids: thinker.embed(torch.tensor(ids, device=device))  # noqa: E731  [len, D]
-    hidden = states.hidden.to(thinker.dtype)
-    prompt = hidden[:p] + embed(states.prompt_ids)  # [P, D]
-    reply = hidden[p:] + embed(states.output_ids[: n - 1])  # [n - 1, D]: the generated tokens that were forwarded
-    embeds = torch.cat([prompt, embed([speaker.bos_token]), reply[:1]])  # [P + 2, D]
+def talker_prompt(thinker: OmniThinker, talker: OmniTalker, first: ThinkerChunk, speaker: Speaker) -> TalkerRow:
+    """The talker's inputs from the thinker's first chunk (positions 0..P at least), in
+    transformers' arithmetic (``generate``): prompt = hidden + embedding of every conversation
+    position, then the voice's start token and the first reply position (codec pad / bos
+    added); the reply positions after it feed one per generated code (``feed_talker``), then
+    the text-end and text-pad embeddings (``close_talker``). Each row is the same elementwise
+    sum whether the thinker's states come in one chunk or many: streamed equals non-streamed."""
+    assert first.start == 0 and len(first.ids) > first.prompt_len, "the first chunk reaches position P"
+    tok, p, device = talker.tokens, first.prompt_len, first.hidden.device
+    states = first.hidden.to(thinker.dtype) + _embed(thinker, first.ids, device)  # [P + r, D]
+    embeds = torch.cat([states[:p], _embed(thinker, [speaker.bos_token], device), states[p:p + 1]])  # [P + 2, D]
     codec = talker.model.embed_tokens(torch.tensor([tok.codec_bos, tok.codec_pad], device=device))
     embeds[-1] += codec[0]
     embeds[-2] += codec[1]
-    rest = torch.cat([reply[1:], embed([tok.text_eos]), embed([tok.text_pad])])  # [n, D]
-    return TalkerRow(prompt_embeds=embeds, reply=rest)
+    row = TalkerRow(prompt_embeds=embeds, reply=states[p + 1:].clone())
+    row.complete = False
+    return row
+
+
+@torch.inference_mode()
+def feed_talker(thinker: OmniThinker, row: TalkerRow, chunk: ThinkerChunk) -> None:
+    """One more run of reply positions from the thinker's stream."""
+    row.extend(chunk.hidden.to(thinker.dtype) + _embed(thinker, chunk.ids, chunk.hidden.device))
+
+
+@torch.inference_mode()
+def close_talker(thinker: OmniThinker, talker: OmniTalker, row: TalkerRow) -> None:
+    """The thinker ended: the text-end then the text-pad embedding (repeated from then on)."""
+    tok = talker.tokens
+    row.extend(_embed(thinker, [tok.text_eos, tok.text_pad], row.prompt_embeds.device))
+    row.complete = True
+
+
+@dataclass(kw_only=True)
+class TalkerLoopState(ARLoopState):
+    """The talker's AR state plus the thinker's stream it reads (``thinker_hidden``)."""
+
+    feed: EdgeChannel[ThinkerChunk]
 
 
 @dataclass
@@ -162,8 +229,9 @@ class TalkerLoop(ARDecodeLoop):
     speakers_component: str = "speakers"
     text_tokenizer_component: str = "tokenizer"
 
-    inputs = {"thinker_states": ThinkerStates}
+    inputs = {}
     optional_inputs = {}
+    stream_inputs = {"thinker_hidden": ThinkerChunk}
     outputs = {"codec": CodecCodes}
     params_schema = TalkerParams
 
@@ -197,19 +265,45 @@ class TalkerLoop(ARDecodeLoop):
                                  fields=("outputs.voice",))
 
     def init(self, ctx: StageContext, state: RequestState) -> ARLoopState:
-        states = ctx.read(state, "thinker_states", ThinkerStates)
-        if len(states.output_ids) < 2:
+        feed: EdgeChannel[ThinkerChunk] = ctx.stream(state, "thinker_hidden")
+        chunks = feed.take()
+        if not chunks:  # the thinker never forwarded a generated token
             raise ValueError("the text answer is a single token: the talker needs at least two to speak "
                              "(raise sampling.max_tokens)")
+        thinker: OmniThinker = ctx.component(self.thinker_component)
         talker: OmniTalker = ctx.component(self.lm_component)
         speakers: dict[str, Speaker] = ctx.component(self.speakers_component)
         voice = resolve_voice(speakers, state.request.outputs.voice)
-        row = talker_row(ctx.component(self.thinker_component), talker, states, speakers[voice])
+        row = talker_prompt(thinker, talker, chunks[0], speakers[voice])
+        for chunk in chunks[1:]:
+            feed_talker(thinker, row, chunk)
+        if feed.exhausted:
+            close_talker(thinker, talker, row)
         tok = talker.tokens
-        prompt_ids = [tok.codec_mask] * len(states.prompt_ids) + [tok.codec_pad, tok.codec_bos]
+        prompt_ids = [tok.codec_mask] * chunks[0].prompt_len + [tok.codec_pad, tok.codec_bos]
         params = self.talker_params(ctx, state)
         return start_ar_loop(self, ctx, state, params=params, prompt_ids=prompt_ids,
-                             stop_ids=frozenset(ctx.defaults.text_or_default().eos_token_ids), lm_inputs=row)
+                             stop_ids=frozenset(ctx.defaults.text_or_default().eos_token_ids), lm_inputs=row,
+                             extra={"feed": feed})
+
+    def ready(self, loop: ARLoopState) -> bool:
+        """A decode step forwards reply position ``len(output_ids)``: it waits until the thinker
+        has forwarded it (or ended), so the talker reads what the non-streamed run reads."""
+        if loop.prefilling or not isinstance(loop, TalkerLoopState):
+            return super().ready(loop)
+        row: TalkerRow = loop.lm_inputs
+        pending = sum(len(chunk.ids) for chunk in loop.feed.since(loop.feed.consumed))
+        return row.complete or loop.feed.closed or row.reply.shape[0] + pending > len(loop.output_ids)
+
+    def _feed(self, ctx: StageContext, loop: ARLoopState) -> None:
+        """The thinker's new positions into the loop's TalkerRow (and its end, once closed)."""
+        if not isinstance(loop, TalkerLoopState) or loop.lm_inputs.complete:
+            return
+        thinker: OmniThinker = ctx.component(self.thinker_component)
+        for chunk in loop.feed.take():
+            feed_talker(thinker, loop.lm_inputs, chunk)
+        if loop.feed.exhausted:
+            close_talker(thinker, ctx.component(self.lm_component), loop.lm_inputs)
 
     def estimate(self, ctx: StageContext, state: RequestState) -> WorkEstimate:
         """Before the thinker has answered: the prompt is at most the conversation + the
@@ -225,8 +319,9 @@ class TalkerLoop(ARDecodeLoop):
                             init_peak_bytes=lm.activation_bytes(prompt, prompt), batch_group="tokens")
 
     def step_many(self, ctx: StageContext, loops: Sequence[ARLoopState]) -> list[StepResult]:
-        # codes are no text: nothing is streamed as a text delta (once the codec edge streams,
-        # each step's new code is emitted here)
+        for loop in loops:
+            self._feed(ctx, loop)
+        # codes are no text: nothing is streamed as a text delta
         return [StepResult(done=r.done, error=r.error) for r in super().step_many(ctx, loops)]
 
     def finalize(self, ctx: StageContext, loop: ARLoopState, state: RequestState) -> None:

@@ -104,3 +104,36 @@ def test_bad_speech_requests_are_400s_naming_the_field(omni_server):
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model=model, messages=MESSAGES, modalities=["text", "audio"])
     assert err.value.body["param"] == "audio"
+
+
+def test_max_audio_tokens_bounds_the_speech_and_ends_with_length(omni_chat_dir):
+    """``omniloop serve --max-audio-tokens 3`` (DeployConfig.max_audio_tokens): the talker stops
+    after 3 codes (3 * repeats mel frames, BigVGAN's hop samples each) and the answer says why."""
+    from omniloop.deploy import DeployConfig
+
+    assert "max_audio_tokens" in DeployConfig.model_fields  # the CLI's --max-audio-tokens (schema flags)
+    with live_server(omni_chat_dir, serve={"warmup": []}, max_audio_tokens=3) as server:
+        client = server.client()
+        done = client.chat.completions.create(model=server.state.model.name, messages=MESSAGES, temperature=0,
+                                              max_tokens=8, seed=7, modalities=["text", "audio"],
+                                              audio={"voice": "Ethan", "format": "pcm16"})
+        assert done.choices[0].finish_reason == "length"
+        pcm = np.frombuffer(base64.b64decode(done.choices[0].message.audio.data), dtype="<i2")
+        spoken = client.chat.completions.create(model=server.state.model.name, messages=MESSAGES, temperature=0,
+                                                max_tokens=8, seed=7, modalities=["text", "audio"],
+                                                audio={"voice": "Ethan", "format": "pcm16"}, stream=True)
+        finishes = [c.choices[0].finish_reason for c in spoken if c.choices and c.choices[0].finish_reason]
+    assert finishes == ["length"]
+    repeats, hop = _token2wav_sizes(omni_chat_dir)
+    assert pcm.shape[0] == 3 * repeats * hop  # 3 codes -> repeats mel frames each -> hop samples a frame
+    with pytest.raises(ValueError, match="max_audio_tokens"):
+        DeployConfig(max_audio_tokens=0)
+
+
+def _token2wav_sizes(folder) -> tuple[int, int]:
+    """(mel frames per code, samples per mel frame) from the checkpoint's config.json."""
+    import json
+    import math
+
+    config = json.loads((folder / "config.json").read_text())["token2wav_config"]
+    return int(config["dit_config"]["repeats"]), math.prod(config["bigvgan_config"]["upsample_rates"])

@@ -203,6 +203,9 @@ def _usage(out: OmniOutput) -> dict[str, int]:
 
 
 def _finish_reason(out: OmniOutput) -> str:
+    """The text's reason; a spoken answer cut at the deployment's max_audio_tokens: "length"."""
+    if out.audio is not None and out.audio.finish_reason == "length":
+        return "length"
     return (out.text.finish_reason if out.text is not None else None) or "stop"
 
 
@@ -264,9 +267,9 @@ async def _sse(stream: AsyncIterator, first: Any, request_id: str, model: str, c
                         yield _chunk(request_id, model, created, {"audio": {k: whole[k] for k in ("id", "data", "expires_at")}})
                     yield _chunk(request_id, model, created, {}, _finish_reason(out))
                     if usage:
-                        body = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
+                        tail = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
                                 "choices": [], "usage": _usage(out)}
-                        yield f"data: {json.dumps(body)}\n\n"
+                        yield f"data: {json.dumps(tail)}\n\n"
                 yield "data: [DONE]\n\n"
                 return
             event = await anext(stream)

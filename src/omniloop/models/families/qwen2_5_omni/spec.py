@@ -27,7 +27,7 @@ from omniloop.models.families.qwen2_5_omni.presets import (
     TALKER_SAMPLING, THINKER_DEFAULTS, TOKEN2WAV_GUIDANCE, TOKEN2WAV_STEPS, TOKEN2WAV_SWAY,
 )
 from omniloop.models.families.qwen2_5_omni.stages import (
-    BigVGANDecoder, CodecVocab, TalkerLoop, ThinkerLoop, Token2WavDenoiser, Token2WavLoop, wants_speech,
+    BigVGANDecoder, CodecVocab, SpeechDecode, TalkerLoop, ThinkerLoop, Token2WavDenoiser, Token2WavLoop, wants_speech,
 )
 from omniloop.models.families.qwen2_5_omni.validate import make_omni_validator
 from omniloop.models.families.qwen2_5_omni.weights import (
@@ -44,7 +44,7 @@ from omniloop.pipeline.samplers.rk4_flow import RK4FlowSampler
 from omniloop.pipeline.samplers.sampler_set import SamplerSet
 from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
 from omniloop.pipeline.streams import StreamEdge
-from omniloop.pipeline.stages import ChatPrompt, VAEDecode, is_chat
+from omniloop.pipeline.stages import ChatPrompt, is_chat
 from omniloop.request import TaskType
 
 # The edges that stream (the downstream node starts at the upstream's first chunk): thinker ->
@@ -140,7 +140,7 @@ def omni_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = None
                  defaults={} if talker_text is None else {"text": talker_text}),
             Node("token2wav", Token2WavLoop(Token2WavDenoiser(max_codes=max_codes), cfg=EmbeddedGuidance(kwarg="guidance_scale"),
                                             routing=SingleModel("dit"), sampler_component="sampler"), when=speech),
-            Node("vocoder", VAEDecode(decoder=BigVGANDecoder()), when=speech),
+            Node("vocoder", SpeechDecode(decoder=BigVGANDecoder()), when=speech),
         ),
         outputs={"text": "text", "audio": "audio"},
         streams=streams,
@@ -152,8 +152,10 @@ def build_omni(variant: Variant, index: Mapping[str, Any], components: Mapping[s
     thinker_text = dataclasses.replace(THINKER_DEFAULTS, eos_token_ids=config.eos_token_ids,
                                        max_context=config.thinker.max_position_embeddings,
                                        sampling=components.get("generation") or {"temperature": 0.0})
-    # the speech's bound: transformers' 4096 codes, at most what token2wav decodes (its mel positions)
-    max_codes = min(int(TALKER_SAMPLING["max_tokens"]), config.dit.max_position_embeddings // config.dit.repeats)
+    # the speech's bound: the deployment's max_audio_tokens (default transformers' 4096 codes), at
+    # most what token2wav decodes (its mel positions)
+    wanted = options.max_audio_tokens or int(TALKER_SAMPLING["max_tokens"])
+    max_codes = min(wanted, config.dit.max_position_embeddings // config.dit.repeats)
     talker_text = TextDefaults(eos_token_ids=(config.tokens.codec_pad, config.tokens.codec_eos),
                                sampling={**TALKER_SAMPLING, "max_tokens": max_codes}, max_context=config.talker.max_position_embeddings,
                                prefill_chunk_tokens=THINKER_DEFAULTS.prefill_chunk_tokens)

@@ -33,10 +33,11 @@ from omniloop.pipeline.loops.ar import ARDecodeLoop, ARLoopState, PromptTokens, 
 from omniloop.pipeline.loops.denoise import DenoiseLoop, DenoiseLoopState, DenoiserBase, seeded_noise
 from omniloop.pipeline.policies.cfg import COND
 from omniloop.pipeline.stage import WorkEstimate
-from omniloop.pipeline.stages.decode import DecodedAudio
+from omniloop.pipeline.edges import DenoisedLatents
+from omniloop.pipeline.stages.decode import DecodedAudio, VAEDecode
 from omniloop.pipeline.state import RequestState, StageContext, StepResult
 from omniloop.pipeline.streams import EdgeChannel
-from omniloop.request import Artifact, InvalidRequest, Modality, OmniRequest, SamplingParams, TextArtifact
+from omniloop.request import Artifact, AudioArtifact, InvalidRequest, Modality, OmniRequest, SamplingParams, TextArtifact
 
 DEFAULT_VOICE = "Chelsie"  # transformers' generate(speaker="Chelsie")
 
@@ -392,6 +393,22 @@ class Token2WavLoop(DenoiseLoop):
 
     def batch_key(self, loop: DenoiseLoopState) -> Hashable | None:
         return None if loop.done else (id(self), loop.request_id)  # per-request codes: steps run alone
+
+
+@dataclass
+class SpeechDecode(VAEDecode):
+    """BigVGAN's decode of token2wav's mel; the audio says ``finish_reason="length"`` when the
+    talker stopped at its bound (the deployment's max_audio_tokens or node_params) rather than
+    at a codec end."""
+
+    inputs = {"latents": DenoisedLatents, "codec": CodecCodes}
+
+    def forward(self, ctx: StageContext, state: RequestState) -> None:
+        latents = ctx.read(state, "latents", DenoisedLatents).latents[self.modality]
+        media = self.latent_decoder.decode(ctx, latents)
+        assert isinstance(media, DecodedAudio), "the vocoder makes audio"
+        reason = "length" if ctx.read(state, "codec", CodecCodes).finish_reason == "length" else None
+        ctx.write(state, "audio", AudioArtifact(samples=media.samples, sample_rate=media.sample_rate, finish_reason=reason))
 
 
 @dataclass

@@ -27,7 +27,8 @@ from omniloop.models.families.qwen2_5_omni.presets import (
     TALKER_SAMPLING, THINKER_DEFAULTS, TOKEN2WAV_GUIDANCE, TOKEN2WAV_STEPS, TOKEN2WAV_SWAY,
 )
 from omniloop.models.families.qwen2_5_omni.stages import (
-    BigVGANDecoder, CodecVocab, SpeechDecode, TalkerLoop, ThinkerLoop, Token2WavDenoiser, Token2WavLoop, wants_speech,
+    BigVGANDecoder, Code2WavLoop, CodecVocab, SpeechDecode, TalkerLoop, ThinkerLoop, Token2WavDenoiser, Token2WavLoop,
+    streams_speech, wants_speech,
 )
 from omniloop.models.families.qwen2_5_omni.validate import make_omni_validator
 from omniloop.models.families.qwen2_5_omni.weights import (
@@ -50,7 +51,10 @@ from omniloop.request import TaskType
 # The edges that stream (the downstream node starts at the upstream's first chunk): thinker ->
 # talker. Its capacity never holds the thinker back (the text answer is not paced by the
 # speech: the talker makes several codes per text token); one chunk is one [1, D] row.
-STREAM_EDGES: tuple[StreamEdge, ...] = (StreamEdge("thinker_hidden", capacity=1 << 20),)
+# talker -> code2wav (a streamed spoken answer): the talker may run 64 codes ahead of the window
+# being decoded (a window takes at most 3 + repeats + 1 blocks of codes: 48 for the 7B)
+STREAM_EDGES: tuple[StreamEdge, ...] = (StreamEdge("thinker_hidden", capacity=1 << 20),
+                                        StreamEdge("codec_stream", capacity=64))
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
 GENERATION_CONFIG_FILE = "generation_config.json"
 
@@ -126,6 +130,7 @@ def omni_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = None
                        ("sampler", "token2wav's ODE solver (built)")):
         components[name] = ComponentSpec(name=name, kind=kind)
     speech = opt("speech wanted (outputs.modalities names audio)", wants_speech)
+    streamed = opt("speech streamed (outputs.stream)", streams_speech)
     return PipelineSpec(
         name=variant.name,
         family="qwen2_5_omni",
@@ -139,8 +144,10 @@ def omni_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = None
                                       kv_component="talker_kv"), when=speech,
                  defaults={} if talker_text is None else {"text": talker_text}),
             Node("token2wav", Token2WavLoop(Token2WavDenoiser(max_codes=max_codes), cfg=EmbeddedGuidance(kwarg="guidance_scale"),
-                                            routing=SingleModel("dit"), sampler_component="sampler"), when=speech),
-            Node("vocoder", SpeechDecode(decoder=BigVGANDecoder()), when=speech),
+                                            routing=SingleModel("dit"), sampler_component="sampler"),
+                 when=speech & ~streamed),
+            Node("vocoder", SpeechDecode(decoder=BigVGANDecoder()), when=speech & ~streamed),
+            Node("code2wav", Code2WavLoop(max_codes=max_codes), when=streamed),
         ),
         outputs={"text": "text", "audio": "audio"},
         streams=streams,

@@ -17,7 +17,7 @@ Per request, everything mutable is in the loop states (the ``ThinkerRow`` / ``Ta
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Hashable, Sequence
 
 import torch
@@ -26,16 +26,18 @@ from pydantic import BaseModel, ConfigDict, Field
 from omniloop.cache.paged_kv import BlockPool
 from omniloop.models.families.qwen2_5_omni.bigvgan import SAMPLE_RATE, BigVGAN
 from omniloop.models.families.qwen2_5_omni.dit import Token2WavDiT
+from omniloop.models.families.qwen2_5_omni.presets import TOKEN2WAV_SWAY
 from omniloop.models.families.qwen2_5_omni.model import OmniTalker, OmniThinker, TalkerRow, ThinkerRow
 from omniloop.models.families.qwen2_5_omni.weights import Speaker
 from omniloop.pipeline.defaults import admitted_seed
 from omniloop.pipeline.loops.ar import ARDecodeLoop, ARLoopState, PromptTokens, check_context, effective_sampling
 from omniloop.pipeline.loops.denoise import DenoiseLoop, DenoiseLoopState, DenoiserBase, seeded_noise
 from omniloop.pipeline.policies.cfg import COND
-from omniloop.pipeline.stage import WorkEstimate
+from omniloop.pipeline.samplers.rk4_flow import RK4FlowSampler
+from omniloop.pipeline.stage import LoopStageBase, WorkEstimate
 from omniloop.pipeline.edges import DenoisedLatents
 from omniloop.pipeline.stages.decode import DecodedAudio, VAEDecode
-from omniloop.pipeline.state import RequestState, StageContext, StepResult
+from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
 from omniloop.pipeline.streams import EdgeChannel
 from omniloop.request import Artifact, AudioArtifact, InvalidRequest, Modality, OmniRequest, SamplingParams, TextArtifact
 
@@ -79,6 +81,14 @@ class CodecCodes(Artifact):
     codes: list[int]
     voice: str
     finish_reason: str | None = None  # "stop" (a codec end) or "length" (max audio tokens)
+
+
+@dataclass(kw_only=True)
+class CodecChunk(Artifact):
+    """The talker's new speech codes (stream edge ``codec_stream``; a codec end is not one)."""
+
+    codes: list[int]
+    finish_reason: str | None = None  # on the talker's last chunk: "stop" or "length"
 
 
 class TalkerParams(BaseModel):
@@ -234,6 +244,7 @@ class TalkerLoop(ARDecodeLoop):
     optional_inputs = {}
     stream_inputs = {"thinker_hidden": ThinkerChunk}
     outputs = {"codec": CodecCodes}
+    stream_outputs = {"codec_stream": CodecChunk}
     params_schema = TalkerParams
 
     @property
@@ -322,8 +333,20 @@ class TalkerLoop(ARDecodeLoop):
     def step_many(self, ctx: StageContext, loops: Sequence[ARLoopState]) -> list[StepResult]:
         for loop in loops:
             self._feed(ctx, loop)
-        # codes are no text: nothing is streamed as a text delta
-        return [StepResult(done=r.done, error=r.error) for r in super().step_many(ctx, loops)]
+        # codes are no text: nothing is streamed as a text delta; the new codes go on codec_stream
+        results = super().step_many(ctx, loops)
+        return [StepResult(done=r.done, error=r.error, chunks=None if r.error is not None else self._new_codes(lp))
+                for lp, r in zip(loops, results)]
+
+    @staticmethod
+    def _new_codes(loop: ARLoopState) -> list[tuple[str, Artifact]] | None:
+        """The codes sampled since the last chunk (a codec end excluded); the last chunk says why
+        the speech ended."""
+        new = [c for c in loop.output_ids[loop.emitted_tokens:] if c not in loop.stop_ids]
+        loop.emitted_tokens = len(loop.output_ids)
+        if not new and not loop.done:
+            return None
+        return [("codec_stream", CodecChunk(codes=new, finish_reason=loop.finish_reason if loop.done else None))]
 
     def finalize(self, ctx: StageContext, loop: ARLoopState, state: RequestState) -> None:
         codes = list(loop.output_ids)
@@ -427,3 +450,156 @@ class BigVGANDecoder:
         vocoder: BigVGAN = ctx.component(self.component)
         wav = vocoder(latents.permute(0, 2, 1).to(vocoder.dtype))  # [1, samples]
         return DecodedAudio(samples=wav.float().cpu(), sample_rate=SAMPLE_RATE)
+
+
+# -- streamed speech: token2wav + BigVGAN window by window ---------------------------------------
+
+
+def streams_speech(request: OmniRequest) -> bool:
+    """A spoken answer streamed as it is made (``outputs.stream``): code2wav runs instead of
+    token2wav + vocoder."""
+    return wants_speech(request) and request.outputs.stream
+
+
+@dataclass(frozen=True)
+class Code2WavWindows:
+    """The official streaming decode's window sizes (Qwen's ``Qwen2Code2wav``, as vllm-omni's
+    ``Qwen2_5OmniToken2WavModel.process_chunk`` runs it), in mel frames, from the DiT's attention
+    block (``block_size``: 24 frames for Qwen2.5-Omni-7B): each window outputs ``chunk`` = 3
+    blocks, is solved with ``past`` = repeats blocks before it and ``future`` = 1 block after it
+    as context, and BigVGAN sees ``vocoder`` = 1 block of mel either side of what it emits."""
+
+    chunk: int
+    past: int
+    future: int
+    vocoder: int
+    repeats: int  # mel frames per code
+
+    @classmethod
+    def of(cls, block_size: int, repeats: int) -> "Code2WavWindows":
+        return cls(chunk=3 * block_size, past=repeats * block_size, future=block_size, vocoder=block_size,
+                   repeats=repeats)
+
+
+@dataclass(kw_only=True)
+class Code2WavState(LoopState):
+    feed: EdgeChannel[CodecChunk]
+    codes: list[int]
+    noise: torch.Tensor  # [1, max_frames, mel] drawn once, as the whole decode draws it
+    speaker: Speaker
+    windows: Code2WavWindows
+    mel: list[torch.Tensor]  # finished mel windows, each [1, frames, mel]
+    mel_frames: int = 0  # frames of mel finished
+    audio_frames: int = 0  # mel frames whose audio was emitted
+    audio: list[torch.Tensor] = field(default_factory=list)  # emitted audio chunks [1, samples]
+    finish_reason: str | None = None
+
+
+@dataclass
+class Code2WavLoop(LoopStageBase):
+    """Streamed speech: the talker's codes (stream ``codec_stream``) -> 24 kHz audio chunks,
+    one window per step (the whole RK4 ODE of token2wav over the window, then BigVGAN), each
+    emitted as a partial ``audio_delta``. The official model's streaming approximation: a window
+    sees only its past/future context, so its audio differs from the whole-utterance decode
+    (measured in tests/models/qwen2_5_omni/test_streaming.py); the non-streamed graph
+    (token2wav + vocoder) stays the transformers-equal one."""
+
+    dit_component: str = "dit"
+    vocoder_component: str = "vocoder"
+    speakers_component: str = "speakers"
+    max_codes: int = 4096
+
+    outputs = {"audio": AudioArtifact}
+    stream_inputs = {"codec_stream": CodecChunk}
+
+    @property
+    def components(self) -> tuple[str, ...]:
+        return (self.dit_component, self.vocoder_component, self.speakers_component)
+
+    def estimate(self, ctx: StageContext, state: RequestState) -> WorkEstimate:
+        return WorkEstimate(steps=1, batch_group=id(self))
+
+    def init(self, ctx: StageContext, state: RequestState) -> Code2WavState:
+        dit: Token2WavDiT = ctx.component(self.dit_component)
+        c = dit.config
+        speakers: dict[str, Speaker] = ctx.component(self.speakers_component)
+        seed = admitted_seed(state.request.sampling.seed, ctx.node)
+        frames = c.repeats * min(self.max_codes, c.max_position_embeddings // c.repeats)
+        noise = torch.randn([1, frames, c.mel_dim], generator=torch.Generator("cpu").manual_seed(seed)).to(ctx.device)
+        return Code2WavState(node=ctx.node, request_id=state.request_id, steps_target=1 << 30,
+                             feed=ctx.stream(state, "codec_stream"), codes=[], noise=noise,
+                             speaker=speakers[resolve_voice(speakers, state.request.outputs.voice)],
+                             windows=Code2WavWindows.of(c.block_size, c.repeats), mel=[])
+
+    def _known_frames(self, repeats: int, loop: Code2WavState) -> int:
+        pending = sum(len(chunk.codes) for chunk in loop.feed.since(loop.feed.consumed))
+        return (len(loop.codes) + pending) * repeats
+
+    def ready(self, loop: Code2WavState) -> bool:  # type: ignore[override]
+        """A window runs once the codes cover it and its future context (or the talker ended)."""
+        w = loop.windows
+        return loop.feed.closed or self._known_frames(w.repeats, loop) >= loop.mel_frames + w.chunk + w.future
+
+    def batch_key(self, loop: Code2WavState) -> Hashable | None:  # type: ignore[override]
+        return None if loop.done else (id(self), loop.request_id)  # per-request windows run alone
+
+    @torch.inference_mode()
+    def step(self, ctx: StageContext, loop: Code2WavState) -> StepResult:  # type: ignore[override]
+        dit: Token2WavDiT = ctx.component(self.dit_component)
+        repeats = dit.config.repeats
+        for chunk in loop.feed.take():
+            loop.codes += chunk.codes
+            loop.finish_reason = chunk.finish_reason or loop.finish_reason
+        w, total = loop.windows, len(loop.codes) * repeats
+        last = loop.feed.exhausted
+        end = total if last else min(total, loop.mel_frames + w.chunk)
+        if end > loop.mel_frames:
+            start = max(loop.mel_frames - w.past, 0)
+            stop = total if last else min(total, end + w.future)
+            stop -= stop % repeats
+            mel = self._solve(ctx, dit, loop, start, stop)  # [1, stop - start, mel]
+            loop.mel.append(mel[:, loop.mel_frames - start:end - start])
+            loop.mel_frames = end
+        emit = self._vocode(ctx, loop, final=last)
+        loop.steps_done += 1
+        if last:
+            loop.steps_target = loop.steps_done
+        return StepResult(done=loop.done, emit=emit)
+
+    def _solve(self, ctx: StageContext, dit: Token2WavDiT, loop: Code2WavState, start: int, stop: int) -> torch.Tensor:
+        """token2wav's ODE (RK4 3/8 on the sway grid, guided) over mel frames [start, stop)."""
+        repeats = dit.config.repeats
+        codes = torch.tensor([loop.codes[start // repeats:stop // repeats]], device=ctx.device)
+        sampler = RK4FlowSampler(sway_coefficient=TOKEN2WAV_SWAY)
+        steps = ctx.defaults.steps or 10
+        scale = ctx.defaults.guidance_scale if ctx.defaults.guidance_scale is not None else 0.5
+        st = sampler.init_state(steps, device=ctx.device)
+        x = loop.noise[:, start:stop]
+        for i in range(st.num_steps):
+            v = dit(x, st.timesteps[i].reshape(1), codes, loop.speaker.cond, loop.speaker.ref_mel, float(scale))
+            x = sampler.step(st, v, x)
+        return x
+
+    def _vocode(self, ctx: StageContext, loop: Code2WavState, *, final: bool) -> list[tuple[str, Artifact]] | None:
+        """BigVGAN over the finished mel with ``vocoder`` frames of context on each side; the last
+        ``vocoder`` frames wait for the next window (their right context) unless it is the end."""
+        vocoder: BigVGAN = ctx.component(self.vocoder_component)
+        w = loop.windows
+        upto = loop.mel_frames if final else loop.mel_frames - w.vocoder
+        if upto <= loop.audio_frames:
+            return None
+        mel = torch.cat(loop.mel, dim=1)  # [1, mel_frames, mel]
+        lo = max(loop.audio_frames - w.vocoder, 0)
+        wav = vocoder(mel[:, lo:loop.mel_frames].permute(0, 2, 1).to(vocoder.dtype)).float()  # [1, samples]
+        hop = wav.shape[-1] // (loop.mel_frames - lo)
+        piece = wav[:, (loop.audio_frames - lo) * hop:(upto - lo) * hop].cpu()
+        loop.audio_frames = upto
+        loop.audio.append(piece)
+        return [("audio_delta", AudioArtifact(samples=piece, sample_rate=SAMPLE_RATE))]
+
+    def finalize(self, ctx: StageContext, loop: Code2WavState, state: RequestState) -> None:  # type: ignore[override]
+        if not loop.audio:
+            raise ValueError("the talker ended before its first code: there is no speech to decode")
+        reason = "length" if loop.finish_reason == "length" else None
+        ctx.write(state, "audio", AudioArtifact(samples=torch.cat(loop.audio, dim=1), sample_rate=SAMPLE_RATE,
+                                                finish_reason=reason))

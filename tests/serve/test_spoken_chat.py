@@ -137,3 +137,26 @@ def _token2wav_sizes(folder) -> tuple[int, int]:
 
     config = json.loads((folder / "config.json").read_text())["token2wav_config"]
     return int(config["dit_config"]["repeats"]), math.prod(config["bigvgan_config"]["upsample_rates"])
+
+
+def test_streamed_pcm16_speech_starts_before_the_text_is_finished(omni_server):
+    """``stream: true`` with ``audio.format: "pcm16"`` (OpenAI's streaming audio format): the
+    speech arrives in ``delta.audio.data`` chunks (base64 pcm16, one per decoded window) while the
+    transcript still streams: the first audio delta comes before the last transcript delta."""
+    client = omni_server.client()
+    chunks = list(client.chat.completions.create(model=omni_server.state.model.name, messages=MESSAGES,
+                                                 temperature=0, max_tokens=32, seed=7, stream=True,
+                                                 modalities=["text", "audio"], audio={"voice": "Chelsie", "format": "pcm16"}))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    kinds = ["data" if d.audio is not None and d.audio.data else "transcript" if d.audio is not None and d.audio.transcript
+             else "" for d in deltas]
+    assert kinds.count("data") >= 2
+    last_transcript = max(i for i, k in enumerate(kinds) if k == "transcript")
+    assert kinds.index("data") < last_transcript  # speech before the text answer is finished
+    ids = {d.audio.id for d in deltas if d.audio is not None}
+    assert len(ids) == 1 and ids.pop().startswith("audio_")
+    pcm = np.concatenate([np.frombuffer(base64.b64decode(d.audio.data), dtype="<i2")
+                          for d in deltas if d.audio is not None and d.audio.data])
+    assert pcm.size > 0 and np.abs(pcm).max() > 0
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finishes) == 1

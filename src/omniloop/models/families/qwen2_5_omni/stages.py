@@ -496,7 +496,7 @@ class Code2WavState(LoopState):
 
 
 @dataclass
-class Code2WavLoop(LoopStageBase):
+class Code2WavLoop(LoopStageBase[Code2WavState]):
     """Streamed speech: the talker's codes (stream ``codec_stream``) -> 24 kHz audio chunks,
     one window per step (the whole RK4 ODE of token2wav over the window, then BigVGAN), each
     emitted as a partial ``audio_delta``. The official model's streaming approximation: a window
@@ -535,16 +535,16 @@ class Code2WavLoop(LoopStageBase):
         pending = sum(len(chunk.codes) for chunk in loop.feed.since(loop.feed.consumed))
         return (len(loop.codes) + pending) * repeats
 
-    def ready(self, loop: Code2WavState) -> bool:  # type: ignore[override]
+    def ready(self, loop: Code2WavState) -> bool:
         """A window runs once the codes cover it and its future context (or the talker ended)."""
         w = loop.windows
         return loop.feed.closed or self._known_frames(w.repeats, loop) >= loop.mel_frames + w.chunk + w.future
 
-    def batch_key(self, loop: Code2WavState) -> Hashable | None:  # type: ignore[override]
+    def batch_key(self, loop: Code2WavState) -> Hashable | None:
         return None if loop.done else (id(self), loop.request_id)  # per-request windows run alone
 
     @torch.inference_mode()
-    def step(self, ctx: StageContext, loop: Code2WavState) -> StepResult:  # type: ignore[override]
+    def step(self, ctx: StageContext, loop: Code2WavState) -> StepResult:
         dit: Token2WavDiT = ctx.component(self.dit_component)
         repeats = dit.config.repeats
         for chunk in loop.feed.take():
@@ -597,7 +597,7 @@ class Code2WavLoop(LoopStageBase):
         loop.audio.append(piece)
         return [("audio_delta", AudioArtifact(samples=piece, sample_rate=SAMPLE_RATE))]
 
-    def finalize(self, ctx: StageContext, loop: Code2WavState, state: RequestState) -> None:  # type: ignore[override]
+    def finalize(self, ctx: StageContext, loop: Code2WavState, state: RequestState) -> None:
         if not loop.audio:
             raise ValueError("the talker ended before its first code: there is no speech to decode")
         reason = "length" if loop.finish_reason == "length" else None

@@ -551,6 +551,9 @@ class Code2WavLoop(LoopStageBase[Code2WavState]):
             loop.codes += chunk.codes
             loop.finish_reason = chunk.finish_reason or loop.finish_reason
         w, total = loop.windows, len(loop.codes) * repeats
+        if total > loop.noise.shape[1]:
+            raise ValueError(f"{len(loop.codes)} codes make {total} mel frames, more than token2wav decodes "
+                             f"({loop.noise.shape[1]}); bound the speech with node_params['talker'].max_tokens")
         last = loop.feed.exhausted
         end = total if last else min(total, loop.mel_frames + w.chunk)
         if end > loop.mel_frames:

@@ -160,3 +160,32 @@ def test_streamed_pcm16_speech_starts_before_the_text_is_finished(omni_server):
     assert pcm.size > 0 and np.abs(pcm).max() > 0
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert len(finishes) == 1
+
+
+def test_a_client_leaving_a_streamed_spoken_answer_frees_every_node(omni_server):
+    """The client closes the stream at its first audio delta: the request is cancelled and
+    the thinker's and the talker's KV blocks all come back (every node's state freed)."""
+    import json
+    import time
+
+    import httpx
+
+    pipeline = omni_server.engine.engine.pipeline
+    pools = {name: pipeline.components[name] for name in ("thinker_kv", "talker_kv")}
+    free = {name: pool.free_blocks for name, pool in pools.items()}
+    before = omni_server.engine.stats()["cancelled"]
+    body = {"model": omni_server.state.model.name, "messages": MESSAGES, "temperature": 0, "max_tokens": 32,
+            "seed": 7, "stream": True, "modalities": ["text", "audio"], "audio": {"voice": "Chelsie", "format": "pcm16"}}
+    with httpx.stream("POST", f"{omni_server.url}/v1/chat/completions", json=body, timeout=60) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                delta = json.loads(line[6:])["choices"][0]["delta"]
+                if (delta.get("audio") or {}).get("data"):
+                    break  # leave mid-answer
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (omni_server.engine.stats()["running"]
+                                           or omni_server.engine.stats()["cancelled"] == before):
+        time.sleep(0.05)
+    stats = omni_server.engine.stats()
+    assert stats["running"] == 0 and stats["cancelled"] == before + 1
+    assert {name: pool.free_blocks for name, pool in pools.items()} == free

@@ -8,11 +8,13 @@ batched with other requests' steps like any loop of the engine:
     chat (conversation -> prompt ids)
     thinker   ARDecodeLoop (paged KV)     -> text, thinker_states
     talker    ARDecodeLoop (paged KV)     -> codec           [speech only]
-    token2wav DenoiseLoop (DiT, rk4_flow) -> latents (mel)    [speech only]
-    vocoder   VAEDecode (BigVGAN)         -> audio (24 kHz)   [speech only]
+    token2wav DenoiseLoop (DiT, rk4_flow) -> latents (mel)    [speech, not streamed]
+    vocoder   SpeechDecode (BigVGAN)      -> audio (24 kHz)   [speech, not streamed]
+    code2wav  Code2WavLoop (windows)      -> audio deltas     [speech, outputs.stream]
 
-The edges ``thinker_states`` and ``codec`` are the ones that stream once the engine's
-streaming edges land (:data:`STREAM_EDGES`); today each node starts when its predecessor ends.
+The edges ``thinker_hidden`` (thinker -> talker) and ``codec_stream`` (talker -> code2wav)
+stream (:data:`STREAM_EDGES`): the talker starts at the thinker's first generated position,
+code2wav at the talker's first codes.
 """
 
 from __future__ import annotations

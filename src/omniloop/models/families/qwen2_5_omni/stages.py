@@ -1,4 +1,5 @@
-"""Qwen2.5-Omni's nodes: thinker -> talker -> token2wav (DiT flow on the denoise loop) -> vocoder.
+"""Qwen2.5-Omni's nodes: thinker -> talker -> token2wav (DiT flow on the denoise loop) -> vocoder,
+or, for a streamed answer, thinker -> talker -> code2wav (token2wav + BigVGAN window by window).
 
 * :class:`ThinkerLoop` - the ``ARDecodeLoop`` on the thinker, recording each position's final
   hidden state (``ThinkerRow``); ``finalize`` writes ``text`` and ``thinker_states``.
@@ -7,6 +8,8 @@
   (prompt = hidden + embedding of every conversation position, then the voice's start token
   and the first reply token; the remaining reply positions feed one per generated code, then
   the text-end and text-pad embeddings); writes ``codec`` (codes up to the first codec end).
+  The thinker's states reach it as stream chunks (``ThinkerChunk`` on ``thinker_hidden``) and
+  its codes leave as ``CodecChunk`` on ``codec_stream``.
 * :class:`Token2WavLoop` - the ``DenoiseLoop`` over the mel spectrogram ``[1, codes * repeats,
   mel]`` with :class:`Token2WavDenoiser` (one guided DiT velocity) and the ``rk4_flow``
   sampler; :class:`BigVGANDecoder` turns its latents into 24 kHz audio.

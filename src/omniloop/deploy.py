@@ -165,6 +165,9 @@ class DeployConfig(BaseModel):
         "admission; default: a quarter of free device memory (1 GiB on a CPU)")
     kv_cache_gb: float | None = Field(default=None, gt=0, description="paged text-KV pool of AR loops; default: 8 full "
                                       "contexts, at most 1 GiB on a CPU / a quarter of the free GPU memory")
+    max_audio_tokens: int | None = Field(
+        default=None, ge=1, description="spoken answers (Qwen2.5-Omni): the talker's codec tokens at most, after which "
+        "the answer ends with finish_reason 'length'; default: transformers' 4096, clamped to what token2wav decodes")
     nan_check: bool = Field(default=True, description="fail a request whose loop state turns NaN/Inf")
     on_pool_failure: Literal["requeue", "fail"] = Field(default="requeue", description="what a pool restart does to in-flight requests")
     # -- placement (design §6.3.4) ------------------------------------------------------------

@@ -104,3 +104,88 @@ def test_bad_speech_requests_are_400s_naming_the_field(omni_server):
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model=model, messages=MESSAGES, modalities=["text", "audio"])
     assert err.value.body["param"] == "audio"
+
+
+def test_max_audio_tokens_bounds_the_speech_and_ends_with_length(omni_chat_dir):
+    """``omniloop serve --max-audio-tokens 3`` (DeployConfig.max_audio_tokens): the talker stops
+    after 3 codes (3 * repeats mel frames, BigVGAN's hop samples each) and the answer says why."""
+    from omniloop.deploy import DeployConfig
+
+    assert "max_audio_tokens" in DeployConfig.model_fields  # the CLI's --max-audio-tokens (schema flags)
+    with live_server(omni_chat_dir, serve={"warmup": []}, max_audio_tokens=3) as server:
+        client = server.client()
+        done = client.chat.completions.create(model=server.state.model.name, messages=MESSAGES, temperature=0,
+                                              max_tokens=8, seed=7, modalities=["text", "audio"],
+                                              audio={"voice": "Ethan", "format": "pcm16"})
+        assert done.choices[0].finish_reason == "length"
+        pcm = np.frombuffer(base64.b64decode(done.choices[0].message.audio.data), dtype="<i2")
+        spoken = client.chat.completions.create(model=server.state.model.name, messages=MESSAGES, temperature=0,
+                                                max_tokens=8, seed=7, modalities=["text", "audio"],
+                                                audio={"voice": "Ethan", "format": "pcm16"}, stream=True)
+        finishes = [c.choices[0].finish_reason for c in spoken if c.choices and c.choices[0].finish_reason]
+    assert finishes == ["length"]
+    repeats, hop = _token2wav_sizes(omni_chat_dir)
+    assert pcm.shape[0] == 3 * repeats * hop  # 3 codes -> repeats mel frames each -> hop samples a frame
+    with pytest.raises(ValueError, match="max_audio_tokens"):
+        DeployConfig(max_audio_tokens=0)
+
+
+def _token2wav_sizes(folder) -> tuple[int, int]:
+    """(mel frames per code, samples per mel frame) from the checkpoint's config.json."""
+    import json
+    import math
+
+    config = json.loads((folder / "config.json").read_text())["token2wav_config"]
+    return int(config["dit_config"]["repeats"]), math.prod(config["bigvgan_config"]["upsample_rates"])
+
+
+def test_streamed_pcm16_speech_starts_before_the_text_is_finished(omni_server):
+    """``stream: true`` with ``audio.format: "pcm16"`` (OpenAI's streaming audio format): the
+    speech arrives in ``delta.audio.data`` chunks (base64 pcm16, one per decoded window) while the
+    transcript still streams: the first audio delta comes before the last transcript delta."""
+    client = omni_server.client()
+    chunks = list(client.chat.completions.create(model=omni_server.state.model.name, messages=MESSAGES,
+                                                 temperature=0, max_tokens=32, seed=7, stream=True,
+                                                 modalities=["text", "audio"], audio={"voice": "Chelsie", "format": "pcm16"}))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    kinds = ["data" if d.audio is not None and d.audio.data else "transcript" if d.audio is not None and d.audio.transcript
+             else "" for d in deltas]
+    assert kinds.count("data") >= 2
+    last_transcript = max(i for i, k in enumerate(kinds) if k == "transcript")
+    assert kinds.index("data") < last_transcript  # speech before the text answer is finished
+    ids = {d.audio.id for d in deltas if d.audio is not None}
+    assert len(ids) == 1 and ids.pop().startswith("audio_")
+    pcm = np.concatenate([np.frombuffer(base64.b64decode(d.audio.data), dtype="<i2")
+                          for d in deltas if d.audio is not None and d.audio.data])
+    assert pcm.size > 0 and np.abs(pcm).max() > 0
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finishes) == 1
+
+
+def test_a_client_leaving_a_streamed_spoken_answer_frees_every_node(omni_server):
+    """The client closes the stream at its first audio delta: the request is cancelled and
+    the thinker's and the talker's KV blocks all come back (every node's state freed)."""
+    import json
+    import time
+
+    import httpx
+
+    pipeline = omni_server.engine.engine.pipeline
+    pools = {name: pipeline.components[name] for name in ("thinker_kv", "talker_kv")}
+    free = {name: pool.free_blocks for name, pool in pools.items()}
+    before = omni_server.engine.stats()["cancelled"]
+    body = {"model": omni_server.state.model.name, "messages": MESSAGES, "temperature": 0, "max_tokens": 32,
+            "seed": 7, "stream": True, "modalities": ["text", "audio"], "audio": {"voice": "Chelsie", "format": "pcm16"}}
+    with httpx.stream("POST", f"{omni_server.url}/v1/chat/completions", json=body, timeout=60) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                delta = json.loads(line[6:])["choices"][0]["delta"]
+                if (delta.get("audio") or {}).get("data"):
+                    break  # leave mid-answer
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (omni_server.engine.stats()["running"]
+                                           or omni_server.engine.stats()["cancelled"] == before):
+        time.sleep(0.05)
+    stats = omni_server.engine.stats()
+    assert stats["running"] == 0 and stats["cancelled"] == before + 1
+    assert {name: pool.free_blocks for name, pool in pools.items()} == free

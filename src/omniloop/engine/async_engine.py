@@ -67,6 +67,7 @@ def load_options(deploy: DeployConfig) -> LoadOptions:
                        chunk_kv_budget_bytes=None if deploy.chunk_kv_budget_gb is None
                        else int(deploy.chunk_kv_budget_gb * 2**30),
                        kv_cache_gb=deploy.kv_cache_gb, cuda_graphs=deploy.cuda_graphs,
+                       max_audio_tokens=deploy.max_audio_tokens,
                        cuda_graph_max_tokens=deploy.cuda_graph_max_tokens,
                        cuda_graph_max_graphs=deploy.cuda_graph_max_graphs)
 

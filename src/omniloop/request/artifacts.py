@@ -77,6 +77,8 @@ class ImageArtifact(Artifact):
 class AudioArtifact(Artifact):
     samples: torch.Tensor  # [channels, num_samples] float32 in [-1, 1]
     sample_rate: int
+    # a spoken answer cut by its length bound (the deployment's max_audio_tokens): "length"; else None
+    finish_reason: str | None = None
 
     def describe(self) -> dict[str, Any]:
         c, n = self.samples.shape

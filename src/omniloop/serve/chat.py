@@ -17,6 +17,7 @@ request at its next step.
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 import uuid
@@ -29,12 +30,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from omniloop.engine import EngineError
 from omniloop.request import (
-    ArtifactEvent, Fields, FinalEvent, ImagePart, OmniOutput, OmniRequest, OutputSpec, RequestStatus, TaskType,
+    ArtifactEvent, AudioArtifact, Fields, FinalEvent, ImagePart, OmniOutput, OmniRequest, OutputSpec, RequestStatus, TaskType,
     TextArtifact, TextPart, TokenLogProb, VideoPart, build_request,
 )
 from omniloop.serve.errors import ApiError, api_error, validation_error
 from omniloop.serve.media import check_media, image_pixel_cap
-from omniloop.serve.speech import AudioRequest, message_audio, wanted_modalities
+from omniloop.serve.speech import EXPIRES_S, AudioRequest, encode_speech, message_audio, wanted_modalities
 from omniloop.serve.state import ServeState, State, require_auth
 from omniloop.serve.wire import wire_errors
 
@@ -177,8 +178,11 @@ def _with_speech(wire: ChatCompletionRequest, request: OmniRequest) -> OmniReque
                        '["text", "audio"] or drop audio', param="modalities", code="invalid_value")
     if not speech or wire.audio is None:
         return request
+    # streamed pcm16 (OpenAI's streaming audio format): the speech is decoded window by window and
+    # each window's audio is a delta; other formats are whole files, sent once the speech is whole
+    stream = bool(wire.stream) and wire.audio.format == "pcm16"
     outputs = request.outputs.model_copy(update={"modalities": wanted_modalities(wire.modalities),
-                                                 "voice": wire.audio.voice})
+                                                 "voice": wire.audio.voice, "stream": stream})
     return request.model_copy(update={"outputs": outputs})
 
 
@@ -203,6 +207,9 @@ def _usage(out: OmniOutput) -> dict[str, int]:
 
 
 def _finish_reason(out: OmniOutput) -> str:
+    """The text's reason; a spoken answer cut at the deployment's max_audio_tokens: "length"."""
+    if out.audio is not None and out.audio.finish_reason == "length":
+        return "length"
     return (out.text.finish_reason if out.text is not None else None) or "stop"
 
 
@@ -245,28 +252,37 @@ async def _sse(stream: AsyncIterator, first: Any, request_id: str, model: str, c
                usage: bool, audio: AudioRequest | None = None) -> AsyncIterator[str]:
     yield _chunk(request_id, model, created, {"role": "assistant", "content": ""})
     event = first
+    audio_id, streamed_audio = f"audio_{uuid.uuid4().hex}", False
     try:
         while True:
-            delta = event.artifact if isinstance(event, ArtifactEvent) and event.partial and \
-                event.name == "text_delta" else None
+            partial = isinstance(event, ArtifactEvent) and event.partial
+            delta = event.artifact if partial and event.name == "text_delta" else None
+            speech = event.artifact if partial and event.name == "audio_delta" else None
             if isinstance(delta, TextArtifact) and (delta.text or delta.log_probs):  # tokens without text: log-probs
                 # spoken: the text streams as the audio's transcript
-                piece: dict[str, Any] = {"audio": {"transcript": delta.text}} if audio is not None else {"content": delta.text}
+                piece: dict[str, Any] = {"audio": {"id": audio_id, "transcript": delta.text}} if audio is not None else {"content": delta.text}
                 yield _chunk(request_id, model, created, piece, logprobs=_logprobs(delta.log_probs))
+            elif isinstance(speech, AudioArtifact) and audio is not None:  # a window of the speech, as it is made
+                data = base64.b64encode(encode_speech(speech, "pcm16")).decode("ascii")
+                streamed_audio = True
+                yield _chunk(request_id, model, created, {"audio": {"id": audio_id, "data": data}})
             elif isinstance(event, FinalEvent):
                 out = event.output
                 if out.status is not RequestStatus.COMPLETED:
                     error = _failure(out)
                     yield f"data: {json.dumps({'error': {'message': error.message, 'code': error.code}})}\n\n"
                 else:
-                    if audio is not None and out.audio is not None:  # the speech, once it is whole
+                    if streamed_audio:  # the speech came in deltas: its id and expiry close it
+                        yield _chunk(request_id, model, created,
+                                     {"audio": {"id": audio_id, "expires_at": int(time.time()) + EXPIRES_S}})
+                    elif audio is not None and out.audio is not None:  # the speech, once it is whole
                         whole = message_audio(out.audio, audio.format, "")
                         yield _chunk(request_id, model, created, {"audio": {k: whole[k] for k in ("id", "data", "expires_at")}})
                     yield _chunk(request_id, model, created, {}, _finish_reason(out))
                     if usage:
-                        body = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
+                        tail = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
                                 "choices": [], "usage": _usage(out)}
-                        yield f"data: {json.dumps(body)}\n\n"
+                        yield f"data: {json.dumps(tail)}\n\n"
                 yield "data: [DONE]\n\n"
                 return
             event = await anext(stream)

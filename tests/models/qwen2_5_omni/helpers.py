@@ -62,7 +62,8 @@ def hf_generate(hf, tokenizer, prompt: str, *, seed: int = 5, speaker: str = "Ch
 @torch.inference_mode()
 def run_nodes(pipeline: Pipeline, request: OmniRequest) -> RequestState:
     """Every active node in order, each loop to its end (the engine's work, one request): the
-    state keeps every edge (``codec``, ``thinker_states``) for the tests to read."""
+    state keeps every edge (``codec``, ``thinker_states``) for the tests to read; a stream
+    edge's chunks wait on its channel until the consumer runs (the non-streamed order)."""
     state = pipeline.admit(request)
     for name in pipeline.spec.order:
         node = pipeline.spec.node(name)
@@ -74,7 +75,13 @@ def run_nodes(pipeline: Pipeline, request: OmniRequest) -> RequestState:
             while not loop.done:
                 result = node.stage.step(ctx, loop)
                 assert result.error is None, result.error
+                for port, chunk in result.chunks or ():  # what the engine does with stream chunks
+                    if ctx.outputs.get(port, port) in state.channels:
+                        state.channels[ctx.outputs.get(port, port)].put(chunk)
             node.stage.finalize(ctx, loop, state)
+            for edge in node.stream_output_edges():
+                if edge in state.channels:
+                    state.channels[edge].close()
         else:
             node.stage.forward(ctx, state)
     return state

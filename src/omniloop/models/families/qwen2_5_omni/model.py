@@ -214,6 +214,7 @@ class ThinkerRow:
 
     hidden: torch.Tensor | None = None  # [capacity, hidden] (rows past ``filled`` unused)
     filled: int = 0
+    streamed: int = 0  # rows already handed to the talker's stream (stages.ThinkerLoop)
 
     def record(self, start: int, rows: torch.Tensor) -> None:
         end = start + rows.shape[0]
@@ -292,9 +293,23 @@ class TalkerRow:
     prompt_embeds: torch.Tensor  # [P, thinker_hidden]: prompt position embeddings (codec pad/bos added)
     reply: torch.Tensor  # [R, thinker_hidden]: what generated position P + k adds (k >= R - 1: the last)
     prompt_len: int = field(init=False)
+    # streamed from the thinker: ``reply`` is a view of the first rows of this buffer, grown by
+    # doubling as the thinker's chunks arrive (``extend``); ``complete`` once its last row came
+    _buffer: torch.Tensor | None = field(default=None, init=False, repr=False)
+    complete: bool = True
 
     def __post_init__(self) -> None:
         self.prompt_len = int(self.prompt_embeds.shape[0])
+
+    def extend(self, rows: torch.Tensor) -> None:
+        """Append ``rows [n, thinker_hidden]`` to ``reply`` (amortized O(n): no copy per row)."""
+        have, need = self.reply.shape[0], self.reply.shape[0] + rows.shape[0]
+        if self._buffer is None or self._buffer.shape[0] < need:
+            grown = rows.new_empty(max(need, 2 * have, 64), rows.shape[1])
+            grown[:have] = self.reply
+            self._buffer = grown
+        self._buffer[have:need] = rows
+        self.reply = self._buffer[:need]
 
 
 class OmniTalker(nn.Module):
@@ -329,6 +344,8 @@ class OmniTalker(nn.Module):
         reply part at ``position - prompt_len`` (the last one once they run out)."""
         in_prompt = (positions < row.prompt_len)[:, None]  # [L, 1]
         prompt = row.prompt_embeds[positions.clamp(max=row.prompt_len - 1)]
+        if row.reply.shape[0] == 0:  # streamed: no reply position has come yet (a prefill step)
+            return prompt
         reply = row.reply[(positions - row.prompt_len).clamp(0, row.reply.shape[0] - 1)]
         return torch.where(in_prompt, prompt, self.model.embed_tokens(ids) + reply)
 

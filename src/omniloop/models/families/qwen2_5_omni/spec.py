@@ -8,11 +8,13 @@ batched with other requests' steps like any loop of the engine:
     chat (conversation -> prompt ids)
     thinker   ARDecodeLoop (paged KV)     -> text, thinker_states
     talker    ARDecodeLoop (paged KV)     -> codec           [speech only]
-    token2wav DenoiseLoop (DiT, rk4_flow) -> latents (mel)    [speech only]
-    vocoder   VAEDecode (BigVGAN)         -> audio (24 kHz)   [speech only]
+    token2wav DenoiseLoop (DiT, rk4_flow) -> latents (mel)    [speech, not streamed]
+    vocoder   SpeechDecode (BigVGAN)      -> audio (24 kHz)   [speech, not streamed]
+    code2wav  Code2WavLoop (windows)      -> audio deltas     [speech, outputs.stream]
 
-The edges ``thinker_states`` and ``codec`` are the ones that stream once the engine's
-streaming edges land (:data:`STREAM_EDGES`); today each node starts when its predecessor ends.
+The edges ``thinker_hidden`` (thinker -> talker) and ``codec_stream`` (talker -> code2wav)
+stream (:data:`STREAM_EDGES`): the talker starts at the thinker's first generated position,
+code2wav at the talker's first codes.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from omniloop.models.families.qwen2_5_omni.presets import (
     TALKER_SAMPLING, THINKER_DEFAULTS, TOKEN2WAV_GUIDANCE, TOKEN2WAV_STEPS, TOKEN2WAV_SWAY,
 )
 from omniloop.models.families.qwen2_5_omni.stages import (
-    BigVGANDecoder, CodecVocab, TalkerLoop, ThinkerLoop, Token2WavDenoiser, Token2WavLoop, wants_speech,
+    BigVGANDecoder, Code2WavLoop, CodecVocab, SpeechDecode, TalkerLoop, ThinkerLoop, Token2WavDenoiser, Token2WavLoop,
+    streams_speech, wants_speech,
 )
 from omniloop.models.families.qwen2_5_omni.validate import make_omni_validator
 from omniloop.models.families.qwen2_5_omni.weights import (
@@ -43,12 +46,17 @@ from omniloop.pipeline.predicates import opt
 from omniloop.pipeline.samplers.rk4_flow import RK4FlowSampler
 from omniloop.pipeline.samplers.sampler_set import SamplerSet
 from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
-from omniloop.pipeline.stages import ChatPrompt, VAEDecode, is_chat
+from omniloop.pipeline.streams import StreamEdge
+from omniloop.pipeline.stages import ChatPrompt, is_chat
 from omniloop.request import TaskType
 
-# The edges that stream (the downstream node starts at the upstream's first chunk) once the
-# engine's streaming edges are merged: thinker -> talker and talker -> token2wav.
-STREAM_EDGES: tuple[str, ...] = ()  # after the merge: ("thinker_states", "codec")
+# The edges that stream (the downstream node starts at the upstream's first chunk): thinker ->
+# talker. Its capacity never holds the thinker back (the text answer is not paced by the
+# speech: the talker makes several codes per text token); one chunk is one [1, D] row.
+# talker -> code2wav (a streamed spoken answer): the talker may run 64 codes ahead of the window
+# being decoded (a window takes at most 3 + repeats + 1 blocks of codes: 48 for the 7B)
+STREAM_EDGES: tuple[StreamEdge, ...] = (StreamEdge("thinker_hidden", capacity=1 << 20),
+                                        StreamEdge("codec_stream", capacity=64))
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
 GENERATION_CONFIG_FILE = "generation_config.json"
 
@@ -113,7 +121,8 @@ def omni_variant(index: Mapping[str, Any]) -> Variant:
     return Variant(name=f"qwen2.5-omni-{size}", tasks=frozenset({TaskType.REASON}), weights=weights)
 
 
-def omni_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = None, max_codes: int = 4096) -> PipelineSpec:
+def omni_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = None, max_codes: int = 4096,
+                       streams: tuple[StreamEdge, ...] = STREAM_EDGES) -> PipelineSpec:
     """``talker_text``: the talker node's own loop defaults (its stop codes, transformers'
     talker sampling), over the pipeline's (the thinker's)."""
     components = {w.component: ComponentSpec(name=w.component, kind=w.kind, optional=w.optional) for w in variant.weights}
@@ -123,6 +132,7 @@ def omni_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = None
                        ("sampler", "token2wav's ODE solver (built)")):
         components[name] = ComponentSpec(name=name, kind=kind)
     speech = opt("speech wanted (outputs.modalities names audio)", wants_speech)
+    streamed = opt("speech streamed (outputs.stream)", streams_speech)
     return PipelineSpec(
         name=variant.name,
         family="qwen2_5_omni",
@@ -136,10 +146,13 @@ def omni_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = None
                                       kv_component="talker_kv"), when=speech,
                  defaults={} if talker_text is None else {"text": talker_text}),
             Node("token2wav", Token2WavLoop(Token2WavDenoiser(max_codes=max_codes), cfg=EmbeddedGuidance(kwarg="guidance_scale"),
-                                            routing=SingleModel("dit"), sampler_component="sampler"), when=speech),
-            Node("vocoder", VAEDecode(decoder=BigVGANDecoder()), when=speech),
+                                            routing=SingleModel("dit"), sampler_component="sampler"),
+                 when=speech & ~streamed),
+            Node("vocoder", SpeechDecode(decoder=BigVGANDecoder()), when=speech & ~streamed),
+            Node("code2wav", Code2WavLoop(max_codes=max_codes), when=streamed),
         ),
         outputs={"text": "text", "audio": "audio"},
+        streams=streams,
     )
 
 
@@ -148,8 +161,10 @@ def build_omni(variant: Variant, index: Mapping[str, Any], components: Mapping[s
     thinker_text = dataclasses.replace(THINKER_DEFAULTS, eos_token_ids=config.eos_token_ids,
                                        max_context=config.thinker.max_position_embeddings,
                                        sampling=components.get("generation") or {"temperature": 0.0})
-    # the speech's bound: transformers' 4096 codes, at most what token2wav decodes (its mel positions)
-    max_codes = min(int(TALKER_SAMPLING["max_tokens"]), config.dit.max_position_embeddings // config.dit.repeats)
+    # the speech's bound: the deployment's max_audio_tokens (default transformers' 4096 codes), at
+    # most what token2wav decodes (its mel positions)
+    wanted = options.max_audio_tokens or int(TALKER_SAMPLING["max_tokens"])
+    max_codes = min(wanted, config.dit.max_position_embeddings // config.dit.repeats)
     talker_text = TextDefaults(eos_token_ids=(config.tokens.codec_pad, config.tokens.codec_eos),
                                sampling={**TALKER_SAMPLING, "max_tokens": max_codes}, max_context=config.talker.max_position_embeddings,
                                prefill_chunk_tokens=THINKER_DEFAULTS.prefill_chunk_tokens)

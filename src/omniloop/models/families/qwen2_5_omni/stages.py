@@ -1,4 +1,5 @@
-"""Qwen2.5-Omni's nodes: thinker -> talker -> token2wav (DiT flow on the denoise loop) -> vocoder.
+"""Qwen2.5-Omni's nodes: thinker -> talker -> token2wav (DiT flow on the denoise loop) -> vocoder,
+or, for a streamed answer, thinker -> talker -> code2wav (token2wav + BigVGAN window by window).
 
 * :class:`ThinkerLoop` - the ``ARDecodeLoop`` on the thinker, recording each position's final
   hidden state (``ThinkerRow``); ``finalize`` writes ``text`` and ``thinker_states``.
@@ -7,6 +8,8 @@
   (prompt = hidden + embedding of every conversation position, then the voice's start token
   and the first reply token; the remaining reply positions feed one per generated code, then
   the text-end and text-pad embeddings); writes ``codec`` (codes up to the first codec end).
+  The thinker's states reach it as stream chunks (``ThinkerChunk`` on ``thinker_hidden``) and
+  its codes leave as ``CodecChunk`` on ``codec_stream``.
 * :class:`Token2WavLoop` - the ``DenoiseLoop`` over the mel spectrogram ``[1, codes * repeats,
   mel]`` with :class:`Token2WavDenoiser` (one guided DiT velocity) and the ``rk4_flow``
   sampler; :class:`BigVGANDecoder` turns its latents into 24 kHz audio.
@@ -17,7 +20,7 @@ Per request, everything mutable is in the loop states (the ``ThinkerRow`` / ``Ta
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Hashable, Sequence
 
 import torch
@@ -26,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from omniloop.cache.paged_kv import BlockPool
 from omniloop.models.families.qwen2_5_omni.bigvgan import SAMPLE_RATE, BigVGAN
 from omniloop.models.families.qwen2_5_omni.dit import Token2WavDiT
+from omniloop.models.families.qwen2_5_omni.presets import TOKEN2WAV_SWAY
 from omniloop.models.families.qwen2_5_omni.model import OmniTalker, OmniThinker, TalkerRow, ThinkerRow
 from omniloop.models.families.qwen2_5_omni.weights import Speaker
 from omniloop.pipeline.defaults import admitted_seed
@@ -33,10 +37,13 @@ from omniloop.pipeline.defaults import effective_sampling
 from omniloop.pipeline.loops.ar import ARDecodeLoop, ARLoopState, PromptTokens, check_context
 from omniloop.pipeline.loops.denoise import DenoiseLoop, DenoiseLoopState, DenoiserBase, seeded_noise
 from omniloop.pipeline.policies.cfg import COND
-from omniloop.pipeline.stage import WorkEstimate
-from omniloop.pipeline.stages.decode import DecodedAudio
-from omniloop.pipeline.state import RequestState, StageContext, StepResult
-from omniloop.request import Artifact, InvalidRequest, Modality, OmniRequest, SamplingParams, TextArtifact
+from omniloop.pipeline.samplers.rk4_flow import RK4FlowSampler
+from omniloop.pipeline.stage import LoopStageBase, WorkEstimate
+from omniloop.pipeline.edges import DenoisedLatents
+from omniloop.pipeline.stages.decode import DecodedAudio, VAEDecode
+from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
+from omniloop.pipeline.streams import EdgeChannel
+from omniloop.request import Artifact, AudioArtifact, InvalidRequest, Modality, OmniRequest, SamplingParams, TextArtifact
 
 DEFAULT_VOICE = "Chelsie"  # transformers' generate(speaker="Chelsie")
 
@@ -59,12 +66,33 @@ class ThinkerStates(Artifact):
 
 
 @dataclass(kw_only=True)
+class ThinkerChunk(Artifact):
+    """A run of the thinker's forwarded positions as the talker reads them while the thinker
+    still runs (the stream edge ``thinker_hidden``): positions ``start .. start + len(ids)``.
+    The first chunk starts at 0 and reaches the first generated token's position (what the
+    talker's prompt needs); each later one adds the position forwarded by one decode step."""
+
+    prompt_len: int  # P: the conversation's positions
+    start: int
+    ids: list[int]  # the token at each position
+    hidden: torch.Tensor  # [len(ids), D] the final hidden state of each position
+
+
+@dataclass(kw_only=True)
 class CodecCodes(Artifact):
     """The talker's speech codes (codec end excluded) and the voice they are spoken in."""
 
     codes: list[int]
     voice: str
     finish_reason: str | None = None  # "stop" (a codec end) or "length" (max audio tokens)
+
+
+@dataclass(kw_only=True)
+class CodecChunk(Artifact):
+    """The talker's new speech codes (stream edge ``codec_stream``; a codec end is not one)."""
+
+    codes: list[int]
+    finish_reason: str | None = None  # on the talker's last chunk: "stop" or "length"
 
 
 class TalkerParams(BaseModel):
@@ -86,14 +114,17 @@ def resolve_voice(speakers: dict[str, Speaker], voice: str | None) -> str:
 
 
 def start_ar_loop(stage: ARDecodeLoop, ctx: StageContext, state: RequestState, *, params: SamplingParams,
-                  prompt_ids: list[int], stop_ids: frozenset[int], lm_inputs: Any) -> ARLoopState:
-    """``ARDecodeLoop.init`` with this family's prompt, sampling and per-request model inputs."""
+                  prompt_ids: list[int], stop_ids: frozenset[int], lm_inputs: Any,
+                  extra: dict[str, Any] | None = None) -> ARLoopState:
+    """``ARDecodeLoop.init`` with this family's prompt, sampling and per-request model inputs;
+    ``extra``: the talker's stream (a :class:`TalkerLoopState`)."""
     text = ctx.defaults.text_or_default()
     check_context(len(prompt_ids), params.max_tokens, text.max_context)
     seed = admitted_seed(params.seed, ctx.node)
     pool: BlockPool = ctx.component(stage.kv_component)
-    loop = ARLoopState(
-        node=ctx.node, request_id=state.request_id, steps_target=params.max_tokens, params=params, seed=seed,
+    state_type = ARLoopState if extra is None else TalkerLoopState
+    loop = state_type(
+        **(extra or {}), node=ctx.node, request_id=state.request_id, steps_target=params.max_tokens, params=params, seed=seed,
         generator=torch.Generator(ctx.device).manual_seed(seed), kv=pool.handle(),
         prefill_chunk=text.prefill_chunk_tokens, prompt_ids=prompt_ids, stop_ids=stop_ids, lm_inputs=lm_inputs)
     stage._prefill(ctx.component(stage.lm_component), [loop])  # the first chunk now when the pool has room
@@ -107,6 +138,7 @@ def start_ar_loop(stage: ARDecodeLoop, ctx: StageContext, state: RequestState, *
 @dataclass
 class ThinkerLoop(ARDecodeLoop):
     outputs = {"text": TextArtifact, "thinker_states": ThinkerStates}
+    stream_outputs = {"thinker_hidden": ThinkerChunk}
 
     def init(self, ctx: StageContext, state: RequestState) -> ARLoopState:
         text = ctx.defaults.text_or_default()
@@ -116,6 +148,28 @@ class ThinkerLoop(ARDecodeLoop):
         row = ThinkerRow() if wants_speech(state.request) else None  # record hidden states only for the talker
         return start_ar_loop(self, ctx, state, params=params, prompt_ids=prompt_ids,
                              stop_ids=frozenset(text.eos_token_ids) | frozenset(params.stop_token_ids), lm_inputs=row)
+
+    def step_many(self, ctx: StageContext, loops: Sequence[ARLoopState]) -> list[StepResult]:
+        results = super().step_many(ctx, loops)
+        for loop, result in zip(loops, results):
+            chunk = self._new_positions(loop) if result.error is None else None
+            if chunk is not None:
+                result.chunks = [("thinker_hidden", chunk)]
+        return results
+
+    @staticmethod
+    def _new_positions(loop: ARLoopState) -> ThinkerChunk | None:
+        """The positions recorded since the last chunk, once the first generated token has been
+        forwarded (the talker's prompt needs position P); None while there is nothing to hand on.
+        The thinker's last token is never forwarded, so every position comes out of some step."""
+        row, p = loop.lm_inputs, len(loop.prompt_ids)
+        if not isinstance(row, ThinkerRow) or row.filled <= max(p, row.streamed):
+            return None
+        assert row.hidden is not None, "positions recorded without hidden states"
+        start, end = row.streamed, row.filled
+        row.streamed = end
+        ids = (loop.prompt_ids + loop.output_ids)[start:end]
+        return ThinkerChunk(prompt_len=p, start=start, ids=ids, hidden=row.hidden[start:end].clone())
 
     def finalize(self, ctx: StageContext, loop: ARLoopState, state: RequestState) -> None:
         if isinstance(loop.lm_inputs, ThinkerRow):
@@ -139,22 +193,49 @@ class CodecVocab:
         return ""
 
 
+def _embed(thinker: OmniThinker, ids: list[int], device: torch.device) -> torch.Tensor:
+    return thinker.embed(torch.tensor(ids, device=device))  # [len, D]
+
+
 @torch.inference_mode()
-def talker_row(thinker: OmniThinker, talker: OmniTalker, states: ThinkerStates, speaker: Speaker) -> TalkerRow:
-    """The talker's inputs from the thinker's answer, in transformers' arithmetic (``generate``)."""
-    tok = talker.tokens
-    p, n = len(states.prompt_ids), len(states.output_ids)
-    device = states.hidden.device
-    embed = lambda ids: thinker.embed(torch.tensor(ids, device=device))  # noqa: E731  [len, D]
-    hidden = states.hidden.to(thinker.dtype)
-    prompt = hidden[:p] + embed(states.prompt_ids)  # [P, D]
-    reply = hidden[p:] + embed(states.output_ids[: n - 1])  # [n - 1, D]: the generated tokens that were forwarded
-    embeds = torch.cat([prompt, embed([speaker.bos_token]), reply[:1]])  # [P + 2, D]
+def talker_prompt(thinker: OmniThinker, talker: OmniTalker, first: ThinkerChunk, speaker: Speaker) -> TalkerRow:
+    """The talker's inputs from the thinker's first chunk (positions 0..P at least), in
+    transformers' arithmetic (``generate``): prompt = hidden + embedding of every conversation
+    position, then the voice's start token and the first reply position (codec pad / bos
+    added); the reply positions after it feed one per generated code (``feed_talker``), then
+    the text-end and text-pad embeddings (``close_talker``). Each row is the same elementwise
+    sum whether the thinker's states come in one chunk or many: streamed equals non-streamed."""
+    assert first.start == 0 and len(first.ids) > first.prompt_len, "the first chunk reaches position P"
+    tok, p, device = talker.tokens, first.prompt_len, first.hidden.device
+    states = first.hidden.to(thinker.dtype) + _embed(thinker, first.ids, device)  # [P + r, D]
+    embeds = torch.cat([states[:p], _embed(thinker, [speaker.bos_token], device), states[p:p + 1]])  # [P + 2, D]
     codec = talker.model.embed_tokens(torch.tensor([tok.codec_bos, tok.codec_pad], device=device))
     embeds[-1] += codec[0]
     embeds[-2] += codec[1]
-    rest = torch.cat([reply[1:], embed([tok.text_eos]), embed([tok.text_pad])])  # [n, D]
-    return TalkerRow(prompt_embeds=embeds, reply=rest)
+    row = TalkerRow(prompt_embeds=embeds, reply=states[p + 1:].clone())
+    row.complete = False
+    return row
+
+
+@torch.inference_mode()
+def feed_talker(thinker: OmniThinker, row: TalkerRow, chunk: ThinkerChunk) -> None:
+    """One more run of reply positions from the thinker's stream."""
+    row.extend(chunk.hidden.to(thinker.dtype) + _embed(thinker, chunk.ids, chunk.hidden.device))
+
+
+@torch.inference_mode()
+def close_talker(thinker: OmniThinker, talker: OmniTalker, row: TalkerRow) -> None:
+    """The thinker ended: the text-end then the text-pad embedding (repeated from then on)."""
+    tok = talker.tokens
+    row.extend(_embed(thinker, [tok.text_eos, tok.text_pad], row.prompt_embeds.device))
+    row.complete = True
+
+
+@dataclass(kw_only=True)
+class TalkerLoopState(ARLoopState):
+    """The talker's AR state plus the thinker's stream it reads (``thinker_hidden``)."""
+
+    feed: EdgeChannel[ThinkerChunk]
 
 
 @dataclass
@@ -163,9 +244,11 @@ class TalkerLoop(ARDecodeLoop):
     speakers_component: str = "speakers"
     text_tokenizer_component: str = "tokenizer"
 
-    inputs = {"thinker_states": ThinkerStates}
+    inputs = {}
     optional_inputs = {}
+    stream_inputs = {"thinker_hidden": ThinkerChunk}
     outputs = {"codec": CodecCodes}
+    stream_outputs = {"codec_stream": CodecChunk}
     params_schema = TalkerParams
 
     @property
@@ -198,19 +281,45 @@ class TalkerLoop(ARDecodeLoop):
                                  fields=("outputs.voice",))
 
     def init(self, ctx: StageContext, state: RequestState) -> ARLoopState:
-        states = ctx.read(state, "thinker_states", ThinkerStates)
-        if len(states.output_ids) < 2:
+        feed: EdgeChannel[ThinkerChunk] = ctx.stream(state, "thinker_hidden")
+        chunks = feed.take()
+        if not chunks:  # the thinker never forwarded a generated token
             raise ValueError("the text answer is a single token: the talker needs at least two to speak "
                              "(raise sampling.max_tokens)")
+        thinker: OmniThinker = ctx.component(self.thinker_component)
         talker: OmniTalker = ctx.component(self.lm_component)
         speakers: dict[str, Speaker] = ctx.component(self.speakers_component)
         voice = resolve_voice(speakers, state.request.outputs.voice)
-        row = talker_row(ctx.component(self.thinker_component), talker, states, speakers[voice])
+        row = talker_prompt(thinker, talker, chunks[0], speakers[voice])
+        for chunk in chunks[1:]:
+            feed_talker(thinker, row, chunk)
+        if feed.exhausted:
+            close_talker(thinker, talker, row)
         tok = talker.tokens
-        prompt_ids = [tok.codec_mask] * len(states.prompt_ids) + [tok.codec_pad, tok.codec_bos]
+        prompt_ids = [tok.codec_mask] * chunks[0].prompt_len + [tok.codec_pad, tok.codec_bos]
         params = self.talker_params(ctx, state)
         return start_ar_loop(self, ctx, state, params=params, prompt_ids=prompt_ids,
-                             stop_ids=frozenset(ctx.defaults.text_or_default().eos_token_ids), lm_inputs=row)
+                             stop_ids=frozenset(ctx.defaults.text_or_default().eos_token_ids), lm_inputs=row,
+                             extra={"feed": feed})
+
+    def ready(self, loop: ARLoopState) -> bool:
+        """A decode step forwards reply position ``len(output_ids)``: it waits until the thinker
+        has forwarded it (or ended), so the talker reads what the non-streamed run reads."""
+        if loop.prefilling or not isinstance(loop, TalkerLoopState):
+            return super().ready(loop)
+        row: TalkerRow = loop.lm_inputs
+        pending = sum(len(chunk.ids) for chunk in loop.feed.since(loop.feed.consumed))
+        return row.complete or loop.feed.closed or row.reply.shape[0] + pending > len(loop.output_ids)
+
+    def _feed(self, ctx: StageContext, loop: ARLoopState) -> None:
+        """The thinker's new positions into the loop's TalkerRow (and its end, once closed)."""
+        if not isinstance(loop, TalkerLoopState) or loop.lm_inputs.complete:
+            return
+        thinker: OmniThinker = ctx.component(self.thinker_component)
+        for chunk in loop.feed.take():
+            feed_talker(thinker, loop.lm_inputs, chunk)
+        if loop.feed.exhausted:
+            close_talker(thinker, ctx.component(self.lm_component), loop.lm_inputs)
 
     def estimate(self, ctx: StageContext, state: RequestState) -> WorkEstimate:
         """Before the thinker has answered: the prompt is at most the conversation + the
@@ -226,9 +335,22 @@ class TalkerLoop(ARDecodeLoop):
                             init_peak_bytes=lm.activation_bytes(prompt, prompt), batch_group="tokens")
 
     def step_many(self, ctx: StageContext, loops: Sequence[ARLoopState]) -> list[StepResult]:
-        # codes are no text: nothing is streamed as a text delta (once the codec edge streams,
-        # each step's new code is emitted here)
-        return [StepResult(done=r.done, error=r.error) for r in super().step_many(ctx, loops)]
+        for loop in loops:
+            self._feed(ctx, loop)
+        # codes are no text: nothing is streamed as a text delta; the new codes go on codec_stream
+        results = super().step_many(ctx, loops)
+        return [StepResult(done=r.done, error=r.error, chunks=None if r.error is not None else self._new_codes(lp))
+                for lp, r in zip(loops, results)]
+
+    @staticmethod
+    def _new_codes(loop: ARLoopState) -> list[tuple[str, Artifact]] | None:
+        """The codes sampled since the last chunk (a codec end excluded); the last chunk says why
+        the speech ended."""
+        new = [c for c in loop.output_ids[loop.emitted_tokens:] if c not in loop.stop_ids]
+        loop.emitted_tokens = len(loop.output_ids)
+        if not new and not loop.done:
+            return None
+        return [("codec_stream", CodecChunk(codes=new, finish_reason=loop.finish_reason if loop.done else None))]
 
     def finalize(self, ctx: StageContext, loop: ARLoopState, state: RequestState) -> None:
         codes = list(loop.output_ids)
@@ -301,6 +423,22 @@ class Token2WavLoop(DenoiseLoop):
 
 
 @dataclass
+class SpeechDecode(VAEDecode):
+    """BigVGAN's decode of token2wav's mel; the audio says ``finish_reason="length"`` when the
+    talker stopped at its bound (the deployment's max_audio_tokens or node_params) rather than
+    at a codec end."""
+
+    inputs = {"latents": DenoisedLatents, "codec": CodecCodes}
+
+    def forward(self, ctx: StageContext, state: RequestState) -> None:
+        latents = ctx.read(state, "latents", DenoisedLatents).latents[self.modality]
+        media = self.latent_decoder.decode(ctx, latents)
+        assert isinstance(media, DecodedAudio), "the vocoder makes audio"
+        reason = "length" if ctx.read(state, "codec", CodecCodes).finish_reason == "length" else None
+        ctx.write(state, "audio", AudioArtifact(samples=media.samples, sample_rate=media.sample_rate, finish_reason=reason))
+
+
+@dataclass
 class BigVGANDecoder:
     """Mel latents ``[1, T, mel]`` -> 24 kHz mono speech through BigVGAN (fp32)."""
 
@@ -316,3 +454,159 @@ class BigVGANDecoder:
         vocoder: BigVGAN = ctx.component(self.component)
         wav = vocoder(latents.permute(0, 2, 1).to(vocoder.dtype))  # [1, samples]
         return DecodedAudio(samples=wav.float().cpu(), sample_rate=SAMPLE_RATE)
+
+
+# -- streamed speech: token2wav + BigVGAN window by window ---------------------------------------
+
+
+def streams_speech(request: OmniRequest) -> bool:
+    """A spoken answer streamed as it is made (``outputs.stream``): code2wav runs instead of
+    token2wav + vocoder."""
+    return wants_speech(request) and request.outputs.stream
+
+
+@dataclass(frozen=True)
+class Code2WavWindows:
+    """The official streaming decode's window sizes (Qwen's ``Qwen2Code2wav``, as vllm-omni's
+    ``Qwen2_5OmniToken2WavModel.process_chunk`` runs it), in mel frames, from the DiT's attention
+    block (``block_size``: 24 frames for Qwen2.5-Omni-7B): each window outputs ``chunk`` = 3
+    blocks, is solved with ``past`` = repeats blocks before it and ``future`` = 1 block after it
+    as context, and BigVGAN sees ``vocoder`` = 1 block of mel either side of what it emits."""
+
+    chunk: int
+    past: int
+    future: int
+    vocoder: int
+    repeats: int  # mel frames per code
+
+    @classmethod
+    def of(cls, block_size: int, repeats: int) -> "Code2WavWindows":
+        return cls(chunk=3 * block_size, past=repeats * block_size, future=block_size, vocoder=block_size,
+                   repeats=repeats)
+
+
+@dataclass(kw_only=True)
+class Code2WavState(LoopState):
+    feed: EdgeChannel[CodecChunk]
+    codes: list[int]
+    noise: torch.Tensor  # [1, max_frames, mel] drawn once, as the whole decode draws it
+    speaker: Speaker
+    windows: Code2WavWindows
+    mel: list[torch.Tensor]  # finished mel windows, each [1, frames, mel]
+    mel_frames: int = 0  # frames of mel finished
+    audio_frames: int = 0  # mel frames whose audio was emitted
+    audio: list[torch.Tensor] = field(default_factory=list)  # emitted audio chunks [1, samples]
+    finish_reason: str | None = None
+
+
+@dataclass
+class Code2WavLoop(LoopStageBase[Code2WavState]):
+    """Streamed speech: the talker's codes (stream ``codec_stream``) -> 24 kHz audio chunks,
+    one window per step (the whole RK4 ODE of token2wav over the window, then BigVGAN), each
+    emitted as a partial ``audio_delta``. The official model's streaming approximation: a window
+    sees only its past/future context, so its audio differs from the whole-utterance decode
+    (measured in tests/models/qwen2_5_omni/test_streaming.py); the non-streamed graph
+    (token2wav + vocoder) stays the transformers-equal one."""
+
+    dit_component: str = "dit"
+    vocoder_component: str = "vocoder"
+    speakers_component: str = "speakers"
+    max_codes: int = 4096
+
+    outputs = {"audio": AudioArtifact}
+    stream_inputs = {"codec_stream": CodecChunk}
+
+    @property
+    def components(self) -> tuple[str, ...]:
+        return (self.dit_component, self.vocoder_component, self.speakers_component)
+
+    def estimate(self, ctx: StageContext, state: RequestState) -> WorkEstimate:
+        return WorkEstimate(steps=1, batch_group=id(self))
+
+    def init(self, ctx: StageContext, state: RequestState) -> Code2WavState:
+        dit: Token2WavDiT = ctx.component(self.dit_component)
+        c = dit.config
+        speakers: dict[str, Speaker] = ctx.component(self.speakers_component)
+        seed = admitted_seed(state.request.sampling.seed, ctx.node)
+        frames = c.repeats * min(self.max_codes, c.max_position_embeddings // c.repeats)
+        noise = torch.randn([1, frames, c.mel_dim], generator=torch.Generator("cpu").manual_seed(seed)).to(ctx.device)
+        return Code2WavState(node=ctx.node, request_id=state.request_id, steps_target=1 << 30,
+                             feed=ctx.stream(state, "codec_stream"), codes=[], noise=noise,
+                             speaker=speakers[resolve_voice(speakers, state.request.outputs.voice)],
+                             windows=Code2WavWindows.of(c.block_size, c.repeats), mel=[])
+
+    def _known_frames(self, repeats: int, loop: Code2WavState) -> int:
+        pending = sum(len(chunk.codes) for chunk in loop.feed.since(loop.feed.consumed))
+        return (len(loop.codes) + pending) * repeats
+
+    def ready(self, loop: Code2WavState) -> bool:
+        """A window runs once the codes cover it and its future context (or the talker ended)."""
+        w = loop.windows
+        return loop.feed.closed or self._known_frames(w.repeats, loop) >= loop.mel_frames + w.chunk + w.future
+
+    def batch_key(self, loop: Code2WavState) -> Hashable | None:
+        return None if loop.done else (id(self), loop.request_id)  # per-request windows run alone
+
+    @torch.inference_mode()
+    def step(self, ctx: StageContext, loop: Code2WavState) -> StepResult:
+        dit: Token2WavDiT = ctx.component(self.dit_component)
+        repeats = dit.config.repeats
+        for chunk in loop.feed.take():
+            loop.codes += chunk.codes
+            loop.finish_reason = chunk.finish_reason or loop.finish_reason
+        w, total = loop.windows, len(loop.codes) * repeats
+        if total > loop.noise.shape[1]:
+            raise ValueError(f"{len(loop.codes)} codes make {total} mel frames, more than token2wav decodes "
+                             f"({loop.noise.shape[1]}); bound the speech with node_params['talker'].max_tokens")
+        last = loop.feed.exhausted
+        end = total if last else min(total, loop.mel_frames + w.chunk)
+        if end > loop.mel_frames:
+            start = max(loop.mel_frames - w.past, 0)
+            stop = total if last else min(total, end + w.future)
+            stop -= stop % repeats
+            mel = self._solve(ctx, dit, loop, start, stop)  # [1, stop - start, mel]
+            loop.mel.append(mel[:, loop.mel_frames - start:end - start])
+            loop.mel_frames = end
+        emit = self._vocode(ctx, loop, final=last)
+        loop.steps_done += 1
+        if last:
+            loop.steps_target = loop.steps_done
+        return StepResult(done=loop.done, emit=emit)
+
+    def _solve(self, ctx: StageContext, dit: Token2WavDiT, loop: Code2WavState, start: int, stop: int) -> torch.Tensor:
+        """token2wav's ODE (RK4 3/8 on the sway grid, guided) over mel frames [start, stop)."""
+        repeats = dit.config.repeats
+        codes = torch.tensor([loop.codes[start // repeats:stop // repeats]], device=ctx.device)
+        sampler = RK4FlowSampler(sway_coefficient=TOKEN2WAV_SWAY)
+        steps = ctx.defaults.steps or 10
+        scale = ctx.defaults.guidance_scale if ctx.defaults.guidance_scale is not None else 0.5
+        st = sampler.init_state(steps, device=ctx.device)
+        x = loop.noise[:, start:stop]
+        for i in range(st.num_steps):
+            v = dit(x, st.timesteps[i].reshape(1), codes, loop.speaker.cond, loop.speaker.ref_mel, float(scale))
+            x = sampler.step(st, v, x)
+        return x
+
+    def _vocode(self, ctx: StageContext, loop: Code2WavState, *, final: bool) -> list[tuple[str, Artifact]] | None:
+        """BigVGAN over the finished mel with ``vocoder`` frames of context on each side; the last
+        ``vocoder`` frames wait for the next window (their right context) unless it is the end."""
+        vocoder: BigVGAN = ctx.component(self.vocoder_component)
+        w = loop.windows
+        upto = loop.mel_frames if final else loop.mel_frames - w.vocoder
+        if upto <= loop.audio_frames:
+            return None
+        mel = torch.cat(loop.mel, dim=1)  # [1, mel_frames, mel]
+        lo = max(loop.audio_frames - w.vocoder, 0)
+        wav = vocoder(mel[:, lo:loop.mel_frames].permute(0, 2, 1).to(vocoder.dtype)).float()  # [1, samples]
+        hop = wav.shape[-1] // (loop.mel_frames - lo)
+        piece = wav[:, (loop.audio_frames - lo) * hop:(upto - lo) * hop].cpu()
+        loop.audio_frames = upto
+        loop.audio.append(piece)
+        return [("audio_delta", AudioArtifact(samples=piece, sample_rate=SAMPLE_RATE))]
+
+    def finalize(self, ctx: StageContext, loop: Code2WavState, state: RequestState) -> None:
+        if not loop.audio:
+            raise ValueError("the talker ended before its first code: there is no speech to decode")
+        reason = "length" if loop.finish_reason == "length" else None
+        ctx.write(state, "audio", AudioArtifact(samples=torch.cat(loop.audio, dim=1), sample_rate=SAMPLE_RATE,
+                                                finish_reason=reason))

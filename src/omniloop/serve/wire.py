@@ -449,6 +449,7 @@ class VideoCall:
 
     request: OmniRequest
     stream: bool  # answer with one JPEG frame per chunk (``/v1/videos/stream``)
+    events: bool = False  # nvext.stream_format "events": OmniEvents with fMP4 / PCM media (serve/dynamo/events.py)
 
 
 @dataclass(frozen=True)
@@ -506,11 +507,25 @@ def dynamo_video(body: Mapping[str, Any], request_id: str, model: ServedModel) -
     stream = body.get("stream")
     if stream not in (None, True, False):
         raise WireError("stream", f"expected true or false, got {stream!r}")
+    body, events = _stream_format(body, bool(stream))
     call = _dynamo_call(body, _NVEXT_VIDEO, model)
     call.seconds = body.get("seconds")
-    if stream:
-        call.outputs = OutputSpec(stream=True, preview_every=1)
-    return VideoCall(request=video_request(call, request_id, model), stream=bool(stream))
+    if stream:  # events carry progress events, not latent previews
+        call.outputs = OutputSpec(stream=True, preview_every=None if events else 1)
+    return VideoCall(request=video_request(call, request_id, model), stream=bool(stream), events=events)
+
+
+def _stream_format(body: Mapping[str, Any], stream: bool) -> tuple[Mapping[str, Any], bool]:
+    """``nvext.stream_format`` ("jpeg", the default, or "events") read and taken out of ``body``."""
+    nvext = body.get("nvext")
+    if not isinstance(nvext, Mapping) or "stream_format" not in nvext:
+        return body, False
+    fmt = nvext["stream_format"]
+    if fmt not in ("jpeg", "events"):
+        raise WireError("nvext.stream_format", f"expected 'jpeg' or 'events', got {fmt!r}")
+    if fmt == "events" and not stream:
+        raise WireError("nvext.stream_format", "'events' is a streamed answer; pass stream: true with it")
+    return {**body, "nvext": {k: v for k, v in nvext.items() if k != "stream_format"}}, fmt == "events"
 
 
 def dynamo_images(body: Mapping[str, Any], request_id: str, model: ServedModel) -> ImageCall:

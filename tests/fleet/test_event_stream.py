@@ -114,6 +114,9 @@ def test_stream_format_is_checked_naming_the_field(wan_engine):
         asyncio.run(main({**bad, "nvext": {**bad["nvext"], "stream_format": "gif"}}))
     with pytest.raises(InvalidArgument, match=r"nvext.stream_format: 'events' is a streamed answer; pass stream: true"):
         asyncio.run(main({**bad, "stream": False}))
+    plain = body(stream=True)  # through the frontend, an extra body field arrives as media_passthrough
+    with pytest.raises(InvalidArgument, match=r"extra_args.media_passthrough.stream_format: expected 'jpeg' or"):
+        asyncio.run(main({**plain, "extra_args": {"media_passthrough": {"stream_format": "gif"}}}))
 
 
 def test_audio_chunks_are_pcm_and_text_deltas_carry_no_media():

@@ -516,16 +516,27 @@ def dynamo_video(body: Mapping[str, Any], request_id: str, model: ServedModel) -
 
 
 def _stream_format(body: Mapping[str, Any], stream: bool) -> tuple[Mapping[str, Any], bool]:
-    """``nvext.stream_format`` ("jpeg", the default, or "events") read and taken out of ``body``."""
-    nvext = body.get("nvext")
-    if not isinstance(nvext, Mapping) or "stream_format" not in nvext:
+    """The stream format ("jpeg", the default, or "events"), taken out of ``body``: from
+    ``nvext.stream_format`` (request-plane clients) or ``extra_args.media_passthrough.stream_format``
+    (a client's ``extra_body`` through Dynamo's frontend, which drops nvext keys it does not know)."""
+    nvext, extra = body.get("nvext"), body.get("extra_args")
+    passthrough = extra.get("media_passthrough") if isinstance(extra, Mapping) else None
+    places = [("nvext", nvext), ("extra_args.media_passthrough", passthrough)]
+    found = [(where, block["stream_format"]) for where, block in places
+             if isinstance(block, Mapping) and "stream_format" in block]
+    if not found:
         return body, False
-    fmt = nvext["stream_format"]
+    where, fmt = found[0]
     if fmt not in ("jpeg", "events"):
-        raise WireError("nvext.stream_format", f"expected 'jpeg' or 'events', got {fmt!r}")
+        raise WireError(f"{where}.stream_format", f"expected 'jpeg' or 'events', got {fmt!r}")
     if fmt == "events" and not stream:
-        raise WireError("nvext.stream_format", "'events' is a streamed answer; pass stream: true with it")
-    return {**body, "nvext": {k: v for k, v in nvext.items() if k != "stream_format"}}, fmt == "events"
+        raise WireError(f"{where}.stream_format", "'events' is a streamed answer; pass stream: true with it")
+    out = dict(body)
+    if isinstance(nvext, Mapping):
+        out["nvext"] = {k: v for k, v in nvext.items() if k != "stream_format"}
+    if isinstance(passthrough, Mapping):
+        out["extra_args"] = {**extra, "media_passthrough": {k: v for k, v in passthrough.items() if k != "stream_format"}}
+    return out, fmt == "events"
 
 
 def dynamo_images(body: Mapping[str, Any], request_id: str, model: ServedModel) -> ImageCall:

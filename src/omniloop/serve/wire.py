@@ -534,7 +534,7 @@ def _stream_format(body: Mapping[str, Any], stream: bool) -> tuple[Mapping[str, 
     out = dict(body)
     if isinstance(nvext, Mapping):
         out["nvext"] = {k: v for k, v in nvext.items() if k != "stream_format"}
-    if isinstance(passthrough, Mapping):
+    if isinstance(extra, Mapping) and isinstance(passthrough, Mapping):
         out["extra_args"] = {**extra, "media_passthrough": {k: v for k, v in passthrough.items() if k != "stream_format"}}
     return out, fmt == "events"
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import json
 import time
 
 import av
@@ -184,3 +185,32 @@ def test_every_socket_listens_on_loopback_only(fleet):
     addresses = listening_addresses([p.pid for p in fleet.procs])
     assert addresses, "found no listening sockets"
     assert all(a.rsplit(":", 1)[0] in ("127.0.0.1", "::1") for a in addresses), addresses
+
+
+def test_registration_publishes_the_roles_the_worker_serves(fleet):
+    """The model card in discovery carries the roles (a worker without pools serves "all")."""
+    cards = [json.loads(line) for p in (fleet.root / "kv").rglob("*") if p.is_file() and "mdc" in p.parts
+             for line in p.read_text().splitlines() if line.strip()]
+    videos = [c["card_json"] for c in cards if c.get("endpoint") == "videos"]
+    assert len(videos) == 2
+    for card in videos:
+        runtime = card["runtime_config"]
+        assert card["worker_type"] == "aggregated" and runtime["taints"] == ["omniloop.role/all"]
+        assert runtime["runtime_data"]["omniloop_roles"] == "all"
+        graph = json.loads(runtime["runtime_data"]["omniloop_role_graph"])
+        assert {n["role"] for n in graph["nodes"]} == {"all"} and "denoise" in [n["name"] for n in graph["nodes"]]
+
+
+def test_events_stream_through_the_frontend_concatenates_into_one_mp4(fleet):
+    """``stream_format: "events"`` as an extra body field (the frontend passes it in
+    ``extra_args.media_passthrough``): the media parts, in order, are one playable mp4."""
+    body = {"model": MODEL, "prompt": "x", "size": "32x32", "stream": True, "stream_format": "events",
+            "nvext": {"num_inference_steps": 2, "num_frames": 5, "seed": 2}}
+    with httpx.stream("POST", f"{fleet.url}/v1/videos/stream", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        raw = r.read()
+    parts = [p.split(b"\r\n\r\n", 1)[1].rstrip(b"\r\n") for p in raw.split(b"--frame\r\n") if p]
+    assert len(parts) == 1  # a non-causal model's whole video: one fragment (init + segment), no previews
+    with av.open(io.BytesIO(b"".join(parts))) as container:
+        frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+    assert len(frames) == 5 and frames[0].shape == (32, 32, 3)

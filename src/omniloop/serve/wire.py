@@ -449,6 +449,7 @@ class VideoCall:
 
     request: OmniRequest
     stream: bool  # answer with one JPEG frame per chunk (``/v1/videos/stream``)
+    events: bool = False  # nvext.stream_format "events": OmniEvents with fMP4 / PCM media (serve/dynamo/events.py)
 
 
 @dataclass(frozen=True)
@@ -506,11 +507,36 @@ def dynamo_video(body: Mapping[str, Any], request_id: str, model: ServedModel) -
     stream = body.get("stream")
     if stream not in (None, True, False):
         raise WireError("stream", f"expected true or false, got {stream!r}")
+    body, events = _stream_format(body, bool(stream))
     call = _dynamo_call(body, _NVEXT_VIDEO, model)
     call.seconds = body.get("seconds")
-    if stream:
-        call.outputs = OutputSpec(stream=True, preview_every=1)
-    return VideoCall(request=video_request(call, request_id, model), stream=bool(stream))
+    if stream:  # events carry progress events, not latent previews
+        call.outputs = OutputSpec(stream=True, preview_every=None if events else 1)
+    return VideoCall(request=video_request(call, request_id, model), stream=bool(stream), events=events)
+
+
+def _stream_format(body: Mapping[str, Any], stream: bool) -> tuple[Mapping[str, Any], bool]:
+    """The stream format ("jpeg", the default, or "events"), taken out of ``body``: from
+    ``nvext.stream_format`` (request-plane clients) or ``extra_args.media_passthrough.stream_format``
+    (a client's ``extra_body`` through Dynamo's frontend, which drops nvext keys it does not know)."""
+    nvext, extra = body.get("nvext"), body.get("extra_args")
+    passthrough = extra.get("media_passthrough") if isinstance(extra, Mapping) else None
+    places = [("nvext", nvext), ("extra_args.media_passthrough", passthrough)]
+    found = [(where, block["stream_format"]) for where, block in places
+             if isinstance(block, Mapping) and "stream_format" in block]
+    if not found:
+        return body, False
+    where, fmt = found[0]
+    if fmt not in ("jpeg", "events"):
+        raise WireError(f"{where}.stream_format", f"expected 'jpeg' or 'events', got {fmt!r}")
+    if fmt == "events" and not stream:
+        raise WireError(f"{where}.stream_format", "'events' is a streamed answer; pass stream: true with it")
+    out = dict(body)
+    if isinstance(nvext, Mapping):
+        out["nvext"] = {k: v for k, v in nvext.items() if k != "stream_format"}
+    if isinstance(extra, Mapping) and isinstance(passthrough, Mapping):
+        out["extra_args"] = {**extra, "media_passthrough": {k: v for k, v in passthrough.items() if k != "stream_format"}}
+    return out, fmt == "events"
 
 
 def dynamo_images(body: Mapping[str, Any], request_id: str, model: ServedModel) -> ImageCall:

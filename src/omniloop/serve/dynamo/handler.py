@@ -28,11 +28,13 @@ from omniloop.request import (
     OmniEvent,
     OmniOutput,
     OmniRequest,
+    ProgressEvent,
     RequestStatus,
     StatusEvent,
     VideoChunkArtifact,
     new_request_id,
 )
+from omniloop.serve.dynamo.events import EventMessages
 from omniloop.serve.dynamo.frames import jpeg_b64, latent_preview, png_b64
 from omniloop.serve.dynamo.mapping import cost_annotation, image_response, video_data, video_response
 from omniloop.serve.dynamo.metrics import WorkerMetrics
@@ -91,12 +93,17 @@ class GenerationHandler:
     async def videos(self, body: dict[str, Any], context: Any) -> AsyncIterator[dict[str, Any]]:
         """``/v1/videos``: one terminal response with the mp4. ``stream: true``
         (``/v1/videos/stream``): one JPEG per chunk — a progress frame per denoise step
-        from the partial latents, then the video's frames."""
+        from the partial latents, then the video's frames; with ``nvext.stream_format:
+        "events"``, one typed message per OmniEvent (fMP4 fragments, PCM chunks: events.py)."""
         if body.get(HEALTH_CHECK_KEY) is True:
             yield self._canary_response()
             return
         call = self._resolve(dynamo_video, body, context)
         tracked = _Tracked(call.request, time.perf_counter())
+        if call.events:
+            async for message in self._event_stream(tracked, context):
+                yield message
+            return
         async for event in self._run(tracked, context):
             if call.stream and isinstance(event, ArtifactEvent) and isinstance(event.artifact, LatentsArtifact):
                 yield await asyncio.to_thread(self._preview_chunk, tracked, event.artifact)
@@ -181,6 +188,28 @@ class GenerationHandler:
         raise AssertionError("engine stream ended without a final event")
 
     # -- responses -------------------------------------------------------------------------
+    async def _event_stream(self, tracked: _Tracked, context: Any) -> AsyncIterator[dict[str, Any]]:
+        """Every engine event as one typed message (``nvext.event``: the event with its
+        ``schema_version``; ``data``: the media it makes); the final event's closes the stream."""
+        rid, name = tracked.request.request_id, self.model.name
+        messages = EventMessages()
+        async for event in self._run(tracked, context):
+            media = await asyncio.to_thread(messages.media, event)
+            nvext = {**tracked.annotation(), "event": event.to_dict(), "media": media.media}
+            if not isinstance(event, FinalEvent):
+                progress = round(100 * event.step / max(1, event.total)) if isinstance(event, ProgressEvent) else 0
+                yield video_response(rid, name, status="in_progress", progress=min(99, progress), data=media.data,
+                                     nvext=nvext)
+                continue
+            output, elapsed = event.output, time.perf_counter() - tracked.started
+            nvext.update(tracked.annotation(output))
+            if output.status is RequestStatus.COMPLETED:
+                yield video_response(rid, name, status="completed", progress=100, data=media.data, nvext=nvext,
+                                     inference_time_s=elapsed)
+            else:
+                yield video_response(rid, name, status="failed", progress=0, data=[], nvext=nvext,
+                                     error=self._failure(output), inference_time_s=elapsed)
+
     async def _video_final(self, tracked: _Tracked, output: OmniOutput, *, stream: bool) -> AsyncIterator[dict[str, Any]]:
         rid, name = tracked.request.request_id, self.model.name
         elapsed = time.perf_counter() - tracked.started

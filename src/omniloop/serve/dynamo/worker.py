@@ -7,8 +7,8 @@ Lifecycle (design §6.3.5, contract item 1):
    the cost model; a failure exits non-zero naming the shape and the cause) — a SIGTERM
    meanwhile exits cleanly without ever registering;
 3. register ``ModelType.Videos`` on ``<namespace>.<component>.videos`` (and
-   ``ModelType.Images`` on ``...images`` for image-capable models) and serve: the
-   worker is ready only now;
+   ``ModelType.Images`` on ``...images`` for image-capable models), with the roles it serves
+   in the runtime config (``roles.py``), and serve: the worker is ready only now;
 4. on SIGTERM/SIGINT (Dynamo's handlers): leave discovery, keep serving through the
    router grace period (``DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS``), drain the engine
    (finish in-flight requests, cancel the rest after ``drain_timeout_s``), stop the
@@ -35,6 +35,7 @@ from omniloop.request import DiffusionParams
 from omniloop.serve.config import DEFAULT_DRAIN_TIMEOUT_S
 from omniloop.serve.dynamo.handler import HEALTH_CHECK_KEY, GenerationHandler
 from omniloop.serve.dynamo.metrics import WorkerMetrics
+from omniloop.serve.dynamo.roles import WorkerRoles, runtime_config, worker_roles
 from omniloop.serve.warmup import run_warmup, warmup_shapes
 from omniloop.serve.wire import ServedModel
 
@@ -119,9 +120,10 @@ async def _serve(config: WorkerConfig) -> None:
                    model=model.name)
     install_signal_handlers(loop, runtime, endpoints.values(), drain_callback=handler.drain,
                             cleanup_callback=lambda: asyncio.to_thread(engine.shutdown))
-    await _register(endpoints, config.model, model.name)
-    logger.info("serving %s as %s on %s.%s.{%s}", config.model, model.name, config.namespace, config.component,
-                ",".join(served))
+    roles = worker_roles(engine.engine.pipeline.spec, config.deploy)
+    await _register(endpoints, config.model, model.name, roles)
+    logger.info("serving %s as %s on %s.%s.{%s}, roles %s", config.model, model.name, config.namespace,
+                config.component, ",".join(served), ",".join(roles.roles))
     handlers = {"videos": handler.videos, "images": handler.images}
     await asyncio.gather(*(
         ep.serve_endpoint(handlers[m], graceful_shutdown=True, health_check_payload={HEALTH_CHECK_KEY: True})
@@ -144,9 +146,10 @@ def _served_modalities(model: ServedModel, wanted: tuple[str, ...] | None) -> tu
     return tuple(m for m in MODALITIES if m in wanted)
 
 
-async def _register(endpoints: dict, model_path: str, name: str) -> None:
+async def _register(endpoints: dict, model_path: str, name: str, roles: WorkerRoles) -> None:
     types = {"videos": ModelType.Videos, "images": ModelType.Images}
     for modality, endpoint in endpoints.items():
-        # Diffusion has no prefill/decode split: one worker owns the whole pipeline.
+        # One worker owns the whole graph (its role pools are engine-internal): Dynamo 1.6.1's
+        # WorkerType cannot name our roles (serve/dynamo/roles.py); they go in the runtime config.
         await register_model(ModelInput.Text, types[modality], endpoint, model_path, name,
-                             worker_type=WorkerType.Aggregated, needs=[])
+                             worker_type=WorkerType.Aggregated, needs=[], runtime_config=runtime_config(roles))

@@ -1,7 +1,7 @@
 """``omniloop serve --job-store``: a real server process killed (SIGKILL) mid-job and started
 again. The completed job is still listed, retrievable and downloadable, byte for byte; the
 jobs that were running or queued are ``failed`` saying why (never a 404), or, with
-``--requeue-on-restart``, run again to completion. Three server starts in one test."""
+by default (``--no-requeue-on-restart`` fails them), run again to completion. Three server starts in one test."""
 
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def test_killed_twice_completed_jobs_stay_interrupted_ones_fail_or_run_again(wan
     finally:
         first.kill()
 
-    second = Server(wan_t2v_dir, tmp_path)  # without --requeue-on-restart
+    second = Server(wan_t2v_dir, tmp_path, "--no-requeue-on-restart")  # resuming is the default
     try:
         listed = httpx.get(f"{second.url}/v1/videos", params={"order": "asc"}).json()["data"]
         assert [v["id"] for v in listed] == [done, running, queued]
@@ -101,7 +101,7 @@ def test_killed_twice_completed_jobs_stay_interrupted_ones_fail_or_run_again(wan
     finally:
         second.kill()
 
-    third = Server(wan_t2v_dir, tmp_path, "--requeue-on-restart")
+    third = Server(wan_t2v_dir, tmp_path)  # the default: interrupted jobs run again (resuming where they can)
     try:
         body = third.wait(rerun, lambda b: b["status"] in ("completed", "failed", "cancelled"), timeout=600)
         assert body["status"] == "completed" and body["metrics"]["steps"] == 200, body

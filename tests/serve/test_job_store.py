@@ -36,7 +36,7 @@ def _finish(store: JobStore, job: Job, outputs: dict[str, bytes]) -> None:
 
 
 def test_records_and_files_survive_a_reopen(tmp_path):
-    config = ServeConfig(job_store=tmp_path / "jobs.db")
+    config = ServeConfig(job_store=tmp_path / "jobs.db", requeue_on_restart=False)
     store = JobStore.open(config)
     done, running, queued = (_job(i) for i in ("video_done", "video_running", "video_queued"))
     for job, request in (done, running, queued):
@@ -56,7 +56,7 @@ def test_records_and_files_survive_a_reopen(tmp_path):
     for job, was in ((running2, "in_progress"), (queued2, "queued")):
         assert job.status is RequestStatus.FAILED and job.sealed and job.completed_at is not None
         assert job.error.startswith(f"the server stopped while this job was {was}; it did not finish: submit it "
-                                    "again (omniloop serve --requeue-on-restart")
+                                    "again (omniloop serve without --no-requeue-on-restart")
         assert job.events[-1]["type"] == "final" and job.events[-1]["output"]["status"] == "failed"
     assert not (tmp_path / "jobs-outputs" / "video_x.mp4").exists()  # the orphan is gone
     assert [j.id for j in again.page(JobKind.VIDEO, after=None, limit=10, order="asc")[0]] == [
@@ -65,7 +65,7 @@ def test_records_and_files_survive_a_reopen(tmp_path):
 
 
 def test_requeue_on_restart_hands_back_the_requests(tmp_path):
-    config = ServeConfig(job_store=tmp_path / "jobs.db")
+    config = ServeConfig(job_store=tmp_path / "jobs.db", requeue_on_restart=False)
     store = JobStore.open(config)
     job, request = _job("video_1")
     store.add(job, request)

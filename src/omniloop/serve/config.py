@@ -70,9 +70,9 @@ class ServeConfig(BaseModel):
         "next to the job store)",
     )
     requeue_on_restart: bool = Field(
-        default=False, description="jobs queued or running when the server died run again after a restart, "
-        "resuming from their last checkpoint (see checkpoint_every_s) or else from the start (default: they are "
-        "reported failed, saying so)",
+        default=True, description="with job_store: jobs queued or running when the server died run again after a "
+        "restart, resuming from their last checkpoint (see checkpoint_every_s) or else from the start; "
+        "--no-requeue-on-restart reports them failed instead, saying so",
     )
     checkpoint_every_s: float = Field(
         default=30.0, ge=0, description="with requeue_on_restart: a running job's loop state (latents, sampler "
@@ -145,8 +145,8 @@ class ServeConfig(BaseModel):
 
     @model_validator(mode="after")
     def _durable_options_need_a_store(self) -> "ServeConfig":
-        for name in ("output_dir", "requeue_on_restart"):
-            if getattr(self, name) and self.job_store is None:
+        for name in ("output_dir", "requeue_on_restart"):  # asked for: requeue_on_restart is on by default
+            if name in self.model_fields_set and getattr(self, name) and self.job_store is None:
                 raise ValueError(f"{name} needs job_store: only a durable job store (--job-store PATH) keeps "
                                  "outputs on disk and jobs across restarts")
         return self

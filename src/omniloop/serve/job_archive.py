@@ -134,7 +134,7 @@ class JobArchive:
         was = job.status.value  # queued / in_progress
         job.status, job.completed_at = RequestStatus.FAILED, int(time.time())
         message = f"the server stopped while this job was {was}; it did not finish" + (why or (
-            ": submit it again" + ("" if requeue else " (omniloop serve --requeue-on-restart queues such jobs again)")))
+            ": submit it again" + ("" if requeue else " (omniloop serve without --no-requeue-on-restart queues such jobs again)")))
         job.failure = Failure(kind=ErrorKind.INTERRUPTED, message=message)
         job.publish(FinalEvent(request_id=job.id, output=OmniOutput(request_id=job.id, status=job.status,
                                                                     failure=job.failure)).to_dict())

@@ -4,10 +4,15 @@ weights re-saved in the original Wan layout (DiT, VAE, UMT5 as ComfyUI holds the
 the hand-written websocket client of test_comfy_api, equal to the same workflow served from
 the diffusers folder through a map entry.
 
-Measured: the decoded frames of the two runs are identical (max |diff| 0 of 255)."""
+The frames are compared as PNGs (SaveImage; an mp4's codec turns a one-level difference into
+tens). As in tests/models/comfy/test_single_file_pipeline.py the two loads hold bit-equal
+weights but at other file offsets, so the CPU GEMMs take other vectorized paths (latents
+~1.5e-6 apart): a value lands on the other side of a rounding step now and then.
+Measured: max |diff| 1 of 255, on 1.1% of the frame values (5 frames of 32x32)."""
 
 from __future__ import annotations
 
+import io
 import json
 import urllib.error
 import urllib.request
@@ -82,15 +87,23 @@ def server(tmp_path_factory):
         yield live
 
 
-def _frames(client: ScriptClient, prompt: dict) -> np.ndarray:
-    from omniloop.io.video import read_video
+def frames_as_png(prompt: dict) -> dict:
+    """The template with its decoded frames saved as PNGs (SaveImage), lossless, instead of an mp4."""
+    decode = next(nid for nid, n in prompt.items() if n["class_type"] == "VAEDecode")
+    for nid in [nid for nid, n in prompt.items() if n["class_type"] in ("CreateVideo", "SaveVideo")]:
+        del prompt[nid]
+    prompt["90"] = {"class_type": "SaveImage", "inputs": {"images": [decode, 0], "filename_prefix": "frames"}}
+    return prompt
 
-    _, messages, history = client.run(prompt)
+
+def _frames(client: ScriptClient, prompt: dict) -> np.ndarray:
+    from PIL import Image
+
+    _, messages, history = client.run(frames_as_png(prompt))
     assert history["status"]["status_str"] == "success", history["status"]
     (output,) = history["outputs"].values()
-    (item,) = output["images"]
-    frames, _ = read_video(client.view(item))  # [F, H, W, 3] uint8
-    return frames.astype(np.int16)
+    return np.stack([np.asarray(Image.open(io.BytesIO(client.view(item)))) for item in output["images"]]
+                    ).astype(np.int16)  # [F, H, W, 3]
 
 
 def test_a_wan_workflow_served_from_single_files_equals_the_diffusers_folder(server):
@@ -100,8 +113,10 @@ def test_a_wan_workflow_served_from_single_files_equals_the_diffusers_folder(ser
     mapped = workflow("text_to_video_wan", **MAPPED)
     folder = _frames(client, mapped)
     assert ours.shape == folder.shape and ours.shape[0] > 1
-    diff = int(np.abs(ours - folder).max())
-    assert diff == 0, diff
+    diff = np.abs(ours - folder)
+    print(f"single files vs diffusers folder: max |diff| {int(diff.max())}/255, "
+          f"{float((diff > 0).mean()):.2e} of the values differ")
+    assert int(diff.max()) <= 1 and (diff > 0).mean() < 0.05, (int(diff.max()), float((diff > 0).mean()))
     # built once: a second prompt on the same files reuses the model
     comfy = server.server.config.app.state.comfy
     assert len(comfy.single_files) == 1
@@ -135,5 +150,5 @@ def test_missing_escaping_and_unreadable_files_are_node_errors(server):
     prompt = workflow("text_to_video_wan", clip_name="clip_l.safetensors")
     body = _refused(server.url, prompt)
     assert body["node_errors"], body
-    (errors,) = [e["errors"] for e in body["node_errors"].values()]
-    print(errors)
+    ((error,),) = [e["errors"] for e in body["node_errors"].values()]
+    assert "clip_l.safetensors" in error["message"] and "umt5_xxl" in error["message"], error

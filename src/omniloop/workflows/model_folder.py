@@ -1,19 +1,19 @@
 """The model folder a workflow's file names are resolved in (``--comfy-models DIR``).
 
 ComfyUI's layout: ``diffusion_models/``, ``checkpoints/``, ``text_encoders/`` (or ``clip/``),
-``vae/``, ``loras/``, ``clip_vision/``, ``latent_upscale_models/``. Loading ComfyUI's
-single-file checkpoints is not done yet: for now ``DIR/omniloop-models.json`` maps the file
-names a workflow uses to the diffusers-layout checkpoints we serve::
+``vae/``, ``loras/``, ``clip_vision/``, ``latent_upscale_models/``. A name resolves to a map
+entry of ``DIR/omniloop-models.json`` (optional: file names -> the diffusers-layout checkpoints
+we serve), else to the file of that name in the folder (a ``ServedCheckpoint`` with
+``single_file``: the server builds the pipeline from the workflow's single files)::
 
     {"served": {"wan": {"path": "Wan2.1-T2V-1.3B-Diffusers"},
                 "flux": {"path": "FLUX.1-dev", "embedded_guidance": true}},
      "files": {"diffusion_models/wan2.1_t2v_1.3B_fp16.safetensors": "wan",
                "vae/wan_2.1_vae.safetensors": "wan", ...}}
 
-Every loader's name must be in the map (or, for ``loras/``, a file in that folder); a name
-that is not, or that tries to leave the folder, is a node error naming the node, the input
-and the names that exist. A served checkpoint holds all of its components, so a VAE or text
-encoder name only has to map to the same served model as the diffusion model it works with.
+A name that is neither, or that tries to leave the folder, is a node error naming the node,
+the input and the names that exist. A served checkpoint holds all of its components, so a VAE
+or text encoder name only has to map to the same served model as the diffusion model it works with.
 """
 
 from __future__ import annotations

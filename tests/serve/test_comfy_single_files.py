@@ -152,3 +152,17 @@ def test_missing_escaping_and_unreadable_files_are_node_errors(server):
     assert body["node_errors"], body
     ((error,),) = [e["errors"] for e in body["node_errors"].values()]
     assert "clip_l.safetensors" in error["message"] and "umt5_xxl" in error["message"], error
+
+
+def test_serve_with_comfy_models_runs_a_pool_even_for_one_model(tmp_path, monkeypatch):
+    """Single files join the server's model pool, so ``--comfy-models`` with one ``--model``
+    serves it on a pool (a dict of models), not a one-model engine."""
+    import omniloop.serve.server as server_module
+    from omniloop.api.cli import main
+
+    served: list = []
+    monkeypatch.setattr(server_module, "run_server", lambda model, *a, **k: served.append(model) or 0)
+    (tmp_path / "models").mkdir()
+    main(["serve", "--model", f"wan={tmp_path}", "--comfy-models", str(tmp_path / "models")])
+    main(["serve", "--model", f"wan={tmp_path}"])
+    assert served == [{"wan": str(tmp_path)}, str(tmp_path)], served

@@ -38,6 +38,7 @@ from starlette.datastructures import UploadFile
 import omniloop
 from omniloop.engine import EngineError, RequestRejected
 from omniloop.engine.model_pool import ModelPool
+from omniloop.models.comfy_folder import ComfyModelNameRefused, ComfyModelNotFound, ComfyModels
 from omniloop.models.single_file import SingleFileSet
 from omniloop.pipeline.adapters import adapter_cache
 from omniloop.request import FinalEvent, OmniEvent, OmniOutput, ProgressEvent, RequestStatus
@@ -229,8 +230,6 @@ class ComfyApi:
     def _single_file_set(self, compiled: CompiledWorkflow, generation: Generation) -> SingleFileSet:
         """The files of the workflow's loader nodes: the sampler's diffusion model (or full
         checkpoint), the VAE and the text encoders; the family is the CLIP loader's ``type``."""
-        from omniloop.models.comfy_folder import ComfyModelNotFound, ComfyModelNameRefused, ComfyModels
-
         assert generation.served.single_file is not None and self.folder.root is not None
         sampler = generation.sampler_nodes[0]
         picked: dict[str, list[tuple[str, str, str]]] = {"vae": [], "text_encoders": [], "family": []}
@@ -270,12 +269,12 @@ class ComfyApi:
                              f"the loaders do not make a model: {e}") from None
 
     @staticmethod
-    def _tokenizer_for(models: Any, node: str, class_type: str, input_name: str, name: str) -> str:
+    def _tokenizer_for(models: ComfyModels, node: str, class_type: str, input_name: str, name: str) -> str:
         """A text encoder single file carries no tokenizer: the tokenizer folder of
         ``text_encoders/`` named as the file (its stem, or ``<stem>_tokenizer``), else the only one."""
-        folders = [n for n in models.list("text_encoders") if (models.root / "text_encoders" / n).is_dir()
-                   and (models.root / "text_encoders" / n / "tokenizer_config.json").is_file()
-                   and not (models.root / "text_encoders" / n / "config.json").is_file()]
+        entries = {n: models.resolve("text_encoders", n) for n in models.list("text_encoders")}
+        folders = [n for n, path in entries.items() if path.is_dir() and (path / "tokenizer_config.json").is_file()
+                   and not (path / "config.json").is_file()]
         stem = PurePosixPath(name).stem
         named = [f for f in folders if f in (stem, f"{stem}_tokenizer")]
         if named or len(folders) == 1:
@@ -286,7 +285,6 @@ class ComfyApi:
 
     async def _single_file_model(self, compiled: CompiledWorkflow, generation: Generation) -> str:
         """The pool's model for the workflow's single files, built on first use (once per set of files)."""
-        from omniloop.models.comfy_folder import ComfyModelNotFound, ComfyModelNameRefused, ComfyModels
         from omniloop.models.single_file_pipeline import load_single_file_pipeline
 
         files = self._single_file_set(compiled, generation)

@@ -288,7 +288,8 @@ class ComfyApi:
         from omniloop.models.single_file_pipeline import load_single_file_pipeline
 
         files = self._single_file_set(compiled, generation)
-        sampler = generation.sampler_nodes[0]
+        sampler, root = generation.sampler_nodes[0], self.folder.root
+        assert root is not None  # a single file is a file of the folder (ModelFolder.resolve)
         async with self._building:
             name = self.single_files.get(files)
             if name is not None:
@@ -299,7 +300,7 @@ class ComfyApi:
                                  f"{generation.served.name!r} is a single file; this server runs one model",
                                  "serve several models (--model NAME=PATH ...) or map the file in omniloop-models.json")
             try:
-                _, pipeline = await asyncio.to_thread(load_single_file_pipeline, ComfyModels(self.folder.root),
+                _, pipeline = await asyncio.to_thread(load_single_file_pipeline, ComfyModels(root),
                                                       files, pool.load_options)
             except (ComfyModelNotFound, ComfyModelNameRefused) as e:
                 raise self._file_error(compiled, e.folder, e.name, str(e)) from None

@@ -502,7 +502,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     models = served_models(specs)
     if len(models) > 1 and args.served_model_name:
         raise ValueError("--served-model-name names one model; with several, name each: --model NAME=PATH")
-    if len(models) == 1:  # one model: its own engine (NAME= is its served name)
+    # one model: its own engine (NAME= is its served name); with --comfy-models a pool, which
+    # takes the models a workflow's single files build (serve/comfy.py)
+    if len(models) == 1 and (serve.comfy_models is None or args.served_model_name):
         (name, model), = models.items()
         if "=" in specs[0] and serve.served_model_name is None:
             serve = serve.model_copy(update={"served_model_name": name})

@@ -143,7 +143,8 @@ class AsyncEngine:
         pool = ModelPool({n: builder(p) for n, p in models.items()}, EngineConfig.from_deploy(config),
                          device_budget_bytes=None if config.model_device_gb is None else int(config.model_device_gb * gib),
                          host_budget_bytes=None if config.model_host_gb is None else int(config.model_host_gb * gib),
-                         sources={n: (str(p),) for n, p in models.items()})
+                         sources={n: (str(p),) for n, p in models.items()}, load_options=opts,
+                         prepare=lambda pipeline: _with_plugins(pipeline, config))
         return cls(pool, model_name=next(iter(models)), threads=threads)
 
     def cache_summaries(self) -> dict[str, dict[str, dict[str, Any]]]:

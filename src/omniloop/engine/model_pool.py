@@ -36,6 +36,7 @@ from omniloop.engine.checkpoints import LoopCheckpoints
 from omniloop.engine.engine import Engine, EngineConfig, EngineStats, EventSink
 from omniloop.engine.engine_like import CostSnapshots
 from omniloop.engine.errors import RequestRejected, UnknownRequest
+from omniloop.models.model_spec import LoadOptions
 from omniloop.pipeline.pipeline import Pipeline
 from omniloop.request import ErrorKind, OmniOutput, OmniRequest
 
@@ -160,12 +161,18 @@ class ModelPool:
         transfer_bytes_per_s: float = 20e9,
         switch_after: float = 2.0,
         sources: dict[str, tuple[str, ...]] | None = None,
+        load_options: LoadOptions | None = None,
+        prepare: Callable[[Pipeline], Pipeline] | None = None,
     ) -> None:
         if not models:
             raise ValueError("a model pool needs at least one model")
         self.config = config or EngineConfig()
         self.slots = {name: ModelSlot(name, build) for name, build in models.items()}
         self.sources = dict(sources or {})  # name -> other names clients may use (the checkpoint path)
+        # how the pool's models were loaded, for models added later (add_model's builders):
+        # the deployment's load options and what wraps a loaded pipeline (its plugins)
+        self.load_options = load_options
+        self.prepare: Callable[[Pipeline], Pipeline] = prepare or (lambda pipeline: pipeline)
         self.default = default or next(iter(models))
         if self.default not in self.slots:
             raise ValueError(f"default model {self.default!r} is not one of {sorted(self.slots)}")
@@ -184,6 +191,13 @@ class ModelPool:
         self.stats = PoolEngineStats(self)
         for slot in self.slots.values():
             self._load(slot)  # everything starts loaded; over budget, the LRU goes to the host
+
+    def add_model(self, name: str, build: Callable[[], Pipeline]) -> None:
+        """Serve one more model (on disk until its first request loads it). The slots dict is
+        replaced, not mutated: the engine thread may be iterating the old one."""
+        if name in self.slots:
+            raise ValueError(f"model {name!r} is already served here")
+        self.slots = {**self.slots, name: ModelSlot(name, build)}
 
     # -- the Engine surface -----------------------------------------------------------------
     def add_request(self, request: OmniRequest, *, paused: bool = False) -> str:

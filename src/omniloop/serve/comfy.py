@@ -38,6 +38,8 @@ from starlette.datastructures import UploadFile
 import omniloop
 from omniloop.engine import EngineError, RequestRejected
 from omniloop.engine.model_pool import ModelPool
+from omniloop.models.comfy_folder import ComfyModelNameRefused, ComfyModelNotFound, ComfyModels
+from omniloop.models.single_file import SingleFileSet
 from omniloop.pipeline.adapters import adapter_cache
 from omniloop.request import FinalEvent, OmniEvent, OmniOutput, ProgressEvent, RequestStatus
 from omniloop.serve.state import ServeState, check_auth, require_auth
@@ -56,6 +58,12 @@ MODEL_INPUTS = {"ckpt_name": "checkpoints", "unet_name": "diffusion_models", "cl
                 "clip_name1": "text_encoders", "clip_name2": "text_encoders", "text_encoder": "text_encoders",
                 "vae_name": "vae", "lora_name": "loras", "model_name": "latent_upscale_models"}
 MAX_HISTORY = 1000
+# loader nodes whose files make a single-file model: class -> (input, what it gives)
+SINGLE_FILE_LOADERS: dict[str, tuple[tuple[str, str], ...]] = {
+    "VAELoader": (("vae_name", "vae"),),
+    "CLIPLoader": (("clip_name", "text_encoders"),),
+    "DualCLIPLoader": (("clip_name1", "text_encoders"), ("clip_name2", "text_encoders")),
+}
 
 
 @dataclass
@@ -99,6 +107,12 @@ class ComfyApi:
         self.clients: dict[str, set[WebSocket]] = {}
         self.number = 0
         self.tasks: set[asyncio.Task] = set()
+        # single-file models built so far (their files -> the pool's model name), built once
+        self.single_files: dict[SingleFileSet, str] = {}
+        self._building = asyncio.Lock()
+        # architecture facts the files do not carry (SingleFileSet's attention_head_dim,
+        # rope_axes, vae_norm_groups, boundary_ratio); unset: the family's released values
+        self.single_file_facts: dict[str, Any] = {}
 
     def _routes(self, served: dict[str, ServedModel]) -> dict[str, str | None]:
         """The folder's served names -> OmniRequest.model (None: a one-model engine)."""
@@ -179,7 +193,10 @@ class ComfyApi:
         """The request as the engine takes it: its served model's engine name, and LoRA files
         of the folder's ``loras/`` registered with that model (under their names there) and
         named by those."""
-        route = self.routes.get(generation.served.name)
+        if generation.served.single_file is not None:
+            route: str | None = await self._single_file_model(compiled, generation)
+        else:
+            route = self.routes.get(generation.served.name)
         loras = generation.request.diffusion.loras
         if loras:
             node = generation.sampler_nodes[0]
@@ -208,6 +225,105 @@ class ComfyApi:
                     raise node_error(node, class_type, "invalid_input", f"LoRA {registered!r} does not fit "
                                      "the model", str(e)) from None
         return registered
+
+    # -- single files -----------------------------------------------------------------------
+    def _single_file_set(self, compiled: CompiledWorkflow, generation: Generation) -> SingleFileSet:
+        """The files of the workflow's loader nodes: the sampler's diffusion model (or full
+        checkpoint), the VAE and the text encoders; the family is the CLIP loader's ``type``."""
+        assert generation.served.single_file is not None and self.folder.root is not None
+        sampler = generation.sampler_nodes[0]
+        picked: dict[str, list[tuple[str, str, str]]] = {"vae": [], "text_encoders": [], "family": []}
+        for nid in compiled.evaluated:
+            call = compiled.graph[nid]
+            for input_name, kind in SINGLE_FILE_LOADERS.get(call.class_type, ()):
+                picked[kind].append((nid, input_name, str(call.inputs.get(input_name))))
+            if call.class_type in ("CLIPLoader", "DualCLIPLoader"):
+                picked["family"].append((nid, "type", str(call.inputs.get("type"))))
+        vaes = {name for _, _, name in picked["vae"]}
+        loaders = {nid for nid, _, _ in picked["text_encoders"]}
+        if len(vaes) > 1 or len(loaders) > 1:
+            raise node_error(sampler, compiled.graph[sampler].class_type, "invalid_input_type", "a workflow served "
+                             "from single files loads one VAE and one text encoder set; it loads "
+                             f"{sorted(vaes)} and {len(loaders)} CLIP loaders", "serve the others through "
+                             "omniloop-models.json entries")
+        folder, dit = generation.served.single_file
+        models = ComfyModels(self.folder.root)
+        encoders, tokenizers = [], []
+        for nid, input_name, name in picked["text_encoders"]:
+            encoders.append(name)
+            try:
+                path = models.resolve("text_encoders", name)
+            except (ComfyModelNotFound, ComfyModelNameRefused) as e:
+                raise node_error(nid, compiled.graph[nid].class_type, "value_not_in_list", f"{input_name}: {e}",
+                                 input_name=input_name) from None
+            if path.is_file():
+                tokenizers.append(self._tokenizer_for(models, nid, compiled.graph[nid].class_type, input_name, name))
+        family = picked["family"][0] if picked["family"] else (sampler, "type", "")
+        try:
+            return SingleFileSet(family=family[2], diffusion_models=(dit,) if folder == "diffusion_models" else (),
+                                 checkpoint=dit if folder == "checkpoints" else None,
+                                 vae=next(iter(vaes), ""), text_encoders=tuple(encoders),
+                                 tokenizers=tuple(tokenizers), **self.single_file_facts)
+        except ValueError as e:
+            raise node_error(sampler, compiled.graph[sampler].class_type, "invalid_input_type",
+                             f"the loaders do not make a model: {e}") from None
+
+    @staticmethod
+    def _tokenizer_for(models: ComfyModels, node: str, class_type: str, input_name: str, name: str) -> str:
+        """A text encoder single file carries no tokenizer: the tokenizer folder of
+        ``text_encoders/`` named as the file (its stem, or ``<stem>_tokenizer``), else the only one."""
+        entries = {n: models.resolve("text_encoders", n) for n in models.list("text_encoders")}
+        folders = [n for n, path in entries.items() if path.is_dir() and (path / "tokenizer_config.json").is_file()
+                   and not (path / "config.json").is_file()]
+        stem = PurePosixPath(name).stem
+        named = [f for f in folders if f in (stem, f"{stem}_tokenizer")]
+        if named or len(folders) == 1:
+            return (named or folders)[0]
+        raise node_error(node, class_type, "value_not_in_list", f"{input_name}: {name!r} is a single file and "
+                         "carries no tokenizer", f"put its tokenizer folder in text_encoders/ as {stem}_tokenizer/ "
+                         f"(tokenizer folders there: {folders})", input_name)
+
+    async def _single_file_model(self, compiled: CompiledWorkflow, generation: Generation) -> str:
+        """The pool's model for the workflow's single files, built on first use (once per set of files)."""
+        from omniloop.models.single_file_pipeline import load_single_file_pipeline
+
+        files = self._single_file_set(compiled, generation)
+        sampler, root = generation.sampler_nodes[0], self.folder.root
+        assert root is not None  # a single file is a file of the folder (ModelFolder.resolve)
+        async with self._building:
+            name = self.single_files.get(files)
+            if name is not None:
+                return name
+            pool = self.state.engine.engine
+            if not isinstance(pool, ModelPool) or pool.load_options is None:
+                raise node_error(sampler, compiled.graph[sampler].class_type, "invalid_input_type",
+                                 f"{generation.served.name!r} is a single file; this server runs one model",
+                                 "serve several models (--model NAME=PATH ...) or map the file in omniloop-models.json")
+            try:
+                _, pipeline = await asyncio.to_thread(load_single_file_pipeline, ComfyModels(root),
+                                                      files, pool.load_options)
+            except (ComfyModelNotFound, ComfyModelNameRefused) as e:
+                raise self._file_error(compiled, e.folder, e.name, str(e)) from None
+            except (ValueError, KeyError) as e:
+                raise node_error(sampler, compiled.graph[sampler].class_type, "invalid_input_type",
+                                 f"the single files {files.diffusion_models or files.checkpoint} / {files.vae!r} / "
+                                 f"{files.text_encoders} do not load: {e}") from None
+            name = f"comfy:{len(self.single_files) + 1}:{generation.served.name}"
+            pipeline = pool.prepare(pipeline)
+            pool.add_model(name, lambda: pipeline)
+            self.single_files[files] = name
+            return name
+
+    @staticmethod
+    def _file_error(compiled: CompiledWorkflow, folder: str, name: str, message: str) -> WorkflowError:
+        """A missing or refused file as the node error of the loader node naming it."""
+        for nid in compiled.evaluated:
+            call = compiled.graph[nid]
+            for input_name, value in call.inputs.items():
+                if input_name in MODEL_INPUTS and value == name:
+                    return node_error(nid, call.class_type, "value_not_in_list", f"{input_name}: {message}",
+                                      input_name=input_name)
+        return WorkflowError(message, kind="invalid_prompt")
 
     def _trim_history(self) -> None:
         finished = [j for j in self.jobs.values() if j.status not in ("pending", "running")]

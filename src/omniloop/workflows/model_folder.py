@@ -1,19 +1,19 @@
 """The model folder a workflow's file names are resolved in (``--comfy-models DIR``).
 
 ComfyUI's layout: ``diffusion_models/``, ``checkpoints/``, ``text_encoders/`` (or ``clip/``),
-``vae/``, ``loras/``, ``clip_vision/``, ``latent_upscale_models/``. Loading ComfyUI's
-single-file checkpoints is not done yet: for now ``DIR/omniloop-models.json`` maps the file
-names a workflow uses to the diffusers-layout checkpoints we serve::
+``vae/``, ``loras/``, ``clip_vision/``, ``latent_upscale_models/``. A name resolves to a map
+entry of ``DIR/omniloop-models.json`` (optional: file names -> the diffusers-layout checkpoints
+we serve), else to the file of that name in the folder (a ``ServedCheckpoint`` with
+``single_file``: the server builds the pipeline from the workflow's single files)::
 
     {"served": {"wan": {"path": "Wan2.1-T2V-1.3B-Diffusers"},
                 "flux": {"path": "FLUX.1-dev", "embedded_guidance": true}},
      "files": {"diffusion_models/wan2.1_t2v_1.3B_fp16.safetensors": "wan",
                "vae/wan_2.1_vae.safetensors": "wan", ...}}
 
-Every loader's name must be in the map (or, for ``loras/``, a file in that folder); a name
-that is not, or that tries to leave the folder, is a node error naming the node, the input
-and the names that exist. A served checkpoint holds all of its components, so a VAE or text
-encoder name only has to map to the same served model as the diffusion model it works with.
+A name that is neither, or that tries to leave the folder, is a node error naming the node,
+the input and the names that exist. A served checkpoint holds all of its components, so a VAE
+or text encoder name only has to map to the same served model as the diffusion model it works with.
 """
 
 from __future__ import annotations
@@ -41,6 +41,9 @@ class ServedCheckpoint:
     name: str
     path: Path | None = None
     embedded_guidance: bool = False
+    # a single file of the folder no map entry names: (its folder, its name there); the server
+    # builds the pipeline from the workflow's loader files (serve/comfy.py)
+    single_file: tuple[str, str] | None = None
 
 
 @dataclass
@@ -56,9 +59,10 @@ class ModelFolder:
     def load(cls, root: str | Path) -> "ModelFolder":
         root = Path(root)
         path = root / MAP_FILE
-        if not path.is_file():
-            raise FileNotFoundError(f"{path} not found: a ComfyUI models folder served by omniloop maps its file "
-                                    f"names to diffusers checkpoints there (see docs/comfyui.md)")
+        if not root.is_dir():
+            raise FileNotFoundError(f"--comfy-models {root}: not a directory; pass ComfyUI's models/ folder")
+        if not path.is_file():  # single files only: every loader name is a file of the folder
+            return cls({}, {}, root)
         return cls.from_mapping(json.loads(path.read_text()), root)
 
     @classmethod
@@ -89,8 +93,10 @@ class ModelFolder:
         """The file names of one ComfyUI folder (``GET /models/{folder}``)."""
         folder = FOLDER_ALIASES.get(folder, folder)
         listed = {key.split("/", 1)[1] for key in self.files if key.split("/", 1)[0] == folder}
-        if self.root is not None and (self.root / folder).is_dir():
-            listed |= {p.name for p in (self.root / folder).iterdir() if p.is_file()}
+        for base in (folder, *(legacy for legacy, kind in FOLDER_ALIASES.items() if kind == folder)):
+            if self.root is not None and (self.root / base).is_dir():
+                listed |= {p.name for p in (self.root / base).iterdir()
+                           if p.is_file() or (p / "config.json").is_file() or (p / "tokenizer_config.json").is_file()}
         return sorted(listed)
 
     def resolve(self, folders: tuple[str, ...], name: Any, node_id: str, class_type: str,
@@ -103,7 +109,24 @@ class ModelFolder:
             target = self.files.get(f"{FOLDER_ALIASES.get(folder, folder)}/{name}")
             if target is not None:
                 return self.served[target]
+        for folder in folders:
+            path = self._single_file(folder, name)
+            if path is not None:
+                return ServedCheckpoint(f"{folder}/{name}", path, single_file=(folder, name))
         raise self._missing(folders, name, node_id, class_type, input_name)
+
+    def _single_file(self, folder: str, name: str) -> Path | None:
+        """``name``'s file (or transformers folder) in ``folder`` (or its legacy alias), inside
+        the root; None when there is none (a link leaving the root is none either)."""
+        if self.root is None:
+            return None
+        root = self.root.resolve()
+        folder = FOLDER_ALIASES.get(folder, folder)
+        for base in (folder, *(legacy for legacy, kind in FOLDER_ALIASES.items() if kind == folder)):
+            path = self.root / base / PurePosixPath(name.replace("\\", "/"))
+            if path.exists() and path.resolve().is_relative_to(root):
+                return path
+        return None
 
     def lora(self, name: Any, node_id: str, class_type: str, input_name: str) -> str:
         """A LoRA: its mapped adapter name, else the file's path in ``loras/``."""

@@ -22,7 +22,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Mapping, TypeVar
 
-from omniloop.request import DiffusionParams, OmniRequest, SamplingParams, TaskType
+from omniloop.request import DiffusionParams, Modality, OmniRequest, SamplingParams, TaskType
 
 F = TypeVar("F", bound="FamilyDefaults")
 T = TypeVar("T")
@@ -152,7 +152,7 @@ def resolve_request(request: OmniRequest, defaults: GenerationDefaults) -> OmniR
     image task) and ``fps`` where the model makes pixels. Idempotent (a pool follower or a
     restart re-admits the resolved request); a text-out request (task reason) runs no
     denoise loop and is returned as is. Per-node overrides (``node_params``) stay the node's."""
-    if request.task is TaskType.REASON:
+    if request.task is TaskType.REASON and not _speaks(request):
         return request
     p, d = request.diffusion, defaults
     fill: dict[str, Any] = {}
@@ -167,6 +167,12 @@ def resolve_request(request: OmniRequest, defaults: GenerationDefaults) -> OmniR
     if p.fps is None and d.num_frames is not None:  # a video model (its image tasks' fps is unused)
         fill["fps"] = d.fps or DEFAULT_FPS
     return request.model_copy(update={"diffusion": p.model_copy(update=fill)}) if fill else request
+
+
+def _speaks(request: OmniRequest) -> bool:
+    """A reason request that also asks for audio (a spoken answer): its speech is a denoise loop's
+    (Qwen2.5-Omni's token2wav), whose steps admission resolves like any other."""
+    return request.outputs.modalities is not None and Modality.AUDIO in request.outputs.modalities
 
 
 def effective_sampling(params: SamplingParams, defaults: Mapping[str, Any]) -> SamplingParams:

@@ -145,8 +145,9 @@ class ServeConfig(BaseModel):
 
     @model_validator(mode="after")
     def _durable_options_need_a_store(self) -> "ServeConfig":
-        for name in ("output_dir", "requeue_on_restart"):  # asked for: requeue_on_restart is on by default
-            if name in self.model_fields_set and getattr(self, name) and self.job_store is None:
+        # (requeue_on_restart is on by default and means nothing without a store: not refused)
+        for name in ("output_dir",):
+            if getattr(self, name) and self.job_store is None:
                 raise ValueError(f"{name} needs job_store: only a durable job store (--job-store PATH) keeps "
                                  "outputs on disk and jobs across restarts")
         return self

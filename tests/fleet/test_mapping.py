@@ -112,7 +112,7 @@ def test_images_become_n_requests_with_consecutive_seeds():
     assert [r.diffusion.seed for r in call.requests] == [10, 11, 12]
     assert all(r.task is TaskType.T2I and r.diffusion.width == 256 for r in call.requests)
     with pytest.raises(ValueError, match=r"^n: 11 images in one call exceed this deployment's limit of 8 "
-                                         r"\(limits\.max_batch\)"):
+                                         r"\(limits\.max_images\)"):
         image_call({"model": "wan", "prompt": "x", "n": 11}, "r", model())
     with pytest.raises(ValueError, match=r"^n: expected a whole number of images >= 1, got 0.5"):
         image_call({"model": "wan", "prompt": "x", "n": 0.5}, "r", model())

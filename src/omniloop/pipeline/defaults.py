@@ -186,11 +186,18 @@ def resolve_sampling(request: OmniRequest, defaults: GenerationDefaults) -> Omni
     """``request`` with the ``SamplingParams`` fields it leaves unset taken from the model's
     text defaults (``defaults.text.sampling``: its generation_config.json), once, at admission
     (before the family's checks: nothing of the request's inputs decides them), so an AR loop
-    reads the resolved ``request.sampling``. Idempotent (filled fields count as set)."""
+    reads the resolved ``request.sampling``. Idempotent."""
     if defaults.text is None:
         return request
     sampling = effective_sampling(request.sampling, defaults.text.sampling)
-    return request if sampling is request.sampling else request.model_copy(update={"sampling": sampling})
+    if sampling is request.sampling:
+        return request
+    # the fields the caller set stay the set ones (a family may tell the caller's choice from the
+    # model's default: Qwen2.5-Omni's talker turns greedy only for a caller's temperature 0);
+    # resolving again refills the same values, so this stays idempotent
+    sampling = SamplingParams.model_construct(_fields_set=set(request.sampling.model_fields_set),
+                                              **dict(sampling))
+    return request.model_copy(update={"sampling": sampling})
 
 
 def admitted(value: T | None, name: str, node: str) -> T:

@@ -11,6 +11,8 @@
   mixed       a trace of chat and video requests arriving together: the step scheduler vs a
               request-level FIFO (p95 latency of the chat requests, makespan)
   resident    parameter bytes of the one module both loops run on (and peak device memory)
+  video       a video generation alone (latents, CFG 6): end-to-end seconds and seconds per
+              denoise step, at --video-shape / --video-steps (default 480x832x33, 8 steps)
 
     python benchmarks/bench_cosmos3.py          # GPU: diffusers' default Cosmos3OmniTransformer, random bf16
     python benchmarks/bench_cosmos3.py --tiny   # CPU: toy sizes (ratios only; the CI smoke test)
@@ -411,6 +413,16 @@ def bench_concurrent(pipeline, args, base, sink):
           "makespan_s": round(makespan, 3)}, sink)
 
 
+def bench_video(pipeline, args, base, sink):
+    """One video request alone, after one warm request of the same shape (kernels, autotune)."""
+    run(pipeline, [video("warm", args)], max_batch=1, max_running=1)
+    done, _, makespan = run(pipeline, [video("alone", args)], max_batch=1, max_running=1)
+    peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() and not args.tiny else None
+    emit({**base, "bench": "video_alone", "video_shape": list(args.video_shape), "video_steps": args.video_steps,
+          "guidance_scale": 6.0, "seconds": round(done["alone"], 3),
+          "seconds_per_step": round(done["alone"] / args.video_steps, 3), "peak_allocated_bytes": peak}, sink)
+
+
 def pct(values, q):
     values = sorted(values)
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
@@ -459,6 +471,8 @@ def main(argv=None) -> int:
     p.add_argument("--only", default="decode,concurrent,mixed,resident")
     p.add_argument("--out", default=None)
     p.add_argument("--cuda-graphs", action="store_true", help="the reasoner's decode steps replay CUDA graphs")
+    p.add_argument("--video-shape", dest="video_shape_flag", default=None, help="HxWxF of the video requests (video mode and the traces)")
+    p.add_argument("--video-steps", dest="video_steps_flag", type=int, default=None)
     p.add_argument("--long-prompt-words", default="", help="comma list: decode vs re-prefill at batch 1 for these "
                    "longer prompts too (words; ~2.7 tokens each)")
     args = p.parse_args(argv)
@@ -481,6 +495,9 @@ def main(argv=None) -> int:
         args.step_tokens, args.step_repeats = 12, 3
         args.video_shape, args.video_steps, args.n_video, args.n_chat = (32, 32, 5), 3, 2, 4
         args.trace_videos, args.trace_chats, args.trace_tokens, args.trace_gap_s, args.trace_repeats = 1, 4, 8, 0.0, 3
+    if args.video_shape_flag:
+        args.video_shape = tuple(int(x) for x in args.video_shape_flag.split("x"))
+    args.video_steps = args.video_steps_flag or args.video_steps
     pipeline = build(args, device, dtype)
     base = {"device": torch.cuda.get_device_name() if cuda else "cpu", "dtype": str(dtype).removeprefix("torch."),
             "model": "cosmos3-published-arch-random" if cuda else "cosmos3-tiny-random", "cuda_graphs": args.cuda_graphs}
@@ -496,6 +513,8 @@ def main(argv=None) -> int:
                 bench_concurrent(pipeline, args, base, sink)
             if "mixed" in only:
                 bench_mixed(pipeline, args, base, sink)
+            if "video" in only:
+                bench_video(pipeline, args, base, sink)
             if "resident" in only:
                 bench_resident(pipeline, base, sink)
             if args.cuda_graphs:

@@ -3,6 +3,8 @@ and as the decode loop's steps (after), on the same weights in one run (CPU: rat
 
     python benchmarks/bench_decode_interleave.py                      # shapes-t2v-4step
     python benchmarks/bench_decode_interleave.py --large 256x256x33 --small 64x64x5
+    python benchmarks/bench_decode_interleave.py --random-wan full --device cuda --dtype bfloat16 \
+        --large 480x832x81 --small 256x256x5 --steps 4 --out x.jsonl      # GPU: Wan2.1-1.3B architecture
 
 The engine is in-process and synchronous: the large request runs until its next node is the
 decode (the loop: until its first decode step ran), then the small one arrives; the small one's latency is wall time from its arrival to
@@ -44,22 +46,34 @@ def with_one_shot_decode(pipeline):
 def run_to_end(engine, rid: str) -> float:
     t0 = time.perf_counter()
     engine.run_until_done(rid)
+    _sync()
     return time.perf_counter() - t0
 
 
-def concurrent(engine, large: str, small: str, n: int) -> dict:
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def concurrent(engine, large: str, small: str, n: int, steps: int | None) -> dict:
     """The large request up to its decode, then the small one; latencies of both."""
-    lid = engine.add_request(request(large, f"large{n}"))
+    lid = engine.add_request(request(large, f"large{n}", steps))
     t_large = time.perf_counter()
     with torch.inference_mode():
         while engine._requests[lid].node is None or engine._requests[lid].node.name != "decode":
             engine.step()
         if engine._requests[lid].node.is_loop:  # the decode loop: its init and first step, so it is under way
             engine.step(), engine.step()
-        sid = engine.add_request(request(small, f"small{n}"))
+        if not engine.has_unfinished():
+            raise SystemExit(f"--large {large} decoded in two steps: pass a larger --large")
+        _sync()
+        sid = engine.add_request(request(small, f"small{n}", steps))
         t_small, done = time.perf_counter(), {}
         while engine.has_unfinished():
-            for out in engine.step():
+            outs = engine.step()
+            if outs:
+                _sync()
+            for out in outs:
                 done[out.request_id] = time.perf_counter()
     return {"small_s": round(done[sid] - t_small, 3), "large_s": round(done[lid] - t_large, 3)}
 
@@ -73,22 +87,43 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="shapes-t2v-4step")
     p.add_argument("--large", default="256x256x33")
     p.add_argument("--small", default="64x64x5")
+    p.add_argument("--random-wan", choices=("full", "small", "tiny"), default=None,
+                   help="build a random Wan checkpoint of this size (wan_random.py) instead of --model")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument("--steps", type=int, default=None, help="denoise steps of both requests (default the model's)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "decode_interleave_cpu.jsonl"))
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    pipeline = load_pipeline(args.model, LoadOptions(device=torch.device("cpu"), dtype=torch.float32))[1]
+    model, scratch = args.model, None
+    if args.random_wan:
+        from wan_random import save_random_wan
+
+        scratch = save_random_wan(size=args.random_wan)
+        model = str(scratch)
+    options = LoadOptions(device=torch.device(args.device), dtype=getattr(torch, args.dtype))
+    pipeline = load_pipeline(model, options)[1]
+    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     with open(args.out, "a") as sink:
         for mode, pipe in (("one_shot", with_one_shot_decode(pipeline)), ("loop", pipeline)):
             engine = Engine(pipe, EngineConfig())
-            run_to_end(engine, engine.add_request(request(args.small, "warm")))  # one-time kernel set-up
-            solo = min(run_to_end(engine, engine.add_request(request(args.small, f"solo{i}"))) for i in range(2))
-            record = {"bench": "decode_interleave", "model": args.model, "mode": mode, "large": args.large,
-                      "small": args.small, "threads": torch.get_num_threads(), "small_solo_s": round(solo, 3),
-                      **concurrent(engine, args.large, args.small, 0)}
+            run_to_end(engine, engine.add_request(request(args.small, "warm", args.steps)))  # one-time set-up
+            if args.device != "cpu":  # the large shape's kernels too (cuDNN autotune, compile), outside the timing
+                run_to_end(engine, engine.add_request(request(args.large, "warm_large", args.steps)))
+            solo = min(run_to_end(engine, engine.add_request(request(args.small, f"solo{i}", args.steps)))
+                       for i in range(2))
+            record = {"bench": "decode_interleave", "model": args.random_wan and f"random-wan-{args.random_wan}"
+                      or args.model, "mode": mode, "large": args.large, "small": args.small, "steps": args.steps,
+                      "device": device, "dtype": args.dtype, "threads": torch.get_num_threads(),
+                      "small_solo_s": round(solo, 3), **concurrent(engine, args.large, args.small, 0, args.steps)}
             record["small_ratio"] = round(record["small_s"] / solo, 2)
             emit(record, sink)
+    if scratch is not None:
+        import shutil
+
+        shutil.rmtree(scratch, ignore_errors=True)
     return 0
 
 

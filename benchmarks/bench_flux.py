@@ -13,6 +13,9 @@
           (16 x 256x256, 16 x 512x512, 4 steps) with cuda_graphs on vs off: images/s after a
           warm burst (captures happen there; its makespan is reported too) and whether every
           output is bit-equal
+  e2e     one request alone, end to end to a decoded image (text encode, --steps denoise steps,
+          VAE decode) at --e2e-size (default 1024x1024), after one warm request: seconds,
+          seconds per step, peak memory (``--steps 28`` is FLUX.1-dev's default)
 
     python benchmarks/bench_flux.py                  # H200: FLUX.1-dev architecture, random bf16 weights
     python benchmarks/bench_flux.py --tiny           # CPU smoke (CI): the 2-block toy
@@ -286,6 +289,22 @@ def graphs_or_reason(pipeline, args, base, sink):
         emit({**base, "bench": "cuda_graphs", "capture_failed": f"{type(e).__name__}: {e}"[:2000]}, sink)
 
 
+def bench_e2e(pipeline, args, base, sink):
+    h, w = (int(x) for x in args.e2e_size.split("x"))
+    run_burst(pipeline, [request("warm", (h, w), args.steps)], max_batch=1)
+    cuda = pipeline.device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    result = run_burst(pipeline, [request("alone", (h, w), args.steps)], max_batch=1)
+    if cuda:
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    emit({**base, "bench": "e2e", "height": h, "width": w, "seconds": round(seconds, 3),
+          "seconds_per_step": round(seconds / args.steps, 4), "makespan_s": result.get("makespan_s"),
+          "peak_allocated_bytes": torch.cuda.max_memory_allocated() if cuda else None}, sink)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tiny", action="store_true", help="CPU smoke run on the 2-block toy")
@@ -303,16 +322,19 @@ def main() -> None:
     p.add_argument("--distinct-prompts", type=int, default=8)
     p.add_argument("--wave", type=int, default=4, help="requests arriving together in the trace")
     p.add_argument("--attention-backend", default="sdpa")
+    p.add_argument("--e2e-size", default=None, help="HxW of the e2e request (default 1024x1024; tiny 64x64)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     if args.tiny:
         device, dtype, size = torch.device("cpu"), torch.float32, "tiny"
         args.requests, args.steps = args.requests or 6, args.steps or 2
         args.loras, args.trace = min(args.loras, 4), min(args.trace, 16)
+        args.e2e_size = args.e2e_size or "64x64"
         torch.set_num_threads(1)
     else:
         device, dtype, size = torch.device("cuda"), torch.bfloat16, "dev"
         args.requests, args.steps = args.requests or 16, args.steps or 4
+        args.e2e_size = args.e2e_size or "1024x1024"
     options = LoadOptions(device=device, dtype=dtype, attention_backend=args.attention_backend)
     t0 = time.perf_counter()
     _, pipeline = random_flux_pipeline(size, options)
@@ -323,7 +345,7 @@ def main() -> None:
     emit({**base, "bench": "setup", "build_s": round(time.perf_counter() - t0, 2),
           "transformer_params": sum(p.numel() for p in pipeline.components["transformer"].parameters())}, sink)
     benches = {"mixed": bench_mixed, "lora": bench_lora, "cache": bench_cache, "graphs": graphs_or_reason,
-               "graphs_engine": bench_graphs_engine}
+               "graphs_engine": bench_graphs_engine, "e2e": bench_e2e}
     with torch.inference_mode():
         for name in args.only.split(","):
             benches[name](pipeline, args, base, sink)

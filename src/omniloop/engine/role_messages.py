@@ -11,7 +11,7 @@ from typing import Hashable, Literal
 from omniloop.engine.connectors import Packed, TransferMetric
 from omniloop.request import OmniRequest
 
-Op = Literal["forward", "forward_many", "init", "step", "finalize", "release", "forget"]
+Op = Literal["forward", "forward_many", "init", "step", "feed", "finalize", "release", "forget"]
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class ItemResult:
     """One request's outcome of a call; ``error``: its failure (``"Type: message"``), the rest unset."""
 
     error: str | None = None
-    view: LoopView | None = None  # init, step
+    view: LoopView | None = None  # init, step, feed
     done: bool = False  # step
     outputs: Packed | None = None  # forward, finalize: the edges the node wrote
     emitted: Packed | None = None  # step: {"emit": [(name, artifact)], "chunks": [(port, chunk)]}

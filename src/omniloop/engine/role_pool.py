@@ -341,7 +341,23 @@ class PlacedLoop(_Placed, LoopStageBase[RemoteLoop]):
         return loop.view.step_flops
 
     def ready(self, loop: RemoteLoop) -> bool:
+        """The pool's last view; a stream consumer that was not ready when it last heard from
+        its pool is sent the chunks (or the end of stream) rank 0 got since, and asked again.
+        Without this the pool would never learn of them: only a call carries chunks."""
+        if not loop.view.ready and self._unsent(loop) and loop.generation == self.pool.generation:
+            try:
+                result = self.pool.call("feed", self.node.name,
+                                        [CallItem(loop.request_id, **self._forward_chunks(loop))]).results[0]
+            except PoolLost:  # restarted: stepping the loop fails it, naming the pool
+                return True
+            if result.view is not None:
+                self._mirror(loop, result.view)
         return loop.view.ready
+
+    @staticmethod
+    def _unsent(loop: RemoteLoop) -> bool:
+        return any(ch.produced > loop.forwarded.get(e, 0) or (ch.closed and e not in loop.told_closed)
+                   for e, ch in loop.channels.items())
 
     def ready_at(self, loop: RemoteLoop) -> float | None:
         return loop.view.ready_at

@@ -130,6 +130,17 @@ class RoleWorker:
         self.loops[(item.request_id, node)] = loop
         return ItemResult(view=loop_view(spec_node, loop, state))
 
+    def _feed_op(self, node: str, item: CallItem) -> ItemResult:
+        """A stream consumer's new chunks (or its producer's end) and no step: the loop's view
+        again, so rank 0 learns whether they made it ready."""
+        loop = self.loops.get((item.request_id, node))
+        if loop is None:
+            return ItemResult(error=f"RuntimeError: pool {self.name!r} holds no loop of node {node!r} for "
+                                    f"{item.request_id!r} (the pool restarted and lost it)")
+        state = self.states[item.request_id]
+        self._feed(state, item)
+        return ItemResult(view=loop_view(self.pipeline.spec.node(node), loop, state))
+
     def _finalize(self, node: str, item: CallItem) -> ItemResult:
         state = self.states[item.request_id]
         loop = self.loops.pop((item.request_id, node))
@@ -159,7 +170,7 @@ class RoleWorker:
             state.loops.pop(node, None)
 
     _ops: dict[str, Callable[["RoleWorker", str, CallItem], ItemResult]] = {
-        "forward": _forward, "init": _init, "finalize": _finalize, "release": _release, "forget": _forget,
+        "forward": _forward, "init": _init, "feed": _feed_op, "finalize": _finalize, "release": _release, "forget": _forget,
     }
 
     # -- a batched step ----------------------------------------------------------------------

@@ -193,6 +193,7 @@ class ComfyClient:
         self.ws = websocket.WebSocket()
         self.ws.connect(f"ws://{self.server}/ws?clientId={self.client_id}")
         self.ended: queue.Queue[tuple[str, float]] = queue.Queue()  # (prompt_id, when its end message came)
+        self.timelines: dict[str, list[tuple[str, str | None, float]]] = {}  # prompt_id -> (type, node, when)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -204,12 +205,23 @@ class ComfyClient:
                 if isinstance(out, str):
                     message = json.loads(out)
                     data = message.get("data", {})
+                    if "prompt_id" in data:
+                        self.timelines.setdefault(data["prompt_id"], []).append((message["type"], data.get("node"), now))
                     if message["type"] == "executing" and data.get("node") is None and "prompt_id" in data:
                         self.ended.put((data["prompt_id"], now))
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.ws.close()
+
+    def phases(self, prompt_id: str, posted: float) -> tuple[float, float]:
+        """(seconds from the POST to the prompt's first ``progress``, seconds its output nodes
+        took: each from ``executing`` that node to its ``executed``)."""
+        timeline = self.timelines[prompt_id]
+        started = next(t for kind, _, t in timeline if kind == "progress")
+        entered = {node: t for kind, node, t in timeline if kind == "executing"}
+        saving = sum(t - entered[node] for kind, node, t in timeline if kind == "executed")
+        return started - posted, saving
 
     def queue_prompt(self, prompt: dict[str, Any]) -> str:
         data = json.dumps({"prompt": prompt, "client_id": self.client_id}).encode()
@@ -300,11 +312,14 @@ def measure(client: ComfyClient, engine, mode: str, prompts: list[dict[str, Any]
     runs = (burst if mode == "burst" else one_at_a_time)(client, prompts, timeout)
     after = engine.stats()
     latencies = [end - t0 for _, t0, end in runs]
+    waits, saves = zip(*(client.phases(pid, t0) for pid, t0, _ in runs))
     wall = max(end for _, _, end in runs) - min(t0 for _, t0, _ in runs)
     engine_steps = after["steps"] - before["steps"]
     return {"mode": mode, "prompts": len(prompts), "wall_s": round(wall, 3), "per_s": round(len(prompts) / wall, 4),
             "latency_p50_s": round(percentile(latencies, 0.5), 3), "latency_p95_s": round(percentile(latencies, 0.95), 3),
             "latency_mean_s": round(sum(latencies) / len(latencies), 3),
+            # POST -> first step (queued behind others), and the output nodes' file writing, per prompt
+            "wait_to_first_step_mean_s": round(sum(waits) / len(waits), 3), "save_mean_s": round(sum(saves) / len(saves), 3),
             "engine_steps": engine_steps, "batched_steps": after["batched_steps"] - before["batched_steps"],
             "mean_batch": round(len(prompts) * steps / engine_steps, 2),  # the prompts' denoise steps per engine step
             "files": checked_files(client, runs, mode), "runs": runs}
@@ -364,7 +379,7 @@ def bench_family(family: str, args, scale: Scale, deploy, templates: Path, scrat
     head = {"bench": "comfy_burst", "family": family, "template": FLUX_TEMPLATE if family == "flux" else WAN_TEMPLATE,
             "device": args.device, "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None,
             "dtype": args.dtype, "weights": f"random {scale.flux_size if family == 'flux' else scale.wan_size}",
-            "steps": steps, "max_batch": args.max_batch, "saved_as": saved_as,
+            "steps": steps, "max_batch": args.max_batch, "compile": deploy.compile, "saved_as": saved_as,
             "shapes": ([f"{s}x{s}" for s in scale.flux_sides] if family == "flux"
                        else ["x".join(map(str, scale.wan_shape))])}
     try:
@@ -403,6 +418,8 @@ def main() -> None:
     parser.add_argument("--max-batch", type=int, default=8, help="DeployConfig.max_batch: requests per batched step")
     parser.add_argument("--templates", default=None, help="folder holding the two template JSON files "
                         "(default: the comfyui-workflow-templates-json package's)")
+    parser.add_argument("--no-compile", action="store_true", help="DeployConfig.compile=False (default \"auto\": "
+                        "the family's fast path, on CUDA Wan's blocks are compiled)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds a mode may take")
     parser.add_argument("--out", default=None, help="append the JSON lines here too")
     args = parser.parse_args()
@@ -416,7 +433,8 @@ def main() -> None:
     scale = TINY if args.tiny else GPU
     from omniloop.deploy import DeployConfig
 
-    deploy = DeployConfig(device=args.device, dtype=args.dtype, max_batch=args.max_batch, max_queue=4 * args.prompts)
+    deploy = DeployConfig(device=args.device, dtype=args.dtype, max_batch=args.max_batch, max_queue=4 * args.prompts,
+                          **({"compile": False} if args.no_compile else {}))
     templates = templates_dir(args.templates)
     scratch = Path(tempfile.mkdtemp(prefix="bench_comfy_"))
     sink = open(args.out, "a") if args.out else None

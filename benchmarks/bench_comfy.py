@@ -60,6 +60,8 @@ from common import emit  # noqa: E402
 
 FLUX_TEMPLATE, WAN_TEMPLATE = "flux_dev_full_text_to_image", "text_to_video_wan"
 FAMILIES = ("flux", "wan")
+WEIGHTS = {"dev": "random, FLUX.1-dev architecture", "full": "random, Wan2.1-T2V-1.3B architecture",
+           "tiny": "random, the tests' toy"}
 
 
 @dataclass(frozen=True)
@@ -378,7 +380,7 @@ def bench_family(family: str, args, scale: Scale, deploy, templates: Path, scrat
                            embedded_guidance=family == "flux")
     head = {"bench": "comfy_burst", "family": family, "template": FLUX_TEMPLATE if family == "flux" else WAN_TEMPLATE,
             "device": args.device, "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None,
-            "dtype": args.dtype, "weights": f"random {scale.flux_size if family == 'flux' else scale.wan_size}",
+            "dtype": args.dtype, "weights": WEIGHTS[scale.flux_size if family == "flux" else scale.wan_size],
             "steps": steps, "max_batch": args.max_batch, "compile": deploy.compile, "saved_as": saved_as,
             "shapes": ([f"{s}x{s}" for s in scale.flux_sides] if family == "flux"
                        else ["x".join(map(str, scale.wan_shape))])}

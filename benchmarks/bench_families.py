@@ -205,9 +205,13 @@ def diffusers_sides(case: Case, modes: list[str], args, schedule: ForcedSchedule
 
         def run(steps, pipe=pipe):
             decoded = case.generate_ref(pipe, steps)
-            # cache-dit's per-call stats on each DiT (cond and, with separate CFG, uncond forwards)
-            cached = sum(len(t._cached_steps) + len(t._cfg_cached_steps) for t in transformers(pipe))
-            return decoded, {"cached_forwards": cached, "schedule": dataclasses.asdict(schedule)}
+            # cache-dit's stats of the last call, on each DiT: the steps whose middle blocks came from
+            # the cache (a batched-CFG forward counts once for both branches; with separate CFG the
+            # uncond forwards are counted apart, in _cfg_cached_steps)
+            dits = transformers(pipe)
+            return decoded, {"cached_steps": sum(len(t._cached_steps) for t in dits),
+                             "cached_uncond_steps": sum(len(t._cfg_cached_steps) for t in dits),
+                             "schedule": dataclasses.asdict(schedule)}
 
         report("diffusers_cache_dit", run)
         cache_dit.disable_cache(pipe)
@@ -272,8 +276,10 @@ def ours_sides(case: Case, modes: list[str], args, schedule: ForcedSchedule, rep
 def ours_run(case: Case, pipeline, steps: int, plugin: str | None = None) -> tuple[Decoded, dict]:
     out, metrics = run_engine(pipeline, case.request(f"{case.family}-{time.perf_counter_ns()}", steps))
     info = {}
-    if plugin is not None:
-        info = {"cached_forwards": metrics[plugin]["skipped"], "forwards": metrics[plugin]["forwards"]}
+    if plugin is not None:  # counted per (CFG branch, step): cached steps are per branch, as cache-dit's
+        skipped, forwards = metrics[plugin]["skipped"], metrics[plugin]["forwards"]
+        branches = max(1, forwards // steps)
+        info = {"cached_steps": skipped // branches, "branches": branches, "cached_forwards": skipped, "forwards": forwards}
     return case.decoded(out), info
 
 

@@ -91,6 +91,7 @@ class Case:
     request: Callable[[str, int], OmniRequest]
     decoded: Callable[[OmniOutput], Decoded]
     repeated_blocks: list[str] | None = None  # a diffusers model that declares no ``_repeated_blocks``
+    warm_steps: int = 2  # the warm run's steps: enough that every expert runs (compiles) in it
     cleanup: Callable[[], None] = lambda: None
     notes: list[str] = field(default_factory=list)
 
@@ -159,7 +160,7 @@ def run_engine(pipeline, request: OmniRequest) -> tuple[OmniOutput, dict]:
 
 def timed(run: Callable[[int], tuple[Decoded, dict]], case: Case, args) -> tuple[Decoded, dict, list[float]]:
     """One untimed warm run of ``args.warm_steps`` steps, then ``args.iters`` timed runs."""
-    run(min(args.warm_steps, case.steps))
+    run(warm_steps(case, args))
     times, decoded, info = [], {}, {}
     for _ in range(args.iters):
         sync(args.device)
@@ -168,6 +169,10 @@ def timed(run: Callable[[int], tuple[Decoded, dict]], case: Case, args) -> tuple
         sync(args.device)
         times.append(time.perf_counter() - t0)
     return decoded, info, times
+
+
+def warm_steps(case: Case, args) -> int:
+    return min(args.warm_steps or case.warm_steps, case.steps)
 
 
 def transformers(pipe) -> list[torch.nn.Module]:
@@ -290,13 +295,15 @@ class Reporter:
         self.case, self.args, self.sink = case, args, sink
         self.base = {"bench": "families", "family": case.family, **case.facts, "device": args.device_name,
                      "dtype": str(args.dtype).removeprefix("torch."), "torch": torch.__version__,
-                     "iters": args.iters, "warm_steps": min(args.warm_steps, case.steps)}
+                     "iters": args.iters, "warm_steps": warm_steps(case, args)}
         if case.notes:
             self.base["notes"] = case.notes
         self.reference: Decoded | None = None
         self.medians: dict[str, float] = {}
 
     def __call__(self, mode: str, run: Callable[[int], tuple[Decoded, dict]], extra: dict | None = None) -> None:
+        if self.args.device.type == "cuda":  # peak over the warm and timed runs: resident weights + activations
+            torch.cuda.reset_peak_memory_stats(self.args.device)
         try:
             decoded, info, times = timed(run, self.case, self.args)
         except Exception as e:  # one side failing (a compile error, OOM) must not lose the others' figures
@@ -376,8 +383,10 @@ def wan_case(args, family: str) -> Case:
                            diffusion=DiffusionParams(steps=n, height=h, width=w, num_frames=f, seed=0,
                                                      guidance_scale=guidance["guidance_scale"]))
 
+    # warm: 4 steps reach the low-noise expert (flow_shift 12, boundary 0.875: the 4th step's t is 800)
     return Case(family, WAN, facts, steps, layers, diffusers, generate_ref, lambda o: load_pipeline(folder, o)[1], request,
-                lambda out: {"video": pixels(out.video.frames.cpu())}, cleanup=lambda: shutil.rmtree(folder, True),
+                lambda out: {"video": pixels(out.video.frames.cpu())}, warm_steps=4 if a14b else 2,
+                cleanup=lambda: shutil.rmtree(folder, True),
                 notes=["1-layer UMT5 stand-in text encoder of the real width (4096)"]
                 + ([f"{layers} of 40 blocks per expert (--layers)"] if a14b and args.layers else []))
 
@@ -443,7 +452,11 @@ def ltx2_case(args) -> Case:
     return Case("ltx2", LTX2, facts, steps, 2 if args.tiny else 48, diffusers, generate_ref,
                 lambda options: random_ltx2(size, options)[1],
                 lambda rid, n: ltx2_request(rid, shape, n), _video_and_audio,
-                notes=["Gemma 3 stand-in text encoder: the real width (3840), 1 decoder layer"])
+                notes=["Gemma 3 stand-in text encoder: the real width (3840), 1 decoder layer",
+                       "cache-dit 1.5.3 replaces LTX2VideoTransformer3DModel.forward by the LTX-2.0 forward of an older "
+                       "diffusers, which takes none of the LTX-2.3 arguments diffusers 0.42's pipeline passes (sigma, "
+                       "use_cross_timestep, ...): its row fails until cache-dit catches up",
+                       "our LTX-2 DiT runs its blocks in its own loop (no block interceptor): no DBCache row"])
 
 
 def _video_and_audio(out: OmniOutput) -> Decoded:
@@ -529,7 +542,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--modes", default=",".join(MODES), help=f"sides, comma-separated: {','.join(MODES)}")
     p.add_argument("--tiny", action="store_true", help="CPU smoke: toy sizes of every architecture")
     p.add_argument("--steps", type=int, default=None, help="denoise steps for every family (default: each one's own)")
-    p.add_argument("--warm-steps", type=int, default=2, help="steps of the untimed warm run before each side")
+    p.add_argument("--warm-steps", type=int, default=None,
+                   help="steps of the untimed warm run before each side (default 2; Wan2.2 4: both experts run)")
     p.add_argument("--iters", type=int, default=1, help="timed runs per side (median)")
     p.add_argument("--layers", type=int, default=None, help="Wan2.2-A14B: blocks per expert (published: 40)")
     p.add_argument("--cache-fn", type=int, default=8, help="DBCache Fn (first blocks always computed), both sides")

@@ -148,14 +148,19 @@ def audio(x: Any) -> torch.Tensor:
 
 
 def run_engine(pipeline, request: OmniRequest) -> tuple[OmniOutput, dict]:
-    """One request through a fresh engine, to its output (and the plugins' metrics)."""
+    """One request through a fresh engine, to its output; and what it added to each plugin's
+    forward counts (a plugin's totals are the deployment's, summed over every request)."""
     engine = Engine(pipeline, EngineConfig(nan_check=False))
+    before = engine.plugin_metrics()
     rid = engine.add_request(request)
     while engine.has_unfinished():
         engine.step()
     out = engine.pop_output(rid)
     assert out.status.value == "completed", out.error
-    return out, engine.plugin_metrics()
+    after = engine.plugin_metrics()
+    added = {name: {k: m[k] - before[name][k] for k in ("skipped", "forwards")} for name, m in after.items()
+             if "forwards" in m}  # the interceptors (observers count no forwards)
+    return out, added
 
 
 def timed(run: Callable[[int], tuple[Decoded, dict]], case: Case, args) -> tuple[Decoded, dict, list[float]]:

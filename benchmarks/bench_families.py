@@ -459,8 +459,10 @@ def ltx2_case(args) -> Case:
                 lambda rid, n: ltx2_request(rid, shape, n), _video_and_audio,
                 notes=["Gemma 3 stand-in text encoder: the real width (3840), 1 decoder layer",
                        "cache-dit 1.5.3 replaces LTX2VideoTransformer3DModel.forward by the LTX-2.0 forward of an older "
-                       "diffusers, which takes none of the LTX-2.3 arguments diffusers 0.42's pipeline passes (sigma, "
-                       "use_cross_timestep, ...): its row fails until cache-dit catches up",
+                       "diffusers, which takes none of the arguments diffusers 0.42's pipeline passes (sigma, "
+                       "use_cross_timestep, ...); past that, its one-forward-per-step context does not model the "
+                       "pipeline's extra STG and modality-isolation forwards of other batch sizes (tried: caching then "
+                       "mixes their residuals): its row fails until cache-dit catches up",
                        "our LTX-2 DiT runs its blocks in its own loop (no block interceptor): no DBCache row"])
 
 

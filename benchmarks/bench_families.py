@@ -200,7 +200,11 @@ def diffusers_sides(case: Case, modes: list[str], args, schedule: ForcedSchedule
                 continue
             info = {}
             if mode == "diffusers_compiled":
-                info = compile_diffusers(pipe, case, args)
+                try:
+                    info = compile_diffusers(pipe, case, args)
+                except ValueError as e:  # diffusers: the model declares no repeated blocks
+                    report.fail(mode, e)
+                    continue
             report(mode, lambda steps, pipe=pipe, extra=info: (case.generate_ref(pipe, steps), extra))
         del pipe
         free(args.device)
@@ -211,7 +215,13 @@ def diffusers_sides(case: Case, modes: list[str], args, schedule: ForcedSchedule
         import cache_dit
 
         pipe = case.diffusers()
-        cache_dit.enable_cache(pipe, cache_config=schedule.cache_dit())
+        try:
+            cache_dit.enable_cache(pipe, cache_config=schedule.cache_dit())
+        except Exception as e:  # a pipeline cache-dit does not support: its row says so, the others run
+            report.fail("diffusers_cache_dit", e)
+            del pipe
+            free(args.device)
+            return
 
         def run(steps, pipe=pipe):
             decoded = case.generate_ref(pipe, steps)
@@ -312,7 +322,7 @@ class Reporter:
         try:
             decoded, info, times = timed(run, self.case, self.args)
         except Exception as e:  # one side failing (a compile error, OOM) must not lose the others' figures
-            emit({**self.base, "mode": mode, "status": "failed", "reason": f"{type(e).__name__}: {e}"[:2000]}, self.sink)
+            self.fail(mode, e)
             free(self.args.device)
             return
         row = {**self.base, "mode": mode, "status": "ok", "median_s": round(statistics.median(times), 3),
@@ -322,6 +332,9 @@ class Reporter:
         row["agreement_vs_diffusers"] = self._agreement(decoded)
         self.medians[mode] = row["median_s"]
         emit(row, self.sink)
+
+    def fail(self, mode: str, error: Exception) -> None:
+        emit({**self.base, "mode": mode, "status": "failed", "reason": f"{type(error).__name__}: {error}"[:2000]}, self.sink)
 
     def skip(self, mode: str, reason: str) -> None:
         emit({**self.base, "mode": mode, "status": "skipped", "reason": reason}, self.sink)

@@ -21,9 +21,11 @@ from common import built_in  # benchmarks/ is on sys.path: the benches import th
 
 from omniloop.models.families.ltx2 import presets as LP
 from omniloop.models.families.ltx2 import weights as LW
+from omniloop.models.families.ltx2.spec import BLOCK_GEMMS as LTX2_GEMMS
 from omniloop.models.families.ltx2.spec import build_ltx2, ltx2_variant
 from omniloop.models.families.stable_audio import presets as SP
 from omniloop.models.families.stable_audio import weights as SW
+from omniloop.models.families.stable_audio.spec import BLOCK_GEMMS as SA_GEMMS
 from omniloop.models.families.stable_audio.spec import build_stable_audio, stable_audio_variant
 from omniloop.models.load_options import apply_load_options
 from omniloop.models.model_spec import LoadOptions
@@ -104,7 +106,7 @@ def random_stable_audio(size: str, options: LoadOptions):
     ours_dit = SW.from_diffusers_module("transformer", dit, dtype)
     name = sampler_for_diffusers_class("CosineDPMSolverMultistepScheduler")
     components = {
-        "transformer": apply_load_options(ours_dit, options, blocks=ours_dit.blocks),
+        "transformer": apply_load_options(ours_dit, options, blocks=ours_dit.blocks, fp8_layers=SA_GEMMS),
         "vae": SW.from_diffusers_module("vae", vae, dtype),
         "projection_model": SW.from_diffusers_module("projection_model", projection, dtype),
         "text_encoder": MaskedT5TextEncoder(t5, tokenizer),
@@ -176,7 +178,7 @@ def random_ltx2(size: str, options: LoadOptions):
     ours_dit = LW.from_diffusers_module("transformer", dit)
     config = dict(scheduler.config)
     components = {
-        "transformer": apply_load_options(ours_dit, options, blocks=ours_dit.blocks),
+        "transformer": apply_load_options(ours_dit, options, blocks=ours_dit.blocks, fp8_layers=LTX2_GEMMS),
         "connectors": LW.from_diffusers_module("connectors", connectors),
         "vae": LW.from_diffusers_module("vae", vae),
         "audio_vae": LW.from_diffusers_module("audio_vae", audio_vae),

@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from common import emit  # benchmarks/ is on sys.path when this runs as a script
+from common import agreement, emit  # benchmarks/ is on sys.path when this runs as a script
 from wan_random import save_random_wan
 
 PROMPT = "a red circle moving right"
@@ -49,12 +49,6 @@ def _frames(video) -> torch.Tensor:
     """[F, H, W, C] float in [0, 1] from ours (uint8 frames) or diffusers' np output."""
     t = torch.as_tensor(video)
     return t.float() / 255.0 if t.dtype == torch.uint8 else t.float()
-
-
-def _agreement(a: torch.Tensor, b: torch.Tensor) -> dict:
-    mse = torch.mean((a - b) ** 2).item()
-    psnr = float("inf") if mse == 0 else 10 * torch.log10(torch.tensor(1.0 / mse)).item()
-    return {"psnr_db": round(psnr, 2), "max_abs_diff": round((a - b).abs().max().item(), 4)}
 
 
 def main(argv=None) -> int:
@@ -121,7 +115,7 @@ def main(argv=None) -> int:
             ref = results["diffusers"][0]
             for side, (frames, times) in results.items():
                 if side != "diffusers" and frames.shape == ref.shape:
-                    emit({**base, "side": side, "metric": "agreement_vs_diffusers", **_agreement(frames, ref)}, sink)
+                    emit({**base, "side": side, "metric": "agreement_vs_diffusers", **agreement(frames, ref)}, sink)
         if "ours_default" in results and "diffusers_compiled" in results:
             emit({**base, "metric": "speedup_ours_default_over_diffusers_compiled",
                   "value": round(statistics.median(results["diffusers_compiled"][1])

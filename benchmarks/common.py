@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 from typing import IO
@@ -77,3 +78,12 @@ def built_in(device: torch.device, dtype: torch.dtype, make: Callable[[], torch.
             return make().eval().requires_grad_(False)
     finally:
         torch.set_default_dtype(default)
+
+
+def agreement(a: torch.Tensor, b: torch.Tensor, *, data_range: float = 1.0) -> dict:
+    """PSNR (dB, against ``data_range``: 1 for pixels in [0, 1], 2 for audio in [-1, 1]) and
+    max |a - b| of two decoded outputs of the same shape (float64: long clips stay exact)."""
+    a, b = a.double().cpu(), b.double().cpu()
+    mse = torch.mean((a - b) ** 2).item()
+    psnr = float("inf") if mse == 0 else 10 * math.log10(data_range**2 / mse)
+    return {"psnr_db": round(psnr, 2), "max_abs_diff": round((a - b).abs().max().item(), 5)}

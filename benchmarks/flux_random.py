@@ -11,6 +11,7 @@ diffusers folder (``flux.spec.build_flux``), with the loader's caches attached.
 
 from __future__ import annotations
 
+import dataclasses
 import string
 import tempfile
 from pathlib import Path
@@ -20,7 +21,7 @@ import torch
 from omniloop.models.autoencoders.kl2d import KL2DAutoencoder, KL2DConfig
 from omniloop.models.families.flux.model import FluxConfig, FluxTransformer
 from omniloop.models.families.flux.presets import FLUX1_DEV, FLUX1_DEV_SCHEDULER, FLUX1_VAE
-from omniloop.models.families.flux.spec import FLUX, build_flux, flux_variant
+from omniloop.models.families.flux.spec import BLOCK_GEMMS, FLUX, build_flux, flux_variant
 from omniloop.models.load_options import apply_load_options
 from omniloop.models.loader import attach_caches
 from omniloop.models.model_spec import LoadOptions
@@ -89,7 +90,7 @@ def random_flux_pipeline(size: str, options: LoadOptions, *, max_sequence_length
                 p.mul_(0.1)
     blocks = [*dit.transformer_blocks, *dit.single_transformer_blocks]
     components = {
-        "transformer": apply_load_options(dit, options, blocks=blocks),
+        "transformer": apply_load_options(dit, options, blocks=blocks, fp8_layers=BLOCK_GEMMS),
         "vae": vae.eval().requires_grad_(False),
         "text_encoder": CLIPTextEncoder(clip, clip_tok),
         "text_encoder_2": T5TextEncoder(t5, t5_tok, max_sequence_length),
@@ -97,6 +98,26 @@ def random_flux_pipeline(size: str, options: LoadOptions, *, max_sequence_length
     }
     pipeline = build_flux(flux_variant({}), {}, components, options)
     return FLUX, attach_caches(pipeline, options, FLUX.lora)
+
+
+def diffusers_flux_pipeline(pipeline):
+    """diffusers' ``FluxPipeline`` over the tensors of our random ``pipeline`` (built by
+    ``random_flux_pipeline`` without FP8: the transformer and VAE keys are diffusers' own, so
+    their modules take our tensors by assignment, no second copy of 12B params; the text
+    encoders and tokenizers are the same objects)."""
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+
+    ours = pipeline.components
+    dit, vae = ours["transformer"], ours["vae"]
+    with torch.device("meta"):
+        ref_dit = FluxTransformer2DModel(**dataclasses.asdict(dit.config))
+        ref_vae = AutoencoderKL(**dataclasses.asdict(vae.config))
+    ref_dit.load_state_dict(dit.state_dict(), strict=True, assign=True)
+    ref_vae.load_state_dict(vae.state_dict(), strict=True, assign=True)
+    clip, t5 = ours["text_encoder"], ours["text_encoder_2"]
+    return FluxPipeline(scheduler=FlowMatchEulerDiscreteScheduler(**FLUX1_DEV_SCHEDULER), vae=ref_vae.eval(),
+                        text_encoder=clip.model, tokenizer=clip.tokenizer, text_encoder_2=t5.model, tokenizer_2=t5.tokenizer,
+                        transformer=ref_dit.eval())
 
 
 def save_random_loras(model: torch.nn.Module, count: int, rank: int, folder: Path | None = None,

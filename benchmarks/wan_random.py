@@ -12,6 +12,16 @@ CORPUS = ["a red circle moving right", "a blue square moving left", "a green tri
 
 
 SIZES = ("full", "small", "tiny")
+A14B_SIZES = ("a14b", "tiny")
+
+
+def _tokenizer():
+    from tokenizers import SentencePieceUnigramTokenizer
+    from transformers import T5TokenizerFast
+
+    sp = SentencePieceUnigramTokenizer()
+    sp.train_from_iterator(CORPUS * 20, vocab_size=60, special_tokens=["<pad>", "</s>", "<unk>"], unk_token="<unk>")
+    return T5TokenizerFast(tokenizer_object=sp, eos_token="</s>", unk_token="<unk>", pad_token="<pad>", extra_ids=0)
 
 
 def save_random_wan(folder: Path | None = None, *, size: str, device: str = "cpu") -> Path:
@@ -20,15 +30,12 @@ def save_random_wan(folder: Path | None = None, *, size: str, device: str = "cpu
     if size not in SIZES:
         raise ValueError(f"size={size!r}; pass one of {SIZES}")
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
-    from tokenizers import SentencePieceUnigramTokenizer
-    from transformers import T5TokenizerFast, UMT5Config, UMT5EncoderModel
+    from transformers import UMT5Config, UMT5EncoderModel
 
     from omniloop.models.families.wan.presets import WAN21_T2V_1_3B, WAN21_VAE
 
     folder = Path(folder or tempfile.mkdtemp(prefix="wan_random_"))
-    sp = SentencePieceUnigramTokenizer()
-    sp.train_from_iterator(CORPUS * 20, vocab_size=60, special_tokens=["<pad>", "</s>", "<unk>"], unk_token="<unk>")
-    tokenizer = T5TokenizerFast(tokenizer_object=sp, eos_token="</s>", unk_token="<unk>", pad_token="<pad>", extra_ids=0)
+    tokenizer = _tokenizer()
     dit = dict(WAN21_T2V_1_3B)
     vae = dict(WAN21_VAE)
     if size == "small":
@@ -45,5 +52,47 @@ def save_random_wan(folder: Path | None = None, *, size: str, device: str = "cpu
                            transformer=WanTransformer3DModel(**dit),
                            scheduler=UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
                                                              flow_shift=3.0))
+        pipe.save_pretrained(folder)
+    return folder
+
+
+def save_random_wan22(folder: Path | None = None, *, size: str, layers: int | None = None, device: str = "cpu",
+                      dtype: torch.dtype = torch.bfloat16) -> Path:
+    """A Wan2.2-T2V-A14B-shaped checkpoint: two experts (high-noise ``transformer``, low-noise
+    ``transformer_2``, ``boundary_ratio`` 0.875, UniPC with flow_shift 12 as the T2V A14B
+    release samples) and the Wan2.1 VAE. ``size``: "a14b" = each expert the published 14B DiT
+    (40 blocks of width 5120), built and saved in ``dtype`` (two fp32 experts would take 112 GB);
+    "tiny" = two 2-block toys with a small VAE. ``layers``: blocks per expert, fewer than the
+    published 40 when memory or disk requires (say so beside the figures)."""
+    if size not in A14B_SIZES:
+        raise ValueError(f"size={size!r}; pass one of {A14B_SIZES}")
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    from omniloop.models.families.wan.presets import WAN21_T2V_14B, WAN21_VAE
+
+    folder = Path(folder or tempfile.mkdtemp(prefix="wan22_random_"))
+    tokenizer = _tokenizer()
+    dit, vae = dict(WAN21_T2V_14B), dict(WAN21_VAE)
+    if size == "tiny":
+        dit.update(num_attention_heads=2, attention_head_dim=12, ffn_dim=32, num_layers=2, text_dim=32, freq_dim=16)
+        vae.update(base_dim=8, dim_mult=[1, 2, 2, 2], num_res_blocks=1)
+    if layers is not None:
+        dit.update(num_layers=layers)
+    torch.manual_seed(0)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # the experts are created in dtype: no fp32 copy of 2 x 14B params
+    try:
+        with torch.device(device):
+            experts = [WanTransformer3DModel(**dit) for _ in range(2)]
+    finally:
+        torch.set_default_dtype(default)
+    with torch.device(device):
+        text = UMT5EncoderModel(UMT5Config(vocab_size=len(tokenizer), d_model=dit["text_dim"], d_kv=8, d_ff=64, num_layers=1,
+                                           num_heads=4, relative_attention_num_buckets=8))
+        pipe = WanPipeline(tokenizer=tokenizer, text_encoder=text, vae=AutoencoderKLWan(**vae), transformer=experts[0],
+                           transformer_2=experts[1], boundary_ratio=0.875,
+                           scheduler=UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
+                                                             flow_shift=12.0))
         pipe.save_pretrained(folder)
     return folder

@@ -106,7 +106,7 @@ class RolePool:
         if self._proc is None:
             return
         try:
-            if not kill:
+            if not kill and self._conn is not None:
                 self._conn.send(None)
         except OSError:
             pass
@@ -116,7 +116,8 @@ class RolePool:
         if self._proc.exitcode is None:
             self._proc.kill()
             self._proc.join(timeout=10)
-        self._conn.close()
+        if self._conn is not None:
+            self._conn.close()
         self._proc = self._conn = None
 
     @property

@@ -48,6 +48,15 @@ class DecoderDims:
             f"{self.num_heads} query heads cannot share {self.num_kv_heads} kv heads evenly (the config validates this)"
         )
 
+    def activation_bytes(self, dtype: torch.dtype, num_tokens: int, context: int, vocab_size: int) -> int:
+        """Peak transient memory of one request's forward of ``num_tokens`` new tokens over
+        ``context`` positions: a layer's live set (residual, norm, q|k|v, attention out,
+        gate|up, SwiGLU product), fp32 attention scores (the math path materializes them),
+        and one position's fp32 logits."""
+        qkv = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
+        layer = num_tokens * (3 * self.hidden_size + qkv + 3 * self.intermediate_size) * dtype.itemsize
+        return int(layer + self.num_heads * num_tokens * context * 4 + vocab_size * 4)
+
 
 class KVCacheView(Protocol):
     """What a forward needs from the KV cache (``omniloop.cache.kv.KVBatch``, ``omniloop.cache.paged_kv.PagedKVBatch``)."""
@@ -71,6 +80,12 @@ class RMSNorm(nn.Module):
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)
+
+
+def rope_tables(freqs: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 angles ``freqs [B, L, D/2]`` -> ``cos, sin [B, L, 1, D]`` in ``dtype`` (rotate-half layout)."""
+    emb = torch.cat((freqs, freqs), dim=-1)[:, :, None, :]  # [B, L, 1, D]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

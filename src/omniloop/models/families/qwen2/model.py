@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from omniloop.cache.kv import KVLayout
-from omniloop.models.layers.qwen2_decoder import DecoderDims, DecoderLayer, KVCacheView, RMSNorm
+from omniloop.models.layers.mrope import inv_frequencies
+from omniloop.models.layers.qwen2_decoder import DecoderDims, DecoderLayer, KVCacheView, RMSNorm, rope_tables
 from omniloop.models.layers.run_blocks import run_blocks
 
 ARCHITECTURE = "Qwen2ForCausalLM"
@@ -170,10 +171,7 @@ def _rope_theta(d: Mapping[str, Any]) -> float:
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """``positions [B, L]`` -> ``cos, sin [B, L, 1, head_dim]`` (fp32 angles, cast to ``dtype``)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float, device=positions.device) / head_dim))
-    freqs = positions[..., None].float() * inv_freq  # [B, L, D/2]
-    emb = torch.cat((freqs, freqs), dim=-1)[:, :, None, :]  # [B, L, 1, D]
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    return rope_tables(positions[..., None].float() * inv_frequencies(head_dim, theta, positions.device), dtype)
 
 
 class Qwen2LM(nn.Module):
@@ -196,15 +194,8 @@ class Qwen2LM(nn.Module):
         return self.config.kv_layout
 
     def activation_bytes(self, num_tokens: int, context: int) -> int:
-        """Peak transient memory of one request's forward of ``num_tokens`` new tokens over
-        ``context`` positions: a layer's live set (residual, norm, fused qkv, attention out,
-        fused gate/up, SwiGLU product), fp32 attention scores (the math path materializes
-        them), and one position's fp32 logits."""
-        c = self.config
-        qkv = (c.num_attention_heads + 2 * c.kv_layout.num_kv_heads) * c.kv_layout.head_dim
-        layer = num_tokens * (3 * c.hidden_size + qkv + 3 * c.intermediate_size) * self.dtype.itemsize
-        scores = c.num_attention_heads * num_tokens * context * 4
-        return int(layer + scores + c.vocab_size * 4)
+        """Peak transient memory of one request's forward (``DecoderDims.activation_bytes``)."""
+        return self.config.decoder_dims.activation_bytes(self.dtype, num_tokens, context, self.config.vocab_size)
 
     def forward(self, input_ids: torch.Tensor, *, kv: KVCacheView | None = None, logits_to_keep: int = 0) -> torch.Tensor:
         b, length = input_ids.shape

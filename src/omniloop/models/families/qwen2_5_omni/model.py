@@ -30,7 +30,8 @@ import torch
 from torch import nn
 
 from omniloop.cache.kv import KVLayout
-from omniloop.models.layers.qwen2_decoder import DecoderDims, DecoderLayer, KVCacheView, RMSNorm
+from omniloop.models.layers.mrope import inv_frequencies
+from omniloop.models.layers.qwen2_decoder import DecoderDims, DecoderLayer, KVCacheView, RMSNorm, rope_tables
 from omniloop.models.layers.run_blocks import run_blocks
 
 
@@ -103,13 +104,10 @@ class DecoderConfig:
 def mrope_cos_sin(positions: torch.Tensor, config: DecoderConfig, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """``positions [3, B, L]`` (t, h, w planes) -> ``cos, sin [B, L, 1, D]``: frequency section
     ``i`` of ``mrope_section`` takes plane ``i % 3`` (transformers' ``recomposition_frequencies``)."""
-    d = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float, device=positions.device) / d))
+    inv_freq = inv_frequencies(config.head_dim, config.rope_theta, positions.device)  # [D/2] fp32
     freqs = positions[..., None].float() * inv_freq  # [3, B, L, D/2]
     parts = [m[i % 3] for i, m in enumerate(freqs.split(list(config.mrope_section), dim=-1))]
-    freq = torch.cat(parts, dim=-1)  # [B, L, D/2]
-    emb = torch.cat((freq, freq), dim=-1)[:, :, None, :]  # [B, L, 1, D]
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    return rope_tables(torch.cat(parts, dim=-1), dtype)  # from [B, L, D/2]
 
 
 class Decoder(nn.Module):
@@ -131,12 +129,6 @@ class Decoder(nn.Module):
 def _positions(ids: torch.Tensor, kv: KVCacheView | None) -> torch.Tensor:
     b, n = ids.shape
     return kv.positions if kv is not None else torch.arange(n, device=ids.device).expand(b, n)
-
-
-def _activation_bytes(c: DecoderConfig, dtype: torch.dtype, num_tokens: int, context: int, vocab: int) -> int:
-    qkv = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
-    layer = num_tokens * (3 * c.hidden_size + qkv + 3 * c.intermediate_size) * dtype.itemsize
-    return int(layer + c.num_attention_heads * num_tokens * context * 4 + vocab * 4)
 
 
 # -- the thinker ------------------------------------------------------------------------
@@ -186,7 +178,7 @@ class OmniThinker(nn.Module):
         return self.config.kv_layout
 
     def activation_bytes(self, num_tokens: int, context: int) -> int:
-        return _activation_bytes(self.config, self.dtype, num_tokens, context, self.config.vocab_size)
+        return self.config.decoder_dims.activation_bytes(self.dtype, num_tokens, context, self.config.vocab_size)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(ids)
@@ -272,7 +264,7 @@ class OmniTalker(nn.Module):
         return self.config.kv_layout
 
     def activation_bytes(self, num_tokens: int, context: int) -> int:
-        return _activation_bytes(self.config, self.dtype, num_tokens, context, self.config.vocab_size)
+        return self.config.decoder_dims.activation_bytes(self.dtype, num_tokens, context, self.config.vocab_size)
 
     def _row_embeds(self, ids: torch.Tensor, positions: torch.Tensor, row: TalkerRow) -> torch.Tensor:
         """``ids, positions [L]`` of one row -> ``[L, thinker_hidden]`` talker input embeddings:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from omniloop.models.checkpoint_files import aligned, cast_to, check_and_assign, read_tensors, weight_files
+from omniloop.models.diffusers_config import config_from_diffusers
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "diffusion_pytorch_model.safetensors"
@@ -83,12 +84,7 @@ class KL2DConfig:
 
     @classmethod
     def from_diffusers_config(cls, d: Mapping[str, Any]) -> "KL2DConfig":
-        known = {f.name for f in fields(cls)}
-        kwargs = {k: v for k, v in d.items() if not k.startswith("_")}
-        unknown = sorted(set(kwargs) - known)
-        if unknown:
-            raise ValueError(f"unknown AutoencoderKL config keys {unknown}; this loader accepts {sorted(known)}")
-        return cls(**kwargs)
+        return config_from_diffusers(cls, d, "AutoencoderKL")
 
 
 class ResnetBlock(nn.Module):

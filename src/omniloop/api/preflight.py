@@ -20,6 +20,7 @@ from typing import Any
 from omniloop.deploy import Limits
 from omniloop.models.catalog import resolve_model_path
 from omniloop.models.manifest import MANIFEST_FILE, ModelLimits, read_manifest
+from omniloop.pipeline.geometry_checks import nearest_multiples
 from omniloop.request import DiffusionParams, LoraRef, OmniRequest, TaskType
 
 
@@ -76,11 +77,6 @@ def check_checkpoint_task(model: str, task: str | None) -> None:
     check_task_in(sorted(t.value for t in variant.tasks), model, task)
 
 
-def _nearest_multiples(value: int, m: int) -> str:
-    lo = max(m, value // m * m)
-    return f"{lo} or {lo + m}" if lo != value else str(value)
-
-
 def check_shape(model: DeclaredModel, task: str | None, params: Mapping[str, Any]) -> None:
     """--height / --width / --num-frames (or the manifest's defaults for those not given)
     against its limits and shape rules, in the order the family's validator checks them."""
@@ -98,7 +94,7 @@ def check_shape(model: DeclaredModel, task: str | None, params: Mapping[str, Any
     for name in ("height", "width"):
         value = values[name]
         if step is not None and value is not None and value % step:
-            raise ValueError(f"{_flag(name)}={value} must be a multiple of {step}; pass {_nearest_multiples(value, step)}")
+            raise ValueError(f"{_flag(name)}={value} must be a multiple of {step}; pass {nearest_multiples(value, step)}")
     frames, t = values["num_frames"], limits.frame_step
     if frames_apply and t is not None and frames is not None and (frames - 1) % t:
         k = (frames - 1) // t

@@ -13,9 +13,8 @@ ranks has done it once (a fork then starts in well under a second).
 from __future__ import annotations
 
 import dataclasses
-import logging
+import functools
 import os
-import traceback
 from typing import Any
 
 import torch
@@ -29,6 +28,7 @@ from omniloop.engine.errors import PoolFatalError
 from omniloop.engine.pool_messages import PlanMessage, Query, RankFailed, RankOutcome, RankReady, plan_digest
 from omniloop.engine.request import EngineRequest
 from omniloop.engine.scheduler import SchedulerPlan, SchedulingPolicy
+from omniloop.engine.worker_loop import WorkerPipe, die, serve_messages
 from omniloop.ext.install import install_plugins
 from omniloop.models.loader import load_pipeline
 from omniloop.models.model_spec import ModelSpec, discover_families
@@ -39,7 +39,6 @@ from omniloop.parallel.plan import parallel_plan
 from omniloop.pipeline.pipeline import Pipeline
 from omniloop.request import Failure, OmniRequest, RequestStatus
 
-logger = logging.getLogger(__name__)
 _UNBOUNDED = 1 << 62
 
 
@@ -167,6 +166,7 @@ class FollowerEngine(Engine):
 def worker_main(rank: int, model: str, deploy_json: str, port: int, threads: int, conn: Any) -> None:
     """The process of rank ``rank`` (1..N-1): build, then serve plans until rank 0 says stop
     (``None``) or goes away (the pipe closes)."""
+    pipe = WorkerPipe(conn, f"rank {rank}", functools.partial(RankFailed, rank))
     try:
         torch.set_num_threads(threads)
         _quiet_progress_bars()
@@ -176,20 +176,8 @@ def worker_main(rank: int, model: str, deploy_json: str, port: int, threads: int
         engine = FollowerEngine(pipeline, deploy, rank)
         conn.send(RankReady(rank))
     except BaseException:
-        _die(conn, rank)
-    with torch.inference_mode():
-        while True:
-            try:
-                msg = conn.recv()
-            except (EOFError, OSError):  # rank 0 is gone
-                os._exit(0)
-            if msg is None:
-                break
-            try:
-                reply = engine.run(msg) if isinstance(msg, PlanMessage) else engine.answer(msg)
-                conn.send(reply)
-            except BaseException:
-                _die(conn, rank)
+        die(pipe)
+    serve_messages(pipe, lambda msg: engine.run(msg) if isinstance(msg, PlanMessage) else engine.answer(msg))
     try:
         dist.destroy_process_group()
     finally:
@@ -202,15 +190,6 @@ def _quiet_progress_bars() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-
-
-def _die(conn: Any, rank: int) -> None:
-    error = traceback.format_exc()
-    logger.error("rank %d failed:\n%s", rank, error)
-    try:
-        conn.send(RankFailed(rank, error))
-    finally:
-        os._exit(1)  # no interpreter teardown: a broken process group can hang it
 
 
 def _warm_imports() -> None:

@@ -10,9 +10,9 @@ engine: a batched step that raises is retried loop by loop so only the culprit f
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
-import traceback
 from typing import Any, Callable
 
 import torch
@@ -20,6 +20,7 @@ import torch
 from omniloop.deploy import DeployConfig
 from omniloop.engine.connectors import Connector, TransferMetric, connector_for
 from omniloop.engine.role_messages import CallItem, CallReply, ItemResult, LoopView, NodeCall, PoolFailed, PoolReady
+from omniloop.engine.worker_loop import WorkerPipe, die, serve_messages
 from omniloop.pipeline.pipeline import Pipeline
 from omniloop.pipeline.spec import Node
 from omniloop.pipeline.state import LoopState, RequestState, StepResult
@@ -243,6 +244,7 @@ def role_worker_main(name: str, model: str, deploy_json: str, threads: int, conn
                      build: PipelineBuilder | None = None) -> None:
     """The process of pool ``name``: build (``build``: a module-level function; default: load
     ``model`` as the engine did), then answer calls until rank 0 says stop (None) or goes away."""
+    pipe = WorkerPipe(conn, f"pool {name}", functools.partial(PoolFailed, name))
     try:
         torch.set_num_threads(threads)
         from omniloop.engine.pool_worker import _quiet_progress_bars
@@ -254,25 +256,6 @@ def role_worker_main(name: str, model: str, deploy_json: str, threads: int, conn
         worker = RoleWorker(name, pipeline, connector_for(spec.connector))
         conn.send(PoolReady(name))
     except BaseException:
-        _die(conn, name)
-    with torch.inference_mode():
-        while True:
-            try:
-                msg = conn.recv()
-            except (EOFError, OSError):  # rank 0 is gone
-                os._exit(0)
-            if msg is None:
-                os._exit(0)
-            try:
-                conn.send(worker.run(msg))
-            except BaseException:
-                _die(conn, name)
-
-
-def _die(conn: Any, name: str) -> None:
-    error = traceback.format_exc()
-    logger.error("pool %s failed:\n%s", name, error)
-    try:
-        conn.send(PoolFailed(name, error))
-    finally:
-        os._exit(1)
+        die(pipe)
+    serve_messages(pipe, worker.run)
+    os._exit(0)

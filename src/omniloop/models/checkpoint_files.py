@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Collection, Iterable, Mapping
 
 import torch
 from safetensors import safe_open
@@ -86,19 +86,30 @@ def diffusers_folder(folder: Path, what: str, hint: str = "") -> tuple[dict[str,
     return json.loads(config_path.read_text()), files
 
 
+def check_keys(expected: Collection[str], present: Collection[str], where: str, hint: str) -> None:
+    """Raise naming the missing and unexpected keys when a checkpoint's key set is not the one
+    its config implies (``hint``: what to pass instead). Cheap: run it before reading tensors."""
+    missing = sorted(set(expected) - set(present))
+    unexpected = sorted(set(present) - set(expected))
+    if missing or unexpected:
+        raise ValueError(f"checkpoint {where} does not match its config: missing keys {format_keys(missing)}, "
+                         f"unexpected keys {format_keys(unexpected)}; {hint}")
+
+
+def check_shapes(sd: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor], where: str,
+                 compared: str = "checkpoint vs config") -> None:
+    """Raise naming every tensor whose shape is not the model's (``compared``: what the two shapes are)."""
+    wrong_shape = wrong_shapes(sd, expected)
+    if wrong_shape:
+        raise ValueError(f"checkpoint {where} has weights of the wrong shape ({compared}): {format_keys(wrong_shape)}")
+
+
 def check_and_assign(model: nn.Module, sd: Mapping[str, torch.Tensor], where: str, hint: str) -> None:
     """``model.load_state_dict(sd, assign=True)`` after naming missing, unexpected and
     wrong-shape keys (``model`` built on ``meta``: the checkpoint's tensors become its own)."""
     expected = model.state_dict()
-    missing = sorted(set(expected) - set(sd))
-    unexpected = sorted(set(sd) - set(expected))
-    if missing or unexpected:
-        raise ValueError(f"checkpoint {where} does not match its config: missing keys {format_keys(missing)}, "
-                         f"unexpected keys {format_keys(unexpected)}; {hint}")
-    wrong_shape = wrong_shapes(sd, expected)
-    if wrong_shape:
-        raise ValueError(f"checkpoint {where} has weights of the wrong shape (checkpoint vs config): "
-                         f"{format_keys(wrong_shape)}")
+    check_keys(expected, sd, where, hint)
+    check_shapes(sd, expected, where)
     model.load_state_dict(sd, strict=True, assign=True)
 
 

@@ -67,6 +67,17 @@ def validated(build: Callable[[], _Built], names: Mapping[str, str] | None = Non
         raise FieldError(where, found.message.removeprefix(f"{where}: ")) from None
 
 
+def _put_once(values: dict[str, Any], names: dict[str, str], name: str, value: Any, given_as: str) -> None:
+    """``values[name] = value`` (None: left unset), remembering the first name it was given
+    under; a second, different value is refused naming both."""
+    if value is None:
+        return
+    if name in values and values[name] != value:
+        raise FieldError(given_as, f"{value!r} disagrees with {names[name]}={values[name]!r}; pass one of them")
+    values[name] = value
+    names.setdefault(name, given_as)
+
+
 @dataclass
 class Fields:
     """Values of one parameter model's fields (``DiffusionParams``, ``SamplingParams``), each
@@ -81,14 +92,7 @@ class Fields:
     def put(self, name: str, value: Any, given_as: str | None = None) -> None:
         """Set ``name`` (given as ``given_as``, default: itself); None leaves it unset. Two
         names that set one field must agree: the second is refused naming both."""
-        if value is None:
-            return
-        given_as = given_as or name
-        if name in self.values and self.values[name] != value:
-            raise FieldError(given_as, f"{value!r} disagrees with {self.names[name]}={self.values[name]!r}; "
-                             "pass one of them")
-        self.values[name] = value
-        self.names.setdefault(name, given_as)
+        _put_once(self.values, self.names, name, value, given_as or name)
 
     def put_flat(self, given: Mapping[str, Any], aliases: Mapping[str, str] = ALIASES, prefix: str = "") -> None:
         """``given`` by name, aliases resolved through ``aliases`` (aliases first, so a conflict
@@ -98,14 +102,7 @@ class Fields:
 
     def put_knob(self, name: str, value: Any, given_as: str | None = None) -> None:
         """Set loop knob ``name`` (a flat name of a ``KnobTable``); None leaves it unset."""
-        if value is None:
-            return
-        given_as = given_as or name
-        if name in self.knobs and self.knobs[name] != value:
-            raise FieldError(given_as, f"{value!r} disagrees with {self.knob_names[name]}={self.knobs[name]!r}; "
-                             "pass one of them")
-        self.knobs[name] = value
-        self.knob_names.setdefault(name, given_as)
+        _put_once(self.knobs, self.knob_names, name, value, given_as or name)
 
     def get(self, name: str, default: Any = None) -> Any:
         return self.values.get(name, default)

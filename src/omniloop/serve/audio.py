@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 from collections.abc import AsyncIterator
 from typing import Literal
 
@@ -31,6 +30,7 @@ from omniloop.serve.errors import ApiError, failure_error, parse_body
 from omniloop.serve.jobs import Geometry, Job, JobKind, output_response, read_output
 from omniloop.serve.protocol import alias_field_defs, derived_field
 from omniloop.serve.state import State, new_id, require_auth
+from omniloop.serve.streaming import job_events_sse, sse_event
 from omniloop.serve.wire import wire_errors
 
 router = APIRouter(prefix="/v1/audio", tags=["audio"], dependencies=[Depends(require_auth)])
@@ -123,18 +123,13 @@ async def create_speech(request: Request, state: State) -> Response:
 
 async def _sse(job: Job, keepalive_s: float) -> AsyncIterator[str]:
     """The job's events (status, progress, final), then the audio as OpenAI's delta / done."""
-    async for event in job.follow(heartbeat_s=keepalive_s):
-        if event is None:
-            yield ": keepalive\n\n"
-        else:
-            yield f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
+    async for line in job_events_sse(job, keepalive_s):
+        yield line
     if job.status is RequestStatus.COMPLETED and job.has_content:
         content = await asyncio.to_thread(read_output, job, "content")
-        delta = {"type": "speech.audio.delta", "audio": base64.b64encode(content).decode(),
-                 "format": job.audio_format}
-        yield f"event: speech.audio.delta\ndata: {json.dumps(delta)}\n\n"
-    done = {"type": "speech.audio.done", "status": job.status.value, "error": job.error}
-    yield f"event: speech.audio.done\ndata: {json.dumps(done)}\n\n"
+        yield sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(content).decode(),
+                         "format": job.audio_format})
+    yield sse_event({"type": "speech.audio.done", "status": job.status.value, "error": job.error})
 
 
 def _failure(job: Job) -> ApiError:

@@ -21,19 +21,23 @@ router = APIRouter(prefix="/v1/videos", tags=["streaming"])
 PATH = "/{video_id}/events"
 
 
-async def _sse(job: Job, keepalive_s: float) -> AsyncIterator[str]:
+def sse_event(event: dict) -> str:
+    """One Server-Sent Event named by the event's ``type``, the event as JSON data."""
+    return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
+
+
+async def job_events_sse(job: Job, keepalive_s: float) -> AsyncIterator[str]:
+    """The job's events from its first, each as a Server-Sent Event, with a comment line
+    every ``keepalive_s`` of quiet (proxies drop idle streams); ends after ``final``."""
     async for event in job.follow(heartbeat_s=keepalive_s):
-        if event is None:
-            yield ": keepalive\n\n"
-        else:
-            yield f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
+        yield ": keepalive\n\n" if event is None else sse_event(event)
 
 
 @router.get(PATH, summary="Server-Sent Events of a video job", dependencies=[Depends(require_auth)],
             responses={200: {"content": {"text/event-stream": {}}}}, response_class=StreamingResponse)
 async def video_events(video_id: str, state: State) -> StreamingResponse:
     job = state.job(video_id, JobKind.VIDEO)
-    return StreamingResponse(_sse(job, state.config.sse_keepalive_s), media_type="text/event-stream",
+    return StreamingResponse(job_events_sse(job, state.config.sse_keepalive_s), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 

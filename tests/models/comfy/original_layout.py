@@ -162,23 +162,24 @@ def kl_vae_original(sd: dict[str, torch.Tensor], levels: int) -> dict[str, torch
     """diffusers ``AutoencoderKL`` -> the LDM/BFL ``ae.safetensors`` keys (inverse of
     convert_ldm_vae_checkpoint): decoder levels reversed, attention as 1x1 convs."""
     attn = {"group_norm": "norm", "to_q": "q", "to_k": "k", "to_v": "v", "to_out.0": "proj_out"}
-    out = {}
-    for key, tensor in sd.items():
-        new = key.replace("conv_shortcut.", "nin_shortcut.")
-        new = re.sub(r"^(encoder|decoder)\.conv_norm_out\.", r"\1.norm_out.", new)
-        new = re.sub(r"^(encoder|decoder)\.mid_block\.resnets\.(\d)\.",
-                     lambda m: f"{m[1]}.mid.block_{int(m[2]) + 1}.", new)
-        if m := re.match(r"^(encoder|decoder)\.mid_block\.attentions\.0\.(group_norm|to_q|to_k|to_v|to_out\.0)\.(.*)$", new):
-            new = f"{m[1]}.mid.attn_1.{attn[m[2]]}.{m[3]}"
-            if tensor.dim() == 2:
-                tensor = tensor[:, :, None, None]
-        new = re.sub(r"^encoder\.down_blocks\.(\d+)\.resnets\.", r"encoder.down.\1.block.", new)
-        new = re.sub(r"^encoder\.down_blocks\.(\d+)\.downsamplers\.0\.", r"encoder.down.\1.downsample.", new)
-        new = re.sub(r"^decoder\.up_blocks\.(\d+)\.resnets\.", lambda m: f"decoder.up.{levels - 1 - int(m[1])}.block.", new)
-        new = re.sub(r"^decoder\.up_blocks\.(\d+)\.upsamplers\.0\.",
-                     lambda m: f"decoder.up.{levels - 1 - int(m[1])}.upsample.", new)
-        out[new] = tensor.detach().clone().contiguous()
-    return out
+
+    def up(m: re.Match) -> str:
+        return f"decoder.up.{levels - 1 - int(m[1])}"
+
+    table = (
+        (r"^(encoder|decoder)\.conv_norm_out\.", r"\1.norm_out."),
+        (r"^(encoder|decoder)\.mid_block\.resnets\.(\d)\.", lambda m: f"{m[1]}.mid.block_{int(m[2]) + 1}."),
+        (r"^(encoder|decoder)\.mid_block\.attentions\.0\.(group_norm|to_q|to_k|to_v|to_out\.0)\.",
+         lambda m: f"{m[1]}.mid.attn_1.{attn[m[2]]}."),
+        (r"^encoder\.down_blocks\.(\d+)\.resnets\.", r"encoder.down.\1.block."),
+        (r"^encoder\.down_blocks\.(\d+)\.downsamplers\.0\.", r"encoder.down.\1.downsample."),
+        (r"^decoder\.up_blocks\.(\d+)\.resnets\.", lambda m: f"{up(m)}.block."),
+        (r"^decoder\.up_blocks\.(\d+)\.upsamplers\.0\.", lambda m: f"{up(m)}.upsample."),
+    )
+    # the mid attention's linear weights are 1x1 convs in the LDM file
+    sd = {k.replace("conv_shortcut.", "nin_shortcut."): v[:, :, None, None] if ".mid_block.attentions." in k and v.dim() == 2 else v
+          for k, v in sd.items()}
+    return _renamed(sd, table)
 
 
 def comfy_quant_fp8(sd: dict[str, torch.Tensor], fmt: str = "float8_e4m3fn") -> dict[str, torch.Tensor]:

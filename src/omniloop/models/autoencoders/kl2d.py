@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from omniloop.models.checkpoint_files import aligned, cast_to, format_keys, read_tensors, weight_files, wrong_shapes
+from omniloop.models.checkpoint_files import aligned, cast_to, check_and_assign, read_tensors, weight_files
+from omniloop.models.diffusers_config import config_from_diffusers
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "diffusion_pytorch_model.safetensors"
@@ -83,12 +84,7 @@ class KL2DConfig:
 
     @classmethod
     def from_diffusers_config(cls, d: Mapping[str, Any]) -> "KL2DConfig":
-        known = {f.name for f in fields(cls)}
-        kwargs = {k: v for k, v in d.items() if not k.startswith("_")}
-        unknown = sorted(set(kwargs) - known)
-        if unknown:
-            raise ValueError(f"unknown AutoencoderKL config keys {unknown}; this loader accepts {sorted(known)}")
-        return cls(**kwargs)
+        return config_from_diffusers(cls, d, "AutoencoderKL")
 
 
 class ResnetBlock(nn.Module):
@@ -315,13 +311,6 @@ def load_kl2d_vae(folder: Path | str, *, device: torch.device | str = "cpu",
         model = KL2DAutoencoder(config)
     files = weight_files(folder, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, "AutoencoderKL", "; pass the diffusers `vae/` folder")
     sd = _renamed(read_tensors(files, aligned(cast_to(device, dtype))))
-    expected = model.state_dict()
-    missing, unexpected = sorted(set(expected) - set(sd)), sorted(set(sd) - set(expected))
-    if missing or unexpected:
-        raise ValueError(f"{folder} does not match an AutoencoderKL with its {CONFIG_FILE}: missing keys "
-                         f"{format_keys(missing)}, unexpected keys {format_keys(unexpected)}")
-    wrong = wrong_shapes(sd, expected)
-    if wrong:
-        raise ValueError(f"{folder}: tensors of the wrong shape (checkpoint vs config): {format_keys(wrong)}")
-    model.load_state_dict(sd, strict=True, assign=True)
+    check_and_assign(model, sd, str(folder), f"pass the diffusers `vae/` folder of an AutoencoderKL whose {CONFIG_FILE} "
+                     "describes its weights")
     return model.eval().requires_grad_(False)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -34,21 +35,35 @@ def _block_part(rest: str) -> str:
     return rest.replace("nin_shortcut.", "conv_shortcut.")
 
 
+def _level(side: str, index: str, levels: int) -> int:
+    """A down/up level's index in ours: the original decoder stores its levels deepest-last."""
+    return levels - 1 - int(index) if side == "decoder.up" else int(index)
+
+
+def _sampler(m: re.Match[str], levels: int) -> str:
+    return f"{m[1]}_blocks.{_level(m[1], m[2], levels)}.{m[3]}rs.0.conv.{m[4]}"
+
+
+# original-key pattern -> ours, from the match and the number of levels; the first match renames
+_RULES: tuple[tuple[re.Pattern[str], Callable[[re.Match[str], int], str]], ...] = (
+    (re.compile(r"^(encoder|decoder)\.norm_out\.(.*)$"), lambda m, n: f"{m[1]}.conv_norm_out.{m[2]}"),
+    (re.compile(r"^(encoder|decoder)\.mid\.block_([12])\.(.*)$"),
+     lambda m, n: f"{m[1]}.mid_block.resnets.{int(m[2]) - 1}.{_block_part(m[3])}"),
+    (re.compile(r"^(encoder|decoder)\.mid\.attn_1\.(norm|q|k|v|proj_out)\.(.*)$"),
+     lambda m, n: f"{m[1]}.mid_block.attentions.0.{_ATTENTION[m[2]]}.{m[3]}"),
+    # encoder.down.{i}.block.{j} / decoder.up.{k}.block.{j} -> {encoder.down,decoder.up}_blocks.{level}.resnets.{j}
+    (re.compile(r"^(encoder\.down|decoder\.up)\.(\d+)\.block\.(\d+)\.(.*)$"),
+     lambda m, n: f"{m[1]}_blocks.{_level(m[1], m[2], n)}.resnets.{m[3]}.{_block_part(m[4])}"),
+    # encoder.down.{i}.downsample.conv / decoder.up.{k}.upsample.conv -> ..._blocks.{level}.{down,up}samplers.0.conv
+    (re.compile(r"^(encoder\.down)\.(\d+)\.(downsample)\.conv\.(.*)$"), _sampler),
+    (re.compile(r"^(decoder\.up)\.(\d+)\.(upsample)\.conv\.(.*)$"), _sampler),
+)
+
+
 def diffusers_key_from_original(key: str, levels: int) -> str:
-    if m := re.match(r"^(encoder|decoder)\.norm_out\.(.*)$", key):
-        return f"{m[1]}.conv_norm_out.{m[2]}"
-    if m := re.match(r"^(encoder|decoder)\.mid\.block_([12])\.(.*)$", key):
-        return f"{m[1]}.mid_block.resnets.{int(m[2]) - 1}.{_block_part(m[3])}"
-    if m := re.match(r"^(encoder|decoder)\.mid\.attn_1\.(norm|q|k|v|proj_out)\.(.*)$", key):
-        return f"{m[1]}.mid_block.attentions.0.{_ATTENTION[m[2]]}.{m[3]}"
-    if m := re.match(r"^encoder\.down\.(\d+)\.block\.(\d+)\.(.*)$", key):
-        return f"encoder.down_blocks.{m[1]}.resnets.{m[2]}.{_block_part(m[3])}"
-    if m := re.match(r"^encoder\.down\.(\d+)\.downsample\.conv\.(.*)$", key):
-        return f"encoder.down_blocks.{m[1]}.downsamplers.0.conv.{m[2]}"
-    if m := re.match(r"^decoder\.up\.(\d+)\.block\.(\d+)\.(.*)$", key):
-        return f"decoder.up_blocks.{levels - 1 - int(m[1])}.resnets.{m[2]}.{_block_part(m[3])}"
-    if m := re.match(r"^decoder\.up\.(\d+)\.upsample\.conv\.(.*)$", key):
-        return f"decoder.up_blocks.{levels - 1 - int(m[1])}.upsamplers.0.conv.{m[2]}"
+    for pattern, rename in _RULES:
+        if m := pattern.match(key):
+            return rename(m, levels)
     return key
 
 

@@ -175,31 +175,37 @@ def few_rows_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: 
     return torch.matmul(probs.to(v.dtype), v)
 
 
+def _sdpa_restricted(kernels: list, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                     mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
+    """SDPA limited to ``kernels`` (``SDPBackend`` members, in preference order) for the plain
+    CUDA calls they serve; the default dispatch where they are unavailable (CPU, old GPUs) and
+    for masked / causal / GQA calls, which they do not serve."""
+    if not q.is_cuda or mask is not None or causal or k.shape[2] != q.shape[2]:
+        return _sdpa(q, k, v, mask=mask, causal=causal)
+    from torch.nn.attention import sdpa_kernel
+
+    with sdpa_kernel(kernels):
+        return _sdpa(q, k, v)
+
+
 @register_attention_backend("sdpa_cudnn")
 def _sdpa_cudnn(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: torch.Tensor | None = None, causal: bool = False
 ) -> torch.Tensor:
-    # cuDNN's fused attention is the fastest SDPA kernel on Hopper for head_dim 128;
-    # fall back to the default dispatch where it is unavailable (CPU, old GPUs) and for
-    # masked / GQA calls, which it does not serve.
-    if not q.is_cuda or mask is not None or causal or k.shape[2] != q.shape[2]:
-        return _sdpa(q, k, v, mask=mask, causal=causal)
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    # cuDNN's fused attention is the fastest SDPA kernel on Hopper for head_dim 128
+    from torch.nn.attention import SDPBackend
 
-    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
-        return _sdpa(q, k, v)
+    kernels = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
+    return _sdpa_restricted(kernels, q, k, v, mask=mask, causal=causal)
 
 
 @register_attention_backend("sdpa_flash")
 def _sdpa_flash(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: torch.Tensor | None = None, causal: bool = False
 ) -> torch.Tensor:
-    if not q.is_cuda or mask is not None or causal or k.shape[2] != q.shape[2]:
-        return _sdpa(q, k, v, mask=mask, causal=causal)
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import SDPBackend
 
-    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
-        return _sdpa(q, k, v)
+    return _sdpa_restricted([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION], q, k, v, mask=mask, causal=causal)
 
 
 @register_attention_backend("math")

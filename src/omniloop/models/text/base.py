@@ -27,7 +27,21 @@ class TextEncoder(Protocol):
     def encode(self, prompts: Sequence[str], *, device: torch.device | None = None) -> EncodedText: ...
 
 
-class PaddedTokenEncoder:
+class WrappedModel:
+    """A text encoder around a transformers ``model``: its dtype and device are the weights'."""
+
+    model: torch.nn.Module
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+
+class PaddedTokenEncoder(WrappedModel):
     """The shared prompt handling of our text encoders (Wan's rule): clean each prompt,
     tokenize padded to ``max_sequence_length``, encode with the attention mask, and zero
     every position past the prompt's real length (padding is at the end, so this equals
@@ -40,14 +54,6 @@ class PaddedTokenEncoder:
         self.max_sequence_length = max_sequence_length
         self.hidden_size = hidden_size
         self.clean = clean  # Wan's prompt cleaning (ftfy, HTML unescape, whitespace); off: the prompt as given
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return next(self.model.parameters()).dtype
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
 
     def hidden_states(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """[B, L] token ids and mask -> [B, L, D] last hidden states."""
@@ -72,7 +78,7 @@ class PaddedTokenEncoder:
         return EncodedText(embeds=hidden.to(device or self.device), lengths=lengths)
 
 
-class UnmaskedTokenEncoder:
+class UnmaskedTokenEncoder(WrappedModel):
     """The prompt handling of diffusers' Flux / SD3 pipelines: the raw prompt (no cleaning),
     tokenized padded to ``max_sequence_length``, encoded WITHOUT an attention mask (the
     model attends to its padding, and nothing is zeroed: the DiT was trained on exactly
@@ -83,14 +89,6 @@ class UnmaskedTokenEncoder:
         self.tokenizer = tokenizer
         self.max_sequence_length = max_sequence_length
         self.hidden_size = hidden_size
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return next(self.model.parameters()).dtype
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
 
     def run(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """[B, L] token ids -> ([B, L, D] last hidden states, [B, D_pool] pooled or None)."""

@@ -14,6 +14,8 @@ from typing import Any, Sequence
 
 import torch
 
+from omniloop.models.text.base import WrappedModel
+
 
 @dataclass(frozen=True)
 class LayerStates:
@@ -21,7 +23,7 @@ class LayerStates:
     mask: torch.Tensor  # [B, L] int64, 1 = a real token (left padding)
 
 
-class GemmaLayerStates:
+class GemmaLayerStates(WrappedModel):
     def __init__(self, model: torch.nn.Module, tokenizer: Any, max_sequence_length: int = 1024) -> None:
         self.model = model.eval().requires_grad_(False)
         tokenizer.padding_side = "left"
@@ -32,14 +34,6 @@ class GemmaLayerStates:
         config = getattr(model.config, "text_config", model.config)
         self.hidden_size = int(config.hidden_size)
         self.num_layers = int(config.num_hidden_layers) + 1
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return next(self.model.parameters()).dtype
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
 
     @torch.inference_mode()
     def encode(self, prompts: Sequence[str], *, device: torch.device | None = None) -> LayerStates:

@@ -60,13 +60,7 @@ def load_masked_t5_encoder(text_encoder_dir: Path, tokenizer_dir: Path, *, devic
 def load_t5_encoder_single_file(path: Path, tokenizer_dir: Path, *, device: torch.device | str, dtype: torch.dtype,
                                 max_sequence_length: int = 512) -> T5TextEncoder:
     """A T5 encoder from one file (ComfyUI's ``t5xxl_*.safetensors``) and a tokenizer folder."""
-    from transformers import AutoTokenizer, T5EncoderModel
+    from omniloop.models.text.t5_single_file import load_encoder_and_tokenizer
 
-    from omniloop.models.text.t5_single_file import load_t5_single_file
-
-    model = load_t5_single_file(path, device=device, dtype=dtype)
-    if not isinstance(model, T5EncoderModel):
-        raise ValueError(f"{path} is a UMT5 encoder (a relative-attention bias per block), not T5; pass a t5xxl file")
-    if not Path(tokenizer_dir).is_dir():
-        raise FileNotFoundError(f"missing tokenizer folder {tokenizer_dir}")
-    return T5TextEncoder(model, AutoTokenizer.from_pretrained(tokenizer_dir), max_sequence_length)
+    model, tokenizer = load_encoder_and_tokenizer(path, tokenizer_dir, umt5=False, device=device, dtype=dtype)
+    return T5TextEncoder(model, tokenizer, max_sequence_length)

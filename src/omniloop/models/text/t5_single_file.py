@@ -62,3 +62,24 @@ def load_t5_single_file(path: str | Path, *, device: torch.device | str = "cpu",
         model = UMT5EncoderModel(UMT5Config(**kwargs)) if umt5 else T5EncoderModel(T5Config(**kwargs))
     check_and_assign(model, sd, str(path), "pass a T5-XXL / UMT5-XXL encoder file in the transformers layout")
     return model.eval().requires_grad_(False)
+
+
+# (name, what tells it apart, the ComfyUI file name it ships as), by "is UMT5"
+_KINDS = {False: ("T5", "one relative-attention bias", "t5xxl"),
+          True: ("UMT5", "a relative-attention bias per block", "umt5_xxl")}
+
+
+def load_encoder_and_tokenizer(path: str | Path, tokenizer_dir: str | Path, *, umt5: bool,
+                               device: torch.device | str, dtype: torch.dtype) -> tuple[torch.nn.Module, Any]:
+    """The encoder of a single file, which must be the kind asked for (``umt5``), and the
+    tokenizer of ``tokenizer_dir`` (the file has none)."""
+    from transformers import AutoTokenizer, UMT5EncoderModel
+
+    model = load_t5_single_file(path, device=device, dtype=dtype)
+    got = isinstance(model, UMT5EncoderModel)
+    if got != umt5:
+        (name, tell, _), (want, _, file) = _KINDS[got], _KINDS[umt5]
+        raise ValueError(f"{path} is a {name} encoder ({tell}), not {want}; pass a {file} file")
+    if not Path(tokenizer_dir).is_dir():
+        raise FileNotFoundError(f"missing tokenizer folder {tokenizer_dir}")
+    return model, AutoTokenizer.from_pretrained(tokenizer_dir)

@@ -37,13 +37,7 @@ def load_umt5_encoder(
 def load_umt5_encoder_single_file(path: Path, tokenizer_dir: Path, *, device: torch.device | str, dtype: torch.dtype,
                                   max_sequence_length: int = 512) -> UMT5TextEncoder:
     """A UMT5 encoder from one file (ComfyUI's ``umt5_xxl_*.safetensors``) and a tokenizer folder."""
-    from transformers import AutoTokenizer, UMT5EncoderModel
+    from omniloop.models.text.t5_single_file import load_encoder_and_tokenizer
 
-    from omniloop.models.text.t5_single_file import load_t5_single_file
-
-    model = load_t5_single_file(path, device=device, dtype=dtype)
-    if not isinstance(model, UMT5EncoderModel):
-        raise ValueError(f"{path} is a T5 encoder (one relative-attention bias), not UMT5; pass a umt5_xxl file")
-    if not Path(tokenizer_dir).is_dir():
-        raise FileNotFoundError(f"missing tokenizer folder {tokenizer_dir}")
-    return UMT5TextEncoder(model, AutoTokenizer.from_pretrained(tokenizer_dir), max_sequence_length)
+    model, tokenizer = load_encoder_and_tokenizer(path, tokenizer_dir, umt5=True, device=device, dtype=dtype)
+    return UMT5TextEncoder(model, tokenizer, max_sequence_length)

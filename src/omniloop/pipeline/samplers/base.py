@@ -9,6 +9,7 @@ scheduler object, which breaks as soon as two requests interleave).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Collection, Hashable, Protocol, Sequence
 
@@ -158,6 +159,25 @@ class SamplerBase:
 
     def scale_model_input(self, state: SamplerState, sample: torch.Tensor) -> torch.Tensor:
         return sample
+
+
+class ScheduleStepBatching(SamplerBase):
+    """``batch_key`` / ``step_many`` of a sampler whose update reads nothing of a request but
+    its schedule at the step index (no history, no noise of its own): requests at the same step
+    of the same schedule take one elementwise update, and each row equals its ``step`` alone."""
+
+    def step(self, state: SamplerState, model_output: torch.Tensor, sample: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def batch_key(self, state: SamplerState) -> Hashable:
+        return (state.step_index, schedule_signature(state))
+
+    def step_many(self, states: Sequence[SamplerState], model_output: torch.Tensor,
+                  sample: torch.Tensor) -> torch.Tensor:
+        out = self.step(dataclasses.replace(states[0]), model_output, sample)  # a copy advances, then all do
+        for state in states:
+            state.step_index += 1
+        return out
 
 
 SAMPLERS: dict[str, type] = {}

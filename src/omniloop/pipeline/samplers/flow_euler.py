@@ -9,22 +9,20 @@ inverted sigmas are refused at load time.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, Hashable, Sequence
+from typing import Any, ClassVar, Sequence
 
 import numpy as np
 import torch
 
 from omniloop.pipeline.samplers.base import (
-    SamplerBase,
     SamplerState,
+    ScheduleStepBatching,
     SchedulerConfigError,
     check_config_keys,
     check_custom_sigmas,
     register_sampler,
-    schedule_signature,
 )
 
 _SUPPORTED_KEYS = (
@@ -92,7 +90,7 @@ def resolve_shift(config_shift: float, use_dynamic_shifting: bool, *, shift: flo
 
 @register_sampler
 @dataclass(frozen=True, kw_only=True)
-class FlowEulerSampler(SamplerBase):
+class FlowEulerSampler(ScheduleStepBatching):
     """Stateless; every request's schedule and step index live in its :class:`SamplerState`."""
 
     name: ClassVar[str] = "flow_euler"
@@ -186,15 +184,6 @@ class FlowEulerSampler(SamplerBase):
         sigma = state.sigmas[state.step_index].to(device=original.device, dtype=original.dtype)
         return sigma * noise + (1.0 - sigma) * original
 
-    def batch_key(self, state: SamplerState) -> Hashable:
-        return (state.step_index, schedule_signature(state))
-
-    def step_many(self, states: Sequence[SamplerState], model_output: torch.Tensor,
-                  sample: torch.Tensor) -> torch.Tensor:
-        out = self.step(dataclasses.replace(states[0]), model_output, sample)  # a copy advances, then all do
-        for state in states:
-            state.step_index += 1
-        return out
 
     def _train_sigma_range(self, shift: float) -> tuple[float, float]:
         """(sigma_max, sigma_min) of the shifted training schedule, computed in float32 torch

@@ -16,20 +16,18 @@ is ``[2]``, so a denoise loop hands the model ``[B, 2]`` (``t = [:, 0]``, ``r = 
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar, Hashable, Sequence
+from typing import Any, ClassVar, Sequence
 
 import torch
 
 from omniloop.pipeline.samplers.base import (
-    SamplerBase,
     SamplerState,
+    ScheduleStepBatching,
     SchedulerConfigError,
     check_config_keys,
     check_custom_sigmas,
     register_sampler,
-    schedule_signature,
 )
 
 _SUPPORTED_KEYS = ("num_train_timesteps", "shift")
@@ -54,7 +52,7 @@ class FlowMapState(SamplerState):
 
 @register_sampler
 @dataclass(frozen=True, kw_only=True)
-class FlowMapEulerSampler(SamplerBase):
+class FlowMapEulerSampler(ScheduleStepBatching):
     """Stateless; every request's schedule and step index live in its :class:`FlowMapState`."""
 
     name: ClassVar[str] = "flow_map_euler"
@@ -119,12 +117,3 @@ class FlowMapEulerSampler(SamplerBase):
         t = (state.timestep.to(device=original.device, dtype=original.dtype) / self.num_train_timesteps)
         return t * noise + (1.0 - t) * original
 
-    def batch_key(self, state: SamplerState) -> Hashable:
-        return (state.step_index, schedule_signature(state))
-
-    def step_many(self, states: Sequence[SamplerState], model_output: torch.Tensor,
-                  sample: torch.Tensor) -> torch.Tensor:
-        out = self.step(dataclasses.replace(states[0]), model_output, sample)  # a copy advances, then all do
-        for state in states:
-            state.step_index += 1
-        return out

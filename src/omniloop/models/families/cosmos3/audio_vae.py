@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omniloop.models.checkpoint_files import cast_to, format_keys, read_tensors, weight_files, wrong_shapes
+from omniloop.models.checkpoint_files import cast_to, check_and_assign, read_tensors, weight_files
 from omniloop.models.layers.snake import ResidualUnit, Snake1d
 
 CONFIG_FILE = "config.json"
@@ -252,13 +252,6 @@ def load_cosmos3_audio(folder: Path | str, *, device: torch.device | str = "cpu"
     sd = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in sd.items()}
     with torch.device("meta"):
         model = Cosmos3AudioTokenizer(config)
-    expected = model.state_dict()
-    missing, unexpected = sorted(set(expected) - set(sd)), sorted(set(sd) - set(expected))
-    if missing or unexpected:
-        raise ValueError(f"{folder}: the audio tokenizer weights do not match its config: missing "
-                         f"{format_keys(missing)}, unexpected {format_keys(unexpected)}")
-    wrong = wrong_shapes(sd, expected)
-    if wrong:
-        raise ValueError(f"{folder}: audio tokenizer tensors of the wrong shape: {format_keys(wrong)}")
-    model.load_state_dict(sd, strict=True, assign=True)
+    check_and_assign(model, sd, f"{folder} (audio tokenizer)", "pass the Cosmos3 audio tokenizer folder whose config "
+                     "describes its weights")
     return model.eval().requires_grad_(False)

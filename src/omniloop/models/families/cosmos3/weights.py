@@ -25,7 +25,7 @@ from typing import Mapping
 
 import torch
 
-from omniloop.models.checkpoint_files import cast_to, format_keys, read_tensors, stored_keys, weight_files, wrong_shapes
+from omniloop.models.checkpoint_files import cast_to, check_keys, check_shapes, read_tensors, stored_keys, weight_files
 from omniloop.models.families.cosmos3.model import Cosmos3Config, Cosmos3Transformer
 
 DIFFUSERS_WEIGHTS = "diffusion_pytorch_model.safetensors"
@@ -137,12 +137,7 @@ def load_transformer(
     raw = stored_keys(files)
     present = {flat_name(k) for k in raw} - {k for k in (flat_name(r) for r in raw) if dropped(k)}
     expected = set(checkpoint_keys(config))
-    missing, unexpected = sorted(expected - present), sorted(present - expected)
-    if missing or unexpected:
-        raise ValueError(
-            f"checkpoint {folder} does not match its Cosmos3 config: missing keys {format_keys(missing)}, unexpected "
-            f"keys {format_keys(unexpected)}; pass a Cosmos3 checkpoint whose config describes its weights"
-        )
+    check_keys(expected, present, str(folder), "pass a Cosmos3 checkpoint whose config describes its weights")
     tensors = read_tensors(files, cast_to(device, dtype, lambda key: bool(KEEP_FP32.search(key))),
                            skip=lambda key: dropped(flat_name(key)))
     sd = state_dict_from_flat({flat_name(k): v for k, v in tensors.items()}, config)
@@ -150,9 +145,7 @@ def load_transformer(
         model = Cosmos3Transformer(config)
     shapes = model.state_dict()
     assert set(shapes) == set(sd), f"key mapping out of sync with Cosmos3Transformer: {sorted(set(shapes) ^ set(sd))}"
-    wrong = wrong_shapes(sd, shapes)
-    if wrong:
-        raise ValueError(f"checkpoint {folder} has weights of the wrong shape for its config: {format_keys(wrong)}")
+    check_shapes(sd, shapes, str(folder))
     model.load_state_dict(sd, strict=True, assign=True)
     return model.eval().requires_grad_(False)
 

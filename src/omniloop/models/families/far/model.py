@@ -38,7 +38,7 @@ fp32 (only ``time_embedder``, ``scale_shift_table`` and ``norm1/2/3`` are).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
 import torch
@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omniloop.cache.chunk_kv import ChunkKVBatch, KVSegment
+from omniloop.models.diffusers_config import config_from_diffusers
 from omniloop.models.layers.attention import DEFAULT_BACKEND, attention
 from omniloop.models.layers.run_blocks import BlockInterceptor, run_blocks
 from omniloop.models.layers.wan_dit import (
@@ -129,12 +130,7 @@ class FARConfig:
 
     @classmethod
     def from_diffusers_config(cls, d: dict[str, Any]) -> "FARConfig":
-        known = {f.name for f in fields(cls)}
-        kwargs = {k: v for k, v in d.items() if not k.startswith("_")}
-        unknown = sorted(set(kwargs) - known)
-        if unknown:
-            raise ValueError(f"unknown AnyFlowFARTransformer3DModel config keys {unknown}; this loader accepts {sorted(known)}")
-        return cls(**kwargs)
+        return config_from_diffusers(cls, d, "AnyFlowFARTransformer3DModel")
 
     def tokens_per_frame(self, tier: str, height: int, width: int) -> int:
         """Tokens of one latent frame ``height x width`` at ``tier``'s patch size."""

@@ -7,16 +7,12 @@ from typing import Any, Callable
 
 from omniloop.models.families.far.stages import conditioning_video, geometry, partition_for
 from omniloop.pipeline.defaults import GenerationDefaults, resolve_request
+from omniloop.pipeline.geometry_checks import check_frame_count, check_size_multiple
 from omniloop.pipeline.loops.chunk import ChunkRolloutParams
 from omniloop.pipeline.samplers.sampler_set import SamplerSet
 from omniloop.request import ErrorKind, InvalidRequest, OmniRequest, TaskType, VideoPart
 
 ROLLOUT_NODE = "rollout"
-
-
-def _nearest(value: int, m: int) -> str:
-    lo = max(m, value // m * m)
-    return f"{lo} or {lo + m}" if lo != value else str(value)
 
 
 def make_validator(defaults: GenerationDefaults, vae: Any, dit: Any,
@@ -28,14 +24,8 @@ def make_validator(defaults: GenerationDefaults, vae: Any, dit: Any,
     def validate(request: OmniRequest) -> OmniRequest:
         request = resolve_request(request, defaults)  # what runs: the checks below are on it
         g = geometry(request)
-        for name, value in (("height", g.height), ("width", g.width)):
-            if value % spatial:
-                raise InvalidRequest(f"diffusion.{name}={value} must be a multiple of {spatial} (FAR's compressed patch)",
-                                     hint=f"pass {_nearest(value, spatial)}", fields=(f"diffusion.{name}",))
-        if (g.num_frames - 1) % temporal:
-            k = (g.num_frames - 1) // temporal
-            raise InvalidRequest(f"diffusion.num_frames={g.num_frames} must be {temporal}k+1",
-                                 hint=f"pass {temporal * k + 1} or {temporal * (k + 1) + 1}", fields=("diffusion.num_frames",))
+        check_size_multiple(g.height, g.width, spatial, " (FAR's compressed patch)")
+        check_frame_count(g.num_frames, temporal)
         samplers.get(request.diffusion.sampler)  # raises naming the offered samplers
         raw = request.node_params.get(ROLLOUT_NODE)
         rollout = ChunkRolloutParams.model_validate(raw) if raw is not None else None

@@ -23,13 +23,14 @@ sequence orders each sample's text tokens before its image tokens (diffusers'
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omniloop.models.diffusers_config import config_from_diffusers
 from omniloop.models.layers.attention import DEFAULT_BACKEND, varlen_attention
 from omniloop.models.layers.packed import Segments, TokenWindow, interleave_index, joint_segments
 from omniloop.models.layers.run_blocks import run_blocks
@@ -79,12 +80,7 @@ class FluxConfig:
 
     @classmethod
     def from_diffusers_config(cls, d: dict[str, Any]) -> "FluxConfig":
-        known = {f.name for f in fields(cls)}
-        kwargs = {k: v for k, v in d.items() if not k.startswith("_")}
-        unknown = sorted(set(kwargs) - known)
-        if unknown:
-            raise ValueError(f"unknown FluxTransformer2DModel config keys {unknown}; this loader accepts {sorted(known)}")
-        return cls(**kwargs)
+        return config_from_diffusers(cls, d, "FluxTransformer2DModel")
 
 
 @dataclass(frozen=True)

@@ -10,13 +10,9 @@ import torch
 from omniloop.io.image import open_image_part
 from omniloop.models.families.flux.stages import edit_source, geometry
 from omniloop.pipeline.defaults import GenerationDefaults, resolve_request
+from omniloop.pipeline.geometry_checks import check_size_multiple
 from omniloop.pipeline.samplers.sampler_set import SamplerSet
 from omniloop.request import ErrorKind, InvalidRequest, LatentPart, OmniRequest, TaskType
-
-
-def _nearest_multiples(value: int, m: int) -> str:
-    lo = max(m, value // m * m)
-    return f"{lo} or {lo + m}" if lo != value else str(value)
 
 
 def make_validator(defaults: GenerationDefaults, vae: Any, samplers: SamplerSet,
@@ -33,10 +29,7 @@ def make_validator(defaults: GenerationDefaults, vae: Any, samplers: SamplerSet,
             p = request.diffusion
         request = resolve_request(request, defaults)  # what runs: the checks below are on it (``p``: as asked)
         g = geometry(request)
-        for name, value in (("height", g.height), ("width", g.width)):
-            if value % multiple:
-                raise InvalidRequest(f"diffusion.{name}={value} must be a multiple of {multiple}",
-                                     hint=f"pass {_nearest_multiples(value, multiple)}", fields=(f"diffusion.{name}",))
+        check_size_multiple(g.height, g.width, multiple)
         if buckets and (g.height, g.width) not in buckets:
             near = min(buckets, key=lambda b: abs(b[0] * b[1] - g.height * g.width) + abs(b[0] / b[1] - g.height / g.width))
             raise InvalidRequest(f"size {g.width}x{g.height} is not one of this deployment's resolution buckets "

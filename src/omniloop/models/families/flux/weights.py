@@ -15,8 +15,7 @@ from typing import Mapping
 
 import torch
 
-from omniloop.models.checkpoint_files import (aligned, cast_to, check_and_assign, format_keys, read_tensors,
-                                             weight_files, wrong_shapes)
+from omniloop.models.checkpoint_files import aligned, cast_to, check_and_assign, read_tensors, weight_files
 from omniloop.models.autoencoders.kl2d import KL2DAutoencoder
 from omniloop.models.autoencoders.kl2d_single_file import load_kl2d_vae_single_file
 from omniloop.models.families.flux.model import FluxConfig, FluxTransformer
@@ -44,16 +43,8 @@ def load_flux_transformer(folder: str | Path, *, device: torch.device | str = "c
     sd = read_tensors(files, aligned(cast_to(device, dtype)))
     with torch.device("meta"):
         model = FluxTransformer(config)
-    expected = model.state_dict()
-    missing, unexpected = sorted(set(expected) - set(sd)), sorted(set(sd) - set(expected))
-    if missing or unexpected:
-        raise ValueError(f"checkpoint {folder} does not match its config: missing keys {format_keys(missing)}, "
-                         f"unexpected keys {format_keys(unexpected)}; pass a diffusers FluxTransformer2DModel folder "
-                         "whose config.json describes its weights")
-    wrong = wrong_shapes(sd, expected)
-    if wrong:
-        raise ValueError(f"checkpoint {folder} has weights of the wrong shape (checkpoint vs config): {format_keys(wrong)}")
-    model.load_state_dict(sd, strict=True, assign=True)
+    check_and_assign(model, sd, str(folder), "pass a diffusers FluxTransformer2DModel folder whose config.json "
+                     "describes its weights")
     return model.eval().requires_grad_(False)
 
 

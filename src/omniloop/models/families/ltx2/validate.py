@@ -6,6 +6,7 @@ from typing import Any, Callable
 
 from omniloop.models.families.ltx2.stages import first_frame, geometry, load_image_part
 from omniloop.pipeline.defaults import GenerationDefaults, admitted_steps, resolve_request
+from omniloop.pipeline.geometry_checks import check_frame_count, check_size_multiple
 from omniloop.pipeline.input_kinds import refuse_unused_parts
 from omniloop.pipeline.samplers.sampler_set import SamplerSet
 from omniloop.request import ErrorKind, InvalidRequest, OmniRequest, TaskType
@@ -14,11 +15,6 @@ from omniloop.request import ErrorKind, InvalidRequest, OmniRequest, TaskType
 def two_stage(request: OmniRequest) -> bool:
     """base -> latent upsample -> refine: asked for by naming the ``upsample`` or ``refine`` node."""
     return "upsample" in request.node_params or "refine" in request.node_params
-
-
-def _near(value: int, m: int) -> str:
-    lo = max(m, value // m * m)
-    return f"{lo} or {lo + m}" if lo != value else str(value)
 
 
 def make_validator(d: GenerationDefaults, vae: Any, audio_vae: Any, samplers: SamplerSet,
@@ -32,14 +28,8 @@ def make_validator(d: GenerationDefaults, vae: Any, audio_vae: Any, samplers: Sa
         # no given latents: the refine stage starts from the upsampled base, never a LatentPart
         refuse_unused_parts(request, "LTX-2", ("text", "image") if request.task == TaskType.I2V else ("text",))
         g = geometry(request, vae, audio_vae)
-        for name, value in (("height", g.height), ("width", g.width)):
-            if value % spatial:
-                raise InvalidRequest(f"diffusion.{name}={value} must be a multiple of {spatial}",
-                                     hint=f"pass {_near(value, spatial)}", fields=(f"diffusion.{name}",))
-        if (g.num_frames - 1) % temporal:
-            k = (g.num_frames - 1) // temporal
-            raise InvalidRequest(f"diffusion.num_frames={g.num_frames} must be {temporal}k+1",
-                                 hint=f"pass {temporal * k + 1} or {temporal * (k + 1) + 1}", fields=("diffusion.num_frames",))
+        check_size_multiple(g.height, g.width, spatial)
+        check_frame_count(g.num_frames, temporal)
         if p.duration_s is not None:
             raise InvalidRequest("diffusion.duration_s: LTX-2's sound lasts as long as its video (num_frames / fps)",
                                  hint="drop duration_s and set num_frames and fps", fields=("diffusion.duration_s",))

@@ -13,20 +13,22 @@ Departures from the transformers layout, all numerically equivalent:
   (``omniloop.cache.kv.KVBatch``) that appends the new keys/values to per-request handles
   and supplies positions and the attention mask. ``kv=None`` is a plain causal forward.
 
-Attention goes through ``omniloop.models.layers.attention`` (the deploy-time backend).
+The decoder layer is ``omniloop.models.layers.qwen2_decoder`` (shared with Qwen2.5-Omni);
+attention goes through ``omniloop.models.layers.attention`` (the deploy-time backend).
 """
 
 from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, fields
-from typing import Any, Mapping, Protocol
+from typing import Any, Mapping
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from omniloop.cache.kv import KVLayout
-from omniloop.models.layers.attention import DEFAULT_BACKEND, attention
+from omniloop.models.layers.mrope import inv_frequencies
+from omniloop.models.layers.qwen2_decoder import DecoderDims, DecoderLayer, KVCacheView, RMSNorm, rope_tables
 from omniloop.models.layers.run_blocks import run_blocks
 
 ARCHITECTURE = "Qwen2ForCausalLM"
@@ -99,6 +101,15 @@ class Qwen2Config:
     def kv_layout(self) -> KVLayout:
         return KVLayout(self.num_hidden_layers, self.resolved_kv_heads, self.resolved_head_dim)
 
+    @property
+    def decoder_dims(self) -> DecoderDims:
+        """One layer's shape, with q/k/v and gate/up each ONE fused Linear (see the module doc)."""
+        return DecoderDims(
+            hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
+            num_heads=self.num_attention_heads, num_kv_heads=self.resolved_kv_heads, head_dim=self.resolved_head_dim,
+            rms_norm_eps=self.rms_norm_eps, fused=True,
+        )
+
     @classmethod
     def from_hf_config(cls, d: Mapping[str, Any]) -> "Qwen2Config":
         """Build from a transformers ``config.json`` dict (v4 ``rope_theta`` or v5 ``rope_parameters``).
@@ -158,97 +169,9 @@ def _rope_theta(d: Mapping[str, Any]) -> float:
 # -- layers -----------------------------------------------------------------------------
 
 
-class KVCacheView(Protocol):
-    """What the model needs from the KV cache for one forward (``omniloop.cache.kv.KVBatch``)."""
-
-    positions: torch.Tensor  # [B, Lq] absolute positions of the new tokens
-    mask: torch.Tensor | None  # [B, 1, Lq, Lk] bool (True = attend), or None: plain bottom-right causal
-
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store ``[B, Lq, H_kv, D]`` new keys/values of ``layer``; return all ``[B, Lk, H_kv, D]``."""
-        ...
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalize in fp32, scale in the model dtype (as transformers does).
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
-
-
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """``positions [B, L]`` -> ``cos, sin [B, L, 1, head_dim]`` (fp32 angles, cast to ``dtype``)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float, device=positions.device) / head_dim))
-    freqs = positions[..., None].float() * inv_freq  # [B, L, D/2]
-    emb = torch.cat((freqs, freqs), dim=-1)[:, :, None, :]  # [B, L, 1, D]
-    return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE on ``x [B, L, H, D]``."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
-
-
-class Attention(nn.Module):
-    def __init__(self, config: Qwen2Config, layer: int) -> None:
-        super().__init__()
-        self.layer = layer  # index into the KV view (structure, not request state)
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.resolved_kv_heads
-        self.head_dim = config.resolved_head_dim
-        q_dim, kv_dim = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(config.hidden_size, q_dim + 2 * kv_dim, bias=True)
-        self.o_proj = nn.Linear(q_dim, config.hidden_size, bias=False)
-        self.attention_backend = DEFAULT_BACKEND  # set from outside by set_attention_backend
-
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVCacheView | None
-    ) -> torch.Tensor:
-        b, length, _ = x.shape
-        q_dim, kv_dim = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        q, k, v = self.qkv_proj(x).split((q_dim, kv_dim, kv_dim), dim=-1)
-        q = apply_rope(q.view(b, length, self.num_heads, self.head_dim), cos, sin)  # [B, Lq, H, D]
-        k = apply_rope(k.view(b, length, self.num_kv_heads, self.head_dim), cos, sin)  # [B, Lq, H_kv, D]
-        v = v.view(b, length, self.num_kv_heads, self.head_dim)
-        mask = None
-        if kv is not None:
-            k, v = kv.update(self.layer, k, v)  # [B, Lk, H_kv, D]
-            mask = kv.mask
-        out = attention(q, k, v, self.attention_backend, mask=mask, causal=mask is None)
-        return self.o_proj(out.reshape(b, length, q_dim))
-
-
-class MLP(nn.Module):
-    def __init__(self, config: Qwen2Config) -> None:
-        super().__init__()
-        self.intermediate_size = config.intermediate_size
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
-
-
-class DecoderLayer(nn.Module):
-    def __init__(self, config: Qwen2Config, layer: int) -> None:
-        super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config, layer)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVCacheView | None) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    return rope_tables(positions[..., None].float() * inv_frequencies(head_dim, theta, positions.device), dtype)
 
 
 class Qwen2LM(nn.Module):
@@ -258,7 +181,7 @@ class Qwen2LM(nn.Module):
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config.decoder_dims, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
@@ -271,15 +194,8 @@ class Qwen2LM(nn.Module):
         return self.config.kv_layout
 
     def activation_bytes(self, num_tokens: int, context: int) -> int:
-        """Peak transient memory of one request's forward of ``num_tokens`` new tokens over
-        ``context`` positions: a layer's live set (residual, norm, fused qkv, attention out,
-        fused gate/up, SwiGLU product), fp32 attention scores (the math path materializes
-        them), and one position's fp32 logits."""
-        c = self.config
-        qkv = (c.num_attention_heads + 2 * c.kv_layout.num_kv_heads) * c.kv_layout.head_dim
-        layer = num_tokens * (3 * c.hidden_size + qkv + 3 * c.intermediate_size) * self.dtype.itemsize
-        scores = c.num_attention_heads * num_tokens * context * 4
-        return int(layer + scores + c.vocab_size * 4)
+        """Peak transient memory of one request's forward (``DecoderDims.activation_bytes``)."""
+        return self.config.decoder_dims.activation_bytes(self.dtype, num_tokens, context, self.config.vocab_size)
 
     def forward(self, input_ids: torch.Tensor, *, kv: KVCacheView | None = None, logits_to_keep: int = 0) -> torch.Tensor:
         b, length = input_ids.shape

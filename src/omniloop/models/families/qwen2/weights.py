@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Mapping
 
 import torch
-from omniloop.models.checkpoint_files import cast_to, format_keys, read_tensors, stored_keys, weight_files, wrong_shapes
+from omniloop.models.checkpoint_files import cast_to, check_keys, check_shapes, read_tensors, stored_keys, weight_files
 
 from omniloop.models.families.qwen2.model import ARCHITECTURE, Qwen2Config, Qwen2LM
 
@@ -100,14 +100,8 @@ def load_qwen2(folder: str | Path, *, device: torch.device | str = "cpu", dtype:
     expected = set(checkpoint_keys(config))
     present = {k for k in stored_keys(files) if not _IGNORED.search(k)}
     skip = {"lm_head.weight"} if config.tie_word_embeddings else set()  # tied: transformers ignores it too
-    missing = sorted(expected - present)
-    unexpected = sorted(present - expected - skip)
-    if missing or unexpected:
-        raise ValueError(
-            f"checkpoint {folder} does not match its config.json: missing keys {format_keys(missing)}, "
-            f"unexpected keys {format_keys(unexpected)}; pass a transformers {ARCHITECTURE} folder whose "
-            "config.json describes its weights"
-        )
+    check_keys(expected, present - skip, str(folder),
+               f"pass a transformers {ARCHITECTURE} folder whose config.json describes its weights")
     # 2. read, map and check shapes against a meta-device model
     tensors = read_tensors(files, cast_to(device, dtype), skip=lambda key: key in skip or bool(_IGNORED.search(key)))
     sd = state_dict_from_transformers(tensors, config)
@@ -115,9 +109,7 @@ def load_qwen2(folder: str | Path, *, device: torch.device | str = "cpu", dtype:
         model = Qwen2LM(config)
     shapes = model.state_dict()
     assert set(shapes) == set(sd), f"key mapping out of sync with Qwen2LM: {sorted(set(shapes) ^ set(sd))}"
-    wrong = wrong_shapes(sd, shapes)
-    if wrong:
-        raise ValueError(f"checkpoint {folder} has weights of the wrong shape (ours after fusing vs config): {format_keys(wrong)}")
+    check_shapes(sd, shapes, str(folder), "ours after fusing vs config")
     # 3. assign (no second copy of the weights)
     model.load_state_dict(sd, strict=True, assign=True)
     leftover = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]

@@ -1,6 +1,7 @@
 """Qwen2.5-Omni's two AR transformers: the thinker (text LM) and the talker (codec LM).
 
-Both are Qwen2 decoders (GQA with q/k/v biases, RMSNorm, SwiGLU) with multimodal RoPE
+Both are Qwen2 decoders (``omniloop.models.layers.qwen2_decoder``: GQA with q/k/v biases,
+RMSNorm, SwiGLU; transformers' separate q/k/v and gate/up Linears) with multimodal RoPE
 (``mrope_section``: the rotary frequencies split into temporal / height / width planes);
 module names are transformers' (``model.layers.0.self_attn.q_proj``...), so the checkpoint
 loads by stripping the ``thinker.`` / ``talker.`` prefix.
@@ -23,14 +24,14 @@ multimodal RoPE the plain one; the KV view's positions drive it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol, Sequence, cast
+from typing import Any, Mapping, Sequence, cast
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from omniloop.cache.kv import KVLayout
-from omniloop.models.layers.attention import DEFAULT_BACKEND, attention
+from omniloop.models.layers.mrope import inv_frequencies
+from omniloop.models.layers.qwen2_decoder import DecoderDims, DecoderLayer, KVCacheView, RMSNorm, rope_tables
 from omniloop.models.layers.run_blocks import run_blocks
 
 
@@ -62,6 +63,16 @@ class DecoderConfig:
     def kv_layout(self) -> KVLayout:
         return KVLayout(self.num_hidden_layers, self.num_key_value_heads, self.head_dim)
 
+    @property
+    def decoder_dims(self) -> DecoderDims:
+        """One layer's shape, with transformers' separate q/k/v and gate/up Linears (the
+        checkpoint loads by prefix stripping alone)."""
+        return DecoderDims(
+            hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
+            num_heads=self.num_attention_heads, num_kv_heads=self.num_key_value_heads, head_dim=self.head_dim,
+            rms_norm_eps=self.rms_norm_eps, fused=False,
+        )
+
     @classmethod
     def from_hf(cls, d: Mapping[str, Any], *, embedding_size: int | None = None) -> "DecoderConfig":
         if d.get("use_sliding_window"):
@@ -87,93 +98,16 @@ class DecoderConfig:
         )
 
 
-class KVCacheView(Protocol):
-    """What a forward needs from the KV cache (``omniloop.cache.paged_kv.PagedKVBatch``)."""
-
-    positions: torch.Tensor  # [B, Lq]
-    mask: torch.Tensor | None  # [B, 1, Lq, Lk] bool, or None: bottom-right causal
-
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-
 # -- layers -------------------------------------------------------------------------------
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()  # normalize in fp32, scale in the model dtype (transformers' order)
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
 
 
 def mrope_cos_sin(positions: torch.Tensor, config: DecoderConfig, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """``positions [3, B, L]`` (t, h, w planes) -> ``cos, sin [B, L, 1, D]``: frequency section
     ``i`` of ``mrope_section`` takes plane ``i % 3`` (transformers' ``recomposition_frequencies``)."""
-    d = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float, device=positions.device) / d))
+    inv_freq = inv_frequencies(config.head_dim, config.rope_theta, positions.device)  # [D/2] fp32
     freqs = positions[..., None].float() * inv_freq  # [3, B, L, D/2]
     parts = [m[i % 3] for i, m in enumerate(freqs.split(list(config.mrope_section), dim=-1))]
-    freq = torch.cat(parts, dim=-1)  # [B, L, D/2]
-    emb = torch.cat((freq, freq), dim=-1)[:, :, None, :]  # [B, L, 1, D]
-    return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE on ``x [B, L, H, D]``."""
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
-
-
-class Attention(nn.Module):
-    def __init__(self, c: DecoderConfig, layer: int) -> None:
-        super().__init__()
-        self.layer, self.heads, self.kv_heads, self.head_dim = layer, c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        self.q_proj = nn.Linear(c.hidden_size, c.num_attention_heads * c.head_dim, bias=True)
-        self.k_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=True)
-        self.v_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=True)
-        self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
-        self.attention_backend = DEFAULT_BACKEND  # set from outside by set_attention_backend
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVCacheView | None) -> torch.Tensor:
-        b, n, _ = x.shape
-        q = apply_rope(self.q_proj(x).view(b, n, self.heads, self.head_dim), cos, sin)  # [B, L, H, D]
-        k = apply_rope(self.k_proj(x).view(b, n, self.kv_heads, self.head_dim), cos, sin)  # [B, L, H_kv, D]
-        v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim)
-        mask = None
-        if kv is not None:
-            k, v = kv.update(self.layer, k, v)  # [B, Lk, H_kv, D]
-            mask = kv.mask
-        out = attention(q, k, v, self.attention_backend, mask=mask, causal=mask is None)
-        return self.o_proj(out.reshape(b, n, self.heads * self.head_dim))
-
-
-class MLP(nn.Module):
-    def __init__(self, c: DecoderConfig) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class DecoderLayer(nn.Module):
-    def __init__(self, c: DecoderConfig, layer: int) -> None:
-        super().__init__()
-        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.self_attn = Attention(c, layer)
-        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.mlp = MLP(c)
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVCacheView | None) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    return rope_tables(torch.cat(parts, dim=-1), dtype)  # from [B, L, D/2]
 
 
 class Decoder(nn.Module):
@@ -183,7 +117,7 @@ class Decoder(nn.Module):
         super().__init__()
         self.config = c
         self.embed_tokens = nn.Embedding(c.vocab_size, c.embedding_size)
-        self.layers = nn.ModuleList(DecoderLayer(c, i) for i in range(c.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(c.decoder_dims, i) for i in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
     def forward(self, h: torch.Tensor, positions: torch.Tensor, kv: KVCacheView | None) -> torch.Tensor:
@@ -195,12 +129,6 @@ class Decoder(nn.Module):
 def _positions(ids: torch.Tensor, kv: KVCacheView | None) -> torch.Tensor:
     b, n = ids.shape
     return kv.positions if kv is not None else torch.arange(n, device=ids.device).expand(b, n)
-
-
-def _activation_bytes(c: DecoderConfig, dtype: torch.dtype, num_tokens: int, context: int, vocab: int) -> int:
-    qkv = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
-    layer = num_tokens * (3 * c.hidden_size + qkv + 3 * c.intermediate_size) * dtype.itemsize
-    return int(layer + c.num_attention_heads * num_tokens * context * 4 + vocab * 4)
 
 
 # -- the thinker ------------------------------------------------------------------------
@@ -250,7 +178,7 @@ class OmniThinker(nn.Module):
         return self.config.kv_layout
 
     def activation_bytes(self, num_tokens: int, context: int) -> int:
-        return _activation_bytes(self.config, self.dtype, num_tokens, context, self.config.vocab_size)
+        return self.config.decoder_dims.activation_bytes(self.dtype, num_tokens, context, self.config.vocab_size)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(ids)
@@ -336,7 +264,7 @@ class OmniTalker(nn.Module):
         return self.config.kv_layout
 
     def activation_bytes(self, num_tokens: int, context: int) -> int:
-        return _activation_bytes(self.config, self.dtype, num_tokens, context, self.config.vocab_size)
+        return self.config.decoder_dims.activation_bytes(self.dtype, num_tokens, context, self.config.vocab_size)
 
     def _row_embeds(self, ids: torch.Tensor, positions: torch.Tensor, row: TalkerRow) -> torch.Tensor:
         """``ids, positions [L]`` of one row -> ``[L, thinker_hidden]`` talker input embeddings:

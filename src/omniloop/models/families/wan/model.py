@@ -25,13 +25,14 @@ keeps in fp32 when loading in low precision are named by :data:`KEEP_IN_FP32_COM
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omniloop.models.diffusers_config import config_from_diffusers
 from omniloop.models.layers.attention import DEFAULT_BACKEND, attention
 from omniloop.models.layers.run_blocks import BlockInterceptor, run_blocks
 from omniloop.models.layers.wan_dit import (FP32LayerNorm, TwoLayerMLP, WanBlock, modulation_table,
@@ -143,21 +144,9 @@ class WanDiTConfig:
 
     @classmethod
     def from_diffusers_config(cls, d: dict[str, Any]) -> "WanDiTConfig":
-        """Build from a diffusers ``transformer/config.json`` dict.
-
-        Keys starting with ``_`` (``_class_name``, ``_diffusers_version``, ``_name_or_path``)
-        are metadata and ignored; any other unknown key is an error, since silently dropping
-        one would build a different network than the checkpoint's.
-        """
-        known = {f.name for f in fields(cls)}
-        kwargs = {k: v for k, v in d.items() if not k.startswith("_")}
-        unknown = sorted(set(kwargs) - known)
-        if unknown:
-            raise ValueError(
-                f"unknown WanTransformer3DModel config keys {unknown}; this loader accepts only {sorted(known)} "
-                f"(a Wan VACE/Animate checkpoint needs its own family)"
-            )
-        return cls(**kwargs)
+        """Build from a diffusers ``transformer/config.json`` dict (unknown keys refused)."""
+        return config_from_diffusers(cls, d, "WanTransformer3DModel",
+                                     " (a Wan VACE/Animate checkpoint needs its own family)")
 
 
 # --------------------------------------------------------------------------------------

@@ -8,13 +8,9 @@ from typing import Any, Callable, Mapping
 from omniloop.models.families.wan.stages import first_frame, geometry, load_part_image, load_part_video, source_video
 from omniloop.models.manifest import ModelLimits
 from omniloop.pipeline.defaults import GenerationDefaults, resolve_request
+from omniloop.pipeline.geometry_checks import check_frame_count, check_size_multiple
 from omniloop.pipeline.samplers.sampler_set import SamplerSet
 from omniloop.request import ErrorKind, InvalidRequest, OmniRequest, TaskType
-
-
-def _nearest_multiples(value: int, m: int) -> str:
-    lo = max(m, value // m * m)
-    return f"{lo} or {lo + m}" if lo != value else str(value)
 
 
 def size_caps(vae: Any, dit: Any, limits: ModelLimits) -> dict[str, tuple[int, str]]:
@@ -52,14 +48,8 @@ def make_validator(defaults: GenerationDefaults, vae: Any, dit: Any, samplers: S
             if value > cap:
                 raise InvalidRequest(f"diffusion.{name}={value} is more than this model serves (at most {cap}: {why})",
                                      hint=f"pass {cap} or less", fields=(f"diffusion.{name}",))
-        for name, value in (("height", g.height), ("width", g.width)):
-            if value % spatial:
-                raise InvalidRequest(f"diffusion.{name}={value} must be a multiple of {spatial}",
-                                     hint=f"pass {_nearest_multiples(value, spatial)}", fields=(f"diffusion.{name}",))
-        if (g.num_frames - 1) % temporal:
-            k = (g.num_frames - 1) // temporal
-            raise InvalidRequest(f"diffusion.num_frames={g.num_frames} must be {temporal}k+1",
-                                 hint=f"pass {temporal * k + 1} or {temporal * (k + 1) + 1}", fields=("diffusion.num_frames",))
+        check_size_multiple(g.height, g.width, spatial)
+        check_frame_count(g.num_frames, temporal)
         if request.task == TaskType.T2I and g.num_frames != 1:
             raise InvalidRequest(f"task t2i makes one image; diffusion.num_frames must be 1 (got {g.num_frames})",
                                  fields=("diffusion.num_frames",))

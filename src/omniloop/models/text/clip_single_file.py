@@ -67,6 +67,6 @@ def load_clip_single_file(path: str | Path, *, device: torch.device | str = "cpu
         model = CLIPTextModel(CLIPTextConfig(**kwargs))
     check_and_assign(model, sd, str(path), "pass a CLIP-L text encoder file in the transformers layout")
     # the one non-persistent buffer (built on meta, not in any file): positions 0..L-1, [1, L]
-    embeddings = model.embeddings
-    embeddings.position_ids = torch.arange(kwargs["max_position_embeddings"], device=device).expand((1, -1))
+    positions = torch.arange(kwargs["max_position_embeddings"], device=device).expand((1, -1))
+    model.embeddings.register_buffer("position_ids", positions, persistent=False)
     return model.eval().requires_grad_(False)

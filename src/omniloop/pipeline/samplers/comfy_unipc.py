@@ -168,7 +168,8 @@ class ComfyUniPCSampler(FlowEulerSampler):
         t_prev, model_prev = state.model_times[-1], state.models[-1]
         lambda_prev, lambda_t = _lambda(t_prev), _lambda(t)
         h = lambda_t - lambda_prev
-        rks, diffs = [], []
+        rks: list[torch.Tensor | float] = []
+        diffs: list[torch.Tensor] = []
         for i in range(1, order):
             rk = ((_lambda(state.model_times[-(i + 1)]) - lambda_prev) / h)[0]
             rks.append(rk)

@@ -191,4 +191,6 @@ def load_ltx2_transformer_single_file(path: str | Path, *, device: torch.device 
     sd = read_single_file(path, cast_to(device, dtype), sections=DIT_SECTIONS)
     sd = rewrite_keys({k: t for k, t in sd.items() if not k.startswith(CONNECTOR_PREFIXES)}, ORIGINAL_DIT_SUBS)
     config = ltx2_dit_config_from_shapes({k: t.shape for k, t in sd.items()}, **facts)
-    return assemble(PARTS["transformer"], config, sd, str(path))
+    model = assemble(PARTS["transformer"], config, sd, str(path))
+    assert isinstance(model, LTX2DiT), type(model)
+    return model

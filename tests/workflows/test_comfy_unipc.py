@@ -73,3 +73,18 @@ def test_a_ksampler_uni_pc_template_compiles_to_comfyuis_schedule_and_sampler():
     assert params.sampler == "comfy_uni_pc" and params.shift == 1.0
     assert params.sigmas == ksampler_sigmas("simple", ksampler["steps"], shift, "uni_pc")[:-1]
     assert len(params.sigmas) == ksampler["steps"]
+
+
+def test_a_ksampler_schedule_that_would_repeat_a_sigma_is_a_deviation():
+    """1000 uni_pc steps: KSampler's 1001-step simple schedule repeats a training sigma (ComfyUI
+    then divides by h = 0); the 1000-step schedule runs, reported."""
+    pytest.importorskip("comfyui_workflow_templates_json")
+    from omniloop.workflows import compile_workflow
+    from omniloop.workflows.ui_format import ui_to_api
+    from tests.workflows.templates import template, template_models
+
+    api = ui_to_api(template("text_to_video_wan"))
+    next(n for n in api.values() if n["class_type"] == "KSampler")["inputs"]["steps"] = 1000
+    result = compile_workflow(api, template_models())
+    assert any("repeats a sigma" in d.message for d in result.deviations)
+    assert len(result.generations[0].request.diffusion.sigmas) == 1000

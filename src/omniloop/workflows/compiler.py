@@ -240,8 +240,14 @@ def _schedule(ev: Evaluation, run: Sampling, fields: Fields) -> None:
     if run.sigmas is not None:
         fields.put("sigmas", list(run.sigmas))
     elif run.model.shift is not None and run.scheduler in SCHEDULES and run.denoise >= 1.0:
-        sigmas = ksampler_sigmas(run.scheduler, run.steps, run.model.shift, run.sampler_name) \
-            if _class(ev, run.node) in KSAMPLER_NODES else flow_schedule(run.scheduler, run.steps, run.model.shift)
+        sigmas = flow_schedule(run.scheduler, run.steps, run.model.shift)
+        if _class(ev, run.node) in KSAMPLER_NODES:
+            ksampler = ksampler_sigmas(run.scheduler, run.steps, run.model.shift, run.sampler_name)
+            if all(a > b for a, b in zip(ksampler, ksampler[1:])):
+                sigmas = ksampler
+            else:  # more steps than training sigmas: ComfyUI's extra step repeats one (h = 0)
+                _deviate(ev, run.node, f"KSampler's {run.sampler_name} schedule at {run.steps} steps repeats a sigma; "
+                         "the schedule without its extra step runs")
         fields.put("sigmas", sigmas[:-1])  # (the final 0 is implied)
         fields.put("shift", 1.0, "ModelSamplingSD3.shift")  # the sigmas are shifted already
         return

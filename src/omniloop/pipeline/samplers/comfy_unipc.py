@@ -24,12 +24,13 @@ ComfyUI's sigmas with shift 1).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Hashable, Sequence
 
 import torch
 
-from omniloop.pipeline.samplers.base import SamplerState, check_config_keys, register_sampler
+from omniloop.pipeline.samplers.base import SamplerState, check_config_keys, register_sampler, schedule_signature
 from omniloop.pipeline.samplers.flow_euler import _SUPPORTED_KEYS, FlowEulerSampler
 
 FINAL_T = 0.001  # what ComfyUI's UniPC puts in place of a final sigma 0
@@ -217,12 +218,41 @@ class ComfyUniPCSampler(FlowEulerSampler):
         return (x_vp / _alpha(t_last)) / (1.0 - t_last)
 
     def batch_key(self, state: SamplerState) -> Hashable | None:
-        return None  # per-request history tensors: each request steps alone
+        # the same step of the same schedule: every scalar of the update is the same
+        return (state.step_index, schedule_signature(state))
 
     def step_many(self, states: Sequence[SamplerState], model_output: torch.Tensor,
                   sample: torch.Tensor) -> torch.Tensor:
-        assert len(states) == 1, "batch_key is None: the loop steps each request alone"
-        return self.step(states[0], model_output, sample)
+        """One step for requests of one ``batch_key`` (equal row counts each): their VP samples,
+        histories and pending corrector terms concatenated into one state, stepped once, and
+        handed back as row slices (every operation is per row with shared scalars)."""
+        assert all(isinstance(s, ComfyUniPCState) for s in states)
+        group = [s for s in states if isinstance(s, ComfyUniPCState)]
+        lead, rows = group[0], sample.shape[0] // len(group)
+
+        def cat(tensors: Sequence[torch.Tensor | None]) -> torch.Tensor | None:
+            return None if tensors[0] is None else torch.cat([t for t in tensors if t is not None])
+
+        pending = None
+        if lead.pending is not None:
+            parts = [s.pending for s in group if s.pending is not None]
+            base, prev = cat([p.base for p in parts]), cat([p.model_prev for p in parts])
+            assert base is not None and prev is not None
+            pending = dataclasses.replace(lead.pending, base=base, model_prev=prev,
+                                          diffs=cat([p.diffs for p in parts]))
+        joint = dataclasses.replace(lead, x=cat([s.x for s in group]), pending=pending,
+                                    models=[torch.cat([s.models[i] for s in group]) for i in range(len(lead.models))],
+                                    model_times=list(lead.model_times))
+        out = self.step(joint, model_output, sample)
+        for k, state in enumerate(group):
+            part = slice(k * rows, (k + 1) * rows)
+            state.x = None if joint.x is None else joint.x[part]
+            state.models, state.model_times = [m[part] for m in joint.models], list(joint.model_times)
+            state.pending = None if joint.pending is None else dataclasses.replace(
+                joint.pending, base=joint.pending.base[part], model_prev=joint.pending.model_prev[part],
+                diffs=None if joint.pending.diffs is None else joint.pending.diffs[part])
+            state.step_index = joint.step_index
+        return out
 
 
 @register_sampler

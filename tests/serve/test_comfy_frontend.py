@@ -84,6 +84,8 @@ def test_the_page_and_the_editor_routes(server):
     assert httpx.get(f"{url}/api/queue").json() == {"queue_running": [], "queue_pending": []}
     assert all(e.startswith("/extensions/core/") for e in httpx.get(f"{url}/api/extensions").json())
     assert httpx.get(f"{url}/api/jobs", params={"status": "bogus"}).status_code == 400
+    assert httpx.post(f"{url}/api/jobs/nope/cancel").status_code == 404
+    assert httpx.post(f"{url}/api/jobs/cancel", json={"job_ids": "x"}).status_code == 400
     missing = httpx.get(f"{url}/api/internal/logs")
     assert missing.status_code == 404 and "not served by omniloop" in missing.json()["error"]
     assert httpx.get(f"{url}/templates/index.json").status_code == 200

@@ -12,6 +12,7 @@ needs to load, backed by real state:
   ``/i18n``, ``/workflow_templates``, ``/global_subgraphs``: the empty answers of a ComfyUI
   without custom nodes;
 - ``/experiment/models[/{folder}]``: the model folder's files (the model library);
+- ``/jobs[/{id}]`` (and ``POST /jobs[/{id}]/cancel``): the prompts as ComfyUI's jobs API lists them;
 - ``/features``: what this server supports (no preview metadata).
 
 Anything else under ``/comfy/api/`` is a 404 naming the route and what is served instead.
@@ -278,6 +279,34 @@ async def job(request: Request, job_id: str) -> Any:
     if found is None:
         return JSONResponse({"error": f"no job {job_id!r}"}, status_code=404)
     return _job(found, full=True)
+
+
+@router.post("/jobs/cancel")
+async def cancel_jobs(request: Request) -> Response:
+    """``{"job_ids": [...]}``: stop each pending or running prompt named (unknown ids: 404)."""
+    from omniloop.serve.comfy import api
+
+    comfy, body = api(request), await _json(request)
+    ids = body.get("job_ids") if isinstance(body, dict) else None
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        return JSONResponse({"error": "send {\"job_ids\": [\"<prompt id>\", ...]}"}, status_code=400)
+    unknown = [i for i in ids if i not in comfy.jobs]
+    if unknown:
+        return JSONResponse({"error": f"no jobs {unknown}"}, status_code=404)
+    for job_id in ids:
+        await comfy.interrupt(job_id)
+    return Response(status_code=200)
+
+
+@router.post("/jobs/{job_id}/cancel")
+async def cancel_job(request: Request, job_id: str) -> Response:
+    from omniloop.serve.comfy import api
+
+    comfy = api(request)
+    if job_id not in comfy.jobs:
+        return JSONResponse({"error": f"no job {job_id!r}"}, status_code=404)
+    await comfy.interrupt(job_id)
+    return Response(status_code=200)
 
 
 @router.get("/features")

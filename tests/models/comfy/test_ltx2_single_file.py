@@ -95,3 +95,52 @@ def test_ltx2_dit_single_file_scaled_fp8_and_bad_input(tmp_path):
     save_file({"model.diffusion_model.blocks.0.self_attn.q.weight": torch.zeros(2, 2)}, tmp_path / "wan.safetensors")
     with pytest.raises(ValueError, match="not an LTX-2 DiT file"):
         load_ltx2_transformer_single_file(tmp_path / "wan.safetensors")
+
+
+def _vae_original(sd: dict[str, torch.Tensor], stages: int) -> dict[str, torch.Tensor]:
+    """diffusers' video VAE names -> Lightricks' (one list of stages and samplers)."""
+    out = {"vae.per_channel_statistics.channel": torch.arange(8.0),
+           "vae.per_channel_statistics.mean-of-stds": torch.ones(8)}
+    for key, tensor in sd.items():
+        key = {"latents_mean": "per_channel_statistics.mean-of-means",
+               "latents_std": "per_channel_statistics.std-of-means"}.get(key, key).replace(".resnets.", ".res_blocks.")
+        if m := re.match(r"^encoder\.down_blocks\.(\d+)\.downsamplers\.0\.(.*)$", key):
+            key = f"encoder.down_blocks.{2 * int(m[1]) + 1}.{m[2]}"
+        elif m := re.match(r"^encoder\.down_blocks\.(\d+)\.(.*)$", key):
+            key = f"encoder.down_blocks.{2 * int(m[1])}.{m[2]}"
+        elif key.startswith("encoder.mid_block."):
+            key = key.replace("encoder.mid_block.", f"encoder.down_blocks.{2 * stages}.")
+        elif m := re.match(r"^decoder\.up_blocks\.(\d+)\.upsamplers\.0\.(.*)$", key):
+            key = f"decoder.up_blocks.{2 * int(m[1]) + 1}.{m[2]}"
+        elif m := re.match(r"^decoder\.up_blocks\.(\d+)\.(.*)$", key):
+            key = f"decoder.up_blocks.{2 * int(m[1]) + 2}.{m[2]}"
+        elif key.startswith("decoder.mid_block."):
+            key = key.replace("decoder.mid_block.", "decoder.up_blocks.0.")
+        out[f"vae.{key}"] = tensor.clone()
+    return out
+
+
+def test_ltx2_video_vae_single_file_equals_diffusers_from_single_file(tmp_path):
+    import json
+
+    from omniloop.models.families.ltx2.weights import load_ltx2_video_vae_single_file
+    from tests.models.ltx2.checkpoint import VIDEO_VAE
+
+    torch.manual_seed(0)
+    vae = diffusers.AutoencoderKLLTX2Video(**VIDEO_VAE).eval()
+    with torch.no_grad():
+        for p in vae.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+        vae.latents_mean.copy_(torch.linspace(-0.5, 0.5, 8))
+        vae.latents_std.copy_(torch.linspace(0.5, 1.5, 8))
+    vae.save_pretrained(tmp_path / "vae")
+    path = tmp_path / "ltx-2-19b-dev.safetensors"
+    save_file(_vae_original(vae.state_dict(), len(VIDEO_VAE["block_out_channels"])), path)
+    oracle = diffusers.AutoencoderKLLTX2Video.from_single_file(str(path), config=str(tmp_path / "vae"))
+    _assert_same(oracle.state_dict(), vae.state_dict())
+    config = json.loads((tmp_path / "vae" / "config.json").read_text())
+    ours = load_ltx2_video_vae_single_file(path, config, dtype=torch.float32)
+    _assert_same(ours.state_dict(), from_diffusers_module("vae", oracle).state_dict())
+    with pytest.raises(ValueError, match="not an LTX-2 video VAE"):
+        save_file({"vae.encoder.conv_in.weight": torch.zeros(1)}, tmp_path / "x.safetensors")
+        load_ltx2_video_vae_single_file(tmp_path / "x.safetensors", config)

@@ -194,3 +194,46 @@ def load_ltx2_transformer_single_file(path: str | Path, *, device: torch.device 
     model = assemble(PARTS["transformer"], config, sd, str(path))
     assert isinstance(model, LTX2DiT), type(model)
     return model
+
+
+# Lightricks' video VAE numbers its encoder stages and their downsamplers in one list (the
+# last is the mid block) and its decoder's the same way from the mid block up; diffusers (and
+# we) nest the samplers in their blocks. Per-channel latent statistics: two kept, two unused.
+VAE_SECTIONS = ("vae.",)
+VAE_STATISTICS = {"per_channel_statistics.mean-of-means": "latents_mean",
+                  "per_channel_statistics.std-of-means": "latents_std"}
+VAE_UNUSED = ("per_channel_statistics.channel", "per_channel_statistics.mean-of-stds")
+
+
+def _video_vae_key(key: str, last_down: int) -> str:
+    key = VAE_STATISTICS.get(key, key).replace(".res_blocks.", ".resnets.")
+    if m := re.match(r"^encoder\.down_blocks\.(\d+)\.(.*)$", key):
+        k, rest = int(m[1]), m[2]
+        block = "mid_block" if k == last_down else f"down_blocks.{k // 2}" + (".downsamplers.0" if k % 2 else "")
+        return f"encoder.{block}.{rest}"
+    if m := re.match(r"^decoder\.up_blocks\.(\d+)\.(.*)$", key):
+        k, rest = int(m[1]), m[2]
+        block = "mid_block" if k == 0 else f"up_blocks.{(k - 1) // 2}.upsamplers.0" if k % 2 else f"up_blocks.{k // 2 - 1}"
+        return f"decoder.{block}.{rest}"
+    return key
+
+
+def load_ltx2_video_vae_single_file(path: str | Path, config: Mapping[str, Any], *, device: torch.device | str = "cpu",
+                                    dtype: torch.dtype = torch.bfloat16) -> LTX2VideoVAE:
+    """Our LTX-2 video VAE from a single file in Lightricks' layout (a full checkpoint's
+    ``vae.`` section). The file carries no architecture: ``config`` is the diffusers VAE config
+    (``vae/config.json`` of the model's diffusers repo), as diffusers' ``from_single_file`` needs too."""
+    from omniloop.models.single_file import read_single_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found; pass an LTX-2 checkpoint .safetensors file")
+    sd = {k: t for k, t in read_single_file(path, cast_to(device, dtype), sections=VAE_SECTIONS).items()
+          if k not in VAE_UNUSED}
+    downs = [int(m[1]) for k in sd if (m := re.match(r"^encoder\.down_blocks\.(\d+)\.", k))]
+    if not downs or "per_channel_statistics.mean-of-means" not in sd:
+        raise ValueError(f"{path}: not an LTX-2 video VAE (no vae.encoder.down_blocks / per_channel_statistics); "
+                         "pass an LTX-2 checkpoint")
+    model = assemble(PARTS["vae"], config, {_video_vae_key(k, max(downs)): t for k, t in sd.items()}, str(path))
+    assert isinstance(model, LTX2VideoVAE), type(model)
+    return model

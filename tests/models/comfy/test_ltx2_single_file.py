@@ -144,3 +144,32 @@ def test_ltx2_video_vae_single_file_equals_diffusers_from_single_file(tmp_path):
     with pytest.raises(ValueError, match="not an LTX-2 video VAE"):
         save_file({"vae.encoder.conv_in.weight": torch.zeros(1)}, tmp_path / "x.safetensors")
         load_ltx2_video_vae_single_file(tmp_path / "x.safetensors", config)
+
+
+def test_ltx2_audio_vae_single_file_equals_diffusers_from_single_file(tmp_path):
+    import json
+
+    from omniloop.models.families.ltx2.weights import load_ltx2_audio_vae_single_file
+    from tests.models.ltx2.checkpoint import AUDIO_VAE
+
+    torch.manual_seed(0)
+    vae = diffusers.AutoencoderKLLTX2Audio(**AUDIO_VAE).eval()
+    with torch.no_grad():
+        for p in vae.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+        vae.latents_mean.copy_(torch.linspace(-0.5, 0.5, vae.latents_mean.numel()))
+    vae.save_pretrained(tmp_path / "audio_vae")
+    names = {"latents_mean": "per_channel_statistics.mean-of-means", "latents_std": "per_channel_statistics.std-of-means"}
+    path = tmp_path / "ltx-2-19b-dev.safetensors"
+    save_file({f"audio_vae.{names.get(k, k)}": v.clone() for k, v in vae.state_dict().items()}, path)
+    # AutoencoderKLLTX2Audio has no from_single_file (diffusers 0.42.1); its single-file conversion is the oracle
+    from diffusers.loaders.single_file_utils import convert_ltx2_audio_vae_to_diffusers
+    from safetensors.torch import load_file
+
+    oracle = diffusers.AutoencoderKLLTX2Audio.from_config(diffusers.AutoencoderKLLTX2Audio.load_config(
+        tmp_path / "audio_vae")).eval()
+    oracle.load_state_dict(convert_ltx2_audio_vae_to_diffusers(load_file(path)))
+    _assert_same(oracle.state_dict(), vae.state_dict())
+    config = json.loads((tmp_path / "audio_vae" / "config.json").read_text())
+    ours = load_ltx2_audio_vae_single_file(path, config, dtype=torch.float32)
+    _assert_same(ours.state_dict(), from_diffusers_module("audio_vae", oracle).state_dict())

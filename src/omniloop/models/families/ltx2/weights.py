@@ -237,3 +237,25 @@ def load_ltx2_video_vae_single_file(path: str | Path, config: Mapping[str, Any],
     model = assemble(PARTS["vae"], config, {_video_vae_key(k, max(downs)): t for k, t in sd.items()}, str(path))
     assert isinstance(model, LTX2VideoVAE), type(model)
     return model
+
+
+def load_ltx2_audio_vae_single_file(path: str | Path, config: Mapping[str, Any], *, device: torch.device | str = "cpu",
+                                    dtype: torch.dtype = torch.bfloat16) -> LTX2AudioVAE:
+    """Our LTX-2 audio VAE (its decoder: the pipelines only decode audio) from a single file's
+    ``audio_vae.`` section, Lightricks' names being diffusers' but for the latent statistics;
+    ``config`` is the diffusers audio VAE config (the file carries no architecture)."""
+    from omniloop.models.single_file import read_single_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found; pass an LTX-2 checkpoint .safetensors file")
+    part = PARTS["audio_vae"]
+    sd = {VAE_STATISTICS.get(k, k): t for k, t in read_single_file(path, cast_to(device, dtype),
+                                                                    sections=("audio_vae.",)).items()
+          if k not in VAE_UNUSED and not part.skip(k)}
+    if "latents_mean" not in sd or not any(k.startswith("decoder.") for k in sd):
+        raise ValueError(f"{path}: not an LTX-2 audio VAE (no audio_vae.decoder / per_channel_statistics); pass an "
+                         "LTX-2 checkpoint")
+    model = assemble(part, config, sd, str(path))
+    assert isinstance(model, LTX2AudioVAE), type(model)
+    return model

@@ -88,3 +88,22 @@ def test_a_ksampler_schedule_that_would_repeat_a_sigma_is_a_deviation():
     result = compile_workflow(api, template_models())
     assert any("repeats a sigma" in d.message for d in result.deviations)
     assert len(result.generations[0].request.diffusion.sigmas) == 1000
+
+
+def test_a_run_from_given_latents_is_comfyuis_run_over_the_rest_of_the_schedule():
+    """A loop from given latents starts mid-schedule (step_index = start): the sampler runs the
+    remaining sigmas as a fresh ComfyUI run over them (what its KSampler does with denoise < 1)."""
+    case = next(c for c in GOLDEN if c["steps"] == 10 and not c["ksampler"] and c["variant"] == "bh1")
+    sampler = build_sampler("comfy_uni_pc", {})
+    sigmas, start = case["sigmas"], 4
+
+    def run(state, x):
+        while not state.done:
+            x = sampler.step(state, 0.5 * sampler.scale_model_input(state, x) - state.sigma, x)
+        return x
+
+    x0 = torch.tensor([case["x_init"]])
+    late = sampler.init_state(10, sigmas=sigmas[:-1], shift=1.0)
+    late.step_index = start
+    fresh = sampler.init_state(10 - start, sigmas=sigmas[start:-1], shift=1.0)
+    assert torch.equal(run(late, x0), run(fresh, x0))

@@ -75,8 +75,11 @@ class _Update:
 @dataclass(kw_only=True)
 class ComfyUniPCState(SamplerState):
     times: torch.Tensor  # [num_steps + 1] float32: the sigmas, a final 0 as FINAL_T
+    # the step the run began at (0; later for a loop from given latents, which runs the rest of
+    # the schedule as ComfyUI runs a shortened one) and its order, set by the first step
+    start: int = 0
     order: int = 0
-    x: torch.Tensor | None = None  # the VP sample of the current step (the predicted one after step 0)
+    x: torch.Tensor | None = None  # the VP sample of the current step (the predicted one after the first)
     models: list[torch.Tensor] = field(default_factory=list)  # data predictions, newest last
     model_times: list[torch.Tensor] = field(default_factory=list)  # their times, [1] each
     pending: _Update | None = None
@@ -107,15 +110,14 @@ class ComfyUniPCSampler(FlowEulerSampler):
         times = base.sigmas.clone()
         if times[-1] == 0:
             times[-1] = FINAL_T
-        return ComfyUniPCState(timesteps=base.timesteps, sigmas=base.sigmas, times=times,
-                               order=min(MAX_ORDER, num_steps - 1))
+        return ComfyUniPCState(timesteps=base.timesteps, sigmas=base.sigmas, times=times)
 
     def scale_model_input(self, state: SamplerState, sample: torch.Tensor) -> torch.Tensor:
-        """Step 0: the start as ComfyUI's sampler hands it to the model (to VP and back)."""
+        """The first step: the start as ComfyUI's sampler hands it to the model (to VP and back)."""
         assert isinstance(state, ComfyUniPCState)
-        if state.step_index > 0:
+        if state.x is not None:
             return sample  # step() returned it in the model's form already
-        t0 = state.times[0]
+        t0 = state.times[state.step_index]
         return self._model_input(sample.to(torch.float32) / torch.sqrt(1.0 + t0 ** 2.0), t0).to(sample.dtype)
 
     @staticmethod
@@ -125,11 +127,12 @@ class ComfyUniPCSampler(FlowEulerSampler):
     def step(self, state: SamplerState, model_output: torch.Tensor, sample: torch.Tensor) -> torch.Tensor:
         assert isinstance(state, ComfyUniPCState) and not state.done, f"step() after the last of {state.num_steps}"
         assert model_output.shape == sample.shape, f"{tuple(model_output.shape)} != {tuple(sample.shape)}"
-        k, n = state.step_index, state.num_steps
-        t = state.times[k].reshape(1)
-        if k == 0:
-            state.x = sample.to(torch.float32) / torch.sqrt(1.0 + state.times[0] ** 2.0)
-        assert state.x is not None
+        if state.x is None:  # the first step of the run
+            state.start, state.order = state.step_index, min(MAX_ORDER, state.num_steps - state.step_index - 1)
+            state.x = sample.to(torch.float32) / torch.sqrt(1.0 + state.times[state.step_index] ** 2.0)
+        times = state.times[state.start:]  # the run's schedule: [n + 1]
+        k, n = state.step_index - state.start, state.num_steps - state.start
+        t = times[k].reshape(1)
         model = self._data_prediction(state.x, t, model_output.to(torch.float32))
         if state.pending is not None:  # the corrector of the update that predicted this step's sample
             state.x = self._correct(state.pending, model)
@@ -144,12 +147,12 @@ class ComfyUniPCSampler(FlowEulerSampler):
         if n == 1:  # ComfyUI's loop makes no update for one step
             return self._final(state, state.x).to(model_output.dtype)
         order = j if j < state.order else min(state.order, n + 1 - j)
-        update = self._predict(state, state.times[j].reshape(1), order, corrector=j < n)
+        update = self._predict(state, times[j].reshape(1), order, corrector=j < n)
         x_next = self._predicted(update, order)
         if j == n:
             return self._final(state, x_next).to(model_output.dtype)
         state.x, state.pending = x_next, update
-        return self._model_input(x_next, state.times[j]).to(model_output.dtype)
+        return self._model_input(x_next, times[j]).to(model_output.dtype)
 
     @staticmethod
     def _data_prediction(x_vp: torch.Tensor, t: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -219,7 +222,9 @@ class ComfyUniPCSampler(FlowEulerSampler):
 
     def batch_key(self, state: SamplerState) -> Hashable | None:
         # the same step of the same schedule: every scalar of the update is the same
-        return (state.step_index, schedule_signature(state))
+        assert isinstance(state, ComfyUniPCState)
+        start = state.start if state.x is not None else state.step_index
+        return (state.step_index, start, schedule_signature(state))
 
     def step_many(self, states: Sequence[SamplerState], model_output: torch.Tensor,
                   sample: torch.Tensor) -> torch.Tensor:
@@ -251,7 +256,7 @@ class ComfyUniPCSampler(FlowEulerSampler):
             state.pending = None if joint.pending is None else dataclasses.replace(
                 joint.pending, base=joint.pending.base[part], model_prev=joint.pending.model_prev[part],
                 diffs=None if joint.pending.diffs is None else joint.pending.diffs[part])
-            state.step_index = joint.step_index
+            state.step_index, state.start, state.order = joint.step_index, joint.start, joint.order
         return out
 
 

@@ -14,6 +14,8 @@ CONFIGS = [
                     "solver_order": 2}),
     ("flow_unipc", {"prediction_type": "flow_prediction", "use_flow_sigmas": True, "flow_shift": 5.0,
                     "solver_order": 3, "solver_type": "bh1", "final_sigmas_type": "sigma_min"}),
+    ("comfy_uni_pc", {"shift": 3.0}),  # ComfyUI's UniPC: history and pending corrector per request
+    ("comfy_uni_pc_bh2", {"shift": 5.0}),
 ]
 
 

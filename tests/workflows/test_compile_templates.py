@@ -40,7 +40,7 @@ def compiled(name: str, models, input_dir):
 EXPECTED = {
     "text_to_video_wan": (TaskType.T2V, "wan", [Modality.VIDEO],
                           {"steps": None, "guidance_scale": 6.0, "shift": 1.0, "width": 832, "height": 480,
-                           "num_frames": 33, "fps": 16, "sampler": "flow_unipc", "seed": 82628696717253}),
+                           "num_frames": 33, "fps": 16, "sampler": "comfy_uni_pc", "seed": 82628696717253}),
     "image_to_video_wan": (TaskType.I2V, "wan_i2v", [Modality.VIDEO],
                            {"guidance_scale": 6.0, "width": 512, "height": 512, "num_frames": 33}),
     "video_wan2_2_14B_t2v": (TaskType.T2V, "wan_a14b", [Modality.VIDEO],
@@ -80,16 +80,21 @@ def test_template_compiles_to_its_request(name, models, input_dir):
     assert {s.class_type for s in generation.saves} <= {"SaveVideo", "SaveImage", "SaveAudioAdvanced"}
 
 
-@pytest.mark.parametrize("name, scheduler, steps, shift", [("text_to_video_wan", "simple", 30, 8.0),
-                                                          ("image_to_video_wan", "simple", 20, 8.0),
-                                                          ("video_wan2_2_14B_t2v", "simple", 20, 5.000000000000001)])
-def test_model_sampling_sd3_templates_run_comfyuis_own_schedule(name, scheduler, steps, shift, models, input_dir):
+@pytest.mark.parametrize("name, scheduler, steps, shift, sampler",
+                         [("text_to_video_wan", "simple", 30, 8.0, "uni_pc"),
+                          ("image_to_video_wan", "simple", 20, 8.0, "uni_pc"),
+                          ("video_wan2_2_14B_t2v", "simple", 20, 5.000000000000001, "euler")])
+def test_model_sampling_sd3_templates_run_comfyuis_own_schedule(name, scheduler, steps, shift, sampler, models,
+                                                                input_dir):
     """Under ModelSamplingSD3 the request carries ComfyUI's shifted sigmas (schedules.py,
-    checked against ComfyUI's own functions) with shift 1."""
-    from omniloop.workflows.schedules import flow_schedule
+    checked against ComfyUI's own functions) with shift 1: KSampler's, which for uni_pc are
+    those of steps + 1 with the penultimate dropped."""
+    from omniloop.workflows.schedules import flow_schedule, ksampler_sigmas
 
     params = compiled(name, models, input_dir).generations[0].request.diffusion
-    assert params.sigmas == flow_schedule(scheduler, steps, shift)[:-1] and params.shift == 1.0
+    assert params.sigmas == ksampler_sigmas(scheduler, steps, shift, sampler)[:-1] and params.shift == 1.0
+    if sampler == "euler":
+        assert params.sigmas == flow_schedule(scheduler, steps, shift)[:-1]
     assert params.num_steps(0) == steps
 
 

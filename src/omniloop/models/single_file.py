@@ -102,8 +102,9 @@ class SingleFileSet:
 
     ``diffusion_models``: one DiT, or a family's two experts in order (Wan2.2 A14B: high
     noise, low noise) with ``boundary_ratio``. ``text_encoders`` in the family's order
-    (ComfyUI's ``DualCLIPLoader``: CLIP-L, then T5-XXL). The last three are architecture
-    facts the files do not carry; None takes the family's released value.
+    (ComfyUI's ``DualCLIPLoader``: CLIP-L, then T5-XXL). The last four are architecture
+    facts the files do not carry; None takes the family's released value (``clip_head_dim``:
+    a CLIP text encoder file's attention head width, 64).
     """
 
     family: str
@@ -117,6 +118,7 @@ class SingleFileSet:
     attention_head_dim: int | None = None
     rope_axes: tuple[int, ...] | None = None
     vae_norm_groups: int | None = None
+    clip_head_dim: int | None = None
 
     def __post_init__(self) -> None:
         if self.checkpoint is not None:

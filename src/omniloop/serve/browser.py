@@ -38,6 +38,9 @@ from omniloop.serve.guards import ASGIApp, Receive, Scope, Send, header, refuse
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 FORM_ONLY = frozenset({"application/x-www-form-urlencoded", "text/plain"})
 WS_FORBIDDEN = 4403
+# ComfyUI's web editor (served at /comfy/) posts its JSON with fetch's default text/plain type;
+# under this prefix a page of this server's own origin (no other) may do so
+TEXT_JSON_PREFIXES = ("/comfy/api/",)
 TOKEN_COOKIE = "omniloop_token"
 
 
@@ -117,7 +120,9 @@ class BrowserGuard:
                     "--allowed-origins ORIGIN to let that page call it", "origin", "origin_not_allowed")
         ctype = (header(scope, b"content-type") or "").split(";")[0].strip().lower()
         browser = origin is not None or header(scope, b"sec-fetch-mode") is not None
-        if scope["type"] == "http" and browser and ctype in FORM_ONLY:
+        same_origin_text = origin is not None and scope["path"].startswith(TEXT_JSON_PREFIXES) \
+            and ctype == "text/plain" and urlsplit(origin).netloc == (host or "").lower()
+        if scope["type"] == "http" and browser and ctype in FORM_ONLY and not same_origin_text:
             return (415, f"content-type: {ctype!r} is not accepted from a browser; send application/json",
                     "content-type", "unsupported_media_type")
         return None

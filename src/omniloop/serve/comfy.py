@@ -81,6 +81,7 @@ class PromptJob:
     outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     messages: list[list[Any]] = field(default_factory=list)
     interrupted: bool = False
+    created_ms: int = field(default_factory=lambda: int(time.time() * 1000))
 
     def entry(self) -> list[Any]:
         """ComfyUI's queue / history item: [number, id, prompt, extra_data, outputs to execute]."""
@@ -723,6 +724,9 @@ def install(app: FastAPI, state: ServeState, folder: ModelFolder, workdir: Path 
     app.state.comfy = comfy
     app.include_router(router)
     app.include_router(ws_router)
+    from omniloop.serve import comfy_frontend
+
+    comfy_frontend.install(app, router, ws_router, comfy.root / "user" / "default")  # /comfy/: the web editor
     state.on_close.append(comfy.close)
     return comfy
 

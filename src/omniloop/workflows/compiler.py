@@ -26,11 +26,14 @@ from omniloop.workflows.errors import node_error
 from omniloop.workflows.evaluate import Deviation, Evaluation
 from omniloop.workflows.graph import Graph, GraphNode, load_workflow
 from omniloop.workflows.model_folder import ModelFolder, ServedCheckpoint
-from omniloop.workflows.schedules import SCHEDULES, flow_schedule
+from omniloop.workflows.schedules import SCHEDULES, flow_schedule, ksampler_sigmas
 from omniloop.workflows.values import AudioOut, Latent, Pixels, SaveTarget, Sampling, VideoOut
 
 # ComfyUI sampler -> ours; the named schedules we run (ComfyUI's own under ModelSamplingSD3)
-SUPPORTED_SAMPLERS: Mapping[str, str] = {"euler": "flow_euler", "uni_pc": "flow_unipc", "uni_pc_bh2": "flow_unipc"}
+SUPPORTED_SAMPLERS: Mapping[str, str] = {"euler": "flow_euler", "uni_pc": "comfy_uni_pc",
+                                         "uni_pc_bh2": "comfy_uni_pc_bh2"}
+# the sampler nodes whose schedule is KSampler's (calculate_sigmas, with its penultimate-sigma rule)
+KSAMPLER_NODES = frozenset({"KSampler", "KSamplerAdvanced"})
 SUPPORTED_SCHEDULERS = SCHEDULES
 # the second stage's sigmas of the distilled two-stage recipe (the refine node's own)
 REFINE_SIGMAS = (0.909375, 0.725, 0.421875)
@@ -238,6 +241,13 @@ def _schedule(ev: Evaluation, run: Sampling, fields: Fields) -> None:
         fields.put("sigmas", list(run.sigmas))
     elif run.model.shift is not None and run.scheduler in SCHEDULES and run.denoise >= 1.0:
         sigmas = flow_schedule(run.scheduler, run.steps, run.model.shift)
+        if _class(ev, run.node) in KSAMPLER_NODES:
+            ksampler = ksampler_sigmas(run.scheduler, run.steps, run.model.shift, run.sampler_name)
+            if all(a > b for a, b in zip(ksampler, ksampler[1:])):
+                sigmas = ksampler
+            else:  # more steps than training sigmas: ComfyUI's extra step repeats one (h = 0)
+                _deviate(ev, run.node, f"KSampler's {run.sampler_name} schedule at {run.steps} steps repeats a sigma; "
+                         "the schedule without its extra step runs")
         fields.put("sigmas", sigmas[:-1])  # (the final 0 is implied)
         fields.put("shift", 1.0, "ModelSamplingSD3.shift")  # the sigmas are shifted already
         return
@@ -323,6 +333,9 @@ def _split(ev: Evaluation, first: Sampling, second: Sampling, fields: Fields,
     if first.model.shift != second.model.shift:
         _deviate(ev, second.node, f"the experts' shifts differ ({first.model.shift}, {second.model.shift}); "
                  f"{first.model.shift} runs")
+    if SUPPORTED_SAMPLERS.get(first.sampler_name, "").startswith("comfy_uni_pc"):
+        _deviate(ev, second.node, f"{first.sampler_name} runs as one multistep solve over both experts; ComfyUI "
+                 "restarts it at the switch")
     _deviate(ev, second.node, f"the experts switch at the checkpoint's boundary (its boundary_ratio), not at step "
              f"{first.end_at_step} of {first.steps}")
     fields.put("guidance_scale", first.cfg, "cfg")

@@ -58,6 +58,20 @@ def flow_schedule(scheduler: str, steps: int, shift: float) -> list[float]:
     return values + ([0.0] if append_zero else [])
 
 
+# ComfyUI's KSampler computes one step more for these samplers and drops the penultimate sigma
+DISCARD_PENULTIMATE = frozenset({"uni_pc", "uni_pc_bh2"})
+
+
+def ksampler_sigmas(scheduler: str, steps: int, shift: float, sampler_name: str | None = None) -> list[float]:
+    """The sigmas ComfyUI's ``KSampler`` (and ``KSamplerAdvanced``) samples ``sampler_name`` on:
+    ``flow_schedule``, for the samplers in ``DISCARD_PENULTIMATE`` over ``steps + 1`` steps with
+    the penultimate sigma dropped (``BasicScheduler`` for ``SamplerCustomAdvanced`` does not)."""
+    if sampler_name not in DISCARD_PENULTIMATE:
+        return flow_schedule(scheduler, steps, shift)
+    sigmas = flow_schedule(scheduler, steps + 1, shift)
+    return sigmas[:-2] + sigmas[-1:]
+
+
 def _beta_schedule(sigmas, steps: int) -> list[float]:
     """Training sigmas at the Beta(0.6, 0.6) quantiles of ``1 - i / steps`` (repeats dropped)."""
     import numpy as np

@@ -136,7 +136,7 @@ def test_single_file_set_bad_input(tmp_path):
 def test_flux_from_a_full_checkpoint(tmp_path):
     """ComfyUI's all-in-one checkpoints (checkpoints/flux1-dev-fp8.safetensors): the DiT under
     model.diffusion_model. (here in scaled fp8), the ae under vae., text encoders beside them
-    (not read: text encoders come from their folders)."""
+    (not read: text encoders come from text_encoders/, here both as single files)."""
     from tests.flux_checkpoint import make_flux_pipeline
     from tests.models.comfy.original_layout import scaled_fp8
 
@@ -147,15 +147,20 @@ def test_flux_from_a_full_checkpoint(tmp_path):
     full |= {f"vae.{k}": v for k, v in kl_vae_original(pipe.vae.state_dict(), levels=4).items()}
     full |= {f"text_encoders.t5xxl.transformer.{k}": v.clone() for k, v in pipe.text_encoder_2.state_dict().items()}
     save_file(full, root / "checkpoints" / "flux1-dev-fp8.safetensors")
-    _text_folder(root, "clip_l", pipe.text_encoder, pipe.tokenizer)
+    # CLIP-L as ComfyUI's single file (transformers 4 keys, under text_model.) + its tokenizer
+    clip = {f"text_model.{k}": v.clone() for k, v in pipe.text_encoder.state_dict().items()}
+    (root / "text_encoders").mkdir()
+    save_file(clip, root / "text_encoders" / "clip_l.safetensors")
+    pipe.tokenizer.save_pretrained(root / "text_encoders" / "clip_tokenizer")
     t5 = {k: v.clone() for k, v in pipe.text_encoder_2.state_dict().items() if k != "encoder.embed_tokens.weight"}
     save_file(t5, root / "text_encoders" / "t5xxl_fp16.safetensors")  # T5 as a single file + its tokenizer
     pipe.tokenizer_2.save_pretrained(root / "text_encoders" / "t5_tokenizer")
 
     deploy = DeployConfig.from_options(None, device="cpu", dtype="float32")
     files = SingleFileSet(family="flux", checkpoint="flux1-dev-fp8.safetensors",
-                          text_encoders=("clip_l", "t5xxl_fp16.safetensors"), tokenizers=("t5_tokenizer",),
-                          rope_axes=(4, 6, 6), vae_norm_groups=4)
+                          text_encoders=("clip_l.safetensors", "t5xxl_fp16.safetensors"),
+                          tokenizers=("clip_tokenizer", "t5_tokenizer"), rope_axes=(4, 6, 6), vae_norm_groups=4,
+                          clip_head_dim=12)
     spec, pipeline = load_single_file_pipeline(ComfyModels(root), files, load_options(deploy))
     vae = pipeline.components["vae"]
     assert torch.equal(vae.decoder.conv_in.weight, pipe.vae.decoder.conv_in.weight)
@@ -163,6 +168,8 @@ def test_flux_from_a_full_checkpoint(tmp_path):
     assert torch.equal(pipeline.components["transformer"].transformer_blocks[0].ff.net[0].proj.weight,
                        full[f"{block}.weight"].float() * full[f"{block}.scale_weight"])
     assert torch.equal(pipeline.components["text_encoder_2"].model.shared.weight, pipe.text_encoder_2.shared.weight)
+    ours_clip = pipeline.components["text_encoder"].model.state_dict()
+    assert all(torch.equal(ours_clip[k], v) for k, v in pipe.text_encoder.state_dict().items())
     _generate(VideoGenerator(spec, pipeline, deploy), TaskType.T2I, height=32, width=32, steps=1, seed=0)
     with pytest.raises(ValueError, match="pass it alone"):
         SingleFileSet(family="flux", checkpoint="x", vae="ae.safetensors", text_encoders=("a", "b"))

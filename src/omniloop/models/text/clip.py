@@ -31,3 +31,17 @@ def load_clip_encoder(text_encoder_dir: Path, tokenizer_dir: Path, *, device: to
             raise FileNotFoundError(f"missing folder {folder}")
     model = CLIPTextModel.from_pretrained(text_encoder_dir, dtype=dtype).to(device)
     return CLIPTextEncoder(model, AutoTokenizer.from_pretrained(tokenizer_dir))
+
+
+def load_clip_encoder_single_file(path: Path, tokenizer_dir: Path, *, device: torch.device | str,
+                                  dtype: torch.dtype, head_dim: int | None = None) -> CLIPTextEncoder:
+    """A CLIP text encoder from one file (ComfyUI's ``clip_l.safetensors``) and a tokenizer
+    folder; ``head_dim`` None: the released 64."""
+    from transformers import AutoTokenizer
+
+    from omniloop.models.text.clip_single_file import CLIP_HEAD_DIM, load_clip_single_file
+
+    if not Path(tokenizer_dir).is_dir():
+        raise FileNotFoundError(f"missing tokenizer folder {tokenizer_dir}")
+    return CLIPTextEncoder(load_clip_single_file(path, device=device, dtype=dtype, head_dim=head_dim or CLIP_HEAD_DIM),
+                           AutoTokenizer.from_pretrained(tokenizer_dir))

@@ -9,6 +9,7 @@ from omniloop.pipeline.samplers.base import (
     register_sampler,
     sampler_names,
 )
+from omniloop.pipeline.samplers.comfy_unipc import ComfyUniPCBh2Sampler, ComfyUniPCSampler, ComfyUniPCState
 from omniloop.pipeline.samplers.cosine_dpmsolver import CosineDPMSolverSampler, CosineDPMState
 from omniloop.pipeline.samplers.flow_euler import FlowEulerSampler
 from omniloop.pipeline.samplers.flow_sde import FlowSDESampler, FlowSDEState
@@ -32,6 +33,9 @@ def sampler_for_diffusers_class(class_name: str) -> str:
 
 __all__ = [
     "SAMPLERS",
+    "ComfyUniPCBh2Sampler",
+    "ComfyUniPCSampler",
+    "ComfyUniPCState",
     "CosineDPMSolverSampler",
     "CosineDPMState",
     "FlowEulerSampler",

@@ -58,7 +58,8 @@ def flow_sampler_set(default: str, *, shift: float, num_train_timesteps: int = 1
                        "use_flow_sigmas": True, "flow_shift": float(shift)},
         ROLLOUT_SAMPLER: {"num_train_timesteps": num_train_timesteps, "shift": float(shift)},
     }
-    return SamplerSet(default=default, samplers={name: build_sampler(name, cfg) for name, cfg in configs.items()})
+    samplers = {name: build_sampler(name, cfg) for name, cfg in configs.items()}
+    return SamplerSet(default=default, samplers=with_comfy_samplers(samplers))
 
 
 def load_sampler_set(folder: Path) -> SamplerSet:
@@ -83,7 +84,7 @@ def load_sampler_set(folder: Path) -> SamplerSet:
             {"num_train_timesteps": num_train, "prediction_type": "flow_prediction", "use_flow_sigmas": True,
              "flow_shift": float(config.get("shift", 1.0))},
         )
-    return SamplerSet(default=default, samplers=with_rollout_sampler(samplers))
+    return SamplerSet(default=default, samplers=with_comfy_samplers(with_rollout_sampler(samplers)))
 
 
 def with_rollout_sampler(samplers: dict[str, Sampler]) -> dict[str, Sampler]:
@@ -92,4 +93,18 @@ def with_rollout_sampler(samplers: dict[str, Sampler]) -> dict[str, Sampler]:
     euler = samplers.get("flow_euler")
     if isinstance(euler, FlowEulerSampler):
         return {**samplers, ROLLOUT_SAMPLER: build_sampler(ROLLOUT_SAMPLER, dataclasses.asdict(euler))}
+    return samplers
+
+
+# ComfyUI's uni_pc / uni_pc_bh2 (a workflow's KSampler names them), over flow_euler's schedule
+COMFY_SAMPLERS = ("comfy_uni_pc", "comfy_uni_pc_bh2")
+
+
+def with_comfy_samplers(samplers: dict[str, Sampler]) -> dict[str, Sampler]:
+    """``samplers`` plus ComfyUI's UniPC samplers on the flow_euler sampler's schedule, when
+    there is one."""
+    euler = samplers.get("flow_euler")
+    if isinstance(euler, FlowEulerSampler) and type(euler) is FlowEulerSampler:
+        extra = {name: build_sampler(name, dataclasses.asdict(euler)) for name in COMFY_SAMPLERS}
+        return {**samplers, **extra}
     return samplers

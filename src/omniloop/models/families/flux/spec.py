@@ -8,6 +8,7 @@ folder): the image condition node runs only for i2i requests.
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -24,7 +25,7 @@ from omniloop.models.single_file import Resolve, SingleFileSet, text_encoder_sou
 from omniloop.models.load_options import apply_load_options, graph_runner
 from omniloop.models.lora import LoraSupport
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
-from omniloop.models.text.clip import load_clip_encoder
+from omniloop.models.text.clip import load_clip_encoder, load_clip_encoder_single_file
 from omniloop.models.text.t5 import load_t5_encoder, load_t5_encoder_single_file
 from omniloop.pipeline.loops.denoise import DenoiseLoop
 from omniloop.pipeline.pipeline import Pipeline
@@ -103,8 +104,8 @@ FLUX_SCHNELL_SCHEDULER = {"num_train_timesteps": 1000, "shift": 1.0, "use_dynami
 
 def flux_single_files(files: SingleFileSet, resolve: Resolve,
                       options: LoadOptions) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A BFL-layout DiT file and ``ae.safetensors``; CLIP-L from a transformers folder, T5-XXL
-    from one or from a single file (with a tokenizer folder)."""
+    """A BFL-layout DiT file and ``ae.safetensors``; CLIP-L and T5-XXL each from a transformers
+    folder or from a single file (with a tokenizer folder)."""
     if len(files.diffusion_models) > 1 or len(files.text_encoders) != 2:
         raise ValueError(f"Flux takes one DiT and two text encoders (CLIP-L, then T5-XXL); got diffusion_models="
                          f"{list(files.diffusion_models)}, text_encoders={list(files.text_encoders)}")
@@ -114,9 +115,8 @@ def flux_single_files(files: SingleFileSet, resolve: Resolve,
     dit = apply_load_options(loaded, options, blocks=[*loaded.transformer_blocks, *loaded.single_transformer_blocks],
                              fp8_layers=BLOCK_GEMMS)
     clip, t5 = text_encoder_sources(files, resolve)
-    if clip.single_file:
-        raise ValueError(f"CLIP-L as a single file ({clip.weights.name}) does not load yet; pass a transformers-layout "
-                         "CLIPTextModel folder in text_encoders/")
+    load_clip = partial(load_clip_encoder_single_file, head_dim=files.clip_head_dim) if clip.single_file \
+        else load_clip_encoder
     load_t5 = load_t5_encoder_single_file if t5.single_file else load_t5_encoder
     # dev is guidance-distilled (dynamic shift); schnell is not (shift 1)
     scheduler = FLUX_DEV_SCHEDULER if guidance else FLUX_SCHNELL_SCHEDULER
@@ -124,7 +124,7 @@ def flux_single_files(files: SingleFileSet, resolve: Resolve,
         "transformer": dit,
         "vae": load_flux_ae_single_file(files.vae_path(resolve), device=options.device, dtype=options.dtype,
                                         norm_num_groups=files.vae_norm_groups or 32),
-        "text_encoder": load_clip_encoder(clip.weights, clip.tokenizer, device=options.device, dtype=options.dtype),
+        "text_encoder": load_clip(clip.weights, clip.tokenizer, device=options.device, dtype=options.dtype),
         "text_encoder_2": load_t5(t5.weights, t5.tokenizer, device=options.device, dtype=options.dtype,
                                   max_sequence_length=FLUX_DEFAULTS.max_sequence_length or 512),
         "sampler": SamplerSet.single("flow_euler", build_sampler("flow_euler", scheduler)),

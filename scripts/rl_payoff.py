@@ -43,6 +43,7 @@ import shutil
 import sys
 import tempfile
 import time
+import traceback
 from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -520,73 +521,109 @@ def _method_seconds(cfg: PayoffConfig, started: float, reserve_each: float, meth
     return max(1.0, min(budget, left / methods_left))
 
 
-def run(cfg: PayoffConfig, out: Path, *, text_features: Path | None = None, work: Path | None = None,
-        log: Callable[[str], None] = print) -> dict[str, Any]:
-    started = time.monotonic()
-    out.mkdir(parents=True, exist_ok=True)
-    work = work or Path(tempfile.mkdtemp(prefix="rl_payoff_"))
-    executor = scoring_executor(cfg.score_workers)
-    torch.manual_seed(cfg.seed)
-    sets = payoff_prompts(cfg)
-    contact = contact_prompts(sets, cfg)
-    base = resolve_model_path(cfg.model)
-    text = load_text_encoder(text_features, cfg.model, cfg.device)
+@dataclass
+class RunRecord:
+    """What ``--out`` holds, rewritten after every stage: a call killed at its time limit still
+    brings back the finished methods (their weights, figures and contact-sheet columns)."""
+
+    out: Path
+    head: dict[str, Any]
+    contact: list[str]
+    methods: dict[str, Any] = field(default_factory=dict)
+    provenance: dict[str, Any] = field(default_factory=dict)
+    columns: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+
+    def write(self, started: float) -> dict[str, Any]:
+        if self.columns:
+            write_contact_sheet(self.out / "contact_sheet.png", self.contact, self.columns)
+        result = {**self.head, "methods": self.methods, "seconds": round(time.monotonic() - started, 1)}
+        (self.out / "result.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+        (self.out / "provenance.json").write_text(json.dumps(self.provenance, indent=1, default=str) + "\n")
+        return result
+
+
+def _check_features(text: Any, sets: PromptSets, cfg: PayoffConfig, text_features: Path | None) -> None:
     if isinstance(text, PromptFeatureEncoder):
         missing = [q for q in sets.all_prompts(_negative_prompt(cfg.model)) if q not in text.features]
         if missing:
             raise ValueError(f"--text-features {text_features} lacks {len(missing)} of this run's prompts (first: "
                              f"{missing[0]!r}); write it with cache-text and the same prompt flags (--train-two, "
                              "--train-one, --eval-two, --eval-one, --seed, --model)")
+
+
+def run(cfg: PayoffConfig, out: Path, *, text_features: Path | None = None, work: Path | None = None,
+        log: Callable[[str], None] = print) -> dict[str, Any]:
+    started = time.monotonic()
+    out.mkdir(parents=True, exist_ok=True)
+    work = work or Path(tempfile.mkdtemp(prefix="rl_payoff_"))
+    torch.manual_seed(cfg.seed)
+    sets = payoff_prompts(cfg)
+    base = resolve_model_path(cfg.model)
+    text = load_text_encoder(text_features, cfg.model, cfg.device)
+    _check_features(text, sets, cfg, text_features)
+    executor = scoring_executor(cfg.score_workers)
+    record = RunRecord(out, {"config": dataclasses.asdict(cfg), "device": cfg.device, "base_model": str(base),
+                             "base_transformer": file_record(base / TRANSFORMER_FILE).model_dump(),
+                             "prompts": {"train": len(sets.train), "train_two": cfg.train_two,
+                                         "train_one": cfg.train_one, "eval_two": len(sets.eval_two),
+                                         "eval_one": len(sets.eval_one), "disjoint": True},
+                             "text_features": str(text_features) if text_features else "MiniLM wheel",
+                             "targets": {**TARGETS, "one_object_tolerance": ONE_OBJECT_TOLERANCE},
+                             "contact_sheet": {"file": "contact_sheet.png", "prompts": contact_prompts(sets, cfg)}},
+                       contact_prompts(sets, cfg))
     try:
-        before = evaluate_sets(load_model(base, cfg.device, cfg.eval_dtype, text), sets, cfg, executor, contact)
+        before = evaluate_sets(load_model(base, cfg.device, cfg.eval_dtype, text), sets, cfg, executor, record.contact)
         log(json.dumps({"stage": "before", "seconds": round(before.seconds, 1), **before.figures}))
-        methods: dict[str, Any] = {}
-        columns = {"before": before.frames}
-        provenance: dict[str, Any] = {}
+        record.head["before"] = {**before.figures, "eval_seconds": round(before.seconds, 1)}
+        record.columns["before"] = before.frames
+        record.write(started)
         max_iterations = cfg.iterations
         for i, method in enumerate(cfg.methods):
             reserve = before.seconds * 1.3 + 15.0  # the after-evaluation, the load and the export
             seconds = _method_seconds(cfg, started, reserve, len(cfg.methods) - i)
-            pipeline = load_model(base, cfg.device, "float32", text)
-            trained = train_method(method, pipeline, sets, cfg, executor, max_seconds=seconds,
-                                   max_iterations=max_iterations)
-            max_iterations = min(max_iterations, trained.summary["iterations"])  # the same rollout budget
-            log(json.dumps({"stage": method, **trained.summary}))
-            prov = _provenance(method, cfg, sets, trained.summary, base)
-            model_dir = export_model(trained.transformer, base, work / method / base.name, {"rl_payoff": prov})
-            summary, train_log = trained.summary, trained.log
-            del pipeline, trained  # the next method starts from the shipped weights again
-            after = evaluate_sets(load_model(model_dir, cfg.device, cfg.eval_dtype, text), sets, cfg, executor, contact)
-            weights = out / f"{method}.safetensors"
-            shutil.copyfile(model_dir / TRANSFORMER_FILE, weights)
-            record = file_record(weights)
-            prov["figures"] = {"before": before.figures, "after": after.figures}
-            provenance[method] = prov
-            methods[method] = {"after": after.figures, "delta": _delta(before.figures, after.figures),
-                               "targets_met": targets_met(before.figures, after.figures), **summary,
-                               "eval_seconds": round(after.seconds, 1), "log": train_log,
-                               "weights": {"file": weights.name, "bytes": record.bytes, "sha256": record.sha256}}
-            columns[method] = after.frames
-            log(json.dumps({"stage": f"{method} after", "seconds": round(after.seconds, 1), **after.figures,
-                            "targets_met": methods[method]["targets_met"]}))
-        write_contact_sheet(out / "contact_sheet.png", contact, columns)
+            try:
+                done = _one_method(method, cfg, sets, base, text, executor, before, record, work,
+                                   max_seconds=seconds, max_iterations=max_iterations, log=log)
+                max_iterations = min(max_iterations, done)  # the next method: the same rollout budget
+            except Exception as e:  # one method failing leaves the other's results
+                record.methods[method] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+                log(json.dumps({"stage": method, "error": record.methods[method]["error"]}))
+            record.write(started)
     finally:
         executor.shutdown(wait=False, cancel_futures=True)
-    result = {"config": dataclasses.asdict(cfg), "device": cfg.device, "base_model": str(base),
-              "base_transformer": file_record(base / TRANSFORMER_FILE).model_dump(),
-              "prompts": {"train": len(sets.train), "train_two": cfg.train_two, "train_one": cfg.train_one,
-                          "eval_two": len(sets.eval_two), "eval_one": len(sets.eval_one), "disjoint": True},
-              "text_features": str(text_features) if text_features else "MiniLM wheel",
-              "targets": {**TARGETS, "one_object_tolerance": ONE_OBJECT_TOLERANCE},
-              "before": {**before.figures, "eval_seconds": round(before.seconds, 1)}, "methods": methods,
-              "contact_sheet": {"file": "contact_sheet.png", "prompts": contact},
-              "seconds": round(time.monotonic() - started, 1)}
-    (out / "result.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
-    (out / "provenance.json").write_text(json.dumps(provenance, indent=1, default=str) + "\n")
-    return result
+    return record.write(started)
 
 
-def _provenance(method: str, cfg: PayoffConfig, sets: PromptSets, summary: dict[str, Any], base: Path) -> dict[str, Any]:
+def _one_method(method: str, cfg: PayoffConfig, sets: PromptSets, base: Path, text: Any, executor: Executor,
+                before: EvalRun, record: RunRecord, work: Path, *, max_seconds: float, max_iterations: int,
+                log: Callable[[str], None]) -> int:
+    """Train ``method`` from the shipped weights, export, evaluate; its entries in ``record``.
+    Returns the rollout batches it ran."""
+    pipeline = load_model(base, cfg.device, "float32", text)
+    trained = train_method(method, pipeline, sets, cfg, executor, max_seconds=max_seconds,
+                           max_iterations=max_iterations)
+    summary, train_log = trained.summary, trained.log
+    log(json.dumps({"stage": method, **summary}))
+    prov = _provenance(method, cfg, summary, base)
+    model_dir = export_model(trained.transformer, base, work / method / base.name, {"rl_payoff": prov})
+    del pipeline, trained  # the next method starts from the shipped weights again
+    after = evaluate_sets(load_model(model_dir, cfg.device, cfg.eval_dtype, text), sets, cfg, executor,
+                          record.contact)
+    weights = record.out / f"{method}.safetensors"
+    shutil.copyfile(model_dir / TRANSFORMER_FILE, weights)
+    written = file_record(weights)
+    record.provenance[method] = {**prov, "figures": {"before": before.figures, "after": after.figures}}
+    record.methods[method] = {"after": after.figures, "delta": _delta(before.figures, after.figures),
+                              "targets_met": targets_met(before.figures, after.figures), **summary,
+                              "eval_seconds": round(after.seconds, 1), "log": train_log,
+                              "weights": {"file": weights.name, "bytes": written.bytes, "sha256": written.sha256}}
+    record.columns[method] = after.frames
+    log(json.dumps({"stage": f"{method} after", "seconds": round(after.seconds, 1), **after.figures,
+                    "targets_met": record.methods[method]["targets_met"]}))
+    return int(summary["iterations"])
+
+
+def _provenance(method: str, cfg: PayoffConfig, summary: dict[str, Any], base: Path) -> dict[str, Any]:
     keys = ("lr", "minibatches", "group_size", "groups", "steps", "noise_level", "sde_window", "sde_range",
             "clip_range", "kl_beta", "nft_beta", "nft_decay_rate", "nft_decay_max", "reward", "seed")
     return {"recipe": "scripts/rl_payoff.py (issue 31 item 7; docs/training.md)", "method": method,
@@ -680,7 +717,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run(cfg, Path(args.out), text_features=Path(args.text_features) if args.text_features else None,
                  work=Path(args.work) if args.work else None)
     print(json.dumps({"seconds": result["seconds"], "before": result["before"]["two_objects"],
-                      **{m: v["after"]["two_objects"] for m, v in result["methods"].items()}}))
+                      **{m: v["after"]["two_objects"] if "after" in v else {"error": v["error"]} for m, v in result["methods"].items()}}))
     return 0
 
 

@@ -146,3 +146,19 @@ def _layout(path: Path) -> dict[str, tuple]:
     with safe_open(str(path), "pt") as f:
         return {k: (tuple(f.get_slice(k).get_shape()), f.get_slice(k).get_dtype()) for k in f.keys()}
 
+
+
+def test_a_failing_method_is_recorded_and_the_run_goes_on(tiny_model, minilm, tmp_path, monkeypatch):
+    feats, out = tmp_path / "features", tmp_path / "out"
+    cfg = rl_payoff.PayoffConfig(model=str(tiny_model), train_two=3, train_one=1, eval_two=2, eval_one=1)
+    write_prompt_features(rl_payoff.payoff_prompts(cfg).all_prompts(""), minilm, feats)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("out of memory (simulated)")
+
+    monkeypatch.setattr(rl_payoff, "train_method", broken)
+    assert rl_payoff.main(["run", "--model", str(tiny_model), *TINY, "--methods", "nft", "--text-features", str(feats),
+                           "--out", str(out)]) == 0
+    result = json.loads((out / "result.json").read_text())
+    assert result["methods"]["nft"]["error"] == "RuntimeError: out of memory (simulated)"
+    assert result["before"]["two_objects"]["clips"] == 2 and (out / "contact_sheet.png").is_file()

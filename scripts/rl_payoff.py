@@ -18,7 +18,7 @@ and ``provenance.json`` (the manifest block each method's weights would ship wit
     python scripts/rl_payoff.py cache-text --out .scratch/rl_prompt_features
     # the run (GPU: --device cuda; both methods, same rollout budget, time-capped)
     python scripts/rl_payoff.py run --device cuda --text-features .scratch/rl_prompt_features \\
-        --max-minutes 2.75 --total-minutes 8.3 --score-workers 14 --out $OUT
+        --max-minutes 3.25 --total-minutes 8.0 --score-workers 14 --out $OUT
     # a method's weights as a loadable model folder (to look at, or to ship into models/builtin/)
     python scripts/rl_payoff.py materialize --weights OUT/nft.safetensors \\
         --provenance OUT/provenance.json --method nft --to /tmp/shapes-t2v-nft
@@ -67,7 +67,8 @@ from omniloop.train.recipes.wan_checkpoint import save_wan_dit
 from omniloop.train.rl import (ConsistencyLevel, LibraryClient, PromptList, RolloutContext, RolloutProfile,
                                RolloutSpec, TrajectoryBuffer, adherence_reward, apply_profile, group_rollout)
 from omniloop.train.rl.buffer import TrainingBatch
-from omniloop.train.rl.loop import FlowGRPOUpdate, LoopConfig, NFTUpdate, Update, copy_push, no_push, sync_loop
+from omniloop.train.rl.loop import (FlowGRPOUpdate, LoopConfig, NFTUpdate, PushWeights, Update, copy_push, no_push,
+                                   sync_loop)
 from omniloop.train.rl.objectives import FlowGRPOConfig, NFTConfig
 from omniloop.train.rl.policy import TextConditionedPolicy
 from omniloop.train.rl.rewards import ClipCache
@@ -113,7 +114,7 @@ class PayoffConfig:
     nft_decay_rate: float = 0.001  # old-policy decay = min(rate * update, max)
     nft_decay_max: float = 0.5
     iterations: int = 1000  # rollout batches per method (the second method gets at most the first's)
-    max_minutes: float = 2.75  # per method, training only
+    max_minutes: float = 3.25  # per method, training only
     total_minutes: float | None = None  # the whole run: later methods get less when earlier ones ran long
     # evaluation
     eval_steps: int | None = None  # None: the model's served sampler and steps (50 UniPC)
@@ -305,7 +306,7 @@ def evaluate_sets(pipeline: Pipeline, sets: PromptSets, cfg: PayoffConfig, execu
     scored on ``executor``."""
     t0 = time.monotonic()
     items = sets.eval_two + sets.eval_one
-    params = {k: v for k, v in (("steps", cfg.eval_steps), ("height", cfg.size), ("width", cfg.size),
+    params: dict[str, Any] = {k: v for k, v in (("steps", cfg.eval_steps), ("height", cfg.size), ("width", cfg.size),
                                 ("num_frames", cfg.frames)) if v is not None}
     videos = generate(pipeline, [i.prompt for i in items], [i.seed for i in items], max_batch=cfg.eval_batch,
                       **params).videos
@@ -444,6 +445,7 @@ def train_method(method: str, pipeline: Pipeline, sets: PromptSets, cfg: PayoffC
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     generator = torch.Generator().manual_seed(cfg.seed)
     inner: Update
+    push: PushWeights
     if grpo:
         reference = copy.deepcopy(trained).requires_grad_(False) if cfg.kl_beta > 0 else None
         inner = FlowGRPOUpdate(policy, optimizer, FlowGRPOConfig(noise_level=cfg.noise_level, clip_range=cfg.clip_range,
@@ -716,8 +718,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     result = run(cfg, Path(args.out), text_features=Path(args.text_features) if args.text_features else None,
                  work=Path(args.work) if args.work else None)
-    print(json.dumps({"seconds": result["seconds"], "before": result["before"]["two_objects"],
-                      **{m: v["after"]["two_objects"] if "after" in v else {"error": v["error"]} for m, v in result["methods"].items()}}))
+    brief = {m: v["after"]["two_objects"] if "after" in v else {"error": v["error"]} for m, v in result["methods"].items()}
+    print(json.dumps({"seconds": result["seconds"], "before": result["before"]["two_objects"], **brief}))
     return 0
 
 

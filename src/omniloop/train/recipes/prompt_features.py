@@ -51,7 +51,8 @@ def write_prompt_features(prompts: Sequence[str], encoder: Any, out_dir: Path, *
     payload = lzma.compress(planes.numpy().tobytes(), preset=9 | lzma.PRESET_EXTREME)
     index = {"schema_version": SCHEMA_VERSION, "prompts": unique, "lengths": lengths,
              "hidden_size": int(flat.shape[1]), "max_sequence_length": int(encoder.max_sequence_length),
-             "dtype": "bfloat16", "layout": "byte planes, xz", "source": source, "sha256": hashlib.sha256(payload).hexdigest(),
+             "dtype": "bfloat16", "layout": "byte planes, xz", "source": source,
+             "sha256": hashlib.sha256(payload).hexdigest(),
              "bytes": len(payload)}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

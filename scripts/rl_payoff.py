@@ -639,17 +639,20 @@ def materialize(weights: Path, to: Path, *, model: str = "shapes-t2v", provenanc
     """A loadable model folder: ``model``'s, with ``weights`` (a ``<method>.safetensors`` of a run)
     as its transformer file and ``provenance`` added to its manifest."""
     base = resolve_model_path(model)
-    if to.exists():
-        shutil.rmtree(to)
-    shutil.copytree(base, to)
-    shutil.copyfile(weights, to / TRANSFORMER_FILE)
-    manifest = read_manifest(to)
-    files = {rel: file_record((to / rel).resolve()) for rel in manifest.files}
-    if files[TRANSFORMER_FILE].bytes != manifest.files[TRANSFORMER_FILE].bytes:
-        raise ValueError(f"{weights} is {files[TRANSFORMER_FILE].bytes} bytes, {model}'s transformer file "
-                         f"{manifest.files[TRANSFORMER_FILE].bytes}: not a weights file of this run's layout")
-    prov = {**manifest.provenance, **({"rl_payoff": provenance} if provenance else {})}
-    write_manifest(to, manifest.model_copy(update={"files": files, "provenance": prov}))
+    with tempfile.TemporaryDirectory(prefix="materialize_") as tmp:
+        staged = Path(tmp) / base.name  # built aside: ``to`` may be ``model``'s own folder (shipping)
+        shutil.copytree(base, staged)
+        shutil.copyfile(weights, staged / TRANSFORMER_FILE)
+        manifest = read_manifest(staged)
+        files = {rel: file_record((staged / rel).resolve()) for rel in manifest.files}
+        if files[TRANSFORMER_FILE].bytes != manifest.files[TRANSFORMER_FILE].bytes:
+            raise ValueError(f"{weights} is {files[TRANSFORMER_FILE].bytes} bytes, {model}'s transformer file "
+                             f"{manifest.files[TRANSFORMER_FILE].bytes}: not a weights file of this run's layout")
+        prov = {**manifest.provenance, **({"rl_payoff": provenance} if provenance else {})}
+        write_manifest(staged, manifest.model_copy(update={"files": files, "provenance": prov}))
+        if to.exists():
+            shutil.rmtree(to)
+        shutil.copytree(staged, to)
     return to
 
 

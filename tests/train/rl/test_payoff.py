@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -133,6 +134,11 @@ def test_payoff_run_writes_its_outputs_and_the_weights_load_back(tiny_model, min
     assert sheet.size[0] == 3 * (3 * 32 + 4) + 2 * 6  # before + 2 methods, 3 frames each
     assert sorted(p.name for p in out.iterdir()) == ["contact_sheet.png", "flow_grpo.safetensors", "nft.safetensors",
                                                      "provenance.json", "result.json"]
+    # shipping: materialized over the model's own folder (built aside, then swapped in)
+    assert rl_payoff.main(["materialize", "--weights", str(out / "nft.safetensors"), "--to", str(tiny_model),
+                           "--model", str(tiny_model)]) == 0
+    assert read_manifest(tiny_model).files[rl_payoff.TRANSFORMER_FILE] == file_record(out / "nft.safetensors")
+    assert (tiny_model / "vae" / "diffusion_pytorch_model.safetensors").is_file()
 
 
 def test_a_run_refuses_features_of_other_prompts(tiny_model, minilm, tmp_path):
@@ -162,3 +168,31 @@ def test_a_failing_method_is_recorded_and_the_run_goes_on(tiny_model, minilm, tm
     result = json.loads((out / "result.json").read_text())
     assert result["methods"]["nft"]["error"] == "RuntimeError: out of memory (simulated)"
     assert result["before"]["two_objects"]["clips"] == 2 and (out / "contact_sheet.png").is_file()
+
+
+def test_sync_loop_stops_before_an_iteration_that_would_pass_max_seconds():
+    from omniloop.train.rl import PromptList, RolloutContext
+    from omniloop.train.rl.loop import LoopConfig, async_loop, sync_loop
+    from omniloop.train.rl.rewards import WeightedReward
+
+    class Constant:
+        name = "constant"
+
+        def score(self, trajectories):
+            return [1.0] * len(trajectories)
+
+    def rollout(ctx):
+        time.sleep(0.02)
+        return []
+
+    ctx = RolloutContext(client=None, prompts=PromptList(["a red circle"]), group_size=2)  # type: ignore[arg-type]
+    reward = WeightedReward([(Constant(), 1.0)])
+    t0 = time.monotonic()
+    logs = sync_loop(rollout, ctx, reward, lambda batch: {}, LoopConfig(iterations=1000, max_seconds=0.5))
+    elapsed, longest = time.monotonic() - t0, max(log.metrics["iteration_s"] for log in logs)
+    assert 2 <= len(logs) < 1000  # stopped by the clock, not by the iteration count
+    assert elapsed <= 0.5 + longest + 0.05  # no iteration started that was not expected to end in time
+    with pytest.raises(ValueError, match="max_seconds is honoured by sync_loop only"):
+        async_loop(rollout, ctx, reward, lambda batch: {}, LoopConfig(iterations=2, max_seconds=1.0))
+    with pytest.raises(ValueError, match="max_seconds must be > 0"):
+        LoopConfig(iterations=2, max_seconds=0)

@@ -410,6 +410,7 @@ class ScoredRollout:
         t0 = time.monotonic()
         trajs = group_rollout(ctx)
         t1 = time.monotonic()
+        self.cache.entries.clear()  # the last batch was scored: its clips (0.8 MB each) need not stay
         self.cache.fill(trajs, self.executor)
         self.seconds["rollout"] += t1 - t0
         self.seconds["score"] += time.monotonic() - t1

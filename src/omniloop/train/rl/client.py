@@ -23,7 +23,7 @@ from omniloop.engine.engine import Engine, EngineConfig
 from omniloop.engine.scheduler import SchedulingPolicy
 from omniloop.pipeline.pipeline import Pipeline
 from omniloop.request import OmniRequest
-from omniloop.serve.rollouts import RolloutBatch, RolloutRecord, decode_records
+from omniloop.serve.rollout_records import RolloutBatch, RolloutRecord, decode_records
 
 
 class EngineClient(Protocol):

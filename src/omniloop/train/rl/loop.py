@@ -85,10 +85,15 @@ class NFTUpdate:
 class LoopConfig:
     iterations: int
     max_staleness: int = 1  # async: updates between a batch's rollout weights and its training (0: sync)
+    # sync: stop before an iteration that is not expected to end within this many seconds of the
+    # loop's start (expected: the longest iteration so far); the first always runs
+    max_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if self.iterations < 1 or self.max_staleness < 0:
             raise ValueError(f"iterations must be >= 1 and max_staleness >= 0, got {self.iterations}, {self.max_staleness}")
+        if self.max_seconds is not None and not self.max_seconds > 0:
+            raise ValueError(f"max_seconds must be > 0 (or None for no time limit), got {self.max_seconds}")
 
 
 PushWeights = Callable[[int], None]  # the trainer's version -> the rollout side runs those weights
@@ -141,14 +146,18 @@ def sync_loop(rollout_fn: RolloutFn, ctx: RolloutContext, reward: WeightedReward
               buffer: TrajectoryBuffer | None = None) -> list[IterationLog]:
     buffer = buffer if buffer is not None else TrajectoryBuffer()
     logs = []
+    start, longest = time.monotonic(), 0.0
     for it in range(config.iterations):
         t0 = time.monotonic()
+        if it and config.max_seconds is not None and t0 - start + longest > config.max_seconds:
+            break
         ctx.iteration = it
         trajs = rollout_fn(ctx)
         t_roll = time.monotonic()
         reward.score(trajs)
         metrics = _train(buffer, trajs, update)
         push_weights(it + 1)
+        longest = max(longest, time.monotonic() - t0)
         metrics.update(rollout_s=round(t_roll - t0, 3), iteration_s=round(time.monotonic() - t0, 3))
         logs.append(IterationLog(it, it, it, metrics))
     return logs
@@ -158,6 +167,9 @@ def async_loop(rollout_fn: RolloutFn, ctx: RolloutContext, reward: WeightedRewar
                config: LoopConfig, *, push_weights: PushWeights = no_push,
                buffer: TrajectoryBuffer | None = None) -> list[IterationLog]:
     """Rollout N+1 runs (worker thread) while batch N is scored and trained (this thread)."""
+    if config.max_seconds is not None:
+        raise ValueError("LoopConfig.max_seconds is honoured by sync_loop only; pass max_seconds=None to "
+                         "async_loop (bound it by iterations)")
     buffer = buffer if buffer is not None else TrajectoryBuffer()
     logs: list[IterationLog] = []
     version = 0  # updates done

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Literal, Protocol, Sequence
 
 from omniloop.request import DiffusionParams, Modality, OmniRequest, OutputSpec, TaskType, TextPart
-from omniloop.serve.rollouts import RolloutRecord
+from omniloop.serve.rollout_records import RolloutRecord
 from omniloop.train.rl.client import EngineClient
 from omniloop.train.rl.trajectory import Trajectory, TrajectoryStatus
 

@@ -1,0 +1,198 @@
+"""The RL payoff run (train/recipes/rl_payoff.py) end to end on a tiny shapes-layout model: stored
+prompt features, before/after evaluations, FlowGRPO and DiffusionNFT through the engine, the
+exported weights in the shipped layout loading back, the contact sheet and the provenance."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors import safe_open
+
+from omniloop.eval.adherence import evaluate_clip
+from omniloop.models.autoencoders.wan_vae import WanVAE
+from omniloop.models.families.wan.model import WanDiT
+from omniloop.models.manifest import file_record, read_manifest, write_manifest
+from omniloop.request import OmniRequest, TextPart
+from omniloop.train.recipes.prompt_features import load_prompt_features, write_prompt_features
+from omniloop.train.recipes.shapes_dit import DiTRecipe
+from omniloop.train.recipes.shapes_model import ShapesModelSettings
+from omniloop.train.recipes.shapes_vae import VAERecipe, vae_init_
+from omniloop.train.recipes.wan_checkpoint import save_wan_dit, save_wan_vae
+from omniloop.train.rl.rewards import ClipCache
+from omniloop.train.rl.trajectory import Trajectory
+
+SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "rl_payoff.py"
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("rl_payoff", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["rl_payoff"] = module  # its dataclasses resolve their module
+    spec.loader.exec_module(module)
+    return module
+
+
+rl_payoff = _load_script()
+FILES = ("transformer/config.json", "transformer/diffusion_pytorch_model.safetensors", "vae/config.json",
+         "vae/diffusion_pytorch_model.safetensors")
+TINY = ["--train-two", "3", "--train-one", "1", "--eval-two", "2", "--eval-one", "1", "--size", "32", "--frames", "5",
+        "--steps", "3", "--sde-window", "2", "--sde-range", "3", "--eval-steps", "2", "--group-size", "2",
+        "--groups", "2", "--contact-two", "1", "--contact-one", "1"]
+
+
+@pytest.fixture
+def tiny_model(tmp_path) -> Path:
+    """A shapes-layout model folder (manifest, bf16 files) around a random 2-layer DiT and toy VAE."""
+    torch.manual_seed(0)
+    dit = WanDiT(DiTRecipe.toy().dit_config)
+    with torch.no_grad():  # a non-zero output head: rollouts of one prompt differ, so groups have variance
+        for p in dit.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    root = tmp_path / "tiny-shapes"
+    save_wan_dit(dit, root / "transformer", dtype=torch.bfloat16)
+    save_wan_vae(vae_init_(WanVAE(VAERecipe.toy().vae_config)), root / "vae", dtype=torch.bfloat16)
+    settings = ShapesModelSettings(height=32, width=32, num_frames=5, steps=3)
+    write_manifest(root, settings.teacher_manifest("tiny-shapes", files={f: file_record(root / f) for f in FILES},
+                                                   tasks=("t2v",)))
+    return root
+
+
+def test_prompt_sets_are_disjoint_and_fully_stated():
+    sets = rl_payoff.payoff_prompts(rl_payoff.PayoffConfig(train_two=12, train_one=4, eval_two=16, eval_one=8))
+    assert len(sets.train) == 16 and len(set(sets.train)) == 16
+    assert not set(sets.train) & {i.prompt for i in sets.eval_two + sets.eval_one}
+    # the two-object set is evaluate.py's --two-objects set (held_out_prompts(n, seed + 1), seeds 100_000 + i)
+    assert [i.seed for i in sets.eval_two[:3]] == [100_000, 100_001, 100_002]
+    assert all(rl_payoff._fully_stated(p, 2) for p in sets.train[:12])
+    assert all(rl_payoff._fully_stated(p, 1) for p in sets.train[12:])
+
+
+def test_prompt_features_equal_the_encoder_rounded_to_bf16(minilm, tmp_path):
+    prompts = ["a red circle moving right and a blue square moving up", "a green star", ""]
+    write_prompt_features(prompts, minilm, tmp_path)
+    stored = load_prompt_features(tmp_path)
+    got, want = stored.encode(prompts), minilm.encode(prompts)
+    assert got.lengths == want.lengths and got.embeds.shape == want.embeds.shape
+    assert torch.equal(got.embeds, want.embeds.to(torch.bfloat16).float())  # zero past each length too
+    with pytest.raises(ValueError, match="not in the stored prompt features"):
+        stored.encode(["a purple hexagon"])
+
+
+def test_clip_cache_fill_scores_on_an_executor():
+    video = np.zeros((5, 32, 32, 3), dtype=np.uint8)
+    trajs = [Trajectory(request=OmniRequest(task="t2v", inputs=[TextPart(text="a red circle")]), prompt="a red circle",
+                        group=0, video=torch.from_numpy(video.copy())) for _ in range(2)]
+    cache = ClipCache()
+    with ThreadPoolExecutor(2) as pool:
+        cache.fill(trajs, pool)
+    assert all(cache._holds(t) for t in trajs)
+    assert cache.clip(trajs[0]).to_dict() == evaluate_clip(video, "a red circle").to_dict()
+
+
+def test_payoff_run_writes_its_outputs_and_the_weights_load_back(tiny_model, minilm, tmp_path):
+    feats, out = tmp_path / "features", tmp_path / "out"
+    cfg = rl_payoff.PayoffConfig(model=str(tiny_model), train_two=3, train_one=1, eval_two=2, eval_one=1)  # TINY's
+    write_prompt_features(rl_payoff.payoff_prompts(cfg).all_prompts(""), minilm, feats)
+    assert rl_payoff.main(["run", "--model", str(tiny_model), *TINY, "--iterations", "2", "--text-features",
+                           str(feats), "--out", str(out), "--work", str(tmp_path / "work")]) == 0
+    result = json.loads((out / "result.json").read_text())
+    assert result["prompts"] == {"train": 4, "train_two": 3, "train_one": 1, "eval_two": 2, "eval_one": 1,
+                                 "disjoint": True}
+    for key in ("whole_prompt", "both_motions", "both_shapes", "count", "stable"):
+        assert key in result["before"]["two_objects"]
+    shipped = tiny_model / rl_payoff.TRANSFORMER_FILE
+    provenance = json.loads((out / "provenance.json").read_text())
+    for method in rl_payoff.METHODS:
+        m = result["methods"][method]
+        assert m["iterations"] >= 1 and m["rollouts"] == 4 * m["iterations"] and m["log"]
+        assert set(m["targets_met"]) >= {"whole_prompt", "both_motions", "both_shapes", "stability_not_worse"}
+        weights = out / f"{method}.safetensors"
+        assert weights.stat().st_size == shipped.stat().st_size == m["weights"]["bytes"]
+        assert _layout(weights) == _layout(shipped)  # same names, shapes and dtypes as the shipped file
+        assert provenance[method]["method"] == method and provenance[method]["rollouts"] == m["rollouts"]
+        # a loadable model folder, its transformer equal to the file (the manifest records both)
+        folder = tmp_path / f"model-{method}"
+        assert rl_payoff.main(["materialize", "--weights", str(weights), "--to", str(folder), "--model",
+                               str(tiny_model), "--provenance", str(out / "provenance.json"), "--method", method]) == 0
+        assert read_manifest(folder).provenance["rl_payoff"]["method"] == method
+        pipeline = rl_payoff.load_model(folder, "cpu", "float32", load_prompt_features(feats))
+        with safe_open(str(weights), "pt") as f:
+            key = "proj_out.weight"
+            assert torch.equal(pipeline.components["transformer"].state_dict()[key].cpu(), f.get_tensor(key).float())
+    # NFT trains a copy; FlowGRPO the engine's own module: both moved off the shipped weights
+    assert result["methods"]["nft"]["iterations"] <= result["methods"]["flow_grpo"]["iterations"]  # same budget
+    sheet = Image.open(out / "contact_sheet.png")
+    assert sheet.size[0] == 3 * (3 * 32 + 4) + 2 * 6  # before + 2 methods, 3 frames each
+    assert sorted(p.name for p in out.iterdir()) == ["contact_sheet.png", "flow_grpo.safetensors", "nft.safetensors",
+                                                     "provenance.json", "result.json"]
+    # shipping: materialized over the model's own folder (built aside, then swapped in)
+    assert rl_payoff.main(["materialize", "--weights", str(out / "nft.safetensors"), "--to", str(tiny_model),
+                           "--model", str(tiny_model)]) == 0
+    assert read_manifest(tiny_model).files[rl_payoff.TRANSFORMER_FILE] == file_record(out / "nft.safetensors")
+    assert (tiny_model / "vae" / "diffusion_pytorch_model.safetensors").is_file()
+
+
+def test_a_run_refuses_features_of_other_prompts(tiny_model, minilm, tmp_path):
+    write_prompt_features(["a red circle moving right", ""], minilm, tmp_path / "features")
+    with pytest.raises(ValueError, match="lacks .* of this run's prompts"):
+        rl_payoff.main(["run", "--model", str(tiny_model), *TINY, "--text-features", str(tmp_path / "features"),
+                        "--out", str(tmp_path / "out")])
+
+
+def _layout(path: Path) -> dict[str, tuple]:
+    with safe_open(str(path), "pt") as f:
+        return {k: (tuple(f.get_slice(k).get_shape()), f.get_slice(k).get_dtype()) for k in f.keys()}
+
+
+
+def test_a_failing_method_is_recorded_and_the_run_goes_on(tiny_model, minilm, tmp_path, monkeypatch):
+    feats, out = tmp_path / "features", tmp_path / "out"
+    cfg = rl_payoff.PayoffConfig(model=str(tiny_model), train_two=3, train_one=1, eval_two=2, eval_one=1)
+    write_prompt_features(rl_payoff.payoff_prompts(cfg).all_prompts(""), minilm, feats)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("out of memory (simulated)")
+
+    monkeypatch.setattr(rl_payoff, "train_method", broken)
+    assert rl_payoff.main(["run", "--model", str(tiny_model), *TINY, "--methods", "nft", "--text-features", str(feats),
+                           "--out", str(out)]) == 0
+    result = json.loads((out / "result.json").read_text())
+    assert result["methods"]["nft"]["error"] == "RuntimeError: out of memory (simulated)"
+    assert result["before"]["two_objects"]["clips"] == 2 and (out / "contact_sheet.png").is_file()
+
+
+def test_sync_loop_stops_before_an_iteration_that_would_pass_max_seconds():
+    from omniloop.train.rl import PromptList, RolloutContext
+    from omniloop.train.rl.loop import LoopConfig, async_loop, sync_loop
+    from omniloop.train.rl.rewards import WeightedReward
+
+    class Constant:
+        name = "constant"
+
+        def score(self, trajectories):
+            return [1.0] * len(trajectories)
+
+    def rollout(ctx):
+        time.sleep(0.02)
+        return []
+
+    ctx = RolloutContext(client=None, prompts=PromptList(["a red circle"]), group_size=2)  # type: ignore[arg-type]
+    reward = WeightedReward([(Constant(), 1.0)])
+    t0 = time.monotonic()
+    logs = sync_loop(rollout, ctx, reward, lambda batch: {}, LoopConfig(iterations=1000, max_seconds=0.5))
+    elapsed, longest = time.monotonic() - t0, max(log.metrics["iteration_s"] for log in logs)
+    assert 2 <= len(logs) < 1000  # stopped by the clock, not by the iteration count
+    assert elapsed <= 0.5 + longest + 0.05  # no iteration started that was not expected to end in time
+    with pytest.raises(ValueError, match="max_seconds is honoured by sync_loop only"):
+        async_loop(rollout, ctx, reward, lambda batch: {}, LoopConfig(iterations=2, max_seconds=1.0))
+    with pytest.raises(ValueError, match="max_seconds must be > 0"):
+        LoopConfig(iterations=2, max_seconds=0)

@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import math
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -62,19 +64,24 @@ SAMPLE_RATE = 24000
 # differ from it (the talker's width, the vision tower's, untied thinker head, M-RoPE sections)
 # or where the value decides the work; token2wav (DiT 22 x 1024, BigVGAN 1536 ch, upsample 240)
 # is transformers' defaults, which are the published values.
-MROPE = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]}  # head_dim 128
+# M-RoPE as config.json writes it (rope_theta + rope_scaling: what transformers 4.x reads and 5.x
+# converts to rope_parameters); the sections split head_dim 128's 64 frequencies
+MROPE = {"rope_theta": 1e6, "rope_scaling": {"type": "default", "rope_type": "default", "mrope_section": [16, 24, 24]}}
 PUBLISHED_7B: dict[str, Any] = {
     "text": dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
                  num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=32768, rms_norm_eps=1e-6,
-                 rope_parameters=MROPE, tie_word_embeddings=False, eos_token_id=151645, pad_token_id=151643),
+                 **MROPE, tie_word_embeddings=False, eos_token_id=151645, pad_token_id=151643),
     "audio": dict(d_model=1280, encoder_layers=32, encoder_attention_heads=20, encoder_ffn_dim=5120, num_mel_bins=128,
                   output_dim=3584, n_window=100, max_source_positions=1500),
     "vision": dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584,
                    fullatt_block_indexes=[7, 15, 23, 31], window_size=112, patch_size=14, spatial_merge_size=2,
                    temporal_patch_size=2),
+    "thinker": dict(audio_token_index=151646, image_token_index=151655, video_token_index=151656,
+                    audio_start_token_id=151647, audio_end_token_id=151648, vision_start_token_id=151652,
+                    vision_end_token_id=151653),
     "talker": dict(vocab_size=8448, embedding_size=3584, hidden_size=896, intermediate_size=18944, num_hidden_layers=24,
                    num_attention_heads=12, num_key_value_heads=4, head_dim=128, max_position_embeddings=32768,
-                   rms_norm_eps=1e-6, rope_parameters=MROPE),
+                   rms_norm_eps=1e-6, **MROPE),
 }
 SPEECH_CODES = 8192  # codes 0..8191 are speech; 8292.. are the codec's specials
 VOICES = {"Chelsie": 151870, "Ethan": 151871}  # stand-in text ids for the voices' start tokens (any id < vocab)
@@ -89,7 +96,7 @@ def omni_7b_config():
 
     p = PUBLISHED_7B
     return Qwen2_5OmniConfig(thinker_config=dict(text_config=p["text"], audio_config=p["audio"],
-                                                 vision_config=p["vision"]),
+                                                 vision_config=p["vision"], **p["thinker"]),
                              talker_config=p["talker"])
 
 
@@ -335,6 +342,7 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     folder = Path(tempfile.mkdtemp(prefix="omni_bench_"))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a run cut short (timeout) still deletes the folder
     sink = open(args.out, "a") if args.out else None
     import transformers
 
@@ -365,6 +373,7 @@ def main(argv=None) -> int:
             emit({**base, "metric": "transformers_generate", "batch": 1, "streamed": False,
                   **min(runs, key=lambda r: r["total_s"])}, sink)
         del hf  # one model on the device at a time
+        gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
         if {"single", "concurrent"} & set(args.only):

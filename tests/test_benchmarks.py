@@ -122,6 +122,22 @@ def test_qwen2_benchmark_compares_our_engine_with_transformers(tmp_path):
     assert all(r["decode_tok_per_s"] > 0 for r in records if r["metric"] != "load_s")
 
 
+@pytest.mark.slow  # builds and saves the tiny Qwen2.5-Omni with transformers, then ~10 spoken answers (~20 s on 2 cores)
+def test_omni_benchmark_runs_the_same_spoken_answer_on_both_sides(tmp_path):
+    records = _run_bench("bench_omni.py", "--tiny", "--iters", "1", "--batches", "3", "--serial", "1",
+                         out=tmp_path / "o.jsonl")
+    by = {(r["metric"], r.get("streamed")): r for r in records}
+    hf, streamed, whole = by[("transformers_generate", False)], by[("ours", True)], by[("ours", False)]
+    # the same work: 24 codes of 16 samples (the tiny vocoder) at 24 kHz on every side
+    assert hf["audio_s"] == streamed["audio_s"] == whole["audio_s"] == round(24 * 16 / 24000, 3)
+    assert all(r["rtf"] > 0 and 0 < r["first_audio_s"] <= r["total_s"] for r in (hf, streamed, whole))
+    assert hf["first_audio_s"] == hf["total_s"] and set(hf["part_s"]) == {"thinker", "talker", "token2wav"}
+    assert "code2wav" in streamed["node_s"] and "token2wav" in whole["node_s"]
+    serial, together = by[("ours_one_at_a_time", True)], by[("ours_concurrent", True)]
+    assert serial["requests"] == 1 and together["requests"] == 3 and together["batched_steps"] > 0
+    assert together["audio_s"] == 3 * hf["audio_s"] and together["speedup_vs_one_at_a_time"] > 0
+
+
 def test_defaults_benchmark_agrees_with_diffusers(tmp_path):
     records = _run_bench("bench_defaults.py", "--tiny", "--sides", "ours_default,diffusers", out=tmp_path / "d.jsonl")
     agreement = [r for r in records if r.get("metric") == "agreement_vs_diffusers"]

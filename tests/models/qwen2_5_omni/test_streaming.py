@@ -65,3 +65,17 @@ def test_streamed_speech_comes_in_chunks_while_the_talker_runs(omni_pipeline):
     diff = (streamed.audio.samples - whole.audio.samples).abs().max().item()
     print("streamed vs whole-utterance audio: max abs diff", diff)
     assert diff <= 1e-3  # measured 1.44e-4 on this checkpoint: the windows see only their context (documented)
+
+
+def test_speech_cut_at_its_length_bound_streams_every_code(omni_pipeline):
+    """A talker that stops at its max_tokens (finish_reason "length", no codec end) hands its
+    last code to code2wav too: the streamed audio is as long as the whole decode's (the AR
+    loop's final text delta must not swallow the last code of ``codec_stream``)."""
+    request = omni_request(PROMPTS[1], max_tokens=8)
+    whole = run_request(omni_pipeline, request)
+    assert whole.audio.finish_reason == "length"  # this prompt's speech runs into its bound
+    streamed = run_request(omni_pipeline, request.model_copy(update={"outputs": request.outputs.model_copy(
+        update={"stream": True})}))
+    assert streamed.status.value == "completed", streamed.error
+    assert streamed.audio.finish_reason == "length"
+    assert streamed.audio.samples.shape == whole.audio.samples.shape

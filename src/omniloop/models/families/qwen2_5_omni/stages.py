@@ -337,16 +337,19 @@ class TalkerLoop(ARDecodeLoop):
     def step_many(self, ctx: StageContext, loops: Sequence[ARLoopState]) -> list[StepResult]:
         for loop in loops:
             self._feed(ctx, loop)
-        # codes are no text: nothing is streamed as a text delta; the new codes go on codec_stream
+        # codes are no text: nothing is streamed as a text delta; the new codes go on codec_stream.
+        # NOTE: read how far the stream got before the step: the AR loop's final text delta
+        # advances emitted_tokens past the last code (a speech cut at its length bound)
+        sent = [lp.emitted_tokens for lp in loops]
         results = super().step_many(ctx, loops)
-        return [StepResult(done=r.done, error=r.error, chunks=None if r.error is not None else self._new_codes(lp))
-                for lp, r in zip(loops, results)]
+        return [StepResult(done=r.done, error=r.error, chunks=None if r.error is not None else self._new_codes(lp, n))
+                for lp, r, n in zip(loops, results, sent)]
 
     @staticmethod
-    def _new_codes(loop: ARLoopState) -> list[tuple[str, Artifact]] | None:
-        """The codes sampled since the last chunk (a codec end excluded); the last chunk says why
-        the speech ended."""
-        new = [c for c in loop.output_ids[loop.emitted_tokens:] if c not in loop.stop_ids]
+    def _new_codes(loop: ARLoopState, sent: int) -> list[tuple[str, Artifact]] | None:
+        """The codes sampled since the last chunk (``output_ids[sent:]``, a codec end excluded);
+        the last chunk says why the speech ended."""
+        new = [c for c in loop.output_ids[sent:] if c not in loop.stop_ids]
         loop.emitted_tokens = len(loop.output_ids)
         if not new and not loop.done:
             return None

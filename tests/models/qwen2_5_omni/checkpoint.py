@@ -24,7 +24,10 @@ CORPUS = [
     "say hello to the user", "one two three four five six", "user: assistant: system:",
 ]
 PROMPTS = ["the cat", "hello world, the quick brown fox", "say one two three"]
-CHAT_TEMPLATE = ("{% for m in messages %}<|im_end|>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+# text messages render as before; an audio content entry renders as the released template renders it
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_end|>{{ m['role'] }}: {% if m['content'] is string %}{{ m['content'] }}"
+                 "{% else %}{% for c in m['content'] %}{% if c['type'] == 'audio' %}<|audio_bos|><|AUDIO|><|audio_eos|>"
+                 "{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}{{ '\\n' }}{% endfor %}"
                  "{% if add_generation_prompt %}assistant: {% endif %}")
 # codec ids of the tiny talker (the released model's are 8292..8296 of 8448)
 CODEC_PAD, CODEC_BOS, CODEC_EOS, CODEC_MASK = 60, 61, 62, 63
@@ -111,13 +114,28 @@ def speakers(tokenizer, seed: int = 0) -> dict[str, dict[str, Any]]:
     return out
 
 
+AUDIO_WINDOW_S = 2  # the tiny feature extractor's window (the released model's: 30 s)
+
+
+def tiny_feature_extractor(folder: Path):
+    """The processor's ``WhisperFeatureExtractor`` at the tiny audio tower's mel bins, saved as
+    ``preprocessor_config.json`` (16 kHz, 10 ms hop, 25 ms window, as released; a 2 s window)."""
+    from transformers import WhisperFeatureExtractor
+
+    fe = WhisperFeatureExtractor(feature_size=16, sampling_rate=16000, hop_length=160, n_fft=400,
+                                 chunk_length=AUDIO_WINDOW_S)
+    fe.save_pretrained(folder)
+    return fe
+
+
 def save_omni_checkpoint(folder: Path, seed: int = 0, **overrides: Any):
-    """Tokenizer + random ``Qwen2_5OmniForConditionalGeneration`` + ``spk_dict.pt`` saved to
-    ``folder``; returns the transformers model (speakers loaded, fp32, eval)."""
+    """Tokenizer + feature extractor + random ``Qwen2_5OmniForConditionalGeneration`` +
+    ``spk_dict.pt`` saved to ``folder``; returns the transformers model (speakers loaded, fp32, eval)."""
     from transformers import Qwen2_5OmniForConditionalGeneration
 
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer = tiny_tokenizer(folder)
+    tiny_feature_extractor(folder)
     torch.manual_seed(seed)
     model = Qwen2_5OmniForConditionalGeneration(tiny_omni_config(tokenizer, **overrides)).eval()
     _perturb(model, seed)

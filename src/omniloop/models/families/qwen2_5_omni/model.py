@@ -17,7 +17,8 @@ loads by stripping the ``thinker.`` / ``talker.`` prefix.
   preemption all see exactly the inputs transformers' talker ``generate`` feeds.
 
 Text-only and audio prompts have 1-D positions (the three planes equal), which makes the
-multimodal RoPE the plain one; the KV view's positions drive it.
+multimodal RoPE the plain one; the KV view's positions drive it. A prompt's audio embeddings
+(``ThinkerRow.media``) replace its placeholder tokens' embeddings by position.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omniloop.cache.kv import KVLayout
+from omniloop.models.families.qwen2_5_omni.media import MediaEmbeds
 from omniloop.models.layers.attention import DEFAULT_BACKEND, attention
 from omniloop.models.layers.run_blocks import run_blocks
 
@@ -209,12 +211,16 @@ def _activation_bytes(c: DecoderConfig, dtype: torch.dtype, num_tokens: int, con
 @dataclass
 class ThinkerRow:
     """One request's per-forward inputs and record of the thinker (``ARLoopState.lm_inputs``):
-    the final hidden states of every position forwarded so far, written by position (a
-    re-prefill after preemption overwrites the same rows with the same values)."""
+    its prompt's encoder outputs (``media``: audio embeddings at their placeholders), and, for
+    the talker (``record_states``), the final hidden states of every position forwarded so
+    far, written by position (a re-prefill after preemption overwrites the same rows with the
+    same values)."""
 
     hidden: torch.Tensor | None = None  # [capacity, hidden] (rows past ``filled`` unused)
     filled: int = 0
     streamed: int = 0  # rows already handed to the talker's stream (stages.ThinkerLoop)
+    media: MediaEmbeds | None = None
+    record_states: bool = True
 
     def record(self, start: int, rows: torch.Tensor) -> None:
         end = start + rows.shape[0]
@@ -260,10 +266,15 @@ class OmniThinker(nn.Module):
         """``input_ids [B, L]`` -> logits ``[B, L', vocab]``; each row's hidden states go to its
         ``lm_inputs`` record (None: not recorded)."""
         positions = _positions(input_ids, kv)
-        h = self.model(self.embed(input_ids), positions, kv)  # [B, L, hidden]
-        for row, hidden, pos in zip(lm_inputs or (), h, positions):
-            if row is not None:
-                row.record(int(pos[0]), hidden)
+        starts = [int(p[0]) for p in positions] if lm_inputs else []
+        embeds = self.embed(input_ids)  # [B, L, hidden]
+        if any(row is not None and row.media is not None for row in lm_inputs or ()):
+            embeds = torch.stack([e if row is None or row.media is None else row.media.merge(e, start)
+                                  for row, e, start in zip(lm_inputs or (), embeds, starts)])
+        h = self.model(embeds, positions, kv)  # [B, L, hidden]
+        for row, hidden, start in zip(lm_inputs or (), h, starts):
+            if row is not None and row.record_states:
+                row.record(start, hidden)
         if logits_to_keep:
             h = h[:, -logits_to_keep:]
         return self.lm_head(h)

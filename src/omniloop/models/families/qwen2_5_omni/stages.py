@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from omniloop.cache.paged_kv import BlockPool
 from omniloop.models.families.qwen2_5_omni.bigvgan import SAMPLE_RATE, BigVGAN
 from omniloop.models.families.qwen2_5_omni.dit import Token2WavDiT
+from omniloop.models.families.qwen2_5_omni.media import MediaPromptTokens
 from omniloop.models.families.qwen2_5_omni.presets import TOKEN2WAV_SWAY
 from omniloop.models.families.qwen2_5_omni.model import OmniTalker, OmniThinker, TalkerRow, ThinkerRow
 from omniloop.models.families.qwen2_5_omni.weights import Speaker
@@ -76,6 +77,7 @@ class ThinkerChunk(Artifact):
     start: int
     ids: list[int]  # the token at each position
     hidden: torch.Tensor  # [len(ids), D] the final hidden state of each position
+    media: torch.Tensor | None = None  # [len(ids)] bool: an encoder's embedding there (the talker reads zeros)
 
 
 @dataclass(kw_only=True)
@@ -145,7 +147,10 @@ class ThinkerLoop(ARDecodeLoop):
         params = effective_sampling(state.request.sampling, text.sampling)
         prompt_ids = self._prompt_ids(ctx, state, ctx.component(self.tokenizer_component))
         state.metrics.seed = params.seed
-        row = ThinkerRow() if wants_speech(state.request) else None  # record hidden states only for the talker
+        given = ctx.read_optional(state, "prompt_tokens", PromptTokens)
+        media = given.lm_inputs if isinstance(given, MediaPromptTokens) else None  # audio embeddings by position
+        speech = wants_speech(state.request)  # record hidden states only for the talker
+        row = ThinkerRow(media=media, record_states=speech) if speech or media is not None else None
         return start_ar_loop(self, ctx, state, params=params, prompt_ids=prompt_ids,
                              stop_ids=frozenset(text.eos_token_ids) | frozenset(params.stop_token_ids), lm_inputs=row)
 
@@ -169,10 +174,11 @@ class ThinkerLoop(ARDecodeLoop):
         start, end = row.streamed, row.filled
         row.streamed = end
         ids = (loop.prompt_ids + loop.output_ids)[start:end]
-        return ThinkerChunk(prompt_len=p, start=start, ids=ids, hidden=row.hidden[start:end].clone())
+        media = row.media.mask(start, end) if row.media is not None and start < p else None
+        return ThinkerChunk(prompt_len=p, start=start, ids=ids, hidden=row.hidden[start:end].clone(), media=media)
 
     def finalize(self, ctx: StageContext, loop: ARLoopState, state: RequestState) -> None:
-        if isinstance(loop.lm_inputs, ThinkerRow):
+        if isinstance(loop.lm_inputs, ThinkerRow) and loop.lm_inputs.record_states:
             ctx.write(state, "thinker_states", ThinkerStates(prompt_ids=list(loop.prompt_ids),
                                                              output_ids=list(loop.output_ids),
                                                              hidden=loop.lm_inputs.states()))
@@ -207,7 +213,10 @@ def talker_prompt(thinker: OmniThinker, talker: OmniTalker, first: ThinkerChunk,
     sum whether the thinker's states come in one chunk or many: streamed equals non-streamed."""
     assert first.start == 0 and len(first.ids) > first.prompt_len, "the first chunk reaches position P"
     tok, p, device = talker.tokens, first.prompt_len, first.hidden.device
-    states = first.hidden.to(thinker.dtype) + _embed(thinker, first.ids, device)  # [P + r, D]
+    embeds = _embed(thinker, first.ids, device)  # [P + r, D]
+    if first.media is not None:  # transformers hands the talker zeros where the thinker read audio embeddings
+        embeds = embeds.masked_fill(first.media[:, None], 0.0)
+    states = first.hidden.to(thinker.dtype) + embeds
     embeds = torch.cat([states[:p], _embed(thinker, [speaker.bos_token], device), states[p:p + 1]])  # [P + 2, D]
     codec = talker.model.embed_tokens(torch.tensor([tok.codec_bos, tok.codec_pad], device=device))
     embeds[-1] += codec[0]

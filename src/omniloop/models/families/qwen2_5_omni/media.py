@@ -1,0 +1,55 @@
+"""Encoder outputs in the thinker's prompt: one request's media embeddings, addressed by prompt
+position, and the prompt artifact that carries them to the thinker loop.
+
+transformers' thinker builds its input embeddings by looking up every prompt id, then
+``masked_scatter``-ing the encoder's outputs over the placeholder positions (``<|AUDIO|>``
+...) in order. :meth:`MediaEmbeds.merge` does the same per forward row, by position, so a
+chunked prefill, a batch of rows and a re-prefill after preemption all see the same inputs.
+The values are copies (``torch.where``): bit-equal to the scatter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from omniloop.pipeline.loops.ar import PromptTokens
+
+
+@dataclass(kw_only=True)
+class MediaEmbeds:
+    """The encoder outputs of one prompt (per request; never on a shared module)."""
+
+    index: torch.Tensor  # [P] long on the device: row of ``embeds`` at a placeholder position, -1 elsewhere
+    embeds: torch.Tensor  # [N, D] the thinker's dtype, on its device
+
+    @property
+    def prompt_len(self) -> int:
+        return int(self.index.numel())
+
+    def mask(self, start: int, end: int) -> torch.Tensor:
+        """``[end - start]`` bool: positions whose embedding an encoder made (none past the prompt)."""
+        out = torch.zeros(end - start, dtype=torch.bool, device=self.index.device)
+        stop = min(end, self.prompt_len)
+        if start < stop:
+            out[: stop - start] = self.index[start:stop] >= 0
+        return out
+
+    def merge(self, h: torch.Tensor, start: int) -> torch.Tensor:
+        """``h [L, D]``: the token embeddings of one row at positions ``start .. start + L`` ->
+        the same with the placeholder rows replaced by the encoder's embeddings."""
+        if start >= self.prompt_len:  # a decode step (or a chunk past the prompt): nothing to merge
+            return h
+        stop = min(start + h.shape[0], self.prompt_len)
+        rows = torch.full((h.shape[0],), -1, dtype=torch.long, device=h.device)
+        rows[: stop - start] = self.index[start:stop]
+        return torch.where((rows >= 0)[:, None], self.embeds[rows.clamp(min=0)].to(h.dtype), h)
+
+
+@dataclass(kw_only=True)
+class MediaPromptTokens(PromptTokens):
+    """The conversation's ids with every placeholder expanded to its encoder's length, and the
+    encoder outputs that replace them."""
+
+    lm_inputs: MediaEmbeds

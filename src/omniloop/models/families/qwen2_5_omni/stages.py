@@ -117,9 +117,10 @@ def resolve_voice(speakers: dict[str, Speaker], voice: str | None) -> str:
 
 def start_ar_loop(stage: ARDecodeLoop, ctx: StageContext, state: RequestState, *, params: SamplingParams,
                   prompt_ids: list[int], stop_ids: frozenset[int], lm_inputs: Any,
-                  extra: dict[str, Any] | None = None) -> ARLoopState:
+                  extra: dict[str, Any] | None = None, top_logprobs: int | None = None) -> ARLoopState:
     """``ARDecodeLoop.init`` with this family's prompt, sampling and per-request model inputs;
-    ``extra``: the talker's stream (a :class:`TalkerLoopState`)."""
+    ``extra``: the talker's stream (a :class:`TalkerLoopState`); ``top_logprobs``: the text's
+    log-probs recorded (the thinker's, when the request asks for them)."""
     text = ctx.defaults.text_or_default()
     check_context(len(prompt_ids), params.max_tokens, text.max_context)
     seed = admitted_seed(params.seed, ctx.node)
@@ -128,7 +129,8 @@ def start_ar_loop(stage: ARDecodeLoop, ctx: StageContext, state: RequestState, *
     loop = state_type(
         **(extra or {}), node=ctx.node, request_id=state.request_id, steps_target=params.max_tokens, params=params, seed=seed,
         generator=torch.Generator(ctx.device).manual_seed(seed), kv=pool.handle(),
-        prefill_chunk=text.prefill_chunk_tokens, prompt_ids=prompt_ids, stop_ids=stop_ids, lm_inputs=lm_inputs)
+        prefill_chunk=text.prefill_chunk_tokens, prompt_ids=prompt_ids, stop_ids=stop_ids, lm_inputs=lm_inputs,
+        top_logprobs=top_logprobs)
     stage._prefill(ctx.component(stage.lm_component), [loop])  # the first chunk now when the pool has room
     loop.steps_target += loop.chunks_left()
     return loop
@@ -151,8 +153,10 @@ class ThinkerLoop(ARDecodeLoop):
         media = given.lm_inputs if isinstance(given, MediaPromptTokens) else None  # audio embeddings by position
         speech = wants_speech(state.request)  # record hidden states only for the talker
         row = ThinkerRow(media=media, record_states=speech) if speech or media is not None else None
+        out = state.request.outputs  # log-probs of the text when asked (OutputSpec.return_log_probs)
         return start_ar_loop(self, ctx, state, params=params, prompt_ids=prompt_ids,
-                             stop_ids=frozenset(text.eos_token_ids) | frozenset(params.stop_token_ids), lm_inputs=row)
+                             stop_ids=frozenset(text.eos_token_ids) | frozenset(params.stop_token_ids), lm_inputs=row,
+                             top_logprobs=out.top_logprobs if out.return_log_probs or out.top_logprobs else None)
 
     def step_many(self, ctx: StageContext, loops: Sequence[ARLoopState]) -> list[StepResult]:
         results = super().step_many(ctx, loops)

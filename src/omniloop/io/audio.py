@@ -149,7 +149,7 @@ def read_audio_mono(source: bytes | BinaryIO, rate: int, max_seconds: float) -> 
     src = io.BytesIO(source) if isinstance(source, bytes) else source
     limit = int(max_seconds * rate)
     try:
-        container = av.open(src)
+        container = av.open(src, mode="r")
     except (av.error.InvalidDataError, OSError) as e:
         raise ValueError(f"cannot decode it as audio ({e}); send a wav or mp3 file") from None
     with container:

@@ -64,7 +64,7 @@ def test_bad_input_is_refused_naming_the_field(omni_pipeline):
         run_request(omni_pipeline, omni_request(PROMPTS[0], voice="Nobody"))
     assert err.value.fields == ("outputs.voice",)
     image = ImagePart(data=np.zeros((8, 8, 3), dtype=np.uint8))
-    with pytest.raises(ValueError, match="inputs.*text only"):
+    with pytest.raises(ValueError, match=r"inputs carry \['image'\].*text and audio.*vision encoder"):
         run_request(omni_pipeline, OmniRequest(task=TaskType.REASON, inputs=[TextPart(text="hi"), image]))
     with pytest.raises(ValueError, match=r"node_params\['talker'\]\.max_tokens"):
         run_request(omni_pipeline, omni_request(PROMPTS[0]).model_copy(update={"node_params": {"talker": {"max_tokens": 0}}}))

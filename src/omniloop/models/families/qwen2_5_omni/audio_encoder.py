@@ -146,7 +146,8 @@ class OmniAudioEncoder(nn.Module):
     def rebuild_buffers(self, device: torch.device | str) -> None:
         """The position table computed for real (a module built on ``meta`` has none)."""
         c = self.config
-        self.positional_embedding.positional_embedding = sinusoid_table(c.max_source_positions, c.d_model).to(device)
+        table = sinusoid_table(c.max_source_positions, c.d_model).to(device)
+        self.positional_embedding.register_buffer("positional_embedding", table, persistent=False)
 
     def _chunks(self, features: torch.Tensor, lengths: list[int]) -> tuple[torch.Tensor, list[int]]:
         """``features [mel, sum(lengths)]`` -> padded chunks ``[C, mel, 2 * n_window]`` and each

@@ -154,3 +154,39 @@ def test_bad_audio_is_refused_naming_the_part(omni_pipeline):
         with pytest.raises(InvalidRequest, match=re.escape(says)) as caught:
             omni_pipeline.admit(request)
         assert caught.value.fields == (field,), str(caught.value)
+
+
+def test_merge_by_position_is_the_same_in_chunks():
+    """A chunked prefill swaps in the same embeddings as one forward: rows are addressed by
+    position, so any split of the prompt (and a re-prefill after preemption) sees one input."""
+    from omniloop.models.families.qwen2_5_omni.media import MediaEmbeds
+
+    g = torch.Generator().manual_seed(0)
+    index = torch.tensor([-1, -1, 0, 1, 2, -1, 3, 4, -1])
+    media = MediaEmbeds(index=index, embeds=torch.randn(5, 4, generator=g))
+    h = torch.randn(12, 4, generator=g)  # 9 prompt positions + 3 generated
+    whole = media.merge(h, 0)
+    assert torch.equal(whole[:9][index >= 0], media.embeds) and torch.equal(whole[9:], h[9:])
+    for cut in (1, 3, 4, 7, 9):
+        assert torch.equal(torch.cat([media.merge(h[:cut], 0), media.merge(h[cut:], cut)]), whole)
+    assert media.mask(2, 11).tolist() == [True, True, True, False, True, True, False, False, False]
+
+
+@torch.inference_mode()
+def test_audio_requests_batch_with_others_and_equal_solo(omni_dir, omni_pipeline):
+    """Through the engine: two audio conversations and a text prompt at once (their thinker
+    steps batch) each give their solo answer."""
+    from omniloop.api.generator import VideoGenerator
+    from tests.models.qwen2_5_omni.helpers import omni_request
+
+    requests = [audio_request("what is it", CLIPS[:1]), audio_request("and this", CLIPS[::-1]),
+                omni_request("the cat", speech=False)]
+    solo = [run_request(omni_pipeline, r) for r in requests]
+    engine = VideoGenerator.from_pretrained(omni_dir, device="cpu", dtype="float32").engine
+    ids = [engine.add_request(r) for r in requests]
+    for rid in ids:
+        engine.run_until_done(rid)
+    for alone, rid in zip(solo, ids):
+        together = engine.pop_output(rid)
+        assert together.status.value == "completed", together.error
+        assert together.text.token_ids == alone.text.token_ids

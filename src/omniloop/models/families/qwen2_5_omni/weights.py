@@ -8,8 +8,9 @@ transformers' names below the prefix, so each part loads by stripping it. Each p
 on ``meta`` and assigned its tensors after its key set and shapes are checked by name.
 
 The thinker's audio encoder (``thinker.audio_tower.*``) loads as its own component
-(``audio_encoder.py``). Not run here: the vision encoder (``thinker.visual.*``): its tensors are
-left unread, and a request carrying images or video is refused at admission (``validate.py``).
+(``audio_encoder.py``). The vision encoder (``thinker.visual.*``, ``vision_encoder.py``) loads
+with :func:`load_vision_tower` but is not a component of the graph yet: a request carrying
+images or video is refused at admission (``validate.py``).
 """
 
 from __future__ import annotations
@@ -29,14 +30,15 @@ from omniloop.models.families.qwen2_5_omni.audio_encoder import AudioEncoderConf
 from omniloop.models.families.qwen2_5_omni.bigvgan import BigVGAN, BigVGANConfig
 from omniloop.models.families.qwen2_5_omni.dit import DiTConfig, Token2WavDiT
 from omniloop.models.families.qwen2_5_omni.model import DecoderConfig, OmniTalker, OmniThinker, TalkerTokens
+from omniloop.models.families.qwen2_5_omni.vision_encoder import OmniVisionEncoder, VisionEncoderConfig
 
 ARCHITECTURE = "Qwen2_5OmniForConditionalGeneration"
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
 SPEAKERS_FILE = "spk_dict.pt"
-NOT_RUN = ("thinker.visual.",)  # the encoder this family does not run (yet)
 AUDIO_TOWER_PREFIX = "thinker.audio_tower."
+VISION_TOWER_PREFIX = "thinker.visual."  # loadable (load_vision_tower), not run by the graph yet
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,6 +53,7 @@ class OmniConfig:
     image_token_id: int
     video_token_id: int
     audio: AudioEncoderConfig | None  # thinker_config.audio_config (None: the checkpoint describes no audio tower)
+    vision: VisionEncoderConfig | None = None  # thinker_config.vision_config
 
     @classmethod
     def from_hf(cls, raw: dict[str, Any]) -> "OmniConfig":
@@ -80,6 +83,7 @@ class OmniConfig:
             image_token_id=int(thinker.get("image_token_index", 151655)),
             video_token_id=int(thinker.get("video_token_index", 151656)),
             audio=AudioEncoderConfig.from_hf(thinker["audio_config"]) if thinker.get("audio_config") else None,
+            vision=VisionEncoderConfig.from_hf(thinker["vision_config"]) if thinker.get("vision_config") else None,
         )
 
 
@@ -128,6 +132,18 @@ def load_audio_tower(folder: Path, config: OmniConfig, *, device: torch.device |
         model = OmniAudioEncoder(config.audio)
     model.rebuild_buffers(device)  # the position table is computed, not stored
     _load_part(folder, AUDIO_TOWER_PREFIX, model, device, dtype)
+    return model
+
+
+def load_vision_tower(folder: Path, config: OmniConfig, *, device: torch.device | str,
+                      dtype: torch.dtype) -> OmniVisionEncoder | None:
+    """The thinker's vision encoder (``thinker.visual.*``), or None when the checkpoint has none."""
+    files = weight_files(folder, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, ARCHITECTURE)
+    if config.vision is None or not any(k.startswith(VISION_TOWER_PREFIX) for k in stored_keys(files)):
+        return None
+    with torch.device("meta"):
+        model = OmniVisionEncoder(config.vision)
+    _load_part(folder, VISION_TOWER_PREFIX, model, device, dtype)
     return model
 
 

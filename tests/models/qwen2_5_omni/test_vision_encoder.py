@@ -6,6 +6,8 @@ fp32: bit-equal (torch.equal). Not yet wired into the chat graph (images need th
 
 from __future__ import annotations
 
+import base64
+
 import torch
 
 from omniloop.models.families.qwen2_5_omni.vision_encoder import OmniVisionEncoder, VisionEncoderConfig
@@ -45,3 +47,71 @@ def test_windowed_blocks_equal_transformers():
     ours.load_state_dict(hf.state_dict(), strict=True)
     pixels = _pixels(1)
     assert torch.equal(ours(pixels, GRIDS), hf(pixels, grid_thw=torch.tensor(GRIDS)).pooler_output)
+
+
+def _png(width: int, height: int, seed: int) -> bytes:
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    g = np.random.default_rng(seed)
+    buf = io.BytesIO()
+    Image.fromarray(g.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _hf_image_inputs(omni_dir, tokenizer, text: str, pngs: list[bytes], clip: bytes | None = None) -> dict:
+    """The processor's inputs for ``[text, image..., audio?]`` in one user message (its image
+    processor; each ``<|IMAGE|>`` repeated ``grid.prod() / merge^2`` times)."""
+    import io
+
+    from PIL import Image
+    from transformers import AutoImageProcessor
+
+    processor = AutoImageProcessor.from_pretrained(omni_dir)
+    images = processor(images=[Image.open(io.BytesIO(p)).convert("RGB") for p in pngs], return_tensors="pt")
+    counts = (images["image_grid_thw"].prod(-1) // 4).tolist()
+    content = [{"type": "text", "text": text}, *[{"type": "image"} for _ in pngs]]
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+                                             add_generation_prompt=True)
+    pieces = rendered.split("<|IMAGE|>")
+    rendered = pieces[0] + "".join("<|IMAGE|>" * n + rest for n, rest in zip(counts, pieces[1:]))
+    ids = tokenizer(rendered, return_tensors="pt").input_ids
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "pixel_values": images["pixel_values"],
+            "image_grid_thw": images["image_grid_thw"]}
+
+
+@torch.inference_mode()
+def test_greedy_text_given_images_equals_transformers(omni_hf, omni_pipeline, omni_dir):
+    """Images in a conversation: the processor's patches through our vision encoder, the
+    placeholders expanded, the thinker on transformers' 3-D positions (``get_rope_index``):
+    the greedy text equals the thinker's ``generate``."""
+    from omniloop.engine.offline import run_request
+    from omniloop.request import ImagePart, OmniRequest, SamplingParams, TaskType, TextPart
+
+    hf, tokenizer = omni_hf
+    pngs = [_png(96, 64, 0), _png(60, 130, 1)]
+    for shown in (pngs[:1], pngs):
+        inputs = _hf_image_inputs(omni_dir, tokenizer, "what is it", shown)
+        want = hf.thinker.generate(**inputs, max_new_tokens=8, do_sample=False)[0, inputs["input_ids"].shape[1]:].tolist()
+        parts = [TextPart(text="what is it", role="user"),
+                 *[ImagePart(b64=base64.b64encode(p).decode(), role="reference") for p in shown]]
+        out = run_request(omni_pipeline, OmniRequest(task=TaskType.REASON, inputs=parts,
+                                                     sampling=SamplingParams(temperature=0.0, max_tokens=8, seed=1)))
+        assert out.status.value == "completed", out.error
+        assert out.text.prompt_tokens == inputs["input_ids"].shape[1]
+        assert out.text.token_ids == want
+
+
+def test_rope_positions_equal_get_rope_index(omni_hf, omni_dir):
+    """Our 3-D positions and decode delta of a prompt with two images and text between them are
+    transformers' ``get_rope_index``'s."""
+    from omniloop.models.families.qwen2_5_omni.image_prompt import rope_positions
+
+    hf, tokenizer = omni_hf
+    inputs = _hf_image_inputs(omni_dir, tokenizer, "what is it", [_png(96, 64, 0), _png(60, 130, 1)])
+    want, delta = hf.thinker.get_rope_index(inputs["input_ids"], inputs["image_grid_thw"], None, inputs["attention_mask"])
+    image = tokenizer.convert_tokens_to_ids("<|IMAGE|>")
+    got, ours = rope_positions(inputs["input_ids"][0].tolist(), image, [tuple(g) for g in inputs["image_grid_thw"].tolist()], 2)
+    assert torch.equal(got, want[:, 0]) and ours == int(delta) and ours < 0  # images take fewer positions than tokens

@@ -23,10 +23,7 @@ import torch
 
 from omniloop.io.audio import read_audio_mono
 from omniloop.models.families.qwen2_5_omni.audio_encoder import OmniAudioEncoder, audio_tokens
-from omniloop.models.families.qwen2_5_omni.media import MediaEmbeds, MediaPromptTokens
-from omniloop.pipeline.stages.chat import ChatPrompt, chat_ids, chat_messages
-from omniloop.pipeline.state import RequestState, StageContext
-from omniloop.request import AudioPart, InvalidRequest, Modality, OmniRequest
+from omniloop.request import AudioPart, InvalidRequest, OmniRequest
 
 SAMPLE_RATE = 16000  # what the processor hands the feature extractor (qwen-omni-utils loads audio at 16 kHz)
 MIN_FRAMES = 3  # the fewest mel frames that give one embedding
@@ -93,74 +90,35 @@ def frames_of(feature_extractor: Any, audio: AudioInput) -> int:
 
 
 def expand_placeholders(ids: Sequence[int], token: int, counts: Sequence[int]) -> list[int]:
-    """Each occurrence of ``token`` in ``ids`` repeated ``counts[k]`` times (the k-th audio)."""
+    """Each occurrence of ``token`` in ``ids`` repeated ``counts[k]`` times (the k-th part's)."""
     out: list[int] = []
     k = 0
     for t in ids:
         if t == token:
-            assert k < len(counts), "more placeholders than audio parts"
+            assert k < len(counts), "more placeholders than media parts"
             out += [token] * counts[k]
             k += 1
         else:
             out.append(t)
-    assert k == len(counts), f"{len(counts)} audio parts but {k} placeholders"
+    assert k == len(counts), f"{len(counts)} media parts but {k} placeholders"
     return out
 
 
-def count_placeholders(request: OmniRequest, ids: Sequence[int], token: int) -> None:
-    """The rendered conversation has one placeholder per audio part (else an InvalidRequest)."""
-    found, parts = sum(1 for t in ids if t == token), len(audio_parts(request))
+def count_placeholders(ids: Sequence[int], token: int, parts: int, kind: str) -> None:
+    """The rendered conversation has one placeholder per ``kind`` part (else an InvalidRequest)."""
+    found = sum(1 for t in ids if t == token)
     if found != parts:
-        raise InvalidRequest(f"the conversation renders {found} audio placeholders for {parts} audio parts (the "
-                             "chat template places one per audio content entry; the text may not spell the "
-                             "placeholder token itself)", hint="send each audio as its own audio part",
+        raise InvalidRequest(f"the conversation renders {found} {kind} placeholders for {parts} {kind} parts (the "
+                             f"chat template places one per {kind} content entry; the text may not spell the "
+                             "placeholder token itself)", hint=f"send each {kind} as its own {kind} part",
                              fields=("inputs",))
 
 
-@torch.inference_mode()
-def audio_prompt(tower: OmniAudioEncoder, feature_extractor: Any, ids: Sequence[int], audio_token: int,
-                 audios: Sequence[AudioInput], device: torch.device, dtype: torch.dtype) -> MediaPromptTokens:
-    """The conversation's ids (one placeholder per audio) + the decoded audios -> expanded ids and
-    the audio embeddings by position (the encoder run once over all of the request's audios,
-    as transformers' ``get_audio_features`` runs it)."""
+def audio_embeds(tower: OmniAudioEncoder, feature_extractor: Any, audios: Sequence[AudioInput],
+                 device: torch.device, dtype: torch.dtype) -> list[torch.Tensor]:
+    """Each audio's embeddings ``[tokens, D]``: the encoder run once over all of the request's
+    audios, as transformers' ``get_audio_features`` runs it."""
     mels = [features(feature_extractor, a) for a in audios]
     lengths = [m.shape[1] for m in mels]
-    embeds = tower(torch.cat(mels, dim=1).to(device), lengths).to(dtype)  # [sum(tokens), D]
-    counts = [audio_tokens(n) for n in lengths]
-    expanded = expand_placeholders(ids, audio_token, counts)
-    is_audio = torch.tensor([t == audio_token for t in expanded])
-    index = torch.full((len(expanded),), -1, dtype=torch.long)
-    index[is_audio] = torch.arange(int(is_audio.sum()))
-    assert embeds.shape[0] == int(is_audio.sum()), "audio embeddings and placeholders disagree"
-    return MediaPromptTokens(token_ids=expanded, lm_inputs=MediaEmbeds(index=index.to(device), embeds=embeds))
-
-
-@dataclass
-class OmniChatPrompt(ChatPrompt):
-    """The conversation through the chat template; with audio parts, their embeddings too
-    (:class:`MediaPromptTokens`, the thinker loop's ``lm_inputs``)."""
-
-    audio_tower: str = "audio_tower"
-    feature_extractor: str = "feature_extractor"
-    audio_token_id: int = -1  # the checkpoint's <|AUDIO|> id (set at build)
-
-    @property
-    def components(self) -> tuple[str, ...]:
-        return (self.tokenizer, self.audio_tower, self.feature_extractor)
-
-    def forward(self, ctx: StageContext, state: RequestState) -> None:
-        ids = chat_ids(ctx.component(self.tokenizer), chat_messages(state.request, self.system_prompt))
-        parts = audio_parts(state.request)
-        if not parts:
-            super().forward(ctx, state)
-            return
-        fe = ctx.component(self.feature_extractor)
-        audios = [decode_audio(i, p, fe) for i, p in parts]
-        count_placeholders(state.request, ids, self.audio_token_id)
-        prompt = audio_prompt(ctx.component(self.audio_tower), fe, ids, self.audio_token_id, audios, ctx.device,
-                              ctx.dtype)
-        ctx.write(state, "prompt_tokens", prompt)
-
-
-def has_audio(request: OmniRequest) -> bool:
-    return bool(request.parts(Modality.AUDIO))
+    out = tower(torch.cat(mels, dim=1).to(device), lengths).to(dtype)  # [sum(tokens), D]
+    return list(out.split([audio_tokens(n) for n in lengths]))

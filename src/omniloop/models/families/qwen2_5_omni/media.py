@@ -23,6 +23,15 @@ class MediaEmbeds:
 
     index: torch.Tensor  # [P] long on the device: row of ``embeds`` at a placeholder position, -1 elsewhere
     embeds: torch.Tensor  # [N, D] the thinker's dtype, on its device
+    positions: torch.Tensor | None = None  # [3, P] long: multimodal rotary positions (images); None: 1-D
+    delta: int = 0  # a position past the prompt: its context index + delta on every plane
+
+    def rope(self, start: int, length: int) -> torch.Tensor:
+        """``[3, length]`` rotary positions of context indices ``start .. start + length``."""
+        assert self.positions is not None, "1-D positions: the context index is the position"
+        k = torch.arange(start, start + length, device=self.positions.device)
+        inside = k.clamp(max=self.prompt_len - 1)
+        return torch.where(k < self.prompt_len, self.positions[:, inside], (k + self.delta).expand(3, -1))
 
     @property
     def prompt_len(self) -> int:

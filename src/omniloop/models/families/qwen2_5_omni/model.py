@@ -189,8 +189,10 @@ class Decoder(nn.Module):
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
     def forward(self, h: torch.Tensor, positions: torch.Tensor, kv: KVCacheView | None) -> torch.Tensor:
-        """``h [B, L, hidden]`` at ``positions [B, L]`` -> normed hidden states ``[B, L, hidden]``."""
-        cos, sin = mrope_cos_sin(positions[None].expand(3, -1, -1), self.config, h.dtype)
+        """``h [B, L, hidden]`` at ``positions [B, L]`` (or per plane, ``[3, B, L]``) -> normed
+        hidden states ``[B, L, hidden]``."""
+        planes = positions if positions.dim() == 3 else positions[None].expand(3, -1, -1)
+        cos, sin = mrope_cos_sin(planes, self.config, h.dtype)
         return self.norm(run_blocks(cast(Sequence[nn.Module], self.layers), h, cos, sin, kv))
 
 
@@ -271,7 +273,12 @@ class OmniThinker(nn.Module):
         if any(row is not None and row.media is not None for row in lm_inputs or ()):
             embeds = torch.stack([e if row is None or row.media is None else row.media.merge(e, start)
                                   for row, e, start in zip(lm_inputs or (), embeds, starts)])
-        h = self.model(embeds, positions, kv)  # [B, L, hidden]
+        rope = positions  # [B, L] context indices, or [3, B, L] when a row's prompt holds an image
+        if any(row is not None and row.media is not None and row.media.positions is not None for row in lm_inputs or ()):
+            rope = torch.stack([p[None].expand(3, -1) if row is None or row.media is None or row.media.positions is None
+                                else row.media.rope(start, p.shape[0])
+                                for row, p, start in zip(lm_inputs or (), positions, starts)], dim=1)
+        h = self.model(embeds, rope, kv)  # [B, L, hidden]
         for row, hidden, start in zip(lm_inputs or (), h, starts):
             if row is not None and row.record_states:
                 row.record(start, hidden)

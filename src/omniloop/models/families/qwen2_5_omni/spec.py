@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from omniloop.cache.paged_kv import build_text_kv_pool
-from omniloop.models.families.qwen2_5_omni.audio_prompt import OmniChatPrompt
+from omniloop.models.families.qwen2_5_omni.chat_prompt import OmniChatPrompt
 from omniloop.models.families.qwen2_5_omni.presets import (
     TALKER_SAMPLING, THINKER_DEFAULTS, TOKEN2WAV_GUIDANCE, TOKEN2WAV_STEPS, TOKEN2WAV_SWAY,
 )
@@ -37,7 +37,7 @@ from omniloop.models.families.qwen2_5_omni.stages import (
 from omniloop.models.families.qwen2_5_omni.validate import make_omni_validator
 from omniloop.models.families.qwen2_5_omni.weights import (
     ARCHITECTURE, OmniConfig, load_audio_tower, load_bigvgan, load_dit, load_speakers, load_talker, load_thinker,
-    read_config,
+    load_vision_tower, read_config,
 )
 from omniloop.models.load_options import apply_load_options
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
@@ -93,6 +93,21 @@ def _load_feature_extractor(root: Path, index: Mapping[str, Any], options: LoadO
     return WhisperFeatureExtractor.from_pretrained(str(root))
 
 
+def _load_vision_tower(root: Path, index: Mapping[str, Any], options: LoadOptions):
+    return load_vision_tower(root, _config(root, index), device=options.device, dtype=options.dtype)
+
+
+def _load_image_processor(root: Path, index: Mapping[str, Any], options: LoadOptions):
+    """The processor's image processor (``Qwen2VLImageProcessor`` keys of ``preprocessor_config.json``),
+    or None: then images are refused at admission."""
+    path = root / PREPROCESSOR_CONFIG_FILE
+    if not path.is_file() or "image_processor_type" not in json.loads(path.read_text()):
+        return None
+    from transformers import AutoImageProcessor
+
+    return AutoImageProcessor.from_pretrained(str(root))
+
+
 def _load_dit(root: Path, index: Mapping[str, Any], options: LoadOptions):
     return load_dit(root, _config(root, index), device=options.device)
 
@@ -136,6 +151,10 @@ def omni_variant(index: Mapping[str, Any]) -> Variant:
                    optional=True),
         WeightSpec(component="feature_extractor", kind="WhisperFeatureExtractor", subfolder=".",
                    load=_load_feature_extractor, optional=True),
+        WeightSpec(component="vision_tower", kind="Qwen2.5-Omni vision encoder", subfolder=".", load=_load_vision_tower,
+                   optional=True),
+        WeightSpec(component="image_processor", kind="Qwen2VLImageProcessor", subfolder=".",
+                   load=_load_image_processor, optional=True),
         WeightSpec(component="generation", kind="generation defaults", subfolder=".", load=_load_generation,
                    optional=True),
     )
@@ -144,10 +163,11 @@ def omni_variant(index: Mapping[str, Any]) -> Variant:
 
 
 def omni_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = None, max_codes: int = 4096,
-                       streams: tuple[StreamEdge, ...] = STREAM_EDGES, audio_token_id: int = -1) -> PipelineSpec:
+                       streams: tuple[StreamEdge, ...] = STREAM_EDGES, audio_token_id: int = -1,
+                       image_token_id: int = -1) -> PipelineSpec:
     """``talker_text``: the talker node's own loop defaults (its stop codes, transformers'
     talker sampling), over the pipeline's (the thinker's); ``audio_token_id``: the checkpoint's
-    ``<|AUDIO|>`` placeholder."""
+    ``<|AUDIO|>`` / ``<|IMAGE|>`` placeholders."""
     components = {w.component: ComponentSpec(name=w.component, kind=w.kind, optional=w.optional) for w in variant.weights}
     for name, kind in (("thinker_kv", "paged text-KV pool of the thinker (built)"),
                        ("talker_kv", "paged KV pool of the talker (built)"),
@@ -162,7 +182,7 @@ def omni_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = None
         tasks=variant.tasks,
         components=components,
         nodes=(
-            Node("chat", OmniChatPrompt(audio_token_id=audio_token_id),
+            Node("chat", OmniChatPrompt(audio_token_id=audio_token_id, image_token_id=image_token_id),
                  when=opt("a conversation (text parts with roles)", is_chat)),
             Node("thinker", ThinkerLoop(lm_component="thinker", tokenizer_component="tokenizer",
                                         kv_component="thinker_kv")),
@@ -177,7 +197,7 @@ def omni_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = None
         ),
         outputs={"text": "text", "audio": "audio"},
         streams=streams,
-        conversation_media=frozenset({Modality.AUDIO}),
+        conversation_media=frozenset({Modality.AUDIO, Modality.IMAGE}),
     )
 
 
@@ -204,11 +224,14 @@ def build_omni(variant: Variant, index: Mapping[str, Any], components: Mapping[s
     defaults = GenerationDefaults(steps=TOKEN2WAV_STEPS, guidance_scale=TOKEN2WAV_GUIDANCE, sample_rate=24000,
                                   text=thinker_text)
     return Pipeline(
-        spec=omni_pipeline_spec(variant, talker_text, max_codes, audio_token_id=config.audio_token_id),
+        spec=omni_pipeline_spec(variant, talker_text, max_codes, audio_token_id=config.audio_token_id,
+                                image_token_id=config.image_token_id),
         components=components, device=options.device, dtype=options.dtype, defaults=defaults,
         validate_request=make_omni_validator(components["tokenizer"], config, pool=pools["thinker_kv"],
                                              audio_tower=components.get("audio_tower"),
-                                             feature_extractor=components.get("feature_extractor")),
+                                             feature_extractor=components.get("feature_extractor"),
+                                             vision_tower=components.get("vision_tower"),
+                                             image_processor=components.get("image_processor")),
     )
 
 

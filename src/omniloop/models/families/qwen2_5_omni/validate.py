@@ -59,14 +59,16 @@ def make_omni_validator(tokenizer: Any, config: OmniConfig, *, pool: BlockPool, 
         merge = vision_tower.config.spatial_merge_size
         return sum(process_image(i, p, image_processor).tokens(merge) - 1 for i, p in parts)
 
-    def check_media(request: OmniRequest) -> None:
+    def in_conversation(request: OmniRequest) -> None:
         media = [(i, p) for i, p in enumerate(request.inputs) if p.kind in ("audio", "image")]
-        if not media:
-            return
-        if not is_chat(request):
+        if media and not is_chat(request):
             field = f"inputs[{media[0][0]}]"
             raise InvalidRequest(f"{field}: {media[0][1].kind} goes into a conversation (text parts with roles), not "
                                  "a raw prompt", hint="give the text parts a role (user)", fields=(field,))
+
+    def check_media(request: OmniRequest) -> None:
+        if not any(p.kind in ("audio", "image") for p in request.inputs):
+            return
         ids = chat_ids(tokenizer, chat_messages(request))
         length = len(ids) + audio_extra(request, ids) + image_extra(request, ids)
         check_context(length, request.sampling.max_tokens, config.thinker.max_position_embeddings)
@@ -78,6 +80,7 @@ def make_omni_validator(tokenizer: Any, config: OmniConfig, *, pool: BlockPool, 
             raise InvalidRequest(f"inputs carry {media} parts; this Qwen2.5-Omni deployment reads text, audio and "
                                  "images (video is not run yet)", hint="send text, audio and image parts only",
                                  fields=("inputs",))
+        in_conversation(request)
         request = text(request)
         check_media(request)
         return request

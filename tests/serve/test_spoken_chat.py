@@ -252,3 +252,24 @@ def test_bad_input_audio_is_a_400_naming_the_part(omni_server, data, says):
     assert says in body["message"], body
     ok = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=2, temperature=0)
     assert ok.choices[0].message.content is not None  # the engine keeps serving
+
+
+def test_image_url_answer_equals_transformers(omni_server, omni_chat_dir):
+    """An ``image_url`` data URL through the openai client reaches the vision encoder: the greedy
+    answer's tokens are transformers' thinker ``generate`` on the processor's patches."""
+    from transformers import AutoTokenizer, Qwen2_5OmniForConditionalGeneration
+
+    from tests.models.qwen2_5_omni.test_vision_encoder import _hf_image_inputs, _png
+
+    png = _png(96, 64, 0)
+    url = "data:image/png;base64," + base64.b64encode(png).decode()
+    client, model = omni_server.client(), omni_server.state.model.name
+    done = client.chat.completions.create(model=model, temperature=0, max_tokens=8, logprobs=True, messages=[
+        {"role": "user", "content": [{"type": "text", "text": "what is it"}, {"type": "image_url", "image_url": {"url": url}}]}])
+    tokenizer = AutoTokenizer.from_pretrained(omni_chat_dir)
+    hf = Qwen2_5OmniForConditionalGeneration.from_pretrained(omni_chat_dir, dtype=torch.float32).eval()
+    inputs = _hf_image_inputs(omni_chat_dir, tokenizer, "what is it", [png])
+    with torch.inference_mode():
+        want = hf.thinker.generate(**inputs, max_new_tokens=8, do_sample=False)[0, inputs["input_ids"].shape[1]:].tolist()
+    assert [t.token for t in done.choices[0].logprobs.content] == [tokenizer.decode([i]) for i in want]
+    assert done.usage.prompt_tokens == inputs["input_ids"].shape[1]

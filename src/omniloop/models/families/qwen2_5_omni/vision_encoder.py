@@ -11,9 +11,8 @@ transformers' ``Qwen2_5OmniVisionEncoder`` (the Qwen2.5-VL ViT), module for modu
    ``fullatt_block_indexes`` attend over each frame, the others inside each window;
 4. ``merger``: RMSNorm, 2x2 patches concatenated, MLP to ``out_hidden_size``; back to raster order.
 
-NOTE: not wired into the chat graph yet: image prompts need the thinker's 3-D multimodal
-positions (``get_rope_index``'s vision branch); the encoder's output is parity-tested alone.
-The module holds no request state.
+The ``chat`` node runs it over a request's images (``chat_prompt.py``); the module holds no
+request state.
 """
 
 from __future__ import annotations

@@ -7,10 +7,8 @@ Tensor names carry the part as a prefix (``thinker.model.layers.0...``, ``talker
 transformers' names below the prefix, so each part loads by stripping it. Each part is built
 on ``meta`` and assigned its tensors after its key set and shapes are checked by name.
 
-The thinker's audio encoder (``thinker.audio_tower.*``) loads as its own component
-(``audio_encoder.py``). The vision encoder (``thinker.visual.*``, ``vision_encoder.py``) loads
-with :func:`load_vision_tower` but is not a component of the graph yet: a request carrying
-images or video is refused at admission (``validate.py``).
+The thinker's audio encoder (``thinker.audio_tower.*``, ``audio_encoder.py``) and vision
+encoder (``thinker.visual.*``, ``vision_encoder.py``) load as their own components.
 """
 
 from __future__ import annotations
@@ -38,7 +36,7 @@ WEIGHTS_FILE = "model.safetensors"
 WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
 SPEAKERS_FILE = "spk_dict.pt"
 AUDIO_TOWER_PREFIX = "thinker.audio_tower."
-VISION_TOWER_PREFIX = "thinker.visual."  # loadable (load_vision_tower), not run by the graph yet
+VISION_TOWER_PREFIX = "thinker.visual."
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -11,6 +11,7 @@ The values are copies (``torch.where``): bit-equal to the scatter.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -62,3 +63,18 @@ class MediaPromptTokens(PromptTokens):
     encoder outputs that replace them."""
 
     lm_inputs: MediaEmbeds
+
+
+def with_media(embeds: torch.Tensor, positions: torch.Tensor, starts: Sequence[int],
+               media: Sequence[MediaEmbeds | None]) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward's inputs: ``embeds [B, L, D]`` with each row's encoder embeddings swapped in,
+    and its rotary positions: ``positions [B, L]`` (context indices) as they are, or ``[3, B, L]``
+    when some row's prompt holds an image (rows without one: their index on every plane)."""
+    if not any(m is not None for m in media):
+        return embeds, positions
+    embeds = torch.stack([e if m is None else m.merge(e, s) for e, m, s in zip(embeds, media, starts)])
+    if not any(m is not None and m.positions is not None for m in media):
+        return embeds, positions
+    rope = [p[None].expand(3, -1) if m is None or m.positions is None else m.rope(s, p.shape[0])
+            for p, m, s in zip(positions, media, starts)]
+    return embeds, torch.stack(rope, dim=1)

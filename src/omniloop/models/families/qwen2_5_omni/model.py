@@ -17,8 +17,9 @@ loads by stripping the ``thinker.`` / ``talker.`` prefix.
   preemption all see exactly the inputs transformers' talker ``generate`` feeds.
 
 Text-only and audio prompts have 1-D positions (the three planes equal), which makes the
-multimodal RoPE the plain one; the KV view's positions drive it. A prompt's audio embeddings
-(``ThinkerRow.media``) replace its placeholder tokens' embeddings by position.
+multimodal RoPE the plain one; the KV view's positions drive it. A prompt's audio / image
+embeddings (``ThinkerRow.media``) replace its placeholder tokens' embeddings by position, and
+an image makes its rotary positions 3-D (``media.py``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omniloop.cache.kv import KVLayout
-from omniloop.models.families.qwen2_5_omni.media import MediaEmbeds
+from omniloop.models.families.qwen2_5_omni.media import MediaEmbeds, with_media
 from omniloop.models.layers.attention import DEFAULT_BACKEND, attention
 from omniloop.models.layers.run_blocks import run_blocks
 
@@ -213,7 +214,7 @@ def _activation_bytes(c: DecoderConfig, dtype: torch.dtype, num_tokens: int, con
 @dataclass
 class ThinkerRow:
     """One request's per-forward inputs and record of the thinker (``ARLoopState.lm_inputs``):
-    its prompt's encoder outputs (``media``: audio embeddings at their placeholders), and, for
+    its prompt's encoder outputs (``media``: audio / image embeddings at their placeholders), and, for
     the talker (``record_states``), the final hidden states of every position forwarded so
     far, written by position (a re-prefill after preemption overwrites the same rows with the
     same values)."""
@@ -269,15 +270,8 @@ class OmniThinker(nn.Module):
         ``lm_inputs`` record (None: not recorded)."""
         positions = _positions(input_ids, kv)
         starts = [int(p[0]) for p in positions] if lm_inputs else []
-        embeds = self.embed(input_ids)  # [B, L, hidden]
-        if any(row is not None and row.media is not None for row in lm_inputs or ()):
-            embeds = torch.stack([e if row is None or row.media is None else row.media.merge(e, start)
-                                  for row, e, start in zip(lm_inputs or (), embeds, starts)])
-        rope = positions  # [B, L] context indices, or [3, B, L] when a row's prompt holds an image
-        if any(row is not None and row.media is not None and row.media.positions is not None for row in lm_inputs or ()):
-            rope = torch.stack([p[None].expand(3, -1) if row is None or row.media is None or row.media.positions is None
-                                else row.media.rope(start, p.shape[0])
-                                for row, p, start in zip(lm_inputs or (), positions, starts)], dim=1)
+        media = [None if row is None else row.media for row in lm_inputs or ()]
+        embeds, rope = with_media(self.embed(input_ids), positions, starts, media)  # [B, L, hidden]; [B, L] or [3, B, L]
         h = self.model(embeds, rope, kv)  # [B, L, hidden]
         for row, hidden, start in zip(lm_inputs or (), h, starts):
             if row is not None and row.record_states:

@@ -1,12 +1,12 @@
 """Qwen2.5-Omni ModelSpec: a transformers ``Qwen2_5OmniForConditionalGeneration`` folder -> the
 thinker -> talker -> token2wav -> vocoder graph.
 
-Task REASON (a conversation or a prompt in, text out; a conversation may carry audio parts,
-which the thinker's audio encoder reads: ``audio_prompt.py``). With ``outputs.modalities`` naming
+Task REASON (a conversation or a prompt in, text out; a conversation may carry audio and
+image parts, which the thinker's encoders read: ``chat_prompt.py``). With ``outputs.modalities`` naming
 ``audio`` the spoken answer runs too: each node is its own loop, scheduled step by step and
 batched with other requests' steps like any loop of the engine:
 
-    chat (conversation -> prompt ids; audio parts -> audio embeddings at their placeholders)
+    chat (conversation -> prompt ids; audio / image parts -> embeddings at their placeholders)
     thinker   ARDecodeLoop (paged KV)     -> text, thinker_states
     talker    ARDecodeLoop (paged KV)     -> codec           [speech only]
     token2wav DenoiseLoop (DiT, rk4_flow) -> latents (mel)    [speech, not streamed]

@@ -150,7 +150,7 @@ class ThinkerLoop(ARDecodeLoop):
         prompt_ids = self._prompt_ids(ctx, state, ctx.component(self.tokenizer_component))
         state.metrics.seed = params.seed
         given = ctx.read_optional(state, "prompt_tokens", PromptTokens)
-        media = given.lm_inputs if isinstance(given, MediaPromptTokens) else None  # audio embeddings by position
+        media = given.lm_inputs if isinstance(given, MediaPromptTokens) else None  # encoder embeddings by position
         speech = wants_speech(state.request)  # record hidden states only for the talker
         row = ThinkerRow(media=media, record_states=speech) if speech or media is not None else None
         out = state.request.outputs  # log-probs of the text when asked (OutputSpec.return_log_probs)
@@ -218,7 +218,7 @@ def talker_prompt(thinker: OmniThinker, talker: OmniTalker, first: ThinkerChunk,
     assert first.start == 0 and len(first.ids) > first.prompt_len, "the first chunk reaches position P"
     tok, p, device = talker.tokens, first.prompt_len, first.hidden.device
     embeds = _embed(thinker, first.ids, device)  # [P + r, D]
-    if first.media is not None:  # transformers hands the talker zeros where the thinker read audio embeddings
+    if first.media is not None:  # transformers hands the talker zeros where the thinker read encoder embeddings
         embeds = embeds.masked_fill(first.media[:, None], 0.0)
     states = first.hidden.to(thinker.dtype) + embeds
     embeds = torch.cat([states[:p], _embed(thinker, [speaker.bos_token], device), states[p:p + 1]])  # [P + 2, D]

@@ -44,7 +44,8 @@ from omniloop.serve.state import ServeState, State, require_auth
 from omniloop.serve.wire import ServedModel, wire_errors
 
 router = APIRouter(prefix="/v1/chat", tags=["chat"], dependencies=[Depends(require_auth)])
-_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ChatRole = Literal["system", "user", "assistant"]
+_ROLES: dict[str, ChatRole] = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
 class _Wire(BaseModel):
@@ -109,7 +110,7 @@ _FORMATS = {"image": "a PNG, JPEG or WebP image", "video": "an mp4 (H.264) or we
 MAX_INPUT_AUDIO_BYTES = 25 * 2**20  # OpenAI's cap on an audio file; checked on the base64 text, before decoding
 
 
-def _input_audio(part: ContentPart, index: int, where: str, model: ServedModel) -> AudioPart:
+def _input_audio(part: ContentPart, index: int, where: str, model: ServedModel, role: ChatRole) -> AudioPart:
     """An ``input_audio`` content part -> an audio part (its bytes not decoded here: the model
     decodes them at admission, where its own length limit applies)."""
     param = f"{where}.content[{index}].input_audio"
@@ -125,7 +126,7 @@ def _input_audio(part: ContentPart, index: int, where: str, model: ServedModel) 
                        f"{MAX_INPUT_AUDIO_BYTES // 2**20} MiB cap; send a shorter clip", param=f"{param}.data",
                        code="invalid_value")
     try:
-        return AudioPart(b64=data)
+        return AudioPart(b64=data, role=role)
     except ValidationError as e:
         raise validation_error(e, prefix=f"{param}.data") from None
 
@@ -181,9 +182,9 @@ def chat_request(wire: ChatCompletionRequest, request_id: str, state: ServeState
                 if part.text is None:
                     raise ApiError(400, f"{where}.content[{j}].text: a text part needs its text", param=where,
                                    code="invalid_value")
-                inputs.append(TextPart(text=part.text, role=role))  # type: ignore[arg-type]
+                inputs.append(TextPart(text=part.text, role=role))
             elif part.type == "input_audio":
-                inputs.append(_input_audio(part, j, where, model))
+                inputs.append(_input_audio(part, j, where, model, role))
             else:
                 inputs.append(_media(part, j, where, image_pixel_cap(state.config, model)))
     if not any(isinstance(p, TextPart) and p.text for p in inputs):

@@ -194,3 +194,17 @@ def test_audio_requests_batch_with_others_and_equal_solo(omni_dir, omni_pipeline
         together = engine.pop_output(rid)
         assert together.status.value == "completed", together.error
         assert together.text.token_ids == alone.text.token_ids
+
+
+def test_an_audio_part_goes_into_its_roles_message():
+    """The released model's usage opens with a system prompt, then the user's audio and question:
+    the audio is the user's (its ``role``), not appended to the system message before it."""
+    from omniloop.pipeline.stages.chat import chat_messages
+
+    b64 = base64.b64encode(CLIPS[0]).decode()
+    request = OmniRequest(task=TaskType.REASON, inputs=[TextPart(text="be brief", role="system"),
+                                                        AudioPart(b64=b64, role="user"),
+                                                        TextPart(text="what is it", role="user")])
+    assert chat_messages(request) == [{"role": "system", "content": "be brief"},
+                                      {"role": "user", "content": [{"type": "audio"},
+                                                                   {"type": "text", "text": "what is it"}]}]

@@ -22,7 +22,8 @@ def media_embeds(ids: Sequence[int], runs: dict[int, list[torch.Tensor]], device
     """``ids`` (placeholders expanded) + each placeholder token's embeddings in prompt order ->
     one table whose rows follow the prompt (``index[p]``: the row at position ``p``)."""
     order = {token: iter(torch.cat(embeds)) for token, embeds in runs.items() if embeds}
-    rows, index = [], []
+    rows: list[torch.Tensor] = []
+    index: list[int] = []
     for t in ids:
         if t in order:
             index.append(len(rows))

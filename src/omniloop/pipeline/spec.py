@@ -83,8 +83,8 @@ class PipelineSpec:
     outputs: Mapping[str, str]  # output artifact name -> edge
     # edges declared streaming: the consumer starts at the first chunk (pipeline/streams.py)
     streams: tuple[StreamEdge, ...] = ()
-    # media a conversation may carry for an encoder node of this graph to read (Modality.AUDIO: the
-    # chat endpoint's input_audio parts); front ends refuse the others before submitting
+    # media a conversation may carry for an encoder node of this graph to read; the chat endpoint
+    # takes input_audio parts only for a graph that lists Modality.AUDIO
     conversation_media: frozenset[Modality] = frozenset()
     order: tuple[str, ...] = field(init=False)  # topological node order, computed by validation
 

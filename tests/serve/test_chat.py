@@ -79,6 +79,9 @@ def test_sampling_fields(lm_server, qwen2_chat_dir):
     ({"messages": [{"role": "tool", "content": "x"}]}, "messages.0.role"),
     ({"max_tokens": 100000}, "max_tokens"), ({"model": "gpt-4o"}, "model"),
     ({"max_tokens": 4, "max_completion_tokens": 5}, "max_tokens"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "input_audio", "input_audio": {
+        "data": base64.b64encode(b"RIFF....WAVE").decode(), "format": "wav"}}]}]},  # a text LM has no audio encoder
+     "messages[0].content[1].input_audio"),
 ])
 def test_bad_input_is_a_400_naming_the_field(lm_server, extra, param):
     body = {"model": lm_server.state.model.name, "messages": MESSAGES, **extra}

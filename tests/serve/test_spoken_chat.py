@@ -189,3 +189,87 @@ def test_a_client_leaving_a_streamed_spoken_answer_frees_every_node(omni_server)
     stats = omni_server.engine.stats()
     assert stats["running"] == 0 and stats["cancelled"] == before + 1
     assert {name: pool.free_blocks for name, pool in pools.items()} == free
+
+
+# -- input audio -----------------------------------------------------------------------------
+
+
+def _audio_content(data: bytes, fmt: str = "wav", text: str = "what is it") -> list[dict]:
+    return [{"type": "text", "text": text},
+            {"type": "input_audio", "input_audio": {"data": base64.b64encode(data).decode(), "format": fmt}}]
+
+
+def test_input_audio_answer_equals_transformers(omni_server, omni_chat_dir):
+    """An ``input_audio`` WAV through the openai client: the greedy answer's tokens are
+    transformers' thinker ``generate`` on the same samples (the processor's features and
+    placeholders); the prompt counts the audio's placeholders."""
+    from transformers import AutoTokenizer, Qwen2_5OmniForConditionalGeneration
+
+    from tests.models.qwen2_5_omni.test_audio_input import CLIPS, hf_inputs
+
+    client, model = omni_server.client(), omni_server.state.model.name
+    done = client.chat.completions.create(model=model, temperature=0, max_tokens=8, logprobs=True,
+                                          messages=[{"role": "user", "content": _audio_content(CLIPS[0])}])
+    tokenizer = AutoTokenizer.from_pretrained(omni_chat_dir)
+    hf = Qwen2_5OmniForConditionalGeneration.from_pretrained(omni_chat_dir, dtype=torch.float32).eval()
+    inputs = hf_inputs(omni_chat_dir, tokenizer, "what is it", CLIPS[:1])
+    with torch.inference_mode():
+        want = hf.thinker.generate(**inputs, max_new_tokens=8, do_sample=False)[0, inputs["input_ids"].shape[1]:].tolist()
+    assert [t.token for t in done.choices[0].logprobs.content] == [tokenizer.decode([i]) for i in want]
+    assert done.choices[0].message.content == tokenizer.decode(want, skip_special_tokens=True)
+    assert done.usage.prompt_tokens == inputs["input_ids"].shape[1]
+
+
+def test_input_audio_mp3_is_resampled(omni_server, tmp_path):
+    """A 44.1 kHz stereo mp3 is decoded and resampled to 16 kHz mono: 0.5 s -> 50 mel frames'
+    worth of placeholders (12), give or take the codec's padding frames."""
+    from omniloop.io.audio import encode_audio
+
+    t = np.arange(22050) / 44100
+    stereo = np.stack([np.sin(2 * np.pi * 440 * t), np.sin(2 * np.pi * 660 * t)]).astype(np.float32) * 0.5
+    client, model = omni_server.client(), omni_server.state.model.name
+    text_only = client.chat.completions.create(model=model, temperature=0, max_tokens=2,
+                                               messages=[{"role": "user", "content": "what is it"}])
+    done = client.chat.completions.create(model=model, temperature=0, max_tokens=2, messages=[
+        {"role": "user", "content": _audio_content(encode_audio(stereo, 44100, "mp3"), "mp3")}])
+    added = done.usage.prompt_tokens - text_only.usage.prompt_tokens - 3  # <|audio_bos|> <|AUDIO|>*n <|audio_eos|>, less one
+    assert 12 <= added + 1 <= 14, added
+
+
+@pytest.mark.parametrize("data, says", [
+    (b"RIFF\x00\x00\x00\x00WAVE not really", "wav or mp3"),
+    (None, "at most 2 s"),
+])
+def test_bad_input_audio_is_a_400_naming_the_part(omni_server, data, says):
+    from tests.models.qwen2_5_omni.test_audio_input import tone, wav_bytes
+
+    data = data if data is not None else wav_bytes(tone(16000 * 3))
+    client, model = omni_server.client(), omni_server.state.model.name
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=model, max_tokens=2, messages=[{"role": "user", "content": _audio_content(data)}])
+    body = err.value.body
+    assert body["param"] == "messages[0].content[1].input_audio.data", body
+    assert says in body["message"], body
+    ok = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=2, temperature=0)
+    assert ok.choices[0].message.content is not None  # the engine keeps serving
+
+
+def test_image_url_answer_equals_transformers(omni_server, omni_chat_dir):
+    """An ``image_url`` data URL through the openai client reaches the vision encoder: the greedy
+    answer's tokens are transformers' thinker ``generate`` on the processor's patches."""
+    from transformers import AutoTokenizer, Qwen2_5OmniForConditionalGeneration
+
+    from tests.models.qwen2_5_omni.test_vision_encoder import _hf_image_inputs, _png
+
+    png = _png(96, 64, 0)
+    url = "data:image/png;base64," + base64.b64encode(png).decode()
+    client, model = omni_server.client(), omni_server.state.model.name
+    done = client.chat.completions.create(model=model, temperature=0, max_tokens=8, logprobs=True, messages=[
+        {"role": "user", "content": [{"type": "text", "text": "what is it"}, {"type": "image_url", "image_url": {"url": url}}]}])
+    tokenizer = AutoTokenizer.from_pretrained(omni_chat_dir)
+    hf = Qwen2_5OmniForConditionalGeneration.from_pretrained(omni_chat_dir, dtype=torch.float32).eval()
+    inputs = _hf_image_inputs(omni_chat_dir, tokenizer, "what is it", [png])
+    with torch.inference_mode():
+        want = hf.thinker.generate(**inputs, max_new_tokens=8, do_sample=False)[0, inputs["input_ids"].shape[1]:].tolist()
+    assert [t.token for t in done.choices[0].logprobs.content] == [tokenizer.decode([i]) for i in want]
+    assert done.usage.prompt_tokens == inputs["input_ids"].shape[1]

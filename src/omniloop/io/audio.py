@@ -137,3 +137,46 @@ def read_audio(source: str | Path | bytes | BinaryIO, stream_index: int = 0) -> 
     if not chunks:
         raise ValueError(f"{label}: the audio stream has no decodable samples")
     return np.concatenate(chunks, axis=1).astype(np.float32), rate
+
+
+def read_audio_mono(source: bytes | BinaryIO, rate: int, max_seconds: float) -> np.ndarray:
+    """Decode an audio file's first audio stream as mono float32 ``[N]`` at ``rate`` Hz (PyAV's
+    resampler: channels averaged, resampled by swresample). Refused (ValueError, saying what to
+    send) before decoding when the header says it is longer than ``max_seconds``, and as soon as
+    the decoded samples pass it otherwise: the work is bounded by the cap, not by the file."""
+    import av
+
+    src = io.BytesIO(source) if isinstance(source, bytes) else source
+    limit = int(max_seconds * rate)
+    try:
+        container = av.open(src, mode="r")
+    except (av.error.InvalidDataError, OSError) as e:
+        raise ValueError(f"cannot decode it as audio ({e}); send a wav or mp3 file") from None
+    with container:
+        if not container.streams.audio:
+            raise ValueError("the file has no audio stream; send a wav or mp3 file")
+        stream = container.streams.audio[0]
+        if container.duration is not None and container.duration / 1e6 > max_seconds + 0.5:  # header (us), a rough bound
+            raise ValueError(f"the audio is {container.duration / 1e6:.1f} s long, over the {max_seconds:g} s this "
+                             f"model reads; send at most {max_seconds:g} s")
+        resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
+        chunks: list[np.ndarray] = []
+        got = 0
+        try:
+            for frame in container.decode(stream):
+                for out in resampler.resample(frame):
+                    chunks.append(out.to_ndarray().reshape(-1))  # packed mono: [1, n] -> [n]
+                    got += chunks[-1].shape[0]
+                if got > limit:
+                    raise ValueError(f"the audio is longer than the {max_seconds:g} s this model reads; send at most "
+                                     f"{max_seconds:g} s")
+            chunks += [out.to_ndarray().reshape(-1) for out in resampler.resample(None)]
+        except av.error.FFmpegError as e:
+            raise ValueError(f"cannot decode the audio ({e}); send a wav or mp3 file") from None
+    samples = np.concatenate(chunks).astype(np.float32) if chunks else np.zeros(0, np.float32)
+    if samples.shape[0] == 0:
+        raise ValueError("the audio has no decodable samples; send a wav or mp3 file with sound in it")
+    if samples.shape[0] > limit:
+        raise ValueError(f"the audio is {samples.shape[0] / rate:.1f} s long, over the {max_seconds:g} s this model "
+                         f"reads; send at most {max_seconds:g} s")
+    return samples

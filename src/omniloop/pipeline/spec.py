@@ -15,7 +15,7 @@ from typing import Any, Iterable, Mapping
 from omniloop.pipeline.predicates import Predicate
 from omniloop.pipeline.stage import LoopStage, Stage, is_loop
 from omniloop.pipeline.streams import StreamEdge
-from omniloop.request import Artifact, TaskType
+from omniloop.request import Artifact, Modality, TaskType
 
 
 class PipelineSpecError(ValueError):
@@ -83,6 +83,9 @@ class PipelineSpec:
     outputs: Mapping[str, str]  # output artifact name -> edge
     # edges declared streaming: the consumer starts at the first chunk (pipeline/streams.py)
     streams: tuple[StreamEdge, ...] = ()
+    # media a conversation may carry for an encoder node of this graph to read; the chat endpoint
+    # takes input_audio parts only for a graph that lists Modality.AUDIO
+    conversation_media: frozenset[Modality] = frozenset()
     order: tuple[str, ...] = field(init=False)  # topological node order, computed by validation
 
     def __post_init__(self) -> None:

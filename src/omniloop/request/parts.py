@@ -89,6 +89,9 @@ class VideoPart(_MediaPart):
 class AudioPart(_MediaPart):
     kind: Literal["audio"] = "audio"
     sample_rate: int | None = Field(default=None, gt=0)
+    role: Literal["system", "user", "assistant"] | None = Field(
+        default=None, description="chat role of the message carrying it (None: the message before it)"
+    )
 
 
 class ActionPart(_Part):

@@ -4,7 +4,11 @@
 A conversation becomes a REASON ``OmniRequest`` whose text parts carry their roles (the
 model's chat template applies, ``pipeline/stages/chat.py``) and whose image/video content
 parts are media parts (data: URLs only; the model's validator says whether it can see
-them). ``temperature``, ``top_p``, ``max_tokens`` / ``max_completion_tokens``, ``stop`` and
+them). ``input_audio`` parts (OpenAI's ``{"data": base64, "format": "wav" | "mp3"}``) become
+audio parts for a model whose graph has an audio encoder (Qwen2.5-Omni's thinker), capped at
+``MAX_INPUT_AUDIO_BYTES`` before anything decodes them; the model decodes, resamples to its
+rate and refuses an undecodable or too long clip at admission, the 400 naming the part
+(``messages[i].content[j].input_audio.data``). ``temperature``, ``top_p``, ``max_tokens`` / ``max_completion_tokens``, ``stop`` and
 ``seed`` map to ``SamplingParams``; fields left out keep the model's generation defaults.
 ``logprobs: true`` (and ``top_logprobs: N``) return each generated token's log-prob under the
 model (``log_softmax`` of its raw logits, from the AR loop: ``OutputSpec.return_log_probs``) as
@@ -30,17 +34,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from omniloop.engine import EngineError
 from omniloop.request import (
-    ArtifactEvent, AudioArtifact, Fields, FinalEvent, ImagePart, OmniOutput, OmniRequest, OutputSpec, RequestStatus, TaskType,
+    ArtifactEvent, AudioArtifact, AudioPart, Fields, FinalEvent, ImagePart, OmniOutput, OmniRequest, OutputSpec, RequestStatus, TaskType,
     TextArtifact, TextPart, TokenLogProb, VideoPart, build_request,
 )
 from omniloop.serve.errors import ApiError, api_error, validation_error
 from omniloop.serve.media import check_media, image_pixel_cap
 from omniloop.serve.speech import EXPIRES_S, AudioRequest, encode_speech, message_audio, wanted_modalities
 from omniloop.serve.state import ServeState, State, require_auth
-from omniloop.serve.wire import wire_errors
+from omniloop.serve.wire import ServedModel, wire_errors
 
 router = APIRouter(prefix="/v1/chat", tags=["chat"], dependencies=[Depends(require_auth)])
-_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ChatRole = Literal["system", "user", "assistant"]
+_ROLES: dict[str, ChatRole] = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
 class _Wire(BaseModel):
@@ -52,11 +57,17 @@ class MediaURL(_Wire):
     detail: Literal["auto", "low", "high"] | None = None
 
 
+class InputAudio(_Wire):
+    data: str = Field(description="the audio file's bytes, base64")
+    format: Literal["wav", "mp3"] = Field(description="the file's format")
+
+
 class ContentPart(_Wire):
-    type: Literal["text", "image_url", "video_url"]
+    type: Literal["text", "image_url", "video_url", "input_audio"]
     text: str | None = None
     image_url: MediaURL | None = None
     video_url: MediaURL | None = None
+    input_audio: InputAudio | None = None
 
 
 class ChatMessage(_Wire):
@@ -96,6 +107,41 @@ class ChatCompletionRequest(_Wire):
 
 
 _FORMATS = {"image": "a PNG, JPEG or WebP image", "video": "an mp4 (H.264) or webm video"}
+MAX_INPUT_AUDIO_BYTES = 25 * 2**20  # OpenAI's cap on an audio file; checked on the base64 text, before decoding
+
+
+def _input_audio(part: ContentPart, index: int, where: str, model: ServedModel, role: ChatRole) -> AudioPart:
+    """An ``input_audio`` content part -> an audio part (its bytes not decoded here: the model
+    decodes them at admission, where its own length limit applies)."""
+    param = f"{where}.content[{index}].input_audio"
+    if not model.takes_audio:
+        raise ApiError(400, f"{param}: {model.name!r} has no audio encoder, so it takes no input_audio; send the "
+                       "conversation as text", param=param, code="unsupported")
+    if part.input_audio is None:
+        raise ApiError(400, f'{param}: an input_audio part needs input_audio: {{"data": <base64>, "format": "wav"}}',
+                       param=param, code="invalid_value")
+    data = part.input_audio.data
+    if len(data) * 3 // 4 > MAX_INPUT_AUDIO_BYTES:
+        raise ApiError(400, f"{param}.data: the audio is about {len(data) * 3 // 4 / 2**20:.1f} MiB, over this server's "
+                       f"{MAX_INPUT_AUDIO_BYTES // 2**20} MiB cap; send a shorter clip", param=f"{param}.data",
+                       code="invalid_value")
+    try:
+        return AudioPart(b64=data, role=role)
+    except ValidationError as e:
+        raise validation_error(e, prefix=f"{param}.data") from None
+
+
+def _part_fields(wire: ChatCompletionRequest) -> dict[str, str]:
+    """Request-plane ``inputs[k]`` -> the content part's wire path, for an admission refusal that
+    names one part (a clip the model cannot decode or that is too long)."""
+    fields, k = {}, 0
+    for i, message in enumerate(wire.messages):
+        parts = [None] if isinstance(message.content, str) else message.content
+        for j, part in enumerate(parts):
+            if part is not None and part.type == "input_audio":
+                fields[f"inputs[{k}]"] = f"messages[{i}].content[{j}].input_audio.data"
+            k += 1
+    return fields
 
 
 def _media(part: ContentPart, index: int, where: str, max_pixels: int):
@@ -136,7 +182,9 @@ def chat_request(wire: ChatCompletionRequest, request_id: str, state: ServeState
                 if part.text is None:
                     raise ApiError(400, f"{where}.content[{j}].text: a text part needs its text", param=where,
                                    code="invalid_value")
-                inputs.append(TextPart(text=part.text, role=role))  # type: ignore[arg-type]
+                inputs.append(TextPart(text=part.text, role=role))
+            elif part.type == "input_audio":
+                inputs.append(_input_audio(part, j, where, model, role))
             else:
                 inputs.append(_media(part, j, where, image_pixel_cap(state.config, model)))
     if not any(isinstance(p, TextPart) and p.text for p in inputs):
@@ -191,9 +239,10 @@ CHAT_WIRE_NAMES = {"inputs": "messages", "task": "model", "outputs.voice": "audi
                    "outputs.modalities": "modalities"}
 
 
-def _rejection(error: EngineError) -> ApiError:
-    """An engine rejection, its ``param`` the wire field behind the fields it names."""
-    return api_error(error, wire_names=CHAT_WIRE_NAMES)
+def _rejection(error: EngineError, parts: dict[str, str] | None = None) -> ApiError:
+    """An engine rejection, its ``param`` the wire field behind the fields it names (``parts``:
+    a content part's path, for ``inputs[k]``)."""
+    return api_error(error, wire_names={**CHAT_WIRE_NAMES, **(parts or {})})
 
 
 # -- responses ------------------------------------------------------------------------------
@@ -303,7 +352,7 @@ async def create_chat_completion(wire: ChatCompletionRequest, request: Request, 
         try:
             first = await anext(stream)  # the submit happens here: a rejection raises
         except EngineError as e:
-            raise _rejection(e) from None
+            raise _rejection(e, _part_fields(wire)) from None
     if wire.stream:
         usage = wire.stream_options is not None and wire.stream_options.include_usage
         return StreamingResponse(_sse(stream, first, request_id, served, created, usage, _spoken(wire)),

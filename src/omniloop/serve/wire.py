@@ -84,6 +84,7 @@ class ServedModel:
     takes_loras: bool = False  # the pipeline has an adapter cache (requests may name LoRAs)
     knobs: KnobTable | None = None  # its loops' knobs, flat under diffusers' names (None: none)
     token_logprobs: bool = False  # an AR decode loop makes its text: it can return token log-probs
+    takes_audio: bool = False  # an encoder of its graph reads audio in a conversation (chat's input_audio)
 
     @classmethod
     def of(cls, engine: AsyncEngine, served_name: str | None = None) -> "ServedModel":
@@ -93,7 +94,8 @@ class ServedModel:
                    defaults=pipeline.defaults, limits=engine.engine.config.limits or Limits(),
                    aliases=frozenset({path}), makes_audio="audio" in pipeline.spec.outputs,
                    takes_loras="adapters" in pipeline.caches, knobs=pipeline.knobs,
-                   token_logprobs=has_ar_loop(pipeline))
+                   token_logprobs=has_ar_loop(pipeline),
+                   takes_audio=Modality.AUDIO in pipeline.spec.conversation_media)
 
     @classmethod
     def all_of(cls, engine: AsyncEngine, served_name: str | None = None) -> dict[str, "ServedModel"]:
@@ -110,7 +112,8 @@ class ServedModel:
                        limits=limits, aliases=frozenset(pool.sources.get(n, ())), route=n,
                        makes_audio="audio" in pipelines[n].spec.outputs,
                        takes_loras="adapters" in pipelines[n].caches, knobs=pipelines[n].knobs,
-                       token_logprobs=has_ar_loop(pipelines[n])) for n in names}
+                       token_logprobs=has_ar_loop(pipelines[n]),
+                       takes_audio=Modality.AUDIO in pipelines[n].spec.conversation_media) for n in names}
 
     @property
     def serves_images(self) -> bool:

@@ -24,7 +24,11 @@ CORPUS = [
     "say hello to the user", "one two three four five six", "user: assistant: system:",
 ]
 PROMPTS = ["the cat", "hello world, the quick brown fox", "say one two three"]
-CHAT_TEMPLATE = ("{% for m in messages %}<|im_end|>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+# text messages render as before; audio and image entries render as the released template renders them
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_end|>{{ m['role'] }}: {% if m['content'] is string %}{{ m['content'] }}"
+                 "{% else %}{% for c in m['content'] %}{% if c['type'] == 'audio' %}<|audio_bos|><|AUDIO|><|audio_eos|>"
+                 "{% elif c['type'] == 'image' %}<|vision_bos|><|IMAGE|><|vision_eos|>"
+                 "{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}{{ '\\n' }}{% endfor %}"
                  "{% if add_generation_prompt %}assistant: {% endif %}")
 # codec ids of the tiny talker (the released model's are 8292..8296 of 8448)
 CODEC_PAD, CODEC_BOS, CODEC_EOS, CODEC_MASK = 60, 61, 62, 63
@@ -111,13 +115,37 @@ def speakers(tokenizer, seed: int = 0) -> dict[str, dict[str, Any]]:
     return out
 
 
+AUDIO_WINDOW_S = 2  # the tiny feature extractor's window (the released model's: 30 s)
+
+
+def tiny_preprocessor(folder: Path) -> None:
+    """The processor's ``preprocessor_config.json`` as the released one holds it: the
+    ``WhisperFeatureExtractor``'s keys (16 kHz, 10 ms hop, 25 ms window; the tiny audio tower's mel
+    bins, a 2 s window) and the ``Qwen2VLImageProcessor``'s (14 px patches, 2x2 merge; a small
+    pixel budget: 56x56 to 112x112)."""
+    import json
+
+    from transformers import WhisperFeatureExtractor
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    fe = WhisperFeatureExtractor(feature_size=16, sampling_rate=16000, hop_length=160, n_fft=400,
+                                 chunk_length=AUDIO_WINDOW_S)
+    fe.save_pretrained(folder)
+    audio_keys = json.loads((folder / "preprocessor_config.json").read_text())
+    Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=112 * 112).save_pretrained(folder)
+    image_keys = json.loads((folder / "preprocessor_config.json").read_text())
+    image_keys["image_processor_type"] = "Qwen2VLImageProcessor"
+    (folder / "preprocessor_config.json").write_text(json.dumps({**audio_keys, **image_keys}, indent=2))
+
+
 def save_omni_checkpoint(folder: Path, seed: int = 0, **overrides: Any):
-    """Tokenizer + random ``Qwen2_5OmniForConditionalGeneration`` + ``spk_dict.pt`` saved to
-    ``folder``; returns the transformers model (speakers loaded, fp32, eval)."""
+    """Tokenizer + feature extractor + random ``Qwen2_5OmniForConditionalGeneration`` +
+    ``spk_dict.pt`` saved to ``folder``; returns the transformers model (speakers loaded, fp32, eval)."""
     from transformers import Qwen2_5OmniForConditionalGeneration
 
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer = tiny_tokenizer(folder)
+    tiny_preprocessor(folder)
     torch.manual_seed(seed)
     model = Qwen2_5OmniForConditionalGeneration(tiny_omni_config(tokenizer, **overrides)).eval()
     _perturb(model, seed)

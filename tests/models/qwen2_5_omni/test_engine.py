@@ -11,7 +11,7 @@ import torch
 from omniloop.api.generator import VideoGenerator
 from omniloop.engine.offline import run_request
 from omniloop.io.audio import read_audio, write_audio
-from omniloop.request import ImagePart, OmniRequest, TaskType, TextPart
+from omniloop.request import ImagePart, OmniRequest, SamplingParams, TaskType, TextPart, VideoPart
 from tests.models.qwen2_5_omni.checkpoint import PROMPTS
 from tests.models.qwen2_5_omni.helpers import omni_request
 
@@ -63,8 +63,13 @@ def test_bad_input_is_refused_naming_the_field(omni_pipeline):
     with pytest.raises(ValueError, match=r"voice 'Nobody' is not one of .*\['Chelsie', 'Ethan'\]") as err:
         run_request(omni_pipeline, omni_request(PROMPTS[0], voice="Nobody"))
     assert err.value.fields == ("outputs.voice",)
-    image = ImagePart(data=np.zeros((8, 8, 3), dtype=np.uint8))
-    with pytest.raises(ValueError, match="inputs.*text only"):
-        run_request(omni_pipeline, OmniRequest(task=TaskType.REASON, inputs=[TextPart(text="hi"), image]))
+    image = ImagePart(b64="bm90IGFuIGltYWdl")  # "not an image"
+    with pytest.raises(ValueError, match=r"inputs\[1\]: cannot decode the image") as err:
+        run_request(omni_pipeline, OmniRequest(task=TaskType.REASON, inputs=[TextPart(text="hi", role="user"), image],
+                                               sampling=SamplingParams(max_tokens=4)))
+    assert err.value.fields == ("inputs[1]",)
+    video = VideoPart(data=np.zeros((2, 8, 8, 3), dtype=np.uint8))
+    with pytest.raises(ValueError, match=r"inputs carry \['video'\].*video is not run yet"):
+        run_request(omni_pipeline, OmniRequest(task=TaskType.REASON, inputs=[TextPart(text="hi", role="user"), video]))
     with pytest.raises(ValueError, match=r"node_params\['talker'\]\.max_tokens"):
         run_request(omni_pipeline, omni_request(PROMPTS[0]).model_copy(update={"node_params": {"talker": {"max_tokens": 0}}}))

@@ -27,7 +27,7 @@ def chat_messages(request: OmniRequest, system_prompt: str | None = None) -> lis
     without a role are the user's); ``system_prompt`` opens the conversation."""
     messages: list[dict[str, Any]] = [{"role": "system", "content": system_prompt}] if system_prompt else []
     for part in request.inputs:
-        role = getattr(part, "role", None) if part.kind == "text" else None
+        role = getattr(part, "role", None) if part.kind in ("text", "audio") else None  # an image's role is no chat role
         role = role or (messages[-1]["role"] if messages and part.kind != "text" else "user")
         entry: dict[str, Any] = {"type": "text", "text": part.text} if part.kind == "text" else {"type": part.kind}
         if messages and messages[-1]["role"] == role and isinstance(messages[-1]["content"], list):

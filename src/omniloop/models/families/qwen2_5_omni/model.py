@@ -18,7 +18,9 @@ loads by stripping the ``thinker.`` / ``talker.`` prefix.
   preemption all see exactly the inputs transformers' talker ``generate`` feeds.
 
 Text-only and audio prompts have 1-D positions (the three planes equal), which makes the
-multimodal RoPE the plain one; the KV view's positions drive it.
+multimodal RoPE the plain one; the KV view's positions drive it. A prompt's audio / image
+embeddings (``ThinkerRow.media``) replace its placeholder tokens' embeddings by position, and
+an image makes its rotary positions 3-D (``media.py``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch
 from torch import nn
 
 from omniloop.cache.kv import KVLayout
+from omniloop.models.families.qwen2_5_omni.media import MediaEmbeds, with_media
 from omniloop.models.layers.mrope import inv_frequencies
 from omniloop.models.layers.qwen2_decoder import DecoderDims, DecoderLayer, KVCacheView, RMSNorm, rope_tables
 from omniloop.models.layers.run_blocks import run_blocks
@@ -121,8 +124,10 @@ class Decoder(nn.Module):
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
     def forward(self, h: torch.Tensor, positions: torch.Tensor, kv: KVCacheView | None) -> torch.Tensor:
-        """``h [B, L, hidden]`` at ``positions [B, L]`` -> normed hidden states ``[B, L, hidden]``."""
-        cos, sin = mrope_cos_sin(positions[None].expand(3, -1, -1), self.config, h.dtype)
+        """``h [B, L, hidden]`` at ``positions [B, L]`` (or per plane, ``[3, B, L]``) -> normed
+        hidden states ``[B, L, hidden]``."""
+        planes = positions if positions.dim() == 3 else positions[None].expand(3, -1, -1)
+        cos, sin = mrope_cos_sin(planes, self.config, h.dtype)
         return self.norm(run_blocks(cast(Sequence[nn.Module], self.layers), h, cos, sin, kv))
 
 
@@ -137,12 +142,16 @@ def _positions(ids: torch.Tensor, kv: KVCacheView | None) -> torch.Tensor:
 @dataclass
 class ThinkerRow:
     """One request's per-forward inputs and record of the thinker (``ARLoopState.lm_inputs``):
-    the final hidden states of every position forwarded so far, written by position (a
-    re-prefill after preemption overwrites the same rows with the same values)."""
+    its prompt's encoder outputs (``media``: audio / image embeddings at their placeholders), and, for
+    the talker (``record_states``), the final hidden states of every position forwarded so
+    far, written by position (a re-prefill after preemption overwrites the same rows with the
+    same values)."""
 
     hidden: torch.Tensor | None = None  # [capacity, hidden] (rows past ``filled`` unused)
     filled: int = 0
     streamed: int = 0  # rows already handed to the talker's stream (stages.ThinkerLoop)
+    media: MediaEmbeds | None = None
+    record_states: bool = True
 
     def record(self, start: int, rows: torch.Tensor) -> None:
         end = start + rows.shape[0]
@@ -188,10 +197,13 @@ class OmniThinker(nn.Module):
         """``input_ids [B, L]`` -> logits ``[B, L', vocab]``; each row's hidden states go to its
         ``lm_inputs`` record (None: not recorded)."""
         positions = _positions(input_ids, kv)
-        h = self.model(self.embed(input_ids), positions, kv)  # [B, L, hidden]
-        for row, hidden, pos in zip(lm_inputs or (), h, positions):
-            if row is not None:
-                row.record(int(pos[0]), hidden)
+        starts = [int(p[0]) for p in positions] if lm_inputs else []
+        media = [None if row is None else row.media for row in lm_inputs or ()]
+        embeds, rope = with_media(self.embed(input_ids), positions, starts, media)  # [B, L, hidden]; [B, L] or [3, B, L]
+        h = self.model(embeds, rope, kv)  # [B, L, hidden]
+        for row, hidden, start in zip(lm_inputs or (), h, starts):
+            if row is not None and row.record_states:
+                row.record(start, hidden)
         if logits_to_keep:
             h = h[:, -logits_to_keep:]
         return self.lm_head(h)

@@ -1,11 +1,12 @@
 """Qwen2.5-Omni ModelSpec: a transformers ``Qwen2_5OmniForConditionalGeneration`` folder -> the
 thinker -> talker -> token2wav -> vocoder graph.
 
-Task REASON (a conversation or a prompt in, text out). With ``outputs.modalities`` naming
+Task REASON (a conversation or a prompt in, text out; a conversation may carry audio and
+image parts, which the thinker's encoders read: ``chat_prompt.py``). With ``outputs.modalities`` naming
 ``audio`` the spoken answer runs too: each node is its own loop, scheduled step by step and
 batched with other requests' steps like any loop of the engine:
 
-    chat (conversation -> prompt ids)
+    chat (conversation -> prompt ids; audio / image parts -> embeddings at their placeholders)
     thinker   ARDecodeLoop (paged KV)     -> text, thinker_states
     talker    ARDecodeLoop (paged KV)     -> codec           [speech only]
     token2wav DenoiseLoop (DiT, rk4_flow) -> latents (mel)    [speech, not streamed]
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from omniloop.cache.paged_kv import build_text_kv_pool
+from omniloop.models.families.qwen2_5_omni.chat_prompt import OmniChatPrompt
 from omniloop.models.families.qwen2_5_omni.presets import (
     TALKER_SAMPLING, THINKER_DEFAULTS, TOKEN2WAV_GUIDANCE, TOKEN2WAV_STEPS, TOKEN2WAV_SWAY,
 )
@@ -34,7 +36,8 @@ from omniloop.models.families.qwen2_5_omni.stages import (
 )
 from omniloop.models.families.qwen2_5_omni.validate import make_omni_validator
 from omniloop.models.families.qwen2_5_omni.weights import (
-    ARCHITECTURE, OmniConfig, load_bigvgan, load_dit, load_speakers, load_talker, load_thinker, read_config,
+    ARCHITECTURE, OmniConfig, load_audio_tower, load_bigvgan, load_dit, load_speakers, load_talker, load_thinker,
+    load_vision_tower, read_config,
 )
 from omniloop.models.load_options import apply_load_options
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
@@ -47,8 +50,8 @@ from omniloop.pipeline.samplers.rk4_flow import RK4FlowSampler
 from omniloop.pipeline.samplers.sampler_set import SamplerSet
 from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
 from omniloop.pipeline.streams import StreamEdge
-from omniloop.pipeline.stages import ChatPrompt, is_chat
-from omniloop.request import TaskType
+from omniloop.pipeline.stages import is_chat
+from omniloop.request import Modality, TaskType
 
 # The edges that stream (the downstream node starts at the upstream's first chunk): thinker ->
 # talker. Its capacity never holds the thinker back (the text answer is not paced by the
@@ -59,6 +62,7 @@ STREAM_EDGES: tuple[StreamEdge, ...] = (StreamEdge("thinker_hidden", capacity=1 
                                         StreamEdge("codec_stream", capacity=64))
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
 GENERATION_CONFIG_FILE = "generation_config.json"
+PREPROCESSOR_CONFIG_FILE = "preprocessor_config.json"  # the processor's WhisperFeatureExtractor
 
 
 def _config(root: Path, index: Mapping[str, Any]) -> OmniConfig:
@@ -73,6 +77,35 @@ def _load_thinker(root: Path, index: Mapping[str, Any], options: LoadOptions):
 def _load_talker(root: Path, index: Mapping[str, Any], options: LoadOptions):
     model = load_talker(root, _config(root, index), device=options.device, dtype=options.dtype)
     return apply_load_options(model, options, blocks=model.model.layers, fp8_layers=r"^model\.layers\.")
+
+
+def _load_audio_tower(root: Path, index: Mapping[str, Any], options: LoadOptions):
+    return load_audio_tower(root, _config(root, index), device=options.device, dtype=options.dtype)
+
+
+def _load_feature_extractor(root: Path, index: Mapping[str, Any], options: LoadOptions):
+    """The processor's ``WhisperFeatureExtractor`` (``preprocessor_config.json``), or None: then
+    audio inputs are refused at admission."""
+    if not (root / PREPROCESSOR_CONFIG_FILE).is_file():
+        return None
+    from transformers import WhisperFeatureExtractor
+
+    return WhisperFeatureExtractor.from_pretrained(str(root))
+
+
+def _load_vision_tower(root: Path, index: Mapping[str, Any], options: LoadOptions):
+    return load_vision_tower(root, _config(root, index), device=options.device, dtype=options.dtype)
+
+
+def _load_image_processor(root: Path, index: Mapping[str, Any], options: LoadOptions):
+    """The processor's image processor (``Qwen2VLImageProcessor`` keys of ``preprocessor_config.json``),
+    or None: then images are refused at admission."""
+    path = root / PREPROCESSOR_CONFIG_FILE
+    if not path.is_file() or "image_processor_type" not in json.loads(path.read_text()):
+        return None
+    from transformers import AutoImageProcessor
+
+    return AutoImageProcessor.from_pretrained(str(root))
 
 
 def _load_dit(root: Path, index: Mapping[str, Any], options: LoadOptions):
@@ -114,6 +147,14 @@ def omni_variant(index: Mapping[str, Any]) -> Variant:
         WeightSpec(component="vocoder", kind="Qwen2.5-Omni BigVGAN", subfolder=".", load=_load_vocoder),
         WeightSpec(component="speakers", kind="spk_dict.pt voices", subfolder=".", load=_load_speakers),
         WeightSpec(component="tokenizer", kind="tokenizer", subfolder=".", load=_load_tokenizer),
+        WeightSpec(component="audio_tower", kind="Qwen2.5-Omni audio encoder", subfolder=".", load=_load_audio_tower,
+                   optional=True),
+        WeightSpec(component="feature_extractor", kind="WhisperFeatureExtractor", subfolder=".",
+                   load=_load_feature_extractor, optional=True),
+        WeightSpec(component="vision_tower", kind="Qwen2.5-Omni vision encoder", subfolder=".", load=_load_vision_tower,
+                   optional=True),
+        WeightSpec(component="image_processor", kind="Qwen2VLImageProcessor", subfolder=".",
+                   load=_load_image_processor, optional=True),
         WeightSpec(component="generation", kind="generation defaults", subfolder=".", load=_load_generation,
                    optional=True),
     )
@@ -122,9 +163,11 @@ def omni_variant(index: Mapping[str, Any]) -> Variant:
 
 
 def omni_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = None, max_codes: int = 4096,
-                       streams: tuple[StreamEdge, ...] = STREAM_EDGES) -> PipelineSpec:
+                       streams: tuple[StreamEdge, ...] = STREAM_EDGES, audio_token_id: int = -1,
+                       image_token_id: int = -1) -> PipelineSpec:
     """``talker_text``: the talker node's own loop defaults (its stop codes, transformers'
-    talker sampling), over the pipeline's (the thinker's)."""
+    talker sampling), over the pipeline's (the thinker's); ``audio_token_id``: the checkpoint's
+    ``<|AUDIO|>`` / ``<|IMAGE|>`` placeholders."""
     components = {w.component: ComponentSpec(name=w.component, kind=w.kind, optional=w.optional) for w in variant.weights}
     for name, kind in (("thinker_kv", "paged text-KV pool of the thinker (built)"),
                        ("talker_kv", "paged KV pool of the talker (built)"),
@@ -139,7 +182,8 @@ def omni_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = None
         tasks=variant.tasks,
         components=components,
         nodes=(
-            Node("chat", ChatPrompt(), when=opt("a conversation (text parts with roles)", is_chat)),
+            Node("chat", OmniChatPrompt(audio_token_id=audio_token_id, image_token_id=image_token_id),
+                 when=opt("a conversation (text parts with roles)", is_chat)),
             Node("thinker", ThinkerLoop(lm_component="thinker", tokenizer_component="tokenizer",
                                         kv_component="thinker_kv")),
             Node("talker", TalkerLoop(lm_component="talker", tokenizer_component="codec_vocab",
@@ -153,6 +197,7 @@ def omni_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = None
         ),
         outputs={"text": "text", "audio": "audio"},
         streams=streams,
+        conversation_media=frozenset({Modality.AUDIO, Modality.IMAGE}),
     )
 
 
@@ -179,8 +224,14 @@ def build_omni(variant: Variant, index: Mapping[str, Any], components: Mapping[s
     defaults = GenerationDefaults(steps=TOKEN2WAV_STEPS, guidance_scale=TOKEN2WAV_GUIDANCE, sample_rate=24000,
                                   text=thinker_text)
     return Pipeline(
-        spec=omni_pipeline_spec(variant, talker_text, max_codes), components=components, device=options.device, dtype=options.dtype, defaults=defaults,
-        validate_request=make_omni_validator(components["tokenizer"], config, pool=pools["thinker_kv"]),
+        spec=omni_pipeline_spec(variant, talker_text, max_codes, audio_token_id=config.audio_token_id,
+                                image_token_id=config.image_token_id),
+        components=components, device=options.device, dtype=options.dtype, defaults=defaults,
+        validate_request=make_omni_validator(components["tokenizer"], config, pool=pools["thinker_kv"],
+                                             audio_tower=components.get("audio_tower"),
+                                             feature_extractor=components.get("feature_extractor"),
+                                             vision_tower=components.get("vision_tower"),
+                                             image_processor=components.get("image_processor")),
     )
 
 

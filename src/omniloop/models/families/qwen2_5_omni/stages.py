@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from omniloop.cache.paged_kv import BlockPool
 from omniloop.models.families.qwen2_5_omni.bigvgan import SAMPLE_RATE, BigVGAN
 from omniloop.models.families.qwen2_5_omni.dit import Token2WavDiT
+from omniloop.models.families.qwen2_5_omni.media import MediaPromptTokens
 from omniloop.models.families.qwen2_5_omni.presets import TOKEN2WAV_SWAY
 from omniloop.models.families.qwen2_5_omni.model import OmniTalker, OmniThinker, TalkerRow, ThinkerRow
 from omniloop.models.families.qwen2_5_omni.weights import Speaker
@@ -76,6 +77,7 @@ class ThinkerChunk(Artifact):
     start: int
     ids: list[int]  # the token at each position
     hidden: torch.Tensor  # [len(ids), D] the final hidden state of each position
+    media: torch.Tensor | None = None  # [len(ids)] bool: an encoder's embedding there (the talker reads zeros)
 
 
 @dataclass(kw_only=True)
@@ -115,9 +117,10 @@ def resolve_voice(speakers: dict[str, Speaker], voice: str | None) -> str:
 
 def start_ar_loop(stage: ARDecodeLoop, ctx: StageContext, state: RequestState, *, params: SamplingParams,
                   prompt_ids: list[int], stop_ids: frozenset[int], lm_inputs: Any,
-                  extra: dict[str, Any] | None = None) -> ARLoopState:
+                  extra: dict[str, Any] | None = None, top_logprobs: int | None = None) -> ARLoopState:
     """``ARDecodeLoop.init`` with this family's prompt, sampling and per-request model inputs;
-    ``extra``: the talker's stream (a :class:`TalkerLoopState`)."""
+    ``extra``: the talker's stream (a :class:`TalkerLoopState`); ``top_logprobs``: the text's
+    log-probs recorded (the thinker's, when the request asks for them)."""
     text = ctx.defaults.text_or_default()
     check_context(len(prompt_ids), params.max_tokens, text.max_context)
     seed = admitted_seed(params.seed, ctx.node)
@@ -126,7 +129,8 @@ def start_ar_loop(stage: ARDecodeLoop, ctx: StageContext, state: RequestState, *
     loop = state_type(
         **(extra or {}), node=ctx.node, request_id=state.request_id, steps_target=params.max_tokens, params=params, seed=seed,
         generator=torch.Generator(ctx.device).manual_seed(seed), kv=pool.handle(),
-        prefill_chunk=text.prefill_chunk_tokens, prompt_ids=prompt_ids, stop_ids=stop_ids, lm_inputs=lm_inputs)
+        prefill_chunk=text.prefill_chunk_tokens, prompt_ids=prompt_ids, stop_ids=stop_ids, lm_inputs=lm_inputs,
+        top_logprobs=top_logprobs)
     stage._prefill(ctx.component(stage.lm_component), [loop])  # the first chunk now when the pool has room
     loop.steps_target += loop.chunks_left()
     return loop
@@ -145,9 +149,14 @@ class ThinkerLoop(ARDecodeLoop):
         params = effective_sampling(state.request.sampling, text.sampling)
         prompt_ids = self._prompt_ids(ctx, state, ctx.component(self.tokenizer_component))
         state.metrics.seed = params.seed
-        row = ThinkerRow() if wants_speech(state.request) else None  # record hidden states only for the talker
+        given = ctx.read_optional(state, "prompt_tokens", PromptTokens)
+        media = given.lm_inputs if isinstance(given, MediaPromptTokens) else None  # encoder embeddings by position
+        speech = wants_speech(state.request)  # record hidden states only for the talker
+        row = ThinkerRow(media=media, record_states=speech) if speech or media is not None else None
+        out = state.request.outputs  # log-probs of the text when asked (OutputSpec.return_log_probs)
         return start_ar_loop(self, ctx, state, params=params, prompt_ids=prompt_ids,
-                             stop_ids=frozenset(text.eos_token_ids) | frozenset(params.stop_token_ids), lm_inputs=row)
+                             stop_ids=frozenset(text.eos_token_ids) | frozenset(params.stop_token_ids), lm_inputs=row,
+                             top_logprobs=out.top_logprobs if out.return_log_probs or out.top_logprobs else None)
 
     def step_many(self, ctx: StageContext, loops: Sequence[ARLoopState]) -> list[StepResult]:
         results = super().step_many(ctx, loops)
@@ -169,10 +178,11 @@ class ThinkerLoop(ARDecodeLoop):
         start, end = row.streamed, row.filled
         row.streamed = end
         ids = (loop.prompt_ids + loop.output_ids)[start:end]
-        return ThinkerChunk(prompt_len=p, start=start, ids=ids, hidden=row.hidden[start:end].clone())
+        media = row.media.mask(start, end) if row.media is not None and start < p else None
+        return ThinkerChunk(prompt_len=p, start=start, ids=ids, hidden=row.hidden[start:end].clone(), media=media)
 
     def finalize(self, ctx: StageContext, loop: ARLoopState, state: RequestState) -> None:
-        if isinstance(loop.lm_inputs, ThinkerRow):
+        if isinstance(loop.lm_inputs, ThinkerRow) and loop.lm_inputs.record_states:
             ctx.write(state, "thinker_states", ThinkerStates(prompt_ids=list(loop.prompt_ids),
                                                              output_ids=list(loop.output_ids),
                                                              hidden=loop.lm_inputs.states()))
@@ -207,7 +217,10 @@ def talker_prompt(thinker: OmniThinker, talker: OmniTalker, first: ThinkerChunk,
     sum whether the thinker's states come in one chunk or many: streamed equals non-streamed."""
     assert first.start == 0 and len(first.ids) > first.prompt_len, "the first chunk reaches position P"
     tok, p, device = talker.tokens, first.prompt_len, first.hidden.device
-    states = first.hidden.to(thinker.dtype) + _embed(thinker, first.ids, device)  # [P + r, D]
+    embeds = _embed(thinker, first.ids, device)  # [P + r, D]
+    if first.media is not None:  # transformers hands the talker zeros where the thinker read encoder embeddings
+        embeds = embeds.masked_fill(first.media[:, None], 0.0)
+    states = first.hidden.to(thinker.dtype) + embeds
     embeds = torch.cat([states[:p], _embed(thinker, [speaker.bos_token], device), states[p:p + 1]])  # [P + 2, D]
     codec = talker.model.embed_tokens(torch.tensor([tok.codec_bos, tok.codec_pad], device=device))
     embeds[-1] += codec[0]

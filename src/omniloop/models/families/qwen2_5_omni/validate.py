@@ -1,26 +1,88 @@
-"""Admission checks of a Qwen2.5-Omni request: what a text LM checks (``make_ar_validator``),
-and no media inputs (the thinker's audio and vision encoders are not run by this family)."""
+"""Admission checks of a Qwen2.5-Omni request: what a text LM checks (``make_ar_validator``);
+audio and image parts only in a conversation, only with the checkpoint's encoder and its
+preprocessor, each decodable (audio within the feature extractor's window; decoding stops at
+the cap); the prompt with every placeholder expanded within the context and the KV pool.
+Video parts are refused, and a spoken answer to images (the talker's 3-D positions are not
+built yet)."""
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
 from omniloop.cache.paged_kv import BlockPool
+from omniloop.models.families.qwen2_5_omni.audio_encoder import OmniAudioEncoder, audio_tokens
+from omniloop.models.families.qwen2_5_omni.audio_prompt import audio_parts, count_placeholders, decode_audio, frames_of
+from omniloop.models.families.qwen2_5_omni.image_prompt import image_parts, process_image
+from omniloop.models.families.qwen2_5_omni.stages import wants_speech
+from omniloop.models.families.qwen2_5_omni.vision_encoder import OmniVisionEncoder
 from omniloop.models.families.qwen2_5_omni.weights import OmniConfig
-from omniloop.pipeline.loops.ar import make_ar_validator
+from omniloop.pipeline.loops.ar import check_context, make_ar_validator
+from omniloop.pipeline.stages.chat import chat_ids, chat_messages, is_chat
 from omniloop.request import InvalidRequest, OmniRequest
 
 
-def make_omni_validator(tokenizer: Any, config: OmniConfig, *, pool: BlockPool) -> Callable[[OmniRequest], OmniRequest]:
+def make_omni_validator(tokenizer: Any, config: OmniConfig, *, pool: BlockPool, audio_tower: OmniAudioEncoder | None = None,
+                        feature_extractor: Any = None, vision_tower: OmniVisionEncoder | None = None,
+                        image_processor: Any = None) -> Callable[[OmniRequest], OmniRequest]:
     text = make_ar_validator(tokenizer, vocab_size=config.thinker.vocab_size,
                              max_context=config.thinker.max_position_embeddings, pool=pool)
 
+    def audio_extra(request: OmniRequest, ids: list[int]) -> int:
+        parts = audio_parts(request)
+        if not parts:
+            return 0
+        field = f"inputs[{parts[0][0]}]"
+        if audio_tower is None or feature_extractor is None:
+            missing = "thinker.audio_tower.* weights" if audio_tower is None else "preprocessor_config.json (its " \
+                "WhisperFeatureExtractor)"
+            raise InvalidRequest(f"{field}: this checkpoint has no {missing}, so it takes no audio", fields=(field,),
+                                 hint="send text only, or load the full Qwen2.5-Omni folder")
+        count_placeholders(ids, config.audio_token_id, len(parts), "audio")
+        return sum(audio_tokens(frames_of(feature_extractor, decode_audio(i, p, feature_extractor))) - 1
+                   for i, p in parts)
+
+    def image_extra(request: OmniRequest, ids: list[int]) -> int:
+        parts = image_parts(request)
+        if not parts:
+            return 0
+        field = f"inputs[{parts[0][0]}]"
+        if vision_tower is None or image_processor is None:
+            missing = "thinker.visual.* weights" if vision_tower is None else "image processor (the " \
+                "Qwen2VLImageProcessor keys of preprocessor_config.json)"
+            raise InvalidRequest(f"{field}: this checkpoint has no {missing}, so it takes no images", fields=(field,),
+                                 hint="send text only, or load the full Qwen2.5-Omni folder")
+        if wants_speech(request):
+            raise InvalidRequest(f"{field}: a spoken answer to images is not supported yet (the talker's image "
+                                 "positions are not built)", hint="ask for text only (drop audio from modalities)",
+                                 fields=(field,))
+        count_placeholders(ids, config.image_token_id, len(parts), "image")
+        merge = vision_tower.config.spatial_merge_size
+        return sum(process_image(i, p, image_processor).tokens(merge) - 1 for i, p in parts)
+
+    def in_conversation(request: OmniRequest) -> None:
+        media = [(i, p) for i, p in enumerate(request.inputs) if p.kind in ("audio", "image")]
+        if media and not is_chat(request):
+            field = f"inputs[{media[0][0]}]"
+            raise InvalidRequest(f"{field}: {media[0][1].kind} goes into a conversation (text parts with roles), not "
+                                 "a raw prompt", hint="give the text parts a role (user)", fields=(field,))
+
+    def check_media(request: OmniRequest) -> None:
+        if not any(p.kind in ("audio", "image") for p in request.inputs):
+            return
+        ids = chat_ids(tokenizer, chat_messages(request))
+        length = len(ids) + audio_extra(request, ids) + image_extra(request, ids)
+        check_context(length, request.sampling.max_tokens, config.thinker.max_position_embeddings)
+        pool.check_fits(length + request.sampling.max_tokens)
+
     def validate(request: OmniRequest) -> OmniRequest:
-        media = sorted({p.kind for p in request.inputs if p.kind != "text"})
+        media = sorted({p.kind for p in request.inputs if p.kind not in ("text", "audio", "image")})
         if media:
-            raise InvalidRequest(f"inputs carry {media} parts; this Qwen2.5-Omni deployment reads text only (its "
-                                 "audio and vision encoders are not run yet)", hint="send text parts only",
+            raise InvalidRequest(f"inputs carry {media} parts; this Qwen2.5-Omni deployment reads text, audio and "
+                                 "images (video is not run yet)", hint="send text, audio and image parts only",
                                  fields=("inputs",))
-        return text(request)
+        in_conversation(request)
+        request = text(request)
+        check_media(request)
+        return request
 
     return validate

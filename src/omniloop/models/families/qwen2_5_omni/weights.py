@@ -7,9 +7,8 @@ Tensor names carry the part as a prefix (``thinker.model.layers.0...``, ``talker
 transformers' names below the prefix, so each part loads by stripping it. Each part is built
 on ``meta`` and assigned its tensors after its key set and shapes are checked by name.
 
-Not run here: the thinker's audio and vision encoders (``thinker.audio_tower.*``,
-``thinker.visual.*``). Their tensors are left unread, and a request carrying audio or images
-is refused at admission (``validate.py``).
+The thinker's audio encoder (``thinker.audio_tower.*``, ``audio_encoder.py``) and vision
+encoder (``thinker.visual.*``, ``vision_encoder.py``) load as their own components.
 """
 
 from __future__ import annotations
@@ -22,17 +21,22 @@ from typing import Any
 import torch
 from torch import nn
 
-from omniloop.models.checkpoint_files import aligned, cast_to, check_and_assign, read_tensors, weight_files
+from omniloop.models.checkpoint_files import (
+    aligned, cast_to, check_and_assign, read_tensors, stored_keys, weight_files,
+)
+from omniloop.models.families.qwen2_5_omni.audio_encoder import AudioEncoderConfig, OmniAudioEncoder
 from omniloop.models.families.qwen2_5_omni.bigvgan import BigVGAN, BigVGANConfig
 from omniloop.models.families.qwen2_5_omni.dit import DiTConfig, Token2WavDiT
 from omniloop.models.families.qwen2_5_omni.model import DecoderConfig, OmniTalker, OmniThinker, TalkerTokens
+from omniloop.models.families.qwen2_5_omni.vision_encoder import OmniVisionEncoder, VisionEncoderConfig
 
 ARCHITECTURE = "Qwen2_5OmniForConditionalGeneration"
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
 SPEAKERS_FILE = "spk_dict.pt"
-NOT_RUN = ("thinker.audio_tower.", "thinker.visual.")  # encoders this family does not run (yet)
+AUDIO_TOWER_PREFIX = "thinker.audio_tower."
+VISION_TOWER_PREFIX = "thinker.visual."
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,6 +50,8 @@ class OmniConfig:
     audio_token_id: int
     image_token_id: int
     video_token_id: int
+    audio: AudioEncoderConfig | None  # thinker_config.audio_config (None: the checkpoint describes no audio tower)
+    vision: VisionEncoderConfig | None = None  # thinker_config.vision_config
 
     @classmethod
     def from_hf(cls, raw: dict[str, Any]) -> "OmniConfig":
@@ -74,6 +80,8 @@ class OmniConfig:
             audio_token_id=int(thinker.get("audio_token_index", 151646)),
             image_token_id=int(thinker.get("image_token_index", 151655)),
             video_token_id=int(thinker.get("video_token_index", 151656)),
+            audio=AudioEncoderConfig.from_hf(thinker["audio_config"]) if thinker.get("audio_config") else None,
+            vision=VisionEncoderConfig.from_hf(thinker["vision_config"]) if thinker.get("vision_config") else None,
         )
 
 
@@ -109,6 +117,32 @@ def load_thinker(folder: Path, config: OmniConfig, *, device: torch.device | str
     _load_part(folder, "thinker.model.", model.model, device, dtype)
     _load_part(folder, "thinker.lm_head.", model.lm_head, device, dtype)
     return model.eval().requires_grad_(False)
+
+
+def load_audio_tower(folder: Path, config: OmniConfig, *, device: torch.device | str,
+                     dtype: torch.dtype) -> OmniAudioEncoder | None:
+    """The thinker's audio encoder (``thinker.audio_tower.*``), or None when the checkpoint holds
+    none of its tensors (then audio inputs are refused at admission)."""
+    files = weight_files(folder, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, ARCHITECTURE)
+    if config.audio is None or not any(k.startswith(AUDIO_TOWER_PREFIX) for k in stored_keys(files)):
+        return None
+    with torch.device("meta"):
+        model = OmniAudioEncoder(config.audio)
+    model.rebuild_buffers(device)  # the position table is computed, not stored
+    _load_part(folder, AUDIO_TOWER_PREFIX, model, device, dtype)
+    return model
+
+
+def load_vision_tower(folder: Path, config: OmniConfig, *, device: torch.device | str,
+                      dtype: torch.dtype) -> OmniVisionEncoder | None:
+    """The thinker's vision encoder (``thinker.visual.*``), or None when the checkpoint has none."""
+    files = weight_files(folder, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, ARCHITECTURE)
+    if config.vision is None or not any(k.startswith(VISION_TOWER_PREFIX) for k in stored_keys(files)):
+        return None
+    with torch.device("meta"):
+        model = OmniVisionEncoder(config.vision)
+    _load_part(folder, VISION_TOWER_PREFIX, model, device, dtype)
+    return model
 
 
 def load_talker(folder: Path, config: OmniConfig, *, device: torch.device | str, dtype: torch.dtype) -> OmniTalker:

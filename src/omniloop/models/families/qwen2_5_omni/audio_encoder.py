@@ -1,0 +1,185 @@
+"""Qwen2.5-Omni's audio encoder (``thinker.audio_tower.*``): Whisper-style log-mel features ->
+one embedding per 40 ms of audio, in the thinker's hidden size.
+
+transformers' ``Qwen2_5OmniAudioEncoder``, module for module (its names, so the checkpoint's
+tensors load by stripping ``thinker.audio_tower.``):
+
+1. the mel frames ``[mel, T]`` of every audio of a request are cut into chunks of
+   ``2 * n_window`` frames (an audio's last chunk shorter), right-padded to the longest;
+2. ``conv1`` (k3, GELU; padded frames zeroed) and ``conv2`` (k3 stride 2, GELU) per chunk, plus
+   the sinusoidal position table from 0 in every chunk;
+3. ``encoder_layers`` pre-LN transformer blocks whose attention stays inside a chunk (the
+   ``cu_seqlens`` windows: bidirectional within, nothing across);
+4. per audio, average-pool pairs of frames (stride 2), ``ln_post``, ``proj`` to ``output_dim``.
+
+An audio of ``T`` mel frames gives ``((T - 1) // 2 + 1 - 2) // 2 + 1`` embeddings
+(:func:`audio_tokens`); the prompt holds that many ``<|AUDIO|>`` placeholders.
+The module holds no request state.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from omniloop.models.layers.attention import DEFAULT_BACKEND, attention
+
+
+@dataclass(frozen=True, kw_only=True)
+class AudioEncoderConfig:
+    """``thinker_config.audio_config`` of the checkpoint."""
+
+    num_mel_bins: int
+    d_model: int
+    encoder_layers: int
+    encoder_attention_heads: int
+    encoder_ffn_dim: int
+    output_dim: int
+    n_window: int  # half a chunk, in mel frames (a chunk: 2 * n_window frames)
+    max_source_positions: int
+
+    def __post_init__(self) -> None:
+        if self.d_model % self.encoder_attention_heads:
+            raise ValueError(f"audio_config: d_model={self.d_model} must be a multiple of "
+                             f"encoder_attention_heads={self.encoder_attention_heads}")
+        if self.n_window > self.max_source_positions:
+            raise ValueError(f"audio_config: n_window={self.n_window} exceeds max_source_positions="
+                             f"{self.max_source_positions} (a chunk's frames after conv2 index the position table)")
+
+    @classmethod
+    def from_hf(cls, d: Mapping[str, Any]) -> "AudioEncoderConfig":
+        if d.get("activation_function", "gelu") != "gelu":
+            raise ValueError(f"audio_config: activation_function={d['activation_function']!r} is not supported; "
+                             "expected 'gelu'")
+        return cls(num_mel_bins=int(d.get("num_mel_bins", 128)), d_model=int(d.get("d_model", 1280)),
+                   encoder_layers=int(d.get("encoder_layers", 32)),
+                   encoder_attention_heads=int(d.get("encoder_attention_heads", 20)),
+                   encoder_ffn_dim=int(d.get("encoder_ffn_dim", 5120)), output_dim=int(d.get("output_dim", 3584)),
+                   n_window=int(d.get("n_window", 100)), max_source_positions=int(d.get("max_source_positions", 1500)))
+
+
+def audio_tokens(frames: int) -> int:
+    """Embeddings (prompt placeholders) of an audio of ``frames`` mel frames: conv2 halves, the
+    pool halves again (transformers' ``_get_feat_extract_output_lengths``)."""
+    return ((frames - 1) // 2 + 1 - 2) // 2 + 1
+
+
+def sinusoid_table(length: int, channels: int, max_timescale: float = 10000.0) -> torch.Tensor:
+    """``[length, channels]``: sin then cos of ``position * timescale`` (Whisper's table)."""
+    increment = math.log(max_timescale) / (channels // 2 - 1)
+    inv_timescales = torch.exp(-increment * torch.arange(channels // 2).float())
+    scaled = torch.arange(length)[:, None] * inv_timescales[None, :]
+    return torch.cat([torch.sin(scaled), torch.cos(scaled)], dim=1)
+
+
+class AudioAttention(nn.Module):
+    def __init__(self, c: AudioEncoderConfig) -> None:
+        super().__init__()
+        self.heads, self.head_dim = c.encoder_attention_heads, c.d_model // c.encoder_attention_heads
+        self.k_proj = nn.Linear(c.d_model, c.d_model, bias=False)
+        self.v_proj = nn.Linear(c.d_model, c.d_model, bias=True)
+        self.q_proj = nn.Linear(c.d_model, c.d_model, bias=True)
+        self.out_proj = nn.Linear(c.d_model, c.d_model, bias=True)
+        self.attention_backend = DEFAULT_BACKEND  # set from outside by set_attention_backend
+
+    def forward(self, x: torch.Tensor, windows: Sequence[int]) -> torch.Tensor:
+        """``x [N, d]`` (every chunk's frames, packed) -> ``[N, d]``; attention runs inside each
+        window of ``windows`` (frame counts summing to N), one backend call per window."""
+        n = x.shape[0]
+        q = self.q_proj(x).view(n, self.heads, self.head_dim)
+        k = self.k_proj(x).view(n, self.heads, self.head_dim)
+        v = self.v_proj(x).view(n, self.heads, self.head_dim)
+        outs = [attention(qw[None], kw[None], vw[None], self.attention_backend)[0]  # [L, H, D]
+                for qw, kw, vw in zip(q.split(list(windows)), k.split(list(windows)), v.split(list(windows)))]
+        return self.out_proj(torch.cat(outs).reshape(n, -1))
+
+
+class AudioEncoderLayer(nn.Module):
+    def __init__(self, c: AudioEncoderConfig) -> None:
+        super().__init__()
+        self.self_attn = AudioAttention(c)
+        self.self_attn_layer_norm = nn.LayerNorm(c.d_model)
+        self.fc1 = nn.Linear(c.d_model, c.encoder_ffn_dim)
+        self.fc2 = nn.Linear(c.encoder_ffn_dim, c.d_model)
+        self.final_layer_norm = nn.LayerNorm(c.d_model)
+
+    def forward(self, x: torch.Tensor, windows: Sequence[int]) -> torch.Tensor:
+        x = x + self.self_attn(self.self_attn_layer_norm(x), windows)
+        x = x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
+        if x.dtype == torch.float16:  # transformers clamps fp16 activations here
+            limit = torch.finfo(x.dtype).max - 1000
+            x = x.clamp(-limit, limit)
+        return x
+
+
+class SinusoidsPositionEmbedding(nn.Module):
+    """The position table as a non-persistent buffer (not in the checkpoint; rebuilt at load)."""
+
+    def __init__(self, length: int, channels: int) -> None:
+        super().__init__()
+        self.positional_embedding = nn.Buffer(sinusoid_table(length, channels), persistent=False)
+
+
+class OmniAudioEncoder(nn.Module):
+    """transformers' ``Qwen2_5OmniAudioEncoder``: mel features -> audio embeddings."""
+
+    def __init__(self, c: AudioEncoderConfig) -> None:
+        super().__init__()
+        self.config = c
+        self.conv1 = nn.Conv1d(c.num_mel_bins, c.d_model, kernel_size=3, padding=1)
+        self.conv2 = nn.Conv1d(c.d_model, c.d_model, kernel_size=3, stride=2, padding=1)
+        self.positional_embedding = SinusoidsPositionEmbedding(c.max_source_positions, c.d_model)
+        self.audio_bos_eos_token = nn.Embedding(2, c.output_dim)  # in the checkpoint; the forward never reads it
+        self.layers = nn.ModuleList(AudioEncoderLayer(c) for _ in range(c.encoder_layers))
+        self.ln_post = nn.LayerNorm(c.d_model)
+        self.proj = nn.Linear(c.d_model, c.output_dim)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.proj.weight.dtype
+
+    def rebuild_buffers(self, device: torch.device | str) -> None:
+        """The position table computed for real (a module built on ``meta`` has none)."""
+        c = self.config
+        table = sinusoid_table(c.max_source_positions, c.d_model).to(device)
+        self.positional_embedding.register_buffer("positional_embedding", table, persistent=False)
+
+    def _chunks(self, features: torch.Tensor, lengths: list[int]) -> tuple[torch.Tensor, list[int]]:
+        """``features [mel, sum(lengths)]`` -> padded chunks ``[C, mel, 2 * n_window]`` and each
+        chunk's real frame count (an audio's last chunk holds its remainder)."""
+        size = 2 * self.config.n_window
+        sizes = [min(size, n - start) for n in lengths for start in range(0, n, size)]
+        chunks = features.T.split(sizes, dim=0)  # each [frames, mel]
+        return nn.utils.rnn.pad_sequence(list(chunks), batch_first=True).transpose(1, 2), sizes
+
+    def forward(self, features: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
+        """``features [mel, sum(lengths)]`` (the audios' valid mel frames, concatenated) ->
+        ``[sum(audio_tokens(n) for n in lengths), output_dim]`` embeddings, audio after audio."""
+        lengths = [int(n) for n in lengths]
+        assert features.shape[1] == sum(lengths), f"{features.shape[1]} frames for audio lengths {lengths}"
+        # 1. chunks, padded: [C, mel, F]
+        padded, sizes = self._chunks(features.to(self.dtype), lengths)
+        frame = torch.arange(padded.shape[2], device=padded.device)
+        valid = (frame < torch.tensor(sizes, device=padded.device)[:, None]).unsqueeze(1).long()  # [C, 1, F]
+        # 2. conv front end + positions: [C, F', d]
+        h = F.gelu(self.conv1(padded)) * valid
+        h = F.gelu(self.conv2(h)).transpose(1, 2)
+        h = h + self.positional_embedding.positional_embedding[: h.shape[1], :].unsqueeze(0).to(h.dtype)
+        after_conv = [(s - 1) // 2 + 1 for s in sizes]
+        keep = (torch.arange(h.shape[1], device=h.device) < torch.tensor(after_conv, device=h.device)[:, None])
+        x = h.reshape(-1, h.shape[-1])[keep.flatten().nonzero().squeeze(-1)]  # [N, d] the chunks' real frames, packed
+        # 3. blocks, attention inside each chunk
+        for layer in self.layers:
+            x = layer(x, after_conv)
+        # 4. per audio: mean of frame pairs (an odd last frame dropped), ln_post, proj
+        per_audio = [(n - 1) // 2 + 1 for n in lengths]
+        starts = torch.tensor([0] + per_audio[:-1], device=x.device).cumsum(0)
+        pairs = torch.cat([start + 2 * torch.arange((n - 2) // 2 + 1, device=x.device)
+                           for start, n in zip(starts.tolist(), per_audio)])
+        x = (x[pairs] + x[pairs + 1]) / 2
+        return self.proj(self.ln_post(x))

@@ -33,7 +33,6 @@ from omniloop.models.families.qwen2_5_omni.presets import TOKEN2WAV_SWAY
 from omniloop.models.families.qwen2_5_omni.model import OmniTalker, OmniThinker, TalkerRow, ThinkerRow
 from omniloop.models.families.qwen2_5_omni.weights import Speaker
 from omniloop.pipeline.defaults import GenerationDefaults, admitted_seed, admitted_steps
-from omniloop.pipeline.defaults import effective_sampling
 from omniloop.pipeline.loops.ar import ARDecodeLoop, ARLoopState, PromptTokens, check_context
 from omniloop.pipeline.loops.denoise import DenoiseLoop, DenoiseLoopState, DenoiserBase, seeded_noise
 from omniloop.pipeline.policies.cfg import COND
@@ -121,7 +120,7 @@ def start_ar_loop(stage: ARDecodeLoop, ctx: StageContext, state: RequestState, *
                   extra: dict[str, Any] | None = None) -> ARLoopState:
     """``ARDecodeLoop.init`` with this family's prompt, sampling and per-request model inputs;
     ``extra``: the talker's stream (a :class:`TalkerLoopState`)."""
-    text = ctx.defaults.text_or_default()
+    text = ctx.defaults.text_or_default()  # model facts: the served context, the prefill chunk
     check_context(len(prompt_ids), params.max_tokens, text.max_context)
     seed = admitted_seed(params.seed, ctx.node)
     pool: BlockPool = ctx.component(stage.kv_component)
@@ -144,8 +143,10 @@ class ThinkerLoop(ARDecodeLoop):
     stream_outputs = {"thinker_hidden": ThinkerChunk}
 
     def init(self, ctx: StageContext, state: RequestState) -> ARLoopState:
+        # model facts (the checkpoint's stop tokens); the sampling is the resolved request's
+        # (resolve_sampling filled the thinker's generation_config.json defaults in at admission)
         text = ctx.defaults.text_or_default()
-        params = effective_sampling(state.request.sampling, text.sampling)
+        params = state.request.sampling
         prompt_ids = self._prompt_ids(ctx, state, ctx.component(self.tokenizer_component))
         state.metrics.seed = params.seed
         row = ThinkerRow() if wants_speech(state.request) else None  # record hidden states only for the talker

@@ -97,9 +97,12 @@ class Pipeline:
         request = resolve_request(request, self.defaults)
         state = RequestState(request=request)
         state.node_params = self._node_params(request)
-        self._check_nodes(state)
-        self._resolve_nodes(state)
-        state.channels = self.open_channels(self.active_nodes(request))
+        active = self.active_nodes(request)
+        produced = frozenset(edge for node in active for edge in node.output_edges())
+        self._check_nodes(state, active, produced)
+        self._resolve_nodes(state, active, produced)
+        assert self.active_nodes(state.request) == active, "resolving the nodes' values changed which nodes run"
+        state.channels = self.open_channels(active)
         return state
 
     def open_channels(self, nodes: list[Node]) -> dict[str, EdgeChannel]:
@@ -115,11 +118,10 @@ class Pipeline:
                     channels[edge] = EdgeChannel(edge, capacity=None if declared is None else declared.capacity)
         return channels
 
-    def _check_nodes(self, state: RequestState) -> None:
+    def _check_nodes(self, state: RequestState, active: list[Node], produced: frozenset[str]) -> None:
         """Stages' own admission checks (``check_request(ctx, state, produced_edges)``: a loop
-        checks its own knobs), and a ``diffusion.strength`` that no loop of this request can use."""
-        active = self.active_nodes(state.request)
-        produced = frozenset(edge for node in active for edge in node.output_edges())
+        checks its own knobs), and a ``diffusion.strength`` that no loop of this request can use
+        (``active``: its active nodes, ``produced``: the edges they write)."""
         for node in active:
             node.stage.check_request(self.contexts[node.name], state, produced)
         strength = state.request.diffusion.strength
@@ -132,12 +134,11 @@ class Pipeline:
                 "drop strength", fields=("diffusion.strength",)
             )
 
-    def _resolve_nodes(self, state: RequestState) -> None:
+    def _resolve_nodes(self, state: RequestState, active: list[Node], produced: frozenset[str]) -> None:
         """Each active node's own values (its guidance, strength, negative prompt...) resolved
         against its node's defaults (``Stage.resolve``), loops first: a text stage encodes a
-        negative prompt only when a loop's resolved guidance needs one."""
-        active = self.active_nodes(state.request)
-        produced = frozenset(edge for node in active for edge in node.output_edges())
+        negative prompt only when a loop's resolved guidance needs one. (Resolution adds only the
+        active nodes' own entries to ``node_params``, which must change no node's ``when``.)"""
         for node in sorted(active, key=lambda n: not n.is_loop):  # stable: execution order within each kind
             ctx = self.contexts[node.name]
             node.stage.resolve(ctx, state, produced, ctx.defaults)

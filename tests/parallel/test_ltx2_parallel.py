@@ -32,7 +32,9 @@ def test_ltx2_guidance_branches_on_two_ranks_equal_one_process(ltx2_dir):
     one = VideoGenerator.from_pretrained(ltx2_dir, device="cpu", dtype="float32", cfg_mode="sequential")
     request = _request()
     loop = next(n.stage for n in one.pipeline.spec.nodes if n.name == "denoise")
-    state = loop.cfg.init(request.diffusion, ("video", "audio"), one.pipeline.defaults)
+    admitted = one.pipeline.admit(request)  # the node's guidance, resolved at admission
+    ctx = one.pipeline.contexts["denoise"]
+    state = loop.cfg.init(loop.params(ctx, admitted), ("video", "audio"), admitted.node_params["denoise"])
     assert state.branches == ("cond", "uncond", "stg", "modality")  # the presets' scales turn all four on
     with torch.inference_mode(), threads(rank_threads(2)):
         video, audio = _latents(one.generate(request))

@@ -16,6 +16,8 @@ from omniloop.cache.text_embeddings import CACHE_NAME, EmbeddingRow, TextEmbeddi
 from omniloop.models.text.base import EncodedText
 from omniloop.pipeline.defaults import GenerationDefaults
 from omniloop.pipeline.edges import DenoisedLatents, TextEmbeddings
+from omniloop.pipeline.loops.denoise import DenoiseParams
+from omniloop.pipeline.policies.cfg import resolve_guidance
 from omniloop.pipeline.stages import DecodedAudio, TextEncode, TextEncoderSpec, VAEDecode
 from omniloop.pipeline.state import RequestState, StageContext
 from omniloop.request import AudioArtifact, DiffusionParams, OmniRequest, TaskType, TextPart
@@ -40,14 +42,23 @@ class FakeEncoder:
                            pooled=pooled)
 
 
+GUIDED = GenerationDefaults(guidance_scale=5.0)
+
+
 def _ctx(components, caches=None, defaults=None) -> StageContext:
     return StageContext(node="text_encode", components=components, device=torch.device("cpu"), dtype=torch.float32,
-                        defaults=defaults or GenerationDefaults(guidance_scale=5.0), caches=caches or {})
+                        defaults=defaults or GUIDED, caches=caches or {})
 
 
 def _state(prompt: str, rid: str, **params) -> RequestState:
-    return RequestState(request=OmniRequest(request_id=rid, task=TaskType.T2I, inputs=[TextPart(text=prompt)],
-                                            diffusion=DiffusionParams(**params)))
+    """A request's state as admission leaves it (``Pipeline.admit -> Stage.resolve``): its denoise
+    loop's guidance resolved against the model's defaults, then the text stage's negative prompt."""
+    state = RequestState(request=OmniRequest(request_id=rid, task=TaskType.T2I, inputs=[TextPart(text=prompt)],
+                                             diffusion=DiffusionParams(**params)))
+    fill = resolve_guidance(None, None, state.request.diffusion.guidance_scale, ("image",), GUIDED)
+    state.resolve_node_params("denoise", DenoiseParams().model_copy(update=fill))
+    TextEncode().resolve(_ctx({}), state, frozenset(), GUIDED)
+    return state
 
 
 FLUX_LIKE = TextEncode(encoders=(

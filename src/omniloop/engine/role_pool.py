@@ -52,6 +52,7 @@ from omniloop.engine.engine import Engine, EngineConfig, EventSink
 from omniloop.engine.role_worker import PipelineBuilder, role_worker_main
 from omniloop.engine.role_messages import CallItem, CallReply, ItemResult, LoopView, NodeCall, Op, PoolFailed, PoolReady
 from omniloop.parallel.launch import process_context
+from omniloop.pipeline.defaults import GenerationDefaults
 from omniloop.pipeline.pipeline import Pipeline
 from omniloop.pipeline.spec import Node, PipelineSpec
 from omniloop.pipeline.stage import LoopStageBase, StageBase, WorkEstimate
@@ -218,6 +219,10 @@ class _Placed:
 
     def check_request(self, ctx: StageContext, state: RequestState, produced: frozenset[str]) -> None:
         self.local.check_request(ctx, state, produced)
+
+    def resolve(self, ctx: StageContext, state: RequestState, produced: frozenset[str],
+                defaults: GenerationDefaults) -> None:
+        self.local.resolve(ctx, state, produced, defaults)
 
     def _write(self, state: RequestState, packed: Packed | None) -> None:
         for edge, art in (self.pool.unpack(packed) if packed is not None else {}).items():

@@ -3,7 +3,10 @@
 Every family builds one ``GenerationDefaults`` at pipeline build (from its presets, a
 manifest's ``defaults`` or a checkpoint's ``generation_config.json``); admission resolves
 a request against it once (``resolve_request``: the steps and the geometry a request leaves
-unset, after the family's own fills), and the loops read the resolved request's fields
+unset, after the family's own fills), then each active node resolves its own values against
+its node's defaults (``Stage.resolve``: guidance scales, strength, a rollout's chunk-0 knobs
+onto the node's ``node_params``, a text stage's negative prompt; a node may have defaults of
+its own, ``Node.defaults``), and the loops read the resolved request's fields
 (``admitted_steps``, ``admitted``), never a fallback to the defaults.
 
 Architecture facts (latent scale factors, channels, patch sizes) are *not* defaults: they

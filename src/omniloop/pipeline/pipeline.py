@@ -76,8 +76,10 @@ class Pipeline:
     def admit(self, request: OmniRequest) -> RequestState:
         """Resolve ``request`` (its seeds and its sampling defaults; the family's fills; then the
         steps and geometry it leaves unset, from this pipeline's defaults: ``resolve_request``), once, validate it
-        against this pipeline and allocate its state (``state.request``: the resolved request,
-        whose fields the loops read).
+        against this pipeline and allocate its state; then each active node resolves its own
+        values against its node's defaults (``Stage.resolve``: guidance, strength, the negative
+        prompt, a rollout's first chunk). ``state.request``: the resolved request, whose fields
+        (and ``node_params``) the loops read.
 
         Raises InvalidRequest (a ValueError) naming the field at fault; nothing later fails on bad input.
         """
@@ -95,8 +97,12 @@ class Pipeline:
         request = resolve_request(request, self.defaults)
         state = RequestState(request=request)
         state.node_params = self._node_params(request)
-        self._check_nodes(state)
-        state.channels = self.open_channels(self.active_nodes(request))
+        active = self.active_nodes(request)
+        produced = frozenset(edge for node in active for edge in node.output_edges())
+        self._check_nodes(state, active, produced)
+        self._resolve_nodes(state, active, produced)
+        assert self.active_nodes(state.request) == active, "resolving the nodes' values changed which nodes run"
+        state.channels = self.open_channels(active)
         return state
 
     def open_channels(self, nodes: list[Node]) -> dict[str, EdgeChannel]:
@@ -112,11 +118,10 @@ class Pipeline:
                     channels[edge] = EdgeChannel(edge, capacity=None if declared is None else declared.capacity)
         return channels
 
-    def _check_nodes(self, state: RequestState) -> None:
+    def _check_nodes(self, state: RequestState, active: list[Node], produced: frozenset[str]) -> None:
         """Stages' own admission checks (``check_request(ctx, state, produced_edges)``: a loop
-        checks its own knobs), and a ``diffusion.strength`` that no loop of this request can use."""
-        active = self.active_nodes(state.request)
-        produced = frozenset(edge for node in active for edge in node.output_edges())
+        checks its own knobs), and a ``diffusion.strength`` that no loop of this request can use
+        (``active``: its active nodes, ``produced``: the edges they write)."""
         for node in active:
             node.stage.check_request(self.contexts[node.name], state, produced)
         strength = state.request.diffusion.strength
@@ -128,6 +133,15 @@ class Pipeline:
                 "latents (pass a video for task v2v, an image for i2i, or a LatentPart, where the model takes one); "
                 "drop strength", fields=("diffusion.strength",)
             )
+
+    def _resolve_nodes(self, state: RequestState, active: list[Node], produced: frozenset[str]) -> None:
+        """Each active node's own values (its guidance, strength, negative prompt...) resolved
+        against its node's defaults (``Stage.resolve``), loops first: a text stage encodes a
+        negative prompt only when a loop's resolved guidance needs one. (Resolution adds only the
+        active nodes' own entries to ``node_params``, which must change no node's ``when``.)"""
+        for node in sorted(active, key=lambda n: not n.is_loop):  # stable: execution order within each kind
+            ctx = self.contexts[node.name]
+            node.stage.resolve(ctx, state, produced, ctx.defaults)
 
     def _check_modalities(self, request: OmniRequest) -> None:
         wanted = request.outputs.modalities

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Hashable, Mapping, Pro
 from pydantic import BaseModel
 
 from omniloop.pipeline.checkpoint import CheckpointMismatch, CheckpointUnsupported, LoopCheckpoint
+from omniloop.pipeline.defaults import GenerationDefaults
 from omniloop.pipeline.failures import per_request
 from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
 from omniloop.request import Artifact
@@ -100,6 +101,15 @@ class Stage(_Ports, _StreamPorts, Protocol):
         node (``produced``: the edges the request's active nodes write)."""
         ...
 
+    def resolve(self, ctx: StageContext, state: RequestState, produced: frozenset[str],
+                defaults: GenerationDefaults) -> None:
+        """Admission, after ``check_request``: fill in the values this node reads that the request
+        leaves unset, from ``defaults`` (the node's ``GenerationDefaults``), on ``state.request``
+        (``RequestState.resolve_node_params`` for its own knobs), and check them; the node's
+        steps then read only resolved values. Loop nodes resolve before one-shot nodes (a text
+        stage encodes a negative prompt when a loop guides)."""
+        ...
+
     @property
     def groups_forward(self) -> bool:
         """Whether ``forward_many`` runs a group of requests as one call (the engine then
@@ -127,6 +137,11 @@ class LoopStage(_Ports, _StreamPorts, Protocol[S]):
     def estimate(self, ctx: StageContext, state: RequestState) -> WorkEstimate: ...
 
     def check_request(self, ctx: StageContext, state: RequestState, produced: frozenset[str]) -> None: ...
+
+    def resolve(self, ctx: StageContext, state: RequestState, produced: frozenset[str],
+                defaults: GenerationDefaults) -> None:
+        """Admission: the node's values resolved (``Stage.resolve``)."""
+        ...
 
     def starts_from_given(self, ctx: StageContext, produced: frozenset[str]) -> bool:
         """Whether the loop starts from given latents in a request producing ``produced`` (a
@@ -233,6 +248,10 @@ class StageBase:
 
     def check_request(self, ctx: StageContext, state: RequestState, produced: frozenset[str]) -> None:
         """Admission check of the node for one request (default: none)."""
+
+    def resolve(self, ctx: StageContext, state: RequestState, produced: frozenset[str],
+                defaults: GenerationDefaults) -> None:
+        """Admission: resolve the values the node reads (default: it reads none of its own)."""
 
     @property
     def groups_forward(self) -> bool:

@@ -133,6 +133,23 @@ class RequestState:
     def request_id(self) -> str:
         return self.request.request_id
 
+    def resolve_node_params(self, node: str, knobs: Any) -> None:
+        """Admission (``Stage.resolve``): ``knobs`` (the node's ``params_schema`` model, the
+        caller's values with the node's defaults filled in) are what the node reads, and the
+        resolved request carries them (``request.node_params[node]``: the caller's and the
+        filled fields), so a job reports the values used and re-admitting it resolves the same."""
+        self.node_params[node] = knobs
+        raw = knobs.model_dump(exclude_unset=True)
+        if self.request.node_params.get(node) != raw:
+            self.request = self.request.model_copy(update={"node_params": {**self.request.node_params, node: raw}})
+
+    def resolve_diffusion(self, **fill: Any) -> None:
+        """Admission: ``request.diffusion`` fields a node resolved (e.g. the negative prompt its
+        text stage encodes), set on the resolved request."""
+        p = self.request.diffusion
+        if any(getattr(p, k) != v for k, v in fill.items()):
+            self.request = self.request.model_copy(update={"diffusion": p.model_copy(update=fill)})
+
     def put(self, edge: str, artifact: Artifact, *, node: str) -> None:
         artifact.node = node
         self.artifacts[edge] = artifact

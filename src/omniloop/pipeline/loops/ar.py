@@ -166,7 +166,7 @@ class ARDecodeLoop(LoopStageBase[ARLoopState]):
     def init(self, ctx: StageContext, state: RequestState) -> ARLoopState:
         lm: CausalLM = ctx.component(self.lm_component)
         tokenizer: Tokenizer = ctx.component(self.tokenizer_component)
-        text = ctx.defaults.text_or_default()
+        text = ctx.defaults.text_or_default()  # model facts: stop tokens, served context, prefill chunk
         params = state.request.sampling  # admission filled the model's defaults in (resolve_sampling)
         prompt_ids = self._prompt_ids(ctx, state, tokenizer)
         check_context(len(prompt_ids), params.max_tokens, text.max_context)
@@ -210,7 +210,7 @@ class ARDecodeLoop(LoopStageBase[ARLoopState]):
         preemption; this reservation keeps the engine from admitting more than fits.)"""
         lm: CausalLM = ctx.component(self.lm_component)
         pool: BlockPool = ctx.component(self.kv_component)
-        text = ctx.defaults.text_or_default()
+        text = ctx.defaults.text_or_default()  # model facts: the prefill chunk
         params = state.request.sampling  # admission filled the model's defaults in (resolve_sampling)
         prompt = len(self._prompt_ids(ctx, state, ctx.component(self.tokenizer_component)))
         context = prompt + params.max_tokens

@@ -41,13 +41,13 @@ from pydantic import Field
 from omniloop.cache.chunk_kv import ChunkKVBatch, ChunkKVHandle, ChunkKVPool, KVSegment, SlabLayout, TierPolicy
 from omniloop.ext.hooks import CacheEvent
 from omniloop.pipeline.checkpoint import CheckpointMismatch, CheckpointUnsupported, LoopCheckpoint, cpu_copy
-from omniloop.pipeline.defaults import admitted, admitted_seed, admitted_steps
+from omniloop.pipeline.defaults import GenerationDefaults, admitted, admitted_seed, admitted_steps
 from omniloop.pipeline.edges import ConditionLatents, DenoisedLatents, TextEmbeddings
 from omniloop.pipeline.failures import per_request
 from omniloop.pipeline.loops.batch_keys import kwargs_signature
 from omniloop.pipeline.loops.denoise import DenoiseLoop, DenoiseLoopState, DenoiseParams, _own, seeded_noise
 from omniloop.pipeline.loops.step_cost import denoise_step_cost, held_tensor_bytes
-from omniloop.pipeline.policies.cfg import GuidedParams
+from omniloop.pipeline.policies.cfg import GuidedParams, resolve_guidance
 from omniloop.pipeline.stage import LoopStageBase, WorkEstimate, step_results
 from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
 from omniloop.request import (
@@ -268,10 +268,10 @@ class ChunkRollout(LoopStageBase[ChunkRolloutState]):
             for c in range(plan.context_chunks):
                 start, stop = plan.frames(c)
                 clean[c] = given[:, :, start:stop].clone()
-        branches = self._branches(ctx, params)
+        branches = self._branches(ctx, state, params)
         first_params = self._first_params(ctx, state, params, plan)
         # chunk 0 attends to no cached K/V, so its extra branches (its own guidance) need no slabs
-        extra = tuple(b for b in self._branches(ctx, first_params) if b not in branches) if first_params else ()
+        extra = tuple(b for b in self._branches(ctx, state, first_params) if b not in branches) if first_params else ()
         layouts, policies = self.model.kv_tiers(ctx, request, plan)
         pool: ChunkKVPool = ctx.component(self.pool_component)
         handle = ChunkKVHandle(pool, layouts, policies, branches, training=self.training,
@@ -288,24 +288,19 @@ class ChunkRollout(LoopStageBase[ChunkRolloutState]):
         self._enter_chunk(ctx, loop)
         return loop
 
-    def _branches(self, ctx: StageContext, params: GuidedParams) -> tuple[str, ...]:
-        return self.denoise.cfg.init(params, self.denoise.denoiser.modalities, ctx.defaults).branches
+    def _branches(self, ctx: StageContext, state: RequestState, params: GuidedParams) -> tuple[str, ...]:
+        return self.denoise.cfg.init(params, self.denoise.denoiser.modalities, state.node_params.get(ctx.node)).branches
 
     def _first_params(self, ctx: StageContext, state: RequestState, params: GuidedParams,
                       plan: ChunkPlan) -> GuidedParams | None:
         """Chunk 0's params when it has a guidance scale or step count of its own (the node's
-        ``first_chunk_guidance_scale`` / ``first_chunk_steps``, else the model's; the model's
-        steps not when the request gives explicit ``sigmas``); only a rollout whose chunk 0 is
-        made from the prompt alone (no given frames) has them."""
+        ``first_chunk_guidance_scale`` / ``first_chunk_steps`` as admission resolved them:
+        ``resolve``); only a rollout whose chunk 0 is made from the prompt alone (no given
+        frames) has them."""
         if plan.context_chunks:
             return None
         knobs = self.rollout_params(ctx, state)
-        scale = knobs.first_chunk_guidance_scale
-        if scale is None:
-            scale = ctx.defaults.first_chunk_guidance_scale
-        steps = knobs.first_chunk_steps
-        if steps is None and params.sigmas is None:
-            steps = ctx.defaults.first_chunk_steps
+        scale, steps = knobs.first_chunk_guidance_scale, knobs.first_chunk_steps
         update: dict[str, Any] = {}
         if scale is not None:
             update |= {"guidance_scale": float(scale), "guidance_scale_2": None}
@@ -323,9 +318,9 @@ class ChunkRollout(LoopStageBase[ChunkRolloutState]):
     def check_request(self, ctx: StageContext, state: RequestState, produced: frozenset[str]) -> None:
         """A first-chunk knob on a rollout conditioned on given frames (I2V / V2V), which makes
         no chunk from the prompt alone."""
-        if ctx.inputs.get("condition", "condition") not in produced:
-            return
         knobs = self.rollout_params(ctx, state)
+        if self._makes_chunk_from_prompt(ctx, knobs, produced):
+            return
         given = ((knobs.first_chunk_guidance_scale, "first_chunk_guidance_scale", "guidance_scale"),
                  (knobs.first_chunk_steps, "first_chunk_steps", "steps"))
         for value, name, instead in given:
@@ -334,6 +329,29 @@ class ChunkRollout(LoopStageBase[ChunkRolloutState]):
                 raise InvalidRequest(f"{path}={value}: no loop of this {state.request.task.value!r} request makes a "
                                      f"chunk from the prompt alone (causal text-to-video rollouts and live sessions "
                                      f"do); use {instead}, or drop {name}", fields=(path,))
+
+    def resolve(self, ctx: StageContext, state: RequestState, produced: frozenset[str],
+                defaults: GenerationDefaults) -> None:
+        """Admission: the rollout's guidance (``resolve_guidance``, as a denoise loop's) and, when
+        it makes chunk 0 from the prompt alone, chunk 0's own scale and steps: the node's, else
+        the model's ``first_chunk_*`` (its steps not when the request gives explicit ``sigmas``;
+        unset: chunk 0 runs as the others), put on its ``node_params``."""
+        knobs = self.rollout_params(ctx, state)
+        fill = resolve_guidance(knobs.guidance_scale, knobs.guidance_scale_2, state.request.diffusion.guidance_scale,
+                                self.denoise.denoiser.modalities, defaults)
+        if self._makes_chunk_from_prompt(ctx, knobs, produced):
+            if knobs.first_chunk_guidance_scale is None and defaults.first_chunk_guidance_scale is not None:
+                fill["first_chunk_guidance_scale"] = defaults.first_chunk_guidance_scale
+            sigmas = self.denoise.params(ctx, state).sigmas  # (the node's steps clear the request's sigmas)
+            if knobs.first_chunk_steps is None and sigmas is None and defaults.first_chunk_steps is not None:
+                fill["first_chunk_steps"] = defaults.first_chunk_steps
+        state.resolve_node_params(ctx.node, knobs.model_copy(update=fill))
+
+    @staticmethod
+    def _makes_chunk_from_prompt(ctx: StageContext, knobs: ChunkRolloutParams, produced: frozenset[str]) -> bool:
+        """Whether chunk 0 is made from the prompt alone: no given frames condition the rollout
+        (a live session's plan has no context chunks either way)."""
+        return knobs.open_ended or ctx.inputs.get("condition", "condition") not in produced
 
     def finalize(self, ctx: StageContext, loop: ChunkRolloutState, state: RequestState) -> None:
         if not loop.plan.open_ended:
@@ -428,8 +446,8 @@ class ChunkRollout(LoopStageBase[ChunkRolloutState]):
         plan = self.model.plan(ctx, state, condition)
         params = self.denoise.params(ctx, state)
         first = self._first_params(ctx, state, params, plan)
-        slab_rows = len(self._branches(ctx, params))  # chunk 0's own extra branches hold no slabs
-        forwards = max(slab_rows, len(self._branches(ctx, first)) if first is not None else 0)
+        slab_rows = len(self._branches(ctx, state, params))  # chunk 0's own extra branches hold no slabs
+        forwards = max(slab_rows, len(self._branches(ctx, state, first)) if first is not None else 0)
         b, c, _, h, w = plan.shape
         largest = max(*plan.partition, plan.repeat)
         chunk = {MODALITY: (b, c, largest, h, w)}  # one forward of the largest chunk
@@ -577,7 +595,7 @@ class ChunkRollout(LoopStageBase[ChunkRolloutState]):
         cached, own = self.model.denoise_segments(loop.plan, loop.chunk)
         extra = self.model.action_kwargs(ctx, loop.action)
         params = loop.first_params if loop.chunk == 0 and loop.first_params is not None else loop.params
-        branches = self._branches(ctx, params)
+        branches = self._branches(ctx, loop.request_state, params)
         assert not cached or set(branches) <= set(loop.branches), "a branch without slabs reads cached K/V"
         kwargs = {b: {**loop.kwargs[b], **extra, "kv": ChunkKVBatch([(loop.kv, b)], cached, (own,), write=False)}
                   for b in branches}

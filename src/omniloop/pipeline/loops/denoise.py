@@ -30,9 +30,11 @@ from omniloop.pipeline.defaults import GenerationDefaults, admitted_seed, admitt
 from omniloop.pipeline.edges import ConditionLatents, DenoisedLatents, InitLatents, TextEmbeddings
 from omniloop.pipeline.failures import PoolFatalError, attempt, per_request
 from omniloop.pipeline.loops.batch_keys import kwargs_signature, latent_signature, packs_shapes
-from omniloop.pipeline.loops.given_latents import check_strength_leaves_steps, loop_strength, start_from_given
+from omniloop.pipeline.loops.given_latents import (admitted_strength, check_strength_leaves_steps, resolved_strength,
+                                                   start_from_given)
 from omniloop.pipeline.loops.step_cost import denoise_step_cost, held_tensor_bytes
-from omniloop.pipeline.policies.cfg import COND, UNCOND, CFGPolicy, CFGState, ClassicCFG, GuidedParams, Prediction
+from omniloop.pipeline.policies.cfg import (COND, UNCOND, CFGPolicy, CFGState, ClassicCFG, GuidedParams, Prediction,
+                                           resolve_guidance)
 from omniloop.pipeline.policies.conditioning import ConditioningPolicy, NoConditioning
 from omniloop.pipeline.policies.routing import Route, RoutingPolicy, SingleModel
 from omniloop.pipeline.policies.shift import FlowShift, ShiftPolicy
@@ -129,7 +131,8 @@ class DenoiseParams(LoopParams):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # NaN / Infinity: refused, naming it
 
     steps: int | None = Field(default=None, ge=1, le=1000)
-    guidance_scale: float | None = Field(default=None, ge=0)
+    # a number, or one per modality (what admission resolves a request's per-modality scale to)
+    guidance_scale: float | dict[Modality, float] | None = Field(default=None)
     guidance_scale_2: float | None = Field(default=None, ge=0)
     shift: float | None = Field(default=None, gt=0, le=100)
     sampler: str | None = None
@@ -146,6 +149,13 @@ class DenoiseParams(LoopParams):
     @classmethod
     def _strength_in_unit_interval(cls, v: float | None) -> float | None:
         return check_strength(v)
+
+    @field_validator("guidance_scale")
+    @classmethod
+    def _scale_non_negative(cls, v: Any) -> Any:
+        if any(s < 0 for s in (v.values() if isinstance(v, Mapping) else () if v is None else (v,))):
+            raise ValueError("must be >= 0 (1.0 or less disables classifier-free guidance)")
+        return v
 
     def guidance_scales(self) -> tuple[float, ...]:
         scales: list[Any] = [self.guidance_scale, self.guidance_scale_2]
@@ -239,19 +249,19 @@ class DenoiseLoop(LoopStageBase[DenoiseLoopState]):
                     for m in self.denoiser.modalities}
         start = 0  # first step that runs: > 0 when starting from given latents at strength < 1
         if given is not None:
-            start = start_from_given(sampler, samplers, latents, given, loop_strength(params, ctx.defaults), node=ctx.node)
+            start = start_from_given(sampler, samplers, latents, given, admitted_strength(params, ctx.node), node=ctx.node)
         elif getattr(sampler, "init_noise_sigma", 1.0) != 1.0:  # EDM-style samplers start at sigma_max
             latents = {m: x * sampler.init_noise_sigma for m, x in latents.items()}
 
-        cfg_state = self.cfg.init(params, self.denoiser.modalities, self.policy_defaults(ctx, state))
+        cfg_state = self.cfg.init(params, self.denoiser.modalities, state.node_params.get(ctx.node))
         cond_state = self.conditioning.init(
             ctx.read_optional(state, self.conditioning.input_port, ConditionLatents)
             if self.conditioning.input_port
             else None
         )
-        # image-to-image: noise the given latents and run the schedule's tail only
-        strength = params.strength if params.strength is not None else ctx.defaults.strength
-        latents, samplers = self.conditioning.start(latents, samplers, cond_state, gen, strength)
+        # image-to-image: noise the given latents and run the schedule's tail only (the strength
+        # admission resolved when the condition is fed: ``resolve``)
+        latents, samplers = self.conditioning.start(latents, samplers, cond_state, gen, params.strength)
         num_steps = next(iter(samplers.values())).num_steps - start
         timesteps = next(iter(samplers.values())).timesteps.detach().cpu()[start:]
         routes = [self.routing.route(t, sampler.num_train_timesteps) for t in timesteps]
@@ -298,10 +308,6 @@ class DenoiseLoop(LoopStageBase[DenoiseLoopState]):
         (``given``: it will be mixed into given latents)."""
         return seeded_noise(shapes, gen, ctx.device)
 
-    def policy_defaults(self, ctx: StageContext, state: RequestState) -> GenerationDefaults:
-        """The defaults the guidance policy resolves its scales against (the node's)."""
-        return ctx.defaults
-
     def combine(self, loop: DenoiseLoopState, cfg_state: CFGState, preds: Mapping[str, Prediction],
                 route: Route) -> Prediction:
         """The combine slot: the guided prediction of one request."""
@@ -320,15 +326,43 @@ class DenoiseLoop(LoopStageBase[DenoiseLoopState]):
             check_records_log_probs(sampler, ctx.node, override)
         if override is not None:
             check_sde_options(sampler, ctx.node, override, lambda: self._num_steps(ctx, state, params))
+        if not self.starts_from_given(ctx, produced) and override is not None and override.strength is not None:
+            raise InvalidRequest(f"node_params[{ctx.node!r}].strength: node {ctx.node!r} starts from noise in this "
+                                 "request (no given latents)", hint="drop strength",
+                                 fields=(f"node_params[{ctx.node!r}].strength",))
+
+    def resolve(self, ctx: StageContext, state: RequestState, produced: frozenset[str],
+                defaults: GenerationDefaults) -> None:
+        """Admission: the node's guidance scales and, when it starts from given latents, its
+        strength, from the request's values else the node's ``defaults`` (``resolve_guidance``,
+        ``resolved_strength``), put on its ``node_params``; a strength that leaves no step is refused."""
+        knobs = self.node_knobs(ctx, state)
+        fill = resolve_guidance(knobs.guidance_scale, knobs.guidance_scale_2, state.request.diffusion.guidance_scale,
+                                self.denoiser.modalities, defaults)
+        state.resolve_node_params(ctx.node, self.resolve_strength(ctx, state, knobs.model_copy(update=fill), produced,
+                                                                  defaults))
+
+    def node_knobs(self, ctx: StageContext, state: RequestState) -> DenoiseParams:
+        """The node's ``node_params`` model as the caller gave it (empty: none given)."""
+        knobs = state.node_params.get(ctx.node)
+        if knobs is None:
+            assert isinstance(self.params_schema, type) and issubclass(self.params_schema, DenoiseParams), (
+                f"node {ctx.node!r}: a denoise loop's params_schema is a DenoiseParams")
+            knobs = self.params_schema()
+        return knobs
+
+    def resolve_strength(self, ctx: StageContext, state: RequestState, knobs: DenoiseParams,
+                         produced: frozenset[str], defaults: GenerationDefaults) -> DenoiseParams:
+        """``knobs`` with the strength the node starts from given latents at (when it does):
+        the node's, else the request's, else its default, else 1; checked to leave a step."""
         if not self.starts_from_given(ctx, produced):
-            if override is not None and override.strength is not None:
-                raise InvalidRequest(f"node_params[{ctx.node!r}].strength: node {ctx.node!r} starts from noise in this "
-                                     "request (no given latents)", hint="drop strength",
-                                     fields=(f"node_params[{ctx.node!r}].strength",))
-            return
-        field = f"node_params[{ctx.node!r}].strength" if override is not None and override.strength is not None \
-            else "diffusion.strength"
-        check_strength_leaves_steps(self._num_steps(ctx, state, params), loop_strength(params, ctx.defaults), field)
+            return knobs
+        field = f"node_params[{ctx.node!r}].strength" if knobs.strength is not None else "diffusion.strength"
+        strength = resolved_strength(knobs.strength, state.request.diffusion.strength, defaults)
+        knobs = knobs.model_copy(update={"strength": strength})
+        check_strength_leaves_steps(self._num_steps(ctx, state, _effective_params(state.request.diffusion, knobs)),
+                                    strength, field)
+        return knobs
 
     def starts_from_given(self, ctx: StageContext, produced: frozenset[str]) -> bool:
         """Whether this loop starts from given latents in a request producing ``produced``: its
@@ -419,7 +453,7 @@ class DenoiseLoop(LoopStageBase[DenoiseLoopState]):
         request = state.request
         params = _effective_params(request.diffusion, state.node_params.get(ctx.node))
         shapes = self.denoiser.latent_shapes(ctx, request)
-        cfg_state = self.cfg.init(params, self.denoiser.modalities, self.policy_defaults(ctx, state))
+        cfg_state = self.cfg.init(params, self.denoiser.modalities, state.node_params.get(ctx.node))
         cost = denoise_step_cost(ctx, self.denoiser, shapes, len(cfg_state.branches), stacked=self.cfg.mode == "batched")
         text_bytes = held_tensor_bytes(state.artifacts.get(self.inputs_edge(ctx)))
         return WorkEstimate(

@@ -17,10 +17,18 @@ from omniloop.pipeline.samplers.base import Sampler, SamplerState, start_step
 from omniloop.request import DiffusionParams, InvalidRequest
 
 
-def loop_strength(params: DiffusionParams, defaults: GenerationDefaults) -> float:
-    """The request's (or node's) strength, else the model's default, else 1."""
-    strength = params.strength if params.strength is not None else defaults.strength
+def resolved_strength(node: float | None, request: float | None, defaults: GenerationDefaults) -> float:
+    """Admission: the strength a loop node starts from given latents at: the node's own
+    (``node_params``), else the request's, else the node's default, else 1."""
+    strength = node if node is not None else request if request is not None else defaults.strength
     return float(strength if strength is not None else 1.0)
+
+
+def admitted_strength(params: DiffusionParams, node: str) -> float:
+    """A loop's strength (the node's effective params): admission has resolved it."""
+    assert params.strength is not None, (f"node {node!r} starts from given latents at a strength admission resolves "
+                                         "(DenoiseLoop.resolve)")
+    return params.strength
 
 
 def check_strength_leaves_steps(num_steps: int, strength: float, field: str) -> None:

@@ -19,6 +19,7 @@ from pydantic import Field
 
 from omniloop.pipeline.defaults import GenerationDefaults
 from omniloop.request import DiffusionParams, Modality
+from omniloop.request.params import LoopParams
 
 COND, UNCOND = "cond", "uncond"
 # How a request's guidance branches run: stacked along the batch in one forward, or one forward each
@@ -44,30 +45,43 @@ class CFGState:
     scales: dict[str, dict[str, float]]  # scale set name ("primary"/"secondary") -> modality -> scale
 
 
-def resolve_scales(
-    params: DiffusionParams, modalities: tuple[str, ...], default: float, default_2: float | None,
-    scale_2: float | None = None,
-) -> dict[str, dict[str, float]]:
-    """Guidance scales per scale set and modality. ``secondary`` is the low-noise expert's
-    (``scale_2``: the loop's ``guidance_scale_2``; defaults to the primary scale, as diffusers does)."""
-    primary = {m: params.scale_for(Modality(m), default) for m in modalities}
-    if scale_2 is not None:
-        secondary = {m: scale_2 for m in modalities}
-    elif default_2 is not None and params.guidance_scale is None:
-        secondary = {m: default_2 for m in modalities}
-    else:
-        secondary = dict(primary)
+def resolve_guidance(node_scale: Any, node_scale_2: float | None, request_scale: Any, modalities: tuple[str, ...],
+                     defaults: GenerationDefaults) -> dict[str, Any]:
+    """Admission (a guided loop's ``resolve``): the node knobs ``guidance_scale`` and
+    ``guidance_scale_2`` that the node's own (``node_scale`` / ``node_scale_2``) leave unset,
+    filled in: the request's scale (a per-modality one completed with the node's default for
+    the loop's other ``modalities``), else the node's default; the low-noise expert's the
+    node's default only when nobody set a scale (None stays: the primary scale, as diffusers)."""
+    caller = node_scale if node_scale is not None else request_scale
+    fill: dict[str, Any] = {}
+    if node_scale is None:
+        if isinstance(caller, Mapping):
+            fill["guidance_scale"] = {Modality(m): caller.get(Modality(m), defaults.guidance_scale) for m in modalities}
+        else:
+            fill["guidance_scale"] = caller if caller is not None else defaults.guidance_scale
+    if node_scale_2 is None and caller is None and defaults.guidance_scale_2 is not None:
+        fill["guidance_scale_2"] = defaults.guidance_scale_2
+    return fill
+
+
+def resolve_scales(params: GuidedParams, modalities: tuple[str, ...]) -> dict[str, dict[str, float]]:
+    """Guidance scales per scale set and modality of a loop node's resolved params (admission
+    filled ``guidance_scale``: ``resolve_guidance``). ``secondary`` is the low-noise expert's
+    (``guidance_scale_2``; unset: the primary scale, as diffusers does)."""
+    scale = params.guidance_scale
+    assert scale is not None, "a guided loop reads a resolved guidance_scale (Stage.resolve at admission)"
+    primary = {m: scale[Modality(m)] if isinstance(scale, Mapping) else scale for m in modalities}
+    scale_2 = params.guidance_scale_2
+    secondary = {m: scale_2 for m in modalities} if scale_2 is not None else dict(primary)
     return {"primary": primary, "secondary": secondary}
 
 
-def guidance_enabled(params: DiffusionParams, default: float, default_2: float | None = None,
-                     default_first: float | None = None, node_scales: Iterable[float] = ()) -> bool:
-    """Whether any step of a request needs the unconditional branch (and so a negative prompt);
-    ``default_first``: the model's first-chunk scale (causal rollouts); ``node_scales``: the
-    scales the request's loop nodes set (``LoopParams.guidance_scales``)."""
-    scales = resolve_scales(params, tuple(m.value for m in Modality), default, default_2)
-    return (default_first is not None and default_first > 1.0) or any(s > 1.0 for s in node_scales) or any(
-        s > 1.0 for group in scales.values() for s in group.values())
+def loops_guide(node_params: Mapping[str, Any]) -> bool:
+    """Whether a loop node of the request guides with a scale above 1 (admission resolved every
+    active loop's scales, ``Stage.resolve``: its ``LoopParams.guidance_scales``), so its text
+    stage encodes the negative prompt for the unconditional branch."""
+    return any(s > 1.0 for knobs in node_params.values() if isinstance(knobs, LoopParams)
+               for s in knobs.guidance_scales())
 
 
 class CFGPolicy(Protocol):
@@ -85,8 +99,10 @@ class CFGPolicy(Protocol):
         """``batched``: the branches stack along the batch, one forward; ``sequential``: one each."""
         ...
 
-    def init(self, params: GuidedParams, modalities: tuple[str, ...], defaults: GenerationDefaults) -> Any:
-        """The request's guidance state (``CFGState`` or the policy's own)."""
+    def init(self, params: GuidedParams, modalities: tuple[str, ...], knobs: LoopParams | None) -> Any:
+        """The request's guidance state (``CFGState`` or the policy's own) from the loop node's
+        resolved ``params`` (and its resolved ``knobs``, the node's ``params_schema`` model, for
+        a policy with knobs of its own)."""
         ...
 
     def step_branches(self, state: Any, scale_set: str) -> tuple[str, ...]:
@@ -123,9 +139,8 @@ class ClassicCFG(CFGBase):
     mode: CFGMode = "sequential"
     name: str = "cfg"
 
-    def init(self, params: GuidedParams, modalities: tuple[str, ...], defaults: GenerationDefaults) -> CFGState:
-        scales = resolve_scales(params, modalities, defaults.guidance_scale, defaults.guidance_scale_2,
-                                params.guidance_scale_2)
+    def init(self, params: GuidedParams, modalities: tuple[str, ...], knobs: LoopParams | None) -> CFGState:
+        scales = resolve_scales(params, modalities)
         on = any(s > 1.0 for group in scales.values() for s in group.values())
         return CFGState(branches=(COND, UNCOND) if on else (COND,), scales=scales)
 
@@ -157,8 +172,8 @@ class EmbeddedGuidance(CFGBase):
     mode: CFGMode = "sequential"  # one branch: nothing to stack
     name: str = "cfg"
 
-    def init(self, params: DiffusionParams, modalities: tuple[str, ...], defaults: GenerationDefaults) -> CFGState:
-        scales = resolve_scales(params, modalities, defaults.guidance_scale, None)
+    def init(self, params: GuidedParams, modalities: tuple[str, ...], knobs: LoopParams | None) -> CFGState:
+        scales = resolve_scales(params, modalities)
         return CFGState(branches=(COND,), scales=scales)
 
     def step_branches(self, state: CFGState, scale_set: str) -> tuple[str, ...]:

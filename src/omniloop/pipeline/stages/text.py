@@ -20,10 +20,10 @@ from omniloop.cache.text_embeddings import CACHE_NAME, EmbeddingKey, EmbeddingRo
 from omniloop.models.layers.lora import LoraPlan, lora_rows
 from omniloop.pipeline.adapters import adapter_cache, request_adapters
 from omniloop.pipeline.edges import POOLED_FIELD, PROMPT_FIELD, BranchPair, TextEmbeddings
-from omniloop.pipeline.policies.cfg import guidance_enabled
+from omniloop.pipeline.defaults import GenerationDefaults, admitted
+from omniloop.pipeline.policies.cfg import loops_guide
 from omniloop.pipeline.stage import StageBase
 from omniloop.pipeline.state import RequestState, StageContext
-from omniloop.request import LoopParams
 
 
 
@@ -172,19 +172,21 @@ class TextEncode(StageBase):
 
             chain.cache_event(CacheEvent(CACHE_NAME, kind, ctx.node, request_id, nbytes=nbytes))
 
+    def resolve(self, ctx: StageContext, state: RequestState, produced: frozenset[str],
+                defaults: GenerationDefaults) -> None:
+        """Admission (after the loops resolved their scales): the negative prompt, when a loop
+        guides (``loops_guide``) and the request gives none, is the node's default."""
+        if self._guided(state) and state.request.diffusion.negative_prompt is None:
+            state.resolve_diffusion(negative_prompt=defaults.negative_prompt)
+
+    def _guided(self, state: RequestState) -> bool:
+        return self.guidance == "cfg" and loops_guide(state.node_params)
+
     def _prompts(self, ctx: StageContext, state: RequestState) -> list[str]:
-        """[prompt] or [prompt, negative prompt] (when guidance needs one)."""
-        params = state.request.diffusion
+        """[prompt] or [prompt, negative prompt] (when a loop's resolved guidance needs one)."""
         prompts = [state.request.prompt or ""]
-        # the scales the request's loop nodes set (guidance_scale_2, first_chunk_guidance_scale...)
-        node_scales = [s for knobs in state.node_params.values() if isinstance(knobs, LoopParams)
-                       for s in knobs.guidance_scales()]
-        if self.guidance == "cfg" and guidance_enabled(
-            params, ctx.defaults.guidance_scale, ctx.defaults.guidance_scale_2, ctx.defaults.first_chunk_guidance_scale,
-            node_scales,
-        ):
-            negative = params.negative_prompt
-            prompts.append(negative if negative is not None else ctx.defaults.negative_prompt)
+        if self._guided(state):
+            prompts.append(admitted(state.request.diffusion.negative_prompt, "negative_prompt", ctx.node))
         return prompts
 
 

@@ -341,16 +341,21 @@ class Cosmos3Tokenize(StageBase):
     def components(self) -> tuple[str, ...]:
         return (self.tokenizer,)
 
+    def resolve(self, ctx: StageContext, state: RequestState, produced: frozenset[str],
+                defaults: GenerationDefaults) -> None:
+        """Admission: the negative prompt (the uncond branch's, always tokenized) the request
+        leaves unset is the model's."""
+        if state.request.diffusion.negative_prompt is None:
+            state.resolve_diffusion(negative_prompt=defaults.negative_prompt)
+
     def forward(self, ctx: StageContext, state: RequestState) -> None:
         request = state.request
         upsampled = ctx.read_optional(state, "upsampled", TextArtifact)
         prompt = upsampled.text if upsampled is not None else (request.prompt or "")
-        negative = request.diffusion.negative_prompt
-        negative = ctx.defaults.negative_prompt if negative is None else negative
+        negative = admitted(request.diffusion.negative_prompt, "negative_prompt", ctx.node)
         geo = geometry(request, vae_config(ctx), ctx.node)
         opts = options_of(request)
-        own = ctx.defaults.family_as(Cosmos3Defaults)
-        system = opts.use_system_prompt if opts.use_system_prompt is not None else own.use_system_prompt
+        system = admitted(opts.use_system_prompt, "use_system_prompt", ctx.node)  # (node_params["denoise"]'s)
         cond, uncond = generator_prompt_ids(ctx.component(self.tokenizer), prompt, negative, geo, opts,
                                             action_mode(request), system)
         ctx.write(state, "prompts", Cosmos3Prompts(cond=cond, uncond=uncond))
@@ -442,7 +447,7 @@ class Cosmos3Condition(ComponentStage):
             keep = list(range(t)) if mode == INVERSE_DYNAMICS else [0]
             pixels = action_canvas(frames, geo, geo.num_frames)[:, :, : max(keep) * st + 1]
         elif request.task is TaskType.V2W:
-            keep = sorted(set(options_of(request).condition_frames or ctx.defaults.family_as(Cosmos3Defaults).condition_frames))
+            keep = sorted(set(admitted(options_of(request).condition_frames, "condition_frames", ctx.node)))
             clip = video_frames(request.parts(Modality.VIDEO)[0])
             frames = preprocess_frames(clip, geo.height, geo.width, int(vae.config.scale_factor_spatial))
             n = max(keep) * st + 1
@@ -666,6 +671,23 @@ class Cosmos3DenoiseLoop(DenoiseLoop):
 
     def inputs_edge(self, ctx: StageContext) -> str:
         return ctx.inputs.get("prompts", "prompts")
+
+    def resolve(self, ctx: StageContext, state: RequestState, produced: frozenset[str],
+                defaults: GenerationDefaults) -> None:
+        """Admission: the shared loop's guidance and strength, then Cosmos3's own options the
+        request leaves unset (``Cosmos3Options``: the system prompt, a V2W's clean frames) from
+        the model's ``Cosmos3Defaults``; every stage reads them from ``node_params["denoise"]``."""
+        super().resolve(ctx, state, produced, defaults)
+        knobs = self.node_knobs(ctx, state)
+        assert isinstance(knobs, Cosmos3Options), f"node {ctx.node!r} takes Cosmos3Options"
+        own = defaults.family_as(Cosmos3Defaults)
+        fill: dict[str, Any] = {}
+        if knobs.use_system_prompt is None:
+            fill["use_system_prompt"] = own.use_system_prompt
+        if not knobs.condition_frames and state.request.task is TaskType.V2W:
+            fill["condition_frames"] = list(own.condition_frames)
+        if fill:
+            state.resolve_node_params(ctx.node, knobs.model_copy(update=fill))
 
     def estimate(self, ctx: StageContext, state: RequestState) -> WorkEstimate:
         est = super().estimate(ctx, state)

@@ -16,7 +16,6 @@ runs in x0 space per modality (diffusers, step i with sigma s):
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Mapping
 
@@ -43,6 +42,7 @@ from omniloop.models.families.ltx2.stages import (
     pack_audio,
     pack_video,
 )
+from omniloop.request.params import LoopParams
 
 STG, MODALITY = "stg", "modality"
 Scale = float | dict[Modality, float]
@@ -86,6 +86,19 @@ class LTX2RefineParams(LTX2DenoiseParams):
     flat: ClassVar[Mapping[str, str]] = {}
 
 
+def resolved_scales(knobs: LTX2DenoiseParams) -> GuidanceScales:
+    """The node's guidance as admission resolved it onto its knobs (``LTX2DenoiseLoop.resolve``:
+    each scale one per modality, the STG blocks)."""
+    def per(name: str) -> dict[str, float]:
+        v = getattr(knobs, name)
+        assert isinstance(v, Mapping), f"{name} is resolved per modality at admission (LTX2DenoiseLoop.resolve)"
+        return {m: float(v[Modality(m)]) for m in MODALITIES}
+
+    assert knobs.stg_blocks is not None, "stg_blocks are resolved at admission (LTX2DenoiseLoop.resolve)"
+    return GuidanceScales(cfg=per("guidance_scale"), stg=per("stg_scale"), modality=per("modality_scale"),
+                          rescale=per("guidance_rescale"), stg_blocks=tuple(knobs.stg_blocks))
+
+
 @dataclass(kw_only=True)
 class LTX2GuidanceState:
     branches: tuple[str, ...]
@@ -100,10 +113,9 @@ class LTX2Guidance:
     mode: Literal["sequential", "batched"] = "batched"
     name: str = "cfg"
 
-    def init(self, params: DiffusionParams, modalities: tuple[str, ...], defaults: GenerationDefaults) -> LTX2GuidanceState:
-        ltx2 = defaults.family_as(LTX2Defaults)
-        request_cfg = params.guidance_scale if ltx2.use_request_guidance else None
-        scales = guidance_scales(ltx2, request_cfg, ltx2.node_guidance)
+    def init(self, params: DiffusionParams, modalities: tuple[str, ...], knobs: LoopParams | None) -> LTX2GuidanceState:
+        assert isinstance(knobs, LTX2DenoiseParams), "an LTX-2 loop's knobs are resolved at admission (LTX2DenoiseLoop.resolve)"
+        scales = resolved_scales(knobs)
         branches = (COND,) + ((UNCOND,) if scales.uses_text_cfg else ()) + ((STG,) if scales.uses_stg else ()) + (
             (MODALITY,) if scales.uses_modality else ())
         if STG in branches and not scales.stg_blocks:
@@ -196,6 +208,9 @@ class LTX2DenoiseLoop(DenoiseLoop):
     def schedule(self, ctx: StageContext, params: DiffusionParams, shapes: Mapping[str, tuple[int, ...]],
                  sampler: Sampler) -> tuple[int, dict[str, Any]]:
         if self.refine:
+            # NOTE: the refine node's schedule is the distilled stage's (its Node.defaults sigmas:
+            # part of the weights, STAGE_2_SIGMAS), which no request field overrides: a model
+            # fact of the node, not a request default, so it is read here, not resolved
             assert ctx.defaults.sigmas is not None, f"the refine node {ctx.node!r} has its own sigmas (REFINE_DEFAULTS)"
             sigmas = list(ctx.defaults.sigmas)
             return len(sigmas), {"sigmas": sigmas}
@@ -217,12 +232,20 @@ class LTX2DenoiseLoop(DenoiseLoop):
         audio = torch.randn(full["audio"], generator=gen, dtype=torch.float32)
         return {"video": pack_video(video).to(ctx.device), "audio": pack_audio(audio).to(ctx.device)}
 
-    def policy_defaults(self, ctx: StageContext, state: RequestState) -> GenerationDefaults:
-        node = state.node_params.get(ctx.node)
-        knobs = {k: v for k, v in node.model_dump().items() if v is not None} if node is not None else {}
-        ltx2 = dataclasses.replace(ctx.defaults.family_as(LTX2Defaults), node_guidance=knobs,
-                                   use_request_guidance=not self.refine)
-        return ctx.defaults.replace(family=ltx2)
+    def resolve(self, ctx: StageContext, state: RequestState, produced: frozenset[str],
+                defaults: GenerationDefaults) -> None:
+        """Admission: the node's guidance per modality (CFG, STG, modality isolation, rescale,
+        the STG blocks) from the node's knobs, the request's CFG scale (not in the refine stage,
+        whose guidance is its own) and the node's ``LTX2Defaults``, in that order
+        (``guidance_scales``), put complete on its ``node_params``; then its strength."""
+        knobs = self.node_knobs(ctx, state)
+        request_cfg = None if self.refine else state.request.diffusion.guidance_scale
+        s = guidance_scales(defaults.family_as(LTX2Defaults), request_cfg, knobs.model_dump(exclude_none=True))
+        pair = lambda v: {Modality(m): v[m] for m in MODALITIES}  # noqa: E731
+        knobs = knobs.model_copy(update={"guidance_scale": pair(s.cfg), "stg_scale": pair(s.stg),
+                                         "modality_scale": pair(s.modality), "guidance_rescale": pair(s.rescale),
+                                         "stg_blocks": list(s.stg_blocks)})
+        state.resolve_node_params(ctx.node, self.resolve_strength(ctx, state, knobs, produced, defaults))
 
     def combine(self, loop: DenoiseLoopState, cfg_state: Any, preds: Mapping[str, Prediction], route: Route) -> Prediction:
         sigmas = {m: loop.samplers[m].sigma for m in MODALITIES}

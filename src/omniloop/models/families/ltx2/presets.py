@@ -3,7 +3,7 @@ distilled schedule, and the published LTX-2 architecture (random-weight builds).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from omniloop.pipeline.defaults import FamilyDefaults, GenerationDefaults
@@ -12,11 +12,8 @@ from omniloop.pipeline.defaults import FamilyDefaults, GenerationDefaults
 @dataclass(frozen=True, kw_only=True)
 class LTX2Defaults(FamilyDefaults):
     """LTX-2's own defaults: guidance per modality (CFG, spatio-temporal (STG), modality
-    isolation, rescale; modality -> scale) and the conditioning image's re-compression.
-
-    ``node_guidance`` / ``use_request_guidance`` are a loop's view at init (its node's
-    ``node_params`` overrides; whether the request's CFG scale applies: not in the refine
-    stage), set by ``LTX2DenoiseLoop.policy_defaults``."""
+    isolation, rescale; modality -> scale), which admission resolves onto each loop node's
+    knobs (``LTX2DenoiseLoop.resolve``), and the conditioning image's re-compression."""
 
     guidance_scale: Mapping[str, float]
     stg_scale: Mapping[str, float]
@@ -24,8 +21,6 @@ class LTX2Defaults(FamilyDefaults):
     guidance_rescale: Mapping[str, float]
     stg_blocks: tuple[int, ...]
     image_crf: int = 33  # H.264 re-compression of a conditioning image (LTX-2.0 .. 2.3); 0: none
-    node_guidance: Mapping[str, Any] = field(default_factory=dict)
-    use_request_guidance: bool = True
 
     def __post_init__(self) -> None:
         for name in ("guidance_scale", "stg_scale", "modality_scale", "guidance_rescale"):

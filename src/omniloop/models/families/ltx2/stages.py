@@ -17,10 +17,10 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from omniloop.io.image import h264_recompress, image_to_tensor
-from omniloop.pipeline.defaults import admitted
+from omniloop.pipeline.defaults import GenerationDefaults, admitted
 from omniloop.pipeline.edges import ConditionLatents, DenoisedLatents, InitLatents, TextEmbeddings
 from omniloop.pipeline.loops.denoise import DenoiserBase
-from omniloop.pipeline.policies.cfg import Prediction
+from omniloop.pipeline.policies.cfg import Prediction, loops_guide
 from omniloop.pipeline.stage import ComponentStage, StageBase
 from omniloop.pipeline.stages.decode import to_uint8_frames
 from omniloop.pipeline.state import RequestState, StageContext
@@ -225,12 +225,19 @@ class LTX2TextEncode(StageBase):
         for state, out in zip(states, outs):
             ctx.write(state, "text", out)
 
+    def resolve(self, ctx: StageContext, state: RequestState, produced: frozenset[str],
+                defaults: GenerationDefaults) -> None:
+        """Admission (after the loops resolved their guidance): the negative prompt, when a loop
+        guides with text CFG and the request gives none (or an empty one), is the node's default."""
+        if loops_guide(state.node_params) and not state.request.diffusion.negative_prompt:
+            state.resolve_diffusion(negative_prompt=defaults.negative_prompt)
+
     @staticmethod
     def _prompts(ctx: StageContext, state: RequestState) -> list[str]:
-        p = state.request.diffusion
+        """[prompt], and the negative prompt when a loop's resolved CFG scale exceeds 1."""
         prompts = [state.request.prompt or ""]
-        if guidance_scales(ctx.defaults.family_as(LTX2Defaults), p.guidance_scale).uses_text_cfg:
-            prompts.append(p.negative_prompt or ctx.defaults.negative_prompt)
+        if loops_guide(state.node_params):
+            prompts.append(admitted(state.request.diffusion.negative_prompt, "negative_prompt", ctx.node))
         return prompts
 
 

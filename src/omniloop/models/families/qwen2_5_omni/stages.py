@@ -33,8 +33,7 @@ from omniloop.models.families.qwen2_5_omni.media import MediaPromptTokens
 from omniloop.models.families.qwen2_5_omni.presets import TOKEN2WAV_SWAY
 from omniloop.models.families.qwen2_5_omni.model import OmniTalker, OmniThinker, TalkerRow, ThinkerRow
 from omniloop.models.families.qwen2_5_omni.weights import Speaker
-from omniloop.pipeline.defaults import admitted_seed
-from omniloop.pipeline.defaults import effective_sampling
+from omniloop.pipeline.defaults import GenerationDefaults, admitted_seed, admitted_steps
 from omniloop.pipeline.loops.ar import ARDecodeLoop, ARLoopState, PromptTokens, check_context
 from omniloop.pipeline.loops.denoise import DenoiseLoop, DenoiseLoopState, DenoiserBase, seeded_noise
 from omniloop.pipeline.policies.cfg import COND
@@ -44,7 +43,7 @@ from omniloop.pipeline.edges import DenoisedLatents
 from omniloop.pipeline.stages.decode import DecodedAudio, VAEDecode
 from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
 from omniloop.pipeline.streams import EdgeChannel
-from omniloop.request import Artifact, AudioArtifact, InvalidRequest, Modality, OmniRequest, SamplingParams, TextArtifact
+from omniloop.request import Artifact, AudioArtifact, InvalidRequest, LoopParams, Modality, OmniRequest, SamplingParams, TextArtifact
 
 DEFAULT_VOICE = "Chelsie"  # transformers' generate(speaker="Chelsie")
 
@@ -104,6 +103,9 @@ class TalkerParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_tokens: int | None = Field(default=None, ge=1, le=32768, description="codec tokens at most (default 4096)")
+    sampling: SamplingParams | None = Field(
+        default=None, description="the talker's sampling (default: transformers' talker defaults, greedy for a request's "
+        "temperature 0; admission resolves it, with the request's seed and max_tokens above)")
 
 
 def resolve_voice(speakers: dict[str, Speaker], voice: str | None) -> str:
@@ -121,7 +123,7 @@ def start_ar_loop(stage: ARDecodeLoop, ctx: StageContext, state: RequestState, *
     """``ARDecodeLoop.init`` with this family's prompt, sampling and per-request model inputs;
     ``extra``: the talker's stream (a :class:`TalkerLoopState`); ``top_logprobs``: the text's
     log-probs recorded (the thinker's, when the request asks for them)."""
-    text = ctx.defaults.text_or_default()
+    text = ctx.defaults.text_or_default()  # model facts: the served context, the prefill chunk
     check_context(len(prompt_ids), params.max_tokens, text.max_context)
     seed = admitted_seed(params.seed, ctx.node)
     pool: BlockPool = ctx.component(stage.kv_component)
@@ -145,8 +147,10 @@ class ThinkerLoop(ARDecodeLoop):
     stream_outputs = {"thinker_hidden": ThinkerChunk}
 
     def init(self, ctx: StageContext, state: RequestState) -> ARLoopState:
+        # model facts (the checkpoint's stop tokens); the sampling is the resolved request's
+        # (resolve_sampling filled the thinker's generation_config.json defaults in at admission)
         text = ctx.defaults.text_or_default()
-        params = effective_sampling(state.request.sampling, text.sampling)
+        params = state.request.sampling
         prompt_ids = self._prompt_ids(ctx, state, ctx.component(self.tokenizer_component))
         state.metrics.seed = params.seed
         given = ctx.read_optional(state, "prompt_tokens", PromptTokens)
@@ -273,18 +277,28 @@ class TalkerLoop(ARDecodeLoop):
         return given if isinstance(given, TalkerParams) else TalkerParams()
 
     def talker_params(self, ctx: StageContext, state: RequestState) -> SamplingParams:
-        """transformers' talker defaults (the node's TextDefaults.sampling); ``temperature: 0`` on
-        the request makes the talker greedy too (its repetition penalty stays, as in
-        ``generate(talker_do_sample=False)``); the request's seed; the node's max_tokens."""
-        defaults = ctx.defaults.text_or_default().sampling
+        """The talker's sampling as admission resolved it (``resolve``)."""
+        sampling = self._overrides(state, ctx.node).sampling
+        assert sampling is not None, f"node {ctx.node!r} reads the sampling admission resolves (TalkerLoop.resolve)"
+        return sampling
+
+    def resolve(self, ctx: StageContext, state: RequestState, produced: frozenset[str],
+                defaults: GenerationDefaults) -> None:
+        """Admission: the talker's sampling: transformers' talker defaults (the node's
+        ``TextDefaults.sampling``), where ``temperature: 0`` on the request makes the talker
+        greedy too (its repetition penalty stays, as in ``generate(talker_do_sample=False)``);
+        the request's seed; the node's max_tokens."""
+        knobs = self._overrides(state, ctx.node)
         request = state.request.sampling
-        update: dict[str, Any] = {"seed": request.seed}
-        if "temperature" in request.model_fields_set and request.temperature == 0:
+        base = knobs.sampling if knobs.sampling is not None else SamplingParams(**defaults.text_or_default().sampling)
+        update: dict[str, Any] = {}
+        if base.seed is None:
+            update["seed"] = request.seed
+        if knobs.sampling is None and "temperature" in request.model_fields_set and request.temperature == 0:
             update["temperature"] = 0.0
-        override = self._overrides(state, ctx.node).max_tokens
-        if override is not None:
-            update["max_tokens"] = override
-        return SamplingParams(**defaults).model_copy(update=update)
+        if knobs.max_tokens is not None:
+            update["max_tokens"] = knobs.max_tokens
+        state.resolve_node_params(ctx.node, knobs.model_copy(update={"sampling": base.model_copy(update=update)}))
 
     def check_request(self, ctx: StageContext, state: RequestState, produced: frozenset[str]) -> None:
         voice = state.request.outputs.voice
@@ -513,6 +527,15 @@ class Code2WavState(LoopState):
     audio_frames: int = 0  # mel frames whose audio was emitted
     audio: list[torch.Tensor] = field(default_factory=list)  # emitted audio chunks [1, samples]
     finish_reason: str | None = None
+    steps: int = 10  # each window's ODE steps (the resolved request's)
+    guidance_scale: float = 0.5  # token2wav's guidance (the node's, resolved at admission)
+
+
+class Code2WavParams(LoopParams):
+    """``node_params["code2wav"]``: the streamed token2wav's guidance (admission resolves it:
+    the node's, else the request's ``diffusion.guidance_scale``, else the model's)."""
+
+    guidance_scale: float | None = Field(default=None, ge=0, description="token2wav's guidance scale")
 
 
 @dataclass
@@ -531,6 +554,16 @@ class Code2WavLoop(LoopStageBase[Code2WavState]):
 
     outputs = {"audio": AudioArtifact}
     stream_inputs = {"codec_stream": CodecChunk}
+    params_schema = Code2WavParams
+
+    def resolve(self, ctx: StageContext, state: RequestState, produced: frozenset[str],
+                defaults: GenerationDefaults) -> None:
+        """Admission: token2wav's guidance scale, as the non-streamed token2wav loop's (its
+        steps are the resolved request's, ``resolve_request``)."""
+        knobs = state.node_params.get(ctx.node) or Code2WavParams()
+        if knobs.guidance_scale is None:
+            scale = state.request.diffusion.scale_for(Modality.AUDIO, defaults.guidance_scale)
+            state.resolve_node_params(ctx.node, knobs.model_copy(update={"guidance_scale": scale}))
 
     @property
     def components(self) -> tuple[str, ...]:
@@ -546,7 +579,11 @@ class Code2WavLoop(LoopStageBase[Code2WavState]):
         seed = admitted_seed(state.request.sampling.seed, ctx.node)
         frames = c.repeats * min(self.max_codes, c.max_position_embeddings // c.repeats)
         noise = torch.randn([1, frames, c.mel_dim], generator=torch.Generator("cpu").manual_seed(seed)).to(ctx.device)
+        knobs = state.node_params.get(ctx.node)
+        assert isinstance(knobs, Code2WavParams) and knobs.guidance_scale is not None, (
+            f"node {ctx.node!r} reads the guidance scale admission resolves (Code2WavLoop.resolve)")
         return Code2WavState(node=ctx.node, request_id=state.request_id, steps_target=1 << 30,
+                             steps=admitted_steps(state.request.diffusion, ctx.node), guidance_scale=knobs.guidance_scale,
                              feed=ctx.stream(state, "codec_stream"), codes=[], noise=noise,
                              speaker=speakers[resolve_voice(speakers, state.request.outputs.voice)],
                              windows=Code2WavWindows.of(c.block_size, c.repeats), mel=[])
@@ -594,8 +631,7 @@ class Code2WavLoop(LoopStageBase[Code2WavState]):
         repeats = dit.config.repeats
         codes = torch.tensor([loop.codes[start // repeats:stop // repeats]], device=ctx.device)
         sampler = RK4FlowSampler(sway_coefficient=TOKEN2WAV_SWAY)
-        steps = ctx.defaults.steps or 10
-        scale = ctx.defaults.guidance_scale if ctx.defaults.guidance_scale is not None else 0.5
+        steps, scale = loop.steps, loop.guidance_scale
         st = sampler.init_state(steps, device=ctx.device)
         x = loop.noise[:, start:stop]
         for i in range(st.num_steps):

@@ -10,7 +10,7 @@ import torch
 
 from omniloop.pipeline.edges import DenoisedLatents, TextEmbeddings
 from omniloop.pipeline.loops.denoise import DenoiserBase
-from omniloop.pipeline.policies.cfg import COND, UNCOND, Prediction, guidance_enabled
+from omniloop.pipeline.policies.cfg import COND, UNCOND, Prediction, loops_guide
 from omniloop.pipeline.stage import ComponentStage, StageBase
 from omniloop.pipeline.state import RequestState, StageContext
 from omniloop.request import AudioArtifact, OmniRequest
@@ -93,7 +93,9 @@ class StableAudioEncode(StageBase):
 
     @staticmethod
     def _guided(ctx: StageContext, state: RequestState) -> bool:
-        return guidance_enabled(state.request.diffusion, ctx.defaults.guidance_scale)
+        """A loop's resolved CFG scale exceeds 1 (no negative prompt given: the uncond branch
+        reads zeros, diffusers' StableAudioPipeline; the model's default is none)."""
+        return loops_guide(state.node_params)
 
     def _prompts(self, ctx: StageContext, state: RequestState) -> list[str]:
         """[prompt], or [prompt, negative prompt] when guided with a negative prompt given."""

@@ -18,8 +18,18 @@ runs in the engine's own process, "main"). Nothing in the engine or the schedule
   outputs, ``finalize``'s, a step's emits and stream chunks) come back, through the pool's
   ``Connector`` (engine/connectors.py: shared memory between processes; NCCL / NIXL named
   extension points); the arrival of a transfer is its readiness signal and every transfer
-  is measured (``RoleEngine.transfers``: bytes, seconds). In this build data routes through
-  rank 0 (pool -> main -> pool); a pool-to-pool path keeps the same Connector calls.
+  is measured (``RoleEngine.transfers``: source and target pools, edges, bytes, seconds).
+* **Pool to pool.** A placed node's outputs stay in its pool's connector: rank 0 keeps the
+  handle (``Packed``: for shared memory, the pickled skeleton and the segment names) in the
+  request's artifact table (engine/held_artifacts.py, ``HeldArtifacts``) with the readers the
+  graph gives it (:class:`Routes`: the active consumer nodes on pools with the same connector,
+  and "main" when a node of rank 0's own, a pool on another connector or the final output
+  reads it). A pool reader is sent the handle itself (``CallItem.forwarded``, ``borrowed``:
+  it copies out and leaves the segments), so the transfer is (A, B) and rank 0 moves zero
+  bytes; rank 0 unpacks an edge only when it reads it. Rank 0 owns the segments it holds and
+  unlinks them once: after their last reader, or when the request ends (the engine clears the
+  table whatever the ending, a dead pool's included). Stream chunks still route through rank 0
+  (its channel counts them for readiness and backpressure; see "Streams across pools").
 * **Faults.** A pool whose worker dies is restarted at once (a new process, its pipeline
   rebuilt); the requests whose state it held (the call in flight, loops on it) fail with
   ``pool_failed``-style messages naming the pool, and every other request goes on — including

@@ -63,7 +63,9 @@ class HeldArtifacts(dict[str, Artifact]):
     """A request's artifacts (edge -> artifact) where some edges are still connector handles.
 
     Reading an edge (``[]``, ``get``) materializes its handle on rank 0 (what rank 0 reads of a
-    request's artifacts: ``Pipeline.collect_output``, a stage's ``state.get``); ``in`` does not. ``clear`` (the request ended) frees every live handle."""
+    request's artifacts: ``Pipeline.collect_output``, a stage's ``state.get``); ``in`` does not.
+    Rank 0 reads edges by name: ``items()`` / ``values()`` would show a held edge unread.
+    ``clear`` (the request ended, whatever the ending) frees every live handle."""
 
     def __init__(self, initial: dict[str, Artifact] | None = None) -> None:
         super().__init__(initial or {})

@@ -1,7 +1,9 @@
 """Role pools (engine/role_pool.py): the tiny Wan graph with its text encoding, denoising and
 decoding each in a worker process of its own (three pools, shared-memory connectors), rank 0's
-scheduler deciding every step, equals one process bit for bit; a pool whose worker dies fails
-the requests whose state it held, restarts, and serves the next request."""
+scheduler deciding every step, equals one process bit for bit, and the edges between pools go pool
+to pool (rank 0 forwards the connector's handle, moving zero bytes); a pool whose worker dies fails
+the requests whose state it held, restarts, and serves the next request; no shared-memory segment
+outlives its last reader, whatever the request's ending."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ import torch
 
 from omniloop.deploy import DeployConfig
 from omniloop.engine import Engine, EngineConfig, SchedulingPolicy
-from omniloop.engine.role_pool import PlacedLoop, launch_role_engine
+from omniloop.engine.role_messages import CallItem, CallReply
+from omniloop.engine.role_pool import PlacedLoop, RolePool, launch_role_engine
 from omniloop.request import OutputSpec, RequestStatus
 from tests.engine.conftest import req, run_all
 
@@ -33,9 +36,32 @@ def _outputs(engine) -> dict:
     return outs
 
 
+SEGMENTS: set[str] = set()  # every shared-memory segment a transfer of the role engine named
+
+
+def _spy(pool: RolePool) -> None:
+    """Record the segments of every handle crossing ``pool``'s pipe, both ways."""
+    call = pool.call
+
+    def recorded(op, node: str, items) -> CallReply:
+        packs = [p for it in items for p in (it.inputs, it.chunks, *it.forwarded)]
+        reply = call(op, node, items)
+        packs += [p for r in reply.results for p in (r.outputs, r.emitted)]
+        SEGMENTS.update(name for p in packs if p is not None for name in p.segments)
+        return reply
+
+    pool.call = recorded  # type: ignore[method-assign]
+
+
+def _leaked() -> list[str]:
+    return sorted(name for name in SEGMENTS if os.path.exists(f"/dev/shm/{name}"))
+
+
 @pytest.fixture(scope="module")
 def role_engine(wan_t2v_dir, wan_pipeline):
     engine = launch_role_engine(wan_t2v_dir, DEPLOY, pipeline=wan_pipeline)
+    for pool in engine.pools.values():
+        _spy(pool)
     yield engine
     engine.close()
 
@@ -66,9 +92,16 @@ def test_three_pools_equal_one_process(role_engine, one_process):
         assert torch.equal(got.artifacts["video"].frames, want.artifacts["video"].frames)
         assert torch.equal(got.artifacts["latents"].latents, want.artifacts["latents"].latents)
     assert role_engine.stats.batched_steps > 0  # the two requests' steps ran as one batch on the denoise pool
-    moved = {(t.source, t.target) for t in role_engine.transfers() if t.bytes > 0}
-    assert {("main", "denoise"), ("encode", "main"), ("denoise", "main"), ("decode", "main")} <= moved
-    assert all(t.seconds >= 0 for t in role_engine.transfers())
+    transfers = [t for t in role_engine.transfers() if t.bytes > 0]
+    assert all(t.seconds >= 0 for t in transfers)
+    routes = {(t.source, t.target): t.edges for t in transfers}
+    # pool to pool: the text embeddings and the latents never pass through rank 0 on their way
+    assert routes[("encode", "denoise")] == ("text",) and "latents" in routes[("denoise", "decode")]
+    assert not [t for t in transfers if t.source == "main"]  # rank 0 sent nothing: every input was a handle
+    assert ("encode", "main") not in routes  # nor read the text: no node of its own needs it
+    # rank 0 reads only what the final output names: the frames, and the latents after decode read them
+    assert {k for k in routes if "main" in k} == {("denoise", "main"), ("decode", "main")}
+    assert SEGMENTS and not _leaked()  # every segment unlinked once its last reader had read it
 
 
 @pytest.mark.slow
@@ -91,6 +124,18 @@ def test_a_dead_pool_fails_the_requests_it_held_restarts_and_serves_the_next(rol
     got = _outputs(role_engine)["r2"]
     assert got.status is RequestStatus.COMPLETED, got.failure
     assert torch.equal(got.artifacts["video"].frames, one_process["r2"].artifacts["video"].frames)
+    # a request cancelled while the decode pool reads its latents (rank 0 holds their handle for the
+    # final output) frees the handle too, never twice
+    role_engine.add_request(_requests(3)[0])
+    with torch.inference_mode():
+        for _ in range(50):
+            role_engine.step()
+            running = role_engine.scheduler.running.get("r3")
+            if running is not None and running.node is not None and running.node.name == "decode":
+                role_engine.abort("r3")
+                break
+    assert _outputs(role_engine)["r3"].status is RequestStatus.CANCELLED
+    assert not _leaked()  # the killed pool's request, the cancelled one and the rest: no segment left
 
 
 def test_a_node_placed_on_a_pool_that_does_not_exist_is_refused_naming_it_and_the_pools(wan_t2v_dir, wan_pipeline):

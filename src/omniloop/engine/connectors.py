@@ -9,7 +9,10 @@ transfer is measured (:class:`TransferMetric`: bytes, seconds from ``pack`` to t
 
 Implemented: :class:`InProcessConnector` (the artifacts themselves: zero copies, for nodes
 in one process) and :class:`SharedMemoryConnector` (every tensor in a POSIX shared-memory
-segment the receiver maps, copies out of and unlinks; everything else pickled). Named
+segment the receiver maps, copies out of and unlinks; everything else pickled). A handle
+marked ``borrowed`` (a pool-to-pool transfer rank 0 forwards, engine/held_artifacts.py) is
+copied out of and left in place: rank 0 owns its segments and ``discard``s them once, after
+their last reader. Named
 extension points: ``"nccl"`` (device-to-device over a process group) and ``"nixl"``
 (NIXL / Mooncake-style transfer engines) — the same two calls; refused until implemented.
 """
@@ -52,6 +55,10 @@ class Packed:
     bytes: int
     started: float  # perf_counter at pack
     segments: tuple[str, ...] = ()  # shared-memory segments the receiver unlinks (``discard`` if it never does)
+    edges: tuple[str, ...] = ()  # the keys of what was packed (a node's output edges)
+    # True: a forwarded handle whose segments another process owns (rank 0, for a pool-to-pool
+    # transfer); the receiver copies out and leaves them mapped for the next reader
+    borrowed: bool = False
 
 
 class Connector(Protocol):
@@ -73,7 +80,7 @@ class InProcessConnector:
     name = "in_process"
 
     def pack(self, request_id: str, source: str, artifacts: Mapping[str, Any]) -> Packed:
-        return Packed(request_id, source, dict(artifacts), 0, time.perf_counter())
+        return Packed(request_id, source, dict(artifacts), 0, time.perf_counter(), edges=tuple(artifacts))
 
     def unpack(self, packed: Packed, target: str, device: torch.device) -> tuple[dict[str, Any], TransferMetric]:
         arts: dict[str, Any] = packed.payload
@@ -116,9 +123,10 @@ class _Pickler(pickle.Pickler):
 
 
 class _Unpickler(pickle.Unpickler):
-    def __init__(self, buffer: io.BytesIO, device: torch.device) -> None:
+    def __init__(self, buffer: io.BytesIO, device: torch.device, unlink: bool = True) -> None:
         super().__init__(buffer)
         self.device = device
+        self.unlink = unlink
 
     def persistent_load(self, ref: Any) -> Any:
         assert isinstance(ref, _SegmentRef), f"unknown persistent id {ref!r}"
@@ -131,7 +139,8 @@ class _Unpickler(pickle.Unpickler):
             tensor = raw.view(ref.dtype).reshape(ref.shape)
         finally:
             segment.close()
-            segment.unlink()  # the receiver owns the segment once it has read it
+            if self.unlink:
+                segment.unlink()  # the receiver owns the segment once it has read it (unless borrowed)
         return tensor.to(self.device)
 
 
@@ -150,10 +159,11 @@ class SharedMemoryConnector:
         for segment in pickler.segments:
             segment.close()  # this side's mapping; the segment lives until the receiver unlinks it
         return Packed(request_id, source, buffer.getvalue(), pickler.bytes, started,
-                      tuple(seg.name for seg in pickler.segments))
+                      tuple(seg.name for seg in pickler.segments), edges=tuple(artifacts))
 
     def unpack(self, packed: Packed, target: str, device: torch.device) -> tuple[dict[str, Any], TransferMetric]:
-        arts: dict[str, Any] = _Unpickler(io.BytesIO(packed.payload), torch.device(device)).load()
+        arts: dict[str, Any] = _Unpickler(io.BytesIO(packed.payload), torch.device(device),
+                                          unlink=not packed.borrowed).load()
         metric = TransferMetric(packed.request_id, tuple(arts), packed.source, target, packed.bytes,
                                 time.perf_counter() - packed.started)
         return arts, metric

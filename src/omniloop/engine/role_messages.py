@@ -26,6 +26,9 @@ class CallItem:
     # whose producer has finished since the last call: the pool's channels mirror rank 0's
     chunks: Packed | None = None
     closed: tuple[str, ...] = ()
+    # other pools' outputs rank 0 forwards as their connector's handles (``borrowed``: this pool
+    # copies out and leaves the segments, rank 0 frees them after their last reader)
+    forwarded: tuple[Packed, ...] = ()
 
 
 @dataclass(frozen=True)

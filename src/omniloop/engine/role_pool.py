@@ -18,8 +18,18 @@ runs in the engine's own process, "main"). Nothing in the engine or the schedule
   outputs, ``finalize``'s, a step's emits and stream chunks) come back, through the pool's
   ``Connector`` (engine/connectors.py: shared memory between processes; NCCL / NIXL named
   extension points); the arrival of a transfer is its readiness signal and every transfer
-  is measured (``RoleEngine.transfers``: bytes, seconds). In this build data routes through
-  rank 0 (pool -> main -> pool); a pool-to-pool path keeps the same Connector calls.
+  is measured (``RoleEngine.transfers``: source and target pools, edges, bytes, seconds).
+* **Pool to pool.** A placed node's outputs stay in its pool's connector: rank 0 keeps the
+  handle (``Packed``: for shared memory, the pickled skeleton and the segment names) in the
+  request's artifact table (engine/held_artifacts.py, ``HeldArtifacts``) with the readers the
+  graph gives it (:class:`Routes`: the active consumer nodes on pools with the same connector,
+  and "main" when a node of rank 0's own, a pool on another connector or the final output
+  reads it). A pool reader is sent the handle itself (``CallItem.forwarded``, ``borrowed``:
+  it copies out and leaves the segments), so the transfer is (A, B) and rank 0 moves zero
+  bytes; rank 0 unpacks an edge only when it reads it. Rank 0 owns the segments it holds and
+  unlinks them once: after their last reader, or when the request ends (the engine clears the
+  table whatever the ending, a dead pool's included). Stream chunks still route through rank 0
+  (its channel counts them for readiness and backpressure; see "Streams across pools").
 * **Faults.** A pool whose worker dies is restarted at once (a new process, its pipeline
   rebuilt); the requests whose state it held (the call in flight, loops on it) fail with
   ``pool_failed``-style messages naming the pool, and every other request goes on — including
@@ -49,6 +59,7 @@ import torch
 from omniloop.deploy import DeployConfig, PoolSpec
 from omniloop.engine.connectors import Connector, Packed, TransferMetric, connector_for, discard
 from omniloop.engine.engine import Engine, EngineConfig, EventSink
+from omniloop.engine.held_artifacts import MAIN, Held, HeldArtifacts
 from omniloop.engine.role_worker import PipelineBuilder, role_worker_main
 from omniloop.engine.role_messages import CallItem, CallReply, ItemResult, LoopView, NodeCall, Op, PoolFailed, PoolReady
 from omniloop.parallel.launch import process_context
@@ -60,7 +71,6 @@ from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepR
 from omniloop.pipeline.streams import EdgeChannel
 
 logger = logging.getLogger(__name__)
-MAIN = "main"  # the engine's own process, as a transfer's source or target
 
 
 class PoolLost(RuntimeError):
@@ -132,9 +142,10 @@ class RolePool:
             self._conn.send(NodeCall(op, node, tuple(items)))
             reply = self._receive(f"{op} of node {node!r}")
         except (OSError, EOFError, RuntimeError) as exc:
-            for item in items:  # what the dead worker never read
-                if item.inputs is not None:
-                    discard(item.inputs)
+            for item in items:  # what the dead worker never read (a forwarded handle is rank 0's to free)
+                for packed in (item.inputs, item.chunks):
+                    if packed is not None:
+                        discard(packed)
             self._restart()
             raise PoolLost(f"pool {self.name!r} failed during {op} of node {node!r} ({exc}) and restarted; "
                            "the requests whose state it held fail") from None
@@ -169,9 +180,11 @@ class RolePool:
         self.transfers.append(metric)
         return arts
 
-    def item(self, state: RequestState, inputs: dict[str, Any] | None = None) -> CallItem:
+    def item(self, state: RequestState, inputs: dict[str, Any] | None = None,
+             forwarded: Sequence[Held] = ()) -> CallItem:
         """A call's item for ``state``'s request: the request itself at first contact (the pool
-        then frees it when the request ends), the inputs through the connector."""
+        then frees it when the request ends), the inputs rank 0 holds through the connector,
+        and the handles of other pools' outputs forwarded as they are (pool to pool)."""
         rid = state.request_id
         request = None
         if rid not in self.contacted:
@@ -179,7 +192,7 @@ class RolePool:
             request = state.request
             state.releases.append(functools.partial(self.forget, rid, self.generation))
         packed = self.pack(rid, inputs) if inputs else None
-        return CallItem(rid, request, packed)
+        return CallItem(rid, request, packed, forwarded=tuple(h.forwarded() for h in forwarded))
 
     def forget(self, request_id: str, generation: int) -> None:
         """The request ended: the pool frees what it holds for it (nothing if it restarted since)."""
@@ -197,10 +210,67 @@ def _raise(result: ItemResult, pool: RolePool, node: str) -> None:
         raise RuntimeError(f"node {node!r} on pool {pool.name!r}: {result.error}")
 
 
-def _inputs(node: Node, state: RequestState) -> dict[str, Any]:
-    """The artifacts node reads that this request has (its required and present optional inputs)."""
-    edges = [*node.input_edges(), *node.input_edges(optional=True)]
-    return {e: state.artifacts[e] for e in edges if e in state.artifacts}
+def _reads(node: Node) -> set[str]:
+    return {*node.input_edges(), *node.input_edges(optional=True)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Routes:
+    """Who reads each edge of the placed pipeline: which pool each node runs on (None: rank 0)
+    and the edges the final output names. Rank 0 holds a placed node's outputs as the
+    connector's handle for the consumers on pools (engine/held_artifacts.py)."""
+
+    nodes: tuple[Node, ...]
+    placement: dict[str, RolePool]  # node -> its pool
+    outputs: frozenset[str]
+
+    def readers(self, request: Any, producer: str, edges: Sequence[str], connector: str) -> set[str]:
+        """The consumers of ``edges`` for ``request``: a node on a pool with ``connector`` reads
+        the handle (by its name); any other reader is rank 0's (MAIN)."""
+        wanted, out = set(edges), set()
+        for node in self.nodes:
+            if node.name == producer or not node.active(request) or not wanted & _reads(node):
+                continue
+            pool = self.placement.get(node.name)
+            out.add(node.name if pool is not None and pool.connector.name == connector else MAIN)
+        if wanted & self.outputs:
+            out.add(MAIN)
+        return out
+
+
+@dataclasses.dataclass
+class _Inputs:
+    """What a placed node is sent of its inputs: rank 0's artifacts (packed by its pool's
+    connector) and the handles of other pools' outputs (forwarded as they are)."""
+
+    local: dict[str, Any]
+    held: list[Held]
+
+
+def _inputs(node: Node, pool: RolePool, state: RequestState) -> _Inputs:
+    """The artifacts node reads that this request has (its required and present optional inputs):
+    a handle the node is a reader of goes as it is; anything else rank 0 materializes and sends."""
+    arts = state.artifacts
+    local: dict[str, Any] = {}
+    held: list[Held] = []
+    for edge in sorted(_reads(node)):
+        if edge not in arts:
+            continue
+        handle = arts.handle(edge) if isinstance(arts, HeldArtifacts) else None
+        if handle is not None and node.name in handle.readers and handle.connector == pool.connector.name:
+            if handle not in held:
+                held.append(handle)
+        else:
+            local[edge] = arts[edge]
+    return _Inputs(local, held)
+
+
+def _read(state: RequestState, inputs: _Inputs, node: str) -> None:
+    """``node``'s pool has read the forwarded handles: the last reader frees each."""
+    arts = state.artifacts
+    if isinstance(arts, HeldArtifacts):
+        for held in inputs.held:
+            arts.read_by(held, node)
 
 
 class _Placed:
@@ -209,6 +279,7 @@ class _Placed:
     local: Any
     node: Node
     pool: RolePool
+    routes: Routes
 
     @property
     def components(self) -> Sequence[str]:
@@ -224,9 +295,17 @@ class _Placed:
                 defaults: GenerationDefaults) -> None:
         self.local.resolve(ctx, state, produced, defaults)
 
+    def _item(self, state: RequestState, inputs: _Inputs) -> CallItem:
+        return self.pool.item(state, inputs.local, inputs.held)
+
     def _write(self, state: RequestState, packed: Packed | None) -> None:
-        for edge, art in (self.pool.unpack(packed) if packed is not None else {}).items():
-            state.put(edge, art, node=self.node.name)
+        """The node's outputs, held as the pool's handle (rank 0 materializes them when it reads them)."""
+        if packed is None or not packed.edges:
+            return
+        if not isinstance(state.artifacts, HeldArtifacts):
+            state.artifacts = HeldArtifacts(state.artifacts)
+        readers = self.routes.readers(state.request, self.node.name, packed.edges, self.pool.connector.name)
+        state.artifacts.hold(Held(packed, self.node.name, self.pool.connector.name, readers, self.pool.unpack))
 
     def __repr__(self) -> str:
         return f"Placed({self.local!r} on {self.pool.name!r})"
@@ -240,17 +319,21 @@ class PlacedStage(_Placed, StageBase):
         return self.local.groups_forward
 
     def forward(self, ctx: StageContext, state: RequestState) -> None:
-        result = self.pool.call("forward", self.node.name, [self.pool.item(state, _inputs(self.node, state))]).results[0]
+        inputs = _inputs(self.node, self.pool, state)
+        result = self.pool.call("forward", self.node.name, [self._item(state, inputs)]).results[0]
         _raise(result, self.pool, self.node.name)
+        _read(state, inputs, self.node.name)
         self._write(state, result.outputs)
 
     def forward_many(self, ctx: StageContext, states: Sequence[RequestState]) -> None:
         """One grouped call on the pool; if it fails nothing is written here (the engine retries each alone)."""
-        items = [self.pool.item(state, _inputs(self.node, state)) for state in states]
+        inputs = [_inputs(self.node, self.pool, state) for state in states]
+        items = [self._item(state, ins) for state, ins in zip(states, inputs)]
         results = self.pool.call("forward_many", self.node.name, items).results
         for result in results:
             _raise(result, self.pool, self.node.name)
-        for state, result in zip(states, results):
+        for state, ins, result in zip(states, inputs, results):
+            _read(state, ins, self.node.name)
             self._write(state, result.outputs)
 
 
@@ -273,9 +356,11 @@ class PlacedLoop(_Placed, LoopStageBase[RemoteLoop]):
         channels = {e: state.channels[e] for e in self.node.stream_input_edges() if e in state.channels}
         streams = RemoteLoop(node=self.node.name, request_id=state.request_id, steps_target=0,
                              view=_NO_VIEW, generation=self.pool.generation, channels=channels)
-        item = dataclasses.replace(self.pool.item(state, _inputs(self.node, state)), **self._forward_chunks(streams))
+        inputs = _inputs(self.node, self.pool, state)
+        item = dataclasses.replace(self._item(state, inputs), **self._forward_chunks(streams))
         result = self.pool.call("init", self.node.name, [item]).results[0]
         _raise(result, self.pool, self.node.name)
+        _read(state, inputs, self.node.name)
         assert result.view is not None
         self._mirror(streams, result.view)
         return streams
@@ -389,7 +474,7 @@ _NO_VIEW = LoopView(steps_done=0, steps_target=0, batch_key=None, batch_weight=0
                    ready_at=None, in_prologue=False)
 
 
-def placed(node: Node, pool: RolePool) -> Any:
+def placed(node: Node, pool: RolePool, routes: Routes) -> Any:
     """The proxy of ``node``'s stage on ``pool``: a class of its own, so the ports are class
     attributes as every stage's are."""
     local = node.stage
@@ -400,7 +485,7 @@ def placed(node: Node, pool: RolePool) -> Any:
         "params_schema": local.params_schema,
     })
     proxy = cls()
-    proxy.local, proxy.node, proxy.pool = local, node, pool
+    proxy.local, proxy.node, proxy.pool, proxy.routes = local, node, pool, routes
     return proxy
 
 
@@ -426,8 +511,10 @@ def _check_pool_device(name: str, spec: PoolSpec) -> None:
 
 def place_pipeline(pipeline: Pipeline, placement: dict[str, str], pools: dict[str, RolePool]) -> Pipeline:
     """``pipeline`` with every placed node's stage replaced by its pool proxy."""
-    nodes = tuple(dataclasses.replace(n, stage=placed(n, pools[placement[n.name]])) if n.name in placement else n
-                  for n in pipeline.spec.nodes)
+    routes = Routes(pipeline.spec.nodes, {n: pools[p] for n, p in placement.items()},
+                    frozenset(pipeline.spec.outputs.values()))
+    nodes = tuple(dataclasses.replace(n, stage=placed(n, pools[placement[n.name]], routes))
+                  if n.name in placement else n for n in pipeline.spec.nodes)
     return dataclasses.replace(pipeline, spec=dataclasses.replace(pipeline.spec, nodes=nodes))
 
 

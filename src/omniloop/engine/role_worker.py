@@ -79,8 +79,10 @@ class RoleWorker:
         if state is None:
             assert item.request is not None, f"pool {self.name}: first call for {item.request_id!r} without its request"
             state = self.states[item.request_id] = self.pipeline.admit(item.request)
-        if item.inputs is not None:
-            artifacts, metric = self.connector.unpack(item.inputs, self.name, self.pipeline.device)
+        for packed in (item.inputs, *item.forwarded):
+            if packed is None:
+                continue
+            artifacts, metric = self.connector.unpack(packed, self.name, self.pipeline.device)
             self._received.append(metric)
             for edge, art in artifacts.items():
                 state.put(edge, art, node=art.node)

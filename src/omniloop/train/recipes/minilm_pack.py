@@ -27,8 +27,10 @@ from safetensors.torch import load_file, save_file
 
 from omniloop.eval import shapes_world
 from omniloop.models.text.base import EncodedText
-from omniloop.models.text.minilm import MiniLMTextEncoder, minilm_model_dir
+from omniloop.models.text.bert import UNUSED_BERT_KEYS, BertConfig, BertModel, bert_from_state_dict
+from omniloop.models.text.minilm import MiniLMTextEncoder, minilm_model_dir, minilm_tokenizer
 from omniloop.models.text.prompt import clean_prompt
+from omniloop.models.text.wordpiece import WordPieceTokenizer
 
 PACK_FILE = "minilm_pack.safetensors"  # one part; with more: minilm_pack-0000i-of-0000n.safetensors
 WORD_EMBEDDINGS = "embeddings.word_embeddings.weight"
@@ -59,10 +61,10 @@ def grammar_words() -> set[str]:
     return words | {"a", "an", "the", "dark", "light", "background", "two", "shapes", ",", ":"}
 
 
-def grammar_token_ids(tokenizer: Any) -> list[int]:
-    ids = set(tokenizer.all_special_ids)
+def grammar_token_ids(tokenizer: WordPieceTokenizer) -> list[int]:
+    ids = set(tokenizer.special_ids)
     for word in grammar_words():
-        ids.update(tokenizer(word, add_special_tokens=False).input_ids)
+        ids.update(tokenizer.ids(word))
     return sorted(ids)
 
 
@@ -74,15 +76,12 @@ def write_pack(out_dir: Path, model_dir: Path | None = None, parts: int = 2) -> 
     """Write the pack (tokenizer files, config, every tensor but the full word embeddings,
     and the grammar's rows of it) to ``out_dir``, the tensors in ``parts`` files of about
     equal size."""
-    from transformers import AutoTokenizer
-
     src = Path(model_dir) if model_dir is not None else minilm_model_dir()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for name in _COPIED:
         shutil.copy2(src / name, out / name)
-    tokenizer = AutoTokenizer.from_pretrained(src, local_files_only=True)
-    ids = torch.tensor(grammar_token_ids(tokenizer), dtype=torch.int64)
+    ids = torch.tensor(grammar_token_ids(minilm_tokenizer(src, 32)), dtype=torch.int64)
     tensors = load_file(str(src / "model.safetensors"))
     table = tensors.pop(WORD_EMBEDDINGS)
     tensors["word_embedding_ids"] = ids
@@ -121,24 +120,23 @@ def _read_parts(pack_dir: Path) -> dict[str, torch.Tensor]:
 class PackedMiniLMTextEncoder(MiniLMTextEncoder):
     """MiniLM whose vocabulary is the pack's: a prompt with another token is a ValueError."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, known_ids: set[int], max_sequence_length: int) -> None:
+    def __init__(self, model: BertModel, tokenizer: WordPieceTokenizer, known_ids: set[int],
+                 max_sequence_length: int) -> None:
         super().__init__(model, tokenizer, max_sequence_length)
         self.known_ids = known_ids
 
     def encode(self, prompts: Sequence[str], *, device: torch.device | None = None) -> EncodedText:
         for prompt in prompts:
-            ids = self.tokenizer(clean_prompt(prompt), truncation=True, max_length=self.max_sequence_length).input_ids
+            ids = self.tokenizer.ids(clean_prompt(prompt), add_special_tokens=True, truncate=True)
             unknown = sorted(set(ids) - self.known_ids)
             if unknown:
-                raise ValueError(f"prompt {prompt!r} uses tokens {self.tokenizer.convert_ids_to_tokens(unknown)} "
+                raise ValueError(f"prompt {prompt!r} uses tokens {self.tokenizer.tokens(unknown)} "
                                  f"outside this MiniLM pack (the shapes-world grammar); use the full encoder")
         return super().encode(prompts, device=device)
 
 
 def load_packed_minilm(pack_dir: Path, *, device: torch.device | str = "cpu",
                        max_sequence_length: int = 32) -> PackedMiniLMTextEncoder:
-    from transformers import AutoConfig, AutoModel, AutoTokenizer
-
     pack_dir = Path(pack_dir)
     tensors = _read_parts(pack_dir)
     ids = tensors.pop("word_embedding_ids")
@@ -146,10 +144,7 @@ def load_packed_minilm(pack_dir: Path, *, device: torch.device | str = "cpu",
     table = torch.zeros(*tensors.pop("word_embedding_shape").tolist(), dtype=rows.dtype)
     table[ids] = rows
     tensors[WORD_EMBEDDINGS] = table
-    config = AutoConfig.from_pretrained(pack_dir, local_files_only=True)
-    model = AutoModel.from_config(config, dtype=torch.float32)
-    model.load_state_dict(tensors, strict=False)  # position_ids buffers are rebuilt by the model
-    missing = [k for k in model.state_dict() if k not in tensors and "position_ids" not in k]
-    assert not missing, f"the pack lacks {missing}"
-    tokenizer = AutoTokenizer.from_pretrained(pack_dir, local_files_only=True)
-    return PackedMiniLMTextEncoder(model.to(device), tokenizer, set(ids.tolist()), max_sequence_length)
+    tensors = {k: v for k, v in tensors.items() if not k.startswith(UNUSED_BERT_KEYS)}
+    model = bert_from_state_dict(BertConfig.from_file(pack_dir / "config.json"), tensors, device=device)
+    tokenizer = minilm_tokenizer(pack_dir, max_sequence_length)
+    return PackedMiniLMTextEncoder(model, tokenizer, set(ids.tolist()), max_sequence_length)

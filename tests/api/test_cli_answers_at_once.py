@@ -184,13 +184,20 @@ def test_an_unknown_flag_gets_the_subcommands_usage_and_the_closest_flag(capsys)
     assert capsys.readouterr().err.strip().endswith("unrecognized arguments: --zzz")
 
 
+def _default_sigint() -> None:
+    """A shell's background job (``cmd &`` without job control) starts with SIGINT ignored, and
+    a child inherits that: Python then never raises KeyboardInterrupt. The CLI under test gets
+    the disposition a terminal gives it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_prints_one_line_exits_130_and_leaves_no_file(tmp_path):
     """SIGINT mid-denoise on the built-in model: one line, exit code 130, nothing written."""
     out = tmp_path / "out"
     out.mkdir()
     proc = subprocess.Popen([sys.executable, "-m", "omniloop.api.cli", "generate", "a red circle moving right",
                              "--steps", "100", "--output", str(out / "clip.mp4")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV, preexec_fn=_default_sigint)
     seen, deadline = b"", time.monotonic() + 240
     # the progress bar's second step: the loop runs (and the bar is made: a signal landing inside
     # tqdm's constructor, at its first line, would leave that bar unclosed)

@@ -114,7 +114,7 @@ def _flux_request():
     from omniloop.request import DiffusionParams, OmniRequest, OutputSpec, TaskType, TextPart
 
     return OmniRequest(task=TaskType.T2I, inputs=[TextPart(text="a red fox")], outputs=OutputSpec(return_latents=True),
-                       diffusion=DiffusionParams(height=32, width=48, steps=2, guidance_scale=3.5, seed=5))
+                       diffusion=DiffusionParams(height=32, width=48, steps=1, guidance_scale=3.5, seed=5))
 
 
 def _ltx2_request():
@@ -141,11 +141,17 @@ COMPILED = {  # the families whose fast path compiles blocks; tolerances: their 
 
 
 def test_every_compiling_fast_path_has_a_parity_check():
+    """Wan's compiled blocks are checked by tests/serve/test_startup.py (a compiled server on CPU)."""
     assert {f for f, picked in ON_CUDA.items() if picked[2]} - {"wan"} == set(COMPILED)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("family", sorted(COMPILED))
+# cold CPU Inductor compiles, measured here (2 shared cores): Flux 24 s (2 graphs: double + single
+# block), LTX-2 48 s (3 graphs: the batched CFG pass, and the batch-1 guidance passes with and
+# without cross-modal attention), Stable Audio 5 s
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize("family", [pytest.param("flux", marks=SLOW), pytest.param("ltx2", marks=SLOW), "stable_audio"])
 def test_compiled_blocks_match_eager_on_cpu_inductor(family, request):
     """The fast path's per-block compile, run by CPU Inductor on the tiny checkpoint (its cfg_mode
     too): the final latents within the family's parity tolerance of the eager sequential run."""

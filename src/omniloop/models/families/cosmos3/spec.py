@@ -31,6 +31,7 @@ from omniloop.models.families.cosmos3.weights import load_transformer, read_conf
 from omniloop.models.layers.cuda_graphs import CACHE_NAME as GRAPHS
 from omniloop.models.layers.cuda_graphs import CudaGraphRunner
 from omniloop.models.load_options import apply_load_options, graph_runner
+from omniloop.models.fast_path import FastPath
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
 from omniloop.pipeline.loops.ar import ARDecodeLoop
 from omniloop.pipeline.pipeline import Pipeline
@@ -202,9 +203,18 @@ def build_cosmos3(variant: Variant, index: Mapping[str, Any], components: Mappin
                     caches={GRAPHS: graphs} if graphs is not None else {})
 
 
+# Cosmos3's auto kernels on CUDA (issue 34): the eager reference, on purpose, until measured:
+# - attention: left sdpa: its MoT layers attend with GQA and masks, where sdpa_cudnn falls back to SDPA's
+#   dispatch anyway (no gain to declare).
+# - cfg_mode: left sequential: batched CFG for its joint text/vision/sound sequence has no parity test.
+# - compile: left off: the same layers serve the reasoner's decode (a new shape every prefill/decode length:
+#   recompiles), not known to be faster; the decode's exact speedup is cuda_graphs=True (opt-in).
+COSMOS3_FAST_PATH = FastPath()
+
 COSMOS3 = register_model_spec(
     ModelSpec(
         family="cosmos3",
+        fast_path=COSMOS3_FAST_PATH,
         diffusers_classes=(PIPELINE_CLASS, REASONER_CLASS),
         variant=cosmos3_variant,
         build=build_cosmos3,

@@ -22,6 +22,7 @@ from omniloop.models.families.far.validate import ROLLOUT_NODE, make_validator
 from omniloop.models.families.far.weights import load_far_dit
 from omniloop.models.load_options import apply_load_options
 from omniloop.models.manifest import ModelManifest, check_manifest, manifest_class_name, manifest_weights
+from omniloop.models.fast_path import FastPath
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
 from omniloop.models.text.umt5 import load_umt5_encoder
 from omniloop.pipeline.loops.chunk import ChunkRollout
@@ -101,9 +102,18 @@ def _build(variant: Variant, components: Mapping[str, Any], options: LoadOptions
                     validate_request=make_validator(defaults, vae.config, dit.config, components["sampler"]))
 
 
+# FAR's auto kernels on CUDA (issue 34): the eager reference, on purpose, until measured:
+# - attention: left sdpa: its chunk-causal plan attends over KV slabs with masks, where sdpa_cudnn falls back
+#   to SDPA's dispatch anyway (no gain to declare).
+# - cfg_mode: left sequential: batched CFG with chunk-KV caches has no parity test against diffusers/AnyFlow.
+# - compile: left off: a block's attention context grows chunk by chunk (new shapes: a recompile per chunk
+#   until Dynamo gives up), not known to be faster.
+FAR_FAST_PATH = FastPath()
+
 FAR = register_model_spec(
     ModelSpec(
         family="far",
+        fast_path=FAR_FAST_PATH,
         diffusers_classes=(PIPELINE_CLASS,),
         variant=far_variant,
         build=build_far,
@@ -160,6 +170,7 @@ def build_far_manifest(variant: Variant, index: Mapping[str, Any], components: M
 FAR_MANIFEST = register_model_spec(
     ModelSpec(
         family="far",
+        fast_path=FAR_FAST_PATH,
         diffusers_classes=(MANIFEST_CLASS,),
         variant=far_manifest_variant,
         build=build_far_manifest,

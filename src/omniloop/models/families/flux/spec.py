@@ -24,6 +24,7 @@ from omniloop.models.families.flux.weights import (flux_lora_from_kohya, flux_lo
 from omniloop.models.single_file import Resolve, SingleFileSet, text_encoder_sources
 from omniloop.models.load_options import apply_load_options, graph_runner
 from omniloop.models.lora import LoraSupport
+from omniloop.models.fast_path import FastPath
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
 from omniloop.models.text.clip import load_clip_encoder, load_clip_encoder_single_file
 from omniloop.models.text.t5 import load_t5_encoder, load_t5_encoder_single_file
@@ -189,9 +190,21 @@ def build_flux(variant: Variant, index: Mapping[str, Any], components: Mapping[s
 
 
 
+# Flux's auto kernels on CUDA (issue 34). Not measured end to end on a GPU (benchmarks/bench_families.py
+# ours_default measures it). Each choice is the same math as the eager reference:
+# - attention sdpa_cudnn: pins cuDNN's fused kernel for its head_dim-128 joint attention (H200, 32k tokens:
+#   557-566 TFLOPs vs flash's 349, same error; attention_h200.jsonl), which torch's default dispatch picks on
+#   2.11 but not on every version; sdpa where cuDNN's flash does not run (pre-Ampere).
+# - cfg_mode: left sequential: Flux has no CFG forward (embedded guidance), nothing to batch.
+# - compile: each double- and single-stream block (regional: 2 graphs serve 57 blocks; parity on CPU Inductor
+#   in tests/models/test_fast_path_families.py); cuda_graphs (2.8x per step at 256px, flux_graphs_h200.jsonl)
+#   stays opt-in: FastPath has no graphs field and graphs + compile together are not measured.
+FLUX_FAST_PATH = FastPath(attention_backends=("sdpa_cudnn", "sdpa"), compile=True)
+
 FLUX = register_model_spec(
     ModelSpec(
         family="flux",
+        fast_path=FLUX_FAST_PATH,
         diffusers_classes=PIPELINE_CLASSES,
         variant=flux_variant,
         build=build_flux,

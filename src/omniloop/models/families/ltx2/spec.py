@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from omniloop.models.load_options import apply_load_options
+from omniloop.models.fast_path import FastPath
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
 from omniloop.models.text.gemma import load_gemma_layer_states
 from omniloop.pipeline.pipeline import Pipeline
@@ -137,9 +138,19 @@ def build_ltx2(variant: Variant, index: Mapping[str, Any], components: Mapping[s
                     validate_request=validate)
 
 
+# LTX-2's auto kernels on CUDA (issue 34). Not measured end to end on a GPU (benchmarks/bench_families.py
+# ours_default measures it). Each choice is the same math as the eager reference:
+# - attention sdpa_cudnn: its head_dim-128 self-attention on cuDNN's fused kernel (H200: 557-566 TFLOPs vs
+#   flash's 349, same error; attention_h200.jsonl); masked text cross-attention keeps SDPA's dispatch.
+# - cfg_mode batched: cond + uncond in one forward, as diffusers' LTX2Pipeline (parity within the pipeline
+#   tolerance, tests/models/ltx2/test_pipeline_parity.py, both modes).
+# - compile: each joint video/audio block (one graph serves every block; CPU Inductor parity tested).
+LTX2_FAST_PATH = FastPath(attention_backends=("sdpa_cudnn", "sdpa"), cfg_mode="batched", compile=True)
+
 LTX2 = register_model_spec(
     ModelSpec(
         family="ltx2",
+        fast_path=LTX2_FAST_PATH,
         diffusers_classes=CLASSES,
         variant=ltx2_variant,
         build=build_ltx2,

@@ -23,6 +23,7 @@ from omniloop.models.families.qwen2.parallelize import QWEN2_PARALLEL
 from omniloop.models.families.qwen2.presets import GENERATION_KEYS, QWEN2_DEFAULTS
 from omniloop.models.families.qwen2.weights import load_qwen2, state_dict_from_transformers
 from omniloop.models.load_options import apply_load_options
+from omniloop.models.fast_path import FastPath
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
 from omniloop.pipeline.defaults import GenerationDefaults, TextDefaults
 from omniloop.pipeline.loops.ar import ARDecodeLoop, make_ar_validator
@@ -131,9 +132,16 @@ def build_qwen2(variant: Variant, index: Mapping[str, Any], components: Mapping[
     )
 
 
+# Qwen2's auto kernels on CUDA (issue 34): the eager reference. Its exact decode speedup is CUDA graphs
+# (cuda_graphs=True, bench_qwen2.py), a separate opt-in that FastPath does not choose; compiling its layers
+# meets a new shape every prefill/decode length (recompiles), not known to be faster; GQA + causal calls
+# keep SDPA's dispatch whatever the backend; no CFG.
+QWEN2_FAST_PATH = FastPath()
+
 QWEN2 = register_model_spec(
     ModelSpec(
         family="qwen2",
+        fast_path=QWEN2_FAST_PATH,
         diffusers_classes=(ARCHITECTURE,),  # transformers folders: config.json architectures[0]
         variant=qwen2_variant,
         build=build_qwen2,

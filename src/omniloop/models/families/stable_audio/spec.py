@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from omniloop.models.load_options import apply_load_options
+from omniloop.models.fast_path import FastPath
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
 from omniloop.models.text.t5 import load_masked_t5_encoder
 from omniloop.pipeline.input_kinds import refuse_unused_parts
@@ -133,9 +134,17 @@ def build_stable_audio(variant: Variant, index: Mapping[str, Any], components: M
                     device=options.device, dtype=options.dtype, defaults=defaults, validate_request=validate)
 
 
+# Stable Audio's auto kernels on CUDA (issue 34). Not measured end to end on a GPU (benchmarks/bench_families.py
+# ours_default measures it; eager sdpa already 1.48x diffusers on H200, audio_h200.jsonl):
+# - attention: left sdpa: its head_dim is 64, where no cuDNN-vs-default figure exists.
+# - cfg_mode batched: cond + uncond in one forward, as diffusers (within 1e-5, tests/models/stable_audio/test_parity.py).
+# - compile: each DiT block (one graph serves every block; CPU Inductor parity tested).
+STABLE_AUDIO_FAST_PATH = FastPath(cfg_mode="batched", compile=True)
+
 STABLE_AUDIO = register_model_spec(
     ModelSpec(
         family="stable_audio",
+        fast_path=STABLE_AUDIO_FAST_PATH,
         diffusers_classes=(PIPELINE_CLASS,),
         variant=stable_audio_variant,
         build=build_stable_audio,

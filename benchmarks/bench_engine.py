@@ -208,6 +208,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None)
     p.add_argument("--max-batch", type=int, default=8)
     p.add_argument("--load", type=float, default=0.85, help="Poisson offered load, as a share of FIFO's rate")
+    p.add_argument("--overhead-size", dest="overhead_size_flag", default=None, help="SIZExFRAMES of the overhead run (GPU 480x81; tiny 32x9)")
+    p.add_argument("--overhead-steps", dest="overhead_steps_flag", type=int, default=None)
     p.add_argument("--long-steps", type=int, default=None, help="steps of the mixed trace's long requests (50; --tiny 12)")
     args = p.parse_args(argv)
     cuda = torch.cuda.is_available() and not args.tiny
@@ -223,6 +225,9 @@ def main(argv=None) -> int:
         args.overhead_size, args.overhead_steps = (32, 9), 8
         args.mixed_size, args.n_long, args.n_short, args.trace_repeats = (32, 5), 2, 4, 3
         args.small_size, args.small_steps, args.n_small = 32, 4, 8
+    if args.overhead_size_flag:
+        args.overhead_size = tuple(int(x) for x in args.overhead_size_flag.split("x"))
+    args.overhead_steps = args.overhead_steps_flag or args.overhead_steps
     from wan_random import save_random_wan
 
     args.long_steps = args.long_steps or (50 if cuda else 12)  # tiny: 3x a short request, still the long class
@@ -230,7 +235,7 @@ def main(argv=None) -> int:
     opts = LoadOptions(device=device, dtype=dtype, attention_backend="sdpa")
     _, pipeline = load_pipeline(folder, opts)
     base = {"device": torch.cuda.get_device_name() if cuda else "cpu", "dtype": str(dtype).removeprefix("torch."),
-            "model": "wan2.1-1.3b-arch" if cuda else "wan-tiny"}
+            "model": "wan2.1-1.3b-arch" if cuda else ("wan-tiny" if args.model is None else Path(args.model).name)}
     sink = open(args.out, "a") if args.out else None
     try:
         with torch.inference_mode():

@@ -8,6 +8,19 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 torch.set_num_threads(max(1, min(2, len(os.sched_getaffinity(0)))))
 
 
+@pytest.fixture(autouse=True)
+def _inductor_cache_dir_restored():
+    """A compiled load points Inductor's cache at its compile cache through the environment
+    (``compile_cache.use_inductor_dir``, process-wide); a test that compiles in-process must not
+    hand that folder to a later test's server subprocess, which would keep it as the user's."""
+    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    yield
+    if before is None:
+        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    else:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
+
+
 @pytest.fixture(scope="session")
 def wan_t2v_dir(tmp_path_factory):
     from tests.wan_checkpoint import save_wan_checkpoint

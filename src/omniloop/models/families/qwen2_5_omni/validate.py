@@ -21,6 +21,15 @@ from omniloop.pipeline.stages.chat import chat_ids, chat_messages, is_chat
 from omniloop.request import InvalidRequest, OmniRequest
 
 
+def require(field: str, kind: str, *parts: tuple[str, Any]) -> None:
+    """Refuse ``kind`` input at ``field`` when the checkpoint lacks a part its encoder needs
+    (``parts``: (what the part is, the loaded part or None), in the order to name them)."""
+    missing = next((name for name, loaded in parts if loaded is None), None)
+    if missing is not None:
+        raise InvalidRequest(f"{field}: this checkpoint has no {missing}, so it takes no {kind}", fields=(field,),
+                             hint="send text only, or load the full Qwen2.5-Omni folder")
+
+
 def make_omni_validator(tokenizer: Any, config: OmniConfig, *, pool: BlockPool, audio_tower: OmniAudioEncoder | None = None,
                         feature_extractor: Any = None, vision_tower: OmniVisionEncoder | None = None,
                         image_processor: Any = None) -> Callable[[OmniRequest], OmniRequest]:
@@ -32,11 +41,8 @@ def make_omni_validator(tokenizer: Any, config: OmniConfig, *, pool: BlockPool, 
         if not parts:
             return 0
         field = f"inputs[{parts[0][0]}]"
-        if audio_tower is None or feature_extractor is None:
-            missing = "thinker.audio_tower.* weights" if audio_tower is None else "preprocessor_config.json (its " \
-                "WhisperFeatureExtractor)"
-            raise InvalidRequest(f"{field}: this checkpoint has no {missing}, so it takes no audio", fields=(field,),
-                                 hint="send text only, or load the full Qwen2.5-Omni folder")
+        require(field, "audio", ("thinker.audio_tower.* weights", audio_tower),
+                ("preprocessor_config.json (its WhisperFeatureExtractor)", feature_extractor))
         count_placeholders(ids, config.audio_token_id, len(parts), "audio")
         return sum(audio_tokens(frames_of(feature_extractor, decode_audio(i, p, feature_extractor))) - 1
                    for i, p in parts)
@@ -46,11 +52,9 @@ def make_omni_validator(tokenizer: Any, config: OmniConfig, *, pool: BlockPool, 
         if not parts:
             return 0
         field = f"inputs[{parts[0][0]}]"
-        if vision_tower is None or image_processor is None:
-            missing = "thinker.visual.* weights" if vision_tower is None else "image processor (the " \
-                "Qwen2VLImageProcessor keys of preprocessor_config.json)"
-            raise InvalidRequest(f"{field}: this checkpoint has no {missing}, so it takes no images", fields=(field,),
-                                 hint="send text only, or load the full Qwen2.5-Omni folder")
+        require(field, "images", ("thinker.visual.* weights", vision_tower),
+                ("image processor (the Qwen2VLImageProcessor keys of preprocessor_config.json)", image_processor))
+        assert vision_tower is not None  # require refused the request otherwise
         if wants_speech(request):
             raise InvalidRequest(f"{field}: a spoken answer to images is not supported yet (the talker's image "
                                  "positions are not built)", hint="ask for text only (drop audio from modalities)",

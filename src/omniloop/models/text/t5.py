@@ -64,3 +64,14 @@ def load_t5_encoder_single_file(path: Path, tokenizer_dir: Path, *, device: torc
 
     model, tokenizer = load_encoder_and_tokenizer(path, tokenizer_dir, umt5=False, device=device, dtype=dtype)
     return T5TextEncoder(model, tokenizer, max_sequence_length)
+
+
+def load_masked_t5_encoder_single_file(path: Path, tokenizer_dir: Path, *, device: torch.device | str,
+                                       dtype: torch.dtype, max_sequence_length: int) -> MaskedT5TextEncoder:
+    """Stable Audio's masked T5 from one file (ComfyUI's ``t5_base.safetensors``, a whole
+    T5 whose decoder is ignored) and a tokenizer folder; prompts padded to
+    ``max_sequence_length``, or the tokenizer's shorter ``model_max_length``."""
+    from omniloop.models.text.t5_single_file import load_encoder_and_tokenizer
+
+    model, tokenizer = load_encoder_and_tokenizer(path, tokenizer_dir, umt5=False, device=device, dtype=dtype)
+    return MaskedT5TextEncoder(model, tokenizer, min(max_sequence_length, int(tokenizer.model_max_length)))

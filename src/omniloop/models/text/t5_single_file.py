@@ -20,6 +20,7 @@ from omniloop.models.single_file import read_single_file
 # ComfyUI's full checkpoints keep a text encoder under its own section
 T5_SECTIONS = ("text_encoders.t5xxl.transformer.", "text_encoders.umt5xxl.transformer.")
 _BIAS = "encoder.block.{}.layer.0.SelfAttention.relative_attention_bias.weight"
+_NOT_ENCODER = ("decoder.", "lm_head.")
 T5_MAX_DISTANCE = 128  # relative_attention_max_distance of every released T5 / UMT5 (not in the file)
 
 
@@ -56,6 +57,10 @@ def load_t5_single_file(path: str | Path, *, device: torch.device | str = "cpu",
     keep = set(T5EncoderModel._keep_in_fp32_modules or ()) if dtype == torch.float16 else set()  # {'wo'}
     cast = cast_to(device, dtype, keep_fp32=lambda key: not keep.isdisjoint(key.split(".")))
     sd = read_single_file(path, cast, sections=T5_SECTIONS)
+    # a whole T5 (T5ForConditionalGeneration: google-t5/t5-base's model.safetensors, ComfyUI's t5_base)
+    # holds a decoder and an LM head beside the encoder; the encoder ignores them, as transformers'
+    # T5EncoderModel.from_pretrained does
+    sd = {k: t for k, t in sd.items() if not k.startswith(_NOT_ENCODER)}
     umt5, kwargs = t5_config_from_shapes({k: t.shape for k, t in sd.items()})
     sd.setdefault("encoder.embed_tokens.weight", sd["shared.weight"])  # tied in T5, one copy in the file
     with torch.device("meta"):

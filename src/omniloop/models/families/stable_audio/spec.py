@@ -14,7 +14,8 @@ from typing import Any, Callable, Mapping
 from omniloop.models.load_options import apply_load_options
 from omniloop.models.fast_path import FastPath
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
-from omniloop.models.text.t5 import load_masked_t5_encoder
+from omniloop.models.single_file import Resolve, SingleFileSet, text_encoder_sources
+from omniloop.models.text.t5 import load_masked_t5_encoder, load_masked_t5_encoder_single_file
 from omniloop.pipeline.input_kinds import refuse_unused_parts
 from omniloop.pipeline.loops.denoise import DenoiseLoop
 from omniloop.pipeline.pipeline import Pipeline
@@ -32,9 +33,11 @@ from omniloop.models.families.stable_audio.stages import (
     max_seconds,
 )
 from omniloop.models.families.stable_audio.weights import (
+    SAO_TEXT_TOKENS,
     load_oobleck_vae,
     load_stable_audio_dit,
     load_stable_audio_projection,
+    load_stable_audio_single_file,
 )
 from omniloop.request import InvalidRequest, Modality, OmniRequest, TaskType
 
@@ -79,6 +82,47 @@ def stable_audio_variant(index: Mapping[str, Any]) -> Variant:
         WeightSpec(component="sampler", kind="scheduler config", subfolder="scheduler", load=_scheduler),
     )
     return Variant(name="stable-audio", tasks=frozenset({TaskType.T2A}), weights=weights)
+
+
+# -- single files (a ComfyUI models folder) -----------------------------------------------
+
+# stable-audio-open-1.0's scheduler/scheduler_config.json (the checkpoint carries none); a workflow's
+# KSampler sampler runs as this one (a deviation the compiler reports)
+SAO_SCHEDULER = {"_class_name": "CosineDPMSolverMultistepScheduler", "num_train_timesteps": 1000,
+                 "sigma_min": 0.3, "sigma_max": 500.0, "sigma_data": 1.0, "sigma_schedule": "exponential",
+                 "solver_order": 2, "prediction_type": "v_prediction", "rho": 7.0, "solver_type": "midpoint",
+                 "lower_order_final": True, "euler_at_final": False, "final_sigmas_type": "zero"}
+
+
+def stable_audio_single_files(files: SingleFileSet, resolve: Resolve,
+                              options: LoadOptions) -> tuple[dict[str, Any], dict[str, Any]]:
+    """stable-audio-tools' one checkpoint (``checkpoints/stable-audio-open-1.0.safetensors``: DiT,
+    Oobleck VAE, seconds conditioners) and T5 (``CLIPLoader`` type ``stable_audio``: a t5-base
+    file with a tokenizer folder, or a transformers folder)."""
+    if files.checkpoint is None or len(files.text_encoders) != 1:
+        raise ValueError(f"Stable Audio takes one checkpoint in checkpoints/ (DiT, VAE and seconds conditioners) and "
+                         f"one T5 text encoder; got checkpoint={files.checkpoint!r}, diffusion_models="
+                         f"{list(files.diffusion_models)}, text_encoders={list(files.text_encoders)}")
+    parts = load_stable_audio_single_file(resolve("checkpoints", files.checkpoint), device=options.device,
+                                          dtype=options.dtype, head_dim=files.attention_head_dim)
+    (t5,) = text_encoder_sources(files, resolve)
+    if t5.single_file:
+        text = load_masked_t5_encoder_single_file(t5.weights, t5.tokenizer, device=options.device,
+                                                  dtype=options.dtype, max_sequence_length=SAO_TEXT_TOKENS)
+    else:
+        text = load_masked_t5_encoder(t5.weights, t5.tokenizer, device=options.device, dtype=options.dtype)
+    width, wanted = text.hidden_size, parts["projection_model"].config.text_encoder_dim
+    if width != wanted:
+        raise ValueError(f"{files.text_encoders[0]!r} is a T5 of width {width}; the checkpoint's conditioning takes "
+                         f"{wanted} (Stable Audio Open: t5-base, 768); pass the t5_base text encoder")
+    dit = parts["transformer"]
+    sampler = sampler_for_diffusers_class(SAO_SCHEDULER["_class_name"])
+    components = {
+        "transformer": apply_load_options(dit, options, blocks=dit.blocks, fp8_layers=BLOCK_GEMMS),
+        "vae": parts["vae"], "projection_model": parts["projection_model"], "text_encoder": text,
+        "sampler": SamplerSet.single(sampler, build_sampler(sampler, SAO_SCHEDULER)),
+    }
+    return {"_class_name": PIPELINE_CLASS}, components
 
 
 def stable_audio_pipeline_spec(variant: Variant, cfg_mode: CFGMode = "sequential") -> PipelineSpec:
@@ -151,5 +195,6 @@ STABLE_AUDIO = register_model_spec(
         description="Stable Audio (Open): DiT over Oobleck VAE latents, T5 text and seconds conditioning, "
                     "cosine DPM-solver",
         extras={"parallel": STABLE_AUDIO_PARALLEL},
+        single_files=stable_audio_single_files,
     )
 )

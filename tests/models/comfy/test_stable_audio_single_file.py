@@ -1,0 +1,119 @@
+"""Stable Audio Open as ComfyUI users hold it (stable-audio-tools' one checkpoint, and t5-base
+as one file) loads into our modules with the state diffusers' own conversion script gives.
+
+diffusers has no ``from_single_file`` for Stable Audio: the oracle is the key conversion of its
+``scripts/convert_stable_audio.py`` (vendored, tests/oracles/), run on a tiny original-layout
+checkpoint made from tiny diffusers modules by the inverse map (checked first: the round trip
+gives the modules back); for t5-base, transformers' ``T5EncoderModel.from_pretrained`` on the
+whole T5 the file holds."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from omniloop.models.families.stable_audio.weights import from_diffusers_module, load_stable_audio_single_file
+from tests.models.comfy.stable_audio_layout import HEAD_DIM, STRIDES, make_sao_like_pipeline, sao_checkpoint, t5_base_folder
+from tests.oracles.diffusers_convert_stable_audio import convert_stable_audio_state_dict_to_diffusers
+
+diffusers = pytest.importorskip("diffusers")
+
+
+def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert sorted(a) == sorted(b)
+    bad = [k for k in a if a[k].dtype != b[k].dtype or a[k].shape != b[k].shape or not torch.equal(a[k], b[k])]
+    assert not bad, f"tensors differ: {bad[:5]}"
+
+
+@pytest.fixture(scope="module")
+def sao(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("sao")
+    pipe = make_sao_like_pipeline(folder / "_tok")
+    pipe.save_pretrained(folder / "diffusers")
+    save_file(sao_checkpoint(pipe), folder / "stable-audio-open-1.0.safetensors")
+    return pipe, folder
+
+
+def _oracle_modules(pipe, checkpoint: dict[str, torch.Tensor]) -> dict[str, torch.nn.Module]:
+    """diffusers' modules (the tiny pipeline's configs) loaded with what diffusers' script converts."""
+    dit_sd, projection_sd, vae_sd = convert_stable_audio_state_dict_to_diffusers(
+        checkpoint, num_autoencoder_layers=len(STRIDES))
+    out = {}
+    for name, sd in (("transformer", dit_sd), ("projection_model", projection_sd), ("vae", vae_sd)):
+        reference = getattr(pipe, name)
+        module = type(reference).from_config(reference.config).eval()
+        missing, unexpected = module.load_state_dict(sd, strict=False)
+        # the script's model load (load_model_dict_into_meta) skips the rotary table, which diffusers recomputes
+        assert not missing and unexpected == (["rotary_pos_emb.inv_freq"] if name == "transformer" else []), \
+            (name, missing, unexpected)
+        _same(module.state_dict(), reference.state_dict())  # the inverse map is right
+        out[name] = module
+    return out
+
+
+def test_sao_checkpoint_equals_diffusers_conversion(sao):
+    from omniloop.models.families.stable_audio.weights import (load_oobleck_vae, load_stable_audio_dit,
+                                                               load_stable_audio_projection)
+
+    pipe, folder = sao
+    path = folder / "stable-audio-open-1.0.safetensors"
+    oracle = _oracle_modules(pipe, load_file(path))
+    ours = load_stable_audio_single_file(path, head_dim=HEAD_DIM)
+    loaders = {"transformer": load_stable_audio_dit, "vae": load_oobleck_vae, "projection_model": load_stable_audio_projection}
+    for name, module in ours.items():
+        _same(module.state_dict(), from_diffusers_module(name, oracle[name], torch.float32).state_dict())
+        from_folder = loaders[name](folder / "diffusers" / name)
+        _same(module.state_dict(), from_folder.state_dict())
+        assert module.config == from_folder.config, (name, module.config, from_folder.config)
+
+    # bf16: the same tensors cast after the weight-norm fold, as the diffusers-folder load
+    bf16 = load_stable_audio_single_file(path, head_dim=HEAD_DIM, dtype=torch.bfloat16)["vae"]
+    _same(bf16.state_dict(), load_oobleck_vae(folder / "diffusers" / "vae", dtype=torch.bfloat16).state_dict())
+
+
+def test_norm_biases_comfyui_drops_are_zero_and_sections_are_required(sao, tmp_path):
+    pipe, folder = sao
+    checkpoint = load_file(folder / "stable-audio-open-1.0.safetensors")
+    # ComfyUI drops the DiT's LayerNorm betas (all zero in a trained checkpoint) when it loads
+    no_beta = {k: (torch.zeros_like(v) if k.endswith(".beta") and "norm" in k else v) for k, v in checkpoint.items()}
+    save_file(no_beta, tmp_path / "zero.safetensors")
+    save_file({k: v for k, v in no_beta.items() if not (k.endswith(".beta") and "norm" in k)}, tmp_path / "dropped.safetensors")
+    zero, dropped = (load_stable_audio_single_file(tmp_path / f"{n}.safetensors", head_dim=HEAD_DIM)["transformer"]
+                     for n in ("zero", "dropped"))
+    _same(dropped.state_dict(), zero.state_dict())
+
+    for prefix, what in (("pretransform.model.", "Oobleck VAE"), ("model.model.", "DiT"),
+                         ("conditioner.conditioners.", "seconds_start")):
+        save_file({k: v for k, v in checkpoint.items() if not k.startswith(prefix)}, tmp_path / "part.safetensors")
+        with pytest.raises(ValueError, match=rf"part\.safetensors has no {re.escape(prefix)} section .*{what}"):
+            load_stable_audio_single_file(tmp_path / "part.safetensors", head_dim=HEAD_DIM)
+    with pytest.raises(ValueError, match="no multiple of attention_head_dim=12"):
+        load_stable_audio_single_file(folder / "stable-audio-open-1.0.safetensors", head_dim=12)
+    save_file({**checkpoint, "model.model.transformer.layers.0.self_attn.q_norm.weight": torch.ones(8)},
+              tmp_path / "extra.safetensors")
+    with pytest.raises(ValueError, match=r"unexpected keys .*q_norm"):
+        load_stable_audio_single_file(tmp_path / "extra.safetensors", head_dim=HEAD_DIM)
+
+
+def test_t5_base_file_equals_transformers(sao, tmp_path):
+    """ComfyUI's t5_base.safetensors is a whole T5 (encoder, decoder, LM head): the encoder loads
+    as transformers' T5EncoderModel.from_pretrained loads it (the decoder ignored)."""
+    from transformers import T5EncoderModel
+
+    from omniloop.models.text.t5_single_file import load_t5_single_file
+
+    pipe, _ = sao
+    path = t5_base_folder(pipe.text_encoder, tmp_path / "t5-base")
+    assert any(k.startswith("decoder.") for k in load_file(path))
+    ours = load_t5_single_file(path, dtype=torch.float32)
+    oracle = T5EncoderModel.from_pretrained(tmp_path / "t5-base")
+    _same(ours.state_dict(), oracle.state_dict())
+    _same(ours.state_dict(), pipe.text_encoder.state_dict())
+
+    # a file that is no T5 encoder is refused naming what it lacks
+    save_file({"encoder.block.0.layer.0.SelfAttention.q.weight": torch.zeros(4, 4)}, tmp_path / "wrong.safetensors")
+    with pytest.raises(ValueError, match=r"not a T5/UMT5 encoder file: it lacks \['shared.weight', "):
+        load_t5_single_file(tmp_path / "wrong.safetensors")

@@ -132,15 +132,19 @@ def projection_original(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     out = {}
     for key, t in sd.items():
         which, rest = key.split(".", 1)
+        if which == "text_projection":  # T5 width != conditioning width: the T5Conditioner's proj_out
+            out[f"prompt.proj_out.{rest}"] = _c(t)
+            continue
         name = {"start_number_conditioner": "seconds_start", "end_number_conditioner": "seconds_total"}[which]
         out[f"{name}.{rest.replace('time_positional_embedding', 'embedder.embedding')}"] = _c(t)
     return out
 
 
-def sao_checkpoint(pipe) -> dict[str, torch.Tensor]:
-    """The pipeline's DiT, VAE and projection as one stable-audio-tools checkpoint."""
+def sao_checkpoint(pipe, blocks: int = len(STRIDES)) -> dict[str, torch.Tensor]:
+    """The pipeline's DiT, VAE (of ``blocks`` strided blocks) and projection as one
+    stable-audio-tools checkpoint."""
     sections = (("model.model.", dit_original(pipe.transformer.state_dict())),
-                ("pretransform.model.", vae_original(pipe.vae.state_dict())),
+                ("pretransform.model.", vae_original(pipe.vae.state_dict(), blocks)),
                 ("conditioner.conditioners.", projection_original(pipe.projection_model.state_dict())))
     return {prefix + k: v for prefix, part in sections for k, v in part.items()}
 

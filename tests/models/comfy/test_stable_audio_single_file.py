@@ -117,3 +117,20 @@ def test_t5_base_file_equals_transformers(sao, tmp_path):
     save_file({"encoder.block.0.layer.0.SelfAttention.q.weight": torch.zeros(4, 4)}, tmp_path / "wrong.safetensors")
     with pytest.raises(ValueError, match=r"not a T5/UMT5 encoder file: it lacks \['shared.weight', "):
         load_t5_single_file(tmp_path / "wrong.safetensors")
+
+
+def test_a_t5_conditioner_projection_loads_as_the_text_projection(tmp_path):
+    """A checkpoint whose T5 is wider than its conditioning keeps a ``prompt.proj_out`` (diffusers'
+    script assumes none): it loads as the projection's ``text_projection``, equal to the diffusers
+    folder of the same weights (tests/models/stable_audio/checkpoint.py: T5 32 wide, conditioning 16)."""
+    from omniloop.models.families.stable_audio.weights import load_stable_audio_projection
+    from tests.models.stable_audio.checkpoint import save_stable_audio_checkpoint
+
+    pipe = save_stable_audio_checkpoint(tmp_path / "sa")
+    checkpoint = {k: v for k, v in sao_checkpoint(pipe, blocks=2).items()}
+    assert "conditioner.conditioners.prompt.proj_out.weight" in checkpoint
+    save_file(checkpoint, tmp_path / "sa.safetensors")
+    ours = load_stable_audio_single_file(tmp_path / "sa.safetensors", head_dim=8)["projection_model"]
+    folder = load_stable_audio_projection(tmp_path / "sa" / "projection_model")
+    _same(ours.state_dict(), folder.state_dict())
+    assert (ours.config.text_encoder_dim, ours.config.conditioning_dim) == (32, 16)

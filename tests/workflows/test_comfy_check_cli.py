@@ -34,3 +34,17 @@ def test_exact_refuses_deviations_and_models_are_checked(tmp_path, capsys):
     assert main(["comfy", "check", "--models", str(tmp_path), str(audio)]) == 1
     assert "'stable-audio-open-1.0.safetensors' not in checkpoints/" in capsys.readouterr().out
     assert main(["comfy", "check", "--models", str(tmp_path / "nope"), str(audio)]) == 2  # no map file: exit 2
+
+
+def test_check_resolves_single_files_of_a_models_folder(tmp_path, capsys):
+    """A folder of ComfyUI's files and no map: the loader names resolve to its files (here
+    Stable Audio Open's checkpoint and t5-base, loaded from single files when served)."""
+    audio = templates_dir() / "audio_stable_audio_example.json"
+    for folder, name in (("checkpoints", "stable-audio-open-1.0.safetensors"), ("text_encoders", "t5-base.safetensors")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / name).write_bytes(b"")  # names are checked, not loaded
+    assert main(["comfy", "check", "--models", str(tmp_path), str(audio)]) == 0
+    assert "request -> model 'checkpoints/stable-audio-open-1.0.safetensors' task t2a" in capsys.readouterr().out
+    (tmp_path / "text_encoders" / "t5-base.safetensors").unlink()
+    assert main(["comfy", "check", "--models", str(tmp_path), str(audio)]) == 1
+    assert "'t5-base.safetensors' not in text_encoders/" in capsys.readouterr().out

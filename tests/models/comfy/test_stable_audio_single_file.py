@@ -63,14 +63,14 @@ def test_sao_checkpoint_equals_diffusers_conversion(sao):
     oracle = _oracle_modules(pipe, load_file(path))
     ours = load_stable_audio_single_file(path, head_dim=HEAD_DIM)
     loaders = {"transformer": load_stable_audio_dit, "vae": load_oobleck_vae, "projection_model": load_stable_audio_projection}
-    for name, module in ours.items():
+    for name, module in ours.modules().items():
         _same(module.state_dict(), from_diffusers_module(name, oracle[name], torch.float32).state_dict())
         from_folder = loaders[name](folder / "diffusers" / name)
         _same(module.state_dict(), from_folder.state_dict())
         assert module.config == from_folder.config, (name, module.config, from_folder.config)
 
     # bf16: the same tensors cast after the weight-norm fold, as the diffusers-folder load
-    bf16 = load_stable_audio_single_file(path, head_dim=HEAD_DIM, dtype=torch.bfloat16)["vae"]
+    bf16 = load_stable_audio_single_file(path, head_dim=HEAD_DIM, dtype=torch.bfloat16).vae
     _same(bf16.state_dict(), load_oobleck_vae(folder / "diffusers" / "vae", dtype=torch.bfloat16).state_dict())
 
 
@@ -81,7 +81,7 @@ def test_norm_biases_comfyui_drops_are_zero_and_sections_are_required(sao, tmp_p
     no_beta = {k: (torch.zeros_like(v) if k.endswith(".beta") and "norm" in k else v) for k, v in checkpoint.items()}
     save_file(no_beta, tmp_path / "zero.safetensors")
     save_file({k: v for k, v in no_beta.items() if not (k.endswith(".beta") and "norm" in k)}, tmp_path / "dropped.safetensors")
-    zero, dropped = (load_stable_audio_single_file(tmp_path / f"{n}.safetensors", head_dim=HEAD_DIM)["transformer"]
+    zero, dropped = (load_stable_audio_single_file(tmp_path / f"{n}.safetensors", head_dim=HEAD_DIM).transformer
                      for n in ("zero", "dropped"))
     _same(dropped.state_dict(), zero.state_dict())
 
@@ -130,7 +130,7 @@ def test_a_t5_conditioner_projection_loads_as_the_text_projection(tmp_path):
     checkpoint = {k: v for k, v in sao_checkpoint(pipe, blocks=2).items()}
     assert "conditioner.conditioners.prompt.proj_out.weight" in checkpoint
     save_file(checkpoint, tmp_path / "sa.safetensors")
-    ours = load_stable_audio_single_file(tmp_path / "sa.safetensors", head_dim=8)["projection_model"]
+    ours = load_stable_audio_single_file(tmp_path / "sa.safetensors", head_dim=8).projection_model
     folder = load_stable_audio_projection(tmp_path / "sa" / "projection_model")
     _same(ours.state_dict(), folder.state_dict())
     assert (ours.config.text_encoder_dim, ours.config.conditioning_dim) == (32, 16)

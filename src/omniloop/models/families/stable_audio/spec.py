@@ -88,7 +88,8 @@ def stable_audio_variant(index: Mapping[str, Any]) -> Variant:
 
 # stable-audio-open-1.0's scheduler/scheduler_config.json (the checkpoint carries none); a workflow's
 # KSampler sampler runs as this one (a deviation the compiler reports)
-SAO_SCHEDULER = {"_class_name": "CosineDPMSolverMultistepScheduler", "num_train_timesteps": 1000,
+SAO_SCHEDULER_CLASS = "CosineDPMSolverMultistepScheduler"
+SAO_SCHEDULER = {"_class_name": SAO_SCHEDULER_CLASS, "num_train_timesteps": 1000,
                  "sigma_min": 0.3, "sigma_max": 500.0, "sigma_data": 1.0, "sigma_schedule": "exponential",
                  "solver_order": 2, "prediction_type": "v_prediction", "rho": 7.0, "solver_type": "midpoint",
                  "lower_order_final": True, "euler_at_final": False, "final_sigmas_type": "zero"}
@@ -111,15 +112,15 @@ def stable_audio_single_files(files: SingleFileSet, resolve: Resolve,
                                                   dtype=options.dtype, max_sequence_length=SAO_TEXT_TOKENS)
     else:
         text = load_masked_t5_encoder(t5.weights, t5.tokenizer, device=options.device, dtype=options.dtype)
-    width, wanted = text.hidden_size, parts["projection_model"].config.text_encoder_dim
+    width, wanted = text.hidden_size, parts.projection_model.config.text_encoder_dim
     if width != wanted:
         raise ValueError(f"{files.text_encoders[0]!r} is a T5 of width {width}; the checkpoint's conditioning takes "
                          f"{wanted} (Stable Audio Open: t5-base, 768); pass the t5_base text encoder")
-    dit = parts["transformer"]
-    sampler = sampler_for_diffusers_class(SAO_SCHEDULER["_class_name"])
+    dit = parts.transformer
+    sampler = sampler_for_diffusers_class(SAO_SCHEDULER_CLASS)
     components = {
         "transformer": apply_load_options(dit, options, blocks=dit.blocks, fp8_layers=BLOCK_GEMMS),
-        "vae": parts["vae"], "projection_model": parts["projection_model"], "text_encoder": text,
+        "vae": parts.vae, "projection_model": parts.projection_model, "text_encoder": text,
         "sampler": SamplerSet.single(sampler, build_sampler(sampler, SAO_SCHEDULER)),
     }
     return {"_class_name": PIPELINE_CLASS}, components

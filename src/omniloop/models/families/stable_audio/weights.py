@@ -331,11 +331,23 @@ def _checkpoint_sections(path: Path) -> None:
                              "checkpoint in stable-audio-tools' layout (stable-audio-open-1.0.safetensors)")
 
 
+@dataclass(frozen=True)
+class StableAudioParts:
+    """The modules of one stable-audio-tools checkpoint (the pipeline's component names)."""
+
+    transformer: StableAudioDiT
+    vae: OobleckVAE
+    projection_model: StableAudioProjection
+
+    def modules(self) -> dict[str, nn.Module]:
+        return {"transformer": self.transformer, "vae": self.vae, "projection_model": self.projection_model}
+
+
 def load_stable_audio_single_file(path: str | Path, *, device: torch.device | str = "cpu",
                                   dtype: torch.dtype = torch.float32, head_dim: int | None = None
-                                  ) -> dict[str, nn.Module]:
+                                  ) -> StableAudioParts:
     """The DiT, the Oobleck VAE and the seconds projection of one stable-audio-tools checkpoint
-    (``model.ckpt`` saved as safetensors, ComfyUI's ``checkpoints/``), by component name.
+    (``model.ckpt`` saved as safetensors, ComfyUI's ``checkpoints/``).
     Tensors are read in fp32 (the VAE's weight norm folds in fp32), then cast to ``dtype``,
     as the diffusers-folder load. ``head_dim``: the attention head width (Open 1.0's 64)."""
     from omniloop.models.single_file import read_single_file
@@ -344,7 +356,7 @@ def load_stable_audio_single_file(path: str | Path, *, device: torch.device | st
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found; pass Stable Audio Open's checkpoint (stable-audio-open-1.0.safetensors)")
     _checkpoint_sections(path)
-    out = {}
+    out: dict[str, nn.Module] = {}
     for name, prefix in SECTIONS.items():
         raw = read_single_file(path, cast_to(device, torch.float32), sections=(prefix,))
         convert, config_of = _FROM_ORIGINAL[name]
@@ -356,4 +368,6 @@ def load_stable_audio_single_file(path: str | Path, *, device: torch.device | st
         if name == "projection_model":  # the prompt conditioner's T5 is not a parameter here
             raw = {k: t for k, t in raw.items() if not k.startswith("prompt.") or k.startswith("prompt.proj_out.")}
         out[name] = assemble(PARTS[name], config, convert(raw), f"{path} ({prefix})", dtype)
-    return out
+    dit, vae, projection = out["transformer"], out["vae"], out["projection_model"]
+    assert isinstance(dit, StableAudioDiT) and isinstance(vae, OobleckVAE) and isinstance(projection, StableAudioProjection)
+    return StableAudioParts(dit, vae, projection)

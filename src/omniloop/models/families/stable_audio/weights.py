@@ -312,10 +312,8 @@ def projection_config_from_original(shapes: Mapping[str, torch.Size]) -> dict:
     return dict(text_encoder_dim=text, conditioning_dim=dim, min_value=SAO_SECONDS[0], max_value=SAO_SECONDS[1])
 
 
-_FROM_ORIGINAL: dict[str, tuple[Callable[[Mapping[str, torch.Tensor]], dict], Callable[..., dict]]] = {
-    "transformer": (dit_from_original, dit_config_from_original),
-    "vae": (vae_from_original, vae_config_from_original),
-    "projection_model": (projection_from_original, projection_config_from_original),
+_KEYS_FROM_ORIGINAL: dict[str, Callable[[Mapping[str, torch.Tensor]], dict[str, torch.Tensor]]] = {
+    "transformer": dit_from_original, "vae": vae_from_original, "projection_model": projection_from_original,
 }
 
 
@@ -356,18 +354,20 @@ def load_stable_audio_single_file(path: str | Path, *, device: torch.device | st
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found; pass Stable Audio Open's checkpoint (stable-audio-open-1.0.safetensors)")
     _checkpoint_sections(path)
+    configs: dict[str, Callable[[Mapping[str, torch.Size]], dict]] = {
+        "transformer": lambda shapes: dit_config_from_original(shapes, head_dim or SAO_HEAD_DIM),
+        "vae": vae_config_from_original, "projection_model": projection_config_from_original,
+    }
     out: dict[str, nn.Module] = {}
     for name, prefix in SECTIONS.items():
         raw = read_single_file(path, cast_to(device, torch.float32), sections=(prefix,))
-        convert, config_of = _FROM_ORIGINAL[name]
-        shapes = {k: t.shape for k, t in raw.items()}
         try:
-            config = config_of(shapes, head_dim or SAO_HEAD_DIM) if name == "transformer" else config_of(shapes)
+            config = configs[name]({k: t.shape for k, t in raw.items()})
         except ValueError as e:
             raise ValueError(f"{path}, section {prefix}: {e}") from None
         if name == "projection_model":  # the prompt conditioner's T5 is not a parameter here
             raw = {k: t for k, t in raw.items() if not k.startswith("prompt.") or k.startswith("prompt.proj_out.")}
-        out[name] = assemble(PARTS[name], config, convert(raw), f"{path} ({prefix})", dtype)
+        out[name] = assemble(PARTS[name], config, _KEYS_FROM_ORIGINAL[name](raw), f"{path} ({prefix})", dtype)
     dit, vae, projection = out["transformer"], out["vae"], out["projection_model"]
     assert isinstance(dit, StableAudioDiT) and isinstance(vae, OobleckVAE) and isinstance(projection, StableAudioProjection)
     return StableAudioParts(dit, vae, projection)

@@ -113,6 +113,18 @@ def test_t5_base_file_equals_transformers(sao, tmp_path):
     _same(ours.state_dict(), oracle.state_dict())
     _same(ours.state_dict(), pipe.text_encoder.state_dict())
 
+    # prompts pad to the tokenizer's model_max_length, at most Stable Audio Open's 128 (t5-base's says 512)
+    import json
+
+    from omniloop.models.text.t5 import load_masked_t5_encoder_single_file
+    for length, padded in ((12, 12), (512, 128)):
+        pipe.tokenizer.save_pretrained(tmp_path / f"tok{length}")
+        config = tmp_path / f"tok{length}" / "tokenizer_config.json"
+        config.write_text(json.dumps({**json.loads(config.read_text()), "model_max_length": length}))
+        text = load_masked_t5_encoder_single_file(path, tmp_path / f"tok{length}", device="cpu", dtype=torch.float32,
+                                                  longest=128)
+        assert text.max_sequence_length == padded
+
     # a file that is no T5 encoder is refused naming what it lacks
     save_file({"encoder.block.0.layer.0.SelfAttention.q.weight": torch.zeros(4, 4)}, tmp_path / "wrong.safetensors")
     with pytest.raises(ValueError, match=r"not a T5/UMT5 encoder file: it lacks \['shared.weight', "):

@@ -25,8 +25,13 @@ class T5TextEncoder(UnmaskedTokenEncoder):
 
 
 class MaskedT5TextEncoder(PaddedTokenEncoder):
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, max_sequence_length: int | None = None) -> None:
+    """``longest``: a cap on the padded length (a model trained on fewer tokens than its
+    tokenizer's ``model_max_length``: Stable Audio Open's 128 with t5-base's 512)."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, max_sequence_length: int | None = None, *,
+                 longest: int | None = None) -> None:
         length = int(max_sequence_length or tokenizer.model_max_length)
+        length = min(length, longest) if longest is not None else length
         super().__init__(model, tokenizer, length, int(model.config.d_model), clean=False)
 
     def hidden_states(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -50,11 +55,12 @@ def load_t5_encoder(text_encoder_dir: Path, tokenizer_dir: Path, *, device: torc
 
 
 def load_masked_t5_encoder(text_encoder_dir: Path, tokenizer_dir: Path, *, device: torch.device | str,
-                           dtype: torch.dtype, max_sequence_length: int | None = None) -> MaskedT5TextEncoder:
+                           dtype: torch.dtype, max_sequence_length: int | None = None,
+                           longest: int | None = None) -> MaskedT5TextEncoder:
     model, tokenizer = _load(text_encoder_dir, tokenizer_dir, device, dtype)
-    if max_sequence_length is None and tokenizer.model_max_length > 100_000:
+    if max_sequence_length is None and longest is None and tokenizer.model_max_length > 100_000:
         raise ValueError(f"{tokenizer_dir}: the tokenizer sets no model_max_length; pass max_sequence_length")
-    return MaskedT5TextEncoder(model, tokenizer, max_sequence_length)
+    return MaskedT5TextEncoder(model, tokenizer, max_sequence_length, longest=longest)
 
 
 def load_t5_encoder_single_file(path: Path, tokenizer_dir: Path, *, device: torch.device | str, dtype: torch.dtype,
@@ -67,11 +73,11 @@ def load_t5_encoder_single_file(path: Path, tokenizer_dir: Path, *, device: torc
 
 
 def load_masked_t5_encoder_single_file(path: Path, tokenizer_dir: Path, *, device: torch.device | str,
-                                       dtype: torch.dtype, max_sequence_length: int) -> MaskedT5TextEncoder:
+                                       dtype: torch.dtype, longest: int | None = None) -> MaskedT5TextEncoder:
     """Stable Audio's masked T5 from one file (ComfyUI's ``t5_base.safetensors``, a whole
-    T5 whose decoder is ignored) and a tokenizer folder; prompts padded to
-    ``max_sequence_length``, or the tokenizer's shorter ``model_max_length``."""
+    T5 whose decoder is ignored) and a tokenizer folder; prompts padded to the tokenizer's
+    ``model_max_length``, at most ``longest``."""
     from omniloop.models.text.t5_single_file import load_encoder_and_tokenizer
 
     model, tokenizer = load_encoder_and_tokenizer(path, tokenizer_dir, umt5=False, device=device, dtype=dtype)
-    return MaskedT5TextEncoder(model, tokenizer, min(max_sequence_length, int(tokenizer.model_max_length)))
+    return MaskedT5TextEncoder(model, tokenizer, longest=longest)

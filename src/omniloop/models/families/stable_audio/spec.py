@@ -107,11 +107,9 @@ def stable_audio_single_files(files: SingleFileSet, resolve: Resolve,
     parts = load_stable_audio_single_file(resolve("checkpoints", files.checkpoint), device=options.device,
                                           dtype=options.dtype, head_dim=files.attention_head_dim)
     (t5,) = text_encoder_sources(files, resolve)
-    if t5.single_file:
-        text = load_masked_t5_encoder_single_file(t5.weights, t5.tokenizer, device=options.device,
-                                                  dtype=options.dtype, max_sequence_length=SAO_TEXT_TOKENS)
-    else:
-        text = load_masked_t5_encoder(t5.weights, t5.tokenizer, device=options.device, dtype=options.dtype)
+    load_t5 = load_masked_t5_encoder_single_file if t5.single_file else load_masked_t5_encoder
+    # prompts padded to the tokenizer's length, at most Open 1.0's 128 (t5-base's tokenizer says 512)
+    text = load_t5(t5.weights, t5.tokenizer, device=options.device, dtype=options.dtype, longest=SAO_TEXT_TOKENS)
     width, wanted = text.hidden_size, parts.projection_model.config.text_encoder_dim
     if width != wanted:
         raise ValueError(f"{files.text_encoders[0]!r} is a T5 of width {width}; the checkpoint's conditioning takes "

@@ -146,3 +146,33 @@ def test_a_t5_conditioner_projection_loads_as_the_text_projection(tmp_path):
     folder = load_stable_audio_projection(tmp_path / "sa" / "projection_model")
     _same(ours.state_dict(), folder.state_dict())
     assert (ours.config.text_encoder_dim, ours.config.conditioning_dim) == (32, 16)
+
+
+def test_files_that_do_not_make_a_stable_audio_are_refused(sao, tmp_path):
+    import shutil
+
+    from omniloop.deploy import DeployConfig
+    from omniloop.engine.async_engine import load_options
+    from omniloop.models.comfy_folder import ComfyModels
+    from omniloop.models.single_file import SingleFileSet
+    from omniloop.models.single_file_pipeline import load_single_file_pipeline
+    from tests.models.stable_audio.checkpoint import make_stable_audio_pipeline
+
+    pipe, folder = sao
+    root = tmp_path / "models"
+    (root / "checkpoints").mkdir(parents=True)
+    (root / "text_encoders").mkdir()
+    shutil.copy(folder / "stable-audio-open-1.0.safetensors", root / "checkpoints" / "sao.safetensors")
+    wide = make_stable_audio_pipeline(tmp_path / "_tok").text_encoder  # 32 wide; the checkpoint conditions on 16
+    save_file({k: v.clone() for k, v in wide.state_dict().items() if k != "encoder.embed_tokens.weight"},
+              root / "text_encoders" / "t5-wide.safetensors")
+    pipe.tokenizer.save_pretrained(root / "text_encoders" / "t5-wide_tokenizer")
+    options = load_options(DeployConfig.from_options(None, device="cpu", dtype="float32"))
+    with pytest.raises(ValueError, match=r"Stable Audio takes one checkpoint in checkpoints/"):
+        load_single_file_pipeline(ComfyModels(root), SingleFileSet(
+            family="stable_audio", diffusion_models=("sao.safetensors",), vae="v", text_encoders=("t5",)), options)
+    with pytest.raises(ValueError, match=r"'t5-wide.safetensors' is a T5 of width 32; the checkpoint's conditioning "
+                                         r"takes 16 .*pass the t5_base text encoder"):
+        load_single_file_pipeline(ComfyModels(root), SingleFileSet(
+            family="stable_audio", checkpoint="sao.safetensors", text_encoders=("t5-wide.safetensors",),
+            tokenizers=("t5-wide_tokenizer",), attention_head_dim=HEAD_DIM), options)

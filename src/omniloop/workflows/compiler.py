@@ -234,7 +234,7 @@ def _schedule(ev: Evaluation, run: Sampling, fields: Fields) -> None:
     sampler = _sampler(ev, run)
     if run.scheduler is not None and run.scheduler != "ltxv" and run.scheduler not in SUPPORTED_SCHEDULERS:
         _deviate(ev, run.node, f"scheduler={run.scheduler!r} is not supported (supported: {list(SUPPORTED_SCHEDULERS)}"
-                 "); the model's own flow schedule runs")
+                 "); the model's own schedule runs")
     if sampler is not None:
         fields.put("sampler", sampler)
     if run.sigmas is not None:

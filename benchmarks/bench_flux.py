@@ -34,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import emit, timed  # noqa: E402
+from common import emit, fill_unset, timed  # noqa: E402
 from flux_random import random_flux_pipeline, save_random_loras  # noqa: E402
 from omniloop.cache.text_embeddings import CACHE_NAME as TEXT_CACHE  # noqa: E402
 from omniloop.engine import Engine, EngineConfig, SchedulingPolicy  # noqa: E402
@@ -327,14 +327,12 @@ def main() -> None:
     args = p.parse_args()
     if args.tiny:
         device, dtype, size = torch.device("cpu"), torch.float32, "tiny"
-        args.requests, args.steps = args.requests or 6, args.steps or 2
+        fill_unset(args, dict(requests=6, steps=2, e2e_size="64x64"))
         args.loras, args.trace = min(args.loras, 4), min(args.trace, 16)
-        args.e2e_size = args.e2e_size or "64x64"
         torch.set_num_threads(1)
     else:
         device, dtype, size = torch.device("cuda"), torch.bfloat16, "dev"
-        args.requests, args.steps = args.requests or 16, args.steps or 4
-        args.e2e_size = args.e2e_size or "1024x1024"
+        fill_unset(args, dict(requests=16, steps=4, e2e_size="1024x1024"))
     options = LoadOptions(device=device, dtype=dtype, attention_backend=args.attention_backend)
     t0 = time.perf_counter()
     _, pipeline = random_flux_pipeline(size, options)

@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import built_in, emit  # noqa: E402
+from common import built_in, emit, fill_unset  # noqa: E402
 from omniloop.models.families.wan.presets import WAN21_T2V_1_3B, WAN21_T2V_14B  # noqa: E402
 
 AXES = ("ulysses", "ring", "cfg", "tp")
@@ -257,7 +257,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     cuda = torch.cuda.is_available() and not args.tiny
     args.device = "cuda" if cuda else "cpu"
-    args.arch = args.arch or ("1.3b" if cuda else "tiny")
+    fill_unset(args, {"arch": "1.3b" if cuda else "tiny"})
     args.axes = tuple(a for a in args.axes.split(",") if a)
     args.e2e_specs = [s for s in args.e2e_specs.split(";") if s]
     if cuda:

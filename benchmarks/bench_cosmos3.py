@@ -36,7 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import dims, emit, fill_unset  # noqa: E402
+from common import dims, emit, fill_unset, jsonl_sink  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from omniloop.engine import Engine, EngineConfig, SchedulingPolicy, StepWork  # noqa: E402
 from omniloop.models.autoencoders.wan_vae import WanVAE, WanVAEConfig  # noqa: E402
@@ -496,9 +496,8 @@ def main(argv=None) -> int:
     pipeline = build(args, device, dtype)
     base = {"device": torch.cuda.get_device_name() if cuda else "cpu", "dtype": str(dtype).removeprefix("torch."),
             "model": "cosmos3-published-arch-random" if cuda else "cosmos3-tiny-random", "cuda_graphs": args.cuda_graphs}
-    sink = open(args.out, "a") if args.out else None
     only = set(args.only.split(","))
-    try:
+    with jsonl_sink(args.out) as sink:
         with torch.inference_mode():
             if "decode" in only:
                 bench_decode(pipeline, args, base, sink)
@@ -514,9 +513,6 @@ def main(argv=None) -> int:
                 bench_resident(pipeline, base, sink)
             if args.cuda_graphs:
                 emit({**base, "bench": "cuda_graphs", **pipeline.caches["cuda_graphs"].summary()}, sink)
-    finally:
-        if sink:
-            sink.close()
     return 0
 
 

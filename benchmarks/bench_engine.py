@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import dims, emit, fill_unset  # noqa: E402
+from common import dims, emit, fill_unset, jsonl_sink  # noqa: E402
 from omniloop.engine import Engine, EngineConfig, SchedulingPolicy  # noqa: E402
 from omniloop.models.loader import load_pipeline  # noqa: E402
 from omniloop.models.model_spec import LoadOptions  # noqa: E402
@@ -232,8 +232,7 @@ def main(argv=None) -> int:
     _, pipeline = load_pipeline(folder, opts)
     base = {"device": torch.cuda.get_device_name() if cuda else "cpu", "dtype": str(dtype).removeprefix("torch."),
             "model": "wan2.1-1.3b-arch" if cuda else ("wan-tiny" if args.model is None else Path(args.model).name)}
-    sink = open(args.out, "a") if args.out else None
-    try:
+    with jsonl_sink(args.out) as sink:
         with torch.inference_mode():
             only = set(args.only.split(","))
             if "overhead" in only:
@@ -242,9 +241,6 @@ def main(argv=None) -> int:
                 bench_mixed(pipeline, args, base, sink)
             if "small" in only:
                 bench_small(pipeline, args, base, sink)
-    finally:
-        if sink:
-            sink.close()
     return 0
 
 

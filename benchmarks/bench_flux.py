@@ -34,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import emit, fill_unset, timed  # noqa: E402
+from common import emit, fill_unset, jsonl_sink, timed  # noqa: E402
 from flux_random import random_flux_pipeline, save_random_loras  # noqa: E402
 from omniloop.cache.text_embeddings import CACHE_NAME as TEXT_CACHE  # noqa: E402
 from omniloop.engine import Engine, EngineConfig, SchedulingPolicy  # noqa: E402
@@ -339,16 +339,14 @@ def main() -> None:
     base = {"model": f"flux-{size}-random", "device": str(device), "dtype": str(dtype).removeprefix("torch."),
             "steps": args.steps, "attention_backend": args.attention_backend,
             "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None}
-    sink = open(args.out, "a") if args.out else None
-    emit({**base, "bench": "setup", "build_s": round(time.perf_counter() - t0, 2),
-          "transformer_params": sum(p.numel() for p in pipeline.components["transformer"].parameters())}, sink)
-    benches = {"mixed": bench_mixed, "lora": bench_lora, "cache": bench_cache, "graphs": graphs_or_reason,
-               "graphs_engine": bench_graphs_engine, "e2e": bench_e2e}
-    with torch.inference_mode():
-        for name in args.only.split(","):
-            benches[name](pipeline, args, base, sink)
-    if sink is not None:
-        sink.close()
+    with jsonl_sink(args.out) as sink:
+        emit({**base, "bench": "setup", "build_s": round(time.perf_counter() - t0, 2),
+              "transformer_params": sum(p.numel() for p in pipeline.components["transformer"].parameters())}, sink)
+        benches = {"mixed": bench_mixed, "lora": bench_lora, "cache": bench_cache, "graphs": graphs_or_reason,
+                   "graphs_engine": bench_graphs_engine, "e2e": bench_e2e}
+        with torch.inference_mode():
+            for name in args.only.split(","):
+                benches[name](pipeline, args, base, sink)
 
 
 if __name__ == "__main__":

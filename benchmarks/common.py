@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import IO, Any
 
 import torch
@@ -20,6 +22,17 @@ def emit(record: dict, sink: IO[str] | None = None) -> None:
     if sink is not None:
         sink.write(line + "\n")
         sink.flush()
+
+
+@contextlib.contextmanager
+def jsonl_sink(path: str | Path | None, mode: str = "a") -> Iterator[IO[str] | None]:
+    """The file ``--out`` names, for :func:`emit` to append the JSON lines to (``mode`` "w":
+    start it afresh), closed however the run ends; None when no file is named."""
+    if not path:
+        yield None
+        return
+    with open(path, mode) as sink:
+        yield sink
 
 
 def fill_unset(args: argparse.Namespace, preset: Mapping[str, Any]) -> argparse.Namespace:

@@ -15,7 +15,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from common import emit, timed
+from common import emit, jsonl_sink, timed
 
 
 def median_s(fn) -> float:
@@ -70,24 +70,22 @@ def main(argv=None) -> int:
         candidates["sageattention1:int8qk"] = lambda: sageattn(q, k, v, tensor_layout="NHD", is_causal=False)
     except ImportError as e:
         print(f"sageattention unavailable: {e}", file=sys.stderr)
-    sink = open(args.out, "a") if args.out else None
-    for name, fn in candidates.items():
-        try:
-            out = fn()
-            if name == "cudnn_fp8:kernel_only":  # e4m3 O in its scale: error read after dequantization
-                out = ops.dequantize(out, torch.float32)
-            seconds = median_s(fn)
-            rec = {"bench": "attention", "kernel": name, "tokens": L, "heads": H, "head_dim": D,
-                   "median_s": seconds, "tflops": round(flops / seconds / 1e12, 1), "rel_err_vs_fp32": err(out),
-                   "device": torch.cuda.get_device_name(), "torch": torch.__version__}
-        except Exception as e:  # a kernel that cannot run here is reported, not fatal
-            rec = {"bench": "attention", "kernel": name, "error": f"{type(e).__name__}: {e}"[:300]}
-        if name == "registry:triton_8bit" and "error" not in rec:
-            rec["autotuned_tiles"] = tuned_tiles()
-            rec["quantize_s"] = median_s(lambda: quantize_qkv(q, k, v))  # the prepass, inside median_s
-        emit(rec, sink)
-    if sink:
-        sink.close()
+    with jsonl_sink(args.out) as sink:
+        for name, fn in candidates.items():
+            try:
+                out = fn()
+                if name == "cudnn_fp8:kernel_only":  # e4m3 O in its scale: error read after dequantization
+                    out = ops.dequantize(out, torch.float32)
+                seconds = median_s(fn)
+                rec = {"bench": "attention", "kernel": name, "tokens": L, "heads": H, "head_dim": D,
+                       "median_s": seconds, "tflops": round(flops / seconds / 1e12, 1), "rel_err_vs_fp32": err(out),
+                       "device": torch.cuda.get_device_name(), "torch": torch.__version__}
+            except Exception as e:  # a kernel that cannot run here is reported, not fatal
+                rec = {"bench": "attention", "kernel": name, "error": f"{type(e).__name__}: {e}"[:300]}
+            if name == "registry:triton_8bit" and "error" not in rec:
+                rec["autotuned_tiles"] = tuned_tiles()
+                rec["quantize_s"] = median_s(lambda: quantize_qkv(q, k, v))  # the prepass, inside median_s
+            emit(rec, sink)
     return 0
 
 

@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from audio_random import random_ltx2, random_stable_audio  # noqa: E402
-from common import emit  # noqa: E402
+from common import emit, fill_unset  # noqa: E402
 from omniloop.engine import Engine, EngineConfig, NodeWork, SchedulingPolicy  # noqa: E402
 from omniloop.models.model_spec import LoadOptions  # noqa: E402
 from omniloop.request import DiffusionParams, OmniRequest, OutputSpec, TaskType, TextPart  # noqa: E402
@@ -205,11 +205,8 @@ def main(argv=None) -> None:
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     args.size = "tiny" if args.tiny else "published"
     tiny = args.tiny
-    args.iters = args.iters or 1
-    args.sa_steps = args.sa_steps or (3 if tiny else 100)
-    args.steps = args.steps or (2 if tiny else 8)
-    args.height, args.width = args.height or (64 if tiny else 512), args.width or (64 if tiny else 768)
-    args.frames = args.frames or (9 if tiny else 121)
+    fill_unset(args, dict(iters=1, sa_steps=3, steps=2, height=64, width=64, frames=9) if tiny else
+               dict(iters=1, sa_steps=100, steps=8, height=512, width=768, frames=121))
     options = LoadOptions(device=device, dtype=dtype, cfg_mode="batched", text_cache_bytes=0)
     base = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "dtype": str(dtype),
             "size": args.size}

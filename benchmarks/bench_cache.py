@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import emit  # noqa: E402
+from common import emit, fill_unset  # noqa: E402
 from wan_random import save_random_wan  # noqa: E402
 from omniloop.engine import Engine, EngineConfig  # noqa: E402
 from omniloop.ext import install_plugins  # noqa: E402
@@ -365,9 +365,7 @@ def main(argv: list[str] | None = None) -> None:
         "tiny": dict(size=[32, 32], frames=5, steps=10, repeats=1, overhead_shape=[32, 1], overhead_steps=10,
                      overhead_rounds=2),
     }[size_name]
-    for k, v in defaults.items():
-        if getattr(args, k) is None:
-            setattr(args, k, v)
+    fill_unset(args, defaults)
     if not gpu:
         torch.set_num_threads(args.threads)
         if args.clock == "cpu":

@@ -32,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import emit  # noqa: E402
+from common import emit, jsonl_sink  # noqa: E402
 from far_random import save_random_far  # noqa: E402
 from omniloop.engine import Engine, EngineConfig, SchedulingPolicy  # noqa: E402
 from omniloop.models.loader import load_pipeline  # noqa: E402
@@ -175,18 +175,16 @@ def main_shapes(args) -> None:
     dtype = torch.bfloat16 if cuda else torch.float32
     if args.tiny:
         args.chunks, args.steps = 4, 1
-    sink = open(args.out, "a") if args.out else None
-    t0 = time.perf_counter()
-    pipeline, weights = shapes_pipeline(args, device, dtype)
-    emit({"metric": "setup", "model": "shapes-interactive", "weights": weights, "device": str(device),
-          "dtype": str(dtype), "threads": torch.get_num_threads(), "load_avg_1m": os.getloadavg()[0],
-          "size": f"{pipeline.defaults.width}x{pipeline.defaults.height}", "seconds": time.perf_counter() - t0,
-          "gpu": torch.cuda.get_device_name() if cuda else None}, sink)
-    run_shapes_sessions(pipeline, 1, args)  # warm-up
-    for n in [int(c) for c in (args.sessions or "1,2").split(",")]:
-        emit({**run_shapes_sessions(pipeline, n, args), "load_avg_1m": os.getloadavg()[0]}, sink)
-    if sink:
-        sink.close()
+    with jsonl_sink(args.out) as sink:
+        t0 = time.perf_counter()
+        pipeline, weights = shapes_pipeline(args, device, dtype)
+        emit({"metric": "setup", "model": "shapes-interactive", "weights": weights, "device": str(device),
+              "dtype": str(dtype), "threads": torch.get_num_threads(), "load_avg_1m": os.getloadavg()[0],
+              "size": f"{pipeline.defaults.width}x{pipeline.defaults.height}", "seconds": time.perf_counter() - t0,
+              "gpu": torch.cuda.get_device_name() if cuda else None}, sink)
+        run_shapes_sessions(pipeline, 1, args)  # warm-up
+        for n in [int(c) for c in (args.sessions or "1,2").split(",")]:
+            emit({**run_shapes_sessions(pipeline, n, args), "load_avg_1m": os.getloadavg()[0]}, sink)
 
 
 def main() -> None:
@@ -213,26 +211,24 @@ def main() -> None:
     if args.tiny:
         args.steps = min(args.steps, 1)
     counts = [int(c) for c in (args.sessions or ("1,2" if args.tiny else "1,2,4")).split(",")]
-    sink = open(args.out, "a") if args.out else None
-    t0 = time.perf_counter()
-    folder = Path(args.model) if args.model else save_random_far(size="tiny" if args.tiny else "full",
-                                                                 device="cuda" if cuda else "cpu")
-    dtype = torch.bfloat16 if cuda else torch.float32
-    opts = LoadOptions(device=device, dtype=dtype, attention_backend="sdpa_cudnn" if cuda else "sdpa",
-                       chunk_kv_budget_bytes=(48 << 30) if cuda else None)  # ~4 GB of slabs per 480p session
-    pipeline = load_pipeline(folder, opts)[1]
-    emit({"metric": "setup", "device": str(device), "dtype": str(dtype), "seconds": time.perf_counter() - t0,
-          "size": f"{args.width}x{args.height}x{args.frames}", "steps": args.steps,
-          "partition": list(pipeline.components["transformer"].config.chunk_partition), "gpu": torch.cuda.get_device_name() if cuda else None},
-         sink)
-    run_sessions(pipeline, 1, "batched", args)  # warm-up: kernels, cuDNN plans, allocator
-    for mode in ("batched", "one_at_a_time"):
-        for n in counts:
-            if mode == "one_at_a_time" and n == 1:
-                continue  # the same run as batched with one session
-            emit(run_sessions(pipeline, n, mode, args), sink)
-    if sink:
-        sink.close()
+    with jsonl_sink(args.out) as sink:
+        t0 = time.perf_counter()
+        folder = Path(args.model) if args.model else save_random_far(size="tiny" if args.tiny else "full",
+                                                                     device="cuda" if cuda else "cpu")
+        dtype = torch.bfloat16 if cuda else torch.float32
+        opts = LoadOptions(device=device, dtype=dtype, attention_backend="sdpa_cudnn" if cuda else "sdpa",
+                           chunk_kv_budget_bytes=(48 << 30) if cuda else None)  # ~4 GB of slabs per 480p session
+        pipeline = load_pipeline(folder, opts)[1]
+        emit({"metric": "setup", "device": str(device), "dtype": str(dtype), "seconds": time.perf_counter() - t0,
+              "size": f"{args.width}x{args.height}x{args.frames}", "steps": args.steps,
+              "partition": list(pipeline.components["transformer"].config.chunk_partition), "gpu": torch.cuda.get_device_name() if cuda else None},
+             sink)
+        run_sessions(pipeline, 1, "batched", args)  # warm-up: kernels, cuDNN plans, allocator
+        for mode in ("batched", "one_at_a_time"):
+            for n in counts:
+                if mode == "one_at_a_time" and n == 1:
+                    continue  # the same run as batched with one session
+                emit(run_sessions(pipeline, n, mode, args), sink)
 
 
 if __name__ == "__main__":

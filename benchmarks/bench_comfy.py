@@ -56,7 +56,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import emit  # noqa: E402
+from common import emit, fill_unset  # noqa: E402
 
 FLUX_TEMPLATE, WAN_TEMPLATE = "flux_dev_full_text_to_image", "text_to_video_wan"
 FAMILIES = ("flux", "wan")
@@ -430,8 +430,8 @@ def main() -> None:
         parser.error(f"--only {args.only!r}: pass families from {','.join(FAMILIES)}")
     if args.prompts < 2:
         parser.error("--prompts: pass 2 or more (a burst of one is one at a time)")
-    args.device = args.device or ("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
-    args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
+    fill_unset(args, {"device": "cpu" if args.tiny or not torch.cuda.is_available() else "cuda"})
+    fill_unset(args, {"dtype": "bfloat16" if args.device == "cuda" else "float32"})
     scale = TINY if args.tiny else GPU
     from omniloop.deploy import DeployConfig
 

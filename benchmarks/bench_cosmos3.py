@@ -36,7 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import emit  # noqa: E402
+from common import dims, emit, fill_unset, jsonl_sink  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from omniloop.engine import Engine, EngineConfig, SchedulingPolicy, StepWork  # noqa: E402
 from omniloop.models.autoencoders.wan_vae import WanVAE, WanVAEConfig  # noqa: E402
@@ -471,8 +471,8 @@ def main(argv=None) -> int:
     p.add_argument("--only", default="decode,concurrent,mixed,resident")
     p.add_argument("--out", default=None)
     p.add_argument("--cuda-graphs", action="store_true", help="the reasoner's decode steps replay CUDA graphs")
-    p.add_argument("--video-shape", dest="video_shape_flag", default=None, help="HxWxF of the video requests (video mode and the traces)")
-    p.add_argument("--video-steps", dest="video_steps_flag", type=int, default=None)
+    p.add_argument("--video-shape", type=dims, default=None, help="HxWxF of the video requests (video mode and the traces)")
+    p.add_argument("--video-steps", type=int, default=None)
     p.add_argument("--long-prompt-words", default="", help="comma list: decode vs re-prefill at batch 1 for these "
                    "longer prompts too (words; ~2.7 tokens each)")
     args = p.parse_args(argv)
@@ -484,26 +484,20 @@ def main(argv=None) -> int:
     device = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16 if cuda else torch.float32
     if cuda:  # ~2 GPU minutes in all on an H200
-        args.kv_cache_gb, args.batches, args.max_batch = 24.0, (1, 32), 32
-        args.prompt_words, args.max_tokens, args.reprefill_tokens = 200, 64, 6
-        args.step_tokens, args.step_repeats = 32, 10
-        args.video_shape, args.video_steps, args.n_video, args.n_chat = (480, 832, 33), 8, 2, 16
-        args.trace_videos, args.trace_chats, args.trace_tokens, args.trace_gap_s, args.trace_repeats = 2, 12, 32, 0.2, 1
+        fill_unset(args, dict(kv_cache_gb=24.0, batches=(1, 32), max_batch=32,
+                              prompt_words=200, max_tokens=64, reprefill_tokens=6, step_tokens=32, step_repeats=10,
+                              video_shape=(480, 832, 33), video_steps=8, n_video=2, n_chat=16,
+                              trace_videos=2, trace_chats=12, trace_tokens=32, trace_gap_s=0.2, trace_repeats=1))
     else:
-        args.kv_cache_gb, args.batches, args.max_batch = 0.05, (1, 4), 8
-        args.prompt_words, args.max_tokens, args.reprefill_tokens = 100, 12, 6
-        args.step_tokens, args.step_repeats = 12, 3
-        args.video_shape, args.video_steps, args.n_video, args.n_chat = (32, 32, 5), 3, 2, 4
-        args.trace_videos, args.trace_chats, args.trace_tokens, args.trace_gap_s, args.trace_repeats = 1, 4, 8, 0.0, 3
-    if args.video_shape_flag:
-        args.video_shape = tuple(int(x) for x in args.video_shape_flag.split("x"))
-    args.video_steps = args.video_steps_flag or args.video_steps
+        fill_unset(args, dict(kv_cache_gb=0.05, batches=(1, 4), max_batch=8,
+                              prompt_words=100, max_tokens=12, reprefill_tokens=6, step_tokens=12, step_repeats=3,
+                              video_shape=(32, 32, 5), video_steps=3, n_video=2, n_chat=4,
+                              trace_videos=1, trace_chats=4, trace_tokens=8, trace_gap_s=0.0, trace_repeats=3))
     pipeline = build(args, device, dtype)
     base = {"device": torch.cuda.get_device_name() if cuda else "cpu", "dtype": str(dtype).removeprefix("torch."),
             "model": "cosmos3-published-arch-random" if cuda else "cosmos3-tiny-random", "cuda_graphs": args.cuda_graphs}
-    sink = open(args.out, "a") if args.out else None
     only = set(args.only.split(","))
-    try:
+    with jsonl_sink(args.out) as sink:
         with torch.inference_mode():
             if "decode" in only:
                 bench_decode(pipeline, args, base, sink)
@@ -519,9 +513,6 @@ def main(argv=None) -> int:
                 bench_resident(pipeline, base, sink)
             if args.cuda_graphs:
                 emit({**base, "bench": "cuda_graphs", **pipeline.caches["cuda_graphs"].summary()}, sink)
-    finally:
-        if sink:
-            sink.close()
     return 0
 
 

@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from common import agreement, emit  # benchmarks/ is on sys.path when this runs as a script
+from common import agreement, emit, jsonl_sink  # benchmarks/ is on sys.path when this runs as a script
 from wan_random import save_random_wan
 
 PROMPT = "a red circle moving right"
@@ -65,13 +65,12 @@ def main(argv=None) -> int:
     h, w, f = (32, 32, 5) if args.tiny else (480, 832, 81)
     steps = args.steps or (3 if args.tiny else 50)
     folder = save_random_wan(size="tiny" if args.tiny else "full", device=str(device))
-    sink = open(args.out, "a") if args.out else None
     base = {"bench": "defaults_e2e", "model": "wan2.1-1.3b-arch" if not args.tiny else "wan-tiny",
             "shape": [h, w, f], "steps": steps, "guidance": args.guidance, "dtype": str(dtype).removeprefix("torch."),
             "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__}
     results: dict[str, tuple[torch.Tensor, list[float]]] = {}
     sides = args.sides.split(",")
-    try:
+    with jsonl_sink(args.out) as sink:
         for side in (s for s in sides if s.startswith("ours")):
             from omniloop.api.generator import VideoGenerator
 
@@ -120,9 +119,6 @@ def main(argv=None) -> int:
             emit({**base, "metric": "speedup_ours_default_over_diffusers_compiled",
                   "value": round(statistics.median(results["diffusers_compiled"][1])
                                  / statistics.median(results["ours_default"][1]), 3)}, sink)
-    finally:
-        if sink:
-            sink.close()
     return 0
 
 

@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import emit  # noqa: E402
+from common import dims, emit, fill_unset, jsonl_sink  # noqa: E402
 from omniloop.engine import Engine, EngineConfig, SchedulingPolicy  # noqa: E402
 from omniloop.models.loader import load_pipeline  # noqa: E402
 from omniloop.models.model_spec import LoadOptions  # noqa: E402
@@ -208,8 +208,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None)
     p.add_argument("--max-batch", type=int, default=8)
     p.add_argument("--load", type=float, default=0.85, help="Poisson offered load, as a share of FIFO's rate")
-    p.add_argument("--overhead-size", dest="overhead_size_flag", default=None, help="SIZExFRAMES of the overhead run (GPU 480x81; tiny 32x9)")
-    p.add_argument("--overhead-steps", dest="overhead_steps_flag", type=int, default=None)
+    p.add_argument("--overhead-size", type=dims, default=None, help="SIZExFRAMES of the overhead run (GPU 480x81; tiny 32x9)")
+    p.add_argument("--overhead-steps", type=int, default=None)
     p.add_argument("--long-steps", type=int, default=None, help="steps of the mixed trace's long requests (50; --tiny 12)")
     args = p.parse_args(argv)
     cuda = torch.cuda.is_available() and not args.tiny
@@ -217,27 +217,22 @@ def main(argv=None) -> int:
         torch.set_num_threads(1)  # toy sizes: threads only add scheduling noise
     device = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16 if cuda else torch.float32
-    if cuda:
-        args.overhead_size, args.overhead_steps = (480, 81), 6  # 480x480: 21*30*30 = 18,900 tokens
-        args.mixed_size, args.n_long, args.n_short, args.trace_repeats = (256, 17), 2, 6, 1
-        args.small_size, args.small_steps, args.n_small = 256, 8, 32
-    else:
-        args.overhead_size, args.overhead_steps = (32, 9), 8
-        args.mixed_size, args.n_long, args.n_short, args.trace_repeats = (32, 5), 2, 4, 3
-        args.small_size, args.small_steps, args.n_small = 32, 4, 8
-    if args.overhead_size_flag:
-        args.overhead_size = tuple(int(x) for x in args.overhead_size_flag.split("x"))
-    args.overhead_steps = args.overhead_steps_flag or args.overhead_steps
+    if cuda:  # overhead at 480x480: 21*30*30 = 18,900 tokens
+        fill_unset(args, dict(overhead_size=(480, 81), overhead_steps=6, long_steps=50,
+                              mixed_size=(256, 17), n_long=2, n_short=6, trace_repeats=1,
+                              small_size=256, small_steps=8, n_small=32))
+    else:  # long_steps: 3x a short request, still the long class
+        fill_unset(args, dict(overhead_size=(32, 9), overhead_steps=8, long_steps=12,
+                              mixed_size=(32, 5), n_long=2, n_short=4, trace_repeats=3,
+                              small_size=32, small_steps=4, n_small=8))
     from wan_random import save_random_wan
 
-    args.long_steps = args.long_steps or (50 if cuda else 12)  # tiny: 3x a short request, still the long class
     folder = args.model or save_random_wan(size="full" if cuda else "tiny", device=str(device))
     opts = LoadOptions(device=device, dtype=dtype, attention_backend="sdpa")
     _, pipeline = load_pipeline(folder, opts)
     base = {"device": torch.cuda.get_device_name() if cuda else "cpu", "dtype": str(dtype).removeprefix("torch."),
             "model": "wan2.1-1.3b-arch" if cuda else ("wan-tiny" if args.model is None else Path(args.model).name)}
-    sink = open(args.out, "a") if args.out else None
-    try:
+    with jsonl_sink(args.out) as sink:
         with torch.inference_mode():
             only = set(args.only.split(","))
             if "overhead" in only:
@@ -246,9 +241,6 @@ def main(argv=None) -> int:
                 bench_mixed(pipeline, args, base, sink)
             if "small" in only:
                 bench_small(pipeline, args, base, sink)
-    finally:
-        if sink:
-            sink.close()
     return 0
 
 

@@ -34,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import emit, timed  # noqa: E402
+from common import emit, fill_unset, jsonl_sink, timed  # noqa: E402
 from flux_random import random_flux_pipeline, save_random_loras  # noqa: E402
 from omniloop.cache.text_embeddings import CACHE_NAME as TEXT_CACHE  # noqa: E402
 from omniloop.engine import Engine, EngineConfig, SchedulingPolicy  # noqa: E402
@@ -327,30 +327,26 @@ def main() -> None:
     args = p.parse_args()
     if args.tiny:
         device, dtype, size = torch.device("cpu"), torch.float32, "tiny"
-        args.requests, args.steps = args.requests or 6, args.steps or 2
+        fill_unset(args, dict(requests=6, steps=2, e2e_size="64x64"))
         args.loras, args.trace = min(args.loras, 4), min(args.trace, 16)
-        args.e2e_size = args.e2e_size or "64x64"
         torch.set_num_threads(1)
     else:
         device, dtype, size = torch.device("cuda"), torch.bfloat16, "dev"
-        args.requests, args.steps = args.requests or 16, args.steps or 4
-        args.e2e_size = args.e2e_size or "1024x1024"
+        fill_unset(args, dict(requests=16, steps=4, e2e_size="1024x1024"))
     options = LoadOptions(device=device, dtype=dtype, attention_backend=args.attention_backend)
     t0 = time.perf_counter()
     _, pipeline = random_flux_pipeline(size, options)
     base = {"model": f"flux-{size}-random", "device": str(device), "dtype": str(dtype).removeprefix("torch."),
             "steps": args.steps, "attention_backend": args.attention_backend,
             "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None}
-    sink = open(args.out, "a") if args.out else None
-    emit({**base, "bench": "setup", "build_s": round(time.perf_counter() - t0, 2),
-          "transformer_params": sum(p.numel() for p in pipeline.components["transformer"].parameters())}, sink)
-    benches = {"mixed": bench_mixed, "lora": bench_lora, "cache": bench_cache, "graphs": graphs_or_reason,
-               "graphs_engine": bench_graphs_engine, "e2e": bench_e2e}
-    with torch.inference_mode():
-        for name in args.only.split(","):
-            benches[name](pipeline, args, base, sink)
-    if sink is not None:
-        sink.close()
+    with jsonl_sink(args.out) as sink:
+        emit({**base, "bench": "setup", "build_s": round(time.perf_counter() - t0, 2),
+              "transformer_params": sum(p.numel() for p in pipeline.components["transformer"].parameters())}, sink)
+        benches = {"mixed": bench_mixed, "lora": bench_lora, "cache": bench_cache, "graphs": graphs_or_reason,
+                   "graphs_engine": bench_graphs_engine, "e2e": bench_e2e}
+        with torch.inference_mode():
+            for name in args.only.split(","):
+                benches[name](pipeline, args, base, sink)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common import emit, timed
+from common import emit, jsonl_sink, timed
 from omniloop.models.layers.fp8_linear import Fp8Linear, quantize_rowwise
 
 # (name, in, out) of one Wan2.1-1.3B block (dim 1536, ffn 8960); cross-attn k/v act on 512 text tokens
@@ -49,36 +49,34 @@ def main(argv=None) -> int:
     gemms = [(n, i // 16 if args.tiny else i, o // 16 if args.tiny else o) for n, i, o in BLOCK_GEMMS]
     base = {"bench": "fp8_gemm", "device": torch.cuda.get_device_name() if cuda else "cpu",
             "torch": torch.__version__, "tokens": tokens, "dtype": str(dtype).removeprefix("torch.")}
-    sink = open(args.out, "a") if args.out else None
-    totals: dict[str, float] = {}
-    torch.manual_seed(0)
-    for name, k, n in gemms:
-        linear = nn.Linear(k, n, device=device, dtype=dtype)
-        fp8, fp8_tensor = Fp8Linear.from_linear(linear, "row"), Fp8Linear.from_linear(linear, "tensor")
-        x = torch.randn(tokens, k, device=device, dtype=dtype)
-        ref = F.linear(x.float(), linear.weight.float(), linear.bias.float())
-        errors = {kind: ((m(x).float() - ref).norm() / ref.norm()).item()
-                  for kind, m in (("fp8", fp8), ("fp8_tensor", fp8_tensor))}
-        modules = {"bf16": linear, "fp8_eager": fp8, "fp8_tensor_eager": fp8_tensor}
-        if cuda:
-            modules |= {"fp8_compiled": torch.compile(fp8), "fp8_tensor_compiled": torch.compile(fp8_tensor),
-                        "bf16_compiled": torch.compile(linear)}
-        variants = {variant: (lambda m=m: m(x)) for variant, m in modules.items()}  # one call path for all
-        variants |= kernel_only(x, fp8)
-        flops = 2 * tokens * k * n
-        with torch.inference_mode():
-            for variant, fn in variants.items():
-                s = statistics.median(timed(fn, warmup=3, iters=args.iters, cuda=cuda))
-                totals[variant] = totals.get(variant, 0.0) + s
-                emit({**base, "gemm": name, "k": k, "n": n, "variant": variant, "median_s": s,
-                      "tflops": round(flops / s / 1e12, 1),
-                      "rel_l2_vs_fp32": errors.get(variant.rsplit("_", 1)[0]) if "kernel" not in variant else None},
-                 sink)
-    for variant, s in totals.items():
-        emit({**base, "gemm": "per_forward_total", "variant": variant, "blocks": BLOCKS,
-              "seconds_per_forward": round(BLOCKS * s, 4)}, sink)
-    if sink:
-        sink.close()
+    with jsonl_sink(args.out) as sink:
+        totals: dict[str, float] = {}
+        torch.manual_seed(0)
+        for name, k, n in gemms:
+            linear = nn.Linear(k, n, device=device, dtype=dtype)
+            fp8, fp8_tensor = Fp8Linear.from_linear(linear, "row"), Fp8Linear.from_linear(linear, "tensor")
+            x = torch.randn(tokens, k, device=device, dtype=dtype)
+            ref = F.linear(x.float(), linear.weight.float(), linear.bias.float())
+            errors = {kind: ((m(x).float() - ref).norm() / ref.norm()).item()
+                      for kind, m in (("fp8", fp8), ("fp8_tensor", fp8_tensor))}
+            modules = {"bf16": linear, "fp8_eager": fp8, "fp8_tensor_eager": fp8_tensor}
+            if cuda:
+                modules |= {"fp8_compiled": torch.compile(fp8), "fp8_tensor_compiled": torch.compile(fp8_tensor),
+                            "bf16_compiled": torch.compile(linear)}
+            variants = {variant: (lambda m=m: m(x)) for variant, m in modules.items()}  # one call path for all
+            variants |= kernel_only(x, fp8)
+            flops = 2 * tokens * k * n
+            with torch.inference_mode():
+                for variant, fn in variants.items():
+                    s = statistics.median(timed(fn, warmup=3, iters=args.iters, cuda=cuda))
+                    totals[variant] = totals.get(variant, 0.0) + s
+                    emit({**base, "gemm": name, "k": k, "n": n, "variant": variant, "median_s": s,
+                          "tflops": round(flops / s / 1e12, 1),
+                          "rel_l2_vs_fp32": errors.get(variant.rsplit("_", 1)[0]) if "kernel" not in variant else None},
+                     sink)
+        for variant, s in totals.items():
+            emit({**base, "gemm": "per_forward_total", "variant": variant, "blocks": BLOCKS,
+                  "seconds_per_forward": round(BLOCKS * s, 4)}, sink)
     return 0
 
 

@@ -46,7 +46,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/ (common, bench_qwen2)
 from bench_qwen2 import byte_tokenizer, no_eos, prompt, sync  # noqa: E402
-from common import built_in, emit  # noqa: E402
+from common import built_in, emit, fill_unset  # noqa: E402
 
 from omniloop.engine.engine import Engine, EngineConfig  # noqa: E402
 from omniloop.engine.scheduler import SchedulingPolicy  # noqa: E402
@@ -327,11 +327,7 @@ def parse(argv) -> argparse.Namespace:
     args = p.parse_args(argv)
     small = {"text_tokens": 8, "audio_tokens": 24, "prompt_tokens": 8} if args.tiny else \
         {"text_tokens": 32, "audio_tokens": 250, "prompt_tokens": 64}
-    for key, value in small.items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    if args.device is None:
-        args.device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
+    fill_unset(args, {**small, "device": "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"})
     if args.tiny and args.batches == "8,32":
         args.batches, args.serial = "2,4", min(args.serial, 2)
     return args

@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import built_in, emit  # noqa: E402
+from common import built_in, emit, fill_unset, jsonl_sink  # noqa: E402
 from omniloop.models.families.wan.presets import WAN21_T2V_1_3B, WAN21_T2V_14B  # noqa: E402
 
 AXES = ("ulysses", "ring", "cfg", "tp")
@@ -257,7 +257,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     cuda = torch.cuda.is_available() and not args.tiny
     args.device = "cuda" if cuda else "cpu"
-    args.arch = args.arch or ("1.3b" if cuda else "tiny")
+    fill_unset(args, {"arch": "1.3b" if cuda else "tiny"})
     args.axes = tuple(a for a in args.axes.split(",") if a)
     args.e2e_specs = [s for s in args.e2e_specs.split(";") if s]
     if cuda:
@@ -277,8 +277,7 @@ def main(argv=None) -> int:
     base = {"device": torch.cuda.get_device_name() if cuda else "cpu", "dtype": "bfloat16" if cuda else "float32",
             "world": args.world, "torch": torch.__version__}
     only = set(args.only.split(","))
-    sink = open(args.out, "a") if args.out else None
-    try:
+    with jsonl_sink(args.out) as sink:
         if "step" in only:
             bench_step(args, base, sink)
         if only & {"e2e", "mixed"}:
@@ -290,9 +289,6 @@ def main(argv=None) -> int:
                 bench_e2e(args, folder, {**base, "model": model}, sink)
             if "mixed" in only:
                 bench_mixed(args, folder, {**base, "model": model}, sink)
-    finally:
-        if sink:
-            sink.close()
     return 0
 
 

@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_parallel import _timed  # noqa: E402
-from common import built_in, emit  # noqa: E402
+from common import built_in, emit, jsonl_sink  # noqa: E402
 from omniloop.models.families.flux.presets import FLUX1_DEV  # noqa: E402
 
 AXES = ("ulysses", "tp")
@@ -118,8 +118,7 @@ def main(argv=None) -> int:
             "dtype": "bfloat16" if cuda else "float32", "arch": "flux.1-dev" if cuda else "tiny",
             "sizes": [list(s) for s in sizes], "image_tokens": sum(h * w // 256 for h, w in sizes),
             "text_tokens": text_len * len(sizes)}
-    sink = open(args.out, "a") if args.out else None
-    try:
+    with jsonl_sink(args.out) as sink:
         one = statistics.median(results[0]["one"])
         emit({**base, "ranks": 1, "axis": "none", "step_s": one}, sink)
         for axis in axes:
@@ -127,9 +126,6 @@ def main(argv=None) -> int:
             emit({**base, "ranks": args.world, "axis": axis, "step_s": step, "speedup": round(one / step, 3),
                   "efficiency": round(one / step / args.world, 3), "rel_l2_vs_one": results[0][f"rel_l2[{axis}]"]},
                  sink)
-    finally:
-        if sink is not None:
-            sink.close()
     return 0
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from common import emit
+from common import emit, jsonl_sink
 
 
 def random_models(out_root: Path, tiny: bool) -> Path:
@@ -80,17 +80,15 @@ def main(argv: list[str] | None = None) -> int:
     root = random_models(Path(tempfile.mkdtemp(prefix="shapes_export_")), args.tiny) if args.random else None
     base = {"bench": "shapes_cpu_latency", "weights": "random" if args.random else "trained",
             "torch": torch.__version__, "threads": torch.get_num_threads()}
-    sink = open(args.out, "a") if args.out else None
-    from omniloop.models.loader import BUILTIN_MODELS
-    from omniloop.models.manifest import read_manifest
+    with jsonl_sink(args.out) as sink:
+        from omniloop.models.loader import BUILTIN_MODELS
+        from omniloop.models.manifest import read_manifest
 
-    for name in (STUDENT_NAME, TEACHER_NAME):
-        if root is None and not read_manifest(BUILTIN_MODELS[name]).files:  # not trained yet: nothing to time
-            emit({**base, "model": name, "skipped": "placeholder without weights (docs/training.md)"}, sink)
-            continue
-        emit({**base, **measure(root / name if root else name, args.repeats)}, sink)
-    if sink:
-        sink.close()
+        for name in (STUDENT_NAME, TEACHER_NAME):
+            if root is None and not read_manifest(BUILTIN_MODELS[name]).files:  # not trained yet: nothing to time
+                emit({**base, "model": name, "skipped": "placeholder without weights (docs/training.md)"}, sink)
+                continue
+            emit({**base, **measure(root / name if root else name, args.repeats)}, sink)
     return 0
 
 

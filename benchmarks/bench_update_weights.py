@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import emit  # noqa: E402
+from common import emit, jsonl_sink  # noqa: E402
 from wan_random import SIZES, save_random_wan  # noqa: E402
 
 from omniloop.engine import Engine, EngineConfig  # noqa: E402
@@ -121,12 +121,8 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--out", type=Path)
     args = p.parse_args()
-    args.sink = open(args.out, "a") if args.out else None
-    try:
+    with jsonl_sink(args.out) as args.sink:
         run(args)
-    finally:
-        if args.sink is not None:
-            args.sink.close()
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from common import emit, profile_top, timed  # benchmarks/ is on sys.path when this runs as a script
+from common import emit, jsonl_sink, profile_top, timed  # benchmarks/ is on sys.path when this runs as a script
 from omniloop.models.families.wan.presets import WAN21_T2V_1_3B, WAN21_T2V_14B, WAN21_VAE
 from omniloop.models.families.wan.weights import load_wan_dit
 from omniloop.models.layers.attention import set_attention_backend
@@ -329,14 +329,10 @@ def main(argv=None) -> int:
     else:
         cfg = dict(WAN21_T2V_14B if args.arch == "14b" else WAN21_T2V_1_3B)
         shape = Shape(720, 1280, 81) if args.size == "720p" else Shape(480, 832, 81)
-    sink = open(args.out, "a") if args.out else None
-    try:
+    with jsonl_sink(args.out) as sink:
         if args.vae:  # first: quick, so its numbers survive a timeout in a long compile below
             bench_vae(args, shape, device, dtype, sink)
         bench_dit(args, cfg, shape, device, dtype, sink)
-    finally:
-        if sink:
-            sink.close()
     return 0
 
 

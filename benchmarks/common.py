@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import json
 import math
 import time
-from collections.abc import Callable
-from typing import IO
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import IO, Any
 
 import torch
 
@@ -19,6 +22,32 @@ def emit(record: dict, sink: IO[str] | None = None) -> None:
     if sink is not None:
         sink.write(line + "\n")
         sink.flush()
+
+
+@contextlib.contextmanager
+def jsonl_sink(path: str | Path | None, mode: str = "a") -> Iterator[IO[str] | None]:
+    """The file ``--out`` names, for :func:`emit` to append the JSON lines to (``mode`` "w":
+    start it afresh), closed however the run ends; None when no file is named."""
+    if not path:
+        yield None
+        return
+    with open(path, mode) as sink:
+        yield sink
+
+
+def fill_unset(args: argparse.Namespace, preset: Mapping[str, Any]) -> argparse.Namespace:
+    """``args`` with each of ``preset``'s names set to its value where no flag gave one (the flag's
+    default is None): the sizes a benchmark picks for the GPU or ``--tiny``, under the flags the
+    user passed. Names no flag declares are set from ``preset`` too."""
+    for key, value in preset.items():
+        if vars(args).get(key) is None:
+            setattr(args, key, value)
+    return args
+
+
+def dims(text: str) -> tuple[int, ...]:
+    """An ``HxWxF``-style flag (``480x81``) as a tuple of ints (an argparse ``type``)."""
+    return tuple(int(x) for x in text.split("x"))
 
 
 def timed(fn: Callable[[], object], *, warmup: int, iters: int, cuda: bool) -> list[float]:

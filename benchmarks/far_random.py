@@ -7,8 +7,8 @@ import tempfile
 from pathlib import Path
 
 import torch
+from wan_random import random_t5_tokenizer, random_umt5  # benchmarks/ is on sys.path when this runs
 
-CORPUS = ["a red circle moving right", "a blue square moving left", "a green triangle bouncing", "low quality"]
 SIZES = ("full", "tiny")
 
 
@@ -18,16 +18,12 @@ def save_random_far(folder: Path | None = None, *, size: str, device: str = "cpu
     if size not in SIZES:
         raise ValueError(f"size={size!r}; pass one of {SIZES}")
     from diffusers import AnyFlowFARPipeline, AnyFlowFARTransformer3DModel, AutoencoderKLWan, FlowMapEulerDiscreteScheduler
-    from tokenizers import SentencePieceUnigramTokenizer
-    from transformers import T5TokenizerFast, UMT5Config, UMT5EncoderModel
 
     from omniloop.models.families.far.presets import FAR_WAN21_1_3B
     from omniloop.models.families.wan.presets import WAN21_VAE
 
     folder = Path(folder or tempfile.mkdtemp(prefix="far_random_"))
-    sp = SentencePieceUnigramTokenizer()
-    sp.train_from_iterator(CORPUS * 20, vocab_size=60, special_tokens=["<pad>", "</s>", "<unk>"], unk_token="<unk>")
-    tokenizer = T5TokenizerFast(tokenizer_object=sp, eos_token="</s>", unk_token="<unk>", pad_token="<pad>", extra_ids=0)
+    tokenizer = random_t5_tokenizer()
     dit, vae = dict(FAR_WAN21_1_3B), dict(WAN21_VAE)
     if size == "tiny":
         dit.update(num_attention_heads=2, attention_head_dim=12, ffn_dim=32, num_layers=2, text_dim=32, freq_dim=16,
@@ -36,8 +32,7 @@ def save_random_far(folder: Path | None = None, *, size: str, device: str = "cpu
     dtype = torch.bfloat16 if size == "full" else torch.float32
     torch.manual_seed(0)
     with torch.device(device):
-        text = UMT5EncoderModel(UMT5Config(vocab_size=len(tokenizer), d_model=dit["text_dim"], d_kv=8, d_ff=64, num_layers=1,
-                                           num_heads=4, relative_attention_num_buckets=8))
+        text = random_umt5(tokenizer, dit["text_dim"])
         pipe = AnyFlowFARPipeline(tokenizer=tokenizer, text_encoder=text, vae=AutoencoderKLWan(**vae),
                                   transformer=AnyFlowFARTransformer3DModel(**dit).to(dtype),
                                   scheduler=FlowMapEulerDiscreteScheduler(num_train_timesteps=1000, shift=5.0))

@@ -15,7 +15,9 @@ SIZES = ("full", "small", "tiny")
 A14B_SIZES = ("a14b", "tiny")
 
 
-def _tokenizer():
+def random_t5_tokenizer():
+    """A T5 tokenizer over a 60-piece SentencePiece vocabulary trained on ``CORPUS`` (Wan's and
+    FAR's random checkpoints)."""
     from tokenizers import SentencePieceUnigramTokenizer
     from transformers import T5TokenizerFast
 
@@ -24,18 +26,25 @@ def _tokenizer():
     return T5TokenizerFast(tokenizer_object=sp, eos_token="</s>", unk_token="<unk>", pad_token="<pad>", extra_ids=0)
 
 
+def random_umt5(tokenizer, d_model: int):
+    """A one-layer random UMT5 text encoder of width ``d_model`` (the DiT's ``text_dim``),
+    created on the current default device."""
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    return UMT5EncoderModel(UMT5Config(vocab_size=len(tokenizer), d_model=d_model, d_kv=8, d_ff=64, num_layers=1,
+                                       num_heads=4, relative_attention_num_buckets=8))
+
+
 def save_random_wan(folder: Path | None = None, *, size: str, device: str = "cpu") -> Path:
     """``size``: "full" = the Wan2.1-T2V-1.3B architecture (30 blocks) with the real VAE;
     "small" = 8 blocks of width 128; "tiny" = the 2-block toy (both with a small VAE)."""
     if size not in SIZES:
         raise ValueError(f"size={size!r}; pass one of {SIZES}")
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
-    from transformers import UMT5Config, UMT5EncoderModel
-
     from omniloop.models.families.wan.presets import WAN21_T2V_1_3B, WAN21_VAE
 
     folder = Path(folder or tempfile.mkdtemp(prefix="wan_random_"))
-    tokenizer = _tokenizer()
+    tokenizer = random_t5_tokenizer()
     dit = dict(WAN21_T2V_1_3B)
     vae = dict(WAN21_VAE)
     if size == "small":
@@ -46,8 +55,7 @@ def save_random_wan(folder: Path | None = None, *, size: str, device: str = "cpu
         vae.update(base_dim=8, dim_mult=[1, 2, 2, 2], num_res_blocks=1)
     torch.manual_seed(0)
     with torch.device(device):
-        text = UMT5EncoderModel(UMT5Config(vocab_size=len(tokenizer), d_model=dit["text_dim"], d_kv=8, d_ff=64, num_layers=1,
-                                           num_heads=4, relative_attention_num_buckets=8))
+        text = random_umt5(tokenizer, dit["text_dim"])
         pipe = WanPipeline(tokenizer=tokenizer, text_encoder=text, vae=AutoencoderKLWan(**vae),
                            transformer=WanTransformer3DModel(**dit),
                            scheduler=UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
@@ -67,12 +75,10 @@ def save_random_wan22(folder: Path | None = None, *, size: str, layers: int | No
     if size not in A14B_SIZES:
         raise ValueError(f"size={size!r}; pass one of {A14B_SIZES}")
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
-    from transformers import UMT5Config, UMT5EncoderModel
-
     from omniloop.models.families.wan.presets import WAN21_T2V_14B, WAN21_VAE
 
     folder = Path(folder or tempfile.mkdtemp(prefix="wan22_random_"))
-    tokenizer = _tokenizer()
+    tokenizer = random_t5_tokenizer()
     dit, vae = dict(WAN21_T2V_14B), dict(WAN21_VAE)
     if size == "tiny":
         dit.update(num_attention_heads=2, attention_head_dim=12, ffn_dim=32, num_layers=2, text_dim=32, freq_dim=16)
@@ -88,8 +94,7 @@ def save_random_wan22(folder: Path | None = None, *, size: str, layers: int | No
     finally:
         torch.set_default_dtype(default)
     with torch.device(device):
-        text = UMT5EncoderModel(UMT5Config(vocab_size=len(tokenizer), d_model=dit["text_dim"], d_kv=8, d_ff=64, num_layers=1,
-                                           num_heads=4, relative_attention_num_buckets=8))
+        text = random_umt5(tokenizer, dit["text_dim"])
         pipe = WanPipeline(tokenizer=tokenizer, text_encoder=text, vae=AutoencoderKLWan(**vae), transformer=experts[0],
                            transformer_2=experts[1], boundary_ratio=0.875,
                            scheduler=UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,

@@ -54,3 +54,19 @@ def test_finished_latents_do_not_hold_the_batch_alive():
     assert torch.equal(owned, row) and owned.untyped_storage().nbytes() == owned.numel() * 4
     alone = torch.randn(1, 4, 2, 3, 3)
     assert _own(alone) is alone  # no copy when it already owns its storage
+
+
+def test_rk4_flow_step_many_rows_equal_each_requests_own_steps():
+    # rk4_flow keys no batch (token2wav steps it alone), but its step_many is the joint one
+    sampler = build_sampler("rk4_flow", {})
+    n, shape = 3, (1, 6, 5)
+    g = torch.Generator().manual_seed(0)
+    alone, joint = [sampler.init_state(3) for _ in range(n)], [sampler.init_state(3) for _ in range(n)]
+    xa = [torch.randn(shape, generator=g) for _ in range(n)]
+    xj = torch.cat(xa)
+    while not joint[0].done:
+        outputs = [torch.randn(shape, generator=g) for _ in range(n)]
+        xa = [sampler.step(s, v, x) for s, v, x in zip(alone, outputs, xa)]
+        xj = sampler.step_many(joint, torch.cat(outputs), xj)
+        assert torch.equal(xj, torch.cat(xa))
+    assert all(s.done for s in alone)

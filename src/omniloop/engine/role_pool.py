@@ -38,7 +38,9 @@ runs in the engine's own process, "main"). Nothing in the engine or the schedule
   the request's channel (rank 0's). A placed consumer's pool holds a mirror of that channel:
   each call forwards the chunks not yet sent and the end of the stream, and the pool's view
   says how many the loop took, which rank 0's channel then drops — so the engine's readiness
-  and backpressure read rank 0's channel exactly as for a local consumer.
+  and backpressure read rank 0's channel exactly as for a local consumer. A consumer that
+  waits is sent what came since by ``forward_streams`` (a ``feed`` call), which the scheduler
+  calls before it asks ``ready``: ``ready`` itself only reads the view.
 * **Limits of this build.** Every process loads the whole pipeline (rank 0 for admission,
   each pool for its nodes); plugins do not run on pools; one process per pool; role pools
   exclude an SPMD ``parallel`` spec.
@@ -431,19 +433,25 @@ class PlacedLoop(_Placed, LoopStageBase[RemoteLoop]):
     def step_flops(self, loop: RemoteLoop) -> float | None:
         return loop.view.step_flops
 
+    def forward_streams(self, loop: RemoteLoop) -> None:
+        """A stream consumer that was not ready when it last heard from its pool is sent the
+        chunks (or the end of stream) rank 0 got since, and its view comes back. Without this
+        the pool would never learn of them: only a call carries chunks."""
+        if loop.view.ready or not self._unsent(loop) or loop.generation != self.pool.generation:
+            return
+        try:
+            result = self.pool.call("feed", self.node.name,
+                                    [CallItem(loop.request_id, **self._forward_chunks(loop))]).results[0]
+        except PoolLost:  # the pool failed: stepping the loop fails it, naming the pool
+            loop.view = dataclasses.replace(loop.view, ready=True)
+            return
+        if result.view is not None:
+            self._mirror(loop, result.view)
+
     def ready(self, loop: RemoteLoop) -> bool:
-        """The pool's last view; a stream consumer that was not ready when it last heard from
-        its pool is sent the chunks (or the end of stream) rank 0 got since, and asked again.
-        Without this the pool would never learn of them: only a call carries chunks."""
-        if not loop.view.ready and self._unsent(loop) and loop.generation == self.pool.generation:
-            try:
-                result = self.pool.call("feed", self.node.name,
-                                        [CallItem(loop.request_id, **self._forward_chunks(loop))]).results[0]
-            except PoolLost:  # restarted: stepping the loop fails it, naming the pool
-                return True
-            if result.view is not None:
-                self._mirror(loop, result.view)
-        return loop.view.ready
+        """The pool's last view; a loop its pool lost (restarted since) is ready, so that stepping
+        it fails it, naming the pool."""
+        return loop.view.ready or loop.generation != self.pool.generation
 
     @staticmethod
     def _unsent(loop: RemoteLoop) -> bool:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Sequence
 
 from omniloop.engine.memory_budget import MemoryBudget
 from omniloop.engine.cost_model import CostModel, ItemCost
@@ -113,8 +113,9 @@ class StepScheduler:
         aborted = self._take_aborted()
         admitted = self._admit()
         now = time.perf_counter()
-        ranked = self._rank([r for r in self.running.values() if not r.root.abort_requested and not r.root.paused
-                             and _ready(r) and self._ready_at(r) <= now])
+        live = [r for r in self.running.values() if not r.root.abort_requested and not r.root.paused]
+        _forward_streams(live)
+        ranked = self._rank([r for r in live if _ready(r) and self._ready_at(r) <= now])
         head = ranked[0] if ranked else None
         prologue = [r for r in ranked if _in_prologue(r)]
         if prologue and head is not prologue[0] and self._prologue_first(prologue[0], head):
@@ -295,9 +296,18 @@ def _depth(req: EngineRequest) -> int:
     return req.node_index if req.parent is None else req.root.nodes.index(req.nodes[0])
 
 
+def _forward_streams(reqs: Sequence[EngineRequest]) -> None:
+    """Before readiness is asked: each loop whose streams let it step is handed what they got
+    since it last saw them (``LoopStage.forward_streams``: a loop on a role pool is sent them)."""
+    for req in reqs:
+        node = req.node
+        if req.loop is not None and node is not None and node.is_loop and req.streams_ready():
+            node.stage.forward_streams(req.loop)
+
+
 def _ready(req: EngineRequest) -> bool:
     """A request inside a loop whose next step cannot run yet (waiting for KV blocks, for a
-    chunk of a stream it reads, for room on a stream it feeds) is skipped."""
+    chunk of a stream it reads, for room on a stream it feeds) is skipped. A query only."""
     node = req.node
     if req.loop is None or node is None or not node.is_loop:
         return True

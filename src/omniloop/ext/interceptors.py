@@ -112,6 +112,20 @@ class InterceptorBase:
         self.totals["forwards"] += 1
         self.totals["skipped"] += skipped
 
+    def commit(self, segments: Sequence[BlockSegment], reused: Sequence[bool], emit: Emit,
+               store: Callable[[int, BlockSegment], None]) -> None:
+        """After the forward went through: each request's segment records whether it reused its
+        cache (a hit) and reports it, and one that computed stores its fresh residuals
+        (``store(i, segment)``). Segments of requests with the plugin off are passed over."""
+        for i, seg in enumerate(segments):
+            if seg.loop_state is None:  # the plugin is off for this request (no branch state either)
+                continue
+            self.record(seg.loop_state, reused[i])
+            if emit is not None:
+                emit("hit" if reused[i] else "miss", seg)
+            if not reused[i]:
+                store(i, seg)
+
     def metrics(self) -> dict[str, Any]:
         t: dict[str, Any] = dict(self.totals)
         t["skip_ratio"] = round(t["skipped"] / t["forwards"], 4) if t["forwards"] else 0.0

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from torch import nn
 from torch.utils.hooks import RemovableHandle
@@ -55,14 +55,21 @@ def register_taps(components: Mapping[str, Any], observers: Sequence[Observer]) 
     return handles, tapped
 
 
+def _publish(qual: str, observers: list[Observer], point: str, payload: Any,
+             handler: Callable[[Observer], Callable[[TapEvent], None]]) -> None:
+    """One :class:`TapEvent` to each observer's ``point`` handler; one that raises is logged and
+    skipped (an observer never breaks the forward)."""
+    event = TapEvent(qual, current_scope(), payload)
+    for o in observers:
+        try:
+            handler(o)(event)
+        except Exception:
+            logger.exception("observer %r failed at %s %s; skipped", o.name, point, qual)
+
+
 def _pre_hook(qual: str, observers: list[Observer]):
     def hook(module: nn.Module, args: Any) -> None:
-        event = TapEvent(qual, current_scope(), args)
-        for o in observers:
-            try:
-                o.module_pre(event)
-            except Exception:
-                logger.exception("observer %r failed at module_pre %s; skipped", o.name, qual)
+        _publish(qual, observers, "module_pre", args, lambda o: o.module_pre)
         return None
 
     return hook
@@ -70,12 +77,7 @@ def _pre_hook(qual: str, observers: list[Observer]):
 
 def _post_hook(qual: str, observers: list[Observer]):
     def hook(module: nn.Module, args: Any, output: Any) -> None:
-        event = TapEvent(qual, current_scope(), output)
-        for o in observers:
-            try:
-                o.module_post(event)
-            except Exception:
-                logger.exception("observer %r failed at module_post %s; skipped", o.name, qual)
+        _publish(qual, observers, "module_post", output, lambda o: o.module_post)
         return None  # never replaces the output
 
     return hook

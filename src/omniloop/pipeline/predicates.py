@@ -82,10 +82,19 @@ class opt(Predicate):  # noqa: N801
 
 
 @dataclass(frozen=True)
-class _Or(Predicate):
+class _Pair(Predicate):
+    """Two predicates joined (``|`` / ``&``): pure when both are."""
+
     a: Predicate
     b: Predicate
 
+    @property
+    def pure(self) -> bool:
+        return self.a.pure and self.b.pure
+
+
+@dataclass(frozen=True)
+class _Or(_Pair):
     def __call__(self, request: OmniRequest) -> bool:
         return self.a(request) or self.b(request)
 
@@ -93,19 +102,12 @@ class _Or(Predicate):
         ta, tb = self.a.tasks(), self.b.tasks()
         return None if ta is None or tb is None else ta | tb
 
-    @property
-    def pure(self) -> bool:
-        return self.a.pure and self.b.pure
-
     def __repr__(self) -> str:
         return f"({self.a!r} | {self.b!r})"
 
 
 @dataclass(frozen=True)
-class _And(Predicate):
-    a: Predicate
-    b: Predicate
-
+class _And(_Pair):
     def __call__(self, request: OmniRequest) -> bool:
         return self.a(request) and self.b(request)
 
@@ -114,10 +116,6 @@ class _And(Predicate):
         if ta is None:
             return tb
         return ta if tb is None else ta & tb
-
-    @property
-    def pure(self) -> bool:
-        return self.a.pure and self.b.pure
 
     def __repr__(self) -> str:
         return f"({self.a!r} & {self.b!r})"

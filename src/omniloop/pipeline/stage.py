@@ -176,8 +176,15 @@ class LoopStage(_Ports, _StreamPorts, Protocol[S]):
         (``SchedulingPolicy.max_batch_tokens``); 0: nothing counted."""
         ...
 
+    def forward_streams(self, loop: S) -> None:
+        """Hand the loop the chunks (and stream ends) its input streams got since it last saw
+        them, where that takes work: a loop on a role pool is sent them. The scheduler calls it
+        before it asks :meth:`ready`, which then only reads."""
+        ...
+
     def ready(self, loop: S) -> bool:
-        """False while the loop's next step cannot run (it waits for KV blocks)."""
+        """False while the loop's next step cannot run (it waits for KV blocks). A query: no side
+        effects (what readiness needs delivered, :meth:`forward_streams` delivered)."""
         ...
 
     def ready_at(self, loop: S) -> float | None:
@@ -319,6 +326,9 @@ class LoopStageBase(StageBase, Generic[S]):
         """True while the loop's next step is prologue work (an AR loop's prefill chunks): the
         scheduler interleaves it with other requests' steps instead of queueing it behind them."""
         return False
+
+    def forward_streams(self, loop: S) -> None:
+        """Nothing to hand over: a loop in this process reads its request's channels directly."""
 
     def ready(self, loop: S) -> bool:
         """False while the loop's next step cannot run (e.g. it waits for KV blocks after a

@@ -106,6 +106,17 @@ def _refused(name: str) -> Response:
     return Response(f"{name!r} leaves the user folder: pass a relative name without '..'", status_code=403)
 
 
+def _user_file(files: UserFiles, name: str) -> Path | Response:
+    """The existing user-data file ``name``, or the answer refusing it: 403 when the name leaves the
+    user folder, 404 when no such file is there."""
+    path = files.path(name)
+    if path is None:
+        return _refused(name)
+    if not path.is_file():
+        return Response(f"no file {name!r} in the user data", status_code=404)
+    return path
+
+
 @router.get("/users")
 async def users(request: Request) -> dict[str, Any]:
     # single-user: the front end then uses the default user's server-side storage
@@ -171,12 +182,8 @@ async def list_userdata(request: Request, dir: str = "", recurse: str = "", full
 
 @router.get("/userdata/{name:path}")
 async def get_userdata(request: Request, name: str) -> Response:
-    path = _files(request).path(name)
-    if path is None:
-        return _refused(name)
-    if not path.is_file():
-        return Response(f"no file {name!r} in the user data", status_code=404)
-    return FileResponse(path)
+    path = _user_file(_files(request), name)
+    return path if isinstance(path, Response) else FileResponse(path)
 
 
 @router.post("/userdata/{name:path}")
@@ -210,11 +217,9 @@ def _move(files: UserFiles, source: str, dest: str, overwrite: bool, full_info: 
 
 @router.delete("/userdata/{name:path}")
 async def delete_userdata(request: Request, name: str) -> Response:
-    path = _files(request).path(name)
-    if path is None:
-        return _refused(name)
-    if not path.is_file():
-        return Response(f"no file {name!r} in the user data", status_code=404)
+    path = _user_file(_files(request), name)
+    if isinstance(path, Response):
+        return path
     path.unlink()
     return Response(status_code=204)
 

@@ -152,14 +152,8 @@ class DBCache(InterceptorBase):
 
         h_mid = assemble(segments, compute, computed, fill)
         out = call.range(n - bn, n, h_mid)
-        for i, seg in enumerate(segments):  # commit: the forward went through
-            if seg.loop_state is None:  # the plugin is off for this request (no branch state either)
-                continue
-            self.record(seg.loop_state, cached[i])
-            if emit is not None:
-                emit("hit" if cached[i] else "miss", seg)
-            if not cached[i]:
-                self._store(seg, rows_of(fn_res, seg, batch), rows_of(h_mid - h_fn, seg, batch))
+        self.commit(segments, cached, emit,  # the forward went through
+                    lambda i, seg: self._store(seg, rows_of(fn_res, seg, batch), rows_of(h_mid - h_fn, seg, batch)))
         return out
 
     def _decide(self, segments: Sequence[BlockSegment], fn_res: torch.Tensor, batch: int) -> list[bool]:

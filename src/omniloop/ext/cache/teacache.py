@@ -141,14 +141,11 @@ class TeaCache(InterceptorBase):
         compute = [not s for s in skip]
         computed = run_rows(call, 0, len(call.blocks), hidden, segments, compute)
         out = assemble(segments, compute, computed, lambda i: hidden[segments[i].rows] + segments[i].state.residual)
-        for i, seg in enumerate(segments):
-            if seg.loop_state is None:  # the plugin is off for this request (no branch state either)
-                continue
-            self.record(seg.loop_state, skip[i])
-            if emit is not None:
-                emit("hit" if skip[i] else "miss", seg)
-            if not skip[i]:
-                seg.state.residual = rows_of(out - hidden, seg, batch)
+
+        def store(i: int, seg: BlockSegment) -> None:
+            seg.state.residual = rows_of(out - hidden, seg, batch)
+
+        self.commit(segments, skip, emit, store)
         return out
 
     def _decide(self, segments: Sequence[BlockSegment], modulated: torch.Tensor, batch: int) -> list[bool]:

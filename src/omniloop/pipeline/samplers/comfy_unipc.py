@@ -24,7 +24,6 @@ ComfyUI's sigmas with shift 1).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Hashable, Sequence
 
@@ -32,6 +31,7 @@ import torch
 
 from omniloop.pipeline.samplers.base import SamplerState, check_config_keys, register_sampler, schedule_signature
 from omniloop.pipeline.samplers.flow_euler import _SUPPORTED_KEYS, FlowEulerSampler
+from omniloop.pipeline.samplers.joint_step import RowParts, step_jointly
 
 FINAL_T = 0.001  # what ComfyUI's UniPC puts in place of a final sigma 0
 MAX_ORDER = 3
@@ -59,8 +59,10 @@ def _expand(v: torch.Tensor, dims: int) -> torch.Tensor:
 
 
 @dataclass
-class _Update:
+class _Update(RowParts):
     """One predictor's terms its corrector reuses once the model has seen the predicted sample."""
+
+    ROW_FIELDS: ClassVar[tuple[str, ...]] = ("base", "diffs", "model_prev")
 
     order: int
     base: torch.Tensor  # x_t_: the first-order part
@@ -73,7 +75,8 @@ class _Update:
 
 
 @dataclass(kw_only=True)
-class ComfyUniPCState(SamplerState):
+class ComfyUniPCState(SamplerState, RowParts):
+    ROW_FIELDS: ClassVar[tuple[str, ...]] = ("x", "models", "pending")  # the request's own rows
     times: torch.Tensor  # [num_steps + 1] float32: the sigmas, a final 0 as FINAL_T
     # the step the run began at (0; later for a loop from given latents, which runs the rest of
     # the schedule as ComfyUI runs a shortened one) and its order, set by the first step
@@ -229,35 +232,10 @@ class ComfyUniPCSampler(FlowEulerSampler):
     def step_many(self, states: Sequence[SamplerState], model_output: torch.Tensor,
                   sample: torch.Tensor) -> torch.Tensor:
         """One step for requests of one ``batch_key`` (equal row counts each): their VP samples,
-        histories and pending corrector terms concatenated into one state, stepped once, and
-        handed back as row slices (every operation is per row with shared scalars)."""
-        assert all(isinstance(s, ComfyUniPCState) for s in states)
-        group = [s for s in states if isinstance(s, ComfyUniPCState)]
-        lead, rows = group[0], sample.shape[0] // len(group)
-
-        def cat(tensors: Sequence[torch.Tensor | None]) -> torch.Tensor | None:
-            return None if tensors[0] is None else torch.cat([t for t in tensors if t is not None])
-
-        pending = None
-        if lead.pending is not None:
-            parts = [s.pending for s in group if s.pending is not None]
-            base, prev = cat([p.base for p in parts]), cat([p.model_prev for p in parts])
-            assert base is not None and prev is not None
-            pending = dataclasses.replace(lead.pending, base=base, model_prev=prev,
-                                          diffs=cat([p.diffs for p in parts]))
-        joint = dataclasses.replace(lead, x=cat([s.x for s in group]), pending=pending,
-                                    models=[torch.cat([s.models[i] for s in group]) for i in range(len(lead.models))],
-                                    model_times=list(lead.model_times))
-        out = self.step(joint, model_output, sample)
-        for k, state in enumerate(group):
-            part = slice(k * rows, (k + 1) * rows)
-            state.x = None if joint.x is None else joint.x[part]
-            state.models, state.model_times = [m[part] for m in joint.models], list(joint.model_times)
-            state.pending = None if joint.pending is None else dataclasses.replace(
-                joint.pending, base=joint.pending.base[part], model_prev=joint.pending.model_prev[part],
-                diffs=None if joint.pending.diffs is None else joint.pending.diffs[part])
-            state.step_index, state.start, state.order = joint.step_index, joint.start, joint.order
-        return out
+        histories and pending corrector terms joined into one state and stepped once
+        (``step_jointly``: every operation is per row with shared scalars)."""
+        return step_jointly(self.step, states, model_output, sample,
+                            shared=("step_index", "start", "order", "model_times"))
 
 
 @register_sampler

@@ -13,7 +13,6 @@ Vocabulary (flow path ``x_s = (1 - s) x0 + s eps``): ``alpha = 1 - sigma``,
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Hashable, Sequence
 
@@ -30,6 +29,7 @@ from omniloop.pipeline.samplers.base import (
     schedule_signature,
 )
 from omniloop.pipeline.samplers.flow_euler import resolve_shift, shift_sigmas, stretch_to_terminal, time_shift
+from omniloop.pipeline.samplers.joint_step import RowParts, step_jointly
 
 _SUPPORTED_KEYS = (
     "num_train_timesteps",
@@ -124,8 +124,10 @@ def _weighted_sum(rhos: torch.Tensor, d1s: list[torch.Tensor]) -> torch.Tensor:
 
 
 @dataclass(kw_only=True)
-class FlowUniPCState(SamplerState):
+class FlowUniPCState(SamplerState, RowParts):
     """Per-request UniPC history (diffusers keeps these on the scheduler object)."""
+
+    ROW_FIELDS: ClassVar[tuple[str, ...]] = ("model_outputs", "last_sample")  # the request's own rows
 
     model_outputs: list[torch.Tensor | None]  # [solver_order] x0 predictions, newest last
     timestep_list: list[torch.Tensor | None]  # [solver_order] their timesteps, newest last
@@ -287,27 +289,9 @@ class FlowUniPCSampler(SamplerBase):
     def step_many(self, states: Sequence[FlowUniPCState], model_output: torch.Tensor,
                   sample: torch.Tensor) -> torch.Tensor:
         """One UniPC step for requests of one ``batch_key`` (equal row counts each): their
-        histories are concatenated into one state, stepped once, and handed back as row slices."""
-        lead, rows = states[0], sample.shape[0] // len(states)
-
-        def cat(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
-            return None if tensors[0] is None else torch.cat(tensors)
-
-        joint = dataclasses.replace(
-            lead,
-            model_outputs=[cat([s.model_outputs[k] for s in states]) for k in range(len(lead.model_outputs))],
-            timestep_list=list(lead.timestep_list),
-            last_sample=cat([s.last_sample for s in states]),
-        )
-        out = self.step(joint, model_output, sample)
-        for k, state in enumerate(states):
-            part = slice(k * rows, (k + 1) * rows)
-            state.model_outputs = [None if x is None else x[part] for x in joint.model_outputs]
-            state.timestep_list = [*state.timestep_list[1:], state.timesteps[state.step_index]]
-            state.last_sample = joint.last_sample[part]
-            state.this_order, state.lower_order_nums = joint.this_order, joint.lower_order_nums
-            state.step_index = joint.step_index
-        return out
+        histories joined into one state, stepped once, and handed back as row slices."""
+        return step_jointly(self.step, states, model_output, sample,
+                            shared=("step_index", "timestep_list", "this_order", "lower_order_nums"))
 
     def _predict(self, state: FlowUniPCState, x: torch.Tensor) -> torch.Tensor:
         """UniP-p from sigma_i to sigma_{i+1} (diffusers ``multistep_uni_p_bh_update``)."""

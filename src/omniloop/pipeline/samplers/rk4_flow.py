@@ -27,12 +27,14 @@ from typing import Any, ClassVar, Hashable, Sequence
 import torch
 
 from omniloop.pipeline.samplers.base import SamplerBase, SamplerState, SchedulerConfigError, check_config_keys, register_sampler
+from omniloop.pipeline.samplers.joint_step import RowParts, step_jointly
 
 _ONE_THIRD, _TWO_THIRDS = 1 / 3, 2 / 3
 
 
 @dataclass(kw_only=True)
-class RK4FlowState(SamplerState):
+class RK4FlowState(SamplerState, RowParts):
+    ROW_FIELDS: ClassVar[tuple[str, ...]] = ("start", "slopes")  # the request's own rows
     steps: torch.Tensor  # [num_steps] fp32 interval length h of each evaluation's interval
     start: torch.Tensor | None = None  # the interval's start value x0
     slopes: list[torch.Tensor] = field(default_factory=list)  # k1.. of the current interval
@@ -107,10 +109,12 @@ class RK4FlowSampler(SamplerBase):
         raise ValueError("rk4_flow starts from noise only (token2wav); it does not start from given latents")
 
     def batch_key(self, state: SamplerState) -> Hashable | None:
-        return None  # per-request slopes: each request updates alone (the forward still batches)
+        # NOTE: each request updates alone (the forward still batches), as before step_many was
+        # the joint one; keying (step_index, schedule_signature) would batch the updates too
+        return None
 
     def step_many(self, states: Sequence[SamplerState], model_output: torch.Tensor,
                   sample: torch.Tensor) -> torch.Tensor:
-        parts = [self.step(s, o, x) for s, o, x in zip(states, model_output.split(sample.shape[0] // len(states)),
-                                                      sample.split(sample.shape[0] // len(states)))]
-        return torch.cat(parts)
+        """The states at one step of one schedule, joined (their starts and slopes) and stepped
+        once: the update is elementwise with the shared ``h``."""
+        return step_jointly(self.step, states, model_output, sample, shared=("step_index",))

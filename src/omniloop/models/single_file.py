@@ -50,14 +50,17 @@ def _section(keys: set[str], sections: tuple[str, ...]) -> str | None:
     return next((p for p in sections if any(k.startswith(p) for k in keys)), None)
 
 
-def read_single_file(path: Path, cast: Cast, *, sections: tuple[str, ...]) -> dict[str, torch.Tensor]:
+def read_single_file(path: Path, cast: Cast, *, sections: tuple[str, ...],
+                     keep: Callable[[str], bool] | None = None) -> dict[str, torch.Tensor]:
     """The weights of one component in ``path``, dequantized, through ``cast``.
 
     When the file's keys carry one of ``sections`` (a full checkpoint, or a wrapped DiT) only
     that section is read, its prefix dropped; otherwise the file is the component and every key
     is read. fp8 tensors are upcast to fp32 (times their ``scale_weight`` / ``weight_scale``)
     before ``cast``, so the cast decides the final dtype; a scale whose weight is missing is an
-    error, and so is a layer quantized in a format other than fp8 (``comfy_quant``).
+    error, and so is a layer quantized in a format other than fp8 (``comfy_quant``). ``keep``
+    (a name without the prefix -> read it?) reads part of a section (LTX-2's text connectors
+    ride in its DiT section) without reading the rest.
     """
     sd: dict[str, torch.Tensor] = {}
     with safe_open(str(path), framework="pt") as f:
@@ -66,6 +69,8 @@ def read_single_file(path: Path, cast: Cast, *, sections: tuple[str, ...]) -> di
         for key in sorted(keys):
             name = key[len(prefix):]
             if not key.startswith(prefix) or name == SCALED_FP8_MARKER or name.endswith(_SCALE_SUFFIXES):
+                continue
+            if keep is not None and not keep(name):
                 continue
             layer = key[: -len(".weight")] if key.endswith(".weight") else None
             quant = f"{layer}.comfy_quant"
@@ -119,6 +124,12 @@ class SingleFileSet:
     rope_axes: tuple[int, ...] | None = None
     vae_norm_groups: int | None = None
     clip_head_dim: int | None = None
+    # a latent upsampler in latent_upscale_models/ (LTX-2's two-stage refine)
+    latent_upsampler: str = ""
+    # a diffusers folder whose */config.json say the architecture facts the single files do not
+    # carry (its weights are not read; diffusers' from_single_file(config=...)); None: the
+    # family's released configs
+    configs: Path | None = None
 
     def __post_init__(self) -> None:
         if self.checkpoint is not None:

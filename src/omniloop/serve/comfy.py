@@ -63,7 +63,12 @@ SINGLE_FILE_LOADERS: dict[str, tuple[tuple[str, str], ...]] = {
     "VAELoader": (("vae_name", "vae"),),
     "CLIPLoader": (("clip_name", "text_encoders"),),
     "DualCLIPLoader": (("clip_name1", "text_encoders"), ("clip_name2", "text_encoders")),
+    "LTXAVTextEncoderLoader": (("text_encoder", "text_encoders"),),
+    "LatentUpscaleModelLoader": (("model_name", "latent_upsampler"),),
+    "LTXVAudioVAELoader": (("ckpt_name", "audio_vae"),),
 }
+# text encoder loaders that name their family (CLIPLoader / DualCLIPLoader say it in ``type``)
+FAMILY_LOADERS = {"LTXAVTextEncoderLoader": "ltx2"}
 
 
 @dataclass
@@ -229,45 +234,8 @@ class ComfyApi:
 
     # -- single files -----------------------------------------------------------------------
     def _single_file_set(self, compiled: CompiledWorkflow, generation: Generation) -> SingleFileSet:
-        """The files of the workflow's loader nodes: the sampler's diffusion model (or full
-        checkpoint), the VAE and the text encoders; the family is the CLIP loader's ``type``."""
-        assert generation.served.single_file is not None and self.folder.root is not None
-        sampler = generation.sampler_nodes[0]
-        picked: dict[str, list[tuple[str, str, str]]] = {"vae": [], "text_encoders": [], "family": []}
-        for nid in compiled.evaluated:
-            call = compiled.graph[nid]
-            for input_name, kind in SINGLE_FILE_LOADERS.get(call.class_type, ()):
-                picked[kind].append((nid, input_name, str(call.inputs.get(input_name))))
-            if call.class_type in ("CLIPLoader", "DualCLIPLoader"):
-                picked["family"].append((nid, "type", str(call.inputs.get("type"))))
-        vaes = {name for _, _, name in picked["vae"]}
-        loaders = {nid for nid, _, _ in picked["text_encoders"]}
-        if len(vaes) > 1 or len(loaders) > 1:
-            raise node_error(sampler, compiled.graph[sampler].class_type, "invalid_input_type", "a workflow served "
-                             "from single files loads one VAE and one text encoder set; it loads "
-                             f"{sorted(vaes)} and {len(loaders)} CLIP loaders", "serve the others through "
-                             "omniloop-models.json entries")
-        folder, dit = generation.served.single_file
-        models = ComfyModels(self.folder.root)
-        encoders, tokenizers = [], []
-        for nid, input_name, name in picked["text_encoders"]:
-            encoders.append(name)
-            try:
-                path = models.resolve("text_encoders", name)
-            except (ComfyModelNotFound, ComfyModelNameRefused) as e:
-                raise node_error(nid, compiled.graph[nid].class_type, "value_not_in_list", f"{input_name}: {e}",
-                                 input_name=input_name) from None
-            if path.is_file():
-                tokenizers.append(self._tokenizer_for(models, nid, compiled.graph[nid].class_type, input_name, name))
-        family = picked["family"][0] if picked["family"] else (sampler, "type", "")
-        try:
-            return SingleFileSet(family=family[2], diffusion_models=(dit,) if folder == "diffusion_models" else (),
-                                 checkpoint=dit if folder == "checkpoints" else None,
-                                 vae=next(iter(vaes), ""), text_encoders=tuple(encoders),
-                                 tokenizers=tuple(tokenizers), **self.single_file_facts)
-        except ValueError as e:
-            raise node_error(sampler, compiled.graph[sampler].class_type, "invalid_input_type",
-                             f"the loaders do not make a model: {e}") from None
+        assert self.folder.root is not None
+        return single_file_set(compiled, generation, ComfyModels(self.folder.root), self.single_file_facts)
 
     @staticmethod
     def _tokenizer_for(models: ComfyModels, node: str, class_type: str, input_name: str, name: str) -> str:
@@ -732,3 +700,56 @@ def install(app: FastAPI, state: ServeState, folder: ModelFolder, workdir: Path 
 
 
 __all__ = ["ComfyApi", "install"]
+
+
+def single_file_set(compiled: CompiledWorkflow, generation: Generation, models: ComfyModels,
+                    facts: dict[str, Any] | None = None) -> SingleFileSet:
+    """The files of the workflow's loader nodes: the sampler's diffusion model (or full
+    checkpoint), the VAE, the text encoders and a latent upsampler; the family is the CLIP
+    loader's ``type`` (or the family its loader class names: ``LTXAVTextEncoderLoader``).
+    ``facts``: SingleFileSet's architecture facts the files do not carry."""
+    assert generation.served.single_file is not None
+    sampler = generation.sampler_nodes[0]
+    picked: dict[str, list[tuple[str, str, str]]] = {"vae": [], "text_encoders": [], "family": [],
+                                                     "latent_upsampler": [], "audio_vae": []}
+    for nid in compiled.evaluated:
+        call = compiled.graph[nid]
+        for input_name, kind in SINGLE_FILE_LOADERS.get(call.class_type, ()):
+            picked[kind].append((nid, input_name, str(call.inputs.get(input_name))))
+        if call.class_type in ("CLIPLoader", "DualCLIPLoader"):
+            picked["family"].append((nid, "type", str(call.inputs.get("type"))))
+        elif call.class_type in FAMILY_LOADERS:
+            picked["family"].append((nid, "class_type", FAMILY_LOADERS[call.class_type]))
+    vaes = {name for _, _, name in picked["vae"]}
+    loaders = {nid for nid, _, _ in picked["text_encoders"]}
+    upsamplers = {name for _, _, name in picked["latent_upsampler"]}
+    if len(vaes) > 1 or len(loaders) > 1 or len(upsamplers) > 1:
+        raise node_error(sampler, compiled.graph[sampler].class_type, "invalid_input_type", "a workflow served "
+                         "from single files loads one VAE, one text encoder set and one latent upsampler; it loads "
+                         f"{sorted(vaes)}, {len(loaders)} CLIP loaders and {sorted(upsamplers)}", "serve the others "
+                         "through omniloop-models.json entries")
+    folder, dit = generation.served.single_file
+    for nid, input_name, name in picked["audio_vae"]:  # LTX-2: the audio VAE is the checkpoint's
+        if (folder, name) != ("checkpoints", dit):
+            raise node_error(nid, compiled.graph[nid].class_type, "value_not_in_list", f"{input_name}: the audio VAE "
+                             f"comes from the checkpoint the model loads ({dit!r}), not {name!r}",
+                             f"pass ckpt_name={dit!r}", input_name)
+    encoders, tokenizers = [], []
+    for nid, input_name, name in picked["text_encoders"]:
+        encoders.append(name)
+        try:
+            path = models.resolve("text_encoders", name)
+        except (ComfyModelNotFound, ComfyModelNameRefused) as e:
+            raise node_error(nid, compiled.graph[nid].class_type, "value_not_in_list", f"{input_name}: {e}",
+                             input_name=input_name) from None
+        if path.is_file():
+            tokenizers.append(ComfyApi._tokenizer_for(models, nid, compiled.graph[nid].class_type, input_name, name))
+    family = picked["family"][0] if picked["family"] else (sampler, "type", "")
+    try:
+        return SingleFileSet(family=family[2], diffusion_models=(dit,) if folder == "diffusion_models" else (),
+                             checkpoint=dit if folder == "checkpoints" else None,
+                             vae=next(iter(vaes), ""), text_encoders=tuple(encoders), tokenizers=tuple(tokenizers),
+                             latent_upsampler=next(iter(upsamplers), ""), **(facts or {}))
+    except ValueError as e:
+        raise node_error(sampler, compiled.graph[sampler].class_type, "invalid_input_type",
+                         f"the loaders do not make a model: {e}") from None

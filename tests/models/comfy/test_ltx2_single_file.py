@@ -11,28 +11,14 @@ import torch
 from safetensors.torch import save_file
 
 from omniloop.models.families.ltx2.weights import from_diffusers_module, load_ltx2_transformer_single_file
-from tests.models.comfy.original_layout import scaled_fp8
+from tests.models.comfy.original_layout import LTX2_DIT_TO_ORIGINAL, ltx2_vae_original, scaled_fp8
 
 diffusers = pytest.importorskip("diffusers")
-
-# diffusers' names -> Lightricks' (the inverse of diffusers' convert_ltx2_transformer_to_diffusers)
-TO_ORIGINAL = (
-    (r"^time_embed\.", "adaln_single."), (r"^audio_time_embed\.", "audio_adaln_single."),
-    (r"^(audio_)?proj_in\.", r"\1patchify_proj."),
-    (r"^av_cross_attn_video_scale_shift\.", "av_ca_video_scale_shift_adaln_single."),
-    (r"^av_cross_attn_video_a2v_gate\.", "av_ca_a2v_gate_adaln_single."),
-    (r"^av_cross_attn_audio_scale_shift\.", "av_ca_audio_scale_shift_adaln_single."),
-    (r"^av_cross_attn_audio_v2a_gate\.", "av_ca_v2a_gate_adaln_single."),
-    (r"\.video_a2v_cross_attn_scale_shift_table$", ".scale_shift_table_a2v_ca_video"),
-    (r"\.audio_a2v_cross_attn_scale_shift_table$", ".scale_shift_table_a2v_ca_audio"),
-    (r"\.norm_q\.", ".q_norm."), (r"\.norm_k\.", ".k_norm."),
-)
-
 
 def original(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     out = {}
     for key, tensor in sd.items():
-        for pattern, repl in TO_ORIGINAL:
+        for pattern, repl in LTX2_DIT_TO_ORIGINAL:
             key = re.sub(pattern, repl, key)
         out[f"model.diffusion_model.{key}"] = tensor.clone()
     # the text connectors ride in the same file (a separate component in diffusers and here)
@@ -97,29 +83,6 @@ def test_ltx2_dit_single_file_scaled_fp8_and_bad_input(tmp_path):
         load_ltx2_transformer_single_file(tmp_path / "wan.safetensors")
 
 
-def _vae_original(sd: dict[str, torch.Tensor], stages: int) -> dict[str, torch.Tensor]:
-    """diffusers' video VAE names -> Lightricks' (one list of stages and samplers)."""
-    out = {"vae.per_channel_statistics.channel": torch.arange(8.0),
-           "vae.per_channel_statistics.mean-of-stds": torch.ones(8)}
-    for key, tensor in sd.items():
-        key = {"latents_mean": "per_channel_statistics.mean-of-means",
-               "latents_std": "per_channel_statistics.std-of-means"}.get(key, key).replace(".resnets.", ".res_blocks.")
-        if m := re.match(r"^encoder\.down_blocks\.(\d+)\.downsamplers\.0\.(.*)$", key):
-            key = f"encoder.down_blocks.{2 * int(m[1]) + 1}.{m[2]}"
-        elif m := re.match(r"^encoder\.down_blocks\.(\d+)\.(.*)$", key):
-            key = f"encoder.down_blocks.{2 * int(m[1])}.{m[2]}"
-        elif key.startswith("encoder.mid_block."):
-            key = key.replace("encoder.mid_block.", f"encoder.down_blocks.{2 * stages}.")
-        elif m := re.match(r"^decoder\.up_blocks\.(\d+)\.upsamplers\.0\.(.*)$", key):
-            key = f"decoder.up_blocks.{2 * int(m[1]) + 1}.{m[2]}"
-        elif m := re.match(r"^decoder\.up_blocks\.(\d+)\.(.*)$", key):
-            key = f"decoder.up_blocks.{2 * int(m[1]) + 2}.{m[2]}"
-        elif key.startswith("decoder.mid_block."):
-            key = key.replace("decoder.mid_block.", "decoder.up_blocks.0.")
-        out[f"vae.{key}"] = tensor.clone()
-    return out
-
-
 def test_ltx2_video_vae_single_file_equals_diffusers_from_single_file(tmp_path):
     import json
 
@@ -135,7 +98,7 @@ def test_ltx2_video_vae_single_file_equals_diffusers_from_single_file(tmp_path):
         vae.latents_std.copy_(torch.linspace(0.5, 1.5, 8))
     vae.save_pretrained(tmp_path / "vae")
     path = tmp_path / "ltx-2-19b-dev.safetensors"
-    save_file(_vae_original(vae.state_dict(), len(VIDEO_VAE["block_out_channels"])), path)
+    save_file(ltx2_vae_original(vae.state_dict(), len(VIDEO_VAE["block_out_channels"])), path)
     oracle = diffusers.AutoencoderKLLTX2Video.from_single_file(str(path), config=str(tmp_path / "vae"))
     _assert_same(oracle.state_dict(), vae.state_dict())
     config = json.loads((tmp_path / "vae" / "config.json").read_text())
@@ -173,3 +136,107 @@ def test_ltx2_audio_vae_single_file_equals_diffusers_from_single_file(tmp_path):
     config = json.loads((tmp_path / "audio_vae" / "config.json").read_text())
     ours = load_ltx2_audio_vae_single_file(path, config, dtype=torch.float32)
     _assert_same(ours.state_dict(), from_diffusers_module("audio_vae", oracle).state_dict())
+
+
+def _jittered(module):
+    torch.manual_seed(0)
+    with torch.no_grad():  # non-trivial norms (their inits are constants)
+        for p in module.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    return module.eval()
+
+
+def test_ltx2_connectors_and_vocoder_from_a_full_checkpoint(tmp_path):
+    """No diffusers single-file conversion covers these two: the oracle is diffusers' module,
+    written in Lightricks' names by the inverse of its conversion script's LTX-2.0 rename dicts."""
+    from diffusers.pipelines.ltx2.connectors import LTX2TextConnectors
+    from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
+
+    from omniloop.models.families.ltx2.single_file import (
+        load_ltx2_connectors_single_file,
+        load_ltx2_vocoder_single_file,
+    )
+    from tests.models.comfy.original_layout import ltx2_connectors_original, ltx2_vocoder_original
+    from tests.models.ltx2.checkpoint import CONNECTORS, VOCODER
+
+    connectors, vocoder = _jittered(LTX2TextConnectors(**CONNECTORS)), _jittered(LTX2Vocoder(**VOCODER))
+    path = tmp_path / "ltx-2-19b-dev.safetensors"
+    original = ltx2_connectors_original(connectors.state_dict()) | ltx2_vocoder_original(vocoder.state_dict())
+    assert "text_embedding_projection.aggregate_embed.weight" in original
+    assert "model.diffusion_model.video_embeddings_connector.transformer_1d_blocks.0.attn1.q_norm.weight" in original
+    assert "vocoder.conv_pre.weight" in original and "vocoder.ups.0.weight" in original
+    save_file(original, path)
+    # only the layout facts the shapes do not give: the head width; the rest of the config is read off the file
+    released = {**dict(connectors.config), "video_connector_num_layers": 9, "audio_connector_num_attention_heads": 30,
+                "video_connector_num_learnable_registers": 128, "caption_channels": 3840}
+    ours = load_ltx2_connectors_single_file(path, released, dtype=torch.float32)
+    _assert_same(ours.state_dict(), from_diffusers_module("connectors", connectors).state_dict())
+    assert ours.config == from_diffusers_module("connectors", connectors).config
+    ours_vocoder = load_ltx2_vocoder_single_file(path, dict(vocoder.config), dtype=torch.float32)
+    _assert_same(ours_vocoder.state_dict(), from_diffusers_module("vocoder", vocoder).state_dict())
+
+    # a checkpoint lacking a section is refused naming the section and the file
+    save_file({k: v for k, v in original.items() if not k.startswith("vocoder.")}, tmp_path / "no_vocoder.safetensors")
+    with pytest.raises(ValueError, match=r"no_vocoder.safetensors: no 'vocoder.' section \(the vocoder\)"):
+        load_ltx2_vocoder_single_file(tmp_path / "no_vocoder.safetensors", dict(vocoder.config))
+    with pytest.raises(ValueError, match=r"no 'text_embedding_projection.' section \(the text connectors\)"):
+        save_file({k: v for k, v in original.items() if not k.startswith("text_embedding")}, tmp_path / "x.safetensors")
+        load_ltx2_connectors_single_file(tmp_path / "x.safetensors", released)
+
+
+def test_ltx2_latent_upsampler_file_reads_its_config_metadata(tmp_path):
+    import json
+
+    from diffusers.pipelines.ltx2.latent_upsampler import LTX2LatentUpsamplerModel
+
+    from omniloop.models.families.ltx2.single_file import load_ltx2_latent_upsampler_single_file
+    from tests.models.ltx2.checkpoint import UPSAMPLER
+
+    upsampler = _jittered(LTX2LatentUpsamplerModel(**UPSAMPLER))
+    path = tmp_path / "ltx-2-spatial-upscaler-x2-1.0.safetensors"
+    config = {k: v for k, v in dict(upsampler.config).items() if not k.startswith("_")}
+    save_file({k: v.clone() for k, v in upsampler.state_dict().items()}, path, metadata={"config": json.dumps(config)})
+    ours = load_ltx2_latent_upsampler_single_file(path, dtype=torch.float32)  # no config passed: the file's
+    _assert_same(ours.state_dict(), from_diffusers_module("latent_upsampler", upsampler).state_dict())
+    save_file({"x.weight": torch.zeros(1)}, tmp_path / "other.safetensors")
+    with pytest.raises(ValueError, match="not an LTX-2 latent upsampler"):
+        load_ltx2_latent_upsampler_single_file(tmp_path / "other.safetensors")
+
+
+def test_gemma3_single_file_equals_transformers(tmp_path):
+    """ComfyUI's gemma_3_12B_it layout (language model under model., vision beside it) -> the
+    language model of transformers' Gemma3ForConditionalGeneration, bit-equal state and
+    bit-equal hidden states of every layer."""
+    from omniloop.models.text.gemma_single_file import load_gemma3_single_file
+    from tests.models.comfy.original_layout import gemma3_comfy
+    from tests.models.ltx2.checkpoint import tiny_gemma
+
+    gemma = _jittered(tiny_gemma(64))
+    path = tmp_path / "gemma_3_12B_it.safetensors"
+    save_file(gemma3_comfy(gemma.state_dict()), path)
+    text_config = gemma.config.text_config.to_dict()
+    ours = load_gemma3_single_file(path, dtype=torch.float32, text_config=text_config)
+    _assert_same(ours.state_dict(), gemma.model.language_model.state_dict())
+    ids = torch.tensor([[0, 0, 5, 9, 11, 3], [4, 8, 15, 16, 23, 42]])
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    with torch.no_grad():
+        want = gemma(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
+        got = ours(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
+    assert len(got) == len(want) == 3 and all(torch.equal(g, w) for g, w in zip(got, want))
+
+    # scaled fp8 (gemma_3_12B_it_fp8_scaled) dequantizes on load
+    fp8 = scaled_fp8(gemma3_comfy(gemma.state_dict()))
+    save_file(fp8, tmp_path / "gemma_3_12B_it_fp8_scaled.safetensors")
+    ours = load_gemma3_single_file(tmp_path / "gemma_3_12B_it_fp8_scaled.safetensors", dtype=torch.float32,
+                                   text_config=text_config)
+    key = "model.layers.1.mlp.up_proj"
+    assert torch.equal(ours.layers[1].mlp.up_proj.weight, fp8[f"{key}.weight"].float() * fp8[f"{key}.scale_weight"])
+
+    # a file missing (part of) a layer is refused at load, naming the keys
+    save_file({k: v for k, v in gemma3_comfy(gemma.state_dict()).items() if not k.startswith("model.layers.1.")},
+              tmp_path / "truncated.safetensors")
+    with pytest.raises(ValueError, match=r"truncated.safetensors.*layers\.1\.mlp\.down_proj\.weight"):
+        load_gemma3_single_file(tmp_path / "truncated.safetensors", text_config=text_config)
+    save_file({"model.diffusion_model.x": torch.zeros(1)}, tmp_path / "ltx.safetensors")
+    with pytest.raises(ValueError, match="not a Gemma 3 text encoder file"):
+        load_gemma3_single_file(tmp_path / "ltx.safetensors")

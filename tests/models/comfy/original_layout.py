@@ -281,12 +281,21 @@ def ltx2_audio_vae_original(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tens
     return {f"audio_vae.{names.get(k, k)}": v.clone() for k, v in sd.items()}
 
 
-def ltx2_checkpoint_original(pipe, vae_stages: int) -> dict[str, torch.Tensor]:
-    """A diffusers LTX2Pipeline as one ComfyUI checkpoint (ltx-2-19b-dev.safetensors): DiT and
-    connectors, video VAE, audio VAE, vocoder (no text encoder: ComfyUI holds Gemma apart)."""
-    return (ltx2_dit_original(pipe.transformer.state_dict()) | ltx2_connectors_original(pipe.connectors.state_dict())
-            | ltx2_vae_original(pipe.vae.state_dict(), vae_stages) | ltx2_audio_vae_original(pipe.audio_vae.state_dict())
-            | ltx2_vocoder_original(pipe.vocoder.state_dict()))
+def ltx2_checkpoint_original(folder) -> dict[str, torch.Tensor]:
+    """A diffusers LTX2Pipeline folder as one ComfyUI checkpoint (ltx-2-19b-dev.safetensors):
+    DiT and connectors, video VAE, audio VAE, vocoder (no text encoder: ComfyUI holds Gemma apart)."""
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    def sd(sub: str) -> dict[str, torch.Tensor]:
+        return load_file(Path(folder) / sub / "diffusion_pytorch_model.safetensors")
+
+    stages = len(json.loads((Path(folder) / "vae" / "config.json").read_text())["block_out_channels"])
+    return (ltx2_dit_original(sd("transformer")) | ltx2_connectors_original(sd("connectors"))
+            | ltx2_vae_original(sd("vae"), stages) | ltx2_audio_vae_original(sd("audio_vae"))
+            | ltx2_vocoder_original(sd("vocoder")))
 
 
 def gemma3_comfy(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

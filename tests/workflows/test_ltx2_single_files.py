@@ -35,12 +35,13 @@ from omniloop.workflows import ModelFolder, WorkflowError, compile_workflow
 from omniloop.workflows.ui_format import ui_to_api
 from tests.models.comfy.original_layout import gemma3_comfy, ltx2_checkpoint_original
 from tests.workflows.templates import template
-from tests.workflows.test_run_templates import small
+from tests.workflows.test_run_templates import input_dir, small  # noqa: F401 (a fixture)
 
 pytest.importorskip("comfyui_workflow_templates_json")
 diffusers = pytest.importorskip("diffusers")
 
 CHECKPOINT, GEMMA = "ltx-2-19b-dev-fp8.safetensors", "gemma_3_12B_it_fp4_mixed.safetensors"
+DISTILLED = "ltx-2-19b-distilled.safetensors"
 UPSCALER, LORA = "ltx-2-spatial-upscaler-x2-1.0.safetensors", "ltx-2-19b-distilled-lora-384.safetensors"
 TOL = 5e-6  # as tests/models/comfy/test_single_file_pipeline.py
 CONFIG_FILES = ("transformer/config.json", "connectors/config.json", "vae/config.json", "audio_vae/config.json",
@@ -55,6 +56,7 @@ def ltx2_models_folder(root: Path, ltx2: Path) -> Path:
     for sub in ("checkpoints", "text_encoders", "latent_upscale_models", "loras"):
         (root / sub).mkdir(parents=True)
     save_file(ltx2_checkpoint_original(ltx2), root / "checkpoints" / CHECKPOINT)
+    (root / "checkpoints" / DISTILLED).hardlink_to(root / "checkpoints" / CHECKPOINT)  # the distilled template's name
     gemma = Gemma3ForConditionalGeneration.from_pretrained(ltx2 / "text_encoder", dtype=torch.float32)
     save_file(gemma3_comfy(gemma.state_dict()), root / "text_encoders" / GEMMA)
     shutil.copytree(ltx2 / "tokenizer", root / "text_encoders" / "gemma_3_12B_it_fp4_mixed_tokenizer")
@@ -85,18 +87,22 @@ def compiled(name: str, root: Path, input_dir: Path):
     return compile_workflow(small(ui_to_api(template(name))), ModelFolder.load(root), input_dir=input_dir)
 
 
-def test_the_ltx2_t2v_template_from_single_files_equals_the_diffusers_folder(models, ltx2_dir, tmp_path):
+@pytest.mark.parametrize("name,checkpoint,two_stage", [("video_ltx2_t2v", CHECKPOINT, True),
+                                                      ("video_ltx2_t2v_distilled", DISTILLED, True),
+                                                      ("video_ltx2_i2v", CHECKPOINT, False)])
+def test_ltx2_templates_from_single_files_equal_the_diffusers_folder(name, checkpoint, two_stage, models, ltx2_dir,
+                                                                     input_dir):
     root, configs = models
-    workflow = compiled("video_ltx2_t2v", root, tmp_path)
+    workflow = compiled(name, root, input_dir)
     (generation,) = workflow.generations
-    assert generation.served.single_file == ("checkpoints", CHECKPOINT)
+    assert generation.served.single_file == ("checkpoints", checkpoint)
     files = single_file_set(workflow, generation, ComfyModels(root), {"configs": configs})
     assert (files.family, files.checkpoint, files.text_encoders, files.tokenizers, files.latent_upsampler) == \
-        ("ltx2", CHECKPOINT, (GEMMA,), ("gemma_3_12B_it_fp4_mixed_tokenizer",), UPSCALER)
+        ("ltx2", checkpoint, (GEMMA,), ("gemma_3_12B_it_fp4_mixed_tokenizer",), UPSCALER)
 
     deploy = DeployConfig.from_options(None, device="cpu", dtype="float32")
     spec, pipeline = load_single_file_pipeline(ComfyModels(root), files, load_options(deploy))
-    assert spec.family == "ltx2" and set(generation.request.node_params) == {"upsample", "refine"}  # two-stage
+    assert spec.family == "ltx2" and bool(generation.request.node_params) == two_stage
     request = generation.request.model_copy(update={"model": None})
     request = request.model_copy(update={"outputs": request.outputs.model_copy(update={"return_latents": True})})
     ours = VideoGenerator(spec, pipeline, deploy).generate(request)
@@ -111,13 +117,14 @@ def test_the_ltx2_t2v_template_from_single_files_equals_the_diffusers_folder(mod
     diff = (video.int() - want_video.int()).abs()
     print(f"video max |diff| {int(diff.max())}/255 on {float((diff > 0).float().mean()):.2e} of the values; "
           f"audio max |diff| {float((audio - want_audio).abs().max()):.2e}")
-    assert tuple(video.shape[:3]) == (9, 128, 128) and int(diff.max()) <= 1 and (diff > 0).float().mean() < 1e-3
+    size = (128, 128) if two_stage else (64, 64)  # the refine stage doubles the base stage's size
+    assert tuple(video.shape[:3]) == (9, *size) and int(diff.max()) <= 1 and (diff > 0).float().mean() < 1e-3
     assert audio.shape == want_audio.shape and audio.numel() > 0 and (audio - want_audio).abs().max() <= TOL
 
 
 def test_ltx2_single_file_bad_input(models, tmp_path):
     root, configs = models
-    workflow = compiled("video_ltx2_t2v", root, tmp_path)
+    workflow = compiled("video_ltx2_t2v", root, tmp_path)  # (t2v reads no input image)
     (generation,) = workflow.generations
     deploy = load_options(DeployConfig.from_options(None, device="cpu", dtype="float32"))
     files = single_file_set(workflow, generation, ComfyModels(root), {"configs": configs})

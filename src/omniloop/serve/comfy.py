@@ -67,8 +67,6 @@ SINGLE_FILE_LOADERS: dict[str, tuple[tuple[str, str], ...]] = {
     "LatentUpscaleModelLoader": (("model_name", "latent_upsampler"),),
     "LTXVAudioVAELoader": (("ckpt_name", "audio_vae"),),
 }
-# text encoder loaders that name their family (CLIPLoader / DualCLIPLoader say it in ``type``)
-FAMILY_LOADERS = {"LTXAVTextEncoderLoader": "ltx2"}
 
 
 @dataclass
@@ -718,8 +716,8 @@ def single_file_set(compiled: CompiledWorkflow, generation: Generation, models: 
             picked[kind].append((nid, input_name, str(call.inputs.get(input_name))))
         if call.class_type in ("CLIPLoader", "DualCLIPLoader"):
             picked["family"].append((nid, "type", str(call.inputs.get("type"))))
-        elif call.class_type in FAMILY_LOADERS:
-            picked["family"].append((nid, "class_type", FAMILY_LOADERS[call.class_type]))
+        elif (family := _family_loading(call.class_type)) is not None:
+            picked["family"].append((nid, "class_type", family))
     vaes = {name for _, _, name in picked["vae"]}
     loaders = {nid for nid, _, _ in picked["text_encoders"]}
     upsamplers = {name for _, _, name in picked["latent_upsampler"]}
@@ -753,3 +751,11 @@ def single_file_set(compiled: CompiledWorkflow, generation: Generation, models: 
     except ValueError as e:
         raise node_error(sampler, compiled.graph[sampler].class_type, "invalid_input_type",
                          f"the loaders do not make a model: {e}") from None
+
+
+def _family_loading(class_type: str) -> str | None:
+    """The family whose text encoder loader ``class_type`` is (``ModelSpec.comfy_text_loaders``;
+    CLIPLoader / DualCLIPLoader say theirs in ``type``)."""
+    from omniloop.models.model_spec import registered_specs
+
+    return next((spec.family for spec in registered_specs() if class_type in spec.comfy_text_loaders), None)

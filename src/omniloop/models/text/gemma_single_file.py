@@ -45,8 +45,8 @@ def gemma3_config_from_shapes(shapes: Mapping[str, torch.Size], text_config: Map
               "layers.0.self_attn.q_norm.weight", "layers.0.mlp.gate_proj.weight", "norm.weight")
     missing = [k for k in needed if k not in shapes]
     if missing:
-        raise ValueError(f"not a Gemma 3 text encoder file: it lacks {['model.' + k for k in missing]}; pass "
-                         "gemma_3_12B_it.safetensors (ComfyUI's LTX-2 text encoder)")
+        raise ValueError(f"not a Gemma 3 text encoder file: it lacks {['model.' + k for k in missing]}; pass a "
+                         "Gemma 3 text encoder file (gemma_3_12B_it.safetensors)")
     config = {k: v for k, v in (text_config or RELEASED_GEMMA3_12B).items() if k not in _SHAPE_FACTS}
     vocab, hidden = shapes["embed_tokens.weight"]
     head = int(shapes["layers.0.self_attn.q_norm.weight"][0])

@@ -232,5 +232,6 @@ LTX2 = register_model_spec(
                     "connectors, optional latent upsampler for the two-stage refine",
         extras={"parallel": LTX2_PARALLEL},
         single_files=ltx2_single_files,
+        comfy_text_loaders=("LTXAVTextEncoderLoader",),  # Gemma 3 + the checkpoint's connectors
     )
 )

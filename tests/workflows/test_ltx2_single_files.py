@@ -136,15 +136,16 @@ def test_ltx2_single_file_bad_input(models, tmp_path):
     save_file({k: v for k, v in full.items() if not k.startswith("audio_vae.")}, broken / "checkpoints" / CHECKPOINT)
     with pytest.raises(ValueError, match=rf"{CHECKPOINT}: no 'audio_vae.' section \(the audio VAE\)"):
         load_single_file_pipeline(ComfyModels(broken), files, deploy)
-    # the audio VAE loader names another checkpoint than the model's
-    api = small(ui_to_api(template("video_ltx2_t2v")))
-    audio = next(nid for nid, n in api.items() if n["class_type"] == "LTXVAudioVAELoader")
-    shutil.copy(root / "checkpoints" / CHECKPOINT, root / "checkpoints" / "other.safetensors")
+    # the audio VAE / text encoder loader names another checkpoint than the model's
+    (root / "checkpoints" / "other.safetensors").hardlink_to(root / "checkpoints" / CHECKPOINT)
     try:
-        api[audio]["inputs"]["ckpt_name"] = "other.safetensors"
-        other = compile_workflow(api, ModelFolder.load(root), input_dir=tmp_path)
-        with pytest.raises(WorkflowError, match="the audio VAE comes from the checkpoint") as e:
-            single_file_set(other, other.generations[0], ComfyModels(root))
-        assert e.value.to_comfy()["node_errors"][audio]["class_type"] == "LTXVAudioVAELoader"
+        for loader, part in (("LTXVAudioVAELoader", "audio VAE"), ("LTXAVTextEncoderLoader", "text connectors")):
+            api = small(ui_to_api(template("video_ltx2_t2v")))
+            nid = next(nid for nid, n in api.items() if n["class_type"] == loader)
+            api[nid]["inputs"]["ckpt_name"] = "other.safetensors"
+            other = compile_workflow(api, ModelFolder.load(root), input_dir=tmp_path)
+            with pytest.raises(WorkflowError, match=f"the {part} come from the checkpoint the model loads") as e:
+                single_file_set(other, other.generations[0], ComfyModels(root))
+            assert e.value.to_comfy()["node_errors"][nid]["class_type"] == loader
     finally:
         (root / "checkpoints" / "other.safetensors").unlink()

@@ -63,9 +63,10 @@ SINGLE_FILE_LOADERS: dict[str, tuple[tuple[str, str], ...]] = {
     "VAELoader": (("vae_name", "vae"),),
     "CLIPLoader": (("clip_name", "text_encoders"),),
     "DualCLIPLoader": (("clip_name1", "text_encoders"), ("clip_name2", "text_encoders")),
-    "LTXAVTextEncoderLoader": (("text_encoder", "text_encoders"),),
+    # LTX-2: the text connectors and the audio VAE are sections of the model's own checkpoint
+    "LTXAVTextEncoderLoader": (("text_encoder", "text_encoders"), ("ckpt_name", "model_checkpoint")),
     "LatentUpscaleModelLoader": (("model_name", "latent_upsampler"),),
-    "LTXVAudioVAELoader": (("ckpt_name", "audio_vae"),),
+    "LTXVAudioVAELoader": (("ckpt_name", "model_checkpoint"),),
 }
 
 
@@ -709,7 +710,7 @@ def single_file_set(compiled: CompiledWorkflow, generation: Generation, models: 
     assert generation.served.single_file is not None
     sampler = generation.sampler_nodes[0]
     picked: dict[str, list[tuple[str, str, str]]] = {"vae": [], "text_encoders": [], "family": [],
-                                                     "latent_upsampler": [], "audio_vae": []}
+                                                     "latent_upsampler": [], "model_checkpoint": []}
     for nid in compiled.evaluated:
         call = compiled.graph[nid]
         for input_name, kind in SINGLE_FILE_LOADERS.get(call.class_type, ()):
@@ -727,10 +728,11 @@ def single_file_set(compiled: CompiledWorkflow, generation: Generation, models: 
                          f"{sorted(vaes)}, {len(loaders)} CLIP loaders and {sorted(upsamplers)}", "serve the others "
                          "through omniloop-models.json entries")
     folder, dit = generation.served.single_file
-    for nid, input_name, name in picked["audio_vae"]:  # LTX-2: the audio VAE is the checkpoint's
+    for nid, input_name, name in picked["model_checkpoint"]:
         if (folder, name) != ("checkpoints", dit):
-            raise node_error(nid, compiled.graph[nid].class_type, "value_not_in_list", f"{input_name}: the audio VAE "
-                             f"comes from the checkpoint the model loads ({dit!r}), not {name!r}",
+            part = "audio VAE" if compiled.graph[nid].class_type == "LTXVAudioVAELoader" else "text connectors"
+            raise node_error(nid, compiled.graph[nid].class_type, "value_not_in_list", f"{input_name}: the {part} "
+                             f"come from the checkpoint the model loads ({dit!r}), not {name!r}",
                              f"pass ckpt_name={dit!r}", input_name)
     encoders, tokenizers = [], []
     for nid, input_name, name in picked["text_encoders"]:

@@ -240,3 +240,83 @@ def test_gemma3_single_file_equals_transformers(tmp_path):
     save_file({"model.diffusion_model.x": torch.zeros(1)}, tmp_path / "ltx.safetensors")
     with pytest.raises(ValueError, match="not a Gemma 3 text encoder file"):
         load_gemma3_single_file(tmp_path / "ltx.safetensors")
+
+
+# The LTX-2.0 diffusers configs of diffusers' scripts/convert_ltx2_to_diffusers.py (version "2.0"):
+# what the released single files hold, the oracle of the configs the loaders fall back to.
+SCRIPT_2_0 = {
+    "vae": {"in_channels": 3, "out_channels": 3, "latent_channels": 128, "block_out_channels": (256, 512, 1024, 2048),
+            "down_block_types": ("LTX2VideoDownBlock3D",) * 4, "decoder_block_out_channels": (256, 512, 1024),
+            "layers_per_block": (4, 6, 6, 2, 2), "decoder_layers_per_block": (5, 5, 5, 5),
+            "spatio_temporal_scaling": (True, True, True, True), "decoder_spatio_temporal_scaling": (True, True, True),
+            "decoder_inject_noise": (False, False, False, False),
+            "downsample_type": ("spatial", "temporal", "spatiotemporal", "spatiotemporal"),
+            "upsample_type": ("spatiotemporal", "spatiotemporal", "spatiotemporal"),
+            "upsample_residual": (True, True, True), "upsample_factor": (2, 2, 2), "timestep_conditioning": False,
+            "patch_size": 4, "patch_size_t": 1, "resnet_norm_eps": 1e-6, "encoder_causal": True, "decoder_causal": False,
+            "encoder_spatial_padding_mode": "zeros", "decoder_spatial_padding_mode": "reflect",
+            "spatial_compression_ratio": 32, "temporal_compression_ratio": 8},
+    "audio_vae": {"base_channels": 128, "output_channels": 2, "ch_mult": (1, 2, 4), "num_res_blocks": 2,
+                  "attn_resolutions": None, "in_channels": 2, "resolution": 256, "latent_channels": 8,
+                  "norm_type": "pixel", "causality_axis": "height", "dropout": 0.0, "mid_block_add_attention": False,
+                  "sample_rate": 16000, "mel_hop_length": 160, "is_causal": True, "mel_bins": 64, "double_z": True},
+    "vocoder": {"in_channels": 128, "hidden_channels": 1024, "out_channels": 2, "upsample_kernel_sizes": [16, 15, 8, 4, 4],
+                "upsample_factors": [6, 5, 2, 2, 2], "resnet_kernel_sizes": [3, 7, 11],
+                "resnet_dilations": [[1, 3, 5], [1, 3, 5], [1, 3, 5]], "act_fn": "leaky_relu",
+                "leaky_relu_negative_slope": 0.1, "antialias": False, "final_act_fn": "tanh", "final_bias": True,
+                "output_sampling_rate": 24000},
+    "connectors": {"caption_channels": 3840, "text_proj_in_factor": 49, "video_connector_num_attention_heads": 30,
+                   "video_connector_attention_head_dim": 128, "video_connector_num_layers": 2,
+                   "video_connector_num_learnable_registers": 128, "video_gated_attn": False,
+                   "audio_connector_num_attention_heads": 30, "audio_connector_attention_head_dim": 128,
+                   "audio_connector_num_layers": 2, "audio_connector_num_learnable_registers": 128,
+                   "audio_gated_attn": False, "connector_rope_base_seq_len": 4096, "rope_theta": 10000.0,
+                   "rope_double_precision": True, "causal_temporal_positioning": False, "rope_type": "split",
+                   "per_modality_projections": False, "proj_bias": False},
+    "latent_upsampler": {"in_channels": 128, "mid_channels": 1024, "num_blocks_per_stage": 4, "dims": 3,
+                         "spatial_upsample": True, "temporal_upsample": False, "rational_spatial_scale": 2.0,
+                         "use_rational_resampler": True},
+}
+
+
+def _normalized(config) -> dict:
+    """A config dataclass as plain values (tuples and lists alike)."""
+    import dataclasses
+
+    def plain(v):
+        return [plain(x) for x in v] if isinstance(v, (list, tuple)) else v
+
+    return {f.name: plain(getattr(config, f.name)) for f in dataclasses.fields(config)}
+
+
+def test_released_configs_are_the_ltx2_0_configs():
+    """Without a configs folder the loaders take the released LTX-2.0 facts: each component's
+    config equals the one built from diffusers' conversion script's "2.0" config."""
+    from omniloop.models.families.ltx2 import single_file
+    from omniloop.models.families.ltx2.weights import PARTS
+
+    released = {"vae": single_file.RELEASED_VIDEO_VAE, "audio_vae": {}, "vocoder": {},
+                "connectors": single_file.RELEASED_CONNECTORS, "latent_upsampler": {}}
+    for name, config in released.items():
+        with torch.device("meta"):
+            ours, oracle = PARTS[name].build(dict(config)), PARTS[name].build(dict(SCRIPT_2_0[name]))
+        assert _normalized(ours.config) == _normalized(oracle.config), name
+
+
+def test_released_dit_facts_with_the_shapes_are_the_ltx2_0_transformer():
+    """The DiT's config is its shapes plus three released facts (head widths, rope_type): on a
+    released-size diffusers transformer (built on meta) that is the script's "2.0" config."""
+    from omniloop.models.families.ltx2.model import LTX2DiTConfig
+    from omniloop.models.families.ltx2.single_file import RELEASED_TRANSFORMER_FACTS
+    from omniloop.models.families.ltx2.weights import ltx2_dit_config_from_shapes
+
+    script = dict(in_channels=128, out_channels=128, num_attention_heads=32, attention_head_dim=128,
+                  cross_attention_dim=4096, audio_in_channels=128, audio_out_channels=128, audio_num_attention_heads=32,
+                  audio_attention_head_dim=64, audio_cross_attention_dim=2048, num_layers=48, caption_channels=3840,
+                  rope_double_precision=True, cross_attn_timestep_scale_multiplier=1000, rope_type="split",
+                  use_prompt_embeddings=True, perturbed_attn=False, gated_attn=False, cross_attn_mod=False)
+    with torch.device("meta"):
+        released = diffusers.LTX2VideoTransformer3DModel(**script)
+    shapes = {k: t.shape for k, t in released.state_dict().items()}
+    ours = LTX2DiTConfig.from_diffusers_config(ltx2_dit_config_from_shapes(shapes, **RELEASED_TRANSFORMER_FACTS))
+    assert _normalized(ours) == _normalized(LTX2DiTConfig.from_diffusers_config(dict(released.config)))

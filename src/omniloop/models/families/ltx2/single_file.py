@@ -38,7 +38,18 @@ from omniloop.models.families.ltx2.weights import PARTS, _subs, assemble, rewrit
 from omniloop.models.single_file import read_single_file
 
 # -- released LTX-2.0 configs (Lightricks/LTX-2, as diffusers' conversion script states them) ----------
-# The video VAE, audio VAE, vocoder and upsampler are their config dataclasses' defaults.
+# The audio VAE, vocoder and upsampler are their config dataclasses' defaults (tested against the script).
+RELEASED_VIDEO_VAE: dict[str, Any] = {
+    "latent_channels": 128, "block_out_channels": [256, 512, 1024, 2048], "decoder_block_out_channels": [256, 512, 1024],
+    "layers_per_block": [4, 6, 6, 2, 2], "decoder_layers_per_block": [5, 5, 5, 5],
+    "spatio_temporal_scaling": [True, True, True, True], "decoder_spatio_temporal_scaling": [True, True, True],
+    "decoder_inject_noise": [False, False, False, False],
+    "downsample_type": ["spatial", "temporal", "spatiotemporal", "spatiotemporal"],
+    "upsample_type": ["spatiotemporal", "spatiotemporal", "spatiotemporal"], "upsample_residual": [True, True, True],
+    "upsample_factor": [2, 2, 2], "timestep_conditioning": False, "patch_size": 4, "patch_size_t": 1,
+    "resnet_norm_eps": 1e-6, "encoder_causal": True, "decoder_causal": False, "encoder_spatial_padding_mode": "zeros",
+    "decoder_spatial_padding_mode": "reflect", "spatial_compression_ratio": 32, "temporal_compression_ratio": 8,
+}
 RELEASED_CONNECTORS: dict[str, Any] = {
     "caption_channels": 3840, "text_proj_in_factor": 49, "video_connector_num_attention_heads": 30,
     "video_connector_attention_head_dim": 128, "video_connector_num_layers": 2,

@@ -41,6 +41,7 @@ from omniloop.models.families.ltx2.single_file import (
     RELEASED_CONNECTORS,
     RELEASED_SCHEDULER,
     RELEASED_TRANSFORMER_FACTS,
+    RELEASED_VIDEO_VAE,
     LTX2Configs,
     load_ltx2_connectors_single_file,
     load_ltx2_latent_upsampler_single_file,
@@ -156,7 +157,7 @@ def ltx2_single_files(files: SingleFileSet, resolve: Resolve,
     scheduler = configs.get("scheduler", RELEASED_SCHEDULER, "scheduler_config.json")
     components: dict[str, Any] = {
         "transformer": apply_load_options(dit, options, blocks=dit.blocks, fp8_layers=BLOCK_GEMMS),
-        "vae": load_ltx2_video_vae_single_file(path, configs.get("vae"), device=device, dtype=dtype),
+        "vae": load_ltx2_video_vae_single_file(path, configs.get("vae", RELEASED_VIDEO_VAE), device=device, dtype=dtype),
         "audio_vae": load_ltx2_audio_vae_single_file(path, configs.get("audio_vae"), device=device, dtype=dtype),
         "vocoder": load_ltx2_vocoder_single_file(path, configs.get("vocoder"), device=device, dtype=dtype),
         "connectors": load_ltx2_connectors_single_file(path, configs.get("connectors", RELEASED_CONNECTORS),

@@ -156,10 +156,24 @@ class SingleFileSet:
 SingleFileLoader = Callable[[SingleFileSet, Resolve, "LoadOptions"], tuple[dict[str, Any], dict[str, Any]]]
 
 
+# ComfyUI keeps a SentencePiece tokenizer's model inside the text encoder file (its
+# ``tokenizer_data``): the serialized model proto as a uint8 tensor
+TOKENIZER_KEY = "spiece_model"
+
+
+def carries_tokenizer(path: Path) -> bool:
+    """Whether the single file ``path`` holds its tokenizer (``spiece_model``)."""
+    if not path.is_file():
+        return False
+    with safe_open(str(path), framework="pt") as f:
+        return TOKENIZER_KEY in f.keys()
+
+
 @dataclass(frozen=True, slots=True)
 class TextEncoderSource:
     """Where one text encoder's weights and tokenizer are: one transformers-layout folder
-    holding both (``tokenizer == weights``), or a single weights file and a tokenizer folder."""
+    holding both (``tokenizer == weights``), a single weights file and a tokenizer folder, or a
+    single file holding its tokenizer too (``tokenizer == weights``, a file: ``spiece_model``)."""
 
     weights: Path
     tokenizer: Path
@@ -168,14 +182,24 @@ class TextEncoderSource:
     def single_file(self) -> bool:
         return self.weights.is_file()
 
+    @property
+    def tokenizer_in_file(self) -> bool:
+        return self.single_file and self.tokenizer == self.weights
 
-def text_encoder_sources(files: SingleFileSet, resolve: Resolve) -> list[TextEncoderSource]:
-    """The text encoders of ``files`` in order; single files take the ``tokenizers`` in order."""
+
+def text_encoder_sources(files: SingleFileSet, resolve: Resolve, *,
+                         file_tokenizers: bool = False) -> list[TextEncoderSource]:
+    """The text encoders of ``files`` in order; single files take the ``tokenizers`` in order.
+    ``file_tokenizers`` (the family's loader reads a file's own SentencePiece tokenizer): a
+    file that carries one uses it when no tokenizer folder is left for it."""
     tokenizers = list(files.tokenizers)
     sources = []
     for name in files.text_encoders:
         path = resolve("text_encoders", name)
         if path.is_dir():
+            sources.append(TextEncoderSource(path, path))
+            continue
+        if not tokenizers and file_tokenizers and carries_tokenizer(path):
             sources.append(TextEncoderSource(path, path))
             continue
         if not tokenizers:

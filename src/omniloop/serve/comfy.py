@@ -39,7 +39,7 @@ import omniloop
 from omniloop.engine import EngineError, RequestRejected
 from omniloop.engine.model_pool import ModelPool
 from omniloop.models.comfy_folder import ComfyModelNameRefused, ComfyModelNotFound, ComfyModels
-from omniloop.models.single_file import SingleFileSet
+from omniloop.models.single_file import SingleFileSet, carries_tokenizer
 from omniloop.pipeline.adapters import adapter_cache
 from omniloop.request import FinalEvent, OmniEvent, OmniOutput, ProgressEvent, RequestStatus
 from omniloop.serve.state import ServeState, check_auth, require_auth
@@ -237,9 +237,11 @@ class ComfyApi:
         return single_file_set(compiled, generation, ComfyModels(self.folder.root), self.single_file_facts)
 
     @staticmethod
-    def _tokenizer_for(models: ComfyModels, node: str, class_type: str, input_name: str, name: str) -> str:
+    def _tokenizer_for(models: ComfyModels, node: str, class_type: str, input_name: str, name: str,
+                       optional: bool = False) -> str | None:
         """A text encoder single file carries no tokenizer: the tokenizer folder of
-        ``text_encoders/`` named as the file (its stem, or ``<stem>_tokenizer``), else the only one."""
+        ``text_encoders/`` named as the file (its stem, or ``<stem>_tokenizer``), else the only one;
+        ``optional`` (the file holds its own, ComfyUI's ``spiece_model``): None when there is none."""
         entries = {n: models.resolve("text_encoders", n) for n in models.list("text_encoders")}
         folders = [n for n, path in entries.items() if path.is_dir() and (path / "tokenizer_config.json").is_file()
                    and not (path / "config.json").is_file()]
@@ -247,6 +249,8 @@ class ComfyApi:
         named = [f for f in folders if f in (stem, f"{stem}_tokenizer")]
         if named or len(folders) == 1:
             return (named or folders)[0]
+        if optional:
+            return None
         raise node_error(node, class_type, "value_not_in_list", f"{input_name}: {name!r} is a single file and "
                          "carries no tokenizer", f"put its tokenizer folder in text_encoders/ as {stem}_tokenizer/ "
                          f"(tokenizer folders there: {folders})", input_name)
@@ -743,7 +747,9 @@ def single_file_set(compiled: CompiledWorkflow, generation: Generation, models: 
             raise node_error(nid, compiled.graph[nid].class_type, "value_not_in_list", f"{input_name}: {e}",
                              input_name=input_name) from None
         if path.is_file():
-            tokenizers.append(ComfyApi._tokenizer_for(models, nid, compiled.graph[nid].class_type, input_name, name))
+            tokenizer = ComfyApi._tokenizer_for(models, nid, compiled.graph[nid].class_type, input_name, name,
+                                                optional=carries_tokenizer(path))
+            tokenizers += [tokenizer] if tokenizer is not None else []
     family = picked["family"][0] if picked["family"] else (sampler, "type", "")
     try:
         return SingleFileSet(family=family[2], diffusion_models=(dit,) if folder == "diffusion_models" else (),

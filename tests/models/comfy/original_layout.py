@@ -298,11 +298,11 @@ def ltx2_checkpoint_original(folder) -> dict[str, torch.Tensor]:
             | ltx2_vocoder_original(sd("vocoder")))
 
 
-def gemma3_comfy(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def gemma3_comfy(sd: dict[str, torch.Tensor], spiece: bytes | None = None) -> dict[str, torch.Tensor]:
     """transformers' Gemma3ForConditionalGeneration -> ComfyUI's gemma_3_12B_it file: the
     language model under ``model.`` (ComfyUI's llama.py names are transformers' Gemma 3 text
-    names), the vision tower and projector beside it, no ``lm_head`` (tied), and the
-    tokenizer's SentencePiece model as a uint8 tensor (here a stand-in: it is not read)."""
+    names), the vision tower and projector beside it, no ``lm_head`` (tied), and ``spiece``
+    (the tokenizer's SentencePiece model proto) as a uint8 ``spiece_model`` when given."""
     out = {}
     for key, tensor in sd.items():
         if key.startswith("model.language_model."):
@@ -311,5 +311,6 @@ def gemma3_comfy(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             out["vision_model." + key.removeprefix("model.vision_tower.vision_model.")] = tensor.clone()
         elif key.startswith("model.multi_modal_projector."):
             out[key.removeprefix("model.")] = tensor.clone()
-    out["spiece_model"] = torch.tensor(list(b"not a sentencepiece model"), dtype=torch.uint8)
+    if spiece is not None:
+        out["spiece_model"] = torch.tensor(list(spiece), dtype=torch.uint8)
     return out

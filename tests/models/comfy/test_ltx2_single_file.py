@@ -320,3 +320,59 @@ def test_released_dit_facts_with_the_shapes_are_the_ltx2_0_transformer():
     shapes = {k: t.shape for k, t in released.state_dict().items()}
     ours = LTX2DiTConfig.from_diffusers_config(ltx2_dit_config_from_shapes(shapes, **RELEASED_TRANSFORMER_FACTS))
     assert _normalized(ours) == _normalized(LTX2DiTConfig.from_diffusers_config(dict(released.config)))
+
+
+def test_a_gemma3_file_carries_its_tokenizer(tmp_path):
+    """ComfyUI's Gemma file holds its SentencePiece model (``spiece_model``) and tokenizes with
+    it, with a BOS and no EOS: the tokenizer read from the file gives sentencepiece's ids."""
+    import io
+
+    spm = pytest.importorskip("sentencepiece")
+    from omniloop.models.text.gemma_single_file import gemma_tokenizer_in_file, load_gemma_layer_states_single_file
+    from tests.models.comfy.original_layout import gemma3_comfy
+    from tests.models.ltx2.checkpoint import CORPUS, tiny_gemma
+
+    proto = io.BytesIO()  # Gemma's conventions: pad 0, eos 1, bos 2, unk 3, byte fallback, no dummy prefix
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(CORPUS * 20), model_writer=proto, vocab_size=320, model_type="bpe", pad_id=0, eos_id=1,
+        bos_id=2, unk_id=3, pad_piece="<pad>", eos_piece="<eos>", bos_piece="<bos>", unk_piece="<unk>",
+        user_defined_symbols=["<start_of_turn>", "<end_of_turn>"], byte_fallback=True, add_dummy_prefix=False,
+        remove_extra_whitespaces=False, normalization_rule_name="identity", split_digits=True, minloglevel=2)
+    sp = spm.SentencePieceProcessor(model_proto=proto.getvalue())
+    gemma = tiny_gemma(sp.get_piece_size())
+    path = tmp_path / "gemma_3_12B_it.safetensors"
+    save_file(gemma3_comfy(gemma.state_dict(), spiece=proto.getvalue()), path)
+    tokenizer = gemma_tokenizer_in_file(path)
+    for text in ("a red circle moving right", "waves  crash 1234", "a wörd never seen"):
+        assert tokenizer(text).input_ids == sp.encode(text, add_bos=True), text
+    encoder = load_gemma_layer_states_single_file(path, path, device="cpu", dtype=torch.float32,
+                                                  max_sequence_length=32, text_config=gemma.config.text_config.to_dict())
+    states = encoder.encode(["a red circle"])
+    n = 1 + len(sp.encode("a red circle"))
+    assert states.mask.tolist() == [[0] * (32 - n) + [1] * n] and states.states.shape == (1, 32, 16 * 3)
+    save_file(gemma3_comfy(gemma.state_dict(), spiece=b"not a sentencepiece model"), tmp_path / "bad.safetensors")
+    with pytest.raises(ValueError, match="bad.safetensors: its spiece_model is not a SentencePiece model"):
+        gemma_tokenizer_in_file(tmp_path / "bad.safetensors")
+
+
+def test_a_text_encoder_file_uses_its_own_tokenizer_when_no_folder_is_named(tmp_path):
+    from omniloop.models.comfy_folder import ComfyModels
+    from omniloop.models.single_file import SingleFileSet, text_encoder_sources
+
+    (tmp_path / "text_encoders" / "gemma_tokenizer").mkdir(parents=True)
+    (tmp_path / "text_encoders" / "gemma_tokenizer" / "tokenizer_config.json").write_text("{}")
+    save_file({"spiece_model": torch.zeros(4, dtype=torch.uint8)}, tmp_path / "text_encoders" / "gemma.safetensors")
+    save_file({"shared.weight": torch.zeros(1)}, tmp_path / "text_encoders" / "umt5.safetensors")
+    models = ComfyModels(tmp_path)
+
+    def sources(encoder: str, tokenizers: tuple[str, ...] = (), **kw):
+        files = SingleFileSet(family="ltx2", checkpoint="c", text_encoders=(encoder,), tokenizers=tokenizers)
+        return text_encoder_sources(files, models.resolve, **kw)
+
+    (own,) = sources("gemma.safetensors", file_tokenizers=True)
+    assert own.tokenizer_in_file and own.tokenizer == own.weights
+    (folder,) = sources("gemma.safetensors", ("gemma_tokenizer",), file_tokenizers=True)  # a named folder wins
+    assert not folder.tokenizer_in_file and folder.tokenizer.name == "gemma_tokenizer"
+    for encoder, kw in (("gemma.safetensors", {}), ("umt5.safetensors", {"file_tokenizers": True})):
+        with pytest.raises(ValueError, match="is a single file and carries no tokenizer"):
+            sources(encoder, **kw)  # the family reads no file tokenizer / the file has none

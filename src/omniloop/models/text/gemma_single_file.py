@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import torch
+from safetensors import safe_open
 
 from omniloop.models.checkpoint_files import cast_to, check_and_assign
-from omniloop.models.single_file import read_single_file
+from omniloop.models.single_file import TOKENIZER_KEY, read_single_file
 from omniloop.models.text.gemma import GemmaLayerStates
 
 GEMMA_SECTIONS = ("model.",)
@@ -86,13 +87,37 @@ def load_gemma3_single_file(path: str | Path, *, device: torch.device | str = "c
     return model.eval().requires_grad_(False)
 
 
-def load_gemma_layer_states_single_file(path: Path, tokenizer_dir: Path, *, device: torch.device | str,
+def gemma_tokenizer_in_file(path: str | Path) -> Any:
+    """The tokenizer a Gemma file carries (``spiece_model``: the SentencePiece model proto, as
+    ComfyUI keeps it), as transformers' ``GemmaTokenizer`` of that model with a BOS and no EOS:
+    ComfyUI's ``Gemma3_12BTokenizer`` tokenizes with SentencePiece, ``add_bos``, no EOS."""
+    import tempfile
+
+    from transformers import GemmaTokenizer
+
+    with safe_open(str(path), framework="pt") as f:
+        if TOKENIZER_KEY not in f.keys():
+            raise ValueError(f"{Path(path).name} carries no tokenizer ({TOKENIZER_KEY}); pass a tokenizer folder")
+        proto = f.get_tensor(TOKENIZER_KEY).numpy().tobytes()
+    with tempfile.TemporaryDirectory(prefix="omniloop-gemma-tokenizer-") as folder:
+        (Path(folder) / "tokenizer.model").write_bytes(proto)
+        try:
+            return GemmaTokenizer.from_pretrained(folder, add_bos_token=True, add_eos_token=False)
+        except Exception as e:  # a broken proto: sentencepiece / protobuf raise their own types
+            raise ValueError(f"{Path(path).name}: its {TOKENIZER_KEY} is not a SentencePiece model ({e}); pass a "
+                             "tokenizer folder") from None
+
+
+def load_gemma_layer_states_single_file(path: Path, tokenizer: Path, *, device: torch.device | str,
                                         dtype: torch.dtype, max_sequence_length: int = 1024,
                                         text_config: Mapping[str, Any] | None = None) -> GemmaLayerStates:
-    """LTX-2's text encoder (every layer's hidden states) from a Gemma 3 file and a tokenizer folder."""
+    """LTX-2's text encoder (every layer's hidden states) from a Gemma 3 file and its tokenizer:
+    a tokenizer folder, or ``path`` itself when the file carries it (``gemma_tokenizer_in_file``)."""
     from transformers import AutoTokenizer
 
     model = load_gemma3_single_file(path, device=device, dtype=dtype, text_config=text_config)
-    if not Path(tokenizer_dir).is_dir():
-        raise FileNotFoundError(f"missing tokenizer folder {tokenizer_dir}")
-    return GemmaLayerStates(model, AutoTokenizer.from_pretrained(tokenizer_dir), max_sequence_length)
+    if Path(tokenizer) == Path(path):
+        return GemmaLayerStates(model, gemma_tokenizer_in_file(path), max_sequence_length)
+    if not Path(tokenizer).is_dir():
+        raise FileNotFoundError(f"missing tokenizer folder {tokenizer}")
+    return GemmaLayerStates(model, AutoTokenizer.from_pretrained(tokenizer), max_sequence_length)

@@ -142,7 +142,7 @@ def ltx2_single_files(files: SingleFileSet, resolve: Resolve,
         facts["attention_head_dim"] = files.attention_head_dim
     require_sections(path, "model.diffusion_model.", what="the DiT")
     dit = load_ltx2_transformer_single_file(path, device=device, dtype=dtype, **facts)
-    (text,) = text_encoder_sources(files, resolve)
+    (text,) = text_encoder_sources(files, resolve, file_tokenizers=True)  # Gemma's own spiece_model
     length = LTX2_DEFAULTS.max_sequence_length or 1024
     if text.single_file:
         config = configs.get("text_encoder") if files.configs is not None else None

@@ -721,8 +721,8 @@ def single_file_set(compiled: CompiledWorkflow, generation: Generation, models: 
             picked[kind].append((nid, input_name, str(call.inputs.get(input_name))))
         if call.class_type in ("CLIPLoader", "DualCLIPLoader"):
             picked["family"].append((nid, "type", str(call.inputs.get("type"))))
-        elif (family := _family_loading(call.class_type)) is not None:
-            picked["family"].append((nid, "class_type", family))
+        elif (own := _family_loading(call.class_type)) is not None:
+            picked["family"].append((nid, "class_type", own))
     vaes = {name for _, _, name in picked["vae"]}
     loaders = {nid for nid, _, _ in picked["text_encoders"]}
     upsamplers = {name for _, _, name in picked["latent_upsampler"]}

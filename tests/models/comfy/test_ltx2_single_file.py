@@ -172,6 +172,12 @@ def test_ltx2_connectors_and_vocoder_from_a_full_checkpoint(tmp_path):
     ours = load_ltx2_connectors_single_file(path, released, dtype=torch.float32)
     _assert_same(ours.state_dict(), from_diffusers_module("connectors", connectors).state_dict())
     assert ours.config == from_diffusers_module("connectors", connectors).config
+    # the projection inside the DiT section (some checkpoints; diffusers' conversion script reads both)
+    inside = {("model.diffusion_model." + k if k.startswith("text_embedding_projection.") else k): v
+              for k, v in original.items()}
+    save_file(inside, tmp_path / "inside.safetensors")
+    moved = load_ltx2_connectors_single_file(tmp_path / "inside.safetensors", released, dtype=torch.float32)
+    _assert_same(moved.state_dict(), ours.state_dict())
     ours_vocoder = load_ltx2_vocoder_single_file(path, dict(vocoder.config), dtype=torch.float32)
     _assert_same(ours_vocoder.state_dict(), from_diffusers_module("vocoder", vocoder).state_dict())
 
@@ -179,7 +185,7 @@ def test_ltx2_connectors_and_vocoder_from_a_full_checkpoint(tmp_path):
     save_file({k: v for k, v in original.items() if not k.startswith("vocoder.")}, tmp_path / "no_vocoder.safetensors")
     with pytest.raises(ValueError, match=r"no_vocoder.safetensors: no 'vocoder.' section \(the vocoder\)"):
         load_ltx2_vocoder_single_file(tmp_path / "no_vocoder.safetensors", dict(vocoder.config))
-    with pytest.raises(ValueError, match=r"no 'text_embedding_projection.' section \(the text connectors\)"):
+    with pytest.raises(ValueError, match=r"no 'text_embedding_projection.' section \(the text connectors' input"):
         save_file({k: v for k, v in original.items() if not k.startswith("text_embedding")}, tmp_path / "x.safetensors")
         load_ltx2_connectors_single_file(tmp_path / "x.safetensors", released)
 

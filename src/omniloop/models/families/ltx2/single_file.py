@@ -34,7 +34,14 @@ from safetensors import safe_open
 from torch import nn
 
 from omniloop.models.checkpoint_files import cast_to
-from omniloop.models.families.ltx2.weights import PARTS, _subs, assemble, rewrite_keys
+from omniloop.models.families.ltx2.weights import (
+    CONNECTOR_PREFIXES,
+    PARTS,
+    PROJECTION,
+    _subs,
+    assemble,
+    rewrite_keys,
+)
 from omniloop.models.single_file import read_single_file
 
 # -- released LTX-2.0 configs (Lightricks/LTX-2, as diffusers' conversion script states them) ----------
@@ -78,8 +85,7 @@ CONNECTOR_SUBS = _subs(
 )
 VOCODER_ORIGINAL_SUBS = _subs((r"^ups\.", "upsamplers."), (r"^resblocks\.", "resnets."),
                               (r"^conv_pre\.", "conv_in."), (r"^conv_post\.", "conv_out."))
-DIT_SECTION, PROJECTION = "model.diffusion_model.", "text_embedding_projection."
-CONNECTOR_PREFIXES = ("video_embeddings_connector.", "audio_embeddings_connector.")
+DIT_SECTION = "model.diffusion_model."
 
 
 def file_keys(path: Path) -> set[str]:
@@ -120,14 +126,18 @@ class LTX2Configs:
 def load_ltx2_connectors_single_file(path: str | Path, config: Mapping[str, Any], *,
                                      device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16) -> nn.Module:
     """The text connectors of a full checkpoint: ``model.diffusion_model.{video,audio}_embeddings_connector.``
-    and the top-level ``text_embedding_projection.`` (ComfyUI's ``LTXAVTextEncoderLoader`` reads
-    these from its ``ckpt_name``). Widths, depths and register counts come from the shapes."""
+    and ``text_embedding_projection.``, top level (ComfyUI's ``LTXAVTextEncoderLoader`` reads
+    these from its ``ckpt_name``) or, in some checkpoints (diffusers' conversion script reads
+    both), inside the DiT section. Widths, depths and register counts come from the shapes."""
     path = Path(path)
-    require_sections(path, DIT_SECTION + CONNECTOR_PREFIXES[0], DIT_SECTION + CONNECTOR_PREFIXES[1], PROJECTION,
+    require_sections(path, DIT_SECTION + CONNECTOR_PREFIXES[0], DIT_SECTION + CONNECTOR_PREFIXES[1],
                      what="the text connectors")
     cast = cast_to(device, dtype)
-    sd = read_single_file(path, cast, sections=(DIT_SECTION,), keep=lambda k: k.startswith(CONNECTOR_PREFIXES))
-    sd |= read_single_file(path, cast, sections=(), keep=lambda k: k.startswith(PROJECTION))
+    sd = read_single_file(path, cast, sections=(DIT_SECTION,),
+                          keep=lambda k: k.startswith((*CONNECTOR_PREFIXES, PROJECTION)))
+    if not any(k.startswith(PROJECTION) for k in sd):
+        require_sections(path, PROJECTION, what="the text connectors' input projection")
+        sd |= read_single_file(path, cast, sections=(), keep=lambda k: k.startswith(PROJECTION))
     sd = rewrite_keys(sd, CONNECTOR_SUBS)
     model = assemble(PARTS["connectors"], connectors_config(sd, config), sd, str(path))
     return model

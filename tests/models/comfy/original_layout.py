@@ -314,3 +314,28 @@ def gemma3_comfy(sd: dict[str, torch.Tensor], spiece: bytes | None = None) -> di
     if spiece is not None:
         out["spiece_model"] = torch.tensor(list(spiece), dtype=torch.uint8)
     return out
+
+
+def comfy_quant_nvfp4(sd: dict[str, torch.Tensor], quantize=lambda key: True) -> dict[str, torch.Tensor]:
+    """ComfyUI's nvfp4 storage (the ``*_fp4_mixed`` releases), written by comfy-kitchen's own
+    ``TensorCoreNVFP4Layout`` (the library ComfyUI quantizes with): each 2-D ``*.weight`` with
+    sizes in multiples of 16 that ``quantize`` picks becomes packed E2M1 codes, ``weight_scale``
+    (block scales, cuBLAS layout), ``weight_scale_2``, an ``input_scale`` and ``comfy_quant``;
+    the other tensors stay as they are ("mixed")."""
+    import json
+
+    from comfy_kitchen.tensor.nvfp4 import TensorCoreNVFP4Layout
+
+    out: dict[str, torch.Tensor] = {}
+    for key, tensor in sd.items():
+        if key.endswith(".weight") and tensor.dim() == 2 and not tensor.shape[0] % 16 and not tensor.shape[1] % 16 \
+                and quantize(key):
+            base = key[: -len(".weight")]
+            qdata, params = TensorCoreNVFP4Layout.quantize(tensor.float())
+            for suffix, value in TensorCoreNVFP4Layout.state_dict_tensors(qdata, params).items():
+                out[f"{base}.weight{suffix}"] = value.contiguous()
+            out[f"{base}.input_scale"] = torch.tensor(1.0)
+            out[f"{base}.comfy_quant"] = torch.tensor(list(json.dumps({"format": "nvfp4"}).encode()), dtype=torch.uint8)
+        else:
+            out[key] = tensor
+    return out

@@ -382,3 +382,33 @@ def test_a_text_encoder_file_uses_its_own_tokenizer_when_no_folder_is_named(tmp_
     for encoder, kw in (("gemma.safetensors", {}), ("umt5.safetensors", {"file_tokenizers": True})):
         with pytest.raises(ValueError, match="is a single file and carries no tokenizer"):
             sources(encoder, **kw)  # the family reads no file tokenizer / the file has none
+
+
+def test_gemma3_fp4_mixed_file_dequantizes_as_comfy_kitchen(tmp_path):
+    """gemma_3_12B_it_fp4_mixed (the file the LTX-2 templates load): nvfp4 layers written by
+    comfy-kitchen's TensorCoreNVFP4Layout (ComfyUI's quantizer) load as its own dequantization,
+    bit for bit; the layers left unquantized load as stored."""
+    pytest.importorskip("comfy_kitchen")
+    import comfy_kitchen as ck
+
+    from omniloop.models.text.gemma_single_file import load_gemma3_single_file
+    from tests.models.comfy.original_layout import comfy_quant_nvfp4, gemma3_comfy
+    from tests.models.ltx2.checkpoint import tiny_gemma
+
+    gemma = _jittered(tiny_gemma(64))
+    original = gemma3_comfy(gemma.state_dict())
+    mixed = comfy_quant_nvfp4(original, quantize=lambda key: ".layers." in key)
+    assert mixed["model.layers.0.mlp.up_proj.weight"].dtype == torch.uint8  # [32, 16] -> [32, 8] packed codes
+    assert mixed["model.layers.0.self_attn.k_proj.weight"].dtype == torch.float32  # [8, 16]: not a multiple of 16
+    path = tmp_path / "gemma_3_12B_it_fp4_mixed.safetensors"
+    save_file(mixed, path)
+    ours = load_gemma3_single_file(path, dtype=torch.float32, text_config=gemma.config.text_config.to_dict())
+    got = dict(ours.state_dict())
+    for key in ("layers.0.mlp.up_proj", "layers.1.mlp.down_proj", "layers.1.self_attn.q_proj"):
+        base = f"model.{key}"
+        want = ck.dequantize_nvfp4(mixed[f"{base}.weight"], mixed[f"{base}.weight_scale_2"],
+                                   mixed[f"{base}.weight_scale"], torch.float32)
+        assert torch.equal(got[f"{key}.weight"], want), key
+        assert (want - original[f"{base}.weight"]).abs().max() < 0.25 * original[f"{base}.weight"].abs().max()
+    assert torch.equal(got["layers.0.self_attn.k_proj.weight"], original["model.layers.0.self_attn.k_proj.weight"])
+    assert torch.equal(got["embed_tokens.weight"], original["model.embed_tokens.weight"])

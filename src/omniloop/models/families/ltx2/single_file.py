@@ -74,6 +74,7 @@ RELEASED_SCHEDULER: dict[str, Any] = {
 RELEASED_TRANSFORMER_FACTS: dict[str, Any] = {"attention_head_dim": 128, "audio_attention_head_dim": 64,
                                               "rope_type": "split"}
 
+DIT_SECTION = "model.diffusion_model."
 # Lightricks' names -> diffusers' (then weights.BLOCK_SUBS / VOCODER_SUBS -> ours)
 CONNECTOR_SUBS = _subs(
     (r"^text_embedding_projection\.aggregate_embed\.", "text_proj_in."),
@@ -85,7 +86,6 @@ CONNECTOR_SUBS = _subs(
 )
 VOCODER_ORIGINAL_SUBS = _subs((r"^ups\.", "upsamplers."), (r"^resblocks\.", "resnets."),
                               (r"^conv_pre\.", "conv_in."), (r"^conv_post\.", "conv_out."))
-DIT_SECTION = "model.diffusion_model."
 
 
 def file_keys(path: Path) -> set[str]:
@@ -95,13 +95,21 @@ def file_keys(path: Path) -> set[str]:
         return set(f.keys())
 
 
-def require_sections(path: Path, *prefixes: str, what: str) -> None:
-    """Raise naming the file and the section when ``path`` has no key under one of ``prefixes``."""
+# the sections of a full checkpoint a pipeline reads (checked before any is loaded)
+CHECKPOINT_SECTIONS = {DIT_SECTION: "the DiT", DIT_SECTION + CONNECTOR_PREFIXES[0]: "the text connectors",
+                       DIT_SECTION + CONNECTOR_PREFIXES[1]: "the text connectors", "vae.": "the video VAE",
+                       "audio_vae.": "the audio VAE", "vocoder.": "the vocoder"}
+
+
+def require_sections(path: Path, *prefixes: str, what: str | None = None) -> None:
+    """Raise naming the file and the section when ``path`` has no key under one of ``prefixes``
+    (``what``: the component it holds; else CHECKPOINT_SECTIONS says)."""
     keys = file_keys(path)
     for prefix in prefixes:
         if not any(k.startswith(prefix) for k in keys):
-            raise ValueError(f"{path.name}: no {prefix!r} section ({what}); pass a full LTX-2 checkpoint "
-                             f"(ltx-2-19b-dev.safetensors / ltx-2-19b-distilled.safetensors) holding it")
+            raise ValueError(f"{path.name}: no {prefix!r} section ({what or CHECKPOINT_SECTIONS[prefix]}); pass a "
+                             "full LTX-2 checkpoint (ltx-2-19b-dev.safetensors / ltx-2-19b-distilled.safetensors) "
+                             "holding it")
 
 
 class LTX2Configs:
@@ -130,8 +138,7 @@ def load_ltx2_connectors_single_file(path: str | Path, config: Mapping[str, Any]
     these from its ``ckpt_name``) or, in some checkpoints (diffusers' conversion script reads
     both), inside the DiT section. Widths, depths and register counts come from the shapes."""
     path = Path(path)
-    require_sections(path, DIT_SECTION + CONNECTOR_PREFIXES[0], DIT_SECTION + CONNECTOR_PREFIXES[1],
-                     what="the text connectors")
+    require_sections(path, DIT_SECTION + CONNECTOR_PREFIXES[0], DIT_SECTION + CONNECTOR_PREFIXES[1])
     cast = cast_to(device, dtype)
     sd = read_single_file(path, cast, sections=(DIT_SECTION,),
                           keep=lambda k: k.startswith((*CONNECTOR_PREFIXES, PROJECTION)))
@@ -166,7 +173,7 @@ def load_ltx2_vocoder_single_file(path: str | Path, config: Mapping[str, Any], *
     ``ups``, ``resblocks``, ``conv_post``). ``config``: the diffusers vocoder config (kernel
     sizes, rates and dilations are not all in the shapes)."""
     path = Path(path)
-    require_sections(path, "vocoder.", what="the vocoder")
+    require_sections(path, "vocoder.")
     sd = rewrite_keys(read_single_file(path, cast_to(device, dtype), sections=("vocoder.",)), VOCODER_ORIGINAL_SUBS)
     return assemble(PARTS["vocoder"], config, sd, str(path))
 

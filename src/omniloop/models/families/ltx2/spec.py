@@ -42,6 +42,7 @@ from omniloop.models.families.ltx2.single_file import (
     RELEASED_SCHEDULER,
     RELEASED_TRANSFORMER_FACTS,
     RELEASED_VIDEO_VAE,
+    CHECKPOINT_SECTIONS,
     LTX2Configs,
     load_ltx2_connectors_single_file,
     load_ltx2_latent_upsampler_single_file,
@@ -125,35 +126,18 @@ def ltx2_variant(index: Mapping[str, Any]) -> Variant:
 def ltx2_single_files(files: SingleFileSet, resolve: Resolve,
                       options: LoadOptions) -> tuple[dict[str, Any], dict[str, Any]]:
     """A full LTX-2 checkpoint (DiT, connectors, video VAE, audio VAE, vocoder), Gemma 3 from
-    a single file (with a tokenizer folder) or a transformers folder, and an optional latent
-    upsampler file; architecture facts from ``files.configs`` or the released LTX-2.0 configs
-    (``single_file.py``). -> the model_index a diffusers folder of them would have, and the components."""
+    a single file (its own tokenizer or a tokenizer folder) or a transformers folder, and an
+    optional latent upsampler file; architecture facts from ``files.configs`` or the released
+    LTX-2.0 configs (``single_file.py``). -> the model_index a diffusers folder of them would
+    have, and the components."""
     if files.checkpoint is None or len(files.text_encoders) != 1:
         raise ValueError(f"LTX-2 loads from a full checkpoint in checkpoints/ (ltx-2-19b-dev.safetensors) and one "
                          f"text encoder (gemma_3_12B_it); got checkpoint={files.checkpoint!r}, "
                          f"diffusion_models={list(files.diffusion_models)}, text_encoders={list(files.text_encoders)}")
     path, configs = files.dit_paths(resolve)[0], LTX2Configs(files.configs)
+    require_sections(path, *CHECKPOINT_SECTIONS)  # before anything loads: a missing one is named with the file
     device, dtype = options.device, options.dtype
-    facts = dict(RELEASED_TRANSFORMER_FACTS)
-    if files.configs is not None:
-        known = {f.name for f in dataclasses.fields(LTX2DiTConfig)}
-        facts = {k: v for k, v in configs.get("transformer").items() if k in known}
-    if files.attention_head_dim is not None:
-        facts["attention_head_dim"] = files.attention_head_dim
-    require_sections(path, "model.diffusion_model.", what="the DiT")
-    dit = load_ltx2_transformer_single_file(path, device=device, dtype=dtype, **facts)
-    (text,) = text_encoder_sources(files, resolve, file_tokenizers=True)  # Gemma's own spiece_model
-    length = LTX2_DEFAULTS.max_sequence_length or 1024
-    if text.single_file:
-        config = configs.get("text_encoder") if files.configs is not None else None
-        encoder = load_gemma_layer_states_single_file(text.weights, text.tokenizer, device=device, dtype=dtype,
-                                                      max_sequence_length=length,
-                                                      text_config=(config or {}).get("text_config", config))
-    else:
-        encoder = load_gemma_layer_states(text.weights, text.tokenizer, device=device, dtype=dtype,
-                                          max_sequence_length=length)
-    require_sections(path, "vae.", what="the video VAE")
-    require_sections(path, "audio_vae.", what="the audio VAE")
+    dit = load_ltx2_transformer_single_file(path, device=device, dtype=dtype, **_dit_facts(files, configs))
     scheduler = configs.get("scheduler", RELEASED_SCHEDULER, "scheduler_config.json")
     components: dict[str, Any] = {
         "transformer": apply_load_options(dit, options, blocks=dit.blocks, fp8_layers=BLOCK_GEMMS),
@@ -162,7 +146,7 @@ def ltx2_single_files(files: SingleFileSet, resolve: Resolve,
         "vocoder": load_ltx2_vocoder_single_file(path, configs.get("vocoder"), device=device, dtype=dtype),
         "connectors": load_ltx2_connectors_single_file(path, configs.get("connectors", RELEASED_CONNECTORS),
                                                        device=device, dtype=dtype),
-        "text_encoder": encoder,
+        "text_encoder": _gemma(files, resolve, configs, options),
         "sampler": sampler_set_from_config(scheduler),
         "refine_sampler": refine_sampler_set(scheduler),
     }
@@ -171,6 +155,29 @@ def ltx2_single_files(files: SingleFileSet, resolve: Resolve,
         components["latent_upsampler"] = load_ltx2_latent_upsampler_single_file(
             resolve("latent_upscale_models", files.latent_upsampler), upsampler, device=device, dtype=dtype)
     return {"_class_name": CLASSES[0]}, components
+
+
+def _dit_facts(files: SingleFileSet, configs: LTX2Configs) -> dict[str, Any]:
+    """The DiT's config fields its file's shapes do not give: a configs folder's, else the released."""
+    facts = dict(RELEASED_TRANSFORMER_FACTS)
+    if files.configs is not None:
+        known = {f.name for f in dataclasses.fields(LTX2DiTConfig)}
+        facts = {k: v for k, v in configs.get("transformer").items() if k in known}
+    if files.attention_head_dim is not None:
+        facts["attention_head_dim"] = files.attention_head_dim
+    return facts
+
+
+def _gemma(files: SingleFileSet, resolve: Resolve, configs: LTX2Configs, options: LoadOptions):
+    (text,) = text_encoder_sources(files, resolve, file_tokenizers=True)  # a Gemma file's own spiece_model
+    length = LTX2_DEFAULTS.max_sequence_length or 1024
+    if not text.single_file:
+        return load_gemma_layer_states(text.weights, text.tokenizer, device=options.device, dtype=options.dtype,
+                                       max_sequence_length=length)
+    config = configs.get("text_encoder") if files.configs is not None else None  # Gemma3Config: its text_config
+    return load_gemma_layer_states_single_file(text.weights, text.tokenizer, device=options.device,
+                                               dtype=options.dtype, max_sequence_length=length,
+                                               text_config=(config or {}).get("text_config", config))
 
 
 def ltx2_pipeline_spec(variant: Variant, upsample_scale: int, cfg_mode: str = "batched") -> PipelineSpec:

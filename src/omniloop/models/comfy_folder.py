@@ -9,6 +9,7 @@ Layout (ComfyUI's ``folder_paths``; the legacy names ``unet/`` and ``clip/`` are
       text_encoders/     (clip/)    text encoders (here also transformers-layout model / tokenizer folders)
       vae/                          wan_2.1_vae.safetensors, ae.safetensors
       loras/  clip_vision/  upscale_models/
+      latent_upscale_models/        LTX-2's ltx-2-spatial-upscaler-x2-1.0.safetensors
 
 A name is a path relative to its kind's folder, ``/`` or ``\\`` separated (ComfyUI lists
 files in subfolders as ``sub/name.safetensors``). Absolute names, ``..`` components and
@@ -34,6 +35,7 @@ FOLDERS: dict[str, tuple[str, ...]] = {
     "loras": ("loras",),
     "clip_vision": ("clip_vision",),
     "upscale_models": ("upscale_models",),
+    "latent_upscale_models": ("latent_upscale_models",),
 }
 # what a list shows and a name may point at: the weight files our loaders read
 WEIGHT_SUFFIXES = (".safetensors", ".sft")

@@ -95,6 +95,9 @@ class ModelSpec:
     fast_path: FastPath = FastPath()  # its exact fast kernels on CUDA, for a deployment's "auto" options
     # its components from ComfyUI-style single files (models/single_file_pipeline.py), when it loads them
     single_files: SingleFileLoader | None = None
+    # ComfyUI loader node classes that load only this family's text encoder (its workflows name
+    # no CLIPLoader ``type``): a workflow served from single files takes its family from them
+    comfy_text_loaders: tuple[str, ...] = ()
 
 
 _REGISTRY: dict[str, ModelSpec] = {}

@@ -13,9 +13,16 @@ Storage forms read here (each tensor is read once, dequantized if needed, then `
     (JSON bytes as a uint8 tensor, ``{"format": "float8_e4m3fn"}``) and ``<layer>.weight_scale``.
   Either way the real weight is ``weight.float() * scale``. The input scales (``scale_input``,
   ``input_scale``: ComfyUI's fp8-matmul activation scales) carry no weight and are dropped, as
-  is the marker. ``nvfp4`` layers are refused (not dequantized here).
+  is the marker.
+* ComfyUI nvfp4 (``comfy_quant`` ``{"format": "nvfp4"}``, the ``*_fp4_mixed`` releases; the
+  layout of comfy-kitchen's ``TensorCoreNVFP4Layout``): ``<layer>.weight`` packs two E2M1
+  values per uint8 (the even element in the high nibble), rows and columns zero-padded to 16;
+  ``<layer>.weight_scale`` holds one float8_e4m3fn scale per 16 values in cuBLAS's block-scale
+  tile layout; ``<layer>.weight_scale_2`` one fp32 scale per tensor. The real weight is
+  ``e2m1 * (weight_scale_2 * block_scale)`` (fp32), at its padded shape: a layer whose sizes are
+  not multiples of 16 then fails the shape check naming it.
 
-Behaviour read from ComfyUI's ``comfy/ops.py``; the code is ours.
+Behaviour read from ComfyUI's ``comfy/ops.py`` / ``quant_ops.py`` and comfy-kitchen; the code is ours.
 """
 
 from __future__ import annotations
@@ -40,9 +47,32 @@ DIT_SECTIONS: tuple[str, ...] = ("model.diffusion_model.", "diffusion_model.")
 VAE_SECTIONS: tuple[str, ...] = ("vae.", "first_stage_model.")
 SCALED_FP8_MARKER = "scaled_fp8"
 FP8_DTYPES: frozenset[torch.dtype] = frozenset({torch.float8_e4m3fn, torch.float8_e5m2})
-_SCALE_SUFFIXES = (".scale_weight", ".scale_input", ".weight_scale", ".input_scale", ".comfy_quant")
+_SCALE_SUFFIXES = (".scale_weight", ".scale_input", ".weight_scale", ".weight_scale_2", ".input_scale",
+                   ".comfy_quant")
 _WEIGHT_SCALES = ("scale_weight", "weight_scale")  # legacy, mixed precision
 _FP8_FORMATS = frozenset({"float8_e4m3fn", "float8_e5m2"})
+NVFP4 = "nvfp4"
+NVFP4_BLOCK = 16  # values per block scale
+# the 16 E2M1 codes (sign bit, 2 exponent bits, 1 mantissa bit) -> their values
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def unswizzle_block_scales(blocked: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """cuBLAS's block-scale layout -> the [rows, cols] scale matrix. The [rows, cols] matrix,
+    zero-padded to multiples of (128, 4), is stored tile by tile (128 rows x 4 columns, row-major
+    over tiles); inside a tile, row ``32 * i + j`` column ``c`` sits at ``[j, 4 * i + c]``."""
+    row_tiles, col_tiles = -(-rows // 128), -(-cols // 4)
+    tiles = blocked.reshape(row_tiles, col_tiles, 32, 4, 4)  # [tile row, tile col, j, i, c]
+    return tiles.permute(0, 3, 2, 1, 4).reshape(row_tiles * 128, col_tiles * 4)[:rows, :cols]
+
+
+def dequantize_nvfp4(packed: torch.Tensor, block_scales: torch.Tensor, tensor_scale: torch.Tensor) -> torch.Tensor:
+    """[R, C / 2] uint8 (two E2M1 codes a byte, high nibble first) -> [R, C] fp32."""
+    rows, cols = packed.shape[0], packed.shape[1] * 2
+    codes = torch.stack((packed >> 4, packed & 0x0F), dim=-1).reshape(rows, cols).long()
+    values = torch.tensor(E2M1_VALUES, dtype=torch.float32)[codes].reshape(rows, cols // NVFP4_BLOCK, NVFP4_BLOCK)
+    scales = unswizzle_block_scales(block_scales, rows, cols // NVFP4_BLOCK).to(torch.float32)
+    return (values * (tensor_scale.to(torch.float32).reshape(()) * scales).unsqueeze(-1)).reshape(rows, cols)
 
 
 def _section(keys: set[str], sections: tuple[str, ...]) -> str | None:
@@ -50,14 +80,17 @@ def _section(keys: set[str], sections: tuple[str, ...]) -> str | None:
     return next((p for p in sections if any(k.startswith(p) for k in keys)), None)
 
 
-def read_single_file(path: Path, cast: Cast, *, sections: tuple[str, ...]) -> dict[str, torch.Tensor]:
+def read_single_file(path: Path, cast: Cast, *, sections: tuple[str, ...],
+                     keep: Callable[[str], bool] | None = None) -> dict[str, torch.Tensor]:
     """The weights of one component in ``path``, dequantized, through ``cast``.
 
     When the file's keys carry one of ``sections`` (a full checkpoint, or a wrapped DiT) only
     that section is read, its prefix dropped; otherwise the file is the component and every key
     is read. fp8 tensors are upcast to fp32 (times their ``scale_weight`` / ``weight_scale``)
     before ``cast``, so the cast decides the final dtype; a scale whose weight is missing is an
-    error, and so is a layer quantized in a format other than fp8 (``comfy_quant``).
+    error, and so is a layer quantized in a format other than fp8 (``comfy_quant``). ``keep``
+    (a name without the prefix -> read it?) reads part of a section (LTX-2's text connectors
+    ride in its DiT section) without reading the rest.
     """
     sd: dict[str, torch.Tensor] = {}
     with safe_open(str(path), framework="pt") as f:
@@ -67,15 +100,24 @@ def read_single_file(path: Path, cast: Cast, *, sections: tuple[str, ...]) -> di
             name = key[len(prefix):]
             if not key.startswith(prefix) or name == SCALED_FP8_MARKER or name.endswith(_SCALE_SUFFIXES):
                 continue
+            if keep is not None and not keep(name):
+                continue
             layer = key[: -len(".weight")] if key.endswith(".weight") else None
             quant = f"{layer}.comfy_quant"
-            if layer is not None and quant in keys:
-                fmt = json.loads(f.get_tensor(quant).numpy().tobytes()).get("format")
-                if fmt not in _FP8_FORMATS:
-                    raise ValueError(f"{path}: layer {name[: -len('.weight')]} is stored as {fmt!r}; only fp8 "
-                                     f"({sorted(_FP8_FORMATS)}) ComfyUI quantization is dequantized on load")
+            fmt = json.loads(f.get_tensor(quant).numpy().tobytes()).get("format") \
+                if layer is not None and quant in keys else None
+            if fmt is not None and fmt not in _FP8_FORMATS | {NVFP4}:
+                raise ValueError(f"{path}: layer {name[: -len('.weight')]} is stored as {fmt!r}; only fp8 "
+                                 f"({sorted(_FP8_FORMATS)}) and {NVFP4} ComfyUI quantization are dequantized on load")
             tensor = f.get_tensor(key)
-            if tensor.dtype in FP8_DTYPES:
+            if fmt == NVFP4:
+                scales = (f"{layer}.weight_scale", f"{layer}.weight_scale_2")
+                if tensor.dtype != torch.uint8 or not all(k in keys for k in scales):
+                    raise ValueError(f"{path}: layer {name[: -len('.weight')]} is marked {NVFP4!r} but holds a "
+                                     f"{tensor.dtype} weight and scales {[k for k in scales if k in keys]}; an "
+                                     "nvfp4 layer packs uint8 codes with weight_scale and weight_scale_2")
+                tensor = dequantize_nvfp4(tensor, f.get_tensor(scales[0]), f.get_tensor(scales[1]))
+            elif tensor.dtype in FP8_DTYPES:
                 tensor = tensor.to(torch.float32)
                 for scale_key in (f"{layer}.{suffix}" for suffix in _WEIGHT_SCALES if layer is not None):
                     if scale_key in keys:
@@ -119,6 +161,12 @@ class SingleFileSet:
     rope_axes: tuple[int, ...] | None = None
     vae_norm_groups: int | None = None
     clip_head_dim: int | None = None
+    # a latent upsampler in latent_upscale_models/ (LTX-2's two-stage refine)
+    latent_upsampler: str = ""
+    # a diffusers folder whose */config.json say the architecture facts the single files do not
+    # carry (its weights are not read; diffusers' from_single_file(config=...)); None: the
+    # family's released configs
+    configs: Path | None = None
 
     def __post_init__(self) -> None:
         if self.checkpoint is not None:
@@ -145,10 +193,24 @@ class SingleFileSet:
 SingleFileLoader = Callable[[SingleFileSet, Resolve, "LoadOptions"], tuple[dict[str, Any], dict[str, Any]]]
 
 
+# ComfyUI keeps a SentencePiece tokenizer's model inside the text encoder file (its
+# ``tokenizer_data``): the serialized model proto as a uint8 tensor
+TOKENIZER_KEY = "spiece_model"
+
+
+def carries_tokenizer(path: Path) -> bool:
+    """Whether the single file ``path`` holds its tokenizer (``spiece_model``)."""
+    if not path.is_file():
+        return False
+    with safe_open(str(path), framework="pt") as f:
+        return TOKENIZER_KEY in f.keys()
+
+
 @dataclass(frozen=True, slots=True)
 class TextEncoderSource:
     """Where one text encoder's weights and tokenizer are: one transformers-layout folder
-    holding both (``tokenizer == weights``), or a single weights file and a tokenizer folder."""
+    holding both (``tokenizer == weights``), a single weights file and a tokenizer folder, or a
+    single file holding its tokenizer too (``tokenizer == weights``, a file: ``spiece_model``)."""
 
     weights: Path
     tokenizer: Path
@@ -157,14 +219,24 @@ class TextEncoderSource:
     def single_file(self) -> bool:
         return self.weights.is_file()
 
+    @property
+    def tokenizer_in_file(self) -> bool:
+        return self.single_file and self.tokenizer == self.weights
 
-def text_encoder_sources(files: SingleFileSet, resolve: Resolve) -> list[TextEncoderSource]:
-    """The text encoders of ``files`` in order; single files take the ``tokenizers`` in order."""
+
+def text_encoder_sources(files: SingleFileSet, resolve: Resolve, *,
+                         file_tokenizers: bool = False) -> list[TextEncoderSource]:
+    """The text encoders of ``files`` in order; single files take the ``tokenizers`` in order.
+    ``file_tokenizers`` (the family's loader reads a file's own SentencePiece tokenizer): a
+    file that carries one uses it when no tokenizer folder is left for it."""
     tokenizers = list(files.tokenizers)
     sources = []
     for name in files.text_encoders:
         path = resolve("text_encoders", name)
         if path.is_dir():
+            sources.append(TextEncoderSource(path, path))
+            continue
+        if not tokenizers and file_tokenizers and carries_tokenizer(path):
             sources.append(TextEncoderSource(path, path))
             continue
         if not tokenizers:

@@ -39,7 +39,7 @@ import omniloop
 from omniloop.engine import EngineError, RequestRejected
 from omniloop.engine.model_pool import ModelPool
 from omniloop.models.comfy_folder import ComfyModelNameRefused, ComfyModelNotFound, ComfyModels
-from omniloop.models.single_file import SingleFileSet
+from omniloop.models.single_file import SingleFileSet, carries_tokenizer
 from omniloop.pipeline.adapters import adapter_cache
 from omniloop.request import FinalEvent, OmniEvent, OmniOutput, ProgressEvent, RequestStatus
 from omniloop.serve.state import ServeState, check_auth, require_auth
@@ -63,6 +63,10 @@ SINGLE_FILE_LOADERS: dict[str, tuple[tuple[str, str], ...]] = {
     "VAELoader": (("vae_name", "vae"),),
     "CLIPLoader": (("clip_name", "text_encoders"),),
     "DualCLIPLoader": (("clip_name1", "text_encoders"), ("clip_name2", "text_encoders")),
+    # LTX-2: the text connectors and the audio VAE are sections of the model's own checkpoint
+    "LTXAVTextEncoderLoader": (("text_encoder", "text_encoders"), ("ckpt_name", "model_checkpoint")),
+    "LatentUpscaleModelLoader": (("model_name", "latent_upsampler"),),
+    "LTXVAudioVAELoader": (("ckpt_name", "model_checkpoint"),),
 }
 
 
@@ -229,50 +233,15 @@ class ComfyApi:
 
     # -- single files -----------------------------------------------------------------------
     def _single_file_set(self, compiled: CompiledWorkflow, generation: Generation) -> SingleFileSet:
-        """The files of the workflow's loader nodes: the sampler's diffusion model (or full
-        checkpoint), the VAE and the text encoders; the family is the CLIP loader's ``type``."""
-        assert generation.served.single_file is not None and self.folder.root is not None
-        sampler = generation.sampler_nodes[0]
-        picked: dict[str, list[tuple[str, str, str]]] = {"vae": [], "text_encoders": [], "family": []}
-        for nid in compiled.evaluated:
-            call = compiled.graph[nid]
-            for input_name, kind in SINGLE_FILE_LOADERS.get(call.class_type, ()):
-                picked[kind].append((nid, input_name, str(call.inputs.get(input_name))))
-            if call.class_type in ("CLIPLoader", "DualCLIPLoader"):
-                picked["family"].append((nid, "type", str(call.inputs.get("type"))))
-        vaes = {name for _, _, name in picked["vae"]}
-        loaders = {nid for nid, _, _ in picked["text_encoders"]}
-        if len(vaes) > 1 or len(loaders) > 1:
-            raise node_error(sampler, compiled.graph[sampler].class_type, "invalid_input_type", "a workflow served "
-                             "from single files loads one VAE and one text encoder set; it loads "
-                             f"{sorted(vaes)} and {len(loaders)} CLIP loaders", "serve the others through "
-                             "omniloop-models.json entries")
-        folder, dit = generation.served.single_file
-        models = ComfyModels(self.folder.root)
-        encoders, tokenizers = [], []
-        for nid, input_name, name in picked["text_encoders"]:
-            encoders.append(name)
-            try:
-                path = models.resolve("text_encoders", name)
-            except (ComfyModelNotFound, ComfyModelNameRefused) as e:
-                raise node_error(nid, compiled.graph[nid].class_type, "value_not_in_list", f"{input_name}: {e}",
-                                 input_name=input_name) from None
-            if path.is_file():
-                tokenizers.append(self._tokenizer_for(models, nid, compiled.graph[nid].class_type, input_name, name))
-        family = picked["family"][0] if picked["family"] else (sampler, "type", "")
-        try:
-            return SingleFileSet(family=family[2], diffusion_models=(dit,) if folder == "diffusion_models" else (),
-                                 checkpoint=dit if folder == "checkpoints" else None,
-                                 vae=next(iter(vaes), ""), text_encoders=tuple(encoders),
-                                 tokenizers=tuple(tokenizers), **self.single_file_facts)
-        except ValueError as e:
-            raise node_error(sampler, compiled.graph[sampler].class_type, "invalid_input_type",
-                             f"the loaders do not make a model: {e}") from None
+        assert self.folder.root is not None
+        return single_file_set(compiled, generation, ComfyModels(self.folder.root), self.single_file_facts)
 
     @staticmethod
-    def _tokenizer_for(models: ComfyModels, node: str, class_type: str, input_name: str, name: str) -> str:
+    def _tokenizer_for(models: ComfyModels, node: str, class_type: str, input_name: str, name: str,
+                       optional: bool = False) -> str | None:
         """A text encoder single file carries no tokenizer: the tokenizer folder of
-        ``text_encoders/`` named as the file (its stem, or ``<stem>_tokenizer``), else the only one."""
+        ``text_encoders/`` named as the file (its stem, or ``<stem>_tokenizer``), else the only one;
+        ``optional`` (the file holds its own, ComfyUI's ``spiece_model``): None when there is none."""
         entries = {n: models.resolve("text_encoders", n) for n in models.list("text_encoders")}
         folders = [n for n, path in entries.items() if path.is_dir() and (path / "tokenizer_config.json").is_file()
                    and not (path / "config.json").is_file()]
@@ -280,6 +249,8 @@ class ComfyApi:
         named = [f for f in folders if f in (stem, f"{stem}_tokenizer")]
         if named or len(folders) == 1:
             return (named or folders)[0]
+        if optional:
+            return None
         raise node_error(node, class_type, "value_not_in_list", f"{input_name}: {name!r} is a single file and "
                          "carries no tokenizer", f"put its tokenizer folder in text_encoders/ as {stem}_tokenizer/ "
                          f"(tokenizer folders there: {folders})", input_name)
@@ -732,3 +703,67 @@ def install(app: FastAPI, state: ServeState, folder: ModelFolder, workdir: Path 
 
 
 __all__ = ["ComfyApi", "install"]
+
+
+def single_file_set(compiled: CompiledWorkflow, generation: Generation, models: ComfyModels,
+                    facts: dict[str, Any] | None = None) -> SingleFileSet:
+    """The files of the workflow's loader nodes: the sampler's diffusion model (or full
+    checkpoint), the VAE, the text encoders and a latent upsampler; the family is the CLIP
+    loader's ``type`` (or the family its loader class names: ``LTXAVTextEncoderLoader``).
+    ``facts``: SingleFileSet's architecture facts the files do not carry."""
+    assert generation.served.single_file is not None
+    sampler = generation.sampler_nodes[0]
+    picked: dict[str, list[tuple[str, str, str]]] = {"vae": [], "text_encoders": [], "family": [],
+                                                     "latent_upsampler": [], "model_checkpoint": []}
+    for nid in compiled.evaluated:
+        call = compiled.graph[nid]
+        for input_name, kind in SINGLE_FILE_LOADERS.get(call.class_type, ()):
+            picked[kind].append((nid, input_name, str(call.inputs.get(input_name))))
+        if call.class_type in ("CLIPLoader", "DualCLIPLoader"):
+            picked["family"].append((nid, "type", str(call.inputs.get("type"))))
+        elif (own := _family_loading(call.class_type)) is not None:
+            picked["family"].append((nid, "class_type", own))
+    vaes = {name for _, _, name in picked["vae"]}
+    loaders = {nid for nid, _, _ in picked["text_encoders"]}
+    upsamplers = {name for _, _, name in picked["latent_upsampler"]}
+    if len(vaes) > 1 or len(loaders) > 1 or len(upsamplers) > 1:
+        raise node_error(sampler, compiled.graph[sampler].class_type, "invalid_input_type", "a workflow served "
+                         "from single files loads one VAE, one text encoder set and one latent upsampler; it loads "
+                         f"{sorted(vaes)}, {len(loaders)} CLIP loaders and {sorted(upsamplers)}", "serve the others "
+                         "through omniloop-models.json entries")
+    folder, dit = generation.served.single_file
+    for nid, input_name, name in picked["model_checkpoint"]:
+        if (folder, name) != ("checkpoints", dit):
+            part = "audio VAE" if compiled.graph[nid].class_type == "LTXVAudioVAELoader" else "text connectors"
+            raise node_error(nid, compiled.graph[nid].class_type, "value_not_in_list", f"{input_name}: the {part} "
+                             f"come from the checkpoint the model loads ({dit!r}), not {name!r}",
+                             f"pass ckpt_name={dit!r}", input_name)
+    encoders, tokenizers = [], []
+    for nid, input_name, name in picked["text_encoders"]:
+        encoders.append(name)
+        try:
+            path = models.resolve("text_encoders", name)
+        except (ComfyModelNotFound, ComfyModelNameRefused) as e:
+            raise node_error(nid, compiled.graph[nid].class_type, "value_not_in_list", f"{input_name}: {e}",
+                             input_name=input_name) from None
+        if path.is_file():
+            tokenizer = ComfyApi._tokenizer_for(models, nid, compiled.graph[nid].class_type, input_name, name,
+                                                optional=carries_tokenizer(path))
+            tokenizers += [tokenizer] if tokenizer is not None else []
+    family = picked["family"][0] if picked["family"] else (sampler, "type", "")
+    try:
+        return SingleFileSet(family=family[2], diffusion_models=(dit,) if folder == "diffusion_models" else (),
+                             checkpoint=dit if folder == "checkpoints" else None,
+                             vae=next(iter(vaes), ""), text_encoders=tuple(encoders), tokenizers=tuple(tokenizers),
+                             latent_upsampler=next(iter(upsamplers), ""), **(facts or {}))
+    except ValueError as e:
+        raise node_error(sampler, compiled.graph[sampler].class_type, "invalid_input_type",
+                         f"the loaders do not make a model: {e}") from None
+
+
+def _family_loading(class_type: str) -> str | None:
+    """The family whose text encoder loader ``class_type`` is (``ModelSpec.comfy_text_loaders``;
+    CLIPLoader / DualCLIPLoader say theirs in ``type``)."""
+    from omniloop.models.model_spec import registered_specs
+
+    return next((spec.family for spec in registered_specs() if class_type in spec.comfy_text_loaders), None)

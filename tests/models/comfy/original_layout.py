@@ -199,3 +199,143 @@ def comfy_quant_fp8(sd: dict[str, torch.Tensor], fmt: str = "float8_e4m3fn") -> 
         else:
             out[key] = tensor
     return out
+
+
+# -- LTX-2 (Lightricks' layout, ComfyUI's checkpoints/ltx-2-19b-*.safetensors) ----------------
+# diffusers' names -> Lightricks' (the inverse of diffusers' convert_ltx2_transformer_to_diffusers)
+LTX2_DIT_TO_ORIGINAL = (
+    (r"^time_embed\.", "adaln_single."), (r"^audio_time_embed\.", "audio_adaln_single."),
+    (r"^(audio_)?proj_in\.", r"\1patchify_proj."),
+    (r"^av_cross_attn_video_scale_shift\.", "av_ca_video_scale_shift_adaln_single."),
+    (r"^av_cross_attn_video_a2v_gate\.", "av_ca_a2v_gate_adaln_single."),
+    (r"^av_cross_attn_audio_scale_shift\.", "av_ca_audio_scale_shift_adaln_single."),
+    (r"^av_cross_attn_audio_v2a_gate\.", "av_ca_v2a_gate_adaln_single."),
+    (r"\.video_a2v_cross_attn_scale_shift_table$", ".scale_shift_table_a2v_ca_video"),
+    (r"\.audio_a2v_cross_attn_scale_shift_table$", ".scale_shift_table_a2v_ca_audio"),
+    (r"\.norm_q\.", ".q_norm."), (r"\.norm_k\.", ".k_norm."),
+)
+
+
+def ltx2_vae_original(sd: dict[str, torch.Tensor], stages: int) -> dict[str, torch.Tensor]:
+    """diffusers' video VAE names -> Lightricks' (one list of stages and samplers)."""
+    out = {"vae.per_channel_statistics.channel": torch.arange(8.0),
+           "vae.per_channel_statistics.mean-of-stds": torch.ones(8)}
+    for key, tensor in sd.items():
+        key = {"latents_mean": "per_channel_statistics.mean-of-means",
+               "latents_std": "per_channel_statistics.std-of-means"}.get(key, key).replace(".resnets.", ".res_blocks.")
+        if m := re.match(r"^encoder\.down_blocks\.(\d+)\.downsamplers\.0\.(.*)$", key):
+            key = f"encoder.down_blocks.{2 * int(m[1]) + 1}.{m[2]}"
+        elif m := re.match(r"^encoder\.down_blocks\.(\d+)\.(.*)$", key):
+            key = f"encoder.down_blocks.{2 * int(m[1])}.{m[2]}"
+        elif key.startswith("encoder.mid_block."):
+            key = key.replace("encoder.mid_block.", f"encoder.down_blocks.{2 * stages}.")
+        elif m := re.match(r"^decoder\.up_blocks\.(\d+)\.upsamplers\.0\.(.*)$", key):
+            key = f"decoder.up_blocks.{2 * int(m[1]) + 1}.{m[2]}"
+        elif m := re.match(r"^decoder\.up_blocks\.(\d+)\.(.*)$", key):
+            key = f"decoder.up_blocks.{2 * int(m[1]) + 2}.{m[2]}"
+        elif key.startswith("decoder.mid_block."):
+            key = key.replace("decoder.mid_block.", "decoder.up_blocks.0.")
+        out[f"vae.{key}"] = tensor.clone()
+    return out
+
+
+def _substituted(sd: dict[str, torch.Tensor], table) -> dict[str, torch.Tensor]:
+    """Every rule of ``table`` applied in turn to every key (diffusers' conversion script's
+    ``str.replace`` loop, inverted)."""
+    out = {}
+    for key, tensor in sd.items():
+        for pattern, repl in table:
+            key = re.sub(pattern, repl, key)
+        out[key] = tensor.detach().clone().contiguous()
+    return out
+
+
+def ltx2_dit_original(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """diffusers' LTX-2 transformer -> the checkpoint's ``model.diffusion_model.`` section."""
+    return {f"model.diffusion_model.{k}": v for k, v in _substituted(sd, LTX2_DIT_TO_ORIGINAL).items()}
+
+
+# diffusers' LTX2TextConnectors -> Lightricks' (the inverse of diffusers' scripts/convert_ltx2_to_diffusers.py
+# LTX_2_0_CONNECTORS_KEYS_RENAME_DICT; the projection sits at the top level, the connectors beside the DiT)
+_LTX2_CONNECTORS = (
+    (r"^text_proj_in\.", "text_embedding_projection.aggregate_embed."),
+    (r"^(video|audio)_connector\.", r"model.diffusion_model.\1_embeddings_connector."),
+    (r"\.transformer_blocks\.", ".transformer_1d_blocks."),
+    (r"\.norm_q\.", ".q_norm."), (r"\.norm_k\.", ".k_norm."),
+)
+# diffusers' LTX2Vocoder -> Lightricks' HiFi-GAN names (inverse of LTX_2_0_VOCODER_RENAME_DICT)
+_LTX2_VOCODER = ((r"^upsamplers\.", "ups."), (r"^resnets\.", "resblocks."), (r"^conv_in\.", "conv_pre."),
+                 (r"^conv_out\.", "conv_post."))
+
+
+def ltx2_connectors_original(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return _substituted(sd, _LTX2_CONNECTORS)
+
+
+def ltx2_vocoder_original(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {f"vocoder.{k}": v for k, v in _substituted(sd, _LTX2_VOCODER).items()}
+
+
+def ltx2_audio_vae_original(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    names = {"latents_mean": "per_channel_statistics.mean-of-means", "latents_std": "per_channel_statistics.std-of-means"}
+    return {f"audio_vae.{names.get(k, k)}": v.clone() for k, v in sd.items()}
+
+
+def ltx2_checkpoint_original(folder) -> dict[str, torch.Tensor]:
+    """A diffusers LTX2Pipeline folder as one ComfyUI checkpoint (ltx-2-19b-dev.safetensors):
+    DiT and connectors, video VAE, audio VAE, vocoder (no text encoder: ComfyUI holds Gemma apart)."""
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    def sd(sub: str) -> dict[str, torch.Tensor]:
+        return load_file(Path(folder) / sub / "diffusion_pytorch_model.safetensors")
+
+    stages = len(json.loads((Path(folder) / "vae" / "config.json").read_text())["block_out_channels"])
+    return (ltx2_dit_original(sd("transformer")) | ltx2_connectors_original(sd("connectors"))
+            | ltx2_vae_original(sd("vae"), stages) | ltx2_audio_vae_original(sd("audio_vae"))
+            | ltx2_vocoder_original(sd("vocoder")))
+
+
+def gemma3_comfy(sd: dict[str, torch.Tensor], spiece: bytes | None = None) -> dict[str, torch.Tensor]:
+    """transformers' Gemma3ForConditionalGeneration -> ComfyUI's gemma_3_12B_it file: the
+    language model under ``model.`` (ComfyUI's llama.py names are transformers' Gemma 3 text
+    names), the vision tower and projector beside it, no ``lm_head`` (tied), and ``spiece``
+    (the tokenizer's SentencePiece model proto) as a uint8 ``spiece_model`` when given."""
+    out = {}
+    for key, tensor in sd.items():
+        if key.startswith("model.language_model."):
+            out["model." + key.removeprefix("model.language_model.")] = tensor.clone()
+        elif key.startswith("model.vision_tower.vision_model."):
+            out["vision_model." + key.removeprefix("model.vision_tower.vision_model.")] = tensor.clone()
+        elif key.startswith("model.multi_modal_projector."):
+            out[key.removeprefix("model.")] = tensor.clone()
+    if spiece is not None:
+        out["spiece_model"] = torch.tensor(list(spiece), dtype=torch.uint8)
+    return out
+
+
+def comfy_quant_nvfp4(sd: dict[str, torch.Tensor], quantize=lambda key: True) -> dict[str, torch.Tensor]:
+    """ComfyUI's nvfp4 storage (the ``*_fp4_mixed`` releases), written by comfy-kitchen's own
+    ``TensorCoreNVFP4Layout`` (the library ComfyUI quantizes with): each 2-D ``*.weight`` with
+    sizes in multiples of 16 that ``quantize`` picks becomes packed E2M1 codes, ``weight_scale``
+    (block scales, cuBLAS layout), ``weight_scale_2``, an ``input_scale`` and ``comfy_quant``;
+    the other tensors stay as they are ("mixed")."""
+    import json
+
+    from comfy_kitchen.tensor.nvfp4 import TensorCoreNVFP4Layout
+
+    out: dict[str, torch.Tensor] = {}
+    for key, tensor in sd.items():
+        if key.endswith(".weight") and tensor.dim() == 2 and not tensor.shape[0] % 16 and not tensor.shape[1] % 16 \
+                and quantize(key):
+            base = key[: -len(".weight")]
+            qdata, params = TensorCoreNVFP4Layout.quantize(tensor.float())
+            for suffix, value in TensorCoreNVFP4Layout.state_dict_tensors(qdata, params).items():
+                out[f"{base}.weight{suffix}"] = value.contiguous()
+            out[f"{base}.input_scale"] = torch.tensor(1.0)
+            out[f"{base}.comfy_quant"] = torch.tensor(list(json.dumps({"format": "nvfp4"}).encode()), dtype=torch.uint8)
+        else:
+            out[key] = tensor
+    return out

@@ -122,7 +122,11 @@ def test_single_file_set_bad_input(tmp_path):
         SingleFileSet(family="wan", diffusion_models=("a",), vae="b", text_encoders=("t5",), boundary_ratio=2.0)
     (tmp_path / "vae").mkdir()
     deploy = load_options(DeployConfig.from_options(None, device="cpu", dtype="float32"))
-    with pytest.raises(ValueError, match=r"family 'ltx2' does not load from single files yet; pass one of \['flux', 'stable_audio', 'wan'\]"):
+    with pytest.raises(ValueError, match=r"family 'cosmos3' does not load from single files yet; pass one of "
+                                         r"\['flux', 'ltx2', 'stable_audio', 'wan'\]"):
+        load_single_file_pipeline(ComfyModels(tmp_path), SingleFileSet(
+            family="cosmos3", diffusion_models=("a",), vae="b", text_encoders=()), deploy)
+    with pytest.raises(ValueError, match="LTX-2 loads from a full checkpoint in checkpoints/"):
         load_single_file_pipeline(ComfyModels(tmp_path), SingleFileSet(
             family="ltx2", diffusion_models=("a",), vae="b", text_encoders=()), deploy)
     with pytest.raises(ValueError, match="Flux takes one DiT and two text encoders"):

@@ -82,8 +82,11 @@ def test_wan_dit_single_file_mixed_precision_fp8(tmp_path):
     ours = load_wan_dit_single_file(tmp_path / "mixed.safetensors", dtype=torch.float32, attention_head_dim=12)
     dequant = quant["blocks.0.cross_attn.o.weight"].float() * quant["blocks.0.cross_attn.o.weight_scale"]
     assert torch.equal(ours.blocks[0].cross_attn.out.weight, dequant)
-    save_file(comfy_quant_fp8(original, fmt="nvfp4"), tmp_path / "nvfp4.safetensors")
-    with pytest.raises(ValueError, match=r"stored as 'nvfp4'; only fp8"):
+    save_file(comfy_quant_fp8(original, fmt="mxfp8"), tmp_path / "mxfp8.safetensors")
+    with pytest.raises(ValueError, match=r"stored as 'mxfp8'; only fp8 .* and nvfp4"):
+        load_wan_dit_single_file(tmp_path / "mxfp8.safetensors", attention_head_dim=12)
+    save_file(comfy_quant_fp8(original, fmt="nvfp4"), tmp_path / "nvfp4.safetensors")  # fp8 codes, no weight_scale_2
+    with pytest.raises(ValueError, match=r"is marked 'nvfp4' but holds a torch.float8_e4m3fn weight"):
         load_wan_dit_single_file(tmp_path / "nvfp4.safetensors", attention_head_dim=12)
 
 

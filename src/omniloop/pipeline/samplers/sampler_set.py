@@ -65,12 +65,17 @@ def flow_sampler_set(default: str, *, shift: float, num_train_timesteps: int = 1
 def load_sampler_set(folder: Path) -> SamplerSet:
     """A diffusers checkpoint's ``scheduler/`` as the default sampler, plus the other flow
     sampler at the same shift. A config we cannot honor fails here, at load, saying why."""
-    from omniloop.pipeline.samplers import sampler_for_diffusers_class
-
     path = Path(folder) / "scheduler_config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found; a diffusers checkpoint keeps its scheduler config there")
-    config = json.loads(path.read_text())
+    return sampler_set_from_config(json.loads(path.read_text()))
+
+
+def sampler_set_from_config(config: dict[str, Any]) -> SamplerSet:
+    """``load_sampler_set`` of a scheduler config in memory (single files carry none: a family
+    passes its released one)."""
+    from omniloop.pipeline.samplers import sampler_for_diffusers_class
+
     default = sampler_for_diffusers_class(config.get("_class_name", ""))
     samplers = {default: build_sampler(default, config)}
     num_train = int(config.get("num_train_timesteps", 1000))

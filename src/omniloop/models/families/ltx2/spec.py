@@ -9,6 +9,7 @@ scheduler/, and an optional latent_upsampler/) -> one graph for t2v, t2vs and i2
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any, Mapping
@@ -20,7 +21,7 @@ from omniloop.models.text.gemma import load_gemma_layer_states
 from omniloop.pipeline.pipeline import Pipeline
 from omniloop.pipeline.predicates import opt, task_in
 from omniloop.pipeline.samplers import build_sampler
-from omniloop.pipeline.samplers.sampler_set import SamplerSet, load_sampler_set
+from omniloop.pipeline.samplers.sampler_set import SamplerSet, load_sampler_set, sampler_set_from_config
 from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
 from omniloop.models.families.ltx2.loop import LTX2DenoiseLoop, LTX2FirstFrame, LTX2Guidance
 from omniloop.models.families.ltx2.parallelize import LTX2_PARALLEL
@@ -35,14 +36,32 @@ from omniloop.models.families.ltx2.stages import (
     upsample_scale,
 )
 from omniloop.models.families.ltx2.validate import make_validator, two_stage
+from omniloop.models.families.ltx2.model import LTX2DiTConfig
+from omniloop.models.families.ltx2.single_file import (
+    RELEASED_CONNECTORS,
+    RELEASED_SCHEDULER,
+    RELEASED_TRANSFORMER_FACTS,
+    RELEASED_VIDEO_VAE,
+    CHECKPOINT_SECTIONS,
+    LTX2Configs,
+    load_ltx2_connectors_single_file,
+    load_ltx2_latent_upsampler_single_file,
+    load_ltx2_vocoder_single_file,
+    require_sections,
+)
 from omniloop.models.families.ltx2.weights import (
     load_ltx2_audio_vae,
+    load_ltx2_audio_vae_single_file,
     load_ltx2_connectors,
     load_ltx2_latent_upsampler,
     load_ltx2_transformer,
+    load_ltx2_transformer_single_file,
     load_ltx2_video_vae,
+    load_ltx2_video_vae_single_file,
     load_ltx2_vocoder,
 )
+from omniloop.models.single_file import Resolve, SingleFileSet, text_encoder_sources
+from omniloop.models.text.gemma_single_file import load_gemma_layer_states_single_file
 from omniloop.request import Modality, TaskType
 
 CLASSES = ("LTX2Pipeline", "LTX2ImageToVideoPipeline")
@@ -72,9 +91,12 @@ def _sampler(root: Path, index: Mapping[str, Any], options: LoadOptions) -> Samp
 
 
 def _refine_sampler(root: Path, index: Mapping[str, Any], options: LoadOptions) -> SamplerSet:
+    return refine_sampler_set(json.loads((root / "scheduler" / "scheduler_config.json").read_text()))
+
+
+def refine_sampler_set(config: Mapping[str, Any]) -> SamplerSet:
     """The base scheduler without resolution-dependent shift or terminal stretch (the
     distilled refine schedule is used as given)."""
-    config = json.loads((root / "scheduler" / "scheduler_config.json").read_text())
     if config.get("_class_name") != "FlowMatchEulerDiscreteScheduler":
         raise ValueError(f"scheduler/ is {config.get('_class_name')!r}; LTX-2 refines with FlowMatchEulerDiscreteScheduler")
     return SamplerSet.single("flow_euler", build_sampler("flow_euler", {**config, **REFINE_SCHEDULER_OVERRIDES}))
@@ -96,6 +118,66 @@ def ltx2_variant(index: Mapping[str, Any]) -> Variant:
                    load=_module(load_ltx2_latent_upsampler, "latent_upsampler"), optional=True),
     )
     return Variant(name="ltx2", tasks=TASKS, weights=weights)
+
+
+# -- single files (a ComfyUI models folder) -----------------------------------------------
+
+
+def ltx2_single_files(files: SingleFileSet, resolve: Resolve,
+                      options: LoadOptions) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A full LTX-2 checkpoint (DiT, connectors, video VAE, audio VAE, vocoder), Gemma 3 from
+    a single file (its own tokenizer or a tokenizer folder) or a transformers folder, and an
+    optional latent upsampler file; architecture facts from ``files.configs`` or the released
+    LTX-2.0 configs (``single_file.py``). -> the model_index a diffusers folder of them would
+    have, and the components."""
+    if files.checkpoint is None or len(files.text_encoders) != 1:
+        raise ValueError(f"LTX-2 loads from a full checkpoint in checkpoints/ (ltx-2-19b-dev.safetensors) and one "
+                         f"text encoder (gemma_3_12B_it); got checkpoint={files.checkpoint!r}, "
+                         f"diffusion_models={list(files.diffusion_models)}, text_encoders={list(files.text_encoders)}")
+    path, configs = files.dit_paths(resolve)[0], LTX2Configs(files.configs)
+    require_sections(path, *CHECKPOINT_SECTIONS)  # before anything loads: a missing one is named with the file
+    device, dtype = options.device, options.dtype
+    dit = load_ltx2_transformer_single_file(path, device=device, dtype=dtype, **_dit_facts(files, configs))
+    scheduler = configs.get("scheduler", RELEASED_SCHEDULER, "scheduler_config.json")
+    components: dict[str, Any] = {
+        "transformer": apply_load_options(dit, options, blocks=dit.blocks, fp8_layers=BLOCK_GEMMS),
+        "vae": load_ltx2_video_vae_single_file(path, configs.get("vae", RELEASED_VIDEO_VAE), device=device, dtype=dtype),
+        "audio_vae": load_ltx2_audio_vae_single_file(path, configs.get("audio_vae"), device=device, dtype=dtype),
+        "vocoder": load_ltx2_vocoder_single_file(path, configs.get("vocoder"), device=device, dtype=dtype),
+        "connectors": load_ltx2_connectors_single_file(path, configs.get("connectors", RELEASED_CONNECTORS),
+                                                       device=device, dtype=dtype),
+        "text_encoder": _gemma(files, resolve, configs, options),
+        "sampler": sampler_set_from_config(scheduler),
+        "refine_sampler": refine_sampler_set(scheduler),
+    }
+    if files.latent_upsampler:
+        upsampler = configs.get("latent_upsampler") if files.configs is not None else None
+        components["latent_upsampler"] = load_ltx2_latent_upsampler_single_file(
+            resolve("latent_upscale_models", files.latent_upsampler), upsampler, device=device, dtype=dtype)
+    return {"_class_name": CLASSES[0]}, components
+
+
+def _dit_facts(files: SingleFileSet, configs: LTX2Configs) -> dict[str, Any]:
+    """The DiT's config fields its file's shapes do not give: a configs folder's, else the released."""
+    facts = dict(RELEASED_TRANSFORMER_FACTS)
+    if files.configs is not None:
+        known = {f.name for f in dataclasses.fields(LTX2DiTConfig)}
+        facts = {k: v for k, v in configs.get("transformer").items() if k in known}
+    if files.attention_head_dim is not None:
+        facts["attention_head_dim"] = files.attention_head_dim
+    return facts
+
+
+def _gemma(files: SingleFileSet, resolve: Resolve, configs: LTX2Configs, options: LoadOptions):
+    (text,) = text_encoder_sources(files, resolve, file_tokenizers=True)  # a Gemma file's own spiece_model
+    length = LTX2_DEFAULTS.max_sequence_length or 1024
+    if not text.single_file:
+        return load_gemma_layer_states(text.weights, text.tokenizer, device=options.device, dtype=options.dtype,
+                                       max_sequence_length=length)
+    config = configs.get("text_encoder") if files.configs is not None else None  # Gemma3Config: its text_config
+    return load_gemma_layer_states_single_file(text.weights, text.tokenizer, device=options.device,
+                                               dtype=options.dtype, max_sequence_length=length,
+                                               text_config=(config or {}).get("text_config", config))
 
 
 def ltx2_pipeline_spec(variant: Variant, upsample_scale: int, cfg_mode: str = "batched") -> PipelineSpec:
@@ -157,5 +239,7 @@ LTX2 = register_model_spec(
         description="LTX-2: joint video + audio DiT, video and audio VAEs, vocoder, Gemma 3 text encoder with "
                     "connectors, optional latent upsampler for the two-stage refine",
         extras={"parallel": LTX2_PARALLEL},
+        single_files=ltx2_single_files,
+        comfy_text_loaders=("LTXAVTextEncoderLoader",),  # Gemma 3 + the checkpoint's connectors
     )
 )

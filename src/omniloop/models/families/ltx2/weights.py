@@ -146,6 +146,7 @@ ORIGINAL_DIT_SUBS = _subs(
     (r"\.k_norm\.", ".norm_k."),
 )
 CONNECTOR_PREFIXES = ("video_embeddings_connector.", "audio_embeddings_connector.")
+PROJECTION = "text_embedding_projection."  # the connectors' input projection: top level, or in the DiT section
 
 
 def ltx2_dit_config_from_shapes(shapes: Mapping[str, torch.Size], **facts: Any) -> dict[str, Any]:
@@ -189,7 +190,8 @@ def load_ltx2_transformer_single_file(path: str | Path, *, device: torch.device 
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found; pass an LTX-2 checkpoint .safetensors file")
     sd = read_single_file(path, cast_to(device, dtype), sections=DIT_SECTIONS)
-    sd = rewrite_keys({k: t for k, t in sd.items() if not k.startswith(CONNECTOR_PREFIXES)}, ORIGINAL_DIT_SUBS)
+    sd = rewrite_keys({k: t for k, t in sd.items() if not k.startswith((*CONNECTOR_PREFIXES, PROJECTION))},
+                      ORIGINAL_DIT_SUBS)
     config = ltx2_dit_config_from_shapes({k: t.shape for k, t in sd.items()}, **facts)
     model = assemble(PARTS["transformer"], config, sd, str(path))
     assert isinstance(model, LTX2DiT), type(model)

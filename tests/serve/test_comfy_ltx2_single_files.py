@@ -1,0 +1,51 @@
+"""``omniloop serve --comfy-models DIR`` serves the LTX-2 text-to-video template from ComfyUI's
+single files (tests/workflows/test_ltx2_single_files.py's folder: the Lightricks-layout
+checkpoint, ComfyUI's Gemma 3 file, the upscaler), driven by the hand-written websocket client
+of test_comfy_api: the server builds the pipeline from the workflow's loader files on the first
+prompt and its mp4 (video and audio) is in the history. Output parity with the diffusers folder
+is the engine-level test's; here the ComfyUI API path: loaders -> files -> the pool's model."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from tests.serve.conftest import live_server
+from tests.serve.test_comfy_api import ScriptClient, workflow
+from tests.workflows.test_ltx2_single_files import configs_folder, ltx2_models_folder
+
+pytest.importorskip("comfyui_workflow_templates_json")
+pytest.importorskip("websocket")
+av = pytest.importorskip("av")
+
+
+@pytest.fixture(scope="module")
+def server(ltx2_dir, tmp_path_factory):
+    folder = ltx2_models_folder(tmp_path_factory.mktemp("comfy_ltx2_serve"), ltx2_dir)
+    configs = configs_folder(tmp_path_factory.mktemp("ltx2_configs"), ltx2_dir)
+    limits = {"max_steps": 1000, "max_frames": 17, "max_pixels": 128 * 128}
+    serve = {"comfy_models": folder, "comfy_workdir": tmp_path_factory.mktemp("comfy_work"), "warmup": []}
+    with live_server({"ltx2": ltx2_dir}, limits=limits, serve=serve) as live:
+        live.server.config.app.state.comfy.single_file_facts = {"configs": configs}  # tiny: not LTX-2.0's sizes
+        yield live
+
+
+def test_the_ltx2_t2v_template_served_from_single_files(server):
+    from omniloop.io.video import read_video
+
+    client = ScriptClient(server.url)
+    _, messages, history = client.run(workflow("video_ltx2_t2v"))
+    assert history["status"]["status_str"] == "success", history["status"]
+    comfy = server.server.config.app.state.comfy
+    (files,) = comfy.single_files  # built from the loaders' files, once
+    assert (files.family, files.checkpoint, files.latent_upsampler) == \
+        ("ltx2", "ltx-2-19b-dev-fp8.safetensors", "ltx-2-spatial-upscaler-x2-1.0.safetensors")
+    (output,) = history["outputs"].values()
+    (item,) = output["images"]
+    data = client.view(item)
+    frames, fps = read_video(data)
+    assert frames.shape[:3] == (9, 128, 128) and fps == 24  # [F, H, W, 3]: the refine stage's size
+    with av.open(io.BytesIO(data)) as container:  # the template's audio track (LTXVAudioVAEDecode -> CreateVideo)
+        assert len(container.streams.audio) == 1
+    assert any(m["type"] == "progress" for m in messages)

@@ -2,8 +2,7 @@
 audio and image parts only in a conversation, only with the checkpoint's encoder and its
 preprocessor, each decodable (audio within the feature extractor's window; decoding stops at
 the cap); the prompt with every placeholder expanded within the context and the KV pool.
-Video parts are refused, and a spoken answer to images (the talker's 3-D positions are not
-built yet)."""
+Video parts are refused."""
 
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ from omniloop.cache.paged_kv import BlockPool
 from omniloop.models.families.qwen2_5_omni.audio_encoder import OmniAudioEncoder, audio_tokens
 from omniloop.models.families.qwen2_5_omni.audio_prompt import audio_parts, count_placeholders, decode_audio, frames_of
 from omniloop.models.families.qwen2_5_omni.image_prompt import image_parts, process_image
-from omniloop.models.families.qwen2_5_omni.stages import wants_speech
 from omniloop.models.families.qwen2_5_omni.vision_encoder import OmniVisionEncoder
 from omniloop.models.families.qwen2_5_omni.weights import OmniConfig
 from omniloop.pipeline.loops.ar import check_context, make_ar_validator
@@ -55,10 +53,6 @@ def make_omni_validator(tokenizer: Any, config: OmniConfig, *, pool: BlockPool, 
         require(field, "images", ("thinker.visual.* weights", vision_tower),
                 ("image processor (the Qwen2VLImageProcessor keys of preprocessor_config.json)", image_processor))
         assert vision_tower is not None  # require refused the request otherwise
-        if wants_speech(request):
-            raise InvalidRequest(f"{field}: a spoken answer to images is not supported yet (the talker's image "
-                                 "positions are not built)", hint="ask for text only (drop audio from modalities)",
-                                 fields=(field,))
         count_placeholders(ids, config.image_token_id, len(parts), "image")
         merge = vision_tower.config.spatial_merge_size
         return sum(process_image(i, p, image_processor).tokens(merge) - 1 for i, p in parts)

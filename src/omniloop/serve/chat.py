@@ -133,13 +133,15 @@ def _input_audio(part: ContentPart, index: int, where: str, model: ServedModel, 
 
 def _part_fields(wire: ChatCompletionRequest) -> dict[str, str]:
     """Request-plane ``inputs[k]`` -> the content part's wire path, for an admission refusal that
-    names one part (a clip the model cannot decode or that is too long)."""
+    names one part (a clip the model cannot decode or that is too long, a video it cannot see)."""
     fields, k = {}, 0
     for i, message in enumerate(wire.messages):
         parts = [None] if isinstance(message.content, str) else message.content
         for j, part in enumerate(parts):
             if part is not None and part.type == "input_audio":
                 fields[f"inputs[{k}]"] = f"messages[{i}].content[{j}].input_audio.data"
+            elif part is not None and part.type in ("image_url", "video_url"):
+                fields[f"inputs[{k}]"] = f"messages[{i}].content[{j}].{part.type}.url"
             k += 1
     return fields
 

@@ -3,10 +3,10 @@
 14 px patches) -> the vision encoder -> embeddings that replace the prompt's ``<|IMAGE|>``
 placeholders (each expanded to ``t * h * w / merge^2``, as ``Qwen2_5OmniProcessor`` does).
 
-With an image the thinker's positions are 3-D (transformers' ``get_rope_index``): text and
-audio advance one position per token on all three planes; an image of ``h x w`` merged cells
-starting at ``p`` takes planes ``(p, p + i, p + j)`` and the next token continues at
-``p + max(h, w)``. A generated token at context index ``k`` sits at ``k + delta`` on every
+With an image (or a video) the thinker's positions are 3-D (transformers' ``get_rope_index``):
+text and audio advance one position per token on all three planes; an image of ``h x w`` merged
+cells starting at ``p`` takes planes ``(p, p + i, p + j)`` and the next token continues at
+``p + max(h, w)``; a video's frame group ``k`` adds ``k * seconds_per_grid * 25`` on the first. A generated token at context index ``k`` sits at ``k + delta`` on every
 plane (``delta = max prompt position + 1 - prompt length``).
 """
 
@@ -60,31 +60,51 @@ def image_embeds(tower: OmniVisionEncoder, images: Sequence[ImageInput], device:
     return list(out.split([im.tokens(merge) for im in images]))
 
 
-def rope_positions(ids: Sequence[int], image_token: int, grids: Sequence[tuple[int, int, int]], merge: int,
-                   seconds_per_position: float = 25.0) -> tuple[torch.Tensor, int]:
-    """``[3, len(ids)]`` multimodal positions of a prompt whose image runs are ``grids`` (in order),
-    and the decode delta. A frame's temporal plane advances ``25`` per second (one image: 0)."""
+@dataclass(frozen=True)
+class VisionRun:
+    """One image's or video's placeholder run in a prompt: its token, patch grid ``(t, h, w)``
+    and, for a video, the seconds one temporal patch spans (an image: None)."""
+
+    token: int
+    grid: tuple[int, int, int]
+    seconds_per_grid: float | None = None
+
+    def temporal(self, position_per_second: int) -> torch.Tensor:
+        """``[t]`` the temporal plane's offset of each frame group (transformers' ``t_index``:
+        an image's ``arange(t) * 1 * 25``, a video's in float32 then truncated)."""
+        t = self.grid[0]
+        if self.seconds_per_grid is None:
+            return torch.arange(t) * 1 * position_per_second
+        return (torch.arange(t) * torch.tensor(self.seconds_per_grid, dtype=torch.float32) * position_per_second).long()
+
+
+def rope_positions(ids: Sequence[int], runs: Sequence[VisionRun], merge: int,
+                   position_per_second: int = 25) -> tuple[torch.Tensor, int]:
+    """``[3, len(ids)]`` multimodal positions of a prompt whose image / video runs are ``runs``
+    (each token's in prompt order), and the decode delta (transformers' ``get_rope_index``)."""
+    queues = {token: iter([r for r in runs if r.token == token]) for token in {r.token for r in runs}}
     planes: list[torch.Tensor] = []
-    pos, i, k = 0, 0, 0
+    pos, i, used = 0, 0, 0
     while i < len(ids):
-        if ids[i] != image_token:
+        if ids[i] not in queues:
             j = i
-            while j < len(ids) and ids[j] != image_token:
+            while j < len(ids) and ids[j] not in queues:
                 j += 1
             planes.append(torch.arange(pos, pos + j - i).expand(3, -1))
             pos += j - i
             i = j
             continue
-        t, h, w = grids[k]
+        run = next(queues[ids[i]])
+        t, h, w = run.grid
         gh, gw = h // merge, w // merge
-        tt = (torch.arange(t) * seconds_per_position).long().view(-1, 1).expand(-1, gh * gw).flatten()
+        tt = run.temporal(position_per_second).view(-1, 1).expand(-1, gh * gw).flatten()
         hh = torch.arange(gh).view(1, -1, 1).expand(t, -1, gw).flatten()
         ww = torch.arange(gw).view(1, 1, -1).expand(t, gh, -1).flatten()
         block = torch.stack([tt, hh, ww]) + pos
         planes.append(block)
         pos = int(block.max()) + 1
         i += t * gh * gw
-        k += 1
-    assert k == len(grids), f"{len(grids)} images but {k} placeholder runs"
+        used += 1
+    assert used == len(runs), f"{len(runs)} images / videos but {used} placeholder runs"
     positions = torch.cat(planes, dim=1)
     return positions, int(positions.max()) + 1 - len(ids)

@@ -141,3 +141,11 @@ def test_a_checkpoint_without_a_vision_encoder_refuses_videos(omni_dir, tmp_path
                                              r"takes no videos") as caught:
         pipeline.admit(video_request())
     assert caught.value.fields == ("inputs[1]",)
+
+
+def test_a_frame_over_the_pixel_limit_is_refused_before_decoding(omni_pipeline):
+    """In-process frames one column wider than 4K UHD (never touched: the header's shape is enough)."""
+    frames = np.zeros((4, 2160, 3842, 3), dtype=np.uint8)
+    with pytest.raises(InvalidRequest, match=re.escape("inputs[1]: its frames are 3842x2160 = 8,298,720 pixels, over "
+                                                       "the 8,294,400 this model decodes; send a smaller video")):
+        omni_pipeline.admit(video_request(VideoPart(data=frames)))

@@ -22,6 +22,7 @@ FPS`` seconds); only the sampled frames are kept. The video's own soundtrack is 
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import math
 from dataclasses import dataclass
@@ -92,6 +93,7 @@ class VideoHeader:
     fps: float
     width: int
     height: int
+    counted_to_limit: bool = False  # frames counted until one past the duration limit (more may follow)
 
 
 @dataclass(frozen=True)
@@ -153,18 +155,19 @@ def _open(part: VideoPart):
     return av.open(io.BytesIO(part.raw_bytes()) if part.b64 is not None else str(part.path))
 
 
-def _check_header(cfg: VideoProcessing, header: VideoHeader) -> None:
+def _check_header(index: int, cfg: VideoProcessing, header: VideoHeader) -> None:
     pixels = header.width * header.height
     if pixels > MAX_FRAME_PIXELS:
-        raise ValueError(f"its frames are {header.width}x{header.height} = {pixels:,} pixels, over the "
-                         f"{MAX_FRAME_PIXELS:,} this model decodes; send a smaller video")
+        raise _refuse(index, f"its frames are {header.width}x{header.height} = {pixels:,} pixels, over the "
+                             f"{MAX_FRAME_PIXELS:,} this model decodes", hint="send a smaller video")
     seconds = header.frames / header.fps
     if seconds > cfg.max_seconds:
-        raise ValueError(f"the video is {seconds:.1f} s long, over the {cfg.max_seconds:g} s this model reads "
-                         f"({cfg.max_frames} frames at {FPS:g} fps); send at most {cfg.max_seconds:g} s")
+        raise _refuse(index, f"the video is {'over ' if header.counted_to_limit else ''}{seconds:.1f} s long, over the "
+                             f"{cfg.max_seconds:g} s this model reads ({cfg.max_frames} frames at {FPS:g} fps)",
+                      hint=f"send at most {cfg.max_seconds:g} s")
 
 
-def _read_header(part: VideoPart) -> VideoHeader:
+def _read_header(part: VideoPart, cfg: VideoProcessing) -> VideoHeader:
     if part.data is not None:
         shape = tuple(np.asarray(part.data).shape)
         if len(shape) != 4 or shape[-1] != 3:
@@ -175,8 +178,11 @@ def _read_header(part: VideoPart) -> VideoHeader:
             raise ValueError("it has no video stream")
         stream = container.streams.video[0]
         fps = float(stream.average_rate or 0) or FPS
-        frames = stream.frames or sum(1 for p in container.demux(stream) if p.size)  # packets: no decode
-        return VideoHeader(frames=frames, fps=fps, width=stream.codec_context.width, height=stream.codec_context.height)
+        # a header without the count (webm): the packets counted (no decode), stopping one past the limit
+        limit = math.ceil(cfg.max_seconds * fps) + 1
+        frames = stream.frames or sum(1 for _ in itertools.islice((p for p in container.demux(stream) if p.size), limit))
+        return VideoHeader(frames=frames, fps=fps, width=stream.codec_context.width, height=stream.codec_context.height,
+                           counted_to_limit=not stream.frames and frames == limit)
 
 
 def probe(index: int, part: VideoPart, cfg: VideoProcessing) -> VideoHeader:
@@ -186,13 +192,10 @@ def probe(index: int, part: VideoPart, cfg: VideoProcessing) -> VideoHeader:
     import av
 
     try:
-        header = _read_header(part)
+        header = _read_header(part, cfg)
     except (av.error.FFmpegError, OSError, ValueError) as e:
         raise _refuse(index, f"cannot read the video ({e})") from None
-    try:
-        _check_header(cfg, header)
-    except ValueError as e:
-        raise _refuse(index, str(e), hint="send a shorter or smaller video") from None
+    _check_header(index, cfg, header)
     return header
 
 

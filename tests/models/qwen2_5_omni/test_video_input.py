@@ -109,12 +109,14 @@ def _tiny(frames: int, fps: int, size: tuple[int, int] = (16, 16)) -> bytes:
     return encode_mp4(np.zeros((frames, *size, 3), dtype=np.uint8), fps)
 
 
-@pytest.mark.parametrize("data, says", [
+@pytest.mark.parametrize("clip, says", [
     (b"\x00\x00\x00\x18ftypmp42 not a video", "cannot read the video"),
-    (_tiny(400, 1), "the video is 400.0 s long, over the 384 s this model reads (768 frames at 2 fps); send at most 384 s"),
-    (_tiny(1, 4), "the video has 1 frame(s); send at least 2"),
+    ((400, 1), "the video is 400.0 s long, over the 384 s this model reads (768 frames at 2 fps); send at most 384 s"),
+    ((1, 4), "the video has 1 frame(s); send at least 2"),
 ])
-def test_bad_video_is_refused_naming_the_part(omni_pipeline, data, says):
+def test_bad_video_is_refused_naming_the_part(omni_pipeline, clip, says):
+    """Undecodable, too long (refused from the header: nothing decodes), too few frames."""
+    data = clip if isinstance(clip, bytes) else _tiny(*clip)
     with pytest.raises(InvalidRequest, match=re.escape(says)) as caught:
         omni_pipeline.admit(video_request(video_part(data)))
     assert caught.value.fields == ("inputs[1]",), str(caught.value)

@@ -23,7 +23,7 @@ from omniloop.engine.offline import run_request
 from omniloop.io.video import encode_mp4
 from omniloop.request import InvalidRequest, OmniRequest, SamplingParams, TaskType, TextPart, VideoPart
 from tests.models.cosmos3.video_oracle import ROOT, torchvision_path
-from tests.models.qwen2_5_omni.helpers import TEXT_TOKENS, run_nodes
+from tests.models.qwen2_5_omni.helpers import AUDIO_TOKENS, TEXT_TOKENS, run_nodes
 from tests.models.qwen2_5_omni.test_spoken_media import WAVE_TOL, hf_spoken, left_padded, spoken_request
 
 FRAMES = np.random.default_rng(0).integers(0, 256, (5, 40, 60, 3), dtype=np.uint8)
@@ -41,30 +41,37 @@ def video_request(part: VideoPart | None = None, **sampling) -> OmniRequest:
                        sampling=SamplingParams(temperature=0.0, seed=5, **sampling))
 
 
-@pytest.fixture(scope="module")
-def oracle(omni_dir, omni_pipeline, tmp_path_factory):
-    """The processor's ids, patches, grid and seconds per grid for the sampled frames."""
+def run_oracle(folder, frames: np.ndarray, work, soundtrack: np.ndarray | None = None) -> dict:
+    """``video_oracle.py`` in a child process on the sampled frames (and the soundtrack)."""
     from transformers import AutoTokenizer
-
-    from omniloop.models.families.qwen2_5_omni.video_prompt import decode_frames
 
     if not (torchvision_path() / "torchvision").is_dir():
         pytest.skip(f"no torchvision at {torchvision_path()}: pip install --no-deps --target .ci-torchvision "
                     "torchvision==0.28.0 (.ci/run does)")
-    frames = decode_frames(1, video_part(), omni_pipeline.components["video_processing"])
-    assert frames.shape == (4, 40, 60, 3)
-    tokenizer = AutoTokenizer.from_pretrained(omni_dir)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
     messages = [{"role": "user", "content": [{"type": "text", "text": TEXT}, {"type": "video"}]}]
-    work = tmp_path_factory.mktemp("omni_video_oracle")
     np.save(work / "frames.npy", frames)
     (work / "text.txt").write_text(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
-    run = subprocess.run([sys.executable, "-m", "tests.models.qwen2_5_omni.video_oracle", str(omni_dir),
-                          str(work / "frames.npy"), str(work / "text.txt"), str(work / "out.pt")],
+    args = [str(folder), str(work / "frames.npy"), str(work / "text.txt"), str(work / "out.pt")]
+    if soundtrack is not None:
+        np.save(work / "sound.npy", soundtrack)
+        args.append(str(work / "sound.npy"))
+    run = subprocess.run([sys.executable, "-m", "tests.models.qwen2_5_omni.video_oracle", *args],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     out = torch.load(work / "out.pt")
     assert out["torchvision"].startswith("0.28")
     return out
+
+
+@pytest.fixture(scope="module")
+def oracle(omni_dir, omni_pipeline, tmp_path_factory):
+    """The processor's ids, patches, grid and seconds per grid for the sampled frames."""
+    from omniloop.models.families.qwen2_5_omni.video_prompt import decode_frames
+
+    frames = decode_frames(1, video_part(), omni_pipeline.components["video_processing"])
+    assert frames.shape == (4, 40, 60, 3)
+    return run_oracle(omni_dir, frames, tmp_path_factory.mktemp("omni_video_oracle"))
 
 
 def test_video_patches_equal_the_processors(omni_pipeline, oracle):
@@ -151,3 +158,45 @@ def test_a_frame_over_the_pixel_limit_is_refused_before_decoding(omni_pipeline):
     with pytest.raises(InvalidRequest, match=re.escape("inputs[1]: its frames are 3842x2160 = 8,298,720 pixels, over "
                                                        "the 8,294,400 this model decodes; send a smaller video")):
         omni_pipeline.admit(video_request(VideoPart(data=frames)))
+
+
+@torch.inference_mode()
+def test_a_video_with_its_soundtrack_equals_transformers(omni_hf, omni_pipeline, omni_dir, tmp_path):
+    """``node_params["chat"].use_audio_in_video``: a 3 s clip (12 frames at 4 fps -> 6 sampled,
+    three temporal patches) with a 1.25 s AAC soundtrack. The processor (``load_audio_from_video``)
+    frames the soundtrack's 31 placeholders in ``<|audio_bos|>`` / ``<|audio_eos|>`` and interleaves
+    them with the frames' by 2 s chunk (two patches, the soundtrack, the third patch); the positions
+    put both from one start. Our ids, the greedy text and the spoken answer equal transformers'."""
+    from omniloop.models.families.qwen2_5_omni.video_prompt import decode_frames, soundtrack
+
+    t = np.arange(20000) / 16000
+    sound = (np.sin(2 * np.pi * 440 * t) * 0.3 + np.random.default_rng(1).standard_normal(t.shape) * 0.05)
+    frames = np.random.default_rng(2).integers(0, 256, (12, 40, 60, 3), dtype=np.uint8)
+    part = video_part(encode_mp4(frames, 4, audio=sound[None].astype(np.float32), sample_rate=16000))
+    sampled = decode_frames(1, part, omni_pipeline.components["video_processing"])
+    heard = soundtrack(1, part, omni_pipeline.components["feature_extractor"]).samples
+    assert sampled.shape[0] == 6
+    want = run_oracle(omni_dir, sampled, tmp_path, heard)
+    hf, tokenizer = omni_hf
+    inputs = {k: want[k] for k in ("input_ids", "attention_mask", "pixel_values_videos", "video_grid_thw",
+                                   "video_second_per_grid", "input_features", "feature_attention_mask")}
+    ids = inputs["input_ids"][0].tolist()
+    audio, video = tokenizer.convert_tokens_to_ids("<|AUDIO|>"), tokenizer.convert_tokens_to_ids("<|VIDEO|>")
+    first_audio, last_video = ids.index(audio), len(ids) - 1 - ids[::-1].index(video)
+    assert first_audio < last_video  # interleaved: a video chunk after the soundtrack's
+    text = hf.thinker.generate(**inputs, use_audio_in_video=True, max_new_tokens=TEXT_TOKENS,
+                               do_sample=False)[0, len(ids):].tolist()
+    request = video_request(part).model_copy(update={"node_params": {"chat": {"use_audio_in_video": True}}})
+    out = run_request(omni_pipeline, request)
+    assert out.status.value == "completed", out.error
+    assert out.text.prompt_tokens == len(ids) and out.text.token_ids == text
+    # spoken: the talker reads zeros at the frames' and the soundtrack's positions, and their positions
+    spoken = spoken_request([TextPart(text=TEXT, role="user"), part]).model_copy(
+        update={"node_params": {"chat": {"use_audio_in_video": True}, "talker": {"max_tokens": AUDIO_TOKENS}}})
+    state = run_nodes(omni_pipeline, spoken)
+    assert state.artifacts["prompt_tokens"].token_ids == ids  # the processor's layout, token for token
+    padded = left_padded({k: v for k, v in inputs.items() if k != "attention_mask"}, tokenizer.pad_token_id)
+    text, codes, wav = hf_spoken(hf, padded, use_audio_in_video=True, talker_pixel_values_videos=None)
+    assert state.artifacts["text"].token_ids == text and state.artifacts["codec"].codes == codes
+    audio = state.artifacts["audio"].samples[0]
+    assert audio.shape == wav.shape and (audio - wav).abs().max() <= WAVE_TOL

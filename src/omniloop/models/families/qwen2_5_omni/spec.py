@@ -173,10 +173,12 @@ def omni_variant(index: Mapping[str, Any]) -> Variant:
 
 def omni_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = None, max_codes: int = 4096,
                        streams: tuple[StreamEdge, ...] = STREAM_EDGES, audio_token_id: int = -1,
-                       image_token_id: int = -1, video_token_id: int = -1) -> PipelineSpec:
+                       image_token_id: int = -1, video_token_id: int = -1,
+                       audio_frame: tuple[int, int] = (-1, -1)) -> PipelineSpec:
     """``talker_text``: the talker node's own loop defaults (its stop codes, transformers'
     talker sampling), over the pipeline's (the thinker's); ``audio_token_id``: the checkpoint's
-    ``<|AUDIO|>`` / ``<|IMAGE|>`` / ``<|VIDEO|>`` placeholders."""
+    ``<|AUDIO|>`` / ``<|IMAGE|>`` / ``<|VIDEO|>`` placeholders; ``audio_frame``: its ``<|audio_bos|>``,
+    ``<|audio_eos|>`` (around a video's soundtrack)."""
     components = {w.component: ComponentSpec(name=w.component, kind=w.kind, optional=w.optional) for w in variant.weights}
     for name, kind in (("thinker_kv", "paged text-KV pool of the thinker (built)"),
                        ("talker_kv", "paged KV pool of the talker (built)"),
@@ -192,7 +194,8 @@ def omni_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = None
         components=components,
         nodes=(
             Node("chat", OmniChatPrompt(audio_token_id=audio_token_id, image_token_id=image_token_id,
-                                        video_token_id=video_token_id),
+                                        video_token_id=video_token_id, audio_start_token_id=audio_frame[0],
+                                        audio_end_token_id=audio_frame[1]),
                  when=opt("a conversation (text parts with roles)", is_chat)),
             Node("thinker", ThinkerLoop(lm_component="thinker", tokenizer_component="tokenizer",
                                         kv_component="thinker_kv")),
@@ -235,7 +238,8 @@ def build_omni(variant: Variant, index: Mapping[str, Any], components: Mapping[s
                                   text=thinker_text)
     return Pipeline(
         spec=omni_pipeline_spec(variant, talker_text, max_codes, audio_token_id=config.audio_token_id,
-                                image_token_id=config.image_token_id, video_token_id=config.video_token_id),
+                                image_token_id=config.image_token_id, video_token_id=config.video_token_id,
+                                audio_frame=(config.audio_start_token_id, config.audio_end_token_id)),
         components=components, device=options.device, dtype=options.dtype, defaults=defaults,
         validate_request=make_omni_validator(components["tokenizer"], config, pool=pools["thinker_kv"],
                                              audio_tower=components.get("audio_tower"),

@@ -14,7 +14,9 @@ from omniloop.cache.paged_kv import BlockPool
 from omniloop.models.families.qwen2_5_omni.audio_encoder import OmniAudioEncoder, audio_tokens
 from omniloop.models.families.qwen2_5_omni.audio_prompt import audio_parts, count_placeholders, decode_audio, frames_of
 from omniloop.models.families.qwen2_5_omni.image_prompt import image_parts, process_image
-from omniloop.models.families.qwen2_5_omni.video_prompt import VideoProcessing, video_parts, video_tokens
+from omniloop.models.families.qwen2_5_omni.video_prompt import (
+    ChatParams, VideoProcessing, soundtrack, video_parts, video_tokens,
+)
 from omniloop.models.families.qwen2_5_omni.vision_encoder import OmniVisionEncoder
 from omniloop.models.families.qwen2_5_omni.weights import OmniConfig
 from omniloop.pipeline.loops.ar import check_context, make_ar_validator
@@ -64,7 +66,9 @@ def make_omni_validator(tokenizer: Any, config: OmniConfig, *, pool: BlockPool, 
         return sum(process_image(i, p, image_processor).tokens(merge) - 1 for i, p in parts)
 
     def video_extra(request: OmniRequest, ids: list[int]) -> int:
-        """Each video's placeholders from its container's header (no frame decodes here)."""
+        """Each video's placeholders from its container's header (no frame decodes here); read
+        with its soundtrack, the soundtrack's (decoded, within the extractor's window) and the two
+        ``<|audio_bos|>`` / ``<|audio_eos|>`` around them."""
         parts = video_parts(request)
         if not parts:
             return 0
@@ -74,7 +78,13 @@ def make_omni_validator(tokenizer: Any, config: OmniConfig, *, pool: BlockPool, 
                  "preprocessor_config.json)", video_processing))
         assert video_processing is not None  # require refused the request otherwise
         count_placeholders(ids, config.video_token_id, len(parts), "video")
-        return sum(video_tokens(i, p, video_processing) - 1 for i, p in parts)
+        extra = sum(video_tokens(i, p, video_processing) - 1 for i, p in parts)
+        if not ChatParams.model_validate(request.node_params.get("chat") or {}).use_audio_in_video:
+            return extra
+        require(field, "a video's soundtrack (use_audio_in_video)", ("thinker.audio_tower.* weights", audio_tower),
+                ("preprocessor_config.json (its WhisperFeatureExtractor)", feature_extractor))
+        return extra + sum(audio_tokens(frames_of(feature_extractor, soundtrack(i, p, feature_extractor))) + 2
+                           for i, p in parts)
 
     def in_conversation(request: OmniRequest) -> None:
         media = [(i, p) for i, p in enumerate(request.inputs) if p.kind in MEDIA]

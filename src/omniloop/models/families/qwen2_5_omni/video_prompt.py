@@ -31,9 +31,12 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
+from pydantic import Field
 
+from omniloop.io.audio import read_audio_mono
+from omniloop.models.families.qwen2_5_omni.audio_prompt import SAMPLE_RATE, AudioInput, decode_audio, max_seconds
 from omniloop.models.families.qwen2_5_omni.vision_encoder import OmniVisionEncoder
-from omniloop.request import InvalidRequest, OmniRequest, VideoPart
+from omniloop.request import AudioPart, InvalidRequest, LoopParams, OmniRequest, VideoPart
 
 FPS = 2.0  # frames sampled per second (qwen-omni-utils' FPS; the processor's fps default)
 MIN_FRAMES = 4  # qwen-omni-utils' FPS_MIN_FRAMES
@@ -272,6 +275,27 @@ def video_tokens(index: int, part: VideoPart, cfg: VideoProcessing) -> int:
         raise _refuse(index, str(e)) from None
     t = -(-n // cfg.temporal_patch_size)
     return t * (h // cfg.patch_size) * (w // cfg.patch_size) // cfg.merge_size**2
+
+
+class ChatParams(LoopParams):
+    """``node_params["chat"]``: how the conversation's media are read."""
+
+    use_audio_in_video: bool = Field(default=False, description="read each video's soundtrack too (transformers' "
+                                     "use_audio_in_video): its audio embeddings interleaved with the frames' by 2 s chunk")
+
+
+def soundtrack(index: int, part: VideoPart, feature_extractor: Any) -> AudioInput:
+    """A video's soundtrack as 16 kHz mono (``use_audio_in_video``), within the feature
+    extractor's window; a video without one is refused naming ``inputs[index]``."""
+    if part.data is not None:
+        raise _refuse(index, "in-process frames carry no soundtrack", hint="send the video file, or drop use_audio_in_video")
+    try:
+        data = part.raw_bytes() if part.b64 is not None else Path(str(part.path)).read_bytes()
+        samples = read_audio_mono(data, SAMPLE_RATE, max_seconds(feature_extractor))
+    except (ValueError, OSError) as e:
+        raise _refuse(index, f"its soundtrack cannot be read ({e})",
+                      hint="send a video with a soundtrack, or drop use_audio_in_video") from None
+    return decode_audio(index, AudioPart(data=samples, sample_rate=SAMPLE_RATE), feature_extractor)  # its checks
 
 
 def video_embeds(tower: OmniVisionEncoder, videos: Sequence[VideoInput], device: torch.device,

@@ -338,3 +338,42 @@ def test_bad_video_url_is_a_400_naming_the_part(omni_server, clip, says):
     assert says in body["message"], body
     ok = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=2, temperature=0)
     assert ok.choices[0].message.content is not None  # the engine keeps serving
+
+
+def test_a_video_heard_with_its_soundtrack_equals_the_engine(omni_server, omni_chat_dir):
+    """vLLM's ``mm_processor_kwargs: {"use_audio_in_video": true}`` (openai's ``extra_body``): the
+    soundtrack's placeholders join the frames' (the engine's answer with
+    ``node_params["chat"].use_audio_in_video``; equal to transformers:
+    tests/models/qwen2_5_omni/test_video_input.py). A video without a soundtrack is a 400 naming
+    the part; a wrong key in mm_processor_kwargs names itself."""
+    from omniloop.io.video import encode_mp4
+    from omniloop.request import VideoPart
+    from tests.models.qwen2_5_omni.test_video_input import CLIP, FRAMES
+
+    t = np.arange(16000) / 16000
+    clip = encode_mp4(FRAMES, 4, audio=(np.sin(2 * np.pi * 440 * t) * 0.3)[None].astype(np.float32), sample_rate=16000)
+    client, model = omni_server.client(), omni_server.state.model.name
+    content = [{"type": "text", "text": "what is it"}, {"type": "video_url", "video_url": {"url": _video_url(clip)}}]
+    heard = {"mm_processor_kwargs": {"use_audio_in_video": True}}
+    done = client.chat.completions.create(model=model, messages=[{"role": "user", "content": content}], temperature=0,
+                                          max_tokens=6, seed=7, extra_body=heard)
+    seen = client.chat.completions.create(model=model, messages=[{"role": "user", "content": content}], temperature=0,
+                                          max_tokens=6, seed=7)
+    _, pipeline = load_pipeline(omni_chat_dir, LoadOptions(device=torch.device("cpu"), dtype=torch.float32))
+    want = run_request(pipeline, OmniRequest(
+        task=TaskType.REASON, inputs=[TextPart(text="what is it", role="user"), VideoPart(b64=_video_url(clip))],
+        sampling=SamplingParams(temperature=0.0, max_tokens=6, seed=7), node_params={"chat": {"use_audio_in_video": True}}))
+    assert done.choices[0].message.content == want.text.text
+    assert done.usage.prompt_tokens == want.text.prompt_tokens
+    # 1 s of sound: 25 placeholders (26 with AAC's padding frames), and <|audio_bos|> <|audio_eos|>
+    assert 25 + 2 <= done.usage.prompt_tokens - seen.usage.prompt_tokens <= 26 + 2
+    mute = [{"type": "text", "text": "what is it"}, {"type": "video_url", "video_url": {"url": _video_url(CLIP)}}]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=model, messages=[{"role": "user", "content": mute}], max_tokens=2,
+                                       extra_body=heard)
+    assert err.value.body["param"] == "messages[0].content[1].video_url.url", err.value.body
+    assert "soundtrack" in err.value.body["message"] and "use_audio_in_video" in err.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=2,
+                                       extra_body={"mm_processor_kwargs": {"fps": 2}})
+    assert err.value.body["param"].startswith("mm_processor_kwargs"), err.value.body

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from pydantic import ValidationError
+
 from omniloop.cache.paged_kv import BlockPool
 from omniloop.models.families.qwen2_5_omni.audio_encoder import OmniAudioEncoder, audio_tokens
 from omniloop.models.families.qwen2_5_omni.audio_prompt import audio_parts, count_placeholders, decode_audio, frames_of
@@ -33,6 +35,15 @@ def require(field: str, kind: str, *parts: tuple[str, Any]) -> None:
     if missing is not None:
         raise InvalidRequest(f"{field}: this checkpoint has no {missing}, so it takes no {kind}", fields=(field,),
                              hint="send text only, or load the full Qwen2.5-Omni folder")
+
+
+def heard(request: OmniRequest) -> bool:
+    """``node_params["chat"].use_audio_in_video`` (a malformed block is the node-params check's
+    refusal, not this one's: it reads as off here)."""
+    try:
+        return ChatParams.model_validate(request.node_params.get("chat") or {}).use_audio_in_video
+    except ValidationError:
+        return False
 
 
 def make_omni_validator(tokenizer: Any, config: OmniConfig, *, pool: BlockPool, audio_tower: OmniAudioEncoder | None = None,
@@ -79,7 +90,7 @@ def make_omni_validator(tokenizer: Any, config: OmniConfig, *, pool: BlockPool, 
         assert video_processing is not None  # require refused the request otherwise
         count_placeholders(ids, config.video_token_id, len(parts), "video")
         extra = sum(video_tokens(i, p, video_processing) - 1 for i, p in parts)
-        if not ChatParams.model_validate(request.node_params.get("chat") or {}).use_audio_in_video:
+        if not heard(request):
             return extra
         require(field, "a video's soundtrack (use_audio_in_video)", ("thinker.audio_tower.* weights", audio_tower),
                 ("preprocessor_config.json (its WhisperFeatureExtractor)", feature_extractor))

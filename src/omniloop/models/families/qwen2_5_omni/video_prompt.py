@@ -36,6 +36,7 @@ from pydantic import Field
 from omniloop.io.audio import read_audio_mono
 from omniloop.models.families.qwen2_5_omni.audio_prompt import SAMPLE_RATE, AudioInput, decode_audio, max_seconds
 from omniloop.models.families.qwen2_5_omni.vision_encoder import OmniVisionEncoder
+from omniloop.models.layers.vision_patches import resize_frames, video_patches
 from omniloop.request import AudioPart, InvalidRequest, LoopParams, OmniRequest, VideoPart
 
 FPS = 2.0  # frames sampled per second (qwen-omni-utils' FPS; the processor's fps default)
@@ -251,18 +252,9 @@ def process_video(index: int, part: VideoPart, cfg: VideoProcessing) -> VideoInp
         h, w = frame_size(cfg, frames.shape[2], frames.shape[3])
     except ValueError as e:
         raise _refuse(index, str(e)) from None
-    if (h, w) != tuple(frames.shape[-2:]):  # torchvision's CPU bicubic keeps uint8: torch's fixed-point kernel
-        frames = torch.nn.functional.interpolate(frames, size=[h, w], mode="bicubic", align_corners=False, antialias=True)
-    mean = torch.tensor(cfg.mean) * (1.0 / cfg.rescale_factor)  # transformers fuses rescale into normalize
-    std = torch.tensor(cfg.std) * (1.0 / cfg.rescale_factor)
-    video = frames.to(torch.float32).sub_(mean.view(3, 1, 1)).div_(std.view(3, 1, 1))
-    tp, p, m = cfg.temporal_patch_size, cfg.patch_size, cfg.merge_size
-    if pad := -video.shape[0] % tp:
-        video = torch.cat([video, video[-1:].expand(pad, -1, -1, -1)])
-    gt, gh, gw = video.shape[0] // tp, h // p, w // p
-    patches = video.view(gt, tp, 3, gh // m, m, p, gw // m, m, p).permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
-    return VideoInput(part=index, pixels=patches.reshape(gt * gh * gw, 3 * tp * p * p), grid=(gt, gh, gw),
-                      seconds_per_grid=tp / FPS)
+    pixels, grid = video_patches(resize_frames(frames, h, w), mean=cfg.mean, std=cfg.std, rescale_factor=cfg.rescale_factor,
+                                 temporal_patch=cfg.temporal_patch_size, patch=cfg.patch_size, merge=cfg.merge_size)
+    return VideoInput(part=index, pixels=pixels, grid=grid, seconds_per_grid=cfg.temporal_patch_size / FPS)
 
 
 def video_tokens(index: int, part: VideoPart, cfg: VideoProcessing) -> int:

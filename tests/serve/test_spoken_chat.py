@@ -312,6 +312,14 @@ def test_spoken_answers_to_an_image_and_a_video_equal_the_engine(omni_server, om
         samples, rate = read_audio(base64.b64decode(done.choices[0].message.audio.data))
         assert rate == 24000 and samples.shape == tuple(want.audio.samples.shape), kind
         assert np.abs(samples - want.audio.samples.numpy()).max() <= 1 / 32767 + 1e-6, kind
+    # the video's answer streamed (pcm16: token2wav window by window behind the talker, on the same positions)
+    chunks = list(client.chat.completions.create(model=model, messages=[{"role": "user", "content": content}],
+                                                 temperature=0, max_tokens=8, seed=7, stream=True,
+                                                 modalities=["text", "audio"], audio={"voice": "Chelsie", "format": "pcm16"}))
+    deltas = [c.choices[0].delta.audio for c in chunks if c.choices and c.choices[0].delta.audio is not None]
+    assert "".join(d.transcript or "" for d in deltas) == want.text.text
+    pcm = np.concatenate([np.frombuffer(base64.b64decode(d.data), dtype="<i2") for d in deltas if d.data])
+    assert pcm.size == want.audio.samples.shape[1]  # the same codes: as many samples as the whole decode
 
 
 def _clip(frames: int, fps: int, size: tuple[int, int] = (16, 16)) -> bytes:

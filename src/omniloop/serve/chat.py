@@ -8,7 +8,8 @@ them). ``input_audio`` parts (OpenAI's ``{"data": base64, "format": "wav" | "mp3
 audio parts for a model whose graph has an audio encoder (Qwen2.5-Omni's thinker), capped at
 ``MAX_INPUT_AUDIO_BYTES`` before anything decodes them; the model decodes, resamples to its
 rate and refuses an undecodable or too long clip at admission, the 400 naming the part
-(``messages[i].content[j].input_audio.data``). ``temperature``, ``top_p``, ``max_tokens`` / ``max_completion_tokens``, ``stop`` and
+(``messages[i].content[j].input_audio.data``). vLLM's ``mm_processor_kwargs:
+{"use_audio_in_video": true}`` has such a model hear each ``video_url``'s soundtrack too. ``temperature``, ``top_p``, ``max_tokens`` / ``max_completion_tokens``, ``stop`` and
 ``seed`` map to ``SamplingParams``; fields left out keep the model's generation defaults.
 ``logprobs: true`` (and ``top_logprobs: N``) return each generated token's log-prob under the
 model (``log_softmax`` of its raw logits, from the AR loop: ``OutputSpec.return_log_probs``) as

@@ -26,6 +26,7 @@ KEY_SUITES: dict[str, tuple[str, ...]] = {
     "browser (/play in headless Chromium)": ("tests/serve/test_play.py",),
     "browser (/docs and /redoc offline)": ("tests/serve/test_docs_offline.py",),
     "Qwen3-VL video processor oracle": ("tests/models/cosmos3/test_video_processor_parity.py",),
+    "Qwen2.5-Omni video processor oracle": ("tests/models/qwen2_5_omni/test_video_input.py",),
 }
 
 

@@ -32,9 +32,12 @@ def omni_chat_dir(tmp_path_factory):
     return folder
 
 
+MAX_IMAGE_PIXELS = 2**16  # the server's cap on an image's / a video frame's pixels (the wire's header check)
+
+
 @pytest.fixture(scope="module")
 def omni_server(omni_chat_dir):
-    with live_server(omni_chat_dir, serve={"warmup": []}) as server:
+    with live_server(omni_chat_dir, serve={"warmup": [], "max_image_pixels": MAX_IMAGE_PIXELS}) as server:
         yield server
 
 
@@ -273,3 +276,112 @@ def test_image_url_answer_equals_transformers(omni_server, omni_chat_dir):
         want = hf.thinker.generate(**inputs, max_new_tokens=8, do_sample=False)[0, inputs["input_ids"].shape[1]:].tolist()
     assert [t.token for t in done.choices[0].logprobs.content] == [tokenizer.decode([i]) for i in want]
     assert done.usage.prompt_tokens == inputs["input_ids"].shape[1]
+
+
+# -- images and videos, with spoken answers ----------------------------------------------------
+
+
+def _video_url(data: bytes) -> str:
+    return "data:video/mp4;base64," + base64.b64encode(data).decode()
+
+
+def test_spoken_answers_to_an_image_and_a_video_equal_the_engine(omni_server, omni_chat_dir):
+    """``image_url`` and ``video_url`` parts with ``modalities: ["text", "audio"]`` through the
+    openai client: the transcript, the prompt's placeholders and the speech are the engine's on
+    the same conversation (the engine's equality with transformers' generate:
+    tests/models/qwen2_5_omni/test_spoken_media.py, test_video_input.py)."""
+    from omniloop.request import ImagePart, VideoPart
+    from tests.models.qwen2_5_omni.test_video_input import CLIP
+    from tests.models.qwen2_5_omni.test_vision_encoder import _png
+
+    _, pipeline = load_pipeline(omni_chat_dir, LoadOptions(device=torch.device("cpu"), dtype=torch.float32))
+    client, model = omni_server.client(), omni_server.state.model.name
+    image_url = "data:image/png;base64," + base64.b64encode(_png(112, 112, 0)).decode()
+    for kind, url, part, placeholders in (("image", image_url, ImagePart(b64=image_url, role="reference"), 16),
+                                          ("video", _video_url(CLIP), VideoPart(b64=_video_url(CLIP)), 280)):
+        content = [{"type": "text", "text": "what is it"}, {"type": f"{kind}_url", f"{kind}_url": {"url": url}}]
+        done = client.chat.completions.create(model=model, messages=[{"role": "user", "content": content}], temperature=0,
+                                              max_tokens=8, seed=7, modalities=["text", "audio"],
+                                              audio={"voice": "Chelsie", "format": "wav"})
+        request = OmniRequest(task=TaskType.REASON, inputs=[TextPart(text="what is it", role="user"), part],
+                              sampling=SamplingParams(temperature=0.0, max_tokens=8, seed=7),
+                              outputs=OutputSpec(modalities=[Modality.TEXT, Modality.AUDIO], voice="Chelsie"))
+        want = run_request(pipeline, request)
+        assert done.choices[0].message.audio.transcript == want.text.text, kind
+        assert done.usage.prompt_tokens == want.text.prompt_tokens > placeholders, kind  # the placeholders expanded
+        samples, rate = read_audio(base64.b64decode(done.choices[0].message.audio.data))
+        assert rate == 24000 and samples.shape == tuple(want.audio.samples.shape), kind
+        assert np.abs(samples - want.audio.samples.numpy()).max() <= 1 / 32767 + 1e-6, kind
+    # the video's answer streamed (pcm16: token2wav window by window behind the talker, on the same positions)
+    chunks = list(client.chat.completions.create(model=model, messages=[{"role": "user", "content": content}],
+                                                 temperature=0, max_tokens=8, seed=7, stream=True,
+                                                 modalities=["text", "audio"], audio={"voice": "Chelsie", "format": "pcm16"}))
+    deltas = [c.choices[0].delta.audio for c in chunks if c.choices and c.choices[0].delta.audio is not None]
+    assert "".join(d.transcript or "" for d in deltas) == want.text.text
+    pcm = np.concatenate([np.frombuffer(base64.b64decode(d.data), dtype="<i2") for d in deltas if d.data])
+    assert pcm.size == want.audio.samples.shape[1]  # the same codes: as many samples as the whole decode
+
+
+def _clip(frames: int, fps: int, size: tuple[int, int] = (16, 16)) -> bytes:
+    from omniloop.io.video import encode_mp4
+
+    return encode_mp4(np.zeros((frames, *size, 3), dtype=np.uint8), fps)
+
+
+@pytest.mark.parametrize("clip, says", [
+    (b"\x00\x00\x00\x18ftypmp42 not a video", "cannot decode this video"),
+    ((400, 1), "the video is 400.0 s long, over the 384 s this model reads"),
+    ((2, 4, (256, 320)), f"over this server's {MAX_IMAGE_PIXELS:,} (max_image_pixels)"),
+])
+def test_bad_video_url_is_a_400_naming_the_part(omni_server, clip, says):
+    """An undecodable, too long or too large video: a 400 whose param is the part's path and whose
+    message names the limit; the engine keeps serving."""
+    data = clip if isinstance(clip, bytes) else _clip(*clip)
+    client, model = omni_server.client(), omni_server.state.model.name
+    content = [{"type": "text", "text": "what happens"}, {"type": "video_url", "video_url": {"url": _video_url(data)}}]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=model, max_tokens=2, messages=[{"role": "user", "content": content}])
+    body = err.value.body
+    assert body["param"] == "messages[0].content[1].video_url.url", body
+    assert says in body["message"], body
+    ok = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=2, temperature=0)
+    assert ok.choices[0].message.content is not None  # the engine keeps serving
+
+
+def test_a_video_heard_with_its_soundtrack_equals_the_engine(omni_server, omni_chat_dir):
+    """vLLM's ``mm_processor_kwargs: {"use_audio_in_video": true}`` (openai's ``extra_body``): the
+    soundtrack's placeholders join the frames' (the engine's answer with
+    ``node_params["chat"].use_audio_in_video``; equal to transformers:
+    tests/models/qwen2_5_omni/test_video_input.py). A video without a soundtrack is a 400 naming
+    the part; a wrong key in mm_processor_kwargs names itself."""
+    from omniloop.io.video import encode_mp4
+    from omniloop.request import VideoPart
+    from tests.models.qwen2_5_omni.test_video_input import CLIP, FRAMES
+
+    t = np.arange(16000) / 16000
+    clip = encode_mp4(FRAMES, 4, audio=(np.sin(2 * np.pi * 440 * t) * 0.3)[None].astype(np.float32), sample_rate=16000)
+    client, model = omni_server.client(), omni_server.state.model.name
+    content = [{"type": "text", "text": "what is it"}, {"type": "video_url", "video_url": {"url": _video_url(clip)}}]
+    heard = {"mm_processor_kwargs": {"use_audio_in_video": True}}
+    done = client.chat.completions.create(model=model, messages=[{"role": "user", "content": content}], temperature=0,
+                                          max_tokens=6, seed=7, extra_body=heard)
+    seen = client.chat.completions.create(model=model, messages=[{"role": "user", "content": content}], temperature=0,
+                                          max_tokens=6, seed=7)
+    _, pipeline = load_pipeline(omni_chat_dir, LoadOptions(device=torch.device("cpu"), dtype=torch.float32))
+    want = run_request(pipeline, OmniRequest(
+        task=TaskType.REASON, inputs=[TextPart(text="what is it", role="user"), VideoPart(b64=_video_url(clip))],
+        sampling=SamplingParams(temperature=0.0, max_tokens=6, seed=7), node_params={"chat": {"use_audio_in_video": True}}))
+    assert done.choices[0].message.content == want.text.text
+    assert done.usage.prompt_tokens == want.text.prompt_tokens
+    # 1 s of sound: 25 placeholders (26 with AAC's padding frames), and <|audio_bos|> <|audio_eos|>
+    assert 25 + 2 <= done.usage.prompt_tokens - seen.usage.prompt_tokens <= 26 + 2
+    mute = [{"type": "text", "text": "what is it"}, {"type": "video_url", "video_url": {"url": _video_url(CLIP)}}]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=model, messages=[{"role": "user", "content": mute}], max_tokens=2,
+                                       extra_body=heard)
+    assert err.value.body["param"] == "messages[0].content[1].video_url.url", err.value.body
+    assert "soundtrack" in err.value.body["message"] and "use_audio_in_video" in err.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=2,
+                                       extra_body={"mm_processor_kwargs": {"fps": 2}})
+    assert err.value.body["param"].startswith("mm_processor_kwargs"), err.value.body

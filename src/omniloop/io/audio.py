@@ -156,8 +156,12 @@ def read_audio_mono(source: bytes | BinaryIO, rate: int, max_seconds: float) -> 
         if not container.streams.audio:
             raise ValueError("the file has no audio stream; send a wav or mp3 file")
         stream = container.streams.audio[0]
-        if container.duration is not None and container.duration / 1e6 > max_seconds + 0.5:  # header (us), a rough bound
-            raise ValueError(f"the audio is {container.duration / 1e6:.1f} s long, over the {max_seconds:g} s this "
+        # the header's length, a rough bound: the audio stream's own (a video's soundtrack may be
+        # shorter than its container), else the container's (us)
+        seconds = (float(stream.duration * stream.time_base) if stream.duration is not None and stream.time_base
+                   else None if container.duration is None else container.duration / 1e6)
+        if seconds is not None and seconds > max_seconds + 0.5:
+            raise ValueError(f"the audio is {seconds:.1f} s long, over the {max_seconds:g} s this "
                              f"model reads; send at most {max_seconds:g} s")
         resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
         chunks: list[np.ndarray] = []

@@ -8,7 +8,8 @@ them). ``input_audio`` parts (OpenAI's ``{"data": base64, "format": "wav" | "mp3
 audio parts for a model whose graph has an audio encoder (Qwen2.5-Omni's thinker), capped at
 ``MAX_INPUT_AUDIO_BYTES`` before anything decodes them; the model decodes, resamples to its
 rate and refuses an undecodable or too long clip at admission, the 400 naming the part
-(``messages[i].content[j].input_audio.data``). ``temperature``, ``top_p``, ``max_tokens`` / ``max_completion_tokens``, ``stop`` and
+(``messages[i].content[j].input_audio.data``). vLLM's ``mm_processor_kwargs:
+{"use_audio_in_video": true}`` has such a model hear each ``video_url``'s soundtrack too. ``temperature``, ``top_p``, ``max_tokens`` / ``max_completion_tokens``, ``stop`` and
 ``seed`` map to ``SamplingParams``; fields left out keep the model's generation defaults.
 ``logprobs: true`` (and ``top_logprobs: N``) return each generated token's log-prob under the
 model (``log_softmax`` of its raw logits, from the AR loop: ``OutputSpec.return_log_probs``) as
@@ -80,6 +81,13 @@ class StreamOptions(_Wire):
     include_usage: bool = False
 
 
+class MMProcessorKwargs(_Wire):
+    """vLLM's ``mm_processor_kwargs`` (what its server hands the HF processor), the one key we read."""
+
+    use_audio_in_video: bool = Field(default=False, description="Qwen2.5-Omni: read each video_url's soundtrack "
+                                     "too, interleaved with its frames (transformers' use_audio_in_video)")
+
+
 class ChatCompletionRequest(_Wire):
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
@@ -101,6 +109,8 @@ class ChatCompletionRequest(_Wire):
     modalities: list[Literal["text", "audio"]] | None = Field(
         default=None, min_length=1, description='["text"] (default) or ["text", "audio"]: a spoken answer too')
     audio: AudioRequest | None = Field(default=None, description="with modalities audio: {voice, format}")
+    mm_processor_kwargs: MMProcessorKwargs | None = Field(
+        default=None, description='{"use_audio_in_video": true}: videos heard too (vLLM\'s field)')
 
 
 # -- translation --------------------------------------------------------------------------
@@ -133,13 +143,15 @@ def _input_audio(part: ContentPart, index: int, where: str, model: ServedModel, 
 
 def _part_fields(wire: ChatCompletionRequest) -> dict[str, str]:
     """Request-plane ``inputs[k]`` -> the content part's wire path, for an admission refusal that
-    names one part (a clip the model cannot decode or that is too long)."""
+    names one part (a clip the model cannot decode or that is too long, a video it cannot see)."""
     fields, k = {}, 0
     for i, message in enumerate(wire.messages):
         parts = [None] if isinstance(message.content, str) else message.content
         for j, part in enumerate(parts):
             if part is not None and part.type == "input_audio":
                 fields[f"inputs[{k}]"] = f"messages[{i}].content[{j}].input_audio.data"
+            elif part is not None and part.type in ("image_url", "video_url"):
+                fields[f"inputs[{k}]"] = f"messages[{i}].content[{j}].{part.type}.url"
             k += 1
     return fields
 
@@ -197,8 +209,21 @@ def chat_request(wire: ChatCompletionRequest, request_id: str, state: ServeState
     with wire_errors():  # max_completion_tokens: OpenAI's newer name of max_tokens
         sampling.put_flat(given, {"max_completion_tokens": "max_tokens"})
         request = build_request(TaskType.REASON, None, parts=inputs, sampling=sampling, request_id=request_id,
-                                outputs=outputs, model=model.route)  # a ModelPool's name for it (None: the one model)
+                                outputs=outputs, model=model.route,  # a ModelPool's name for it (None: the one model)
+                                node_params=_video_sound(wire, model))
     return _with_speech(wire, request)
+
+
+def _video_sound(wire: ChatCompletionRequest, model: ServedModel) -> dict[str, dict[str, Any]] | None:
+    """``mm_processor_kwargs.use_audio_in_video`` -> the chat node's knob (a model whose graph
+    hears audio in a conversation: Qwen2.5-Omni's ``chat`` node reads it)."""
+    if wire.mm_processor_kwargs is None or not wire.mm_processor_kwargs.use_audio_in_video:
+        return None
+    if not model.takes_audio:
+        param = "mm_processor_kwargs.use_audio_in_video"
+        raise ApiError(400, f"{param}: {model.name!r} has no audio encoder, so it cannot hear a video's soundtrack; "
+                       "drop use_audio_in_video", param=param, code="unsupported")
+    return {"chat": {"use_audio_in_video": True}}
 
 
 def _logprobs_spec(wire: ChatCompletionRequest, has_ar_loop: bool, name: str) -> OutputSpec | None:

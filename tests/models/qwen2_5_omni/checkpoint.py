@@ -24,10 +24,11 @@ CORPUS = [
     "say hello to the user", "one two three four five six", "user: assistant: system:",
 ]
 PROMPTS = ["the cat", "hello world, the quick brown fox", "say one two three"]
-# text messages render as before; audio and image entries render as the released template renders them
+# text messages render as before; audio, image and video entries render as the released template renders them
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_end|>{{ m['role'] }}: {% if m['content'] is string %}{{ m['content'] }}"
                  "{% else %}{% for c in m['content'] %}{% if c['type'] == 'audio' %}<|audio_bos|><|AUDIO|><|audio_eos|>"
                  "{% elif c['type'] == 'image' %}<|vision_bos|><|IMAGE|><|vision_eos|>"
+                 "{% elif c['type'] == 'video' %}<|vision_bos|><|VIDEO|><|vision_eos|>"
                  "{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}{{ '\\n' }}{% endfor %}"
                  "{% if add_generation_prompt %}assistant: {% endif %}")
 # codec ids of the tiny talker (the released model's are 8292..8296 of 8448)
@@ -60,7 +61,7 @@ def tiny_omni_config(tokenizer, **overrides: Any):
     vocab = len(tokenizer)
     rope = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 1, 1]}  # head_dim 8
     text = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, max_position_embeddings=256, rope_parameters=rope, initializer_range=0.2,
+                num_key_value_heads=2, max_position_embeddings=512, rope_parameters=rope, initializer_range=0.2,
                 eos_token_id=ids[EOS], pad_token_id=ids[EOS], tie_word_embeddings=False)
     audio = dict(num_mel_bins=16, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=32, d_model=16,
                  output_dim=32, n_window=4, max_source_positions=64)

@@ -82,8 +82,7 @@ def hf_inputs(folder, tokenizer, text: str, clips: list[bytes], pad: bool = Fals
             "feature_attention_mask": feats["attention_mask"]}
 
 
-CLIPS = [wav_bytes(tone(12000, 0)), wav_bytes(tone(3000, 1))]
-_PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC")  # 0.75 s (2 chunks of the tiny encoder), 0.19 s
+CLIPS = [wav_bytes(tone(12000, 0)), wav_bytes(tone(3000, 1))]  # 0.75 s (2 chunks of the tiny encoder), 0.19 s
 
 
 @torch.inference_mode()
@@ -150,9 +149,6 @@ def test_bad_audio_is_refused_naming_the_part(omni_pipeline):
                      sampling=SamplingParams(max_tokens=4)), "inputs[1]", "conversation"),
         (OmniRequest(task=TaskType.REASON, inputs=[TextPart(text="x", role="user"), ImagePart(b64=b64)],
                      sampling=SamplingParams(max_tokens=4)), "inputs[1]", "cannot decode the image"),
-        (audio_request("x", [CLIPS[0]], speech=True).model_copy(update={"inputs": [
-            TextPart(text="x", role="user"), ImagePart(b64=base64.b64encode(_PNG).decode())]}), "inputs[1]",
-         "spoken answer to images"),
     ]
     for request, field, says in cases:
         with pytest.raises(InvalidRequest, match=re.escape(says)) as caught:

@@ -11,7 +11,7 @@ import torch
 from omniloop.api.generator import VideoGenerator
 from omniloop.engine.offline import run_request
 from omniloop.io.audio import read_audio, write_audio
-from omniloop.request import ImagePart, OmniRequest, SamplingParams, TaskType, TextPart, VideoPart
+from omniloop.request import ActionPart, ImagePart, OmniRequest, SamplingParams, TaskType, TextPart
 from tests.models.qwen2_5_omni.checkpoint import PROMPTS
 from tests.models.qwen2_5_omni.helpers import omni_request
 
@@ -54,6 +54,34 @@ def test_concurrent_spoken_answers_batch_and_equal_solo(omni_generator, omni_pip
         assert (together.audio.samples - alone.audio.samples).abs().max() <= 1e-6
 
 
+@torch.inference_mode()
+def test_spoken_answers_to_images_and_videos_batch_with_text_and_equal_solo(omni_generator, omni_pipeline):
+    """A spoken answer to an image (3-D talker positions), one to a video and one to text run at
+    once: their thinker and talker steps batch (rows with and without 3-D positions in one
+    forward), and each equals its solo run."""
+    import base64
+
+    from tests.models.qwen2_5_omni.test_spoken_media import spoken_request
+    from tests.models.qwen2_5_omni.test_video_input import video_part
+    from tests.models.qwen2_5_omni.test_vision_encoder import _png
+
+    image = ImagePart(b64=base64.b64encode(_png(112, 112, 0)).decode(), role="reference")
+    requests = [spoken_request([TextPart(text="what is it", role="user"), image]),
+                spoken_request([TextPart(text="what happens", role="user"), video_part()], seed=6),
+                omni_request(PROMPTS[0])]
+    solo = [run_request(omni_pipeline, r) for r in requests]
+    engine = omni_generator.engine
+    ids = [engine.add_request(r) for r in requests]
+    for rid in ids:
+        engine.run_until_done(rid)
+    for alone, rid in zip(solo, ids):
+        together = engine.pop_output(rid)
+        assert together.status.value == "completed", together.error
+        assert together.text.token_ids == alone.text.token_ids
+        assert together.audio.samples.shape == alone.audio.samples.shape
+        assert (together.audio.samples - alone.audio.samples).abs().max() <= 1e-6  # measured 0.0
+
+
 def test_a_text_only_request_runs_only_the_thinker(omni_pipeline):
     out = run_request(omni_pipeline, omni_request(PROMPTS[1], speech=False))
     assert out.status.value == "completed" and out.text.token_ids and out.audio is None
@@ -68,8 +96,10 @@ def test_bad_input_is_refused_naming_the_field(omni_pipeline):
         run_request(omni_pipeline, OmniRequest(task=TaskType.REASON, inputs=[TextPart(text="hi", role="user"), image],
                                                sampling=SamplingParams(max_tokens=4)))
     assert err.value.fields == ("inputs[1]",)
-    video = VideoPart(data=np.zeros((2, 8, 8, 3), dtype=np.uint8))
-    with pytest.raises(ValueError, match=r"inputs carry \['video'\].*video is not run yet"):
-        run_request(omni_pipeline, OmniRequest(task=TaskType.REASON, inputs=[TextPart(text="hi", role="user"), video]))
+    action = ActionPart(values=[[0.0, 1.0]])
+    with pytest.raises(ValueError, match=r"inputs carry \['action'\] parts; Qwen2.5-Omni reads text, audio, images "
+                                         r"and videos") as err:
+        run_request(omni_pipeline, OmniRequest(task=TaskType.REASON, inputs=[TextPart(text="hi", role="user"), action]))
+    assert err.value.fields == ("inputs",)
     with pytest.raises(ValueError, match=r"node_params\['talker'\]\.max_tokens"):
         run_request(omni_pipeline, omni_request(PROMPTS[0]).model_copy(update={"node_params": {"talker": {"max_tokens": 0}}}))

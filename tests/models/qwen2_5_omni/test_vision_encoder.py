@@ -107,11 +107,12 @@ def test_greedy_text_given_images_equals_transformers(omni_hf, omni_pipeline, om
 def test_rope_positions_equal_get_rope_index(omni_hf, omni_dir):
     """Our 3-D positions and decode delta of a prompt with two images and text between them are
     transformers' ``get_rope_index``'s."""
-    from omniloop.models.families.qwen2_5_omni.image_prompt import rope_positions
+    from omniloop.models.families.qwen2_5_omni.image_prompt import VisionRun, rope_positions
 
     hf, tokenizer = omni_hf
     inputs = _hf_image_inputs(omni_dir, tokenizer, "what is it", [_png(96, 64, 0), _png(60, 130, 1)])
     want, delta = hf.thinker.get_rope_index(inputs["input_ids"], inputs["image_grid_thw"], None, inputs["attention_mask"])
     image = tokenizer.convert_tokens_to_ids("<|IMAGE|>")
-    got, ours = rope_positions(inputs["input_ids"][0].tolist(), image, [tuple(g) for g in inputs["image_grid_thw"].tolist()], 2)
+    runs = [VisionRun(image, tuple(g)) for g in inputs["image_grid_thw"].tolist()]
+    got, ours = rope_positions(inputs["input_ids"][0].tolist(), runs, 2)
     assert torch.equal(got, want[:, 0]) and ours == int(delta) and ours < 0  # images take fewer positions than tokens

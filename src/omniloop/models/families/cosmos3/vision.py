@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from omniloop.models.checkpoint_files import cast_to, read_tensors, stored_keys, weight_files
+from omniloop.models.layers.vision_patches import resize_frames, video_patches
 from omniloop.pipeline.loops.ar import PromptTokens
 
 VIT_KEYS = re.compile(r"^(?:model\.visual\.)?((?:blocks|merger|patch_embed|pos_embed|deepstack_merger_list)\..*)$")
@@ -208,18 +209,6 @@ def sample_indices(cfg: VideoProcessing, total: int, fps: float) -> list[int]:
     return np.linspace(0, total - 1, n).round().astype(int).tolist()
 
 
-def resize_frames(video: torch.Tensor, h: int, w: int) -> torch.Tensor:
-    """``video [T, 3, H, W]`` uint8 -> ``[T, 3, h, w]`` uint8, exactly as transformers'
-    torchvision backend resizes it on CPU (``tvF.resize(BICUBIC, antialias=True)``; torchvision
-    0.28's ``resize_image`` keeps uint8 for bicubic on CPU and calls ``interpolate`` on it, i.e.
-    torch's fixed-point uint8 antialiased kernel, not float-then-round). Unchanged when the
-    size already matches (torchvision returns its input then)."""
-    if (h, w) == tuple(video.shape[-2:]):
-        return video
-    return torch.nn.functional.interpolate(video.contiguous(), size=[h, w], mode="bicubic", align_corners=False,
-                                           antialias=True)
-
-
 def video_media(cfg: VideoProcessing, frames: torch.Tensor, fps: float) -> Media:
     """``frames [F, H, W, 3]`` uint8 at ``fps`` -> patches (``Qwen3VLVideoProcessor``: frame
     sampling, resize, fused rescale + normalize, pad to whole temporal patches, patchify) and
@@ -230,22 +219,13 @@ def video_media(cfg: VideoProcessing, frames: torch.Tensor, fps: float) -> Media
         raise ValueError(f"a video prompt needs at least {cfg.temporal_patch_size} frames, got {len(index)}")
     video = frames[index].permute(0, 3, 1, 2).contiguous()  # [T, 3, H, W] uint8
     h, w = _video_size(cfg, len(index), video.shape[2], video.shape[3])
-    video = resize_frames(video, h, w)
-    # transformers fuses rescale into normalize: (x - mean/r) / (std/r), in float32
-    mean = torch.tensor(cfg.mean) * (1.0 / cfg.rescale_factor)
-    std = torch.tensor(cfg.std) * (1.0 / cfg.rescale_factor)
-    video = video.to(torch.float32).sub_(mean.view(3, 1, 1)).div_(std.view(3, 1, 1))
-    pad = -video.shape[0] % cfg.temporal_patch_size
-    if pad:
-        video = torch.cat([video, video[-1:].expand(pad, -1, -1, -1)])
-    tp, p, m = cfg.temporal_patch_size, cfg.patch_size, cfg.merge_size
-    gt, gh, gw = video.shape[0] // tp, h // p, w // p
-    patches = video.view(gt, tp, 3, gh // m, m, p, gw // m, m, p).permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
-    pixels = patches.reshape(gt * gh * gw, 3 * tp * p * p)
+    pixels, grid = video_patches(resize_frames(video, h, w), mean=cfg.mean, std=cfg.std, rescale_factor=cfg.rescale_factor,
+                                 temporal_patch=cfg.temporal_patch_size, patch=cfg.patch_size, merge=cfg.merge_size)
+    tp = cfg.temporal_patch_size
     # a group's time: the mean of its first and last frame's (the last index repeats to fill it)
     padded = index + [index[-1]] * (-len(index) % tp)
     stamps = tuple((padded[i] / fps + padded[i + tp - 1] / fps) / 2 for i in range(0, len(padded), tp))
-    return Media("video", pixels, (gt, gh, gw), stamps)
+    return Media("video", pixels, grid, stamps)
 
 
 VIDEO_SLOT = f"{VISION_START}{VIDEO_PAD}{VISION_END}"  # what the chat template renders for a video

@@ -91,16 +91,21 @@ def frames_of(feature_extractor: Any, audio: AudioInput) -> int:
 
 def expand_placeholders(ids: Sequence[int], token: int, counts: Sequence[int]) -> list[int]:
     """Each occurrence of ``token`` in ``ids`` repeated ``counts[k]`` times (the k-th part's)."""
+    return replace_placeholders(ids, token, [[token] * n for n in counts])
+
+
+def replace_placeholders(ids: Sequence[int], token: int, replacements: Sequence[Sequence[int]]) -> list[int]:
+    """The k-th occurrence of ``token`` in ``ids`` replaced by ``replacements[k]``."""
     out: list[int] = []
     k = 0
     for t in ids:
         if t == token:
-            assert k < len(counts), "more placeholders than media parts"
-            out += [token] * counts[k]
+            assert k < len(replacements), "more placeholders than media parts"
+            out += replacements[k]
             k += 1
         else:
             out.append(t)
-    assert k == len(counts), f"{len(counts)} media parts but {k} placeholders"
+    assert k == len(replacements), f"{len(replacements)} media parts but {k} placeholders"
     return out
 
 

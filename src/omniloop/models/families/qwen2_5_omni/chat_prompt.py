@@ -1,6 +1,6 @@
-"""The ``chat`` node of Qwen2.5-Omni: the conversation through the chat template; with audio or
-image parts, their encoders' embeddings by prompt position (:class:`MediaPromptTokens`, the
-thinker loop's ``lm_inputs``) and, with images, the 3-D rotary positions."""
+"""The ``chat`` node of Qwen2.5-Omni: the conversation through the chat template; with audio,
+image or video parts, their encoders' embeddings by prompt position (:class:`MediaPromptTokens`, the
+thinker loop's ``lm_inputs``) and, with images or videos, the 3-D rotary positions."""
 
 from __future__ import annotations
 
@@ -10,10 +10,15 @@ from typing import Sequence
 import torch
 
 from omniloop.models.families.qwen2_5_omni.audio_prompt import (
-    audio_embeds, audio_parts, count_placeholders, decode_audio, expand_placeholders,
+    audio_embeds, audio_parts, count_placeholders, decode_audio, expand_placeholders, replace_placeholders,
 )
-from omniloop.models.families.qwen2_5_omni.image_prompt import image_embeds, image_parts, process_image, rope_positions
+from omniloop.models.families.qwen2_5_omni.image_prompt import (
+    POSITION_PER_SECOND, VisionRun, image_embeds, image_parts, process_image, rope_positions,
+)
 from omniloop.models.families.qwen2_5_omni.media import MediaEmbeds, MediaPromptTokens
+from omniloop.models.families.qwen2_5_omni.video_prompt import (
+    ChatParams, process_video, soundtrack, video_embeds, video_parts,
+)
 from omniloop.pipeline.stages.chat import ChatPrompt, chat_ids, chat_messages
 from omniloop.pipeline.state import RequestState, StageContext
 
@@ -39,38 +44,67 @@ class OmniChatPrompt(ChatPrompt):
     feature_extractor: str = "feature_extractor"
     vision_tower: str = "vision_tower"
     image_processor: str = "image_processor"
-    audio_token_id: int = -1  # the checkpoint's <|AUDIO|> / <|IMAGE|> ids (set at build)
+    video_processing: str = "video_processing"
+    audio_token_id: int = -1  # the checkpoint's <|AUDIO|> / <|IMAGE|> / <|VIDEO|> ids (set at build)
     image_token_id: int = -1
+    video_token_id: int = -1
+    audio_start_token_id: int = -1  # <|audio_bos|> / <|audio_eos|>: a video's soundtrack between them
+    audio_end_token_id: int = -1
+    params_schema = ChatParams
 
     @property
     def components(self) -> tuple[str, ...]:
-        return (self.tokenizer, self.audio_tower, self.feature_extractor, self.vision_tower, self.image_processor)
+        return (self.tokenizer, self.audio_tower, self.feature_extractor, self.vision_tower, self.image_processor,
+                self.video_processing)
 
     @torch.inference_mode()
     def forward(self, ctx: StageContext, state: RequestState) -> None:
         ids = chat_ids(ctx.component(self.tokenizer), chat_messages(state.request, self.system_prompt))
-        sounds, pictures = audio_parts(state.request), image_parts(state.request)
-        if not sounds and not pictures:
+        sounds, pictures, clips = audio_parts(state.request), image_parts(state.request), video_parts(state.request)
+        if not sounds and not pictures and not clips:
             super().forward(ctx, state)
             return
-        runs: dict[int, list[torch.Tensor]] = {}
-        grids: list[tuple[int, int, int]] = []
-        if sounds:
+        knobs = state.node_params.get(ctx.node)
+        with_sound = clips if isinstance(knobs, ChatParams) and knobs.use_audio_in_video else []
+        runs: dict[int, list[torch.Tensor]] = {}  # placeholder token -> each part's embeddings [tokens, D], prompt order
+        heard: dict[int, int] = {}  # a video part read with its soundtrack -> the soundtrack's tokens
+        if sounds or with_sound:
             fe = ctx.component(self.feature_extractor)
             count_placeholders(ids, self.audio_token_id, len(sounds), "audio")
-            runs[self.audio_token_id] = audio_embeds(ctx.component(self.audio_tower), fe,
-                                                     [decode_audio(i, p, fe) for i, p in sounds], ctx.device, ctx.dtype)
-            ids = expand_placeholders(ids, self.audio_token_id, [e.shape[0] for e in runs[self.audio_token_id]])
+            audios = sorted([decode_audio(i, p, fe) for i, p in sounds] + [soundtrack(i, p, fe) for i, p in with_sound],
+                            key=lambda a: a.part)  # the soundtracks sit in their videos' places
+            runs[self.audio_token_id] = audio_embeds(ctx.component(self.audio_tower), fe, audios, ctx.device, ctx.dtype)
+            tokens = {a.part: e.shape[0] for a, e in zip(audios, runs[self.audio_token_id])}
+            ids = expand_placeholders(ids, self.audio_token_id, [tokens[i] for i, _ in sounds])
+            heard = {i: tokens[i] for i, _ in with_sound}
+        vision: list[VisionRun] = []
         if pictures:
-            processor, tower = ctx.component(self.image_processor), ctx.component(self.vision_tower)
             count_placeholders(ids, self.image_token_id, len(pictures), "image")
-            images = [process_image(i, p, processor) for i, p in pictures]
-            runs[self.image_token_id] = image_embeds(tower, images, ctx.device, ctx.dtype)
+            images = [process_image(i, p, ctx.component(self.image_processor)) for i, p in pictures]
+            runs[self.image_token_id] = image_embeds(ctx.component(self.vision_tower), images, ctx.device, ctx.dtype)
             ids = expand_placeholders(ids, self.image_token_id, [e.shape[0] for e in runs[self.image_token_id]])
-            grids = [im.grid for im in images]
+            vision += [VisionRun(self.image_token_id, im.grid) for im in images]
+        if clips:
+            count_placeholders(ids, self.video_token_id, len(clips), "video")
+            videos = [process_video(i, p, ctx.component(self.video_processing)) for i, p in clips]
+            runs[self.video_token_id] = video_embeds(ctx.component(self.vision_tower), videos, ctx.device, ctx.dtype)
+            clip_runs = [VisionRun(self.video_token_id, v.grid, v.seconds_per_grid, heard.get(v.part, 0)) for v in videos]
+            ids = replace_placeholders(ids, self.video_token_id, [self._video_ids(r, ctx) for r in clip_runs])
+            vision += clip_runs
         media = media_embeds(ids, runs, ctx.device)
-        if grids:  # an image makes the positions 3-D (audio alone keeps them 1-D, as transformers does)
-            positions, delta = rope_positions(ids, self.image_token_id, grids, ctx.component(self.vision_tower)
-                                              .config.spatial_merge_size)
-            media.positions, media.delta = positions.to(ctx.device), delta
+        if vision:  # an image or a video makes the positions 3-D (audio alone keeps them 1-D, as transformers does)
+            merge = ctx.component(self.vision_tower).config.spatial_merge_size
+            positions, media.delta = rope_positions(ids, vision, merge)
+            media.positions = positions.to(ctx.device)
         ctx.write(state, "prompt_tokens", MediaPromptTokens(token_ids=list(ids), lm_inputs=media))
+
+    def _video_ids(self, run: VisionRun, ctx: StageContext) -> list[int]:
+        """What a video's placeholder becomes: its cells' placeholders; read with its soundtrack,
+        ``<|audio_bos|>`` + video / audio placeholders chunk by chunk + ``<|audio_eos|>`` (the processor's)."""
+        merge = ctx.component(self.vision_tower).config.spatial_merge_size
+        t, h, w = run.grid
+        if not run.audio_tokens:
+            return [self.video_token_id] * (t * h * w // merge**2)
+        body = [self.video_token_id if kind == "video" else self.audio_token_id
+                for kind, a, b in run.interleaved(merge, POSITION_PER_SECOND) for _ in range(b - a)]
+        return [self.audio_start_token_id, *body, self.audio_end_token_id]

@@ -3,10 +3,10 @@
 14 px patches) -> the vision encoder -> embeddings that replace the prompt's ``<|IMAGE|>``
 placeholders (each expanded to ``t * h * w / merge^2``, as ``Qwen2_5OmniProcessor`` does).
 
-With an image the thinker's positions are 3-D (transformers' ``get_rope_index``): text and
-audio advance one position per token on all three planes; an image of ``h x w`` merged cells
-starting at ``p`` takes planes ``(p, p + i, p + j)`` and the next token continues at
-``p + max(h, w)``. A generated token at context index ``k`` sits at ``k + delta`` on every
+With an image (or a video) the thinker's positions are 3-D (transformers' ``get_rope_index``):
+text and audio advance one position per token on all three planes; an image of ``h x w`` merged
+cells starting at ``p`` takes planes ``(p, p + i, p + j)`` and the next token continues at
+``p + max(h, w)``; a video's frame group ``k`` adds ``k * seconds_per_grid * 25`` on the first. A generated token at context index ``k`` sits at ``k + delta`` on every
 plane (``delta = max prompt position + 1 - prompt length``).
 """
 
@@ -20,6 +20,10 @@ import torch
 from omniloop.io.image import open_image
 from omniloop.models.families.qwen2_5_omni.vision_encoder import OmniVisionEncoder
 from omniloop.request import ImagePart, InvalidRequest, OmniRequest
+
+
+SECONDS_PER_CHUNK = 2.0  # the processor's / get_rope_index's seconds_per_chunk
+POSITION_PER_SECOND = 25  # position_id_per_seconds: the temporal plane's positions per second
 
 
 @dataclass(frozen=True)
@@ -60,31 +64,99 @@ def image_embeds(tower: OmniVisionEncoder, images: Sequence[ImageInput], device:
     return list(out.split([im.tokens(merge) for im in images]))
 
 
-def rope_positions(ids: Sequence[int], image_token: int, grids: Sequence[tuple[int, int, int]], merge: int,
-                   seconds_per_position: float = 25.0) -> tuple[torch.Tensor, int]:
-    """``[3, len(ids)]`` multimodal positions of a prompt whose image runs are ``grids`` (in order),
-    and the decode delta. A frame's temporal plane advances ``25`` per second (one image: 0)."""
+@dataclass(frozen=True)
+class VisionRun:
+    """One image's or video's placeholder run in a prompt: its token, patch grid ``(t, h, w)``
+    and, for a video, the seconds one temporal patch spans (an image: None)."""
+
+    token: int
+    grid: tuple[int, int, int]
+    seconds_per_grid: float | None = None
+    audio_tokens: int = 0  # a video read with its soundtrack (use_audio_in_video): the soundtrack's embeddings
+
+    def planes(self, merge: int, position_per_second: int) -> torch.Tensor:
+        """``[3, t * h * w / merge^2]`` the run's positions from 0 (t, h, w planes)."""
+        t, h, w = self.grid
+        gh, gw = h // merge, w // merge
+        tt = self.temporal(position_per_second).view(-1, 1).expand(-1, gh * gw).flatten()
+        hh = torch.arange(gh).view(1, -1, 1).expand(t, -1, gw).flatten()
+        ww = torch.arange(gw).view(1, 1, -1).expand(t, gh, -1).flatten()
+        return torch.stack([tt, hh, ww])
+
+    def interleaved(self, merge: int, position_per_second: int) -> list[tuple[str, int, int]]:
+        """A video with its soundtrack, as ``Qwen2_5OmniProcessor`` lays it out: per
+        ``SECONDS_PER_CHUNK`` of time, the video's cells then the soundtrack's tokens
+        (``("video" | "audio", start, end)`` ranges of each, in prompt order)."""
+        per = int(position_per_second * SECONDS_PER_CHUNK)
+        video = chunk_bounds(self.planes(merge, position_per_second)[0].tolist(), per)
+        audio = chunk_bounds(list(range(self.audio_tokens)), per)
+        order: list[tuple[str, int, int]] = []
+        for j in range(max(len(video), len(audio))):
+            order += [("video", *video[j])] if j < len(video) else []
+            order += [("audio", *audio[j])] if j < len(audio) else []
+        return order
+
+    def temporal(self, position_per_second: int) -> torch.Tensor:
+        """``[t]`` the temporal plane's offset of each frame group (transformers' ``t_index``:
+        an image's ``arange(t) * 1 * 25``, a video's in float32 then truncated)."""
+        t = self.grid[0]
+        if self.seconds_per_grid is None:
+            return torch.arange(t) * 1 * position_per_second
+        return (torch.arange(t) * torch.tensor(self.seconds_per_grid, dtype=torch.float32) * position_per_second).long()
+
+
+def chunk_bounds(values: Sequence[int], per_chunk: int) -> list[tuple[int, int]]:
+    """transformers' ``get_chunked_index``: ``(start, end)`` ranges of the non-decreasing
+    ``values`` (time positions from 0), a new range each time a value reaches the next multiple
+    of ``per_chunk``."""
+    out, start, k = [], 0, 1
+    for i, v in enumerate(values):
+        if v >= k * per_chunk:
+            out.append((start, i))
+            start, k = i, k + 1
+    out.append((start, len(values)))
+    return out
+
+
+def _soundtrack_block(run: VisionRun, merge: int, position_per_second: int, start: int) -> torch.Tensor:
+    """``[3, video + audio tokens]`` positions of a video read with its soundtrack, from ``start``:
+    the video's cells and the soundtrack's tokens (1-D) both from ``start``, in prompt order."""
+    video = run.planes(merge, position_per_second) + start
+    audio = (torch.arange(run.audio_tokens) + start).expand(3, -1)
+    return torch.cat([(video if kind == "video" else audio)[:, a:b]
+                      for kind, a, b in run.interleaved(merge, position_per_second)], dim=1)
+
+
+def rope_positions(ids: Sequence[int], runs: Sequence[VisionRun], merge: int,
+                   position_per_second: int = POSITION_PER_SECOND) -> tuple[torch.Tensor, int]:
+    """``[3, len(ids)]`` multimodal positions of a prompt whose image / video runs are ``runs``
+    (each token's in prompt order), and the decode delta (transformers' ``get_rope_index``)."""
+    queues = {token: iter([r for r in runs if r.token == token]) for token in {r.token for r in runs}}
     planes: list[torch.Tensor] = []
-    pos, i, k = 0, 0, 0
+    pos, i, used = 0, 0, 0
     while i < len(ids):
-        if ids[i] != image_token:
+        if ids[i] not in queues:
             j = i
-            while j < len(ids) and ids[j] != image_token:
+            while j < len(ids) and ids[j] not in queues:
                 j += 1
             planes.append(torch.arange(pos, pos + j - i).expand(3, -1))
             pos += j - i
             i = j
             continue
-        t, h, w = grids[k]
-        gh, gw = h // merge, w // merge
-        tt = (torch.arange(t) * seconds_per_position).long().view(-1, 1).expand(-1, gh * gw).flatten()
-        hh = torch.arange(gh).view(1, -1, 1).expand(t, -1, gw).flatten()
-        ww = torch.arange(gw).view(1, 1, -1).expand(t, gh, -1).flatten()
-        block = torch.stack([tt, hh, ww]) + pos
+        run = next(queues[ids[i]])
+        if run.audio_tokens:  # <|vision_bos|><|audio_bos|> share one position, as do the two ends after
+            planes[-1] = planes[-1].clone()
+            planes[-1][:, -1] -= 1  # the <|audio_bos|> just before
+            block = _soundtrack_block(run, merge, position_per_second, pos - 1)
+        else:
+            block = run.planes(merge, position_per_second) + pos
         planes.append(block)
         pos = int(block.max()) + 1
-        i += t * gh * gw
-        k += 1
-    assert k == len(grids), f"{len(grids)} images but {k} placeholder runs"
+        i += block.shape[1]
+        if run.audio_tokens:
+            planes.append(torch.full((3, 2), pos))
+            pos, i = pos + 1, i + 2
+        used += 1
+    assert used == len(runs), f"{len(runs)} images / videos but {used} placeholder runs"
     positions = torch.cat(planes, dim=1)
     return positions, int(positions.max()) + 1 - len(ids)

@@ -18,6 +18,33 @@ import torch
 from omniloop.pipeline.loops.ar import PromptTokens
 
 
+@dataclass(frozen=True)
+class PromptRope:
+    """A prompt's multimodal rotary positions (transformers' ``get_rope_index``), read by the
+    thinker and, for a spoken answer, the talker: its prompt is the thinker's conversation
+    followed by text positions, so transformers' talker derives the same planes and delta."""
+
+    positions: torch.Tensor  # [3, P] long: the prompt's t / h / w planes
+    delta: int  # a position past the prompt: its context index + delta on every plane
+
+    @property
+    def prompt_len(self) -> int:
+        return int(self.positions.shape[1])
+
+    def at(self, k: torch.Tensor) -> torch.Tensor:
+        """``k [L]`` context indices -> ``[3, L]`` rotary positions."""
+        inside = k.clamp(max=self.prompt_len - 1)
+        return torch.where(k < self.prompt_len, self.positions[:, inside], (k + self.delta).expand(3, -1))
+
+
+def mixed_rope(positions: torch.Tensor, ropes: Sequence[PromptRope | None]) -> torch.Tensor:
+    """``positions [B, L]`` context indices -> ``[B, L]`` as they are when no row has 3-D positions,
+    else ``[3, B, L]`` (a row without them: its index on every plane)."""
+    if not any(r is not None for r in ropes):
+        return positions
+    return torch.stack([p[None].expand(3, -1) if r is None else r.at(p) for p, r in zip(positions, ropes)], dim=1)
+
+
 @dataclass(kw_only=True)
 class MediaEmbeds:
     """The encoder outputs of one prompt (per request; never on a shared module)."""
@@ -27,12 +54,10 @@ class MediaEmbeds:
     positions: torch.Tensor | None = None  # [3, P] long: multimodal rotary positions (images); None: 1-D
     delta: int = 0  # a position past the prompt: its context index + delta on every plane
 
-    def rope(self, start: int, length: int) -> torch.Tensor:
-        """``[3, length]`` rotary positions of context indices ``start .. start + length``."""
-        assert self.positions is not None, "1-D positions: the context index is the position"
-        k = torch.arange(start, start + length, device=self.positions.device)
-        inside = k.clamp(max=self.prompt_len - 1)
-        return torch.where(k < self.prompt_len, self.positions[:, inside], (k + self.delta).expand(3, -1))
+    @property
+    def rope(self) -> PromptRope | None:
+        """The prompt's 3-D positions (an image or a video in it), else None (1-D)."""
+        return None if self.positions is None else PromptRope(self.positions, self.delta)
 
     @property
     def prompt_len(self) -> int:
@@ -73,8 +98,4 @@ def with_media(embeds: torch.Tensor, positions: torch.Tensor, starts: Sequence[i
     if not any(m is not None for m in media):
         return embeds, positions
     embeds = torch.stack([e if m is None else m.merge(e, s) for e, m, s in zip(embeds, media, starts)])
-    if not any(m is not None and m.positions is not None for m in media):
-        return embeds, positions
-    rope = [p[None].expand(3, -1) if m is None or m.positions is None else m.rope(s, p.shape[0])
-            for p, m, s in zip(positions, media, starts)]
-    return embeds, torch.stack(rope, dim=1)
+    return embeds, mixed_rope(positions, [None if m is None else m.rope for m in media])

@@ -20,7 +20,8 @@ loads by stripping the ``thinker.`` / ``talker.`` prefix.
 Text-only and audio prompts have 1-D positions (the three planes equal), which makes the
 multimodal RoPE the plain one; the KV view's positions drive it. A prompt's audio / image
 embeddings (``ThinkerRow.media``) replace its placeholder tokens' embeddings by position, and
-an image makes its rotary positions 3-D (``media.py``).
+an image or a video makes its rotary positions 3-D (``media.py``) - the talker's too
+(``TalkerRow.rope``: its prompt is the same conversation, as transformers' talker derives it).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import torch
 from torch import nn
 
 from omniloop.cache.kv import KVLayout
-from omniloop.models.families.qwen2_5_omni.media import MediaEmbeds, with_media
+from omniloop.models.families.qwen2_5_omni.media import MediaEmbeds, PromptRope, mixed_rope, with_media
 from omniloop.models.layers.mrope import inv_frequencies
 from omniloop.models.layers.qwen2_decoder import DecoderDims, DecoderLayer, KVCacheView, RMSNorm, rope_tables
 from omniloop.models.layers.run_blocks import run_blocks
@@ -232,6 +233,7 @@ class TalkerRow:
 
     prompt_embeds: torch.Tensor  # [P, thinker_hidden]: prompt position embeddings (codec pad/bos added)
     reply: torch.Tensor  # [R, thinker_hidden]: what generated position P + k adds (k >= R - 1: the last)
+    rope: PromptRope | None = None  # the conversation's 3-D positions (an image / a video in it); None: 1-D
     prompt_len: int = field(init=False)
     # streamed from the thinker: ``reply`` is a view of the first rows of this buffer, grown by
     # doubling as the thinker's chunks arrive (``extend``); ``complete`` once its last row came
@@ -296,7 +298,8 @@ class OmniTalker(nn.Module):
         assert len(rows) == input_ids.shape[0], "every talker row needs its TalkerRow"
         positions = _positions(input_ids, kv)
         embeds = torch.stack([self._row_embeds(i, p, r) for i, p, r in zip(input_ids, positions, rows)])
-        h = self.model(self.thinker_to_talker_proj(embeds), positions, kv)
+        rope = mixed_rope(positions, [r.rope for r in rows])  # [B, L], or [3, B, L] with an image / a video
+        h = self.model(self.thinker_to_talker_proj(embeds), rope, kv)
         if logits_to_keep:
             h = h[:, -logits_to_keep:]
         logits = self.codec_head(h).float()

@@ -1,12 +1,12 @@
 """Qwen2.5-Omni ModelSpec: a transformers ``Qwen2_5OmniForConditionalGeneration`` folder -> the
 thinker -> talker -> token2wav -> vocoder graph.
 
-Task REASON (a conversation or a prompt in, text out; a conversation may carry audio and
-image parts, which the thinker's encoders read: ``chat_prompt.py``). With ``outputs.modalities`` naming
+Task REASON (a conversation or a prompt in, text out; a conversation may carry audio,
+image and video parts, which the thinker's encoders read: ``chat_prompt.py``). With ``outputs.modalities`` naming
 ``audio`` the spoken answer runs too: each node is its own loop, scheduled step by step and
 batched with other requests' steps like any loop of the engine:
 
-    chat (conversation -> prompt ids; audio / image parts -> embeddings at their placeholders)
+    chat (conversation -> prompt ids; audio / image / video parts -> embeddings at their placeholders)
     thinker   ARDecodeLoop (paged KV)     -> text, thinker_states
     talker    ARDecodeLoop (paged KV)     -> codec           [speech only]
     token2wav DenoiseLoop (DiT, rk4_flow) -> latents (mel)    [speech, not streamed]
@@ -35,6 +35,7 @@ from omniloop.models.families.qwen2_5_omni.stages import (
     streams_speech, wants_speech,
 )
 from omniloop.models.families.qwen2_5_omni.validate import make_omni_validator
+from omniloop.models.families.qwen2_5_omni.video_prompt import load_video_processing
 from omniloop.models.families.qwen2_5_omni.weights import (
     ARCHITECTURE, OmniConfig, load_audio_tower, load_bigvgan, load_dit, load_speakers, load_talker, load_thinker,
     load_vision_tower, read_config,
@@ -108,6 +109,12 @@ def _load_image_processor(root: Path, index: Mapping[str, Any], options: LoadOpt
     return AutoImageProcessor.from_pretrained(str(root))
 
 
+def _load_video_processing(root: Path, index: Mapping[str, Any], options: LoadOptions):
+    """The processor's video preprocessing (``video_prompt.VideoProcessing``), or None: then
+    videos are refused at admission."""
+    return load_video_processing(root)
+
+
 def _load_dit(root: Path, index: Mapping[str, Any], options: LoadOptions):
     return load_dit(root, _config(root, index), device=options.device)
 
@@ -155,6 +162,8 @@ def omni_variant(index: Mapping[str, Any]) -> Variant:
                    optional=True),
         WeightSpec(component="image_processor", kind="Qwen2VLImageProcessor", subfolder=".",
                    load=_load_image_processor, optional=True),
+        WeightSpec(component="video_processing", kind="Qwen2VLVideoProcessor preprocessing", subfolder=".",
+                   load=_load_video_processing, optional=True),
         WeightSpec(component="generation", kind="generation defaults", subfolder=".", load=_load_generation,
                    optional=True),
     )
@@ -164,10 +173,12 @@ def omni_variant(index: Mapping[str, Any]) -> Variant:
 
 def omni_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = None, max_codes: int = 4096,
                        streams: tuple[StreamEdge, ...] = STREAM_EDGES, audio_token_id: int = -1,
-                       image_token_id: int = -1) -> PipelineSpec:
+                       image_token_id: int = -1, video_token_id: int = -1,
+                       audio_frame: tuple[int, int] = (-1, -1)) -> PipelineSpec:
     """``talker_text``: the talker node's own loop defaults (its stop codes, transformers'
     talker sampling), over the pipeline's (the thinker's); ``audio_token_id``: the checkpoint's
-    ``<|AUDIO|>`` / ``<|IMAGE|>`` placeholders."""
+    ``<|AUDIO|>`` / ``<|IMAGE|>`` / ``<|VIDEO|>`` placeholders; ``audio_frame``: its ``<|audio_bos|>``,
+    ``<|audio_eos|>`` (around a video's soundtrack)."""
     components = {w.component: ComponentSpec(name=w.component, kind=w.kind, optional=w.optional) for w in variant.weights}
     for name, kind in (("thinker_kv", "paged text-KV pool of the thinker (built)"),
                        ("talker_kv", "paged KV pool of the talker (built)"),
@@ -182,7 +193,9 @@ def omni_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = None
         tasks=variant.tasks,
         components=components,
         nodes=(
-            Node("chat", OmniChatPrompt(audio_token_id=audio_token_id, image_token_id=image_token_id),
+            Node("chat", OmniChatPrompt(audio_token_id=audio_token_id, image_token_id=image_token_id,
+                                        video_token_id=video_token_id, audio_start_token_id=audio_frame[0],
+                                        audio_end_token_id=audio_frame[1]),
                  when=opt("a conversation (text parts with roles)", is_chat)),
             Node("thinker", ThinkerLoop(lm_component="thinker", tokenizer_component="tokenizer",
                                         kv_component="thinker_kv")),
@@ -197,7 +210,7 @@ def omni_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = None
         ),
         outputs={"text": "text", "audio": "audio"},
         streams=streams,
-        conversation_media=frozenset({Modality.AUDIO, Modality.IMAGE}),
+        conversation_media=frozenset({Modality.AUDIO, Modality.IMAGE, Modality.VIDEO}),
     )
 
 
@@ -225,13 +238,15 @@ def build_omni(variant: Variant, index: Mapping[str, Any], components: Mapping[s
                                   text=thinker_text)
     return Pipeline(
         spec=omni_pipeline_spec(variant, talker_text, max_codes, audio_token_id=config.audio_token_id,
-                                image_token_id=config.image_token_id),
+                                image_token_id=config.image_token_id, video_token_id=config.video_token_id,
+                                audio_frame=(config.audio_start_token_id, config.audio_end_token_id)),
         components=components, device=options.device, dtype=options.dtype, defaults=defaults,
         validate_request=make_omni_validator(components["tokenizer"], config, pool=pools["thinker_kv"],
                                              audio_tower=components.get("audio_tower"),
                                              feature_extractor=components.get("feature_extractor"),
                                              vision_tower=components.get("vision_tower"),
-                                             image_processor=components.get("image_processor")),
+                                             image_processor=components.get("image_processor"),
+                                             video_processing=components.get("video_processing")),
     )
 
 

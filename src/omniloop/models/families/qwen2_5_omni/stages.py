@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from omniloop.cache.paged_kv import BlockPool
 from omniloop.models.families.qwen2_5_omni.bigvgan import SAMPLE_RATE, BigVGAN
 from omniloop.models.families.qwen2_5_omni.dit import Token2WavDiT
-from omniloop.models.families.qwen2_5_omni.media import MediaPromptTokens
+from omniloop.models.families.qwen2_5_omni.media import MediaPromptTokens, PromptRope
 from omniloop.models.families.qwen2_5_omni.presets import TOKEN2WAV_SWAY
 from omniloop.models.families.qwen2_5_omni.model import OmniTalker, OmniThinker, TalkerRow, ThinkerRow
 from omniloop.models.families.qwen2_5_omni.weights import Speaker
@@ -77,6 +77,7 @@ class ThinkerChunk(Artifact):
     ids: list[int]  # the token at each position
     hidden: torch.Tensor  # [len(ids), D] the final hidden state of each position
     media: torch.Tensor | None = None  # [len(ids)] bool: an encoder's embedding there (the talker reads zeros)
+    rope: PromptRope | None = None  # the first chunk's: the conversation's 3-D positions (an image / a video)
 
 
 @dataclass(kw_only=True)
@@ -183,7 +184,9 @@ class ThinkerLoop(ARDecodeLoop):
         row.streamed = end
         ids = (loop.prompt_ids + loop.output_ids)[start:end]
         media = row.media.mask(start, end) if row.media is not None and start < p else None
-        return ThinkerChunk(prompt_len=p, start=start, ids=ids, hidden=row.hidden[start:end].clone(), media=media)
+        rope = row.media.rope if row.media is not None and start == 0 else None
+        return ThinkerChunk(prompt_len=p, start=start, ids=ids, hidden=row.hidden[start:end].clone(), media=media,
+                            rope=rope)
 
     def finalize(self, ctx: StageContext, loop: ARLoopState, state: RequestState) -> None:
         if isinstance(loop.lm_inputs, ThinkerRow) and loop.lm_inputs.record_states:
@@ -229,7 +232,9 @@ def talker_prompt(thinker: OmniThinker, talker: OmniTalker, first: ThinkerChunk,
     codec = talker.model.embed_tokens(torch.tensor([tok.codec_bos, tok.codec_pad], device=device))
     embeds[-1] += codec[0]
     embeds[-2] += codec[1]
-    row = TalkerRow(prompt_embeds=embeds, reply=states[p + 1:].clone())
+    # transformers' talker derives its positions with get_rope_index over the conversation's ids
+    # (then text): the thinker's 3-D prompt positions and delta, carried by the first chunk
+    row = TalkerRow(prompt_embeds=embeds, reply=states[p + 1:].clone(), rope=first.rope)
     row.complete = False
     return row
 

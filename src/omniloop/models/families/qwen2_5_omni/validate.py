@@ -1,24 +1,31 @@
 """Admission checks of a Qwen2.5-Omni request: what a text LM checks (``make_ar_validator``);
-audio and image parts only in a conversation, only with the checkpoint's encoder and its
+audio, image and video parts only in a conversation, only with the checkpoint's encoder and its
 preprocessor, each decodable (audio within the feature extractor's window; decoding stops at
 the cap); the prompt with every placeholder expanded within the context and the KV pool.
-Video parts are refused, and a spoken answer to images (the talker's 3-D positions are not
-built yet)."""
+Video parts: their placeholders counted from the container's header (frames sampled at 2 fps,
+each frame's resized size), refused past the duration / frame-size limits before any frame
+decodes."""
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
+from pydantic import ValidationError
+
 from omniloop.cache.paged_kv import BlockPool
 from omniloop.models.families.qwen2_5_omni.audio_encoder import OmniAudioEncoder, audio_tokens
 from omniloop.models.families.qwen2_5_omni.audio_prompt import audio_parts, count_placeholders, decode_audio, frames_of
 from omniloop.models.families.qwen2_5_omni.image_prompt import image_parts, process_image
-from omniloop.models.families.qwen2_5_omni.stages import wants_speech
+from omniloop.models.families.qwen2_5_omni.video_prompt import (
+    ChatParams, VideoProcessing, soundtrack, video_parts, video_tokens,
+)
 from omniloop.models.families.qwen2_5_omni.vision_encoder import OmniVisionEncoder
 from omniloop.models.families.qwen2_5_omni.weights import OmniConfig
 from omniloop.pipeline.loops.ar import check_context, make_ar_validator
 from omniloop.pipeline.stages.chat import chat_ids, chat_messages, is_chat
 from omniloop.request import InvalidRequest, OmniRequest
+
+MEDIA = ("audio", "image", "video")  # the parts the thinker's encoders read
 
 
 def require(field: str, kind: str, *parts: tuple[str, Any]) -> None:
@@ -30,9 +37,19 @@ def require(field: str, kind: str, *parts: tuple[str, Any]) -> None:
                              hint="send text only, or load the full Qwen2.5-Omni folder")
 
 
+def heard(request: OmniRequest) -> bool:
+    """``node_params["chat"].use_audio_in_video`` (a malformed block is the node-params check's
+    refusal, not this one's: it reads as off here)."""
+    try:
+        return ChatParams.model_validate(request.node_params.get("chat") or {}).use_audio_in_video
+    except ValidationError:
+        return False
+
+
 def make_omni_validator(tokenizer: Any, config: OmniConfig, *, pool: BlockPool, audio_tower: OmniAudioEncoder | None = None,
                         feature_extractor: Any = None, vision_tower: OmniVisionEncoder | None = None,
-                        image_processor: Any = None) -> Callable[[OmniRequest], OmniRequest]:
+                        image_processor: Any = None,
+                        video_processing: VideoProcessing | None = None) -> Callable[[OmniRequest], OmniRequest]:
     text = make_ar_validator(tokenizer, vocab_size=config.thinker.vocab_size,
                              max_context=config.thinker.max_position_embeddings, pool=pool)
 
@@ -55,35 +72,51 @@ def make_omni_validator(tokenizer: Any, config: OmniConfig, *, pool: BlockPool, 
         require(field, "images", ("thinker.visual.* weights", vision_tower),
                 ("image processor (the Qwen2VLImageProcessor keys of preprocessor_config.json)", image_processor))
         assert vision_tower is not None  # require refused the request otherwise
-        if wants_speech(request):
-            raise InvalidRequest(f"{field}: a spoken answer to images is not supported yet (the talker's image "
-                                 "positions are not built)", hint="ask for text only (drop audio from modalities)",
-                                 fields=(field,))
         count_placeholders(ids, config.image_token_id, len(parts), "image")
         merge = vision_tower.config.spatial_merge_size
         return sum(process_image(i, p, image_processor).tokens(merge) - 1 for i, p in parts)
 
+    def video_extra(request: OmniRequest, ids: list[int]) -> int:
+        """Each video's placeholders from its container's header (no frame decodes here); read
+        with its soundtrack, the soundtrack's (decoded, within the extractor's window) and the two
+        ``<|audio_bos|>`` / ``<|audio_eos|>`` around them."""
+        parts = video_parts(request)
+        if not parts:
+            return 0
+        field = f"inputs[{parts[0][0]}]"
+        require(field, "videos", ("thinker.visual.* weights", vision_tower),
+                ("video preprocessing (video_preprocessor_config.json or the image processor keys of "
+                 "preprocessor_config.json)", video_processing))
+        assert video_processing is not None  # require refused the request otherwise
+        count_placeholders(ids, config.video_token_id, len(parts), "video")
+        extra = sum(video_tokens(i, p, video_processing) - 1 for i, p in parts)
+        if not heard(request):
+            return extra
+        require(field, "a video's soundtrack (use_audio_in_video)", ("thinker.audio_tower.* weights", audio_tower),
+                ("preprocessor_config.json (its WhisperFeatureExtractor)", feature_extractor))
+        return extra + sum(audio_tokens(frames_of(feature_extractor, soundtrack(i, p, feature_extractor))) + 2
+                           for i, p in parts)
+
     def in_conversation(request: OmniRequest) -> None:
-        media = [(i, p) for i, p in enumerate(request.inputs) if p.kind in ("audio", "image")]
+        media = [(i, p) for i, p in enumerate(request.inputs) if p.kind in MEDIA]
         if media and not is_chat(request):
             field = f"inputs[{media[0][0]}]"
             raise InvalidRequest(f"{field}: {media[0][1].kind} goes into a conversation (text parts with roles), not "
                                  "a raw prompt", hint="give the text parts a role (user)", fields=(field,))
 
     def check_media(request: OmniRequest) -> None:
-        if not any(p.kind in ("audio", "image") for p in request.inputs):
+        if not any(p.kind in MEDIA for p in request.inputs):
             return
         ids = chat_ids(tokenizer, chat_messages(request))
-        length = len(ids) + audio_extra(request, ids) + image_extra(request, ids)
+        length = len(ids) + audio_extra(request, ids) + image_extra(request, ids) + video_extra(request, ids)
         check_context(length, request.sampling.max_tokens, config.thinker.max_position_embeddings)
         pool.check_fits(length + request.sampling.max_tokens)
 
     def validate(request: OmniRequest) -> OmniRequest:
-        media = sorted({p.kind for p in request.inputs if p.kind not in ("text", "audio", "image")})
+        media = sorted({p.kind for p in request.inputs if p.kind != "text" and p.kind not in MEDIA})
         if media:
-            raise InvalidRequest(f"inputs carry {media} parts; this Qwen2.5-Omni deployment reads text, audio and "
-                                 "images (video is not run yet)", hint="send text, audio and image parts only",
-                                 fields=("inputs",))
+            raise InvalidRequest(f"inputs carry {media} parts; Qwen2.5-Omni reads text, audio, images and videos",
+                                 hint="send text, audio, image and video parts only", fields=("inputs",))
         in_conversation(request)
         request = text(request)
         check_media(request)

@@ -50,6 +50,8 @@ class OmniConfig:
     audio_token_id: int
     image_token_id: int
     video_token_id: int
+    audio_start_token_id: int  # <|audio_bos|> / <|audio_eos|>: they frame a video's soundtrack (use_audio_in_video)
+    audio_end_token_id: int
     audio: AudioEncoderConfig | None  # thinker_config.audio_config (None: the checkpoint describes no audio tower)
     vision: VisionEncoderConfig | None = None  # thinker_config.vision_config
 
@@ -80,6 +82,8 @@ class OmniConfig:
             audio_token_id=int(thinker.get("audio_token_index", 151646)),
             image_token_id=int(thinker.get("image_token_index", 151655)),
             video_token_id=int(thinker.get("video_token_index", 151656)),
+            audio_start_token_id=int(thinker.get("audio_start_token_id", 151647)),
+            audio_end_token_id=int(thinker.get("audio_end_token_id", 151648)),
             audio=AudioEncoderConfig.from_hf(thinker["audio_config"]) if thinker.get("audio_config") else None,
             vision=VisionEncoderConfig.from_hf(thinker["vision_config"]) if thinker.get("vision_config") else None,
         )

@@ -39,7 +39,7 @@ import omniloop
 from omniloop.engine import EngineError, RequestRejected
 from omniloop.engine.model_pool import ModelPool
 from omniloop.models.comfy_folder import ComfyModelNameRefused, ComfyModelNotFound, ComfyModels
-from omniloop.models.single_file import SingleFileSet, carries_tokenizer
+from omniloop.models.single_file import MissingSection, SingleFileSet, carries_tokenizer, require_text_sections
 from omniloop.pipeline.adapters import adapter_cache
 from omniloop.request import FinalEvent, OmniEvent, OmniOutput, ProgressEvent, RequestStatus
 from omniloop.serve.state import ServeState, check_auth, require_auth
@@ -242,9 +242,7 @@ class ComfyApi:
         """A text encoder single file carries no tokenizer: the tokenizer folder of
         ``text_encoders/`` named as the file (its stem, or ``<stem>_tokenizer``), else the only one;
         ``optional`` (the file holds its own, ComfyUI's ``spiece_model``): None when there is none."""
-        entries = {n: models.resolve("text_encoders", n) for n in models.list("text_encoders")}
-        folders = [n for n, path in entries.items() if path.is_dir() and (path / "tokenizer_config.json").is_file()
-                   and not (path / "config.json").is_file()]
+        folders = tokenizer_folders(models)
         stem = PurePosixPath(name).stem
         named = [f for f in folders if f in (stem, f"{stem}_tokenizer")]
         if named or len(folders) == 1:
@@ -726,6 +724,9 @@ def single_file_set(compiled: CompiledWorkflow, generation: Generation, models: 
     vaes = {name for _, _, name in picked["vae"]}
     loaders = {nid for nid, _, _ in picked["text_encoders"]}
     upsamplers = {name for _, _, name in picked["latent_upsampler"]}
+    checkpoint_clip = _checkpoint_clip(compiled)
+    if checkpoint_clip is not None:
+        loaders.add(checkpoint_clip[0])
     if len(vaes) > 1 or len(loaders) > 1 or len(upsamplers) > 1:
         raise node_error(sampler, compiled.graph[sampler].class_type, "invalid_input_type", "a workflow served "
                          "from single files loads one VAE, one text encoder set and one latent upsampler; it loads "
@@ -751,10 +752,19 @@ def single_file_set(compiled: CompiledWorkflow, generation: Generation, models: 
                                                 optional=carries_tokenizer(path))
             tokenizers += [tokenizer] if tokenizer is not None else []
     family = picked["family"][0] if picked["family"] else (sampler, "type", "")
+    if checkpoint_clip is not None:  # CheckpointLoaderSimple's CLIP: the checkpoint's own text encoders
+        if (folder, dit) != ("checkpoints", checkpoint_clip[1]):
+            nid, name = checkpoint_clip
+            raise node_error(nid, "CheckpointLoaderSimple", "value_not_in_list", f"ckpt_name: the text encoders "
+                             f"come from the checkpoint the model loads ({dit!r}), not {name!r}",
+                             f"pass ckpt_name={dit!r}, or load them with a CLIPLoader / DualCLIPLoader", "ckpt_name")
+        family_name, tokenizers = _checkpoint_text_encoders(models, *checkpoint_clip)
+        family = (checkpoint_clip[0], "ckpt_name", family_name)
     try:
         return SingleFileSet(family=family[2], diffusion_models=(dit,) if folder == "diffusion_models" else (),
                              checkpoint=dit if folder == "checkpoints" else None,
                              vae=next(iter(vaes), ""), text_encoders=tuple(encoders), tokenizers=tuple(tokenizers),
+                             text_from_checkpoint=checkpoint_clip is not None,
                              latent_upsampler=next(iter(upsamplers), ""), **(facts or {}))
     except ValueError as e:
         raise node_error(sampler, compiled.graph[sampler].class_type, "invalid_input_type",
@@ -767,3 +777,56 @@ def _family_loading(class_type: str) -> str | None:
     from omniloop.models.model_spec import registered_specs
 
     return next((spec.family for spec in registered_specs() if class_type in spec.comfy_text_loaders), None)
+
+
+def tokenizer_folders(models: ComfyModels) -> list[str]:
+    """The tokenizer folders of ``text_encoders/`` (a tokenizer_config.json, no model config)."""
+    entries = {n: models.resolve("text_encoders", n) for n in models.list("text_encoders")}
+    return [n for n, path in entries.items() if path.is_dir() and (path / "tokenizer_config.json").is_file()
+            and not (path / "config.json").is_file()]
+
+
+def _checkpoint_clip(compiled: CompiledWorkflow) -> tuple[str, str] | None:
+    """(node id, ckpt_name) of the ``CheckpointLoaderSimple`` whose CLIP output (index 1) an
+    executed node reads, if one does."""
+    for nid in compiled.evaluated:
+        for link in compiled.graph[nid].links().values():
+            source = compiled.graph.get(link.node)
+            if link.output == 1 and source is not None and source.class_type == "CheckpointLoaderSimple":
+                return link.node, str(source.inputs.get("ckpt_name"))
+    return None
+
+
+def _checkpoint_text_encoders(models: ComfyModels, node: str, name: str) -> tuple[str, tuple[str, ...]]:
+    """The family of the full checkpoint ``name`` (its DiT keys, as ComfyUI's model detection
+    tells it) and a tokenizer folder for each of its text-encoder sections: in ``text_encoders/``,
+    ``<checkpoint stem>_<encoder>_tokenizer/`` or ``<encoder>_tokenizer/`` (encoder: clip_l,
+    t5xxl, ...). A section the checkpoint lacks is a node error of the loader naming it and the file."""
+    from safetensors import safe_open
+
+    from omniloop.models.model_spec import registered_specs
+
+    class_type, path = "CheckpointLoaderSimple", models.resolve("checkpoints", name)
+    with safe_open(str(path), framework="pt") as f:
+        keys = set(f.keys())
+    able = [spec for spec in registered_specs() if spec.comfy_checkpoint is not None]
+    spec = next((s for s in able if s.comfy_checkpoint is not None and s.comfy_checkpoint.holds(keys)), None)
+    if spec is None or spec.comfy_checkpoint is None:
+        raise node_error(node, class_type, "invalid_input", f"ckpt_name: {name!r} is no full checkpoint of a family "
+                         "whose text encoders load from it", f"those are {sorted(s.family for s in able)}; load the "
+                         "text encoders with a CLIPLoader / DualCLIPLoader (its type names the family)", "ckpt_name")
+    names = spec.comfy_checkpoint.text_encoders
+    try:
+        require_text_sections(path, names)
+    except MissingSection as e:
+        raise node_error(node, class_type, "invalid_input", f"ckpt_name: {e}", input_name="ckpt_name") from None
+    folders, stem, tokenizers = tokenizer_folders(models), PurePosixPath(name).stem, []
+    for encoder in names:
+        wanted = (f"{stem}_{encoder}_tokenizer", f"{encoder}_tokenizer")
+        found = next((w for w in wanted if w in folders), None)
+        if found is None:
+            raise node_error(node, class_type, "value_not_in_list", f"ckpt_name: the {encoder} text encoder of "
+                             f"{name!r} carries no tokenizer", f"put its tokenizer folder in text_encoders/ as "
+                             f"{wanted[0]}/ or {wanted[1]}/ (tokenizer folders there: {folders})", "ckpt_name")
+        tokenizers.append(found)
+    return spec.family, tuple(tokenizers)

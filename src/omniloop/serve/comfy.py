@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
@@ -118,6 +118,8 @@ class ComfyApi:
         # architecture facts the files do not carry (SingleFileSet's attention_head_dim,
         # rope_axes, vae_norm_groups, boundary_ratio); unset: the family's released values
         self.single_file_facts: dict[str, Any] = {}
+        # configs/<family>/ of the folder: SingleFileSet.configs of that family's single files
+        self.single_file_configs = single_file_configs(folder.root)
 
     def _routes(self, served: dict[str, ServedModel]) -> dict[str, str | None]:
         """The folder's served names -> OmniRequest.model (None: a one-model engine)."""
@@ -234,7 +236,8 @@ class ComfyApi:
     # -- single files -----------------------------------------------------------------------
     def _single_file_set(self, compiled: CompiledWorkflow, generation: Generation) -> SingleFileSet:
         assert self.folder.root is not None
-        return single_file_set(compiled, generation, ComfyModels(self.folder.root), self.single_file_facts)
+        return single_file_set(compiled, generation, ComfyModels(self.folder.root), self.single_file_facts,
+                               self.single_file_configs)
 
     @staticmethod
     def _tokenizer_for(models: ComfyModels, node: str, class_type: str, input_name: str, name: str,
@@ -704,11 +707,13 @@ __all__ = ["ComfyApi", "install"]
 
 
 def single_file_set(compiled: CompiledWorkflow, generation: Generation, models: ComfyModels,
-                    facts: dict[str, Any] | None = None) -> SingleFileSet:
+                    facts: dict[str, Any] | None = None, configs: Mapping[str, Path] | None = None) -> SingleFileSet:
     """The files of the workflow's loader nodes: the sampler's diffusion model (or full
-    checkpoint), the VAE, the text encoders and a latent upsampler; the family is the CLIP
-    loader's ``type`` (or the family its loader class names: ``LTXAVTextEncoderLoader``).
-    ``facts``: SingleFileSet's architecture facts the files do not carry."""
+    checkpoint), the VAE, the text encoders (or CheckpointLoaderSimple's CLIP: the checkpoint's
+    own) and a latent upsampler; the family is the CLIP loader's ``type`` (or the family its
+    loader class names: ``LTXAVTextEncoderLoader``; or the full checkpoint's). ``facts``:
+    SingleFileSet's architecture facts the files do not carry; ``configs``: family -> its
+    configs folder (``SingleFileSet.configs``; a ``configs`` fact wins)."""
     assert generation.served.single_file is not None
     sampler = generation.sampler_nodes[0]
     picked: dict[str, list[tuple[str, str, str]]] = {"vae": [], "text_encoders": [], "family": [],
@@ -765,7 +770,9 @@ def single_file_set(compiled: CompiledWorkflow, generation: Generation, models: 
                              checkpoint=dit if folder == "checkpoints" else None,
                              vae=next(iter(vaes), ""), text_encoders=tuple(encoders), tokenizers=tuple(tokenizers),
                              text_from_checkpoint=checkpoint_clip is not None,
-                             latent_upsampler=next(iter(upsamplers), ""), **(facts or {}))
+                             latent_upsampler=next(iter(upsamplers), ""),
+                             **{**({"configs": configs[family[2]]} if family[2] in (configs or {}) else {}),
+                                **(facts or {})})
     except ValueError as e:
         raise node_error(sampler, compiled.graph[sampler].class_type, "invalid_input_type",
                          f"the loaders do not make a model: {e}") from None
@@ -777,6 +784,28 @@ def _family_loading(class_type: str) -> str | None:
     from omniloop.models.model_spec import registered_specs
 
     return next((spec.family for spec in registered_specs() if class_type in spec.comfy_text_loaders), None)
+
+
+def single_file_configs(root: Path | None) -> dict[str, Path]:
+    """``configs/<family>/`` folders of the models folder at ``root`` by family (empty: every
+    family's released configs). A folder linking outside the models folder, or named other than
+    a family whose single-file loader reads configs, is refused (the server does not start)."""
+    from omniloop.models.model_spec import registered_specs
+
+    if root is None:
+        return {}
+    try:
+        folders = ComfyModels(root).config_folders()
+    except ComfyModelNameRefused as e:
+        raise ValueError(f"--comfy-models {root}: configs/{e.name}/ links outside the models folder; put the "
+                         "configs folder itself inside it (the folder is all the server reads)") from None
+    reading = sorted(s.family for s in registered_specs() if s.single_files is not None and s.single_file_configs)
+    for name in folders:
+        if name not in reading:
+            raise ValueError(f"--comfy-models {root}: configs/{name}/ names no family that reads configs for its "
+                             f"single files; name the folder after one of {reading} (the others take their "
+                             "architecture from the files), or move it out of configs/")
+    return folders
 
 
 def tokenizer_folders(models: ComfyModels) -> list[str]:

@@ -763,16 +763,16 @@ def single_file_set(compiled: CompiledWorkflow, generation: Generation, models: 
             raise node_error(nid, "CheckpointLoaderSimple", "value_not_in_list", f"ckpt_name: the text encoders "
                              f"come from the checkpoint the model loads ({dit!r}), not {name!r}",
                              f"pass ckpt_name={dit!r}, or load them with a CLIPLoader / DualCLIPLoader", "ckpt_name")
-        family_name, tokenizers = _checkpoint_text_encoders(models, *checkpoint_clip)
-        family = (checkpoint_clip[0], "ckpt_name", family_name)
+        family_name, own_tokenizers = _checkpoint_text_encoders(models, *checkpoint_clip)
+        family, tokenizers = (checkpoint_clip[0], "ckpt_name", family_name), list(own_tokenizers)
+    # the family's configs/<family>/ folder, unless a configs fact is set
+    facts = {**({"configs": configs[family[2]]} if configs and family[2] in configs else {}), **(facts or {})}
     try:
         return SingleFileSet(family=family[2], diffusion_models=(dit,) if folder == "diffusion_models" else (),
                              checkpoint=dit if folder == "checkpoints" else None,
                              vae=next(iter(vaes), ""), text_encoders=tuple(encoders), tokenizers=tuple(tokenizers),
                              text_from_checkpoint=checkpoint_clip is not None,
-                             latent_upsampler=next(iter(upsamplers), ""),
-                             **{**({"configs": configs[family[2]]} if family[2] in (configs or {}) else {}),
-                                **(facts or {})})
+                             latent_upsampler=next(iter(upsamplers), ""), **facts)
     except ValueError as e:
         raise node_error(sampler, compiled.graph[sampler].class_type, "invalid_input_type",
                          f"the loaders do not make a model: {e}") from None

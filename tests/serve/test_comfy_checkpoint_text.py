@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from safetensors.torch import save_file
 
 from tests.models.comfy.original_layout import flux_checkpoint_original
@@ -117,3 +118,9 @@ def test_a_checkpoint_without_the_text_encoder_section_is_a_node_error(server):
     finally:
         folder.with_name("elsewhere").rename(folder)
     assert "t5xxl text encoder" in error["message"] and f"{stem}_t5xxl_tokenizer/" in error["details"], error
+    # a checkpoint whose DiT is no family's that reads its text encoders
+    other = server.server.config.app.state.comfy.folder.root / "checkpoints" / "other.safetensors"
+    save_file({"model.diffusion_model.blocks.0.weight": torch.zeros(2), "vae.decoder.conv_in.weight": torch.zeros(2),
+               "text_encoders.clip_l.transformer.text_model.final_layer_norm.weight": torch.zeros(2)}, other)
+    (error,) = _refused(server.url, workflow("flux_schnell", ckpt_name="other.safetensors"))["node_errors"][loader]["errors"]
+    assert "'other.safetensors' is no full checkpoint of a family" in error["message"] and "flux" in error["details"]

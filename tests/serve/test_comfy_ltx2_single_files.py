@@ -23,11 +23,10 @@ av = pytest.importorskip("av")
 @pytest.fixture(scope="module")
 def server(ltx2_dir, tmp_path_factory):
     folder = ltx2_models_folder(tmp_path_factory.mktemp("comfy_ltx2_serve"), ltx2_dir)
-    configs = configs_folder(tmp_path_factory.mktemp("ltx2_configs"), ltx2_dir)
+    configs_folder(folder / "configs" / "ltx2", ltx2_dir)  # tiny: not LTX-2.0's sizes (the server reads configs/ltx2/)
     limits = {"max_steps": 1000, "max_frames": 17, "max_pixels": 128 * 128}
     serve = {"comfy_models": folder, "comfy_workdir": tmp_path_factory.mktemp("comfy_work"), "warmup": []}
     with live_server({"ltx2": ltx2_dir}, limits=limits, serve=serve) as live:
-        live.server.config.app.state.comfy.single_file_facts = {"configs": configs}  # tiny: not LTX-2.0's sizes
         yield live
 
 
@@ -41,6 +40,7 @@ def test_the_ltx2_t2v_template_served_from_single_files(server):
     (files,) = comfy.single_files  # built from the loaders' files, once
     assert (files.family, files.checkpoint, files.latent_upsampler) == \
         ("ltx2", "ltx-2-19b-dev-fp8.safetensors", "ltx-2-spatial-upscaler-x2-1.0.safetensors")
+    assert files.configs == (comfy.folder.root / "configs" / "ltx2").resolve()  # from the folder's configs/ltx2/
     (output,) = history["outputs"].values()
     (item,) = output["images"]
     data = client.view(item)
@@ -49,3 +49,26 @@ def test_the_ltx2_t2v_template_served_from_single_files(server):
     with av.open(io.BytesIO(data)) as container:  # the template's audio track (LTXVAudioVAEDecode -> CreateVideo)
         assert len(container.streams.audio) == 1
     assert any(m["type"] == "progress" for m in messages)
+
+
+def test_configs_folders_inside_the_models_folder_only(tmp_path):
+    """``configs/<family>/`` (SingleFileSet.configs) is read for families whose loader reads
+    configs; a folder linking out of the models folder, or named for another family, stops the
+    server at start naming it; no configs/ (or ComfyUI's own configs/*.yaml only): the released configs."""
+    from omniloop.serve.comfy import single_file_configs
+
+    root = tmp_path / "models"
+    (root / "configs").mkdir(parents=True)
+    (root / "configs" / "v1-inference.yaml").write_text("model: {}\n")  # ComfyUI's own: not a family's
+    assert single_file_configs(root) == {} and single_file_configs(tmp_path) == {}
+    (root / "configs" / "ltx2").mkdir()
+    assert single_file_configs(root) == {"ltx2": (root / "configs" / "ltx2").resolve()}
+    (root / "configs" / "flux").mkdir()
+    with pytest.raises(ValueError, match=r"configs/flux/ names no family that reads configs .* \['ltx2'\]"):
+        single_file_configs(root)
+    (root / "configs" / "flux").rmdir()
+    (root / "configs" / "ltx2").rmdir()
+    (tmp_path / "elsewhere").mkdir()
+    (root / "configs" / "ltx2").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(ValueError, match=r"configs/ltx2/ links outside the models folder"):
+        single_file_configs(root)

@@ -43,6 +43,9 @@ WEIGHT_SUFFIXES = (".safetensors", ".sft")
 # tokenizer's tokenizer_config.json, inside)
 FOLDER_ENTRIES = frozenset({"text_encoders", "clip", "clip_vision"})
 FOLDER_MARKERS = ("config.json", "tokenizer_config.json")
+# configs/<family>/: a diffusers folder's config files (no weights) saying a family's architecture
+# facts its single files do not carry (SingleFileSet.configs); ComfyUI's own configs/*.yaml beside them
+CONFIGS = "configs"
 
 
 class ComfyModelNotFound(FileNotFoundError):
@@ -127,3 +130,20 @@ class ComfyModels:
             if self._is_entry(folder, path):
                 return path
         raise ComfyModelNotFound(folder, name, tuple(self.list(folder)))
+
+    def config_folders(self) -> dict[str, Path]:
+        """The ``configs/<name>/`` folders by name (a family's architecture configs); a folder
+        linking outside the root raises ``ComfyModelNameRefused``. ComfyUI's own files there
+        (``*.yaml``) are not folders, not listed."""
+        base = self.root / CONFIGS
+        if not base.is_dir():
+            return {}
+        found = {}
+        for path in sorted(base.iterdir()):
+            if not path.is_dir():
+                continue
+            if not self._inside(path):
+                raise ComfyModelNameRefused(CONFIGS, path.name, "it links outside the models folder")
+            found[path.name] = path.resolve()
+        return found
+

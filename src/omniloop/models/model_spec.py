@@ -21,7 +21,7 @@ from omniloop.pipeline.policies.cfg import CFGMode
 from omniloop.request import TaskType
 
 if TYPE_CHECKING:
-    from omniloop.models.single_file import SingleFileLoader
+    from omniloop.models.single_file import ComfyCheckpoint, SingleFileLoader
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,11 @@ class ModelSpec:
     # ComfyUI loader node classes that load only this family's text encoder (its workflows name
     # no CLIPLoader ``type``): a workflow served from single files takes its family from them
     comfy_text_loaders: tuple[str, ...] = ()
+    # its full ComfyUI checkpoint (CheckpointLoaderSimple): the DiT keys that tell it apart and
+    # its text-encoder sections, when its single-file loader reads the text encoders from one
+    comfy_checkpoint: ComfyCheckpoint | None = None
+    # its single-file loader reads SingleFileSet.configs (a diffusers folder's */config.json)
+    single_file_configs: bool = False
 
 
 _REGISTRY: dict[str, ModelSpec] = {}

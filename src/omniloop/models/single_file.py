@@ -45,6 +45,9 @@ if TYPE_CHECKING:
 # VAE, ``text_encoders.*`` ...); a DiT saved by ComfyUI's ``ModelSave`` keeps its prefix too.
 DIT_SECTIONS: tuple[str, ...] = ("model.diffusion_model.", "diffusion_model.")
 VAE_SECTIONS: tuple[str, ...] = ("vae.", "first_stage_model.")
+# a text encoder of a full checkpoint: ``text_encoders.<name>.transformer.`` (ComfyUI's
+# ``text_encoder_key_prefix`` + the encoder's name in its CLIP model: clip_l, t5xxl, umt5xxl)
+TEXT_SECTION = "text_encoders.{}.transformer."
 SCALED_FP8_MARKER = "scaled_fp8"
 FP8_DTYPES: frozenset[torch.dtype] = frozenset({torch.float8_e4m3fn, torch.float8_e5m2})
 _SCALE_SUFFIXES = (".scale_weight", ".scale_input", ".weight_scale", ".weight_scale_2", ".input_scale",
@@ -133,6 +136,42 @@ def read_single_file(path: Path, cast: Cast, *, sections: tuple[str, ...],
     return sd
 
 
+class MissingSection(ValueError):
+    """A full checkpoint lacks a section a loader reads (``section``: its key prefix)."""
+
+    def __init__(self, path: Path, section: str, what: str) -> None:
+        super().__init__(f"{path.name} has no {section!r} section ({what}); pass a checkpoint holding it, or load "
+                         "that text encoder from text_encoders/ (CLIPLoader / DualCLIPLoader)")
+        self.path, self.section = path, section
+
+
+def require_text_sections(path: Path, names: tuple[str, ...]) -> None:
+    """Raise ``MissingSection`` for the first of the text encoders ``names`` (clip_l, t5xxl)
+    whose ``text_encoders.<name>.transformer.`` section ``path`` lacks."""
+    with safe_open(str(path), framework="pt") as f:
+        keys = set(f.keys())
+    for name in names:
+        section = TEXT_SECTION.format(name)
+        if _section(keys, (section,)) is None:
+            raise MissingSection(path, section, f"the {name} text encoder")
+
+
+@dataclass(frozen=True, slots=True)
+class ComfyCheckpoint:
+    """What a family's full ComfyUI checkpoint (``checkpoints/``, ``CheckpointLoaderSimple``)
+    holds: ``dit_keys``, keys of its DiT section (without the prefix) that tell the family
+    apart, as ComfyUI's model detection reads the DiT's keys; ``text_encoders``, the names of
+    its ``text_encoders.<name>.transformer.`` sections in the family's text-encoder order
+    (FLUX.1: clip_l, t5xxl; ComfyUI's ``clip_target`` of the model)."""
+
+    dit_keys: tuple[str, ...]
+    text_encoders: tuple[str, ...]
+
+    def holds(self, keys: set[str]) -> bool:
+        """Whether ``keys`` (a file's) are this family's checkpoint: its DiT keys under a DiT section."""
+        return any(all(f"{prefix}{k}" in keys for k in self.dit_keys) for prefix in DIT_SECTIONS)
+
+
 # -- a model made of single files (the names a workflow's loader nodes give) -----------------
 
 Resolve = Callable[[str, str], Path]  # (folder kind, name) -> a path inside the models folder
@@ -154,6 +193,9 @@ class SingleFileSet:
     vae: str = ""
     text_encoders: tuple[str, ...] = ()
     checkpoint: str | None = None  # a full checkpoint in checkpoints/: the DiT and VAE come from it
+    # the text encoders are the checkpoint's text_encoders.<name>.transformer. sections (the
+    # family's ComfyCheckpoint.text_encoders, in order; CheckpointLoaderSimple's CLIP), not files
+    text_from_checkpoint: bool = False
     # tokenizer folders in text_encoders/, in order, one per text encoder given as a single file
     tokenizers: tuple[str, ...] = ()
     boundary_ratio: float | None = None
@@ -176,6 +218,9 @@ class SingleFileSet:
         elif not self.diffusion_models or not all(self.diffusion_models) or not self.vae:
             raise ValueError("diffusion_models must name at least one file in diffusion_models/ and vae one in vae/ "
                              "(or pass checkpoint: a full checkpoint in checkpoints/)")
+        if self.text_from_checkpoint and (self.checkpoint is None or self.text_encoders):
+            raise ValueError("text_from_checkpoint reads the text encoders from the checkpoint's sections: pass "
+                             "checkpoint and no text_encoders (tokenizers: one folder per section)")
         if self.boundary_ratio is not None and not 0.0 < self.boundary_ratio < 1.0:
             raise ValueError(f"boundary_ratio must be in (0, 1) (e.g. 0.875); got {self.boundary_ratio}")
 
@@ -224,11 +269,16 @@ class TextEncoderSource:
         return self.single_file and self.tokenizer == self.weights
 
 
-def text_encoder_sources(files: SingleFileSet, resolve: Resolve, *,
-                         file_tokenizers: bool = False) -> list[TextEncoderSource]:
+def text_encoder_sources(files: SingleFileSet, resolve: Resolve, *, file_tokenizers: bool = False,
+                         checkpoint: ComfyCheckpoint | None = None) -> list[TextEncoderSource]:
     """The text encoders of ``files`` in order; single files take the ``tokenizers`` in order.
     ``file_tokenizers`` (the family's loader reads a file's own SentencePiece tokenizer): a
-    file that carries one uses it when no tokenizer folder is left for it."""
+    file that carries one uses it when no tokenizer folder is left for it. ``checkpoint``: the
+    family's full-checkpoint sections, read when ``files.text_from_checkpoint`` (each source is
+    then the checkpoint file, whose loader reads its own section; a missing section raises
+    ``MissingSection``)."""
+    if files.text_from_checkpoint:
+        return _checkpoint_text_sources(files, resolve, checkpoint)
     tokenizers = list(files.tokenizers)
     sources = []
     for name in files.text_encoders:
@@ -247,3 +297,18 @@ def text_encoder_sources(files: SingleFileSet, resolve: Resolve, *,
         raise ValueError(f"tokenizers {list(files.tokenizers)} name more folders than there are text encoders given "
                          "as single files; drop the extra ones")
     return sources
+
+
+def _checkpoint_text_sources(files: SingleFileSet, resolve: Resolve,
+                             checkpoint: ComfyCheckpoint | None) -> list[TextEncoderSource]:
+    assert files.checkpoint is not None
+    if checkpoint is None:
+        raise ValueError(f"family {files.family!r} reads no text encoders from a full checkpoint; load them from "
+                         "text_encoders/ (text_encoders=...)")
+    names = checkpoint.text_encoders
+    if len(files.tokenizers) != len(names):
+        raise ValueError(f"the checkpoint's text encoders {list(names)} need one tokenizer folder each, in that "
+                         f"order; got tokenizers={list(files.tokenizers)}")
+    path = resolve("checkpoints", files.checkpoint)
+    require_text_sections(path, names)
+    return [TextEncoderSource(path, resolve("text_encoders", tokenizer)) for tokenizer in files.tokenizers]

@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
@@ -39,7 +39,7 @@ import omniloop
 from omniloop.engine import EngineError, RequestRejected
 from omniloop.engine.model_pool import ModelPool
 from omniloop.models.comfy_folder import ComfyModelNameRefused, ComfyModelNotFound, ComfyModels
-from omniloop.models.single_file import SingleFileSet, carries_tokenizer
+from omniloop.models.single_file import MissingSection, SingleFileSet, carries_tokenizer, require_text_sections
 from omniloop.pipeline.adapters import adapter_cache
 from omniloop.request import FinalEvent, OmniEvent, OmniOutput, ProgressEvent, RequestStatus
 from omniloop.serve.state import ServeState, check_auth, require_auth
@@ -118,6 +118,8 @@ class ComfyApi:
         # architecture facts the files do not carry (SingleFileSet's attention_head_dim,
         # rope_axes, vae_norm_groups, boundary_ratio); unset: the family's released values
         self.single_file_facts: dict[str, Any] = {}
+        # configs/<family>/ of the folder: SingleFileSet.configs of that family's single files
+        self.single_file_configs = single_file_configs(folder.root)
 
     def _routes(self, served: dict[str, ServedModel]) -> dict[str, str | None]:
         """The folder's served names -> OmniRequest.model (None: a one-model engine)."""
@@ -234,7 +236,8 @@ class ComfyApi:
     # -- single files -----------------------------------------------------------------------
     def _single_file_set(self, compiled: CompiledWorkflow, generation: Generation) -> SingleFileSet:
         assert self.folder.root is not None
-        return single_file_set(compiled, generation, ComfyModels(self.folder.root), self.single_file_facts)
+        return single_file_set(compiled, generation, ComfyModels(self.folder.root), self.single_file_facts,
+                               self.single_file_configs)
 
     @staticmethod
     def _tokenizer_for(models: ComfyModels, node: str, class_type: str, input_name: str, name: str,
@@ -242,9 +245,7 @@ class ComfyApi:
         """A text encoder single file carries no tokenizer: the tokenizer folder of
         ``text_encoders/`` named as the file (its stem, or ``<stem>_tokenizer``), else the only one;
         ``optional`` (the file holds its own, ComfyUI's ``spiece_model``): None when there is none."""
-        entries = {n: models.resolve("text_encoders", n) for n in models.list("text_encoders")}
-        folders = [n for n, path in entries.items() if path.is_dir() and (path / "tokenizer_config.json").is_file()
-                   and not (path / "config.json").is_file()]
+        folders = tokenizer_folders(models)
         stem = PurePosixPath(name).stem
         named = [f for f in folders if f in (stem, f"{stem}_tokenizer")]
         if named or len(folders) == 1:
@@ -706,11 +707,13 @@ __all__ = ["ComfyApi", "install"]
 
 
 def single_file_set(compiled: CompiledWorkflow, generation: Generation, models: ComfyModels,
-                    facts: dict[str, Any] | None = None) -> SingleFileSet:
+                    facts: dict[str, Any] | None = None, configs: Mapping[str, Path] | None = None) -> SingleFileSet:
     """The files of the workflow's loader nodes: the sampler's diffusion model (or full
-    checkpoint), the VAE, the text encoders and a latent upsampler; the family is the CLIP
-    loader's ``type`` (or the family its loader class names: ``LTXAVTextEncoderLoader``).
-    ``facts``: SingleFileSet's architecture facts the files do not carry."""
+    checkpoint), the VAE, the text encoders (or CheckpointLoaderSimple's CLIP: the checkpoint's
+    own) and a latent upsampler; the family is the CLIP loader's ``type`` (or the family its
+    loader class names: ``LTXAVTextEncoderLoader``; or the full checkpoint's). ``facts``:
+    SingleFileSet's architecture facts the files do not carry; ``configs``: family -> its
+    configs folder (``SingleFileSet.configs``; a ``configs`` fact wins)."""
     assert generation.served.single_file is not None
     sampler = generation.sampler_nodes[0]
     picked: dict[str, list[tuple[str, str, str]]] = {"vae": [], "text_encoders": [], "family": [],
@@ -726,6 +729,9 @@ def single_file_set(compiled: CompiledWorkflow, generation: Generation, models: 
     vaes = {name for _, _, name in picked["vae"]}
     loaders = {nid for nid, _, _ in picked["text_encoders"]}
     upsamplers = {name for _, _, name in picked["latent_upsampler"]}
+    checkpoint_clip = _checkpoint_clip(compiled)
+    if checkpoint_clip is not None:
+        loaders.add(checkpoint_clip[0])
     if len(vaes) > 1 or len(loaders) > 1 or len(upsamplers) > 1:
         raise node_error(sampler, compiled.graph[sampler].class_type, "invalid_input_type", "a workflow served "
                          "from single files loads one VAE, one text encoder set and one latent upsampler; it loads "
@@ -751,11 +757,22 @@ def single_file_set(compiled: CompiledWorkflow, generation: Generation, models: 
                                                 optional=carries_tokenizer(path))
             tokenizers += [tokenizer] if tokenizer is not None else []
     family = picked["family"][0] if picked["family"] else (sampler, "type", "")
+    if checkpoint_clip is not None:  # CheckpointLoaderSimple's CLIP: the checkpoint's own text encoders
+        if (folder, dit) != ("checkpoints", checkpoint_clip[1]):
+            nid, name = checkpoint_clip
+            raise node_error(nid, "CheckpointLoaderSimple", "value_not_in_list", f"ckpt_name: the text encoders "
+                             f"come from the checkpoint the model loads ({dit!r}), not {name!r}",
+                             f"pass ckpt_name={dit!r}, or load them with a CLIPLoader / DualCLIPLoader", "ckpt_name")
+        family_name, own_tokenizers = _checkpoint_text_encoders(models, *checkpoint_clip)
+        family, tokenizers = (checkpoint_clip[0], "ckpt_name", family_name), list(own_tokenizers)
+    # the family's configs/<family>/ folder, unless a configs fact is set
+    facts = {**({"configs": configs[family[2]]} if configs and family[2] in configs else {}), **(facts or {})}
     try:
         return SingleFileSet(family=family[2], diffusion_models=(dit,) if folder == "diffusion_models" else (),
                              checkpoint=dit if folder == "checkpoints" else None,
                              vae=next(iter(vaes), ""), text_encoders=tuple(encoders), tokenizers=tuple(tokenizers),
-                             latent_upsampler=next(iter(upsamplers), ""), **(facts or {}))
+                             text_from_checkpoint=checkpoint_clip is not None,
+                             latent_upsampler=next(iter(upsamplers), ""), **facts)
     except ValueError as e:
         raise node_error(sampler, compiled.graph[sampler].class_type, "invalid_input_type",
                          f"the loaders do not make a model: {e}") from None
@@ -767,3 +784,78 @@ def _family_loading(class_type: str) -> str | None:
     from omniloop.models.model_spec import registered_specs
 
     return next((spec.family for spec in registered_specs() if class_type in spec.comfy_text_loaders), None)
+
+
+def single_file_configs(root: Path | None) -> dict[str, Path]:
+    """``configs/<family>/`` folders of the models folder at ``root`` by family (empty: every
+    family's released configs). A folder linking outside the models folder, or named other than
+    a family whose single-file loader reads configs, is refused (the server does not start)."""
+    from omniloop.models.model_spec import registered_specs
+
+    if root is None:
+        return {}
+    try:
+        folders = ComfyModels(root).config_folders()
+    except ComfyModelNameRefused as e:
+        raise ValueError(f"--comfy-models {root}: configs/{e.name}/ links outside the models folder; put the "
+                         "configs folder itself inside it (the folder is all the server reads)") from None
+    reading = sorted(s.family for s in registered_specs() if s.single_files is not None and s.single_file_configs)
+    for name in folders:
+        if name not in reading:
+            raise ValueError(f"--comfy-models {root}: configs/{name}/ names no family that reads configs for its "
+                             f"single files; name the folder after one of {reading} (the others take their "
+                             "architecture from the files), or move it out of configs/")
+    return folders
+
+
+def tokenizer_folders(models: ComfyModels) -> list[str]:
+    """The tokenizer folders of ``text_encoders/`` (a tokenizer_config.json, no model config)."""
+    entries = {n: models.resolve("text_encoders", n) for n in models.list("text_encoders")}
+    return [n for n, path in entries.items() if path.is_dir() and (path / "tokenizer_config.json").is_file()
+            and not (path / "config.json").is_file()]
+
+
+def _checkpoint_clip(compiled: CompiledWorkflow) -> tuple[str, str] | None:
+    """(node id, ckpt_name) of the ``CheckpointLoaderSimple`` whose CLIP output (index 1) an
+    executed node reads, if one does."""
+    for nid in compiled.evaluated:
+        for link in compiled.graph[nid].links().values():
+            source = compiled.graph.get(link.node)
+            if link.output == 1 and source is not None and source.class_type == "CheckpointLoaderSimple":
+                return link.node, str(source.inputs.get("ckpt_name"))
+    return None
+
+
+def _checkpoint_text_encoders(models: ComfyModels, node: str, name: str) -> tuple[str, tuple[str, ...]]:
+    """The family of the full checkpoint ``name`` (its DiT keys, as ComfyUI's model detection
+    tells it) and a tokenizer folder for each of its text-encoder sections: in ``text_encoders/``,
+    ``<checkpoint stem>_<encoder>_tokenizer/`` or ``<encoder>_tokenizer/`` (encoder: clip_l,
+    t5xxl, ...). A section the checkpoint lacks is a node error of the loader naming it and the file."""
+    from safetensors import safe_open
+
+    from omniloop.models.model_spec import registered_specs
+
+    class_type, path = "CheckpointLoaderSimple", models.resolve("checkpoints", name)
+    with safe_open(str(path), framework="pt") as f:
+        keys = set(f.keys())
+    able = [spec for spec in registered_specs() if spec.comfy_checkpoint is not None]
+    spec = next((s for s in able if s.comfy_checkpoint is not None and s.comfy_checkpoint.holds(keys)), None)
+    if spec is None or spec.comfy_checkpoint is None:
+        raise node_error(node, class_type, "invalid_input", f"ckpt_name: {name!r} is no full checkpoint of a family "
+                         "whose text encoders load from it", f"those are {sorted(s.family for s in able)}; load the "
+                         "text encoders with a CLIPLoader / DualCLIPLoader (its type names the family)", "ckpt_name")
+    names = spec.comfy_checkpoint.text_encoders
+    try:
+        require_text_sections(path, names)
+    except MissingSection as e:
+        raise node_error(node, class_type, "invalid_input", f"ckpt_name: {e}", input_name="ckpt_name") from None
+    folders, stem, tokenizers = tokenizer_folders(models), PurePosixPath(name).stem, []
+    for encoder in names:
+        wanted = (f"{stem}_{encoder}_tokenizer", f"{encoder}_tokenizer")
+        found = next((w for w in wanted if w in folders), None)
+        if found is None:
+            raise node_error(node, class_type, "value_not_in_list", f"ckpt_name: the {encoder} text encoder of "
+                             f"{name!r} carries no tokenizer", f"put its tokenizer folder in text_encoders/ as "
+                             f"{wanted[0]}/ or {wanted[1]}/ (tokenizer folders there: {folders})", "ckpt_name")
+        tokenizers.append(found)
+    return spec.family, tuple(tokenizers)

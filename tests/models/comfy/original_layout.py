@@ -182,6 +182,26 @@ def kl_vae_original(sd: dict[str, torch.Tensor], levels: int) -> dict[str, torch
     return _renamed(sd, table)
 
 
+def flux_checkpoint_original(pipe, *, text: tuple[str, ...] = ("clip_l", "t5xxl")) -> dict[str, torch.Tensor]:
+    """A diffusers ``FluxPipeline`` as ComfyUI's full checkpoint (``flux1-dev-fp8.safetensors``,
+    ``CheckpointSave``'s layout): the BFL DiT under ``model.diffusion_model.``, the ``ae`` under
+    ``vae.``, CLIP-L (transformers 4 keys, ``text_model.``; its ``text_projection`` and
+    ``logit_scale`` beside it) under ``text_encoders.clip_l.``, T5-XXL (one copy of the tied
+    embedding) under ``text_encoders.t5xxl.transformer.``; ``text``: the encoders written."""
+    full = {f"model.diffusion_model.{k}": v for k, v in flux_dit_original(pipe.transformer.state_dict()).items()}
+    full |= {f"vae.{k}": v for k, v in kl_vae_original(pipe.vae.state_dict(), levels=4).items()}
+    if "clip_l" in text:
+        clip = pipe.text_encoder
+        full |= {f"text_encoders.clip_l.transformer.text_model.{k}": v.clone() for k, v in clip.state_dict().items()}
+        width = clip.config.hidden_size
+        full["text_encoders.clip_l.transformer.text_projection.weight"] = torch.eye(width)
+        full["text_encoders.clip_l.logit_scale"] = torch.tensor(4.6052)
+    if "t5xxl" in text:
+        full |= {f"text_encoders.t5xxl.transformer.{k}": v.clone() for k, v in pipe.text_encoder_2.state_dict().items()
+                 if k != "encoder.embed_tokens.weight"}
+    return full
+
+
 def comfy_quant_fp8(sd: dict[str, torch.Tensor], fmt: str = "float8_e4m3fn") -> dict[str, torch.Tensor]:
     """ComfyUI's mixed-precision storage (comfy/ops.py MixedPrecisionOps): every 2-D ``*.weight``
     in fp8 with ``weight_scale``, an ``input_scale`` and a ``comfy_quant`` JSON-bytes tensor."""

@@ -177,3 +177,44 @@ def test_flux_from_a_full_checkpoint(tmp_path):
     _generate(VideoGenerator(spec, pipeline, deploy), TaskType.T2I, height=32, width=32, steps=1, seed=0)
     with pytest.raises(ValueError, match="pass it alone"):
         SingleFileSet(family="flux", checkpoint="x", vae="ae.safetensors", text_encoders=("a", "b"))
+
+
+def test_flux_text_encoders_from_a_full_checkpoint(tmp_path):
+    """CheckpointLoaderSimple's CLIP: CLIP-L and T5-XXL from the checkpoint's
+    ``text_encoders.clip_l.transformer.`` / ``text_encoders.t5xxl.transformer.`` sections (ComfyUI's
+    Flux ``clip_target``), tokenizers from folders. Oracle: the transformers ``CLIPTextModel`` /
+    ``T5EncoderModel`` the file was written from, state equal; a section missing is refused
+    naming it and the file, before the DiT loads."""
+    from tests.flux_checkpoint import make_flux_pipeline
+    from tests.models.comfy.original_layout import flux_checkpoint_original
+    from omniloop.models.single_file import MissingSection
+
+    pipe = make_flux_pipeline(tmp_path)
+    root = tmp_path / "models"
+    (root / "checkpoints").mkdir(parents=True)
+    save_file(flux_checkpoint_original(pipe), root / "checkpoints" / "flux1-dev-fp8.safetensors")
+    save_file(flux_checkpoint_original(pipe, text=("clip_l",)), root / "checkpoints" / "no_t5.safetensors")
+    pipe.tokenizer.save_pretrained(root / "text_encoders" / "clip_l_tokenizer")
+    pipe.tokenizer_2.save_pretrained(root / "text_encoders" / "t5xxl_tokenizer")
+
+    options = load_options(DeployConfig.from_options(None, device="cpu", dtype="float32"))
+    files = SingleFileSet(family="flux", checkpoint="flux1-dev-fp8.safetensors", text_from_checkpoint=True,
+                          tokenizers=("clip_l_tokenizer", "t5xxl_tokenizer"), rope_axes=(4, 6, 6), vae_norm_groups=4,
+                          clip_head_dim=12)
+    _, pipeline = load_single_file_pipeline(ComfyModels(root), files, options)
+    for ours, theirs in ((pipeline.components["text_encoder"].model, pipe.text_encoder),
+                         (pipeline.components["text_encoder_2"].model, pipe.text_encoder_2)):
+        assert type(ours) is type(theirs)  # CLIPTextModel, T5EncoderModel
+        state, expected = ours.state_dict(), theirs.state_dict()
+        assert state.keys() == expected.keys() and all(torch.equal(state[k], v) for k, v in expected.items())
+
+    with pytest.raises(MissingSection, match=r"no_t5.safetensors has no 'text_encoders.t5xxl.transformer.' section"):
+        load_single_file_pipeline(ComfyModels(root), SingleFileSet(
+            family="flux", checkpoint="no_t5.safetensors", text_from_checkpoint=True,
+            tokenizers=("clip_l_tokenizer", "t5xxl_tokenizer")), options)
+    with pytest.raises(ValueError, match="need one tokenizer folder each"):
+        load_single_file_pipeline(ComfyModels(root), SingleFileSet(
+            family="flux", checkpoint="flux1-dev-fp8.safetensors", text_from_checkpoint=True,
+            tokenizers=("clip_l_tokenizer",)), options)
+    with pytest.raises(ValueError, match="pass checkpoint and no text_encoders"):
+        SingleFileSet(family="flux", checkpoint="x", text_encoders=("a", "b"), text_from_checkpoint=True)

@@ -21,7 +21,7 @@ from omniloop.models.layers.cuda_graphs import CACHE_NAME as GRAPHS
 from omniloop.models.layers.cuda_graphs import CudaGraphRunner
 from omniloop.models.families.flux.weights import (flux_lora_from_kohya, flux_lora_stream, load_flux_ae_single_file,
                                                    load_flux_transformer, load_flux_transformer_single_file)
-from omniloop.models.single_file import Resolve, SingleFileSet, text_encoder_sources
+from omniloop.models.single_file import ComfyCheckpoint, Resolve, SingleFileSet, text_encoder_sources
 from omniloop.models.load_options import apply_load_options, graph_runner
 from omniloop.models.lora import LoraSupport
 from omniloop.models.fast_path import FastPath
@@ -103,19 +103,27 @@ FLUX_DEV_SCHEDULER = {"num_train_timesteps": 1000, "shift": 3.0, "use_dynamic_sh
 FLUX_SCHNELL_SCHEDULER = {"num_train_timesteps": 1000, "shift": 1.0, "use_dynamic_shifting": False}
 
 
+# ComfyUI's FLUX.1 checkpoints (flux1-dev-fp8 / flux1-schnell-fp8.safetensors): a BFL DiT (double and
+# single blocks; ComfyUI's model detection reads the same keys), CLIP-L and T5-XXL beside it
+FLUX_CHECKPOINT = ComfyCheckpoint(dit_keys=("double_blocks.0.img_attn.qkv.weight",
+                                            "single_blocks.0.linear1.weight"), text_encoders=("clip_l", "t5xxl"))
+
+
 def flux_single_files(files: SingleFileSet, resolve: Resolve,
                       options: LoadOptions) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A BFL-layout DiT file and ``ae.safetensors``; CLIP-L and T5-XXL each from a transformers
-    folder or from a single file (with a tokenizer folder)."""
-    if len(files.diffusion_models) > 1 or len(files.text_encoders) != 2:
+    """A BFL-layout DiT file and ``ae.safetensors`` (or a full checkpoint holding both); CLIP-L
+    and T5-XXL each from a transformers folder or from a single file (with a tokenizer folder),
+    or from the full checkpoint's ``text_encoders.clip_l`` / ``text_encoders.t5xxl`` sections."""
+    if len(files.diffusion_models) > 1 or (len(files.text_encoders) != 2 and not files.text_from_checkpoint):
         raise ValueError(f"Flux takes one DiT and two text encoders (CLIP-L, then T5-XXL); got diffusion_models="
                          f"{list(files.diffusion_models)}, text_encoders={list(files.text_encoders)}")
+    # the text encoders first: a checkpoint lacking their sections is refused before the DiT loads
+    clip, t5 = text_encoder_sources(files, resolve, checkpoint=FLUX_CHECKPOINT)
     loaded = load_flux_transformer_single_file(files.dit_paths(resolve)[0], device=options.device, dtype=options.dtype,
                                                axes_dims_rope=files.rope_axes)
     guidance = loaded.config.guidance_embeds
     dit = apply_load_options(loaded, options, blocks=[*loaded.transformer_blocks, *loaded.single_transformer_blocks],
                              fp8_layers=BLOCK_GEMMS)
-    clip, t5 = text_encoder_sources(files, resolve)
     load_clip = partial(load_clip_encoder_single_file, head_dim=files.clip_head_dim) if clip.single_file \
         else load_clip_encoder
     load_t5 = load_t5_encoder_single_file if t5.single_file else load_t5_encoder
@@ -214,5 +222,6 @@ FLUX = register_model_spec(
                          streams={"transformer": flux_lora_stream}),
         extras={"parallel": FLUX_PARALLEL},
         single_files=flux_single_files,
+        comfy_checkpoint=FLUX_CHECKPOINT,
     )
 )

@@ -241,5 +241,6 @@ LTX2 = register_model_spec(
         extras={"parallel": LTX2_PARALLEL},
         single_files=ltx2_single_files,
         comfy_text_loaders=("LTXAVTextEncoderLoader",),  # Gemma 3 + the checkpoint's connectors
+        single_file_configs=True,  # SingleFileSet.configs: a diffusers LTX-2 folder of other sizes
     )
 )

@@ -31,7 +31,12 @@ from omniloop.workflows.values import AudioOut, Latent, Pixels, SaveTarget, Samp
 
 # ComfyUI sampler -> ours; the named schedules we run (ComfyUI's own under ModelSamplingSD3)
 SUPPORTED_SAMPLERS: Mapping[str, str] = {"euler": "flow_euler", "uni_pc": "comfy_uni_pc",
-                                         "uni_pc_bh2": "comfy_uni_pc_bh2"}
+                                         "uni_pc_bh2": "comfy_uni_pc_bh2", "euler_ancestral": "comfy_euler_ancestral",
+                                         "dpmpp_2m": "comfy_dpmpp_2m"}
+# samplers that keep history or draw noise from a generator: ComfyUI restarts them at each sampler node
+RESTARTING_SAMPLERS = frozenset({"uni_pc", "uni_pc_bh2", "euler_ancestral", "dpmpp_2m"})
+# a sampler node's knobs (SamplerEulerAncestral's) -> the denoise loop's node params, with ComfyUI's defaults
+SAMPLER_OPTION_DEFAULTS: Mapping[str, float] = {"eta": 1.0, "s_noise": 1.0}
 # the sampler nodes whose schedule is KSampler's (calculate_sigmas, with its penultimate-sigma rule)
 KSAMPLER_NODES = frozenset({"KSampler", "KSamplerAdvanced"})
 SUPPORTED_SCHEDULERS = SCHEDULES
@@ -143,6 +148,7 @@ def _generation(ev: Evaluation, final: Latent, saves: tuple[SaveTarget, ...]) ->
     prompt = _prompt(ev, first)
     _guidance(ev, first, served, fields)
     _schedule(ev, first, fields)
+    _sampler_options(first, node_params)
     _geometry(ev, first, canvas, saves, fields, task)
     fields.put("seed", _seed(ev, first))
     loras = _loras(ev, runs)
@@ -226,6 +232,13 @@ def _sampler(ev: Evaluation, run: Sampling) -> str | None:
                    "the model's own sampler runs")
         _deviate(ev, run.node, message)
     return ours
+
+
+def _sampler_options(run: Sampling, node_params: dict[str, dict[str, Any]]) -> None:
+    """``SamplerEulerAncestral``'s eta / s_noise: the denoise loop's knobs where not ComfyUI's defaults."""
+    for name, value in run.sampler_options:
+        if value != SAMPLER_OPTION_DEFAULTS[name]:
+            node_params.setdefault(DENOISE_NODE, {})[name] = value
 
 
 def _schedule(ev: Evaluation, run: Sampling, fields: Fields) -> None:
@@ -333,9 +346,9 @@ def _split(ev: Evaluation, first: Sampling, second: Sampling, fields: Fields,
     if first.model.shift != second.model.shift:
         _deviate(ev, second.node, f"the experts' shifts differ ({first.model.shift}, {second.model.shift}); "
                  f"{first.model.shift} runs")
-    if SUPPORTED_SAMPLERS.get(first.sampler_name, "").startswith("comfy_uni_pc"):
-        _deviate(ev, second.node, f"{first.sampler_name} runs as one multistep solve over both experts; ComfyUI "
-                 "restarts it at the switch")
+    if first.sampler_name in RESTARTING_SAMPLERS:
+        _deviate(ev, second.node, f"{first.sampler_name} runs as one solve (one history, one noise generator) over "
+                 "both experts; ComfyUI restarts it at the switch")
     _deviate(ev, second.node, f"the experts switch at the checkpoint's boundary (its boundary_ratio), not at step "
              f"{first.end_at_step} of {first.steps}")
     fields.put("guidance_scale", first.cfg, "cfg")

@@ -95,6 +95,7 @@ class Sampling:
     start_at_step: int = 0
     end_at_step: int | None = None  # None: to the end
     sigmas: tuple[float, ...] | None = None
+    sampler_options: tuple[tuple[str, float], ...] = ()  # SamplerEulerAncestral's eta / s_noise
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,7 @@ class Guider:
 @dataclass(frozen=True)
 class SamplerChoice:
     name: str
+    options: tuple[tuple[str, float], ...] = ()  # (input, value) of a sampler node with knobs
 
 
 @dataclass(frozen=True)

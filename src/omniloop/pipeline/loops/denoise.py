@@ -39,6 +39,7 @@ from omniloop.pipeline.policies.conditioning import ConditioningPolicy, NoCondit
 from omniloop.pipeline.policies.routing import Route, RoutingPolicy, SingleModel
 from omniloop.pipeline.policies.shift import FlowShift, ShiftPolicy
 from omniloop.pipeline.samplers.base import Sampler, SamplerState
+from omniloop.pipeline.samplers.comfy_euler_ancestral import ComfyEulerAncestralSampler
 from omniloop.pipeline.samplers.flow_sde import FlowSDESampler
 from omniloop.pipeline.stage import LoopStageBase, WorkEstimate, step_results
 from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
@@ -141,6 +142,9 @@ class DenoiseParams(LoopParams):
     noise_level: float | None = Field(default=None, gt=0, le=10, description="flow_sde: the SDE's noise level")
     sde_window: tuple[int, int] | None = Field(
         default=None, description="flow_sde: [start, end) steps that take the SDE step (ODE elsewhere; MixGRPO)")
+    # ComfyUI's ancestral sampler's knobs (sampler='comfy_euler_ancestral'; SamplerEulerAncestral's inputs)
+    eta: float | None = Field(default=None, ge=0, le=100, description="comfy_euler_ancestral: the ancestral eta")
+    s_noise: float | None = Field(default=None, ge=0, le=100, description="comfy_euler_ancestral: the noise scale")
 
     # the loop's own knob, also taken flat (diffusers' WanPipeline name); the others override shared fields
     flat: ClassVar[Mapping[str, str]] = {"guidance_scale_2": "guidance_scale_2"}
@@ -698,17 +702,21 @@ def check_records_log_probs(sampler: Sampler, node: str, override: DenoiseParams
 
 
 def sde_options(sampler: Sampler, override: DenoiseParams | None) -> Sampler:
-    """The request's flow_sde (its ``noise_level`` / ``sde_window`` node params applied): a
-    per-request copy of the stateless sampler, which the request's loop state holds."""
-    if override is None or (override.noise_level is None and override.sde_window is None):
+    """The request's stochastic sampler with its node params applied (flow_sde's ``noise_level`` /
+    ``sde_window``, comfy_euler_ancestral's ``eta`` / ``s_noise``): a per-request copy of the
+    stateless sampler, which the request's loop state holds."""
+    if override is None:
         return sampler
-    assert isinstance(sampler, FlowSDESampler), "admission checks the SDE knobs name flow_sde"
-    changes: dict[str, Any] = {}
-    if override.noise_level is not None:
-        changes["noise_level"] = override.noise_level
-    if override.sde_window is not None:
-        changes["sde_window"] = override.sde_window
+    names = _ANCESTRAL_KNOBS if isinstance(sampler, ComfyEulerAncestralSampler) else _SDE_KNOBS
+    changes: dict[str, Any] = {name: getattr(override, name) for name in names if getattr(override, name) is not None}
+    if not changes:
+        return sampler
+    assert isinstance(sampler, (FlowSDESampler, ComfyEulerAncestralSampler)), "admission checks the knobs' sampler"
     return dataclasses.replace(sampler, **changes)
+
+
+_SDE_KNOBS = ("noise_level", "sde_window")
+_ANCESTRAL_KNOBS = ("eta", "s_noise")
 
 
 def check_sde_options(sampler: Sampler, node: str, override: DenoiseParams, num_steps: Callable[[], int]) -> None:
@@ -719,6 +727,11 @@ def check_sde_options(sampler: Sampler, node: str, override: DenoiseParams, num_
             field = f"node_params[{node!r}].{name}"
             raise InvalidRequest(f"{field}: sampler {sampler.name!r} draws no SDE noise", fields=(field,),
                                  hint="pass sampler='flow_sde', or drop it")
+    for name, value in (("eta", override.eta), ("s_noise", override.s_noise)):
+        if value is not None and not isinstance(sampler, ComfyEulerAncestralSampler):
+            field = f"node_params[{node!r}].{name}"
+            raise InvalidRequest(f"{field}: sampler {sampler.name!r} takes no ancestral {name}", fields=(field,),
+                                 hint="pass sampler='comfy_euler_ancestral', or drop it")
     window = override.sde_window
     if window is None:
         return

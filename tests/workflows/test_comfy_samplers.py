@@ -164,3 +164,30 @@ def test_sampler_custom_without_noise_and_unsupported_samplers_are_refused_namin
     assert error["class_type"] == "SamplerCustom"
     message = str(error["errors"])
     assert "dpmpp_2m_sde" in message and "'euler_ancestral'" in message and "'dpmpp_2m'" in message
+
+
+def test_a_sampler_custom_euler_ancestral_workflow_runs_reproducibly_with_its_eta(wan_t2v_dir):
+    """The engine runs the compiled request: ComfyUI's ancestral sampler with the node's eta, its
+    noise drawn from the prompt's seed (the same prompt twice: the same video; eta 0, the
+    noiseless step: another)."""
+    from omniloop.api.generator import VideoGenerator
+    from omniloop.workflows import compile_workflow
+    from tests.workflows.templates import template_models
+    from tests.workflows.test_run_templates import small
+
+    def request(eta: float):
+        api = small(_custom_wan({"class_type": "SamplerEulerAncestral", "inputs": {"eta": eta, "s_noise": 1.0}}))
+        api["901"]["inputs"]["steps"] = 3
+        (generation,) = compile_workflow(api, template_models({"wan": wan_t2v_dir})).generations
+        return generation.request
+
+    with VideoGenerator.from_pretrained(str(wan_t2v_dir)) as gen:
+        runs = [gen.generate(request(eta)) for eta in (0.5, 0.5, 0.0)]
+        wrong = request(0.5)
+        wrong = wrong.model_copy(update={"diffusion": wrong.diffusion.model_copy(update={"sampler": "flow_euler"})})
+        with pytest.raises(ValueError, match=r"node_params\['denoise'\].eta: sampler 'flow_euler' takes no ancestral"):
+            gen.generate(wrong)
+    assert all(out.failure is None for out in runs), [out.failure for out in runs]
+    frames = [torch.as_tensor(out.artifacts["video"].frames) for out in runs]
+    assert torch.equal(frames[0], frames[1])
+    assert not torch.equal(frames[0], frames[2])

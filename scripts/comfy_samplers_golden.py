@@ -14,6 +14,9 @@ sampler with ``extra_args={"seed": seed}`` (the ancestral sampler's noise: its
 ``inverse_noise_scaling``. The model is the toy flow model of comfy_flow_schedules.json:
 velocity ``v = 0.5 * x - sigma``, denoised by CONST's ``x - v * sigma``; the start is
 ``linspace(-1, 1, 12)`` as a ``[2, 6]`` batch (two latent rows: the noise is drawn for both at once).
+``cfg_zero_star``: ComfyUI's ``CFGZeroStar`` (comfy_extras/nodes_cfg.py: ``optimized_scale`` and
+the node class, its ``execute`` run on a stand-in model that keeps the post-CFG function it sets)
+on seeded random branch velocities turned into clean estimates by CONST: the patched result.
 
     python scripts/comfy_samplers_golden.py /path/to/ComfyUI [--out tests/workflows/golden/comfy_samplers.json]
 """
@@ -60,6 +63,41 @@ def extract(text: str, names: set[str], namespace: dict) -> None:
     exec(compile(ast.Module(body=picked, type_ignores=[]), "<comfyui>", "exec"), namespace)
 
 
+def cfg_zero_star_cases(repo: Path, const) -> list[dict]:
+    """ComfyUI's CFGZeroStar patch (comfy_extras/nodes_cfg.py: ``optimized_scale`` and the class,
+    its ``execute`` run on a stand-in model that hands back the post-CFG function it sets) on
+    random branch velocities: the inputs, and the patched result in ComfyUI's denoised space."""
+    class Io:  # what the node's schema needs of comfy_api's io, nothing it computes with
+        ComfyNode = object
+        NodeOutput = staticmethod(lambda *values: values)
+
+    class Model:
+        post_cfg = None
+
+        def clone(self):
+            return self
+
+        def set_model_sampler_post_cfg_function(self, fn):
+            self.post_cfg = fn
+
+    ns: dict = {"torch": torch, "io": Io, "override": lambda f: f}
+    extract(source(repo, "comfy_extras/nodes_cfg.py"), {"optimized_scale", "CFGZeroStar"}, ns)
+    model = Model()
+    ns["CFGZeroStar"].execute(model)
+    cases = []
+    for seed, (sigma, scale, shape) in enumerate(((0.9, 5.0, (2, 3, 4)), (0.3, 3.5, (1, 2, 2, 3)), (1.0, 1.5, (3, 5)))):
+        gen = torch.Generator().manual_seed(seed)
+        x, v_cond, v_uncond = (torch.randn(shape, generator=gen) for _ in range(3))
+        sigma_t = torch.full((shape[0],), sigma)
+        cond, uncond = const.calculate_denoised(sigma_t, v_cond, x), const.calculate_denoised(sigma_t, v_uncond, x)
+        out = uncond + (cond - uncond) * scale  # cfg_function's result (no sampler_cfg_function)
+        result = model.post_cfg({"denoised": out, "cond_scale": scale, "cond_denoised": cond,
+                                 "uncond_denoised": uncond, "input": x, "sigma": sigma_t})
+        cases.append({"sigma": sigma, "scale": scale, "x": x.tolist(), "v_cond": v_cond.tolist(),
+                      "v_uncond": v_uncond.tolist(), "result_denoised": result.tolist()})
+    return cases
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("comfyui", type=Path, help="a ComfyUI git checkout (its .git or work tree)")
@@ -99,9 +137,10 @@ def main() -> None:
             cases.append({"sampler": sampler_name, "options": options, "scheduler": scheduler, "shift": shift,
                           "steps": steps, "seed": seed, "sigmas": sigmas.tolist(), "x_init": x_init.tolist(),
                           "x_final": out.tolist()})
+    table_zero_star = cfg_zero_star_cases(args.comfyui, ns["CONST"]())
     table = {"source": f"ComfyUI {revision}: comfy/k_diffusion/sampling.py sample_euler_ancestral_RF / "
                        "sample_dpmpp_2m, driven as KSAMPLER does for a flow model (scripts/comfy_samplers_golden.py)",
-             "cases": cases}
+             "cases": cases, "cfg_zero_star": table_zero_star}
     args.out.write_text(json.dumps(table, indent=1) + "\n")
     print(f"{len(cases)} cases -> {args.out}")
 

@@ -191,3 +191,50 @@ def test_a_sampler_custom_euler_ancestral_workflow_runs_reproducibly_with_its_et
     frames = [torch.as_tensor(out.artifacts["video"].frames) for out in runs]
     assert torch.equal(frames[0], frames[1])
     assert not torch.equal(frames[0], frames[2])
+
+
+# -- CFGZeroStar ------------------------------------------------------------------------------
+ZERO_STAR = json.loads((Path(__file__).parent / "golden" / "comfy_samplers.json").read_text())["cfg_zero_star"]
+
+
+@pytest.mark.parametrize("case", ZERO_STAR, ids=lambda c: f"sigma{c['sigma']}-cfg{c['scale']}")
+def test_cfg_zero_star_equals_comfyuis_patch(case):
+    """Our velocity-space patch, read back as ComfyUI's clean estimate (x - v * sigma), equals
+    ComfyUI's CFGZeroStar post-CFG result on the same branch predictions."""
+    from omniloop.pipeline.policies.cfg_zero_star import cfg_zero_star
+
+    x, sigma = torch.tensor(case["x"]), torch.tensor(case["sigma"])
+    v = cfg_zero_star(x, sigma, torch.tensor(case["v_cond"]), torch.tensor(case["v_uncond"]), case["scale"])
+    torch.testing.assert_close(x - v * sigma, torch.tensor(case["result_denoised"]), rtol=0, atol=5e-6)
+    plain = torch.tensor(case["v_uncond"]) + case["scale"] * (torch.tensor(case["v_cond"]) - torch.tensor(case["v_uncond"]))
+    assert (v - plain).abs().max() > 1e-3  # it is not plain CFG
+
+
+def test_a_cfg_zero_star_workflow_compiles_and_runs_patched(wan_t2v_dir):
+    """CFGZeroStar on the model: the request's denoise knob; the engine's result differs from the
+    unpatched one's; a sampler that is not a flow sampler is refused at admission."""
+    from omniloop.api.generator import VideoGenerator
+    from omniloop.workflows import compile_workflow
+    from tests.workflows.templates import template_models
+    from tests.workflows.test_run_templates import small
+
+    def request(patched: bool):
+        api = small(_custom_wan({"class_type": "KSamplerSelect", "inputs": {"sampler_name": "euler"}}))
+        api["901"]["inputs"]["steps"] = 2
+        if patched:
+            sampler_custom = next(n for n in api.values() if n["class_type"] == "SamplerCustom")
+            api["902"] = {"class_type": "CFGZeroStar", "inputs": {"model": sampler_custom["inputs"]["model"]}}
+            sampler_custom["inputs"]["model"] = ["902", 0]
+        (generation,) = compile_workflow(api, template_models({"wan": wan_t2v_dir}), exact=True).generations
+        return generation.request
+
+    patched = request(True)
+    assert patched.node_params["denoise"] == {"cfg_zero_star": True} and patched.diffusion.guidance_scale == 4.0
+    with VideoGenerator.from_pretrained(str(wan_t2v_dir)) as gen:
+        runs = [gen.generate(r) for r in (patched, request(False))]
+        wrong = patched.model_copy(update={"diffusion": patched.diffusion.model_copy(update={"sampler": "flow_unipc"})})
+        with pytest.raises(ValueError, match=r"cfg_zero_star: CFG-Zero\* patches a flow model's guidance"):
+            gen.generate(wrong)
+    assert all(out.failure is None for out in runs), [out.failure for out in runs]
+    frames = [torch.as_tensor(out.artifacts["video"].frames) for out in runs]
+    assert not torch.equal(frames[0], frames[1])

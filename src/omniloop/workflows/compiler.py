@@ -149,6 +149,8 @@ def _generation(ev: Evaluation, final: Latent, saves: tuple[SaveTarget, ...]) ->
     _guidance(ev, first, served, fields)
     _schedule(ev, first, fields)
     _sampler_options(first, node_params)
+    if first.model.cfg_zero_star:
+        node_params.setdefault(DENOISE_NODE, {})["cfg_zero_star"] = True
     _geometry(ev, first, canvas, saves, fields, task)
     fields.put("seed", _seed(ev, first))
     loras = _loras(ev, runs)
@@ -343,6 +345,9 @@ def _split(ev: Evaluation, first: Sampling, second: Sampling, fields: Fields,
         _deviate(ev, second.node, "add_noise=enable on the second sampler: no noise is added between experts")
     if (first.sampler_name, first.scheduler) != (second.sampler_name, second.scheduler):
         _deviate(ev, second.node, "the second sampler's sampler/scheduler differ from the first's; the first's run")
+    if first.model.cfg_zero_star != second.model.cfg_zero_star:
+        _deviate(ev, second.node, "CFGZeroStar patches one expert's model only; the first expert's setting "
+                 f"({first.model.cfg_zero_star}) applies to both")
     if first.model.shift != second.model.shift:
         _deviate(ev, second.node, f"the experts' shifts differ ({first.model.shift}, {second.model.shift}); "
                  f"{first.model.shift} runs")

@@ -172,6 +172,12 @@ def model_sampling_flux(call: NodeCall) -> tuple[Any, ...]:
     return (call["model"],)
 
 
+@node("CFGZeroStar", [i("model", "MODEL")], ["MODEL"], output_names=("patched_model",), category="advanced/guidance")
+def cfg_zero_star(call: NodeCall) -> tuple[Any, ...]:
+    """CFG-Zero*: the guidance's optimized scale of the unconditional branch."""
+    return (replace(call["model"], cfg_zero_star=True),)
+
+
 # -- text -------------------------------------------------------------------------------------
 @node("CLIPTextEncode", [i("text", "STRING", "", multiline=True), i("clip", "CLIP")], ["CONDITIONING"],
       category="conditioning")

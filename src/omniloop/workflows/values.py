@@ -23,6 +23,7 @@ class ModelRef:
     loader: str  # the node id that loaded it
     loras: tuple[LoraRef, ...] = ()
     shift: float | None = None  # ModelSamplingSD3 / ModelSamplingFlux
+    cfg_zero_star: bool = False  # CFGZeroStar: the guided prediction patched (the denoise loop's knob)
 
     def with_lora(self, lora: LoraRef) -> "ModelRef":
         return replace(self, loras=(*self.loras, lora))

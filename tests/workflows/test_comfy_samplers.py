@@ -238,3 +238,20 @@ def test_a_cfg_zero_star_workflow_compiles_and_runs_patched(wan_t2v_dir):
     assert all(out.failure is None for out in runs), [out.failure for out in runs]
     frames = [torch.as_tensor(out.artifacts["video"].frames) for out in runs]
     assert not torch.equal(frames[0], frames[1])
+
+
+def test_on_the_ltx2_two_stage_path_comfyuis_samplers_stay_deviations():
+    """video_ltx2_t2v (KSamplerSelect euler_ancestral, a joint audio-video latent, two stages):
+    the model's own sampler runs, reported naming what runs there; exact refuses it."""
+    pytest.importorskip("comfyui_workflow_templates_json")
+    from omniloop.workflows import WorkflowError, compile_workflow
+    from omniloop.workflows.ui_format import ui_to_api
+    from tests.workflows.templates import template, template_models
+
+    api = ui_to_api(template("video_ltx2_t2v"))
+    result = compile_workflow(api, template_models())
+    assert result.generations[0].request.diffusion.sampler is None
+    assert any("'euler_ancestral' is not supported on a joint audio-video latent" in d.message
+               and "['euler']" in d.message for d in result.deviations)
+    with pytest.raises(WorkflowError, match="euler_ancestral"):
+        compile_workflow(api, template_models(), exact=True)

@@ -344,6 +344,10 @@ class DenoiseLoop(LoopStageBase[DenoiseLoopState]):
             check_records_log_probs(sampler, ctx.node, override)
         if override is not None:
             check_sde_options(sampler, ctx.node, override, lambda: self._num_steps(ctx, state, params))
+            if override.cfg_zero_star and type(self).combine is not DenoiseLoop.combine:
+                field = f"node_params[{ctx.node!r}].cfg_zero_star"
+                raise InvalidRequest(f"{field}: node {ctx.node!r} combines its guidance its own way; CFG-Zero* "
+                                     "patches the classic combine", hint="drop cfg_zero_star", fields=(field,))
             if override.cfg_zero_star and not isinstance(sampler, FlowEulerSampler):
                 field = f"node_params[{ctx.node!r}].cfg_zero_star"
                 raise InvalidRequest(f"{field}: CFG-Zero* patches a flow model's guidance; sampler {sampler.name!r} "

@@ -255,3 +255,16 @@ def test_on_the_ltx2_two_stage_path_comfyuis_samplers_stay_deviations():
                and "['euler']" in d.message for d in result.deviations)
     with pytest.raises(WorkflowError, match="euler_ancestral"):
         compile_workflow(api, template_models(), exact=True)
+
+
+@pytest.mark.parametrize("name", ["euler_ancestral", "dpmpp_2m"])
+def test_a_run_from_given_latents_is_comfyuis_run_over_the_rest_of_the_schedule(name):
+    """A loop from given latents starts mid-schedule (step_index = start): the sampler runs the
+    remaining sigmas as a fresh ComfyUI run over them (a fresh noise generator, no history)."""
+    case = next(c for c in GOLDEN if c["sampler"] == name and c["steps"] == 6 and c["scheduler"] == "normal")
+    sampler, sigmas, start = _sampler(case), case["sigmas"], 2
+    x0 = torch.tensor(case["x_init"])
+    late = sampler.init_state(6, sigmas=sigmas[:-1], shift=1.0, seed=5)
+    late.step_index = start
+    fresh = sampler.init_state(6 - start, sigmas=sigmas[start:-1], shift=1.0, seed=5)
+    assert torch.equal(_run(sampler, late, x0), _run(sampler, fresh, x0))

@@ -31,7 +31,12 @@ from omniloop.workflows.values import AudioOut, Latent, Pixels, SaveTarget, Samp
 
 # ComfyUI sampler -> ours; the named schedules we run (ComfyUI's own under ModelSamplingSD3)
 SUPPORTED_SAMPLERS: Mapping[str, str] = {"euler": "flow_euler", "uni_pc": "comfy_uni_pc",
-                                         "uni_pc_bh2": "comfy_uni_pc_bh2"}
+                                         "uni_pc_bh2": "comfy_uni_pc_bh2", "euler_ancestral": "comfy_euler_ancestral",
+                                         "dpmpp_2m": "comfy_dpmpp_2m"}
+# samplers that keep history or draw noise from a generator: ComfyUI restarts them at each sampler node
+RESTARTING_SAMPLERS = frozenset({"uni_pc", "uni_pc_bh2", "euler_ancestral", "dpmpp_2m"})
+# a sampler node's knobs (SamplerEulerAncestral's) -> the denoise loop's node params, with ComfyUI's defaults
+SAMPLER_OPTION_DEFAULTS: Mapping[str, float] = {"eta": 1.0, "s_noise": 1.0}
 # the sampler nodes whose schedule is KSampler's (calculate_sigmas, with its penultimate-sigma rule)
 KSAMPLER_NODES = frozenset({"KSampler", "KSamplerAdvanced"})
 SUPPORTED_SCHEDULERS = SCHEDULES
@@ -142,7 +147,16 @@ def _generation(ev: Evaluation, final: Latent, saves: tuple[SaveTarget, ...]) ->
         runs = (first,)
     prompt = _prompt(ev, first)
     _guidance(ev, first, served, fields)
-    _schedule(ev, first, fields)
+    # the joint audio-video latent and the two-stage path run the model's own sampler beside euler
+    # (ComfyUI's samplers there step a nested latent and a second sampler node we do not mirror)
+    comfy_path = canvas.kind != "av" and "refine" not in node_params
+    _schedule(ev, first, fields, comfy_samplers=comfy_path)
+    _sampler_options(ev, first, fields, node_params)
+    if first.model.cfg_zero_star and comfy_path:
+        node_params.setdefault(DENOISE_NODE, {})["cfg_zero_star"] = True
+    elif first.model.cfg_zero_star:
+        _deviate(ev, first.node, "CFGZeroStar is not applied on a joint audio-video latent or the two-stage path "
+                 "(the model's own guidance runs)")
     _geometry(ev, first, canvas, saves, fields, task)
     fields.put("seed", _seed(ev, first))
     loras = _loras(ev, runs)
@@ -219,19 +233,32 @@ def _guidance(ev: Evaluation, run: Sampling, served: ServedCheckpoint, fields: F
         fields.put("negative_prompt", negative)
 
 
-def _sampler(ev: Evaluation, run: Sampling) -> str | None:
-    ours = SUPPORTED_SAMPLERS.get(run.sampler_name)
+def _sampler(ev: Evaluation, run: Sampling, comfy_samplers: bool) -> str | None:
+    supported = SUPPORTED_SAMPLERS if comfy_samplers else {"euler": SUPPORTED_SAMPLERS["euler"]}
+    ours = supported.get(run.sampler_name)
     if ours is None:
-        message = (f"sampler_name={run.sampler_name!r} is not supported (supported: {sorted(SUPPORTED_SAMPLERS)}); "
+        where = "" if comfy_samplers else " on a joint audio-video latent or the two-stage path"
+        message = (f"sampler_name={run.sampler_name!r} is not supported{where} (supported: {sorted(supported)}); "
                    "the model's own sampler runs")
         _deviate(ev, run.node, message)
     return ours
 
 
-def _schedule(ev: Evaluation, run: Sampling, fields: Fields) -> None:
+def _sampler_options(ev: Evaluation, run: Sampling, fields: Fields, node_params: dict[str, dict[str, Any]]) -> None:
+    """``SamplerEulerAncestral``'s eta / s_noise: the denoise loop's knobs where not ComfyUI's
+    defaults (when its sampler runs; otherwise the sampler's deviation was reported)."""
+    if fields.get("sampler") != SUPPORTED_SAMPLERS["euler_ancestral"]:
+        return
+    for name, value in run.sampler_options:
+        if value != SAMPLER_OPTION_DEFAULTS[name]:
+            node_params.setdefault(DENOISE_NODE, {})[name] = value
+
+
+def _schedule(ev: Evaluation, run: Sampling, fields: Fields, *, comfy_samplers: bool = True) -> None:
     """Steps or sigmas, sampler, shift. Under ``ModelSamplingSD3`` (a flow model with a static
-    shift) a named schedule is ComfyUI's own (``schedules.py``): its shifted sigmas, shift 1."""
-    sampler = _sampler(ev, run)
+    shift) a named schedule is ComfyUI's own (``schedules.py``): its shifted sigmas, shift 1.
+    ``comfy_samplers``: ComfyUI's own samplers run (else euler only)."""
+    sampler = _sampler(ev, run, comfy_samplers)
     if run.scheduler is not None and run.scheduler != "ltxv" and run.scheduler not in SUPPORTED_SCHEDULERS:
         _deviate(ev, run.node, f"scheduler={run.scheduler!r} is not supported (supported: {list(SUPPORTED_SCHEDULERS)}"
                  "); the model's own schedule runs")
@@ -330,12 +357,15 @@ def _split(ev: Evaluation, first: Sampling, second: Sampling, fields: Fields,
         _deviate(ev, second.node, "add_noise=enable on the second sampler: no noise is added between experts")
     if (first.sampler_name, first.scheduler) != (second.sampler_name, second.scheduler):
         _deviate(ev, second.node, "the second sampler's sampler/scheduler differ from the first's; the first's run")
+    if first.model.cfg_zero_star != second.model.cfg_zero_star:
+        _deviate(ev, second.node, "CFGZeroStar patches one expert's model only; the first expert's setting "
+                 f"({first.model.cfg_zero_star}) applies to both")
     if first.model.shift != second.model.shift:
         _deviate(ev, second.node, f"the experts' shifts differ ({first.model.shift}, {second.model.shift}); "
                  f"{first.model.shift} runs")
-    if SUPPORTED_SAMPLERS.get(first.sampler_name, "").startswith("comfy_uni_pc"):
-        _deviate(ev, second.node, f"{first.sampler_name} runs as one multistep solve over both experts; ComfyUI "
-                 "restarts it at the switch")
+    if first.sampler_name in RESTARTING_SAMPLERS:
+        _deviate(ev, second.node, f"{first.sampler_name} runs as one solve (one history, one noise generator) over "
+                 "both experts; ComfyUI restarts it at the switch")
     _deviate(ev, second.node, f"the experts switch at the checkpoint's boundary (its boundary_ratio), not at step "
              f"{first.end_at_step} of {first.steps}")
     fields.put("guidance_scale", first.cfg, "cfg")

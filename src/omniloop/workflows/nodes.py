@@ -172,6 +172,12 @@ def model_sampling_flux(call: NodeCall) -> tuple[Any, ...]:
     return (call["model"],)
 
 
+@node("CFGZeroStar", [i("model", "MODEL")], ["MODEL"], output_names=("patched_model",), category="advanced/guidance")
+def cfg_zero_star(call: NodeCall) -> tuple[Any, ...]:
+    """CFG-Zero*: the guidance's optimized scale of the unconditional branch."""
+    return (replace(call["model"], cfg_zero_star=True),)
+
+
 # -- text -------------------------------------------------------------------------------------
 @node("CLIPTextEncode", [i("text", "STRING", "", multiline=True), i("clip", "CLIP")], ["CONDITIONING"],
       category="conditioning")
@@ -388,7 +394,25 @@ def sampler_custom_advanced(call: NodeCall) -> tuple[Any, ...]:
     """Denoise with a noise source, a guider, a sampler and sigmas given as nodes."""
     noise, guider, sigmas, latent = call["noise"], call["guider"], call["sigmas"], call["latent_image"]
     run = Sampling(call.id, guider.model, guider.positive, guider.negative, guider.cfg, call["sampler"].name,
-                   sigmas.scheduler, sigmas.steps, noise.seed, latent, denoise=sigmas.denoise, sigmas=sigmas.values)
+                   sigmas.scheduler, sigmas.steps, noise.seed, latent, denoise=sigmas.denoise, sigmas=sigmas.values,
+                   sampler_options=call["sampler"].options)
+    out = replace(latent, sampled=run, upsampled_from=None)
+    return out, out
+
+
+@node("SamplerCustom", [i("model", "MODEL"), i("add_noise", "BOOLEAN", True),
+                        i("noise_seed", "INT", 0, min=0, max=SEED_MAX, seed=True),
+                        i("cfg", "FLOAT", 8.0, min=0.0, max=100.0), i("positive", "CONDITIONING"),
+                        i("negative", "CONDITIONING"), i("sampler", "SAMPLER"), i("sigmas", "SIGMAS"),
+                        i("latent_image", "LATENT")], ["LATENT", "LATENT"],
+      output_names=("output", "denoised_output"), category="sampling/custom_sampling")
+def sampler_custom(call: NodeCall) -> tuple[Any, ...]:
+    """Denoise with a sampler and sigmas given as nodes, the model, prompts and cfg as inputs
+    (SamplerCustomAdvanced with its noise and CFGGuider folded in)."""
+    sampler, sigmas, latent = call["sampler"], call["sigmas"], call["latent_image"]
+    run = Sampling(call.id, call["model"], call["positive"], call["negative"], float(call["cfg"]), sampler.name,
+                   sigmas.scheduler, sigmas.steps, int(call["noise_seed"]) if call["add_noise"] else None, latent,
+                   denoise=sigmas.denoise, sigmas=sigmas.values, sampler_options=sampler.options)
     out = replace(latent, sampled=run, upsampled_from=None)
     return out, out
 
@@ -425,6 +449,13 @@ def basic_guider(call: NodeCall) -> tuple[Any, ...]:
 def ksampler_select(call: NodeCall) -> tuple[Any, ...]:
     """A sampler by name."""
     return (SamplerChoice(call["sampler_name"]),)
+
+
+@node("SamplerEulerAncestral", [i("eta", "FLOAT", 1.0, min=0.0, max=100.0), i("s_noise", "FLOAT", 1.0, min=0.0, max=100.0)],
+      ["SAMPLER"], category="sampling/custom_sampling/samplers")
+def sampler_euler_ancestral(call: NodeCall) -> tuple[Any, ...]:
+    """The ancestral Euler sampler with its eta and noise scale."""
+    return (SamplerChoice("euler_ancestral", (("eta", float(call["eta"])), ("s_noise", float(call["s_noise"])))),)
 
 
 @node("BasicScheduler", [i("model", "MODEL"), i("scheduler", "COMBO", "simple", options=SCHEDULER_NAMES),

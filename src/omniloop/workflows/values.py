@@ -23,6 +23,7 @@ class ModelRef:
     loader: str  # the node id that loaded it
     loras: tuple[LoraRef, ...] = ()
     shift: float | None = None  # ModelSamplingSD3 / ModelSamplingFlux
+    cfg_zero_star: bool = False  # CFGZeroStar: the guided prediction patched (the denoise loop's knob)
 
     def with_lora(self, lora: LoraRef) -> "ModelRef":
         return replace(self, loras=(*self.loras, lora))
@@ -95,6 +96,7 @@ class Sampling:
     start_at_step: int = 0
     end_at_step: int | None = None  # None: to the end
     sigmas: tuple[float, ...] | None = None
+    sampler_options: tuple[tuple[str, float], ...] = ()  # SamplerEulerAncestral's eta / s_noise
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,7 @@ class Guider:
 @dataclass(frozen=True)
 class SamplerChoice:
     name: str
+    options: tuple[tuple[str, float], ...] = ()  # (input, value) of a sampler node with knobs
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,9 @@ from omniloop.pipeline.policies.conditioning import ConditioningPolicy, NoCondit
 from omniloop.pipeline.policies.routing import Route, RoutingPolicy, SingleModel
 from omniloop.pipeline.policies.shift import FlowShift, ShiftPolicy
 from omniloop.pipeline.samplers.base import Sampler, SamplerState
+from omniloop.pipeline.policies.cfg_zero_star import cfg_zero_star
+from omniloop.pipeline.samplers.comfy_euler_ancestral import ComfyEulerAncestralSampler
+from omniloop.pipeline.samplers.flow_euler import FlowEulerSampler
 from omniloop.pipeline.samplers.flow_sde import FlowSDESampler
 from omniloop.pipeline.stage import LoopStageBase, WorkEstimate, step_results
 from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
@@ -141,6 +144,12 @@ class DenoiseParams(LoopParams):
     noise_level: float | None = Field(default=None, gt=0, le=10, description="flow_sde: the SDE's noise level")
     sde_window: tuple[int, int] | None = Field(
         default=None, description="flow_sde: [start, end) steps that take the SDE step (ODE elsewhere; MixGRPO)")
+    # ComfyUI's ancestral sampler's knobs (sampler='comfy_euler_ancestral'; SamplerEulerAncestral's inputs)
+    eta: float | None = Field(default=None, ge=0, le=100, description="comfy_euler_ancestral: the ancestral eta")
+    s_noise: float | None = Field(default=None, ge=0, le=100, description="comfy_euler_ancestral: the noise scale")
+    # ComfyUI's CFGZeroStar model patch on the guided prediction (a flow sampler's loop)
+    cfg_zero_star: bool | None = Field(default=None, description="CFG-Zero* (ComfyUI's CFGZeroStar): the optimized "
+                                       "scale of the unconditional branch, per latent row")
 
     # the loop's own knob, also taken flat (diffusers' WanPipeline name); the others override shared fields
     flat: ClassVar[Mapping[str, str]] = {"guidance_scale_2": "guidance_scale_2"}
@@ -181,6 +190,7 @@ class DenoiseLoopState(LoopState):
     trajectory: list[torch.Tensor] | None = None  # return_trajectory: the latents after each step
     trajectory_start: torch.Tensor | None = None  # ... and the ones the first step took
     log_probs: bool = False  # return_log_probs: each step's transition log-density is checked and returned
+    cfg_zero_star: bool = False  # node_params cfg_zero_star: the guided prediction patched (cfg_zero_star.py)
 
     @property
     def route(self) -> Route:
@@ -288,6 +298,8 @@ class DenoiseLoop(LoopStageBase[DenoiseLoopState]):
             trajectory_start=next(iter(latents.values())).detach().clone() if request.outputs.return_trajectory
             else None,
             log_probs=request.outputs.return_log_probs,
+            cfg_zero_star=bool(override.cfg_zero_star) if (override := state.node_params.get(ctx.node)) is not None
+            else False,
         )
         loop.policy_states[self.cfg.name] = cfg_state
         loop.policy_states[self.conditioning.name] = cond_state
@@ -310,8 +322,14 @@ class DenoiseLoop(LoopStageBase[DenoiseLoopState]):
 
     def combine(self, loop: DenoiseLoopState, cfg_state: CFGState, preds: Mapping[str, Prediction],
                 route: Route) -> Prediction:
-        """The combine slot: the guided prediction of one request."""
-        return self.cfg.combine(cfg_state, preds, route.scale_set)
+        """The combine slot: the guided prediction of one request (CFG-Zero* patched when asked)."""
+        guided = self.cfg.combine(cfg_state, preds, route.scale_set)
+        if not loop.cfg_zero_star or UNCOND not in preds:
+            return guided
+        x = self.conditioning.prepare(loop.latents, loop.policy_states[self.conditioning.name])
+        scales = cfg_state.scales[route.scale_set]
+        return {m: cfg_zero_star(loop.sampler.scale_model_input(loop.samplers[m], x[m]), loop.samplers[m].sigma,
+                                 preds[COND][m], preds[UNCOND][m], scales[m]).to(guided[m].dtype) for m in guided}
 
     def check_request(self, ctx: StageContext, state: RequestState, produced: frozenset[str]) -> None:
         """Admission: a strength on a node that starts from noise, or one that leaves no step."""
@@ -326,6 +344,15 @@ class DenoiseLoop(LoopStageBase[DenoiseLoopState]):
             check_records_log_probs(sampler, ctx.node, override)
         if override is not None:
             check_sde_options(sampler, ctx.node, override, lambda: self._num_steps(ctx, state, params))
+            if override.cfg_zero_star and type(self).combine is not DenoiseLoop.combine:
+                field = f"node_params[{ctx.node!r}].cfg_zero_star"
+                raise InvalidRequest(f"{field}: node {ctx.node!r} combines its guidance its own way; CFG-Zero* "
+                                     "patches the classic combine", hint="drop cfg_zero_star", fields=(field,))
+            if override.cfg_zero_star and not isinstance(sampler, FlowEulerSampler):
+                field = f"node_params[{ctx.node!r}].cfg_zero_star"
+                raise InvalidRequest(f"{field}: CFG-Zero* patches a flow model's guidance; sampler {sampler.name!r} "
+                                     "is not a flow sampler", hint="pass a flow sampler (flow_euler, comfy_*), or "
+                                     "drop cfg_zero_star", fields=(field,))
         if not self.starts_from_given(ctx, produced) and override is not None and override.strength is not None:
             raise InvalidRequest(f"node_params[{ctx.node!r}].strength: node {ctx.node!r} starts from noise in this "
                                  "request (no given latents)", hint="drop strength",
@@ -698,17 +725,21 @@ def check_records_log_probs(sampler: Sampler, node: str, override: DenoiseParams
 
 
 def sde_options(sampler: Sampler, override: DenoiseParams | None) -> Sampler:
-    """The request's flow_sde (its ``noise_level`` / ``sde_window`` node params applied): a
-    per-request copy of the stateless sampler, which the request's loop state holds."""
-    if override is None or (override.noise_level is None and override.sde_window is None):
+    """The request's stochastic sampler with its node params applied (flow_sde's ``noise_level`` /
+    ``sde_window``, comfy_euler_ancestral's ``eta`` / ``s_noise``): a per-request copy of the
+    stateless sampler, which the request's loop state holds."""
+    if override is None:
         return sampler
-    assert isinstance(sampler, FlowSDESampler), "admission checks the SDE knobs name flow_sde"
-    changes: dict[str, Any] = {}
-    if override.noise_level is not None:
-        changes["noise_level"] = override.noise_level
-    if override.sde_window is not None:
-        changes["sde_window"] = override.sde_window
+    names = _ANCESTRAL_KNOBS if isinstance(sampler, ComfyEulerAncestralSampler) else _SDE_KNOBS
+    changes: dict[str, Any] = {name: getattr(override, name) for name in names if getattr(override, name) is not None}
+    if not changes:
+        return sampler
+    assert isinstance(sampler, (FlowSDESampler, ComfyEulerAncestralSampler)), "admission checks the knobs' sampler"
     return dataclasses.replace(sampler, **changes)
+
+
+_SDE_KNOBS = ("noise_level", "sde_window")
+_ANCESTRAL_KNOBS = ("eta", "s_noise")
 
 
 def check_sde_options(sampler: Sampler, node: str, override: DenoiseParams, num_steps: Callable[[], int]) -> None:
@@ -719,6 +750,11 @@ def check_sde_options(sampler: Sampler, node: str, override: DenoiseParams, num_
             field = f"node_params[{node!r}].{name}"
             raise InvalidRequest(f"{field}: sampler {sampler.name!r} draws no SDE noise", fields=(field,),
                                  hint="pass sampler='flow_sde', or drop it")
+    for name, value in (("eta", override.eta), ("s_noise", override.s_noise)):
+        if value is not None and not isinstance(sampler, ComfyEulerAncestralSampler):
+            field = f"node_params[{node!r}].{name}"
+            raise InvalidRequest(f"{field}: sampler {sampler.name!r} takes no ancestral {name}", fields=(field,),
+                                 hint="pass sampler='comfy_euler_ancestral', or drop it")
     window = override.sde_window
     if window is None:
         return

@@ -9,6 +9,8 @@ from omniloop.pipeline.samplers.base import (
     register_sampler,
     sampler_names,
 )
+from omniloop.pipeline.samplers.comfy_dpmpp_2m import ComfyDPMpp2MSampler, ComfyDPMpp2MState
+from omniloop.pipeline.samplers.comfy_euler_ancestral import ComfyAncestralState, ComfyEulerAncestralSampler
 from omniloop.pipeline.samplers.comfy_unipc import ComfyUniPCBh2Sampler, ComfyUniPCSampler, ComfyUniPCState
 from omniloop.pipeline.samplers.cosine_dpmsolver import CosineDPMSolverSampler, CosineDPMState
 from omniloop.pipeline.samplers.flow_euler import FlowEulerSampler
@@ -33,6 +35,10 @@ def sampler_for_diffusers_class(class_name: str) -> str:
 
 __all__ = [
     "SAMPLERS",
+    "ComfyAncestralState",
+    "ComfyDPMpp2MSampler",
+    "ComfyDPMpp2MState",
+    "ComfyEulerAncestralSampler",
     "ComfyUniPCBh2Sampler",
     "ComfyUniPCSampler",
     "ComfyUniPCState",

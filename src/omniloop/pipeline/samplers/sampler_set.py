@@ -101,12 +101,13 @@ def with_rollout_sampler(samplers: dict[str, Sampler]) -> dict[str, Sampler]:
     return samplers
 
 
-# ComfyUI's uni_pc / uni_pc_bh2 (a workflow's KSampler names them), over flow_euler's schedule
-COMFY_SAMPLERS = ("comfy_uni_pc", "comfy_uni_pc_bh2")
+# ComfyUI's uni_pc / uni_pc_bh2 / euler_ancestral / dpmpp_2m (a workflow's KSampler names them),
+# over flow_euler's schedule
+COMFY_SAMPLERS = ("comfy_uni_pc", "comfy_uni_pc_bh2", "comfy_euler_ancestral", "comfy_dpmpp_2m")
 
 
 def with_comfy_samplers(samplers: dict[str, Sampler]) -> dict[str, Sampler]:
-    """``samplers`` plus ComfyUI's UniPC samplers on the flow_euler sampler's schedule, when
+    """``samplers`` plus ComfyUI's samplers on the flow_euler sampler's schedule, when
     there is one."""
     euler = samplers.get("flow_euler")
     if isinstance(euler, FlowEulerSampler) and type(euler) is FlowEulerSampler:

@@ -1,0 +1,149 @@
+"""Write tests/workflows/golden/comfy_samplers.json by running ComfyUI's own k-diffusion samplers once.
+
+ComfyUI is GPL-3.0: nothing of it is in this repository. This script reads a ComfyUI git
+checkout given on the command line (``git show HEAD:<path>``) and executes, extracted by name
+with ``ast``: ``to_d``, ``default_noise_sampler``, ``sample_euler_ancestral_RF`` (what
+``sample_euler_ancestral`` runs for a CONST (flow) model) and ``sample_dpmpp_2m``
+(comfy/k_diffusion/sampling.py), ``append_dims`` (comfy/k_diffusion/utils.py),
+``time_snr_shift``, ``reshape_sigma``, ``CONST``, ``ModelSamplingDiscreteFlow``
+(comfy/model_sampling.py) and ``simple_scheduler``, ``normal_scheduler``, ``beta_scheduler``
+(comfy/samplers.py). It drives them as ``KSAMPLER.sample`` does for a flow model under
+``ModelSamplingSD3(shift)``: the scheduler's sigmas, CONST ``noise_scaling`` of the start, the
+sampler with ``extra_args={"seed": seed}`` (the ancestral sampler's noise: its
+``default_noise_sampler``, a generator on the sample's device seeded ``seed + 1`` on the CPU),
+``inverse_noise_scaling``. The model is the toy flow model of comfy_flow_schedules.json:
+velocity ``v = 0.5 * x - sigma``, denoised by CONST's ``x - v * sigma``; the start is
+``linspace(-1, 1, 12)`` as a ``[2, 6]`` batch (two latent rows: the noise is drawn for both at once).
+``cfg_zero_star``: ComfyUI's ``CFGZeroStar`` (comfy_extras/nodes_cfg.py: ``optimized_scale`` and
+the node class, its ``execute`` run on a stand-in model that keeps the post-CFG function it sets)
+on seeded random branch velocities turned into clean estimates by CONST: the patched result.
+
+    python scripts/comfy_samplers_golden.py /path/to/ComfyUI [--out tests/workflows/golden/comfy_samplers.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import math
+import subprocess
+from functools import partial
+from pathlib import Path
+
+import numpy
+import scipy.stats
+import torch
+
+SCHEDULERS = ("simple", "normal", "sgm_uniform", "beta")
+# (sampler, options, shift, steps, seed)
+CASES = [("euler_ancestral", {"eta": 1.0, "s_noise": 1.0}, 3.0, 6, 42),
+         ("euler_ancestral", {"eta": 0.5, "s_noise": 0.8}, 8.0, 4, 7),
+         ("euler_ancestral", {"eta": 0.0, "s_noise": 1.0}, 5.0, 5, 3),
+         ("euler_ancestral", {"eta": 1.0, "s_noise": 1.0}, 5.0, 1, 11),
+         ("dpmpp_2m", {}, 3.0, 6, 0),
+         ("dpmpp_2m", {}, 8.0, 4, 0),
+         ("dpmpp_2m", {}, 5.0, 1, 0)]
+
+
+def source(repo: Path, path: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), "show", f"HEAD:{path}"], check=True, capture_output=True,
+                          text=True).stdout
+
+
+def extract(text: str, names: set[str], namespace: dict) -> None:
+    """Execute the top-level functions / classes of ``text`` named in ``names`` into ``namespace``
+    (decorators dropped: ``torch.no_grad`` changes no value)."""
+    tree = ast.parse(text)
+    picked = [node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in names]
+    missing = names - {node.name for node in picked}
+    assert not missing, f"not found: {missing}"
+    for node in picked:
+        node.decorator_list = []
+    exec(compile(ast.Module(body=picked, type_ignores=[]), "<comfyui>", "exec"), namespace)
+
+
+def cfg_zero_star_cases(repo: Path, const) -> list[dict]:
+    """ComfyUI's CFGZeroStar patch (comfy_extras/nodes_cfg.py: ``optimized_scale`` and the class,
+    its ``execute`` run on a stand-in model that hands back the post-CFG function it sets) on
+    random branch velocities: the inputs, and the patched result in ComfyUI's denoised space."""
+    class Io:  # what the node's schema needs of comfy_api's io, nothing it computes with
+        ComfyNode = object
+        NodeOutput = staticmethod(lambda *values: values)
+
+    class Model:
+        post_cfg = None
+
+        def clone(self):
+            return self
+
+        def set_model_sampler_post_cfg_function(self, fn):
+            self.post_cfg = fn
+
+    ns: dict = {"torch": torch, "io": Io, "override": lambda f: f}
+    extract(source(repo, "comfy_extras/nodes_cfg.py"), {"optimized_scale", "CFGZeroStar"}, ns)
+    model = Model()
+    ns["CFGZeroStar"].execute(model)
+    cases = []
+    for seed, (sigma, scale, shape) in enumerate(((0.9, 5.0, (2, 3, 4)), (0.3, 3.5, (1, 2, 2, 3)), (1.0, 1.5, (3, 5)))):
+        gen = torch.Generator().manual_seed(seed)
+        x, v_cond, v_uncond = (torch.randn(shape, generator=gen) for _ in range(3))
+        sigma_t = torch.full((shape[0],), sigma)
+        cond, uncond = const.calculate_denoised(sigma_t, v_cond, x), const.calculate_denoised(sigma_t, v_uncond, x)
+        out = uncond + (cond - uncond) * scale  # cfg_function's result (no sampler_cfg_function)
+        result = model.post_cfg({"denoised": out, "cond_scale": scale, "cond_denoised": cond,
+                                 "uncond_denoised": uncond, "input": x, "sigma": sigma_t})
+        cases.append({"sigma": sigma, "scale": scale, "x": x.tolist(), "v_cond": v_cond.tolist(),
+                      "v_uncond": v_uncond.tolist(), "result_denoised": result.tolist()})
+    return cases
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("comfyui", type=Path, help="a ComfyUI git checkout (its .git or work tree)")
+    parser.add_argument("--out", type=Path, default=Path("tests/workflows/golden/comfy_samplers.json"))
+    args = parser.parse_args()
+    revision = subprocess.run(["git", "-C", str(args.comfyui), "rev-parse", "--short", "HEAD"], check=True,
+                              capture_output=True, text=True).stdout.strip()
+    utils: dict = {"torch": torch}
+    extract(source(args.comfyui, "comfy/k_diffusion/utils.py"), {"append_dims"}, utils)
+    ns: dict = {"torch": torch, "math": math, "numpy": numpy, "scipy": scipy, "partial": partial,
+                "trange": lambda n, disable=None: range(n), "utils": type("utils", (), utils)}
+    extract(source(args.comfyui, "comfy/k_diffusion/sampling.py"),
+            {"to_d", "default_noise_sampler", "sample_euler_ancestral_RF", "sample_dpmpp_2m"}, ns)
+    extract(source(args.comfyui, "comfy/model_sampling.py"),
+            {"time_snr_shift", "reshape_sigma", "CONST", "ModelSamplingDiscreteFlow"}, ns)
+    extract(source(args.comfyui, "comfy/samplers.py"), {"simple_scheduler", "normal_scheduler", "beta_scheduler"}, ns)
+    schedulers = {"simple": ns["simple_scheduler"], "normal": ns["normal_scheduler"],
+                  "sgm_uniform": partial(ns["normal_scheduler"], sgm=True), "beta": ns["beta_scheduler"]}
+    samplers = {"euler_ancestral": ns["sample_euler_ancestral_RF"], "dpmpp_2m": ns["sample_dpmpp_2m"]}
+
+    x_init = torch.linspace(-1, 1, 12).reshape(2, 6)
+    cases = []
+    for sampler_name, options, shift, steps, seed in CASES:
+        for scheduler in SCHEDULERS:
+            sampling = ns["ModelSamplingDiscreteFlow"]()
+            sampling.set_parameters(shift=shift)
+            sigmas = schedulers[scheduler](sampling, steps)
+            const = ns["CONST"]()
+            x = const.noise_scaling(sigmas[0], x_init, torch.zeros_like(x_init))
+
+            def model(x, sigma, **kwargs):
+                v = 0.5 * x - sigma.view(-1, 1)  # the toy velocity at the model input
+                return const.calculate_denoised(sigma, v, x)
+
+            out = samplers[sampler_name](model, x, sigmas, extra_args={"seed": seed}, disable=True, **options)
+            out = const.inverse_noise_scaling(sigmas[-1], out)
+            cases.append({"sampler": sampler_name, "options": options, "scheduler": scheduler, "shift": shift,
+                          "steps": steps, "seed": seed, "sigmas": sigmas.tolist(), "x_init": x_init.tolist(),
+                          "x_final": out.tolist()})
+    table_zero_star = cfg_zero_star_cases(args.comfyui, ns["CONST"]())
+    table = {"source": f"ComfyUI {revision}: comfy/k_diffusion/sampling.py sample_euler_ancestral_RF / "
+                       "sample_dpmpp_2m, driven as KSAMPLER does for a flow model (scripts/comfy_samplers_golden.py)",
+             "cases": cases, "cfg_zero_star": table_zero_star}
+    args.out.write_text(json.dumps(table, indent=1) + "\n")
+    print(f"{len(cases)} cases -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,270 @@
+"""ComfyUI's euler_ancestral (with its seeded noise) and dpmpp_2m on a flow model: our
+comfy_euler_ancestral / comfy_dpmpp_2m samplers equal ComfyUI's own sample_euler_ancestral_RF /
+sample_dpmpp_2m over each schedule we run (golden/comfy_samplers.json, made by
+scripts/comfy_samplers_golden.py from a ComfyUI checkout: golden/README.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from omniloop.pipeline.samplers import build_sampler
+from omniloop.workflows.schedules import SCHEDULES, ksampler_sigmas
+
+GOLDEN = json.loads((Path(__file__).parent / "golden" / "comfy_samplers.json").read_text())["cases"]
+NAMES = {"euler_ancestral": "comfy_euler_ancestral", "dpmpp_2m": "comfy_dpmpp_2m"}
+
+
+def _run(sampler, state, x: torch.Tensor) -> torch.Tensor:
+    """The denoise loop's calls on the toy flow model v = 0.5 x - sigma."""
+    while not state.done:
+        x = sampler.step(state, 0.5 * sampler.scale_model_input(state, x) - state.sigma, x)
+    return x
+
+
+def _sampler(case):
+    return build_sampler(NAMES[case["sampler"]], {"shift": 1.0, **case["options"]})
+
+
+def test_the_table_covers_both_samplers_every_schedule_and_eta():
+    assert {(c["sampler"], c["scheduler"]) for c in GOLDEN} == {(s, k) for s in NAMES for k in SCHEDULES}
+    assert {c["options"].get("eta") for c in GOLDEN if c["sampler"] == "euler_ancestral"} == {0.0, 0.5, 1.0}
+
+
+@pytest.mark.parametrize("case", GOLDEN, ids=lambda c: f"{c['sampler']}-{c['scheduler']}-shift{c['shift']:g}-"
+                         f"{c['steps']}-eta{c['options'].get('eta', '')}")
+def test_comfy_sampler_equals_comfyuis(case):
+    """Our sigmas (KSampler's for this sampler) bit for bit, then the sampler over them from the
+    same start and seed: ComfyUI's result (its noise drawn from the same generator)."""
+    sigmas = ksampler_sigmas(case["scheduler"], case["steps"], case["shift"], case["sampler"])
+    assert sigmas == case["sigmas"]
+    sampler = _sampler(case)
+    state = sampler.init_state(len(sigmas) - 1, sigmas=sigmas[:-1], shift=1.0, seed=case["seed"])
+    x = _run(sampler, state, torch.tensor(case["x_init"], dtype=torch.float32))  # [2, 6]
+    assert torch.equal(x, torch.tensor(case["x_final"]))  # bit for bit (CPU, float32)
+
+
+@pytest.mark.parametrize("name", ["euler_ancestral", "dpmpp_2m"])
+def test_step_many_equals_each_request_alone(name):
+    """Three requests (different seeds and starts) at the same steps of one schedule, stepped as
+    one batch: each request's rows equal its own run bit for bit (its own noise generator)."""
+    case = next(c for c in GOLDEN if c["sampler"] == name and c["steps"] == 6 and c["scheduler"] == "beta")
+    sampler, sigmas = _sampler(case), case["sigmas"][:-1]
+    starts = [torch.tensor(case["x_init"]) * k for k in (1.0, -0.5, 2.0)]
+    alone = []
+    for k, x in enumerate(starts):
+        alone.append(_run(sampler, sampler.init_state(len(sigmas), sigmas=sigmas, shift=1.0, seed=k), x))
+    states = [sampler.init_state(len(sigmas), sigmas=sigmas, shift=1.0, seed=k) for k in range(3)]
+    x = torch.cat(starts)
+    while not states[0].done:
+        assert len({sampler.batch_key(s) for s in states}) == 1
+        x = sampler.step_many(states, 0.5 * x - states[0].sigma, x)
+    assert all(s.done for s in states)
+    assert torch.equal(x, torch.cat(alone))
+
+
+def test_ancestral_noise_is_the_seeds_and_a_failed_batch_rewinds_it():
+    """Same seed, same result; another seed, another; a step_many that raises leaves the
+    generators where they were (the loop then steps each request alone)."""
+    case = next(c for c in GOLDEN if c["sampler"] == "euler_ancestral" and c["options"]["eta"] == 1.0
+                and c["steps"] == 6 and c["scheduler"] == "simple")
+    sampler, sigmas = _sampler(case), case["sigmas"][:-1]
+    x0 = torch.tensor(case["x_init"])
+
+    def run(seed):
+        return _run(sampler, sampler.init_state(len(sigmas), sigmas=sigmas, shift=1.0, seed=seed), x0)
+
+    assert torch.equal(run(42), run(42)) and not torch.equal(run(42), run(43))
+    states = [sampler.init_state(len(sigmas), sigmas=sigmas, shift=1.0, seed=s) for s in (42, 43)]
+    x = torch.cat([x0, x0])
+    x = sampler.step_many(states, 0.5 * x - states[0].sigma, x)  # draws once each
+    before = [s.generator.get_state().clone() for s in states]
+    bad = torch.cat([x, x[:1]])  # 3 rows for 2 requests: both draw noise, then the update fails
+    with pytest.raises(RuntimeError):
+        sampler.step_many(states, 0.5 * bad - states[0].sigma, bad)
+    assert [s.step_index for s in states] == [1, 1]
+    assert all(torch.equal(s.generator.get_state(), b) for s, b in zip(states, before))
+
+
+def test_options_are_validated():
+    with pytest.raises(ValueError, match="eta must be in"):
+        build_sampler("comfy_euler_ancestral", {"eta": -1.0})
+    with pytest.raises(ValueError, match="unknown ComfyDPMpp2M config keys"):
+        build_sampler("comfy_dpmpp_2m", {"eta": 1.0})
+
+
+# -- the nodes: SamplerCustom, SamplerEulerAncestral, KSampler's sampler names ------------------
+def _custom_wan(sampler_node: dict, scheduler: str = "beta", add_noise: bool = True) -> dict:
+    """text_to_video_wan with its KSampler replaced by SamplerCustom over ``sampler_node`` and a
+    BasicScheduler (the shape of the ltxv_* / video_wan_* templates)."""
+    pytest.importorskip("comfyui_workflow_templates_json")
+    from omniloop.workflows.ui_format import ui_to_api
+    from tests.workflows.templates import template
+
+    api = ui_to_api(template("text_to_video_wan"))
+    node_id, ks = next((k, n) for k, n in api.items() if n["class_type"] == "KSampler")
+    inputs = ks["inputs"]
+    api["900"] = sampler_node
+    api["901"] = {"class_type": "BasicScheduler", "inputs": {"model": inputs["model"], "scheduler": scheduler,
+                                                              "steps": 5, "denoise": 1.0}}
+    api[node_id] = {"class_type": "SamplerCustom", "inputs": {
+        "model": inputs["model"], "add_noise": add_noise, "noise_seed": 1234, "cfg": 4.0,
+        "positive": inputs["positive"], "negative": inputs["negative"], "sampler": ["900", 0], "sigmas": ["901", 0],
+        "latent_image": inputs["latent_image"]}}
+    return api
+
+
+def _shift(api: dict) -> float:
+    return next(n["inputs"]["shift"] for n in api.values() if n["class_type"] == "ModelSamplingSD3")
+
+
+def test_sampler_custom_with_euler_ancestral_compiles_to_comfyuis_sampler_schedule_and_knobs():
+    from omniloop.workflows import compile_workflow
+    from omniloop.workflows.schedules import flow_schedule
+    from tests.workflows.templates import template_models
+
+    api = _custom_wan({"class_type": "SamplerEulerAncestral", "inputs": {"eta": 0.5, "s_noise": 1.0}})
+    result = compile_workflow(api, template_models(), exact=True)
+    (generation,) = result.generations
+    request = generation.request
+    assert request.diffusion.sampler == "comfy_euler_ancestral" and request.diffusion.shift == 1.0
+    assert request.diffusion.sigmas == flow_schedule("beta", 5, _shift(api))[:-1]  # BasicScheduler: no discard
+    assert request.diffusion.seed == 1234 and request.diffusion.guidance_scale == 4.0
+    assert request.node_params["denoise"] == {"eta": 0.5}  # s_noise 1 is the default
+
+
+@pytest.mark.parametrize("scheduler", ["simple", "sgm_uniform"])
+def test_sampler_custom_with_ksampler_select_dpmpp_2m(scheduler):
+    from omniloop.workflows import compile_workflow
+    from omniloop.workflows.schedules import flow_schedule
+    from tests.workflows.templates import template_models
+
+    api = _custom_wan({"class_type": "KSamplerSelect", "inputs": {"sampler_name": "dpmpp_2m"}}, scheduler)
+    (generation,) = compile_workflow(api, template_models(), exact=True).generations
+    assert generation.request.diffusion.sampler == "comfy_dpmpp_2m"
+    assert generation.request.diffusion.sigmas == flow_schedule(scheduler, 5, _shift(api))[:-1]
+    assert "denoise" not in generation.request.node_params
+
+
+def test_sampler_custom_without_noise_and_unsupported_samplers_are_refused_naming_the_supported():
+    from omniloop.workflows import WorkflowError, compile_workflow
+    from tests.workflows.templates import template_models
+
+    api = _custom_wan({"class_type": "KSamplerSelect", "inputs": {"sampler_name": "euler"}}, add_noise=False)
+    with pytest.raises(WorkflowError) as e:
+        compile_workflow(api, template_models())
+    assert "adds no noise" in str(e.value)
+    api = _custom_wan({"class_type": "KSamplerSelect", "inputs": {"sampler_name": "dpmpp_2m_sde"}})
+    with pytest.raises(WorkflowError) as e:
+        compile_workflow(api, template_models(), exact=True)
+    (error,) = e.value.to_comfy()["node_errors"].values()
+    assert error["class_type"] == "SamplerCustom"
+    message = str(error["errors"])
+    assert "dpmpp_2m_sde" in message and "'euler_ancestral'" in message and "'dpmpp_2m'" in message
+
+
+def test_a_sampler_custom_euler_ancestral_workflow_runs_reproducibly_with_its_eta(wan_t2v_dir):
+    """The engine runs the compiled request: ComfyUI's ancestral sampler with the node's eta, its
+    noise drawn from the prompt's seed (the same prompt twice: the same video; eta 0, the
+    noiseless step: another)."""
+    from omniloop.api.generator import VideoGenerator
+    from omniloop.workflows import compile_workflow
+    from tests.workflows.templates import template_models
+    from tests.workflows.test_run_templates import small
+
+    def request(eta: float):
+        api = small(_custom_wan({"class_type": "SamplerEulerAncestral", "inputs": {"eta": eta, "s_noise": 1.0}}))
+        api["901"]["inputs"]["steps"] = 3
+        (generation,) = compile_workflow(api, template_models({"wan": wan_t2v_dir})).generations
+        return generation.request
+
+    with VideoGenerator.from_pretrained(str(wan_t2v_dir)) as gen:
+        runs = [gen.generate(request(eta)) for eta in (0.5, 0.5, 0.0)]
+        wrong = request(0.5)
+        wrong = wrong.model_copy(update={"diffusion": wrong.diffusion.model_copy(update={"sampler": "flow_euler"})})
+        with pytest.raises(ValueError, match=r"node_params\['denoise'\].eta: sampler 'flow_euler' takes no ancestral"):
+            gen.generate(wrong)
+    assert all(out.failure is None for out in runs), [out.failure for out in runs]
+    frames = [torch.as_tensor(out.artifacts["video"].frames) for out in runs]
+    assert torch.equal(frames[0], frames[1])
+    assert not torch.equal(frames[0], frames[2])
+
+
+# -- CFGZeroStar ------------------------------------------------------------------------------
+ZERO_STAR = json.loads((Path(__file__).parent / "golden" / "comfy_samplers.json").read_text())["cfg_zero_star"]
+
+
+@pytest.mark.parametrize("case", ZERO_STAR, ids=lambda c: f"sigma{c['sigma']}-cfg{c['scale']}")
+def test_cfg_zero_star_equals_comfyuis_patch(case):
+    """Our velocity-space patch, read back as ComfyUI's clean estimate (x - v * sigma), equals
+    ComfyUI's CFGZeroStar post-CFG result on the same branch predictions."""
+    from omniloop.pipeline.policies.cfg_zero_star import cfg_zero_star
+
+    x, sigma = torch.tensor(case["x"]), torch.tensor(case["sigma"])
+    v = cfg_zero_star(x, sigma, torch.tensor(case["v_cond"]), torch.tensor(case["v_uncond"]), case["scale"])
+    torch.testing.assert_close(x - v * sigma, torch.tensor(case["result_denoised"]), rtol=0, atol=5e-6)
+    plain = torch.tensor(case["v_uncond"]) + case["scale"] * (torch.tensor(case["v_cond"]) - torch.tensor(case["v_uncond"]))
+    assert (v - plain).abs().max() > 1e-3  # it is not plain CFG
+
+
+def test_a_cfg_zero_star_workflow_compiles_and_runs_patched(wan_t2v_dir):
+    """CFGZeroStar on the model: the request's denoise knob; the engine's result differs from the
+    unpatched one's; a sampler that is not a flow sampler is refused at admission."""
+    from omniloop.api.generator import VideoGenerator
+    from omniloop.workflows import compile_workflow
+    from tests.workflows.templates import template_models
+    from tests.workflows.test_run_templates import small
+
+    def request(patched: bool):
+        api = small(_custom_wan({"class_type": "KSamplerSelect", "inputs": {"sampler_name": "euler"}}))
+        api["901"]["inputs"]["steps"] = 2
+        if patched:
+            sampler_custom = next(n for n in api.values() if n["class_type"] == "SamplerCustom")
+            api["902"] = {"class_type": "CFGZeroStar", "inputs": {"model": sampler_custom["inputs"]["model"]}}
+            sampler_custom["inputs"]["model"] = ["902", 0]
+        (generation,) = compile_workflow(api, template_models({"wan": wan_t2v_dir}), exact=True).generations
+        return generation.request
+
+    patched = request(True)
+    assert patched.node_params["denoise"] == {"cfg_zero_star": True} and patched.diffusion.guidance_scale == 4.0
+    with VideoGenerator.from_pretrained(str(wan_t2v_dir)) as gen:
+        runs = [gen.generate(r) for r in (patched, request(False))]
+        wrong = patched.model_copy(update={"diffusion": patched.diffusion.model_copy(update={"sampler": "flow_unipc"})})
+        with pytest.raises(ValueError, match=r"cfg_zero_star: CFG-Zero\* patches a flow model's guidance"):
+            gen.generate(wrong)
+    assert all(out.failure is None for out in runs), [out.failure for out in runs]
+    frames = [torch.as_tensor(out.artifacts["video"].frames) for out in runs]
+    assert not torch.equal(frames[0], frames[1])
+
+
+def test_on_the_ltx2_two_stage_path_comfyuis_samplers_stay_deviations():
+    """video_ltx2_t2v (KSamplerSelect euler_ancestral, a joint audio-video latent, two stages):
+    the model's own sampler runs, reported naming what runs there; exact refuses it."""
+    pytest.importorskip("comfyui_workflow_templates_json")
+    from omniloop.workflows import WorkflowError, compile_workflow
+    from omniloop.workflows.ui_format import ui_to_api
+    from tests.workflows.templates import template, template_models
+
+    api = ui_to_api(template("video_ltx2_t2v"))
+    result = compile_workflow(api, template_models())
+    assert result.generations[0].request.diffusion.sampler is None
+    assert any("'euler_ancestral' is not supported on a joint audio-video latent" in d.message
+               and "['euler']" in d.message for d in result.deviations)
+    with pytest.raises(WorkflowError, match="euler_ancestral"):
+        compile_workflow(api, template_models(), exact=True)
+
+
+@pytest.mark.parametrize("name", ["euler_ancestral", "dpmpp_2m"])
+def test_a_run_from_given_latents_is_comfyuis_run_over_the_rest_of_the_schedule(name):
+    """A loop from given latents starts mid-schedule (step_index = start): the sampler runs the
+    remaining sigmas as a fresh ComfyUI run over them (a fresh noise generator, no history)."""
+    case = next(c for c in GOLDEN if c["sampler"] == name and c["steps"] == 6 and c["scheduler"] == "normal")
+    sampler, sigmas, start = _sampler(case), case["sigmas"], 2
+    x0 = torch.tensor(case["x_init"])
+    late = sampler.init_state(6, sigmas=sigmas[:-1], shift=1.0, seed=5)
+    late.step_index = start
+    fresh = sampler.init_state(6 - start, sigmas=sigmas[start:-1], shift=1.0, seed=5)
+    assert torch.equal(_run(sampler, late, x0), _run(sampler, fresh, x0))

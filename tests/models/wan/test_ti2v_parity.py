@@ -1,0 +1,106 @@
+"""Wan2.2 TI2V-5B (``expand_timesteps=True``, the Wan2.2 VAE) == diffusers' ``WanPipeline``
+(text-to-video) and ``WanImageToVideoPipeline`` (image-to-video) loaded from the same tiny
+random folder, built and saved by diffusers here (fp32, CPU, 2 steps, CFG on).
+
+Tolerance: final latents within 5e-6 absolute, as the other Wan pipeline parity tests
+(the VAE's RMS norm computes the norm another way: ~1e-6 on the encoded image). Measured
+values are in the assertions' comments.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from omniloop.api.generator import VideoGenerator
+from omniloop.request import DiffusionParams, ImagePart, OmniRequest, OutputSpec, TaskType, TextPart
+
+diffusers = pytest.importorskip("diffusers")
+
+PROMPT = "a red circle moving right"
+NEGATIVE = "low quality, blurry"
+TOL = 5e-6
+PARAMS = dict(height=32, width=64, num_frames=5, steps=2, guidance_scale=5.0)
+# Wan2.2's VAE at toy width: residual blocks, 2x2 patchify, 48 latent channels, 16x spatial
+TINY_VAE22 = dict(
+    base_dim=8, decoder_base_dim=8, z_dim=48, dim_mult=[1, 2, 4, 4], num_res_blocks=1,
+    temperal_downsample=[False, True, True], is_residual=True, in_channels=12, out_channels=12, patch_size=2,
+    scale_factor_temporal=4, scale_factor_spatial=16,
+    latents_mean=[0.01 * i for i in range(48)], latents_std=[1.0 + 0.02 * i for i in range(48)],
+)
+
+
+def save_ti2v_checkpoint(folder):
+    """A TI2V-5B folder at toy size: WanPipeline(expand_timesteps=True), 48-channel DiT, Wan2.2 VAE."""
+    from tests.wan_checkpoint import TEXT_DIM, tiny_text_encoder, tiny_tokenizer, unipc
+
+    tokenizer = tiny_tokenizer(folder / "_tok")
+    torch.manual_seed(2)
+    transformer = diffusers.WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=48, out_channels=48,
+        text_dim=TEXT_DIM, freq_dim=16, ffn_dim=32, num_layers=2, cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=32).eval()
+    torch.manual_seed(1)
+    vae = diffusers.AutoencoderKLWan(**TINY_VAE22).eval()
+    pipe = diffusers.WanPipeline(tokenizer=tokenizer, text_encoder=tiny_text_encoder(len(tokenizer)), vae=vae,
+                                 scheduler=unipc(5.0), transformer=transformer, expand_timesteps=True)
+    pipe.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def ti2v_dir(tmp_path_factory):
+    return save_ti2v_checkpoint(tmp_path_factory.mktemp("wan_ti2v"))
+
+
+@pytest.fixture(scope="module")
+def generator(ti2v_dir):
+    return VideoGenerator.from_pretrained(ti2v_dir, device="cpu", dtype="float32")
+
+
+def _image():
+    from PIL import Image
+
+    return Image.fromarray(np.random.default_rng(0).integers(0, 256, size=(32, 64, 3), dtype=np.uint8))
+
+
+def _request(task, seed, image=None):
+    inputs = [TextPart(text=PROMPT)] + ([ImagePart(data=image)] if image is not None else [])
+    return OmniRequest(task=task, inputs=inputs, diffusion=DiffusionParams(negative_prompt=NEGATIVE, seed=seed, **PARAMS),
+                       outputs=OutputSpec(return_latents=True))
+
+
+def _ours(generator, request):
+    out = generator.generate(request)
+    assert out.status.value == "completed", out.error
+    return out.artifacts["latents"].latents
+
+
+def _reference(ti2v_dir, cls, seed, **extra):
+    pipe = getattr(diffusers, cls).from_pretrained(ti2v_dir, torch_dtype=torch.float32)
+    assert pipe.config.expand_timesteps
+    call = dict(prompt=PROMPT, negative_prompt=NEGATIVE, height=PARAMS["height"], width=PARAMS["width"],
+                num_frames=PARAMS["num_frames"], num_inference_steps=PARAMS["steps"],
+                guidance_scale=PARAMS["guidance_scale"], **extra)
+    return pipe(generator=torch.Generator("cpu").manual_seed(seed), output_type="latent", **call).frames
+
+
+def test_ti2v_text_to_video_matches_diffusers(ti2v_dir, generator):
+    assert generator.pipeline.spec.name == "wan2.2-ti2v"
+    latents = _ours(generator, _request(TaskType.T2V, 42))
+    ref = _reference(ti2v_dir, "WanPipeline", 42)
+    assert latents.shape == ref.shape == (1, 48, 2, 2, 4)
+    err = (latents - ref).abs().max().item()
+    print("ti2v t2v latents max abs err", err)
+    assert err <= TOL, err
+
+
+def test_ti2v_image_to_video_matches_diffusers(ti2v_dir, generator):
+    image = _image()
+    latents = _ours(generator, _request(TaskType.I2V, 11, image))
+    ref = _reference(ti2v_dir, "WanImageToVideoPipeline", 11, image=image)
+    assert latents.shape == ref.shape
+    err = (latents - ref).abs().max().item()
+    print("ti2v i2v latents max abs err", err)
+    assert err <= TOL, err

@@ -104,3 +104,75 @@ def test_ti2v_image_to_video_matches_diffusers(ti2v_dir, generator):
     err = (latents - ref).abs().max().item()
     print("ti2v i2v latents max abs err", err)
     assert err <= TOL, err
+
+
+def test_text_and_image_requests_batch_together_and_match_running_alone(generator, monkeypatch):
+    """Both kinds share the DiT's forward (their per-token masks are kwargs of one shape);
+    each ends as it does alone (the i2v first frame exactly: its own image's latents)."""
+    t2v, i2v = _request(TaskType.T2V, 42), _request(TaskType.I2V, 11, _image())
+    alone = [_ours(generator, t2v), _ours(generator, i2v)]
+    stage = generator.pipeline.spec.node("denoise").stage
+    sizes: list[int] = []
+    step_many = stage.step_many
+    monkeypatch.setattr(stage, "step_many", lambda ctx, loops: sizes.append(len(loops)) or step_many(ctx, loops))
+    engine = generator.engine
+    with torch.inference_mode():
+        ids = [engine.add_request(t2v), engine.add_request(i2v)]
+        for rid in ids:
+            engine.run_until_done(rid)
+        outs = [engine.pop_output(rid) for rid in ids]
+    assert 2 in sizes, sizes
+    for out, want in zip(outs, alone):
+        assert out.status.value == "completed", out.error
+        # measured 3.3e-6 (t2v), 2.1e-6 (i2v, frame 0 exact): this tiny DiT's CPU GEMMs round
+        # otherwise at batch 2 than at 1 (the scalar-timestep forward too: 6e-7 a forward)
+        torch.testing.assert_close(out.artifacts["latents"].latents, want, rtol=0, atol=1e-5)
+    assert torch.equal(outs[1].artifacts["latents"].latents[:, :, 0], alone[1][:, :, 0])  # the image's latents
+    assert not torch.equal(alone[0][:, :, 0], alone[1][:, :, 0])
+
+
+def test_bad_input_is_refused_naming_the_field(ti2v_dir, generator, tmp_path):
+    from omniloop.engine.errors import RequestRejected
+
+    with pytest.raises(RequestRejected, match="task i2v needs an image"):
+        generator.generate(_request(TaskType.I2V, 1))
+    with pytest.raises(RequestRejected, match=r"diffusion.height=48 .*32"):
+        generator.generate(_request(TaskType.T2V, 1).model_copy(
+            update={"diffusion": DiffusionParams(seed=1, **{**PARAMS, "height": 48})}))
+    # a TI2V folder whose VAE config lost the Wan2.2 facts (z_dim 48 and its statistics)
+    import json
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(ti2v_dir, broken)
+    config_path = broken / "vae" / "config.json"
+    config = json.loads(config_path.read_text())
+    del config["latents_mean"], config["latents_std"]
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="latents_mean/latents_std need z_dim=48 values"):
+        VideoGenerator.from_pretrained(broken, device="cpu", dtype="float32")
+    config_path.write_text(json.dumps({**config, "latents_mean": TINY_VAE22["latents_mean"],
+                                       "latents_std": TINY_VAE22["latents_std"], "z_dim": 16}))
+    with pytest.raises(ValueError, match="latents_mean/latents_std need z_dim=16 values each, got 48"):
+        VideoGenerator.from_pretrained(broken, device="cpu", dtype="float32")
+    # a VAE of other latent channels than the DiT's (a Wan2.1 VAE beside a TI2V DiT)
+    from types import SimpleNamespace
+
+    from omniloop.models.families.wan.spec import check_ti2v_components
+
+    vae, dit = SimpleNamespace(config=SimpleNamespace(z_dim=16)), generator.pipeline.components["transformer"]
+    with pytest.raises(ValueError, match="vae/config.json z_dim=16 does not match transformer/config.json in_channels=48"):
+        check_ti2v_components(vae, dit)
+    index_path = broken / "model_index.json"
+    index = json.loads(index_path.read_text())
+    index_path.write_text(json.dumps({**index, "boundary_ratio": 0.9}))
+    with pytest.raises(ValueError, match="expand_timesteps .* drop transformer_2 and boundary_ratio"):
+        VideoGenerator.from_pretrained(broken, device="cpu", dtype="float32")
+
+
+def test_an_image_on_a_text_only_wan_model_is_refused(wan_t2v_dir):
+    from omniloop.engine.errors import RequestRejected
+
+    gen = VideoGenerator.from_pretrained(wan_t2v_dir, device="cpu", dtype="float32")
+    with pytest.raises(RequestRejected, match="task"):
+        gen.generate(_request(TaskType.I2V, 1, _image()))

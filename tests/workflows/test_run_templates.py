@@ -93,7 +93,9 @@ def test_wan_i2v_templates_run(name, wan_i2v_dir, input_dir):
 def wan_ti2v_dir(tmp_path_factory):
     from tests.models.wan.test_ti2v_parity import save_ti2v_checkpoint
 
-    return save_ti2v_checkpoint(tmp_path_factory.mktemp("wan_ti2v"))
+    folder = tmp_path_factory.mktemp("wan_ti2v")
+    save_ti2v_checkpoint(folder)
+    return folder
 
 
 @pytest.mark.parametrize("with_image", [False, True])

@@ -31,7 +31,7 @@ TINY_VAE22 = dict(
 )
 
 
-def save_ti2v_checkpoint(folder):
+def save_ti2v_checkpoint(folder, **vae_overrides):
     """A TI2V-5B folder at toy size: WanPipeline(expand_timesteps=True), 48-channel DiT, Wan2.2 VAE."""
     from tests.wan_checkpoint import TEXT_DIM, tiny_text_encoder, tiny_tokenizer, unipc
 
@@ -42,16 +42,18 @@ def save_ti2v_checkpoint(folder):
         text_dim=TEXT_DIM, freq_dim=16, ffn_dim=32, num_layers=2, cross_attn_norm=True,
         qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=32).eval()
     torch.manual_seed(1)
-    vae = diffusers.AutoencoderKLWan(**TINY_VAE22).eval()
+    vae = diffusers.AutoencoderKLWan(**{**TINY_VAE22, **vae_overrides}).eval()
     pipe = diffusers.WanPipeline(tokenizer=tokenizer, text_encoder=tiny_text_encoder(len(tokenizer)), vae=vae,
                                  scheduler=unipc(5.0), transformer=transformer, expand_timesteps=True)
     pipe.save_pretrained(folder)
-    return folder
+    return pipe
 
 
 @pytest.fixture(scope="module")
 def ti2v_dir(tmp_path_factory):
-    return save_ti2v_checkpoint(tmp_path_factory.mktemp("wan_ti2v"))
+    folder = tmp_path_factory.mktemp("wan_ti2v")
+    save_ti2v_checkpoint(folder)
+    return folder
 
 
 @pytest.fixture(scope="module")

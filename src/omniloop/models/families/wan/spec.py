@@ -79,12 +79,13 @@ def _load_scheduler(root: Path, index: Mapping[str, Any], options: LoadOptions) 
 
 WAN_HEAD_DIM = 128  # every released Wan DiT (not in the file)
 WAN_SHIFT = 3.0  # the Wan2.1/2.2 diffusers repos' UniPC flow shift (480p); a workflow's sampler overrides it
+TI2V_SHIFT = 5.0  # Wan2.2-TI2V-5B-Diffusers' UniPC flow shift
 
 
 def wan_single_files(files: SingleFileSet, resolve: Resolve,
                      options: LoadOptions) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Original-layout DiT file(s) and the Wan2.1 VAE file; UMT5 from a transformers folder or a
-    single file (with a tokenizer folder).
+    """Original-layout DiT file(s) and the Wan2.1 VAE file (or Wan2.2's, with the TI2V-5B DiT);
+    UMT5 from a transformers folder or a single file (with a tokenizer folder).
     -> the model_index a diffusers folder of them would have, and the components."""
     if len(files.diffusion_models) > 2 or len(files.text_encoders) != 1:
         raise ValueError(f"Wan takes one DiT (or Wan2.2's two experts) and one text encoder (UMT5-XXL); got "
@@ -106,15 +107,22 @@ def wan_single_files(files: SingleFileSet, resolve: Resolve,
                          "family does not serve; pass a Wan2.1 T2V or a Wan2.2 DiT")
     text = text_encoder_sources(files, resolve)[0]
     load_text = load_umt5_encoder_single_file if text.single_file else load_umt5_encoder
+    vae = load_wan_vae_single_file(files.vae_path(resolve), device=options.device, dtype=options.dtype)
+    ti2v = vae.config.is_residual  # the Wan2.2 VAE: its DiT is TI2V-5B's (checked at build)
+    if ti2v and len(experts) != 1:
+        raise ValueError("the Wan2.2 VAE (wan2.2_vae.safetensors) goes with Wan2.2 TI2V-5B, one DiT; got "
+                         f"diffusion_models={list(files.diffusion_models)}: pass one, and no boundary_ratio")
     components: dict[str, Any] = {
         "transformer": experts[0],
-        "vae": load_wan_vae_single_file(files.vae_path(resolve), device=options.device, dtype=options.dtype),
+        "vae": vae,
         "text_encoder": load_text(text.weights, text.tokenizer, device=options.device, dtype=options.dtype,
                                   max_sequence_length=WAN_DEFAULTS.max_sequence_length or 512),
-        "sampler": flow_sampler_set("flow_unipc", shift=WAN_SHIFT),
+        "sampler": flow_sampler_set("flow_unipc", shift=TI2V_SHIFT if ti2v else WAN_SHIFT),
     }
     # latent-concat I2V DiTs take the noise and the image latents (16 + 20 channels)
     index: dict[str, Any] = {"_class_name": I2V_PIPELINE if config.in_channels != config.out_channels else T2V_PIPELINE}
+    if ti2v:
+        index["expand_timesteps"] = True
     if len(experts) == 2:
         components["transformer_2"] = experts[1]
         index.update(boundary_ratio=files.boundary_ratio, transformer_2=["diffusers", "WanTransformer3DModel"])

@@ -108,6 +108,15 @@ def test_ti2v_image_to_video_matches_diffusers(ti2v_dir, generator):
     assert err <= TOL, err
 
 
+def test_task_ti2v_takes_the_image_when_given(generator):
+    """Task ti2v (one model for both): with a first_frame image it is image-to-video, without
+    one text-to-video -- the same latents as tasks i2v and t2v."""
+    image = _image()
+    with_image, without = _ours(generator, _request(TaskType.TI2V, 11, image)), _ours(generator, _request(TaskType.TI2V, 42))
+    assert torch.equal(with_image, _ours(generator, _request(TaskType.I2V, 11, image)))
+    assert torch.equal(without, _ours(generator, _request(TaskType.T2V, 42)))
+
+
 def test_text_and_image_requests_batch_together_and_match_running_alone(generator, monkeypatch):
     """Both kinds share the DiT's forward (their per-token masks are kwargs of one shape);
     each ends as it does alone (the i2v first frame exactly: its own image's latents)."""
@@ -138,6 +147,10 @@ def test_bad_input_is_refused_naming_the_field(ti2v_dir, generator, tmp_path):
 
     with pytest.raises(RequestRejected, match="task i2v needs an image"):
         generator.generate(_request(TaskType.I2V, 1))
+    missing = _request(TaskType.TI2V, 1).model_copy(update={"inputs": [TextPart(text=PROMPT),
+                                                                         ImagePart(path=str(tmp_path / "no.png"))]})
+    with pytest.raises(RequestRejected, match="no.png"):  # ti2v: an image given must be readable
+        generator.generate(missing)
     with pytest.raises(RequestRejected, match=r"diffusion.height=48 .*32"):
         generator.generate(_request(TaskType.T2V, 1).model_copy(
             update={"diffusion": DiffusionParams(seed=1, **{**PARAMS, "height": 48})}))

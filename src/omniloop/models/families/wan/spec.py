@@ -31,7 +31,7 @@ from omniloop.pipeline.loops.decode import VideoDecodeLoop
 from omniloop.pipeline.stages import LATENTS_GIVEN, GivenLatents, TextEncode
 from omniloop.models.families.wan.parallelize import WAN_PARALLEL
 from omniloop.models.families.wan.presets import TEACACHE_DEFAULT, TEACACHE_POLYNOMIALS, TI2V_DEFAULTS, WAN_DEFAULTS
-from omniloop.models.families.wan.stages import WanDenoiser, WanImageCondition, WanVideoEncode
+from omniloop.models.families.wan.stages import WanDenoiser, WanImageCondition, WanVideoEncode, first_frame
 from omniloop.models.families.wan.ti2v import FirstFrameLatents, Ti2vDenoiser, Ti2vImageCondition
 from omniloop.models.families.wan.validate import make_validator, size_caps
 from omniloop.models.families.wan.weights import dit_state_dict_from_diffusers, load_wan_dit, load_wan_dit_single_file
@@ -179,7 +179,9 @@ def _ti2v_variant(index: Mapping[str, Any]) -> Variant:
         WeightSpec(component="text_encoder", kind="UMT5 encoder + tokenizer", subfolder=("text_encoder", "tokenizer"), load=_load_text),
         WeightSpec(component="sampler", kind="scheduler config", subfolder="scheduler", load=_load_scheduler),
     )
-    return Variant(name=TI2V_VARIANT, tasks=frozenset({TaskType.T2V, TaskType.I2V, TaskType.T2I}), weights=weights)
+    # ti2v: the image is optional (one model for both; TaskType.TI2V)
+    tasks = frozenset({TaskType.T2V, TaskType.I2V, TaskType.TI2V, TaskType.T2I})
+    return Variant(name=TI2V_VARIANT, tasks=tasks, weights=weights)
 
 
 def check_ti2v_components(vae: Any, dit: Any) -> None:
@@ -243,7 +245,8 @@ def ti2v_pipeline_spec(variant: Variant, *, cfg_mode: CFGMode = "sequential",
                           conditioning=FirstFrameLatents())
     nodes = (
         Node("text_encode", TextEncode()),
-        Node("image_condition", Ti2vImageCondition(), when=task_in(TaskType.I2V)),
+        Node("image_condition", Ti2vImageCondition(),
+             when=task_in(TaskType.I2V) | (task_in(TaskType.TI2V) & opt("first_frame image given", _has_first_frame))),
         Node("denoise", denoise),
         Node("decode", VideoDecodeLoop(WanDenoiser(), whole=decode_whole), when=opt("pixels wanted", _wants_pixels)),
     )
@@ -253,6 +256,10 @@ def ti2v_pipeline_spec(variant: Variant, *, cfg_mode: CFGMode = "sequential",
         nodes=nodes,
         outputs={"video": "video", "image": "image", "latents": "final_latents", "trajectory": "trajectory"},
     )
+
+
+def _has_first_frame(request: OmniRequest) -> bool:
+    return first_frame(request) is not None
 
 
 def _wants_pixels(request: OmniRequest) -> bool:

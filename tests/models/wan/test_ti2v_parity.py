@@ -64,7 +64,8 @@ def generator(ti2v_dir):
 def _image():
     from PIL import Image
 
-    return Image.fromarray(np.random.default_rng(0).integers(0, 256, size=(32, 64, 3), dtype=np.uint8))
+    # another size than the request's: both sides resize it (Lanczos)
+    return Image.fromarray(np.random.default_rng(0).integers(0, 256, size=(48, 80, 3), dtype=np.uint8))
 
 
 def _request(task, seed, image=None):

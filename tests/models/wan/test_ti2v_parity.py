@@ -95,8 +95,7 @@ def test_ti2v_text_to_video_matches_diffusers(ti2v_dir, generator):
     ref = _reference(ti2v_dir, "WanPipeline", 42)
     assert latents.shape == ref.shape == (1, 48, 2, 2, 4)
     err = (latents - ref).abs().max().item()
-    print("ti2v t2v latents max abs err", err)
-    assert err <= TOL, err
+    assert err <= TOL, err  # measured 0.0: bit-equal
 
 
 def test_ti2v_image_to_video_matches_diffusers(ti2v_dir, generator):
@@ -105,8 +104,7 @@ def test_ti2v_image_to_video_matches_diffusers(ti2v_dir, generator):
     ref = _reference(ti2v_dir, "WanImageToVideoPipeline", 11, image=image)
     assert latents.shape == ref.shape
     err = (latents - ref).abs().max().item()
-    print("ti2v i2v latents max abs err", err)
-    assert err <= TOL, err
+    assert err <= TOL, err  # measured 1.9e-6 (2.9e-6 with an image of the request's size): the encoded image
 
 
 def test_task_ti2v_takes_the_image_when_given(generator):

@@ -689,8 +689,6 @@ class WanVAE(nn.Module):
         if whole is None:
             whole = self.whole_fits(z)
         if tiling is not None:
-            if self.config.patch_size is not None:
-                raise ValueError("tiled decoding of a patchified (Wan2.2) VAE is not supported; pass tiling=None")
             return self._decode_tiled(z, tiling, map_tiles or _each_tile).clamp_(-1.0, 1.0)
         return self._decode_frames(z, whole=whole).clamp_(-1.0, 1.0)
 
@@ -708,34 +706,41 @@ class WanVAE(nn.Module):
 
     def _decode_frames(self, z: Tensor, *, whole: bool = False) -> Tensor:
         """Untiled, unclamped decode of all latent frames: [B, C, 1 + 4 (f - 1), 8h, 8w]."""
+        return unpatchify(self._decode_patched(z, whole=whole), self.config.patch)
+
+    def _decode_patched(self, z: Tensor, *, whole: bool = False) -> Tensor:
+        """:meth:`_decode_frames` before the unpatchify (Wan2.2: [B, 12, F, H/2, W/2])."""
         if whole:
             cache = CausalCache()
             cache.begin_chunk()
-            return unpatchify(self.decoder(self.post_quant_conv(z.to(self.dtype)), cache), self.config.patch)
+            return self.decoder(self.post_quant_conv(z.to(self.dtype)), cache)
         b, _, f, h, w = z.shape
-        s, n = self.config.scale_factor_spatial, self.config.scale_factor_temporal
+        n, p = self.config.scale_factor_temporal, self.config.patch
+        s = self.config.scale_factor_spatial // p
         # Preallocated: no growing cat (diffusers re-copies the video once per latent frame).
-        channels = self.config.out_channels // self.config.patch ** 2
-        out = z.new_empty(b, channels, 1 + n * (f - 1), s * h, s * w, dtype=self.dtype)
+        out = z.new_empty(b, self.config.out_channels, 1 + n * (f - 1), s * h, s * w, dtype=self.dtype)
         cache = CausalCache()
         for i in range(f):
-            frames = self._decode_chunk(z[:, :, i : i + 1], cache)
+            cache.begin_chunk()
+            frames = self.decoder(self.post_quant_conv(z[:, :, i : i + 1].to(self.dtype)), cache)
             start = 0 if i == 0 else 1 + n * (i - 1)
             out[:, :, start : start + frames.shape[2]] = frames
         return out
 
     def _decode_tiled(self, z: Tensor, tiling: WanVAETiling, map_tiles: TileMap) -> Tensor:
-        # Same tiles and blending as diffusers' ``tiled_decode``.
-        s = self.config.scale_factor_spatial
+        # Same tiles and blending as diffusers' ``tiled_decode``; a patchified (Wan2.2) VAE's
+        # tiles are blended before the unpatchify, in its p-times smaller pixel grid.
+        s, p = self.config.scale_factor_spatial, self.config.patch
         _, _, _, h, w = z.shape
         tile_h, tile_w = tiling.tile_height // s, tiling.tile_width // s  # latent tile size
         step_h, step_w = tiling.stride_height // s, tiling.stride_width // s  # latent stride
-        blend_h, blend_w = tiling.tile_height - tiling.stride_height, tiling.tile_width - tiling.stride_width
+        stride_h, stride_w = tiling.stride_height // p, tiling.stride_width // p  # decoded tile stride
+        blend_h, blend_w = tiling.tile_height // p - stride_h, tiling.tile_width // p - stride_w
         if h <= tile_h and w <= tile_w:
             return self._decode_frames(z)
         starts_h, starts_w = range(0, h, step_h), range(0, w, step_w)
         tiles = [z[:, :, :, i : i + tile_h, j : j + tile_w] for i in starts_h for j in starts_w]  # row-major
-        decoded = map_tiles(self._decode_frames, tiles)
+        decoded = map_tiles(self._decode_patched, tiles)
         rows = [decoded[r * len(starts_w):(r + 1) * len(starts_w)] for r in range(len(starts_h))]
         out_rows = []
         for i, row in enumerate(rows):
@@ -744,8 +749,8 @@ class WanVAE(nn.Module):
                     _blend_into(rows[i - 1][j], tile, blend_h, dim=3)
                 if j > 0:
                     _blend_into(row[j - 1], tile, blend_w, dim=4)
-            out_rows.append(torch.cat([t[:, :, :, : tiling.stride_height, : tiling.stride_width] for t in row], dim=4))
-        return torch.cat(out_rows, dim=3)[:, :, :, : h * s, : w * s]
+            out_rows.append(torch.cat([t[:, :, :, :stride_h, :stride_w] for t in row], dim=4))
+        return unpatchify(torch.cat(out_rows, dim=3)[:, :, :, : h * s // p, : w * s // p], p)
 
     # -- latent normalisation (WanPipeline's convention) --------------------------------------
 

@@ -175,7 +175,7 @@ def test_bad_input_is_refused_naming_the_field(ti2v_dir, generator, tmp_path):
     from omniloop.models.families.wan.spec import check_ti2v_components
 
     vae, dit = SimpleNamespace(config=SimpleNamespace(z_dim=16)), generator.pipeline.components["transformer"]
-    with pytest.raises(ValueError, match="vae/config.json z_dim=16 does not match transformer/config.json in_channels=48"):
+    with pytest.raises(ValueError, match=r"z_dim=16 \(vae/config.json\) does not match the transformer's in_channels=48"):
         check_ti2v_components(vae, dit)
     index_path = broken / "model_index.json"
     index = json.loads(index_path.read_text())

@@ -188,9 +188,9 @@ def check_ti2v_components(vae: Any, dit: Any) -> None:
     """A TI2V folder's VAE must be the Wan2.2 one its DiT was trained on (z_dim = the DiT's channels)."""
     if not (vae.config.z_dim == dit.config.in_channels == dit.config.out_channels):
         raise ValueError(
-            f"vae/config.json z_dim={vae.config.z_dim} does not match transformer/config.json in_channels="
-            f"{dit.config.in_channels} / out_channels={dit.config.out_channels}; a Wan2.2 TI2V folder needs the "
-            "Wan2.2 VAE config (z_dim 48, is_residual true, patch_size 2, its 48 latents_mean / latents_std)")
+            f"the VAE's z_dim={vae.config.z_dim} (vae/config.json) does not match the transformer's in_channels="
+            f"{dit.config.in_channels} / out_channels={dit.config.out_channels}; Wan2.2 TI2V needs the Wan2.2 VAE "
+            "(z_dim 48, is_residual true, patch_size 2, its 48 latents_mean / latents_std) and its 48-channel DiT")
 
 
 # -- pipeline -------------------------------------------------------------------------

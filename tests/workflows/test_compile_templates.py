@@ -47,6 +47,9 @@ EXPECTED = {
                              {"guidance_scale": 3.5, "guidance_scale_2": 3.5, "width": 640,
                               "num_frames": 81, "sampler": "flow_euler"}),
     "video_wan2_2_14B_i2v": (TaskType.I2V, "wan_i2v", [Modality.VIDEO], {"guidance_scale_2": 3.5}),
+    "video_wan2_2_5B_ti2v": (TaskType.T2V, "wan_ti2v", [Modality.VIDEO],  # its LoadImage ships bypassed
+                             {"guidance_scale": 5.0, "width": 1280, "height": 704, "num_frames": 121, "fps": 24,
+                              "sampler": "comfy_uni_pc"}),
     "flux_schnell": (TaskType.T2I, "flux", [Modality.IMAGE], {"steps": 4, "width": 1024, "guidance_scale": None}),
     "flux_schnell_full_text_to_image": (TaskType.T2I, "flux", [Modality.IMAGE], {"steps": 4, "guidance_scale": 3.5}),
     "flux_dev_checkpoint_example": (TaskType.T2I, "flux", [Modality.IMAGE],

@@ -21,6 +21,7 @@ pytest.importorskip("comfyui_workflow_templates_json")
 SMALL: dict[str, dict[str, Any]] = {
     "EmptyHunyuanLatentVideo": {"width": 32, "height": 32, "length": 5},
     "WanImageToVideo": {"width": 32, "height": 32, "length": 5},
+    "Wan22ImageToVideoLatent": {"width": 32, "height": 32, "length": 5},
     "EmptySD3LatentImage": {"width": 32, "height": 32},
     "EmptyLatentAudio": {"seconds": 1.0},
     "KSampler": {"steps": 2},
@@ -58,11 +59,12 @@ def input_dir(tmp_path_factory) -> Path:
     return folder
 
 
-def run(name: str, checkpoint: Path, family: str, input_dir: Path):
+def run(name: str, checkpoint: Path, family: str, input_dir: Path, ui: dict[str, Any] | None = None):
+    """``ui``: the template as a user edited it (None: as shipped)."""
     from omniloop.api.generator import VideoGenerator
 
     models = template_models({family: checkpoint})
-    compiled = compile_workflow(small(ui_to_api(template(name))), models, input_dir=input_dir)
+    compiled = compile_workflow(small(ui_to_api(ui or template(name))), models, input_dir=input_dir)
     (generation,) = compiled.generations
     with VideoGenerator.from_pretrained(str(generation.served.path)) as gen:
         out = gen.generate(generation.request)
@@ -84,6 +86,29 @@ def test_wan_t2v_template_runs(name, wan_t2v_dir, input_dir):
 @pytest.mark.parametrize("name", ["image_to_video_wan", "video_wan2_2_14B_i2v"])
 def test_wan_i2v_templates_run(name, wan_i2v_dir, input_dir):
     request, out = run(name, wan_i2v_dir, "wan_i2v", input_dir)
+    check_video(out, 5, (32, 32))
+
+
+@pytest.fixture(scope="module")
+def wan_ti2v_dir(tmp_path_factory):
+    from tests.models.wan.test_ti2v_parity import save_ti2v_checkpoint
+
+    folder = tmp_path_factory.mktemp("wan_ti2v")
+    save_ti2v_checkpoint(folder)
+    return folder
+
+
+@pytest.mark.parametrize("with_image", [False, True])
+def test_wan22_ti2v_template_runs(with_image, wan_ti2v_dir, input_dir):
+    """The 5B template as shipped (its LoadImage bypassed: text-to-video), and with the image
+    connected (image-to-video: the first frame is the image's latents)."""
+    ui = template("video_wan2_2_5B_ti2v")
+    if with_image:  # un-bypass the LoadImage, as a user would, and point it at a file here
+        for node in ui["nodes"]:
+            if node["type"] == "LoadImage":
+                node["mode"], node["widgets_values"][0] = 0, "image_to_video_wan_start_image.png"
+    request, out = run("video_wan2_2_5B_ti2v", wan_ti2v_dir, "wan_ti2v", input_dir, ui)
+    assert request.task.value == ("i2v" if with_image else "t2v")
     check_video(out, 5, (32, 32))
 
 

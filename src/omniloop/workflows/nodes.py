@@ -328,6 +328,16 @@ def wan_image_to_video(call: NodeCall) -> tuple[Any, ...]:
             replace(call["negative"], image=image, clip_vision=vision), latent)
 
 
+@node("Wan22ImageToVideoLatent", [i("vae", "VAE"), _size("width", 1280, 32), _size("height", 704, 32),
+                                  i("length", "INT", 49, min=1, max=MAX_RESOLUTION),
+                                  i("batch_size", "INT", 1, min=1, max=4096), i("start_image", "IMAGE", optional=True)],
+      ["LATENT"], category="conditioning/inpaint")
+def wan22_image_to_video_latent(call: NodeCall) -> tuple[Any, ...]:
+    """Wan2.2 TI2V-5B's video canvas; with a start image its first latent frame is the image's
+    and stays unnoised (image-to-video), without one text-to-video."""
+    return (replace(_video_latent(call), image=call.get("start_image")),)
+
+
 @node("LTXVImgToVideoInplace", [i("vae", "VAE"), i("image", "IMAGE"), i("latent", "LATENT"),
                                 i("strength", "FLOAT", 1.0, min=0.0, max=1.0), i("bypass", "BOOLEAN", False)],
       ["LATENT"], output_names=("latent",), category="conditioning/video_models")

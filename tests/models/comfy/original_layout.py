@@ -91,6 +91,37 @@ def wan_vae_original(sd: dict[str, torch.Tensor], num_res_blocks: int = 2) -> di
     return out
 
 
+def wan22_vae_original(sd: dict[str, torch.Tensor], num_res_blocks: int) -> dict[str, torch.Tensor]:
+    """diffusers ``AutoencoderKLWan`` (Wan2.2: residual levels) -> the original Wan2.2 ``WanVAE_``
+    keys (inverse of diffusers' ``convert_vae_22``): each level nests its blocks,
+    ``encoder.downsamples.{i}.downsamples.{j}`` (resnets, then the downsampler at
+    ``num_res_blocks``) and ``decoder.upsamples.{i}.upsamples.{j}`` (resnets, then the upsampler
+    at ``num_res_blocks + 1``)."""
+    nested = {}
+    for key, tensor in sd.items():
+        new = key
+        for side, word, sampler, last in (("encoder", "down", "downsampler", num_res_blocks),
+                                          ("decoder", "up", "upsampler", num_res_blocks + 1)):
+            m = re.match(rf"^{side}\.{word}_blocks\.(\d+)\.resnets\.(\d+)\.(.*)$", new)
+            if m:
+                new = f"{side}.{word}samples.{m[1]}.{word}samples.{m[2]}.RESNET.{m[3]}"
+            m = re.match(rf"^{side}\.{word}_blocks\.(\d+)\.{sampler}\.(.*)$", new)
+            if m:
+                new = f"{side}.{word}samples.{m[1]}.{word}samples.{last}.{m[2]}"
+        nested[new] = tensor
+    out = {}
+    for key, tensor in wan_vae_original(nested, num_res_blocks).items():
+        if ".RESNET." in key:
+            head, rest = key.split(".RESNET.")
+            for a, b in (("norm1.gamma", "residual.0.gamma"), ("conv1.", "residual.2."),
+                         ("norm2.gamma", "residual.3.gamma"), ("conv2.", "residual.6."), ("conv_shortcut.", "shortcut.")):
+                if rest.startswith(a):
+                    rest = b + rest[len(a):]
+            key = f"{head}.{rest}"
+        out[key] = tensor
+    return out
+
+
 def scaled_fp8(sd: dict[str, torch.Tensor], *, marker: bool = True) -> dict[str, torch.Tensor]:
     """ComfyUI's scaled-fp8 storage of ``sd``: every 2-D ``*.weight`` as ``float8_e4m3fn``
     with a per-layer fp32 ``scale_weight`` (amax / 448) and a ``scale_input`` of 1; the

@@ -92,6 +92,45 @@ def test_wan_from_models_folder_equals_diffusers_folder(tmp_path):
     assert err.value.folder == "diffusion_models" and err.value.name == "wan_i2v.safetensors"
 
 
+def test_wan22_ti2v_from_models_folder_equals_diffusers_folder(tmp_path):
+    """Wan2.2 TI2V-5B from ComfyUI's files (its DiT, ``wan2.2_vae.safetensors``): text- and
+    image-to-video as from the diffusers folder (whose VAE carries the released statistics,
+    which the single file does not)."""
+    import numpy as np
+    from PIL import Image
+
+    from omniloop.models.autoencoders.wan_vae import WAN22_LATENTS_MEAN, WAN22_LATENTS_STD
+    from omniloop.request import ImagePart
+    from tests.models.comfy.original_layout import wan22_vae_original
+    from tests.models.wan.test_ti2v_parity import save_ti2v_checkpoint
+
+    pipe = save_ti2v_checkpoint(tmp_path / "ti2v", latents_mean=list(WAN22_LATENTS_MEAN),
+                                latents_std=list(WAN22_LATENTS_STD))
+    root = tmp_path / "models"
+    (root / "diffusion_models").mkdir(parents=True)
+    (root / "vae").mkdir()
+    save_file(wan_dit_original(pipe.transformer.state_dict()), root / "diffusion_models" / "wan2.2_ti2v_5B.safetensors")
+    save_file(wan22_vae_original(pipe.vae.state_dict(), num_res_blocks=1), root / "vae" / "wan2.2_vae.safetensors")
+    _text_folder(root, "umt5", pipe.text_encoder, pipe.tokenizer)
+
+    deploy = DeployConfig.from_options(None, device="cpu", dtype="float32")
+    model = SingleFileSet(family="wan", diffusion_models=("wan2.2_ti2v_5B.safetensors",), vae="wan2.2_vae.safetensors",
+                          text_encoders=("umt5",), attention_head_dim=12)
+    spec, pipeline = load_single_file_pipeline(ComfyModels(root), model, load_options(deploy))
+    assert pipeline.spec.name == "wan2.2-ti2v"
+    ours, folder = VideoGenerator(spec, pipeline, deploy), VideoGenerator.from_pretrained(tmp_path / "ti2v",
+                                                                                        device="cpu", dtype="float32")
+    params = dict(height=32, width=64, num_frames=5, steps=2, guidance_scale=5.0, seed=7, negative_prompt="blurry")
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, size=(32, 64, 3), dtype=np.uint8))
+    for task, inputs in ((TaskType.T2V, []), (TaskType.I2V, [ImagePart(data=image)])):
+        got, want = (gen.generate(OmniRequest(task=task, inputs=[TextPart(text="a red circle moving right"), *inputs],
+                                              diffusion=DiffusionParams(**params),
+                                              outputs=OutputSpec(return_latents=True))) for gen in (ours, folder))
+        assert got.status.value == want.status.value == "completed", (got.error, want.error)
+        err = (got.artifacts["latents"].latents - want.artifacts["latents"].latents).abs().max()
+        assert err <= TOL, (task, err)
+
+
 def test_flux_from_models_folder_equals_diffusers_folder(tmp_path):
     from tests.flux_checkpoint import save_flux_checkpoint
 

@@ -10,7 +10,8 @@ from safetensors.torch import save_file
 from omniloop.models.autoencoders.wan_vae import load_wan_vae, vae_state_dict_from_diffusers
 from omniloop.models.autoencoders.wan_vae import load_wan_vae_single_file
 from omniloop.models.families.wan.weights import dit_state_dict_from_diffusers, load_wan_dit_single_file
-from tests.models.comfy.original_layout import comfy_quant_fp8, scaled_fp8, wan_dit_original, wan_vae_original
+from tests.models.comfy.original_layout import (comfy_quant_fp8, scaled_fp8, wan22_vae_original, wan_dit_original,
+                                              wan_vae_original)
 from tests.wan_checkpoint import tiny_transformer
 
 diffusers = pytest.importorskip("diffusers")
@@ -120,3 +121,38 @@ def test_wan_vae_single_file_equals_diffusers_from_single_file(tmp_path):
     _assert_same(ours.state_dict(), vae_state_dict_from_diffusers(oracle.state_dict()))
     folder = load_wan_vae(tmp_path / "vae", dtype=torch.float32)
     _assert_same(ours.state_dict(), folder.state_dict())
+
+
+def test_wan22_vae_single_file_equals_the_diffusers_folder(tmp_path):
+    """The Wan2.2 VAE file (``wan2.2_vae.safetensors``: nested levels, 12 patchified channels,
+    48 latent channels). diffusers 0.42's ``from_single_file`` reads only Wan2.1's layout, so
+    the oracle is the diffusers model the file was written from (its conversion script
+    ``convert_vae_22``'s inverse): same state, so the same encode/decode."""
+    from omniloop.models.autoencoders.wan_vae import WAN22_LATENTS_MEAN
+    from tests.models.wan.test_ti2v_parity import TINY_VAE22
+
+    torch.manual_seed(1)
+    vae = _perturbed(diffusers.AutoencoderKLWan(**{**TINY_VAE22, "num_res_blocks": 2}).eval())
+    vae.save_pretrained(tmp_path / "vae")
+    path = tmp_path / "wan2.2_vae.safetensors"
+    original = wan22_vae_original(vae.state_dict(), num_res_blocks=2)
+    assert "encoder.downsamples.1.downsamples.2.time_conv.weight" in original  # the released nesting
+    assert "decoder.upsamples.0.upsamples.3.resample.1.weight" in original
+    save_file(original, path)
+
+    ours = load_wan_vae_single_file(path, dtype=torch.float32)
+    folder = load_wan_vae(tmp_path / "vae", dtype=torch.float32)
+    _assert_same(ours.state_dict(), folder.state_dict())
+    _assert_same(ours.state_dict(), vae_state_dict_from_diffusers(vae.state_dict()))
+    config = ours.config
+    assert (config.is_residual, config.patch_size, config.z_dim, config.scale_factor_spatial) == (True, 2, 48, 16)
+    assert config.temperal_downsample == (False, True, True) and config.decoder_base_dim == 8
+    assert config.latents_mean == WAN22_LATENTS_MEAN  # the released statistics (not in the file)
+    with torch.no_grad():
+        z = torch.randn(1, 48, 2, 2, 2, generator=torch.Generator().manual_seed(0))
+        torch.testing.assert_close(ours.decode(z), vae.decode(z).sample, rtol=0, atol=1e-5)
+
+    del original["conv2.weight"], original["conv2.bias"]
+    save_file({k: v for k, v in original.items()}, tmp_path / "broken.safetensors")
+    with pytest.raises(ValueError, match="post_quant_conv"):
+        load_wan_vae_single_file(tmp_path / "broken.safetensors", dtype=torch.float32)

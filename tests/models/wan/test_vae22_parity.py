@@ -53,8 +53,22 @@ def test_encode_decode_match_diffusers(vaes, frames, height, width):
     torch.testing.assert_close(ours.decode(want, whole=True), video, rtol=0, atol=ATOL)
 
 
-def test_tiling_a_patchified_vae_is_refused(vaes):
+@torch.no_grad()
+def test_tiled_decode_matches_diffusers(vaes):
+    """Tiles blended in the patchified grid, then unpatchified: diffusers' ``tiled_decode``
+    with ``patch_size`` (96x96 pixels in 64-pixel tiles at a 32-pixel stride: 3 x 3 tiles)."""
     from omniloop.models.autoencoders.wan_vae import WanVAETiling
 
-    with pytest.raises(ValueError, match="tiled decoding of a patchified"):
-        vaes[1].decode(torch.zeros(1, 48, 1, 2, 2), WanVAETiling())
+    ref, ours = vaes
+    z = torch.randn(1, 48, 2, 6, 6, generator=torch.Generator().manual_seed(3))
+    ref.enable_tiling(tile_sample_min_height=64, tile_sample_min_width=64, tile_sample_stride_height=32,
+                      tile_sample_stride_width=32)
+    try:
+        want = ref.decode(z).sample
+    finally:
+        ref.disable_tiling()
+    tiling = WanVAETiling(tile_height=64, tile_width=64, stride_height=32, stride_width=32)
+    got = ours.decode(z, tiling)
+    assert got.shape == want.shape == (1, 3, 5, 96, 96)
+    torch.testing.assert_close(got, want, rtol=0, atol=ATOL)
+    assert (got - ours.decode(z)).abs().max() > 1e-4  # the tiles really were blended

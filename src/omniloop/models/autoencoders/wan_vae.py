@@ -62,6 +62,24 @@ WAN21_LATENTS_STD: tuple[float, ...] = (
     3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160,
 )  # fmt: skip
 
+# The Wan2.2 VAE's latent statistics (Wan2.2 TI2V-5B; not in its single file, so fixed here).
+WAN22_LATENTS_MEAN: tuple[float, ...] = (
+    -0.2289, -0.0052, -0.1323, -0.2339, -0.2799, 0.0174, 0.1838, 0.1557,
+    -0.1382, 0.0542, 0.2813, 0.0891, 0.1570, -0.0098, 0.0375, -0.1825,
+    -0.2246, -0.1207, -0.0698, 0.5109, 0.2665, -0.2108, -0.2158, 0.2502,
+    -0.2055, -0.0322, 0.1109, 0.1567, -0.0729, 0.0899, -0.2799, -0.1230,
+    -0.0313, -0.1649, 0.0117, 0.0723, -0.2839, -0.2083, -0.0520, 0.3748,
+    0.0152, 0.1957, 0.1433, -0.2944, 0.3573, -0.0548, -0.1681, -0.0667,
+)  # fmt: skip
+WAN22_LATENTS_STD: tuple[float, ...] = (
+    0.4765, 1.0364, 0.4514, 1.1677, 0.5313, 0.4990, 0.4818, 0.5013,
+    0.8158, 1.0344, 0.5894, 1.0901, 0.6885, 0.6165, 0.8454, 0.4978,
+    0.5759, 0.3523, 0.7135, 0.6804, 0.5833, 1.4146, 0.8986, 0.5659,
+    0.7069, 0.5338, 0.4889, 0.4917, 0.4069, 0.4999, 0.6866, 0.4093,
+    0.5709, 0.6065, 0.6415, 0.4944, 0.5726, 1.2042, 0.5458, 1.6887,
+    0.3971, 1.0600, 0.3943, 0.5537, 0.5444, 0.4089, 0.7468, 0.7744,
+)  # fmt: skip
+
 # Frames of history a 3-tap causal conv needs (diffusers' CACHE_T).
 _HISTORY = 2
 # ``decode(whole=None)`` decodes in one chunk up to this largest activation (1 GiB in fp32).
@@ -671,8 +689,6 @@ class WanVAE(nn.Module):
         if whole is None:
             whole = self.whole_fits(z)
         if tiling is not None:
-            if self.config.patch_size is not None:
-                raise ValueError("tiled decoding of a patchified (Wan2.2) VAE is not supported; pass tiling=None")
             return self._decode_tiled(z, tiling, map_tiles or _each_tile).clamp_(-1.0, 1.0)
         return self._decode_frames(z, whole=whole).clamp_(-1.0, 1.0)
 
@@ -690,34 +706,41 @@ class WanVAE(nn.Module):
 
     def _decode_frames(self, z: Tensor, *, whole: bool = False) -> Tensor:
         """Untiled, unclamped decode of all latent frames: [B, C, 1 + 4 (f - 1), 8h, 8w]."""
+        return unpatchify(self._decode_patched(z, whole=whole), self.config.patch)
+
+    def _decode_patched(self, z: Tensor, *, whole: bool = False) -> Tensor:
+        """:meth:`_decode_frames` before the unpatchify (Wan2.2: [B, 12, F, H/2, W/2])."""
         if whole:
             cache = CausalCache()
             cache.begin_chunk()
-            return unpatchify(self.decoder(self.post_quant_conv(z.to(self.dtype)), cache), self.config.patch)
+            return self.decoder(self.post_quant_conv(z.to(self.dtype)), cache)
         b, _, f, h, w = z.shape
-        s, n = self.config.scale_factor_spatial, self.config.scale_factor_temporal
+        n, p = self.config.scale_factor_temporal, self.config.patch
+        s = self.config.scale_factor_spatial // p
         # Preallocated: no growing cat (diffusers re-copies the video once per latent frame).
-        channels = self.config.out_channels // self.config.patch ** 2
-        out = z.new_empty(b, channels, 1 + n * (f - 1), s * h, s * w, dtype=self.dtype)
+        out = z.new_empty(b, self.config.out_channels, 1 + n * (f - 1), s * h, s * w, dtype=self.dtype)
         cache = CausalCache()
         for i in range(f):
-            frames = self._decode_chunk(z[:, :, i : i + 1], cache)
+            cache.begin_chunk()
+            frames = self.decoder(self.post_quant_conv(z[:, :, i : i + 1].to(self.dtype)), cache)
             start = 0 if i == 0 else 1 + n * (i - 1)
             out[:, :, start : start + frames.shape[2]] = frames
         return out
 
     def _decode_tiled(self, z: Tensor, tiling: WanVAETiling, map_tiles: TileMap) -> Tensor:
-        # Same tiles and blending as diffusers' ``tiled_decode``.
-        s = self.config.scale_factor_spatial
+        # Same tiles and blending as diffusers' ``tiled_decode``; a patchified (Wan2.2) VAE's
+        # tiles are blended before the unpatchify, in its p-times smaller pixel grid.
+        s, p = self.config.scale_factor_spatial, self.config.patch
         _, _, _, h, w = z.shape
         tile_h, tile_w = tiling.tile_height // s, tiling.tile_width // s  # latent tile size
         step_h, step_w = tiling.stride_height // s, tiling.stride_width // s  # latent stride
-        blend_h, blend_w = tiling.tile_height - tiling.stride_height, tiling.tile_width - tiling.stride_width
+        stride_h, stride_w = tiling.stride_height // p, tiling.stride_width // p  # decoded tile stride
+        blend_h, blend_w = tiling.tile_height // p - stride_h, tiling.tile_width // p - stride_w
         if h <= tile_h and w <= tile_w:
             return self._decode_frames(z)
         starts_h, starts_w = range(0, h, step_h), range(0, w, step_w)
         tiles = [z[:, :, :, i : i + tile_h, j : j + tile_w] for i in starts_h for j in starts_w]  # row-major
-        decoded = map_tiles(self._decode_frames, tiles)
+        decoded = map_tiles(self._decode_patched, tiles)
         rows = [decoded[r * len(starts_w):(r + 1) * len(starts_w)] for r in range(len(starts_h))]
         out_rows = []
         for i, row in enumerate(rows):
@@ -726,8 +749,8 @@ class WanVAE(nn.Module):
                     _blend_into(rows[i - 1][j], tile, blend_h, dim=3)
                 if j > 0:
                     _blend_into(row[j - 1], tile, blend_w, dim=4)
-            out_rows.append(torch.cat([t[:, :, :, : tiling.stride_height, : tiling.stride_width] for t in row], dim=4))
-        return torch.cat(out_rows, dim=3)[:, :, :, : h * s, : w * s]
+            out_rows.append(torch.cat([t[:, :, :, :stride_h, :stride_w] for t in row], dim=4))
+        return unpatchify(torch.cat(out_rows, dim=3)[:, :, :, : h * s // p, : w * s // p], p)
 
     # -- latent normalisation (WanPipeline's convention) --------------------------------------
 
@@ -894,7 +917,7 @@ def wan_vae_loader(subfolder: str = "vae") -> Callable[..., WanVAE]:
 
 # -- one file in the original layout ------------------------------------------------------
 #
-# The Wan2.1 VAE as one file in the original layout (``Wan2.1_VAE.pth`` converted to
+# The Wan2.1 / Wan2.2 VAEs as one file in the original layout (``Wan2.1_VAE.pth`` converted to
 # safetensors; ComfyUI's ``vae/wan_2.1_vae.safetensors``) -> :class:`WanVAE`.
 #
 # Original keys -> diffusers ``AutoencoderKLWan`` keys (then the diffusers -> ours renames of
@@ -910,9 +933,16 @@ def wan_vae_loader(subfolder: str = "vae") -> Callable[..., WanVAE]:
 #   upsampler per level (none after the last) -> ``decoder.up_blocks.{level}.resnets.{j}`` /
 #   ``.upsamplers.0``
 #
+# Wan2.2's VAE (``Wan2.2_VAE.pth``; ComfyUI's ``vae/wan2.2_vae.safetensors``) nests each level:
+#
+# * ``encoder.downsamples.{i}.downsamples.{j}`` -> ``encoder.down_blocks.{i}.resnets.{j}``, and its
+#   last entry (a resample) -> ``encoder.down_blocks.{i}.downsampler``
+# * ``decoder.upsamples.{i}.upsamples.{j}`` -> ``decoder.up_blocks.{i}.resnets.{j}``, its last entry
+#   -> ``decoder.up_blocks.{i}.upsampler`` (diffusers' conversion script ``convert_vae_22``)
+#
 # The file has no config: the widths are read off the shapes; the level structure is
-# Wan2.1's (``dim_mult (1, 2, 4, 4)``, ``num_res_blocks 2``, temporal downsampling on the
-# last two levels), checked against the keys. Wan2.2's patchified 48-channel VAE is refused.
+# Wan2.1's / Wan2.2's (``dim_mult (1, 2, 4, 4)``), the residual blocks per level and the
+# temporal levels counted from the keys. The latent statistics are the released ones.
 WAN_VAE_MARKER = "decoder.middle.0.residual.0.gamma"  # diffusers' detection key
 _ORIGINAL_RESIDUAL = (("residual.0.gamma", "norm1.gamma"), ("residual.2.", "conv1."), ("residual.3.gamma", "norm2.gamma"),
              ("residual.6.", "conv2."), ("shortcut.", "conv_shortcut."))
@@ -933,7 +963,22 @@ def _original_residual(rest: str) -> str:
     return rest  # resample.*, time_conv.*: same names
 
 
+def _original_nested(key: str) -> str | None:
+    """A Wan2.2 nested level key -> diffusers' (None: not one)."""
+    m = re.match(r"^(encoder\.down|decoder\.up)samples\.(\d+)\.(?:down|up)samples\.(\d+)\.(.*)$", key)
+    if m is None:
+        return None
+    side, level, j, rest = m[1], m[2], m[3], m[4]
+    block = f"{side.replace('.down', '.down_blocks').replace('.up', '.up_blocks')}.{level}"
+    if rest.startswith(("resample.", "time_conv.")):
+        return f"{block}.{'downsampler' if side == 'encoder.down' else 'upsampler'}.{rest}"
+    return f"{block}.resnets.{j}.{_original_residual(rest)}"
+
+
 def vae_diffusers_key_from_original(key: str, num_res_blocks: int) -> str:
+    nested = _original_nested(key)
+    if nested is not None:
+        return nested
     for pattern, repl in _ORIGINAL_FIXED:
         if re.match(pattern, key):
             return re.sub(pattern, repl, key, count=1)
@@ -954,9 +999,11 @@ def wan_vae_config_from_original(shapes: dict[str, torch.Size]) -> WanVAEConfig:
         raise ValueError(f"not an original-layout Wan VAE (no {WAN_VAE_MARKER}); pass the Wan2.1 VAE file "
                          "(wan_2.1_vae.safetensors)")
     base_dim, in_channels = shapes["encoder.conv1.weight"][:2]
+    if in_channels == 12:
+        return _wan22_config_from_original(shapes, base_dim)
     if in_channels != 3:
-        raise ValueError(f"this VAE takes {in_channels} input channels (Wan2.2's patchified VAE takes 12); only the "
-                         "Wan2.1 VAE single file loads for now: pass its diffusers `vae/` folder to load_wan_vae")
+        raise ValueError(f"this VAE takes {in_channels} input channels; the Wan2.1 VAE takes 3, Wan2.2's "
+                         "patchified one 12: pass wan_2.1_vae.safetensors or wan2.2_vae.safetensors")
     z_dim = shapes["conv2.weight"][0]
     if z_dim != len(WAN21_LATENTS_MEAN):
         raise ValueError(f"this VAE has {z_dim} latent channels; the Wan2.1 VAE file has 16 (its latent statistics "
@@ -964,16 +1011,38 @@ def wan_vae_config_from_original(shapes: dict[str, torch.Size]) -> WanVAEConfig:
     return WanVAEConfig(base_dim=base_dim, z_dim=z_dim)
 
 
+def _wan22_config_from_original(shapes: dict[str, torch.Size], base_dim: int) -> WanVAEConfig:
+    missing = [k for k in ("decoder.conv1.weight", "decoder.head.2.weight") if k not in shapes]
+    if missing:
+        raise ValueError(f"this Wan2.2-layout VAE file lacks {missing}; pass the whole wan2.2_vae.safetensors")
+    z_dim = shapes["decoder.conv1.weight"][1]
+    if z_dim != len(WAN22_LATENTS_MEAN):
+        raise ValueError(f"this Wan2.2-layout VAE has {z_dim} latent channels; the Wan2.2 VAE file has 48 (its latent "
+                         "statistics are not in the file, so only the released one loads from a single file)")
+    dim_mult = (1, 2, 4, 4)
+    levels = sorted({int(k.split(".")[2]) for k in shapes if k.startswith("encoder.downsamples.")})
+    if levels != list(range(len(dim_mult))):
+        raise ValueError(f"this Wan2.2-layout VAE has encoder levels {levels}; the Wan2.2 VAE has 4 "
+                         "(dim_mult 1, 2, 4, 4): pass wan2.2_vae.safetensors")
+    num_res_blocks = sum(1 for k in shapes if re.match(r"^encoder\.downsamples\.0\.downsamples\.\d+\.residual\.0\.gamma$", k))
+    temporal = tuple(f"encoder.downsamples.{i}.downsamples.{num_res_blocks}.time_conv.weight" in shapes
+                     for i in range(len(dim_mult) - 1))
+    return WanVAEConfig(base_dim=base_dim, decoder_base_dim=shapes["decoder.head.2.weight"][1], z_dim=z_dim,
+                        dim_mult=dim_mult, num_res_blocks=num_res_blocks, temperal_downsample=temporal,
+                        is_residual=True, in_channels=12, out_channels=12, patch_size=2,
+                        latents_mean=WAN22_LATENTS_MEAN, latents_std=WAN22_LATENTS_STD)
+
+
 def load_wan_vae_single_file(path: str | Path, *, device: torch.device | str = "cpu",
                              dtype: torch.dtype = torch.bfloat16) -> WanVAE:
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path} not found; pass the Wan2.1 VAE .safetensors file")
+        raise FileNotFoundError(f"{path} not found; pass the Wan2.1 or Wan2.2 VAE .safetensors file")
     raw = read_single_file(path, cast_to(device, dtype), sections=VAE_SECTIONS)
     config = wan_vae_config_from_original({k: t.shape for k, t in raw.items()})
     diffusers_sd = {vae_diffusers_key_from_original(k, config.num_res_blocks): raw.pop(k) for k in list(raw)}
     sd = vae_state_dict_from_diffusers(diffusers_sd)
     with torch.device("meta"):
         model = WanVAE(config)
-    check_and_assign(model, sd, str(path), "pass the Wan2.1 VAE file (dim_mult 1,2,4,4; 2 residual blocks per level)")
+    check_and_assign(model, sd, str(path), "pass the Wan2.1 or Wan2.2 VAE file (dim_mult 1,2,4,4)")
     return model.eval().requires_grad_(False)

@@ -20,6 +20,9 @@ WAN_DEFAULTS = GenerationDefaults(
     strength=0.8,  # WanVideoToVideoPipeline's: loops from given latents (v2v, latent inputs) run the last 80%
 )
 
+# Wan2.2 TI2V-5B (diffusers' example call: 704x1280, 121 frames at 24 fps)
+TI2V_DEFAULTS = WAN_DEFAULTS.replace(height=704, width=1280, num_frames=121, fps=24)
+
 # Published DiT architectures (diffusers config keys), for benchmarks and random-weight builds.
 WAN21_T2V_1_3B: dict[str, Any] = {
     "patch_size": [1, 2, 2], "num_attention_heads": 12, "attention_head_dim": 128, "in_channels": 16,

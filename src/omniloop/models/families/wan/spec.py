@@ -30,8 +30,9 @@ from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
 from omniloop.pipeline.loops.decode import VideoDecodeLoop
 from omniloop.pipeline.stages import LATENTS_GIVEN, GivenLatents, TextEncode
 from omniloop.models.families.wan.parallelize import WAN_PARALLEL
-from omniloop.models.families.wan.presets import TEACACHE_DEFAULT, TEACACHE_POLYNOMIALS, WAN_DEFAULTS
-from omniloop.models.families.wan.stages import WanDenoiser, WanImageCondition, WanVideoEncode
+from omniloop.models.families.wan.presets import TEACACHE_DEFAULT, TEACACHE_POLYNOMIALS, TI2V_DEFAULTS, WAN_DEFAULTS
+from omniloop.models.families.wan.stages import WanDenoiser, WanImageCondition, WanVideoEncode, first_frame
+from omniloop.models.families.wan.ti2v import FirstFrameLatents, Ti2vDenoiser, Ti2vImageCondition
 from omniloop.models.families.wan.validate import make_validator, size_caps
 from omniloop.models.families.wan.weights import dit_state_dict_from_diffusers, load_wan_dit, load_wan_dit_single_file
 from omniloop.models.autoencoders.wan_vae import load_wan_vae_single_file, wan_vae_loader
@@ -41,6 +42,7 @@ from omniloop.request import DiffusionParams, Modality, OmniRequest, TaskType
 T2V_PIPELINE = "WanPipeline"
 I2V_PIPELINE = "WanImageToVideoPipeline"
 V2V_PIPELINE = "WanVideoToVideoPipeline"  # the T2V weights; task v2v starts from the encoded video
+TI2V_VARIANT = "wan2.2-ti2v"  # expand_timesteps: Wan2.2 TI2V-5B
 
 
 # -- component loaders ---------------------------------------------------------------
@@ -77,12 +79,13 @@ def _load_scheduler(root: Path, index: Mapping[str, Any], options: LoadOptions) 
 
 WAN_HEAD_DIM = 128  # every released Wan DiT (not in the file)
 WAN_SHIFT = 3.0  # the Wan2.1/2.2 diffusers repos' UniPC flow shift (480p); a workflow's sampler overrides it
+TI2V_SHIFT = 5.0  # Wan2.2-TI2V-5B-Diffusers' UniPC flow shift
 
 
 def wan_single_files(files: SingleFileSet, resolve: Resolve,
                      options: LoadOptions) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Original-layout DiT file(s) and the Wan2.1 VAE file; UMT5 from a transformers folder or a
-    single file (with a tokenizer folder).
+    """Original-layout DiT file(s) and the Wan2.1 VAE file (or Wan2.2's, with the TI2V-5B DiT);
+    UMT5 from a transformers folder or a single file (with a tokenizer folder).
     -> the model_index a diffusers folder of them would have, and the components."""
     if len(files.diffusion_models) > 2 or len(files.text_encoders) != 1:
         raise ValueError(f"Wan takes one DiT (or Wan2.2's two experts) and one text encoder (UMT5-XXL); got "
@@ -104,15 +107,22 @@ def wan_single_files(files: SingleFileSet, resolve: Resolve,
                          "family does not serve; pass a Wan2.1 T2V or a Wan2.2 DiT")
     text = text_encoder_sources(files, resolve)[0]
     load_text = load_umt5_encoder_single_file if text.single_file else load_umt5_encoder
+    vae = load_wan_vae_single_file(files.vae_path(resolve), device=options.device, dtype=options.dtype)
+    ti2v = vae.config.is_residual  # the Wan2.2 VAE: its DiT is TI2V-5B's (checked at build)
+    if ti2v and len(experts) != 1:
+        raise ValueError("the Wan2.2 VAE (wan2.2_vae.safetensors) goes with Wan2.2 TI2V-5B, one DiT; got "
+                         f"diffusion_models={list(files.diffusion_models)}: pass one, and no boundary_ratio")
     components: dict[str, Any] = {
         "transformer": experts[0],
-        "vae": load_wan_vae_single_file(files.vae_path(resolve), device=options.device, dtype=options.dtype),
+        "vae": vae,
         "text_encoder": load_text(text.weights, text.tokenizer, device=options.device, dtype=options.dtype,
                                   max_sequence_length=WAN_DEFAULTS.max_sequence_length or 512),
-        "sampler": flow_sampler_set("flow_unipc", shift=WAN_SHIFT),
+        "sampler": flow_sampler_set("flow_unipc", shift=TI2V_SHIFT if ti2v else WAN_SHIFT),
     }
     # latent-concat I2V DiTs take the noise and the image latents (16 + 20 channels)
     index: dict[str, Any] = {"_class_name": I2V_PIPELINE if config.in_channels != config.out_channels else T2V_PIPELINE}
+    if ti2v:
+        index["expand_timesteps"] = True
     if len(experts) == 2:
         components["transformer_2"] = experts[1]
         index.update(boundary_ratio=files.boundary_ratio, transformer_2=["diffusers", "WanTransformer3DModel"])
@@ -130,7 +140,7 @@ def _present(index: Mapping[str, Any], name: str) -> bool:
 def wan_variant(index: Mapping[str, Any]) -> Variant:
     cls = index["_class_name"]
     if index.get("expand_timesteps"):
-        raise ValueError("Wan2.2 TI2V-5B (expand_timesteps=True, Wan2.2 VAE) is not supported yet")
+        return _ti2v_variant(index)
     if cls == I2V_PIPELINE and _present(index, "image_encoder"):
         raise ValueError(
             "Wan2.1 I2V (CLIP image encoder conditioning) is not supported; Wan2.2 I2V checkpoints "
@@ -155,12 +165,42 @@ def wan_variant(index: Mapping[str, Any]) -> Variant:
     return Variant(name=f"{generation}-{'i2v' if cls == I2V_PIPELINE else 't2v'}", tasks=tasks, weights=tuple(weights))
 
 
+def _ti2v_variant(index: Mapping[str, Any]) -> Variant:
+    """Wan2.2 TI2V-5B (``expand_timesteps``): one DiT for text- and image-to-video."""
+    if _present(index, "transformer_2") or index.get("boundary_ratio") is not None:
+        raise ValueError("model_index.json sets expand_timesteps (Wan2.2 TI2V-5B, one DiT) and transformer_2 / "
+                         "boundary_ratio (two experts); TI2V has one transformer: drop transformer_2 and boundary_ratio")
+    if _present(index, "image_encoder"):
+        raise ValueError("model_index.json sets expand_timesteps (Wan2.2 TI2V-5B) and an image_encoder; TI2V "
+                         "conditions on the first frame's VAE latents: drop image_encoder")
+    weights = (
+        WeightSpec(component="transformer", kind="WanDiT", subfolder="transformer", load=_load_transformer("transformer")),
+        WeightSpec(component="vae", kind="WanVAE (Wan2.2)", subfolder="vae", load=_load_vae),
+        WeightSpec(component="text_encoder", kind="UMT5 encoder + tokenizer", subfolder=("text_encoder", "tokenizer"), load=_load_text),
+        WeightSpec(component="sampler", kind="scheduler config", subfolder="scheduler", load=_load_scheduler),
+    )
+    # ti2v: the image is optional (one model for both; TaskType.TI2V)
+    tasks = frozenset({TaskType.T2V, TaskType.I2V, TaskType.TI2V, TaskType.T2I})
+    return Variant(name=TI2V_VARIANT, tasks=tasks, weights=weights)
+
+
+def check_ti2v_components(vae: Any, dit: Any) -> None:
+    """A TI2V folder's VAE must be the Wan2.2 one its DiT was trained on (z_dim = the DiT's channels)."""
+    if not (vae.config.z_dim == dit.config.in_channels == dit.config.out_channels):
+        raise ValueError(
+            f"the VAE's z_dim={vae.config.z_dim} (vae/config.json) does not match the transformer's in_channels="
+            f"{dit.config.in_channels} / out_channels={dit.config.out_channels}; Wan2.2 TI2V needs the Wan2.2 VAE "
+            "(z_dim 48, is_residual true, patch_size 2, its 48 latents_mean / latents_std) and its 48-channel DiT")
+
+
 # -- pipeline -------------------------------------------------------------------------
 
 
 def wan_pipeline_spec(variant: Variant, *, boundary_ratio: float | None, cfg_mode: CFGMode = "sequential",
                       decode_whole: bool | None = False) -> PipelineSpec:
     """``decode_whole``: see ``VAEDecode.whole`` (diffusers checkpoints keep diffusers' chunked decode)."""
+    if variant.name == TI2V_VARIANT:
+        return ti2v_pipeline_spec(variant, cfg_mode=cfg_mode, decode_whole=decode_whole)
     i2v = TaskType.I2V in variant.tasks
     routing = BoundaryTimestepRouting(boundary_ratio) if boundary_ratio is not None else SingleModel()
     components = {
@@ -197,6 +237,31 @@ def wan_pipeline_spec(variant: Variant, *, boundary_ratio: float | None, cfg_mod
     )
 
 
+def ti2v_pipeline_spec(variant: Variant, *, cfg_mode: CFGMode = "sequential",
+                       decode_whole: bool | None = False) -> PipelineSpec:
+    """Wan2.2 TI2V-5B: text-to-video, and image-to-video by first-frame replacement with
+    per-token timesteps (``ti2v.py``), through one DiT."""
+    denoise = DenoiseLoop(Ti2vDenoiser(), cfg=ClassicCFG(mode=cfg_mode), routing=SingleModel(), shift=FlowShift(),
+                          conditioning=FirstFrameLatents())
+    nodes = (
+        Node("text_encode", TextEncode()),
+        Node("image_condition", Ti2vImageCondition(),
+             when=task_in(TaskType.I2V) | (task_in(TaskType.TI2V) & opt("first_frame image given", _has_first_frame))),
+        Node("denoise", denoise),
+        Node("decode", VideoDecodeLoop(WanDenoiser(), whole=decode_whole), when=opt("pixels wanted", _wants_pixels)),
+    )
+    return PipelineSpec(
+        name=variant.name, family="wan", tasks=variant.tasks,
+        components={w.component: ComponentSpec(name=w.component, kind=w.kind) for w in variant.weights},
+        nodes=nodes,
+        outputs={"video": "video", "image": "image", "latents": "final_latents", "trajectory": "trajectory"},
+    )
+
+
+def _has_first_frame(request: OmniRequest) -> bool:
+    return first_frame(request) is not None
+
+
 def _wants_pixels(request: OmniRequest) -> bool:
     return request.outputs.wants(Modality.VIDEO) or request.outputs.wants(Modality.IMAGE)
 
@@ -204,6 +269,9 @@ def _wants_pixels(request: OmniRequest) -> bool:
 def build_wan(variant: Variant, index: Mapping[str, Any], components: Mapping[str, Any], options: LoadOptions) -> Pipeline:
     boundary = index.get("boundary_ratio")
     spec = wan_pipeline_spec(variant, boundary_ratio=boundary, cfg_mode=options.cfg_mode)
+    if variant.name == TI2V_VARIANT:
+        check_ti2v_components(components["vae"], components["transformer"])
+        return _pipeline(spec, components, TI2V_DEFAULTS, options)
     return _pipeline(spec, components, WAN_DEFAULTS, options)
 
 

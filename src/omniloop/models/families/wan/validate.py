@@ -62,6 +62,8 @@ def make_validator(defaults: GenerationDefaults, vae: Any, dit: Any, samplers: S
                     fields=("inputs",), kind=ErrorKind.MISSING_INPUT
                 )
             load_part_image(part)  # unreadable -> ValueError naming the source
+        if request.task == TaskType.TI2V and (given := first_frame(request)) is not None:  # ti2v: image optional
+            load_part_image(given)
         return request
 
     return validate

@@ -1,0 +1,126 @@
+"""Wan2.2 TI2V-5B pieces: one DiT serves text-to-video and image-to-video (diffusers'
+``WanPipeline`` / ``WanImageToVideoPipeline`` with ``expand_timesteps=True``, the Wan2.2 VAE:
+48 latent channels, 16x spatial).
+
+Image-to-video here is not channel concatenation (Wan2.2 A14B I2V) but first-frame
+replacement with per-token timesteps:
+
+* the conditioning image alone is VAE-encoded (one latent frame, normalized);
+* before every forward the first latent frame of the noisy latents is replaced by it, and
+  its tokens get timestep 0 while every other token gets the step's t; the final latents'
+  first frame is the image's latents;
+* text-to-video runs the same model with every token at t (diffusers passes per-token
+  timesteps there too), so requests of both kinds batch together: the per-token mask is a
+  forward kwarg of equal shape for both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from omniloop.io.image import image_to_tensor
+from omniloop.models.families.wan.stages import WanDenoiser, first_frame, geometry, load_part_image
+from omniloop.pipeline.edges import ConditionLatents
+from omniloop.pipeline.loops.denoise import text_branch_inputs
+from omniloop.pipeline.policies.cfg import Prediction
+from omniloop.pipeline.policies.conditioning import Latents, NoConditioning
+from omniloop.pipeline.stage import ComponentStage
+from omniloop.pipeline.state import RequestState, StageContext
+
+# the DenoiseLoop's forward kwarg carrying each request's per-token timestep mask
+TIMESTEP_MASK = "timestep_mask"
+
+
+@dataclass
+class Ti2vImageCondition(ComponentStage):
+    """TI2V image-to-video: the ``first_frame`` image, resized to the request's size,
+    VAE-encoded alone (argmax) and normalized -> ConditionLatents [1, z_dim, 1, h, w]
+    (diffusers' ``WanImageToVideoPipeline.prepare_latents`` with ``expand_timesteps``)."""
+
+    component: str = "vae"
+    outputs = {"condition": ConditionLatents}
+
+    @torch.inference_mode()
+    def forward(self, ctx: StageContext, state: RequestState) -> None:
+        vae = ctx.component(self.component)
+        g = geometry(state.request, ctx.node)
+        part = first_frame(state.request)
+        assert part is not None, "admission guarantees an I2V request carries a first_frame image"
+        image = image_to_tensor(load_part_image(part), g.height, g.width).to(ctx.device)  # [1, 3, H, W]
+        mean, _ = vae.encode(image[:, :, None].to(vae.dtype))  # [1, z, 1, h, w]
+        ctx.write(state, "condition", ConditionLatents(latents=vae.normalize_latents(mean.float())))
+
+
+@dataclass(frozen=True)
+class FirstFrameLatents(NoConditioning):
+    """The first latent frame is the condition's (TI2V image-to-video); without a condition
+    (text-to-video requests of the same pipeline) the latents pass unchanged.
+
+    Replaced before each forward (what the model sees) and after each step (so the final
+    latents, the trajectory and previews carry it). The sampler's arithmetic is elementwise,
+    so stepping from replaced latents changes only the first frame, which is replaced again:
+    the same result as diffusers, which steps the unreplaced latents and replaces at the end.
+    """
+
+    starts_from_condition: ClassVar[bool] = False
+    modality: str = "video"
+    input_port: str = "condition"
+    name: str = "conditioning"
+
+    def init(self, condition: ConditionLatents | None) -> torch.Tensor | None:
+        return None if condition is None else condition.latents  # [1, z, 1, h, w]
+
+    def prepare(self, latents: Latents, state: torch.Tensor | None) -> Latents:
+        return self._replace(latents, state)
+
+    def post_step(self, latents: Latents, state: torch.Tensor | None) -> Latents:
+        return self._replace(latents, state)
+
+    def _replace(self, latents: Latents, state: torch.Tensor | None) -> Latents:
+        if state is None:
+            return latents
+        x = latents[self.modality]  # [B, z, f, h, w]
+        if state.shape[1:2] + state.shape[3:] != x.shape[1:2] + x.shape[3:]:
+            raise ValueError(f"the first-frame latents {tuple(state.shape)} do not fit the video latents "
+                             f"{tuple(x.shape)}; encode the image at the request's height x width")
+        out = x.clone()
+        out[:, :, :1] = state.to(x.dtype)
+        return {**latents, self.modality: out}
+
+
+def token_timestep_mask(shape: tuple[int, ...], patch_size: tuple[int, int, int], first_frame_given: bool,
+                        device: torch.device | str) -> torch.Tensor:
+    """[1, L] float32 per-token factor of the step's timestep: 0 for the tokens of a given
+    first latent frame, 1 elsewhere (diffusers: ``first_frame_mask[0][0][:, ::2, ::2].flatten()``,
+    its stride the patch size). ``shape``: the latents' [B, C, f, h, w]."""
+    _, _, f, h, w = shape
+    pt, ph, pw = patch_size
+    mask = torch.ones(f // pt, h // ph, w // pw, dtype=torch.float32, device=device)
+    if first_frame_given:
+        mask[0] = 0.0  # the first frame's tokens: patch_size[0] is 1 in every TI2V release
+    return mask.reshape(1, -1)
+
+
+@dataclass(frozen=True)
+class Ti2vDenoiser(WanDenoiser):
+    """The Wan DiT with per-token timesteps: ``timestep [B] x mask [B, L] -> [B, L]``."""
+
+    def branch_inputs(self, ctx: StageContext, state: RequestState, branches: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+        given = ctx.read_optional(state, "condition", ConditionLatents) is not None
+        patch = ctx.component("transformer").config.patch_size
+        if given and patch[0] != 1:
+            raise ValueError(f"TI2V image-to-video needs a DiT with temporal patch 1; transformer/config.json has "
+                             f"patch_size {list(patch)}")
+        mask = token_timestep_mask(self.latent_shapes(ctx, state.request)["video"], patch, given, ctx.device)
+        return {b: {**kw, TIMESTEP_MASK: mask} for b, kw in text_branch_inputs(ctx, state, branches).items()}
+
+    def forward(
+        self, model: torch.nn.Module, inputs: dict[str, torch.Tensor], timestep: torch.Tensor, kwargs: dict[str, Any]
+    ) -> Prediction:
+        kwargs = dict(kwargs)
+        mask = kwargs.pop(TIMESTEP_MASK)  # [B, L]
+        per_token = mask * timestep.to(mask.dtype)[:, None]  # [B, L] float32, diffusers' ``mask * t``
+        return {"video": model(inputs["video"], per_token, **kwargs)}

@@ -1,9 +1,12 @@
-"""Wan family ModelSpecs: Wan2.1 T2V, Wan2.2 two-expert T2V, Wan2.2 I2V (latent concat), and
-Wan models in our manifest layout (``omniloop_model.json``: the shapes-world models).
+"""Wan family ModelSpecs: Wan2.1 T2V, Wan2.2 two-expert T2V, Wan2.2 I2V (latent concat),
+Wan2.1 I2V / FLF2V (latent concat + CLIP image tokens), and Wan models in our manifest
+layout (``omniloop_model.json``: the shapes-world models).
 
 Variants are read from ``model_index.json``: ``transformer_2`` + ``boundary_ratio`` make a
-two-expert model; ``WanImageToVideoPipeline`` without an image encoder is Wan2.2 I2V. A
-manifest names its variant, text encoder (``minilm``), sampler and generation defaults.
+two-expert model; ``WanImageToVideoPipeline`` without an image encoder is Wan2.2 I2V, with
+one (``image_encoder`` + ``image_processor``) Wan2.1 I2V. Every I2V variant takes a last
+frame too (FLF2V) where its DiT can: see ``validate.py``. A manifest names its variant,
+text encoder (``minilm``), sampler and generation defaults.
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ from omniloop.models.manifest import ModelLimits, ModelManifest, check_manifest,
 from omniloop.models.fast_path import FastPath
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
 from omniloop.models.text.umt5 import load_umt5_encoder, load_umt5_encoder_single_file
+from omniloop.models.vision.clip_vision import load_clip_vision_encoder
 from omniloop.pipeline.defaults import GenerationDefaults
-from omniloop.pipeline.loops.denoise import DenoiseLoop
 from omniloop.pipeline.pipeline import Pipeline
 from omniloop.pipeline.policies.cfg import CFGMode, ClassicCFG
 from omniloop.pipeline.policies.conditioning import LatentConcat, NoConditioning
@@ -31,7 +34,8 @@ from omniloop.pipeline.loops.decode import VideoDecodeLoop
 from omniloop.pipeline.stages import LATENTS_GIVEN, GivenLatents, TextEncode
 from omniloop.models.families.wan.parallelize import WAN_PARALLEL
 from omniloop.models.families.wan.presets import TEACACHE_DEFAULT, TEACACHE_POLYNOMIALS, WAN_DEFAULTS
-from omniloop.models.families.wan.stages import WanDenoiser, WanImageCondition, WanVideoEncode
+from omniloop.models.families.wan.stages import (WanDenoiseLoop, WanDenoiser, WanImageCondition, WanImageEncode,
+                                                 WanVideoEncode)
 from omniloop.models.families.wan.validate import make_validator, size_caps
 from omniloop.models.families.wan.weights import dit_state_dict_from_diffusers, load_wan_dit, load_wan_dit_single_file
 from omniloop.models.autoencoders.wan_vae import load_wan_vae_single_file, wan_vae_loader
@@ -67,6 +71,11 @@ def _load_text(root: Path, index: Mapping[str, Any], options: LoadOptions):
         root / "text_encoder", root / "tokenizer", device=options.device, dtype=options.dtype,
         max_sequence_length=WAN_DEFAULTS.max_sequence_length or 512,
     )
+
+
+def _load_image_encoder(root: Path, index: Mapping[str, Any], options: LoadOptions):
+    return load_clip_vision_encoder(root / "image_encoder", root / "image_processor", device=options.device,
+                                    dtype=options.dtype)
 
 
 def _load_scheduler(root: Path, index: Mapping[str, Any], options: LoadOptions) -> SamplerSet:
@@ -131,11 +140,10 @@ def wan_variant(index: Mapping[str, Any]) -> Variant:
     cls = index["_class_name"]
     if index.get("expand_timesteps"):
         raise ValueError("Wan2.2 TI2V-5B (expand_timesteps=True, Wan2.2 VAE) is not supported yet")
-    if cls == I2V_PIPELINE and _present(index, "image_encoder"):
-        raise ValueError(
-            "Wan2.1 I2V (CLIP image encoder conditioning) is not supported; Wan2.2 I2V checkpoints "
-            "(latent-concat conditioning, no image_encoder) are"
-        )
+    clip = cls == I2V_PIPELINE and _present(index, "image_encoder")
+    if clip and not _present(index, "image_processor"):
+        raise ValueError("model_index.json has an image_encoder but no image_processor; Wan2.1 I2V needs both "
+                         "(CLIPVisionModel and CLIPImageProcessor folders)")
     two_experts = _present(index, "transformer_2") or index.get("boundary_ratio") is not None
     if two_experts and index.get("boundary_ratio") is None:
         raise ValueError("model_index.json has transformer_2 but no boundary_ratio; set boundary_ratio (e.g. 0.875)")
@@ -151,7 +159,10 @@ def wan_variant(index: Mapping[str, Any]) -> Variant:
             WeightSpec(component="transformer_2", kind="WanDiT (low-noise expert)", subfolder="transformer_2",
                        load=_load_transformer("transformer_2"))
         )
-    generation = "wan2.2" if two_experts or cls == I2V_PIPELINE else "wan2.1"
+    if clip:
+        weights.append(WeightSpec(component="image_encoder", kind="CLIPVisionModel + CLIPImageProcessor",
+                                  subfolder=("image_encoder", "image_processor"), load=_load_image_encoder))
+    generation = "wan2.2" if two_experts or (cls == I2V_PIPELINE and not clip) else "wan2.1"
     return Variant(name=f"{generation}-{'i2v' if cls == I2V_PIPELINE else 't2v'}", tasks=tasks, weights=tuple(weights))
 
 
@@ -169,13 +180,15 @@ def wan_pipeline_spec(variant: Variant, *, boundary_ratio: float | None, cfg_mod
     nodes = [Node("text_encode", TextEncode())]
     if i2v:
         nodes.append(Node("image_condition", WanImageCondition(), when=task_in(TaskType.I2V)))
+    if "image_encoder" in components:  # Wan2.1 I2V: CLIP tokens of the first (and last) frame
+        nodes.append(Node("image_encode", WanImageEncode(), when=task_in(TaskType.I2V)))
     if TaskType.V2V in variant.tasks:  # loops from given latents: an encoded video, or latents passed in
         nodes.append(Node("video_encode", WanVideoEncode(), when=task_in(TaskType.V2V)))
         nodes.append(Node("given_latents", GivenLatents(WanDenoiser()), when=LATENTS_GIVEN & ~task_in(TaskType.V2V)))
     nodes += [
         Node(
             "denoise",
-            DenoiseLoop(
+            WanDenoiseLoop(
                 WanDenoiser(),
                 cfg=ClassicCFG(mode=cfg_mode),
                 routing=routing,
@@ -203,6 +216,11 @@ def _wants_pixels(request: OmniRequest) -> bool:
 
 def build_wan(variant: Variant, index: Mapping[str, Any], components: Mapping[str, Any], options: LoadOptions) -> Pipeline:
     boundary = index.get("boundary_ratio")
+    image_dim = components["transformer"].config.image_dim
+    if (image_dim is not None) != ("image_encoder" in components):
+        raise ValueError("the transformer's image_dim and the image_encoder go together (Wan2.1 I2V: CLIP image "
+                         f"tokens); got image_dim={image_dim} with{'out' * ('image_encoder' not in components)} an "
+                         "image_encoder: pass a checkpoint that has both or neither")
     spec = wan_pipeline_spec(variant, boundary_ratio=boundary, cfg_mode=options.cfg_mode)
     return _pipeline(spec, components, WAN_DEFAULTS, options)
 

@@ -20,7 +20,7 @@ from omniloop.models.manifest import ModelLimits, ModelManifest, check_manifest,
 from omniloop.models.fast_path import FastPath
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
 from omniloop.models.text.umt5 import load_umt5_encoder, load_umt5_encoder_single_file
-from omniloop.models.vision.clip_vision import load_clip_vision_encoder
+from omniloop.models.vision.clip_vision import load_clip_vision_encoder, load_clip_vision_single_file
 from omniloop.pipeline.defaults import GenerationDefaults
 from omniloop.pipeline.pipeline import Pipeline
 from omniloop.pipeline.policies.cfg import CFGMode, ClassicCFG
@@ -108,9 +108,7 @@ def wan_single_files(files: SingleFileSet, resolve: Resolve,
     paths = files.dit_paths(resolve)
     experts = [dit(path) for path in paths]
     config = experts[0].config
-    if config.image_dim is not None:
-        raise ValueError(f"{paths[0].name} is a Wan2.1 I2V DiT (CLIP image conditioning), which this "
-                         "family does not serve; pass a Wan2.1 T2V or a Wan2.2 DiT")
+    image_encoder = _single_file_image_encoder(files, resolve, options, config.image_dim, paths[0].name)
     text = text_encoder_sources(files, resolve)[0]
     load_text = load_umt5_encoder_single_file if text.single_file else load_umt5_encoder
     components: dict[str, Any] = {
@@ -122,10 +120,33 @@ def wan_single_files(files: SingleFileSet, resolve: Resolve,
     }
     # latent-concat I2V DiTs take the noise and the image latents (16 + 20 channels)
     index: dict[str, Any] = {"_class_name": I2V_PIPELINE if config.in_channels != config.out_channels else T2V_PIPELINE}
+    if image_encoder is not None:  # Wan2.1 I2V / FLF2V: what a diffusers folder's model_index lists
+        components["image_encoder"] = image_encoder
+        index.update(image_encoder=["transformers", "CLIPVisionModel"],
+                     image_processor=["transformers", "CLIPImageProcessor"])
     if len(experts) == 2:
         components["transformer_2"] = experts[1]
         index.update(boundary_ratio=files.boundary_ratio, transformer_2=["diffusers", "WanTransformer3DModel"])
     return index, components
+
+
+def _single_file_image_encoder(files: SingleFileSet, resolve: Resolve, options: LoadOptions, image_dim: int | None,
+                               dit_name: str) -> Any:
+    """The CLIPVisionLoader file a Wan2.1 I2V / FLF2V DiT needs (None for other DiTs, which take none)."""
+    if image_dim is None:
+        if files.clip_vision:
+            raise ValueError(f"clip_vision: {dit_name} takes no CLIP vision conditioning (no image embedder: a Wan2.1 "
+                             f"T2V or Wan2.2 DiT); drop {files.clip_vision!r}, or load a Wan2.1 I2V DiT")
+        return None
+    if not files.clip_vision:
+        raise ValueError(f"{dit_name} is a Wan2.1 I2V / FLF2V DiT (CLIP vision conditioning): load its image "
+                         "encoder with a CLIPVisionLoader (clip_vision/clip_vision_h.safetensors)")
+    encoder = load_clip_vision_single_file(resolve("clip_vision", files.clip_vision), device=options.device,
+                                           dtype=options.dtype, num_attention_heads=files.clip_vision_heads)
+    if encoder.hidden_size != image_dim:
+        raise ValueError(f"clip_vision: {files.clip_vision!r} is {encoder.hidden_size} wide but {dit_name} takes "
+                         f"{image_dim}-wide image tokens; pass the encoder it was trained with (ViT-H/14: 1280)")
+    return encoder
 
 
 # -- variants -------------------------------------------------------------------------

@@ -22,16 +22,11 @@ class CLIPVisionEncoder(WrappedModel):
     def __init__(self, model: torch.nn.Module, processor: Any) -> None:
         self.model = model
         self.processor = processor
+        self.config: Any = model.config  # transformers' CLIPVisionConfig
 
     @property
     def hidden_size(self) -> int:
-        return int(self.model.config.hidden_size)
-
-    @property
-    def num_tokens(self) -> int:
-        """Image tokens per image: the class token plus one per patch."""
-        cfg = self.model.config
-        return (cfg.image_size // cfg.patch_size) ** 2 + 1
+        return int(self.config.hidden_size)
 
     @torch.inference_mode()
     def encode(self, images: Sequence[Any], device: torch.device | str | None = None) -> torch.Tensor:
@@ -51,8 +46,8 @@ def load_clip_vision_encoder(encoder_dir: Path, processor_dir: Path, *, device: 
     for folder in (encoder_dir, processor_dir):
         if not Path(folder).is_dir():
             raise FileNotFoundError(f"missing folder {folder}")
-    model = CLIPVisionModel.from_pretrained(encoder_dir, dtype=dtype).to(device).eval()
-    return CLIPVisionEncoder(model, CLIPImageProcessor.from_pretrained(processor_dir))
+    model: torch.nn.Module = CLIPVisionModel.from_pretrained(encoder_dir, dtype=dtype)
+    return CLIPVisionEncoder(model.to(device).eval(), CLIPImageProcessor.from_pretrained(processor_dir))
 
 
 # -- ComfyUI's clip_vision/ single file ---------------------------------------------------------

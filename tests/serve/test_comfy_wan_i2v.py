@@ -61,10 +61,11 @@ def models_folder(root: Path, wan21: Path, wan22_i2v: Path) -> Path:
     (root / "text_encoders" / "umt5_tokenizer").mkdir()
     for file in (wan21 / "tokenizer").iterdir():
         (root / "text_encoders" / "umt5_tokenizer" / file.name).write_bytes(file.read_bytes())
-    # ComfyUI's clip_vision layout: CLIPVisionModelWithProjection's keys, fp16 as released
+    # ComfyUI's clip_vision layout: CLIPVisionModelWithProjection's keys (fp32 here: the same
+    # weights as the folder's; fp16 files: tests/models/comfy/test_wan_i2v_single_file.py)
     tower = load_file(wan21 / "image_encoder" / "model.safetensors")
-    clip = {("" if k.startswith("vision_model.") else "vision_model.") + k: v.half() for k, v in tower.items()}
-    clip["visual_projection.weight"] = torch.zeros(8, 16, dtype=torch.float16)
+    clip = {("" if k.startswith("vision_model.") else "vision_model.") + k: v.clone() for k, v in tower.items()}
+    clip["visual_projection.weight"] = torch.zeros(8, 16)
     save_file(clip, root / "clip_vision" / CLIP)
     files = {"diffusion_models/mapped_wan21.safetensors": "wan21", "vae/mapped_vae.safetensors": "wan21",
              "text_encoders/mapped_umt5.safetensors": "wan21", "clip_vision/mapped_clip.safetensors": "wan21",

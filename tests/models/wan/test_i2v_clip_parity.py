@@ -75,6 +75,11 @@ def test_wan21_i2v_refuses_a_last_frame(wan_i2v_clip_dir):
     with pytest.raises(RequestRejected, match=r"takes no last frame") as e:
         gen.generate(_request(_image(0), _image(1)))
     assert e.value.fields == ("inputs.last_frame",)
+    # the offline API's last_image is the same part (and the same refusal)
+    request = gen.build_request(PROMPT, image=_image(0), last_image=_image(1), **CALL)
+    assert [p.role for p in request.images()] == ["first_frame", "last_frame"]
+    with pytest.raises(RequestRejected, match=r"takes no last frame"):
+        gen.generate(request)
 
 
 def test_wan21_flf2v_matches_diffusers(wan_flf2v_dir):

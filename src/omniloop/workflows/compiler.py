@@ -329,7 +329,7 @@ def _parts(ev: Evaluation, run: Sampling, canvas: Latent) -> list[ImagePart]:
 
 
 def _image_encoder(served: ServedCheckpoint) -> bool | None:
-    """Whether the served checkpoint has an image encoder (Wan2.1 I2V's CLIP vision): its
+    """Whether the served checkpoint has an image encoder (a CLIP vision tower): its
     diffusers folder's model_index.json says; None where the compile cannot tell (single
     files: their loader checks the DiT against the CLIPVisionLoader file; names-only folders)."""
     if served.path is None or not (served.path / "model_index.json").is_file():
@@ -349,12 +349,12 @@ def _clip_vision(ev: Evaluation, run: Sampling, served: ServedCheckpoint, task: 
     has_encoder = _image_encoder(served)
     if wired and has_encoder is False:
         raise node_error(frames.node, frames.class_type, "invalid_input_type", f"{frames.clip_start_input}: the "
-                         f"model {served.name!r} has no image encoder (CLIP vision conditioning is Wan2.1 I2V / "
-                         "FLF2V's); disconnect it, or load a Wan2.1 I2V model", input_name=frames.clip_start_input)
+                         f"model {served.name!r} has no image encoder to take CLIP vision conditioning; disconnect it, "
+                         "or load a model with one (its folder's image_encoder/)", input_name=frames.clip_start_input)
     if not wired and has_encoder:
         raise node_error(frames.node, frames.class_type, "required_input_missing", f"{frames.clip_start_input}: the "
-                         f"model {served.name!r} (Wan2.1 I2V) is conditioned on the start image's CLIP vision output; "
-                         "connect a CLIPVisionEncode of the start image", input_name=frames.clip_start_input)
+                         f"model {served.name!r} has an image encoder: it is conditioned on the start image's CLIP vision "
+                         "output; connect a CLIPVisionEncode of the start image", input_name=frames.clip_start_input)
     for vision, image, which in ((frames.clip_start, frames.start, "start"), (frames.clip_end, frames.end, "end")):
         if vision is None:
             continue

@@ -22,6 +22,7 @@ from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSp
 from omniloop.models.text.umt5 import load_umt5_encoder, load_umt5_encoder_single_file
 from omniloop.models.vision.clip_vision import load_clip_vision_encoder, load_clip_vision_single_file
 from omniloop.pipeline.defaults import GenerationDefaults
+from omniloop.pipeline.loops.denoise import DenoiseLoop
 from omniloop.pipeline.pipeline import Pipeline
 from omniloop.pipeline.policies.cfg import CFGMode, ClassicCFG
 from omniloop.pipeline.policies.conditioning import LatentConcat, NoConditioning
@@ -209,7 +210,8 @@ def wan_pipeline_spec(variant: Variant, *, boundary_ratio: float | None, cfg_mod
     nodes += [
         Node(
             "denoise",
-            WanDenoiseLoop(
+            # (with an image encoder, the loop also reads its CLIP tokens: WanDenoiseLoop)
+            (WanDenoiseLoop if "image_encoder" in components else DenoiseLoop)(
                 WanDenoiser(),
                 cfg=ClassicCFG(mode=cfg_mode),
                 routing=routing,

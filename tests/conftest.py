@@ -90,3 +90,23 @@ def flux_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("flux")
     save_flux_checkpoint(folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def wan_i2v_clip_dir(tmp_path_factory):
+    """Wan2.1 I2V: latent concat + CLIP vision tokens (image_encoder / image_processor)."""
+    from tests.wan_checkpoint import save_wan_checkpoint
+
+    folder = tmp_path_factory.mktemp("wan_i2v_clip")
+    save_wan_checkpoint(folder, "i2v_clip")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def wan_flf2v_dir(tmp_path_factory):
+    """Wan2.1 FLF2V: CLIP tokens of the first and last frames (pos_embed_seq_len)."""
+    from tests.wan_checkpoint import save_wan_checkpoint
+
+    folder = tmp_path_factory.mktemp("wan_flf2v")
+    save_wan_checkpoint(folder, "flf2v")
+    return folder

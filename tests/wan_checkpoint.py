@@ -36,15 +36,34 @@ def tiny_text_encoder(vocab_size: int):
     return UMT5EncoderModel(cfg).eval()
 
 
-def tiny_transformer(seed: int, in_channels: int = 16):
+def tiny_transformer(seed: int, in_channels: int = 16, **image: int):
+    """``image``: Wan2.1 I2V's ``image_dim`` / ``added_kv_proj_dim`` (and FLF2V's ``pos_embed_seq_len``)."""
     from diffusers import WanTransformer3DModel
 
     torch.manual_seed(seed)
     return WanTransformer3DModel(
         patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=in_channels,
         out_channels=16, text_dim=TEXT_DIM, freq_dim=16, ffn_dim=32, num_layers=2, cross_attn_norm=True,
-        qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=32,
+        qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=32, **image,
     ).eval()
+
+
+CLIP_DIM, CLIP_SIZE, CLIP_PATCH = 16, 32, 8  # 1 + (32 / 8)^2 = 17 image tokens (ViT-H/14: 1280, 224, 14 -> 257)
+CLIP_TOKENS = 1 + (CLIP_SIZE // CLIP_PATCH) ** 2
+
+
+def tiny_image_encoder():
+    """A transformers CLIPVisionModel and CLIPImageProcessor of Wan2.1 I2V's kind (open-clip
+    ViT-H/14 at toy size: 224 px -> 32, 1280 wide -> 16)."""
+    from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel
+
+    torch.manual_seed(4)
+    cfg = CLIPVisionConfig(hidden_size=CLIP_DIM, intermediate_size=32, num_hidden_layers=3, num_attention_heads=2,
+                           image_size=CLIP_SIZE, patch_size=CLIP_PATCH, hidden_act="gelu", projection_dim=16)
+    processor = CLIPImageProcessor(size={"shortest_edge": CLIP_SIZE}, crop_size={"height": CLIP_SIZE, "width": CLIP_SIZE},
+                                   image_mean=[0.48145466, 0.4578275, 0.40821073],
+                                   image_std=[0.26862954, 0.26130258, 0.27577711])
+    return CLIPVisionModel(cfg).eval(), processor
 
 
 def tiny_vae():
@@ -63,7 +82,8 @@ def unipc(flow_shift: float = 3.0):
 
 
 def make_wan_pipeline(kind: str = "t2v", tokenizer_dir: Path | None = None):
-    """A diffusers Wan pipeline: kind in {"t2v", "t2v_a14b" (two experts), "i2v"}."""
+    """A diffusers Wan pipeline: kind in {"t2v", "t2v_a14b" (two experts), "i2v" (Wan2.2, latent concat),
+    "i2v_clip" (Wan2.1 I2V: + CLIP image tokens), "flf2v" (Wan2.1 FLF2V: CLIP tokens of two frames)}."""
     import tempfile
 
     from diffusers import WanImageToVideoPipeline, WanPipeline
@@ -79,6 +99,16 @@ def make_wan_pipeline(kind: str = "t2v", tokenizer_dir: Path | None = None):
     if kind == "i2v":
         return WanImageToVideoPipeline(transformer=tiny_transformer(2, in_channels=36), image_encoder=None,
                                        image_processor=None, **common)
+    if kind in ("i2v_clip", "flf2v"):
+        encoder, processor = tiny_image_encoder()
+        image = dict(image_dim=CLIP_DIM, added_kv_proj_dim=24)
+        if kind == "flf2v":
+            image["pos_embed_seq_len"] = 2 * CLIP_TOKENS
+        transformer = tiny_transformer(2, in_channels=36, **image)
+        if kind == "flf2v":  # diffusers starts it at zeros: make the learned position embedding matter
+            torch.nn.init.normal_(transformer.condition_embedder.image_embedder.pos_embed, std=0.5)
+        return WanImageToVideoPipeline(transformer=transformer, image_encoder=encoder, image_processor=processor,
+                                       **common)
     raise ValueError(kind)
 
 

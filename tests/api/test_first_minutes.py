@@ -70,6 +70,7 @@ def test_models_lists_builtins_and_families(capsys):
     (["--output", "clip.gif", "--task", "t2i"], "error: --output 'clip.gif': .gif is not written for an image; pass "
                                                 "a .png or .mp4 file or a directory"),
     (["--image", "/nonexistent/first.png"], "error: --image /nonexistent/first.png: no such file"),
+    (["--last-image", "/nonexistent/last.png"], "error: --last-image needs --image (the first frame) too"),
 ])
 def test_flags_are_checked_before_the_model_loads_and_named_as_flags(capsys, tmp_path, argv, message):
     # the model does not exist: a flag error must come first, without loading anything

@@ -73,3 +73,54 @@ def test_i2v_model_needs_the_image(i2v_server):
     r = httpx.post(f"{i2v_server.url}/v1/videos", json={"prompt": "a cat", "size": "32x32", "num_frames": 5})
     assert r.status_code == 400 and r.json()["error"]["param"] == "input_reference"
     assert "image-to-video" in r.json()["error"]["message"]
+
+
+def test_first_and_last_frame_over_multipart_and_json(i2v_server):
+    """``last_image`` beside ``input_reference`` (Wan2.2 I2V: the last frame in the condition):
+    a multipart upload and a JSON data: URL make the same video; the last frame changes it."""
+    first, last = _png((10, 200, 90)), _png((200, 20, 200))
+    fields = {"prompt": "a cat", "size": "32x32", "steps": 2, "num_frames": 5, "seed": 4}
+    upload = httpx.post(f"{i2v_server.url}/v1/videos", data={k: str(v) for k, v in fields.items()},
+                        files={"input_reference": ("f.png", first, "image/png"),
+                               "last_image": ("l.png", last, "image/png")}).json()["id"]
+    url = "data:image/png;base64,"
+    inline = httpx.post(f"{i2v_server.url}/v1/videos", json={
+        **fields, "input_reference": {"image_url": url + base64.b64encode(first).decode()},
+        "last_image": {"image_url": url + base64.b64encode(last).decode()}}).json()["id"]
+    only_first = httpx.post(f"{i2v_server.url}/v1/videos", json={
+        **fields, "input_reference": {"image_url": url + base64.b64encode(first).decode()}}).json()["id"]
+    a, b, c = (httpx.get(f"{i2v_server.url}/v1/videos/{i2v_server.wait_finished(v)['id']}/content").content
+               for v in (upload, inline, only_first))
+    assert a == b and a != c
+
+
+@pytest.mark.parametrize("body,param,words", [
+    ({"last_image": {"image_url": "data:image/png;base64," + base64.b64encode(_png()).decode()}}, "last_image",
+     "needs the first frame too"),
+    ({"input_reference": {"image_url": "data:image/png;base64," + base64.b64encode(_png()).decode()},
+      "last_image": {"image_url": "data:image/png;base64,bm90IGFuIGltYWdl"}}, "last_image", "last_image"),
+    ({"input_reference": {"image_url": "data:image/png;base64," + base64.b64encode(_png()).decode()},
+      "last_image": {"image_url": "https://example.com/cat.png"}}, "last_image.image_url", "not fetched"),
+    ({"input_reference": {"image_url": "data:image/png;base64," + base64.b64encode(_png()).decode()},
+      "last_image": {"image_url": "data:image/png;base64," + base64.b64encode(_png(size=(4000, 4000))).decode()}},
+     "last_image", "pixels"),
+])
+def test_bad_last_images_are_refused_naming_last_image(i2v_server, body, param, words):
+    r = httpx.post(f"{i2v_server.url}/v1/videos", json={"prompt": "a cat", "size": "32x32", "num_frames": 5,
+                                                        "steps": 2, **body})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and words in error["message"], error
+
+
+def test_wan21_i2v_refuses_a_last_image(wan_i2v_clip_dir):
+    """A Wan2.1 I2V model (CLIP tokens of one frame) runs the first frame; a last frame is a 400
+    naming last_image."""
+    png = "data:image/png;base64," + base64.b64encode(_png()).decode()
+    with live_server(wan_i2v_clip_dir, limits={"max_steps": 8, "max_frames": 9}) as server:
+        body = {"prompt": "a cat", "size": "32x32", "num_frames": 5, "steps": 2, "input_reference": {"image_url": png}}
+        r = httpx.post(f"{server.url}/v1/videos", json={**body, "last_image": {"image_url": png}})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == "last_image" and "takes no last frame" in r.json()["error"]["message"]
+        ok = httpx.post(f"{server.url}/v1/videos", json=body).json()["id"]
+        assert server.wait_finished(ok)["status"] == "completed"

@@ -11,9 +11,9 @@ from omniloop.workflows import ModelFolder
 from omniloop.workflows.ui_format import ui_to_api
 
 TEMPLATES = {  # template -> the family whose checkpoint serves it
-    "text_to_video_wan": "wan", "image_to_video_wan": "wan_i2v", "video_wan2_2_14B_t2v": "wan_a14b",
-    "video_wan2_2_14B_i2v": "wan_i2v", "video_wan2_2_5B_ti2v": "wan_ti2v",
-    "flux_schnell": "flux", "flux_schnell_full_text_to_image": "flux",
+    "text_to_video_wan": "wan", "image_to_video_wan": "wan_i2v_clip", "video_wan2_2_14B_t2v": "wan_a14b",
+    "video_wan2_2_14B_i2v": "wan_i2v", "video_wan2_2_5B_ti2v": "wan_ti2v", "wan2.1_flf2v_720_f16": "wan_flf2v",
+    "video_wan2_2_14B_flf2v": "wan_i2v", "flux_schnell": "flux", "flux_schnell_full_text_to_image": "flux",
     "flux_dev_checkpoint_example": "flux", "flux_dev_full_text_to_image": "flux", "flux1_krea_dev": "flux",
     "video_ltx2_t2v": "ltx2", "video_ltx2_i2v": "ltx2", "video_ltx2_t2v_distilled": "ltx2",
     "video_ltx2_i2v_lora": "ltx2", "audio_stable_audio_example": "stable_audio",

@@ -14,7 +14,9 @@ from tests.workflows.templates import TEMPLATES, template, template_models
 
 pytest.importorskip("comfyui_workflow_templates_json")
 
-IMAGES = ("image_to_video_wan_start_image.png", "video_wan2_2_14B_i2v_input_image.jpg", "freckled_curly_girl.png")
+IMAGES = ("image_to_video_wan_start_image.png", "video_wan2_2_14B_i2v_input_image.jpg", "freckled_curly_girl.png",
+          "wan2.1_flf2v_720_f16_start_image.png", "wan2.1_flf2v_720_f16_end_image.png",
+          "video_wan2_2_14B_flf2v_start_image.png", "video_wan2_2_14B_flf2v_end_image.png")
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +43,12 @@ EXPECTED = {
     "text_to_video_wan": (TaskType.T2V, "wan", [Modality.VIDEO],
                           {"steps": None, "guidance_scale": 6.0, "shift": 1.0, "width": 832, "height": 480,
                            "num_frames": 33, "fps": 16, "sampler": "comfy_uni_pc", "seed": 82628696717253}),
-    "image_to_video_wan": (TaskType.I2V, "wan_i2v", [Modality.VIDEO],
+    "image_to_video_wan": (TaskType.I2V, "wan_i2v_clip", [Modality.VIDEO],
                            {"guidance_scale": 6.0, "width": 512, "height": 512, "num_frames": 33}),
+    "wan2.1_flf2v_720_f16": (TaskType.I2V, "wan_flf2v", [Modality.VIDEO],
+                             {"guidance_scale": 3.0, "width": 720, "height": 1280, "num_frames": 33}),
+    "video_wan2_2_14B_flf2v": (TaskType.I2V, "wan_i2v", [Modality.VIDEO],
+                               {"guidance_scale": 4.0, "guidance_scale_2": 4.0, "sampler": "flow_euler"}),
     "video_wan2_2_14B_t2v": (TaskType.T2V, "wan_a14b", [Modality.VIDEO],
                              {"guidance_scale": 3.5, "guidance_scale_2": 3.5, "width": 640,
                               "num_frames": 81, "sampler": "flow_euler"}),
@@ -79,7 +85,8 @@ def test_template_compiles_to_its_request(name, models, input_dir):
     got = {**request.diffusion.model_dump(), **request.node_params.get("denoise", {})}  # + the loop's own knobs
     assert {k: got[k] for k in fields} == fields
     if task in (TaskType.I2V,):
-        assert [p.role for p in request.images()] == ["first_frame"]
+        roles = ["first_frame", "last_frame"] if "flf2v" in name else ["first_frame"]
+        assert [p.role for p in request.images()] == roles
     assert {s.class_type for s in generation.saves} <= {"SaveVideo", "SaveImage", "SaveAudioAdvanced"}
 
 

@@ -22,6 +22,7 @@ SMALL: dict[str, dict[str, Any]] = {
     "EmptyHunyuanLatentVideo": {"width": 32, "height": 32, "length": 5},
     "WanImageToVideo": {"width": 32, "height": 32, "length": 5},
     "Wan22ImageToVideoLatent": {"width": 32, "height": 32, "length": 5},
+    "WanFirstLastFrameToVideo": {"width": 32, "height": 32, "length": 5},
     "EmptySD3LatentImage": {"width": 32, "height": 32},
     "EmptyLatentAudio": {"seconds": 1.0},
     "KSampler": {"steps": 2},
@@ -54,8 +55,11 @@ def input_dir(tmp_path_factory) -> Path:
 
     folder = tmp_path_factory.mktemp("input")
     for name in ("image_to_video_wan_start_image.png", "video_wan2_2_14B_i2v_input_image.jpg",
-                 "freckled_curly_girl.png"):
+                 "freckled_curly_girl.png", "wan2.1_flf2v_720_f16_start_image.png",
+                 "video_wan2_2_14B_flf2v_start_image.png"):
         Image.new("RGB", (96, 64), (200, 40, 40)).save(folder / name)
+    for name in ("wan2.1_flf2v_720_f16_end_image.png", "video_wan2_2_14B_flf2v_end_image.png"):
+        Image.new("RGB", (96, 64), (20, 40, 220)).save(folder / name)
     return folder
 
 
@@ -83,10 +87,44 @@ def test_wan_t2v_template_runs(name, wan_t2v_dir, input_dir):
     check_video(out, 5, (32, 32))
 
 
-@pytest.mark.parametrize("name", ["image_to_video_wan", "video_wan2_2_14B_i2v"])
-def test_wan_i2v_templates_run(name, wan_i2v_dir, input_dir):
+@pytest.mark.parametrize("name", ["video_wan2_2_14B_i2v", "video_wan2_2_14B_flf2v"])
+def test_wan22_i2v_templates_run(name, wan_i2v_dir, input_dir):
     request, out = run(name, wan_i2v_dir, "wan_i2v", input_dir)
     check_video(out, 5, (32, 32))
+    roles = ["first_frame", "last_frame"] if "flf2v" in name else ["first_frame"]
+    assert [p.role for p in request.images()] == roles
+
+
+def test_wan21_i2v_template_runs_with_clip_vision(wan_i2v_clip_dir, input_dir):
+    """image_to_video_wan (CLIPVisionLoader -> CLIPVisionEncode -> WanImageToVideo) on a Wan2.1
+    I2V checkpoint: its image encoder encodes the start image (the pipeline's image_encode node ran)."""
+    request, out = run("image_to_video_wan", wan_i2v_clip_dir, "wan_i2v_clip", input_dir)
+    check_video(out, 5, (32, 32))
+    assert "image_encode" in out.metrics.node_s
+
+
+def test_wan21_flf2v_template_runs(wan_flf2v_dir, input_dir):
+    request, out = run("wan2.1_flf2v_720_f16", wan_flf2v_dir, "wan_flf2v", input_dir)
+    check_video(out, 5, (32, 32))
+    assert [p.role for p in request.images()] == ["first_frame", "last_frame"]
+    assert "image_encode" in out.metrics.node_s
+
+
+def test_clip_vision_on_a_model_without_an_image_encoder_is_a_node_error(wan_i2v_dir, wan_i2v_clip_dir, input_dir):
+    """CLIP vision conditioning given to Wan2.2 I2V (no image encoder), and a Wan2.1 I2V model
+    without it: node errors of WanImageToVideo naming clip_vision_output."""
+    from omniloop.workflows import WorkflowError
+
+    api = small(ui_to_api(template("image_to_video_wan")))
+    with pytest.raises(WorkflowError, match="has no image encoder") as e:
+        compile_workflow(api, template_models({"wan_i2v_clip": wan_i2v_dir}), input_dir=input_dir)
+    (node_id, entry), = e.value.to_comfy()["node_errors"].items()
+    assert entry["class_type"] == "WanImageToVideo"
+    assert entry["errors"][0]["extra_info"]["input_name"] == "clip_vision_output"
+    del api[node_id]["inputs"]["clip_vision_output"]
+    with pytest.raises(WorkflowError, match="connect a CLIPVisionEncode") as e:
+        compile_workflow(api, template_models({"wan_i2v_clip": wan_i2v_clip_dir}), input_dir=input_dir)
+    assert e.value.to_comfy()["node_errors"][node_id]["errors"][0]["extra_info"]["input_name"] == "clip_vision_output"
 
 
 @pytest.fixture(scope="module")

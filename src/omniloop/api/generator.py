@@ -205,6 +205,7 @@ class VideoGenerator:
         prompt: str,
         *,
         image: Any = None,
+        last_image: Any = None,
         task: str | TaskType | None = None,
         audio: bool | None = None,
         output_path: str | Path | None = "outputs/",
@@ -223,8 +224,9 @@ class VideoGenerator:
         ``negative_prompt``, ``sampler``) and the knobs of this model's loops under diffusers'
         names (``self.pipeline.knobs``: ``guidance_scale_2`` on Wan2.2, ``stg_scale`` /
         ``audio_guidance_scale`` on LTX-2...); a knob the model's loops lack is refused.
+        ``last_image``: the frame the video ends on (first-last-frame: Wan2.2 I2V, Wan2.1 FLF2V).
         """
-        request = self.build_request(prompt, image=image, task=task, audio=audio, **params)
+        request = self.build_request(prompt, image=image, last_image=last_image, task=task, audio=audio, **params)
         if request.task in (TaskType.T2A, TaskType.REASON):  # no pixels: refused before any work runs
             other = "generate_audio" if request.task is TaskType.T2A else "generate(OmniRequest(task='reason', ...))"
             raise ValueError(f"task {request.task.value!r} makes no video (this model serves {self.tasks}); "
@@ -377,7 +379,7 @@ class VideoGenerator:
             raise GenerationError(f"request {output.request_id} {output.status.value}: {output.error}", output.failure)
         return output
 
-    def build_request(self, prompt: str, *, image: Any = None, latents: Any = None,
+    def build_request(self, prompt: str, *, image: Any = None, last_image: Any = None, latents: Any = None,
                       task: str | TaskType | None = None, audio: bool | None = None,
                       wants: Modality = Modality.VIDEO, **params: Any) -> OmniRequest:
         """The request of a ``generate_*`` call: ``params`` are DiffusionParams fields or
@@ -393,6 +395,9 @@ class VideoGenerator:
         if image is not None:
             parts.append(ImagePart(path=str(image), role=role) if isinstance(image, (str, Path))
                          else ImagePart(data=image, role=role))
+        if last_image is not None:  # first-last-frame video (the family refuses it where it cannot take one)
+            parts.append(ImagePart(path=str(last_image), role="last_frame") if isinstance(last_image, (str, Path))
+                         else ImagePart(data=last_image, role="last_frame"))
         if latents is not None:
             parts.append(LatentPart(data=latents, of=Modality.IMAGE))
         return build_request(task, prompt, fields, parts=parts,

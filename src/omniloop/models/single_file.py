@@ -205,6 +205,10 @@ class SingleFileSet:
     clip_head_dim: int | None = None
     # a latent upsampler in latent_upscale_models/ (LTX-2's two-stage refine)
     latent_upsampler: str = ""
+    # an image encoder in clip_vision/ (CLIPVisionLoader: Wan2.1 I2V / FLF2V's CLIP vision tower)
+    # and its head count (not in the file; None: the released 16)
+    clip_vision: str = ""
+    clip_vision_heads: int | None = None
     # a diffusers folder whose */config.json say the architecture facts the single files do not
     # carry (its weights are not read; diffusers' from_single_file(config=...)); None: the
     # family's released configs

@@ -67,6 +67,7 @@ SINGLE_FILE_LOADERS: dict[str, tuple[tuple[str, str], ...]] = {
     "LTXAVTextEncoderLoader": (("text_encoder", "text_encoders"), ("ckpt_name", "model_checkpoint")),
     "LatentUpscaleModelLoader": (("model_name", "latent_upsampler"),),
     "LTXVAudioVAELoader": (("ckpt_name", "model_checkpoint"),),
+    "CLIPVisionLoader": (("clip_name", "clip_vision"),),  # Wan2.1 I2V / FLF2V's image encoder
 }
 
 
@@ -717,7 +718,8 @@ def single_file_set(compiled: CompiledWorkflow, generation: Generation, models: 
     assert generation.served.single_file is not None
     sampler = generation.sampler_nodes[0]
     picked: dict[str, list[tuple[str, str, str]]] = {"vae": [], "text_encoders": [], "family": [],
-                                                     "latent_upsampler": [], "model_checkpoint": []}
+                                                     "latent_upsampler": [], "model_checkpoint": [],
+                                                     "clip_vision": []}
     for nid in compiled.evaluated:
         call = compiled.graph[nid]
         for input_name, kind in SINGLE_FILE_LOADERS.get(call.class_type, ()):
@@ -729,14 +731,15 @@ def single_file_set(compiled: CompiledWorkflow, generation: Generation, models: 
     vaes = {name for _, _, name in picked["vae"]}
     loaders = {nid for nid, _, _ in picked["text_encoders"]}
     upsamplers = {name for _, _, name in picked["latent_upsampler"]}
+    visions = {name for _, _, name in picked["clip_vision"]}
     checkpoint_clip = _checkpoint_clip(compiled)
     if checkpoint_clip is not None:
         loaders.add(checkpoint_clip[0])
-    if len(vaes) > 1 or len(loaders) > 1 or len(upsamplers) > 1:
+    if len(vaes) > 1 or len(loaders) > 1 or len(upsamplers) > 1 or len(visions) > 1:
         raise node_error(sampler, compiled.graph[sampler].class_type, "invalid_input_type", "a workflow served "
-                         "from single files loads one VAE, one text encoder set and one latent upsampler; it loads "
-                         f"{sorted(vaes)}, {len(loaders)} CLIP loaders and {sorted(upsamplers)}", "serve the others "
-                         "through omniloop-models.json entries")
+                         "from single files loads one VAE, one text encoder set, one latent upsampler and one CLIP "
+                         f"vision encoder; it loads {sorted(vaes)}, {len(loaders)} CLIP loaders, {sorted(upsamplers)} "
+                         f"and {sorted(visions)}", "serve the others through omniloop-models.json entries")
     folder, dit = generation.served.single_file
     for nid, input_name, name in picked["model_checkpoint"]:
         if (folder, name) != ("checkpoints", dit):
@@ -772,7 +775,8 @@ def single_file_set(compiled: CompiledWorkflow, generation: Generation, models: 
                              checkpoint=dit if folder == "checkpoints" else None,
                              vae=next(iter(vaes), ""), text_encoders=tuple(encoders), tokenizers=tuple(tokenizers),
                              text_from_checkpoint=checkpoint_clip is not None,
-                             latent_upsampler=next(iter(upsamplers), ""), **facts)
+                             latent_upsampler=next(iter(upsamplers), ""), clip_vision=next(iter(visions), ""),
+                             **facts)
     except ValueError as e:
         raise node_error(sampler, compiled.graph[sampler].class_type, "invalid_input_type",
                          f"the loaders do not make a model: {e}") from None

@@ -10,7 +10,7 @@ the event loop keeps answering ``/health`` meanwhile."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from omniloop.io.image import image_size, verify_image
 from omniloop.io.video import probe_video
@@ -34,9 +34,11 @@ def _refusal(param: str, error: ValueError) -> ApiError:
     return ApiError(400, f"{param}: {error}", param=param, code="invalid_image")
 
 
-async def check_request_images(requests: Sequence[OmniRequest], param: str, max_pixels: int) -> None:
+async def check_request_images(requests: Sequence[OmniRequest], param: str, max_pixels: int,
+                               role_params: Mapping[str, str] | None = None) -> None:
     """Every base64 image of ``requests`` (``n`` requests of one call share theirs: checked
-    once) within the cap and decodable; ``param``: the wire field that carried them."""
+    once) within the cap and decodable; ``param``: the wire field that carried them
+    (``role_params``: an image role's own field, e.g. the last frame's ``last_image``)."""
     seen: set[str] = set()
     for request in requests:
         for part in request.images():
@@ -46,7 +48,7 @@ async def check_request_images(requests: Sequence[OmniRequest], param: str, max_
             try:
                 await asyncio.to_thread(verify_image, part.raw_bytes(), max_pixels)
             except ValueError as e:
-                raise _refusal(param, e) from None
+                raise _refusal((role_params or {}).get(part.role, param), e) from None
 
 
 def check_media(kind: str, raw: bytes, max_pixels: int) -> None:

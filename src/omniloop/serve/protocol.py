@@ -79,6 +79,10 @@ class _VideoCreateBase(_GenerationWire):
     input_reference: ImageReference | None = Field(
         default=None, description="first frame for image-to-video (multipart: upload the file under this name)"
     )
+    last_image: ImageReference | None = Field(
+        default=None, description="last frame for first-last-frame video (Wan2.2 I2V, Wan2.1 FLF2V); needs "
+        "input_reference (multipart: upload the file under this name)"
+    )
     audio: bool | None = Field(
         default=None, description="the soundtrack of a model with sound: on by default; false skips it (a silent mp4), "
         "true requires it"

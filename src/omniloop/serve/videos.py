@@ -21,7 +21,8 @@ router = APIRouter(prefix="/v1/videos", tags=["videos"], dependencies=[Depends(r
 POLL_AFTER_MS = 250
 
 # The body is read by hand (JSON or multipart, size-limited); OpenAPI gets it from app.py.
-CREATE_BODY_DOC = {"json": "VideoCreateRequest", "multipart": "VideoCreateForm", "file_fields": ("input_reference",)}
+FILE_FIELDS = ("input_reference", "last_image")  # the first frame, and the last one (first-last-frame video)
+CREATE_BODY_DOC = {"json": "VideoCreateRequest", "multipart": "VideoCreateForm", "file_fields": FILE_FIELDS}
 
 
 def video_object(job: Job, jobs: JobStore) -> VideoObject:
@@ -42,12 +43,14 @@ def video_object(job: Job, jobs: JobStore) -> VideoObject:
 async def create_video(request: Request, state: State) -> VideoObject:
     with state.counting_rejections("video"):
         state.check_accepting()
-        fields, files = await read_body(request, state.config.max_upload_bytes, file_fields=("input_reference",))
+        fields, files = await read_body(request, state.config.max_upload_bytes, file_fields=FILE_FIELDS)
         wire = parse_body(VideoCreateRequest, fields)
         job_id = new_id("video")
         model = state.served(wire.model)
-        omni, call = openai_video(wire, job_id, model, upload=files.get("input_reference"))
-        await check_request_images([omni], "input_reference", image_pixel_cap(state.config, model))
+        omni, call = openai_video(wire, job_id, model, upload=files.get("input_reference"),
+                                  last_upload=files.get("last_image"))
+        await check_request_images([omni], "input_reference", image_pixel_cap(state.config, model),
+                                   role_params={"last_frame": "last_image"})
         geometry = Geometry.of(omni, model.defaults, wire.seconds)
         job = Job(id=job_id, kind=JobKind.VIDEO, model=model.name, prompt=wire.prompt, geometry=geometry)
         await state.submit([job], [omni], call.names)

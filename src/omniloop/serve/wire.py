@@ -149,6 +149,8 @@ class WireCall:
     frames_over_seconds: bool = False  # both given: num_frames wins (Dynamo's rule) instead of an error
     image: Any = None  # input_reference as sent
     image_param: str = "input_reference"
+    last_image: Any = None  # the last frame as sent (first-last-frame video)
+    last_image_param: str = "last_image"
     outputs: OutputSpec = field(default_factory=OutputSpec)
     audio: bool | None = None  # the soundtrack: None = the model's default outputs, False = silent, True = with it
     actions: list[list[float]] | None = None  # world models: the agent's actions to roll out (task a2w)
@@ -341,6 +343,10 @@ def _video_outputs(call: WireCall) -> OutputSpec:
 def video_request(call: WireCall, request_id: str, model: ServedModel) -> OmniRequest:
     prompt = _prompt(call)  # first: an empty prompt is the first thing to fix
     image = reference_image(call.image, call.image_param)
+    last = reference_image(call.last_image, call.last_image_param, role="last_frame")
+    if last is not None and image is None:
+        raise WireError(call.last_image_param, f"a last frame needs the first frame too: pass {call.image_param}",
+                        code="missing")
     task = world_task(model, call, image is not None) or video_task(model, image is not None, call.image_param)
     _resolve_seconds(call, model)
     if call.actions is not None and "num_frames" not in call.params:
@@ -348,7 +354,7 @@ def video_request(call: WireCall, request_id: str, model: ServedModel) -> OmniRe
     with wire_errors():
         params = call.params.diffusion()
     call.outputs = _video_outputs(call)
-    extra = (_action_part(call.actions),) if call.actions is not None else ()
+    extra = ((_action_part(call.actions),) if call.actions is not None else ()) + ((last,) if last is not None else ())
     return _request(request_id, task, prompt, call, params, image, extra, model)
 
 
@@ -391,14 +397,16 @@ def _openai_call(wire: Any, names: tuple[str, ...], model: ServedModel) -> WireC
     return call
 
 
-def openai_video(wire: Any, request_id: str, model: ServedModel,
-                 upload: bytes | None = None) -> tuple[OmniRequest, WireCall]:
-    """``wire`` is a validated ``VideoCreateRequest``; ``upload`` a multipart input_reference
-    file. The call comes back too: its ``names`` map an engine rejection to the wire field."""
+def openai_video(wire: Any, request_id: str, model: ServedModel, upload: bytes | None = None,
+                 last_upload: bytes | None = None) -> tuple[OmniRequest, WireCall]:
+    """``wire`` is a validated ``VideoCreateRequest``; ``upload`` / ``last_upload`` multipart
+    input_reference / last_image files. The call comes back too: its ``names`` map an engine
+    rejection to the wire field."""
     model.check_name(wire.model)
     call = _openai_call(wire, VIDEO_FIELDS, model)
     call.seconds = wire.seconds
     call.image = upload if upload is not None else wire.input_reference
+    call.last_image = last_upload if last_upload is not None else wire.last_image
     call.outputs = OutputSpec(stream=wire.preview_every is not None, preview_every=wire.preview_every)
     call.audio, call.actions, call.predict_actions = wire.audio, wire.actions, wire.predict_actions
     call.node_params = wire.node_params

@@ -16,6 +16,7 @@ Output nodes fed by one chain share its request; each chain is one request.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -163,6 +164,7 @@ def _generation(ev: Evaluation, final: Latent, saves: tuple[SaveTarget, ...]) ->
     if loras:
         fields.put("loras", loras)
     parts = _parts(ev, first, canvas)
+    _clip_vision(ev, first, served, task)
     if task == TaskType.I2I:
         fields.put("strength", first.denoise)
     outputs = OutputSpec(modalities=_modalities(saves, canvas.kind))
@@ -201,7 +203,7 @@ def _task(ev: Evaluation, first: Sampling, canvas: Latent, saves: tuple[SaveTarg
     if canvas.kind == "audio":
         return TaskType.T2A
     if canvas.image is not None or first.positive.image is not None:
-        return TaskType.I2V
+        return TaskType.I2V  # (a last frame needs a first one: WanFirstLastFrameToVideo checks)
     if canvas.kind == "av" and Modality.AUDIO in _modalities(saves, canvas.kind):
         return TaskType.T2VS
     return TaskType.T2V
@@ -341,7 +343,69 @@ def _parts(ev: Evaluation, run: Sampling, canvas: Latent) -> list[ImagePart]:
     if image.source != "file" or image.path is None:
         raise node_error(run.node, _class(ev, run.node), "invalid_input_type", "the conditioning image must come "
                          "from LoadImage", "connect a LoadImage (resizes are applied by the model)")
-    return [ImagePart(path=image.path, role="first_frame")]
+    parts = [ImagePart(path=image.path, role="first_frame")]
+    frames = run.positive.frames
+    if frames is not None and frames.end is not None:
+        end = frames.end
+        if end.source != "file" or end.path is None:
+            raise node_error(frames.node, frames.class_type, "invalid_input_type", "end_image: the last frame must "
+                             "come from LoadImage", "connect a LoadImage (resizes are applied by the model)",
+                             "end_image")
+        parts.append(ImagePart(path=end.path, role="last_frame"))
+    return parts
+
+
+def _image_encoder(served: ServedCheckpoint) -> bool | None:
+    """Whether the served checkpoint has an image encoder (a CLIP vision tower): its
+    diffusers folder's model_index.json says; None where the compile cannot tell (single
+    files: their loader checks the DiT against the CLIPVisionLoader file; names-only folders)."""
+    if served.path is None or not (served.path / "model_index.json").is_file():
+        return None
+    entry = json.loads((served.path / "model_index.json").read_text()).get("image_encoder")
+    return isinstance(entry, list) and len(entry) == 2 and entry[0] is not None
+
+
+def _clip_vision(ev: Evaluation, run: Sampling, served: ServedCheckpoint, task: TaskType) -> None:
+    """The CLIP vision outputs a Wan image-to-video node attaches: the served model's own image
+    encoder encodes the request's first (and last) frame, so they must be of those frames, and
+    the model must have one (and a model that has one needs them)."""
+    frames = run.positive.frames
+    if frames is None or task != TaskType.I2V:
+        return
+    wired = frames.clip_start is not None
+    has_encoder = _image_encoder(served)
+    if wired and has_encoder is False:
+        raise node_error(frames.node, frames.class_type, "invalid_input_type", f"{frames.clip_start_input}: the "
+                         f"model {served.name!r} has no image encoder to take CLIP vision conditioning; disconnect it, "
+                         "or load a model with one (its folder's image_encoder/)", input_name=frames.clip_start_input)
+    if not wired and has_encoder:
+        raise node_error(frames.node, frames.class_type, "required_input_missing", f"{frames.clip_start_input}: the "
+                         f"model {served.name!r} has an image encoder: it is conditioned on the start image's CLIP vision "
+                         "output; connect a CLIPVisionEncode of the start image", input_name=frames.clip_start_input)
+    for vision, image, which in ((frames.clip_start, frames.start, "start"), (frames.clip_end, frames.end, "end")):
+        if vision is None:
+            continue
+        if image is None or vision.image != image:
+            _deviate(ev, vision.node, f"image: the CLIP vision output is of another image than the {which} frame; "
+                     f"the model's image encoder encodes the {which} frame")
+        elif vision.crop == "none" and image.source == "file":
+            width, height = _file_size(image)
+            if width != height:
+                _deviate(ev, vision.node, f"crop='none' squeezes the {width}x{height} image to the encoder's square; "
+                         "the model's image processor center-crops it")
+    if frames.clip_end is None and frames.end is not None and frames.clip_start is not None:
+        _deviate(ev, frames.node, "clip_vision_end_image: not connected; the model's image encoder encodes the end "
+                 "frame too")
+
+
+def _file_size(image: Pixels) -> tuple[int, int]:
+    if image.width is not None and image.height is not None:
+        return image.width, image.height
+    from PIL import Image
+
+    assert image.path is not None, "a file image has a path"
+    with Image.open(image.path) as opened:
+        return opened.size
 
 
 def _split(ev: Evaluation, first: Sampling, second: Sampling, fields: Fields,

@@ -19,7 +19,8 @@ from typing import Any
 from omniloop.request import LoraRef
 from omniloop.workflows.errors import node_error
 from omniloop.workflows.values import (
-    AudioOut, ClipRef, ClipVisionOutput, Conditioning, Guider, Latent, ModelRef, NamedFile, Noise, Pixels,
+    AudioOut, ClipRef, ClipVisionOutput, Conditioning, Guider, ImageConditioning, Latent, ModelRef, NamedFile, Noise,
+    Pixels,
     SamplerChoice, SaveTarget, Sampling, Sigmas, VaeRef, VideoOut,
 )
 from omniloop.workflows.vocabulary import NodeCall, i, node
@@ -321,11 +322,38 @@ def ltxv_latent_upsampler(call: NodeCall) -> tuple[Any, ...]:
       ["CONDITIONING", "CONDITIONING", "LATENT"], output_names=("positive", "negative", "latent"),
       category="conditioning/video_models")
 def wan_image_to_video(call: NodeCall) -> tuple[Any, ...]:
-    """A first-frame image and the video canvas."""
+    """A first-frame image (and its CLIP vision output: Wan2.1 I2V) and the video canvas."""
     image, vision = call.get("start_image"), call.get("clip_vision_output")
+    frames = ImageConditioning(call.id, call.class_type, start=image, clip_start=vision)
     latent = replace(_video_latent(call), image=image)
-    return (replace(call["positive"], image=image, clip_vision=vision),
-            replace(call["negative"], image=image, clip_vision=vision), latent)
+    return (replace(call["positive"], image=image, clip_vision=vision, frames=frames),
+            replace(call["negative"], image=image, clip_vision=vision, frames=frames), latent)
+
+
+@node("WanFirstLastFrameToVideo", [i("positive", "CONDITIONING"), i("negative", "CONDITIONING"), i("vae", "VAE"),
+                                   _size("width", 832), _size("height", 480),
+                                   i("length", "INT", 81, min=1, max=MAX_RESOLUTION),
+                                   i("batch_size", "INT", 1, min=1, max=4096),
+                                   i("clip_vision_start_image", "CLIP_VISION_OUTPUT", optional=True),
+                                   i("clip_vision_end_image", "CLIP_VISION_OUTPUT", optional=True),
+                                   i("start_image", "IMAGE", optional=True), i("end_image", "IMAGE", optional=True)],
+      ["CONDITIONING", "CONDITIONING", "LATENT"], output_names=("positive", "negative", "latent"),
+      category="conditioning/video_models")
+def wan_first_last_frame_to_video(call: NodeCall) -> tuple[Any, ...]:
+    """First and last frames (and their CLIP vision outputs: Wan2.1 FLF2V) and the video canvas."""
+    start, end = call.get("start_image"), call.get("end_image")
+    if end is not None and start is None:
+        raise node_error(call.id, call.class_type, "required_input_missing", "start_image: a video that only ends on "
+                         "an image is not supported; connect the start image too", input_name="start_image")
+    clip_start, clip_end = call.get("clip_vision_start_image"), call.get("clip_vision_end_image")
+    if clip_end is not None and clip_start is None:
+        raise node_error(call.id, call.class_type, "required_input_missing", "clip_vision_start_image: the end "
+                         "image's CLIP vision output needs the start image's too", input_name="clip_vision_start_image")
+    frames = ImageConditioning(call.id, call.class_type, start=start, end=end, clip_start=clip_start,
+                               clip_end=clip_end, clip_start_input="clip_vision_start_image")
+    latent = replace(_video_latent(call), image=start)
+    return (replace(call["positive"], image=start, clip_vision=clip_start, frames=frames),
+            replace(call["negative"], image=start, clip_vision=clip_start, frames=frames), latent)
 
 
 @node("Wan22ImageToVideoLatent", [i("vae", "VAE"), _size("width", 1280, 32), _size("height", 704, 32),
@@ -630,7 +658,7 @@ def ltxv_preprocess(call: NodeCall) -> tuple[Any, ...]:
       category="conditioning")
 def clip_vision_encode(call: NodeCall) -> tuple[Any, ...]:
     """The image encoder's view of an image (the checkpoint's own image encoder runs it)."""
-    return (ClipVisionOutput(call["image"]),)
+    return (ClipVisionOutput(call["image"], str(call.get("crop", "center")), call.id),)
 
 
 # -- outputs ----------------------------------------------------------------------------------

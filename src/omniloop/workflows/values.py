@@ -64,7 +64,26 @@ class Pixels:
 
 @dataclass(frozen=True)
 class ClipVisionOutput:
+    """CLIP_VISION_OUTPUT: the image a CLIPVisionEncode node encodes (the served model's own
+    image encoder runs it on the request's frame), its ``crop`` and the node's id."""
+
     image: Pixels
+    crop: str = "center"
+    node: str = ""
+
+
+@dataclass(frozen=True)
+class ImageConditioning:
+    """What WanImageToVideo / WanFirstLastFrameToVideo (``node``) attach: the start and end
+    frames and the CLIP vision outputs of each (the node's inputs, for its errors)."""
+
+    node: str
+    class_type: str
+    start: Pixels | None = None
+    end: Pixels | None = None
+    clip_start: ClipVisionOutput | None = None
+    clip_end: ClipVisionOutput | None = None
+    clip_start_input: str = "clip_vision_output"  # the node's input carrying clip_start
 
 
 @dataclass(frozen=True)
@@ -76,6 +95,7 @@ class Conditioning:
     frame_rate: float | None = None  # LTXVConditioning
     image: Pixels | None = None  # WanImageToVideo's start image
     clip_vision: ClipVisionOutput | None = None
+    frames: ImageConditioning | None = None  # the Wan image-to-video node's frames and CLIP vision outputs
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,12 @@
-"""Wan family ModelSpecs: Wan2.1 T2V, Wan2.2 two-expert T2V, Wan2.2 I2V (latent concat), and
-Wan models in our manifest layout (``omniloop_model.json``: the shapes-world models).
+"""Wan family ModelSpecs: Wan2.1 T2V, Wan2.2 two-expert T2V, Wan2.2 I2V (latent concat),
+Wan2.1 I2V / FLF2V (latent concat + CLIP image tokens), and Wan models in our manifest
+layout (``omniloop_model.json``: the shapes-world models).
 
 Variants are read from ``model_index.json``: ``transformer_2`` + ``boundary_ratio`` make a
-two-expert model; ``WanImageToVideoPipeline`` without an image encoder is Wan2.2 I2V. A
-manifest names its variant, text encoder (``minilm``), sampler and generation defaults.
+two-expert model; ``WanImageToVideoPipeline`` without an image encoder is Wan2.2 I2V, with
+one (``image_encoder`` + ``image_processor``) Wan2.1 I2V. Every I2V variant takes a last
+frame too (FLF2V) where its DiT can: see ``validate.py``. A manifest names its variant,
+text encoder (``minilm``), sampler and generation defaults.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from omniloop.models.manifest import ModelLimits, ModelManifest, check_manifest,
 from omniloop.models.fast_path import FastPath
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
 from omniloop.models.text.umt5 import load_umt5_encoder, load_umt5_encoder_single_file
+from omniloop.models.vision.clip_vision import load_clip_vision_encoder, load_clip_vision_single_file
 from omniloop.pipeline.defaults import GenerationDefaults
 from omniloop.pipeline.loops.denoise import DenoiseLoop
 from omniloop.pipeline.pipeline import Pipeline
@@ -31,7 +35,8 @@ from omniloop.pipeline.loops.decode import VideoDecodeLoop
 from omniloop.pipeline.stages import LATENTS_GIVEN, GivenLatents, TextEncode
 from omniloop.models.families.wan.parallelize import WAN_PARALLEL
 from omniloop.models.families.wan.presets import TEACACHE_DEFAULT, TEACACHE_POLYNOMIALS, TI2V_DEFAULTS, WAN_DEFAULTS
-from omniloop.models.families.wan.stages import WanDenoiser, WanImageCondition, WanVideoEncode, first_frame
+from omniloop.models.families.wan.stages import (WanDenoiseLoop, WanDenoiser, WanImageCondition, WanImageEncode,
+                                                 WanVideoEncode, first_frame)
 from omniloop.models.families.wan.ti2v import FirstFrameLatents, Ti2vDenoiser, Ti2vImageCondition
 from omniloop.models.families.wan.validate import make_validator, size_caps
 from omniloop.models.families.wan.weights import dit_state_dict_from_diffusers, load_wan_dit, load_wan_dit_single_file
@@ -71,6 +76,11 @@ def _load_text(root: Path, index: Mapping[str, Any], options: LoadOptions):
     )
 
 
+def _load_image_encoder(root: Path, index: Mapping[str, Any], options: LoadOptions):
+    return load_clip_vision_encoder(root / "image_encoder", root / "image_processor", device=options.device,
+                                    dtype=options.dtype)
+
+
 def _load_scheduler(root: Path, index: Mapping[str, Any], options: LoadOptions) -> SamplerSet:
     return load_sampler_set(root / "scheduler")
 
@@ -102,9 +112,7 @@ def wan_single_files(files: SingleFileSet, resolve: Resolve,
     paths = files.dit_paths(resolve)
     experts = [dit(path) for path in paths]
     config = experts[0].config
-    if config.image_dim is not None:
-        raise ValueError(f"{paths[0].name} is a Wan2.1 I2V DiT (CLIP image conditioning), which this "
-                         "family does not serve; pass a Wan2.1 T2V or a Wan2.2 DiT")
+    image_encoder = _single_file_image_encoder(files, resolve, options, config.image_dim, paths[0].name)
     text = text_encoder_sources(files, resolve)[0]
     load_text = load_umt5_encoder_single_file if text.single_file else load_umt5_encoder
     vae = load_wan_vae_single_file(files.vae_path(resolve), device=options.device, dtype=options.dtype)
@@ -123,10 +131,33 @@ def wan_single_files(files: SingleFileSet, resolve: Resolve,
     index: dict[str, Any] = {"_class_name": I2V_PIPELINE if config.in_channels != config.out_channels else T2V_PIPELINE}
     if ti2v:
         index["expand_timesteps"] = True
+    if image_encoder is not None:  # Wan2.1 I2V / FLF2V: what a diffusers folder's model_index lists
+        components["image_encoder"] = image_encoder
+        index.update(image_encoder=["transformers", "CLIPVisionModel"],
+                     image_processor=["transformers", "CLIPImageProcessor"])
     if len(experts) == 2:
         components["transformer_2"] = experts[1]
         index.update(boundary_ratio=files.boundary_ratio, transformer_2=["diffusers", "WanTransformer3DModel"])
     return index, components
+
+
+def _single_file_image_encoder(files: SingleFileSet, resolve: Resolve, options: LoadOptions, image_dim: int | None,
+                               dit_name: str) -> Any:
+    """The CLIPVisionLoader file a Wan2.1 I2V / FLF2V DiT needs (None for other DiTs, which take none)."""
+    if image_dim is None:
+        if files.clip_vision:
+            raise ValueError(f"clip_vision: {dit_name} takes no CLIP vision conditioning (no image embedder: a Wan2.1 "
+                             f"T2V or Wan2.2 DiT); drop {files.clip_vision!r}, or load a Wan2.1 I2V DiT")
+        return None
+    if not files.clip_vision:
+        raise ValueError(f"{dit_name} is a Wan2.1 I2V / FLF2V DiT (CLIP vision conditioning): load its image "
+                         "encoder with a CLIPVisionLoader (clip_vision/clip_vision_h.safetensors)")
+    encoder = load_clip_vision_single_file(resolve("clip_vision", files.clip_vision), device=options.device,
+                                           dtype=options.dtype, num_attention_heads=files.clip_vision_heads)
+    if encoder.hidden_size != image_dim:
+        raise ValueError(f"clip_vision: {files.clip_vision!r} is {encoder.hidden_size} wide but {dit_name} takes "
+                         f"{image_dim}-wide image tokens; pass the encoder it was trained with (ViT-H/14: 1280)")
+    return encoder
 
 
 # -- variants -------------------------------------------------------------------------
@@ -141,11 +172,10 @@ def wan_variant(index: Mapping[str, Any]) -> Variant:
     cls = index["_class_name"]
     if index.get("expand_timesteps"):
         return _ti2v_variant(index)
-    if cls == I2V_PIPELINE and _present(index, "image_encoder"):
-        raise ValueError(
-            "Wan2.1 I2V (CLIP image encoder conditioning) is not supported; Wan2.2 I2V checkpoints "
-            "(latent-concat conditioning, no image_encoder) are"
-        )
+    clip = cls == I2V_PIPELINE and _present(index, "image_encoder")
+    if clip and not _present(index, "image_processor"):
+        raise ValueError("model_index.json has an image_encoder but no image_processor; Wan2.1 I2V needs both "
+                         "(CLIPVisionModel and CLIPImageProcessor folders)")
     two_experts = _present(index, "transformer_2") or index.get("boundary_ratio") is not None
     if two_experts and index.get("boundary_ratio") is None:
         raise ValueError("model_index.json has transformer_2 but no boundary_ratio; set boundary_ratio (e.g. 0.875)")
@@ -161,7 +191,10 @@ def wan_variant(index: Mapping[str, Any]) -> Variant:
             WeightSpec(component="transformer_2", kind="WanDiT (low-noise expert)", subfolder="transformer_2",
                        load=_load_transformer("transformer_2"))
         )
-    generation = "wan2.2" if two_experts or cls == I2V_PIPELINE else "wan2.1"
+    if clip:
+        weights.append(WeightSpec(component="image_encoder", kind="CLIPVisionModel + CLIPImageProcessor",
+                                  subfolder=("image_encoder", "image_processor"), load=_load_image_encoder))
+    generation = "wan2.2" if two_experts or (cls == I2V_PIPELINE and not clip) else "wan2.1"
     return Variant(name=f"{generation}-{'i2v' if cls == I2V_PIPELINE else 't2v'}", tasks=tasks, weights=tuple(weights))
 
 
@@ -209,13 +242,16 @@ def wan_pipeline_spec(variant: Variant, *, boundary_ratio: float | None, cfg_mod
     nodes = [Node("text_encode", TextEncode())]
     if i2v:
         nodes.append(Node("image_condition", WanImageCondition(), when=task_in(TaskType.I2V)))
+    if "image_encoder" in components:  # Wan2.1 I2V: CLIP tokens of the first (and last) frame
+        nodes.append(Node("image_encode", WanImageEncode(), when=task_in(TaskType.I2V)))
     if TaskType.V2V in variant.tasks:  # loops from given latents: an encoded video, or latents passed in
         nodes.append(Node("video_encode", WanVideoEncode(), when=task_in(TaskType.V2V)))
         nodes.append(Node("given_latents", GivenLatents(WanDenoiser()), when=LATENTS_GIVEN & ~task_in(TaskType.V2V)))
     nodes += [
         Node(
             "denoise",
-            DenoiseLoop(
+            # (with an image encoder, the loop also reads its CLIP tokens: WanDenoiseLoop)
+            (WanDenoiseLoop if "image_encoder" in components else DenoiseLoop)(
                 WanDenoiser(),
                 cfg=ClassicCFG(mode=cfg_mode),
                 routing=routing,
@@ -268,6 +304,11 @@ def _wants_pixels(request: OmniRequest) -> bool:
 
 def build_wan(variant: Variant, index: Mapping[str, Any], components: Mapping[str, Any], options: LoadOptions) -> Pipeline:
     boundary = index.get("boundary_ratio")
+    image_dim = components["transformer"].config.image_dim
+    if (image_dim is not None) != ("image_encoder" in components):
+        raise ValueError("the transformer's image_dim and the image_encoder go together (Wan2.1 I2V: CLIP image "
+                         f"tokens); got image_dim={image_dim} with{'out' * ('image_encoder' not in components)} an "
+                         "image_encoder: pass a checkpoint that has both or neither")
     spec = wan_pipeline_spec(variant, boundary_ratio=boundary, cfg_mode=options.cfg_mode)
     if variant.name == TI2V_VARIANT:
         check_ti2v_components(components["vae"], components["transformer"])

@@ -1,4 +1,5 @@
-"""Wan-specific pipeline pieces: the DenoiseLoop adapter and the I2V condition encoder."""
+"""Wan-specific pipeline pieces: the DenoiseLoop adapter, the I2V condition encoder (first
+frame, and the last one for first-last-frame) and the Wan2.1 I2V CLIP image encoder."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import torch
 from omniloop.io.image import image_to_tensor, open_image_part
 from omniloop.io.video import video_frames, video_to_tensor
 from omniloop.pipeline.defaults import admitted
-from omniloop.pipeline.edges import ConditionLatents, InitLatents
-from omniloop.pipeline.loops.denoise import DenoiserBase, text_branch_inputs
+from omniloop.pipeline.edges import ConditionLatents, ImageEmbeddings, InitLatents
+from omniloop.pipeline.loops.denoise import DenoiseLoop, DenoiserBase, text_branch_inputs
 from omniloop.pipeline.policies.cfg import Prediction
 from omniloop.pipeline.stage import ComponentStage
 from omniloop.pipeline.state import RequestState, StageContext
@@ -48,7 +49,12 @@ class WanDenoiser(DenoiserBase):
         return {"video": (1, vae.z_dim, f, g.height // ss, g.width // ss)}
 
     def branch_inputs(self, ctx: StageContext, state: RequestState, branches: tuple[str, ...]) -> dict[str, dict[str, Any]]:
-        return text_branch_inputs(ctx, state, branches)
+        out = text_branch_inputs(ctx, state, branches)
+        image = ctx.read_optional(state, "image_embeds", ImageEmbeddings)
+        if image is not None:  # Wan2.1 I2V: the CLIP tokens go to both branches (diffusers does so)
+            for kwargs in out.values():
+                kwargs["encoder_hidden_states_image"] = image.embeds
+        return out
 
     def forward(
         self, model: torch.nn.Module, inputs: dict[str, torch.Tensor], timestep: torch.Tensor, kwargs: dict[str, Any]
@@ -83,6 +89,39 @@ def first_frame(request: OmniRequest) -> ImagePart | None:
     return images[0] if images else None
 
 
+def last_frame(request: OmniRequest) -> ImagePart | None:
+    """First-last-frame (FLF2V): the image the video ends on."""
+    images = request.images("last_frame")
+    return images[0] if images else None
+
+
+@dataclass
+class WanDenoiseLoop(DenoiseLoop):
+    """The DenoiseLoop, also reading Wan2.1 I2V's CLIP image tokens (``image_embeds``)."""
+
+    optional_inputs = {**DenoiseLoop.optional_inputs, "image_embeds": ImageEmbeddings}
+
+
+@dataclass
+class WanImageEncode(ComponentStage):
+    """Wan2.1 I2V / FLF2V: the CLIP vision tokens of the first frame (and the last one) as
+    diffusers' ``encode_image`` makes them, from the raw images (the processor resizes) ->
+    ImageEmbeddings ``[1, L_img, D]``, or ``[2, L_img, D]`` first and last (the FLF2V DiT
+    folds the pair into one ``[1, 2 * L_img, D]`` sequence)."""
+
+    component: str = "image_encoder"
+    outputs = {"image_embeds": ImageEmbeddings}
+
+    @torch.inference_mode()
+    def forward(self, ctx: StageContext, state: RequestState) -> None:
+        encoder = ctx.component(self.component)
+        first, last = first_frame(state.request), last_frame(state.request)
+        assert first is not None, "admission guarantees an I2V request carries a first_frame image"
+        images = [load_part_image(first)] + ([load_part_image(last)] if last is not None else [])
+        embeds = encoder.encode(images, device=ctx.device)  # [1 or 2, L_img, D]
+        ctx.write(state, "image_embeds", ImageEmbeddings(embeds=embeds.to(ctx.dtype)))
+
+
 def load_part_image(part: ImagePart):
     """The PIL image of an ImagePart (path, base64 or in-process data)."""
     return open_image_part(part)
@@ -90,8 +129,9 @@ def load_part_image(part: ImagePart):
 
 @dataclass
 class WanImageCondition(ComponentStage):
-    """Wan2.2 I2V conditioning: VAE-encode ``[image, zeros...]`` (argmax), normalize, and
-    prepend the 4-channel first-frame mask -> ConditionLatents [1, 4 + z_dim, f, h, w]."""
+    """I2V conditioning: VAE-encode ``[image, zeros...]`` (FLF2V: ``[image, zeros...,
+    last]``) (argmax), normalize, and prepend the 4-channel mask of the given frames ->
+    ConditionLatents [1, 4 + z_dim, f, h, w] (diffusers' ``prepare_latents``)."""
 
     component: str = "vae"
     outputs = {"condition": ConditionLatents}
@@ -104,8 +144,12 @@ class WanImageCondition(ComponentStage):
         part = first_frame(state.request)
         assert part is not None, "admission guarantees an I2V request carries a first_frame image"
         image = image_to_tensor(load_part_image(part), g.height, g.width).to(ctx.device)  # [1, 3, H, W]
+        last_part = last_frame(state.request)
         st = vae.config.scale_factor_temporal
-        video = torch.cat([image[:, :, None], image.new_zeros(1, 3, g.num_frames - 1, g.height, g.width)], dim=2)
+        frames = [image[:, :, None], image.new_zeros(1, 3, g.num_frames - 1 - (last_part is not None), g.height, g.width)]
+        if last_part is not None:  # admission guarantees num_frames >= 2
+            frames.append(image_to_tensor(load_part_image(last_part), g.height, g.width).to(ctx.device)[:, :, None])
+        video = torch.cat(frames, dim=2)
         mean, _ = vae.encode(video.to(vae.dtype))
         latents = vae.normalize_latents(mean.float())  # [1, z, f, h, w]
         f, h, w = latents.shape[2:]
@@ -113,6 +157,8 @@ class WanImageCondition(ComponentStage):
         # the first frame is repeated st times so frame 0 fills a whole latent frame.
         mask = torch.zeros(1, 1, g.num_frames, h, w, device=latents.device)
         mask[:, :, 0] = 1
+        if last_part is not None:
+            mask[:, :, -1] = 1
         mask = torch.cat([mask[:, :, :1].repeat_interleave(st, dim=2), mask[:, :, 1:]], dim=2)
         mask = mask.view(1, f, st, h, w).transpose(1, 2)  # [1, st, f, h, w]
         ctx.write(state, "condition", ConditionLatents(latents=torch.cat([mask, latents], dim=1)))

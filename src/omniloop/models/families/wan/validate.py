@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from omniloop.models.families.wan.stages import first_frame, geometry, load_part_image, load_part_video, source_video
+from omniloop.models.families.wan.stages import (first_frame, geometry, last_frame, load_part_image, load_part_video,
+                                                 source_video)
 from omniloop.models.manifest import ModelLimits
 from omniloop.pipeline.defaults import GenerationDefaults, resolve_request
 from omniloop.pipeline.geometry_checks import check_frame_count, check_size_multiple
@@ -64,9 +65,38 @@ def make_validator(defaults: GenerationDefaults, vae: Any, dit: Any, samplers: S
             load_part_image(part)  # unreadable -> ValueError naming the source
         if request.task == TaskType.TI2V and (given := first_frame(request)) is not None:  # ti2v: image optional
             load_part_image(given)
+        _check_last_frame(request, dit, g.num_frames)
         return request
 
     return validate
+
+
+LAST_FRAME_FIELD = "inputs.last_frame"  # the wire's last-frame image (serve/errors.py names it)
+
+
+def _check_last_frame(request: OmniRequest, dit: Any, num_frames: int) -> None:
+    """First-last-frame: a Wan2.2 I2V DiT (latent concat only) takes a last frame or not; a
+    Wan2.1 FLF2V DiT (CLIP tokens of both frames, ``pos_embed_seq_len``) needs one; a Wan2.1
+    I2V DiT (CLIP tokens of one frame) cannot take one."""
+    part = last_frame(request)
+    if request.task != TaskType.I2V:
+        if part is not None:
+            raise InvalidRequest(f"task {request.task.value} takes no last frame; drop the ImagePart(role='last_frame') "
+                                 "or pass task i2v with a first frame", fields=(LAST_FRAME_FIELD,))
+        return
+    clip, flf = dit.image_dim is not None, dit.pos_embed_seq_len is not None
+    if part is None:
+        if flf:
+            raise InvalidRequest("this Wan2.1 FLF2V model needs a last frame too: add ImagePart(role='last_frame', "
+                                 "...) to inputs", fields=(LAST_FRAME_FIELD,), kind=ErrorKind.MISSING_INPUT)
+        return
+    if clip and not flf:
+        raise InvalidRequest("this Wan2.1 I2V model takes no last frame (its DiT encodes one CLIP image; a Wan2.1 "
+                             "FLF2V or a Wan2.2 I2V model takes two); drop the last frame", fields=(LAST_FRAME_FIELD,))
+    if num_frames < 2:
+        raise InvalidRequest(f"a first and a last frame need diffusion.num_frames >= 2 (got {num_frames})",
+                             fields=("diffusion.num_frames",))
+    load_part_image(part)  # unreadable -> ValueError naming the source
 
 
 def _frames_from_video(request: OmniRequest, temporal: int) -> OmniRequest:

@@ -25,9 +25,9 @@ from typing import Any, ClassVar, Hashable, Sequence
 
 import torch
 
-from omniloop.pipeline.samplers.base import (SamplerState, SchedulerConfigError, check_config_keys, register_sampler,
+from omniloop.pipeline.samplers.base import (SamplerState, SchedulerConfigError, register_sampler,
                                              schedule_signature)
-from omniloop.pipeline.samplers.flow_euler import _SUPPORTED_KEYS, FlowEulerSampler
+from omniloop.pipeline.samplers.flow_euler import FlowEulerSampler
 
 _OPTIONS = ("eta", "s_noise")
 
@@ -70,9 +70,7 @@ class ComfyEulerAncestralSampler(FlowEulerSampler):
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "FlowEulerSampler":
         """``flow_euler``'s schedule config, plus ``eta`` and ``s_noise``."""
-        check_config_keys({"_class_name": cls.diffusers_class, **config}, diffusers_class=cls.diffusers_class,
-                          known=(*_SUPPORTED_KEYS, *_OPTIONS))
-        return cls(**{key: config[key] for key in (*_SUPPORTED_KEYS, *_OPTIONS) if key in config})
+        return cls.from_schedule_config(config, _OPTIONS)
 
     def init_state(self, num_steps: int, *, device: torch.device | str | None = None, shift: float | None = None,
                    sigmas: Sequence[float] | None = None, mu: float | None = None,

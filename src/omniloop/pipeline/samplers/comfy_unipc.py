@@ -29,8 +29,8 @@ from typing import Any, ClassVar, Hashable, Sequence
 
 import torch
 
-from omniloop.pipeline.samplers.base import SamplerState, check_config_keys, register_sampler, schedule_signature
-from omniloop.pipeline.samplers.flow_euler import _SUPPORTED_KEYS, FlowEulerSampler
+from omniloop.pipeline.samplers.base import SamplerState, register_sampler, schedule_signature
+from omniloop.pipeline.samplers.flow_euler import FlowEulerSampler
 from omniloop.pipeline.samplers.joint_step import RowParts, step_jointly
 
 FINAL_T = 0.001  # what ComfyUI's UniPC puts in place of a final sigma 0
@@ -102,9 +102,7 @@ class ComfyUniPCSampler(FlowEulerSampler):
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "FlowEulerSampler":
         """``flow_euler``'s schedule config (the ComfyUI sampler runs over its sigmas)."""
-        check_config_keys({"_class_name": cls.diffusers_class, **config}, diffusers_class=cls.diffusers_class,
-                          known=_SUPPORTED_KEYS)
-        return cls(**{key: config[key] for key in _SUPPORTED_KEYS if key in config})
+        return cls.from_schedule_config(config)
 
     def init_state(self, num_steps: int, *, device: torch.device | str | None = None, shift: float | None = None,
                    sigmas: Sequence[float] | None = None, mu: float | None = None,

@@ -126,6 +126,16 @@ class FlowEulerSampler(ScheduleStepBatching):
                 raise SchedulerConfigError(f"{key}={config[key]!r} is not supported: {why}; set {key}=false")
         return cls(**{key: config[key] for key in _SUPPORTED_KEYS if key in config})
 
+    @classmethod
+    def from_schedule_config(cls, config: dict[str, Any], options: tuple[str, ...] = ()) -> "FlowEulerSampler":
+        """``cls`` over ``flow_euler``'s schedule config plus its own ``options`` (ComfyUI's
+        samplers: no diffusers scheduler has their update, so their configs carry no
+        ``_class_name`` and are checked under the sampler's own ``diffusers_class``)."""
+        known = (*_SUPPORTED_KEYS, *options)
+        check_config_keys({"_class_name": cls.diffusers_class, **config}, diffusers_class=cls.diffusers_class,
+                          known=known)
+        return cls(**{key: config[key] for key in known if key in config})
+
     def mu_for_seq_len(self, image_seq_len: int) -> float:
         """The ``mu`` diffusers pipelines (Flux ``calculate_shift``) derive from the token count."""
         if self.base_shift is None or self.max_shift is None:

@@ -122,6 +122,13 @@ class WanImageEncode(ComponentStage):
         ctx.write(state, "image_embeds", ImageEmbeddings(embeds=embeds.to(ctx.dtype)))
 
 
+def first_frame_pixels(request: OmniRequest, g: VideoGeometry, device: torch.device) -> torch.Tensor:
+    """The request's ``first_frame`` image resized to its size, [1, 3, H, W] on ``device``."""
+    part = first_frame(request)
+    assert part is not None, "admission guarantees an I2V request carries a first_frame image"
+    return image_to_tensor(load_part_image(part), g.height, g.width).to(device)
+
+
 def load_part_image(part: ImagePart):
     """The PIL image of an ImagePart (path, base64 or in-process data)."""
     return open_image_part(part)
@@ -141,9 +148,7 @@ class WanImageCondition(ComponentStage):
     def forward(self, ctx: StageContext, state: RequestState) -> None:
         vae = ctx.component(self.component)
         g = geometry(state.request, ctx.node)
-        part = first_frame(state.request)
-        assert part is not None, "admission guarantees an I2V request carries a first_frame image"
-        image = image_to_tensor(load_part_image(part), g.height, g.width).to(ctx.device)  # [1, 3, H, W]
+        image = first_frame_pixels(state.request, g, ctx.device)  # [1, 3, H, W]
         last_part = last_frame(state.request)
         st = vae.config.scale_factor_temporal
         frames = [image[:, :, None], image.new_zeros(1, 3, g.num_frames - 1 - (last_part is not None), g.height, g.width)]

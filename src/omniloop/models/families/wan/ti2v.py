@@ -21,8 +21,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from omniloop.io.image import image_to_tensor
-from omniloop.models.families.wan.stages import WanDenoiser, first_frame, geometry, load_part_image
+from omniloop.models.families.wan.stages import WanDenoiser, first_frame_pixels, geometry
 from omniloop.pipeline.edges import ConditionLatents
 from omniloop.pipeline.loops.denoise import text_branch_inputs
 from omniloop.pipeline.policies.cfg import Prediction
@@ -47,9 +46,7 @@ class Ti2vImageCondition(ComponentStage):
     def forward(self, ctx: StageContext, state: RequestState) -> None:
         vae = ctx.component(self.component)
         g = geometry(state.request, ctx.node)
-        part = first_frame(state.request)
-        assert part is not None, "admission guarantees an I2V request carries a first_frame image"
-        image = image_to_tensor(load_part_image(part), g.height, g.width).to(ctx.device)  # [1, 3, H, W]
+        image = first_frame_pixels(state.request, g, ctx.device)  # [1, 3, H, W]
         mean, _ = vae.encode(image[:, :, None].to(vae.dtype))  # [1, z, 1, h, w]
         ctx.write(state, "condition", ConditionLatents(latents=vae.normalize_latents(mean.float())))
 

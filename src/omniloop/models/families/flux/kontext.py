@@ -27,7 +27,7 @@ from omniloop.pipeline.edges import ConditionLatents
 from omniloop.pipeline.policies.cfg import COND, Prediction
 from omniloop.pipeline.stage import ComponentStage
 from omniloop.pipeline.state import RequestState, StageContext
-from omniloop.request import ErrorKind, InvalidRequest, LatentPart, OmniRequest, TaskType
+from omniloop.request import ErrorKind, ImagePart, InvalidRequest, LatentPart, OmniRequest, TaskType
 
 KONTEXT_CLASS = "FluxKontextPipeline"
 
@@ -186,8 +186,9 @@ def kontext_validator(base: Callable[[OmniRequest], OmniRequest], vae: Any) -> C
             size = kontext_size(*open_image_part(source).size, multiple)  # unreadable -> ValueError naming it
         update = {"width": p.width or size[0], "height": p.height or size[1]}
         request = request.model_copy(update={"diffusion": p.model_copy(update=update)})
-        # the base validator's t2i path: the same checks, none about a starting image
-        checked = base(request.model_copy(update={"task": TaskType.T2I}))
-        return checked.model_copy(update={"task": request.task})
+        # the base validator's t2i path (the reference set aside): the same checks, none about a starting image
+        text_only = [part for part in request.inputs if not isinstance(part, (ImagePart, LatentPart))]
+        checked = base(request.model_copy(update={"task": TaskType.T2I, "inputs": text_only}))
+        return checked.model_copy(update={"task": request.task, "inputs": request.inputs})
 
     return validate

@@ -171,8 +171,10 @@ def test_flux_kontext_template_runs(flux_kontext_dir, input_dir, monkeypatch):
     from PIL import Image
 
     from omniloop.models.families.flux import kontext
+    from omniloop.workflows import nodes
 
-    monkeypatch.setattr(kontext, "KONTEXT_RESOLUTIONS", [(32, 64), (48, 48), (64, 32)])
+    for module in (kontext, nodes):  # the served model's list and the node's
+        monkeypatch.setattr(module, "KONTEXT_RESOLUTIONS", [(32, 64), (48, 48), (64, 32)])
     Image.new("RGB", (96, 40), (30, 160, 60)).save(input_dir / "flux_kontext_dev_basic_input_image.jpg")
     request, out = run("flux_kontext_dev_basic", flux_kontext_dir, "flux_kontext", input_dir)
     assert request.task.value == "i2i" and request.diffusion.strength is None

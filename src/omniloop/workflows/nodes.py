@@ -627,14 +627,21 @@ def image_scale_to_max_dimension(call: NodeCall) -> tuple[Any, ...]:
     return (_scaled(call, round(width * scale), round(height * scale)),)
 
 
+# (width, height) FluxKontextImageScale picks from (ComfyUI's table; the served Kontext model
+# holds the same list: models.families.flux.kontext, which this layer may not import)
+KONTEXT_RESOLUTIONS: list[tuple[int, int]] = [
+    (672, 1568), (688, 1504), (720, 1456), (752, 1392), (800, 1328), (832, 1248), (880, 1184), (944, 1104),
+    (1024, 1024), (1104, 944), (1184, 880), (1248, 832), (1328, 800), (1392, 752), (1456, 720), (1504, 688),
+    (1568, 672),
+]
+
+
 @node("FluxKontextImageScale", [i("image", "IMAGE")], ["IMAGE"], category="advanced/conditioning/flux")
 def flux_kontext_image_scale(call: NodeCall) -> tuple[Any, ...]:
     """An image scaled to the FLUX.1 Kontext training resolution of the nearest aspect ratio.
     NOTE: the served Kontext model resizes its reference itself, as diffusers does (a stretch
     to the size picked from the image's size floored to 16); ComfyUI picks from the unfloored
     size and center-crops to the aspect first, so an odd-sized image can differ slightly."""
-    from omniloop.models.families.flux.kontext import KONTEXT_RESOLUTIONS
-
     width, height = call.context.image_size(call, call["image"])
     aspect = width / height
     _, w, h = min((abs(aspect - w / h), w, h) for w, h in KONTEXT_RESOLUTIONS)

@@ -97,7 +97,7 @@ class FluxKontextReference(ComponentStage):
             return
         vae = ctx.component(self.component)
         picture = open_image_part(source)
-        width, height = kontext_size(*picture.size, vae.config.scale_factor_spatial * 2)
+        width, height = kontext_size(picture.size[0], picture.size[1], vae.config.scale_factor_spatial * 2)
         image = image_to_tensor(picture, height, width).to(ctx.device)  # [1, 3, H, W]
         # channels-last as diffusers' processor hands it (FluxImageCondition: the same conv path)
         image = image.contiguous(memory_format=torch.channels_last)
@@ -146,8 +146,8 @@ class FluxKontextDenoiser(FluxDenoiser):
             with lora_rows(plan):
                 out = model(inputs)  # [N_img + N_ref, 4C]
         preds = []
-        for tok, (x, *_) in zip(inputs.image_segments.split(out), rows):
-            h, w = x.shape[1], x.shape[2]
+        for tok, (noisy, *_) in zip(inputs.image_segments.split(out), rows):
+            h, w = noisy.shape[1], noisy.shape[2]
             preds.append(unpack_latents(tok[:(h // 2) * (w // 2)], h, w))  # the noisy tokens' prediction
         result, i = [], 0
         for x in xs:
@@ -183,7 +183,8 @@ def kontext_validator(base: Callable[[OmniRequest], OmniRequest], vae: Any) -> C
                                      f"latent space); got {list(data.shape)}", fields=("inputs",))
             size = (data.shape[-1] * vae.scale_factor_spatial, data.shape[-2] * vae.scale_factor_spatial)
         else:
-            size = kontext_size(*open_image_part(source).size, multiple)  # unreadable -> ValueError naming it
+            w, h = open_image_part(source).size  # unreadable -> ValueError naming the source
+            size = kontext_size(w, h, multiple)
         update = {"width": p.width or size[0], "height": p.height or size[1]}
         request = request.model_copy(update={"diffusion": p.model_copy(update=update)})
         # the base validator's t2i path (the reference set aside): the same checks, none about a starting image

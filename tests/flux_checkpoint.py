@@ -118,6 +118,17 @@ def save_flux_checkpoint(folder: Path, *, guidance_embeds: bool = True):
     return pipe
 
 
+def save_flux_kontext_checkpoint(folder: Path):
+    """A tiny FLUX.1-Kontext-dev folder: the FLUX.1-dev components saved by diffusers'
+    ``FluxKontextPipeline`` (its model_index.json names that class)."""
+    from diffusers import FluxKontextPipeline
+
+    base = make_flux_pipeline(folder)
+    pipe = FluxKontextPipeline(**base.components)  # the same components (the IP-Adapter slots empty)
+    pipe.save_pretrained(folder)
+    return pipe
+
+
 # --------------------------------------------------------------------------------------
 # LoRA files (diffusers/peft layout via save_lora_weights, and kohya names)
 # --------------------------------------------------------------------------------------

@@ -164,6 +164,25 @@ def test_flux_templates_run(name, flux_dir, input_dir):
     assert tuple(image.image.shape) == (32, 32, 3), image.image.shape  # [H, W, 3]
 
 
+def test_flux_kontext_template_runs(flux_kontext_dir, input_dir, monkeypatch):
+    """flux_kontext_dev_basic (LoadImage -> ImageStitch -> FluxKontextImageScale -> VAEEncode ->
+    ReferenceLatent, the encoded image also the KSampler's canvas at denoise 1): a reference
+    edit on the Kontext checkpoint at the reference's Kontext size (small sizes swapped in)."""
+    from PIL import Image
+
+    from omniloop.models.families.flux import kontext
+    from omniloop.workflows import nodes
+
+    for module in (kontext, nodes):  # the served model's list and the node's
+        monkeypatch.setattr(module, "KONTEXT_RESOLUTIONS", [(32, 64), (48, 48), (64, 32)])
+    Image.new("RGB", (96, 40), (30, 160, 60)).save(input_dir / "flux_kontext_dev_basic_input_image.jpg")
+    request, out = run("flux_kontext_dev_basic", flux_kontext_dir, "flux_kontext", input_dir)
+    assert request.task.value == "i2i" and request.diffusion.strength is None
+    assert [p.role for p in request.images()] == ["reference"]
+    assert tuple(out.artifacts["image"].image.shape) == (32, 64, 3)  # aspect 2.4: the 64x32 Kontext size
+    assert "image_condition" in out.metrics.node_s
+
+
 @pytest.mark.parametrize("name", ["video_ltx2_t2v", "video_ltx2_t2v_distilled", "video_ltx2_i2v"])
 def test_ltx2_templates_run(name, ltx2_dir, input_dir):
     request, out = run(name, ltx2_dir, "ltx2", input_dir)

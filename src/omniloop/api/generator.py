@@ -282,7 +282,7 @@ class VideoGenerator:
         ``params`` are DiffusionParams fields (``steps``, ``guidance_scale``, ``height``,
         ``width``, ``seed``, ``strength``, ``loras=[(name_or_path, strength), ...]``...).
         """
-        if task is None and TaskType.T2I not in self.pipeline.spec.tasks:
+        if task is None and not self.pipeline.spec.tasks & {TaskType.T2I, TaskType.I2I}:  # i2i alone: Kontext
             raise ValueError(f"this model makes no images (tasks {self.tasks}); use generate_video")
         request = self.build_request(prompt, image=image, latents=latents, task=task, wants=Modality.IMAGE, **params)
         output = self.generate(request, on_event)

@@ -117,7 +117,7 @@ class ServedModel:
 
     @property
     def serves_images(self) -> bool:
-        return TaskType.T2I in self.tasks
+        return bool(self.tasks & {TaskType.T2I, TaskType.I2I})  # i2i alone: an edit-only model (FLUX.1 Kontext)
 
     @property
     def serves_videos(self) -> bool:
@@ -366,6 +366,9 @@ def image_requests(call: WireCall, request_ids: list[str], model: ServedModel) -
         other = "/v1/audio/speech" if model.tasks == {TaskType.T2A} else "/v1/videos"
         raise WireError("model", f"{model.name!r} does not generate images (tasks: {model.task_names}); use {other}",
                         code="unsupported")
+    if call.image is None and TaskType.T2I not in model.tasks:
+        raise WireError("model", f"{model.name!r} only edits images (tasks: {model.task_names}); send the image to "
+                        "edit to /v1/images/edits", code="unsupported")
     task = suggest_task(model.tasks, {Modality.IMAGE} if call.image is not None else set(), wants={Modality.IMAGE})
     if task not in model.tasks:  # given an image, the image-to-image task a model without it lacks
         raise WireError(call.image_param, f"{model.name!r} has no image-to-image task (tasks: "

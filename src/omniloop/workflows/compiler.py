@@ -165,7 +165,7 @@ def _generation(ev: Evaluation, final: Latent, saves: tuple[SaveTarget, ...]) ->
         fields.put("loras", loras)
     parts = _parts(ev, first, canvas)
     _clip_vision(ev, first, served, task)
-    if task == TaskType.I2I:
+    if task == TaskType.I2I and first.positive.reference is None:  # a reference edit starts from noise
         fields.put("strength", first.denoise)
     outputs = OutputSpec(modalities=_modalities(saves, canvas.kind))
     try:
@@ -199,6 +199,8 @@ def _served(ev: Evaluation, runs: tuple[Sampling, ...]) -> ServedCheckpoint:
 
 def _task(ev: Evaluation, first: Sampling, canvas: Latent, saves: tuple[SaveTarget, ...]) -> TaskType:
     if canvas.kind == "image":
+        if first.positive.reference is not None:  # an edit model's reference (ReferenceLatent): FLUX.1 Kontext
+            return TaskType.I2I
         return TaskType.I2I if canvas.encoded is not None and first.denoise < 1 else TaskType.T2I
     if canvas.kind == "audio":
         return TaskType.T2A
@@ -296,7 +298,7 @@ def _geometry(ev: Evaluation, run: Sampling, canvas: Latent, saves: tuple[SaveTa
         if canvas.seconds is not None:
             fields.put("duration_s", canvas.seconds, "seconds")
         return
-    if task == TaskType.I2I:
+    if task == TaskType.I2I and run.positive.reference is None:
         return  # the image's size
     fields.put("width", canvas.width)
     fields.put("height", canvas.height)
@@ -337,6 +339,15 @@ def _loras(ev: Evaluation, runs: tuple[Sampling, ...]) -> list[LoraRef]:
 
 
 def _parts(ev: Evaluation, run: Sampling, canvas: Latent) -> list[ImagePart]:
+    reference = run.positive.reference
+    if reference is not None:
+        if reference.source != "file" or reference.path is None:
+            raise node_error(run.positive.reference_node, "ReferenceLatent", "invalid_input_type", "latent: the "
+                             "reference must be the VAEEncode of a LoadImage", "connect a LoadImage (resizes are "
+                             "applied by the model)", "latent")
+        if run.denoise < 1.0:
+            _deviate(ev, run.node, f"denoise={run.denoise} with a reference edit: the whole schedule runs from noise")
+        return [ImagePart(path=reference.path, role="reference")]
     image = canvas.image or run.positive.image or canvas.encoded
     if image is None:
         return []

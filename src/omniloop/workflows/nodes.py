@@ -199,6 +199,24 @@ def clip_text_encode_flux(call: NodeCall) -> tuple[Any, ...]:
     return (Conditioning(text=t5 or clip_l, guidance=float(call["guidance"])),)
 
 
+@node("ReferenceLatent", [i("conditioning", "CONDITIONING"), i("latent", "LATENT", optional=True)], ["CONDITIONING"],
+      category="advanced/conditioning/edit_models")
+def reference_latent(call: NodeCall) -> tuple[Any, ...]:
+    """The image an edit model (FLUX.1 Kontext) edits: the latents of a VAEEncode, whose
+    image the served model encodes itself (its reference tokens)."""
+    latent, cond = call.get("latent"), call["conditioning"]
+    if latent is None:
+        return (cond,)
+    if latent.encoded is None:
+        raise node_error(call.id, call.class_type, "invalid_input_type", "latent: a reference is the VAEEncode of an "
+                         "image", "connect a VAEEncode of a LoadImage", input_name="latent")
+    if cond.reference is not None:
+        raise node_error(call.id, call.class_type, "invalid_input_type", "one reference image per prompt (FLUX.1 "
+                         "Kontext takes one)", "stitch the images into one (ImageStitch) before encoding it",
+                         input_name="conditioning")
+    return (replace(cond, reference=latent.encoded, reference_node=call.id),)
+
+
 @node("ConditioningZeroOut", [i("conditioning", "CONDITIONING")], ["CONDITIONING"], category="advanced/conditioning")
 def conditioning_zero_out(call: NodeCall) -> tuple[Any, ...]:
     """No prompt (the negative of guidance-distilled models)."""
@@ -607,6 +625,42 @@ def image_scale_to_max_dimension(call: NodeCall) -> tuple[Any, ...]:
     largest = int(call["largest_size"])
     scale = largest / max(width, height)
     return (_scaled(call, round(width * scale), round(height * scale)),)
+
+
+# (width, height) FluxKontextImageScale picks from (ComfyUI's table; the served Kontext model
+# holds the same list: models.families.flux.kontext, which this layer may not import)
+KONTEXT_RESOLUTIONS: list[tuple[int, int]] = [
+    (672, 1568), (688, 1504), (720, 1456), (752, 1392), (800, 1328), (832, 1248), (880, 1184), (944, 1104),
+    (1024, 1024), (1104, 944), (1184, 880), (1248, 832), (1328, 800), (1392, 752), (1456, 720), (1504, 688),
+    (1568, 672),
+]
+
+
+@node("FluxKontextImageScale", [i("image", "IMAGE")], ["IMAGE"], category="advanced/conditioning/flux")
+def flux_kontext_image_scale(call: NodeCall) -> tuple[Any, ...]:
+    """An image scaled to the FLUX.1 Kontext training resolution of the nearest aspect ratio.
+    NOTE: the served Kontext model resizes its reference itself, as diffusers does (a stretch
+    to the size picked from the image's size floored to 16); ComfyUI picks from the unfloored
+    size and center-crops to the aspect first, so an odd-sized image can differ slightly."""
+    width, height = call.context.image_size(call, call["image"])
+    aspect = width / height
+    _, w, h = min((abs(aspect - w / h), w, h) for w, h in KONTEXT_RESOLUTIONS)
+    return (_scaled(call, w, h),)
+
+
+@node("ImageStitch", [i("image1", "IMAGE"),
+                      i("direction", "COMBO", "right", options=("right", "down", "left", "up")),
+                      i("match_image_size", "BOOLEAN", True), i("spacing_width", "INT", 0, min=0, max=1024),
+                      i("spacing_color", "COMBO", "white", options=("white", "black", "red", "green", "blue")),
+                      i("image2", "IMAGE", optional=True)], ["IMAGE"], category="image/transform")
+def image_stitch(call: NodeCall) -> tuple[Any, ...]:
+    """Two images side by side; with image2 unconnected, image1 as it is (what the Kontext
+    template ships). Stitching two is not supported (a request carries one reference file)."""
+    if call.get("image2") is not None:
+        raise node_error(call.id, call.class_type, "invalid_input_type", "image2: stitching two images is not "
+                         "supported", "disconnect image2 (edit one image), or stitch the files beforehand",
+                         input_name="image2")
+    return (call["image1"],)
 
 
 def _resize_layout(values: list[Any]) -> list[str]:

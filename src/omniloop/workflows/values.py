@@ -96,6 +96,8 @@ class Conditioning:
     image: Pixels | None = None  # WanImageToVideo's start image
     clip_vision: ClipVisionOutput | None = None
     frames: ImageConditioning | None = None  # the Wan image-to-video node's frames and CLIP vision outputs
+    reference: Pixels | None = None  # ReferenceLatent: the image an edit model (FLUX.1 Kontext) edits
+    reference_node: str = ""  # the ReferenceLatent node (its errors)
 
 
 @dataclass(frozen=True)

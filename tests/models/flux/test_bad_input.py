@@ -29,8 +29,10 @@ def _req(task=TaskType.T2I, extra=(), **params):
      r"inputs latents must be \[1, 4, 4, 4\] for a 32x32 image"),
     (_req(TaskType.I2I, [ImagePart(b64="bm90IGFuIGltYWdl")], steps=4), r"cannot read image"),
     (_req(TaskType.T2V), r"task 't2v' is not served by 'flux.1'; pass one of \['i2i', 't2i'\]"),
+    (_req(TaskType.T2I, [ImagePart(b64="bm90IGFuIGltYWdl")], height=32, width=32),
+     r"task t2i takes no image; pass task i2i to start from it"),
 ], ids=["height", "width", "frames", "shift", "negative", "strength-t2i", "sampler", "i2i-no-image",
-        "latents-shape", "unreadable-image", "task"])
+        "latents-shape", "unreadable-image", "task", "t2i-image"])
 def test_bad_requests_are_refused_naming_the_field(flux_dir, request_, message):
     gen = generator(flux_dir)
     with pytest.raises(RequestRejected, match=message):

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from omniloop.models.autoencoders.kl2d import load_kl2d_vae
+from omniloop.models.families.flux.kontext import (KONTEXT_CLASS, FluxKontextDenoiser, FluxKontextReference,
+                                                   kontext_validator)
 from omniloop.models.families.flux.parallelize import FLUX_PARALLEL
 from omniloop.models.families.flux.presets import FLUX_DEFAULTS
 from omniloop.models.families.flux.stages import FluxDenoiser, FluxImageCondition
@@ -40,7 +42,7 @@ from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
 from omniloop.pipeline.stages import ImageVAEDecoder, TextEncode, TextEncoderSpec, VAEDecode
 from omniloop.request import Modality, OmniRequest, TaskType
 
-PIPELINE_CLASSES = ("FluxPipeline", "FluxImg2ImgPipeline")
+PIPELINE_CLASSES = ("FluxPipeline", "FluxImg2ImgPipeline", KONTEXT_CLASS)
 # the GEMMs FP8 quantization converts: every projection and MLP of both block kinds
 BLOCK_GEMMS = r"^(single_)?transformer_blocks\.\d+\.(attn\.(to_|add_)|ff|ff_context|proj_)"
 
@@ -92,7 +94,12 @@ def flux_variant(index: Mapping[str, Any]) -> Variant:
                    load=_load_t5),
         WeightSpec(component="sampler", kind="scheduler config", subfolder="scheduler", load=_load_scheduler),
     )
+    if index.get("_class_name") == KONTEXT_CLASS:  # FLUX.1 Kontext: edits only (the image is a reference)
+        return Variant(name=KONTEXT_VARIANT, tasks=frozenset({TaskType.I2I}), weights=weights)
     return Variant(name="flux.1", tasks=frozenset({TaskType.T2I, TaskType.I2I}), weights=weights)
+
+
+KONTEXT_VARIANT = "flux.1-kontext"
 
 
 # -- single files (a ComfyUI models folder) -----------------------------------------------
@@ -155,18 +162,18 @@ def flux_pipeline_spec(variant: Variant, *, guidance_embeds: bool, pack: bool = 
                   TextEncoderSpec("text_encoder_2", output="sequence", field="prompt")),  # T5: the token sequence
         guidance="embedded",
     )
+    cfg = EmbeddedGuidance() if guidance_embeds else EmbeddedGuidance(kwarg=None)
+    if variant.name == KONTEXT_VARIANT:  # the reference rides as tokens; the loop starts from noise
+        condition = Node("image_condition", FluxKontextReference())
+        loop = DenoiseLoop(FluxKontextDenoiser(packs=pack, graphs=graphs), cfg=cfg, shift=DynamicShift())
+    else:
+        condition = Node("image_condition", FluxImageCondition(), when=task_in(TaskType.I2I))
+        loop = DenoiseLoop(FluxDenoiser(packs=pack, graphs=graphs), cfg=cfg, shift=DynamicShift(),
+                           conditioning=LatentStart())
     nodes = (
         Node("text_encode", text),
-        Node("image_condition", FluxImageCondition(), when=task_in(TaskType.I2I)),
-        Node(
-            "denoise",
-            DenoiseLoop(
-                FluxDenoiser(packs=pack, graphs=graphs),
-                cfg=EmbeddedGuidance() if guidance_embeds else EmbeddedGuidance(kwarg=None),
-                shift=DynamicShift(),
-                conditioning=LatentStart(),
-            ),
-        ),
+        condition,
+        Node("denoise", loop),
         Node("decode", VAEDecode(decoder=ImageVAEDecoder()), when=opt("pixels wanted", _wants_pixels)),
     )
     return PipelineSpec(
@@ -192,8 +199,11 @@ def build_flux(variant: Variant, index: Mapping[str, Any], components: Mapping[s
     if dit.config.latent_channels != vae.config.latent_channels:
         raise ValueError(f"transformer in_channels {dit.config.in_channels} needs a VAE of "
                          f"{dit.config.latent_channels} latent channels; vae/ has {vae.config.latent_channels}")
+    validate = make_validator(defaults, vae.config, components["sampler"], buckets)
+    if variant.name == KONTEXT_VARIANT:
+        validate = kontext_validator(validate, vae.config)
     return Pipeline(spec=spec, components=components, device=options.device, dtype=options.dtype, defaults=defaults,
-                    validate_request=make_validator(defaults, vae.config, components["sampler"], buckets),
+                    validate_request=validate,
                     caches={GRAPHS: graphs} if graphs is not None else {})
 
 

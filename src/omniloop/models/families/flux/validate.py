@@ -50,6 +50,10 @@ def make_validator(defaults: GenerationDefaults, vae: Any, samplers: SamplerSet,
         samplers.get(p.sampler)  # raises naming the offered samplers
         if request.task == TaskType.I2I:
             _check_edit(request, vae)
+        elif edit_source(request) is not None:  # not dropped silently: the caller meant to use it
+            raise InvalidRequest("task t2i takes no image; pass task i2i to start from it (with diffusion.strength), "
+                                 "or serve a FLUX.1 Kontext model to edit with it as a reference",
+                                 hint="drop the image from inputs for text-to-image", fields=("inputs",))
         elif p.strength is not None:
             raise InvalidRequest("diffusion.strength applies to image-to-image (task i2i with an image)",
                                  hint="omit it for t2i", fields=("diffusion.strength",))

@@ -1,0 +1,195 @@
+"""FLUX.1 Kontext (diffusers ``FluxKontextPipeline`` folders): image editing by in-context
+reference. The reference image's VAE latents are packed into tokens that ride beside the
+noisy tokens in every forward, with position ids whose first axis is 1 (the noisy tokens'
+is 0); only the noisy tokens' prediction is kept. The loop starts from pure noise (no
+strength): the reference conditions, it is not noised.
+
+The reference is resized to the Kontext training resolution nearest its aspect ratio
+(diffusers' ``_auto_resize``); latents given as ``LatentPart(of='image')`` are used as they
+are (ComfyUI's ``ReferenceLatent`` after ``FluxKontextImageScale``). The output size is the
+request's, else the reference's resized size (diffusers scales an explicit size to
+``max_area`` first; a request here gets exactly the size it names)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from omniloop.io.image import image_to_tensor, open_image_part
+from omniloop.models.families.flux.model import FluxInputs
+from omniloop.models.families.flux.stages import (IMAGE, FluxDenoiser, _bound, edit_source, graphed_forward,
+                                                  image_ids, pack_latents, unpack_latents)
+from omniloop.models.layers.lora import current_plan, lora_rows
+from omniloop.models.layers.packed import Segments
+from omniloop.pipeline.edges import ConditionLatents
+from omniloop.pipeline.policies.cfg import COND, Prediction
+from omniloop.pipeline.stage import ComponentStage
+from omniloop.pipeline.state import RequestState, StageContext
+from omniloop.request import ErrorKind, ImagePart, InvalidRequest, LatentPart, OmniRequest, TaskType
+
+KONTEXT_CLASS = "FluxKontextPipeline"
+
+# (width, height) the Kontext model was trained at (diffusers' PREFERRED_KONTEXT_RESOLUTIONS)
+KONTEXT_RESOLUTIONS: list[tuple[int, int]] = [
+    (672, 1568), (688, 1504), (720, 1456), (752, 1392), (800, 1328), (832, 1248), (880, 1184), (944, 1104),
+    (1024, 1024), (1104, 944), (1184, 880), (1248, 832), (1328, 800), (1392, 752), (1456, 720), (1504, 688),
+    (1568, 672),
+]
+
+
+def kontext_size(width: int, height: int, multiple: int) -> tuple[int, int]:
+    """The (width, height) a reference image of ``width x height`` is resized to: the trained
+    resolution of the nearest aspect ratio (ties: the smaller width, as diffusers' ``min``
+    over tuples), the image's own size first floored to ``multiple`` (VAE 8x, 2x2 packing)."""
+    width, height = width - width % multiple, height - height % multiple
+    if width <= 0 or height <= 0:
+        raise InvalidRequest(f"the reference image ({width}x{height} after flooring to multiples of {multiple}) is "
+                             "too small", hint=f"pass an image of at least {multiple}x{multiple}", fields=("image",))
+    aspect = width / height
+    _, w, h = min((abs(aspect - w / h), w, h) for w, h in KONTEXT_RESOLUTIONS)
+    return w // multiple * multiple, h // multiple * multiple
+
+
+def reference_ids(h: int, w: int, device: torch.device) -> torch.Tensor:
+    """[(h/2)(w/2), 3] position ids (1, row, col) of a reference latent's packed tokens."""
+    ids = image_ids(h, w, device)
+    ids[:, 0] = 1
+    return ids
+
+
+@dataclass(frozen=True)
+class ReferenceRows:
+    """The forward kwarg ``reference``: one reference latent per batch row (each [C, h, w],
+    sizes free). Its batch signature ignores the sizes: every reference is packed into the
+    sequence, so edits batch whatever their references' shapes (the engine's kwargs rule)."""
+
+    rows: tuple[torch.Tensor, ...]
+
+    def __getitem__(self, r: int) -> torch.Tensor:
+        return self.rows[r]
+
+    def batch_signature(self) -> tuple:
+        return ("kontext_reference",)
+
+    @classmethod
+    def concat(cls, parts: list["ReferenceRows"]) -> "ReferenceRows":
+        return cls(tuple(r for p in parts for r in p.rows))
+
+
+@dataclass
+class FluxKontextReference(ComponentStage):
+    """The reference image -> ConditionLatents ([1, C, h, w], the DiT's normalized space):
+    resized to its Kontext resolution and VAE-encoded to its posterior's mean (diffusers'
+    ``sample_mode='argmax'``: no draw); given latents pass through."""
+
+    component: str = "vae"
+    outputs = {"condition": ConditionLatents}
+
+    @torch.inference_mode()
+    def forward(self, ctx: StageContext, state: RequestState) -> None:
+        source = edit_source(state.request)
+        assert source is not None, "admission guarantees a Kontext request carries an image or image latents"
+        if isinstance(source, LatentPart):
+            latents = torch.as_tensor(source.data).to(ctx.device, torch.float32)
+            ctx.write(state, "condition", ConditionLatents(latents=latents.reshape(1, *latents.shape[-3:])))
+            return
+        vae = ctx.component(self.component)
+        picture = open_image_part(source)
+        width, height = kontext_size(picture.size[0], picture.size[1], vae.config.scale_factor_spatial * 2)
+        image = image_to_tensor(picture, height, width).to(ctx.device)  # [1, 3, H, W]
+        # channels-last as diffusers' processor hands it (FluxImageCondition: the same conv path)
+        image = image.contiguous(memory_format=torch.channels_last)
+        moments = vae.encode(image)
+        ctx.write(state, "condition", ConditionLatents(latents=vae.normalize_latents(moments.mean).float()))
+
+
+@dataclass(frozen=True)
+class FluxKontextDenoiser(FluxDenoiser):
+    """FluxDenoiser with the request's reference tokens appended to each sample's image
+    tokens (kwarg ``reference``: ReferenceRows, one [C, h_ref, w_ref] per row, any size); the prediction keeps the
+    noisy tokens only. Requests batch whatever their references' sizes: their tokens are
+    always packed into one sequence."""
+
+    def branch_inputs(self, ctx: StageContext, state: RequestState, branches: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+        inputs = super().branch_inputs(ctx, state, branches)
+        reference = ctx.read(state, "condition", ConditionLatents).latents  # [1, C, h_ref, w_ref]
+        return {b: {**kw, "reference": ReferenceRows((reference[0],))} for b, kw in inputs.items()}
+
+    def forward_packed(self, model: torch.nn.Module, xs: list[dict[str, torch.Tensor]], ts: list[torch.Tensor],
+                       kws: list[dict[str, Any]]) -> list[Prediction]:
+        rows = [(x[IMAGE][r], t[r], kw, r) for x, t, kw in zip(xs, ts, kws) for r in range(x[IMAGE].shape[0])]
+        device, dtype = rows[0][0].device, rows[0][0].dtype
+        refs = [kw["reference"][r].to(device, dtype) for _, _, kw, r in rows]  # each [C, h_ref, w_ref]
+        # per sample: noisy tokens, then reference tokens (diffusers' cat order along the sequence)
+        image = [torch.cat([pack_latents(x), pack_latents(ref)]) for (x, *_), ref in zip(rows, refs)]
+        ids = [torch.cat([image_ids(x.shape[1], x.shape[2], device), reference_ids(ref.shape[1], ref.shape[2], device)])
+               for (x, *_), ref in zip(rows, refs)]
+        text = [kw["encoder_hidden_states"][r] for _, _, kw, r in rows]  # each [L_txt, D]
+        guidance = [kw["guidance"][r] for _, _, kw, r in rows] if "guidance" in kws[0] else None
+        inputs = FluxInputs(
+            image=torch.cat(image),
+            text=torch.cat(text),
+            pooled=torch.stack([kw["pooled_projections"][r] for _, _, kw, r in rows]),
+            timestep=torch.stack([t for _, t, *_ in rows]) / 1000,  # diffusers passes t / 1000
+            image_ids=torch.cat(ids),
+            text_ids=torch.zeros(sum(t.shape[0] for t in text), 3, device=device),
+            image_segments=Segments(tuple(t.shape[0] for t in image)),
+            text_segments=Segments(tuple(t.shape[0] for t in text)),
+            guidance=torch.stack(guidance).to(device) if guidance is not None else None,
+        )
+        plan = _bound(current_plan(), inputs)
+        if plan is None and self.graphs is not None:
+            out = graphed_forward(self.graphs, model, inputs)  # [N_img + N_ref, 4C]
+        else:
+            with lora_rows(plan):
+                out = model(inputs)  # [N_img + N_ref, 4C]
+        preds = []
+        for tok, (noisy, *_) in zip(inputs.image_segments.split(out), rows):
+            h, w = noisy.shape[1], noisy.shape[2]
+            preds.append(unpack_latents(tok[:(h // 2) * (w // 2)], h, w))  # the noisy tokens' prediction
+        result, i = [], 0
+        for x in xs:
+            b = x[IMAGE].shape[0]
+            result.append({IMAGE: torch.stack(preds[i:i + b])})
+            i += b
+        return result
+
+
+def kontext_validator(base: Callable[[OmniRequest], OmniRequest], vae: Any) -> Callable[[OmniRequest], OmniRequest]:
+    """Kontext admission: the reference is checked and sets the default size, then the Flux
+    checks of a text-to-image request run (size, sampler, guidance: the loop starts from
+    noise as t2i does; the reference is not its start, so the i2i latents-shape check and
+    ``strength`` do not apply)."""
+    multiple = vae.scale_factor_spatial * 2
+
+    def validate(request: OmniRequest) -> OmniRequest:
+        source = edit_source(request)
+        if source is None:
+            raise InvalidRequest("FLUX.1 Kontext edits an image: add ImagePart(path=... | b64=... | data=...) to "
+                                 "inputs (over HTTP: the image field), or LatentPart(of='image') with its latents",
+                                 fields=("image",), kind=ErrorKind.MISSING_INPUT)
+        p = request.diffusion
+        if p.strength is not None:
+            raise InvalidRequest("diffusion.strength does not apply to FLUX.1 Kontext: every edit starts from noise "
+                                 "with the image as its reference", hint="omit it", fields=("diffusion.strength",))
+        if isinstance(source, LatentPart):
+            data = torch.as_tensor(source.data)
+            c = vae.latent_channels
+            if data.dim() not in (3, 4) or data.shape[-3] != c or data.shape[-2] % 2 or data.shape[-1] % 2 \
+                    or data.numel() != data.shape[-3] * data.shape[-2] * data.shape[-1]:
+                raise InvalidRequest(f"inputs latents must be [1, {c}, h, w] with even h and w (the DiT's normalized "
+                                     f"latent space); got {list(data.shape)}", fields=("inputs",))
+            size = (data.shape[-1] * vae.scale_factor_spatial, data.shape[-2] * vae.scale_factor_spatial)
+        else:
+            w, h = open_image_part(source).size  # unreadable -> ValueError naming the source
+            size = kontext_size(w, h, multiple)
+        update = {"width": p.width or size[0], "height": p.height or size[1]}
+        request = request.model_copy(update={"diffusion": p.model_copy(update=update)})
+        # the base validator's t2i path (the reference set aside): the same checks, none about a starting image
+        text_only = [part for part in request.inputs if not isinstance(part, (ImagePart, LatentPart))]
+        checked = base(request.model_copy(update={"task": TaskType.T2I, "inputs": text_only}))
+        return checked.model_copy(update={"task": request.task, "inputs": request.inputs})
+
+    return validate

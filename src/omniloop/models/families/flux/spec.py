@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from omniloop.models.autoencoders.kl2d import load_kl2d_vae
+from omniloop.models.families.flux.fill import FILL_PIPELINE, FLUX_FILL_DEFAULTS, FillStart, FluxFillCondition
 from omniloop.models.families.flux.parallelize import FLUX_PARALLEL
 from omniloop.models.families.flux.presets import FLUX_DEFAULTS
 from omniloop.models.families.flux.stages import FluxDenoiser, FluxImageCondition
@@ -40,7 +41,8 @@ from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
 from omniloop.pipeline.stages import ImageVAEDecoder, TextEncode, TextEncoderSpec, VAEDecode
 from omniloop.request import Modality, OmniRequest, TaskType
 
-PIPELINE_CLASSES = ("FluxPipeline", "FluxImg2ImgPipeline")
+PIPELINE_CLASSES = ("FluxPipeline", "FluxImg2ImgPipeline", FILL_PIPELINE)
+FILL_VARIANT = "flux.1-fill"
 # the GEMMs FP8 quantization converts: every projection and MLP of both block kinds
 BLOCK_GEMMS = r"^(single_)?transformer_blocks\.\d+\.(attn\.(to_|add_)|ff|ff_context|proj_)"
 
@@ -92,6 +94,8 @@ def flux_variant(index: Mapping[str, Any]) -> Variant:
                    load=_load_t5),
         WeightSpec(component="sampler", kind="scheduler config", subfolder="scheduler", load=_load_scheduler),
     )
+    if index.get("_class_name") == FILL_PIPELINE:  # FLUX.1 Fill: inpaint / outpaint (i2i with a mask) only
+        return Variant(name=FILL_VARIANT, tasks=frozenset({TaskType.I2I}), weights=weights)
     return Variant(name="flux.1", tasks=frozenset({TaskType.T2I, TaskType.I2I}), weights=weights)
 
 
@@ -148,7 +152,9 @@ def flux_pipeline_spec(variant: Variant, *, guidance_embeds: bool, pack: bool = 
                        graphs: CudaGraphRunner | None = None) -> PipelineSpec:
     """``pack``: requests of different sizes share batched steps (packed tokens); off with
     resolution buckets (fixed shapes: requests of one bucket batch unpacked). ``graphs``: the
-    step's transformer forward replays CUDA graphs (``cuda_graphs=True``)."""
+    step's transformer forward replays CUDA graphs (``cuda_graphs=True``). The Fill variant
+    encodes image + mask (FluxFillCondition) and concatenates them to every forward (FillStart)."""
+    fill = variant.name == FILL_VARIANT
     components = {w.component: ComponentSpec(name=w.component, kind=w.kind) for w in variant.weights}
     text = TextEncode(
         encoders=(TextEncoderSpec("text_encoder", output="pooled", field="pooled"),  # CLIP: the pooled vector
@@ -157,14 +163,14 @@ def flux_pipeline_spec(variant: Variant, *, guidance_embeds: bool, pack: bool = 
     )
     nodes = (
         Node("text_encode", text),
-        Node("image_condition", FluxImageCondition(), when=task_in(TaskType.I2I)),
+        Node("image_condition", FluxFillCondition() if fill else FluxImageCondition(), when=task_in(TaskType.I2I)),
         Node(
             "denoise",
             DenoiseLoop(
                 FluxDenoiser(packs=pack, graphs=graphs),
                 cfg=EmbeddedGuidance() if guidance_embeds else EmbeddedGuidance(kwarg=None),
                 shift=DynamicShift(),
-                conditioning=LatentStart(),
+                conditioning=FillStart() if fill else LatentStart(),
             ),
         ),
         Node("decode", VAEDecode(decoder=ImageVAEDecoder()), when=opt("pixels wanted", _wants_pixels)),
@@ -188,12 +194,13 @@ def build_flux(variant: Variant, index: Mapping[str, Any], components: Mapping[s
     buckets = options.resolution_buckets
     graphs = graph_runner(options)
     spec = flux_pipeline_spec(variant, guidance_embeds=dit.config.guidance_embeds, pack=not buckets, graphs=graphs)
-    defaults = FLUX_DEFAULTS
+    defaults = FLUX_FILL_DEFAULTS if variant.name == FILL_VARIANT else FLUX_DEFAULTS
     if dit.config.latent_channels != vae.config.latent_channels:
         raise ValueError(f"transformer in_channels {dit.config.in_channels} needs a VAE of "
                          f"{dit.config.latent_channels} latent channels; vae/ has {vae.config.latent_channels}")
     return Pipeline(spec=spec, components=components, device=options.device, dtype=options.dtype, defaults=defaults,
-                    validate_request=make_validator(defaults, vae.config, components["sampler"], buckets),
+                    validate_request=make_validator(defaults, vae.config, components["sampler"], buckets,
+                                                    fill=variant.name == FILL_VARIANT),
                     caches={GRAPHS: graphs} if graphs is not None else {})
 
 

@@ -47,7 +47,7 @@ def mask_to_tensor(part: ImagePart, height: int, width: int) -> torch.Tensor:
 
     image = open_image_part(part).convert("L")
     if image.size != (width, height):
-        image = image.resize((width, height), resample=Image.LANCZOS)
+        image = image.resize((width, height), resample=Image.Resampling.LANCZOS)
     arr = torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0)[None, None]
     return (arr >= 0.5).to(torch.float32)
 

@@ -16,6 +16,7 @@ Output nodes fed by one chain share its request; each chain is one request.
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -199,7 +200,8 @@ def _served(ev: Evaluation, runs: tuple[Sampling, ...]) -> ServedCheckpoint:
 
 def _task(ev: Evaluation, first: Sampling, canvas: Latent, saves: tuple[SaveTarget, ...]) -> TaskType:
     if canvas.kind == "image":
-        return TaskType.I2I if canvas.encoded is not None and first.denoise < 1 else TaskType.T2I
+        inpaint = canvas.mask is not None  # an inpainting model's image + mask: i2i at any denoise
+        return TaskType.I2I if canvas.encoded is not None and (first.denoise < 1 or inpaint) else TaskType.T2I
     if canvas.kind == "audio":
         return TaskType.T2A
     if canvas.image is not None or first.positive.image is not None:
@@ -344,6 +346,8 @@ def _parts(ev: Evaluation, run: Sampling, canvas: Latent) -> list[ImagePart]:
         raise node_error(run.node, _class(ev, run.node), "invalid_input_type", "the conditioning image must come "
                          "from LoadImage", "connect a LoadImage (resizes are applied by the model)")
     parts = [ImagePart(path=image.path, role="first_frame")]
+    if canvas.mask is not None:
+        parts.append(_mask_part(canvas.mask.image))
     frames = run.positive.frames
     if frames is not None and frames.end is not None:
         end = frames.end
@@ -353,6 +357,24 @@ def _parts(ev: Evaluation, run: Sampling, canvas: Latent) -> list[ImagePart]:
                              "end_image")
         parts.append(ImagePart(path=end.path, role="last_frame"))
     return parts
+
+
+def _mask_part(image: Pixels) -> ImagePart:
+    """LoadImage's mask (1 - alpha) as the white-is-repaint image an inpainting model reads:
+    value 255 - alpha (its binarization at 0.5 is ComfyUI's round of 1 - alpha/255)."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    assert image.path is not None, "InpaintModelConditioning checks the mask comes from LoadImage"
+    if not Path(image.path).is_file():  # compiled without an input folder: a stand-in
+        return ImagePart(path=image.path, role="mask")
+    with Image.open(image.path) as pil:
+        alpha = np.asarray(pil.convert("RGBA"))[..., 3]
+    buf = io.BytesIO()
+    Image.fromarray((255 - alpha).astype(np.uint8), mode="L").save(buf, format="PNG")
+    return ImagePart(b64=base64.b64encode(buf.getvalue()).decode(), role="mask")
 
 
 def _image_encoder(served: ServedCheckpoint) -> bool | None:

@@ -63,6 +63,14 @@ class Pixels:
 
 
 @dataclass(frozen=True)
+class Mask:
+    """MASK: a loaded file's alpha channel as ComfyUI's LoadImage reads it (1 - alpha: the
+    transparent pixels are 1, the area to inpaint)."""
+
+    image: Pixels
+
+
+@dataclass(frozen=True)
 class ClipVisionOutput:
     """CLIP_VISION_OUTPUT: the image a CLIPVisionEncode node encodes (the served model's own
     image encoder runs it on the request's frame), its ``crop`` and the node's id."""
@@ -133,6 +141,7 @@ class Latent:
     upsampled_from: "Latent | None" = None  # LTXVLatentUpsampler: the base stage's latent
     image: Pixels | None = None  # first-frame conditioning (LTXVImgToVideoInplace)
     encoded: Pixels | None = None  # VAEEncode: the latents of these pixels (image-to-image)
+    mask: "Mask | None" = None  # InpaintModelConditioning: the area to repaint (an inpainting model)
     audio: "Latent | None" = None  # the audio half of an "av" latent
     frame_rate: float | None = None
 

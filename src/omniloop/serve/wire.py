@@ -435,7 +435,7 @@ def openai_image_edit(wire: Any, request_ids: list[str], model: ServedModel, ima
     mask = mask if mask is not None else wire.mask
     if mask is not None and not model.takes_mask:
         raise WireError("mask", f"{model.name!r} has no inpainting; omit mask (strength sets how much of the "
-                        "whole image is redrawn), or serve an inpainting model (FLUX.1 Fill)", code="unsupported")
+                        "whole image is redrawn), or serve an inpainting model", code="unsupported")
     if mask is None and model.takes_mask:
         raise WireError("mask", f"{model.name!r} inpaints: an edit needs a mask, a PNG of the image's size whose "
                         "transparent (alpha 0) pixels mark the area to edit", code="missing")

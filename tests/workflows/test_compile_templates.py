@@ -144,3 +144,18 @@ def test_the_ltx2_i2v_lora_template_ships_a_dangling_subgraph_output(models, inp
 
 def test_every_template_of_the_corpus_is_listed():
     assert set(EXPECTED) | {"video_ltx2_i2v_lora"} == set(TEMPLATES)
+
+
+def test_flux_fill_inpaint_reports_what_it_does_not_mirror(models, tmp_path):
+    """noise_mask (ComfyUI resets the kept area each step) and a soft alpha (the Fill model
+    reads the mask binarized, as diffusers): deviations on the nodes, refused by exact."""
+    from PIL import Image
+
+    rgba = Image.new("RGBA", (48, 32), (200, 40, 40, 255))
+    rgba.paste((0, 0, 0, 100), (16, 8, 40, 24))  # half transparent: a soft mask
+    rgba.save(tmp_path / "flux_fill_inpaint_example_input_image.png")
+    result = compile_workflow(template("flux_fill_inpaint_example"), models, input_dir=tmp_path)
+    messages = {d.class_type: d.message for d in result.deviations}
+    assert "noise_mask=true" in messages["InpaintModelConditioning"] and "binarized" in messages["KSampler"]
+    with pytest.raises(WorkflowError, match="noise_mask"):
+        compile_workflow(template("flux_fill_inpaint_example"), models, input_dir=tmp_path, exact=True)

@@ -347,7 +347,11 @@ def _parts(ev: Evaluation, run: Sampling, canvas: Latent) -> list[ImagePart]:
                          "from LoadImage", "connect a LoadImage (resizes are applied by the model)")
     parts = [ImagePart(path=image.path, role="first_frame")]
     if canvas.mask is not None:
-        parts.append(_mask_part(canvas.mask.image))
+        mask, soft = _mask_part(canvas.mask.image)
+        if soft:
+            _deviate(ev, run.node, "the mask's alpha has values between 0 and 255: the model reads it binarized at "
+                     "0.5 (diffusers' Fill pipeline); ComfyUI feeds the soft values")
+        parts.append(mask)
     frames = run.positive.frames
     if frames is not None and frames.end is not None:
         end = frames.end
@@ -359,9 +363,10 @@ def _parts(ev: Evaluation, run: Sampling, canvas: Latent) -> list[ImagePart]:
     return parts
 
 
-def _mask_part(image: Pixels) -> ImagePart:
+def _mask_part(image: Pixels) -> tuple[ImagePart, bool]:
     """LoadImage's mask (1 - alpha) as the white-is-repaint image an inpainting model reads:
-    value 255 - alpha (its binarization at 0.5 is ComfyUI's round of 1 - alpha/255)."""
+    value 255 - alpha (its binarization at 0.5 is ComfyUI's round of 1 - alpha/255), and
+    whether the alpha is soft (values other than 0 and 255)."""
     import io
 
     import numpy as np
@@ -369,12 +374,13 @@ def _mask_part(image: Pixels) -> ImagePart:
 
     assert image.path is not None, "InpaintModelConditioning checks the mask comes from LoadImage"
     if not Path(image.path).is_file():  # compiled without an input folder: a stand-in
-        return ImagePart(path=image.path, role="mask")
+        return ImagePart(path=image.path, role="mask"), False
     with Image.open(image.path) as pil:
         alpha = np.asarray(pil.convert("RGBA"))[..., 3]
     buf = io.BytesIO()
     Image.fromarray((255 - alpha).astype(np.uint8), mode="L").save(buf, format="PNG")
-    return ImagePart(b64=base64.b64encode(buf.getvalue()).decode(), role="mask")
+    soft = bool(((alpha != 0) & (alpha != 255)).any())
+    return ImagePart(b64=base64.b64encode(buf.getvalue()).decode(), role="mask"), soft
 
 
 def _image_encoder(served: ServedCheckpoint) -> bool | None:

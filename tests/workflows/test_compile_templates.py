@@ -17,7 +17,7 @@ pytest.importorskip("comfyui_workflow_templates_json")
 IMAGES = ("image_to_video_wan_start_image.png", "video_wan2_2_14B_i2v_input_image.jpg", "freckled_curly_girl.png",
           "wan2.1_flf2v_720_f16_start_image.png", "wan2.1_flf2v_720_f16_end_image.png",
           "video_wan2_2_14B_flf2v_start_image.png", "video_wan2_2_14B_flf2v_end_image.png",
-          "flux_fill_inpaint_example_input_image.png")
+          "flux_fill_inpaint_example_input_image.png", "flux_fill_outpaint_example_input_image.png")
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +65,7 @@ EXPECTED = {
     "flux1_krea_dev": (TaskType.T2I, "flux", [Modality.IMAGE], {"steps": 20}),
     "flux_fill_inpaint_example": (TaskType.I2I, "flux_fill", [Modality.IMAGE],
                                   {"steps": 20, "guidance_scale": 30.0, "strength": 1.0}),
+    "flux_fill_outpaint_example": (TaskType.I2I, "flux_fill", [Modality.IMAGE], {"steps": 20, "guidance_scale": 30.0}),
     "video_ltx2_t2v": (TaskType.T2VS, "ltx2", [Modality.VIDEO, Modality.AUDIO],
                        {"steps": 20, "guidance_scale": 4.0, "width": 640, "height": 360, "num_frames": 121,
                         "fps": 24, "seed": 10}),

@@ -20,7 +20,7 @@ from omniloop.request import LoraRef
 from omniloop.workflows.errors import node_error
 from omniloop.workflows.values import (
     AudioOut, ClipRef, ClipVisionOutput, Conditioning, Guider, ImageConditioning, Latent, Mask, ModelRef, NamedFile,
-    Noise, Pixels,
+    Noise, Padding, Pixels,
     SamplerChoice, SaveTarget, Sampling, Sigmas, VaeRef, VideoOut,
 )
 from omniloop.workflows.vocabulary import NodeCall, i, node
@@ -390,16 +390,34 @@ def inpaint_model_conditioning(call: NodeCall) -> tuple[Any, ...]:
     pixels, mask = call["pixels"], call["mask"]
     if not isinstance(mask, Mask) or mask.image.source != "file" or pixels.source != "file":
         raise node_error(call.id, call.class_type, "invalid_input_type", "pixels and mask must come from one "
-                         "LoadImage (the image and its alpha channel)", input_name="mask")
-    if mask.image.path != pixels.path:
+                         "LoadImage (the image and its alpha channel) or one ImagePadForOutpaint", input_name="mask")
+    if mask.image != pixels:
         raise node_error(call.id, call.class_type, "invalid_input_type", "mask: the mask must be the alpha channel "
-                         "of the LoadImage that gives pixels", input_name="mask")
+                         "of the LoadImage (or the ImagePadForOutpaint) that gives pixels", input_name="mask")
     if call.get("noise_mask", True):
         call.context.deviate(call, "noise_mask=true: the kept area is not reset to the original latents each step "
                              "(ComfyUI's noise mask); the Fill model keeps it itself, as diffusers' FluxFillPipeline")
     width, height = call.context.image_size(call, pixels)
     latent = Latent("image", width=width, height=height, frames=1, encoded=pixels, mask=mask)
     return call["positive"], call["negative"], latent
+
+
+@node("ImagePadForOutpaint", [i("image", "IMAGE"), *(i(side, "INT", 0, min=0, max=MAX_RESOLUTION)
+                                                      for side in ("left", "top", "right", "bottom")),
+                               i("feathering", "INT", 40, min=0, max=MAX_RESOLUTION)],
+      ["IMAGE", "MASK"], category="image")
+def image_pad_for_outpaint(call: NodeCall) -> tuple[Any, ...]:
+    """The image on a larger mid-gray canvas and the mask of the added margins (1), fading into
+    the image over ``feathering`` pixels (ComfyUI's ((f - d) / f)^2 at distance d from a padded
+    edge); rendered when the request is built (compiler._parts)."""
+    image = call["image"]
+    if image.source != "file" or image.pad is not None:
+        raise node_error(call.id, call.class_type, "invalid_input_type", "image: pad a LoadImage's image",
+                         input_name="image")
+    pad = Padding(*(int(call[k]) for k in ("left", "top", "right", "bottom", "feathering")))
+    width, height = call.context.image_size(call, image)
+    padded = replace(image, pad=pad, width=width + pad.left + pad.right, height=height + pad.top + pad.bottom)
+    return padded, Mask(padded)
 
 
 @node("DifferentialDiffusion", [i("model", "MODEL"), i("strength", "FLOAT", 1.0, min=0.0, max=1.0, optional=True)],

@@ -60,6 +60,18 @@ class Pixels:
     height: int | None = None
     path: str | None = None
     latent: "Latent | None" = None
+    pad: "Padding | None" = None  # ImagePadForOutpaint: the file on a larger mid-gray canvas
+
+
+@dataclass(frozen=True)
+class Padding:
+    """ImagePadForOutpaint's margins (pixels) and feathering (the mask's fade into the image)."""
+
+    left: int
+    top: int
+    right: int
+    bottom: int
+    feathering: int
 
 
 @dataclass(frozen=True)

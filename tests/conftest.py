@@ -103,6 +103,16 @@ def flux_kontext_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def flux_fill_dir(tmp_path_factory):
+    """A tiny FLUX.1-Fill-dev-layout checkpoint (tests/flux_checkpoint.py)."""
+    from tests.flux_checkpoint import save_flux_fill_checkpoint
+
+    folder = tmp_path_factory.mktemp("flux_fill")
+    save_flux_fill_checkpoint(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
 def wan_i2v_clip_dir(tmp_path_factory):
     """Wan2.1 I2V: latent concat + CLIP vision tokens (image_encoder / image_processor)."""
     from tests.wan_checkpoint import save_wan_checkpoint

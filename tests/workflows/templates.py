@@ -17,13 +17,14 @@ TEMPLATES = {  # template -> the family whose checkpoint serves it
     "flux_dev_checkpoint_example": "flux", "flux_dev_full_text_to_image": "flux", "flux1_krea_dev": "flux",
     "video_ltx2_t2v": "ltx2", "video_ltx2_i2v": "ltx2", "video_ltx2_t2v_distilled": "ltx2",
     "video_ltx2_i2v_lora": "ltx2", "audio_stable_audio_example": "stable_audio", "flux_kontext_dev_basic": "flux_kontext",
+    "flux_fill_inpaint_example": "flux_fill", "flux_fill_outpaint_example": "flux_fill",
 }
 FAMILY_WORDS = ("wan", "flux", "ltx", "stable")  # template name prefixes of the four families
 LOADER_FOLDERS = {"UNETLoader": "diffusion_models", "CheckpointLoaderSimple": "checkpoints", "CLIPLoader": "text_encoders",
                   "DualCLIPLoader": "text_encoders", "VAELoader": "vae", "CLIPVisionLoader": "clip_vision",
                   "LatentUpscaleModelLoader": "latent_upscale_models", "LTXVAudioVAELoader": "checkpoints",
                   "LoraLoaderModelOnly": "loras", "LoraLoader": "loras", "LTXAVTextEncoderLoader": None}
-EMBEDDED_GUIDANCE = {"flux", "flux_kontext"}
+EMBEDDED_GUIDANCE = {"flux", "flux_kontext", "flux_fill"}
 
 
 def templates_dir() -> Path:

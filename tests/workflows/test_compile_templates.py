@@ -17,7 +17,8 @@ pytest.importorskip("comfyui_workflow_templates_json")
 IMAGES = ("image_to_video_wan_start_image.png", "video_wan2_2_14B_i2v_input_image.jpg", "freckled_curly_girl.png",
           "wan2.1_flf2v_720_f16_start_image.png", "wan2.1_flf2v_720_f16_end_image.png",
           "video_wan2_2_14B_flf2v_start_image.png", "video_wan2_2_14B_flf2v_end_image.png",
-          "flux_kontext_dev_basic_input_image.jpg")
+          "flux_kontext_dev_basic_input_image.jpg", "flux_fill_inpaint_example_input_image.png",
+          "flux_fill_outpaint_example_input_image.png")
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +67,9 @@ EXPECTED = {
     # 96x64 (aspect 1.5) -> the Kontext size 1248x832; a reference edit from noise (no strength)
     "flux_kontext_dev_basic": (TaskType.I2I, "flux_kontext", [Modality.IMAGE],
                                {"steps": 20, "guidance_scale": 2.5, "width": 1248, "height": 832, "strength": None}),
+    "flux_fill_inpaint_example": (TaskType.I2I, "flux_fill", [Modality.IMAGE],
+                                  {"steps": 20, "guidance_scale": 30.0, "strength": 1.0}),
+    "flux_fill_outpaint_example": (TaskType.I2I, "flux_fill", [Modality.IMAGE], {"steps": 20, "guidance_scale": 30.0}),
     "video_ltx2_t2v": (TaskType.T2VS, "ltx2", [Modality.VIDEO, Modality.AUDIO],
                        {"steps": 20, "guidance_scale": 4.0, "width": 640, "height": 360, "num_frames": 121,
                         "fps": 24, "seed": 10}),
@@ -145,3 +149,18 @@ def test_the_ltx2_i2v_lora_template_ships_a_dangling_subgraph_output(models, inp
 
 def test_every_template_of_the_corpus_is_listed():
     assert set(EXPECTED) | {"video_ltx2_i2v_lora"} == set(TEMPLATES)
+
+
+def test_flux_fill_inpaint_reports_what_it_does_not_mirror(models, tmp_path):
+    """noise_mask (ComfyUI resets the kept area each step) and a soft alpha (the Fill model
+    reads the mask binarized, as diffusers): deviations on the nodes, refused by exact."""
+    from PIL import Image
+
+    rgba = Image.new("RGBA", (48, 32), (200, 40, 40, 255))
+    rgba.paste((0, 0, 0, 100), (16, 8, 40, 24))  # half transparent: a soft mask
+    rgba.save(tmp_path / "flux_fill_inpaint_example_input_image.png")
+    result = compile_workflow(template("flux_fill_inpaint_example"), models, input_dir=tmp_path)
+    messages = {d.class_type: d.message for d in result.deviations}
+    assert "noise_mask=true" in messages["InpaintModelConditioning"] and "binarized" in messages["KSampler"]
+    with pytest.raises(WorkflowError, match="noise_mask"):
+        compile_workflow(template("flux_fill_inpaint_example"), models, input_dir=tmp_path, exact=True)

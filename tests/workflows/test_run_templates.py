@@ -33,6 +33,7 @@ SMALL: dict[str, dict[str, Any]] = {
     "EmptyLTXVLatentVideo": {"length": 9},
     "LTXVEmptyLatentAudio": {"frames_number": 9},
     "LTXVScheduler": {"steps": 2},
+    "ImagePadForOutpaint": {"left": 16, "top": 0, "right": 0, "bottom": 16, "feathering": 4},
 }
 
 
@@ -60,6 +61,10 @@ def input_dir(tmp_path_factory) -> Path:
         Image.new("RGB", (96, 64), (200, 40, 40)).save(folder / name)
     for name in ("wan2.1_flf2v_720_f16_end_image.png", "video_wan2_2_14B_flf2v_end_image.png"):
         Image.new("RGB", (96, 64), (20, 40, 220)).save(folder / name)
+    rgba = Image.new("RGBA", (48, 32), (200, 40, 40, 255))  # the inpaint input: alpha 0 marks the area to repaint
+    rgba.paste((0, 0, 0, 0), (16, 8, 40, 24))
+    rgba.save(folder / "flux_fill_inpaint_example_input_image.png")
+    Image.new("RGB", (32, 16), (20, 140, 40)).save(folder / "flux_fill_outpaint_example_input_image.png")
     return folder
 
 
@@ -195,3 +200,33 @@ def test_stable_audio_template_runs(stable_audio_dir, input_dir):
     request, out = run("audio_stable_audio_example", stable_audio_dir, "stable_audio", input_dir)
     assert request.diffusion.duration_s == 1.0
     assert out.artifacts["audio"].samples.shape[-1] > 0
+
+
+def test_flux_fill_inpaint_template_runs(flux_fill_dir, input_dir):
+    """LoadImage's alpha as the mask -> InpaintModelConditioning -> KSampler on a FLUX.1 Fill
+    checkpoint: i2i with the image and a white-is-repaint mask (255 - alpha), guidance 30."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    request, out = run("flux_fill_inpaint_example", flux_fill_dir, "flux_fill", input_dir)
+    assert [p.role for p in request.images()] == ["first_frame", "mask"]
+    mask = np.asarray(Image.open(io.BytesIO(request.images("mask")[0].raw_bytes())))
+    assert mask[16, 20] == 255 and mask[0, 0] == 0 and request.diffusion.guidance_scale == 30.0
+    assert tuple(out.artifacts["image"].image.shape) == (32, 48, 3)
+
+
+def test_flux_fill_outpaint_template_runs(flux_fill_dir, input_dir):
+    """ImagePadForOutpaint (16 px left and bottom, feathering 4) -> InpaintModelConditioning:
+    the 32x16 image on a 48x32 mid-gray canvas, the margins (and the binarized fade) repainted."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    request, out = run("flux_fill_outpaint_example", flux_fill_dir, "flux_fill", input_dir)
+    image, mask = (np.asarray(Image.open(io.BytesIO(p.raw_bytes()))) for p in request.images())
+    assert image.shape == (32, 48, 3) and tuple(image[0, 0]) == (128, 128, 128) and tuple(image[0, 47]) == (20, 140, 40)
+    assert mask[31, 0] == 255 and mask[0, 47] == 0 and mask[15, 16] == 255  # margin, image, the fade's edge ((4-0)/4)^2
+    assert tuple(out.artifacts["image"].image.shape) == (32, 48, 3)

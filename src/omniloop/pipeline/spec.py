@@ -86,6 +86,8 @@ class PipelineSpec:
     # media a conversation may carry for an encoder node of this graph to read; the chat endpoint
     # takes input_audio parts only for a graph that lists Modality.AUDIO
     conversation_media: frozenset[Modality] = frozenset()
+    # an inpainting graph (FLUX.1 Fill): its image-to-image requests carry an ImagePart(role="mask")
+    takes_mask: bool = False
     order: tuple[str, ...] = field(init=False)  # topological node order, computed by validation
 
     def __post_init__(self) -> None:

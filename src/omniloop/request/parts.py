@@ -79,7 +79,7 @@ class _MediaPart(_Part):
 
 class ImagePart(_MediaPart):
     kind: Literal["image"] = "image"
-    role: Literal["first_frame", "last_frame", "reference"] = "first_frame"
+    role: Literal["first_frame", "last_frame", "reference", "mask"] = "first_frame"  # mask: an inpaint mask (white: repaint)
 
 
 class VideoPart(_MediaPart):

@@ -97,7 +97,8 @@ class ServeState:
 
     async def _warmup(self) -> None:
         try:
-            await run_warmup(self.engine, self.warmup_shapes, self.model.tasks, self.model.defaults)
+            await run_warmup(self.engine, self.warmup_shapes, self.model.tasks, self.model.defaults,
+                             mask=self.model.takes_mask)
         except WarmupFailed as e:
             self.warmup_error = str(e)
             logger.error("%s", e)

@@ -85,6 +85,7 @@ class ServedModel:
     knobs: KnobTable | None = None  # its loops' knobs, flat under diffusers' names (None: none)
     token_logprobs: bool = False  # an AR decode loop makes its text: it can return token log-probs
     takes_audio: bool = False  # an encoder of its graph reads audio in a conversation (chat's input_audio)
+    takes_mask: bool = False  # an inpainting model (FLUX.1 Fill): an edit carries a mask
 
     @classmethod
     def of(cls, engine: AsyncEngine, served_name: str | None = None) -> "ServedModel":
@@ -95,7 +96,8 @@ class ServedModel:
                    aliases=frozenset({path}), makes_audio="audio" in pipeline.spec.outputs,
                    takes_loras="adapters" in pipeline.caches, knobs=pipeline.knobs,
                    token_logprobs=has_ar_loop(pipeline),
-                   takes_audio=Modality.AUDIO in pipeline.spec.conversation_media)
+                   takes_audio=Modality.AUDIO in pipeline.spec.conversation_media,
+                   takes_mask=pipeline.spec.takes_mask)
 
     @classmethod
     def all_of(cls, engine: AsyncEngine, served_name: str | None = None) -> dict[str, "ServedModel"]:
@@ -117,7 +119,7 @@ class ServedModel:
 
     @property
     def serves_images(self) -> bool:
-        return bool(self.tasks & {TaskType.T2I, TaskType.I2I})  # i2i alone: an edit-only model (FLUX.1 Kontext)
+        return bool(self.tasks & {TaskType.T2I, TaskType.I2I})  # i2i alone: an edit-only model (Kontext, Fill)
 
     @property
     def serves_videos(self) -> bool:
@@ -151,6 +153,7 @@ class WireCall:
     image_param: str = "input_reference"
     last_image: Any = None  # the last frame as sent (first-last-frame video)
     last_image_param: str = "last_image"
+    mask: ImagePart | None = None  # an inpaint's mask, white = repaint (converted from OpenAI's alpha mask)
     outputs: OutputSpec = field(default_factory=OutputSpec)
     audio: bool | None = None  # the soundtrack: None = the model's default outputs, False = silent, True = with it
     actions: list[list[float]] | None = None  # world models: the agent's actions to roll out (task a2w)
@@ -383,7 +386,8 @@ def image_requests(call: WireCall, request_ids: list[str], model: ServedModel) -
     requests = []
     for i, rid in enumerate(request_ids):
         seed = None if params.seed is None else (params.seed + i) % 2**63
-        requests.append(_request(rid, task, prompt, call, params.model_copy(update={"seed": seed}), image, (), model))
+        extra = (call.mask,) if call.mask is not None else ()
+        requests.append(_request(rid, task, prompt, call, params.model_copy(update={"seed": seed}), image, extra, model))
     return requests
 
 
@@ -419,6 +423,9 @@ def openai_video(wire: Any, request_id: str, model: ServedModel, upload: bytes |
 def openai_images(wire: Any, request_ids: list[str], model: ServedModel) -> tuple[list[OmniRequest], WireCall]:
     """``wire`` is a validated ``ImageGenerationRequest``: ``n`` requests."""
     model.check_name(wire.model)
+    if TaskType.T2I not in model.tasks and model.serves_images:
+        raise WireError("model", f"{model.name!r} only edits images (tasks: {model.task_names}); use "
+                        "/v1/images/edits with the image (and its mask)", code="unsupported")
     call = _openai_call(wire, IMAGE_FIELDS, model)
     return image_requests(call, request_ids, model), call
 
@@ -428,18 +435,59 @@ def openai_image_edit(wire: Any, request_ids: list[str], model: ServedModel, ima
     """``wire`` is a validated ``ImageEditRequest``; ``image`` / ``mask`` the multipart uploads
     (else the JSON fields): ``n`` image-to-image requests."""
     model.check_name(wire.model)
-    if mask is not None or wire.mask is not None:
+    mask = mask if mask is not None else wire.mask
+    if mask is not None and not model.takes_mask:
         raise WireError("mask", f"{model.name!r} has no inpainting; omit mask (strength sets how much of the "
-                        "whole image is redrawn)", code="unsupported")
+                        "whole image is redrawn), or serve an inpainting model", code="unsupported")
+    if mask is None and model.takes_mask:
+        raise WireError("mask", f"{model.name!r} inpaints: an edit needs a mask, a PNG of the image's size whose "
+                        "transparent (alpha 0) pixels mark the area to edit", code="missing")
     call = _openai_call(wire, EDIT_FIELDS, model)
     call.image, call.image_param = (image if image is not None else wire.image), "image"
     if call.image is None:
         raise WireError("image", "an edit needs the image to edit: upload it as the multipart file 'image', or pass "
                         "it as a data: URL (data:image/png;base64,...)", code="missing")
+    if mask is not None:
+        call.mask = inpaint_mask(mask, reference_image(call.image, "image", role="reference"))
     _prompt(call)  # an empty prompt first, as generations
     if TaskType.I2I not in model.tasks:
         raise WireError("model", f"{model.name!r} does not edit images (tasks: {model.task_names})", code="unsupported")
     return image_requests(call, request_ids, model), call
+
+
+def inpaint_mask(ref: Any, image: ImagePart | None) -> ImagePart:
+    """OpenAI's edit mask -> the inpaint mask the model reads. OpenAI: a PNG with an alpha
+    channel whose fully transparent (alpha 0) pixels are the area to edit, of the image's size.
+    The model (diffusers' FluxFillPipeline): grayscale, white (>= 0.5) repaints, black keeps; so
+    alpha 0 -> 255, any other alpha -> 0."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from omniloop.io.image import open_image_part
+
+    part = reference_image(ref, "mask", role="mask")
+    assert part is not None and part.b64 is not None, "an uploaded or base64 mask"
+    try:  # PIL directly: open_image_part drops the alpha channel (RGB)
+        pil = Image.open(io.BytesIO(part.raw_bytes()))
+        pil.load()
+    except (OSError, ValueError, Image.DecompressionBombError) as e:
+        raise WireError("mask", f"could not read the mask as an image ({e}); pass a PNG with an alpha channel") from None
+    if "A" not in pil.getbands() and not (pil.mode == "P" and "transparency" in pil.info):
+        raise WireError("mask", f"the mask is a {pil.mode} image without an alpha channel; pass a PNG with alpha whose "
+                        "transparent pixels (alpha 0) mark the area to edit (OpenAI's mask format)")
+    if image is not None:
+        try:
+            size = open_image_part(image).size
+        except ValueError as e:
+            raise WireError("image", f"could not read the image ({e})") from None
+        if pil.size != size:
+            raise WireError("mask", f"the mask is {pil.size[0]}x{pil.size[1]} but the image is {size[0]}x{size[1]}; "
+                            "pass a mask of the image's size")
+    alpha = np.asarray(pil.convert("RGBA"))[..., 3]
+    white = Image.fromarray(np.where(alpha == 0, 255, 0).astype(np.uint8), mode="L")
+    return ImagePart(role="mask", data=white)
 
 
 # -- Dynamo's media objects (what its frontend forwards to a worker) ----------------------

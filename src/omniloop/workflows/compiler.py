@@ -16,10 +16,11 @@ Output nodes fed by one chain share its request; each chain is one request.
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 from omniloop.request import Fields, ImagePart, LoraRef, Modality, OmniRequest, OutputSpec, TaskType, build_request
 from omniloop.request.builder import FieldError
@@ -201,7 +202,8 @@ def _task(ev: Evaluation, first: Sampling, canvas: Latent, saves: tuple[SaveTarg
     if canvas.kind == "image":
         if first.positive.reference is not None:  # an edit model's reference (ReferenceLatent): FLUX.1 Kontext
             return TaskType.I2I
-        return TaskType.I2I if canvas.encoded is not None and first.denoise < 1 else TaskType.T2I
+        inpaint = canvas.mask is not None  # an inpainting model's image + mask: i2i at any denoise
+        return TaskType.I2I if canvas.encoded is not None and (first.denoise < 1 or inpaint) else TaskType.T2I
     if canvas.kind == "audio":
         return TaskType.T2A
     if canvas.image is not None or first.positive.image is not None:
@@ -354,7 +356,13 @@ def _parts(ev: Evaluation, run: Sampling, canvas: Latent) -> list[ImagePart]:
     if image.source != "file" or image.path is None:
         raise node_error(run.node, _class(ev, run.node), "invalid_input_type", "the conditioning image must come "
                          "from LoadImage", "connect a LoadImage (resizes are applied by the model)")
-    parts = [ImagePart(path=image.path, role="first_frame")]
+    parts = [_padded(image) if image.pad is not None else ImagePart(path=image.path, role="first_frame")]
+    if canvas.mask is not None:
+        mask, soft = _mask_part(canvas.mask.image)
+        if soft:
+            _deviate(ev, run.node, "the mask's alpha has values between 0 and 255: the model reads it binarized at "
+                     "0.5 (diffusers' Fill pipeline); ComfyUI feeds the soft values")
+        parts.append(mask)
     frames = run.positive.frames
     if frames is not None and frames.end is not None:
         end = frames.end
@@ -364,6 +372,77 @@ def _parts(ev: Evaluation, run: Sampling, canvas: Latent) -> list[ImagePart]:
                              "end_image")
         parts.append(ImagePart(path=end.path, role="last_frame"))
     return parts
+
+
+def _png_part(array: Any, role: Literal["first_frame", "mask"]) -> ImagePart:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(array).save(buf, format="PNG")
+    return ImagePart(b64=base64.b64encode(buf.getvalue()).decode(), role=role)
+
+
+def _padded(image: Pixels) -> ImagePart:
+    """ImagePadForOutpaint's canvas: the file on mid gray (ComfyUI's 0.5; 128 in a PNG, only
+    ever under the mask, so the model never reads it at the default strength 1)."""
+    import numpy as np
+    from PIL import Image
+
+    assert image.path is not None and image.pad is not None, "a padded LoadImage"
+    if not Path(image.path).is_file():  # compiled without an input folder: a stand-in
+        return ImagePart(path=image.path, role="first_frame")
+    p = image.pad
+    with Image.open(image.path) as pil:
+        rgb = np.asarray(pil.convert("RGB"))
+    h, w = rgb.shape[:2]
+    canvas = np.full((h + p.top + p.bottom, w + p.left + p.right, 3), 128, dtype=np.uint8)
+    canvas[p.top:p.top + h, p.left:p.left + w] = rgb
+    return _png_part(canvas, "first_frame")
+
+
+def _pad_mask(image: Pixels) -> tuple[ImagePart, bool]:
+    """ImagePadForOutpaint's mask (ComfyUI's: 1 on the margins; inside the image, within
+    ``feathering`` of a padded edge, ((f - d) / f)^2), as the white-is-repaint image."""
+    import numpy as np
+
+    assert image.pad is not None and image.width is not None and image.height is not None, "a padded image"
+    p = image.pad
+    h, w = image.height - p.top - p.bottom, image.width - p.left - p.right
+    inner = np.zeros((h, w), dtype=np.float64)
+    f = p.feathering
+    if f > 0 and f * 2 < h and f * 2 < w:
+        rows, cols = np.arange(h)[:, None], np.arange(w)[None, :]
+        d = np.minimum(np.minimum(rows if p.top else np.full_like(rows, h), (h - rows) if p.bottom else np.full_like(rows, h)),
+                       np.minimum(cols if p.left else np.full_like(cols, w), (w - cols) if p.right else np.full_like(cols, w)))
+        inner = np.where(d < f, ((f - d) / f) ** 2, 0.0)
+    mask = np.ones((image.height, image.width), dtype=np.float64)
+    mask[p.top:p.top + h, p.left:p.left + w] = inner
+    soft = bool(((mask > 0) & (mask < 1)).any())
+    return _png_part(np.round(mask * 255).astype(np.uint8), "mask"), soft
+
+
+def _mask_part(image: Pixels) -> tuple[ImagePart, bool]:
+    """LoadImage's mask (1 - alpha) as the white-is-repaint image an inpainting model reads:
+    value 255 - alpha (its binarization at 0.5 is ComfyUI's round of 1 - alpha/255), and
+    whether the alpha is soft (values other than 0 and 255)."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    assert image.path is not None, "InpaintModelConditioning checks the mask comes from LoadImage"
+    if image.pad is not None:
+        return _pad_mask(image)
+    if not Path(image.path).is_file():  # compiled without an input folder: a stand-in
+        return ImagePart(path=image.path, role="mask"), False
+    with Image.open(image.path) as pil:
+        alpha = np.asarray(pil.convert("RGBA"))[..., 3]
+    buf = io.BytesIO()
+    Image.fromarray((255 - alpha).astype(np.uint8), mode="L").save(buf, format="PNG")
+    soft = bool(((alpha != 0) & (alpha != 255)).any())
+    return ImagePart(b64=base64.b64encode(buf.getvalue()).decode(), role="mask"), soft
 
 
 def _image_encoder(served: ServedCheckpoint) -> bool | None:

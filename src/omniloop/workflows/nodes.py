@@ -19,8 +19,8 @@ from typing import Any
 from omniloop.request import LoraRef
 from omniloop.workflows.errors import node_error
 from omniloop.workflows.values import (
-    AudioOut, ClipRef, ClipVisionOutput, Conditioning, Guider, ImageConditioning, Latent, ModelRef, NamedFile, Noise,
-    Pixels,
+    AudioOut, ClipRef, ClipVisionOutput, Conditioning, Guider, ImageConditioning, Latent, Mask, ModelRef, NamedFile,
+    Noise, Padding, Pixels,
     SamplerChoice, SaveTarget, Sampling, Sigmas, VaeRef, VideoOut,
 )
 from omniloop.workflows.vocabulary import NodeCall, i, node
@@ -396,6 +396,57 @@ def ltxv_img_to_video_inplace(call: NodeCall) -> tuple[Any, ...]:
     return (replace(call["latent"], image=call["image"]),)  # (an "av" latent keeps its audio half)
 
 
+@node("InpaintModelConditioning", [i("positive", "CONDITIONING"), i("negative", "CONDITIONING"), i("vae", "VAE"),
+                                   i("pixels", "IMAGE"), i("mask", "MASK"), i("noise_mask", "BOOLEAN", True)],
+      ["CONDITIONING", "CONDITIONING", "LATENT"], output_names=("positive", "negative", "latent"),
+      category="conditioning/inpaint")
+def inpaint_model_conditioning(call: NodeCall) -> tuple[Any, ...]:
+    """An inpainting model's image and mask (FLUX.1 Fill: the masked image's latents and the
+    mask ride along every forward, as diffusers' FluxFillPipeline runs them). ComfyUI grays
+    the masked pixels (mask > 0.5) and encodes them; the served Fill model does the same
+    (mask >= 0.5 of its grayscale, i.e. alpha <= 127 either way)."""
+    pixels, mask = call["pixels"], call["mask"]
+    if not isinstance(mask, Mask) or mask.image.source != "file" or pixels.source != "file":
+        raise node_error(call.id, call.class_type, "invalid_input_type", "pixels and mask must come from one "
+                         "LoadImage (the image and its alpha channel) or one ImagePadForOutpaint", input_name="mask")
+    if mask.image != pixels:
+        raise node_error(call.id, call.class_type, "invalid_input_type", "mask: the mask must be the alpha channel "
+                         "of the LoadImage (or the ImagePadForOutpaint) that gives pixels", input_name="mask")
+    if call.get("noise_mask", True):
+        call.context.deviate(call, "noise_mask=true: the kept area is not reset to the original latents each step "
+                             "(ComfyUI's noise mask); the Fill model keeps it itself, as diffusers' FluxFillPipeline")
+    width, height = call.context.image_size(call, pixels)
+    latent = Latent("image", width=width, height=height, frames=1, encoded=pixels, mask=mask)
+    return call["positive"], call["negative"], latent
+
+
+@node("ImagePadForOutpaint", [i("image", "IMAGE"), *(i(side, "INT", 0, min=0, max=MAX_RESOLUTION)
+                                                      for side in ("left", "top", "right", "bottom")),
+                               i("feathering", "INT", 40, min=0, max=MAX_RESOLUTION)],
+      ["IMAGE", "MASK"], category="image")
+def image_pad_for_outpaint(call: NodeCall) -> tuple[Any, ...]:
+    """The image on a larger mid-gray canvas and the mask of the added margins (1), fading into
+    the image over ``feathering`` pixels (ComfyUI's ((f - d) / f)^2 at distance d from a padded
+    edge); rendered when the request is built (compiler._parts)."""
+    image = call["image"]
+    if image.source != "file" or image.pad is not None:
+        raise node_error(call.id, call.class_type, "invalid_input_type", "image: pad a LoadImage's image",
+                         input_name="image")
+    pad = Padding(*(int(call[k]) for k in ("left", "top", "right", "bottom", "feathering")))
+    width, height = call.context.image_size(call, image)
+    padded = replace(image, pad=pad, width=width + pad.left + pad.right, height=height + pad.top + pad.bottom)
+    return padded, Mask(padded)
+
+
+@node("DifferentialDiffusion", [i("model", "MODEL"), i("strength", "FLOAT", 1.0, min=0.0, max=1.0, optional=True)],
+      ["MODEL"], category="_for_testing")
+def differential_diffusion(call: NodeCall) -> tuple[Any, ...]:
+    """ComfyUI: thresholds the sampler's noise mask per step (soft masks grow in over the
+    steps). It acts only through that noise mask, which InpaintModelConditioning reports as not
+    run (a deviation there), so the model passes through unchanged."""
+    return (call["model"],)
+
+
 @node("VAEEncode", [i("pixels", "IMAGE"), i("vae", "VAE")], ["LATENT"], category="latent")
 def vae_encode(call: NodeCall) -> tuple[Any, ...]:
     """Latents of an image (image-to-image)."""
@@ -584,8 +635,9 @@ def ltxv_audio_vae_decode(call: NodeCall) -> tuple[Any, ...]:
 @node("LoadImage", [i("image", "COMBO"), i("upload", "COMBO", "image", optional=True, options=("image",))],
       ["IMAGE", "MASK"], category="image")
 def load_image(call: NodeCall) -> tuple[Any, ...]:
-    """An image from the input folder."""
-    return call.context.load_image(call, "image"), None
+    """An image from the input folder, and its alpha channel as the mask (1 - alpha)."""
+    image = call.context.load_image(call, "image")
+    return image, Mask(image)
 
 
 @node("EmptyImage", [_size("width", 512, 1), _size("height", 512, 1), i("batch_size", "INT", 1, min=1, max=4096),

@@ -60,6 +60,26 @@ class Pixels:
     height: int | None = None
     path: str | None = None
     latent: "Latent | None" = None
+    pad: "Padding | None" = None  # ImagePadForOutpaint: the file on a larger mid-gray canvas
+
+
+@dataclass(frozen=True)
+class Padding:
+    """ImagePadForOutpaint's margins (pixels) and feathering (the mask's fade into the image)."""
+
+    left: int
+    top: int
+    right: int
+    bottom: int
+    feathering: int
+
+
+@dataclass(frozen=True)
+class Mask:
+    """MASK: a loaded file's alpha channel as ComfyUI's LoadImage reads it (1 - alpha: the
+    transparent pixels are 1, the area to inpaint)."""
+
+    image: Pixels
 
 
 @dataclass(frozen=True)
@@ -135,6 +155,7 @@ class Latent:
     upsampled_from: "Latent | None" = None  # LTXVLatentUpsampler: the base stage's latent
     image: Pixels | None = None  # first-frame conditioning (LTXVImgToVideoInplace)
     encoded: Pixels | None = None  # VAEEncode: the latents of these pixels (image-to-image)
+    mask: "Mask | None" = None  # InpaintModelConditioning: the area to repaint (an inpainting model)
     audio: "Latent | None" = None  # the audio half of an "av" latent
     frame_rate: float | None = None
 

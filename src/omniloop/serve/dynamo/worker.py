@@ -97,7 +97,7 @@ async def _serve(config: WorkerConfig) -> None:
     try:
         shapes = warmup_shapes(None if config.warmup is None else list(config.warmup), model.defaults, model.limits,
                                model.tasks)
-        await run_warmup(engine, shapes, model.tasks, model.defaults)
+        await run_warmup(engine, shapes, model.tasks, model.defaults, mask=model.takes_mask)
     except BaseException:
         await asyncio.to_thread(engine.shutdown)
         runtime.shutdown()

@@ -76,7 +76,8 @@ class FluxConfig:
 
     @property
     def latent_channels(self) -> int:
-        return self.in_channels // 4
+        # the output's: FLUX.1 Fill reads more input channels (masked image + mask) than it predicts
+        return (self.out_channels or self.in_channels) // 4
 
     @classmethod
     def from_diffusers_config(cls, d: dict[str, Any]) -> "FluxConfig":

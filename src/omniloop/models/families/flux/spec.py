@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from omniloop.models.autoencoders.kl2d import load_kl2d_vae
+from omniloop.models.families.flux.fill import FILL_PIPELINE, FLUX_FILL_DEFAULTS, FillStart, FluxFillCondition
 from omniloop.models.families.flux.kontext import (KONTEXT_CLASS, FluxKontextDenoiser, FluxKontextReference,
                                                    kontext_validator)
 from omniloop.models.families.flux.parallelize import FLUX_PARALLEL
@@ -42,7 +43,8 @@ from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
 from omniloop.pipeline.stages import ImageVAEDecoder, TextEncode, TextEncoderSpec, VAEDecode
 from omniloop.request import Modality, OmniRequest, TaskType
 
-PIPELINE_CLASSES = ("FluxPipeline", "FluxImg2ImgPipeline", KONTEXT_CLASS)
+PIPELINE_CLASSES = ("FluxPipeline", "FluxImg2ImgPipeline", KONTEXT_CLASS, FILL_PIPELINE)
+FILL_VARIANT = "flux.1-fill"
 # the GEMMs FP8 quantization converts: every projection and MLP of both block kinds
 BLOCK_GEMMS = r"^(single_)?transformer_blocks\.\d+\.(attn\.(to_|add_)|ff|ff_context|proj_)"
 
@@ -96,6 +98,8 @@ def flux_variant(index: Mapping[str, Any]) -> Variant:
     )
     if index.get("_class_name") == KONTEXT_CLASS:  # FLUX.1 Kontext: edits only (the image is a reference)
         return Variant(name=KONTEXT_VARIANT, tasks=frozenset({TaskType.I2I}), weights=weights)
+    if index.get("_class_name") == FILL_PIPELINE:  # FLUX.1 Fill: inpaint / outpaint (i2i with a mask) only
+        return Variant(name=FILL_VARIANT, tasks=frozenset({TaskType.I2I}), weights=weights)
     return Variant(name="flux.1", tasks=frozenset({TaskType.T2I, TaskType.I2I}), weights=weights)
 
 
@@ -155,7 +159,9 @@ def flux_pipeline_spec(variant: Variant, *, guidance_embeds: bool, pack: bool = 
                        graphs: CudaGraphRunner | None = None) -> PipelineSpec:
     """``pack``: requests of different sizes share batched steps (packed tokens); off with
     resolution buckets (fixed shapes: requests of one bucket batch unpacked). ``graphs``: the
-    step's transformer forward replays CUDA graphs (``cuda_graphs=True``)."""
+    step's transformer forward replays CUDA graphs (``cuda_graphs=True``). The Fill variant
+    encodes image + mask (FluxFillCondition) and concatenates them to every forward (FillStart)."""
+    fill = variant.name == FILL_VARIANT
     components = {w.component: ComponentSpec(name=w.component, kind=w.kind) for w in variant.weights}
     text = TextEncode(
         encoders=(TextEncoderSpec("text_encoder", output="pooled", field="pooled"),  # CLIP: the pooled vector
@@ -167,9 +173,10 @@ def flux_pipeline_spec(variant: Variant, *, guidance_embeds: bool, pack: bool = 
         condition = Node("image_condition", FluxKontextReference())
         loop = DenoiseLoop(FluxKontextDenoiser(packs=pack, graphs=graphs), cfg=cfg, shift=DynamicShift())
     else:
-        condition = Node("image_condition", FluxImageCondition(), when=task_in(TaskType.I2I))
+        condition = Node("image_condition", FluxFillCondition() if fill else FluxImageCondition(),
+                         when=task_in(TaskType.I2I))
         loop = DenoiseLoop(FluxDenoiser(packs=pack, graphs=graphs), cfg=cfg, shift=DynamicShift(),
-                           conditioning=LatentStart())
+                           conditioning=FillStart() if fill else LatentStart())
     nodes = (
         Node("text_encode", text),
         condition,
@@ -183,6 +190,7 @@ def flux_pipeline_spec(variant: Variant, *, guidance_embeds: bool, pack: bool = 
         components=components,
         nodes=nodes,
         outputs={"image": "image", "latents": "final_latents", "trajectory": "trajectory"},
+        takes_mask=fill,
     )
 
 
@@ -195,11 +203,11 @@ def build_flux(variant: Variant, index: Mapping[str, Any], components: Mapping[s
     buckets = options.resolution_buckets
     graphs = graph_runner(options)
     spec = flux_pipeline_spec(variant, guidance_embeds=dit.config.guidance_embeds, pack=not buckets, graphs=graphs)
-    defaults = FLUX_DEFAULTS
+    defaults = FLUX_FILL_DEFAULTS if variant.name == FILL_VARIANT else FLUX_DEFAULTS
     if dit.config.latent_channels != vae.config.latent_channels:
         raise ValueError(f"transformer in_channels {dit.config.in_channels} needs a VAE of "
                          f"{dit.config.latent_channels} latent channels; vae/ has {vae.config.latent_channels}")
-    validate = make_validator(defaults, vae.config, components["sampler"], buckets)
+    validate = make_validator(defaults, vae.config, components["sampler"], buckets, fill=variant.name == FILL_VARIANT)
     if variant.name == KONTEXT_VARIANT:
         validate = kontext_validator(validate, vae.config)
     return Pipeline(spec=spec, components=components, device=options.device, dtype=options.dtype, defaults=defaults,

@@ -12,18 +12,21 @@ from omniloop.models.families.flux.stages import edit_source, geometry
 from omniloop.pipeline.defaults import GenerationDefaults, resolve_request
 from omniloop.pipeline.geometry_checks import check_size_multiple
 from omniloop.pipeline.samplers.sampler_set import SamplerSet
-from omniloop.request import ErrorKind, InvalidRequest, LatentPart, OmniRequest, TaskType
+from omniloop.models.families.flux.fill import MASK_ROLE
+from omniloop.request import ErrorKind, ImagePart, InvalidRequest, LatentPart, OmniRequest, TaskType
 
 
 def make_validator(defaults: GenerationDefaults, vae: Any, samplers: SamplerSet,
-                   buckets: tuple[tuple[int, int], ...] = ()) -> Callable[[OmniRequest], OmniRequest]:
+                   buckets: tuple[tuple[int, int], ...] = (), fill: bool = False) -> Callable[[OmniRequest], OmniRequest]:
     """``vae``: the VAE's config (scale factor, latent channels); ``buckets``: the deployment's
     resolution buckets ((height, width), ...); when set, a request must name one of them
-    (kernels that need fixed shapes: CUDA graphs, compile)."""
+    (kernels that need fixed shapes: CUDA graphs, compile); ``fill``: a FLUX.1 Fill model
+    (every request an image and a mask of its size; a mask anywhere else is refused)."""
     multiple = vae.scale_factor_spatial * 2  # 8x VAE, then 2x2 packing
 
     def validate(request: OmniRequest) -> OmniRequest:
         p = request.diffusion
+        _check_mask(request, fill)
         if request.task == TaskType.I2I:
             request = _with_source_size(request, vae.scale_factor_spatial)
             p = request.diffusion
@@ -95,3 +98,27 @@ def _check_edit(request: OmniRequest, vae: Any) -> None:
     else:
         open_image_part(source)  # unreadable -> ValueError naming the source
     # NOTE: any strength in (0, 1] runs at least one step (diffusers' start index truncates)
+
+
+def _check_mask(request: OmniRequest, fill: bool) -> None:
+    """A Fill request carries exactly one mask, of its image's size; other Flux models take none."""
+    masks = request.images(MASK_ROLE)
+    if not fill:
+        if masks:
+            raise InvalidRequest("a mask (ImagePart role 'mask'; over HTTP the mask field) needs a FLUX.1 Fill model "
+                                 "(a FluxFillPipeline folder); this model does not inpaint",
+                                 hint="omit the mask, or serve a FLUX.1 Fill model", fields=("mask",))
+        return
+    source = edit_source(request)
+    if len(masks) != 1:
+        raise InvalidRequest(f"FLUX.1 Fill needs one mask (white: the area to repaint); got {len(masks)}",
+                             hint="add ImagePart(role='mask', path=... | b64=... | data=...) to inputs "
+                                  "(over HTTP: the mask field)", fields=("mask",), kind=ErrorKind.MISSING_INPUT)
+    if not isinstance(source, ImagePart):
+        raise InvalidRequest("FLUX.1 Fill needs the image to inpaint as an image (not latents) beside its mask",
+                             hint="add ImagePart(path=... | b64=... | data=...) to inputs (over HTTP: the image field)",
+                             fields=("image",), kind=ErrorKind.MISSING_INPUT)
+    image_size, mask_size = open_image_part(source).size, open_image_part(masks[0]).size
+    if image_size != mask_size:
+        raise InvalidRequest(f"mask is {mask_size[0]}x{mask_size[1]} but the image is {image_size[0]}x{image_size[1]}",
+                             hint="pass a mask of the image's size", fields=("mask",))

@@ -371,7 +371,7 @@ def image_requests(call: WireCall, request_ids: list[str], model: ServedModel) -
                         code="unsupported")
     if call.image is None and TaskType.T2I not in model.tasks:
         raise WireError("model", f"{model.name!r} only edits images (tasks: {model.task_names}); send the image to "
-                        "edit to /v1/images/edits", code="unsupported")
+                        "edit (and an inpainting model's mask) to /v1/images/edits", code="unsupported")
     task = suggest_task(model.tasks, {Modality.IMAGE} if call.image is not None else set(), wants={Modality.IMAGE})
     if task not in model.tasks:  # given an image, the image-to-image task a model without it lacks
         raise WireError(call.image_param, f"{model.name!r} has no image-to-image task (tasks: "
@@ -423,9 +423,6 @@ def openai_video(wire: Any, request_id: str, model: ServedModel, upload: bytes |
 def openai_images(wire: Any, request_ids: list[str], model: ServedModel) -> tuple[list[OmniRequest], WireCall]:
     """``wire`` is a validated ``ImageGenerationRequest``: ``n`` requests."""
     model.check_name(wire.model)
-    if TaskType.T2I not in model.tasks and model.serves_images:
-        raise WireError("model", f"{model.name!r} only edits images (tasks: {model.task_names}); use "
-                        "/v1/images/edits with the image (and its mask)", code="unsupported")
     call = _openai_call(wire, IMAGE_FIELDS, model)
     return image_requests(call, request_ids, model), call
 

@@ -19,8 +19,8 @@ import torch
 
 from omniloop.io.image import image_to_tensor, open_image_part
 from omniloop.models.families.flux.model import FluxInputs
-from omniloop.models.families.flux.stages import (IMAGE, FluxDenoiser, _bound, edit_source, graphed_forward,
-                                                  image_ids, pack_latents, unpack_latents)
+from omniloop.models.families.flux.stages import (IMAGE, FluxDenoiser, _bound, edit_source, given_condition,
+                                                  graphed_forward, image_ids, pack_latents, unpack_latents)
 from omniloop.models.layers.lora import current_plan, lora_rows
 from omniloop.models.layers.packed import Segments
 from omniloop.pipeline.edges import ConditionLatents
@@ -92,8 +92,7 @@ class FluxKontextReference(ComponentStage):
         source = edit_source(state.request)
         assert source is not None, "admission guarantees a Kontext request carries an image or image latents"
         if isinstance(source, LatentPart):
-            latents = torch.as_tensor(source.data).to(ctx.device, torch.float32)
-            ctx.write(state, "condition", ConditionLatents(latents=latents.reshape(1, *latents.shape[-3:])))
+            ctx.write(state, "condition", given_condition(source, ctx.device))
             return
         vae = ctx.component(self.component)
         picture = open_image_part(source)

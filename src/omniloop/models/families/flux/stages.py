@@ -182,6 +182,13 @@ def edit_source(request: OmniRequest) -> ImagePart | LatentPart | None:
     return latents[0] if latents else next((p for p in request.images() if p.role != "mask"), None)
 
 
+def given_condition(source: LatentPart, device: torch.device) -> ConditionLatents:
+    """Latents a request gives for its image ([C, h, w] or [1, C, h, w], the DiT's normalized
+    space) as the condition, unchanged: [1, C, h, w] fp32 on ``device``."""
+    latents = torch.as_tensor(source.data).to(device, torch.float32)
+    return ConditionLatents(latents=latents.reshape(1, *latents.shape[-3:]))
+
+
 @dataclass
 class FluxImageCondition(ComponentStage):
     """Image-to-image: the starting image -> ConditionLatents. Given latents ([1, C, h, w],
@@ -197,8 +204,7 @@ class FluxImageCondition(ComponentStage):
         source = edit_source(state.request)
         assert source is not None, "admission guarantees an i2i request carries an image or image latents"
         if isinstance(source, LatentPart):
-            latents = torch.as_tensor(source.data).to(ctx.device, torch.float32)
-            ctx.write(state, "condition", ConditionLatents(latents=latents.reshape(1, *latents.shape[-3:])))
+            ctx.write(state, "condition", given_condition(source, ctx.device))
             return
         vae = ctx.component(self.component)
         g = geometry(state.request, ctx.node)

@@ -113,6 +113,16 @@ def flux_fill_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def flux_control_dir(tmp_path_factory):
+    """A tiny FLUX.1-Canny/Depth-dev-layout checkpoint (tests/flux_checkpoint.py)."""
+    from tests.flux_checkpoint import save_flux_control_checkpoint
+
+    folder = tmp_path_factory.mktemp("flux_control")
+    save_flux_control_checkpoint(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
 def wan_i2v_clip_dir(tmp_path_factory):
     """Wan2.1 I2V: latent concat + CLIP vision tokens (image_encoder / image_processor)."""
     from tests.wan_checkpoint import save_wan_checkpoint

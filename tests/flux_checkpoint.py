@@ -51,18 +51,21 @@ def tiny_t5(vocab_size: int, seed: int = 1):
     return T5EncoderModel(cfg).eval()
 
 
-def tiny_flux_transformer(seed: int = 2, *, guidance_embeds: bool = True, perturb: bool = True, fill: bool = False):
+def tiny_flux_transformer(seed: int = 2, *, guidance_embeds: bool = True, perturb: bool = True, fill: bool = False,
+                          control: bool = False):
     """2 heads x 16, one double and one single block (+ one more of each with ``layers=2``).
 
     Every parameter is perturbed off its init (norm weights off 1, biases off 0, the
     zero-initialized output projections) so a wrong key mapping cannot hide. ``fill``: FLUX.1
     Fill's input layer (noise + masked-image latents + the 8x8-unshuffled mask, each packed
-    2x2: 4C + 4C + 256 channels in, 4C out)."""
+    2x2: 4C + 4C + 256 channels in, 4C out); ``control``: FLUX.1 Canny/Depth's (noise + control-image
+    latents: 4C + 4C in, 4C out)."""
     from diffusers import FluxTransformer2DModel
 
+    in_channels = 8 * LATENT_CHANNELS + 256 if fill else 8 * LATENT_CHANNELS if control else 4 * LATENT_CHANNELS
     torch.manual_seed(seed)
     model = FluxTransformer2DModel(
-        patch_size=1, in_channels=8 * LATENT_CHANNELS + 256 if fill else 4 * LATENT_CHANNELS,
+        patch_size=1, in_channels=in_channels,
         out_channels=4 * LATENT_CHANNELS, num_layers=2, num_single_layers=2, attention_head_dim=16,
         num_attention_heads=2, joint_attention_dim=T5_DIM, pooled_projection_dim=CLIP_DIM,
         guidance_embeds=guidance_embeds, axes_dims_rope=(4, 6, 6),
@@ -124,6 +127,20 @@ def save_flux_fill_checkpoint(folder: Path):
     pipe = FluxFillPipeline(
         scheduler=flux_scheduler(), vae=tiny_kl_vae(), text_encoder=tiny_clip(len(clip_tok)), tokenizer=clip_tok,
         text_encoder_2=tiny_t5(len(t5_tok)), tokenizer_2=t5_tok, transformer=tiny_flux_transformer(fill=True),
+    )
+    pipe.save_pretrained(folder)
+    return pipe
+
+
+def save_flux_control_checkpoint(folder: Path):
+    """A tiny FLUX.1-Canny/Depth-dev-layout folder (``FluxControlPipeline``, model_index.json names it)."""
+    from diffusers import FluxControlPipeline
+
+    clip_tok = tiny_clip_tokenizer()
+    t5_tok = tiny_tokenizer(folder / "_tok")
+    pipe = FluxControlPipeline(
+        scheduler=flux_scheduler(), vae=tiny_kl_vae(), text_encoder=tiny_clip(len(clip_tok)), tokenizer=clip_tok,
+        text_encoder_2=tiny_t5(len(t5_tok)), tokenizer_2=t5_tok, transformer=tiny_flux_transformer(control=True),
     )
     pipe.save_pretrained(folder)
     return pipe

@@ -88,6 +88,8 @@ class PipelineSpec:
     conversation_media: frozenset[Modality] = frozenset()
     # an inpainting graph (FLUX.1 Fill): its image-to-image requests carry an ImagePart(role="mask")
     takes_mask: bool = False
+    # a structure-controlled graph (FLUX.1 Canny / Depth): its requests carry an ImagePart(role="control")
+    takes_control: bool = False
     order: tuple[str, ...] = field(init=False)  # topological node order, computed by validation
 
     def __post_init__(self) -> None:

@@ -79,7 +79,8 @@ class _MediaPart(_Part):
 
 class ImagePart(_MediaPart):
     kind: Literal["image"] = "image"
-    role: Literal["first_frame", "last_frame", "reference", "mask"] = "first_frame"  # mask: an inpaint mask (white: repaint)
+    # mask: an inpaint mask (white: repaint); control: a structure image (FLUX.1 Canny / Depth: an edge or depth map)
+    role: Literal["first_frame", "last_frame", "reference", "mask", "control"] = "first_frame"
 
 
 class VideoPart(_MediaPart):

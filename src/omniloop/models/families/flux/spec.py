@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from omniloop.models.autoencoders.kl2d import load_kl2d_vae
+from omniloop.models.families.flux.control import (CONTROL_PIPELINE, CONTROL_VARIANT, ControlStart,
+                                                   FluxControlCondition, control_variant)
 from omniloop.models.families.flux.fill import FILL_PIPELINE, FLUX_FILL_DEFAULTS, FillStart, FluxFillCondition
 from omniloop.models.families.flux.kontext import (KONTEXT_CLASS, FluxKontextDenoiser, FluxKontextReference,
                                                    kontext_validator)
@@ -43,7 +45,7 @@ from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
 from omniloop.pipeline.stages import ImageVAEDecoder, TextEncode, TextEncoderSpec, VAEDecode
 from omniloop.request import Modality, OmniRequest, TaskType
 
-PIPELINE_CLASSES = ("FluxPipeline", "FluxImg2ImgPipeline", KONTEXT_CLASS, FILL_PIPELINE)
+PIPELINE_CLASSES = ("FluxPipeline", "FluxImg2ImgPipeline", KONTEXT_CLASS, FILL_PIPELINE, CONTROL_PIPELINE)
 FILL_VARIANT = "flux.1-fill"
 # the GEMMs FP8 quantization converts: every projection and MLP of both block kinds
 BLOCK_GEMMS = r"^(single_)?transformer_blocks\.\d+\.(attn\.(to_|add_)|ff|ff_context|proj_)"
@@ -100,6 +102,8 @@ def flux_variant(index: Mapping[str, Any]) -> Variant:
         return Variant(name=KONTEXT_VARIANT, tasks=frozenset({TaskType.I2I}), weights=weights)
     if index.get("_class_name") == FILL_PIPELINE:  # FLUX.1 Fill: inpaint / outpaint (i2i with a mask) only
         return Variant(name=FILL_VARIANT, tasks=frozenset({TaskType.I2I}), weights=weights)
+    if index.get("_class_name") == CONTROL_PIPELINE:  # FLUX.1 Canny / Depth: text-to-image under a control image
+        return Variant(name=CONTROL_VARIANT, tasks=frozenset({TaskType.T2I}), weights=weights)
     return Variant(name="flux.1", tasks=frozenset({TaskType.T2I, TaskType.I2I}), weights=weights)
 
 
@@ -160,8 +164,9 @@ def flux_pipeline_spec(variant: Variant, *, guidance_embeds: bool, pack: bool = 
     """``pack``: requests of different sizes share batched steps (packed tokens); off with
     resolution buckets (fixed shapes: requests of one bucket batch unpacked). ``graphs``: the
     step's transformer forward replays CUDA graphs (``cuda_graphs=True``). The Fill variant
-    encodes image + mask (FluxFillCondition) and concatenates them to every forward (FillStart)."""
-    fill = variant.name == FILL_VARIANT
+    encodes image + mask (FluxFillCondition) and concatenates them to every forward (FillStart);
+    the control variant its control image (FluxControlCondition, ControlStart)."""
+    fill, control = variant.name == FILL_VARIANT, variant.name == CONTROL_VARIANT
     components = {w.component: ComponentSpec(name=w.component, kind=w.kind) for w in variant.weights}
     text = TextEncode(
         encoders=(TextEncoderSpec("text_encoder", output="pooled", field="pooled"),  # CLIP: the pooled vector
@@ -172,6 +177,10 @@ def flux_pipeline_spec(variant: Variant, *, guidance_embeds: bool, pack: bool = 
     if variant.name == KONTEXT_VARIANT:  # the reference rides as tokens; the loop starts from noise
         condition = Node("image_condition", FluxKontextReference())
         loop = DenoiseLoop(FluxKontextDenoiser(packs=pack, graphs=graphs), cfg=cfg, shift=DynamicShift())
+    elif control:  # every request carries a control image; the loop starts from noise
+        condition = Node("image_condition", FluxControlCondition())
+        loop = DenoiseLoop(FluxDenoiser(packs=pack, graphs=graphs), cfg=cfg, shift=DynamicShift(),
+                           conditioning=ControlStart())
     else:
         condition = Node("image_condition", FluxFillCondition() if fill else FluxImageCondition(),
                          when=task_in(TaskType.I2I))
@@ -191,6 +200,7 @@ def flux_pipeline_spec(variant: Variant, *, guidance_embeds: bool, pack: bool = 
         nodes=nodes,
         outputs={"image": "image", "latents": "final_latents", "trajectory": "trajectory"},
         takes_mask=fill,
+        takes_control=control,
     )
 
 
@@ -200,6 +210,7 @@ def _wants_pixels(request: OmniRequest) -> bool:
 
 def build_flux(variant: Variant, index: Mapping[str, Any], components: Mapping[str, Any], options: LoadOptions) -> Pipeline:
     dit, vae = components["transformer"], components["vae"]
+    variant = control_variant(variant, dit.config)  # a Canny/Depth DiT is told by its in_channels too
     buckets = options.resolution_buckets
     graphs = graph_runner(options)
     spec = flux_pipeline_spec(variant, guidance_embeds=dit.config.guidance_embeds, pack=not buckets, graphs=graphs)
@@ -207,7 +218,8 @@ def build_flux(variant: Variant, index: Mapping[str, Any], components: Mapping[s
     if dit.config.latent_channels != vae.config.latent_channels:
         raise ValueError(f"transformer in_channels {dit.config.in_channels} needs a VAE of "
                          f"{dit.config.latent_channels} latent channels; vae/ has {vae.config.latent_channels}")
-    validate = make_validator(defaults, vae.config, components["sampler"], buckets, fill=variant.name == FILL_VARIANT)
+    validate = make_validator(defaults, vae.config, components["sampler"], buckets, fill=variant.name == FILL_VARIANT,
+                              control=variant.name == CONTROL_VARIANT)
     if variant.name == KONTEXT_VARIANT:
         validate = kontext_validator(validate, vae.config)
     return Pipeline(spec=spec, components=components, device=options.device, dtype=options.dtype, defaults=defaults,

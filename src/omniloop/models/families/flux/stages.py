@@ -179,7 +179,7 @@ def _bound(plan: LoraPlan | None, inputs: FluxInputs) -> LoraPlan | None:
 def edit_source(request: OmniRequest) -> ImagePart | LatentPart | None:
     """The image (or its latents) an i2i request starts from."""
     latents = [p for p in request.inputs if isinstance(p, LatentPart) and p.of is Modality.IMAGE]
-    return latents[0] if latents else next((p for p in request.images() if p.role != "mask"), None)
+    return latents[0] if latents else next((p for p in request.images() if p.role not in ("mask", "control")), None)
 
 
 def given_condition(source: LatentPart, device: torch.device) -> ConditionLatents:

@@ -12,21 +12,25 @@ from omniloop.models.families.flux.stages import edit_source, geometry
 from omniloop.pipeline.defaults import GenerationDefaults, resolve_request
 from omniloop.pipeline.geometry_checks import check_size_multiple
 from omniloop.pipeline.samplers.sampler_set import SamplerSet
+from omniloop.models.families.flux.control import check_control
 from omniloop.models.families.flux.fill import MASK_ROLE
 from omniloop.request import ErrorKind, ImagePart, InvalidRequest, LatentPart, OmniRequest, TaskType
 
 
 def make_validator(defaults: GenerationDefaults, vae: Any, samplers: SamplerSet,
-                   buckets: tuple[tuple[int, int], ...] = (), fill: bool = False) -> Callable[[OmniRequest], OmniRequest]:
+                   buckets: tuple[tuple[int, int], ...] = (), fill: bool = False,
+                   control: bool = False) -> Callable[[OmniRequest], OmniRequest]:
     """``vae``: the VAE's config (scale factor, latent channels); ``buckets``: the deployment's
     resolution buckets ((height, width), ...); when set, a request must name one of them
     (kernels that need fixed shapes: CUDA graphs, compile); ``fill``: a FLUX.1 Fill model
-    (every request an image and a mask of its size; a mask anywhere else is refused)."""
+    (every request an image and a mask of its size; a mask anywhere else is refused); ``control``:
+    a FLUX.1 Canny/Depth model (every request one control image; one anywhere else is refused)."""
     multiple = vae.scale_factor_spatial * 2  # 8x VAE, then 2x2 packing
 
     def validate(request: OmniRequest) -> OmniRequest:
         p = request.diffusion
         _check_mask(request, fill)
+        check_control(request, control)
         if request.task == TaskType.I2I:
             request = _with_source_size(request, vae.scale_factor_spatial)
             p = request.diffusion

@@ -114,6 +114,9 @@ def _error(r: httpx.Response) -> dict:
      "'nope' is not a loaded LoRA"),
     ("generations", {"prompt": "x", "model": "sdxl"}, 404, "model", "'sdxl' is not served here"),
     ("generations", {"prompt": "x", "size": "40x40", "steps": 1}, 400, "size", "must be a multiple of 16"),
+    ("generations", {"prompt": "x", "control_image": "aGVsbG8="}, 400, "control_image", "takes no control image"),
+    ("edits", {"prompt": "x", "image": "aGVsbG8=", "control_image": "aGVsbG8="}, 400, "control_image",
+     "takes no control image"),
 ])
 def test_bad_image_requests_are_4xx_naming_the_field(server, path, body, status, param, message):
     r = httpx.post(f"{server.url}/v1/images/{path}", json=body, timeout=60)

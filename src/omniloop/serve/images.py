@@ -2,7 +2,8 @@
 image-to-image) requests submitted together, so the engine batches their steps; answered
 with base64 PNGs or URLs to them. ``model`` picks one of the served models; ``loras``
 (``[{"name", "strength"}]``, loaded through ``/v1/loras``) and an edit's ``strength`` are
-extra fields."""
+extra fields, and a FLUX.1 Canny / Depth model's ``control_image`` (the edge or depth map a
+generation follows)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ async def generate_images(request: Request, state: State) -> ImagesResponse:
         model = state.served(wire.model)
         ids = [new_id("img") for _ in range(wire.n)]
         requests, call = openai_images(wire, ids, model)
+        await check_request_images(requests, "control_image", image_pixel_cap(state.config, model))  # (FLUX.1 Canny/Depth)
         jobs = await _submit(state, model, wire, requests, call)
     return await _answer(request, wire, jobs)
 

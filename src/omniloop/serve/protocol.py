@@ -118,6 +118,9 @@ class _ImageGenerationBase(_GenerationWire):
     style: Literal["vivid", "natural"] | None = None
     moderation: Literal["auto", "low"] | None = None
     user: str | None = Field(default=None, max_length=256)
+    control_image: str | None = Field(
+        default=None, description="FLUX.1 Canny / Depth: the control image (an edge or depth map the image follows) "
+        "as a data: URL or base64; required by such a model, refused by others")
 
 
 ImageGenerationRequest = _with_generation_fields("ImageGenerationRequest", _ImageGenerationBase, IMAGE_FIELDS)

@@ -98,7 +98,7 @@ class ServeState:
     async def _warmup(self) -> None:
         try:
             await run_warmup(self.engine, self.warmup_shapes, self.model.tasks, self.model.defaults,
-                             mask=self.model.takes_mask)
+                             mask=self.model.takes_mask, control=self.model.takes_control)
         except WarmupFailed as e:
             self.warmup_error = str(e)
             logger.error("%s", e)

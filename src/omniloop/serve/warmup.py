@@ -74,11 +74,12 @@ def describe(shape: DiffusionParams) -> str:
 
 
 def warmup_request(shape: DiffusionParams, tasks: frozenset[TaskType],
-                   defaults: GenerationDefaults | None = None, mask: bool = False) -> OmniRequest:
+                   defaults: GenerationDefaults | None = None, mask: bool = False, control: bool = False) -> OmniRequest:
     """The task a client without one is suggested (``request.suggest_task``); one that needs
     the first frame (an i2v model) gets a gray one. ``defaults``: the model's (a chat model's
     context, ``text.max_context``, sizes its warmup decode); ``mask``: an inpainting model
-    (FLUX.1 Fill) also gets a mask repainting the image's right half."""
+    (FLUX.1 Fill) also gets a mask repainting the image's right half; ``control``: a
+    structure-controlled model (FLUX.1 Canny / Depth) a black control image."""
     task = suggest_task(tasks)
     if task is TaskType.REASON:  # a chat model: a short decode that fits its context, not the sampling default
         text = defaults.text if defaults is not None else None
@@ -99,11 +100,15 @@ def warmup_request(shape: DiffusionParams, tasks: frozenset[TaskType],
             half = Image.new("RGB", (64, 64), (0, 0, 0))
             half.paste((255, 255, 255), (32, 0, 64, 64))
             parts.append(ImagePart(role="mask", data=half))
+    if control:
+        from PIL import Image
+
+        parts.append(ImagePart(role="control", data=Image.new("RGB", (64, 64), (0, 0, 0))))
     return build_request(task, "warmup", shape, parts=parts, request_id=new_request_id())
 
 
 async def run_warmup(engine: AsyncEngine, shapes: list[DiffusionParams], tasks: frozenset[TaskType],
-                     defaults: GenerationDefaults | None = None, mask: bool = False) -> None:
+                     defaults: GenerationDefaults | None = None, mask: bool = False, control: bool = False) -> None:
     """Run each shape once, in order; raise ``WarmupFailed`` at the first that fails.
 
     A compiled model compiles each shape bucket here (its first request of that shape), before
@@ -118,7 +123,7 @@ async def run_warmup(engine: AsyncEngine, shapes: list[DiffusionParams], tasks: 
         where = f"warmup shape {i} ({describe(shape)})"
         shape_start, shape_before = time.perf_counter(), CompileCounts.now()
         try:
-            out = await engine.generate(warmup_request(shape, tasks, defaults, mask=mask))
+            out = await engine.generate(warmup_request(shape, tasks, defaults, mask=mask, control=control))
         except EngineError as e:  # refused at admission (bad size, over a limit, queue, dead engine)
             raise WarmupFailed(f"{where} was refused: {e}") from None
         if out.status is not RequestStatus.COMPLETED:

@@ -86,6 +86,7 @@ class ServedModel:
     token_logprobs: bool = False  # an AR decode loop makes its text: it can return token log-probs
     takes_audio: bool = False  # an encoder of its graph reads audio in a conversation (chat's input_audio)
     takes_mask: bool = False  # an inpainting model (FLUX.1 Fill): an edit carries a mask
+    takes_control: bool = False  # a structure-controlled model (FLUX.1 Canny / Depth): a generation carries a control image
 
     @classmethod
     def of(cls, engine: AsyncEngine, served_name: str | None = None) -> "ServedModel":
@@ -97,7 +98,7 @@ class ServedModel:
                    takes_loras="adapters" in pipeline.caches, knobs=pipeline.knobs,
                    token_logprobs=has_ar_loop(pipeline),
                    takes_audio=Modality.AUDIO in pipeline.spec.conversation_media,
-                   takes_mask=pipeline.spec.takes_mask)
+                   takes_mask=pipeline.spec.takes_mask, takes_control=pipeline.spec.takes_control)
 
     @classmethod
     def all_of(cls, engine: AsyncEngine, served_name: str | None = None) -> dict[str, "ServedModel"]:
@@ -115,7 +116,8 @@ class ServedModel:
                        makes_audio="audio" in pipelines[n].spec.outputs,
                        takes_loras="adapters" in pipelines[n].caches, knobs=pipelines[n].knobs,
                        token_logprobs=has_ar_loop(pipelines[n]),
-                       takes_audio=Modality.AUDIO in pipelines[n].spec.conversation_media) for n in names}
+                       takes_audio=Modality.AUDIO in pipelines[n].spec.conversation_media,
+                       takes_control=pipelines[n].spec.takes_control) for n in names}
 
     @property
     def serves_images(self) -> bool:
@@ -154,6 +156,7 @@ class WireCall:
     last_image: Any = None  # the last frame as sent (first-last-frame video)
     last_image_param: str = "last_image"
     mask: ImagePart | None = None  # an inpaint's mask, white = repaint (converted from OpenAI's alpha mask)
+    control: ImagePart | None = None  # a structure-controlled model's control image (an edge or depth map)
     outputs: OutputSpec = field(default_factory=OutputSpec)
     audio: bool | None = None  # the soundtrack: None = the model's default outputs, False = silent, True = with it
     actions: list[list[float]] | None = None  # world models: the agent's actions to roll out (task a2w)
@@ -377,6 +380,9 @@ def image_requests(call: WireCall, request_ids: list[str], model: ServedModel) -
         raise WireError(call.image_param, f"{model.name!r} has no image-to-image task (tasks: "
                         f"{model.task_names}); omit it", code="unsupported")
     image = reference_image(call.image, call.image_param, role="reference") if call.image is not None else None
+    if call.control is None and model.takes_control and task == TaskType.T2I:
+        raise WireError(CONTROL_PARAM, f"{model.name!r} generates under a control image (FLUX.1 Canny / Depth): pass "
+                        f"{CONTROL_PARAM}, the edge or depth map as a data: URL or base64", code="missing")
     check_images_per_call(len(request_ids), model.limits)
     if call.params.get("num_frames", 1) != 1:
         raise WireError(call.names["num_frames"], "an image is one frame; omit it")
@@ -386,7 +392,7 @@ def image_requests(call: WireCall, request_ids: list[str], model: ServedModel) -
     requests = []
     for i, rid in enumerate(request_ids):
         seed = None if params.seed is None else (params.seed + i) % 2**63
-        extra = (call.mask,) if call.mask is not None else ()
+        extra = tuple(p for p in (call.mask, call.control) if p is not None)
         requests.append(_request(rid, task, prompt, call, params.model_copy(update={"seed": seed}), image, extra, model))
     return requests
 
@@ -424,7 +430,20 @@ def openai_images(wire: Any, request_ids: list[str], model: ServedModel) -> tupl
     """``wire`` is a validated ``ImageGenerationRequest``: ``n`` requests."""
     model.check_name(wire.model)
     call = _openai_call(wire, IMAGE_FIELDS, model)
+    call.control = control_image(wire.control_image, model)
     return image_requests(call, request_ids, model), call
+
+
+CONTROL_PARAM = "control_image"
+
+
+def control_image(ref: Any, model: ServedModel) -> ImagePart | None:
+    """The ``control_image`` field (a data: URL or base64) as ``ImagePart(role='control')``;
+    refused, naming it, by a model that takes none."""
+    if ref is not None and not model.takes_control:
+        raise WireError(CONTROL_PARAM, f"{model.name!r} takes no control image (only a FLUX.1 Canny / Depth model "
+                        f"does); omit {CONTROL_PARAM}, or serve such a model", code="unsupported")
+    return reference_image(ref, CONTROL_PARAM, role="control")
 
 
 def openai_image_edit(wire: Any, request_ids: list[str], model: ServedModel, image: Any = None,
@@ -440,6 +459,7 @@ def openai_image_edit(wire: Any, request_ids: list[str], model: ServedModel, ima
         raise WireError("mask", f"{model.name!r} inpaints: an edit needs a mask, a PNG of the image's size whose "
                         "transparent (alpha 0) pixels mark the area to edit", code="missing")
     call = _openai_call(wire, EDIT_FIELDS, model)
+    call.control = control_image(wire.control_image, model)
     call.image, call.image_param = (image if image is not None else wire.image), "image"
     if call.image is None:
         raise WireError("image", "an edit needs the image to edit: upload it as the multipart file 'image', or pass "

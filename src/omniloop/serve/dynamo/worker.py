@@ -97,7 +97,8 @@ async def _serve(config: WorkerConfig) -> None:
     try:
         shapes = warmup_shapes(None if config.warmup is None else list(config.warmup), model.defaults, model.limits,
                                model.tasks)
-        await run_warmup(engine, shapes, model.tasks, model.defaults, mask=model.takes_mask)
+        await run_warmup(engine, shapes, model.tasks, model.defaults, mask=model.takes_mask,
+                         control=model.takes_control)
     except BaseException:
         await asyncio.to_thread(engine.shutdown)
         runtime.shutdown()

@@ -18,7 +18,7 @@ IMAGES = ("image_to_video_wan_start_image.png", "video_wan2_2_14B_i2v_input_imag
           "wan2.1_flf2v_720_f16_start_image.png", "wan2.1_flf2v_720_f16_end_image.png",
           "video_wan2_2_14B_flf2v_start_image.png", "video_wan2_2_14B_flf2v_end_image.png",
           "flux_kontext_dev_basic_input_image.jpg", "flux_fill_inpaint_example_input_image.png",
-          "flux_fill_outpaint_example_input_image.png")
+          "flux_fill_outpaint_example_input_image.png", "flux_canny_model_example_input_image.png")
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +70,9 @@ EXPECTED = {
     "flux_fill_inpaint_example": (TaskType.I2I, "flux_fill", [Modality.IMAGE],
                                   {"steps": 20, "guidance_scale": 30.0, "strength": 1.0}),
     "flux_fill_outpaint_example": (TaskType.I2I, "flux_fill", [Modality.IMAGE], {"steps": 20, "guidance_scale": 30.0}),
+    # the Canny map of the 96x64 input is the control image; text-to-image at its size
+    "flux_canny_model_example": (TaskType.T2I, "flux_control", [Modality.IMAGE],
+                                 {"steps": 20, "guidance_scale": 30.0, "width": 96, "height": 64, "strength": None}),
     "video_ltx2_t2v": (TaskType.T2VS, "ltx2", [Modality.VIDEO, Modality.AUDIO],
                        {"steps": 20, "guidance_scale": 4.0, "width": 640, "height": 360, "num_frames": 121,
                         "fps": 24, "seed": 10}),
@@ -164,3 +167,30 @@ def test_flux_fill_inpaint_reports_what_it_does_not_mirror(models, tmp_path):
     assert "noise_mask=true" in messages["InpaintModelConditioning"] and "binarized" in messages["KSampler"]
     with pytest.raises(WorkflowError, match="noise_mask"):
         compile_workflow(template("flux_fill_inpaint_example"), models, input_dir=tmp_path, exact=True)
+
+
+def test_flux_canny_reports_what_it_does_not_mirror(models, tmp_path):
+    """A 56x40 image: ComfyUI crops it to 56x40 (multiples of 8), a Flux canvas to 48x32; the
+    preview of the Canny map is not made. Deviations on the nodes, refused by exact; the
+    control image is the Canny map (white edges on black) center-cropped to the canvas."""
+    import base64
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    image = Image.new("RGB", (56, 40), (200, 40, 40))
+    image.paste((20, 40, 220), (12, 8, 40, 30))
+    image.save(tmp_path / "flux_canny_model_example_input_image.png")
+    result = compile_workflow(template("flux_canny_model_example"), models, input_dir=tmp_path)
+    messages = {d.class_type: d.message for d in result.deviations}
+    assert "center-cropped to 48x32" in messages["InstructPixToPixConditioning"]
+    assert "preview of an input image" in messages["PreviewImage"]
+    (generation,) = result.generations
+    (control,) = generation.request.images()
+    assert control.role == "control" and (generation.request.diffusion.width, generation.request.diffusion.height) \
+        == (48, 32)
+    edges = np.asarray(Image.open(io.BytesIO(base64.b64decode(control.b64))))
+    assert edges.shape == (32, 48, 3) and set(np.unique(edges)) == {0, 255}
+    with pytest.raises(WorkflowError, match="center-cropped"):
+        compile_workflow(template("flux_canny_model_example"), models, input_dir=tmp_path, exact=True)

@@ -230,3 +230,30 @@ def test_flux_fill_outpaint_template_runs(flux_fill_dir, input_dir):
     assert image.shape == (32, 48, 3) and tuple(image[0, 0]) == (128, 128, 128) and tuple(image[0, 47]) == (20, 140, 40)
     assert mask[31, 0] == 255 and mask[0, 47] == 0 and mask[15, 16] == 255  # margin, image, the fade's edge ((4-0)/4)^2
     assert tuple(out.artifacts["image"].image.shape) == (32, 48, 3)
+
+
+def test_flux_canny_template_runs(flux_control_dir, input_dir):
+    """flux_canny_model_example (LoadImage -> Canny -> InstructPixToPixConditioning, KSampler at
+    FluxGuidance 30) on the tiny FLUX.1 Canny checkpoint: text-to-image under the Canny map,
+    which is kornia's (the Canny ComfyUI runs) on the LoadImage pixels."""
+    import base64
+    import io
+
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    kornia = pytest.importorskip("kornia")
+    image = Image.new("RGB", (48, 32), (200, 40, 40))
+    image.paste((20, 40, 220), (10, 6, 34, 26))
+    image.save(input_dir / "flux_canny_model_example_input_image.png")
+    request, out = run("flux_canny_model_example", flux_control_dir, "flux_control", input_dir)
+    assert request.task.value == "t2i" and request.diffusion.guidance_scale == 30.0
+    (control,) = request.images()
+    got = np.asarray(Image.open(io.BytesIO(base64.b64decode(control.b64))).convert("RGB"))
+    pixels = torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0).permute(2, 0, 1)[None]
+    _, edges = kornia.filters.canny(pixels, 0.15, 0.3)  # the template's thresholds
+    assert edges.sum() > 0
+    assert control.role == "control" and np.array_equal(got[..., 0], (edges[0, 0].numpy() * 255).astype(np.uint8))
+    assert tuple(out.artifacts["image"].image.shape) == (32, 48, 3)
+    assert "image_condition" in out.metrics.node_s

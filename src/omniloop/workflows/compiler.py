@@ -24,6 +24,7 @@ from typing import Any, Literal, Mapping
 
 from omniloop.request import Fields, ImagePart, LoraRef, Modality, OmniRequest, OutputSpec, TaskType, build_request
 from omniloop.request.builder import FieldError
+from omniloop.workflows.control_render import control_part
 from omniloop.workflows.errors import node_error
 from omniloop.workflows.evaluate import Deviation, Evaluation
 from omniloop.workflows.graph import Graph, GraphNode, load_workflow
@@ -341,6 +342,8 @@ def _loras(ev: Evaluation, runs: tuple[Sampling, ...]) -> list[LoraRef]:
 
 
 def _parts(ev: Evaluation, run: Sampling, canvas: Latent) -> list[ImagePart]:
+    if run.positive.control is not None:  # InstructPixToPixConditioning: a FLUX.1 Canny/Depth model's control image
+        return [control_part(run.positive.control, canvas.width, canvas.height)]
     reference = run.positive.reference
     if reference is not None:
         if reference.source != "file" or reference.path is None:

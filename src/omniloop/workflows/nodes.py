@@ -798,8 +798,14 @@ def save_image(call: NodeCall) -> tuple[Any, ...]:
 
 @node("PreviewImage", [i("images", "IMAGE")], [], output_node=True, category="image")
 def preview_image(call: NodeCall) -> tuple[Any, ...]:
-    """Show images (temporary png)."""
-    return _save(call, call["images"], "png", temporary=True)
+    """Show images (temporary png): generated ones (a preview of an input image, e.g. its
+    Canny edge map, is not made: a deviation)."""
+    images = call["images"]
+    if isinstance(images, Pixels) and images.source == "file":
+        call.context.deviate(call, "a preview of an input image (not a sampler's output) is not made; only generated "
+                             "images are saved")
+        return ()
+    return _save(call, images, "png", temporary=True)
 
 
 @node("SaveAudio", [i("audio", "AUDIO"), i("filename_prefix", "STRING", "audio/ComfyUI")], [], output_node=True,

@@ -61,6 +61,7 @@ class Pixels:
     path: str | None = None
     latent: "Latent | None" = None
     pad: "Padding | None" = None  # ImagePadForOutpaint: the file on a larger mid-gray canvas
+    canny: tuple[float, float] | None = None  # Canny: the file's edge map (low, high thresholds)
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,8 @@ class Conditioning:
     frames: ImageConditioning | None = None  # the Wan image-to-video node's frames and CLIP vision outputs
     reference: Pixels | None = None  # ReferenceLatent: the image an edit model (FLUX.1 Kontext) edits
     reference_node: str = ""  # the ReferenceLatent node (its errors)
+    control: Pixels | None = None  # InstructPixToPixConditioning: the image a FLUX.1 Canny/Depth model follows
+    control_node: str = ""  # the InstructPixToPixConditioning node (its errors)
 
 
 @dataclass(frozen=True)

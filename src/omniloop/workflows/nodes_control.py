@@ -1,0 +1,63 @@
+"""The nodes of ComfyUI's structural-control templates (``flux_canny_model_example``):
+``Canny`` (an image's edge map) and ``InstructPixToPixConditioning`` (the image a channel-
+concatenating model follows: FLUX.1 Canny / Depth), registered beside ``nodes.py``'s.
+
+Behaviour read from ComfyUI's comfy_extras (nodes_canny.py, nodes_ip2p.py), written anew."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from omniloop.workflows.errors import node_error
+from omniloop.workflows.values import Latent
+from omniloop.workflows.vocabulary import NodeCall, i, node
+
+PATCH = 16  # Flux: the VAE's 8x, then 2x2 latent patches
+
+
+@node("Canny", [i("image", "IMAGE"), i("low_threshold", "FLOAT", 0.4, min=0.01, max=0.99),
+                i("high_threshold", "FLOAT", 0.8, min=0.01, max=0.99),
+                i("device", "COMBO", "cpu", optional=True, options=("cpu", "gpu"))],
+      ["IMAGE"], category="image/preprocessors")
+def canny(call: NodeCall) -> tuple[Any, ...]:
+    """An image's Canny edge map (white edges on black, kornia's conventions: workflows/canny.py),
+    rendered when the request is built. ``device`` only says where ComfyUI runs it."""
+    image = call["image"]
+    if image.source != "file" or image.pad is not None or image.canny is not None:
+        raise node_error(call.id, call.class_type, "invalid_input_type", "image: detect the edges of a LoadImage's "
+                         "image (optionally scaled)", "connect a LoadImage", input_name="image")
+    low, high = float(call["low_threshold"]), float(call["high_threshold"])
+    if low > high:
+        raise node_error(call.id, call.class_type, "value_bigger_than_max", f"low_threshold={low} is above "
+                         f"high_threshold={high}", "pass low_threshold <= high_threshold", input_name="low_threshold")
+    return (replace(image, canny=(low, high)),)
+
+
+@node("InstructPixToPixConditioning", [i("positive", "CONDITIONING"), i("negative", "CONDITIONING"), i("vae", "VAE"),
+                                       i("pixels", "IMAGE")],
+      ["CONDITIONING", "CONDITIONING", "LATENT"], output_names=("positive", "negative", "latent"),
+      category="conditioning/instructpix2pix")
+def instruct_pix_to_pix_conditioning(call: NodeCall) -> tuple[Any, ...]:
+    """The image a channel-concatenating model follows (ComfyUI: its VAE latents ride on both
+    conditionings as ``concat_latent_image``; the served FLUX.1 Canny/Depth model encodes the
+    request's control image itself) and an empty canvas of its size: ComfyUI center-crops the
+    image to multiples of 8; a Flux canvas needs multiples of 16, so a size between the two is
+    cropped to 16 (a deviation: ComfyUI pads the latents and crops the result back)."""
+    pixels = call["pixels"]
+    if pixels.source != "file" or pixels.pad is not None:
+        raise node_error(call.id, call.class_type, "invalid_input_type", "pixels: the control image must be a "
+                         "LoadImage's image or its edge map (Canny)", "connect a LoadImage (or a Canny of one)",
+                         input_name="pixels")
+    width, height = call.context.image_size(call, pixels)
+    w8, h8 = width // 8 * 8, height // 8 * 8
+    w, h = width // PATCH * PATCH, height // PATCH * PATCH
+    if w == 0 or h == 0:
+        raise node_error(call.id, call.class_type, "invalid_input_type", f"pixels: the image is {width}x{height}; a "
+                         f"Flux canvas needs at least {PATCH}x{PATCH}", input_name="pixels")
+    if (w, h) != (w8, h8):
+        call.context.deviate(call, f"the image's {w8}x{h8} crop is not a multiple of {PATCH} (Flux's 2x2 latent "
+                             f"patches): it is center-cropped to {w}x{h}; ComfyUI pads the latents and crops back")
+    positive = replace(call["positive"], control=pixels, control_node=call.id)
+    negative = replace(call["negative"], control=pixels, control_node=call.id)
+    return positive, negative, Latent("image", width=w, height=h, frames=1)

@@ -381,7 +381,7 @@ def image_requests(call: WireCall, request_ids: list[str], model: ServedModel) -
                         f"{model.task_names}); omit it", code="unsupported")
     image = reference_image(call.image, call.image_param, role="reference") if call.image is not None else None
     if call.control is None and model.takes_control and task == TaskType.T2I:
-        raise WireError(CONTROL_PARAM, f"{model.name!r} generates under a control image (FLUX.1 Canny / Depth): pass "
+        raise WireError(CONTROL_PARAM, f"{model.name!r} generates under a control image (a Canny / Depth model): pass "
                         f"{CONTROL_PARAM}, the edge or depth map as a data: URL or base64", code="missing")
     check_images_per_call(len(request_ids), model.limits)
     if call.params.get("num_frames", 1) != 1:
@@ -441,8 +441,8 @@ def control_image(ref: Any, model: ServedModel) -> ImagePart | None:
     """The ``control_image`` field (a data: URL or base64) as ``ImagePart(role='control')``;
     refused, naming it, by a model that takes none."""
     if ref is not None and not model.takes_control:
-        raise WireError(CONTROL_PARAM, f"{model.name!r} takes no control image (only a FLUX.1 Canny / Depth model "
-                        f"does); omit {CONTROL_PARAM}, or serve such a model", code="unsupported")
+        raise WireError(CONTROL_PARAM, f"{model.name!r} takes no control image (only a structure-controlled Canny / "
+                        f"Depth model does); omit {CONTROL_PARAM}, or serve such a model", code="unsupported")
     return reference_image(ref, CONTROL_PARAM, role="control")
 
 

@@ -53,11 +53,12 @@ def instruct_pix_to_pix_conditioning(call: NodeCall) -> tuple[Any, ...]:
     w8, h8 = width // 8 * 8, height // 8 * 8
     w, h = width // PATCH * PATCH, height // PATCH * PATCH
     if w == 0 or h == 0:
-        raise node_error(call.id, call.class_type, "invalid_input_type", f"pixels: the image is {width}x{height}; a "
-                         f"Flux canvas needs at least {PATCH}x{PATCH}", input_name="pixels")
+        raise node_error(call.id, call.class_type, "invalid_input_type", f"pixels: the image is {width}x{height}; the "
+                         f"canvas needs at least {PATCH}x{PATCH}", input_name="pixels")
     if (w, h) != (w8, h8):
-        call.context.deviate(call, f"the image's {w8}x{h8} crop is not a multiple of {PATCH} (Flux's 2x2 latent "
-                             f"patches): it is center-cropped to {w}x{h}; ComfyUI pads the latents and crops back")
+        call.context.deviate(call, f"the image's {w8}x{h8} crop is not a multiple of {PATCH} (the model's 2x2 "
+                             f"latent patches): it is center-cropped to {w}x{h}; ComfyUI pads the latents and crops "
+                             "back")
     positive = replace(call["positive"], control=pixels, control_node=call.id)
     negative = replace(call["negative"], control=pixels, control_node=call.id)
     return positive, negative, Latent("image", width=w, height=h, frames=1)

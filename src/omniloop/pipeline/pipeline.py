@@ -91,6 +91,7 @@ class Pipeline:
                 kind=ErrorKind.UNSUPPORTED_TASK,
             )
         self._check_modalities(request)
+        self._check_control(request)
         check_loras(self.caches, request.diffusion.loras, self.spec.name)
         if self.validate_request is not None:
             request = self.validate_request(request)  # checks, and the family's fills from its inputs
@@ -156,6 +157,13 @@ class Pipeline:
                                  f"{[m.value for m in offered]} for task {request.task.value!r}",
                                  hint="pass a non-empty subset, or omit it for the task's default",
                                  fields=("outputs.modalities",))
+
+    def _check_control(self, request: OmniRequest) -> None:
+        """A control image on a graph that reads none is refused, not dropped (every family)."""
+        if request.images("control") and not self.spec.takes_control:
+            raise InvalidRequest(f"a control image (ImagePart role 'control'; over HTTP control_image) needs a "
+                                 f"structure-controlled model (a Canny / Depth one); {self.spec.name!r} takes none",
+                                 hint="omit it, or serve such a model", fields=("control_image",))
 
     def _node_params(self, request: OmniRequest) -> dict[str, Any]:
         names = {n.name: n for n in self.spec.nodes}

@@ -1,0 +1,21 @@
+"""A control image (``ImagePart(role='control')``) on a graph that reads none is refused at
+admission naming ``control_image``, whatever the family (the Flux control variant reads it:
+tests/models/flux/test_control.py)."""
+
+from __future__ import annotations
+
+import pytest
+from PIL import Image
+
+from omniloop.request import ImagePart, InvalidRequest
+from tests.engine.fake_stages import create_pipeline, create_request
+
+
+def test_a_control_image_on_a_graph_without_control_is_refused():
+    pipeline, _ = create_pipeline()
+    request = create_request("r")
+    pipeline.admit(request)  # without it: admitted
+    edges = ImagePart(role="control", data=Image.new("RGB", (32, 32)))
+    with pytest.raises(InvalidRequest, match="takes none") as err:
+        pipeline.admit(request.model_copy(update={"inputs": [*request.inputs, edges]}))
+    assert err.value.fields == ("control_image",)

@@ -42,6 +42,7 @@ def _generate_parser(sub: argparse._SubParsersAction) -> None:
                    "--image, t2i for an image model, t2a for an audio model...)")
     p.add_argument("--image", default=None, help="first-frame image for i2v")
     p.add_argument("--last-image", default=None, help="last-frame image for first-last-frame i2v (with --image)")
+    p.add_argument("--control-image", default=None, help="the edge or depth map a FLUX.1 Canny / Depth model follows")
     p.add_argument("--deploy-config", default=None, help="YAML file of deploy options")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     p.add_argument("--knob", action="append", default=None, metavar="NAME=VALUE",
@@ -203,6 +204,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         raise ValueError("--last-image needs --image (the first frame) too")
     if args.last_image is not None and not Path(args.last_image).is_file():
         raise FileNotFoundError(f"--last-image {args.last_image}: no such file")
+    if args.control_image is not None and not Path(args.control_image).is_file():
+        raise FileNotFoundError(f"--control-image {args.control_image}: no such file")
     if declared is not None:
         preflight.check_shape(declared, args.task, params)
     deploy = _deploy_from_flags(args)
@@ -250,7 +253,8 @@ def _generate_with(gen: Any, args: argparse.Namespace, prompt: str, params: dict
             bars = None if args.no_progress else ProgressBars([])
             result = gen.generate_audio(prompt, task=args.task, output_path=args.output, on_event=bars, **params)
         else:
-            request = gen.build_request(prompt, image=args.image, last_image=args.last_image, task=task, **params)
+            request = gen.build_request(prompt, image=args.image, last_image=args.last_image,
+                                        control_image=args.control_image, task=task, **params)
             bars = None if args.no_progress else ProgressBars(gen.pipeline.active_nodes(request))
             result = gen.run_video(request, output_path=args.output, on_event=bars)
     except FieldError as e:  # a --knob the model's loops lack, or its bad value

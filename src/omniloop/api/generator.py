@@ -270,6 +270,7 @@ class VideoGenerator:
         *,
         image: Any = None,
         latents: Any = None,
+        control_image: Any = None,
         task: str | TaskType | None = None,
         output_path: str | Path | None = "outputs/",
         save_image: bool = True,
@@ -277,14 +278,16 @@ class VideoGenerator:
         **params: Any,
     ) -> GeneratedImage:
         """Generate an image from ``prompt`` (text-to-image), or edit ``image`` / start from
-        ``latents`` (image-to-image, with ``strength``), and write it as a PNG.
+        ``latents`` (image-to-image, with ``strength``), and write it as a PNG. ``control_image``:
+        the edge or depth map a structure-controlled (Canny / Depth) model follows.
 
         ``params`` are DiffusionParams fields (``steps``, ``guidance_scale``, ``height``,
         ``width``, ``seed``, ``strength``, ``loras=[(name_or_path, strength), ...]``...).
         """
         if task is None and not self.pipeline.spec.tasks & {TaskType.T2I, TaskType.I2I}:  # i2i alone: Kontext
             raise ValueError(f"this model makes no images (tasks {self.tasks}); use generate_video")
-        request = self.build_request(prompt, image=image, latents=latents, task=task, wants=Modality.IMAGE, **params)
+        request = self.build_request(prompt, image=image, latents=latents, control_image=control_image, task=task,
+                                     wants=Modality.IMAGE, **params)
         output = self.generate(request, on_event)
         if output.status is not RequestStatus.COMPLETED:
             raise GenerationError(f"request {output.request_id} {output.status.value}: {output.error}", output.failure)
@@ -380,7 +383,7 @@ class VideoGenerator:
         return output
 
     def build_request(self, prompt: str, *, image: Any = None, last_image: Any = None, latents: Any = None,
-                      task: str | TaskType | None = None, audio: bool | None = None,
+                      control_image: Any = None, task: str | TaskType | None = None, audio: bool | None = None,
                       wants: Modality = Modality.VIDEO, **params: Any) -> OmniRequest:
         """The request of a ``generate_*`` call: ``params`` are DiffusionParams fields or
         diffusers' names for them (``request.ALIASES``), or knobs of this model's loops under
@@ -400,6 +403,9 @@ class VideoGenerator:
                          else ImagePart(data=last_image, role="last_frame"))
         if latents is not None:
             parts.append(LatentPart(data=latents, of=Modality.IMAGE))
+        if control_image is not None:  # a structure-controlled model's (admission refuses it elsewhere)
+            parts.append(ImagePart(path=str(control_image), role="control") if isinstance(control_image, (str, Path))
+                         else ImagePart(data=control_image, role="control"))
         return build_request(task, prompt, fields, parts=parts,
                              outputs=OutputSpec(modalities=self._modalities(task, audio)), knobs=knobs)
 

@@ -36,6 +36,7 @@ CONTROL_ROLE = "control"
 CONTROL_PIPELINE = "FluxControlPipeline"
 CONTROL_VARIANT = "flux.1-control"
 CONTROL_FIELD = "control_image"  # the wire name of the control image (errors name it)
+CONTROL_WHERE = f"over HTTP: the {CONTROL_FIELD} field; CLI: --control-image"
 
 
 def control_part(request: OmniRequest) -> ImagePart | None:
@@ -113,7 +114,7 @@ class ControlStart(NoConditioning):
     def init(self, condition: ConditionLatents | None) -> ControlState:
         if condition is None or condition.posterior is None:
             raise InvalidRequest("a FLUX.1 Canny/Depth model needs a control image",
-                                 hint=f"pass ImagePart(role='{CONTROL_ROLE}') (over HTTP: the {CONTROL_FIELD} field)",
+                                 hint=f"pass ImagePart(role='{CONTROL_ROLE}') ({CONTROL_WHERE})",
                                  fields=(CONTROL_FIELD,), kind=ErrorKind.MISSING_INPUT)
         return ControlState(condition=condition)
 
@@ -154,7 +155,7 @@ def check_control(request: OmniRequest, control: bool) -> None:
     if len(controls) != 1:
         raise InvalidRequest(f"a FLUX.1 Canny/Depth model needs one control image (an edge or depth map); got "
                              f"{len(controls)}", hint=f"add ImagePart(role='{CONTROL_ROLE}', path=... | b64=... | "
-                             f"data=...) to inputs (over HTTP: the {CONTROL_FIELD} field)", fields=(CONTROL_FIELD,),
+                             f"data=...) to inputs ({CONTROL_WHERE})", fields=(CONTROL_FIELD,),
                              kind=ErrorKind.MISSING_INPUT)
     try:
         open_image_part(controls[0])

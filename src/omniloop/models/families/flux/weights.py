@@ -303,7 +303,7 @@ def load_flux_transformer_single_file(path: str | Path, *, device: torch.device 
     sd = flux_state_dict_from_original(raw)
     with torch.device("meta"):
         model = FluxTransformer(config)
-    check_and_assign(model, sd, str(path), "pass a FLUX.1 dev/schnell DiT file (Fill/Depth/Redux/FLUX.2 are not "
+    check_and_assign(model, sd, str(path), "pass a FLUX.1 dev/schnell/Canny/Depth DiT file (Fill/Redux/FLUX.2 are not "
                      "supported)")
     return model.eval().requires_grad_(False)
 

@@ -248,3 +248,35 @@ def test_stream_sends_a_causal_models_chunks_as_they_are_made(far_engine):
     kinds = [c["nvext"]["frame"]["kind"] for c in chunks]
     assert kinds == ["preview", "video"] + ["preview"] + ["video"] * 8 + ["preview"] + ["video"] * 8
     assert [c["status"] for c in chunks][-1] == "completed"
+
+
+def _png_b64(color) -> str:
+    buf = io.BytesIO()
+    Image.new("RGB", (32, 32), color).save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def test_a_last_image_makes_a_first_last_frame_video(wan_i2v_dir):
+    """Wan2.2 I2V through the worker: ``last_image`` beside ``input_reference``, top level or as
+    Dynamo's frontend forwards a client's extra_body (extra_args.media_passthrough), makes the same
+    video, and the last frame changes it (the condition holds it)."""
+    eng = AsyncEngine.from_pretrained(wan_i2v_dir, device="cpu", dtype="float32")
+    try:
+        handler = make_handler(eng)
+        first, last = _png_b64((10, 200, 90)), _png_b64((200, 20, 200))
+        base = body(steps=2, input_reference=first)
+
+        async def main():
+            calls = [{**base, "last_image": last},
+                     {**base, "extra_args": {"media_passthrough": {"last_image": "data:image/png;base64," + last}}},
+                     base]
+            return await asyncio.gather(*(collect(handler.videos(b, FakeContext(f"flf{i}"))) for i, b in
+                                          enumerate(calls)))
+
+        (top,), (nested,), (only_first,) = asyncio.run(asyncio.wait_for(main(), 120))
+        assert top["status"] == nested["status"] == only_first["status"] == "completed"
+        videos = [r["data"][0]["b64_json"] for r in (top, nested, only_first)]
+        assert len(decode_mp4(videos[0])) == 5
+        assert videos[0] == videos[1] and videos[0] != videos[2]
+    finally:
+        eng.shutdown()

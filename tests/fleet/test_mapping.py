@@ -72,6 +72,36 @@ def test_input_reference_selects_image_to_video():
     assert call.request.task is TaskType.I2V and call.request.images()[0].b64
 
 
+def test_last_image_makes_a_first_last_frame_request_from_either_place():
+    """``last_image`` is sent as input_reference is: top level (a request-plane client), or nested
+    in extra_args.media_passthrough by Dynamo's frontend (its NvCreateVideoRequest has no such field)."""
+    i2v = model((TaskType.I2V,))
+    first, last = png_b64(), "data:image/png;base64," + png_b64()
+    top = video_call({"model": "wan", "prompt": "x", "input_reference": first, "last_image": last}, "r", i2v)
+    nested = video_call({"model": "wan", "prompt": "x", "input_reference": first,
+                         "extra_args": {"media_passthrough": {"last_image": last, "seed": 3}}}, "r", i2v)
+    for call in (top, nested):
+        images = call.request.images()
+        assert call.request.task is TaskType.I2V
+        assert [(p.role, p.b64) for p in images] == [("first_frame", first), ("last_frame", last)]
+    assert nested.request.diffusion.seed == 3  # the rest of the passthrough still applies
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"last_image": png_b64()}, "last_image: a last frame needs the first frame too: pass input_reference"),
+    ({"extra_args": {"media_passthrough": {"last_image": png_b64()}}},
+     "last_image: a last frame needs the first frame too: pass input_reference"),
+    ({"input_reference": png_b64(), "last_image": png_b64(),
+      "extra_args": {"media_passthrough": {"last_image": png_b64()}}},
+     "last_image: given both at the top level and in extra_args.media_passthrough; pass it once"),
+    ({"input_reference": png_b64(), "last_image": "https://example.com/a.png"}, "last_image: only data: URLs"),
+    ({"input_reference": png_b64(), "last_image": "not base64!"}, "last_image: Value error, is not valid base64"),
+])
+def test_bad_last_images_name_last_image(body, message):
+    with pytest.raises(ValueError, match="^" + _escape(message)):
+        video_call({"model": "wan", "prompt": "x", **body}, "r", model((TaskType.I2V,)))
+
+
 @pytest.mark.parametrize("body, message", [
     ({"prompt": ""}, "prompt: pass a non-empty text prompt (got an empty string)"),
     ({"prompt": " "}, "prompt: pass a non-empty text prompt (got only whitespace)"),

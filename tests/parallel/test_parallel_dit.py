@@ -71,3 +71,34 @@ def test_two_ranks_ulysses_ring_tp_equal_one():
 def test_four_ranks_usp_and_tp_with_ulysses_equal_one():
     specs = ("ulysses=2,ring=2", "ring=4", "ulysses=2,tp=2")
     _check(run_ranks(_parallel_outputs, 4, specs), specs)
+
+
+def _per_frame_outputs(rank, world, specs):
+    """Wan2.2 TI2V timesteps per latent frame ([1, F']): the blocks' [B, F', 6, D] modulation
+    reaches each rank's shard of tokens, whose windows start mid-frame (27 tokens, 9 a frame)."""
+    from omniloop.models.families.wan.parallelize import WAN_PARALLEL
+    from omniloop.parallel.apply import parallelize_model
+    from omniloop.parallel.mesh import ParallelMesh
+    from omniloop.parallel.spec import ParallelSpec
+
+    out = {}
+    for text in specs:
+        model = _model()
+        parallelize_model(model, WAN_PARALLEL, ParallelMesh.build(ParallelSpec.from_flag(text), torch.device("cpu")))
+        x, _, context = _inputs(GRIDS[1])
+        with torch.inference_mode():
+            out[text] = model(x, torch.tensor([[0.0, 700.0, 700.0]]), context)
+    return out
+
+
+def test_per_frame_timesteps_shard_with_their_tokens():
+    specs = ("ulysses=2", "ring=2")
+    results = run_ranks(_per_frame_outputs, 2, specs)
+    model = _model()
+    x, _, context = _inputs(GRIDS[1])
+    with torch.inference_mode(), threads(rank_threads(2)):
+        per_token = model(x, torch.tensor([[0.0] * 9 + [700.0] * 18]), context)  # diffusers' layout
+        assert torch.equal(model(x, torch.tensor([[0.0, 700.0, 700.0]]), context), per_token)
+    for rank_out in results:
+        assert torch.equal(rank_out["ulysses=2"], per_token)
+        assert (rank_out["ring=2"] - per_token).abs().max().item() <= TOL

@@ -78,6 +78,22 @@ def open_image_part(part: Any) -> "PIL.Image.Image":  # noqa: F821
     return open_image(part.path)
 
 
+def image_part_size(part: Any) -> tuple[int, int]:
+    """(width, height) of a request's ImagePart: a file's (b64 or path) read from its header, no
+    pixel decoded; in-process data as it is. Unreadable input raises ValueError naming it."""
+    if part.data is not None:
+        return open_image(part.data).size
+    if part.b64 is not None:
+        return image_size(part.raw_bytes())
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(part.path) as img:  # lazy: the header only
+            return img.size
+    except (UnidentifiedImageError, OSError) as e:
+        raise InvalidRequest(f"cannot read image {part.path}: {e}", fields=("inputs",)) from None
+
+
 def image_to_tensor(image: "PIL.Image.Image", height: int, width: int,  # noqa: F821
                     resample: str = "lanczos") -> torch.Tensor:
     """[1, 3, H, W] float32 in [-1, 1], resized to height x width (Lanczos by default, as

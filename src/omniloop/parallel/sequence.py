@@ -105,14 +105,21 @@ class SequenceShard:
         return gather_sequence(out, layout.sizes, self.group, self.dim)
 
     def _shard(self, value: Any, total: int, start: int, size: int, dim: int) -> Any:
-        """The rank's tokens of a per-token argument (tokens along ``dim``); a broadcast one
-        (dim size 1) as is; an object with ``narrow_tokens(start, size)`` (a packed
-        sequence's ``Segments``) gives its own window."""
+        """The rank's tokens of a per-token argument (tokens along ``dim``); of one with G rows
+        for G equal groups of tokens, a row per token of the window; a broadcast one (dim size 1)
+        as is; an object with ``narrow_tokens(start, size)`` (a packed sequence's ``Segments``)
+        gives its own window."""
         if callable(getattr(value, "narrow_tokens", None)):
             return value.narrow_tokens(start, size)
         if isinstance(value, torch.Tensor):
-            if value.ndim > dim and value.shape[dim] == total:
+            rows = value.shape[dim] if value.ndim > dim else 1
+            if rows == total:
                 return value.narrow(dim, start, size)
+            if 1 < rows < total and total % rows == 0:
+                # G rows, each for total / G consecutive tokens (layers/wan_dit.TokenRows: Wan2.2
+                # TI2V's per-frame modulation); a window may start mid-group: its tokens' rows
+                index = torch.arange(start, start + size, device=value.device) // (total // rows)
+                return value.index_select(dim, index)
             return value
         if isinstance(value, tuple):
             items = [self._shard(v, total, start, size, dim) for v in value]

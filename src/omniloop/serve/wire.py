@@ -515,8 +515,9 @@ _NVEXT_VIDEO = ("num_inference_steps", "guidance_scale", "guidance_scale_2", "se
                 "fps")
 _NVEXT_IMAGE = ("num_inference_steps", "guidance_scale", "seed", "negative_prompt")
 _NVEXT_IGNORED = {"annotations"}  # SSE annotations: a frontend feature, nothing to generate
-_DYNAMO_VIDEO_KEYS = {"prompt", "model", "input_reference", "seconds", "size", "user", "response_format",
-                      "output_format", "stream", "nvext", "extra_args"}
+# last_image: not Dynamo's (its frontend nests it in extra_args.media_passthrough); a request-plane client's
+_DYNAMO_VIDEO_KEYS = {"prompt", "model", "input_reference", "last_image", "seconds", "size", "user",
+                      "response_format", "output_format", "stream", "nvext", "extra_args"}
 _DYNAMO_IMAGE_KEYS = {"prompt", "model", "n", "quality", "response_format", "size", "style", "user", "moderation",
                       "input_reference", "nvext", "extra_args"}
 _REQUEST_PASSTHROUGH = ("priority", "deadline_s")  # OmniRequest scheduling fields, via extra_body
@@ -587,11 +588,30 @@ def dynamo_video(body: Mapping[str, Any], request_id: str, model: ServedModel) -
     if stream not in (None, True, False):
         raise WireError("stream", f"expected true or false, got {stream!r}")
     body, events = _stream_format(body, bool(stream))
+    body, last_image = _last_image(body)
     call = _dynamo_call(body, _NVEXT_VIDEO, model)
     call.seconds = body.get("seconds")
+    call.last_image = last_image
     if stream:  # events carry progress events, not latent previews
         call.outputs = OutputSpec(stream=True, preview_every=None if events else 1)
     return VideoCall(request=video_request(call, request_id, model), stream=bool(stream), events=events)
+
+
+def _last_image(body: Mapping[str, Any]) -> tuple[Mapping[str, Any], Any]:
+    """The last frame of a first-last-frame video, sent as ``input_reference`` is (a data: URL
+    or base64), taken out of ``body``: top level (request-plane clients) or in
+    ``extra_args.media_passthrough`` (a client's ``extra_body`` through Dynamo's HTTP frontend,
+    whose ``NvCreateVideoRequest`` has no such field and nests it there)."""
+    extra = body.get("extra_args")
+    passthrough = extra.get("media_passthrough") if isinstance(extra, Mapping) else None
+    nested = isinstance(passthrough, Mapping) and "last_image" in passthrough
+    if "last_image" in body and nested:
+        raise WireError("last_image", "given both at the top level and in extra_args.media_passthrough; pass it once")
+    if not nested:
+        return {k: v for k, v in body.items() if k != "last_image"}, body.get("last_image")
+    assert isinstance(extra, Mapping) and isinstance(passthrough, Mapping)
+    rest = {k: v for k, v in passthrough.items() if k != "last_image"}
+    return {**body, "extra_args": {**extra, "media_passthrough": rest}}, passthrough["last_image"]
 
 
 def _stream_format(body: Mapping[str, Any], stream: bool) -> tuple[Mapping[str, Any], bool]:

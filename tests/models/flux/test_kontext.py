@@ -116,3 +116,38 @@ def test_bad_edits_are_refused_naming_the_field(flux_kontext_dir, request_, mess
     with pytest.raises(RequestRejected, match=message):
         gen.generate(request_)
     assert not gen.engine.has_unfinished()
+
+
+def _steps_of(pipeline, reqs, **policy):
+    engine = Engine(pipeline, EngineConfig(policy=SchedulingPolicy(**policy)))
+    plans, schedule = [], engine.scheduler.schedule
+    engine.scheduler.schedule = lambda: plans.append(schedule()) or plans[-1]
+    for r in reqs:
+        engine.add_request(r)
+    while engine.has_unfinished():
+        assert all(out.status.value == "completed" for out in engine.step())
+    return [len(p.work.request_ids) for p in plans if isinstance(p.work, StepWork)]
+
+
+def test_the_reference_tokens_count_in_the_step_cost_and_the_token_budget(flux_kontext_dir):
+    """Every Kontext forward carries the reference's tokens beside the noisy ones: the
+    admission estimate (FLOPs, activations) and the scheduler's token budget count them."""
+    pipeline = load_pipeline(flux_kontext_dir, LoadOptions(device=torch.device("cpu"), dtype=torch.float32))[1]
+    node, ctx = pipeline.spec.node("denoise"), pipeline.contexts["denoise"]
+    denoiser = node.stage.denoiser
+    # a 60x60 image -> 48x48 (its Kontext size) -> [1, 4, 6, 6] latents: 9 tokens; the 32x48 output: 6
+    reqs = [_request(_image(60, 60, i), 32, 48, rid=f"k{i}", seed=i, steps=1) for i in range(2)]
+    state = pipeline.admit(reqs[0])
+    assert denoiser.condition_shapes(ctx, state.request) == {"reference": (1, 4, 6, 6)}
+    z = torch.randn(1, 4, 4, 6)  # given reference latents: their own shape
+    assert denoiser.condition_shapes(ctx, pipeline.admit(_request(z, 16, 32)).request) == {"reference": (1, 4, 4, 6)}
+    noisy, both = {"image": (1, 4, 4, 6)}, {"image": (1, 4, 4, 6), "reference": (1, 4, 6, 6)}
+    text = denoiser.tokens_per_forward(ctx, noisy) - 6
+    assert denoiser.tokens_per_forward(ctx, both) == text + 6 + 9
+    estimate = node.stage.estimate(ctx, state)
+    assert estimate.flops_per_step == denoiser.flops_per_forward(ctx, both) > denoiser.flops_per_forward(ctx, noisy)
+    assert estimate.peak_bytes == denoiser.activation_bytes(ctx, both) > denoiser.activation_bytes(ctx, noisy)
+    # two edits of text + 15 tokens each: a budget one token short of both runs them one at a time
+    # (counting only the noisy tokens, they would share the step); a budget of both shares it
+    assert _steps_of(pipeline, reqs, max_batch=4, max_batch_tokens=2 * (text + 15) - 1) == [1, 1]
+    assert _steps_of(pipeline, reqs, max_batch=4, max_batch_tokens=2 * (text + 15)) == [2]

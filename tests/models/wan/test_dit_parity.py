@@ -160,6 +160,24 @@ def test_bf16_tracks_diffusers(name: str, checkpoints: dict[str, Path]) -> None:
     assert ours_vs_fp32 <= 1.25 * theirs_vs_fp32 + 1e-3
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@torch.no_grad()
+def test_per_frame_timesteps_equal_per_token_ones_bit_for_bit(dtype: torch.dtype, checkpoints: dict[str, Path]) -> None:
+    """Wan2.2 TI2V timesteps per latent frame ([B, F']: the adaLN modulation computed once per
+    frame and broadcast over its tokens) give exactly the output of the per-token timesteps that
+    diffusers takes ([B, L], every token of a frame at its frame's t), and diffusers' output."""
+    case = CASES[2]
+    inputs = _cast(_inputs(case), dtype)
+    per_token = inputs["timestep"]  # [2, L]: the first frame's tokens at 0
+    frame_tokens = per_token.shape[1] // case.latent[0]
+    per_frame = per_token[:, ::frame_tokens]  # [2, F']
+    assert torch.equal(per_frame.repeat_interleave(frame_tokens, dim=1), per_token)
+    reference, ours = _load_pair(checkpoints[case.name], dtype)
+    got = ours(**{**inputs, "timestep": per_frame})
+    assert torch.equal(got, ours(**inputs))
+    assert torch.equal(got, _diffusers_forward(reference, inputs))
+
+
 # --------------------------------------------------------------------------------------
 # Runtime hooks: attention backends, block interceptor, compile, purity
 # --------------------------------------------------------------------------------------
@@ -332,7 +350,7 @@ def test_forward_rejects_bad_shapes() -> None:
     model = WanDiT(WanDiTConfig(**tiny_wan_dit_config()))
     inputs = _inputs(CASES[0])
     with pytest.raises(ValueError, match="timestep must be"):
-        model(**{**inputs, "timestep": torch.zeros(1, 3)})
+        model(**{**inputs, "timestep": torch.zeros(1, 4)})  # neither per frame (3) nor per token (45)
     with pytest.raises(ValueError, match="divisible by patch_size"):
         model(**{**inputs, "hidden_states": torch.zeros(1, 16, 3, 5, 10)})
     with pytest.raises(ValueError, match="encoder_hidden_states_image=None"):

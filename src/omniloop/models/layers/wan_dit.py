@@ -138,6 +138,32 @@ class CrossAttention(nn.Module):
         return self.out(out)
 
 
+class TokenRows:
+    """How a modulation of ``G`` rows reaches ``L`` tokens: row ``g`` modulates the ``L / G``
+    consecutive tokens ``g L/G .. (g+1) L/G - 1``. G = 1 (one timestep) and G = L (a row per
+    token) broadcast as they are; 1 < G < L (Wan2.2 TI2V: one row per latent frame, tokens in
+    frame order) views the tokens as ``[B, G, L/G, D]`` so each row broadcasts over its frame's
+    tokens, never repeated: the same elementwise products as ``G = L`` rows, on ``L / G`` times
+    less memory."""
+
+    def __init__(self, rows: int, tokens: int) -> None:
+        assert tokens % rows == 0, f"a modulation of {rows} rows cannot cover {tokens} tokens in equal groups"
+        self.grouped = 1 < rows < tokens
+        self.rows = rows
+
+    def table(self, modulation: torch.Tensor) -> torch.Tensor:
+        """[B, G, k, D] -> [B, G, 1, k, D] when grouped (unbind dim -2 gives [B, G, 1, D] rows)."""
+        return modulation.unsqueeze(2) if self.grouped else modulation
+
+    def split(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, L, D] -> [B, G, L/G, D] when grouped (a view)."""
+        return x.unflatten(1, (self.rows, -1)) if self.grouped else x
+
+    def join(self, x: torch.Tensor) -> torch.Tensor:
+        """The inverse of :meth:`split`."""
+        return x.flatten(1, 2) if self.grouped else x
+
+
 class WanBlock(nn.Module):
     """adaLN-modulated self-attn -> cross-attn -> FFN, around the family's ``self_attn``.
 
@@ -167,21 +193,25 @@ class WanBlock(nn.Module):
         rope: Any,
         attn_state: Any = None,
     ) -> torch.Tensor:
-        # x: [B, L, D]; modulation: [B, Lt, 6, D] (model dtype); Lt is 1 or L, broadcasting over L.
-        shift, scale, gate, c_shift, c_scale, c_gate = (self.scale_shift_table + modulation.float()).unbind(2)
+        # x: [B, L, D]; modulation: [B, Lt, 6, D] (model dtype); Lt is 1, L, or the latent frames
+        # (each row for its frame's L / Lt tokens: TokenRows)
+        rows = TokenRows(modulation.shape[1], x.shape[1])
+        table = rows.table(self.scale_shift_table + modulation.float())  # [B, Lt, 6, D] fp32 (grouped: [B, Lt, 1, 6, D])
+        shift, scale, gate, c_shift, c_scale, c_gate = table.unbind(-2)
+        split, join = rows.split, rows.join
 
         # 1. Self-attention (the residual update runs in fp32, as diffusers)
-        h = (self.norm1(x.float()) * (1 + scale) + shift).type_as(x)
+        h = join(split(self.norm1(x.float())) * (1 + scale) + shift).type_as(x)
         attn = self.self_attn(h, rope) if attn_state is None else self.self_attn(h, rope, attn_state)
-        x = (x.float() + attn * gate).type_as(x)
+        x = join(split(x.float()) + split(attn) * gate).type_as(x)
 
         # 2. Cross-attention (no modulation)
         h = self.norm2(x.float()).type_as(x)
         x = x + self.cross_attn(h, context, context_image)
 
         # 3. Feed-forward
-        h = (self.norm3(x.float()) * (1 + c_scale) + c_shift).type_as(x)
-        return (x.float() + self.ffn(h).float() * c_gate).type_as(x)
+        h = join(split(self.norm3(x.float())) * (1 + c_scale) + c_shift).type_as(x)
+        return join(split(x.float()) + split(self.ffn(h).float()) * c_gate).type_as(x)
 
 
 # --------------------------------------------------------------------------------------

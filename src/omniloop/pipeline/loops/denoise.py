@@ -83,6 +83,13 @@ class Denoiser(Protocol):
         """Tokens one forward of one request's rows carries (what a batch's token budget counts)."""
         ...
 
+    def condition_shapes(self, ctx: StageContext, request: OmniRequest) -> dict[str, tuple[int, ...]]:
+        """Latent shapes of the request's conditions that ride in every forward's token sequence
+        beside the denoised latents (a FLUX.1 Kontext reference), each under a name of its own.
+        The loop hands them to the cost methods above with the latent shapes, so the cost model,
+        the memory estimate and the token budget count their tokens. ``DenoiserBase``: none."""
+        ...
+
     @property
     def packs(self) -> bool:
         """Whether ``forward_packed`` runs calls of different latent shapes as one forward."""
@@ -116,6 +123,9 @@ class DenoiserBase:
 
     def tokens_per_forward(self, ctx: StageContext, shapes: dict[str, tuple[int, ...]]) -> int:
         return 0
+
+    def condition_shapes(self, ctx: StageContext, request: OmniRequest) -> dict[str, tuple[int, ...]]:
+        return {}
 
     def forward_packed(self, model: torch.nn.Module, xs: list[dict[str, torch.Tensor]], ts: list[torch.Tensor],
                        kwargs: list[dict[str, Any]]) -> list[Prediction]:
@@ -254,6 +264,7 @@ class DenoiseLoop(LoopStageBase[DenoiseLoopState]):
         request = state.request
         sampler = sde_options(ctx.component(self.sampler_component).get(params.sampler), state.node_params.get(ctx.node))
         shapes = {m: tuple(x.shape) for m, x in latents.items()}
+        sequence = {**shapes, **self.denoiser.condition_shapes(ctx, request)}  # what each forward carries (costs)
         num_steps, schedule = self.schedule(ctx, params, shapes, sampler)
         samplers = {m: sampler.init_state(num_steps, device=ctx.device, seed=seed, **schedule)
                     for m in self.denoiser.modalities}
@@ -289,8 +300,8 @@ class DenoiseLoop(LoopStageBase[DenoiseLoopState]):
             else self.denoiser.branch_inputs(ctx, state, cfg_state.branches),
             routes=routes,
             model_dtype=model_dtype,
-            flops_per_forward=self.denoiser.flops_per_forward(ctx, shapes),
-            tokens_per_forward=int(self.denoiser.tokens_per_forward(ctx, shapes) or 0),
+            flops_per_forward=self.denoiser.flops_per_forward(ctx, sequence),
+            tokens_per_forward=int(self.denoiser.tokens_per_forward(ctx, sequence) or 0),
             packed=packs_shapes(ctx, self.denoiser),
             adapters=request_adapters(ctx, state),
             preview_every=request.outputs.preview_every if request.outputs.stream else None,
@@ -481,7 +492,8 @@ class DenoiseLoop(LoopStageBase[DenoiseLoopState]):
         params = _effective_params(request.diffusion, state.node_params.get(ctx.node))
         shapes = self.denoiser.latent_shapes(ctx, request)
         cfg_state = self.cfg.init(params, self.denoiser.modalities, state.node_params.get(ctx.node))
-        cost = denoise_step_cost(ctx, self.denoiser, shapes, len(cfg_state.branches), stacked=self.cfg.mode == "batched")
+        cost = denoise_step_cost(ctx, self.denoiser, shapes, len(cfg_state.branches), stacked=self.cfg.mode == "batched",
+                                 conditions=self.denoiser.condition_shapes(ctx, request))
         text_bytes = held_tensor_bytes(state.artifacts.get(self.inputs_edge(ctx)))
         return WorkEstimate(
             steps=self._num_steps(ctx, state, params),

@@ -28,16 +28,19 @@ class DenoiseStepCost:
 
 
 def denoise_step_cost(ctx: StageContext, denoiser: "Denoiser", shapes: Shapes, forwards: int, *,
-                      stacked: bool) -> DenoiseStepCost:
+                      stacked: bool, conditions: Shapes | None = None) -> DenoiseStepCost:
     """One step of ``forwards`` guidance forwards at latent ``shapes`` (``stacked``: the CFG
-    policy runs them as one forward, ``mode == "batched"``)."""
-    per_forward = denoiser.flops_per_forward(ctx, dict(shapes))
+    policy runs them as one forward, ``mode == "batched"``); ``conditions``: latents that ride
+    in each forward's sequence beside them (``Denoiser.condition_shapes``), counted in the
+    forward's FLOPs and activations, not in the held latents nor the batch group."""
+    sequence = {**shapes, **(conditions or {})}
+    per_forward = denoiser.flops_per_forward(ctx, sequence)
     latent_bytes = sum(4 * _numel(s) for s in shapes.values())  # fp32
     rows = forwards if stacked else 1
     return DenoiseStepCost(
         flops_per_step=None if per_forward is None else forwards * per_forward,
         state_bytes=5 * latent_bytes,
-        peak_bytes=int((denoiser.activation_bytes(ctx, dict(shapes)) or 0) * rows),
+        peak_bytes=int((denoiser.activation_bytes(ctx, sequence) or 0) * rows),
         batch_group=(latent_signature(shapes, packed=packs_shapes(ctx, denoiser)), forwards),
     )
 

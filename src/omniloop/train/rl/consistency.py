@@ -102,6 +102,9 @@ class RowwiseDenoiser(DenoiserBase):
     def tokens_per_forward(self, ctx: Any, shapes: dict[str, tuple[int, ...]]) -> int:
         return self.inner.tokens_per_forward(ctx, shapes)
 
+    def condition_shapes(self, ctx: Any, request: Any) -> dict[str, tuple[int, ...]]:
+        return self.inner.condition_shapes(ctx, request)
+
     def forward(self, model: torch.nn.Module, inputs: dict[str, torch.Tensor], timestep: torch.Tensor,
                 kwargs: dict[str, Any]) -> Prediction:
         n = timestep.shape[0]

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import torch
 
-from omniloop.io.image import image_to_tensor, open_image_part
+from omniloop.io.image import image_part_size, image_to_tensor, open_image_part
 from omniloop.models.families.flux.model import FluxInputs
 from omniloop.models.families.flux.stages import (IMAGE, FluxDenoiser, _bound, edit_source, given_condition,
                                                   graphed_forward, image_ids, pack_latents, unpack_latents)
@@ -50,6 +50,17 @@ def kontext_size(width: int, height: int, multiple: int) -> tuple[int, int]:
     aspect = width / height
     _, w, h = min((abs(aspect - w / h), w, h) for w, h in KONTEXT_RESOLUTIONS)
     return w // multiple * multiple, h // multiple * multiple
+
+
+def reference_shape(source: ImagePart | LatentPart, vae: Any) -> tuple[int, ...]:
+    """[1, C, h, w]: the shape of the reference latents ``FluxKontextReference`` makes of
+    ``source`` (given latents as they are; an image at its Kontext size, encoded), read
+    without decoding the image (admission's estimate needs it before the reference is encoded)."""
+    if isinstance(source, LatentPart):
+        return (1, *torch.as_tensor(source.data).shape[-3:])
+    s = vae.scale_factor_spatial
+    width, height = kontext_size(*image_part_size(source), s * 2)
+    return (1, vae.latent_channels, height // s, width // s)
 
 
 def reference_ids(h: int, w: int, device: torch.device) -> torch.Tensor:
@@ -110,6 +121,13 @@ class FluxKontextDenoiser(FluxDenoiser):
     tokens (kwarg ``reference``: ReferenceRows, one [C, h_ref, w_ref] per row, any size); the prediction keeps the
     noisy tokens only. Requests batch whatever their references' sizes: their tokens are
     always packed into one sequence."""
+
+    def condition_shapes(self, ctx: StageContext, request: OmniRequest) -> dict[str, tuple[int, ...]]:
+        """The reference's tokens ride in every forward beside the noisy ones (a reference of the
+        output's size doubles the image sequence): the cost model and the token budget count them."""
+        source = edit_source(request)
+        assert source is not None, "admission guarantees a Kontext request carries an image or image latents"
+        return {"reference": reference_shape(source, ctx.component("vae").config)}
 
     def branch_inputs(self, ctx: StageContext, state: RequestState, branches: tuple[str, ...]) -> dict[str, dict[str, Any]]:
         inputs = super().branch_inputs(ctx, state, branches)

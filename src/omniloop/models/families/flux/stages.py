@@ -121,8 +121,10 @@ class FluxDenoiser(DenoiserBase):
 
     # -- analytic costs (the engine's cost model and token budget) ---------------------
     def _dims(self, ctx: StageContext, shapes: dict[str, tuple[int, ...]]) -> tuple[int, int, Any]:
-        _, _, h, w = shapes[IMAGE]
-        return (h // 2) * (w // 2), ctx.defaults.max_sequence_length or 512, ctx.component("transformer").config
+        """(image tokens, text tokens, config): the image tokens of every [1, C, h, w] latent the
+        forward packs, the noisy ``image`` and any condition riding beside it (Kontext's reference)."""
+        img = sum((h // 2) * (w // 2) for *_, h, w in shapes.values())
+        return img, ctx.defaults.max_sequence_length or 512, ctx.component("transformer").config
 
     def tokens_per_forward(self, ctx: StageContext, shapes: dict[str, tuple[int, ...]]) -> int:
         img, txt, _ = self._dims(ctx, shapes)

@@ -14,7 +14,8 @@ eager mode), with three deliberate differences in how the work is laid out:
 
 Vocabulary: ``L`` = video tokens after patching (``F' * H' * W'``), ``D`` = model width
 (``heads * head_dim``), ``Lt`` = timestep tokens (1 for a per-sample timestep, ``L`` for
-Wan2.2 TI2V per-token timesteps).
+Wan2.2 TI2V per-token timesteps as diffusers passes them, ``F'`` for TI2V timesteps per latent
+frame: the same modulation, each row broadcast over its frame's tokens, ``H' W'`` times smaller).
 
 Precision policy (mirrors diffusers so bf16 tracks it): LayerNorms, the time embedder, the
 adaLN ``scale_shift_table`` and the RoPE tables run in fp32; the adaLN residual updates are
@@ -35,7 +36,7 @@ from torch import nn
 from omniloop.models.diffusers_config import config_from_diffusers
 from omniloop.models.layers.attention import DEFAULT_BACKEND, attention
 from omniloop.models.layers.run_blocks import BlockInterceptor, run_blocks
-from omniloop.models.layers.wan_dit import (FP32LayerNorm, TwoLayerMLP, WanBlock, modulation_table,
+from omniloop.models.layers.wan_dit import (FP32LayerNorm, TokenRows, TwoLayerMLP, WanBlock, modulation_table,
                                             sinusoidal_timestep_embedding)
 
 __all__ = ["FP32LayerNorm", "KEEP_IN_FP32_COMPONENTS", "WanBlock", "WanDiT", "WanDiTConfig", "keeps_fp32"]
@@ -333,8 +334,9 @@ class WanDiT(nn.Module):
         """Predict the flow-matching velocity.
 
         hidden_states: ``[B, C_in, F, H, W]`` latents (Wan2.2 I2V: noise and image latents
-        concatenated on channels). timestep: ``[B]`` or per-token ``[B, L]`` (Wan2.2 TI2V),
-        float in the scheduler's 0..1000 scale. encoder_hidden_states: ``[B, L_txt, text_dim]``
+        concatenated on channels). timestep: ``[B]``, per-token ``[B, L]`` (Wan2.2 TI2V, as
+        diffusers) or per latent frame ``[B, F']`` (TI2V: the same result with the modulation
+        computed once per frame), float in the scheduler's 0..1000 scale. encoder_hidden_states: ``[B, L_txt, text_dim]``
         (any L_txt; batched CFG stacks cond/uncond along B). encoder_hidden_states_image:
         ``[B, L_img, image_dim]`` CLIP tokens for Wan2.1 I2V (``[2B, ...]`` for FLF2V).
         Returns ``[B, C_out, F, H, W]`` in the model's compute dtype.
@@ -344,17 +346,15 @@ class WanDiT(nn.Module):
         grid = self._token_grid(frames, height, width)
         num_tokens = math.prod(grid)
         dtype = self.patch_embedding.weight.dtype
-        self._check_conditions(batch, num_tokens, timestep, encoder_hidden_states, encoder_hidden_states_image)
+        self._check_conditions(batch, grid, timestep, encoder_hidden_states, encoder_hidden_states_image)
 
         # 1. Patchify: [B, C_in, F, H, W] -> [B, L, D], tokens in (frame, row, col) order
         x = self.patch_embedding(hidden_states.to(dtype)).flatten(2).transpose(1, 2).contiguous()
         rope = self.rope(grid)  # computed once, shared by every block
 
-        # 2. Conditions. temb: [B, Lt, D]; modulation: [B, Lt, 6, D]
+        # 2. Conditions. temb: [B, Lt, D]; modulation: [B, Lt, 6, D] (Lt: 1, F' or L)
         time_tokens = 1 if timestep.ndim == 1 else timestep.shape[1]
-        temb = self.time_embedder(sinusoidal_timestep_embedding(timestep.reshape(-1), cfg.freq_dim)).to(dtype)
-        modulation = self.time_proj(F.silu(temb)).view(batch, time_tokens, 6, -1)
-        temb = temb.view(batch, time_tokens, -1)
+        temb, modulation = self._time_conditions(timestep, batch, num_tokens, dtype)
         context = self.text_embedder(encoder_hidden_states.to(dtype))  # [B, L_txt, D]
         context_image = None
         if encoder_hidden_states_image is not None:
@@ -369,12 +369,32 @@ class WanDiT(nn.Module):
         x = run_blocks(self.blocks, x, context, context_image, modulation, rope, interceptor=block_interceptor)
 
         # 4. Output norm, projection, unpatchify
-        shift, scale = (self.scale_shift_table + temb.unsqueeze(2)).unbind(2)  # each [B, Lt, D], fp32
-        x = (self.norm_out(x.float()) * (1 + scale) + shift).type_as(x)
+        rows = TokenRows(time_tokens, num_tokens)
+        shift, scale = rows.table(self.scale_shift_table + temb.unsqueeze(2)).unbind(-2)  # each [B, Lt, (1,) D] fp32
+        x = rows.join(rows.split(self.norm_out(x.float())) * (1 + scale) + shift).type_as(x)
         x = self.proj_out(x)  # [B, L, C_out * pt * ph * pw]
         (f, h, w), (pt, ph, pw) = grid, cfg.patch_size
         x = x.reshape(batch, f, h, w, pt, ph, pw, -1).permute(0, 7, 1, 4, 2, 5, 3, 6)
         return x.reshape(batch, -1, f * pt, h * ph, w * pw)
+
+    def _time_conditions(self, timestep: torch.Tensor, batch: int, num_tokens: int,
+                         dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(temb [B, Lt, D], modulation [B, Lt, 6, D]) of ``timestep`` [B] / [B, F'] / [B, L].
+
+        NOTE: per-frame timesteps are embedded per token, as diffusers embeds its per-token ones,
+        and one row per frame is kept: a GEMM's rounding depends on its row count (embedded over
+        the F' rows alone, temb moved by ~4e-8 and the output by ~5e-7 in fp32 on CPU), and the
+        rows of one GEMM with equal inputs are equal, so this is diffusers' modulation bit for
+        bit. The transient [B, L, 6, D] lives here only; the blocks get [B, F', 6, D]."""
+        time_tokens = 1 if timestep.ndim == 1 else timestep.shape[1]
+        group = num_tokens // time_tokens if 1 < time_tokens < num_tokens else 1  # tokens per frame
+        rows = timestep.repeat_interleave(group, dim=1) if group > 1 else timestep  # [B] or [B, L]
+        temb = self.time_embedder(sinusoidal_timestep_embedding(rows.reshape(-1), self.config.freq_dim)).to(dtype)
+        modulation = self.time_proj(F.silu(temb)).view(batch, -1, 6, temb.shape[-1])
+        temb = temb.view(batch, -1, temb.shape[-1])
+        if group > 1:  # each frame's first token's rows: [B, F', 6, D] and [B, F', D]
+            return temb[:, ::group].contiguous(), modulation[:, ::group].contiguous()
+        return temb, modulation
 
     def _token_grid(self, frames: int, height: int, width: int) -> tuple[int, int, int]:
         pt, ph, pw = self.config.patch_size
@@ -393,15 +413,17 @@ class WanDiT(nn.Module):
     def _check_conditions(
         self,
         batch: int,
-        num_tokens: int,
+        grid: tuple[int, int, int],
         timestep: torch.Tensor,
         text: torch.Tensor,
         image: torch.Tensor | None,
     ) -> None:
         # Shape checks only (no tensor values), so they cost nothing under torch.compile.
-        if timestep.shape not in ((batch,), (batch, num_tokens)):
+        num_tokens = math.prod(grid)
+        if timestep.shape not in ((batch,), (batch, grid[0]), (batch, num_tokens)):
             raise ValueError(
-                f"timestep must be [B]={[batch]} or per-token [B, L]={[batch, num_tokens]}; got {list(timestep.shape)}"
+                f"timestep must be [B]={[batch]}, per latent frame [B, F']={[batch, grid[0]]} or per-token "
+                f"[B, L]={[batch, num_tokens]}; got {list(timestep.shape)}"
             )
         if text.ndim != 3 or text.shape[0] != batch or text.shape[2] != self.config.text_dim:
             raise ValueError(

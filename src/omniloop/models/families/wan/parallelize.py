@@ -4,7 +4,8 @@ code in ``model.py`` stays single-device.
 * sequence (Ulysses / ring): the block stack's tokens are split across the sp group;
   ``self_attn`` is the only full attention over them. ``run_blocks`` receives
   ``(context, context_image, modulation, rope)``: ``rope`` (``[1, L, 1, hd/2]``) and a
-  per-token ``modulation`` (``[B, L, 6, D]``, Wan2.2 TI2V) split with the tokens;
+  per-token ``modulation`` (``[B, L, 6, D]``, diffusers' TI2V layout) split with the tokens, a
+  per-frame one (``[B, F', 6, D]``, Wan2.2 TI2V) expanded to the shard's tokens' rows;
   ``modulation`` ``[B, 1, 6, D]`` and the text context are replicated.
 * tensor (Megatron): q|k|v, q, k|v and the FFN's first linear column-parallel (each rank
   keeps heads / tp heads, the FFN ffn_dim / tp channels), the output projections and the

@@ -10,8 +10,13 @@ replacement with per-token timesteps:
   its tokens get timestep 0 while every other token gets the step's t; the final latents'
   first frame is the image's latents;
 * text-to-video runs the same model with every token at t (diffusers passes per-token
-  timesteps there too), so requests of both kinds batch together: the per-token mask is a
-  forward kwarg of equal shape for both.
+  timesteps there too), so requests of both kinds batch together: the mask is a forward
+  kwarg of equal shape for both.
+
+The mask is kept per latent frame ([B, F']), not per token as diffusers passes it ([B, L]):
+every token of a frame has its frame's timestep, so the DiT computes the adaLN modulation
+once per frame and broadcasts it over the frame's tokens (``layers/wan_dit.TokenRows``), the
+same numbers on ``H' W'`` times less memory than ``[B, L, 6, D]`` (and its fp32 copy per block).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from omniloop.pipeline.policies.conditioning import Latents, NoConditioning
 from omniloop.pipeline.stage import ComponentStage
 from omniloop.pipeline.state import RequestState, StageContext
 
-# the DenoiseLoop's forward kwarg carrying each request's per-token timestep mask
+# the DenoiseLoop's forward kwarg carrying each request's per-frame timestep mask
 TIMESTEP_MASK = "timestep_mask"
 
 
@@ -101,9 +106,22 @@ def token_timestep_mask(shape: tuple[int, ...], patch_size: tuple[int, int, int]
     return mask.reshape(1, -1)
 
 
+def frame_timestep_mask(shape: tuple[int, ...], patch_size: tuple[int, int, int], first_frame_given: bool,
+                        device: torch.device | str) -> torch.Tensor:
+    """[1, F'] float32 per-frame factor of the step's timestep (F' = f / patch_size[0] token
+    frames): :func:`token_timestep_mask` with one entry per frame of tokens, each entry its
+    frame's (every token of a frame has the same factor)."""
+    _, _, f, _, _ = shape
+    mask = torch.ones(1, f // patch_size[0], dtype=torch.float32, device=device)
+    if first_frame_given:
+        mask[:, 0] = 0.0
+    return mask
+
+
 @dataclass(frozen=True)
 class Ti2vDenoiser(WanDenoiser):
-    """The Wan DiT with per-token timesteps: ``timestep [B] x mask [B, L] -> [B, L]``."""
+    """The Wan DiT with per-frame timesteps: ``timestep [B] x mask [B, F'] -> [B, F']`` (the
+    DiT's per-latent-frame timestep; diffusers' per-token ``[B, L]`` holds the same values)."""
 
     def branch_inputs(self, ctx: StageContext, state: RequestState, branches: tuple[str, ...]) -> dict[str, dict[str, Any]]:
         given = ctx.read_optional(state, "condition", ConditionLatents) is not None
@@ -111,13 +129,13 @@ class Ti2vDenoiser(WanDenoiser):
         if given and patch[0] != 1:
             raise ValueError(f"TI2V image-to-video needs a DiT with temporal patch 1; transformer/config.json has "
                              f"patch_size {list(patch)}")
-        mask = token_timestep_mask(self.latent_shapes(ctx, state.request)["video"], patch, given, ctx.device)
+        mask = frame_timestep_mask(self.latent_shapes(ctx, state.request)["video"], patch, given, ctx.device)
         return {b: {**kw, TIMESTEP_MASK: mask} for b, kw in text_branch_inputs(ctx, state, branches).items()}
 
     def forward(
         self, model: torch.nn.Module, inputs: dict[str, torch.Tensor], timestep: torch.Tensor, kwargs: dict[str, Any]
     ) -> Prediction:
         kwargs = dict(kwargs)
-        mask = kwargs.pop(TIMESTEP_MASK)  # [B, L]
-        per_token = mask * timestep.to(mask.dtype)[:, None]  # [B, L] float32, diffusers' ``mask * t``
-        return {"video": model(inputs["video"], per_token, **kwargs)}
+        mask = kwargs.pop(TIMESTEP_MASK)  # [B, F']
+        per_frame = mask * timestep.to(mask.dtype)[:, None]  # [B, F'] float32, diffusers' ``mask * t`` per frame
+        return {"video": model(inputs["video"], per_frame, **kwargs)}

@@ -1,0 +1,114 @@
+"""Wan2.2 TI2V image-to-video: the peak memory of one DiT forward with the adaLN modulation
+per token (diffusers' layout: timestep [B, L] -> modulation [B, L, 6, D], and an fp32 copy of it
+in every block) vs per latent frame (timestep [B, F] -> [B, F, 6, D], each row broadcast over
+its frame's tokens). The outputs are compared too (bit-equal expected). Each mode runs in a
+fresh process so its peak is its own: on the CPU the RSS high-water mark of the forward above
+the RSS before it, on the GPU ``max_memory_allocated``. One JSON line per mode.
+
+    python benchmarks/bench_ti2v_modulation_memory.py               # CPU: tiny widths, many tokens
+    python benchmarks/bench_ti2v_modulation_memory.py --five-b      # GPU: the 5B at 704x1280x121, bf16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from common import emit, jsonl_sink  # benchmarks/ is on sys.path when this runs as a script
+
+# Wan-AI/Wan2.2-TI2V-5B-Diffusers transformer/config.json
+TI2V_5B = {"patch_size": [1, 2, 2], "num_attention_heads": 24, "attention_head_dim": 128, "in_channels": 48,
+           "out_channels": 48, "text_dim": 4096, "freq_dim": 256, "ffn_dim": 14336, "num_layers": 30,
+           "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads", "eps": 1e-6, "rope_max_seq_len": 1024}
+# tiny widths (D = 128), the 5B's patching: many tokens make the per-token modulation dominate
+TINY = {**TI2V_5B, "num_attention_heads": 4, "attention_head_dim": 32, "text_dim": 32, "freq_dim": 16,
+        "ffn_dim": 128, "num_layers": 2}
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def _one_mode(mode: str, five_b: bool, height: int, width: int, frames: int, batch: int, out_file: str) -> dict:
+    """One forward in this process; the output is saved to ``out_file`` for the comparison."""
+    from omniloop.models.families.wan.model import WanDiT, WanDiTConfig
+    from omniloop.models.families.wan.ti2v import frame_timestep_mask, token_timestep_mask
+
+    cuda = five_b and torch.cuda.is_available()
+    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    cfg = TI2V_5B if five_b else TINY
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = WanDiT(WanDiTConfig(**cfg)).to(dtype).eval().requires_grad_(False)
+    g = torch.Generator(device).manual_seed(1)
+    shape = (batch, 48, (frames - 1) // 4 + 1, height // 16, width // 16)
+    x = torch.randn(shape, device=device, dtype=dtype, generator=g)
+    text = torch.randn(batch, 512 if five_b else 16, cfg["text_dim"], device=device, dtype=dtype, generator=g)
+    patch = tuple(cfg["patch_size"])
+    mask = (token_timestep_mask if mode == "per_token" else frame_timestep_mask)(shape, patch, True, device)
+    timestep = mask.expand(batch, -1) * 700.0  # [B, L] or [B, F]: the first frame's tokens at t = 0
+    with torch.inference_mode():
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+        else:
+            before = _rss_bytes()
+        out = model(x, timestep, text)
+        if cuda:
+            torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated() - before
+        else:
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+    torch.save(out.cpu(), out_file)
+    d = cfg["num_attention_heads"] * cfg["attention_head_dim"]
+    tokens = shape[2] * (shape[3] // patch[1]) * (shape[4] // patch[2])
+    return {"bench": "ti2v_modulation_memory", "mode": mode, "device": torch.cuda.get_device_name() if cuda else "cpu",
+            "dtype": str(dtype), "shape": [height, width, frames], "batch": batch, "tokens": tokens, "dim": d,
+            "timestep_rows": timestep.shape[1], "forward_peak_mib": round(peak / 2**20, 1)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--five-b", action="store_true", help="the 5B architecture at 704x1280x121 (a GPU)")
+    p.add_argument("--height", type=int, default=None)
+    p.add_argument("--width", type=int, default=None)
+    p.add_argument("--frames", type=int, default=None)
+    p.add_argument("--batch", type=int, default=2, help="rows of one forward (2: a CFG pair)")
+    p.add_argument("--out", default=None, help="append the JSON lines to this file")
+    p.add_argument("--_mode", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--_tensor", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    height = args.height or (704 if args.five_b else 512)
+    width = args.width or (1280 if args.five_b else 512)
+    frames = args.frames or (121 if args.five_b else 81)
+    if args._mode:  # a child: one mode, its record on stdout
+        print(json.dumps(_one_mode(args._mode, args.five_b, height, width, frames, args.batch, args._tensor)))
+        return
+    records, outputs = {}, {}
+    with tempfile.TemporaryDirectory() as tmp, jsonl_sink(args.out) as sink:
+        for mode in ("per_token", "per_frame"):
+            tensor = str(Path(tmp) / f"{mode}.pt")
+            child = [sys.executable, __file__, "--_mode", mode, "--_tensor", tensor, "--height", str(height),
+                     "--width", str(width), "--frames", str(frames), "--batch", str(args.batch)]
+            child += ["--five-b"] if args.five_b else []
+            line = subprocess.run(child, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
+            records[mode], outputs[mode] = json.loads(line), torch.load(tensor)
+            emit(records[mode], sink)
+        emit({"bench": "ti2v_modulation_memory", "mode": "comparison",
+              "bit_equal": bool(torch.equal(outputs["per_token"], outputs["per_frame"])),
+              "max_abs_diff": (outputs["per_token"].float() - outputs["per_frame"].float()).abs().max().item(),
+              "peak_ratio": round(records["per_frame"]["forward_peak_mib"] / records["per_token"]["forward_peak_mib"], 3)},
+             sink)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -93,6 +93,16 @@ def flux_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def flux_redux_dir(tmp_path_factory):
+    """A tiny FLUX.1-dev folder with FLUX.1-Redux-dev's components (tests/flux_redux_checkpoint.py)."""
+    from tests.flux_redux_checkpoint import save_flux_redux_checkpoint
+
+    folder = tmp_path_factory.mktemp("flux_redux")
+    save_flux_redux_checkpoint(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
 def flux_kontext_dir(tmp_path_factory):
     """A tiny FLUX.1-Kontext-dev checkpoint (FluxKontextPipeline's model_index.json)."""
     from tests.flux_checkpoint import save_flux_kontext_checkpoint

@@ -18,6 +18,8 @@ from omniloop.models.families.flux.kontext import (KONTEXT_CLASS, FluxKontextDen
                                                    kontext_validator)
 from omniloop.models.families.flux.parallelize import FLUX_PARALLEL
 from omniloop.models.families.flux.presets import FLUX_DEFAULTS
+from omniloop.models.families.flux.redux import (TEXT_WANTED, FluxReduxPrior, check_redux_components, has_redux,
+                                                 redux_validator, redux_weights)
 from omniloop.models.families.flux.stages import FluxDenoiser, FluxImageCondition
 from omniloop.models.families.flux.validate import make_validator
 from omniloop.models.layers.cuda_graphs import CACHE_NAME as GRAPHS
@@ -82,7 +84,7 @@ def _load_scheduler(root: Path, index: Mapping[str, Any], options: LoadOptions) 
 
 
 def flux_variant(index: Mapping[str, Any]) -> Variant:
-    for name in ("image_encoder", "feature_extractor"):
+    for name in ("image_encoder", "feature_extractor") if not has_redux(index) else ():
         entry = index.get(name)
         if isinstance(entry, (list, tuple)) and entry and entry[0] is not None:
             raise ValueError(f"model_index.json names {name} (an IP-Adapter image encoder), which is not supported; "
@@ -100,7 +102,8 @@ def flux_variant(index: Mapping[str, Any]) -> Variant:
         return Variant(name=KONTEXT_VARIANT, tasks=frozenset({TaskType.I2I}), weights=weights)
     if index.get("_class_name") == FILL_PIPELINE:  # FLUX.1 Fill: inpaint / outpaint (i2i with a mask) only
         return Variant(name=FILL_VARIANT, tasks=frozenset({TaskType.I2I}), weights=weights)
-    return Variant(name="flux.1", tasks=frozenset({TaskType.T2I, TaskType.I2I}), weights=weights)
+    # FLUX.1 Redux's image encoder + embedder, when model_index.json names them (reference images: Redux tokens)
+    return Variant(name="flux.1", tasks=frozenset({TaskType.T2I, TaskType.I2I}), weights=weights + redux_weights(index))
 
 
 KONTEXT_VARIANT = "flux.1-kontext"
@@ -162,6 +165,7 @@ def flux_pipeline_spec(variant: Variant, *, guidance_embeds: bool, pack: bool = 
     step's transformer forward replays CUDA graphs (``cuda_graphs=True``). The Fill variant
     encodes image + mask (FluxFillCondition) and concatenates them to every forward (FillStart)."""
     fill = variant.name == FILL_VARIANT
+    redux = any(w.component == "image_embedder" for w in variant.weights)
     components = {w.component: ComponentSpec(name=w.component, kind=w.kind) for w in variant.weights}
     text = TextEncode(
         encoders=(TextEncoderSpec("text_encoder", output="pooled", field="pooled"),  # CLIP: the pooled vector
@@ -177,8 +181,12 @@ def flux_pipeline_spec(variant: Variant, *, guidance_embeds: bool, pack: bool = 
                          when=task_in(TaskType.I2I))
         loop = DenoiseLoop(FluxDenoiser(packs=pack, graphs=graphs), cfg=cfg, shift=DynamicShift(),
                            conditioning=FillStart() if fill else LatentStart())
+    # Redux: the text encoder's output goes through the redux node, which appends reference images' tokens
+    text_node = Node("text_encode", text, when=TEXT_WANTED, outputs={"text": "prompt_text"}) if redux \
+        else Node("text_encode", text)
     nodes = (
-        Node("text_encode", text),
+        text_node,
+        *((Node("redux", FluxReduxPrior()),) if redux else ()),
         condition,
         Node("denoise", loop),
         Node("decode", VAEDecode(decoder=ImageVAEDecoder()), when=opt("pixels wanted", _wants_pixels)),
@@ -210,6 +218,8 @@ def build_flux(variant: Variant, index: Mapping[str, Any], components: Mapping[s
     validate = make_validator(defaults, vae.config, components["sampler"], buckets, fill=variant.name == FILL_VARIANT)
     if variant.name == KONTEXT_VARIANT:
         validate = kontext_validator(validate, vae.config)
+    elif variant.name != FILL_VARIANT:  # a reference image asks for Redux (refused without its components)
+        validate = redux_validator(validate, redux=check_redux_components(components, dit.config.joint_attention_dim))
     return Pipeline(spec=spec, components=components, device=options.device, dtype=options.dtype, defaults=defaults,
                     validate_request=validate,
                     caches={GRAPHS: graphs} if graphs is not None else {})

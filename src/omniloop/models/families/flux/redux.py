@@ -187,7 +187,8 @@ class ReduxParams(LoopParams):
 
 
 def references(request: OmniRequest) -> list[ImagePart]:
-    return request.images(REFERENCE_ROLE)
+    """A text-to-image request's Redux images (an i2i request's 'reference' is the image it edits)."""
+    return request.images(REFERENCE_ROLE) if request.task == TaskType.T2I else []
 
 
 def _encodes_text(request: OmniRequest) -> bool:
@@ -269,7 +270,7 @@ def redux_tokens(ctx: StageContext, refs: Sequence[ImagePart]) -> torch.Tensor:
 def redux_validator(base: Callable[[OmniRequest], OmniRequest], *, redux: bool) -> Callable[[OmniRequest], OmniRequest]:
     """A reference image (role 'reference') on a Flux text-to-image request asks for Redux:
     refused naming what to load when the model has no Redux components; otherwise checked
-    (readable, t2i only) and set aside while the base Flux checks run."""
+    (readable) and set aside while the base Flux checks run."""
 
     def validate(request: OmniRequest) -> OmniRequest:
         refs = references(request)
@@ -278,11 +279,7 @@ def redux_validator(base: Callable[[OmniRequest], OmniRequest], *, redux: bool) 
         if not redux:
             raise InvalidRequest("a reference image (ImagePart role 'reference'; over HTTP /v1/images/variations) "
                                  "asks for FLUX.1 Redux image variation, and this model has no Redux components",
-                                 hint=REDUX_HINT, fields=("image",))
-        if request.task != TaskType.T2I:
-            raise InvalidRequest(f"FLUX.1 Redux reference images condition text-to-image; task "
-                                 f"{request.task.value!r} does not take them", hint="pass task t2i",
-                                 fields=("task",))
+                                 hint=REDUX_HINT + " (or pass task i2i to start from the image)", fields=("image",))
         for part in refs:
             open_image_part(part)  # unreadable -> ValueError naming the source
         rest = [p for p in request.inputs if not (isinstance(p, ImagePart) and p.role == REFERENCE_ROLE)]

@@ -88,6 +88,9 @@ class PipelineSpec:
     conversation_media: frozenset[Modality] = frozenset()
     # an inpainting graph (FLUX.1 Fill): its image-to-image requests carry an ImagePart(role="mask")
     takes_mask: bool = False
+    # an image-variation graph (FLUX.1 Redux): its text-to-image requests may carry ImagePart(role="reference")
+    # images whose embedding conditions the output (over HTTP: /v1/images/variations)
+    takes_references: bool = False
     order: tuple[str, ...] = field(init=False)  # topological node order, computed by validation
 
     def __post_init__(self) -> None:

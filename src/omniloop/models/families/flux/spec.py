@@ -199,6 +199,7 @@ def flux_pipeline_spec(variant: Variant, *, guidance_embeds: bool, pack: bool = 
         nodes=nodes,
         outputs={"image": "image", "latents": "final_latents", "trajectory": "trajectory"},
         takes_mask=fill,
+        takes_references=redux,
     )
 
 

@@ -93,6 +93,25 @@ class ClipVisionOutput:
 
 
 @dataclass(frozen=True)
+class StyleModelRef:
+    """STYLE_MODEL: the StyleModelLoader's file name and the loader's node id."""
+
+    name: str
+    loader: str
+
+
+@dataclass(frozen=True)
+class StyleImage:
+    """What a StyleModelApply (``node``) appends to a prompt: the style model (``model``)
+    applied to a CLIP vision output, its tokens times ``strength``."""
+
+    model: StyleModelRef
+    vision: ClipVisionOutput
+    strength: float
+    node: str
+
+
+@dataclass(frozen=True)
 class ImageConditioning:
     """What WanImageToVideo / WanFirstLastFrameToVideo (``node``) attach: the start and end
     frames and the CLIP vision outputs of each (the node's inputs, for its errors)."""
@@ -118,6 +137,7 @@ class Conditioning:
     frames: ImageConditioning | None = None  # the Wan image-to-video node's frames and CLIP vision outputs
     reference: Pixels | None = None  # ReferenceLatent: the image an edit model (FLUX.1 Kontext) edits
     reference_node: str = ""  # the ReferenceLatent node (its errors)
+    styles: tuple[StyleImage, ...] = ()  # StyleModelApply, chained: FLUX.1 Redux image tokens after the prompt's
 
 
 @dataclass(frozen=True)

@@ -142,6 +142,100 @@ def redux_weights(index: Mapping[str, Any]) -> tuple[WeightSpec, ...]:
                        load=_load_image_embedder))
 
 
+# -- ComfyUI single files: clip_vision/sigclip_vision_patch14_384.safetensors + style_models/flux1-redux-dev ------
+
+SIGLIP_PREFIX = "vision_model."
+RELEASED_SIGLIP_HEADS = 16  # so400m-patch14-384 (not in the file)
+# so400m-patch14-384: 27 x 27 patches of 14 px read off a 384 px square (the conv drops the last 6 px)
+RELEASED_SIGLIP_SIZES = {(27, 14): 384}
+
+
+def siglip_config(state: Mapping[str, torch.Tensor], num_attention_heads: int | None = None) -> Any:
+    """The ``SiglipVisionConfig`` of a transformers-layout SigLIP tower state (ComfyUI's
+    ``sigclip_vision_patch14_384.safetensors``: ``vision_model.*``): widths, depth, patch and
+    image size read off the tensors; the head count is the released 16 unless given."""
+    from transformers import SiglipVisionConfig
+
+    patch = state[f"{SIGLIP_PREFIX}embeddings.patch_embedding.weight"]  # [hidden, 3, p, p]
+    positions = int(state[f"{SIGLIP_PREFIX}embeddings.position_embedding.weight"].shape[0])  # (image // p)^2
+    side, p = round(positions ** 0.5), int(patch.shape[-1])
+    if side * side != positions:
+        raise ValueError(f"position_embedding has {positions} rows, not a square number of patches")
+    layers = 1 + max(int(k[len(f"{SIGLIP_PREFIX}encoder.layers."):].split(".", 1)[0]) for k in state
+                     if k.startswith(f"{SIGLIP_PREFIX}encoder.layers."))
+    hidden, heads = int(patch.shape[0]), num_attention_heads or RELEASED_SIGLIP_HEADS
+    if hidden % heads:
+        raise ValueError(f"width {hidden} does not split into {heads} heads; pass the encoder's head count")
+    return SiglipVisionConfig(
+        hidden_size=hidden, intermediate_size=int(state[f"{SIGLIP_PREFIX}encoder.layers.0.mlp.fc1.weight"].shape[0]),
+        num_hidden_layers=layers, num_attention_heads=heads, patch_size=p,
+        image_size=RELEASED_SIGLIP_SIZES.get((side, p), side * p), hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6,
+        vision_use_head=f"{SIGLIP_PREFIX}head.probe" in state,
+    )
+
+
+def load_siglip_single_file(path: Path, *, device: torch.device | str, dtype: torch.dtype,
+                            num_attention_heads: int | None = None) -> SiglipImageEncoder:
+    """ComfyUI's SigLIP ``clip_vision/`` file (a transformers ``SiglipVisionModel`` state under
+    ``vision_model.``); the processor is SigLIP's (resize to the square, mean = std = 0.5)."""
+    from safetensors.torch import load_file
+    from transformers import SiglipImageProcessor, SiglipVisionModel
+
+    state = load_file(str(path))
+    name = Path(path).name
+    if f"{SIGLIP_PREFIX}embeddings.patch_embedding.weight" not in state:
+        raise ValueError(f"{name}: not a SigLIP vision tower (no {SIGLIP_PREFIX}embeddings.patch_embedding.weight)")
+    if f"{SIGLIP_PREFIX}encoder.layers.0.layer_norm1.weight" in state and "visual_projection.weight" in state:
+        raise ValueError(f"{name}: a CLIP vision tower (visual_projection); FLUX.1 Redux reads SigLIP: pass "
+                         "sigclip_vision_patch14_384.safetensors")
+    try:
+        config = siglip_config(state, num_attention_heads)
+    except ValueError as e:
+        raise ValueError(f"{name}: {e}") from None
+    model = SiglipVisionModel(config).eval()
+    unknown = sorted(k for k in state if not k.startswith(SIGLIP_PREFIX))
+    if unknown:
+        raise ValueError(f"{name}: keys no SigLIP vision tower has: {unknown[:5]}")
+    keep = next(iter(model.state_dict())).startswith(SIGLIP_PREFIX)  # transformers 5 drops the prefix
+    model.load_state_dict({(k if keep else k[len(SIGLIP_PREFIX):]): v.to(dtype) for k, v in state.items()}, strict=True)
+    size = config.image_size
+    processor = SiglipImageProcessor(size={"height": size, "width": size})
+    return SiglipImageEncoder(model.to(device=device, dtype=dtype), processor)
+
+
+def load_redux_single_file(path: Path, *, device: torch.device | str, dtype: torch.dtype) -> ReduxImageEmbedder:
+    """ComfyUI's ``style_models/flux1-redux-dev.safetensors`` (``redux_up.*`` / ``redux_down.*``)."""
+    from safetensors.torch import load_file
+
+    return redux_embedder_from_state(load_file(str(path)), name=Path(path).name, device=device, dtype=dtype)
+
+
+REDUX_INDEX = {"image_encoder": ["transformers", "SiglipVisionModel"],
+               "feature_extractor": ["transformers", "SiglipImageProcessor"],
+               "image_embedder": ["diffusers", "ReduxImageEncoder"]}
+
+
+def redux_single_files(clip_vision: Path | None, style_model: Path | None, *, device: torch.device | str,
+                       dtype: torch.dtype, heads: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The model_index entries and components of a style model + SigLIP pair (both or neither)."""
+    if style_model is None and clip_vision is None:
+        return {}, {}
+    if style_model is None or clip_vision is None:
+        given, missing = ("clip_vision", "style_models") if style_model is None else ("style_models", "clip_vision")
+        raise ValueError(f"FLUX.1 Redux needs its style model (style_models/flux1-redux-dev.safetensors, "
+                         f"StyleModelLoader) and its SigLIP tower (clip_vision/sigclip_vision_patch14_384.safetensors, "
+                         f"CLIPVisionLoader); {given} is given, {missing} is not")
+    components = {"image_encoder": load_siglip_single_file(clip_vision, device=device, dtype=dtype,
+                                                           num_attention_heads=heads),
+                  "image_embedder": load_redux_single_file(style_model, device=device, dtype=dtype)}
+    width = int(components["image_encoder"].config.hidden_size)
+    if components["image_embedder"].redux_up.in_features != width:
+        raise ValueError(f"style_models: {style_model.name} reads {components['image_embedder'].redux_up.in_features}"
+                         f"-wide SigLIP tokens but {clip_vision.name} makes {width}-wide ones; pass the SigLIP it was "
+                         "trained with (sigclip_vision_patch14_384)")
+    return dict(REDUX_INDEX), components
+
+
 def has_redux(index: Mapping[str, Any]) -> bool:
     """model_index.json names the Redux embedder (an image encoder alone is an IP-Adapter's)."""
     entry = index.get("image_embedder")

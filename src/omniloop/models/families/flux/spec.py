@@ -19,7 +19,7 @@ from omniloop.models.families.flux.kontext import (KONTEXT_CLASS, FluxKontextDen
 from omniloop.models.families.flux.parallelize import FLUX_PARALLEL
 from omniloop.models.families.flux.presets import FLUX_DEFAULTS
 from omniloop.models.families.flux.redux import (TEXT_WANTED, FluxReduxPrior, check_redux_components, has_redux,
-                                                 redux_validator, redux_weights)
+                                                 redux_single_files, redux_validator, redux_weights)
 from omniloop.models.families.flux.stages import FluxDenoiser, FluxImageCondition
 from omniloop.models.families.flux.validate import make_validator
 from omniloop.models.layers.cuda_graphs import CACHE_NAME as GRAPHS
@@ -152,7 +152,11 @@ def flux_single_files(files: SingleFileSet, resolve: Resolve,
                                   max_sequence_length=FLUX_DEFAULTS.max_sequence_length or 512),
         "sampler": SamplerSet.single("flow_euler", build_sampler("flow_euler", scheduler)),
     }
-    return {"_class_name": "FluxPipeline"}, components
+    # FLUX.1 Redux: StyleModelLoader's style_models/ file and CLIPVisionLoader's SigLIP file, when loaded
+    redux_index, redux = redux_single_files(resolve("clip_vision", files.clip_vision) if files.clip_vision else None,
+                                            resolve("style_models", files.style_model) if files.style_model else None,
+                                            device=options.device, dtype=options.dtype, heads=files.clip_vision_heads)
+    return {"_class_name": "FluxPipeline", **redux_index}, {**components, **redux}
 
 
 # -- pipeline -------------------------------------------------------------------------

@@ -44,7 +44,8 @@ def style_parts(run: Sampling, served: ServedCheckpoint, loaded: Mapping[str, Se
 def _check(style: StyleImage, served: ServedCheckpoint, loaded: Mapping[str, ServedCheckpoint],
            task: TaskType) -> None:
     mine = loaded.get(style.model.loader)
-    if mine is not None and mine.name != served.name:
+    # (single files: the server builds one model from every loader's file, serve/comfy.py)
+    if mine is not None and mine.single_file is None and mine.name != served.name:
         raise node_error(style.node, "StyleModelApply", "invalid_input_type", f"style_model: {style.model.name!r} "
                          f"belongs to {mine.name!r} but the sampler's model is {served.name!r}; one prompt runs on "
                          "one served model", "map the style model to the diffusion model's checkpoint",

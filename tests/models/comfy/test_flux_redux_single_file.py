@@ -20,7 +20,7 @@ from omniloop.models.comfy_folder import ComfyModels
 from omniloop.models.families.flux.redux import load_siglip_single_file
 from omniloop.models.single_file import SingleFileSet
 from omniloop.models.single_file_pipeline import load_single_file_pipeline
-from omniloop.request import DiffusionParams, ImagePart, OmniRequest, OutputSpec, TaskType
+from omniloop.request import OutputSpec
 from tests.models.comfy.original_layout import flux_dit_original, kl_vae_original
 
 TOL = 5e-6
@@ -60,7 +60,16 @@ def test_sigclip_file_equals_transformers_siglip(flux_redux_dir, tmp_path):
         load_siglip_single_file(tmp_path / "style_models" / REDUX, device="cpu", dtype=torch.float32)
 
 
-def test_flux_redux_from_models_folder_equals_diffusers_folder(flux_redux_dir, tmp_path):
+def test_redux_template_from_single_files_equals_the_diffusers_folder(flux_redux_dir, tmp_path):
+    """flux_redux_model_example served from single files (its loaders' names; the text encoders
+    as transformers folders, the sizes shrunk): the ComfyUI server's file set (serve/comfy.py's
+    ``single_file_set``) builds the Redux components from the SigLIP and style model files."""
+    from omniloop.serve.comfy import single_file_set
+    from omniloop.workflows import ModelFolder, compile_workflow
+    from omniloop.workflows.ui_format import ui_to_api
+    from tests.workflows.templates import template
+    from tests.workflows.test_run_templates import small
+
     root = tmp_path / "models"
     (root / "diffusion_models").mkdir(parents=True)
     (root / "vae").mkdir()
@@ -68,27 +77,36 @@ def test_flux_redux_from_models_folder_equals_diffusers_folder(flux_redux_dir, t
               root / "diffusion_models" / "flux1-dev.safetensors")
     save_file(kl_vae_original(load_file(flux_redux_dir / "vae" / "diffusion_pytorch_model.safetensors"), levels=4),
               root / "vae" / "ae.safetensors")
-    for name, sub in (("clip_l", "text_encoder"), ("t5xxl", "text_encoder_2")):
-        for file in (flux_redux_dir / sub).iterdir():
-            (root / "text_encoders" / name).mkdir(parents=True, exist_ok=True)
-            (root / "text_encoders" / name / file.name).write_bytes(file.read_bytes())
-        tok = flux_redux_dir / ("tokenizer" if sub == "text_encoder" else "tokenizer_2")
-        for file in tok.iterdir():
+    for name, subs in (("clip_l", ("text_encoder", "tokenizer")), ("t5xxl", ("text_encoder_2", "tokenizer_2"))):
+        (root / "text_encoders" / name).mkdir(parents=True)
+        for file in (f for sub in subs for f in (flux_redux_dir / sub).iterdir()):
             (root / "text_encoders" / name / file.name).write_bytes(file.read_bytes())
     _comfy_files(flux_redux_dir, root)
+    inputs = tmp_path / "input"
+    inputs.mkdir()
+    for n in (1, 2):
+        _image(n).save(inputs / f"flux_redux_model_example_reference_image_{n}.png")
+    api = small(ui_to_api(template("flux_redux_model_example")))
+    for node in api.values():
+        if node["class_type"] == "DualCLIPLoader":  # the text encoders as transformers folders
+            node["inputs"].update(clip_name1="clip_l", clip_name2="t5xxl")
+        if node["class_type"] == "BasicScheduler":
+            node["inputs"]["steps"] = 2
+    workflow = compile_workflow(api, ModelFolder.load(root), input_dir=inputs)
+    (generation,) = workflow.generations
+    files = single_file_set(workflow, generation, ComfyModels(root),
+                            {"rope_axes": (4, 6, 6), "vae_norm_groups": 4, "clip_vision_heads": 2})
+    assert (files.clip_vision, files.style_model) == (SIGCLIP, REDUX)
     deploy = DeployConfig.from_options(None, device="cpu", dtype="float32")
-    files = SingleFileSet(family="flux", diffusion_models=("flux1-dev.safetensors",), vae="ae.safetensors",
-                          text_encoders=("clip_l", "t5xxl"), rope_axes=(4, 6, 6), vae_norm_groups=4,
-                          clip_vision=SIGCLIP, clip_vision_heads=2, style_model=REDUX)
     spec, pipeline = load_single_file_pipeline(ComfyModels(root), files, load_options(deploy))
     assert pipeline.spec.takes_references
-    request = OmniRequest(task=TaskType.T2I, inputs=[ImagePart(data=_image(), role="reference")],
-                          diffusion=DiffusionParams(height=32, width=32, steps=2, seed=3),
-                          outputs=OutputSpec(return_latents=True))
-    ours = VideoGenerator(spec, pipeline, deploy).generate(request).artifacts["latents"].latents
-    folder = VideoGenerator.from_pretrained(flux_redux_dir, device="cpu", dtype="float32").generate(
-        request).artifacts["latents"].latents
-    assert (ours - folder).abs().max() <= TOL, (ours - folder).abs().max()
+    request = generation.request.model_copy(update={"model": None, "outputs": OutputSpec(return_latents=True)})
+    assert len(request.images("reference")) == 2 and request.node_params["redux"]["combine"] == "concat"
+    ours = VideoGenerator(spec, pipeline, deploy).generate(request)
+    folder = VideoGenerator.from_pretrained(flux_redux_dir, device="cpu", dtype="float32").generate(request)
+    assert ours.failure is None and folder.failure is None, (ours.failure, folder.failure)
+    got, want = ours.artifacts["latents"].latents, folder.artifacts["latents"].latents
+    assert got.shape == (1, 4, 4, 4) and (got - want).abs().max() <= TOL, (got - want).abs().max()
     with pytest.raises(ValueError, match=r"style_models is given, clip_vision is not"):
         load_single_file_pipeline(ComfyModels(root), SingleFileSet(
             family="flux", diffusion_models=("flux1-dev.safetensors",), vae="ae.safetensors",

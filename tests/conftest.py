@@ -93,12 +93,15 @@ def flux_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def flux_redux_dir(tmp_path_factory):
-    """A tiny FLUX.1-dev folder with FLUX.1-Redux-dev's components (tests/flux_redux_checkpoint.py)."""
-    from tests.flux_redux_checkpoint import save_flux_redux_checkpoint
+def flux_redux_dir(tmp_path_factory, flux_dir):
+    """flux_dir with FLUX.1-Redux-dev's components beside its own (tests/flux_redux_checkpoint.py)."""
+    import shutil
 
-    folder = tmp_path_factory.mktemp("flux_redux")
-    save_flux_redux_checkpoint(folder)
+    from tests.flux_redux_checkpoint import add_redux
+
+    folder = tmp_path_factory.mktemp("flux_redux") / "flux"
+    shutil.copytree(flux_dir, folder)
+    add_redux(folder)
     return folder
 
 

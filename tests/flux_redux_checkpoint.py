@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from tests.flux_checkpoint import T5_DIM, save_flux_checkpoint
+from tests.flux_checkpoint import T5_DIM
 
 SIGLIP_DIM = 16
 SIGLIP_IMAGE = 42  # 3 x 3 patches of 14 px: 9 Redux tokens per image
@@ -39,13 +39,12 @@ def tiny_redux_embedder(seed: int = 8):
     return model
 
 
-def save_flux_redux_checkpoint(folder: Path):
-    """The Flux folder (FluxPipeline) with the Redux prior's three folders; returns the prior
+def add_redux(folder: Path):
+    """The Redux prior's three folders added to the Flux folder ``folder``; returns the prior
     (``FluxPriorReduxPipeline`` saved under ``folder/_redux``)."""
     from diffusers import FluxPriorReduxPipeline
     from transformers import SiglipImageProcessor
 
-    save_flux_checkpoint(folder)
     prior = FluxPriorReduxPipeline(image_encoder=tiny_siglip(),
                                    feature_extractor=SiglipImageProcessor(size={"height": SIGLIP_IMAGE,
                                                                                 "width": SIGLIP_IMAGE}),

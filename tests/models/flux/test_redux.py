@@ -15,14 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from omniloop.models.loader import load_pipeline
-from omniloop.models.model_spec import LoadOptions
 from omniloop.pipeline.edges import TextEmbeddings
 from omniloop.request import DiffusionParams, ImagePart, OmniRequest, OutputSpec, TaskType, TextPart
 from tests.models.flux.helpers import PROMPT, diffusers_latents, diffusers_pipeline, generator
-
-CPU = LoadOptions(device=torch.device("cpu"), dtype=torch.float32)
-
 
 def _image(w: int, h: int, seed: int = 0):
     from PIL import Image
@@ -55,7 +50,7 @@ def _prior(folder):
 
 def _ours(folder, request) -> TextEmbeddings:
     """Our pipeline's ``text`` edge for ``request`` (the text and redux nodes run)."""
-    pipeline = load_pipeline(folder, CPU)[1]
+    pipeline = generator(folder).pipeline
     state = pipeline.admit(request)
     for node in pipeline.active_nodes(state.request):
         if node.name in ("text_encode", "redux"):
@@ -68,7 +63,7 @@ def _zeros(prior, n):  # what diffusers' prior without text encoders starts from
 
 
 def test_redux_folder_loads_with_a_redux_node(flux_redux_dir):
-    pipeline = load_pipeline(flux_redux_dir, CPU)[1]
+    pipeline = generator(flux_redux_dir).pipeline
     assert [n.name for n in pipeline.spec.nodes][:2] == ["text_encode", "redux"]
     assert {"image_encoder", "image_embedder"} <= set(pipeline.components)
 
@@ -128,7 +123,7 @@ def test_requests_without_a_reference_are_unchanged(flux_redux_dir, flux_dir):
 def test_bad_redux_requests_are_refused(flux_redux_dir, flux_dir):
     from omniloop.request import InvalidRequest
 
-    pipeline = load_pipeline(flux_redux_dir, CPU)[1]
+    pipeline = generator(flux_redux_dir).pipeline
     with pytest.raises(InvalidRequest, match=r"prompt_embeds_scale has 3 values for 1 reference"):
         pipeline.admit(_request([_image(20, 20)], node_params={"redux": {"prompt_embeds_scale": [1.0, 1.0, 1.0]}}))
     with pytest.raises(InvalidRequest, match=r"strength does not apply to combine='sum'"):
@@ -137,6 +132,6 @@ def test_bad_redux_requests_are_refused(flux_redux_dir, flux_dir):
         pipeline.admit(_request([_image(20, 20)], node_params={"redux": {"combine": "mean"}}))
     edit = pipeline.admit(_request([_image(32, 32)]).model_copy(update={"task": TaskType.I2I}))
     assert {"text_encode", "redux", "image_condition"} <= {n.name for n in pipeline.active_nodes(edit.request)}
-    plain = load_pipeline(flux_dir, CPU)[1]
+    plain = generator(flux_dir).pipeline
     with pytest.raises(InvalidRequest, match=r"no Redux components.*image_embedder/ \(ReduxImageEncoder\)"):
         plain.admit(_request([_image(20, 20)]))

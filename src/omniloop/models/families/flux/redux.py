@@ -225,14 +225,14 @@ def redux_single_files(clip_vision: Path | None, style_model: Path | None, *, de
         raise ValueError(f"FLUX.1 Redux needs its style model (style_models/flux1-redux-dev.safetensors, "
                          f"StyleModelLoader) and its SigLIP tower (clip_vision/sigclip_vision_patch14_384.safetensors, "
                          f"CLIPVisionLoader); {given} is given, {missing} is not")
-    components = {"image_encoder": load_siglip_single_file(clip_vision, device=device, dtype=dtype,
-                                                           num_attention_heads=heads),
-                  "image_embedder": load_redux_single_file(style_model, device=device, dtype=dtype)}
-    width = int(components["image_encoder"].config.hidden_size)
-    if components["image_embedder"].redux_up.in_features != width:
-        raise ValueError(f"style_models: {style_model.name} reads {components['image_embedder'].redux_up.in_features}"
-                         f"-wide SigLIP tokens but {clip_vision.name} makes {width}-wide ones; pass the SigLIP it was "
-                         "trained with (sigclip_vision_patch14_384)")
+    encoder = load_siglip_single_file(clip_vision, device=device, dtype=dtype, num_attention_heads=heads)
+    embedder = load_redux_single_file(style_model, device=device, dtype=dtype)
+    width = int(encoder.config.hidden_size)
+    if embedder.redux_up.in_features != width:
+        raise ValueError(f"style_models: {style_model.name} reads {embedder.redux_up.in_features}-wide SigLIP tokens "
+                         f"but {clip_vision.name} makes {width}-wide ones; pass the SigLIP it was trained with "
+                         "(sigclip_vision_patch14_384)")
+    components: dict[str, Any] = {"image_encoder": encoder, "image_embedder": embedder}
     return dict(REDUX_INDEX), components
 
 

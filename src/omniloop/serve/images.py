@@ -64,7 +64,7 @@ async def edit_images(request: Request, state: State) -> ImagesResponse:
     return await _answer(request, wire, jobs)
 
 
-@router.post("/variations", response_model=ImagesResponse, summary="Make variations of an image (FLUX.1 Redux)",
+@router.post("/variations", response_model=ImagesResponse, summary="Make variations of an image (a model with an image-variation prior: Redux)",
              openapi_extra={"x-omniloop-body": {"json": "ImageVariationRequest", "multipart": "ImageVariationForm",
                                                 "file_fields": ["image"]}})
 async def image_variations(request: Request, state: State) -> ImagesResponse:

@@ -462,8 +462,8 @@ def openai_image_variation(wire: Any, request_ids: list[str], model: ServedModel
     model.check_name(wire.model)
     if not model.takes_references or TaskType.T2I not in model.tasks:
         raise WireError("model", f"{model.name!r} makes no image variations (it has no image-variation prior); "
-                        "serve a FLUX.1 model with FLUX.1-Redux-dev's image_encoder/, feature_extractor/ and "
-                        "image_embedder/ folders in its folder (named in model_index.json)", code="unsupported")
+                        "serve a text-to-image model whose folder holds Redux's image_encoder/, feature_extractor/ and "
+                        "image_embedder/ (named in its model_index.json)", code="unsupported")
     call = WireCall(prompt=None)
     call.put_size(wire.size)
     call.put_flat({name: getattr(wire, name) for name in (*aliases_of(IMAGE_FIELDS), *IMAGE_FIELDS)})

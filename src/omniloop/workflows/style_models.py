@@ -52,8 +52,8 @@ def _check(style: StyleImage, served: ServedCheckpoint, loaded: Mapping[str, Ser
                          input_name="style_model")
     if has_redux(served) is False:
         raise node_error(style.node, "StyleModelApply", "invalid_input_type", f"style_model: the model "
-                         f"{served.name!r} has no FLUX.1 Redux prior", "serve a Flux folder with FLUX.1-Redux-dev's "
-                         "image_encoder/, feature_extractor/ and image_embedder/ (named in model_index.json)",
+                         f"{served.name!r} has no Redux prior", "serve a folder holding Redux's image_encoder/, "
+                         "feature_extractor/ and image_embedder/ (named in its model_index.json)",
                          input_name="style_model")
     if task != TaskType.T2I:
         raise node_error(style.node, "StyleModelApply", "invalid_input_type", "conditioning: Redux image tokens "

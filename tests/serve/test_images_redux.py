@@ -60,6 +60,12 @@ def test_redux_scale_knobs_ride_as_extra_fields(server):
     plain = server.client().images.create_variation(image=("src.png", _png(SOURCE), "image/png"), size="32x32",
                                                     extra_body={"steps": 1, "seed": 1})
     assert not np.array_equal(_pixels(res.data[0].b64_json), _pixels(plain.data[0].b64_json))
+    # JSON: the image as a data: URL makes the multipart upload's image
+    as_json = httpx.post(f"{server.url}/v1/images/variations", timeout=60, json={
+        "image": "data:image/png;base64," + base64.b64encode(_png(SOURCE)).decode(), "size": "32x32", "steps": 1,
+        "seed": 1})
+    assert as_json.status_code == 200, as_json.text
+    assert np.array_equal(_pixels(as_json.json()["data"][0]["b64_json"]), _pixels(plain.data[0].b64_json))
 
 
 @pytest.mark.parametrize("files, data, param, message", [
@@ -79,7 +85,7 @@ def test_bad_variations_are_400_naming_the_field(server, files, data, param, mes
 
 
 def test_a_model_without_redux_is_refused_naming_what_to_load(flux_dir):
-    with live_server(flux_dir, limits={"max_steps": 2}) as plain:
+    with live_server(flux_dir, serve={"warmup": []}, limits={"max_steps": 2}) as plain:  # refused before any step
         with pytest.raises(openai.BadRequestError) as e:
             plain.client().images.create_variation(image=("src.png", _png(SOURCE), "image/png"))
     error = e.value.body

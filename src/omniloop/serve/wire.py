@@ -474,8 +474,6 @@ def openai_image_variation(wire: Any, request_ids: list[str], model: ServedModel
                         "pass it as a data: URL (data:image/png;base64,...)", code="missing")
     reference = reference_image(call.image, "image", role="reference")
     check_images_per_call(len(request_ids), model.limits)
-    if call.params.get("num_frames", 1) != 1:
-        raise WireError(call.names["num_frames"], "an image is one frame; omit it")
     with wire_errors():
         params = call.params.diffusion()
     requests = [_request(rid, TaskType.T2I, None, call,

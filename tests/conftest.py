@@ -93,6 +93,19 @@ def flux_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def flux_redux_dir(tmp_path_factory, flux_dir):
+    """flux_dir with FLUX.1-Redux-dev's components beside its own (tests/flux_redux_checkpoint.py)."""
+    import shutil
+
+    from tests.flux_redux_checkpoint import add_redux
+
+    folder = tmp_path_factory.mktemp("flux_redux") / "flux"
+    shutil.copytree(flux_dir, folder)
+    add_redux(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
 def flux_kontext_dir(tmp_path_factory):
     """A tiny FLUX.1-Kontext-dev checkpoint (FluxKontextPipeline's model_index.json)."""
     from tests.flux_checkpoint import save_flux_kontext_checkpoint

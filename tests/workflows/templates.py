@@ -19,10 +19,12 @@ TEMPLATES = {  # template -> the family whose checkpoint serves it
     "video_ltx2_i2v_lora": "ltx2", "audio_stable_audio_example": "stable_audio", "flux_kontext_dev_basic": "flux_kontext",
     "flux_fill_inpaint_example": "flux_fill", "flux_fill_outpaint_example": "flux_fill",
     "flux_canny_model_example": "flux_control",
+    "flux_redux_model_example": "flux",  # FLUX.1-dev's files + Redux's style model and SigLIP: one Flux folder
 }
 FAMILY_WORDS = ("wan", "flux", "ltx", "stable")  # template name prefixes of the four families
 LOADER_FOLDERS = {"UNETLoader": "diffusion_models", "CheckpointLoaderSimple": "checkpoints", "CLIPLoader": "text_encoders",
                   "DualCLIPLoader": "text_encoders", "VAELoader": "vae", "CLIPVisionLoader": "clip_vision",
+                  "StyleModelLoader": "style_models",
                   "LatentUpscaleModelLoader": "latent_upscale_models", "LTXVAudioVAELoader": "checkpoints",
                   "LoraLoaderModelOnly": "loras", "LoraLoader": "loras", "LTXAVTextEncoderLoader": None}
 EMBEDDED_GUIDANCE = {"flux", "flux_kontext", "flux_fill", "flux_control"}

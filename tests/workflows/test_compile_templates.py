@@ -18,7 +18,8 @@ IMAGES = ("image_to_video_wan_start_image.png", "video_wan2_2_14B_i2v_input_imag
           "wan2.1_flf2v_720_f16_start_image.png", "wan2.1_flf2v_720_f16_end_image.png",
           "video_wan2_2_14B_flf2v_start_image.png", "video_wan2_2_14B_flf2v_end_image.png",
           "flux_kontext_dev_basic_input_image.jpg", "flux_fill_inpaint_example_input_image.png",
-          "flux_fill_outpaint_example_input_image.png", "flux_canny_model_example_input_image.png")
+          "flux_fill_outpaint_example_input_image.png", "flux_canny_model_example_input_image.png",
+          "flux_redux_model_example_reference_image_1.png", "flux_redux_model_example_reference_image_2.png")
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +74,8 @@ EXPECTED = {
     # the Canny map of the 96x64 input is the control image; text-to-image at its size
     "flux_canny_model_example": (TaskType.T2I, "flux_control", [Modality.IMAGE],
                                  {"steps": 20, "guidance_scale": 30.0, "width": 96, "height": 64, "strength": None}),
+    "flux_redux_model_example": (TaskType.T2I, "flux", [Modality.IMAGE], {"steps": 20, "guidance_scale": 3.5,
+                                                                           "width": 1024, "height": 1024}),
     "video_ltx2_t2v": (TaskType.T2VS, "ltx2", [Modality.VIDEO, Modality.AUDIO],
                        {"steps": 20, "guidance_scale": 4.0, "width": 640, "height": 360, "num_frames": 121,
                         "fps": 24, "seed": 10}),

@@ -4,6 +4,7 @@ the engine, and each makes the media its output nodes save."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,8 @@ def input_dir(tmp_path_factory) -> Path:
     rgba.paste((0, 0, 0, 0), (16, 8, 40, 24))
     rgba.save(folder / "flux_fill_inpaint_example_input_image.png")
     Image.new("RGB", (32, 16), (20, 140, 40)).save(folder / "flux_fill_outpaint_example_input_image.png")
+    Image.new("RGB", (60, 40), (220, 180, 30)).save(folder / "flux_redux_model_example_reference_image_1.png")
+    Image.new("RGB", (40, 50), (30, 60, 200)).save(folder / "flux_redux_model_example_reference_image_2.png")
     return folder
 
 
@@ -257,3 +260,31 @@ def test_flux_canny_template_runs(flux_control_dir, input_dir):
     assert control.role == "control" and np.array_equal(got[..., 0], (edges[0, 0].numpy() * 255).astype(np.uint8))
     assert tuple(out.artifacts["image"].image.shape) == (32, 48, 3)
     assert "image_condition" in out.metrics.node_s
+
+
+def test_flux_redux_template_runs(flux_redux_dir, input_dir):
+    """flux_redux_model_example: two LoadImage -> CLIPVisionEncode (center crop) -> chained
+    StyleModelApply (strength 1, multiply) on the prompt: a t2i request with both images as
+    Redux references (center squares), the redux node concatenating their tokens after the
+    prompt's (ComfyUI's order), on the Flux folder with FLUX.1-Redux-dev's components."""
+    import io
+
+    from PIL import Image
+
+    request, out = run("flux_redux_model_example", flux_redux_dir, "flux", input_dir)
+    assert request.task.value == "t2i" and request.prompt == "A girl is walking in the natural wilderness."
+    refs = [Image.open(io.BytesIO(p.raw_bytes())) for p in request.images("reference")]
+    assert [r.size for r in refs] == [(40, 40), (40, 40)]  # each file's central square
+    assert request.node_params["redux"] == {"combine": "concat", "strength": [1.0, 1.0]}
+    assert "redux" in out.metrics.node_s and tuple(out.artifacts["image"].image.shape) == (32, 32, 3)
+
+
+def test_style_model_apply_on_a_model_without_redux_is_a_node_error(flux_dir, input_dir):
+    from omniloop.workflows.errors import WorkflowError
+
+    with pytest.raises(WorkflowError) as e:
+        compile_workflow(small(ui_to_api(template("flux_redux_model_example"))), template_models({"flux": flux_dir}),
+                         input_dir=input_dir)
+    errors = e.value.node_errors
+    assert {"41", "45"} & set(errors), errors
+    assert "image_embedder/" in json.dumps(e.value.to_comfy())

@@ -36,6 +36,7 @@ FOLDERS: dict[str, tuple[str, ...]] = {
     "clip_vision": ("clip_vision",),
     "upscale_models": ("upscale_models",),
     "latent_upscale_models": ("latent_upscale_models",),
+    "style_models": ("style_models",),  # FLUX.1 Redux's flux1-redux-dev.safetensors (StyleModelLoader)
 }
 # what a list shows and a name may point at: the weight files our loaders read
 WEIGHT_SUFFIXES = (".safetensors", ".sft")

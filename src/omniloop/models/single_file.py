@@ -209,6 +209,8 @@ class SingleFileSet:
     # and its head count (not in the file; None: the released 16)
     clip_vision: str = ""
     clip_vision_heads: int | None = None
+    # a style model in style_models/ (StyleModelLoader: FLUX.1 Redux's embedder, with a SigLIP clip_vision)
+    style_model: str = ""
     # a diffusers folder whose */config.json say the architecture facts the single files do not
     # carry (its weights are not read; diffusers' from_single_file(config=...)); None: the
     # family's released configs

@@ -90,6 +90,9 @@ class PipelineSpec:
     takes_mask: bool = False
     # a structure-controlled graph (FLUX.1 Canny / Depth): its requests carry an ImagePart(role="control")
     takes_control: bool = False
+    # an image-variation graph (FLUX.1 Redux): its text-to-image requests may carry ImagePart(role="reference")
+    # images whose embedding conditions the output (over HTTP: /v1/images/variations)
+    takes_references: bool = False
     order: tuple[str, ...] = field(init=False)  # topological node order, computed by validation
 
     def __post_init__(self) -> None:

@@ -31,7 +31,8 @@ from omniloop.serve.browser import BrowserGuard, HostPolicy, OriginPolicy
 from omniloop.serve.guards import BodyLimit
 from omniloop.serve.idempotency import Idempotent
 from omniloop.serve.jobs import JobStore
-from omniloop.serve.protocol import ImageEditRequest, ImageGenerationRequest, ModelCard, ModelList, VideoCreateRequest
+from omniloop.serve.protocol import (ImageEditRequest, ImageGenerationRequest, ImageVariationRequest, ModelCard,
+                                     ModelList, VideoCreateRequest)
 from omniloop.serve.state import ServeState, State, check_auth, require_auth
 
 system = APIRouter(tags=["system"])
@@ -73,6 +74,7 @@ async def metrics(request: Request, state: State) -> Response:
 _BODIES: dict[str, type[BaseModel]] = {"VideoCreateRequest": VideoCreateRequest,
                                        "ImageGenerationRequest": ImageGenerationRequest,
                                        "ImageEditRequest": ImageEditRequest,
+                                       "ImageVariationRequest": ImageVariationRequest,
                                        "SpeechRequest": audio.SpeechRequest}
 
 

@@ -56,7 +56,8 @@ FileKind = Literal["output", "input", "temp"]
 # COMBO inputs whose options are the files of a folder (what /object_info lists)
 MODEL_INPUTS = {"ckpt_name": "checkpoints", "unet_name": "diffusion_models", "clip_name": "text_encoders",
                 "clip_name1": "text_encoders", "clip_name2": "text_encoders", "text_encoder": "text_encoders",
-                "vae_name": "vae", "lora_name": "loras", "model_name": "latent_upscale_models"}
+                "vae_name": "vae", "lora_name": "loras", "model_name": "latent_upscale_models",
+                "style_model_name": "style_models"}
 MAX_HISTORY = 1000
 # loader nodes whose files make a single-file model: class -> (input, what it gives)
 SINGLE_FILE_LOADERS: dict[str, tuple[tuple[str, str], ...]] = {
@@ -67,7 +68,8 @@ SINGLE_FILE_LOADERS: dict[str, tuple[tuple[str, str], ...]] = {
     "LTXAVTextEncoderLoader": (("text_encoder", "text_encoders"), ("ckpt_name", "model_checkpoint")),
     "LatentUpscaleModelLoader": (("model_name", "latent_upsampler"),),
     "LTXVAudioVAELoader": (("ckpt_name", "model_checkpoint"),),
-    "CLIPVisionLoader": (("clip_name", "clip_vision"),),  # Wan2.1 I2V / FLF2V's image encoder
+    "CLIPVisionLoader": (("clip_name", "clip_vision"),),  # Wan2.1 I2V / FLF2V's image encoder, FLUX.1 Redux's SigLIP
+    "StyleModelLoader": (("style_model_name", "style_model"),),  # FLUX.1 Redux's embedder
 }
 
 
@@ -648,7 +650,8 @@ async def system_stats(request: Request) -> dict[str, Any]:
 
 @router.get("/models")
 async def model_folders(request: Request) -> list[str]:
-    return ["checkpoints", "diffusion_models", "text_encoders", "vae", "loras", "clip_vision", "latent_upscale_models"]
+    return ["checkpoints", "diffusion_models", "text_encoders", "vae", "loras", "clip_vision", "latent_upscale_models",
+            "style_models"]
 
 
 @router.get("/models/{folder}")
@@ -719,7 +722,7 @@ def single_file_set(compiled: CompiledWorkflow, generation: Generation, models: 
     sampler = generation.sampler_nodes[0]
     picked: dict[str, list[tuple[str, str, str]]] = {"vae": [], "text_encoders": [], "family": [],
                                                      "latent_upsampler": [], "model_checkpoint": [],
-                                                     "clip_vision": []}
+                                                     "clip_vision": [], "style_model": []}
     for nid in compiled.evaluated:
         call = compiled.graph[nid]
         for input_name, kind in SINGLE_FILE_LOADERS.get(call.class_type, ()):
@@ -732,14 +735,16 @@ def single_file_set(compiled: CompiledWorkflow, generation: Generation, models: 
     loaders = {nid for nid, _, _ in picked["text_encoders"]}
     upsamplers = {name for _, _, name in picked["latent_upsampler"]}
     visions = {name for _, _, name in picked["clip_vision"]}
+    styles = {name for _, _, name in picked["style_model"]}
     checkpoint_clip = _checkpoint_clip(compiled)
     if checkpoint_clip is not None:
         loaders.add(checkpoint_clip[0])
-    if len(vaes) > 1 or len(loaders) > 1 or len(upsamplers) > 1 or len(visions) > 1:
+    if len(vaes) > 1 or len(loaders) > 1 or len(upsamplers) > 1 or len(visions) > 1 or len(styles) > 1:
         raise node_error(sampler, compiled.graph[sampler].class_type, "invalid_input_type", "a workflow served "
-                         "from single files loads one VAE, one text encoder set, one latent upsampler and one CLIP "
-                         f"vision encoder; it loads {sorted(vaes)}, {len(loaders)} CLIP loaders, {sorted(upsamplers)} "
-                         f"and {sorted(visions)}", "serve the others through omniloop-models.json entries")
+                         "from single files loads one VAE, one text encoder set, one latent upsampler, one CLIP "
+                         f"vision encoder and one style model; it loads {sorted(vaes)}, {len(loaders)} CLIP loaders, "
+                         f"{sorted(upsamplers)}, {sorted(visions)} and {sorted(styles)}",
+                         "serve the others through omniloop-models.json entries")
     folder, dit = generation.served.single_file
     for nid, input_name, name in picked["model_checkpoint"]:
         if (folder, name) != ("checkpoints", dit):
@@ -776,7 +781,7 @@ def single_file_set(compiled: CompiledWorkflow, generation: Generation, models: 
                              vae=next(iter(vaes), ""), text_encoders=tuple(encoders), tokenizers=tuple(tokenizers),
                              text_from_checkpoint=checkpoint_clip is not None,
                              latent_upsampler=next(iter(upsamplers), ""), clip_vision=next(iter(visions), ""),
-                             **facts)
+                             style_model=next(iter(styles), ""), **facts)
     except ValueError as e:
         raise node_error(sampler, compiled.graph[sampler].class_type, "invalid_input_type",
                          f"the loaders do not make a model: {e}") from None

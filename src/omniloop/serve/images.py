@@ -1,5 +1,6 @@
-"""``POST /v1/images/generations`` and ``POST /v1/images/edits``: ``n`` text-to-image (or
-image-to-image) requests submitted together, so the engine batches their steps; answered
+"""``POST /v1/images/generations``, ``POST /v1/images/edits`` and ``POST /v1/images/variations``
+(a model with an image-variation prior: FLUX.1 Redux): ``n`` text-to-image (or image-to-image)
+requests submitted together, so the engine batches their steps; answered
 with base64 PNGs or URLs to them. ``model`` picks one of the served models; ``loras``
 (``[{"name", "strength"}]``, loaded through ``/v1/loras``) and an edit's ``strength`` are
 extra fields, and a FLUX.1 Canny / Depth model's ``control_image`` (the edge or depth map a
@@ -23,9 +24,10 @@ from omniloop.serve.cancellation import wait_or_abort
 from omniloop.serve.errors import ApiError, failure_error, parse_body
 from omniloop.serve.jobs import Geometry, Job, JobKind, output_response, read_output
 from omniloop.serve.media import check_request_images, image_pixel_cap
-from omniloop.serve.protocol import ImageData, ImageEditRequest, ImageGenerationRequest, ImagesResponse
+from omniloop.serve.protocol import (ImageData, ImageEditRequest, ImageGenerationRequest, ImagesResponse,
+                                     ImageVariationRequest)
 from omniloop.serve.state import ServeState, State, get_state, new_id, require_auth
-from omniloop.serve.wire import ServedModel, WireCall, openai_image_edit, openai_images
+from omniloop.serve.wire import ServedModel, WireCall, openai_image_edit, openai_image_variation, openai_images
 
 router = APIRouter(prefix="/v1/images", tags=["images"], dependencies=[Depends(require_auth)])
 
@@ -41,7 +43,7 @@ async def generate_images(request: Request, state: State) -> ImagesResponse:
         ids = [new_id("img") for _ in range(wire.n)]
         requests, call = openai_images(wire, ids, model)
         await check_request_images(requests, "control_image", image_pixel_cap(state.config, model))  # (FLUX.1 Canny/Depth)
-        jobs = await _submit(state, model, wire, requests, call)
+        jobs = await _submit(state, model, wire.prompt, requests, call)
     return await _answer(request, wire, jobs)
 
 
@@ -60,10 +62,30 @@ async def edit_images(request: Request, state: State) -> ImagesResponse:
         ids = [new_id("img") for _ in range(wire.n)]
         requests, call = openai_image_edit(wire, ids, model, image=image, mask=mask)
         await check_request_images(requests, "image", image_pixel_cap(state.config, model))
-        jobs = await _submit(state, model, wire, requests, call)
+        jobs = await _submit(state, model, wire.prompt, requests, call)
     return await _answer(request, wire, jobs)
 
 
+@router.post("/variations", response_model=ImagesResponse, summary="Make variations of an image (a model with an image-variation prior: Redux)",
+             openapi_extra={"x-omniloop-body": {"json": "ImageVariationRequest", "multipart": "ImageVariationForm",
+                                                "file_fields": ["image"]}})
+async def image_variations(request: Request, state: State) -> ImagesResponse:
+    """No prompt: the image's embedding (the model's image-variation prior) conditions each
+    of the ``n`` images; a model without such a prior is refused naming what to load."""
+    with state.counting_rejections("image"):
+        state.check_accepting()
+        fields, files = await read_body(request, state.config.max_upload_bytes, file_fields=_VARIATION_FILES)
+        image = _one_upload(files, "image")
+        wire = parse_body(ImageVariationRequest, fields)
+        model = state.served(wire.model)
+        ids = [new_id("img") for _ in range(wire.n)]
+        requests, call = openai_image_variation(wire, ids, model, image=image)
+        await check_request_images(requests, "image", image_pixel_cap(state.config, model))
+        jobs = await _submit(state, model, "", requests, call)  # no prompt: the image conditions it
+    return await _answer(request, wire, jobs)
+
+
+_VARIATION_FILES = ("image", "image[]")
 _EDIT_FILES = ("image", "image[]", "mask")
 
 
@@ -82,10 +104,10 @@ def _json_field(text: str, name: str) -> Any:
                        '[{"name": "style", "strength": 0.8}]', param=name, code="invalid_value") from None
 
 
-async def _submit(state: ServeState, model: ServedModel, wire: Any, requests: list[OmniRequest],
+async def _submit(state: ServeState, model: ServedModel, prompt: str, requests: list[OmniRequest],
                   call: WireCall) -> list[Job]:
     geometry = Geometry.of(requests[0], model.defaults)
-    jobs = [Job(id=r.request_id, kind=JobKind.IMAGE, model=model.name, prompt=wire.prompt, geometry=geometry)
+    jobs = [Job(id=r.request_id, kind=JobKind.IMAGE, model=model.name, prompt=prompt, geometry=geometry)
             for r in requests]
     await state.submit(jobs, requests, call.names)
     return jobs

@@ -139,6 +139,22 @@ class _ImageEditBase(_ImageGenerationBase):
 ImageEditRequest = _with_generation_fields("ImageEditRequest", _ImageEditBase, EDIT_FIELDS)
 
 
+class _ImageVariationBase(_GenerationWire):
+    """OpenAI's image variation: multipart with the ``image`` file (or JSON with it as a data:
+    URL), no prompt. Served by a model with an image-variation prior (FLUX.1 Redux)."""
+
+    image: str | None = Field(default=None, description="JSON form: the image to vary as a data: URL or base64 "
+                              "(multipart: upload the file under this name)")
+    model: str | None = None
+    n: int = Field(default=1, ge=1, le=128, description="variations to make; they run as one batch of requests")
+    size: str | None = Field(default=None, pattern=r"^(auto|[1-9][0-9]{0,4}x[1-9][0-9]{0,4})$")
+    response_format: Literal["b64_json", "url"] = "b64_json"
+    user: str | None = Field(default=None, max_length=256)
+
+
+ImageVariationRequest = _with_generation_fields("ImageVariationRequest", _ImageVariationBase, IMAGE_FIELDS)
+
+
 # -- responses -------------------------------------------------------------------------
 
 

@@ -87,6 +87,7 @@ class ServedModel:
     takes_audio: bool = False  # an encoder of its graph reads audio in a conversation (chat's input_audio)
     takes_mask: bool = False  # an inpainting model (FLUX.1 Fill): an edit carries a mask
     takes_control: bool = False  # a structure-controlled model (FLUX.1 Canny / Depth): a generation carries a control image
+    takes_references: bool = False  # an image-variation prior (FLUX.1 Redux): /v1/images/variations
 
     @classmethod
     def of(cls, engine: AsyncEngine, served_name: str | None = None) -> "ServedModel":
@@ -98,7 +99,8 @@ class ServedModel:
                    takes_loras="adapters" in pipeline.caches, knobs=pipeline.knobs,
                    token_logprobs=has_ar_loop(pipeline),
                    takes_audio=Modality.AUDIO in pipeline.spec.conversation_media,
-                   takes_mask=pipeline.spec.takes_mask, takes_control=pipeline.spec.takes_control)
+                   takes_mask=pipeline.spec.takes_mask, takes_control=pipeline.spec.takes_control,
+                   takes_references=pipeline.spec.takes_references)
 
     @classmethod
     def all_of(cls, engine: AsyncEngine, served_name: str | None = None) -> dict[str, "ServedModel"]:
@@ -117,7 +119,8 @@ class ServedModel:
                        takes_loras="adapters" in pipelines[n].caches, knobs=pipelines[n].knobs,
                        token_logprobs=has_ar_loop(pipelines[n]),
                        takes_audio=Modality.AUDIO in pipelines[n].spec.conversation_media,
-                       takes_control=pipelines[n].spec.takes_control) for n in names}
+                       takes_mask=pipelines[n].spec.takes_mask, takes_control=pipelines[n].spec.takes_control,
+                       takes_references=pipelines[n].spec.takes_references) for n in names}
 
     @property
     def serves_images(self) -> bool:
@@ -288,7 +291,7 @@ def _prompt(call: WireCall) -> str:
         raise WireError("prompt", str(e).removeprefix("prompt: ")) from None
 
 
-def _request(request_id: str, task: TaskType, prompt: str, call: WireCall, params: DiffusionParams,
+def _request(request_id: str, task: TaskType, prompt: str | None, call: WireCall, params: DiffusionParams,
              image: ImagePart | None, extra: tuple[Any, ...] = (), model: "ServedModel | None" = None) -> OmniRequest:
     parts = ([image] if image is not None else []) + list(extra)
     with wire_errors():
@@ -470,6 +473,34 @@ def openai_image_edit(wire: Any, request_ids: list[str], model: ServedModel, ima
     if TaskType.I2I not in model.tasks:
         raise WireError("model", f"{model.name!r} does not edit images (tasks: {model.task_names})", code="unsupported")
     return image_requests(call, request_ids, model), call
+
+
+def openai_image_variation(wire: Any, request_ids: list[str], model: ServedModel,
+                           image: Any = None) -> tuple[list[OmniRequest], WireCall]:
+    """``wire`` is a validated ``ImageVariationRequest``; ``image`` the multipart upload (else
+    the JSON field): ``n`` prompt-less text-to-image requests conditioned on the image
+    (``ImagePart(role="reference")``), seeds ``seed + i`` when a seed is given."""
+    model.check_name(wire.model)
+    if not model.takes_references or TaskType.T2I not in model.tasks:
+        raise WireError("model", f"{model.name!r} makes no image variations (it has no image-variation prior); "
+                        "serve a text-to-image model whose folder holds Redux's image_encoder/, feature_extractor/ and "
+                        "image_embedder/ (named in its model_index.json)", code="unsupported")
+    call = WireCall(prompt=None)
+    call.put_size(wire.size)
+    call.put_flat({name: getattr(wire, name) for name in (*aliases_of(IMAGE_FIELDS), *IMAGE_FIELDS)})
+    call.put_knobs(wire.model_extra or {}, model)
+    call.image, call.image_param = (image if image is not None else wire.image), "image"
+    if call.image is None:
+        raise WireError("image", "a variation needs the image to vary: upload it as the multipart file 'image', or "
+                        "pass it as a data: URL (data:image/png;base64,...)", code="missing")
+    reference = reference_image(call.image, "image", role="reference")
+    check_images_per_call(len(request_ids), model.limits)
+    with wire_errors():
+        params = call.params.diffusion()
+    requests = [_request(rid, TaskType.T2I, None, call,
+                         params.model_copy(update={"seed": None if params.seed is None else (params.seed + i) % 2**63}),
+                         reference, (), model) for i, rid in enumerate(request_ids)]
+    return requests, call
 
 
 def inpaint_mask(ref: Any, image: ImagePart | None) -> ImagePart:

@@ -30,6 +30,7 @@ from omniloop.workflows.evaluate import Deviation, Evaluation
 from omniloop.workflows.graph import Graph, GraphNode, load_workflow
 from omniloop.workflows.model_folder import ModelFolder, ServedCheckpoint
 from omniloop.workflows.schedules import SCHEDULES, flow_schedule, ksampler_sigmas
+from omniloop.workflows.style_models import REDUX_NODE, style_parts
 from omniloop.workflows.values import AudioOut, Latent, Pixels, SaveTarget, Sampling, VideoOut
 
 # ComfyUI sampler -> ours; the named schedules we run (ComfyUI's own under ModelSamplingSD3)
@@ -166,6 +167,10 @@ def _generation(ev: Evaluation, final: Latent, saves: tuple[SaveTarget, ...]) ->
     if loras:
         fields.put("loras", loras)
     parts = _parts(ev, first, canvas)
+    styles, redux = style_parts(first, served, ev.loaded, task)  # StyleModelApply: FLUX.1 Redux references
+    parts += styles
+    if redux is not None:
+        node_params[REDUX_NODE] = redux
     _clip_vision(ev, first, served, task)
     if task == TaskType.I2I and first.positive.reference is None:  # a reference edit starts from noise
         fields.put("strength", first.denoise)

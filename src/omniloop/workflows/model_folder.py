@@ -1,7 +1,7 @@
 """The model folder a workflow's file names are resolved in (``--comfy-models DIR``).
 
 ComfyUI's layout: ``diffusion_models/``, ``checkpoints/``, ``text_encoders/`` (or ``clip/``),
-``vae/``, ``loras/``, ``clip_vision/``, ``latent_upscale_models/``. A name resolves to a map
+``vae/``, ``loras/``, ``clip_vision/``, ``latent_upscale_models/``, ``style_models/``. A name resolves to a map
 entry of ``DIR/omniloop-models.json`` (optional: file names -> the diffusers-layout checkpoints
 we serve), else to the file of that name in the folder (a ``ServedCheckpoint`` with
 ``single_file``: the server builds the pipeline from the workflow's single files)::
@@ -27,7 +27,7 @@ from omniloop.workflows.errors import node_error
 
 MAP_FILE = "omniloop-models.json"
 FOLDERS = ("diffusion_models", "checkpoints", "text_encoders", "clip", "vae", "loras", "clip_vision",
-           "latent_upscale_models", "upscale_models")
+           "latent_upscale_models", "upscale_models", "style_models")
 FOLDER_ALIASES = {"clip": "text_encoders", "unet": "diffusion_models"}
 
 

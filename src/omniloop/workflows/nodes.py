@@ -21,7 +21,7 @@ from omniloop.workflows.errors import node_error
 from omniloop.workflows.values import (
     AudioOut, ClipRef, ClipVisionOutput, Conditioning, Guider, ImageConditioning, Latent, Mask, ModelRef, NamedFile,
     Noise, Padding, Pixels,
-    SamplerChoice, SaveTarget, Sampling, Sigmas, VaeRef, VideoOut,
+    SamplerChoice, SaveTarget, Sampling, Sigmas, StyleImage, StyleModelRef, VaeRef, VideoOut,
 )
 from omniloop.workflows.vocabulary import NodeCall, i, node
 
@@ -114,6 +114,32 @@ def clip_vision_loader(call: NodeCall) -> tuple[Any, ...]:
     """An image encoder."""
     call.context.resolve(call, "clip_name", ("clip_vision",))
     return (NamedFile(call["clip_name"], "clip_vision"),)
+
+
+@node("StyleModelLoader", [i("style_model_name", "COMBO")], ["STYLE_MODEL"], category="loaders")
+def style_model_loader(call: NodeCall) -> tuple[Any, ...]:
+    """A style model (FLUX.1 Redux's embedder, style_models/flux1-redux-dev.safetensors)."""
+    call.context.resolve(call, "style_model_name", ("style_models",))
+    return (StyleModelRef(call["style_model_name"], call.id),)
+
+
+@node("StyleModelApply", [i("conditioning", "CONDITIONING"), i("style_model", "STYLE_MODEL"),
+                          i("clip_vision_output", "CLIP_VISION_OUTPUT"),
+                          i("strength", "FLOAT", 1.0, min=0.0, max=10.0),
+                          i("strength_type", "COMBO", "multiply", options=("multiply", "attn_bias"))],
+      ["CONDITIONING"], category="conditioning/style_model")
+def style_model_apply(call: NodeCall) -> tuple[Any, ...]:
+    """The style model's tokens of a CLIP vision output, times ``strength``, after the prompt's
+    (chained: each image's after the previous ones'). The served model runs its own Redux
+    prior on the encoded image (compiler: reference images and the redux node's knobs)."""
+    strength, kind = float(call["strength"]), str(call["strength_type"])
+    if kind == "attn_bias" and strength != 1.0:  # at 1.0 the bias is log(1) = 0: multiply's result
+        raise node_error(call.id, call.class_type, "value_not_in_list", "strength_type: 'attn_bias' (an attention "
+                         "bias on the image tokens) is not supported", "pass 'multiply' (the tokens scaled by strength)",
+                         input_name="strength_type")
+    cond = call["conditioning"]
+    style = StyleImage(call["style_model"], call["clip_vision_output"], strength, call.id)
+    return (replace(cond, styles=(*cond.styles, style)),)
 
 
 @node("LatentUpscaleModelLoader", [i("model_name", "COMBO")], ["LATENT_UPSCALE_MODEL"], category="loaders")

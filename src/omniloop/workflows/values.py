@@ -94,6 +94,25 @@ class ClipVisionOutput:
 
 
 @dataclass(frozen=True)
+class StyleModelRef:
+    """STYLE_MODEL: the StyleModelLoader's file name and the loader's node id."""
+
+    name: str
+    loader: str
+
+
+@dataclass(frozen=True)
+class StyleImage:
+    """What a StyleModelApply (``node``) appends to a prompt: the style model (``model``)
+    applied to a CLIP vision output, its tokens times ``strength``."""
+
+    model: StyleModelRef
+    vision: ClipVisionOutput
+    strength: float
+    node: str
+
+
+@dataclass(frozen=True)
 class ImageConditioning:
     """What WanImageToVideo / WanFirstLastFrameToVideo (``node``) attach: the start and end
     frames and the CLIP vision outputs of each (the node's inputs, for its errors)."""
@@ -121,6 +140,7 @@ class Conditioning:
     reference_node: str = ""  # the ReferenceLatent node (its errors)
     control: Pixels | None = None  # InstructPixToPixConditioning: the image a FLUX.1 Canny/Depth model follows
     control_node: str = ""  # the InstructPixToPixConditioning node (its errors)
+    styles: tuple[StyleImage, ...] = ()  # StyleModelApply, chained: FLUX.1 Redux image tokens after the prompt's
 
 
 @dataclass(frozen=True)

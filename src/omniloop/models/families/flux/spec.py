@@ -20,6 +20,8 @@ from omniloop.models.families.flux.kontext import (KONTEXT_CLASS, FluxKontextDen
                                                    kontext_validator)
 from omniloop.models.families.flux.parallelize import FLUX_PARALLEL
 from omniloop.models.families.flux.presets import FLUX_DEFAULTS
+from omniloop.models.families.flux.redux import (TEXT_WANTED, FluxReduxPrior, check_redux_components, has_redux,
+                                                 redux_single_files, redux_validator, redux_weights)
 from omniloop.models.families.flux.stages import FluxDenoiser, FluxImageCondition
 from omniloop.models.families.flux.validate import make_validator
 from omniloop.models.layers.cuda_graphs import CACHE_NAME as GRAPHS
@@ -84,7 +86,7 @@ def _load_scheduler(root: Path, index: Mapping[str, Any], options: LoadOptions) 
 
 
 def flux_variant(index: Mapping[str, Any]) -> Variant:
-    for name in ("image_encoder", "feature_extractor"):
+    for name in ("image_encoder", "feature_extractor") if not has_redux(index) else ():
         entry = index.get(name)
         if isinstance(entry, (list, tuple)) and entry and entry[0] is not None:
             raise ValueError(f"model_index.json names {name} (an IP-Adapter image encoder), which is not supported; "
@@ -104,7 +106,8 @@ def flux_variant(index: Mapping[str, Any]) -> Variant:
         return Variant(name=FILL_VARIANT, tasks=frozenset({TaskType.I2I}), weights=weights)
     if index.get("_class_name") == CONTROL_PIPELINE:  # FLUX.1 Canny / Depth: text-to-image under a control image
         return Variant(name=CONTROL_VARIANT, tasks=frozenset({TaskType.T2I}), weights=weights)
-    return Variant(name="flux.1", tasks=frozenset({TaskType.T2I, TaskType.I2I}), weights=weights)
+    # FLUX.1 Redux's image encoder + embedder, when model_index.json names them (reference images: Redux tokens)
+    return Variant(name="flux.1", tasks=frozenset({TaskType.T2I, TaskType.I2I}), weights=weights + redux_weights(index))
 
 
 KONTEXT_VARIANT = "flux.1-kontext"
@@ -153,7 +156,11 @@ def flux_single_files(files: SingleFileSet, resolve: Resolve,
                                   max_sequence_length=FLUX_DEFAULTS.max_sequence_length or 512),
         "sampler": SamplerSet.single("flow_euler", build_sampler("flow_euler", scheduler)),
     }
-    return {"_class_name": "FluxPipeline"}, components
+    # FLUX.1 Redux: StyleModelLoader's style_models/ file and CLIPVisionLoader's SigLIP file, when loaded
+    redux_index, redux = redux_single_files(resolve("clip_vision", files.clip_vision) if files.clip_vision else None,
+                                            resolve("style_models", files.style_model) if files.style_model else None,
+                                            device=options.device, dtype=options.dtype, heads=files.clip_vision_heads)
+    return {"_class_name": "FluxPipeline", **redux_index}, {**components, **redux}
 
 
 # -- pipeline -------------------------------------------------------------------------
@@ -165,8 +172,10 @@ def flux_pipeline_spec(variant: Variant, *, guidance_embeds: bool, pack: bool = 
     resolution buckets (fixed shapes: requests of one bucket batch unpacked). ``graphs``: the
     step's transformer forward replays CUDA graphs (``cuda_graphs=True``). The Fill variant
     encodes image + mask (FluxFillCondition) and concatenates them to every forward (FillStart);
-    the control variant its control image (FluxControlCondition, ControlStart)."""
+    the control variant its control image (FluxControlCondition, ControlStart); a folder with
+    FLUX.1 Redux's components appends reference images' tokens to the prompt's (redux node)."""
     fill, control = variant.name == FILL_VARIANT, variant.name == CONTROL_VARIANT
+    redux = any(w.component == "image_embedder" for w in variant.weights)
     components = {w.component: ComponentSpec(name=w.component, kind=w.kind) for w in variant.weights}
     text = TextEncode(
         encoders=(TextEncoderSpec("text_encoder", output="pooled", field="pooled"),  # CLIP: the pooled vector
@@ -186,8 +195,12 @@ def flux_pipeline_spec(variant: Variant, *, guidance_embeds: bool, pack: bool = 
                          when=task_in(TaskType.I2I))
         loop = DenoiseLoop(FluxDenoiser(packs=pack, graphs=graphs), cfg=cfg, shift=DynamicShift(),
                            conditioning=FillStart() if fill else LatentStart())
+    # Redux: the text encoder's output goes through the redux node, which appends reference images' tokens
+    text_node = Node("text_encode", text, when=TEXT_WANTED, outputs={"text": "prompt_text"}) if redux \
+        else Node("text_encode", text)
     nodes = (
-        Node("text_encode", text),
+        text_node,
+        *((Node("redux", FluxReduxPrior()),) if redux else ()),
         condition,
         Node("denoise", loop),
         Node("decode", VAEDecode(decoder=ImageVAEDecoder()), when=opt("pixels wanted", _wants_pixels)),
@@ -201,6 +214,7 @@ def flux_pipeline_spec(variant: Variant, *, guidance_embeds: bool, pack: bool = 
         outputs={"image": "image", "latents": "final_latents", "trajectory": "trajectory"},
         takes_mask=fill,
         takes_control=control,
+        takes_references=redux,
     )
 
 
@@ -222,10 +236,11 @@ def build_flux(variant: Variant, index: Mapping[str, Any], components: Mapping[s
                               control=variant.name == CONTROL_VARIANT)
     if variant.name == KONTEXT_VARIANT:
         validate = kontext_validator(validate, vae.config)
+    elif variant.name != FILL_VARIANT:  # a reference image asks for Redux (refused without its components)
+        validate = redux_validator(validate, redux=check_redux_components(components, dit.config.joint_attention_dim))
     return Pipeline(spec=spec, components=components, device=options.device, dtype=options.dtype, defaults=defaults,
                     validate_request=validate,
                     caches={GRAPHS: graphs} if graphs is not None else {})
-
 
 
 # Flux's auto kernels on CUDA (issue 34). Not measured end to end on a GPU (benchmarks/bench_families.py

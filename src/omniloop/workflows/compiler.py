@@ -34,11 +34,21 @@ from omniloop.workflows.values import AudioOut, Latent, Pixels, SaveTarget, Samp
 # ComfyUI sampler -> ours; the named schedules we run (ComfyUI's own under ModelSamplingSD3)
 SUPPORTED_SAMPLERS: Mapping[str, str] = {"euler": "flow_euler", "uni_pc": "comfy_uni_pc",
                                          "uni_pc_bh2": "comfy_uni_pc_bh2", "euler_ancestral": "comfy_euler_ancestral",
-                                         "dpmpp_2m": "comfy_dpmpp_2m"}
+                                         "dpmpp_2m": "comfy_dpmpp_2m", "dpmpp_2m_sde": "comfy_dpmpp_2m_sde",
+                                         "dpmpp_2m_sde_gpu": "comfy_dpmpp_2m_sde_gpu",
+                                         "dpmpp_2m_sde_heun": "comfy_dpmpp_2m_sde_heun",
+                                         "dpmpp_2m_sde_heun_gpu": "comfy_dpmpp_2m_sde_heun_gpu",
+                                         "res_multistep": "comfy_res_multistep",
+                                         "res_multistep_ancestral": "comfy_res_multistep_ancestral"}
 # samplers that keep history or draw noise from a generator: ComfyUI restarts them at each sampler node
-RESTARTING_SAMPLERS = frozenset({"uni_pc", "uni_pc_bh2", "euler_ancestral", "dpmpp_2m"})
-# a sampler node's knobs (SamplerEulerAncestral's) -> the denoise loop's node params, with ComfyUI's defaults
+RESTARTING_SAMPLERS = frozenset(set(SUPPORTED_SAMPLERS) - {"euler"})
+# a sampler node's knobs (SamplerEulerAncestral's, SamplerDPMPP_2M_SDE's) -> the denoise loop's node
+# params, with ComfyUI's defaults; the samplers that take them
 SAMPLER_OPTION_DEFAULTS: Mapping[str, float] = {"eta": 1.0, "s_noise": 1.0}
+OPTION_SAMPLERS = frozenset({"euler_ancestral", "dpmpp_2m_sde", "dpmpp_2m_sde_gpu", "dpmpp_2m_sde_heun",
+                             "dpmpp_2m_sde_heun_gpu", "res_multistep_ancestral"})
+# the samplers that start a schedule at sigma 1 at the model sampling's percent_to_sigma(1e-4)
+SNR_OFFSET_SAMPLERS = frozenset({"dpmpp_2m_sde", "dpmpp_2m_sde_gpu", "dpmpp_2m_sde_heun", "dpmpp_2m_sde_heun_gpu"})
 # the sampler nodes whose schedule is KSampler's (calculate_sigmas, with its penultimate-sigma rule)
 KSAMPLER_NODES = frozenset({"KSampler", "KSamplerAdvanced"})
 SUPPORTED_SCHEDULERS = SCHEDULES
@@ -251,13 +261,18 @@ def _sampler(ev: Evaluation, run: Sampling, comfy_samplers: bool) -> str | None:
 
 
 def _sampler_options(ev: Evaluation, run: Sampling, fields: Fields, node_params: dict[str, dict[str, Any]]) -> None:
-    """``SamplerEulerAncestral``'s eta / s_noise: the denoise loop's knobs where not ComfyUI's
-    defaults (when its sampler runs; otherwise the sampler's deviation was reported)."""
-    if fields.get("sampler") != SUPPORTED_SAMPLERS["euler_ancestral"]:
+    """A sampler node's eta / s_noise (``SamplerEulerAncestral``, ``SamplerDPMPP_2M_SDE``): the
+    denoise loop's knobs where not ComfyUI's defaults (when its sampler runs; otherwise the
+    sampler's deviation was reported). The SDE samplers also take the ModelSamplingSD3 shift the
+    sigmas were made with (their first sigma below 1 is that model sampling's)."""
+    if run.sampler_name not in OPTION_SAMPLERS or fields.get("sampler") != SUPPORTED_SAMPLERS[run.sampler_name]:
         return
     for name, value in run.sampler_options:
         if value != SAMPLER_OPTION_DEFAULTS[name]:
             node_params.setdefault(DENOISE_NODE, {})[name] = value
+    if run.sampler_name in SNR_OFFSET_SAMPLERS and run.model.shift is not None and fields.get("shift") == 1.0 \
+            and run.model.shift != 1.0:
+        node_params.setdefault(DENOISE_NODE, {})["model_shift"] = run.model.shift
 
 
 def _schedule(ev: Evaluation, run: Sampling, fields: Fields, *, comfy_samplers: bool = True) -> None:

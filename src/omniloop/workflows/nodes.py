@@ -32,7 +32,8 @@ SEED_MAX = 0xFFFFFFFFFFFFFFFF
 SAMPLER_NAMES = (
     "euler", "euler_cfg_pp", "euler_ancestral", "euler_ancestral_cfg_pp", "heun", "heunpp2", "dpm_2",
     "dpm_2_ancestral", "lms", "dpm_fast", "dpm_adaptive", "dpmpp_2s_ancestral", "dpmpp_2s_ancestral_cfg_pp",
-    "dpmpp_sde", "dpmpp_sde_gpu", "dpmpp_2m", "dpmpp_2m_cfg_pp", "dpmpp_2m_sde", "dpmpp_2m_sde_gpu", "dpmpp_3m_sde",
+    "dpmpp_sde", "dpmpp_sde_gpu", "dpmpp_2m", "dpmpp_2m_cfg_pp", "dpmpp_2m_sde", "dpmpp_2m_sde_gpu", "dpmpp_2m_sde_heun",
+    "dpmpp_2m_sde_heun_gpu", "dpmpp_3m_sde",
     "dpmpp_3m_sde_gpu", "ddpm", "lcm", "ipndm", "ipndm_v", "deis", "res_multistep", "res_multistep_cfg_pp",
     "res_multistep_ancestral", "res_multistep_ancestral_cfg_pp", "gradient_estimation", "er_sde", "seeds_2",
     "seeds_3", "sa_solver", "sa_solver_pece", "ddim", "uni_pc", "uni_pc_bh2",
@@ -563,6 +564,17 @@ def ksampler_select(call: NodeCall) -> tuple[Any, ...]:
 def sampler_euler_ancestral(call: NodeCall) -> tuple[Any, ...]:
     """The ancestral Euler sampler with its eta and noise scale."""
     return (SamplerChoice("euler_ancestral", (("eta", float(call["eta"])), ("s_noise", float(call["s_noise"])))),)
+
+
+@node("SamplerDPMPP_2M_SDE", [i("solver_type", "COMBO", "midpoint", options=("midpoint", "heun")),
+                             i("eta", "FLOAT", 1.0, min=0.0, max=100.0), i("s_noise", "FLOAT", 1.0, min=0.0, max=100.0),
+                             i("noise_device", "COMBO", "gpu", options=("gpu", "cpu"))],
+      ["SAMPLER"], category="sampling/custom_sampling/samplers")
+def sampler_dpmpp_2m_sde(call: NodeCall) -> tuple[Any, ...]:
+    """DPM-Solver++(2M) SDE: its solver type and noise device pick KSampler's sampler of that form."""
+    name = "dpmpp_2m_sde" + ("_heun" if call["solver_type"] == "heun" else "") + \
+        ("_gpu" if call["noise_device"] == "gpu" else "")
+    return (SamplerChoice(name, (("eta", float(call["eta"])), ("s_noise", float(call["s_noise"])))),)
 
 
 @node("BasicScheduler", [i("model", "MODEL"), i("scheduler", "COMBO", "simple", options=SCHEDULER_NAMES),

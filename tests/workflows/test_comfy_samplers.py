@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from omniloop.pipeline.samplers import build_sampler
-from omniloop.workflows.schedules import SCHEDULES, ksampler_sigmas
+from omniloop.workflows.schedules import SCHEDULES, flow_schedule, ksampler_sigmas
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "comfy_samplers.json").read_text())["cases"]
 NAMES = {"euler_ancestral": "comfy_euler_ancestral", "dpmpp_2m": "comfy_dpmpp_2m",
@@ -100,6 +100,34 @@ def test_ancestral_noise_is_the_seeds_and_a_failed_batch_rewinds_it():
         sampler.step_many(states, 0.5 * bad - states[0].sigma, bad)
     assert [s.step_index for s in states] == [1, 1]
     assert all(torch.equal(s.generator.get_state(), b) for s, b in zip(states, before))
+
+
+SCHEDULE_TABLE = json.loads((Path(__file__).parent / "golden" / "comfy_samplers.json").read_text())["schedules"]
+
+
+def test_the_more_schedulers_equal_comfyuis_bit_for_bit():
+    """karras / exponential / ddim_uniform / linear_quadratic / kl_optimal over a ModelSamplingSD3
+    flow model: ComfyUI's sigmas (its own functions, shift 1 / 3 / 5 / 8, 2 to 30 steps)."""
+    assert {c["scheduler"] for c in SCHEDULE_TABLE} == set(SCHEDULES) - set(SAMPLER_SCHEDULES)
+    for case in SCHEDULE_TABLE:
+        assert flow_schedule(case["scheduler"], case["steps"], case["shift"]) == case["sigmas"], case
+    with pytest.raises(ValueError, match="kl_optimal needs steps >= 2"):
+        flow_schedule("kl_optimal", 1, 3.0)
+
+
+@pytest.mark.parametrize("scheduler", ["karras", "linear_quadratic"])
+def test_ksampler_with_the_more_schedulers_compiles_to_their_sigmas(scheduler):
+    pytest.importorskip("comfyui_workflow_templates_json")
+    from omniloop.workflows import compile_workflow
+    from omniloop.workflows.ui_format import ui_to_api
+    from tests.workflows.templates import template, template_models
+
+    api = ui_to_api(template("text_to_video_wan"))
+    ksampler = next(n for n in api.values() if n["class_type"] == "KSampler")
+    ksampler["inputs"].update(sampler_name="dpmpp_2m_sde_gpu", scheduler=scheduler, steps=8)
+    (generation,) = compile_workflow(api, template_models(), exact=True).generations
+    assert generation.request.diffusion.sigmas == flow_schedule(scheduler, 8, _shift(api))[:-1]
+    assert generation.request.node_params["denoise"] == {"model_shift": _shift(api)}
 
 
 def test_options_are_validated():

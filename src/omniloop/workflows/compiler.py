@@ -52,6 +52,8 @@ SNR_OFFSET_SAMPLERS = frozenset({"dpmpp_2m_sde", "dpmpp_2m_sde_gpu", "dpmpp_2m_s
 # the sampler nodes whose schedule is KSampler's (calculate_sigmas, with its penultimate-sigma rule)
 KSAMPLER_NODES = frozenset({"KSampler", "KSamplerAdvanced"})
 SUPPORTED_SCHEDULERS = SCHEDULES
+# the schedulers computed over ModelSamplingSD3's training sigmas only (another model's own schedule runs)
+SD3_ONLY_SCHEDULERS = frozenset(SCHEDULES[4:])
 # the second stage's sigmas of the distilled two-stage recipe (the refine node's own)
 REFINE_SIGMAS = (0.909375, 0.725, 0.421875)
 SEED_LIMIT = 2**63
@@ -283,10 +285,17 @@ def _schedule(ev: Evaluation, run: Sampling, fields: Fields, *, comfy_samplers: 
     if run.scheduler is not None and run.scheduler != "ltxv" and run.scheduler not in SUPPORTED_SCHEDULERS:
         _deviate(ev, run.node, f"scheduler={run.scheduler!r} is not supported (supported: {list(SUPPORTED_SCHEDULERS)}"
                  "); the model's own schedule runs")
+    elif run.scheduler in SD3_ONLY_SCHEDULERS and run.model.shift is None and run.sigmas is None:
+        _deviate(ev, run.node, f"scheduler={run.scheduler!r} runs under ModelSamplingSD3 only (without it: "
+                 f"{list(SUPPORTED_SCHEDULERS[:4])}); the model's own schedule runs")
     if sampler is not None:
         fields.put("sampler", sampler)
     if run.sigmas is not None:
         fields.put("sigmas", list(run.sigmas))
+    elif run.scheduler == "kl_optimal" and run.steps < 2:
+        _deviate(ev, run.node, "scheduler='kl_optimal' at 1 step has no schedule (ComfyUI's divides by steps - 1: "
+                 "NaN sigmas); the model's own schedule runs")
+        fields.put("steps", run.steps)
     elif run.model.shift is not None and run.scheduler in SCHEDULES and run.denoise >= 1.0:
         sigmas = flow_schedule(run.scheduler, run.steps, run.model.shift)
         if _class(ev, run.node) in KSAMPLER_NODES:

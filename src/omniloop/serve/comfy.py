@@ -776,7 +776,7 @@ def single_file_set(compiled: CompiledWorkflow, generation: Generation, models: 
                              vae=next(iter(vaes), ""), text_encoders=tuple(encoders), tokenizers=tuple(tokenizers),
                              text_from_checkpoint=checkpoint_clip is not None,
                              latent_upsampler=next(iter(upsamplers), ""), clip_vision=next(iter(visions), ""),
-                             **facts)
+                             reference_edit=bool(generation.request.images("reference")), **facts)
     except ValueError as e:
         raise node_error(sampler, compiled.graph[sampler].class_type, "invalid_input_type",
                          f"the loaders do not make a model: {e}") from None

@@ -236,7 +236,7 @@ def _prompt(ev: Evaluation, run: Sampling) -> str:
 def _guidance(ev: Evaluation, run: Sampling, served: ServedCheckpoint, fields: Fields) -> None:
     """cfg -> guidance_scale; on a guidance-distilled model its embedded guidance instead."""
     negative = run.negative.text if run.negative is not None else None
-    if served.embedded_guidance:
+    if served.embedded_guidance or (served.guidance_unknown and run.positive.guidance is not None):
         if run.cfg != 1.0:
             _deviate(ev, run.node, f"cfg={run.cfg} on a guidance-distilled model: it runs with its embedded guidance "
                      "only (cfg 1)")

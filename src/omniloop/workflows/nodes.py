@@ -397,6 +397,21 @@ def ltxv_img_to_video_inplace(call: NodeCall) -> tuple[Any, ...]:
     return (replace(call["latent"], image=call["image"]),)  # (an "av" latent keeps its audio half)
 
 
+@node("LTXVImgToVideo", [i("positive", "CONDITIONING"), i("negative", "CONDITIONING"), i("vae", "VAE"),
+                         i("image", "IMAGE"), _size("width", 768, 64), _size("height", 512, 64),
+                         i("length", "INT", 97, min=9, max=MAX_RESOLUTION), i("batch_size", "INT", 1, min=1, max=4096),
+                         i("strength", "FLOAT", 1.0, min=0.0, max=1.0)],
+      ["CONDITIONING", "CONDITIONING", "LATENT"], output_names=("positive", "negative", "latent"),
+      category="conditioning/video_models")
+def ltxv_img_to_video(call: NodeCall) -> tuple[Any, ...]:
+    """A video canvas whose first latent frame is the image's (kept: ComfyUI's noise mask 1 -
+    strength on it): the LTX i2v path, as EmptyLTXVLatentVideo + LTXVImgToVideoInplace. ComfyUI
+    resizes the image to the canvas (bilinear, center crop); the served model resizes it."""
+    if float(call["strength"]) != 1.0:
+        call.context.deviate(call, f"strength={call['strength']}: the first frame is kept exactly (strength 1)")
+    return call["positive"], call["negative"], replace(_video_latent(call), image=call["image"])
+
+
 @node("InpaintModelConditioning", [i("positive", "CONDITIONING"), i("negative", "CONDITIONING"), i("vae", "VAE"),
                                    i("pixels", "IMAGE"), i("mask", "MASK"), i("noise_mask", "BOOLEAN", True)],
       ["CONDITIONING", "CONDITIONING", "LATENT"], output_names=("positive", "negative", "latent"),

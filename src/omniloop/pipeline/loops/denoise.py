@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Hashable, Mapping, Protocol, Sequence
+from typing import Any, Callable, ClassVar, Hashable, Mapping, Protocol, Sequence, cast
 
 import torch
 from pydantic import ConfigDict, Field, field_validator
@@ -755,7 +755,7 @@ def check_sde_options(sampler: Sampler, node: str, override: DenoiseParams, num_
     for name in _COMFY_KNOBS:
         if getattr(override, name) is not None and name not in sampler.request_knobs:
             field = f"node_params[{node!r}].{name}"
-            takers = sorted(n for n, cls in SAMPLERS.items() if name in cls.request_knobs)
+            takers = sorted(n for n, cls in SAMPLERS.items() if name in cast("type[Sampler]", cls).request_knobs)
             raise InvalidRequest(f"{field}: sampler {sampler.name!r} takes no ancestral {name}", fields=(field,),
                                  hint=f"pass sampler={takers[0]!r} (or one of {takers}), or drop it")
     window = override.sde_window

@@ -28,6 +28,7 @@ two are the same draws). So a request equals ComfyUI's run of the same seed, sig
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar, Hashable, Sequence
 
@@ -66,7 +67,9 @@ class BrownianNoise:
         """The unit-variance increment between ``sigma_next`` < ``sigma`` (ComfyUI's sign: the
         tree's ``W(sigma_next) - W(sigma)`` read backwards), float32 on ``out_device``."""
         lo, hi = sigma_next.to(self.device).float(), sigma.to(self.device).float()
-        w = self.tree(lo, hi).to(device=out_device, dtype=torch.float32) * -1
+        with warnings.catch_warnings():  # torchsde warns when a float32 end sits a rounding below its own
+            warnings.filterwarnings("ignore", message="Should have ta>=t0", category=UserWarning)
+            w = self.tree(lo, hi).to(device=out_device, dtype=torch.float32) * -1
         return w / (sigma_next - sigma).abs().sqrt()
 
 

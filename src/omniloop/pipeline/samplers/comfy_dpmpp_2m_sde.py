@@ -68,7 +68,7 @@ class BrownianNoise:
         tree's ``W(sigma_next) - W(sigma)`` read backwards), float32 on ``out_device``."""
         lo, hi = sigma_next.to(self.device).float(), sigma.to(self.device).float()
         with warnings.catch_warnings():  # torchsde warns when a float32 end sits a rounding below its own
-            warnings.filterwarnings("ignore", message="Should have ta>=t0", category=UserWarning)
+            warnings.filterwarnings("ignore", message="Should have t[ab]", category=UserWarning)
             w = self.tree(lo, hi).to(device=out_device, dtype=torch.float32) * -1
         return w / (sigma_next - sigma).abs().sqrt()
 

@@ -17,7 +17,9 @@ from omniloop.workflows.schedules import SCHEDULES, flow_schedule, ksampler_sigm
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "comfy_samplers.json").read_text())["cases"]
 NAMES = {"euler_ancestral": "comfy_euler_ancestral", "dpmpp_2m": "comfy_dpmpp_2m",
          "dpmpp_2m_sde": "comfy_dpmpp_2m_sde", "dpmpp_2m_sde_gpu": "comfy_dpmpp_2m_sde_gpu",
-         "res_multistep": "comfy_res_multistep", "res_multistep_ancestral": "comfy_res_multistep_ancestral"}
+         "res_multistep": "comfy_res_multistep", "res_multistep_ancestral": "comfy_res_multistep_ancestral",
+         "dpmpp_sde": "comfy_dpmpp_sde", "dpmpp_sde_gpu": "comfy_dpmpp_sde_gpu"}
+TWO_EVALUATIONS = ("dpmpp_sde", "dpmpp_sde_gpu")  # a ComfyUI step is two loop steps
 SAMPLER_SCHEDULES = ("simple", "normal", "sgm_uniform", "beta")  # the sampler runs' schedules (ComfyUI's own)
 
 
@@ -34,7 +36,7 @@ def _sampler(case):
     options, name = dict(case["options"]), NAMES[case["sampler"]]
     if options.pop("solver_type", "midpoint") == "heun":
         name = name.replace("_sde", "_sde_heun")
-    if case["sampler"].startswith("dpmpp_2m_sde"):
+    if case["sampler"].startswith(("dpmpp_2m_sde", "dpmpp_sde")):
         options["model_shift"] = case["shift"]
     return build_sampler(name, {"shift": 1.0, **options})
 
@@ -213,6 +215,20 @@ def test_sampler_custom_with_ksampler_select_dpmpp_2m(scheduler):
     assert "denoise" not in generation.request.node_params
 
 
+def test_sampler_dpmpp_sde_compiles_with_its_knobs_and_r_other_than_half_is_a_deviation():
+    from omniloop.workflows import WorkflowError, compile_workflow
+    from tests.workflows.templates import template_models
+
+    api = _custom_wan({"class_type": "SamplerDPMPP_SDE", "inputs": {"eta": 1.0, "s_noise": 0.5, "r": 0.5,
+                                                                     "noise_device": "cpu"}})
+    (generation,) = compile_workflow(api, template_models(), exact=True).generations
+    assert generation.request.diffusion.sampler == "comfy_dpmpp_sde"
+    assert generation.request.node_params["denoise"] == {"s_noise": 0.5, "model_shift": _shift(api)}
+    api["900"]["inputs"]["r"] = 0.3
+    with pytest.raises(WorkflowError, match="r=0.3"):
+        compile_workflow(api, template_models(), exact=True)
+
+
 @pytest.mark.parametrize("solver_type,device,ours", [("midpoint", "cpu", "comfy_dpmpp_2m_sde"),
                                                      ("heun", "gpu", "comfy_dpmpp_2m_sde_heun_gpu")])
 def test_sampler_dpmpp_2m_sde_compiles_to_its_sampler_knobs_and_the_model_shift(solver_type, device, ours):
@@ -284,17 +300,21 @@ def test_a_sampler_custom_euler_ancestral_workflow_runs_reproducibly_with_its_et
     assert not torch.equal(frames[0], frames[2])
 
 
-def test_a_dpmpp_2m_sde_workflow_runs_reproducibly_on_its_seeds_brownian_noise(wan_t2v_dir):
-    """The engine admits the SDE sampler's knobs (eta, the model's shift) and runs it: the same
-    prompt twice, the same video; another seed, another."""
+@pytest.mark.parametrize("node", [
+    {"class_type": "SamplerDPMPP_2M_SDE", "inputs": {"solver_type": "midpoint", "eta": 0.5, "s_noise": 1.0,
+                                                     "noise_device": "cpu"}},
+    {"class_type": "SamplerDPMPP_SDE", "inputs": {"eta": 0.5, "s_noise": 1.0, "r": 0.5, "noise_device": "cpu"}}],
+    ids=["dpmpp_2m_sde", "dpmpp_sde"])
+def test_an_sde_sampler_workflow_runs_reproducibly_on_its_seeds_brownian_noise(wan_t2v_dir, node):
+    """The engine admits the SDE samplers' knobs (eta, the model's shift) and runs them (dpmpp_sde:
+    two evaluations a step): the same prompt twice, the same video; another seed, another."""
     from omniloop.api.generator import VideoGenerator
     from omniloop.workflows import compile_workflow
     from tests.workflows.templates import template_models
     from tests.workflows.test_run_templates import small
 
     def request(seed: int):
-        api = small(_custom_wan({"class_type": "SamplerDPMPP_2M_SDE", "inputs": {
-            "solver_type": "midpoint", "eta": 0.5, "s_noise": 1.0, "noise_device": "cpu"}}))
+        api = small(_custom_wan(node))
         api["901"]["inputs"]["steps"] = 3
         next(n for n in api.values() if n["class_type"] == "SamplerCustom")["inputs"]["noise_seed"] = seed
         (generation,) = compile_workflow(api, template_models({"wan": wan_t2v_dir})).generations
@@ -372,7 +392,17 @@ def test_on_the_ltx2_two_stage_path_comfyuis_samplers_stay_deviations():
         compile_workflow(api, template_models(), exact=True)
 
 
-@pytest.mark.parametrize("name", list(NAMES))
+def test_dpmpp_sde_runs_two_evaluations_a_step_and_refuses_a_start_from_given_latents():
+    case = next(c for c in GOLDEN if c["sampler"] == "dpmpp_sde" and c["steps"] == 6 and c["scheduler"] == "simple")
+    sampler, sigmas = _sampler(case), case["sigmas"][:-1]
+    state = sampler.init_state(len(sigmas), sigmas=sigmas, shift=1.0, seed=1)
+    assert state.num_steps == 2 * len(sigmas) - 1  # the last step is the denoising step's one evaluation
+    assert state.sigmas[2] == torch.tensor(sigmas[1]) and sigmas[2] < state.sigmas[3] < sigmas[1]
+    with pytest.raises(ValueError, match="'comfy_dpmpp_sde' does not start from given latents"):
+        sampler.add_noise(state, torch.zeros(2, 6), torch.zeros(2, 6))
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n not in TWO_EVALUATIONS])
 def test_a_run_from_given_latents_is_comfyuis_run_over_the_rest_of_the_schedule(name):
     """A loop from given latents starts mid-schedule (step_index = start): the sampler runs the
     remaining sigmas as a fresh ComfyUI run over them (a fresh noise generator, no history)."""

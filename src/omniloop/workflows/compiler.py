@@ -39,16 +39,18 @@ SUPPORTED_SAMPLERS: Mapping[str, str] = {"euler": "flow_euler", "uni_pc": "comfy
                                          "dpmpp_2m_sde_heun": "comfy_dpmpp_2m_sde_heun",
                                          "dpmpp_2m_sde_heun_gpu": "comfy_dpmpp_2m_sde_heun_gpu",
                                          "res_multistep": "comfy_res_multistep",
-                                         "res_multistep_ancestral": "comfy_res_multistep_ancestral"}
+                                         "res_multistep_ancestral": "comfy_res_multistep_ancestral",
+                                         "dpmpp_sde": "comfy_dpmpp_sde", "dpmpp_sde_gpu": "comfy_dpmpp_sde_gpu"}
 # samplers that keep history or draw noise from a generator: ComfyUI restarts them at each sampler node
 RESTARTING_SAMPLERS = frozenset(set(SUPPORTED_SAMPLERS) - {"euler"})
 # a sampler node's knobs (SamplerEulerAncestral's, SamplerDPMPP_2M_SDE's) -> the denoise loop's node
 # params, with ComfyUI's defaults; the samplers that take them
 SAMPLER_OPTION_DEFAULTS: Mapping[str, float] = {"eta": 1.0, "s_noise": 1.0}
 OPTION_SAMPLERS = frozenset({"euler_ancestral", "dpmpp_2m_sde", "dpmpp_2m_sde_gpu", "dpmpp_2m_sde_heun",
-                             "dpmpp_2m_sde_heun_gpu", "res_multistep_ancestral"})
+                             "dpmpp_2m_sde_heun_gpu", "res_multistep_ancestral", "dpmpp_sde", "dpmpp_sde_gpu"})
 # the samplers that start a schedule at sigma 1 at the model sampling's percent_to_sigma(1e-4)
-SNR_OFFSET_SAMPLERS = frozenset({"dpmpp_2m_sde", "dpmpp_2m_sde_gpu", "dpmpp_2m_sde_heun", "dpmpp_2m_sde_heun_gpu"})
+SNR_OFFSET_SAMPLERS = frozenset({"dpmpp_2m_sde", "dpmpp_2m_sde_gpu", "dpmpp_2m_sde_heun", "dpmpp_2m_sde_heun_gpu",
+                                 "dpmpp_sde", "dpmpp_sde_gpu"})
 # the sampler nodes whose schedule is KSampler's (calculate_sigmas, with its penultimate-sigma rule)
 KSAMPLER_NODES = frozenset({"KSampler", "KSamplerAdvanced"})
 SUPPORTED_SCHEDULERS = SCHEDULES

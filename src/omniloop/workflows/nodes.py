@@ -592,6 +592,17 @@ def sampler_dpmpp_2m_sde(call: NodeCall) -> tuple[Any, ...]:
     return (SamplerChoice(name, (("eta", float(call["eta"])), ("s_noise", float(call["s_noise"])))),)
 
 
+@node("SamplerDPMPP_SDE", [i("eta", "FLOAT", 1.0, min=0.0, max=100.0), i("s_noise", "FLOAT", 1.0, min=0.0, max=100.0),
+                           i("r", "FLOAT", 0.5, min=0.0, max=100.0), i("noise_device", "COMBO", "gpu", options=("gpu", "cpu"))],
+      ["SAMPLER"], category="sampling/custom_sampling/samplers")
+def sampler_dpmpp_sde(call: NodeCall) -> tuple[Any, ...]:
+    """DPM-Solver++ SDE (two evaluations a step); its noise device picks KSampler's sampler of that form."""
+    if float(call["r"]) != 0.5:
+        call.context.deviate(call, f"r={call['r']}: the second evaluation is at the step's midpoint (r 0.5)")
+    name = "dpmpp_sde" + ("_gpu" if call["noise_device"] == "gpu" else "")
+    return (SamplerChoice(name, (("eta", float(call["eta"])), ("s_noise", float(call["s_noise"])))),)
+
+
 @node("BasicScheduler", [i("model", "MODEL"), i("scheduler", "COMBO", "simple", options=SCHEDULER_NAMES),
                          i("steps", "INT", 20, min=1, max=10000), i("denoise", "FLOAT", 1.0, min=0.0, max=1.0)],
       ["SIGMAS"], category="sampling/custom_sampling/schedulers")

@@ -13,6 +13,7 @@ from omniloop.pipeline.samplers.comfy_dpmpp_2m import ComfyDPMpp2MSampler, Comfy
 from omniloop.pipeline.samplers.comfy_dpmpp_2m_sde import (ComfyDPMpp2MSDEGpuSampler, ComfyDPMpp2MSDEHeunGpuSampler,
                                                            ComfyDPMpp2MSDEHeunSampler, ComfyDPMpp2MSDESampler,
                                                            ComfyDPMpp2MSDEState)
+from omniloop.pipeline.samplers.comfy_dpmpp_sde import ComfyDPMppSDEGpuSampler, ComfyDPMppSDESampler, ComfyDPMppSDEState
 from omniloop.pipeline.samplers.comfy_euler_ancestral import ComfyAncestralState, ComfyEulerAncestralSampler
 from omniloop.pipeline.samplers.comfy_res_multistep import (ComfyResMultistepAncestralSampler,
                                                             ComfyResMultistepSampler, ComfyResMultistepState)
@@ -48,6 +49,9 @@ __all__ = [
     "ComfyDPMpp2MSDEHeunSampler",
     "ComfyDPMpp2MSDESampler",
     "ComfyDPMpp2MSDEState",
+    "ComfyDPMppSDEGpuSampler",
+    "ComfyDPMppSDESampler",
+    "ComfyDPMppSDEState",
     "ComfyResMultistepAncestralSampler",
     "ComfyResMultistepSampler",
     "ComfyResMultistepState",

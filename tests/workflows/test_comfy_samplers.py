@@ -227,6 +227,23 @@ def test_sampler_dpmpp_sde_compiles_with_its_knobs_and_r_other_than_half_is_a_de
     api["900"]["inputs"]["r"] = 0.3
     with pytest.raises(WorkflowError, match="r=0.3"):
         compile_workflow(api, template_models(), exact=True)
+    api["900"]["inputs"]["r"] = 0.5
+    api["901"]["inputs"]["denoise"] = 0.5  # a start mid-schedule: the model's own sampler, reported
+    with pytest.raises(WorkflowError, match="'dpmpp_sde' does not start mid-schedule here"):
+        compile_workflow(api, template_models(), exact=True)
+
+
+def test_the_sde_samplers_noise_given_latents_at_comfyuis_first_sigma():
+    """ComfyUI noises the start at the schedule's own first sigma (1: pure noise), before the
+    sampler offsets it for the half log-SNR."""
+    case = next(c for c in GOLDEN if c["sampler"] == "dpmpp_2m_sde" and c["steps"] == 6 and c["scheduler"] == "simple")
+    sampler, sigmas = _sampler(case), case["sigmas"][:-1]
+    state = sampler.init_state(len(sigmas), sigmas=sigmas, shift=1.0, seed=1)
+    original, noise = torch.full((2, 6), 0.5), torch.randn(2, 6)
+    assert torch.equal(sampler.add_noise(state, original, noise), noise)
+    state.step_index = 2
+    sigma = state.sigmas[2]
+    assert torch.equal(sampler.add_noise(state, original, noise), sigma * noise + (1.0 - sigma) * original)
 
 
 @pytest.mark.parametrize("solver_type,device,ours", [("midpoint", "cpu", "comfy_dpmpp_2m_sde"),
@@ -392,14 +409,17 @@ def test_on_the_ltx2_two_stage_path_comfyuis_samplers_stay_deviations():
         compile_workflow(api, template_models(), exact=True)
 
 
-def test_dpmpp_sde_runs_two_evaluations_a_step_and_refuses_a_start_from_given_latents():
+def test_dpmpp_sde_runs_two_evaluations_a_step_and_refuses_a_start_from_given_latents_mid_schedule():
     case = next(c for c in GOLDEN if c["sampler"] == "dpmpp_sde" and c["steps"] == 6 and c["scheduler"] == "simple")
     sampler, sigmas = _sampler(case), case["sigmas"][:-1]
     state = sampler.init_state(len(sigmas), sigmas=sigmas, shift=1.0, seed=1)
     assert state.num_steps == 2 * len(sigmas) - 1  # the last step is the denoising step's one evaluation
     assert state.sigmas[2] == torch.tensor(sigmas[1]) and sigmas[2] < state.sigmas[3] < sigmas[1]
-    with pytest.raises(ValueError, match="'comfy_dpmpp_sde' does not start from given latents"):
-        sampler.add_noise(state, torch.zeros(2, 6), torch.zeros(2, 6))
+    original, noise = torch.full((2, 6), 0.5), torch.randn(2, 6)
+    assert state.sigmas[0] < 1 and torch.equal(sampler.add_noise(state, original, noise), noise)  # ComfyUI's sigma 1
+    state.step_index = 2
+    with pytest.raises(ValueError, match="'comfy_dpmpp_sde' does not start from given latents mid-schedule"):
+        sampler.add_noise(state, original, noise)
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if n not in TWO_EVALUATIONS])

@@ -48,6 +48,8 @@ RESTARTING_SAMPLERS = frozenset(set(SUPPORTED_SAMPLERS) - {"euler"})
 SAMPLER_OPTION_DEFAULTS: Mapping[str, float] = {"eta": 1.0, "s_noise": 1.0}
 OPTION_SAMPLERS = frozenset({"euler_ancestral", "dpmpp_2m_sde", "dpmpp_2m_sde_gpu", "dpmpp_2m_sde_heun",
                              "dpmpp_2m_sde_heun_gpu", "res_multistep_ancestral", "dpmpp_sde", "dpmpp_sde_gpu"})
+# two model evaluations a step: no start from given latents mid-schedule
+TWO_EVALUATION_SAMPLERS = frozenset({"dpmpp_sde", "dpmpp_sde_gpu"})
 # the samplers that start a schedule at sigma 1 at the model sampling's percent_to_sigma(1e-4)
 SNR_OFFSET_SAMPLERS = frozenset({"dpmpp_2m_sde", "dpmpp_2m_sde_gpu", "dpmpp_2m_sde_heun", "dpmpp_2m_sde_heun_gpu",
                                  "dpmpp_sde", "dpmpp_sde_gpu"})
@@ -256,6 +258,10 @@ def _guidance(ev: Evaluation, run: Sampling, served: ServedCheckpoint, fields: F
 def _sampler(ev: Evaluation, run: Sampling, comfy_samplers: bool) -> str | None:
     supported = SUPPORTED_SAMPLERS if comfy_samplers else {"euler": SUPPORTED_SAMPLERS["euler"]}
     ours = supported.get(run.sampler_name)
+    if ours is not None and run.sampler_name in TWO_EVALUATION_SAMPLERS and run.denoise < 1.0:
+        _deviate(ev, run.node, f"sampler_name={run.sampler_name!r} does not start mid-schedule here (denoise="
+                 f"{run.denoise}: its two evaluations a step); the model's own sampler runs")
+        return None
     if ours is None:
         where = "" if comfy_samplers else " on a joint audio-video latent or the two-stage path"
         message = (f"sampler_name={run.sampler_name!r} is not supported{where} (supported: {sorted(supported)}); "

@@ -134,6 +134,15 @@ class ComfyDPMpp2MSDESampler(FlowEulerSampler):
         timesteps = (schedule[:-1] * self.num_train_timesteps).to(base.timesteps.device)
         return ComfyDPMpp2MSDEState(timesteps=timesteps, sigmas=schedule, seed=int(seed), top_sigma=top)
 
+    def add_noise(self, state: SamplerState, original: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """``flow_euler``'s, except at the first step of a schedule whose first sigma was offset:
+        ComfyUI noises the latents at the schedule's own first sigma (before the sampler offsets it)."""
+        assert isinstance(state, ComfyDPMpp2MSDEState), f"{self.name} noises its own states"
+        if state.step_index == 0 and state.top_sigma != float(state.sigmas[0]):
+            sigma = torch.tensor(state.top_sigma, dtype=original.dtype, device=original.device)
+            return sigma * noise + (1.0 - sigma) * original
+        return super().add_noise(state, original, noise)
+
     def step(self, state: SamplerState, model_output: torch.Tensor, sample: torch.Tensor) -> torch.Tensor:
         assert isinstance(state, ComfyDPMpp2MSDEState) and not state.done, "step() after the last step"
         assert model_output.shape == sample.shape, f"{tuple(model_output.shape)} != {tuple(sample.shape)}"

@@ -18,7 +18,7 @@ evaluation is one step of the denoise loop (as ``rk4_flow``'s stages): ``init_st
 step is the one evaluation at the last sigma). A first sigma of 1 is offset as ``dpmpp_2m_sde``'s
 (``model_shift``), and ``eps`` is its Brownian tree, queried ``(sigma, sigma_1)`` then ``(sigma,
 sigma')``. Equal to ComfyUI's to the bit (tests/workflows/golden/comfy_samplers.json). A start from
-given latents is refused (it would land between a step's two evaluations).
+given latents mid-schedule (strength < 1) is refused (it would land between a step's two evaluations).
 """
 
 from __future__ import annotations
@@ -81,8 +81,13 @@ class ComfyDPMppSDESampler(ComfyDPMpp2MSDESampler):
                                   top_sigma=base.top_sigma)
 
     def add_noise(self, state: SamplerState, original: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        raise ValueError("sampler 'comfy_dpmpp_sde' does not start from given latents (image-to-image): pass "
-                         "sampler='comfy_dpmpp_2m_sde' (one evaluation a step), or denoise from noise")
+        """At the first step only (strength 1: ComfyUI's noising at the schedule's own first sigma)."""
+        assert isinstance(state, ComfyDPMppSDEState), f"{self.name} noises its own states"
+        if state.step_index != 0:
+            raise ValueError("sampler 'comfy_dpmpp_sde' does not start from given latents mid-schedule (strength < 1:"
+                             " between a step's two evaluations): pass sampler='comfy_dpmpp_2m_sde', or strength 1")
+        sigma = torch.tensor(state.top_sigma, dtype=original.dtype, device=original.device)
+        return sigma * noise + (1.0 - sigma) * original
 
     def _interval(self, state: ComfyDPMppSDEState) -> tuple[int, bool]:
         """(ComfyUI's step i, whether this evaluation is its second) of the loop's step index."""

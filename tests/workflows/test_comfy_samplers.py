@@ -1,7 +1,9 @@
-"""ComfyUI's euler_ancestral (with its seeded noise) and dpmpp_2m on a flow model: our
-comfy_euler_ancestral / comfy_dpmpp_2m samplers equal ComfyUI's own sample_euler_ancestral_RF /
-sample_dpmpp_2m over each schedule we run (golden/comfy_samplers.json, made by
-scripts/comfy_samplers_golden.py from a ComfyUI checkout: golden/README.md)."""
+"""ComfyUI's samplers on a flow model, with their seeded noise: our comfy_euler_ancestral /
+comfy_dpmpp_2m / comfy_dpmpp_2m_sde(_heun)(_gpu) / comfy_res_multistep(_ancestral) /
+comfy_dpmpp_sde(_gpu) equal ComfyUI's own sample_* functions over each schedule we run, and our
+karras / exponential / ddim_uniform / linear_quadratic / kl_optimal sigmas equal its schedulers'
+(golden/comfy_samplers.json, made by scripts/comfy_samplers_golden.py from a ComfyUI checkout:
+golden/README.md)."""
 
 from __future__ import annotations
 

@@ -61,7 +61,12 @@ CASES = [("euler_ancestral", {"eta": 1.0, "s_noise": 1.0}, 3.0, 6, 42),
          ("dpmpp_sde", {"eta": 0.5, "s_noise": 0.8}, 8.0, 4, 7),
          ("dpmpp_sde", {"eta": 0.0, "s_noise": 1.0}, 5.0, 5, 3),
          ("dpmpp_sde", {"eta": 1.0, "s_noise": 1.0}, 5.0, 1, 11),
-         ("dpmpp_sde_gpu", {"eta": 1.0, "s_noise": 1.0}, 3.0, 6, 42)]
+         ("dpmpp_sde_gpu", {"eta": 1.0, "s_noise": 1.0}, 3.0, 6, 42),
+         ("dpmpp_3m_sde", {"eta": 1.0, "s_noise": 1.0}, 3.0, 6, 42),
+         ("dpmpp_3m_sde", {"eta": 0.5, "s_noise": 0.8}, 8.0, 4, 7),
+         ("dpmpp_3m_sde", {"eta": 0.0, "s_noise": 1.0}, 5.0, 5, 3),
+         ("dpmpp_3m_sde", {"eta": 1.0, "s_noise": 1.0}, 5.0, 1, 11),
+         ("dpmpp_3m_sde_gpu", {"eta": 1.0, "s_noise": 1.0}, 5.0, 6, 11)]
 # the schedulers without a table of their own (comfy_flow_schedules.json has simple / normal / sgm_uniform / beta)
 MORE_SCHEDULERS = ("karras", "exponential", "ddim_uniform", "linear_quadratic", "kl_optimal")
 
@@ -158,7 +163,8 @@ def main() -> None:
              "get_sigmas_karras", "get_sigmas_exponential", "get_ancestral_step", "BatchedBrownianTree",
              "BrownianTreeNoiseSampler", "sigma_to_half_log_snr", "half_log_snr_to_sigma",
              "offset_first_sigma_for_snr", "sample_dpmpp_2m_sde", "sample_dpmpp_2m_sde_gpu", "res_multistep",
-             "sample_res_multistep", "sample_res_multistep_ancestral", "sample_dpmpp_sde", "sample_dpmpp_sde_gpu"}, ns)
+             "sample_res_multistep", "sample_res_multistep_ancestral", "sample_dpmpp_sde", "sample_dpmpp_sde_gpu", "sample_dpmpp_3m_sde",
+             "sample_dpmpp_3m_sde_gpu"}, ns)
     extract(source(args.comfyui, "comfy/samplers.py"),
             {"simple_scheduler", "normal_scheduler", "beta_scheduler", "ddim_scheduler", "linear_quadratic_schedule",
              "kl_optimal_scheduler"}, ns)
@@ -168,7 +174,8 @@ def main() -> None:
                 "dpmpp_2m_sde": ns["sample_dpmpp_2m_sde"], "dpmpp_2m_sde_gpu": ns["sample_dpmpp_2m_sde_gpu"],
                 "res_multistep": ns["sample_res_multistep"],
                 "res_multistep_ancestral": ns["sample_res_multistep_ancestral"], "dpmpp_sde": ns["sample_dpmpp_sde"],
-                "dpmpp_sde_gpu": ns["sample_dpmpp_sde_gpu"]}
+                "dpmpp_sde_gpu": ns["sample_dpmpp_sde_gpu"], "dpmpp_3m_sde": ns["sample_dpmpp_3m_sde"],
+                "dpmpp_3m_sde_gpu": ns["sample_dpmpp_3m_sde_gpu"]}
     # what ComfyUI's model of a ModelSamplingSD3 flow model is: the discrete flow sampling and CONST in one
     flow_sampling = type("FlowSampling", (ns["ModelSamplingDiscreteFlow"], ns["CONST"]), {})
 

@@ -1,6 +1,6 @@
 """ComfyUI's samplers on a flow model, with their seeded noise: our comfy_euler_ancestral /
 comfy_dpmpp_2m / comfy_dpmpp_2m_sde(_heun)(_gpu) / comfy_res_multistep(_ancestral) /
-comfy_dpmpp_sde(_gpu) equal ComfyUI's own sample_* functions over each schedule we run, and our
+comfy_dpmpp_sde(_gpu) / comfy_dpmpp_3m_sde(_gpu) equal ComfyUI's own sample_* functions over each schedule we run, and our
 karras / exponential / ddim_uniform / linear_quadratic / kl_optimal sigmas equal its schedulers'
 (golden/comfy_samplers.json, made by scripts/comfy_samplers_golden.py from a ComfyUI checkout:
 golden/README.md)."""
@@ -20,7 +20,8 @@ GOLDEN = json.loads((Path(__file__).parent / "golden" / "comfy_samplers.json").r
 NAMES = {"euler_ancestral": "comfy_euler_ancestral", "dpmpp_2m": "comfy_dpmpp_2m",
          "dpmpp_2m_sde": "comfy_dpmpp_2m_sde", "dpmpp_2m_sde_gpu": "comfy_dpmpp_2m_sde_gpu",
          "res_multistep": "comfy_res_multistep", "res_multistep_ancestral": "comfy_res_multistep_ancestral",
-         "dpmpp_sde": "comfy_dpmpp_sde", "dpmpp_sde_gpu": "comfy_dpmpp_sde_gpu"}
+         "dpmpp_sde": "comfy_dpmpp_sde", "dpmpp_sde_gpu": "comfy_dpmpp_sde_gpu",
+         "dpmpp_3m_sde": "comfy_dpmpp_3m_sde", "dpmpp_3m_sde_gpu": "comfy_dpmpp_3m_sde_gpu"}
 TWO_EVALUATIONS = ("dpmpp_sde", "dpmpp_sde_gpu")  # a ComfyUI step is two loop steps
 SAMPLER_SCHEDULES = ("simple", "normal", "sgm_uniform", "beta")  # the sampler runs' schedules (ComfyUI's own)
 
@@ -38,7 +39,7 @@ def _sampler(case):
     options, name = dict(case["options"]), NAMES[case["sampler"]]
     if options.pop("solver_type", "midpoint") == "heun":
         name = name.replace("_sde", "_sde_heun")
-    if case["sampler"].startswith(("dpmpp_2m_sde", "dpmpp_sde")):
+    if case["sampler"].startswith(("dpmpp_2m_sde", "dpmpp_sde", "dpmpp_3m_sde")):
         options["model_shift"] = case["shift"]
     return build_sampler(name, {"shift": 1.0, **options})
 
@@ -283,13 +284,13 @@ def test_sampler_custom_without_noise_and_unsupported_samplers_are_refused_namin
     with pytest.raises(WorkflowError) as e:
         compile_workflow(api, template_models())
     assert "adds no noise" in str(e.value)
-    api = _custom_wan({"class_type": "KSamplerSelect", "inputs": {"sampler_name": "dpmpp_3m_sde"}})
+    api = _custom_wan({"class_type": "KSamplerSelect", "inputs": {"sampler_name": "dpmpp_2s_ancestral"}})
     with pytest.raises(WorkflowError) as e:
         compile_workflow(api, template_models(), exact=True)
     (error,) = e.value.to_comfy()["node_errors"].values()
     assert error["class_type"] == "SamplerCustom"
     message = str(error["errors"])
-    assert "dpmpp_3m_sde" in message and "'euler_ancestral'" in message and "'dpmpp_2m_sde'" in message
+    assert "dpmpp_2s_ancestral" in message and "'euler_ancestral'" in message and "'dpmpp_3m_sde'" in message
 
 
 def test_a_sampler_custom_euler_ancestral_workflow_runs_reproducibly_with_its_eta(wan_t2v_dir):
@@ -436,3 +437,16 @@ def test_a_run_from_given_latents_is_comfyuis_run_over_the_rest_of_the_schedule(
     late.step_index = start
     fresh = sampler.init_state(steps - start, sigmas=sigmas[start:-1], shift=1.0, seed=5)
     assert torch.equal(_run(sampler, late, x0), _run(sampler, fresh, x0))
+
+
+def test_on_an_audio_latent_comfyuis_flow_samplers_are_deviations():
+    """audio_stable_audio_example (KSampler dpmpp_3m_sde_gpu / exponential): Stable Audio is a
+    v-prediction model over EDM sigmas, not a flow model, so its own sampler runs, reported."""
+    pytest.importorskip("comfyui_workflow_templates_json")
+    from omniloop.workflows import compile_workflow
+    from omniloop.workflows.ui_format import ui_to_api
+    from tests.workflows.templates import template, template_models
+
+    result = compile_workflow(ui_to_api(template("audio_stable_audio_example")), template_models())
+    assert result.generations[0].request.diffusion.sampler is None
+    assert any("'dpmpp_3m_sde_gpu' runs on flow models only" in d.message for d in result.deviations)

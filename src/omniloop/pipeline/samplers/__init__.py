@@ -13,6 +13,7 @@ from omniloop.pipeline.samplers.comfy_dpmpp_2m import ComfyDPMpp2MSampler, Comfy
 from omniloop.pipeline.samplers.comfy_dpmpp_2m_sde import (ComfyDPMpp2MSDEGpuSampler, ComfyDPMpp2MSDEHeunGpuSampler,
                                                            ComfyDPMpp2MSDEHeunSampler, ComfyDPMpp2MSDESampler,
                                                            ComfyDPMpp2MSDEState)
+from omniloop.pipeline.samplers.comfy_dpmpp_3m_sde import ComfyDPMpp3MSDEGpuSampler, ComfyDPMpp3MSDESampler, ComfyDPMpp3MSDEState
 from omniloop.pipeline.samplers.comfy_dpmpp_sde import ComfyDPMppSDEGpuSampler, ComfyDPMppSDESampler, ComfyDPMppSDEState
 from omniloop.pipeline.samplers.comfy_euler_ancestral import ComfyAncestralState, ComfyEulerAncestralSampler
 from omniloop.pipeline.samplers.comfy_res_multistep import (ComfyResMultistepAncestralSampler,
@@ -49,6 +50,9 @@ __all__ = [
     "ComfyDPMpp2MSDEHeunSampler",
     "ComfyDPMpp2MSDESampler",
     "ComfyDPMpp2MSDEState",
+    "ComfyDPMpp3MSDEGpuSampler",
+    "ComfyDPMpp3MSDESampler",
+    "ComfyDPMpp3MSDEState",
     "ComfyDPMppSDEGpuSampler",
     "ComfyDPMppSDESampler",
     "ComfyDPMppSDEState",

@@ -83,7 +83,7 @@ class ComfyDPMpp2MSDEState(SamplerState, RowParts):
     noise: BrownianNoise | None = None  # built at the run's first noised step
 
 
-def _lambda(sigma: torch.Tensor) -> torch.Tensor:
+def half_log_snr(sigma: torch.Tensor) -> torch.Tensor:
     return sigma.logit().neg()  # CONST: log((1 - sigma) / sigma)
 
 
@@ -155,7 +155,7 @@ class ComfyDPMpp2MSDESampler(FlowEulerSampler):
         if sigma_next == 0:
             out = denoised  # the denoising step
         else:
-            h = _lambda(sigma_next) - _lambda(sigma)
+            h = half_log_snr(sigma_next) - half_log_snr(sigma)
             out = self._update(state, x, denoised, sigma, sigma_next, h)
         state.old_denoised = denoised
         state.h_last = h
@@ -167,7 +167,7 @@ class ComfyDPMpp2MSDESampler(FlowEulerSampler):
         # NOTE: the products are taken in ComfyUI's order (scalars first), so rows round as there
         eta, s_noise = self.eta, self.s_noise
         h_eta = h * (eta + 1)
-        alpha_t = sigma_next * _lambda(sigma_next).exp()
+        alpha_t = sigma_next * half_log_snr(sigma_next).exp()
         x = sigma_next / sigma * (-h * eta).exp() * x + alpha_t * (-h_eta).expm1().neg() * denoised
         if state.old_denoised is not None:
             assert state.h_last is not None, "a previous estimate comes with its step"

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy
 import scipy.stats
 import torch
+import torchsde
 
 SCHEDULERS = ("simple", "normal", "sgm_uniform", "beta")
 # (sampler, options, shift, steps, seed)
@@ -43,7 +44,31 @@ CASES = [("euler_ancestral", {"eta": 1.0, "s_noise": 1.0}, 3.0, 6, 42),
          ("euler_ancestral", {"eta": 1.0, "s_noise": 1.0}, 5.0, 1, 11),
          ("dpmpp_2m", {}, 3.0, 6, 0),
          ("dpmpp_2m", {}, 8.0, 4, 0),
-         ("dpmpp_2m", {}, 5.0, 1, 0)]
+         ("dpmpp_2m", {}, 5.0, 1, 0),
+         # the Brownian-tree SDE samplers (torchsde's tree seeded with the prompt's seed) and res_multistep
+         ("dpmpp_2m_sde", {"eta": 1.0, "s_noise": 1.0, "solver_type": "midpoint"}, 3.0, 6, 42),
+         ("dpmpp_2m_sde", {"eta": 0.5, "s_noise": 0.8, "solver_type": "heun"}, 8.0, 4, 7),
+         ("dpmpp_2m_sde", {"eta": 0.0, "s_noise": 1.0, "solver_type": "midpoint"}, 5.0, 5, 3),
+         ("dpmpp_2m_sde", {"eta": 1.0, "s_noise": 1.0, "solver_type": "midpoint"}, 5.0, 1, 11),
+         ("dpmpp_2m_sde_gpu", {"eta": 1.0, "s_noise": 1.0, "solver_type": "midpoint"}, 3.0, 6, 42),
+         ("res_multistep", {}, 3.0, 6, 0),
+         ("res_multistep", {}, 8.0, 4, 0),
+         ("res_multistep", {}, 5.0, 1, 0),
+         ("res_multistep_ancestral", {"eta": 1.0, "s_noise": 1.0}, 3.0, 6, 42),
+         ("res_multistep_ancestral", {"eta": 0.5, "s_noise": 0.8}, 8.0, 4, 7),
+         # two model evaluations a step (the second at the step's midpoint in half log-SNR)
+         ("dpmpp_sde", {"eta": 1.0, "s_noise": 1.0}, 3.0, 6, 42),
+         ("dpmpp_sde", {"eta": 0.5, "s_noise": 0.8}, 8.0, 4, 7),
+         ("dpmpp_sde", {"eta": 0.0, "s_noise": 1.0}, 5.0, 5, 3),
+         ("dpmpp_sde", {"eta": 1.0, "s_noise": 1.0}, 5.0, 1, 11),
+         ("dpmpp_sde_gpu", {"eta": 1.0, "s_noise": 1.0}, 3.0, 6, 42),
+         ("dpmpp_3m_sde", {"eta": 1.0, "s_noise": 1.0}, 3.0, 6, 42),
+         ("dpmpp_3m_sde", {"eta": 0.5, "s_noise": 0.8}, 8.0, 4, 7),
+         ("dpmpp_3m_sde", {"eta": 0.0, "s_noise": 1.0}, 5.0, 5, 3),
+         ("dpmpp_3m_sde", {"eta": 1.0, "s_noise": 1.0}, 5.0, 1, 11),
+         ("dpmpp_3m_sde_gpu", {"eta": 1.0, "s_noise": 1.0}, 5.0, 6, 11)]
+# the schedulers without a table of their own (comfy_flow_schedules.json has simple / normal / sgm_uniform / beta)
+MORE_SCHEDULERS = ("karras", "exponential", "ddim_uniform", "linear_quadratic", "kl_optimal")
 
 
 def source(repo: Path, path: str) -> str:
@@ -98,6 +123,25 @@ def cfg_zero_star_cases(repo: Path, const) -> list[dict]:
     return cases
 
 
+class ToyModel:
+    """The toy flow model as a k-diffusion denoiser, with the path to its model sampling the SDE
+    samplers read (``model.inner_model.model_patcher.get_model_object('model_sampling')``)."""
+
+    def __init__(self, const, sampling):
+        self.const, self.sampling = const, sampling
+        patcher = type("Patcher", (), {"get_model_object": staticmethod(lambda name: sampling)})
+        self.inner_model = type("Inner", (), {"model_patcher": patcher})
+
+    def __call__(self, x, sigma, **kwargs):
+        v = 0.5 * x - sigma.view(-1, 1)  # the toy velocity at the model input
+        return self.const.calculate_denoised(sigma, v, x)
+
+
+def _unpacked(handler, sampling, steps):
+    """A scheduler ``calculate_sigmas`` calls with the model sampling's range (``use_ms=False``)."""
+    return handler(n=steps, sigma_min=float(sampling.sigma_min), sigma_max=float(sampling.sigma_max))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("comfyui", type=Path, help="a ComfyUI git checkout (its .git or work tree)")
@@ -107,30 +151,44 @@ def main() -> None:
                               capture_output=True, text=True).stdout.strip()
     utils: dict = {"torch": torch}
     extract(source(args.comfyui, "comfy/k_diffusion/utils.py"), {"append_dims"}, utils)
-    ns: dict = {"torch": torch, "math": math, "numpy": numpy, "scipy": scipy, "partial": partial,
+    comfy = type("comfy", (), {"model_sampling": type("model_sampling", (), {})})
+    ns: dict = {"torch": torch, "math": math, "numpy": numpy, "scipy": scipy, "partial": partial, "nn": torch.nn,
+                "torchsde": torchsde, "comfy": comfy,
                 "trange": lambda n, disable=None: range(n), "utils": type("utils", (), utils)}
-    extract(source(args.comfyui, "comfy/k_diffusion/sampling.py"),
-            {"to_d", "default_noise_sampler", "sample_euler_ancestral_RF", "sample_dpmpp_2m"}, ns)
     extract(source(args.comfyui, "comfy/model_sampling.py"),
             {"time_snr_shift", "reshape_sigma", "CONST", "ModelSamplingDiscreteFlow"}, ns)
-    extract(source(args.comfyui, "comfy/samplers.py"), {"simple_scheduler", "normal_scheduler", "beta_scheduler"}, ns)
+    comfy.model_sampling.CONST = ns["CONST"]  # what sigma_to_half_log_snr tests the model sampling against
+    extract(source(args.comfyui, "comfy/k_diffusion/sampling.py"),
+            {"to_d", "default_noise_sampler", "sample_euler_ancestral_RF", "sample_dpmpp_2m", "append_zero",
+             "get_sigmas_karras", "get_sigmas_exponential", "get_ancestral_step", "BatchedBrownianTree",
+             "BrownianTreeNoiseSampler", "sigma_to_half_log_snr", "half_log_snr_to_sigma",
+             "offset_first_sigma_for_snr", "sample_dpmpp_2m_sde", "sample_dpmpp_2m_sde_gpu", "res_multistep",
+             "sample_res_multistep", "sample_res_multistep_ancestral", "sample_dpmpp_sde", "sample_dpmpp_sde_gpu", "sample_dpmpp_3m_sde",
+             "sample_dpmpp_3m_sde_gpu"}, ns)
+    extract(source(args.comfyui, "comfy/samplers.py"),
+            {"simple_scheduler", "normal_scheduler", "beta_scheduler", "ddim_scheduler", "linear_quadratic_schedule",
+             "kl_optimal_scheduler"}, ns)
     schedulers = {"simple": ns["simple_scheduler"], "normal": ns["normal_scheduler"],
                   "sgm_uniform": partial(ns["normal_scheduler"], sgm=True), "beta": ns["beta_scheduler"]}
-    samplers = {"euler_ancestral": ns["sample_euler_ancestral_RF"], "dpmpp_2m": ns["sample_dpmpp_2m"]}
+    samplers = {"euler_ancestral": ns["sample_euler_ancestral_RF"], "dpmpp_2m": ns["sample_dpmpp_2m"],
+                "dpmpp_2m_sde": ns["sample_dpmpp_2m_sde"], "dpmpp_2m_sde_gpu": ns["sample_dpmpp_2m_sde_gpu"],
+                "res_multistep": ns["sample_res_multistep"],
+                "res_multistep_ancestral": ns["sample_res_multistep_ancestral"], "dpmpp_sde": ns["sample_dpmpp_sde"],
+                "dpmpp_sde_gpu": ns["sample_dpmpp_sde_gpu"], "dpmpp_3m_sde": ns["sample_dpmpp_3m_sde"],
+                "dpmpp_3m_sde_gpu": ns["sample_dpmpp_3m_sde_gpu"]}
+    # what ComfyUI's model of a ModelSamplingSD3 flow model is: the discrete flow sampling and CONST in one
+    flow_sampling = type("FlowSampling", (ns["ModelSamplingDiscreteFlow"], ns["CONST"]), {})
 
     x_init = torch.linspace(-1, 1, 12).reshape(2, 6)
     cases = []
     for sampler_name, options, shift, steps, seed in CASES:
         for scheduler in SCHEDULERS:
-            sampling = ns["ModelSamplingDiscreteFlow"]()
+            sampling = flow_sampling()
             sampling.set_parameters(shift=shift)
             sigmas = schedulers[scheduler](sampling, steps)
             const = ns["CONST"]()
             x = const.noise_scaling(sigmas[0], x_init, torch.zeros_like(x_init))
-
-            def model(x, sigma, **kwargs):
-                v = 0.5 * x - sigma.view(-1, 1)  # the toy velocity at the model input
-                return const.calculate_denoised(sigma, v, x)
+            model = ToyModel(const, sampling)
 
             out = samplers[sampler_name](model, x, sigmas, extra_args={"seed": seed}, disable=True, **options)
             out = const.inverse_noise_scaling(sigmas[-1], out)
@@ -138,9 +196,20 @@ def main() -> None:
                           "steps": steps, "seed": seed, "sigmas": sigmas.tolist(), "x_init": x_init.tolist(),
                           "x_final": out.tolist()})
     table_zero_star = cfg_zero_star_cases(args.comfyui, ns["CONST"]())
+    schedules = []
+    more = {"karras": partial(_unpacked, ns["get_sigmas_karras"]), "exponential": partial(_unpacked, ns["get_sigmas_exponential"]),
+            "ddim_uniform": ns["ddim_scheduler"], "linear_quadratic": ns["linear_quadratic_schedule"],
+            "kl_optimal": partial(_unpacked, ns["kl_optimal_scheduler"])}
+    for scheduler in MORE_SCHEDULERS:  # as calculate_sigmas calls them
+        for shift in (1.0, 3.0, 5.0, 8.0):
+            for steps in (2, 4, 20, 30):
+                sampling = flow_sampling()
+                sampling.set_parameters(shift=shift)
+                schedules.append({"scheduler": scheduler, "shift": shift, "steps": steps,
+                                  "sigmas": more[scheduler](sampling, steps).tolist()})
     table = {"source": f"ComfyUI {revision}: comfy/k_diffusion/sampling.py sample_euler_ancestral_RF / "
                        "sample_dpmpp_2m, driven as KSAMPLER does for a flow model (scripts/comfy_samplers_golden.py)",
-             "cases": cases, "cfg_zero_star": table_zero_star}
+             "cases": cases, "cfg_zero_star": table_zero_star, "schedules": schedules}
     args.out.write_text(json.dumps(table, indent=1) + "\n")
     print(f"{len(cases)} cases -> {args.out}")
 

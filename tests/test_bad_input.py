@@ -70,7 +70,7 @@ def test_unreadable_image(i2v, tmp_path):
 
 
 def test_unknown_sampler_and_generation_param(t2v):
-    with pytest.raises(ValueError, match=r"diffusion.sampler 'ddim' is not offered by this model; pass one of \['comfy_dpmpp_2m', 'comfy_euler_ancestral', 'comfy_uni_pc', 'comfy_uni_pc_bh2', 'flow_euler', 'flow_sde', 'flow_unipc'\]"):
+    with pytest.raises(ValueError, match=r"diffusion.sampler 'ddim' is not offered by this model; pass one of \['comfy_dpmpp_2m', 'comfy_dpmpp_2m_sde', 'comfy_dpmpp_2m_sde_gpu', 'comfy_dpmpp_2m_sde_heun', 'comfy_dpmpp_2m_sde_heun_gpu', 'comfy_dpmpp_3m_sde', 'comfy_dpmpp_3m_sde_gpu', 'comfy_dpmpp_sde', 'comfy_dpmpp_sde_gpu', 'comfy_euler_ancestral', 'comfy_res_multistep', 'comfy_res_multistep_ancestral', 'comfy_uni_pc', 'comfy_uni_pc_bh2', 'flow_euler', 'flow_sde', 'flow_unipc'\]"):
         t2v.generate(_t2v(sampler="ddim", height=32, width=32, num_frames=5))
     with pytest.raises(ValueError, match=r"unknown generation parameter\(s\) \['guidence_scale'\]"):
         t2v.generate_video("a cat", guidence_scale=3.0)

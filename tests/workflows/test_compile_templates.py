@@ -135,9 +135,9 @@ def test_deviations_are_reported_and_an_exact_compile_refuses_them(models, input
     assert {(d.node, d.class_type) for d in loose.deviations} >= {("3", "KSampler")}
     api = ui_to_api(template("text_to_video_wan"))
     sampler = next(n for n in api.values() if n["class_type"] == "KSampler")
-    sampler["inputs"]["sampler_name"] = "dpmpp_3m_sde_gpu"
+    sampler["inputs"]["sampler_name"] = "dpmpp_2s_ancestral"  # (one we do not run)
     assert compile_workflow(api, models, input_dir=input_dir).generations[0].request.diffusion.sampler is None
-    with pytest.raises(WorkflowError, match="sampler_name='dpmpp_3m_sde_gpu' is not supported") as e:
+    with pytest.raises(WorkflowError, match="sampler_name='dpmpp_2s_ancestral' is not supported") as e:
         compile_workflow(api, models, input_dir=input_dir, exact=True)
     body = e.value.to_comfy()
     (node_id, entry), = body["node_errors"].items()

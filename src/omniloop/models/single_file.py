@@ -215,6 +215,9 @@ class SingleFileSet:
     # carry (its weights are not read; diffusers' from_single_file(config=...)); None: the
     # family's released configs
     configs: Path | None = None
+    # the workflow edits with a reference image (ComfyUI's ReferenceLatent): a FLUX.1 DiT runs as
+    # FLUX.1 Kontext (whose file is a dev-architecture DiT: the workflow, not the file, says so)
+    reference_edit: bool = False
 
     def __post_init__(self) -> None:
         if self.checkpoint is not None:

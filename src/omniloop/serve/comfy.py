@@ -41,7 +41,7 @@ from omniloop.engine.model_pool import ModelPool
 from omniloop.models.comfy_folder import ComfyModelNameRefused, ComfyModelNotFound, ComfyModels
 from omniloop.models.single_file import MissingSection, SingleFileSet, carries_tokenizer, require_text_sections
 from omniloop.pipeline.adapters import adapter_cache
-from omniloop.request import FinalEvent, OmniEvent, OmniOutput, ProgressEvent, RequestStatus
+from omniloop.request import FinalEvent, OmniEvent, OmniOutput, ProgressEvent, RequestStatus, TaskType
 from omniloop.serve.state import ServeState, check_auth, require_auth
 from omniloop.serve.wire import ServedModel
 from omniloop.workflows import CompiledWorkflow, Generation, ModelFolder, WorkflowError, compile_workflow
@@ -781,7 +781,10 @@ def single_file_set(compiled: CompiledWorkflow, generation: Generation, models: 
                              vae=next(iter(vaes), ""), text_encoders=tuple(encoders), tokenizers=tuple(tokenizers),
                              text_from_checkpoint=checkpoint_clip is not None,
                              latent_upsampler=next(iter(upsamplers), ""), clip_vision=next(iter(visions), ""),
-                             style_model=next(iter(styles), ""), **facts)
+                             style_model=next(iter(styles), ""),
+                             # an edit of a reference image (Kontext); a text-to-image reference is Redux's
+                             reference_edit=generation.request.task is TaskType.I2I
+                             and bool(generation.request.images("reference")), **facts)
     except ValueError as e:
         raise node_error(sampler, compiled.graph[sampler].class_type, "invalid_input_type",
                          f"the loaders do not make a model: {e}") from None

@@ -36,14 +36,33 @@ from omniloop.workflows.values import AudioOut, Latent, Pixels, SaveTarget, Samp
 # ComfyUI sampler -> ours; the named schedules we run (ComfyUI's own under ModelSamplingSD3)
 SUPPORTED_SAMPLERS: Mapping[str, str] = {"euler": "flow_euler", "uni_pc": "comfy_uni_pc",
                                          "uni_pc_bh2": "comfy_uni_pc_bh2", "euler_ancestral": "comfy_euler_ancestral",
-                                         "dpmpp_2m": "comfy_dpmpp_2m"}
+                                         "dpmpp_2m": "comfy_dpmpp_2m", "dpmpp_2m_sde": "comfy_dpmpp_2m_sde",
+                                         "dpmpp_2m_sde_gpu": "comfy_dpmpp_2m_sde_gpu",
+                                         "dpmpp_2m_sde_heun": "comfy_dpmpp_2m_sde_heun",
+                                         "dpmpp_2m_sde_heun_gpu": "comfy_dpmpp_2m_sde_heun_gpu",
+                                         "res_multistep": "comfy_res_multistep",
+                                         "res_multistep_ancestral": "comfy_res_multistep_ancestral",
+                                         "dpmpp_sde": "comfy_dpmpp_sde", "dpmpp_sde_gpu": "comfy_dpmpp_sde_gpu",
+                                         "dpmpp_3m_sde": "comfy_dpmpp_3m_sde",
+                                         "dpmpp_3m_sde_gpu": "comfy_dpmpp_3m_sde_gpu"}
 # samplers that keep history or draw noise from a generator: ComfyUI restarts them at each sampler node
-RESTARTING_SAMPLERS = frozenset({"uni_pc", "uni_pc_bh2", "euler_ancestral", "dpmpp_2m"})
-# a sampler node's knobs (SamplerEulerAncestral's) -> the denoise loop's node params, with ComfyUI's defaults
+RESTARTING_SAMPLERS = frozenset(set(SUPPORTED_SAMPLERS) - {"euler"})
+# a sampler node's knobs (SamplerEulerAncestral's, SamplerDPMPP_2M_SDE's) -> the denoise loop's node
+# params, with ComfyUI's defaults; the samplers that take them
 SAMPLER_OPTION_DEFAULTS: Mapping[str, float] = {"eta": 1.0, "s_noise": 1.0}
+OPTION_SAMPLERS = frozenset({"euler_ancestral", "dpmpp_2m_sde", "dpmpp_2m_sde_gpu", "dpmpp_2m_sde_heun",
+                             "dpmpp_2m_sde_heun_gpu", "res_multistep_ancestral", "dpmpp_sde", "dpmpp_sde_gpu",
+                             "dpmpp_3m_sde", "dpmpp_3m_sde_gpu"})
+# two model evaluations a step: no start from given latents mid-schedule
+TWO_EVALUATION_SAMPLERS = frozenset({"dpmpp_sde", "dpmpp_sde_gpu"})
+# the samplers that start a schedule at sigma 1 at the model sampling's percent_to_sigma(1e-4)
+SNR_OFFSET_SAMPLERS = frozenset({"dpmpp_2m_sde", "dpmpp_2m_sde_gpu", "dpmpp_2m_sde_heun", "dpmpp_2m_sde_heun_gpu",
+                                 "dpmpp_sde", "dpmpp_sde_gpu", "dpmpp_3m_sde", "dpmpp_3m_sde_gpu"})
 # the sampler nodes whose schedule is KSampler's (calculate_sigmas, with its penultimate-sigma rule)
 KSAMPLER_NODES = frozenset({"KSampler", "KSamplerAdvanced"})
 SUPPORTED_SCHEDULERS = SCHEDULES
+# the schedulers computed over ModelSamplingSD3's training sigmas only (another model's own schedule runs)
+SD3_ONLY_SCHEDULERS = frozenset(SCHEDULES[4:])
 # the second stage's sigmas of the distilled two-stage recipe (the refine node's own)
 REFINE_SIGMAS = (0.909375, 0.725, 0.421875)
 SEED_LIMIT = 2**63
@@ -154,7 +173,9 @@ def _generation(ev: Evaluation, final: Latent, saves: tuple[SaveTarget, ...]) ->
     # the joint audio-video latent and the two-stage path run the model's own sampler beside euler
     # (ComfyUI's samplers there step a nested latent and a second sampler node we do not mirror)
     comfy_path = canvas.kind != "av" and "refine" not in node_params
-    _schedule(ev, first, fields, comfy_samplers=comfy_path)
+    # ComfyUI's samplers here step a flow model's sample: an audio latent's model (Stable Audio:
+    # v-prediction over EDM sigmas) runs its own sampler for any of them
+    _schedule(ev, first, fields, comfy_samplers=comfy_path, flow_model=canvas.kind != "audio")
     _sampler_options(ev, first, fields, node_params)
     if first.model.cfg_zero_star and comfy_path:
         node_params.setdefault(DENOISE_NODE, {})["cfg_zero_star"] = True
@@ -230,7 +251,7 @@ def _prompt(ev: Evaluation, run: Sampling) -> str:
 def _guidance(ev: Evaluation, run: Sampling, served: ServedCheckpoint, fields: Fields) -> None:
     """cfg -> guidance_scale; on a guidance-distilled model its embedded guidance instead."""
     negative = run.negative.text if run.negative is not None else None
-    if served.embedded_guidance:
+    if served.embedded_guidance or (served.guidance_unknown and run.positive.guidance is not None):
         if run.cfg != 1.0:
             _deviate(ev, run.node, f"cfg={run.cfg} on a guidance-distilled model: it runs with its embedded guidance "
                      "only (cfg 1)")
@@ -245,9 +266,19 @@ def _guidance(ev: Evaluation, run: Sampling, served: ServedCheckpoint, fields: F
         fields.put("negative_prompt", negative)
 
 
-def _sampler(ev: Evaluation, run: Sampling, comfy_samplers: bool) -> str | None:
+def _sampler(ev: Evaluation, run: Sampling, comfy_samplers: bool, flow_model: bool = True) -> str | None:
     supported = SUPPORTED_SAMPLERS if comfy_samplers else {"euler": SUPPORTED_SAMPLERS["euler"]}
+    if not flow_model:
+        ours = SUPPORTED_SAMPLERS.get(run.sampler_name)
+        if ours is not None and ours != SUPPORTED_SAMPLERS["euler"]:
+            _deviate(ev, run.node, f"sampler_name={run.sampler_name!r} runs on flow models only (this audio latent's "
+                     "model is not one); the model's own sampler runs")
+            return None
     ours = supported.get(run.sampler_name)
+    if ours is not None and run.sampler_name in TWO_EVALUATION_SAMPLERS and run.denoise < 1.0:
+        _deviate(ev, run.node, f"sampler_name={run.sampler_name!r} does not start mid-schedule here (denoise="
+                 f"{run.denoise}: its two evaluations a step); the model's own sampler runs")
+        return None
     if ours is None:
         where = "" if comfy_samplers else " on a joint audio-video latent or the two-stage path"
         message = (f"sampler_name={run.sampler_name!r} is not supported{where} (supported: {sorted(supported)}); "
@@ -257,27 +288,40 @@ def _sampler(ev: Evaluation, run: Sampling, comfy_samplers: bool) -> str | None:
 
 
 def _sampler_options(ev: Evaluation, run: Sampling, fields: Fields, node_params: dict[str, dict[str, Any]]) -> None:
-    """``SamplerEulerAncestral``'s eta / s_noise: the denoise loop's knobs where not ComfyUI's
-    defaults (when its sampler runs; otherwise the sampler's deviation was reported)."""
-    if fields.get("sampler") != SUPPORTED_SAMPLERS["euler_ancestral"]:
+    """A sampler node's eta / s_noise (``SamplerEulerAncestral``, ``SamplerDPMPP_2M_SDE``): the
+    denoise loop's knobs where not ComfyUI's defaults (when its sampler runs; otherwise the
+    sampler's deviation was reported). The SDE samplers also take the ModelSamplingSD3 shift the
+    sigmas were made with (their first sigma below 1 is that model sampling's)."""
+    if run.sampler_name not in OPTION_SAMPLERS or fields.get("sampler") != SUPPORTED_SAMPLERS[run.sampler_name]:
         return
     for name, value in run.sampler_options:
         if value != SAMPLER_OPTION_DEFAULTS[name]:
             node_params.setdefault(DENOISE_NODE, {})[name] = value
+    if run.sampler_name in SNR_OFFSET_SAMPLERS and run.model.shift is not None and fields.get("shift") == 1.0 \
+            and run.model.shift != 1.0:
+        node_params.setdefault(DENOISE_NODE, {})["model_shift"] = run.model.shift
 
 
-def _schedule(ev: Evaluation, run: Sampling, fields: Fields, *, comfy_samplers: bool = True) -> None:
+def _schedule(ev: Evaluation, run: Sampling, fields: Fields, *, comfy_samplers: bool = True,
+              flow_model: bool = True) -> None:
     """Steps or sigmas, sampler, shift. Under ``ModelSamplingSD3`` (a flow model with a static
     shift) a named schedule is ComfyUI's own (``schedules.py``): its shifted sigmas, shift 1.
     ``comfy_samplers``: ComfyUI's own samplers run (else euler only)."""
-    sampler = _sampler(ev, run, comfy_samplers)
+    sampler = _sampler(ev, run, comfy_samplers, flow_model)
     if run.scheduler is not None and run.scheduler != "ltxv" and run.scheduler not in SUPPORTED_SCHEDULERS:
         _deviate(ev, run.node, f"scheduler={run.scheduler!r} is not supported (supported: {list(SUPPORTED_SCHEDULERS)}"
                  "); the model's own schedule runs")
+    elif run.scheduler in SD3_ONLY_SCHEDULERS and run.model.shift is None and run.sigmas is None:
+        _deviate(ev, run.node, f"scheduler={run.scheduler!r} runs under ModelSamplingSD3 only (without it: "
+                 f"{list(SUPPORTED_SCHEDULERS[:4])}); the model's own schedule runs")
     if sampler is not None:
         fields.put("sampler", sampler)
     if run.sigmas is not None:
         fields.put("sigmas", list(run.sigmas))
+    elif run.scheduler == "kl_optimal" and run.steps < 2:
+        _deviate(ev, run.node, "scheduler='kl_optimal' at 1 step has no schedule (ComfyUI's divides by steps - 1: "
+                 "NaN sigmas); the model's own schedule runs")
+        fields.put("steps", run.steps)
     elif run.model.shift is not None and run.scheduler in SCHEDULES and run.denoise >= 1.0:
         sigmas = flow_schedule(run.scheduler, run.steps, run.model.shift)
         if _class(ev, run.node) in KSAMPLER_NODES:

@@ -44,6 +44,28 @@ class ServedCheckpoint:
     # a single file of the folder no map entry names: (its folder, its name there); the server
     # builds the pipeline from the workflow's loader files (serve/comfy.py)
     single_file: tuple[str, str] | None = None
+    # no file says (a coverage report's any-name folder): the workflow's FluxGuidance says it is embedded
+    guidance_unknown: bool = False
+
+
+# the key of a guidance-distilled DiT's guidance embedder (BFL's FLUX.1 dev / Kontext / Fill layout;
+# in a full checkpoint under model.diffusion_model.)
+GUIDANCE_KEY = "guidance_in.in_layer.weight"
+
+
+def embeds_guidance(path: Path) -> bool:
+    """Whether the DiT single file (or full checkpoint) at ``path`` takes an embedded guidance
+    (ComfyUI's ``FluxGuidance``): it has a guidance embedder. Reads the safetensors header only;
+    a file that is no safetensors says no (the load reports it)."""
+    from safetensors import safe_open
+
+    if not path.is_file():
+        return False
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return any(key == GUIDANCE_KEY or key.endswith(f".{GUIDANCE_KEY}") for key in f.keys())
+    except Exception:  # noqa: BLE001 - any unreadable file: not one this check can read
+        return False
 
 
 @dataclass
@@ -87,7 +109,7 @@ class ModelFolder:
     def any_name(cls, served: str = "served") -> "ModelFolder":
         """A folder where every name resolves to one served model: for coverage reports
         that check the nodes, not the files."""
-        return cls({served: ServedCheckpoint(served)}, {}, None, accept_any=served)
+        return cls({served: ServedCheckpoint(served, guidance_unknown=True)}, {}, None, accept_any=served)
 
     def names(self, folder: str) -> list[str]:
         """The file names of one ComfyUI folder (``GET /models/{folder}``)."""
@@ -112,7 +134,8 @@ class ModelFolder:
         for folder in folders:
             path = self._single_file(folder, name)
             if path is not None:
-                return ServedCheckpoint(f"{folder}/{name}", path, single_file=(folder, name))
+                return ServedCheckpoint(f"{folder}/{name}", path, embedded_guidance=embeds_guidance(path),
+                                        single_file=(folder, name))
         raise self._missing(folders, name, node_id, class_type, input_name)
 
     def _single_file(self, folder: str, name: str) -> Path | None:

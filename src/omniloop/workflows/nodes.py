@@ -32,7 +32,8 @@ SEED_MAX = 0xFFFFFFFFFFFFFFFF
 SAMPLER_NAMES = (
     "euler", "euler_cfg_pp", "euler_ancestral", "euler_ancestral_cfg_pp", "heun", "heunpp2", "dpm_2",
     "dpm_2_ancestral", "lms", "dpm_fast", "dpm_adaptive", "dpmpp_2s_ancestral", "dpmpp_2s_ancestral_cfg_pp",
-    "dpmpp_sde", "dpmpp_sde_gpu", "dpmpp_2m", "dpmpp_2m_cfg_pp", "dpmpp_2m_sde", "dpmpp_2m_sde_gpu", "dpmpp_3m_sde",
+    "dpmpp_sde", "dpmpp_sde_gpu", "dpmpp_2m", "dpmpp_2m_cfg_pp", "dpmpp_2m_sde", "dpmpp_2m_sde_gpu", "dpmpp_2m_sde_heun",
+    "dpmpp_2m_sde_heun_gpu", "dpmpp_3m_sde",
     "dpmpp_3m_sde_gpu", "ddpm", "lcm", "ipndm", "ipndm_v", "deis", "res_multistep", "res_multistep_cfg_pp",
     "res_multistep_ancestral", "res_multistep_ancestral_cfg_pp", "gradient_estimation", "er_sde", "seeds_2",
     "seeds_3", "sa_solver", "sa_solver_pece", "ddim", "uni_pc", "uni_pc_bh2",
@@ -422,6 +423,21 @@ def ltxv_img_to_video_inplace(call: NodeCall) -> tuple[Any, ...]:
     return (replace(call["latent"], image=call["image"]),)  # (an "av" latent keeps its audio half)
 
 
+@node("LTXVImgToVideo", [i("positive", "CONDITIONING"), i("negative", "CONDITIONING"), i("vae", "VAE"),
+                         i("image", "IMAGE"), _size("width", 768, 64), _size("height", 512, 64),
+                         i("length", "INT", 97, min=9, max=MAX_RESOLUTION), i("batch_size", "INT", 1, min=1, max=4096),
+                         i("strength", "FLOAT", 1.0, min=0.0, max=1.0)],
+      ["CONDITIONING", "CONDITIONING", "LATENT"], output_names=("positive", "negative", "latent"),
+      category="conditioning/video_models")
+def ltxv_img_to_video(call: NodeCall) -> tuple[Any, ...]:
+    """A video canvas whose first latent frame is the image's (kept: ComfyUI's noise mask 1 -
+    strength on it): the LTX i2v path, as EmptyLTXVLatentVideo + LTXVImgToVideoInplace. ComfyUI
+    resizes the image to the canvas (bilinear, center crop); the served model resizes it."""
+    if float(call["strength"]) != 1.0:
+        call.context.deviate(call, f"strength={call['strength']}: the first frame is kept exactly (strength 1)")
+    return call["positive"], call["negative"], replace(_video_latent(call), image=call["image"])
+
+
 @node("InpaintModelConditioning", [i("positive", "CONDITIONING"), i("negative", "CONDITIONING"), i("vae", "VAE"),
                                    i("pixels", "IMAGE"), i("mask", "MASK"), i("noise_mask", "BOOLEAN", True)],
       ["CONDITIONING", "CONDITIONING", "LATENT"], output_names=("positive", "negative", "latent"),
@@ -589,6 +605,28 @@ def ksampler_select(call: NodeCall) -> tuple[Any, ...]:
 def sampler_euler_ancestral(call: NodeCall) -> tuple[Any, ...]:
     """The ancestral Euler sampler with its eta and noise scale."""
     return (SamplerChoice("euler_ancestral", (("eta", float(call["eta"])), ("s_noise", float(call["s_noise"])))),)
+
+
+@node("SamplerDPMPP_2M_SDE", [i("solver_type", "COMBO", "midpoint", options=("midpoint", "heun")),
+                             i("eta", "FLOAT", 1.0, min=0.0, max=100.0), i("s_noise", "FLOAT", 1.0, min=0.0, max=100.0),
+                             i("noise_device", "COMBO", "gpu", options=("gpu", "cpu"))],
+      ["SAMPLER"], category="sampling/custom_sampling/samplers")
+def sampler_dpmpp_2m_sde(call: NodeCall) -> tuple[Any, ...]:
+    """DPM-Solver++(2M) SDE: its solver type and noise device pick KSampler's sampler of that form."""
+    name = "dpmpp_2m_sde" + ("_heun" if call["solver_type"] == "heun" else "") + \
+        ("_gpu" if call["noise_device"] == "gpu" else "")
+    return (SamplerChoice(name, (("eta", float(call["eta"])), ("s_noise", float(call["s_noise"])))),)
+
+
+@node("SamplerDPMPP_SDE", [i("eta", "FLOAT", 1.0, min=0.0, max=100.0), i("s_noise", "FLOAT", 1.0, min=0.0, max=100.0),
+                           i("r", "FLOAT", 0.5, min=0.0, max=100.0), i("noise_device", "COMBO", "gpu", options=("gpu", "cpu"))],
+      ["SAMPLER"], category="sampling/custom_sampling/samplers")
+def sampler_dpmpp_sde(call: NodeCall) -> tuple[Any, ...]:
+    """DPM-Solver++ SDE (two evaluations a step); its noise device picks KSampler's sampler of that form."""
+    if float(call["r"]) != 0.5:
+        call.context.deviate(call, f"r={call['r']}: the second evaluation is at the step's midpoint (r 0.5)")
+    name = "dpmpp_sde" + ("_gpu" if call["noise_device"] == "gpu" else "")
+    return (SamplerChoice(name, (("eta", float(call["eta"])), ("s_noise", float(call["s_noise"])))),)
 
 
 @node("BasicScheduler", [i("model", "MODEL"), i("scheduler", "COMBO", "simple", options=SCHEDULER_NAMES),

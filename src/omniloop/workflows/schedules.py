@@ -6,15 +6,21 @@ The flow model's training sigmas are ``shift * t / (1 + (shift - 1) * t)`` at ``
 ``i = 1..1000``; a schedule picks among them (``simple``: evenly spaced indices from the top)
 or evaluates the shift at evenly spaced timesteps (``normal``; ``sgm_uniform`` drops the end
 point), or picks the training sigmas at quantiles of a Beta(0.6, 0.6) distribution (``beta``,
-arXiv 2407.12173), and ends with 0. Checked against tables made by running ComfyUI's own functions
-(tests/workflows/golden/).
+arXiv 2407.12173), or every ``1000 // steps``-th training sigma from the second (``ddim_uniform``),
+or spans the training sigmas' range ``[sigma_min, 1]``: Karras' rho-7 ramp (``karras``), evenly in
+log sigma (``exponential``), evenly in arctan (``kl_optimal``); ``linear_quadratic`` is Mochi's
+(linear to 0.025 in half the steps, then quadratic, unshifted); each ends with 0. Checked against
+tables made by running ComfyUI's own functions (tests/workflows/golden/).
 """
 
 from __future__ import annotations
 
 import math
 
-SCHEDULES = ("simple", "normal", "sgm_uniform", "beta")
+SCHEDULES = ("simple", "normal", "sgm_uniform", "beta", "karras", "exponential", "ddim_uniform", "linear_quadratic",
+             "kl_optimal")
+KARRAS_RHO = 7.0
+LINEAR_QUADRATIC_THRESHOLD = 0.025
 BETA_ALPHA = BETA_BETA = 0.6
 TRAIN_STEPS, MULTIPLIER = 1000, 1000
 
@@ -43,6 +49,14 @@ def flow_schedule(scheduler: str, steps: int, shift: float) -> list[float]:
     sigmas = _train_sigmas(shift)
     if scheduler == "beta":
         return _beta_schedule(sigmas, steps)
+    if scheduler in _RANGE_SCHEDULES:
+        if scheduler == "kl_optimal" and steps < 2:
+            raise ValueError("kl_optimal needs steps >= 2 (ComfyUI's divides by steps - 1)")
+        return _RANGE_SCHEDULES[scheduler](steps, float(sigmas[0]), float(sigmas[-1]))
+    if scheduler == "ddim_uniform":
+        return _ddim_uniform(sigmas, steps)
+    if scheduler == "linear_quadratic":
+        return _linear_quadratic(steps, sigmas[-1])
     if scheduler == "simple":
         stride = len(sigmas) / steps
         return [float(sigmas[-(1 + int(x * stride))]) for x in range(steps)] + [0.0]
@@ -70,6 +84,61 @@ def ksampler_sigmas(scheduler: str, steps: int, shift: float, sampler_name: str 
         return flow_schedule(scheduler, steps, shift)
     sigmas = flow_schedule(scheduler, steps + 1, shift)
     return sigmas[:-2] + sigmas[-1:]
+
+
+def _karras(steps: int, sigma_min: float, sigma_max: float) -> list[float]:
+    import torch
+
+    ramp = torch.linspace(0, 1, steps)
+    min_inv_rho, max_inv_rho = sigma_min ** (1 / KARRAS_RHO), sigma_max ** (1 / KARRAS_RHO)
+    return ((max_inv_rho + ramp * (min_inv_rho - max_inv_rho)) ** KARRAS_RHO).tolist() + [0.0]
+
+
+def _exponential(steps: int, sigma_min: float, sigma_max: float) -> list[float]:
+    import torch
+
+    return torch.linspace(math.log(sigma_max), math.log(sigma_min), steps).exp().tolist() + [0.0]
+
+
+def _kl_optimal(steps: int, sigma_min: float, sigma_max: float) -> list[float]:
+    import torch
+
+    index = torch.arange(steps, dtype=torch.float).div_(steps - 1)
+    return (index * math.atan(sigma_min) + (1 - index) * math.atan(sigma_max)).tan_().tolist() + [0.0]
+
+
+# the schedules over the training sigmas' range (ComfyUI calls them with sigma_min, sigma_max)
+_RANGE_SCHEDULES = {"karras": _karras, "exponential": _exponential, "kl_optimal": _kl_optimal}
+
+
+def _ddim_uniform(sigmas, steps: int) -> list[float]:
+    """Every ``len // steps``-th training sigma from index 1 up, descending, then 0 (a flow
+    model's sigma 1 / 1000 is not ~0, so ComfyUI appends the 0)."""
+    stride = max(len(sigmas) // steps, 1)
+    picked = [float(sigmas[x]) for x in range(1, len(sigmas), stride)]
+    if math.isclose(float(sigmas[1]), 0, abs_tol=1e-5):  # pragma: no cover - never for a flow model
+        return picked[::-1]
+    return picked[::-1] + [0.0]
+
+
+def _linear_quadratic(steps: int, sigma_max) -> list[float]:
+    """Mochi's schedule (float64 values, then float32 times the model's sigma max)."""
+    import torch
+
+    if steps == 1:
+        schedule = [1.0, 0.0]
+    else:
+        linear_steps = steps // 2
+        threshold = LINEAR_QUADRATIC_THRESHOLD
+        linear = [i * threshold / linear_steps for i in range(linear_steps)]
+        step_diff = linear_steps - threshold * steps
+        quadratic_steps = steps - linear_steps
+        quadratic_coef = step_diff / (linear_steps * quadratic_steps ** 2)
+        linear_coef = threshold / linear_steps - 2 * step_diff / (quadratic_steps ** 2)
+        const = quadratic_coef * (linear_steps ** 2)
+        quadratic = [quadratic_coef * (i ** 2) + linear_coef * i + const for i in range(linear_steps, steps)]
+        schedule = [1.0 - x for x in linear + quadratic + [1.0]]
+    return (torch.tensor(schedule, dtype=torch.float32) * sigma_max).tolist()
 
 
 def _beta_schedule(sigmas, steps: int) -> list[float]:

@@ -33,9 +33,12 @@ def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
     assert not bad, f"tensors differ: {bad[:5]}"
 
 
-@pytest.mark.parametrize("guidance", [True, False])
-def test_flux_dit_single_file_equals_diffusers_from_single_file(tmp_path, monkeypatch, guidance):
-    model = tiny_flux_transformer(guidance_embeds=guidance)
+@pytest.mark.parametrize("guidance,fill", [(True, False), (False, False), (True, True)],
+                         ids=["dev", "schnell", "fill"])
+def test_flux_dit_single_file_equals_diffusers_from_single_file(tmp_path, monkeypatch, guidance, fill):
+    """FLUX.1 dev (and Kontext dev: the same architecture), schnell, and Fill dev (in_channels
+    4 x 16 + 4 x 16 + 256: the masked image and the packed mask beside the latents)."""
+    model = tiny_flux_transformer(guidance_embeds=guidance, fill=fill)
     model.save_pretrained(tmp_path / "transformer")
     path = tmp_path / "flux1.safetensors"
     save_file(flux_dit_original(model.state_dict()), path)
@@ -48,6 +51,7 @@ def test_flux_dit_single_file_equals_diffusers_from_single_file(tmp_path, monkey
     _same(ours.state_dict(), {k: v for k, v in oracle.state_dict().items() if k in ours.state_dict()})
     _same(ours.state_dict(), load_flux_transformer(tmp_path / "transformer", dtype=torch.float32).state_dict())
     assert ours.config.guidance_embeds is guidance
+    assert ours.config.in_channels == oracle.config.in_channels == model.config.in_channels
 
 
 def test_flux_dit_single_file_scaled_fp8_and_bad_input(tmp_path):

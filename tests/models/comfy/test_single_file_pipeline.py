@@ -257,3 +257,66 @@ def test_flux_text_encoders_from_a_full_checkpoint(tmp_path):
             tokenizers=("clip_l_tokenizer",)), options)
     with pytest.raises(ValueError, match="pass checkpoint and no text_encoders"):
         SingleFileSet(family="flux", checkpoint="x", text_encoders=("a", "b"), text_from_checkpoint=True)
+
+
+def _flux_models_folder(root, pipe, dit_name: str) -> None:
+    """ComfyUI's folder of ``pipe``'s weights: the BFL DiT as ``diffusion_models/<dit_name>``, the
+    ae and both text encoders (transformers folders)."""
+    (root / "diffusion_models").mkdir(parents=True)
+    (root / "vae").mkdir()
+    save_file(flux_dit_original(pipe.transformer.state_dict()), root / "diffusion_models" / dit_name)
+    save_file(kl_vae_original(pipe.vae.state_dict(), levels=4), root / "vae" / "ae.safetensors")
+    _text_folder(root, "clip_l", pipe.text_encoder, pipe.tokenizer)
+    _text_folder(root, "t5xxl", pipe.text_encoder_2, pipe.tokenizer_2)
+
+
+def _flux_files(dit_name: str, **facts) -> SingleFileSet:
+    return SingleFileSet(family="flux", diffusion_models=(dit_name,), vae="ae.safetensors",
+                         text_encoders=("clip_l", "t5xxl"), rope_axes=(4, 6, 6), vae_norm_groups=4, **facts)
+
+
+def _edit(gen: VideoGenerator, parts, **params) -> torch.Tensor:
+    request = OmniRequest(task=TaskType.I2I, inputs=[TextPart(text="a red circle moving right"), *parts],
+                          diffusion=DiffusionParams(**params), outputs=OutputSpec(return_latents=True))
+    out = gen.generate(request)
+    assert out.status.value == "completed", out.error
+    return out.artifacts["latents"].latents
+
+
+def test_flux_kontext_and_fill_dev_from_models_folder_equal_their_diffusers_folders(tmp_path, monkeypatch):
+    """flux1-kontext-dev.safetensors (a dev-architecture DiT: a workflow's reference edit makes it
+    Kontext) and flux1-fill-dev.safetensors (in_channels 384: Fill, from the file) build the
+    Kontext / Fill pipelines, whose edits equal the diffusers folders' of the same weights."""
+    import numpy as np
+    from PIL import Image
+
+    from omniloop.models.families.flux import kontext
+    from omniloop.request import ImagePart
+    from omniloop.workflows.model_folder import embeds_guidance
+    from tests.flux_checkpoint import save_flux_fill_checkpoint, save_flux_kontext_checkpoint
+
+    monkeypatch.setattr(kontext, "KONTEXT_RESOLUTIONS", [(32, 64), (48, 48), (64, 32)])
+    deploy = DeployConfig.from_options(None, device="cpu", dtype="float32")
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (32, 48, 3), dtype=np.uint8))
+    mask = np.zeros((32, 48), dtype=np.uint8)
+    mask[8:24, 8:40] = 255
+    cases = (("kontext", save_flux_kontext_checkpoint, "flux1-kontext-dev.safetensors", {"reference_edit": True},
+              "flux.1-kontext", [ImagePart(data=image, role="reference")]),
+             ("fill", save_flux_fill_checkpoint, "flux1-fill-dev.safetensors", {}, "flux.1-fill",
+              [ImagePart(data=image, role="reference"), ImagePart(data=Image.fromarray(mask), role="mask")]))
+    for name, save, dit_name, facts, variant, parts in cases:
+        pipe = save(tmp_path / name)
+        root = tmp_path / f"models_{name}"
+        _flux_models_folder(root, pipe, dit_name)
+        assert embeds_guidance(root / "diffusion_models" / dit_name)
+        spec, pipeline = load_single_file_pipeline(ComfyModels(root), _flux_files(dit_name, **facts),
+                                                   load_options(deploy))
+        assert pipeline.spec.name == variant and pipeline.spec.tasks == frozenset({TaskType.I2I}), name
+        params = dict(height=32, width=48, steps=2, guidance_scale=2.5, seed=3)
+        ours = _edit(VideoGenerator(spec, pipeline, deploy), parts, **params)
+        folder = _edit(VideoGenerator.from_pretrained(tmp_path / name, device="cpu", dtype="float32"), parts,
+                       **params)
+        assert ours.shape == folder.shape and (ours - folder).abs().max() <= TOL, (name, (ours - folder).abs().max())
+    with pytest.raises(ValueError, match=r"a reference edit \(ReferenceLatent\) on a FLUX.1 Fill DiT"):
+        load_single_file_pipeline(ComfyModels(tmp_path / "models_fill"),
+                                  _flux_files("flux1-fill-dev.safetensors", reference_edit=True), load_options(deploy))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Hashable, Mapping, Protocol, Sequence
+from typing import Any, Callable, ClassVar, Hashable, Mapping, Protocol, Sequence, cast
 
 import torch
 from pydantic import ConfigDict, Field, field_validator
@@ -38,11 +38,9 @@ from omniloop.pipeline.policies.cfg import (COND, UNCOND, CFGPolicy, CFGState, C
 from omniloop.pipeline.policies.conditioning import ConditioningPolicy, NoConditioning
 from omniloop.pipeline.policies.routing import Route, RoutingPolicy, SingleModel
 from omniloop.pipeline.policies.shift import FlowShift, ShiftPolicy
-from omniloop.pipeline.samplers.base import Sampler, SamplerState
+from omniloop.pipeline.samplers.base import SAMPLERS, Sampler, SamplerState
 from omniloop.pipeline.policies.cfg_zero_star import cfg_zero_star
-from omniloop.pipeline.samplers.comfy_euler_ancestral import ComfyEulerAncestralSampler
 from omniloop.pipeline.samplers.flow_euler import FlowEulerSampler
-from omniloop.pipeline.samplers.flow_sde import FlowSDESampler
 from omniloop.pipeline.stage import LoopStageBase, WorkEstimate, step_results
 from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
 from omniloop.request import (Artifact, DiffusionParams, InvalidRequest, LatentsArtifact, Modality, OmniRequest,
@@ -157,6 +155,9 @@ class DenoiseParams(LoopParams):
     # ComfyUI's ancestral sampler's knobs (sampler='comfy_euler_ancestral'; SamplerEulerAncestral's inputs)
     eta: float | None = Field(default=None, ge=0, le=100, description="comfy_euler_ancestral: the ancestral eta")
     s_noise: float | None = Field(default=None, ge=0, le=100, description="comfy_euler_ancestral: the noise scale")
+    # ComfyUI's SDE samplers start a schedule at sigma 1 at its model sampling's percent_to_sigma(1e-4)
+    model_shift: float | None = Field(default=None, gt=0, le=100, description="comfy_dpmpp_2m_sde: the shift of "
+                                      "ComfyUI's model sampling (ModelSamplingSD3) the given sigmas were made with")
     # ComfyUI's CFGZeroStar model patch on the guided prediction (a flow sampler's loop)
     cfg_zero_star: bool | None = Field(default=None, description="CFG-Zero* (ComfyUI's CFGZeroStar): the optimized "
                                        "scale of the unconditional branch, per latent row")
@@ -742,31 +743,33 @@ def sde_options(sampler: Sampler, override: DenoiseParams | None) -> Sampler:
     stateless sampler, which the request's loop state holds."""
     if override is None:
         return sampler
-    names = _ANCESTRAL_KNOBS if isinstance(sampler, ComfyEulerAncestralSampler) else _SDE_KNOBS
-    changes: dict[str, Any] = {name: getattr(override, name) for name in names if getattr(override, name) is not None}
+    changes: dict[str, Any] = {name: getattr(override, name) for name in sampler.request_knobs
+                               if getattr(override, name) is not None}
     if not changes:
         return sampler
-    assert isinstance(sampler, (FlowSDESampler, ComfyEulerAncestralSampler)), "admission checks the knobs' sampler"
+    assert dataclasses.is_dataclass(sampler) and not isinstance(sampler, type), "a sampler with knobs is a dataclass"
     return dataclasses.replace(sampler, **changes)
 
 
+# the node params that are a sampler's knobs (``Sampler.request_knobs``), with what a refusal says
 _SDE_KNOBS = ("noise_level", "sde_window")
-_ANCESTRAL_KNOBS = ("eta", "s_noise")
+_COMFY_KNOBS = ("eta", "s_noise", "model_shift")
 
 
 def check_sde_options(sampler: Sampler, node: str, override: DenoiseParams, num_steps: Callable[[], int]) -> None:
     """Admission: the SDE knobs need flow_sde, and a window that starts inside the schedule
     (``num_steps``: the request's step count, computed only when a window is given)."""
-    for name, value in (("noise_level", override.noise_level), ("sde_window", override.sde_window)):
-        if value is not None and not isinstance(sampler, FlowSDESampler):
+    for name in _SDE_KNOBS:
+        if getattr(override, name) is not None and name not in sampler.request_knobs:
             field = f"node_params[{node!r}].{name}"
             raise InvalidRequest(f"{field}: sampler {sampler.name!r} draws no SDE noise", fields=(field,),
                                  hint="pass sampler='flow_sde', or drop it")
-    for name, value in (("eta", override.eta), ("s_noise", override.s_noise)):
-        if value is not None and not isinstance(sampler, ComfyEulerAncestralSampler):
+    for name in _COMFY_KNOBS:
+        if getattr(override, name) is not None and name not in sampler.request_knobs:
             field = f"node_params[{node!r}].{name}"
+            takers = sorted(n for n, cls in SAMPLERS.items() if name in cast("type[Sampler]", cls).request_knobs)
             raise InvalidRequest(f"{field}: sampler {sampler.name!r} takes no ancestral {name}", fields=(field,),
-                                 hint="pass sampler='comfy_euler_ancestral', or drop it")
+                                 hint=f"pass sampler={takers[0]!r} (or one of {takers}), or drop it")
     window = override.sde_window
     if window is None:
         return

@@ -10,7 +10,14 @@ from omniloop.pipeline.samplers.base import (
     sampler_names,
 )
 from omniloop.pipeline.samplers.comfy_dpmpp_2m import ComfyDPMpp2MSampler, ComfyDPMpp2MState
+from omniloop.pipeline.samplers.comfy_dpmpp_2m_sde import (ComfyDPMpp2MSDEGpuSampler, ComfyDPMpp2MSDEHeunGpuSampler,
+                                                           ComfyDPMpp2MSDEHeunSampler, ComfyDPMpp2MSDESampler,
+                                                           ComfyDPMpp2MSDEState)
+from omniloop.pipeline.samplers.comfy_dpmpp_3m_sde import ComfyDPMpp3MSDEGpuSampler, ComfyDPMpp3MSDESampler, ComfyDPMpp3MSDEState
+from omniloop.pipeline.samplers.comfy_dpmpp_sde import ComfyDPMppSDEGpuSampler, ComfyDPMppSDESampler, ComfyDPMppSDEState
 from omniloop.pipeline.samplers.comfy_euler_ancestral import ComfyAncestralState, ComfyEulerAncestralSampler
+from omniloop.pipeline.samplers.comfy_res_multistep import (ComfyResMultistepAncestralSampler,
+                                                            ComfyResMultistepSampler, ComfyResMultistepState)
 from omniloop.pipeline.samplers.comfy_unipc import ComfyUniPCBh2Sampler, ComfyUniPCSampler, ComfyUniPCState
 from omniloop.pipeline.samplers.cosine_dpmsolver import CosineDPMSolverSampler, CosineDPMState
 from omniloop.pipeline.samplers.flow_euler import FlowEulerSampler
@@ -38,6 +45,20 @@ __all__ = [
     "ComfyAncestralState",
     "ComfyDPMpp2MSampler",
     "ComfyDPMpp2MState",
+    "ComfyDPMpp2MSDEGpuSampler",
+    "ComfyDPMpp2MSDEHeunGpuSampler",
+    "ComfyDPMpp2MSDEHeunSampler",
+    "ComfyDPMpp2MSDESampler",
+    "ComfyDPMpp2MSDEState",
+    "ComfyDPMpp3MSDEGpuSampler",
+    "ComfyDPMpp3MSDESampler",
+    "ComfyDPMpp3MSDEState",
+    "ComfyDPMppSDEGpuSampler",
+    "ComfyDPMppSDESampler",
+    "ComfyDPMppSDEState",
+    "ComfyResMultistepAncestralSampler",
+    "ComfyResMultistepSampler",
+    "ComfyResMultistepState",
     "ComfyEulerAncestralSampler",
     "ComfyUniPCBh2Sampler",
     "ComfyUniPCSampler",

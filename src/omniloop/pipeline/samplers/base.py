@@ -81,6 +81,9 @@ class Sampler(Protocol):
     # whether its states record each drawn transition's log-density (``SamplerState.transitions``):
     # what a request asking ``OutputSpec.return_log_probs`` needs (deterministic samplers: False)
     records_log_probs: ClassVar[bool]
+    # the denoise loop's node params (``DenoiseParams`` fields) a request may set on this sampler
+    # (flow_sde's ``noise_level``, ComfyUI's ``eta`` / ``s_noise``): each a field of the sampler
+    request_knobs: ClassVar[tuple[str, ...]]
     num_train_timesteps: int
 
     @classmethod
@@ -152,6 +155,7 @@ class SamplerBase:
     """Defaults of the optional ``Sampler`` members, for flow samplers (no preconditioning)."""
 
     records_log_probs: ClassVar[bool] = False
+    request_knobs: ClassVar[tuple[str, ...]] = ()
 
     @property
     def init_noise_sigma(self) -> float:

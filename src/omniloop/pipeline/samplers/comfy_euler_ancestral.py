@@ -56,6 +56,7 @@ class ComfyEulerAncestralSampler(FlowEulerSampler):
     # NOTE: no diffusers scheduler has this update; a distinct name keeps checkpoint configs
     # mapping to flow_euler (sampler_for_diffusers_class)
     diffusers_class: ClassVar[str] = "ComfyEulerAncestral"
+    request_knobs: ClassVar[tuple[str, ...]] = _OPTIONS
 
     eta: float = 1.0
     s_noise: float = 1.0

@@ -53,6 +53,7 @@ class CosineDPMSolverSampler:
     name: ClassVar[str] = "cosine_dpmsolver"
     diffusers_class: ClassVar[str] = "CosineDPMSolverMultistepScheduler"
     records_log_probs: ClassVar[bool] = False  # its SDE noise is a Brownian tree, not a Gaussian step it scores
+    request_knobs: ClassVar[tuple[str, ...]] = ()
 
     sigma_min: float = 0.3
     sigma_max: float = 500.0

@@ -107,6 +107,7 @@ class FlowSDESampler(FlowEulerSampler):
     # FlowMatchEulerDiscreteScheduler); a distinct name keeps checkpoint configs mapping to flow_euler
     diffusers_class: ClassVar[str] = "FlowMatchSDEScheduler"
     records_log_probs: ClassVar[bool] = True
+    request_knobs: ClassVar[tuple[str, ...]] = ("noise_level", "sde_window")
 
     noise_level: float = 0.7  # Flow-GRPO's default ``a``
     sde_window: tuple[int, int] | None = None  # None: every step is stochastic

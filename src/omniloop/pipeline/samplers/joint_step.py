@@ -84,3 +84,16 @@ def step_jointly(step: Callable[[S, torch.Tensor, torch.Tensor], torch.Tensor], 
         for f in shared:
             setattr(state, f, _own(getattr(joint, f)))
     return out
+
+
+def step_each(step: Callable[[S, torch.Tensor, torch.Tensor], torch.Tensor], states: Sequence[S],
+              model_output: torch.Tensor, sample: torch.Tensor) -> torch.Tensor:
+    """``step`` per request on its own rows (a sampler drawing noise of each request's own shape
+    and generator), on copies of the states, committed only when every request's step succeeded."""
+    count = sample.shape[0] // len(states)
+    copies = [copy.copy(s) for s in states]
+    outs = [step(c, model_output[k * count:(k + 1) * count], sample[k * count:(k + 1) * count])
+            for k, c in enumerate(copies)]
+    for state, stepped in zip(states, copies):
+        state.__dict__.update(stepped.__dict__)
+    return torch.cat(outs)

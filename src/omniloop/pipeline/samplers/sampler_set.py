@@ -101,9 +101,13 @@ def with_rollout_sampler(samplers: dict[str, Sampler]) -> dict[str, Sampler]:
     return samplers
 
 
-# ComfyUI's uni_pc / uni_pc_bh2 / euler_ancestral / dpmpp_2m (a workflow's KSampler names them),
-# over flow_euler's schedule
-COMFY_SAMPLERS = ("comfy_uni_pc", "comfy_uni_pc_bh2", "comfy_euler_ancestral", "comfy_dpmpp_2m")
+# ComfyUI's uni_pc / uni_pc_bh2 / euler_ancestral / dpmpp_2m / dpmpp_2m_sde(_heun)(_gpu) / res_multistep(_ancestral) /
+# dpmpp_sde(_gpu) / dpmpp_3m_sde(_gpu)
+# (a workflow's KSampler names them), over flow_euler's schedule
+COMFY_SAMPLERS = ("comfy_uni_pc", "comfy_uni_pc_bh2", "comfy_euler_ancestral", "comfy_dpmpp_2m", "comfy_dpmpp_2m_sde",
+                  "comfy_dpmpp_2m_sde_gpu", "comfy_dpmpp_2m_sde_heun", "comfy_dpmpp_2m_sde_heun_gpu",
+                  "comfy_res_multistep", "comfy_res_multistep_ancestral", "comfy_dpmpp_sde", "comfy_dpmpp_sde_gpu",
+                  "comfy_dpmpp_3m_sde", "comfy_dpmpp_3m_sde_gpu")
 
 
 def with_comfy_samplers(samplers: dict[str, Sampler]) -> dict[str, Sampler]:

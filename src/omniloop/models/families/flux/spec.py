@@ -18,6 +18,7 @@ from omniloop.models.families.flux.control import (CONTROL_PIPELINE, CONTROL_VAR
 from omniloop.models.families.flux.fill import FILL_PIPELINE, FLUX_FILL_DEFAULTS, FillStart, FluxFillCondition
 from omniloop.models.families.flux.kontext import (KONTEXT_CLASS, FluxKontextDenoiser, FluxKontextReference,
                                                    kontext_validator)
+from omniloop.models.families.flux.model import FluxConfig
 from omniloop.models.families.flux.parallelize import FLUX_PARALLEL
 from omniloop.models.families.flux.presets import FLUX_DEFAULTS
 from omniloop.models.families.flux.redux import (TEXT_WANTED, FluxReduxPrior, check_redux_components, has_redux,
@@ -145,8 +146,9 @@ def flux_single_files(files: SingleFileSet, resolve: Resolve,
     load_clip = partial(load_clip_encoder_single_file, head_dim=files.clip_head_dim) if clip.single_file \
         else load_clip_encoder
     load_t5 = load_t5_encoder_single_file if t5.single_file else load_t5_encoder
-    # dev is guidance-distilled (dynamic shift); schnell is not (shift 1)
+    # dev (Kontext, Fill) is guidance-distilled (dynamic shift); schnell is not (shift 1)
     scheduler = FLUX_DEV_SCHEDULER if guidance else FLUX_SCHNELL_SCHEDULER
+    pipeline_class = single_file_pipeline_class(loaded.config, reference_edit=files.reference_edit)
     components = {
         "transformer": dit,
         "vae": load_flux_ae_single_file(files.vae_path(resolve), device=options.device, dtype=options.dtype,
@@ -160,7 +162,33 @@ def flux_single_files(files: SingleFileSet, resolve: Resolve,
     redux_index, redux = redux_single_files(resolve("clip_vision", files.clip_vision) if files.clip_vision else None,
                                             resolve("style_models", files.style_model) if files.style_model else None,
                                             device=options.device, dtype=options.dtype, heads=files.clip_vision_heads)
-    return {"_class_name": "FluxPipeline", **redux_index}, {**components, **redux}
+    return {"_class_name": pipeline_class, **redux_index}, {**components, **redux}
+
+
+FILL_MASK_CHANNELS = 256  # Fill's packed mask per token (the 8x8 pixel block of a latent pixel, x 2x2)
+
+
+def single_file_pipeline_class(config: FluxConfig, *, reference_edit: bool) -> str:
+    """The pipeline a BFL DiT file runs as: FLUX.1 Fill when its input takes the masked image and
+    the packed mask beside the latents (``in_channels`` = 2 x 4 latent channels + 256: Fill dev's
+    384), FLUX.1 Kontext for a workflow's reference edit, else FLUX.1 (dev / schnell; a Canny /
+    Depth DiT, reading the control image's latents beside the latents (2 x 4 latent channels), is
+    told by build_flux's control_variant)."""
+    packed = 4 * config.latent_channels
+    if config.in_channels == 2 * packed + FILL_MASK_CHANNELS:
+        if reference_edit:
+            raise ValueError("a reference edit (ReferenceLatent) on a FLUX.1 Fill DiT: pass a FLUX.1 Kontext or dev "
+                             "file, or inpaint with InpaintModelConditioning")
+        return FILL_PIPELINE
+    if config.in_channels == 2 * packed:
+        if reference_edit:
+            raise ValueError("a reference edit (ReferenceLatent) on a FLUX.1 Canny / Depth DiT: pass a FLUX.1 Kontext "
+                             "or dev file, or follow a control image with InstructPixToPixConditioning")
+        return "FluxPipeline"
+    if config.in_channels != packed:
+        raise ValueError(f"a FLUX.1 DiT of in_channels {config.in_channels} (not {packed}, nor Canny / Depth's "
+                         f"{2 * packed}, nor Fill's {2 * packed + FILL_MASK_CHANNELS}) is not supported from single files")
+    return KONTEXT_CLASS if reference_edit else "FluxPipeline"
 
 
 # -- pipeline -------------------------------------------------------------------------

@@ -1,0 +1,235 @@
+"""ComfyUI's ``dpmpp_2m_sde`` (DPM-Solver++(2M) SDE) as its KSampler runs it on a flow model, with
+its Brownian-tree noise; ``_gpu`` and ``_heun`` are its variants of the same name.
+
+ComfyUI (``comfy/k_diffusion/sampling.py`` ``sample_dpmpp_2m_sde``, read for behaviour; this code
+is ours) works in the half log-SNR of a CONST (flow) model, ``lambda = -logit(sigma)``, on the
+clean estimate ``denoised = x - v * sigma``. Per step ``sigma -> sigma'`` (``h = lambda' - lambda``,
+``h_eta = h (eta + 1)``, ``alpha' = 1 - sigma'`` as ``sigma' exp(lambda')``):
+
+    x = (sigma' / sigma) exp(-h eta) x + alpha' (1 - exp(-h_eta)) denoised
+      + [midpoint] 1/2 alpha' (1 - exp(-h_eta)) / r (denoised - denoised_prev)          (from the 2nd step)
+      | [heun]     alpha' ((1 - exp(-h_eta)) / (-h_eta) + 1) / r (denoised - denoised_prev)
+      + eps sigma' sqrt(1 - exp(-2 h eta)) s_noise                                       (eta, s_noise > 0)
+
+with ``r = h_prev / h``, and ``x = denoised`` on the last step (``sigma' = 0``). A schedule that
+starts at sigma 1 (logit infinite) starts at ``percent_to_sigma(1e-4)`` of the model's sampling
+instead, ``shift t / (1 + (shift - 1) t)`` at ``t = 1 - 1e-4`` (``offset_first_sigma_for_snr``):
+the model is evaluated there, as in ComfyUI. ``model_shift`` is that shift (ModelSamplingSD3's:
+a workflow hands its shifted sigmas with shift 1); unset, the request's schedule shift.
+
+``eps`` is ComfyUI's ``BrownianTreeNoiseSampler``: one ``torchsde.BrownianTree`` per request over
+``[min positive sigma, max sigma]`` of the run (before the offset), seeded (``entropy``) with the
+prompt's seed, its state the shape of the request's sample (``w0`` zeros), queried per noised
+step for the increment between ``sigma'`` and ``sigma`` and divided by ``sqrt(sigma - sigma')``.
+``dpmpp_2m_sde`` keeps the tree on the CPU, ``_gpu`` on the sample's device (on a CPU sample the
+two are the same draws). So a request equals ComfyUI's run of the same seed, sigmas and model
+(tests/workflows/golden/comfy_samplers.json). Needs ``torchsde`` (the ``audio`` extra).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any, ClassVar, Hashable, Sequence
+
+import torch
+
+from omniloop.pipeline.samplers.base import (SamplerState, SchedulerConfigError, register_sampler,
+                                             schedule_signature)
+from omniloop.pipeline.samplers.flow_euler import FlowEulerSampler
+from omniloop.pipeline.samplers.joint_step import RowParts, step_each, step_jointly
+
+_OPTIONS = ("eta", "s_noise", "model_shift")
+PERCENT_OFFSET = 1e-4  # ComfyUI's offset_first_sigma_for_snr
+
+
+@dataclass(kw_only=True)
+class BrownianNoise:
+    """One request's ``BrownianTreeNoiseSampler`` (built at its run's first step, on the sample)."""
+
+    tree: Any  # torchsde.BrownianTree over [t0, t1], its state [b, ...] on ``device``
+    device: torch.device
+
+    @classmethod
+    def build(cls, like: torch.Tensor, sigma_min: torch.Tensor, sigma_max: torch.Tensor, seed: int,
+              on_cpu: bool) -> "BrownianNoise":
+        try:
+            import torchsde
+        except ImportError as e:  # pragma: no cover - the test extra installs it
+            raise ImportError("ComfyUI's SDE samplers draw their noise with torchsde: pip install 'omniloop[audio]'"
+                              ) from e
+        device = torch.device("cpu") if on_cpu else like.device
+        w0 = torch.zeros(like.shape, dtype=torch.float32, device=device)
+        tree = torchsde.BrownianTree(sigma_min.to(device), w0, sigma_max.to(device), entropy=seed)
+        return cls(tree=tree, device=device)
+
+    def __call__(self, sigma: torch.Tensor, sigma_next: torch.Tensor, out_device: torch.device) -> torch.Tensor:
+        """The unit-variance increment between ``sigma_next`` < ``sigma`` (ComfyUI's sign: the
+        tree's ``W(sigma_next) - W(sigma)`` read backwards), float32 on ``out_device``."""
+        lo, hi = sigma_next.to(self.device).float(), sigma.to(self.device).float()
+        with warnings.catch_warnings():  # torchsde warns when a float32 end sits a rounding below its own
+            warnings.filterwarnings("ignore", message="Should have t[ab]", category=UserWarning)
+            w = self.tree(lo, hi).to(device=out_device, dtype=torch.float32) * -1
+        return w / (sigma_next - sigma).abs().sqrt()
+
+
+@dataclass(kw_only=True)
+class ComfyDPMpp2MSDEState(SamplerState, RowParts):
+    ROW_FIELDS: ClassVar[tuple[str, ...]] = ("old_denoised",)  # the request's own rows
+    seed: int  # the prompt's seed: the Brownian tree's entropy
+    top_sigma: float  # the schedule's first sigma before the offset (the tree's upper end at step 0)
+    old_denoised: torch.Tensor | None = None  # [b, ...] fp32: the previous step's clean estimate of this run
+    h_last: torch.Tensor | None = None  # the previous step's half log-SNR step (0-d)
+    noise: BrownianNoise | None = None  # built at the run's first noised step
+
+
+def half_log_snr(sigma: torch.Tensor) -> torch.Tensor:
+    return sigma.logit().neg()  # CONST: log((1 - sigma) / sigma)
+
+
+@register_sampler
+@dataclass(frozen=True, kw_only=True)
+class ComfyDPMpp2MSDESampler(FlowEulerSampler):
+    """ComfyUI's ``dpmpp_2m_sde`` (midpoint; the tree on the CPU); the schedule fields are
+    ``flow_euler``'s, ``eta`` / ``s_noise`` the sampler node's, ``model_shift`` the model sampling's."""
+
+    name: ClassVar[str] = "comfy_dpmpp_2m_sde"
+    # NOTE: a distinct name keeps checkpoint configs mapping to flow_euler (sampler_for_diffusers_class)
+    diffusers_class: ClassVar[str] = "ComfyDPMpp2MSDE"
+    request_knobs: ClassVar[tuple[str, ...]] = _OPTIONS
+    solver_type: ClassVar[str] = "midpoint"
+    tree_on_cpu: ClassVar[bool] = True
+
+    eta: float = 1.0
+    s_noise: float = 1.0
+    model_shift: float | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for key in ("eta", "s_noise"):
+            value = getattr(self, key)
+            if not (isinstance(value, (int, float)) and 0.0 <= value <= 100.0):
+                raise SchedulerConfigError(f"{key} must be in [0, 100] (SamplerDPMPP_2M_SDE's range), got {value!r}")
+        if self.model_shift is not None and not self.model_shift > 0:
+            raise SchedulerConfigError(f"model_shift must be > 0, got {self.model_shift!r}")
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> "FlowEulerSampler":
+        """``flow_euler``'s schedule config, plus ``eta``, ``s_noise`` and ``model_shift``."""
+        return cls.from_schedule_config(config, _OPTIONS)
+
+    def init_state(self, num_steps: int, *, device: torch.device | str | None = None, shift: float | None = None,
+                   sigmas: Sequence[float] | None = None, mu: float | None = None,
+                   seed: int | None = None) -> SamplerState:
+        base = super().init_state(num_steps, device=device, shift=shift, sigmas=sigmas, mu=mu)
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, []).item())
+        schedule = base.sigmas.clone()
+        top = float(schedule[0])
+        if top >= 1:  # offset_first_sigma_for_snr: the logit of 1 is infinite
+            model_shift = self.model_shift if self.model_shift is not None else (
+                self.shift if shift is None else float(shift))
+            t = 1.0 - PERCENT_OFFSET
+            schedule[0] = t if model_shift == 1.0 else model_shift * t / (1 + (model_shift - 1) * t)
+        timesteps = (schedule[:-1] * self.num_train_timesteps).to(base.timesteps.device)
+        return ComfyDPMpp2MSDEState(timesteps=timesteps, sigmas=schedule, seed=int(seed), top_sigma=top)
+
+    def add_noise(self, state: SamplerState, original: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """``flow_euler``'s, except at the first step of a schedule whose first sigma was offset:
+        ComfyUI noises the latents at the schedule's own first sigma (before the sampler offsets it)."""
+        assert isinstance(state, ComfyDPMpp2MSDEState), f"{self.name} noises its own states"
+        if state.step_index == 0 and state.top_sigma != float(state.sigmas[0]):
+            sigma = torch.tensor(state.top_sigma, dtype=original.dtype, device=original.device)
+            return sigma * noise + (1.0 - sigma) * original
+        return super().add_noise(state, original, noise)
+
+    def step(self, state: SamplerState, model_output: torch.Tensor, sample: torch.Tensor) -> torch.Tensor:
+        assert isinstance(state, ComfyDPMpp2MSDEState) and not state.done, "step() after the last step"
+        assert model_output.shape == sample.shape, f"{tuple(model_output.shape)} != {tuple(sample.shape)}"
+        i = state.step_index
+        sigmas = state.sigmas
+        sigma, sigma_next = sigmas[i], sigmas[i + 1]
+        x = sample.to(torch.float32)
+        denoised = x - model_output.to(torch.float32) * sigma  # CONST's calculate_denoised
+        h = state.h_last
+        if sigma_next == 0:
+            out = denoised  # the denoising step
+        else:
+            h = half_log_snr(sigma_next) - half_log_snr(sigma)
+            out = self._update(state, x, denoised, sigma, sigma_next, h)
+        state.old_denoised = denoised
+        state.h_last = h
+        state.step_index += 1
+        return out.to(model_output.dtype)
+
+    def _update(self, state: ComfyDPMpp2MSDEState, x: torch.Tensor, denoised: torch.Tensor, sigma: torch.Tensor,
+                sigma_next: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        # NOTE: the products are taken in ComfyUI's order (scalars first), so rows round as there
+        eta, s_noise = self.eta, self.s_noise
+        h_eta = h * (eta + 1)
+        alpha_t = sigma_next * half_log_snr(sigma_next).exp()
+        x = sigma_next / sigma * (-h * eta).exp() * x + alpha_t * (-h_eta).expm1().neg() * denoised
+        if state.old_denoised is not None:
+            assert state.h_last is not None, "a previous estimate comes with its step"
+            r = state.h_last / h
+            if self.solver_type == "heun":
+                x = x + alpha_t * ((-h_eta).expm1().neg() / (-h_eta) + 1) * (1 / r) * (denoised - state.old_denoised)
+            else:
+                x = x + 0.5 * alpha_t * (-h_eta).expm1().neg() * (1 / r) * (denoised - state.old_denoised)
+        if eta > 0 and s_noise > 0:
+            eps = self._noise(state, x)(sigma, sigma_next, x.device)
+            x = x + eps * sigma_next * (-2 * h * eta).expm1().neg().sqrt() * s_noise
+        return x
+
+    def _noise(self, state: ComfyDPMpp2MSDEState, like: torch.Tensor) -> BrownianNoise:
+        """The request's tree, built over this run's sigmas (a run from given latents starts at
+        ``step_index``: ComfyUI's run over the rest of the schedule) at its first noised step."""
+        if state.noise is None:
+            start = state.step_index
+            rest = state.sigmas[start:]
+            top = torch.tensor(state.top_sigma) if start == 0 else rest[0]
+            state.noise = BrownianNoise.build(like, rest[rest > 0].min(), top, state.seed, self.tree_on_cpu)
+        return state.noise
+
+    def batch_key(self, state: SamplerState) -> Hashable:
+        assert isinstance(state, ComfyDPMpp2MSDEState)
+        return (state.step_index, schedule_signature(state), state.old_denoised is None, self.eta, self.s_noise)
+
+    def step_many(self, states: Sequence[SamplerState], model_output: torch.Tensor,
+                  sample: torch.Tensor) -> torch.Tensor:
+        """Requests of one ``batch_key``: without noise one joint elementwise update
+        (``step_jointly``); with noise each request steps alone on its rows (its own tree, the
+        shape it was built for), all computed before any state changes."""
+        if not (self.eta > 0 and self.s_noise > 0):
+            return step_jointly(self.step, states, model_output, sample, shared=("step_index", "h_last"))
+        return step_each(self.step, states, model_output, sample)
+
+
+@register_sampler
+@dataclass(frozen=True, kw_only=True)
+class ComfyDPMpp2MSDEGpuSampler(ComfyDPMpp2MSDESampler):
+    """ComfyUI's ``dpmpp_2m_sde_gpu``: the Brownian tree on the sample's device."""
+
+    name: ClassVar[str] = "comfy_dpmpp_2m_sde_gpu"
+    diffusers_class: ClassVar[str] = "ComfyDPMpp2MSDEGpu"
+    tree_on_cpu: ClassVar[bool] = False
+
+
+@register_sampler
+@dataclass(frozen=True, kw_only=True)
+class ComfyDPMpp2MSDEHeunSampler(ComfyDPMpp2MSDESampler):
+    """ComfyUI's ``dpmpp_2m_sde_heun``: the Heun form of the second-order correction."""
+
+    name: ClassVar[str] = "comfy_dpmpp_2m_sde_heun"
+    diffusers_class: ClassVar[str] = "ComfyDPMpp2MSDEHeun"
+    solver_type: ClassVar[str] = "heun"
+
+
+@register_sampler
+@dataclass(frozen=True, kw_only=True)
+class ComfyDPMpp2MSDEHeunGpuSampler(ComfyDPMpp2MSDEHeunSampler):
+    """ComfyUI's ``dpmpp_2m_sde_heun_gpu``."""
+
+    name: ClassVar[str] = "comfy_dpmpp_2m_sde_heun_gpu"
+    diffusers_class: ClassVar[str] = "ComfyDPMpp2MSDEHeunGpu"
+    tree_on_cpu: ClassVar[bool] = False

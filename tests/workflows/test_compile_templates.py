@@ -76,6 +76,12 @@ EXPECTED = {
     "video_ltx2_i2v": (TaskType.I2V, "ltx2", [Modality.VIDEO, Modality.AUDIO], {"steps": 20, "fps": 25}),
     "video_ltx2_t2v_distilled": (TaskType.T2VS, "ltx2", [Modality.VIDEO, Modality.AUDIO],
                                  {"sigmas": [1.0, 0.99375, 0.9875, 0.98125, 0.975, 0.909375, 0.725, 0.421875]}),
+    # the klein base subgraph (the distilled one ships bypassed): CFG 5 against "", Flux2Scheduler's 20 steps
+    "image_flux2_klein_text_to_image": (TaskType.T2I, "flux2_klein_base", [Modality.IMAGE],
+                                        {"steps": 20, "guidance_scale": 5.0, "width": 1024, "height": 1024,
+                                         "negative_prompt": None, "sampler": "flow_euler", "sigmas": None}),
+    "image_flux2_text_to_image_9b": (TaskType.T2I, "flux2_klein_base", [Modality.IMAGE],  # the same graph, 9B files
+                                     {"steps": 20, "guidance_scale": 5.0, "seed": 145965955694731}),
     "audio_stable_audio_example": (TaskType.T2A, "stable_audio", [Modality.AUDIO],
                                    {"steps": 50, "guidance_scale": 4.98, "duration_s": 47.6, "sampler": None}),
 }
@@ -164,3 +170,16 @@ def test_flux_fill_inpaint_reports_what_it_does_not_mirror(models, tmp_path):
     assert "noise_mask=true" in messages["InpaintModelConditioning"] and "binarized" in messages["KSampler"]
     with pytest.raises(WorkflowError, match="noise_mask"):
         compile_workflow(template("flux_fill_inpaint_example"), models, input_dir=tmp_path, exact=True)
+
+
+def test_a_flux2_schedule_made_for_another_size_is_a_deviation(models, input_dir):
+    """Flux2Scheduler shifts by its own width x height; the model shifts by the canvas it
+    denoises, so a scheduler sized apart from the latent is reported (refused by exact)."""
+    api = ui_to_api(template("image_flux2_klein_text_to_image"))
+    scheduler = next(n for n in api.values() if n["class_type"] == "Flux2Scheduler")
+    assert compile_workflow(api, models, input_dir=input_dir, exact=True).deviations == ()  # as shipped: one size
+    scheduler["inputs"].update(width=512, height=512)
+    loose = compile_workflow(api, models, input_dir=input_dir)
+    assert any("made for 512x512 but the latent is 1024x1024" in d.message for d in loose.deviations)
+    with pytest.raises(WorkflowError, match="made for 512x512 but the latent is 1024x1024"):
+        compile_workflow(api, models, input_dir=input_dir, exact=True)

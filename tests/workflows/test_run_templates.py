@@ -33,6 +33,8 @@ SMALL: dict[str, dict[str, Any]] = {
     "EmptyLTXVLatentVideo": {"length": 9},
     "LTXVEmptyLatentAudio": {"frames_number": 9},
     "LTXVScheduler": {"steps": 2},
+    "EmptyFlux2LatentImage": {"width": 32, "height": 48},
+    "Flux2Scheduler": {"steps": 2, "width": 32, "height": 48},
     "ImagePadForOutpaint": {"left": 16, "top": 0, "right": 0, "bottom": 16, "feathering": 4},
 }
 
@@ -230,3 +232,21 @@ def test_flux_fill_outpaint_template_runs(flux_fill_dir, input_dir):
     assert image.shape == (32, 48, 3) and tuple(image[0, 0]) == (128, 128, 128) and tuple(image[0, 47]) == (20, 140, 40)
     assert mask[31, 0] == 255 and mask[0, 47] == 0 and mask[15, 16] == 255  # margin, image, the fade's edge ((4-0)/4)^2
     assert tuple(out.artifacts["image"].image.shape) == (32, 48, 3)
+
+
+@pytest.mark.parametrize("name", ["image_flux2_klein_text_to_image", "image_flux2_text_to_image_9b"])
+def test_flux2_klein_templates_run_and_equal_the_klein_base_pipeline(name, klein_base_dir, input_dir):
+    """image_flux2_klein_text_to_image and its 9B twin (UNETLoader + CLIPLoader type flux2 + VAELoader ->
+    EmptyFlux2LatentImage, Flux2Scheduler, CFGGuider 5 against "", SamplerCustomAdvanced) on the
+    klein base checkpoint: the image diffusers' Flux2KleinPipeline makes with the same call."""
+    import numpy as np
+
+    from tests.models.flux2.helpers import klein_pipeline, klein_run
+
+    request, out = run(name, klein_base_dir, "flux2_klein_base", input_dir)
+    assert (request.diffusion.steps, request.diffusion.guidance_scale) == (2, 5.0)
+    image = out.artifacts["image"].image.numpy()
+    assert image.shape == (48, 32, 3)  # [H, W, 3]
+    _, pixels = klein_run(klein_pipeline(klein_base_dir), 48, 32, request.diffusion.seed, prompt=request.prompt,
+                          num_inference_steps=2, guidance_scale=5.0)
+    assert np.array_equal(image, np.round(pixels[0] * 255).astype(np.uint8))

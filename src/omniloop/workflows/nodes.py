@@ -262,6 +262,13 @@ def empty_sd3_latent_image(call: NodeCall) -> tuple[Any, ...]:
     return (_image_latent(call),)
 
 
+@node("EmptyFlux2LatentImage", [_size("width", 1024), _size("height", 1024), i("batch_size", "INT", 1, min=1, max=4096)],
+      ["LATENT"], category="latent")
+def empty_flux2_latent_image(call: NodeCall) -> tuple[Any, ...]:
+    """An image canvas (the FLUX.2 VAE's 32 channels, 2x2-patchified: 128 at 1/16 size)."""
+    return (_image_latent(call),)
+
+
 def _image_latent(call: NodeCall) -> Latent:
     return Latent("image", width=int(call["width"]), height=int(call["height"]), frames=1,
                   batch=int(call["batch_size"]))
@@ -500,6 +507,7 @@ def ksampler_advanced(call: NodeCall) -> tuple[Any, ...]:
 def sampler_custom_advanced(call: NodeCall) -> tuple[Any, ...]:
     """Denoise with a noise source, a guider, a sampler and sigmas given as nodes."""
     noise, guider, sigmas, latent = call["noise"], call["guider"], call["sigmas"], call["latent_image"]
+    _check_schedule_size(call, sigmas, latent)
     run = Sampling(call.id, guider.model, guider.positive, guider.negative, guider.cfg, call["sampler"].name,
                    sigmas.scheduler, sigmas.steps, noise.seed, latent, denoise=sigmas.denoise, sigmas=sigmas.values,
                    sampler_options=call["sampler"].options)
@@ -517,11 +525,20 @@ def sampler_custom(call: NodeCall) -> tuple[Any, ...]:
     """Denoise with a sampler and sigmas given as nodes, the model, prompts and cfg as inputs
     (SamplerCustomAdvanced with its noise and CFGGuider folded in)."""
     sampler, sigmas, latent = call["sampler"], call["sigmas"], call["latent_image"]
+    _check_schedule_size(call, sigmas, latent)
     run = Sampling(call.id, call["model"], call["positive"], call["negative"], float(call["cfg"]), sampler.name,
                    sigmas.scheduler, sigmas.steps, int(call["noise_seed"]) if call["add_noise"] else None, latent,
                    denoise=sigmas.denoise, sigmas=sigmas.values, sampler_options=sampler.options)
     out = replace(latent, sampled=run, upsampled_from=None)
     return out, out
+
+
+def _check_schedule_size(call: NodeCall, sigmas: Sigmas, latent: Latent) -> None:
+    """A size-shifted schedule (Flux2Scheduler) made for another size than the canvas: the
+    model's schedule for the canvas runs."""
+    if sigmas.size is not None and latent.width is not None and sigmas.size != (latent.width, latent.height):
+        call.context.deviate(call, f"the sigmas were made for {sigmas.size[0]}x{sigmas.size[1]} but the latent is "
+                             f"{latent.width}x{latent.height}: the schedule of the latent's size runs")
 
 
 @node("RandomNoise", [i("noise_seed", "INT", 0, min=0, max=SEED_MAX, seed=True)], ["NOISE"],
@@ -584,6 +601,16 @@ def ltxv_scheduler(call: NodeCall) -> tuple[Any, ...]:
         call.context.deviate(call, f"max_shift, base_shift, stretch, terminal = {given}: the checkpoint's scheduler "
                              "config sets them")
     return (Sigmas(int(call["steps"]), "ltxv"),)
+
+
+@node("Flux2Scheduler", [i("steps", "INT", 20, min=1, max=4096), i("width", "INT", 1024, min=16, max=MAX_RESOLUTION),
+                         i("height", "INT", 1024, min=16, max=MAX_RESOLUTION)],
+      ["SIGMAS"], category="sampling/custom_sampling/schedulers")
+def flux2_scheduler(call: NodeCall) -> tuple[Any, ...]:
+    """FLUX.2's schedule: ``linspace(1, 0, steps + 1)`` shifted by the empirical mu of the
+    token count (width x height / 16^2) and the step count: the model's own schedule for
+    ``steps`` steps at that size, which it derives from the canvas it denoises."""
+    return (Sigmas(int(call["steps"]), size=(int(call["width"]), int(call["height"]))),)
 
 
 @node("ManualSigmas", [i("sigmas", "STRING", "1, 0.5", multiline=False)], ["SIGMAS"],

@@ -40,7 +40,8 @@ def tiny_qwen3(vocab_size: int, seed: int = 0):
     torch.manual_seed(seed)
     cfg = Qwen3Config(vocab_size=vocab_size, hidden_size=QWEN_DIM, intermediate_size=32, num_hidden_layers=QWEN_LAYERS,
                       num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=1024,
-                      initializer_range=0.2, tie_word_embeddings=True)
+                      initializer_range=0.2, tie_word_embeddings=True,
+                      rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0})  # Qwen3-4B's base
     return Qwen3ForCausalLM(cfg).eval()
 
 

@@ -66,3 +66,50 @@ def load_qwen3_layer_states(text_encoder_dir: Path, tokenizer_dir: Path, *, devi
     model = AutoModel.from_pretrained(text_encoder_dir, dtype=dtype).to(device)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     return Qwen3LayerStates(model, tokenizer, layers=layers, max_sequence_length=max_sequence_length)
+
+
+def qwen3_config_from_shapes(shapes: dict[str, torch.Size]) -> Any:
+    """A ``Qwen3Config`` read off a decoder stack's shapes (transformers' names); the RoPE base
+    and the norms' epsilon are not in the file: the released Qwen3 values (1e6, 1e-6)."""
+    from transformers import Qwen3Config
+
+    needed = ("embed_tokens.weight", "layers.0.self_attn.q_proj.weight", "layers.0.self_attn.k_proj.weight",
+              "layers.0.self_attn.q_norm.weight", "layers.0.mlp.gate_proj.weight")
+    missing = [k for k in needed if k not in shapes]
+    if missing:
+        raise ValueError(f"not a decoder stack with per-head q/k norms: it lacks {missing}; pass the text encoder "
+                         "file (keys like model.layers.0.self_attn.q_norm.weight)")
+    vocab, hidden = shapes["embed_tokens.weight"]
+    head_dim = int(shapes["layers.0.self_attn.q_norm.weight"][0])
+    layers = len({int(k.split(".")[1]) for k in shapes if k.startswith("layers.")})
+    return Qwen3Config(vocab_size=int(vocab), hidden_size=int(hidden), head_dim=head_dim, num_hidden_layers=layers,
+                       intermediate_size=int(shapes["layers.0.mlp.gate_proj.weight"][0]),
+                       num_attention_heads=int(shapes["layers.0.self_attn.q_proj.weight"][0]) // head_dim,
+                       num_key_value_heads=int(shapes["layers.0.self_attn.k_proj.weight"][0]) // head_dim,
+                       rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0}, rms_norm_eps=1e-6,
+                       max_position_embeddings=40960)
+
+
+def load_qwen3_layer_states_single_file(path: Path, tokenizer_dir: Path, *, device: torch.device | str,
+                                        dtype: torch.dtype, layers: tuple[int, ...],
+                                        max_sequence_length: int = 512) -> Qwen3LayerStates:
+    """A Qwen3 text encoder as one file (ComfyUI's ``text_encoders/qwen_3_4b.safetensors``:
+    transformers' names, under ``model.``, an LM head ignored) and a tokenizer folder."""
+    from transformers import AutoTokenizer, Qwen3Model
+
+    from omniloop.models.checkpoint_files import aligned, cast_to, check_and_assign
+    from omniloop.models.single_file import read_single_file
+
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{path} not found; pass the text encoder .safetensors file")
+    if not Path(tokenizer_dir).is_dir():
+        raise FileNotFoundError(f"missing tokenizer folder {tokenizer_dir}; the file carries no tokenizer")
+    # the decoder stack under model. (an lm_head beside it is not read)
+    sd = read_single_file(Path(path), aligned(cast_to(device, dtype)), sections=("model.",))
+    with torch.device("meta"):
+        model = Qwen3Model(qwen3_config_from_shapes({k: t.shape for k, t in sd.items()}))
+    check_and_assign(model, sd, str(path), "pass a text encoder file whose weights make one decoder stack")
+    with torch.device(device):  # RoPE's inverse frequencies: computed buffers, not in the file
+        model.rotary_emb = type(model.rotary_emb)(config=model.config)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    return Qwen3LayerStates(model, tokenizer, layers=layers, max_sequence_length=max_sequence_length)

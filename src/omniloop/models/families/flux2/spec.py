@@ -12,15 +12,16 @@ import json
 from pathlib import Path
 from typing import Any, Mapping, cast
 
-from omniloop.models.families.flux2.presets import (KLEIN_BASE_DEFAULTS, KLEIN_DEFAULTS, MAX_SEQUENCE_LENGTH,
-                                                    TEXT_ENCODER_LAYERS)
+from omniloop.models.families.flux2.presets import (FLUX2_SCHEDULER, KLEIN_BASE_DEFAULTS, KLEIN_DEFAULTS,
+                                                    MAX_SEQUENCE_LENGTH, TEXT_ENCODER_LAYERS)
 from omniloop.models.families.flux2.stages import EmpiricalShift, Flux2Denoiser, Flux2References
 from omniloop.models.families.flux2.validate import make_validator
-from omniloop.models.families.flux2.vae import load_flux2_vae
-from omniloop.models.families.flux2.weights import load_flux2_transformer
+from omniloop.models.families.flux2.vae import load_flux2_vae, load_flux2_vae_single_file
+from omniloop.models.families.flux2.weights import load_flux2_transformer, load_flux2_transformer_single_file
 from omniloop.models.load_options import apply_load_options
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
-from omniloop.models.text.qwen3 import load_qwen3_layer_states
+from omniloop.models.single_file import Resolve, SingleFileSet, text_encoder_sources
+from omniloop.models.text.qwen3 import load_qwen3_layer_states, load_qwen3_layer_states_single_file
 from omniloop.pipeline.loops.denoise import DenoiseLoop
 from omniloop.pipeline.pipeline import Pipeline
 from omniloop.pipeline.policies.cfg import ClassicCFG
@@ -79,6 +80,38 @@ def klein_variant(index: Mapping[str, Any]) -> Variant:
     return Variant(name=name, tasks=frozenset({TaskType.T2I, TaskType.I2I}), weights=weights)
 
 
+# -- single files (a ComfyUI models folder) -----------------------------------------------
+
+
+def flux2_single_files(files: SingleFileSet, resolve: Resolve,
+                       options: LoadOptions) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A BFL-layout DiT file (flux-2-klein-4b.safetensors), the VAE (flux2-vae.safetensors, or a
+    diffusers vae/ folder) and the Qwen3 text encoder (a transformers folder, or a file with a
+    tokenizer folder). The files do not say whether the DiT is step-distilled: the model serves
+    as klein base (CFG allowed; a workflow sets its steps and cfg)."""
+    if len(files.diffusion_models) != 1 or len(files.text_encoders) != 1:
+        raise ValueError(f"FLUX.2 klein takes one DiT and one text encoder (Qwen3); got diffusion_models="
+                         f"{list(files.diffusion_models)}, text_encoders={list(files.text_encoders)}")
+    (text,) = text_encoder_sources(files, resolve)
+    load_text = load_qwen3_layer_states_single_file if text.single_file else load_qwen3_layer_states
+    encoder = load_text(text.weights, text.tokenizer, device=options.device, dtype=options.dtype,
+                        layers=TEXT_ENCODER_LAYERS, max_sequence_length=MAX_SEQUENCE_LENGTH)
+    dit = load_flux2_transformer_single_file(files.dit_paths(resolve)[0], device=options.device, dtype=options.dtype,
+                                             axes_dims_rope=files.rope_axes)
+    blocks = [*dit.transformer_blocks, *dit.single_transformer_blocks]
+    vae_path = files.vae_path(resolve)
+    vae = load_flux2_vae(vae_path, device=options.device, dtype=options.dtype) if vae_path.is_dir() else \
+        load_flux2_vae_single_file(vae_path, norm_num_groups=files.vae_norm_groups or 32, device=options.device,
+                                   dtype=options.dtype)
+    components = {
+        "transformer": apply_load_options(dit, options, blocks=blocks, fp8_layers=BLOCK_GEMMS),
+        "vae": vae,
+        "text_encoder": encoder,
+        "sampler": SamplerSet.single("flow_euler", build_sampler("flow_euler", FLUX2_SCHEDULER)),
+    }
+    return {"_class_name": KLEIN_CLASS, "is_distilled": False}, components
+
+
 # -- pipeline -------------------------------------------------------------------------
 
 
@@ -131,5 +164,6 @@ FLUX2 = register_model_spec(
         build=build_flux2,
         description="FLUX.2 [klein] image DiT (shared modulation, SwiGLU, 4-axis RoPE) with a Qwen3 text encoder "
                     "and the FLUX.2 VAE; text-to-image and multi-reference editing",
+        single_files=flux2_single_files,
     )
 )

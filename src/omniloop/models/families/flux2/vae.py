@@ -110,3 +110,35 @@ def load_flux2_vae(folder: Path | str, *, device: torch.device | str = "cpu",
     check_and_assign(model, sd, str(folder), f"pass the diffusers `vae/` folder of an AutoencoderKLFlux2 whose "
                      f"{CONFIG_FILE} describes its weights")
     return model.eval().requires_grad_(False)
+
+
+def load_flux2_vae_single_file(path: Path | str, *, norm_num_groups: int = 32, device: torch.device | str = "cpu",
+                               dtype: torch.dtype = torch.float32) -> Flux2Autoencoder:
+    """ComfyUI's ``flux2-vae.safetensors``: the KL autoencoder in the LDM layout (its quant convs
+    as ``encoder.quant_conv`` / ``decoder.post_quant_conv`` or top-level) and the ``bn.`` latent
+    statistics. Widths and depth come off the shapes; the group count is not in the file."""
+    from omniloop.models.autoencoders.kl2d_single_file import diffusers_key_from_original, kl2d_config_from_original
+    from omniloop.models.single_file import VAE_SECTIONS, read_single_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found; pass the FLUX.2 VAE .safetensors file (flux2-vae.safetensors)")
+    raw = read_single_file(path, aligned(cast_to(device, dtype)), sections=VAE_SECTIONS)
+    if "bn.running_mean" not in raw or "bn.running_var" not in raw:
+        raise ValueError(f"{path} has no bn.running_mean / bn.running_var: not a FLUX.2 VAE (FLUX.1's ae.safetensors "
+                         "lacks the latent statistics); pass flux2-vae.safetensors")
+    raw = {k.removeprefix("encoder.").removeprefix("decoder.") if "quant_conv." in k else k: v for k, v in raw.items()}
+    kl = kl2d_config_from_original({k: t.shape for k, t in raw.items()}, norm_num_groups=norm_num_groups,
+                                   scaling_factor=1.0, shift_factor=None)
+    levels = len(kl.block_out_channels)
+    sd: dict[str, Tensor] = {}
+    for key in list(raw):
+        tensor, new = raw.pop(key), diffusers_key_from_original(key, levels)
+        if ".mid_block.attentions.0." in new and new.endswith(".weight") and tensor.dim() == 4:
+            tensor = tensor[:, :, 0, 0].clone()  # 1x1 conv [C, C, 1, 1] -> linear [C, C]
+        sd[new] = tensor
+    sd.setdefault("bn.num_batches_tracked", torch.zeros((), dtype=torch.long, device=device))  # unused when frozen
+    with torch.device("meta"):
+        model = Flux2Autoencoder(Flux2VAEConfig(kl=kl))
+    check_and_assign(model, sd, str(path), "pass the FLUX.2 VAE file in the LDM layout (flux2-vae.safetensors)")
+    return model.eval().requires_grad_(False)

@@ -19,6 +19,7 @@ TEMPLATES = {  # template -> the family whose checkpoint serves it
     "video_ltx2_i2v_lora": "ltx2", "audio_stable_audio_example": "stable_audio", "flux_kontext_dev_basic": "flux_kontext",
     "flux_fill_inpaint_example": "flux_fill", "flux_fill_outpaint_example": "flux_fill",
     "image_flux2_klein_text_to_image": "flux2_klein_base", "image_flux2_text_to_image_9b": "flux2_klein_base",
+    "image_flux2_klein_image_edit_4b_distilled": "flux2_klein_base", "image_flux2_klein_image_edit_4b_base": "flux2_klein_base",
 }
 FAMILY_WORDS = ("wan", "flux", "ltx", "stable")  # template name prefixes of the four families
 LOADER_FOLDERS = {"UNETLoader": "diffusion_models", "CheckpointLoaderSimple": "checkpoints", "CLIPLoader": "text_encoders",

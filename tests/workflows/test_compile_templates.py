@@ -18,7 +18,7 @@ IMAGES = ("image_to_video_wan_start_image.png", "video_wan2_2_14B_i2v_input_imag
           "wan2.1_flf2v_720_f16_start_image.png", "wan2.1_flf2v_720_f16_end_image.png",
           "video_wan2_2_14B_flf2v_start_image.png", "video_wan2_2_14B_flf2v_end_image.png",
           "flux_kontext_dev_basic_input_image.jpg", "flux_fill_inpaint_example_input_image.png",
-          "flux_fill_outpaint_example_input_image.png")
+          "flux_fill_outpaint_example_input_image.png", "handbag_white.png", "robed_women.png")
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +82,14 @@ EXPECTED = {
                                          "negative_prompt": None, "sampler": "flow_euler", "sigmas": None}),
     "image_flux2_text_to_image_9b": (TaskType.T2I, "flux2_klein_base", [Modality.IMAGE],  # the same graph, 9B files
                                      {"steps": 20, "guidance_scale": 5.0, "seed": 145965955694731}),
+    # one reference (LoadImage -> ImageScaleToTotalPixels 1 MP -> VAEEncode -> ReferenceLatent): an edit from
+    # noise on the canvas GetImageSize gives (96x64 -> 1254x836, floored to 16 by EmptyFlux2LatentImage)
+    "image_flux2_klein_image_edit_4b_distilled": (TaskType.I2I, "flux2_klein_base", [Modality.IMAGE],
+                                                  {"steps": 4, "guidance_scale": 1.0, "width": 1248, "height": 832,
+                                                   "strength": None, "negative_prompt": None}),
+    "image_flux2_klein_image_edit_4b_base": (TaskType.I2I, "flux2_klein_base", [Modality.IMAGE],
+                                             {"steps": 20, "guidance_scale": 5.0, "width": 1248, "height": 832,
+                                              "strength": None}),
     "audio_stable_audio_example": (TaskType.T2A, "stable_audio", [Modality.AUDIO],
                                    {"steps": 50, "guidance_scale": 4.98, "duration_s": 47.6, "sampler": None}),
 }

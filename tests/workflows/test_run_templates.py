@@ -35,6 +35,7 @@ SMALL: dict[str, dict[str, Any]] = {
     "LTXVScheduler": {"steps": 2},
     "EmptyFlux2LatentImage": {"width": 32, "height": 48},
     "Flux2Scheduler": {"steps": 2, "width": 32, "height": 48},
+    "ImageScaleToTotalPixels": {"megapixels": 0.01},
     "ImagePadForOutpaint": {"left": 16, "top": 0, "right": 0, "bottom": 16, "feathering": 4},
 }
 
@@ -249,4 +250,27 @@ def test_flux2_klein_templates_run_and_equal_the_klein_base_pipeline(name, klein
     assert image.shape == (48, 32, 3)  # [H, W, 3]
     _, pixels = klein_run(klein_pipeline(klein_base_dir), 48, 32, request.diffusion.seed, prompt=request.prompt,
                           num_inference_steps=2, guidance_scale=5.0)
+    assert np.array_equal(image, np.round(pixels[0] * 255).astype(np.uint8))
+
+
+@pytest.mark.parametrize("name, cfg", [("image_flux2_klein_image_edit_4b_base", 5.0),
+                                       ("image_flux2_klein_image_edit_4b_distilled", 1.0)])
+def test_flux2_klein_edit_templates_run_and_equal_the_klein_pipeline(name, cfg, klein_base_dir, input_dir):
+    """The klein edit templates (LoadImage -> ImageScaleToTotalPixels -> VAEEncode ->
+    ReferenceLatent on both prompts; the distilled one zeroes the negative, cfg 1): an edit with
+    the loaded image as the reference, the image Flux2KleinPipeline makes from it."""
+    import numpy as np
+    from PIL import Image
+
+    from tests.models.flux2.helpers import klein_pipeline, klein_run
+
+    picture = Image.fromarray(np.random.default_rng(1).integers(0, 256, (82, 128, 3), dtype=np.uint8))
+    for file in ("robed_women.png", "handbag_white.png"):
+        picture.save(input_dir / file)
+    request, out = run(name, klein_base_dir, "flux2_klein_base", input_dir)
+    assert request.task.value == "i2i" and [p.role for p in request.images()] == ["reference"]
+    image = out.artifacts["image"].image.numpy()
+    assert image.shape == (48, 32, 3)
+    _, pixels = klein_run(klein_pipeline(klein_base_dir), 48, 32, request.diffusion.seed, image=[picture],
+                          prompt=request.prompt, num_inference_steps=2, guidance_scale=cfg)
     assert np.array_equal(image, np.round(pixels[0] * 255).astype(np.uint8))

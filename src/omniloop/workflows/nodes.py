@@ -265,8 +265,10 @@ def empty_sd3_latent_image(call: NodeCall) -> tuple[Any, ...]:
 @node("EmptyFlux2LatentImage", [_size("width", 1024), _size("height", 1024), i("batch_size", "INT", 1, min=1, max=4096)],
       ["LATENT"], category="latent")
 def empty_flux2_latent_image(call: NodeCall) -> tuple[Any, ...]:
-    """An image canvas (the FLUX.2 VAE's 32 channels, 2x2-patchified: 128 at 1/16 size)."""
-    return (_image_latent(call),)
+    """An image canvas (the FLUX.2 VAE's 32 channels, 2x2-patchified: 128 at 1/16 size): its
+    latent is ``[B, 128, height // 16, width // 16]``, so the image made is the size floored to 16."""
+    canvas = _image_latent(call)
+    return (replace(canvas, width=canvas.width // 16 * 16, height=canvas.height // 16 * 16),)
 
 
 def _image_latent(call: NodeCall) -> Latent:
@@ -534,9 +536,12 @@ def sampler_custom(call: NodeCall) -> tuple[Any, ...]:
 
 
 def _check_schedule_size(call: NodeCall, sigmas: Sigmas, latent: Latent) -> None:
-    """A size-shifted schedule (Flux2Scheduler) made for another size than the canvas: the
-    model's schedule for the canvas runs."""
-    if sigmas.size is not None and latent.width is not None and sigmas.size != (latent.width, latent.height):
+    """A size-shifted schedule (Flux2Scheduler: mu of round(width x height / 16^2) tokens) made
+    for another token count than the canvas's: the model's schedule for the canvas runs."""
+    if sigmas.size is None or latent.width is None or latent.height is None:
+        return
+    tokens = round(sigmas.size[0] * sigmas.size[1] / 256)
+    if tokens != (latent.width // 16) * (latent.height // 16):
         call.context.deviate(call, f"the sigmas were made for {sigmas.size[0]}x{sigmas.size[1]} but the latent is "
                              f"{latent.width}x{latent.height}: the schedule of the latent's size runs")
 
@@ -693,6 +698,27 @@ def image_scale_by(call: NodeCall) -> tuple[Any, ...]:
     width, height = call.context.image_size(call, call["image"])
     scale = float(call["scale_by"])
     return (_scaled(call, round(width * scale), round(height * scale)),)
+
+
+@node("ImageScaleToTotalPixels", [i("image", "IMAGE"),
+                                  i("upscale_method", "COMBO", "nearest-exact", options=UPSCALE_METHODS),
+                                  i("megapixels", "FLOAT", 1.0, min=0.01, max=16.0),
+                                  i("resolution_steps", "INT", 1, min=1, max=256)], ["IMAGE"],
+      category="image/upscaling")
+def image_scale_to_total_pixels(call: NodeCall) -> tuple[Any, ...]:
+    """An image scaled to ``megapixels`` (x 1024^2 pixels), each side rounded to
+    ``resolution_steps``. The size is the graph's (a canvas sized by GetImageSize); the pixels
+    are not resampled here: the served model prepares the image from the file (an edit
+    reference at its own size, scaled down past 1 MP; an image-to-image start resized to the
+    canvas), which the compile reports when the scale is not 1."""
+    width, height = call.context.image_size(call, call["image"])
+    scale = math.sqrt(float(call["megapixels"]) * 1024 * 1024 / (width * height))
+    steps = int(call["resolution_steps"])
+    w, h = round(width * scale / steps) * steps, round(height * scale / steps) * steps
+    if (w, h) != (width, height):
+        call.context.deviate(call, f"the image is {width}x{height}; it is not resampled to {w}x{h} "
+                             f"({call['upscale_method']}): the served model prepares it from the file")
+    return (_scaled(call, w, h),)
 
 
 @node("ImageScaleToMaxDimension", [i("image", "IMAGE"), i("upscale_method", "COMBO", "area", options=UPSCALE_METHODS),

@@ -267,8 +267,8 @@ def empty_sd3_latent_image(call: NodeCall) -> tuple[Any, ...]:
 def empty_flux2_latent_image(call: NodeCall) -> tuple[Any, ...]:
     """An image canvas (the FLUX.2 VAE's 32 channels, 2x2-patchified: 128 at 1/16 size): its
     latent is ``[B, 128, height // 16, width // 16]``, so the image made is the size floored to 16."""
-    canvas = _image_latent(call)
-    return (replace(canvas, width=canvas.width // 16 * 16, height=canvas.height // 16 * 16),)
+    width, height = int(call["width"]), int(call["height"])
+    return (Latent("image", width=width // 16 * 16, height=height // 16 * 16, frames=1, batch=int(call["batch_size"])),)
 
 
 def _image_latent(call: NodeCall) -> Latent:

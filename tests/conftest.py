@@ -143,10 +143,14 @@ def klein_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def klein_base_dir(tmp_path_factory):
-    """The same weights as a klein base folder (``is_distilled: false``: CFG against "")."""
-    from tests.models.flux2.checkpoint import save_klein_checkpoint
+def klein_base_dir(tmp_path_factory, klein_dir):
+    """The same weights as a klein base folder (``is_distilled: false``: CFG against ""): the
+    klein folder copied with its model_index.json's flag flipped, as the two repos differ."""
+    import json
+    import shutil
 
-    folder = tmp_path_factory.mktemp("klein_base")
-    save_klein_checkpoint(folder, distilled=False)
+    folder = tmp_path_factory.mktemp("klein_base") / "klein_base"
+    shutil.copytree(klein_dir, folder)
+    index = json.loads((folder / "model_index.json").read_text())
+    (folder / "model_index.json").write_text(json.dumps({**index, "is_distilled": False}, indent=2))
     return folder

@@ -66,7 +66,7 @@ def test_same_size_requests_share_steps_and_equal_their_solo_runs(klein):
     assert sorted(groups) == [["r0", "r1"]] * 2 + [["r2"]] * 2 + [["r3", "r4"]] * 2  # each of 2 steps
     for r in (reqs[0], reqs[3]):  # a t2i and an edit, each against its solo run
         solo = _latents(_run(klein, [r])[0][r.request_id])
-        assert (_latents(outs[r.request_id]) - solo).abs().max() <= TOL  # measured <= 1e-6
+        assert (_latents(outs[r.request_id]) - solo).abs().max() <= TOL  # measured <= 4.8e-7
 
 
 @pytest.mark.parametrize("request_, field", [

@@ -153,3 +153,27 @@ def wan_flf2v_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("wan_flf2v")
     save_wan_checkpoint(folder, "flf2v")
     return folder
+
+
+@pytest.fixture(scope="session")
+def klein_dir(tmp_path_factory):
+    """A tiny FLUX.2-klein folder (step-distilled: no CFG; tests/models/flux2/checkpoint.py)."""
+    from tests.models.flux2.checkpoint import save_klein_checkpoint
+
+    folder = tmp_path_factory.mktemp("klein")
+    save_klein_checkpoint(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def klein_base_dir(tmp_path_factory, klein_dir):
+    """The same weights as a klein base folder (``is_distilled: false``: CFG against ""): the
+    klein folder copied with its model_index.json's flag flipped, as the two repos differ."""
+    import json
+    import shutil
+
+    folder = tmp_path_factory.mktemp("klein_base") / "klein_base"
+    shutil.copytree(klein_dir, folder)
+    index = json.loads((folder / "model_index.json").read_text())
+    (folder / "model_index.json").write_text(json.dumps({**index, "is_distilled": False}, indent=2))
+    return folder

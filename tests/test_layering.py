@@ -118,11 +118,18 @@ LITERAL_ALLOW = {
 DOC_KEYWORDS = {"help", "description"}
 
 
-def _family_word(family: str) -> re.Pattern[str]:
+def _family_word(family: str, families: list[str] = ()) -> re.Pattern[str]:
     """A family's name as a word of its own, any case, without its version digits (ltx2 ->
     "LTX-2", cosmos3 -> "Cosmos3", stable_audio -> "stable audio"): "Wan2.1", "flux_lora" and
-    "FAR" match; "want" and "farther" do not ("so far" does: say "until now" in a literal)."""
-    stem = re.escape(family.rstrip("0123456789")).replace("_", "[_ ]?")
+    "FAR" match; "want" and "farther" do not ("so far" does: say "until now" in a literal).
+    A family whose stem is another family's name keeps its version (flux2 beside flux: "FLUX.2",
+    "flux2", "Flux 2"), so a literal naming the first is not counted against the second."""
+    digits = "0123456789"
+    stem = family.rstrip(digits)
+    if stem != family and stem in families:
+        version = family[len(stem):]
+        return re.compile(rf"(?<![a-z]){re.escape(stem)}[ ._-]?{version}(?![0-9])", re.IGNORECASE)
+    stem = re.escape(stem).replace("_", "[_ ]?")
     return re.compile(rf"(?<![a-z]){stem}(?![a-z])", re.IGNORECASE)
 
 
@@ -144,7 +151,7 @@ def family_literals(source: str, families: list[str]) -> list[tuple[int, str, st
     included) naming a family, docstrings and ``help=``/``description=`` text excepted."""
     tree = ast.parse(source)
     docs = _documentation(tree)
-    words = {f: _family_word(f) for f in families}
+    words = {f: _family_word(f, families) for f in families}
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:

@@ -20,6 +20,8 @@ TEMPLATES = {  # template -> the family whose checkpoint serves it
     "flux_fill_inpaint_example": "flux_fill", "flux_fill_outpaint_example": "flux_fill",
     "flux_canny_model_example": "flux_control",
     "flux_redux_model_example": "flux",  # FLUX.1-dev's files + Redux's style model and SigLIP: one Flux folder
+    "image_flux2_klein_text_to_image": "flux2_klein_base", "image_flux2_text_to_image_9b": "flux2_klein_base",
+    "image_flux2_klein_image_edit_4b_distilled": "flux2_klein_base", "image_flux2_klein_image_edit_4b_base": "flux2_klein_base",
 }
 FAMILY_WORDS = ("wan", "flux", "ltx", "stable")  # template name prefixes of the four families
 LOADER_FOLDERS = {"UNETLoader": "diffusion_models", "CheckpointLoaderSimple": "checkpoints", "CLIPLoader": "text_encoders",

@@ -19,7 +19,8 @@ IMAGES = ("image_to_video_wan_start_image.png", "video_wan2_2_14B_i2v_input_imag
           "video_wan2_2_14B_flf2v_start_image.png", "video_wan2_2_14B_flf2v_end_image.png",
           "flux_kontext_dev_basic_input_image.jpg", "flux_fill_inpaint_example_input_image.png",
           "flux_fill_outpaint_example_input_image.png", "flux_canny_model_example_input_image.png",
-          "flux_redux_model_example_reference_image_1.png", "flux_redux_model_example_reference_image_2.png")
+          "flux_redux_model_example_reference_image_1.png", "flux_redux_model_example_reference_image_2.png",
+          "handbag_white.png", "robed_women.png")
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +83,20 @@ EXPECTED = {
     "video_ltx2_i2v": (TaskType.I2V, "ltx2", [Modality.VIDEO, Modality.AUDIO], {"steps": 20, "fps": 25}),
     "video_ltx2_t2v_distilled": (TaskType.T2VS, "ltx2", [Modality.VIDEO, Modality.AUDIO],
                                  {"sigmas": [1.0, 0.99375, 0.9875, 0.98125, 0.975, 0.909375, 0.725, 0.421875]}),
+    # the klein base subgraph (the distilled one ships bypassed): CFG 5 against "", Flux2Scheduler's 20 steps
+    "image_flux2_klein_text_to_image": (TaskType.T2I, "flux2_klein_base", [Modality.IMAGE],
+                                        {"steps": 20, "guidance_scale": 5.0, "width": 1024, "height": 1024,
+                                         "negative_prompt": None, "sampler": "flow_euler", "sigmas": None}),
+    "image_flux2_text_to_image_9b": (TaskType.T2I, "flux2_klein_base", [Modality.IMAGE],  # the same graph, 9B files
+                                     {"steps": 20, "guidance_scale": 5.0, "seed": 145965955694731}),
+    # one reference (LoadImage -> ImageScaleToTotalPixels 1 MP -> VAEEncode -> ReferenceLatent): an edit from
+    # noise on the canvas GetImageSize gives (96x64 -> 1254x836, floored to 16 by EmptyFlux2LatentImage)
+    "image_flux2_klein_image_edit_4b_distilled": (TaskType.I2I, "flux2_klein_base", [Modality.IMAGE],
+                                                  {"steps": 4, "guidance_scale": 1.0, "width": 1248, "height": 832,
+                                                   "strength": None, "negative_prompt": None}),
+    "image_flux2_klein_image_edit_4b_base": (TaskType.I2I, "flux2_klein_base", [Modality.IMAGE],
+                                             {"steps": 20, "guidance_scale": 5.0, "width": 1248, "height": 832,
+                                              "strength": None}),
     "audio_stable_audio_example": (TaskType.T2A, "stable_audio", [Modality.AUDIO],
                                    {"steps": 50, "guidance_scale": 4.98, "duration_s": 47.6, "sampler": None}),
 }
@@ -108,6 +123,8 @@ def test_template_compiles_to_its_request(name, models, input_dir):
                          [("text_to_video_wan", "simple", 30, 8.0, "uni_pc"),
                           ("image_to_video_wan", "simple", 20, 8.0, "uni_pc"),
                           ("video_wan2_2_14B_t2v", "simple", 20, 5.000000000000001, "euler")])
+
+
 def test_model_sampling_sd3_templates_run_comfyuis_own_schedule(name, scheduler, steps, shift, sampler, models,
                                                                 input_dir):
     """Under ModelSamplingSD3 the request carries ComfyUI's shifted sigmas (schedules.py,
@@ -197,3 +214,16 @@ def test_flux_canny_reports_what_it_does_not_mirror(models, tmp_path):
     assert edges.shape == (32, 48, 3) and set(np.unique(edges)) == {0, 255}
     with pytest.raises(WorkflowError, match="center-cropped"):
         compile_workflow(template("flux_canny_model_example"), models, input_dir=tmp_path, exact=True)
+
+
+def test_a_flux2_schedule_made_for_another_size_is_a_deviation(models, input_dir):
+    """Flux2Scheduler shifts by its own width x height; the model shifts by the canvas it
+    denoises, so a scheduler sized apart from the latent is reported (refused by exact)."""
+    api = ui_to_api(template("image_flux2_klein_text_to_image"))
+    scheduler = next(n for n in api.values() if n["class_type"] == "Flux2Scheduler")
+    assert compile_workflow(api, models, input_dir=input_dir, exact=True).deviations == ()  # as shipped: one size
+    scheduler["inputs"].update(width=512, height=512)
+    loose = compile_workflow(api, models, input_dir=input_dir)
+    assert any("made for 512x512 but the latent is 1024x1024" in d.message for d in loose.deviations)
+    with pytest.raises(WorkflowError, match="made for 512x512 but the latent is 1024x1024"):
+        compile_workflow(api, models, input_dir=input_dir, exact=True)

@@ -34,6 +34,9 @@ SMALL: dict[str, dict[str, Any]] = {
     "EmptyLTXVLatentVideo": {"length": 9},
     "LTXVEmptyLatentAudio": {"frames_number": 9},
     "LTXVScheduler": {"steps": 2},
+    "EmptyFlux2LatentImage": {"width": 32, "height": 48},
+    "Flux2Scheduler": {"steps": 2, "width": 32, "height": 48},
+    "ImageScaleToTotalPixels": {"megapixels": 0.01},
     "ImagePadForOutpaint": {"left": 16, "top": 0, "right": 0, "bottom": 16, "feathering": 4},
 }
 
@@ -166,6 +169,8 @@ def test_wan22_two_expert_template_runs(wan_a14b_dir, input_dir):
 
 @pytest.mark.parametrize("name", ["flux_schnell", "flux_schnell_full_text_to_image", "flux_dev_checkpoint_example",
                                   "flux_dev_full_text_to_image", "flux1_krea_dev"])
+
+
 def test_flux_templates_run(name, flux_dir, input_dir):
     request, out = run(name, flux_dir, "flux", input_dir)
     image = out.artifacts["image"]
@@ -288,3 +293,46 @@ def test_style_model_apply_on_a_model_without_redux_is_a_node_error(flux_dir, in
     errors = e.value.node_errors
     assert {"41", "45"} & set(errors), errors
     assert "image_embedder/" in json.dumps(e.value.to_comfy())
+
+
+@pytest.mark.parametrize("name", ["image_flux2_klein_text_to_image", "image_flux2_text_to_image_9b"])
+def test_flux2_klein_templates_run_and_equal_the_klein_base_pipeline(name, klein_base_dir, input_dir):
+    """image_flux2_klein_text_to_image and its 9B twin (UNETLoader + CLIPLoader type flux2 + VAELoader ->
+    EmptyFlux2LatentImage, Flux2Scheduler, CFGGuider 5 against "", SamplerCustomAdvanced) on the
+    klein base checkpoint: the image diffusers' Flux2KleinPipeline makes with the same call."""
+    import numpy as np
+
+    from tests.models.flux2.helpers import klein_pipeline, klein_run
+
+    request, out = run(name, klein_base_dir, "flux2_klein_base", input_dir)
+    assert (request.diffusion.steps, request.diffusion.guidance_scale) == (2, 5.0)
+    image = out.artifacts["image"].image.numpy()
+    assert image.shape == (48, 32, 3)  # [H, W, 3]
+    _, pixels = klein_run(klein_pipeline(klein_base_dir), 48, 32, request.diffusion.seed, prompt=request.prompt,
+                          num_inference_steps=2, guidance_scale=5.0)
+    assert np.array_equal(image, np.round(pixels[0] * 255).astype(np.uint8))
+
+
+@pytest.mark.parametrize("name, cfg", [("image_flux2_klein_image_edit_4b_base", 5.0),
+                                       ("image_flux2_klein_image_edit_4b_distilled", 1.0)])
+
+
+def test_flux2_klein_edit_templates_run_and_equal_the_klein_pipeline(name, cfg, klein_base_dir, input_dir):
+    """The klein edit templates (LoadImage -> ImageScaleToTotalPixels -> VAEEncode ->
+    ReferenceLatent on both prompts; the distilled one zeroes the negative, cfg 1): an edit with
+    the loaded image as the reference, the image Flux2KleinPipeline makes from it."""
+    import numpy as np
+    from PIL import Image
+
+    from tests.models.flux2.helpers import klein_pipeline, klein_run
+
+    picture = Image.fromarray(np.random.default_rng(1).integers(0, 256, (82, 128, 3), dtype=np.uint8))
+    for file in ("robed_women.png", "handbag_white.png"):
+        picture.save(input_dir / file)
+    request, out = run(name, klein_base_dir, "flux2_klein_base", input_dir)
+    assert request.task.value == "i2i" and [p.role for p in request.images()] == ["reference"]
+    image = out.artifacts["image"].image.numpy()
+    assert image.shape == (48, 32, 3)
+    _, pixels = klein_run(klein_pipeline(klein_base_dir), 48, 32, request.diffusion.seed, image=[picture],
+                          prompt=request.prompt, num_inference_steps=2, guidance_scale=cfg)
+    assert np.array_equal(image, np.round(pixels[0] * 255).astype(np.uint8))

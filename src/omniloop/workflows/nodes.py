@@ -289,6 +289,15 @@ def empty_sd3_latent_image(call: NodeCall) -> tuple[Any, ...]:
     return (_image_latent(call),)
 
 
+@node("EmptyFlux2LatentImage", [_size("width", 1024), _size("height", 1024), i("batch_size", "INT", 1, min=1, max=4096)],
+      ["LATENT"], category="latent")
+def empty_flux2_latent_image(call: NodeCall) -> tuple[Any, ...]:
+    """An image canvas (the FLUX.2 VAE's 32 channels, 2x2-patchified: 128 at 1/16 size): its
+    latent is ``[B, 128, height // 16, width // 16]``, so the image made is the size floored to 16."""
+    width, height = int(call["width"]), int(call["height"])
+    return (Latent("image", width=width // 16 * 16, height=height // 16 * 16, frames=1, batch=int(call["batch_size"])),)
+
+
 def _image_latent(call: NodeCall) -> Latent:
     return Latent("image", width=int(call["width"]), height=int(call["height"]), frames=1,
                   batch=int(call["batch_size"]))
@@ -542,6 +551,7 @@ def ksampler_advanced(call: NodeCall) -> tuple[Any, ...]:
 def sampler_custom_advanced(call: NodeCall) -> tuple[Any, ...]:
     """Denoise with a noise source, a guider, a sampler and sigmas given as nodes."""
     noise, guider, sigmas, latent = call["noise"], call["guider"], call["sigmas"], call["latent_image"]
+    _check_schedule_size(call, sigmas, latent)
     run = Sampling(call.id, guider.model, guider.positive, guider.negative, guider.cfg, call["sampler"].name,
                    sigmas.scheduler, sigmas.steps, noise.seed, latent, denoise=sigmas.denoise, sigmas=sigmas.values,
                    sampler_options=call["sampler"].options)
@@ -559,11 +569,23 @@ def sampler_custom(call: NodeCall) -> tuple[Any, ...]:
     """Denoise with a sampler and sigmas given as nodes, the model, prompts and cfg as inputs
     (SamplerCustomAdvanced with its noise and CFGGuider folded in)."""
     sampler, sigmas, latent = call["sampler"], call["sigmas"], call["latent_image"]
+    _check_schedule_size(call, sigmas, latent)
     run = Sampling(call.id, call["model"], call["positive"], call["negative"], float(call["cfg"]), sampler.name,
                    sigmas.scheduler, sigmas.steps, int(call["noise_seed"]) if call["add_noise"] else None, latent,
                    denoise=sigmas.denoise, sigmas=sigmas.values, sampler_options=sampler.options)
     out = replace(latent, sampled=run, upsampled_from=None)
     return out, out
+
+
+def _check_schedule_size(call: NodeCall, sigmas: Sigmas, latent: Latent) -> None:
+    """A size-shifted schedule (Flux2Scheduler: mu of round(width x height / 16^2) tokens) made
+    for another token count than the canvas's: the model's schedule for the canvas runs."""
+    if sigmas.size is None or latent.width is None or latent.height is None:
+        return
+    tokens = round(sigmas.size[0] * sigmas.size[1] / 256)
+    if tokens != (latent.width // 16) * (latent.height // 16):
+        call.context.deviate(call, f"the sigmas were made for {sigmas.size[0]}x{sigmas.size[1]} but the latent is "
+                             f"{latent.width}x{latent.height}: the schedule of the latent's size runs")
 
 
 @node("RandomNoise", [i("noise_seed", "INT", 0, min=0, max=SEED_MAX, seed=True)], ["NOISE"],
@@ -650,6 +672,16 @@ def ltxv_scheduler(call: NodeCall) -> tuple[Any, ...]:
     return (Sigmas(int(call["steps"]), "ltxv"),)
 
 
+@node("Flux2Scheduler", [i("steps", "INT", 20, min=1, max=4096), i("width", "INT", 1024, min=16, max=MAX_RESOLUTION),
+                         i("height", "INT", 1024, min=16, max=MAX_RESOLUTION)],
+      ["SIGMAS"], category="sampling/custom_sampling/schedulers")
+def flux2_scheduler(call: NodeCall) -> tuple[Any, ...]:
+    """FLUX.2's schedule: ``linspace(1, 0, steps + 1)`` shifted by the empirical mu of the
+    token count (width x height / 16^2) and the step count: the model's own schedule for
+    ``steps`` steps at that size, which it derives from the canvas it denoises."""
+    return (Sigmas(int(call["steps"]), size=(int(call["width"]), int(call["height"]))),)
+
+
 @node("ManualSigmas", [i("sigmas", "STRING", "1, 0.5", multiline=False)], ["SIGMAS"],
       category="sampling/custom_sampling/schedulers")
 def manual_sigmas(call: NodeCall) -> tuple[Any, ...]:
@@ -730,6 +762,27 @@ def image_scale_by(call: NodeCall) -> tuple[Any, ...]:
     width, height = call.context.image_size(call, call["image"])
     scale = float(call["scale_by"])
     return (_scaled(call, round(width * scale), round(height * scale)),)
+
+
+@node("ImageScaleToTotalPixels", [i("image", "IMAGE"),
+                                  i("upscale_method", "COMBO", "nearest-exact", options=UPSCALE_METHODS),
+                                  i("megapixels", "FLOAT", 1.0, min=0.01, max=16.0),
+                                  i("resolution_steps", "INT", 1, min=1, max=256)], ["IMAGE"],
+      category="image/upscaling")
+def image_scale_to_total_pixels(call: NodeCall) -> tuple[Any, ...]:
+    """An image scaled to ``megapixels`` (x 1024^2 pixels), each side rounded to
+    ``resolution_steps``. The size is the graph's (a canvas sized by GetImageSize); the pixels
+    are not resampled here: the served model prepares the image from the file (an edit
+    reference at its own size, scaled down past 1 MP; an image-to-image start resized to the
+    canvas), which the compile reports when the scale is not 1."""
+    width, height = call.context.image_size(call, call["image"])
+    scale = math.sqrt(float(call["megapixels"]) * 1024 * 1024 / (width * height))
+    steps = int(call["resolution_steps"])
+    w, h = round(width * scale / steps) * steps, round(height * scale / steps) * steps
+    if (w, h) != (width, height):
+        call.context.deviate(call, f"the image is {width}x{height}; it is not resampled to {w}x{h} "
+                             f"({call['upscale_method']}): the served model prepares it from the file")
+    return (_scaled(call, w, h),)
 
 
 @node("ImageScaleToMaxDimension", [i("image", "IMAGE"), i("upscale_method", "COMBO", "area", options=UPSCALE_METHODS),

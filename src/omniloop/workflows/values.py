@@ -210,6 +210,9 @@ class Sigmas:
     scheduler: str | None = None
     values: tuple[float, ...] | None = None
     denoise: float = 1.0
+    # (width, height) a size-shifted schedule was made for (Flux2Scheduler); the model shifts its
+    # own schedule by the canvas it denoises, so a sampler on another size reports the difference
+    size: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,13 @@ from typing import Mapping, MutableMapping
 import torch
 
 from omniloop.models.checkpoint_files import cast_to, read_tensors, weight_files
-from omniloop.models.families.wan.model import WanDiT, WanDiTConfig, keeps_fp32
+from omniloop.models.families.wan.model import WanDiT, WanDiTConfig, WanVaceConfig, WanVaceDiT, keeps_fp32
 from omniloop.models.layers.wan_dit import check_and_assign, compile_renames, convert_wan_keys
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "diffusion_pytorch_model.safetensors"
 WEIGHTS_INDEX_FILE = "diffusion_pytorch_model.safetensors.index.json"
+VACE_CLASS = "WanVACETransformer3DModel"  # transformer/config.json's _class_name of a VACE DiT
 
 
 # The family's top-level renames (embedders); the blocks' keys are the shared Wan layout.
@@ -35,8 +36,15 @@ _TOP_RENAMES = compile_renames((
 ))
 
 
+VACE_BLOCKS = "vace_blocks."  # a VACE DiT's control blocks: the main blocks' layout under this prefix
+
+
 def _convert(sd: MutableMapping[str, torch.Tensor], *, consume: bool) -> dict[str, torch.Tensor]:
-    return convert_wan_keys(sd, _TOP_RENAMES, consume=consume)
+    """``sd`` is popped of its VACE control-block keys (callers pass a copy or a consumable)."""
+    control = {k[len("vace_"):]: sd.pop(k) for k in [k for k in sd if k.startswith(VACE_BLOCKS)]}  # "blocks.N...."
+    out = convert_wan_keys(sd, _TOP_RENAMES, consume=consume)
+    out.update({f"vace_{k}": v for k, v in convert_wan_keys(control, (), consume=True).items()})
+    return out
 
 
 def dit_state_dict_from_diffusers(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -56,7 +64,8 @@ def load_wan_dit(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.bfloat16,
 ) -> WanDiT:
-    """Load a diffusers-format Wan transformer folder as :class:`WanDiT` on ``device``.
+    """Load a diffusers-format Wan transformer folder as :class:`WanDiT` on ``device`` (a
+    ``WanVACETransformer3DModel`` folder as :class:`WanVaceDiT`).
 
     Floating-point weights are cast to ``dtype`` except those diffusers keeps in fp32 (time
     embedder, ``scale_shift_table`` s, the ``norm1/2/3`` LayerNorm affines), which stay fp32.
@@ -69,7 +78,9 @@ def load_wan_dit(
         raise FileNotFoundError(
             f"{config_path} not found; pass the diffusers `transformer/` folder of a Wan checkpoint"
         )
-    config = WanDiTConfig.from_diffusers_config(json.loads(config_path.read_text()))
+    raw_config = json.loads(config_path.read_text())
+    vace = raw_config.get("_class_name") == VACE_CLASS
+    config = (WanVaceConfig if vace else WanDiTConfig).from_diffusers_config(raw_config)
     files = weight_files(folder, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, "Wan DiT", "; pass the diffusers `transformer/` folder")
     # diffusers' fp32 rule on its own key (a dotted component in _keep_in_fp32_modules); our
     # renames keep those components, so our keys answer the same (keeps_fp32 docs).
@@ -80,9 +91,9 @@ def load_wan_dit(
         raise ValueError(f"checkpoint {folder}: {err}") from None
 
     with torch.device("meta"):
-        model = WanDiT(config)
-    check_and_assign(model, sd, str(folder), "pass a diffusers WanTransformer3DModel folder whose config.json "
-                     "describes its weights")
+        model = WanVaceDiT(config) if isinstance(config, WanVaceConfig) else WanDiT(config)
+    check_and_assign(model, sd, str(folder), f"pass a diffusers {VACE_CLASS if vace else 'WanTransformer3DModel'} "
+                     "folder whose config.json describes its weights")
     model.rope.reset_tables(device)  # constant buffer, not in the checkpoint; built on meta above
     leftover = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     assert not leftover, f"tensors still on meta after load: {leftover}"

@@ -88,6 +88,9 @@ class PipelineSpec:
     conversation_media: frozenset[Modality] = frozenset()
     # an inpainting graph (FLUX.1 Fill): its image-to-image requests carry an ImagePart(role="mask")
     takes_mask: bool = False
+    # a video graph's control inputs beyond the first/last frame (Wan VACE: "mask", "reference"):
+    # /v1/videos takes its mask / reference_images fields only for a graph that lists them
+    control_inputs: frozenset[str] = frozenset()
     order: tuple[str, ...] = field(init=False)  # topological node order, computed by validation
 
     def __post_init__(self) -> None:

@@ -23,35 +23,11 @@ PROMPT = "a red circle moving right"
 NEGATIVE = "low quality, blurry"
 H, W, F = 32, 64, 5
 TOL = 5e-6
-VACE_LAYERS = [0, 2]
-
-
-def tiny_vace_transformer(seed: int = 2):
-    from tests.wan_checkpoint import TEXT_DIM
-
-    torch.manual_seed(seed)
-    return diffusers.WanVACETransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=16, out_channels=16,
-        text_dim=TEXT_DIM, freq_dim=16, ffn_dim=32, num_layers=3, cross_attn_norm=True,
-        qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=32, vace_layers=VACE_LAYERS,
-        vace_in_channels=96).eval()
-
-
-def save_vace_checkpoint(folder):
-    from tests.wan_checkpoint import tiny_text_encoder, tiny_tokenizer, tiny_vae, unipc
-
-    tokenizer = tiny_tokenizer(folder / "_tok")
-    pipe = diffusers.WanVACEPipeline(tokenizer=tokenizer, text_encoder=tiny_text_encoder(len(tokenizer)),
-                                     vae=tiny_vae(), scheduler=unipc(), transformer=tiny_vace_transformer())
-    pipe.save_pretrained(folder)
-    return pipe
 
 
 @pytest.fixture(scope="module")
-def vace_dir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("wan_vace")
-    save_vace_checkpoint(folder)
-    return folder
+def vace_dir(wan_vace_dir):
+    return wan_vace_dir
 
 
 @pytest.fixture(scope="module")
@@ -178,3 +154,32 @@ def test_conditioning_scale_reaches_the_hints(gen):
                  for s in (1.0, 0.0))
     assert torch.equal(one, _ours(gen, base))
     assert not torch.equal(one, zero)
+
+
+def test_python_api_and_cli_take_the_control_inputs(gen, vace_dir, tmp_path, capsys):
+    """``generate_video(video=, mask=, reference_images=)`` builds the request the parity test
+    runs (task v2v suggested by the video); ``omniloop generate --video --mask --reference-image``
+    writes the video from files."""
+    from PIL import Image
+
+    from omniloop.api.cli import main
+    from omniloop.io.video import write_mp4
+
+    video, mask = _video(), _mask()
+    request = gen.build_request(PROMPT, video=video, mask=Image.fromarray(mask[0]), reference_images=[_reference()],
+                                negative_prompt=NEGATIVE, height=H, width=W, steps=2, seed=7)
+    assert request.task == TaskType.V2V
+    assert [(type(p).__name__, p.role) for p in request.inputs[1:]] == [
+        ("VideoPart", "source"), ("ImagePart", "mask"), ("ImagePart", "reference")]
+    write_mp4(video, tmp_path / "control.mp4", 16, crf=0)
+    Image.fromarray(mask[0]).save(tmp_path / "mask.png")
+    _reference().save(tmp_path / "ref.png")
+    out = tmp_path / "out.mp4"
+    code = main(["generate", PROMPT, "--model", str(vace_dir), "--video", str(tmp_path / "control.mp4"), "--mask",
+                 str(tmp_path / "mask.png"), "--reference-image", str(tmp_path / "ref.png"), "--height", str(H),
+                 "--width", str(W), "--steps", "1", "--dtype", "float32", "--device", "cpu", "--output", str(out),
+                 "--no-progress"])
+    assert code == 0, capsys.readouterr().err
+    assert out.is_file()
+    assert main(["generate", PROMPT, "--model", str(vace_dir), "--mask", str(tmp_path / "mask.png")]) == 2
+    assert "--mask says which pixels of --video to generate" in capsys.readouterr().err

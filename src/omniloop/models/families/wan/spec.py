@@ -357,6 +357,7 @@ def vace_pipeline_spec(variant: Variant, *, boundary_ratio: float | None, cfg_mo
         components={w.component: ComponentSpec(name=w.component, kind=w.kind) for w in variant.weights},
         nodes=nodes,
         outputs={"video": "video", "image": "image", "latents": "final_latents", "trajectory": "trajectory"},
+        control_inputs=frozenset({"mask", "reference"}),
     )
 
 

@@ -18,6 +18,7 @@ TEMPLATES = {  # template -> the family whose checkpoint serves it
     "video_ltx2_t2v": "ltx2", "video_ltx2_i2v": "ltx2", "video_ltx2_t2v_distilled": "ltx2",
     "video_ltx2_i2v_lora": "ltx2", "audio_stable_audio_example": "stable_audio", "flux_kontext_dev_basic": "flux_kontext",
     "flux_fill_inpaint_example": "flux_fill", "flux_fill_outpaint_example": "flux_fill",
+    "video_wan_vace_14B_t2v": "wan_vace", "video_wan_vace_14B_ref2v": "wan_vace", "video_wan_vace_14B_v2v": "wan_vace",
 }
 FAMILY_WORDS = ("wan", "flux", "ltx", "stable")  # template name prefixes of the four families
 LOADER_FOLDERS = {"UNETLoader": "diffusion_models", "CheckpointLoaderSimple": "checkpoints", "CLIPLoader": "text_encoders",

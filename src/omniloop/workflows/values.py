@@ -55,7 +55,7 @@ class Pixels:
     """IMAGE: a loaded file (``path``), a blank canvas (``blank``), or decoded ``latent``.
     ``width``/``height``: known when the graph fixes them (None: the file's own size)."""
 
-    source: Literal["file", "blank", "decoded"]
+    source: Literal["file", "blank", "decoded", "video"]  # video: the frames of a video file (LoadVideo)
     width: int | None = None
     height: int | None = None
     path: str | None = None
@@ -107,6 +107,17 @@ class ImageConditioning:
 
 
 @dataclass(frozen=True)
+class VaceControl:
+    """What WanVaceToVideo (``node``) attaches: the control video's frames (None: none), the
+    reference image (None: none) and the hints' strength."""
+
+    node: str
+    strength: float = 1.0
+    video: Pixels | None = None
+    reference: Pixels | None = None
+
+
+@dataclass(frozen=True)
 class Conditioning:
     """CONDITIONING: the prompt text (None: zeroed out) and what nodes attached."""
 
@@ -118,6 +129,7 @@ class Conditioning:
     frames: ImageConditioning | None = None  # the Wan image-to-video node's frames and CLIP vision outputs
     reference: Pixels | None = None  # ReferenceLatent: the image an edit model (FLUX.1 Kontext) edits
     reference_node: str = ""  # the ReferenceLatent node (its errors)
+    vace: VaceControl | None = None  # WanVaceToVideo: a Wan VACE model's control video / reference image
 
 
 @dataclass(frozen=True)
@@ -158,6 +170,8 @@ class Latent:
     mask: "Mask | None" = None  # InpaintModelConditioning: the area to repaint (an inpainting model)
     audio: "Latent | None" = None  # the audio half of an "av" latent
     frame_rate: float | None = None
+    reference_frames: int = 0  # WanVaceToVideo: latent frames of reference images in front of the video's
+    trimmed: int = 0  # TrimVideoLatent: latent frames cut from the front
 
 
 @dataclass(frozen=True)

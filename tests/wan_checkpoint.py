@@ -52,13 +52,14 @@ VACE_LAYERS = [0, 2]
 
 
 def tiny_vace_transformer(seed: int = 2):
-    """A Wan VACE DiT (``WanVACETransformer3DModel``): 3 blocks, control hints into blocks 0 and 2."""
+    """A Wan VACE DiT (``WanVACETransformer3DModel``): 4 blocks, control hints into blocks 0 and 2
+    (evenly spaced, as every released VACE DiT: what a single file's layers are read as)."""
     from diffusers import WanVACETransformer3DModel
 
     torch.manual_seed(seed)
     return WanVACETransformer3DModel(
         patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=16, out_channels=16,
-        text_dim=TEXT_DIM, freq_dim=16, ffn_dim=32, num_layers=3, cross_attn_norm=True,
+        text_dim=TEXT_DIM, freq_dim=16, ffn_dim=32, num_layers=4, cross_attn_norm=True,
         qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=32, vace_layers=VACE_LAYERS,
         vace_in_channels=96).eval()
 

@@ -98,8 +98,8 @@ def vace_parts(ev: Any, run: Sampling, canvas: Latent, final: Latent, node_param
         index = json.loads((served.path / "model_index.json").read_text())
         if index.get("_class_name") != VACE_PIPELINE:
             raise node_error(vace.node, "WanVaceToVideo", "invalid_input_type", f"the model {served.name!r} is no VACE "
-                             "model (its model_index.json names "
-                             f"{index.get('_class_name')!r}); load a Wan VACE checkpoint", input_name="positive")
+                             f"model (its model_index.json names {index.get('_class_name')!r}); load a VACE "
+                             f"checkpoint ({VACE_PIPELINE})", input_name="positive")
     if final.trimmed != canvas.reference_frames:
         deviate(run.node, f"TrimVideoLatent cuts {final.trimmed} latent frames; the model drops its "
                       f"{canvas.reference_frames} reference frame(s) before decoding, whatever the trim")
@@ -117,14 +117,12 @@ def vace_parts(ev: Any, run: Sampling, canvas: Latent, final: Latent, node_param
 
 def _control_video(path: str, canvas: Latent) -> VideoPart:
     """The control video of ``canvas.frames`` frames: the file as it is, or its first frames
-    padded with mid gray (ComfyUI's cut / pad to ``length``), re-encoded."""
+    padded with mid gray (ComfyUI's cut / pad to ``length``), re-encoded losslessly (FFV1)."""
     if not Path(path).is_file():  # compiled without an input folder: a stand-in
         return VideoPart(path=path)
     import numpy as np
 
-    from omniloop.io.video import encode_mp4, read_video
-
-    frames, fps = read_video(path)
+    frames, fps = _read_video(path)
     length = int(canvas.frames or len(frames))
     if len(frames) == length:
         return VideoPart(path=path)
@@ -132,7 +130,41 @@ def _control_video(path: str, canvas: Latent) -> VideoPart:
     if len(kept) < length:
         pad = np.full((length - len(kept), *kept.shape[1:]), GRAY, dtype=np.uint8)
         kept = np.concatenate([kept, pad])
-    return VideoPart(b64=base64.b64encode(encode_mp4(kept, int(round(fps)) or 16, crf=0)).decode())
+    return VideoPart(b64=base64.b64encode(_lossless_video(kept, fps)).decode())
+
+
+def _read_video(path: str) -> tuple[Any, float]:
+    """[F, H, W, 3] uint8 frames and the frame rate of a video file (PyAV)."""
+    import av
+    import numpy as np
+
+    try:
+        with av.open(path) as container:
+            stream = container.streams.video[0]
+            frames = [f.to_ndarray(format="rgb24") for f in container.decode(stream)]
+            fps = float(stream.average_rate or 16)
+    except (av.error.FFmpegError, OSError, IndexError) as e:
+        raise ValueError(f"cannot read video {path}: {e}") from None
+    if not frames:
+        raise ValueError(f"cannot read video {path}: no frames")
+    return np.stack(frames), fps
+
+
+def _lossless_video(frames: Any, fps: float) -> bytes:
+    """FFV1 in Matroska: the frames exactly (any size, RGB)."""
+    import io
+    from fractions import Fraction
+
+    import av
+
+    buf = io.BytesIO()
+    with av.open(buf, mode="w", format="matroska") as container:
+        stream = container.add_stream("ffv1", rate=Fraction(round(fps) or 16, 1))
+        stream.width, stream.height, stream.pix_fmt = frames.shape[2], frames.shape[1], "bgr0"
+        for frame in frames:
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
+        container.mux(stream.encode(None))
+    return buf.getvalue()
 
 
 def _center_cropped(path: str, canvas: Latent) -> ImagePart:

@@ -131,7 +131,9 @@ def wan_single_files(files: SingleFileSet, resolve: Resolve,
         "sampler": flow_sampler_set("flow_unipc", shift=TI2V_SHIFT if ti2v else WAN_SHIFT),
     }
     # latent-concat I2V DiTs take the noise and the image latents (16 + 20 channels)
-    index: dict[str, Any] = {"_class_name": I2V_PIPELINE if config.in_channels != config.out_channels else T2V_PIPELINE}
+    vace = isinstance(experts[0], WanVaceDiT)  # a VACE file (ComfyUI's wan2.1_vace_*.safetensors)
+    index: dict[str, Any] = {"_class_name": VACE_PIPELINE if vace else
+                             I2V_PIPELINE if config.in_channels != config.out_channels else T2V_PIPELINE}
     if ti2v:
         index["expand_timesteps"] = True
     if image_encoder is not None:  # Wan2.1 I2V / FLF2V: what a diffusers folder's model_index lists
@@ -140,7 +142,8 @@ def wan_single_files(files: SingleFileSet, resolve: Resolve,
                      image_processor=["transformers", "CLIPImageProcessor"])
     if len(experts) == 2:
         components["transformer_2"] = experts[1]
-        index.update(boundary_ratio=files.boundary_ratio, transformer_2=["diffusers", "WanTransformer3DModel"])
+        index.update(boundary_ratio=files.boundary_ratio,
+                     transformer_2=["diffusers", "WanVACETransformer3DModel" if vace else "WanTransformer3DModel"])
     return index, components
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Mapping, MutableMapping
+from typing import Any, Mapping, MutableMapping
 
 import torch
 
@@ -130,11 +130,18 @@ _ORIGINAL_TO_DIFFUSERS = compile_renames((
     (r"^blocks\.(\d+)\.norm3\.", r"blocks.\1.norm2."),
     (r"^blocks\.(\d+)\.ffn\.0\.", r"blocks.\1.ffn.net.0.proj."),
     (r"^blocks\.(\d+)\.ffn\.2\.", r"blocks.\1.ffn.net.2."),
+    # a VACE control block (under vace_blocks.): its input / hint projections
+    (r"^blocks\.(\d+)\.before_proj\.", r"blocks.\1.proj_in."),
+    (r"^blocks\.(\d+)\.after_proj\.", r"blocks.\1.proj_out."),
 ))
 WAN_ORIGINAL_MARKER = "head.modulation"  # diffusers' detection key for the original layout
+VACE_ORIGINAL_MARKER = "vace_patch_embedding.weight"  # a VACE DiT (ComfyUI's wan2.1_vace_*.safetensors)
 
 
 def diffusers_key_from_original(key: str) -> str:
+    """A VACE control block's key maps as a main block's, under its ``vace_`` prefix."""
+    if key.startswith(VACE_BLOCKS):
+        return "vace_" + diffusers_key_from_original(key[len("vace_"):])
     for pattern, repl in _ORIGINAL_TO_DIFFUSERS:
         if pattern.match(key):
             return pattern.sub(repl, key, count=1)
@@ -157,7 +164,15 @@ def wan_config_from_original(shapes: Mapping[str, torch.Size], *, attention_head
     layers = 1 + max(int(k.split(".")[1]) for k in shapes if k.startswith("blocks."))
     image = "img_emb.proj.1.weight" in shapes
     pos = shapes.get("img_emb.emb_pos")
-    return WanDiTConfig(
+    vace: dict[str, Any] = {}
+    if VACE_ORIGINAL_MARKER in shapes:
+        # the file has the control blocks, not the blocks they feed: evenly spaced from block 0 (the
+        # original VACE code's rule, ComfyUI's too: 1.3B 15 of 30 -> every 2nd, 14B 8 of 40 -> every 5th)
+        count = len({k.split(".")[1] for k in shapes if k.startswith(VACE_BLOCKS)})
+        step = max(1, layers // max(count, 1))
+        vace = {"vace_layers": tuple(range(0, layers, step))[:count],
+                "vace_in_channels": int(shapes[VACE_ORIGINAL_MARKER][1])}
+    return (WanVaceConfig if vace else WanDiTConfig)(
         patch_size=(int(patch[0]), int(patch[1]), int(patch[2])), num_attention_heads=dim // attention_head_dim,
         attention_head_dim=attention_head_dim, in_channels=in_channels,
         out_channels=shapes["head.head.weight"][0] // (patch[0] * patch[1] * patch[2]),
@@ -167,6 +182,7 @@ def wan_config_from_original(shapes: Mapping[str, torch.Size], *, attention_head
         image_dim=shapes["img_emb.proj.0.weight"][0] if image else None,
         added_kv_proj_dim=dim if image else None,
         pos_embed_seq_len=pos[1] if pos is not None else None,
+        **vace,
     )
 
 
@@ -200,8 +216,8 @@ def load_wan_dit_single_file(
     except ValueError as err:
         raise ValueError(f"checkpoint {path}: {err}") from None
     with torch.device("meta"):
-        model = WanDiT(config)
-    check_and_assign(model, sd, str(path), "pass an original-layout Wan2.1/2.2 DiT file (VACE/Animate files are "
-                     "not supported)")
+        model = WanVaceDiT(config) if isinstance(config, WanVaceConfig) else WanDiT(config)
+    check_and_assign(model, sd, str(path), "pass an original-layout Wan2.1/2.2 DiT file (or a Wan2.1 VACE one; "
+                     "Animate files are not supported)")
     model.rope.reset_tables(device)
     return model.eval()

@@ -513,9 +513,10 @@ class VaceHintedBlock(WanBlock):
         self.hint_slot = slot
 
     def forward(self, x: torch.Tensor, context: torch.Tensor, context_image: torch.Tensor | None,
-                modulation: torch.Tensor, rope: Any, attn_state: Any = None, *,
-                hints: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
-        x = super().forward(x, context, context_image, modulation, rope, attn_state)
+                modulation: torch.Tensor, rope: Any, hints: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
+        # NOTE: ``hints`` is positional (run_blocks' argument 4, where a causal block takes its KV
+        # state): a sequence-parallel plan names it a per-token argument, so each rank adds its tokens' share
+        x = super().forward(x, context, context_image, modulation, rope)
         return x if self.hint_slot is None else x + hints[self.hint_slot]
 
 
@@ -598,6 +599,6 @@ class WanVaceDiT(WanDiT):
             hint, c = block.control(c, e.x, e.context, e.modulation, e.rope)
             hints.append(hint if control_scale is None else hint * control_scale[:, k].to(dtype).view(batch, 1, 1))
         # 3c. Main blocks, each of vace_layers adding its hint
-        x = run_blocks(self.blocks, e.x, e.context, e.context_image, e.modulation, e.rope,
-                       interceptor=block_interceptor, hints=tuple(hints))
+        x = run_blocks(self.blocks, e.x, e.context, e.context_image, e.modulation, e.rope, tuple(hints),
+                       interceptor=block_interceptor)
         return self._head(x, e)

@@ -354,8 +354,12 @@ class WanDiT(nn.Module):
         """
         e = self._embed(hidden_states, timestep, encoder_hidden_states, encoder_hidden_states_image)
         # 3. Blocks
-        x = run_blocks(self.blocks, e.x, e.context, e.context_image, e.modulation, e.rope, interceptor=block_interceptor)
-        return self._head(x, e)
+        return self._head(self._run_blocks(e, block_interceptor), e)
+
+    def _run_blocks(self, e: "Embedded", interceptor: BlockInterceptor | None, *extra: Any) -> torch.Tensor:
+        """Step 3 of ``forward``: the block stack (``extra``: further per-forward block arguments)."""
+        return run_blocks(self.blocks, e.x, e.context, e.context_image, e.modulation, e.rope, *extra,
+                          interceptor=interceptor)
 
     def _embed(
         self,
@@ -560,14 +564,14 @@ class WanVaceDiT(WanDiT):
         assert isinstance(config, WanVaceConfig), "a WanVaceDiT is built from a WanVaceConfig"
         return VaceHintedBlock(config, config.hint_slot(index))
 
-    def forward(  # type: ignore[override]  # the control latents are required
+    def forward(
         self,
         hidden_states: torch.Tensor,
         timestep: torch.Tensor,
         encoder_hidden_states: torch.Tensor,
         encoder_hidden_states_image: torch.Tensor | None = None,
         *,
-        control_hidden_states: torch.Tensor,
+        control_hidden_states: torch.Tensor | None = None,
         control_scale: torch.Tensor | None = None,
         block_interceptor: BlockInterceptor | None = None,
     ) -> torch.Tensor:
@@ -577,6 +581,9 @@ class WanVaceDiT(WanDiT):
         cfg = self.config
         batch = hidden_states.shape[0]
         n_hints = len(cfg.vace_layers)
+        if control_hidden_states is None:
+            raise ValueError("a Wan VACE DiT needs control_hidden_states [B, vace_in_channels, F, H, W] (zero video "
+                             "latents and an all-ones mask for text-to-video: WanVACEPipeline's)")
         if control_hidden_states.ndim != 5 or control_hidden_states.shape[:2] != (batch, cfg.vace_in_channels):
             raise ValueError(f"control_hidden_states must be [B, vace_in_channels, F, H, W] = [{batch}, "
                              f"{cfg.vace_in_channels}, ...]; got {list(control_hidden_states.shape)}")
@@ -596,9 +603,8 @@ class WanVaceDiT(WanDiT):
         # 3b. Control blocks -> one hint per vace layer, [B, L, D] each
         hints = []
         for k, block in enumerate(self.vace_blocks):
+            assert isinstance(block, VaceControlBlock), "vace_blocks holds the control blocks"
             hint, c = block.control(c, e.x, e.context, e.modulation, e.rope)
             hints.append(hint if control_scale is None else hint * control_scale[:, k].to(dtype).view(batch, 1, 1))
         # 3c. Main blocks, each of vace_layers adding its hint
-        x = run_blocks(self.blocks, e.x, e.context, e.context_image, e.modulation, e.rope, tuple(hints),
-                       interceptor=block_interceptor)
-        return self._head(x, e)
+        return self._head(self._run_blocks(e, block_interceptor, tuple(hints)), e)

@@ -125,7 +125,7 @@ def refuse_vace_inputs(request: OmniRequest) -> None:
     """A mask or reference images on a Wan model without VACE: refused naming the input."""
     from omniloop.request import VideoPart
 
-    masks = request.images("mask") or [p for p in request.inputs if isinstance(p, VideoPart) and p.role == "mask"]
+    masks: list[Any] = [*request.images("mask"), *(p for p in request.inputs if isinstance(p, VideoPart) and p.role == "mask")]
     for field, given in ((VACE_MASK_FIELD, masks), (VACE_REFERENCE_FIELD, request.images("reference"))):
         if given:
             what = field.split(".")[1]
@@ -185,4 +185,4 @@ def _check_vace_mask(request: OmniRequest, video: Any) -> None:
             raise InvalidRequest(f"the mask video has {n} frames and the control video {want}; pass a mask of "
                                  f"{want} frames (or one mask image for all)", fields=(VACE_MASK_FIELD,))
     else:
-        load_part_image(given[0])
+        load_part_image(request.images("mask")[0])

@@ -444,13 +444,22 @@ def control_parts(video: Any = None, mask: Any = None, reference_images: Sequenc
     if video is not None:
         parts.append(media(VideoPart, video, "source"))
     if mask is not None:
-        image = Path(str(mask)).suffix.lower() in IMAGE_SUFFIXES if isinstance(mask, (str, Path)) else (
-            hasattr(mask, "convert") or getattr(mask, "ndim", 0) == 3)  # a PIL image, or one [H, W, 3] frame
-        parts.append(media(ImagePart, mask, "mask") if image else media(VideoPart, mask, "mask"))
-    if isinstance(reference_images, (str, Path)) or hasattr(reference_images, "convert"):
+        parts.append(media(ImagePart, mask, "mask") if _one_image(mask) else media(VideoPart, mask, "mask"))
+    if isinstance(reference_images, (str, Path)) or _one_image(reference_images):
         reference_images = [reference_images]  # one image given bare
     parts += [media(ImagePart, ref, "reference") for ref in reference_images]
     return parts
 
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
+
+
+def _one_image(value: Any) -> bool:
+    """An image file's path, a PIL image or one [H, W, 3] frame (not a video, not a list)."""
+    from PIL import Image
+
+    if isinstance(value, (str, Path)):
+        return Path(value).suffix.lower() in IMAGE_SUFFIXES
+    if isinstance(value, Image.Image):
+        return True
+    return isinstance(value, (np.ndarray, torch.Tensor)) and value.ndim == 3

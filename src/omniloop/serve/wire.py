@@ -491,7 +491,7 @@ def _video_controls(wire: Any, uploads: Mapping[str, Any]) -> VideoControls | No
     video_param = "control_video" if uploads.get("control_video") is not None or wire.control_video else "video"
     if (uploads.get("video") is not None or wire.video) and video_param == "control_video":
         raise WireError("control_video", "control_video is another name for video; pass one of them")
-    video = uploads.get(video_param) or getattr(wire, video_param)
+    video = uploads.get(video_param) or (wire.control_video if video_param == "control_video" else wire.video)
     mask = uploads.get("mask") or wire.mask
     references = list(uploads.get("reference_images") or ()) or list(wire.reference_images or ())
     if video is None and mask is None and not references:

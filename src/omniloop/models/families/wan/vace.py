@@ -46,11 +46,15 @@ def reference_images(request: OmniRequest) -> list[ImagePart]:
     return request.images("reference")
 
 
+def mask_parts(request: OmniRequest) -> list[ImagePart | VideoPart]:
+    """The request's masks: mask videos, then mask images (validation allows one in all)."""
+    videos: list[ImagePart | VideoPart] = [p for p in request.inputs if isinstance(p, VideoPart) and p.role == "mask"]
+    return videos + list(request.images("mask"))
+
+
 def mask_part(request: OmniRequest) -> ImagePart | VideoPart | None:
-    """The request's mask: a mask video, else a mask image (validation allows one)."""
-    videos = [p for p in request.inputs if isinstance(p, VideoPart) and p.role == "mask"]
-    images = request.images("mask")
-    return videos[0] if videos else images[0] if images else None
+    masks = mask_parts(request)
+    return masks[0] if masks else None
 
 
 class VaceDenoiseParams(DenoiseParams):

@@ -7,11 +7,12 @@ from typing import Any, Callable, Mapping
 
 from omniloop.models.families.wan.stages import (first_frame, geometry, last_frame, load_part_image, load_part_video,
                                                  source_video)
+from omniloop.models.families.wan.vace import mask_parts
 from omniloop.models.manifest import ModelLimits
 from omniloop.pipeline.defaults import GenerationDefaults, resolve_request
 from omniloop.pipeline.geometry_checks import check_frame_count, check_size_multiple
 from omniloop.pipeline.samplers.sampler_set import SamplerSet
-from omniloop.request import ErrorKind, InvalidRequest, OmniRequest, TaskType
+from omniloop.request import ErrorKind, InvalidRequest, OmniRequest, TaskType, VideoPart
 
 
 def size_caps(vae: Any, dit: Any, limits: ModelLimits) -> dict[str, tuple[int, str]]:
@@ -121,35 +122,34 @@ def _frames_from_video(request: OmniRequest, temporal: int) -> OmniRequest:
     return request.model_copy(update={"diffusion": request.diffusion.model_copy(update={"num_frames": n})})
 
 
+# the wire's names of a VACE request's inputs (serve/errors.py maps them)
+VACE_VIDEO_FIELD, VACE_MASK_FIELD, VACE_REFERENCE_FIELD = "inputs.video", "inputs.mask", "inputs.reference"
+Validator = Callable[[OmniRequest], OmniRequest]
+
+
 def refuse_vace_inputs(request: OmniRequest) -> None:
     """A mask or reference images on a Wan model without VACE: refused naming the input."""
-    from omniloop.request import VideoPart
-
-    masks: list[Any] = [*request.images("mask"), *(p for p in request.inputs if isinstance(p, VideoPart) and p.role == "mask")]
-    for field, given in ((VACE_MASK_FIELD, masks), (VACE_REFERENCE_FIELD, request.images("reference"))):
+    for field, given in ((VACE_MASK_FIELD, bool(mask_parts(request))),
+                         (VACE_REFERENCE_FIELD, bool(request.images("reference")))):
         if given:
             what = field.split(".")[1]
             raise InvalidRequest(f"this Wan model takes no {what} input (a Wan VACE model does: WanVACEPipeline); "
                                  f"drop the {what}, or load a VACE checkpoint", fields=(field,))
 
 
-# the wire's names of a VACE request's inputs (serve/errors.py maps them)
-VACE_VIDEO_FIELD, VACE_MASK_FIELD, VACE_REFERENCE_FIELD = "inputs.video", "inputs.mask", "inputs.reference"
-
-
-def vace_validator(dit: Any, temporal: int) -> Callable[[Callable[[OmniRequest], OmniRequest]], Callable[[OmniRequest], OmniRequest]]:
+def vace_validator(dit: Any, temporal: int) -> Callable[[Validator], Validator]:
     """Wraps the Wan validator with a VACE model's inputs: a control video (task v2v; its frames
     decide num_frames), at most one mask (a video of as many frames, or an image; it needs the
     control video), and reference images (each one more latent frame)."""
 
-    def wrap(validate: Callable[[OmniRequest], OmniRequest]) -> Callable[[OmniRequest], OmniRequest]:
+    def wrap(validate: Validator) -> Validator:
         def validate_vace(request: OmniRequest) -> OmniRequest:
             video = source_video(request)
             if request.task == TaskType.T2V and video is not None:
                 raise InvalidRequest("task t2v takes no control video; pass task v2v to condition on it",
                                      fields=(VACE_VIDEO_FIELD,))
             request = validate(request)
-            _check_vace_mask(request, video)
+            _check_vace_mask(request, video is not None)
             refs = request.images("reference")
             frames = (geometry(request).num_frames - 1) // temporal + 1
             if frames + len(refs) > dit.rope_max_seq_len * dit.patch_size[0]:
@@ -165,24 +165,22 @@ def vace_validator(dit: Any, temporal: int) -> Callable[[Callable[[OmniRequest],
     return wrap
 
 
-def _check_vace_mask(request: OmniRequest, video: Any) -> None:
-    from omniloop.request import VideoPart
-
-    videos = [p for p in request.inputs if isinstance(p, VideoPart) and p.role == "mask"]
-    given = videos + request.images("mask")
-    if not given:
+def _check_vace_mask(request: OmniRequest, has_video: bool) -> None:
+    masks = mask_parts(request)
+    if not masks:
         return
-    if len(given) > 1:
-        raise InvalidRequest(f"{len(given)} masks given; pass one mask (a video with the control video's frames, or "
+    if len(masks) > 1:
+        raise InvalidRequest(f"{len(masks)} masks given; pass one mask (a video with the control video's frames, or "
                              "an image for every frame)", fields=(VACE_MASK_FIELD,))
-    if video is None:
+    if not has_video:
         raise InvalidRequest("a mask needs a control video (the mask says which of its pixels to keep); pass the "
                              "video too (task v2v), or drop the mask", fields=(VACE_MASK_FIELD,))
-    if videos:
-        n = int(load_part_video(videos[0]).shape[0])
+    mask = masks[0]
+    if isinstance(mask, VideoPart):
+        n = int(load_part_video(mask).shape[0])
         want = geometry(request).num_frames
         if n != want:
             raise InvalidRequest(f"the mask video has {n} frames and the control video {want}; pass a mask of "
                                  f"{want} frames (or one mask image for all)", fields=(VACE_MASK_FIELD,))
     else:
-        load_part_image(request.images("mask")[0])
+        load_part_image(mask)  # unreadable -> ValueError naming the source

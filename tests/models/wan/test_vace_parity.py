@@ -205,3 +205,24 @@ def test_vace_requests_batch_together_and_match_running_alone(gen, monkeypatch):
         assert out.status.value == "completed", out.error
         # measured 2.9e-6 / 2.1e-6: this tiny DiT's CPU GEMMs round otherwise at batch 2 than at 1 (as TI2V's)
         torch.testing.assert_close(out.artifacts["latents"].latents, want, rtol=0, atol=1e-5)
+
+
+def test_two_expert_vace_matches_diffusers(tmp_path):
+    """Wan2.2's VACE layout: two VACE experts switched at boundary_ratio (diffusers'
+    ``WanVACEPipeline(transformer_2=..., boundary_ratio=...)``, guidance_scale_2 on the second)."""
+    from tests.wan_checkpoint import tiny_text_encoder, tiny_tokenizer, tiny_vace_transformer, tiny_vae, unipc
+
+    tokenizer = tiny_tokenizer(tmp_path / "_tok")
+    diffusers.WanVACEPipeline(tokenizer=tokenizer, text_encoder=tiny_text_encoder(len(tokenizer)), vae=tiny_vae(),
+                              scheduler=unipc(), transformer=tiny_vace_transformer(2),
+                              transformer_2=tiny_vace_transformer(3), boundary_ratio=0.875).save_pretrained(tmp_path)
+    two = VideoGenerator.from_pretrained(tmp_path, device="cpu", dtype="float32")
+    assert two.pipeline.spec.name == "wan2.2-vace"
+    request = _request(TaskType.V2V, [VideoPart(data=_video(6))], seed=4)
+    ours = _ours(two, request.model_copy(update={"node_params": {"denoise": {"guidance_scale_2": 3.0}}}))
+    ref = _reference_run(tmp_path, seed=4, video=_video(6), guidance_scale_2=3.0)
+    err = (ours - ref).abs().max().item()
+    assert ours.shape == ref.shape and err <= TOL, err  # measured 1.5e-6
+    # the second step runs the low-noise expert (t 750 < 875): its guidance scale matters
+    other = request.model_copy(update={"node_params": {"denoise": {"guidance_scale_2": 5.0}}})
+    assert not torch.equal(ours, _ours(two, other))

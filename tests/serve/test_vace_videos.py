@@ -106,3 +106,44 @@ def test_a_non_vace_model_refuses_control_inputs_naming_them():
     with pytest.raises(WireError, match="no video-to-video task") as err:
         VideoControls(video=_mp4(1)).parts(i2v)
     assert err.value.param == "video"
+
+
+def test_vace_v2v_template_through_comfyuis_api(wan_vace_dir, tmp_path_factory):
+    """video_wan_vace_14B_v2v over ComfyUI's API: the control video and the reference image
+    uploaded through /upload/image (ComfyUI's LoadVideo uploads there too), listed by
+    /object_info, the prompt run to its SaveVideo."""
+    import json
+
+    from omniloop.workflows.ui_format import ui_to_api
+    from tests.serve.test_comfy_api import ScriptClient
+    from tests.workflows.templates import TEMPLATES, loaded_files, template
+
+    pytest.importorskip("comfyui_workflow_templates_json")
+    pytest.importorskip("websocket")
+    root = tmp_path_factory.mktemp("comfy_vace")
+    files = {f"{folder}/{name}": "vace" for tpl, family in TEMPLATES.items() if family == "wan_vace"
+             for folder, name in loaded_files(ui_to_api(template(tpl)))}
+    (root / "omniloop-models.json").write_text(json.dumps({"served": {"vace": {"path": str(wan_vace_dir)}},
+                                                           "files": files}))
+    ui = template("video_wan_vace_14B_v2v")
+    for n in ui["nodes"]:
+        if n["type"] == "LoraLoader":
+            n["mode"] = 4  # (no LoRA file for the tiny model)
+    prompt = ui_to_api(ui)
+    for n in prompt.values():
+        n["inputs"].update({"WanVaceToVideo": {"width": W, "height": H, "length": F},
+                            "KSampler": {"steps": 2}}.get(n["class_type"], {}))
+    video_name = next(n["inputs"]["file"] for n in prompt.values() if n["class_type"] == "LoadVideo")
+    image_name = next(n["inputs"]["image"] for n in prompt.values() if n["class_type"] == "LoadImage")
+    with live_server(wan_vace_dir, limits={"max_steps": 8, "max_frames": 9, "max_pixels": 64 * 64},
+                     serve={"comfy_models": root, "comfy_workdir": tmp_path_factory.mktemp("comfy_work"),
+                            "warmup": [DiffusionParams(steps=1, height=H, width=W, num_frames=F)]}) as server:
+        for name, data, kind in ((video_name, _mp4(5), "video/mp4"), (image_name, _png((9, 99, 199)), "image/png")):
+            r = httpx.post(f"{server.url}/upload/image", files={"image": (name, data, kind)})
+            assert r.status_code == 200 and r.json()["name"] == name, r.text
+        info = httpx.get(f"{server.url}/object_info/LoadVideo").json()["LoadVideo"]
+        assert video_name in info["input"]["required"]["file"][0]
+        _, _, history = ScriptClient(server.url).run(prompt)
+    assert history["status"]["status_str"] == "success", history["status"]
+    (output,) = history["outputs"].values()
+    assert output  # SaveVideo's file

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from omniloop.request import TaskType
+from omniloop.request import TaskType, VideoPart
 from omniloop.workflows import WorkflowError, compile_workflow
 from omniloop.workflows.ui_format import ui_to_api
 from tests.workflows.templates import template, template_models
@@ -89,6 +89,38 @@ def test_vace_node_errors(wan_vace_dir, wan_t2v_dir, input_dir):
     with pytest.raises(WorkflowError) as err:
         compile_workflow(api, models, input_dir=input_dir)
     assert "control_video: connect the images of GetVideoComponents(LoadVideo)" in str(err.value.node_errors)
+    api = _edited("video_wan_vace_14B_ref2v")
+    api[vace_id(api)]["inputs"]["control_masks"] = [loader, 1]  # a mask without the video it masks
+    with pytest.raises(WorkflowError) as err:
+        compile_workflow(api, models, input_dir=input_dir)
+    assert "control_masks: a mask says which pixels of the control video" in str(err.value.node_errors)
+
+
+def test_vace_control_masks_from_a_loadimage_alpha_run(wan_vace_dir, input_dir):
+    """control_masks from a LoadImage's alpha: ComfyUI reads a one-frame mask for the first
+    frame and generates every later one (its 1-padding): the request's mask video says so."""
+    from PIL import Image
+
+    from omniloop.api.generator import VideoGenerator
+    from omniloop.io.video import video_frames
+
+    rgba = Image.new("RGBA", (48, 32), (200, 40, 40, 255))
+    rgba.paste((0, 0, 0, 0), (0, 0, 24, 32))  # the left half transparent: generate it
+    rgba.save(input_dir / "masked.png")
+    api = _edited("video_wan_vace_14B_v2v")
+    loader = next(nid for nid, n in api.items() if n["class_type"] == "LoadImage")
+    api[loader]["inputs"]["image"] = "masked.png"
+    api[vace_id(api)]["inputs"]["control_masks"] = [loader, 1]
+    compiled = compile_workflow(api, template_models({"wan_vace": wan_vace_dir}), input_dir=input_dir)
+    assert not compiled.deviations, compiled.deviations
+    request = compiled.generations[0].request
+    (mask,) = [p for p in request.inputs if isinstance(p, VideoPart) and p.role == "mask"]
+    frames = video_frames(mask.raw_bytes())  # [5, 32, 32, 3]: cut to 32x32 around the center, then resized
+    assert frames.shape == (5, 32, 32, 3) and (frames[1:] == 255).all()
+    assert (frames[0, :, :4] == 255).all() and (frames[0, :, -4:] == 0).all()
+    with VideoGenerator.from_pretrained(str(compiled.generations[0].served.path)) as gen:
+        out = gen.generate(request)
+    assert out.failure is None, out.failure
 
 
 def vace_id(api: dict) -> str:

@@ -115,6 +115,7 @@ class VaceControl:
     strength: float = 1.0
     video: Pixels | None = None
     reference: Pixels | None = None
+    mask: "Mask | None" = None  # control_masks: a LoadImage's (its first frame's; the others generate)
 
 
 @dataclass(frozen=True)

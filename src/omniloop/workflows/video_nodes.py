@@ -22,7 +22,7 @@ from typing import Any, Callable
 from omniloop.request import ImagePart, VideoPart
 from omniloop.workflows.errors import node_error
 from omniloop.workflows.nodes import MAX_RESOLUTION, _size, _video_latent
-from omniloop.workflows.values import Latent, Pixels, Sampling, VaceControl, VideoOut
+from omniloop.workflows.values import Latent, Mask, Pixels, Sampling, VaceControl, VideoOut
 from omniloop.workflows.vocabulary import NodeCall, i, node
 
 VACE_PIPELINE = "WanVACEPipeline"  # a served diffusers folder's model_index.json _class_name
@@ -58,18 +58,21 @@ def get_video_components(call: NodeCall) -> tuple[Any, ...]:
 def wan_vace_to_video(call: NodeCall) -> tuple[Any, ...]:
     """A Wan VACE model's control video, reference image and strength, and the video canvas
     (one more latent frame in front with a reference image: ``trim_latent``)."""
-    video, reference = call.get("control_video"), call.get("reference_image")
-    if call.get("control_masks") is not None:
-        raise node_error(call.id, call.class_type, "invalid_input_type", "control_masks: per-frame masks are not "
-                         "supported yet; disconnect them (the whole control video conditions the model)",
-                         input_name="control_masks")
+    video, reference, mask = call.get("control_video"), call.get("reference_image"), call.get("control_masks")
+    if mask is not None and (not isinstance(mask, Mask) or mask.image.source != "file" or mask.image.pad is not None):
+        raise node_error(call.id, call.class_type, "invalid_input_type", "control_masks: connect a LoadImage's mask "
+                         "(its alpha channel)", input_name="control_masks")
+    if mask is not None and video is None:
+        raise node_error(call.id, call.class_type, "required_input_missing", "control_masks: a mask says which "
+                         "pixels of the control video to generate; connect control_video too",
+                         input_name="control_video")
     if video is not None and (video.source != "video" or video.path is None):
         raise node_error(call.id, call.class_type, "invalid_input_type", "control_video: connect the images of "
                          "GetVideoComponents(LoadVideo)", input_name="control_video")
     if reference is not None and (reference.source != "file" or reference.path is None):
         raise node_error(call.id, call.class_type, "invalid_input_type", "reference_image: connect a LoadImage",
                          input_name="reference_image")
-    vace = VaceControl(call.id, float(call["strength"]), video, reference)
+    vace = VaceControl(call.id, float(call["strength"]), video, reference, mask)
     trim = 1 if reference is not None else 0
     latent = replace(_video_latent(call), reference_frames=trim)
     return replace(call["positive"], vace=vace), replace(call["negative"], vace=vace), latent, trim
@@ -109,10 +112,48 @@ def vace_parts(ev: Any, run: Sampling, canvas: Latent, final: Latent, node_param
     if vace.video is not None:
         assert vace.video.path is not None, "WanVaceToVideo checks the control video is a file's"
         parts.append(_control_video(vace.video.path, canvas))
+    if vace.mask is not None:
+        assert vace.mask.image.path is not None, "WanVaceToVideo checks the mask is a LoadImage's"
+        mask, soft = _mask_video(vace.mask.image.path, canvas)
+        if soft:
+            deviate(vace.node, "control_masks has values between 0 and 1: the model keeps / generates the control "
+                    "video's pixels by the mask binarized at 0.5 (diffusers' WanVACEPipeline); ComfyUI blends them")
+        parts.append(mask)
     if vace.reference is not None:
         assert vace.reference.path is not None, "WanVaceToVideo checks the reference is a LoadImage's"
         parts.append(_center_cropped(vace.reference.path, canvas))
     return parts
+
+
+def _mask_video(path: str, canvas: Latent) -> tuple[VideoPart, bool]:
+    """LoadImage's mask (1 - alpha) as ComfyUI's WanVaceToVideo reads a one-frame mask: the
+    first frame's, cut to the video's aspect and resized (bilinear), every later frame 1
+    (generate: ComfyUI pads the mask with 1s to ``length``) -> a white-is-generate mask video
+    (lossless), and whether the alpha is soft."""
+    if not Path(path).is_file() or not canvas.width or not canvas.height:
+        return VideoPart(path=path, role="mask"), False
+    import numpy as np
+    from PIL import Image
+
+    with Image.open(path) as pil:
+        alpha = pil.convert("RGBA").getchannel("A")
+    first = np.asarray(_crop_to(alpha, canvas).resize((canvas.width, canvas.height), Image.BILINEAR))
+    soft = bool(((first != 0) & (first != 255)).any())
+    frames = np.full((int(canvas.frames or 1), canvas.height, canvas.width, 3), 255, dtype=np.uint8)
+    frames[0] = (255 - first)[..., None]
+    return VideoPart(b64=base64.b64encode(_lossless_video(frames, 16.0)).decode(), role="mask"), soft
+
+
+def _crop_to(image: Any, canvas: Latent) -> Any:
+    """``image`` (PIL) cut around its center to the canvas' aspect (ComfyUI's "center" crop)."""
+    assert canvas.width and canvas.height, "a sized canvas"
+    w, h = image.size
+    target = canvas.width / canvas.height
+    if w / h > target:  # too wide: cut the sides
+        new_w = round(h * target)
+        return image.crop(((w - new_w) // 2, 0, (w - new_w) // 2 + new_w, h))
+    new_h = round(w / target)
+    return image.crop((0, (h - new_h) // 2, w, (h - new_h) // 2 + new_h))
 
 
 def _control_video(path: str, canvas: Latent) -> VideoPart:
@@ -180,16 +221,8 @@ def _center_cropped(path: str, canvas: Latent) -> ImagePart:
 
     with Image.open(path) as pil:
         image = pil.convert("RGB")
-    w, h = image.size
-    target = canvas.width / canvas.height
-    if w / h > target:  # too wide: cut the sides
-        new_w = round(h * target)
-        box = ((w - new_w) // 2, 0, (w - new_w) // 2 + new_w, h)
-    else:
-        new_h = round(w / target)
-        box = (0, (h - new_h) // 2, w, (h - new_h) // 2 + new_h)
     buf = io.BytesIO()
-    image.crop(box).save(buf, format="PNG")
+    _crop_to(image, canvas).save(buf, format="PNG")
     return ImagePart(b64=base64.b64encode(buf.getvalue()).decode(), role="reference")
 
 

@@ -137,7 +137,7 @@ def _mask_video(path: str, canvas: Latent) -> tuple[VideoPart, bool]:
 
     with Image.open(path) as pil:
         alpha = pil.convert("RGBA").getchannel("A")
-    first = np.asarray(_crop_to(alpha, canvas).resize((canvas.width, canvas.height), Image.BILINEAR))
+    first = np.asarray(_crop_to(alpha, canvas).resize((canvas.width, canvas.height), Image.Resampling.BILINEAR))
     soft = bool(((first != 0) & (first != 255)).any())
     frames = np.full((int(canvas.frames or 1), canvas.height, canvas.width, 3), 255, dtype=np.uint8)
     frames[0] = (255 - first)[..., None]

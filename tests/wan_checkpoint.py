@@ -48,6 +48,22 @@ def tiny_transformer(seed: int, in_channels: int = 16, **image: int):
     ).eval()
 
 
+VACE_LAYERS = [0, 2]
+
+
+def tiny_vace_transformer(seed: int = 2):
+    """A Wan VACE DiT (``WanVACETransformer3DModel``): 4 blocks, control hints into blocks 0 and 2
+    (evenly spaced, as every released VACE DiT: what a single file's layers are read as)."""
+    from diffusers import WanVACETransformer3DModel
+
+    torch.manual_seed(seed)
+    return WanVACETransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=16, out_channels=16,
+        text_dim=TEXT_DIM, freq_dim=16, ffn_dim=32, num_layers=4, cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=32, vace_layers=VACE_LAYERS,
+        vace_in_channels=96).eval()
+
+
 CLIP_DIM, CLIP_SIZE, CLIP_PATCH = 16, 32, 8  # 1 + (32 / 8)^2 = 17 image tokens (ViT-H/14: 1280, 224, 14 -> 257)
 CLIP_TOKENS = 1 + (CLIP_SIZE // CLIP_PATCH) ** 2
 
@@ -83,10 +99,11 @@ def unipc(flow_shift: float = 3.0):
 
 def make_wan_pipeline(kind: str = "t2v", tokenizer_dir: Path | None = None):
     """A diffusers Wan pipeline: kind in {"t2v", "t2v_a14b" (two experts), "i2v" (Wan2.2, latent concat),
-    "i2v_clip" (Wan2.1 I2V: + CLIP image tokens), "flf2v" (Wan2.1 FLF2V: CLIP tokens of two frames)}."""
+    "i2v_clip" (Wan2.1 I2V: + CLIP image tokens), "flf2v" (Wan2.1 FLF2V: CLIP tokens of two frames),
+    "vace" (Wan VACE: control video / mask / reference images)}."""
     import tempfile
 
-    from diffusers import WanImageToVideoPipeline, WanPipeline
+    from diffusers import WanImageToVideoPipeline, WanPipeline, WanVACEPipeline
 
     tok_dir = tokenizer_dir or Path(tempfile.mkdtemp())
     tokenizer = tiny_tokenizer(tok_dir)
@@ -94,6 +111,8 @@ def make_wan_pipeline(kind: str = "t2v", tokenizer_dir: Path | None = None):
     common = dict(tokenizer=tokenizer, text_encoder=text_encoder, vae=tiny_vae(), scheduler=unipc())
     if kind == "t2v":
         return WanPipeline(transformer=tiny_transformer(2), **common)
+    if kind == "vace":
+        return WanVACEPipeline(transformer=tiny_vace_transformer(), **common)
     if kind == "t2v_a14b":
         return WanPipeline(transformer=tiny_transformer(2), transformer_2=tiny_transformer(3), boundary_ratio=0.5, **common)
     if kind == "i2v":

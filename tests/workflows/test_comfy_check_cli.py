@@ -18,11 +18,11 @@ def test_check_reports_supported_refused_and_the_requests(capsys):
     report = capsys.readouterr().out
     assert "ok  KSampler x1" in report and "result: compiles; 1 request(s)" in report
     assert "task t2v outputs ['video']" in report
-    refused = templates_dir() / "video_wan_vace_14B_t2v.json"
+    refused = templates_dir() / "video_wan2.1_fun_camera_v1.1_1.3B.json"  # (the VACE templates compile now)
     assert main(["comfy", "check", "--json", str(ok), str(refused)]) == 1
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["status"] for r in rows] == ["compiles", "refused"]
-    assert rows[1]["refused"] == ["TrimVideoLatent", "WanVaceToVideo"]
+    assert rows[1]["refused"] == ["WanCameraEmbedding", "WanCameraImageToVideo"]
 
 
 def test_exact_refuses_deviations_and_models_are_checked(tmp_path, capsys):

@@ -20,7 +20,9 @@ IMAGES = ("image_to_video_wan_start_image.png", "video_wan2_2_14B_i2v_input_imag
           "flux_kontext_dev_basic_input_image.jpg", "flux_fill_inpaint_example_input_image.png",
           "flux_fill_outpaint_example_input_image.png", "flux_canny_model_example_input_image.png",
           "flux_redux_model_example_reference_image_1.png", "flux_redux_model_example_reference_image_2.png",
-          "handbag_white.png", "robed_women.png")
+          "handbag_white.png", "robed_women.png", "video_wan_vace_14B_ref2v_reference_image.jpg",
+          "video_wan_vace_14B_v2v_reference_image.jpg")
+VIDEOS = ("video_wan_vace_14B_v2v_reference_image_control_video.mp4",)
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +32,12 @@ def input_dir(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("input")
     for name in IMAGES:
         Image.new("RGB", (96, 64), (200, 40, 40)).save(folder / name)
+    import numpy as np
+
+    from omniloop.io.video import write_mp4
+
+    for name in VIDEOS:
+        write_mp4(np.full((81, 64, 96, 3), 90, dtype=np.uint8), folder / name, 16)
     return folder
 
 
@@ -97,6 +105,14 @@ EXPECTED = {
     "image_flux2_klein_image_edit_4b_base": (TaskType.I2I, "flux2_klein_base", [Modality.IMAGE],
                                              {"steps": 20, "guidance_scale": 5.0, "width": 1248, "height": 832,
                                               "strength": None}),
+    # Wan VACE: cfg 1 (the CausVid LoRA), the control video (v2v) and the reference image
+    "video_wan_vace_14B_t2v": (TaskType.T2V, "wan_vace", [Modality.VIDEO],
+                               {"guidance_scale": 1.0, "width": 1280, "height": 720, "num_frames": 81, "fps": 16,
+                                "sampler": "comfy_uni_pc"}),
+    "video_wan_vace_14B_ref2v": (TaskType.T2V, "wan_vace", [Modality.VIDEO],
+                                 {"width": 768, "height": 768, "num_frames": 81}),
+    "video_wan_vace_14B_v2v": (TaskType.V2V, "wan_vace", [Modality.VIDEO],
+                               {"width": 720, "height": 720, "num_frames": 81}),
     "audio_stable_audio_example": (TaskType.T2A, "stable_audio", [Modality.AUDIO],
                                    {"steps": 50, "guidance_scale": 4.98, "duration_s": 47.6, "sampler": None}),
 }

@@ -43,6 +43,12 @@ def _generate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--image", default=None, help="first-frame image for i2v")
     p.add_argument("--last-image", default=None, help="last-frame image for first-last-frame i2v (with --image)")
     p.add_argument("--control-image", default=None, help="the edge or depth map a FLUX.1 Canny / Depth model follows")
+    p.add_argument("--video", "--control-video", dest="video", default=None,
+                   help="video to transform (v2v); a Wan VACE model's control video")
+    p.add_argument("--mask", default=None, help="Wan VACE: which pixels of --video to generate (white): a video of its "
+                   "frames, or one image for all")
+    p.add_argument("--reference-image", dest="reference_images", action="append", default=None,
+                   help="Wan VACE: an image the video shows (a subject, a style); repeatable")
     p.add_argument("--deploy-config", default=None, help="YAML file of deploy options")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     p.add_argument("--knob", action="append", default=None, metavar="NAME=VALUE",
@@ -116,12 +122,13 @@ def _declared_task(args: argparse.Namespace, declared: Any) -> TaskType | None:
         return TaskType(args.task)
     if declared is None:
         return None
-    return suggest_task([TaskType(t) for t in declared.tasks], [Modality.IMAGE] if args.image is not None else [])
+    given = ([Modality.IMAGE] if args.image is not None else []) + ([Modality.VIDEO] if args.video is not None else [])
+    return suggest_task([TaskType(t) for t in declared.tasks], given)
 
 
 def _task(args: argparse.Namespace, gen: Any) -> TaskType:
     """--task, or the task the offline API suggests for these flags (``request.suggest_task``)."""
-    return gen.task_for(args.task, image=args.image is not None)
+    return gen.task_for(args.task, image=args.image is not None, video=args.video is not None)
 
 
 def _check_output(args: argparse.Namespace, task: TaskType | None = None) -> None:
@@ -206,6 +213,12 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"--last-image {args.last_image}: no such file")
     if args.control_image is not None and not Path(args.control_image).is_file():
         raise FileNotFoundError(f"--control-image {args.control_image}: no such file")
+    for flag, path in (("--video", args.video), ("--mask", args.mask),
+                       *(("--reference-image", r) for r in args.reference_images or ())):
+        if path is not None and not Path(path).is_file():
+            raise FileNotFoundError(f"{flag} {path}: no such file")
+    if args.mask is not None and args.video is None:
+        raise ValueError("--mask says which pixels of --video to generate; pass --video too")
     if declared is not None:
         preflight.check_shape(declared, args.task, params)
     deploy = _deploy_from_flags(args)
@@ -254,7 +267,8 @@ def _generate_with(gen: Any, args: argparse.Namespace, prompt: str, params: dict
             result = gen.generate_audio(prompt, task=args.task, output_path=args.output, on_event=bars, **params)
         else:
             request = gen.build_request(prompt, image=args.image, last_image=args.last_image,
-                                        control_image=args.control_image, task=task, **params)
+                                        control_image=args.control_image, video=args.video, mask=args.mask,
+                                        reference_images=args.reference_images or (), task=task, **params)
             bars = None if args.no_progress else ProgressBars(gen.pipeline.active_nodes(request))
             result = gen.run_video(request, output_path=args.output, on_event=bars)
     except FieldError as e:  # a --knob the model's loops lack, or its bad value

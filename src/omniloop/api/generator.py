@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -206,6 +206,9 @@ class VideoGenerator:
         *,
         image: Any = None,
         last_image: Any = None,
+        video: Any = None,
+        mask: Any = None,
+        reference_images: Sequence[Any] = (),
         task: str | TaskType | None = None,
         audio: bool | None = None,
         output_path: str | Path | None = "outputs/",
@@ -225,8 +228,12 @@ class VideoGenerator:
         names (``self.pipeline.knobs``: ``guidance_scale_2`` on Wan2.2, ``stg_scale`` /
         ``audio_guidance_scale`` on LTX-2...); a knob the model's loops lack is refused.
         ``last_image``: the frame the video ends on (first-last-frame: Wan2.2 I2V, Wan2.1 FLF2V).
+        ``video``: the video to transform (v2v; a Wan VACE model's control video), ``mask``: which
+        of its pixels to generate (white; a video of its frames or one image), ``reference_images``:
+        images the video shows (Wan VACE); each a path or in-process data (frames / PIL images).
         """
-        request = self.build_request(prompt, image=image, last_image=last_image, task=task, audio=audio, **params)
+        request = self.build_request(prompt, image=image, last_image=last_image, video=video, mask=mask,
+                                     reference_images=reference_images, task=task, audio=audio, **params)
         if request.task in (TaskType.T2A, TaskType.REASON):  # no pixels: refused before any work runs
             other = "generate_audio" if request.task is TaskType.T2A else "generate(OmniRequest(task='reason', ...))"
             raise ValueError(f"task {request.task.value!r} makes no video (this model serves {self.tasks}); "
@@ -383,7 +390,9 @@ class VideoGenerator:
         return output
 
     def build_request(self, prompt: str, *, image: Any = None, last_image: Any = None, latents: Any = None,
-                      control_image: Any = None, task: str | TaskType | None = None, audio: bool | None = None,
+                      control_image: Any = None, video: Any = None, mask: Any = None,
+                      reference_images: Sequence[Any] = (), task: str | TaskType | None = None,
+                      audio: bool | None = None,
                       wants: Modality = Modality.VIDEO, **params: Any) -> OmniRequest:
         """The request of a ``generate_*`` call: ``params`` are DiffusionParams fields or
         diffusers' names for them (``request.ALIASES``), or knobs of this model's loops under
@@ -392,7 +401,7 @@ class VideoGenerator:
         ``request.suggest_task`` suggests for the inputs given and the output ``wants``."""
         knobs = self.pipeline.knobs
         fields = generation_fields(params, knobs=knobs)
-        task = self.task_for(task, image=image is not None or latents is not None, wants=wants)
+        task = self.task_for(task, image=image is not None or latents is not None, wants=wants, video=video is not None)
         role = "reference" if task.makes_image else "first_frame"
         parts: list[Any] = []
         if image is not None:
@@ -406,17 +415,19 @@ class VideoGenerator:
         if control_image is not None:  # a structure-controlled model's (admission refuses it elsewhere)
             parts.append(ImagePart(path=str(control_image), role="control") if isinstance(control_image, (str, Path))
                          else ImagePart(data=control_image, role="control"))
+        parts += control_parts(video, mask, reference_images)
         return build_request(task, prompt, fields, parts=parts,
                              outputs=OutputSpec(modalities=self._modalities(task, audio)), knobs=knobs)
 
     def task_for(self, task: str | TaskType | None, *, image: bool = False,
-                 wants: Modality = Modality.VIDEO) -> TaskType:
+                 wants: Modality = Modality.VIDEO, video: bool = False) -> TaskType:
         """``task``, or the one suggested for a call that declared none (``request.suggest_task``:
         the model's tasks, whether an image, or latents of one, is given, the output wanted)."""
         # Task is declared by the caller; a default is suggested here, at the API boundary.
         if task is not None:
             return parse_task(task)
-        return suggest_task(self.pipeline.spec.tasks, {Modality.IMAGE} if image else set(), {wants})
+        given = ({Modality.IMAGE} if image else set()) | ({Modality.VIDEO} if video else set())
+        return suggest_task(self.pipeline.spec.tasks, given, {wants})
 
     def _modalities(self, task: TaskType, audio: bool | None) -> list[Modality] | None:
         """OutputSpec.modalities for ``audio``: None, the task's default; False, pixels only;
@@ -425,3 +436,37 @@ class VideoGenerator:
             return None
         pixels = Modality.IMAGE if task.makes_image else Modality.VIDEO
         return [pixels, Modality.AUDIO] if audio else [pixels]
+
+
+def control_parts(video: Any = None, mask: Any = None, reference_images: Sequence[Any] = ()) -> list[Any]:
+    """The request parts of a video to transform (or a Wan VACE control video), its mask (a
+    video, or one image: a path ending in an image suffix or a PIL image) and reference images;
+    each a path or in-process data."""
+    from omniloop.request import VideoPart
+
+    def media(cls: Any, value: Any, role: str) -> Any:
+        return cls(path=str(value), role=role) if isinstance(value, (str, Path)) else cls(data=value, role=role)
+
+    parts: list[Any] = []
+    if video is not None:
+        parts.append(media(VideoPart, video, "source"))
+    if mask is not None:
+        parts.append(media(ImagePart, mask, "mask") if _one_image(mask) else media(VideoPart, mask, "mask"))
+    if isinstance(reference_images, (str, Path)) or _one_image(reference_images):
+        reference_images = [reference_images]  # one image given bare
+    parts += [media(ImagePart, ref, "reference") for ref in reference_images]
+    return parts
+
+
+IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
+
+
+def _one_image(value: Any) -> bool:
+    """An image file's path, a PIL image or one [H, W, 3] frame (not a video, not a list)."""
+    from PIL import Image
+
+    if isinstance(value, (str, Path)):
+        return Path(value).suffix.lower() in IMAGE_SUFFIXES
+    if isinstance(value, Image.Image):
+        return True
+    return isinstance(value, (np.ndarray, torch.Tensor)) and value.ndim == 3

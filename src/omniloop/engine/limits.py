@@ -97,11 +97,14 @@ def check_as_asked(request: OmniRequest, limits: Limits, defaults: GenerationDef
     """``check_limits`` on ``request`` as asked, the model's ``defaults`` filling what it
     leaves unset, before anything reads its inputs: the cheapest refusal first (admission,
     before the family's checks; the CLI, before loading). A size that comes from the input
-    (``sized_by_input``) is left to the check on the resolved request."""
+    (``sized_by_input``), or a video-to-video clip length (its video's), is left to the check on
+    the resolved request."""
     resolved = resolve_request(request, defaults)
     if sized_by_input(request):
         resolved = resolved.model_copy(update={"diffusion": resolved.diffusion.model_copy(
             update={"height": None, "width": None})})
+    if request.task is TaskType.V2V and request.diffusion.num_frames is None:  # the video's frames decide them
+        resolved = resolved.model_copy(update={"diffusion": resolved.diffusion.model_copy(update={"num_frames": None})})
     check_limits(resolved, limits)
 
 

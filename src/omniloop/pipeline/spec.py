@@ -93,6 +93,9 @@ class PipelineSpec:
     # an image-variation graph (FLUX.1 Redux): its text-to-image requests may carry ImagePart(role="reference")
     # images whose embedding conditions the output (over HTTP: /v1/images/variations)
     takes_references: bool = False
+    # a video graph's control inputs beyond the first/last frame (Wan VACE: "mask", "reference"):
+    # /v1/videos takes its mask / reference_images fields only for a graph that lists them
+    control_inputs: frozenset[str] = frozenset()
     order: tuple[str, ...] = field(init=False)  # topological node order, computed by validation
 
     def __post_init__(self) -> None:

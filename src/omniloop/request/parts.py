@@ -85,6 +85,8 @@ class ImagePart(_MediaPart):
 
 class VideoPart(_MediaPart):
     kind: Literal["video"] = "video"
+    # source: the video to transform (v2v) or the control video (Wan VACE); mask: per-frame masks (white: generate)
+    role: Literal["source", "mask"] = "source"
 
 
 class AudioPart(_MediaPart):

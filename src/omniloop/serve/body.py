@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from starlette.datastructures import UploadFile
@@ -70,9 +70,12 @@ def _put(target: dict[str, Any], key: str, value: Any) -> None:
         node[last] = value
 
 
-async def read_body(request: Request, limit: int, *,
-                    file_fields: tuple[str, ...] = ()) -> tuple[dict[str, Any], dict[str, bytes]]:
-    """(fields, uploaded files by field name). Empty form values count as absent."""
+async def read_body(request: Request, limit: int, *, file_fields: tuple[str, ...] = (),
+                    repeated: Mapping[str, int] | None = None) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """(fields, uploaded files by field name). Empty form values count as absent.
+    ``repeated``: file fields that take up to that many uploads, stored as ``name[0]``,
+    ``name[1]``... (``repeated_files`` lists them back)."""
+    repeated = repeated or {}
     raw = await read_limited(request, limit)
     ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
     if ctype in ("application/json", "") or ctype.endswith("+json"):
@@ -85,7 +88,8 @@ async def read_body(request: Request, limit: int, *,
         return data, {}
     if ctype == "multipart/form-data":
         # the whole body is already within ``limit``, so no per-part size limit is needed
-        parser: Any = MultiPartParser(request.headers, _once(raw), max_files=len(file_fields), max_fields=256)
+        max_files = len(file_fields) + sum(n - 1 for n in repeated.values())
+        parser: Any = MultiPartParser(request.headers, _once(raw), max_files=max_files, max_fields=256)
     elif ctype == "application/x-www-form-urlencoded":
         parser = FormParser(request.headers, _once(raw))
     else:
@@ -102,7 +106,18 @@ async def read_body(request: Request, limit: int, *,
             if key not in file_fields:
                 raise ApiError(400, f"{key}: a file was uploaded to a field that takes none "
                                f"(file fields: {list(file_fields)})", param=key, code="invalid_value")
+            if key in repeated:
+                count = sum(1 for k in files if k.startswith(f"{key}["))
+                if count >= repeated[key]:
+                    raise ApiError(400, f"{key}: at most {repeated[key]} files", param=key, code="invalid_value")
+                files[f"{key}[{count}]"] = await value.read()
+                continue
             files[key] = await value.read()
         elif value != "":
             _put(fields, key, value)
     return fields, files
+
+
+def repeated_files(files: Mapping[str, bytes], key: str) -> list[bytes]:
+    """The uploads of a repeated file field (``read_body``'s ``repeated``), in order."""
+    return [files[f"{key}[{i}]"] for i in range(sum(1 for k in files if k.startswith(f"{key}[")))]

@@ -576,9 +576,10 @@ async def view(request: Request, filename: str, subfolder: str = "", type: str =
 
 @router.post("/upload/image")
 async def upload_image(request: Request) -> JSONResponse:
-    """A multipart ``image`` file into input/ (``subfolder``, ``overwrite``); not an image or
-    over the size limits: 400."""
+    """A multipart ``image`` file into input/ (``subfolder``, ``overwrite``); not an image (nor a
+    video: ComfyUI's LoadVideo uploads here too) or over the size limits: 400."""
     from omniloop.io.image import verify_image
+    from omniloop.io.video import probe_video
 
     comfy = api(request)
     form = await request.form()
@@ -590,7 +591,10 @@ async def upload_image(request: Request) -> JSONResponse:
     try:
         verify_image(data, limit)
     except ValueError as e:
-        return JSONResponse({"error": f"image: {e}"}, status_code=400)
+        try:  # a video (its header within the limit, its first frame decodable)
+            probe_video(data, limit)
+        except ValueError:
+            return JSONResponse({"error": f"image: {e}"}, status_code=400)
     name = PurePosixPath(upload.filename.replace("\\", "/")).name
     subfolder = str(form.get("subfolder") or "")
     if not name or ".." in PurePosixPath(subfolder).parts or subfolder.startswith("/"):
@@ -614,7 +618,7 @@ def _object_info(comfy: ComfyApi, class_type: str) -> dict[str, Any]:
             folder = "clip_vision" if class_type == "CLIPVisionLoader" else MODEL_INPUTS.get(name)
             if folder is not None:
                 described[0] = comfy.folder.names(folder)
-            elif class_type == "LoadImage" and name == "image":
+            elif (class_type, name) in (("LoadImage", "image"), ("LoadVideo", "file")):
                 described[0] = sorted(p.name for p in comfy.dirs["input"].iterdir() if p.is_file())
     return info
 

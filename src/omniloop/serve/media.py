@@ -51,6 +51,21 @@ async def check_request_images(requests: Sequence[OmniRequest], param: str, max_
                 raise _refusal((role_params or {}).get(part.role, param), e) from None
 
 
+async def check_request_videos(request: OmniRequest, max_pixels: int, role_params: Mapping[str, str]) -> None:
+    """Every base64 video of ``request`` (a video to transform, a mask video): its header
+    within the cap and its first frame decodable, before the family's validator reads it;
+    ``role_params``: the wire field of each role."""
+    from omniloop.request import VideoPart
+
+    for part in request.inputs:
+        if isinstance(part, VideoPart) and part.b64 is not None:
+            try:
+                await asyncio.to_thread(probe_video, part.raw_bytes(), max_pixels)
+            except ValueError as e:
+                param = role_params.get(part.role, "video")
+                raise ApiError(400, f"{param}: {e}", param=param, code="invalid_video") from None
+
+
 def check_media(kind: str, raw: bytes, max_pixels: int) -> None:
     """A chat content part: an image's header only (the model's validator decides whether it
     takes images before anything decodes it); a video's header, then its first frame.

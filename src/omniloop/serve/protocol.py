@@ -92,6 +92,16 @@ class _VideoCreateBase(_GenerationWire):
         "from input_reference (task a2w); the video runs len(actions) + 1 frames unless num_frames says otherwise")
     predict_actions: bool = Field(default=False, description="world models: also predict the agent's actions from "
                                   "input_reference (task v2w); the finished video object lists them under actions")
+    video: str | None = Field(default=None, description="the video to transform (task v2v; a Wan VACE model's control "
+                              "video: depth, pose, edges... or the source with a mask), a data: URL (data:video/mp4;"
+                              "base64,...) or base64; its frames set num_frames (multipart: upload the file)")
+    control_video: str | None = Field(default=None, description="another name for video")
+    mask: str | None = Field(default=None, description="Wan VACE: which pixels of video to generate (white) and keep "
+                             "(black): a video of its frames, or one image for every frame; data: URL or base64 "
+                             "(multipart: upload the file)")
+    reference_images: list[str] | None = Field(default=None, max_length=8, description="Wan VACE: images the video "
+                                               "shows (a subject, a style), data: URLs or base64 (multipart: upload "
+                                               "each under this name)")
     node_params: dict[str, dict[str, Any]] | None = Field(
         default=None, description="per graph node options, validated by the model (e.g. {'denoise': {'domain': "
         "'bridge_orig_lerobot'}} for an embodiment)")

@@ -9,10 +9,10 @@ from typing import Literal
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 
-from omniloop.serve.body import read_body
+from omniloop.serve.body import read_body, repeated_files
 from omniloop.serve.errors import ApiError, parse_body
 from omniloop.serve.jobs import Geometry, Job, JobKind, JobStore, output_response
-from omniloop.serve.media import check_request_images, image_pixel_cap
+from omniloop.serve.media import check_request_images, check_request_videos, image_pixel_cap
 from omniloop.serve.protocol import JobError, VideoCreateRequest, VideoDeleted, VideoList, VideoObject
 from omniloop.serve.state import State, new_id, require_auth
 from omniloop.serve.wire import openai_video
@@ -21,7 +21,9 @@ router = APIRouter(prefix="/v1/videos", tags=["videos"], dependencies=[Depends(r
 POLL_AFTER_MS = 250
 
 # The body is read by hand (JSON or multipart, size-limited); OpenAPI gets it from app.py.
-FILE_FIELDS = ("input_reference", "last_image")  # the first frame, and the last one (first-last-frame video)
+FILE_FIELDS = ("input_reference", "last_image",  # the first frame, and the last one (first-last-frame video)
+               "video", "control_video", "mask", "reference_images")  # a video to transform, its mask (Wan VACE)
+MAX_REFERENCE_IMAGES = 8
 CREATE_BODY_DOC = {"json": "VideoCreateRequest", "multipart": "VideoCreateForm", "file_fields": FILE_FIELDS}
 
 
@@ -43,14 +45,21 @@ def video_object(job: Job, jobs: JobStore) -> VideoObject:
 async def create_video(request: Request, state: State) -> VideoObject:
     with state.counting_rejections("video"):
         state.check_accepting()
-        fields, files = await read_body(request, state.config.max_upload_bytes, file_fields=FILE_FIELDS)
+        fields, files = await read_body(request, state.config.max_upload_bytes, file_fields=FILE_FIELDS,
+                                        repeated={"reference_images": MAX_REFERENCE_IMAGES})
         wire = parse_body(VideoCreateRequest, fields)
         job_id = new_id("video")
         model = state.served(wire.model)
+        controls = {name: files.get(name) for name in ("video", "control_video", "mask")}
         omni, call = openai_video(wire, job_id, model, upload=files.get("input_reference"),
-                                  last_upload=files.get("last_image"))
-        await check_request_images([omni], "input_reference", image_pixel_cap(state.config, model),
-                                   role_params={"last_frame": "last_image"})
+                                  last_upload=files.get("last_image"),
+                                  control_uploads={**controls, "reference_images": repeated_files(files, "reference_images")})
+        cap = image_pixel_cap(state.config, model)
+        await check_request_images([omni], "input_reference", cap,
+                                   role_params={"last_frame": "last_image", "mask": "mask",
+                                                "reference": "reference_images"})
+        await check_request_videos(omni, cap, {"source": call.video_controls.video_param if call.video_controls else "video",
+                                               "mask": "mask"})
         geometry = Geometry.of(omni, model.defaults, wire.seconds)
         job = Job(id=job_id, kind=JobKind.VIDEO, model=model.name, prompt=wire.prompt, geometry=geometry)
         await state.submit([job], [omni], call.names)

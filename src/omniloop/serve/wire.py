@@ -22,7 +22,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ from omniloop.pipeline.loops.ar import ARDecodeLoop
 from omniloop.pipeline.pipeline import Pipeline
 from omniloop.request import (
     ALIASES, ActionPart, DiffusionParams, FieldError, Fields, ImagePart, KnobTable, Modality, OmniRequest, OutputSpec,
-    TaskType, build_request, require_prompt, suggest_task,
+    TaskType, VideoPart, build_request, require_prompt, suggest_task,
 )
 from omniloop.request.builder import aliases_of, validated
 from omniloop.request.tasks import fits
@@ -88,6 +88,7 @@ class ServedModel:
     takes_mask: bool = False  # an inpainting model (FLUX.1 Fill): an edit carries a mask
     takes_control: bool = False  # a structure-controlled model (FLUX.1 Canny / Depth): a generation carries a control image
     takes_references: bool = False  # an image-variation prior (FLUX.1 Redux): /v1/images/variations
+    control_inputs: frozenset[str] = frozenset()  # a video model's mask / reference images (Wan VACE)
 
     @classmethod
     def of(cls, engine: AsyncEngine, served_name: str | None = None) -> "ServedModel":
@@ -100,7 +101,7 @@ class ServedModel:
                    token_logprobs=has_ar_loop(pipeline),
                    takes_audio=Modality.AUDIO in pipeline.spec.conversation_media,
                    takes_mask=pipeline.spec.takes_mask, takes_control=pipeline.spec.takes_control,
-                   takes_references=pipeline.spec.takes_references)
+                   takes_references=pipeline.spec.takes_references, control_inputs=pipeline.spec.control_inputs)
 
     @classmethod
     def all_of(cls, engine: AsyncEngine, served_name: str | None = None) -> dict[str, "ServedModel"]:
@@ -120,7 +121,8 @@ class ServedModel:
                        token_logprobs=has_ar_loop(pipelines[n]),
                        takes_audio=Modality.AUDIO in pipelines[n].spec.conversation_media,
                        takes_mask=pipelines[n].spec.takes_mask, takes_control=pipelines[n].spec.takes_control,
-                       takes_references=pipelines[n].spec.takes_references) for n in names}
+                       takes_references=pipelines[n].spec.takes_references,
+                       control_inputs=pipelines[n].spec.control_inputs) for n in names}
 
     @property
     def serves_images(self) -> bool:
@@ -160,6 +162,7 @@ class WireCall:
     last_image_param: str = "last_image"
     mask: ImagePart | None = None  # an inpaint's mask, white = repaint (converted from OpenAI's alpha mask)
     control: ImagePart | None = None  # a structure-controlled model's control image (an edge or depth map)
+    video_controls: "VideoControls | None" = None  # /v1/videos: a video to transform, its mask, reference images
     outputs: OutputSpec = field(default_factory=OutputSpec)
     audio: bool | None = None  # the soundtrack: None = the model's default outputs, False = silent, True = with it
     actions: list[list[float]] | None = None  # world models: the agent's actions to roll out (task a2w)
@@ -234,17 +237,25 @@ def reference_image(ref: Any, param: str = "input_reference", role: str = "first
     and file URLs are never fetched."""
     if ref is None:
         return None
+    return media_part(ref, param, lambda b64: ImagePart(role=role, b64=b64))
+
+
+def media_part(ref: Any, param: str, make: Callable[[str], Any], what: str = "image") -> Any:
+    """``make(b64)`` of uploaded bytes, a data: URL or base64 string (or, for an image,
+    ``{"image_url": <data: URL>}``); remote and file URLs are never fetched."""
     if isinstance(ref, (bytes, bytearray)):
-        return ImagePart(role=role, b64=base64.b64encode(bytes(ref)).decode())
+        return make(base64.b64encode(bytes(ref)).decode())
     if not isinstance(ref, str):
+        if what != "image":
+            raise WireError(param, f"pass the {what} as a data: URL or base64 (or upload the file)")
         ref, param = _image_url(ref, param)
     if not ref:
-        raise WireError(param, "pass the image as a data: URL or base64 (or upload the file)")
+        raise WireError(param, f"pass the {what} as a data: URL or base64 (or upload the file)")
     if ref.startswith("file:") or "://" in ref.split(",", 1)[0]:  # (base64 and data: URLs hold no "://")
-        raise WireError(param, "only data: URLs (data:image/png;base64,...) or base64 bytes are accepted; remote and "
-                        "file URLs are not fetched and paths are never read", code="path_refused")
+        raise WireError(param, f"only data: URLs (data:{what}/...;base64,...) or base64 bytes are accepted; remote "
+                        "and file URLs are not fetched and paths are never read", code="path_refused")
     with wire_errors():
-        return validated(lambda: ImagePart(role=role, b64=ref), {"b64": param})
+        return validated(lambda: make(ref), {"b64": param})
 
 
 def _image_url(ref: Any, param: str) -> tuple[Any, str]:
@@ -349,6 +360,52 @@ def _video_outputs(call: WireCall) -> OutputSpec:
     return call.outputs.model_copy(update={"modalities": modalities})
 
 
+@dataclass
+class VideoControls:
+    """/v1/videos' media beside the first/last frame, as sent (uploaded bytes, data: URLs or
+    base64): the video to transform (a Wan VACE model's control video), its mask (a video of
+    its frames, or one image) and reference images."""
+
+    video: Any = None
+    video_param: str = "video"
+    mask: Any = None
+    references: list[Any] = field(default_factory=list)
+
+    def parts(self, model: ServedModel) -> list[Any]:
+        """The request parts, refused naming the field where ``model`` takes none."""
+        for param, given, needs in (("mask", self.mask is not None, "mask"),
+                                    ("reference_images", bool(self.references), "reference")):
+            if given and needs not in model.control_inputs:
+                raise WireError(param, f"{model.name!r} takes no {param.replace('_', ' ')} (a video-control model such as VACE does); "
+                                "omit it", code="unsupported")
+        if self.mask is not None and self.video is None:
+            raise WireError("mask", "a mask says which pixels of the video to generate; pass video too",
+                            code="missing")
+        parts: list[Any] = []
+        if self.video is not None:
+            if TaskType.V2V not in model.tasks:
+                raise WireError(self.video_param, f"{model.name!r} has no video-to-video task (tasks: "
+                                f"{model.task_names}); omit it", code="unsupported")
+            parts.append(media_part(self.video, self.video_param, lambda b64: VideoPart(b64=b64), "video"))
+        if self.mask is not None:
+            parts.append(media_part(self.mask, "mask", _mask_part, "image"))
+        for i, ref in enumerate(self.references):
+            parts.append(reference_image(ref, f"reference_images[{i}]", role="reference"))
+        return parts
+
+
+def _mask_part(b64: str) -> Any:
+    """A mask image (one for every frame) or a mask video: an image if its header reads as one."""
+    from omniloop.io.image import image_size
+
+    image = ImagePart(role="mask", b64=b64)
+    try:
+        image_size(image.raw_bytes())
+    except ValueError:
+        return VideoPart(role="mask", b64=b64)
+    return image
+
+
 def video_request(call: WireCall, request_id: str, model: ServedModel) -> OmniRequest:
     prompt = _prompt(call)  # first: an empty prompt is the first thing to fix
     image = reference_image(call.image, call.image_param)
@@ -356,7 +413,13 @@ def video_request(call: WireCall, request_id: str, model: ServedModel) -> OmniRe
     if last is not None and image is None:
         raise WireError(call.last_image_param, f"a last frame needs the first frame too: pass {call.image_param}",
                         code="missing")
-    task = world_task(model, call, image is not None) or video_task(model, image is not None, call.image_param)
+    controls = call.video_controls.parts(model) if call.video_controls is not None else []
+    if any(isinstance(p, VideoPart) and p.role == "source" for p in controls):
+        if image is not None:
+            raise WireError(call.image_param, "a video to transform takes no first frame; omit one of them")
+        task = TaskType.V2V
+    else:
+        task = world_task(model, call, image is not None) or video_task(model, image is not None, call.image_param)
     _resolve_seconds(call, model)
     if call.actions is not None and "num_frames" not in call.params:
         call.put("num_frames", len(call.actions) + 1, "actions")  # one transition per action
@@ -364,7 +427,7 @@ def video_request(call: WireCall, request_id: str, model: ServedModel) -> OmniRe
         params = call.params.diffusion()
     call.outputs = _video_outputs(call)
     extra = ((_action_part(call.actions),) if call.actions is not None else ()) + ((last,) if last is not None else ())
-    return _request(request_id, task, prompt, call, params, image, extra, model)
+    return _request(request_id, task, prompt, call, params, image, (*extra, *controls), model)
 
 
 def image_requests(call: WireCall, request_ids: list[str], model: ServedModel) -> list[OmniRequest]:
@@ -414,7 +477,8 @@ def _openai_call(wire: Any, names: tuple[str, ...], model: ServedModel) -> WireC
 
 
 def openai_video(wire: Any, request_id: str, model: ServedModel, upload: bytes | None = None,
-                 last_upload: bytes | None = None) -> tuple[OmniRequest, WireCall]:
+                 last_upload: bytes | None = None,
+                 control_uploads: Mapping[str, Any] | None = None) -> tuple[OmniRequest, WireCall]:
     """``wire`` is a validated ``VideoCreateRequest``; ``upload`` / ``last_upload`` multipart
     input_reference / last_image files. The call comes back too: its ``names`` map an engine
     rejection to the wire field."""
@@ -426,7 +490,22 @@ def openai_video(wire: Any, request_id: str, model: ServedModel, upload: bytes |
     call.outputs = OutputSpec(stream=wire.preview_every is not None, preview_every=wire.preview_every)
     call.audio, call.actions, call.predict_actions = wire.audio, wire.actions, wire.predict_actions
     call.node_params = wire.node_params
+    call.video_controls = _video_controls(wire, control_uploads or {})
     return video_request(call, request_id, model), call
+
+
+def _video_controls(wire: Any, uploads: Mapping[str, Any]) -> VideoControls | None:
+    """``video`` / ``control_video``, ``mask`` and ``reference_images``: the multipart uploads
+    (``reference_images`` a list of them) else the JSON fields."""
+    video_param = "control_video" if uploads.get("control_video") is not None or wire.control_video else "video"
+    if (uploads.get("video") is not None or wire.video) and video_param == "control_video":
+        raise WireError("control_video", "control_video is another name for video; pass one of them")
+    video = uploads.get(video_param) or (wire.control_video if video_param == "control_video" else wire.video)
+    mask = uploads.get("mask") or wire.mask
+    references = list(uploads.get("reference_images") or ()) or list(wire.reference_images or ())
+    if video is None and mask is None and not references:
+        return None
+    return VideoControls(video=video, video_param=video_param, mask=mask, references=references)
 
 
 def openai_images(wire: Any, request_ids: list[str], model: ServedModel) -> tuple[list[OmniRequest], WireCall]:

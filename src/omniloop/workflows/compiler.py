@@ -32,6 +32,7 @@ from omniloop.workflows.model_folder import ModelFolder, ServedCheckpoint
 from omniloop.workflows.schedules import SCHEDULES, flow_schedule, ksampler_sigmas
 from omniloop.workflows.style_models import REDUX_NODE, style_parts
 from omniloop.workflows.values import AudioOut, Latent, Pixels, SaveTarget, Sampling, VideoOut
+from omniloop.workflows.video_nodes import vace_parts
 
 # ComfyUI sampler -> ours; the named schedules we run (ComfyUI's own under ModelSamplingSD3)
 SUPPORTED_SAMPLERS: Mapping[str, str] = {"euler": "flow_euler", "uni_pc": "comfy_uni_pc",
@@ -163,6 +164,8 @@ def _generation(ev: Evaluation, final: Latent, saves: tuple[SaveTarget, ...]) ->
     served = _served(ev, runs)
     canvas = first.start
     task = _task(ev, first, canvas, saves)
+    vace = (vace_parts(ev, first, canvas, final, node_params, DENOISE_NODE, lambda n, m: _deviate(ev, n, m))
+            if first.positive.vace is not None else [])
     if "refine" in node_params and task == TaskType.I2V:
         _deviate(ev, last.node, "the two-stage path (upsample + refine) runs text-to-video only: this image-to-video "
                  "runs the base stage alone, at the base size")
@@ -187,7 +190,7 @@ def _generation(ev: Evaluation, final: Latent, saves: tuple[SaveTarget, ...]) ->
     loras = _loras(ev, runs)
     if loras:
         fields.put("loras", loras)
-    parts = _parts(ev, first, canvas)
+    parts = vace or _parts(ev, first, canvas)
     styles, redux = style_parts(first, served, ev.loaded, task)  # StyleModelApply: FLUX.1 Redux references
     parts += styles
     if redux is not None:
@@ -233,6 +236,8 @@ def _task(ev: Evaluation, first: Sampling, canvas: Latent, saves: tuple[SaveTarg
         return TaskType.I2I if canvas.encoded is not None and (first.denoise < 1 or inpaint) else TaskType.T2I
     if canvas.kind == "audio":
         return TaskType.T2A
+    if first.positive.vace is not None:  # WanVaceToVideo: control video -> v2v
+        return TaskType.V2V if first.positive.vace.video is not None else TaskType.T2V
     if canvas.image is not None or first.positive.image is not None:
         return TaskType.I2V  # (a last frame needs a first one: WanFirstLastFrameToVideo checks)
     if canvas.kind == "av" and Modality.AUDIO in _modalities(saves, canvas.kind):

@@ -55,7 +55,7 @@ class Pixels:
     """IMAGE: a loaded file (``path``), a blank canvas (``blank``), or decoded ``latent``.
     ``width``/``height``: known when the graph fixes them (None: the file's own size)."""
 
-    source: Literal["file", "blank", "decoded"]
+    source: Literal["file", "blank", "decoded", "video"]  # video: the frames of a video file (LoadVideo)
     width: int | None = None
     height: int | None = None
     path: str | None = None
@@ -127,6 +127,18 @@ class ImageConditioning:
 
 
 @dataclass(frozen=True)
+class VaceControl:
+    """What WanVaceToVideo (``node``) attaches: the control video's frames (None: none), the
+    reference image (None: none) and the hints' strength."""
+
+    node: str
+    strength: float = 1.0
+    video: Pixels | None = None
+    reference: Pixels | None = None
+    mask: "Mask | None" = None  # control_masks: a LoadImage's (its first frame's; the others generate)
+
+
+@dataclass(frozen=True)
 class Conditioning:
     """CONDITIONING: the prompt text (None: zeroed out) and what nodes attached."""
 
@@ -141,6 +153,7 @@ class Conditioning:
     control: Pixels | None = None  # InstructPixToPixConditioning: the image a FLUX.1 Canny/Depth model follows
     control_node: str = ""  # the InstructPixToPixConditioning node (its errors)
     styles: tuple[StyleImage, ...] = ()  # StyleModelApply, chained: FLUX.1 Redux image tokens after the prompt's
+    vace: VaceControl | None = None  # WanVaceToVideo: a Wan VACE model's control video / reference image
 
 
 @dataclass(frozen=True)
@@ -181,6 +194,8 @@ class Latent:
     mask: "Mask | None" = None  # InpaintModelConditioning: the area to repaint (an inpainting model)
     audio: "Latent | None" = None  # the audio half of an "av" latent
     frame_rate: float | None = None
+    reference_frames: int = 0  # WanVaceToVideo: latent frames of reference images in front of the video's
+    trimmed: int = 0  # TrimVideoLatent: latent frames cut from the front
 
 
 @dataclass(frozen=True)

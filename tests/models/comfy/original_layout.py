@@ -50,7 +50,15 @@ def _renamed(sd: dict[str, torch.Tensor], table) -> dict[str, torch.Tensor]:
 
 
 def wan_dit_original(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return _renamed(sd, _WAN_DIT)
+    """(A VACE DiT's control blocks map as the main blocks under ``vace_``, their proj_in /
+    proj_out as before_proj / after_proj: diffusers' VACE renames.)"""
+    out = _renamed({k: v for k, v in sd.items() if not k.startswith("vace_blocks.")}, _WAN_DIT)
+    control = _renamed({k[len("vace_"):]: v for k, v in sd.items() if k.startswith("vace_blocks.")}, _WAN_VACE + _WAN_DIT)
+    return {**out, **{f"vace_{k}": v for k, v in control.items()}}
+
+
+_WAN_VACE = ((r"^blocks\.(\d+)\.proj_in\.", r"blocks.\1.before_proj."),
+             (r"^blocks\.(\d+)\.proj_out\.", r"blocks.\1.after_proj."))
 
 
 def wan_vae_original(sd: dict[str, torch.Tensor], num_res_blocks: int = 2) -> dict[str, torch.Tensor]:

@@ -40,6 +40,45 @@ def _text_folder(root, name, encoder, tokenizer):
     tokenizer.save_pretrained(root / "text_encoders" / name)
 
 
+def test_wan_vace_from_models_folder_equals_diffusers_folder(tmp_path):
+    """ComfyUI's Wan VACE file (``wan2.1_vace_*.safetensors``) builds the VACE pipeline: a
+    control video and a reference image give what the diffusers folder gives."""
+    import numpy as np
+
+    from omniloop.request import ImagePart, VideoPart
+    from tests.wan_checkpoint import tiny_text_encoder, tiny_tokenizer, tiny_vace_transformer, unipc
+
+    tokenizer = tiny_tokenizer(tmp_path / "_tok")
+    torch.manual_seed(1)  # the released VAE's layout at toy width (what the VAE file loader reads)
+    vae = diffusers.AutoencoderKLWan(base_dim=8, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2,
+                                     temperal_downsample=[False, True, True]).eval()
+    pipe = diffusers.WanVACEPipeline(transformer=tiny_vace_transformer(), vae=vae, tokenizer=tokenizer,
+                                     text_encoder=tiny_text_encoder(len(tokenizer)), scheduler=unipc(3.0))
+    wan_vace_dir = tmp_path / "wan_vace"
+    pipe.save_pretrained(wan_vace_dir)
+    root = tmp_path / "models"
+    (root / "diffusion_models").mkdir(parents=True)
+    (root / "vae").mkdir()
+    save_file(wan_dit_original(pipe.transformer.state_dict()), root / "diffusion_models" / "wan2.1_vace.safetensors")
+    save_file(wan_vae_original(pipe.vae.state_dict()), root / "vae" / "wan_2.1_vae.safetensors")
+    _text_folder(root, "umt5", pipe.text_encoder, tokenizer)
+    deploy = DeployConfig.from_options(None, device="cpu", dtype="float32")
+    files = SingleFileSet(family="wan", diffusion_models=("wan2.1_vace.safetensors",), vae="wan_2.1_vae.safetensors",
+                          text_encoders=("umt5",), attention_head_dim=12)
+    spec, pipeline = load_single_file_pipeline(ComfyModels(root), files, load_options(deploy))
+    assert pipeline.spec.name == "wan2.1-vace"
+    rng = np.random.default_rng(0)
+    inputs = [TextPart(text="a red circle moving right"),
+              VideoPart(data=rng.integers(0, 256, size=(5, 32, 32, 3), dtype=np.uint8)),
+              ImagePart(data=rng.integers(0, 256, size=(24, 40, 3), dtype=np.uint8), role="reference")]
+    request = OmniRequest(task=TaskType.V2V, inputs=inputs, outputs=OutputSpec(return_latents=True),
+                          diffusion=DiffusionParams(height=32, width=32, steps=2, guidance_scale=5.0, seed=3))
+    outs = [g.generate(request) for g in (VideoGenerator(spec, pipeline, deploy),
+                                          VideoGenerator.from_pretrained(wan_vace_dir, device="cpu", dtype="float32"))]
+    ours, folder = (o.artifacts["latents"].latents for o in outs)
+    assert ours.shape == folder.shape == (1, 16, 2, 4, 4) and (ours - folder).abs().max() <= TOL
+
+
 def test_wan_from_models_folder_equals_diffusers_folder(tmp_path):
     from tests.wan_checkpoint import tiny_text_encoder, tiny_tokenizer, tiny_transformer, unipc
 

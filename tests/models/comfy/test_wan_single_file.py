@@ -156,3 +156,28 @@ def test_wan22_vae_single_file_equals_the_diffusers_folder(tmp_path):
     save_file({k: v for k, v in original.items()}, tmp_path / "broken.safetensors")
     with pytest.raises(ValueError, match="post_quant_conv"):
         load_wan_vae_single_file(tmp_path / "broken.safetensors", dtype=torch.float32)
+
+
+def test_wan_vace_single_file_equals_diffusers_from_single_file(tmp_path):
+    """ComfyUI's Wan VACE file (``vace_blocks.*``, ``vace_patch_embedding``): diffusers'
+    ``from_single_file`` reads it back to the model it came from, and ours loads the same
+    state as a VACE DiT whose hint layers are the evenly spaced ones of the original code."""
+    torch.manual_seed(5)
+    model = _perturbed(diffusers.WanVACETransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=16, out_channels=16,
+        text_dim=32, freq_dim=16, ffn_dim=32, num_layers=4, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
+        eps=1e-6, rope_max_seq_len=32, vace_layers=[0, 2], vace_in_channels=96).eval())
+    model.save_pretrained(tmp_path / "transformer")
+    path = tmp_path / "wan2.1_vace_tiny.safetensors"
+    original = wan_dit_original(model.state_dict())
+    assert "vace_blocks.0.before_proj.weight" in original and "vace_blocks.1.after_proj.bias" in original
+    save_file(original, path)
+    oracle = diffusers.WanVACETransformer3DModel.from_single_file(str(path), config=str(tmp_path / "transformer"))
+    _assert_same(oracle.state_dict(), model.state_dict())
+
+    from omniloop.models.families.wan.model import WanVaceDiT
+
+    ours = load_wan_dit_single_file(path, dtype=torch.float32, attention_head_dim=12)
+    assert isinstance(ours, WanVaceDiT)
+    assert ours.config.vace_layers == (0, 2) and ours.config.vace_in_channels == 96
+    _assert_same(ours.state_dict(), dit_state_dict_from_diffusers(oracle.state_dict()))

@@ -39,7 +39,8 @@ from omniloop.models.layers.run_blocks import BlockInterceptor, run_blocks
 from omniloop.models.layers.wan_dit import (FP32LayerNorm, TokenRows, TwoLayerMLP, WanBlock, modulation_table,
                                             sinusoidal_timestep_embedding)
 
-__all__ = ["FP32LayerNorm", "KEEP_IN_FP32_COMPONENTS", "WanBlock", "WanDiT", "WanDiTConfig", "keeps_fp32"]
+__all__ = ["FP32LayerNorm", "KEEP_IN_FP32_COMPONENTS", "WanBlock", "WanDiT", "WanDiTConfig", "WanVaceConfig", "WanVaceDiT",
+           "keeps_fp32"]
 
 # A parameter whose dotted name contains one of these components stays fp32 when the model
 # is loaded in bf16/fp16 (diffusers' ``WanTransformer3DModel._keep_in_fp32_modules``; our
@@ -147,7 +148,7 @@ class WanDiTConfig:
     def from_diffusers_config(cls, d: dict[str, Any]) -> "WanDiTConfig":
         """Build from a diffusers ``transformer/config.json`` dict (unknown keys refused)."""
         return config_from_diffusers(cls, d, "WanTransformer3DModel",
-                                     " (a Wan VACE/Animate checkpoint needs its own family)")
+                                     " (a Wan VACE DiT's config is WanVACETransformer3DModel's: WanVaceConfig; Wan Animate is not supported)")
 
 
 # --------------------------------------------------------------------------------------
@@ -160,6 +161,18 @@ class RotaryTables(NamedTuple):
 
     cos: torch.Tensor
     sin: torch.Tensor
+
+
+class Embedded(NamedTuple):
+    """What ``WanDiT._embed`` hands the blocks and the head (one forward's, never stored)."""
+
+    x: torch.Tensor  # [B, L, D] patchified tokens
+    grid: tuple[int, int, int]  # (F', H', W') token grid
+    rope: "RotaryTables"
+    temb: torch.Tensor  # [B, Lt, D]
+    modulation: torch.Tensor  # [B, Lt, 6, D]
+    context: torch.Tensor  # [B, L_txt, D]
+    context_image: torch.Tensor | None  # [B, L_img, D]
 
 
 class WanRotaryEmbedding(nn.Module):
@@ -317,7 +330,7 @@ class WanDiT(nn.Module):
         self.image_embedder = (
             ImageEmbedder(config.image_dim, dim, config.pos_embed_seq_len) if config.image_dim is not None else None
         )
-        self.blocks = nn.ModuleList([_block(config) for _ in range(config.num_layers)])
+        self.blocks = nn.ModuleList([self._main_block(config, i) for i in range(config.num_layers)])
         self.norm_out = FP32LayerNorm(dim, config.eps, elementwise_affine=False)
         self.proj_out = nn.Linear(dim, config.out_channels * math.prod(config.patch_size))
         self.scale_shift_table = modulation_table(2, dim)  # rows: shift, scale
@@ -341,6 +354,23 @@ class WanDiT(nn.Module):
         ``[B, L_img, image_dim]`` CLIP tokens for Wan2.1 I2V (``[2B, ...]`` for FLF2V).
         Returns ``[B, C_out, F, H, W]`` in the model's compute dtype.
         """
+        e = self._embed(hidden_states, timestep, encoder_hidden_states, encoder_hidden_states_image)
+        # 3. Blocks
+        return self._head(self._run_blocks(e, block_interceptor), e)
+
+    def _run_blocks(self, e: "Embedded", interceptor: BlockInterceptor | None, *extra: Any) -> torch.Tensor:
+        """Step 3 of ``forward``: the block stack (``extra``: further per-forward block arguments)."""
+        return run_blocks(self.blocks, e.x, e.context, e.context_image, e.modulation, e.rope, *extra,
+                          interceptor=interceptor)
+
+    def _embed(
+        self,
+        hidden_states: torch.Tensor,
+        timestep: torch.Tensor,
+        encoder_hidden_states: torch.Tensor,
+        encoder_hidden_states_image: torch.Tensor | None,
+    ) -> "Embedded":
+        """Steps 1-2 of ``forward``: the patchified tokens and every per-forward condition."""
         cfg = self.config
         batch, _, frames, height, width = hidden_states.shape
         grid = self._token_grid(frames, height, width)
@@ -353,7 +383,6 @@ class WanDiT(nn.Module):
         rope = self.rope(grid)  # computed once, shared by every block
 
         # 2. Conditions. temb: [B, Lt, D]; modulation: [B, Lt, 6, D] (Lt: 1, F' or L)
-        time_tokens = 1 if timestep.ndim == 1 else timestep.shape[1]
         temb, modulation = self._time_conditions(timestep, batch, num_tokens, dtype)
         context = self.text_embedder(encoder_hidden_states.to(dtype))  # [B, L_txt, D]
         context_image = None
@@ -364,16 +393,16 @@ class WanDiT(nn.Module):
                 # No separate image k/v (image_dim without added_kv_proj_dim): diffusers
                 # prepends the image tokens to the text context.
                 context, context_image = torch.cat([context_image, context], dim=1), None
+        return Embedded(x, grid, rope, temb, modulation, context, context_image)
 
-        # 3. Blocks
-        x = run_blocks(self.blocks, x, context, context_image, modulation, rope, interceptor=block_interceptor)
-
-        # 4. Output norm, projection, unpatchify
-        rows = TokenRows(time_tokens, num_tokens)
-        shift, scale = rows.table(self.scale_shift_table + temb.unsqueeze(2)).unbind(-2)  # each [B, Lt, (1,) D] fp32
+    def _head(self, x: torch.Tensor, e: "Embedded") -> torch.Tensor:
+        """Step 4 of ``forward``: output norm, projection, unpatchify -> ``[B, C_out, F, H, W]``."""
+        batch = x.shape[0]
+        rows = TokenRows(e.temb.shape[1], x.shape[1])  # Lt: 1, F' (one row per latent frame) or L
+        shift, scale = rows.table(self.scale_shift_table + e.temb.unsqueeze(2)).unbind(-2)  # each [B, Lt, (1,) D] fp32
         x = rows.join(rows.split(self.norm_out(x.float())) * (1 + scale) + shift).type_as(x)
         x = self.proj_out(x)  # [B, L, C_out * pt * ph * pw]
-        (f, h, w), (pt, ph, pw) = grid, cfg.patch_size
+        (f, h, w), (pt, ph, pw) = e.grid, self.config.patch_size
         x = x.reshape(batch, f, h, w, pt, ph, pw, -1).permute(0, 7, 1, 4, 2, 5, 3, 6)
         return x.reshape(batch, -1, f * pt, h * ph, w * pw)
 
@@ -395,6 +424,10 @@ class WanDiT(nn.Module):
         if group > 1:  # each frame's first token's rows: [B, F', 6, D] and [B, F', D]
             return temb[:, ::group].contiguous(), modulation[:, ::group].contiguous()
         return temb, modulation
+
+    def _main_block(self, config: WanDiTConfig, index: int) -> WanBlock:
+        """Block ``index`` of the stack (a VACE DiT's add its control hints)."""
+        return _block(config)
 
     def _token_grid(self, frames: int, height: int, width: int) -> tuple[int, int, int]:
         pt, ph, pw = self.config.patch_size
@@ -450,3 +483,149 @@ class WanDiT(nn.Module):
                     f"FLF2V image tokens per frame must be pos_embed_seq_len / 2 = {pos_len // 2}; "
                     f"got {image.shape[1]}"
                 )
+
+
+# --------------------------------------------------------------------------------------
+# Wan VACE: a control branch whose hints are added into the main blocks
+# --------------------------------------------------------------------------------------
+
+VACE_LAYERS_14B = (0, 5, 10, 15, 20, 25, 30, 35)  # diffusers' default (Wan2.1-VACE-14B)
+
+
+@dataclass(kw_only=True, slots=True)
+class WanVaceConfig(WanDiTConfig):
+    """A Wan VACE DiT (diffusers ``WanVACETransformer3DModel``): the Wan DiT plus
+    ``len(vace_layers)`` control blocks reading ``vace_in_channels`` control latents
+    (``[inactive z | reactive z | the mask folded 8x8 -> 64]``: 16 + 16 + 64 = 96)."""
+
+    vace_layers: tuple[int, ...] = VACE_LAYERS_14B
+    vace_in_channels: int = 96
+
+    def __post_init__(self) -> None:
+        WanDiTConfig.__post_init__(self)  # (zero-arg super() fails in a slots dataclass)
+        self.vace_layers = tuple(self.vace_layers)
+        layers = self.vace_layers
+        if not layers or any(not isinstance(i, int) or not 0 <= i < self.num_layers for i in layers):
+            raise ValueError(f"vace_layers must be block indices in [0, num_layers={self.num_layers}); got {list(layers)}")
+        if 0 not in layers or len(set(layers)) != len(layers):
+            raise ValueError(f"vace_layers must include block 0 and name each block once; got {list(layers)}")
+        if not isinstance(self.vace_in_channels, int) or self.vace_in_channels < 1:
+            raise ValueError(f"vace_in_channels must be a positive int (96 in the released VACE models); got "
+                             f"{self.vace_in_channels!r}")
+        if self.image_dim is not None:
+            raise ValueError("a Wan VACE DiT takes no CLIP image tokens (no released VACE checkpoint has an image "
+                             "embedder); pass image_dim=None and added_kv_proj_dim=None")
+
+    def hint_slot(self, block: int) -> int | None:
+        """Which control hint main block ``block`` adds (None: none). diffusers pops the hints
+        in control-block order as it meets the blocks of ``vace_layers`` in ascending order, so
+        hint k goes to the k-th smallest layer whatever the listed order."""
+        ordered = sorted(self.vace_layers)
+        return ordered.index(block) if block in ordered else None
+
+    @classmethod
+    def from_diffusers_config(cls, d: dict[str, Any]) -> "WanVaceConfig":
+        return config_from_diffusers(cls, d, "WanVACETransformer3DModel")
+
+
+class VaceHintedBlock(WanBlock):
+    """A main block that adds its control hint after running (``hints[slot]``: ``[B, L, D]``)."""
+
+    def __init__(self, config: WanDiTConfig, slot: int | None) -> None:
+        dim, heads = config.inner_dim, config.num_attention_heads
+        super().__init__(dim, config.ffn_dim, heads, config.eps, self_attn=SelfAttention(dim, heads, config.eps),
+                         cross_attn_norm=config.cross_attn_norm)
+        self.hint_slot = slot
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor, context_image: torch.Tensor | None,
+                modulation: torch.Tensor, rope: Any, hints: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
+        # NOTE: ``hints`` is positional (run_blocks' argument 4, where a causal block takes its KV
+        # state): a sequence-parallel plan names it a per-token argument, so each rank adds its tokens' share
+        x = super().forward(x, context, context_image, modulation, rope)
+        return x if self.hint_slot is None else x + hints[self.hint_slot]
+
+
+class VaceControlBlock(WanBlock):
+    """A control block: the Wan block on the control stream, ``proj_out`` of it is the hint.
+    The first one projects the control tokens in and adds the video tokens (diffusers'
+    ``WanVACETransformerBlock``)."""
+
+    def __init__(self, config: WanDiTConfig, first: bool) -> None:
+        dim = config.inner_dim
+        super().__init__(dim, config.ffn_dim, config.num_attention_heads, config.eps,
+                         self_attn=SelfAttention(dim, config.num_attention_heads, config.eps),
+                         cross_attn_norm=config.cross_attn_norm)
+        self.proj_in = nn.Linear(dim, dim) if first else None
+        self.proj_out = nn.Linear(dim, dim)
+
+    def control(self, control: torch.Tensor, x: torch.Tensor, context: torch.Tensor, modulation: torch.Tensor,
+                rope: RotaryTables) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (hint, next control stream), each ``[B, L, D]``."""
+        if self.proj_in is not None:
+            control = self.proj_in(control) + x
+        control = self.forward(control, context, None, modulation, rope)
+        return self.proj_out(control), control
+
+
+class WanVaceDiT(WanDiT):
+    """Wan VACE: ``[B, C_in, F, H, W]`` latents + ``[B, vace_in, F_c, H, W]`` control latents
+    -> velocity. The control blocks run first on the control tokens (the first adds the video
+    tokens); hint k is scaled by ``control_scale[:, k]`` and added after the k-th block of
+    ``vace_layers`` (diffusers' ``WanVACETransformer3DModel``)."""
+
+    config: WanVaceConfig
+
+    def __init__(self, config: WanVaceConfig) -> None:
+        super().__init__(config)
+        dim, patch = config.inner_dim, config.patch_size
+        self.vace_patch_embedding = nn.Conv3d(config.vace_in_channels, dim, kernel_size=patch, stride=patch)
+        self.vace_blocks = nn.ModuleList([VaceControlBlock(config, first=k == 0) for k in range(len(config.vace_layers))])
+
+    def _main_block(self, config: WanDiTConfig, index: int) -> WanBlock:
+        assert isinstance(config, WanVaceConfig), "a WanVaceDiT is built from a WanVaceConfig"
+        return VaceHintedBlock(config, config.hint_slot(index))
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        timestep: torch.Tensor,
+        encoder_hidden_states: torch.Tensor,
+        encoder_hidden_states_image: torch.Tensor | None = None,
+        *,
+        control_hidden_states: torch.Tensor | None = None,
+        control_scale: torch.Tensor | None = None,
+        block_interceptor: BlockInterceptor | None = None,
+    ) -> torch.Tensor:
+        """``control_hidden_states``: ``[B, vace_in_channels, F_c, H, W]`` with ``F_c <= F``
+        (fewer frames: the missing tokens' control is zero, as diffusers pads);
+        ``control_scale``: ``[B, len(vace_layers)]`` per-hint scale (None: 1)."""
+        cfg = self.config
+        batch = hidden_states.shape[0]
+        n_hints = len(cfg.vace_layers)
+        if control_hidden_states is None:
+            raise ValueError("a Wan VACE DiT needs control_hidden_states [B, vace_in_channels, F, H, W] (zero video "
+                             "latents and an all-ones mask for text-to-video: WanVACEPipeline's)")
+        if control_hidden_states.ndim != 5 or control_hidden_states.shape[:2] != (batch, cfg.vace_in_channels):
+            raise ValueError(f"control_hidden_states must be [B, vace_in_channels, F, H, W] = [{batch}, "
+                             f"{cfg.vace_in_channels}, ...]; got {list(control_hidden_states.shape)}")
+        if control_scale is not None and tuple(control_scale.shape) != (batch, n_hints):
+            raise ValueError(f"control_scale must be [B, len(vace_layers)] = [{batch}, {n_hints}]; got "
+                             f"{list(control_scale.shape)}")
+        e = self._embed(hidden_states, timestep, encoder_hidden_states, encoder_hidden_states_image)
+        dtype = e.x.dtype
+        # 3a. Control tokens [B, Lc, D], zero-padded to the video's L tokens
+        c = self.vace_patch_embedding(control_hidden_states.to(dtype)).flatten(2).transpose(1, 2)
+        missing = e.x.shape[1] - c.shape[1]
+        if missing < 0:
+            raise ValueError(f"control_hidden_states make {c.shape[1]} tokens, more than the latents' {e.x.shape[1]}; "
+                             "pass control latents of the latents' frames and size")
+        if missing:
+            c = torch.cat([c, c.new_zeros(batch, missing, c.shape[2])], dim=1)
+        # 3b. Control blocks -> one hint per vace layer, [B, L, D] each
+        hints = []
+        for k, block in enumerate(self.vace_blocks):
+            assert isinstance(block, VaceControlBlock), "vace_blocks holds the control blocks"
+            hint, c = block.control(c, e.x, e.context, e.modulation, e.rope)
+            hints.append(hint if control_scale is None else hint * control_scale[:, k].to(dtype).view(batch, 1, 1))
+        # 3c. Main blocks, each of vace_layers adding its hint
+        return self._head(self._run_blocks(e, block_interceptor, tuple(hints)), e)

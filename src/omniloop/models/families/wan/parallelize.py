@@ -47,7 +47,9 @@ def transformer_heads(root: Path, index: Mapping[str, Any]) -> dict[str, int]:
 WAN_PARALLEL = ParallelPlan(
     models=("transformer", "transformer_2"),
     heads=transformer_heads,
-    sequence=SequencePlan(blocks="blocks", self_attention=_BLOCK + "self_attn", token_args=(2, 3)),
+    # (argument 4: a VACE DiT's control hints, [B, L, D] each, split with the tokens; the control blocks
+    # themselves run whole on every rank, before the sharded stack)
+    sequence=SequencePlan(blocks="blocks", self_attention=_BLOCK + "self_attn", token_args=(2, 3, 4)),
     tensor=TensorPlan(
         rules=(
             (_BLOCK + r"self_attn\.qkv", Colwise(chunks=3)),

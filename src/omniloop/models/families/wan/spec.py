@@ -38,7 +38,9 @@ from omniloop.models.families.wan.presets import TEACACHE_DEFAULT, TEACACHE_POLY
 from omniloop.models.families.wan.stages import (WanDenoiseLoop, WanDenoiser, WanImageCondition, WanImageEncode,
                                                  WanVideoEncode, first_frame)
 from omniloop.models.families.wan.ti2v import FirstFrameLatents, Ti2vDenoiser, Ti2vImageCondition
-from omniloop.models.families.wan.validate import make_validator, size_caps
+from omniloop.models.families.wan.vace import VaceCondition, VaceDenoiseLoop, VaceDenoiser
+from omniloop.models.families.wan.validate import make_validator, size_caps, vace_validator
+from omniloop.models.families.wan.model import WanVaceDiT
 from omniloop.models.families.wan.weights import dit_state_dict_from_diffusers, load_wan_dit, load_wan_dit_single_file
 from omniloop.models.autoencoders.wan_vae import load_wan_vae_single_file, wan_vae_loader
 from omniloop.models.single_file import Resolve, SingleFileSet, text_encoder_sources
@@ -47,6 +49,7 @@ from omniloop.request import DiffusionParams, Modality, OmniRequest, TaskType
 T2V_PIPELINE = "WanPipeline"
 I2V_PIPELINE = "WanImageToVideoPipeline"
 V2V_PIPELINE = "WanVideoToVideoPipeline"  # the T2V weights; task v2v starts from the encoded video
+VACE_PIPELINE = "WanVACEPipeline"  # control video / mask / reference images (vace.py)
 TI2V_VARIANT = "wan2.2-ti2v"  # expand_timesteps: Wan2.2 TI2V-5B
 
 
@@ -128,7 +131,9 @@ def wan_single_files(files: SingleFileSet, resolve: Resolve,
         "sampler": flow_sampler_set("flow_unipc", shift=TI2V_SHIFT if ti2v else WAN_SHIFT),
     }
     # latent-concat I2V DiTs take the noise and the image latents (16 + 20 channels)
-    index: dict[str, Any] = {"_class_name": I2V_PIPELINE if config.in_channels != config.out_channels else T2V_PIPELINE}
+    vace = isinstance(experts[0], WanVaceDiT)  # a VACE file (ComfyUI's wan2.1_vace_*.safetensors)
+    index: dict[str, Any] = {"_class_name": VACE_PIPELINE if vace else
+                             I2V_PIPELINE if config.in_channels != config.out_channels else T2V_PIPELINE}
     if ti2v:
         index["expand_timesteps"] = True
     if image_encoder is not None:  # Wan2.1 I2V / FLF2V: what a diffusers folder's model_index lists
@@ -137,7 +142,8 @@ def wan_single_files(files: SingleFileSet, resolve: Resolve,
                      image_processor=["transformers", "CLIPImageProcessor"])
     if len(experts) == 2:
         components["transformer_2"] = experts[1]
-        index.update(boundary_ratio=files.boundary_ratio, transformer_2=["diffusers", "WanTransformer3DModel"])
+        index.update(boundary_ratio=files.boundary_ratio,
+                     transformer_2=["diffusers", "WanVACETransformer3DModel" if vace else "WanTransformer3DModel"])
     return index, components
 
 
@@ -172,6 +178,8 @@ def wan_variant(index: Mapping[str, Any]) -> Variant:
     cls = index["_class_name"]
     if index.get("expand_timesteps"):
         return _ti2v_variant(index)
+    if cls == VACE_PIPELINE:
+        return _vace_variant(index)
     clip = cls == I2V_PIPELINE and _present(index, "image_encoder")
     if clip and not _present(index, "image_processor"):
         raise ValueError("model_index.json has an image_encoder but no image_processor; Wan2.1 I2V needs both "
@@ -217,6 +225,44 @@ def _ti2v_variant(index: Mapping[str, Any]) -> Variant:
     return Variant(name=TI2V_VARIANT, tasks=tasks, weights=weights)
 
 
+def _vace_variant(index: Mapping[str, Any]) -> Variant:
+    """Wan VACE (``WanVACEPipeline``): text-to-video, and control-video-to-video with an
+    optional mask, both with optional reference images; one DiT or Wan2.2's two experts."""
+    if _present(index, "image_encoder"):
+        raise ValueError("model_index.json names WanVACEPipeline and an image_encoder; VACE conditions on VAE "
+                         "latents of the control video and reference images: drop image_encoder")
+    two_experts = _present(index, "transformer_2") or index.get("boundary_ratio") is not None
+    if two_experts and index.get("boundary_ratio") is None:
+        raise ValueError("model_index.json has transformer_2 but no boundary_ratio; set boundary_ratio (e.g. 0.875)")
+    weights = [
+        WeightSpec(component="transformer", kind="WanVaceDiT", subfolder="transformer", load=_load_transformer("transformer")),
+        WeightSpec(component="vae", kind="WanVAE", subfolder="vae", load=_load_vae),
+        WeightSpec(component="text_encoder", kind="UMT5 encoder + tokenizer", subfolder=("text_encoder", "tokenizer"), load=_load_text),
+        WeightSpec(component="sampler", kind="scheduler config", subfolder="scheduler", load=_load_scheduler),
+    ]
+    if two_experts:
+        weights.append(WeightSpec(component="transformer_2", kind="WanVaceDiT (low-noise expert)",
+                                  subfolder="transformer_2", load=_load_transformer("transformer_2")))
+    return Variant(name=f"{'wan2.2' if two_experts else 'wan2.1'}-vace", tasks=frozenset({TaskType.T2V, TaskType.V2V}),
+                   weights=tuple(weights))
+
+
+def is_vace(variant: Variant) -> bool:
+    return variant.name.endswith("-vace")
+
+
+def check_vace_components(components: Mapping[str, Any], vace: bool) -> None:
+    """A WanVACEPipeline folder holds VACE DiTs (``WanVACETransformer3DModel``), and no other
+    Wan pipeline does."""
+    for name in ("transformer", "transformer_2"):
+        dit = components.get(name)
+        if dit is not None and isinstance(dit, WanVaceDiT) != vace:
+            raise ValueError(
+                f"{name}/config.json describes a {'WanVACETransformer3DModel' if not vace else 'WanTransformer3DModel'}"
+                f" but model_index.json names {'WanVACEPipeline' if vace else 'a non-VACE Wan pipeline'}; pass a "
+                f"{'WanVACEPipeline folder with its VACE DiT' if not vace else 'VACE transformer'} (or fix _class_name)")
+
+
 def check_ti2v_components(vae: Any, dit: Any) -> None:
     """A TI2V folder's VAE must be the Wan2.2 one its DiT was trained on (z_dim = the DiT's channels)."""
     if not (vae.config.z_dim == dit.config.in_channels == dit.config.out_channels):
@@ -234,6 +280,8 @@ def wan_pipeline_spec(variant: Variant, *, boundary_ratio: float | None, cfg_mod
     """``decode_whole``: see ``VAEDecode.whole`` (diffusers checkpoints keep diffusers' chunked decode)."""
     if variant.name == TI2V_VARIANT:
         return ti2v_pipeline_spec(variant, cfg_mode=cfg_mode, decode_whole=decode_whole)
+    if is_vace(variant):
+        return vace_pipeline_spec(variant, boundary_ratio=boundary_ratio, cfg_mode=cfg_mode, decode_whole=decode_whole)
     i2v = TaskType.I2V in variant.tasks
     routing = BoundaryTimestepRouting(boundary_ratio) if boundary_ratio is not None else SingleModel()
     components = {
@@ -294,6 +342,28 @@ def ti2v_pipeline_spec(variant: Variant, *, cfg_mode: CFGMode = "sequential",
     )
 
 
+def vace_pipeline_spec(variant: Variant, *, boundary_ratio: float | None, cfg_mode: CFGMode = "sequential",
+                       decode_whole: bool | None = False) -> PipelineSpec:
+    """Wan VACE: the control latents (of the control video, mask and reference images; zeros
+    and an all-ones mask for text-to-video) condition every step through the DiT's control
+    branch; the reference frames are dropped before decoding (``vace.py``)."""
+    routing = BoundaryTimestepRouting(boundary_ratio) if boundary_ratio is not None else SingleModel()
+    denoise = VaceDenoiseLoop(VaceDenoiser(), cfg=ClassicCFG(mode=cfg_mode), routing=routing, shift=FlowShift())
+    nodes = (
+        Node("text_encode", TextEncode()),
+        Node("vace_condition", VaceCondition()),
+        Node("denoise", denoise),
+        Node("decode", VideoDecodeLoop(WanDenoiser(), whole=decode_whole), when=opt("pixels wanted", _wants_pixels)),
+    )
+    return PipelineSpec(
+        name=variant.name, family="wan", tasks=variant.tasks,
+        components={w.component: ComponentSpec(name=w.component, kind=w.kind) for w in variant.weights},
+        nodes=nodes,
+        outputs={"video": "video", "image": "image", "latents": "final_latents", "trajectory": "trajectory"},
+        control_inputs=frozenset({"mask", "reference"}),
+    )
+
+
 def _has_first_frame(request: OmniRequest) -> bool:
     return first_frame(request) is not None
 
@@ -309,7 +379,11 @@ def build_wan(variant: Variant, index: Mapping[str, Any], components: Mapping[st
         raise ValueError("the transformer's image_dim and the image_encoder go together (Wan2.1 I2V: CLIP image "
                          f"tokens); got image_dim={image_dim} with{'out' * ('image_encoder' not in components)} an "
                          "image_encoder: pass a checkpoint that has both or neither")
+    check_vace_components(components, is_vace(variant))
     spec = wan_pipeline_spec(variant, boundary_ratio=boundary, cfg_mode=options.cfg_mode)
+    if is_vace(variant):
+        vace = vace_validator(components["transformer"].config, components["vae"].config.scale_factor_temporal)
+        return _pipeline(spec, components, WAN_DEFAULTS, options, vace, vace=True)
     if variant.name == TI2V_VARIANT:
         check_ti2v_components(components["vae"], components["transformer"])
         return _pipeline(spec, components, TI2V_DEFAULTS, options)
@@ -323,6 +397,7 @@ def _pipeline(
     options: LoadOptions,
     wrap_validator: Callable[[Callable[[OmniRequest], OmniRequest]], Callable[[OmniRequest], OmniRequest]] | None = None,
     limits: ModelLimits | None = None,
+    vace: bool = False,
 ) -> Pipeline:
     vae = components["vae"]
     dit = components["transformer"]
@@ -331,7 +406,7 @@ def _pipeline(
     defaults = model_defaults.replace(**{name: value for name, (value, _) in caps.items()},
                                       size_multiple=vae.config.scale_factor_spatial * dit.config.patch_size[1],
                                       frames_per_latent=vae.config.scale_factor_temporal)
-    validate = make_validator(defaults, vae.config, dit.config, components["sampler"], caps)
+    validate = make_validator(defaults, vae.config, dit.config, components["sampler"], caps, vace=vace)
     return Pipeline(
         spec=spec,
         components=components,
@@ -351,7 +426,7 @@ WAN_FAST_PATH = FastPath(attention_backends=("sdpa_cudnn", "sdpa"), cfg_mode="ba
 WAN = register_model_spec(
     ModelSpec(
         family="wan",
-        diffusers_classes=(T2V_PIPELINE, I2V_PIPELINE, V2V_PIPELINE),
+        diffusers_classes=(T2V_PIPELINE, I2V_PIPELINE, V2V_PIPELINE, VACE_PIPELINE),
         variant=wan_variant,
         build=build_wan,
         description="Wan2.1 / Wan2.2 video DiT with the causal 3D VAE and UMT5 text encoder",

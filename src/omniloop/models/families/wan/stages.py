@@ -170,7 +170,8 @@ class WanImageCondition(ComponentStage):
 
 
 def source_video(request: OmniRequest) -> VideoPart | None:
-    videos = request.parts(Modality.VIDEO)
+    """The video a v2v request transforms (a Wan VACE model's control video): not a mask video."""
+    videos = [p for p in request.parts(Modality.VIDEO) if isinstance(p, VideoPart) and p.role == "source"]
     return videos[0] if videos else None
 
 

@@ -7,11 +7,12 @@ from typing import Any, Callable, Mapping
 
 from omniloop.models.families.wan.stages import (first_frame, geometry, last_frame, load_part_image, load_part_video,
                                                  source_video)
+from omniloop.models.families.wan.vace import mask_parts
 from omniloop.models.manifest import ModelLimits
 from omniloop.pipeline.defaults import GenerationDefaults, resolve_request
 from omniloop.pipeline.geometry_checks import check_frame_count, check_size_multiple
 from omniloop.pipeline.samplers.sampler_set import SamplerSet
-from omniloop.request import ErrorKind, InvalidRequest, OmniRequest, TaskType
+from omniloop.request import ErrorKind, InvalidRequest, OmniRequest, TaskType, VideoPart
 
 
 def size_caps(vae: Any, dit: Any, limits: ModelLimits) -> dict[str, tuple[int, str]]:
@@ -33,12 +34,16 @@ def size_caps(vae: Any, dit: Any, limits: ModelLimits) -> dict[str, tuple[int, s
 
 
 def make_validator(defaults: GenerationDefaults, vae: Any, dit: Any, samplers: SamplerSet,
-                   caps: Mapping[str, tuple[int, str]] | None = None) -> Callable[[OmniRequest], OmniRequest]:
-    """``vae`` / ``dit``: the components' configs; ``caps``: ``size_caps``' (None: no size ceiling)."""
+                   caps: Mapping[str, tuple[int, str]] | None = None, *,
+                   vace: bool = False) -> Callable[[OmniRequest], OmniRequest]:
+    """``vae`` / ``dit``: the components' configs; ``caps``: ``size_caps``' (None: no size ceiling);
+    ``vace``: the model takes VACE inputs (a mask, reference images: ``vace_validator``), others refuse them."""
     spatial = vae.scale_factor_spatial * dit.patch_size[1]
     temporal = vae.scale_factor_temporal
 
     def validate(request: OmniRequest) -> OmniRequest:
+        if not vace:
+            refuse_vace_inputs(request)
         if request.task == TaskType.V2V:
             request = _frames_from_video(request, temporal)
         request = resolve_request(request, defaults)  # what runs: the checks below are on it
@@ -115,3 +120,67 @@ def _frames_from_video(request: OmniRequest, temporal: int) -> OmniRequest:
         raise InvalidRequest(f"diffusion.num_frames={given} but inputs[video] has {n} frames",
                              hint=f"omit num_frames or pass {n}", fields=("diffusion.num_frames", "inputs"))
     return request.model_copy(update={"diffusion": request.diffusion.model_copy(update={"num_frames": n})})
+
+
+# the wire's names of a VACE request's inputs (serve/errors.py maps them)
+VACE_VIDEO_FIELD, VACE_MASK_FIELD, VACE_REFERENCE_FIELD = "inputs.video", "inputs.mask", "inputs.reference"
+Validator = Callable[[OmniRequest], OmniRequest]
+
+
+def refuse_vace_inputs(request: OmniRequest) -> None:
+    """A mask or reference images on a Wan model without VACE: refused naming the input."""
+    for field, given in ((VACE_MASK_FIELD, bool(mask_parts(request))),
+                         (VACE_REFERENCE_FIELD, bool(request.images("reference")))):
+        if given:
+            what = field.split(".")[1]
+            raise InvalidRequest(f"this Wan model takes no {what} input (a Wan VACE model does: WanVACEPipeline); "
+                                 f"drop the {what}, or load a VACE checkpoint", fields=(field,))
+
+
+def vace_validator(dit: Any, temporal: int) -> Callable[[Validator], Validator]:
+    """Wraps the Wan validator with a VACE model's inputs: a control video (task v2v; its frames
+    decide num_frames), at most one mask (a video of as many frames, or an image; it needs the
+    control video), and reference images (each one more latent frame)."""
+
+    def wrap(validate: Validator) -> Validator:
+        def validate_vace(request: OmniRequest) -> OmniRequest:
+            video = source_video(request)
+            if request.task == TaskType.T2V and video is not None:
+                raise InvalidRequest("task t2v takes no control video; pass task v2v to condition on it",
+                                     fields=(VACE_VIDEO_FIELD,))
+            request = validate(request)
+            _check_vace_mask(request, video is not None)
+            refs = request.images("reference")
+            frames = (geometry(request).num_frames - 1) // temporal + 1
+            if frames + len(refs) > dit.rope_max_seq_len * dit.patch_size[0]:
+                raise InvalidRequest(f"{len(refs)} reference images and {frames} latent frames exceed the DiT's "
+                                     f"{dit.rope_max_seq_len} RoPE positions", hint="pass fewer reference images",
+                                     fields=(VACE_REFERENCE_FIELD,))
+            for part in refs:
+                load_part_image(part)  # unreadable -> ValueError naming the source
+            return request
+
+        return validate_vace
+
+    return wrap
+
+
+def _check_vace_mask(request: OmniRequest, has_video: bool) -> None:
+    masks = mask_parts(request)
+    if not masks:
+        return
+    if len(masks) > 1:
+        raise InvalidRequest(f"{len(masks)} masks given; pass one mask (a video with the control video's frames, or "
+                             "an image for every frame)", fields=(VACE_MASK_FIELD,))
+    if not has_video:
+        raise InvalidRequest("a mask needs a control video (the mask says which of its pixels to keep); pass the "
+                             "video too (task v2v), or drop the mask", fields=(VACE_MASK_FIELD,))
+    mask = masks[0]
+    if isinstance(mask, VideoPart):
+        n = int(load_part_video(mask).shape[0])
+        want = geometry(request).num_frames
+        if n != want:
+            raise InvalidRequest(f"the mask video has {n} frames and the control video {want}; pass a mask of "
+                                 f"{want} frames (or one mask image for all)", fields=(VACE_MASK_FIELD,))
+    else:
+        load_part_image(mask)  # unreadable -> ValueError naming the source

@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Mapping, MutableMapping
+from typing import Any, Mapping, MutableMapping
 
 import torch
 
 from omniloop.models.checkpoint_files import cast_to, read_tensors, weight_files
-from omniloop.models.families.wan.model import WanDiT, WanDiTConfig, keeps_fp32
+from omniloop.models.families.wan.model import WanDiT, WanDiTConfig, WanVaceConfig, WanVaceDiT, keeps_fp32
 from omniloop.models.layers.wan_dit import check_and_assign, compile_renames, convert_wan_keys
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "diffusion_pytorch_model.safetensors"
 WEIGHTS_INDEX_FILE = "diffusion_pytorch_model.safetensors.index.json"
+VACE_CLASS = "WanVACETransformer3DModel"  # transformer/config.json's _class_name of a VACE DiT
 
 
 # The family's top-level renames (embedders); the blocks' keys are the shared Wan layout.
@@ -35,8 +36,15 @@ _TOP_RENAMES = compile_renames((
 ))
 
 
+VACE_BLOCKS = "vace_blocks."  # a VACE DiT's control blocks: the main blocks' layout under this prefix
+
+
 def _convert(sd: MutableMapping[str, torch.Tensor], *, consume: bool) -> dict[str, torch.Tensor]:
-    return convert_wan_keys(sd, _TOP_RENAMES, consume=consume)
+    """``sd`` is popped of its VACE control-block keys (callers pass a copy or a consumable)."""
+    control = {k[len("vace_"):]: sd.pop(k) for k in [k for k in sd if k.startswith(VACE_BLOCKS)]}  # "blocks.N...."
+    out = convert_wan_keys(sd, _TOP_RENAMES, consume=consume)
+    out.update({f"vace_{k}": v for k, v in convert_wan_keys(control, (), consume=True).items()})
+    return out
 
 
 def dit_state_dict_from_diffusers(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -56,7 +64,8 @@ def load_wan_dit(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.bfloat16,
 ) -> WanDiT:
-    """Load a diffusers-format Wan transformer folder as :class:`WanDiT` on ``device``.
+    """Load a diffusers-format Wan transformer folder as :class:`WanDiT` on ``device`` (a
+    ``WanVACETransformer3DModel`` folder as :class:`WanVaceDiT`).
 
     Floating-point weights are cast to ``dtype`` except those diffusers keeps in fp32 (time
     embedder, ``scale_shift_table`` s, the ``norm1/2/3`` LayerNorm affines), which stay fp32.
@@ -69,7 +78,9 @@ def load_wan_dit(
         raise FileNotFoundError(
             f"{config_path} not found; pass the diffusers `transformer/` folder of a Wan checkpoint"
         )
-    config = WanDiTConfig.from_diffusers_config(json.loads(config_path.read_text()))
+    raw_config = json.loads(config_path.read_text())
+    vace = raw_config.get("_class_name") == VACE_CLASS
+    config = (WanVaceConfig if vace else WanDiTConfig).from_diffusers_config(raw_config)
     files = weight_files(folder, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, "Wan DiT", "; pass the diffusers `transformer/` folder")
     # diffusers' fp32 rule on its own key (a dotted component in _keep_in_fp32_modules); our
     # renames keep those components, so our keys answer the same (keeps_fp32 docs).
@@ -80,9 +91,9 @@ def load_wan_dit(
         raise ValueError(f"checkpoint {folder}: {err}") from None
 
     with torch.device("meta"):
-        model = WanDiT(config)
-    check_and_assign(model, sd, str(folder), "pass a diffusers WanTransformer3DModel folder whose config.json "
-                     "describes its weights")
+        model = WanVaceDiT(config) if isinstance(config, WanVaceConfig) else WanDiT(config)
+    check_and_assign(model, sd, str(folder), f"pass a diffusers {VACE_CLASS if vace else 'WanTransformer3DModel'} "
+                     "folder whose config.json describes its weights")
     model.rope.reset_tables(device)  # constant buffer, not in the checkpoint; built on meta above
     leftover = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     assert not leftover, f"tensors still on meta after load: {leftover}"
@@ -119,11 +130,18 @@ _ORIGINAL_TO_DIFFUSERS = compile_renames((
     (r"^blocks\.(\d+)\.norm3\.", r"blocks.\1.norm2."),
     (r"^blocks\.(\d+)\.ffn\.0\.", r"blocks.\1.ffn.net.0.proj."),
     (r"^blocks\.(\d+)\.ffn\.2\.", r"blocks.\1.ffn.net.2."),
+    # a VACE control block (under vace_blocks.): its input / hint projections
+    (r"^blocks\.(\d+)\.before_proj\.", r"blocks.\1.proj_in."),
+    (r"^blocks\.(\d+)\.after_proj\.", r"blocks.\1.proj_out."),
 ))
 WAN_ORIGINAL_MARKER = "head.modulation"  # diffusers' detection key for the original layout
+VACE_ORIGINAL_MARKER = "vace_patch_embedding.weight"  # a VACE DiT (ComfyUI's wan2.1_vace_*.safetensors)
 
 
 def diffusers_key_from_original(key: str) -> str:
+    """A VACE control block's key maps as a main block's, under its ``vace_`` prefix."""
+    if key.startswith(VACE_BLOCKS):
+        return "vace_" + diffusers_key_from_original(key[len("vace_"):])
     for pattern, repl in _ORIGINAL_TO_DIFFUSERS:
         if pattern.match(key):
             return pattern.sub(repl, key, count=1)
@@ -146,7 +164,15 @@ def wan_config_from_original(shapes: Mapping[str, torch.Size], *, attention_head
     layers = 1 + max(int(k.split(".")[1]) for k in shapes if k.startswith("blocks."))
     image = "img_emb.proj.1.weight" in shapes
     pos = shapes.get("img_emb.emb_pos")
-    return WanDiTConfig(
+    vace: dict[str, Any] = {}
+    if VACE_ORIGINAL_MARKER in shapes:
+        # the file has the control blocks, not the blocks they feed: evenly spaced from block 0 (the
+        # original VACE code's rule, ComfyUI's too: 1.3B 15 of 30 -> every 2nd, 14B 8 of 40 -> every 5th)
+        count = len({k.split(".")[1] for k in shapes if k.startswith(VACE_BLOCKS)})
+        step = max(1, layers // max(count, 1))
+        vace = {"vace_layers": tuple(range(0, layers, step))[:count],
+                "vace_in_channels": int(shapes[VACE_ORIGINAL_MARKER][1])}
+    return (WanVaceConfig if vace else WanDiTConfig)(
         patch_size=(int(patch[0]), int(patch[1]), int(patch[2])), num_attention_heads=dim // attention_head_dim,
         attention_head_dim=attention_head_dim, in_channels=in_channels,
         out_channels=shapes["head.head.weight"][0] // (patch[0] * patch[1] * patch[2]),
@@ -156,6 +182,7 @@ def wan_config_from_original(shapes: Mapping[str, torch.Size], *, attention_head
         image_dim=shapes["img_emb.proj.0.weight"][0] if image else None,
         added_kv_proj_dim=dim if image else None,
         pos_embed_seq_len=pos[1] if pos is not None else None,
+        **vace,
     )
 
 
@@ -189,8 +216,8 @@ def load_wan_dit_single_file(
     except ValueError as err:
         raise ValueError(f"checkpoint {path}: {err}") from None
     with torch.device("meta"):
-        model = WanDiT(config)
-    check_and_assign(model, sd, str(path), "pass an original-layout Wan2.1/2.2 DiT file (VACE/Animate files are "
-                     "not supported)")
+        model = WanVaceDiT(config) if isinstance(config, WanVaceConfig) else WanDiT(config)
+    check_and_assign(model, sd, str(path), "pass an original-layout Wan2.1/2.2 DiT file (or a Wan2.1 VACE one; "
+                     "Animate files are not supported)")
     model.rope.reset_tables(device)
     return model.eval()

@@ -1,0 +1,127 @@
+"""The Wan VACE templates (text-to-video, reference-to-video, video-to-video) compile to VACE
+requests and run end to end on a tiny VACE checkpoint (sizes shrunk, the CausVid LoRA
+bypassed: the user's edits), and the VACE nodes' bad inputs are node errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from omniloop.request import TaskType, VideoPart
+from omniloop.workflows import WorkflowError, compile_workflow
+from omniloop.workflows.ui_format import ui_to_api
+from tests.workflows.templates import template, template_models
+
+pytest.importorskip("comfyui_workflow_templates_json")
+
+SMALL = {"WanVaceToVideo": {"width": 32, "height": 32, "length": 5}, "KSampler": {"steps": 2}}
+REFERENCE = {"video_wan_vace_14B_ref2v": "video_wan_vace_14B_ref2v_reference_image.jpg",
+             "video_wan_vace_14B_v2v": "video_wan_vace_14B_v2v_reference_image.jpg"}
+CONTROL = "video_wan_vace_14B_v2v_reference_image_control_video.mp4"
+
+
+@pytest.fixture(scope="module")
+def input_dir(tmp_path_factory) -> Path:
+    from PIL import Image
+
+    from omniloop.io.video import write_mp4
+
+    folder = tmp_path_factory.mktemp("input")
+    for name in REFERENCE.values():
+        Image.new("RGB", (96, 64), (200, 40, 40)).save(folder / name)
+    frames = np.random.default_rng(0).integers(0, 256, size=(9, 32, 32, 3), dtype=np.uint8)  # longer than length
+    write_mp4(frames, folder / CONTROL, 16, crf=0)
+    return folder
+
+
+def _edited(name: str) -> dict:
+    """The template as a user runs it on a tiny model: the LoRA bypassed, sizes shrunk."""
+    ui = template(name)
+    for n in ui["nodes"]:
+        if n["type"] == "LoraLoader":
+            n["mode"] = 4
+    api = ui_to_api(ui)
+    for n in api.values():
+        n["inputs"].update(SMALL.get(n["class_type"], {}))
+    return api
+
+
+@pytest.mark.parametrize("name,task,references", [("video_wan_vace_14B_t2v", TaskType.T2V, 0),
+                                                  ("video_wan_vace_14B_ref2v", TaskType.T2V, 1),
+                                                  ("video_wan_vace_14B_v2v", TaskType.V2V, 1)])
+def test_vace_templates_run(name, task, references, wan_vace_dir, input_dir):
+    from omniloop.api.generator import VideoGenerator
+
+    compiled = compile_workflow(_edited(name), template_models({"wan_vace": wan_vace_dir}), input_dir=input_dir)
+    assert not compiled.deviations, compiled.deviations  # TrimVideoLatent's trim is the model's own
+    (generation,) = compiled.generations
+    request = generation.request
+    assert request.task == task and len(request.images("reference")) == references
+    assert request.diffusion.num_frames == 5 and request.diffusion.loras == []
+    with VideoGenerator.from_pretrained(str(generation.served.path)) as gen:
+        out = gen.generate(request)
+    assert out.failure is None, out.failure
+    assert tuple(out.artifacts["video"].frames.shape[:3]) == (5, 32, 32)  # the reference frame dropped
+
+
+def test_vace_node_errors(wan_vace_dir, wan_t2v_dir, input_dir):
+    models = template_models({"wan_vace": wan_vace_dir})
+    api = _edited("video_wan_vace_14B_v2v")
+    trim = next(nid for nid, n in api.items() if n["class_type"] == "TrimVideoLatent")
+    api[trim]["inputs"]["trim_amount"] = 0  # a trim other than the reference frames: reported
+    compiled = compile_workflow(api, models, input_dir=input_dir)
+    assert [d.message for d in compiled.deviations] == [
+        "TrimVideoLatent cuts 0 latent frames; the model drops its 1 reference frame(s) before decoding, whatever "
+        "the trim"]
+    vace = next(nid for nid, n in api.items() if n["class_type"] == "WanVaceToVideo")
+    api[vace]["inputs"]["strength"] = 0.5
+    request = compile_workflow(api, models, input_dir=input_dir).generations[0].request
+    assert request.node_params["denoise"] == {"conditioning_scale": 0.5}
+    with pytest.raises(WorkflowError) as err:  # a checkpoint without VACE under the VACE node
+        compile_workflow(_edited("video_wan_vace_14B_t2v"), template_models({"wan_vace": wan_t2v_dir}),
+                         input_dir=input_dir)
+    assert "is no VACE model" in str(err.value.node_errors)
+    api = _edited("video_wan_vace_14B_ref2v")
+    loader = next(nid for nid, n in api.items() if n["class_type"] == "LoadImage")
+    api[vace_id(api)]["inputs"]["control_video"] = [loader, 0]  # an image where the video's frames go
+    with pytest.raises(WorkflowError) as err:
+        compile_workflow(api, models, input_dir=input_dir)
+    assert "control_video: connect the images of GetVideoComponents(LoadVideo)" in str(err.value.node_errors)
+    api = _edited("video_wan_vace_14B_ref2v")
+    api[vace_id(api)]["inputs"]["control_masks"] = [loader, 1]  # a mask without the video it masks
+    with pytest.raises(WorkflowError) as err:
+        compile_workflow(api, models, input_dir=input_dir)
+    assert "control_masks: a mask says which pixels of the control video" in str(err.value.node_errors)
+
+
+def test_vace_control_masks_from_a_loadimage_alpha_run(wan_vace_dir, input_dir):
+    """control_masks from a LoadImage's alpha: ComfyUI reads a one-frame mask for the first
+    frame and generates every later one (its 1-padding): the request's mask video says so."""
+    from PIL import Image
+
+    from omniloop.api.generator import VideoGenerator
+    from omniloop.io.video import video_frames
+
+    rgba = Image.new("RGBA", (48, 32), (200, 40, 40, 255))
+    rgba.paste((0, 0, 0, 0), (0, 0, 24, 32))  # the left half transparent: generate it
+    rgba.save(input_dir / "masked.png")
+    api = _edited("video_wan_vace_14B_v2v")
+    loader = next(nid for nid, n in api.items() if n["class_type"] == "LoadImage")
+    api[loader]["inputs"]["image"] = "masked.png"
+    api[vace_id(api)]["inputs"]["control_masks"] = [loader, 1]
+    compiled = compile_workflow(api, template_models({"wan_vace": wan_vace_dir}), input_dir=input_dir)
+    assert not compiled.deviations, compiled.deviations
+    request = compiled.generations[0].request
+    (mask,) = [p for p in request.inputs if isinstance(p, VideoPart) and p.role == "mask"]
+    frames = video_frames(mask.raw_bytes())  # [5, 32, 32, 3]: cut to 32x32 around the center, then resized
+    assert frames.shape == (5, 32, 32, 3) and (frames[1:] == 255).all()
+    assert (frames[0, :, :4] == 255).all() and (frames[0, :, -4:] == 0).all()
+    with VideoGenerator.from_pretrained(str(compiled.generations[0].served.path)) as gen:
+        out = gen.generate(request)
+    assert out.failure is None, out.failure
+
+
+def vace_id(api: dict) -> str:
+    return next(nid for nid, n in api.items() if n["class_type"] == "WanVaceToVideo")

@@ -116,8 +116,10 @@ def wan_single_files(files: SingleFileSet, resolve: Resolve,
     text = text_encoder_sources(files, resolve)[0]
     load_text = load_umt5_encoder_single_file if text.single_file else load_umt5_encoder
     vae = load_wan_vae_single_file(files.vae_path(resolve), device=options.device, dtype=options.dtype)
-    ti2v = vae.config.is_residual  # the Wan2.2 VAE: its DiT is TI2V-5B's (checked at build)
-    if ti2v and len(experts) != 1:
+    # the Wan2.2 VAE: its DiT is TI2V-5B's (checked at build), or a latent-concat DiT of its
+    # width (Wan2.2 Fun InP 5B: 48 noise + 4 mask + 48 image channels in), an I2V pipeline
+    ti2v = vae.config.is_residual and config.in_channels == config.out_channels
+    if vae.config.is_residual and len(experts) != 1:
         raise ValueError("the Wan2.2 VAE (wan2.2_vae.safetensors) goes with Wan2.2 TI2V-5B, one DiT; got "
                          f"diffusion_models={list(files.diffusion_models)}: pass one, and no boundary_ratio")
     components: dict[str, Any] = {
@@ -125,9 +127,9 @@ def wan_single_files(files: SingleFileSet, resolve: Resolve,
         "vae": vae,
         "text_encoder": load_text(text.weights, text.tokenizer, device=options.device, dtype=options.dtype,
                                   max_sequence_length=WAN_DEFAULTS.max_sequence_length or 512),
-        "sampler": flow_sampler_set("flow_unipc", shift=TI2V_SHIFT if ti2v else WAN_SHIFT),
+        "sampler": flow_sampler_set("flow_unipc", shift=TI2V_SHIFT if vae.config.is_residual else WAN_SHIFT),
     }
-    # latent-concat I2V DiTs take the noise and the image latents (16 + 20 channels)
+    # latent-concat I2V DiTs take the noise and the image latents (16 + 20 channels; 48 + 52)
     index: dict[str, Any] = {"_class_name": I2V_PIPELINE if config.in_channels != config.out_channels else T2V_PIPELINE}
     if ti2v:
         index["expand_timesteps"] = True

@@ -19,6 +19,8 @@ TEMPLATES = {  # template -> the family whose checkpoint serves it
     "video_ltx2_i2v_lora": "ltx2", "audio_stable_audio_example": "stable_audio", "flux_kontext_dev_basic": "flux_kontext",
     "flux_fill_inpaint_example": "flux_fill", "flux_fill_outpaint_example": "flux_fill",
     "flux_canny_model_example": "flux_control",
+    "video_wan2_2_14B_fun_inpaint": "wan_i2v", "video_wan2_2_5B_fun_inpaint": "wan_fun_5b",
+    "wan2.1_fun_inp": "wan_i2v_clip",
 }
 FAMILY_WORDS = ("wan", "flux", "ltx", "stable")  # template name prefixes of the four families
 LOADER_FOLDERS = {"UNETLoader": "diffusion_models", "CheckpointLoaderSimple": "checkpoints", "CLIPLoader": "text_encoders",

@@ -167,7 +167,6 @@ def _generation(ev: Evaluation, final: Latent, saves: tuple[SaveTarget, ...]) ->
         fields.put("loras", loras)
     parts = _parts(ev, first, canvas)
     _clip_vision(ev, first, served, task)
-    _attention_multiply(ev, runs, served)
     if task == TaskType.I2I and first.positive.reference is None:  # a reference edit starts from noise
         fields.put("strength", first.denoise)
     outputs = OutputSpec(modalities=_modalities(saves, canvas.kind))
@@ -459,23 +458,6 @@ def _image_encoder(served: ServedCheckpoint) -> bool | None:
     return isinstance(entry, list) and len(entry) == 2 and entry[0] is not None
 
 
-def _attention_multiply(ev: Evaluation, runs: tuple[Sampling, ...], served: ServedCheckpoint) -> None:
-    """UNetTemporalAttentionMultiply scales weights named ``attn1/attn2.to_out.0`` in ComfyUI: a
-    Wan DiT has none (a no-op, as there); on another model, or one we cannot tell, a deviation."""
-    for run in runs:
-        node_id = run.model.attention_multiply
-        if node_id is not None and not _pipeline_class(served).startswith("Wan"):
-            _deviate(ev, node_id, "the attention output scales are not applied (a no-op on Wan DiTs only; "
-                     f"the model {served.name!r} is not a Wan checkpoint we can tell)")
-
-
-def _pipeline_class(served: ServedCheckpoint) -> str:
-    """The served diffusers folder's pipeline class ('' for a single file or a name only)."""
-    if served.path is None or not (served.path / "model_index.json").is_file():
-        return ""
-    return str(json.loads((served.path / "model_index.json").read_text()).get("_class_name", ""))
-
-
 def _clip_vision(ev: Evaluation, run: Sampling, served: ServedCheckpoint, task: TaskType) -> None:
     """The CLIP vision outputs a Wan image-to-video node attaches: the served model's own image
     encoder encodes the request's first (and last) frame, so they must be of those frames, and
@@ -507,8 +489,8 @@ def _clip_vision(ev: Evaluation, run: Sampling, served: ServedCheckpoint, task: 
     if frames.clip_end is None and frames.end is not None and frames.clip_start is not None:
         if frames.class_type == "WanFunInpaintToVideo":  # ComfyUI: the start image's CLIP output alone
             _deviate(ev, frames.node, "end_image with clip_vision_output: ComfyUI conditions on the start image's "
-                     "CLIP vision output only; a model with an image encoder takes a last frame here as Wan2.1 FLF2V "
-                     "(CLIP tokens of both frames), and a Wan2.1 I2V / Fun InP DiT takes none")
+                     "CLIP vision output only; a model with an image encoder takes a last frame here only as a "
+                     "first-last-frame DiT (CLIP tokens of both frames), and a one-image CLIP DiT takes none")
         else:
             _deviate(ev, frames.node, "clip_vision_end_image: not connected; the model's image encoder encodes the "
                      "end frame too")

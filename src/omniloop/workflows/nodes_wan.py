@@ -85,9 +85,10 @@ def unet_temporal_attention_multiply(call: NodeCall) -> tuple[Any, ...]:
     ComfyUI multiplies the weights whose state-dict keys end in ``attn1.to_out.0.*`` /
     ``attn2.to_out.0.*`` (temporal ones: ``.time_stack.`` in the key). A Wan DiT's keys
     (``blocks.N.self_attn.o``, ``cross_attn.o``) match none, so ComfyUI leaves it unchanged.
-    Models whose keys do match (LTX's ``attn1.to_out.0``) get a deviation at compile time
-    (``ModelRef.attention_multiply``)."""
+    Models whose keys do match (LTX's ``attn1.to_out.0``) would change: since the node cannot
+    tell the model here, factors other than 1 are reported as a deviation."""
     factors = [float(call[n]) for n in ("self_structural", "self_temporal", "cross_structural", "cross_temporal")]
-    if all(f == 1.0 for f in factors):
-        return (call["model"],)
-    return (replace(call["model"], attention_multiply=call.id),)
+    if any(f != 1.0 for f in factors):
+        call.context.deviate(call, f"the attention output scales {factors} are not applied (ComfyUI scales only "
+                             "weights named attn1/attn2.to_out.0; a DiT without them is unchanged there too)")
+    return (call["model"],)

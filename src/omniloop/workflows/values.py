@@ -24,8 +24,6 @@ class ModelRef:
     loras: tuple[LoraRef, ...] = ()
     shift: float | None = None  # ModelSamplingSD3 / ModelSamplingFlux
     cfg_zero_star: bool = False  # CFGZeroStar: the guided prediction patched (the denoise loop's knob)
-    # UNetTemporalAttentionMultiply with factors != 1 (its node id): a no-op on a Wan DiT only
-    attention_multiply: str | None = None
 
     def with_lora(self, lora: LoraRef) -> "ModelRef":
         return replace(self, loras=(*self.loras, lora))

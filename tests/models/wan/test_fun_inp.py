@@ -26,7 +26,7 @@ TOL = 5e-6  # tests/models/wan/test_pipeline_parity.py's fp32 latent tolerance
 CALL = dict(height=32, width=32, num_frames=5, steps=2, guidance_scale=5.0, seed=11)
 
 
-def save_fun_inp_5b_checkpoint(folder):
+def save_fun_inp_5b_checkpoint(folder, **vae_overrides):
     """A Wan2.2 Fun InP 5B folder at toy size: the TI2V-5B DiT with a 48 + 4 + 48 channel
     patch embedding, the Wan2.2 VAE, no image encoder (WanImageToVideoPipeline)."""
     from tests.wan_checkpoint import TEXT_DIM, tiny_text_encoder, tiny_tokenizer, unipc
@@ -38,7 +38,7 @@ def save_fun_inp_5b_checkpoint(folder):
         text_dim=TEXT_DIM, freq_dim=16, ffn_dim=32, num_layers=2, cross_attn_norm=True,
         qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=32).eval()
     torch.manual_seed(1)
-    vae = diffusers.AutoencoderKLWan(**TINY_VAE22).eval()
+    vae = diffusers.AutoencoderKLWan(**{**TINY_VAE22, **vae_overrides}).eval()
     pipe = diffusers.WanImageToVideoPipeline(tokenizer=tokenizer, text_encoder=tiny_text_encoder(len(tokenizer)),
                                              vae=vae, scheduler=unipc(5.0), transformer=transformer)
     pipe.save_pretrained(folder)
@@ -127,3 +127,40 @@ def test_fun_inp_condition_is_comfyuis(fun_inp_5b_dir, with_end):
     assert condition.shape == expected.shape
     err = (condition - expected).abs().max().item()
     assert err <= 1e-5, err
+
+
+def test_fun_inp_5b_from_comfyui_single_files(tmp_path):
+    """Wan2.2 Fun InP 5B from ComfyUI's files (its DiT, ``wan2.2_vae.safetensors``): a latent-
+    concat I2V pipeline (not TI2V, though the VAE is Wan2.2's), first and last frame as from
+    the diffusers folder (tests/models/comfy/test_single_file_pipeline.py's tolerance)."""
+    from safetensors.torch import save_file
+
+    from omniloop.deploy import DeployConfig
+    from omniloop.engine.async_engine import load_options
+    from omniloop.models.autoencoders.wan_vae import WAN22_LATENTS_MEAN, WAN22_LATENTS_STD
+    from omniloop.models.comfy_folder import ComfyModels
+    from omniloop.models.single_file import SingleFileSet
+    from omniloop.models.single_file_pipeline import load_single_file_pipeline
+    from tests.models.comfy.original_layout import wan22_vae_original, wan_dit_original
+
+    pipe = save_fun_inp_5b_checkpoint(tmp_path / "fun", latents_mean=list(WAN22_LATENTS_MEAN),
+                                      latents_std=list(WAN22_LATENTS_STD))
+    root = tmp_path / "models"
+    (root / "diffusion_models").mkdir(parents=True)
+    (root / "vae").mkdir()
+    save_file(wan_dit_original(pipe.transformer.state_dict()),
+              root / "diffusion_models" / "wan2.2_fun_inpaint_5B_bf16.safetensors")
+    save_file(wan22_vae_original(pipe.vae.state_dict(), num_res_blocks=1), root / "vae" / "wan2.2_vae.safetensors")
+    pipe.text_encoder.save_pretrained(root / "text_encoders" / "umt5")
+    pipe.tokenizer.save_pretrained(root / "text_encoders" / "umt5")
+    deploy = DeployConfig.from_options(None, device="cpu", dtype="float32")
+    model = SingleFileSet(family="wan", diffusion_models=("wan2.2_fun_inpaint_5B_bf16.safetensors",),
+                          vae="wan2.2_vae.safetensors", text_encoders=("umt5",), attention_head_dim=12)
+    spec, pipeline = load_single_file_pipeline(ComfyModels(root), model, load_options(deploy))
+    assert pipeline.spec.name == "wan2.2-i2v"
+    ours = VideoGenerator(spec, pipeline, deploy)
+    folder = VideoGenerator.from_pretrained(tmp_path / "fun", device="cpu", dtype="float32")
+    got, want = (gen.generate(_request(_image(0), _image(1))) for gen in (ours, folder))
+    assert got.status.value == want.status.value == "completed", (got.error, want.error)
+    err = (got.artifacts["latents"].latents - want.artifacts["latents"].latents).abs().max().item()
+    assert err <= TOL, err

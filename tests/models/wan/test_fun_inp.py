@@ -164,3 +164,30 @@ def test_fun_inp_5b_from_comfyui_single_files(tmp_path):
     assert got.status.value == want.status.value == "completed", (got.error, want.error)
     err = (got.artifacts["latents"].latents - want.artifacts["latents"].latents).abs().max().item()
     assert err <= TOL, err
+
+
+def test_fun_inp_5b_start_and_end_over_v1_videos(fun_inp_5b_dir):
+    """Served over /v1/videos (a real server on 127.0.0.1): ``input_reference`` and
+    ``last_image`` are the start and end frames; the end frame changes the video."""
+    import base64
+    import io
+
+    import httpx
+
+    from tests.serve.conftest import live_server
+
+    def data_url(im: Image.Image) -> dict[str, str]:
+        buf = io.BytesIO()
+        im.save(buf, format="PNG")
+        return {"image_url": "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()}
+
+    with live_server(fun_inp_5b_dir, limits={"max_steps": 8, "max_frames": 9}) as server:
+        body = {"prompt": PROMPT, "size": "32x32", "num_frames": 5, "steps": 2, "seed": 3,
+                "input_reference": data_url(_image(0))}
+        ids = [httpx.post(f"{server.url}/v1/videos", json={**body, **extra}).json()["id"]
+               for extra in ({"last_image": data_url(_image(1))}, {"last_image": data_url(_image(2))})]
+        videos = []
+        for video_id in ids:
+            assert server.wait_finished(video_id)["status"] == "completed"
+            videos.append(httpx.get(f"{server.url}/v1/videos/{video_id}/content").content)
+        assert videos[0] and videos[0] != videos[1]

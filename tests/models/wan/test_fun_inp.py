@@ -191,3 +191,18 @@ def test_fun_inp_5b_start_and_end_over_v1_videos(fun_inp_5b_dir):
             assert server.wait_finished(video_id)["status"] == "completed"
             videos.append(httpx.get(f"{server.url}/v1/videos/{video_id}/content").content)
         assert videos[0] and videos[0] != videos[1]
+
+
+def test_a_fun_inp_5b_dit_with_the_wan21_vae_is_refused_at_build(fun_inp_5b_dir, tmp_path):
+    """in_channels 100 = 48 + 4 + 48 needs the Wan2.2 VAE: with a 16-channel VAE the build
+    names the channel arithmetic (not a convolution error at the first step)."""
+    import shutil
+
+    from tests.wan_checkpoint import tiny_vae
+
+    folder = tmp_path / "mixed"
+    shutil.copytree(fun_inp_5b_dir, folder)
+    shutil.rmtree(folder / "vae")
+    tiny_vae().save_pretrained(folder / "vae")
+    with pytest.raises(ValueError, match=r"in_channels=100 does not fit .* out_channels 48 \+ 4 mask \+ z_dim 16 = 68"):
+        VideoGenerator.from_pretrained(folder, device="cpu", dtype="float32")

@@ -228,6 +228,20 @@ def check_ti2v_components(vae: Any, dit: Any) -> None:
             "(z_dim 48, is_residual true, patch_size 2, its 48 latents_mean / latents_std) and its 48-channel DiT")
 
 
+def check_concat_components(vae: Any, dit: Any) -> None:
+    """A latent-concat I2V DiT (Wan2.1 / Wan2.2 I2V, Wan Fun InP) takes the noise, the 4 mask
+    channels (one per frame the VAE folds into a latent frame) and the image latents:
+    ``in_channels = out_channels + scale_factor_temporal + z_dim`` (36 = 16 + 4 + 16; the Fun
+    InP 5B with the Wan2.2 VAE: 100 = 48 + 4 + 48)."""
+    c = vae.config
+    want = dit.config.out_channels + c.scale_factor_temporal + c.z_dim
+    if dit.config.in_channels != want:
+        raise ValueError(
+            f"the transformer's in_channels={dit.config.in_channels} does not fit a latent-concat I2V with this VAE: "
+            f"out_channels {dit.config.out_channels} + {c.scale_factor_temporal} mask + z_dim {c.z_dim} = {want}; "
+            "pass the VAE the DiT was trained with (z_dim 16: the Wan2.1 VAE; 48: Wan2.2's)")
+
+
 # -- pipeline -------------------------------------------------------------------------
 
 
@@ -312,6 +326,8 @@ def build_wan(variant: Variant, index: Mapping[str, Any], components: Mapping[st
                          f"tokens); got image_dim={image_dim} with{'out' * ('image_encoder' not in components)} an "
                          "image_encoder: pass a checkpoint that has both or neither")
     spec = wan_pipeline_spec(variant, boundary_ratio=boundary, cfg_mode=options.cfg_mode)
+    if TaskType.I2V in variant.tasks and variant.name != TI2V_VARIANT:
+        check_concat_components(components["vae"], components["transformer"])
     if variant.name == TI2V_VARIANT:
         check_ti2v_components(components["vae"], components["transformer"])
         return _pipeline(spec, components, TI2V_DEFAULTS, options)

@@ -189,12 +189,12 @@ def test_wan22_fun_inpaint_5b_template_runs(wan_fun_5b_dir, input_dir):
     check_video(out, 5, (32, 32))
 
 
-def test_wan21_fun_inp_template_compiles(wan_i2v_clip_dir, input_dir):
+def test_wan21_fun_inp_template_compiles_and_runs(wan_i2v_clip_dir, input_dir):
     """wan2.1_fun_inp compiles on a Wan2.1 I2V-architecture folder (in_channels 36, CLIP image
     encoder: the Fun InP 1.3B's): SkipLayerGuidanceDiT is a deviation (not run), so is
     UNetTemporalAttentionMultiply's 1.2 / 1.3 (a no-op on a Wan DiT in ComfyUI too: none of its
     keys is attn1/attn2.to_out.0; the node cannot tell the model), CFGZeroStar the loop's knob;
-    with exact it is refused."""
+    with exact it is refused. The request runs: the Fun InP path of a one-image CLIP DiT."""
     from omniloop.workflows import WorkflowError
 
     api = small(ui_to_api(template("wan2.1_fun_inp")))
@@ -204,9 +204,20 @@ def test_wan21_fun_inp_template_compiles(wan_i2v_clip_dir, input_dir):
     assert [p.role for p in generation.request.images()] == ["first_frame", "last_frame"]
     assert generation.request.node_params["denoise"]["cfg_zero_star"] is True
     deviations = {d.class_type for d in compiled.deviations}
-    assert {"SkipLayerGuidanceDiT", "UNetTemporalAttentionMultiply"} <= deviations, deviations
+    # (and CLIPVisionEncode's crop='none' of the 96x64 test image: the processor center-crops)
+    assert deviations == {"SkipLayerGuidanceDiT", "UNetTemporalAttentionMultiply", "CLIPVisionEncode"}, deviations
+    # the start image's CLIP tokens alone, as ComfyUI's node conditions (end frame: the latents)
+    assert generation.request.node_params["image_encode"] == {"clip_last_frame": False}
     with pytest.raises(WorkflowError, match="skip-layer guidance"):
         compile_workflow(api, models, input_dir=input_dir, exact=True)
+    # and it runs (the two deviating patches dropped, as a user would, to run it exact)
+    from omniloop.api.generator import VideoGenerator
+
+    with VideoGenerator.from_pretrained(str(generation.served.path)) as gen:
+        out = gen.generate(generation.request)
+    assert out.failure is None, out.failure
+    check_video(out, 5, (32, 32))
+    assert "image_encode" in out.metrics.node_s
 
 
 def test_wan22_two_expert_template_runs(wan_a14b_dir, input_dir):

@@ -19,7 +19,8 @@ from omniloop.workflows.vocabulary import NodeCall, i, node
 
 
 # NOTE: ComfyUI's WanFunInpaintToVideo *is* WanFirstLastFrameToVideo with its
-# clip_vision_output as the start image's CLIP vision output (no end-image CLIP). Its
+# clip_vision_output as the start image's CLIP vision output (no end-image CLIP: the
+# compiler asks node_params["image_encode"].clip_last_frame=false). Its
 # condition is the concat latent [mask (4 ch, 1 = given frame), VAE latents of
 # [start, gray..., end]] the Fun InP DiT's wider patch embedding takes (model_base WAN21:
 # in_channels - out_channels = 4 + z_dim): the same tensors our Wan I2V / first-last-frame

@@ -206,3 +206,31 @@ def test_a_fun_inp_5b_dit_with_the_wan21_vae_is_refused_at_build(fun_inp_5b_dir,
     tiny_vae().save_pretrained(folder / "vae")
     with pytest.raises(ValueError, match=r"in_channels=100 does not fit .* out_channels 48 \+ 4 mask \+ z_dim 16 = 68"):
         VideoGenerator.from_pretrained(folder, device="cpu", dtype="float32")
+
+
+def test_wan21_fun_inp_first_and_last_frame_with_the_first_frames_clip(wan_i2v_clip_dir):
+    """Wan2.1 Fun InP (a one-image CLIP DiT, in_channels 36): ComfyUI's WanFunInpaintToVideo
+    conditions on the start image's CLIP tokens alone and both frames' latents. Asked with
+    ``node_params["image_encode"].clip_last_frame=false`` (without it the Wan2.1 I2V refusal
+    stands): the DiT sees the first frame's tokens only, and the last frame changes the video
+    through the latent condition."""
+    gen = VideoGenerator.from_pretrained(wan_i2v_clip_dir, device="cpu", dtype="float32")
+    dit = gen.pipeline.components["transformer"]
+    seen: list[torch.Tensor] = []
+    handle = dit.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(kwargs["encoder_hidden_states_image"]), with_kwargs=True)
+    first = _image(0)
+
+    def run(last):
+        request = _request(first, last).model_copy(update={"node_params": {"image_encode": {"clip_last_frame": False}}})
+        out = gen.generate(request)
+        assert out.status.value == "completed", out.error
+        return out.artifacts["latents"].latents
+
+    try:
+        a, b = run(_image(1)), run(_image(2))
+    finally:
+        handle.remove()
+    tokens = gen.pipeline.components["image_encoder"].encode([first])
+    assert all(t.shape[0] == 1 and torch.equal(t[:1], tokens.to(t.dtype)) for t in seen)
+    assert (a - b).abs().max().item() > 1e-4

@@ -35,7 +35,7 @@ from omniloop.pipeline.loops.decode import VideoDecodeLoop
 from omniloop.pipeline.stages import LATENTS_GIVEN, GivenLatents, TextEncode
 from omniloop.models.families.wan.parallelize import WAN_PARALLEL
 from omniloop.models.families.wan.presets import TEACACHE_DEFAULT, TEACACHE_POLYNOMIALS, TI2V_DEFAULTS, WAN_DEFAULTS
-from omniloop.models.families.wan.stages import (WanDenoiseLoop, WanDenoiser, WanImageCondition, WanImageEncode,
+from omniloop.models.families.wan.stages import (IMAGE_ENCODE_NODE, WanDenoiseLoop, WanDenoiser, WanImageCondition, WanImageEncode,
                                                  WanVideoEncode, first_frame)
 from omniloop.models.families.wan.ti2v import FirstFrameLatents, Ti2vDenoiser, Ti2vImageCondition
 from omniloop.models.families.wan.validate import make_validator, size_caps
@@ -259,7 +259,7 @@ def wan_pipeline_spec(variant: Variant, *, boundary_ratio: float | None, cfg_mod
     if i2v:
         nodes.append(Node("image_condition", WanImageCondition(), when=task_in(TaskType.I2V)))
     if "image_encoder" in components:  # Wan2.1 I2V: CLIP tokens of the first (and last) frame
-        nodes.append(Node("image_encode", WanImageEncode(), when=task_in(TaskType.I2V)))
+        nodes.append(Node(IMAGE_ENCODE_NODE, WanImageEncode(), when=task_in(TaskType.I2V)))
     if TaskType.V2V in variant.tasks:  # loops from given latents: an encoded video, or latents passed in
         nodes.append(Node("video_encode", WanVideoEncode(), when=task_in(TaskType.V2V)))
         nodes.append(Node("given_latents", GivenLatents(WanDenoiser()), when=LATENTS_GIVEN & ~task_in(TaskType.V2V)))

@@ -21,7 +21,10 @@ IMAGES = ("image_to_video_wan_start_image.png", "video_wan2_2_14B_i2v_input_imag
           "flux_fill_outpaint_example_input_image.png", "flux_canny_model_example_input_image.png",
           "flux_redux_model_example_reference_image_1.png", "flux_redux_model_example_reference_image_2.png",
           "handbag_white.png", "robed_women.png", "video_wan_vace_14B_ref2v_reference_image.jpg",
-          "video_wan_vace_14B_v2v_reference_image.jpg")
+          "video_wan_vace_14B_v2v_reference_image.jpg",
+          "video_wan2_2_14B_fun_inpaint_start_image.png", "video_wan2_2_14B_fun_inpaint_end_image.png",
+          "video_wan2_2_5B_fun_inpaint_start_image.png", "video_wan2_2_5B_fun_inpaint_end_image.png",
+          "wan2.1_fun_inp_start_image.png", "wan2.1_fun_inp_end_image.png")
 VIDEOS = ("video_wan_vace_14B_v2v_reference_image_control_video.mp4",)
 
 
@@ -68,6 +71,15 @@ EXPECTED = {
     "video_wan2_2_5B_ti2v": (TaskType.T2V, "wan_ti2v", [Modality.VIDEO],  # its LoadImage ships bypassed
                              {"guidance_scale": 5.0, "width": 1280, "height": 704, "num_frames": 121, "fps": 24,
                               "sampler": "comfy_uni_pc"}),
+    # WanFunInpaintToVideo: a first-last-frame i2v on the Fun InP DiT. (The 14B's two lightx2v
+    # LoRAs map to one name here; from a real loras/ folder they differ per expert: refused.)
+    "video_wan2_2_14B_fun_inpaint": (TaskType.I2V, "wan_i2v", [Modality.VIDEO],
+                                     {"guidance_scale": 1.0, "width": 640, "height": 640, "num_frames": 81}),
+    "video_wan2_2_5B_fun_inpaint": (TaskType.I2V, "wan_fun_5b", [Modality.VIDEO],
+                                    {"guidance_scale": 6.0, "width": 640, "height": 640, "num_frames": 81, "fps": 24,
+                                     "sampler": "comfy_uni_pc"}),
+    "wan2.1_fun_inp": (TaskType.I2V, "wan_i2v_clip", [Modality.VIDEO],
+                       {"guidance_scale": 6.0, "width": 480, "height": 768, "cfg_zero_star": True}),
     "flux_schnell": (TaskType.T2I, "flux", [Modality.IMAGE], {"steps": 4, "width": 1024, "guidance_scale": None}),
     "flux_schnell_full_text_to_image": (TaskType.T2I, "flux", [Modality.IMAGE], {"steps": 4, "guidance_scale": 3.5}),
     "flux_dev_checkpoint_example": (TaskType.T2I, "flux", [Modality.IMAGE],
@@ -130,7 +142,7 @@ def test_template_compiles_to_its_request(name, models, input_dir):
     got = {**request.diffusion.model_dump(), **request.node_params.get("denoise", {})}  # + the loop's own knobs
     assert {k: got[k] for k in fields} == fields
     if task in (TaskType.I2V,):
-        roles = ["first_frame", "last_frame"] if "flf2v" in name else ["first_frame"]
+        roles = ["first_frame", "last_frame"] if "flf2v" in name or "fun_inp" in name else ["first_frame"]
         assert [p.role for p in request.images()] == roles
     assert {s.class_type for s in generation.saves} <= {"SaveVideo", "SaveImage", "SaveAudioAdvanced"}
 
@@ -188,6 +200,7 @@ def test_the_ltx2_i2v_lora_template_ships_a_dangling_subgraph_output(models, inp
 
 def test_every_template_of_the_corpus_is_listed():
     assert set(EXPECTED) | {"video_ltx2_i2v_lora"} == set(TEMPLATES)
+
 
 
 def test_flux_fill_inpaint_reports_what_it_does_not_mirror(models, tmp_path):

@@ -24,6 +24,7 @@ SMALL: dict[str, dict[str, Any]] = {
     "WanImageToVideo": {"width": 32, "height": 32, "length": 5},
     "Wan22ImageToVideoLatent": {"width": 32, "height": 32, "length": 5},
     "WanFirstLastFrameToVideo": {"width": 32, "height": 32, "length": 5},
+    "WanFunInpaintToVideo": {"width": 32, "height": 32, "length": 5},
     "EmptySD3LatentImage": {"width": 32, "height": 32},
     "EmptyLatentAudio": {"seconds": 1.0},
     "KSampler": {"steps": 2},
@@ -61,9 +62,12 @@ def input_dir(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("input")
     for name in ("image_to_video_wan_start_image.png", "video_wan2_2_14B_i2v_input_image.jpg",
                  "freckled_curly_girl.png", "wan2.1_flf2v_720_f16_start_image.png",
-                 "video_wan2_2_14B_flf2v_start_image.png"):
+                 "video_wan2_2_14B_flf2v_start_image.png", "video_wan2_2_14B_fun_inpaint_start_image.png",
+                 "video_wan2_2_5B_fun_inpaint_start_image.png", "wan2.1_fun_inp_start_image.png"):
         Image.new("RGB", (96, 64), (200, 40, 40)).save(folder / name)
-    for name in ("wan2.1_flf2v_720_f16_end_image.png", "video_wan2_2_14B_flf2v_end_image.png"):
+    for name in ("wan2.1_flf2v_720_f16_end_image.png", "video_wan2_2_14B_flf2v_end_image.png",
+                 "video_wan2_2_14B_fun_inpaint_end_image.png", "video_wan2_2_5B_fun_inpaint_end_image.png",
+                 "wan2.1_fun_inp_end_image.png"):
         Image.new("RGB", (96, 64), (20, 40, 220)).save(folder / name)
     rgba = Image.new("RGBA", (48, 32), (200, 40, 40, 255))  # the inpaint input: alpha 0 marks the area to repaint
     rgba.paste((0, 0, 0, 0), (16, 8, 40, 24))
@@ -159,6 +163,67 @@ def test_wan22_ti2v_template_runs(with_image, wan_ti2v_dir, input_dir):
     request, out = run("video_wan2_2_5B_ti2v", wan_ti2v_dir, "wan_ti2v", input_dir, ui)
     assert request.task.value == ("i2v" if with_image else "t2v")
     check_video(out, 5, (32, 32))
+
+
+def test_wan22_fun_inpaint_14b_template_runs(wan_i2v_dir, input_dir):
+    """video_wan2_2_14B_fun_inpaint (WanFunInpaintToVideo: start and end image) on a Wan2.2 I2V-
+    architecture folder (in_channels 36, as the Fun InP 14B DiTs). Its active group gives each
+    expert its own lightx2v LoRA, which the compiler refuses (per-expert LoRAs); bypassed here,
+    as a user would, the Fun InP path itself runs."""
+    ui = template("video_wan2_2_14B_fun_inpaint")
+    for n in ui["nodes"]:
+        if n["type"] == "LoraLoaderModelOnly":
+            n["mode"] = 4
+    request, out = run("video_wan2_2_14B_fun_inpaint", wan_i2v_dir, "wan_i2v", input_dir, ui)
+    assert [p.role for p in request.images()] == ["first_frame", "last_frame"]
+    check_video(out, 5, (32, 32))
+
+
+@pytest.fixture(scope="module")
+def wan_fun_5b_dir(tmp_path_factory):
+    from tests.models.wan.test_fun_inp import save_fun_inp_5b_checkpoint
+
+    folder = tmp_path_factory.mktemp("wan_fun_5b")
+    save_fun_inp_5b_checkpoint(folder)
+    return folder
+
+
+def test_wan22_fun_inpaint_5b_template_runs(wan_fun_5b_dir, input_dir):
+    """video_wan2_2_5B_fun_inpaint as shipped on a Wan2.2 Fun InP 5B folder (in_channels 100)."""
+    request, out = run("video_wan2_2_5B_fun_inpaint", wan_fun_5b_dir, "wan_fun_5b", input_dir)
+    assert [p.role for p in request.images()] == ["first_frame", "last_frame"]
+    check_video(out, 5, (32, 32))
+
+
+def test_wan21_fun_inp_template_compiles_and_runs(wan_i2v_clip_dir, input_dir):
+    """wan2.1_fun_inp compiles on a Wan2.1 I2V-architecture folder (in_channels 36, CLIP image
+    encoder: the Fun InP 1.3B's): SkipLayerGuidanceDiT is a deviation (not run), so is
+    UNetTemporalAttentionMultiply's 1.2 / 1.3 (a no-op on a Wan DiT in ComfyUI too: none of its
+    keys is attn1/attn2.to_out.0; the node cannot tell the model), CFGZeroStar the loop's knob;
+    with exact it is refused. The request runs: the Fun InP path of a one-image CLIP DiT."""
+    from omniloop.workflows import WorkflowError
+
+    api = small(ui_to_api(template("wan2.1_fun_inp")))
+    models = template_models({"wan_i2v_clip": wan_i2v_clip_dir})
+    compiled = compile_workflow(api, models, input_dir=input_dir)
+    (generation,) = compiled.generations
+    assert [p.role for p in generation.request.images()] == ["first_frame", "last_frame"]
+    assert generation.request.node_params["denoise"]["cfg_zero_star"] is True
+    deviations = {d.class_type for d in compiled.deviations}
+    # (and CLIPVisionEncode's crop='none' of the 96x64 test image: the processor center-crops)
+    assert deviations == {"SkipLayerGuidanceDiT", "UNetTemporalAttentionMultiply", "CLIPVisionEncode"}, deviations
+    # the start image's CLIP tokens alone, as ComfyUI's node conditions (end frame: the latents)
+    assert generation.request.node_params["image_encode"] == {"clip_last_frame": False}
+    with pytest.raises(WorkflowError, match="skip-layer guidance"):
+        compile_workflow(api, models, input_dir=input_dir, exact=True)
+    # and it runs (the two deviating patches dropped, as a user would, to run it exact)
+    from omniloop.api.generator import VideoGenerator
+
+    with VideoGenerator.from_pretrained(str(generation.served.path)) as gen:
+        out = gen.generate(generation.request)
+    assert out.failure is None, out.failure
+    check_video(out, 5, (32, 32))
+    assert "image_encode" in out.metrics.node_s
 
 
 def test_wan22_two_expert_template_runs(wan_a14b_dir, input_dir):

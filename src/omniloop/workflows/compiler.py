@@ -68,6 +68,9 @@ SD3_ONLY_SCHEDULERS = frozenset(SCHEDULES[4:])
 REFINE_SIGMAS = (0.909375, 0.725, 0.421875)
 SEED_LIMIT = 2**63
 DENOISE_NODE = "denoise"  # the graph's denoise loop node (every denoise family names it so)
+# the CLIP image-encode node of an image-to-video graph with an image encoder (its knob
+# clip_last_frame=false: the first frame's tokens only, as WanFunInpaintToVideo conditions)
+IMAGE_ENCODE_NODE = "image_encode"
 
 
 @dataclass(frozen=True)
@@ -195,7 +198,7 @@ def _generation(ev: Evaluation, final: Latent, saves: tuple[SaveTarget, ...]) ->
     parts += styles
     if redux is not None:
         node_params[REDUX_NODE] = redux
-    _clip_vision(ev, first, served, task)
+    _clip_vision(ev, first, served, task, node_params)
     if task == TaskType.I2I and first.positive.reference is None:  # a reference edit starts from noise
         fields.put("strength", first.denoise)
     outputs = OutputSpec(modalities=_modalities(saves, canvas.kind))
@@ -512,7 +515,8 @@ def _image_encoder(served: ServedCheckpoint) -> bool | None:
     return isinstance(entry, list) and len(entry) == 2 and entry[0] is not None
 
 
-def _clip_vision(ev: Evaluation, run: Sampling, served: ServedCheckpoint, task: TaskType) -> None:
+def _clip_vision(ev: Evaluation, run: Sampling, served: ServedCheckpoint, task: TaskType,
+                 node_params: dict[str, dict[str, Any]]) -> None:
     """The CLIP vision outputs a Wan image-to-video node attaches: the served model's own image
     encoder encodes the request's first (and last) frame, so they must be of those frames, and
     the model must have one (and a model that has one needs them)."""
@@ -541,8 +545,11 @@ def _clip_vision(ev: Evaluation, run: Sampling, served: ServedCheckpoint, task: 
                 _deviate(ev, vision.node, f"crop='none' squeezes the {width}x{height} image to the encoder's square; "
                          "the model's image processor center-crops it")
     if frames.clip_end is None and frames.end is not None and frames.clip_start is not None:
-        _deviate(ev, frames.node, "clip_vision_end_image: not connected; the model's image encoder encodes the end "
-                 "frame too")
+        if frames.class_type == "WanFunInpaintToVideo":  # ComfyUI: the start image's CLIP output alone
+            node_params.setdefault(IMAGE_ENCODE_NODE, {})["clip_last_frame"] = False
+        else:
+            _deviate(ev, frames.node, "clip_vision_end_image: not connected; the model's image encoder encodes the "
+                     "end frame too")
 
 
 def _file_size(image: Pixels) -> tuple[int, int]:

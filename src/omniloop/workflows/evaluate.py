@@ -15,6 +15,7 @@ from typing import Any
 from omniloop.workflows import nodes as _nodes  # noqa: F401  (registers the vocabulary)
 from omniloop.workflows import nodes_control as _nodes_control  # noqa: F401  (InstructPixToPixConditioning, Canny)
 from omniloop.workflows import video_nodes as _video_nodes  # noqa: F401  (LoadVideo, WanVaceToVideo...)
+from omniloop.workflows import nodes_wan as _nodes_wan  # noqa: F401  (WanFunInpaintToVideo, SkipLayerGuidanceDiT, ...)
 from omniloop.workflows.errors import NodeProblem, WorkflowError, node_error
 from omniloop.workflows.graph import Graph, GraphNode, Link, evaluation_order
 from omniloop.workflows.model_folder import ModelFolder, ServedCheckpoint

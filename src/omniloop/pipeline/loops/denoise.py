@@ -339,6 +339,9 @@ class DenoiseLoop(LoopStageBase[DenoiseLoopState]):
         if not loop.cfg_zero_star or UNCOND not in preds:
             return guided
         x = self.conditioning.prepare(loop.latents, loop.policy_states[self.conditioning.name])
+        # the sample: a channel-concat conditioning (LatentConcat: I2V) appends its channels
+        # after the latents', so the first C channels of what the model sees, C the prediction's
+        x = {m: x[m][:, :guided[m].shape[1]] for m in guided}
         scales = cfg_state.scales[route.scale_set]
         return {m: cfg_zero_star(loop.sampler.scale_model_input(loop.samplers[m], x[m]), loop.samplers[m].sigma,
                                  preds[COND][m], preds[UNCOND][m], scales[m]).to(guided[m].dtype) for m in guided}

@@ -35,7 +35,7 @@ from omniloop.pipeline.loops.decode import VideoDecodeLoop
 from omniloop.pipeline.stages import LATENTS_GIVEN, GivenLatents, TextEncode
 from omniloop.models.families.wan.parallelize import WAN_PARALLEL
 from omniloop.models.families.wan.presets import TEACACHE_DEFAULT, TEACACHE_POLYNOMIALS, TI2V_DEFAULTS, WAN_DEFAULTS
-from omniloop.models.families.wan.stages import (WanDenoiseLoop, WanDenoiser, WanImageCondition, WanImageEncode,
+from omniloop.models.families.wan.stages import (IMAGE_ENCODE_NODE, WanDenoiseLoop, WanDenoiser, WanImageCondition, WanImageEncode,
                                                  WanVideoEncode, first_frame)
 from omniloop.models.families.wan.ti2v import FirstFrameLatents, Ti2vDenoiser, Ti2vImageCondition
 from omniloop.models.families.wan.vace import VaceCondition, VaceDenoiseLoop, VaceDenoiser
@@ -119,8 +119,10 @@ def wan_single_files(files: SingleFileSet, resolve: Resolve,
     text = text_encoder_sources(files, resolve)[0]
     load_text = load_umt5_encoder_single_file if text.single_file else load_umt5_encoder
     vae = load_wan_vae_single_file(files.vae_path(resolve), device=options.device, dtype=options.dtype)
-    ti2v = vae.config.is_residual  # the Wan2.2 VAE: its DiT is TI2V-5B's (checked at build)
-    if ti2v and len(experts) != 1:
+    # the Wan2.2 VAE: its DiT is TI2V-5B's (checked at build), or a latent-concat DiT of its
+    # width (Wan2.2 Fun InP 5B: 48 noise + 4 mask + 48 image channels in), an I2V pipeline
+    ti2v = vae.config.is_residual and config.in_channels == config.out_channels
+    if vae.config.is_residual and len(experts) != 1:
         raise ValueError("the Wan2.2 VAE (wan2.2_vae.safetensors) goes with Wan2.2 TI2V-5B, one DiT; got "
                          f"diffusion_models={list(files.diffusion_models)}: pass one, and no boundary_ratio")
     components: dict[str, Any] = {
@@ -128,9 +130,9 @@ def wan_single_files(files: SingleFileSet, resolve: Resolve,
         "vae": vae,
         "text_encoder": load_text(text.weights, text.tokenizer, device=options.device, dtype=options.dtype,
                                   max_sequence_length=WAN_DEFAULTS.max_sequence_length or 512),
-        "sampler": flow_sampler_set("flow_unipc", shift=TI2V_SHIFT if ti2v else WAN_SHIFT),
+        "sampler": flow_sampler_set("flow_unipc", shift=TI2V_SHIFT if vae.config.is_residual else WAN_SHIFT),
     }
-    # latent-concat I2V DiTs take the noise and the image latents (16 + 20 channels)
+    # latent-concat I2V DiTs take the noise and the image latents (16 + 20 channels; 48 + 52)
     vace = isinstance(experts[0], WanVaceDiT)  # a VACE file (ComfyUI's wan2.1_vace_*.safetensors)
     index: dict[str, Any] = {"_class_name": VACE_PIPELINE if vace else
                              I2V_PIPELINE if config.in_channels != config.out_channels else T2V_PIPELINE}
@@ -272,6 +274,20 @@ def check_ti2v_components(vae: Any, dit: Any) -> None:
             "(z_dim 48, is_residual true, patch_size 2, its 48 latents_mean / latents_std) and its 48-channel DiT")
 
 
+def check_concat_components(vae: Any, dit: Any) -> None:
+    """A latent-concat I2V DiT (Wan2.1 / Wan2.2 I2V, Wan Fun InP) takes the noise, the 4 mask
+    channels (one per frame the VAE folds into a latent frame) and the image latents:
+    ``in_channels = out_channels + scale_factor_temporal + z_dim`` (36 = 16 + 4 + 16; the Fun
+    InP 5B with the Wan2.2 VAE: 100 = 48 + 4 + 48)."""
+    c = vae.config
+    want = dit.config.out_channels + c.scale_factor_temporal + c.z_dim
+    if dit.config.in_channels != want:
+        raise ValueError(
+            f"the transformer's in_channels={dit.config.in_channels} does not fit a latent-concat I2V with this VAE: "
+            f"out_channels {dit.config.out_channels} + {c.scale_factor_temporal} mask + z_dim {c.z_dim} = {want}; "
+            "pass the VAE the DiT was trained with (z_dim 16: the Wan2.1 VAE; 48: Wan2.2's)")
+
+
 # -- pipeline -------------------------------------------------------------------------
 
 
@@ -291,7 +307,7 @@ def wan_pipeline_spec(variant: Variant, *, boundary_ratio: float | None, cfg_mod
     if i2v:
         nodes.append(Node("image_condition", WanImageCondition(), when=task_in(TaskType.I2V)))
     if "image_encoder" in components:  # Wan2.1 I2V: CLIP tokens of the first (and last) frame
-        nodes.append(Node("image_encode", WanImageEncode(), when=task_in(TaskType.I2V)))
+        nodes.append(Node(IMAGE_ENCODE_NODE, WanImageEncode(), when=task_in(TaskType.I2V)))
     if TaskType.V2V in variant.tasks:  # loops from given latents: an encoded video, or latents passed in
         nodes.append(Node("video_encode", WanVideoEncode(), when=task_in(TaskType.V2V)))
         nodes.append(Node("given_latents", GivenLatents(WanDenoiser()), when=LATENTS_GIVEN & ~task_in(TaskType.V2V)))
@@ -384,6 +400,8 @@ def build_wan(variant: Variant, index: Mapping[str, Any], components: Mapping[st
     if is_vace(variant):
         vace = vace_validator(components["transformer"].config, components["vae"].config.scale_factor_temporal)
         return _pipeline(spec, components, WAN_DEFAULTS, options, vace, vace=True)
+    if TaskType.I2V in variant.tasks and variant.name != TI2V_VARIANT:
+        check_concat_components(components["vae"], components["transformer"])
     if variant.name == TI2V_VARIANT:
         check_ti2v_components(components["vae"], components["transformer"])
         return _pipeline(spec, components, TI2V_DEFAULTS, options)

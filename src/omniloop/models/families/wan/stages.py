@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 
 from omniloop.io.image import image_to_tensor, open_image_part
 from omniloop.io.video import video_frames, video_to_tensor
@@ -102,21 +103,47 @@ class WanDenoiseLoop(DenoiseLoop):
     optional_inputs = {**DenoiseLoop.optional_inputs, "image_embeds": ImageEmbeddings}
 
 
+IMAGE_ENCODE_NODE = "image_encode"  # the Wan I2V graph's CLIP node (its node_params: ImageEncodeParams)
+
+
+class ImageEncodeParams(BaseModel):
+    """``node_params["image_encode"]``: which frames' CLIP tokens condition the DiT."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    clip_last_frame: bool = Field(
+        default=True, description="with a last frame: encode it too (Wan2.1 FLF2V); false: the first frame's "
+        "tokens only, the last frame in the latent condition alone (Wan Fun InP, ComfyUI's WanFunInpaintToVideo)")
+
+
+def clip_last_frame(request: OmniRequest) -> bool:
+    """Whether the request's last frame (if any) is CLIP-encoded too (``ImageEncodeParams``)."""
+    given = request.node_params.get(IMAGE_ENCODE_NODE)
+    if isinstance(given, ImageEncodeParams):  # admitted: validated against the node's schema
+        return given.clip_last_frame
+    return (given or {}).get("clip_last_frame", True) is not False  # (validated at admission)
+
+
 @dataclass
 class WanImageEncode(ComponentStage):
     """Wan2.1 I2V / FLF2V: the CLIP vision tokens of the first frame (and the last one) as
     diffusers' ``encode_image`` makes them, from the raw images (the processor resizes) ->
     ImageEmbeddings ``[1, L_img, D]``, or ``[2, L_img, D]`` first and last (the FLF2V DiT
-    folds the pair into one ``[1, 2 * L_img, D]`` sequence)."""
+    folds the pair into one ``[1, 2 * L_img, D]`` sequence). With ``clip_last_frame`` false
+    (Wan Fun InP) the first frame's alone, whatever the last frame."""
 
     component: str = "image_encoder"
     outputs = {"image_embeds": ImageEmbeddings}
+    params_schema = ImageEncodeParams
 
     @torch.inference_mode()
     def forward(self, ctx: StageContext, state: RequestState) -> None:
         encoder = ctx.component(self.component)
         first, last = first_frame(state.request), last_frame(state.request)
         assert first is not None, "admission guarantees an I2V request carries a first_frame image"
+        params = state.node_params.get(ctx.node) or ImageEncodeParams()
+        if not params.clip_last_frame:
+            last = None
         images = [load_part_image(first)] + ([load_part_image(last)] if last is not None else [])
         embeds = encoder.encode(images, device=ctx.device)  # [1 or 2, L_img, D]
         ctx.write(state, "image_embeds", ImageEmbeddings(embeds=embeds.to(ctx.dtype)))

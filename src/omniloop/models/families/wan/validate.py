@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from omniloop.models.families.wan.stages import (first_frame, geometry, last_frame, load_part_image, load_part_video,
-                                                 source_video)
+from omniloop.models.families.wan.stages import (IMAGE_ENCODE_NODE, clip_last_frame, first_frame, geometry,
+                                                 last_frame, load_part_image, load_part_video, source_video)
 from omniloop.models.families.wan.vace import mask_parts
 from omniloop.models.manifest import ModelLimits
 from omniloop.pipeline.defaults import GenerationDefaults, resolve_request
@@ -90,14 +90,23 @@ def _check_last_frame(request: OmniRequest, dit: Any, num_frames: int) -> None:
                                  "or pass task i2v with a first frame", fields=(LAST_FRAME_FIELD,))
         return
     clip, flf = dit.image_dim is not None, dit.pos_embed_seq_len is not None
+    both = clip_last_frame(request)
+    if not both and not clip:
+        raise InvalidRequest(f"node_params[{IMAGE_ENCODE_NODE!r}].clip_last_frame: this model encodes no CLIP image "
+                             "tokens", hint="drop it", fields=(f"node_params[{IMAGE_ENCODE_NODE!r}]",))
+    if not both and flf:
+        raise InvalidRequest(f"node_params[{IMAGE_ENCODE_NODE!r}].clip_last_frame=false: this Wan2.1 FLF2V model "
+                             "takes the CLIP tokens of both frames", hint="drop it",
+                             fields=(f"node_params[{IMAGE_ENCODE_NODE!r}]",))
     if part is None:
         if flf:
             raise InvalidRequest("this Wan2.1 FLF2V model needs a last frame too: add ImagePart(role='last_frame', "
                                  "...) to inputs", fields=(LAST_FRAME_FIELD,), kind=ErrorKind.MISSING_INPUT)
         return
-    if clip and not flf:
+    if clip and not flf and both:
         raise InvalidRequest("this Wan2.1 I2V model takes no last frame (its DiT encodes one CLIP image; a Wan2.1 "
-                             "FLF2V or a Wan2.2 I2V model takes two); drop the last frame", fields=(LAST_FRAME_FIELD,))
+                             "FLF2V or a Wan2.2 I2V model takes two); drop the last frame, or (a Wan Fun InP model) "
+                             f"pass node_params[{IMAGE_ENCODE_NODE!r}].clip_last_frame=false", fields=(LAST_FRAME_FIELD,))
     if num_frames < 2:
         raise InvalidRequest(f"a first and a last frame need diffusion.num_frames >= 2 (got {num_frames})",
                              fields=("diffusion.num_frames",))

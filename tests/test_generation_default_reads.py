@@ -31,7 +31,7 @@ MODEL_FACTS = {
 ALLOWED_FILES = {
     "ctx.defaults.text_or_default()": {"pipeline/loops/ar.py", "models/families/qwen2_5_omni/stages.py"},
     "ctx.defaults.max_sequence_length": {f"models/families/{f}/stages.py"
-                                         for f in ("wan", "ltx2", "flux", "far", "stable_audio")},
+                                         for f in ("wan", "ltx2", "flux", "flux2", "far", "stable_audio")},
     "ctx.defaults.sigmas": {"models/families/ltx2/loop.py"},
     "ctx.defaults.family_as(LTX2Defaults).image_crf": {"models/families/ltx2/stages.py"},
 }

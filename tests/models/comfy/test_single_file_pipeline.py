@@ -201,7 +201,7 @@ def test_single_file_set_bad_input(tmp_path):
     (tmp_path / "vae").mkdir()
     deploy = load_options(DeployConfig.from_options(None, device="cpu", dtype="float32"))
     with pytest.raises(ValueError, match=r"family 'cosmos3' does not load from single files yet; pass one of "
-                                         r"\['flux', 'ltx2', 'stable_audio', 'wan'\]"):
+                                         r"\['flux', 'flux2', 'ltx2', 'stable_audio', 'wan'\]"):
         load_single_file_pipeline(ComfyModels(tmp_path), SingleFileSet(
             family="cosmos3", diffusion_models=("a",), vae="b", text_encoders=()), deploy)
     with pytest.raises(ValueError, match="LTX-2 loads from a full checkpoint in checkpoints/"):

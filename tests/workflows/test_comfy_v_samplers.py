@@ -55,6 +55,12 @@ def test_sampler_equals_comfyuis(case):
     assert torch.equal(x, torch.tensor(case["x_final"], dtype=torch.float32)), (x - torch.tensor(case["x_final"])).abs().max()
 
 
+def test_the_compiler_maps_onto_these_samplers_and_schedulers():
+    from omniloop.workflows import compiler
+
+    assert dict(compiler.COMFY_V_SAMPLERS) == COMFY_V_SAMPLERS and compiler.V_SCHEDULERS == V_SCHEDULERS
+
+
 def test_bad_scheduler_and_given_sigmas_are_refused():
     with pytest.raises(SchedulerConfigError, match="scheduler='beta': pass one of"):
         build_sampler("comfy_v_euler", {"scheduler": "beta"})

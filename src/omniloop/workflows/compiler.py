@@ -29,7 +29,6 @@ from omniloop.workflows.errors import node_error
 from omniloop.workflows.evaluate import Deviation, Evaluation
 from omniloop.workflows.graph import Graph, GraphNode, load_workflow
 from omniloop.workflows.model_folder import ModelFolder, ServedCheckpoint
-from omniloop.pipeline.samplers.comfy_v_prediction import COMFY_V_SAMPLERS, V_SCHEDULERS
 from omniloop.workflows.schedules import SCHEDULES, flow_schedule, ksampler_sigmas
 from omniloop.workflows.style_models import REDUX_NODE, style_parts
 from omniloop.workflows.values import AudioOut, Latent, Pixels, SaveTarget, Sampling, VideoOut
@@ -46,6 +45,14 @@ SUPPORTED_SAMPLERS: Mapping[str, str] = {"euler": "flow_euler", "uni_pc": "comfy
                                          "dpmpp_sde": "comfy_dpmpp_sde", "dpmpp_sde_gpu": "comfy_dpmpp_sde_gpu",
                                          "dpmpp_3m_sde": "comfy_dpmpp_3m_sde",
                                          "dpmpp_3m_sde_gpu": "comfy_dpmpp_3m_sde_gpu"}
+# on a v-prediction EDM-sigma model (Stable Audio): ComfyUI sampler -> ours (pipeline/samplers/comfy_v_prediction.py)
+# and the schedulers they run (the denoise loop's ``scheduler`` knob)
+COMFY_V_SAMPLERS: Mapping[str, str] = {"euler": "comfy_v_euler", "dpmpp_2m": "comfy_v_dpmpp_2m",
+                                       "dpmpp_2m_sde": "comfy_v_dpmpp_2m_sde",
+                                       "dpmpp_2m_sde_gpu": "comfy_v_dpmpp_2m_sde_gpu",
+                                       "dpmpp_3m_sde": "comfy_v_dpmpp_3m_sde",
+                                       "dpmpp_3m_sde_gpu": "comfy_v_dpmpp_3m_sde_gpu"}
+V_SCHEDULERS = ("simple", "normal", "sgm_uniform", "karras", "exponential")
 # samplers that keep history or draw noise from a generator: ComfyUI restarts them at each sampler node
 RESTARTING_SAMPLERS = frozenset(set(SUPPORTED_SAMPLERS) - {"euler"})
 # a sampler node's knobs (SamplerEulerAncestral's, SamplerDPMPP_2M_SDE's) -> the denoise loop's node

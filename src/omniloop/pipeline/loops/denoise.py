@@ -771,7 +771,8 @@ def check_sde_options(sampler: Sampler, node: str, override: DenoiseParams, num_
         if getattr(override, name) is not None and name not in sampler.request_knobs:
             field = f"node_params[{node!r}].{name}"
             takers = sorted(n for n, cls in SAMPLERS.items() if name in cast("type[Sampler]", cls).request_knobs)
-            raise InvalidRequest(f"{field}: sampler {sampler.name!r} takes no ancestral {name}", fields=(field,),
+            what = name if name == "scheduler" else f"ancestral {name}"  # (ComfyUI's scheduler: the comfy_v_* ones)
+            raise InvalidRequest(f"{field}: sampler {sampler.name!r} takes no {what}", fields=(field,),
                                  hint=f"pass sampler={takers[0]!r} (or one of {takers}), or drop it")
     window = override.sde_window
     if window is None:

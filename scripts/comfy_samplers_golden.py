@@ -18,6 +18,16 @@ velocity ``v = 0.5 * x - sigma``, denoised by CONST's ``x - v * sigma``; the sta
 the node class, its ``execute`` run on a stand-in model that keeps the post-CFG function it sets)
 on seeded random branch velocities turned into clean estimates by CONST: the patched result.
 
+``--v-out`` (tests/workflows/golden/comfy_v_samplers.json): the same samplers (``sample_euler``,
+``sample_dpmpp_2m``, ``sample_dpmpp_2m_sde(_gpu)``, ``sample_dpmpp_3m_sde(_gpu)``) on Stable Audio's
+model sampling: ``EPS``, ``V_PREDICTION``, ``ModelSamplingContinuousEDM``, ``ModelSamplingContinuousV``
+(comfy/model_sampling.py) built from ``StableAudio.sampling_settings`` (sigma_min 0.03, sigma_max
+500), the schedulers as ``calculate_sigmas`` calls them (simple / normal / sgm_uniform on the model
+sampling, karras / exponential on its float range), the start as ``KSAMPLER.sample`` makes it
+(``Sampler.max_denoise`` of comfy/samplers.py, ``EPS.noise_scaling``). The model is
+``BaseModel._apply_model``'s path on a toy DiT: input ``calculate_input(sigma, x)``, timestep
+``model_sampling.timestep(sigma)``, velocity ``v = 0.5 * input - timestep``, ``calculate_denoised``.
+
     python scripts/comfy_samplers_golden.py /path/to/ComfyUI [--out tests/workflows/golden/comfy_samplers.json]
 """
 
@@ -137,6 +147,71 @@ class ToyModel:
         return self.const.calculate_denoised(sigma, v, x)
 
 
+class ToyVModel:
+    """A toy v-prediction DiT behind ComfyUI's model wrapper (``BaseModel._apply_model``), as the
+    k-diffusion denoiser the samplers call, with the path to its model sampling."""
+
+    def __init__(self, sampling):
+        self.sampling = sampling
+        patcher = type("Patcher", (), {"get_model_object": staticmethod(lambda name: sampling)})
+        self.inner_model = type("Inner", (), {"model_patcher": patcher, "model_sampling": sampling})
+
+    def __call__(self, x, sigma, **kwargs):
+        xc = self.sampling.calculate_input(sigma, x)
+        t = self.sampling.timestep(sigma).float()
+        v = 0.5 * xc - t.view(-1, 1)  # the toy DiT
+        return self.sampling.calculate_denoised(sigma, v.float(), x)
+
+
+V_SCHEDULERS = ("simple", "normal", "sgm_uniform", "karras", "exponential")
+# (sampler, options, steps, seed)
+V_CASES = [("euler", {}, 6, 0), ("euler", {}, 1, 0),
+           ("dpmpp_2m", {}, 6, 0), ("dpmpp_2m", {}, 3, 0),
+           ("dpmpp_2m_sde", {"eta": 1.0, "s_noise": 1.0}, 6, 42),
+           ("dpmpp_2m_sde", {"eta": 0.5, "s_noise": 0.8}, 4, 7),
+           ("dpmpp_2m_sde_gpu", {"eta": 1.0, "s_noise": 1.0}, 5, 11),
+           ("dpmpp_3m_sde", {"eta": 1.0, "s_noise": 1.0}, 6, 42),
+           ("dpmpp_3m_sde", {"eta": 0.0, "s_noise": 1.0}, 5, 3),
+           ("dpmpp_3m_sde_gpu", {"eta": 1.0, "s_noise": 1.0}, 8, 11)]
+
+
+def v_prediction_cases(repo: Path, ns: dict, samplers: dict) -> dict:
+    """Stable Audio's ``V_PREDICTION_CONTINUOUS`` model sampling (see the module docstring)."""
+    extract(source(repo, "comfy/model_sampling.py"),
+            {"EPS", "V_PREDICTION", "ModelSamplingContinuousEDM", "ModelSamplingContinuousV"}, ns)
+    extract(source(repo, "comfy/samplers.py"), {"Sampler"}, ns)
+    extract(source(repo, "comfy/k_diffusion/sampling.py"), {"sample_euler"}, ns)
+    settings = {"sigma_max": 500.0, "sigma_min": 0.03}  # comfy/supported_models.py StableAudio
+    config = type("Config", (), {"sampling_settings": settings})
+    v_sampling = type("VSampling", (ns["ModelSamplingContinuousV"], ns["V_PREDICTION"]), {})
+    schedulers = {"simple": ns["simple_scheduler"], "normal": ns["normal_scheduler"],
+                  "sgm_uniform": partial(ns["normal_scheduler"], sgm=True),
+                  "karras": partial(_unpacked, ns["get_sigmas_karras"]),
+                  "exponential": partial(_unpacked, ns["get_sigmas_exponential"])}
+    runs = {**samplers, "euler": ns["sample_euler"]}
+    x_init = torch.linspace(-1, 1, 12).reshape(2, 6)
+    cases = []
+    for sampler_name, options, steps, seed in V_CASES:
+        for scheduler in V_SCHEDULERS:
+            sampling = v_sampling(config)
+            sigmas = schedulers[scheduler](sampling, steps)
+            model = ToyVModel(sampling)
+            max_denoise = ns["Sampler"].max_denoise(None, model, sigmas)
+            x = sampling.noise_scaling(sigmas[0], x_init.clone(), torch.zeros_like(x_init), max_denoise)
+            out = runs[sampler_name](model, x, sigmas, extra_args={"seed": seed}, disable=True, **options)
+            out = sampling.inverse_noise_scaling(sigmas[-1], out)
+            cases.append({"sampler": sampler_name, "options": options, "scheduler": scheduler, "steps": steps,
+                          "seed": seed, "max_denoise": max_denoise, "sigmas": sigmas.tolist(),
+                          "timesteps": sampling.timestep(sigmas[:-1]).tolist(), "x_init": x_init.tolist(),
+                          "x_final": out.tolist()})
+    schedules = []
+    for scheduler in V_SCHEDULERS:
+        for steps in (1, 2, 4, 20, 100, 250):
+            sigmas = schedulers[scheduler](v_sampling(config), steps)
+            schedules.append({"scheduler": scheduler, "steps": steps, "sigmas": sigmas.tolist()})
+    return {"sampling_settings": settings, "cases": cases, "schedules": schedules}
+
+
 def _unpacked(handler, sampling, steps):
     """A scheduler ``calculate_sigmas`` calls with the model sampling's range (``use_ms=False``)."""
     return handler(n=steps, sigma_min=float(sampling.sigma_min), sigma_max=float(sampling.sigma_max))
@@ -146,6 +221,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("comfyui", type=Path, help="a ComfyUI git checkout (its .git or work tree)")
     parser.add_argument("--out", type=Path, default=Path("tests/workflows/golden/comfy_samplers.json"))
+    parser.add_argument("--v-out", type=Path, default=Path("tests/workflows/golden/comfy_v_samplers.json"))
     args = parser.parse_args()
     revision = subprocess.run(["git", "-C", str(args.comfyui), "rev-parse", "--short", "HEAD"], check=True,
                               capture_output=True, text=True).stdout.strip()
@@ -212,6 +288,12 @@ def main() -> None:
              "cases": cases, "cfg_zero_star": table_zero_star, "schedules": schedules}
     args.out.write_text(json.dumps(table, indent=1) + "\n")
     print(f"{len(cases)} cases -> {args.out}")
+    v_table = {"source": f"ComfyUI {revision}: comfy/k_diffusion/sampling.py sample_euler / sample_dpmpp_2m / "
+                         "sample_dpmpp_2m_sde(_gpu) / sample_dpmpp_3m_sde(_gpu) on StableAudio's V_PREDICTION "
+                         "ModelSamplingContinuousV, driven as KSAMPLER does (scripts/comfy_samplers_golden.py)",
+               **v_prediction_cases(args.comfyui, ns, samplers)}
+    args.v_out.write_text(json.dumps(v_table, indent=1) + "\n")
+    print(f"{len(v_table['cases'])} v-prediction cases -> {args.v_out}")
 
 
 if __name__ == "__main__":

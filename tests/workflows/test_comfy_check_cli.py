@@ -28,7 +28,8 @@ def test_check_reports_supported_refused_and_the_requests(capsys):
 def test_exact_refuses_deviations_and_models_are_checked(tmp_path, capsys):
     audio = templates_dir() / "audio_stable_audio_example.json"
     assert main(["comfy", "check", str(audio)]) == 0
-    assert "deviation: node 3 (KSampler): sampler_name='dpmpp_3m_sde_gpu'" in capsys.readouterr().out
+    report = capsys.readouterr().out  # (its KSampler's dpmpp_3m_sde_gpu / exponential runs as ComfyUI's: comfy_v_*)
+    assert "deviation: node 20 (SaveAudioAdvanced): format='flac'" in report and "node 3 (KSampler)" not in report
     assert main(["comfy", "check", "--exact", str(audio)]) == 1
     (tmp_path / "omniloop-models.json").write_text(json.dumps({"served": {"a": {"path": "x"}}, "files": {}}))
     assert main(["comfy", "check", "--models", str(tmp_path), str(audio)]) == 1

@@ -126,7 +126,8 @@ EXPECTED = {
     "video_wan_vace_14B_v2v": (TaskType.V2V, "wan_vace", [Modality.VIDEO],
                                {"width": 720, "height": 720, "num_frames": 81}),
     "audio_stable_audio_example": (TaskType.T2A, "stable_audio", [Modality.AUDIO],
-                                   {"steps": 50, "guidance_scale": 4.98, "duration_s": 47.6, "sampler": None}),
+                                   {"steps": 50, "guidance_scale": 4.98, "duration_s": 47.6,
+                                    "sampler": "comfy_v_dpmpp_3m_sde_gpu", "scheduler": "exponential"}),
 }
 
 
@@ -175,9 +176,29 @@ def test_two_stage_templates_ask_for_the_refine_stage(models, input_dir):
     assert any("base stage alone" in d.message for d in i2v.deviations)
 
 
-def test_deviations_are_reported_and_an_exact_compile_refuses_them(models, input_dir):
+def test_stable_audio_template_runs_comfyuis_sampler_and_scheduler(models, input_dir):
+    """KSampler's dpmpp_3m_sde_gpu / exponential on Stable Audio: ComfyUI's sampler on its v-prediction
+    model sampling (comfy_v_*, tests/workflows/test_comfy_v_samplers.py): the sampler node deviates no more
+    (what is left is the saved file's format)."""
     loose = compiled("audio_stable_audio_example", models, input_dir)
+    assert [(d.node, d.class_type, d.message) for d in loose.deviations] == [
+        ("20", "SaveAudioAdvanced", "format='flac': audio is written as wav")]
+    api = ui_to_api(template("audio_stable_audio_example"))
+    next(n for n in api.values() if n["class_type"] == "SaveAudioAdvanced")["inputs"]["format"] = "wav"
+    exact = compile_workflow(api, models, input_dir=input_dir, exact=True)  # nothing deviates
+    assert exact.generations[0].request.node_params["denoise"] == {"scheduler": "exponential"}
+
+
+def test_deviations_are_reported_and_an_exact_compile_refuses_them(models, input_dir):
+    audio = ui_to_api(template("audio_stable_audio_example"))
+    ksampler = next(n for n in audio.values() if n["class_type"] == "KSampler")
+    ksampler["inputs"]["scheduler"] = "beta"  # (a schedule we do not run on this model)
+    next(n for n in audio.values() if n["class_type"] == "SaveAudioAdvanced")["inputs"]["format"] = "wav"
+    loose = compile_workflow(audio, models, input_dir=input_dir)
     assert {(d.node, d.class_type) for d in loose.deviations} >= {("3", "KSampler")}
+    assert loose.generations[0].request.diffusion.sampler is None  # the model's own sampler and schedule
+    with pytest.raises(WorkflowError, match="scheduler='beta' is not supported on this v-prediction model"):
+        compile_workflow(audio, models, input_dir=input_dir, exact=True)
     api = ui_to_api(template("text_to_video_wan"))
     sampler = next(n for n in api.values() if n["class_type"] == "KSampler")
     sampler["inputs"]["sampler_name"] = "dpmpp_2s_ancestral"  # (one we do not run)

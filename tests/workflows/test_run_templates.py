@@ -273,6 +273,10 @@ def test_stable_audio_template_runs(stable_audio_dir, input_dir):
     request, out = run("audio_stable_audio_example", stable_audio_dir, "stable_audio", input_dir)
     assert request.diffusion.duration_s == 1.0
     assert out.artifacts["audio"].samples.shape[-1] > 0
+    # KSampler's dpmpp_3m_sde_gpu / exponential: ComfyUI's sampler on the v-prediction model's sigmas
+    assert request.diffusion.sampler == "comfy_v_dpmpp_3m_sde_gpu"
+    assert request.node_params["denoise"] == {"scheduler": "exponential"}
+    assert bool(out.artifacts["audio"].samples.isfinite().all())
 
 
 def test_flux_fill_inpaint_template_runs(flux_fill_dir, input_dir):

@@ -46,6 +46,14 @@ SUPPORTED_SAMPLERS: Mapping[str, str] = {"euler": "flow_euler", "uni_pc": "comfy
                                          "dpmpp_sde": "comfy_dpmpp_sde", "dpmpp_sde_gpu": "comfy_dpmpp_sde_gpu",
                                          "dpmpp_3m_sde": "comfy_dpmpp_3m_sde",
                                          "dpmpp_3m_sde_gpu": "comfy_dpmpp_3m_sde_gpu"}
+# on a v-prediction EDM-sigma model (Stable Audio): ComfyUI sampler -> ours (pipeline/samplers/comfy_v_prediction.py)
+# and the schedulers they run (the denoise loop's ``scheduler`` knob)
+COMFY_V_SAMPLERS: Mapping[str, str] = {"euler": "comfy_v_euler", "dpmpp_2m": "comfy_v_dpmpp_2m",
+                                       "dpmpp_2m_sde": "comfy_v_dpmpp_2m_sde",
+                                       "dpmpp_2m_sde_gpu": "comfy_v_dpmpp_2m_sde_gpu",
+                                       "dpmpp_3m_sde": "comfy_v_dpmpp_3m_sde",
+                                       "dpmpp_3m_sde_gpu": "comfy_v_dpmpp_3m_sde_gpu"}
+V_SCHEDULERS = ("simple", "normal", "sgm_uniform", "karras", "exponential")
 # samplers that keep history or draw noise from a generator: ComfyUI restarts them at each sampler node
 RESTARTING_SAMPLERS = frozenset(set(SUPPORTED_SAMPLERS) - {"euler"})
 # a sampler node's knobs (SamplerEulerAncestral's, SamplerDPMPP_2M_SDE's) -> the denoise loop's node
@@ -179,10 +187,11 @@ def _generation(ev: Evaluation, final: Latent, saves: tuple[SaveTarget, ...]) ->
     # the joint audio-video latent and the two-stage path run the model's own sampler beside euler
     # (ComfyUI's samplers there step a nested latent and a second sampler node we do not mirror)
     comfy_path = canvas.kind != "av" and "refine" not in node_params
-    # ComfyUI's samplers here step a flow model's sample: an audio latent's model (Stable Audio:
-    # v-prediction over EDM sigmas) runs its own sampler for any of them
-    _schedule(ev, first, fields, comfy_samplers=comfy_path, flow_model=canvas.kind != "audio")
-    _sampler_options(ev, first, fields, node_params)
+    if canvas.kind == "audio":  # an audio latent's model (Stable Audio): v-prediction over EDM sigmas
+        _v_schedule(ev, first, fields, node_params)
+    else:
+        _schedule(ev, first, fields, comfy_samplers=comfy_path)
+        _sampler_options(ev, first, fields, node_params)
     if first.model.cfg_zero_star and comfy_path:
         node_params.setdefault(DENOISE_NODE, {})["cfg_zero_star"] = True
     elif first.model.cfg_zero_star:
@@ -274,14 +283,8 @@ def _guidance(ev: Evaluation, run: Sampling, served: ServedCheckpoint, fields: F
         fields.put("negative_prompt", negative)
 
 
-def _sampler(ev: Evaluation, run: Sampling, comfy_samplers: bool, flow_model: bool = True) -> str | None:
+def _sampler(ev: Evaluation, run: Sampling, comfy_samplers: bool) -> str | None:
     supported = SUPPORTED_SAMPLERS if comfy_samplers else {"euler": SUPPORTED_SAMPLERS["euler"]}
-    if not flow_model:
-        ours = SUPPORTED_SAMPLERS.get(run.sampler_name)
-        if ours is not None and ours != SUPPORTED_SAMPLERS["euler"]:
-            _deviate(ev, run.node, f"sampler_name={run.sampler_name!r} runs on flow models only (this audio latent's "
-                     "model is not one); the model's own sampler runs")
-            return None
     ours = supported.get(run.sampler_name)
     if ours is not None and run.sampler_name in TWO_EVALUATION_SAMPLERS and run.denoise < 1.0:
         _deviate(ev, run.node, f"sampler_name={run.sampler_name!r} does not start mid-schedule here (denoise="
@@ -310,12 +313,11 @@ def _sampler_options(ev: Evaluation, run: Sampling, fields: Fields, node_params:
         node_params.setdefault(DENOISE_NODE, {})["model_shift"] = run.model.shift
 
 
-def _schedule(ev: Evaluation, run: Sampling, fields: Fields, *, comfy_samplers: bool = True,
-              flow_model: bool = True) -> None:
+def _schedule(ev: Evaluation, run: Sampling, fields: Fields, *, comfy_samplers: bool = True) -> None:
     """Steps or sigmas, sampler, shift. Under ``ModelSamplingSD3`` (a flow model with a static
     shift) a named schedule is ComfyUI's own (``schedules.py``): its shifted sigmas, shift 1.
     ``comfy_samplers``: ComfyUI's own samplers run (else euler only)."""
-    sampler = _sampler(ev, run, comfy_samplers, flow_model)
+    sampler = _sampler(ev, run, comfy_samplers)
     if run.scheduler is not None and run.scheduler != "ltxv" and run.scheduler not in SUPPORTED_SCHEDULERS:
         _deviate(ev, run.node, f"scheduler={run.scheduler!r} is not supported (supported: {list(SUPPORTED_SCHEDULERS)}"
                  "); the model's own schedule runs")
@@ -348,6 +350,32 @@ def _schedule(ev: Evaluation, run: Sampling, fields: Fields, *, comfy_samplers: 
         fields.put("shift", run.model.shift, "ModelSamplingSD3.shift")
     if run.denoise < 1.0 and run.start.encoded is None:
         _deviate(ev, run.node, f"denoise={run.denoise} from an empty latent: the whole schedule runs")
+
+
+def _v_schedule(ev: Evaluation, run: Sampling, fields: Fields, node_params: dict[str, dict[str, Any]]) -> None:
+    """Sampler, scheduler and steps on a v-prediction EDM-sigma model (Stable Audio): ComfyUI's
+    sampler of the name on its model sampling's sigmas (``comfy_v_*``, the scheduler a knob of the
+    denoise loop), or, for one we do not run, the model's own sampler and schedule (a deviation)."""
+    fields.put("steps", run.steps)
+    if run.denoise < 1.0 and run.start.encoded is None:
+        _deviate(ev, run.node, f"denoise={run.denoise} from an empty latent: the whole schedule runs")
+    sampler = COMFY_V_SAMPLERS.get(run.sampler_name)
+    if sampler is None:
+        _deviate(ev, run.node, f"sampler_name={run.sampler_name!r} is not supported on this v-prediction model "
+                 f"(supported: {sorted(COMFY_V_SAMPLERS)}); the model's own sampler runs")
+        return
+    if run.sigmas is not None or run.scheduler not in V_SCHEDULERS:
+        given = "custom sigmas" if run.sigmas is not None else f"scheduler={run.scheduler!r}"
+        _deviate(ev, run.node, f"{given} is not supported on this v-prediction model (supported schedulers: "
+                 f"{list(V_SCHEDULERS)}); the model's own sampler and schedule run")
+        return
+    fields.put("sampler", sampler)
+    params = node_params.setdefault(DENOISE_NODE, {})
+    params["scheduler"] = run.scheduler
+    if run.sampler_name in OPTION_SAMPLERS:
+        for name, value in run.sampler_options:
+            if value != SAMPLER_OPTION_DEFAULTS[name]:
+                params[name] = value
 
 
 def _geometry(ev: Evaluation, run: Sampling, canvas: Latent, saves: tuple[SaveTarget, ...], fields: Fields,

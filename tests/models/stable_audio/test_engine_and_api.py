@@ -109,3 +109,34 @@ def test_audio_bad_input_names_the_field(gen):
         gen.generate_video("a drum loop", steps=2, save_video=False)
     with pytest.raises(ValueError, match=r"audio: generate_audio always returns the sound; drop audio="):
         gen.generate_audio("a drum loop", steps=2, audio=False, save_audio=False)
+
+
+def test_comfyuis_samplers_batch_and_keep_their_outputs(gen):
+    """ComfyUI's samplers on the model's v-prediction sigmas (comfy_v_*, bit-equal to ComfyUI's own
+    code on a toy model: tests/workflows/test_comfy_v_samplers.py), their scheduler a denoise-loop
+    knob: requests of different samplers and schedulers batch their DiT forwards, and each equals its
+    run alone; a scheduler on the checkpoint's own sampler is refused naming the field."""
+    def comfy(rid, seed, sampler, scheduler):
+        r = _request("a drum loop", seed, rid, steps=4, duration_s=1.0, sampler=sampler)
+        return r.model_copy(update={"node_params": {"denoise": {"scheduler": scheduler}}})
+
+    reqs = [comfy("a", 1, "comfy_v_dpmpp_3m_sde_gpu", "exponential"), comfy("b", 2, "comfy_v_dpmpp_2m", "karras"),
+            comfy("c", 3, "comfy_v_euler", "normal")]
+    engine = Engine(gen.pipeline, EngineConfig(policy=SchedulingPolicy(max_batch=4)))
+    with torch.inference_mode():
+        for r in reqs:
+            engine.add_request(r)
+        outs = {}
+        while engine.has_unfinished():
+            for out in engine.step():
+                outs[out.request_id] = out
+    assert engine.stats.batched_steps >= 3
+    for r in reqs:
+        out = outs[r.request_id]
+        assert out.status.value == "completed", out.error
+        solo = gen.generate(r.model_copy(update={"request_id": r.request_id + "-solo"}))
+        latents = out.artifacts["latents"].latents
+        assert bool(latents.isfinite().all()) and (latents - solo.artifacts["latents"].latents).abs().max() <= 1e-5
+    with pytest.raises(RequestRejected, match=r"node_params\['denoise'\].scheduler: sampler 'cosine_dpmsolver' "
+                                              r"takes no scheduler"):
+        gen.generate(comfy("d", 1, None, "karras"))

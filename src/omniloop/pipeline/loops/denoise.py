@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Hashable, Mapping, Protocol, Sequence, cast
+from typing import Any, Callable, ClassVar, Hashable, Literal, Mapping, Protocol, Sequence, cast
 
 import torch
 from pydantic import ConfigDict, Field, field_validator
@@ -158,6 +158,9 @@ class DenoiseParams(LoopParams):
     # ComfyUI's SDE samplers start a schedule at sigma 1 at its model sampling's percent_to_sigma(1e-4)
     model_shift: float | None = Field(default=None, gt=0, le=100, description="comfy_dpmpp_2m_sde: the shift of "
                                       "ComfyUI's model sampling (ModelSamplingSD3) the given sigmas were made with")
+    # ComfyUI's scheduler of its samplers on a v-prediction EDM-sigma model (comfy_v_*: a KSampler's scheduler)
+    scheduler: Literal["simple", "normal", "sgm_uniform", "karras", "exponential"] | None = Field(
+        default=None, description="comfy_v_* samplers: ComfyUI's scheduler of the model's sigmas")
     # ComfyUI's CFGZeroStar model patch on the guided prediction (a flow sampler's loop)
     cfg_zero_star: bool | None = Field(default=None, description="CFG-Zero* (ComfyUI's CFGZeroStar): the optimized "
                                        "scale of the unconditional branch, per latent row")
@@ -756,7 +759,7 @@ def sde_options(sampler: Sampler, override: DenoiseParams | None) -> Sampler:
 
 # the node params that are a sampler's knobs (``Sampler.request_knobs``), with what a refusal says
 _SDE_KNOBS = ("noise_level", "sde_window")
-_COMFY_KNOBS = ("eta", "s_noise", "model_shift")
+_COMFY_KNOBS = ("eta", "s_noise", "model_shift", "scheduler")
 
 
 def check_sde_options(sampler: Sampler, node: str, override: DenoiseParams, num_steps: Callable[[], int]) -> None:
@@ -771,7 +774,8 @@ def check_sde_options(sampler: Sampler, node: str, override: DenoiseParams, num_
         if getattr(override, name) is not None and name not in sampler.request_knobs:
             field = f"node_params[{node!r}].{name}"
             takers = sorted(n for n, cls in SAMPLERS.items() if name in cast("type[Sampler]", cls).request_knobs)
-            raise InvalidRequest(f"{field}: sampler {sampler.name!r} takes no ancestral {name}", fields=(field,),
+            what = name if name == "scheduler" else f"ancestral {name}"  # (ComfyUI's scheduler: the comfy_v_* ones)
+            raise InvalidRequest(f"{field}: sampler {sampler.name!r} takes no {what}", fields=(field,),
                                  hint=f"pass sampler={takers[0]!r} (or one of {takers}), or drop it")
     window = override.sde_window
     if window is None:

@@ -19,6 +19,10 @@ from omniloop.pipeline.samplers.comfy_euler_ancestral import ComfyAncestralState
 from omniloop.pipeline.samplers.comfy_res_multistep import (ComfyResMultistepAncestralSampler,
                                                             ComfyResMultistepSampler, ComfyResMultistepState)
 from omniloop.pipeline.samplers.comfy_unipc import ComfyUniPCBh2Sampler, ComfyUniPCSampler, ComfyUniPCState
+from omniloop.pipeline.samplers.comfy_v_prediction import (COMFY_V_SAMPLERS, ComfyVDPMpp2MSampler,
+                                                           ComfyVDPMpp2MSDEGpuSampler, ComfyVDPMpp2MSDESampler,
+                                                           ComfyVDPMpp3MSDEGpuSampler, ComfyVDPMpp3MSDESampler,
+                                                           ComfyVEulerSampler)
 from omniloop.pipeline.samplers.cosine_dpmsolver import CosineDPMSolverSampler, CosineDPMState
 from omniloop.pipeline.samplers.flow_euler import FlowEulerSampler
 from omniloop.pipeline.samplers.flow_sde import FlowSDESampler, FlowSDEState
@@ -63,6 +67,13 @@ __all__ = [
     "ComfyUniPCBh2Sampler",
     "ComfyUniPCSampler",
     "ComfyUniPCState",
+    "COMFY_V_SAMPLERS",
+    "ComfyVDPMpp2MSampler",
+    "ComfyVDPMpp2MSDEGpuSampler",
+    "ComfyVDPMpp2MSDESampler",
+    "ComfyVDPMpp3MSDEGpuSampler",
+    "ComfyVDPMpp3MSDESampler",
+    "ComfyVEulerSampler",
     "CosineDPMSolverSampler",
     "CosineDPMState",
     "FlowEulerSampler",

@@ -66,7 +66,7 @@ class ComfyDPMpp2MSampler(FlowEulerSampler):
         i = state.step_index
         sigmas = state.sigmas
         x = sample.to(torch.float32)
-        denoised = x - model_output.to(torch.float32) * sigmas[i]  # CONST's calculate_denoised
+        denoised = self._denoised(x, model_output.to(torch.float32), sigmas[i])
         t, t_next = _t(sigmas[i]), _t(sigmas[i + 1])
         h = t_next - t
         if state.old_denoised is None or sigmas[i + 1] == 0:
@@ -78,6 +78,11 @@ class ComfyDPMpp2MSampler(FlowEulerSampler):
         state.old_denoised = denoised
         state.step_index += 1
         return out.to(model_output.dtype)
+
+    @staticmethod
+    def _denoised(x: torch.Tensor, model_output: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+        """The clean estimate of the model's prediction (CONST's ``calculate_denoised``; fp32)."""
+        return x - model_output * sigma
 
     def batch_key(self, state: SamplerState) -> Hashable:
         assert isinstance(state, ComfyDPMpp2MState)

@@ -150,12 +150,12 @@ class ComfyDPMpp2MSDESampler(FlowEulerSampler):
         sigmas = state.sigmas
         sigma, sigma_next = sigmas[i], sigmas[i + 1]
         x = sample.to(torch.float32)
-        denoised = x - model_output.to(torch.float32) * sigma  # CONST's calculate_denoised
+        denoised = self._denoised(x, model_output.to(torch.float32), sigma)
         h = state.h_last
         if sigma_next == 0:
             out = denoised  # the denoising step
         else:
-            h = half_log_snr(sigma_next) - half_log_snr(sigma)
+            h = self._lambda(sigma_next) - self._lambda(sigma)
             out = self._update(state, x, denoised, sigma, sigma_next, h)
         state.old_denoised = denoised
         state.h_last = h
@@ -167,7 +167,7 @@ class ComfyDPMpp2MSDESampler(FlowEulerSampler):
         # NOTE: the products are taken in ComfyUI's order (scalars first), so rows round as there
         eta, s_noise = self.eta, self.s_noise
         h_eta = h * (eta + 1)
-        alpha_t = sigma_next * half_log_snr(sigma_next).exp()
+        alpha_t = sigma_next * self._lambda(sigma_next).exp()
         x = sigma_next / sigma * (-h * eta).exp() * x + alpha_t * (-h_eta).expm1().neg() * denoised
         if state.old_denoised is not None:
             assert state.h_last is not None, "a previous estimate comes with its step"
@@ -180,6 +180,16 @@ class ComfyDPMpp2MSDESampler(FlowEulerSampler):
             eps = self._noise(state, x)(sigma, sigma_next, x.device)
             x = x + eps * sigma_next * (-2 * h * eta).expm1().neg().sqrt() * s_noise
         return x
+
+    @staticmethod
+    def _denoised(x: torch.Tensor, model_output: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+        """The clean estimate of the model's prediction (CONST's ``calculate_denoised``; fp32)."""
+        return x - model_output * sigma
+
+    @staticmethod
+    def _lambda(sigma: torch.Tensor) -> torch.Tensor:
+        """The half log-SNR of ``sigma`` (CONST's: ``-logit(sigma)``)."""
+        return half_log_snr(sigma)
 
     def _noise(self, state: ComfyDPMpp2MSDEState, like: torch.Tensor) -> BrownianNoise:
         """The request's tree, built over this run's sigmas (a run from given latents starts at

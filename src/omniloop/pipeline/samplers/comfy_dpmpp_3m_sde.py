@@ -24,7 +24,7 @@ from typing import ClassVar, Hashable, Sequence
 import torch
 
 from omniloop.pipeline.samplers.base import SamplerState, register_sampler, schedule_signature
-from omniloop.pipeline.samplers.comfy_dpmpp_2m_sde import ComfyDPMpp2MSDESampler, ComfyDPMpp2MSDEState, half_log_snr
+from omniloop.pipeline.samplers.comfy_dpmpp_2m_sde import ComfyDPMpp2MSDESampler, ComfyDPMpp2MSDEState
 from omniloop.pipeline.samplers.joint_step import step_each, step_jointly
 
 
@@ -57,12 +57,12 @@ class ComfyDPMpp3MSDESampler(ComfyDPMpp2MSDESampler):
         i = state.step_index
         sigma, sigma_next = state.sigmas[i], state.sigmas[i + 1]
         x = sample.to(torch.float32)
-        denoised = x - model_output.to(torch.float32) * sigma  # CONST's calculate_denoised
+        denoised = self._denoised(x, model_output.to(torch.float32), sigma)
         h = state.h_last
         if sigma_next == 0:
             out = denoised  # the denoising step
         else:
-            h = half_log_snr(sigma_next) - half_log_snr(sigma)
+            h = self._lambda(sigma_next) - self._lambda(sigma)
             out = self._update3(state, x, denoised, sigma, sigma_next, h)
         state.older_denoised, state.old_denoised = state.old_denoised, denoised
         state.h_older, state.h_last = state.h_last, h
@@ -74,7 +74,7 @@ class ComfyDPMpp3MSDESampler(ComfyDPMpp2MSDESampler):
         # NOTE: ComfyUI's order of products, so rows round as there
         eta, s_noise = self.eta, self.s_noise
         h_eta = h * (eta + 1)
-        alpha_t = sigma_next * half_log_snr(sigma_next).exp()
+        alpha_t = sigma_next * self._lambda(sigma_next).exp()
         x = sigma_next / sigma * (-h * eta).exp() * x + alpha_t * (-h_eta).expm1().neg() * denoised
         if state.h_older is not None and state.older_denoised is not None:
             assert state.h_last is not None and state.old_denoised is not None

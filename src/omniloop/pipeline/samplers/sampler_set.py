@@ -118,3 +118,11 @@ def with_comfy_samplers(samplers: dict[str, Sampler]) -> dict[str, Sampler]:
         extra = {name: build_sampler(name, dataclasses.asdict(euler)) for name in COMFY_SAMPLERS}
         return {**samplers, **extra}
     return samplers
+
+
+def with_comfy_v_samplers(samplers: dict[str, Sampler], sampling: Mapping[str, float]) -> dict[str, Sampler]:
+    """``samplers`` plus ComfyUI's samplers on a v-prediction EDM-sigma model (``comfy_v_*``) over
+    ``sampling``, ComfyUI's model sampling settings of the model (``sigma_min`` / ``sigma_max``)."""
+    from omniloop.pipeline.samplers.comfy_v_prediction import COMFY_V_SAMPLERS
+
+    return {**samplers, **{name: build_sampler(name, dict(sampling)) for name in COMFY_V_SAMPLERS.values()}}

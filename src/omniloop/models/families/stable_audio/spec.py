@@ -22,7 +22,7 @@ from omniloop.pipeline.pipeline import Pipeline
 from omniloop.pipeline.policies.cfg import CFGMode, ClassicCFG
 from omniloop.pipeline.predicates import opt
 from omniloop.pipeline.samplers import build_sampler, sampler_for_diffusers_class
-from omniloop.pipeline.samplers.sampler_set import SamplerSet
+from omniloop.pipeline.samplers.sampler_set import SamplerSet, with_comfy_v_samplers
 from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
 from omniloop.models.families.stable_audio.parallelize import STABLE_AUDIO_PARALLEL
 from omniloop.models.families.stable_audio.presets import STABLE_AUDIO_DEFAULTS
@@ -68,7 +68,18 @@ def _scheduler(root: Path, index: Mapping[str, Any], options: LoadOptions) -> Sa
         raise FileNotFoundError(f"{path} not found; a diffusers checkpoint keeps its scheduler config there")
     config = json.loads(path.read_text())
     name = sampler_for_diffusers_class(config.get("_class_name", ""))
-    return SamplerSet.single(name, build_sampler(name, config))
+    return stable_audio_samplers(name, config)
+
+
+# ComfyUI's model sampling of Stable Audio (comfy/supported_models.py StableAudio.sampling_settings: its
+# V_PREDICTION_CONTINUOUS sigmas), which a workflow's KSampler samples on: the comfy_v_* samplers' range
+COMFY_SAMPLING = {"sigma_min": 0.03, "sigma_max": 500.0}
+
+
+def stable_audio_samplers(default: str, config: dict[str, Any]) -> SamplerSet:
+    """The checkpoint's scheduler (the default) and ComfyUI's samplers on ComfyUI's sigmas."""
+    return SamplerSet(default=default, samplers=with_comfy_v_samplers({default: build_sampler(default, config)},
+                                                                      COMFY_SAMPLING))
 
 
 def stable_audio_variant(index: Mapping[str, Any]) -> Variant:
@@ -87,7 +98,7 @@ def stable_audio_variant(index: Mapping[str, Any]) -> Variant:
 # -- single files (a ComfyUI models folder) -----------------------------------------------
 
 # stable-audio-open-1.0's scheduler/scheduler_config.json (the checkpoint carries none); a workflow's
-# KSampler sampler runs as this one (a deviation the compiler reports)
+# KSampler runs as ComfyUI's sampler of its name where we have it (comfy_v_*), else as this one (a deviation)
 SAO_SCHEDULER_CLASS = "CosineDPMSolverMultistepScheduler"
 SAO_SCHEDULER = {"_class_name": SAO_SCHEDULER_CLASS, "num_train_timesteps": 1000,
                  "sigma_min": 0.3, "sigma_max": 500.0, "sigma_data": 1.0, "sigma_schedule": "exponential",
@@ -119,7 +130,7 @@ def stable_audio_single_files(files: SingleFileSet, resolve: Resolve,
     components = {
         "transformer": apply_load_options(dit, options, blocks=dit.blocks, fp8_layers=BLOCK_GEMMS),
         "vae": parts.vae, "projection_model": parts.projection_model, "text_encoder": text,
-        "sampler": SamplerSet.single(sampler, build_sampler(sampler, SAO_SCHEDULER)),
+        "sampler": stable_audio_samplers(sampler, SAO_SCHEDULER),
     }
     return {"_class_name": PIPELINE_CLASS}, components
 

@@ -18,7 +18,8 @@ IMAGES = ("image_to_video_wan_start_image.png", "video_wan2_2_14B_i2v_input_imag
           "wan2.1_flf2v_720_f16_start_image.png", "wan2.1_flf2v_720_f16_end_image.png",
           "video_wan2_2_14B_flf2v_start_image.png", "video_wan2_2_14B_flf2v_end_image.png",
           "flux_kontext_dev_basic_input_image.jpg", "flux_fill_inpaint_example_input_image.png",
-          "flux_fill_outpaint_example_input_image.png", "flux_canny_model_example_input_image.png")
+          "flux_fill_outpaint_example_input_image.png", "flux_canny_model_example_input_image.png",
+          "egyptian_queen.png")
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +80,10 @@ EXPECTED = {
     "video_ltx2_i2v": (TaskType.I2V, "ltx2", [Modality.VIDEO, Modality.AUDIO], {"steps": 20, "fps": 25}),
     "video_ltx2_t2v_distilled": (TaskType.T2VS, "ltx2", [Modality.VIDEO, Modality.AUDIO],
                                  {"sigmas": [1.0, 0.99375, 0.9875, 0.98125, 0.975, 0.909375, 0.725, 0.421875]}),
+    # LTX-2.3: the distilled two-stage path, the prompt enhanced by Gemma 3 first (TextGenerateLTX2Prompt)
+    "video_ltx2_3_t2v": (TaskType.T2VS, "ltx2", [Modality.VIDEO, Modality.AUDIO],
+                         {"width": 640, "height": 360, "num_frames": 126, "fps": 25, "guidance_scale": 1.0}),
+    "video_ltx2_3_i2v": (TaskType.I2V, "ltx2", [Modality.VIDEO, Modality.AUDIO], {"fps": 25}),
     "audio_stable_audio_example": (TaskType.T2A, "stable_audio", [Modality.AUDIO],
                                    {"steps": 50, "guidance_scale": 4.98, "duration_s": 47.6, "sampler": None}),
 }
@@ -194,3 +199,36 @@ def test_flux_canny_reports_what_it_does_not_mirror(models, tmp_path):
     assert edges.shape == (32, 48, 3) and set(np.unique(edges)) == {0, 255}
     with pytest.raises(WorkflowError, match="center-cropped"):
         compile_workflow(template("flux_canny_model_example"), models, input_dir=tmp_path, exact=True)
+
+
+def test_ltx23_t2v_enhances_the_prompt_and_previews_it(models, input_dir):
+    result = compiled("video_ltx2_3_t2v", models, input_dir)
+    (generation,) = result.generations
+    params = generation.request.node_params["enhance_prompt"]
+    assert params == {"max_length": 2048, "sampling": "on", "temperature": 0.7, "top_k": 64, "top_p": 0.95,
+                      "min_p": 0.05, "repetition_penalty": 1.05, "seed": 0, "presence_penalty": 0.0}
+    (preview,) = result.previews  # PreviewAny shows the generated text; nothing is saved for it
+    assert preview.value.prompt == generation.request.prompt
+    assert [s.class_type for s in generation.saves] == ["SaveVideo"]
+    messages = [d.message for d in result.deviations if d.class_type == "TextGenerateLTX2Prompt"]
+    assert len(messages) == 1 and messages[0].startswith("sampling on")
+    # greedy (sampling off) and no LoRA on Gemma: nothing of the enhancement deviates
+    api = ui_to_api(template("video_ltx2_3_t2v"))
+    for node in api.values():
+        if node["class_type"] == "TextGenerateLTX2Prompt":
+            node["inputs"]["sampling_mode"] = "off"
+        if node["class_type"] == "LoraLoader":
+            node["inputs"]["strength_clip"] = 0.0
+    exact = compile_workflow(api, models, input_dir=input_dir)
+    assert exact.generations[0].request.node_params["enhance_prompt"] == {"max_length": 2048, "sampling": "off"}
+    assert not [d for d in exact.deviations if d.class_type in ("TextGenerateLTX2Prompt", "LoraLoader")]
+
+
+def test_ltx23_i2v_ships_its_enhancement_switched_off(models, input_dir):
+    """Its ComfySwitchNode picks the prompt as written: no enhancement, no deviation of the unused
+    TextGenerateLTX2Prompt (ComfyUI's switch never runs it); PreviewAny shows the prompt."""
+    result = compiled("video_ltx2_3_i2v", models, input_dir)
+    (generation,) = result.generations
+    assert "enhance_prompt" not in generation.request.node_params
+    assert [p.value for p in result.previews] == [generation.request.prompt]
+    assert not [d for d in result.deviations if d.class_type == "TextGenerateLTX2Prompt"]

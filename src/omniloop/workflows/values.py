@@ -108,6 +108,27 @@ class ImageConditioning:
 
 
 @dataclass(frozen=True)
+class GeneratedText:
+    """STRING known only when the prompt runs: ``TextGenerateLTX2Prompt``'s rewrite of
+    ``prompt`` by the model's own text encoder (``params``: the ``enhance_prompt`` node's)."""
+
+    node: str
+    prompt: str
+    params: tuple[tuple[str, object], ...]
+    # deviations, reported when the text reaches a prompt (a switch may leave the node unused,
+    # and ComfyUI then never runs it)
+    deviations: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Preview:
+    """What a ``PreviewAny`` node displays (nothing is saved): a constant, or generated text."""
+
+    node: str
+    value: object
+
+
+@dataclass(frozen=True)
 class Conditioning:
     """CONDITIONING: the prompt text (None: zeroed out) and what nodes attached."""
 
@@ -121,6 +142,7 @@ class Conditioning:
     reference_node: str = ""  # the ReferenceLatent node (its errors)
     control: Pixels | None = None  # InstructPixToPixConditioning: the image a FLUX.1 Canny/Depth model follows
     control_node: str = ""  # the InstructPixToPixConditioning node (its errors)
+    enhance: GeneratedText | None = None  # the prompt is rewritten first (LTX-2's enhance_prompt node)
 
 
 @dataclass(frozen=True)

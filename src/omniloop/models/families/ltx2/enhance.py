@@ -85,9 +85,14 @@ class EnhanceState(LoopState):
     output_ids: list[int] = field(default_factory=list)
 
 
-def next_token(logits: torch.Tensor, seen: list[int], p: EnhanceParams, generator: torch.Generator) -> int:
-    """Repetition penalty (prompt + output ids), presence penalty (output ids), then greedy, or
-    temperature -> top-k -> top-p -> min-p and a draw with the request's generator."""
+def next_token(logits: torch.Tensor, seen: list[int], output: list[int], p: EnhanceParams,
+               generator: torch.Generator) -> int:
+    """Repetition penalty (``seen``: prompt + output ids), presence penalty (``output`` ids: minus
+    the penalty), then greedy, or temperature -> top-k -> top-p -> min-p and a draw with the
+    request's generator."""
+    if output and p.presence_penalty:
+        ids = torch.tensor(sorted(set(output)), device=logits.device)
+        logits = logits.index_add(0, ids, torch.full((len(ids),), -p.presence_penalty, device=logits.device))
     if seen and p.repetition_penalty != 1.0:
         ids = torch.tensor(sorted(set(seen)), device=logits.device)
         picked = logits[ids]
@@ -141,7 +146,8 @@ class LTX2PromptEnhance(LoopStageBase[EnhanceState]):
     @torch.inference_mode()
     def step(self, ctx: StageContext, loop: EnhanceState) -> StepResult:
         assert loop.logits is not None, "step after the loop finished"
-        token = next_token(loop.logits, loop.prompt_ids + loop.output_ids, loop.params, loop.generator)
+        token = next_token(loop.logits, loop.prompt_ids + loop.output_ids, loop.output_ids, loop.params,
+                           loop.generator)
         loop.steps_done += 1
         if token in loop.stop_ids:
             loop.steps_target = loop.steps_done

@@ -205,6 +205,7 @@ def ltx2_pipeline_spec(variant: Variant, upsample_scale: int, cfg_mode: str = "b
     )
     return PipelineSpec(name=variant.name, family="ltx2", tasks=variant.tasks, components=components, nodes=nodes,
                         outputs={"video": "video", "audio": "audio", "latents": "final_latents",
+                                 "enhanced_prompt": "enhanced_prompt",
                                  "audio_latents": "final_audio_latents", "trajectory": "trajectory"})
 
 

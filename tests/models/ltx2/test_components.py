@@ -81,6 +81,21 @@ def test_ltx23_options_equal_diffusers(tmp_path):
     assert torch.equal(W.load_ltx2_vocoder(tmp_path / "v", **CPU)(mel), want)
 
 
+def test_ltx23_dit_without_caption_projection_equals_diffusers(tmp_path):
+    """LTX-2.3 on: the connectors project the text per modality, the DiT takes it as is."""
+    import diffusers
+
+    torch.manual_seed(3)
+    cfg = dict(TRANSFORMER, gated_attn=True, audio_gated_attn=True, cross_attn_mod=True, audio_cross_attn_mod=True,
+               use_prompt_embeddings=False)
+    diffusers.LTX2VideoTransformer3DModel(**cfg).save_pretrained(tmp_path / "t")
+    ref = diffusers.LTX2VideoTransformer3DModel.from_pretrained(tmp_path / "t").eval()
+    ours = W.load_ltx2_transformer(tmp_path / "t", **CPU)
+    assert ours.caption_projection is None
+    (rv, ra), (ov, oa) = _both(ref, ours, _dit_inputs(ref, torch.Generator().manual_seed(4)))
+    assert torch.equal(ov, rv) and torch.equal(oa, ra)
+
+
 def _check_connectors(ref, ours):
     g = torch.Generator().manual_seed(3)
     hidden = torch.randn(2, 16, 48, generator=g)

@@ -441,3 +441,31 @@ def test_ltx23_dit_single_file_loads_its_architecture_from_the_keys(tmp_path):
     flags = {k: getattr(ours.config, k) for k in LTX23}
     assert flags == LTX23 and ours.config.use_prompt_adaln_single
     assert ours.caption_projection is None
+
+
+def test_ltx23_connectors_single_file_per_modality_projections(tmp_path):
+    """LTX-2.3's text connectors: ``text_embedding_projection.{video,audio}_aggregate_embed`` (with
+    biases) project straight to the DiT's widths; gated attention in the connector blocks."""
+    from diffusers.pipelines.ltx2.connectors import LTX2TextConnectors
+
+    from omniloop.models.families.ltx2.single_file import load_ltx2_connectors_single_file
+    from tests.models.comfy.original_layout import ltx2_connectors_original
+    from tests.models.ltx2.checkpoint import CONNECTORS
+
+    torch.manual_seed(4)
+    cfg = dict(CONNECTORS, per_modality_projections=True, video_hidden_dim=24, audio_hidden_dim=8, proj_bias=True,
+               video_gated_attn=True, audio_gated_attn=True, video_connector_num_attention_heads=3)
+    connectors = _jittered(LTX2TextConnectors(**cfg))
+    original = ltx2_connectors_original(connectors.state_dict())
+    original = {re.sub(r"^(video|audio)_text_proj_in\.", r"text_embedding_projection.\1_aggregate_embed.", k): v
+                for k, v in original.items()}
+    assert "text_embedding_projection.video_aggregate_embed.bias" in original
+    save_file(original, tmp_path / "ltx-2.3-22b-dev.safetensors")
+    released = {**dict(connectors.config), "video_hidden_dim": 4096, "audio_hidden_dim": 2048, "proj_bias": False,
+                "per_modality_projections": False, "video_gated_attn": False}
+    ours = load_ltx2_connectors_single_file(tmp_path / "ltx-2.3-22b-dev.safetensors", released, dtype=torch.float32)
+    expected = from_diffusers_module("connectors", connectors)
+    _assert_same(ours.state_dict(), expected.state_dict())
+    assert ours.config == expected.config
+    with pytest.raises(ValueError, match="not a multiple of caption_channels 7"):
+        load_ltx2_connectors_single_file(tmp_path / "ltx-2.3-22b-dev.safetensors", {**released, "caption_channels": 7})

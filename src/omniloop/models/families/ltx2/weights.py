@@ -23,6 +23,7 @@ from omniloop.models.families.ltx2.model import LTX2DiT, LTX2DiTConfig
 from omniloop.models.families.ltx2.upsampler import LTX2LatentUpsampler, LTX2UpsamplerConfig
 from omniloop.models.families.ltx2.vae import LTX2VideoVAE, LTX2VideoVAEConfig
 from omniloop.models.families.ltx2.vocoder import LTX2Vocoder, LTX2VocoderConfig
+from omniloop.models.families.ltx2.vocoder_bwe import LTX2VocoderBWEConfig, LTX2VocoderWithBWE
 
 Subs = tuple[tuple[re.Pattern[str], str], ...]
 
@@ -64,10 +65,14 @@ class Part:
     skip: Callable[[str], bool] = lambda key: False
 
 
-def _vocoder_config(config: dict) -> LTX2VocoderConfig:
-    if config.get("_class_name") not in (None, "LTX2Vocoder"):
-        raise ValueError(f"vocoder/ is a {config['_class_name']}; only LTX2Vocoder (LTX-2.0) is supported")
-    return LTX2VocoderConfig.from_diffusers_config(config)
+def _vocoder(config: dict) -> nn.Module:
+    """LTX2Vocoder (LTX-2.0) or LTX2VocoderWithBWE (LTX-2.3 on: 48 kHz by bandwidth extension)."""
+    kind = config.get("_class_name")
+    if kind == "LTX2VocoderWithBWE":
+        return LTX2VocoderWithBWE(LTX2VocoderBWEConfig.from_diffusers_config(config))
+    if kind not in (None, "LTX2Vocoder"):
+        raise ValueError(f"vocoder/ is a {kind}; pass an LTX2Vocoder or LTX2VocoderWithBWE folder")
+    return LTX2Vocoder(LTX2VocoderConfig.from_diffusers_config(config))
 
 
 PARTS: dict[str, Part] = {
@@ -78,7 +83,7 @@ PARTS: dict[str, Part] = {
     "vae": Part("AutoencoderKLLTX2Video", lambda c: LTX2VideoVAE(LTX2VideoVAEConfig.from_diffusers_config(c))),
     "audio_vae": Part("AutoencoderKLLTX2Audio", lambda c: LTX2AudioVAE(LTX2AudioVAEConfig.from_diffusers_config(c)),
                       skip=lambda key: key.startswith("encoder.")),  # the pipelines only decode audio
-    "vocoder": Part("LTX2Vocoder", lambda c: LTX2Vocoder(_vocoder_config(c)), VOCODER_SUBS),
+    "vocoder": Part("LTX2Vocoder", _vocoder, VOCODER_SUBS),
     "latent_upsampler": Part("LTX2LatentUpsamplerModel",
                              lambda c: LTX2LatentUpsampler(LTX2UpsamplerConfig.from_diffusers_config(c)), UPSAMPLER_SUBS),
 }
@@ -121,7 +126,7 @@ def load_ltx2_audio_vae(folder: Path, *, device, dtype) -> LTX2AudioVAE:
     return load_part("audio_vae", folder, device=device, dtype=dtype)
 
 
-def load_ltx2_vocoder(folder: Path, *, device, dtype) -> LTX2Vocoder:
+def load_ltx2_vocoder(folder: Path, *, device, dtype) -> LTX2Vocoder | LTX2VocoderWithBWE:
     return load_part("vocoder", folder, device=device, dtype=dtype)
 
 

@@ -469,3 +469,14 @@ def test_ltx23_connectors_single_file_per_modality_projections(tmp_path):
     assert ours.config == expected.config
     with pytest.raises(ValueError, match="not a multiple of caption_channels 7"):
         load_ltx2_connectors_single_file(tmp_path / "ltx-2.3-22b-dev.safetensors", {**released, "caption_channels": 7})
+
+
+def test_ltx23_bwe_vocoder_section_is_refused_naming_the_way_that_loads(tmp_path):
+    from omniloop.models.families.ltx2.single_file import load_ltx2_vocoder_single_file
+
+    path = tmp_path / "ltx-2.3-22b-dev.safetensors"
+    save_file({"vocoder.vocoder.conv_pre.weight": torch.ones(1), "vocoder.bwe_generator.conv_pre.weight": torch.ones(1),
+               "vocoder.mel_stft.mel_basis": torch.ones(1)}, path)
+    with pytest.raises(ValueError, match=r"ltx-2.3-22b-dev.safetensors: its vocoder has bandwidth extension .*"
+                                         r"diffusers folder \(vocoder/: LTX2VocoderWithBWE\)"):
+        load_ltx2_vocoder_single_file(path, {})

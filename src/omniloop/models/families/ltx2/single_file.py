@@ -191,6 +191,11 @@ def load_ltx2_vocoder_single_file(path: str | Path, config: Mapping[str, Any], *
     sizes, rates and dilations are not all in the shapes)."""
     path = Path(path)
     require_sections(path, "vocoder.")
+    if any(k.startswith("vocoder.bwe_generator.") for k in file_keys(path)):
+        # LTX-2.3 on: vocoder.vocoder.* + vocoder.bwe_generator.* + vocoder.mel_stft.* in BigVGAN (AMP) names,
+        # which no published conversion maps yet; the diffusers folder's LTX2VocoderWithBWE loads (vocoder_bwe.py)
+        raise ValueError(f"{path.name}: its vocoder has bandwidth extension (LTX-2.3 on), which is not read from a "
+                         "single file yet; serve this model from its diffusers folder (vocoder/: LTX2VocoderWithBWE)")
     sd = rewrite_keys(read_single_file(path, cast_to(device, dtype), sections=("vocoder.",)), VOCODER_ORIGINAL_SUBS)
     return assemble(PARTS["vocoder"], config, sd, str(path))
 

@@ -232,3 +232,15 @@ def test_ltx23_i2v_ships_its_enhancement_switched_off(models, input_dir):
     assert "enhance_prompt" not in generation.request.node_params
     assert [p.value for p in result.previews] == [generation.request.prompt]
     assert not [d for d in result.deviations if d.class_type == "TextGenerateLTX2Prompt"]
+
+
+def test_generated_text_from_another_text_encoder_than_the_prompts_is_a_node_error(models, input_dir):
+    api = ui_to_api(template("video_ltx2_3_t2v"))
+    api["999"] = {"class_type": "CLIPLoader", "inputs": {"clip_name": "gemma_3_12B_it_fp4_mixed.safetensors",
+                                                        "type": "ltxv"}}
+    (gen_id,) = [k for k, n in api.items() if n["class_type"] == "TextGenerateLTX2Prompt"]
+    api[gen_id]["inputs"]["clip"] = ["999", 0]
+    with pytest.raises(WorkflowError) as e:
+        compile_workflow(api, models, input_dir=input_dir)
+    ((class_type, problems),) = [v for v in e.value.node_errors.values()]
+    assert class_type == "CLIPTextEncode" and "another text encoder" in problems[0].message

@@ -186,6 +186,10 @@ def clip_text_encode(call: NodeCall) -> tuple[Any, ...]:
     """A prompt (or one the text encoder rewrites first: TextGenerateLTX2Prompt)."""
     text = call.get("text", "")
     if isinstance(text, GeneratedText):
+        if text.clip != call["clip"]:
+            raise node_error(call.id, call.class_type, "invalid_input_type", f"text: node {text.node} generates it "
+                             "with another text encoder than this prompt's; the enhancement runs the served "
+                             "model's own text encoder", "connect the same CLIP to both", "text")
         return (Conditioning(text=text.prompt, enhance=text),)
     return (Conditioning(text=str(text)),)
 

@@ -69,7 +69,7 @@ def text_generate_ltx2_prompt(call: NodeCall) -> tuple[Any, ...]:
                 params[name] = value
         deviations.append("sampling on: the tokens are drawn from our generator seeded with the node's seed (the "
                           "same distribution as ComfyUI, other draws); sampling_mode off is exact")
-    return (GeneratedText(call.id, prompt, tuple(params.items()), tuple(deviations)),)
+    return (GeneratedText(call.id, prompt, tuple(params.items()), call["clip"], tuple(deviations)),)
 
 
 @node("PreviewAny", [i("source", "*")], ["STRING"], output_node=True, category="utils")

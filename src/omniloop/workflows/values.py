@@ -115,6 +115,7 @@ class GeneratedText:
     node: str
     prompt: str
     params: tuple[tuple[str, object], ...]
+    clip: object  # the text encoder it generates with (ClipRef): the prompt's must be the same
     # deviations, reported when the text reaches a prompt (a switch may leave the node unused,
     # and ComfyUI then never runs it)
     deviations: tuple[str, ...] = ()

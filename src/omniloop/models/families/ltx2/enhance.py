@@ -50,6 +50,7 @@ class GemmaCausalLM:
     """A Gemma 3 language model and its (tied) output head."""
 
     text_model: torch.nn.Module  # transformers Gemma3TextModel
+    config: Any  # its Gemma3TextConfig (the KV cache's layer types)
     head: torch.Tensor  # [vocab, hidden]: the token embedding
     softcap: float | None  # final_logit_softcapping (None in Gemma 3's released configs)
 
@@ -63,7 +64,7 @@ class GemmaCausalLM:
             text = model
         else:
             raise ValueError(f"prompt enhancement runs a Gemma 3 text encoder; this model is {type(model).__name__}")
-        return cls(text, text.embed_tokens.weight, text.config.final_logit_softcapping)
+        return cls(text, text.config, text.embed_tokens.weight, text.config.final_logit_softcapping)
 
     def logits(self, ids: torch.Tensor, cache: Any) -> torch.Tensor:
         """``ids [1, L]`` appended to ``cache`` -> fp32 logits of the next token ``[vocab]``."""
@@ -138,7 +139,7 @@ class LTX2PromptEnhance(LoopStageBase[EnhanceState]):
         stops = {tokenizer.eos_token_id, None if turn_end == tokenizer.unk_token_id else turn_end}
         loop = EnhanceState(node=ctx.node, request_id=state.request_id, steps_target=params.max_length,
                             params=params, generator=torch.Generator(lm.head.device).manual_seed(params.seed),
-                            cache=DynamicCache(config=lm.text_model.config), prompt_ids=list(ids),
+                            cache=DynamicCache(config=lm.config), prompt_ids=list(ids),
                             stop_ids=frozenset(s for s in stops if isinstance(s, int)))
         loop.logits = lm.logits(torch.tensor([ids], device=lm.head.device), loop.cache)
         return loop

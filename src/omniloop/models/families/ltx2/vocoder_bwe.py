@@ -69,6 +69,8 @@ def hann_sinc_filter(ratio: int, rolloff: float = 0.99, zero_crossings: int = 6)
 
 
 class CausalSTFT(nn.Module):
+    forward_basis: torch.Tensor
+
     def __init__(self, filter_length: int, hop_length: int, window_length: int) -> None:
         super().__init__()
         self.hop_length, self.window_length = hop_length, window_length
@@ -85,6 +87,8 @@ class CausalSTFT(nn.Module):
 
 
 class MelSTFT(nn.Module):
+    mel_basis: torch.Tensor
+
     def __init__(self, filter_length: int, hop_length: int, window_length: int, mels: int) -> None:
         super().__init__()
         self.stft_fn = CausalSTFT(filter_length, hop_length, window_length)

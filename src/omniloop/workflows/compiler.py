@@ -30,7 +30,7 @@ from omniloop.workflows.evaluate import Deviation, Evaluation
 from omniloop.workflows.graph import Graph, GraphNode, load_workflow
 from omniloop.workflows.model_folder import ModelFolder, ServedCheckpoint
 from omniloop.workflows.schedules import SCHEDULES, flow_schedule, ksampler_sigmas
-from omniloop.workflows.values import AudioOut, Latent, Pixels, Preview, SaveTarget, Sampling, VideoOut
+from omniloop.workflows.values import AudioOut, GeneratedText, Latent, Pixels, Preview, SaveTarget, Sampling, VideoOut
 
 # ComfyUI sampler -> ours; the named schedules we run (ComfyUI's own under ModelSamplingSD3)
 SUPPORTED_SAMPLERS: Mapping[str, str] = {"euler": "flow_euler", "uni_pc": "comfy_uni_pc",
@@ -91,6 +91,11 @@ def compile_workflow(source: str | bytes | Mapping[str, Any] | Graph, models: Mo
     generations = []
     for key, saves in chains.items():
         generations.append(_generation(ev, finals[key], tuple(saves)))
+    for preview in ev.previews:
+        if isinstance(preview.value, GeneratedText) and not any(g.request.node_params.get(ENHANCE_NODE) is not None
+                                                                for g in generations):
+            _deviate(ev, preview.node, f"it shows the text node {preview.value.node} would generate, but no prompt "
+                     "uses that text, so it is not generated here: the prompt as written is shown")
     return CompiledWorkflow(graph, tuple(generations), tuple(ev.deviations), tuple(ev.values), tuple(ev.previews))
 
 

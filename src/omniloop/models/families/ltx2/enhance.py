@@ -84,6 +84,7 @@ class EnhanceState(LoopState):
     stop_ids: frozenset[int]
     logits: torch.Tensor | None = None  # [vocab] fp32 of the next token
     output_ids: list[int] = field(default_factory=list)
+    stopped: bool = False  # ended by <eos> / <end_of_turn> (else by max_length)
 
 
 def next_token(logits: torch.Tensor, seen: list[int], output: list[int], p: EnhanceParams,
@@ -151,7 +152,7 @@ class LTX2PromptEnhance(LoopStageBase[EnhanceState]):
                            loop.generator)
         loop.steps_done += 1
         if token in loop.stop_ids:
-            loop.steps_target = loop.steps_done
+            loop.steps_target, loop.stopped = loop.steps_done, True
         else:
             loop.output_ids.append(token)
         if loop.done:
@@ -166,8 +167,7 @@ class LTX2PromptEnhance(LoopStageBase[EnhanceState]):
         text = tokenizer.decode(loop.output_ids, skip_special_tokens=True).strip()
         ctx.write(state, "enhanced_prompt", TextArtifact(text=text, token_ids=list(loop.output_ids),
                                                           prompt_tokens=len(loop.prompt_ids),
-                                                          finish_reason="stop" if loop.steps_done < loop.params.max_length
-                                                          else "length"))
+                                                          finish_reason="stop" if loop.stopped else "length"))
         self.release(loop)
 
     def release(self, loop: EnhanceState) -> None:

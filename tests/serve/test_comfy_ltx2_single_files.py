@@ -72,3 +72,35 @@ def test_configs_folders_inside_the_models_folder_only(tmp_path):
     (root / "configs" / "ltx2").symlink_to(tmp_path / "elsewhere")
     with pytest.raises(ValueError, match=r"configs/ltx2/ links outside the models folder"):
         single_file_configs(root)
+
+
+def test_the_ltx23_t2v_template_enhances_its_prompt_and_previews_it(server):
+    """LTX-2.3's template on the same files under its names (the tiny LTX-2 model): its Gemma
+    prompt enhancement runs on the engine, PreviewAny's ``executed`` shows the generated text."""
+    root = server.server.config.app.state.comfy.folder.root
+    for folder, name, same_as in (("checkpoints", "ltx-2.3-22b-dev-fp8.safetensors", "ltx-2-19b-dev-fp8.safetensors"),
+                                  ("latent_upscale_models", "ltx-2.3-spatial-upscaler-x2-1.1.safetensors",
+                                   "ltx-2-spatial-upscaler-x2-1.0.safetensors")):
+        if not (root / folder / name).exists():
+            (root / folder / name).hardlink_to(root / folder / same_as)
+    lora = next((root / "loras").iterdir())
+    for name in ("ltx_2.3_22b_distilled_1.1_lora_dynamic_fro09_avg_rank_111_bf16.safetensors",
+                 "gemma-3-12b-it-abliterated_lora_rank64_bf16.safetensors"):
+        if not (root / "loras" / name).exists():
+            (root / "loras" / name).hardlink_to(lora)
+    api = workflow("video_ltx2_3_t2v")
+    for node in api.values():
+        if node["class_type"] == "TextGenerateLTX2Prompt":
+            node["inputs"]["max_length"] = 5
+        if node["class_type"] == "LoraLoaderModelOnly":
+            node["inputs"]["strength_model"] = 0.0  # the tiny model takes no LoRAs
+        if node["class_type"] == "PrimitiveInt" and node["inputs"]["value"] in (1280, 720):
+            node["inputs"]["value"] = 128
+    client = ScriptClient(server.url)
+    _, messages, history = client.run(api)
+    assert history["status"]["status_str"] == "success", history["status"]
+    (preview,) = [nid for nid, n in api.items() if n["class_type"] == "PreviewAny"]
+    shown = history["outputs"][preview]["text"]
+    assert len(shown) == 1 and isinstance(shown[0], str)
+    assert shown[0] != api[[k for k, n in api.items() if n["class_type"] == "PrimitiveStringMultiline"][0]]["inputs"]["value"]
+    assert any(m["type"] == "executed" and m["data"]["node"] == preview for m in messages)

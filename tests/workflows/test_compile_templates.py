@@ -24,7 +24,7 @@ IMAGES = ("image_to_video_wan_start_image.png", "video_wan2_2_14B_i2v_input_imag
           "video_wan_vace_14B_v2v_reference_image.jpg",
           "video_wan2_2_14B_fun_inpaint_start_image.png", "video_wan2_2_14B_fun_inpaint_end_image.png",
           "video_wan2_2_5B_fun_inpaint_start_image.png", "video_wan2_2_5B_fun_inpaint_end_image.png",
-          "wan2.1_fun_inp_start_image.png", "wan2.1_fun_inp_end_image.png")
+          "wan2.1_fun_inp_start_image.png", "wan2.1_fun_inp_end_image.png", "egyptian_queen.png")
 VIDEOS = ("video_wan_vace_14B_v2v_reference_image_control_video.mp4",)
 
 
@@ -125,6 +125,10 @@ EXPECTED = {
                                  {"width": 768, "height": 768, "num_frames": 81}),
     "video_wan_vace_14B_v2v": (TaskType.V2V, "wan_vace", [Modality.VIDEO],
                                {"width": 720, "height": 720, "num_frames": 81}),
+    # LTX-2.3: the distilled two-stage path, the prompt enhanced by Gemma 3 first (TextGenerateLTX2Prompt)
+    "video_ltx2_3_t2v": (TaskType.T2VS, "ltx2", [Modality.VIDEO, Modality.AUDIO],
+                         {"width": 640, "height": 360, "num_frames": 126, "fps": 25, "guidance_scale": 1.0}),
+    "video_ltx2_3_i2v": (TaskType.I2V, "ltx2", [Modality.VIDEO, Modality.AUDIO], {"fps": 25}),
     "audio_stable_audio_example": (TaskType.T2A, "stable_audio", [Modality.AUDIO],
                                    {"steps": 50, "guidance_scale": 4.98, "duration_s": 47.6,
                                     "sampler": "comfy_v_dpmpp_3m_sde_gpu", "scheduler": "exponential"}),
@@ -277,3 +281,48 @@ def test_a_flux2_schedule_made_for_another_size_is_a_deviation(models, input_dir
     assert any("made for 512x512 but the latent is 1024x1024" in d.message for d in loose.deviations)
     with pytest.raises(WorkflowError, match="made for 512x512 but the latent is 1024x1024"):
         compile_workflow(api, models, input_dir=input_dir, exact=True)
+
+
+def test_ltx23_t2v_enhances_the_prompt_and_previews_it(models, input_dir):
+    result = compiled("video_ltx2_3_t2v", models, input_dir)
+    (generation,) = result.generations
+    params = generation.request.node_params["enhance_prompt"]
+    assert params == {"max_length": 2048, "sampling": "on", "temperature": 0.7, "top_k": 64, "top_p": 0.95,
+                      "min_p": 0.05, "repetition_penalty": 1.05, "seed": 0, "presence_penalty": 0.0}
+    (preview,) = result.previews  # PreviewAny shows the generated text; nothing is saved for it
+    assert preview.value.prompt == generation.request.prompt
+    assert [s.class_type for s in generation.saves] == ["SaveVideo"]
+    messages = [d.message for d in result.deviations if d.class_type == "TextGenerateLTX2Prompt"]
+    assert len(messages) == 1 and messages[0].startswith("sampling on")
+    # greedy (sampling off) and no LoRA on Gemma: nothing of the enhancement deviates
+    api = ui_to_api(template("video_ltx2_3_t2v"))
+    for node in api.values():
+        if node["class_type"] == "TextGenerateLTX2Prompt":
+            node["inputs"]["sampling_mode"] = "off"
+        if node["class_type"] == "LoraLoader":
+            node["inputs"]["strength_clip"] = 0.0
+    exact = compile_workflow(api, models, input_dir=input_dir)
+    assert exact.generations[0].request.node_params["enhance_prompt"] == {"max_length": 2048, "sampling": "off"}
+    assert not [d for d in exact.deviations if d.class_type in ("TextGenerateLTX2Prompt", "LoraLoader")]
+
+
+def test_ltx23_i2v_ships_its_enhancement_switched_off(models, input_dir):
+    """Its ComfySwitchNode picks the prompt as written: no enhancement, no deviation of the unused
+    TextGenerateLTX2Prompt (ComfyUI's switch never runs it); PreviewAny shows the prompt."""
+    result = compiled("video_ltx2_3_i2v", models, input_dir)
+    (generation,) = result.generations
+    assert "enhance_prompt" not in generation.request.node_params
+    assert [p.value for p in result.previews] == [generation.request.prompt]
+    assert not [d for d in result.deviations if d.class_type == "TextGenerateLTX2Prompt"]
+
+
+def test_generated_text_from_another_text_encoder_than_the_prompts_is_a_node_error(models, input_dir):
+    api = ui_to_api(template("video_ltx2_3_t2v"))
+    api["999"] = {"class_type": "CLIPLoader", "inputs": {"clip_name": "gemma_3_12B_it_fp4_mixed.safetensors",
+                                                        "type": "ltxv"}}
+    (gen_id,) = [k for k, n in api.items() if n["class_type"] == "TextGenerateLTX2Prompt"]
+    api[gen_id]["inputs"]["clip"] = ["999", 0]
+    with pytest.raises(WorkflowError) as e:
+        compile_workflow(api, models, input_dir=input_dir)
+    ((class_type, problems),) = [v for v in e.value.node_errors.values()]
+    assert class_type == "CLIPTextEncode" and "another text encoder" in problems[0].message

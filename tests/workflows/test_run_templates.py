@@ -63,7 +63,8 @@ def input_dir(tmp_path_factory) -> Path:
     for name in ("image_to_video_wan_start_image.png", "video_wan2_2_14B_i2v_input_image.jpg",
                  "freckled_curly_girl.png", "wan2.1_flf2v_720_f16_start_image.png",
                  "video_wan2_2_14B_flf2v_start_image.png", "video_wan2_2_14B_fun_inpaint_start_image.png",
-                 "video_wan2_2_5B_fun_inpaint_start_image.png", "wan2.1_fun_inp_start_image.png"):
+                 "video_wan2_2_5B_fun_inpaint_start_image.png", "wan2.1_fun_inp_start_image.png",
+                 "egyptian_queen.png"):
         Image.new("RGB", (96, 64), (200, 40, 40)).save(folder / name)
     for name in ("wan2.1_flf2v_720_f16_end_image.png", "video_wan2_2_14B_flf2v_end_image.png",
                  "video_wan2_2_14B_fun_inpaint_end_image.png", "video_wan2_2_5B_fun_inpaint_end_image.png",
@@ -267,6 +268,37 @@ def test_ltx2_templates_run(name, ltx2_dir, input_dir):
     two_stage = bool(request.node_params)
     check_video(out, 9, (128, 128) if two_stage else (64, 64))
     assert Modality.AUDIO in (request.outputs.modalities or []) and out.artifacts["audio"].samples.numel() > 0
+
+
+@pytest.mark.parametrize("name", ["video_ltx2_3_t2v", "video_ltx2_3_i2v"])
+def test_ltx23_templates_run(name, ltx2_dir, input_dir):
+    """LTX-2.3's templates on the tiny LTX-2 checkpoint; t2v with its Gemma prompt enhancement
+    switched on (sampling, a short rewrite), whose text is the request's enhanced_prompt output."""
+    from omniloop.api.generator import VideoGenerator
+
+    api = small(ui_to_api(template(name)))
+    for node in api.values():
+        inputs = node["inputs"]
+        if node["class_type"] == "TextGenerateLTX2Prompt":
+            inputs["max_length"] = 6  # a short rewrite on CPU
+        if node["class_type"] == "LoraLoaderModelOnly":
+            inputs["strength_model"] = 0.0  # the distilled LoRA off: the tiny checkpoint takes no LoRAs
+        if node["class_type"] == "PrimitiveInt" and inputs["value"] in (1280, 720):
+            inputs["value"] = 128  # the final size; the base stage runs at half of it
+    compiled = compile_workflow(api, template_models({"ltx2": ltx2_dir}), input_dir=input_dir)
+    (generation,) = compiled.generations
+    with VideoGenerator.from_pretrained(str(generation.served.path)) as gen:
+        out = gen.generate(generation.request)
+    assert out.failure is None, out.failure
+    two_stage = "refine" in generation.request.node_params
+    check_video(out, 9, (128, 128) if two_stage else (64, 64))
+    assert out.artifacts["audio"].samples.numel() > 0
+    if name == "video_ltx2_3_t2v":
+        enhanced = out.artifacts["enhanced_prompt"]
+        assert 0 < len(enhanced.token_ids) <= 6 and enhanced.prompt_tokens > 100  # the system prompt's turn
+        assert "enhance_prompt" in out.metrics.node_s
+    else:  # the i2v template ships the switch off: the prompt as written
+        assert "enhanced_prompt" not in out.artifacts
 
 
 def test_stable_audio_template_runs(stable_audio_dir, input_dir):

@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
@@ -41,12 +41,13 @@ from omniloop.engine.model_pool import ModelPool
 from omniloop.models.comfy_folder import ComfyModelNameRefused, ComfyModelNotFound, ComfyModels
 from omniloop.models.single_file import MissingSection, SingleFileSet, carries_tokenizer, require_text_sections
 from omniloop.pipeline.adapters import adapter_cache
-from omniloop.request import FinalEvent, OmniEvent, OmniOutput, ProgressEvent, RequestStatus, TaskType
+from omniloop.request import FinalEvent, OmniEvent, OmniOutput, ProgressEvent, RequestStatus, TaskType, TextArtifact
 from omniloop.serve.state import ServeState, check_auth, require_auth
 from omniloop.serve.wire import ServedModel
 from omniloop.workflows import CompiledWorkflow, Generation, ModelFolder, WorkflowError, compile_workflow
 from omniloop.workflows.errors import NodeProblem, node_error
-from omniloop.workflows.values import AudioOut, Pixels, SaveTarget, VideoOut
+from omniloop.workflows.compiler import ENHANCE_NODE
+from omniloop.workflows.values import AudioOut, GeneratedText, Pixels, Preview, SaveTarget, VideoOut
 from omniloop.workflows.vocabulary import VOCABULARY
 
 logger = logging.getLogger(__name__)
@@ -322,6 +323,7 @@ class ComfyApi:
                                              zip(job.compiled.generations, job.streams)))
             for generation, output in zip(job.compiled.generations, outputs):
                 await self._finish(job, generation, output, executed)
+            await self._show_previews(job, outputs, executed)
         except asyncio.CancelledError:
             for rid in job.request_ids:
                 with contextlib.suppress(EngineError):
@@ -389,6 +391,14 @@ class ComfyApi:
             job.outputs[save.node] = ui
             executed.append(save.node)
             await self._message(job, "executed", node=save.node, display_node=save.node, output=ui)
+
+    async def _show_previews(self, job: PromptJob, outputs: Sequence[OmniOutput], executed: list[str]) -> None:
+        """PreviewAny: the value shown (ComfyUI's ``{"text": [...]}``), nothing saved."""
+        for preview in job.compiled.previews:
+            ui = {"text": [preview_text(preview, job.compiled.generations, outputs)]}
+            job.outputs[preview.node] = ui
+            executed.append(preview.node)
+            await self._message(job, "executed", node=preview.node, display_node=preview.node, output=ui)
 
     # -- files ----------------------------------------------------------------------------
     def _target(self, save: SaveTarget, suffix: str) -> tuple[Path, str, str]:
@@ -822,6 +832,19 @@ def single_file_configs(root: Path | None) -> dict[str, Path]:
                              f"single files; name the folder after one of {reading} (the others take their "
                              "architecture from the files), or move it out of configs/")
     return folders
+
+
+def preview_text(preview: Preview, generations: Sequence[Generation], outputs: Sequence[OmniOutput]) -> str:
+    """What a PreviewAny shows: a constant as text; generated text as the request's
+    ``enhanced_prompt`` output (the compiler reports a deviation when no request generates it)."""
+    value = preview.value
+    if not isinstance(value, GeneratedText):
+        return str(value)
+    for generation, output in zip(generations, outputs):
+        text = output.artifacts.get("enhanced_prompt")
+        if generation.request.node_params.get(ENHANCE_NODE) is not None and isinstance(text, TextArtifact):
+            return text.text
+    return value.prompt
 
 
 def tokenizer_folders(models: ComfyModels) -> list[str]:

@@ -31,7 +31,7 @@ from omniloop.workflows.graph import Graph, GraphNode, load_workflow
 from omniloop.workflows.model_folder import ModelFolder, ServedCheckpoint
 from omniloop.workflows.schedules import SCHEDULES, flow_schedule, ksampler_sigmas
 from omniloop.workflows.style_models import REDUX_NODE, style_parts
-from omniloop.workflows.values import AudioOut, Latent, Pixels, SaveTarget, Sampling, VideoOut
+from omniloop.workflows.values import AudioOut, GeneratedText, Latent, Pixels, Preview, SaveTarget, Sampling, VideoOut
 from omniloop.workflows.video_nodes import vace_parts
 
 # ComfyUI sampler -> ours; the named schedules we run (ComfyUI's own under ModelSamplingSD3)
@@ -79,6 +79,7 @@ DENOISE_NODE = "denoise"  # the graph's denoise loop node (every denoise family 
 # the CLIP image-encode node of an image-to-video graph with an image encoder (its knob
 # clip_last_frame=false: the first frame's tokens only, as WanFunInpaintToVideo conditions)
 IMAGE_ENCODE_NODE = "image_encode"
+ENHANCE_NODE = "enhance_prompt"  # LTX-2: the prompt rewritten by its text encoder (TextGenerateLTX2Prompt)
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,7 @@ class CompiledWorkflow:
     generations: tuple[Generation, ...]
     deviations: tuple[Deviation, ...]
     evaluated: tuple[str, ...]  # node ids the outputs depend on (ComfyUI executes these)
+    previews: tuple[Preview, ...] = ()  # PreviewAny: the values displayed, nothing saved
 
 
 def compile_workflow(source: str | bytes | Mapping[str, Any] | Graph, models: ModelFolder, *,
@@ -121,7 +123,12 @@ def compile_workflow(source: str | bytes | Mapping[str, Any] | Graph, models: Mo
     generations = []
     for key, saves in chains.items():
         generations.append(_generation(ev, finals[key], tuple(saves)))
-    return CompiledWorkflow(graph, tuple(generations), tuple(ev.deviations), tuple(ev.values))
+    for preview in ev.previews:
+        if isinstance(preview.value, GeneratedText) and not any(g.request.node_params.get(ENHANCE_NODE) is not None
+                                                                for g in generations):
+            _deviate(ev, preview.node, f"it shows the text node {preview.value.node} would generate, but no prompt "
+                     "uses that text, so it is not generated here: the prompt as written is shown")
+    return CompiledWorkflow(graph, tuple(generations), tuple(ev.deviations), tuple(ev.values), tuple(ev.previews))
 
 
 def _is_graph(source: Any) -> bool:
@@ -183,6 +190,7 @@ def _generation(ev: Evaluation, final: Latent, saves: tuple[SaveTarget, ...]) ->
         node_params.clear()
         runs = (first,)
     prompt = _prompt(ev, first)
+    _enhance(ev, first, node_params)
     _guidance(ev, first, served, fields)
     # the joint audio-video latent and the two-stage path run the model's own sampler beside euler
     # (ComfyUI's samplers there step a nested latent and a second sampler node we do not mirror)
@@ -263,6 +271,20 @@ def _prompt(ev: Evaluation, run: Sampling) -> str:
         raise node_error(run.node, _class(ev, run.node), "required_input_missing", "positive: the prompt is empty",
                          "write a prompt in the positive text encoder", "positive")
     return text
+
+
+def _enhance(ev: Evaluation, run: Sampling, node_params: dict[str, dict[str, Any]]) -> None:
+    """TextGenerateLTX2Prompt on the positive prompt: the LTX-2 pipeline's ``enhance_prompt`` node
+    rewrites it before encoding (another model's admission refuses the node, naming it)."""
+    if run.negative is not None and run.negative.enhance is not None:
+        generated = run.negative.enhance
+        raise node_error(generated.node, _class(ev, generated.node), "invalid_input_type", "generated text feeds "
+                         "the negative prompt; only the positive prompt can be enhanced",
+                         "connect it to the positive CLIPTextEncode", "prompt")
+    if run.positive.enhance is not None:
+        for message in run.positive.enhance.deviations:
+            _deviate(ev, run.positive.enhance.node, message)
+        node_params[ENHANCE_NODE] = dict(run.positive.enhance.params)
 
 
 def _guidance(ev: Evaluation, run: Sampling, served: ServedCheckpoint, fields: Fields) -> None:

@@ -13,6 +13,7 @@ from omniloop.workflows.compiler import CompiledWorkflow, compile_workflow
 from omniloop.workflows.errors import WorkflowError
 from omniloop.workflows.graph import load_workflow
 from omniloop.workflows.model_folder import ModelFolder
+from omniloop.workflows.values import GeneratedText
 from omniloop.workflows.vocabulary import VOCABULARY
 
 
@@ -69,9 +70,17 @@ class Coverage:
                 lines.append(f"    node_params: {r.node_params}")
             if r.inputs[1:]:
                 lines.append(f"    inputs: {[p.kind for p in r.inputs]}")
+        for preview in self.compiled.previews:
+            lines.append(f"  preview: node {preview.node} shows {_shown(preview.value)} (nothing saved)")
         for d in self.compiled.deviations:
             lines.append(f"  deviation: node {d.node} ({d.class_type}): {d.message}")
         return "\n".join(lines)
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, GeneratedText):
+        return f"the text node {value.node} generates (the request's enhanced_prompt output)"
+    return repr(value)[:80]
 
 
 def _first_error(error: WorkflowError) -> str:

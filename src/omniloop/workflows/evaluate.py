@@ -16,10 +16,11 @@ from omniloop.workflows import nodes as _nodes  # noqa: F401  (registers the voc
 from omniloop.workflows import nodes_control as _nodes_control  # noqa: F401  (InstructPixToPixConditioning, Canny)
 from omniloop.workflows import video_nodes as _video_nodes  # noqa: F401  (LoadVideo, WanVaceToVideo...)
 from omniloop.workflows import nodes_wan as _nodes_wan  # noqa: F401  (WanFunInpaintToVideo, SkipLayerGuidanceDiT, ...)
+from omniloop.workflows import nodes_text as _nodes_text  # noqa: F401  (TextGenerateLTX2Prompt, PreviewAny)
 from omniloop.workflows.errors import NodeProblem, WorkflowError, node_error
 from omniloop.workflows.graph import Graph, GraphNode, Link, evaluation_order
 from omniloop.workflows.model_folder import ModelFolder, ServedCheckpoint
-from omniloop.workflows.values import Pixels, SaveTarget
+from omniloop.workflows.values import GeneratedText, Pixels, Preview, SaveTarget
 from omniloop.workflows.vocabulary import VOCABULARY, InputSpec, NodeCall, NodeSpec
 
 
@@ -42,6 +43,7 @@ class Evaluation:
     exact: bool = False
     values: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     saves: list[SaveTarget] = field(default_factory=list)
+    previews: list[Preview] = field(default_factory=list)
     deviations: list[Deviation] = field(default_factory=list)
     loaded: dict[str, ServedCheckpoint] = field(default_factory=dict)  # loader node id -> checkpoint
     problems: dict[str, tuple[str, list[NodeProblem]]] = field(default_factory=dict)
@@ -63,6 +65,9 @@ class Evaluation:
 
     def save(self, target: SaveTarget) -> None:
         self.saves.append(target)
+
+    def preview(self, preview: Preview) -> None:
+        self.previews.append(preview)
 
     def load_image(self, call: NodeCall, input_name: str) -> Pixels:
         name = call[input_name]
@@ -175,6 +180,12 @@ class Evaluation:
         if link.node not in self.values:
             raise _Upstream()
         value = self.values[link.node][link.output]
+        if isinstance(value, GeneratedText):
+            if input_spec.generated or input_spec.type == "*":
+                return value
+            raise node_error(node.id, node.class_type, "invalid_input_type", f"{input_spec.name}: the text node "
+                             f"{value.node} generates is known only when the prompt runs", "connect it to a "
+                             "CLIPTextEncode's text (or a PreviewAny)", input_spec.name)
         return _checked_widget(node, input_spec, value) if input_spec.is_widget and value is not None \
             and input_spec.type != "COMBO" else value
 

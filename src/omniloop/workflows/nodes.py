@@ -20,7 +20,7 @@ from omniloop.request import LoraRef
 from omniloop.workflows.errors import node_error
 from omniloop.workflows.values import (
     AudioOut, ClipRef, ClipVisionOutput, Conditioning, Guider, ImageConditioning, Latent, Mask, ModelRef, NamedFile,
-    Noise, Padding, Pixels,
+    GeneratedText, Noise, Padding, Pixels,
     SamplerChoice, SaveTarget, Sampling, Sigmas, StyleImage, StyleModelRef, VaeRef, VideoOut,
 )
 from omniloop.workflows.vocabulary import NodeCall, i, node
@@ -207,11 +207,18 @@ def cfg_zero_star(call: NodeCall) -> tuple[Any, ...]:
 
 
 # -- text -------------------------------------------------------------------------------------
-@node("CLIPTextEncode", [i("text", "STRING", "", multiline=True), i("clip", "CLIP")], ["CONDITIONING"],
-      category="conditioning")
+@node("CLIPTextEncode", [i("text", "STRING", "", multiline=True, generated=True), i("clip", "CLIP")],
+      ["CONDITIONING"], category="conditioning")
 def clip_text_encode(call: NodeCall) -> tuple[Any, ...]:
-    """A prompt."""
-    return (Conditioning(text=str(call.get("text", ""))),)
+    """A prompt (or one the text encoder rewrites first: TextGenerateLTX2Prompt)."""
+    text = call.get("text", "")
+    if isinstance(text, GeneratedText):
+        if text.clip != call["clip"]:
+            raise node_error(call.id, call.class_type, "invalid_input_type", f"text: node {text.node} generates it "
+                             "with another text encoder than this prompt's; the enhancement runs the served "
+                             "model's own text encoder", "connect the same CLIP to both", "text")
+        return (Conditioning(text=text.prompt, enhance=text),)
+    return (Conditioning(text=str(text)),)
 
 
 @node("CLIPTextEncodeFlux", [i("clip", "CLIP"), i("clip_l", "STRING", "", multiline=True),

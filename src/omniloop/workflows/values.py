@@ -139,6 +139,28 @@ class VaceControl:
 
 
 @dataclass(frozen=True)
+class GeneratedText:
+    """STRING known only when the prompt runs: ``TextGenerateLTX2Prompt``'s rewrite of
+    ``prompt`` by the model's own text encoder (``params``: the ``enhance_prompt`` node's)."""
+
+    node: str
+    prompt: str
+    params: tuple[tuple[str, object], ...]
+    clip: object  # the text encoder it generates with (ClipRef): the prompt's must be the same
+    # deviations, reported when the text reaches a prompt (a switch may leave the node unused,
+    # and ComfyUI then never runs it)
+    deviations: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Preview:
+    """What a ``PreviewAny`` node displays (nothing is saved): a constant, or generated text."""
+
+    node: str
+    value: object
+
+
+@dataclass(frozen=True)
 class Conditioning:
     """CONDITIONING: the prompt text (None: zeroed out) and what nodes attached."""
 
@@ -154,6 +176,7 @@ class Conditioning:
     control_node: str = ""  # the InstructPixToPixConditioning node (its errors)
     styles: tuple[StyleImage, ...] = ()  # StyleModelApply, chained: FLUX.1 Redux image tokens after the prompt's
     vace: VaceControl | None = None  # WanVaceToVideo: a Wan VACE model's control video / reference image
+    enhance: GeneratedText | None = None  # the prompt is rewritten first (LTX-2's enhance_prompt node)
 
 
 @dataclass(frozen=True)

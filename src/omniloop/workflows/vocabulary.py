@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from omniloop.workflows.model_folder import ServedCheckpoint
-from omniloop.workflows.values import Pixels, SaveTarget
+from omniloop.workflows.values import Pixels, Preview, SaveTarget
 
 WIDGET_TYPES = frozenset({"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"})
 
@@ -35,6 +35,7 @@ class InputSpec:
     optional: bool = False
     seed: bool = False
     multiline: bool = False
+    generated: bool = False  # STRING that may be GeneratedText (known when the prompt runs)
 
     @property
     def is_widget(self) -> bool:
@@ -56,6 +57,7 @@ class NodeContext(Protocol):
     def lora(self, call: "NodeCall", input_name: str) -> str: ...
     def deviate(self, call: "NodeCall", message: str) -> None: ...
     def save(self, target: SaveTarget) -> None: ...
+    def preview(self, preview: Preview) -> None: ...
     def load_image(self, call: "NodeCall", input_name: str) -> Pixels: ...
     def image_size(self, call: "NodeCall", pixels: Pixels) -> tuple[int, int]: ...
 

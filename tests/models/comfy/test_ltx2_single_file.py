@@ -412,3 +412,71 @@ def test_gemma3_fp4_mixed_file_dequantizes_as_comfy_kitchen(tmp_path):
         assert (want - original[f"{base}.weight"]).abs().max() < 0.25 * original[f"{base}.weight"].abs().max()
     assert torch.equal(got["layers.0.self_attn.k_proj.weight"], original["model.layers.0.self_attn.k_proj.weight"])
     assert torch.equal(got["embed_tokens.weight"], original["model.embed_tokens.weight"])
+
+
+# LTX-2.3's DiT (ltx-2.3-22b-*.safetensors): per-head attention gates, text cross-attention
+# modulation (prompt_adaln_single), no caption projection (the connectors project per modality)
+LTX23 = dict(gated_attn=True, audio_gated_attn=True, cross_attn_mod=True, audio_cross_attn_mod=True,
+             use_prompt_embeddings=False)
+LTX23_TO_ORIGINAL = ((r"^(audio_)?prompt_adaln\.", r"\1prompt_adaln_single."),)
+
+
+def test_ltx23_dit_single_file_loads_its_architecture_from_the_keys(tmp_path):
+    from tests.models.ltx2.checkpoint import TRANSFORMER
+
+    torch.manual_seed(0)
+    model = diffusers.LTX2VideoTransformer3DModel(**dict(TRANSFORMER, **LTX23)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    sd = original({re.sub(LTX23_TO_ORIGINAL[0][0], LTX23_TO_ORIGINAL[0][1], k): v for k, v in model.state_dict().items()})
+    assert "model.diffusion_model.prompt_adaln_single.linear.weight" in sd  # Lightricks' names
+    assert "model.diffusion_model.transformer_blocks.0.attn1.to_gate_logits.weight" in sd
+    save_file(sd, tmp_path / "ltx-2.3-22b-dev.safetensors")
+    ours = load_ltx2_transformer_single_file(tmp_path / "ltx-2.3-22b-dev.safetensors", dtype=torch.float32,
+                                             caption_channels=16, **_facts())
+    # the same module state as diffusers' model of that config, which ours equals op for op
+    # (tests/models/ltx2/test_components.py::test_ltx23_options_equal_diffusers)
+    _assert_same(ours.state_dict(), from_diffusers_module("transformer", model).state_dict())
+    flags = {k: getattr(ours.config, k) for k in LTX23}
+    assert flags == LTX23 and ours.config.use_prompt_adaln_single
+    assert ours.caption_projection is None
+
+
+def test_ltx23_connectors_single_file_per_modality_projections(tmp_path):
+    """LTX-2.3's text connectors: ``text_embedding_projection.{video,audio}_aggregate_embed`` (with
+    biases) project straight to the DiT's widths; gated attention in the connector blocks."""
+    from diffusers.pipelines.ltx2.connectors import LTX2TextConnectors
+
+    from omniloop.models.families.ltx2.single_file import load_ltx2_connectors_single_file
+    from tests.models.comfy.original_layout import ltx2_connectors_original
+    from tests.models.ltx2.checkpoint import CONNECTORS
+
+    torch.manual_seed(4)
+    cfg = dict(CONNECTORS, per_modality_projections=True, video_hidden_dim=24, audio_hidden_dim=8, proj_bias=True,
+               video_gated_attn=True, audio_gated_attn=True, video_connector_num_attention_heads=3)
+    connectors = _jittered(LTX2TextConnectors(**cfg))
+    original = ltx2_connectors_original(connectors.state_dict())
+    original = {re.sub(r"^(video|audio)_text_proj_in\.", r"text_embedding_projection.\1_aggregate_embed.", k): v
+                for k, v in original.items()}
+    assert "text_embedding_projection.video_aggregate_embed.bias" in original
+    save_file(original, tmp_path / "ltx-2.3-22b-dev.safetensors")
+    released = {**dict(connectors.config), "video_hidden_dim": 4096, "audio_hidden_dim": 2048, "proj_bias": False,
+                "per_modality_projections": False, "video_gated_attn": False}
+    ours = load_ltx2_connectors_single_file(tmp_path / "ltx-2.3-22b-dev.safetensors", released, dtype=torch.float32)
+    expected = from_diffusers_module("connectors", connectors)
+    _assert_same(ours.state_dict(), expected.state_dict())
+    assert ours.config == expected.config
+    with pytest.raises(ValueError, match="not a multiple of caption_channels 7"):
+        load_ltx2_connectors_single_file(tmp_path / "ltx-2.3-22b-dev.safetensors", {**released, "caption_channels": 7})
+
+
+def test_ltx23_bwe_vocoder_section_is_refused_naming_the_way_that_loads(tmp_path):
+    from omniloop.models.families.ltx2.single_file import load_ltx2_vocoder_single_file
+
+    path = tmp_path / "ltx-2.3-22b-dev.safetensors"
+    save_file({"vocoder.vocoder.conv_pre.weight": torch.ones(1), "vocoder.bwe_generator.conv_pre.weight": torch.ones(1),
+               "vocoder.mel_stft.mel_basis": torch.ones(1)}, path)
+    with pytest.raises(ValueError, match=r"ltx-2.3-22b-dev.safetensors: its vocoder has bandwidth extension .*"
+                                         r"diffusers folder \(vocoder/: LTX2VocoderWithBWE\)"):
+        load_ltx2_vocoder_single_file(path, {})

@@ -81,6 +81,21 @@ def test_ltx23_options_equal_diffusers(tmp_path):
     assert torch.equal(W.load_ltx2_vocoder(tmp_path / "v", **CPU)(mel), want)
 
 
+def test_ltx23_dit_without_caption_projection_equals_diffusers(tmp_path):
+    """LTX-2.3 on: the connectors project the text per modality, the DiT takes it as is."""
+    import diffusers
+
+    torch.manual_seed(3)
+    cfg = dict(TRANSFORMER, gated_attn=True, audio_gated_attn=True, cross_attn_mod=True, audio_cross_attn_mod=True,
+               use_prompt_embeddings=False)
+    diffusers.LTX2VideoTransformer3DModel(**cfg).save_pretrained(tmp_path / "t")
+    ref = diffusers.LTX2VideoTransformer3DModel.from_pretrained(tmp_path / "t").eval()
+    ours = W.load_ltx2_transformer(tmp_path / "t", **CPU)
+    assert ours.caption_projection is None
+    (rv, ra), (ov, oa) = _both(ref, ours, _dit_inputs(ref, torch.Generator().manual_seed(4)))
+    assert torch.equal(ov, rv) and torch.equal(oa, ra)
+
+
 def _check_connectors(ref, ours):
     g = torch.Generator().manual_seed(3)
     hidden = torch.randn(2, 16, 48, generator=g)
@@ -128,3 +143,34 @@ def test_unsupported_configs_are_refused_at_load():
         LTX2VideoVAEConfig(timestep_conditioning=True)
     with pytest.raises(ValueError, match="decoder_inject_noise"):
         LTX2VideoVAEConfig(decoder_inject_noise=True)
+
+
+def test_ltx23_vocoder_with_bandwidth_extension_equals_diffusers(tmp_path):
+    """LTX-2.3's 48 kHz vocoder: vocoder -> causal log-mel -> BWE residual over the sinc-upsampled
+    waveform. The STFT bases and mel filterbank are checkpoint buffers (random here)."""
+    from diffusers.pipelines.ltx2.vocoder import LTX2VocoderWithBWE
+
+    small = dict(in_channels=32, hidden_channels=16, out_channels=2, upsample_kernel_sizes=[4, 4],
+                 upsample_factors=[2, 2], resnet_kernel_sizes=[3], resnet_dilations=[[1, 3]])
+    cfg = {**small, **{f"bwe_{k}": v for k, v in small.items()}}
+    # the BWE makes hop x ratio samples per mel frame (4 x 3); its input: 2 channels x 8 mels
+    cfg.update(bwe_in_channels=16, bwe_upsample_kernel_sizes=[5, 8], bwe_upsample_factors=[3, 4],
+               filter_length=16, hop_length=4, window_length=16, num_mel_channels=8, input_sampling_rate=8000,
+               output_sampling_rate=24000)
+    torch.manual_seed(5)
+    ref = LTX2VocoderWithBWE(**cfg).eval()
+    with torch.no_grad():
+        for name, buf in ref.named_buffers():
+            if "mel_stft" in name:
+                buf.copy_(torch.rand_like(buf) * 0.2)
+        for p in ref.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    ref.save_pretrained(tmp_path / "vocoder")
+    ours = W.load_ltx2_vocoder(tmp_path / "vocoder", **CPU)
+    assert (ours.config.output_sampling_rate, ours.config.bwe.hidden_channels) == (24000, 16)
+    mel = torch.randn(1, 2, 7, 16, generator=torch.Generator().manual_seed(6))  # 7 frames x 4 = 28 samples: whole hops
+    with torch.no_grad():
+        want = LTX2VocoderWithBWE.from_pretrained(tmp_path / "vocoder").eval()(mel)
+    got = ours(mel)
+    assert got.shape == want.shape == (1, 2, 28 * 3)
+    assert torch.equal(got, want)

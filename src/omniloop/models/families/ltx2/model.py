@@ -89,8 +89,6 @@ class LTX2DiTConfig:
             problems.append(f"qk_norm={self.qk_norm!r} (only 'rms_norm_across_heads')")
         if self.rope_type not in ("interleaved", "split"):
             problems.append(f"rope_type={self.rope_type!r} (pass 'interleaved' or 'split')")
-        if not self.use_prompt_embeddings:
-            problems.append("use_prompt_embeddings=false")
         if problems:
             raise ValueError("LTX-2 transformer config not supported: " + "; ".join(problems))
 
@@ -409,8 +407,10 @@ class LTX2DiT(nn.Module):
         if c.use_keyframes_abs_pos_embedding:  # loaded so such checkpoints load; keyframe masks are not wired yet
             self.keyframes_abs_pos_embedding = nn.Parameter(torch.zeros(1, d))
         gelu = nn.GELU(approximate="tanh")
-        self.caption_projection = TwoLayerMLP(c.caption_channels, d, gelu)
-        self.audio_caption_projection = TwoLayerMLP(c.caption_channels, da, gelu)
+        # LTX-2.0: the DiT projects the connectors' caption-width text; LTX-2.3 on: the connectors'
+        # per-modality projections give the stream widths already (use_prompt_embeddings=false)
+        self.caption_projection = TwoLayerMLP(c.caption_channels, d, gelu) if c.use_prompt_embeddings else None
+        self.audio_caption_projection = TwoLayerMLP(c.caption_channels, da, gelu) if c.use_prompt_embeddings else None
         self.time_embed = AdaLayerNormSingle(d, 9 if c.cross_attn_mod else 6)
         self.audio_time_embed = AdaLayerNormSingle(da, 9 if c.audio_cross_attn_mod else 6)
         self.av_cross_attn_video_scale_shift = AdaLayerNormSingle(d, 4)
@@ -488,8 +488,11 @@ class LTX2DiT(nn.Module):
         ca_a_ss = self.av_cross_attn_audio_scale_shift(audio_ca_t, a_dtype)[0]
         ca_a_gate = self.av_cross_attn_audio_v2a_gate(audio_ca_t * gate_scale, a_dtype)[0]
         # 3. Text
-        text = self.caption_projection(encoder_hidden_states).view(b, -1, x.size(-1))
-        audio_text = self.audio_caption_projection(audio_encoder_hidden_states).view(b, -1, a.size(-1))
+        if self.caption_projection is not None and self.audio_caption_projection is not None:
+            encoder_hidden_states = self.caption_projection(encoder_hidden_states)
+            audio_encoder_hidden_states = self.audio_caption_projection(audio_encoder_hidden_states)
+        text = encoder_hidden_states.view(b, -1, x.size(-1))  # [B, Lt, D]
+        audio_text = audio_encoder_hidden_states.view(b, -1, a.size(-1))  # [B, Lt, Da]
         mask = None if text_mask is None else text_mask.bool()[:, None, None, :]  # [B, 1, 1, Lt]
         inputs = BlockInputs(
             text=text, audio_text=audio_text, temb=temb, temb_audio=temb_a,

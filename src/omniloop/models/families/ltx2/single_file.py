@@ -78,6 +78,8 @@ DIT_SECTION = "model.diffusion_model."
 # Lightricks' names -> diffusers' (then weights.BLOCK_SUBS / VOCODER_SUBS -> ours)
 CONNECTOR_SUBS = _subs(
     (r"^text_embedding_projection\.aggregate_embed\.", "text_proj_in."),
+    # LTX-2.3 on: one projection per modality, straight to the DiT's stream widths
+    (r"^text_embedding_projection\.(video|audio)_aggregate_embed\.", r"\1_text_proj_in."),
     (r"^video_embeddings_connector\.", "video_connector."),
     (r"^audio_embeddings_connector\.", "audio_connector."),
     (r"\.transformer_1d_blocks\.", ".transformer_blocks."),
@@ -151,9 +153,23 @@ def load_ltx2_connectors_single_file(path: str | Path, config: Mapping[str, Any]
 
 
 def connectors_config(sd: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> dict[str, Any]:
-    """``config`` with the shape facts of the (diffusers-named) connector weights."""
-    out, caption = dict(config), int(sd["text_proj_in.weight"].shape[0])
-    out.update(caption_channels=caption, text_proj_in_factor=int(sd["text_proj_in.weight"].shape[1]) // caption)
+    """``config`` with the shape facts of the (diffusers-named) connector weights. LTX-2.3's
+    per-modality projections do not show the Gemma width apart from the layer count: that
+    comes from ``config`` (``caption_channels``, the released 3840)."""
+    out = dict(config)
+    if "text_proj_in.weight" in sd:  # LTX-2.0: one projection to the caption width
+        caption = int(sd["text_proj_in.weight"].shape[0])
+        out.update(caption_channels=caption, text_proj_in_factor=int(sd["text_proj_in.weight"].shape[1]) // caption,
+                   per_modality_projections=False, proj_bias="text_proj_in.bias" in sd)
+    else:
+        caption, width = int(out.get("caption_channels", 3840)), int(sd["video_text_proj_in.weight"].shape[1])
+        if width % caption:
+            raise ValueError(f"the text projection's width {width} is not a multiple of caption_channels {caption}; "
+                             "pass the configs of this checkpoint (its Gemma width)")
+        out.update(text_proj_in_factor=width // caption, per_modality_projections=True,
+                   video_hidden_dim=int(sd["video_text_proj_in.weight"].shape[0]),
+                   audio_hidden_dim=int(sd["audio_text_proj_in.weight"].shape[0]),
+                   proj_bias="video_text_proj_in.bias" in sd)
     for side in ("video", "audio"):
         layers = {int(k.split(".")[2]) for k in sd if k.startswith(f"{side}_connector.transformer_blocks.")}
         inner = int(sd[f"{side}_connector.transformer_blocks.0.attn1.to_q.weight"].shape[0])
@@ -162,6 +178,7 @@ def connectors_config(sd: Mapping[str, torch.Tensor], config: Mapping[str, Any])
             raise ValueError(f"{side} connector width {inner} is not a multiple of its attention_head_dim {head}; "
                              "pass the configs of this checkpoint")
         registers = sd.get(f"{side}_connector.learnable_registers")
+        out[f"{side}_gated_attn"] = f"{side}_connector.transformer_blocks.0.attn1.to_gate_logits.weight" in sd
         out.update({f"{side}_connector_num_layers": 1 + max(layers), f"{side}_connector_num_attention_heads": inner // head,
                     f"{side}_connector_num_learnable_registers": None if registers is None else int(registers.shape[0])})
     return out
@@ -174,6 +191,11 @@ def load_ltx2_vocoder_single_file(path: str | Path, config: Mapping[str, Any], *
     sizes, rates and dilations are not all in the shapes)."""
     path = Path(path)
     require_sections(path, "vocoder.")
+    if any(k.startswith("vocoder.bwe_generator.") for k in file_keys(path)):
+        # LTX-2.3 on: vocoder.vocoder.* + vocoder.bwe_generator.* + vocoder.mel_stft.* in BigVGAN (AMP) names,
+        # which no published conversion maps yet; the diffusers folder's LTX2VocoderWithBWE loads (vocoder_bwe.py)
+        raise ValueError(f"{path.name}: its vocoder has bandwidth extension (LTX-2.3 on), which is not read from a "
+                         "single file yet; serve this model from its diffusers folder (vocoder/: LTX2VocoderWithBWE)")
     sd = rewrite_keys(read_single_file(path, cast_to(device, dtype), sections=("vocoder.",)), VOCODER_ORIGINAL_SUBS)
     return assemble(PARTS["vocoder"], config, sd, str(path))
 

@@ -23,6 +23,7 @@ from omniloop.pipeline.predicates import opt, task_in
 from omniloop.pipeline.samplers import build_sampler
 from omniloop.pipeline.samplers.sampler_set import SamplerSet, load_sampler_set, sampler_set_from_config
 from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
+from omniloop.models.families.ltx2.enhance import LTX2PromptEnhance
 from omniloop.models.families.ltx2.loop import LTX2DenoiseLoop, LTX2FirstFrame, LTX2Guidance
 from omniloop.models.families.ltx2.parallelize import LTX2_PARALLEL
 from omniloop.models.families.ltx2.presets import LTX2_DEFAULTS, REFINE_DEFAULTS, REFINE_SCHEDULER_OVERRIDES
@@ -35,7 +36,7 @@ from omniloop.models.families.ltx2.stages import (
     LTX2VideoDecode,
     upsample_scale,
 )
-from omniloop.models.families.ltx2.validate import make_validator, two_stage
+from omniloop.models.families.ltx2.validate import enhances, make_validator, two_stage
 from omniloop.models.families.ltx2.model import LTX2DiTConfig
 from omniloop.models.families.ltx2.single_file import (
     RELEASED_CONNECTORS,
@@ -186,6 +187,8 @@ def ltx2_pipeline_spec(variant: Variant, upsample_scale: int, cfg_mode: str = "b
     staged = opt("two-stage", two_stage)
     final = {"latents": "latents", "refined": "refined_latents"}
     nodes = (
+        # asked for by naming it in node_params (ComfyUI's TextGenerateLTX2Prompt): Gemma 3 rewrites the prompt
+        Node("enhance_prompt", LTX2PromptEnhance(), when=opt("prompt enhancement", enhances)),
         Node("text_encode", LTX2TextEncode()),
         Node("image_condition", LTX2ImageCondition(), when=task_in(TaskType.I2V)),
         Node("denoise", LTX2DenoiseLoop(cfg=guidance, conditioning=LTX2FirstFrame()),
@@ -202,6 +205,7 @@ def ltx2_pipeline_spec(variant: Variant, upsample_scale: int, cfg_mode: str = "b
     )
     return PipelineSpec(name=variant.name, family="ltx2", tasks=variant.tasks, components=components, nodes=nodes,
                         outputs={"video": "video", "audio": "audio", "latents": "final_latents",
+                                 "enhanced_prompt": "enhanced_prompt",
                                  "audio_latents": "final_audio_latents", "trajectory": "trajectory"})
 
 

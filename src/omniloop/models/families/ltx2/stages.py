@@ -24,7 +24,7 @@ from omniloop.pipeline.policies.cfg import Prediction, loops_guide
 from omniloop.pipeline.stage import ComponentStage, StageBase
 from omniloop.pipeline.stages.decode import to_uint8_frames
 from omniloop.pipeline.state import RequestState, StageContext
-from omniloop.request import AudioArtifact, ImagePart, Modality, OmniRequest, VideoArtifact
+from omniloop.request import AudioArtifact, ImagePart, Modality, OmniRequest, TextArtifact, VideoArtifact
 from omniloop.models.families.ltx2.model import Guidance
 from omniloop.models.families.ltx2.presets import LTX2Defaults
 
@@ -196,6 +196,7 @@ class LTX2TextEncode(StageBase):
 
     text_encoder: str = "text_encoder"
     connectors: str = "connectors"
+    optional_inputs = {"enhanced_prompt": TextArtifact}  # the enhance_prompt node's rewrite of the prompt
     outputs = {"text": LTX2TextStates}
 
     @property
@@ -234,8 +235,10 @@ class LTX2TextEncode(StageBase):
 
     @staticmethod
     def _prompts(ctx: StageContext, state: RequestState) -> list[str]:
-        """[prompt], and the negative prompt when a loop's resolved CFG scale exceeds 1."""
-        prompts = [state.request.prompt or ""]
+        """[prompt] (the enhanced one when the enhance_prompt node ran), and the negative prompt
+        when a loop's resolved CFG scale exceeds 1."""
+        enhanced = ctx.read_optional(state, "enhanced_prompt", TextArtifact)
+        prompts = [enhanced.text if enhanced is not None else state.request.prompt or ""]
         if loops_guide(state.node_params):
             prompts.append(admitted(state.request.diffusion.negative_prompt, "negative_prompt", ctx.node))
         return prompts

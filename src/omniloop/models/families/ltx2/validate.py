@@ -12,6 +12,11 @@ from omniloop.pipeline.samplers.sampler_set import SamplerSet
 from omniloop.request import ErrorKind, InvalidRequest, OmniRequest, TaskType
 
 
+def enhances(request: OmniRequest) -> bool:
+    """The prompt rewritten by Gemma 3 before encoding: asked for by naming the ``enhance_prompt`` node."""
+    return "enhance_prompt" in request.node_params
+
+
 def two_stage(request: OmniRequest) -> bool:
     """base -> latent upsample -> refine: asked for by naming the ``upsample`` or ``refine`` node."""
     return "upsample" in request.node_params or "refine" in request.node_params

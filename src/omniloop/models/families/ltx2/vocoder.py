@@ -3,7 +3,7 @@ mel spectrogram [B, channels, T, mel] -> waveform [B, out_channels, T * prod(ups
 
 Transposed-conv upsampling stages, each followed by the mean of parallel dilated residual
 stacks; LeakyReLU (LTX-2.0) or anti-aliased SnakeBeta activations. (LTX-2.3's vocoder with
-bandwidth extension, ``LTX2VocoderWithBWE``, is not ported.)
+bandwidth extension, ``LTX2VocoderWithBWE``, runs two of these: ``vocoder_bwe.py``.)
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from omniloop.models.families.ltx2.model import LTX2DiT, LTX2DiTConfig
 from omniloop.models.families.ltx2.upsampler import LTX2LatentUpsampler, LTX2UpsamplerConfig
 from omniloop.models.families.ltx2.vae import LTX2VideoVAE, LTX2VideoVAEConfig
 from omniloop.models.families.ltx2.vocoder import LTX2Vocoder, LTX2VocoderConfig
+from omniloop.models.families.ltx2.vocoder_bwe import LTX2VocoderBWEConfig, LTX2VocoderWithBWE
 
 Subs = tuple[tuple[re.Pattern[str], str], ...]
 
@@ -64,10 +65,14 @@ class Part:
     skip: Callable[[str], bool] = lambda key: False
 
 
-def _vocoder_config(config: dict) -> LTX2VocoderConfig:
-    if config.get("_class_name") not in (None, "LTX2Vocoder"):
-        raise ValueError(f"vocoder/ is a {config['_class_name']}; only LTX2Vocoder (LTX-2.0) is supported")
-    return LTX2VocoderConfig.from_diffusers_config(config)
+def _vocoder(config: dict) -> nn.Module:
+    """LTX2Vocoder (LTX-2.0) or LTX2VocoderWithBWE (LTX-2.3 on: 48 kHz by bandwidth extension)."""
+    kind = config.get("_class_name")
+    if kind == "LTX2VocoderWithBWE":
+        return LTX2VocoderWithBWE(LTX2VocoderBWEConfig.from_diffusers_config(config))
+    if kind not in (None, "LTX2Vocoder"):
+        raise ValueError(f"vocoder/ is a {kind}; pass an LTX2Vocoder or LTX2VocoderWithBWE folder")
+    return LTX2Vocoder(LTX2VocoderConfig.from_diffusers_config(config))
 
 
 PARTS: dict[str, Part] = {
@@ -78,7 +83,7 @@ PARTS: dict[str, Part] = {
     "vae": Part("AutoencoderKLLTX2Video", lambda c: LTX2VideoVAE(LTX2VideoVAEConfig.from_diffusers_config(c))),
     "audio_vae": Part("AutoencoderKLLTX2Audio", lambda c: LTX2AudioVAE(LTX2AudioVAEConfig.from_diffusers_config(c)),
                       skip=lambda key: key.startswith("encoder.")),  # the pipelines only decode audio
-    "vocoder": Part("LTX2Vocoder", lambda c: LTX2Vocoder(_vocoder_config(c)), VOCODER_SUBS),
+    "vocoder": Part("LTX2Vocoder", _vocoder, VOCODER_SUBS),
     "latent_upsampler": Part("LTX2LatentUpsamplerModel",
                              lambda c: LTX2LatentUpsampler(LTX2UpsamplerConfig.from_diffusers_config(c)), UPSAMPLER_SUBS),
 }
@@ -121,7 +126,7 @@ def load_ltx2_audio_vae(folder: Path, *, device, dtype) -> LTX2AudioVAE:
     return load_part("audio_vae", folder, device=device, dtype=dtype)
 
 
-def load_ltx2_vocoder(folder: Path, *, device, dtype) -> LTX2Vocoder:
+def load_ltx2_vocoder(folder: Path, *, device, dtype) -> LTX2Vocoder | LTX2VocoderWithBWE:
     return load_part("vocoder", folder, device=device, dtype=dtype)
 
 
@@ -135,6 +140,7 @@ def load_ltx2_latent_upsampler(folder: Path, *, device, dtype) -> LTX2LatentUpsa
 ORIGINAL_DIT_SUBS = _subs(
     (r"^adaln_single\.", "time_embed."),
     (r"^audio_adaln_single\.", "audio_time_embed."),
+    (r"^(audio_)?prompt_adaln_single\.", r"\1prompt_adaln."),  # LTX-2.3 on: the text cross-attention's AdaLN
     (r"^(audio_)?patchify_proj\.", r"\1proj_in."),
     (r"^av_ca_video_scale_shift_adaln_single\.", "av_cross_attn_video_scale_shift."),
     (r"^av_ca_a2v_gate_adaln_single\.", "av_cross_attn_video_a2v_gate."),
@@ -154,7 +160,7 @@ def ltx2_dit_config_from_shapes(shapes: Mapping[str, torch.Size], **facts: Any) 
     channels and depth from the shapes; ``facts`` (LTX2DiTConfig fields the file does not carry:
     ``attention_head_dim``, ``audio_attention_head_dim``, ``rope_type``...) over the released values."""
     needed = ("proj_in.weight", "proj_out.weight", "audio_proj_in.weight", "audio_proj_out.weight",
-              "caption_projection.linear_1.weight", "transformer_blocks.0.attn2.to_k.weight",
+              "time_embed.linear.weight", "audio_time_embed.linear.weight", "transformer_blocks.0.attn2.to_k.weight",
               "transformer_blocks.0.audio_attn2.to_k.weight")
     missing = [k for k in needed if k not in shapes]
     if missing:
@@ -175,9 +181,28 @@ def ltx2_dit_config_from_shapes(shapes: Mapping[str, torch.Size], **facts: Any) 
                   audio_out_channels=int(shapes["audio_proj_out.weight"][0]),
                   audio_num_attention_heads=audio_inner // audio_head, num_layers=layers,
                   cross_attention_dim=int(shapes["transformer_blocks.0.attn2.to_k.weight"][1]),
-                  audio_cross_attention_dim=int(shapes["transformer_blocks.0.audio_attn2.to_k.weight"][1]),
-                  caption_channels=int(shapes["caption_projection.linear_1.weight"][1]))
+                  audio_cross_attention_dim=int(shapes["transformer_blocks.0.audio_attn2.to_k.weight"][1]))
+    config.update(ltx23_flags(shapes, inner, audio_inner))
+    if "caption_projection.linear_1.weight" in shapes:  # LTX-2.0; LTX-2.3 on: the connectors project
+        config["caption_channels"] = int(shapes["caption_projection.linear_1.weight"][1])
     return config
+
+
+def ltx23_flags(shapes: Mapping[str, torch.Size], inner: int, audio_inner: int) -> dict[str, bool]:
+    """The LTX-2.3 architecture switches a DiT's (diffusers-named) weights carry: per-head attention
+    gates, 9 AdaLN rows (text cross-attention modulation) and its timestep MLP, no caption
+    projection (the connectors project per modality), feed-forward biases."""
+    block = "transformer_blocks.0."
+    video_mod = int(shapes["time_embed.linear.weight"][0]) == 9 * inner
+    audio_mod = int(shapes["audio_time_embed.linear.weight"][0]) == 9 * audio_inner
+    return {"gated_attn": f"{block}attn1.to_gate_logits.weight" in shapes,
+            "audio_gated_attn": f"{block}audio_attn1.to_gate_logits.weight" in shapes,
+            "cross_attn_mod": video_mod, "audio_cross_attn_mod": audio_mod,
+            # without modulation the switch is unread: keep its default
+            "use_prompt_adaln_single": "prompt_adaln.linear.weight" in shapes if video_mod or audio_mod else True,
+            "use_prompt_embeddings": "caption_projection.linear_1.weight" in shapes,
+            "ff_bias": f"{block}ff.net.0.proj.bias" in shapes,
+            "audio_ff_bias": f"{block}audio_ff.net.0.proj.bias" in shapes}
 
 
 def load_ltx2_transformer_single_file(path: str | Path, *, device: torch.device | str = "cpu",

@@ -439,14 +439,22 @@ def test_a_run_from_given_latents_is_comfyuis_run_over_the_rest_of_the_schedule(
     assert torch.equal(_run(sampler, late, x0), _run(sampler, fresh, x0))
 
 
-def test_on_an_audio_latent_comfyuis_flow_samplers_are_deviations():
-    """audio_stable_audio_example (KSampler dpmpp_3m_sde_gpu / exponential): Stable Audio is a
-    v-prediction model over EDM sigmas, not a flow model, so its own sampler runs, reported."""
+def test_on_an_audio_latent_a_flow_only_sampler_is_a_deviation():
+    """audio_stable_audio_example asks for dpmpp_3m_sde_gpu / exponential, which runs on the
+    v-prediction model (comfy_v_dpmpp_3m_sde_gpu); res_multistep, a flow-model sampler here, is
+    reported and the model's own sampler runs."""
     pytest.importorskip("comfyui_workflow_templates_json")
     from omniloop.workflows import compile_workflow
     from omniloop.workflows.ui_format import ui_to_api
     from tests.workflows.templates import template, template_models
 
-    result = compile_workflow(ui_to_api(template("audio_stable_audio_example")), template_models())
+    api = ui_to_api(template("audio_stable_audio_example"))
+    assert compile_workflow(api, template_models()).generations[0].request.diffusion.sampler \
+        == "comfy_v_dpmpp_3m_sde_gpu"
+    for node in api.values():
+        if node["class_type"] == "KSampler":
+            node["inputs"]["sampler_name"] = "res_multistep"
+    result = compile_workflow(api, template_models())
     assert result.generations[0].request.diffusion.sampler is None
-    assert any("'dpmpp_3m_sde_gpu' runs on flow models only" in d.message for d in result.deviations)
+    assert any("sampler_name='res_multistep' is not supported on this v-prediction model" in d.message
+               for d in result.deviations)

@@ -3,7 +3,7 @@ and what to pass instead, before any work starts."""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Literal
 
 import torch
 
@@ -19,16 +19,17 @@ MIN_REFERENCE_SIDE = 64  # Flux2ImageProcessor.check_image_input's limits
 MAX_REFERENCE_ASPECT = 8
 
 
-def make_validator(defaults: GenerationDefaults, vae: Flux2VAEConfig, samplers: SamplerSet, *,
-                   distilled: bool) -> Callable[[OmniRequest], OmniRequest]:
+def make_validator(defaults: GenerationDefaults, vae: Flux2VAEConfig, samplers: SamplerSet, *, distilled: bool,
+                   guidance: Literal["cfg", "embedded"] = "cfg") -> Callable[[OmniRequest], OmniRequest]:
     """``vae``: the VAE's latent space (scale factor, channels); ``distilled``: a step-distilled
-    klein (``is_distilled``), which runs without classifier-free guidance."""
+    klein (``is_distilled``), which runs without classifier-free guidance; ``guidance``:
+    "embedded" for dev (the scale goes into the DiT; there is no negative branch)."""
     multiple = vae.scale_factor_spatial  # 8x VAE, then 2x2 patches
 
     def validate(request: OmniRequest) -> OmniRequest:
         p = request.diffusion
         if request.images("mask"):
-            raise InvalidRequest("FLUX.2 klein edits by reference and takes no mask", hint="omit the mask",
+            raise InvalidRequest("FLUX.2 edits by reference and takes no mask", hint="omit the mask",
                                  fields=("mask",))
         if request.task == TaskType.I2I:
             request = _with_reference_size(request, vae)
@@ -59,6 +60,10 @@ def make_validator(defaults: GenerationDefaults, vae: Flux2VAEConfig, samplers: 
         if distilled and p.negative_prompt is not None:
             raise InvalidRequest("diffusion.negative_prompt has no effect on a step-distilled FLUX.2 klein (no "
                                  "unconditional branch)", hint="omit it", fields=("diffusion.negative_prompt",))
+        if guidance == "embedded" and p.negative_prompt is not None:
+            raise InvalidRequest("diffusion.negative_prompt has no effect on FLUX.2 [dev]: its guidance scale is "
+                                 "embedded in the transformer (no unconditional branch)", hint="omit it",
+                                 fields=("diffusion.negative_prompt",))
         samplers.get(p.sampler)  # raises naming the offered samplers
         return request
 

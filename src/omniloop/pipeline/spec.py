@@ -93,6 +93,9 @@ class PipelineSpec:
     # an image-variation graph (FLUX.1 Redux): its text-to-image requests may carry ImagePart(role="reference")
     # images whose embedding conditions the output (over HTTP: /v1/images/variations)
     takes_references: bool = False
+    # how many images an image-to-image request may carry as references (FLUX.2's multi-reference
+    # edits: several; over HTTP: /v1/images/edits' repeated image[] uploads)
+    max_edit_images: int = 1
     order: tuple[str, ...] = field(init=False)  # topological node order, computed by validation
 
     def __post_init__(self) -> None:

@@ -73,6 +73,14 @@ def _put(target: dict[str, Any], key: str, value: Any) -> None:
 async def read_body(request: Request, limit: int, *,
                     file_fields: tuple[str, ...] = ()) -> tuple[dict[str, Any], dict[str, bytes]]:
     """(fields, uploaded files by field name). Empty form values count as absent."""
+    fields, uploads = await read_body_uploads(request, limit, file_fields=file_fields)
+    return fields, {key: files[-1] for key, files in uploads.items()}
+
+
+async def read_body_uploads(request: Request, limit: int, *, file_fields: tuple[str, ...] = (),
+                            max_files: int | None = None) -> tuple[dict[str, Any], dict[str, list[bytes]]]:
+    """(fields, every uploaded file by field name, in order: a field may repeat, as OpenAI's
+    ``image[]``); ``max_files``: how many files the form may hold (default: one per field)."""
     raw = await read_limited(request, limit)
     ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
     if ctype in ("application/json", "") or ctype.endswith("+json"):
@@ -85,7 +93,8 @@ async def read_body(request: Request, limit: int, *,
         return data, {}
     if ctype == "multipart/form-data":
         # the whole body is already within ``limit``, so no per-part size limit is needed
-        parser: Any = MultiPartParser(request.headers, _once(raw), max_files=len(file_fields), max_fields=256)
+        parser: Any = MultiPartParser(request.headers, _once(raw), max_files=max_files or len(file_fields),
+                                      max_fields=256)
     elif ctype == "application/x-www-form-urlencoded":
         parser = FormParser(request.headers, _once(raw))
     else:
@@ -96,13 +105,13 @@ async def read_body(request: Request, limit: int, *,
     except (MultiPartException, ValueError) as e:
         raise ApiError(400, f"body: malformed form ({e})", param="body", code="invalid_form") from None
     fields: dict[str, Any] = {}
-    files: dict[str, bytes] = {}
+    files: dict[str, list[bytes]] = {}
     for key, value in form.multi_items():
         if isinstance(value, UploadFile):
             if key not in file_fields:
                 raise ApiError(400, f"{key}: a file was uploaded to a field that takes none "
                                f"(file fields: {list(file_fields)})", param=key, code="invalid_value")
-            files[key] = await value.read()
+            files.setdefault(key, []).append(await value.read())
         elif value != "":
             _put(fields, key, value)
     return fields, files

@@ -13,6 +13,12 @@ MAX_SEQUENCE_LENGTH = 512
 # FLUX.2 [dev]: the Mistral Small 3.1 hidden states it reads (Flux2Pipeline's default; 40 layers)
 DEV_TEXT_ENCODER_LAYERS = (10, 20, 30)
 
+# Reference images an edit may carry. diffusers' pipelines set no limit (each reference adds its
+# tokens to every forward); these are BFL's documented per-model limits (docs.bfl.ai, "Reference
+# Images per Model"): klein 4B / 9B up to 4, dev a recommended maximum of 6.
+KLEIN_MAX_REFERENCES = 4
+DEV_MAX_REFERENCES = 6
+
 # FLUX.2 [klein] (step-distilled, ``is_distilled: true``): 4 steps without CFG, BFL's recipe.
 KLEIN_DEFAULTS = GenerationDefaults(
     steps=4,

@@ -15,9 +15,9 @@ import json
 from pathlib import Path
 from typing import Any, Mapping, cast
 
-from omniloop.models.families.flux2.presets import (DEV_DEFAULTS, DEV_TEXT_ENCODER_LAYERS, FLUX2_SCHEDULER,
-                                                    KLEIN_BASE_DEFAULTS, KLEIN_DEFAULTS, MAX_SEQUENCE_LENGTH,
-                                                    TEXT_ENCODER_LAYERS)
+from omniloop.models.families.flux2.presets import (DEV_DEFAULTS, DEV_MAX_REFERENCES, DEV_TEXT_ENCODER_LAYERS,
+                                                    FLUX2_SCHEDULER, KLEIN_BASE_DEFAULTS, KLEIN_DEFAULTS,
+                                                    KLEIN_MAX_REFERENCES, MAX_SEQUENCE_LENGTH, TEXT_ENCODER_LAYERS)
 from omniloop.models.families.flux2.stages import EmpiricalShift, Flux2Denoiser, Flux2References
 from omniloop.models.families.flux2.validate import make_validator
 from omniloop.models.families.flux2.vae import load_flux2_vae, load_flux2_vae_single_file
@@ -154,7 +154,12 @@ def flux2_pipeline_spec(variant: Variant) -> PipelineSpec:
         components=components,
         nodes=nodes,
         outputs={"image": "image", "latents": "final_latents", "trajectory": "trajectory"},
+        max_edit_images=max_references(variant),
     )
+
+
+def max_references(variant: Variant) -> int:
+    return DEV_MAX_REFERENCES if variant.name == DEV_VARIANT else KLEIN_MAX_REFERENCES
 
 
 def _wants_pixels(request: OmniRequest) -> bool:
@@ -180,7 +185,7 @@ def build_flux2(variant: Variant, index: Mapping[str, Any], components: Mapping[
     distilled = bool(index.get("is_distilled", False))
     defaults = DEV_DEFAULTS if dev else KLEIN_DEFAULTS if distilled else KLEIN_BASE_DEFAULTS
     validate = make_validator(defaults, vae.latent_config, components["sampler"], distilled=distilled,
-                              guidance="embedded" if dev else "cfg")
+                              guidance="embedded" if dev else "cfg", max_references=max_references(variant))
     return Pipeline(spec=flux2_pipeline_spec(variant), components=components, device=options.device,
                     dtype=options.dtype, defaults=defaults, validate_request=validate)
 

@@ -22,6 +22,7 @@ TEMPLATES = {  # template -> the family whose checkpoint serves it
     "flux_redux_model_example": "flux",  # FLUX.1-dev's files + Redux's style model and SigLIP: one Flux folder
     "image_flux2_klein_text_to_image": "flux2_klein_base", "image_flux2_text_to_image_9b": "flux2_klein_base",
     "image_flux2_klein_image_edit_4b_distilled": "flux2_klein_base", "image_flux2_klein_image_edit_4b_base": "flux2_klein_base",
+    "image_flux2": "flux2_dev", "image_flux2_text_to_image": "flux2_dev",  # FLUX.2 [dev]: Mistral 3 + its DiT
 }
 FAMILY_WORDS = ("wan", "flux", "ltx", "stable")  # template name prefixes of the four families
 LOADER_FOLDERS = {"UNETLoader": "diffusion_models", "CheckpointLoaderSimple": "checkpoints", "CLIPLoader": "text_encoders",
@@ -29,7 +30,7 @@ LOADER_FOLDERS = {"UNETLoader": "diffusion_models", "CheckpointLoaderSimple": "c
                   "StyleModelLoader": "style_models",
                   "LatentUpscaleModelLoader": "latent_upscale_models", "LTXVAudioVAELoader": "checkpoints",
                   "LoraLoaderModelOnly": "loras", "LoraLoader": "loras", "LTXAVTextEncoderLoader": None}
-EMBEDDED_GUIDANCE = {"flux", "flux_kontext", "flux_fill", "flux_control"}
+EMBEDDED_GUIDANCE = {"flux", "flux_kontext", "flux_fill", "flux_control", "flux2_dev"}
 
 
 def templates_dir() -> Path:

@@ -20,7 +20,7 @@ IMAGES = ("image_to_video_wan_start_image.png", "video_wan2_2_14B_i2v_input_imag
           "flux_kontext_dev_basic_input_image.jpg", "flux_fill_inpaint_example_input_image.png",
           "flux_fill_outpaint_example_input_image.png", "flux_canny_model_example_input_image.png",
           "flux_redux_model_example_reference_image_1.png", "flux_redux_model_example_reference_image_2.png",
-          "handbag_white.png", "robed_women.png")
+          "handbag_white.png", "robed_women.png", "image_flux2_input_image.png")
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +97,13 @@ EXPECTED = {
     "image_flux2_klein_image_edit_4b_base": (TaskType.I2I, "flux2_klein_base", [Modality.IMAGE],
                                              {"steps": 20, "guidance_scale": 5.0, "width": 1248, "height": 832,
                                               "strength": None}),
+    # FLUX.2 [dev]: FluxGuidance 4 (embedded) under BasicGuider, Flux2Scheduler's 20 steps; the Turbo LoRA's
+    # switch ships off
+    "image_flux2_text_to_image": (TaskType.T2I, "flux2_dev", [Modality.IMAGE],
+                                  {"steps": 20, "guidance_scale": 4.0, "width": 1024, "height": 1024,
+                                   "negative_prompt": None, "sampler": "flow_euler"}),
+    "image_flux2": (TaskType.I2I, "flux2_dev", [Modality.IMAGE],  # one reference (ReferenceLatent)
+                    {"steps": 20, "guidance_scale": 4.0, "strength": None, "negative_prompt": None}),
     "audio_stable_audio_example": (TaskType.T2A, "stable_audio", [Modality.AUDIO],
                                    {"steps": 50, "guidance_scale": 4.98, "duration_s": 47.6, "sampler": None}),
 }

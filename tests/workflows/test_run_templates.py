@@ -336,3 +336,33 @@ def test_flux2_klein_edit_templates_run_and_equal_the_klein_pipeline(name, cfg, 
     _, pixels = klein_run(klein_pipeline(klein_base_dir), 48, 32, request.diffusion.seed, image=[picture],
                           prompt=request.prompt, num_inference_steps=2, guidance_scale=cfg)
     assert np.array_equal(image, np.round(pixels[0] * 255).astype(np.uint8))
+
+
+def test_flux2_dev_templates_run_and_equal_flux2_pipeline(flux2_dev_dir, input_dir):
+    """image_flux2_text_to_image (UNETLoader + CLIPLoader type flux2 with the Mistral file + VAELoader ->
+    FluxGuidance 4 under BasicGuider, Flux2Scheduler, SamplerCustomAdvanced) and image_flux2 (the same
+    with LoadImage -> VAEEncode -> ReferenceLatent) on the tiny FLUX.2-dev checkpoint: the images
+    diffusers' Flux2Pipeline makes with the same calls (embedded guidance 4)."""
+    import numpy as np
+    from PIL import Image
+
+    from tests.models.flux2.helpers import dev_pipeline, klein_run
+
+    pipe = dev_pipeline(flux2_dev_dir)
+    request, out = run("image_flux2_text_to_image", flux2_dev_dir, "flux2_dev", input_dir)
+    assert (request.task.value, request.diffusion.steps, request.diffusion.guidance_scale) == ("t2i", 2, 4.0)
+    image = out.artifacts["image"].image.numpy()
+    assert image.shape == (48, 32, 3)
+    _, pixels = klein_run(pipe, 48, 32, request.diffusion.seed, prompt=request.prompt, num_inference_steps=2,
+                          guidance_scale=4.0)
+    assert np.array_equal(image, np.round(pixels[0] * 255).astype(np.uint8))
+
+    picture = Image.fromarray(np.random.default_rng(5).integers(0, 256, (82, 128, 3), dtype=np.uint8))
+    picture.save(input_dir / "image_flux2_input_image.png")
+    request, out = run("image_flux2", flux2_dev_dir, "flux2_dev", input_dir)
+    assert request.task.value == "i2i" and [p.role for p in request.images()] == ["reference"]
+    image = out.artifacts["image"].image.numpy()
+    assert image.shape == (48, 32, 3)
+    _, pixels = klein_run(pipe, 48, 32, request.diffusion.seed, image=[picture], prompt=request.prompt,
+                          num_inference_steps=2, guidance_scale=4.0)
+    assert np.array_equal(image, np.round(pixels[0] * 255).astype(np.uint8))

@@ -4,7 +4,9 @@ requests submitted together, so the engine batches their steps; answered
 with base64 PNGs or URLs to them. ``model`` picks one of the served models; ``loras``
 (``[{"name", "strength"}]``, loaded through ``/v1/loras``) and an edit's ``strength`` are
 extra fields, and a FLUX.1 Canny / Depth model's ``control_image`` (the edge or depth map a
-generation follows)."""
+generation follows). An edit of a multi-reference model (FLUX.2) takes several images: repeated
+``image[]`` uploads (the openai client's list) or a JSON list, up to the model's
+``max_edit_images``, each size-checked."""
 
 from __future__ import annotations
 

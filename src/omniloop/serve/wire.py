@@ -472,7 +472,8 @@ def openai_image_edit(wire: Any, request_ids: list[str], model: ServedModel, ima
         raise WireError("image", "an edit needs the image to edit: upload it as the multipart file 'image', or pass "
                         "it as a data: URL (data:image/png;base64,...)", code="missing")
     call.image, call.image_param = images[0], "image"
-    call.references = tuple(reference_image(ref, "image", role="reference") for ref in images[1:])
+    references = [reference_image(ref, "image", role="reference") for ref in images[1:]]
+    call.references = tuple(part for part in references if part is not None)
     if mask is not None:
         call.mask = inpaint_mask(mask, reference_image(call.image, "image", role="reference"))
     _prompt(call)  # an empty prompt first, as generations

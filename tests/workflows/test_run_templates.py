@@ -387,12 +387,12 @@ def _chain_second_reference(api: dict[str, Any], image: str) -> dict[str, Any]:
 
 def test_chained_reference_latents_are_a_flux2_multi_reference_edit(klein_base_dir, flux_kontext_dir, input_dir):
     """ReferenceLatent chained (two images, on both prompts) -> two references in order on FLUX.2
-    (the image Flux2KleinPipeline makes from both); refused naming the node on FLUX.1 Kontext."""
+    (the image Flux2KleinPipeline makes from both); FLUX.1 Kontext refuses the two at admission."""
     import numpy as np
     from PIL import Image
 
     from omniloop.api.generator import VideoGenerator
-    from omniloop.workflows.errors import WorkflowError
+    from omniloop.engine.errors import RequestRejected
     from tests.models.flux2.helpers import klein_pipeline, klein_run
 
     rng = np.random.default_rng(7)
@@ -413,6 +413,9 @@ def test_chained_reference_latents_are_a_flux2_multi_reference_edit(klein_base_d
                           prompt=request.prompt, num_inference_steps=2, guidance_scale=5.0)
     assert np.array_equal(out.artifacts["image"].image.numpy(), np.round(pixels[0] * 255).astype(np.uint8))
 
-    with pytest.raises(WorkflowError) as e:  # the same chain on a model that takes one reference
-        compile_workflow(api, template_models({"flux2_klein_base": flux_kontext_dir}), input_dir=input_dir)
-    assert "FLUX.1 Kontext takes one" in json.dumps(e.value.to_comfy())
+    # the same chain on a model that takes one reference: refused at admission, naming the field
+    (generation,) = compile_workflow(api, template_models({"flux2_klein_base": flux_kontext_dir}),
+                                     input_dir=input_dir).generations
+    with VideoGenerator.from_pretrained(str(generation.served.path)) as gen:
+        with pytest.raises(RequestRejected, match="2 images to edit; FLUX.1 edits one image"):
+            gen.generate(generation.request)

@@ -28,7 +28,7 @@ from omniloop.workflows.control_render import control_part
 from omniloop.workflows.errors import node_error
 from omniloop.workflows.evaluate import Deviation, Evaluation
 from omniloop.workflows.graph import Graph, GraphNode, load_workflow
-from omniloop.workflows.model_folder import ModelFolder, ServedCheckpoint, takes_several_references
+from omniloop.workflows.model_folder import ModelFolder, ServedCheckpoint
 from omniloop.workflows.schedules import SCHEDULES, flow_schedule, ksampler_sigmas
 from omniloop.workflows.style_models import REDUX_NODE, style_parts
 from omniloop.workflows.values import AudioOut, Latent, Pixels, SaveTarget, Sampling, VideoOut
@@ -187,7 +187,7 @@ def _generation(ev: Evaluation, final: Latent, saves: tuple[SaveTarget, ...]) ->
     loras = _loras(ev, runs)
     if loras:
         fields.put("loras", loras)
-    parts = _parts(ev, first, canvas, served)
+    parts = _parts(ev, first, canvas)
     styles, redux = style_parts(first, served, ev.loaded, task)  # StyleModelApply: FLUX.1 Redux references
     parts += styles
     if redux is not None:
@@ -390,16 +390,14 @@ def _loras(ev: Evaluation, runs: tuple[Sampling, ...]) -> list[LoraRef]:
     return loras
 
 
-def _parts(ev: Evaluation, run: Sampling, canvas: Latent, served: ServedCheckpoint) -> list[ImagePart]:
+def _parts(ev: Evaluation, run: Sampling, canvas: Latent) -> list[ImagePart]:
     if run.positive.control is not None:  # InstructPixToPixConditioning: a FLUX.1 Canny/Depth model's control image
         return [control_part(run.positive.control, canvas.width, canvas.height)]
     reference = run.positive.reference
     if reference is not None:
+        # chained ReferenceLatents: every image a reference, in order (the served model's admission
+        # refuses more than it takes)
         references = [(reference, run.positive.reference_node), *run.positive.more_references]
-        if len(references) > 1 and not takes_several_references(served):
-            raise node_error(references[1][1], "ReferenceLatent", "invalid_input_type", "one reference image per "
-                             "prompt for this model (FLUX.1 Kontext takes one; FLUX.2 takes several)",
-                             "stitch the images into one (ImageStitch) before encoding it", "conditioning")
         for pixels, node_id in references:
             if pixels.source != "file" or pixels.path is None:
                 raise node_error(node_id, "ReferenceLatent", "invalid_input_type", "latent: the reference must be "

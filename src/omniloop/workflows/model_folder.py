@@ -53,33 +53,6 @@ class ServedCheckpoint:
 GUIDANCE_KEY = "guidance_in.in_layer.weight"
 
 
-# models whose edits take several reference images (ReferenceLatent chained): FLUX.2 [klein] / [dev],
-# as a diffusers folder (model_index.json's class) or a BFL DiT file (its shared single-block modulation)
-MULTI_REFERENCE_CLASSES = frozenset({"Flux2KleinPipeline", "Flux2Pipeline"})
-FLUX2_DIT_KEY = "single_stream_modulation.lin.weight"
-
-
-def takes_several_references(served: "ServedCheckpoint") -> bool:
-    """Whether ``served`` edits with several reference images (FLUX.2); False when nothing
-    says so (FLUX.1 Kontext takes one)."""
-    from safetensors import safe_open
-
-    path = served.path
-    if path is None:
-        return False
-    if path.is_dir():
-        index = path / "model_index.json"
-        try:
-            return index.is_file() and json.loads(index.read_text()).get("_class_name") in MULTI_REFERENCE_CLASSES
-        except (OSError, ValueError):
-            return False
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            return any(key == FLUX2_DIT_KEY or key.endswith(f".{FLUX2_DIT_KEY}") for key in f.keys())
-    except Exception:  # noqa: BLE001 - any unreadable file: not one this check can read
-        return False
-
-
 def embeds_guidance(path: Path) -> bool:
     """Whether the DiT single file (or full checkpoint) at ``path`` takes an embedded guidance
     (ComfyUI's ``FluxGuidance``): it has a guidance embedder. Reads the safetensors header only;

@@ -231,7 +231,7 @@ def clip_text_encode_flux(call: NodeCall) -> tuple[Any, ...]:
 def reference_latent(call: NodeCall) -> tuple[Any, ...]:
     """The image an edit model (FLUX.1 Kontext) edits: the latents of a VAEEncode, whose
     image the served model encodes itself (its reference tokens). Chained, each adds one more
-    reference (FLUX.2; the compiler refuses it for a model that takes one)."""
+    reference (a multi-reference model; one that takes fewer refuses the request at admission)."""
     latent, cond = call.get("latent"), call["conditioning"]
     if latent is None:
         return (cond,)

@@ -80,3 +80,10 @@ def test_edit_with_two_references_equals_flux2_pipeline(flux2_dev_dir):
 def test_negative_prompt_is_refused_naming_the_field(flux2_dev_dir):
     with pytest.raises(RequestRejected, match="diffusion.negative_prompt"):
         generator(flux2_dev_dir).generate(_request(height=H, width=W, steps=1, negative_prompt="blurry"))
+
+
+def test_more_references_than_dev_takes_are_refused_naming_the_cap(flux2_dev_dir):
+    """dev: BFL's recommended maximum of 6 references (diffusers sets none), named in the error."""
+    refs = [ImagePart(data=np.zeros((64, 64, 3), np.uint8)) for _ in range(7)]
+    with pytest.raises(RequestRejected, match="at most 6 per edit"):
+        generator(flux2_dev_dir).generate(_request(TaskType.I2I, refs, steps=1))

@@ -186,3 +186,14 @@ def klein_base_dir(tmp_path_factory, klein_dir):
     index = json.loads((folder / "model_index.json").read_text())
     (folder / "model_index.json").write_text(json.dumps({**index, "is_distilled": False}, indent=2))
     return folder
+
+
+@pytest.fixture(scope="session")
+def flux2_dev_dir(tmp_path_factory):
+    """A tiny FLUX.2-dev folder (Flux2Pipeline: Mistral3 text encoder, guidance-embedding DiT;
+    tests/models/flux2/checkpoint.py)."""
+    from tests.models.flux2.checkpoint import save_dev_checkpoint
+
+    folder = tmp_path_factory.mktemp("flux2_dev")
+    save_dev_checkpoint(folder)
+    return folder

@@ -25,6 +25,7 @@ TEMPLATES = {  # template -> the family whose checkpoint serves it
     "video_wan_vace_14B_t2v": "wan_vace", "video_wan_vace_14B_ref2v": "wan_vace", "video_wan_vace_14B_v2v": "wan_vace",
     "video_wan2_2_14B_fun_inpaint": "wan_i2v", "video_wan2_2_5B_fun_inpaint": "wan_fun_5b",
     "wan2.1_fun_inp": "wan_i2v_clip",
+    "image_flux2": "flux2_dev", "image_flux2_text_to_image": "flux2_dev",  # FLUX.2 [dev]: Mistral 3 + its DiT
 }
 FAMILY_WORDS = ("wan", "flux", "ltx", "stable")  # template name prefixes of the four families
 LOADER_FOLDERS = {"UNETLoader": "diffusion_models", "CheckpointLoaderSimple": "checkpoints", "CLIPLoader": "text_encoders",
@@ -32,7 +33,7 @@ LOADER_FOLDERS = {"UNETLoader": "diffusion_models", "CheckpointLoaderSimple": "c
                   "StyleModelLoader": "style_models",
                   "LatentUpscaleModelLoader": "latent_upscale_models", "LTXVAudioVAELoader": "checkpoints",
                   "LoraLoaderModelOnly": "loras", "LoraLoader": "loras", "LTXAVTextEncoderLoader": None}
-EMBEDDED_GUIDANCE = {"flux", "flux_kontext", "flux_fill", "flux_control"}
+EMBEDDED_GUIDANCE = {"flux", "flux_kontext", "flux_fill", "flux_control", "flux2_dev"}
 
 
 def templates_dir() -> Path:

@@ -24,7 +24,8 @@ IMAGES = ("image_to_video_wan_start_image.png", "video_wan2_2_14B_i2v_input_imag
           "video_wan_vace_14B_v2v_reference_image.jpg",
           "video_wan2_2_14B_fun_inpaint_start_image.png", "video_wan2_2_14B_fun_inpaint_end_image.png",
           "video_wan2_2_5B_fun_inpaint_start_image.png", "video_wan2_2_5B_fun_inpaint_end_image.png",
-          "wan2.1_fun_inp_start_image.png", "wan2.1_fun_inp_end_image.png", "egyptian_queen.png")
+          "wan2.1_fun_inp_start_image.png", "wan2.1_fun_inp_end_image.png", "egyptian_queen.png",
+          "image_flux2_input_image.png")
 VIDEOS = ("video_wan_vace_14B_v2v_reference_image_control_video.mp4",)
 
 
@@ -129,6 +130,13 @@ EXPECTED = {
     "video_ltx2_3_t2v": (TaskType.T2VS, "ltx2", [Modality.VIDEO, Modality.AUDIO],
                          {"width": 640, "height": 360, "num_frames": 126, "fps": 25, "guidance_scale": 1.0}),
     "video_ltx2_3_i2v": (TaskType.I2V, "ltx2", [Modality.VIDEO, Modality.AUDIO], {"fps": 25}),
+    # FLUX.2 [dev]: FluxGuidance 4 (embedded) under BasicGuider, Flux2Scheduler's 20 steps; the Turbo LoRA's
+    # switch ships off
+    "image_flux2_text_to_image": (TaskType.T2I, "flux2_dev", [Modality.IMAGE],
+                                  {"steps": 20, "guidance_scale": 4.0, "width": 1024, "height": 1024,
+                                   "negative_prompt": None, "sampler": "flow_euler"}),
+    "image_flux2": (TaskType.I2I, "flux2_dev", [Modality.IMAGE],  # one reference (ReferenceLatent)
+                    {"steps": 20, "guidance_scale": 4.0, "strength": None, "negative_prompt": None}),
     "audio_stable_audio_example": (TaskType.T2A, "stable_audio", [Modality.AUDIO],
                                    {"steps": 50, "guidance_scale": 4.98, "duration_s": 47.6,
                                     "sampler": "comfy_v_dpmpp_3m_sde_gpu", "scheduler": "exponential"}),

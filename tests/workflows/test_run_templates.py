@@ -437,3 +437,86 @@ def test_flux2_klein_edit_templates_run_and_equal_the_klein_pipeline(name, cfg, 
     _, pixels = klein_run(klein_pipeline(klein_base_dir), 48, 32, request.diffusion.seed, image=[picture],
                           prompt=request.prompt, num_inference_steps=2, guidance_scale=cfg)
     assert np.array_equal(image, np.round(pixels[0] * 255).astype(np.uint8))
+
+
+def test_flux2_dev_templates_run_and_equal_flux2_pipeline(flux2_dev_dir, input_dir):
+    """image_flux2_text_to_image (UNETLoader + CLIPLoader type flux2 with the Mistral file + VAELoader ->
+    FluxGuidance 4 under BasicGuider, Flux2Scheduler, SamplerCustomAdvanced) and image_flux2 (the same
+    with LoadImage -> VAEEncode -> ReferenceLatent) on the tiny FLUX.2-dev checkpoint: the images
+    diffusers' Flux2Pipeline makes with the same calls (embedded guidance 4)."""
+    import numpy as np
+    from PIL import Image
+
+    from tests.models.flux2.helpers import dev_pipeline, klein_run
+
+    pipe = dev_pipeline(flux2_dev_dir)
+    request, out = run("image_flux2_text_to_image", flux2_dev_dir, "flux2_dev", input_dir)
+    assert (request.task.value, request.diffusion.steps, request.diffusion.guidance_scale) == ("t2i", 2, 4.0)
+    image = out.artifacts["image"].image.numpy()
+    assert image.shape == (48, 32, 3)
+    _, pixels = klein_run(pipe, 48, 32, request.diffusion.seed, prompt=request.prompt, num_inference_steps=2,
+                          guidance_scale=4.0)
+    assert np.array_equal(image, np.round(pixels[0] * 255).astype(np.uint8))
+
+    picture = Image.fromarray(np.random.default_rng(5).integers(0, 256, (82, 128, 3), dtype=np.uint8))
+    picture.save(input_dir / "image_flux2_input_image.png")
+    request, out = run("image_flux2", flux2_dev_dir, "flux2_dev", input_dir)
+    assert request.task.value == "i2i" and [p.role for p in request.images()] == ["reference"]
+    image = out.artifacts["image"].image.numpy()
+    assert image.shape == (48, 32, 3)
+    _, pixels = klein_run(pipe, 48, 32, request.diffusion.seed, image=[picture], prompt=request.prompt,
+                          num_inference_steps=2, guidance_scale=4.0)
+    assert np.array_equal(image, np.round(pixels[0] * 255).astype(np.uint8))
+
+
+def _chain_second_reference(api: dict[str, Any], image: str) -> dict[str, Any]:
+    """The klein edit template with a second image chained as the kv template chains it:
+    LoadImage -> VAEEncode -> ReferenceLatent after each prompt's first ReferenceLatent."""
+    firsts = [k for k, v in api.items() if v["class_type"] == "ReferenceLatent"]
+    vae = api[api[firsts[0]]["inputs"]["latent"][0]]["inputs"]["vae"]
+    api["900"] = {"class_type": "LoadImage", "inputs": {"image": image, "upload": "image"}}
+    api["901"] = {"class_type": "VAEEncode", "inputs": {"pixels": ["900", 0], "vae": vae}}
+    for n, first in enumerate(firsts):
+        chained = f"91{n}"
+        for node in api.values():  # the first reference's consumers read the chained one
+            for key, value in node["inputs"].items():
+                if value == [first, 0]:
+                    node["inputs"][key] = [chained, 0]
+        api[chained] = {"class_type": "ReferenceLatent", "inputs": {"conditioning": [first, 0], "latent": ["901", 0]}}
+    return api
+
+
+def test_chained_reference_latents_are_a_flux2_multi_reference_edit(klein_base_dir, flux_kontext_dir, input_dir):
+    """ReferenceLatent chained (two images, on both prompts) -> two references in order on FLUX.2
+    (the image Flux2KleinPipeline makes from both); FLUX.1 Kontext refuses the two at admission."""
+    import numpy as np
+    from PIL import Image
+
+    from omniloop.api.generator import VideoGenerator
+    from omniloop.engine.errors import RequestRejected
+    from tests.models.flux2.helpers import klein_pipeline, klein_run
+
+    rng = np.random.default_rng(7)
+    first = Image.fromarray(rng.integers(0, 256, (82, 128, 3), dtype=np.uint8))
+    second = Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8))
+    first.save(input_dir / "robed_women.png")
+    second.save(input_dir / "second_reference.png")
+    api = small(_chain_second_reference(ui_to_api(template("image_flux2_klein_image_edit_4b_base")),
+                                        "second_reference.png"))
+    (generation,) = compile_workflow(api, template_models({"flux2_klein_base": klein_base_dir}),
+                                     input_dir=input_dir).generations
+    request = generation.request
+    assert [Path(str(p.path)).name for p in request.images()] == ["robed_women.png", "second_reference.png"]
+    with VideoGenerator.from_pretrained(str(generation.served.path)) as gen:
+        out = gen.generate(request)
+    assert out.failure is None, out.failure
+    _, pixels = klein_run(klein_pipeline(klein_base_dir), 48, 32, request.diffusion.seed, image=[first, second],
+                          prompt=request.prompt, num_inference_steps=2, guidance_scale=5.0)
+    assert np.array_equal(out.artifacts["image"].image.numpy(), np.round(pixels[0] * 255).astype(np.uint8))
+
+    # the same chain on a model that takes one reference: refused at admission, naming the field
+    (generation,) = compile_workflow(api, template_models({"flux2_klein_base": flux_kontext_dir}),
+                                     input_dir=input_dir).generations
+    with VideoGenerator.from_pretrained(str(generation.served.path)) as gen:
+        with pytest.raises(RequestRejected, match="2 images to edit; FLUX.1 edits one image"):
+            gen.generate(generation.request)

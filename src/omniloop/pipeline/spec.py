@@ -96,6 +96,9 @@ class PipelineSpec:
     # a video graph's control inputs beyond the first/last frame (Wan VACE: "mask", "reference"):
     # /v1/videos takes its mask / reference_images fields only for a graph that lists them
     control_inputs: frozenset[str] = frozenset()
+    # how many images an image-to-image request may carry as references (FLUX.2's multi-reference
+    # edits: several; over HTTP: /v1/images/edits' repeated image[] uploads)
+    max_edit_images: int = 1
     order: tuple[str, ...] = field(init=False)  # topological node order, computed by validation
 
     def __post_init__(self) -> None:

@@ -74,8 +74,25 @@ async def read_body(request: Request, limit: int, *, file_fields: tuple[str, ...
                     repeated: Mapping[str, int] | None = None) -> tuple[dict[str, Any], dict[str, bytes]]:
     """(fields, uploaded files by field name). Empty form values count as absent.
     ``repeated``: file fields that take up to that many uploads, stored as ``name[0]``,
-    ``name[1]``... (``repeated_files`` lists them back)."""
+    ``name[1]``... (``repeated_files`` lists them back); another field's last upload counts."""
     repeated = repeated or {}
+    fields, uploads = await read_body_uploads(request, limit, file_fields=file_fields,
+                                              max_files=len(file_fields) + sum(n - 1 for n in repeated.values()))
+    files: dict[str, bytes] = {}
+    for key, got in uploads.items():
+        if key not in repeated:
+            files[key] = got[-1]
+            continue
+        if len(got) > repeated[key]:
+            raise ApiError(400, f"{key}: at most {repeated[key]} files", param=key, code="invalid_value")
+        files.update({f"{key}[{i}]": data for i, data in enumerate(got)})
+    return fields, files
+
+
+async def read_body_uploads(request: Request, limit: int, *, file_fields: tuple[str, ...] = (),
+                            max_files: int | None = None) -> tuple[dict[str, Any], dict[str, list[bytes]]]:
+    """(fields, every uploaded file by field name, in order: a field may repeat, as OpenAI's
+    ``image[]``); ``max_files``: how many files the form may hold (default: one per field)."""
     raw = await read_limited(request, limit)
     ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
     if ctype in ("application/json", "") or ctype.endswith("+json"):
@@ -88,8 +105,8 @@ async def read_body(request: Request, limit: int, *, file_fields: tuple[str, ...
         return data, {}
     if ctype == "multipart/form-data":
         # the whole body is already within ``limit``, so no per-part size limit is needed
-        max_files = len(file_fields) + sum(n - 1 for n in repeated.values())
-        parser: Any = MultiPartParser(request.headers, _once(raw), max_files=max_files, max_fields=256)
+        parser: Any = MultiPartParser(request.headers, _once(raw), max_files=max_files or len(file_fields),
+                                      max_fields=256)
     elif ctype == "application/x-www-form-urlencoded":
         parser = FormParser(request.headers, _once(raw))
     else:
@@ -100,19 +117,13 @@ async def read_body(request: Request, limit: int, *, file_fields: tuple[str, ...
     except (MultiPartException, ValueError) as e:
         raise ApiError(400, f"body: malformed form ({e})", param="body", code="invalid_form") from None
     fields: dict[str, Any] = {}
-    files: dict[str, bytes] = {}
+    files: dict[str, list[bytes]] = {}
     for key, value in form.multi_items():
         if isinstance(value, UploadFile):
             if key not in file_fields:
                 raise ApiError(400, f"{key}: a file was uploaded to a field that takes none "
                                f"(file fields: {list(file_fields)})", param=key, code="invalid_value")
-            if key in repeated:
-                count = sum(1 for k in files if k.startswith(f"{key}["))
-                if count >= repeated[key]:
-                    raise ApiError(400, f"{key}: at most {repeated[key]} files", param=key, code="invalid_value")
-                files[f"{key}[{count}]"] = await value.read()
-                continue
-            files[key] = await value.read()
+            files.setdefault(key, []).append(await value.read())
         elif value != "":
             _put(fields, key, value)
     return fields, files

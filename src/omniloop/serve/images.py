@@ -4,7 +4,9 @@ requests submitted together, so the engine batches their steps; answered
 with base64 PNGs or URLs to them. ``model`` picks one of the served models; ``loras``
 (``[{"name", "strength"}]``, loaded through ``/v1/loras``) and an edit's ``strength`` are
 extra fields, and a FLUX.1 Canny / Depth model's ``control_image`` (the edge or depth map a
-generation follows)."""
+generation follows). An edit of a multi-reference model (FLUX.2) takes several images: repeated
+``image[]`` uploads (the openai client's list) or a JSON list, up to the model's
+``max_edit_images``, each size-checked."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
 from omniloop.request import ErrorKind, OmniRequest, RequestStatus
-from omniloop.serve.body import read_body
+from omniloop.serve.body import read_body, read_body_uploads
 from omniloop.serve.cancellation import wait_or_abort
 from omniloop.serve.errors import ApiError, failure_error, parse_body
 from omniloop.serve.jobs import Geometry, Job, JobKind, output_response, read_output
@@ -53,8 +55,13 @@ async def generate_images(request: Request, state: State) -> ImagesResponse:
 async def edit_images(request: Request, state: State) -> ImagesResponse:
     with state.counting_rejections("image"):
         state.check_accepting()
-        fields, files = await read_body(request, state.config.max_upload_bytes, file_fields=_EDIT_FILES)
-        image, mask = _one_upload(files, "image"), _one_upload(files, "mask")
+        fields, uploads = await read_body_uploads(request, state.config.max_upload_bytes, file_fields=_EDIT_FILES,
+                                                  max_files=MAX_EDIT_UPLOADS)
+        images = [*uploads.get("image", []), *uploads.get("image[]", [])]  # the model's cap: openai_image_edit
+        if len(uploads.get("mask", [])) > 1:
+            raise ApiError(400, "mask: one file per edit; upload a single mask", param="mask", code="invalid_value")
+        mask = uploads["mask"][0] if "mask" in uploads else None
+        image = images if len(images) > 1 else images[0] if images else None
         if isinstance(fields.get("loras"), str):  # a multipart form carries the list as JSON text
             fields["loras"] = _json_field(fields["loras"], "loras")
         wire = parse_body(ImageEditRequest, fields)
@@ -87,6 +94,8 @@ async def image_variations(request: Request, state: State) -> ImagesResponse:
 
 _VARIATION_FILES = ("image", "image[]")
 _EDIT_FILES = ("image", "image[]", "mask")
+# files an edit form may hold (references + mask); a model's own cap (max_edit_images) is checked after
+MAX_EDIT_UPLOADS = 17
 
 
 def _one_upload(files: dict[str, bytes], name: str) -> bytes | None:

@@ -140,8 +140,9 @@ class _ImageEditBase(_ImageGenerationBase):
     """OpenAI's image edit: multipart with the ``image`` file (and ``mask``), or JSON with the
     image as a data: URL. Without a size the output takes the image's."""
 
-    image: str | None = Field(default=None, description="JSON form: the image to edit as a data: URL or base64 "
-                              "(multipart: upload the file under this name)")
+    image: str | list[str] | None = Field(
+        default=None, description="JSON form: the image to edit as a data: URL or base64, or a list of them (the "
+        "references of a multi-reference model, FLUX.2) (multipart: upload the file(s) under image or image[])")
     mask: str | None = Field(default=None, description="inpainting mask; refused by models without inpainting")
     input_fidelity: Literal["high", "low"] | None = None  # accepted for client compatibility
 

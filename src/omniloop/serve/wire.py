@@ -89,6 +89,7 @@ class ServedModel:
     takes_control: bool = False  # a structure-controlled model (FLUX.1 Canny / Depth): a generation carries a control image
     takes_references: bool = False  # an image-variation prior (FLUX.1 Redux): /v1/images/variations
     control_inputs: frozenset[str] = frozenset()  # a video model's mask / reference images (Wan VACE)
+    max_edit_images: int = 1  # images an edit may carry (FLUX.2: several references)
 
     @classmethod
     def of(cls, engine: AsyncEngine, served_name: str | None = None) -> "ServedModel":
@@ -101,7 +102,8 @@ class ServedModel:
                    token_logprobs=has_ar_loop(pipeline),
                    takes_audio=Modality.AUDIO in pipeline.spec.conversation_media,
                    takes_mask=pipeline.spec.takes_mask, takes_control=pipeline.spec.takes_control,
-                   takes_references=pipeline.spec.takes_references, control_inputs=pipeline.spec.control_inputs)
+                   takes_references=pipeline.spec.takes_references, control_inputs=pipeline.spec.control_inputs,
+                   max_edit_images=pipeline.spec.max_edit_images)
 
     @classmethod
     def all_of(cls, engine: AsyncEngine, served_name: str | None = None) -> dict[str, "ServedModel"]:
@@ -122,7 +124,8 @@ class ServedModel:
                        takes_audio=Modality.AUDIO in pipelines[n].spec.conversation_media,
                        takes_mask=pipelines[n].spec.takes_mask, takes_control=pipelines[n].spec.takes_control,
                        takes_references=pipelines[n].spec.takes_references,
-                       control_inputs=pipelines[n].spec.control_inputs) for n in names}
+                       control_inputs=pipelines[n].spec.control_inputs,
+                       max_edit_images=pipelines[n].spec.max_edit_images) for n in names}
 
     @property
     def serves_images(self) -> bool:
@@ -163,6 +166,7 @@ class WireCall:
     mask: ImagePart | None = None  # an inpaint's mask, white = repaint (converted from OpenAI's alpha mask)
     control: ImagePart | None = None  # a structure-controlled model's control image (an edge or depth map)
     video_controls: "VideoControls | None" = None  # /v1/videos: a video to transform, its mask, reference images
+    references: tuple[ImagePart, ...] = ()  # an edit's images after the first (a multi-reference model's)
     outputs: OutputSpec = field(default_factory=OutputSpec)
     audio: bool | None = None  # the soundtrack: None = the model's default outputs, False = silent, True = with it
     actions: list[list[float]] | None = None  # world models: the agent's actions to roll out (task a2w)
@@ -458,7 +462,7 @@ def image_requests(call: WireCall, request_ids: list[str], model: ServedModel) -
     requests = []
     for i, rid in enumerate(request_ids):
         seed = None if params.seed is None else (params.seed + i) % 2**63
-        extra = tuple(p for p in (call.mask, call.control) if p is not None)
+        extra = (*call.references, *(p for p in (call.mask, call.control) if p is not None))
         requests.append(_request(rid, task, prompt, call, params.model_copy(update={"seed": seed}), image, extra, model))
     return requests
 
@@ -542,16 +546,31 @@ def openai_image_edit(wire: Any, request_ids: list[str], model: ServedModel, ima
                         "transparent (alpha 0) pixels mark the area to edit", code="missing")
     call = _openai_call(wire, EDIT_FIELDS, model)
     call.control = control_image(wire.control_image, model)
-    call.image, call.image_param = (image if image is not None else wire.image), "image"
-    if call.image is None:
+    images = edit_images(image if image is not None else wire.image, model)
+    if not images:
         raise WireError("image", "an edit needs the image to edit: upload it as the multipart file 'image', or pass "
                         "it as a data: URL (data:image/png;base64,...)", code="missing")
+    call.image, call.image_param = images[0], "image"
+    references = [reference_image(ref, "image", role="reference") for ref in images[1:]]
+    call.references = tuple(part for part in references if part is not None)
     if mask is not None:
         call.mask = inpaint_mask(mask, reference_image(call.image, "image", role="reference"))
     _prompt(call)  # an empty prompt first, as generations
     if TaskType.I2I not in model.tasks:
         raise WireError("model", f"{model.name!r} does not edit images (tasks: {model.task_names})", code="unsupported")
     return image_requests(call, request_ids, model), call
+
+
+def edit_images(given: Any, model: ServedModel) -> list[Any]:
+    """An edit's images as sent (one upload or data: URL, or a list of them: OpenAI's
+    ``image[]``), at most the model's ``max_edit_images`` (FLUX.2: several references; others one)."""
+    images = [] if given is None else list(given) if isinstance(given, (list, tuple)) else [given]
+    cap = model.max_edit_images
+    if len(images) > cap:
+        what = "one image per edit; upload a single image" if cap == 1 else \
+            f"at most {cap} reference images per edit; send {cap} or fewer"
+        raise WireError("image", f"{model.name!r} takes {what} (got {len(images)})", code="invalid_value")
+    return images
 
 
 def openai_image_variation(wire: Any, request_ids: list[str], model: ServedModel,

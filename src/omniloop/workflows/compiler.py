@@ -453,13 +453,17 @@ def _parts(ev: Evaluation, run: Sampling, canvas: Latent) -> list[ImagePart]:
         return [control_part(run.positive.control, canvas.width, canvas.height)]
     reference = run.positive.reference
     if reference is not None:
-        if reference.source != "file" or reference.path is None:
-            raise node_error(run.positive.reference_node, "ReferenceLatent", "invalid_input_type", "latent: the "
-                             "reference must be the VAEEncode of a LoadImage", "connect a LoadImage (resizes are "
-                             "applied by the model)", "latent")
+        # chained ReferenceLatents: every image a reference, in order (the served model's admission
+        # refuses more than it takes)
+        references = [(reference, run.positive.reference_node), *run.positive.more_references]
+        for pixels, node_id in references:
+            if pixels.source != "file" or pixels.path is None:
+                raise node_error(node_id, "ReferenceLatent", "invalid_input_type", "latent: the reference must be "
+                                 "the VAEEncode of a LoadImage", "connect a LoadImage (resizes are applied by the "
+                                 "model)", "latent")
         if run.denoise < 1.0:
             _deviate(ev, run.node, f"denoise={run.denoise} with a reference edit: the whole schedule runs from noise")
-        return [ImagePart(path=reference.path, role="reference")]
+        return [ImagePart(path=pixels.path, role="reference") for pixels, _ in references]
     image = canvas.image or run.positive.image or canvas.encoded
     if image is None:
         return []

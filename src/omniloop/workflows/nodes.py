@@ -237,7 +237,8 @@ def clip_text_encode_flux(call: NodeCall) -> tuple[Any, ...]:
       category="advanced/conditioning/edit_models")
 def reference_latent(call: NodeCall) -> tuple[Any, ...]:
     """The image an edit model (FLUX.1 Kontext) edits: the latents of a VAEEncode, whose
-    image the served model encodes itself (its reference tokens)."""
+    image the served model encodes itself (its reference tokens). Chained, each adds one more
+    reference (a multi-reference model; one that takes fewer refuses the request at admission)."""
     latent, cond = call.get("latent"), call["conditioning"]
     if latent is None:
         return (cond,)
@@ -245,9 +246,7 @@ def reference_latent(call: NodeCall) -> tuple[Any, ...]:
         raise node_error(call.id, call.class_type, "invalid_input_type", "latent: a reference is the VAEEncode of an "
                          "image", "connect a VAEEncode of a LoadImage", input_name="latent")
     if cond.reference is not None:
-        raise node_error(call.id, call.class_type, "invalid_input_type", "one reference image per prompt (FLUX.1 "
-                         "Kontext takes one)", "stitch the images into one (ImageStitch) before encoding it",
-                         input_name="conditioning")
+        return (replace(cond, more_references=(*cond.more_references, (latent.encoded, call.id))),)
     return (replace(cond, reference=latent.encoded, reference_node=call.id),)
 
 

@@ -172,6 +172,8 @@ class Conditioning:
     frames: ImageConditioning | None = None  # the Wan image-to-video node's frames and CLIP vision outputs
     reference: Pixels | None = None  # ReferenceLatent: the image an edit model (FLUX.1 Kontext) edits
     reference_node: str = ""  # the ReferenceLatent node (its errors)
+    # ReferenceLatent chained: the images after the first, with their nodes (FLUX.2's multi-reference edits)
+    more_references: tuple[tuple[Pixels, str], ...] = ()
     control: Pixels | None = None  # InstructPixToPixConditioning: the image a FLUX.1 Canny/Depth model follows
     control_node: str = ""  # the InstructPixToPixConditioning node (its errors)
     styles: tuple[StyleImage, ...] = ()  # StyleModelApply, chained: FLUX.1 Redux image tokens after the prompt's

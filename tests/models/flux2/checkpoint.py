@@ -110,3 +110,67 @@ def save_klein_checkpoint(folder: Path, *, distilled: bool = True):
     pipe = make_klein_pipeline(distilled=distilled)
     pipe.save_pretrained(folder)
     return pipe
+
+
+# -- FLUX.2 [dev]: Mistral Small 3.1 (Mistral3ForConditionalGeneration) as the text encoder --
+
+MISTRAL_LAYERS = 31  # the pipeline reads hidden states 10, 20, 30 (the real model has 40 layers)
+MISTRAL_SPECIALS = ["<unk>", "<s>", "</s>", "<pad>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]",
+                    "[IMG]"]
+# Mistral Small 3.1's template, cut to what the pipeline sends: a system turn, then user turns
+# whose content is a list of text parts
+MISTRAL_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% set text = message['content'] | selectattr('type', 'equalto', 'text') | map(attribute='text') | join('') %}"
+    "{% if message['role'] == 'system' %}[SYSTEM_PROMPT]{{ text }}[/SYSTEM_PROMPT]"
+    "{% elif message['role'] == 'user' %}[INST]{{ text }}[/INST]"
+    "{% else %}{{ text }}{{ eos_token }}{% endif %}{% endfor %}"
+)
+
+
+def tiny_mistral_tokenizer():
+    """Byte-level BPE without merges (one token per byte) + Mistral's control tokens."""
+    from tokenizers.pre_tokenizers import ByteLevel
+    from transformers import Qwen2TokenizerFast
+
+    vocab = {c: i for i, c in enumerate(sorted(ByteLevel.alphabet()))}
+    tok = Qwen2TokenizerFast(vocab=vocab, merges=[], unk_token=None, bos_token="<s>", eos_token="</s>",
+                             pad_token="<pad>")
+    tok.add_special_tokens({"additional_special_tokens": MISTRAL_SPECIALS})
+    tok.chat_template = MISTRAL_CHAT_TEMPLATE
+    return tok
+
+
+def tiny_mistral3(vocab_size: int, seed: int = 0):
+    """Mistral3ForConditionalGeneration (Pixtral vision tower + projector + Mistral decoder) at
+    toy widths; the pipeline runs only the decoder."""
+    from transformers import Mistral3Config, Mistral3ForConditionalGeneration
+
+    torch.manual_seed(seed)
+    cfg = Mistral3Config(
+        text_config={"model_type": "mistral", "vocab_size": vocab_size, "hidden_size": QWEN_DIM,
+                     "intermediate_size": 32, "num_hidden_layers": MISTRAL_LAYERS, "num_attention_heads": 2,
+                     "num_key_value_heads": 1, "head_dim": 8, "max_position_embeddings": 1024,
+                     "initializer_range": 0.2, "rope_parameters": {"rope_type": "default", "rope_theta": 1e9},
+                     "sliding_window": None},
+        vision_config={"model_type": "pixtral", "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+                       "num_attention_heads": 2, "image_size": 64, "patch_size": 16, "head_dim": 8},
+        image_token_index=vocab_size - 1, spatial_merge_size=2,
+    )
+    return Mistral3ForConditionalGeneration(cfg).eval()
+
+
+def make_dev_pipeline():
+    from diffusers import Flux2Pipeline
+
+    tok = tiny_mistral_tokenizer()
+    return Flux2Pipeline(scheduler=flux2_scheduler(), vae=tiny_flux2_vae(), text_encoder=tiny_mistral3(len(tok)),
+                         tokenizer=tok, transformer=tiny_flux2_transformer(guidance_embeds=True))
+
+
+def save_dev_checkpoint(folder: Path):
+    """A tiny FLUX.2-dev folder (model_index.json names ``Flux2Pipeline``): the klein DiT and VAE
+    at the same toy size, with the guidance embedding, and a Mistral3 text encoder."""
+    pipe = make_dev_pipeline()
+    pipe.save_pretrained(folder)
+    return pipe

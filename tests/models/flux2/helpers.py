@@ -42,3 +42,15 @@ def generator(folder, **options):
     from omniloop.api.generator import VideoGenerator
 
     return VideoGenerator.from_pretrained(folder, device="cpu", dtype="float32", **options)
+
+
+@functools.lru_cache(maxsize=2)
+def dev_pipeline(folder):
+    """diffusers' Flux2Pipeline on a FLUX.2-dev folder (weights in fresh memory, as ours)."""
+    from diffusers import Flux2Pipeline
+
+    pipe = Flux2Pipeline.from_pretrained(folder, torch_dtype=torch.float32)
+    for module in (pipe.transformer, pipe.vae, pipe.text_encoder):
+        for p in module.parameters():
+            p.data = p.data.clone()
+    return pipe

@@ -67,3 +67,34 @@ def test_bad_klein_requests_are_400_naming_the_field(server, path, body, param, 
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == param and message in error["message"], error
+
+
+def test_an_edit_of_several_uploaded_images_uses_each_as_a_reference(server, klein_dir):
+    """The openai client's list of images (multipart ``image[]``, in order) -> the references
+    of one edit; equal to the offline API given the same two images."""
+    from omniloop.request import ImagePart, OmniRequest, TaskType, TextPart
+
+    rng = np.random.default_rng(2)
+    first, second = (rng.integers(0, 256, shape, dtype=np.uint8) for shape in ((64, 80, 3), (64, 64, 3)))
+    res = server.client().images.edit(image=[("a.png", _png(first), "image/png"), ("b.png", _png(second), "image/png")],
+                                      prompt="put them together", extra_body={"steps": 2, "seed": 3})
+    request = OmniRequest(task=TaskType.I2I, inputs=[TextPart(text="put them together"), ImagePart(data=first),
+                                                     ImagePart(data=second)],
+                          diffusion=DiffusionParams(steps=2, seed=3))
+    want = generator(klein_dir).generate(request).image.image.numpy()
+    assert np.array_equal(_pixels(res.data[0].b64_json), want)
+
+
+def test_too_many_or_a_bad_reference_is_400_naming_image(server):
+    import openai
+
+    good = ("a.png", _png(np.zeros((64, 64, 3), np.uint8)), "image/png")
+    with pytest.raises(openai.BadRequestError) as e:  # klein: BFL's 4 references
+        server.client().images.edit(image=[good] * 5, prompt="x", extra_body={"steps": 1})
+    assert e.value.body["param"] == "image" and "at most 4 reference images" in e.value.body["message"]
+    small = ("b.png", _png(np.zeros((32, 32, 3), np.uint8)), "image/png")
+    with pytest.raises(openai.BadRequestError) as e:  # each reference is checked, not only the first
+        server.client().images.edit(image=[good, small], prompt="x", extra_body={"steps": 1})
+    assert e.value.body["param"] == "image" and "too small" in e.value.body["message"]
+    r = httpx.post(f"{server.url}/v1/images/edits", json={"prompt": "x", "image": [_IMAGE] * 5, "steps": 1}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "image", r.text

@@ -18,7 +18,11 @@ import torch
 from omniloop.models.text.base import EncodedText, WrappedModel
 
 
-class Qwen3LayerStates(WrappedModel):
+class LayerStatesEncoder(WrappedModel):
+    """A decoder LM as a text encoder: the hidden states of ``layers`` stacked per token
+    (FLUX.2's prompt embedding: klein's Qwen3, dev's Mistral 3). Subclasses say how prompts
+    become token ids (their chat template)."""
+
     def __init__(self, model: torch.nn.Module, tokenizer: Any, *, layers: tuple[int, ...],
                  max_sequence_length: int = 512) -> None:
         self.model = model.eval().requires_grad_(False)
@@ -33,13 +37,8 @@ class Qwen3LayerStates(WrappedModel):
         self.hidden_size = int(config.hidden_size) * len(self.layers)  # what the DiT's context_embedder reads
 
     def tokenize(self, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Prompts -> ([B, L] ids, [B, L] mask), each in its chat turn, padded to ``max_sequence_length``."""
-        texts = [self.tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                                    add_generation_prompt=True, enable_thinking=False)
-                 for p in prompts]
-        tokens = self.tokenizer(texts, return_tensors="pt", padding="max_length", truncation=True,
-                                max_length=self.max_sequence_length)
-        return tokens["input_ids"], tokens["attention_mask"]
+        """Prompts -> ([B, L] ids, [B, L] mask), padded to ``max_sequence_length``."""
+        raise NotImplementedError
 
     @torch.inference_mode()
     def encode(self, prompts: Sequence[str], *, device: torch.device | None = None) -> EncodedText:
@@ -51,6 +50,19 @@ class Qwen3LayerStates(WrappedModel):
         embeds = states.permute(0, 2, 1, 3).reshape(b, length, n * d)  # [B, L, n * D]: per token, layer-major
         lengths = [int(k) for k in mask.gt(0).sum(dim=1).tolist()]
         return EncodedText(embeds=embeds.to(device or self.device), lengths=lengths)
+
+
+class Qwen3LayerStates(LayerStatesEncoder):
+    """FLUX.2 [klein]'s: each prompt one user turn of Qwen3's chat template, thinking off."""
+
+    def tokenize(self, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prompts -> ([B, L] ids, [B, L] mask), each in its chat turn, padded to ``max_sequence_length``."""
+        texts = [self.tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                                    add_generation_prompt=True, enable_thinking=False)
+                 for p in prompts]
+        tokens = self.tokenizer(texts, return_tensors="pt", padding="max_length", truncation=True,
+                                max_length=self.max_sequence_length)
+        return tokens["input_ids"], tokens["attention_mask"]
 
 
 def load_qwen3_layer_states(text_encoder_dir: Path, tokenizer_dir: Path, *, device: torch.device | str,

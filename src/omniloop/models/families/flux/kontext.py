@@ -19,6 +19,7 @@ import torch
 
 from omniloop.io.image import image_part_size, image_to_tensor, open_image_part
 from omniloop.models.families.flux.model import FluxInputs
+from omniloop.models.families.flux.validate import check_one_image
 from omniloop.models.families.flux.stages import (IMAGE, FluxDenoiser, _bound, edit_source, given_condition,
                                                   graphed_forward, image_ids, pack_latents, unpack_latents)
 from omniloop.models.layers.lora import current_plan, lora_rows
@@ -187,6 +188,7 @@ def kontext_validator(base: Callable[[OmniRequest], OmniRequest], vae: Any) -> C
             raise InvalidRequest("FLUX.1 Kontext edits an image: add ImagePart(path=... | b64=... | data=...) to "
                                  "inputs (over HTTP: the image field), or LatentPart(of='image') with its latents",
                                  fields=("image",), kind=ErrorKind.MISSING_INPUT)
+        check_one_image(request)
         p = request.diffusion
         if p.strength is not None:
             raise InvalidRequest("diffusion.strength does not apply to FLUX.1 Kontext: every edit starts from noise "

@@ -88,7 +88,18 @@ def _with_source_size(request: OmniRequest, scale: int) -> OmniRequest:
     return request.model_copy(update={"diffusion": p.model_copy(update=update)})
 
 
+def check_one_image(request: OmniRequest) -> None:
+    """An edit carries one image (Kontext: one reference); more are refused, not dropped
+    (a multi-reference edit, e.g. ComfyUI's ReferenceLatent chained, meant for FLUX.2)."""
+    images = [p for p in request.images() if p.role not in ("mask", "control")]
+    if len(images) > 1:
+        raise InvalidRequest(f"{len(images)} images to edit; FLUX.1 edits one image (Kontext: one reference)",
+                             hint="stitch them into one image (ComfyUI: ImageStitch), or serve a FLUX.2 model for "
+                                  "several references", fields=("image",))
+
+
 def _check_edit(request: OmniRequest, vae: Any) -> None:
+    check_one_image(request)
     source = edit_source(request)
     g = geometry(request)
     if isinstance(source, LatentPart):

@@ -10,6 +10,14 @@ from omniloop.pipeline.defaults import GenerationDefaults
 # text_encoder_out_layers default; 0 is the embedding output).
 TEXT_ENCODER_LAYERS = (9, 18, 27)
 MAX_SEQUENCE_LENGTH = 512
+# FLUX.2 [dev]: the Mistral Small 3.1 hidden states it reads (Flux2Pipeline's default; 40 layers)
+DEV_TEXT_ENCODER_LAYERS = (10, 20, 30)
+
+# Reference images an edit may carry. diffusers' pipelines set no limit (each reference adds its
+# tokens to every forward); these are BFL's documented per-model limits (docs.bfl.ai, "Reference
+# Images per Model"): klein 4B / 9B up to 4, dev a recommended maximum of 6.
+KLEIN_MAX_REFERENCES = 4
+DEV_MAX_REFERENCES = 6
 
 # FLUX.2 [klein] (step-distilled, ``is_distilled: true``): 4 steps without CFG, BFL's recipe.
 KLEIN_DEFAULTS = GenerationDefaults(
@@ -22,6 +30,16 @@ KLEIN_DEFAULTS = GenerationDefaults(
 # FLUX.2 [klein] base (not distilled): Flux2KleinPipeline's own defaults, so the same call gives
 # the same image (CFG against the empty prompt).
 KLEIN_BASE_DEFAULTS = GenerationDefaults(
+    steps=50,
+    guidance_scale=4.0,
+    height=1024,
+    width=1024,
+    max_sequence_length=MAX_SEQUENCE_LENGTH,
+)
+
+# FLUX.2 [dev] (guidance-distilled): Flux2Pipeline's defaults, the scale embedded in the DiT
+# (one forward per step, no negative prompt)
+DEV_DEFAULTS = GenerationDefaults(
     steps=50,
     guidance_scale=4.0,
     height=1024,

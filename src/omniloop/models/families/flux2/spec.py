@@ -1,9 +1,12 @@
 """FLUX.2 family ModelSpec: diffusers ``Flux2KleinPipeline`` folders (FLUX.2 [klein] layout:
-transformer, vae (``AutoencoderKLFlux2``), Qwen3 text_encoder + tokenizer, scheduler).
+transformer, vae (``AutoencoderKLFlux2``), Qwen3 text_encoder + tokenizer, scheduler) and
+``Flux2Pipeline`` folders (FLUX.2 [dev]: the same DiT class with a guidance embedding, the
+Mistral Small 3.1 text encoder (``Mistral3ForConditionalGeneration``) + its processor).
 
 One pipeline serves text-to-image and editing (task i2i): the references node runs only for
 edits, encoding every reference image; the loop always starts from noise. ``is_distilled`` in
-model_index.json picks the defaults: 4 steps without CFG (klein) or 50 with CFG (klein base).
+model_index.json picks klein's defaults: 4 steps without CFG (klein) or 50 with CFG (klein
+base); dev runs 50 steps with the guidance scale embedded (one forward a step).
 """
 
 from __future__ import annotations
@@ -12,8 +15,9 @@ import json
 from pathlib import Path
 from typing import Any, Mapping, cast
 
-from omniloop.models.families.flux2.presets import (FLUX2_SCHEDULER, KLEIN_BASE_DEFAULTS, KLEIN_DEFAULTS,
-                                                    MAX_SEQUENCE_LENGTH, TEXT_ENCODER_LAYERS)
+from omniloop.models.families.flux2.presets import (DEV_DEFAULTS, DEV_MAX_REFERENCES, DEV_TEXT_ENCODER_LAYERS,
+                                                    FLUX2_SCHEDULER, KLEIN_BASE_DEFAULTS, KLEIN_DEFAULTS,
+                                                    KLEIN_MAX_REFERENCES, MAX_SEQUENCE_LENGTH, TEXT_ENCODER_LAYERS)
 from omniloop.models.families.flux2.stages import EmpiricalShift, Flux2Denoiser, Flux2References
 from omniloop.models.families.flux2.validate import make_validator
 from omniloop.models.families.flux2.vae import load_flux2_vae, load_flux2_vae_single_file
@@ -21,10 +25,11 @@ from omniloop.models.families.flux2.weights import load_flux2_transformer, load_
 from omniloop.models.load_options import apply_load_options
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
 from omniloop.models.single_file import Resolve, SingleFileSet, text_encoder_sources
+from omniloop.models.text.mistral3 import load_mistral3_layer_states
 from omniloop.models.text.qwen3 import load_qwen3_layer_states, load_qwen3_layer_states_single_file
 from omniloop.pipeline.loops.denoise import DenoiseLoop
 from omniloop.pipeline.pipeline import Pipeline
-from omniloop.pipeline.policies.cfg import ClassicCFG
+from omniloop.pipeline.policies.cfg import ClassicCFG, EmbeddedGuidance
 from omniloop.pipeline.predicates import opt, task_in
 from omniloop.pipeline.samplers.base import build_sampler
 from omniloop.pipeline.samplers.sampler_set import SamplerSet, with_rollout_sampler
@@ -34,7 +39,9 @@ from omniloop.pipeline.stages.decode import LatentDecoder
 from omniloop.request import Modality, OmniRequest, TaskType
 
 KLEIN_CLASS = "Flux2KleinPipeline"
-PIPELINE_CLASSES = (KLEIN_CLASS,)
+DEV_CLASS = "Flux2Pipeline"
+DEV_VARIANT = "flux.2-dev"
+PIPELINE_CLASSES = (KLEIN_CLASS, DEV_CLASS)
 # the GEMMs FP8 quantization converts: every projection and MLP of both block kinds
 BLOCK_GEMMS = r"^(single_)?transformer_blocks\.\d+\.(attn\.(to_|add_)|ff|ff_context)"
 
@@ -58,6 +65,12 @@ def _load_text_encoder(root: Path, index: Mapping[str, Any], options: LoadOption
                                    max_sequence_length=MAX_SEQUENCE_LENGTH)
 
 
+def _load_mistral_text_encoder(root: Path, index: Mapping[str, Any], options: LoadOptions):
+    return load_mistral3_layer_states(root / "text_encoder", root / "tokenizer", device=options.device,
+                                      dtype=options.dtype, layers=DEV_TEXT_ENCODER_LAYERS,
+                                      max_sequence_length=MAX_SEQUENCE_LENGTH)
+
+
 def _load_scheduler(root: Path, index: Mapping[str, Any], options: LoadOptions) -> SamplerSet:
     """The checkpoint's FlowMatchEulerDiscreteScheduler (dynamic shifting: mu per request),
     and flow_sde on its schedule for RL rollouts."""
@@ -68,15 +81,20 @@ def _load_scheduler(root: Path, index: Mapping[str, Any], options: LoadOptions) 
     return SamplerSet(default="flow_euler", samplers=with_rollout_sampler({"flow_euler": euler}))
 
 
-def klein_variant(index: Mapping[str, Any]) -> Variant:
+def flux2_variant(index: Mapping[str, Any]) -> Variant:
+    """klein (Qwen3) or dev (Mistral 3), by model_index.json's ``_class_name``."""
+    dev = index.get("_class_name") == DEV_CLASS
+    text = WeightSpec(component="text_encoder", kind="Mistral3 text encoder + processor",
+                      subfolder=("text_encoder", "tokenizer"), load=_load_mistral_text_encoder) if dev else \
+        WeightSpec(component="text_encoder", kind="Qwen3 text encoder + tokenizer",
+                   subfolder=("text_encoder", "tokenizer"), load=_load_text_encoder)
     weights = (
         WeightSpec(component="transformer", kind="Flux2Transformer", subfolder="transformer", load=_load_transformer),
         WeightSpec(component="vae", kind="AutoencoderKLFlux2", subfolder="vae", load=_load_vae),
-        WeightSpec(component="text_encoder", kind="Qwen3 text encoder + tokenizer",
-                   subfolder=("text_encoder", "tokenizer"), load=_load_text_encoder),
+        text,
         WeightSpec(component="sampler", kind="scheduler config", subfolder="scheduler", load=_load_scheduler),
     )
-    name = "flux.2-klein" if index.get("is_distilled", False) else "flux.2-klein-base"
+    name = DEV_VARIANT if dev else "flux.2-klein" if index.get("is_distilled", False) else "flux.2-klein-base"
     return Variant(name=name, tasks=frozenset({TaskType.T2I, TaskType.I2I}), weights=weights)
 
 
@@ -116,11 +134,17 @@ def flux2_single_files(files: SingleFileSet, resolve: Resolve,
 
 
 def flux2_pipeline_spec(variant: Variant) -> PipelineSpec:
+    """klein: classifier-free guidance against the negative prompt (off when distilled); dev:
+    the scale rides in the DiT's guidance embedding (one branch, no negative prompt)."""
     components = {w.component: ComponentSpec(name=w.component, kind=w.kind) for w in variant.weights}
+    dev = variant.name == DEV_VARIANT
+    # the prompt (and "" when CFG is on: klein base)
+    text = TextEncode(component="text_encoder", guidance="embedded" if dev else "cfg")
+    cfg = EmbeddedGuidance() if dev else ClassicCFG()
     nodes = (
-        Node("text_encode", TextEncode(component="text_encoder")),  # the prompt (and "" when CFG is on)
+        Node("text_encode", text),
         Node("references", Flux2References(), when=task_in(TaskType.I2I)),
-        Node("denoise", DenoiseLoop(Flux2Denoiser(), cfg=ClassicCFG(), shift=EmpiricalShift())),
+        Node("denoise", DenoiseLoop(Flux2Denoiser(), cfg=cfg, shift=EmpiricalShift())),
         Node("decode", VAEDecode(decoder=cast(LatentDecoder, ImageVAEDecoder())), when=opt("pixels wanted", _wants_pixels)),
     )
     return PipelineSpec(
@@ -130,7 +154,12 @@ def flux2_pipeline_spec(variant: Variant) -> PipelineSpec:
         components=components,
         nodes=nodes,
         outputs={"image": "image", "latents": "final_latents", "trajectory": "trajectory"},
+        max_edit_images=max_references(variant),
     )
+
+
+def max_references(variant: Variant) -> int:
+    return DEV_MAX_REFERENCES if variant.name == DEV_VARIANT else KLEIN_MAX_REFERENCES
 
 
 def _wants_pixels(request: OmniRequest) -> bool:
@@ -147,11 +176,16 @@ def build_flux2(variant: Variant, index: Mapping[str, Any], components: Mapping[
         raise ValueError(f"transformer in_channels {dit.config.in_channels} needs a VAE of "
                          f"{dit.config.latent_channels} latent channels; vae/ has {vae.config.latent_channels}")
     if text.hidden_size != dit.config.joint_attention_dim:
-        raise ValueError(f"the text encoder's {len(TEXT_ENCODER_LAYERS)} stacked layers give {text.hidden_size} "
+        raise ValueError(f"the text encoder's {len(text.layers)} stacked layers give {text.hidden_size} "
                          f"features per token; the transformer's joint_attention_dim is {dit.config.joint_attention_dim}")
+    dev = variant.name == DEV_VARIANT
+    if dev != dit.config.guidance_embeds:
+        raise ValueError(f"{index.get('_class_name')} needs a transformer {'with' if dev else 'without'} a guidance "
+                         f"embedding; transformer/config.json has guidance_embeds={dit.config.guidance_embeds}")
     distilled = bool(index.get("is_distilled", False))
-    defaults = KLEIN_DEFAULTS if distilled else KLEIN_BASE_DEFAULTS
-    validate = make_validator(defaults, vae.latent_config, components["sampler"], distilled=distilled)
+    defaults = DEV_DEFAULTS if dev else KLEIN_DEFAULTS if distilled else KLEIN_BASE_DEFAULTS
+    validate = make_validator(defaults, vae.latent_config, components["sampler"], distilled=distilled,
+                              guidance="embedded" if dev else "cfg", max_references=max_references(variant))
     return Pipeline(spec=flux2_pipeline_spec(variant), components=components, device=options.device,
                     dtype=options.dtype, defaults=defaults, validate_request=validate)
 
@@ -160,10 +194,11 @@ FLUX2 = register_model_spec(
     ModelSpec(
         family="flux2",
         diffusers_classes=PIPELINE_CLASSES,
-        variant=klein_variant,
+        variant=flux2_variant,
         build=build_flux2,
-        description="FLUX.2 [klein] image DiT (shared modulation, SwiGLU, 4-axis RoPE) with a Qwen3 text encoder "
-                    "and the FLUX.2 VAE; text-to-image and multi-reference editing",
+        description="FLUX.2 image DiT (shared modulation, SwiGLU, 4-axis RoPE) with the FLUX.2 VAE: [klein] with a "
+                    "Qwen3 text encoder, [dev] with Mistral Small 3.1 and embedded guidance; text-to-image and "
+                    "multi-reference editing",
         single_files=flux2_single_files,
     )
 )

@@ -3,7 +3,7 @@ and what to pass instead, before any work starts."""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Literal
 
 import torch
 
@@ -19,19 +19,22 @@ MIN_REFERENCE_SIDE = 64  # Flux2ImageProcessor.check_image_input's limits
 MAX_REFERENCE_ASPECT = 8
 
 
-def make_validator(defaults: GenerationDefaults, vae: Flux2VAEConfig, samplers: SamplerSet, *,
-                   distilled: bool) -> Callable[[OmniRequest], OmniRequest]:
+def make_validator(defaults: GenerationDefaults, vae: Flux2VAEConfig, samplers: SamplerSet, *, distilled: bool,
+                   guidance: Literal["cfg", "embedded"] = "cfg",
+                   max_references: int = 4) -> Callable[[OmniRequest], OmniRequest]:
     """``vae``: the VAE's latent space (scale factor, channels); ``distilled``: a step-distilled
-    klein (``is_distilled``), which runs without classifier-free guidance."""
+    klein (``is_distilled``), which runs without classifier-free guidance; ``guidance``:
+    "embedded" for dev (the scale goes into the DiT; there is no negative branch);
+    ``max_references``: the most reference images an edit may carry."""
     multiple = vae.scale_factor_spatial  # 8x VAE, then 2x2 patches
 
     def validate(request: OmniRequest) -> OmniRequest:
         p = request.diffusion
         if request.images("mask"):
-            raise InvalidRequest("FLUX.2 klein edits by reference and takes no mask", hint="omit the mask",
+            raise InvalidRequest("FLUX.2 edits by reference and takes no mask", hint="omit the mask",
                                  fields=("mask",))
         if request.task == TaskType.I2I:
-            request = _with_reference_size(request, vae)
+            request = _with_reference_size(request, vae, max_references)
         elif reference_parts(request):  # not dropped silently: the caller meant to use it
             raise InvalidRequest("task t2i takes no image; pass task i2i to edit with the image(s) as references",
                                  hint="drop the image from inputs for text-to-image", fields=("inputs",))
@@ -59,13 +62,17 @@ def make_validator(defaults: GenerationDefaults, vae: Flux2VAEConfig, samplers: 
         if distilled and p.negative_prompt is not None:
             raise InvalidRequest("diffusion.negative_prompt has no effect on a step-distilled FLUX.2 klein (no "
                                  "unconditional branch)", hint="omit it", fields=("diffusion.negative_prompt",))
+        if guidance == "embedded" and p.negative_prompt is not None:
+            raise InvalidRequest("diffusion.negative_prompt has no effect on FLUX.2 [dev]: its guidance scale is "
+                                 "embedded in the transformer (no unconditional branch)", hint="omit it",
+                                 fields=("diffusion.negative_prompt",))
         samplers.get(p.sampler)  # raises naming the offered samplers
         return request
 
     return validate
 
 
-def _with_reference_size(request: OmniRequest, vae: Flux2VAEConfig) -> OmniRequest:
+def _with_reference_size(request: OmniRequest, vae: Flux2VAEConfig, max_references: int) -> OmniRequest:
     """An edit's references are checked; a request without a size takes the first one's
     (its encoded size, as Flux2KleinPipeline)."""
     parts = reference_parts(request)
@@ -73,6 +80,9 @@ def _with_reference_size(request: OmniRequest, vae: Flux2VAEConfig) -> OmniReque
         raise InvalidRequest("task i2i needs a reference image: add ImagePart(path=... | b64=... | data=...) to inputs "
                              "(over HTTP: the image field), or LatentPart(of='image') with its latents",
                              fields=("image",), kind=ErrorKind.MISSING_INPUT)
+    if len(parts) > max_references:
+        raise InvalidRequest(f"{len(parts)} reference images; this FLUX.2 model takes at most {max_references} per "
+                             "edit (BFL's limit for it)", hint=f"send {max_references} or fewer", fields=("image",))
     sizes = [_reference_size(part, vae) for part in parts]
     p = request.diffusion
     if p.height is not None and p.width is not None:

@@ -132,7 +132,7 @@ class FillStart(NoConditioning):
     def start(self, latents: Latents, samplers: SamplerStates, state: FillState, gen: torch.Generator | None,
               strength: float | None) -> tuple[Latents, SamplerStates]:
         base = LatentStart(modality=self.modality, input_port=self.input_port, name=self.name)
-        latents, samplers = base.start(latents, samplers, state.condition, gen, 1.0 if strength is None else strength)
+        latents, samplers = base.start(latents, samplers, base.init(state.condition), gen, 1.0 if strength is None else strength)
         first = latents[self.modality]
         assert gen is not None, "Fill starts from the request's seeded generator"
         eps = torch.randn(first.shape, generator=gen, dtype=torch.float32).to(first.device)

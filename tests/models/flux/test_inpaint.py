@@ -28,7 +28,7 @@ def _images():
     rng = np.random.default_rng(1)
     image = Image.fromarray(rng.integers(0, 256, (H, W, 3), dtype=np.uint8))
     mask = np.zeros((H, W), dtype=np.uint8)
-    mask[8:24, 16:40] = 255  # white: repaint
+    mask[8:24, 12:40] = 255  # white: repaint; a left edge inside a latent pixel (ComfyUI's bilinear mask: 0.5)
     return image, Image.fromarray(mask)
 
 
@@ -53,6 +53,16 @@ def test_plain_flux_inpaint_equals_flux_inpaint_pipeline(flux_dir, strength):
     assert torch.equal(out.artifacts["latents"].latents, ref)
 
 
+def _image_latents(pipe, image, gen: torch.Generator) -> torch.Tensor:
+    """The image's latents as the loop draws them (diffusers' posterior sample, the first draw)."""
+    from diffusers.pipelines.flux.pipeline_flux_inpaint import retrieve_latents
+
+    pixels = pipe.image_processor.preprocess(image, height=H, width=W).to(torch.float32)
+    with torch.no_grad():
+        latent = retrieve_latents(pipe.vae.encode(pixels), generator=gen)
+    return (latent - pipe.vae.config.shift_factor) * pipe.vae.config.scaling_factor  # [1, C, h, w]
+
+
 def _comfy_reference(pipe, image, mask, *, steps: int, seed: int, strength: float, guidance: float):
     """ComfyUI's KSampler with a noise mask, from its formula (not our code): per Euler step
     ``x_in = x * m + (sigma * noise + (1 - sigma) * latent) * (1 - m)``, the model's clean
@@ -60,20 +70,13 @@ def _comfy_reference(pipe, image, mask, *, steps: int, seed: int, strength: floa
     k-diffusion's Euler ``x += (x - denoised) / sigma * (sigma_next - sigma)``. The latents, noise
     and sigmas are the loop's (diffusers' draw order: the image's posterior sample, then noise)."""
     from diffusers.pipelines.flux.pipeline_flux import calculate_shift
-    from diffusers.pipelines.flux.pipeline_flux_inpaint import retrieve_latents
-    from PIL import Image
-
     gen = torch.Generator("cpu").manual_seed(seed)
     h, w = H // 8, W // 8
-    pixels = pipe.image_processor.preprocess(image, height=H, width=W).to(torch.float32)
-    with torch.no_grad():
-        latent = retrieve_latents(pipe.vae.encode(pixels), generator=gen)
-    latent = (latent - pipe.vae.config.shift_factor) * pipe.vae.config.scaling_factor  # [1, C, h, w]
+    latent = _image_latents(pipe, image, gen)
     noise = torch.randn(latent.shape, generator=gen, dtype=torch.float32)
-    # the mask: white >= 0.5 repaints, nearest-sampled to the latent grid
-    m = torch.from_numpy(np.asarray(mask.convert("L").resize((W, H), Image.Resampling.LANCZOS), dtype=np.float32)
-                         / 255.0)[None, None]
-    m = torch.nn.functional.interpolate((m >= 0.5).float(), size=(h, w))
+    # the noise mask: ComfyUI's prepare_mask, the soft mask resized bilinearly to the latent grid
+    m = torch.from_numpy(np.asarray(mask.convert("L"), dtype=np.float32) / 255.0)[None, None]
+    m = torch.nn.functional.interpolate(m, size=(h, w), mode="bilinear")
     sched = pipe.scheduler
     mu = calculate_shift(h * w // 4, sched.config.get("base_image_seq_len", 256), sched.config.get("max_image_seq_len", 4096),
                          sched.config.get("base_shift", 0.5), sched.config.get("max_shift", 1.15))
@@ -112,13 +115,29 @@ def test_comfy_noise_mask_equals_comfyui_formula(flux_dir, strength):
     pipe = diffusers_pipeline(flux_dir, "FluxInpaintPipeline")
     ref, latent, m = _comfy_reference(pipe, image, mask, steps=4, seed=9, strength=strength, guidance=3.5)
     keep = (m == 0).expand_as(ours)
-    assert keep.any() and (~keep).any()
+    assert keep.any() and (~keep).any() and ((m > 0) & (m < 1)).any()  # kept, repainted and blended latents
     assert torch.allclose(ours, ref, atol=1e-6, rtol=0), (ours - ref).abs().max()
     assert torch.allclose(ours[keep], latent[keep], atol=1e-6, rtol=0)  # the kept area: the image's latents
     # diffusers' mode keeps the same area (the two conventions differ in when they reset it)
     plain = generator(flux_dir).generate(_request(image, mask, steps=4, seed=9, strength=strength,
                                                   guidance_scale=3.5)).artifacts["latents"].latents
     assert torch.allclose(plain[keep], latent[keep], atol=1e-6, rtol=0)
+
+
+def test_fill_keeps_the_rest_of_the_image_only_under_a_comfy_noise_mask(flux_fill_dir):
+    """FLUX.1 Fill reads its mask itself (diffusers' FluxFillPipeline: no blend, as before);
+    InpaintModelConditioning's noise_mask=true asks for ComfyUI's noise mask on top."""
+    image, mask = _images()
+    fill = generator(flux_fill_dir)
+    pipe = diffusers_pipeline(flux_fill_dir, "FluxFillPipeline")
+    latent = _image_latents(pipe, image, torch.Generator("cpu").manual_seed(4))
+    m = torch.nn.functional.interpolate(torch.from_numpy(np.asarray(mask, dtype=np.float32) / 255)[None, None],
+                                        size=latent.shape[-2:], mode="bilinear")
+    keep = (m == 0).expand_as(latent)
+    runs = {mode: fill.generate(_request(image, mask, {"denoise": {"noise_mask": mode}} if mode else None, steps=3,
+                                         seed=4)).artifacts["latents"].latents for mode in (None, "comfy")}
+    assert torch.allclose(runs["comfy"][keep], latent[keep], atol=1e-6, rtol=0)
+    assert not torch.allclose(runs[None][keep], latent[keep], atol=1e-2)  # Fill alone redraws it (close, not kept)
 
 
 def test_noise_mask_bad_input_names_the_field(flux_dir, flux_kontext_dir):

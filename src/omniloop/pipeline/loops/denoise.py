@@ -321,10 +321,7 @@ class DenoiseLoop(LoopStageBase[DenoiseLoopState]):
         )
         loop.policy_states[self.cfg.name] = cfg_state
         loop.policy_states[self.conditioning.name] = cond_state
-        loop.noise_mask = self.conditioning.noise_mask(cond_state)
-        override = state.node_params.get(ctx.node)
-        if loop.noise_mask is not None and override is not None and override.noise_mask is not None:
-            loop.noise_mask.mode = override.noise_mask
+        loop.noise_mask = _request_noise_mask(self.conditioning.noise_mask(cond_state), state.node_params.get(ctx.node))
         if ctx.hooks is not None:
             ctx.hooks.init_loop(loop, request)  # interceptor state, per request (and per branch, lazily)
         return loop
@@ -734,6 +731,16 @@ class DenoiseLoop(LoopStageBase[DenoiseLoopState]):
 
 
 # -- helpers --------------------------------------------------------------------------
+def _request_noise_mask(mask: NoiseMask | None, override: DenoiseParams | None) -> NoiseMask | None:
+    """The request's noise mask in the mode its node params name (else the condition's own);
+    None when neither names one (a FLUX.1 Fill request: its model reads the mask itself)."""
+    if mask is None:
+        return None
+    if override is not None and override.noise_mask is not None:
+        mask.set_mode(override.noise_mask)
+    return mask if mask.mode is not None else None
+
+
 def _masked_input(loop: DenoiseLoopState) -> dict[str, torch.Tensor]:
     """The latents the model reads: a comfy noise mask's kept area reset to the given latents
     noised to this step's sigma (ComfyUI's KSamplerX0Inpaint, before the model call)."""

@@ -143,8 +143,7 @@ class LatentStart(NoConditioning):
         sigma = schedule.sigmas[start].to(first.device)
         spec = condition.noise_mask
         if spec is not None:  # inpainting: the loop keeps the unmasked area of ``clean``
-            state.mask = NoiseMask(modality=self.modality, mask=spec.mask.to(first.device, torch.float32),
-                                   clean=clean, noise=noise, mode=spec.mode)
+            state.mask = NoiseMask(modality=self.modality, spec=spec, clean=clean, noise=noise, mode=spec.mode)
         return {**latents, self.modality: sigma * noise + (1.0 - sigma) * clean}, moved
 
     def noise_mask(self, state: StartState | None) -> NoiseMask | None:

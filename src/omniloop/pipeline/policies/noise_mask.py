@@ -17,7 +17,7 @@ Two conventions, both on flow latents ``x_sigma = sigma * noise + (1 - sigma) * 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -28,26 +28,47 @@ NOISE_MASK_MODES: tuple[NoiseMaskMode, ...] = ("diffusers", "comfy")
 
 @dataclass(frozen=True)
 class NoiseMaskSpec:
-    """What a condition stage hands the loop: the mask at latent resolution ([1, 1, h, w] or
-    [1, C, h, w], 1: repaint) and the convention it is applied by."""
+    """What a condition stage hands the loop: the request's mask at the image's resolution
+    ([1, 1, H, W] in [0, 1], 1: repaint; soft values kept) and the convention it applies by
+    (None: only when the loop's ``noise_mask`` node param names one, e.g. FLUX.1 Fill, whose
+    model reads the mask itself)."""
 
-    mask: torch.Tensor
-    mode: NoiseMaskMode = "diffusers"
+    pixels: torch.Tensor
+    mode: NoiseMaskMode | None = "diffusers"
 
     def __post_init__(self) -> None:
-        assert self.mode in NOISE_MASK_MODES, f"noise mask mode {self.mode!r} is not one of {NOISE_MASK_MODES}"
+        assert self.mode is None or self.mode in NOISE_MASK_MODES, (
+            f"noise mask mode {self.mode!r} is not one of {NOISE_MASK_MODES}")
+
+    def latent_mask(self, mode: NoiseMaskMode, height: int, width: int) -> torch.Tensor:
+        """[1, 1, h, w] at latent resolution, each convention's way: diffusers binarizes at 0.5
+        and samples the nearest pixel (``mask_processor`` + ``prepare_mask_latents``); ComfyUI
+        resizes the soft mask bilinearly (``prepare_mask`` / ``reshape_mask``)."""
+        if mode == "diffusers":
+            return torch.nn.functional.interpolate((self.pixels >= 0.5).to(torch.float32), size=(height, width))
+        return torch.nn.functional.interpolate(self.pixels.to(torch.float32), size=(height, width), mode="bilinear")
 
 
 @dataclass
 class NoiseMask:
     """Per request, once the loop starts: the mask, the clean latents the kept area comes from
-    and the noise the loop started from (both [B, C, h, w] fp32, the loop's latent layout)."""
+    and the noise the loop started from (both [B, C, h, w] fp32, the loop's latent layout).
+    ``mode`` None: inactive (the loop drops it unless its node params name a mode)."""
 
     modality: str
-    mask: torch.Tensor  # [1|B, 1|C, h, w] fp32, 1: repaint
+    spec: NoiseMaskSpec
     clean: torch.Tensor
     noise: torch.Tensor
-    mode: NoiseMaskMode
+    mode: NoiseMaskMode | None
+    mask: torch.Tensor = field(init=False)  # [1, 1, h, w] fp32, 1: repaint
+
+    def __post_init__(self) -> None:
+        self.set_mode(self.mode)
+
+    def set_mode(self, mode: NoiseMaskMode | None) -> None:
+        self.mode = mode
+        h, w = self.clean.shape[-2:]
+        self.mask = self.spec.latent_mask(mode or "diffusers", h, w).to(self.clean.device)
 
     def noised(self, sigma: torch.Tensor) -> torch.Tensor:
         """The clean latents at ``sigma`` with the starting noise (diffusers' ``scale_noise``)."""
@@ -70,9 +91,3 @@ class NoiseMask:
         """``sigma_next`` None: the step was the last (the kept area is the clean latents)."""
         proper = self.clean if sigma_next is None else self.noised(sigma_next)
         return (1 - self.mask) * proper + self.mask * x
-
-
-def latent_noise_mask(pixels: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """[1, 1, H, W] pixel mask -> [1, 1, h, w] at latent resolution by nearest sampling
-    (diffusers' ``prepare_mask_latents``: ``F.interpolate(mask, size=(h, w))``)."""
-    return torch.nn.functional.interpolate(pixels, size=(height, width))

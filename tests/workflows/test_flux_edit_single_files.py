@@ -21,7 +21,8 @@ FILES = {"diffusion_models/flux1-dev-kontext_fp8_scaled.safetensors": {},
          "diffusion_models/flux1-schnell.safetensors": {"guidance_embeds": False}}
 # template -> (its FluxGuidance, the deviations left)
 TEMPLATES = {"flux_kontext_dev_basic": (2.5, []),
-             "flux_fill_inpaint_example": (30.0, ["noise_mask=true"]),
+             # noise_mask=true is the loop's noise mask; its DifferentialDiffusion threshold is not mirrored
+             "flux_fill_inpaint_example": (30.0, ["DifferentialDiffusion"]),
              "flux_fill_outpaint_example": (30.0, ["the mask's alpha has values between 0 and 255"])}
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from omniloop.pipeline.policies.noise_mask import NoiseMaskSpec
 from omniloop.request.artifacts import Artifact
 
 
@@ -85,6 +86,8 @@ class ConditionLatents(Artifact):
 
     latents: torch.Tensor  # [B, C_cond, f, h, w] or [B, C, h, w]
     posterior: LatentPosterior | None = None
+    # inpainting a plain model: the latent mask the loop keeps the rest of the image by
+    noise_mask: NoiseMaskSpec | None = None
 
 
 @dataclass(kw_only=True)

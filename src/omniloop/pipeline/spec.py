@@ -88,6 +88,8 @@ class PipelineSpec:
     conversation_media: frozenset[Modality] = frozenset()
     # an inpainting graph (FLUX.1 Fill): its image-to-image requests carry an ImagePart(role="mask")
     takes_mask: bool = False
+    # a graph whose image-to-image requests may carry a mask (plain FLUX.1: the loop's latent noise mask)
+    accepts_mask: bool = False
     # a structure-controlled graph (FLUX.1 Canny / Depth): its requests carry an ImagePart(role="control")
     takes_control: bool = False
     # an image-variation graph (FLUX.1 Redux): its text-to-image requests may carry ImagePart(role="reference")

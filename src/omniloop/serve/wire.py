@@ -86,6 +86,7 @@ class ServedModel:
     token_logprobs: bool = False  # an AR decode loop makes its text: it can return token log-probs
     takes_audio: bool = False  # an encoder of its graph reads audio in a conversation (chat's input_audio)
     takes_mask: bool = False  # an inpainting model (FLUX.1 Fill): an edit carries a mask
+    accepts_mask: bool = False  # an edit may carry a mask (plain FLUX.1: the loop's latent noise mask)
     takes_control: bool = False  # a structure-controlled model (FLUX.1 Canny / Depth): a generation carries a control image
     takes_references: bool = False  # an image-variation prior (FLUX.1 Redux): /v1/images/variations
     control_inputs: frozenset[str] = frozenset()  # a video model's mask / reference images (Wan VACE)
@@ -103,7 +104,7 @@ class ServedModel:
                    takes_audio=Modality.AUDIO in pipeline.spec.conversation_media,
                    takes_mask=pipeline.spec.takes_mask, takes_control=pipeline.spec.takes_control,
                    takes_references=pipeline.spec.takes_references, control_inputs=pipeline.spec.control_inputs,
-                   max_edit_images=pipeline.spec.max_edit_images)
+                   max_edit_images=pipeline.spec.max_edit_images, accepts_mask=pipeline.spec.accepts_mask)
 
     @classmethod
     def all_of(cls, engine: AsyncEngine, served_name: str | None = None) -> dict[str, "ServedModel"]:
@@ -125,7 +126,8 @@ class ServedModel:
                        takes_mask=pipelines[n].spec.takes_mask, takes_control=pipelines[n].spec.takes_control,
                        takes_references=pipelines[n].spec.takes_references,
                        control_inputs=pipelines[n].spec.control_inputs,
-                       max_edit_images=pipelines[n].spec.max_edit_images) for n in names}
+                       max_edit_images=pipelines[n].spec.max_edit_images,
+                       accepts_mask=pipelines[n].spec.accepts_mask) for n in names}
 
     @property
     def serves_images(self) -> bool:
@@ -538,7 +540,7 @@ def openai_image_edit(wire: Any, request_ids: list[str], model: ServedModel, ima
     (else the JSON fields): ``n`` image-to-image requests."""
     model.check_name(wire.model)
     mask = mask if mask is not None else wire.mask
-    if mask is not None and not model.takes_mask:
+    if mask is not None and not (model.takes_mask or model.accepts_mask):
         raise WireError("mask", f"{model.name!r} has no inpainting; omit mask (strength sets how much of the "
                         "whole image is redrawn), or serve an inpainting model", code="unsupported")
     if mask is None and model.takes_mask:

@@ -200,6 +200,8 @@ def _generation(ev: Evaluation, final: Latent, saves: tuple[SaveTarget, ...]) ->
     else:
         _schedule(ev, first, fields, comfy_samplers=comfy_path)
         _sampler_options(ev, first, fields, node_params)
+    if canvas.noise_mask:  # SetLatentNoiseMask / InpaintModelConditioning(noise_mask=true)
+        node_params.setdefault(DENOISE_NODE, {})["noise_mask"] = "comfy"
     if first.model.cfg_zero_star and comfy_path:
         node_params.setdefault(DENOISE_NODE, {})["cfg_zero_star"] = True
     elif first.model.cfg_zero_star:
@@ -473,7 +475,10 @@ def _parts(ev: Evaluation, run: Sampling, canvas: Latent) -> list[ImagePart]:
     parts = [_padded(image) if image.pad is not None else ImagePart(path=image.path, role="first_frame")]
     if canvas.mask is not None:
         mask, soft = _mask_part(canvas.mask.image)
-        if soft:
+        if canvas.noise_mask and run.model.differential_diffusion:  # (bilinear to latents: soft at any edge)
+            _deviate(ev, run.node, "DifferentialDiffusion: the noise mask is not thresholded per step; the kept "
+                     "area is blended by the mask's own (soft) values each step")
+        if soft and canvas.mask_to_model:
             _deviate(ev, run.node, "the mask's alpha has values between 0 and 255: the model reads it binarized at "
                      "0.5 (diffusers' Fill pipeline); ComfyUI feeds the soft values")
         parts.append(mask)

@@ -469,12 +469,26 @@ def inpaint_model_conditioning(call: NodeCall) -> tuple[Any, ...]:
     if mask.image != pixels:
         raise node_error(call.id, call.class_type, "invalid_input_type", "mask: the mask must be the alpha channel "
                          "of the LoadImage (or the ImagePadForOutpaint) that gives pixels", input_name="mask")
-    if call.get("noise_mask", True):
-        call.context.deviate(call, "noise_mask=true: the kept area is not reset to the original latents each step "
-                             "(ComfyUI's noise mask); the Fill model keeps it itself, as diffusers' FluxFillPipeline")
+    # noise_mask=true: the denoise loop's noise mask in ComfyUI's convention (the kept area reset before each
+    # model call); false: the Fill model alone keeps it, as diffusers' FluxFillPipeline
     width, height = call.context.image_size(call, pixels)
-    latent = Latent("image", width=width, height=height, frames=1, encoded=pixels, mask=mask)
+    latent = Latent("image", width=width, height=height, frames=1, encoded=pixels, mask=mask, mask_to_model=True,
+                    noise_mask=bool(call.get("noise_mask", True)))
     return call["positive"], call["negative"], latent
+
+
+@node("SetLatentNoiseMask", [i("samples", "LATENT"), i("mask", "MASK")], ["LATENT"], category="latent/inpaint")
+def set_latent_noise_mask(call: NodeCall) -> tuple[Any, ...]:
+    """Inpaint with any image model: the sampler keeps the unmasked area of the encoded image
+    (the denoise loop's noise mask in ComfyUI's convention, policies/noise_mask.py)."""
+    samples, mask = call["samples"], call["mask"]
+    if samples.encoded is None or samples.sampled is not None or samples.kind != "image":
+        raise node_error(call.id, call.class_type, "invalid_input_type", "samples: the latents must be the "
+                         "VAEEncode of a LoadImage (the image to inpaint)", input_name="samples")
+    if not isinstance(mask, Mask) or mask.image.source != "file":
+        raise node_error(call.id, call.class_type, "invalid_input_type", "mask: the mask must be the alpha channel "
+                         "of a LoadImage (or an ImagePadForOutpaint)", input_name="mask")
+    return (replace(samples, mask=mask, noise_mask=True),)
 
 
 @node("ImagePadForOutpaint", [i("image", "IMAGE"), *(i(side, "INT", 0, min=0, max=MAX_RESOLUTION)
@@ -499,9 +513,10 @@ def image_pad_for_outpaint(call: NodeCall) -> tuple[Any, ...]:
       ["MODEL"], category="_for_testing")
 def differential_diffusion(call: NodeCall) -> tuple[Any, ...]:
     """ComfyUI: thresholds the sampler's noise mask per step (soft masks grow in over the
-    steps). It acts only through that noise mask, which InpaintModelConditioning reports as not
-    run (a deviation there), so the model passes through unchanged."""
-    return (call["model"],)
+    steps). It acts only through that noise mask, so the model is only marked: the per-step
+    threshold is not mirrored (the loop blends by the mask's soft values), which the compiler
+    reports where a noise mask meets it."""
+    return (replace(call["model"], differential_diffusion=True),)
 
 
 @node("VAEEncode", [i("pixels", "IMAGE"), i("vae", "VAE")], ["LATENT"], category="latent")

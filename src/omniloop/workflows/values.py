@@ -24,6 +24,7 @@ class ModelRef:
     loras: tuple[LoraRef, ...] = ()
     shift: float | None = None  # ModelSamplingSD3 / ModelSamplingFlux
     cfg_zero_star: bool = False  # CFGZeroStar: the guided prediction patched (the denoise loop's knob)
+    differential_diffusion: bool = False  # DifferentialDiffusion: a soft noise mask thresholded per step
 
     def with_lora(self, lora: LoraRef) -> "ModelRef":
         return replace(self, loras=(*self.loras, lora))
@@ -216,7 +217,9 @@ class Latent:
     upsampled_from: "Latent | None" = None  # LTXVLatentUpsampler: the base stage's latent
     image: Pixels | None = None  # first-frame conditioning (LTXVImgToVideoInplace)
     encoded: Pixels | None = None  # VAEEncode: the latents of these pixels (image-to-image)
-    mask: "Mask | None" = None  # InpaintModelConditioning: the area to repaint (an inpainting model)
+    mask: "Mask | None" = None  # the area to repaint (InpaintModelConditioning, SetLatentNoiseMask)
+    mask_to_model: bool = False  # InpaintModelConditioning: an inpainting model reads the mask (binarized)
+    noise_mask: bool = False  # the KSampler's noise mask: the kept area reset each step (ComfyUI's convention)
     audio: "Latent | None" = None  # the audio half of an "av" latent
     frame_rate: float | None = None
     reference_frames: int = 0  # WanVaceToVideo: latent frames of reference images in front of the video's

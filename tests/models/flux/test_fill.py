@@ -83,13 +83,16 @@ def test_fill_shares_steps_with_other_requests_and_equals_its_solo_run(flux_fill
         assert torch.allclose(got.artifacts["latents"].latents, alone.artifacts["latents"].latents, atol=2e-6, rtol=0)
 
 
-def test_fill_bad_input_names_the_field(flux_fill_dir, flux_dir):
+def test_fill_bad_input_names_the_field(flux_fill_dir, flux_dir, flux_kontext_dir):
     image, mask = _images()
-    fill, plain = generator(flux_fill_dir), generator(flux_dir)
+    fill, plain, kontext = generator(flux_fill_dir), generator(flux_dir), generator(flux_kontext_dir)
     cases = [
         (fill, _request(image, None, steps=1), "mask"),  # an inpaint without a mask
         (fill, _request(image, mask.resize((W, H + 8)), steps=1), "mask"),  # a mask of another size
-        (plain, _request(image, mask, steps=1, strength=0.5), "mask"),  # a mask on a non-Fill model
+        # a mask on a model that does not inpaint (plain FLUX.1 inpaints by a noise mask: test_inpaint.py)
+        (kontext, _request(image, mask, steps=1), "mask"),
+        (plain, OmniRequest(task=TaskType.T2I, inputs=[TextPart(text=PROMPT), ImagePart(data=mask, role="mask")],
+                            diffusion=DiffusionParams(height=H, width=W, steps=1)), "mask"),  # t2i + mask
     ]
     for g, request, field in cases:
         with pytest.raises(InvalidRequest) as err:

@@ -36,6 +36,7 @@ from omniloop.pipeline.loops.step_cost import denoise_step_cost, held_tensor_byt
 from omniloop.pipeline.policies.cfg import (COND, UNCOND, CFGPolicy, CFGState, ClassicCFG, GuidedParams, Prediction,
                                            resolve_guidance)
 from omniloop.pipeline.policies.conditioning import ConditioningPolicy, NoConditioning
+from omniloop.pipeline.policies.noise_mask import NoiseMask, NoiseMaskMode
 from omniloop.pipeline.policies.routing import Route, RoutingPolicy, SingleModel
 from omniloop.pipeline.policies.shift import FlowShift, ShiftPolicy
 from omniloop.pipeline.samplers.base import SAMPLERS, Sampler, SamplerState
@@ -164,6 +165,10 @@ class DenoiseParams(LoopParams):
     # ComfyUI's CFGZeroStar model patch on the guided prediction (a flow sampler's loop)
     cfg_zero_star: bool | None = Field(default=None, description="CFG-Zero* (ComfyUI's CFGZeroStar): the optimized "
                                        "scale of the unconditional branch, per latent row")
+    # how an inpainting request's mask keeps the rest of the image (policies/noise_mask.py)
+    noise_mask: NoiseMaskMode | None = Field(default=None, description="inpainting with a mask: 'diffusers' resets "
+                                             "the kept area after each step (FluxInpaintPipeline, the default), "
+                                             "'comfy' before each model call (ComfyUI's KSampler noise mask)")
 
     # the loop's own knob, also taken flat (diffusers' WanPipeline name); the others override shared fields
     flat: ClassVar[Mapping[str, str]] = {"guidance_scale_2": "guidance_scale_2"}
@@ -205,6 +210,7 @@ class DenoiseLoopState(LoopState):
     trajectory_start: torch.Tensor | None = None  # ... and the ones the first step took
     log_probs: bool = False  # return_log_probs: each step's transition log-density is checked and returned
     cfg_zero_star: bool = False  # node_params cfg_zero_star: the guided prediction patched (cfg_zero_star.py)
+    noise_mask: NoiseMask | None = None  # inpainting: the kept area of the given latents (noise_mask.py)
 
     @property
     def route(self) -> Route:
@@ -318,6 +324,7 @@ class DenoiseLoop(LoopStageBase[DenoiseLoopState]):
         )
         loop.policy_states[self.cfg.name] = cfg_state
         loop.policy_states[self.conditioning.name] = cond_state
+        loop.noise_mask = _request_noise_mask(self.conditioning.noise_mask(cond_state), state.node_params.get(ctx.node))
         if ctx.hooks is not None:
             ctx.hooks.init_loop(loop, request)  # interceptor state, per request (and per branch, lazily)
         return loop
@@ -371,6 +378,11 @@ class DenoiseLoop(LoopStageBase[DenoiseLoopState]):
                 raise InvalidRequest(f"{field}: CFG-Zero* patches a flow model's guidance; sampler {sampler.name!r} "
                                      "is not a flow sampler", hint="pass a flow sampler (flow_euler, comfy_*), or "
                                      "drop cfg_zero_star", fields=(field,))
+        if override is not None and override.noise_mask is not None and not state.request.images("mask"):
+            field = f"node_params[{ctx.node!r}].noise_mask"
+            raise InvalidRequest(f"{field}: the request carries no mask to keep the rest of the image by",
+                                 hint="add ImagePart(role='mask') (over HTTP: the mask field), or drop it",
+                                 fields=(field,))
         if not self.starts_from_given(ctx, produced) and override is not None and override.strength is not None:
             raise InvalidRequest(f"node_params[{ctx.node!r}].strength: node {ctx.node!r} starts from noise in this "
                                  "request (no given latents)", hint="drop strength",
@@ -582,7 +594,8 @@ class DenoiseLoop(LoopStageBase[DenoiseLoopState]):
         # request, which drops out of the step; the others compute their new latents into
         # temporaries and commit them, so they end exactly as if stepped alone.
         errors: list[BaseException | None] = [None] * len(loops)
-        guided = per_request(errors, lambda i: self.combine(loops[i], cfg_states[i], preds[i], route))  # combine
+        guided = per_request(errors, lambda i: _masked_prediction(  # combine (+ a comfy noise mask's estimate)
+            loops[i], self.combine(loops[i], cfg_states[i], preds[i], route)))
         stepped = self._sampler_steps(loops, guided, errors)  # sampler_step
         results = per_request(errors, lambda i: self._commit(loops[i], stepped[i]))  # post_step, inter_step
         return step_results(results, errors)
@@ -591,13 +604,13 @@ class DenoiseLoop(LoopStageBase[DenoiseLoopState]):
         if loop.log_probs:
             check_step_log_prob(loop)
         cond_state = loop.policy_states[self.conditioning.name]
-        loop.latents = self.conditioning.post_step(latents, cond_state)  # post_step
+        loop.latents = _masked_step(loop, self.conditioning.post_step(latents, cond_state))  # post_step
         return self._inter_step(loop)  # inter_step
 
     # -- slots ----------------------------------------------------------------------
     def _prepare_inputs(self, loop: DenoiseLoopState) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         cond_state = loop.policy_states[self.conditioning.name]
-        x = self.conditioning.prepare(loop.latents, cond_state)
+        x = self.conditioning.prepare(_masked_input(loop), cond_state)
         x = {m: loop.sampler.scale_model_input(loop.samplers[m], v) for m, v in x.items()}  # EDM preconditioning
         x = {m: v.to(loop.model_dtype) for m, v in x.items()}
         batch = next(iter(x.values())).shape[0]
@@ -724,6 +737,49 @@ class DenoiseLoop(LoopStageBase[DenoiseLoopState]):
 
 
 # -- helpers --------------------------------------------------------------------------
+def _request_noise_mask(mask: NoiseMask | None, override: DenoiseParams | None) -> NoiseMask | None:
+    """The request's noise mask in the mode its node params name (else the condition's own);
+    None when neither names one (a FLUX.1 Fill request: its model reads the mask itself)."""
+    if mask is None:
+        return None
+    if override is not None and override.noise_mask is not None:
+        mask.set_mode(override.noise_mask)
+    return mask if mask.mode is not None else None
+
+
+def _masked_input(loop: DenoiseLoopState) -> dict[str, torch.Tensor]:
+    """The latents the model reads: a comfy noise mask's kept area reset to the given latents
+    noised to this step's sigma (ComfyUI's KSamplerX0Inpaint, before the model call)."""
+    nm = loop.noise_mask
+    if nm is None or nm.mode != "comfy":
+        return loop.latents
+    m = nm.modality
+    return {**loop.latents, m: nm.model_input(loop.latents[m], loop.samplers[m].sigma)}
+
+
+def _masked_prediction(loop: DenoiseLoopState, guided: Prediction) -> Prediction:
+    """A comfy noise mask: the guided velocity re-expressed so that the sampler's clean
+    estimate is the mask's blend of the model's and the given latents."""
+    nm = loop.noise_mask
+    if nm is None or nm.mode != "comfy":
+        return guided
+    m = nm.modality
+    x, sigma = loop.latents[m], loop.samplers[m].sigma
+    v = nm.prediction(x, nm.model_input(x, sigma), sigma, guided[m].float())
+    return {**guided, m: v.to(guided[m].dtype)}
+
+
+def _masked_step(loop: DenoiseLoopState, latents: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A diffusers noise mask after the sampler step: the kept area reset to the given latents
+    at the next sigma (the clean latents after the last step; FluxInpaintPipeline)."""
+    nm = loop.noise_mask
+    if nm is None or nm.mode != "diffusers":
+        return latents
+    m = nm.modality
+    sstate = loop.samplers[m]  # already advanced by the step
+    return {**latents, m: nm.after_step(latents[m], None if sstate.done else sstate.sigma)}
+
+
 def _guided(guided: Sequence[Prediction | None], i: int) -> Prediction:
     """Request ``i``'s guided prediction: None only for a request that failed before its
     sampler update, which takes no update."""

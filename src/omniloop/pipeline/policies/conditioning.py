@@ -10,6 +10,7 @@ from typing import Any, ClassVar, Protocol
 import torch
 
 from omniloop.pipeline.edges import ConditionLatents
+from omniloop.pipeline.policies.noise_mask import NoiseMask
 from omniloop.pipeline.samplers.base import SamplerState
 from omniloop.request import InvalidRequest
 
@@ -44,6 +45,11 @@ class ConditioningPolicy(Protocol):
 
     def post_step(self, latents: Latents, state: Any) -> Latents: ...
 
+    def noise_mask(self, state: Any) -> NoiseMask | None:
+        """The request's latent noise mask once ``start`` ran (None: none): the loop keeps the
+        unmasked area of the given latents with it (policies/noise_mask.py)."""
+        ...
+
 
 @dataclass(frozen=True)
 class NoConditioning:
@@ -63,6 +69,9 @@ class NoConditioning:
 
     def post_step(self, latents: Latents, state: Any) -> Latents:
         return latents
+
+    def noise_mask(self, state: Any) -> NoiseMask | None:
+        return None
 
 
 @dataclass(frozen=True)
@@ -104,21 +113,22 @@ class LatentStart(NoConditioning):
     input_port: str = "condition"
     name: str = "conditioning"
 
-    def init(self, condition: ConditionLatents | None) -> ConditionLatents | None:
-        return condition
+    def init(self, condition: ConditionLatents | None) -> StartState | None:
+        return None if condition is None else StartState(condition=condition)
 
-    def start(self, latents: Latents, samplers: SamplerStates, state: ConditionLatents | None,
+    def start(self, latents: Latents, samplers: SamplerStates, state: StartState | None,
               gen: torch.Generator | None, strength: float | None) -> tuple[Latents, SamplerStates]:
         if state is None:
             return latents, samplers
         assert strength is not None, "admission resolves strength for image-to-image requests"
+        condition = state.condition
         first = latents[self.modality]
-        if state.posterior is not None:
-            clean = state.posterior.sample(first)
+        if condition.posterior is not None:
+            clean = condition.posterior.sample(first)
             assert gen is not None, "image-to-image starts from the request's seeded generator (DenoiseLoop.init)"
             noise = torch.randn(first.shape, generator=gen, dtype=torch.float32).to(first.device)
         else:
-            clean, noise = state.latents.to(first.device, torch.float32), first
+            clean, noise = condition.latents.to(first.device, torch.float32), first
         if clean.shape != first.shape:
             raise InvalidRequest(f"the image's latents {tuple(clean.shape)} do not match the requested size's "
                                  f"{tuple(first.shape)}", hint="pass an image (or latents) of diffusion.height x "
@@ -131,7 +141,22 @@ class LatentStart(NoConditioning):
         moved = {m: dataclasses.replace(s, timesteps=s.timesteps[start:], sigmas=s.sigmas[start:], step_index=0)
                  for m, s in samplers.items()}
         sigma = schedule.sigmas[start].to(first.device)
+        spec = condition.noise_mask
+        if spec is not None:  # inpainting: the loop keeps the unmasked area of ``clean``
+            state.mask = NoiseMask(modality=self.modality, spec=spec, clean=clean, noise=noise, mode=spec.mode)
         return {**latents, self.modality: sigma * noise + (1.0 - sigma) * clean}, moved
+
+    def noise_mask(self, state: StartState | None) -> NoiseMask | None:
+        return None if state is None else state.mask
+
+
+@dataclass
+class StartState:
+    """LatentStart's per-request state: the condition and, for an inpainting request (a
+    condition with a ``noise_mask``), the noise mask ``start`` builds."""
+
+    condition: ConditionLatents
+    mask: NoiseMask | None = None
 
 
 def start_index(num_steps: int, strength: float) -> int:

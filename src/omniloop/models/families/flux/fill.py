@@ -24,6 +24,7 @@ from omniloop.models.families.flux.presets import FLUX_DEFAULTS
 from omniloop.models.families.flux.stages import edit_source, geometry
 from omniloop.pipeline.edges import ConditionLatents, LatentPosterior
 from omniloop.pipeline.policies.conditioning import Latents, LatentStart, NoConditioning, SamplerStates
+from omniloop.pipeline.policies.noise_mask import NoiseMask, NoiseMaskSpec
 from omniloop.pipeline.stage import ComponentStage
 from omniloop.pipeline.state import RequestState, StageContext
 from omniloop.request import ImagePart, InvalidRequest, OmniRequest
@@ -40,16 +41,20 @@ def mask_part(request: OmniRequest) -> ImagePart | None:
     return masks[0] if masks else None
 
 
-def mask_to_tensor(part: ImagePart, height: int, width: int) -> torch.Tensor:
-    """diffusers' mask processor: grayscale, resized (Lanczos) to height x width, in [0, 1],
-    binarized at 0.5 -> [1, 1, H, W] float32 of 0 / 1 (1: repaint)."""
+def mask_pixels(part: ImagePart, height: int, width: int) -> torch.Tensor:
+    """The mask image as diffusers' mask processor reads it before binarizing: grayscale,
+    resized (Lanczos) to height x width, in [0, 1] -> [1, 1, H, W] float32 (1: repaint)."""
     from PIL import Image
 
     image = open_image_part(part).convert("L")
     if image.size != (width, height):
         image = image.resize((width, height), resample=Image.Resampling.LANCZOS)
-    arr = torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0)[None, None]
-    return (arr >= 0.5).to(torch.float32)
+    return torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0)[None, None]
+
+
+def mask_to_tensor(part: ImagePart, height: int, width: int) -> torch.Tensor:
+    """diffusers' mask processor: ``mask_pixels`` binarized at 0.5 -> [1, 1, H, W] of 0 / 1."""
+    return (mask_pixels(part, height, width) >= 0.5).to(torch.float32)
 
 
 def latent_mask(mask: torch.Tensor, scale: int) -> torch.Tensor:
@@ -87,7 +92,8 @@ class FluxFillCondition(ComponentStage):
         cfg = vae.config
         g = geometry(request, ctx.node)
         image = image_to_tensor(open_image_part(source), g.height, g.width).to(ctx.device)  # [1, 3, H, W]
-        pixels = mask_to_tensor(mask, g.height, g.width).to(ctx.device)  # [1, 1, H, W]
+        soft = mask_pixels(mask, g.height, g.width).to(ctx.device)  # [1, 1, H, W] in [0, 1]
+        pixels = (soft >= 0.5).to(torch.float32)  # binarized, as diffusers' mask processor
         masked = image * (1 - pixels)
         # NOTE: diffusers encodes channels-last views (its processor's layout); same path, bit-equal
         start = vae.encode(image.contiguous(memory_format=torch.channels_last))
@@ -99,7 +105,9 @@ class FluxFillCondition(ComponentStage):
 
         ctx.write(state, "condition", FillLatents(latents=vae.normalize_latents(start.mean), posterior=posterior(start),
                                                   masked=posterior(hole),
-                                                  mask=latent_mask(pixels, cfg.scale_factor_spatial)))
+                                                  mask=latent_mask(pixels, cfg.scale_factor_spatial),
+                                                  # ComfyUI's noise mask, when the loop's node params ask for it
+                                                  noise_mask=NoiseMaskSpec(pixels=soft, mode=None)))
 
 
 @dataclass
@@ -109,6 +117,7 @@ class FillState:
 
     condition: FillLatents
     masked: torch.Tensor | None = field(default=None)
+    noise_mask: NoiseMask | None = field(default=None)  # the loop's, when its node params name a mode
 
 
 @dataclass(frozen=True)
@@ -132,12 +141,17 @@ class FillStart(NoConditioning):
     def start(self, latents: Latents, samplers: SamplerStates, state: FillState, gen: torch.Generator | None,
               strength: float | None) -> tuple[Latents, SamplerStates]:
         base = LatentStart(modality=self.modality, input_port=self.input_port, name=self.name)
-        latents, samplers = base.start(latents, samplers, state.condition, gen, 1.0 if strength is None else strength)
+        started = base.init(state.condition)
+        latents, samplers = base.start(latents, samplers, started, gen, 1.0 if strength is None else strength)
+        state.noise_mask = base.noise_mask(started)
         first = latents[self.modality]
         assert gen is not None, "Fill starts from the request's seeded generator"
         eps = torch.randn(first.shape, generator=gen, dtype=torch.float32).to(first.device)
         state.masked = state.condition.masked.sample(eps)  # [1, 16, h, w], the DiT's space
         return latents, samplers
+
+    def noise_mask(self, state: FillState) -> NoiseMask | None:
+        return state.noise_mask
 
     def prepare(self, latents: Latents, state: FillState) -> Latents:
         x = latents[self.modality]  # [B, 16, h, w]

@@ -189,6 +189,9 @@ def kontext_validator(base: Callable[[OmniRequest], OmniRequest], vae: Any) -> C
                                  "inputs (over HTTP: the image field), or LatentPart(of='image') with its latents",
                                  fields=("image",), kind=ErrorKind.MISSING_INPUT)
         check_one_image(request)
+        if request.images("mask"):  # (set aside below with the reference: refused here, not dropped)
+            raise InvalidRequest("a mask needs an inpainting model (FLUX.1 Fill, or plain FLUX.1's noise mask); FLUX.1 "
+                                 "Kontext edits by its prompt", hint="omit the mask", fields=("mask",))
         p = request.diffusion
         if p.strength is not None:
             raise InvalidRequest("diffusion.strength does not apply to FLUX.1 Kontext: every edit starts from noise "

@@ -23,7 +23,8 @@ from omniloop.models.families.flux.parallelize import FLUX_PARALLEL
 from omniloop.models.families.flux.presets import FLUX_DEFAULTS
 from omniloop.models.families.flux.redux import (TEXT_WANTED, FluxReduxPrior, check_redux_components, has_redux,
                                                  redux_single_files, redux_validator, redux_weights)
-from omniloop.models.families.flux.stages import FluxDenoiser, FluxImageCondition
+from omniloop.models.families.flux.inpaint import FluxInpaintCondition
+from omniloop.models.families.flux.stages import FluxDenoiser
 from omniloop.models.families.flux.validate import make_validator
 from omniloop.models.layers.cuda_graphs import CACHE_NAME as GRAPHS
 from omniloop.models.layers.cuda_graphs import CudaGraphRunner
@@ -219,7 +220,8 @@ def flux_pipeline_spec(variant: Variant, *, guidance_embeds: bool, pack: bool = 
         loop = DenoiseLoop(FluxDenoiser(packs=pack, graphs=graphs), cfg=cfg, shift=DynamicShift(),
                            conditioning=ControlStart())
     else:
-        condition = Node("image_condition", FluxFillCondition() if fill else FluxImageCondition(),
+        # plain FLUX.1 inpaints too: an i2i request's mask becomes the loop's latent noise mask
+        condition = Node("image_condition", FluxFillCondition() if fill else FluxInpaintCondition(),
                          when=task_in(TaskType.I2I))
         loop = DenoiseLoop(FluxDenoiser(packs=pack, graphs=graphs), cfg=cfg, shift=DynamicShift(),
                            conditioning=FillStart() if fill else LatentStart())
@@ -241,6 +243,7 @@ def flux_pipeline_spec(variant: Variant, *, guidance_embeds: bool, pack: bool = 
         nodes=nodes,
         outputs={"image": "image", "latents": "final_latents", "trajectory": "trajectory"},
         takes_mask=fill,
+        accepts_mask=variant.name == "flux.1",
         takes_control=control,
         takes_references=redux,
     )
@@ -261,7 +264,7 @@ def build_flux(variant: Variant, index: Mapping[str, Any], components: Mapping[s
         raise ValueError(f"transformer in_channels {dit.config.in_channels} needs a VAE of "
                          f"{dit.config.latent_channels} latent channels; vae/ has {vae.config.latent_channels}")
     validate = make_validator(defaults, vae.config, components["sampler"], buckets, fill=variant.name == FILL_VARIANT,
-                              control=variant.name == CONTROL_VARIANT)
+                              control=variant.name == CONTROL_VARIANT, inpaint=spec.accepts_mask)
     if variant.name == KONTEXT_VARIANT:
         validate = kontext_validator(validate, vae.config)
     elif variant.name != FILL_VARIANT:  # a reference image asks for Redux (refused without its components)

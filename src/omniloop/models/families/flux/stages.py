@@ -203,11 +203,13 @@ class FluxImageCondition(ComponentStage):
 
     @torch.inference_mode()
     def forward(self, ctx: StageContext, state: RequestState) -> None:
+        ctx.write(state, "condition", self.condition(ctx, state))
+
+    def condition(self, ctx: StageContext, state: RequestState) -> ConditionLatents:
         source = edit_source(state.request)
         assert source is not None, "admission guarantees an i2i request carries an image or image latents"
         if isinstance(source, LatentPart):
-            ctx.write(state, "condition", given_condition(source, ctx.device))
-            return
+            return given_condition(source, ctx.device)
         vae = ctx.component(self.component)
         g = geometry(state.request, ctx.node)
         image = image_to_tensor(open_image_part(source), g.height, g.width).to(ctx.device)  # [1, 3, H, W]
@@ -219,4 +221,4 @@ class FluxImageCondition(ComponentStage):
         cfg = vae.config
         posterior = LatentPosterior(mean=moments.mean, std=moments.std, shift=cfg.shift_factor or 0.0,
                                     scale=cfg.scaling_factor)
-        ctx.write(state, "condition", ConditionLatents(latents=vae.normalize_latents(moments.mean), posterior=posterior))
+        return ConditionLatents(latents=vae.normalize_latents(moments.mean), posterior=posterior)

@@ -19,17 +19,19 @@ from omniloop.request import ErrorKind, ImagePart, InvalidRequest, LatentPart, O
 
 def make_validator(defaults: GenerationDefaults, vae: Any, samplers: SamplerSet,
                    buckets: tuple[tuple[int, int], ...] = (), fill: bool = False,
-                   control: bool = False) -> Callable[[OmniRequest], OmniRequest]:
+                   control: bool = False, inpaint: bool = False) -> Callable[[OmniRequest], OmniRequest]:
     """``vae``: the VAE's config (scale factor, latent channels); ``buckets``: the deployment's
     resolution buckets ((height, width), ...); when set, a request must name one of them
     (kernels that need fixed shapes: CUDA graphs, compile); ``fill``: a FLUX.1 Fill model
     (every request an image and a mask of its size; a mask anywhere else is refused); ``control``:
-    a FLUX.1 Canny/Depth model (every request one control image; one anywhere else is refused)."""
+    a FLUX.1 Canny/Depth model (every request one control image; one anywhere else is refused);
+    ``inpaint``: a plain FLUX.1 model, whose image-to-image requests may carry one mask (the
+    loop's latent noise mask keeps the rest of the image)."""
     multiple = vae.scale_factor_spatial * 2  # 8x VAE, then 2x2 packing
 
     def validate(request: OmniRequest) -> OmniRequest:
         p = request.diffusion
-        _check_mask(request, fill)
+        _check_mask(request, fill, inpaint)
         check_control(request, control)
         if request.task == TaskType.I2I:
             request = _with_source_size(request, vae.scale_factor_spatial)
@@ -115,9 +117,19 @@ def _check_edit(request: OmniRequest, vae: Any) -> None:
     # NOTE: any strength in (0, 1] runs at least one step (diffusers' start index truncates)
 
 
-def _check_mask(request: OmniRequest, fill: bool) -> None:
-    """A Fill request carries exactly one mask, of its image's size; other Flux models take none."""
+def _check_mask(request: OmniRequest, fill: bool, inpaint: bool = False) -> None:
+    """A Fill request carries exactly one mask, of its image's size; a plain FLUX.1 model's
+    image-to-image request at most one (inpainting by a latent noise mask); others none."""
     masks = request.images(MASK_ROLE)
+    if inpaint and masks:
+        if request.task != TaskType.I2I:
+            raise InvalidRequest("a mask inpaints an image: it needs task i2i with the image to edit",
+                                 hint="pass task i2i with the image, or omit the mask", fields=("mask",))
+        if len(masks) != 1:
+            raise InvalidRequest(f"one mask (white: the area to repaint) per request; got {len(masks)}",
+                                 hint="pass a single ImagePart(role='mask')", fields=("mask",))
+        _check_mask_size(request, masks[0])
+        return
     if not fill:
         if masks:
             raise InvalidRequest("a mask (ImagePart role 'mask'; over HTTP the mask field) needs a FLUX.1 Fill model "
@@ -133,7 +145,18 @@ def _check_mask(request: OmniRequest, fill: bool) -> None:
         raise InvalidRequest("FLUX.1 Fill needs the image to inpaint as an image (not latents) beside its mask",
                              hint="add ImagePart(path=... | b64=... | data=...) to inputs (over HTTP: the image field)",
                              fields=("image",), kind=ErrorKind.MISSING_INPUT)
-    image_size, mask_size = open_image_part(source).size, open_image_part(masks[0]).size
+    _check_mask_size(request, masks[0])
+
+
+def _check_mask_size(request: OmniRequest, mask: ImagePart) -> None:
+    """The mask covers the image: of its size (latents given instead: of the request's size)."""
+    source = edit_source(request)
+    if isinstance(source, ImagePart):
+        image_size = open_image_part(source).size
+    else:
+        g = geometry(request)
+        image_size = (g.width, g.height)
+    mask_size = open_image_part(mask).size
     if image_size != mask_size:
         raise InvalidRequest(f"mask is {mask_size[0]}x{mask_size[1]} but the image is {image_size[0]}x{image_size[1]}",
                              hint="pass a mask of the image's size", fields=("mask",))

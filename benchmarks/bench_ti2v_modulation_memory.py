@@ -100,7 +100,10 @@ def main(argv: list[str] | None = None) -> None:
             child = [sys.executable, __file__, "--_mode", mode, "--_tensor", tensor, "--height", str(height),
                      "--width", str(width), "--frames", str(frames), "--batch", str(args.batch)]
             child += ["--five-b"] if args.five_b else []
-            line = subprocess.run(child, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
+            done = subprocess.run(child, capture_output=True, text=True)
+            if done.returncode:  # the child's traceback, not only its exit status
+                sys.exit(f"{mode} run failed ({done.returncode}):\n{done.stderr[-4000:]}")
+            line = done.stdout.strip().splitlines()[-1]
             records[mode], outputs[mode] = json.loads(line), torch.load(tensor)
             emit(records[mode], sink)
         emit({"bench": "ti2v_modulation_memory", "mode": "comparison",

@@ -81,7 +81,10 @@ OPTION_MODELS: tuple[type[BaseModel], ...] = (DeployConfig, ServeConfig)
 def _known_names() -> frozenset[str]:
     """Names a backticked snake_case word may be: options, request fields, plugin settings,
     option values, and the string keys the family loaders read (model_index.json keys)."""
-    names = set().union(*(_fields(m) for m in (DeployConfig, ServeConfig, Limits, ParallelSpec, DiffusionParams)))
+    from omniloop.serve import protocol  # the HTTP bodies' fields (/v1/videos' reference_images...)
+
+    wire = (protocol._VideoCreateBase, protocol._ImageEditBase, protocol._ImageVariationBase)
+    names = set().union(*(_fields(m) for m in (DeployConfig, ServeConfig, Limits, ParallelSpec, DiffusionParams, *wire)))
     for spec in BUILTINS.values():
         names |= {spec.name, *_fields(spec.config_schema)}
     names |= {"sdpa_cudnn", "sdpa_flash", "triton_8bit", "cudnn_fp8", "fp8_tensor", "fifo_batch"}

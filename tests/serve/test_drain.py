@@ -62,7 +62,9 @@ def test_sigterm_lets_the_job_finish_then_exits_0(wan_t2v_dir, tmp_path):
     config = tmp_path / "deploy.yaml"  # a deploy config with a serve: section
     config.write_text(yaml.safe_dump({
         "device": "cpu", "dtype": "float32", "limits": {"max_steps": 1000, "max_pixels": 32 * 32},
-        "serve": {"warmup": [{"steps": 1, "height": 32, "width": 32, "num_frames": 5}], "drain": "finish"},
+        "serve": {"warmup": [{"steps": 1, "height": 32, "width": 32, "num_frames": 5}], "drain": "finish",
+                  # the job's 100 steps may outlast the default 120 s on a loaded 2-core CI machine
+                  "drain_timeout_s": 900},
     }))
     log_path = tmp_path / "server.log"
     with log_path.open("w") as log:  # port 0: the server binds a free port and prints it (no port race)

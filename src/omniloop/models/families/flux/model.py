@@ -22,7 +22,6 @@ sequence orders each sample's text tokens before its image tokens (diffusers'
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omniloop.models.diffusers_config import config_from_diffusers
+from omniloop.models.layers.flux_positions import rope_tables, timestep_embedding
 from omniloop.models.layers.attention import DEFAULT_BACKEND, varlen_attention
 from omniloop.models.layers.packed import Segments, TokenWindow, interleave_index, joint_segments
 from omniloop.models.layers.run_blocks import run_blocks
@@ -102,14 +102,6 @@ class FluxInputs:
 # -- embeddings --------------------------------------------------------------------------
 
 
-def timestep_embedding(t: torch.Tensor, dim: int = 256) -> torch.Tensor:
-    """``[S] -> [S, dim]`` fp32 ``[cos | sin]`` (diffusers ``Timesteps(flip_sin_to_cos=True, shift=0)``)."""
-    half = dim // 2
-    exponent = -math.log(10000.0) * torch.arange(0, half, dtype=torch.float32, device=t.device) / half
-    args = t[:, None].float() * torch.exp(exponent)[None, :]
-    return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
-
-
 class MLPEmbedder(nn.Module):
     """``linear_2(silu(linear_1(x)))`` (diffusers' TimestepEmbedding / PixArtAlphaTextProjection)."""
 
@@ -137,20 +129,6 @@ class TimeTextEmbedding(nn.Module):
             assert guidance is not None, "checked in FluxTransformer.forward"
             emb = emb + self.guidance_embedder(timestep_embedding(guidance).to(pooled.dtype))
         return emb + self.text_embedder(pooled)
-
-
-def rope_tables(ids: torch.Tensor, axes_dims: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Position ids [N, n_axes] -> (cos, sin), each [N, hd] fp32, each axis's angles computed
-    in fp64 and each value repeated for its channel pair (diffusers ``FluxPosEmbed``)."""
-    pos = ids.float()
-    freqs_dtype = torch.float32 if ids.device.type == "mps" else torch.float64
-    cos, sin = [], []
-    for i, dim in enumerate(axes_dims):
-        inv = 1.0 / (ROPE_THETA ** (torch.arange(0, dim, 2, dtype=freqs_dtype, device=ids.device) / dim))
-        angles = torch.outer(pos[:, i], inv)  # [N, dim/2] fp64
-        cos.append(angles.cos().repeat_interleave(2, dim=1, output_size=dim).float())
-        sin.append(angles.sin().repeat_interleave(2, dim=1, output_size=dim).float())
-    return torch.cat(cos, dim=-1), torch.cat(sin, dim=-1)
 
 
 def apply_rope(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -364,7 +342,7 @@ class FluxTransformer(nn.Module):
         temb = self.time_text_embed(timestep, guidance, inputs.pooled)  # [S, D]
         text = self.context_embedder(inputs.text)  # [N_txt, D]
         layout = JointLayout.build(inputs.text_segments, inputs.image_segments, image.device)
-        rope = rope_tables(layout.join(inputs.text_ids, inputs.image_ids), self.config.axes_dims_rope)
+        rope = rope_tables(layout.join(inputs.text_ids, inputs.image_ids), self.config.axes_dims_rope, ROPE_THETA)
 
         # 2. Double-stream blocks, then single-stream blocks on the joint sequence
         for block in self.transformer_blocks:

@@ -18,7 +18,6 @@ Vocabulary: ``L_img`` image tokens (the noisy latent's, then any reference image
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Sequence, cast
 
@@ -28,6 +27,7 @@ from torch import nn
 
 from omniloop.models.diffusers_config import config_from_diffusers
 from omniloop.models.layers.attention import DEFAULT_BACKEND, attention
+from omniloop.models.layers.flux_positions import rope_tables, timestep_embedding
 from omniloop.models.layers.run_blocks import run_blocks
 
 
@@ -101,14 +101,6 @@ class Flux2Inputs:
 # -- embeddings ---------------------------------------------------------------------------
 
 
-def timestep_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
-    """``[B] -> [B, dim]`` fp32 ``[cos | sin]`` (diffusers ``Timesteps(flip_sin_to_cos=True, shift=0)``)."""
-    half = dim // 2
-    exponent = -math.log(10000.0) * torch.arange(0, half, dtype=torch.float32, device=t.device) / half
-    args = t[:, None].float() * torch.exp(exponent)[None, :]
-    return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
-
-
 class TimestepEmbedder(nn.Module):
     """``linear_2(silu(linear_1(x)))`` without biases (diffusers ``TimestepEmbedding(sample_proj_bias=False)``)."""
 
@@ -151,20 +143,6 @@ def split_modulation(mod: torch.Tensor, sets: int) -> list[tuple[torch.Tensor, .
     """[B, 3 * sets * D] -> ``sets`` x (shift, scale, gate), each [B, 1, D] (``Flux2Modulation.split``)."""
     parts = mod.unsqueeze(1).chunk(3 * sets, dim=-1)
     return [parts[3 * i:3 * i + 3] for i in range(sets)]
-
-
-def rope_tables(ids: torch.Tensor, axes_dims: tuple[int, ...], theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Position ids [L, 4] -> (cos, sin), each [L, hd] fp32: each axis's angles in fp64, each
-    value repeated for its channel pair (diffusers ``Flux2PosEmbed``)."""
-    pos = ids.float()
-    freqs_dtype = torch.float32 if ids.device.type == "mps" else torch.float64
-    cos, sin = [], []
-    for i, dim in enumerate(axes_dims):
-        inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=freqs_dtype, device=ids.device) / dim))
-        angles = torch.outer(pos[:, i], inv)  # [L, dim/2] fp64
-        cos.append(angles.cos().repeat_interleave(2, dim=1, output_size=dim).float())
-        sin.append(angles.sin().repeat_interleave(2, dim=1, output_size=dim).float())
-    return torch.cat(cos, dim=-1), torch.cat(sin, dim=-1)
 
 
 def apply_rope(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:

@@ -1,5 +1,6 @@
-"""Timestep and RoPE tables shared by the FLUX.1 and FLUX.2 DiTs (the same diffusers numerics:
-``Timesteps(flip_sin_to_cos=True, shift=0)`` and ``FluxPosEmbed`` / ``Flux2PosEmbed``)."""
+"""Timestep and RoPE tables, and the RoPE rotation, shared by the FLUX.1 and FLUX.2 DiTs (the same
+diffusers numerics: ``Timesteps(flip_sin_to_cos=True, shift=0)``, ``FluxPosEmbed`` / ``Flux2PosEmbed``
+and ``apply_rotary_emb(use_real=True, use_real_unbind_dim=-1)``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import math
 
 import torch
 
-__all__ = ["rope_tables", "timestep_embedding"]
+__all__ = ["apply_rope", "rope_tables", "timestep_embedding"]
 
 
 def timestep_embedding(t: torch.Tensor, dim: int = 256) -> torch.Tensor:
@@ -30,3 +31,13 @@ def rope_tables(ids: torch.Tensor, axes_dims: tuple[int, ...], theta: float) -> 
         cos.append(angles.cos().repeat_interleave(2, dim=1, output_size=dim).float())
         sin.append(angles.sin().repeat_interleave(2, dim=1, output_size=dim).float())
     return torch.cat(cos, dim=-1), torch.cat(sin, dim=-1)
+
+
+def apply_rope(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Rotate interleaved channel pairs of ``x`` [..., L, H, hd] by ``rope`` = (cos, sin), each
+    [L, hd] (``rope_tables``), in fp32, cast back. FLUX.1 passes packed tokens [N, H, hd], FLUX.2
+    a batch [B, L, H, hd]: the tables broadcast as [L, 1, hd] over any leading batch axes."""
+    cos, sin = rope[0][:, None, :], rope[1][:, None, :]  # [L, 1, hd]
+    real, imag = x.reshape(*x.shape[:-1], -1, 2).unbind(-1)  # each [..., L, H, hd/2]
+    rotated = torch.stack([-imag, real], dim=-1).flatten(-2)  # [..., L, H, hd]: (-imag, real) pairs
+    return (x.float() * cos + rotated.float() * sin).to(x.dtype)

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omniloop.models.diffusers_config import config_from_diffusers
-from omniloop.models.layers.flux_positions import rope_tables, timestep_embedding
+from omniloop.models.layers.flux_positions import apply_rope, rope_tables, timestep_embedding
 from omniloop.models.layers.attention import DEFAULT_BACKEND, varlen_attention
 from omniloop.models.layers.packed import Segments, TokenWindow, interleave_index, joint_segments
 from omniloop.models.layers.run_blocks import run_blocks
@@ -129,15 +129,6 @@ class TimeTextEmbedding(nn.Module):
             assert guidance is not None, "checked in FluxTransformer.forward"
             emb = emb + self.guidance_embedder(timestep_embedding(guidance).to(pooled.dtype))
         return emb + self.text_embedder(pooled)
-
-
-def apply_rope(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """Rotate channel pairs of ``x`` [N, H, hd] (computed in fp32, cast back; diffusers'
-    ``apply_rotary_emb(use_real_unbind_dim=-1)``)."""
-    cos, sin = rope[0][:, None, :], rope[1][:, None, :]  # [N, 1, hd]
-    real, imag = x.reshape(*x.shape[:-1], -1, 2).unbind(-1)
-    rotated = torch.stack([-imag, real], dim=-1).flatten(2)
-    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
 
 
 class FeedForward(nn.Module):

@@ -27,7 +27,7 @@ from torch import nn
 
 from omniloop.models.diffusers_config import config_from_diffusers
 from omniloop.models.layers.attention import DEFAULT_BACKEND, attention
-from omniloop.models.layers.flux_positions import rope_tables, timestep_embedding
+from omniloop.models.layers.flux_positions import apply_rope, rope_tables, timestep_embedding
 from omniloop.models.layers.run_blocks import run_blocks
 
 
@@ -143,15 +143,6 @@ def split_modulation(mod: torch.Tensor, sets: int) -> list[tuple[torch.Tensor, .
     """[B, 3 * sets * D] -> ``sets`` x (shift, scale, gate), each [B, 1, D] (``Flux2Modulation.split``)."""
     parts = mod.unsqueeze(1).chunk(3 * sets, dim=-1)
     return [parts[3 * i:3 * i + 3] for i in range(sets)]
-
-
-def apply_rope(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """Rotate channel pairs of ``x`` [B, L, H, hd] in fp32, cast back (diffusers'
-    ``apply_rotary_emb(sequence_dim=1)``)."""
-    cos, sin = rope[0][None, :, None, :], rope[1][None, :, None, :]  # [1, L, 1, hd]
-    real, imag = x.reshape(*x.shape[:-1], -1, 2).unbind(-1)
-    rotated = torch.stack([-imag, real], dim=-1).flatten(3)
-    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
 
 
 def layer_norm(x: torch.Tensor, eps: float) -> torch.Tensor:

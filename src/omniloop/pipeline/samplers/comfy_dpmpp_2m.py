@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Hashable, Sequence
 import torch
 
 from omniloop.pipeline.samplers.base import SamplerState, register_sampler, schedule_signature
+from omniloop.pipeline.samplers.comfy_sde import ve_half_log_snr, ve_sigma
 from omniloop.pipeline.samplers.flow_euler import FlowEulerSampler
 from omniloop.pipeline.samplers.joint_step import RowParts, step_jointly
 
@@ -30,14 +31,6 @@ from omniloop.pipeline.samplers.joint_step import RowParts, step_jointly
 class ComfyDPMpp2MState(SamplerState, RowParts):
     ROW_FIELDS: ClassVar[tuple[str, ...]] = ("old_denoised",)  # the request's own rows
     old_denoised: torch.Tensor | None = None  # [b, ...] fp32: the previous step's clean estimate of this run
-
-
-def _t(sigma: torch.Tensor) -> torch.Tensor:
-    return sigma.log().neg()
-
-
-def _sigma(t: torch.Tensor) -> torch.Tensor:
-    return t.neg().exp()
 
 
 @register_sampler
@@ -67,14 +60,14 @@ class ComfyDPMpp2MSampler(FlowEulerSampler):
         sigmas = state.sigmas
         x = sample.to(torch.float32)
         denoised = self._denoised(x, model_output.to(torch.float32), sigmas[i])
-        t, t_next = _t(sigmas[i]), _t(sigmas[i + 1])
+        t, t_next = ve_half_log_snr(sigmas[i]), ve_half_log_snr(sigmas[i + 1])
         h = t_next - t
         if state.old_denoised is None or sigmas[i + 1] == 0:
             target = denoised
         else:
-            r = (t - _t(sigmas[i - 1])) / h
+            r = (t - ve_half_log_snr(sigmas[i - 1])) / h
             target = (1 + 1 / (2 * r)) * denoised - (1 / (2 * r)) * state.old_denoised
-        out = (_sigma(t_next) / _sigma(t)) * x - (-h).expm1() * target
+        out = (ve_sigma(t_next) / ve_sigma(t)) * x - (-h).expm1() * target
         state.old_denoised = denoised
         state.step_index += 1
         return out.to(model_output.dtype)

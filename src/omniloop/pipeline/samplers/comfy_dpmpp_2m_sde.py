@@ -28,7 +28,6 @@ two are the same draws). So a request equals ComfyUI's run of the same seed, sig
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar, Hashable, Sequence
 
@@ -36,41 +35,12 @@ import torch
 
 from omniloop.pipeline.samplers.base import (SamplerState, SchedulerConfigError, register_sampler,
                                              schedule_signature)
+from omniloop.pipeline.samplers.comfy_sde import BrownianNoise, flow_half_log_snr
 from omniloop.pipeline.samplers.flow_euler import FlowEulerSampler
 from omniloop.pipeline.samplers.joint_step import RowParts, step_each, step_jointly
 
 _OPTIONS = ("eta", "s_noise", "model_shift")
 PERCENT_OFFSET = 1e-4  # ComfyUI's offset_first_sigma_for_snr
-
-
-@dataclass(kw_only=True)
-class BrownianNoise:
-    """One request's ``BrownianTreeNoiseSampler`` (built at its run's first step, on the sample)."""
-
-    tree: Any  # torchsde.BrownianTree over [t0, t1], its state [b, ...] on ``device``
-    device: torch.device
-
-    @classmethod
-    def build(cls, like: torch.Tensor, sigma_min: torch.Tensor, sigma_max: torch.Tensor, seed: int,
-              on_cpu: bool) -> "BrownianNoise":
-        try:
-            import torchsde
-        except ImportError as e:  # pragma: no cover - the test extra installs it
-            raise ImportError("ComfyUI's SDE samplers draw their noise with torchsde: pip install 'omniloop[audio]'"
-                              ) from e
-        device = torch.device("cpu") if on_cpu else like.device
-        w0 = torch.zeros(like.shape, dtype=torch.float32, device=device)
-        tree = torchsde.BrownianTree(sigma_min.to(device), w0, sigma_max.to(device), entropy=seed)
-        return cls(tree=tree, device=device)
-
-    def __call__(self, sigma: torch.Tensor, sigma_next: torch.Tensor, out_device: torch.device) -> torch.Tensor:
-        """The unit-variance increment between ``sigma_next`` < ``sigma`` (ComfyUI's sign: the
-        tree's ``W(sigma_next) - W(sigma)`` read backwards), float32 on ``out_device``."""
-        lo, hi = sigma_next.to(self.device).float(), sigma.to(self.device).float()
-        with warnings.catch_warnings():  # torchsde warns when a float32 end sits a rounding below its own
-            warnings.filterwarnings("ignore", message="Should have t[ab]", category=UserWarning)
-            w = self.tree(lo, hi).to(device=out_device, dtype=torch.float32) * -1
-        return w / (sigma_next - sigma).abs().sqrt()
 
 
 @dataclass(kw_only=True)
@@ -81,10 +51,6 @@ class ComfyDPMpp2MSDEState(SamplerState, RowParts):
     old_denoised: torch.Tensor | None = None  # [b, ...] fp32: the previous step's clean estimate of this run
     h_last: torch.Tensor | None = None  # the previous step's half log-SNR step (0-d)
     noise: BrownianNoise | None = None  # built at the run's first noised step
-
-
-def half_log_snr(sigma: torch.Tensor) -> torch.Tensor:
-    return sigma.logit().neg()  # CONST: log((1 - sigma) / sigma)
 
 
 @register_sampler
@@ -189,7 +155,7 @@ class ComfyDPMpp2MSDESampler(FlowEulerSampler):
     @staticmethod
     def _lambda(sigma: torch.Tensor) -> torch.Tensor:
         """The half log-SNR of ``sigma`` (CONST's: ``-logit(sigma)``)."""
-        return half_log_snr(sigma)
+        return flow_half_log_snr(sigma)
 
     def _noise(self, state: ComfyDPMpp2MSDEState, like: torch.Tensor) -> BrownianNoise:
         """The request's tree, built over this run's sigmas (a run from given latents starts at
@@ -198,7 +164,7 @@ class ComfyDPMpp2MSDESampler(FlowEulerSampler):
             start = state.step_index
             rest = state.sigmas[start:]
             top = torch.tensor(state.top_sigma) if start == 0 else rest[0]
-            state.noise = BrownianNoise.build(like, rest[rest > 0].min(), top, state.seed, self.tree_on_cpu)
+            state.noise = BrownianNoise.build(like, rest, top, state.seed, self.tree_on_cpu)
         return state.noise
 
     def batch_key(self, state: SamplerState) -> Hashable:

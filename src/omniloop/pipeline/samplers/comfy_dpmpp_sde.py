@@ -29,8 +29,8 @@ from typing import ClassVar, Hashable, Sequence
 import torch
 
 from omniloop.pipeline.samplers.base import SamplerState, register_sampler, schedule_signature
-from omniloop.pipeline.samplers.comfy_dpmpp_2m_sde import BrownianNoise, ComfyDPMpp2MSDESampler, ComfyDPMpp2MSDEState
-from omniloop.pipeline.samplers.comfy_res_multistep import ancestral_step
+from omniloop.pipeline.samplers.comfy_dpmpp_2m_sde import ComfyDPMpp2MSDESampler, ComfyDPMpp2MSDEState
+from omniloop.pipeline.samplers.comfy_sde import BrownianNoise, ancestral_step, flow_half_log_snr, flow_sigma
 from omniloop.pipeline.samplers.joint_step import RowParts, step_each, step_jointly
 
 R = 0.5  # SamplerDPMPP_SDE's r (KSampler's dpmpp_sde)
@@ -45,14 +45,6 @@ class ComfyDPMppSDEState(SamplerState, RowParts):
     start: torch.Tensor | None = None  # [b, ...] fp32: x at the step's first evaluation
     denoised: torch.Tensor | None = None  # [b, ...] fp32: its clean estimate
     noise: BrownianNoise | None = None  # built at the first noised evaluation
-
-
-def _lambda(sigma: torch.Tensor) -> torch.Tensor:
-    return sigma.logit().neg()
-
-
-def _sigma(half_log_snr: torch.Tensor) -> torch.Tensor:
-    return half_log_snr.neg().sigmoid()
 
 
 @register_sampler
@@ -73,8 +65,8 @@ class ComfyDPMppSDESampler(ComfyDPMpp2MSDESampler):
         for i in range(num_steps):
             evaluations.append(schedule[i])
             if schedule[i + 1] != 0:  # the step's second evaluation, at the midpoint in half log-SNR
-                lam, lam_next = _lambda(schedule[i]), _lambda(schedule[i + 1])
-                evaluations.append(_sigma(lam + R * (lam_next - lam)))
+                lam, lam_next = flow_half_log_snr(schedule[i]), flow_half_log_snr(schedule[i + 1])
+                evaluations.append(flow_sigma(lam + R * (lam_next - lam)))
         points = torch.stack(evaluations)  # [2 n - 1] (or [2 n] without a final 0)
         return ComfyDPMppSDEState(timesteps=(points * self.num_train_timesteps).to(base.timesteps.device),
                                   sigmas=torch.cat([points, torch.zeros(1)]), seed=base.seed, schedule=schedule,
@@ -106,10 +98,10 @@ class ComfyDPMppSDESampler(ComfyDPMpp2MSDESampler):
         sigma, sigma_next = sigmas[i], sigmas[i + 1]
         x = sample.to(torch.float32)
         denoised = x - model_output.to(torch.float32) * state.sigmas[state.step_index]  # CONST's calculate_denoised
-        lam, lam_next = _lambda(sigma), _lambda(sigma_next)
+        lam, lam_next = flow_half_log_snr(sigma), flow_half_log_snr(sigma_next)
         h = lam_next - lam
         lam_1 = lam + R * h
-        sigma_1 = _sigma(lam_1)
+        sigma_1 = flow_sigma(lam_1)
         alpha = sigma * lam.exp()
         eta, s_noise, noisy = self.eta, self.s_noise, self.eta > 0 and self.s_noise > 0
         if sigma_next == 0:
@@ -139,9 +131,8 @@ class ComfyDPMppSDESampler(ComfyDPMpp2MSDESampler):
     def _brownian(self, state: ComfyDPMppSDEState, like: torch.Tensor) -> BrownianNoise:
         """The request's tree over the run's sigmas (before the offset), built at its first use."""
         if state.noise is None:
-            schedule = state.schedule
             top = torch.tensor(state.top_sigma)
-            state.noise = BrownianNoise.build(like, schedule[schedule > 0].min(), top, state.seed, self.tree_on_cpu)
+            state.noise = BrownianNoise.build(like, state.schedule, top, state.seed, self.tree_on_cpu)
         return state.noise
 
     def batch_key(self, state: SamplerState) -> Hashable:

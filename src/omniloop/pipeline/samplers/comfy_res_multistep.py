@@ -28,6 +28,7 @@ import torch
 from omniloop.pipeline.samplers.base import (SamplerState, SchedulerConfigError, register_sampler,
                                              schedule_signature)
 from omniloop.pipeline.samplers.comfy_euler_ancestral import ComfyAncestralState
+from omniloop.pipeline.samplers.comfy_sde import ancestral_step, ve_half_log_snr
 from omniloop.pipeline.samplers.flow_euler import FlowEulerSampler
 from omniloop.pipeline.samplers.joint_step import RowParts, step_each, step_jointly
 
@@ -39,25 +40,12 @@ class ComfyResMultistepState(ComfyAncestralState, RowParts):
     old_sigma_down: torch.Tensor | None = None  # the previous step's sigma_down (0-d)
 
 
-def _t(sigma: torch.Tensor) -> torch.Tensor:
-    return sigma.log().neg()
-
-
 def _phi1(z: torch.Tensor) -> torch.Tensor:
     return torch.expm1(z) / z
 
 
 def _phi2(z: torch.Tensor) -> torch.Tensor:
     return (_phi1(z) - 1.0) / z
-
-
-def ancestral_step(sigma_from: torch.Tensor, sigma_to: torch.Tensor, eta: float) -> tuple[torch.Tensor, Any]:
-    """k-diffusion's ``get_ancestral_step``: (sigma_down, sigma_up) of a step, ``(sigma_to, 0.)`` at eta 0."""
-    if not eta:
-        return sigma_to, 0.0
-    up = eta * (sigma_to ** 2 * (sigma_from ** 2 - sigma_to ** 2) / sigma_from ** 2) ** 0.5
-    sigma_up = up if up < sigma_to else sigma_to  # Python's min(sigma_to, up): the first unless the second is less
-    return (sigma_to ** 2 - sigma_up ** 2) ** 0.5, sigma_up
 
 
 @register_sampler
@@ -106,7 +94,8 @@ class ComfyResMultistepSampler(FlowEulerSampler):
             x = x + (x - denoised) / sigma * (sigma_down - sigma)
         else:
             assert state.old_sigma_down is not None, "a previous estimate comes with its sigma_down"
-            t, t_old, t_next, t_prev = _t(sigma), _t(state.old_sigma_down), _t(sigma_down), _t(sigmas[i - 1])
+            t, t_old = ve_half_log_snr(sigma), ve_half_log_snr(state.old_sigma_down)
+            t_next, t_prev = ve_half_log_snr(sigma_down), ve_half_log_snr(sigmas[i - 1])
             h = t_next - t
             c2 = (t_prev - t_old) / h
             phi1, phi2 = _phi1(-h), _phi2(-h)

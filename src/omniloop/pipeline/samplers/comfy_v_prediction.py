@@ -39,6 +39,7 @@ from omniloop.pipeline.samplers.comfy_dpmpp_2m_sde import (ComfyDPMpp2MSDEGpuSam
                                                            ComfyDPMpp2MSDEState)
 from omniloop.pipeline.samplers.comfy_dpmpp_3m_sde import (ComfyDPMpp3MSDEGpuSampler, ComfyDPMpp3MSDESampler,
                                                            ComfyDPMpp3MSDEState)
+from omniloop.pipeline.samplers.comfy_sde import ve_half_log_snr
 
 V_SCHEDULERS = ("simple", "normal", "sgm_uniform", "karras", "exponential")
 TRAIN_SIGMAS = 1000  # ModelSamplingContinuousEDM's table
@@ -145,7 +146,7 @@ class ComfyVSampling:
 
     @staticmethod
     def _lambda(sigma: torch.Tensor) -> torch.Tensor:
-        return sigma.log().neg()  # sigma_to_half_log_snr of a non-CONST model
+        return ve_half_log_snr(sigma)  # sigma_to_half_log_snr of a non-CONST model
 
 
 @register_sampler

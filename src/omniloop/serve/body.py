@@ -1,5 +1,5 @@
 """Request bodies: JSON, multipart or urlencoded forms, read with a size limit into one
-plain dict (plus the uploaded file, if any) that the wire models then validate.
+plain dict (plus the uploaded files, if any: ``Uploads``) that the wire models then validate.
 
 The official openai client sends ``videos.create`` as multipart even without a file, with
 every value a string and nested ones as ``key[sub]`` (its ``extra_body`` too); pydantic's
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 from starlette.datastructures import UploadFile
@@ -70,29 +70,36 @@ def _put(target: dict[str, Any], key: str, value: Any) -> None:
         node[last] = value
 
 
+class Uploads(Mapping[str, bytes]):
+    """A form's uploaded files by field name, each field's in upload order (a field may repeat,
+    as OpenAI's ``image[]`` or a list of references). As a mapping, a field's last upload: a
+    single-file field given twice counts its last; ``every`` reads a repeated field."""
+
+    def __init__(self, by_field: dict[str, list[bytes]] | None = None) -> None:
+        self._by_field = by_field or {}
+
+    def __getitem__(self, key: str) -> bytes:
+        return self._by_field[key][-1]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._by_field)
+
+    def __len__(self) -> int:
+        return len(self._by_field)
+
+    def every(self, key: str, *, at_most: int | None = None) -> list[bytes]:
+        """All uploads of ``key``, in order (none: []); more than ``at_most`` is a 400 naming it."""
+        got = self._by_field.get(key, [])
+        if at_most is not None and len(got) > at_most:
+            raise ApiError(400, f"{key}: at most {at_most} files", param=key, code="invalid_value")
+        return list(got)
+
+
 async def read_body(request: Request, limit: int, *, file_fields: tuple[str, ...] = (),
-                    repeated: Mapping[str, int] | None = None) -> tuple[dict[str, Any], dict[str, bytes]]:
-    """(fields, uploaded files by field name). Empty form values count as absent.
-    ``repeated``: file fields that take up to that many uploads, stored as ``name[0]``,
-    ``name[1]``... (``repeated_files`` lists them back); another field's last upload counts."""
-    repeated = repeated or {}
-    fields, uploads = await read_body_uploads(request, limit, file_fields=file_fields,
-                                              max_files=len(file_fields) + sum(n - 1 for n in repeated.values()))
-    files: dict[str, bytes] = {}
-    for key, got in uploads.items():
-        if key not in repeated:
-            files[key] = got[-1]
-            continue
-        if len(got) > repeated[key]:
-            raise ApiError(400, f"{key}: at most {repeated[key]} files", param=key, code="invalid_value")
-        files.update({f"{key}[{i}]": data for i, data in enumerate(got)})
-    return fields, files
-
-
-async def read_body_uploads(request: Request, limit: int, *, file_fields: tuple[str, ...] = (),
-                            max_files: int | None = None) -> tuple[dict[str, Any], dict[str, list[bytes]]]:
-    """(fields, every uploaded file by field name, in order: a field may repeat, as OpenAI's
-    ``image[]``); ``max_files``: how many files the form may hold (default: one per field)."""
+                    max_files: int | None = None) -> tuple[dict[str, Any], Uploads]:
+    """(fields, uploaded files): empty form values count as absent, JSON has no files.
+    ``max_files``: how many files the form may hold (default: one per file field; a field
+    that repeats needs more, its own cap checked with ``Uploads.every``)."""
     raw = await read_limited(request, limit)
     ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
     if ctype in ("application/json", "") or ctype.endswith("+json"):
@@ -102,7 +109,7 @@ async def read_body_uploads(request: Request, limit: int, *, file_fields: tuple[
             raise ApiError(400, f"body: not valid JSON ({e})", param="body", code="invalid_json") from None
         if not isinstance(data, dict):
             raise ApiError(400, "body: expected a JSON object of fields", param="body", code="invalid_json")
-        return data, {}
+        return data, Uploads()
     if ctype == "multipart/form-data":
         # the whole body is already within ``limit``, so no per-part size limit is needed
         parser: Any = MultiPartParser(request.headers, _once(raw), max_files=max_files or len(file_fields),
@@ -126,9 +133,4 @@ async def read_body_uploads(request: Request, limit: int, *, file_fields: tuple[
             files.setdefault(key, []).append(await value.read())
         elif value != "":
             _put(fields, key, value)
-    return fields, files
-
-
-def repeated_files(files: Mapping[str, bytes], key: str) -> list[bytes]:
-    """The uploads of a repeated file field (``read_body``'s ``repeated``), in order."""
-    return [files[f"{key}[{i}]"] for i in range(sum(1 for k in files if k.startswith(f"{key}[")))]
+    return fields, Uploads(files)

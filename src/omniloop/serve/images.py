@@ -21,7 +21,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
 from omniloop.request import ErrorKind, OmniRequest, RequestStatus
-from omniloop.serve.body import read_body, read_body_uploads
+from omniloop.serve.body import Uploads, read_body
 from omniloop.serve.cancellation import wait_or_abort
 from omniloop.serve.errors import ApiError, failure_error, parse_body
 from omniloop.serve.jobs import Geometry, Job, JobKind, output_response, read_output
@@ -55,12 +55,12 @@ async def generate_images(request: Request, state: State) -> ImagesResponse:
 async def edit_images(request: Request, state: State) -> ImagesResponse:
     with state.counting_rejections("image"):
         state.check_accepting()
-        fields, uploads = await read_body_uploads(request, state.config.max_upload_bytes, file_fields=_EDIT_FILES,
-                                                  max_files=MAX_EDIT_UPLOADS)
-        images = [*uploads.get("image", []), *uploads.get("image[]", [])]  # the model's cap: openai_image_edit
-        if len(uploads.get("mask", [])) > 1:
+        fields, uploads = await read_body(request, state.config.max_upload_bytes, file_fields=_EDIT_FILES,
+                                          max_files=MAX_EDIT_UPLOADS)
+        images = [*uploads.every("image"), *uploads.every("image[]")]  # the model's cap: openai_image_edit
+        if len(uploads.every("mask")) > 1:
             raise ApiError(400, "mask: one file per edit; upload a single mask", param="mask", code="invalid_value")
-        mask = uploads["mask"][0] if "mask" in uploads else None
+        mask = uploads.get("mask")
         image = images if len(images) > 1 else images[0] if images else None
         if isinstance(fields.get("loras"), str):  # a multipart form carries the list as JSON text
             fields["loras"] = _json_field(fields["loras"], "loras")
@@ -98,7 +98,7 @@ _EDIT_FILES = ("image", "image[]", "mask")
 MAX_EDIT_UPLOADS = 17
 
 
-def _one_upload(files: dict[str, bytes], name: str) -> bytes | None:
+def _one_upload(files: Uploads, name: str) -> bytes | None:
     given = [files[k] for k in (name, f"{name}[]") if k in files]
     if len(given) > 1:
         raise ApiError(400, f"{name}: one file per edit; upload a single {name}", param=name, code="invalid_value")

@@ -9,7 +9,7 @@ from typing import Literal
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 
-from omniloop.serve.body import read_body, repeated_files
+from omniloop.serve.body import read_body
 from omniloop.serve.errors import ApiError, parse_body
 from omniloop.serve.jobs import Geometry, Job, JobKind, JobStore, output_response
 from omniloop.serve.media import check_request_images, check_request_videos, image_pixel_cap
@@ -46,14 +46,15 @@ async def create_video(request: Request, state: State) -> VideoObject:
     with state.counting_rejections("video"):
         state.check_accepting()
         fields, files = await read_body(request, state.config.max_upload_bytes, file_fields=FILE_FIELDS,
-                                        repeated={"reference_images": MAX_REFERENCE_IMAGES})
+                                        max_files=len(FILE_FIELDS) - 1 + MAX_REFERENCE_IMAGES)
+        references = files.every("reference_images", at_most=MAX_REFERENCE_IMAGES)
         wire = parse_body(VideoCreateRequest, fields)
         job_id = new_id("video")
         model = state.served(wire.model)
         controls = {name: files.get(name) for name in ("video", "control_video", "mask")}
         omni, call = openai_video(wire, job_id, model, upload=files.get("input_reference"),
                                   last_upload=files.get("last_image"),
-                                  control_uploads={**controls, "reference_images": repeated_files(files, "reference_images")})
+                                  control_uploads={**controls, "reference_images": references})
         cap = image_pixel_cap(state.config, model)
         await check_request_images([omni], "input_reference", cap,
                                    role_params={"last_frame": "last_image", "mask": "mask",

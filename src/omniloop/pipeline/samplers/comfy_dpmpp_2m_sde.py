@@ -35,7 +35,7 @@ import torch
 
 from omniloop.pipeline.samplers.base import (SamplerState, SchedulerConfigError, register_sampler,
                                              schedule_signature)
-from omniloop.pipeline.samplers.comfy_sde import BrownianNoise, flow_half_log_snr
+from omniloop.pipeline.samplers.comfy_sde import BrownianNoise, check_noise_options, flow_half_log_snr, seed_or_draw
 from omniloop.pipeline.samplers.flow_euler import FlowEulerSampler
 from omniloop.pipeline.samplers.joint_step import RowParts, step_each, step_jointly
 
@@ -72,10 +72,7 @@ class ComfyDPMpp2MSDESampler(FlowEulerSampler):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for key in ("eta", "s_noise"):
-            value = getattr(self, key)
-            if not (isinstance(value, (int, float)) and 0.0 <= value <= 100.0):
-                raise SchedulerConfigError(f"{key} must be in [0, 100] (SamplerDPMPP_2M_SDE's range), got {value!r}")
+        check_noise_options(self.eta, self.s_noise, "SamplerDPMPP_2M_SDE")
         if self.model_shift is not None and not self.model_shift > 0:
             raise SchedulerConfigError(f"model_shift must be > 0, got {self.model_shift!r}")
 
@@ -88,8 +85,6 @@ class ComfyDPMpp2MSDESampler(FlowEulerSampler):
                    sigmas: Sequence[float] | None = None, mu: float | None = None,
                    seed: int | None = None) -> SamplerState:
         base = super().init_state(num_steps, device=device, shift=shift, sigmas=sigmas, mu=mu)
-        if seed is None:
-            seed = int(torch.randint(0, 2**62, []).item())
         schedule = base.sigmas.clone()
         top = float(schedule[0])
         if top >= 1:  # offset_first_sigma_for_snr: the logit of 1 is infinite
@@ -98,7 +93,7 @@ class ComfyDPMpp2MSDESampler(FlowEulerSampler):
             t = 1.0 - PERCENT_OFFSET
             schedule[0] = t if model_shift == 1.0 else model_shift * t / (1 + (model_shift - 1) * t)
         timesteps = (schedule[:-1] * self.num_train_timesteps).to(base.timesteps.device)
-        return ComfyDPMpp2MSDEState(timesteps=timesteps, sigmas=schedule, seed=int(seed), top_sigma=top)
+        return ComfyDPMpp2MSDEState(timesteps=timesteps, sigmas=schedule, seed=seed_or_draw(seed), top_sigma=top)
 
     def add_noise(self, state: SamplerState, original: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         """``flow_euler``'s, except at the first step of a schedule whose first sigma was offset:

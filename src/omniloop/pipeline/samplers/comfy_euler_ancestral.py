@@ -25,8 +25,8 @@ from typing import Any, ClassVar, Hashable, Sequence
 
 import torch
 
-from omniloop.pipeline.samplers.base import (SamplerState, SchedulerConfigError, register_sampler,
-                                             schedule_signature)
+from omniloop.pipeline.samplers.base import SamplerState, register_sampler, schedule_signature
+from omniloop.pipeline.samplers.comfy_sde import check_noise_options, seed_or_draw
 from omniloop.pipeline.samplers.flow_euler import FlowEulerSampler
 
 _OPTIONS = ("eta", "s_noise")
@@ -63,10 +63,7 @@ class ComfyEulerAncestralSampler(FlowEulerSampler):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for key in _OPTIONS:
-            value = getattr(self, key)
-            if not (isinstance(value, (int, float)) and 0.0 <= value <= 100.0):
-                raise SchedulerConfigError(f"{key} must be in [0, 100] (SamplerEulerAncestral's range), got {value!r}")
+        check_noise_options(self.eta, self.s_noise, "SamplerEulerAncestral")
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "FlowEulerSampler":
@@ -77,9 +74,7 @@ class ComfyEulerAncestralSampler(FlowEulerSampler):
                    sigmas: Sequence[float] | None = None, mu: float | None = None,
                    seed: int | None = None) -> SamplerState:
         base = super().init_state(num_steps, device=device, shift=shift, sigmas=sigmas, mu=mu)
-        if seed is None:
-            seed = int(torch.randint(0, 2**62, []).item())
-        return ComfyAncestralState(timesteps=base.timesteps, sigmas=base.sigmas, seed=int(seed))
+        return ComfyAncestralState(timesteps=base.timesteps, sigmas=base.sigmas, seed=seed_or_draw(seed))
 
     def step(self, state: SamplerState, model_output: torch.Tensor, sample: torch.Tensor) -> torch.Tensor:
         return self.step_many([state], model_output, sample)

@@ -25,10 +25,9 @@ from typing import Any, ClassVar, Hashable, Sequence
 
 import torch
 
-from omniloop.pipeline.samplers.base import (SamplerState, SchedulerConfigError, register_sampler,
-                                             schedule_signature)
+from omniloop.pipeline.samplers.base import SamplerState, register_sampler, schedule_signature
 from omniloop.pipeline.samplers.comfy_euler_ancestral import ComfyAncestralState
-from omniloop.pipeline.samplers.comfy_sde import ancestral_step, ve_half_log_snr
+from omniloop.pipeline.samplers.comfy_sde import ancestral_step, check_noise_options, seed_or_draw, ve_half_log_snr
 from omniloop.pipeline.samplers.flow_euler import FlowEulerSampler
 from omniloop.pipeline.samplers.joint_step import RowParts, step_each, step_jointly
 
@@ -63,10 +62,7 @@ class ComfyResMultistepSampler(FlowEulerSampler):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for key in ("eta", "s_noise"):
-            value = getattr(self, key)
-            if not (isinstance(value, (int, float)) and 0.0 <= value <= 100.0):
-                raise SchedulerConfigError(f"{key} must be in [0, 100], got {value!r}")
+        check_noise_options(self.eta, self.s_noise)
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "FlowEulerSampler":
@@ -77,9 +73,7 @@ class ComfyResMultistepSampler(FlowEulerSampler):
                    sigmas: Sequence[float] | None = None, mu: float | None = None,
                    seed: int | None = None) -> SamplerState:
         base = super().init_state(num_steps, device=device, shift=shift, sigmas=sigmas, mu=mu)
-        if seed is None:
-            seed = int(torch.randint(0, 2**62, []).item())
-        return ComfyResMultistepState(timesteps=base.timesteps, sigmas=base.sigmas, seed=int(seed))
+        return ComfyResMultistepState(timesteps=base.timesteps, sigmas=base.sigmas, seed=seed_or_draw(seed))
 
     def step(self, state: SamplerState, model_output: torch.Tensor, sample: torch.Tensor) -> torch.Tensor:
         assert isinstance(state, ComfyResMultistepState) and not state.done, "step() after the last step"

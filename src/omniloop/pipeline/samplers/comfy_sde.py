@@ -1,6 +1,7 @@
 """What ComfyUI's k-diffusion samplers share (``comfy/k_diffusion/sampling.py``, read for behaviour;
-this code is ours): the half log-SNR of a sigma and back, the ancestral split of a step, and the
-Brownian-tree noise of the SDE samplers. Not a sampler: each sampler file keeps its own update.
+this code is ours): the half log-SNR of a sigma and back, the ancestral split of a step, the
+Brownian-tree noise of the SDE samplers, and the sampler nodes' noise options (``eta``,
+``s_noise``, the prompt's seed). Not a sampler: each sampler file keeps its own update.
 
 The half log-SNR is ComfyUI's ``sigma_to_half_log_snr`` / ``half_log_snr_to_sigma``: on a CONST
 (flow) model ``lambda = -logit(sigma)`` (``alpha = 1 - sigma``), on any other ``lambda = -log sigma``
@@ -16,7 +17,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["BrownianNoise", "ancestral_step", "flow_half_log_snr", "flow_sigma", "ve_half_log_snr", "ve_sigma"]
+from omniloop.pipeline.samplers.base import SchedulerConfigError
+
+__all__ = ["BrownianNoise", "ancestral_step", "check_noise_options", "flow_half_log_snr", "flow_sigma", "seed_or_draw",
+           "ve_half_log_snr", "ve_sigma"]
 
 
 def flow_half_log_snr(sigma: torch.Tensor) -> torch.Tensor:
@@ -46,6 +50,20 @@ def ancestral_step(sigma_from: torch.Tensor, sigma_to: torch.Tensor, eta: float)
     up = eta * (sigma_to ** 2 * (sigma_from ** 2 - sigma_to ** 2) / sigma_from ** 2) ** 0.5
     sigma_up = up if up < sigma_to else sigma_to  # Python's min(sigma_to, up): the first unless the second is less
     return (sigma_to ** 2 - sigma_up ** 2) ** 0.5, sigma_up
+
+
+def check_noise_options(eta: object, s_noise: object, node: str | None = None) -> None:
+    """ComfyUI's sampler nodes take ``eta`` and ``s_noise`` in [0, 100]; ``node`` names the one
+    whose range it is in the error."""
+    for key, value in (("eta", eta), ("s_noise", s_noise)):
+        if not (isinstance(value, (int, float)) and 0.0 <= value <= 100.0):
+            where = f" ({node}'s range)" if node else ""
+            raise SchedulerConfigError(f"{key} must be in [0, 100]{where}, got {value!r}")
+
+
+def seed_or_draw(seed: int | None) -> int:
+    """The prompt's seed (its noise's), or one drawn from torch's global generator when none is given."""
+    return int(torch.randint(0, 2**62, []).item()) if seed is None else int(seed)
 
 
 @dataclass(kw_only=True)

@@ -39,7 +39,7 @@ from omniloop.pipeline.samplers.comfy_dpmpp_2m_sde import (ComfyDPMpp2MSDEGpuSam
                                                            ComfyDPMpp2MSDEState)
 from omniloop.pipeline.samplers.comfy_dpmpp_3m_sde import (ComfyDPMpp3MSDEGpuSampler, ComfyDPMpp3MSDESampler,
                                                            ComfyDPMpp3MSDEState)
-from omniloop.pipeline.samplers.comfy_sde import ve_half_log_snr
+from omniloop.pipeline.samplers.comfy_sde import seed_or_draw, ve_half_log_snr
 
 V_SCHEDULERS = ("simple", "normal", "sgm_uniform", "karras", "exponential")
 TRAIN_SIGMAS = 1000  # ModelSamplingContinuousEDM's table
@@ -196,9 +196,7 @@ class _VSDEState:
     def build(sampler: ComfyVSampling, cls: type, num_steps: int, device: torch.device | str | None,
               shift: float | None, sigmas: Sequence[float] | None, mu: float | None, seed: int | None) -> Any:
         schedule = sampler.v_sigmas(num_steps, shift, sigmas, mu)
-        if seed is None:
-            seed = int(torch.randint(0, 2**62, []).item())
-        return cls(timesteps=sampler.v_timesteps(schedule, device), sigmas=schedule, seed=int(seed),
+        return cls(timesteps=sampler.v_timesteps(schedule, device), sigmas=schedule, seed=seed_or_draw(seed),
                    top_sigma=float(schedule[0]))
 
 

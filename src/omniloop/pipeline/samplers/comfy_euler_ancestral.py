@@ -20,6 +20,8 @@ hands ComfyUI's sigmas with shift 1).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Hashable, Sequence
 
@@ -110,23 +112,30 @@ class ComfyEulerAncestralSampler(FlowEulerSampler):
         x = ratio * x + (1 - ratio) * denoised
         if not eta > 0:
             return x
-        saved = [s.generator.get_state() if isinstance(s, ComfyAncestralState) and s.generator is not None else None
-                 for s in states]
-        try:
+        with generators_rewound_on_raise(states):
             rows = x.shape[0] // len(states)
             noise = torch.cat([_own(s).noise(x[k * rows:(k + 1) * rows]) for k, s in enumerate(states)])
             return (alpha_next / alpha_down) * x + noise * self.s_noise * renoise
-        except BaseException:
-            for s, before in zip(states, saved):
-                own = _own(s)
-                if before is None:
-                    own.generator = None
-                elif own.generator is not None:
-                    own.generator.set_state(before)
-            raise
 
     def batch_key(self, state: SamplerState) -> Hashable:
         return (state.step_index, schedule_signature(state), self.eta, self.s_noise)
+
+
+@contextmanager
+def generators_rewound_on_raise(states: Sequence[SamplerState]) -> Iterator[None]:
+    """Around a step that draws each request's noise: a raise rewinds every request's generator
+    to where it stood (one created inside is dropped again), so a failed step changes no state."""
+    owned = [_own(s) for s in states]
+    saved = [s.generator.get_state() if s.generator is not None else None for s in owned]
+    try:
+        yield
+    except BaseException:
+        for s, before in zip(owned, saved):
+            if before is None:
+                s.generator = None
+            elif s.generator is not None:
+                s.generator.set_state(before)
+        raise
 
 
 def _own(state: SamplerState) -> ComfyAncestralState:

@@ -26,7 +26,7 @@ from typing import Any, ClassVar, Hashable, Sequence
 import torch
 
 from omniloop.pipeline.samplers.base import SamplerState, register_sampler, schedule_signature
-from omniloop.pipeline.samplers.comfy_euler_ancestral import ComfyAncestralState
+from omniloop.pipeline.samplers.comfy_euler_ancestral import ComfyAncestralState, generators_rewound_on_raise
 from omniloop.pipeline.samplers.comfy_sde import ancestral_step, check_noise_options, seed_or_draw, ve_half_log_snr
 from omniloop.pipeline.samplers.flow_euler import FlowEulerSampler
 from omniloop.pipeline.samplers.joint_step import RowParts, step_each, step_jointly
@@ -113,18 +113,8 @@ class ComfyResMultistepSampler(FlowEulerSampler):
         each request alone on its rows (its own generator), a raise rewinding the generators."""
         if not self.eta:
             return step_jointly(self.step, states, model_output, sample, shared=("step_index", "old_sigma_down"))
-        saved = [s.generator.get_state() if isinstance(s, ComfyAncestralState) and s.generator is not None else None
-                 for s in states]
-        try:
+        with generators_rewound_on_raise(states):
             return step_each(self.step, states, model_output, sample)
-        except BaseException:
-            for s, before in zip(states, saved):
-                assert isinstance(s, ComfyAncestralState)
-                if before is None:
-                    s.generator = None
-                elif s.generator is not None:
-                    s.generator.set_state(before)
-            raise
 
 
 @register_sampler

@@ -51,6 +51,16 @@ class ComfyDPMpp2MSDEState(SamplerState, RowParts):
     old_denoised: torch.Tensor | None = None  # [b, ...] fp32: the previous step's clean estimate of this run
     h_last: torch.Tensor | None = None  # the previous step's half log-SNR step (0-d)
     noise: BrownianNoise | None = None  # built at the run's first noised step
+    # what a batch's requests share and ``step_jointly`` advances once (the rest are rows or per request)
+    SHARED_FIELDS: ClassVar[tuple[str, ...]] = ("step_index", "h_last")
+
+    def remember(self, denoised: torch.Tensor, h: torch.Tensor | None) -> None:
+        """Keep this step's clean estimate and ``h`` for the next step's correction."""
+        self.old_denoised, self.h_last = denoised, h
+
+    def history_missing(self) -> tuple[bool, ...]:
+        """Which earlier estimates the next correction lacks (requests batch only alike)."""
+        return (self.old_denoised is None,)
 
 
 @register_sampler
@@ -108,8 +118,7 @@ class ComfyDPMpp2MSDESampler(FlowEulerSampler):
         assert isinstance(state, ComfyDPMpp2MSDEState) and not state.done, "step() after the last step"
         assert model_output.shape == sample.shape, f"{tuple(model_output.shape)} != {tuple(sample.shape)}"
         i = state.step_index
-        sigmas = state.sigmas
-        sigma, sigma_next = sigmas[i], sigmas[i + 1]
+        sigma, sigma_next = state.sigmas[i], state.sigmas[i + 1]
         x = sample.to(torch.float32)
         denoised = self._denoised(x, model_output.to(torch.float32), sigma)
         h = state.h_last
@@ -118,15 +127,14 @@ class ComfyDPMpp2MSDESampler(FlowEulerSampler):
         else:
             h = self._lambda(sigma_next) - self._lambda(sigma)
             out = self._update(state, x, denoised, sigma, sigma_next, h)
-        state.old_denoised = denoised
-        state.h_last = h
+        state.remember(denoised, h)
         state.step_index += 1
         return out.to(model_output.dtype)
 
     def _update(self, state: ComfyDPMpp2MSDEState, x: torch.Tensor, denoised: torch.Tensor, sigma: torch.Tensor,
                 sigma_next: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         # NOTE: the products are taken in ComfyUI's order (scalars first), so rows round as there
-        eta, s_noise = self.eta, self.s_noise
+        eta = self.eta
         h_eta = h * (eta + 1)
         alpha_t = sigma_next * self._lambda(sigma_next).exp()
         x = sigma_next / sigma * (-h * eta).exp() * x + alpha_t * (-h_eta).expm1().neg() * denoised
@@ -137,10 +145,16 @@ class ComfyDPMpp2MSDESampler(FlowEulerSampler):
                 x = x + alpha_t * ((-h_eta).expm1().neg() / (-h_eta) + 1) * (1 / r) * (denoised - state.old_denoised)
             else:
                 x = x + 0.5 * alpha_t * (-h_eta).expm1().neg() * (1 / r) * (denoised - state.old_denoised)
-        if eta > 0 and s_noise > 0:
-            eps = self._noise(state, x)(sigma, sigma_next, x.device)
-            x = x + eps * sigma_next * (-2 * h * eta).expm1().neg().sqrt() * s_noise
-        return x
+        return self._noised(state, x, sigma, sigma_next, h)
+
+    def _noised(self, state: ComfyDPMpp2MSDEState, x: torch.Tensor, sigma: torch.Tensor, sigma_next: torch.Tensor,
+                h: torch.Tensor) -> torch.Tensor:
+        """``x + eps sigma' sqrt(1 - exp(-2 h eta)) s_noise`` (``x`` itself at eta or s_noise 0)."""
+        eta, s_noise = self.eta, self.s_noise
+        if not (eta > 0 and s_noise > 0):
+            return x
+        eps = self._noise(state, x)(sigma, sigma_next, x.device)
+        return x + eps * sigma_next * (-2 * h * eta).expm1().neg().sqrt() * s_noise
 
     @staticmethod
     def _denoised(x: torch.Tensor, model_output: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
@@ -164,7 +178,7 @@ class ComfyDPMpp2MSDESampler(FlowEulerSampler):
 
     def batch_key(self, state: SamplerState) -> Hashable:
         assert isinstance(state, ComfyDPMpp2MSDEState)
-        return (state.step_index, schedule_signature(state), state.old_denoised is None, self.eta, self.s_noise)
+        return (state.step_index, schedule_signature(state), *state.history_missing(), self.eta, self.s_noise)
 
     def step_many(self, states: Sequence[SamplerState], model_output: torch.Tensor,
                   sample: torch.Tensor) -> torch.Tensor:
@@ -172,7 +186,8 @@ class ComfyDPMpp2MSDESampler(FlowEulerSampler):
         (``step_jointly``); with noise each request steps alone on its rows (its own tree, the
         shape it was built for), all computed before any state changes."""
         if not (self.eta > 0 and self.s_noise > 0):
-            return step_jointly(self.step, states, model_output, sample, shared=("step_index", "h_last"))
+            assert isinstance(states[0], ComfyDPMpp2MSDEState)
+            return step_jointly(self.step, states, model_output, sample, shared=states[0].SHARED_FIELDS)
         return step_each(self.step, states, model_output, sample)
 
 

@@ -19,13 +19,12 @@ Equal to ComfyUI's to the bit (tests/workflows/golden/comfy_samplers.json).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Hashable, Sequence
+from typing import ClassVar, Sequence
 
 import torch
 
-from omniloop.pipeline.samplers.base import SamplerState, register_sampler, schedule_signature
+from omniloop.pipeline.samplers.base import SamplerState, register_sampler
 from omniloop.pipeline.samplers.comfy_dpmpp_2m_sde import ComfyDPMpp2MSDESampler, ComfyDPMpp2MSDEState
-from omniloop.pipeline.samplers.joint_step import step_each, step_jointly
 
 
 @dataclass(kw_only=True)
@@ -33,6 +32,14 @@ class ComfyDPMpp3MSDEState(ComfyDPMpp2MSDEState):
     ROW_FIELDS: ClassVar[tuple[str, ...]] = ("old_denoised", "older_denoised")  # the request's own rows
     older_denoised: torch.Tensor | None = None  # [b, ...] fp32: the estimate two steps back
     h_older: torch.Tensor | None = None  # the ``h`` two steps back (0-d)
+    SHARED_FIELDS: ClassVar[tuple[str, ...]] = ("step_index", "h_last", "h_older")
+
+    def remember(self, denoised: torch.Tensor, h: torch.Tensor | None) -> None:
+        self.older_denoised, self.old_denoised = self.old_denoised, denoised
+        self.h_older, self.h_last = self.h_last, h
+
+    def history_missing(self) -> tuple[bool, ...]:
+        return (self.old_denoised is None, self.older_denoised is None)
 
 
 @register_sampler
@@ -51,28 +58,12 @@ class ComfyDPMpp3MSDESampler(ComfyDPMpp2MSDESampler):
         return ComfyDPMpp3MSDEState(timesteps=base.timesteps, sigmas=base.sigmas, seed=base.seed,
                                     top_sigma=base.top_sigma)
 
-    def step(self, state: SamplerState, model_output: torch.Tensor, sample: torch.Tensor) -> torch.Tensor:
-        assert isinstance(state, ComfyDPMpp3MSDEState) and not state.done, "step() after the last step"
-        assert model_output.shape == sample.shape, f"{tuple(model_output.shape)} != {tuple(sample.shape)}"
-        i = state.step_index
-        sigma, sigma_next = state.sigmas[i], state.sigmas[i + 1]
-        x = sample.to(torch.float32)
-        denoised = self._denoised(x, model_output.to(torch.float32), sigma)
-        h = state.h_last
-        if sigma_next == 0:
-            out = denoised  # the denoising step
-        else:
-            h = self._lambda(sigma_next) - self._lambda(sigma)
-            out = self._update3(state, x, denoised, sigma, sigma_next, h)
-        state.older_denoised, state.old_denoised = state.old_denoised, denoised
-        state.h_older, state.h_last = state.h_last, h
-        state.step_index += 1
-        return out.to(model_output.dtype)
-
-    def _update3(self, state: ComfyDPMpp3MSDEState, x: torch.Tensor, denoised: torch.Tensor, sigma: torch.Tensor,
-                 sigma_next: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    def _update(self, state: ComfyDPMpp2MSDEState, x: torch.Tensor, denoised: torch.Tensor, sigma: torch.Tensor,
+                sigma_next: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """``dpmpp_2m_sde``'s step with the third-order correction (the module's formula)."""
         # NOTE: ComfyUI's order of products, so rows round as there
-        eta, s_noise = self.eta, self.s_noise
+        assert isinstance(state, ComfyDPMpp3MSDEState), f"{self.name} steps its own states"
+        eta = self.eta
         h_eta = h * (eta + 1)
         alpha_t = sigma_next * self._lambda(sigma_next).exp()
         x = sigma_next / sigma * (-h * eta).exp() * x + alpha_t * (-h_eta).expm1().neg() * denoised
@@ -91,21 +82,7 @@ class ComfyDPMpp3MSDESampler(ComfyDPMpp2MSDESampler):
             d = (denoised - state.old_denoised) / r
             phi_2 = h_eta.neg().expm1() / h_eta + 1
             x = x + (alpha_t * phi_2) * d
-        if eta > 0 and s_noise > 0:
-            eps = self._noise(state, x)(sigma, sigma_next, x.device)
-            x = x + eps * sigma_next * (-2 * h * eta).expm1().neg().sqrt() * s_noise
-        return x
-
-    def batch_key(self, state: SamplerState) -> Hashable:
-        assert isinstance(state, ComfyDPMpp3MSDEState)
-        return (state.step_index, schedule_signature(state), state.old_denoised is None,
-                state.older_denoised is None, self.eta, self.s_noise)
-
-    def step_many(self, states: Sequence[SamplerState], model_output: torch.Tensor,
-                  sample: torch.Tensor) -> torch.Tensor:
-        if not (self.eta > 0 and self.s_noise > 0):
-            return step_jointly(self.step, states, model_output, sample, shared=("step_index", "h_last", "h_older"))
-        return step_each(self.step, states, model_output, sample)
+        return self._noised(state, x, sigma, sigma_next, h)
 
 
 @register_sampler

@@ -72,6 +72,18 @@ def stretch_to_terminal(sigmas: np.ndarray, shift_terminal: float) -> np.ndarray
     return 1 - (one_minus_z / scale_factor)
 
 
+def shift_schedule(base: np.ndarray, *, dynamic: bool, shift: float, mu: float | None, time_shift_type: str,
+                   shift_terminal: float | None) -> np.ndarray:
+    """diffusers' flow schedule from its unshifted base: the dynamic shift at ``mu`` (``dynamic``)
+    or the static ``shift``, then the stretch to ``shift_terminal`` where one is set."""
+    if dynamic:
+        assert mu is not None, "resolve_shift asks for mu with dynamic shifting"
+        shifted = time_shift(base, mu, time_shift_type)
+    else:
+        shifted = shift_sigmas(base, shift)
+    return stretch_to_terminal(shifted, shift_terminal) if shift_terminal else shifted
+
+
 def resolve_shift(config_shift: float, use_dynamic_shifting: bool, *, shift: float | None, mu: float | None) -> float:
     """The static shift for one request: its ``shift`` override, else the config's. Checks that
     ``mu`` is given exactly when the config shifts dynamically (then the static shift is unused)."""
@@ -165,12 +177,8 @@ class FlowEulerSampler(ScheduleStepBatching):
         else:
             base = np.array(check_custom_sigmas(sigmas, num_steps)).astype(np.float32)
         # 2. Shift, 3. stretch to the terminal value.
-        if self.use_dynamic_shifting:
-            shifted = time_shift(base, mu, self.time_shift_type)
-        else:
-            shifted = shift_sigmas(base, shift)
-        if self.shift_terminal:
-            shifted = stretch_to_terminal(shifted, self.shift_terminal)
+        shifted = shift_schedule(base, dynamic=self.use_dynamic_shifting, shift=shift, mu=mu,
+                                 time_shift_type=self.time_shift_type, shift_terminal=self.shift_terminal)
         sigmas_t = torch.from_numpy(shifted).to(torch.float32)  # [num_steps]
         return SamplerState(
             timesteps=(sigmas_t * self.num_train_timesteps).to(device),

@@ -28,7 +28,7 @@ from omniloop.pipeline.samplers.base import (
     register_sampler,
     schedule_signature,
 )
-from omniloop.pipeline.samplers.flow_euler import resolve_shift, shift_sigmas, stretch_to_terminal, time_shift
+from omniloop.pipeline.samplers.flow_euler import resolve_shift, shift_schedule
 from omniloop.pipeline.samplers.joint_step import RowParts, step_jointly
 
 _SUPPORTED_KEYS = (
@@ -236,12 +236,8 @@ class FlowUniPCSampler(SamplerBase):
             base = np.linspace(1, 1 / self.num_train_timesteps, num_steps + 1)[:-1]
         else:
             base = np.array(check_custom_sigmas(sigmas, num_steps), dtype=np.float64)
-        if self.use_dynamic_shifting:
-            shifted = time_shift(base, mu, self.time_shift_type)
-        else:
-            shifted = shift_sigmas(base, shift)
-        if self.shift_terminal:
-            shifted = stretch_to_terminal(shifted, self.shift_terminal)
+        shifted = shift_schedule(base, dynamic=self.use_dynamic_shifting, shift=shift, mu=mu,
+                                 time_shift_type=self.time_shift_type, shift_terminal=self.shift_terminal)
         # 4. Keep lambda finite at sigma 1 (alpha = 0); diffusers' eps.
         if np.fabs(shifted[0] - 1) < 1e-6:
             shifted[0] -= 1e-6

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable, Collection, Iterable, Mapping
+from typing import Any, Callable, Collection, Iterable, Mapping, TypeVar
 
 import torch
 from safetensors import safe_open
@@ -14,6 +14,7 @@ from torch import nn
 MAX_KEYS_IN_ERROR = 12
 
 Cast = Callable[[str, torch.Tensor], torch.Tensor]  # (checkpoint key, tensor) -> tensor to keep
+M = TypeVar("M", bound=nn.Module)
 
 
 def weight_files(folder: Path, single: str, index: str, what: str, hint: str = "") -> list[Path]:
@@ -123,3 +124,26 @@ def aligned(cast: Cast) -> Cast:
         return out.clone() if out.data_ptr() % 64 else out
 
     return cast_aligned
+
+
+def load_diffusers_model(folder: Path | str, build: Callable[[dict[str, Any]], M], *, class_name: str, what: str,
+                         subfolder: str, checkpoint: str, device: torch.device | str, dtype: torch.dtype,
+                         convert: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None) -> M:
+    """A diffusers model folder (``config.json`` + safetensors, single or sharded) as ours, in eval
+    mode without grads: ``build`` the module from the config on ``meta``, then assign it the
+    checkpoint's tensors (floating ones in ``dtype``, on ``device``, 64-byte aligned), renamed by
+    ``convert`` where the layout needs it. ``class_name`` is the diffusers class, ``what`` names the
+    model in errors, ``subfolder`` / ``checkpoint`` say what to pass (``transformer``, "a Flux checkpoint")."""
+    if not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating dtype (torch.bfloat16, torch.float32, ...); got {dtype}")
+    folder = Path(folder)
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{config_path} not found; pass the diffusers `{subfolder}/` folder of {checkpoint}")
+    with torch.device("meta"):  # the config is checked before any weight file is looked for
+        model = build(json.loads(config_path.read_text()))
+    files = weight_files(folder, DIFFUSERS_WEIGHTS, DIFFUSERS_WEIGHTS_INDEX, what, f"; pass the diffusers `{subfolder}/` folder")
+    sd = read_tensors(files, aligned(cast_to(device, dtype)))
+    check_and_assign(model, convert(sd) if convert is not None else sd, str(folder),
+                     f"pass a diffusers {class_name} folder whose config.json describes its weights")
+    return model.eval().requires_grad_(False)

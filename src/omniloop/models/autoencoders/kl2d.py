@@ -16,7 +16,6 @@ Latent normalization (the DiT's space): ``(z - shift_factor) * scaling_factor`` 
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -27,12 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from omniloop.models.checkpoint_files import aligned, cast_to, check_and_assign, read_tensors, weight_files
+from omniloop.models.checkpoint_files import load_diffusers_model
 from omniloop.models.diffusers_config import config_from_diffusers
 
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "diffusion_pytorch_model.safetensors"
-WEIGHTS_INDEX_FILE = "diffusion_pytorch_model.safetensors.index.json"
 _EPS = 1e-6
 
 
@@ -302,15 +298,6 @@ def _renamed(sd: Mapping[str, Tensor]) -> dict[str, Tensor]:
 def load_kl2d_vae(folder: Path | str, *, device: torch.device | str = "cpu",
                   dtype: torch.dtype = torch.float32) -> KL2DAutoencoder:
     """Build from a diffusers ``vae/`` folder (``AutoencoderKL``), in eval mode, without grads."""
-    folder = Path(folder)
-    config_path = folder / CONFIG_FILE
-    if not config_path.is_file():
-        raise FileNotFoundError(f"{config_path} not found; pass the diffusers `vae/` folder of the checkpoint")
-    config = KL2DConfig.from_diffusers_config(json.loads(config_path.read_text()))
-    with torch.device("meta"):
-        model = KL2DAutoencoder(config)
-    files = weight_files(folder, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, "AutoencoderKL", "; pass the diffusers `vae/` folder")
-    sd = _renamed(read_tensors(files, aligned(cast_to(device, dtype))))
-    check_and_assign(model, sd, str(folder), f"pass the diffusers `vae/` folder of an AutoencoderKL whose {CONFIG_FILE} "
-                     "describes its weights")
-    return model.eval().requires_grad_(False)
+    return load_diffusers_model(folder, lambda config: KL2DAutoencoder(KL2DConfig.from_diffusers_config(config)),
+                                class_name="AutoencoderKL", what="AutoencoderKL", subfolder="vae",
+                                checkpoint="the checkpoint", device=device, dtype=dtype, convert=_renamed)

@@ -8,44 +8,22 @@ every key that does not match.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Mapping
 
 import torch
 
-from omniloop.models.checkpoint_files import aligned, cast_to, check_and_assign, read_tensors, weight_files
+from omniloop.models.checkpoint_files import cast_to, check_and_assign, load_diffusers_model
 from omniloop.models.autoencoders.kl2d import KL2DAutoencoder
 from omniloop.models.autoencoders.kl2d_single_file import load_kl2d_vae_single_file
 from omniloop.models.families.flux.model import FluxConfig, FluxTransformer
 
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "diffusion_pytorch_model.safetensors"
-WEIGHTS_INDEX_FILE = "diffusion_pytorch_model.safetensors.index.json"
-
-
-def read_flux_config(folder: Path) -> FluxConfig:
-    path = Path(folder) / CONFIG_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found; pass the diffusers `transformer/` folder of a Flux checkpoint")
-    return FluxConfig.from_diffusers_config(json.loads(path.read_text()))
-
-
 def load_flux_transformer(folder: str | Path, *, device: torch.device | str = "cpu",
                           dtype: torch.dtype = torch.bfloat16) -> FluxTransformer:
-    if not dtype.is_floating_point:
-        raise ValueError(f"dtype must be a floating dtype (torch.bfloat16, torch.float32, ...); got {dtype}")
-    folder = Path(folder)
-    config = read_flux_config(folder)
-    files = weight_files(folder, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, "Flux transformer",
-                         "; pass the diffusers `transformer/` folder")
-    sd = read_tensors(files, aligned(cast_to(device, dtype)))
-    with torch.device("meta"):
-        model = FluxTransformer(config)
-    check_and_assign(model, sd, str(folder), "pass a diffusers FluxTransformer2DModel folder whose config.json "
-                     "describes its weights")
-    return model.eval().requires_grad_(False)
+    return load_diffusers_model(folder, lambda config: FluxTransformer(FluxConfig.from_diffusers_config(config)),
+                                class_name="FluxTransformer2DModel", what="Flux transformer", subfolder="transformer",
+                                checkpoint="a Flux checkpoint", device=device, dtype=dtype)
 
 
 # -- LoRA files in the kohya / sd-scripts layout (BFL's original module names) ------------------

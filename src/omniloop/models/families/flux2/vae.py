@@ -11,7 +11,6 @@ spaces, so the shared ``ImageVAEDecoder`` decodes the loop's latents unchanged.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -20,11 +19,8 @@ import torch
 from torch import Tensor, nn
 
 from omniloop.models.autoencoders.kl2d import KL2DAutoencoder, KL2DConfig
-from omniloop.models.checkpoint_files import aligned, cast_to, check_and_assign, read_tensors, weight_files
+from omniloop.models.checkpoint_files import aligned, cast_to, check_and_assign, load_diffusers_model
 
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "diffusion_pytorch_model.safetensors"
-WEIGHTS_INDEX_FILE = "diffusion_pytorch_model.safetensors.index.json"
 # AutoencoderKLFlux2's config keys that AutoencoderKL lacks
 _OWN_KEYS = ("batch_norm_eps", "batch_norm_momentum", "patch_size", "decoder_block_out_channels")
 
@@ -98,18 +94,9 @@ class Flux2Autoencoder(KL2DAutoencoder):
 def load_flux2_vae(folder: Path | str, *, device: torch.device | str = "cpu",
                    dtype: torch.dtype = torch.float32) -> Flux2Autoencoder:
     """Build from a diffusers ``vae/`` folder (``AutoencoderKLFlux2``), in eval mode, without grads."""
-    folder = Path(folder)
-    config_path = folder / CONFIG_FILE
-    if not config_path.is_file():
-        raise FileNotFoundError(f"{config_path} not found; pass the diffusers `vae/` folder of a FLUX.2 checkpoint")
-    config = Flux2VAEConfig.from_diffusers_config(json.loads(config_path.read_text()))
-    with torch.device("meta"):
-        model = Flux2Autoencoder(config)
-    files = weight_files(folder, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, "AutoencoderKLFlux2", "; pass the diffusers `vae/` folder")
-    sd = read_tensors(files, aligned(cast_to(device, dtype)))
-    check_and_assign(model, sd, str(folder), f"pass the diffusers `vae/` folder of an AutoencoderKLFlux2 whose "
-                     f"{CONFIG_FILE} describes its weights")
-    return model.eval().requires_grad_(False)
+    return load_diffusers_model(folder, lambda config: Flux2Autoencoder(Flux2VAEConfig.from_diffusers_config(config)),
+                                class_name="AutoencoderKLFlux2", what="AutoencoderKLFlux2", subfolder="vae",
+                                checkpoint="a FLUX.2 checkpoint", device=device, dtype=dtype)
 
 
 def load_flux2_vae_single_file(path: Path | str, *, norm_num_groups: int = 32, device: torch.device | str = "cpu",

@@ -18,14 +18,9 @@ from typing import Any, Callable
 import torch
 
 from omniloop.io.image import image_part_size, image_to_tensor, open_image_part
-from omniloop.models.families.flux.model import FluxInputs
 from omniloop.models.families.flux.validate import check_one_image
-from omniloop.models.families.flux.stages import (IMAGE, FluxDenoiser, _bound, edit_source, given_condition,
-                                                  graphed_forward, image_ids, pack_latents, unpack_latents)
-from omniloop.models.layers.lora import current_plan, lora_rows
-from omniloop.models.layers.packed import Segments
+from omniloop.models.families.flux.stages import FluxDenoiser, Row, edit_source, given_condition, image_ids, pack_latents
 from omniloop.pipeline.edges import ConditionLatents
-from omniloop.pipeline.policies.cfg import COND, Prediction
 from omniloop.pipeline.stage import ComponentStage
 from omniloop.pipeline.state import RequestState, StageContext
 from omniloop.request import ErrorKind, ImagePart, InvalidRequest, LatentPart, OmniRequest, TaskType
@@ -135,44 +130,15 @@ class FluxKontextDenoiser(FluxDenoiser):
         reference = ctx.read(state, "condition", ConditionLatents).latents  # [1, C, h_ref, w_ref]
         return {b: {**kw, "reference": ReferenceRows((reference[0],))} for b, kw in inputs.items()}
 
-    def forward_packed(self, model: torch.nn.Module, xs: list[dict[str, torch.Tensor]], ts: list[torch.Tensor],
-                       kws: list[dict[str, Any]]) -> list[Prediction]:
-        rows = [(x[IMAGE][r], t[r], kw, r) for x, t, kw in zip(xs, ts, kws) for r in range(x[IMAGE].shape[0])]
+    def sample_tokens(self, rows: list[Row]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Per sample: its noisy tokens, then its reference's (diffusers' cat order along the
+        sequence), with the reference's ids (``reference_ids``)."""
         device, dtype = rows[0][0].device, rows[0][0].dtype
         refs = [kw["reference"][r].to(device, dtype) for _, _, kw, r in rows]  # each [C, h_ref, w_ref]
-        # per sample: noisy tokens, then reference tokens (diffusers' cat order along the sequence)
         image = [torch.cat([pack_latents(x), pack_latents(ref)]) for (x, *_), ref in zip(rows, refs)]
         ids = [torch.cat([image_ids(x.shape[1], x.shape[2], device), reference_ids(ref.shape[1], ref.shape[2], device)])
                for (x, *_), ref in zip(rows, refs)]
-        text = [kw["encoder_hidden_states"][r] for _, _, kw, r in rows]  # each [L_txt, D]
-        guidance = [kw["guidance"][r] for _, _, kw, r in rows] if "guidance" in kws[0] else None
-        inputs = FluxInputs(
-            image=torch.cat(image),
-            text=torch.cat(text),
-            pooled=torch.stack([kw["pooled_projections"][r] for _, _, kw, r in rows]),
-            timestep=torch.stack([t for _, t, *_ in rows]) / 1000,  # diffusers passes t / 1000
-            image_ids=torch.cat(ids),
-            text_ids=torch.zeros(sum(t.shape[0] for t in text), 3, device=device),
-            image_segments=Segments(tuple(t.shape[0] for t in image)),
-            text_segments=Segments(tuple(t.shape[0] for t in text)),
-            guidance=torch.stack(guidance).to(device) if guidance is not None else None,
-        )
-        plan = _bound(current_plan(), inputs)
-        if plan is None and self.graphs is not None:
-            out = graphed_forward(self.graphs, model, inputs)  # [N_img + N_ref, 4C]
-        else:
-            with lora_rows(plan):
-                out = model(inputs)  # [N_img + N_ref, 4C]
-        preds = []
-        for tok, (noisy, *_) in zip(inputs.image_segments.split(out), rows):
-            h, w = noisy.shape[1], noisy.shape[2]
-            preds.append(unpack_latents(tok[:(h // 2) * (w // 2)], h, w))  # the noisy tokens' prediction
-        result, i = [], 0
-        for x in xs:
-            b = x[IMAGE].shape[0]
-            result.append({IMAGE: torch.stack(preds[i:i + b])})
-            i += b
-        return result
+        return image, ids
 
 
 def kontext_validator(base: Callable[[OmniRequest], OmniRequest], vae: Any) -> Callable[[OmniRequest], OmniRequest]:

@@ -57,6 +57,10 @@ def image_ids(h: int, w: int, device: torch.device) -> torch.Tensor:
     return ids.reshape(-1, 3)
 
 
+# one sample of a packed forward: its noisy latent [C, h, w], its timestep (0-d), its call's kwargs, its row there
+Row = tuple[torch.Tensor, torch.Tensor, dict[str, Any], int]
+
+
 @dataclass(frozen=True)
 class FluxDenoiser(DenoiserBase):
     """Adapts ``FluxTransformer`` to the DenoiseLoop: one ``image`` latent modality, kept
@@ -91,7 +95,7 @@ class FluxDenoiser(DenoiserBase):
         sample's image tokens and text tokens end to end, attention within each sample."""
         rows = [(x[IMAGE][r], t[r], kw, r) for x, t, kw in zip(xs, ts, kws) for r in range(x[IMAGE].shape[0])]
         device = rows[0][0].device
-        image = [pack_latents(x) for x, *_ in rows]
+        image, ids = self.sample_tokens(rows)
         text = [kw["encoder_hidden_states"][r] for _, _, kw, r in rows]  # each [L_txt, D]
         guidance = [kw["guidance"][r] for _, _, kw, r in rows] if "guidance" in kws[0] else None
         inputs = FluxInputs(
@@ -99,7 +103,7 @@ class FluxDenoiser(DenoiserBase):
             text=torch.cat(text),
             pooled=torch.stack([kw["pooled_projections"][r] for _, _, kw, r in rows]),
             timestep=torch.stack([t for _, t, *_ in rows]) / 1000,  # diffusers passes t / 1000
-            image_ids=torch.cat([image_ids(x.shape[1], x.shape[2], device) for x, *_ in rows]),
+            image_ids=torch.cat(ids),
             text_ids=torch.zeros(sum(t.shape[0] for t in text), 3, device=device),
             image_segments=Segments(tuple(t.shape[0] for t in image)),
             text_segments=Segments(tuple(t.shape[0] for t in text)),
@@ -107,17 +111,26 @@ class FluxDenoiser(DenoiserBase):
         )
         plan = _bound(current_plan(), inputs)
         if plan is None and self.graphs is not None:
-            out = graphed_forward(self.graphs, model, inputs)  # [N_img, 4C]
+            out = graphed_forward(self.graphs, model, inputs)  # [N_img (+ N_ref), 4C]
         else:
             with lora_rows(plan):  # each sample's LoRAs on its own tokens
-                out = model(inputs)  # [N_img, 4C]
-        preds = [unpack_latents(tok, x.shape[1], x.shape[2]) for tok, (x, *_) in zip(inputs.image_segments.split(out), rows)]
+                out = model(inputs)  # [N_img (+ N_ref), 4C]
+        preds = []
+        for tok, (noisy, *_) in zip(inputs.image_segments.split(out), rows):
+            h, w = noisy.shape[1], noisy.shape[2]
+            preds.append(unpack_latents(tok[:(h // 2) * (w // 2)], h, w))  # the noisy tokens' prediction
         result, i = [], 0
         for x in xs:
             b = x[IMAGE].shape[0]
             result.append({IMAGE: torch.stack(preds[i:i + b])})
             i += b
         return result
+
+    def sample_tokens(self, rows: list[Row]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Per sample row: its image tokens [N_i, 4C] and their (0, row, col) ids [N_i, 3], the
+        noisy latent's first (a subclass appends a condition's tokens after them: Kontext)."""
+        device = rows[0][0].device
+        return [pack_latents(x) for x, *_ in rows], [image_ids(x.shape[1], x.shape[2], device) for x, *_ in rows]
 
     # -- analytic costs (the engine's cost model and token budget) ---------------------
     def _dims(self, ctx: StageContext, shapes: dict[str, tuple[int, ...]]) -> tuple[int, int, Any]:

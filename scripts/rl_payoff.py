@@ -22,6 +22,11 @@ and ``provenance.json`` (the manifest block each method's weights would ship wit
     # a method's weights as a loadable model folder (to look at, or to ship into models/builtin/)
     python scripts/rl_payoff.py materialize --weights OUT/nft.safetensors \\
         --provenance OUT/provenance.json --method nft --to /tmp/shapes-t2v-nft
+    # the 4-step student on its own served rollouts (its preset: DiffusionNFT, 4 fixed sigmas, guidance 1)
+    python scripts/rl_payoff.py run --model shapes-t2v-4step --device cuda \\
+        --text-features .scratch/rl_prompt_features --max-minutes 5.5 --total-minutes 7.5 --score-workers 14 --out $OUT
+    python scripts/rl_payoff.py materialize --model shapes-t2v-4step --weights OUT/nft_student.safetensors \\
+        --provenance OUT/provenance.json --method nft --to src/omniloop/models/builtin/shapes-t2v-4step
 
 Hyperparameters (defaults; docs/training.md gives the reasons): full fine-tune of the 8.1M DiT in
 fp32 (AdamW, lr 3e-5, grad-norm 1, two optimizer updates per rollout batch), groups of 8 seeds x
@@ -29,6 +34,8 @@ fp32 (AdamW, lr 3e-5, grad-norm 1, two optimizer updates per rollout batch), gro
 (noise level 0.7) with a random 3-step SDE window among the first 8 steps (Flow-GRPO-Fast),
 clip 1e-4, KL 0.01 to the shipped weights; DiffusionNFT on deterministic ``flow_euler`` rollouts,
 beta 1, the old policy's decay rising 0.001 per update to 0.5 (DiffusionNFT's schedule 1).
+A model that serves fixed sigmas (the distilled student) gets ``FIXED_SCHEDULE_PRESET``: DiffusionNFT
+alone, rollouts on its served schedule, NFT's noise levels drawn among its served sigmas.
 """
 
 from __future__ import annotations
@@ -486,6 +493,8 @@ class ScoredRollout:
     window: tuple[int, int] | None  # (size, range) for FlowGRPO's windows; None: the spec's
     rng: np.random.Generator
     seconds: dict[str, float] = field(default_factory=lambda: {"rollout": 0.0, "score": 0.0})
+    # this process's CPU seconds (a load-independent figure on a shared CPU; excludes scoring workers)
+    cpu_seconds: dict[str, float] = field(default_factory=lambda: {"rollout": 0.0, "score": 0.0})
     rollouts: int = 0
 
     def __call__(self, ctx: RolloutContext) -> list[Trajectory]:
@@ -493,13 +502,15 @@ class ScoredRollout:
             size, span = self.window
             start = int(self.rng.integers(0, span - size + 1))
             ctx.spec = dataclasses.replace(self.spec, sde_window=(start, start + size))
-        t0 = time.monotonic()
+        t0, c0 = time.monotonic(), time.process_time()
         trajs = group_rollout(ctx)
-        t1 = time.monotonic()
+        t1, c1 = time.monotonic(), time.process_time()
         self.cache.entries.clear()  # the last batch was scored: its clips (0.8 MB each) need not stay
         self.cache.fill(trajs, self.executor)
         self.seconds["rollout"] += t1 - t0
         self.seconds["score"] += time.monotonic() - t1
+        self.cpu_seconds["rollout"] += c1 - c0
+        self.cpu_seconds["score"] += time.process_time() - c1
         self.rollouts += len(trajs)
         return trajs
 
@@ -564,6 +575,8 @@ def train_method(method: str, pipeline: Pipeline, sets: PromptSets, cfg: PayoffC
     summary = {"iterations": len(logs), "rollouts": rollout.rollouts,
                "updates": int(sum(r.get("updates", 0) for r in log)), "train_seconds": round(seconds, 1),
                "rollout_seconds": round(rollout.seconds["rollout"], 1), "score_seconds": round(rollout.seconds["score"], 1),
+               "rollout_cpu_seconds": round(rollout.cpu_seconds["rollout"], 1),
+               "score_cpu_seconds": round(rollout.cpu_seconds["score"], 1),
                "reward_first": rewards[0] if rewards else None, "reward_last": rewards[-1] if rewards else None,
                "reward_last5": sum(rewards[-5:]) / len(rewards[-5:]) if rewards else None}
     trained.requires_grad_(False)

@@ -306,9 +306,9 @@ def stage_model(base: Path, staged: Path, *, to: Path, ignore: Sequence[str] = (
     components, files, shared = dict(manifest.components), dict(manifest.files), set()
     for name, entry in manifest.components.items():
         sub = entry.subfolder
-        source = (base / sub).resolve() if sub else None
-        if sub is None or source is None or source.is_relative_to(base.resolve()):
-            continue
+        if sub is None or (base / sub).resolve().is_relative_to(base.resolve()):
+            continue  # built from config, or inside the folder: copied with it
+        source = (base / sub).resolve()
         prefix = sub.rstrip("/") + "/"
         if (to / sub).resolve() == source:
             shared |= {rel for rel in files if rel.startswith(prefix)}

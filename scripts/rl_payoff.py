@@ -22,6 +22,11 @@ and ``provenance.json`` (the manifest block each method's weights would ship wit
     # a method's weights as a loadable model folder (to look at, or to ship into models/builtin/)
     python scripts/rl_payoff.py materialize --weights OUT/nft.safetensors \\
         --provenance OUT/provenance.json --method nft --to /tmp/shapes-t2v-nft
+    # the 4-step student on its own served rollouts (its preset: DiffusionNFT, 4 fixed sigmas, guidance 1)
+    python scripts/rl_payoff.py run --model shapes-t2v-4step --device cuda \\
+        --text-features .scratch/rl_prompt_features --max-minutes 5.5 --total-minutes 7.5 --score-workers 14 --out $OUT
+    python scripts/rl_payoff.py materialize --model shapes-t2v-4step --weights OUT/nft_student.safetensors \\
+        --provenance OUT/provenance.json --method nft --to src/omniloop/models/builtin/shapes-t2v-4step
 
 Hyperparameters (defaults; docs/training.md gives the reasons): full fine-tune of the 8.1M DiT in
 fp32 (AdamW, lr 3e-5, grad-norm 1, two optimizer updates per rollout batch), groups of 8 seeds x
@@ -29,6 +34,8 @@ fp32 (AdamW, lr 3e-5, grad-norm 1, two optimizer updates per rollout batch), gro
 (noise level 0.7) with a random 3-step SDE window among the first 8 steps (Flow-GRPO-Fast),
 clip 1e-4, KL 0.01 to the shipped weights; DiffusionNFT on deterministic ``flow_euler`` rollouts,
 beta 1, the old policy's decay rising 0.001 per update to 0.5 (DiffusionNFT's schedule 1).
+A model that serves fixed sigmas (the distilled student) gets ``FIXED_SCHEDULE_PRESET``: DiffusionNFT
+alone, rollouts on its served schedule, NFT's noise levels drawn among its served sigmas.
 """
 
 from __future__ import annotations
@@ -57,10 +64,11 @@ from omniloop.eval.adherence import AdherenceReport, ClipScore, evaluate_clip, s
 from omniloop.eval.shapes_world import describe, held_out_prompts, parse_prompt, sample_scene, scene_is_held_out
 from omniloop.models.families.wan.model import WanDiT
 from omniloop.models.loader import load_pipeline, resolve_model_path
-from omniloop.models.manifest import file_record, read_manifest, write_manifest
+from omniloop.models.manifest import ModelManifest, file_record, read_manifest, write_manifest
 from omniloop.models.model_spec import LoadOptions
 from omniloop.pipeline.defaults import GenerationDefaults
 from omniloop.pipeline.pipeline import Pipeline
+from omniloop.pipeline.samplers.base import build_sampler
 from omniloop.train.recipes.prompt_features import PromptFeatureEncoder, load_prompt_features, write_prompt_features
 from omniloop.train.recipes.rollout import generate
 from omniloop.train.recipes.wan_checkpoint import save_wan_dit
@@ -80,6 +88,12 @@ DEFAULT_REWARD = "color=0.5,shape=1,motion=1,count=0.5,prompt=1,stability=0.5"
 # issue 31 item 7, on the held-out two-object prompts; one-object figures within 1 point; stability not worse
 TARGETS = {"whole_prompt": 0.40, "both_motions": 0.60, "both_shapes": 0.65}
 ONE_OBJECT_TOLERANCE = 0.01
+NFT_TIMESTEPS = ("uniform", "served")
+# What a fixed-schedule model (the distilled shapes-t2v-4step) changes in the recipe (PayoffConfig.for_model):
+# DiffusionNFT alone, on rollouts with the served schedule (its 4 fixed sigmas, guidance 1), its training
+# noise levels drawn among those sigmas; FlowGRPO, when asked for, takes its one SDE step in the first two
+FIXED_SCHEDULE_PRESET: dict[str, Any] = {"methods": ("nft",), "steps": None, "sde_window": 1, "sde_range": 2,
+                                         "nft_timesteps": "served"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,7 +111,7 @@ class PayoffConfig:
     # rollouts
     group_size: int = 8
     groups: int = 8  # prompts per rollout batch
-    steps: int = 16
+    steps: int | None = 16  # None: the model's served schedule (a distilled student's fixed sigmas)
     size: int | None = None  # height = width (None: the model's, 128)
     frames: int | None = None  # None: the model's, 17
     guidance: float | None = None  # None: the model's served scale (5)
@@ -113,6 +127,7 @@ class PayoffConfig:
     nft_beta: float = 1.0
     nft_decay_rate: float = 0.001  # old-policy decay = min(rate * update, max)
     nft_decay_max: float = 0.5
+    nft_timesteps: str = "uniform"  # NFT's noise levels: uniform on [0.02, 0.98], or "served" (the model's sigmas)
     iterations: int = 1000  # rollout batches per method (the second method gets at most the first's)
     max_minutes: float = 3.25  # per method, training only
     total_minutes: float | None = None  # the whole run: later methods get less when earlier ones ran long
@@ -131,12 +146,22 @@ class PayoffConfig:
             raise ValueError(f"group_size must be >= 2 and groups >= 1, got {self.group_size}, {self.groups}")
         if min(self.train_two + self.train_one, self.eval_two, self.eval_one) < 1:
             raise ValueError("train_two + train_one, eval_two and eval_one must each be >= 1")
-        if not 1 <= self.sde_window <= self.sde_range <= self.steps:
+        if not 1 <= self.sde_window <= self.sde_range <= (self.steps or self.sde_range):
             raise ValueError(f"need 1 <= sde_window <= sde_range <= steps, got {self.sde_window}, {self.sde_range}, "
                              f"{self.steps}")
+        if self.nft_timesteps not in NFT_TIMESTEPS:
+            raise ValueError(f"nft_timesteps {self.nft_timesteps!r}: pass one of {list(NFT_TIMESTEPS)}")
         if self.minibatches < 1 or self.lr <= 0 or self.max_minutes <= 0:
             raise ValueError("minibatches must be >= 1, lr and max_minutes > 0")
         parse_reward(self.reward)
+
+    @classmethod
+    def for_model(cls, model: str = "shapes-t2v", **overrides: Any) -> "PayoffConfig":
+        """The recipe for ``model``: the defaults above for a model served on a free schedule (the
+        teacher), with :data:`FIXED_SCHEDULE_PRESET` under ``overrides`` for one that serves fixed
+        sigmas (the 4-step student)."""
+        preset = FIXED_SCHEDULE_PRESET if served_sigmas(model) is not None else {}
+        return cls(model=model, **{**preset, **overrides})
 
 
 def parse_reward(text: str) -> dict[str, float]:
@@ -215,6 +240,36 @@ def model_max_sequence_length(model: str | Path) -> int:
     return manifest.generation_defaults(GenerationDefaults(max_sequence_length=32)).max_sequence_length or 32
 
 
+def served_sigmas(model: str | Path) -> tuple[float, ...] | None:
+    """The noise levels a fixed-schedule model (a distilled student) steps through, exactly as its
+    sampler computes them (float32, after the flow shift; the student: 1.0, 0.9, 0.75, 0.5); None
+    for a model served on a free schedule."""
+    manifest = read_manifest(resolve_model_path(model))
+    fixed = manifest.generation_defaults(GenerationDefaults()).sigmas
+    if fixed is None:
+        return None
+    schedule = build_sampler("flow_euler", dict(manifest.components["sampler"].config)).init_state(len(fixed),
+                                                                                               sigmas=fixed)
+    return tuple(float(s) for s in schedule.sigmas[:-1])
+
+
+def check_schedule(cfg: PayoffConfig, served: tuple[float, ...] | None) -> None:
+    """What ``cfg`` asks of the model's schedule, checked before anything loads."""
+    if cfg.nft_timesteps == "served" and "nft" in cfg.methods and served is None:
+        raise ValueError(f"nft_timesteps='served' needs a model with fixed sigmas; {cfg.model} has none "
+                         "(pass --nft-timesteps uniform)")
+    steps = cfg.steps or (len(served) if served is not None else None)
+    if "flow_grpo" in cfg.methods and steps is not None and cfg.sde_range > steps:
+        raise ValueError(f"sde_range {cfg.sde_range} exceeds the {steps} rollout steps of {cfg.model}; pass "
+                         f"--sde-range <= {steps} (and --sde-window <= it)")
+
+
+def weights_name(method: str, served: tuple[float, ...] | None) -> str:
+    """A run's transformer file: ``<method>.safetensors``, ``<method>_student.safetensors`` for a
+    fixed-schedule model."""
+    return f"{method}_student.safetensors" if served is not None else f"{method}.safetensors"
+
+
 def _negative_prompt(model: str | Path) -> str:
     return read_manifest(resolve_model_path(model)).generation_defaults(GenerationDefaults()).negative_prompt or ""
 
@@ -235,18 +290,56 @@ def load_model(model: str | Path, device: str, dtype: str, text_encoder: Any) ->
     return load_pipeline(model, options, preloaded={"text_encoder": text_encoder})[1]
 
 
+@dataclass(frozen=True)
+class StagedModel:
+    manifest: ModelManifest  # ``base``'s, shared components re-pointed where they were copied in
+    shared: frozenset[str]  # file records kept as ``base``'s: files outside the folder, left untouched
+
+
+def stage_model(base: Path, staged: Path, *, to: Path, ignore: Sequence[str] = ()) -> StagedModel:
+    """``base``'s folder copied to ``staged`` (to be moved to ``to``). A component ``base`` shares
+    from outside its folder (the student's ``../shapes-t2v/vae``) stays shared where ``to`` reaches
+    the same folder by the same relative path (shipping in place: the VAE untouched); elsewhere it is
+    copied into the new folder under the component's name (a self-contained model)."""
+    manifest = read_manifest(base)
+    shutil.copytree(base, staged, ignore=shutil.ignore_patterns(*ignore) if ignore else None)
+    components, files, shared = dict(manifest.components), dict(manifest.files), set()
+    for name, entry in manifest.components.items():
+        sub = entry.subfolder
+        if sub is None or (base / sub).resolve().is_relative_to(base.resolve()):
+            continue  # built from config, or inside the folder: copied with it
+        source = (base / sub).resolve()
+        prefix = sub.rstrip("/") + "/"
+        if (to / sub).resolve() == source:
+            shared |= {rel for rel in files if rel.startswith(prefix)}
+            continue
+        assert not (staged / name).exists(), f"{staged / name} exists: cannot copy the shared {name} there"
+        shutil.copytree(source, staged / name)
+        components[name] = entry.model_copy(update={"subfolder": name})
+        files = {(name + "/" + rel[len(prefix):] if rel.startswith(prefix) else rel): r for rel, r in files.items()}
+    return StagedModel(manifest.model_copy(update={"components": components, "files": files}), frozenset(shared))
+
+
+def _write_records(root: Path, staged: StagedModel, provenance: dict[str, Any]) -> ModelManifest:
+    """The manifest of ``root`` with its file records (every file but the untouched shared ones
+    re-hashed) and ``provenance`` merged in."""
+    m = staged.manifest
+    files = {rel: rec if rel in staged.shared else file_record((root / rel).resolve()) for rel, rec in m.files.items()}
+    updated = m.model_copy(update={"files": files, "provenance": {**m.provenance, **provenance}})
+    write_manifest(root, updated)
+    return updated
+
+
 def export_model(transformer: torch.nn.Module, base: Path, out_dir: Path, provenance: dict[str, Any]) -> Path:
     """``base``'s model folder with ``transformer`` in place of its DiT (bf16, the fp32 tensors
-    kept: the shipped file's layout and size), the manifest's file records and provenance updated."""
+    kept: the shipped file's layout and size), the manifest's file records and provenance updated
+    (a VAE the base shares from a sibling folder is copied in: ``out_dir`` loads on its own)."""
     if out_dir.exists():
         shutil.rmtree(out_dir)
-    manifest = read_manifest(base)
-    shutil.copytree(base, out_dir, ignore=shutil.ignore_patterns("transformer"))
+    staged = stage_model(base, out_dir, to=out_dir, ignore=("transformer",))
     assert isinstance(transformer, WanDiT), f"{type(transformer).__name__} is not the shapes model's WanDiT"
     save_wan_dit(transformer, out_dir / "transformer", dtype=torch.bfloat16)
-    files = {rel: file_record((out_dir / rel).resolve()) for rel in manifest.files}
-    updated = manifest.model_copy(update={"files": files, "provenance": {**manifest.provenance, **provenance}})
-    write_manifest(out_dir, updated)
+    _write_records(out_dir, staged, provenance)
     return out_dir
 
 
@@ -400,6 +493,8 @@ class ScoredRollout:
     window: tuple[int, int] | None  # (size, range) for FlowGRPO's windows; None: the spec's
     rng: np.random.Generator
     seconds: dict[str, float] = field(default_factory=lambda: {"rollout": 0.0, "score": 0.0})
+    # this process's CPU seconds (a load-independent figure on a shared CPU; excludes scoring workers)
+    cpu_seconds: dict[str, float] = field(default_factory=lambda: {"rollout": 0.0, "score": 0.0})
     rollouts: int = 0
 
     def __call__(self, ctx: RolloutContext) -> list[Trajectory]:
@@ -407,13 +502,15 @@ class ScoredRollout:
             size, span = self.window
             start = int(self.rng.integers(0, span - size + 1))
             ctx.spec = dataclasses.replace(self.spec, sde_window=(start, start + size))
-        t0 = time.monotonic()
+        t0, c0 = time.monotonic(), time.process_time()
         trajs = group_rollout(ctx)
-        t1 = time.monotonic()
+        t1, c1 = time.monotonic(), time.process_time()
         self.cache.entries.clear()  # the last batch was scored: its clips (0.8 MB each) need not stay
         self.cache.fill(trajs, self.executor)
         self.seconds["rollout"] += t1 - t0
         self.seconds["score"] += time.monotonic() - t1
+        self.cpu_seconds["rollout"] += c1 - c0
+        self.cpu_seconds["score"] += time.process_time() - c1
         self.rollouts += len(trajs)
         return trajs
 
@@ -456,8 +553,9 @@ def train_method(method: str, pipeline: Pipeline, sets: PromptSets, cfg: PayoffC
         push = no_push
     else:
         old = copy.deepcopy(trained).requires_grad_(False)
-        nft = NFTUpdate(policy, policy.with_transformer(old), optimizer, NFTConfig(beta=cfg.nft_beta, old_decay=0.0),
-                        generator)
+        timesteps = served_sigmas(cfg.model) if cfg.nft_timesteps == "served" else None
+        nft = NFTUpdate(policy, policy.with_transformer(old), optimizer,
+                        NFTConfig(beta=cfg.nft_beta, old_decay=0.0, timesteps=timesteps), generator)
         inner = DecayScheduled(nft, cfg.nft_decay_rate, cfg.nft_decay_max)
         push = copy_push(old, rollout_model)  # the next rollouts sample from the blended old policy
     update = Minibatched(inner, cfg.minibatches, generator)
@@ -477,6 +575,8 @@ def train_method(method: str, pipeline: Pipeline, sets: PromptSets, cfg: PayoffC
     summary = {"iterations": len(logs), "rollouts": rollout.rollouts,
                "updates": int(sum(r.get("updates", 0) for r in log)), "train_seconds": round(seconds, 1),
                "rollout_seconds": round(rollout.seconds["rollout"], 1), "score_seconds": round(rollout.seconds["score"], 1),
+               "rollout_cpu_seconds": round(rollout.cpu_seconds["rollout"], 1),
+               "score_cpu_seconds": round(rollout.cpu_seconds["score"], 1),
                "reward_first": rewards[0] if rewards else None, "reward_last": rewards[-1] if rewards else None,
                "reward_last5": sum(rewards[-5:]) / len(rewards[-5:]) if rewards else None}
     trained.requires_grad_(False)
@@ -562,10 +662,13 @@ def run(cfg: PayoffConfig, out: Path, *, text_features: Path | None = None, work
     torch.manual_seed(cfg.seed)
     sets = payoff_prompts(cfg)
     base = resolve_model_path(cfg.model)
+    served = served_sigmas(base)
+    check_schedule(cfg, served)
     text = load_text_encoder(text_features, cfg.model, cfg.device)
     _check_features(text, sets, cfg, text_features)
     executor = scoring_executor(cfg.score_workers)
     record = RunRecord(out, {"config": dataclasses.asdict(cfg), "device": cfg.device, "base_model": str(base),
+                             "served_sigmas": list(served) if served is not None else None,
                              "base_transformer": file_record(base / TRANSFORMER_FILE).model_dump(),
                              "prompts": {"train": len(sets.train), "train_two": cfg.train_two,
                                          "train_one": cfg.train_one, "eval_two": len(sets.eval_two),
@@ -612,7 +715,7 @@ def _one_method(method: str, cfg: PayoffConfig, sets: PromptSets, base: Path, te
     del pipeline, trained  # the next method starts from the shipped weights again
     after = evaluate_sets(load_model(model_dir, cfg.device, cfg.eval_dtype, text), sets, cfg, executor,
                           record.contact)
-    weights = record.out / f"{method}.safetensors"
+    weights = record.out / weights_name(method, served_sigmas(base))
     shutil.copyfile(model_dir / TRANSFORMER_FILE, weights)
     written = file_record(weights)
     record.provenance[method] = {**prov, "figures": {"before": before.figures, "after": after.figures}}
@@ -628,9 +731,11 @@ def _one_method(method: str, cfg: PayoffConfig, sets: PromptSets, base: Path, te
 
 def _provenance(method: str, cfg: PayoffConfig, summary: dict[str, Any], base: Path) -> dict[str, Any]:
     keys = ("lr", "minibatches", "group_size", "groups", "steps", "noise_level", "sde_window", "sde_range",
-            "clip_range", "kl_beta", "nft_beta", "nft_decay_rate", "nft_decay_max", "reward", "seed")
+            "clip_range", "kl_beta", "nft_beta", "nft_decay_rate", "nft_decay_max", "nft_timesteps", "reward", "seed")
+    served = served_sigmas(base)
     return {"recipe": "scripts/rl_payoff.py (issue 31 item 7; docs/training.md)", "method": method,
             "from": f"{cfg.model} transformer sha256 {file_record(base / TRANSFORMER_FILE).sha256}",
+            **({"rollout_sigmas": list(served)} if served is not None and cfg.steps is None else {}),
             "device": cfg.device, "train_prompts": {"two_objects": cfg.train_two, "one_object": cfg.train_one},
             "config": {k: getattr(cfg, k) for k in keys}, **{k: summary[k] for k in ("iterations", "rollouts",
                                                                                         "updates", "train_seconds")}}
@@ -638,19 +743,18 @@ def _provenance(method: str, cfg: PayoffConfig, summary: dict[str, Any], base: P
 
 def materialize(weights: Path, to: Path, *, model: str = "shapes-t2v", provenance: dict[str, Any] | None = None) -> Path:
     """A loadable model folder: ``model``'s, with ``weights`` (a ``<method>.safetensors`` of a run)
-    as its transformer file and ``provenance`` added to its manifest."""
+    as its transformer file and ``provenance`` added to its manifest. A VAE ``model`` shares from a
+    sibling (the student's) stays shared when ``to`` is ``model``'s own folder, else is copied in."""
     base = resolve_model_path(model)
     with tempfile.TemporaryDirectory(prefix="materialize_") as tmp:
         staged = Path(tmp) / base.name  # built aside: ``to`` may be ``model``'s own folder (shipping)
-        shutil.copytree(base, staged)
+        plan = stage_model(base, staged, to=to)
+        shipped = plan.manifest.files[TRANSFORMER_FILE].bytes
+        if weights.stat().st_size != shipped:
+            raise ValueError(f"{weights} is {weights.stat().st_size} bytes, {model}'s transformer file {shipped}: not "
+                             "a weights file of this run's layout")
         shutil.copyfile(weights, staged / TRANSFORMER_FILE)
-        manifest = read_manifest(staged)
-        files = {rel: file_record((staged / rel).resolve()) for rel in manifest.files}
-        if files[TRANSFORMER_FILE].bytes != manifest.files[TRANSFORMER_FILE].bytes:
-            raise ValueError(f"{weights} is {files[TRANSFORMER_FILE].bytes} bytes, {model}'s transformer file "
-                             f"{manifest.files[TRANSFORMER_FILE].bytes}: not a weights file of this run's layout")
-        prov = {**manifest.provenance, **({"rl_payoff": provenance} if provenance else {})}
-        write_manifest(staged, manifest.model_copy(update={"files": files, "provenance": prov}))
+        _write_records(staged, plan, {"rl_payoff": provenance} if provenance else {})
         if to.exists():
             shutil.rmtree(to)
         shutil.copytree(staged, to)
@@ -663,26 +767,31 @@ def materialize(weights: Path, to: Path, *, model: str = "shapes-t2v", provenanc
 
 
 def _add_config_flags(p: argparse.ArgumentParser) -> None:
+    """One flag per ``PayoffConfig`` field; a flag not given is left out of the namespace, so the
+    model's preset (``PayoffConfig.for_model``) fills it."""
     for f in dataclasses.fields(PayoffConfig):
         flag = "--" + f.name.replace("_", "-")
         default = f.default
+        preset = f" (fixed-schedule model: {FIXED_SCHEDULE_PRESET[f.name]})" if f.name in FIXED_SCHEDULE_PRESET else ""
         if f.name == "methods":
-            p.add_argument(flag, default=",".join(METHODS), help="comma-separated, run in this order")
+            p.add_argument(flag, default=argparse.SUPPRESS,
+                           help=f"comma-separated, run in this order (default {','.join(METHODS)}){preset}")
         elif isinstance(default, bool):
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS)
         else:
             kind = {int: int, float: float, str: str}.get(type(default), str)
-            if f.name in ("size", "frames", "eval_steps"):
+            if f.name in ("size", "frames", "eval_steps", "steps"):
                 kind = int
             if f.name in ("guidance", "total_minutes"):
                 kind = float
-            p.add_argument(flag, type=kind, default=default)
+            p.add_argument(flag, type=kind, default=argparse.SUPPRESS, help=f"default {default}{preset}")
 
 
 def _config(args: argparse.Namespace) -> PayoffConfig:
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(PayoffConfig)}
-    values["methods"] = tuple(m.strip() for m in str(values["methods"]).split(",") if m.strip())
-    return PayoffConfig(**values)
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(PayoffConfig) if hasattr(args, f.name)}
+    if "methods" in given:
+        given["methods"] = tuple(m.strip() for m in str(given["methods"]).split(",") if m.strip())
+    return PayoffConfig.for_model(given.pop("model", PayoffConfig.model), **given)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -722,7 +831,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     result = run(cfg, Path(args.out), text_features=Path(args.text_features) if args.text_features else None,
                  work=Path(args.work) if args.work else None)
-    brief = {m: v["after"]["two_objects"] if "after" in v else {"error": v["error"]} for m, v in result["methods"].items()}
+    brief = {m: v["after"]["two_objects"] if "after" in v else {"error": v["error"]}
+             for m, v in result["methods"].items()}
     print(json.dumps({"seconds": result["seconds"], "before": result["before"]["two_objects"], **brief}))
     return 0
 

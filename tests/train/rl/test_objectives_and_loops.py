@@ -12,6 +12,7 @@ import copy
 import threading
 import time
 
+import pytest
 import torch
 
 from omniloop.train.rl import LibraryClient, PromptList, RolloutContext, WeightedReward, group_rollout
@@ -174,3 +175,18 @@ def test_a_refused_request_fails_its_rollout_batch_and_the_engine_goes_on(genera
     again = client.run([SPEC.request(PROMPT, 3)])
     assert again[0].completed and again[0].tensors["log_probs"].shape == (SPEC.steps,)
     assert not client.engine.has_unfinished()
+
+
+def test_nft_noise_levels_are_uniform_or_drawn_among_a_students_sigmas():
+    from omniloop.train.rl.objectives.diffusion_nft import noise_levels
+
+    def gen():
+        return torch.Generator().manual_seed(3)
+
+    uniform = noise_levels(NFTConfig(), 64, gen())  # the draw nft_loss always made
+    assert torch.equal(uniform, 0.02 + (0.98 - 0.02) * torch.rand(64, generator=gen()))
+    served = (1.0, 0.8999999761581421, 0.75, 0.5)  # shapes-t2v-4step's, after the shift
+    grid = noise_levels(NFTConfig(timesteps=served), 256, gen())
+    assert grid.dtype == torch.float32 and set(grid.tolist()) == set(served)
+    with pytest.raises(ValueError, match="must be noise levels in"):
+        NFTConfig(timesteps=(0.5, 0.0))

@@ -4,6 +4,7 @@ exported weights in the shipped layout loading back, the contact sheet and the p
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import sys
@@ -27,8 +28,10 @@ from omniloop.train.recipes.shapes_dit import DiTRecipe
 from omniloop.train.recipes.shapes_model import ShapesModelSettings
 from omniloop.train.recipes.shapes_vae import VAERecipe, vae_init_
 from omniloop.train.recipes.wan_checkpoint import save_wan_dit, save_wan_vae
-from omniloop.train.rl.rewards import ClipCache
+from omniloop.train.rl.objectives import diffusion_nft as rl_payoff_nft
+from omniloop.train.rl.rewards import ClipCache, WeightedReward
 from omniloop.train.rl.trajectory import Trajectory
+from tests.train.rl.conftest import latent_mean_scorer
 
 SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "rl_payoff.py"
 
@@ -139,6 +142,106 @@ def test_payoff_run_writes_its_outputs_and_the_weights_load_back(tiny_model, min
                            "--model", str(tiny_model)]) == 0
     assert read_manifest(tiny_model).files[rl_payoff.TRANSFORMER_FILE] == file_record(out / "nft.safetensors")
     assert (tiny_model / "vae" / "diffusion_pytorch_model.safetensors").is_file()
+
+
+STUDENT_FILES = ("transformer/config.json", "transformer/diffusion_pytorch_model.safetensors",
+                 "../tiny-shapes/vae/config.json", "../tiny-shapes/vae/diffusion_pytorch_model.safetensors")
+STUDENT_TINY = ["--train-two", "3", "--train-one", "1", "--eval-two", "2", "--eval-one", "1", "--size", "32", "--frames",
+                "5", "--group-size", "2", "--groups", "2", "--contact-two", "1", "--contact-one", "1"]
+
+
+@pytest.fixture
+def tiny_student(tiny_model) -> Path:
+    """A student-layout folder beside ``tiny_model``: fixed sigmas, guidance 1, flow_euler, the teacher's
+    VAE shared through ``../tiny-shapes/vae`` (the shipped shapes-t2v-4step's layout)."""
+    root = tiny_model.parent / "tiny-shapes-4step"
+    (root / "transformer").mkdir(parents=True)
+    for name in ("config.json", "diffusion_pytorch_model.safetensors"):
+        (root / "transformer" / name).write_bytes((tiny_model / "transformer" / name).read_bytes())
+    settings = ShapesModelSettings(height=32, width=32, num_frames=5)
+    write_manifest(root, settings.student_manifest("tiny-shapes-4step", vae_subfolder="../tiny-shapes/vae",
+                                                   files={f: file_record(root / f) for f in STUDENT_FILES},
+                                                   tasks=("t2v",)))
+    return root
+
+
+def test_the_student_run_rls_its_served_4_step_rollouts_and_ships_in_place(tiny_student, minilm, tmp_path):
+    """``--model`` a fixed-schedule model: its preset (NFT alone, the served 4 sigmas and guidance 1 for
+    rollouts and both evaluations, NFT's noise levels drawn among those sigmas), ``nft_student.safetensors``
+    in the shipped layout, an exported folder that loads on its own, and materialize over the student's own
+    folder keeping the shared VAE where it is."""
+    feats, out = tmp_path / "features", tmp_path / "out"
+    cfg = rl_payoff.PayoffConfig.for_model(str(tiny_student), train_two=3, train_one=1, eval_two=2, eval_one=1)
+    assert cfg.methods == ("nft",) and cfg.steps is None and cfg.nft_timesteps == "served"
+    served = rl_payoff.served_sigmas(tiny_student)
+    assert served == pytest.approx((1.0, 0.9, 0.75, 0.5)) and rl_payoff.served_sigmas(tiny_student.parent / "tiny-shapes") is None
+    write_prompt_features(rl_payoff.payoff_prompts(cfg).all_prompts(""), minilm, feats)
+    seen: list[tuple[int | None, list[float] | None, float | None]] = []
+    drawn: list[torch.Tensor] = []
+    real_run, real_levels = rl_payoff.LibraryClient.run, rl_payoff_nft.noise_levels
+
+    def recording_run(self, requests):
+        seen.extend((r.diffusion.steps, r.diffusion.sigmas, r.diffusion.guidance_scale) for r in requests)
+        return real_run(self, requests)
+
+    def recording_levels(config, n, generator):
+        drawn.append(real_levels(config, n, generator))
+        return drawn[-1]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(rl_payoff.LibraryClient, "run", recording_run)
+        mp.setattr(rl_payoff_nft, "noise_levels", recording_levels)
+        # a random tiny model scores 0 on adherence (zero-variance groups, no update): a reward that varies
+        mp.setattr(rl_payoff, "adherence_reward", lambda *a, **k: WeightedReward([(latent_mean_scorer(), 1.0)]))
+        assert rl_payoff.main(["run", "--model", str(tiny_student), *STUDENT_TINY, "--iterations", "1",
+                               "--minibatches", "1", "--text-features", str(feats), "--out", str(out),
+                               "--work", str(tmp_path / "work")]) == 0
+    # every rollout request leaves steps / sigmas / guidance to the model (its validator fills the 4 sigmas)
+    assert seen and set(seen) == {(None, None, 1.0)}
+    assert drawn and set(torch.cat(drawn).tolist()) <= set(served)
+    result = json.loads((out / "result.json").read_text())
+    assert result["served_sigmas"] == pytest.approx(list(served)) and list(result["methods"]) == ["nft"]
+    m = result["methods"]["nft"]
+    assert m["iterations"] == 1 and m["rollouts"] == 4 and m["updates"] == 1, m
+    shipped = tiny_student / rl_payoff.TRANSFORMER_FILE
+    weights = out / "nft_student.safetensors"
+    assert weights.stat().st_size == shipped.stat().st_size and _layout(weights) == _layout(shipped)
+    assert sorted(p.name for p in out.iterdir()) == ["contact_sheet.png", "nft_student.safetensors",
+                                                     "provenance.json", "result.json"]
+    provenance = json.loads((out / "provenance.json").read_text())["nft"]
+    assert provenance["rollout_sigmas"] == pytest.approx(list(served))
+    assert provenance["config"]["nft_timesteps"] == "served" and provenance["config"]["steps"] is None
+    # the evaluated export loads on its own (the shared VAE copied in)
+    exported = tmp_path / "work" / "nft" / "tiny-shapes-4step"
+    assert read_manifest(exported).components["vae"].subfolder == "vae" and (exported / "vae").is_dir()
+    # shipping: over the student's own folder; the sibling VAE stays shared and untouched
+    vae_file = tiny_student.parent / "tiny-shapes" / "vae" / "diffusion_pytorch_model.safetensors"
+    vae_bytes = vae_file.read_bytes()
+    assert rl_payoff.main(["materialize", "--weights", str(weights), "--to", str(tiny_student), "--model",
+                           str(tiny_student), "--provenance", str(out / "provenance.json"), "--method", "nft"]) == 0
+    manifest = read_manifest(tiny_student)
+    assert manifest.components["vae"].subfolder == "../tiny-shapes/vae" and not (tiny_student / "vae").exists()
+    assert manifest.files[rl_payoff.TRANSFORMER_FILE] == file_record(weights)
+    assert manifest.files["../tiny-shapes/vae/diffusion_pytorch_model.safetensors"] == file_record(vae_file)
+    assert vae_file.read_bytes() == vae_bytes and manifest.provenance["rl_payoff"]["method"] == "nft"
+    assert manifest.defaults["sigmas"] == [1.0, 0.75, 0.5, 0.25]
+    pipeline = rl_payoff.load_model(tiny_student, "cpu", "float32", load_prompt_features(feats))
+    with safe_open(str(weights), "pt") as f:
+        assert torch.equal(pipeline.components["transformer"].state_dict()["proj_out.weight"].cpu(),
+                           f.get_tensor("proj_out.weight").float())
+
+
+def test_the_student_preset_and_schedule_checks(tiny_model, tiny_student):
+    assert rl_payoff.PayoffConfig.for_model(str(tiny_model)).methods == rl_payoff.METHODS  # the teacher's recipe
+    both = rl_payoff.PayoffConfig.for_model(str(tiny_student), methods=("nft", "flow_grpo"))
+    assert (both.sde_window, both.sde_range) == (1, 2)
+    rl_payoff.check_schedule(both, rl_payoff.served_sigmas(tiny_student))
+    with pytest.raises(ValueError, match="sde_range 8 exceeds the 4 rollout steps"):
+        rl_payoff.check_schedule(dataclasses.replace(both, sde_range=8), rl_payoff.served_sigmas(tiny_student))
+    with pytest.raises(ValueError, match="pass --nft-timesteps uniform"):
+        rl_payoff.check_schedule(rl_payoff.PayoffConfig(model=str(tiny_model), nft_timesteps="served"), None)
+    with pytest.raises(ValueError, match="nft_timesteps 'grid'"):
+        rl_payoff.PayoffConfig(nft_timesteps="grid")
 
 
 def test_a_run_refuses_features_of_other_prompts(tiny_model, minilm, tmp_path):

@@ -61,7 +61,7 @@ class RolloutSpec:
 
     capture: Capture = "per_step"
     sampler: str = "flow_sde"
-    steps: int = 8
+    steps: int | None = 8  # None: the model's served schedule (its steps; a distilled student's fixed sigmas)
     height: int = 64
     width: int = 64
     num_frames: int = 9

@@ -9,7 +9,9 @@ frozen *old* policy's ``v_old`` through two implicit policies:
     r  = clip(A / adv_clip_max, -1, 1) / 2 + 1/2                          (the optimality weight)
     L  = r ||x0(v+) - x0||^2 / w+  +  (1 - r) ||x0(v-) - x0||^2 / w-       (x0(v) = x_t - t v)
 
-with ``w`` the detached mean absolute error (the paper's adaptive weighting). The old policy is a
+with ``w`` the detached mean absolute error (the paper's adaptive weighting). ``t`` is uniform on
+``[t_min, t_max]``, or drawn among ``timesteps``: a few-step student's served noise levels (it is
+only ever asked for its velocity there, and it was distilled there alone). The old policy is a
 decay-blended copy of the trained one (:func:`blend_old_policy`), and it is also what the next
 rollouts sample from (the weights a ``WeightSyncPlan`` would ship, design §7(g)).
 """
@@ -35,10 +37,14 @@ class NFTConfig:
     t_max: float = 0.98
     num_train_timesteps: int = 1000
     kl_beta: float = 0.0  # > 0: an x0-space MSE to a reference policy's prediction
+    timesteps: tuple[float, ...] | None = None  # noise levels to draw t among, uniformly (None: [t_min, t_max])
 
     def __post_init__(self) -> None:
         if not (self.beta > 0 and self.adv_clip_max > 0 and 0 <= self.old_decay <= 1 and 0 < self.t_min < self.t_max < 1):
             raise ValueError(f"NFTConfig needs beta, adv_clip_max > 0, old_decay in [0, 1], 0 < t_min < t_max < 1: {self}")
+        if self.timesteps is not None and not (self.timesteps and all(0 < s <= 1 for s in self.timesteps)):
+            raise ValueError(f"NFTConfig.timesteps {self.timesteps} must be noise levels in (0, 1]; pass the "
+                             "sampler's sigmas (without the terminal 0) or None")
 
 
 def nft_loss(policy: VelocityModel, old_policy: VelocityModel, batch: TrainingBatch, config: NFTConfig,
@@ -47,7 +53,7 @@ def nft_loss(policy: VelocityModel, old_policy: VelocityModel, batch: TrainingBa
     rows = x0.shape[0] // len(batch)
     prompts = [t.prompt for t in batch.trajectories for _ in range(rows)]
     n = x0.shape[0]
-    t = config.t_min + (config.t_max - config.t_min) * torch.rand(n, generator=generator)  # [N*B]
+    t = noise_levels(config, n, generator)  # [N*B]
     eps = torch.randn(x0.shape, generator=generator)
     tb = t.view(-1, *([1] * (x0.ndim - 1)))
     xt = (1 - tb) * x0 + tb * eps
@@ -75,6 +81,14 @@ def nft_loss(policy: VelocityModel, old_policy: VelocityModel, batch: TrainingBa
                "positive_mse": float(pos.detach().mean()), "negative_mse": float(neg.detach().mean()),
                "old_deviate": float((v.detach() - v_old).pow(2).mean())}
     return loss, metrics
+
+
+def noise_levels(config: NFTConfig, n: int, generator: torch.Generator) -> torch.Tensor:
+    """``n`` noise levels [n] fp32: uniform on ``[t_min, t_max]``, or uniform among ``timesteps``."""
+    if config.timesteps is None:
+        return config.t_min + (config.t_max - config.t_min) * torch.rand(n, generator=generator)
+    grid = torch.tensor(config.timesteps, dtype=torch.float32)
+    return grid[torch.randint(len(grid), (n,), generator=generator)]
 
 
 def _final(traj) -> torch.Tensor:

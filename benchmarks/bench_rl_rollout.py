@@ -180,18 +180,34 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+@dataclass
+class Timing:
+    seconds: float  # wall
+    cpu_seconds: float  # this process's CPU time: on a shared CPU box, what other processes' load leaves out
+    peak_bytes: int | None  # peak device memory over the call (CUDA only)
+
+
 def timed_peak(device: torch.device, fn):  # type: ignore[no-untyped-def]
-    """(fn's result, seconds, peak device bytes over the call or None off CUDA)."""
+    """(fn's result, its Timing)."""
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     sync(device)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     out = fn()
     sync(device)
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
-    return out, seconds, peak
+    return out, Timing(seconds, cpu, peak)
+
+
+def summary(times: list[Timing], n: int, cuda: bool) -> dict[str, Any]:
+    """Median wall and CPU seconds over the repeats, every run's, rollouts/s (wall) and the peak."""
+    wall, cpu = statistics.median(t.seconds for t in times), statistics.median(t.cpu_seconds for t in times)
+    return {"seconds": round(wall, 3), "cpu_seconds": round(cpu, 3), "all_seconds": [round(t.seconds, 3) for t in times],
+            "all_cpu_seconds": [round(t.cpu_seconds, 3) for t in times], "rollouts_per_s": round(n / wall, 4),
+            "rollouts_per_cpu_s": round(n / cpu, 4),
+            "peak_device_bytes": max(t.peak_bytes or 0 for t in times) if cuda else None}
 
 
 def agreement(engine: list[Rollout], private: list[Rollout]) -> dict[str, Any]:
@@ -234,12 +250,12 @@ def run_one(args: argparse.Namespace, pipeline: Pipeline, frames: int, base: dic
         engine_rollouts(pipeline, spec, group_size=1, groups=1, max_batch=1, seed=args.seed + 1)
         PrivateLoop(pipeline, spec).rollout(PROMPTS[0], 1)
     sizes: Counter = Counter()
-    engine_s, private_s, engine_peak, private_peak = [], [], 0, 0
+    engine_t: list[Timing] = []
+    private_t: list[Timing] = []
     for _ in range(args.repeats):  # alternating, so a load change on a shared box hits both paths
         with counted_batches(sizes):
-            trajs, seconds, peak = timed_peak(device, engine_run)
-        engine_s.append(seconds)
-        engine_peak = max(engine_peak, peak or 0)
+            trajs, timing = timed_peak(device, engine_run)
+        engine_t.append(timing)
         assert all(t.log_probs is not None for t in trajs), [t.reason for t in trajs]
         requests = [(t.prompt, t.request.diffusion.seed) for t in trajs]  # the very same prompts and seeds
 
@@ -247,20 +263,15 @@ def run_one(args: argparse.Namespace, pipeline: Pipeline, frames: int, base: dic
             loop = PrivateLoop(pipeline, spec)  # a fresh text cache: each prompt encoded once, in the timing
             return [loop.rollout(prompt, seed) for prompt, seed in requests]
 
-        private, seconds, peak = timed_peak(device, private_run)
-        private_s.append(seconds)
-        private_peak = max(private_peak, peak or 0)
+        private, timing = timed_peak(device, private_run)
+        private_t.append(timing)
     engine = [as_rollout(t) for t in trajs]
-    e_s, p_s = statistics.median(engine_s), statistics.median(private_s)
     cuda = device.type == "cuda"
-    emit({**row, "path": "engine", "seconds": round(e_s, 3), "all_seconds": [round(x, 3) for x in engine_s],
-          "rollouts_per_s": round(n / e_s, 4), "max_batch": args.max_batch,
+    e, p = summary(engine_t, n, cuda), summary(private_t, n, cuda)
+    emit({**row, "path": "engine", **e, "max_batch": args.max_batch,
           "denoise_step_calls_by_batch": {str(k): v // args.repeats for k, v in sorted(sizes.items())},
-          "mean_batch": round(sum(k * v for k, v in sizes.items()) / max(sum(sizes.values()), 1), 2),
-          "peak_device_bytes": engine_peak if cuda else None}, args.sink)
-    emit({**row, "path": "private", "seconds": round(p_s, 3), "all_seconds": [round(x, 3) for x in private_s],
-          "rollouts_per_s": round(n / p_s, 4), "batch": 1, "peak_device_bytes": private_peak if cuda else None},
-         args.sink)
+          "mean_batch": round(sum(k * v for k, v in sizes.items()) / max(sum(sizes.values()), 1), 2)}, args.sink)
+    emit({**row, "path": "private", **p, "batch": 1}, args.sink)
     agree = agreement(engine, private)
     tol = LATENT_TOL[args.dtype]
     agree.update(latent_rel_tol=tol, log_prob_tol=LOGPROB_TOL,
@@ -269,8 +280,9 @@ def run_one(args: argparse.Namespace, pipeline: Pipeline, frames: int, base: dic
         agree["solo_engine_bit_equal"] = solo_check(pipeline, spec, trajs, private, min(2, n))
         agree["ok"] = agree["ok"] and agree["solo_engine_bit_equal"]
     emit({**row, "metric": "agreement", **agree}, args.sink)
-    emit({**row, "metric": "ratio", "engine_over_private": round(p_s / e_s, 3),
-          "engine_rollouts_per_s": round(n / e_s, 4), "private_rollouts_per_s": round(n / p_s, 4)}, args.sink)
+    emit({**row, "metric": "ratio", "engine_over_private": round(p["seconds"] / e["seconds"], 3),
+          "engine_over_private_cpu": round(p["cpu_seconds"] / e["cpu_seconds"], 3),
+          "engine_rollouts_per_s": e["rollouts_per_s"], "private_rollouts_per_s": p["rollouts_per_s"]}, args.sink)
     if args.profile:
         for name, fn in (("engine", engine_run), ("private", private_run)):
             for r in profile_top(fn, cuda=cuda, steps=1, top=args.profile):

@@ -211,8 +211,9 @@ def summary(times: list[Timing], n: int, cuda: bool) -> dict[str, Any]:
     """Median wall and CPU seconds over the repeats, every run's, rollouts/s (wall) and the peak."""
     wall, cpu = statistics.median(t.seconds for t in times), statistics.median(t.cpu_seconds for t in times)
     return {"seconds": round(wall, 3), "cpu_seconds": round(cpu, 3),
-            "all_seconds": [round(t.seconds, 3) for t in times], "all_cpu_seconds": [round(t.cpu_seconds, 3) for t in times], "rollouts_per_s": round(n / wall, 4),
-            "rollouts_per_cpu_s": round(n / cpu, 4),
+            "all_seconds": [round(t.seconds, 3) for t in times],
+            "all_cpu_seconds": [round(t.cpu_seconds, 3) for t in times],
+            "rollouts_per_s": round(n / wall, 4), "rollouts_per_cpu_s": round(n / cpu, 4),
             "peak_device_bytes": max(t.peak_bytes or 0 for t in times) if cuda else None}
 
 

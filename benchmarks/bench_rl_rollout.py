@@ -24,7 +24,10 @@ then they are bit-equal (``bit_equal`` in the ``agreement`` line).
 
 Prints JSON lines (``--out FILE`` appends them there too): per path its rollouts/s and seconds,
 the engine's batch sizes (denoise ``step_many`` calls by size), peak device memory on CUDA; the
-ratio; the agreement; ``--profile``: the top ops/kernels of each path.
+ratio; the agreement; ``forward_scaling``: one transformer forward over 1 row and over a batch
+(``per_row_gain`` bounds what batching buys the denoise part); ``--profile``: the top
+ops/kernels of each path. On the CPU, wall and process CPU time both (a shared box's load moves
+the wall time).
 
     python benchmarks/bench_rl_rollout.py                          # CPU: 8-block Wan, 64x64x9, 16 steps
     python benchmarks/bench_rl_rollout.py --device cuda            # Wan2.1-1.3B, 480x832x17, 16 steps, bf16
@@ -217,6 +220,25 @@ def summary(times: list[Timing], n: int, cuda: bool) -> dict[str, Any]:
             "peak_device_bytes": max(t.peak_bytes or 0 for t in times) if cuda else None}
 
 
+def forward_scaling(pipeline: Pipeline, spec: RolloutSpec, batch: int, iters: int = 3) -> dict[str, Any]:
+    """One transformer forward (one CFG branch) over 1 row and over ``batch`` rows, median seconds
+    (wall and CPU): ``batch * t1 / tN`` bounds what batching can buy the denoise part."""
+    device = pipeline.device
+    policy = TextConditionedPolicy.of(pipeline, guidance_scale=1.0)  # one branch a call
+    shape = PrivateLoop(pipeline, spec).shape
+    out: dict[str, Any] = {"metric": "forward_scaling", "batch": batch}
+    for rows in (1, batch):
+        x, t = torch.randn((rows, *shape[1:]), device=device), torch.full((rows,), 500.0, device=device)
+        with torch.inference_mode():
+            policy(x, t, [PROMPTS[0]] * rows)  # warm
+            times = [timed_peak(device, lambda: policy(x, t, [PROMPTS[0]] * rows))[1] for _ in range(iters)]
+        out[f"forward_s_b{rows}"] = round(statistics.median(tm.seconds for tm in times), 5)
+        out[f"forward_cpu_s_b{rows}"] = round(statistics.median(tm.cpu_seconds for tm in times), 5)
+    out["per_row_gain"] = round(batch * out["forward_s_b1"] / out[f"forward_s_b{batch}"], 3)
+    out["per_row_gain_cpu"] = round(batch * out["forward_cpu_s_b1"] / out[f"forward_cpu_s_b{batch}"], 3)
+    return out
+
+
 def agreement(engine: list[Rollout], private: list[Rollout]) -> dict[str, Any]:
     lat = max(float((a.latents - b.latents).abs().max()) for a, b in zip(engine, private))
     scale = max(float(b.latents.abs().max()) for b in private)
@@ -290,6 +312,7 @@ def run_one(args: argparse.Namespace, pipeline: Pipeline, frames: int, base: dic
     emit({**row, "metric": "ratio", "engine_over_private": round(p["seconds"] / e["seconds"], 3),
           "engine_over_private_cpu": round(p["cpu_seconds"] / e["cpu_seconds"], 3),
           "engine_rollouts_per_s": e["rollouts_per_s"], "private_rollouts_per_s": p["rollouts_per_s"]}, args.sink)
+    emit({**row, **forward_scaling(pipeline, spec, args.max_batch)}, args.sink)
     if args.profile:
         for name, fn in (("engine", engine_run), ("private", private_run)):
             for r in profile_top(fn, cuda=cuda, steps=1, top=args.profile):

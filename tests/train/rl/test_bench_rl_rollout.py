@@ -37,5 +37,7 @@ def test_tiny_rollout_bench_engine_and_private_loop_agree(wan_t2v_dir, tmp_path)
     assert agree["ok"] and agree["solo_engine_bit_equal"], agree
     assert agree["latents_rel_diff"] <= 1e-5 and agree["log_probs_max_abs_diff"] <= 1e-3
     assert agree["video_max_abs_diff_uint8"] <= 1
+    scaling = next(r for r in records if r.get("metric") == "forward_scaling")
+    assert scaling["batch"] == 2 and scaling["per_row_gain"] > 0
     ratio = next(r for r in records if r.get("metric") == "ratio")
     assert ratio["engine_over_private"] > 0 and ratio["decode"] and ratio["log_probs"]

@@ -19,8 +19,9 @@ Both must give the same trajectories for the same seeds: the bench compares ever
 latents, the log-probs and the decoded frames, prints the differences and fails (after printing
 the timings) when they exceed the tolerance. They are not bit-equal in general: a forward over
 N rows and one over 1 row use other GEMM blockings (the C1 figure of docs/training.md: ~2e-7 per
-step in fp32 on the CPU); ``--max-batch 1`` makes the engine run the private loop's shapes, and
-then they are bit-equal (``bit_equal`` in the ``agreement`` line).
+step in fp32 on the CPU). At the private loop's shapes they are: the bench reruns the first 2
+requests through the engine one at a time (``max_batch=1``) and checks them bit-equal to the
+private loop's (``solo_engine_bit_equal`` in the ``agreement`` line; ``--no-solo-check`` skips it).
 
 Prints JSON lines (``--out FILE`` appends them there too): per path its rollouts/s and seconds,
 the engine's batch sizes (denoise ``step_many`` calls by size), peak device memory on CUDA; the

@@ -129,7 +129,7 @@ class PrivateLoop:
         x = torch.randn(self.shape, generator=torch.Generator("cpu").manual_seed(seed), dtype=torch.float32).to(device)
         schedule = self.sampler.init_state(self.spec.steps, device=device, seed=seed)  # shift: the checkpoint's
         sigmas, timesteps = schedule.sigmas, schedule.timesteps
-        traj, means, sums = [], [], []
+        traj, sums = [], []
         for k in range(self.spec.steps):
             v = self.policy(x, timesteps[k].expand(1), [prompt])  # [1, C, f, h, w] fp32, CFG as served
             s = sde_scalars(sigmas, k, self.noise_level)
@@ -137,11 +137,10 @@ class PrivateLoop:
             gen = torch.Generator("cpu").manual_seed(step_noise_seed(seed, k))
             noise = torch.randn(x.shape, generator=gen, dtype=torch.float32).to(device)
             x = mean + s.scale * noise
-            log_mean, log_sum = row_mean_and_sum(transition_log_prob(x, mean, s))
+            _, log_sum = row_mean_and_sum(transition_log_prob(x, mean, s))  # [1]: the request's one row
             traj.append(x.detach().clone())
-            means.append(log_mean)
             sums.append(log_sum)
-        lp_sums = torch.stack(sums).flatten().cpu()  # [S] (one row per request)
+        lp_sums = torch.stack(sums).flatten().cpu()  # [S]; the per-element mean as the engine reports it below
         video = None
         if self.spec.decode:
             vae = self.pipeline.components["vae"]

@@ -270,7 +270,11 @@ def run_one(args: argparse.Namespace, pipeline: Pipeline, frames: int, base: dic
     spec = RolloutSpec(steps=args.steps, height=args.height, width=args.width, num_frames=frames,
                        guidance_scale=args.guidance, decode=not args.no_decode, noise_level=args.noise_level)
     n = args.group_size * args.groups
-    row = {**base, "frames": frames, "requests": n, "repeats": args.repeats}
+    latent = PrivateLoop(pipeline, spec).shape  # [1, C, f, h, w]
+    pt, ph, pw = base["patch"]
+    row = {**base, "load_avg_1m": round(os.getloadavg()[0], 2), "frames": frames, "latent_shape": list(latent),
+           "video_tokens": latent[2] // pt * (latent[3] // ph) * (latent[4] // pw), "requests": n,
+           "repeats": args.repeats}
 
     def engine_run() -> list[Trajectory]:
         return engine_rollouts(pipeline, spec, group_size=args.group_size, groups=args.groups,
@@ -363,10 +367,13 @@ def main(argv: list[str] | None = None) -> None:
     assert isinstance(stage, DenoiseLoop)
     dit = pipeline.components["transformer"]
     te = pipeline.components["text_encoder"]
-    base = {"bench": "rl_rollout", "device": str(device), "load_avg_1m": round(os.getloadavg()[0], 2),
+    cfg, te_cfg = dit.config, te.model.config
+    base = {"bench": "rl_rollout", "device": str(device),
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
             "threads": args.threads if device.type == "cpu" else None, "model": args.model or f"wan_random:{args.size}",
             "dit_params": sum(p.numel() for p in dit.parameters()), "dit_layers": len(dit.blocks),
+            "dit_width": cfg.num_attention_heads * cfg.attention_head_dim, "patch": list(cfg.patch_size),
+            "text_encoder": f"{type(te.model).__name__}: {te_cfg.num_layers} layer(s), d_model {te_cfg.d_model}",
             "text_encoder_params": sum(p.numel() for p in te.model.parameters()), "dtype": args.dtype,
             "height": args.height, "width": args.width, "steps": args.steps, "group_size": args.group_size,
             "groups": args.groups, "guidance": args.guidance, "cfg_mode": stage.cfg.mode,

@@ -208,6 +208,13 @@ def fixed_lengths(pipeline: Pipeline) -> Pipeline:
     return dataclasses.replace(pipeline, spec=dataclasses.replace(pipeline.spec, nodes=nodes))
 
 
+def codec_capacity(pipeline: Pipeline, capacity: int) -> Pipeline:
+    """The talker -> code2wav stream (``codec_stream``) bounded at ``capacity`` codes."""
+    streams = tuple(dataclasses.replace(s, capacity=capacity) if s.edge == "codec_stream" else s
+                    for s in pipeline.spec.streams)
+    return dataclasses.replace(pipeline, spec=dataclasses.replace(pipeline.spec, streams=streams))
+
+
 def spoken_request(rid: str, args, offset: int, *, stream: bool) -> OmniRequest:
     return OmniRequest(task=TaskType.REASON, request_id=rid, inputs=[TextPart(text=prompt(args.prompt_tokens, offset))],
                        sampling=SamplingParams(max_tokens=args.text_tokens, temperature=0.0, seed=offset),
@@ -321,6 +328,9 @@ def parse(argv) -> argparse.Namespace:
     p.add_argument("--prompt-tokens", type=int, default=None, help="prompt length (7B: 64, tiny: 8)")
     p.add_argument("--iters", type=int, default=2, help="batch-1 runs per side (the fastest is reported: warm)")
     p.add_argument("--serial", type=int, default=4, help="answers run one at a time for the baseline")
+    p.add_argument("--codec-capacity", type=int, default=None,
+                   help="codes the talker may run ahead of code2wav (the codec_stream edge's capacity; default the "
+                        "family's, 64): --tiny with a small one (8) reaches the backpressure the 7B answers reach")
     p.add_argument("--kv-cache-gb", type=float, default=None, help="each KV pool's size (default: the loader's)")
     p.add_argument("--device", default=None, help="cuda (default when there is one; cpu with --tiny) or cpu")
     p.add_argument("--out", default=None, help="append the JSON lines here too")
@@ -378,6 +388,8 @@ def main(argv=None) -> int:
             sync(device)
             emit({**base, "metric": "load_s", "value": round(time.perf_counter() - t0, 2)}, sink)
             pipeline = fixed_lengths(pipeline)
+            if args.codec_capacity is not None:
+                pipeline = codec_capacity(pipeline, args.codec_capacity)
             run_single(pipeline, args, stream=True)  # warm
             if "single" in args.only:
                 for stream in (True, False):

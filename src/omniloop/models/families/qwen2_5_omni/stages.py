@@ -616,15 +616,19 @@ class Code2WavLoop(LoopStageBase[Code2WavState]):
         if total > loop.noise.shape[1]:
             raise ValueError(f"{len(loop.codes)} codes make {total} mel frames, more than token2wav decodes "
                              f"({loop.noise.shape[1]}); bound the speech with node_params['talker'].max_tokens")
-        last = loop.feed.exhausted
-        end = total if last else min(total, loop.mel_frames + w.chunk)
+        # one window of ``chunk`` frames a step, the talker's end included: the windows are a
+        # function of the codes alone, not of how far the talker ran ahead when this step was
+        # scheduled (a batched talker ends sooner than a solo one: one whole-rest window there
+        # gave its audio other numerics than the same request's solo run)
+        end = min(total, loop.mel_frames + w.chunk)
         if end > loop.mel_frames:
             start = max(loop.mel_frames - w.past, 0)
-            stop = total if last else min(total, end + w.future)
+            stop = min(total, end + w.future)
             stop -= stop % repeats
             mel = self._solve(ctx, dit, loop, start, stop)  # [1, stop - start, mel]
             loop.mel.append(mel[:, loop.mel_frames - start:end - start])
             loop.mel_frames = end
+        last = loop.feed.exhausted and loop.mel_frames == total
         emit = self._vocode(ctx, loop, final=last)
         loop.steps_done += 1
         if last:

@@ -476,6 +476,7 @@ class Engine:
 
     def _step_many(self, reqs: list[EngineRequest]) -> list[StepResult]:
         node = reqs[0].node
+        assert node is not None, f"request {reqs[0].request_id} stepped outside a loop"
         ctx = self.pipeline.contexts[node.name]
         loops = [r.loop for r in reqs]
         items = [self.scheduler.item_cost(r) for r in reqs]

@@ -652,8 +652,8 @@ class Code2WavLoop(LoopStageBase[Code2WavState]):
         dit: Token2WavDiT = ctx.component(self.dit_component)
         errors: list[BaseException | None] = [None] * len(loops)
         windows = per_request(errors, lambda i: self._window(loops[i], dit.config.repeats))
-        solved = [i for i, w in enumerate(windows) if w is not None]
-        mels = dict(zip(solved, self._solve_many(ctx, dit, [loops[i] for i in solved], [windows[i] for i in solved])))
+        solved = {i: w for i, w in enumerate(windows) if w is not None}
+        mels = dict(zip(solved, self._solve_many(ctx, dit, [loops[i] for i in solved], list(solved.values()))))
         live = [i for i in range(len(loops)) if errors[i] is None]
         spans = {i: span for i in live if (span := self._vocoder_span(loops[i], windows[i], mels.get(i))) is not None}
         audio = dict(zip(spans, self._vocode_many(ctx, list(spans.values()))))

@@ -132,7 +132,7 @@ def _speaks_every_code(pipeline):
 
 
 def test_concurrent_streamed_answers_batch_their_code2wav_windows_and_equal_solo(omni_pipeline, monkeypatch):
-    """Four streamed answers (two voices) of 24 codes each added together: the code2wav windows ready in one engine
+    """Eight streamed answers (two voices) of 24 codes each added together: the code2wav windows ready in one engine
     step solve as one batch (token2wav's ODE over the windows of every answer, then BigVGAN over their spans), the
     talker's decode steps batch too, and each answer's audio equals its solo run bit for bit (the windows' rows share
     their ODE time rows, and BigVGAN runs even batches: Code2WavLoop._solve / _vocode_many)."""
@@ -141,8 +141,8 @@ def test_concurrent_streamed_answers_batch_their_code2wav_windows_and_equal_solo
     from omniloop.models.families.qwen2_5_omni.stages import Code2WavLoop
 
     pipeline = _speaks_every_code(omni_pipeline)
-    prompts = [*PROMPTS, PROMPTS[0]]
-    requests = [omni_request(p, seed=i, max_tokens=6, voice="Ethan" if i % 2 else None) for i, p in enumerate(prompts)]
+    requests = [omni_request(PROMPTS[i % len(PROMPTS)], seed=i, max_tokens=6, voice="Ethan" if i % 2 else None)
+                for i in range(8)]
     requests = [r.model_copy(update={"outputs": r.outputs.model_copy(update={"stream": True})}) for r in requests]
     solo = [run_request(pipeline, r) for r in requests]
     sizes: dict[str, list[int]] = {"talker": [], "code2wav": []}
@@ -166,7 +166,7 @@ def test_concurrent_streamed_answers_batch_their_code2wav_windows_and_equal_solo
         for rid in ids:
             engine.run_until_done(rid)
     print("step sizes", sizes)
-    # measured: code2wav [4, 4, 4, 4] (every window of the four answers in one batch), talker decode 24 steps of 4
+    # measured: code2wav [8, 8, 8, 8] (every window of the eight answers in one batch), talker decode 24 steps of 8
     assert sum(s > 1 for s in sizes["code2wav"]) >= 3 and max(sizes["code2wav"]) == n
     assert sum(s == n for s in sizes["talker"]) >= 20
     for alone, rid in zip(solo, ids):

@@ -693,7 +693,7 @@ class Code2WavLoop(LoopStageBase[Code2WavState]):
             x = self._solve(ctx, dit, [loops[i] for i in rows], [windows[i] for i in rows])  # [G, frames, mel]
             for row, i in enumerate(rows):
                 w = windows[i]
-                out[i] = x[row:row + 1, w.keep - w.start:w.end - w.start]
+                out[i] = x[row:row + 1, w.keep - w.start:w.end - w.start].clone()  # its own: the batch is freed
         return [m for m in out if m is not None]
 
     def _solve(self, ctx: StageContext, dit: Token2WavDiT, loops: Sequence[Code2WavState],
@@ -748,7 +748,7 @@ class Code2WavLoop(LoopStageBase[Code2WavState]):
             hop = wav.shape[-1] // length
             for row, i in enumerate(rows):
                 s = spans[i]
-                out[i] = wav[row:row + 1, (s.emit_from - s.lo) * hop:(s.emit_to - s.lo) * hop].cpu()
+                out[i] = wav[row:row + 1, (s.emit_from - s.lo) * hop:(s.emit_to - s.lo) * hop].to("cpu", copy=True)
         return [a for a in out if a is not None]
 
     @staticmethod

@@ -12,8 +12,10 @@ tests do at toy size. Measured:
   audio deltas), and ours non-streamed (token2wav over the whole utterance, then BigVGAN: the
   transformers-equal graph), vs transformers' ``generate`` (non-streamed: its first audio is
   its whole audio).
-* ``concurrent``: N spoken answers (streamed) added together, the engine batching their
-  thinker and talker steps, vs the same answers one at a time.
+* ``concurrent``: N spoken answers (streamed) added together (8 and 32 by default), the engine
+  batching their thinker and talker steps and their code2wav windows (one token2wav ODE and one
+  BigVGAN batch over every answer's ready window), vs the same answers one at a time; each record
+  gives the engine's steps and batched steps per node (``steps_by_node``) and the first-audio p50.
 
 Random weights emit no EOS at a useful time, so both sides run fixed lengths: exactly
 ``--text-tokens`` text tokens and ``--audio-tokens`` codec codes (ours: stop ids cleared on the
@@ -22,7 +24,7 @@ both sides (``temperature 0`` / ``do_sample=False``). The talker's codec head ro
 non-speech codes (>= 8192: the specials and the ids token2wav's 8193-entry embedding cannot
 read) are zeroed before the save, as a trained talker never emits them mid-speech.
 
-    python benchmarks/bench_omni.py --out $OUT/omni_h100.jsonl      # GPU, bf16 (~4 min on an H100)
+    python benchmarks/bench_omni.py --out $OUT/omni_h100.jsonl      # GPU, bf16 (~5 min on an H100; --batches 8: no 32)
     python benchmarks/bench_omni.py --tiny                            # CPU smoke, the tests' tiny config
 """
 
@@ -208,6 +210,13 @@ def fixed_lengths(pipeline: Pipeline) -> Pipeline:
     return dataclasses.replace(pipeline, spec=dataclasses.replace(pipeline.spec, nodes=nodes))
 
 
+def codec_capacity(pipeline: Pipeline, capacity: int) -> Pipeline:
+    """The talker -> code2wav stream (``codec_stream``) bounded at ``capacity`` codes."""
+    streams = tuple(dataclasses.replace(s, capacity=capacity) if s.edge == "codec_stream" else s
+                    for s in pipeline.spec.streams)
+    return dataclasses.replace(pipeline, spec=dataclasses.replace(pipeline.spec, streams=streams))
+
+
 def spoken_request(rid: str, args, offset: int, *, stream: bool) -> OmniRequest:
     return OmniRequest(task=TaskType.REASON, request_id=rid, inputs=[TextPart(text=prompt(args.prompt_tokens, offset))],
                        sampling=SamplingParams(max_tokens=args.text_tokens, temperature=0.0, seed=offset),
@@ -227,6 +236,8 @@ class Served:
     outputs: dict[str, OmniOutput]
     steps: int
     batched_steps: int
+    node_steps: dict[str, int]  # engine steps per loop node
+    node_batched_steps: dict[str, int]  # of them, those that ran more than one request
 
 
 def serve(pipeline: Pipeline, requests: list[OmniRequest], args) -> Served:
@@ -256,8 +267,21 @@ def serve(pipeline: Pipeline, requests: list[OmniRequest], args) -> Served:
     for rid, out in outputs.items():
         check_answer(out, args)
         first.setdefault(rid, done[rid])  # not streamed: the first audio is the whole audio
-    return Served(wall_s=max(done.values()), first_audio_s=first, done_s=done, outputs=outputs,
-                  steps=engine.stats.steps, batched_steps=engine.stats.batched_steps)
+    stats = engine.stats
+    return Served(wall_s=max(done.values()), first_audio_s=first, done_s=done, outputs=outputs, steps=stats.steps,
+                  batched_steps=stats.batched_steps, node_steps=dict(stats.node_steps),
+                  node_batched_steps=dict(stats.node_batched_steps))
+
+
+def steps_by_node(runs: list[Served]) -> dict[str, dict[str, int]]:
+    """Per loop node: engine steps and those that batched several requests (summed over ``runs``)."""
+    out: dict[str, dict[str, int]] = {}
+    for run in runs:
+        for node, n in run.node_steps.items():
+            counts = out.setdefault(node, {"steps": 0, "batched": 0})
+            counts["steps"] += n
+            counts["batched"] += run.node_batched_steps.get(node, 0)
+    return out
 
 
 def check_answer(out: OmniOutput, args) -> None:
@@ -287,7 +311,8 @@ def run_one_at_a_time(pipeline: Pipeline, args, n: int) -> dict:
     audio = sum(audio_seconds(r) for r in runs)
     return {"requests": n, "wall_s": round(wall, 4), "audio_s": round(audio, 3),
             "audio_s_per_s": round(audio / wall, 3), "answers_per_s": round(n / wall, 4),
-            "first_audio_s_p50": round(statistics.median(r.first_audio_s[f"s{i}"] for i, r in enumerate(runs)), 4)}
+            "first_audio_s_p50": round(statistics.median(r.first_audio_s[f"s{i}"] for i, r in enumerate(runs)), 4),
+            "steps_by_node": steps_by_node(runs)}
 
 
 def run_concurrent(pipeline: Pipeline, args, n: int) -> dict:
@@ -303,7 +328,7 @@ def run_concurrent(pipeline: Pipeline, args, n: int) -> dict:
             "audio_s_per_s": round(audio / served.wall_s, 3), "answers_per_s": round(n / served.wall_s, 4),
             "first_audio_s_p50": round(statistics.median(firsts), 4), "first_audio_s_max": round(firsts[-1], 4),
             "latency_s_p50": round(statistics.median(ends), 4), "latency_s_max": round(ends[-1], 4),
-            "steps": served.steps, "batched_steps": served.batched_steps,
+            "steps": served.steps, "batched_steps": served.batched_steps, "steps_by_node": steps_by_node([served]),
             "node_s_sum": {k: round(v, 3) for k, v in node_s.items()}}
 
 
@@ -314,22 +339,24 @@ def parse(argv) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tiny", action="store_true", help="CPU smoke: the family tests' tiny checkpoint, short answers")
     p.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS))
-    p.add_argument("--batches", default="8,32", help="concurrent spoken answers (comma separated)")
+    p.add_argument("--batches", default=None,
+                   help="concurrent spoken answers, comma separated (default 8,32; tiny: 2,4): pass 8 alone to skip the 32")
     p.add_argument("--text-tokens", type=int, default=None, help="text tokens of every answer (7B: 32, tiny: 8)")
     p.add_argument("--audio-tokens", type=int, default=None,
                    help="codec codes of every answer, 50 a second (7B: 250 = 5 s, tiny: 24)")
     p.add_argument("--prompt-tokens", type=int, default=None, help="prompt length (7B: 64, tiny: 8)")
     p.add_argument("--iters", type=int, default=2, help="batch-1 runs per side (the fastest is reported: warm)")
-    p.add_argument("--serial", type=int, default=4, help="answers run one at a time for the baseline")
+    p.add_argument("--serial", type=int, default=None, help="answers run one at a time for the baseline (default 4; tiny: 2)")
+    p.add_argument("--codec-capacity", type=int, default=None,
+                   help="codes the talker may run ahead of code2wav (the codec_stream edge's capacity; default the "
+                        "family's, 64): --tiny with a small one (8) reaches the backpressure the 7B answers reach")
     p.add_argument("--kv-cache-gb", type=float, default=None, help="each KV pool's size (default: the loader's)")
     p.add_argument("--device", default=None, help="cuda (default when there is one; cpu with --tiny) or cpu")
     p.add_argument("--out", default=None, help="append the JSON lines here too")
     args = p.parse_args(argv)
-    small = {"text_tokens": 8, "audio_tokens": 24, "prompt_tokens": 8} if args.tiny else \
-        {"text_tokens": 32, "audio_tokens": 250, "prompt_tokens": 64}
+    small = {"text_tokens": 8, "audio_tokens": 24, "prompt_tokens": 8, "batches": "2,4", "serial": 2} if args.tiny else \
+        {"text_tokens": 32, "audio_tokens": 250, "prompt_tokens": 64, "batches": "8,32", "serial": 4}
     fill_unset(args, {**small, "device": "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"})
-    if args.tiny and args.batches == "8,32":
-        args.batches, args.serial = "2,4", min(args.serial, 2)
     return args
 
 
@@ -378,6 +405,8 @@ def main(argv=None) -> int:
             sync(device)
             emit({**base, "metric": "load_s", "value": round(time.perf_counter() - t0, 2)}, sink)
             pipeline = fixed_lengths(pipeline)
+            if args.codec_capacity is not None:
+                pipeline = codec_capacity(pipeline, args.codec_capacity)
             run_single(pipeline, args, stream=True)  # warm
             if "single" in args.only:
                 for stream in (True, False):

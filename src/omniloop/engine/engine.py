@@ -88,6 +88,14 @@ class EngineStats:
     pool_restarts: int = 0
     steps: int = 0
     batched_steps: int = 0  # steps that ran more than one request
+    node_steps: dict[str, int] = field(default_factory=dict)  # the two counts above, per loop node
+    node_batched_steps: dict[str, int] = field(default_factory=dict)
+
+    def count_step(self, node: str, requests: int) -> None:
+        self.steps += 1
+        self.batched_steps += requests > 1
+        self.node_steps[node] = self.node_steps.get(node, 0) + 1
+        self.node_batched_steps[node] = self.node_batched_steps.get(node, 0) + (requests > 1)
 
 
 class Engine:
@@ -468,6 +476,7 @@ class Engine:
 
     def _step_many(self, reqs: list[EngineRequest]) -> list[StepResult]:
         node = reqs[0].node
+        assert node is not None, f"request {reqs[0].request_id} stepped outside a loop"
         ctx = self.pipeline.contexts[node.name]
         loops = [r.loop for r in reqs]
         items = [self.scheduler.item_cost(r) for r in reqs]
@@ -484,8 +493,7 @@ class Engine:
         self.step_timer.stop(mark, lambda seconds: self._account_step(reqs, loops, items, predicted, seconds))
         for event in events if events is not None and hooks.step_end is not None else ():
             hooks.step_end(event)
-        self.stats.steps += 1
-        self.stats.batched_steps += len(reqs) > 1
+        self.stats.count_step(node.name, len(reqs))
         return results
 
     def _account_step(self, reqs: list[EngineRequest], loops: list[Any], items: list[ItemCost], predicted: list[float],

@@ -197,7 +197,11 @@ class StepScheduler:
     def _key(self, req: EngineRequest, now: float) -> tuple:
         """A request and its lanes rank as one request; among them the node furthest down
         the graph goes first (a consumer drains its stream before the producer refills it:
-        the first audio comes sooner and the queue stays short)."""
+        the first audio comes sooner and the queue stays short). Within a priority and
+        deadline class, a consumer whose producer waits on the full stream between them goes
+        before any other request's work: otherwise the shortest request's units lead every
+        pick while the others' producers sit at capacity, so their steps (a talker's decode)
+        never join the leader's batch and the requests run one after the other."""
         root = req.root
         remaining = self.remaining_s(root) + sum(self.remaining_s(lane) for lane in root.lanes.values())
         waited = now - req.arrival
@@ -205,7 +209,8 @@ class StepScheduler:
         if req.request.deadline_s is not None:
             slack = req.arrival + req.request.deadline_s - now
             at_risk = 0 if slack < self.policy.deadline_margin * remaining else 1
-        return (-req.request.priority, at_risk, remaining - self.policy.aging * waited, req.arrival, -_depth(req))
+        return (-req.request.priority, at_risk, not _unblocks_producer(req), remaining - self.policy.aging * waited,
+                req.arrival, -_depth(req))
 
     def _work_for(self, head: EngineRequest, ranked: list[EngineRequest], *, group: bool) -> NodeWork | StepWork:
         """``group``: the head leads the ranking, so requests at its one-shot node may join
@@ -294,6 +299,14 @@ class StepScheduler:
 def _depth(req: EngineRequest) -> int:
     """How far down its request's graph the unit's node is (a lane's consumer ranks before its producer)."""
     return req.node_index if req.parent is None else req.root.nodes.index(req.nodes[0])
+
+
+def _unblocks_producer(req: EngineRequest) -> bool:
+    """Whether a step of the unit's loop drains a stream its producer waits on (at capacity)."""
+    node, channels = req.node, req.state.channels
+    if req.loop is None or node is None or not node.is_loop or not channels:
+        return False
+    return any(ch is not None and ch.full for ch in map(channels.get, node.stream_input_edges()))
 
 
 def _forward_streams(reqs: Sequence[EngineRequest]) -> None:

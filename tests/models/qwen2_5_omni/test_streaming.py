@@ -79,3 +79,99 @@ def test_speech_cut_at_its_length_bound_streams_every_code(omni_pipeline):
     assert streamed.status.value == "completed", streamed.error
     assert streamed.audio.finish_reason == "length"
     assert streamed.audio.samples.shape == whole.audio.samples.shape
+
+
+def test_concurrent_streamed_answers_batch_their_talker_past_the_codec_backpressure(omni_pipeline, monkeypatch):
+    """Streamed spoken answers added together, the talker -> code2wav stream bounded at 8 codes (one window's)
+    (the tiny checkpoint's answers reach it as the 7B's reach its 64): once every talker waits
+    on its full stream, each request's code2wav drains it before any talker steps again, so the
+    talkers keep stepping together (before: the leading request ran alone to its end, the
+    others' talkers blocked). Each streamed answer equals its solo run bit for bit (code2wav's
+    windows depend on the codes only, not on how far the talker ran ahead)."""
+    from omniloop.engine.engine import Engine, EngineConfig
+    from omniloop.engine.scheduler import SchedulingPolicy
+
+    streams = tuple(dataclasses.replace(s, capacity=8) if s.edge == "codec_stream" else s
+                    for s in omni_pipeline.spec.streams)
+    pipeline = dataclasses.replace(omni_pipeline, spec=dataclasses.replace(omni_pipeline.spec, streams=streams))
+    requests = [omni_request(p, seed=i, max_tokens=8) for i, p in enumerate(PROMPTS)]
+    requests = [r.model_copy(update={"outputs": r.outputs.model_copy(update={"stream": True})}) for r in requests]
+    solo = [run_request(pipeline, r) for r in requests]
+    sizes: list[tuple[bool, int]] = []
+    original = TalkerLoop.step_many
+
+    def step_many(self, ctx, loops):
+        sizes.append((loops[0].prefilling, len(loops)))
+        return original(self, ctx, loops)
+
+    monkeypatch.setattr(TalkerLoop, "step_many", step_many)
+    n = len(requests)
+    engine = Engine(pipeline, EngineConfig(policy=SchedulingPolicy(max_batch=n, max_running=n)))
+    with torch.inference_mode():
+        ids = [engine.add_request(r) for r in requests]
+        for rid in ids:
+            engine.run_until_done(rid)
+    decode = [size for prefilling, size in sizes if not prefilling]
+    print("talker decode step sizes", decode, "engine", engine.stats)
+    # measured: 12 batched decode steps (9 of 3, then 3 of 2 as answers end); before: 8 (the stream's capacity), then
+    # every step alone
+    assert sum(s > 1 for s in decode) >= 12
+    for alone, rid in zip(solo, ids):
+        together = engine.pop_output(rid)
+        assert together.status.value == alone.status.value == "completed", (together.error, alone.error)
+        assert together.text.token_ids == alone.text.token_ids
+        assert torch.equal(together.audio.samples, alone.audio.samples)
+
+
+def _speaks_every_code(pipeline):
+    """The talker's stop ids cleared: every answer speaks its ``max_tokens`` codes (as the benchmark's fixed lengths),
+    so concurrent answers reach their code2wav windows together."""
+    nodes = tuple(dataclasses.replace(n, defaults={**n.defaults, "text": dataclasses.replace(n.defaults["text"], eos_token_ids=())})
+                  if n.name == "talker" else n for n in pipeline.spec.nodes)
+    return dataclasses.replace(pipeline, spec=dataclasses.replace(pipeline.spec, nodes=nodes))
+
+
+def test_concurrent_streamed_answers_batch_their_code2wav_windows_and_equal_solo(omni_pipeline, monkeypatch):
+    """Eight streamed answers (two voices) of 24 codes each added together: the code2wav windows ready in one engine
+    step solve as one batch (token2wav's ODE over the windows of every answer, then BigVGAN over their spans), the
+    talker's decode steps batch too, and each answer's audio equals its solo run bit for bit (the windows' rows share
+    their ODE time rows, and BigVGAN runs even batches: Code2WavLoop._solve / _vocode_many)."""
+    from omniloop.engine.engine import Engine, EngineConfig
+    from omniloop.engine.scheduler import SchedulingPolicy
+    from omniloop.models.families.qwen2_5_omni.stages import Code2WavLoop
+
+    pipeline = _speaks_every_code(omni_pipeline)
+    requests = [omni_request(PROMPTS[i % len(PROMPTS)], seed=i, max_tokens=6, voice="Ethan" if i % 2 else None)
+                for i in range(8)]
+    requests = [r.model_copy(update={"outputs": r.outputs.model_copy(update={"stream": True})}) for r in requests]
+    solo = [run_request(pipeline, r) for r in requests]
+    sizes: dict[str, list[int]] = {"talker": [], "code2wav": []}
+    talker_step, code2wav_step = TalkerLoop.step_many, Code2WavLoop.step_many
+
+    def talker_many(self, ctx, loops):
+        if not loops[0].prefilling:  # decode steps
+            sizes["talker"].append(len(loops))
+        return talker_step(self, ctx, loops)
+
+    def code2wav_many(self, ctx, loops):
+        sizes["code2wav"].append(len(loops))
+        return code2wav_step(self, ctx, loops)
+
+    monkeypatch.setattr(TalkerLoop, "step_many", talker_many)
+    monkeypatch.setattr(Code2WavLoop, "step_many", code2wav_many)
+    n = len(requests)
+    engine = Engine(pipeline, EngineConfig(policy=SchedulingPolicy(max_batch=n, max_running=n)))
+    with torch.inference_mode():
+        ids = [engine.add_request(r) for r in requests]
+        for rid in ids:
+            engine.run_until_done(rid)
+    print("step sizes", sizes)
+    # measured: code2wav [8, 8, 8, 8] (every window of the eight answers in one batch), talker decode 24 steps of 8
+    assert sum(s > 1 for s in sizes["code2wav"]) >= 3 and max(sizes["code2wav"]) == n
+    assert sum(s == n for s in sizes["talker"]) >= 20
+    for alone, rid in zip(solo, ids):
+        together = engine.pop_output(rid)
+        assert together.status.value == alone.status.value == "completed", (together.error, alone.error)
+        assert together.text.token_ids == alone.text.token_ids
+        assert together.audio.samples.shape[-1] == 24 * 2 * 8  # 24 codes, 2 mel frames each, 8 samples a frame
+        assert torch.equal(together.audio.samples, alone.audio.samples)

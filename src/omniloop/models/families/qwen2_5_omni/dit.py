@@ -187,8 +187,9 @@ class DiTInputEmbedding(nn.Module):
         self.proj = nn.Linear(c.mel_dim + c.enc_dim + c.enc_emb_dim + c.emb_dim, c.hidden_size)
         self.spk_encoder = ECAPA_TimeDelayNet(c)
 
-    def forward(self, x: torch.Tensor, speaker: torch.Tensor, ref_mel: torch.Tensor, code_embed: torch.Tensor) -> torch.Tensor:
-        cond = self.spk_encoder(ref_mel).unsqueeze(1).repeat(1, x.size(1), 1)  # [B, T, enc_dim]
+    def forward(self, x: torch.Tensor, speaker: torch.Tensor, voice: torch.Tensor, code_embed: torch.Tensor) -> torch.Tensor:
+        """``voice [B, enc_dim]``: ``spk_encoder`` of each row's reference mel (``Token2WavDiT.voice_rows``)."""
+        cond = voice.unsqueeze(1).repeat(1, x.size(1), 1)  # [B, T, enc_dim]
         return self.proj(torch.cat((x, cond, code_embed, speaker), dim=-1))
 
 
@@ -212,6 +213,16 @@ class AdaLayerNormZero(nn.Module):
 
     def forward(self, t: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return torch.chunk(self.linear(F.silu(t)), self.chunks, dim=1)
+
+
+def _per_row(mods: tuple[torch.Tensor, ...], rows: int) -> tuple[torch.Tensor, ...]:
+    """Time modulations ``[G, D]`` each repeated for its ``rows / G`` rows (``G == rows``: as given).
+    NOTE: windows of several requests at one ODE time share their time rows; computing them on
+    ``G`` rows and repeating them, rather than on every row, keeps each window's numbers those of
+    its solo run (a CPU GEMM of 2 rows rounds otherwise than one of 16)."""
+    n = rows // mods[0].shape[0]
+    assert n * mods[0].shape[0] == rows, f"{mods[0].shape[0]} time rows do not divide {rows} rows"
+    return mods if n == 1 else tuple(m.repeat_interleave(n, dim=0) for m in mods)
 
 
 def _layer_norm(x: torch.Tensor) -> torch.Tensor:
@@ -268,7 +279,9 @@ class DiTDecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 block_diff: torch.Tensor) -> torch.Tensor:
-        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.attn_norm(t)
+        """``x [B, T, D]``; ``t [G, D]`` time rows, each modulating ``B / G`` consecutive rows of ``x``."""
+        mods = _per_row(self.attn_norm(t), x.shape[0])
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = mods
         norm = _layer_norm(x) * (1 + scale_msa[:, None]) + shift_msa[:, None]
         mask = (block_diff >= -float(self.look_backward)) & (block_diff <= float(self.look_ahead))
         x = x + gate_msa.unsqueeze(1) * self.attn(norm, cos, sin, mask)
@@ -318,28 +331,43 @@ class Token2WavDiT(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # [1, 1, T, D]
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
+    def voice_rows(self, ref_mel: torch.Tensor, guidance_scale: float) -> torch.Tensor:
+        """The speaker encoder's vector of each row the forward runs: ``ref_mel [B, T_ref, mel]`` ->
+        ``[B, enc_dim]``, or ``[2B, enc_dim]`` when guided (the unconditional rows' reference is
+        zeros). A function of the voice alone: a streamed answer computes it once for all its windows."""
+        if guidance_scale >= 1e-5:
+            ref_mel = torch.cat([ref_mel, torch.zeros_like(ref_mel)])
+        return self.input_embed.spk_encoder(ref_mel)
+
     def forward(self, x: torch.Tensor, t: torch.Tensor, codes: torch.Tensor, speaker: torch.Tensor,
                 ref_mel: torch.Tensor, guidance_scale: float) -> torch.Tensor:
         """``x [B, T, mel]``, ``t [B]``, ``codes [B, T / repeats]``, ``speaker [B, enc_emb]``,
         ``ref_mel [B, T_ref, mel]`` -> guided velocity ``[B, T, mel]`` (``guidance_scale`` 0:
         the conditional branch alone, as transformers below 1e-5)."""
+        return self.velocity(x, t, codes, speaker, self.voice_rows(ref_mel, guidance_scale), guidance_scale)
+
+    def velocity(self, x: torch.Tensor, t: torch.Tensor, codes: torch.Tensor, speaker: torch.Tensor,
+                 voice: torch.Tensor, guidance_scale: float) -> torch.Tensor:
+        """:meth:`forward` given the speaker encoder's rows (``voice``: :meth:`voice_rows`, conditional
+        rows then unconditional ones when guided). ``t [B]``, or ``[1]``: one time for every row
+        (windows of several requests at one ODE time), whose embedding and modulations are computed
+        once and repeated per row (``_per_row``): each row's numbers are then those of a batch of one."""
         b, frames = x.shape[:2]
         speaker = speaker.unsqueeze(1).repeat(1, frames, 1)  # [B, T, enc_emb]
         cond_code = self.text_embed(codes)
         if guidance_scale < 1e-5:
-            t_all, h = t, self.input_embed(x, speaker, ref_mel, cond_code)
+            t_all, h = t, self.input_embed(x, speaker, voice, cond_code)
         else:  # conditional rows, then unconditional ones (speaker, reference and codes dropped)
             t_all = torch.cat([t, t])
-            h = self.input_embed(torch.cat([x, x]), torch.cat([speaker, torch.zeros_like(speaker)]),
-                                 torch.cat([ref_mel, torch.zeros_like(ref_mel)]),
+            h = self.input_embed(torch.cat([x, x]), torch.cat([speaker, torch.zeros_like(speaker)]), voice,
                                  torch.cat([cond_code, self.text_embed(codes, drop_code=True)]))
-        temb = self.time_embed(t_all)
+        temb = self.time_embed(t_all)  # [B or 2B, D], or [1 or 2, D] for a shared time
         cos, sin = self._rope(frames, x.device, h.dtype)
         blocks = torch.arange(frames, device=x.device) // self.config.block_size
         block_diff = (blocks[None, :] - blocks[:, None]).expand(h.shape[0], self.config.num_attention_heads, frames, frames)
         for block in self.transformer_blocks:
             h = block(h, temb, cos, sin, block_diff)
-        scale, shift = self.norm_out(temb)
+        scale, shift = _per_row(self.norm_out(temb), h.shape[0])
         out = self.proj_out(_layer_norm(h) * (1 + scale)[:, None, :] + shift[:, None, :])
         if guidance_scale < 1e-5:
             return out

@@ -38,7 +38,8 @@ from omniloop.pipeline.loops.ar import ARDecodeLoop, ARLoopState, PromptTokens, 
 from omniloop.pipeline.loops.denoise import DenoiseLoop, DenoiseLoopState, DenoiserBase, seeded_noise
 from omniloop.pipeline.policies.cfg import COND
 from omniloop.pipeline.samplers.rk4_flow import RK4FlowSampler
-from omniloop.pipeline.stage import LoopStageBase, WorkEstimate
+from omniloop.pipeline.failures import per_request
+from omniloop.pipeline.stage import LoopStageBase, WorkEstimate, step_results
 from omniloop.pipeline.edges import DenoisedLatents
 from omniloop.pipeline.stages.decode import DecodedAudio, VAEDecode
 from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
@@ -520,12 +521,39 @@ class Code2WavWindows:
                    repeats=repeats)
 
 
+@dataclass(frozen=True)
+class Code2WavWindow:
+    """One step's token2wav work of a streamed answer, in mel frames: the ODE solves
+    ``[start, stop)`` (past and future context included) and keeps ``[keep, end)``."""
+
+    start: int
+    keep: int
+    end: int
+    stop: int
+
+    @property
+    def frames(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass(frozen=True)
+class VocoderSpan:
+    """One step's BigVGAN work of a streamed answer: the mel ``[lo, hi)`` (its context included) is
+    vocoded and the audio of frames ``[emit_from, emit_to)`` emitted."""
+
+    mel: torch.Tensor  # [1, hi - lo, mel]
+    lo: int
+    emit_from: int
+    emit_to: int
+
+
 @dataclass(kw_only=True)
 class Code2WavState(LoopState):
     feed: EdgeChannel[CodecChunk]
     codes: list[int]
     noise: torch.Tensor  # [1, max_frames, mel] drawn once, as the whole decode draws it
     speaker: Speaker
+    voice: torch.Tensor  # [2, enc_dim] (guided; [1, enc_dim] unguided) the speaker encoder's rows (Token2WavDiT.voice_rows)
     windows: Code2WavWindows
     mel: list[torch.Tensor]  # finished mel windows, each [1, frames, mel]
     mel_frames: int = 0  # frames of mel finished
@@ -575,8 +603,11 @@ class Code2WavLoop(LoopStageBase[Code2WavState]):
         return (self.dit_component, self.vocoder_component, self.speakers_component)
 
     def estimate(self, ctx: StageContext, state: RequestState) -> WorkEstimate:
-        return WorkEstimate(steps=1, batch_group=id(self))
+        knobs = state.node_params.get(ctx.node)
+        scale = knobs.guidance_scale if isinstance(knobs, Code2WavParams) else None
+        return WorkEstimate(steps=1, batch_group=(id(self), admitted_steps(state.request.diffusion, ctx.node), scale))
 
+    @torch.inference_mode()
     def init(self, ctx: StageContext, state: RequestState) -> Code2WavState:
         dit: Token2WavDiT = ctx.component(self.dit_component)
         c = dit.config
@@ -587,10 +618,11 @@ class Code2WavLoop(LoopStageBase[Code2WavState]):
         knobs = state.node_params.get(ctx.node)
         assert isinstance(knobs, Code2WavParams) and knobs.guidance_scale is not None, (
             f"node {ctx.node!r} reads the guidance scale admission resolves (Code2WavLoop.resolve)")
+        speaker = speakers[resolve_voice(speakers, state.request.outputs.voice)]
         return Code2WavState(node=ctx.node, request_id=state.request_id, steps_target=1 << 30,
                              steps=admitted_steps(state.request.diffusion, ctx.node), guidance_scale=knobs.guidance_scale,
-                             feed=ctx.stream(state, "codec_stream"), codes=[], noise=noise,
-                             speaker=speakers[resolve_voice(speakers, state.request.outputs.voice)],
+                             feed=ctx.stream(state, "codec_stream"), codes=[], noise=noise, speaker=speaker,
+                             voice=dit.voice_rows(speaker.ref_mel, knobs.guidance_scale),
                              windows=Code2WavWindows.of(c.block_size, c.repeats), mel=[])
 
     def _known_frames(self, repeats: int, loop: Code2WavState) -> int:
@@ -603,12 +635,39 @@ class Code2WavLoop(LoopStageBase[Code2WavState]):
         return loop.feed.closed or self._known_frames(w.repeats, loop) >= loop.mel_frames + w.chunk + w.future
 
     def batch_key(self, loop: Code2WavState) -> Hashable | None:
-        return None if loop.done else (id(self), loop.request_id)  # per-request windows run alone
+        """Every answer's window at one ODE schedule and guidance batches (``step_many`` groups
+        the windows by length)."""
+        return None if loop.done else (id(self), loop.steps, loop.guidance_scale)
+
+    def step(self, ctx: StageContext, loop: Code2WavState) -> StepResult:
+        return self.step_many(ctx, [loop])[0]
 
     @torch.inference_mode()
-    def step(self, ctx: StageContext, loop: Code2WavState) -> StepResult:
+    def step_many(self, ctx: StageContext, loops: Sequence[Code2WavState]) -> list[StepResult]:
+        """One window of each answer: the windows of equal length solve their ODE as one batch,
+        then the vocoder spans of equal length run BigVGAN as one batch; each answer's audio
+        equals its solo run's bit for bit (tests/models/qwen2_5_omni/test_streaming.py). Nothing
+        but the codes taken from the stream changes before every forward has run (a raising
+        batch is retried one answer at a time by the engine; the codes then wait in ``loop.codes``)."""
         dit: Token2WavDiT = ctx.component(self.dit_component)
-        repeats = dit.config.repeats
+        errors: list[BaseException | None] = [None] * len(loops)
+        windows = per_request(errors, lambda i: self._window(loops[i], dit.config.repeats))
+        solved = {i: w for i, w in enumerate(windows) if w is not None}
+        mels = dict(zip(solved, self._solve_many(ctx, dit, [loops[i] for i in solved], list(solved.values()))))
+        live = [i for i in range(len(loops)) if errors[i] is None]
+        spans = {i: span for i in live if (span := self._vocoder_span(loops[i], windows[i], mels.get(i))) is not None}
+        audio = dict(zip(spans, self._vocode_many(ctx, list(spans.values()))))
+        results: list[StepResult | None] = [None] * len(loops)
+        for i in live:
+            results[i] = self._commit(loops[i], windows[i], mels.get(i), spans.get(i), audio.get(i))
+        return step_results(results, errors)
+
+    def _window(self, loop: Code2WavState, repeats: int) -> Code2WavWindow | None:
+        """The stream's new codes into ``loop.codes``; the next window, or None when its frames are done.
+        One window of ``chunk`` frames a step, the talker's end included: the windows are a
+        function of the codes alone, not of how far the talker ran ahead when this step was
+        scheduled (a batched talker ends sooner than a solo one: one whole-rest window there
+        gave its audio other numerics than the same request's solo run)."""
         for chunk in loop.feed.take():
             loop.codes += chunk.codes
             loop.finish_reason = chunk.finish_reason or loop.finish_reason
@@ -616,50 +675,98 @@ class Code2WavLoop(LoopStageBase[Code2WavState]):
         if total > loop.noise.shape[1]:
             raise ValueError(f"{len(loop.codes)} codes make {total} mel frames, more than token2wav decodes "
                              f"({loop.noise.shape[1]}); bound the speech with node_params['talker'].max_tokens")
-        last = loop.feed.exhausted
-        end = total if last else min(total, loop.mel_frames + w.chunk)
-        if end > loop.mel_frames:
-            start = max(loop.mel_frames - w.past, 0)
-            stop = total if last else min(total, end + w.future)
-            stop -= stop % repeats
-            mel = self._solve(ctx, dit, loop, start, stop)  # [1, stop - start, mel]
-            loop.mel.append(mel[:, loop.mel_frames - start:end - start])
-            loop.mel_frames = end
-        emit = self._vocode(ctx, loop, final=last)
-        loop.steps_done += 1
-        if last:
-            loop.steps_target = loop.steps_done
-        return StepResult(done=loop.done, emit=emit)
+        end = min(total, loop.mel_frames + w.chunk)
+        if end <= loop.mel_frames:
+            return None
+        stop = min(total, end + w.future)
+        return Code2WavWindow(start=max(loop.mel_frames - w.past, 0), keep=loop.mel_frames, end=end,
+                              stop=stop - stop % repeats)
 
-    def _solve(self, ctx: StageContext, dit: Token2WavDiT, loop: Code2WavState, start: int, stop: int) -> torch.Tensor:
-        """token2wav's ODE (RK4 3/8 on the sway grid, guided) over mel frames [start, stop)."""
+    def _solve_many(self, ctx: StageContext, dit: Token2WavDiT, loops: Sequence[Code2WavState],
+                    windows: Sequence[Code2WavWindow]) -> list[torch.Tensor]:
+        """Each window's kept mel ``[1, end - keep, mel]``; windows of one length (and schedule) solve together."""
+        groups: dict[tuple[int, int, float], list[int]] = {}
+        for i, (loop, w) in enumerate(zip(loops, windows)):
+            groups.setdefault((w.frames, loop.steps, loop.guidance_scale), []).append(i)
+        out: list[torch.Tensor | None] = [None] * len(loops)
+        for rows in groups.values():
+            x = self._solve(ctx, dit, [loops[i] for i in rows], [windows[i] for i in rows])  # [G, frames, mel]
+            for row, i in enumerate(rows):
+                w = windows[i]
+                out[i] = x[row:row + 1, w.keep - w.start:w.end - w.start].clone()  # its own: the batch is freed
+        return [m for m in out if m is not None]
+
+    def _solve(self, ctx: StageContext, dit: Token2WavDiT, loops: Sequence[Code2WavState],
+               windows: Sequence[Code2WavWindow]) -> torch.Tensor:
+        """token2wav's ODE (RK4 3/8 on the sway grid, guided) over windows of one length: ``[G, frames, mel]``.
+        The rows share each evaluation's time (``t [1]``: its embedding is computed once, see
+        ``Token2WavDiT.velocity``), so each row's numbers are its solo run's."""
         repeats = dit.config.repeats
-        codes = torch.tensor([loop.codes[start // repeats:stop // repeats]], device=ctx.device)
+        codes = torch.tensor([lp.codes[w.start // repeats:w.stop // repeats] for lp, w in zip(loops, windows)],
+                             device=ctx.device)  # [G, frames / repeats]
+        speaker = torch.cat([lp.speaker.cond for lp in loops])  # [G, enc_emb]
+        # the speaker encoder's rows: every window's conditional row, then every unconditional one
+        voice = torch.cat([lp.voice[j:j + 1] for j in range(loops[0].voice.shape[0]) for lp in loops])
         sampler = RK4FlowSampler(sway_coefficient=TOKEN2WAV_SWAY)
-        steps, scale = loop.steps, loop.guidance_scale
+        steps, scale = loops[0].steps, float(loops[0].guidance_scale)
         st = sampler.init_state(steps, device=ctx.device)
-        x = loop.noise[:, start:stop]
+        x = torch.cat([lp.noise[:, w.start:w.stop] for lp, w in zip(loops, windows)])  # [G, frames, mel]
         for i in range(st.num_steps):
-            v = dit(x, st.timesteps[i].reshape(1), codes, loop.speaker.cond, loop.speaker.ref_mel, float(scale))
+            v = dit.velocity(x, st.timesteps[i].reshape(1), codes, speaker, voice, scale)
             x = sampler.step(st, v, x)
         return x
 
-    def _vocode(self, ctx: StageContext, loop: Code2WavState, *, final: bool) -> list[tuple[str, Artifact]] | None:
-        """BigVGAN over the finished mel with ``vocoder`` frames of context on each side; the last
-        ``vocoder`` frames wait for the next window (their right context) unless it is the end."""
-        vocoder: BigVGAN = ctx.component(self.vocoder_component)
+    @staticmethod
+    def _vocoder_span(loop: Code2WavState, window: Code2WavWindow | None, mel: torch.Tensor | None) -> VocoderSpan | None:
+        """BigVGAN's next span: the finished mel (this step's window included) with ``vocoder``
+        frames of context on each side; the last ``vocoder`` frames wait for the next window (their
+        right context) unless it is the end. None: no new audio this step."""
         w = loop.windows
-        upto = loop.mel_frames if final else loop.mel_frames - w.vocoder
+        frames = window.end if window is not None else loop.mel_frames
+        final = loop.feed.exhausted and frames == len(loop.codes) * w.repeats
+        upto = frames if final else frames - w.vocoder
         if upto <= loop.audio_frames:
             return None
-        mel = torch.cat(loop.mel, dim=1)  # [1, mel_frames, mel]
         lo = max(loop.audio_frames - w.vocoder, 0)
-        wav = vocoder(mel[:, lo:loop.mel_frames].permute(0, 2, 1).to(vocoder.dtype)).float()  # [1, samples]
-        hop = wav.shape[-1] // (loop.mel_frames - lo)
-        piece = wav[:, (loop.audio_frames - lo) * hop:(upto - lo) * hop].cpu()
-        loop.audio_frames = upto
-        loop.audio.append(piece)
-        return [("audio_delta", AudioArtifact(samples=piece, sample_rate=SAMPLE_RATE))]
+        finished = torch.cat([*loop.mel, *([mel] if mel is not None else [])], dim=1)  # [1, frames, mel]
+        return VocoderSpan(mel=finished[:, lo:frames], lo=lo, emit_from=loop.audio_frames, emit_to=upto)
+
+    def _vocode_many(self, ctx: StageContext, spans: Sequence[VocoderSpan]) -> list[torch.Tensor]:
+        """Each span's new audio ``[1, samples]`` on the host; spans of one length run as one batch.
+        NOTE: a batch runs an even number of rows (the last span twice when odd): the CPU's
+        convolutions split a batch of one, or an odd batch over two threads, otherwise than an even
+        one, and round differently (measured up to 8e-9); with even batches every row's numbers are
+        the same (1 and 2 threads, 2 to 32 rows), so an answer's audio does not depend on its batch-mates."""
+        vocoder: BigVGAN = ctx.component(self.vocoder_component)
+        groups: dict[int, list[int]] = {}
+        for i, span in enumerate(spans):
+            groups.setdefault(span.mel.shape[1], []).append(i)
+        out: list[torch.Tensor | None] = [None] * len(spans)
+        for length, rows in groups.items():
+            mel = torch.cat([spans[i].mel for i in rows + rows[-1:] * (len(rows) % 2)])  # [G (even), frames, mel]
+            wav = vocoder(mel.permute(0, 2, 1).to(vocoder.dtype)).float()  # [G, samples]
+            hop = wav.shape[-1] // length
+            for row, i in enumerate(rows):
+                s = spans[i]
+                out[i] = wav[row:row + 1, (s.emit_from - s.lo) * hop:(s.emit_to - s.lo) * hop].to("cpu", copy=True)
+        return [a for a in out if a is not None]
+
+    @staticmethod
+    def _commit(loop: Code2WavState, window: Code2WavWindow | None, mel: torch.Tensor | None,
+                span: VocoderSpan | None, audio: torch.Tensor | None) -> StepResult:
+        """The step's window and audio into the loop's state."""
+        if window is not None and mel is not None:
+            loop.mel.append(mel)
+            loop.mel_frames = window.end
+        emit: list[tuple[str, Artifact]] | None = None
+        if span is not None and audio is not None:
+            loop.audio_frames = span.emit_to
+            loop.audio.append(audio)
+            emit = [("audio_delta", AudioArtifact(samples=audio, sample_rate=SAMPLE_RATE))]
+        loop.steps_done += 1
+        if loop.feed.exhausted and loop.mel_frames == len(loop.codes) * loop.windows.repeats:  # its last window
+            loop.steps_target = loop.steps_done
+        return StepResult(done=loop.done, emit=emit)
 
     def finalize(self, ctx: StageContext, loop: Code2WavState, state: RequestState) -> None:
         if not loop.audio:

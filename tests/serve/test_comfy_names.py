@@ -25,24 +25,33 @@ def test_the_counter_is_the_highest_of_the_prefix_plus_one(tmp_path):
     assert OutputNames().reserve(tmp_path / "new" / "sub", "x", "png") == tmp_path / "new" / "sub" / "x_00001_.png"
 
 
-def test_concurrent_reservations_get_distinct_consecutive_names(tmp_path):
-    """32 threads of two servers (two OutputNames: only the exclusive create keeps them apart)
-    reserve names of one prefix at once, png and mp4 mixed: 32 distinct files, 6..37."""
-    (tmp_path / "c_00005_.png").write_bytes(b"old")
-    servers, names, start = (OutputNames(), OutputNames()), [], threading.Barrier(32)
+def reserve_at_once(servers: list[OutputNames], folder: Path, suffixes: list[str]) -> list[str]:
+    """One thread per suffix, all reserving at once (thread i on server i % len(servers))."""
+    names: list[str] = []
+    start = threading.Barrier(len(suffixes))
 
     def save(i: int) -> None:
         start.wait()
-        names.append(servers[i % 2].reserve(tmp_path, "c", "png" if i % 3 else "mp4").name)
+        names.append(servers[i % len(servers)].reserve(folder, "c", suffixes[i]).name)
 
-    threads = [threading.Thread(target=save, args=(i,)) for i in range(32)]
+    threads = [threading.Thread(target=save, args=(i,)) for i in range(len(suffixes))]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert all(re.fullmatch(r"c_\d{5}_\.(png|mp4)", n) for n in names), names
-    counters = sorted(int(n[2:7]) for n in names)
-    assert counters == list(range(6, 38))
+    assert all(re.fullmatch(r"c_\d{5}_\.(png|mp4|wav)", n) for n in names), names
+    return names
+
+
+def test_concurrent_reservations_get_distinct_consecutive_names(tmp_path):
+    """24 threads of one server reserve names of one prefix at once, png / mp4 / wav mixed: one
+    sequence, 6..29. Then 16 threads of two servers on one folder (only the exclusive create
+    keeps them apart): 16 distinct files, 30..45."""
+    (tmp_path / "c_00005_.png").write_bytes(b"old")
+    names = reserve_at_once([OutputNames()], tmp_path, ["png", "mp4", "wav"] * 8)
+    assert sorted(int(n[2:7]) for n in names) == list(range(6, 30))
+    names = reserve_at_once([OutputNames(), OutputNames()], tmp_path, ["png"] * 16)
+    assert sorted(int(n[2:7]) for n in names) == list(range(30, 46))
 
 
 def test_a_folder_that_cannot_be_made_raises(tmp_path):

@@ -7,7 +7,8 @@ one prefix share one sequence. Its queue runs one prompt at a time, so it only r
 folder; ours saves many prompts at once from worker threads, so reading is not enough: the
 name is reserved by creating the file exclusively (``O_EXCL``), under a lock so that
 concurrent saves of this server do not race for one counter, and past any name another
-process took meanwhile.
+process took meanwhile (two servers on one folder may then give one counter two extensions,
+never one file two saves).
 """
 
 from __future__ import annotations

@@ -44,11 +44,17 @@ def models_folder(root: Path, checkpoints: dict[str, Path]) -> Path:
 
 
 @pytest.fixture(scope="module")
-def comfy(wan_t2v_dir, flux_dir, tmp_path_factory):
+def comfy_work(tmp_path_factory) -> Path:
+    """The server's ComfyUI folders (input/, output/, temp/)."""
+    return tmp_path_factory.mktemp("comfy_work")
+
+
+@pytest.fixture(scope="module")
+def comfy(wan_t2v_dir, flux_dir, tmp_path_factory, comfy_work):
     folder = models_folder(tmp_path_factory.mktemp("comfy_models"), {"wan": wan_t2v_dir, "flux": flux_dir})
     limits = {"max_steps": 1000, "max_frames": 17, "max_pixels": 64 * 64, "max_images": 4}
     with live_server({"wan": wan_t2v_dir, "flux": flux_dir}, limits=limits,
-                     serve={"comfy_models": folder, "comfy_workdir": tmp_path_factory.mktemp("comfy_work")}) as server:
+                     serve={"comfy_models": folder, "comfy_workdir": comfy_work}) as server:
         yield server
 
 
@@ -78,6 +84,7 @@ class ScriptClient:
         """Queue, read the socket until ``executing`` with node None, then the history."""
         ws = websocket.WebSocket()
         ws.connect(f"ws://{self.server}/ws?clientId={self.client_id}")
+        ws.settimeout(120)  # a prompt that never ends fails the test instead of hanging it
         try:
             prompt_id = self.queue_prompt(prompt)["prompt_id"]
             messages = []
@@ -280,3 +287,68 @@ def test_a_lora_of_the_folder_applies_to_its_prompt(comfy):
     r = httpx.post(f"{comfy.url}/prompt", json={"prompt": with_lora})
     assert r.status_code == 400
     assert "flux_detail.safetensors" in r.json()["node_errors"]["50"]["errors"][0]["details"]  # what exists
+
+
+def wait_history(url: str, ids: list[str], timeout: float = 120) -> dict[str, Any]:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        history = httpx.get(f"{url}/history").json()
+        if all(i in history for i in ids):
+            return history
+        time.sleep(0.05)
+    raise AssertionError(f"prompts {[i for i in ids if i not in history]} did not finish in {timeout} s")
+
+
+def test_a_burst_of_saves_with_one_prefix_gets_distinct_files(comfy, comfy_work):
+    """Eight Flux prompts posted at once, all saving with the prefix ``burst/race``: their
+    saves run concurrently, and each gets its own file, numbered as ComfyUI numbers them: the
+    highest counter already there + 1 (8: the old count + 1 would have reused 3)."""
+    from PIL import Image
+
+    folder = comfy_work / "output" / "burst"
+    folder.mkdir(parents=True)
+    for name in ("race_00002_.png", "race_00007_.png", "racer_00050_.png", "race_notes.txt"):
+        (folder / name).write_bytes(b"earlier")
+    prompts = [workflow("flux_schnell", seed=100 + i, filename_prefix="burst/race") for i in range(8)]
+    with httpx.Client() as client:
+        ids = [client.post(f"{comfy.url}/prompt", json={"prompt": p}).json()["prompt_id"] for p in prompts]
+    history = wait_history(comfy.url, ids)
+    items = []
+    for i in ids:
+        assert history[i]["status"]["completed"], history[i]["status"]
+        (output,) = history[i]["outputs"].values()
+        items += output["images"]
+    names = sorted(item["filename"] for item in items)
+    assert names == [f"race_{n:05d}_.png" for n in range(8, 16)], names
+    for item in items:
+        assert item["subfolder"] == "burst" and item["type"] == "output"
+        assert Image.open(io.BytesIO(ScriptClient(comfy.url).view(item))).size == (32, 32)
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        names + ["race_00002_.png", "race_00007_.png", "racer_00050_.png", "race_notes.txt"])  # no partials left
+
+
+def test_a_save_that_fails_is_an_execution_error_and_the_next_prompt_runs(comfy, comfy_work):
+    """SaveImage into ``blocked/``, where output/blocked is a regular file: the directory
+    cannot be made, the prompt ends with ComfyUI's execution_error naming the save node (and
+    the ``executing`` end message), /history says error, and the server runs the next prompt."""
+    (comfy_work / "output" / "blocked").write_text("a file where the subfolder would be")
+    client = ScriptClient(comfy.url)
+    prompt = workflow("flux_schnell", seed=7, filename_prefix="blocked/img")
+    save = next(nid for nid, n in prompt.items() if n["class_type"] == "SaveImage")
+    prompt_id, messages, history = client.run(prompt)
+    mine = [m for m in messages if m["data"].get("prompt_id") == prompt_id]
+    kinds = [m["type"] for m in mine]
+    assert "execution_success" not in kinds and kinds[-1] == "executing", kinds
+    (error,) = [m["data"] for m in mine if m["type"] == "execution_error"]
+    assert (error["node_id"], error["node_type"], error["exception_type"]) == (save, "SaveImage", "FileExistsError")
+    assert "blocked" in error["exception_message"] and error["traceback"], error
+    assert history["status"]["status_str"] == "error" and not history["status"]["completed"]
+    assert [m[0] for m in history["status"]["messages"]][-1] == "execution_error"
+    assert history["outputs"] == {}
+    _, _, after = client.run(workflow("flux_schnell", seed=7, filename_prefix="unblocked/img"))
+    assert after["status"]["completed"]
+    (item,) = after["outputs"][save]["images"]
+    assert item == {"filename": "img_00001_.png", "subfolder": "unblocked", "type": "output"}
+    assert httpx.get(f"{comfy.url}/queue").json() == {"queue_running": [], "queue_pending": []}

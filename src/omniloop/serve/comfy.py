@@ -25,8 +25,9 @@ import shutil
 import sys
 import tempfile
 import time
+import traceback
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
@@ -42,6 +43,7 @@ from omniloop.models.comfy_folder import ComfyModelNameRefused, ComfyModelNotFou
 from omniloop.models.single_file import MissingSection, SingleFileSet, carries_tokenizer, require_text_sections
 from omniloop.pipeline.adapters import adapter_cache
 from omniloop.request import FinalEvent, OmniEvent, OmniOutput, ProgressEvent, RequestStatus, TaskType, TextArtifact
+from omniloop.serve.comfy_names import OutputNames
 from omniloop.serve.state import ServeState, check_auth, require_auth
 from omniloop.serve.wire import ServedModel
 from omniloop.workflows import CompiledWorkflow, Generation, ModelFolder, WorkflowError, compile_workflow
@@ -89,6 +91,7 @@ class PromptJob:
     outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     messages: list[list[Any]] = field(default_factory=list)
     interrupted: bool = False
+    node: str | None = None  # the node last announced ``executing`` (an unexpected error's node)
     created_ms: int = field(default_factory=lambda: int(time.time() * 1000))
 
     def entry(self) -> list[Any]:
@@ -109,6 +112,7 @@ class ComfyApi:
         self._own_dir = workdir is None
         self.root = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="omniloop-comfy-"))
         self.dirs: dict[str, Path] = {kind: self.root / kind for kind in ("input", "output", "temp")}
+        self.names = OutputNames()  # the save nodes' file names, reserved across prompts and threads
         for path in self.dirs.values():
             path.mkdir(parents=True, exist_ok=True)
         self.routes = self._routes(ServedModel.all_of(state.engine))
@@ -309,6 +313,8 @@ class ComfyApi:
 
     async def _message(self, job: PromptJob, kind: str, **data: Any) -> None:
         data = {"prompt_id": job.id, **data}
+        if kind == "executing" and data.get("node") is not None:
+            job.node = data["node"]
         if kind.startswith("execution_"):
             data.setdefault("timestamp", int(time.time() * 1000))
             job.messages.append([kind, data])
@@ -325,28 +331,48 @@ class ComfyApi:
                 await self._finish(job, generation, output, executed)
             await self._show_previews(job, outputs, executed)
         except asyncio.CancelledError:
-            for rid in job.request_ids:
-                with contextlib.suppress(EngineError):
-                    await self.state.engine.abort(rid)
+            await self._abort(job)
             raise
         except _Stopped as stop:
-            if stop.interrupted:
-                job.status = "interrupted"
-                await self._message(job, "execution_interrupted", node_id=stop.node, node_type=stop.class_type,
-                                    executed=executed)
-            else:
-                job.status = "error"
-                await self._message(job, "execution_error", node_id=stop.node, node_type=stop.class_type,
-                                    executed=executed, exception_message=stop.message,
-                                    exception_type=stop.exception_type, traceback=[], current_inputs={},
-                                    current_outputs={})
-            await self._message(job, "executing", node=None, display_node=None)
-            await self.broadcast_status()
+            await self._stopped(job, stop, executed)
+            return
+        except Exception as e:  # a bug or a disk error outside a save: the prompt still ends, the server goes on
+            logger.exception("ComfyUI prompt %s failed at node %s", job.id, job.node)
+            await self._abort(job)
+            node = job.node or next(iter(job.entry()[4]), "")
+            await self._stopped(job, _Stopped.failed(node, self._class_of(job, node), e), executed)
             return
         job.status = "success"
         await self._message(job, "execution_success")
         await self._message(job, "executing", node=None, display_node=None)  # the end, as ComfyUI's worker says it
         await self.broadcast_status()
+
+    async def _stopped(self, job: PromptJob, stop: _Stopped, executed: list[str]) -> None:
+        """End an interrupted or failed prompt as ComfyUI does: ``execution_interrupted`` or
+        ``execution_error``, then ``executing`` with node None."""
+        if stop.interrupted:
+            job.status = "interrupted"
+            await self._message(job, "execution_interrupted", node_id=stop.node, node_type=stop.class_type,
+                                executed=executed)
+        else:
+            job.status = "error"
+            await self._message(job, "execution_error", node_id=stop.node, node_type=stop.class_type,
+                                executed=executed, exception_message=stop.message,
+                                exception_type=stop.exception_type, traceback=stop.traceback, current_inputs={},
+                                current_outputs={})
+        await self._message(job, "executing", node=None, display_node=None)
+        await self.broadcast_status()
+
+    async def _abort(self, job: PromptJob) -> None:
+        """Stop the prompt's requests still running in the engine."""
+        for rid in job.request_ids:
+            with contextlib.suppress(EngineError):
+                await self.state.engine.abort(rid)
+
+    @staticmethod
+    def _class_of(job: PromptJob, node: str) -> str:
+        call = job.compiled.graph.get(node)
+        return call.class_type if call is not None else ""
 
     async def _follow(self, job: PromptJob, generation: Generation, stream: AsyncIterator[OmniEvent],
                       first: OmniEvent) -> OmniOutput:
@@ -387,7 +413,11 @@ class ComfyApi:
         """Write what each output node saves and tell its client (``executed``)."""
         for save in generation.saves:
             await self._message(job, "executing", node=save.node, display_node=save.node)
-            ui = await asyncio.to_thread(self._write, save, output)
+            try:
+                ui = await asyncio.to_thread(self._write, save, output)
+            except Exception as e:  # a disk error, a folder that cannot be made: this save node's error
+                logger.exception("ComfyUI prompt %s: save node %s failed", job.id, save.node)
+                raise _Stopped.failed(save.node, self._class_of(job, save.node), e) from e
             job.outputs[save.node] = ui
             executed.append(save.node)
             await self._message(job, "executed", node=save.node, display_node=save.node, output=ui)
@@ -401,17 +431,21 @@ class ComfyApi:
             await self._message(job, "executed", node=preview.node, display_node=preview.node, output=ui)
 
     # -- files ----------------------------------------------------------------------------
-    def _target(self, save: SaveTarget, suffix: str) -> tuple[Path, str, str]:
+    @contextlib.contextmanager
+    def _new_file(self, save: SaveTarget, suffix: str) -> Iterator[tuple[Path, dict[str, str]]]:
+        """A file name of the save's prefix, reserved (ComfyUI's numbering, comfy_names), and its
+        ``{filename, subfolder, type}``; the reserved file is removed when the write raises."""
         kind: FileKind = "temp" if save.temporary else "output"
         prefix = PurePosixPath(save.prefix.replace("\\", "/"))
         parts = [p for p in prefix.parts if p not in ("", ".", "..", "/")]
         subfolder = "/".join(parts[:-1])
         stem = parts[-1] if parts else "ComfyUI"
-        folder = self.dirs[kind] / subfolder
-        folder.mkdir(parents=True, exist_ok=True)
-        taken = len(list(folder.glob(f"{stem}_*_.{suffix}")))
-        name = f"{stem}_{taken + 1:05d}_.{suffix}"
-        return folder / name, subfolder, kind
+        path = self.names.reserve(self.dirs[kind] / subfolder, stem, suffix)
+        try:
+            yield path, {"filename": path.name, "subfolder": subfolder, "type": kind}
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
 
     def _write(self, save: SaveTarget, output: OmniOutput) -> dict[str, Any]:
         from omniloop.io.audio import write_audio
@@ -422,24 +456,24 @@ class ComfyApi:
         if isinstance(media, AudioOut):
             audio = output.audio
             assert audio is not None, f"{save.node}: the request made no audio"
-            path, subfolder, kind = self._target(save, "wav")
-            write_audio(audio.samples, path, audio.sample_rate, format="wav")
-            return {"audio": [{"filename": path.name, "subfolder": subfolder, "type": kind}]}
+            with self._new_file(save, "wav") as (path, item):
+                write_audio(audio.samples, path, audio.sample_rate, format="wav")
+            return {"audio": [item]}
         if isinstance(media, VideoOut):
             video, audio = output.video, output.audio if media.audio is not None else None
             assert video is not None, f"{save.node}: the request made no video"
-            path, subfolder, kind = self._target(save, "mp4")
-            write_mp4(video.frames, path, fps=max(1, round(media.fps)), audio=audio.samples if audio else None,
-                      sample_rate=audio.sample_rate if audio else None)
-            return {"images": [{"filename": path.name, "subfolder": subfolder, "type": kind}], "animated": [True]}
+            with self._new_file(save, "mp4") as (path, item):
+                write_mp4(video.frames, path, fps=max(1, round(media.fps)), audio=audio.samples if audio else None,
+                          sample_rate=audio.sample_rate if audio else None)
+            return {"images": [item], "animated": [True]}
         assert isinstance(media, Pixels)
         frames = [output.image.image] if output.image is not None else \
             list(output.video.frames) if output.video is not None else []
         files = []
         for frame in frames:  # [H, W, 3] uint8 each
-            path, subfolder, kind = self._target(save, "png")
-            write_png(frame, path)
-            files.append({"filename": path.name, "subfolder": subfolder, "type": kind})
+            with self._new_file(save, "png") as (path, item):
+                write_png(frame, path)
+            files.append(item)
         return {"images": files}
 
     def file(self, filename: str, subfolder: str, kind: str) -> Path:
@@ -469,11 +503,24 @@ async def _close(stream: AsyncIterator[OmniEvent]) -> None:
 
 
 class _Stopped(Exception):
+    """A prompt's end before success: interrupted, or failed at ``node`` (ComfyUI's
+    ``execution_error`` fields: exception_type, exception_message, traceback)."""
+
     def __init__(self, node: str, class_type: str, message: str, *, interrupted: bool = False,
-                 exception_type: str = "RuntimeError") -> None:
+                 exception_type: str = "RuntimeError", traceback: list[str] | None = None) -> None:
         super().__init__(message)
         self.node, self.class_type, self.message = node, class_type, message
         self.interrupted, self.exception_type = interrupted, exception_type
+        self.traceback = traceback or []
+
+    @classmethod
+    def failed(cls, node: str, class_type: str, error: BaseException) -> _Stopped:
+        """``error`` raised while ``node`` ran; its type named as ComfyUI names it (a builtin
+        bare, others with their module)."""
+        kind = type(error)
+        name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+        return cls(node, class_type, str(error), exception_type=name,
+                   traceback=traceback.format_tb(error.__traceback__))
 
 
 class _NotFound(Exception):

@@ -19,7 +19,9 @@ sinusoidal timestep embedding to a bf16 time embedder, a model no load path make
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -40,10 +42,19 @@ TINY = {**TI2V_5B, "num_attention_heads": 4, "attention_head_dim": 32, "text_dim
 
 
 def _rss_bytes() -> int:
+    """The resident set now, after handing freed heap back to the OS (``malloc_trim``): memory
+    freed while building the model, kept resident and reused by the forward, would otherwise
+    hide part of the forward's peak."""
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * resource.getpagesize()
 
 
+# glibc raises its mmap threshold to the size of each large block freed, after which blocks of
+# that size come from the heap and stay resident when freed (the CPU peak then depends on the
+# order of frees, ~±40% run to run); a fixed threshold maps every large tensor and unmaps it on
+# free, so the RSS follows the live tensors.
+CHILD_ENV = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(1 << 17)}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -134,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
             child = [sys.executable, __file__, "--_mode", mode, "--_tensor", tensor, "--height", str(height),
                      "--width", str(width), "--frames", str(frames), "--batch", str(args.batch), "--dtype", dtype_name]
             child += ["--five-b"] if args.five_b else []
-            done = subprocess.run(child, capture_output=True, text=True)
+            done = subprocess.run(child, capture_output=True, text=True, env=CHILD_ENV)
             if done.returncode:  # the child's whole traceback (head and tail), not only its exit status
                 sys.exit(f"{mode} run failed (exit {done.returncode}): {' '.join(child)}\n{_head_and_tail(done.stderr)}")
             line = done.stdout.strip().splitlines()[-1]

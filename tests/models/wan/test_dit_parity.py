@@ -160,6 +160,22 @@ def test_bf16_tracks_diffusers(name: str, checkpoints: dict[str, Path]) -> None:
     assert ours_vs_fp32 <= 1.25 * theirs_vs_fp32 + 1e-3
 
 
+@torch.no_grad()
+def test_model_cast_wholesale_to_bf16_runs_as_diffusers_does(checkpoints: dict[str, Path]) -> None:
+    """``model.to(torch.bfloat16)`` puts the time embedder in bf16 too (no fp32 islands): diffusers
+    casts the fp32 sinusoid to the embedder's dtype, and so do we (a Float/BFloat16 matmul error before)."""
+    case = next(c for c in CASES if c.name == "t2v_per_token_timesteps_batch2")
+    reference, ours = _load_pair(checkpoints[case.name], torch.float32)
+    reference, ours = reference.to(torch.bfloat16), ours.to(torch.bfloat16)
+    assert ours.time_embedder.linear_1.weight.dtype == torch.bfloat16
+    inputs = _cast(_inputs(case), torch.bfloat16)  # timesteps stay fp32, as the denoiser passes them
+    expected = _diffusers_forward(reference, inputs).float()
+    actual = ours(**inputs)
+    err = (actual.float() - expected).abs().max().item()
+    print(f"[bf16 wholesale] vs diffusers cast the same way: max abs err {err:.3e}")
+    assert actual.dtype == torch.bfloat16 and err <= BF16_ATOL
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @torch.no_grad()
 def test_per_frame_timesteps_equal_per_token_ones_bit_for_bit(dtype: torch.dtype, checkpoints: dict[str, Path]) -> None:

@@ -418,7 +418,10 @@ class WanDiT(nn.Module):
         time_tokens = 1 if timestep.ndim == 1 else timestep.shape[1]
         group = num_tokens // time_tokens if 1 < time_tokens < num_tokens else 1  # tokens per frame
         rows = timestep.repeat_interleave(group, dim=1) if group > 1 else timestep  # [B] or [B, L]
-        temb = self.time_embedder(sinusoidal_timestep_embedding(rows.reshape(-1), self.config.freq_dim)).to(dtype)
+        # The sinusoid (fp32) in the time embedder's dtype, as diffusers casts it: a loaded model keeps
+        # that embedder fp32, but one cast wholesale (``model.to(torch.bfloat16)``) has it in bf16.
+        sinusoid = sinusoidal_timestep_embedding(rows.reshape(-1), self.config.freq_dim)
+        temb = self.time_embedder(sinusoid.to(self.time_embedder.linear_1.weight.dtype)).to(dtype)
         modulation = self.time_proj(F.silu(temb)).view(batch, -1, 6, temb.shape[-1])
         temb = temb.view(batch, -1, temb.shape[-1])
         if group > 1:  # each frame's first token's rows: [B, F', 6, D] and [B, F', D]

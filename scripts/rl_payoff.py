@@ -29,7 +29,7 @@ and ``provenance.json`` (the manifest block each method's weights would ship wit
         --provenance OUT/provenance.json --method nft --to src/omniloop/models/builtin/shapes-t2v-4step
 
 Hyperparameters (defaults; docs/training.md gives the reasons): full fine-tune of the 8.1M DiT in
-fp32 (AdamW, lr 3e-5, grad-norm 1, two optimizer updates per rollout batch), groups of 8 seeds x
+fp32 (AdamW, lr 3e-6, grad-norm 1, two optimizer updates per rollout batch), groups of 8 seeds x
 8 prompts a batch, 16 rollout steps at the served guidance (CFG 5); FlowGRPO on ``flow_sde``
 (noise level 0.7) with a random 3-step SDE window among the first 8 steps (Flow-GRPO-Fast),
 clip 1e-4, KL 0.01 to the shipped weights; DiffusionNFT on deterministic ``flow_euler`` rollouts,
@@ -120,7 +120,11 @@ class PayoffConfig:
     sde_range: int = 8  # ... a window drawn per batch among the first sde_range steps
     reward: str = DEFAULT_REWARD
     # training
-    lr: float = 3e-5
+    # 3e-6, not 3e-5: at 3e-5 each Adam update moves every weight by ~lr whatever its gradient's
+    # signal-to-noise, and on a noisy 0/1-ish reward that random walk costs the well-trained model
+    # more (second order) than the reward's signal gains (first order): the reward fell from the first
+    # iterations on the GPU (3.21 -> 2.3 FlowGRPO, -> 0.78 NFT). docs/training.md, "Why the first run fell"
+    lr: float = 3e-6
     minibatches: int = 2  # optimizer updates per rollout batch
     clip_range: float = 1e-4
     kl_beta: float = 0.01  # FlowGRPO's KL to the shipped weights (0: no reference forward)

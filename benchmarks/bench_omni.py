@@ -231,46 +231,65 @@ class Served:
     when not streamed) and to its end; the outputs; the engine's step counts."""
 
     wall_s: float
-    first_audio_s: dict[str, float]
+    first_audio_s: dict[str, float]  # from the request's own add (staggered arrivals: not the first add)
     done_s: dict[str, float]
     outputs: dict[str, OmniOutput]
     steps: int
     batched_steps: int
     node_steps: dict[str, int]  # engine steps per loop node
     node_batched_steps: dict[str, int]  # of them, those that ran more than one request
+    codes_at_first_audio: dict[str, int]  # the talker's codes when the request's first audio delta came out
+    steps_to_first_audio: dict[str, int]  # engine steps from the request's add to its first audio delta
 
 
-def serve(pipeline: Pipeline, requests: list[OmniRequest], args) -> Served:
-    """``requests`` added together to a fresh engine that may batch all of them; run to the end."""
+def serve(pipeline: Pipeline, requests: list[OmniRequest], args, *, stagger_steps: int = 0) -> Served:
+    """``requests`` added to a fresh engine that may batch all of them, run to the end: together,
+    or (``stagger_steps``) request ``i`` once the engine has run ``i * stagger_steps`` steps (a
+    new answer arriving while the others speak). Times are from the first add (``wall_s``,
+    ``done_s``) and from each request's own add (``first_audio_s``)."""
     first: dict[str, float] = {}
-    t0 = [0.0]
+    codes: dict[str, int] = {}
+    added: dict[str, float] = {}
+    added_step: dict[str, int] = {}
+    steps: dict[str, int] = {}
+    engines: list[Engine] = []
 
     def on_event(event: OmniEvent) -> None:
-        if isinstance(event, ArtifactEvent) and event.name == "audio_delta":  # samples already on the host
-            first.setdefault(event.request_id, time.perf_counter() - t0[0])
+        rid = event.request_id
+        if isinstance(event, ArtifactEvent) and event.name == "audio_delta" and rid not in first:  # samples on the host
+            first[rid] = time.perf_counter() - added[rid]
+            talker = engines[0].scheduler.find(rid)
+            loop = talker.state.loops.get("talker") if talker is not None else None
+            codes[rid] = len(loop.output_ids) if loop is not None else -1
+            steps[rid] = engines[0].stats.steps - added_step[rid]
 
     n = len(requests)
     engine = Engine(pipeline, EngineConfig(max_queue=1024, policy=SchedulingPolicy(max_batch=n, max_running=n)),
                     event_sink=on_event)
+    engines.append(engine)
     done: dict[str, float] = {}
     outputs: dict[str, OmniOutput] = {}
+    pending = list(requests)
     with torch.inference_mode():
         sync(pipeline.device)
-        t0[0] = time.perf_counter()
-        for r in requests:
-            engine.add_request(r)
-        while engine.has_unfinished():
+        t0 = time.perf_counter()
+        while pending or engine.has_unfinished():
+            while pending and (engine.stats.steps >= (n - len(pending)) * stagger_steps or not engine.has_unfinished()):
+                added[pending[0].request_id] = time.perf_counter()
+                added_step[pending[0].request_id] = engine.stats.steps
+                engine.add_request(pending.pop(0))
             for out in engine.step():
                 sync(pipeline.device)
-                done[out.request_id] = time.perf_counter() - t0[0]
+                done[out.request_id] = time.perf_counter() - t0
                 outputs[out.request_id] = out
     for rid, out in outputs.items():
         check_answer(out, args)
-        first.setdefault(rid, done[rid])  # not streamed: the first audio is the whole audio
+        first.setdefault(rid, done[rid] - (added[rid] - t0))  # not streamed: the first audio is the whole audio
     stats = engine.stats
     return Served(wall_s=max(done.values()), first_audio_s=first, done_s=done, outputs=outputs, steps=stats.steps,
                   batched_steps=stats.batched_steps, node_steps=dict(stats.node_steps),
-                  node_batched_steps=dict(stats.node_batched_steps))
+                  node_batched_steps=dict(stats.node_batched_steps), codes_at_first_audio=codes,
+                  steps_to_first_audio=steps)
 
 
 def steps_by_node(runs: list[Served]) -> dict[str, dict[str, int]]:
@@ -316,8 +335,9 @@ def run_one_at_a_time(pipeline: Pipeline, args, n: int) -> dict:
 
 
 def run_concurrent(pipeline: Pipeline, args, n: int) -> dict:
-    """``n`` streamed answers added together: their steps batch across requests."""
-    served = serve(pipeline, [spoken_request(f"c{i}", args, i, stream=True) for i in range(n)], args)
+    """``n`` streamed answers added together (or staggered, ``--stagger-steps``): their steps batch across requests."""
+    served = serve(pipeline, [spoken_request(f"c{i}", args, i, stream=True) for i in range(n)], args,
+                   stagger_steps=args.stagger_steps)
     audio = audio_seconds(served)
     firsts, ends = sorted(served.first_audio_s.values()), sorted(served.done_s.values())
     node_s: dict[str, float] = {}
@@ -327,6 +347,8 @@ def run_concurrent(pipeline: Pipeline, args, n: int) -> dict:
     return {"requests": n, "wall_s": round(served.wall_s, 4), "audio_s": round(audio, 3),
             "audio_s_per_s": round(audio / served.wall_s, 3), "answers_per_s": round(n / served.wall_s, 4),
             "first_audio_s_p50": round(statistics.median(firsts), 4), "first_audio_s_max": round(firsts[-1], 4),
+            "stagger_steps": args.stagger_steps, "codes_at_first_audio": sorted(served.codes_at_first_audio.values()),
+            "steps_to_first_audio": sorted(served.steps_to_first_audio.values()),
             "latency_s_p50": round(statistics.median(ends), 4), "latency_s_max": round(ends[-1], 4),
             "steps": served.steps, "batched_steps": served.batched_steps, "steps_by_node": steps_by_node([served]),
             "node_s_sum": {k: round(v, 3) for k, v in node_s.items()}}
@@ -350,6 +372,10 @@ def parse(argv) -> argparse.Namespace:
     p.add_argument("--codec-capacity", type=int, default=None,
                    help="codes the talker may run ahead of code2wav (the codec_stream edge's capacity; default the "
                         "family's, 64): --tiny with a small one (8) reaches the backpressure the 7B answers reach")
+    p.add_argument("--stagger-steps", type=int, default=0,
+                   help="concurrent answers arrive one per this many engine steps (default 0: all together); "
+                        "first audio is timed from each answer's own arrival")
+    p.add_argument("--note", default=None, help="a note field on every JSON line")
     p.add_argument("--kv-cache-gb", type=float, default=None, help="each KV pool's size (default: the loader's)")
     p.add_argument("--device", default=None, help="cuda (default when there is one; cpu with --tiny) or cpu")
     p.add_argument("--out", default=None, help="append the JSON lines here too")
@@ -375,7 +401,8 @@ def main(argv=None) -> int:
                              "ids cleared; transformers: min_new_tokens = max_new_tokens): random weights emit no "
                              "EOS at a useful time",
             "dtype": str(dtype).removeprefix("torch."), "torch": torch.__version__, "transformers": transformers.__version__,
-            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            **({"note": args.note} if args.note else {})}
     try:
         t0 = time.perf_counter()
         save = save_random_omni_tiny if args.tiny else save_random_omni_7b

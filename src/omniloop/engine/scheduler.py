@@ -201,7 +201,10 @@ class StepScheduler:
         deadline class, a consumer whose producer waits on the full stream between them goes
         before any other request's work: otherwise the shortest request's units lead every
         pick while the others' producers sit at capacity, so their steps (a talker's decode)
-        never join the leader's batch and the requests run one after the other."""
+        never join the leader's batch and the requests run one after the other. A request
+        whose last streaming consumer has not stepped yet ranks there too (``_first_output``:
+        a new answer's thinker and talker are not starved by older answers' talkers until its
+        first audio; its steps still batch with theirs)."""
         root = req.root
         remaining = self.remaining_s(root) + sum(self.remaining_s(lane) for lane in root.lanes.values())
         waited = now - req.arrival
@@ -209,7 +212,8 @@ class StepScheduler:
         if req.request.deadline_s is not None:
             slack = req.arrival + req.request.deadline_s - now
             at_risk = 0 if slack < self.policy.deadline_margin * remaining else 1
-        return (-req.request.priority, at_risk, not _unblocks_producer(req), remaining - self.policy.aging * waited,
+        first = _unblocks_producer(req) or _first_output(req)
+        return (-req.request.priority, at_risk, not first, remaining - self.policy.aging * waited,
                 req.arrival, -_depth(req))
 
     def _work_for(self, head: EngineRequest, ranked: list[EngineRequest], *, group: bool) -> NodeWork | StepWork:
@@ -307,6 +311,25 @@ def _unblocks_producer(req: EngineRequest) -> bool:
     if req.loop is None or node is None or not node.is_loop or not channels:
         return False
     return any(ch is not None and ch.full for ch in map(channels.get, node.stream_input_edges()))
+
+
+def _first_output(req: EngineRequest) -> bool:
+    """Whether the unit's request has not yet stepped its last streaming consumer (code2wav: its
+    first audio window), as vLLM runs a new request's prefill before others' decodes. Every unit
+    of such a request ranks first (its thinker, its talker, its first window): an answer arriving
+    while others speak is not queued behind their talker steps until they end. Bounded: true only
+    until that consumer's first step; a request with no streaming consumer never. The state read
+    is the request's and its loops' (``steps_done``)."""
+    root = req.root
+    last = next((n for n in reversed(root.nodes) if n.is_loop and n.stream_input_edges()), None)
+    if last is None or last.name in root.done_nodes:
+        return False
+    lane = root.lanes.get(last.name)
+    if lane is None and root.node is last:  # the lane was merged back into the request (its producer ended)
+        lane = root
+    if lane is None:
+        return root.node_index <= root.nodes.index(last)  # not started yet
+    return lane.loop is None or lane.loop.steps_done == 0
 
 
 def _forward_streams(reqs: Sequence[EngineRequest]) -> None:

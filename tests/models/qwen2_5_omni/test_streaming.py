@@ -175,3 +175,55 @@ def test_concurrent_streamed_answers_batch_their_code2wav_windows_and_equal_solo
         assert together.text.token_ids == alone.text.token_ids
         assert together.audio.samples.shape[-1] == 24 * 2 * 8  # 24 codes, 2 mel frames each, 8 samples a frame
         assert torch.equal(together.audio.samples, alone.audio.samples)
+
+
+def test_a_new_answer_is_not_starved_of_its_first_audio_by_answers_already_speaking(omni_pipeline, monkeypatch):
+    """Answers arriving while others speak (one every 4 engine steps): until its first audio window, every unit of
+    an answer (thinker, talker, first window) ranks first (scheduler._first_output, as vLLM runs prefills first), so
+    a late answer reaches its first window within a few dozen engine steps of its arrival and that window is solved
+    within one talker step of its codes existing (the window and its future context: 8 codes of the tiny
+    checkpoint). Before: the late answers' thinkers waited for the earlier answers to end (first audio 88, 152 and
+    215 engine steps after their arrival with 8 answers of 60 codes, bench_omni --tiny --stagger-steps 4; their
+    first windows at 11 and 12 codes). Each answer's audio still equals its solo run bit for bit."""
+    from omniloop.engine.engine import Engine, EngineConfig
+    from omniloop.engine.scheduler import SchedulingPolicy
+    from omniloop.models.families.qwen2_5_omni.stages import Code2WavLoop
+
+    pipeline = _speaks_every_code(omni_pipeline)
+    requests = [omni_request(PROMPTS[i % len(PROMPTS)], seed=i, max_tokens=6) for i in range(6)]
+    requests = [r.model_copy(update={"outputs": r.outputs.model_copy(update={"stream": True})}) for r in requests]
+    solo = [run_request(pipeline, r) for r in requests]
+    first_window_codes: list[int] = []
+    need: list[int] = []
+    added: dict[str, int] = {}
+    waited: list[int] = []  # engine steps from each answer's arrival to its first window
+    code2wav_step = Code2WavLoop.step_many
+
+    def code2wav_many(self, ctx, loops):
+        for lp in loops:
+            if lp.mel_frames == 0:  # its first window: the codes known then (taken and still on the stream)
+                w = lp.windows
+                need.append((w.chunk + w.future) // w.repeats)
+                first_window_codes.append(len(lp.codes) + sum(len(c.codes) for c in lp.feed.since(lp.feed.consumed)))
+                waited.append(engine.stats.steps - added[lp.request_id])
+        return code2wav_step(self, ctx, loops)
+
+    monkeypatch.setattr(Code2WavLoop, "step_many", code2wav_many)
+    n = len(requests)
+    engine = Engine(pipeline, EngineConfig(policy=SchedulingPolicy(max_batch=n, max_running=n)))
+    ids: list[str] = []
+    with torch.inference_mode():
+        while len(ids) < n or engine.has_unfinished():
+            if len(ids) < n and (engine.stats.steps >= 4 * len(ids) or not engine.has_unfinished()):
+                ids.append(engine.add_request(requests[len(ids)]))
+                added[ids[-1]] = engine.stats.steps
+            engine.step()
+    print("codes at each answer's first window", first_window_codes, "steps from arrival", waited, engine.stats)
+    assert len(first_window_codes) == n and all(got <= w + 1 for got, w in zip(first_window_codes, need))
+    assert max(waited) <= 2 * min(waited), waited  # no answer waits for the others to end
+    assert engine.stats.batched_steps > 0
+    for alone, rid in zip(solo, ids):
+        together = engine.pop_output(rid)
+        assert together.status.value == alone.status.value == "completed", (together.error, alone.error)
+        assert together.text.token_ids == alone.text.token_ids
+        assert torch.equal(together.audio.samples, alone.audio.samples)

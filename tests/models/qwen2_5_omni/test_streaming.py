@@ -9,7 +9,9 @@ import dataclasses
 
 import torch
 
+from omniloop.engine.engine import Engine, EngineConfig
 from omniloop.engine.offline import run_request
+from omniloop.engine.scheduler import SchedulingPolicy
 from omniloop.models.families.qwen2_5_omni.stages import TalkerLoop, ThinkerLoop
 from tests.models.qwen2_5_omni.checkpoint import PROMPTS
 from tests.models.qwen2_5_omni.helpers import omni_request
@@ -88,14 +90,11 @@ def test_concurrent_streamed_answers_batch_their_talker_past_the_codec_backpress
     talkers keep stepping together (before: the leading request ran alone to its end, the
     others' talkers blocked). Each streamed answer equals its solo run bit for bit (code2wav's
     windows depend on the codes only, not on how far the talker ran ahead)."""
-    from omniloop.engine.engine import Engine, EngineConfig
-    from omniloop.engine.scheduler import SchedulingPolicy
-
     streams = tuple(dataclasses.replace(s, capacity=8) if s.edge == "codec_stream" else s
                     for s in omni_pipeline.spec.streams)
     pipeline = dataclasses.replace(omni_pipeline, spec=dataclasses.replace(omni_pipeline.spec, streams=streams))
     requests = [omni_request(p, seed=i, max_tokens=8) for i, p in enumerate(PROMPTS)]
-    requests = [r.model_copy(update={"outputs": r.outputs.model_copy(update={"stream": True})}) for r in requests]
+    requests = _streamed(requests)
     solo = [run_request(pipeline, r) for r in requests]
     sizes: list[tuple[bool, int]] = []
     original = TalkerLoop.step_many
@@ -106,21 +105,13 @@ def test_concurrent_streamed_answers_batch_their_talker_past_the_codec_backpress
 
     monkeypatch.setattr(TalkerLoop, "step_many", step_many)
     n = len(requests)
-    engine = Engine(pipeline, EngineConfig(policy=SchedulingPolicy(max_batch=n, max_running=n)))
-    with torch.inference_mode():
-        ids = [engine.add_request(r) for r in requests]
-        for rid in ids:
-            engine.run_until_done(rid)
+    engine, ids = _run_together(pipeline, requests)
     decode = [size for prefilling, size in sizes if not prefilling]
     print("talker decode step sizes", decode, "engine", engine.stats)
     # measured: 12 batched decode steps (9 of 3, then 3 of 2 as answers end); before: 8 (the stream's capacity), then
     # every step alone
     assert sum(s > 1 for s in decode) >= 12
-    for alone, rid in zip(solo, ids):
-        together = engine.pop_output(rid)
-        assert together.status.value == alone.status.value == "completed", (together.error, alone.error)
-        assert together.text.token_ids == alone.text.token_ids
-        assert torch.equal(together.audio.samples, alone.audio.samples)
+    _assert_equal_solo(engine, ids, solo)
 
 
 def _speaks_every_code(pipeline):
@@ -131,19 +122,47 @@ def _speaks_every_code(pipeline):
     return dataclasses.replace(pipeline, spec=dataclasses.replace(pipeline.spec, nodes=nodes))
 
 
+def _streamed(requests):
+    return [r.model_copy(update={"outputs": r.outputs.model_copy(update={"stream": True})}) for r in requests]
+
+
+def _engine_for(pipeline, n: int):
+    """An engine that runs ``n`` answers at once, every one of their steps in one batch."""
+    return Engine(pipeline, EngineConfig(policy=SchedulingPolicy(max_batch=n, max_running=n)))
+
+
+def _run_together(pipeline, requests):
+    """``requests`` added at once and run to the end: (engine, request ids)."""
+    engine = _engine_for(pipeline, len(requests))
+    with torch.inference_mode():
+        ids = [engine.add_request(r) for r in requests]
+        for rid in ids:
+            engine.run_until_done(rid)
+    return engine, ids
+
+
+def _assert_equal_solo(engine, ids, solo, samples: int | None = None) -> None:
+    """Each answer run among others equals its solo run: same text tokens, the same audio bit for bit."""
+    for alone, rid in zip(solo, ids):
+        together = engine.pop_output(rid)
+        assert together.status.value == alone.status.value == "completed", (together.error, alone.error)
+        assert together.text.token_ids == alone.text.token_ids
+        if samples is not None:
+            assert together.audio.samples.shape[-1] == samples
+        assert torch.equal(together.audio.samples, alone.audio.samples)
+
+
 def test_concurrent_streamed_answers_batch_their_code2wav_windows_and_equal_solo(omni_pipeline, monkeypatch):
     """Eight streamed answers (two voices) of 24 codes each added together: the code2wav windows ready in one engine
     step solve as one batch (token2wav's ODE over the windows of every answer, then BigVGAN over their spans), the
     talker's decode steps batch too, and each answer's audio equals its solo run bit for bit (the windows' rows share
     their ODE time rows, and BigVGAN runs even batches: Code2WavLoop._solve / _vocode_many)."""
-    from omniloop.engine.engine import Engine, EngineConfig
-    from omniloop.engine.scheduler import SchedulingPolicy
     from omniloop.models.families.qwen2_5_omni.stages import Code2WavLoop
 
     pipeline = _speaks_every_code(omni_pipeline)
     requests = [omni_request(PROMPTS[i % len(PROMPTS)], seed=i, max_tokens=6, voice="Ethan" if i % 2 else None)
                 for i in range(8)]
-    requests = [r.model_copy(update={"outputs": r.outputs.model_copy(update={"stream": True})}) for r in requests]
+    requests = _streamed(requests)
     solo = [run_request(pipeline, r) for r in requests]
     sizes: dict[str, list[int]] = {"talker": [], "code2wav": []}
     talker_step, code2wav_step = TalkerLoop.step_many, Code2WavLoop.step_many
@@ -160,21 +179,12 @@ def test_concurrent_streamed_answers_batch_their_code2wav_windows_and_equal_solo
     monkeypatch.setattr(TalkerLoop, "step_many", talker_many)
     monkeypatch.setattr(Code2WavLoop, "step_many", code2wav_many)
     n = len(requests)
-    engine = Engine(pipeline, EngineConfig(policy=SchedulingPolicy(max_batch=n, max_running=n)))
-    with torch.inference_mode():
-        ids = [engine.add_request(r) for r in requests]
-        for rid in ids:
-            engine.run_until_done(rid)
+    engine, ids = _run_together(pipeline, requests)
     print("step sizes", sizes)
     # measured: code2wav [8, 8, 8, 8] (every window of the eight answers in one batch), talker decode 24 steps of 8
     assert sum(s > 1 for s in sizes["code2wav"]) >= 3 and max(sizes["code2wav"]) == n
     assert sum(s == n for s in sizes["talker"]) >= 20
-    for alone, rid in zip(solo, ids):
-        together = engine.pop_output(rid)
-        assert together.status.value == alone.status.value == "completed", (together.error, alone.error)
-        assert together.text.token_ids == alone.text.token_ids
-        assert together.audio.samples.shape[-1] == 24 * 2 * 8  # 24 codes, 2 mel frames each, 8 samples a frame
-        assert torch.equal(together.audio.samples, alone.audio.samples)
+    _assert_equal_solo(engine, ids, solo, samples=24 * 2 * 8)  # 24 codes, 2 mel frames each, 8 samples a frame
 
 
 def test_a_new_answer_is_not_starved_of_its_first_audio_by_answers_already_speaking(omni_pipeline, monkeypatch):
@@ -185,13 +195,11 @@ def test_a_new_answer_is_not_starved_of_its_first_audio_by_answers_already_speak
     checkpoint). Before: the late answers' thinkers waited for the earlier answers to end (first audio 88, 152 and
     215 engine steps after their arrival with 8 answers of 60 codes, bench_omni --tiny --stagger-steps 4; their
     first windows at 11 and 12 codes). Each answer's audio still equals its solo run bit for bit."""
-    from omniloop.engine.engine import Engine, EngineConfig
-    from omniloop.engine.scheduler import SchedulingPolicy
     from omniloop.models.families.qwen2_5_omni.stages import Code2WavLoop
 
     pipeline = _speaks_every_code(omni_pipeline)
     requests = [omni_request(PROMPTS[i % len(PROMPTS)], seed=i, max_tokens=6) for i in range(6)]
-    requests = [r.model_copy(update={"outputs": r.outputs.model_copy(update={"stream": True})}) for r in requests]
+    requests = _streamed(requests)
     solo = [run_request(pipeline, r) for r in requests]
     first_window_codes: list[int] = []
     need: list[int] = []
@@ -210,7 +218,7 @@ def test_a_new_answer_is_not_starved_of_its_first_audio_by_answers_already_speak
 
     monkeypatch.setattr(Code2WavLoop, "step_many", code2wav_many)
     n = len(requests)
-    engine = Engine(pipeline, EngineConfig(policy=SchedulingPolicy(max_batch=n, max_running=n)))
+    engine = _engine_for(pipeline, n)
     ids: list[str] = []
     with torch.inference_mode():
         while len(ids) < n or engine.has_unfinished():
@@ -222,8 +230,4 @@ def test_a_new_answer_is_not_starved_of_its_first_audio_by_answers_already_speak
     assert len(first_window_codes) == n and all(got <= w + 1 for got, w in zip(first_window_codes, need))
     assert max(waited) <= 2 * min(waited), waited  # no answer waits for the others to end
     assert engine.stats.batched_steps > 0
-    for alone, rid in zip(solo, ids):
-        together = engine.pop_output(rid)
-        assert together.status.value == alone.status.value == "completed", (together.error, alone.error)
-        assert together.text.token_ids == alone.text.token_ids
-        assert torch.equal(together.audio.samples, alone.audio.samples)
+    _assert_equal_solo(engine, ids, solo)

@@ -95,6 +95,12 @@ class TwoLayerMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear_2(self.act(self.linear_1(x)))
 
+    def embed_timesteps(self, t: torch.Tensor, freq_dim: int) -> torch.Tensor:
+        """``t [N]`` -> ``[N, dim]`` in this MLP's dtype: the fp32 sinusoid cast to the embedder's
+        dtype first, as diffusers casts it (a loaded embedder stays fp32; one cast wholesale with
+        ``model.to(torch.bfloat16)`` is bf16)."""
+        return self(sinusoidal_timestep_embedding(t, freq_dim).to(self.linear_1.weight.dtype))
+
 
 class FeedForward(nn.Module):
     def __init__(self, dim: int, ffn_dim: int) -> None:

@@ -40,7 +40,7 @@ from omniloop.models.families.cosmos3.vision import forward_inputs
 from omniloop.models.layers.mot import KVView, MoTLayer, PathwayConfig, RMSNorm
 from omniloop.models.layers.mrope import Rotary, mrope_cos_sin
 from omniloop.models.layers.packed_seq import GEN, UND, AttnMode, PackedSeq, SampleBuilder, grid_positions, text_positions
-from omniloop.models.layers.wan_dit import TwoLayerMLP, sinusoidal_timestep_embedding
+from omniloop.models.layers.wan_dit import TwoLayerMLP
 
 DIFFUSERS_CLASS = "Cosmos3OmniTransformer"
 TIME_FREQ_DIM = 256  # diffusers: Timesteps(num_channels=256)
@@ -315,8 +315,7 @@ class Cosmos3Transformer(nn.Module):
         """``[B]`` model timesteps (0..1000) -> ``[B, D]`` in the model dtype (computed in the
         embedder's dtype, fp32 unless it was cast)."""
         t = timestep.float() * self.config.timestep_scale
-        emb_dtype = self.time_embedder.linear_1.weight.dtype
-        return self.time_embedder(sinusoidal_timestep_embedding(t, TIME_FREQ_DIM).to(emb_dtype)).to(self.dtype)
+        return self.time_embedder.embed_timesteps(t, TIME_FREQ_DIM).to(self.dtype)
 
     def patchify(self, latents: torch.Tensor) -> torch.Tensor:
         """``[B, C, T, H, W]`` -> ``[B, T*Hp*Wp, p*p*C]`` (H/W zero-padded to a multiple of p)."""

@@ -55,7 +55,6 @@ from omniloop.models.layers.wan_dit import (
     TwoLayerMLP,
     WanBlock,
     modulation_table,
-    sinusoidal_timestep_embedding,
 )
 
 FULL, COMPRESSED = "full", "compressed"  # the two KV tiers
@@ -376,11 +375,9 @@ class FARDiT(nn.Module):
         then repeated per token, as diffusers (same rows through the same GEMMs)."""
         b, f = t.shape
         freq = self.config.freq_dim
-        t_dtype = self.time_embedder.linear_1.weight.dtype
-        d_dtype = self.delta_embedder.linear_1.weight.dtype
-        temb = self.time_embedder(sinusoidal_timestep_embedding(t.reshape(-1), freq).to(t_dtype)).to(dtype)
-        demb = self.delta_embedder(sinusoidal_timestep_embedding(delta.reshape(-1), freq).to(d_dtype)).to(dtype)
-        gate = self.delta_gate.to(d_dtype)
+        temb = self.time_embedder.embed_timesteps(t.reshape(-1), freq).to(dtype)
+        demb = self.delta_embedder.embed_timesteps(delta.reshape(-1), freq).to(dtype)
+        gate = self.delta_gate.to(self.delta_embedder.linear_1.weight.dtype)
         mixed = (1 - gate) * temb + gate * demb  # [B * F, D]
         if action is not None:  # [B] -> every frame of its row: [B * F, D]
             if self.action_embedder is None:

@@ -36,8 +36,7 @@ from torch import nn
 from omniloop.models.diffusers_config import config_from_diffusers
 from omniloop.models.layers.attention import DEFAULT_BACKEND, attention
 from omniloop.models.layers.run_blocks import BlockInterceptor, run_blocks
-from omniloop.models.layers.wan_dit import (FP32LayerNorm, TokenRows, TwoLayerMLP, WanBlock, modulation_table,
-                                            sinusoidal_timestep_embedding)
+from omniloop.models.layers.wan_dit import FP32LayerNorm, TokenRows, TwoLayerMLP, WanBlock, modulation_table
 
 __all__ = ["FP32LayerNorm", "KEEP_IN_FP32_COMPONENTS", "WanBlock", "WanDiT", "WanDiTConfig", "WanVaceConfig", "WanVaceDiT",
            "keeps_fp32"]
@@ -418,10 +417,7 @@ class WanDiT(nn.Module):
         time_tokens = 1 if timestep.ndim == 1 else timestep.shape[1]
         group = num_tokens // time_tokens if 1 < time_tokens < num_tokens else 1  # tokens per frame
         rows = timestep.repeat_interleave(group, dim=1) if group > 1 else timestep  # [B] or [B, L]
-        # The sinusoid (fp32) in the time embedder's dtype, as diffusers casts it: a loaded model keeps
-        # that embedder fp32, but one cast wholesale (``model.to(torch.bfloat16)``) has it in bf16.
-        sinusoid = sinusoidal_timestep_embedding(rows.reshape(-1), self.config.freq_dim)
-        temb = self.time_embedder(sinusoid.to(self.time_embedder.linear_1.weight.dtype)).to(dtype)
+        temb = self.time_embedder.embed_timesteps(rows.reshape(-1), self.config.freq_dim).to(dtype)
         modulation = self.time_proj(F.silu(temb)).view(batch, -1, 6, temb.shape[-1])
         temb = temb.view(batch, -1, temb.shape[-1])
         if group > 1:  # each frame's first token's rows: [B, F', 6, D] and [B, F', D]

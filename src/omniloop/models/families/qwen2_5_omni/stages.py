@@ -563,6 +563,11 @@ class Code2WavState(LoopState):
     steps: int = 10  # each window's ODE steps (the resolved request's)
     guidance_scale: float = 0.5  # token2wav's guidance (the node's, resolved at admission)
 
+    def ends_at(self, frames: int) -> bool:
+        """Whether ``frames`` mel frames are the whole answer's: the talker has ended and every
+        code it sent is in them (its last window)."""
+        return self.feed.exhausted and frames == len(self.codes) * self.windows.repeats
+
 
 class Code2WavParams(LoopParams):
     """``node_params["code2wav"]``: the streamed token2wav's guidance (admission resolves it:
@@ -723,8 +728,7 @@ class Code2WavLoop(LoopStageBase[Code2WavState]):
         right context) unless it is the end. None: no new audio this step."""
         w = loop.windows
         frames = window.end if window is not None else loop.mel_frames
-        final = loop.feed.exhausted and frames == len(loop.codes) * w.repeats
-        upto = frames if final else frames - w.vocoder
+        upto = frames if loop.ends_at(frames) else frames - w.vocoder
         if upto <= loop.audio_frames:
             return None
         lo = max(loop.audio_frames - w.vocoder, 0)
@@ -764,7 +768,7 @@ class Code2WavLoop(LoopStageBase[Code2WavState]):
             loop.audio.append(audio)
             emit = [("audio_delta", AudioArtifact(samples=audio, sample_rate=SAMPLE_RATE))]
         loop.steps_done += 1
-        if loop.feed.exhausted and loop.mel_frames == len(loop.codes) * loop.windows.repeats:  # its last window
+        if loop.ends_at(loop.mel_frames):  # its last window
             loop.steps_target = loop.steps_done
         return StepResult(done=loop.done, emit=emit)
 

@@ -273,6 +273,7 @@ class FARDiT(nn.Module):
     """FAR causal Wan: segments of latents + their KV view -> the chunk's mean velocity."""
 
     KEEP_IN_FP32_COMPONENTS: ClassVar[frozenset[str]] = KEEP_IN_FP32_COMPONENTS
+    delta_gate: torch.Tensor  # [1] fp32 buffer (register_buffer in __init__)
 
     def __init__(self, config: FARConfig) -> None:
         super().__init__()
@@ -375,9 +376,10 @@ class FARDiT(nn.Module):
         then repeated per token, as diffusers (same rows through the same GEMMs)."""
         b, f = t.shape
         freq = self.config.freq_dim
+        d_dtype = self.delta_embedder.linear_1.weight.dtype
         temb = self.time_embedder.embed_timesteps(t.reshape(-1), freq).to(dtype)
         demb = self.delta_embedder.embed_timesteps(delta.reshape(-1), freq).to(dtype)
-        gate = self.delta_gate.to(self.delta_embedder.linear_1.weight.dtype)
+        gate = self.delta_gate.to(d_dtype)
         mixed = (1 - gate) * temb + gate * demb  # [B * F, D]
         if action is not None:  # [B] -> every frame of its row: [B * F, D]
             if self.action_embedder is None:

@@ -3,6 +3,7 @@ two decodes after a joint denoise do not serialize the request's critical path."
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from omniloop.engine import Engine, EngineConfig, NodeWork, SchedulingPolicy
-from omniloop.engine.fanout import ready_siblings
+from omniloop.engine.fanout import FanOutPool, ready_siblings
 from omniloop.pipeline.pipeline import Pipeline
 from omniloop.pipeline.spec import Node, PipelineSpec
 from omniloop.pipeline.stage import StageBase
@@ -134,3 +135,23 @@ def test_ltx2_decodes_fan_out_with_unchanged_outputs(ltx2_dir):
         assert fanned == ([NodeWork("decode", (rid,), ("audio_decode",))] if fan_out else [])
     assert torch.equal(outs[True].video.frames, outs[False].video.frames)
     assert torch.equal(outs[True].audio.samples, outs[False].audio.samples)
+
+
+def test_workers_run_with_the_callers_thread_count():
+    """A worker thread fixes its intra-op count at its first op; later calls take the caller's
+    count, so a node's floats do not depend on which thread of the pool ran it."""
+    before = torch.get_num_threads()
+    pool = FanOutPool(torch.device("cpu"), workers=2)
+    try:
+        torch.set_num_threads(2)
+        both = threading.Barrier(2)
+        started: list[int] = []
+        pool.run([lambda: (started.append(torch.get_num_threads()), both.wait(5))] * 2)  # both workers fix 2
+        assert started == [2, 2]
+        torch.set_num_threads(1)
+        seen: list[int] = []
+        pool.run([lambda: (seen.append(torch.get_num_threads()), both.wait(5))] * 2)  # the same two threads
+        assert seen == [1, 1]
+    finally:
+        pool.close()
+        torch.set_num_threads(before)

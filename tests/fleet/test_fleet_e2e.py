@@ -23,6 +23,7 @@ from PIL import Image
 
 from tests.fleet.conftest import requires_dynamo
 from tests.fleet.fleet import MODEL, Fleet, listening_addresses
+from tests.media import mp4_frames
 
 pytestmark = [pytest.mark.fleet, requires_dynamo]
 
@@ -37,11 +38,6 @@ def fleet(wan_t2v_dir, tmp_path_factory):
         yield f
     finally:
         f.stop()
-
-
-def decode_mp4(b64: str) -> list:
-    with av.open(io.BytesIO(base64.b64decode(b64))) as container:
-        return [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
 
 
 async def post_many(fleet: Fleet, n: int, **kwargs) -> list[httpx.Response]:
@@ -68,7 +64,7 @@ def test_requests_are_round_robined_and_every_mp4_decodes(fleet):
         assert r.status_code == 200, r.text
         body = r.json()
         assert body["status"] == "completed" and body["model"] == MODEL
-        frames = decode_mp4(body["data"][0]["b64_json"])
+        frames = mp4_frames(body["data"][0]["b64_json"])
         assert len(frames) == 5 and frames[0].shape == (32, 32, 3)
     split = [w.finished() - b for w, b in zip(fleet.workers, before)]
     assert split == [4, 4], split

@@ -14,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from tests.media import assert_same_video, frame_diff
 from tests.serve.conftest import IGNORE_SORA_DEPRECATION, live_server
 
 pytestmark = pytest.mark.filterwarnings(IGNORE_SORA_DEPRECATION)
@@ -70,14 +71,15 @@ def test_push_by_path_and_upload_then_back_to_the_original_bit_for_bit(server, w
     out = _push(server, path="transformer/perturbed.safetensors", version="1")
     assert out["version"] == "1" and out["component"] == "transformer" and out["copied_tensors"] > 0
     changed, version = _video(server)
-    assert version == "1" and changed != original
+    assert version == "1" and frame_diff(changed, original)[0] > 5
     with open(weights_dir / CKPT, "rb") as f:  # the original weights as a multipart upload
         r = httpx.post(f"{server.url}/v1/weights", headers=AUTH, files={"file": f},
                        data={"version": "2", "role": "ema"}, timeout=60)
     assert r.status_code == 200, r.text
     assert (r.json()["version"], r.json()["role"]) == ("2", "ema")
     back, version = _video(server)
-    assert version == "2" and back == original
+    assert version == "2"
+    assert_same_video(back, original)
     got = httpx.get(f"{server.url}/v1/weights", headers=AUTH).json()
     assert (got["version"], got["role"]) == ("2", "ema") and got["updated_at"] > 0
     metrics = httpx.get(f"{server.url}/metrics", headers=AUTH).text

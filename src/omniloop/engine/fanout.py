@@ -58,12 +58,18 @@ class FanOutPool:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="omniloop-fanout")
         inference = torch.is_inference_mode_enabled()  # thread-local: the workers take the caller's mode
+        # A worker's intra-op thread count is fixed at its first op from the process-wide count
+        # of that moment (another engine or a test may have changed it since); the caller's count
+        # makes a node's floats the same whether it ran here or on the engine thread.
+        threads = torch.get_num_threads()
         cuda = self.device.type == "cuda"
         parent = torch.cuda.current_stream(self.device) if cuda else None
 
         def call(fn: Callable[[], None]) -> Ran:
             t0 = time.perf_counter()
             try:
+                if torch.get_num_threads() != threads:
+                    torch.set_num_threads(threads)
                 with torch.inference_mode(inference):
                     if cuda:  # its own stream, after the work already queued on the caller's
                         stream = torch.cuda.Stream(self.device)

@@ -51,7 +51,7 @@ def test_streamed_speech_comes_in_chunks_while_the_talker_runs(omni_pipeline):
     """``outputs.stream``: code2wav decodes window by window (the official streaming
     approximation) and emits ``audio_delta`` chunks; their concatenation is the final audio, as
     long as the whole decode's, and close to it (the bound below is the measured one, rounded)."""
-    from omniloop.request import ArtifactEvent
+    from omniloop.request import ArtifactEvent, ProgressEvent
 
     request = omni_request(PROMPTS[0], max_tokens=8)
     whole = run_request(omni_pipeline, request)
@@ -61,6 +61,11 @@ def test_streamed_speech_comes_in_chunks_while_the_talker_runs(omni_pipeline):
     assert streamed.status.value == "completed", streamed.error
     deltas = [e.artifact.samples for e in events if isinstance(e, ArtifactEvent) and e.name == "audio_delta"]
     assert len(deltas) >= 2  # more than one window: the speech streams
+    progress = [(e.step, e.total) for e in events if isinstance(e, ProgressEvent) and e.node == "code2wav"]
+    assert progress and progress[-1][0] == progress[-1][1] == len(deltas)  # the last step is the last window
+    windows = -(-omni_pipeline.components["dit"].config.max_position_embeddings // (3 * omni_pipeline.components[
+        "dit"].config.block_size))
+    assert all(step <= total <= windows for step, total in progress)  # bounded by the longest answer, not 2**30
     assert torch.equal(torch.cat(deltas, dim=1), streamed.audio.samples)
     assert streamed.text.token_ids == whole.text.token_ids
     assert streamed.audio.samples.shape == whole.audio.samples.shape

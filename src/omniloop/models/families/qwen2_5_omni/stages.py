@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from omniloop.cache.paged_kv import BlockPool
 from omniloop.models.families.qwen2_5_omni.bigvgan import SAMPLE_RATE, BigVGAN
-from omniloop.models.families.qwen2_5_omni.dit import Token2WavDiT
+from omniloop.models.families.qwen2_5_omni.dit import DiTConfig, Token2WavDiT
 from omniloop.models.families.qwen2_5_omni.media import MediaPromptTokens, PromptRope
 from omniloop.models.families.qwen2_5_omni.presets import TOKEN2WAV_SWAY
 from omniloop.models.families.qwen2_5_omni.model import OmniTalker, OmniThinker, TalkerRow, ThinkerRow
@@ -520,6 +520,10 @@ class Code2WavWindows:
         return cls(chunk=3 * block_size, past=repeats * block_size, future=block_size, vocoder=block_size,
                    repeats=repeats)
 
+    def count(self, frames: int) -> int:
+        """Steps that decode ``frames`` mel frames: one window of ``chunk`` frames a step."""
+        return max(1, -(-frames // self.chunk))
+
 
 @dataclass(frozen=True)
 class Code2WavWindow:
@@ -610,7 +614,14 @@ class Code2WavLoop(LoopStageBase[Code2WavState]):
     def estimate(self, ctx: StageContext, state: RequestState) -> WorkEstimate:
         knobs = state.node_params.get(ctx.node)
         scale = knobs.guidance_scale if isinstance(knobs, Code2WavParams) else None
+        # one step: the windows run while the talker decodes (a streaming consumer paces with its
+        # producer, whose estimate carries the answer's length); counting every window of the longest
+        # answer here ranked a new answer behind those already speaking (test_streaming's starvation test)
         return WorkEstimate(steps=1, batch_group=(id(self), admitted_steps(state.request.diffusion, ctx.node), scale))
+
+    def _max_frames(self, c: DiTConfig) -> int:
+        """Mel frames the longest answer decodes: ``max_codes`` codes within the DiT's positions."""
+        return c.repeats * min(self.max_codes, c.max_position_embeddings // c.repeats)
 
     @torch.inference_mode()
     def init(self, ctx: StageContext, state: RequestState) -> Code2WavState:
@@ -618,17 +629,18 @@ class Code2WavLoop(LoopStageBase[Code2WavState]):
         c = dit.config
         speakers: dict[str, Speaker] = ctx.component(self.speakers_component)
         seed = admitted_seed(state.request.sampling.seed, ctx.node)
-        frames = c.repeats * min(self.max_codes, c.max_position_embeddings // c.repeats)
+        frames = self._max_frames(c)
         noise = torch.randn([1, frames, c.mel_dim], generator=torch.Generator("cpu").manual_seed(seed)).to(ctx.device)
         knobs = state.node_params.get(ctx.node)
         assert isinstance(knobs, Code2WavParams) and knobs.guidance_scale is not None, (
             f"node {ctx.node!r} reads the guidance scale admission resolves (Code2WavLoop.resolve)")
         speaker = speakers[resolve_voice(speakers, state.request.outputs.voice)]
-        return Code2WavState(node=ctx.node, request_id=state.request_id, steps_target=1 << 30,
+        windows = Code2WavWindows.of(c.block_size, c.repeats)
+        return Code2WavState(node=ctx.node, request_id=state.request_id, steps_target=windows.count(frames),
                              steps=admitted_steps(state.request.diffusion, ctx.node), guidance_scale=knobs.guidance_scale,
                              feed=ctx.stream(state, "codec_stream"), codes=[], noise=noise, speaker=speaker,
                              voice=dit.voice_rows(speaker.ref_mel, knobs.guidance_scale),
-                             windows=Code2WavWindows.of(c.block_size, c.repeats), mel=[])
+                             windows=windows, mel=[])
 
     def _known_frames(self, repeats: int, loop: Code2WavState) -> int:
         pending = sum(len(chunk.codes) for chunk in loop.feed.since(loop.feed.consumed))
@@ -680,6 +692,8 @@ class Code2WavLoop(LoopStageBase[Code2WavState]):
         if total > loop.noise.shape[1]:
             raise ValueError(f"{len(loop.codes)} codes make {total} mel frames, more than token2wav decodes "
                              f"({loop.noise.shape[1]}); bound the speech with node_params['talker'].max_tokens")
+        if loop.feed.exhausted:  # the talker has ended: the steps left are known (progress, the scheduler's ETA)
+            loop.steps_target = loop.steps_done + w.count(total - loop.mel_frames)
         end = min(total, loop.mel_frames + w.chunk)
         if end <= loop.mel_frames:
             return None

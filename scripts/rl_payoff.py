@@ -33,7 +33,12 @@ fp32 (AdamW, lr 3e-6, grad-norm 1, two optimizer updates per rollout batch), gro
 8 prompts a batch, 16 rollout steps at the served guidance (CFG 5); FlowGRPO on ``flow_sde``
 (noise level 0.7) with a random 3-step SDE window among the first 8 steps (Flow-GRPO-Fast),
 clip 1e-4, KL 0.01 to the shipped weights; DiffusionNFT on deterministic ``flow_euler`` rollouts,
-beta 1, the old policy's decay rising 0.001 per update to 0.5 (DiffusionNFT's schedule 1).
+beta 1, the old policy's decay rising 0.001 per update to 0.5 (DiffusionNFT's schedule 1). On CUDA
+FlowGRPO's ratio divides by the trainer's own log-probs at the rollout's weights (recomputed before a
+batch's first update) with TIS 2 of the rollout/trainer mismatch. Each method scores a fixed validation
+set (24 train-split prompts x 2 seeds, the served ODE sampler) before training and every 5 batches,
+keeps the best check's weights -- those are evaluated and exported; ``improved: false`` when that is the
+initial model, and materialize refuses them -- and stops after 3 checks 0.1 below its best.
 A model that serves fixed sigmas (the distilled student) gets ``FIXED_SCHEDULE_PRESET``: DiffusionNFT
 alone, rollouts on its served schedule, NFT's noise levels drawn among its served sigmas.
 """
@@ -615,8 +620,8 @@ def scores_trained(validate: Callable[[], dict[str, Any]], trained: torch.nn.Mod
         try:
             return validate()
         finally:
-            for dst, src in zip(rollout_model.parameters(), kept, strict=True):
-                dst.copy_(src)
+            for param, value in zip(rollout_model.parameters(), kept, strict=True):
+                param.copy_(value)
 
     return run
 
@@ -639,6 +644,7 @@ class BestCheckpoint:
     below: int = 0  # consecutive checks more than margin below the best
     stopped_early: bool = False
     seconds: float = 0.0  # all checks
+    on_check: Callable[[dict[str, Any]], None] | None = None  # each curve point as it is taken (the run's log)
 
     def check(self, batches: int) -> bool:
         """Validate the weights after ``batches`` rollout batches; False: stop (fallen for ``patience`` checks)."""
@@ -654,6 +660,8 @@ class BestCheckpoint:
         self.seconds += seconds
         self.curve.append({"iteration": batches, **{k: _round(v) for k, v in scores.items()},
                            "best": self.best_iteration == batches, "seconds": round(seconds, 2)})
+        if self.on_check is not None:
+            self.on_check({**self.curve[-1], "stopped_early": self.stopped_early})
         return not self.stopped_early
 
     def after_iteration(self, log: IterationLog) -> bool:
@@ -709,7 +717,8 @@ class TrainedMethod:
 
 
 def train_method(method: str, pipeline: Pipeline, sets: PromptSets, cfg: PayoffConfig, executor: Executor, *,
-                 max_seconds: float, max_iterations: int) -> TrainedMethod:
+                 max_seconds: float, max_iterations: int,
+                 log_line: Callable[[str], None] | None = None) -> TrainedMethod:
     """RL ``method`` on ``pipeline`` (fp32, loaded from the shipped weights) with rollouts through
     its engine, within ``max_seconds`` (validation included); returns the trained transformer (the best
     validation check's weights when validating) and the run's log."""
@@ -758,6 +767,8 @@ def train_method(method: str, pipeline: Pipeline, sets: PromptSets, cfg: PayoffC
     ctx = RolloutContext(client=client, prompts=PromptList(sets.train, seed=cfg.seed), group_size=cfg.group_size,
                          groups=cfg.groups, spec=spec, seed=cfg.seed)
     best = _best_checkpoint(cfg, sets, spec, client, executor, trained, rollout_model)
+    if best is not None and log_line is not None:
+        best.on_check = lambda point: log_line(json.dumps({"stage": f"{method} validation", **point}))
     if best is not None:
         best.check(0)  # the initial model: what the trained weights must beat
     t0 = time.monotonic()
@@ -933,7 +944,7 @@ def _one_method(method: str, cfg: PayoffConfig, sets: PromptSets, base: Path, te
     its entries in ``record``. Returns the rollout batches it ran."""
     pipeline = load_model(base, cfg.device, "float32", text)
     trained = train_method(method, pipeline, sets, cfg, executor, max_seconds=max_seconds,
-                           max_iterations=max_iterations)
+                           max_iterations=max_iterations, log_line=log)
     summary, train_log = trained.summary, trained.log
     log(json.dumps({"stage": method, **{k: v for k, v in summary.items() if k != "validation"},
                     **({"validation": {k: v for k, v in summary["validation"].items() if k != "curve"}}
@@ -1089,7 +1100,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     result = run(cfg, Path(args.out), text_features=Path(args.text_features) if args.text_features else None,
                  work=Path(args.work) if args.work else None)
-    brief = {m: v["after"]["two_objects"] if "after" in v else {"error": v["error"]}
+    brief = {m: {**v["after"]["two_objects"], "improved": v.get("improved")} if "after" in v else {"error": v["error"]}
              for m, v in result["methods"].items()}
     print(json.dumps({"seconds": result["seconds"], "before": result["before"]["two_objects"], **brief}))
     return 0

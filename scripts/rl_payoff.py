@@ -739,27 +739,7 @@ def train_method(method: str, pipeline: Pipeline, sets: PromptSets, cfg: PayoffC
     policy = TextConditionedPolicy.of(pipeline, transformer=trained, guidance_scale=guidance)
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     generator = torch.Generator().manual_seed(cfg.seed)
-    inner: Update
-    push: PushWeights
-    prepare: Callable[[TrainingBatch], TrainingBatch] | None = None
-    if grpo:
-        reference = copy.deepcopy(trained).requires_grad_(False) if cfg.kl_beta > 0 else None
-        old_logprobs = grpo_old_logprobs(cfg)
-        grpo_update = FlowGRPOUpdate(policy, optimizer, FlowGRPOConfig(
-            noise_level=cfg.noise_level, clip_range=cfg.clip_range, kl_beta=cfg.kl_beta,
-            old_logprobs="recompute" if old_logprobs == "recompute" else "rollout",
-            tis_clip=cfg.tis_clip if old_logprobs == "recompute" else None),
-            reference=policy.with_transformer(reference) if reference is not None else None, params=params)
-        inner, prepare = grpo_update, grpo_update.prepare
-        push = no_push
-    else:
-        old = copy.deepcopy(trained).requires_grad_(False)
-        timesteps = served_sigmas(cfg.model) if cfg.nft_timesteps == "served" else None
-        nft = NFTUpdate(policy, policy.with_transformer(old), optimizer,
-                        NFTConfig(beta=cfg.nft_beta, old_decay=0.0, timesteps=timesteps), generator)
-        inner = DecayScheduled(nft, cfg.nft_decay_rate, cfg.nft_decay_max)
-        push = copy_push(old, rollout_model)  # the next rollouts sample from the blended old policy
-    update = Minibatched(inner, cfg.minibatches, generator, prepare)
+    update, push = _method_update(method, cfg, policy, optimizer, generator, params, rollout_model)
     cache = ClipCache()
     rollout = ScoredRollout(spec, cache, executor, (cfg.sde_window, cfg.sde_range) if grpo else None,
                             np.random.default_rng([cfg.seed, 7]))
@@ -782,15 +762,7 @@ def train_method(method: str, pipeline: Pipeline, sets: PromptSets, cfg: PayoffC
         best.restore_best()
     seconds = time.monotonic() - t0
     log = [{"iteration": g.iteration, **{k: _round(v) for k, v in g.metrics.items()}} for g in logs]
-    rewards = [r["reward_mean"] for r in log if r.get("reward_mean") is not None]
-    summary = {"iterations": len(logs), "rollouts": rollout.rollouts,
-               "updates": int(sum(r.get("updates", 0) for r in log)), "train_seconds": round(seconds, 1),
-               "rollout_seconds": round(rollout.seconds["rollout"], 1), "score_seconds": round(rollout.seconds["score"], 1),
-               "rollout_cpu_seconds": round(rollout.cpu_seconds["rollout"], 1),
-               "score_cpu_seconds": round(rollout.cpu_seconds["score"], 1),
-               "reward_first": rewards[0] if rewards else None, "reward_last": rewards[-1] if rewards else None,
-               "reward_last5": sum(rewards[-5:]) / len(rewards[-5:]) if rewards else None,
-               "method_seconds": round(time.monotonic() - started, 1)}
+    summary = _summary(log, rollout, seconds, time.monotonic() - started)
     if grpo:
         summary["old_logprobs"] = grpo_old_logprobs(cfg)
     if best is not None:
@@ -798,6 +770,41 @@ def train_method(method: str, pipeline: Pipeline, sets: PromptSets, cfg: PayoffC
         summary.update(improved=validation["improved"], validation=validation)
     trained.requires_grad_(False)
     return TrainedMethod(trained, log, summary)
+
+
+def _method_update(method: str, cfg: PayoffConfig, policy: TextConditionedPolicy, optimizer: torch.optim.Optimizer,
+                   generator: torch.Generator, params: list[torch.nn.Parameter],
+                   rollout_model: torch.nn.Module) -> tuple[Update, PushWeights]:
+    """The method's update (``minibatches`` optimizer steps a rollout batch) and its weight push."""
+    trained = policy.transformer
+    if method == "flow_grpo":
+        reference = copy.deepcopy(trained).requires_grad_(False) if cfg.kl_beta > 0 else None
+        recompute = grpo_old_logprobs(cfg) == "recompute"
+        grpo = FlowGRPOUpdate(policy, optimizer, FlowGRPOConfig(
+            noise_level=cfg.noise_level, clip_range=cfg.clip_range, kl_beta=cfg.kl_beta,
+            old_logprobs="recompute" if recompute else "rollout", tis_clip=cfg.tis_clip if recompute else None),
+            reference=policy.with_transformer(reference) if reference is not None else None, params=params)
+        return Minibatched(grpo, cfg.minibatches, generator, grpo.prepare), no_push
+    old = copy.deepcopy(trained).requires_grad_(False)
+    timesteps = served_sigmas(cfg.model) if cfg.nft_timesteps == "served" else None
+    nft = NFTUpdate(policy, policy.with_transformer(old), optimizer,
+                    NFTConfig(beta=cfg.nft_beta, old_decay=0.0, timesteps=timesteps), generator)
+    # the next rollouts sample from the blended old policy
+    return Minibatched(DecayScheduled(nft, cfg.nft_decay_rate, cfg.nft_decay_max), cfg.minibatches,
+                       generator), copy_push(old, rollout_model)
+
+
+def _summary(log: list[dict[str, Any]], rollout: ScoredRollout, train_seconds: float,
+             method_seconds: float) -> dict[str, Any]:
+    rewards = [r["reward_mean"] for r in log if r.get("reward_mean") is not None]
+    return {"iterations": len(log), "rollouts": rollout.rollouts,
+            "updates": int(sum(r.get("updates", 0) for r in log)), "train_seconds": round(train_seconds, 1),
+            "rollout_seconds": round(rollout.seconds["rollout"], 1), "score_seconds": round(rollout.seconds["score"], 1),
+            "rollout_cpu_seconds": round(rollout.cpu_seconds["rollout"], 1),
+            "score_cpu_seconds": round(rollout.cpu_seconds["score"], 1),
+            "reward_first": rewards[0] if rewards else None, "reward_last": rewards[-1] if rewards else None,
+            "reward_last5": sum(rewards[-5:]) / len(rewards[-5:]) if rewards else None,
+            "method_seconds": round(method_seconds, 1)}
 
 
 def _best_checkpoint(cfg: PayoffConfig, sets: PromptSets, spec: RolloutSpec, client: EngineClient,

@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
                                            "sde_range": min(8, args.steps)}
     cfg = rl_payoff.PayoffConfig.for_model(args.model, device=args.device, size=args.size, frames=args.frames,
                                            methods=methods, group_size=args.group_size, groups=args.groups,
-                                           minibatches=1, iterations=1, **steps)
+                                           minibatches=1, iterations=1, val_every=0, **steps)
     served = rl_payoff.served_sigmas(cfg.model)
     rl_payoff.check_schedule(cfg, served)
     sets = rl_payoff.payoff_prompts(cfg)

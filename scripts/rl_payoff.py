@@ -33,7 +33,12 @@ fp32 (AdamW, lr 3e-6, grad-norm 1, two optimizer updates per rollout batch), gro
 8 prompts a batch, 16 rollout steps at the served guidance (CFG 5); FlowGRPO on ``flow_sde``
 (noise level 0.7) with a random 3-step SDE window among the first 8 steps (Flow-GRPO-Fast),
 clip 1e-4, KL 0.01 to the shipped weights; DiffusionNFT on deterministic ``flow_euler`` rollouts,
-beta 1, the old policy's decay rising 0.001 per update to 0.5 (DiffusionNFT's schedule 1).
+beta 1, the old policy's decay rising 0.001 per update to 0.5 (DiffusionNFT's schedule 1). On CUDA
+FlowGRPO's ratio divides by the trainer's own log-probs at the rollout's weights (recomputed before a
+batch's first update) with TIS 2 of the rollout/trainer mismatch. Each method scores a fixed validation
+set (24 train-split prompts x 2 seeds, the served ODE sampler) before training and every 5 batches,
+keeps the best check's weights -- those are evaluated and exported; ``improved: false`` when that is the
+initial model, and materialize refuses them -- and stops after 3 checks 0.1 below its best.
 A model that serves fixed sigmas (the distilled student) gets ``FIXED_SCHEDULE_PRESET``: DiffusionNFT
 alone, rollouts on its served schedule, NFT's noise levels drawn among its served sigmas.
 """
@@ -72,14 +77,16 @@ from omniloop.pipeline.samplers.base import build_sampler
 from omniloop.train.recipes.prompt_features import PromptFeatureEncoder, load_prompt_features, write_prompt_features
 from omniloop.train.recipes.rollout import generate
 from omniloop.train.recipes.wan_checkpoint import save_wan_dit
-from omniloop.train.rl import (ConsistencyLevel, LibraryClient, PromptList, RolloutContext, RolloutProfile,
-                               RolloutSpec, TrajectoryBuffer, adherence_reward, apply_profile, group_rollout)
+from omniloop.train.rl import (ConsistencyLevel, EngineClient, LibraryClient, PromptList, RolloutContext,
+                               RolloutProfile, RolloutSpec, TrajectoryBuffer, WeightedReward, adherence_reward,
+                               apply_profile, group_rollout)
 from omniloop.train.rl.buffer import TrainingBatch
-from omniloop.train.rl.loop import (FlowGRPOUpdate, LoopConfig, NFTUpdate, PushWeights, Update, copy_push, no_push,
-                                   sync_loop)
+from omniloop.train.rl.loop import (FlowGRPOUpdate, IterationLog, LoopConfig, NFTUpdate, PushWeights, Update,
+                                   copy_push, no_push, sync_loop)
 from omniloop.train.rl.objectives import FlowGRPOConfig, NFTConfig
 from omniloop.train.rl.policy import TextConditionedPolicy
 from omniloop.train.rl.rewards import ClipCache
+from omniloop.train.rl.rollout import trajectory_of
 from omniloop.train.rl.trajectory import Trajectory
 
 METHODS = ("flow_grpo", "nft")
@@ -89,6 +96,7 @@ DEFAULT_REWARD = "color=0.5,shape=1,motion=1,count=0.5,prompt=1,stability=0.5"
 TARGETS = {"whole_prompt": 0.40, "both_motions": 0.60, "both_shapes": 0.65}
 ONE_OBJECT_TOLERANCE = 0.01
 NFT_TIMESTEPS = ("uniform", "served")
+OLD_LOGPROBS = ("auto", "rollout", "recompute")
 # What a fixed-schedule model (the distilled shapes-t2v-4step) changes in the recipe (PayoffConfig.for_model):
 # DiffusionNFT alone, on rollouts with the served schedule (its 4 fixed sigmas, guidance 1), its training
 # noise levels drawn among those sigmas; FlowGRPO, when asked for, takes its one SDE step in the first two
@@ -128,6 +136,11 @@ class PayoffConfig:
     minibatches: int = 2  # optimizer updates per rollout batch
     clip_range: float = 1e-4
     kl_beta: float = 0.01  # FlowGRPO's KL to the shipped weights (0: no reference forward)
+    # FlowGRPO's ratio denominator: "rollout" (the recorded log-probs), "recompute" (the trainer's own at the
+    # rollout's weights, before a batch's first update, with TIS of the mismatch at tis_clip); "auto":
+    # "recompute" on CUDA, "rollout" on the CPU (grpo_old_logprobs says why)
+    old_logprobs: str = "auto"
+    tis_clip: float = 2.0
     nft_beta: float = 1.0
     nft_decay_rate: float = 0.001  # old-policy decay = min(rate * update, max)
     nft_decay_max: float = 0.5
@@ -141,6 +154,15 @@ class PayoffConfig:
     contact_two: int = 4
     contact_one: int = 2
     score_workers: int = 0  # processes scoring clips (0: in this process)
+    # validation, per method: val_two two-object + val_one one-object train-split prompts (disjoint from the
+    # training and the held-out ones) x val_seeds fixed seeds, the served ODE sampler at the rollout's steps,
+    # size and guidance, scored with the reward; the best check's weights are evaluated and exported
+    val_two: int = 16
+    val_one: int = 8
+    val_seeds: int = 2
+    val_every: int = 5  # rollout batches between checks (0: no validation: the last weights are exported)
+    val_patience: int = 3  # stop after this many consecutive checks more than val_margin below the best
+    val_margin: float = 0.1  # reward units (its weights sum to 4.5; one clip's attribute in 48 moves it ~0.02)
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.methods if m not in METHODS]
@@ -157,6 +179,13 @@ class PayoffConfig:
             raise ValueError(f"nft_timesteps {self.nft_timesteps!r}: pass one of {list(NFT_TIMESTEPS)}")
         if self.minibatches < 1 or self.lr <= 0 or self.max_minutes <= 0:
             raise ValueError("minibatches must be >= 1, lr and max_minutes > 0")
+        if self.old_logprobs not in OLD_LOGPROBS or not self.tis_clip > 0:
+            raise ValueError(f"old_logprobs {self.old_logprobs!r}, tis_clip {self.tis_clip}: pass one of "
+                             f"{list(OLD_LOGPROBS)} and a tis_clip > 0")
+        if self.val_every < 0 or self.val_patience < 1 or self.val_margin < 0 or self.val_seeds < 1 \
+                or min(self.val_two, self.val_one) < 0 or (self.val_every and self.val_two + self.val_one < 1):
+            raise ValueError("val_every must be >= 0 (0: no validation), val_patience and val_seeds >= 1, val_margin "
+                             ">= 0, and val_two + val_one >= 1 when validating")
         parse_reward(self.reward)
 
     @classmethod
@@ -195,9 +224,11 @@ class PromptSets:
     train: list[str]
     eval_two: list[EvalItem]
     eval_one: list[EvalItem]
+    val: list[EvalItem] = field(default_factory=list)  # the validation set (two-object items first)
 
     def all_prompts(self, negative: str = "") -> list[str]:
-        return list(dict.fromkeys([*self.train, *(i.prompt for i in self.eval_two + self.eval_one), negative]))
+        held = self.eval_two + self.eval_one + self.val
+        return list(dict.fromkeys([*self.train, *(i.prompt for i in held), negative]))
 
 
 def _fully_stated(prompt: str, objects: int) -> bool:
@@ -207,17 +238,32 @@ def _fully_stated(prompt: str, objects: int) -> bool:
     return len(parsed.objects) == objects and all(o.color and o.shape and o.motion for o in parsed.objects)
 
 
-def training_prompts(n: int, objects: int, seed: int) -> list[str]:
-    """``n`` distinct train-split prompts of ``objects`` objects (a stream of its own per count)."""
-    rng = np.random.default_rng([seed, 31, objects])
+def training_prompts(n: int, objects: int, seed: int, *, stream: int = 31, exclude: Sequence[str] = ()) -> list[str]:
+    """``n`` distinct train-split prompts of ``objects`` objects (a stream of its own per count and
+    ``stream``: 31 training, 32 validation), none of ``exclude``."""
+    rng = np.random.default_rng([seed, stream, objects])
     out: list[str] = []
+    excluded = set(exclude)
     while len(out) < n:
         scene = sample_scene(rng, split="train", two_object_prob=1.0 if objects == 2 else 0.0)
         assert not scene_is_held_out(scene), "a train-split scene holds a held-out combination"
         prompt = describe(scene, rng)
-        if len(scene.objects) == objects and _fully_stated(prompt, objects) and prompt not in out:
+        if len(scene.objects) == objects and _fully_stated(prompt, objects) and prompt not in out \
+                and prompt not in excluded:
             out.append(prompt)
     return out
+
+
+def validation_items(cfg: PayoffConfig, train: Sequence[str]) -> list[EvalItem]:
+    """The validation set: ``val_two`` two-object and ``val_one`` one-object train-split prompts (their
+    own stream, none a training prompt; the split keeps them off the held-out sets), ``val_seeds`` fixed
+    seeds each; empty when ``val_every`` is 0."""
+    if not cfg.val_every:
+        return []
+    prompts = training_prompts(cfg.val_two, 2, cfg.seed, stream=32, exclude=train) \
+        + training_prompts(cfg.val_one, 1, cfg.seed, stream=32, exclude=train)
+    base = (cfg.seed + 3) * 100_000  # the held-out sets use (seed + 1) * 100_000 + i and seed * 100_000 + i
+    return [EvalItem(p, base + i * cfg.val_seeds + j) for i, p in enumerate(prompts) for j in range(cfg.val_seeds)]
 
 
 def payoff_prompts(cfg: PayoffConfig) -> PromptSets:
@@ -231,7 +277,9 @@ def payoff_prompts(cfg: PayoffConfig) -> PromptSets:
     train = training_prompts(cfg.train_two, 2, cfg.seed) + training_prompts(cfg.train_one, 1, cfg.seed)
     held = {i.prompt for i in eval_two} | {i.prompt for i in eval_one[:cfg.eval_one]}
     assert not held & set(train), "training and held-out prompts overlap"
-    return PromptSets(train, eval_two, eval_one[:cfg.eval_one])
+    val = validation_items(cfg, train)
+    assert not {i.prompt for i in val} & (held | set(train)), "validation prompts overlap training or held-out ones"
+    return PromptSets(train, eval_two, eval_one[:cfg.eval_one], val)
 
 
 # --------------------------------------------------------------------------------------
@@ -456,17 +504,24 @@ def write_contact_sheet(path: Path, prompts: Sequence[str], columns: dict[str, d
 @dataclass
 class Minibatched:
     """``minibatches`` optimizer updates per rollout batch (a shuffled split; advantages were taken
-    over the whole batch's groups). FlowGRPO's clipped ratio bounds the later ones."""
+    over the whole batch's groups). FlowGRPO's clipped ratio bounds the later ones; ``prepare``
+    (FlowGRPO's old log-probs, ``recompute``) runs on every minibatch before the first update."""
 
     inner: Update
     minibatches: int
     generator: torch.Generator
+    prepare: Callable[[TrainingBatch], TrainingBatch] | None = None
 
     def __call__(self, batch: TrainingBatch) -> dict[str, float]:
         size = math.ceil(len(batch) / self.minibatches)
-        records = [self.inner(mb) for mb in batch.minibatches(size, generator=self.generator)]
+        parts = list(batch.minibatches(size, generator=self.generator))
+        if self.prepare is not None:  # at the rollout's weights: each minibatch's rows as its update batches them
+            parts = [self.prepare(mb) for mb in parts]
+        records = [self.inner(mb) for mb in parts]
         out = {k: sum(r[k] for r in records) / len(records) for k in records[0]}
         out["updates"] = float(len(records))
+        if "clip_frac" in records[0]:  # at the rollout's weights: the ratios clipped by numerics alone (0 with recompute)
+            out["clip_frac_first"] = records[0]["clip_frac"]
         return out
 
 
@@ -520,6 +575,141 @@ class ScoredRollout:
 
 
 @dataclass
+class ValidationSet:
+    """The fixed validation set scored on the engine's current weights: every item one seeded request
+    (the served ODE sampler at the rollout's steps, size and guidance: deterministic), its clip scored
+    with the run's reward. Returns the mean reward, and the two- and one-object means."""
+
+    items: list[EvalItem]
+    n_two: int  # the first n_two items are two-object prompts
+    spec: RolloutSpec
+    client: EngineClient
+    reward: WeightedReward
+    cache: ClipCache
+    executor: Executor
+
+    def __call__(self) -> dict[str, Any]:
+        requests = [self.spec.request(i.prompt, i.seed) for i in self.items]
+        trajs = [trajectory_of(rec, req, i.prompt, g)
+                 for g, (i, req, rec) in enumerate(zip(self.items, requests, self.client.run(requests)))]
+        self.cache.entries.clear()
+        self.cache.fill(trajs, self.executor)
+        self.reward.score(trajs)
+        usable = [t.usable for t in trajs]
+        if not all(usable):
+            raise RuntimeError(f"{usable.count(False)} of {len(trajs)} validation clips could not be scored (first: "
+                               f"{next(t.error for t in trajs if not t.usable)}): a best checkpoint needs them all")
+        rewards = [t.reward for t in trajs]
+        two, one = rewards[:self.n_two], rewards[self.n_two:]
+        return {"reward": sum(rewards) / len(rewards), "two_objects": sum(two) / len(two) if two else None,
+                "one_object": sum(one) / len(one) if one else None}
+
+
+def scores_trained(validate: Callable[[], dict[str, Any]], trained: torch.nn.Module,
+                   rollout_model: torch.nn.Module) -> Callable[[], dict[str, Any]]:
+    """``validate`` on the trained weights: the engine's module when it is the trained one (FlowGRPO);
+    else (NFT rolls out from its old policy) the trained weights copied in for the check, the rollout's put back."""
+    if trained is rollout_model:
+        return validate
+
+    @torch.no_grad()
+    def run() -> dict[str, Any]:
+        kept = [p.detach().clone() for p in rollout_model.parameters()]
+        for dst, src in zip(rollout_model.parameters(), trained.parameters(), strict=True):
+            dst.copy_(src.detach())
+        try:
+            return validate()
+        finally:
+            for param, value in zip(rollout_model.parameters(), kept, strict=True):
+                param.copy_(value)
+
+    return run
+
+
+@dataclass
+class BestCheckpoint:
+    """One method's validation curve, the best weights so far (a CPU copy of ``trained``'s) and the
+    early stop: :meth:`check` after ``batches`` rollout batches; the loop stops once ``patience``
+    consecutive checks fell more than ``margin`` below the best. A tie keeps the earlier weights."""
+
+    validate: Callable[[], dict[str, Any]]
+    trained: torch.nn.Module
+    every: int
+    patience: int
+    margin: float
+    curve: list[dict[str, Any]] = field(default_factory=list)
+    best: dict[str, torch.Tensor] = field(default_factory=dict)
+    best_iteration: int = 0  # rollout batches trained before the best check (0: the initial model)
+    best_reward: float = -math.inf
+    below: int = 0  # consecutive checks more than margin below the best
+    stopped_early: bool = False
+    seconds: float = 0.0  # all checks
+    on_check: Callable[[dict[str, Any]], None] | None = None  # each curve point as it is taken (the run's log)
+
+    def check(self, batches: int) -> bool:
+        """Validate the weights after ``batches`` rollout batches; False: stop (fallen for ``patience`` checks)."""
+        t0 = time.monotonic()
+        scores = self.validate()
+        reward = scores["reward"]
+        if reward > self.best_reward:
+            self.best_reward, self.best_iteration = reward, batches
+            self.best = {k: v.detach().to("cpu", copy=True) for k, v in self.trained.state_dict().items()}
+        self.below = self.below + 1 if reward < self.best_reward - self.margin else 0
+        self.stopped_early = self.below >= self.patience
+        seconds = time.monotonic() - t0
+        self.seconds += seconds
+        self.curve.append({"iteration": batches, **{k: _round(v) for k, v in scores.items()},
+                           "best": self.best_iteration == batches, "seconds": round(seconds, 2)})
+        if self.on_check is not None:
+            self.on_check({**self.curve[-1], "stopped_early": self.stopped_early})
+        return not self.stopped_early
+
+    def after_iteration(self, log: IterationLog) -> bool:
+        """sync_loop's hook: a check every ``every`` rollout batches."""
+        batches = log.iteration + 1
+        return self.check(batches) if batches % self.every == 0 else True
+
+    @property
+    def last_checked(self) -> int:
+        return self.curve[-1]["iteration"] if self.curve else -1
+
+    @property
+    def check_seconds(self) -> float:
+        """The longest check so far (what the budget reserves for the last one)."""
+        return max((c["seconds"] for c in self.curve), default=0.0)
+
+    def restore_best(self) -> None:
+        self.trained.load_state_dict(self.best)
+
+    def summary(self) -> dict[str, Any]:
+        return {"improved": self.best_iteration > 0, "best_iteration": self.best_iteration,
+                "best_reward": _round(self.best_reward), "initial_reward": self.curve[0]["reward"],
+                "every": self.every, "patience": self.patience, "margin": self.margin,
+                "stopped_early": self.stopped_early, "seconds": round(self.seconds, 1), "curve": self.curve}
+
+
+def loop_seconds(budget: float, elapsed: float, check_seconds: float) -> float:
+    """What the rollout loop may use of a method's ``budget`` seconds, ``elapsed`` of them gone (the
+    setup, the initial check): one more check is reserved (with a quarter's margin), so the last
+    weights are scored within the budget; a check run inside the loop after its last iteration
+    spends that reserve instead."""
+    return max(1e-3, budget - elapsed - 1.25 * check_seconds)
+
+
+def grpo_old_logprobs(cfg: PayoffConfig) -> str:
+    """FlowGRPO's ratio denominator for ``cfg``: its ``old_logprobs``, "auto" resolved by the device."""
+    if cfg.old_logprobs != "auto":
+        return cfg.old_logprobs
+    # On CUDA the rollout's recorded log-probs and the trainer's recomputation of them differ by the
+    # kernels' numerics: the first H100 run measured up to 3e-4 (8e-5 mean) against a clip range of
+    # 1e-4, and 32% of its first update's ratios were clipped -- their gradient lost -- although the
+    # weights were the rollout's. The trainer's own log-probs at the rollout's weights start every
+    # ratio at exactly 1 and TIS weighs the mismatch. On the CPU (fp32, C1) the two are equal bit for
+    # bit (tests/train/rl/test_old_logprobs.py): the same update, without the extra forward.
+    return "recompute" if DeployConfig(device=cfg.device).torch_device().type == "cuda" else "rollout"
+
+
+@dataclass
 class TrainedMethod:
     transformer: torch.nn.Module
     log: list[dict[str, Any]]
@@ -527,9 +717,12 @@ class TrainedMethod:
 
 
 def train_method(method: str, pipeline: Pipeline, sets: PromptSets, cfg: PayoffConfig, executor: Executor, *,
-                 max_seconds: float, max_iterations: int) -> TrainedMethod:
+                 max_seconds: float, max_iterations: int,
+                 log_line: Callable[[str], None] | None = None) -> TrainedMethod:
     """RL ``method`` on ``pipeline`` (fp32, loaded from the shipped weights) with rollouts through
-    its engine; returns the trained transformer and the run's log."""
+    its engine, within ``max_seconds`` (validation included); returns the trained transformer (the best
+    validation check's weights when validating) and the run's log."""
+    started = time.monotonic()
     pipeline = apply_profile(pipeline, RolloutProfile(level=ConsistencyLevel.C1))
     guidance = cfg.guidance if cfg.guidance is not None else (pipeline.defaults.guidance_scale or 1.0)
     grpo = method == "flow_grpo"
@@ -546,45 +739,89 @@ def train_method(method: str, pipeline: Pipeline, sets: PromptSets, cfg: PayoffC
     policy = TextConditionedPolicy.of(pipeline, transformer=trained, guidance_scale=guidance)
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     generator = torch.Generator().manual_seed(cfg.seed)
-    inner: Update
-    push: PushWeights
-    if grpo:
-        reference = copy.deepcopy(trained).requires_grad_(False) if cfg.kl_beta > 0 else None
-        inner = FlowGRPOUpdate(policy, optimizer, FlowGRPOConfig(noise_level=cfg.noise_level, clip_range=cfg.clip_range,
-                                                                 kl_beta=cfg.kl_beta),
-                               reference=policy.with_transformer(reference) if reference is not None else None,
-                               params=params)
-        push = no_push
-    else:
-        old = copy.deepcopy(trained).requires_grad_(False)
-        timesteps = served_sigmas(cfg.model) if cfg.nft_timesteps == "served" else None
-        nft = NFTUpdate(policy, policy.with_transformer(old), optimizer,
-                        NFTConfig(beta=cfg.nft_beta, old_decay=0.0, timesteps=timesteps), generator)
-        inner = DecayScheduled(nft, cfg.nft_decay_rate, cfg.nft_decay_max)
-        push = copy_push(old, rollout_model)  # the next rollouts sample from the blended old policy
-    update = Minibatched(inner, cfg.minibatches, generator)
+    update, push = _method_update(method, cfg, policy, optimizer, generator, params, rollout_model)
     cache = ClipCache()
     rollout = ScoredRollout(spec, cache, executor, (cfg.sde_window, cfg.sde_range) if grpo else None,
                             np.random.default_rng([cfg.seed, 7]))
-    ctx = RolloutContext(client=LibraryClient.of(pipeline, max_batch=cfg.groups * cfg.group_size),
-                         prompts=PromptList(sets.train, seed=cfg.seed), group_size=cfg.group_size, groups=cfg.groups,
-                         spec=spec, seed=cfg.seed)
+    client = LibraryClient.of(pipeline, max_batch=cfg.groups * cfg.group_size)
+    ctx = RolloutContext(client=client, prompts=PromptList(sets.train, seed=cfg.seed), group_size=cfg.group_size,
+                         groups=cfg.groups, spec=spec, seed=cfg.seed)
+    best = _best_checkpoint(cfg, sets, spec, client, executor, trained, rollout_model)
+    if best is not None and log_line is not None:
+        best.on_check = lambda point: log_line(json.dumps({"stage": f"{method} validation", **point}))
+    if best is not None:
+        best.check(0)  # the initial model: what the trained weights must beat
     t0 = time.monotonic()
+    budget = loop_seconds(max_seconds, t0 - started, best.check_seconds) if best is not None else max_seconds
     logs = sync_loop(rollout, ctx, adherence_reward(parse_reward(cfg.reward), cache=cache), update,
-                     LoopConfig(iterations=max_iterations, max_seconds=max_seconds), push_weights=push,
-                     buffer=TrajectoryBuffer())
+                     LoopConfig(iterations=max_iterations, max_seconds=budget), push_weights=push,
+                     buffer=TrajectoryBuffer(), after_iteration=best.after_iteration if best is not None else None)
+    if best is not None:
+        if best.last_checked != len(logs):
+            best.check(len(logs))  # the last weights (the reserve left for it)
+        best.restore_best()
     seconds = time.monotonic() - t0
     log = [{"iteration": g.iteration, **{k: _round(v) for k, v in g.metrics.items()}} for g in logs]
-    rewards = [r["reward_mean"] for r in log if r.get("reward_mean") is not None]
-    summary = {"iterations": len(logs), "rollouts": rollout.rollouts,
-               "updates": int(sum(r.get("updates", 0) for r in log)), "train_seconds": round(seconds, 1),
-               "rollout_seconds": round(rollout.seconds["rollout"], 1), "score_seconds": round(rollout.seconds["score"], 1),
-               "rollout_cpu_seconds": round(rollout.cpu_seconds["rollout"], 1),
-               "score_cpu_seconds": round(rollout.cpu_seconds["score"], 1),
-               "reward_first": rewards[0] if rewards else None, "reward_last": rewards[-1] if rewards else None,
-               "reward_last5": sum(rewards[-5:]) / len(rewards[-5:]) if rewards else None}
+    summary = _summary(log, rollout, seconds, time.monotonic() - started)
+    if grpo:
+        summary["old_logprobs"] = grpo_old_logprobs(cfg)
+    if best is not None:
+        validation = best.summary()
+        summary.update(improved=validation["improved"], validation=validation)
     trained.requires_grad_(False)
     return TrainedMethod(trained, log, summary)
+
+
+def _method_update(method: str, cfg: PayoffConfig, policy: TextConditionedPolicy, optimizer: torch.optim.Optimizer,
+                   generator: torch.Generator, params: list[torch.nn.Parameter],
+                   rollout_model: torch.nn.Module) -> tuple[Update, PushWeights]:
+    """The method's update (``minibatches`` optimizer steps a rollout batch) and its weight push."""
+    trained = policy.transformer
+    if method == "flow_grpo":
+        reference = copy.deepcopy(trained).requires_grad_(False) if cfg.kl_beta > 0 else None
+        recompute = grpo_old_logprobs(cfg) == "recompute"
+        grpo = FlowGRPOUpdate(policy, optimizer, FlowGRPOConfig(
+            noise_level=cfg.noise_level, clip_range=cfg.clip_range, kl_beta=cfg.kl_beta,
+            old_logprobs="recompute" if recompute else "rollout", tis_clip=cfg.tis_clip if recompute else None),
+            reference=policy.with_transformer(reference) if reference is not None else None, params=params)
+        return Minibatched(grpo, cfg.minibatches, generator, grpo.prepare), no_push
+    old = copy.deepcopy(trained).requires_grad_(False)
+    timesteps = served_sigmas(cfg.model) if cfg.nft_timesteps == "served" else None
+    nft = NFTUpdate(policy, policy.with_transformer(old), optimizer,
+                    NFTConfig(beta=cfg.nft_beta, old_decay=0.0, timesteps=timesteps), generator)
+    # the next rollouts sample from the blended old policy
+    return Minibatched(DecayScheduled(nft, cfg.nft_decay_rate, cfg.nft_decay_max), cfg.minibatches,
+                       generator), copy_push(old, rollout_model)
+
+
+def _summary(log: list[dict[str, Any]], rollout: ScoredRollout, train_seconds: float,
+             method_seconds: float) -> dict[str, Any]:
+    rewards = [r["reward_mean"] for r in log if r.get("reward_mean") is not None]
+    return {"iterations": len(log), "rollouts": rollout.rollouts,
+            "updates": int(sum(r.get("updates", 0) for r in log)), "train_seconds": round(train_seconds, 1),
+            "rollout_seconds": round(rollout.seconds["rollout"], 1), "score_seconds": round(rollout.seconds["score"], 1),
+            "rollout_cpu_seconds": round(rollout.cpu_seconds["rollout"], 1),
+            "score_cpu_seconds": round(rollout.cpu_seconds["score"], 1),
+            "reward_first": rewards[0] if rewards else None, "reward_last": rewards[-1] if rewards else None,
+            "reward_last5": sum(rewards[-5:]) / len(rewards[-5:]) if rewards else None,
+            "method_seconds": round(method_seconds, 1)}
+
+
+def _best_checkpoint(cfg: PayoffConfig, sets: PromptSets, spec: RolloutSpec, client: EngineClient,
+                     executor: Executor, trained: torch.nn.Module,
+                     rollout_model: torch.nn.Module) -> BestCheckpoint | None:
+    """The validation of ``trained`` through the rollout's engine (None when ``val_every`` is 0): the
+    model's served ODE sampler (deterministic: a check scores the weights, not new noise) at the
+    rollout's steps, size, frames and guidance."""
+    if not cfg.val_every:
+        return None
+    served = read_manifest(resolve_model_path(cfg.model)).components["sampler"].kind
+    val_spec = dataclasses.replace(spec, capture="final", sampler=served, noise_level=None, sde_window=None)
+    cache = ClipCache()  # its own: the training's is cleared every batch
+    validation = ValidationSet(sets.val, cfg.val_two * cfg.val_seeds, val_spec, client,
+                               adherence_reward(parse_reward(cfg.reward), cache=cache), cache, executor)
+    return BestCheckpoint(scores_trained(validation, trained, rollout_model), trained, cfg.val_every,
+                          cfg.val_patience, cfg.val_margin)
 
 
 def _round(v: Any) -> Any:
@@ -655,7 +892,8 @@ def _check_features(text: Any, sets: PromptSets, cfg: PayoffConfig, text_feature
         if missing:
             raise ValueError(f"--text-features {text_features} lacks {len(missing)} of this run's prompts (first: "
                              f"{missing[0]!r}); write it with cache-text and the same prompt flags (--train-two, "
-                             "--train-one, --eval-two, --eval-one, --seed, --model)")
+                             "--train-one, --eval-two, --eval-one, --val-two, --val-one, --val-every, --seed, "
+                             "--model)")
 
 
 def run(cfg: PayoffConfig, out: Path, *, text_features: Path | None = None, work: Path | None = None,
@@ -694,7 +932,9 @@ def run(cfg: PayoffConfig, out: Path, *, text_features: Path | None = None, work
             try:
                 done = _one_method(method, cfg, sets, base, text, executor, before, record, work,
                                    max_seconds=seconds, max_iterations=max_iterations, log=log)
-                max_iterations = min(max_iterations, done)  # the next method: the same rollout budget
+                if not record.methods[method].get("validation", {}).get("stopped_early"):
+                    # the next method: the same rollout budget (not one cut short by the first's early stop)
+                    max_iterations = min(max_iterations, done)
             except Exception as e:  # one method failing leaves the other's results
                 record.methods[method] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
                 log(json.dumps({"stage": method, "error": record.methods[method]["error"]}))
@@ -707,13 +947,15 @@ def run(cfg: PayoffConfig, out: Path, *, text_features: Path | None = None, work
 def _one_method(method: str, cfg: PayoffConfig, sets: PromptSets, base: Path, text: Any, executor: Executor,
                 before: EvalRun, record: RunRecord, work: Path, *, max_seconds: float, max_iterations: int,
                 log: Callable[[str], None]) -> int:
-    """Train ``method`` from the shipped weights, export, evaluate; its entries in ``record``.
-    Returns the rollout batches it ran."""
+    """Train ``method`` from the shipped weights, export (the best validation check's weights), evaluate;
+    its entries in ``record``. Returns the rollout batches it ran."""
     pipeline = load_model(base, cfg.device, "float32", text)
     trained = train_method(method, pipeline, sets, cfg, executor, max_seconds=max_seconds,
-                           max_iterations=max_iterations)
+                           max_iterations=max_iterations, log_line=log)
     summary, train_log = trained.summary, trained.log
-    log(json.dumps({"stage": method, **summary}))
+    log(json.dumps({"stage": method, **{k: v for k, v in summary.items() if k != "validation"},
+                    **({"validation": {k: v for k, v in summary["validation"].items() if k != "curve"}}
+                       if "validation" in summary else {})}))
     prov = _provenance(method, cfg, summary, base)
     model_dir = export_model(trained.transformer, base, work / method / base.name, {"rl_payoff": prov})
     del pipeline, trained  # the next method starts from the shipped weights again
@@ -723,7 +965,8 @@ def _one_method(method: str, cfg: PayoffConfig, sets: PromptSets, base: Path, te
     shutil.copyfile(model_dir / TRANSFORMER_FILE, weights)
     written = file_record(weights)
     record.provenance[method] = {**prov, "figures": {"before": before.figures, "after": after.figures}}
-    record.methods[method] = {"after": after.figures, "delta": _delta(before.figures, after.figures),
+    record.methods[method] = {"improved": summary.get("improved"), "after": after.figures,
+                              "delta": _delta(before.figures, after.figures),
                               "targets_met": targets_met(before.figures, after.figures), **summary,
                               "eval_seconds": round(after.seconds, 1), "log": train_log,
                               "weights": {"file": weights.name, "bytes": written.bytes, "sha256": written.sha256}}
@@ -735,21 +978,30 @@ def _one_method(method: str, cfg: PayoffConfig, sets: PromptSets, base: Path, te
 
 def _provenance(method: str, cfg: PayoffConfig, summary: dict[str, Any], base: Path) -> dict[str, Any]:
     keys = ("lr", "minibatches", "group_size", "groups", "steps", "noise_level", "sde_window", "sde_range",
-            "clip_range", "kl_beta", "nft_beta", "nft_decay_rate", "nft_decay_max", "nft_timesteps", "reward", "seed")
+            "clip_range", "kl_beta", "nft_beta", "nft_decay_rate", "nft_decay_max", "nft_timesteps", "reward", "seed",
+            "tis_clip", "val_two", "val_one", "val_seeds", "val_every", "val_patience", "val_margin")
+    validation = summary.get("validation")
+    checkpoint = {} if validation is None else {
+        "improved": validation["improved"], "best_iteration": validation["best_iteration"],
+        "validation_reward": validation["best_reward"], "initial_validation_reward": validation["initial_reward"]}
     served = served_sigmas(base)
     return {"recipe": "scripts/rl_payoff.py (issue 31 item 7; docs/training.md)", "method": method,
             "from": f"{cfg.model} transformer sha256 {file_record(base / TRANSFORMER_FILE).sha256}",
             **({"rollout_sigmas": list(served)} if served is not None and cfg.steps is None else {}),
             "device": cfg.device, "train_prompts": {"two_objects": cfg.train_two, "one_object": cfg.train_one},
             "config": {k: getattr(cfg, k) for k in keys}, **{k: summary[k] for k in ("iterations", "rollouts",
-                                                                                        "updates", "train_seconds")}}
+                                                                                        "updates", "train_seconds")},
+            **({"old_logprobs": summary["old_logprobs"]} if "old_logprobs" in summary else {}), **checkpoint}
 
 
 def materialize(weights: Path, to: Path, *, model: str = "shapes-t2v", provenance: dict[str, Any] | None = None) -> Path:
     """A loadable model folder: ``model``'s, with ``weights`` (a ``<method>.safetensors`` of a run)
     as its transformer file and ``provenance`` added to its manifest. A VAE ``model`` shares from a
-    sibling (the student's) stays shared when ``to`` is ``model``'s own folder, else is copied in."""
+    sibling (the student's) stays shared when ``to`` is ``model``'s own folder, else is copied in.
+    Refuses the weights of a method whose validation never beat the initial model (``improved: false``
+    in ``provenance`` or in the run's ``result.json`` beside ``weights``: the run exported the initial weights)."""
     base = resolve_model_path(model)
+    refuse_unimproved(weights, base, provenance)
     with tempfile.TemporaryDirectory(prefix="materialize_") as tmp:
         staged = Path(tmp) / base.name  # built aside: ``to`` may be ``model``'s own folder (shipping)
         plan = stage_model(base, staged, to=to)
@@ -763,6 +1015,26 @@ def materialize(weights: Path, to: Path, *, model: str = "shapes-t2v", provenanc
             shutil.rmtree(to)
         shutil.copytree(staged, to)
     return to
+
+
+def refuse_unimproved(weights: Path, base: Path, provenance: dict[str, Any] | None) -> None:
+    """Raises when ``provenance`` or the run's ``result.json`` beside ``weights`` says its method did not
+    improve on the initial model (a run without validation records no verdict: allowed)."""
+    verdicts = [provenance] if provenance is not None else []  # provenance blocks: improved, best_iteration, ...
+    result = weights.parent / "result.json"
+    if result.is_file():
+        for entry in json.loads(result.read_text()).get("methods", {}).values():
+            if isinstance(entry, dict) and entry.get("weights", {}).get("file") == weights.name and "validation" in entry:
+                v = entry["validation"]
+                verdicts.append({"improved": v["improved"], "best_iteration": v["best_iteration"],
+                                 "initial_validation_reward": v["initial_reward"]})
+    for v in verdicts:
+        if v.get("improved") is False:
+            raise ValueError(f"{weights}: refusing weights that did not improve -- the run's validation never rose "
+                             f"above the initial model's (initial reward {v.get('initial_validation_reward')}, best "
+                             f"iteration {v.get('best_iteration')}), so it exported {base.name}'s own weights "
+                             "(result.json: improved false). Nothing to ship: rerun, and materialize a method whose "
+                             "result.json says improved: true")
 
 
 # --------------------------------------------------------------------------------------
@@ -835,7 +1107,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     result = run(cfg, Path(args.out), text_features=Path(args.text_features) if args.text_features else None,
                  work=Path(args.work) if args.work else None)
-    brief = {m: v["after"]["two_objects"] if "after" in v else {"error": v["error"]}
+    brief = {m: {**v["after"]["two_objects"], "improved": v.get("improved")} if "after" in v else {"error": v["error"]}
              for m, v in result["methods"].items()}
     print(json.dumps({"seconds": result["seconds"], "before": result["before"]["two_objects"], **brief}))
     return 0

@@ -105,8 +105,10 @@ def test_payoff_run_writes_its_outputs_and_the_weights_load_back(tiny_model, min
     feats, out = tmp_path / "features", tmp_path / "out"
     cfg = rl_payoff.PayoffConfig(model=str(tiny_model), train_two=3, train_one=1, eval_two=2, eval_one=1)  # TINY's
     write_prompt_features(rl_payoff.payoff_prompts(cfg).all_prompts(""), minilm, feats)
-    assert rl_payoff.main(["run", "--model", str(tiny_model), *TINY, "--iterations", "2", "--text-features",
-                           str(feats), "--out", str(out), "--work", str(tmp_path / "work")]) == 0
+    # no validation (--val-every 0): the last weights are exported, no improved verdict (a random tiny model learns
+    # no adherence: its groups have no variance, so no update runs, and materialize would refuse a run that checked)
+    assert rl_payoff.main(["run", "--model", str(tiny_model), *TINY, "--iterations", "2", "--val-every", "0",
+                           "--text-features", str(feats), "--out", str(out), "--work", str(tmp_path / "work")]) == 0
     result = json.loads((out / "result.json").read_text())
     assert result["prompts"] == {"train": 4, "train_two": 3, "train_one": 1, "eval_two": 2, "eval_one": 1,
                                  "disjoint": True}
@@ -194,7 +196,7 @@ def test_the_student_run_rls_its_served_4_step_rollouts_and_ships_in_place(tiny_
         # a random tiny model scores 0 on adherence (zero-variance groups, no update): a reward that varies
         mp.setattr(rl_payoff, "adherence_reward", lambda *a, **k: WeightedReward([(latent_mean_scorer(), 1.0)]))
         assert rl_payoff.main(["run", "--model", str(tiny_student), *STUDENT_TINY, "--iterations", "1",
-                               "--minibatches", "1", "--text-features", str(feats), "--out", str(out),
+                               "--minibatches", "1", "--val-every", "0", "--text-features", str(feats), "--out", str(out),
                                "--work", str(tmp_path / "work")]) == 0
     # every rollout request leaves steps / sigmas / guidance to the model (its validator fills the 4 sigmas)
     assert seen and set(seen) == {(None, None, 1.0)}
@@ -299,3 +301,141 @@ def test_sync_loop_stops_before_an_iteration_that_would_pass_max_seconds():
         async_loop(rollout, ctx, reward, lambda batch: {}, LoopConfig(iterations=2, max_seconds=1.0))
     with pytest.raises(ValueError, match="max_seconds must be > 0"):
         LoopConfig(iterations=2, max_seconds=0)
+
+
+# --------------------------------------------------------------------------------------
+# validation: the best checkpoint, early stop, the refusal to ship what did not improve
+# --------------------------------------------------------------------------------------
+
+VAL = ["--val-two", "2", "--val-one", "1", "--val-seeds", "2", "--val-every", "1", "--val-patience", "2",
+       "--val-margin", "0"]
+
+
+def test_validation_prompts_are_train_split_and_disjoint():
+    cfg = rl_payoff.PayoffConfig(train_two=12, train_one=4, eval_two=16, eval_one=8, val_two=6, val_one=3, val_seeds=2)
+    sets = rl_payoff.payoff_prompts(cfg)
+    prompts = [i.prompt for i in sets.val]
+    assert len(sets.val) == 18 and len(set(prompts)) == 9 and len({i.seed for i in sets.val}) == 18
+    assert not set(prompts) & (set(sets.train) | {i.prompt for i in sets.eval_two + sets.eval_one})
+    assert all(rl_payoff._fully_stated(p, 2) for p in prompts[:12]) and all(rl_payoff._fully_stated(p, 1) for p in prompts[12:])
+    assert set(prompts) <= set(sets.all_prompts())  # cache-text stores their features
+    assert rl_payoff.payoff_prompts(dataclasses.replace(cfg, val_every=0)).val == []
+
+
+def test_validation_keeps_the_best_checkpoint_and_stops_a_falling_run(tiny_model, minilm, tmp_path, monkeypatch):
+    """Training raises the final latents' mean while validation scores its negation: validation falls
+    from the first check, each method stops after ``val_patience`` checks below the initial model, its
+    exported weights are the initial ones, ``improved`` is false and materialize refuses them. FlowGRPO
+    runs the recipe's CUDA path (``--old-logprobs recompute``, two minibatches a batch)."""
+    feats, out = tmp_path / "features", tmp_path / "out"
+    cfg = rl_payoff.PayoffConfig(model=str(tiny_model), train_two=3, train_one=1, eval_two=2, eval_one=1, val_two=2,
+                                 val_one=1, val_every=1)
+    sets = rl_payoff.payoff_prompts(cfg)
+    write_prompt_features(sets.all_prompts(""), minilm, feats)
+    val_seeds = {i.seed for i in sets.val}
+
+    class NegatedOnValidation:
+        name = "latent_mean"
+
+        def score(self, trajectories):
+            return [(-1.0 if t.seed in val_seeds else 1.0) * float(t.final_latents.mean()) for t in trajectories]
+
+    monkeypatch.setattr(rl_payoff, "adherence_reward", lambda *a, **k: WeightedReward([(NegatedOnValidation(), 1.0)]))
+    assert rl_payoff.main(["run", "--model", str(tiny_model), *TINY, *VAL, "--iterations", "6", "--lr", "5e-3",
+                           "--old-logprobs", "recompute", "--text-features", str(feats), "--out", str(out)]) == 0
+    result = json.loads((out / "result.json").read_text())
+    shipped = tiny_model / rl_payoff.TRANSFORMER_FILE
+    for method in rl_payoff.METHODS:
+        m = result["methods"][method]
+        v = m["validation"]
+        curve = [c["reward"] for c in v["curve"]]
+        print(method, curve, [r.get("reward_mean") for r in m["log"]])
+        assert [c["iteration"] for c in v["curve"]] == [0, 1, 2] and m["iterations"] == 2  # of 6: stopped early
+        assert v["stopped_early"] and curve[1] < curve[0] and curve[2] < curve[0]
+        assert m["updates"] >= 1  # it did train: the weights it ends with are not the exported ones
+        if method == "flow_grpo":  # the GPU's path: old log-probs recomputed before each batch's first update
+            trained = [r for r in m["log"] if "clip_frac" in r]
+            assert m["old_logprobs"] == "recompute" and trained and all(r["clip_frac_first"] == 0.0 for r in trained)
+            assert all(r["logprob_diff_max"] <= 1e-5 for r in trained)
+        assert m["improved"] is False and v["best_iteration"] == 0 and v["best_reward"] == v["initial_reward"] == curve[0]
+        weights = out / f"{method}.safetensors"
+        assert file_record(weights) == file_record(shipped)  # the initial weights, exported exactly as shipped
+        prov = json.loads((out / "provenance.json").read_text())[method]
+        assert prov["improved"] is False and prov["best_iteration"] == 0
+        with pytest.raises(ValueError, match="refusing weights that did not improve"):
+            rl_payoff.main(["materialize", "--weights", str(weights), "--to", str(tmp_path / "m"), "--model",
+                            str(tiny_model), "--provenance", str(out / "provenance.json"), "--method", method])
+        with pytest.raises(ValueError, match="result.json says improved: true"):  # found beside the weights
+            rl_payoff.materialize(weights, tmp_path / "m", model=str(tiny_model))
+    assert not (tmp_path / "m").exists()
+
+
+def test_best_checkpoint_keeps_the_best_weights_and_stops_after_patience():
+    """Scripted checks through sync_loop: the best (iteration 1) is kept while later ones fall; a check
+    back within the margin resets the count; two checks below it stop the loop."""
+    from omniloop.train.rl import PromptList, RolloutContext
+    from omniloop.train.rl.loop import LoopConfig, sync_loop
+
+    class Constant:
+        name = "constant"
+
+        def score(self, trajectories):
+            return [1.0] * len(trajectories)
+
+    model = torch.nn.Linear(2, 2)
+    rewards = iter([1.0, 1.5, 1.2, 1.45, 1.3, 1.0, 9.9])
+
+    def validate():
+        return {"reward": next(rewards)}
+
+    def update_nothing(batch):
+        return {}
+
+    best = rl_payoff.BestCheckpoint(validate, model, every=1, patience=2, margin=0.1)
+    best.check(0)
+
+    def rollout(ctx):  # each batch moves the weights to its index
+        with torch.no_grad():
+            model.weight.fill_(float(ctx.iteration + 1))
+        return []
+
+    ctx = RolloutContext(client=None, prompts=PromptList(["a red circle"]), group_size=2)  # type: ignore[arg-type]
+    logs = sync_loop(rollout, ctx, WeightedReward([(Constant(), 1.0)]), update_nothing, LoopConfig(iterations=20),
+                     after_iteration=best.after_iteration)
+    assert len(logs) == 5 and best.stopped_early  # checks after 1..5 batches: 1.5 best, 1.2 (below), 1.45, 1.3, 1.0
+    assert [c["iteration"] for c in best.curve] == [0, 1, 2, 3, 4, 5]
+    best.restore_best()
+    assert torch.equal(model.weight, torch.full((2, 2), 1.0))  # the weights of the check after batch 1
+    s = best.summary()
+    assert s["improved"] and s["best_iteration"] == 1 and s["best_reward"] == 1.5 and s["initial_reward"] == 1.0
+    # the budget: the loop gets what is left after the checks so far, with the longest check reserved once more
+    assert rl_payoff.loop_seconds(60.0, 5.0, 4.0) == 50.0 and rl_payoff.loop_seconds(10.0, 9.0, 4.0) == 1e-3
+
+
+def test_minibatches_are_prepared_before_the_first_update():
+    calls: list[str] = []
+
+    def prepare(mb):
+        calls.append(f"prepare {len(mb)}")
+        return mb
+
+    def update(mb):
+        calls.append(f"update {len(mb)}")
+        return {"loss": 0.0}
+
+    from omniloop.train.rl.buffer import TrainingBatch
+
+    trajs = [Trajectory(request=OmniRequest(task="t2v", inputs=[TextPart(text="a")]), prompt="a", group=0)
+             for _ in range(4)]
+    out = rl_payoff.Minibatched(update, 2, torch.Generator().manual_seed(0), prepare)(TrainingBatch(trajs, torch.zeros(4)))
+    assert calls == ["prepare 2", "prepare 2", "update 2", "update 2"] and out["updates"] == 2.0
+
+
+def test_grpo_old_logprobs_follow_the_device():
+    assert rl_payoff.grpo_old_logprobs(rl_payoff.PayoffConfig(device="cpu")) == "rollout"
+    assert rl_payoff.grpo_old_logprobs(rl_payoff.PayoffConfig(device="cuda")) == "recompute"
+    assert rl_payoff.grpo_old_logprobs(rl_payoff.PayoffConfig(device="cpu", old_logprobs="recompute")) == "recompute"
+    with pytest.raises(ValueError, match="old_logprobs 'trainer'"):
+        rl_payoff.PayoffConfig(old_logprobs="trainer")
+    with pytest.raises(ValueError, match="val_every must be >= 0"):
+        rl_payoff.PayoffConfig(val_patience=0)

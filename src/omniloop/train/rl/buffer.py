@@ -28,6 +28,9 @@ class TrainingBatch:
 
     trajectories: list[Trajectory]
     advantages: torch.Tensor  # [N] fp32
+    # [N, S] the trainer's own per-step log-probs at the weights that rolled the batch out (FlowGRPO's
+    # old_logprobs="recompute": filled by FlowGRPOUpdate.prepare before the batch's first update); None: not taken
+    old_log_probs: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.trajectories)
@@ -46,7 +49,8 @@ class TrainingBatch:
         order = torch.randperm(len(self), generator=generator) if generator is not None else torch.arange(len(self))
         for start in range(0, len(self), size):
             idx = order[start:start + size]
-            yield TrainingBatch([self.trajectories[int(i)] for i in idx], self.advantages[idx])
+            old = self.old_log_probs[idx] if self.old_log_probs is not None else None
+            yield TrainingBatch([self.trajectories[int(i)] for i in idx], self.advantages[idx], old)
 
 
 @dataclass

@@ -12,6 +12,7 @@ most ``max_staleness`` updates after the weights that rolled it out.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -21,7 +22,8 @@ import torch
 
 from omniloop.train.rl.buffer import TrainingBatch, TrajectoryBuffer
 from omniloop.train.rl.objectives.diffusion_nft import NFTConfig, blend_old_policy, nft_loss
-from omniloop.train.rl.objectives.flow_grpo import FlowGRPOConfig, flow_grpo_loss, mean_metrics, trained_steps
+from omniloop.train.rl.objectives.flow_grpo import (FlowGRPOConfig, flow_grpo_loss, mean_metrics, trained_steps,
+                                                    trainer_log_probs)
 from omniloop.train.rl.policy import TextConditionedPolicy, VelocityModel
 from omniloop.train.rl.rewards import WeightedReward
 from omniloop.train.rl.rollout import RolloutContext, RolloutFn
@@ -36,7 +38,11 @@ class Update(Protocol):
 
 @dataclass
 class FlowGRPOUpdate:
-    """Per trained step: forward, loss, backward (one step's graph at a time), then one optimizer step."""
+    """Per trained step: forward, loss, backward (one step's graph at a time), then one optimizer step.
+
+    With ``config.old_logprobs="recompute"`` a rollout batch trained in several updates (minibatches)
+    is :meth:`prepare` d first, every part before the first update; a batch updated once needs not be
+    (its update's forward runs at the rollout's weights and is taken as the old log-probs)."""
 
     policy: VelocityModel
     optimizer: torch.optim.Optimizer
@@ -44,6 +50,13 @@ class FlowGRPOUpdate:
     reference: VelocityModel | None = None
     max_grad_norm: float | None = 1.0
     params: list[torch.nn.Parameter] = field(default_factory=list)
+
+    def prepare(self, batch: TrainingBatch) -> TrainingBatch:
+        """``batch`` with the trainer's old log-probs at the current weights (``recompute``); as is
+        otherwise, or when it carries them already."""
+        if not self.config.recomputes_old or batch.old_log_probs is not None:
+            return batch
+        return dataclasses.replace(batch, old_log_probs=trainer_log_probs(self.policy, batch, self.config.noise_level))
 
     def __call__(self, batch: TrainingBatch) -> dict[str, float]:
         steps = trained_steps(batch)
@@ -141,9 +154,14 @@ def _train(buffer: TrajectoryBuffer, trajs: list[Trajectory], update: Update) ->
     return out
 
 
+AfterIteration = Callable[[IterationLog], bool]  # after an iteration's weight push: False stops the loop
+
+
 def sync_loop(rollout_fn: RolloutFn, ctx: RolloutContext, reward: WeightedReward, update: Update,
               config: LoopConfig, *, push_weights: PushWeights = no_push,
-              buffer: TrajectoryBuffer | None = None) -> list[IterationLog]:
+              buffer: TrajectoryBuffer | None = None, after_iteration: AfterIteration | None = None) -> list[IterationLog]:
+    """``after_iteration`` (e.g. a validation with early stop) runs after each iteration; its time
+    counts against ``max_seconds`` (the clock) but not in the longest-iteration estimate."""
     buffer = buffer if buffer is not None else TrajectoryBuffer()
     logs = []
     start, longest = time.monotonic(), 0.0
@@ -160,6 +178,8 @@ def sync_loop(rollout_fn: RolloutFn, ctx: RolloutContext, reward: WeightedReward
         longest = max(longest, time.monotonic() - t0)
         metrics.update(rollout_s=round(t_roll - t0, 3), iteration_s=round(time.monotonic() - t0, 3))
         logs.append(IterationLog(it, it, it, metrics))
+        if after_iteration is not None and not after_iteration(logs[-1]):
+            break
     return logs
 
 

@@ -2,6 +2,8 @@
 (likelihood-free, final latents). Each is a small module; advantages are ``advantages.py``'s."""
 
 from omniloop.train.rl.objectives.diffusion_nft import NFTConfig, blend_old_policy, nft_loss
-from omniloop.train.rl.objectives.flow_grpo import FlowGRPOConfig, flow_grpo_loss, step_log_probs
+from omniloop.train.rl.objectives.flow_grpo import (FlowGRPOConfig, flow_grpo_loss, step_log_probs, trainer_log_probs,
+                                                    truncated_importance_weight)
 
-__all__ = ["FlowGRPOConfig", "NFTConfig", "blend_old_policy", "flow_grpo_loss", "nft_loss", "step_log_probs"]
+__all__ = ["FlowGRPOConfig", "NFTConfig", "blend_old_policy", "flow_grpo_loss", "nft_loss", "step_log_probs",
+           "trainer_log_probs", "truncated_importance_weight"]

@@ -251,6 +251,7 @@ class PagedKVBatch:
         self.pool = self.handles[0].pool
         for h in self.handles:
             assert h.capacity >= h.num_tokens + num_new, f"{h} lacks room for {num_new} tokens: reserve() first"
+        self.starts = [h.num_tokens for h in self.handles]  # [B] host ints: positions[:, 0]
         positions, write, read = self._indices()
         # every index is built on the CPU in a few whole-batch ops and crosses to the device
         # in ONE copy (not one per row or per layer); the layers reuse them
@@ -271,12 +272,12 @@ class PagedKVBatch:
         """CPU int64 ``positions [B, Lq]``, write slots ``[B * Lq]``, read slots ``[B, Lk]``
         (``Lk`` the longest context after this forward; a shorter row's tail reads slot 0)."""
         bs, num_new = self.pool.block_size, self.num_new
-        past = torch.tensor([h.num_tokens for h in self.handles])  # [B]
+        past = torch.tensor(self.starts)  # [B]
         widest = max(len(h.block_table) for h in self.handles)
         table = torch.tensor([h.block_table + [0] * (widest - len(h.block_table)) for h in self.handles])  # [B, nb]
         positions = past[:, None] + torch.arange(num_new)  # [B, Lq]
         write = (table.gather(1, positions // bs) * bs + positions % bs).reshape(-1)
-        longest = max(h.num_tokens for h in self.handles) + num_new  # a Python int: no scalar read
+        longest = max(self.starts) + num_new  # a Python int: no scalar read
         keys = torch.arange(longest)  # [Lk]
         read = table[:, keys // bs] * bs + keys % bs  # [B, Lk]
         read = torch.where(keys < (past + num_new)[:, None], read, 0)

@@ -97,5 +97,6 @@ def with_media(embeds: torch.Tensor, positions: torch.Tensor, starts: Sequence[i
     when some row's prompt holds an image (rows without one: their index on every plane)."""
     if not any(m is not None for m in media):
         return embeds, positions
-    embeds = torch.stack([e if m is None else m.merge(e, s) for e, m, s in zip(embeds, media, starts)])
+    if any(m is not None and s < m.prompt_len for m, s in zip(media, starts)):  # a row forwards prompt positions
+        embeds = torch.stack([e if m is None else m.merge(e, s) for e, m, s in zip(embeds, media, starts)])
     return embeds, mixed_rope(positions, [None if m is None else m.rope for m in media])

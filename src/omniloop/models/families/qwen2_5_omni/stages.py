@@ -166,28 +166,43 @@ class ThinkerLoop(ARDecodeLoop):
 
     def step_many(self, ctx: StageContext, loops: Sequence[ARLoopState]) -> list[StepResult]:
         results = super().step_many(ctx, loops)
-        for loop, result in zip(loops, results):
-            chunk = self._new_positions(loop) if result.error is None else None
-            if chunk is not None:
-                result.chunks = [("thinker_hidden", chunk)]
+        spans = {i: span for i, (loop, result) in enumerate(zip(loops, results))
+                 if result.error is None and (span := self._new_span(loop)) is not None}
+        # every chunk's states copied out of the records at once: [rows of all spans, D] (views of it each)
+        views = [self._record(loops[i])[start:end] for i, (start, end) in spans.items()]
+        states = torch.cat(views).split([v.shape[0] for v in views]) if views else ()
+        for (i, (start, end)), hidden in zip(spans.items(), states):
+            results[i].chunks = [("thinker_hidden", self._chunk(loops[i], start, end, hidden))]
         return results
 
     @staticmethod
-    def _new_positions(loop: ARLoopState) -> ThinkerChunk | None:
-        """The positions recorded since the last chunk, once the first generated token has been
-        forwarded (the talker's prompt needs position P); None while there is nothing to hand on.
-        The thinker's last token is never forwarded, so every position comes out of some step."""
+    def _record(loop: ARLoopState) -> torch.Tensor:
+        row = loop.lm_inputs
+        assert isinstance(row, ThinkerRow) and row.hidden is not None, "positions recorded without hidden states"
+        return row.hidden
+
+    @staticmethod
+    def _new_span(loop: ARLoopState) -> tuple[int, int] | None:
+        """The positions recorded since the last chunk (now streamed), once the first generated
+        token has been forwarded (the talker's prompt needs position P); None while there is
+        nothing to hand on. The thinker's last token is never forwarded, so every position comes
+        out of some step."""
         row, p = loop.lm_inputs, len(loop.prompt_ids)
         if not isinstance(row, ThinkerRow) or row.filled <= max(p, row.streamed):
             return None
-        assert row.hidden is not None, "positions recorded without hidden states"
         start, end = row.streamed, row.filled
         row.streamed = end
-        ids = (loop.prompt_ids + loop.output_ids)[start:end]
+        return start, end
+
+    @staticmethod
+    def _chunk(loop: ARLoopState, start: int, end: int, hidden: torch.Tensor) -> ThinkerChunk:
+        """Positions ``start .. end`` as the talker reads them (``hidden [end - start, D]``)."""
+        row, p = loop.lm_inputs, len(loop.prompt_ids)
+        assert isinstance(row, ThinkerRow), "the thinker's loop records a ThinkerRow"
+        ids = loop.context_ids(start, end)
         media = row.media.mask(start, end) if row.media is not None and start < p else None
         rope = row.media.rope if row.media is not None and start == 0 else None
-        return ThinkerChunk(prompt_len=p, start=start, ids=ids, hidden=row.hidden[start:end].clone(), media=media,
-                            rope=rope)
+        return ThinkerChunk(prompt_len=p, start=start, ids=ids, hidden=hidden, media=media, rope=rope)
 
     def finalize(self, ctx: StageContext, loop: ARLoopState, state: RequestState) -> None:
         if isinstance(loop.lm_inputs, ThinkerRow) and loop.lm_inputs.record_states:

@@ -75,8 +75,9 @@ def process_logits(logits: torch.Tensor, p: SamplingParams, seen: torch.Tensor |
 
 def _row_cumsum(x: torch.Tensor) -> torch.Tensor:
     """``cumsum`` along the last dimension with the row-wise kernel whatever the row count (see
-    the module NOTE): a lone row is scanned beside a copy of itself."""
-    if x.dim() == 2 and x.shape[0] == 1:
+    the module NOTE): on a GPU a lone row is scanned beside a copy of itself (a CPU scans every
+    row alike)."""
+    if x.is_cuda and x.dim() == 2 and x.shape[0] == 1:
         return x.expand(2, -1).contiguous().cumsum(-1)[:1]
     return x.cumsum(-1)
 
@@ -134,7 +135,7 @@ def _pick(rows: Sequence[SamplingRow]) -> tuple[torch.Tensor, torch.Tensor | Non
         for j, r in enumerate(rows):  # each request's own generator, V draws a row (multinomial's)
             q[j].exponential_(1, generator=r.generator)
         tokens = (probs / q).argmax(-1)
-        ok = probs.isfinite().all(-1) & (probs >= 0).all(-1)
+        ok = probs.isfinite().all(-1)  # a softmax is >= 0 where it is not NaN
     return tokens, ok, seen
 
 
@@ -171,8 +172,8 @@ def choose_tokens(tokenizer: Detokenizes, rows: Sequence[SamplingRow]) -> list[T
         tokens, ok, seen = _pick([rows[i] for i in members])
         if seen is not None:
             penalized.append(([rows[i] for i in members], seen, tokens))
-        for i, t in zip(members, tokens.unbind(0)):
-            token_of[i] = t
+        if any(rows[i].top_logprobs is not None for i in members):
+            token_of.update(zip(members, tokens.unbind(0)))
         reads.append(tokens)
         layout.append(("tokens", members, 1))
         if ok is not None:
@@ -191,7 +192,7 @@ def choose_tokens(tokenizer: Detokenizes, rows: Sequence[SamplingRow]) -> list[T
         layout += [("chosen", members, 1)] + ([("values", members, k), ("ids", members, k)] if k else [])
     for group, seen, tokens in penalized:  # after every group chose: a batch that raised marked nothing
         _mark_seen(group, seen, tokens)
-    flat = torch.cat([t.reshape(-1).double() for t in reads]).tolist()  # the one host sync
+    flat = (reads[0] if len(reads) == 1 else torch.cat([t.reshape(-1).double() for t in reads])).tolist()  # the one sync
     return _unpack(tokenizer, rows, flat, layout)
 
 

@@ -35,7 +35,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/ (common)
-from common import built_in, emit, fill_unset, jsonl_sink  # noqa: E402
+from common import built_in, emit, fill_unset, jsonl_sink, profile_top  # noqa: E402
 
 from omniloop.cache.paged_kv import BlockPool  # noqa: E402
 from omniloop.models.families.qwen2.model import Qwen2Config, Qwen2LM  # noqa: E402
@@ -254,18 +254,30 @@ def measure(bench: Bench, loops: list[ARLoopState], iters: int, warmup: int) -> 
             "ops_in_forward": counter.inside, "host_syncs": counter.syncs}
 
 
-def run_case(bench: Bench, model: str, variant: str, batch: int, contexts: list[int], args) -> dict:
-    max_tokens = args.warmup + args.iters + 4  # no row ends while measured
+PROFILED_STEPS = 3
+
+
+def run_case(bench: Bench, model: str, variant: str, batch: int, contexts: list[int], args) -> tuple[dict, list[dict]]:
+    """-> the case's record, and (``--profile``) its top kernels / ops per step."""
+    max_tokens = args.warmup + args.iters + PROFILED_STEPS + 6  # no row ends while measured
     loops = []
     for row in range(batch):
         params, top = row_params(variant, row, max_tokens)
         loops.append(bench.make_loop(row, contexts[row % len(contexts)], params, top))
+    kernels: list[dict] = []
     with torch.inference_mode():
         rec = measure(bench, loops, args.iters, args.warmup)
+        if args.profile:
+            kernels = profile_top(lambda: bench.stage.step_many(bench.ctx, loops), cuda=bench.ctx.device.type == "cuda",
+                                  steps=PROFILED_STEPS, top=12)
     for lp in loops:
         bench.stage.release(lp)
-    return {"model": model, "sampling": variant, "batch": batch,
-            "contexts": sorted({contexts[r % len(contexts)] for r in range(batch)}), **rec}
+    case = {"model": model, "sampling": variant, "batch": batch,
+            "contexts": sorted({contexts[r % len(contexts)] for r in range(batch)})}
+    busy = next((k["ms_per_call"] / k["share"] for k in kernels if k["share"] > 0), None)
+    if busy is not None:  # what the device (CPU: the ops) was busy with per step, of step_ms
+        rec["busy_ms"] = round(busy, 3)
+    return {**case, **rec}, [{**case, "metric": "profile", **k} for k in kernels]
 
 
 def parse(argv) -> argparse.Namespace:
@@ -279,6 +291,9 @@ def parse(argv) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads on the CPU")
     p.add_argument("--device", default=None, help="cpu (tiny) / cuda (7b)")
+    p.add_argument("--profile", action="store_true",
+                   help="also the top kernels (GPU) / ops (CPU) of each case's step, and busy_ms: the device's "
+                        "time per step (step_ms - busy_ms: the device waiting for the host)")
     p.add_argument("--label", default=None, help="a label field on every line (e.g. before / after)")
     p.add_argument("--machine", default=None, help="the machine, in words (default: the device's name)")
     p.add_argument("--out", default=None)
@@ -305,7 +320,10 @@ def main(argv=None) -> int:
             bench = build(model, args.arch, device, dtype, kv_tokens)
             for variant in VARIANTS[model]:
                 for batch in batches:
-                    emit({**base, **run_case(bench, model, variant, batch, contexts, args)}, sink)
+                    rec, kernels = run_case(bench, model, variant, batch, contexts, args)
+                    emit({**base, **rec}, sink)
+                    for k in kernels:
+                        emit({**base, **k}, sink)
             del bench
             if device.type == "cuda":
                 torch.cuda.empty_cache()

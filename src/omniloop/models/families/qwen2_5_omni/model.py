@@ -319,10 +319,11 @@ class OmniTalker(nn.Module):
         rows = [r for r in lm_inputs or () if r is not None]
         assert len(rows) == input_ids.shape[0], "every talker row needs its TalkerRow"
         positions = _positions(input_ids, kv)
-        embeds = self._decode_embeds(input_ids, _starts(input_ids, kv), rows)
+        starts = _starts(input_ids, kv)
+        embeds = self._decode_embeds(input_ids, starts, rows)
         if embeds is None:  # a prefill chunk: prompt positions, row by row
             embeds = torch.stack([self._row_embeds(i, p, r) for i, p, r in zip(input_ids, positions, rows)])
-        rope = mixed_rope(positions, [r.rope for r in rows])  # [B, L], or [3, B, L] with an image / a video
+        rope = mixed_rope(positions, [r.rope for r in rows], starts)  # [B, L], or [3, B, L] with an image / a video
         h = self.model(self.thinker_to_talker_proj(embeds), rope, kv)
         if logits_to_keep:
             h = h[:, -logits_to_keep:]

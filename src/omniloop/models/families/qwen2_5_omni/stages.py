@@ -258,7 +258,14 @@ def talker_prompt(thinker: OmniThinker, talker: OmniTalker, first: ThinkerChunk,
 @torch.inference_mode()
 def feed_talker(thinker: OmniThinker, row: TalkerRow, chunk: ThinkerChunk) -> None:
     """One more run of reply positions from the thinker's stream."""
-    row.extend(chunk.hidden.to(thinker.dtype) + _embed(thinker, chunk.ids, chunk.hidden.device))
+    row.extend(reply_rows(thinker, [chunk]))
+
+
+@torch.inference_mode()
+def reply_rows(thinker: OmniThinker, chunks: Sequence[ThinkerChunk]) -> torch.Tensor:
+    """``[positions of every chunk, D]``: each reply position's state + its token's embedding."""
+    hidden = chunks[0].hidden if len(chunks) == 1 else torch.cat([c.hidden for c in chunks])
+    return hidden.to(thinker.dtype) + _embed(thinker, [i for c in chunks for i in c.ids], hidden.device)
 
 
 @torch.inference_mode()
@@ -359,15 +366,24 @@ class TalkerLoop(ARDecodeLoop):
         pending = sum(len(chunk.ids) for chunk in loop.feed.since(loop.feed.consumed))
         return row.complete or loop.feed.closed or row.reply.shape[0] + pending > len(loop.output_ids)
 
-    def _feed(self, ctx: StageContext, loop: ARLoopState) -> None:
-        """The thinker's new positions into the loop's TalkerRow (and its end, once closed)."""
-        if not isinstance(loop, TalkerLoopState) or loop.lm_inputs.complete:
+    @torch.inference_mode()
+    def _feed_many(self, ctx: StageContext, loops: Sequence[ARLoopState]) -> None:
+        """The thinker's new positions into each loop's TalkerRow (and its end, once closed): the
+        batch's chunks embedded with one lookup and one add (``feed_talker``'s sums), then each
+        row's append."""
+        fed = [(lp, lp.feed.take()) for lp in loops if isinstance(lp, TalkerLoopState) and not lp.lm_inputs.complete]
+        if not fed:
             return
         thinker: OmniThinker = ctx.component(self.thinker_component)
-        for chunk in loop.feed.take():
-            feed_talker(thinker, loop.lm_inputs, chunk)
-        if loop.feed.exhausted:
-            close_talker(thinker, ctx.component(self.lm_component), loop.lm_inputs)
+        chunks = [c for _, taken in fed for c in taken]
+        if chunks:
+            rows = reply_rows(thinker, chunks)  # [positions of every chunk, D]
+            for (loop, _), part in zip(fed, rows.split([sum(len(c.ids) for c in taken) for _, taken in fed])):
+                if part.shape[0]:
+                    loop.lm_inputs.extend(part)
+        for loop, _ in fed:
+            if loop.feed.exhausted:
+                close_talker(thinker, ctx.component(self.lm_component), loop.lm_inputs)
 
     def estimate(self, ctx: StageContext, state: RequestState) -> WorkEstimate:
         """Before the thinker has answered: the prompt is at most the conversation + the
@@ -383,8 +399,7 @@ class TalkerLoop(ARDecodeLoop):
                             init_peak_bytes=lm.activation_bytes(prompt, prompt), batch_group="tokens")
 
     def step_many(self, ctx: StageContext, loops: Sequence[ARLoopState]) -> list[StepResult]:
-        for loop in loops:
-            self._feed(ctx, loop)
+        self._feed_many(ctx, loops)
         # codes are no text: nothing is streamed as a text delta; the new codes go on codec_stream.
         # NOTE: read how far the stream got before the step: the AR loop's final text delta
         # advances emitted_tokens past the last code (a speech cut at its length bound)

@@ -4,7 +4,8 @@
               handle on the paged text-KV pool, and the first prefill chunk if the pool
               has room for it (a short prompt: its whole prefill -> logits of the first token)
     step:     prefill phase (the KV holds less than the context): the next chunk of at most
-              ``prefill_chunk_tokens`` (the token budget of one step); decode phase: sample
+              ``prefill_chunk_tokens`` (the token budget of one step); decode phase: every
+              row's token chosen with the batch (``ar_sampling.choose_tokens``: one host sync)
               -> stop checks -> stream the text delta -> decode forward (unless done)
     finalize: TextArtifact(text, token_ids), free the KV
 

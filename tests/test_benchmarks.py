@@ -115,6 +115,23 @@ def test_wan_step_benchmark_times_our_step_alone(tmp_path):
     assert all(r["median_s"] > 0 and r["arch"] == "1.3b" for r in records)
 
 
+def test_ar_step_benchmark_finds_no_host_work_growing_with_the_batch(tmp_path):
+    """One batched AR decode step (Qwen2, the omni thinker and talker) at batch 1 and 3: one host
+    sync per step whatever the batch, and a few dispatches (views, a sampled row's own draw) per
+    added row, not the ~10-25 kernels a row the per-row step launched."""
+    records = _run_bench("bench_ar_step.py", "--iters", "1", "--warmup", "0", "--batches", "1,3", "--contexts", "5,20",
+                         "--profile", out=tmp_path / "ar.jsonl")
+    steps = {(r["model"], r["sampling"], r["batch"]): r for r in records if r.get("metric") != "profile"}
+    assert {m for m, _, _ in steps} == {"qwen2", "thinker", "talker"} and len(steps) == 12
+    assert all(r["host_syncs"] == 1 and r["step_ms"] >= r["forward_ms"] > 0 for r in steps.values())
+    for (model, sampling, batch), r in steps.items():
+        if batch == 3 and sampling != "mixed":  # mixed: a second sampling group (a fixed cost) at batch 3
+            one = steps[(model, sampling, 1)]
+            assert r["ops_outside_forward"] - one["ops_outside_forward"] <= 2 * 6, (model, sampling)
+            assert r["ops_in_forward"] - one["ops_in_forward"] <= 2 * 6, (model, sampling)
+    assert any(r.get("metric") == "profile" and r["launches_per_call"] > 0 for r in records)
+
+
 def test_qwen2_benchmark_compares_our_engine_with_transformers(tmp_path):
     records = _run_bench("bench_qwen2.py", "--tiny", "--iters", "1", out=tmp_path / "q.jsonl")
     sides = {(r["metric"], r.get("batch")) for r in records}

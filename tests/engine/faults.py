@@ -235,10 +235,10 @@ class FaultyARLoop(ARDecodeLoop):
                 self.plan.armed, self.plan.armed_seed = [lp.kv], lp.seed
         return super().step_many(ctx, loops)
 
-    def _advance(self, tokenizer, loop, token=None):  # token: the batched greedy pick (ar.greedy_tokens)
+    def _advance(self, tokenizer, loop, choice=None):  # choice: the batch's pick (ar_sampling.choose_tokens)
         if self.plan.point == "sample" and self.plan.is_armed(loop.kv):
             self.plan.fire("sample")
-        return super()._advance(tokenizer, loop, token)
+        return super()._advance(tokenizer, loop, choice)
 
     def finalize(self, ctx, loop, state):
         if self.plan.point == "finalize" and loop.seed == self.plan.bad_seed:

@@ -85,6 +85,7 @@ class StaticDecodeKV:
 
     causal = False  # the mask says it all
     num_new = 1
+    starts = None  # the positions are device tensors only (replayed from a graph)
 
     def __init__(self, pool: BlockPool, positions: torch.Tensor, write: torch.Tensor, read: torch.Tensor) -> None:
         self.pool = pool

@@ -164,11 +164,12 @@ class KVBatch:
         self.handles = list(handles)
         self.num_new = num_new
         device = self.handles[0].device
-        past = torch.tensor([h.num_tokens for h in self.handles], device=device)  # [B]
+        self.starts = [h.num_tokens for h in self.handles]  # [B] host ints: positions[:, 0]
+        past = torch.tensor(self.starts, device=device)  # [B]
         self.positions = past[:, None] + torch.arange(num_new, device=device)  # [B, Lq]
         self.mask: torch.Tensor | None = None  # [B, 1, Lq, L_max] bool, True = attend
         if len(self.handles) > 1:
-            keys = torch.arange(int(past.max()) + num_new, device=device)
+            keys = torch.arange(max(self.starts) + num_new, device=device)  # a host int: no scalar read
             self.mask = (keys[None, None, :] <= self.positions[:, :, None])[:, None]
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from omniloop.cache.kv import KVLayout
 from omniloop.request import InvalidRequest
@@ -161,6 +162,14 @@ class PagedKVHandle:
         self.block_table: list[int] = []
         self.num_tokens = 0
         self.freed = False
+        self._table: torch.Tensor | None = None  # block_table as a CPU tensor, made when first asked for
+
+    def table(self) -> torch.Tensor:
+        """``[len(block_table)]`` int64 on the CPU, kept until the table changes (a batch's
+        index building reads it every step; it changes once every ``block_size`` tokens)."""
+        if self._table is None:
+            self._table = torch.tensor(self.block_table, dtype=torch.long)
+        return self._table
 
     @property
     def capacity(self) -> int:
@@ -195,6 +204,7 @@ class PagedKVHandle:
         if blocks is None:
             return False
         self.block_table += blocks
+        self._table = None
         return True
 
     def rollback(self, num_tokens: int) -> None:
@@ -206,7 +216,7 @@ class PagedKVHandle:
     def drop(self) -> None:
         """Give every block back (preemption); the handle stays usable, empty."""
         self.pool.release(self.block_table)
-        self.block_table, self.num_tokens = [], 0
+        self.block_table, self.num_tokens, self._table = [], 0, None
 
     def free(self) -> None:
         """Give every block back; idempotent. The handle cannot be used afterwards."""
@@ -218,7 +228,7 @@ class PagedKVHandle:
         """``[count]`` int64 pool slots of positions ``start .. start + count - 1`` (built on the
         CPU; moved to ``device``, the pool's when None)."""
         pos = torch.arange(start, start + count)
-        table = torch.tensor(self.block_table, dtype=torch.long)
+        table = self.table()
         slots = table[pos // self.pool.block_size] * self.pool.block_size + pos % self.pool.block_size
         return slots.to(self.device if device is None else device)
 
@@ -251,6 +261,7 @@ class PagedKVBatch:
         self.pool = self.handles[0].pool
         for h in self.handles:
             assert h.capacity >= h.num_tokens + num_new, f"{h} lacks room for {num_new} tokens: reserve() first"
+        self.starts = [h.num_tokens for h in self.handles]  # [B] host ints: positions[:, 0]
         positions, write, read = self._indices()
         # every index is built on the CPU in a few whole-batch ops and crosses to the device
         # in ONE copy (not one per row or per layer); the layers reuse them
@@ -271,12 +282,11 @@ class PagedKVBatch:
         """CPU int64 ``positions [B, Lq]``, write slots ``[B * Lq]``, read slots ``[B, Lk]``
         (``Lk`` the longest context after this forward; a shorter row's tail reads slot 0)."""
         bs, num_new = self.pool.block_size, self.num_new
-        past = torch.tensor([h.num_tokens for h in self.handles])  # [B]
-        widest = max(len(h.block_table) for h in self.handles)
-        table = torch.tensor([h.block_table + [0] * (widest - len(h.block_table)) for h in self.handles])  # [B, nb]
+        past = torch.tensor(self.starts)  # [B]
+        table = pad_sequence([h.table() for h in self.handles], batch_first=True)  # [B, nb] (pad: block 0)
         positions = past[:, None] + torch.arange(num_new)  # [B, Lq]
         write = (table.gather(1, positions // bs) * bs + positions % bs).reshape(-1)
-        longest = max(h.num_tokens for h in self.handles) + num_new  # a Python int: no scalar read
+        longest = max(self.starts) + num_new  # a Python int: no scalar read
         keys = torch.arange(longest)  # [Lk]
         read = table[:, keys // bs] * bs + keys % bs  # [B, Lk]
         read = torch.where(keys < (past + num_new)[:, None], read, 0)

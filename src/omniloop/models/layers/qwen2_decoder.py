@@ -22,7 +22,7 @@ backend).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -62,6 +62,10 @@ class KVCacheView(Protocol):
     """What a forward needs from the KV cache (``omniloop.cache.kv.KVBatch``, ``omniloop.cache.paged_kv.PagedKVBatch``)."""
 
     positions: torch.Tensor  # [B, Lq] absolute positions of the new tokens
+    # [B] each row's first new position (``positions[:, 0]``) as host ints, so a model that
+    # addresses per-request inputs by position reads them without a device sync; None where the
+    # positions live on the device only (a CUDA-graph decode step)
+    starts: Sequence[int] | None
     mask: torch.Tensor | None  # [B, 1, Lq, Lk] bool (True = attend), or None: plain bottom-right causal
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -4,7 +4,8 @@
               handle on the paged text-KV pool, and the first prefill chunk if the pool
               has room for it (a short prompt: its whole prefill -> logits of the first token)
     step:     prefill phase (the KV holds less than the context): the next chunk of at most
-              ``prefill_chunk_tokens`` (the token budget of one step); decode phase: sample
+              ``prefill_chunk_tokens`` (the token budget of one step); decode phase: every
+              row's token chosen with the batch (``ar_sampling.choose_tokens``: one host sync)
               -> stop checks -> stream the text delta -> decode forward (unless done)
     finalize: TextArtifact(text, token_ids), free the KV
 
@@ -38,10 +39,10 @@ from omniloop.models.layers.cuda_graphs import CudaGraphRunner
 from omniloop.pipeline.defaults import admitted_seed
 from omniloop.pipeline.failures import PoolFatalError, attempt, per_request
 from omniloop.pipeline.loops.ar_graphs import graph_decode, graph_rows
+from omniloop.pipeline.loops.ar_sampling import TokenChoice, choose_tokens
 from omniloop.pipeline.stage import LoopStageBase, WorkEstimate, step_results
 from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
-from omniloop.request import (Artifact, ErrorKind, InvalidRequest, OmniRequest, SamplingParams, TextArtifact,
-                              TokenLogProb)
+from omniloop.request import Artifact, ErrorKind, InvalidRequest, OmniRequest, SamplingParams, TextArtifact, TokenLogProb
 
 FINISH_STOP = "stop"  # EOS, a stop token id or a stop string
 FINISH_LENGTH = "length"  # max_tokens reached
@@ -123,6 +124,11 @@ class ARLoopState(LoopState):
     @property
     def context_len(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
+
+    def context_ids(self, start: int, end: int) -> list[int]:
+        """``(prompt_ids + output_ids)[start:end]`` without copying the whole context."""
+        p = len(self.prompt_ids)
+        return self.prompt_ids[start:end] + self.output_ids[max(start - p, 0):max(end - p, 0)]
 
     @property
     def prefilling(self) -> bool:
@@ -262,8 +268,8 @@ class ARDecodeLoop(LoopStageBase[ARLoopState]):
                 loops[i].steps_done += errors[i] is None
             return [StepResult.failed(e) if e is not None else StepResult(done=False) for e in errors]
         tokenizer: Tokenizer = ctx.component(self.tokenizer_component)
-        greedy = greedy_tokens(loops)  # one argmax and one host sync for every greedy row
-        results = per_request(errors, lambda i: self._advance(tokenizer, loops[i], greedy.get(i)))  # sample -> stops -> delta
+        choices = self._choose(tokenizer, loops)  # every row's token (and log-prob): one host sync
+        results = per_request(errors, lambda i: self._advance(tokenizer, loops[i], choices[i]))  # stops -> delta
         live = self._make_room([i for i, lp in enumerate(loops) if errors[i] is None and not lp.done], loops)
         if live:
             self._isolated(lambda rows: self._decode_rows(lm, rows), loops, live, errors)
@@ -280,16 +286,30 @@ class ARDecodeLoop(LoopStageBase[ARLoopState]):
             )
         return ids
 
-    def _advance(self, tokenizer: Tokenizer, loop: ARLoopState, token: int | None = None) -> StepResult:
-        """Append the next token (``token`` when already chosen, else sampled) and check stops."""
-        token = sample_token(loop) if token is None else token
-        if loop.top_logprobs is not None:
-            assert loop.logits is not None, "a token chosen before prefill"
-            loop.log_probs.append(token_log_prob(tokenizer, loop.logits, token, loop.top_logprobs))
+    @staticmethod
+    def _choose(tokenizer: Tokenizer, loops: Sequence[ARLoopState]) -> list[TokenChoice | BaseException | None]:
+        """``choose_tokens`` for the batch; if it raises, None for every row: each then chooses
+        alone in ``_advance`` (so only a culprit fails)."""
+        try:
+            return list(choose_tokens(tokenizer, loops))
+        except PoolFatalError:
+            raise
+        except Exception:
+            return [None] * len(loops)
+
+    def _advance(self, tokenizer: Tokenizer, loop: ARLoopState,
+                 choice: TokenChoice | BaseException | None = None) -> StepResult:
+        """Append the next token (``choice``: chosen with the batch; None: chosen alone now; an
+        exception: this row's choice failed) and check stops."""
+        if choice is None:
+            choice = choose_tokens(tokenizer, [loop])[0]
+        if isinstance(choice, BaseException):
+            raise choice
+        token = choice.token
+        if choice.log_prob is not None:
+            loop.log_probs.append(choice.log_prob)
         loop.output_ids.append(token)
         loop.steps_done += 1
-        if loop.seen is not None:
-            loop.seen[token] = True
         if token in loop.stop_ids:
             loop.text += loop.detok.step(tokenizer, loop.output_ids[:-1], final=True)  # flush; the stop token adds no text
             _finish(loop, FINISH_STOP)
@@ -315,11 +335,11 @@ class ARDecodeLoop(LoopStageBase[ARLoopState]):
         """Forward the next ``n`` context tokens of every loop (reserved); a loop whose prefill
         completes gets the logits of its next token."""
         device = loops[0].kv.device
-        ids = torch.tensor([(lp.prompt_ids + lp.output_ids)[lp.kv.num_tokens:lp.kv.num_tokens + n] for lp in loops],
+        ids = torch.tensor([lp.context_ids(lp.kv.num_tokens, lp.kv.num_tokens + n) for lp in loops],
                            device=device)  # [B, n]
         logits = lm(ids, kv=PagedKVBatch([lp.kv for lp in loops], n), logits_to_keep=1,
                     **_lm_inputs(loops))[:, -1].float()  # [B, V]
-        for lp, row in zip(loops, logits):
+        for lp, row in zip(loops, logits.unbind(0)):
             if lp.prefilling:
                 continue
             lp.logits = row
@@ -338,7 +358,7 @@ class ARDecodeLoop(LoopStageBase[ARLoopState]):
         ids = torch.tensor([[lp.output_ids[-1]] for lp in loops], device=device)  # [B, 1]
         logits = lm(ids, kv=PagedKVBatch([lp.kv for lp in loops], 1), logits_to_keep=1,
                     **_lm_inputs(loops))[:, -1].float()  # [B, V]
-        for lp, row in zip(loops, logits):
+        for lp, row in zip(loops, logits.unbind(0)):
             lp.logits = row
 
     @staticmethod
@@ -396,62 +416,6 @@ def _top_logprobs(request: OmniRequest) -> int | None:
     """Alternatives to record per token, or None when the request wants no log-probs."""
     out = request.outputs
     return out.top_logprobs if out.return_log_probs or out.top_logprobs else None
-
-
-def token_log_prob(tokenizer: Tokenizer, logits: torch.Tensor, token: int, top: int) -> TokenLogProb:
-    """``token``'s log-prob under ``logits [vocab]`` (the model's raw fp32 logits: ``log_softmax``
-    before any sampling processing, as transformers' ``output_scores`` raw logits give it), and
-    the ``top`` most likely tokens, best first. One host sync."""
-    logp = torch.log_softmax(logits.float(), dim=-1)  # [V]
-    if top:
-        values, ids = torch.topk(logp, min(top, logp.shape[-1]))
-        flat = torch.cat([logp[token : token + 1], values]).tolist()
-        alts = tuple(TokenLogProb(i, tokenizer.decode([i]), v) for i, v in zip(ids.tolist(), flat[1:]))
-        return TokenLogProb(token, tokenizer.decode([token]), flat[0], alts)
-    return TokenLogProb(token, tokenizer.decode([token]), float(logp[token]))
-
-
-def greedy_tokens(loops: Sequence[ARLoopState]) -> dict[int, int]:
-    """``{row: token}`` of the loops whose next token is a plain argmax (temperature 0, no
-    repetition penalty): one batched argmax and one ``tolist`` sync for all of them instead
-    of one ``int(argmax)`` sync per row; equal to :func:`sample_token` for those rows."""
-    greedy = [(i, lp.logits) for i, lp in enumerate(loops) if lp.logits is not None and lp.params.temperature == 0
-              and (lp.seen is None or lp.params.repetition_penalty == 1.0)]
-    if not greedy:
-        return {}
-    tokens = torch.stack([logits for _, logits in greedy]).argmax(-1).tolist()
-    return dict(zip([i for i, _ in greedy], tokens))
-
-
-def sample_token(loop: ARLoopState) -> int:
-    """Next token from ``loop.logits``: greedy when temperature is 0, else a draw from the
-    processed distribution with the request's own generator."""
-    assert loop.logits is not None, "sample_token before prefill"
-    logits = process_logits(loop.logits, loop.params, loop.seen)
-    if loop.params.temperature == 0:
-        return int(torch.argmax(logits))
-    return int(torch.multinomial(logits.softmax(-1), 1, generator=loop.generator))
-
-
-def process_logits(logits: torch.Tensor, p: SamplingParams, seen: torch.Tensor | None) -> torch.Tensor:
-    """``[vocab]`` fp32 logits -> processed logits, in transformers' order: repetition
-    penalty (over prompt + output ids, ``seen``), then unless greedy temperature -> top-k ->
-    top-p (removed tokens get -inf)."""
-    if seen is not None and p.repetition_penalty != 1.0:
-        penalized = torch.where(logits > 0, logits / p.repetition_penalty, logits * p.repetition_penalty)
-        logits = torch.where(seen, penalized, logits)
-    if p.temperature == 0:
-        return logits
-    logits = logits / p.temperature
-    if 0 < p.top_k < logits.shape[-1]:
-        kth = torch.topk(logits, p.top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if p.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits)  # ascending
-        drop = sorted_logits.softmax(-1).cumsum(-1) <= 1 - p.top_p
-        drop[-1] = False  # always keep the most likely token
-        logits = logits.masked_fill(drop.scatter(0, order, drop), float("-inf"))
-    return logits
 
 
 # -- stop conditions and streaming -------------------------------------------------------

@@ -37,11 +37,17 @@ class PromptRope:
         return torch.where(k < self.prompt_len, self.positions[:, inside], (k + self.delta).expand(3, -1))
 
 
-def mixed_rope(positions: torch.Tensor, ropes: Sequence[PromptRope | None]) -> torch.Tensor:
+def mixed_rope(positions: torch.Tensor, ropes: Sequence[PromptRope | None],
+               starts: Sequence[int] | None = None) -> torch.Tensor:
     """``positions [B, L]`` context indices -> ``[B, L]`` as they are when no row has 3-D positions,
-    else ``[3, B, L]`` (a row without them: its index on every plane)."""
+    else ``[3, B, L]`` (a row without them: its index on every plane). ``starts``: each row's
+    first position on the host; when every 3-D row is past its prompt (a decode step) the planes
+    are ``positions + delta`` for the whole batch at once instead of row by row."""
     if not any(r is not None for r in ropes):
         return positions
+    if starts is not None and all(r is None or s >= r.prompt_len for s, r in zip(starts, ropes)):
+        delta = torch.tensor([0 if r is None else r.delta for r in ropes], device=positions.device)  # [B]
+        return (positions + delta[:, None])[None].expand(3, -1, -1)
     return torch.stack([p[None].expand(3, -1) if r is None else r.at(p) for p, r in zip(positions, ropes)], dim=1)
 
 
@@ -97,5 +103,6 @@ def with_media(embeds: torch.Tensor, positions: torch.Tensor, starts: Sequence[i
     when some row's prompt holds an image (rows without one: their index on every plane)."""
     if not any(m is not None for m in media):
         return embeds, positions
-    embeds = torch.stack([e if m is None else m.merge(e, s) for e, m, s in zip(embeds, media, starts)])
-    return embeds, mixed_rope(positions, [None if m is None else m.rope for m in media])
+    if any(m is not None and s < m.prompt_len for m, s in zip(media, starts)):  # a row forwards prompt positions
+        embeds = torch.stack([e if m is None else m.merge(e, s) for e, m, s in zip(embeds, media, starts)])
+    return embeds, mixed_rope(positions, [None if m is None else m.rope for m in media], starts)

@@ -137,6 +137,14 @@ def _positions(ids: torch.Tensor, kv: KVCacheView | None) -> torch.Tensor:
     return kv.positions if kv is not None else torch.arange(n, device=ids.device).expand(b, n)
 
 
+def _starts(ids: torch.Tensor, kv: KVCacheView | None) -> list[int]:
+    """Each row's first position as host ints (the KV view keeps them: no device read per row)."""
+    if kv is None:
+        return [0] * ids.shape[0]
+    assert kv.starts is not None, "per-request model inputs need the rows' positions on the host"
+    return list(kv.starts)
+
+
 # -- the thinker ------------------------------------------------------------------------
 
 
@@ -154,20 +162,32 @@ class ThinkerRow:
     media: MediaEmbeds | None = None
     record_states: bool = True
 
-    def record(self, start: int, rows: torch.Tensor) -> None:
-        end = start + rows.shape[0]
+    def reserve(self, end: int, like: torch.Tensor) -> torch.Tensor:
+        """The record with room for positions up to ``end`` (``like [*, hidden]``: dtype, width,
+        device), grown by doubling."""
         if self.hidden is None or self.hidden.shape[0] < end:
-            grown = rows.new_empty(max(end, 2 * (0 if self.hidden is None else self.hidden.shape[0]), 64), rows.shape[1])
+            grown = like.new_empty(max(end, 2 * (0 if self.hidden is None else self.hidden.shape[0]), 64), like.shape[-1])
             if self.hidden is not None:
                 grown[: self.filled] = self.hidden[: self.filled]
             self.hidden = grown
-        self.hidden[start:end] = rows
-        self.filled = max(self.filled, end)
+        return self.hidden
 
     def states(self) -> torch.Tensor:
         """``[filled, hidden]``: position ``p``'s final hidden state in row ``p``."""
         assert self.hidden is not None, "the thinker recorded nothing"
         return self.hidden[: self.filled].clone()
+
+
+def record_states(rows: Sequence[ThinkerRow], starts: Sequence[int], h: torch.Tensor) -> None:
+    """``h [B, L, hidden]`` into each row's record at positions ``starts[i] ..`` (rows that record:
+    every row here), as ONE multi-tensor copy for the batch (not a copy kernel per request)."""
+    n = h.shape[1]
+    dests = []
+    for row, start in zip(rows, starts):
+        dests.append(row.reserve(start + n, h[0])[start:start + n])  # [n, hidden] view of its record
+    torch._foreach_copy_(dests, list(h.unbind(0)))
+    for row, start in zip(rows, starts):
+        row.filled = max(row.filled, start + n)
 
 
 class OmniThinker(nn.Module):
@@ -198,13 +218,15 @@ class OmniThinker(nn.Module):
         """``input_ids [B, L]`` -> logits ``[B, L', vocab]``; each row's hidden states go to its
         ``lm_inputs`` record (None: not recorded)."""
         positions = _positions(input_ids, kv)
-        starts = [int(p[0]) for p in positions] if lm_inputs else []
+        starts = _starts(input_ids, kv) if lm_inputs else []
         media = [None if row is None else row.media for row in lm_inputs or ()]
         embeds, rope = with_media(self.embed(input_ids), positions, starts, media)  # [B, L, hidden]; [B, L] or [3, B, L]
         h = self.model(embeds, rope, kv)  # [B, L, hidden]
-        for row, hidden, start in zip(lm_inputs or (), h, starts):
-            if row is not None and row.record_states:
-                row.record(start, hidden)
+        rows = list(lm_inputs or ())
+        recording = [i for i, row in enumerate(rows) if row is not None and row.record_states]
+        if recording:
+            record_states([cast(ThinkerRow, rows[i]) for i in recording], [starts[i] for i in recording],
+                          h if len(recording) == h.shape[0] else h[recording])  # the usual batch: every row
         if logits_to_keep:
             h = h[:, -logits_to_keep:]
         return self.lm_head(h)
@@ -297,12 +319,26 @@ class OmniTalker(nn.Module):
         rows = [r for r in lm_inputs or () if r is not None]
         assert len(rows) == input_ids.shape[0], "every talker row needs its TalkerRow"
         positions = _positions(input_ids, kv)
-        embeds = torch.stack([self._row_embeds(i, p, r) for i, p, r in zip(input_ids, positions, rows)])
-        rope = mixed_rope(positions, [r.rope for r in rows])  # [B, L], or [3, B, L] with an image / a video
+        starts = _starts(input_ids, kv)
+        embeds = self._decode_embeds(input_ids, starts, rows)
+        if embeds is None:  # a prefill chunk: prompt positions, row by row
+            embeds = torch.stack([self._row_embeds(i, p, r) for i, p, r in zip(input_ids, positions, rows)])
+        rope = mixed_rope(positions, [r.rope for r in rows], starts)  # [B, L], or [3, B, L] with an image / a video
         h = self.model(self.thinker_to_talker_proj(embeds), rope, kv)
         if logits_to_keep:
             h = h[:, -logits_to_keep:]
         logits = self.codec_head(h).float()
-        if self.suppress:
-            logits[..., list(self.suppress)] = float("-inf")
+        for token in self.suppress:  # an int index: a fill, no index tensor to copy to the device
+            logits[..., token] = float("-inf")
         return logits
+
+    def _decode_embeds(self, ids: torch.Tensor, starts: Sequence[int], rows: Sequence[TalkerRow]) -> torch.Tensor | None:
+        """``ids [B, 1]`` of a decode step whose every row is past its prompt -> ``[B, 1,
+        thinker_hidden]``: the codes' embeddings plus each row's reply part at ``start -
+        prompt_len`` (the last one once they run out), gathered as views and copied once for the
+        batch (what ``_row_embeds`` gives row by row); None for any other forward."""
+        if ids.shape[1] != 1 or any(s < r.prompt_len or r.reply.shape[0] == 0 for s, r in zip(starts, rows)):
+            return None
+        reply = torch.cat([r.reply[k:k + 1] for r, k in
+                           ((r, min(s - r.prompt_len, r.reply.shape[0] - 1)) for s, r in zip(starts, rows))])  # [B, D]
+        return self.model.embed_tokens(ids) + reply[:, None]

@@ -166,28 +166,43 @@ class ThinkerLoop(ARDecodeLoop):
 
     def step_many(self, ctx: StageContext, loops: Sequence[ARLoopState]) -> list[StepResult]:
         results = super().step_many(ctx, loops)
-        for loop, result in zip(loops, results):
-            chunk = self._new_positions(loop) if result.error is None else None
-            if chunk is not None:
-                result.chunks = [("thinker_hidden", chunk)]
+        spans = {i: span for i, (loop, result) in enumerate(zip(loops, results))
+                 if result.error is None and (span := self._new_span(loop)) is not None}
+        # every chunk's states copied out of the records at once: [rows of all spans, D] (views of it each)
+        views = [self._record(loops[i])[start:end] for i, (start, end) in spans.items()]
+        states = torch.cat(views).split([v.shape[0] for v in views]) if views else ()
+        for (i, (start, end)), hidden in zip(spans.items(), states):
+            results[i].chunks = [("thinker_hidden", self._chunk(loops[i], start, end, hidden))]
         return results
 
     @staticmethod
-    def _new_positions(loop: ARLoopState) -> ThinkerChunk | None:
-        """The positions recorded since the last chunk, once the first generated token has been
-        forwarded (the talker's prompt needs position P); None while there is nothing to hand on.
-        The thinker's last token is never forwarded, so every position comes out of some step."""
+    def _record(loop: ARLoopState) -> torch.Tensor:
+        row = loop.lm_inputs
+        assert isinstance(row, ThinkerRow) and row.hidden is not None, "positions recorded without hidden states"
+        return row.hidden
+
+    @staticmethod
+    def _new_span(loop: ARLoopState) -> tuple[int, int] | None:
+        """The positions recorded since the last chunk (now streamed), once the first generated
+        token has been forwarded (the talker's prompt needs position P); None while there is
+        nothing to hand on. The thinker's last token is never forwarded, so every position comes
+        out of some step."""
         row, p = loop.lm_inputs, len(loop.prompt_ids)
         if not isinstance(row, ThinkerRow) or row.filled <= max(p, row.streamed):
             return None
-        assert row.hidden is not None, "positions recorded without hidden states"
         start, end = row.streamed, row.filled
         row.streamed = end
-        ids = (loop.prompt_ids + loop.output_ids)[start:end]
+        return start, end
+
+    @staticmethod
+    def _chunk(loop: ARLoopState, start: int, end: int, hidden: torch.Tensor) -> ThinkerChunk:
+        """Positions ``start .. end`` as the talker reads them (``hidden [end - start, D]``)."""
+        row, p = loop.lm_inputs, len(loop.prompt_ids)
+        assert isinstance(row, ThinkerRow), "the thinker's loop records a ThinkerRow"
+        ids = loop.context_ids(start, end)
         media = row.media.mask(start, end) if row.media is not None and start < p else None
         rope = row.media.rope if row.media is not None and start == 0 else None
-        return ThinkerChunk(prompt_len=p, start=start, ids=ids, hidden=row.hidden[start:end].clone(), media=media,
-                            rope=rope)
+        return ThinkerChunk(prompt_len=p, start=start, ids=ids, hidden=hidden, media=media, rope=rope)
 
     def finalize(self, ctx: StageContext, loop: ARLoopState, state: RequestState) -> None:
         if isinstance(loop.lm_inputs, ThinkerRow) and loop.lm_inputs.record_states:
@@ -243,7 +258,14 @@ def talker_prompt(thinker: OmniThinker, talker: OmniTalker, first: ThinkerChunk,
 @torch.inference_mode()
 def feed_talker(thinker: OmniThinker, row: TalkerRow, chunk: ThinkerChunk) -> None:
     """One more run of reply positions from the thinker's stream."""
-    row.extend(chunk.hidden.to(thinker.dtype) + _embed(thinker, chunk.ids, chunk.hidden.device))
+    row.extend(reply_rows(thinker, [chunk]))
+
+
+@torch.inference_mode()
+def reply_rows(thinker: OmniThinker, chunks: Sequence[ThinkerChunk]) -> torch.Tensor:
+    """``[positions of every chunk, D]``: each reply position's state + its token's embedding."""
+    hidden = chunks[0].hidden if len(chunks) == 1 else torch.cat([c.hidden for c in chunks])
+    return hidden.to(thinker.dtype) + _embed(thinker, [i for c in chunks for i in c.ids], hidden.device)
 
 
 @torch.inference_mode()
@@ -344,15 +366,24 @@ class TalkerLoop(ARDecodeLoop):
         pending = sum(len(chunk.ids) for chunk in loop.feed.since(loop.feed.consumed))
         return row.complete or loop.feed.closed or row.reply.shape[0] + pending > len(loop.output_ids)
 
-    def _feed(self, ctx: StageContext, loop: ARLoopState) -> None:
-        """The thinker's new positions into the loop's TalkerRow (and its end, once closed)."""
-        if not isinstance(loop, TalkerLoopState) or loop.lm_inputs.complete:
+    @torch.inference_mode()
+    def _feed_many(self, ctx: StageContext, loops: Sequence[ARLoopState]) -> None:
+        """The thinker's new positions into each loop's TalkerRow (and its end, once closed): the
+        batch's chunks embedded with one lookup and one add (``feed_talker``'s sums), then each
+        row's append."""
+        fed = [(lp, lp.feed.take()) for lp in loops if isinstance(lp, TalkerLoopState) and not lp.lm_inputs.complete]
+        if not fed:
             return
         thinker: OmniThinker = ctx.component(self.thinker_component)
-        for chunk in loop.feed.take():
-            feed_talker(thinker, loop.lm_inputs, chunk)
-        if loop.feed.exhausted:
-            close_talker(thinker, ctx.component(self.lm_component), loop.lm_inputs)
+        chunks = [c for _, taken in fed for c in taken]
+        if chunks:
+            rows = reply_rows(thinker, chunks)  # [positions of every chunk, D]
+            for (loop, _), part in zip(fed, rows.split([sum(len(c.ids) for c in taken) for _, taken in fed])):
+                if part.shape[0]:
+                    loop.lm_inputs.extend(part)
+        for loop, _ in fed:
+            if loop.feed.exhausted:
+                close_talker(thinker, ctx.component(self.lm_component), loop.lm_inputs)
 
     def estimate(self, ctx: StageContext, state: RequestState) -> WorkEstimate:
         """Before the thinker has answered: the prompt is at most the conversation + the
@@ -368,8 +399,7 @@ class TalkerLoop(ARDecodeLoop):
                             init_peak_bytes=lm.activation_bytes(prompt, prompt), batch_group="tokens")
 
     def step_many(self, ctx: StageContext, loops: Sequence[ARLoopState]) -> list[StepResult]:
-        for loop in loops:
-            self._feed(ctx, loop)
+        self._feed_many(ctx, loops)
         # codes are no text: nothing is streamed as a text delta; the new codes go on codec_stream.
         # NOTE: read how far the stream got before the step: the AR loop's final text delta
         # advances emitted_tokens past the last code (a speech cut at its length bound)

@@ -206,6 +206,10 @@ def write_tokenizers(root: Path, comfyui_root: Path | None) -> str:
         for source, target in zip(COMFYUI_TOKENIZERS, targets):
             shutil.rmtree(target, ignore_errors=True)
             shutil.copytree(Path(comfyui_root) / source, target)
+        # ComfyUI chunks CLIP prompts itself (its config says 8192); the released CLIP-L tokenizer
+        # (openai/clip-vit-large-patch14, the one it copies) says 77, the encoder's positions
+        config = targets[0] / "tokenizer_config.json"
+        config.write_text(json.dumps(json.loads(config.read_text()) | {"model_max_length": 77}, indent=2))
         return "comfyui"
     for tokenizer, target in zip(toy_tokenizers(), targets):
         tokenizer.save_pretrained(target)

@@ -290,8 +290,7 @@ def comfyui_command(root: Path, port: int, models: Path, work: Path, device: str
     """ComfyUI's ``main.py`` headless on 127.0.0.1:port, reading the models of ``models`` (an
     extra model paths file) and writing only under ``work``; its dtypes set to ``dtype`` (the
     DiT, VAE and text encoders: the same as omniloop's); no custom nodes, no API nodes, an
-    in-memory database; an empty front end folder when the frontend package is not installed
-    (the API does not need it)."""
+    in-memory database; an empty front end folder (the API does not need one)."""
     paths = work / "extra_model_paths.yaml"
     paths.write_text(f"omniloop_bench:\n    base_path: {models}\n    diffusion_models: diffusion_models\n"
                      "    vae: vae\n    text_encoders: text_encoders\n")
@@ -304,9 +303,9 @@ def comfyui_command(root: Path, port: int, models: Path, work: Path, device: str
                "--temp-directory", str(dirs["temp"]), "--user-directory", str(dirs["user"]),
                "--disable-all-custom-nodes", "--disable-api-nodes", "--disable-auto-launch",
                "--database-url", "sqlite:///:memory:", *COMFYUI_DTYPE_FLAGS[dtype]]
-    if importlib.util.find_spec("comfyui_frontend_package") is None:
-        (dirs["frontend"] / "index.html").write_text("<!doctype html><title>ComfyUI API only</title>")
-        command += ["--front-end-root", str(dirs["frontend"])]
+    # the API needs no front end: an empty one whether or not its package is installed
+    (dirs["frontend"] / "index.html").write_text("<!doctype html><title>ComfyUI API only</title>")
+    command += ["--front-end-root", str(dirs["frontend"])]
     return command + (["--cpu"] if device == "cpu" else [])
 
 
@@ -547,7 +546,8 @@ def shared_models(args, scale: Scale, scratch: Path) -> tuple[Path, dict[str, An
         return folder, {"size": "as found", "reused": True}
     size = "comfy-tiny" if scale is TINY else "full"
     t0 = time.perf_counter()
-    record = write_flux_folder(folder, size, dtype=torch.bfloat16, comfyui_root=Path(args.comfyui_root))
+    record = write_flux_folder(folder, size, dtype=torch.bfloat16, comfyui_root=Path(args.comfyui_root),
+                               device=args.device)
     return folder, {**record, "reused": False, "write_s": round(time.perf_counter() - t0, 1),
                     "gb": round(sum(record["bytes"].values()) / 1e9, 2)}
 
@@ -617,8 +617,10 @@ def bench_flux_servers(args, scale: Scale, deploy, templates: Path, scratch: Pat
     if args.device == "cuda":
         torch.cuda.empty_cache()
 
-    # ComfyUI itself, on the same folder
-    theirs_head = {**head, "server": "comfyui", "comfyui_version": comfyui_version(root)}
+    # ComfyUI itself, on the same folder (gpu_held_gb: what this process still holds on the GPU
+    # while ComfyUI runs; ComfyUI sizes its model residency from the free memory it sees)
+    theirs_head = {**head, "server": "comfyui", "comfyui_version": comfyui_version(root),
+                   "gpu_held_gb": round(torch.cuda.memory_reserved() / 1e9, 2) if args.device == "cuda" else None}
     site = [p for p in args.comfyui_site.split(os.pathsep) if p]
     work = Path(tempfile.mkdtemp(dir=scratch, prefix="comfyui_"))
     t0 = time.perf_counter()

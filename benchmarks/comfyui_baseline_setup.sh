@@ -40,7 +40,7 @@ root=$(git rev-parse --show-toplevel)
 dest=$root/.comfyui
 python=${PYTHON:-python3}
 
-grep -qx '/.comfyui/' "$(git rev-parse --git-common-dir)/info/exclude" 2>/dev/null ||
+grep -qxE '/?\.comfyui/?' "$(git rev-parse --git-common-dir)/info/exclude" 2>/dev/null ||
   echo '/.comfyui/' >>"$(git rev-parse --git-common-dir)/info/exclude"
 
 # -- the source: every blob of HEAD the snapshot holds, written file by file (git archive stops at

@@ -16,10 +16,10 @@
 #   .comfyui/src      ComfyUI's HEAD tree (blobs the snapshot lacks, files of 4 MiB and more, are
 #                     skipped: only the llama tokenizer.json, which FLUX does not use), without
 #                     what the baseline never loads (tests, API nodes -- it runs with
-#                     --disable-api-nodes --, tokenizers of other model families, .github): ~7 MB
+#                     --disable-api-nodes --, tokenizers of other model families, .github): 8.4 MB
 #                     to carry to the GPU machine
 #   .comfyui/wheels   the wheels ComfyUI needs at start that the GPU image lacks (Python 3.12,
-#                     manylinux x86-64): aiohttp and its dependencies, einops (~3.4 MB)
+#                     manylinux x86-64): aiohttp and its dependencies, einops (3.1 MB)
 #   .comfyui/stubs    an import-only stand-in for PyAV (`av`): ComfyUI imports it at start
 #                     (comfy_api's video types), its wheel bundles FFmpeg (~36 MB) and does not fit
 #                     the 64 MiB transfer, and the FLUX workflow reads and writes no video

@@ -26,6 +26,21 @@ family (appended to --out); every temporary checkpoint and folder is deleted at 
 
 Without PyAV (``av``) the Wan workflow's CreateVideo -> SaveVideo (mp4) is replaced by SaveImage
 of the same frames (PNG files), and the records say so (``saved_as``).
+
+``--baseline comfyui --comfyui-root .comfyui/src`` (Flux only) measures ComfyUI itself beside
+omniloop on the same prompts and the same bytes: benchmarks/comfy_weights.py writes a ComfyUI
+models folder of random weights in the original layouts (GPU: FLUX.1-dev, ae, CLIP-L, T5-XXL in
+bf16, ~34 GB; ``--tiny``: ComfyUI's CPU-runnable size, a 3072-wide DiT of one double and one
+single block beside the full-size VAE and text encoders, ~11 GB), with ComfyUI's own tokenizer
+folders copied beside them. omniloop serves it from single files (``--comfy-models DIR``: the
+pipeline is built from the workflow's loader files); then ComfyUI's ``main.py`` runs as a
+subprocess on a free 127.0.0.1 port (``--extra-model-paths-config`` naming the folder, custom
+and API nodes off, output / input / temp / user folders in a temporary folder, ``--cpu`` on the
+CPU, its dtype flags set to ``--dtype``), and the same client drives it in the same two modes
+(its queue runs the burst FIFO). Every line carries ``"server"``; a ``servers`` line compares
+the two, an ``agreement`` line compares the images both made of each prompt (same seed): PSNR
+and max abs difference of the saved PNGs. ComfyUI is GPL-3.0: none of its code is here, it runs
+as its own process (benchmarks/comfyui_baseline_setup.sh fetches and prepares it, docs/comfyui.md).
 """
 
 from __future__ import annotations
@@ -36,9 +51,11 @@ import copy
 import gc
 import importlib.util
 import json
+import os
 import queue
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -263,6 +280,106 @@ class ComfyClient:
         return self.get(f"/view?{query}")
 
 
+# -- ComfyUI itself (--baseline comfyui) -----------------------------------------------------
+COMFYUI_DTYPE_FLAGS = {"bfloat16": ("--bf16-unet", "--bf16-vae", "--bf16-text-enc"),
+                       "float16": ("--fp16-unet", "--fp16-vae", "--fp16-text-enc"),
+                       "float32": ("--fp32-unet", "--fp32-vae", "--fp32-text-enc")}
+
+
+def comfyui_command(root: Path, port: int, models: Path, work: Path, device: str, dtype: str) -> list[str]:
+    """ComfyUI's ``main.py`` headless on 127.0.0.1:port, reading the models of ``models`` (an
+    extra model paths file) and writing only under ``work``; its dtypes set to ``dtype`` (the
+    DiT, VAE and text encoders: the same as omniloop's); no custom nodes, no API nodes, an
+    in-memory database; an empty front end folder (the API does not need one)."""
+    paths = work / "extra_model_paths.yaml"
+    paths.write_text(f"omniloop_bench:\n    base_path: {models}\n    diffusion_models: diffusion_models\n"
+                     "    vae: vae\n    text_encoders: text_encoders\n")
+    dirs = {name: work / name for name in ("base", "output", "input", "temp", "user", "frontend")}
+    for path in dirs.values():
+        path.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, str(root / "main.py"), "--listen", "127.0.0.1", "--port", str(port),
+               "--base-directory", str(dirs["base"]), "--extra-model-paths-config", str(paths),
+               "--output-directory", str(dirs["output"]), "--input-directory", str(dirs["input"]),
+               "--temp-directory", str(dirs["temp"]), "--user-directory", str(dirs["user"]),
+               "--disable-all-custom-nodes", "--disable-api-nodes", "--disable-auto-launch",
+               "--database-url", "sqlite:///:memory:", *COMFYUI_DTYPE_FLAGS[dtype]]
+    # the API needs no front end: an empty one whether or not its package is installed
+    (dirs["frontend"] / "index.html").write_text("<!doctype html><title>ComfyUI API only</title>")
+    command += ["--front-end-root", str(dirs["frontend"])]
+    return command + (["--cpu"] if device == "cpu" else [])
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def comfyui_server(root: Path, models: Path, work: Path, device: str, dtype: str, site: list[str],
+                   timeout: float = 300) -> Iterator[str]:
+    """ComfyUI as its own process (GPL-3.0: run, never imported); yields its URL once
+    ``/system_stats`` answers; stopped (terminate, then kill) at the end. Its log: work/comfyui.log."""
+    if not (root / "main.py").is_file():
+        raise SystemExit(f"--comfyui-root {root}: no main.py there; run benchmarks/comfyui_baseline_setup.sh first")
+    port = free_port()
+    env = dict(os.environ, PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join([*site, *filter(None, [os.environ.get("PYTHONPATH")])]))
+    log = open(work / "comfyui.log", "wb")
+    process = subprocess.Popen(comfyui_command(root, port, models, work, device, dtype), cwd=root, env=env,
+                               stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"ComfyUI exited with {process.returncode}: "
+                                   f"{(work / 'comfyui.log').read_text(errors='replace')[-3000:]}")
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(f"{url}/system_stats", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"ComfyUI not answering on {url} after {timeout:.0f} s")
+            time.sleep(0.2)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+
+
+def saved_images(client: ComfyClient, runs: list[tuple[str, float, float]]) -> list[bytes]:
+    """Each prompt's first saved file (PNG bytes), in prompt order."""
+    return [client.view(client.outputs(pid)[0]) for pid, _, _ in runs]
+
+
+def agreement(ours: list[bytes], theirs: list[bytes]) -> dict[str, Any]:
+    """The two servers' images of the same prompts (same seeds): PSNR (8-bit, peak 255) and the
+    largest absolute pixel difference, per prompt and summed up."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    psnrs, maxes = [], []
+    for a, b in zip(ours, theirs):
+        x, y = (np.asarray(Image.open(io.BytesIO(data)).convert("RGB"), dtype=np.float64) for data in (a, b))
+        if x.shape != y.shape:
+            raise RuntimeError(f"the servers saved images of other sizes: {x.shape} vs {y.shape}")
+        mse = float(((x - y) ** 2).mean())
+        psnrs.append(round(10 * np.log10(255.0**2 / mse), 2) if mse > 0 else float("inf"))
+        maxes.append(int(np.abs(x - y).max()))
+    finite = [p for p in psnrs if p != float("inf")]
+    return {"psnr_db": psnrs, "max_abs_diff": maxes, "psnr_min_db": min(psnrs),
+            "psnr_mean_db": round(sum(finite) / len(finite), 2) if finite else float("inf"),
+            "max_abs_diff_max": max(maxes)}
+
+
 # -- the two modes ---------------------------------------------------------------------------
 def burst(client: ComfyClient, prompts: list[dict[str, Any]], timeout: float) -> list[tuple[str, float, float]]:
     """Every prompt POSTed at once, as many clients do (each POST compiles its workflow before it
@@ -316,21 +433,25 @@ def checked_files(client: ComfyClient, runs: list[tuple[str, float, float]], med
 
 def measure(client: ComfyClient, engine, mode: str, prompts: list[dict[str, Any]], steps: int,
             timeout: float) -> dict[str, Any]:
-    before = engine.stats()
+    """One mode's record; ``engine`` None: the server is ComfyUI (no engine counters)."""
+    before = engine.stats() if engine is not None else None
     runs = (burst if mode == "burst" else one_at_a_time)(client, prompts, timeout)
-    after = engine.stats()
     latencies = [end - t0 for _, t0, end in runs]
     waits, saves = zip(*(client.phases(pid, t0) for pid, t0, _ in runs))
     wall = max(end for _, _, end in runs) - min(t0 for _, t0, _ in runs)
-    engine_steps = after["steps"] - before["steps"]
-    return {"mode": mode, "prompts": len(prompts), "wall_s": round(wall, 3), "per_s": round(len(prompts) / wall, 4),
-            "latency_p50_s": round(percentile(latencies, 0.5), 3), "latency_p95_s": round(percentile(latencies, 0.95), 3),
-            "latency_mean_s": round(sum(latencies) / len(latencies), 3),
-            # POST -> first step (queued behind others), and the output nodes' file writing, per prompt
-            "wait_to_first_step_mean_s": round(sum(waits) / len(waits), 3), "save_mean_s": round(sum(saves) / len(saves), 3),
-            "engine_steps": engine_steps, "batched_steps": after["batched_steps"] - before["batched_steps"],
-            "mean_batch": round(len(prompts) * steps / engine_steps, 2),  # the prompts' denoise steps per engine step
-            "files": checked_files(client, runs, mode), "runs": runs}
+    record = {"mode": mode, "prompts": len(prompts), "wall_s": round(wall, 3), "per_s": round(len(prompts) / wall, 4),
+              "latency_p50_s": round(percentile(latencies, 0.5), 3),
+              "latency_p95_s": round(percentile(latencies, 0.95), 3),
+              "latency_mean_s": round(sum(latencies) / len(latencies), 3),
+              # POST -> first step (queued behind others), and the output nodes' file writing, per prompt
+              "wait_to_first_step_mean_s": round(sum(waits) / len(waits), 3),
+              "save_mean_s": round(sum(saves) / len(saves), 3)}
+    if engine is not None:
+        after = engine.stats()
+        engine_steps = after["steps"] - before["steps"]
+        record |= {"engine_steps": engine_steps, "batched_steps": after["batched_steps"] - before["batched_steps"],
+                   "mean_batch": round(len(prompts) * steps / engine_steps, 2)}  # denoise steps per engine step
+    return record | {"files": checked_files(client, runs, mode), "runs": runs}
 
 
 def warm(client: ComfyClient, prompts: list[dict[str, Any]], shapes: int, timeout: float) -> float:
@@ -384,7 +505,7 @@ def bench_family(family: str, args, scale: Scale, deploy, templates: Path, scrat
     built_s = time.perf_counter() - t0
     folder = models_folder(Path(tempfile.mkdtemp(dir=scratch, prefix="models_")), base, family, checkpoint,
                            embedded_guidance=family == "flux")
-    head = {"bench": "comfy_burst", "family": family, "template": FLUX_TEMPLATE if family == "flux" else WAN_TEMPLATE,
+    head = {"bench": "comfy_burst", "server": "omniloop", "family": family, "template": FLUX_TEMPLATE if family == "flux" else WAN_TEMPLATE,
             "device": args.device, "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None,
             "dtype": args.dtype, "weights": WEIGHTS[scale.flux_size if family == "flux" else scale.wan_size],
             "steps": steps, "max_batch": args.max_batch, "compile": deploy.compile, "saved_as": saved_as,
@@ -414,6 +535,120 @@ def bench_family(family: str, args, scale: Scale, deploy, templates: Path, scrat
           "p95_burst_vs_one_at_a_time": round(bur["latency_p95_s"] / seq["latency_p95_s"], 3)}, sink)
 
 
+# -- omniloop and ComfyUI on the same files (--baseline comfyui) ------------------------------
+def shared_models(args, scale: Scale, scratch: Path) -> tuple[Path, dict[str, Any]]:
+    """The ComfyUI models folder both servers read: ``--models-dir`` when it holds the four
+    files already (written by an earlier run), else written there (or in the scratch folder)."""
+    from comfy_weights import CLIP, DIT, T5, TOKENIZERS, VAE, write_flux_folder
+
+    folder = Path(args.models_dir) if args.models_dir else scratch / "shared_models"
+    if all((folder / rel).exists() for rel in (DIT, VAE, CLIP, T5, *TOKENIZERS)):
+        return folder, {"size": "as found", "reused": True}
+    size = "comfy-tiny" if scale is TINY else "full"
+    t0 = time.perf_counter()
+    record = write_flux_folder(folder, size, dtype=torch.bfloat16, comfyui_root=Path(args.comfyui_root),
+                               device=args.device)
+    return folder, {**record, "reused": False, "write_s": round(time.perf_counter() - t0, 1),
+                    "gb": round(sum(record["bytes"].values()) / 1e9, 2)}
+
+
+def server_modes(client: ComfyClient, engine, prompts: list[dict[str, Any]], shapes: int, steps: int, timeout: float,
+                 head: dict[str, Any], built_s: float, sink) -> tuple[dict[str, dict[str, Any]], list[bytes]]:
+    """Warm up, then one at a time and the burst through one server; -> the two records and
+    the one-at-a-time images (PNG bytes, prompt order)."""
+    warm_s = warm(client, prompts, shapes, timeout)
+    emit({**head, "mode": "setup", "build_s": round(built_s, 2), "warmup_s": round(warm_s, 2)}, sink)
+    results, images = {}, []
+    for mode in ("one_at_a_time", "burst"):
+        record = measure(client, engine, mode, prompts, steps, timeout)
+        runs = record.pop("runs")
+        if mode == "one_at_a_time":
+            images = saved_images(client, runs)
+        record["images_per_s"] = record.pop("per_s")
+        results[mode] = record
+        emit({**head, **record}, sink)
+    seq, bur = results["one_at_a_time"], results["burst"]
+    emit({**head, "mode": "ratios", "throughput_burst_vs_one_at_a_time": round(bur["images_per_s"] / seq["images_per_s"], 3),
+          "p50_burst_vs_one_at_a_time": round(bur["latency_p50_s"] / seq["latency_p50_s"], 3),
+          "p95_burst_vs_one_at_a_time": round(bur["latency_p95_s"] / seq["latency_p95_s"], 3)}, sink)
+    return results, images
+
+
+def comfyui_version(root: Path) -> str | None:
+    import re
+
+    path = root / "comfyui_version.py"
+    found = re.search(r"__version__\s*=\s*[\"']([^\"']+)", path.read_text()) if path.is_file() else None
+    return found[1] if found else None
+
+
+def bench_flux_servers(args, scale: Scale, deploy, templates: Path, scratch: Path, sink) -> None:
+    """The Flux template's prompts through omniloop, then through ComfyUI, from one models folder."""
+    from omniloop.api.generator import DEFAULT_MODEL
+    from omniloop.engine import AsyncEngine
+
+    root = Path(args.comfyui_root).resolve()
+    steps = args.steps or scale.flux_steps
+    prompts = flux_prompts(template_api(templates, FLUX_TEMPLATE), args.prompts, scale.flux_sides, steps)
+    shapes = len(scale.flux_sides)
+    folder, weights = shared_models(args, scale, scratch)
+    head = {"bench": "comfy_burst", "family": "flux", "template": FLUX_TEMPLATE, "device": args.device,
+            "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None, "dtype": args.dtype,
+            "weights": f"random, {weights['size']} (the same single files for both servers)", "steps": steps,
+            "saved_as": "png", "shapes": [f"{s}x{s}" for s in scale.flux_sides]}
+    emit({**head, "mode": "weights", **{k: v for k, v in weights.items() if k != "facts"}}, sink)
+
+    # omniloop: ComfyUI's API over a pool that builds the workflow's single files on first use
+    t0 = time.perf_counter()
+    engine = AsyncEngine.serving_models({"default": DEFAULT_MODEL}, deploy=deploy)
+    ours_head = {**head, "server": "omniloop", "max_batch": args.max_batch, "compile": deploy.compile}
+    try:
+        with comfy_server(engine, folder, Path(tempfile.mkdtemp(dir=scratch, prefix="work_"))) as url:
+            client = ComfyClient(url)
+            try:
+                ours, our_images = server_modes(client, engine, prompts, shapes, steps, args.timeout, ours_head,
+                                                time.perf_counter() - t0, sink)
+            finally:
+                client.close()
+    finally:
+        engine.shutdown()
+    del engine
+    gc.collect()
+    if args.device == "cuda":
+        torch.cuda.empty_cache()
+
+    # ComfyUI itself, on the same folder (gpu_held_gb: what this process still holds on the GPU
+    # while ComfyUI runs; ComfyUI sizes its model residency from the free memory it sees)
+    theirs_head = {**head, "server": "comfyui", "comfyui_version": comfyui_version(root),
+                   "gpu_held_gb": round(torch.cuda.memory_reserved() / 1e9, 2) if args.device == "cuda" else None}
+    site = [p for p in args.comfyui_site.split(os.pathsep) if p]
+    work = Path(tempfile.mkdtemp(dir=scratch, prefix="comfyui_"))
+    t0 = time.perf_counter()
+    try:
+        with comfyui_server(root, folder.resolve(), work, args.device, args.dtype, site) as url:
+            client = ComfyClient(url)
+            try:
+                theirs, their_images = server_modes(client, None, prompts, shapes, steps, args.timeout, theirs_head,
+                                                    time.perf_counter() - t0, sink)
+            finally:
+                client.close()
+    except Exception:
+        log = work / "comfyui.log"
+        if log.is_file():
+            print(log.read_text(errors="replace")[-4000:], file=sys.stderr)
+        raise
+    emit({**head, "mode": "servers",
+          **{f"throughput_omniloop_vs_comfyui_{m}": round(ours[m]["images_per_s"] / theirs[m]["images_per_s"], 3)
+             for m in ("one_at_a_time", "burst")},
+          **{f"p{q}_omniloop_vs_comfyui_{m}": round(ours[m][f"latency_p{q}_s"] / theirs[m][f"latency_p{q}_s"], 3)
+             for m in ("one_at_a_time", "burst") for q in (50, 95)},
+          # what a ComfyUI user gets (its queue) vs the same prompts at once on omniloop
+          "throughput_omniloop_burst_vs_comfyui_burst": round(ours["burst"]["images_per_s"]
+                                                              / theirs["burst"]["images_per_s"], 3)}, sink)
+    emit({**head, "mode": "agreement", "compared": "one_at_a_time images, prompt by prompt (same seeds)",
+          **agreement(our_images, their_images)}, sink)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true", help="the tests' toy checkpoints and sizes (CPU smoke)")
@@ -430,12 +665,22 @@ def main() -> None:
                         "the family's fast path, on CUDA Wan's blocks are compiled)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds a mode may take")
     parser.add_argument("--out", default=None, help="append the JSON lines here too")
+    parser.add_argument("--baseline", choices=("none", "comfyui"), default="none",
+                        help="comfyui: measure ComfyUI itself beside omniloop on the same files (Flux only)")
+    parser.add_argument("--comfyui-root", default=".comfyui/src", help="ComfyUI's source (its main.py), "
+                        "prepared by benchmarks/comfyui_baseline_setup.sh")
+    parser.add_argument("--comfyui-site", default="", help=f"folders put first on ComfyUI's PYTHONPATH "
+                        f"('{os.pathsep}'-separated; e.g. where its missing requirements were installed)")
+    parser.add_argument("--models-dir", default=None, help="the shared models folder (--baseline comfyui): "
+                        "reused when it holds the four files, else written there (default: a temporary one)")
     args = parser.parse_args()
     only = [f.strip() for f in args.only.split(",") if f.strip()]
     if not only or set(only) - set(FAMILIES):
         parser.error(f"--only {args.only!r}: pass families from {','.join(FAMILIES)}")
     if args.prompts < 2:
         parser.error("--prompts: pass 2 or more (a burst of one is one at a time)")
+    if args.baseline == "comfyui" and only != ["flux"]:
+        parser.error("--baseline comfyui runs the Flux template only: pass --only flux")
     fill_unset(args, {"device": "cpu" if args.tiny or not torch.cuda.is_available() else "cuda"})
     fill_unset(args, {"dtype": "bfloat16" if args.device == "cuda" else "float32"})
     scale = TINY if args.tiny else GPU
@@ -448,6 +693,9 @@ def main() -> None:
     sink = open(args.out, "a") if args.out else None
     try:
         for family in only:
+            if args.baseline == "comfyui":
+                bench_flux_servers(args, scale, deploy, templates, scratch, sink)
+                continue
             bench_family(family, args, scale, deploy, templates, scratch, sink)
             gc.collect()
             if args.device == "cuda":

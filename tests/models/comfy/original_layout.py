@@ -191,8 +191,9 @@ def flux_dit_original(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             p = f"single_transformer_blocks.{i}"
             out[f"single_blocks.{i}.linear1.{leaf}"] = torch.cat(
                 [sd.pop(f"{p}.attn.to_{n}.{leaf}") for n in "qkv"] + [sd.pop(f"{p}.proj_mlp.{leaf}")])
-        scale, shift = sd.pop(f"norm_out.linear.{leaf}").chunk(2)
-        out[f"final_layer.adaLN_modulation.1.{leaf}"] = torch.cat([shift, scale])
+        if f"norm_out.linear.{leaf}" in sd:  # absent from a part of the DiT (benchmarks/comfy_weights.py streams blocks)
+            scale, shift = sd.pop(f"norm_out.linear.{leaf}").chunk(2)
+            out[f"final_layer.adaLN_modulation.1.{leaf}"] = torch.cat([shift, scale])
     out.update(_renamed(sd, _FLUX_PLAIN))
     return {k: v.clone().contiguous() for k, v in out.items()}
 

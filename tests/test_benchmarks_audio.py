@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.bench_modules import bench_module
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -43,11 +45,7 @@ def test_audio_benchmark_stops_before_gpu_work_without_torchsde(monkeypatch):
     script says what to carry before it builds anything."""
     import importlib.util
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import bench_audio
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    bench_audio = bench_module("bench_audio")
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchsde" else real(name, *a))
     with pytest.raises(SystemExit, match=r"stable_audio figure needs torchsde .* or pass --only ltx2 fanout"):

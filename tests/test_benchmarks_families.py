@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.bench_modules import bench_module
+
 ROOT = Path(__file__).resolve().parents[1]
 LEVEL = 1 / 255 + 1e-6  # one uint8 level: fp32 rounding may flip a pixel's last level
 
@@ -47,11 +49,7 @@ def test_families_benchmark_smoke(tmp_path):
 
 
 def test_families_benchmark_names_unknown_choices(capsys):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import bench_families
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    bench_families = bench_module("bench_families")
     with pytest.raises(SystemExit):
         bench_families.parse(["--tiny", "--modes", "ours,diffusers"])
     assert "--modes: unknown ['ours']; pass some of diffusers,diffusers_compiled," in capsys.readouterr().err

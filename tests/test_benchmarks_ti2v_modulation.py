@@ -5,21 +5,13 @@ with the loader's fp32 islands, and gives bit-equal outputs per token and per fr
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.bench_modules import bench_module
 
 
 def _bench():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import bench_ti2v_modulation_memory
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return bench_ti2v_modulation_memory
+    return bench_module("bench_ti2v_modulation_memory")
 
 
 def test_bf16_modes_run_and_agree_bit_for_bit(tmp_path):

@@ -6,24 +6,17 @@ ComfyUI-folder pipeline builds from the folder and generates. Tiny sizes; no Com
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from safetensors.torch import load_file
 
-ROOT = Path(__file__).resolve().parents[3]
+from tests.bench_modules import bench_module
+
 diffusers = pytest.importorskip("diffusers")
 
 
 def _weights():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import comfy_weights
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return comfy_weights
+    return bench_module("comfy_weights")
 
 
 def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:

@@ -4,25 +4,13 @@ the two agree (the engine alone, at the private loop's shapes, bit for bit)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
+from tests.bench_modules import bench_module
 
 
 def _bench():
-    sys.path.insert(0, str(ROOT / "benchmarks"))  # the bench imports its siblings (common, wan_random)
-    try:
-        spec = importlib.util.spec_from_file_location("bench_rl_rollout", ROOT / "benchmarks" / "bench_rl_rollout.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # dataclasses resolve their module's names through sys.modules
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    return bench_module("bench_rl_rollout")
 
 
 def test_tiny_rollout_bench_engine_and_private_loop_agree(wan_t2v_dir, tmp_path):

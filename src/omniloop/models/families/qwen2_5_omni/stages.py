@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from omniloop.cache.paged_kv import BlockPool
 from omniloop.models.families.qwen2_5_omni.bigvgan import SAMPLE_RATE, BigVGAN
-from omniloop.models.families.qwen2_5_omni.dit import DiTConfig, Token2WavDiT
+from omniloop.models.families.qwen2_5_omni.dit import Token2WavDiT
 from omniloop.models.families.qwen2_5_omni.media import MediaPromptTokens, PromptRope
 from omniloop.models.families.qwen2_5_omni.presets import TOKEN2WAV_SWAY
 from omniloop.models.families.qwen2_5_omni.model import OmniTalker, OmniThinker, TalkerRow, ThinkerRow
@@ -649,17 +649,13 @@ class Code2WavLoop(LoopStageBase[Code2WavState]):
         # answer here ranked a new answer behind those already speaking (test_streaming's starvation test)
         return WorkEstimate(steps=1, batch_group=(id(self), admitted_steps(state.request.diffusion, ctx.node), scale))
 
-    def _max_frames(self, c: DiTConfig) -> int:
-        """Mel frames the longest answer decodes: ``max_codes`` codes within the DiT's positions."""
-        return c.repeats * min(self.max_codes, c.max_position_embeddings // c.repeats)
-
     @torch.inference_mode()
     def init(self, ctx: StageContext, state: RequestState) -> Code2WavState:
         dit: Token2WavDiT = ctx.component(self.dit_component)
         c = dit.config
         speakers: dict[str, Speaker] = ctx.component(self.speakers_component)
         seed = admitted_seed(state.request.sampling.seed, ctx.node)
-        frames = self._max_frames(c)
+        frames = c.repeats * min(self.max_codes, c.max_position_embeddings // c.repeats)
         noise = torch.randn([1, frames, c.mel_dim], generator=torch.Generator("cpu").manual_seed(seed)).to(ctx.device)
         knobs = state.node_params.get(ctx.node)
         assert isinstance(knobs, Code2WavParams) and knobs.guidance_scale is not None, (

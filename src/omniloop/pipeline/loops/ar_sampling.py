@@ -61,13 +61,19 @@ def process_logits(logits: torch.Tensor, p: SamplingParams, seen: torch.Tensor |
         logits = torch.where(seen, penalized, logits)
     if p.temperature == 0:
         return logits
-    logits = logits / p.temperature
-    if 0 < p.top_k < logits.shape[-1]:
-        kth = torch.topk(logits, p.top_k).values[..., -1:]
+    return top_k_top_p(logits / p.temperature, p.top_k, p.top_p)
+
+
+def top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """``[..., vocab]`` tempered logits with the tokens outside the ``top_k`` best and outside the
+    smallest set holding ``top_p`` of the probability set to -inf (transformers' ``TopKLogitsWarper``
+    then ``TopPLogitsWarper``; ``top_k`` 0 / ``top_p`` 1: off). Row-wise along the last dimension."""
+    if 0 < top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    if p.top_p < 1.0:
+    if top_p < 1.0:
         sorted_logits, order = torch.sort(logits)  # ascending
-        drop = _row_cumsum(sorted_logits.softmax(-1)) <= 1 - p.top_p
+        drop = _row_cumsum(sorted_logits.softmax(-1)) <= 1 - top_p
         drop[..., -1] = False  # always keep the most likely token
         logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
     return logits

@@ -23,6 +23,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from omniloop.models.families.ltx2.enhance_prompts import gemma3_chat
+from omniloop.pipeline.loops.ar_sampling import top_k_top_p
 from omniloop.pipeline.stage import LoopStageBase
 from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
 from omniloop.request import TaskType, TextArtifact
@@ -102,15 +103,7 @@ def next_token(logits: torch.Tensor, seen: list[int], output: list[int], p: Enha
                                                        picked * p.repetition_penalty))
     if p.sampling == "off":
         return int(torch.argmax(logits))
-    logits = logits / p.temperature
-    if 0 < p.top_k < logits.shape[-1]:
-        logits = logits.masked_fill(logits < torch.topk(logits, p.top_k).values[-1], float("-inf"))
-    if p.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits)  # ascending
-        drop = sorted_logits.softmax(-1).cumsum(-1) <= 1 - p.top_p
-        drop[-1] = False
-        logits = logits.masked_fill(drop.scatter(0, order, drop), float("-inf"))
-    probs = logits.softmax(-1)
+    probs = top_k_top_p(logits / p.temperature, p.top_k, p.top_p).softmax(-1)
     if p.min_p > 0:
         probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
     return int(torch.multinomial(probs, 1, generator=generator))

@@ -73,7 +73,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import emit, fill_unset  # noqa: E402
+from common import agreement, emit, fill_unset  # noqa: E402
 
 FLUX_TEMPLATE, WAN_TEMPLATE = "flux_dev_full_text_to_image", "text_to_video_wan"
 FAMILIES = ("flux", "wan")
@@ -358,9 +358,9 @@ def saved_images(client: ComfyClient, runs: list[tuple[str, float, float]]) -> l
     return [client.view(client.outputs(pid)[0]) for pid, _, _ in runs]
 
 
-def agreement(ours: list[bytes], theirs: list[bytes]) -> dict[str, Any]:
-    """The two servers' images of the same prompts (same seeds): PSNR (8-bit, peak 255) and the
-    largest absolute pixel difference, per prompt and summed up."""
+def server_agreement(ours: list[bytes], theirs: list[bytes]) -> dict[str, Any]:
+    """The two servers' images of the same prompts (same seeds): ``common.agreement`` (PSNR against
+    8-bit peak 255, the largest absolute pixel difference) per prompt and summed up."""
     import io
 
     import numpy as np
@@ -368,12 +368,12 @@ def agreement(ours: list[bytes], theirs: list[bytes]) -> dict[str, Any]:
 
     psnrs, maxes = [], []
     for a, b in zip(ours, theirs):
-        x, y = (np.asarray(Image.open(io.BytesIO(data)).convert("RGB"), dtype=np.float64) for data in (a, b))
+        x, y = (torch.from_numpy(np.array(Image.open(io.BytesIO(data)).convert("RGB"))) for data in (a, b))
         if x.shape != y.shape:
-            raise RuntimeError(f"the servers saved images of other sizes: {x.shape} vs {y.shape}")
-        mse = float(((x - y) ** 2).mean())
-        psnrs.append(round(10 * np.log10(255.0**2 / mse), 2) if mse > 0 else float("inf"))
-        maxes.append(int(np.abs(x - y).max()))
+            raise RuntimeError(f"the servers saved images of other sizes: {tuple(x.shape)} vs {tuple(y.shape)}")
+        same = agreement(x, y, data_range=255.0)
+        psnrs.append(same["psnr_db"])
+        maxes.append(int(same["max_abs_diff"]))
     finite = [p for p in psnrs if p != float("inf")]
     return {"psnr_db": psnrs, "max_abs_diff": maxes, "psnr_min_db": min(psnrs),
             "psnr_mean_db": round(sum(finite) / len(finite), 2) if finite else float("inf"),
@@ -646,7 +646,7 @@ def bench_flux_servers(args, scale: Scale, deploy, templates: Path, scratch: Pat
           "throughput_omniloop_burst_vs_comfyui_burst": round(ours["burst"]["images_per_s"]
                                                               / theirs["burst"]["images_per_s"], 3)}, sink)
     emit({**head, "mode": "agreement", "compared": "one_at_a_time images, prompt by prompt (same seeds)",
-          **agreement(our_images, their_images)}, sink)
+          **server_agreement(our_images, their_images)}, sink)
 
 
 def main() -> None:

@@ -14,9 +14,12 @@ AUDIO_FRAMES = 12
 
 
 def omni3_request(prompt: str, *, speech: bool = True, voice: str | None = None, seed: int = 5, chat: bool = True,
-                  **sampling: Any) -> OmniRequest:
+                  greedy: bool = True, **sampling: Any) -> OmniRequest:
+    """``greedy``: temperature 0 (every AR stage greedy); else the model's defaults (the thinker's
+    generation config: greedy; the talker and its code predictor: transformers' sampling)."""
     sampling.setdefault("max_tokens", TEXT_TOKENS)
-    sampling.setdefault("temperature", 0.0)
+    if greedy:
+        sampling.setdefault("temperature", 0.0)
     return OmniRequest(task=TaskType.REASON, inputs=[TextPart(text=prompt, role="user" if chat else None)],
                        sampling=SamplingParams(seed=seed, **sampling),
                        outputs=OutputSpec(modalities=[Modality.TEXT, Modality.AUDIO] if speech else None, voice=voice),
@@ -28,9 +31,11 @@ def chat_ids(tokenizer, prompt: str) -> torch.Tensor:
                                          return_tensors="pt", return_dict=True)["input_ids"]
 
 
-def hf_generate(hf, tokenizer, prompt: str, *, speaker: str = "Ethan", capture: dict | None = None):
-    """transformers' greedy ``generate`` (thinker and talker; the code predictor follows the
-    talker's ``do_sample``) -> (text ids, waveform [samples]); ``capture["codes"]``: the frames
+def hf_generate(hf, tokenizer, prompt: str, *, speaker: str = "Ethan", capture: dict | None = None,
+                greedy: bool = True, seed: int = 5):
+    """transformers' ``generate`` (greedy thinker; the talker greedy or sampled with its defaults
+    from the global generator seeded with ``seed``; the code predictor follows the talker's
+    ``do_sample``) -> (text ids, waveform [samples]); ``capture["codes"]``: the frames
     ``[T, groups]`` it hands code2wav."""
     ids = chat_ids(tokenizer, prompt)
     if capture is not None:
@@ -42,8 +47,9 @@ def hf_generate(hf, tokenizer, prompt: str, *, speaker: str = "Ethan", capture: 
 
         hf.code2wav.chunked_decode = spy
     try:
+        torch.manual_seed(seed)
         seq, wav = hf.generate(ids, speaker=speaker, thinker_max_new_tokens=TEXT_TOKENS, thinker_do_sample=False,
-                               thinker_eos_token_id=tokenizer.convert_tokens_to_ids(IM_END), talker_do_sample=False,
+                               thinker_eos_token_id=tokenizer.convert_tokens_to_ids(IM_END), talker_do_sample=not greedy,
                                talker_max_new_tokens=AUDIO_FRAMES)
     finally:
         if capture is not None:

@@ -6,7 +6,8 @@ engine, the talker's greedy frames (code predictor included) and the waveform, f
 Measured on the CPU in fp32: the thinker's logits within 1.2e-6 (transformers runs its experts
 with ``grouped_mm``, we loop over the hit experts), the talker's and code predictor's hidden
 states within 2.4e-7, code2wav bit-equal (whole and chunked); token ids, frames and the
-waveform of a whole answer are equal (the waveform's max abs error 0; asserted <= 1e-6)."""
+waveform of a whole answer are equal (the waveform's max abs error 0; asserted <= 1e-6), and so
+are seeded-sampled frames."""
 
 from __future__ import annotations
 
@@ -70,3 +71,17 @@ def test_greedy_frames_and_waveform_equal_generate(omni3_hf, omni3_pipeline, voi
         assert audio.sample_rate == 24000 and audio.samples.shape == (1, wav.shape[0])
         assert (audio.samples[0] - wav).abs().max() <= TOL
         assert wav.abs().max() > 0
+
+
+@torch.inference_mode()
+def test_seeded_talker_and_code_predictor_sampling_equals_generate(omni3_hf, omni3_pipeline):
+    """transformers samples the talker (top-k 50, T 0.9, repetition penalty 1.05) and, inside each
+    step, the code predictor (top-k 50, top-p 0.8) from the global generator seeded before
+    generate; ours both from the request's seed, in the same order (a frame's residual codes, then
+    the next codebook-0 code): the same frames. (The thinker is greedy in both: its generation config.)"""
+    hf, tokenizer = omni3_hf
+    for seed in (1, 2):
+        capture: dict = {}
+        hf_generate(hf, tokenizer, PROMPTS[1], seed=seed, greedy=False, capture=capture)
+        state = run_nodes(omni3_pipeline, omni3_request(PROMPTS[1], seed=seed, greedy=False))
+        assert state.artifacts["codec"].frames == capture["codes"], seed

@@ -67,3 +67,21 @@ def test_a_bad_voice_is_a_400_naming_the_field(omni3_server):
                                        modalities=["text", "audio"], audio={"voice": "Nobody", "format": "wav"})
     body = err.value.body
     assert body["param"] == "audio.voice" and "['chelsie', 'ethan']" in body["message"]
+
+
+def test_streamed_pcm16_speech_equals_the_whole_answer(omni3_server):
+    """``stream: true`` with ``audio.format: "pcm16"``: the speech arrives in ``delta.audio.data``
+    chunks decoded window by window (``codec_stream`` -> ``Code2WavStream``); an answer within one
+    window (6 frames here, 25 a window) is the non-streamed answer's samples exactly."""
+    client = omni3_server.client()
+    args = dict(model=omni3_server.state.model.name, messages=MESSAGES, temperature=0, max_tokens=8, seed=7,
+                modalities=["text", "audio"], audio={"voice": "Ethan", "format": "pcm16"})
+    whole = np.frombuffer(base64.b64decode(client.chat.completions.create(**args).choices[0].message.audio.data),
+                          dtype="<i2")
+    chunks = list(client.chat.completions.create(**args, stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    data = [d.audio.data for d in deltas if d.audio is not None and d.audio.data]
+    assert data and any(d.audio is not None and d.audio.transcript for d in deltas)
+    pcm = np.concatenate([np.frombuffer(base64.b64decode(x), dtype="<i2") for x in data])
+    assert np.array_equal(pcm, whole) and np.abs(pcm).max() > 0
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]

@@ -94,10 +94,14 @@ def tiny_omni_config(tokenizer, **overrides: Any):
 
 
 def _perturb(model: torch.nn.Module, seed: int) -> None:
-    """Every parameter off its init (zeros, ones, layer scales), so a wrong mapping cannot hide."""
+    """Every parameter off its init (zeros, ones, layer scales), so a wrong mapping cannot hide.
+    NOTE: transformers 5.25 leaves the talker's experts (``Qwen3OmniMoeTalkerTextExperts``, built
+    with ``torch.empty``) uninitialized: whatever memory held, NaN at times; they are drawn here."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for p in model.parameters():
+        for name, p in model.named_parameters():
+            if name.startswith("talker.model.layers.") and ".mlp.experts." in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.2)
             p.add_(torch.randn(p.shape, generator=g) * 0.05)
 
 

@@ -15,7 +15,7 @@ from omniloop.models.families.qwen2_5_omni.audio_prompt import (
 from omniloop.models.families.qwen2_5_omni.image_prompt import (
     POSITION_PER_SECOND, VisionRun, image_embeds, image_parts, process_image, rope_positions,
 )
-from omniloop.models.families.qwen2_5_omni.media import MediaEmbeds, MediaPromptTokens
+from omniloop.models.omni.media import MediaEmbeds, MediaPromptTokens
 from omniloop.models.families.qwen2_5_omni.video_prompt import (
     ChatParams, process_video, soundtrack, video_embeds, video_parts,
 )

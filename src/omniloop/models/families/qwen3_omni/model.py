@@ -32,6 +32,7 @@ from omniloop.models.layers.moe import MoEDims, SparseMoE
 from omniloop.models.layers.mrope import inv_frequencies, mrope_cos_sin
 from omniloop.models.layers.qwen2_decoder import DecoderDims, DecoderLayer, KVCacheView, RMSNorm, rope_tables
 from omniloop.models.layers.run_blocks import run_blocks
+from omniloop.models.omni.thinker import ThinkerRow, record_states
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,8 +145,19 @@ class Qwen3Decoder(nn.Module):
 
     def forward(self, h: torch.Tensor, positions: torch.Tensor, kv: KVCacheView | None) -> torch.Tensor:
         """``h [B, L, hidden]`` -> normed hidden states ``[B, L, hidden]``."""
+        return self.tapped(h, positions, kv, None)[0]
+
+    def tapped(self, h: torch.Tensor, positions: torch.Tensor, kv: KVCacheView | None,
+               tap: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The normed hidden states and, for ``tap`` k, the output of the first k layers (transformers'
+        ``hidden_states[k]``; k = the layer count: the normed output, as transformers hands it)."""
         cos, sin = self.rope(positions, h.dtype)
-        return self.norm(run_blocks(cast(Sequence[nn.Module], self.layers), h, cos, sin, kv))
+        layers = cast(Sequence[nn.Module], self.layers)
+        if tap is None or tap >= len(layers):
+            out = self.norm(run_blocks(layers, h, cos, sin, kv))
+            return out, None if tap is None else out
+        mid = run_blocks(layers[:tap], h, cos, sin, kv)
+        return self.norm(run_blocks(layers[tap:], mid, cos, sin, kv)), mid
 
 
 def _positions(ids: torch.Tensor, kv: KVCacheView | None) -> torch.Tensor:
@@ -173,11 +185,14 @@ class ThinkerDecoder(Qwen3Decoder):
 
 
 class Qwen3OmniThinker(nn.Module):
-    """transformers' ``thinker`` text path: ``model`` (embed_tokens + MoE layers + norm) + ``lm_head``."""
+    """transformers' ``thinker`` text path: ``model`` (embed_tokens + MoE layers + norm) + ``lm_head``.
+    Every forward records, for a spoken answer, each row's hidden states after ``accept_hidden_layer``
+    layers into the row's ``ThinkerRow`` (what the talker reads at media positions)."""
 
-    def __init__(self, c: Qwen3DecoderConfig) -> None:
+    def __init__(self, c: Qwen3DecoderConfig, accept_hidden_layer: int | None = None) -> None:
         super().__init__()
         self.config = c
+        self.accept_hidden_layer = c.num_hidden_layers if accept_hidden_layer is None else accept_hidden_layer
         self.model = ThinkerDecoder(c)
         self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
 
@@ -195,9 +210,18 @@ class Qwen3OmniThinker(nn.Module):
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(ids)
 
-    def forward(self, input_ids: torch.Tensor, *, kv: KVCacheView | None = None, logits_to_keep: int = 0) -> torch.Tensor:
-        """``input_ids [B, L]`` -> logits ``[B, L', vocab]``."""
-        h = self.model(self.embed(input_ids), _positions(input_ids, kv), kv)
+    def forward(self, input_ids: torch.Tensor, *, kv: KVCacheView | None = None, logits_to_keep: int = 0,
+                lm_inputs: Sequence[ThinkerRow | None] | None = None) -> torch.Tensor:
+        """``input_ids [B, L]`` -> logits ``[B, L', vocab]``; each recording row's tapped states go
+        to its ``lm_inputs`` record."""
+        rows = list(lm_inputs or ())
+        recording = [i for i, row in enumerate(rows) if row is not None and row.record_states]
+        h, tapped = self.model.tapped(self.embed(input_ids), _positions(input_ids, kv), kv,
+                                      self.accept_hidden_layer if recording else None)
+        if recording and tapped is not None:
+            starts = list(kv.starts) if kv is not None and kv.starts is not None else [0] * len(rows)
+            record_states([cast(ThinkerRow, rows[i]) for i in recording], [starts[i] for i in recording],
+                          tapped if len(recording) == tapped.shape[0] else tapped[recording])
         if logits_to_keep:
             h = h[:, -logits_to_keep:]
         return self.lm_head(h)
@@ -325,19 +349,38 @@ class ChatTokens:
 
 @dataclass
 class TalkerRow:
-    """One request's talker inputs and record (``ARLoopState.lm_inputs``)."""
+    """One request's talker inputs and record (``ARLoopState.lm_inputs``). ``trailing`` grows as the
+    thinker's stream brings its positions (``extend``); ``complete`` once its end (``tts_eos``) is in."""
 
     prompt_embeds: torch.Tensor  # [P, D] the talker's prompt (user turns + assistant opening), projected
-    trailing: torch.Tensor  # [R, D] what generated position P + k adds (k >= R: ``pad``)
+    trailing: torch.Tensor  # [R, D] what generated position P + k adds (k >= R once complete: ``pad``)
     pad: torch.Tensor  # [D] text_projection(embed(tts_pad))
     sampling: PredictorSampling
+    complete: bool = True
     prompt_len: int = field(init=False)
     last_hidden: torch.Tensor | None = None  # [D] the talker's normed hidden state at its last forwarded position
     frames: list[list[int]] = field(default_factory=list)  # frame k: [codebook 0, residual 1 .. G-1]
     frame_embeds: list[torch.Tensor] = field(default_factory=list)  # frame k's summed codebook embeddings [D]
+    streamed: int = 0  # frames handed on (codec_stream)
+    _buffer: torch.Tensor | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.prompt_len = int(self.prompt_embeds.shape[0])
+
+    @property
+    def fed(self) -> int:
+        """Text rows received so far (``omniloop.models.omni.talker.FedRow``)."""
+        return int(self.trailing.shape[0])
+
+    def extend(self, rows: torch.Tensor) -> None:
+        """Append ``rows [n, D]`` to ``trailing`` (amortized O(n): grown by doubling)."""
+        have, need = self.trailing.shape[0], self.trailing.shape[0] + rows.shape[0]
+        if self._buffer is None or self._buffer.shape[0] < need:
+            grown = rows.new_empty(max(need, 2 * have, 64), rows.shape[1])
+            grown[:have] = self.trailing
+            self._buffer = grown
+        self._buffer[have:need] = rows
+        self.trailing = self._buffer[:need]
 
     def text_row(self, k: int) -> torch.Tensor:
         return self.trailing[k] if k < self.trailing.shape[0] else self.pad

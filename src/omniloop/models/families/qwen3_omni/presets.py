@@ -15,3 +15,6 @@ DEFAULT_VOICE = "ethan"
 # code2wav: generate's chunked_decode(chunk_size=300, left_context_size=25), in frames (12.5 / s)
 CODE2WAV_CHUNK = 300
 CODE2WAV_LEFT_CONTEXT = 25
+# a streamed answer's code2wav: the same decode, 25 frames (2 s of speech) a step, with generate's
+# 25 frames of left context (each window's audio equals chunked_decode(codes, 25, 25)'s)
+CODE2WAV_STREAM_CHUNK = 25

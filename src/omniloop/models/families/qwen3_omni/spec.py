@@ -6,10 +6,15 @@ Task REASON (a conversation or a prompt in, text out). With ``outputs.modalities
 step and batched with other requests' steps like any loop of the engine:
 
     chat      ChatPrompt (the tokenizer's chat template)  -> prompt_tokens
-    thinker   ARDecodeLoop (paged KV, MoE thinker)         -> text
-    talker    TalkerLoop (paged KV, MoE talker; its forward  -> codec (frames of `groups` codes)
-              runs the code predictor per frame)                [speech only]
-    code2wav  Code2WavDecode (causal codec decoder)         -> audio (24 kHz)  [speech only]
+    thinker   ThinkerLoop (paged KV, MoE thinker)          -> text; streams thinker_hidden
+    talker    TalkerLoop (paged KV, MoE talker; its forward  -> codec (frames of `groups` codes);
+              runs the code predictor per frame)                streams codec_stream [speech]
+    code2wav  Code2WavDecode (causal codec decoder)         -> audio (24 kHz)  [speech, not streamed]
+    code2wav  Code2WavStream (the same, window by window)   -> audio deltas    [speech, outputs.stream]
+
+The edges ``thinker_hidden`` (thinker -> talker) and ``codec_stream`` (talker -> code2wav) stream
+(:data:`STREAM_EDGES`): the talker starts at the thinker's first generated position, the streamed
+code2wav at the talker's first frames.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ from typing import Any, Mapping
 
 from omniloop.cache.paged_kv import build_text_kv_pool
 from omniloop.models.families.qwen3_omni.presets import TALKER_SAMPLING, THINKER_DEFAULTS
-from omniloop.models.families.qwen3_omni.stages import Code2WavDecode, TalkerLoop, wants_speech
+from omniloop.models.families.qwen3_omni.stages import Code2WavDecode, Code2WavStream, TalkerLoop
+from omniloop.models.omni.thinker import ThinkerLoop, streams_speech, wants_speech
 from omniloop.models.families.qwen3_omni.code2wav import SAMPLE_RATE
 from omniloop.models.families.qwen3_omni.validate import make_omni3_validator
 from omniloop.models.families.qwen3_omni.weights import (
@@ -30,13 +36,17 @@ from omniloop.models.families.qwen3_omni.weights import (
 from omniloop.models.load_options import apply_load_options
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
 from omniloop.pipeline.defaults import GenerationDefaults, TextDefaults
-from omniloop.pipeline.loops.ar import ARDecodeLoop
 from omniloop.pipeline.pipeline import Pipeline
 from omniloop.pipeline.predicates import opt
 from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
 from omniloop.pipeline.stages import ChatPrompt, is_chat
+from omniloop.pipeline.streams import StreamEdge
 from omniloop.request import TaskType
 
+# The edges that stream: thinker -> talker (one chunk per thinker step; its capacity never holds
+# the text back), talker -> code2wav (a streamed answer: the talker may run 64 frame chunks ahead)
+STREAM_EDGES: tuple[StreamEdge, ...] = (StreamEdge("thinker_hidden", capacity=1 << 20),
+                                        StreamEdge("codec_stream", capacity=64))
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
 GENERATION_CONFIG_FILE = "generation_config.json"
 
@@ -105,6 +115,7 @@ def omni3_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = Non
                        ("codec_vocab", "the talker's codec vocabulary (built)")):
         components[name] = ComponentSpec(name=name, kind=kind)
     speech = opt("speech wanted (outputs.modalities names audio)", wants_speech)
+    streamed = opt("speech streamed (outputs.stream)", streams_speech)
     return PipelineSpec(
         name=variant.name,
         family="qwen3_omni",
@@ -112,13 +123,15 @@ def omni3_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = Non
         components=components,
         nodes=(
             Node("chat", ChatPrompt(), when=opt("a conversation (text parts with roles)", is_chat)),
-            Node("thinker", ARDecodeLoop(lm_component="thinker", tokenizer_component="tokenizer",
-                                         kv_component="thinker_kv")),
+            Node("thinker", ThinkerLoop(lm_component="thinker", tokenizer_component="tokenizer",
+                                        kv_component="thinker_kv")),
             Node("talker", TalkerLoop(lm_component="talker", tokenizer_component="codec_vocab", kv_component="talker_kv"),
                  when=speech, defaults={} if talker_text is None else {"text": talker_text}),
-            Node("code2wav", Code2WavDecode(), when=speech),
+            Node("code2wav", Code2WavDecode(), when=speech & ~streamed),
+            Node("code2wav_stream", Code2WavStream(), when=streamed),
         ),
         outputs={"text": "text", "audio": "audio"},
+        streams=STREAM_EDGES,
     )
 
 
@@ -169,4 +182,4 @@ QWEN3_OMNI = register_model_spec(
     )
 )
 
-__all__ = ["QWEN3_OMNI", "read_config"]
+__all__ = ["QWEN3_OMNI", "STREAM_EDGES", "read_config"]

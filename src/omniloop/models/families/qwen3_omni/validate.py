@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from omniloop.cache.paged_kv import BlockPool
-from omniloop.models.families.qwen3_omni.stages import wants_speech
 from omniloop.models.families.qwen3_omni.weights import Omni3Config
+from omniloop.models.omni.thinker import wants_speech
 from omniloop.pipeline.loops.ar import make_ar_validator
 from omniloop.pipeline.stages.chat import is_chat
 from omniloop.request import InvalidRequest, OmniRequest

@@ -121,7 +121,7 @@ def _load_part(folder: Path, prefix: str, model: nn.Module, device: torch.device
 
 def load_thinker(folder: Path, config: Omni3Config, *, device: torch.device | str, dtype: torch.dtype) -> Qwen3OmniThinker:
     with torch.device("meta"):
-        model = Qwen3OmniThinker(config.thinker)
+        model = Qwen3OmniThinker(config.thinker, config.accept_hidden_layer if config.speaks else None)
     _load_part(folder, "thinker.model.", model.model, device, dtype)
     _load_part(folder, "thinker.lm_head.", model.lm_head, device, dtype)
     return model.eval().requires_grad_(False)

@@ -273,7 +273,7 @@ class Code2WavStream(LoopStageBase[Code2WavStreamState]):
         ended = loop.feed.exhausted
         if end < loop.decoded + self.chunk and not ended:  # not a whole window yet (a step the talker's end may close)
             return StepResult(done=False)
-        emit = None
+        emit: list[tuple[str, Artifact]] | None = None
         if end > loop.decoded:
             model: Code2Wav = ctx.component(self.component)
             start = loop.decoded

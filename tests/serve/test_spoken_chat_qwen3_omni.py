@@ -85,3 +85,23 @@ def test_streamed_pcm16_speech_equals_the_whole_answer(omni3_server):
     pcm = np.concatenate([np.frombuffer(base64.b64decode(x), dtype="<i2") for x in data])
     assert np.array_equal(pcm, whole) and np.abs(pcm).max() > 0
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+
+
+def test_input_audio_reaches_the_audio_encoder(omni3_server, omni3_chat_dir):
+    """An ``input_audio`` content part (base64 WAV) is heard: the answer equals the engine's given
+    the same audio part."""
+    from omniloop.request import AudioPart
+    from tests.models.qwen3_omni.test_audio_input import CLIPS
+
+    b64 = base64.b64encode(CLIPS[0]).decode()
+    client = omni3_server.client()
+    done = client.chat.completions.create(
+        model=omni3_server.state.model.name, temperature=0, max_tokens=6, seed=7,
+        messages=[{"role": "user", "content": [{"type": "text", "text": "what is it"},
+                                               {"type": "input_audio", "input_audio": {"data": b64, "format": "wav"}}]}])
+    _, pipeline = load_pipeline(omni3_chat_dir, LoadOptions(device=torch.device("cpu"), dtype=torch.float32))
+    want = run_request(pipeline, OmniRequest(
+        task=TaskType.REASON, inputs=[TextPart(text="what is it", role="user"), AudioPart(b64=b64, role="user")],
+        sampling=SamplingParams(temperature=0.0, max_tokens=6, seed=7)))
+    assert done.choices[0].message.content == want.text.text
+    assert done.usage.prompt_tokens == want.text.prompt_tokens > 20  # the audio's placeholders expanded

@@ -23,7 +23,8 @@ CORPUS = [
 ]
 PROMPTS = ["the cat", "hello world, the quick brown fox", "say one two three"]
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['content'] is string %}{{ m['content'] }}"
-                 "{% else %}{% for c in m['content'] %}{% if c['type'] == 'text' %}{{ c['text'] }}{% endif %}"
+                 "{% else %}{% for c in m['content'] %}{% if c['type'] == 'text' %}{{ c['text'] }}"
+                 "{% elif c['type'] == 'audio' %}<|audio_start|><|AUDIO|><|audio_end|>{% endif %}"
                  "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
                  "{% endif %}")
 CODEBOOK = 32  # codes per codebook (the released model's: 2048)
@@ -32,6 +33,18 @@ TALKER_VOCAB = CODEBOOK + 1024  # transformers suppresses the top 1024 ids but t
 CODEC = {"codec_pad_id": CODEBOOK + 4, "codec_bos_id": CODEBOOK + 5, "codec_eos_token_id": CODEBOOK + 6,
          "codec_nothink_id": CODEBOOK + 7, "codec_think_bos_id": CODEBOOK + 8, "codec_think_eos_id": CODEBOOK + 9}
 VOICES = {"ethan": CODEBOOK + 20, "chelsie": CODEBOOK + 21}
+
+
+AUDIO_WINDOW_S = 2  # the tiny feature extractor's window (the released model's: 30 s)
+
+
+def tiny_preprocessor(folder: Path) -> None:
+    """The processor's ``preprocessor_config.json``: the ``WhisperFeatureExtractor``'s keys (16 kHz,
+    10 ms hop, 25 ms window; the tiny audio tower's 16 mel bins, a 2 s window)."""
+    from transformers import WhisperFeatureExtractor
+
+    WhisperFeatureExtractor(feature_size=16, sampling_rate=16000, hop_length=160, n_fft=400,
+                            chunk_length=AUDIO_WINDOW_S).save_pretrained(folder)
 
 
 def tiny_tokenizer(folder: Path):
@@ -64,7 +77,8 @@ def tiny_omni_config(tokenizer, **overrides: Any):
     text = _moe(len(tokenizer), mlp_only_layers=[1], norm_topk_prob=True, eos_token_id=ids[IM_END],
                 pad_token_id=ids[EOS], tie_word_embeddings=False)
     audio = dict(num_mel_bins=16, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=32, d_model=16,
-                 output_dim=32, n_window=4, n_window_infer=8, max_source_positions=64, downsample_hidden_size=8)
+                 output_dim=32, n_window=50, n_window_infer=200, max_source_positions=64,
+                 downsample_hidden_size=8)  # n_window: the released one (transformers counts 13 tokens per chunk)
     vision = dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32, patch_size=16,
                   spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=16, deepstack_visual_indexes=[0])
     thinker = dict(text_config=text, audio_config=audio, vision_config=vision, audio_token_id=ids["<|AUDIO|>"],
@@ -112,6 +126,7 @@ def save_omni3_checkpoint(folder: Path, seed: int = 0, **overrides: Any):
 
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer = tiny_tokenizer(folder)
+    tiny_preprocessor(folder)
     torch.manual_seed(seed)
     model = Qwen3OmniMoeForConditionalGeneration(tiny_omni_config(tokenizer, **overrides)).eval()
     _perturb(model, seed)

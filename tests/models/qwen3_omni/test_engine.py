@@ -44,7 +44,7 @@ def test_bad_input_is_refused_naming_the_field(omni3_pipeline):
     image = OmniRequest(task=TaskType.REASON, inputs=[TextPart(text="what is it", role="user"),
                                                       ImagePart(data=b"\x89PNG")],
                         sampling=SamplingParams(max_tokens=4))
-    with pytest.raises(ValueError, match=r"inputs\[1\]: a image part; this Qwen3-Omni build reads text only") as err:
+    with pytest.raises(ValueError, match=r"inputs\[1\]: a image part; this Qwen3-Omni build reads text and audio") as err:
         run_request(omni3_pipeline, image)
     assert err.value.fields == ("inputs[1]",)
     with pytest.raises(ValueError, match=r"a spoken answer speaks the assistant turn of a conversation") as err:

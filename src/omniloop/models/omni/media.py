@@ -106,3 +106,18 @@ def with_media(embeds: torch.Tensor, positions: torch.Tensor, starts: Sequence[i
     if any(m is not None and s < m.prompt_len for m, s in zip(media, starts)):  # a row forwards prompt positions
         embeds = torch.stack([e if m is None else m.merge(e, s) for e, m, s in zip(embeds, media, starts)])
     return embeds, mixed_rope(positions, [None if m is None else m.rope for m in media], starts)
+
+
+def media_embeds(ids: Sequence[int], runs: dict[int, list[torch.Tensor]], device: torch.device) -> MediaEmbeds:
+    """``ids`` (placeholders expanded) + each placeholder token's embeddings in prompt order ->
+    one table whose rows follow the prompt (``index[p]``: the row at position ``p``)."""
+    order = {token: iter(torch.cat(embeds)) for token, embeds in runs.items() if embeds}
+    rows: list[torch.Tensor] = []
+    index: list[int] = []
+    for t in ids:
+        if t in order:
+            index.append(len(rows))
+            rows.append(next(order[t]))
+        else:
+            index.append(-1)
+    return MediaEmbeds(index=torch.tensor(index, device=device), embeds=torch.stack(rows))

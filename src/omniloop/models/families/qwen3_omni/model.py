@@ -32,6 +32,7 @@ from omniloop.models.layers.moe import MoEDims, SparseMoE
 from omniloop.models.layers.mrope import inv_frequencies, mrope_cos_sin
 from omniloop.models.layers.qwen2_decoder import DecoderDims, DecoderLayer, KVCacheView, RMSNorm, rope_tables
 from omniloop.models.layers.run_blocks import run_blocks
+from omniloop.models.omni.media import with_media
 from omniloop.models.omni.thinker import ThinkerRow, record_states
 
 
@@ -216,10 +217,13 @@ class Qwen3OmniThinker(nn.Module):
         to its ``lm_inputs`` record."""
         rows = list(lm_inputs or ())
         recording = [i for i, row in enumerate(rows) if row is not None and row.record_states]
-        h, tapped = self.model.tapped(self.embed(input_ids), _positions(input_ids, kv), kv,
-                                      self.accept_hidden_layer if recording else None)
+        positions = _positions(input_ids, kv)
+        starts = list(kv.starts) if kv is not None and kv.starts is not None else [0] * len(rows)
+        # the audio encoder's embeddings at their placeholders (audio keeps the positions 1-D)
+        embeds, positions = with_media(self.embed(input_ids), positions, starts,
+                                       [None if row is None else row.media for row in rows])
+        h, tapped = self.model.tapped(embeds, positions, kv, self.accept_hidden_layer if recording else None)
         if recording and tapped is not None:
-            starts = list(kv.starts) if kv is not None and kv.starts is not None else [0] * len(rows)
             record_states([cast(ThinkerRow, rows[i]) for i in recording], [starts[i] for i in recording],
                           tapped if len(recording) == tapped.shape[0] else tapped[recording])
         if logits_to_keep:

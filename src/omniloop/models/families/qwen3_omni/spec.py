@@ -25,13 +25,14 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from omniloop.cache.paged_kv import build_text_kv_pool
+from omniloop.models.families.qwen3_omni.chat_prompt import AudioChatPrompt
 from omniloop.models.families.qwen3_omni.presets import TALKER_SAMPLING, THINKER_DEFAULTS
 from omniloop.models.families.qwen3_omni.stages import Code2WavDecode, Code2WavStream, TalkerLoop
 from omniloop.models.omni.thinker import ThinkerLoop, streams_speech, wants_speech
 from omniloop.models.families.qwen3_omni.code2wav import SAMPLE_RATE
 from omniloop.models.families.qwen3_omni.validate import make_omni3_validator
 from omniloop.models.families.qwen3_omni.weights import (
-    ARCHITECTURE, Omni3Config, load_code2wav, load_talker, load_thinker, read_config,
+    ARCHITECTURE, Omni3Config, load_audio_tower, load_code2wav, load_talker, load_thinker, read_config,
 )
 from omniloop.models.load_options import apply_load_options
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
@@ -39,9 +40,9 @@ from omniloop.pipeline.defaults import GenerationDefaults, TextDefaults
 from omniloop.pipeline.pipeline import Pipeline
 from omniloop.pipeline.predicates import opt
 from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
-from omniloop.pipeline.stages import ChatPrompt, is_chat
+from omniloop.pipeline.stages import is_chat
 from omniloop.pipeline.streams import StreamEdge
-from omniloop.request import TaskType
+from omniloop.request import Modality, TaskType
 
 # The edges that stream: thinker -> talker (one chunk per thinker step; its capacity never holds
 # the text back), talker -> code2wav (a streamed answer: the talker may run 64 frame chunks ahead)
@@ -49,6 +50,7 @@ STREAM_EDGES: tuple[StreamEdge, ...] = (StreamEdge("thinker_hidden", capacity=1 
                                         StreamEdge("codec_stream", capacity=64))
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
 GENERATION_CONFIG_FILE = "generation_config.json"
+PREPROCESSOR_CONFIG_FILE = "preprocessor_config.json"  # the processor's WhisperFeatureExtractor
 
 
 def _config(index: Mapping[str, Any]) -> Omni3Config:
@@ -71,6 +73,20 @@ def _load_talker(root: Path, index: Mapping[str, Any], options: LoadOptions):
 def _load_code2wav(root: Path, index: Mapping[str, Any], options: LoadOptions):
     config = _config(index)
     return load_code2wav(root, config, device=options.device) if config.speaks else None
+
+
+def _load_audio_tower(root: Path, index: Mapping[str, Any], options: LoadOptions):
+    return load_audio_tower(root, _config(index), device=options.device, dtype=options.dtype)
+
+
+def _load_feature_extractor(root: Path, index: Mapping[str, Any], options: LoadOptions):
+    """The processor's ``WhisperFeatureExtractor`` (``preprocessor_config.json``), or None: then
+    audio inputs are refused at admission."""
+    if not (root / PREPROCESSOR_CONFIG_FILE).is_file():
+        return None
+    from transformers import WhisperFeatureExtractor
+
+    return WhisperFeatureExtractor.from_pretrained(str(root))
 
 
 def _load_tokenizer(root: Path, index: Mapping[str, Any], options: LoadOptions):
@@ -99,6 +115,10 @@ def omni3_variant(index: Mapping[str, Any]) -> Variant:
         WeightSpec(component="talker", kind="Qwen3-Omni MoE talker + code predictor", subfolder=".", load=_load_talker,
                    optional=True),
         WeightSpec(component="code2wav", kind="Qwen3-Omni code2wav", subfolder=".", load=_load_code2wav, optional=True),
+        WeightSpec(component="audio_tower", kind="Qwen3-Omni audio encoder", subfolder=".", load=_load_audio_tower,
+                   optional=True),
+        WeightSpec(component="feature_extractor", kind="WhisperFeatureExtractor", subfolder=".",
+                   load=_load_feature_extractor, optional=True),
         WeightSpec(component="generation", kind="generation defaults", subfolder=".", load=_load_generation,
                    optional=True),
     )
@@ -107,8 +127,9 @@ def omni3_variant(index: Mapping[str, Any]) -> Variant:
     return Variant(name=f"qwen3-omni-{size}", tasks=frozenset({TaskType.REASON}), weights=weights)
 
 
-def omni3_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = None) -> PipelineSpec:
-    """``talker_text``: the talker node's own loop defaults (its stop code, transformers' talker sampling)."""
+def omni3_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = None, audio_token_id: int = -1) -> PipelineSpec:
+    """``talker_text``: the talker node's own loop defaults (its stop code, transformers' talker
+    sampling); ``audio_token_id``: the checkpoint's audio placeholder."""
     components = {w.component: ComponentSpec(name=w.component, kind=w.kind, optional=w.optional) for w in variant.weights}
     for name, kind in (("thinker_kv", "paged text-KV pool of the thinker (built)"),
                        ("talker_kv", "paged KV pool of the talker (built)"),
@@ -122,7 +143,7 @@ def omni3_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = Non
         tasks=variant.tasks,
         components=components,
         nodes=(
-            Node("chat", ChatPrompt(), when=opt("a conversation (text parts with roles)", is_chat)),
+            Node("chat", AudioChatPrompt(audio_token_id=audio_token_id), when=opt("a conversation (text parts with roles)", is_chat)),
             Node("thinker", ThinkerLoop(lm_component="thinker", tokenizer_component="tokenizer",
                                         kv_component="thinker_kv")),
             Node("talker", TalkerLoop(lm_component="talker", tokenizer_component="codec_vocab", kv_component="talker_kv"),
@@ -132,6 +153,7 @@ def omni3_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = Non
         ),
         outputs={"text": "text", "audio": "audio"},
         streams=STREAM_EDGES,
+        conversation_media=frozenset({Modality.AUDIO}),
     )
 
 
@@ -164,10 +186,12 @@ def build_omni3(variant: Variant, index: Mapping[str, Any], components: Mapping[
                                    prefill_chunk_tokens=THINKER_DEFAULTS.prefill_chunk_tokens)
     components = {**components, **pools, "codec_vocab": CodecVocab()}
     return Pipeline(
-        spec=omni3_pipeline_spec(variant, talker_text),
+        spec=omni3_pipeline_spec(variant, talker_text, audio_token_id=config.audio_token_id),
         components=components, device=options.device, dtype=options.dtype,
         defaults=GenerationDefaults(sample_rate=SAMPLE_RATE, text=thinker_text),
-        validate_request=make_omni3_validator(components["tokenizer"], config, pool=pools["thinker_kv"]),
+        validate_request=make_omni3_validator(components["tokenizer"], config, pool=pools["thinker_kv"],
+                                              audio_tower=components.get("audio_tower"),
+                                              feature_extractor=components.get("feature_extractor")),
     )
 
 

@@ -95,14 +95,18 @@ def talker_prompt(thinker: Qwen3OmniThinker, talker: Qwen3OmniTalker, first: Thi
     a = assistant_start(prompt_ids, chat)
     embed = thinker.embed(torch.tensor(first.ids, device=device))  # [P + r, D_thinker]
     project = talker.text_projection
-    users = project(embed[torch.tensor(user_positions(prompt_ids, chat), device=device, dtype=torch.long)])  # [U, D]
+    users = torch.tensor(user_positions(prompt_ids, chat), device=device, dtype=torch.long)
+    user_rows = project(embed[users])  # [U, D]
+    if first.media is not None:  # at an encoder's positions: hidden_projection of the thinker's accept-layer state
+        heard = first.media[users]  # [U] bool
+        user_rows = torch.where(heard[:, None], talker.hidden_projection(first.hidden[users].to(embed.dtype)), user_rows)
     turn = project(embed[a:])  # [3 + r, D]
     bos, _, pad = project(thinker.embed(torch.tensor([chat.tts_bos, chat.tts_eos, chat.tts_pad], device=device)))
     text = torch.cat([turn[:3], pad.expand(4, -1), bos[None], turn[3:4]])  # [9, D]
     codec = talker.codec_embed(torch.tensor([tok.codec_nothink, tok.codec_think_bos, tok.codec_think_eos, speaker,
                                              tok.codec_pad, tok.codec_bos], device=device))  # [6, D]
     opening = text + torch.cat([codec.new_zeros(3, codec.shape[1]), codec])
-    return TalkerRow(prompt_embeds=torch.cat([users, opening]), trailing=turn[4:].clone(), pad=pad, sampling=sampling,
+    return TalkerRow(prompt_embeds=torch.cat([user_rows, opening]), trailing=turn[4:].clone(), pad=pad, sampling=sampling,
                      complete=False)
 
 

@@ -19,7 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from omniloop.models.checkpoint_files import aligned, cast_to, check_and_assign, read_tensors, weight_files
+from omniloop.models.checkpoint_files import aligned, cast_to, check_and_assign, read_tensors, stored_keys, weight_files
+from omniloop.models.families.qwen3_omni.audio_encoder import AudioEncoderConfig, Qwen3AudioEncoder
 from omniloop.models.families.qwen3_omni.code2wav import Code2Wav, Code2WavConfig
 from omniloop.models.families.qwen3_omni.model import (
     ChatTokens, Qwen3DecoderConfig, Qwen3OmniTalker, Qwen3OmniThinker, TalkerTokens,
@@ -46,6 +47,7 @@ class Omni3Config:
     audio_token_id: int
     image_token_id: int
     video_token_id: int
+    audio: AudioEncoderConfig | None = None  # thinker_config.audio_config (None: no audio tower described)
 
     @property
     def speaks(self) -> bool:
@@ -90,6 +92,7 @@ class Omni3Config:
             audio_token_id=int(thinker.get("audio_token_id", 151646)),
             image_token_id=int(thinker.get("image_token_id", 151655)),
             video_token_id=int(thinker.get("video_token_id", 151656)),
+            audio=AudioEncoderConfig.from_hf(thinker["audio_config"]) if thinker.get("audio_config") else None,
         )
 
 
@@ -125,6 +128,23 @@ def load_thinker(folder: Path, config: Omni3Config, *, device: torch.device | st
     _load_part(folder, "thinker.model.", model.model, device, dtype)
     _load_part(folder, "thinker.lm_head.", model.lm_head, device, dtype)
     return model.eval().requires_grad_(False)
+
+
+AUDIO_TOWER_PREFIX = "thinker.audio_tower."
+
+
+def load_audio_tower(folder: Path, config: Omni3Config, *, device: torch.device | str,
+                     dtype: torch.dtype) -> Qwen3AudioEncoder | None:
+    """The thinker's audio encoder (``thinker.audio_tower.*``), or None when the checkpoint holds
+    none of its tensors (then audio inputs are refused at admission)."""
+    files = weight_files(folder, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, ARCHITECTURE)
+    if config.audio is None or not any(k.startswith(AUDIO_TOWER_PREFIX) for k in stored_keys(files)):
+        return None
+    with torch.device("meta"):
+        model = Qwen3AudioEncoder(config.audio)
+    model.rebuild_buffers(device)  # the position table is computed, not stored
+    _load_part(folder, AUDIO_TOWER_PREFIX, model, device, dtype)
+    return model
 
 
 def load_talker(folder: Path, config: Omni3Config, *, device: torch.device | str, dtype: torch.dtype) -> Qwen3OmniTalker:

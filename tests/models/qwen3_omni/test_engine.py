@@ -52,3 +52,17 @@ def test_bad_input_is_refused_naming_the_field(omni3_pipeline):
     assert err.value.fields == ("inputs",)
     with pytest.raises(ValueError, match=r"speech frames at most|less than or equal to 32768"):
         run_request(omni3_pipeline, omni3_request(PROMPTS[0]).model_copy(update={"node_params": {"talker": {"max_tokens": 10 ** 6}}}))
+
+
+def test_bad_checkpoint_configs_are_refused_naming_the_key(omni3_dir):
+    import json
+
+    from omniloop.models.families.qwen3_omni.weights import Omni3Config
+
+    raw = json.loads((omni3_dir / "config.json").read_text())
+    with pytest.raises(ValueError, match=r"talker_config.speaker_id is empty"):
+        Omni3Config.from_hf({**raw, "talker_config": {**raw["talker_config"], "speaker_id": {}}})
+    with pytest.raises(ValueError, match=r"code2wav_config.num_quantizers=3 must equal talker_config.num_code_groups=4"):
+        Omni3Config.from_hf({**raw, "code2wav_config": {**raw["code2wav_config"], "num_quantizers": 3}})
+    text_only = Omni3Config.from_hf({**raw, "enable_audio_output": False})
+    assert not text_only.speaks and text_only.talker is None

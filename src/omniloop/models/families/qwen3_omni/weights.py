@@ -68,6 +68,9 @@ class Omni3Config:
         if speaks and int(predictor.get("num_code_groups", groups)) != groups:
             raise ValueError(f"talker_config.num_code_groups={groups} and its code_predictor_config.num_code_groups="
                              f"{predictor.get('num_code_groups')} disagree; they are one number in every release")
+        if speaks and not talker.get("speaker_id"):
+            raise ValueError("talker_config.speaker_id is empty: a spoken answer needs the voices ({name: codec id}); "
+                             "pass the released folder's config.json, or set enable_audio_output=false for text only")
         c2w = Code2WavConfig.from_hf(raw["code2wav_config"]) if speaks else None
         if c2w is not None and c2w.num_quantizers != groups:
             raise ValueError(f"code2wav_config.num_quantizers={c2w.num_quantizers} must equal talker_config."

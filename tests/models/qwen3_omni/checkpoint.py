@@ -24,7 +24,8 @@ CORPUS = [
 PROMPTS = ["the cat", "hello world, the quick brown fox", "say one two three"]
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['content'] is string %}{{ m['content'] }}"
                  "{% else %}{% for c in m['content'] %}{% if c['type'] == 'text' %}{{ c['text'] }}"
-                 "{% elif c['type'] == 'audio' %}<|audio_start|><|AUDIO|><|audio_end|>{% endif %}"
+                 "{% elif c['type'] == 'audio' %}<|audio_start|><|AUDIO|><|audio_end|>"
+                 "{% elif c['type'] == 'image' %}<|vision_start|><|IMAGE|><|vision_end|>{% endif %}"
                  "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
                  "{% endif %}")
 CODEBOOK = 32  # codes per codebook (the released model's: 2048)
@@ -39,12 +40,23 @@ AUDIO_WINDOW_S = 2  # the tiny feature extractor's window (the released model's:
 
 
 def tiny_preprocessor(folder: Path) -> None:
-    """The processor's ``preprocessor_config.json``: the ``WhisperFeatureExtractor``'s keys (16 kHz,
-    10 ms hop, 25 ms window; the tiny audio tower's 16 mel bins, a 2 s window)."""
+    """The processor's ``preprocessor_config.json`` as the released one holds it: the
+    ``WhisperFeatureExtractor``'s keys (16 kHz, 10 ms hop, 25 ms window; the tiny audio tower's 16
+    mel bins, a 2 s window) and the ``Qwen2VLImageProcessor``'s (16 px patches, 2x2 merge: Qwen3-Omni's
+    ViT; a small pixel budget: 32x32 to 64x64)."""
+    import json
+
     from transformers import WhisperFeatureExtractor
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     WhisperFeatureExtractor(feature_size=16, sampling_rate=16000, hop_length=160, n_fft=400,
                             chunk_length=AUDIO_WINDOW_S).save_pretrained(folder)
+    audio_keys = json.loads((folder / "preprocessor_config.json").read_text())
+    Qwen2VLImageProcessorPil(patch_size=16, temporal_patch_size=2, merge_size=2, min_pixels=32 * 32,
+                             max_pixels=64 * 64).save_pretrained(folder)
+    image_keys = json.loads((folder / "preprocessor_config.json").read_text())
+    image_keys["image_processor_type"] = "Qwen2VLImageProcessor"
+    (folder / "preprocessor_config.json").write_text(json.dumps({**audio_keys, **image_keys}, indent=2))
 
 
 def tiny_tokenizer(folder: Path):

@@ -9,7 +9,7 @@ import torch
 
 from omniloop.api.generator import VideoGenerator
 from omniloop.engine.offline import run_request
-from omniloop.request import ImagePart, OmniRequest, SamplingParams, TaskType, TextPart
+from omniloop.request import OmniRequest, SamplingParams, TaskType, TextPart, VideoPart
 from tests.models.qwen3_omni.checkpoint import PROMPTS
 from tests.models.qwen3_omni.helpers import omni3_request
 
@@ -41,11 +41,11 @@ def test_bad_input_is_refused_naming_the_field(omni3_pipeline):
     with pytest.raises(ValueError, match=r"voice 'Nobody' is not one of .*\['chelsie', 'ethan'\]") as err:
         run_request(omni3_pipeline, omni3_request(PROMPTS[0], voice="Nobody"))
     assert err.value.fields == ("outputs.voice",)
-    image = OmniRequest(task=TaskType.REASON, inputs=[TextPart(text="what is it", role="user"),
-                                                      ImagePart(data=b"\x89PNG")],
+    video = OmniRequest(task=TaskType.REASON, inputs=[TextPart(text="what is it", role="user"),
+                                                      VideoPart(b64="AAAA")],
                         sampling=SamplingParams(max_tokens=4))
-    with pytest.raises(ValueError, match=r"inputs\[1\]: a image part; this Qwen3-Omni build reads text and audio") as err:
-        run_request(omni3_pipeline, image)
+    with pytest.raises(ValueError, match=r"inputs\[1\]: a video part; this Qwen3-Omni build reads text, audio and images") as err:
+        run_request(omni3_pipeline, video)
     assert err.value.fields == ("inputs[1]",)
     with pytest.raises(ValueError, match=r"a spoken answer speaks the assistant turn of a conversation") as err:
         run_request(omni3_pipeline, omni3_request(PROMPTS[0], chat=False))

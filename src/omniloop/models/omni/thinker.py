@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import torch
 
 from omniloop.cache.paged_kv import BlockPool
+from omniloop.models.omni.image_prompt import VisionRun
 from omniloop.models.omni.media import MediaEmbeds, MediaPromptTokens, PromptRope
 from omniloop.pipeline.defaults import admitted_seed
 from omniloop.pipeline.loops.ar import ARDecodeLoop, ARLoopState, PromptTokens, check_context
@@ -103,6 +104,7 @@ class ThinkerChunk(Artifact):
     hidden: torch.Tensor  # [len(ids), D] the final hidden state of each position
     media: torch.Tensor | None = None  # [len(ids)] bool: an encoder's embedding there (the talker reads zeros)
     rope: PromptRope | None = None  # the first chunk's: the conversation's 3-D positions (an image / a video)
+    vision: tuple[VisionRun, ...] = ()  # the first chunk's: the conversation's image runs (a talker re-derives positions)
 
 
 def start_ar_loop(stage: ARDecodeLoop, ctx: StageContext, state: RequestState, *, params: SamplingParams,
@@ -190,7 +192,8 @@ class ThinkerLoop(ARDecodeLoop):
         ids = loop.context_ids(start, end)
         media = row.media.mask(start, end) if row.media is not None and start < p else None
         rope = row.media.rope if row.media is not None and start == 0 else None
-        return ThinkerChunk(prompt_len=p, start=start, ids=ids, hidden=hidden, media=media, rope=rope)
+        vision = row.media.runs if row.media is not None and start == 0 else ()
+        return ThinkerChunk(prompt_len=p, start=start, ids=ids, hidden=hidden, media=media, rope=rope, vision=vision)
 
     def finalize(self, ctx: StageContext, loop: ARLoopState, state: RequestState) -> None:
         if isinstance(loop.lm_inputs, ThinkerRow) and loop.lm_inputs.record_states:

@@ -11,9 +11,10 @@ import torch
 from omniloop.models.omni.audio_prompt import (
     audio_embeds, audio_parts, count_placeholders, decode_audio, expand_placeholders, replace_placeholders,
 )
-from omniloop.models.families.qwen2_5_omni.image_prompt import (
-    POSITION_PER_SECOND, VisionRun, image_embeds, image_parts, process_image, rope_positions,
+from omniloop.models.omni.image_prompt import (
+    POSITION_PER_SECOND, VisionRun, image_parts, process_image, rope_positions,
 )
+from omniloop.models.families.qwen2_5_omni.vision_encoder import image_embeds
 from omniloop.models.omni.media import MediaPromptTokens, media_embeds
 from omniloop.models.families.qwen2_5_omni.video_prompt import (
     ChatParams, process_video, soundtrack, video_embeds, video_parts,

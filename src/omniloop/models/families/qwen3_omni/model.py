@@ -22,7 +22,7 @@ stripping it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence, cast
+from typing import Any, Callable, Mapping, Sequence, cast
 
 import torch
 from torch import nn
@@ -32,7 +32,7 @@ from omniloop.models.layers.moe import MoEDims, SparseMoE
 from omniloop.models.layers.mrope import inv_frequencies, mrope_cos_sin
 from omniloop.models.layers.qwen2_decoder import DecoderDims, DecoderLayer, KVCacheView, RMSNorm, rope_tables
 from omniloop.models.layers.run_blocks import run_blocks
-from omniloop.models.omni.media import with_media
+from omniloop.models.omni.media import PromptRope, mixed_rope, with_media
 from omniloop.models.omni.thinker import ThinkerRow, record_states
 
 
@@ -148,17 +148,28 @@ class Qwen3Decoder(nn.Module):
         """``h [B, L, hidden]`` -> normed hidden states ``[B, L, hidden]``."""
         return self.tapped(h, positions, kv, None)[0]
 
-    def tapped(self, h: torch.Tensor, positions: torch.Tensor, kv: KVCacheView | None,
-               tap: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def tapped(self, h: torch.Tensor, positions: torch.Tensor, kv: KVCacheView | None, tap: int | None,
+               after: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
+               after_layers: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The normed hidden states and, for ``tap`` k, the output of the first k layers (transformers'
-        ``hidden_states[k]``; k = the layer count: the normed output, as transformers hands it)."""
+        ``hidden_states[k]``; k = the layer count: the normed output, as transformers hands it).
+        ``after(i, h)``: applied to the output of each of the first ``after_layers`` layers (the
+        thinker's DeepStack additions; the tap reads the output before it, as transformers records it)."""
         cos, sin = self.rope(positions, h.dtype)
         layers = cast(Sequence[nn.Module], self.layers)
-        if tap is None or tap >= len(layers):
-            out = self.norm(run_blocks(layers, h, cos, sin, kv))
-            return out, None if tap is None else out
-        mid = run_blocks(layers[:tap], h, cos, sin, kv)
-        return self.norm(run_blocks(layers[tap:], mid, cos, sin, kv)), mid
+        hooked = after_layers if after is not None else 0
+        mid: torch.Tensor | None = None
+        for i in range(hooked):
+            h = layers[i](h, cos, sin, kv)
+            mid = h if tap == i + 1 else mid
+            h = cast(Callable[[int, torch.Tensor], torch.Tensor], after)(i, h)
+        if tap is not None and hooked < tap < len(layers):
+            mid = run_blocks(layers[hooked:tap], h, cos, sin, kv)
+            h = run_blocks(layers[tap:], mid, cos, sin, kv)
+        else:
+            h = run_blocks(layers[hooked:], h, cos, sin, kv)
+        out = self.norm(h)
+        return out, out if tap is not None and tap >= len(layers) else mid
 
 
 def _positions(ids: torch.Tensor, kv: KVCacheView | None) -> torch.Tensor:
@@ -219,10 +230,16 @@ class Qwen3OmniThinker(nn.Module):
         recording = [i for i, row in enumerate(rows) if row is not None and row.record_states]
         positions = _positions(input_ids, kv)
         starts = list(kv.starts) if kv is not None and kv.starts is not None else [0] * len(rows)
-        # the audio encoder's embeddings at their placeholders (audio keeps the positions 1-D)
-        embeds, positions = with_media(self.embed(input_ids), positions, starts,
-                                       [None if row is None else row.media for row in rows])
-        h, tapped = self.model.tapped(embeds, positions, kv, self.accept_hidden_layer if recording else None)
+        # the encoders' embeddings at their placeholders (images: 3-D positions, DeepStack after the first layers)
+        media = [None if row is None else row.media for row in rows]
+        embeds, positions = with_media(self.embed(input_ids), positions, starts, media)
+        layers = max((m.deepstack.shape[0] for m in media if m is not None and m.deepstack is not None), default=0)
+
+        def deepstack(i: int, h: torch.Tensor) -> torch.Tensor:  # [B, L, D]
+            return torch.stack([x if m is None else m.add_deepstack(x, s, i) for x, m, s in zip(h, media, starts)])
+
+        h, tapped = self.model.tapped(embeds, positions, kv, self.accept_hidden_layer if recording else None,
+                                      deepstack if layers else None, layers)
         if recording and tapped is not None:
             record_states([cast(ThinkerRow, rows[i]) for i in recording], [starts[i] for i in recording],
                           tapped if len(recording) == tapped.shape[0] else tapped[recording])
@@ -361,6 +378,7 @@ class TalkerRow:
     pad: torch.Tensor  # [D] text_projection(embed(tts_pad))
     sampling: PredictorSampling
     complete: bool = True
+    rope: PromptRope | None = None  # the talker prompt's 3-D positions (an image in a user turn); None: 1-D
     prompt_len: int = field(init=False)
     last_hidden: torch.Tensor | None = None  # [D] the talker's normed hidden state at its last forwarded position
     frames: list[list[int]] = field(default_factory=list)  # frame k: [codebook 0, residual 1 .. G-1]
@@ -416,9 +434,12 @@ class Qwen3OmniTalker(nn.Module):
     ``generate`` passes them as ``suppress_tokens`` (control ids, never spoken)."""
 
     def __init__(self, c: Qwen3DecoderConfig, predictor: Qwen3DecoderConfig, *, thinker_hidden: int, groups: int,
-                 tokens: TalkerTokens, chat: ChatTokens, voices: Mapping[str, int]) -> None:
+                 tokens: TalkerTokens, chat: ChatTokens, voices: Mapping[str, int], spatial_merge_size: int = 2,
+                 position_id_per_seconds: int = 25) -> None:
         super().__init__()
         self.config = c
+        # how its prompt's image positions are laid out (talker_config: transformers' get_rope_index)
+        self.spatial_merge_size, self.position_id_per_seconds = spatial_merge_size, position_id_per_seconds
         self.tokens = tokens
         self.chat = chat  # the conversation's ids its prompt is built by
         self.voices = dict(voices)  # name (lower case) -> the codec id that selects it
@@ -477,7 +498,8 @@ class Qwen3OmniTalker(nn.Module):
         length = input_ids.shape[1]
         self._new_frames(input_ids, [s + length - 1 for s in starts], rows)
         embeds = torch.stack([self._row_embeds(range(s, s + length), r) for s, r in zip(starts, rows)])
-        h = self.model(embeds, positions, kv)  # [B, L, D]
+        rope = mixed_rope(positions, [r.rope for r in rows], starts)  # [B, L], or [3, B, L] with an image
+        h = self.model(embeds, rope, kv)  # [B, L, D]
         for r, s, last in zip(rows, starts, h[:, -1]):
             if s + length >= r.prompt_len + len(r.frames):  # the row's newest position (a re-prefill recomputes it)
                 r.last_hidden = last

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from omniloop.cache.paged_kv import build_text_kv_pool
-from omniloop.models.families.qwen3_omni.chat_prompt import AudioChatPrompt
+from omniloop.models.families.qwen3_omni.chat_prompt import Omni3ChatPrompt
+from omniloop.models.families.qwen3_omni.vision import load_vision_tower
 from omniloop.models.families.qwen3_omni.presets import TALKER_SAMPLING, THINKER_DEFAULTS
 from omniloop.models.families.qwen3_omni.stages import Code2WavDecode, Code2WavStream, TalkerLoop
 from omniloop.models.omni.thinker import ThinkerLoop, streams_speech, wants_speech
@@ -89,6 +90,21 @@ def _load_feature_extractor(root: Path, index: Mapping[str, Any], options: LoadO
     return WhisperFeatureExtractor.from_pretrained(str(root))
 
 
+def _load_vision_tower(root: Path, index: Mapping[str, Any], options: LoadOptions):
+    return load_vision_tower(root, device=options.device, dtype=options.dtype)
+
+
+def _load_image_processor(root: Path, index: Mapping[str, Any], options: LoadOptions):
+    """The processor's image processor (the ``Qwen2VLImageProcessor`` keys of ``preprocessor_config.json``),
+    or None: then images are refused at admission."""
+    path = root / PREPROCESSOR_CONFIG_FILE
+    if not path.is_file() or "image_processor_type" not in json.loads(path.read_text()):
+        return None
+    from transformers import AutoImageProcessor
+
+    return AutoImageProcessor.from_pretrained(str(root))
+
+
 def _load_tokenizer(root: Path, index: Mapping[str, Any], options: LoadOptions):
     if not any((root / name).is_file() for name in _TOKENIZER_FILES):
         raise ValueError(f"no tokenizer in {root}: expected one of {list(_TOKENIZER_FILES)} next to config.json")
@@ -119,6 +135,10 @@ def omni3_variant(index: Mapping[str, Any]) -> Variant:
                    optional=True),
         WeightSpec(component="feature_extractor", kind="WhisperFeatureExtractor", subfolder=".",
                    load=_load_feature_extractor, optional=True),
+        WeightSpec(component="vision_tower", kind="Qwen3-Omni ViT (transformers' Qwen3OmniMoeVisionEncoder)",
+                   subfolder=".", load=_load_vision_tower, optional=True),
+        WeightSpec(component="image_processor", kind="Qwen2VLImageProcessor", subfolder=".", load=_load_image_processor,
+                   optional=True),
         WeightSpec(component="generation", kind="generation defaults", subfolder=".", load=_load_generation,
                    optional=True),
     )
@@ -127,9 +147,10 @@ def omni3_variant(index: Mapping[str, Any]) -> Variant:
     return Variant(name=f"qwen3-omni-{size}", tasks=frozenset({TaskType.REASON}), weights=weights)
 
 
-def omni3_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = None, audio_token_id: int = -1) -> PipelineSpec:
+def omni3_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = None, audio_token_id: int = -1,
+                        image_token_id: int = -1, position_id_per_seconds: int = 25) -> PipelineSpec:
     """``talker_text``: the talker node's own loop defaults (its stop code, transformers' talker
-    sampling); ``audio_token_id``: the checkpoint's audio placeholder."""
+    sampling); ``audio_token_id`` / ``image_token_id``: the checkpoint's placeholders."""
     components = {w.component: ComponentSpec(name=w.component, kind=w.kind, optional=w.optional) for w in variant.weights}
     for name, kind in (("thinker_kv", "paged text-KV pool of the thinker (built)"),
                        ("talker_kv", "paged KV pool of the talker (built)"),
@@ -143,7 +164,9 @@ def omni3_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = Non
         tasks=variant.tasks,
         components=components,
         nodes=(
-            Node("chat", AudioChatPrompt(audio_token_id=audio_token_id), when=opt("a conversation (text parts with roles)", is_chat)),
+            Node("chat", Omni3ChatPrompt(audio_token_id=audio_token_id, image_token_id=image_token_id,
+                                         position_id_per_seconds=position_id_per_seconds),
+                 when=opt("a conversation (text parts with roles)", is_chat)),
             Node("thinker", ThinkerLoop(lm_component="thinker", tokenizer_component="tokenizer",
                                         kv_component="thinker_kv")),
             Node("talker", TalkerLoop(lm_component="talker", tokenizer_component="codec_vocab", kv_component="talker_kv"),
@@ -153,7 +176,7 @@ def omni3_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = Non
         ),
         outputs={"text": "text", "audio": "audio"},
         streams=STREAM_EDGES,
-        conversation_media=frozenset({Modality.AUDIO}),
+        conversation_media=frozenset({Modality.AUDIO, Modality.IMAGE}),
     )
 
 
@@ -186,12 +209,16 @@ def build_omni3(variant: Variant, index: Mapping[str, Any], components: Mapping[
                                    prefill_chunk_tokens=THINKER_DEFAULTS.prefill_chunk_tokens)
     components = {**components, **pools, "codec_vocab": CodecVocab()}
     return Pipeline(
-        spec=omni3_pipeline_spec(variant, talker_text, audio_token_id=config.audio_token_id),
+        spec=omni3_pipeline_spec(variant, talker_text, audio_token_id=config.audio_token_id,
+                                 image_token_id=config.image_token_id,
+                                 position_id_per_seconds=config.position_id_per_seconds),
         components=components, device=options.device, dtype=options.dtype,
         defaults=GenerationDefaults(sample_rate=SAMPLE_RATE, text=thinker_text),
         validate_request=make_omni3_validator(components["tokenizer"], config, pool=pools["thinker_kv"],
                                               audio_tower=components.get("audio_tower"),
-                                              feature_extractor=components.get("feature_extractor")),
+                                              feature_extractor=components.get("feature_extractor"),
+                                              vision_tower=components.get("vision_tower"),
+                                              image_processor=components.get("image_processor")),
     )
 
 

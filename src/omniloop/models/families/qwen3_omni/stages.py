@@ -30,6 +30,8 @@ from omniloop.models.families.qwen3_omni.model import ChatTokens, PredictorSampl
 from omniloop.models.families.qwen3_omni.presets import (
     CODE2WAV_CHUNK, CODE2WAV_LEFT_CONTEXT, CODE2WAV_STREAM_CHUNK, DEFAULT_VOICE,
 )
+from omniloop.models.omni.image_prompt import rope_positions
+from omniloop.models.omni.media import PromptRope
 from omniloop.models.omni.talker import TalkerLoopState, ThinkerFedTalkerLoop
 from omniloop.models.omni.thinker import ThinkerChunk, start_ar_loop
 from omniloop.pipeline.defaults import admitted_seed
@@ -106,8 +108,13 @@ def talker_prompt(thinker: Qwen3OmniThinker, talker: Qwen3OmniTalker, first: Thi
     codec = talker.codec_embed(torch.tensor([tok.codec_nothink, tok.codec_think_bos, tok.codec_think_eos, speaker,
                                              tok.codec_pad, tok.codec_bos], device=device))  # [6, D]
     opening = text + torch.cat([codec.new_zeros(3, codec.shape[1]), codec])
+    rope = None
+    if first.vision:  # transformers' talker lays out its own ids (the user turns, then 9 tts_pad) with the images
+        ids = [prompt_ids[u] for u in user_positions(prompt_ids, chat)] + [chat.tts_pad] * opening.shape[0]
+        planes, delta = rope_positions(ids, first.vision, talker.spatial_merge_size, talker.position_id_per_seconds)
+        rope = PromptRope(planes.to(device), delta)
     return TalkerRow(prompt_embeds=torch.cat([user_rows, opening]), trailing=turn[4:].clone(), pad=pad, sampling=sampling,
-                     complete=False)
+                     complete=False, rope=rope)
 
 
 @torch.inference_mode()

@@ -48,6 +48,10 @@ class Omni3Config:
     image_token_id: int
     video_token_id: int
     audio: AudioEncoderConfig | None = None  # thinker_config.audio_config (None: no audio tower described)
+    vision_start_token_id: int = 151652
+    position_id_per_seconds: int = 25  # the temporal plane's positions per second (thinker_config)
+    talker_merge: int = 2  # talker_config.spatial_merge_size: how its prompt's image positions are laid out
+    talker_position_per_second: int = 25
 
     @property
     def speaks(self) -> bool:
@@ -96,6 +100,10 @@ class Omni3Config:
             image_token_id=int(thinker.get("image_token_id", 151655)),
             video_token_id=int(thinker.get("video_token_id", 151656)),
             audio=AudioEncoderConfig.from_hf(thinker["audio_config"]) if thinker.get("audio_config") else None,
+            vision_start_token_id=int(thinker.get("vision_start_token_id", 151652)),
+            position_id_per_seconds=int(thinker.get("position_id_per_seconds", 25)),
+            talker_merge=int(talker.get("spatial_merge_size", 2)),
+            talker_position_per_second=int(talker.get("position_id_per_seconds", 25)),
         )
 
 
@@ -155,7 +163,9 @@ def load_talker(folder: Path, config: Omni3Config, *, device: torch.device | str
         "the talker is loaded only for a checkpoint with audio output")
     with torch.device("meta"):
         model = Qwen3OmniTalker(config.talker, config.predictor, thinker_hidden=config.thinker.hidden_size,
-                                groups=config.groups, tokens=config.tokens, chat=config.chat, voices=config.voices)
+                                groups=config.groups, tokens=config.tokens, chat=config.chat, voices=config.voices,
+                                spatial_merge_size=config.talker_merge,
+                                position_id_per_seconds=config.talker_position_per_second)
     _load_part(folder, "talker.", model, device, dtype)
     return model
 

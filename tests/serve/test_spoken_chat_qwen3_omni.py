@@ -105,3 +105,22 @@ def test_input_audio_reaches_the_audio_encoder(omni3_server, omni3_chat_dir):
         sampling=SamplingParams(temperature=0.0, max_tokens=6, seed=7)))
     assert done.choices[0].message.content == want.text.text
     assert done.usage.prompt_tokens == want.text.prompt_tokens > 20  # the audio's placeholders expanded
+
+
+def test_image_url_reaches_the_vision_encoder(omni3_server, omni3_chat_dir):
+    """An ``image_url`` data URL is seen: the answer equals the engine's given the same image part."""
+    from omniloop.request import ImagePart
+    from tests.models.qwen3_omni.test_image_input import IMAGES
+
+    b64 = base64.b64encode(IMAGES[0]).decode()
+    client = omni3_server.client()
+    done = client.chat.completions.create(
+        model=omni3_server.state.model.name, temperature=0, max_tokens=6, seed=7,
+        messages=[{"role": "user", "content": [{"type": "text", "text": "what is it"},
+                                               {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{b64}"}}]}])
+    _, pipeline = load_pipeline(omni3_chat_dir, LoadOptions(device=torch.device("cpu"), dtype=torch.float32))
+    want = run_request(pipeline, OmniRequest(
+        task=TaskType.REASON, inputs=[TextPart(text="what is it", role="user"), ImagePart(b64=b64)],
+        sampling=SamplingParams(temperature=0.0, max_tokens=6, seed=7)))
+    assert done.choices[0].message.content == want.text.text
+    assert done.usage.prompt_tokens == want.text.prompt_tokens

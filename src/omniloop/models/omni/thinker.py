@@ -47,7 +47,7 @@ class ThinkerRow:
 
     hidden: torch.Tensor | None = None  # [capacity, hidden] (rows past ``filled`` unused)
     filled: int = 0
-    streamed: int = 0  # rows already handed to the talker's stream (stages.ThinkerLoop)
+    streamed: int = 0  # rows already handed to the talker's stream (ThinkerLoop)
     media: MediaEmbeds | None = None
     record_states: bool = True
 

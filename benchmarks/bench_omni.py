@@ -42,7 +42,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -242,11 +242,13 @@ class Served:
     steps_to_first_audio: dict[str, int]  # engine steps from the request's add to its first audio delta
 
 
-def serve(pipeline: Pipeline, requests: list[OmniRequest], args, *, stagger_steps: int = 0) -> Served:
+def serve(pipeline: Pipeline, requests: list[OmniRequest], args, *, stagger_steps: int = 0,
+          check: Callable[[OmniOutput, Any], None] | None = None) -> Served:
     """``requests`` added to a fresh engine that may batch all of them, run to the end: together,
     or (``stagger_steps``) request ``i`` once the engine has run ``i * stagger_steps`` steps (a
     new answer arriving while the others speak). Times are from the first add (``wall_s``,
-    ``done_s``) and from each request's own add (``first_audio_s``)."""
+    ``done_s``) and from each request's own add (``first_audio_s``). ``check``: each answer's check
+    (default :func:`check_answer`; bench_qwen3_omni.py passes its own)."""
     first: dict[str, float] = {}
     codes: dict[str, int] = {}
     added: dict[str, float] = {}
@@ -283,7 +285,7 @@ def serve(pipeline: Pipeline, requests: list[OmniRequest], args, *, stagger_step
                 done[out.request_id] = time.perf_counter() - t0
                 outputs[out.request_id] = out
     for rid, out in outputs.items():
-        check_answer(out, args)
+        (check or check_answer)(out, args)
         first.setdefault(rid, done[rid] - (added[rid] - t0))  # not streamed: the first audio is the whole audio
     stats = engine.stats
     return Served(wall_s=max(done.values()), first_audio_s=first, done_s=done, outputs=outputs, steps=stats.steps,

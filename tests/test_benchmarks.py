@@ -155,6 +155,19 @@ def test_omni_benchmark_runs_the_same_spoken_answer_on_both_sides(tmp_path):
     assert together["audio_s"] == 3 * hf["audio_s"] and together["speedup_vs_one_at_a_time"] > 0
 
 
+def test_qwen3_omni_benchmark_runs_the_same_spoken_answer_on_both_sides(tmp_path):
+    records = _run_bench("bench_qwen3_omni.py", "--tiny", "--iters", "1", "--batches", "2", "--serial", "1",
+                         out=tmp_path / "q3.jsonl")
+    by = {(r["metric"], r.get("streamed")): r for r in records}
+    hf, streamed, whole = by[("transformers_generate", False)], by[("ours", True)], by[("ours", False)]
+    # greedy on both sides: the same answer (the family's parity tests), so the same text and audio length
+    assert hf["text_tokens"] == streamed["text_tokens"] == whole["text_tokens"]
+    assert hf["audio_s"] == streamed["audio_s"] == whole["audio_s"] > 0
+    assert "code2wav_stream" in streamed["node_s"] and "code2wav" in whole["node_s"]
+    together = by[("ours_concurrent", True)]
+    assert together["requests"] == 2 and together["batched_steps"] > 0
+
+
 def test_defaults_benchmark_agrees_with_diffusers(tmp_path):
     records = _run_bench("bench_defaults.py", "--tiny", "--sides", "ours_default,diffusers", out=tmp_path / "d.jsonl")
     agreement = [r for r in records if r.get("metric") == "agreement_vs_diffusers"]

@@ -14,7 +14,8 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src" / "omniloop"
 SCANNED = [*sorted((SRC / "pipeline" / "loops").glob("*.py")), *sorted((SRC / "pipeline" / "stages").glob("*.py")),
            *sorted((SRC / "models" / "families").glob("*/loop*.py")),
-           *sorted((SRC / "models" / "families").glob("*/stages.py"))]
+           *sorted((SRC / "models" / "families").glob("*/stages.py")),
+           *sorted((SRC / "models" / "omni").glob("*.py"))]  # the omni families' shared thinker / talker loops
 
 # ``ctx.defaults`` read -> why it is a model fact, not a request default
 MODEL_FACTS = {
@@ -29,7 +30,8 @@ MODEL_FACTS = {
     "ctx.defaults.family_as(LTX2Defaults).image_crf": "LTX-2's conditioning-image preprocessing",
 }
 ALLOWED_FILES = {
-    "ctx.defaults.text_or_default()": {"pipeline/loops/ar.py", "models/families/qwen2_5_omni/stages.py"},
+    "ctx.defaults.text_or_default()": {"pipeline/loops/ar.py", "models/families/qwen2_5_omni/stages.py",
+                                       "models/families/qwen3_omni/stages.py", "models/omni/thinker.py"},
     "ctx.defaults.max_sequence_length": {f"models/families/{f}/stages.py"
                                          for f in ("wan", "ltx2", "flux", "flux2", "far", "stable_audio")},
     "ctx.defaults.sigmas": {"models/families/ltx2/loop.py"},

@@ -159,7 +159,7 @@ def test_bad_audio_is_refused_naming_the_part(omni_pipeline):
 def test_merge_by_position_is_the_same_in_chunks():
     """A chunked prefill swaps in the same embeddings as one forward: rows are addressed by
     position, so any split of the prompt (and a re-prefill after preemption) sees one input."""
-    from omniloop.models.families.qwen2_5_omni.media import MediaEmbeds
+    from omniloop.models.omni.media import MediaEmbeds
 
     g = torch.Generator().manual_seed(0)
     index = torch.tensor([-1, -1, 0, 1, 2, -1, 3, 4, -1])

@@ -107,7 +107,7 @@ def test_greedy_text_given_images_equals_transformers(omni_hf, omni_pipeline, om
 def test_rope_positions_equal_get_rope_index(omni_hf, omni_dir):
     """Our 3-D positions and decode delta of a prompt with two images and text between them are
     transformers' ``get_rope_index``'s."""
-    from omniloop.models.families.qwen2_5_omni.image_prompt import VisionRun, rope_positions
+    from omniloop.models.omni.image_prompt import VisionRun, rope_positions
 
     hf, tokenizer = omni_hf
     inputs = _hf_image_inputs(omni_dir, tokenizer, "what is it", [_png(96, 64, 0), _png(60, 130, 1)])

@@ -1,5 +1,8 @@
 """The Qwen2 decoder layer, shared by every family that runs a Qwen2-class LM (the Qwen2 LM,
-Qwen2.5-Omni's thinker and talker).
+Qwen2.5-Omni's thinker and talker; Qwen3-Omni's thinker, talker and code predictor, whose
+attention has no q/k/v biases and per-head q/k RMS norms (``DecoderDims.qkv_bias`` /
+``qk_norm``) and whose MLP may be a mixture of experts (``DecoderLayer(mlp=...)``,
+``omniloop.models.layers.moe``)).
 
 One layer: RMSNorm -> GQA self-attention (q/k/v biases, rotate-half RoPE from the caller's
 ``cos, sin`` tables, keys/values through the forward's KV view) -> residual -> RMSNorm ->
@@ -42,6 +45,8 @@ class DecoderDims:
     head_dim: int
     rms_norm_eps: float
     fused: bool  # one qkv_proj / gate_up_proj Linear (True) or transformers' separate ones (False)
+    qkv_bias: bool = True  # Qwen2's q/k/v biases (Qwen3's attention has none)
+    qk_norm: bool = False  # Qwen3: RMSNorm over each head of q and k before the rotation
 
     def __post_init__(self) -> None:
         assert self.num_heads % self.num_kv_heads == 0, (
@@ -113,14 +118,17 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = dims.num_heads, dims.num_kv_heads, dims.head_dim
         q_dim, kv_dim = dims.num_heads * dims.head_dim, dims.num_kv_heads * dims.head_dim
         if dims.fused:
-            self.qkv_proj = nn.Linear(dims.hidden_size, q_dim + 2 * kv_dim, bias=True)
+            self.qkv_proj = nn.Linear(dims.hidden_size, q_dim + 2 * kv_dim, bias=dims.qkv_bias)
             self.q_proj = self.k_proj = self.v_proj = None
         else:
             self.qkv_proj = None
-            self.q_proj = nn.Linear(dims.hidden_size, q_dim, bias=True)
-            self.k_proj = nn.Linear(dims.hidden_size, kv_dim, bias=True)
-            self.v_proj = nn.Linear(dims.hidden_size, kv_dim, bias=True)
+            self.q_proj = nn.Linear(dims.hidden_size, q_dim, bias=dims.qkv_bias)
+            self.k_proj = nn.Linear(dims.hidden_size, kv_dim, bias=dims.qkv_bias)
+            self.v_proj = nn.Linear(dims.hidden_size, kv_dim, bias=dims.qkv_bias)
         self.o_proj = nn.Linear(q_dim, dims.hidden_size, bias=False)
+        # Qwen3's per-head norms (module names transformers'); None for Qwen2
+        self.q_norm = RMSNorm(dims.head_dim, dims.rms_norm_eps) if dims.qk_norm else None
+        self.k_norm = RMSNorm(dims.head_dim, dims.rms_norm_eps) if dims.qk_norm else None
         self.attention_backend = DEFAULT_BACKEND  # set from outside by set_attention_backend
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -135,8 +143,11 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVCacheView | None) -> torch.Tensor:
         b, length, _ = x.shape
         q, k, v = self._project(x)
-        q = apply_rope(q.view(b, length, self.num_heads, self.head_dim), cos, sin)  # [B, Lq, H, D]
-        k = apply_rope(k.view(b, length, self.num_kv_heads, self.head_dim), cos, sin)  # [B, Lq, H_kv, D]
+        q = q.view(b, length, self.num_heads, self.head_dim)  # [B, Lq, H, D]
+        k = k.view(b, length, self.num_kv_heads, self.head_dim)  # [B, Lq, H_kv, D]
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         v = v.view(b, length, self.num_kv_heads, self.head_dim)
         mask = None
         if kv is not None:
@@ -174,12 +185,15 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, dims: DecoderDims, layer: int) -> None:
+    """``mlp``: the layer's feed-forward when it is not the SwiGLU of ``dims`` (a mixture of
+    experts, ``omniloop.models.layers.moe.SparseMoE``)."""
+
+    def __init__(self, dims: DecoderDims, layer: int, mlp: nn.Module | None = None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(dims.hidden_size, dims.rms_norm_eps)
         self.self_attn = Attention(dims, layer)
         self.post_attention_layernorm = RMSNorm(dims.hidden_size, dims.rms_norm_eps)
-        self.mlp = MLP(dims)
+        self.mlp = MLP(dims) if mlp is None else mlp
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVCacheView | None) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv)

@@ -19,7 +19,6 @@ The module holds no request state.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -27,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omniloop.models.layers.attention import DEFAULT_BACKEND, attention
+from omniloop.models.omni.audio_layers import AudioEncoderLayer, AudioLayerDims, SinusoidsPositionEmbedding, sinusoid_table
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,62 +68,6 @@ def audio_tokens(frames: int) -> int:
     return ((frames - 1) // 2 + 1 - 2) // 2 + 1
 
 
-def sinusoid_table(length: int, channels: int, max_timescale: float = 10000.0) -> torch.Tensor:
-    """``[length, channels]``: sin then cos of ``position * timescale`` (Whisper's table)."""
-    increment = math.log(max_timescale) / (channels // 2 - 1)
-    inv_timescales = torch.exp(-increment * torch.arange(channels // 2).float())
-    scaled = torch.arange(length)[:, None] * inv_timescales[None, :]
-    return torch.cat([torch.sin(scaled), torch.cos(scaled)], dim=1)
-
-
-class AudioAttention(nn.Module):
-    def __init__(self, c: AudioEncoderConfig) -> None:
-        super().__init__()
-        self.heads, self.head_dim = c.encoder_attention_heads, c.d_model // c.encoder_attention_heads
-        self.k_proj = nn.Linear(c.d_model, c.d_model, bias=False)
-        self.v_proj = nn.Linear(c.d_model, c.d_model, bias=True)
-        self.q_proj = nn.Linear(c.d_model, c.d_model, bias=True)
-        self.out_proj = nn.Linear(c.d_model, c.d_model, bias=True)
-        self.attention_backend = DEFAULT_BACKEND  # set from outside by set_attention_backend
-
-    def forward(self, x: torch.Tensor, windows: Sequence[int]) -> torch.Tensor:
-        """``x [N, d]`` (every chunk's frames, packed) -> ``[N, d]``; attention runs inside each
-        window of ``windows`` (frame counts summing to N), one backend call per window."""
-        n = x.shape[0]
-        q = self.q_proj(x).view(n, self.heads, self.head_dim)
-        k = self.k_proj(x).view(n, self.heads, self.head_dim)
-        v = self.v_proj(x).view(n, self.heads, self.head_dim)
-        outs = [attention(qw[None], kw[None], vw[None], self.attention_backend)[0]  # [L, H, D]
-                for qw, kw, vw in zip(q.split(list(windows)), k.split(list(windows)), v.split(list(windows)))]
-        return self.out_proj(torch.cat(outs).reshape(n, -1))
-
-
-class AudioEncoderLayer(nn.Module):
-    def __init__(self, c: AudioEncoderConfig) -> None:
-        super().__init__()
-        self.self_attn = AudioAttention(c)
-        self.self_attn_layer_norm = nn.LayerNorm(c.d_model)
-        self.fc1 = nn.Linear(c.d_model, c.encoder_ffn_dim)
-        self.fc2 = nn.Linear(c.encoder_ffn_dim, c.d_model)
-        self.final_layer_norm = nn.LayerNorm(c.d_model)
-
-    def forward(self, x: torch.Tensor, windows: Sequence[int]) -> torch.Tensor:
-        x = x + self.self_attn(self.self_attn_layer_norm(x), windows)
-        x = x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
-        if x.dtype == torch.float16:  # transformers clamps fp16 activations here
-            limit = torch.finfo(x.dtype).max - 1000
-            x = x.clamp(-limit, limit)
-        return x
-
-
-class SinusoidsPositionEmbedding(nn.Module):
-    """The position table as a non-persistent buffer (not in the checkpoint; rebuilt at load)."""
-
-    def __init__(self, length: int, channels: int) -> None:
-        super().__init__()
-        self.positional_embedding = nn.Buffer(sinusoid_table(length, channels), persistent=False)
-
-
 class OmniAudioEncoder(nn.Module):
     """transformers' ``Qwen2_5OmniAudioEncoder``: mel features -> audio embeddings."""
 
@@ -135,13 +78,19 @@ class OmniAudioEncoder(nn.Module):
         self.conv2 = nn.Conv1d(c.d_model, c.d_model, kernel_size=3, stride=2, padding=1)
         self.positional_embedding = SinusoidsPositionEmbedding(c.max_source_positions, c.d_model)
         self.audio_bos_eos_token = nn.Embedding(2, c.output_dim)  # in the checkpoint; the forward never reads it
-        self.layers = nn.ModuleList(AudioEncoderLayer(c) for _ in range(c.encoder_layers))
+        dims = AudioLayerDims(c.d_model, c.encoder_attention_heads, c.encoder_ffn_dim, k_bias=False)
+        self.layers = nn.ModuleList(AudioEncoderLayer(dims) for _ in range(c.encoder_layers))
         self.ln_post = nn.LayerNorm(c.d_model)
         self.proj = nn.Linear(c.d_model, c.output_dim)
 
     @property
     def dtype(self) -> torch.dtype:
         return self.proj.weight.dtype
+
+    @staticmethod
+    def tokens(frames: int) -> int:
+        """Embeddings of an audio of ``frames`` mel frames (``audio_prompt.AudioTower``)."""
+        return audio_tokens(frames)
 
     def rebuild_buffers(self, device: torch.device | str) -> None:
         """The position table computed for real (a module built on ``meta`` has none)."""

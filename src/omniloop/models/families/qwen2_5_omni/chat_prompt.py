@@ -5,37 +5,22 @@ thinker loop's ``lm_inputs``) and, with images or videos, the 3-D rotary positio
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
-from omniloop.models.families.qwen2_5_omni.audio_prompt import (
+from omniloop.models.omni.audio_prompt import (
     audio_embeds, audio_parts, count_placeholders, decode_audio, expand_placeholders, replace_placeholders,
 )
-from omniloop.models.families.qwen2_5_omni.image_prompt import (
-    POSITION_PER_SECOND, VisionRun, image_embeds, image_parts, process_image, rope_positions,
+from omniloop.models.omni.image_prompt import (
+    POSITION_PER_SECOND, VisionRun, image_parts, process_image, rope_positions,
 )
-from omniloop.models.families.qwen2_5_omni.media import MediaEmbeds, MediaPromptTokens
+from omniloop.models.families.qwen2_5_omni.vision_encoder import image_embeds
+from omniloop.models.omni.media import MediaPromptTokens, media_embeds
 from omniloop.models.families.qwen2_5_omni.video_prompt import (
     ChatParams, process_video, soundtrack, video_embeds, video_parts,
 )
 from omniloop.pipeline.stages.chat import ChatPrompt, chat_ids, chat_messages
 from omniloop.pipeline.state import RequestState, StageContext
-
-
-def media_embeds(ids: Sequence[int], runs: dict[int, list[torch.Tensor]], device: torch.device) -> MediaEmbeds:
-    """``ids`` (placeholders expanded) + each placeholder token's embeddings in prompt order ->
-    one table whose rows follow the prompt (``index[p]``: the row at position ``p``)."""
-    order = {token: iter(torch.cat(embeds)) for token, embeds in runs.items() if embeds}
-    rows: list[torch.Tensor] = []
-    index: list[int] = []
-    for t in ids:
-        if t in order:
-            index.append(len(rows))
-            rows.append(next(order[t]))
-        else:
-            index.append(-1)
-    return MediaEmbeds(index=torch.tensor(index, device=device), embeds=torch.stack(rows))
 
 
 @dataclass

@@ -33,7 +33,8 @@ import torch
 from torch import nn
 
 from omniloop.cache.kv import KVLayout
-from omniloop.models.families.qwen2_5_omni.media import MediaEmbeds, PromptRope, mixed_rope, with_media
+from omniloop.models.omni.media import PromptRope, mixed_rope, with_media
+from omniloop.models.omni.thinker import ThinkerRow, record_states
 from omniloop.models.layers.mrope import inv_frequencies
 from omniloop.models.layers.qwen2_decoder import DecoderDims, DecoderLayer, KVCacheView, RMSNorm, rope_tables
 from omniloop.models.layers.run_blocks import run_blocks
@@ -148,48 +149,6 @@ def _starts(ids: torch.Tensor, kv: KVCacheView | None) -> list[int]:
 # -- the thinker ------------------------------------------------------------------------
 
 
-@dataclass
-class ThinkerRow:
-    """One request's per-forward inputs and record of the thinker (``ARLoopState.lm_inputs``):
-    its prompt's encoder outputs (``media``: audio / image embeddings at their placeholders), and, for
-    the talker (``record_states``), the final hidden states of every position forwarded so
-    far, written by position (a re-prefill after preemption overwrites the same rows with the
-    same values)."""
-
-    hidden: torch.Tensor | None = None  # [capacity, hidden] (rows past ``filled`` unused)
-    filled: int = 0
-    streamed: int = 0  # rows already handed to the talker's stream (stages.ThinkerLoop)
-    media: MediaEmbeds | None = None
-    record_states: bool = True
-
-    def reserve(self, end: int, like: torch.Tensor) -> torch.Tensor:
-        """The record with room for positions up to ``end`` (``like [*, hidden]``: dtype, width,
-        device), grown by doubling."""
-        if self.hidden is None or self.hidden.shape[0] < end:
-            grown = like.new_empty(max(end, 2 * (0 if self.hidden is None else self.hidden.shape[0]), 64), like.shape[-1])
-            if self.hidden is not None:
-                grown[: self.filled] = self.hidden[: self.filled]
-            self.hidden = grown
-        return self.hidden
-
-    def states(self) -> torch.Tensor:
-        """``[filled, hidden]``: position ``p``'s final hidden state in row ``p``."""
-        assert self.hidden is not None, "the thinker recorded nothing"
-        return self.hidden[: self.filled].clone()
-
-
-def record_states(rows: Sequence[ThinkerRow], starts: Sequence[int], h: torch.Tensor) -> None:
-    """``h [B, L, hidden]`` into each row's record at positions ``starts[i] ..`` (rows that record:
-    every row here), as ONE multi-tensor copy for the batch (not a copy kernel per request)."""
-    n = h.shape[1]
-    dests = []
-    for row, start in zip(rows, starts):
-        dests.append(row.reserve(start + n, h[0])[start:start + n])  # [n, hidden] view of its record
-    torch._foreach_copy_(dests, list(h.unbind(0)))
-    for row, start in zip(rows, starts):
-        row.filled = max(row.filled, start + n)
-
-
 class OmniThinker(nn.Module):
     """transformers' ``thinker`` text path: ``model`` (the decoder) + ``lm_head``."""
 
@@ -264,6 +223,11 @@ class TalkerRow:
 
     def __post_init__(self) -> None:
         self.prompt_len = int(self.prompt_embeds.shape[0])
+
+    @property
+    def fed(self) -> int:
+        """Reply rows received so far (``omniloop.models.omni.talker.FedRow``)."""
+        return int(self.reply.shape[0])
 
     def extend(self, rows: torch.Tensor) -> None:
         """Append ``rows [n, thinker_hidden]`` to ``reply`` (amortized O(n): no copy per row)."""

@@ -24,17 +24,19 @@ from dataclasses import dataclass, field
 from typing import Any, Hashable, Sequence
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from omniloop.cache.paged_kv import BlockPool
 from omniloop.models.families.qwen2_5_omni.bigvgan import SAMPLE_RATE, BigVGAN
 from omniloop.models.families.qwen2_5_omni.dit import Token2WavDiT
-from omniloop.models.families.qwen2_5_omni.media import MediaPromptTokens, PromptRope
 from omniloop.models.families.qwen2_5_omni.presets import TOKEN2WAV_SWAY
-from omniloop.models.families.qwen2_5_omni.model import OmniTalker, OmniThinker, TalkerRow, ThinkerRow
+from omniloop.models.families.qwen2_5_omni.model import OmniTalker, OmniThinker, TalkerRow
+from omniloop.models.omni.talker import TalkerLoopState, ThinkerFedTalkerLoop
+from omniloop.models.omni.thinker import (  # noqa: F401  (ThinkerLoop, ThinkerStates: this family's nodes and edges)
+    ThinkerChunk, ThinkerLoop, ThinkerStates, start_ar_loop, streams_speech, wants_speech,
+)
 from omniloop.models.families.qwen2_5_omni.weights import Speaker
 from omniloop.pipeline.defaults import GenerationDefaults, admitted_seed, admitted_steps
-from omniloop.pipeline.loops.ar import ARDecodeLoop, ARLoopState, PromptTokens, check_context
+from omniloop.pipeline.loops.ar import ARLoopState
 from omniloop.pipeline.loops.denoise import DenoiseLoop, DenoiseLoopState, DenoiserBase, seeded_noise
 from omniloop.pipeline.policies.cfg import COND
 from omniloop.pipeline.samplers.rk4_flow import RK4FlowSampler
@@ -44,41 +46,12 @@ from omniloop.pipeline.edges import DenoisedLatents
 from omniloop.pipeline.stages.decode import DecodedAudio, VAEDecode
 from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
 from omniloop.pipeline.streams import EdgeChannel
-from omniloop.request import Artifact, AudioArtifact, InvalidRequest, LoopParams, Modality, OmniRequest, SamplingParams, TextArtifact
+from omniloop.request import Artifact, AudioArtifact, InvalidRequest, LoopParams, Modality, OmniRequest
 
 DEFAULT_VOICE = "Chelsie"  # transformers' generate(speaker="Chelsie")
 
 
-def wants_speech(request: OmniRequest) -> bool:
-    """The request asks for audio (``outputs.modalities`` names it): the talker runs."""
-    return request.outputs.modalities is not None and Modality.AUDIO in request.outputs.modalities
-
-
 # -- edges -------------------------------------------------------------------------------------
-
-
-@dataclass(kw_only=True)
-class ThinkerStates(Artifact):
-    """The thinker's answer as the talker reads it."""
-
-    prompt_ids: list[int]
-    output_ids: list[int]
-    hidden: torch.Tensor  # [P + n - 1, D] final hidden state of every forwarded position (the last token is never forwarded)
-
-
-@dataclass(kw_only=True)
-class ThinkerChunk(Artifact):
-    """A run of the thinker's forwarded positions as the talker reads them while the thinker
-    still runs (the stream edge ``thinker_hidden``): positions ``start .. start + len(ids)``.
-    The first chunk starts at 0 and reaches the first generated token's position (what the
-    talker's prompt needs); each later one adds the position forwarded by one decode step."""
-
-    prompt_len: int  # P: the conversation's positions
-    start: int
-    ids: list[int]  # the token at each position
-    hidden: torch.Tensor  # [len(ids), D] the final hidden state of each position
-    media: torch.Tensor | None = None  # [len(ids)] bool: an encoder's embedding there (the talker reads zeros)
-    rope: PromptRope | None = None  # the first chunk's: the conversation's 3-D positions (an image / a video)
 
 
 @dataclass(kw_only=True)
@@ -98,119 +71,10 @@ class CodecChunk(Artifact):
     finish_reason: str | None = None  # on the talker's last chunk: "stop" or "length"
 
 
-class TalkerParams(BaseModel):
-    """``node_params["talker"]``: the speech's own length bound (the voice is the request's
-    ``outputs.voice``)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    max_tokens: int | None = Field(default=None, ge=1, le=32768, description="codec tokens at most (default 4096)")
-    sampling: SamplingParams | None = Field(
-        default=None, description="the talker's sampling (default: transformers' talker defaults, greedy for a request's "
-        "temperature 0; admission resolves it, with the request's seed and max_tokens above)")
-
-
 def resolve_voice(speakers: dict[str, Speaker], voice: str | None) -> str:
     if voice is None:
         return DEFAULT_VOICE if DEFAULT_VOICE in speakers else next(iter(speakers))
     return voice
-
-
-# -- AR loop start (shared by both AR nodes) ---------------------------------------------------
-
-
-def start_ar_loop(stage: ARDecodeLoop, ctx: StageContext, state: RequestState, *, params: SamplingParams,
-                  prompt_ids: list[int], stop_ids: frozenset[int], lm_inputs: Any,
-                  extra: dict[str, Any] | None = None, top_logprobs: int | None = None) -> ARLoopState:
-    """``ARDecodeLoop.init`` with this family's prompt, sampling and per-request model inputs;
-    ``extra``: the talker's stream (a :class:`TalkerLoopState`); ``top_logprobs``: the text's
-    log-probs recorded (the thinker's, when the request asks for them)."""
-    text = ctx.defaults.text_or_default()  # model facts: the served context, the prefill chunk
-    check_context(len(prompt_ids), params.max_tokens, text.max_context)
-    seed = admitted_seed(params.seed, ctx.node)
-    pool: BlockPool = ctx.component(stage.kv_component)
-    state_type = ARLoopState if extra is None else TalkerLoopState
-    loop = state_type(
-        **(extra or {}), node=ctx.node, request_id=state.request_id, steps_target=params.max_tokens, params=params, seed=seed,
-        generator=torch.Generator(ctx.device).manual_seed(seed), kv=pool.handle(),
-        prefill_chunk=text.prefill_chunk_tokens, prompt_ids=prompt_ids, stop_ids=stop_ids, lm_inputs=lm_inputs,
-        top_logprobs=top_logprobs)
-    stage._prefill(ctx.component(stage.lm_component), [loop])  # the first chunk now when the pool has room
-    loop.steps_target += loop.chunks_left()
-    return loop
-
-
-# -- the thinker -------------------------------------------------------------------------------
-
-
-@dataclass
-class ThinkerLoop(ARDecodeLoop):
-    outputs = {"text": TextArtifact, "thinker_states": ThinkerStates}
-    stream_outputs = {"thinker_hidden": ThinkerChunk}
-
-    def init(self, ctx: StageContext, state: RequestState) -> ARLoopState:
-        # model facts (the checkpoint's stop tokens); the sampling is the resolved request's
-        # (resolve_sampling filled the thinker's generation_config.json defaults in at admission)
-        text = ctx.defaults.text_or_default()
-        params = state.request.sampling
-        prompt_ids = self._prompt_ids(ctx, state, ctx.component(self.tokenizer_component))
-        state.metrics.seed = params.seed
-        given = ctx.read_optional(state, "prompt_tokens", PromptTokens)
-        media = given.lm_inputs if isinstance(given, MediaPromptTokens) else None  # encoder embeddings by position
-        speech = wants_speech(state.request)  # record hidden states only for the talker
-        row = ThinkerRow(media=media, record_states=speech) if speech or media is not None else None
-        out = state.request.outputs  # log-probs of the text when asked (OutputSpec.return_log_probs)
-        return start_ar_loop(self, ctx, state, params=params, prompt_ids=prompt_ids,
-                             stop_ids=frozenset(text.eos_token_ids) | frozenset(params.stop_token_ids), lm_inputs=row,
-                             top_logprobs=out.top_logprobs if out.return_log_probs or out.top_logprobs else None)
-
-    def step_many(self, ctx: StageContext, loops: Sequence[ARLoopState]) -> list[StepResult]:
-        results = super().step_many(ctx, loops)
-        spans = {i: span for i, (loop, result) in enumerate(zip(loops, results))
-                 if result.error is None and (span := self._new_span(loop)) is not None}
-        # every chunk's states copied out of the records at once: [rows of all spans, D] (views of it each)
-        views = [self._record(loops[i])[start:end] for i, (start, end) in spans.items()]
-        states = torch.cat(views).split([v.shape[0] for v in views]) if views else ()
-        for (i, (start, end)), hidden in zip(spans.items(), states):
-            results[i].chunks = [("thinker_hidden", self._chunk(loops[i], start, end, hidden))]
-        return results
-
-    @staticmethod
-    def _record(loop: ARLoopState) -> torch.Tensor:
-        row = loop.lm_inputs
-        assert isinstance(row, ThinkerRow) and row.hidden is not None, "positions recorded without hidden states"
-        return row.hidden
-
-    @staticmethod
-    def _new_span(loop: ARLoopState) -> tuple[int, int] | None:
-        """The positions recorded since the last chunk (now streamed), once the first generated
-        token has been forwarded (the talker's prompt needs position P); None while there is
-        nothing to hand on. The thinker's last token is never forwarded, so every position comes
-        out of some step."""
-        row, p = loop.lm_inputs, len(loop.prompt_ids)
-        if not isinstance(row, ThinkerRow) or row.filled <= max(p, row.streamed):
-            return None
-        start, end = row.streamed, row.filled
-        row.streamed = end
-        return start, end
-
-    @staticmethod
-    def _chunk(loop: ARLoopState, start: int, end: int, hidden: torch.Tensor) -> ThinkerChunk:
-        """Positions ``start .. end`` as the talker reads them (``hidden [end - start, D]``)."""
-        row, p = loop.lm_inputs, len(loop.prompt_ids)
-        assert isinstance(row, ThinkerRow), "the thinker's loop records a ThinkerRow"
-        ids = loop.context_ids(start, end)
-        media = row.media.mask(start, end) if row.media is not None and start < p else None
-        rope = row.media.rope if row.media is not None and start == 0 else None
-        return ThinkerChunk(prompt_len=p, start=start, ids=ids, hidden=hidden, media=media, rope=rope)
-
-    def finalize(self, ctx: StageContext, loop: ARLoopState, state: RequestState) -> None:
-        if isinstance(loop.lm_inputs, ThinkerRow) and loop.lm_inputs.record_states:
-            ctx.write(state, "thinker_states", ThinkerStates(prompt_ids=list(loop.prompt_ids),
-                                                             output_ids=list(loop.output_ids),
-                                                             hidden=loop.lm_inputs.states()))
-            loop.lm_inputs = None
-        super().finalize(ctx, loop, state)
 
 
 # -- the talker --------------------------------------------------------------------------------
@@ -276,57 +140,20 @@ def close_talker(thinker: OmniThinker, talker: OmniTalker, row: TalkerRow) -> No
     row.complete = True
 
 
-@dataclass(kw_only=True)
-class TalkerLoopState(ARLoopState):
-    """The talker's AR state plus the thinker's stream it reads (``thinker_hidden``)."""
-
-    feed: EdgeChannel[ThinkerChunk]
-
-
 @dataclass
-class TalkerLoop(ARDecodeLoop):
-    thinker_component: str = "thinker"
-    speakers_component: str = "speakers"
-    text_tokenizer_component: str = "tokenizer"
+class TalkerLoop(ThinkerFedTalkerLoop):
+    """Qwen2.5-Omni's talker on the shared stream-fed talker loop: its prompt from the thinker's
+    first chunk (``talker_prompt``), each reply row a thinker state plus its token's embedding
+    (``reply_rows``), the text-end / text-pad rows after the thinker's end (``close_talker``)."""
 
-    inputs = {}
-    optional_inputs = {}
-    stream_inputs = {"thinker_hidden": ThinkerChunk}
+    speakers_component: str = "speakers"
+
     outputs = {"codec": CodecCodes}
     stream_outputs = {"codec_stream": CodecChunk}
-    params_schema = TalkerParams
 
     @property
     def components(self) -> tuple[str, ...]:
-        return (*super().components, self.thinker_component, self.speakers_component, self.text_tokenizer_component)
-
-    def _overrides(self, state: RequestState, node: str) -> TalkerParams:
-        given = state.node_params.get(node)
-        return given if isinstance(given, TalkerParams) else TalkerParams()
-
-    def talker_params(self, ctx: StageContext, state: RequestState) -> SamplingParams:
-        """The talker's sampling as admission resolved it (``resolve``)."""
-        sampling = self._overrides(state, ctx.node).sampling
-        assert sampling is not None, f"node {ctx.node!r} reads the sampling admission resolves (TalkerLoop.resolve)"
-        return sampling
-
-    def resolve(self, ctx: StageContext, state: RequestState, produced: frozenset[str],
-                defaults: GenerationDefaults) -> None:
-        """Admission: the talker's sampling: transformers' talker defaults (the node's
-        ``TextDefaults.sampling``), where ``temperature: 0`` on the request makes the talker
-        greedy too (its repetition penalty stays, as in ``generate(talker_do_sample=False)``);
-        the request's seed; the node's max_tokens."""
-        knobs = self._overrides(state, ctx.node)
-        request = state.request.sampling
-        base = knobs.sampling if knobs.sampling is not None else SamplingParams(**defaults.text_or_default().sampling)
-        update: dict[str, Any] = {}
-        if base.seed is None:
-            update["seed"] = request.seed
-        if knobs.sampling is None and "temperature" in request.model_fields_set and request.temperature == 0:
-            update["temperature"] = 0.0
-        if knobs.max_tokens is not None:
-            update["max_tokens"] = knobs.max_tokens
-        state.resolve_node_params(ctx.node, knobs.model_copy(update={"sampling": base.model_copy(update=update)}))
+        return (*super().components, self.speakers_component)
 
     def check_request(self, ctx: StageContext, state: RequestState, produced: frozenset[str]) -> None:
         voice = state.request.outputs.voice
@@ -355,58 +182,19 @@ class TalkerLoop(ARDecodeLoop):
         params = self.talker_params(ctx, state)
         return start_ar_loop(self, ctx, state, params=params, prompt_ids=prompt_ids,
                              stop_ids=frozenset(ctx.defaults.text_or_default().eos_token_ids), lm_inputs=row,
-                             extra={"feed": feed})
+                             state_type=TalkerLoopState, extra={"feed": feed})
 
-    def ready(self, loop: ARLoopState) -> bool:
-        """A decode step forwards reply position ``len(output_ids)``: it waits until the thinker
-        has forwarded it (or ended), so the talker reads what the non-streamed run reads."""
-        if loop.prefilling or not isinstance(loop, TalkerLoopState):
-            return super().ready(loop)
-        row: TalkerRow = loop.lm_inputs
-        pending = sum(len(chunk.ids) for chunk in loop.feed.since(loop.feed.consumed))
-        return row.complete or loop.feed.closed or row.reply.shape[0] + pending > len(loop.output_ids)
+    def rows_needed(self, loop: ARLoopState) -> int:
+        return len(loop.output_ids) + 1  # the reply row after this step's (a row of margin)
 
-    @torch.inference_mode()
-    def _feed_many(self, ctx: StageContext, loops: Sequence[ARLoopState]) -> None:
-        """The thinker's new positions into each loop's TalkerRow (and its end, once closed): the
-        batch's chunks embedded with one lookup and one add (``feed_talker``'s sums), then each
-        row's append."""
-        fed = [(lp, lp.feed.take()) for lp in loops if isinstance(lp, TalkerLoopState) and not lp.lm_inputs.complete]
-        if not fed:
-            return
-        thinker: OmniThinker = ctx.component(self.thinker_component)
-        chunks = [c for _, taken in fed for c in taken]
-        if chunks:
-            rows = reply_rows(thinker, chunks)  # [positions of every chunk, D]
-            for (loop, _), part in zip(fed, rows.split([sum(len(c.ids) for c in taken) for _, taken in fed])):
-                if part.shape[0]:
-                    loop.lm_inputs.extend(part)
-        for loop, _ in fed:
-            if loop.feed.exhausted:
-                close_talker(thinker, ctx.component(self.lm_component), loop.lm_inputs)
+    def reply_rows(self, ctx: StageContext, chunks: Sequence[ThinkerChunk]) -> torch.Tensor:
+        return reply_rows(ctx.component(self.thinker_component), chunks)
 
-    def estimate(self, ctx: StageContext, state: RequestState) -> WorkEstimate:
-        """Before the thinker has answered: the prompt is at most the conversation + the
-        thinker's max_tokens + 2, the speech at most the talker's max_tokens."""
-        lm = ctx.component(self.lm_component)
-        pool: BlockPool = ctx.component(self.kv_component)
-        tokenizer = ctx.component(self.text_tokenizer_component)
-        prompt = len(tokenizer.encode(state.request.prompt or "")) + state.request.sampling.max_tokens + 2
-        steps = self.talker_params(ctx, state).max_tokens
-        kv_bytes = pool.blocks_for(prompt + steps) * pool.block_bytes
-        return WorkEstimate(steps=steps, resident_bytes=0, loop_bytes=kv_bytes,
-                            peak_bytes=lm.activation_bytes(prompt, prompt + steps) + kv_bytes,
-                            init_peak_bytes=lm.activation_bytes(prompt, prompt), batch_group="tokens")
+    def close_row(self, ctx: StageContext, row: TalkerRow) -> None:
+        close_talker(ctx.component(self.thinker_component), ctx.component(self.lm_component), row)
 
-    def step_many(self, ctx: StageContext, loops: Sequence[ARLoopState]) -> list[StepResult]:
-        self._feed_many(ctx, loops)
-        # codes are no text: nothing is streamed as a text delta; the new codes go on codec_stream.
-        # NOTE: read how far the stream got before the step: the AR loop's final text delta
-        # advances emitted_tokens past the last code (a speech cut at its length bound)
-        sent = [lp.emitted_tokens for lp in loops]
-        results = super().step_many(ctx, loops)
-        return [StepResult(done=r.done, error=r.error, chunks=None if r.error is not None else self._new_codes(lp, n))
-                for lp, r, n in zip(loops, results, sent)]
+    def speech_chunks(self, loop: ARLoopState, sent: int) -> list[tuple[str, Artifact]] | None:
+        return self._new_codes(loop, sent)
 
     @staticmethod
     def _new_codes(loop: ARLoopState, sent: int) -> list[tuple[str, Artifact]] | None:
@@ -523,12 +311,6 @@ class BigVGANDecoder:
 
 
 # -- streamed speech: token2wav + BigVGAN window by window ---------------------------------------
-
-
-def streams_speech(request: OmniRequest) -> bool:
-    """A spoken answer streamed as it is made (``outputs.stream``): code2wav runs instead of
-    token2wav + vocoder."""
-    return wants_speech(request) and request.outputs.stream
 
 
 @dataclass(frozen=True)

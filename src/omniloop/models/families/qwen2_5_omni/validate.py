@@ -14,8 +14,8 @@ from pydantic import ValidationError
 
 from omniloop.cache.paged_kv import BlockPool
 from omniloop.models.families.qwen2_5_omni.audio_encoder import OmniAudioEncoder, audio_tokens
-from omniloop.models.families.qwen2_5_omni.audio_prompt import audio_parts, count_placeholders, decode_audio, frames_of
-from omniloop.models.families.qwen2_5_omni.image_prompt import image_parts, process_image
+from omniloop.models.omni.audio_prompt import audio_parts, count_placeholders, decode_audio, frames_of
+from omniloop.models.omni.image_prompt import image_parts, process_image
 from omniloop.models.families.qwen2_5_omni.video_prompt import (
     ChatParams, VideoProcessing, soundtrack, video_parts, video_tokens,
 )

@@ -34,7 +34,7 @@ import torch
 from pydantic import Field
 
 from omniloop.io.audio import read_audio_mono
-from omniloop.models.families.qwen2_5_omni.audio_prompt import SAMPLE_RATE, AudioInput, decode_audio, max_seconds
+from omniloop.models.omni.audio_prompt import SAMPLE_RATE, AudioInput, decode_audio, max_seconds
 from omniloop.models.families.qwen2_5_omni.vision_encoder import OmniVisionEncoder
 from omniloop.models.layers.vision_patches import resize_frames, video_patches
 from omniloop.request import AudioPart, InvalidRequest, LoopParams, OmniRequest, VideoPart

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omniloop.models.layers.attention import DEFAULT_BACKEND, attention
+from omniloop.models.omni.image_prompt import ImageInput
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -226,3 +227,11 @@ class OmniVisionEncoder(nn.Module):
             x = block(x, layout.frames if i in self.config.fullatt_block_indexes else layout.windows, cos, sin)
         # 3. merge 2x2 cells, back to raster order
         return self.merger(x)[torch.argsort(layout.window_index)]
+
+
+def image_embeds(tower: OmniVisionEncoder, images: Sequence[ImageInput], device: torch.device,
+                 dtype: torch.dtype) -> list[torch.Tensor]:
+    """Each image's merged embeddings ``[tokens, D]`` (the tower run once over all of them)."""
+    merge = tower.config.spatial_merge_size
+    out = tower(torch.cat([im.pixels for im in images]).to(device), [im.grid for im in images]).to(dtype)
+    return list(out.split([im.tokens(merge) for im in images]))

@@ -1,10 +1,10 @@
-"""Audio in a Qwen2.5-Omni conversation: audio parts -> 16 kHz mono samples -> Whisper log-mel
-features (the checkpoint's ``WhisperFeatureExtractor``, as ``Qwen2_5OmniProcessor`` calls it)
--> the audio encoder -> embeddings that replace the prompt's ``<|AUDIO|>`` placeholders.
+"""Audio in an omni conversation (Qwen2.5-Omni, Qwen3-Omni): audio parts -> 16 kHz mono samples ->
+Whisper log-mel features (the checkpoint's ``WhisperFeatureExtractor``, as the processor calls it)
+-> the family's audio encoder -> embeddings that replace the prompt's audio placeholders.
 
-The chat template renders one ``<|audio_bos|><|AUDIO|><|audio_eos|>`` per audio part; like the
-processor, each ``<|AUDIO|>`` becomes as many placeholders as its audio has embeddings
-(``audio_tokens`` of its mel frames). Audio-only prompts keep 1-D positions (transformers'
+The chat template renders one ``<|audio_bos|><|AUDIO|><|audio_eos|>`` (Qwen3-Omni:
+``<|audio_start|><|audio_pad|><|audio_end|>``) per audio part; like the processor, each
+placeholder becomes as many as its audio has embeddings (the tower's ``tokens`` of its mel frames). Audio-only prompts keep 1-D positions (transformers'
 ``get_rope_index`` takes its text path when no image or video grid is given), so the thinker's
 rotary positions stay the context index.
 
@@ -16,17 +16,28 @@ at least 3 mel frames (one embedding); decoding stops at the cap.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 import torch
 
 from omniloop.io.audio import read_audio_mono
-from omniloop.models.families.qwen2_5_omni.audio_encoder import OmniAudioEncoder, audio_tokens
 from omniloop.request import AudioPart, InvalidRequest, OmniRequest
 
 SAMPLE_RATE = 16000  # what the processor hands the feature extractor (qwen-omni-utils loads audio at 16 kHz)
 MIN_FRAMES = 3  # the fewest mel frames that give one embedding
+
+
+class AudioTower(Protocol):
+    """A thinker's audio encoder: the audios' valid mel frames -> their embeddings, audio after audio."""
+
+    def __call__(self, features: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
+        """``features [mel, sum(lengths)]`` -> ``[sum(tokens(n)), D]``."""
+        ...
+
+    def tokens(self, frames: int) -> int:
+        """Embeddings (prompt placeholders) of an audio of ``frames`` mel frames."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -119,11 +130,11 @@ def count_placeholders(ids: Sequence[int], token: int, parts: int, kind: str) ->
                              fields=("inputs",))
 
 
-def audio_embeds(tower: OmniAudioEncoder, feature_extractor: Any, audios: Sequence[AudioInput],
+def audio_embeds(tower: AudioTower, feature_extractor: Any, audios: Sequence[AudioInput],
                  device: torch.device, dtype: torch.dtype) -> list[torch.Tensor]:
     """Each audio's embeddings ``[tokens, D]``: the encoder run once over all of the request's
     audios, as transformers' ``get_audio_features`` runs it."""
     mels = [features(feature_extractor, a) for a in audios]
     lengths = [m.shape[1] for m in mels]
     out = tower(torch.cat(mels, dim=1).to(device), lengths).to(dtype)  # [sum(tokens), D]
-    return list(out.split([audio_tokens(n) for n in lengths]))
+    return list(out.split([tower.tokens(n) for n in lengths]))

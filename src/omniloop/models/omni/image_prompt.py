@@ -1,7 +1,7 @@
-"""Images in a Qwen2.5-Omni conversation: image parts -> the checkpoint's image processor
-(``Qwen2VLImageProcessor``: resized to multiples of 28 px within its pixel budget, cut into
-14 px patches) -> the vision encoder -> embeddings that replace the prompt's ``<|IMAGE|>``
-placeholders (each expanded to ``t * h * w / merge^2``, as ``Qwen2_5OmniProcessor`` does).
+"""Images in an omni conversation (Qwen2.5-Omni, Qwen3-Omni): image parts -> the checkpoint's image
+processor (``Qwen2VLImageProcessor``: resized to multiples of ``patch * merge`` px within its pixel
+budget, cut into patches) -> the family's vision encoder -> embeddings that replace the prompt's
+image placeholders (each expanded to ``t * h * w / merge^2``, as the processor does).
 
 With an image (or a video) the thinker's positions are 3-D (transformers' ``get_rope_index``):
 text and audio advance one position per token on all three planes; an image of ``h x w`` merged
@@ -18,7 +18,6 @@ from typing import Any, Sequence
 import torch
 
 from omniloop.io.image import open_image
-from omniloop.models.families.qwen2_5_omni.vision_encoder import OmniVisionEncoder
 from omniloop.request import ImagePart, InvalidRequest, OmniRequest
 
 
@@ -54,14 +53,6 @@ def process_image(index: int, part: ImagePart, processor: Any) -> ImageInput:
     out = processor(images=[image.convert("RGB")], return_tensors="pt")
     t, h, w = (int(v) for v in out["image_grid_thw"][0])
     return ImageInput(part=index, pixels=out["pixel_values"], grid=(t, h, w))
-
-
-def image_embeds(tower: OmniVisionEncoder, images: Sequence[ImageInput], device: torch.device,
-                 dtype: torch.dtype) -> list[torch.Tensor]:
-    """Each image's merged embeddings ``[tokens, D]`` (the tower run once over all of them)."""
-    merge = tower.config.spatial_merge_size
-    out = tower(torch.cat([im.pixels for im in images]).to(device), [im.grid for im in images]).to(dtype)
-    return list(out.split([im.tokens(merge) for im in images]))
 
 
 @dataclass(frozen=True)

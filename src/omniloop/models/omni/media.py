@@ -15,6 +15,7 @@ from typing import Sequence
 
 import torch
 
+from omniloop.models.omni.image_prompt import VisionRun
 from omniloop.pipeline.loops.ar import PromptTokens
 
 
@@ -59,6 +60,11 @@ class MediaEmbeds:
     embeds: torch.Tensor  # [N, D] the thinker's dtype, on its device
     positions: torch.Tensor | None = None  # [3, P] long: multimodal rotary positions (images); None: 1-D
     delta: int = 0  # a position past the prompt: its context index + delta on every plane
+    # Qwen3-Omni's images: the vision encoder's DeepStack features of every row (zeros at other
+    # encoders' rows), added to the thinker's hidden states after its first layers at image positions
+    deepstack: torch.Tensor | None = None  # [layers, N, D]
+    visual: torch.Tensor | None = None  # [N] bool: rows an image made (where DeepStack adds)
+    runs: tuple[VisionRun, ...] = ()  # the prompt's image runs in order (a talker re-derives its positions)
 
     @property
     def rope(self) -> PromptRope | None:
@@ -76,6 +82,18 @@ class MediaEmbeds:
         if start < stop:
             out[: stop - start] = self.index[start:stop] >= 0
         return out
+
+    def add_deepstack(self, h: torch.Tensor, start: int, layer: int) -> torch.Tensor:
+        """``h [L, D]``: one row's hidden states after ``layer`` at positions ``start ..`` -> with that
+        layer's DeepStack features added at the image positions (transformers' ``_deepstack_process``)."""
+        if self.deepstack is None or self.visual is None or layer >= self.deepstack.shape[0] or start >= self.prompt_len:
+            return h
+        stop = min(start + h.shape[0], self.prompt_len)
+        rows = torch.full((h.shape[0],), -1, dtype=torch.long, device=h.device)
+        rows[: stop - start] = self.index[start:stop]
+        picked = rows.clamp(min=0)
+        added = (rows >= 0) & self.visual[picked]  # [L]
+        return torch.where(added[:, None], h + self.deepstack[layer][picked].to(h.dtype), h)
 
     def merge(self, h: torch.Tensor, start: int) -> torch.Tensor:
         """``h [L, D]``: the token embeddings of one row at positions ``start .. start + L`` ->
@@ -106,3 +124,18 @@ def with_media(embeds: torch.Tensor, positions: torch.Tensor, starts: Sequence[i
     if any(m is not None and s < m.prompt_len for m, s in zip(media, starts)):  # a row forwards prompt positions
         embeds = torch.stack([e if m is None else m.merge(e, s) for e, m, s in zip(embeds, media, starts)])
     return embeds, mixed_rope(positions, [None if m is None else m.rope for m in media], starts)
+
+
+def media_embeds(ids: Sequence[int], runs: dict[int, list[torch.Tensor]], device: torch.device) -> MediaEmbeds:
+    """``ids`` (placeholders expanded) + each placeholder token's embeddings in prompt order ->
+    one table whose rows follow the prompt (``index[p]``: the row at position ``p``)."""
+    order = {token: iter(torch.cat(embeds)) for token, embeds in runs.items() if embeds}
+    rows: list[torch.Tensor] = []
+    index: list[int] = []
+    for t in ids:
+        if t in order:
+            index.append(len(rows))
+            rows.append(next(order[t]))
+        else:
+            index.append(-1)
+    return MediaEmbeds(index=torch.tensor(index, device=device), embeds=torch.stack(rows))

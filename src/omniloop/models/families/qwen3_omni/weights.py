@@ -1,0 +1,180 @@
+"""Qwen3-Omni checkpoints: the transformers ``Qwen3OmniMoeForConditionalGeneration`` layout.
+
+A folder holds ``config.json`` (``thinker_config`` / ``talker_config`` / ``code2wav_config`` and the
+chat-template token ids), ``model.safetensors`` (or shards + index) and the tokenizer; the voices
+are ``talker_config.speaker_id`` ({name: codec id}, no separate file). Tensor names carry the part
+as a prefix (``thinker.model.layers.0.mlp.experts.3.gate_proj.weight``, ``talker.code_predictor...``,
+``code2wav.decoder...``); our modules keep transformers' names below it, so each part loads by
+stripping the prefix. Each part is built on ``meta`` and assigned its tensors after its key set
+and shapes are checked by name.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from omniloop.models.checkpoint_files import aligned, cast_to, check_and_assign, read_tensors, stored_keys, weight_files
+from omniloop.models.families.qwen3_omni.audio_encoder import AudioEncoderConfig, Qwen3AudioEncoder
+from omniloop.models.families.qwen3_omni.code2wav import Code2Wav, Code2WavConfig
+from omniloop.models.families.qwen3_omni.model import (
+    ChatTokens, Qwen3DecoderConfig, Qwen3OmniTalker, Qwen3OmniThinker, TalkerTokens,
+)
+
+ARCHITECTURE = "Qwen3OmniMoeForConditionalGeneration"
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Omni3Config:
+    thinker: Qwen3DecoderConfig
+    talker: Qwen3DecoderConfig | None  # None: a thinker-only folder (enable_audio_output=false)
+    predictor: Qwen3DecoderConfig | None
+    code2wav: Code2WavConfig | None
+    tokens: TalkerTokens | None
+    chat: ChatTokens
+    voices: dict[str, int]  # talker_config.speaker_id: name (lower case) -> codec id
+    groups: int  # codebooks per speech frame
+    accept_hidden_layer: int  # the thinker layer whose output the talker reads at media positions
+    eos_token_ids: tuple[int, ...]  # the thinker's
+    audio_token_id: int
+    image_token_id: int
+    video_token_id: int
+    audio: AudioEncoderConfig | None = None  # thinker_config.audio_config (None: no audio tower described)
+    vision_start_token_id: int = 151652
+    position_id_per_seconds: int = 25  # the temporal plane's positions per second (thinker_config)
+    talker_merge: int = 2  # talker_config.spatial_merge_size: how its prompt's image positions are laid out
+    talker_position_per_second: int = 25
+
+    @property
+    def speaks(self) -> bool:
+        return self.talker is not None
+
+    @classmethod
+    def from_hf(cls, raw: dict[str, Any]) -> "Omni3Config":
+        try:
+            thinker = raw["thinker_config"]
+            text = thinker["text_config"]
+        except KeyError as e:
+            raise ValueError(f"config.json lacks {e.args[0]!r}; pass a {ARCHITECTURE} folder") from None
+        eos = text.get("eos_token_id")
+        speaks = raw.get("enable_audio_output", True) and "talker_config" in raw and "code2wav_config" in raw
+        talker = raw.get("talker_config") or {}
+        predictor = talker.get("code_predictor_config") or {}
+        groups = int(talker.get("num_code_groups", 32))
+        if speaks and int(predictor.get("num_code_groups", groups)) != groups:
+            raise ValueError(f"talker_config.num_code_groups={groups} and its code_predictor_config.num_code_groups="
+                             f"{predictor.get('num_code_groups')} disagree; they are one number in every release")
+        if speaks and not talker.get("speaker_id"):
+            raise ValueError("talker_config.speaker_id is empty: a spoken answer needs the voices ({name: codec id}); "
+                             "pass the released folder's config.json, or set enable_audio_output=false for text only")
+        c2w = Code2WavConfig.from_hf(raw["code2wav_config"]) if speaks else None
+        if c2w is not None and c2w.num_quantizers != groups:
+            raise ValueError(f"code2wav_config.num_quantizers={c2w.num_quantizers} must equal talker_config."
+                             f"num_code_groups={groups} (one code per codebook per frame)")
+        return cls(
+            thinker=Qwen3DecoderConfig.from_hf(text, part="thinker"),
+            talker=Qwen3DecoderConfig.from_hf(talker["text_config"], part="talker", every_layer_sparse=True) if speaks else None,
+            predictor=Qwen3DecoderConfig.from_hf(predictor, part="code predictor", multimodal_rope=False) if speaks else None,
+            code2wav=c2w,
+            tokens=TalkerTokens(codec_eos=int(talker["codec_eos_token_id"]), codec_pad=int(talker["codec_pad_id"]),
+                                codec_bos=int(talker["codec_bos_id"]), codec_nothink=int(talker["codec_nothink_id"]),
+                                codec_think_bos=int(talker["codec_think_bos_id"]),
+                                codec_think_eos=int(talker["codec_think_eos_id"])) if speaks else None,
+            chat=ChatTokens(im_start=int(raw.get("im_start_token_id", 151644)), im_end=int(raw.get("im_end_token_id", 151645)),
+                            user=int(raw.get("user_token_id", 872)), assistant=int(raw.get("assistant_token_id", 77091)),
+                            system=int(raw.get("system_token_id", 8948)), tts_pad=int(raw.get("tts_pad_token_id", 151671)),
+                            tts_bos=int(raw.get("tts_bos_token_id", 151672)), tts_eos=int(raw.get("tts_eos_token_id", 151673))),
+            voices={str(k).lower(): int(v) for k, v in (talker.get("speaker_id") or {}).items()},
+            groups=groups,
+            accept_hidden_layer=int(talker.get("accept_hidden_layer", 18)),
+            eos_token_ids=() if eos is None else tuple(eos) if isinstance(eos, list) else (int(eos),),
+            audio_token_id=int(thinker.get("audio_token_id", 151646)),
+            image_token_id=int(thinker.get("image_token_id", 151655)),
+            video_token_id=int(thinker.get("video_token_id", 151656)),
+            audio=AudioEncoderConfig.from_hf(thinker["audio_config"]) if thinker.get("audio_config") else None,
+            vision_start_token_id=int(thinker.get("vision_start_token_id", 151652)),
+            position_id_per_seconds=int(thinker.get("position_id_per_seconds", 25)),
+            talker_merge=int(talker.get("spatial_merge_size", 2)),
+            talker_position_per_second=int(talker.get("position_id_per_seconds", 25)),
+        )
+
+
+def read_config(folder: Path) -> Omni3Config:
+    path = folder / CONFIG_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found; pass a transformers {ARCHITECTURE} folder")
+    raw = json.loads(path.read_text())
+    if ARCHITECTURE not in (raw.get("architectures") or [ARCHITECTURE]):
+        raise ValueError(f"{path} describes {raw.get('architectures')}, not {ARCHITECTURE}")
+    try:
+        return Omni3Config.from_hf(raw)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+
+
+def _load_part(folder: Path, prefix: str, model: nn.Module, device: torch.device | str, dtype: torch.dtype,
+               skip: tuple[str, ...] = ()) -> nn.Module:
+    """The tensors under ``prefix`` (but not under ``skip`` prefixes) assigned to ``model`` (built on
+    meta), prefix stripped; missing / unexpected / wrong-shape keys are named."""
+    files = weight_files(folder, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, ARCHITECTURE)
+    tensors = read_tensors(files, aligned(cast_to(device, dtype)),
+                           skip=lambda key: not key.startswith(prefix) or key.startswith(skip))
+    sd = {key[len(prefix):]: t for key, t in tensors.items()}
+    check_and_assign(model, sd, f"{folder} ({prefix}*)", f"pass a transformers {ARCHITECTURE} folder whose "
+                     "config.json describes its weights")
+    return model.eval().requires_grad_(False)
+
+
+def load_thinker(folder: Path, config: Omni3Config, *, device: torch.device | str, dtype: torch.dtype) -> Qwen3OmniThinker:
+    with torch.device("meta"):
+        model = Qwen3OmniThinker(config.thinker, config.accept_hidden_layer if config.speaks else None)
+    _load_part(folder, "thinker.model.", model.model, device, dtype)
+    _load_part(folder, "thinker.lm_head.", model.lm_head, device, dtype)
+    return model.eval().requires_grad_(False)
+
+
+AUDIO_TOWER_PREFIX = "thinker.audio_tower."
+
+
+def load_audio_tower(folder: Path, config: Omni3Config, *, device: torch.device | str,
+                     dtype: torch.dtype) -> Qwen3AudioEncoder | None:
+    """The thinker's audio encoder (``thinker.audio_tower.*``), or None when the checkpoint holds
+    none of its tensors (then audio inputs are refused at admission)."""
+    files = weight_files(folder, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, ARCHITECTURE)
+    if config.audio is None or not any(k.startswith(AUDIO_TOWER_PREFIX) for k in stored_keys(files)):
+        return None
+    with torch.device("meta"):
+        model = Qwen3AudioEncoder(config.audio)
+    model.rebuild_buffers(device)  # the position table is computed, not stored
+    _load_part(folder, AUDIO_TOWER_PREFIX, model, device, dtype)
+    return model
+
+
+def load_talker(folder: Path, config: Omni3Config, *, device: torch.device | str, dtype: torch.dtype) -> Qwen3OmniTalker:
+    assert config.talker is not None and config.predictor is not None and config.tokens is not None, (
+        "the talker is loaded only for a checkpoint with audio output")
+    with torch.device("meta"):
+        model = Qwen3OmniTalker(config.talker, config.predictor, thinker_hidden=config.thinker.hidden_size,
+                                groups=config.groups, tokens=config.tokens, chat=config.chat, voices=config.voices,
+                                spatial_merge_size=config.talker_merge,
+                                position_id_per_seconds=config.talker_position_per_second)
+    _load_part(folder, "talker.", model, device, dtype)
+    return model
+
+
+def load_code2wav(folder: Path, config: Omni3Config, *, device: torch.device | str) -> Code2Wav:
+    """fp32: the codec decoder is small and its convolutions run at 24 kHz (transformers runs it
+    in the checkpoint's dtype; fp32 is at least as accurate)."""
+    assert config.code2wav is not None, "code2wav is loaded only for a checkpoint with audio output"
+    with torch.device("meta"):
+        model = Code2Wav(config.code2wav)
+    _load_part(folder, "code2wav.", model, device, torch.float32)
+    return model

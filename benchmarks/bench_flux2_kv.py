@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     config = TINY if args.tiny else KLEIN_4B
-    args.grid, args.text_tokens = (8, 16) if args.tiny else (64, 512)  # 1024 px / 16 -> 64 x 64 tokens
+    args.grid, args.text_tokens = (16, 16) if args.tiny else (64, 512)  # 1024 px / 16 -> 64 x 64 tokens
     args.iters = args.iters or (3 if args.tiny else 5)
     args.warmup = args.warmup if args.warmup is not None else 1
     reference, ours = build(config, device, dtype)

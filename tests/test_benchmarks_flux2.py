@@ -30,7 +30,8 @@ def test_flux2_kv_benchmark_smoke(tmp_path):
     from tests.bench_modules import bench_module
 
     out = tmp_path / "flux2_kv.jsonl"
-    assert bench_module("bench_flux2_kv").main(["--tiny", "--iters", "1", "--warmup", "0", "--out", str(out)]) == 0
+    args = ["--tiny", "--steps", "2", "--refs", "1", "--iters", "1", "--warmup", "0", "--out", str(out)]
+    assert bench_module("bench_flux2_kv").main(args) == 0
     rows = {r["way"]: r for r in map(json.loads, out.read_text().splitlines())}
     assert set(rows) == {"uncached", "cached", "diffusers_kv"}
     ref, img, steps = rows["cached"]["reference_tokens"], rows["cached"]["image_tokens"], rows["cached"]["steps"]

@@ -147,3 +147,15 @@ def test_flux2_dev_refuses_the_reference_cache(flux2_dev_dir):
     with pytest.raises(RequestRejected, match="reference_kv") as e:
         Engine(dev, EngineConfig()).add_request(_edit([_picture(0)], node_params={"denoise": {"reference_kv": True}}))
     assert "node_params['denoise'].reference_kv" in e.value.fields
+
+
+def test_reference_kv_is_a_flat_loop_knob_of_flux2():
+    """The API, the CLI (``--knob reference_kv=true``) and the HTTP fields take it flat."""
+    from omniloop.models.families.flux2.spec import flux2_pipeline_spec, flux2_variant
+    from omniloop.pipeline.knobs import knob_table
+    from omniloop.request.builder import build_request, generation_fields
+
+    table = knob_table(flux2_pipeline_spec(flux2_variant({"_class_name": "Flux2KleinPipeline", "is_distilled": True})))
+    fields = generation_fields({"num_inference_steps": 2, "reference_kv": True}, knobs=table)
+    request = build_request(TaskType.I2I, PROMPT, fields, parts=[ImagePart(data=_picture(0))], knobs=table)
+    assert request.node_params == {"denoise": {"reference_kv": True}} and request.diffusion.steps == 2

@@ -93,6 +93,13 @@ def test_cached_path_embeds_reference_tokens_once(klein_dir):
     assert plain == steps * (6 + 32)  # every step carries the 32 reference tokens
     assert cached == 32 + steps * 6  # once, then the image tokens alone
 
+    # admission's memory estimate holds the cache while the loop runs: (k, v) x 4 blocks x 32 tokens x 32 wide
+    engine = Engine(klein, EngineConfig())
+    for rid, knob in (("plain", None), ("cached", True)):
+        engine.add_request(_edit(refs, request_id=rid, height=H, width=W, node_params={"denoise": {"reference_kv": knob}}))
+    loop_bytes = {rid: engine._requests[rid].estimates.nodes["denoise"].loop_bytes for rid in ("plain", "cached")}
+    assert loop_bytes["cached"] - loop_bytes["plain"] == 2 * 4 * 32 * 32 * 4
+
 
 def _run(pipeline, reqs):
     # every prologue item (encoders, loop inits: the reference pass) first, so the steps group

@@ -18,6 +18,7 @@ noisy tokens alone against them.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Mapping
 
@@ -25,7 +26,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from omniloop.io.image import image_to_tensor, open_image_part
+from omniloop.io.image import image_part_size, image_to_tensor, open_image_part
 from omniloop.models.families.flux2.model import Flux2Inputs, Flux2Transformer, ReferenceKV
 from omniloop.models.layers.lora import LoraPlan, lora_rows
 from omniloop.pipeline.adapters import request_adapters
@@ -34,9 +35,10 @@ from omniloop.pipeline.edges import ConditionLatents, TextEmbeddings
 from omniloop.pipeline.loops.denoise import DenoiseLoop, DenoiseParams, DenoiserBase
 from omniloop.pipeline.policies.cfg import COND, UNCOND, Prediction
 from omniloop.pipeline.policies.shift import DynamicallyShifted, Shapes
-from omniloop.pipeline.stage import ComponentStage
+from omniloop.pipeline.stage import ComponentStage, WorkEstimate
 from omniloop.pipeline.state import RequestState, StageContext
-from omniloop.request import DiffusionParams, ImagePart, InvalidRequest, LatentPart, Modality, OmniRequest
+from omniloop.request import (DiffusionParams, ImagePart, InvalidRequest, LatentPart, Modality, OmniRequest,
+                              TaskType)
 
 IMAGE = "image"
 REFERENCE_TIME_STEP = 10  # the i-th reference's t coordinate is 10 + 10 i
@@ -252,6 +254,19 @@ class Flux2DenoiseLoop(DenoiseLoop):
 
     params_schema = Flux2DenoiseParams
 
+    def estimate(self, ctx: StageContext, state: RequestState) -> WorkEstimate:
+        """The loop's estimate, with the reference cache it holds while it runs: (k, v) of
+        every block for every reference token (FLUX.2-klein-9B, two 1024^2 references: 4 GiB bf16)."""
+        est = super().estimate(ctx, state)
+        if not (isinstance(self.denoiser, Flux2Denoiser) and state.request.task == TaskType.I2I
+                and self.denoiser.caches_references(state.node_params.get(ctx.node))):
+            return est
+        cfg = ctx.component("transformer").config
+        tokens = reference_tokens(state.request, ctx.component("vae").latent_config.scale_factor_spatial)
+        layers = cfg.num_layers + cfg.num_single_layers
+        kv = 2 * layers * tokens * cfg.inner_dim * (torch.finfo(ctx.dtype).bits // 8)
+        return dataclasses.replace(est, loop_bytes=est.loop_bytes + kv)
+
     def check_request(self, ctx: StageContext, state: RequestState, produced: frozenset[str]) -> None:
         super().check_request(ctx, state, produced)
         knobs = state.node_params.get(ctx.node)
@@ -286,6 +301,19 @@ def reference_parts(request: OmniRequest) -> list[ImagePart | LatentPart]:
     """The request's references in order: its images (no mask role) and image latents."""
     return [p for p in request.inputs
             if (isinstance(p, ImagePart) and p.role != "mask") or (isinstance(p, LatentPart) and p.of is Modality.IMAGE)]
+
+
+def reference_tokens(request: OmniRequest, multiple: int) -> int:
+    """The DiT tokens of all of a (validated) edit's references: one per ``multiple``-pixel cell."""
+    total = 0
+    for part in reference_parts(request):
+        if isinstance(part, LatentPart):
+            shape = torch.as_tensor(part.data).shape
+            total += int(shape[-2] * shape[-1])
+        else:
+            w, h = reference_size(*image_part_size(part), multiple)
+            total += (w // multiple) * (h // multiple)
+    return total
 
 
 def reference_size(width: int, height: int, multiple: int) -> tuple[int, int]:

@@ -211,7 +211,7 @@ def flux_kv_cache(call: NodeCall) -> tuple[Any, ...]:
     """ComfyUI: the reference latents modulated at timestep 0, their keys/values kept from the
     first step and reused by the later ones (no reference tokens in their forwards). Here: the
     FLUX.2 denoise loop's ``reference_kv`` knob (the compiler reports how its first step differs)."""
-    return (replace(call["model"], reference_kv=True),)
+    return (replace(call["model"], reference_kv=call.id),)
 
 
 # -- text -------------------------------------------------------------------------------------

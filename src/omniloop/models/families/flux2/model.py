@@ -480,5 +480,10 @@ class Flux2Transformer(nn.Module):
         if x.image_ids.shape != (l_img, 4) or x.text_ids.shape != (x.text.shape[1], 4):
             raise ValueError(f"position ids must be [L_img, 4] and [L_txt, 4] = [{l_img}, 4], [{x.text.shape[1]}, 4]; "
                              f"got {list(x.image_ids.shape)}, {list(x.text_ids.shape)}")
+        kv = x.reference_kv
+        if kv is not None and ((len(kv.double), len(kv.single)) != (cfg.num_layers, cfg.num_single_layers)
+                               or any(k.shape[0] != b for k, _ in (*kv.double, *kv.single))):
+            raise ValueError(f"reference_kv must hold {cfg.num_layers} + {cfg.num_single_layers} blocks' (k, v) of "
+                             f"{b} rows (Flux2Transformer.reference_kv of this model and batch)")
         if cfg.guidance_embeds and (x.guidance is None or x.guidance.shape != (b,)):
             raise ValueError(f"this guidance-distilled model needs guidance [{b}] (the embedded guidance scale)")

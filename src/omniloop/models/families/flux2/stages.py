@@ -139,7 +139,9 @@ class Flux2Denoiser(DenoiserBase):
     ``[1, 4C, h, w]`` in the loop and turned into tokens per forward. Forward kwargs:
     ``encoder_hidden_states`` [B, L_txt, D_txt]; with references, ``reference`` [B, L_ref, 4C]
     and ``reference_grids`` (each reference's (h, w): requests batch when theirs are equal,
-    since a batched forward shares its position ids)."""
+    since a batched forward shares its position ids); with the reference cache
+    (``reference_cache``), ``reference_kv`` instead (a ``ReferenceKV``: requests batch at equal
+    reference token counts, whatever their grids)."""
 
     modalities: tuple[str, ...] = (IMAGE,)
     reference_cache: ReferenceCache = "per_request"
@@ -256,7 +258,7 @@ class Flux2DenoiseLoop(DenoiseLoop):
 
     def estimate(self, ctx: StageContext, state: RequestState) -> WorkEstimate:
         """The loop's estimate, with the reference cache it holds while it runs: (k, v) of
-        every block for every reference token (FLUX.2-klein-9B, two 1024^2 references: 4 GiB bf16)."""
+        every block for every reference token (each 1024^2 reference: 4096 tokens)."""
         est = super().estimate(ctx, state)
         if not (isinstance(self.denoiser, Flux2Denoiser) and state.request.task == TaskType.I2I
                 and self.denoiser.caches_references(state.node_params.get(ctx.node))):

@@ -189,6 +189,16 @@ def klein_base_dir(tmp_path_factory, klein_dir):
 
 
 @pytest.fixture(scope="session")
+def klein_kv_dir(tmp_path_factory):
+    """A tiny FLUX.2-klein KV folder (Flux2KleinKVPipeline; klein_dir's weights)."""
+    from tests.models.flux2.checkpoint import save_klein_kv_checkpoint
+
+    folder = tmp_path_factory.mktemp("klein_kv")
+    save_klein_kv_checkpoint(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
 def flux2_dev_dir(tmp_path_factory):
     """A tiny FLUX.2-dev folder (Flux2Pipeline: Mistral3 text encoder, guidance-embedding DiT;
     tests/models/flux2/checkpoint.py)."""

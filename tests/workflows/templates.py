@@ -26,6 +26,7 @@ TEMPLATES = {  # template -> the family whose checkpoint serves it
     "video_wan2_2_14B_fun_inpaint": "wan_i2v", "video_wan2_2_5B_fun_inpaint": "wan_fun_5b",
     "wan2.1_fun_inp": "wan_i2v_clip",
     "image_flux2": "flux2_dev", "image_flux2_text_to_image": "flux2_dev",  # FLUX.2 [dev]: Mistral 3 + its DiT
+    "image_flux2_klein_9b_kv_image_edit": "flux2_klein_kv",  # FLUX.2 [klein] KV: FluxKVCache on its own DiT file
 }
 FAMILY_WORDS = ("wan", "flux", "ltx", "stable")  # template name prefixes of the four families
 LOADER_FOLDERS = {"UNETLoader": "diffusion_models", "CheckpointLoaderSimple": "checkpoints", "CLIPLoader": "text_encoders",

@@ -25,7 +25,7 @@ IMAGES = ("image_to_video_wan_start_image.png", "video_wan2_2_14B_i2v_input_imag
           "video_wan2_2_14B_fun_inpaint_start_image.png", "video_wan2_2_14B_fun_inpaint_end_image.png",
           "video_wan2_2_5B_fun_inpaint_start_image.png", "video_wan2_2_5B_fun_inpaint_end_image.png",
           "wan2.1_fun_inp_start_image.png", "wan2.1_fun_inp_end_image.png", "egyptian_queen.png",
-          "image_flux2_input_image.png")
+          "image_flux2_input_image.png", "man_in_street.png", "safari_outfit.png")
 VIDEOS = ("video_wan_vace_14B_v2v_reference_image_control_video.mp4",)
 
 
@@ -118,6 +118,11 @@ EXPECTED = {
     "image_flux2_klein_image_edit_4b_base": (TaskType.I2I, "flux2_klein_base", [Modality.IMAGE],
                                              {"steps": 20, "guidance_scale": 5.0, "width": 1248, "height": 832,
                                               "strength": None}),
+    # two references (LoadImage -> ImageScaleToTotalPixels -> VAEEncode -> ReferenceLatent, chained on both
+    # prompts) under FluxKVCache: the loop caches their keys/values; 4 steps, cfg 1 (zeroed negative)
+    "image_flux2_klein_9b_kv_image_edit": (TaskType.I2I, "flux2_klein_kv", [Modality.IMAGE],
+                                           {"steps": 4, "guidance_scale": 1.0, "width": 1248, "height": 832,
+                                            "negative_prompt": None, "reference_kv": True}),
     # Wan VACE: cfg 1 (the CausVid LoRA), the control video (v2v) and the reference image
     "video_wan_vace_14B_t2v": (TaskType.T2V, "wan_vace", [Modality.VIDEO],
                                {"guidance_scale": 1.0, "width": 1280, "height": 720, "num_frames": 81, "fps": 16,

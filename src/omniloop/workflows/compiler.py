@@ -207,6 +207,8 @@ def _generation(ev: Evaluation, final: Latent, saves: tuple[SaveTarget, ...]) ->
     elif first.model.cfg_zero_star:
         _deviate(ev, first.node, "CFGZeroStar is not applied on a joint audio-video latent or the two-stage path "
                  "(the model's own guidance runs)")
+    if first.model.reference_kv is not None:
+        _reference_kv(ev, first, first.model.reference_kv, node_params)
     _geometry(ev, first, canvas, saves, fields, task)
     fields.put("seed", _seed(ev, first))
     loras = _loras(ev, runs)
@@ -228,6 +230,16 @@ def _generation(ev: Evaluation, final: Latent, saves: tuple[SaveTarget, ...]) ->
         raise node_error(first.node, _class(ev, first.node), "invalid_input_type", e.message,
                          f"request field {e.field}") from None
     return Generation(request, served, saves, tuple(r.node for r in runs))
+
+
+def _reference_kv(ev: Evaluation, run: Sampling, patch: str, node_params: dict[str, dict[str, Any]]) -> None:
+    """A reference KV-cache patch (node ``patch``, FluxKVCache): the loop caches the references'
+    keys/values (its ``reference_kv`` knob; a model without the cache refuses it at admission)."""
+    node_params.setdefault(DENOISE_NODE, {})["reference_kv"] = True
+    if run.positive.reference is not None:
+        _deviate(ev, patch, "the references' keys/values are computed once with the references attending only to "
+                 "each other (diffusers' KV pipeline, as the KV model was trained); ComfyUI keeps those of its "
+                 "first step, where they also attend to the text and the noisy image")
 
 
 def _class(ev: Evaluation, node_id: str) -> str:

@@ -206,6 +206,14 @@ def cfg_zero_star(call: NodeCall) -> tuple[Any, ...]:
     return (replace(call["model"], cfg_zero_star=True),)
 
 
+@node("FluxKVCache", [i("model", "MODEL")], ["MODEL"], category="")
+def flux_kv_cache(call: NodeCall) -> tuple[Any, ...]:
+    """ComfyUI: the reference latents modulated at timestep 0, their keys/values kept from the
+    first step and reused by the later ones (no reference tokens in their forwards). Here: the
+    FLUX.2 denoise loop's ``reference_kv`` knob (the compiler reports how its first step differs)."""
+    return (replace(call["model"], reference_kv=call.id),)
+
+
 # -- text -------------------------------------------------------------------------------------
 @node("CLIPTextEncode", [i("text", "STRING", "", multiline=True, generated=True), i("clip", "CLIP")],
       ["CONDITIONING"], category="conditioning")

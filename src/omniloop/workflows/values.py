@@ -25,6 +25,7 @@ class ModelRef:
     shift: float | None = None  # ModelSamplingSD3 / ModelSamplingFlux
     cfg_zero_star: bool = False  # CFGZeroStar: the guided prediction patched (the denoise loop's knob)
     differential_diffusion: bool = False  # DifferentialDiffusion: a soft noise mask thresholded per step
+    reference_kv: str | None = None  # the node id of a reference KV-cache patch (the denoise loop's knob)
 
     def with_lora(self, lora: LoraRef) -> "ModelRef":
         return replace(self, loras=(*self.loras, lora))

@@ -112,6 +112,18 @@ def save_klein_checkpoint(folder: Path, *, distilled: bool = True):
     return pipe
 
 
+def save_klein_kv_checkpoint(folder: Path):
+    """A tiny FLUX.2-klein KV folder (model_index.json names ``Flux2KleinKVPipeline``, as
+    FLUX.2-klein-9b-kv's): klein's layout and, built from the same seeds, klein's weights."""
+    from diffusers import Flux2KleinKVPipeline
+
+    tok = tiny_qwen_tokenizer()
+    pipe = Flux2KleinKVPipeline(scheduler=flux2_scheduler(), vae=tiny_flux2_vae(), text_encoder=tiny_qwen3(len(tok)),
+                                tokenizer=tok, transformer=tiny_flux2_transformer())
+    pipe.save_pretrained(folder)
+    return pipe
+
+
 # -- FLUX.2 [dev]: Mistral Small 3.1 (Mistral3ForConditionalGeneration) as the text encoder --
 
 MISTRAL_LAYERS = 31  # the pipeline reads hidden states 10, 20, 30 (the real model has 40 layers)

@@ -11,10 +11,12 @@ PROMPT = "a red circle"
 
 
 @functools.lru_cache(maxsize=4)
-def klein_pipeline(folder):
-    from diffusers import Flux2KleinPipeline
+def klein_pipeline(folder, kv: bool = False):
+    """diffusers' Flux2KleinPipeline (``kv``: Flux2KleinKVPipeline) on the folder."""
+    from diffusers import Flux2KleinKVPipeline, Flux2KleinPipeline
 
-    pipe = Flux2KleinPipeline.from_pretrained(folder, torch_dtype=torch.float32)
+    cls = Flux2KleinKVPipeline if kv else Flux2KleinPipeline
+    pipe = cls.from_pretrained(folder, torch_dtype=torch.float32)
     for module in (pipe.transformer, pipe.vae, pipe.text_encoder):
         for p in module.parameters():
             p.data = p.data.clone()  # 64-byte aligned, like our loaders' tensors

@@ -14,6 +14,13 @@ Layout: batched ``[B, L, D]``; every sample of a forward shares one set of posit
 Vocabulary: ``L_img`` image tokens (the noisy latent's, then any reference images'),
 ``L_txt`` text tokens; the joint sequence is ``cat([text, image])``. ``D`` = model width,
 ``H`` heads of ``hd`` channels.
+
+Reference KV cache (FLUX.2 [klein] KV, diffusers ``Flux2KleinKVPipeline``): reference tokens
+are modulated at timestep 0 and attend only to each other, so their keys/values in every
+block depend on the reference latents alone. ``reference_kv`` runs them once through the
+blocks and returns those keys/values (``ReferenceKV``, post-RoPE); a forward given them
+(``Flux2Inputs.reference_kv``) attends over ``[text, references, image]`` keys while only the
+text and image tokens are computed.
 """
 
 from __future__ import annotations
@@ -96,6 +103,57 @@ class Flux2Inputs:
     image_ids: torch.Tensor  # [L_img, 4] (t, row, col, 0) position ids
     text_ids: torch.Tensor  # [L_txt, 4] (0, 0, 0, position)
     guidance: torch.Tensor | None = None  # [B] embedded guidance (FLUX.2-dev; klein has none)
+    reference_kv: "ReferenceKV | None" = None  # cached reference keys/values (klein KV), else None
+
+
+KeyValue = tuple[torch.Tensor, torch.Tensor]  # (k, v), each [B, L_ref, H, hd] post-RoPE
+
+
+@dataclass(frozen=True)
+class ReferenceKV:
+    """Every block's reference keys/values, computed once per request (``Flux2Transformer.
+    reference_kv``) and read by each denoise step; it lives in the request's loop state (its
+    forward kwargs), never on the module. ``double[i]`` / ``single[i]``: block i's (k, v)."""
+
+    double: tuple[KeyValue, ...]
+    single: tuple[KeyValue, ...]
+
+    @property
+    def tokens(self) -> int:
+        return int((self.double or self.single)[0][0].shape[1])
+
+    def batch_signature(self) -> tuple:
+        """Requests batch at equal reference token counts (their grids may differ: the
+        positions are already rotated into the keys)."""
+        k = (self.double or self.single)[0][0]
+        return ("reference_kv", self.tokens, len(self.double), len(self.single), k.dtype)
+
+    @classmethod
+    def concat(cls, parts: Sequence["ReferenceKV"]) -> "ReferenceKV":
+        """The batch of several requests' caches (rows in ``parts`` order)."""
+        def cat(layers: Sequence[tuple[KeyValue, ...]]) -> tuple[KeyValue, ...]:
+            return tuple((torch.cat([p[0] for p in same]), torch.cat([p[1] for p in same])) for same in zip(*layers))
+        return cls(double=cat([p.double for p in parts]), single=cat([p.single for p in parts]))
+
+    def select_rows(self, rows: torch.Tensor) -> "ReferenceKV":
+        """The cache of some batch rows (a block interceptor running part of the batch)."""
+        def pick(layers: tuple[KeyValue, ...]) -> tuple[KeyValue, ...]:
+            return tuple((k.index_select(0, rows.to(k.device)), v.index_select(0, rows.to(v.device)))
+                         for k, v in layers)
+        return ReferenceKV(double=pick(self.double), single=pick(self.single))
+
+    def to(self, dtype: torch.dtype) -> "ReferenceKV":
+        def cast(layers: tuple[KeyValue, ...]) -> tuple[KeyValue, ...]:
+            return tuple((k.to(dtype), v.to(dtype)) for k, v in layers)
+        return ReferenceKV(double=cast(self.double), single=cast(self.single))
+
+
+def with_reference(k: torch.Tensor, v: torch.Tensor, reference: KeyValue, text_tokens: int) -> KeyValue:
+    """Keys/values [B, L_txt + L_img, H, hd] -> [B, L_txt + L_ref + L_img, H, hd]: the cached
+    reference ones between the text's and the image's (diffusers' ``[txt, ref, img]`` order)."""
+    k_ref, v_ref = reference
+    return (torch.cat([k[:, :text_tokens], k_ref, k[:, text_tokens:]], dim=1),
+            torch.cat([v[:, :text_tokens], v_ref, v[:, text_tokens:]], dim=1))
 
 
 # -- embeddings ---------------------------------------------------------------------------
@@ -191,9 +249,10 @@ class Flux2Attention(nn.Module):
         self.add_v_proj = nn.Linear(dim, inner, bias=False)
         self.to_add_out = nn.Linear(inner, dim, bias=False)
 
-    def forward(self, image: torch.Tensor, text: torch.Tensor,
-                rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """image [B, L_img, D], text [B, L_txt, D] -> their attention outputs, same shapes."""
+    def forward(self, image: torch.Tensor, text: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                reference: KeyValue | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """image [B, L_img, D], text [B, L_txt, D] -> their attention outputs, same shapes;
+        ``reference``: cached reference keys/values the text and image tokens also attend to."""
         hd = self.head_dim
         q, k, v = (p(image).unflatten(-1, (-1, hd)) for p in (self.to_q, self.to_k, self.to_v))
         cq, ck, cv = (p(text).unflatten(-1, (-1, hd)) for p in (self.add_q_proj, self.add_k_proj, self.add_v_proj))
@@ -201,9 +260,21 @@ class Flux2Attention(nn.Module):
         k = torch.cat([self.norm_added_k(ck), self.norm_k(k)], dim=1)
         v = torch.cat([cv, v], dim=1)
         q, k = apply_rope(q, rope), apply_rope(k, rope)
+        if reference is not None:
+            k, v = with_reference(k, v, reference, text.shape[1])
         out = attention(q, k, v, self.attention_backend).flatten(2, 3).to(q.dtype)  # [B, L, H * hd]
         text_out, image_out = out.split_with_sizes([text.shape[1], image.shape[1]], dim=1)
         return self.to_out[0](image_out), self.to_add_out(text_out)
+
+    def reference_forward(self, image: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
+                          ) -> tuple[torch.Tensor, KeyValue]:
+        """Reference tokens alone [B, L_ref, D] (they attend only to each other) -> their
+        attention output and their post-RoPE (k, v)."""
+        hd = self.head_dim
+        q, k, v = (p(image).unflatten(-1, (-1, hd)) for p in (self.to_q, self.to_k, self.to_v))
+        q, k = apply_rope(self.norm_q(q), rope), apply_rope(self.norm_k(k), rope)
+        out = attention(q, k, v, self.attention_backend).flatten(2, 3).to(q.dtype)
+        return self.to_out[0](out), (k, v)
 
 
 class Flux2ParallelSelfAttention(nn.Module):
@@ -219,14 +290,22 @@ class Flux2ParallelSelfAttention(nn.Module):
         self.norm_k = nn.RMSNorm(head_dim, eps=eps)
         self.to_out = nn.Linear(inner + mlp_hidden, dim, bias=False)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """x [B, L, D] (normed, modulated) -> [B, L, D]."""
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], reference: KeyValue | None = None,
+                text_tokens: int = 0) -> torch.Tensor:
+        """x [B, L, D] (normed, modulated) -> [B, L, D]; ``reference``: cached reference
+        keys/values inserted after the first ``text_tokens`` keys."""
+        return self.project(x, rope, reference, text_tokens)[0]
+
+    def project(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], reference: KeyValue | None = None,
+                text_tokens: int = 0) -> tuple[torch.Tensor, KeyValue]:
+        """``forward`` that also returns this block's own post-RoPE (k, v) [B, L, H, hd]."""
         h = self.to_qkv_mlp_proj(x)
         qkv, mlp = torch.split(h, [3 * self.heads * self.head_dim, 2 * self.mlp_hidden], dim=-1)
         q, k, v = (t.unflatten(-1, (-1, self.head_dim)) for t in qkv.chunk(3, dim=-1))
         q, k = apply_rope(self.norm_q(q), rope), apply_rope(self.norm_k(k), rope)
-        out = attention(q, k, v, self.attention_backend).flatten(2, 3).to(q.dtype)
-        return self.to_out(torch.cat([out, swiglu(mlp)], dim=-1))
+        keys, values = (k, v) if reference is None else with_reference(k, v, reference, text_tokens)
+        out = attention(q, keys, values, self.attention_backend).flatten(2, 3).to(q.dtype)
+        return self.to_out(torch.cat([out, swiglu(mlp)], dim=-1)), (k, v)
 
 
 # -- blocks -------------------------------------------------------------------------------
@@ -241,12 +320,13 @@ class Flux2TransformerBlock(nn.Module):
         self.ff_context = FeedForward(dim, cfg.mlp_hidden_dim)
 
     def forward(self, image: torch.Tensor, text: torch.Tensor, mod_img: torch.Tensor, mod_txt: torch.Tensor,
-                rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+                rope: tuple[torch.Tensor, torch.Tensor], reference: KeyValue | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         (shift, scale, gate), (shift2, scale2, gate2) = split_modulation(mod_img, 2)
         (c_shift, c_scale, c_gate), (c_shift2, c_scale2, c_gate2) = split_modulation(mod_txt, 2)
         eps = self.eps
         attn_img, attn_txt = self.attn((1 + scale) * layer_norm(image, eps) + shift,
-                                       (1 + c_scale) * layer_norm(text, eps) + c_shift, rope)
+                                       (1 + c_scale) * layer_norm(text, eps) + c_shift, rope, reference)
         image = image + gate * attn_img
         image = image + gate2 * self.ff(layer_norm(image, eps) * (1 + scale2) + shift2)
         text = text + c_gate * attn_txt
@@ -255,20 +335,44 @@ class Flux2TransformerBlock(nn.Module):
             text = text.clip(-65504, 65504)
         return text, image
 
+    def reference_forward(self, image: torch.Tensor, mod_img: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
+                          ) -> tuple[torch.Tensor, KeyValue]:
+        """The image stream of reference tokens alone (no text: they attend only to each
+        other), modulated by ``mod_img`` (timestep 0) -> (their new states, their (k, v))."""
+        (shift, scale, gate), (shift2, scale2, gate2) = split_modulation(mod_img, 2)
+        eps = self.eps
+        attn, kv = self.attn.reference_forward((1 + scale) * layer_norm(image, eps) + shift, rope)
+        image = image + gate * attn
+        image = image + gate2 * self.ff(layer_norm(image, eps) * (1 + scale2) + shift2)
+        return image, kv
+
 
 class Flux2SingleTransformerBlock(nn.Module):
-    def __init__(self, cfg: Flux2Config) -> None:
+    def __init__(self, cfg: Flux2Config, index: int = 0) -> None:
         super().__init__()
         self.eps = cfg.eps
+        self.index = index  # which of a ReferenceKV's ``single`` entries is this block's
         self.attn = Flux2ParallelSelfAttention(cfg.inner_dim, cfg.num_attention_heads, cfg.attention_head_dim,
                                                cfg.mlp_hidden_dim, cfg.eps)
 
-    def forward(self, x: torch.Tensor, mod: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mod: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                reference_kv: ReferenceKV | None = None, text_tokens: int = 0) -> torch.Tensor:
         shift, scale, gate = split_modulation(mod, 1)[0]
-        x = x + gate * self.attn((1 + scale) * layer_norm(x, self.eps) + shift, rope)
+        reference = reference_kv.single[self.index] if reference_kv is not None else None
+        x = x + gate * self.attn((1 + scale) * layer_norm(x, self.eps) + shift, rope, reference, text_tokens)
         if x.dtype == torch.float16:
             x = x.clip(-65504, 65504)
         return x
+
+    def reference_forward(self, x: torch.Tensor, mod: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
+                          ) -> tuple[torch.Tensor, KeyValue]:
+        """Reference tokens alone, modulated at timestep 0 -> (their new states, their (k, v))."""
+        shift, scale, gate = split_modulation(mod, 1)[0]
+        out, kv = self.attn.project((1 + scale) * layer_norm(x, self.eps) + shift, rope)
+        x = x + gate * out
+        if x.dtype == torch.float16:
+            x = x.clip(-65504, 65504)
+        return x, kv
 
 
 class NormOut(nn.Module):
@@ -295,7 +399,7 @@ class Flux2Transformer(nn.Module):
         self.context_embedder = nn.Linear(config.joint_attention_dim, dim, bias=False)
         self.transformer_blocks = nn.ModuleList([Flux2TransformerBlock(config) for _ in range(config.num_layers)])
         self.single_transformer_blocks = nn.ModuleList(
-            [Flux2SingleTransformerBlock(config) for _ in range(config.num_single_layers)])
+            [Flux2SingleTransformerBlock(config, i) for i in range(config.num_single_layers)])
         self.norm_out = NormOut(dim)
         self.proj_out = nn.Linear(dim, config.patch_size**2 * (config.out_channels or config.in_channels), bias=False)
 
@@ -322,17 +426,46 @@ class Flux2Transformer(nn.Module):
         txt_rope = rope_tables(inputs.text_ids, cfg.axes_dims_rope, cfg.rope_theta)
         rope = (torch.cat([txt_rope[0], img_rope[0]]), torch.cat([txt_rope[1], img_rope[1]]))
 
-        # 3. Double-stream blocks, then single-stream blocks on the joint sequence
-        for block in self.transformer_blocks:
-            text, image = block(image, text, mod_img, mod_txt, rope)
+        # 3. Double-stream blocks, then single-stream blocks on the joint sequence (with a
+        # reference cache, every attention also reads the references' cached keys/values)
+        kv = inputs.reference_kv
+        for i, block in enumerate(self.transformer_blocks):
+            text, image = block(image, text, mod_img, mod_txt, rope, kv.double[i] if kv is not None else None)
         singles = cast(Sequence[nn.Module], self.single_transformer_blocks)  # a ModuleList (sequence_shard rides on it)
-        joint = run_blocks(singles, torch.cat([text, image], dim=1), mod_single, rope)
+        extra = {} if kv is None else {"reference_kv": kv, "text_tokens": text.shape[1]}
+        joint = run_blocks(singles, torch.cat([text, image], dim=1), mod_single, rope, **extra)
         image = joint[:, text.shape[1]:]
 
         # 4. Output modulation and projection
         scale, shift = self.norm_out.linear(F.silu(temb).to(image.dtype)).chunk(2, dim=1)
         image = layer_norm(image, cfg.eps) * (1 + scale)[:, None, :] + shift[:, None, :]
         return self.proj_out(image)
+
+    def reference_kv(self, tokens: torch.Tensor, ids: torch.Tensor, guidance: torch.Tensor | None = None
+                     ) -> ReferenceKV:
+        """Reference tokens [B, L_ref, in_channels] at position ids [L_ref, 4] -> every block's
+        post-RoPE keys/values (diffusers' ``kv_cache_mode="extract"`` for the reference rows:
+        modulated at timestep 0, attending only to each other)."""
+        cfg, b = self.config, tokens.shape[0]
+        if tokens.dim() != 3 or tokens.shape[2] != cfg.in_channels or ids.shape != (tokens.shape[1], 4):
+            raise ValueError(f"reference tokens must be [B, L_ref, {cfg.in_channels}] with ids [L_ref, 4]; got "
+                             f"{list(tokens.shape)}, {list(ids.shape)}")
+        # 1. timestep 0 (diffusers' ref_fixed_timestep) for every reference token
+        dtype = tokens.dtype
+        zero = torch.zeros(b, dtype=dtype, device=tokens.device)
+        temb = self.time_guidance_embed(zero, guidance.to(dtype) * 1000 if guidance is not None else None)
+        mod_img, mod_single = self.double_stream_modulation_img(temb), self.single_stream_modulation(temb)
+        # 2. the blocks over the reference tokens alone, keeping each block's keys/values
+        rope = rope_tables(ids, cfg.axes_dims_rope, cfg.rope_theta)
+        x = self.x_embedder(tokens)  # [B, L_ref, D]
+        double, single = [], []
+        for block in cast(Sequence[Flux2TransformerBlock], self.transformer_blocks):
+            x, kv = block.reference_forward(x, mod_img, rope)
+            double.append(kv)
+        for sblock in cast(Sequence[Flux2SingleTransformerBlock], self.single_transformer_blocks):
+            x, kv = sblock.reference_forward(x, mod_single, rope)
+            single.append(kv)
+        return ReferenceKV(double=tuple(double), single=tuple(single))
 
     def _check(self, x: Flux2Inputs) -> None:
         cfg = self.config
@@ -347,5 +480,10 @@ class Flux2Transformer(nn.Module):
         if x.image_ids.shape != (l_img, 4) or x.text_ids.shape != (x.text.shape[1], 4):
             raise ValueError(f"position ids must be [L_img, 4] and [L_txt, 4] = [{l_img}, 4], [{x.text.shape[1]}, 4]; "
                              f"got {list(x.image_ids.shape)}, {list(x.text_ids.shape)}")
+        kv = x.reference_kv
+        if kv is not None and ((len(kv.double), len(kv.single)) != (cfg.num_layers, cfg.num_single_layers)
+                               or any(k.shape[0] != b for k, _ in (*kv.double, *kv.single))):
+            raise ValueError(f"reference_kv must hold {cfg.num_layers} + {cfg.num_single_layers} blocks' (k, v) of "
+                             f"{b} rows (Flux2Transformer.reference_kv of this model and batch)")
         if cfg.guidance_embeds and (x.guidance is None or x.guidance.shape != (b,)):
             raise ValueError(f"this guidance-distilled model needs guidance [{b}] (the embedded guidance scale)")

@@ -7,6 +7,8 @@ One pipeline serves text-to-image and editing (task i2i): the references node ru
 edits, encoding every reference image; the loop always starts from noise. ``is_distilled`` in
 model_index.json picks klein's defaults: 4 steps without CFG (klein) or 50 with CFG (klein
 base); dev runs 50 steps with the guidance scale embedded (one forward a step).
+``Flux2KleinKVPipeline`` folders (FLUX.2 [klein] 9B KV: the klein layout) run as klein with
+their references' keys/values cached (stages.py); klein serves the cache per request.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from typing import Any, Mapping, cast
 from omniloop.models.families.flux2.presets import (DEV_DEFAULTS, DEV_MAX_REFERENCES, DEV_TEXT_ENCODER_LAYERS,
                                                     FLUX2_SCHEDULER, KLEIN_BASE_DEFAULTS, KLEIN_DEFAULTS,
                                                     KLEIN_MAX_REFERENCES, MAX_SEQUENCE_LENGTH, TEXT_ENCODER_LAYERS)
-from omniloop.models.families.flux2.stages import EmpiricalShift, Flux2Denoiser, Flux2References
+from omniloop.models.families.flux2.stages import (EmpiricalShift, Flux2DenoiseLoop, Flux2Denoiser, Flux2References,
+                                                   ReferenceCache)
 from omniloop.models.families.flux2.validate import make_validator
 from omniloop.models.families.flux2.vae import load_flux2_vae, load_flux2_vae_single_file
 from omniloop.models.families.flux2.weights import load_flux2_transformer, load_flux2_transformer_single_file
@@ -27,7 +30,6 @@ from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSp
 from omniloop.models.single_file import Resolve, SingleFileSet, text_encoder_sources
 from omniloop.models.text.mistral3 import load_mistral3_layer_states
 from omniloop.models.text.qwen3 import load_qwen3_layer_states, load_qwen3_layer_states_single_file
-from omniloop.pipeline.loops.denoise import DenoiseLoop
 from omniloop.pipeline.pipeline import Pipeline
 from omniloop.pipeline.policies.cfg import ClassicCFG, EmbeddedGuidance
 from omniloop.pipeline.predicates import opt, task_in
@@ -39,9 +41,11 @@ from omniloop.pipeline.stages.decode import LatentDecoder
 from omniloop.request import Modality, OmniRequest, TaskType
 
 KLEIN_CLASS = "Flux2KleinPipeline"
+KLEIN_KV_CLASS = "Flux2KleinKVPipeline"  # klein with a reference KV cache (FLUX.2-klein-9b-kv)
 DEV_CLASS = "Flux2Pipeline"
 DEV_VARIANT = "flux.2-dev"
-PIPELINE_CLASSES = (KLEIN_CLASS, DEV_CLASS)
+KV_VARIANT = "flux.2-klein-kv"
+PIPELINE_CLASSES = (KLEIN_CLASS, KLEIN_KV_CLASS, DEV_CLASS)
 # the GEMMs FP8 quantization converts: every projection and MLP of both block kinds
 BLOCK_GEMMS = r"^(single_)?transformer_blocks\.\d+\.(attn\.(to_|add_)|ff|ff_context)"
 
@@ -94,7 +98,8 @@ def flux2_variant(index: Mapping[str, Any]) -> Variant:
         text,
         WeightSpec(component="sampler", kind="scheduler config", subfolder="scheduler", load=_load_scheduler),
     )
-    name = DEV_VARIANT if dev else "flux.2-klein" if index.get("is_distilled", False) else "flux.2-klein-base"
+    name = DEV_VARIANT if dev else KV_VARIANT if index.get("_class_name") == KLEIN_KV_CLASS else \
+        "flux.2-klein" if index.get("is_distilled", False) else "flux.2-klein-base"
     return Variant(name=name, tasks=frozenset({TaskType.T2I, TaskType.I2I}), weights=weights)
 
 
@@ -144,7 +149,8 @@ def flux2_pipeline_spec(variant: Variant) -> PipelineSpec:
     nodes = (
         Node("text_encode", text),
         Node("references", Flux2References(), when=task_in(TaskType.I2I)),
-        Node("denoise", DenoiseLoop(Flux2Denoiser(), cfg=cfg, shift=EmpiricalShift())),
+        Node("denoise", Flux2DenoiseLoop(Flux2Denoiser(reference_cache=reference_cache(variant)), cfg=cfg,
+                                         shift=EmpiricalShift())),
         Node("decode", VAEDecode(decoder=cast(LatentDecoder, ImageVAEDecoder())), when=opt("pixels wanted", _wants_pixels)),
     )
     return PipelineSpec(
@@ -156,6 +162,11 @@ def flux2_pipeline_spec(variant: Variant) -> PipelineSpec:
         outputs={"image": "image", "latents": "final_latents", "trajectory": "trajectory"},
         max_edit_images=max_references(variant),
     )
+
+
+def reference_cache(variant: Variant) -> ReferenceCache:
+    """dev: none; a Flux2KleinKVPipeline folder: always; klein: when a request asks."""
+    return "never" if variant.name == DEV_VARIANT else "always" if variant.name == KV_VARIANT else "per_request"
 
 
 def max_references(variant: Variant) -> int:
@@ -182,7 +193,8 @@ def build_flux2(variant: Variant, index: Mapping[str, Any], components: Mapping[
     if dev != dit.config.guidance_embeds:
         raise ValueError(f"{index.get('_class_name')} needs a transformer {'with' if dev else 'without'} a guidance "
                          f"embedding; transformer/config.json has guidance_embeds={dit.config.guidance_embeds}")
-    distilled = bool(index.get("is_distilled", False))
+    # Flux2KleinKVPipeline: step-distilled (4 steps, no CFG) whatever its is_distilled says
+    distilled = bool(index.get("is_distilled", False)) or variant.name == KV_VARIANT
     defaults = DEV_DEFAULTS if dev else KLEIN_DEFAULTS if distilled else KLEIN_BASE_DEFAULTS
     validate = make_validator(defaults, vae.latent_config, components["sampler"], distilled=distilled,
                               guidance="embedded" if dev else "cfg", max_references=max_references(variant))

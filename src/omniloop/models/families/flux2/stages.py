@@ -8,30 +8,45 @@ the adapter turns each cell into a token (``[B, h*w, 4C]``, row-major: diffusers
 ``_pack_latents``). Reference images (klein's ``image`` list) ride as extra tokens after the
 noisy ones, the i-th at time coordinate ``10 + 10 i`` (diffusers ``_prepare_image_ids``);
 only the noisy tokens' prediction is kept.
+
+Reference KV cache (``Flux2KleinKVPipeline`` folders, or ``node_params['denoise']
+.reference_kv``: ComfyUI's FluxKVCache): the references' keys/values are computed once when
+the loop starts (``Flux2Transformer.reference_kv``: timestep 0, references attending only to
+each other) and kept in the request's loop state as a forward kwarg; every step then runs the
+noisy tokens alone against them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Literal, Mapping
 
 import numpy as np
 import torch
+from pydantic import Field
 
-from omniloop.io.image import image_to_tensor, open_image_part
-from omniloop.models.families.flux2.model import Flux2Inputs
+from omniloop.io.image import image_part_size, image_to_tensor, open_image_part
+from omniloop.models.families.flux2.model import Flux2Inputs, Flux2Transformer, ReferenceKV
+from omniloop.models.layers.lora import LoraPlan, lora_rows
+from omniloop.pipeline.adapters import request_adapters
 from omniloop.pipeline.defaults import admitted
 from omniloop.pipeline.edges import ConditionLatents, TextEmbeddings
-from omniloop.pipeline.loops.denoise import DenoiserBase
+from omniloop.pipeline.loops.denoise import DenoiseLoop, DenoiseParams, DenoiserBase
 from omniloop.pipeline.policies.cfg import COND, UNCOND, Prediction
 from omniloop.pipeline.policies.shift import DynamicallyShifted, Shapes
-from omniloop.pipeline.stage import ComponentStage
+from omniloop.pipeline.stage import ComponentStage, WorkEstimate
 from omniloop.pipeline.state import RequestState, StageContext
-from omniloop.request import DiffusionParams, ImagePart, LatentPart, Modality, OmniRequest
+from omniloop.request import (DiffusionParams, ImagePart, InvalidRequest, LatentPart, Modality, OmniRequest,
+                              TaskType)
 
 IMAGE = "image"
 REFERENCE_TIME_STEP = 10  # the i-th reference's t coordinate is 10 + 10 i
 MAX_REFERENCE_AREA = 1024 * 1024  # larger references are scaled down to this area first
+# How a model treats its references' keys/values: "always" cached (a Flux2KleinKVPipeline
+# folder), "per_request" (klein: recomputed every step unless the request asks for the cache),
+# "never" (dev: its guidance-embedding DiT has no reference cache).
+ReferenceCache = Literal["always", "per_request", "never"]
 
 
 @dataclass(frozen=True)
@@ -124,9 +139,17 @@ class Flux2Denoiser(DenoiserBase):
     ``[1, 4C, h, w]`` in the loop and turned into tokens per forward. Forward kwargs:
     ``encoder_hidden_states`` [B, L_txt, D_txt]; with references, ``reference`` [B, L_ref, 4C]
     and ``reference_grids`` (each reference's (h, w): requests batch when theirs are equal,
-    since a batched forward shares its position ids)."""
+    since a batched forward shares its position ids); with the reference cache
+    (``reference_cache``), ``reference_kv`` instead (a ``ReferenceKV``: requests batch at equal
+    reference token counts, whatever their grids)."""
 
     modalities: tuple[str, ...] = (IMAGE,)
+    reference_cache: ReferenceCache = "per_request"
+
+    def caches_references(self, knobs: Any) -> bool:
+        """Whether a request's references ride as cached keys/values (else as tokens)."""
+        asked = knobs.reference_kv if isinstance(knobs, Flux2DenoiseParams) else None
+        return self.reference_cache == "always" or (self.reference_cache == "per_request" and bool(asked))
 
     def latent_shapes(self, ctx: StageContext, request: OmniRequest) -> dict[str, tuple[int, ...]]:
         g = geometry(request, ctx.node)
@@ -143,6 +166,13 @@ class Flux2Denoiser(DenoiserBase):
         refs = ctx.read_optional(state, "condition", ReferenceLatents)
         if refs is not None:
             tokens = torch.cat([pack_latents(r) for r in refs.references], dim=1)  # [1, L_ref, 4C]
+            if self.caches_references(state.node_params.get(ctx.node)):
+                adapters = request_adapters(ctx, state).get("transformer")  # the request's LoRAs apply too
+                with lora_rows(LoraPlan([adapters]) if adapters is not None else None):
+                    cache = reference_cache(ctx.component("transformer"), tokens, refs.grids, ctx.device)
+                for kwargs in out.values():  # one cache for every branch: it does not depend on the text
+                    kwargs.update(reference_kv=cache)
+                return out
             for kwargs in out.values():
                 kwargs.update(reference=tokens, reference_grids=refs.grids)
         return out
@@ -159,10 +189,12 @@ class Flux2Denoiser(DenoiserBase):
             ids = torch.cat([ids, reference_ids(grids, device)])
         text = kwargs["encoder_hidden_states"].to(dtype)  # [B, L_txt, D_txt]
         guidance = kwargs.get("guidance")
+        cache: ReferenceKV | None = kwargs.get("reference_kv")
         out = model(Flux2Inputs(
             image=image, text=text, timestep=timestep.expand(b) / 1000,  # diffusers passes t / 1000
             image_ids=ids, text_ids=text_ids(text.shape[1], device),
             guidance=guidance.to(device) if guidance is not None else None,
+            reference_kv=cache.to(dtype) if cache is not None else None,
         ))  # [B, L_img, 4C]
         return {IMAGE: unpack_latents(out[:, :h * w], h, w)}
 
@@ -195,6 +227,63 @@ class Flux2Denoiser(DenoiserBase):
         return int((img + txt) * (width * itemsize + 2 * cfg.attention_head_dim * 4))
 
 
+# -- the reference KV cache --------------------------------------------------------------------
+
+
+@torch.no_grad()
+def reference_cache(model: Flux2Transformer, tokens: torch.Tensor, grids: tuple[tuple[int, int], ...],
+                    device: torch.device) -> ReferenceKV:
+    """One request's references [1, L_ref, 4C] -> every block's keys/values, computed once
+    (diffusers' first-step ``extract``; the same rows, without the text and noisy tokens)."""
+    return model.reference_kv(tokens.to(device, model.dtype), reference_ids(grids, device))
+
+
+class Flux2DenoiseParams(DenoiseParams):
+    """``node_params['denoise']`` of FLUX.2: the denoise loop's knobs and the reference cache."""
+
+    reference_kv: bool | None = Field(
+        default=None, description="cache the reference images' keys/values once and reuse them every step "
+        "(FLUX.2 [klein] KV: references at timestep 0, attending only to each other; ComfyUI's FluxKVCache). "
+        "Always on for a Flux2KleinKVPipeline folder; off by default for klein")
+
+    flat: ClassVar[Mapping[str, str]] = {**DenoiseParams.flat, "reference_kv": "reference_kv"}
+
+
+@dataclass
+class Flux2DenoiseLoop(DenoiseLoop):
+    """The DenoiseLoop with FLUX.2's knobs: a request turns the reference cache on or off
+    where the model allows it (refused, naming the field, where it does not)."""
+
+    params_schema = Flux2DenoiseParams
+
+    def estimate(self, ctx: StageContext, state: RequestState) -> WorkEstimate:
+        """The loop's estimate, with the reference cache it holds while it runs: (k, v) of
+        every block for every reference token (each 1024^2 reference: 4096 tokens)."""
+        est = super().estimate(ctx, state)
+        if not (isinstance(self.denoiser, Flux2Denoiser) and state.request.task == TaskType.I2I
+                and self.denoiser.caches_references(state.node_params.get(ctx.node))):
+            return est
+        cfg = ctx.component("transformer").config
+        tokens = reference_tokens(state.request, ctx.component("vae").latent_config.scale_factor_spatial)
+        layers = cfg.num_layers + cfg.num_single_layers
+        kv = 2 * layers * tokens * cfg.inner_dim * (torch.finfo(ctx.dtype).bits // 8)
+        return dataclasses.replace(est, loop_bytes=est.loop_bytes + kv)
+
+    def check_request(self, ctx: StageContext, state: RequestState, produced: frozenset[str]) -> None:
+        super().check_request(ctx, state, produced)
+        knobs = state.node_params.get(ctx.node)
+        asked = knobs.reference_kv if isinstance(knobs, Flux2DenoiseParams) else None
+        mode = self.denoiser.reference_cache if isinstance(self.denoiser, Flux2Denoiser) else "never"
+        field = f"node_params[{ctx.node!r}].reference_kv"
+        if asked and mode == "never":
+            raise InvalidRequest(f"{field}: FLUX.2 [dev] has no reference KV cache (only FLUX.2 [klein] does)",
+                                 hint="drop reference_kv", fields=(field,))
+        if asked is False and mode == "always":
+            raise InvalidRequest(f"{field}=false: this Flux2KleinKVPipeline model always caches its references' "
+                                 "keys/values (it was trained with them at timestep 0)",
+                                 hint="drop reference_kv, or serve a Flux2KleinPipeline model", fields=(field,))
+
+
 # -- reference images (edits) ---------------------------------------------------------------
 
 
@@ -214,6 +303,19 @@ def reference_parts(request: OmniRequest) -> list[ImagePart | LatentPart]:
     """The request's references in order: its images (no mask role) and image latents."""
     return [p for p in request.inputs
             if (isinstance(p, ImagePart) and p.role != "mask") or (isinstance(p, LatentPart) and p.of is Modality.IMAGE)]
+
+
+def reference_tokens(request: OmniRequest, multiple: int) -> int:
+    """The DiT tokens of all of a (validated) edit's references: one per ``multiple``-pixel cell."""
+    total = 0
+    for part in reference_parts(request):
+        if isinstance(part, LatentPart):
+            shape = torch.as_tensor(part.data).shape
+            total += int(shape[-2] * shape[-1])
+        else:
+            w, h = reference_size(*image_part_size(part), multiple)
+            total += (w // multiple) * (h // multiple)
+    return total
 
 
 def reference_size(width: int, height: int, multiple: int) -> tuple[int, int]:

@@ -131,7 +131,7 @@ class ComfyUniPCSampler(FlowEulerSampler):
         if state.x is None:  # the first step of the run
             state.start, state.order = state.step_index, min(MAX_ORDER, state.num_steps - state.step_index - 1)
             state.x = sample.to(torch.float32) / torch.sqrt(1.0 + state.times[state.step_index] ** 2.0)
-        times = state.times[state.start:]  # the run's schedule: [n + 1]
+        times = state.times[state.start:].to(sample.device)  # the run's schedule: [n + 1] (kept on the host)
         k, n = state.step_index - state.start, state.num_steps - state.start
         t = times[k].reshape(1)
         model = self._data_prediction(state.x, t, model_output.to(torch.float32))

@@ -1,0 +1,39 @@
+"""Every registered sampler steps CUDA latents (run through the device tool, never in CI).
+
+A sampler keeps its schedule on the host (the scheduler reads it there); each step must still
+compute on the latents' device. ComfyUI's UniPC once mixed its host times into a CUDA update
+(``bench_comfy.py``'s Wan template crashed on the H100), which the CPU tests cannot see. Each
+sampler's CUDA trajectory is compared with its CPU one on the same model outputs and seed.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from omniloop.pipeline.samplers import build_sampler, sampler_names
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+CONFIGS = {"flow_unipc": {"prediction_type": "flow_prediction", "use_flow_sigmas": True, "flow_shift": 3.0}}
+
+
+@pytest.mark.parametrize("name", sampler_names())
+def test_a_sampler_steps_cuda_latents_as_it_steps_cpu_ones(name):
+    sampler = build_sampler(name, CONFIGS.get(name, {}))
+    steps, shape = 6, (1, 4, 2, 3, 3)
+    g = torch.Generator().manual_seed(0)
+    x0 = torch.randn(shape, generator=g)
+    outputs = [torch.randn(shape, generator=g) for _ in range(steps)]
+    finals = {}
+    for device in ("cpu", "cuda"):
+        state = sampler.init_state(steps, device=device, seed=0)
+        x = x0.to(device)
+        for v in outputs:
+            x = sampler.step(state, v.to(device), x)
+            assert x.device.type == device
+        finals[device] = x.cpu()
+    if name.endswith("_gpu"):  # ComfyUI's "_gpu" SDE samplers draw their noise on the device: other draws
+        assert torch.isfinite(finals["cuda"]).all()
+    else:
+        torch.testing.assert_close(finals["cuda"], finals["cpu"], rtol=1e-4, atol=1e-4)

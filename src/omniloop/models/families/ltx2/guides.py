@@ -3,10 +3,11 @@ held at the first frame, the last frame or any frame index, each with a strength
 
 How they enter the denoise loop (diffusers' ``prepare_latents`` and step body):
 
-- a condition at frame 0 is written into latent frame 0's tokens of the video sequence;
-- a condition at frame ``f > 0`` is appended as extra tokens ``[1, h*w, C]`` after the video's
-  ``F*h*w`` tokens, at RoPE position frame ``f`` (its temporal extent clamped to ``[f, f+1)``,
-  one pixel frame, in seconds: ``/ fps``);
+- a first_frame image is written into latent frame 0's tokens of the video sequence;
+- a last_frame image (frame ``num_frames - 1``) or a keyframe image (any ``frame_index``, 0
+  included: ComfyUI's LTXVAddGuide appends there too) is appended as extra tokens ``[1, h*w, C]``
+  after the video's ``F*h*w`` tokens, at RoPE position frame ``f`` (its temporal extent clamped
+  to ``[f, f+1)``, one pixel frame, in seconds: ``/ fps``);
 - each conditioned token has a conditioning mask = its strength (0 elsewhere): it starts at
   ``noise * (1 - s) + clean * s``, its timestep is ``t * (1 - s)``, and after the guidance
   combine its x0 is blended ``x0 * (1 - s) + clean * s`` before the sampler step;
@@ -14,8 +15,8 @@ How they enter the denoise loop (diffusers' ``prepare_latents`` and step body):
 
 A request whose only condition is a first frame at strength 1 is plain image-to-video
 (``LTX2ImageToVideoPipeline``: its own noise layout); any other conditions take this path.
-Diffusers' condition index is a latent index ``l``; ours is the pixel frame, and ``l > 0`` is
-frame ``(l - 1) * 8 + 1`` (the frame diffusers places the keyframe at).
+Diffusers' condition index is a latent index ``l``: ``l = 0`` is our first_frame, ``l > 0`` our
+keyframe at pixel frame ``(l - 1) * 8 + 1`` (the frame diffusers places it at).
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ class FrameCondition:
     frame: int
     strength: float
 
+    @property
+    def appended(self) -> bool:
+        """Extra tokens after the video's (a first_frame image is written into latent frame 0)."""
+        return self.part.role != "first_frame"
+
 
 def frame_conditions(request: OmniRequest, num_frames: int) -> list[FrameCondition]:
     """The request's first_frame (frame 0), last_frame (frame ``num_frames - 1``) and keyframe
@@ -59,19 +65,19 @@ def frame_conditions(request: OmniRequest, num_frames: int) -> list[FrameConditi
 
 
 def uses_guides(conditions: list[FrameCondition]) -> bool:
-    """Not plain image-to-video: a condition past frame 0, or a first frame held at strength < 1."""
-    return any(c.frame != 0 or c.strength != 1.0 for c in conditions)
+    """Not plain image-to-video: an appended condition, or a first frame held at strength < 1."""
+    return any(c.appended or c.strength != 1.0 for c in conditions)
 
 
 def appended_count(conditions: list[FrameCondition]) -> int:
     """Conditions appended as extra tokens (one latent frame each: single images)."""
-    return sum(1 for c in conditions if c.frame != 0) if uses_guides(conditions) else 0
+    return sum(1 for c in conditions if c.appended) if uses_guides(conditions) else 0
 
 
 def check_frame_conditions(request: OmniRequest, num_frames: int) -> None:
-    """Admission: keyframe indices inside the video, at most one condition at frame 0 and at
-    most one last_frame; each error names the input."""
-    seen_first = None
+    """Admission: keyframe indices inside the video, at most one first_frame and one last_frame
+    image; each error names the input."""
+    seen: dict[str, int] = {}
     for i, part in enumerate(request.inputs):
         if not isinstance(part, ImagePart) or part.role not in CONDITION_ROLES:
             continue
@@ -80,14 +86,12 @@ def check_frame_conditions(request: OmniRequest, num_frames: int) -> None:
             raise InvalidRequest(f"inputs[{i}].frame_index={f} is outside the video's {num_frames} frames",
                                  hint=f"pass a frame in [{-num_frames}, {num_frames - 1}] (-1: the last frame)",
                                  fields=(f"inputs[{i}].frame_index",))
-        at_zero = part.role == "first_frame" or f in (0, -num_frames)
-        if at_zero and seen_first is not None:
-            raise InvalidRequest(f"inputs[{i}]: a second image at frame 0 (inputs[{seen_first}] is one)",
-                                 hint="pass one first-frame image", fields=(f"inputs[{i}]",))
-        seen_first = i if at_zero else seen_first
-    if len(request.images("last_frame")) > 1:
-        raise InvalidRequest("inputs: more than one last_frame image", hint="pass one, or keyframe images with "
-                             "frame_index", fields=("inputs",))
+        if part.role in seen:
+            raise InvalidRequest(f"inputs[{i}]: a second {part.role} image (inputs[{seen[part.role]}] is one)",
+                                 hint="pass one; more frames as ImagePart(role='keyframe', frame_index=N)",
+                                 fields=(f"inputs[{i}]",))
+        if part.role != "keyframe":
+            seen[part.role] = i
 
 
 # -- pixels, latents, positions ------------------------------------------------------------
@@ -133,8 +137,8 @@ class LTX2Keyframe:
 
 @dataclass(kw_only=True)
 class LTX2FrameConditions(ConditionLatents):
-    """The guides path's condition: ``latents`` frame 0's ``[1, C, 1, h, w]`` (``[1, C, 0, h,
-    w]`` when no image is at frame 0), held at ``first_strength``; ``keyframes`` appended after
+    """The guides path's condition: ``latents`` the first_frame image's ``[1, C, 1, h, w]``
+    (``[1, C, 0, h, w]`` without one), held at ``first_strength``; ``keyframes`` appended after
     the ``base_tokens`` video tokens."""
 
     first_strength: float = 1.0

@@ -395,7 +395,7 @@ class LTX2ImageCondition(ComponentStage):
             image = np.array(load_image_part(c.part).convert("RGB"))
             pixels = cover_pixels(h264_recompress(image, crf) if crf else image, g.height, g.width)
             latents = vae.normalize(vae.encode(pixels.to(ctx.device, vae.dtype)).float(), scaling=1.0)  # [1, C, 1, h, w]
-            if c.frame == 0:
+            if not c.appended:
                 first, first_strength = latents, c.strength
             else:
                 keyframes.append(LTX2Keyframe(tokens=pack_video(latents), shape=tuple(latents.shape[2:]),

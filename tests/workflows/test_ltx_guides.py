@@ -41,8 +41,8 @@ def test_guides_compile_to_keyframe_images(input_dir):
     assert guides == [("high_view_classic_car.png", "keyframe", 0, 0.7),
                       ("low_view_classic_car.png", "keyframe", 120, 0.7)]
     messages = [(d.class_type, d.message) for d in compiled.deviations]
-    assert ("LTXVAddGuide", "frame_idx=-1: the guide spans frame 120 alone in its positions (diffusers' "
-            "LTX2ConditionPipeline); ComfyUI spans frames 120-127") in messages
+    assert ("LTXVAddGuide", "frame_idx=-1: the guide spans frame 120 alone in its positions (as diffusers' "
+            "condition pipeline); ComfyUI spans frames 120-127") in messages
     assert sum(m.startswith("strength=0.7: the guide's x0") for _, m in messages) == 2
     with pytest.raises(WorkflowError, match="LTXVAddGuide"):
         compile_workflow(template(FLF2V), template_models(), input_dir=input_dir, exact=True)

@@ -60,7 +60,7 @@ def ltxv_add_guide(call: NodeCall) -> tuple[Any, ...]:
     strength = float(call["strength"])
     if frame > 0:
         call.context.deviate(call, f"frame_idx={call['frame_idx']}: the guide spans frame {frame} alone in its "
-                             f"positions (diffusers' LTX2ConditionPipeline); ComfyUI spans frames {frame}-{frame + 7}")
+                             f"positions (as diffusers' condition pipeline); ComfyUI spans frames {frame}-{frame + 7}")
     if strength < 1.0:
         call.context.deviate(call, f"strength={strength}: the guide's x0 is blended by strength each step "
                              "(diffusers); ComfyUI's noise mask also re-noises it to each step's sigma")

@@ -111,6 +111,9 @@ def wire_param(error: InvalidRequest, names: Mapping[str, str],
     request-plane path -> wire name; a path not there is named by ``field_name``)."""
     if not error.fields:
         return None, False
+    exact = next((p for p in error.fields if p in names), None)  # an input sent under its own name (keyframes[i])
+    if exact is not None:
+        return names[exact], False
     # a field the caller set, under the name it used; else the first field's usual wire name
     path, param = next(((p, names[field_name(p)]) for p in error.fields
                         if p.startswith("diffusion.") and field_name(p) in names), (None, None))

@@ -90,6 +90,20 @@ def test_guided_requests_batch_in_one_engine_step(gen, monkeypatch):
         torch.testing.assert_close(out.artifacts["latents"].latents, want, rtol=0, atol=1e-5)
 
 
+def test_last_frame_is_the_keyframe_at_minus_one_and_positions_span_one_frame(gen):
+    from omniloop.models.families.ltx2.guides import keyframe_coords
+
+    first, _, last = _images()
+    as_role, as_index = (gen.generate(_request([ImagePart(data=first), part])).artifacts["latents"].latents
+                         for part in (ImagePart(data=last, role="last_frame", strength=0.9),
+                                      ImagePart(data=last, role="keyframe", frame_index=-1, strength=0.9)))
+    assert torch.equal(as_role, as_index)
+    coords = keyframe_coords((8, 32, 32), (1, 2, 3), 24, 24.0, torch.device("cpu"))  # [1, 3, 6, 2]
+    assert coords.shape == (1, 3, 6, 2)
+    assert torch.equal(coords[0, 0], torch.tensor([[1.0, 25 / 24]] * 6))  # frame 24 alone, in seconds
+    assert torch.equal(coords[0, 1, :, 0], torch.tensor([0.0, 0, 0, 32, 32, 32]))  # rows in pixels
+
+
 @pytest.mark.parametrize("part, field, match", [
     (lambda im: ImagePart(data=im, role="keyframe", frame_index=25), "inputs[1].frame_index", "outside the video"),
     (lambda im: ImagePart(data=im, role="keyframe", frame_index=-26), "inputs[1].frame_index", "outside the video"),

@@ -13,6 +13,10 @@ How they enter the denoise loop (diffusers' ``prepare_latents`` and step body):
   combine its x0 is blended ``x0 * (1 - s) + clean * s`` before the sampler step;
 - the appended tokens are dropped before decoding.
 
+Batching: a guided request's video sequence is ``F*h*w`` plus its appended tokens, so its steps
+batch with guided requests of the same geometry and keyframe count; not with plain t2v / i2v
+ones (a shorter sequence: the DiT's video self-attention has no key mask to pad by).
+
 A request whose only condition is a first frame at strength 1 is plain image-to-video
 (``LTX2ImageToVideoPipeline``: its own noise layout); any other conditions take this path.
 Diffusers' condition index is a latent index ``l``: ``l = 0`` is our first_frame, ``l > 0`` our

@@ -448,7 +448,8 @@ def video_request(call: WireCall, request_id: str, model: ServedModel) -> OmniRe
 def _keyframe_parts(keyframes: tuple[Any, ...], model: ServedModel) -> list[ImagePart]:
     """``keyframes`` as ImagePart(role="keyframe") images, for a model whose graph takes them."""
     if keyframes and "keyframe" not in model.control_inputs:
-        raise WireError("keyframes", f"{model.name!r} takes no keyframes (LTX-2 does); omit them", code="unsupported")
+        raise WireError("keyframes", f"{model.name!r} takes no keyframes (its graph lists no keyframe input); omit "
+                        "them", code="unsupported")
     return [media_part(k.image, f"keyframes[{i}].image",
                        lambda b64, k=k: ImagePart(role="keyframe", b64=b64, frame_index=k.frame_index,
                                                   strength=k.strength))

@@ -450,10 +450,11 @@ def _keyframe_parts(keyframes: tuple[Any, ...], model: ServedModel) -> list[Imag
     if keyframes and "keyframe" not in model.control_inputs:
         raise WireError("keyframes", f"{model.name!r} takes no keyframes (its graph lists no keyframe input); omit "
                         "them", code="unsupported")
-    return [media_part(k.image, f"keyframes[{i}].image",
-                       lambda b64, k=k: ImagePart(role="keyframe", b64=b64, frame_index=k.frame_index,
-                                                  strength=k.strength))
-            for i, k in enumerate(keyframes)]
+    def part(keyframe: Any) -> Callable[[str], ImagePart]:
+        return lambda b64: ImagePart(role="keyframe", b64=b64, frame_index=keyframe.frame_index,
+                                     strength=keyframe.strength)
+
+    return [media_part(k.image, f"keyframes[{i}].image", part(k)) for i, k in enumerate(keyframes)]
 
 
 def image_requests(call: WireCall, request_ids: list[str], model: ServedModel) -> list[OmniRequest]:

@@ -19,3 +19,16 @@ def test_a_control_image_on_a_graph_without_control_is_refused():
     with pytest.raises(InvalidRequest, match="takes none") as err:
         pipeline.admit(request.model_copy(update={"inputs": [*request.inputs, edges]}))
     assert err.value.fields == ("control_image",)
+
+
+@pytest.mark.parametrize("part, field", [
+    (ImagePart(role="keyframe", frame_index=3, data=Image.new("RGB", (32, 32))), "inputs[1]"),
+    (ImagePart(role="first_frame", strength=0.5, data=Image.new("RGB", (32, 32))), "inputs[1].strength"),
+])
+def test_keyframes_and_image_strengths_on_a_graph_without_them_are_refused(part, field):
+    """Only a graph listing "keyframe" in control_inputs (LTX-2's guides) reads them."""
+    pipeline, _ = create_pipeline()
+    request = create_request("r")
+    with pytest.raises(InvalidRequest, match="takes no") as err:
+        pipeline.admit(request.model_copy(update={"inputs": [*request.inputs, part]}))
+    assert err.value.fields == (field,)

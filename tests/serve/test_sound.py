@@ -90,6 +90,51 @@ def test_two_stage_bad_refine_strength_names_node_params(ltx2_server, node_param
     assert r.json()["error"]["param"] == "node_params" and message in r.json()["error"]["message"]
 
 
+def _png_url(color: tuple[int, int, int]) -> str:
+    import base64
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (48, 32), color).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def test_keyframes_over_http(ltx2_server):
+    """LTX-2's guides on /v1/videos: a first frame and a last keyframe at strength 0.8 make the
+    video (9 frames, sound), as the request plane's ImagePart(role="keyframe") does."""
+    body = {"prompt": "waves crash", "size": "64x64", "num_frames": 9, "steps": 2, "seed": 1,
+            "input_reference": {"image_url": _png_url((200, 40, 40))},
+            "keyframes": [{"image": _png_url((20, 40, 220)), "frame_index": -1, "strength": 0.8}]}
+    r = httpx.post(f"{ltx2_server.url}/v1/videos", json=body)
+    assert r.status_code == 200, r.text
+    assert ltx2_server.wait_finished(r.json()["id"])["status"] == "completed"
+    with av.open(io.BytesIO(httpx.get(f"{ltx2_server.url}/v1/videos/{r.json()['id']}/content").content)) as c:
+        assert sorted(s.type for s in c.streams) == ["audio", "video"]
+        assert sum(1 for _ in c.decode(video=0)) == 9
+
+
+@pytest.mark.parametrize("keyframe, param, words", [
+    ({"frame_index": 9}, "keyframes[0].frame_index", "outside the video's 9 frames"),
+    ({"frame_index": 2, "strength": 1.5}, "keyframes", "strength"),
+])
+def test_bad_keyframes_name_the_field(ltx2_server, keyframe, param, words):
+    body = {"prompt": "x", "size": "64x64", "num_frames": 9, "steps": 2,
+            "keyframes": [{"image": _png_url((20, 40, 220)), **keyframe}]}
+    r = httpx.post(f"{ltx2_server.url}/v1/videos", json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"].startswith(param) and words in error["message"], error
+
+
+def test_keyframes_on_a_model_without_them_are_refused(t2v_server):
+    r = httpx.post(f"{t2v_server.url}/v1/videos", json={"prompt": "x", "size": "32x32", "num_frames": 5, "steps": 1,
+                                                        "keyframes": [{"image": _png_url((1, 2, 3)), "frame_index": 2}]})
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"] == "keyframes" and "takes no keyframes" in error["message"]
+
+
 def test_audio_true_on_a_silent_model_names_the_field(t2v_server):
     r = httpx.post(f"{t2v_server.url}/v1/videos", json={"prompt": "x", "size": "32x32", "num_frames": 5, "steps": 1,
                                                         "audio": True})

@@ -16,7 +16,9 @@ TEMPLATES = {  # template -> the family whose checkpoint serves it
     "video_wan2_2_14B_flf2v": "wan_i2v", "flux_schnell": "flux", "flux_schnell_full_text_to_image": "flux",
     "flux_dev_checkpoint_example": "flux", "flux_dev_full_text_to_image": "flux", "flux1_krea_dev": "flux",
     "video_ltx2_t2v": "ltx2", "video_ltx2_i2v": "ltx2", "video_ltx2_t2v_distilled": "ltx2",
-    "video_ltx2_i2v_lora": "ltx2", "video_ltx2_3_t2v": "ltx2", "video_ltx2_3_i2v": "ltx2", "audio_stable_audio_example": "stable_audio", "flux_kontext_dev_basic": "flux_kontext",
+    "video_ltx2_i2v_lora": "ltx2", "video_ltx2_3_t2v": "ltx2", "video_ltx2_3_i2v": "ltx2",
+    "video_ltx2_3_flf2v": "ltx2", "template_ltx2_3_style_transition": "ltx2",  # LTXVAddGuide keyframes
+    "audio_stable_audio_example": "stable_audio", "flux_kontext_dev_basic": "flux_kontext",
     "flux_fill_inpaint_example": "flux_fill", "flux_fill_outpaint_example": "flux_fill",
     "flux_canny_model_example": "flux_control",
     "flux_redux_model_example": "flux",  # FLUX.1-dev's files + Redux's style model and SigLIP: one Flux folder

@@ -25,7 +25,8 @@ IMAGES = ("image_to_video_wan_start_image.png", "video_wan2_2_14B_i2v_input_imag
           "video_wan2_2_14B_fun_inpaint_start_image.png", "video_wan2_2_14B_fun_inpaint_end_image.png",
           "video_wan2_2_5B_fun_inpaint_start_image.png", "video_wan2_2_5B_fun_inpaint_end_image.png",
           "wan2.1_fun_inp_start_image.png", "wan2.1_fun_inp_end_image.png", "egyptian_queen.png",
-          "image_flux2_input_image.png", "man_in_street.png", "safari_outfit.png")
+           "image_flux2_input_image.png", "man_in_street.png", "safari_outfit.png", "high_view_classic_car.png",
+           "low_view_classic_car.png", "ltx23_flf2v_first_frame.png", "ltx23_flf2v_last_frame.png")
 VIDEOS = ("video_wan_vace_14B_v2v_reference_image_control_video.mp4",)
 
 
@@ -135,6 +136,11 @@ EXPECTED = {
     "video_ltx2_3_t2v": (TaskType.T2VS, "ltx2", [Modality.VIDEO, Modality.AUDIO],
                          {"width": 640, "height": 360, "num_frames": 126, "fps": 25, "guidance_scale": 1.0}),
     "video_ltx2_3_i2v": (TaskType.I2V, "ltx2", [Modality.VIDEO, Modality.AUDIO], {"fps": 25}),
+    # LTXVAddGuide at frame 0 and -1 (strength 0.7 each): two keyframe images; the distilled sigmas
+    "video_ltx2_3_flf2v": (TaskType.I2V, "ltx2", [Modality.VIDEO, Modality.AUDIO],
+                           {"width": 1280, "height": 720, "num_frames": 126, "fps": 25, "guidance_scale": 1.0}),
+    "template_ltx2_3_style_transition": (TaskType.I2V, "ltx2", [Modality.VIDEO, Modality.AUDIO],
+                                         {"num_frames": 151, "fps": 25, "guidance_scale": 1.0}),
     # FLUX.2 [dev]: FluxGuidance 4 (embedded) under BasicGuider, Flux2Scheduler's 20 steps; the Turbo LoRA's
     # switch ships off
     "image_flux2_text_to_image": (TaskType.T2I, "flux2_dev", [Modality.IMAGE],
@@ -161,6 +167,8 @@ def test_template_compiles_to_its_request(name, models, input_dir):
     assert {k: got[k] for k in fields} == fields
     if task in (TaskType.I2V,):
         roles = ["first_frame", "last_frame"] if "flf2v" in name or "fun_inp" in name else ["first_frame"]
+        if name in ("video_ltx2_3_flf2v", "template_ltx2_3_style_transition"):  # LTXVAddGuide x2
+            roles = ["keyframe", "keyframe"]
         assert [p.role for p in request.images()] == roles
     assert {s.class_type for s in generation.saves} <= {"SaveVideo", "SaveImage", "SaveAudioAdvanced"}
 

@@ -19,8 +19,8 @@ from omniloop.pipeline.knobs import knob_table
 from omniloop.pipeline.spec import Node, PipelineSpec
 from omniloop.pipeline.state import RequestState, StageContext
 from omniloop.pipeline.streams import EdgeChannel
-from omniloop.request import (Artifact, ErrorKind, InvalidRequest, KnobTable, Modality, OmniOutput, OmniRequest,
-                              RequestStatus, format_validation_error)
+from omniloop.request import (Artifact, ErrorKind, ImagePart, InvalidRequest, KnobTable, Modality, OmniOutput,
+                              OmniRequest, RequestStatus, format_validation_error)
 
 # OutputSpec.modalities -> the pipeline output (PipelineSpec.outputs key) that carries it
 MODALITY_OUTPUTS = {Modality.TEXT: "text", Modality.IMAGE: "image", Modality.VIDEO: "video",
@@ -92,6 +92,7 @@ class Pipeline:
             )
         self._check_modalities(request)
         self._check_control(request)
+        self._check_keyframes(request)
         check_loras(self.caches, request.diffusion.loras, self.spec.name)
         if self.validate_request is not None:
             request = self.validate_request(request)  # checks, and the family's fills from its inputs
@@ -164,6 +165,18 @@ class Pipeline:
             raise InvalidRequest(f"a control image (ImagePart role 'control'; over HTTP control_image) needs a "
                                  f"structure-controlled model (a Canny / Depth one); {self.spec.name!r} takes none",
                                  hint="omit it, or serve such a model", fields=("control_image",))
+
+    def _check_keyframes(self, request: OmniRequest) -> None:
+        """Keyframe images and image strengths on a graph that reads none are refused, not
+        dropped (every family; a graph lists "keyframe" in ``control_inputs`` to take them)."""
+        if "keyframe" in self.spec.control_inputs:
+            return
+        for i, part in enumerate(request.inputs):
+            if isinstance(part, ImagePart) and (part.role == "keyframe" or part.strength is not None):
+                what = "keyframe images" if part.role == "keyframe" else "an image strength"
+                field = f"inputs[{i}]" if part.role == "keyframe" else f"inputs[{i}].strength"
+                raise InvalidRequest(f"{field}: {self.spec.name!r} takes no {what} (a graph with frame conditions "
+                                     "at any frame does)", hint="omit it", fields=(field,))
 
     def _node_params(self, request: OmniRequest) -> dict[str, Any]:
         names = {n.name: n for n in self.spec.nodes}

@@ -80,7 +80,22 @@ class _MediaPart(_Part):
 class ImagePart(_MediaPart):
     kind: Literal["image"] = "image"
     # mask: an inpaint mask (white: repaint); control: a structure image (FLUX.1 Canny / Depth: an edge or depth map)
-    role: Literal["first_frame", "last_frame", "reference", "mask", "control"] = "first_frame"
+    # keyframe: a video frame at ``frame_index`` (LTX-2's guides; diffusers LTX2ConditionPipeline)
+    role: Literal["first_frame", "last_frame", "keyframe", "reference", "mask", "control"] = "first_frame"
+    frame_index: int | None = Field(default=None, description="keyframe: the video frame it conditions (0 = first; "
+                                    "negative counts from the end: -1 = last)")
+    strength: float | None = Field(default=None, ge=0.0, le=1.0, description="first_frame / last_frame / keyframe: "
+                                   "how strongly the frame is held (1 = kept exactly, 0 = free); unset: 1")
+
+    @model_validator(mode="after")
+    def _keyframe_fields(self) -> "ImagePart":
+        if (self.role == "keyframe") != (self.frame_index is not None):
+            raise ValueError("frame_index: a keyframe image needs one (ImagePart(role='keyframe', frame_index=N)), "
+                             f"other roles take none (got role={self.role!r}, frame_index={self.frame_index})")
+        if self.strength is not None and self.role not in ("first_frame", "last_frame", "keyframe"):
+            raise ValueError(f"strength: a {self.role!r} image takes none; pass it on first_frame / last_frame / "
+                             "keyframe images")
+        return self
 
 
 class VideoPart(_MediaPart):

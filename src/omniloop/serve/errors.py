@@ -111,6 +111,10 @@ def wire_param(error: InvalidRequest, names: Mapping[str, str],
     request-plane path -> wire name; a path not there is named by ``field_name``)."""
     if not error.fields:
         return None, False
+    # an input part the caller sent under its own field (/v1/videos keyframes[i])
+    exact = next((p for p in error.fields if p.startswith("inputs[") and p in names), None)
+    if exact is not None:
+        return names[exact], False
     # a field the caller set, under the name it used; else the first field's usual wire name
     path, param = next(((p, names[field_name(p)]) for p in error.fields
                         if p.startswith("diffusion.") and field_name(p) in names), (None, None))

@@ -68,6 +68,16 @@ class ImageReference(_Wire):
     file_id: str | None = Field(default=None, description="not supported: this server has no files API")
 
 
+class VideoKeyframe(_Wire):
+    """One of ``keyframes``: an image the video holds at a frame (LTX-2's guides)."""
+
+    image: str = Field(description="a data: URL (data:image/png;base64,...) or base64")
+    frame_index: int = Field(description="the video frame it is held at (0 = first; negative counts from the end: "
+                             "-1 = last)")
+    strength: float | None = Field(default=None, ge=0.0, le=1.0, description="how strongly it is held (1 = exactly, "
+                                   "the default)")
+
+
 class _VideoCreateBase(_GenerationWire):
     # minLength is documented, not checked here: request.require_prompt refuses an empty (or
     # blank) prompt with the message the CLI and the Dynamo worker give
@@ -83,6 +93,9 @@ class _VideoCreateBase(_GenerationWire):
         default=None, description="last frame for first-last-frame video (Wan2.2 I2V, Wan2.1 FLF2V); needs "
         "input_reference (multipart: upload the file under this name)"
     )
+    keyframes: list[VideoKeyframe] | None = Field(
+        default=None, max_length=16, description="LTX-2: images held at video frames (guides), beside or instead "
+        "of input_reference / last_image")
     audio: bool | None = Field(
         default=None, description="the soundtrack of a model with sound: on by default; false skips it (a silent mp4), "
         "true requires it"

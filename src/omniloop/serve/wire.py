@@ -165,6 +165,8 @@ class WireCall:
     image_param: str = "input_reference"
     last_image: Any = None  # the last frame as sent (first-last-frame video)
     last_image_param: str = "last_image"
+    keyframes: tuple[Any, ...] = ()  # /v1/videos keyframes as sent (VideoKeyframe)
+    input_names: dict[str, str] = field(default_factory=dict)  # request input path -> its wire name (keyframes)
     mask: ImagePart | None = None  # an inpaint's mask, white = repaint (converted from OpenAI's alpha mask)
     control: ImagePart | None = None  # a structure-controlled model's control image (an edge or depth map)
     video_controls: "VideoControls | None" = None  # /v1/videos: a video to transform, its mask, reference images
@@ -177,8 +179,9 @@ class WireCall:
 
     @property
     def names(self) -> dict[str, str]:
-        """DiffusionParams field -> the wire name that set it (an engine rejection's ``param``)."""
-        return self.params.names
+        """DiffusionParams field (or request input path) -> the wire name that set it (an engine
+        rejection's ``param``)."""
+        return {**self.params.names, **self.input_names}
 
     def put(self, name: str, value: Any, wire_name: str) -> None:
         """Set ``DiffusionParams.<name>`` from ``wire_name``; two wire fields that set it must agree."""
@@ -420,12 +423,14 @@ def video_request(call: WireCall, request_id: str, model: ServedModel) -> OmniRe
         raise WireError(call.last_image_param, f"a last frame needs the first frame too: pass {call.image_param}",
                         code="missing")
     controls = call.video_controls.parts(model) if call.video_controls is not None else []
+    keyframes = _keyframe_parts(call.keyframes, model)
     if any(isinstance(p, VideoPart) and p.role == "source" for p in controls):
         if image is not None:
             raise WireError(call.image_param, "a video to transform takes no first frame; omit one of them")
         task = TaskType.V2V
     else:
-        task = world_task(model, call, image is not None) or video_task(model, image is not None, call.image_param)
+        given = image is not None or bool(keyframes)
+        task = world_task(model, call, given) or video_task(model, given, call.image_param)
     _resolve_seconds(call, model)
     if call.actions is not None and "num_frames" not in call.params:
         call.put("num_frames", len(call.actions) + 1, "actions")  # one transition per action
@@ -433,7 +438,23 @@ def video_request(call: WireCall, request_id: str, model: ServedModel) -> OmniRe
         params = call.params.diffusion()
     call.outputs = _video_outputs(call)
     extra = ((_action_part(call.actions),) if call.actions is not None else ()) + ((last,) if last is not None else ())
-    return _request(request_id, task, prompt, call, params, image, (*extra, *controls), model)
+    first = int(image is not None) + len(extra) + 1  # the keyframes' place in inputs (after the prompt's text)
+    for i in range(len(keyframes)):
+        call.input_names |= {f"inputs[{first + i}]": f"keyframes[{i}]",
+                             f"inputs[{first + i}].frame_index": f"keyframes[{i}].frame_index"}
+    return _request(request_id, task, prompt, call, params, image, (*extra, *keyframes, *controls), model)
+
+
+def _keyframe_parts(keyframes: tuple[Any, ...], model: ServedModel) -> list[ImagePart]:
+    """``keyframes`` as ImagePart(role="keyframe") images, for a model whose graph takes them."""
+    if keyframes and "keyframe" not in model.control_inputs:
+        raise WireError("keyframes", f"{model.name!r} takes no keyframes (its graph lists no keyframe input); omit "
+                        "them", code="unsupported")
+    def part(keyframe: Any) -> Callable[[str], ImagePart]:
+        return lambda b64: ImagePart(role="keyframe", b64=b64, frame_index=keyframe.frame_index,
+                                     strength=keyframe.strength)
+
+    return [media_part(k.image, f"keyframes[{i}].image", part(k)) for i, k in enumerate(keyframes)]
 
 
 def image_requests(call: WireCall, request_ids: list[str], model: ServedModel) -> list[OmniRequest]:
@@ -493,6 +514,7 @@ def openai_video(wire: Any, request_id: str, model: ServedModel, upload: bytes |
     call.seconds = wire.seconds
     call.image = upload if upload is not None else wire.input_reference
     call.last_image = last_upload if last_upload is not None else wire.last_image
+    call.keyframes = tuple(wire.keyframes or ())
     call.outputs = OutputSpec(stream=wire.preview_every is not None, preview_every=wire.preview_every)
     call.audio, call.actions, call.predict_actions = wire.audio, wire.actions, wire.predict_actions
     call.node_params = wire.node_params

@@ -32,6 +32,7 @@ from omniloop.workflows.model_folder import ModelFolder, ServedCheckpoint
 from omniloop.workflows.schedules import SCHEDULES, flow_schedule, ksampler_sigmas
 from omniloop.workflows.style_models import REDUX_NODE, style_parts
 from omniloop.workflows.values import AudioOut, GeneratedText, Latent, Pixels, Preview, SaveTarget, Sampling, VideoOut
+from omniloop.workflows.ltx_guides import guide_parts
 from omniloop.workflows.video_nodes import vace_parts
 
 # ComfyUI sampler -> ours; the named schedules we run (ComfyUI's own under ModelSamplingSD3)
@@ -214,7 +215,7 @@ def _generation(ev: Evaluation, final: Latent, saves: tuple[SaveTarget, ...]) ->
     loras = _loras(ev, runs)
     if loras:
         fields.put("loras", loras)
-    parts = vace or _parts(ev, first, canvas)
+    parts = vace or _parts(ev, first, canvas) + guide_parts(canvas)  # LTXVAddGuide: keyframe images
     styles, redux = style_parts(first, served, ev.loaded, task)  # StyleModelApply: FLUX.1 Redux references
     parts += styles
     if redux is not None:
@@ -272,7 +273,7 @@ def _task(ev: Evaluation, first: Sampling, canvas: Latent, saves: tuple[SaveTarg
         return TaskType.T2A
     if first.positive.vace is not None:  # WanVaceToVideo: control video -> v2v
         return TaskType.V2V if first.positive.vace.video is not None else TaskType.T2V
-    if canvas.image is not None or first.positive.image is not None:
+    if canvas.image is not None or first.positive.image is not None or canvas.guides:
         return TaskType.I2V  # (a last frame needs a first one: WanFirstLastFrameToVideo checks)
     if canvas.kind == "av" and Modality.AUDIO in _modalities(saves, canvas.kind):
         return TaskType.T2VS

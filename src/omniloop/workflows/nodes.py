@@ -280,14 +280,6 @@ def ltxv_conditioning(call: NodeCall) -> tuple[Any, ...]:
     return replace(call["positive"], frame_rate=rate), replace(call["negative"], frame_rate=rate)
 
 
-@node("LTXVCropGuides", [i("positive", "CONDITIONING"), i("negative", "CONDITIONING"), i("latent", "LATENT")],
-      ["CONDITIONING", "CONDITIONING", "LATENT"], output_names=("positive", "negative", "latent"),
-      category="conditioning/video_models")
-def ltxv_crop_guides(call: NodeCall) -> tuple[Any, ...]:
-    """Drops keyframe guides before the refine stage (our refine stage has none to drop)."""
-    return call["positive"], call["negative"], call["latent"]
-
-
 # -- latents ----------------------------------------------------------------------------------
 @node("EmptyLatentImage", [_size("width", 512), _size("height", 512), i("batch_size", "INT", 1, min=1, max=4096)],
       ["LATENT"], category="latent")

@@ -205,6 +205,17 @@ class Sampling:
 
 
 @dataclass(frozen=True)
+class Guide:
+    """LTXVAddGuide: an image held at a video frame (``frame_idx`` as the node gives it:
+    negative counts from the end) with a strength."""
+
+    node: str
+    image: Pixels
+    frame_idx: int
+    strength: float
+
+
+@dataclass(frozen=True)
 class Latent:
     """LATENT: an empty canvas of some geometry, or the result of a ``Sampling``."""
 
@@ -225,6 +236,7 @@ class Latent:
     frame_rate: float | None = None
     reference_frames: int = 0  # WanVaceToVideo: latent frames of reference images in front of the video's
     trimmed: int = 0  # TrimVideoLatent: latent frames cut from the front
+    guides: tuple[Guide, ...] = ()  # LTXVAddGuide, in the order added (LTXVCropGuides drops them)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from omniloop.pipeline.policies.shift import DynamicShift, ShiftPolicy
 from omniloop.pipeline.samplers.base import Sampler
 from omniloop.pipeline.state import RequestState, StageContext
 from omniloop.request import DiffusionParams, LatentsArtifact, Modality
+from omniloop.models.families.ltx2.guides import FrameHold, LTX2FrameConditions
 from omniloop.models.families.ltx2.model import Guidance
 from omniloop.models.families.ltx2.presets import LTX2Defaults
 from omniloop.models.families.ltx2.stages import (
@@ -140,7 +141,8 @@ class LTX2Guidance:
         return kwargs
 
     def combine_x0(self, state: LTX2GuidanceState, preds: Mapping[str, Prediction], samples: Mapping[str, torch.Tensor],
-                   sigmas: Mapping[str, torch.Tensor]) -> Prediction:
+                   sigmas: Mapping[str, torch.Tensor], hold: FrameHold | None = None) -> Prediction:
+        """``hold`` (guides): the video's guided x0 blended with the held tokens' clean values."""
         s = state.scales
         out = {}
         for m in MODALITIES:
@@ -156,6 +158,8 @@ class LTX2Guidance:
                 guided = guided + (s.modality[m] - 1) * (cond - x0(MODALITY))
             if s.rescale[m] > 0:
                 guided = rescale_noise_cfg(guided, cond, s.rescale[m])
+            if hold is not None and m == "video":
+                guided = hold.blend_x0(guided)
             out[m] = (x - guided) / sigma  # back to velocity
         return out
 
@@ -171,19 +175,23 @@ def rescale_noise_cfg(guided: torch.Tensor, cond: torch.Tensor, rescale: float) 
 @dataclass(frozen=True)
 class LTX2FirstFrame(NoConditioning):
     """I2V: latent frame 0 is the encoded image and stays clean (diffusers steps frames 1: only);
-    without a condition (text-to-video) it does nothing."""
+    without a condition (text-to-video) it does nothing. Guides (``LTX2FrameConditions``): its
+    state is the ``FrameHold`` the combine blends x0 with; nothing is overwritten after a step."""
 
     input_port: str = "condition"
     name: str = "conditioning"
 
-    def init(self, condition: ConditionLatents | None) -> torch.Tensor | None:
+    def init(self, condition: ConditionLatents | None) -> torch.Tensor | FrameHold | None:
+        if isinstance(condition, LTX2FrameConditions):
+            return condition.hold()
         return None if condition is None else pack_video(condition.latents)  # [1, h*w, C]: frame 0's tokens
 
     def prepare(self, latents: dict[str, torch.Tensor], state: torch.Tensor | None) -> dict[str, torch.Tensor]:
         return latents
 
-    def post_step(self, latents: dict[str, torch.Tensor], state: torch.Tensor | None) -> dict[str, torch.Tensor]:
-        if state is None:  # text-to-video: nothing is held clean
+    def post_step(self, latents: dict[str, torch.Tensor], state: torch.Tensor | FrameHold | None
+                  ) -> dict[str, torch.Tensor]:
+        if not isinstance(state, torch.Tensor):  # text-to-video: nothing is held; guides: held by the combine
             return latents
         video = latents["video"]
         return {**latents, "video": torch.cat([state.to(video.dtype).expand(video.shape[0], -1, -1),
@@ -222,8 +230,14 @@ class LTX2DenoiseLoop(DenoiseLoop):
         if given:  # noise for given latents is drawn in the packed layout (diffusers' _create_noised_state)
             return super().initial_noise(ctx, state, shapes, gen, given)
         full = self.denoiser.unpacked_shapes(ctx, state.request)
-        video = torch.randn(full["video"], generator=gen, dtype=torch.float32)
         condition = ctx.read_optional(state, "condition", ConditionLatents)
+        if isinstance(condition, LTX2FrameConditions):  # guides: both drawn packed (LTX2ConditionPipeline)
+            video = torch.randn(shapes["video"], generator=gen, dtype=torch.float32)
+            sigmas = state.request.diffusion.sigmas
+            video = condition.hold().start(video, float(sigmas[0]) if sigmas else 1.0)
+            audio = torch.randn(shapes["audio"], generator=gen, dtype=torch.float32)
+            return {"video": video.to(ctx.device), "audio": audio.to(ctx.device)}
+        video = torch.randn(full["video"], generator=gen, dtype=torch.float32)
         if condition is not None:  # I2V: the image's latents in frame 0, noise elsewhere
             mask = torch.zeros(1, 1, *full["video"][2:])
             mask[:, :, 0] = 1.0
@@ -249,9 +263,14 @@ class LTX2DenoiseLoop(DenoiseLoop):
 
     def combine(self, loop: DenoiseLoopState, cfg_state: Any, preds: Mapping[str, Prediction], route: Route) -> Prediction:
         sigmas = {m: loop.samplers[m].sigma for m in MODALITIES}
-        return self.cfg.combine_x0(cfg_state, preds, loop.latents, sigmas)
+        hold = loop.policy_states.get(self.conditioning.name)
+        return self.cfg.combine_x0(cfg_state, preds, loop.latents, sigmas,
+                                   hold if isinstance(hold, FrameHold) else None)
 
     def finalize(self, ctx: StageContext, loop: DenoiseLoopState, state: RequestState) -> None:
+        hold = loop.policy_states.get(self.conditioning.name)
+        if isinstance(hold, FrameHold):  # guides: the appended keyframe tokens are dropped before decoding
+            loop.latents = {**loop.latents, "video": loop.latents["video"][:, :hold.base_tokens]}
         super().finalize(ctx, loop, state)
         if state.request.outputs.wants_latents:
             ctx.write(state, "final_audio_latents", LatentsArtifact(latents=loop.latents["audio"], modality=Modality.AUDIO))

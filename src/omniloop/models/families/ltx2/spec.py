@@ -204,6 +204,7 @@ def ltx2_pipeline_spec(variant: Variant, upsample_scale: int, cfg_mode: str = "b
              inputs=final),
     )
     return PipelineSpec(name=variant.name, family="ltx2", tasks=variant.tasks, components=components, nodes=nodes,
+                        control_inputs=frozenset({"keyframe"}),  # /v1/videos keyframes (guides.py)
                         outputs={"video": "video", "audio": "audio", "latents": "final_latents",
                                  "enhanced_prompt": "enhanced_prompt",
                                  "audio_latents": "final_audio_latents", "trajectory": "trajectory"})

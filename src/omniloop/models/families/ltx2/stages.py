@@ -25,6 +25,15 @@ from omniloop.pipeline.stage import ComponentStage, StageBase
 from omniloop.pipeline.stages.decode import to_uint8_frames
 from omniloop.pipeline.state import RequestState, StageContext
 from omniloop.request import AudioArtifact, ImagePart, Modality, OmniRequest, TextArtifact, VideoArtifact
+from omniloop.models.families.ltx2.guides import (
+    LTX2FrameConditions,
+    LTX2Keyframe,
+    appended_count,
+    cover_pixels,
+    frame_conditions,
+    keyframe_coords,
+    uses_guides,
+)
 from omniloop.models.families.ltx2.model import Guidance
 from omniloop.models.families.ltx2.presets import LTX2Defaults
 
@@ -268,7 +277,9 @@ class LTX2Denoiser(DenoiserBase):
     def latent_shapes(self, ctx: StageContext, request: OmniRequest) -> dict[str, tuple[int, ...]]:
         g, audio = self.geometry(ctx, request), ctx.component("audio_vae").config
         channels = ctx.component("transformer").config.in_channels
-        return {"video": (1, g.tokens, channels),
+        # guides: keyframes appended after the video's tokens (one latent frame each)
+        appended = appended_count(frame_conditions(request, g.num_frames)) * g.rows * g.cols
+        return {"video": (1, g.tokens + appended, channels),
                 "audio": (1, g.audio_frames, audio.latent_channels * audio.latent_mel_bins)}
 
     def branch_inputs(self, ctx: StageContext, state: RequestState, branches: tuple[str, ...]) -> dict[str, dict[str, Any]]:
@@ -280,7 +291,12 @@ class LTX2Denoiser(DenoiserBase):
             "audio_coords": dit.audio_rope.audio_coords(1, g.audio_frames, ctx.device),
         }
         condition = ctx.read_optional(state, "condition", ConditionLatents)
-        if condition is not None:  # I2V: the first latent frame's tokens are clean
+        if isinstance(condition, LTX2FrameConditions):  # guides: per-token strengths, keyframes' positions
+            common["conditioning_mask"] = condition.hold().mask.squeeze(-1).to(ctx.device)  # [1, L]
+            common["video_coords"] = torch.cat([common["video_coords"]] + [
+                keyframe_coords(dit.rope.scale_factors, kf.shape, kf.frame, float(g.fps), ctx.device)
+                for kf in condition.keyframes], dim=2)
+        elif condition is not None:  # I2V: the first latent frame's tokens are clean
             common["conditioning_mask"] = first_frame_mask(g, ctx.device)
         cond = {"encoder_hidden_states": text.prompt, "audio_encoder_hidden_states": text.audio_prompt,
                 "text_mask": text.mask, **common}
@@ -342,7 +358,10 @@ def first_frame(request: OmniRequest) -> ImagePart | None:
 @dataclass
 class LTX2ImageCondition(ComponentStage):
     """The first frame: H.264 re-compressed at the model's CRF (as in training), resized
-    (bilinear), VAE-encoded (posterior mean) and normalized -> ConditionLatents [1, C, 1, h, w]."""
+    (bilinear), VAE-encoded (posterior mean) and normalized -> ConditionLatents [1, C, 1, h, w].
+    With guides (a keyframe, a last frame, a first frame at strength < 1: ``guides.py``): every
+    condition image re-compressed, resized to cover the frame and center-cropped, encoded ->
+    ``LTX2FrameConditions`` (diffusers ``LTX2ConditionPipeline.prepare_latents``)."""
 
     component: str = "vae"
     outputs = {"condition": ConditionLatents}
@@ -354,6 +373,10 @@ class LTX2ImageCondition(ComponentStage):
 
         vae = ctx.component(self.component)
         g = geometry_in(ctx, state.request)
+        conditions = frame_conditions(state.request, g.num_frames)
+        if uses_guides(conditions):
+            ctx.write(state, "condition", self._guides(ctx, vae, g, conditions))
+            return
         part = first_frame(state.request)
         assert part is not None, "admission guarantees an i2v request carries a first_frame image"
         image = load_image_part(part)
@@ -363,6 +386,24 @@ class LTX2ImageCondition(ComponentStage):
         pixels = image_to_tensor(image, g.height, g.width, resample="bilinear").to(ctx.device)  # [1, 3, H, W]
         latents = vae.encode(pixels.unsqueeze(2)).float()  # [1, C, 1, h, w]
         ctx.write(state, "condition", ConditionLatents(latents=vae.normalize(latents, scaling=1.0)))
+
+
+    def _guides(self, ctx: StageContext, vae: Any, g: LTX2Geometry, conditions: list) -> LTX2FrameConditions:
+        crf = ctx.defaults.family_as(LTX2Defaults).image_crf
+        first, first_strength, keyframes = None, 1.0, []
+        for c in conditions:
+            image = np.array(load_image_part(c.part).convert("RGB"))
+            pixels = cover_pixels(h264_recompress(image, crf) if crf else image, g.height, g.width)
+            latents = vae.normalize(vae.encode(pixels.to(ctx.device, vae.dtype)).float(), scaling=1.0)  # [1, C, 1, h, w]
+            if not c.appended:
+                first, first_strength = latents, c.strength
+            else:
+                keyframes.append(LTX2Keyframe(tokens=pack_video(latents), shape=tuple(latents.shape[2:]),
+                                              frame=c.frame, strength=c.strength))
+        if first is None:  # nothing written into the video's own tokens
+            first = torch.zeros(1, vae.config.latent_channels, 0, g.rows, g.cols, device=ctx.device)
+        return LTX2FrameConditions(latents=first, first_strength=first_strength, base_tokens=g.tokens,
+                                   keyframes=tuple(keyframes))
 
 
 # -- the latent upsampler (between the base and the refine loop) ---------------------------

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from omniloop.models.families.ltx2.stages import first_frame, geometry, load_image_part
+from omniloop.models.families.ltx2.guides import CONDITION_ROLES, check_frame_conditions
+from omniloop.models.families.ltx2.stages import geometry, load_image_part
 from omniloop.pipeline.defaults import GenerationDefaults, admitted_steps, resolve_request
 from omniloop.pipeline.geometry_checks import check_frame_count, check_size_multiple
 from omniloop.pipeline.input_kinds import refuse_unused_parts
 from omniloop.pipeline.samplers.sampler_set import SamplerSet
-from omniloop.request import ErrorKind, InvalidRequest, OmniRequest, TaskType
+from omniloop.request import ErrorKind, ImagePart, InvalidRequest, OmniRequest, TaskType
 
 
 def enhances(request: OmniRequest) -> bool:
@@ -48,11 +49,19 @@ def make_validator(d: GenerationDefaults, vae: Any, audio_vae: Any, samplers: Sa
                                  "(shift_terminal) and needs at least 2 steps", hint="pass steps >= 2",
                                  fields=("diffusion.steps",))
         if request.task == TaskType.I2V:
-            part = first_frame(request)
-            if part is None:
+            parts = [p for p in request.images() if p.role in CONDITION_ROLES]
+            if not parts:
                 raise InvalidRequest("task i2v needs an image: add ImagePart(role='first_frame', path=... | b64=... | "
-                                     "data=...) to inputs", fields=("inputs",), kind=ErrorKind.MISSING_INPUT)
-            load_image_part(part)  # unreadable -> ValueError naming the source
+                                     "data=...) to inputs (or role='last_frame', or role='keyframe' with "
+                                     "frame_index=N)", fields=("inputs",), kind=ErrorKind.MISSING_INPUT)
+            for i, part in enumerate(request.inputs):
+                if isinstance(part, ImagePart) and part.role not in CONDITION_ROLES:
+                    raise InvalidRequest(f"inputs[{i}]: LTX-2 takes first_frame, last_frame and keyframe images, "
+                                         f"not role={part.role!r}", hint="drop it, or pass one of those roles",
+                                         fields=(f"inputs[{i}]",))
+            check_frame_conditions(request, g.num_frames)
+            for part in parts:
+                load_image_part(part)  # unreadable -> ValueError naming the source
         if two_stage(request):
             if not has_upsampler:
                 raise InvalidRequest("node_params['upsample']: this checkpoint has no latent_upsampler/",

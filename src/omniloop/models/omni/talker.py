@@ -56,6 +56,16 @@ class FedRow(Protocol):
         ...
 
 
+class CodecVocab:
+    """The talker's "tokenizer": codec codes have no text (the AR loop detokenizes nothing)."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        raise AssertionError("the talker's prompt comes from the conversation and the thinker's states, never from text")
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return ""
+
+
 @dataclass(kw_only=True)
 class TalkerLoopState(ARLoopState):
     """The talker's AR state plus the thinker's stream it reads (``thinker_hidden``)."""

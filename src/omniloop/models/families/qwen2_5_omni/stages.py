@@ -80,16 +80,6 @@ def resolve_voice(speakers: dict[str, Speaker], voice: str | None) -> str:
 # -- the talker --------------------------------------------------------------------------------
 
 
-class CodecVocab:
-    """The talker's "tokenizer": codec codes have no text (the AR loop detokenizes nothing)."""
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        raise AssertionError("the talker's prompt comes from the thinker's states, never from text")
-
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        return ""
-
-
 def _embed(thinker: OmniThinker, ids: list[int], device: torch.device) -> torch.Tensor:
     return thinker.embed(torch.tensor(ids, device=device))  # [len, D]
 

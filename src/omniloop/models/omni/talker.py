@@ -56,6 +56,20 @@ class FedRow(Protocol):
         ...
 
 
+def append_rows(rows: torch.Tensor, buffer: torch.Tensor | None,
+                new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A :class:`FedRow`'s ``extend``: ``rows [R, D]`` (the first rows of ``buffer``, or a tensor of
+    their own before the first append) and ``new [n, D]`` -> ``(rows [R + n, D], buffer)``. The
+    buffer grows by doubling (at least 64 rows), so appending row by row is amortized O(n)."""
+    have, need = rows.shape[0], rows.shape[0] + new.shape[0]
+    if buffer is None or buffer.shape[0] < need:
+        grown = new.new_empty(max(need, 2 * have, 64), new.shape[1])
+        grown[:have] = rows
+        buffer = grown
+    buffer[have:need] = new
+    return buffer[:need], buffer
+
+
 class CodecVocab:
     """The talker's "tokenizer": codec codes have no text (the AR loop detokenizes nothing)."""
 

@@ -33,7 +33,9 @@ import torch
 from torch import nn
 
 from omniloop.cache.kv import KVLayout
-from omniloop.models.omni.media import PromptRope, mixed_rope, with_media
+from omniloop.models.omni.decoder_config import decoder_fields
+from omniloop.models.omni.media import PromptRope, kv_positions, mixed_rope, with_media
+from omniloop.models.omni.talker import append_rows
 from omniloop.models.omni.thinker import ThinkerRow, record_states
 from omniloop.models.layers.mrope import inv_frequencies
 from omniloop.models.layers.qwen2_decoder import DecoderDims, DecoderLayer, KVCacheView, RMSNorm, rope_tables
@@ -83,22 +85,8 @@ class DecoderConfig:
         if d.get("use_sliding_window"):
             raise ValueError("Qwen2.5-Omni config: use_sliding_window=true is not supported (every released "
                              "checkpoint runs full attention); set it to false")
-        if d.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"Qwen2.5-Omni config: hidden_act={d['hidden_act']!r} is not supported; expected 'silu'")
-        rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
-        if rope.get("rope_type", rope.get("type", "default")) not in ("default", "mrope"):
-            raise ValueError(f"Qwen2.5-Omni config: rope_type={rope.get('rope_type')!r} is not supported; "
-                             "only the default multimodal RoPE is")
-        heads = int(d["num_attention_heads"])
         return cls(
-            vocab_size=int(d["vocab_size"]), hidden_size=int(d["hidden_size"]),
-            intermediate_size=int(d["intermediate_size"]), num_hidden_layers=int(d["num_hidden_layers"]),
-            num_attention_heads=heads, num_key_value_heads=int(d.get("num_key_value_heads") or heads),
-            head_dim=int(d.get("head_dim") or int(d["hidden_size"]) // heads),
-            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(rope.get("rope_theta", d.get("rope_theta", 1e6))),
-            mrope_section=tuple(int(s) for s in rope.get("mrope_section", (16, 24, 24))),
-            max_position_embeddings=int(d.get("max_position_embeddings", 32768)),
+            **decoder_fields(d, where="Qwen2.5-Omni config", mrope_section=(16, 24, 24)),
             embedding_size=int(embedding_size or d.get("embedding_size") or d["hidden_size"]),
         )
 
@@ -131,11 +119,6 @@ class Decoder(nn.Module):
         planes = positions if positions.dim() == 3 else positions[None].expand(3, -1, -1)
         cos, sin = mrope_cos_sin(planes, self.config, h.dtype)
         return self.norm(run_blocks(cast(Sequence[nn.Module], self.layers), h, cos, sin, kv))
-
-
-def _positions(ids: torch.Tensor, kv: KVCacheView | None) -> torch.Tensor:
-    b, n = ids.shape
-    return kv.positions if kv is not None else torch.arange(n, device=ids.device).expand(b, n)
 
 
 def _starts(ids: torch.Tensor, kv: KVCacheView | None) -> list[int]:
@@ -176,7 +159,7 @@ class OmniThinker(nn.Module):
                 lm_inputs: Sequence[ThinkerRow | None] | None = None) -> torch.Tensor:
         """``input_ids [B, L]`` -> logits ``[B, L', vocab]``; each row's hidden states go to its
         ``lm_inputs`` record (None: not recorded)."""
-        positions = _positions(input_ids, kv)
+        positions = kv_positions(input_ids, kv)
         starts = _starts(input_ids, kv) if lm_inputs else []
         media = [None if row is None else row.media for row in lm_inputs or ()]
         embeds, rope = with_media(self.embed(input_ids), positions, starts, media)  # [B, L, hidden]; [B, L] or [3, B, L]
@@ -231,13 +214,7 @@ class TalkerRow:
 
     def extend(self, rows: torch.Tensor) -> None:
         """Append ``rows [n, thinker_hidden]`` to ``reply`` (amortized O(n): no copy per row)."""
-        have, need = self.reply.shape[0], self.reply.shape[0] + rows.shape[0]
-        if self._buffer is None or self._buffer.shape[0] < need:
-            grown = rows.new_empty(max(need, 2 * have, 64), rows.shape[1])
-            grown[:have] = self.reply
-            self._buffer = grown
-        self._buffer[have:need] = rows
-        self.reply = self._buffer[:need]
+        self.reply, self._buffer = append_rows(self.reply, self._buffer, rows)
 
 
 class OmniTalker(nn.Module):
@@ -282,7 +259,7 @@ class OmniTalker(nn.Module):
         """``input_ids [B, L]`` codec ids -> codec logits ``[B, L', vocab]`` (fp32)."""
         rows = [r for r in lm_inputs or () if r is not None]
         assert len(rows) == input_ids.shape[0], "every talker row needs its TalkerRow"
-        positions = _positions(input_ids, kv)
+        positions = kv_positions(input_ids, kv)
         starts = _starts(input_ids, kv)
         embeds = self._decode_embeds(input_ids, starts, rows)
         if embeds is None:  # a prefill chunk: prompt positions, row by row

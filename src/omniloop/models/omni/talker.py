@@ -111,6 +111,16 @@ class ThinkerFedTalkerLoop(ARDecodeLoop):
         """The thinker ended: the rows that follow its last position (``row.complete`` set)."""
         raise NotImplementedError
 
+    def first_chunks(self, ctx: StageContext, state: RequestState) -> tuple[EdgeChannel[ThinkerChunk], list[ThinkerChunk]]:
+        """``init``'s start: the request's ``thinker_hidden`` channel and what it holds already (the
+        first chunk carries the conversation; at least one, as the talker starts at it)."""
+        feed: EdgeChannel[ThinkerChunk] = ctx.stream(state, "thinker_hidden")
+        chunks = feed.take()
+        if not chunks:  # the thinker never forwarded a generated token
+            raise ValueError("the text answer is a single token: the talker needs at least two to speak "
+                             "(raise sampling.max_tokens)")
+        return feed, chunks
+
     def rows_needed(self, loop: ARLoopState) -> int:
         """Text rows the next decode step reads (``row.fed`` must exceed it, or the thinker have ended)."""
         return len(loop.output_ids)

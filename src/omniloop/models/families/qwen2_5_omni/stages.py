@@ -153,11 +153,7 @@ class TalkerLoop(ThinkerFedTalkerLoop):
                                  fields=("outputs.voice",))
 
     def init(self, ctx: StageContext, state: RequestState) -> ARLoopState:
-        feed: EdgeChannel[ThinkerChunk] = ctx.stream(state, "thinker_hidden")
-        chunks = feed.take()
-        if not chunks:  # the thinker never forwarded a generated token
-            raise ValueError("the text answer is a single token: the talker needs at least two to speak "
-                             "(raise sampling.max_tokens)")
+        feed, chunks = self.first_chunks(ctx, state)
         thinker: OmniThinker = ctx.component(self.thinker_component)
         talker: OmniTalker = ctx.component(self.lm_component)
         speakers: dict[str, Speaker] = ctx.component(self.speakers_component)

@@ -36,7 +36,7 @@ from omniloop.cache.kv import KVLayout
 from omniloop.models.omni.decoder_config import decoder_fields
 from omniloop.models.omni.media import PromptRope, kv_positions, mixed_rope, with_media
 from omniloop.models.omni.talker import append_rows
-from omniloop.models.omni.thinker import ThinkerRow, record_states
+from omniloop.models.omni.thinker import ThinkerRow, record_batch, recording_rows
 from omniloop.models.layers.mrope import inv_frequencies
 from omniloop.models.layers.qwen2_decoder import DecoderDims, DecoderLayer, KVCacheView, RMSNorm, rope_tables
 from omniloop.models.layers.run_blocks import run_blocks
@@ -165,10 +165,9 @@ class OmniThinker(nn.Module):
         embeds, rope = with_media(self.embed(input_ids), positions, starts, media)  # [B, L, hidden]; [B, L] or [3, B, L]
         h = self.model(embeds, rope, kv)  # [B, L, hidden]
         rows = list(lm_inputs or ())
-        recording = [i for i, row in enumerate(rows) if row is not None and row.record_states]
+        recording = recording_rows(rows)
         if recording:
-            record_states([cast(ThinkerRow, rows[i]) for i in recording], [starts[i] for i in recording],
-                          h if len(recording) == h.shape[0] else h[recording])  # the usual batch: every row
+            record_batch(rows, recording, starts, h)
         if logits_to_keep:
             h = h[:, -logits_to_keep:]
         return self.lm_head(h)

@@ -35,7 +35,7 @@ from omniloop.models.layers.run_blocks import run_blocks
 from omniloop.models.omni.decoder_config import decoder_fields
 from omniloop.models.omni.media import PromptRope, kv_positions, mixed_rope, with_media
 from omniloop.models.omni.talker import append_rows
-from omniloop.models.omni.thinker import ThinkerRow, record_states
+from omniloop.models.omni.thinker import ThinkerRow, record_batch, recording_rows
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -210,7 +210,7 @@ class Qwen3OmniThinker(nn.Module):
         """``input_ids [B, L]`` -> logits ``[B, L', vocab]``; each recording row's tapped states go
         to its ``lm_inputs`` record."""
         rows = list(lm_inputs or ())
-        recording = [i for i, row in enumerate(rows) if row is not None and row.record_states]
+        recording = recording_rows(rows)
         positions = kv_positions(input_ids, kv)
         starts = list(kv.starts) if kv is not None and kv.starts is not None else [0] * len(rows)
         # the encoders' embeddings at their placeholders (images: 3-D positions, DeepStack after the first layers)
@@ -224,8 +224,7 @@ class Qwen3OmniThinker(nn.Module):
         h, tapped = self.model.tapped(embeds, positions, kv, self.accept_hidden_layer if recording else None,
                                       deepstack if layers else None, layers)
         if recording and tapped is not None:
-            record_states([cast(ThinkerRow, rows[i]) for i in recording], [starts[i] for i in recording],
-                          tapped if len(recording) == tapped.shape[0] else tapped[recording])
+            record_batch(rows, recording, starts, tapped)
         if logits_to_keep:
             h = h[:, -logits_to_keep:]
         return self.lm_head(h)

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from omniloop.cache.kv import KVLayout
-from omniloop.models.omni.decoder_config import decoder_fields
+from omniloop.models.omni.decoder_config import TextDecoderConfig
 from omniloop.models.omni.media import PromptRope, kv_positions, mixed_rope, with_media
 from omniloop.models.omni.talker import append_rows
 from omniloop.models.omni.thinker import ThinkerRow, record_batch, recording_rows
@@ -43,32 +43,11 @@ from omniloop.models.layers.run_blocks import run_blocks
 
 
 @dataclass(frozen=True, kw_only=True)
-class DecoderConfig:
+class DecoderConfig(TextDecoderConfig):
     """One Qwen2 decoder of the omni checkpoint (thinker ``text_config`` or ``talker_config``)."""
 
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    mrope_section: tuple[int, ...]
-    max_position_embeddings: int
+    mrope_section: tuple[int, ...]  # always multimodal
     embedding_size: int  # the token embedding width (the talker's is the thinker's hidden size)
-
-    def __post_init__(self) -> None:
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(f"num_attention_heads={self.num_attention_heads} must be a multiple of "
-                             f"num_key_value_heads={self.num_key_value_heads}")
-        if sum(self.mrope_section) != self.head_dim // 2:
-            raise ValueError(f"mrope_section {list(self.mrope_section)} must sum to head_dim // 2 = {self.head_dim // 2}")
-
-    @property
-    def kv_layout(self) -> KVLayout:
-        return KVLayout(self.num_hidden_layers, self.num_key_value_heads, self.head_dim)
 
     @property
     def decoder_dims(self) -> DecoderDims:
@@ -86,7 +65,7 @@ class DecoderConfig:
             raise ValueError("Qwen2.5-Omni config: use_sliding_window=true is not supported (every released "
                              "checkpoint runs full attention); set it to false")
         return cls(
-            **decoder_fields(d, where="Qwen2.5-Omni config", mrope_section=(16, 24, 24)),
+            **TextDecoderConfig.shared_fields(d, where="Qwen2.5-Omni config", mrope_section=(16, 24, 24)),
             embedding_size=int(embedding_size or d.get("embedding_size") or d["hidden_size"]),
         )
 

@@ -32,28 +32,17 @@ from omniloop.models.layers.moe import MoEDims, SparseMoE
 from omniloop.models.layers.mrope import inv_frequencies, mrope_cos_sin
 from omniloop.models.layers.qwen2_decoder import DecoderDims, DecoderLayer, KVCacheView, RMSNorm, rope_tables
 from omniloop.models.layers.run_blocks import run_blocks
-from omniloop.models.omni.decoder_config import decoder_fields
+from omniloop.models.omni.decoder_config import TextDecoderConfig
 from omniloop.models.omni.media import PromptRope, kv_positions, mixed_rope, with_media
 from omniloop.models.omni.talker import append_rows
 from omniloop.models.omni.thinker import ThinkerRow, record_batch, recording_rows
 
 
 @dataclass(frozen=True, kw_only=True)
-class Qwen3DecoderConfig:
+class Qwen3DecoderConfig(TextDecoderConfig):
     """One decoder of the checkpoint: the thinker's ``text_config``, the talker's ``text_config``
-    or the code predictor's config (``num_experts`` 0: dense)."""
+    or the code predictor's config (``num_experts`` 0: dense; ``mrope_section`` None: plain RoPE)."""
 
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    mrope_section: tuple[int, ...] | None  # None: plain RoPE (the code predictor)
-    max_position_embeddings: int
     num_experts: int = 0
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
@@ -61,17 +50,6 @@ class Qwen3DecoderConfig:
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
     shared_expert_intermediate_size: int = 0
-
-    def __post_init__(self) -> None:
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(f"num_attention_heads={self.num_attention_heads} must be a multiple of "
-                             f"num_key_value_heads={self.num_key_value_heads}")
-        if self.mrope_section is not None and sum(self.mrope_section) != self.head_dim // 2:
-            raise ValueError(f"mrope_section {list(self.mrope_section)} must sum to head_dim // 2 = {self.head_dim // 2}")
-
-    @property
-    def kv_layout(self) -> KVLayout:
-        return KVLayout(self.num_hidden_layers, self.num_key_value_heads, self.head_dim)
 
     @property
     def decoder_dims(self) -> DecoderDims:
@@ -100,7 +78,7 @@ class Qwen3DecoderConfig:
         if d.get("sliding_window") and d.get("use_sliding_window"):
             raise ValueError(f"Qwen3-Omni {part}: sliding-window attention is not supported; set use_sliding_window=false")
         return cls(
-            **decoder_fields(d, where=f"Qwen3-Omni {part}", mrope_section=(24, 20, 20) if multimodal_rope else None),
+            **TextDecoderConfig.shared_fields(d, where=f"Qwen3-Omni {part}", mrope_section=(24, 20, 20) if multimodal_rope else None),
             num_experts=int(d.get("num_experts") or d.get("num_local_experts") or 0), num_experts_per_tok=int(d.get("num_experts_per_tok", 0) or 0),
             moe_intermediate_size=int(d.get("moe_intermediate_size", 0) or 0),
             norm_topk_prob=bool(d.get("norm_topk_prob", True)),

@@ -43,9 +43,8 @@ from omniloop.models.families.qwen2.presets import QWEN25_7B  # noqa: E402
 from omniloop.models.families.qwen2_5_omni.model import (  # noqa: E402
     DecoderConfig, OmniTalker, OmniThinker, TalkerRow, TalkerTokens, ThinkerRow,
 )
-from omniloop.models.families.qwen2_5_omni.stages import (  # noqa: E402
-    CodecVocab, TalkerLoop, TalkerLoopState, ThinkerLoop,
-)
+from omniloop.models.families.qwen2_5_omni.stages import TalkerLoop, TalkerLoopState, ThinkerLoop  # noqa: E402
+from omniloop.models.omni.talker import CodecVocab  # noqa: E402
 from omniloop.pipeline.loops.ar import ARDecodeLoop, ARLoopState  # noqa: E402
 from omniloop.pipeline.state import StageContext  # noqa: E402
 from omniloop.pipeline.streams import EdgeChannel  # noqa: E402

@@ -356,6 +356,26 @@ def run_concurrent(pipeline: Pipeline, args, n: int) -> dict:
             "node_s_sum": {k: round(v, 3) for k, v in node_s.items()}}
 
 
+def ours_records(pipeline: Pipeline, args, base: dict, sink, *, single: Callable[..., dict],
+                 one_at_a_time: Callable[[Pipeline, Any, int], dict], concurrent: Callable[[Pipeline, Any, int], dict]) -> None:
+    """Our engine's records of an omni family (its ``single`` / ``one_at_a_time`` / ``concurrent``
+    runs), after a warm streamed answer: ``--only single``: one answer streamed and not, the
+    fastest of ``--iters``; ``--only concurrent``: ``--serial`` answers one at a time, then each
+    ``--batches`` size added together, with its speed-up over one at a time."""
+    single(pipeline, args, stream=True)  # warm
+    if "single" in args.only:
+        for stream in (True, False):
+            runs = [single(pipeline, args, stream=stream) for _ in range(args.iters)]
+            emit({**base, "metric": "ours", "batch": 1, "streamed": stream, **min(runs, key=lambda r: r["total_s"])}, sink)
+    if "concurrent" in args.only:
+        serial = one_at_a_time(pipeline, args, args.serial)
+        emit({**base, "metric": "ours_one_at_a_time", "streamed": True, **serial}, sink)
+        for n in (int(b) for b in args.batches.split(",")):
+            rec = concurrent(pipeline, args, n)
+            emit({**base, "metric": "ours_concurrent", "streamed": True, **rec,
+                  "speedup_vs_one_at_a_time": round(rec["audio_s_per_s"] / serial["audio_s_per_s"], 2)}, sink)
+
+
 # -- the run ---------------------------------------------------------------------------------
 
 
@@ -436,19 +456,8 @@ def main(argv=None) -> int:
             pipeline = fixed_lengths(pipeline)
             if args.codec_capacity is not None:
                 pipeline = codec_capacity(pipeline, args.codec_capacity)
-            run_single(pipeline, args, stream=True)  # warm
-            if "single" in args.only:
-                for stream in (True, False):
-                    runs = [run_single(pipeline, args, stream=stream) for _ in range(args.iters)]
-                    emit({**base, "metric": "ours", "batch": 1, "streamed": stream,
-                          **min(runs, key=lambda r: r["total_s"])}, sink)
-            if "concurrent" in args.only:
-                serial = run_one_at_a_time(pipeline, args, args.serial)
-                emit({**base, "metric": "ours_one_at_a_time", "streamed": True, **serial}, sink)
-                for n in (int(b) for b in args.batches.split(",")):
-                    rec = run_concurrent(pipeline, args, n)
-                    emit({**base, "metric": "ours_concurrent", "streamed": True, **rec,
-                          "speedup_vs_one_at_a_time": round(rec["audio_s_per_s"] / serial["audio_s_per_s"], 2)}, sink)
+            ours_records(pipeline, args, base, sink, single=run_single, one_at_a_time=run_one_at_a_time,
+                         concurrent=run_concurrent)
     finally:
         if sink:
             sink.close()

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/ (common, bench_omni, bench_qwen2)
-from bench_omni import Served, audio_seconds, serve, steps_by_node  # noqa: E402
+from bench_omni import Served, audio_seconds, ours_records, serve, steps_by_node  # noqa: E402
 from bench_qwen2 import sync  # noqa: E402
 from common import emit  # noqa: E402
 
@@ -157,19 +157,8 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             _, pipeline = load_pipeline(folder, LoadOptions(device=device, dtype=dtype))
             emit({**base, "metric": "load_s", "value": round(time.perf_counter() - t0, 2)}, sink)
-            run_single(pipeline, args, stream=True)  # warm
-            if "single" in args.only:
-                for stream in (True, False):
-                    runs = [run_single(pipeline, args, stream=stream) for _ in range(args.iters)]
-                    emit({**base, "metric": "ours", "batch": 1, "streamed": stream,
-                          **min(runs, key=lambda r: r["total_s"])}, sink)
-            if "concurrent" in args.only:
-                serial = run_one_at_a_time(pipeline, args, args.serial)
-                emit({**base, "metric": "ours_one_at_a_time", "streamed": True, **serial}, sink)
-                for n in (int(b) for b in args.batches.split(",")):
-                    rec = run_concurrent(pipeline, args, n)
-                    emit({**base, "metric": "ours_concurrent", "streamed": True, **rec,
-                          "speedup_vs_one_at_a_time": round(rec["audio_s_per_s"] / serial["audio_s_per_s"], 2)}, sink)
+            ours_records(pipeline, args, base, sink, single=run_single, one_at_a_time=run_one_at_a_time,
+                         concurrent=run_concurrent)
     finally:
         if sink:
             sink.close()

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from tests.models.omni_helpers import tiny_bpe_tokenizer
+
 EOS = "<|endoftext|>"
 IM_END = "<|im_end|>"
 SPECIALS = [EOS, IM_END, "<|tts_pad|>", "<|tts_bos|>", "<|tts_eos|>", "<|spk_chelsie|>", "<|spk_ethan|>",
@@ -39,19 +41,8 @@ MEL_DIM = 16
 
 def tiny_tokenizer(folder: Path):
     """Byte-level BPE (Qwen2's scheme) + the special tokens the omni config points at."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=330, special_tokens=SPECIALS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(CORPUS * 20, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS)
-    fast.chat_template = CHAT_TEMPLATE
-    fast.save_pretrained(folder)
-    return fast
+    return tiny_bpe_tokenizer(folder, specials=SPECIALS, corpus=CORPUS, chat_template=CHAT_TEMPLATE, eos_token=EOS,
+                              pad_token=EOS)
 
 
 def tiny_omni_config(tokenizer, **overrides: Any):

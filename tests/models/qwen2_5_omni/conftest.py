@@ -22,8 +22,6 @@ def omni_hf(omni_dir):
 
 @pytest.fixture(scope="session")
 def omni_pipeline(omni_dir):
-    from omniloop.models.loader import load_pipeline
-    from omniloop.models.model_spec import LoadOptions
+    from tests.models.omni_helpers import cpu_pipeline
 
-    _, pipeline = load_pipeline(omni_dir, LoadOptions(device=torch.device("cpu"), dtype=torch.float32))
-    return pipeline
+    return cpu_pipeline(omni_dir)

@@ -12,11 +12,8 @@ fp32: everything is bit-equal (torch.equal)."""
 from __future__ import annotations
 
 import base64
-import io
 import re
-import wave
 
-import numpy as np
 import pytest
 import torch
 
@@ -25,31 +22,10 @@ from omniloop.models.families.qwen2_5_omni.audio_encoder import audio_tokens
 from omniloop.request import (AudioPart, DiffusionParams, ImagePart, InvalidRequest, Modality, OmniRequest, OutputSpec,
                               SamplingParams, TaskType, TextPart)
 from tests.models.qwen2_5_omni.checkpoint import AUDIO_WINDOW_S, CODEC_EOS, CODEC_PAD
+from tests.models.omni_helpers import (  # noqa: F401  (RATE, tone, wav_bytes: the serving tests' clips)
+    RATE, audio_tower_input, hf_audio_inputs, tone, wav_bytes,
+)
 from tests.models.qwen2_5_omni.helpers import AUDIO_TOKENS, TEXT_TOKENS, run_nodes
-
-RATE = 16000
-
-
-def wav_bytes(pcm: np.ndarray, rate: int = RATE) -> bytes:
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(pcm.astype("<i2").tobytes())
-    return buf.getvalue()
-
-
-def tone(n: int, seed: int = 0) -> np.ndarray:
-    """``n`` int16 samples: a tone plus noise (every mel bin moves)."""
-    g = np.random.default_rng(seed)
-    return (np.sin(np.arange(n) / (5.0 + seed)) * 9000 + g.standard_normal(n) * 800).astype(np.int16)
-
-
-def stdlib_samples(data: bytes) -> np.ndarray:
-    with wave.open(io.BytesIO(data)) as w:
-        return np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").astype(np.float32) / 32768.0
-
 
 def audio_request(text: str, clips: list[bytes], *, speech: bool = False, **sampling) -> OmniRequest:
     parts = [TextPart(text=text, role="user"), *[AudioPart(b64=base64.b64encode(c).decode()) for c in clips]]
@@ -61,25 +37,11 @@ def audio_request(text: str, clips: list[bytes], *, speech: bool = False, **samp
 
 
 def hf_inputs(folder, tokenizer, text: str, clips: list[bytes], pad: bool = False) -> dict:
-    """The processor's inputs for ``[text, audio...]`` in one user message."""
-    from transformers import WhisperFeatureExtractor
+    """The processor's inputs for ``[text, audio...]`` in one user message (``pad``: see
+    helpers.hf_generate: a masked left pad keeps transformers' talker on the trained path)."""
     from transformers.models.qwen2_5_omni.processing_qwen2_5_omni import _get_feat_extract_output_lengths
 
-    fe = WhisperFeatureExtractor.from_pretrained(folder)
-    feats = fe([stdlib_samples(c) for c in clips], sampling_rate=RATE, padding="max_length", return_attention_mask=True,
-               return_tensors="pt")
-    counts = _get_feat_extract_output_lengths(feats["attention_mask"].sum(-1)).tolist()
-    messages = [{"role": "user", "content": [{"type": "text", "text": text}, *[{"type": "audio"} for _ in clips]]}]
-    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    pieces = rendered.split("<|AUDIO|>")
-    rendered = pieces[0] + "".join("<|AUDIO|>" * n + rest for n, rest in zip(counts, pieces[1:]))
-    ids = tokenizer(rendered, return_tensors="pt").input_ids
-    mask = torch.ones_like(ids)
-    if pad:  # see helpers.hf_generate: a masked left pad keeps transformers' talker on the trained path
-        ids = torch.cat([torch.tensor([[tokenizer.pad_token_id]]), ids], dim=1)
-        mask = torch.cat([torch.zeros(1, 1, dtype=mask.dtype), mask], dim=1)
-    return {"input_ids": ids, "attention_mask": mask, "input_features": feats["input_features"],
-            "feature_attention_mask": feats["attention_mask"]}
+    return hf_audio_inputs(folder, tokenizer, text, clips, _get_feat_extract_output_lengths, pad=pad)
 
 
 CLIPS = [wav_bytes(tone(12000, 0)), wav_bytes(tone(3000, 1))]  # 0.75 s (2 chunks of the tiny encoder), 0.19 s
@@ -90,8 +52,7 @@ def test_audio_encoder_equals_transformers(omni_hf, omni_pipeline, omni_dir):
     hf, tokenizer = omni_hf
     inputs = hf_inputs(omni_dir, tokenizer, "x", CLIPS)
     want = hf.thinker.get_audio_features(inputs["input_features"], inputs["feature_attention_mask"]).last_hidden_state
-    lengths = inputs["feature_attention_mask"].sum(-1).tolist()
-    flat = torch.cat([inputs["input_features"][i, :, :n] for i, n in enumerate(lengths)], dim=1)
+    flat, lengths = audio_tower_input(inputs)
     got = omni_pipeline.components["audio_tower"](flat, lengths)
     assert got.shape == (sum(audio_tokens(n) for n in lengths), 32)
     assert torch.equal(got, want)

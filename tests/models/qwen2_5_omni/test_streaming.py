@@ -13,38 +13,17 @@ from omniloop.engine.engine import Engine, EngineConfig
 from omniloop.engine.offline import run_request
 from omniloop.engine.scheduler import SchedulingPolicy
 from omniloop.models.families.qwen2_5_omni.stages import TalkerLoop, ThinkerLoop
+from tests.models.omni_helpers import check_the_talker_streams_alongside_the_thinker
 from tests.models.qwen2_5_omni.checkpoint import PROMPTS
 from tests.models.qwen2_5_omni.helpers import omni_request
 
 
-def _logged(monkeypatch, log: list[str]) -> None:
-    for cls, name in ((ThinkerLoop, "thinker"), (TalkerLoop, "talker")):
-        original = cls.step_many
-
-        def step_many(self, ctx, loops, _original=original, _name=name):
-            log.append(_name)
-            return _original(self, ctx, loops)
-
-        monkeypatch.setattr(cls, "step_many", step_many)
+STAGES = ((ThinkerLoop, "thinker", "step_many"), (TalkerLoop, "talker", "step_many"))
 
 
 def test_the_talker_starts_before_the_thinker_ends_and_equals_the_non_streamed_answer(omni_pipeline, monkeypatch):
-    assert [s.edge for s in omni_pipeline.spec.streams] == ["thinker_hidden", "codec_stream"]
-    plain = dataclasses.replace(omni_pipeline, spec=dataclasses.replace(omni_pipeline.spec, streams=()))
-    plain_log: list[str] = []
-    streamed_log: list[str] = []
-    request = omni_request(PROMPTS[0], max_tokens=8)
-    _logged(monkeypatch, plain_log)
-    want = run_request(plain, request)
-    monkeypatch.undo()
-    _logged(monkeypatch, streamed_log)
-    got = run_request(omni_pipeline, request)
-    assert want.status.value == got.status.value == "completed", (want.error, got.error)
-    last_thinker = max(i for i, n in enumerate(streamed_log) if n == "thinker")
-    assert streamed_log.index("talker") < last_thinker  # streamed: the talker runs alongside
-    assert plain_log.index("talker") > max(i for i, n in enumerate(plain_log) if n == "thinker")  # the baseline waits
-    assert got.text.token_ids == want.text.token_ids
-    assert torch.equal(got.audio.samples, want.audio.samples)  # measured: bit-equal (0.0)
+    check_the_talker_streams_alongside_the_thinker(omni_pipeline, omni_request(PROMPTS[0], max_tokens=8), monkeypatch,
+                                                   STAGES)
 
 
 def test_streamed_speech_comes_in_chunks_while_the_talker_runs(omni_pipeline):

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from tests.models.omni_helpers import tiny_bpe_tokenizer
+
 EOS = "<|endoftext|>"
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 ROLES = ["user", "assistant", "system"]
@@ -60,19 +62,8 @@ def tiny_preprocessor(folder: Path) -> None:
 
 
 def tiny_tokenizer(folder: Path):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=330, special_tokens=SPECIALS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(CORPUS * 20, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=IM_END, pad_token=EOS)
-    fast.chat_template = CHAT_TEMPLATE
-    fast.save_pretrained(folder)
-    return fast
+    return tiny_bpe_tokenizer(folder, specials=SPECIALS, corpus=CORPUS, chat_template=CHAT_TEMPLATE, eos_token=IM_END,
+                              pad_token=EOS)
 
 
 def _moe(vocab: int, **extra: Any) -> dict[str, Any]:

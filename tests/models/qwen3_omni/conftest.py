@@ -22,8 +22,6 @@ def omni3_hf(omni3_dir):
 
 @pytest.fixture(scope="session")
 def omni3_pipeline(omni3_dir):
-    from omniloop.models.loader import load_pipeline
-    from omniloop.models.model_spec import LoadOptions
+    from tests.models.omni_helpers import cpu_pipeline
 
-    _, pipeline = load_pipeline(omni3_dir, LoadOptions(device=torch.device("cpu"), dtype=torch.float32))
-    return pipeline
+    return cpu_pipeline(omni3_dir)

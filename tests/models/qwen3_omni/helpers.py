@@ -33,11 +33,18 @@ def chat_ids(tokenizer, prompt: str) -> torch.Tensor:
 
 def hf_generate(hf, tokenizer, prompt: str, *, speaker: str = "Ethan", capture: dict | None = None,
                 greedy: bool = True, seed: int = 5):
-    """transformers' ``generate`` (greedy thinker; the talker greedy or sampled with its defaults
-    from the global generator seeded with ``seed``; the code predictor follows the talker's
-    ``do_sample``) -> (text ids, waveform [samples]); ``capture["codes"]``: the frames
-    ``[T, groups]`` it hands code2wav."""
-    ids = chat_ids(tokenizer, prompt)
+    """transformers' ``generate`` of a one-message chat: :func:`hf_generate_from` its ids."""
+    return hf_generate_from(hf, tokenizer, {"input_ids": chat_ids(tokenizer, prompt)}, speaker=speaker, capture=capture,
+                            greedy=greedy, seed=seed)
+
+
+def hf_generate_from(hf, tokenizer, inputs: dict[str, Any], *, speaker: str = "Ethan", capture: dict | None = None,
+                     greedy: bool = True, seed: int | None = 5):
+    """transformers' ``generate`` of the processor's ``inputs`` (greedy thinker; the talker greedy
+    or sampled with its defaults from the global generator seeded with ``seed``, None: not seeded;
+    the code predictor follows the talker's ``do_sample``) -> (text ids, waveform [samples]);
+    ``capture["codes"]``: the frames ``[T, groups]`` it hands code2wav."""
+    ids = inputs["input_ids"]
     if capture is not None:
         decode = hf.code2wav.chunked_decode
 
@@ -47,8 +54,9 @@ def hf_generate(hf, tokenizer, prompt: str, *, speaker: str = "Ethan", capture: 
 
         hf.code2wav.chunked_decode = spy
     try:
-        torch.manual_seed(seed)
-        seq, wav = hf.generate(ids, speaker=speaker, thinker_max_new_tokens=TEXT_TOKENS, thinker_do_sample=False,
+        if seed is not None:
+            torch.manual_seed(seed)
+        seq, wav = hf.generate(**inputs, speaker=speaker, thinker_max_new_tokens=TEXT_TOKENS, thinker_do_sample=False,
                                thinker_eos_token_id=tokenizer.convert_tokens_to_ids(IM_END), talker_do_sample=not greedy,
                                talker_max_new_tokens=AUDIO_FRAMES)
     finally:

@@ -14,10 +14,10 @@ import torch
 
 from omniloop.engine.offline import run_request
 from omniloop.request import AudioPart, Modality, OmniRequest, OutputSpec, SamplingParams, TaskType, TextPart
+from tests.models.omni_helpers import RATE, audio_tower_input, hf_audio_inputs, tone, wav_bytes
 from tests.models.qwen2_5_omni.helpers import run_nodes
-from tests.models.qwen2_5_omni.test_audio_input import RATE, stdlib_samples, tone, wav_bytes
-from tests.models.qwen3_omni.checkpoint import AUDIO_WINDOW_S, IM_END
-from tests.models.qwen3_omni.helpers import AUDIO_FRAMES, TEXT_TOKENS
+from tests.models.qwen3_omni.checkpoint import AUDIO_WINDOW_S
+from tests.models.qwen3_omni.helpers import AUDIO_FRAMES, TEXT_TOKENS, hf_generate_from
 
 CLIPS = [wav_bytes(tone(20000, 0)), wav_bytes(tone(3000, 1))]  # 1.25 s (2 chunks of 1 s), 0.19 s
 
@@ -33,19 +33,9 @@ def audio_request(text: str, clips: list[bytes], *, speech: bool = False) -> Omn
 def hf_inputs(folder, tokenizer, text: str, clips: list[bytes]) -> dict:
     """The processor's inputs for ``[text, audio...]`` in one user message (its placeholder count:
     transformers' ``_get_feat_extract_output_lengths``)."""
-    from transformers import WhisperFeatureExtractor
     from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import _get_feat_extract_output_lengths
 
-    fe = WhisperFeatureExtractor.from_pretrained(folder)
-    feats = fe([stdlib_samples(c) for c in clips], sampling_rate=RATE, padding="max_length", return_attention_mask=True,
-               return_tensors="pt")
-    counts = _get_feat_extract_output_lengths(feats["attention_mask"].sum(-1)).tolist()
-    messages = [{"role": "user", "content": [{"type": "text", "text": text}, *[{"type": "audio"} for _ in clips]]}]
-    pieces = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True).split("<|AUDIO|>")
-    ids = tokenizer(pieces[0] + "".join("<|AUDIO|>" * n + rest for n, rest in zip(counts, pieces[1:])),
-                    return_tensors="pt").input_ids
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "input_features": feats["input_features"],
-            "feature_attention_mask": feats["attention_mask"]}
+    return hf_audio_inputs(folder, tokenizer, text, clips, _get_feat_extract_output_lengths)
 
 
 @torch.inference_mode()
@@ -53,8 +43,7 @@ def test_audio_encoder_and_greedy_text_equal_transformers(omni3_hf, omni3_pipeli
     hf, tokenizer = omni3_hf
     inputs = hf_inputs(omni3_dir, tokenizer, "what is it", CLIPS)
     want = hf.thinker.get_audio_features(inputs["input_features"], inputs["feature_attention_mask"]).last_hidden_state
-    lengths = inputs["feature_attention_mask"].sum(-1).tolist()
-    flat = torch.cat([inputs["input_features"][i, :, :n] for i, n in enumerate(lengths)], dim=1)
+    flat, lengths = audio_tower_input(inputs)
     assert torch.equal(omni3_pipeline.components["audio_tower"](flat, lengths), want)
     for clips in (CLIPS[:1], CLIPS):
         inputs = hf_inputs(omni3_dir, tokenizer, "what is it", clips)
@@ -70,23 +59,11 @@ def test_spoken_answer_to_audio_equals_generate(omni3_hf, omni3_pipeline, omni3_
     hf, tokenizer = omni3_hf
     inputs = hf_inputs(omni3_dir, tokenizer, "what is it", CLIPS)
     capture: dict = {}
-    decode = hf.code2wav.chunked_decode
-
-    def spy(codes, **kw):
-        capture["codes"] = codes[0].T.tolist()
-        return decode(codes, **kw)
-
-    hf.code2wav.chunked_decode = spy
-    try:
-        seq, wav = hf.generate(**inputs, speaker="Ethan", thinker_max_new_tokens=TEXT_TOKENS, thinker_do_sample=False,
-                               thinker_eos_token_id=tokenizer.convert_tokens_to_ids(IM_END), talker_do_sample=False,
-                               talker_max_new_tokens=AUDIO_FRAMES)
-    finally:
-        del hf.code2wav.chunked_decode
+    text, wav = hf_generate_from(hf, tokenizer, inputs, capture=capture, seed=None)
     state = run_nodes(omni3_pipeline, audio_request("what is it", CLIPS, speech=True))
-    assert state.artifacts["text"].token_ids == seq[0, inputs["input_ids"].shape[1]:].tolist()
+    assert state.artifacts["text"].token_ids == text
     assert state.artifacts["codec"].frames == capture["codes"]
-    assert (state.artifacts["audio"].samples[0] - wav[0, 0]).abs().max() <= 1e-6
+    assert (state.artifacts["audio"].samples[0] - wav).abs().max() <= 1e-6
 
 
 @pytest.mark.parametrize("parts, field, match", [

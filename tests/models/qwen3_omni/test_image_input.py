@@ -19,8 +19,7 @@ from omniloop.engine.offline import run_request
 from omniloop.models.omni.thinker import ThinkerRow
 from omniloop.request import ImagePart, Modality, OmniRequest, OutputSpec, SamplingParams, TaskType, TextPart
 from tests.models.qwen2_5_omni.helpers import run_nodes
-from tests.models.qwen3_omni.checkpoint import IM_END
-from tests.models.qwen3_omni.helpers import AUDIO_FRAMES, TEXT_TOKENS
+from tests.models.qwen3_omni.helpers import AUDIO_FRAMES, TEXT_TOKENS, hf_generate_from
 
 
 def png(seed: int, size: tuple[int, int]) -> bytes:
@@ -81,23 +80,11 @@ def test_spoken_answer_to_an_image_equals_generate(omni3_hf, omni3_pipeline, omn
     hf, tokenizer = omni3_hf
     inputs = hf_inputs(omni3_dir, tokenizer, IMAGES[:1])  # (the tiny talker says its codec end at once for both)
     capture: dict = {}
-    decode = hf.code2wav.chunked_decode
-
-    def spy(codes, **kw):
-        capture["codes"] = codes[0].T.tolist()
-        return decode(codes, **kw)
-
-    hf.code2wav.chunked_decode = spy
-    try:
-        seq, wav = hf.generate(**inputs, speaker="Ethan", thinker_max_new_tokens=TEXT_TOKENS, thinker_do_sample=False,
-                               thinker_eos_token_id=tokenizer.convert_tokens_to_ids(IM_END), talker_do_sample=False,
-                               talker_max_new_tokens=AUDIO_FRAMES)
-    finally:
-        del hf.code2wav.chunked_decode
+    text, wav = hf_generate_from(hf, tokenizer, inputs, capture=capture, seed=None)
     state = run_nodes(omni3_pipeline, image_request(IMAGES[:1], speech=True))
-    assert state.artifacts["text"].token_ids == seq[0, inputs["input_ids"].shape[1]:].tolist()
+    assert state.artifacts["text"].token_ids == text
     assert state.artifacts["codec"].frames == capture["codes"]
-    assert (state.artifacts["audio"].samples[0] - wav[0, 0]).abs().max() <= 1e-6
+    assert (state.artifacts["audio"].samples[0] - wav).abs().max() <= 1e-6
 
 
 def test_an_undecodable_image_is_refused_naming_the_part(omni3_pipeline):

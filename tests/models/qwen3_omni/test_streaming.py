@@ -15,20 +15,12 @@ from omniloop.models.families.qwen3_omni.stages import Code2WavStream, TalkerLoo
 from omniloop.models.omni.thinker import ThinkerLoop
 from omniloop.request import ArtifactEvent
 from tests.models.qwen2_5_omni.helpers import run_nodes
+from tests.models.omni_helpers import check_the_talker_streams_alongside_the_thinker, log_steps
 from tests.models.qwen3_omni.checkpoint import PROMPTS
 from tests.models.qwen3_omni.helpers import omni3_request
 
 
-def _logged(monkeypatch, log: list[str]) -> None:
-    for cls, name, method in ((ThinkerLoop, "thinker", "step_many"), (TalkerLoop, "talker", "step_many"),
-                              (Code2WavStream, "code2wav", "step")):
-        original = getattr(cls, method)
-
-        def step(self, ctx, loops, _original=original, _name=name):
-            log.append(_name)
-            return _original(self, ctx, loops)
-
-        monkeypatch.setattr(cls, method, step)
+STAGES = ((ThinkerLoop, "thinker", "step_many"), (TalkerLoop, "talker", "step_many"), (Code2WavStream, "code2wav", "step"))
 
 
 def _streamed(request):
@@ -36,22 +28,7 @@ def _streamed(request):
 
 
 def test_the_talker_starts_before_the_thinker_ends_and_equals_the_non_streamed_answer(omni3_pipeline, monkeypatch):
-    assert [s.edge for s in omni3_pipeline.spec.streams] == ["thinker_hidden", "codec_stream"]
-    plain = dataclasses.replace(omni3_pipeline, spec=dataclasses.replace(omni3_pipeline.spec, streams=()))
-    plain_log: list[str] = []
-    streamed_log: list[str] = []
-    request = omni3_request(PROMPTS[2])
-    _logged(monkeypatch, plain_log)
-    want = run_request(plain, request)
-    monkeypatch.undo()
-    _logged(monkeypatch, streamed_log)
-    got = run_request(omni3_pipeline, request)
-    assert want.status.value == got.status.value == "completed", (want.error, got.error)
-    last_thinker = max(i for i, n in enumerate(streamed_log) if n == "thinker")
-    assert streamed_log.index("talker") < last_thinker  # streamed: the talker runs alongside
-    assert plain_log.index("talker") > max(i for i, n in enumerate(plain_log) if n == "thinker")  # the baseline waits
-    assert got.text.token_ids == want.text.token_ids
-    assert torch.equal(got.audio.samples, want.audio.samples)  # every talker input row is the same sum
+    check_the_talker_streams_alongside_the_thinker(omni3_pipeline, omni3_request(PROMPTS[2]), monkeypatch, STAGES)
 
 
 @torch.inference_mode()
@@ -68,7 +45,7 @@ def test_streamed_speech_comes_in_windows_equal_to_chunked_decode(omni3_pipeline
     codec = run_nodes(pipeline, request).artifacts["codec"]
     frames = codec.frames
     log: list[str] = []
-    _logged(monkeypatch, log)
+    log_steps(monkeypatch, log, STAGES)
     events: list = []
     out = run_request(pipeline, request, on_event=events.append)
     assert out.status.value == "completed", out.error

@@ -1,6 +1,8 @@
 """The Snake activation and the dilated residual unit of the Oobleck / DAC-style 1-D audio
 codecs (Stable Audio's Oobleck VAE, Cosmos3's AVAE sound tokenizer): one definition, so both
-load the same parameter names (``snake1.alpha``, ``conv1.weight``...)."""
+load the same parameter names (``snake1.alpha``, ``conv1.weight``...); and transformers'
+``SnakeBeta`` of the omni speech decoders (Qwen2.5-Omni's BigVGAN, Qwen3-Omni's code2wav), whose
+checkpoints store ``alpha`` / ``beta`` as ``[C]``."""
 
 from __future__ import annotations
 
@@ -19,6 +21,19 @@ class Snake1d(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         alpha, beta = torch.exp(self.alpha), torch.exp(self.beta)
         return x + (beta + 1e-9).reciprocal() * torch.sin(alpha * x).pow(2)
+
+
+class SnakeBeta(nn.Module):
+    """``x + 1/(e^beta + 1e-9) * sin(x e^alpha)^2`` on ``[B, C, T]`` (alpha, beta: logs, per channel ``[C]``)."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.alpha = nn.Parameter(torch.zeros(channels))
+        self.beta = nn.Parameter(torch.zeros(channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        alpha, beta = torch.exp(self.alpha[None, :, None]), torch.exp(self.beta[None, :, None])
+        return x + (1.0 / (beta + 1e-9)) * torch.pow(torch.sin(x * alpha), 2)
 
 
 class ResidualUnit(nn.Module):

@@ -1,13 +1,15 @@
 """The Whisper-style audio encoder layers of the omni families' thinkers (Qwen2.5-Omni's and
 Qwen3-Omni's ``thinker.audio_tower.layers.*``, transformers' module names): pre-LN blocks whose
 attention stays inside each window of packed frames (the ``cu_seqlens`` windows: bidirectional
-within, nothing across), and the sinusoidal position table they add to the conv front end's output."""
+within, nothing across), the sinusoidal position table they add to the conv front end's output,
+and what both encoders read the same way before it: ``audio_config``'s shared fields and the mel
+frames cut into padded chunks."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -79,4 +81,50 @@ class SinusoidsPositionEmbedding(nn.Module):
 
     def __init__(self, length: int, channels: int) -> None:
         super().__init__()
+        self.length, self.channels = length, channels
         self.positional_embedding = nn.Buffer(sinusoid_table(length, channels), persistent=False)
+
+    def rebuild(self, device: torch.device | str) -> None:
+        """The table computed for real (a module built on ``meta`` has none)."""
+        table = sinusoid_table(self.length, self.channels).to(device)
+        self.register_buffer("positional_embedding", table, persistent=False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AudioTowerConfig:
+    """What both encoders read of ``thinker_config.audio_config`` (each family's config adds its
+    windows and front end)."""
+
+    num_mel_bins: int
+    d_model: int
+    encoder_layers: int
+    encoder_attention_heads: int
+    encoder_ffn_dim: int
+    output_dim: int
+    max_source_positions: int
+
+    def __post_init__(self) -> None:
+        if self.d_model % self.encoder_attention_heads:
+            raise ValueError(f"audio_config: d_model={self.d_model} must be a multiple of "
+                             f"encoder_attention_heads={self.encoder_attention_heads}")
+
+    @staticmethod
+    def shared_fields(d: Mapping[str, Any]) -> dict[str, Any]:
+        """``audio_config`` -> this class's fields; an unsupported activation is refused."""
+        if d.get("activation_function", "gelu") != "gelu":
+            raise ValueError(f"audio_config: activation_function={d['activation_function']!r} is not supported; "
+                             "expected 'gelu'")
+        return dict(num_mel_bins=int(d.get("num_mel_bins", 128)), d_model=int(d.get("d_model", 1280)),
+                    encoder_layers=int(d.get("encoder_layers", 32)),
+                    encoder_attention_heads=int(d.get("encoder_attention_heads", 20)),
+                    encoder_ffn_dim=int(d.get("encoder_ffn_dim", 5120)), output_dim=int(d.get("output_dim", 3584)),
+                    max_source_positions=int(d.get("max_source_positions", 1500)))
+
+
+def padded_chunks(features: torch.Tensor, lengths: Sequence[int], n_window: int) -> tuple[torch.Tensor, list[int]]:
+    """``features [mel, sum(lengths)]`` -> chunks of ``2 * n_window`` frames right-padded to the
+    longest ``[C, mel, F]``, and each chunk's real frame count (an audio's last chunk holds its remainder)."""
+    size = 2 * n_window
+    sizes = [min(size, n - start) for n in lengths for start in range(0, n, size)]
+    chunks = features.T.split(sizes, dim=0)  # each [frames, mel]
+    return nn.utils.rnn.pad_sequence(list(chunks), batch_first=True).transpose(1, 2), sizes

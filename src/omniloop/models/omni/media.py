@@ -15,6 +15,7 @@ from typing import Sequence
 
 import torch
 
+from omniloop.models.layers.qwen2_decoder import KVCacheView
 from omniloop.models.omni.image_prompt import VisionRun
 from omniloop.pipeline.loops.ar import PromptTokens
 
@@ -36,6 +37,12 @@ class PromptRope:
         """``k [L]`` context indices -> ``[3, L]`` rotary positions."""
         inside = k.clamp(max=self.prompt_len - 1)
         return torch.where(k < self.prompt_len, self.positions[:, inside], (k + self.delta).expand(3, -1))
+
+
+def kv_positions(ids: torch.Tensor, kv: KVCacheView | None) -> torch.Tensor:
+    """A forward's text positions ``[B, L]``: the KV view's, or ``0 .. L-1`` without a cache."""
+    b, n = ids.shape
+    return kv.positions if kv is not None else torch.arange(n, device=ids.device).expand(b, n)
 
 
 def mixed_rope(positions: torch.Tensor, ropes: Sequence[PromptRope | None],

@@ -56,6 +56,30 @@ class FedRow(Protocol):
         ...
 
 
+def append_rows(rows: torch.Tensor, buffer: torch.Tensor | None,
+                new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A :class:`FedRow`'s ``extend``: ``rows [R, D]`` (the first rows of ``buffer``, or a tensor of
+    their own before the first append) and ``new [n, D]`` -> ``(rows [R + n, D], buffer)``. The
+    buffer grows by doubling (at least 64 rows), so appending row by row is amortized O(n)."""
+    have, need = rows.shape[0], rows.shape[0] + new.shape[0]
+    if buffer is None or buffer.shape[0] < need:
+        grown = new.new_empty(max(need, 2 * have, 64), new.shape[1])
+        grown[:have] = rows
+        buffer = grown
+    buffer[have:need] = new
+    return buffer[:need], buffer
+
+
+class CodecVocab:
+    """The talker's "tokenizer": codec codes have no text (the AR loop detokenizes nothing)."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        raise AssertionError("the talker's prompt comes from the conversation and the thinker's states, never from text")
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return ""
+
+
 @dataclass(kw_only=True)
 class TalkerLoopState(ARLoopState):
     """The talker's AR state plus the thinker's stream it reads (``thinker_hidden``)."""
@@ -86,6 +110,16 @@ class ThinkerFedTalkerLoop(ARDecodeLoop):
     def close_row(self, ctx: StageContext, row: Any) -> None:
         """The thinker ended: the rows that follow its last position (``row.complete`` set)."""
         raise NotImplementedError
+
+    def first_chunks(self, ctx: StageContext, state: RequestState) -> tuple[EdgeChannel[ThinkerChunk], list[ThinkerChunk]]:
+        """``init``'s start: the request's ``thinker_hidden`` channel and what it holds already (the
+        first chunk carries the conversation; at least one, as the talker starts at it)."""
+        feed: EdgeChannel[ThinkerChunk] = ctx.stream(state, "thinker_hidden")
+        chunks = feed.take()
+        if not chunks:  # the thinker never forwarded a generated token
+            raise ValueError("the text answer is a single token: the talker needs at least two to speak "
+                             "(raise sampling.max_tokens)")
+        return feed, chunks
 
     def rows_needed(self, loop: ARLoopState) -> int:
         """Text rows the next decode step reads (``row.fed`` must exceed it, or the thinker have ended)."""

@@ -13,7 +13,7 @@ artifact types of that edge, and the predicates that say whether a request is sp
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import torch
 
@@ -77,6 +77,18 @@ def record_states(rows: Sequence[ThinkerRow], starts: Sequence[int], h: torch.Te
     torch._foreach_copy_(dests, list(h.unbind(0)))
     for row, start in zip(rows, starts):
         row.filled = max(row.filled, start + n)
+
+
+def recording_rows(rows: Sequence[ThinkerRow | None]) -> list[int]:
+    """The indices of a forward batch's rows that record their states (a spoken answer's)."""
+    return [i for i, row in enumerate(rows) if row is not None and row.record_states]
+
+
+def record_batch(rows: Sequence[ThinkerRow | None], recording: Sequence[int], starts: Sequence[int],
+                 h: torch.Tensor) -> None:
+    """``h [B, L, hidden]`` of the whole batch into the ``recording`` rows' records (:func:`record_states`)."""
+    record_states([cast(ThinkerRow, rows[i]) for i in recording], [starts[i] for i in recording],
+                  h if len(recording) == h.shape[0] else h[list(recording)])  # the usual batch: every row
 
 
 # -- edges ------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ import torch
 
 from omniloop.models.checkpoint_files import cast_to, read_tensors, stored_keys, weight_files
 from omniloop.models.layers.vision_patches import resize_frames, video_patches
+from omniloop.models.vision.qwen3_vit import assign_vit
 from omniloop.pipeline.loops.ar import PromptTokens
 
 VIT_KEYS = re.compile(r"^(?:model\.visual\.)?((?:blocks|merger|patch_embed|pos_embed|deepstack_merger_list)\..*)$")
@@ -52,23 +53,9 @@ def load_vision_tower(folder: Path, *, device: torch.device | str, dtype: torch.
     if not isinstance(raw, dict):
         raise ValueError(f"{folder / 'config.json'}: the checkpoint holds ViT weights but no vision_config; pass a "
                          "unified Cosmos3 checkpoint whose config describes its vision tower")
-    config = Qwen3VLVisionConfig(**{k: v for k, v in raw.items() if k != "model_type"})
     tensors = read_tensors(files, cast_to(device, dtype, lambda key: False), skip=lambda key: not VIT_KEYS.match(key))
     state = {VIT_KEYS.match(k).group(1): v for k, v in tensors.items()}  # type: ignore[union-attr]
-    with torch.device("meta"):
-        tower = Qwen3VLVisionModel._from_config(config)
-    missing = sorted(set(tower.state_dict()) - set(state))
-    unexpected = sorted(set(state) - set(tower.state_dict()))
-    if missing or unexpected:
-        raise ValueError(f"{folder}: the ViT weights do not match vision_config (missing {missing[:4]}, unexpected "
-                         f"{unexpected[:4]}); pass a checkpoint whose config describes its weights")
-    tower.load_state_dict(state, strict=True, assign=True)
-    # the non-persistent rotary buffers were built on meta: rebuild them (the class's own formula)
-    rotary = tower.rotary_pos_emb
-    inv_freq, _ = rotary.compute_axial_rope_parameters(config, device=device)
-    rotary.inv_freq, rotary.original_inv_freq = inv_freq, inv_freq.clone()
-    assert not any(b.is_meta for b in tower.buffers()), "a ViT buffer is still on meta"
-    return tower.eval().requires_grad_(False)
+    return assign_vit(Qwen3VLVisionModel, Qwen3VLVisionConfig, raw, state, folder, device)
 
 
 def load_image_processor(folder: Path):

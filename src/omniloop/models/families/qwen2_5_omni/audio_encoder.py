@@ -26,40 +26,26 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omniloop.models.omni.audio_layers import AudioEncoderLayer, AudioLayerDims, SinusoidsPositionEmbedding, sinusoid_table
+from omniloop.models.omni.audio_layers import (
+    AudioEncoderLayer, AudioLayerDims, AudioTowerConfig, SinusoidsPositionEmbedding, padded_chunks,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
-class AudioEncoderConfig:
+class AudioEncoderConfig(AudioTowerConfig):
     """``thinker_config.audio_config`` of the checkpoint."""
 
-    num_mel_bins: int
-    d_model: int
-    encoder_layers: int
-    encoder_attention_heads: int
-    encoder_ffn_dim: int
-    output_dim: int
     n_window: int  # half a chunk, in mel frames (a chunk: 2 * n_window frames)
-    max_source_positions: int
 
     def __post_init__(self) -> None:
-        if self.d_model % self.encoder_attention_heads:
-            raise ValueError(f"audio_config: d_model={self.d_model} must be a multiple of "
-                             f"encoder_attention_heads={self.encoder_attention_heads}")
+        super().__post_init__()
         if self.n_window > self.max_source_positions:
             raise ValueError(f"audio_config: n_window={self.n_window} exceeds max_source_positions="
                              f"{self.max_source_positions} (a chunk's frames after conv2 index the position table)")
 
     @classmethod
     def from_hf(cls, d: Mapping[str, Any]) -> "AudioEncoderConfig":
-        if d.get("activation_function", "gelu") != "gelu":
-            raise ValueError(f"audio_config: activation_function={d['activation_function']!r} is not supported; "
-                             "expected 'gelu'")
-        return cls(num_mel_bins=int(d.get("num_mel_bins", 128)), d_model=int(d.get("d_model", 1280)),
-                   encoder_layers=int(d.get("encoder_layers", 32)),
-                   encoder_attention_heads=int(d.get("encoder_attention_heads", 20)),
-                   encoder_ffn_dim=int(d.get("encoder_ffn_dim", 5120)), output_dim=int(d.get("output_dim", 3584)),
-                   n_window=int(d.get("n_window", 100)), max_source_positions=int(d.get("max_source_positions", 1500)))
+        return cls(**AudioTowerConfig.shared_fields(d), n_window=int(d.get("n_window", 100)))
 
 
 def audio_tokens(frames: int) -> int:
@@ -94,17 +80,7 @@ class OmniAudioEncoder(nn.Module):
 
     def rebuild_buffers(self, device: torch.device | str) -> None:
         """The position table computed for real (a module built on ``meta`` has none)."""
-        c = self.config
-        table = sinusoid_table(c.max_source_positions, c.d_model).to(device)
-        self.positional_embedding.register_buffer("positional_embedding", table, persistent=False)
-
-    def _chunks(self, features: torch.Tensor, lengths: list[int]) -> tuple[torch.Tensor, list[int]]:
-        """``features [mel, sum(lengths)]`` -> padded chunks ``[C, mel, 2 * n_window]`` and each
-        chunk's real frame count (an audio's last chunk holds its remainder)."""
-        size = 2 * self.config.n_window
-        sizes = [min(size, n - start) for n in lengths for start in range(0, n, size)]
-        chunks = features.T.split(sizes, dim=0)  # each [frames, mel]
-        return nn.utils.rnn.pad_sequence(list(chunks), batch_first=True).transpose(1, 2), sizes
+        self.positional_embedding.rebuild(device)
 
     def forward(self, features: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
         """``features [mel, sum(lengths)]`` (the audios' valid mel frames, concatenated) ->
@@ -112,7 +88,7 @@ class OmniAudioEncoder(nn.Module):
         lengths = [int(n) for n in lengths]
         assert features.shape[1] == sum(lengths), f"{features.shape[1]} frames for audio lengths {lengths}"
         # 1. chunks, padded: [C, mel, F]
-        padded, sizes = self._chunks(features.to(self.dtype), lengths)
+        padded, sizes = padded_chunks(features.to(self.dtype), lengths, self.config.n_window)
         frame = torch.arange(padded.shape[2], device=padded.device)
         valid = (frame < torch.tensor(sizes, device=padded.device)[:, None]).unsqueeze(1).long()  # [C, 1, F]
         # 2. conv front end + positions: [C, F', d]

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omniloop.models.layers.snake import SnakeBeta
+
 SAMPLE_RATE = 24000  # Qwen2.5-Omni's speech: 24 kHz mono
 
 
@@ -64,20 +66,6 @@ def kaiser_sinc_filter1d(cutoff: float, half_width: float, kernel_size: int) -> 
     f = 2 * cutoff * window * torch.sinc(2 * cutoff * t)
     f /= f.sum()
     return f.view(1, 1, kernel_size)
-
-
-class SnakeBeta(nn.Module):
-    """``x + 1/(exp(beta) + 1e-9) * sin(x exp(alpha))^2`` per channel of ``[B, C, T]``."""
-
-    def __init__(self, channels: int) -> None:
-        super().__init__()
-        self.alpha = nn.Parameter(torch.zeros(channels))
-        self.beta = nn.Parameter(torch.zeros(channels))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        alpha = torch.exp(self.alpha.unsqueeze(0).unsqueeze(-1))
-        beta = torch.exp(self.beta.unsqueeze(0).unsqueeze(-1))
-        return x + (1.0 / (beta + 0.000000001)) * torch.pow(torch.sin(x * alpha), 2)
 
 
 class UpSample1d(nn.Module):

@@ -33,40 +33,21 @@ import torch
 from torch import nn
 
 from omniloop.cache.kv import KVLayout
-from omniloop.models.omni.media import PromptRope, mixed_rope, with_media
-from omniloop.models.omni.thinker import ThinkerRow, record_states
+from omniloop.models.omni.decoder_config import TextDecoderConfig
+from omniloop.models.omni.media import PromptRope, kv_positions, mixed_rope, with_media
+from omniloop.models.omni.talker import append_rows
+from omniloop.models.omni.thinker import ThinkerRow, record_batch, recording_rows
 from omniloop.models.layers.mrope import inv_frequencies
 from omniloop.models.layers.qwen2_decoder import DecoderDims, DecoderLayer, KVCacheView, RMSNorm, rope_tables
 from omniloop.models.layers.run_blocks import run_blocks
 
 
 @dataclass(frozen=True, kw_only=True)
-class DecoderConfig:
+class DecoderConfig(TextDecoderConfig):
     """One Qwen2 decoder of the omni checkpoint (thinker ``text_config`` or ``talker_config``)."""
 
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    mrope_section: tuple[int, ...]
-    max_position_embeddings: int
+    mrope_section: tuple[int, ...]  # always multimodal
     embedding_size: int  # the token embedding width (the talker's is the thinker's hidden size)
-
-    def __post_init__(self) -> None:
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(f"num_attention_heads={self.num_attention_heads} must be a multiple of "
-                             f"num_key_value_heads={self.num_key_value_heads}")
-        if sum(self.mrope_section) != self.head_dim // 2:
-            raise ValueError(f"mrope_section {list(self.mrope_section)} must sum to head_dim // 2 = {self.head_dim // 2}")
-
-    @property
-    def kv_layout(self) -> KVLayout:
-        return KVLayout(self.num_hidden_layers, self.num_key_value_heads, self.head_dim)
 
     @property
     def decoder_dims(self) -> DecoderDims:
@@ -83,22 +64,8 @@ class DecoderConfig:
         if d.get("use_sliding_window"):
             raise ValueError("Qwen2.5-Omni config: use_sliding_window=true is not supported (every released "
                              "checkpoint runs full attention); set it to false")
-        if d.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"Qwen2.5-Omni config: hidden_act={d['hidden_act']!r} is not supported; expected 'silu'")
-        rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
-        if rope.get("rope_type", rope.get("type", "default")) not in ("default", "mrope"):
-            raise ValueError(f"Qwen2.5-Omni config: rope_type={rope.get('rope_type')!r} is not supported; "
-                             "only the default multimodal RoPE is")
-        heads = int(d["num_attention_heads"])
         return cls(
-            vocab_size=int(d["vocab_size"]), hidden_size=int(d["hidden_size"]),
-            intermediate_size=int(d["intermediate_size"]), num_hidden_layers=int(d["num_hidden_layers"]),
-            num_attention_heads=heads, num_key_value_heads=int(d.get("num_key_value_heads") or heads),
-            head_dim=int(d.get("head_dim") or int(d["hidden_size"]) // heads),
-            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(rope.get("rope_theta", d.get("rope_theta", 1e6))),
-            mrope_section=tuple(int(s) for s in rope.get("mrope_section", (16, 24, 24))),
-            max_position_embeddings=int(d.get("max_position_embeddings", 32768)),
+            **TextDecoderConfig.shared_fields(d, where="Qwen2.5-Omni config", mrope_section=(16, 24, 24)),
             embedding_size=int(embedding_size or d.get("embedding_size") or d["hidden_size"]),
         )
 
@@ -131,11 +98,6 @@ class Decoder(nn.Module):
         planes = positions if positions.dim() == 3 else positions[None].expand(3, -1, -1)
         cos, sin = mrope_cos_sin(planes, self.config, h.dtype)
         return self.norm(run_blocks(cast(Sequence[nn.Module], self.layers), h, cos, sin, kv))
-
-
-def _positions(ids: torch.Tensor, kv: KVCacheView | None) -> torch.Tensor:
-    b, n = ids.shape
-    return kv.positions if kv is not None else torch.arange(n, device=ids.device).expand(b, n)
 
 
 def _starts(ids: torch.Tensor, kv: KVCacheView | None) -> list[int]:
@@ -176,16 +138,15 @@ class OmniThinker(nn.Module):
                 lm_inputs: Sequence[ThinkerRow | None] | None = None) -> torch.Tensor:
         """``input_ids [B, L]`` -> logits ``[B, L', vocab]``; each row's hidden states go to its
         ``lm_inputs`` record (None: not recorded)."""
-        positions = _positions(input_ids, kv)
+        positions = kv_positions(input_ids, kv)
         starts = _starts(input_ids, kv) if lm_inputs else []
         media = [None if row is None else row.media for row in lm_inputs or ()]
         embeds, rope = with_media(self.embed(input_ids), positions, starts, media)  # [B, L, hidden]; [B, L] or [3, B, L]
         h = self.model(embeds, rope, kv)  # [B, L, hidden]
         rows = list(lm_inputs or ())
-        recording = [i for i, row in enumerate(rows) if row is not None and row.record_states]
+        recording = recording_rows(rows)
         if recording:
-            record_states([cast(ThinkerRow, rows[i]) for i in recording], [starts[i] for i in recording],
-                          h if len(recording) == h.shape[0] else h[recording])  # the usual batch: every row
+            record_batch(rows, recording, starts, h)
         if logits_to_keep:
             h = h[:, -logits_to_keep:]
         return self.lm_head(h)
@@ -231,13 +192,7 @@ class TalkerRow:
 
     def extend(self, rows: torch.Tensor) -> None:
         """Append ``rows [n, thinker_hidden]`` to ``reply`` (amortized O(n): no copy per row)."""
-        have, need = self.reply.shape[0], self.reply.shape[0] + rows.shape[0]
-        if self._buffer is None or self._buffer.shape[0] < need:
-            grown = rows.new_empty(max(need, 2 * have, 64), rows.shape[1])
-            grown[:have] = self.reply
-            self._buffer = grown
-        self._buffer[have:need] = rows
-        self.reply = self._buffer[:need]
+        self.reply, self._buffer = append_rows(self.reply, self._buffer, rows)
 
 
 class OmniTalker(nn.Module):
@@ -282,7 +237,7 @@ class OmniTalker(nn.Module):
         """``input_ids [B, L]`` codec ids -> codec logits ``[B, L', vocab]`` (fp32)."""
         rows = [r for r in lm_inputs or () if r is not None]
         assert len(rows) == input_ids.shape[0], "every talker row needs its TalkerRow"
-        positions = _positions(input_ids, kv)
+        positions = kv_positions(input_ids, kv)
         starts = _starts(input_ids, kv)
         embeds = self._decode_embeds(input_ids, starts, rows)
         if embeds is None:  # a prefill chunk: prompt positions, row by row

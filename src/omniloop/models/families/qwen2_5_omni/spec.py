@@ -21,7 +21,6 @@ code2wav at the talker's first codes.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -31,7 +30,7 @@ from omniloop.models.families.qwen2_5_omni.presets import (
     TALKER_SAMPLING, THINKER_DEFAULTS, TOKEN2WAV_GUIDANCE, TOKEN2WAV_STEPS, TOKEN2WAV_SWAY,
 )
 from omniloop.models.families.qwen2_5_omni.stages import (
-    BigVGANDecoder, Code2WavLoop, CodecVocab, SpeechDecode, TalkerLoop, ThinkerLoop, Token2WavDenoiser, Token2WavLoop,
+    BigVGANDecoder, Code2WavLoop, SpeechDecode, TalkerLoop, ThinkerLoop, Token2WavDenoiser, Token2WavLoop,
     streams_speech, wants_speech,
 )
 from omniloop.models.families.qwen2_5_omni.validate import make_omni_validator
@@ -41,6 +40,10 @@ from omniloop.models.families.qwen2_5_omni.weights import (
     load_vision_tower, read_config,
 )
 from omniloop.models.load_options import apply_load_options
+from omniloop.models.omni.checkpoint_folder import (
+    load_feature_extractor, load_generation, load_image_processor, load_tokenizer,
+)
+from omniloop.models.omni.talker import CodecVocab
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
 from omniloop.pipeline.defaults import GenerationDefaults, TextDefaults
 from omniloop.pipeline.pipeline import Pipeline
@@ -61,9 +64,6 @@ from omniloop.request import Modality, TaskType
 # being decoded (a window takes at most 3 + repeats + 1 blocks of codes: 48 for the 7B)
 STREAM_EDGES: tuple[StreamEdge, ...] = (StreamEdge("thinker_hidden", capacity=1 << 20),
                                         StreamEdge("codec_stream", capacity=64))
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
-GENERATION_CONFIG_FILE = "generation_config.json"
-PREPROCESSOR_CONFIG_FILE = "preprocessor_config.json"  # the processor's WhisperFeatureExtractor
 
 
 def _config(root: Path, index: Mapping[str, Any]) -> OmniConfig:
@@ -84,29 +84,8 @@ def _load_audio_tower(root: Path, index: Mapping[str, Any], options: LoadOptions
     return load_audio_tower(root, _config(root, index), device=options.device, dtype=options.dtype)
 
 
-def _load_feature_extractor(root: Path, index: Mapping[str, Any], options: LoadOptions):
-    """The processor's ``WhisperFeatureExtractor`` (``preprocessor_config.json``), or None: then
-    audio inputs are refused at admission."""
-    if not (root / PREPROCESSOR_CONFIG_FILE).is_file():
-        return None
-    from transformers import WhisperFeatureExtractor
-
-    return WhisperFeatureExtractor.from_pretrained(str(root))
-
-
 def _load_vision_tower(root: Path, index: Mapping[str, Any], options: LoadOptions):
     return load_vision_tower(root, _config(root, index), device=options.device, dtype=options.dtype)
-
-
-def _load_image_processor(root: Path, index: Mapping[str, Any], options: LoadOptions):
-    """The processor's image processor (``Qwen2VLImageProcessor`` keys of ``preprocessor_config.json``),
-    or None: then images are refused at admission."""
-    path = root / PREPROCESSOR_CONFIG_FILE
-    if not path.is_file() or "image_processor_type" not in json.loads(path.read_text()):
-        return None
-    from transformers import AutoImageProcessor
-
-    return AutoImageProcessor.from_pretrained(str(root))
 
 
 def _load_video_processing(root: Path, index: Mapping[str, Any], options: LoadOptions):
@@ -127,24 +106,6 @@ def _load_speakers(root: Path, index: Mapping[str, Any], options: LoadOptions):
     return load_speakers(root, device=options.device)
 
 
-def _load_tokenizer(root: Path, index: Mapping[str, Any], options: LoadOptions):
-    if not any((root / name).is_file() for name in _TOKENIZER_FILES):
-        raise ValueError(f"no tokenizer in {root}: expected one of {list(_TOKENIZER_FILES)} next to config.json")
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(root))
-
-
-def _load_generation(root: Path, index: Mapping[str, Any], options: LoadOptions) -> dict[str, Any]:
-    """The thinker's sampling defaults from ``generation_config.json``: transformers samples
-    only when it says ``do_sample: true`` (absent, its default is greedy)."""
-    path = root / GENERATION_CONFIG_FILE
-    gen: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
-    if not gen.get("do_sample"):
-        return {"temperature": 0.0}
-    return {k: gen[k] for k in ("temperature", "top_p", "top_k", "repetition_penalty") if gen.get(k) is not None}
-
-
 def omni_variant(index: Mapping[str, Any]) -> Variant:
     config = OmniConfig.from_hf(dict(index.get("config", {})))  # unsupported options fail before any read
     weights = (
@@ -153,18 +114,18 @@ def omni_variant(index: Mapping[str, Any]) -> Variant:
         WeightSpec(component="dit", kind="Qwen2.5-Omni token2wav DiT", subfolder=".", load=_load_dit),
         WeightSpec(component="vocoder", kind="Qwen2.5-Omni BigVGAN", subfolder=".", load=_load_vocoder),
         WeightSpec(component="speakers", kind="spk_dict.pt voices", subfolder=".", load=_load_speakers),
-        WeightSpec(component="tokenizer", kind="tokenizer", subfolder=".", load=_load_tokenizer),
+        WeightSpec(component="tokenizer", kind="tokenizer", subfolder=".", load=load_tokenizer),
         WeightSpec(component="audio_tower", kind="Qwen2.5-Omni audio encoder", subfolder=".", load=_load_audio_tower,
                    optional=True),
         WeightSpec(component="feature_extractor", kind="WhisperFeatureExtractor", subfolder=".",
-                   load=_load_feature_extractor, optional=True),
+                   load=load_feature_extractor, optional=True),
         WeightSpec(component="vision_tower", kind="Qwen2.5-Omni vision encoder", subfolder=".", load=_load_vision_tower,
                    optional=True),
         WeightSpec(component="image_processor", kind="Qwen2VLImageProcessor", subfolder=".",
-                   load=_load_image_processor, optional=True),
+                   load=load_image_processor, optional=True),
         WeightSpec(component="video_processing", kind="Qwen2VLVideoProcessor preprocessing", subfolder=".",
                    load=_load_video_processing, optional=True),
-        WeightSpec(component="generation", kind="generation defaults", subfolder=".", load=_load_generation,
+        WeightSpec(component="generation", kind="generation defaults", subfolder=".", load=load_generation,
                    optional=True),
     )
     size = f"{config.thinker.num_hidden_layers}L-{config.thinker.hidden_size}d"

@@ -80,16 +80,6 @@ def resolve_voice(speakers: dict[str, Speaker], voice: str | None) -> str:
 # -- the talker --------------------------------------------------------------------------------
 
 
-class CodecVocab:
-    """The talker's "tokenizer": codec codes have no text (the AR loop detokenizes nothing)."""
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        raise AssertionError("the talker's prompt comes from the thinker's states, never from text")
-
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        return ""
-
-
 def _embed(thinker: OmniThinker, ids: list[int], device: torch.device) -> torch.Tensor:
     return thinker.embed(torch.tensor(ids, device=device))  # [len, D]
 
@@ -163,11 +153,7 @@ class TalkerLoop(ThinkerFedTalkerLoop):
                                  fields=("outputs.voice",))
 
     def init(self, ctx: StageContext, state: RequestState) -> ARLoopState:
-        feed: EdgeChannel[ThinkerChunk] = ctx.stream(state, "thinker_hidden")
-        chunks = feed.take()
-        if not chunks:  # the thinker never forwarded a generated token
-            raise ValueError("the text answer is a single token: the talker needs at least two to speak "
-                             "(raise sampling.max_tokens)")
+        feed, chunks = self.first_chunks(ctx, state)
         thinker: OmniThinker = ctx.component(self.thinker_component)
         talker: OmniTalker = ctx.component(self.lm_component)
         speakers: dict[str, Speaker] = ctx.component(self.speakers_component)

@@ -13,27 +13,23 @@ encoder (``thinker.visual.*``, ``vision_encoder.py``) load as their own componen
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
-from omniloop.models.checkpoint_files import (
-    aligned, cast_to, check_and_assign, read_tensors, stored_keys, weight_files,
-)
+from omniloop.models.checkpoint_files import aligned, cast_to, read_tensors, weight_files
 from omniloop.models.families.qwen2_5_omni.audio_encoder import AudioEncoderConfig, OmniAudioEncoder
 from omniloop.models.families.qwen2_5_omni.bigvgan import BigVGAN, BigVGANConfig
 from omniloop.models.families.qwen2_5_omni.dit import DiTConfig, Token2WavDiT
 from omniloop.models.families.qwen2_5_omni.model import DecoderConfig, OmniTalker, OmniThinker, TalkerTokens
 from omniloop.models.families.qwen2_5_omni.vision_encoder import OmniVisionEncoder, VisionEncoderConfig
+from omniloop.models.omni.part_weights import (
+    WEIGHTS_FILE, WEIGHTS_INDEX_FILE, has_part, load_part, load_thinker_lm, read_omni_config,
+)
 
 ARCHITECTURE = "Qwen2_5OmniForConditionalGeneration"
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
-WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
 SPEAKERS_FILE = "spk_dict.pt"
 AUDIO_TOWER_PREFIX = "thinker.audio_tower."
 VISION_TOWER_PREFIX = "thinker.visual."
@@ -90,36 +86,13 @@ class OmniConfig:
 
 
 def read_config(folder: Path) -> OmniConfig:
-    path = folder / CONFIG_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found; pass a transformers {ARCHITECTURE} folder")
-    raw = json.loads(path.read_text())
-    if ARCHITECTURE not in (raw.get("architectures") or [ARCHITECTURE]):
-        raise ValueError(f"{path} describes {raw.get('architectures')}, not {ARCHITECTURE}")
-    try:
-        return OmniConfig.from_hf(raw)
-    except ValueError as e:
-        raise ValueError(f"{path}: {e}") from None
-
-
-def _load_part(folder: Path, prefix: str, model: nn.Module, device: torch.device | str, dtype: torch.dtype) -> nn.Module:
-    """The tensors under ``prefix`` of the checkpoint, prefix stripped, assigned to ``model``
-    (built on meta); missing / unexpected / wrong-shape keys are named."""
-    files = weight_files(folder, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, ARCHITECTURE)
-    tensors = read_tensors(files, aligned(cast_to(device, dtype)), skip=lambda key: not key.startswith(prefix))
-    sd = {key[len(prefix):]: t for key, t in tensors.items()}
-    check_and_assign(model, sd, f"{folder} ({prefix}*)", f"pass a transformers {ARCHITECTURE} folder whose "
-                     "config.json describes its weights")
-    for name, buf in model.named_buffers():  # non-persistent buffers (filters) are rebuilt off meta
-        assert not buf.is_meta, f"buffer {name} still on meta"
-    return model.eval().requires_grad_(False)
+    return read_omni_config(folder, ARCHITECTURE, OmniConfig.from_hf)
 
 
 def load_thinker(folder: Path, config: OmniConfig, *, device: torch.device | str, dtype: torch.dtype) -> OmniThinker:
     with torch.device("meta"):
         model = OmniThinker(config.thinker)
-    _load_part(folder, "thinker.model.", model.model, device, dtype)
-    _load_part(folder, "thinker.lm_head.", model.lm_head, device, dtype)
+    load_thinker_lm(folder, ARCHITECTURE, model, device, dtype)
     return model.eval().requires_grad_(False)
 
 
@@ -127,32 +100,30 @@ def load_audio_tower(folder: Path, config: OmniConfig, *, device: torch.device |
                      dtype: torch.dtype) -> OmniAudioEncoder | None:
     """The thinker's audio encoder (``thinker.audio_tower.*``), or None when the checkpoint holds
     none of its tensors (then audio inputs are refused at admission)."""
-    files = weight_files(folder, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, ARCHITECTURE)
-    if config.audio is None or not any(k.startswith(AUDIO_TOWER_PREFIX) for k in stored_keys(files)):
+    if config.audio is None or not has_part(folder, ARCHITECTURE, AUDIO_TOWER_PREFIX):
         return None
     with torch.device("meta"):
         model = OmniAudioEncoder(config.audio)
     model.rebuild_buffers(device)  # the position table is computed, not stored
-    _load_part(folder, AUDIO_TOWER_PREFIX, model, device, dtype)
+    load_part(folder, ARCHITECTURE, AUDIO_TOWER_PREFIX, model, device, dtype)
     return model
 
 
 def load_vision_tower(folder: Path, config: OmniConfig, *, device: torch.device | str,
                       dtype: torch.dtype) -> OmniVisionEncoder | None:
     """The thinker's vision encoder (``thinker.visual.*``), or None when the checkpoint has none."""
-    files = weight_files(folder, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, ARCHITECTURE)
-    if config.vision is None or not any(k.startswith(VISION_TOWER_PREFIX) for k in stored_keys(files)):
+    if config.vision is None or not has_part(folder, ARCHITECTURE, VISION_TOWER_PREFIX):
         return None
     with torch.device("meta"):
         model = OmniVisionEncoder(config.vision)
-    _load_part(folder, VISION_TOWER_PREFIX, model, device, dtype)
+    load_part(folder, ARCHITECTURE, VISION_TOWER_PREFIX, model, device, dtype)
     return model
 
 
 def load_talker(folder: Path, config: OmniConfig, *, device: torch.device | str, dtype: torch.dtype) -> OmniTalker:
     with torch.device("meta"):
         model = OmniTalker(config.talker, config.tokens)
-    _load_part(folder, "talker.", model, device, dtype)
+    load_part(folder, ARCHITECTURE, "talker.", model, device, dtype)
     return model
 
 
@@ -160,7 +131,7 @@ def load_dit(folder: Path, config: OmniConfig, *, device: torch.device | str) ->
     """fp32 always: transformers runs token2wav in fp32 whatever the rest's dtype."""
     with torch.device("meta"):
         model = Token2WavDiT(config.dit)
-    _load_part(folder, "token2wav.code2wav_dit_model.", model, device, torch.float32)
+    load_part(folder, ARCHITECTURE, "token2wav.code2wav_dit_model.", model, device, torch.float32)
     return model
 
 

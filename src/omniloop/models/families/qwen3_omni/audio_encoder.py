@@ -25,43 +25,29 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omniloop.models.omni.audio_layers import AudioEncoderLayer, AudioLayerDims, SinusoidsPositionEmbedding, sinusoid_table
+from omniloop.models.omni.audio_layers import (
+    AudioEncoderLayer, AudioLayerDims, AudioTowerConfig, SinusoidsPositionEmbedding, padded_chunks,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
-class AudioEncoderConfig:
+class AudioEncoderConfig(AudioTowerConfig):
     """``thinker_config.audio_config`` of the checkpoint."""
 
-    num_mel_bins: int
-    d_model: int
-    encoder_layers: int
-    encoder_attention_heads: int
-    encoder_ffn_dim: int
-    output_dim: int
     n_window: int  # half a chunk, in mel frames
     n_window_infer: int  # an attention window, in mel frames (a whole number of chunks)
-    max_source_positions: int
     downsample_hidden_size: int
 
     def __post_init__(self) -> None:
-        if self.d_model % self.encoder_attention_heads:
-            raise ValueError(f"audio_config: d_model={self.d_model} must be a multiple of "
-                             f"encoder_attention_heads={self.encoder_attention_heads}")
+        super().__post_init__()
         if self.n_window_infer % (2 * self.n_window):
             raise ValueError(f"audio_config: n_window_infer={self.n_window_infer} must be a multiple of 2 * n_window="
                              f"{2 * self.n_window} (an attention window holds whole chunks)")
 
     @classmethod
     def from_hf(cls, d: Mapping[str, Any]) -> "AudioEncoderConfig":
-        if d.get("activation_function", "gelu") != "gelu":
-            raise ValueError(f"audio_config: activation_function={d['activation_function']!r} is not supported; "
-                             "expected 'gelu'")
-        return cls(num_mel_bins=int(d.get("num_mel_bins", 128)), d_model=int(d.get("d_model", 1280)),
-                   encoder_layers=int(d.get("encoder_layers", 32)),
-                   encoder_attention_heads=int(d.get("encoder_attention_heads", 20)),
-                   encoder_ffn_dim=int(d.get("encoder_ffn_dim", 5120)), output_dim=int(d.get("output_dim", 3584)),
-                   n_window=int(d.get("n_window", 50)), n_window_infer=int(d.get("n_window_infer", 800)),
-                   max_source_positions=int(d.get("max_source_positions", 1500)),
+        return cls(**AudioTowerConfig.shared_fields(d), n_window=int(d.get("n_window", 50)),
+                   n_window_infer=int(d.get("n_window_infer", 800)),
                    downsample_hidden_size=int(d.get("downsample_hidden_size", 480)))
 
 
@@ -107,9 +93,7 @@ class Qwen3AudioEncoder(nn.Module):
 
     def rebuild_buffers(self, device: torch.device | str) -> None:
         """The position table computed for real (a module built on ``meta`` has none)."""
-        c = self.config
-        table = sinusoid_table(c.max_source_positions, c.d_model).to(device)
-        self.positional_embedding.register_buffer("positional_embedding", table, persistent=False)
+        self.positional_embedding.rebuild(device)
 
     def _windows(self, lengths: Sequence[int], chunk_tokens: int) -> list[int]:
         """Packed frames per attention window: each audio's tokens cut every ``chunk_tokens *
@@ -129,10 +113,8 @@ class Qwen3AudioEncoder(nn.Module):
         lengths = [int(n) for n in lengths]
         assert features.shape[1] == sum(lengths), f"{features.shape[1]} frames for audio lengths {lengths}"
         # 1. chunks, padded: [C, 1, mel, F]
-        size = 2 * c.n_window
-        sizes = [min(size, n - start) for n in lengths for start in range(0, n, size)]
-        chunks = features.to(self.dtype).T.split(sizes, dim=0)
-        padded = nn.utils.rnn.pad_sequence(list(chunks), batch_first=True).transpose(1, 2)[:, None]
+        chunks, sizes = padded_chunks(features.to(self.dtype), lengths, c.n_window)
+        padded = chunks[:, None]
         # 2. conv front end: [C, F', d] + positions; the real frames packed: [N, d]
         h = F.gelu(self.conv2d3(F.gelu(self.conv2d2(F.gelu(self.conv2d1(padded))))))
         b, ch, f, t = h.shape

@@ -26,6 +26,7 @@ from torch import nn
 from omniloop.models.layers.attention import DEFAULT_BACKEND, attention
 from omniloop.models.layers.mrope import inv_frequencies
 from omniloop.models.layers.qwen2_decoder import MLP, DecoderDims, RMSNorm, apply_rope, rope_tables
+from omniloop.models.layers.snake import SnakeBeta
 
 SAMPLE_RATE = 24000
 
@@ -103,19 +104,6 @@ class CausalTransConv(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.conv(x)
         return y[..., self.trim:y.shape[-1] - self.trim].contiguous()
-
-
-class SnakeBeta(nn.Module):
-    """``x + 1/(e^beta + 1e-9) * sin(x e^alpha)^2`` on ``[B, C, T]`` (alpha, beta: logs, per channel)."""
-
-    def __init__(self, channels: int) -> None:
-        super().__init__()
-        self.alpha = nn.Parameter(torch.zeros(channels))
-        self.beta = nn.Parameter(torch.zeros(channels))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        alpha, beta = torch.exp(self.alpha[None, :, None]), torch.exp(self.beta[None, :, None])
-        return x + (1.0 / (beta + 1e-9)) * torch.pow(torch.sin(x * alpha), 2)
 
 
 class ConvNeXtBlock(nn.Module):

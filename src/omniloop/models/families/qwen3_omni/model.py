@@ -32,26 +32,17 @@ from omniloop.models.layers.moe import MoEDims, SparseMoE
 from omniloop.models.layers.mrope import inv_frequencies, mrope_cos_sin
 from omniloop.models.layers.qwen2_decoder import DecoderDims, DecoderLayer, KVCacheView, RMSNorm, rope_tables
 from omniloop.models.layers.run_blocks import run_blocks
-from omniloop.models.omni.media import PromptRope, mixed_rope, with_media
-from omniloop.models.omni.thinker import ThinkerRow, record_states
+from omniloop.models.omni.decoder_config import TextDecoderConfig
+from omniloop.models.omni.media import PromptRope, kv_positions, mixed_rope, with_media
+from omniloop.models.omni.talker import append_rows
+from omniloop.models.omni.thinker import ThinkerRow, record_batch, recording_rows
 
 
 @dataclass(frozen=True, kw_only=True)
-class Qwen3DecoderConfig:
+class Qwen3DecoderConfig(TextDecoderConfig):
     """One decoder of the checkpoint: the thinker's ``text_config``, the talker's ``text_config``
-    or the code predictor's config (``num_experts`` 0: dense)."""
+    or the code predictor's config (``num_experts`` 0: dense; ``mrope_section`` None: plain RoPE)."""
 
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    mrope_section: tuple[int, ...] | None  # None: plain RoPE (the code predictor)
-    max_position_embeddings: int
     num_experts: int = 0
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
@@ -59,17 +50,6 @@ class Qwen3DecoderConfig:
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
     shared_expert_intermediate_size: int = 0
-
-    def __post_init__(self) -> None:
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(f"num_attention_heads={self.num_attention_heads} must be a multiple of "
-                             f"num_key_value_heads={self.num_key_value_heads}")
-        if self.mrope_section is not None and sum(self.mrope_section) != self.head_dim // 2:
-            raise ValueError(f"mrope_section {list(self.mrope_section)} must sum to head_dim // 2 = {self.head_dim // 2}")
-
-    @property
-    def kv_layout(self) -> KVLayout:
-        return KVLayout(self.num_hidden_layers, self.num_key_value_heads, self.head_dim)
 
     @property
     def decoder_dims(self) -> DecoderDims:
@@ -93,26 +73,12 @@ class Qwen3DecoderConfig:
                 every_layer_sparse: bool = False) -> "Qwen3DecoderConfig":
         """``every_layer_sparse``: the talker (transformers' talker layer is a shared-expert MoE
         whatever ``mlp_only_layers`` / ``decoder_sparse_step`` say)."""
-        if d.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"Qwen3-Omni {part}: hidden_act={d['hidden_act']!r} is not supported; expected 'silu'")
         if d.get("attention_bias"):
             raise ValueError(f"Qwen3-Omni {part}: attention_bias=true is not supported (no released checkpoint has it)")
         if d.get("sliding_window") and d.get("use_sliding_window"):
             raise ValueError(f"Qwen3-Omni {part}: sliding-window attention is not supported; set use_sliding_window=false")
-        rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
-        if rope.get("rope_type", rope.get("type", "default")) not in ("default", "mrope"):
-            raise ValueError(f"Qwen3-Omni {part}: rope_type={rope.get('rope_type')!r} is not supported; "
-                             "only the default (multimodal) RoPE is")
-        heads = int(d["num_attention_heads"])
         return cls(
-            vocab_size=int(d["vocab_size"]), hidden_size=int(d["hidden_size"]),
-            intermediate_size=int(d["intermediate_size"]), num_hidden_layers=int(d["num_hidden_layers"]),
-            num_attention_heads=heads, num_key_value_heads=int(d.get("num_key_value_heads") or heads),
-            head_dim=int(d.get("head_dim") or int(d["hidden_size"]) // heads),
-            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(rope.get("rope_theta", d.get("rope_theta", 1e6))),
-            mrope_section=tuple(int(s) for s in rope.get("mrope_section", (24, 20, 20))) if multimodal_rope else None,
-            max_position_embeddings=int(d.get("max_position_embeddings", 32768)),
+            **TextDecoderConfig.shared_fields(d, where=f"Qwen3-Omni {part}", mrope_section=(24, 20, 20) if multimodal_rope else None),
             num_experts=int(d.get("num_experts") or d.get("num_local_experts") or 0), num_experts_per_tok=int(d.get("num_experts_per_tok", 0) or 0),
             moe_intermediate_size=int(d.get("moe_intermediate_size", 0) or 0),
             norm_topk_prob=bool(d.get("norm_topk_prob", True)),
@@ -172,11 +138,6 @@ class Qwen3Decoder(nn.Module):
         return out, out if tap is not None and tap >= len(layers) else mid
 
 
-def _positions(ids: torch.Tensor, kv: KVCacheView | None) -> torch.Tensor:
-    b, n = ids.shape
-    return kv.positions if kv is not None else torch.arange(n, device=ids.device).expand(b, n)
-
-
 def _activation_bytes(c: Qwen3DecoderConfig, dtype: torch.dtype, num_tokens: int, context: int) -> int:
     dims = c.decoder_dims
     if c.num_experts:  # a MoE layer's live set: top_k experts' SwiGLU per token instead of the dense one
@@ -227,8 +188,8 @@ class Qwen3OmniThinker(nn.Module):
         """``input_ids [B, L]`` -> logits ``[B, L', vocab]``; each recording row's tapped states go
         to its ``lm_inputs`` record."""
         rows = list(lm_inputs or ())
-        recording = [i for i, row in enumerate(rows) if row is not None and row.record_states]
-        positions = _positions(input_ids, kv)
+        recording = recording_rows(rows)
+        positions = kv_positions(input_ids, kv)
         starts = list(kv.starts) if kv is not None and kv.starts is not None else [0] * len(rows)
         # the encoders' embeddings at their placeholders (images: 3-D positions, DeepStack after the first layers)
         media = [None if row is None else row.media for row in rows]
@@ -241,8 +202,7 @@ class Qwen3OmniThinker(nn.Module):
         h, tapped = self.model.tapped(embeds, positions, kv, self.accept_hidden_layer if recording else None,
                                       deepstack if layers else None, layers)
         if recording and tapped is not None:
-            record_states([cast(ThinkerRow, rows[i]) for i in recording], [starts[i] for i in recording],
-                          tapped if len(recording) == tapped.shape[0] else tapped[recording])
+            record_batch(rows, recording, starts, tapped)
         if logits_to_keep:
             h = h[:, -logits_to_keep:]
         return self.lm_head(h)
@@ -396,13 +356,7 @@ class TalkerRow:
 
     def extend(self, rows: torch.Tensor) -> None:
         """Append ``rows [n, D]`` to ``trailing`` (amortized O(n): grown by doubling)."""
-        have, need = self.trailing.shape[0], self.trailing.shape[0] + rows.shape[0]
-        if self._buffer is None or self._buffer.shape[0] < need:
-            grown = rows.new_empty(max(need, 2 * have, 64), rows.shape[1])
-            grown[:have] = self.trailing
-            self._buffer = grown
-        self._buffer[have:need] = rows
-        self.trailing = self._buffer[:need]
+        self.trailing, self._buffer = append_rows(self.trailing, self._buffer, rows)
 
     def text_row(self, k: int) -> torch.Tensor:
         return self.trailing[k] if k < self.trailing.shape[0] else self.pad
@@ -493,7 +447,7 @@ class Qwen3OmniTalker(nn.Module):
         """``input_ids [B, L]`` codebook-0 ids -> codec logits ``[B, L', vocab]`` (fp32)."""
         rows = [r for r in lm_inputs or () if r is not None]
         assert len(rows) == input_ids.shape[0], "every talker row needs its TalkerRow"
-        positions = _positions(input_ids, kv)
+        positions = kv_positions(input_ids, kv)
         starts = list(kv.starts) if kv is not None and kv.starts is not None else [0] * len(rows)
         length = input_ids.shape[1]
         self._new_frames(input_ids, [s + length - 1 for s in starts], rows)

@@ -20,7 +20,6 @@ code2wav at the talker's first frames.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -29,6 +28,7 @@ from omniloop.models.families.qwen3_omni.chat_prompt import Omni3ChatPrompt
 from omniloop.models.families.qwen3_omni.vision import load_vision_tower
 from omniloop.models.families.qwen3_omni.presets import TALKER_SAMPLING, THINKER_DEFAULTS
 from omniloop.models.families.qwen3_omni.stages import Code2WavDecode, Code2WavStream, TalkerLoop
+from omniloop.models.omni.talker import CodecVocab
 from omniloop.models.omni.thinker import ThinkerLoop, streams_speech, wants_speech
 from omniloop.models.families.qwen3_omni.code2wav import SAMPLE_RATE
 from omniloop.models.families.qwen3_omni.validate import make_omni3_validator
@@ -36,6 +36,9 @@ from omniloop.models.families.qwen3_omni.weights import (
     ARCHITECTURE, Omni3Config, load_audio_tower, load_code2wav, load_talker, load_thinker, read_config,
 )
 from omniloop.models.load_options import apply_load_options
+from omniloop.models.omni.checkpoint_folder import (
+    load_feature_extractor, load_generation, load_image_processor, load_tokenizer,
+)
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
 from omniloop.pipeline.defaults import GenerationDefaults, TextDefaults
 from omniloop.pipeline.pipeline import Pipeline
@@ -49,9 +52,6 @@ from omniloop.request import Modality, TaskType
 # the text back), talker -> code2wav (a streamed answer: the talker may run 64 frame chunks ahead)
 STREAM_EDGES: tuple[StreamEdge, ...] = (StreamEdge("thinker_hidden", capacity=1 << 20),
                                         StreamEdge("codec_stream", capacity=64))
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
-GENERATION_CONFIG_FILE = "generation_config.json"
-PREPROCESSOR_CONFIG_FILE = "preprocessor_config.json"  # the processor's WhisperFeatureExtractor
 
 
 def _config(index: Mapping[str, Any]) -> Omni3Config:
@@ -80,66 +80,27 @@ def _load_audio_tower(root: Path, index: Mapping[str, Any], options: LoadOptions
     return load_audio_tower(root, _config(index), device=options.device, dtype=options.dtype)
 
 
-def _load_feature_extractor(root: Path, index: Mapping[str, Any], options: LoadOptions):
-    """The processor's ``WhisperFeatureExtractor`` (``preprocessor_config.json``), or None: then
-    audio inputs are refused at admission."""
-    if not (root / PREPROCESSOR_CONFIG_FILE).is_file():
-        return None
-    from transformers import WhisperFeatureExtractor
-
-    return WhisperFeatureExtractor.from_pretrained(str(root))
-
-
 def _load_vision_tower(root: Path, index: Mapping[str, Any], options: LoadOptions):
     return load_vision_tower(root, device=options.device, dtype=options.dtype)
-
-
-def _load_image_processor(root: Path, index: Mapping[str, Any], options: LoadOptions):
-    """The processor's image processor (the ``Qwen2VLImageProcessor`` keys of ``preprocessor_config.json``),
-    or None: then images are refused at admission."""
-    path = root / PREPROCESSOR_CONFIG_FILE
-    if not path.is_file() or "image_processor_type" not in json.loads(path.read_text()):
-        return None
-    from transformers import AutoImageProcessor
-
-    return AutoImageProcessor.from_pretrained(str(root))
-
-
-def _load_tokenizer(root: Path, index: Mapping[str, Any], options: LoadOptions):
-    if not any((root / name).is_file() for name in _TOKENIZER_FILES):
-        raise ValueError(f"no tokenizer in {root}: expected one of {list(_TOKENIZER_FILES)} next to config.json")
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(root))
-
-
-def _load_generation(root: Path, index: Mapping[str, Any], options: LoadOptions) -> dict[str, Any]:
-    """The thinker's sampling defaults from ``generation_config.json``: transformers samples
-    only when it says ``do_sample: true`` (absent, its default is greedy)."""
-    path = root / GENERATION_CONFIG_FILE
-    gen: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
-    if not gen.get("do_sample"):
-        return {"temperature": 0.0}
-    return {k: gen[k] for k in ("temperature", "top_p", "top_k", "repetition_penalty") if gen.get(k) is not None}
 
 
 def omni3_variant(index: Mapping[str, Any]) -> Variant:
     config = _config(index)  # unsupported options fail before any read
     weights = (
         WeightSpec(component="thinker", kind="Qwen3-Omni MoE thinker", subfolder=".", load=_load_thinker),
-        WeightSpec(component="tokenizer", kind="tokenizer", subfolder=".", load=_load_tokenizer),
+        WeightSpec(component="tokenizer", kind="tokenizer", subfolder=".", load=load_tokenizer),
         WeightSpec(component="talker", kind="Qwen3-Omni MoE talker + code predictor", subfolder=".", load=_load_talker,
                    optional=True),
         WeightSpec(component="code2wav", kind="Qwen3-Omni code2wav", subfolder=".", load=_load_code2wav, optional=True),
         WeightSpec(component="audio_tower", kind="Qwen3-Omni audio encoder", subfolder=".", load=_load_audio_tower,
                    optional=True),
         WeightSpec(component="feature_extractor", kind="WhisperFeatureExtractor", subfolder=".",
-                   load=_load_feature_extractor, optional=True),
+                   load=load_feature_extractor, optional=True),
         WeightSpec(component="vision_tower", kind="Qwen3-Omni ViT (transformers' Qwen3OmniMoeVisionEncoder)",
                    subfolder=".", load=_load_vision_tower, optional=True),
-        WeightSpec(component="image_processor", kind="Qwen2VLImageProcessor", subfolder=".", load=_load_image_processor,
+        WeightSpec(component="image_processor", kind="Qwen2VLImageProcessor", subfolder=".", load=load_image_processor,
                    optional=True),
-        WeightSpec(component="generation", kind="generation defaults", subfolder=".", load=_load_generation,
+        WeightSpec(component="generation", kind="generation defaults", subfolder=".", load=load_generation,
                    optional=True),
     )
     c = config.thinker
@@ -178,16 +139,6 @@ def omni3_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = Non
         streams=STREAM_EDGES,
         conversation_media=frozenset({Modality.AUDIO, Modality.IMAGE}),
     )
-
-
-class CodecVocab:
-    """The talker's "tokenizer": codec codes have no text (the AR loop detokenizes nothing)."""
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        raise AssertionError("the talker's prompt comes from the conversation and the thinker's answer, never from text")
-
-    def decode(self, ids: Any, skip_special_tokens: bool = False) -> str:
-        return ""
 
 
 def build_omni3(variant: Variant, index: Mapping[str, Any], components: Mapping[str, Any], options: LoadOptions) -> Pipeline:

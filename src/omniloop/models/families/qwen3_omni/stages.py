@@ -149,11 +149,7 @@ class TalkerLoop(ThinkerFedTalkerLoop):
 
     @torch.inference_mode()
     def init(self, ctx: StageContext, state: RequestState) -> ARLoopState:
-        feed: EdgeChannel[ThinkerChunk] = ctx.stream(state, "thinker_hidden")
-        chunks = feed.take()
-        if not chunks:  # the thinker never forwarded a generated token
-            raise ValueError("the text answer is a single token: the talker needs at least two to speak "
-                             "(raise sampling.max_tokens)")
+        feed, chunks = self.first_chunks(ctx, state)
         thinker: Qwen3OmniThinker = ctx.component(self.thinker_component)
         talker: Qwen3OmniTalker = ctx.component(self.lm_component)
         params = self.talker_params(ctx, state)

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 import torch
 
 from omniloop.models.checkpoint_files import cast_to, read_tensors, stored_keys, weight_files
+from omniloop.models.vision.qwen3_vit import assign_vit
 
 VISION_PREFIX = "thinker.visual."
 
@@ -36,22 +37,9 @@ def load_vision_tower(folder: Path, *, device: torch.device | str, dtype: torch.
     if not isinstance(raw, dict):
         raise ValueError(f"{folder / 'config.json'}: the checkpoint holds thinker.visual.* weights but no "
                          "thinker_config.vision_config; pass a folder whose config describes its vision tower")
-    config = Qwen3OmniMoeVisionEncoderConfig(**{k: v for k, v in raw.items() if k != "model_type"})
     tensors = read_tensors(files, cast_to(device, dtype, lambda key: False), skip=lambda key: not key.startswith(VISION_PREFIX))
     state = {k[len(VISION_PREFIX):]: v for k, v in tensors.items()}
-    with torch.device("meta"):
-        tower = Qwen3OmniMoeVisionEncoder._from_config(config)
-    missing, unexpected = sorted(set(tower.state_dict()) - set(state)), sorted(set(state) - set(tower.state_dict()))
-    if missing or unexpected:
-        raise ValueError(f"{folder}: the ViT weights do not match vision_config (missing {missing[:4]}, unexpected "
-                         f"{unexpected[:4]}); pass a checkpoint whose config describes its weights")
-    tower.load_state_dict(state, strict=True, assign=True)
-    # the non-persistent rotary buffers were built on meta: rebuild them (the class's own formula)
-    rotary = tower.rotary_pos_emb
-    inv_freq, _ = rotary.compute_axial_rope_parameters(config, device=device)
-    rotary.inv_freq, rotary.original_inv_freq = inv_freq, inv_freq.clone()
-    assert not any(b.is_meta for b in tower.buffers()), "a ViT buffer is still on meta"
-    return tower.eval().requires_grad_(False)
+    return assign_vit(Qwen3OmniMoeVisionEncoder, Qwen3OmniMoeVisionEncoderConfig, raw, state, folder, device)
 
 
 def image_embeds(tower: Any, pixels: Sequence[torch.Tensor], grids: Sequence[tuple[int, int, int]],

@@ -11,25 +11,20 @@ and shapes are checked by name.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
-from omniloop.models.checkpoint_files import aligned, cast_to, check_and_assign, read_tensors, stored_keys, weight_files
 from omniloop.models.families.qwen3_omni.audio_encoder import AudioEncoderConfig, Qwen3AudioEncoder
 from omniloop.models.families.qwen3_omni.code2wav import Code2Wav, Code2WavConfig
 from omniloop.models.families.qwen3_omni.model import (
     ChatTokens, Qwen3DecoderConfig, Qwen3OmniTalker, Qwen3OmniThinker, TalkerTokens,
 )
+from omniloop.models.omni.part_weights import has_part, load_part, load_thinker_lm, read_omni_config
 
 ARCHITECTURE = "Qwen3OmniMoeForConditionalGeneration"
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
-WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,36 +103,13 @@ class Omni3Config:
 
 
 def read_config(folder: Path) -> Omni3Config:
-    path = folder / CONFIG_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found; pass a transformers {ARCHITECTURE} folder")
-    raw = json.loads(path.read_text())
-    if ARCHITECTURE not in (raw.get("architectures") or [ARCHITECTURE]):
-        raise ValueError(f"{path} describes {raw.get('architectures')}, not {ARCHITECTURE}")
-    try:
-        return Omni3Config.from_hf(raw)
-    except ValueError as e:
-        raise ValueError(f"{path}: {e}") from None
-
-
-def _load_part(folder: Path, prefix: str, model: nn.Module, device: torch.device | str, dtype: torch.dtype,
-               skip: tuple[str, ...] = ()) -> nn.Module:
-    """The tensors under ``prefix`` (but not under ``skip`` prefixes) assigned to ``model`` (built on
-    meta), prefix stripped; missing / unexpected / wrong-shape keys are named."""
-    files = weight_files(folder, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, ARCHITECTURE)
-    tensors = read_tensors(files, aligned(cast_to(device, dtype)),
-                           skip=lambda key: not key.startswith(prefix) or key.startswith(skip))
-    sd = {key[len(prefix):]: t for key, t in tensors.items()}
-    check_and_assign(model, sd, f"{folder} ({prefix}*)", f"pass a transformers {ARCHITECTURE} folder whose "
-                     "config.json describes its weights")
-    return model.eval().requires_grad_(False)
+    return read_omni_config(folder, ARCHITECTURE, Omni3Config.from_hf)
 
 
 def load_thinker(folder: Path, config: Omni3Config, *, device: torch.device | str, dtype: torch.dtype) -> Qwen3OmniThinker:
     with torch.device("meta"):
         model = Qwen3OmniThinker(config.thinker, config.accept_hidden_layer if config.speaks else None)
-    _load_part(folder, "thinker.model.", model.model, device, dtype)
-    _load_part(folder, "thinker.lm_head.", model.lm_head, device, dtype)
+    load_thinker_lm(folder, ARCHITECTURE, model, device, dtype)
     return model.eval().requires_grad_(False)
 
 
@@ -148,13 +120,12 @@ def load_audio_tower(folder: Path, config: Omni3Config, *, device: torch.device 
                      dtype: torch.dtype) -> Qwen3AudioEncoder | None:
     """The thinker's audio encoder (``thinker.audio_tower.*``), or None when the checkpoint holds
     none of its tensors (then audio inputs are refused at admission)."""
-    files = weight_files(folder, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, ARCHITECTURE)
-    if config.audio is None or not any(k.startswith(AUDIO_TOWER_PREFIX) for k in stored_keys(files)):
+    if config.audio is None or not has_part(folder, ARCHITECTURE, AUDIO_TOWER_PREFIX):
         return None
     with torch.device("meta"):
         model = Qwen3AudioEncoder(config.audio)
     model.rebuild_buffers(device)  # the position table is computed, not stored
-    _load_part(folder, AUDIO_TOWER_PREFIX, model, device, dtype)
+    load_part(folder, ARCHITECTURE, AUDIO_TOWER_PREFIX, model, device, dtype)
     return model
 
 
@@ -166,7 +137,7 @@ def load_talker(folder: Path, config: Omni3Config, *, device: torch.device | str
                                 groups=config.groups, tokens=config.tokens, chat=config.chat, voices=config.voices,
                                 spatial_merge_size=config.talker_merge,
                                 position_id_per_seconds=config.talker_position_per_second)
-    _load_part(folder, "talker.", model, device, dtype)
+    load_part(folder, ARCHITECTURE, "talker.", model, device, dtype)
     return model
 
 
@@ -176,5 +147,5 @@ def load_code2wav(folder: Path, config: Omni3Config, *, device: torch.device | s
     assert config.code2wav is not None, "code2wav is loaded only for a checkpoint with audio output"
     with torch.device("meta"):
         model = Code2Wav(config.code2wav)
-    _load_part(folder, "code2wav.", model, device, torch.float32)
+    load_part(folder, ARCHITECTURE, "code2wav.", model, device, torch.float32)
     return model

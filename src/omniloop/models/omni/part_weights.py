@@ -1,0 +1,75 @@
+"""An omni checkpoint's config and tensors, part by part. A transformers omni folder keeps every
+part (``thinker.model.``, ``thinker.audio_tower.``, ``talker.``, the speech decoder's) in one
+``model.safetensors`` (or shards + index) under its prefix; our modules keep transformers' names
+below it, so a part loads by stripping the prefix into a module built on ``meta``, after its key
+set and shapes are checked by name."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable, Protocol, TypeVar
+
+import torch
+from torch import nn
+
+from omniloop.models.checkpoint_files import aligned, cast_to, check_and_assign, read_tensors, stored_keys, weight_files
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
+
+C = TypeVar("C")
+
+
+def read_omni_config(folder: Path, architecture: str, from_hf: Callable[[dict[str, Any]], C]) -> C:
+    """``folder/config.json`` of ``architecture``, parsed by ``from_hf``; its errors name the file."""
+    path = folder / CONFIG_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found; pass a transformers {architecture} folder")
+    raw = json.loads(path.read_text())
+    if architecture not in (raw.get("architectures") or [architecture]):
+        raise ValueError(f"{path} describes {raw.get('architectures')}, not {architecture}")
+    try:
+        return from_hf(raw)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+
+
+def has_part(folder: Path, architecture: str, prefix: str) -> bool:
+    """Whether the checkpoint stores any tensor under ``prefix`` (an optional encoder's)."""
+    files = weight_files(folder, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, architecture)
+    return any(k.startswith(prefix) for k in stored_keys(files))
+
+
+def load_part(folder: Path, architecture: str, prefix: str, model: nn.Module, device: torch.device | str,
+              dtype: torch.dtype, skip: tuple[str, ...] = ()) -> nn.Module:
+    """The tensors under ``prefix`` (but not under ``skip`` prefixes) assigned to ``model`` (built on
+    meta), prefix stripped; missing / unexpected / wrong-shape keys are named."""
+    files = weight_files(folder, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, architecture)
+    tensors = read_tensors(files, aligned(cast_to(device, dtype)),
+                           skip=lambda key: not key.startswith(prefix) or key.startswith(skip))
+    sd = {key[len(prefix):]: t for key, t in tensors.items()}
+    check_and_assign(model, sd, f"{folder} ({prefix}*)", f"pass a transformers {architecture} folder whose "
+                     "config.json describes its weights")
+    for name, buf in model.named_buffers():  # non-persistent buffers (filters) are rebuilt off meta
+        assert not buf.is_meta, f"buffer {name} still on meta"
+    return model.eval().requires_grad_(False)
+
+
+class ThinkerLM(Protocol):
+    """A thinker's text path as transformers names it: ``model`` (the decoder) + ``lm_head``."""
+
+    @property
+    def model(self) -> nn.Module: ...
+
+    @property
+    def lm_head(self) -> nn.Module: ...
+
+
+def load_thinker_lm(folder: Path, architecture: str, thinker: ThinkerLM, device: torch.device | str,
+                    dtype: torch.dtype) -> None:
+    """A thinker built on meta: ``thinker.model.*`` into its ``model``, ``thinker.lm_head.*`` into
+    its ``lm_head`` (its audio / vision towers are components of their own)."""
+    load_part(folder, architecture, "thinker.model.", thinker.model, device, dtype)
+    load_part(folder, architecture, "thinker.lm_head.", thinker.lm_head, device, dtype)

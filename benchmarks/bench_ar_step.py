@@ -139,6 +139,8 @@ def build(model: str, arch: str, device: torch.device, dtype: torch.dtype, kv_to
             loop = ARLoopState(**common, lm_inputs=ThinkerRow(record_states=True) if model == "thinker" else None)
         stage._prefill(lm, [loop])  # as init does
         loop.steps_target += loop.chunks_left()
+        while loop.prefilling:  # a prompt over prefill_chunk: its other chunks (the engine's batch_key never
+            stage.step_many(ctx, [loop])  # steps a prefilling row with decoding ones, so neither may this)
         return loop
 
     return Bench(stage, ctx, lm, make_loop)

@@ -17,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from omniloop.models.layers.qwen2_decoder import MLP, DecoderDims

@@ -148,8 +148,8 @@ class Flux2Denoiser(DenoiserBase):
 
     def caches_references(self, knobs: Any) -> bool:
         """Whether a request's references ride as cached keys/values (else as tokens)."""
-        asked = knobs.reference_kv if isinstance(knobs, Flux2DenoiseParams) else None
-        return self.reference_cache == "always" or (self.reference_cache == "per_request" and bool(asked))
+        return self.reference_cache == "always" or (self.reference_cache == "per_request"
+                                                    and bool(asked_reference_kv(knobs)))
 
     def latent_shapes(self, ctx: StageContext, request: OmniRequest) -> dict[str, tuple[int, ...]]:
         g = geometry(request, ctx.node)
@@ -249,6 +249,11 @@ class Flux2DenoiseParams(DenoiseParams):
     flat: ClassVar[Mapping[str, str]] = {**DenoiseParams.flat, "reference_kv": "reference_kv"}
 
 
+def asked_reference_kv(knobs: Any) -> bool | None:
+    """What a request's ``node_params['denoise']`` says of the reference cache (None: nothing)."""
+    return knobs.reference_kv if isinstance(knobs, Flux2DenoiseParams) else None
+
+
 @dataclass
 class Flux2DenoiseLoop(DenoiseLoop):
     """The DenoiseLoop with FLUX.2's knobs: a request turns the reference cache on or off
@@ -271,8 +276,7 @@ class Flux2DenoiseLoop(DenoiseLoop):
 
     def check_request(self, ctx: StageContext, state: RequestState, produced: frozenset[str]) -> None:
         super().check_request(ctx, state, produced)
-        knobs = state.node_params.get(ctx.node)
-        asked = knobs.reference_kv if isinstance(knobs, Flux2DenoiseParams) else None
+        asked = asked_reference_kv(state.node_params.get(ctx.node))
         mode = self.denoiser.reference_cache if isinstance(self.denoiser, Flux2Denoiser) else "never"
         field = f"node_params[{ctx.node!r}].reference_kv"
         if asked and mode == "never":

@@ -17,7 +17,10 @@ from tests.serve.conftest import IGNORE_SORA_DEPRECATION
 from tests.serve.test_durable_restart import Server
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings(IGNORE_SORA_DEPRECATION)]
-STEPS, EVERY = 200, 10
+# 600 steps (~3 s on a 2-core CI box): the kill must land between the first checkpoint (step 10)
+# and the end; at 200 steps (~1 s) one loaded CI run polled past the whole window and saw it completed
+STEPS, EVERY = 600, 10
+ENDED = ("completed", "failed", "cancelled")
 FLAGS = ("--requeue-on-restart", "--checkpoint-every-steps", str(EVERY), "--checkpoint-every-s", "0")
 
 
@@ -33,7 +36,7 @@ def _poll(client: OpenAI, video_id: str, timeout: float = 600) -> tuple[object, 
         video = client.videos.retrieve(video_id)
         if not seen or seen[-1] != video.status:
             seen.append(video.status)
-        if video.status in ("completed", "failed", "cancelled"):
+        if video.status in ENDED:
             return video, seen
         assert time.monotonic() < deadline, seen
         time.sleep(0.05)
@@ -45,7 +48,8 @@ def test_a_job_killed_mid_loop_resumes_from_its_checkpoint_and_equals_an_uninter
     try:
         video = _client(first).videos.create(prompt="a cat", size="32x32", extra_body={"steps": STEPS, "num_frames": 5})
         checkpoint = checkpoint_dir / f"{video.id}.ckpt"
-        first.wait(video.id, lambda b: checkpoint.exists() and b["progress"] >= 15)
+        body = first.wait(video.id, lambda b: checkpoint.exists() or b["status"] in ENDED)
+        assert body["status"] not in ENDED, f"the job ended before its first checkpoint could be seen: {body}"
     finally:
         first.kill()
     assert checkpoint.exists() and not [p for p in checkpoint_dir.iterdir() if p != checkpoint]  # no temp file left

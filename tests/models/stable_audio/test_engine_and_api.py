@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from omniloop.api.generator import VideoGenerator
-from omniloop.engine import Engine, EngineConfig, RequestRejected, SchedulingPolicy, StepWork
+from omniloop.engine import Engine, EngineConfig, RequestRejected, SchedulerPlan, SchedulingPolicy, StepWork
 from omniloop.io import read_audio
 from omniloop.request import DiffusionParams, LatentPart, OmniRequest, OutputSpec, TaskType, TextPart
+from tests.engine_plans import record_plans
 
 
 @pytest.fixture(scope="module")
@@ -51,16 +52,13 @@ def test_requests_at_different_steps_share_one_forward(gen):
     arrives two steps later joins the first one's forwards."""
     engine = Engine(gen.pipeline, EngineConfig(policy=SchedulingPolicy(max_batch=4)))
     batched: list[dict[str, int]] = []
-    schedule = engine.scheduler.schedule
 
-    def recording_schedule():  # observe the plans the real scheduler makes
-        plan = schedule()
+    def steps_done(plan: SchedulerPlan) -> None:  # each batched step's requests, as it is planned
         if isinstance(plan.work, StepWork) and len(plan.work.request_ids) > 1:
             running = engine.scheduler.running
             batched.append({rid: running[rid].loop.steps_done for rid in plan.work.request_ids})
-        return plan
 
-    engine.scheduler.schedule = recording_schedule
+    record_plans(engine, on_plan=steps_done)
     with torch.inference_mode():
         engine.add_request(_request("a drum loop", 1, "early", steps=6))
         for _ in range(4):  # encode, init, two steps

@@ -31,6 +31,7 @@ class PlanRecorder:
     then (a loop's step count, a prefill that is still prefilling)."""
 
     def __init__(self, engine: Engine, on_plan: PlanHook | None = None) -> None:
+        self.engine = engine  # for what the plans do not tell (its stats, its requests' state)
         self.plans: list[SchedulerPlan] = []
         self._scheduler = engine.scheduler
         self._schedule = engine.scheduler.schedule

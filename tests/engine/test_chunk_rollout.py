@@ -10,7 +10,6 @@ import torch
 
 from omniloop.engine import Engine, EngineConfig, SchedulingPolicy
 from omniloop.engine.errors import DoesNotFit
-from omniloop.engine.scheduler import StepWork
 from omniloop.ext import Observer
 from omniloop.ext.install import install_plugins
 from omniloop.ext.plugin import PluginSpec
@@ -18,6 +17,7 @@ from omniloop.models.loader import load_pipeline
 from omniloop.models.model_spec import LoadOptions
 from omniloop.request import DiffusionParams, Modality, OmniRequest, OutputSpec, RequestStatus, TaskType, TextPart
 from tests.engine.conftest import run_all
+from tests.engine_plans import record_plans, run_recorded
 from tests.ext.factories import MemoText, fake_entry_points
 
 LATENT_ONLY = OutputSpec(modalities=[Modality.LATENT])  # no VAE decode: the scheduling is what is tested
@@ -45,19 +45,6 @@ def _engine(pipeline, **policy) -> Engine:
     return Engine(pipeline, EngineConfig(policy=SchedulingPolicy(**policy)))
 
 
-def _record_work(engine: Engine) -> list:
-    works = []
-    schedule = engine.scheduler.schedule
-
-    def recording():
-        plan = schedule()
-        works.append(plan.work)
-        return plan
-
-    engine.scheduler.schedule = recording
-    return works
-
-
 def test_rollouts_at_the_same_chunk_batch_and_equal_their_solo_runs(far_pipeline):
     solo = {}
     for seed in (1, 2, 3):
@@ -66,14 +53,9 @@ def test_rollouts_at_the_same_chunk_batch_and_equal_their_solo_runs(far_pipeline
         outs, _ = run_all(engine)
         solo[f"r{seed}"] = outs[f"r{seed}"].artifacts["latents"].latents
 
-    engine = _engine(far_pipeline, max_batch=4)
-    works = _record_work(engine)
-    for seed in (1, 2, 3):
-        engine.add_request(_req(seed))
-    outs, _ = run_all(engine)
-    steps = [w for w in works if isinstance(w, StepWork) and w.node == "rollout"]
-    assert steps and all(len(w.request_ids) == 3 for w in steps)  # every rollout step ran as one batch of 3
-    assert len(steps) == 3 * 2 + 3  # 3 chunks x 2 denoise steps + 3 boundaries
+    outs, plans = run_recorded(far_pipeline, [_req(seed) for seed in (1, 2, 3)], max_batch=4)
+    # every rollout step ran as one batch of 3: 3 chunks x 2 denoise steps + 3 boundaries
+    assert plans.batch_sizes("rollout") == [3] * (3 * 2 + 3)
     for rid, latents in solo.items():
         assert outs[rid].status is RequestStatus.COMPLETED
         assert (outs[rid].artifacts["latents"].latents - latents).abs().max().item() <= 1e-5
@@ -162,7 +144,7 @@ def _run_tracking_pool(pipeline, req: OmniRequest) -> tuple[torch.Tensor, int, i
     """(latents, peak slab bytes in use, slab bytes admission charged, rollout steps run)."""
     pool = pipeline.components["chunk_kv"]
     engine = _engine(pipeline)
-    works = _record_work(engine)
+    plans = record_plans(engine)
     engine.add_request(req)
     charged = engine._requests[req.request_id].memory.pool_bytes["chunk_kv"]
     peak = 0
@@ -170,7 +152,7 @@ def _run_tracking_pool(pipeline, req: OmniRequest) -> tuple[torch.Tensor, int, i
         while engine.has_unfinished():
             engine.step()
             peak = max(peak, pool.in_use_bytes)
-    steps = sum(1 for w in works if isinstance(w, StepWork) and w.node == "rollout")
+    steps = len(plans.steps("rollout"))
     return engine.pop_output(req.request_id).artifacts["latents"].latents, peak, charged, steps
 
 

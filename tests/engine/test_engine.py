@@ -6,9 +6,10 @@ import math
 import pytest
 import torch
 
-from omniloop.engine import DoesNotFit, NodeWork, PoolFatalError, QueueFull, RequestRejected, StepWork, UnknownRequest
+from omniloop.engine import DoesNotFit, PoolFatalError, QueueFull, RequestRejected, UnknownRequest
 from omniloop.request import ErrorKind, ProgressEvent, RequestStatus, TaskType, TextPart, OmniRequest
 from tests.engine.conftest import req, run_all
+from tests.engine_plans import record_plans
 
 
 # Batched vs solo is not bit-exact on the CPU: the tiny DiT's forward of a batch differs from
@@ -123,13 +124,10 @@ def test_requests_submitted_together_enter_their_loop_together_and_step_in_full_
     engine = make_engine(max_batch=4, max_running=4)
     for r in reqs:
         engine.add_request(r)
-    plans = []
-    schedule = engine.scheduler.schedule
-    engine.scheduler.schedule = lambda: plans.append(schedule()) or plans[-1]
+    plans = record_plans(engine)
     outs, _ = run_all(engine)
-    steps = [p.work for p in plans if isinstance(p.work, StepWork)]
-    assert len(steps) == 3 and all(len(w.request_ids) == 4 for w in steps)  # 3 steps, each of all 4
-    nodes = [p.work for p in plans if isinstance(p.work, NodeWork)]
+    assert plans.batch_sizes() == [4, 4, 4]  # 3 steps, each of all 4
+    nodes = plans.node_runs()
     assert nodes and all(len(w.request_ids) == 4 for w in nodes)
     assert engine.stats.steps == 3
     for r in reqs:
@@ -402,15 +400,11 @@ def test_fifo_batch_baseline_runs_same_shape_requests_as_one_batch_start_to_fini
     engine = make_engine(kind="fifo_batch", max_running=4, max_batch=4)
     for rid, steps in (("a", 3), ("b", 5), ("c", 3), ("d", 5)):
         engine.add_request(req(ord(rid), steps=steps, rid=rid))
-    plans = []
-    schedule = engine.scheduler.schedule
-    engine.scheduler.schedule = lambda: plans.append(schedule()) or plans[-1]
+    plans = record_plans(engine)
     outs, order = run_all(engine)
     assert set(order[:2]) == {"a", "c"} and set(order[2:]) == {"b", "d"}
-    steps = [p.work.request_ids for p in plans if isinstance(p.work, StepWork)]
-    assert steps == [("a", "c")] * 3 + [("b", "d")] * 5  # every step is the whole batch
-    admitted = [p.admitted for p in plans if p.admitted]
-    assert admitted == [("a", "c"), ("b", "d")]  # the second batch starts when the first has ended
+    assert plans.step_groups() == [("a", "c")] * 3 + [("b", "d")] * 5  # every step is the whole batch
+    assert plans.admitted() == [("a", "c"), ("b", "d")]  # the second batch starts when the first has ended
     assert all(o.status is RequestStatus.COMPLETED for o in outs.values())
 
 

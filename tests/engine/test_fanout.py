@@ -17,6 +17,7 @@ from omniloop.pipeline.spec import Node, PipelineSpec
 from omniloop.pipeline.stage import StageBase
 from omniloop.pipeline.state import RequestState, StageContext
 from omniloop.request import OmniRequest, TaskType, TensorArtifact, TextPart
+from tests.engine_plans import record_plans
 
 WORK_S = 0.3
 
@@ -57,19 +58,11 @@ def _pipeline() -> Pipeline:
 
 def _run(pipeline: Pipeline, fan_out: bool):
     engine = Engine(pipeline, EngineConfig(policy=SchedulingPolicy(fan_out=fan_out)))
-    plans = []
-    schedule = engine.scheduler.schedule
-
-    def recording():  # the real scheduler's plans, observed
-        plan = schedule()
-        plans.append(plan)
-        return plan
-
-    engine.scheduler.schedule = recording
+    plans = record_plans(engine)
     rid = engine.add_request(OmniRequest(task=TaskType.T2VS, inputs=[TextPart(text="x")]))
     t0 = time.perf_counter()
     engine.run_until_done(rid)
-    return engine.pop_output(rid), time.perf_counter() - t0, [p.work for p in plans if p.work is not None]
+    return engine.pop_output(rid), time.perf_counter() - t0, plans.works()
 
 
 def test_ready_siblings_follow_the_edges():
@@ -124,14 +117,12 @@ def test_ltx2_decodes_fan_out_with_unchanged_outputs(ltx2_dir):
     outs = {}
     for fan_out in (True, False):
         engine = Engine(pipeline, EngineConfig(policy=SchedulingPolicy(fan_out=fan_out)))
-        works = []
-        schedule = engine.scheduler.schedule
-        engine.scheduler.schedule = lambda: works.append(schedule()) or works[-1]
+        plans = record_plans(engine)
         with torch.inference_mode():
             rid = engine.add_request(request.model_copy(update={"request_id": f"r-{fan_out}"}))
             engine.run_until_done(rid)
         outs[fan_out] = engine.pop_output(rid)
-        fanned = [w.work for w in works if isinstance(w.work, NodeWork) and w.work.parallel]
+        fanned = [w for w in plans.node_runs() if w.parallel]
         assert fanned == ([NodeWork("decode", (rid,), ("audio_decode",))] if fan_out else [])
     assert torch.equal(outs[True].video.frames, outs[False].video.frames)
     assert torch.equal(outs[True].audio.samples, outs[False].audio.samples)

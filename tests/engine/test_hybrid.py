@@ -7,13 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omniloop.engine import Engine, EngineConfig, SchedulingPolicy, StepWork
+from omniloop.engine import Engine, EngineConfig
 from omniloop.models.loader import load_pipeline
 from omniloop.pipeline.pipeline import Pipeline
 from omniloop.pipeline.predicates import task_in
 from omniloop.pipeline.spec import Node, PipelineSpec
 from omniloop.request import OmniRequest, RequestStatus, SamplingParams, TaskType, TextPart
 from tests.engine.conftest import OPTS, req, run_all
+from tests.engine_plans import run_recorded
 
 
 @pytest.fixture(scope="module")
@@ -43,28 +44,11 @@ def _text_req(i, n=12):
                        sampling=SamplingParams(max_tokens=n, temperature=0.0))
 
 
-def _run(pipeline, requests, **policy):
-    engine = Engine(pipeline, EngineConfig(policy=SchedulingPolicy(**policy)))
-    plans = []
-    original = engine.scheduler.schedule
-
-    def record():
-        plan = original()
-        plans.append(plan)
-        return plan
-
-    engine.scheduler.schedule = record
-    for r in requests:
-        engine.add_request(r)
-    outs, _ = run_all(engine)
-    return outs, plans
-
-
 def test_scheduler_mixes_ar_decode_and_denoise_steps(hybrid):
     requests = [_text_req(0), _text_req(1, n=8), req(1, steps=6, rid="vid0"), req(2, steps=6, rid="vid1")]
-    outs, plans = _run(hybrid, requests)
+    outs, plans = run_recorded(hybrid, requests)
     assert all(o.status is RequestStatus.COMPLETED for o in outs.values())
-    steps = [p.work for p in plans if isinstance(p.work, StepWork)]
+    steps = plans.steps()
     kinds = [w.node for w in steps]
     # both loop kinds ran, interleaved (not one kind to completion then the other)
     assert {"reason", "denoise"} <= set(kinds)
@@ -74,9 +58,9 @@ def test_scheduler_mixes_ar_decode_and_denoise_steps(hybrid):
     assert any(w.node == "reason" and len(w.request_ids) == 2 for w in steps)
     assert any(w.node == "denoise" and len(w.request_ids) == 2 for w in steps)
 
-    solo, _ = _run(hybrid, [_text_req(0)])
+    solo, _ = run_recorded(hybrid, [_text_req(0)])
     assert outs["txt0"].text.token_ids == solo["txt0"].text.token_ids
-    solo, _ = _run(hybrid, [req(1, steps=6, rid="vid0")])
+    solo, _ = run_recorded(hybrid, [req(1, steps=6, rid="vid0")])
     # batched vs solo DiT forward: not bit-exact on the CPU, measured 1.3e-6 after 6 steps
     assert torch.allclose(outs["vid0"].artifacts["latents"].latents, solo["vid0"].artifacts["latents"].latents, atol=5e-6)
 

@@ -11,7 +11,7 @@ from omniloop.engine import Engine, EngineConfig, SchedulingPolicy
 from omniloop.engine.pool_messages import PlanMessage, plan_digest
 from omniloop.engine.pool_worker import FollowerEngine
 from omniloop.request import ErrorKind, Failure, RequestStatus
-from tests.engine.conftest import req
+from tests.engine.conftest import req, run_all
 
 
 class Leader(Engine):
@@ -39,20 +39,11 @@ class KeepOutputs(FollowerEngine):
         return out
 
 
-def _run(engine):
-    outs = {}
-    with torch.inference_mode():
-        while engine.has_unfinished():
-            for out in engine.step():
-                outs[out.request_id] = out
-    return outs
-
-
 def test_follower_mirrors_plans_and_results(wan_pipeline):
     leader = Leader(wan_pipeline)
     for i in range(3):
         leader.add_request(req(seed=i, steps=3, rid=f"r{i}", guidance_scale=4.0))
-    outs = _run(leader)
+    outs, _ = run_all(leader)
     follower = KeepOutputs(wan_pipeline, DeployConfig(device="cpu"), 1)
     ended = {}
     with torch.inference_mode():

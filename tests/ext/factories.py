@@ -86,17 +86,11 @@ def drive(pipeline, requests: Iterable[OmniRequest]) -> Driven:
 
 
 def run_engine(pipeline, requests: Iterable[OmniRequest], **policy: Any) -> tuple[dict[str, Any], Any]:
-    from omniloop.engine import Engine, EngineConfig, SchedulingPolicy
+    """``requests`` run to the end on a fresh engine: (outputs by request id, the engine)."""
+    from tests.engine_plans import run_recorded
 
-    engine = Engine(pipeline, EngineConfig(policy=SchedulingPolicy(**policy)))
-    for r in requests:
-        engine.add_request(r)
-    outs = {}
-    with torch.inference_mode():
-        while engine.has_unfinished():
-            for out in engine.step():
-                outs[out.request_id] = out
-    return outs, engine
+    outs, plans = run_recorded(pipeline, requests, **policy)
+    return outs, plans.engine
 
 
 class HitCounter(Observer):

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from omniloop.engine import Engine, EngineConfig
-from omniloop.engine.scheduler import StepWork
 from omniloop.models.loader import load_pipeline
 from omniloop.models.model_spec import LoadOptions
-from omniloop.pipeline.loops.decode import VideoDecodeLoop, causal_cache_bytes
+from omniloop.pipeline.loops.decode import causal_cache_bytes
 from omniloop.pipeline.stages.decode import latents_to_unit_range, to_uint8_frames
 from omniloop.request import DiffusionParams, OmniRequest, OutputSpec, ProgressEvent, TaskType, TextPart
+from tests.engine_plans import record_plans
 
 OPTS = LoadOptions(device=torch.device("cpu"), dtype=torch.float32)
 
@@ -84,17 +84,12 @@ def test_the_causal_cache_estimate_is_the_cache_the_stream_holds(wan):
 def _latency_with(engine, small_id, large_id):
     """Steps ``engine`` until ``small_id`` is done: its wall latency and the large request's
     decode steps that ran meanwhile."""
-    plans = []
-    schedule = engine.scheduler.schedule
-    engine.scheduler.schedule = lambda: plans.append(schedule()) or plans[-1]
     t0 = time.perf_counter()
-    with torch.inference_mode():
+    with record_plans(engine) as plans, torch.inference_mode():
         while not any(o.request_id == small_id for o in engine.step()):
             pass
     latency = time.perf_counter() - t0
-    engine.scheduler.schedule = schedule
-    large_steps = sum(isinstance(p.work, StepWork) and p.work.node == "decode" and large_id in p.work.request_ids
-                      for p in plans)
+    large_steps = sum(large_id in ids for ids in plans.step_groups("decode"))
     return latency, large_steps
 
 

@@ -15,7 +15,7 @@ from omniloop.pipeline.policies.cfg import ClassicCFG
 from omniloop.pipeline.policies.shift import FlowShift
 from omniloop.pipeline.predicates import opt
 from omniloop.pipeline.samplers.sampler_set import SamplerSet, load_sampler_set
-from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
+from omniloop.pipeline.spec import Node, PipelineSpec
 from omniloop.pipeline.stages import TextEncode, VAEDecode
 from omniloop.request import Modality, OmniRequest, TaskType
 
@@ -67,7 +67,7 @@ def toy_pipeline_spec(variant: Variant) -> PipelineSpec:
     )
     return PipelineSpec(
         name=variant.name, family=FAMILY, tasks=variant.tasks,
-        components={w.component: ComponentSpec(name=w.component, kind=w.kind) for w in variant.weights},
+        components=variant.component_specs(),
         nodes=nodes, outputs={"video": "video", "image": "image", "latents": "final_latents"},
     )
 

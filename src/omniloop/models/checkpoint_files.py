@@ -17,6 +17,12 @@ Cast = Callable[[str, torch.Tensor], torch.Tensor]  # (checkpoint key, tensor) -
 M = TypeVar("M", bound=nn.Module)
 
 
+def check_float_dtype(dtype: torch.dtype) -> None:
+    """A loader's ``dtype`` must be a floating one (its weights are cast to it)."""
+    if not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating dtype (torch.bfloat16, torch.float32, ...); got {dtype}")
+
+
 def weight_files(folder: Path, single: str, index: str, what: str, hint: str = "") -> list[Path]:
     """``folder/single``, or the shards ``folder/index`` lists; a missing file is named."""
     if (folder / single).is_file():
@@ -134,8 +140,7 @@ def load_diffusers_model(folder: Path | str, build: Callable[[dict[str, Any]], M
     checkpoint's tensors (floating ones in ``dtype``, on ``device``, 64-byte aligned), renamed by
     ``convert`` where the layout needs it. ``class_name`` is the diffusers class, ``what`` names the
     model in errors, ``subfolder`` / ``checkpoint`` say what to pass (``transformer``, "a Flux checkpoint")."""
-    if not dtype.is_floating_point:
-        raise ValueError(f"dtype must be a floating dtype (torch.bfloat16, torch.float32, ...); got {dtype}")
+    check_float_dtype(dtype)
     folder = Path(folder)
     config_path = folder / "config.json"
     if not config_path.is_file():

@@ -18,6 +18,7 @@ from omniloop.models.fast_path import FastPath
 from omniloop.models.layers.cuda_graph_defaults import DEFAULT_MAX_GRAPHS, DEFAULT_MAX_TOKENS
 from omniloop.pipeline.pipeline import Pipeline
 from omniloop.pipeline.policies.cfg import CFGMode
+from omniloop.pipeline.spec import ComponentSpec
 from omniloop.request import TaskType
 
 if TYPE_CHECKING:
@@ -77,6 +78,10 @@ class Variant:
     name: str
     tasks: frozenset[TaskType]
     weights: tuple[WeightSpec, ...]
+
+    def component_specs(self) -> dict[str, ComponentSpec]:
+        """The pipeline's components, one a weight (``PipelineSpec.components``)."""
+        return {w.component: ComponentSpec(name=w.component, kind=w.kind, optional=w.optional) for w in self.weights}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -136,6 +136,23 @@ def read_single_file(path: Path, cast: Cast, *, sections: tuple[str, ...],
     return sd
 
 
+def read_original_dit(path: str | Path, cast: Cast, *, marker: str, model: str, layout: str,
+                      folder_loader: str) -> dict[str, torch.Tensor]:
+    """The tensors of an original-layout DiT file (``read_single_file`` of its DiT section),
+    refused with a message naming what to pass when ``path`` is no file or lacks ``marker``
+    (the key that tells the layout: diffusers' and ComfyUI's detection read it). ``model`` is
+    the family as a user names it ("FLUX.1", "Wan"), ``layout`` the file it must be ("a
+    BFL-layout Flux DiT"), ``folder_loader`` the loader of a diffusers ``transformer/`` folder."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found; pass a {model} diffusion-model .safetensors file")
+    raw = read_single_file(path, cast, sections=DIT_SECTIONS)
+    if marker not in raw:
+        raise ValueError(f"{path} is not {layout} (no {marker}); pass a {model} diffusion model file, or a "
+                         f"diffusers `transformer/` folder to {folder_loader}")
+    return raw
+
+
 class MissingSection(ValueError):
     """A full checkpoint lacks a section a loader reads (``section``: its key prefix)."""
 

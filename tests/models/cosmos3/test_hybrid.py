@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omniloop.engine import Engine, EngineConfig, SchedulingPolicy, StepWork
 from omniloop.request import (
     ArtifactEvent, DiffusionParams, OmniRequest, OutputSpec, RequestStatus, SamplingParams, TaskType, TextPart,
 )
+from tests.engine_plans import run_recorded
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0)
 
@@ -28,17 +28,9 @@ def _video(rid, prompt="a red circle moving right", task=TaskType.T2V, **denoise
 
 
 def _run(pipeline, requests, **policy):
-    events = []
-    engine = Engine(pipeline, EngineConfig(policy=SchedulingPolicy(**policy)), event_sink=events.append)
-    plans = []
-    schedule = engine.scheduler.schedule
-    engine.scheduler.schedule = lambda: plans.append(schedule()) or plans[-1]
-    for r in requests:
-        engine.add_request(r)
-    with torch.inference_mode():
-        while engine.has_unfinished():
-            engine.step()
-    return {r.request_id: engine.pop_output(r.request_id) for r in requests}, plans, events
+    events: list = []
+    outs, plans = run_recorded(pipeline, requests, events=events, **policy)
+    return outs, plans, events
 
 
 def test_reason_streams_text_deltas(cosmos3_pipeline):
@@ -55,7 +47,7 @@ def test_prompt_upsampling_feeds_the_generator_in_the_same_request(cosmos3_pipel
     assert out.status is RequestStatus.COMPLETED
     upsampled = out.artifacts["text"]
     assert upsampled.node == "upsample" and len(upsampled.token_ids) == GREEDY.max_tokens
-    nodes = [p.work.node for p in plans if p.work is not None]
+    nodes = [w.node for w in plans.works()]
     assert nodes.index("upsample") < nodes.index("tokenize") < nodes.index("denoise")
     # the same request without upsampling, prompted with the reasoner's text: the same video
     plain, _, _ = _run(cosmos3_pipeline, [_video("plain", prompt=upsampled.text)])
@@ -68,7 +60,7 @@ def test_interleaved_trace_mixes_and_batches_both_loop_kinds(cosmos3_pipeline):
              _video("vid1", "a robot arm picks up a cube"), _video("snd", task=TaskType.T2VS)]
     outs, plans, _ = _run(cosmos3_pipeline, trace)
     assert all(o.status is RequestStatus.COMPLETED for o in outs.values()), {k: o.error for k, o in outs.items()}
-    steps = [p.work for p in plans if isinstance(p.work, StepWork)]
+    steps = plans.steps()
     kinds = [w.node for w in steps]
     first_denoise, last_reason = kinds.index("denoise"), len(kinds) - 1 - kinds[::-1].index("reason")
     assert first_denoise < last_reason  # interleaved, not one kind to completion then the other

@@ -54,8 +54,7 @@ def test_fill_equals_flux_fill_pipeline(flux_fill_dir, strength):
 def test_fill_shares_steps_with_other_requests_and_equals_its_solo_run(flux_fill_dir):
     """Two Fill requests of different sizes in one packed step: each within 2e-6 of its solo
     run (the packed GEMMs' blocking, as tests/models/flux/test_packing.py measures)."""
-    from omniloop.engine.engine import Engine, EngineConfig
-    from omniloop.engine.scheduler import SchedulingPolicy, StepWork
+    from tests.engine_plans import run_recorded
 
     image, mask = _images()
     pipeline = generator(flux_fill_dir).pipeline
@@ -65,17 +64,8 @@ def test_fill_shares_steps_with_other_requests_and_equals_its_solo_run(flux_fill
         ImagePart(data=mask.resize((64, 48)), role="mask")], diffusion=DiffusionParams(height=48, width=64, steps=2,
                                                                                       seed=3),
         outputs=OutputSpec(return_latents=True))
-    engine = Engine(pipeline, EngineConfig(policy=SchedulingPolicy(max_batch=4, max_running=4)))
-    plans, schedule = [], engine.scheduler.schedule
-    engine.scheduler.schedule = lambda: plans.append(schedule()) or plans[-1]
-    for r in (first, second):
-        engine.add_request(r)
-    outs = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            outs[out.request_id] = out
-    steps = [p.work for p in plans if isinstance(p.work, StepWork)]
-    assert [len(s.request_ids) for s in steps] == [2, 2]  # both requests in each step
+    outs, plans = run_recorded(pipeline, [first, second], max_batch=4, max_running=4)
+    assert plans.batch_sizes() == [2, 2]  # both requests in each step
     for request in (first, second):
         alone = generator(flux_fill_dir).generate(request)
         got = outs[request.request_id]

@@ -157,23 +157,14 @@ def test_masked_requests_share_steps_with_others_and_equal_their_solo_runs(flux_
     """A diffusers-mode, a comfy-mode and an unmasked request in one engine: every step batches
     all three (the mask is each request's own state), each within 2e-6 of its solo run (the
     batched GEMMs' blocking, as tests/models/flux/test_packing.py measures)."""
-    from omniloop.engine.engine import Engine, EngineConfig
-    from omniloop.engine.scheduler import SchedulingPolicy, StepWork
+    from tests.engine_plans import run_recorded
 
     image, mask = _images()
     requests = [_request(image, m, p, steps=2, seed=s, strength=1.0).model_copy(update={"request_id": rid})
                 for rid, m, p, s in (("diffusers", mask, None, 1), ("comfy", mask, {"denoise": {"noise_mask": "comfy"}}, 2),
                                      ("plain", None, None, 3))]
-    engine = Engine(generator(flux_dir).pipeline, EngineConfig(policy=SchedulingPolicy(max_batch=4, max_running=4)))
-    plans, schedule = [], engine.scheduler.schedule
-    engine.scheduler.schedule = lambda: plans.append(schedule()) or plans[-1]
-    for r in requests:
-        engine.add_request(r)
-    outs = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            outs[out.request_id] = out
-    assert [len(p.work.request_ids) for p in plans if isinstance(p.work, StepWork)] == [3, 3]
+    outs, plans = run_recorded(generator(flux_dir).pipeline, requests, max_batch=4, max_running=4)
+    assert plans.batch_sizes() == [3, 3]
     for request in requests:
         alone = generator(flux_dir).generate(request).artifacts["latents"].latents
         got = outs[request.request_id]

@@ -16,13 +16,12 @@ import numpy as np
 import pytest
 import torch
 
-from omniloop.engine.engine import Engine, EngineConfig
 from omniloop.engine.errors import RequestRejected
-from omniloop.engine.scheduler import SchedulingPolicy, StepWork
 from omniloop.models.families.flux import kontext
 from omniloop.models.loader import load_pipeline
 from omniloop.models.model_spec import LoadOptions
 from omniloop.request import DiffusionParams, ImagePart, LatentPart, OmniRequest, OutputSpec, TaskType, TextPart
+from tests.engine_plans import run_recorded
 from tests.models.flux.helpers import PROMPT, diffusers_latents, diffusers_pipeline, generator
 
 SMALL = [(32, 64), (48, 48), (64, 32)]  # (width, height), multiples of 16
@@ -86,17 +85,8 @@ def test_edits_of_different_sizes_share_steps_and_equal_diffusers(flux_kontext_d
     pipeline = load_pipeline(flux_kontext_dir, LoadOptions(device=torch.device("cpu"), dtype=torch.float32))[1]
     cases = [(_image(60, 60, 1), 32, 48), (_image(30, 70, 2), 48, 32), (_image(60, 60, 3), 32, 48)]
     reqs = [_request(img, h, w, seed=i, rid=f"k{i}", prompt=f"edit {i}") for i, (img, h, w) in enumerate(cases)]
-    engine = Engine(pipeline, EngineConfig(policy=SchedulingPolicy(max_batch=4, max_running=4)))
-    plans, schedule = [], engine.scheduler.schedule
-    engine.scheduler.schedule = lambda: plans.append(schedule()) or plans[-1]
-    for r in reqs:
-        engine.add_request(r)
-    outs = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            outs[out.request_id] = out
-    steps = [p.work for p in plans if isinstance(p.work, StepWork)]
-    assert [len(s.request_ids) for s in steps] == [3, 3, 3]  # every edit in each of the 3 steps
+    outs, plans = run_recorded(pipeline, reqs, max_batch=4, max_running=4)
+    assert plans.batch_sizes() == [3, 3, 3]  # every edit in each of the 3 steps
     for i, (img, h, w) in enumerate(cases):
         assert outs[f"k{i}"].status.value == "completed", outs[f"k{i}"].error
         got = outs[f"k{i}"].artifacts["latents"].latents
@@ -119,14 +109,9 @@ def test_bad_edits_are_refused_naming_the_field(flux_kontext_dir, request_, mess
 
 
 def _steps_of(pipeline, reqs, **policy):
-    engine = Engine(pipeline, EngineConfig(policy=SchedulingPolicy(**policy)))
-    plans, schedule = [], engine.scheduler.schedule
-    engine.scheduler.schedule = lambda: plans.append(schedule()) or plans[-1]
-    for r in reqs:
-        engine.add_request(r)
-    while engine.has_unfinished():
-        assert all(out.status.value == "completed" for out in engine.step())
-    return [len(p.work.request_ids) for p in plans if isinstance(p.work, StepWork)]
+    outs, plans = run_recorded(pipeline, reqs, **policy)
+    assert all(out.status.value == "completed" for out in outs.values())
+    return plans.batch_sizes()
 
 
 def test_the_reference_tokens_count_in_the_step_cost_and_the_token_budget(flux_kontext_dir):

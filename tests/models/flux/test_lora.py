@@ -17,11 +17,10 @@ import torch
 from omniloop.api.generator import VideoGenerator
 from omniloop.cache.adapters import CACHE_NAME, AdapterCache
 from omniloop.cache.text_embeddings import CACHE_NAME as TEXT_CACHE
-from omniloop.engine.engine import Engine, EngineConfig
 from omniloop.engine.errors import RequestRejected
-from omniloop.engine.scheduler import SchedulingPolicy, StepWork
 from omniloop.models.layers.lora import LoraLinear
 from omniloop.request import DiffusionParams, OmniRequest, OutputSpec, TaskType, TextPart
+from tests.engine_plans import run_recorded
 from tests.models.flux.helpers import PROMPT, diffusers_with_loras
 
 H, W = 32, 48
@@ -93,17 +92,8 @@ def test_different_adapter_sets_share_one_batched_step_and_equal_their_solo_runs
     sets = [[], [("style", 0.8)], [("detail", 0.5)], [("style", 0.3), ("kohya", 1.0)]]
     sizes = [(H, W), (H, W), (48, 32), (H, W)]  # one of them another size: packed as well
     reqs = [_req(f"r{i}", s, h=h, w=w, seed=i) for i, (s, (h, w)) in enumerate(zip(sets, sizes))]
-    engine = Engine(gen.pipeline, EngineConfig(policy=SchedulingPolicy(max_batch=8, max_running=8)))
-    plans, schedule = [], engine.scheduler.schedule
-    engine.scheduler.schedule = lambda: plans.append(schedule()) or plans[-1]
-    for r in reqs:
-        engine.add_request(r)
-    outs = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            outs[out.request_id] = out
-    steps = [p.work for p in plans if isinstance(p.work, StepWork)]
-    assert [len(s.request_ids) for s in steps] == [4, 4, 4]
+    outs, plans = run_recorded(gen.pipeline, reqs, max_batch=8, max_running=8)
+    assert plans.batch_sizes() == [4, 4, 4]
     for r in reqs:
         solo = _latents(gen.generate(r.model_copy(update={"request_id": f"solo-{r.request_id}"})))
         assert (_latents(outs[r.request_id]) - solo).abs().max().item() <= TOL

@@ -14,12 +14,12 @@ import torch
 
 from omniloop.engine.engine import Engine, EngineConfig
 from omniloop.engine.errors import RequestRejected
-from omniloop.engine.scheduler import SchedulingPolicy, StepWork
 from omniloop.models.families.flux.model import FluxInputs
 from omniloop.models.layers.packed import Segments
 from omniloop.models.loader import load_pipeline
 from omniloop.models.model_spec import LoadOptions
 from omniloop.request import DiffusionParams, OmniRequest, OutputSpec, TaskType, TextPart
+from tests.engine_plans import run_recorded
 
 TOL = 2e-6
 SIZES = [(32, 48), (48, 32), (32, 32), (64, 16), (32, 48)]  # (height, width): landscape, portrait, square, tall
@@ -37,16 +37,8 @@ def _req(i: int, h: int, w: int, steps: int = 3, **params) -> OmniRequest:
 
 
 def _run(pipeline, reqs, **policy):
-    engine = Engine(pipeline, EngineConfig(policy=SchedulingPolicy(**policy)))
-    plans, schedule = [], engine.scheduler.schedule
-    engine.scheduler.schedule = lambda: plans.append(schedule()) or plans[-1]
-    for r in reqs:
-        engine.add_request(r)
-    outs = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            outs[out.request_id] = out
-    return outs, [p.work for p in plans if isinstance(p.work, StepWork)]
+    outs, plans = run_recorded(pipeline, reqs, **policy)
+    return outs, plans.steps()
 
 
 def _latents(out):

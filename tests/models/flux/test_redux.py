@@ -141,21 +141,12 @@ def test_redux_requests_share_steps_and_equal_solo(flux_redux_dir):
     """Two Redux requests (different images and prompts: 521 text tokens each) step together
     in one packed forward; each equals its solo run within the packed GEMMs' rounding
     (tests/models/flux/test_packing.py)."""
-    from omniloop.engine.engine import Engine, EngineConfig
-    from omniloop.engine.scheduler import SchedulingPolicy, StepWork
+    from tests.engine_plans import run_recorded
 
     pipeline = generator(flux_redux_dir).pipeline
     reqs = [_request([_image(50, 30, 1)], prompt="a blue square", rid="a"), _request([_image(40, 40, 2)], rid="b")]
-    engine = Engine(pipeline, EngineConfig(policy=SchedulingPolicy(max_batch=2, max_running=2)))
-    plans, schedule = [], engine.scheduler.schedule
-    engine.scheduler.schedule = lambda: plans.append(schedule()) or plans[-1]
-    for r in reqs:
-        engine.add_request(r)
-    outs = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            outs[out.request_id] = out
-    assert [len(p.work.request_ids) for p in plans if isinstance(p.work, StepWork)] == [2, 2]
+    outs, plans = run_recorded(pipeline, reqs, max_batch=2, max_running=2)
+    assert plans.batch_sizes() == [2, 2]
     for r in reqs:
         solo = generator(flux_redux_dir).generate(r.model_copy(update={"request_id": r.request_id + "-solo"}))
         err = (outs[r.request_id].artifacts["latents"].latents - solo.artifacts["latents"].latents).abs().max()

@@ -13,10 +13,10 @@ import torch
 
 from omniloop.engine.engine import Engine, EngineConfig
 from omniloop.engine.errors import RequestRejected
-from omniloop.engine.scheduler import SchedulingPolicy, StepWork
 from omniloop.models.loader import load_pipeline
 from omniloop.models.model_spec import LoadOptions
 from omniloop.request import DiffusionParams, ImagePart, OmniRequest, OutputSpec, TaskType, TextPart
+from tests.engine_plans import run_recorded
 
 TOL = 2e-6
 
@@ -40,16 +40,8 @@ def _req(i: int, h: int = 32, w: int = 48, refs=(), **params) -> OmniRequest:
 
 
 def _run(pipeline, reqs):
-    engine = Engine(pipeline, EngineConfig(policy=SchedulingPolicy(max_batch=8, max_running=8)))
-    plans, schedule = [], engine.scheduler.schedule
-    engine.scheduler.schedule = lambda: plans.append(schedule()) or plans[-1]
-    for r in reqs:
-        engine.add_request(r)
-    outs = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            outs[out.request_id] = out
-    return outs, [p.work for p in plans if isinstance(p.work, StepWork)]
+    outs, plans = run_recorded(pipeline, reqs, max_batch=8, max_running=8)
+    return outs, plans.steps()
 
 
 def _latents(out):

@@ -17,10 +17,10 @@ import torch
 
 from omniloop.engine.engine import Engine, EngineConfig
 from omniloop.engine.errors import RequestRejected
-from omniloop.engine.scheduler import SchedulingPolicy, StepWork
 from omniloop.models.loader import load_pipeline
 from omniloop.models.model_spec import LoadOptions
 from omniloop.request import DiffusionParams, ImagePart, OmniRequest, OutputSpec, TaskType, TextPart
+from tests.engine_plans import run_recorded
 from tests.models.flux2.helpers import PROMPT, generator, klein_pipeline, klein_run
 
 H, W = 32, 48
@@ -104,17 +104,8 @@ def test_cached_path_embeds_reference_tokens_once(klein_dir):
 def _run(pipeline, reqs):
     # every prologue item (encoders, loop inits: the reference pass) first, so the steps group
     # the same way whatever the measured costs
-    policy = SchedulingPolicy(max_batch=8, max_running=8, prologue_share=1e9)
-    engine = Engine(pipeline, EngineConfig(policy=policy))
-    plans, schedule = [], engine.scheduler.schedule
-    engine.scheduler.schedule = lambda: plans.append(schedule()) or plans[-1]
-    for r in reqs:
-        engine.add_request(r)
-    outs = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            outs[out.request_id] = out
-    return outs, [sorted(p.work.request_ids) for p in plans if isinstance(p.work, StepWork)]
+    outs, plans = run_recorded(pipeline, reqs, max_batch=8, max_running=8, prologue_share=1e9)
+    return outs, [sorted(ids) for ids in plans.step_groups()]
 
 
 def test_cached_edits_batch_and_equal_their_solo_runs(klein_kv_dir):

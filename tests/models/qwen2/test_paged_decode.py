@@ -8,10 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omniloop.engine import Engine, EngineConfig, RequestRejected, SchedulingPolicy, StepWork
+from omniloop.engine import Engine, EngineConfig, RequestRejected, SchedulerPlan, SchedulingPolicy, StepWork
 from omniloop.models.loader import load_pipeline
 from omniloop.models.model_spec import LoadOptions
 from omniloop.request import RequestStatus
+from tests.engine_plans import record_plans
 from tests.models.qwen2.checkpoint import PROMPTS
 from tests.models.qwen2.helpers import text_request, with_defaults
 
@@ -28,16 +29,13 @@ def _run(pipeline, requests, **policy):
     """-> outputs, [(phase, request ids) of every loop step as scheduled], the loops."""
     engine = Engine(pipeline, EngineConfig(policy=SchedulingPolicy(**policy)))
     steps, loops = [], {}
-    schedule = engine.scheduler.schedule
 
-    def record():
-        plan = schedule()
+    def phase(plan: SchedulerPlan) -> None:  # a step's phase is its head's, as it is planned
         if isinstance(plan.work, StepWork):
             head = engine._requests[plan.work.request_ids[0]].loop
             steps.append(("prefill" if head.prefilling else "decode", plan.work.request_ids))
-        return plan
 
-    engine.scheduler.schedule = record
+    record_plans(engine, on_plan=phase)
     for r in requests:
         engine.add_request(r)
     with torch.inference_mode():

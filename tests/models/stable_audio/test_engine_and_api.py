@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from omniloop.api.generator import VideoGenerator
-from omniloop.engine import Engine, EngineConfig, RequestRejected, SchedulingPolicy, StepWork
+from omniloop.engine import Engine, EngineConfig, RequestRejected, SchedulerPlan, SchedulingPolicy, StepWork
 from omniloop.io import read_audio
 from omniloop.request import DiffusionParams, LatentPart, OmniRequest, OutputSpec, TaskType, TextPart
+from tests.engine_plans import record_plans, run_recorded
 
 
 @pytest.fixture(scope="module")
@@ -28,15 +29,8 @@ def test_t2a_steps_of_different_requests_batch_and_keep_their_outputs(gen):
     reqs = [_request("a drum loop", 1, "a", steps=4, duration_s=1.0),
             _request("waves on a beach", 2, "b", steps=6, duration_s=2.0, negative_prompt="noise"),
             _request("a piano melody", 3, "c", steps=4, duration_s=0.5)]
-    engine = Engine(gen.pipeline, EngineConfig(policy=SchedulingPolicy(max_batch=4)))
-    with torch.inference_mode():
-        for r in reqs:
-            engine.add_request(r)
-        outs = {}
-        while engine.has_unfinished():
-            for out in engine.step():
-                outs[out.request_id] = out
-    assert engine.stats.batched_steps >= 3  # one forward served several requests' steps
+    outs, plans = run_recorded(gen.pipeline, reqs, max_batch=4)
+    assert plans.engine.stats.batched_steps >= 3  # one forward served several requests' steps
     for r in reqs:
         out = outs[r.request_id]
         assert out.status.value == "completed", out.error
@@ -51,16 +45,13 @@ def test_requests_at_different_steps_share_one_forward(gen):
     arrives two steps later joins the first one's forwards."""
     engine = Engine(gen.pipeline, EngineConfig(policy=SchedulingPolicy(max_batch=4)))
     batched: list[dict[str, int]] = []
-    schedule = engine.scheduler.schedule
 
-    def recording_schedule():  # observe the plans the real scheduler makes
-        plan = schedule()
+    def steps_done(plan: SchedulerPlan) -> None:  # each batched step's requests, as it is planned
         if isinstance(plan.work, StepWork) and len(plan.work.request_ids) > 1:
             running = engine.scheduler.running
             batched.append({rid: running[rid].loop.steps_done for rid in plan.work.request_ids})
-        return plan
 
-    engine.scheduler.schedule = recording_schedule
+    record_plans(engine, on_plan=steps_done)
     with torch.inference_mode():
         engine.add_request(_request("a drum loop", 1, "early", steps=6))
         for _ in range(4):  # encode, init, two steps
@@ -122,15 +113,8 @@ def test_comfyuis_samplers_batch_and_keep_their_outputs(gen):
 
     reqs = [comfy("a", 1, "comfy_v_dpmpp_3m_sde_gpu", "exponential"), comfy("b", 2, "comfy_v_dpmpp_2m", "karras"),
             comfy("c", 3, "comfy_v_euler", "normal")]
-    engine = Engine(gen.pipeline, EngineConfig(policy=SchedulingPolicy(max_batch=4)))
-    with torch.inference_mode():
-        for r in reqs:
-            engine.add_request(r)
-        outs = {}
-        while engine.has_unfinished():
-            for out in engine.step():
-                outs[out.request_id] = out
-    assert engine.stats.batched_steps >= 3
+    outs, plans = run_recorded(gen.pipeline, reqs, max_batch=4)
+    assert plans.engine.stats.batched_steps >= 3
     for r in reqs:
         out = outs[r.request_id]
         assert out.status.value == "completed", out.error

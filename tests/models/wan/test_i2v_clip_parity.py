@@ -110,20 +110,13 @@ def test_flf2v_steps_of_two_requests_batch_and_keep_their_images(wan_flf2v_dir, 
     """Two FLF2V requests' steps run as one forward (their CLIP token pairs stacked as
     [first_a, last_a, first_b, last_b]: the DiT folds each pair into one sequence), each
     result equal to the request run alone."""
-    from omniloop.engine import Engine, EngineConfig, SchedulingPolicy
+    from tests.engine_plans import run_recorded
 
     gen = VideoGenerator.from_pretrained(wan_flf2v_dir, device="cpu", dtype="float32", cfg_mode=cfg_mode)
     reqs = [_request(_image(0), _image(1)).model_copy(update={"request_id": "a"}),
             _request(_image(2), _image(3), seed=4).model_copy(update={"request_id": "b"})]
-    engine = Engine(gen.pipeline, EngineConfig(policy=SchedulingPolicy(max_batch=4)))
-    outs = {}
-    with torch.inference_mode():
-        for r in reqs:
-            engine.add_request(r)
-        while engine.has_unfinished():
-            for out in engine.step():
-                outs[out.request_id] = out
-    assert engine.stats.batched_steps >= 1
+    outs, plans = run_recorded(gen.pipeline, reqs, max_batch=4)
+    assert plans.engine.stats.batched_steps >= 1
     for r in reqs:
         solo = _ours(gen, r.model_copy(update={"request_id": r.request_id + "-solo"}))
         assert (outs[r.request_id].artifacts["latents"].latents - solo).abs().max().item() <= 1e-5

@@ -1,6 +1,7 @@
-"""Timestep and RoPE tables, and the RoPE rotation, shared by the FLUX.1 and FLUX.2 DiTs (the same
-diffusers numerics: ``Timesteps(flip_sin_to_cos=True, shift=0)``, ``FluxPosEmbed`` / ``Flux2PosEmbed``
-and ``apply_rotary_emb(use_real=True, use_real_unbind_dim=-1)``)."""
+"""Timestep and RoPE tables, the RoPE rotation and the fp16 clip, shared by the FLUX.1 and FLUX.2
+DiTs (the same diffusers numerics: ``Timesteps(flip_sin_to_cos=True, shift=0)``, ``FluxPosEmbed`` /
+``Flux2PosEmbed``, ``apply_rotary_emb(use_real=True, use_real_unbind_dim=-1)`` and the blocks'
+``clip(-65504, 65504)``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import math
 
 import torch
 
-__all__ = ["apply_rope", "rope_tables", "timestep_embedding"]
+__all__ = ["apply_rope", "clip_fp16", "rope_tables", "timestep_embedding"]
 
 
 def timestep_embedding(t: torch.Tensor, dim: int = 256) -> torch.Tensor:
@@ -41,3 +42,9 @@ def apply_rope(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torc
     real, imag = x.reshape(*x.shape[:-1], -1, 2).unbind(-1)  # each [..., L, H, hd/2]
     rotated = torch.stack([-imag, real], dim=-1).flatten(-2)  # [..., L, H, hd]: (-imag, real) pairs
     return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+
+def clip_fp16(x: torch.Tensor) -> torch.Tensor:
+    """``x`` clipped to fp16's finite range when it is fp16 (as diffusers' Flux blocks do after
+    each residual update, so an overflow stays finite); other dtypes pass through unchanged."""
+    return x.clip(-65504, 65504) if x.dtype == torch.float16 else x

@@ -17,13 +17,13 @@ The schedule is ``flow_euler``'s (a workflow hands ComfyUI's sigmas with shift 1
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Hashable, Sequence
+from typing import ClassVar, Hashable, Sequence
 
 import torch
 
 from omniloop.pipeline.samplers.base import SamplerState, register_sampler, schedule_signature
 from omniloop.pipeline.samplers.comfy_sde import ve_half_log_snr, ve_sigma
-from omniloop.pipeline.samplers.flow_euler import FlowEulerSampler
+from omniloop.pipeline.samplers.flow_euler import ComfyScheduleSampler
 from omniloop.pipeline.samplers.joint_step import RowParts, step_jointly
 
 
@@ -35,17 +35,12 @@ class ComfyDPMpp2MState(SamplerState, RowParts):
 
 @register_sampler
 @dataclass(frozen=True, kw_only=True)
-class ComfyDPMpp2MSampler(FlowEulerSampler):
+class ComfyDPMpp2MSampler(ComfyScheduleSampler):
     """ComfyUI's ``dpmpp_2m``; the schedule fields are ``flow_euler``'s."""
 
     name: ClassVar[str] = "comfy_dpmpp_2m"
     # NOTE: a distinct name keeps checkpoint configs mapping to flow_euler (sampler_for_diffusers_class)
     diffusers_class: ClassVar[str] = "ComfyDPMpp2M"
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any]) -> "FlowEulerSampler":
-        """``flow_euler``'s schedule config (the ComfyUI sampler runs over its sigmas)."""
-        return cls.from_schedule_config(config)
 
     def init_state(self, num_steps: int, *, device: torch.device | str | None = None, shift: float | None = None,
                    sigmas: Sequence[float] | None = None, mu: float | None = None,

@@ -29,14 +29,14 @@ two are the same draws). So a request equals ComfyUI's run of the same seed, sig
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Hashable, Sequence
+from typing import ClassVar, Hashable, Sequence
 
 import torch
 
 from omniloop.pipeline.samplers.base import (SamplerState, SchedulerConfigError, register_sampler,
                                              schedule_signature)
 from omniloop.pipeline.samplers.comfy_sde import BrownianNoise, check_noise_options, flow_half_log_snr, seed_or_draw
-from omniloop.pipeline.samplers.flow_euler import FlowEulerSampler
+from omniloop.pipeline.samplers.flow_euler import ComfyScheduleSampler
 from omniloop.pipeline.samplers.joint_step import RowParts, step_each, step_jointly
 
 _OPTIONS = ("eta", "s_noise", "model_shift")
@@ -65,13 +65,14 @@ class ComfyDPMpp2MSDEState(SamplerState, RowParts):
 
 @register_sampler
 @dataclass(frozen=True, kw_only=True)
-class ComfyDPMpp2MSDESampler(FlowEulerSampler):
+class ComfyDPMpp2MSDESampler(ComfyScheduleSampler):
     """ComfyUI's ``dpmpp_2m_sde`` (midpoint; the tree on the CPU); the schedule fields are
     ``flow_euler``'s, ``eta`` / ``s_noise`` the sampler node's, ``model_shift`` the model sampling's."""
 
     name: ClassVar[str] = "comfy_dpmpp_2m_sde"
     # NOTE: a distinct name keeps checkpoint configs mapping to flow_euler (sampler_for_diffusers_class)
     diffusers_class: ClassVar[str] = "ComfyDPMpp2MSDE"
+    options: ClassVar[tuple[str, ...]] = _OPTIONS
     request_knobs: ClassVar[tuple[str, ...]] = _OPTIONS
     solver_type: ClassVar[str] = "midpoint"
     tree_on_cpu: ClassVar[bool] = True
@@ -85,11 +86,6 @@ class ComfyDPMpp2MSDESampler(FlowEulerSampler):
         check_noise_options(self.eta, self.s_noise, "SamplerDPMPP_2M_SDE")
         if self.model_shift is not None and not self.model_shift > 0:
             raise SchedulerConfigError(f"model_shift must be > 0, got {self.model_shift!r}")
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any]) -> "FlowEulerSampler":
-        """``flow_euler``'s schedule config, plus ``eta``, ``s_noise`` and ``model_shift``."""
-        return cls.from_schedule_config(config, _OPTIONS)
 
     def init_state(self, num_steps: int, *, device: torch.device | str | None = None, shift: float | None = None,
                    sigmas: Sequence[float] | None = None, mu: float | None = None,

@@ -23,13 +23,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, ClassVar, Hashable, Sequence
+from typing import ClassVar, Hashable, Sequence
 
 import torch
 
 from omniloop.pipeline.samplers.base import SamplerState, register_sampler, schedule_signature
 from omniloop.pipeline.samplers.comfy_sde import check_noise_options, seed_or_draw
-from omniloop.pipeline.samplers.flow_euler import FlowEulerSampler
+from omniloop.pipeline.samplers.flow_euler import ComfyScheduleSampler
 
 _OPTIONS = ("eta", "s_noise")
 
@@ -50,7 +50,7 @@ class ComfyAncestralState(SamplerState):
 
 @register_sampler
 @dataclass(frozen=True, kw_only=True)
-class ComfyEulerAncestralSampler(FlowEulerSampler):
+class ComfyEulerAncestralSampler(ComfyScheduleSampler):
     """ComfyUI's ``euler_ancestral`` (``SamplerEulerAncestral``'s ``eta`` and ``s_noise``); the
     schedule fields are ``flow_euler``'s."""
 
@@ -58,6 +58,7 @@ class ComfyEulerAncestralSampler(FlowEulerSampler):
     # NOTE: no diffusers scheduler has this update; a distinct name keeps checkpoint configs
     # mapping to flow_euler (sampler_for_diffusers_class)
     diffusers_class: ClassVar[str] = "ComfyEulerAncestral"
+    options: ClassVar[tuple[str, ...]] = _OPTIONS
     request_knobs: ClassVar[tuple[str, ...]] = _OPTIONS
 
     eta: float = 1.0
@@ -66,11 +67,6 @@ class ComfyEulerAncestralSampler(FlowEulerSampler):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_noise_options(self.eta, self.s_noise, "SamplerEulerAncestral")
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any]) -> "FlowEulerSampler":
-        """``flow_euler``'s schedule config, plus ``eta`` and ``s_noise``."""
-        return cls.from_schedule_config(config, _OPTIONS)
 
     def init_state(self, num_steps: int, *, device: torch.device | str | None = None, shift: float | None = None,
                    sigmas: Sequence[float] | None = None, mu: float | None = None,

@@ -21,14 +21,14 @@ is ``flow_euler``'s (a workflow hands ComfyUI's sigmas with shift 1).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Hashable, Sequence
+from typing import ClassVar, Hashable, Sequence
 
 import torch
 
 from omniloop.pipeline.samplers.base import SamplerState, register_sampler, schedule_signature
 from omniloop.pipeline.samplers.comfy_euler_ancestral import ComfyAncestralState, generators_rewound_on_raise
 from omniloop.pipeline.samplers.comfy_sde import ancestral_step, check_noise_options, seed_or_draw, ve_half_log_snr
-from omniloop.pipeline.samplers.flow_euler import FlowEulerSampler
+from omniloop.pipeline.samplers.flow_euler import ComfyScheduleSampler
 from omniloop.pipeline.samplers.joint_step import RowParts, step_each, step_jointly
 
 
@@ -49,13 +49,12 @@ def _phi2(z: torch.Tensor) -> torch.Tensor:
 
 @register_sampler
 @dataclass(frozen=True, kw_only=True)
-class ComfyResMultistepSampler(FlowEulerSampler):
+class ComfyResMultistepSampler(ComfyScheduleSampler):
     """ComfyUI's ``res_multistep`` (``eta = 0``); the schedule fields are ``flow_euler``'s."""
 
     name: ClassVar[str] = "comfy_res_multistep"
     # NOTE: a distinct name keeps checkpoint configs mapping to flow_euler (sampler_for_diffusers_class)
     diffusers_class: ClassVar[str] = "ComfyResMultistep"
-    options: ClassVar[tuple[str, ...]] = ()
 
     eta: float = 0.0
     s_noise: float = 1.0
@@ -63,11 +62,6 @@ class ComfyResMultistepSampler(FlowEulerSampler):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_noise_options(self.eta, self.s_noise)
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any]) -> "FlowEulerSampler":
-        """``flow_euler``'s schedule config (plus the ancestral form's ``eta`` and ``s_noise``)."""
-        return cls.from_schedule_config(config, cls.options)
 
     def init_state(self, num_steps: int, *, device: torch.device | str | None = None, shift: float | None = None,
                    sigmas: Sequence[float] | None = None, mu: float | None = None,

@@ -25,12 +25,12 @@ ComfyUI's sigmas with shift 1).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Hashable, Sequence
+from typing import ClassVar, Hashable, Sequence
 
 import torch
 
 from omniloop.pipeline.samplers.base import SamplerState, register_sampler, schedule_signature
-from omniloop.pipeline.samplers.flow_euler import FlowEulerSampler
+from omniloop.pipeline.samplers.flow_euler import ComfyScheduleSampler
 from omniloop.pipeline.samplers.joint_step import RowParts, step_jointly
 
 FINAL_T = 0.001  # what ComfyUI's UniPC puts in place of a final sigma 0
@@ -90,7 +90,7 @@ class ComfyUniPCState(SamplerState, RowParts):
 
 @register_sampler
 @dataclass(frozen=True, kw_only=True)
-class ComfyUniPCSampler(FlowEulerSampler):
+class ComfyUniPCSampler(ComfyScheduleSampler):
     """ComfyUI's ``uni_pc`` (B(h) = h); the schedule fields are ``flow_euler``'s."""
 
     name: ClassVar[str] = "comfy_uni_pc"
@@ -98,11 +98,6 @@ class ComfyUniPCSampler(FlowEulerSampler):
     # mapping to flow_euler (sampler_for_diffusers_class)
     diffusers_class: ClassVar[str] = "ComfyUniPC"
     variant: ClassVar[str] = "bh1"
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any]) -> "FlowEulerSampler":
-        """``flow_euler``'s schedule config (the ComfyUI sampler runs over its sigmas)."""
-        return cls.from_schedule_config(config)
 
     def init_state(self, num_steps: int, *, device: torch.device | str | None = None, shift: float | None = None,
                    sigmas: Sequence[float] | None = None, mu: float | None = None,

@@ -211,3 +211,15 @@ class FlowEulerSampler(ScheduleStepBatching):
         if not self.use_dynamic_shifting:
             ends = shift * ends / (1 + (shift - 1) * ends)
         return ends[0].item(), ends[1].item()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComfyScheduleSampler(FlowEulerSampler):
+    """A ComfyUI sampler run over ``flow_euler``'s schedule (not itself registered): its config
+    is that schedule's plus its own ``options`` (``from_schedule_config``)."""
+
+    options: ClassVar[tuple[str, ...]] = ()  # its config keys beyond the schedule's
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> "FlowEulerSampler":
+        return cls.from_schedule_config(config, cls.options)

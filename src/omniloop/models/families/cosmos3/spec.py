@@ -141,7 +141,7 @@ def _wants_pixels(request: OmniRequest) -> bool:
 def cosmos3_pipeline_spec(variant: Variant, *, generator: bool, cfg_mode: CFGMode = "sequential",
                           graphs: CudaGraphRunner | None = None) -> PipelineSpec:
     """``graphs``: the reasoner's decode forwards replay CUDA graphs (``cuda_graphs=True``)."""
-    components = {w.component: ComponentSpec(name=w.component, kind=w.kind, optional=w.optional) for w in variant.weights}
+    components = variant.component_specs()
     components["reasoner"] = ComponentSpec(name="reasoner", kind="Cosmos3Reasoner (view of the transformer)")
     components["text_kv"] = ComponentSpec(name="text_kv", kind="paged text-KV pool (built, not loaded)")
     reason_loop = ARDecodeLoop(lm_component="reasoner", tokenizer_component="tokenizer", graphs=graphs)

@@ -25,7 +25,9 @@ from typing import Mapping
 
 import torch
 
-from omniloop.models.checkpoint_files import cast_to, check_keys, check_shapes, read_tensors, stored_keys, weight_files
+from omniloop.models.checkpoint_files import (
+    cast_to, check_float_dtype, check_keys, check_shapes, read_tensors, stored_keys, weight_files,
+)
 from omniloop.models.families.cosmos3.model import Cosmos3Config, Cosmos3Transformer
 
 DIFFUSERS_WEIGHTS = "diffusion_pytorch_model.safetensors"
@@ -125,8 +127,7 @@ def load_transformer(
     """Read ``folder`` (``layout`` "diffusers": ``transformer/``; "transformers": the unified
     checkpoint) into a :class:`Cosmos3Transformer` on ``device`` in ``dtype`` (the time
     embedder stays fp32). Missing or unexpected keys fail before any tensor is read."""
-    if not dtype.is_floating_point:
-        raise ValueError(f"dtype must be a floating dtype (torch.bfloat16, torch.float32, ...); got {dtype}")
+    check_float_dtype(dtype)
     single, index = (DIFFUSERS_WEIGHTS, DIFFUSERS_INDEX) if layout == "diffusers" else (TRANSFORMERS_WEIGHTS, TRANSFORMERS_INDEX)
     files = weight_files(folder, single, index, "Cosmos3 transformer")
 

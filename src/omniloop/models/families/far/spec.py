@@ -69,7 +69,7 @@ def far_variant(index: Mapping[str, Any]) -> Variant:
 
 
 def far_pipeline_spec(variant: Variant, *, full_chunk_limit: int, max_frames: int, cfg_mode: CFGMode = "sequential") -> PipelineSpec:
-    components = {w.component: ComponentSpec(name=w.component, kind=w.kind) for w in variant.weights}
+    components = variant.component_specs()
     components["chunk_kv"] = ComponentSpec(name="chunk_kv", kind="ChunkKVPool")
     denoise = DenoiseLoop(FARDenoiser(), cfg=ClassicCFG(mode=cfg_mode), shift=FlowShift())
     rollout = ChunkRollout(denoise, FARChunks(full_chunk_limit=full_chunk_limit, max_frames=max_frames),

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from omniloop.models.checkpoint_files import cast_to, read_tensors, weight_files
+from omniloop.models.checkpoint_files import cast_to, check_float_dtype, read_tensors, weight_files
 from omniloop.models.families.far.model import FARConfig, FARDiT, keeps_fp32
 from omniloop.models.layers.wan_dit import check_and_assign, compile_renames, convert_wan_keys
 
@@ -35,8 +35,7 @@ def far_state_dict_from_diffusers(sd: dict[str, torch.Tensor]) -> dict[str, torc
 def load_far_dit(folder: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16) -> FARDiT:
     """Load a diffusers ``transformer/`` folder of an AnyFlow FAR checkpoint on ``device``;
     floating weights in ``dtype`` except those diffusers keeps fp32 (see ``keeps_fp32``)."""
-    if not dtype.is_floating_point:
-        raise ValueError(f"dtype must be a floating dtype (torch.bfloat16, torch.float32, ...); got {dtype}")
+    check_float_dtype(dtype)
     folder = Path(folder)
     config_path = folder / CONFIG_FILE
     if not config_path.is_file():

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omniloop.models.diffusers_config import config_from_diffusers
-from omniloop.models.layers.flux_positions import apply_rope, rope_tables, timestep_embedding
+from omniloop.models.layers.flux_positions import apply_rope, clip_fp16, rope_tables, timestep_embedding
 from omniloop.models.layers.attention import DEFAULT_BACKEND, varlen_attention
 from omniloop.models.layers.packed import Segments, TokenWindow, interleave_index, joint_segments
 from omniloop.models.layers.run_blocks import run_blocks
@@ -272,9 +272,7 @@ class FluxTransformerBlock(nn.Module):
         text = text + seg_t.expand(c_gate) * self.attn.to_add_out(text_out.contiguous())
         h = layer_norm(text) * (1 + seg_t.expand(c_scale_mlp)) + seg_t.expand(c_shift_mlp)
         text = text + seg_t.expand(c_gate_mlp) * self.ff_context(h)
-        if text.dtype == torch.float16:
-            text = text.clip(-65504, 65504)
-        return text, image
+        return clip_fp16(text), image
 
 
 class FluxSingleTransformerBlock(nn.Module):
@@ -297,9 +295,7 @@ class FluxSingleTransformerBlock(nn.Module):
         mlp = F.gelu(self.proj_mlp(h), approximate="tanh")
         attn = self.attn.attend(*self.attn.qkv(h), rope, seg)
         x = x + seg.expand(gate) * self.proj_out(torch.cat([attn, mlp], dim=1))
-        if x.dtype == torch.float16:
-            x = x.clip(-65504, 65504)
-        return x
+        return clip_fp16(x)
 
 
 class FluxTransformer(nn.Module):

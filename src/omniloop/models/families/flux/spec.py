@@ -45,7 +45,7 @@ from omniloop.pipeline.policies.shift import DynamicShift
 from omniloop.pipeline.predicates import opt, task_in
 from omniloop.pipeline.samplers.base import build_sampler
 from omniloop.pipeline.samplers.sampler_set import SamplerSet, with_rollout_sampler
-from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
+from omniloop.pipeline.spec import Node, PipelineSpec
 from omniloop.pipeline.stages import ImageVAEDecoder, TextEncode, TextEncoderSpec, VAEDecode
 from omniloop.request import Modality, OmniRequest, TaskType
 
@@ -205,7 +205,7 @@ def flux_pipeline_spec(variant: Variant, *, guidance_embeds: bool, pack: bool = 
     FLUX.1 Redux's components appends reference images' tokens to the prompt's (redux node)."""
     fill, control = variant.name == FILL_VARIANT, variant.name == CONTROL_VARIANT
     redux = any(w.component == "image_embedder" for w in variant.weights)
-    components = {w.component: ComponentSpec(name=w.component, kind=w.kind) for w in variant.weights}
+    components = variant.component_specs()
     text = TextEncode(
         encoders=(TextEncoderSpec("text_encoder", output="pooled", field="pooled"),  # CLIP: the pooled vector
                   TextEncoderSpec("text_encoder_2", output="sequence", field="prompt")),  # T5: the token sequence

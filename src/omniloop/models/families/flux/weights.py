@@ -14,7 +14,7 @@ from typing import Mapping
 
 import torch
 
-from omniloop.models.checkpoint_files import cast_to, check_and_assign, load_diffusers_model
+from omniloop.models.checkpoint_files import cast_to, check_and_assign, check_float_dtype, load_diffusers_model
 from omniloop.models.autoencoders.kl2d import KL2DAutoencoder
 from omniloop.models.autoencoders.kl2d_single_file import load_kl2d_vae_single_file
 from omniloop.models.families.flux.model import FluxConfig, FluxTransformer
@@ -266,17 +266,12 @@ def load_flux_transformer_single_file(path: str | Path, *, device: torch.device 
                                       axes_dims_rope: tuple[int, ...] | None = None) -> FluxTransformer:
     """Load a BFL-layout FLUX.1 DiT file (``flux1-dev.safetensors``, ``flux1-schnell-fp8...``,
     a ComfyUI checkpoint's ``model.diffusion_model.*``) as :class:`FluxTransformer`."""
-    from omniloop.models.single_file import DIT_SECTIONS, read_single_file
+    from omniloop.models.single_file import read_original_dit
 
-    if not dtype.is_floating_point:
-        raise ValueError(f"dtype must be a floating dtype (torch.bfloat16, torch.float32, ...); got {dtype}")
+    check_float_dtype(dtype)
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found; pass a FLUX.1 diffusion-model .safetensors file")
-    raw = read_single_file(path, cast_to(device, dtype), sections=DIT_SECTIONS)
-    if FLUX_ORIGINAL_MARKER not in raw:
-        raise ValueError(f"{path} is not a BFL-layout Flux DiT (no {FLUX_ORIGINAL_MARKER}); pass a FLUX.1 diffusion "
-                         "model file, or a diffusers `transformer/` folder to load_flux_transformer")
+    raw = read_original_dit(path, cast_to(device, dtype), marker=FLUX_ORIGINAL_MARKER, model="FLUX.1",
+                            layout="a BFL-layout Flux DiT", folder_loader="load_flux_transformer")
     config = flux_config_from_original({k: t.shape for k, t in raw.items()}, axes_dims_rope=axes_dims_rope)
     sd = flux_state_dict_from_original(raw)
     with torch.device("meta"):

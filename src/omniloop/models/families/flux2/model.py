@@ -34,7 +34,7 @@ from torch import nn
 
 from omniloop.models.diffusers_config import config_from_diffusers
 from omniloop.models.layers.attention import DEFAULT_BACKEND, attention
-from omniloop.models.layers.flux_positions import apply_rope, rope_tables, timestep_embedding
+from omniloop.models.layers.flux_positions import apply_rope, clip_fp16, rope_tables, timestep_embedding
 from omniloop.models.layers.run_blocks import run_blocks
 
 
@@ -331,9 +331,7 @@ class Flux2TransformerBlock(nn.Module):
         image = image + gate2 * self.ff(layer_norm(image, eps) * (1 + scale2) + shift2)
         text = text + c_gate * attn_txt
         text = text + c_gate2 * self.ff_context(layer_norm(text, eps) * (1 + c_scale2) + c_shift2)
-        if text.dtype == torch.float16:
-            text = text.clip(-65504, 65504)
-        return text, image
+        return clip_fp16(text), image
 
     def reference_forward(self, image: torch.Tensor, mod_img: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
                           ) -> tuple[torch.Tensor, KeyValue]:
@@ -360,9 +358,7 @@ class Flux2SingleTransformerBlock(nn.Module):
         shift, scale, gate = split_modulation(mod, 1)[0]
         reference = reference_kv.single[self.index] if reference_kv is not None else None
         x = x + gate * self.attn((1 + scale) * layer_norm(x, self.eps) + shift, rope, reference, text_tokens)
-        if x.dtype == torch.float16:
-            x = x.clip(-65504, 65504)
-        return x
+        return clip_fp16(x)
 
     def reference_forward(self, x: torch.Tensor, mod: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
                           ) -> tuple[torch.Tensor, KeyValue]:
@@ -370,9 +366,7 @@ class Flux2SingleTransformerBlock(nn.Module):
         shift, scale, gate = split_modulation(mod, 1)[0]
         out, kv = self.attn.project((1 + scale) * layer_norm(x, self.eps) + shift, rope)
         x = x + gate * out
-        if x.dtype == torch.float16:
-            x = x.clip(-65504, 65504)
-        return x, kv
+        return clip_fp16(x), kv
 
 
 class NormOut(nn.Module):

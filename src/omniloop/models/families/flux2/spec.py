@@ -35,7 +35,7 @@ from omniloop.pipeline.policies.cfg import ClassicCFG, EmbeddedGuidance
 from omniloop.pipeline.predicates import opt, task_in
 from omniloop.pipeline.samplers.base import build_sampler
 from omniloop.pipeline.samplers.sampler_set import SamplerSet, with_rollout_sampler
-from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
+from omniloop.pipeline.spec import Node, PipelineSpec
 from omniloop.pipeline.stages import ImageVAEDecoder, TextEncode, VAEDecode
 from omniloop.pipeline.stages.decode import LatentDecoder
 from omniloop.request import Modality, OmniRequest, TaskType
@@ -141,7 +141,7 @@ def flux2_single_files(files: SingleFileSet, resolve: Resolve,
 def flux2_pipeline_spec(variant: Variant) -> PipelineSpec:
     """klein: classifier-free guidance against the negative prompt (off when distilled); dev:
     the scale rides in the DiT's guidance embedding (one branch, no negative prompt)."""
-    components = {w.component: ComponentSpec(name=w.component, kind=w.kind) for w in variant.weights}
+    components = variant.component_specs()
     dev = variant.name == DEV_VARIANT
     # the prompt (and "" when CFG is on: klein base)
     text = TextEncode(component="text_encoder", guidance="embedded" if dev else "cfg")

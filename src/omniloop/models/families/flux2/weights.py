@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from omniloop.models.checkpoint_files import aligned, cast_to, check_and_assign, load_diffusers_model
+from omniloop.models.checkpoint_files import aligned, cast_to, check_and_assign, check_float_dtype, load_diffusers_model
 from omniloop.models.families.flux2.model import Flux2Config, Flux2Transformer
 
 def load_flux2_transformer(folder: str | Path, *, device: torch.device | str = "cpu",
@@ -126,17 +126,12 @@ def load_flux2_transformer_single_file(path: str | Path, *, device: torch.device
                                        axes_dims_rope: tuple[int, ...] | None = None) -> Flux2Transformer:
     """Load a BFL-layout FLUX.2 DiT file (``flux-2-klein-4b.safetensors``, its fp8 releases, a
     ComfyUI ``model.diffusion_model.*`` section) as :class:`Flux2Transformer`."""
-    from omniloop.models.single_file import DIT_SECTIONS, read_single_file
+    from omniloop.models.single_file import read_original_dit
 
-    if not dtype.is_floating_point:
-        raise ValueError(f"dtype must be a floating dtype (torch.bfloat16, torch.float32, ...); got {dtype}")
+    check_float_dtype(dtype)
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found; pass a FLUX.2 diffusion-model .safetensors file")
-    raw = read_single_file(path, aligned(cast_to(device, dtype)), sections=DIT_SECTIONS)
-    if ORIGINAL_MARKER not in raw:
-        raise ValueError(f"{path} is not a BFL-layout FLUX.2 DiT (no {ORIGINAL_MARKER}); pass a FLUX.2 diffusion "
-                         "model file, or a diffusers `transformer/` folder to load_flux2_transformer")
+    raw = read_original_dit(path, aligned(cast_to(device, dtype)), marker=ORIGINAL_MARKER, model="FLUX.2",
+                            layout="a BFL-layout FLUX.2 DiT", folder_loader="load_flux2_transformer")
     config = flux2_config_from_original({k: t.shape for k, t in raw.items()}, axes_dims_rope=axes_dims_rope)
     sd = flux2_state_dict_from_original(raw)
     with torch.device("meta"):

@@ -22,7 +22,7 @@ from omniloop.pipeline.pipeline import Pipeline
 from omniloop.pipeline.predicates import opt, task_in
 from omniloop.pipeline.samplers import build_sampler
 from omniloop.pipeline.samplers.sampler_set import SamplerSet, load_sampler_set, sampler_set_from_config
-from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
+from omniloop.pipeline.spec import Node, PipelineSpec
 from omniloop.models.families.ltx2.enhance import LTX2PromptEnhance
 from omniloop.models.families.ltx2.loop import LTX2DenoiseLoop, LTX2FirstFrame, LTX2Guidance
 from omniloop.models.families.ltx2.parallelize import LTX2_PARALLEL
@@ -182,7 +182,7 @@ def _gemma(files: SingleFileSet, resolve: Resolve, configs: LTX2Configs, options
 
 
 def ltx2_pipeline_spec(variant: Variant, upsample_scale: int, cfg_mode: str = "batched") -> PipelineSpec:
-    components = {w.component: ComponentSpec(name=w.component, kind=w.kind, optional=w.optional) for w in variant.weights}
+    components = variant.component_specs()
     guidance = LTX2Guidance(mode="sequential" if cfg_mode == "sequential" else "batched")
     staged = opt("two-stage", two_stage)
     final = {"latents": "latents", "refined": "refined_latents"}

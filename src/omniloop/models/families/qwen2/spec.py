@@ -94,9 +94,7 @@ def qwen2_variant(index: Mapping[str, Any]) -> Variant:
 
 
 def qwen2_pipeline_spec(variant: Variant) -> PipelineSpec:
-    components = {
-        w.component: ComponentSpec(name=w.component, kind=w.kind, optional=w.optional) for w in variant.weights
-    }
+    components = variant.component_specs()
     components["text_kv"] = ComponentSpec(name="text_kv", kind="paged text-KV pool (built, not loaded)")
     return PipelineSpec(
         name=variant.name,

@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Mapping
 
 import torch
-from omniloop.models.checkpoint_files import cast_to, check_keys, check_shapes, read_tensors, stored_keys, weight_files
+from omniloop.models.checkpoint_files import (
+    cast_to, check_float_dtype, check_keys, check_shapes, read_tensors, stored_keys, weight_files,
+)
 
 from omniloop.models.families.qwen2.model import ARCHITECTURE, Qwen2Config, Qwen2LM
 
@@ -90,8 +92,7 @@ def read_config(folder: Path) -> Qwen2Config:
 
 def load_qwen2(folder: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16) -> Qwen2LM:
     """Load a transformers ``Qwen2ForCausalLM`` folder as :class:`Qwen2LM` on ``device`` in ``dtype``."""
-    if not dtype.is_floating_point:
-        raise ValueError(f"dtype must be a floating dtype (torch.bfloat16, torch.float32, ...); got {dtype}")
+    check_float_dtype(dtype)
     folder, device = Path(folder), torch.device(device)
     config = read_config(folder)
     files = weight_files(folder, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, ARCHITECTURE)

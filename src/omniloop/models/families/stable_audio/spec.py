@@ -23,7 +23,7 @@ from omniloop.pipeline.policies.cfg import CFGMode, ClassicCFG
 from omniloop.pipeline.predicates import opt
 from omniloop.pipeline.samplers import build_sampler, sampler_for_diffusers_class
 from omniloop.pipeline.samplers.sampler_set import SamplerSet, with_comfy_v_samplers
-from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
+from omniloop.pipeline.spec import Node, PipelineSpec
 from omniloop.models.families.stable_audio.parallelize import STABLE_AUDIO_PARALLEL
 from omniloop.models.families.stable_audio.presets import STABLE_AUDIO_DEFAULTS
 from omniloop.models.families.stable_audio.stages import (
@@ -136,7 +136,7 @@ def stable_audio_single_files(files: SingleFileSet, resolve: Resolve,
 
 
 def stable_audio_pipeline_spec(variant: Variant, cfg_mode: CFGMode = "sequential") -> PipelineSpec:
-    components = {w.component: ComponentSpec(name=w.component, kind=w.kind) for w in variant.weights}
+    components = variant.component_specs()
     nodes = (
         Node("encode", StableAudioEncode()),
         Node("denoise", DenoiseLoop(StableAudioDenoiser(), cfg=ClassicCFG(mode=cfg_mode))),

@@ -30,7 +30,7 @@ from omniloop.pipeline.policies.routing import BoundaryTimestepRouting, SingleMo
 from omniloop.pipeline.policies.shift import FlowShift
 from omniloop.pipeline.predicates import opt, task_in
 from omniloop.pipeline.samplers.sampler_set import SamplerSet, flow_sampler_set, load_sampler_set
-from omniloop.pipeline.spec import ComponentSpec, Node, PipelineSpec
+from omniloop.pipeline.spec import Node, PipelineSpec
 from omniloop.pipeline.loops.decode import VideoDecodeLoop
 from omniloop.pipeline.stages import LATENTS_GIVEN, GivenLatents, TextEncode
 from omniloop.models.families.wan.parallelize import WAN_PARALLEL
@@ -299,14 +299,11 @@ def wan_pipeline_spec(variant: Variant, *, boundary_ratio: float | None, cfg_mod
     if is_vace(variant):
         return vace_pipeline_spec(variant, boundary_ratio=boundary_ratio, cfg_mode=cfg_mode, decode_whole=decode_whole)
     i2v = TaskType.I2V in variant.tasks
-    routing = BoundaryTimestepRouting(boundary_ratio) if boundary_ratio is not None else SingleModel()
-    components = {
-        w.component: ComponentSpec(name=w.component, kind=w.kind) for w in variant.weights
-    }
+    clip = any(w.component == "image_encoder" for w in variant.weights)
     nodes = [Node("text_encode", TextEncode())]
     if i2v:
         nodes.append(Node("image_condition", WanImageCondition(), when=task_in(TaskType.I2V)))
-    if "image_encoder" in components:  # Wan2.1 I2V: CLIP tokens of the first (and last) frame
+    if clip:  # Wan2.1 I2V: CLIP tokens of the first (and last) frame
         nodes.append(Node(IMAGE_ENCODE_NODE, WanImageEncode(), when=task_in(TaskType.I2V)))
     if TaskType.V2V in variant.tasks:  # loops from given latents: an encoded video, or latents passed in
         nodes.append(Node("video_encode", WanVideoEncode(), when=task_in(TaskType.V2V)))
@@ -315,26 +312,17 @@ def wan_pipeline_spec(variant: Variant, *, boundary_ratio: float | None, cfg_mod
         Node(
             "denoise",
             # (with an image encoder, the loop also reads its CLIP tokens: WanDenoiseLoop)
-            (WanDenoiseLoop if "image_encoder" in components else DenoiseLoop)(
+            (WanDenoiseLoop if clip else DenoiseLoop)(
                 WanDenoiser(),
                 cfg=ClassicCFG(mode=cfg_mode),
-                routing=routing,
+                routing=_routing(boundary_ratio),
                 shift=FlowShift(),
                 conditioning=LatentConcat() if i2v else NoConditioning(),
             ),
         ),
-        # outputs.modalities=["latent"] (trajectory rollouts, latent-space pipelines) skips the VAE
-        # a large video decodes as steps the scheduler interleaves (pipeline/loops/decode.py)
-        Node("decode", VideoDecodeLoop(WanDenoiser(), whole=decode_whole), when=opt("pixels wanted", _wants_pixels)),
+        _decode_node(decode_whole),
     ]
-    return PipelineSpec(
-        name=variant.name,
-        family="wan",
-        tasks=variant.tasks,
-        components=components,
-        nodes=tuple(nodes),
-        outputs={"video": "video", "image": "image", "latents": "final_latents", "trajectory": "trajectory"},
-    )
+    return _wan_spec(variant, tuple(nodes))
 
 
 def ti2v_pipeline_spec(variant: Variant, *, cfg_mode: CFGMode = "sequential",
@@ -348,14 +336,9 @@ def ti2v_pipeline_spec(variant: Variant, *, cfg_mode: CFGMode = "sequential",
         Node("image_condition", Ti2vImageCondition(),
              when=task_in(TaskType.I2V) | (task_in(TaskType.TI2V) & opt("first_frame image given", _has_first_frame))),
         Node("denoise", denoise),
-        Node("decode", VideoDecodeLoop(WanDenoiser(), whole=decode_whole), when=opt("pixels wanted", _wants_pixels)),
+        _decode_node(decode_whole),
     )
-    return PipelineSpec(
-        name=variant.name, family="wan", tasks=variant.tasks,
-        components={w.component: ComponentSpec(name=w.component, kind=w.kind) for w in variant.weights},
-        nodes=nodes,
-        outputs={"video": "video", "image": "image", "latents": "final_latents", "trajectory": "trajectory"},
-    )
+    return _wan_spec(variant, nodes)
 
 
 def vace_pipeline_spec(variant: Variant, *, boundary_ratio: float | None, cfg_mode: CFGMode = "sequential",
@@ -363,20 +346,34 @@ def vace_pipeline_spec(variant: Variant, *, boundary_ratio: float | None, cfg_mo
     """Wan VACE: the control latents (of the control video, mask and reference images; zeros
     and an all-ones mask for text-to-video) condition every step through the DiT's control
     branch; the reference frames are dropped before decoding (``vace.py``)."""
-    routing = BoundaryTimestepRouting(boundary_ratio) if boundary_ratio is not None else SingleModel()
-    denoise = VaceDenoiseLoop(VaceDenoiser(), cfg=ClassicCFG(mode=cfg_mode), routing=routing, shift=FlowShift())
+    denoise = VaceDenoiseLoop(VaceDenoiser(), cfg=ClassicCFG(mode=cfg_mode), routing=_routing(boundary_ratio),
+                              shift=FlowShift())
     nodes = (
         Node("text_encode", TextEncode()),
         Node("vace_condition", VaceCondition()),
         Node("denoise", denoise),
-        Node("decode", VideoDecodeLoop(WanDenoiser(), whole=decode_whole), when=opt("pixels wanted", _wants_pixels)),
+        _decode_node(decode_whole),
     )
+    return _wan_spec(variant, nodes, control_inputs=frozenset({"mask", "reference"}))
+
+
+def _routing(boundary_ratio: float | None) -> BoundaryTimestepRouting | SingleModel:
+    """Wan2.2 A14B's two experts switch at ``boundary_ratio``; one DiT otherwise."""
+    return BoundaryTimestepRouting(boundary_ratio) if boundary_ratio is not None else SingleModel()
+
+
+def _decode_node(decode_whole: bool | None) -> Node:
+    # outputs.modalities=["latent"] (trajectory rollouts, latent-space pipelines) skips the VAE;
+    # a large video decodes as steps the scheduler interleaves (pipeline/loops/decode.py)
+    return Node("decode", VideoDecodeLoop(WanDenoiser(), whole=decode_whole), when=opt("pixels wanted", _wants_pixels))
+
+
+def _wan_spec(variant: Variant, nodes: tuple[Node, ...], control_inputs: frozenset[str] = frozenset()) -> PipelineSpec:
+    """Every Wan pipeline's spec: its variant's components and the same named outputs."""
     return PipelineSpec(
-        name=variant.name, family="wan", tasks=variant.tasks,
-        components={w.component: ComponentSpec(name=w.component, kind=w.kind) for w in variant.weights},
-        nodes=nodes,
+        name=variant.name, family="wan", tasks=variant.tasks, components=variant.component_specs(), nodes=nodes,
         outputs={"video": "video", "image": "image", "latents": "final_latents", "trajectory": "trajectory"},
-        control_inputs=frozenset({"mask", "reference"}),
+        control_inputs=control_inputs,
     )
 
 

@@ -15,7 +15,7 @@ from typing import Any, Mapping, MutableMapping
 
 import torch
 
-from omniloop.models.checkpoint_files import cast_to, read_tensors, weight_files
+from omniloop.models.checkpoint_files import cast_to, check_float_dtype, read_tensors, weight_files
 from omniloop.models.families.wan.model import WanDiT, WanDiTConfig, WanVaceConfig, WanVaceDiT, keeps_fp32
 from omniloop.models.layers.wan_dit import check_and_assign, compile_renames, convert_wan_keys
 
@@ -70,8 +70,7 @@ def load_wan_dit(
     Floating-point weights are cast to ``dtype`` except those diffusers keeps in fp32 (time
     embedder, ``scale_shift_table`` s, the ``norm1/2/3`` LayerNorm affines), which stay fp32.
     """
-    if not dtype.is_floating_point:
-        raise ValueError(f"dtype must be a floating dtype (torch.bfloat16, torch.float32, ...); got {dtype}")
+    check_float_dtype(dtype)
     folder = Path(folder)
     config_path = folder / CONFIG_FILE
     if not config_path.is_file():
@@ -197,18 +196,13 @@ def load_wan_dit_single_file(
     :class:`WanDiT`: the config is read off the shapes (:func:`wan_config_from_original`),
     keys go original -> diffusers -> ours, fp8 storage is dequantized (``single_file``), and
     the fp32 rule is diffusers' on the diffusers key."""
-    from omniloop.models.single_file import DIT_SECTIONS, read_single_file
+    from omniloop.models.single_file import read_original_dit
 
-    if not dtype.is_floating_point:
-        raise ValueError(f"dtype must be a floating dtype (torch.bfloat16, torch.float32, ...); got {dtype}")
+    check_float_dtype(dtype)
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found; pass a Wan diffusion-model .safetensors file")
     cast = cast_to(device, dtype, keep_fp32=keeps_fp32)
-    raw = read_single_file(path, lambda key, t: cast(diffusers_key_from_original(key), t), sections=DIT_SECTIONS)
-    if WAN_ORIGINAL_MARKER not in raw:
-        raise ValueError(f"{path} is not an original-layout Wan DiT (no {WAN_ORIGINAL_MARKER}); pass a Wan "
-                         "diffusion model file, or a diffusers `transformer/` folder to load_wan_dit")
+    raw = read_original_dit(path, lambda key, t: cast(diffusers_key_from_original(key), t), marker=WAN_ORIGINAL_MARKER,
+                            model="Wan", layout="an original-layout Wan DiT", folder_loader="load_wan_dit")
     config = wan_config_from_original({k: t.shape for k, t in raw.items()}, attention_head_dim=attention_head_dim)
     renamed = {diffusers_key_from_original(k): raw.pop(k) for k in list(raw)}
     try:

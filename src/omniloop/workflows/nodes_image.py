@@ -49,9 +49,15 @@ def check_renderable(call: NodeCall, name: str) -> Pixels | Mask | None:
     return value
 
 
-def _size(value: Pixels | Mask | None) -> tuple[int | None, int | None]:
+def _size(call: NodeCall, value: Pixels | Mask | None) -> tuple[int | None, int | None]:
+    """A value's (width, height) where the graph or a file tells it (a video's: None)."""
     pixels = value.image if isinstance(value, Mask) else value
-    return (None, None) if pixels is None else (pixels.width, pixels.height)
+    if pixels is None:
+        return None, None
+    if pixels.width is None and pixels.source == "file" and pixels.path is not None and pixels.pad is None \
+            and not isinstance(value, Mask):
+        return call.context.image_size(call, pixels)
+    return pixels.width, pixels.height
 
 
 def _op(call: NodeCall, inputs: tuple[Pixels | Mask | None, ...], params: dict[str, Any],
@@ -78,21 +84,21 @@ def image_to_mask(call: NodeCall) -> tuple[Any, ...]:
         raise node_error(call.id, call.class_type, "value_not_in_list", "channel: the image has no alpha channel "
                          "(LoadImage gives RGB)", "use LoadImage's MASK output for its alpha, or pick red / green / "
                          "blue", input_name="channel")
-    return _mask(call, (image,), {"channel": call["channel"]}, _size(image))
+    return _mask(call, (image,), {"channel": call["channel"]}, _size(call, image))
 
 
 @node("MaskToImage", [i("mask", "MASK")], ["IMAGE"], category="mask")
 def mask_to_image(call: NodeCall) -> tuple[Any, ...]:
     """A mask as a gray image (the mask on all three channels)."""
     mask = check_renderable(call, "mask")
-    return _image(call, (mask,), {}, _size(mask))
+    return _image(call, (mask,), {}, _size(call, mask))
 
 
 @node("InvertMask", [i("mask", "MASK")], ["MASK"], category="mask")
 def invert_mask(call: NodeCall) -> tuple[Any, ...]:
     """1 - mask."""
     mask = check_renderable(call, "mask")
-    return _mask(call, (mask,), {}, _size(mask))
+    return _mask(call, (mask,), {}, _size(call, mask))
 
 
 @node("SolidMask", [i("value", "FLOAT", 1.0, min=0.0, max=1.0), i("width", "INT", 512, min=1, max=MAX_RESOLUTION),
@@ -109,7 +115,7 @@ def grow_mask(call: NodeCall) -> tuple[Any, ...]:
     """A mask grown (shrunk: expand < 0) by ``|expand|`` pixels."""
     mask = check_renderable(call, "mask")
     params = {"expand": int(call["expand"]), "tapered_corners": bool(call["tapered_corners"])}
-    return _mask(call, (mask,), params, _size(mask))
+    return _mask(call, (mask,), params, _size(call, mask))
 
 
 @node("RepeatImageBatch", [i("image", "IMAGE"), i("amount", "INT", 1, min=1, max=4096)], ["IMAGE"],
@@ -117,7 +123,7 @@ def grow_mask(call: NodeCall) -> tuple[Any, ...]:
 def repeat_image_batch(call: NodeCall) -> tuple[Any, ...]:
     """The batch repeated ``amount`` times."""
     image = check_renderable(call, "image")
-    return _image(call, (image,), {"amount": int(call["amount"])}, _size(image))
+    return _image(call, (image,), {"amount": int(call["amount"])}, _size(call, image))
 
 
 @node("ImageFromBatch", [i("image", "IMAGE"), i("batch_index", "INT", 0, min=0, max=4095),
@@ -126,7 +132,7 @@ def image_from_batch(call: NodeCall) -> tuple[Any, ...]:
     """``length`` images of a batch from ``batch_index``."""
     image = check_renderable(call, "image")
     return _image(call, (image,), {"batch_index": int(call["batch_index"]), "length": int(call["length"])},
-                  _size(image))
+                  _size(call, image))
 
 
 @node("BatchImagesNode", [i(f"images.image{k}", "IMAGE", optional=k >= 2) for k in range(BATCH_INPUTS)], ["IMAGE"],
@@ -135,7 +141,7 @@ def batch_images(call: NodeCall) -> tuple[Any, ...]:
     """The images in one batch, in input order, each resized to the first's size (bilinear,
     center crop)."""
     images = tuple(check_renderable(call, f"images.image{k}") for k in range(BATCH_INPUTS))
-    return _image(call, tuple(x for x in images if x is not None), {}, _size(images[0]))
+    return _image(call, tuple(x for x in images if x is not None), {}, _size(call, images[0]))
 
 
 @node("ImageCompositeMasked", [i("destination", "IMAGE"), i("source", "IMAGE"),
@@ -146,14 +152,14 @@ def image_composite_masked(call: NodeCall) -> tuple[Any, ...]:
     """``source`` pasted onto ``destination`` at (x, y), blended by ``mask``."""
     inputs = (check_renderable(call, "destination"), check_renderable(call, "source"), check_renderable(call, "mask"))
     params = {"x": int(call["x"]), "y": int(call["y"]), "resize_source": bool(call["resize_source"])}
-    return _image(call, inputs, params, _size(inputs[0]))
+    return _image(call, inputs, params, _size(call, inputs[0]))
 
 
 @node("ImageInvert", [i("image", "IMAGE")], ["IMAGE"], category="image")
 def image_invert(call: NodeCall) -> tuple[Any, ...]:
     """1 - image."""
     image = check_renderable(call, "image")
-    return _image(call, (image,), {}, _size(image))
+    return _image(call, (image,), {}, _size(call, image))
 
 
 @node("ImageScale", [i("image", "IMAGE"), i("upscale_method", "COMBO", "nearest-exact", options=SCALE_METHODS),
@@ -164,7 +170,7 @@ def image_scale(call: NodeCall) -> tuple[Any, ...]:
     """An image resized to ``width x height`` (a 0 side keeps the aspect)."""
     image = check_renderable(call, "image")
     width, height = int(call["width"]), int(call["height"])
-    old_w, old_h = _size(image)
+    old_w, old_h = _size(call, image)
     size: tuple[int | None, int | None] = (width, height)
     if old_w is None or old_h is None:
         size = (width, height) if width and height else (None, None)

@@ -174,17 +174,17 @@ def _rendered_mask(mask: Mask, canvas: Latent) -> tuple[ImagePart | VideoPart, b
 def _canvas_bytes(frames: torch.Tensor, canvas: Latent, fill: float) -> Any:
     """``[F, H, W, C]`` floats in [0, 1] -> ``[length, h, w, C]`` uint8 at the canvas' size (ComfyUI's
     ``common_upscale(..., "bilinear", "center")``, then rounded), the missing frames ``fill``.
-    Frame by frame (a full-size batch of floats would not fit a small machine), a frame that
-    is a view of the one before (RepeatImageBatch of one image) reusing its result."""
+    Frame by frame (a full-size batch of floats would not fit a small machine), a frame equal
+    to the one before (RepeatImageBatch's white frames) reusing its result."""
     assert canvas.width and canvas.height, "a sized canvas"
     length = int(canvas.frames or len(frames))
     out = np.empty((length, canvas.height, canvas.width, frames.shape[-1]), dtype=np.uint8)
     for k, frame in enumerate(frames):
-        if k and frame.data_ptr() == frames[k - 1].data_ptr() and frame.stride() == frames[k - 1].stride():
-            out[k] = out[k - 1]
+        if k and (frame.data_ptr() == frames[k - 1].data_ptr() or torch.equal(frame, frames[k - 1])):
+            out[k] = out[k - 1]  # (compared at the input's size: cheaper than a resize to the canvas)
             continue
         resized = upscale(frame[None].movedim(-1, 1), canvas.width, canvas.height, "bilinear", "center")[0]
-        out[k] = resized.movedim(0, -1).clamp_(0, 1).mul_(255).round_().to(torch.uint8).numpy()
+        out[k] = resized.mul_(255).round_().clamp_(0, 255).to(torch.uint8).movedim(0, -1).numpy()
     out[len(frames):] = round(fill * 255)
     return out
 

@@ -116,9 +116,11 @@ def test_composite_masked_by_hand():
     assert ops.composite_masked(dests, srcs, 0, 0, False, None)[:, 0, 0, 0].tolist() == [1, 2, 1]
     masks = torch.tensor([[[1.0]], [[0.0]]])
     assert ops.composite_masked(dests, srcs, 0, 0, False, masks)[:, 0, 0, 0].tolist() == [1, 0, 1]
-    # an RGB source onto an RGBA destination: an opaque alpha
-    assert ops.composite_masked(torch.zeros(1, 1, 1, 4), src[:, :1, :1], 0, 0, False, None)[0, 0, 0].tolist() == \
-        [1, 1, 1, 1]
+    # an RGBA source onto an RGB destination loses its alpha; the other way round is refused (ComfyUI fails)
+    rgba = torch.cat([src, torch.zeros(1, 2, 2, 1)], dim=-1)
+    assert ops.composite_masked(dest, rgba, 0, 0, False, None).shape == (1, 4, 4, 3)
+    with pytest.raises(ValueError, match="3-channel source onto a 4-channel destination"):
+        ops.composite_masked(torch.zeros(1, 1, 1, 4), src, 0, 0, False, None)
 
 
 def test_image_scale_by_hand():
@@ -255,3 +257,38 @@ def test_a_first_last_frame_control_renders_as_comfyui(tmp_path):
     api["6"]["inputs"]["width"] = ["40", 0]
     assert compile_workflow(api, ModelFolder.any_name(), input_dir=tmp_path).generations[0].request.diffusion.width \
         == 64
+
+
+def test_the_other_nodes_render_in_a_workflow(tmp_path):
+    """Control video: RepeatImageBatch(ImageScale(ImageCompositeMasked(a, ImageInvert(a) at
+    x=16))) cut by ImageFromBatch; mask: GrowMask(-1, tapered) of InvertMask(LoadImage b's
+    mask): the request's frames and mask, worked out by hand."""
+    from PIL import Image
+
+    from omniloop.io.video import video_frames
+    from omniloop.request import VideoPart
+
+    Image.new("RGB", (16, 16), (200, 40, 40)).save(tmp_path / "a.png")
+    b = Image.new("RGBA", (32, 32), (0, 0, 0, 255))
+    b.putpixel((10, 12), (0, 0, 0, 0))  # (x, y): transparent -> LoadImage's mask 1 there
+    b.save(tmp_path / "b.png")
+    api = _graph(("11", "ImageInvert", {"image": ["10", 0]}),
+                 ("12", "ImageCompositeMasked", {"destination": ["10", 0], "source": ["11", 0], "x": 8, "y": 0,
+                                                 "resize_source": False}),
+                 ("13", "ImageScale", {"image": ["12", 0], "upscale_method": "nearest-exact", "width": 32,
+                                       "height": 0, "crop": "disabled"}),
+                 ("14", "RepeatImageBatch", {"image": ["13", 0], "amount": 3}),
+                 ("20", "ImageFromBatch", {"image": ["14", 0], "batch_index": 1, "length": 9}),
+                 ("15", "LoadImage", {"image": "b.png"}),
+                 ("16", "InvertMask", {"mask": ["15", 1]}),
+                 ("21", "GrowMask", {"mask": ["16", 0], "expand": -1, "tapered_corners": True}))
+    request = compile_workflow(api, ModelFolder.any_name(), input_dir=tmp_path).generations[0].request
+    video, mask = [p for p in request.inputs if isinstance(p, VideoPart)]
+    frames, masks = video_frames(video.raw_bytes()), video_frames(mask.raw_bytes())
+    # 3 repeats from index 1: 2 frames, then mid gray to length 5; the right half inverted
+    assert frames.shape == (5, 32, 32, 3) and (frames[2:] == 128).all()
+    assert (frames[:2, :, :16] == [200, 40, 40]).all() and (frames[:2, :, 16:] == [55, 215, 215]).all()
+    # inverted: 0 at the transparent pixel; shrunk by the plus: 0 on it and its 4 neighbours
+    zeros = {(12, 10), (11, 10), (13, 10), (12, 9), (12, 11)}
+    assert {(int(y), int(x)) for y, x in zip(*np.nonzero(masks[0, ..., 0] == 0))} == zeros
+    assert (masks[0, ..., 0][masks[0, ..., 0] != 0] == 255).all() and (masks[1:] == 255).all()

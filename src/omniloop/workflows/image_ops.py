@@ -107,11 +107,13 @@ def composite_masked(destination: torch.Tensor, source: torch.Tensor, x: int, y:
     (x, y), blended by ``mask`` (resized, bilinear, to the source's size; none: all source),
     the part past the destination's right / bottom edge dropped. The source's batch is
     repeated (or cut) to the destination's; a source with alpha onto an RGB destination loses
-    it, an RGB source onto an RGBA destination is given an opaque alpha."""
+    it. (An RGB source onto an RGBA destination fails in ComfyUI, whose fix pads the
+    destination instead: refused here; LoadImage gives RGB, so a workflow never meets it.)"""
     if destination.shape[-1] < source.shape[-1]:
         source = source[..., :destination.shape[-1]]
     elif destination.shape[-1] > source.shape[-1]:
-        source = F.pad(source, (0, 1), value=1.0)
+        raise ValueError(f"ImageCompositeMasked: a {source.shape[-1]}-channel source onto a "
+                         f"{destination.shape[-1]}-channel destination (ComfyUI fails on it too)")
     dest = destination.movedim(-1, 1).clone()  # [B, C, H, W]
     src = source.movedim(-1, 1)
     if resize_source:

@@ -25,6 +25,7 @@ TEMPLATES = {  # template -> the family whose checkpoint serves it
     "image_flux2_klein_text_to_image": "flux2_klein_base", "image_flux2_text_to_image_9b": "flux2_klein_base",
     "image_flux2_klein_image_edit_4b_distilled": "flux2_klein_base", "image_flux2_klein_image_edit_4b_base": "flux2_klein_base",
     "video_wan_vace_14B_t2v": "wan_vace", "video_wan_vace_14B_ref2v": "wan_vace", "video_wan_vace_14B_v2v": "wan_vace",
+    "video_wan_vace_flf2v": "wan_vace", "video_wan_vace_outpainting": "wan_vace",  # image / mask nodes' control
     "video_wan2_2_14B_fun_inpaint": "wan_i2v", "video_wan2_2_5B_fun_inpaint": "wan_fun_5b",
     "wan2.1_fun_inp": "wan_i2v_clip",
     "image_flux2": "flux2_dev", "image_flux2_text_to_image": "flux2_dev",  # FLUX.2 [dev]: Mistral 3 + its DiT

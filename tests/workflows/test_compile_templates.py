@@ -26,8 +26,9 @@ IMAGES = ("image_to_video_wan_start_image.png", "video_wan2_2_14B_i2v_input_imag
           "video_wan2_2_5B_fun_inpaint_start_image.png", "video_wan2_2_5B_fun_inpaint_end_image.png",
           "wan2.1_fun_inp_start_image.png", "wan2.1_fun_inp_end_image.png", "egyptian_queen.png",
            "image_flux2_input_image.png", "man_in_street.png", "safari_outfit.png", "high_view_classic_car.png",
-           "low_view_classic_car.png", "ltx23_flf2v_first_frame.png", "ltx23_flf2v_last_frame.png")
-VIDEOS = ("video_wan_vace_14B_v2v_reference_image_control_video.mp4",)
+           "low_view_classic_car.png", "ltx23_flf2v_first_frame.png", "ltx23_flf2v_last_frame.png",
+           "video_wan_vace_flf2v_start_image.png", "video_wan_vace_flf2v_end_image.png")
+VIDEOS = ("video_wan_vace_14B_v2v_reference_image_control_video.mp4", "video_wan_vace_outpainting_input_video.mp4")
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +133,12 @@ EXPECTED = {
                                  {"width": 768, "height": 768, "num_frames": 81}),
     "video_wan_vace_14B_v2v": (TaskType.V2V, "wan_vace", [Modality.VIDEO],
                                {"width": 720, "height": 720, "num_frames": 81}),
+    # the control video and mask made by image / mask nodes: start image, white frames, end image
+    # (BatchImagesNode of SolidMask -> MaskToImage -> RepeatImageBatch), and a padded video (ImagePadForOutpaint)
+    "video_wan_vace_flf2v": (TaskType.V2V, "wan_vace", [Modality.VIDEO],
+                             {"width": 512, "height": 512, "num_frames": 81, "guidance_scale": 6.0, "steps": None}),
+    "video_wan_vace_outpainting": (TaskType.V2V, "wan_vace", [Modality.VIDEO],
+                                   {"width": 960, "height": 960, "num_frames": 81, "guidance_scale": 1.0}),
     # LTX-2.3: the distilled two-stage path, the prompt enhanced by Gemma 3 first (TextGenerateLTX2Prompt)
     "video_ltx2_3_t2v": (TaskType.T2VS, "ltx2", [Modality.VIDEO, Modality.AUDIO],
                          {"width": 640, "height": 360, "num_frames": 126, "fps": 25, "guidance_scale": 1.0}),

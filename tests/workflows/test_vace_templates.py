@@ -4,6 +4,7 @@ bypassed: the user's edits), and the VACE nodes' bad inputs are node errors."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,13 @@ SMALL = {"WanVaceToVideo": {"width": 32, "height": 32, "length": 5}, "KSampler":
 REFERENCE = {"video_wan_vace_14B_ref2v": "video_wan_vace_14B_ref2v_reference_image.jpg",
              "video_wan_vace_14B_v2v": "video_wan_vace_14B_v2v_reference_image.jpg"}
 CONTROL = "video_wan_vace_14B_v2v_reference_image_control_video.mp4"
+OUTPAINT_VIDEO = "video_wan_vace_outpainting_input_video.mp4"
+# the image / mask node templates, shrunk by their own widgets: node id -> inputs
+SHRUNK = {"video_wan_vace_flf2v": {"220:193": {"value": 32}, "220:194": {"value": 32},  # width, height
+                                   "220:131": {"value": 1}, "220:202": {"value": 2}},  # 1 * 16 + 1 frames; steps
+          "video_wan_vace_outpainting": {"137": {"value": 32}, "139": {"value": 32}, "131": {"value": 5},
+                                         "3": {"steps": 2},  # pad 24x16 frames to 32x28
+                                         "110": {"left": 4, "top": 4, "right": 4, "bottom": 8}}}
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +41,9 @@ def input_dir(tmp_path_factory) -> Path:
         Image.new("RGB", (96, 64), (200, 40, 40)).save(folder / name)
     frames = np.random.default_rng(0).integers(0, 256, size=(9, 32, 32, 3), dtype=np.uint8)  # longer than length
     write_mp4(frames, folder / CONTROL, 16, crf=0)
+    Image.new("RGB", (64, 32), (200, 40, 40)).save(folder / "video_wan_vace_flf2v_start_image.png")
+    Image.new("RGB", (64, 32), (40, 40, 200)).save(folder / "video_wan_vace_flf2v_end_image.png")
+    write_mp4(np.full((9, 16, 24, 3), 60, dtype=np.uint8), folder / OUTPAINT_VIDEO, 16, crf=0)
     return folder
 
 
@@ -125,3 +136,67 @@ def test_vace_control_masks_from_a_loadimage_alpha_run(wan_vace_dir, input_dir):
 
 def vace_id(api: dict) -> str:
     return next(nid for nid, n in api.items() if n["class_type"] == "WanVaceToVideo")
+
+
+def _shrunk(name: str) -> dict:
+    """An image / mask node template on the tiny model: its size, length and steps widgets
+    shrunk, its CausVid LoRA bypassed (the user's edits; the graph otherwise as shipped)."""
+    ui = template(name)
+    for n in ui["nodes"]:
+        if n["type"] == "LoraLoader":
+            n["mode"] = 4
+    api = ui_to_api(ui)
+    for nid, inputs in SHRUNK[name].items():
+        api[nid]["inputs"].update(inputs)
+    return api
+
+
+def test_vace_first_last_frame_template_runs(wan_vace_dir, input_dir):
+    """video_wan_vace_flf2v: the control video is BatchImagesNode(start, RepeatImageBatch(
+    MaskToImage(SolidMask 1)), end), the mask ImageToMask of the same over SolidMask 0 / 1:
+    the request carries ComfyUI's frames, and the tiny VACE model runs them."""
+    from omniloop.api.generator import VideoGenerator
+    from omniloop.io.video import video_frames
+
+    compiled = compile_workflow(_shrunk("video_wan_vace_flf2v"), template_models({"wan_vace": wan_vace_dir}),
+                                input_dir=input_dir)
+    assert not compiled.deviations, compiled.deviations
+    request = compiled.generations[0].request
+    assert request.task == TaskType.V2V and request.diffusion.num_frames == 17
+    video, mask = [p for p in request.inputs if isinstance(p, VideoPart)]
+    frames, masks = video_frames(video.raw_bytes()), video_frames(mask.raw_bytes())
+    assert frames.shape == masks.shape == (17, 32, 32, 3)  # the 64x32 images cut to 32x32 around the center
+    assert (frames[0] == [200, 40, 40]).all() and (frames[16] == [40, 40, 200]).all() and (frames[1:16] == 255).all()
+    assert (masks[0] == 0).all() and (masks[16] == 0).all() and (masks[1:16] == 255).all()  # 255: generate
+    with VideoGenerator.from_pretrained(str(compiled.generations[0].served.path)) as gen:
+        out = gen.generate(request)
+    assert out.failure is None, out.failure
+    assert tuple(out.artifacts["video"].frames.shape[:3]) == (17, 32, 32)
+
+
+def test_vace_outpainting_template_runs(wan_vace_dir, input_dir):
+    """video_wan_vace_outpainting: ImagePadForOutpaint pads the video's frames with mid gray;
+    its margin mask through MaskToImage -> RepeatImageBatch -> ImageToMask is the control mask
+    (the same every frame: one mask image). The bilinear resize softens the mask's edge, which
+    the model binarizes: the one deviation besides the input previews."""
+    from PIL import Image
+
+    from omniloop.api.generator import VideoGenerator
+    from omniloop.io.video import video_frames
+    from omniloop.request import ImagePart
+
+    compiled = compile_workflow(_shrunk("video_wan_vace_outpainting"), template_models({"wan_vace": wan_vace_dir}),
+                                input_dir=input_dir)
+    assert sorted(d.class_type for d in compiled.deviations) == ["PreviewImage", "PreviewImage", "WanVaceToVideo"]
+    request = compiled.generations[0].request
+    (video,) = [p for p in request.inputs if isinstance(p, VideoPart)]
+    (mask,) = [p for p in request.inputs if isinstance(p, ImagePart) and p.role == "mask"]
+    frames = video_frames(video.raw_bytes())
+    # 32x28 padded -> 28x28 around the center (x from 2) -> 32x32: the top rows gray, the middle the video
+    assert frames.shape == (5, 32, 32, 3) and (frames[:, 0] == 128).all() and (frames[:, 14:18, 14:18] == 60).all()
+    values = np.asarray(Image.open(io.BytesIO(mask.raw_bytes())))
+    assert values.shape == (32, 32) and (values[0] == 255).all() and (values[14:18, 14:18] == 0).all()
+    with VideoGenerator.from_pretrained(str(compiled.generations[0].served.path)) as gen:
+        out = gen.generate(request)
+    assert out.failure is None, out.failure
+    assert tuple(out.artifacts["video"].frames.shape[:3]) == (5, 32, 32)

@@ -535,22 +535,15 @@ def _padded(image: Pixels) -> ImagePart:
 
 
 def _pad_mask(image: Pixels) -> tuple[ImagePart, bool]:
-    """ImagePadForOutpaint's mask (ComfyUI's: 1 on the margins; inside the image, within
-    ``feathering`` of a padded edge, ((f - d) / f)^2), as the white-is-repaint image."""
+    """ImagePadForOutpaint's mask (``image_ops.outpaint_mask``: 1 on the margins, fading into
+    the image within ``feathering`` of a padded edge), as the white-is-repaint image."""
     import numpy as np
+
+    from omniloop.workflows.image_ops import outpaint_mask
 
     assert image.pad is not None and image.width is not None and image.height is not None, "a padded image"
     p = image.pad
-    h, w = image.height - p.top - p.bottom, image.width - p.left - p.right
-    inner = np.zeros((h, w), dtype=np.float64)
-    f = p.feathering
-    if f > 0 and f * 2 < h and f * 2 < w:
-        rows, cols = np.arange(h)[:, None], np.arange(w)[None, :]
-        d = np.minimum(np.minimum(rows if p.top else np.full_like(rows, h), (h - rows) if p.bottom else np.full_like(rows, h)),
-                       np.minimum(cols if p.left else np.full_like(cols, w), (w - cols) if p.right else np.full_like(cols, w)))
-        inner = np.where(d < f, ((f - d) / f) ** 2, 0.0)
-    mask = np.ones((image.height, image.width), dtype=np.float64)
-    mask[p.top:p.top + h, p.left:p.left + w] = inner
+    mask = outpaint_mask(image.height - p.top - p.bottom, image.width - p.left - p.right, p)[0].double().numpy()
     soft = bool(((mask > 0) & (mask < 1)).any())
     return _png_part(np.round(mask * 255).astype(np.uint8), "mask"), soft
 

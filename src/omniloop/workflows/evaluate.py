@@ -17,6 +17,7 @@ from omniloop.workflows import nodes_control as _nodes_control  # noqa: F401  (I
 from omniloop.workflows import video_nodes as _video_nodes  # noqa: F401  (LoadVideo, WanVaceToVideo...)
 from omniloop.workflows import nodes_wan as _nodes_wan  # noqa: F401  (WanFunInpaintToVideo, SkipLayerGuidanceDiT, ...)
 from omniloop.workflows import nodes_text as _nodes_text  # noqa: F401  (TextGenerateLTX2Prompt, PreviewAny)
+from omniloop.workflows import nodes_image as _nodes_image  # noqa: F401  (ImageToMask, RepeatImageBatch, ...)
 from omniloop.workflows.errors import NodeProblem, WorkflowError, node_error
 from omniloop.workflows.graph import Graph, GraphNode, Link, evaluation_order
 from omniloop.workflows.model_folder import ModelFolder, ServedCheckpoint

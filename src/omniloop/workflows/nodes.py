@@ -500,10 +500,12 @@ def image_pad_for_outpaint(call: NodeCall) -> tuple[Any, ...]:
     the image over ``feathering`` pixels (ComfyUI's ((f - d) / f)^2 at distance d from a padded
     edge); rendered when the request is built (compiler._parts)."""
     image = call["image"]
-    if image.source != "file" or image.pad is not None:
-        raise node_error(call.id, call.class_type, "invalid_input_type", "image: pad a LoadImage's image",
-                         input_name="image")
+    if image.source not in ("file", "video") or image.pad is not None:
+        raise node_error(call.id, call.class_type, "invalid_input_type", "image: pad a LoadImage's image or a "
+                         "LoadVideo's frames", input_name="image")
     pad = Padding(*(int(call[k]) for k in ("left", "top", "right", "bottom", "feathering")))
+    if image.source == "video" and image.width is None:  # a video's size is read when its frames are
+        return replace(image, pad=pad), Mask(replace(image, pad=pad))
     width, height = call.context.image_size(call, image)
     padded = replace(image, pad=pad, width=width + pad.left + pad.right, height=height + pad.top + pad.bottom)
     return padded, Mask(padded)
@@ -937,9 +939,10 @@ def save_image(call: NodeCall) -> tuple[Any, ...]:
 @node("PreviewImage", [i("images", "IMAGE")], [], output_node=True, category="image")
 def preview_image(call: NodeCall) -> tuple[Any, ...]:
     """Show images (temporary png): generated ones (a preview of an input image, e.g. its
-    Canny edge map, is not made: a deviation)."""
+    Canny edge map, a loaded video's frames or an image node's result, is not made: a
+    deviation)."""
     images = call["images"]
-    if isinstance(images, Pixels) and images.source == "file":
+    if isinstance(images, Pixels) and images.source in ("file", "video", "op"):
         call.context.deviate(call, "a preview of an input image (not a sampler's output) is not made; only generated "
                              "images are saved")
         return ()

@@ -10,7 +10,7 @@ are Python values, so primitive and math nodes fold away.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 from omniloop.request import LoraRef
 
@@ -57,13 +57,15 @@ class Pixels:
     """IMAGE: a loaded file (``path``), a blank canvas (``blank``), or decoded ``latent``.
     ``width``/``height``: known when the graph fixes them (None: the file's own size)."""
 
-    source: Literal["file", "blank", "decoded", "video"]  # video: the frames of a video file (LoadVideo)
+    # video: the frames of a video file (LoadVideo); op: an image utility node's result (``op``)
+    source: Literal["file", "blank", "decoded", "video", "op"]
     width: int | None = None
     height: int | None = None
     path: str | None = None
     latent: "Latent | None" = None
     pad: "Padding | None" = None  # ImagePadForOutpaint: the file on a larger mid-gray canvas
     canny: tuple[float, float] | None = None  # Canny: the file's edge map (low, high thresholds)
+    op: "ImageOp | None" = None  # source "op": the node that computes these pixels (image_ops.render)
 
 
 @dataclass(frozen=True)
@@ -80,9 +82,26 @@ class Padding:
 @dataclass(frozen=True)
 class Mask:
     """MASK: a loaded file's alpha channel as ComfyUI's LoadImage reads it (1 - alpha: the
-    transparent pixels are 1, the area to inpaint)."""
+    transparent pixels are 1, the area to inpaint); of a padded image, ImagePadForOutpaint's
+    margin mask; of a ``Pixels("op")``, that mask node's own result (``image.op``)."""
 
     image: Pixels
+
+
+@dataclass(frozen=True)
+class ImageOp:
+    """One image / mask utility node (ImageToMask, RepeatImageBatch, ...): computed on the
+    loaded pixels when the request is built (``image_ops.render``), never at evaluation time
+    (a workflow compiles without its input files). ``inputs``: its IMAGE / MASK inputs in the
+    node's order (None: an optional one left out); ``params``: its widget values."""
+
+    node: str
+    class_type: str
+    inputs: tuple["Pixels | Mask | None", ...]
+    params: tuple[tuple[str, Any], ...] = ()
+
+    def param(self, name: str) -> Any:
+        return dict(self.params)[name]
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
+import torch
+
 from omniloop.request import ImagePart, VideoPart
 from omniloop.workflows.errors import node_error
+from omniloop.workflows.image_ops import files_present, first_path, render, render_mask, upscale
 from omniloop.workflows.nodes import MAX_RESOLUTION, _size, _video_latent
+from omniloop.workflows.nodes_image import check_renderable
 from omniloop.workflows.values import Latent, Mask, Pixels, Sampling, VaceControl, VideoOut
 from omniloop.workflows.vocabulary import NodeCall, i, node
 
@@ -59,16 +64,19 @@ def wan_vace_to_video(call: NodeCall) -> tuple[Any, ...]:
     """A Wan VACE model's control video, reference image and strength, and the video canvas
     (one more latent frame in front with a reference image: ``trim_latent``)."""
     video, reference, mask = call.get("control_video"), call.get("reference_image"), call.get("control_masks")
-    if mask is not None and (not isinstance(mask, Mask) or mask.image.source != "file" or mask.image.pad is not None):
+    if mask is not None and (not isinstance(mask, Mask) or mask.image.source not in ("file", "video", "op")):
         raise node_error(call.id, call.class_type, "invalid_input_type", "control_masks: connect a LoadImage's mask "
-                         "(its alpha channel)", input_name="control_masks")
+                         "(its alpha channel), an ImagePadForOutpaint's or a mask node's", input_name="control_masks")
     if mask is not None and video is None:
         raise node_error(call.id, call.class_type, "required_input_missing", "control_masks: a mask says which "
                          "pixels of the control video to generate; connect control_video too",
                          input_name="control_video")
-    if video is not None and (video.source != "video" or video.path is None):
+    if video is not None and (video.source not in ("video", "op") or video.source == "video" and video.path is None):
         raise node_error(call.id, call.class_type, "invalid_input_type", "control_video: connect the images of "
-                         "GetVideoComponents(LoadVideo)", input_name="control_video")
+                         "GetVideoComponents(LoadVideo) (maybe padded by ImagePadForOutpaint) or of an image batch "
+                         "node (BatchImagesNode, RepeatImageBatch...)", input_name="control_video")
+    check_renderable(call, "control_video")
+    check_renderable(call, "control_masks")
     if reference is not None and (reference.source != "file" or reference.path is None):
         raise node_error(call.id, call.class_type, "invalid_input_type", "reference_image: connect a LoadImage",
                          input_name="reference_image")
@@ -110,11 +118,14 @@ def vace_parts(ev: Any, run: Sampling, canvas: Latent, final: Latent, node_param
         node_params.setdefault(denoise_node, {})["conditioning_scale"] = vace.strength
     parts: list[Any] = []
     if vace.video is not None:
-        assert vace.video.path is not None, "WanVaceToVideo checks the control video is a file's"
-        parts.append(_control_video(vace.video.path, canvas))
+        plain = vace.video.op is None and vace.video.pad is None
+        parts.append(_control_video(vace.video.path, canvas) if plain and vace.video.path is not None
+                     else _rendered_video(vace.video, canvas))
     if vace.mask is not None:
-        assert vace.mask.image.path is not None, "WanVaceToVideo checks the mask is a LoadImage's"
-        mask, soft = _mask_video(vace.mask.image.path, canvas)
+        image = vace.mask.image
+        plain = image.op is None and image.pad is None and image.source == "file" and image.path is not None
+        mask, soft = _mask_video(image.path, canvas) if plain and image.path is not None \
+            else _rendered_mask(vace.mask, canvas)
         if soft:
             deviate(vace.node, "control_masks has values between 0 and 1: the model keeps / generates the control "
                     "video's pixels by the mask binarized at 0.5 (diffusers' WanVACEPipeline); ComfyUI blends them")
@@ -123,6 +134,59 @@ def vace_parts(ev: Any, run: Sampling, canvas: Latent, final: Latent, node_param
         assert vace.reference.path is not None, "WanVaceToVideo checks the reference is a LoadImage's"
         parts.append(_center_cropped(vace.reference.path, canvas))
     return parts
+
+
+def _rendered_video(video: Pixels, canvas: Latent) -> VideoPart:
+    """A control video computed by image nodes (a padded video, a batch of images): its
+    frames as ComfyUI's WanVaceToVideo takes them: the first ``length`` cut around the center
+    to the video's aspect and resized (bilinear) to its size, padded with mid gray to
+    ``length``, then 8-bit and lossless (ComfyUI keeps floats: within half a level)."""
+    if not files_present(video) or not canvas.width or not canvas.height:
+        return VideoPart(path=first_path(video) or "")  # compiled without an input folder: a stand-in
+    length = int(canvas.frames or 1)
+    frames = _canvas_bytes(render(video)[:length], canvas, fill=0.5)
+    return VideoPart(b64=base64.b64encode(_lossless_video(frames, 16.0)).decode())
+
+
+def _rendered_mask(mask: Mask, canvas: Latent) -> tuple[ImagePart | VideoPart, bool]:
+    """A control mask computed by image nodes (an outpainting margin, a batch of solid masks),
+    as ComfyUI's WanVaceToVideo reads it: its first ``length`` frames cut around the center
+    and resized (bilinear) to the video's size, padded with 1 (generate) to ``length`` ->
+    white-is-generate frames (a lossless video; one image when every frame is the same, which
+    the model applies to every frame), and whether it is soft."""
+    if not files_present(mask) or not canvas.width or not canvas.height:
+        return VideoPart(path=first_path(mask) or "", role="mask"), False
+    length = int(canvas.frames or 1)
+    frames = _canvas_bytes(render_mask(mask)[:length, :, :, None], canvas, fill=1.0)  # [F, h, w, 1]
+    soft = bool(((frames != 0) & (frames != 255)).any())
+    if (frames == frames[:1]).all():
+        import io
+
+        from PIL import Image
+
+        buf = io.BytesIO()
+        Image.fromarray(frames[0, :, :, 0], mode="L").save(buf, format="PNG")
+        return ImagePart(b64=base64.b64encode(buf.getvalue()).decode(), role="mask"), soft
+    video = _lossless_video(np.repeat(frames, 3, axis=-1), 16.0)
+    return VideoPart(b64=base64.b64encode(video).decode(), role="mask"), soft
+
+
+def _canvas_bytes(frames: torch.Tensor, canvas: Latent, fill: float) -> Any:
+    """``[F, H, W, C]`` floats in [0, 1] -> ``[length, h, w, C]`` uint8 at the canvas' size (ComfyUI's
+    ``common_upscale(..., "bilinear", "center")``, then rounded), the missing frames ``fill``.
+    Frame by frame (a full-size batch of floats would not fit a small machine), a frame equal
+    to the one before (RepeatImageBatch's white frames) reusing its result."""
+    assert canvas.width and canvas.height, "a sized canvas"
+    length = int(canvas.frames or len(frames))
+    out = np.empty((length, canvas.height, canvas.width, frames.shape[-1]), dtype=np.uint8)
+    for k, frame in enumerate(frames):
+        if k and (frame.data_ptr() == frames[k - 1].data_ptr() or torch.equal(frame, frames[k - 1])):
+            out[k] = out[k - 1]  # (compared at the input's size: cheaper than a resize to the canvas)
+            continue
+        resized = upscale(frame[None].movedim(-1, 1), canvas.width, canvas.height, "bilinear", "center")[0]
+        out[k] = resized.mul_(255).round_().clamp_(0, 255).to(torch.uint8).movedim(0, -1).numpy()
+    out[len(frames):] = round(fill * 255)
+    return out
 
 
 def _mask_video(path: str, canvas: Latent) -> tuple[VideoPart, bool]:

@@ -19,7 +19,7 @@ from omniloop.pipeline.state import RequestState, StageContext
 from omniloop.request import OmniRequest, TaskType, TensorArtifact, TextPart
 from tests.engine_plans import record_plans
 
-WORK_S = 0.3
+WORK_S = 0.5  # long beside a loaded 2-core box's thread-start jitter (0.3 with a 0.8 overlap bound flaked once)
 
 
 @dataclass
@@ -80,11 +80,11 @@ def test_two_ready_decodes_overlap_instead_of_serializing():
     video, audio = out.artifacts["video_out"].tensor, out.artifacts["audio_out"].tensor
     assert video[0] == audio[0] == 4  # both read the source's latents
     overlap = min(video[2], audio[2]) - max(video[1], audio[1])
-    assert overlap > 0.8 * WORK_S  # they ran at the same time
+    assert overlap > 0.5 * WORK_S  # they ran at the same time (serialized, the overlap is <= 0)
     assert out.metrics.node_s["video_decode"] >= WORK_S and out.metrics.node_s["audio_decode"] >= WORK_S
     serial, serial_wall, serial_works = _run(pipeline, fan_out=False)
     assert all(not w.parallel for w in serial_works)
-    assert serial_wall >= 2 * WORK_S and wall < 1.6 * WORK_S  # the critical path: one decode, not two
+    assert serial_wall >= 2 * WORK_S and wall < 1.7 * WORK_S  # the critical path: one decode, not two
     s_video, s_audio = serial.artifacts["video_out"].tensor, serial.artifacts["audio_out"].tensor
     assert s_audio[1] >= s_video[2]  # one after the other
 

@@ -65,7 +65,7 @@ def test_bucketed_decode_equals_the_eager_paged_step():
     print("max |graph path - eager| logits:", worst)
     assert worst < 1e-5, worst  # masked vs unmasked kernel, padded context
     assert runner.stats.eager_not_cuda == 6 and runner.stats.captures == 0
-    assert not graph_rows(runner, loops)  # a CPU pool never takes the graph path in the loop
+    assert not graph_rows(runner, lm, loops)  # a CPU pool never takes the graph path in the loop
 
 
 def test_cuda_graphs_are_refused_on_a_cpu_deployment(tmp_path):

@@ -17,8 +17,15 @@ The models are our classes built with random weights in place (no checkpoint: th
 cost does not depend on the values); the step is the stage's own (``ARDecodeLoop``,
 ``ThinkerLoop``, ``TalkerLoop``), its loops made as ``init`` makes them (prefill included).
 
+``--cuda-graphs both`` (a GPU) measures every case eager and then with the decode forward replayed
+from CUDA graphs (``pipeline/loops/ar_graphs.py``, the stage's ``graphs``: what ``cuda_graphs=True``
+deploys), ``cuda_graphs`` on each line. A replayed step runs no forward hook, so with graphs
+``forward_ms`` / ``host_ms`` are not split out (null): compare ``step_ms``; ``graph_captures`` /
+``graph_replays`` / ``capture_failures`` count the runner's work in the case (warmup included).
+
     python benchmarks/bench_ar_step.py --out benchmarks/results/ar_step_cpu.jsonl    # CPU, tiny dims
     python benchmarks/bench_ar_step.py --arch 7b --out $OUT/ar_step_h100.jsonl       # GPU, published 7B dims, bf16
+    python benchmarks/bench_ar_step.py --arch 7b --cuda-graphs both --out $OUT/ar_step_graphs_h100.jsonl
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ from omniloop.models.families.qwen2_5_omni.model import (  # noqa: E402
     DecoderConfig, OmniTalker, OmniThinker, TalkerRow, TalkerTokens, ThinkerRow,
 )
 from omniloop.models.families.qwen2_5_omni.stages import TalkerLoop, TalkerLoopState, ThinkerLoop  # noqa: E402
+from omniloop.models.layers.cuda_graphs import CudaGraphRunner  # noqa: E402
 from omniloop.models.omni.talker import CodecVocab  # noqa: E402
 from omniloop.pipeline.loops.ar import ARDecodeLoop, ARLoopState  # noqa: E402
 from omniloop.pipeline.state import StageContext  # noqa: E402
@@ -221,6 +229,14 @@ def count_tolist(counter: OpCounter) -> Callable[[], None]:
     return lambda: setattr(torch.Tensor, "tolist", original)
 
 
+def graph_counts(runner: CudaGraphRunner | None) -> dict[str, int]:
+    """The runner's counts so far (none without graphs)."""
+    if runner is None:
+        return {}
+    s = runner.summary()
+    return {"graph_captures": s["captures"], "graph_replays": s["replays"], "capture_failures": s["capture_failures"]}
+
+
 def measure(bench: Bench, loops: list[ARLoopState], iters: int, warmup: int) -> dict:
     clock = ForwardClock(bench.lm, bench.ctx.device)
     sync = clock._sync
@@ -261,6 +277,7 @@ PROFILED_STEPS = 3
 def run_case(bench: Bench, model: str, variant: str, batch: int, contexts: list[int], args) -> tuple[dict, list[dict]]:
     """-> the case's record, and (``--profile``) its top kernels / ops per step."""
     max_tokens = args.warmup + args.iters + PROFILED_STEPS + 6  # no row ends while measured
+    before = graph_counts(bench.stage.graphs)
     loops = []
     for row in range(batch):
         params, top = row_params(variant, row, max_tokens)
@@ -274,7 +291,11 @@ def run_case(bench: Bench, model: str, variant: str, batch: int, contexts: list[
     for lp in loops:
         bench.stage.release(lp)
     case = {"model": model, "sampling": variant, "batch": batch,
-            "contexts": sorted({contexts[r % len(contexts)] for r in range(batch)})}
+            "contexts": sorted({contexts[r % len(contexts)] for r in range(batch)}),
+            "cuda_graphs": bench.stage.graphs is not None}
+    if bench.stage.graphs is not None:  # the replay runs no forward hook: no forward / host split
+        rec.update(forward_ms=None, host_ms=None, host_ms_per_row=None,
+                   **{k: v - before[k] for k, v in graph_counts(bench.stage.graphs).items()})
     busy = next((k["ms_per_call"] / k["share"] for k in kernels if k["share"] > 0), None)
     if busy is not None:  # what the device (CPU: the ops) was busy with per step, of step_ms
         rec["busy_ms"] = round(busy, 3)
@@ -295,6 +316,8 @@ def parse(argv) -> argparse.Namespace:
     p.add_argument("--profile", action="store_true",
                    help="also the top kernels (GPU) / ops (CPU) of each case's step, and busy_ms: the device's "
                         "time per step (step_ms - busy_ms: the device waiting for the host)")
+    p.add_argument("--cuda-graphs", choices=("off", "on", "both"), default="off",
+                   help="decode forwards replayed from CUDA graphs (a GPU): on, or both (each case eager, then on)")
     p.add_argument("--label", default=None, help="a label field on every line (e.g. before / after)")
     p.add_argument("--machine", default=None, help="the machine, in words (default: the device's name)")
     p.add_argument("--out", default=None)
@@ -302,6 +325,8 @@ def parse(argv) -> argparse.Namespace:
     tiny = args.arch == "tiny"
     fill_unset(args, {"contexts": "24,77,130,301" if tiny else "64,130,257,700", "iters": 30 if tiny else 20,
                       "device": "cpu" if tiny else "cuda"})
+    if args.cuda_graphs != "off" and not args.device.startswith("cuda"):
+        p.error(f"--cuda-graphs {args.cuda_graphs} replays CUDA graphs: pass --device cuda (or --cuda-graphs off)")
     return args
 
 
@@ -319,12 +344,15 @@ def main(argv=None) -> int:
     with jsonl_sink(args.out) as sink:
         for model in args.models.split(","):
             bench = build(model, args.arch, device, dtype, kv_tokens)
+            runners = {"off": [None], "on": [CudaGraphRunner()], "both": [None, CudaGraphRunner()]}[args.cuda_graphs]
             for variant in VARIANTS[model]:
                 for batch in batches:
-                    rec, kernels = run_case(bench, model, variant, batch, contexts, args)
-                    emit({**base, **rec}, sink)
-                    for k in kernels:
-                        emit({**base, **k}, sink)
+                    for runner in runners:  # the same model and loops' shapes, eager then replayed
+                        bench.stage.graphs = runner
+                        rec, kernels = run_case(bench, model, variant, batch, contexts, args)
+                        emit({**base, **rec}, sink)
+                        for k in kernels:
+                            emit({**base, **k}, sink)
             del bench
             if device.type == "cuda":
                 torch.cuda.empty_cache()

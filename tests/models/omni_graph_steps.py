@@ -15,10 +15,16 @@ from omniloop.models.layers.cuda_graphs import CudaGraphRunner
 from omniloop.models.omni.image_prompt import VisionRun, rope_positions
 from omniloop.models.omni.media import MediaEmbeds, PromptRope
 from omniloop.models.omni.thinker import ThinkerRow
+from omniloop.pipeline.loops import ar_graphs
 from omniloop.pipeline.loops.ar_graphs import graph_decode
+from omniloop.pipeline.pipeline import Pipeline
+from omniloop.pipeline.state import RequestState
+from omniloop.request import OmniRequest
+from tests.models.qwen2_5_omni.helpers import run_nodes
 
 PROMPT_LENS = (29, 6, 17)  # row 0 crosses 8 blocks of 4 (32 keys) at its 4th step
 STEPS = 6
+AR_NODES = ("chat", "thinker", "talker")  # what a spoken answer's check runs (the codes: the talker's)
 IMAGE_TOKEN = 7  # the image run's placeholder id in these prompts (any id: the embeddings replace it)
 
 
@@ -103,3 +109,27 @@ def compare_thinker_rows(eager: ThinkerRow | None, graph: ThinkerRow | None) -> 
         return 0.0
     assert graph is not None and eager.filled == graph.filled
     return (eager.states() - graph.states()).abs().max().item()
+
+
+def run_nodes_on_graph_path(pipeline: Pipeline, request: OmniRequest, monkeypatch: Any) -> tuple[RequestState, CudaGraphRunner]:
+    """``run_nodes`` with a runner on the thinker and talker nodes and the CPU let onto the
+    graph path (its runner runs each bucketed step eager): the loops' wiring of it (the
+    recorded states streamed to the talker, the talker's inputs) -> the state and the runner."""
+    runner = CudaGraphRunner()
+    monkeypatch.setattr(ar_graphs, "GRAPH_DEVICES", frozenset({"cuda", "cpu"}))
+    for name in ("thinker", "talker"):
+        monkeypatch.setattr(pipeline.spec.node(name).stage, "graphs", runner)
+    return run_nodes(pipeline, request, only=AR_NODES), runner
+
+
+def check_same_answer(eager: RequestState, graph: RequestState, runner: CudaGraphRunner, codes: str) -> None:
+    """The text, the speech's codes (the codec artifact's ``codes`` field) and the thinker's
+    states agree, and the decode steps went through the runner."""
+    assert graph.artifacts["text"].token_ids == eager.artifacts["text"].token_ids
+    assert getattr(graph.artifacts["codec"], codes) == getattr(eager.artifacts["codec"], codes)
+    a, b = eager.artifacts["thinker_states"].hidden, graph.artifacts["thinker_states"].hidden
+    assert a.shape == b.shape and (a - b).abs().max().item() < 1e-5
+    # at least the decode forwards of both loops (each forwards its tokens but the last; a codec
+    # artifact may leave the end code out)
+    forwards = len(eager.artifacts["text"].token_ids) - 1 + len(getattr(eager.artifacts["codec"], codes)) - 1
+    assert runner.stats.eager_not_cuda >= forwards > 0, (runner.summary(), forwards)

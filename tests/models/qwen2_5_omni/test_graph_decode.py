@@ -9,12 +9,17 @@ import torch
 
 from omniloop.models.families.qwen2_5_omni.model import TalkerRow
 from tests.models.omni_graph_steps import (
+    AR_NODES,
     PROMPT_LENS,
     check_bucketed_decode,
+    check_same_answer,
     compare_thinker_rows,
+    run_nodes_on_graph_path,
     talker_rope,
     thinker_rows,
 )
+from tests.models.qwen2_5_omni.checkpoint import PROMPTS
+from tests.models.qwen2_5_omni.helpers import omni_request, run_nodes
 
 TOLERANCE = 1e-5  # fp32, the masked kernel over the padded context vs the eager step
 
@@ -42,3 +47,11 @@ def test_talker_bucketed_decode_equals_eager(omni_pipeline):
         return prompts, made
 
     assert check_bucketed_decode(lm, lm.config.vocab_size, rows) < TOLERANCE
+
+
+def test_spoken_answer_on_the_graph_path(monkeypatch, omni_pipeline):
+    """The thinker and talker loops with a runner (the CPU let onto the graph path): the same
+    text, speech and thinker states as without one."""
+    eager = run_nodes(omni_pipeline, omni_request(PROMPTS[1]), only=AR_NODES)
+    graph, runner = run_nodes_on_graph_path(omni_pipeline, omni_request(PROMPTS[1]), monkeypatch)
+    check_same_answer(eager, graph, runner, "codes")

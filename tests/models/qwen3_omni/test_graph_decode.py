@@ -11,13 +11,18 @@ import torch
 from omniloop.models.families.qwen3_omni.model import PredictorSampling, TalkerRow
 from omniloop.models.layers.moe import static_dispatch
 from tests.models.omni_graph_steps import (
+    AR_NODES,
     PROMPT_LENS,
     check_bucketed_decode,
+    check_same_answer,
     compare_thinker_rows,
+    run_nodes_on_graph_path,
     talker_rope,
     thinker_rows,
 )
-from tests.models.qwen3_omni.checkpoint import CODEBOOK
+from tests.models.qwen2_5_omni.helpers import run_nodes
+from tests.models.qwen3_omni.helpers import omni3_request
+from tests.models.qwen3_omni.checkpoint import CODEBOOK, PROMPTS
 
 TOLERANCE = 1e-5  # fp32, the masked kernel over the padded context and every expert's matmul over all rows
 
@@ -63,3 +68,11 @@ def test_talker_bucketed_decode_equals_eager(omni3_pipeline):
         return (eager.last_hidden - graph.last_hidden).abs().max().item()
 
     assert check_bucketed_decode(lm, CODEBOOK, rows, compare) < TOLERANCE
+
+
+def test_spoken_answer_on_the_graph_path(monkeypatch, omni3_pipeline):
+    """The thinker and talker loops with a runner (the CPU let onto the graph path): the same
+    text, speech and thinker states as without one."""
+    eager = run_nodes(omni3_pipeline, omni3_request(PROMPTS[1]), only=AR_NODES)
+    graph, runner = run_nodes_on_graph_path(omni3_pipeline, omni3_request(PROMPTS[1]), monkeypatch)
+    check_same_answer(eager, graph, runner, "frames")

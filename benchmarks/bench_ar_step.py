@@ -1,5 +1,5 @@
 """One batched AR decode step (``ARDecodeLoop.step_many``) of the Qwen2 LM, the Qwen2.5-Omni
-thinker and its talker at batch 1, 8 and 32, rows at different context lengths: where a step's
+thinker and its talker, and Qwen3-Omni's MoE thinker (``thinker3``) at batch 1, 8 and 32, rows at different context lengths: where a step's
 time goes, split into the model's forward and the host work around it (building the inputs,
 the paged-KV indices, sampling, stop checks, the stream chunks).
 
@@ -51,6 +51,7 @@ from omniloop.models.families.qwen2_5_omni.model import (  # noqa: E402
     DecoderConfig, OmniTalker, OmniThinker, TalkerRow, TalkerTokens, ThinkerRow,
 )
 from omniloop.models.families.qwen2_5_omni.stages import TalkerLoop, TalkerLoopState, ThinkerLoop  # noqa: E402
+from omniloop.models.families.qwen3_omni.model import Qwen3DecoderConfig, Qwen3OmniThinker  # noqa: E402
 from omniloop.models.layers.cuda_graphs import CudaGraphRunner  # noqa: E402
 from omniloop.models.omni.talker import CodecVocab  # noqa: E402
 from omniloop.pipeline.loops.ar import ARDecodeLoop, ARLoopState  # noqa: E402
@@ -58,10 +59,11 @@ from omniloop.pipeline.state import StageContext  # noqa: E402
 from omniloop.pipeline.streams import EdgeChannel  # noqa: E402
 from omniloop.request import SamplingParams  # noqa: E402
 
-MODELS = ("qwen2", "thinker", "talker")
+MODELS = ("qwen2", "thinker", "talker", "thinker3")  # thinker3: Qwen3-Omni's MoE thinker
 # Each model's sampling variants: the thinker as bench_omni runs it (greedy); the talker greedy
 # with its repetition penalty (a request's temperature 0) and with transformers' talker defaults.
-VARIANTS = {"qwen2": ("greedy", "mixed", "logprobs"), "thinker": ("greedy",), "talker": ("greedy_rep", "sampled")}
+VARIANTS = {"qwen2": ("greedy", "mixed", "logprobs"), "thinker": ("greedy",), "talker": ("greedy_rep", "sampled"),
+            "thinker3": ("greedy",)}
 SAMPLED = dict(temperature=0.9, top_k=40, top_p=0.8, repetition_penalty=1.05)  # the talker's defaults
 MROPE = {"rope_theta": 1e6, "rope_scaling": {"rope_type": "default", "mrope_section": [16, 24, 24]}}
 ARCHS: dict[str, dict[str, dict[str, Any]]] = {
@@ -75,6 +77,10 @@ ARCHS: dict[str, dict[str, dict[str, Any]]] = {
         "talker": dict(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=2, head_dim=16, rope_theta=1e6,
                        rope_scaling={"rope_type": "default", "mrope_section": [2, 3, 3]}),
+        "thinker3": dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, moe_intermediate_size=32,
+                         num_experts=8, num_experts_per_tok=2,
+                         rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [4, 2, 2]}),
     },
     # the published Qwen2.5-7B / Qwen2.5-Omni-7B (benchmarks/bench_omni.py PUBLISHED_7B)
     "7b": {
@@ -83,6 +89,12 @@ ARCHS: dict[str, dict[str, dict[str, Any]]] = {
                         num_attention_heads=28, num_key_value_heads=4, **MROPE),
         "talker": dict(vocab_size=8448, hidden_size=896, intermediate_size=18944, num_hidden_layers=24,
                        num_attention_heads=12, num_key_value_heads=4, head_dim=128, **MROPE),
+        # Qwen3-Omni-30B-A3B's thinker with 12 of its 48 layers (each 1.2 GB of experts in bf16: the
+        # whole one is ~60 GB); a step's cost is per layer, so x4 for the released model
+        "thinker3": dict(vocab_size=152064, hidden_size=2048, intermediate_size=6144, num_hidden_layers=12,
+                         num_attention_heads=32, num_key_value_heads=4, head_dim=128, moe_intermediate_size=768,
+                         num_experts=128, num_experts_per_tok=8,
+                         rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [24, 20, 20]}),
     },
 }
 TALKER_TOKENS = dict(codec_bos=8293, codec_eos=8294, codec_pad=8292, codec_mask=8296, text_bos=151872,
@@ -122,6 +134,9 @@ def build(model: str, arch: str, device: torch.device, dtype: torch.dtype, kv_to
     elif model == "thinker":
         lm = built_in(device, dtype, lambda: OmniThinker(DecoderConfig.from_hf(cfg)))
         stage, tokenizer = ThinkerLoop(), LetterTokenizer()
+    elif model == "thinker3":
+        lm = built_in(device, dtype, lambda: Qwen3OmniThinker(Qwen3DecoderConfig.from_hf(cfg, part="thinker")))
+        stage, tokenizer = ThinkerLoop(), LetterTokenizer()
     else:
         emb = ARCHS[arch]["thinker"]["hidden_size"]
         tokens = TalkerTokens(**{k: min(v, cfg["vocab_size"] - 1 - i) for i, (k, v) in enumerate(TALKER_TOKENS.items())})
@@ -144,7 +159,7 @@ def build(model: str, arch: str, device: torch.device, dtype: torch.dtype, kv_to
             loop: ARLoopState = TalkerLoopState(**common, lm_inputs=talker_row,
                                                 feed=EdgeChannel("thinker_hidden", closed=True))
         else:
-            loop = ARLoopState(**common, lm_inputs=ThinkerRow(record_states=True) if model == "thinker" else None)
+            loop = ARLoopState(**common, lm_inputs=ThinkerRow(record_states=True) if model.startswith("thinker") else None)
         stage._prefill(lm, [loop])  # as init does
         loop.steps_target += loop.chunks_left()
         while loop.prefilling:  # a prompt over prefill_chunk: its other chunks (the engine's batch_key never

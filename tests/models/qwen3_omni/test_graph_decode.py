@@ -6,20 +6,13 @@ last hidden states of the talker (the capture and replay: tests/pipeline/test_ar
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from omniloop.models.families.qwen3_omni.model import PredictorSampling, TalkerRow
 from omniloop.models.layers.moe import static_dispatch
-from tests.models.omni_graph_steps import (
-    AR_NODES,
-    PROMPT_LENS,
-    check_bucketed_decode,
-    check_same_answer,
-    compare_thinker_rows,
-    run_nodes_on_graph_path,
-    talker_rope,
-    thinker_rows,
-)
+from tests.models import omni_graph_steps as steps
 from tests.models.qwen2_5_omni.helpers import run_nodes
 from tests.models.qwen3_omni.helpers import omni3_request
 from tests.models.qwen3_omni.checkpoint import CODEBOOK, PROMPTS
@@ -44,8 +37,8 @@ def test_thinker_bucketed_decode_equals_eager(omni3_pipeline):
     """An image prompt (3-D positions), a text-only row and an audio prompt in one batch; the
     recorded states are those after ``accept_hidden_layer`` layers."""
     lm = omni3_pipeline.components["thinker"]
-    assert check_bucketed_decode(lm, lm.config.vocab_size, lambda: thinker_rows(lm.config.hidden_size, seed=1),
-                                 compare_thinker_rows) < TOLERANCE
+    rows = functools.partial(steps.thinker_rows, lm.config.hidden_size, seed=1)
+    assert steps.check_bucketed_decode(lm, lm.config.vocab_size, rows, steps.compare_thinker_rows) < TOLERANCE
 
 
 @torch.inference_mode()
@@ -57,22 +50,22 @@ def test_talker_bucketed_decode_equals_eager(omni3_pipeline):
 
     def rows():
         g = torch.Generator().manual_seed(2)
-        prompts = [torch.randint(0, CODEBOOK, (n,), generator=g).tolist() for n in PROMPT_LENS]
+        prompts = [torch.randint(0, CODEBOOK, (n,), generator=g).tolist() for n in steps.PROMPT_LENS]
         made = [TalkerRow(prompt_embeds=torch.randn(n, width, generator=g), trailing=torch.randn(3, width, generator=g),
                           pad=torch.randn(width, generator=g), sampling=PredictorSampling(greedy=True),
-                          rope=talker_rope() if i == 0 else None) for i, n in enumerate(PROMPT_LENS)]
+                          rope=steps.talker_rope() if i == 0 else None) for i, n in enumerate(steps.PROMPT_LENS)]
         return prompts, made
 
     def compare(eager: TalkerRow, graph: TalkerRow) -> float:
         assert eager.frames == graph.frames and eager.last_hidden is not None and graph.last_hidden is not None
         return (eager.last_hidden - graph.last_hidden).abs().max().item()
 
-    assert check_bucketed_decode(lm, CODEBOOK, rows, compare) < TOLERANCE
+    assert steps.check_bucketed_decode(lm, CODEBOOK, rows, compare) < TOLERANCE
 
 
 def test_spoken_answer_on_the_graph_path(monkeypatch, omni3_pipeline):
     """The thinker and talker loops with a runner (the CPU let onto the graph path): the same
     text, speech and thinker states as without one."""
-    eager = run_nodes(omni3_pipeline, omni3_request(PROMPTS[1]), only=AR_NODES)
-    graph, runner = run_nodes_on_graph_path(omni3_pipeline, omni3_request(PROMPTS[1]), monkeypatch)
-    check_same_answer(eager, graph, runner, "frames")
+    eager = run_nodes(omni3_pipeline, omni3_request(PROMPTS[1]), only=steps.AR_NODES)
+    graph, runner = steps.run_nodes_on_graph_path(omni3_pipeline, omni3_request(PROMPTS[1]), monkeypatch)
+    steps.check_same_answer(eager, graph, runner, "frames")

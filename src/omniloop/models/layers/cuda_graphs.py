@@ -169,8 +169,7 @@ class CudaGraphRunner:
             entry.static[name].copy_(t)
         entry.graph.replay()
         self.stats.replays += 1
-        out = entry.output  # cloned out of the pool, before the next replay overwrites it
-        return tuple(t.clone() for t in out) if isinstance(out, tuple) else out.clone()
+        return _cloned(entry.output)  # out of the pool, before the next replay overwrites it
 
     def _capture(self, key: Hashable, forward: Callable[[Mapping[str, torch.Tensor]], Any], tensors: Mapping[str, torch.Tensor]) -> _Entry | None:
         static = {name: t.clone() for name, t in tensors.items()}
@@ -196,3 +195,8 @@ class CudaGraphRunner:
         entry = _Entry(graph=graph, static=static, output=output, keepalive=forward)
         self.stats.evictions += len(self.graphs.put(key, entry))
         return entry
+
+
+def _cloned(output: Any) -> Any:
+    """A replay's output (a tensor or a tuple of them) copied out of the graph's pool."""
+    return tuple(t.clone() for t in output) if isinstance(output, tuple) else output.clone()

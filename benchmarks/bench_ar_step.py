@@ -1,5 +1,5 @@
 """One batched AR decode step (``ARDecodeLoop.step_many``) of the Qwen2 LM, the Qwen2.5-Omni
-thinker and its talker at batch 1, 8 and 32, rows at different context lengths: where a step's
+thinker and its talker, and Qwen3-Omni's MoE thinker (``thinker3``) at batch 1, 8 and 32, rows at different context lengths: where a step's
 time goes, split into the model's forward and the host work around it (building the inputs,
 the paged-KV indices, sampling, stop checks, the stream chunks).
 
@@ -17,8 +17,15 @@ The models are our classes built with random weights in place (no checkpoint: th
 cost does not depend on the values); the step is the stage's own (``ARDecodeLoop``,
 ``ThinkerLoop``, ``TalkerLoop``), its loops made as ``init`` makes them (prefill included).
 
+``--cuda-graphs both`` (a GPU) measures every case eager and then with the decode forward replayed
+from CUDA graphs (``pipeline/loops/ar_graphs.py``, the stage's ``graphs``: what ``cuda_graphs=True``
+deploys), ``cuda_graphs`` on each line. A replayed step runs no forward hook, so with graphs
+``forward_ms`` / ``host_ms`` are not split out (null): compare ``step_ms``; ``graph_captures`` /
+``graph_replays`` / ``capture_failures`` count the runner's work in the case (warmup included).
+
     python benchmarks/bench_ar_step.py --out benchmarks/results/ar_step_cpu.jsonl    # CPU, tiny dims
     python benchmarks/bench_ar_step.py --arch 7b --out $OUT/ar_step_h100.jsonl       # GPU, published 7B dims, bf16
+    python benchmarks/bench_ar_step.py --arch 7b --cuda-graphs both --out $OUT/ar_step_graphs_h100.jsonl
 """
 
 from __future__ import annotations
@@ -44,16 +51,19 @@ from omniloop.models.families.qwen2_5_omni.model import (  # noqa: E402
     DecoderConfig, OmniTalker, OmniThinker, TalkerRow, TalkerTokens, ThinkerRow,
 )
 from omniloop.models.families.qwen2_5_omni.stages import TalkerLoop, TalkerLoopState, ThinkerLoop  # noqa: E402
+from omniloop.models.families.qwen3_omni.model import Qwen3DecoderConfig, Qwen3OmniThinker  # noqa: E402
+from omniloop.models.layers.cuda_graphs import CudaGraphRunner  # noqa: E402
 from omniloop.models.omni.talker import CodecVocab  # noqa: E402
 from omniloop.pipeline.loops.ar import ARDecodeLoop, ARLoopState  # noqa: E402
 from omniloop.pipeline.state import StageContext  # noqa: E402
 from omniloop.pipeline.streams import EdgeChannel  # noqa: E402
 from omniloop.request import SamplingParams  # noqa: E402
 
-MODELS = ("qwen2", "thinker", "talker")
+MODELS = ("qwen2", "thinker", "talker", "thinker3")  # thinker3: Qwen3-Omni's MoE thinker
 # Each model's sampling variants: the thinker as bench_omni runs it (greedy); the talker greedy
 # with its repetition penalty (a request's temperature 0) and with transformers' talker defaults.
-VARIANTS = {"qwen2": ("greedy", "mixed", "logprobs"), "thinker": ("greedy",), "talker": ("greedy_rep", "sampled")}
+VARIANTS = {"qwen2": ("greedy", "mixed", "logprobs"), "thinker": ("greedy",), "talker": ("greedy_rep", "sampled"),
+            "thinker3": ("greedy",)}
 SAMPLED = dict(temperature=0.9, top_k=40, top_p=0.8, repetition_penalty=1.05)  # the talker's defaults
 MROPE = {"rope_theta": 1e6, "rope_scaling": {"rope_type": "default", "mrope_section": [16, 24, 24]}}
 ARCHS: dict[str, dict[str, dict[str, Any]]] = {
@@ -67,6 +77,10 @@ ARCHS: dict[str, dict[str, dict[str, Any]]] = {
         "talker": dict(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=2, head_dim=16, rope_theta=1e6,
                        rope_scaling={"rope_type": "default", "mrope_section": [2, 3, 3]}),
+        "thinker3": dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, moe_intermediate_size=32,
+                         num_experts=8, num_experts_per_tok=2,
+                         rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [4, 2, 2]}),
     },
     # the published Qwen2.5-7B / Qwen2.5-Omni-7B (benchmarks/bench_omni.py PUBLISHED_7B)
     "7b": {
@@ -75,6 +89,12 @@ ARCHS: dict[str, dict[str, dict[str, Any]]] = {
                         num_attention_heads=28, num_key_value_heads=4, **MROPE),
         "talker": dict(vocab_size=8448, hidden_size=896, intermediate_size=18944, num_hidden_layers=24,
                        num_attention_heads=12, num_key_value_heads=4, head_dim=128, **MROPE),
+        # Qwen3-Omni-30B-A3B's thinker with 12 of its 48 layers (each 1.2 GB of experts in bf16: the
+        # whole one is ~60 GB); a step's cost is per layer, so x4 for the released model
+        "thinker3": dict(vocab_size=152064, hidden_size=2048, intermediate_size=6144, num_hidden_layers=12,
+                         num_attention_heads=32, num_key_value_heads=4, head_dim=128, moe_intermediate_size=768,
+                         num_experts=128, num_experts_per_tok=8,
+                         rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [24, 20, 20]}),
     },
 }
 TALKER_TOKENS = dict(codec_bos=8293, codec_eos=8294, codec_pad=8292, codec_mask=8296, text_bos=151872,
@@ -114,6 +134,9 @@ def build(model: str, arch: str, device: torch.device, dtype: torch.dtype, kv_to
     elif model == "thinker":
         lm = built_in(device, dtype, lambda: OmniThinker(DecoderConfig.from_hf(cfg)))
         stage, tokenizer = ThinkerLoop(), LetterTokenizer()
+    elif model == "thinker3":
+        lm = built_in(device, dtype, lambda: Qwen3OmniThinker(Qwen3DecoderConfig.from_hf(cfg, part="thinker")))
+        stage, tokenizer = ThinkerLoop(), LetterTokenizer()
     else:
         emb = ARCHS[arch]["thinker"]["hidden_size"]
         tokens = TalkerTokens(**{k: min(v, cfg["vocab_size"] - 1 - i) for i, (k, v) in enumerate(TALKER_TOKENS.items())})
@@ -136,7 +159,7 @@ def build(model: str, arch: str, device: torch.device, dtype: torch.dtype, kv_to
             loop: ARLoopState = TalkerLoopState(**common, lm_inputs=talker_row,
                                                 feed=EdgeChannel("thinker_hidden", closed=True))
         else:
-            loop = ARLoopState(**common, lm_inputs=ThinkerRow(record_states=True) if model == "thinker" else None)
+            loop = ARLoopState(**common, lm_inputs=ThinkerRow(record_states=True) if model.startswith("thinker") else None)
         stage._prefill(lm, [loop])  # as init does
         loop.steps_target += loop.chunks_left()
         while loop.prefilling:  # a prompt over prefill_chunk: its other chunks (the engine's batch_key never
@@ -221,6 +244,14 @@ def count_tolist(counter: OpCounter) -> Callable[[], None]:
     return lambda: setattr(torch.Tensor, "tolist", original)
 
 
+def graph_counts(runner: CudaGraphRunner | None) -> dict[str, int]:
+    """The runner's counts so far (none without graphs)."""
+    if runner is None:
+        return {}
+    s = runner.summary()
+    return {"graph_captures": s["captures"], "graph_replays": s["replays"], "capture_failures": s["capture_failures"]}
+
+
 def measure(bench: Bench, loops: list[ARLoopState], iters: int, warmup: int) -> dict:
     clock = ForwardClock(bench.lm, bench.ctx.device)
     sync = clock._sync
@@ -261,6 +292,7 @@ PROFILED_STEPS = 3
 def run_case(bench: Bench, model: str, variant: str, batch: int, contexts: list[int], args) -> tuple[dict, list[dict]]:
     """-> the case's record, and (``--profile``) its top kernels / ops per step."""
     max_tokens = args.warmup + args.iters + PROFILED_STEPS + 6  # no row ends while measured
+    before = graph_counts(bench.stage.graphs)
     loops = []
     for row in range(batch):
         params, top = row_params(variant, row, max_tokens)
@@ -274,7 +306,11 @@ def run_case(bench: Bench, model: str, variant: str, batch: int, contexts: list[
     for lp in loops:
         bench.stage.release(lp)
     case = {"model": model, "sampling": variant, "batch": batch,
-            "contexts": sorted({contexts[r % len(contexts)] for r in range(batch)})}
+            "contexts": sorted({contexts[r % len(contexts)] for r in range(batch)}),
+            "cuda_graphs": bench.stage.graphs is not None}
+    if bench.stage.graphs is not None:  # the replay runs no forward hook: no forward / host split
+        rec.update(forward_ms=None, host_ms=None, host_ms_per_row=None,
+                   **{k: v - before[k] for k, v in graph_counts(bench.stage.graphs).items()})
     busy = next((k["ms_per_call"] / k["share"] for k in kernels if k["share"] > 0), None)
     if busy is not None:  # what the device (CPU: the ops) was busy with per step, of step_ms
         rec["busy_ms"] = round(busy, 3)
@@ -295,6 +331,8 @@ def parse(argv) -> argparse.Namespace:
     p.add_argument("--profile", action="store_true",
                    help="also the top kernels (GPU) / ops (CPU) of each case's step, and busy_ms: the device's "
                         "time per step (step_ms - busy_ms: the device waiting for the host)")
+    p.add_argument("--cuda-graphs", choices=("off", "on", "both"), default="off",
+                   help="decode forwards replayed from CUDA graphs (a GPU): on, or both (each case eager, then on)")
     p.add_argument("--label", default=None, help="a label field on every line (e.g. before / after)")
     p.add_argument("--machine", default=None, help="the machine, in words (default: the device's name)")
     p.add_argument("--out", default=None)
@@ -302,6 +340,8 @@ def parse(argv) -> argparse.Namespace:
     tiny = args.arch == "tiny"
     fill_unset(args, {"contexts": "24,77,130,301" if tiny else "64,130,257,700", "iters": 30 if tiny else 20,
                       "device": "cpu" if tiny else "cuda"})
+    if args.cuda_graphs != "off" and not args.device.startswith("cuda"):
+        p.error(f"--cuda-graphs {args.cuda_graphs} replays CUDA graphs: pass --device cuda (or --cuda-graphs off)")
     return args
 
 
@@ -319,12 +359,15 @@ def main(argv=None) -> int:
     with jsonl_sink(args.out) as sink:
         for model in args.models.split(","):
             bench = build(model, args.arch, device, dtype, kv_tokens)
+            runners = {"off": [None], "on": [CudaGraphRunner()], "both": [None, CudaGraphRunner()]}[args.cuda_graphs]
             for variant in VARIANTS[model]:
                 for batch in batches:
-                    rec, kernels = run_case(bench, model, variant, batch, contexts, args)
-                    emit({**base, **rec}, sink)
-                    for k in kernels:
-                        emit({**base, **k}, sink)
+                    for runner in runners:  # the same model and loops' shapes, eager then replayed
+                        bench.stage.graphs = runner
+                        rec, kernels = run_case(bench, model, variant, batch, contexts, args)
+                        emit({**base, **rec}, sink)
+                        for k in kernels:
+                            emit({**base, **k}, sink)
             del bench
             if device.type == "cuda":
                 torch.cuda.empty_cache()

@@ -154,7 +154,8 @@ class DeployConfig(BaseModel):
     cuda_graphs: bool = Field(
         default=False, description="image models (Flux): the transformer forward of a small step (no LoRA, at most "
         "cuda_graph_max_tokens tokens) replays a CUDA graph captured per batch shape (the same kernels: outputs "
-        "equal eager); CUDA only, refused on a CPU")
+        "equal eager); AR decode steps (the Cosmos3 reasoner, the Qwen2.5-Omni / Qwen3-Omni thinker and talker) "
+        "replay a graph per batch / context bucket (tokens equal eager); CUDA only, refused on a CPU")
     cuda_graph_max_tokens: int = Field(default=DEFAULT_MAX_TOKENS, ge=1, description="cuda_graphs: steps carrying more tokens "
                                        "(image + text, every request) stay eager")
     cuda_graph_max_graphs: int = Field(default=DEFAULT_MAX_GRAPHS, ge=1, description="cuda_graphs: captured graphs kept, least "

@@ -65,7 +65,7 @@ def test_bucketed_decode_equals_the_eager_paged_step():
     print("max |graph path - eager| logits:", worst)
     assert worst < 1e-5, worst  # masked vs unmasked kernel, padded context
     assert runner.stats.eager_not_cuda == 6 and runner.stats.captures == 0
-    assert not graph_rows(runner, loops)  # a CPU pool never takes the graph path in the loop
+    assert not graph_rows(runner, lm, loops)  # a CPU pool never takes the graph path in the loop
 
 
 def test_cuda_graphs_are_refused_on_a_cpu_deployment(tmp_path):
@@ -75,3 +75,21 @@ def test_cuda_graphs_are_refused_on_a_cpu_deployment(tmp_path):
     with pytest.raises(ValueError, match="cuda_graphs=True needs a CUDA device.*cuda_graphs=False"):
         graph_runner(LoadOptions(device=torch.device("cpu"), dtype=torch.float32, cuda_graphs=True))
     assert graph_runner(LoadOptions(device=torch.device("cpu"), dtype=torch.float32)) is None
+
+
+def test_graph_rows_takes_per_request_rows_only_from_a_graph_step_lm(monkeypatch):
+    """A plain LM's rows with per-request inputs (an image prompt) stay eager; text rows up to
+    the largest bucket take the graph path (the omni LMs' rows: tests/models/qwen*_omni/test_graph_decode.py)."""
+    from omniloop.pipeline.loops import ar_graphs
+
+    lm = _reasoner()
+    pool = BlockPool(lm.kv_layout, dtype=torch.float32, device="cpu", block_size=4,
+                     budget_bytes=16 * 4 * lm.kv_layout.bytes_per_token(torch.float32))
+    runner, h = CudaGraphRunner(), pool.handle()
+    text = SimpleNamespace(kv=h, output_ids=[1], lm_inputs=None)
+    image = SimpleNamespace(kv=h, output_ids=[1], lm_inputs=object())
+    assert not graph_rows(runner, lm, [text])  # a CPU pool
+    monkeypatch.setattr(ar_graphs, "GRAPH_DEVICES", frozenset({"cpu"}))
+    assert not isinstance(lm, ar_graphs.GraphStepLM)
+    assert graph_rows(runner, lm, [text] * 32) and not graph_rows(runner, lm, [text] * 33)
+    assert not graph_rows(runner, lm, [text, image]) and not graph_rows(None, lm, [text])

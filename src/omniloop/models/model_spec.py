@@ -45,7 +45,7 @@ class LoadOptions:
     loras: tuple[tuple[str, str], ...] = ()  # (name, file) LoRAs loaded at startup
     kv_cache_gb: float | None = None  # the paged text-KV pool's budget (None: cache/paged_kv.default_kv_budget)
     max_audio_tokens: int | None = None  # spoken answers: codec tokens at most (None: the family's default)
-    cuda_graphs: bool = False  # Flux steps and Cosmos3 reasoner decode steps replay CUDA graphs (layers/cuda_graphs.py)
+    cuda_graphs: bool = False  # Flux steps and the Cosmos3 / omni AR decode steps replay CUDA graphs (layers/cuda_graphs.py)
     cuda_graph_max_tokens: int = DEFAULT_MAX_TOKENS  # steps over this many tokens stay eager
     cuda_graph_max_graphs: int = DEFAULT_MAX_GRAPHS  # captured graphs kept (LRU)
     # the fields the deployment left to the family ("auto": attention_backend, cfg_mode, compile);

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Container
 
 import torch
 
@@ -60,14 +60,15 @@ def hf_generate(hf, tokenizer, prompt: str, *, seed: int = 5, speaker: str = "Ch
 
 
 @torch.inference_mode()
-def run_nodes(pipeline: Pipeline, request: OmniRequest) -> RequestState:
-    """Every active node in order, each loop to its end (the engine's work, one request): the
-    state keeps every edge (``codec``, ``thinker_states``) for the tests to read; a stream
-    edge's chunks wait on its channel until the consumer runs (the non-streamed order)."""
+def run_nodes(pipeline: Pipeline, request: OmniRequest, only: Container[str] | None = None) -> RequestState:
+    """Every active node in order (``only``: those named), each loop to its end (the engine's
+    work, one request): the state keeps every edge (``codec``, ``thinker_states``) for the tests
+    to read; a stream edge's chunks wait on its channel until the consumer runs (the
+    non-streamed order)."""
     state = pipeline.admit(request)
     for name in pipeline.spec.order:
         node = pipeline.spec.node(name)
-        if not node.active(state.request):
+        if not node.active(state.request) or (only is not None and name not in only):
             continue
         ctx = pipeline.contexts[name]
         if node.is_loop:

@@ -10,8 +10,8 @@ and kernel launches (H200, FLUX.1-dev: 87 ms eager vs 31 ms replayed, benchmarks
 * on the first miss: warmup on a side stream (lazy inits, the caller's cached index
   tensors), then capture into the graph's private memory pool;
 * **static input buffers**: each call copies its tensors into the entry's buffers, replays,
-  and returns a clone of the output (the graph's output lives in its pool and is overwritten
-  by the next replay);
+  and returns a clone of the output, a tensor or a tuple of tensors (the graph's output lives
+  in its pool and is overwritten by the next replay);
 * an **LRU bound** on captured graphs (count; each holds its pool's activations);
 * a **token threshold** above which calls stay eager (big steps are compute-bound: a graph
   saves little and pins a large pool);
@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 CACHE_NAME = "cuda_graphs"  # its key in Pipeline.caches
 
 V = TypeVar("V")
-Forward = Callable[[Mapping[str, torch.Tensor]], torch.Tensor]
+Output = TypeVar("Output", torch.Tensor, tuple[torch.Tensor, ...])  # what a captured forward returns
 
 
 def graph_key(structure: Hashable, tensors: Mapping[str, torch.Tensor]) -> tuple:
@@ -104,7 +104,7 @@ class GraphStats:
 class _Entry:
     graph: Any  # torch.cuda.CUDAGraph
     static: dict[str, torch.Tensor]  # the buffers each call copies into
-    output: torch.Tensor  # in the graph's pool, overwritten by each replay
+    output: Any  # a tensor or a tuple of them, in the graph's pool, overwritten by each replay
     keepalive: Any  # the captured forward (its closure holds device tensors the graph reads)
 
 
@@ -151,7 +151,8 @@ class CudaGraphRunner:
         return {**vars(self.stats), "graphs": len(self.graphs)}
 
     # -- the call ------------------------------------------------------------------------
-    def run(self, forward: Forward, tensors: Mapping[str, torch.Tensor], *, structure: Hashable, tokens: int) -> torch.Tensor:
+    def run(self, forward: Callable[[Mapping[str, torch.Tensor]], Output], tensors: Mapping[str, torch.Tensor], *,
+            structure: Hashable, tokens: int) -> Output:
         """``forward(tensors)``, from a graph when the call is small and on CUDA. ``forward``
         must read nothing per call but ``tensors`` (everything else is baked into the graph)."""
         device = next(iter(tensors.values())).device
@@ -168,9 +169,9 @@ class CudaGraphRunner:
             entry.static[name].copy_(t)
         entry.graph.replay()
         self.stats.replays += 1
-        return entry.output.clone()  # out of the pool, before the next replay overwrites it
+        return _cloned(entry.output)  # out of the pool, before the next replay overwrites it
 
-    def _capture(self, key: Hashable, forward: Forward, tensors: Mapping[str, torch.Tensor]) -> _Entry | None:
+    def _capture(self, key: Hashable, forward: Callable[[Mapping[str, torch.Tensor]], Any], tensors: Mapping[str, torch.Tensor]) -> _Entry | None:
         static = {name: t.clone() for name, t in tensors.items()}
         try:
             side = torch.cuda.Stream(device=static[next(iter(static))].device)
@@ -194,3 +195,8 @@ class CudaGraphRunner:
         entry = _Entry(graph=graph, static=static, output=output, keepalive=forward)
         self.stats.evictions += len(self.graphs.put(key, entry))
         return entry
+
+
+def _cloned(output: Any) -> Any:
+    """A replay's output (a tensor or a tuple of them) copied out of the graph's pool."""
+    return tuple(t.clone() for t in output) if isinstance(output, tuple) else output.clone()

@@ -53,10 +53,25 @@ def mixed_rope(positions: torch.Tensor, ropes: Sequence[PromptRope | None],
     are ``positions + delta`` for the whole batch at once instead of row by row."""
     if not any(r is not None for r in ropes):
         return positions
-    if starts is not None and all(r is None or s >= r.prompt_len for s, r in zip(starts, ropes)):
-        delta = torch.tensor([0 if r is None else r.delta for r in ropes], device=positions.device)  # [B]
-        return (positions + delta[:, None])[None].expand(3, -1, -1)
+    if starts is not None and (delta := decode_rope_deltas(starts, ropes, positions.device)) is not None:
+        return delta_planes(positions, delta)
     return torch.stack([p[None].expand(3, -1) if r is None else r.at(p) for p, r in zip(positions, ropes)], dim=1)
+
+
+def decode_rope_deltas(starts: Sequence[int], ropes: Sequence[PromptRope | None],
+                       device: torch.device) -> torch.Tensor | None:
+    """A decode step's rotary offsets for a captured graph (``pipeline/loops/ar_graphs.py``):
+    ``[B]`` long, ``delta`` of a row with 3-D positions, 0 for the others, so every plane is
+    ``position + delta`` (what :func:`mixed_rope` gives a decode step); None when a row with 3-D
+    positions is not past its prompt (its planes come from the prompt's table: eager)."""
+    if any(r is not None and s < r.prompt_len for s, r in zip(starts, ropes)):
+        return None
+    return torch.tensor([0 if r is None else r.delta for r in ropes], device=device)
+
+
+def delta_planes(positions: torch.Tensor, deltas: torch.Tensor) -> torch.Tensor:
+    """``positions [B, L]`` + ``deltas [B]`` -> the ``[3, B, L]`` planes of a decode step."""
+    return (positions + deltas[:, None])[None].expand(3, -1, -1)
 
 
 @dataclass(kw_only=True)

@@ -19,7 +19,7 @@ import torch
 
 from omniloop.cache.paged_kv import BlockPool
 from omniloop.models.omni.image_prompt import VisionRun
-from omniloop.models.omni.media import MediaEmbeds, MediaPromptTokens, PromptRope
+from omniloop.models.omni.media import MediaEmbeds, MediaPromptTokens, PromptRope, decode_rope_deltas
 from omniloop.pipeline.defaults import admitted_seed
 from omniloop.pipeline.loops.ar import ARDecodeLoop, ARLoopState, PromptTokens, check_context
 from omniloop.pipeline.state import RequestState, StageContext, StepResult
@@ -89,6 +89,27 @@ def record_batch(rows: Sequence[ThinkerRow | None], recording: Sequence[int], st
     """``h [B, L, hidden]`` of the whole batch into the ``recording`` rows' records (:func:`record_states`)."""
     record_states([cast(ThinkerRow, rows[i]) for i in recording], [starts[i] for i in recording],
                   h if len(recording) == h.shape[0] else h[list(recording)])  # the usual batch: every row
+
+
+def thinker_step_inputs(ids: torch.Tensor, starts: Sequence[int],
+                        rows: Sequence[ThinkerRow | None]) -> dict[str, torch.Tensor] | None:
+    """Both families' thinkers' ``graph_step_inputs`` (``pipeline/loops/ar_graphs.py``): a decode
+    step reads no encoder embedding (every row is past its prompt) and its positions are each
+    row's context index + its prompt's ``delta`` -> ``{"delta": [n]}``; None when a row still
+    forwards prompt positions (its placeholders take encoder embeddings: eager)."""
+    media = [None if row is None else row.media for row in rows]
+    if any(m is not None and s < m.prompt_len for m, s in zip(media, starts)):
+        return None
+    delta = decode_rope_deltas(starts, [None if m is None else m.rope for m in media], ids.device)
+    return None if delta is None else {"delta": delta}
+
+
+def thinker_step_record(rows: Sequence[ThinkerRow | None], starts: Sequence[int], hidden: torch.Tensor) -> None:
+    """Both thinkers' ``graph_step_record``: ``hidden [n, D]`` (the states the family records:
+    Qwen2.5-Omni's final ones, Qwen3-Omni's tapped ones) into the recording rows' records."""
+    recording = recording_rows(rows)
+    if recording:
+        record_batch(rows, recording, starts, hidden[:, None])
 
 
 # -- edges ------------------------------------------------------------------------------------

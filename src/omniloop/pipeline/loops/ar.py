@@ -350,10 +350,12 @@ class ARDecodeLoop(LoopStageBase[ARLoopState]):
     def _decode_rows(self, lm: CausalLM, loops: Sequence[ARLoopState]) -> None:
         """One forward over the last sampled token of every loop: KV append + next logits."""
         graphs = self.graphs
-        if graphs is not None and graph_rows(graphs, loops):
-            for lp, row in zip(loops, graph_decode(graphs, lm, loops)):
-                lp.logits = row
-            return
+        if graphs is not None and graph_rows(graphs, lm, loops):
+            replayed = graph_decode(graphs, lm, loops)  # None: the LM declined these rows (eager below)
+            if replayed is not None:
+                for lp, row in zip(loops, replayed):
+                    lp.logits = row
+                return
         device = loops[0].kv.device
         ids = torch.tensor([[lp.output_ids[-1]] for lp in loops], device=device)  # [B, 1]
         logits = lm(ids, kv=PagedKVBatch([lp.kv for lp in loops], 1), logits_to_keep=1,

@@ -34,9 +34,15 @@ from torch import nn
 
 from omniloop.cache.kv import KVLayout
 from omniloop.models.omni.decoder_config import TextDecoderConfig
-from omniloop.models.omni.media import PromptRope, kv_positions, mixed_rope, with_media
+from omniloop.models.omni.media import PromptRope, decode_rope_deltas, delta_planes, kv_positions, mixed_rope, with_media
 from omniloop.models.omni.talker import append_rows
-from omniloop.models.omni.thinker import ThinkerRow, record_batch, recording_rows
+from omniloop.models.omni.thinker import (
+    ThinkerRow,
+    record_batch,
+    recording_rows,
+    thinker_step_inputs,
+    thinker_step_record,
+)
 from omniloop.models.layers.mrope import inv_frequencies
 from omniloop.models.layers.qwen2_decoder import DecoderDims, DecoderLayer, KVCacheView, RMSNorm, rope_tables
 from omniloop.models.layers.run_blocks import run_blocks
@@ -151,6 +157,21 @@ class OmniThinker(nn.Module):
             h = h[:, -logits_to_keep:]
         return self.lm_head(h)
 
+    # -- a decode step replayed from a CUDA graph (pipeline/loops/ar_graphs.py: GraphStepLM) --
+    def graph_step_inputs(self, ids: torch.Tensor, starts: Sequence[int],
+                          rows: Sequence[ThinkerRow | None]) -> dict[str, torch.Tensor] | None:
+        return thinker_step_inputs(ids, starts, rows)
+
+    def graph_step(self, ids: torch.Tensor, kv: KVCacheView,
+                   inputs: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``ids [B, 1]`` -> fp32 logits ``[B, V]`` and the final hidden states ``[B, hidden]``
+        (what ``forward`` records); ``inputs["delta"] [B]``: each row's rotary offset."""
+        h = self.model(self.embed(ids), delta_planes(kv.positions, inputs["delta"]), kv)[:, -1]
+        return self.lm_head(h).float(), h
+
+    def graph_step_record(self, rows: Sequence[ThinkerRow | None], starts: Sequence[int], hidden: torch.Tensor) -> None:
+        thinker_step_record(rows, starts, hidden)
+
 
 # -- the talker -------------------------------------------------------------------------
 
@@ -246,6 +267,10 @@ class OmniTalker(nn.Module):
         h = self.model(self.thinker_to_talker_proj(embeds), rope, kv)
         if logits_to_keep:
             h = h[:, -logits_to_keep:]
+        return self._codec_logits(h)
+
+    def _codec_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """``h [..., hidden]`` -> fp32 codec logits, the suppressed ids -inf."""
         logits = self.codec_head(h).float()
         for token in self.suppress:  # an int index: a fill, no index tensor to copy to the device
             logits[..., token] = float("-inf")
@@ -253,11 +278,38 @@ class OmniTalker(nn.Module):
 
     def _decode_embeds(self, ids: torch.Tensor, starts: Sequence[int], rows: Sequence[TalkerRow]) -> torch.Tensor | None:
         """``ids [B, 1]`` of a decode step whose every row is past its prompt -> ``[B, 1,
-        thinker_hidden]``: the codes' embeddings plus each row's reply part at ``start -
+        thinker_hidden]``: the codes' embeddings plus each row's reply part (``_step_reply``);
+        None for any other forward."""
+        if ids.shape[1] != 1 or (reply := self._step_reply(starts, rows)) is None:
+            return None
+        return self.model.embed_tokens(ids) + reply
+
+    @staticmethod
+    def _step_reply(starts: Sequence[int], rows: Sequence[TalkerRow]) -> torch.Tensor | None:
+        """A decode step's reply parts ``[B, 1, thinker_hidden]``: each row's at ``start -
         prompt_len`` (the last one once they run out), gathered as views and copied once for the
-        batch (what ``_row_embeds`` gives row by row); None for any other forward."""
-        if ids.shape[1] != 1 or any(s < r.prompt_len or r.reply.shape[0] == 0 for s, r in zip(starts, rows)):
+        batch (what ``_row_embeds`` gives row by row); None when a row is not past its prompt or
+        has no reply row yet."""
+        if any(s < r.prompt_len or r.reply.shape[0] == 0 for s, r in zip(starts, rows)):
             return None
         reply = torch.cat([r.reply[k:k + 1] for r, k in
                            ((r, min(s - r.prompt_len, r.reply.shape[0] - 1)) for s, r in zip(starts, rows))])  # [B, D]
-        return self.model.embed_tokens(ids) + reply[:, None]
+        return reply[:, None]
+
+    # -- a decode step replayed from a CUDA graph (pipeline/loops/ar_graphs.py: GraphStepLM) --
+    def graph_step_inputs(self, ids: torch.Tensor, starts: Sequence[int],
+                          rows: Sequence[TalkerRow]) -> dict[str, torch.Tensor] | None:
+        """``{"reply": [n, 1, thinker_hidden], "delta": [n]}``, or None (a row not past its prompt)."""
+        reply = self._step_reply(starts, rows)
+        delta = decode_rope_deltas(starts, [r.rope for r in rows], ids.device)
+        return None if reply is None or delta is None else {"reply": reply, "delta": delta}
+
+    def graph_step(self, ids: torch.Tensor, kv: KVCacheView,
+                   inputs: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``ids [B, 1]`` codes -> fp32 codec logits ``[B, V]`` and the hidden states ``[B, hidden]``."""
+        embeds = self.model.embed_tokens(ids) + inputs["reply"]  # [B, 1, thinker_hidden]
+        h = self.model(self.thinker_to_talker_proj(embeds), delta_planes(kv.positions, inputs["delta"]), kv)[:, -1]
+        return self._codec_logits(h), h
+
+    def graph_step_record(self, rows: Sequence[TalkerRow], starts: Sequence[int], hidden: torch.Tensor) -> None:
+        """The talker records nothing per step."""

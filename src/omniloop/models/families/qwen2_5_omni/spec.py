@@ -39,7 +39,9 @@ from omniloop.models.families.qwen2_5_omni.weights import (
     ARCHITECTURE, OmniConfig, load_audio_tower, load_bigvgan, load_dit, load_speakers, load_talker, load_thinker,
     load_vision_tower, read_config,
 )
-from omniloop.models.load_options import apply_load_options
+from omniloop.models.layers.cuda_graphs import CACHE_NAME as GRAPHS
+from omniloop.models.layers.cuda_graphs import CudaGraphRunner
+from omniloop.models.load_options import apply_load_options, graph_runner
 from omniloop.models.omni.checkpoint_folder import (
     load_feature_extractor, load_generation, load_image_processor, load_tokenizer,
 )
@@ -135,8 +137,9 @@ def omni_variant(index: Mapping[str, Any]) -> Variant:
 def omni_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = None, max_codes: int = 4096,
                        streams: tuple[StreamEdge, ...] = STREAM_EDGES, audio_token_id: int = -1,
                        image_token_id: int = -1, video_token_id: int = -1,
-                       audio_frame: tuple[int, int] = (-1, -1)) -> PipelineSpec:
-    """``talker_text``: the talker node's own loop defaults (its stop codes, transformers'
+                       audio_frame: tuple[int, int] = (-1, -1), graphs: CudaGraphRunner | None = None) -> PipelineSpec:
+    """``graphs``: the thinker's and talker's decode forwards replay CUDA graphs (``cuda_graphs=True``).
+    ``talker_text``: the talker node's own loop defaults (its stop codes, transformers'
     talker sampling), over the pipeline's (the thinker's); ``audio_token_id``: the checkpoint's
     ``<|AUDIO|>`` / ``<|IMAGE|>`` / ``<|VIDEO|>`` placeholders; ``audio_frame``: its ``<|audio_bos|>``,
     ``<|audio_eos|>`` (around a video's soundtrack)."""
@@ -159,9 +162,9 @@ def omni_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = None
                                         audio_end_token_id=audio_frame[1]),
                  when=opt("a conversation (text parts with roles)", is_chat)),
             Node("thinker", ThinkerLoop(lm_component="thinker", tokenizer_component="tokenizer",
-                                        kv_component="thinker_kv")),
+                                        kv_component="thinker_kv", graphs=graphs)),
             Node("talker", TalkerLoop(lm_component="talker", tokenizer_component="codec_vocab",
-                                      kv_component="talker_kv"), when=speech,
+                                      kv_component="talker_kv", graphs=graphs), when=speech,
                  defaults={} if talker_text is None else {"text": talker_text}),
             Node("token2wav", Token2WavLoop(Token2WavDenoiser(max_codes=max_codes), cfg=EmbeddedGuidance(kwarg="guidance_scale"),
                                             routing=SingleModel("dit"), sampler_component="sampler"),
@@ -197,11 +200,13 @@ def build_omni(variant: Variant, index: Mapping[str, Any], components: Mapping[s
     components = {**components, **pools, "codec_vocab": CodecVocab(), "sampler": SamplerSet.single(sampler.name, sampler)}
     defaults = GenerationDefaults(steps=TOKEN2WAV_STEPS, guidance_scale=TOKEN2WAV_GUIDANCE, sample_rate=24000,
                                   text=thinker_text)
+    graphs = graph_runner(options)  # refused off CUDA
     return Pipeline(
         spec=omni_pipeline_spec(variant, talker_text, max_codes, audio_token_id=config.audio_token_id,
                                 image_token_id=config.image_token_id, video_token_id=config.video_token_id,
-                                audio_frame=(config.audio_start_token_id, config.audio_end_token_id)),
+                                audio_frame=(config.audio_start_token_id, config.audio_end_token_id), graphs=graphs),
         components=components, device=options.device, dtype=options.dtype, defaults=defaults,
+        caches={GRAPHS: graphs} if graphs is not None else {},
         validate_request=make_omni_validator(components["tokenizer"], config, pool=pools["thinker_kv"],
                                              audio_tower=components.get("audio_tower"),
                                              feature_extractor=components.get("feature_extractor"),

@@ -33,9 +33,15 @@ from omniloop.models.layers.mrope import inv_frequencies, mrope_cos_sin
 from omniloop.models.layers.qwen2_decoder import DecoderDims, DecoderLayer, KVCacheView, RMSNorm, rope_tables
 from omniloop.models.layers.run_blocks import run_blocks
 from omniloop.models.omni.decoder_config import TextDecoderConfig
-from omniloop.models.omni.media import PromptRope, kv_positions, mixed_rope, with_media
+from omniloop.models.omni.media import PromptRope, decode_rope_deltas, delta_planes, kv_positions, mixed_rope, with_media
 from omniloop.models.omni.talker import append_rows
-from omniloop.models.omni.thinker import ThinkerRow, record_batch, recording_rows
+from omniloop.models.omni.thinker import (
+    ThinkerRow,
+    record_batch,
+    recording_rows,
+    thinker_step_inputs,
+    thinker_step_record,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -206,6 +212,22 @@ class Qwen3OmniThinker(nn.Module):
         if logits_to_keep:
             h = h[:, -logits_to_keep:]
         return self.lm_head(h)
+
+    # -- a decode step replayed from a CUDA graph (pipeline/loops/ar_graphs.py: GraphStepLM) --
+    def graph_step_inputs(self, ids: torch.Tensor, starts: Sequence[int],
+                          rows: Sequence[ThinkerRow | None]) -> dict[str, torch.Tensor] | None:
+        return thinker_step_inputs(ids, starts, rows)  # a decode step adds no DeepStack (past the prompt)
+
+    def graph_step(self, ids: torch.Tensor, kv: KVCacheView,
+                   inputs: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``ids [B, 1]`` -> fp32 logits ``[B, V]`` and the states after ``accept_hidden_layer``
+        layers ``[B, hidden]`` (what ``forward`` records; tapped whether or not a row records)."""
+        h, tapped = self.model.tapped(self.embed(ids), delta_planes(kv.positions, inputs["delta"]), kv,
+                                      self.accept_hidden_layer)
+        return self.lm_head(h[:, -1]).float(), cast(torch.Tensor, tapped)[:, -1]
+
+    def graph_step_record(self, rows: Sequence[ThinkerRow | None], starts: Sequence[int], hidden: torch.Tensor) -> None:
+        thinker_step_record(rows, starts, hidden)
 
 
 # -- the code predictor -------------------------------------------------------------------
@@ -459,8 +481,37 @@ class Qwen3OmniTalker(nn.Module):
                 r.last_hidden = last
         if logits_to_keep:
             h = h[:, -logits_to_keep:]
+        return self._codec_logits(h)
+
+    def _codec_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """``h [..., D]`` -> fp32 codec logits, the top 1024 ids but the codec end -inf."""
         logits = self.codec_head(h).float()
         eos = logits[..., self.tokens.codec_eos].clone()
         logits[..., max(logits.shape[-1] - 1024, 0):] = float("-inf")
         logits[..., self.tokens.codec_eos] = eos
         return logits
+
+    # -- a decode step replayed from a CUDA graph (pipeline/loops/ar_graphs.py: GraphStepLM) --
+    def graph_step_inputs(self, ids: torch.Tensor, starts: Sequence[int],
+                          rows: Sequence[TalkerRow]) -> dict[str, torch.Tensor] | None:
+        """Eager, before the captured part: the code predictor over each row's new frame (its
+        sampling draws from the row's generator, its codes are read on the host), then every
+        row's input ``{"embeds": [n, 1, D]}`` (the frame's codebook embeddings + its text row)
+        and ``{"delta": [n]}``; None when a row is not past its prompt."""
+        delta = decode_rope_deltas(starts, [r.rope for r in rows], ids.device)
+        if delta is None or any(s < r.prompt_len for s, r in zip(starts, rows)):
+            return None
+        self._new_frames(ids, starts, rows)
+        embeds = torch.stack([self._row_embeds(range(s, s + 1), r) for s, r in zip(starts, rows)])
+        return {"embeds": embeds, "delta": delta}
+
+    def graph_step(self, ids: torch.Tensor, kv: KVCacheView,
+                   inputs: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``inputs["embeds"] [B, 1, D]`` -> fp32 codec logits ``[B, V]`` and the normed hidden
+        states ``[B, D]`` (each row's ``last_hidden``, the next frame's code predictor input)."""
+        h = self.model(inputs["embeds"], delta_planes(kv.positions, inputs["delta"]), kv)[:, -1]
+        return self._codec_logits(h), h
+
+    def graph_step_record(self, rows: Sequence[TalkerRow], starts: Sequence[int], hidden: torch.Tensor) -> None:
+        for row, last in zip(rows, hidden):
+            row.last_hidden = last

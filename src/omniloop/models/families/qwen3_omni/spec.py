@@ -35,7 +35,9 @@ from omniloop.models.families.qwen3_omni.validate import make_omni3_validator
 from omniloop.models.families.qwen3_omni.weights import (
     ARCHITECTURE, Omni3Config, load_audio_tower, load_code2wav, load_talker, load_thinker, read_config,
 )
-from omniloop.models.load_options import apply_load_options
+from omniloop.models.layers.cuda_graphs import CACHE_NAME as GRAPHS
+from omniloop.models.layers.cuda_graphs import CudaGraphRunner
+from omniloop.models.load_options import apply_load_options, graph_runner
 from omniloop.models.omni.checkpoint_folder import (
     load_feature_extractor, load_generation, load_image_processor, load_tokenizer,
 )
@@ -109,8 +111,10 @@ def omni3_variant(index: Mapping[str, Any]) -> Variant:
 
 
 def omni3_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = None, audio_token_id: int = -1,
-                        image_token_id: int = -1, position_id_per_seconds: int = 25) -> PipelineSpec:
-    """``talker_text``: the talker node's own loop defaults (its stop code, transformers' talker
+                        image_token_id: int = -1, position_id_per_seconds: int = 25,
+                        graphs: CudaGraphRunner | None = None) -> PipelineSpec:
+    """``graphs``: the thinker's and talker's decode forwards replay CUDA graphs (``cuda_graphs=True``).
+    ``talker_text``: the talker node's own loop defaults (its stop code, transformers' talker
     sampling); ``audio_token_id`` / ``image_token_id``: the checkpoint's placeholders."""
     components = {w.component: ComponentSpec(name=w.component, kind=w.kind, optional=w.optional) for w in variant.weights}
     for name, kind in (("thinker_kv", "paged text-KV pool of the thinker (built)"),
@@ -129,8 +133,9 @@ def omni3_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = Non
                                          position_id_per_seconds=position_id_per_seconds),
                  when=opt("a conversation (text parts with roles)", is_chat)),
             Node("thinker", ThinkerLoop(lm_component="thinker", tokenizer_component="tokenizer",
-                                        kv_component="thinker_kv")),
-            Node("talker", TalkerLoop(lm_component="talker", tokenizer_component="codec_vocab", kv_component="talker_kv"),
+                                        kv_component="thinker_kv", graphs=graphs)),
+            Node("talker", TalkerLoop(lm_component="talker", tokenizer_component="codec_vocab", kv_component="talker_kv",
+                                      graphs=graphs),
                  when=speech, defaults={} if talker_text is None else {"text": talker_text}),
             Node("code2wav", Code2WavDecode(), when=speech & ~streamed),
             Node("code2wav_stream", Code2WavStream(), when=streamed),
@@ -159,11 +164,13 @@ def build_omni3(variant: Variant, index: Mapping[str, Any], components: Mapping[
                                    max_context=config.talker.max_position_embeddings,
                                    prefill_chunk_tokens=THINKER_DEFAULTS.prefill_chunk_tokens)
     components = {**components, **pools, "codec_vocab": CodecVocab()}
+    graphs = graph_runner(options)  # refused off CUDA
     return Pipeline(
         spec=omni3_pipeline_spec(variant, talker_text, audio_token_id=config.audio_token_id,
                                  image_token_id=config.image_token_id,
-                                 position_id_per_seconds=config.position_id_per_seconds),
+                                 position_id_per_seconds=config.position_id_per_seconds, graphs=graphs),
         components=components, device=options.device, dtype=options.dtype,
+        caches={GRAPHS: graphs} if graphs is not None else {},
         defaults=GenerationDefaults(sample_rate=SAMPLE_RATE, text=thinker_text),
         validate_request=make_omni3_validator(components["tokenizer"], config, pool=pools["thinker_kv"],
                                               audio_tower=components.get("audio_tower"),

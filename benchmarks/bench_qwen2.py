@@ -140,6 +140,8 @@ def main(argv=None) -> int:
     p.add_argument("--iters", type=int, default=2, help="runs per case (the best is reported: warm)")
     p.add_argument("--no-transformers", dest="transformers", action="store_false")
     p.add_argument("--kv-cache-gb", type=float, default=None)
+    p.add_argument("--cuda-graphs", default="off", choices=("off", "on", "both"),
+                   help="ours with the decode replayed from CUDA graphs (cuda_graphs=True): on, or both (eager, then graphs)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     if args.tiny:
@@ -156,19 +158,28 @@ def main(argv=None) -> int:
             "dtype": str(dtype).removeprefix("torch."), "torch": torch.__version__,
             "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu"}
     try:
-        t0 = time.perf_counter()
-        _, pipeline = load_pipeline(folder, LoadOptions(device=device, dtype=dtype, kv_cache_gb=args.kv_cache_gb))
-        sync(device)
-        emit({**base, "metric": "load_s", "value": round(time.perf_counter() - t0, 2), "save_s": round(saved_s, 1)}, sink)
-        pipeline = no_eos(pipeline)
+        graph_modes = {"off": [False], "on": [True], "both": [False, True]}[args.cuda_graphs]
+        if device.type != "cuda" and any(graph_modes):
+            p.error("--cuda-graphs on/both needs a CUDA device (leave it off for --tiny / the CPU)")
         batches = [int(b) for b in args.batches.split(",")]
-        with torch.inference_mode():
-            run_engine(pipeline, args, 1)  # warm (allocator, kernels)
-            for batch in batches:
-                runs = [run_engine(pipeline, args, batch) for _ in range(args.iters)]
-                best = max(runs, key=lambda r: r["decode_tok_per_s"])
-                emit({**base, "metric": "ours", "batch": batch, **best,
-                      "ttft_median_s": round(statistics.median(r["ttft_s"] for r in runs), 4)}, sink)
+        for graphs in graph_modes:
+            t0 = time.perf_counter()
+            options = LoadOptions(device=device, dtype=dtype, kv_cache_gb=args.kv_cache_gb, cuda_graphs=graphs)
+            _, pipeline = load_pipeline(folder, options)
+            sync(device)
+            emit({**base, "metric": "load_s", "cuda_graphs": graphs, "value": round(time.perf_counter() - t0, 2),
+                  "save_s": round(saved_s, 1)}, sink)
+            pipeline = no_eos(pipeline)
+            with torch.inference_mode():
+                run_engine(pipeline, args, 1)  # warm (allocator, kernels; with graphs: batch 1's capture)
+                for batch in batches:
+                    runs = [run_engine(pipeline, args, batch) for _ in range(args.iters)]
+                    best = max(runs, key=lambda r: r["decode_tok_per_s"])
+                    graph_stats = pipeline.caches["cuda_graphs"].summary() if graphs else None
+                    emit({**base, "metric": "ours", "batch": batch, "cuda_graphs": graphs, **best,
+                          "ttft_median_s": round(statistics.median(r["ttft_s"] for r in runs), 4),
+                          "graphs": graph_stats}, sink)
+            del pipeline
         if args.transformers:
             del pipeline
             if device.type == "cuda":

@@ -30,6 +30,20 @@ def _reasoner():
     return Cosmos3Reasoner(model)
 
 
+def _qwen2():
+    """A tiny Qwen2 (GQA, biased QKV): the family whose spec passes the runner to its decode loop."""
+    from omniloop.models.families.qwen2.model import Qwen2Config, Qwen2LM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2)
+    model = Qwen2LM(config).eval().requires_grad_(False)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.2)
+    return model
+
+
 def _prefilled(lm, pool, prompts):
     handles = []
     for ids in prompts:
@@ -41,8 +55,9 @@ def _prefilled(lm, pool, prompts):
 
 
 @torch.inference_mode()
-def test_bucketed_decode_equals_the_eager_paged_step():
-    lm = _reasoner()
+@pytest.mark.parametrize("make_lm", [_reasoner, _qwen2], ids=["cosmos3_reasoner", "qwen2"])
+def test_bucketed_decode_equals_the_eager_paged_step(make_lm):
+    lm = make_lm()
     layout = lm.kv_layout
     pools = [BlockPool(layout, dtype=torch.float32, device="cpu", block_size=4,
                        budget_bytes=64 * 4 * layout.bytes_per_token(torch.float32)) for _ in range(2)]

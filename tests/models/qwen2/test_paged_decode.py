@@ -86,3 +86,26 @@ def test_a_pool_too_small_for_one_request_is_refused_at_submission(qwen2_dir):
     engine = Engine(pipeline)
     with pytest.raises(RequestRejected, match="needs 2 KV blocks but the text KV pool holds 1.*sampling.max_tokens"):
         engine.add_request(text_request(PROMPTS[0], max_tokens=20))
+
+
+def test_cuda_graphs_route_the_batched_decode_and_keep_the_solo_tokens(qwen2_dir, solo, monkeypatch):
+    """``cuda_graphs=True`` gives Qwen2's decode loop the deployment's runner (refused off CUDA at
+    load); on a CPU runner (its eager route: GRAPH_DEVICES widened) every decode step of three
+    batched requests takes the bucketed graph path and the tokens equal each request's solo run.
+    The capture and replay: tests/pipeline/test_ar_graphs_gpu.py."""
+    from omniloop.models.layers.cuda_graphs import CACHE_NAME, CudaGraphRunner
+    from omniloop.pipeline.loops import ar_graphs
+
+    with pytest.raises(ValueError, match="cuda_graphs=True needs a CUDA device.*cuda_graphs=False"):
+        load_pipeline(qwen2_dir, LoadOptions(device=torch.device("cpu"), dtype=torch.float32, cuda_graphs=True))
+    monkeypatch.setattr(ar_graphs, "GRAPH_DEVICES", frozenset({"cpu"}))
+    pipeline = _pipeline(qwen2_dir)
+    runner = CudaGraphRunner()
+    decode = next(n for n in pipeline.spec.nodes if n.name == "decode")
+    monkeypatch.setattr(decode.stage, "graphs", runner)
+    pipeline.caches[CACHE_NAME] = runner
+    outs, steps, _ = _run(pipeline, _requests())
+    assert {rid: o.text.token_ids for rid, o in outs.items()} == solo
+    batched = sum(1 for phase, ids in steps if phase == "decode" and len(ids) > 1)
+    # the batched steps went through the runner (the last one samples the final tokens and forwards nothing)
+    assert batched >= 10 and runner.stats.eager_not_cuda >= batched - 1

@@ -22,7 +22,9 @@ from omniloop.models.families.qwen2.model import ARCHITECTURE, Qwen2Config
 from omniloop.models.families.qwen2.parallelize import QWEN2_PARALLEL
 from omniloop.models.families.qwen2.presets import GENERATION_KEYS, QWEN2_DEFAULTS
 from omniloop.models.families.qwen2.weights import load_qwen2, state_dict_from_transformers
-from omniloop.models.load_options import apply_load_options
+from omniloop.models.layers.cuda_graphs import CACHE_NAME as GRAPHS
+from omniloop.models.layers.cuda_graphs import CudaGraphRunner
+from omniloop.models.load_options import apply_load_options, graph_runner
 from omniloop.models.fast_path import FastPath
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
 from omniloop.pipeline.defaults import GenerationDefaults, TextDefaults
@@ -93,7 +95,8 @@ def qwen2_variant(index: Mapping[str, Any]) -> Variant:
     return Variant(name=f"qwen2-{size}", tasks=frozenset({TaskType.REASON}), weights=weights)
 
 
-def qwen2_pipeline_spec(variant: Variant) -> PipelineSpec:
+def qwen2_pipeline_spec(variant: Variant, graphs: CudaGraphRunner | None = None) -> PipelineSpec:
+    """``graphs``: the decode forwards replay CUDA graphs (``cuda_graphs=True``; pipeline/loops/ar_graphs.py)."""
     components = variant.component_specs()
     components["text_kv"] = ComponentSpec(name="text_kv", kind="paged text-KV pool (built, not loaded)")
     return PipelineSpec(
@@ -102,7 +105,7 @@ def qwen2_pipeline_spec(variant: Variant) -> PipelineSpec:
         tasks=variant.tasks,
         components=components,
         nodes=(Node("chat", ChatPrompt(), when=opt("a conversation (text parts with roles)", is_chat)),
-               Node("decode", ARDecodeLoop(lm_component="lm", tokenizer_component="tokenizer"))),
+               Node("decode", ARDecodeLoop(lm_component="lm", tokenizer_component="tokenizer", graphs=graphs))),
         outputs={"text": "text"},
     )
 
@@ -115,8 +118,9 @@ def build_qwen2(variant: Variant, index: Mapping[str, Any], components: Mapping[
         config.kv_layout, dtype=options.dtype, device=options.device, max_context=config.max_position_embeddings,
         kv_cache_gb=options.kv_cache_gb, block_size=QWEN2_DEFAULTS.kv_block_tokens)}
     defaults = GenerationDefaults(text=dataclasses.replace(generation, max_context=config.max_position_embeddings))
+    graphs = graph_runner(options)  # refused off CUDA
     return Pipeline(
-        spec=qwen2_pipeline_spec(variant),
+        spec=qwen2_pipeline_spec(variant, graphs),
         components=components,
         device=options.device,
         dtype=options.dtype,
@@ -127,6 +131,7 @@ def build_qwen2(variant: Variant, index: Mapping[str, Any], components: Mapping[
         ),
         # update_weights takes a transformers Qwen2ForCausalLM state dict (the whole of it)
         checkpoint_layouts={"lm": functools.partial(state_dict_from_transformers, config=config)},
+        caches={GRAPHS: graphs} if graphs is not None else {},
     )
 
 

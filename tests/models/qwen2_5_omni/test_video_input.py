@@ -41,8 +41,9 @@ def video_request(part: VideoPart | None = None, **sampling) -> OmniRequest:
                        sampling=SamplingParams(temperature=0.0, seed=5, **sampling))
 
 
-def run_oracle(folder, frames: np.ndarray, work, soundtrack: np.ndarray | None = None) -> dict:
-    """``video_oracle.py`` in a child process on the sampled frames (and the soundtrack)."""
+def run_oracle(folder, frames: np.ndarray, work, soundtrack: np.ndarray | None = None, qwen3: bool = False) -> dict:
+    """``video_oracle.py`` in a child process on the sampled frames (and the soundtrack); ``qwen3``:
+    ``Qwen3OmniMoeProcessor``'s."""
     from transformers import AutoTokenizer
 
     if not (torchvision_path() / "torchvision").is_dir():
@@ -56,6 +57,8 @@ def run_oracle(folder, frames: np.ndarray, work, soundtrack: np.ndarray | None =
     if soundtrack is not None:
         np.save(work / "sound.npy", soundtrack)
         args.append(str(work / "sound.npy"))
+    if qwen3:
+        args.append("--qwen3")
     run = subprocess.run([sys.executable, "-m", "tests.models.qwen2_5_omni.video_oracle", *args],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -67,7 +70,7 @@ def run_oracle(folder, frames: np.ndarray, work, soundtrack: np.ndarray | None =
 @pytest.fixture(scope="module")
 def oracle(omni_dir, omni_pipeline, tmp_path_factory):
     """The processor's ids, patches, grid and seconds per grid for the sampled frames."""
-    from omniloop.models.families.qwen2_5_omni.video_prompt import decode_frames
+    from omniloop.models.omni.video_prompt import decode_frames
 
     frames = decode_frames(1, video_part(), omni_pipeline.components["video_processing"])
     assert frames.shape == (4, 40, 60, 3)
@@ -75,7 +78,7 @@ def oracle(omni_dir, omni_pipeline, tmp_path_factory):
 
 
 def test_video_patches_equal_the_processors(omni_pipeline, oracle):
-    from omniloop.models.families.qwen2_5_omni.video_prompt import process_video
+    from omniloop.models.omni.video_prompt import process_video
 
     video = process_video(1, video_part(), omni_pipeline.components["video_processing"])
     assert video.grid == tuple(oracle["video_grid_thw"][0].tolist()) == (2, 20, 28)
@@ -167,7 +170,7 @@ def test_a_video_with_its_soundtrack_equals_transformers(omni_hf, omni_pipeline,
     frames the soundtrack's 31 placeholders in ``<|audio_bos|>`` / ``<|audio_eos|>`` and interleaves
     them with the frames' by 2 s chunk (two patches, the soundtrack, the third patch); the positions
     put both from one start. Our ids, the greedy text and the spoken answer equal transformers'."""
-    from omniloop.models.families.qwen2_5_omni.video_prompt import decode_frames, soundtrack
+    from omniloop.models.omni.video_prompt import decode_frames, soundtrack
 
     t = np.arange(20000) / 16000
     sound = (np.sin(2 * np.pi * 440 * t) * 0.3 + np.random.default_rng(1).standard_normal(t.shape) * 0.05)

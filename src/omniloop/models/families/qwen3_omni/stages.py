@@ -109,10 +109,7 @@ def talker_prompt(thinker: Qwen3OmniThinker, talker: Qwen3OmniTalker, first: Thi
                                              tok.codec_pad, tok.codec_bos], device=device))  # [6, D]
     opening = text + torch.cat([codec.new_zeros(3, codec.shape[1]), codec])
     rope = None
-    # transformers' talker lays out its own ids (the user turns, then 9 tts_pad) with the images / videos; it
-    # is not handed use_audio_in_video, so a video read with its soundtrack reads as an audio there, numbered
-    # token by token: all 1-D (images beside such a video are refused at admission)
-    if first.vision and not any(r.audio_tokens for r in first.vision):
+    if first.vision:  # transformers' talker lays out its own ids (the user turns, then 9 tts_pad) with the images / videos
         ids = [prompt_ids[u] for u in user_positions(prompt_ids, chat)] + [chat.tts_pad] * opening.shape[0]
         planes, delta = rope_positions(ids, first.vision, talker.spatial_merge_size, talker.position_id_per_seconds)
         rope = PromptRope(planes.to(device), delta)

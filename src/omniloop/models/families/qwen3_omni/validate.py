@@ -4,9 +4,10 @@ preprocessor, each decodable (audio within the feature extractor's window; a vid
 placeholders counted from its container's header, refused past the duration / frame-size limits
 before any frame decodes: ``omniloop.models.omni.video_prompt``); the prompt with every
 placeholder expanded within the context and the KV pool; a spoken answer only for a
-conversation (the talker speaks the assistant turn the chat template opens), and not for videos
-read with their soundtracks alongside images (transformers' talker numbers that prompt's
-positions by no rule this runtime reproduces)."""
+conversation (the talker speaks the assistant turn the chat template opens), and not to a video
+read with its soundtrack: transformers 5.25's talker cannot lay that prompt out (its
+``get_rope_index`` reads an ``audio_config`` the talker's config lacks), so there is no reference
+to match."""
 
 from __future__ import annotations
 
@@ -79,12 +80,11 @@ def make_omni3_validator(tokenizer: Any, config: Omni3Config, *, pool: BlockPool
                                  hint="send text, audio, image and video parts only", fields=("inputs",))
         if wants_speech(request):
             clips = video_parts(request)
-            if clips and heard(request) and image_parts(request):
+            if clips and heard(request):
                 field = f"inputs[{clips[0][0]}]"
-                raise InvalidRequest(f"{field}: a spoken answer to videos read with their soundtracks "
-                                     "(use_audio_in_video) and images in one conversation is not supported",
-                                     hint="ask for text only, drop use_audio_in_video, or send the images in another "
-                                          "request", fields=(field,))
+                raise InvalidRequest(f"{field}: a spoken answer to a video read with its soundtrack "
+                                     "(use_audio_in_video) is not supported by Qwen3-Omni here",
+                                     hint="ask for text only, or drop use_audio_in_video", fields=(field,))
             if not config.speaks:
                 raise InvalidRequest("outputs.modalities names audio, but this checkpoint has no talker / code2wav "
                                      "(enable_audio_output=false)", hint="ask for text only",

@@ -12,7 +12,7 @@ an audio's tokens in order); an image or a video makes them 3-D, and brings its 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -65,7 +65,7 @@ class Omni3ChatPrompt(ChatPrompt):
             ids, runs[self.audio_token_id], heard = embed_audio(
                 ids, self.audio_token_id, sounds, with_sound, ctx.component(self.audio_tower),
                 ctx.component(self.feature_extractor), ctx.device, ctx.dtype)
-        tower = ctx.component(self.vision_tower) if pictures or clips else None
+        tower: Any = ctx.component(self.vision_tower) if pictures or clips else None  # the ViT (None: no image or video)
         deepstack: dict[int, torch.Tensor] = {}  # image / video token -> [layers, that kind's cells, D], prompt order
         vision: list[VisionRun] = []
         if pictures:

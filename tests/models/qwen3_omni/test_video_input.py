@@ -172,3 +172,41 @@ def test_a_frame_over_the_pixel_limit_is_refused_before_decoding(omni3_pipeline)
     with pytest.raises(InvalidRequest, match=re.escape("inputs[1]: its frames are 3842x2160 = 8,298,720 pixels, over "
                                                        "the 8,294,400 this model decodes; send a smaller video")):
         omni3_pipeline.admit(video_request(VideoPart(data=frames)))
+
+
+@pytest.mark.parametrize("grid, frames, layout", [((3, 4, 6), 500, "vavava"), ((4, 2, 2), 260, "vavav"), ((2, 4, 4), 40, "vav")])
+def test_soundtrack_layout_and_positions_equal_transformers(omni3_hf, grid, frames, layout):
+    """Longer soundtracks than the tiny extractor's 2 s window: ``VisionRun.interleaved`` (by time)
+    vs ``Qwen3OmniMoeProcessor.replace_video_with_audio_token`` itself, and ``rope_positions`` vs
+    the thinker's ``get_rope_index`` on those ids (``frames`` feature frames: 65 / 34 / 5 tokens,
+    so soundtrack tokens also come after the later frame groups: ``layout``, the runs of video /
+    audio placeholders)."""
+    from types import SimpleNamespace
+
+    from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import (
+        Qwen3OmniMoeProcessor, _get_feat_extract_output_lengths,
+    )
+
+    from omniloop.models.omni.image_prompt import VisionRun, rope_positions, video_ids
+
+    hf, tokenizer = omni3_hf
+    tokens = int(_get_feat_extract_output_lengths(torch.tensor(frames)))
+    names = SimpleNamespace(audio_bos_token="<|audio_start|>", audio_eos_token="<|audio_end|>", video_token="<|VIDEO|>",
+                            audio_token="<|AUDIO|>", video_processor=SimpleNamespace(merge_size=2))
+    text = Qwen3OmniMoeProcessor.replace_video_with_audio_token(
+        names, {"video_grid_thw": torch.tensor([grid]), "video_second_per_grid": [2.0]}, 0,
+        {"num_audio_tokens": torch.tensor([tokens])}, 0, position_id_per_seconds=13)
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in ("<|audio_start|>", "<|audio_end|>", "<|VIDEO|>", "<|AUDIO|>",
+                                                           "<|vision_start|>", "<|vision_end|>")}
+    run = VisionRun(ids["<|VIDEO|>"], grid, 2.0, tokens, by_time=True)
+    body = video_ids(run, 2, 13, video_token=ids["<|VIDEO|>"], audio_token=ids["<|AUDIO|>"],
+                     audio_start=ids["<|audio_start|>"], audio_end=ids["<|audio_end|>"])
+    assert body == tokenizer.convert_tokens_to_ids(re.findall(r"<\|[a-zA-Z_]+\|>", text))
+    assert "".join(kind[0] for kind, _, _ in run.interleaved(2, 13)) == layout
+    prompt = tokenizer("the cat").input_ids + [ids["<|vision_start|>"], *body, ids["<|vision_end|>"]] + tokenizer("hello").input_ids
+    ours, delta = rope_positions(prompt, [run], 2, 13)
+    theirs, their_delta = hf.thinker.get_rope_index(torch.tensor([prompt]), video_grid_thw=torch.tensor([grid]),
+                                                    attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                                    use_audio_in_video=True, audio_seqlens=torch.tensor([frames]),
+                                                    second_per_grids=torch.tensor([2.0]))
+    assert torch.equal(ours, theirs[:, 0].long()) and delta == int(their_delta)

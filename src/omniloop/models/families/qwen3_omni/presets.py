@@ -18,3 +18,7 @@ CODE2WAV_LEFT_CONTEXT = 25
 # a streamed answer's code2wav: the same decode, 25 frames (2 s of speech) a step, with generate's
 # 25 frames of left context (each window's audio equals chunked_decode(codes, 25, 25)'s)
 CODE2WAV_STREAM_CHUNK = 25
+# code2wav windows decoded in one forward at most (of one length: the full windows of one answer, or
+# concurrent answers' windows at one engine step); the decoder's widest activation is rows * frames *
+# 1920 samples x its channels
+CODE2WAV_MAX_BATCH = 8

@@ -22,6 +22,7 @@ when ``t <= a``), the bos / eos tokens numbered as text (``by_time``).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -109,21 +110,19 @@ class VisionRun:
         assert self.seconds_per_grid is not None, "a soundtrack belongs to a video"
         times = (torch.arange(t, dtype=torch.float64) * self.seconds_per_grid * position_per_second).repeat_interleave(
             h * w // merge**2).tolist()
-        order: list[tuple[str, int, int]] = []
+        kinds: list[str] = []  # each placeholder's kind in prompt order (the processor's merge)
         v = a = 0
-        while v < len(times) or a < self.audio_tokens:
-            if a >= self.audio_tokens or (v < len(times) and times[v] <= a):
-                end = v
-                while end < len(times) and (a >= self.audio_tokens or times[end] <= a):
-                    end += 1
-                order.append(("video", v, end))
-                v = end
-            else:
-                end = a
-                while end < self.audio_tokens and (v >= len(times) or times[v] > end):
-                    end += 1
-                order.append(("audio", a, end))
-                a = end
+        while v < len(times) and a < self.audio_tokens:
+            video = times[v] <= a
+            kinds.append("video" if video else "audio")
+            v, a = v + video, a + (not video)
+        kinds += ["video"] * (len(times) - v) + ["audio"] * (self.audio_tokens - a)
+        order: list[tuple[str, int, int]] = []
+        seen = {"video": 0, "audio": 0}
+        for kind, run in itertools.groupby(kinds):
+            n = len(list(run))
+            order.append((kind, seen[kind], seen[kind] + n))
+            seen[kind] += n
         return order
 
     def temporal(self, position_per_second: int) -> torch.Tensor:

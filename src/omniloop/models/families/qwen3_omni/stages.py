@@ -12,7 +12,9 @@
 * :class:`Code2WavDecode` - the causal codec decoder over all the frames (transformers'
   ``chunked_decode``: 300 a call, 25 of left context) -> 24 kHz ``audio``; or, for a streamed
   answer (``outputs.stream``), :class:`Code2WavStream`: the same decode ``CODE2WAV_STREAM_CHUNK``
-  frames a step as the talker makes them, each window an ``audio_delta``.
+  frames a step as the talker makes them, each window an ``audio_delta``. Both decode windows of
+  one length as one batch (``code2wav.decode_windows``): an answer's, the grouped answers', the
+  concurrent streams' at one step.
 
 Per request, everything mutable is in the loop states (the :class:`TalkerRow` in
 ``ARLoopState.lm_inputs``); models and stage objects are shared.

@@ -6,13 +6,14 @@
 * ``streams``: ``--streams`` concurrent streamed answers, one 25-frame window each (25 of left
   context, 50 frames a forward row) at one engine step.
 
-Each record: seconds (median of ``--repeats``, the two run alternately) before / after, the speedup, and the largest
-sample difference (fp32 reassociation in a batched GEMM / convolution; not bit-equal).
+Each record: wall and CPU seconds (medians of ``--repeats``, the two run alternately) before /
+after, the speedups, and the largest sample difference (fp32 reassociation in a batched GEMM /
+convolution; not bit-equal).
 The decoder is a scaled-down code2wav (``--size small``: hidden 256, 4 layers, decoder 256 wide,
 the released upsampling 8 x 5 x 4 x 3 and 2 x 2, 1920 samples a frame) so a CPU run takes
 seconds; ``--size released`` is the released model's shape (a GPU run).
 
-    python benchmarks/bench_code2wav_batch.py --out benchmarks/results/code2wav_batch_cpu.jsonl
+    python benchmarks/bench_code2wav_batch.py --threads 1 --out benchmarks/results/code2wav_batch_cpu.jsonl
     python benchmarks/bench_code2wav_batch.py --size released --device cuda --dtype bfloat16
 """
 
@@ -49,39 +50,46 @@ def model(size: str, device: str, dtype: torch.dtype) -> Code2Wav:
     return m.to(device, dtype)
 
 
-def _seconds(fn, device: str) -> tuple[float, list[torch.Tensor]]:
+def _seconds(fn, device: str) -> tuple[float, float, list[torch.Tensor]]:
+    """Wall and CPU (this process's, every thread) seconds of one call, and its output."""
     if device == "cuda":
         torch.cuda.synchronize()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     out = fn()
     if device == "cuda":
         torch.cuda.synchronize()
-    return time.perf_counter() - t0, out
+    return time.perf_counter() - t0, time.process_time() - c0, out
 
 
-def timed_pair(before, after, repeats: int, device: str) -> tuple[float, float, list[torch.Tensor], list[torch.Tensor]]:
-    """Median seconds of ``before`` and ``after``, run alternately (a shared machine's load drifts
-    over a run: alternating spreads it over both), after one warm-up call of each."""
+def timed_pair(before, after, repeats: int, device: str) -> tuple[list[tuple[float, float]], list[torch.Tensor],
+                                                                   list[torch.Tensor]]:
+    """Median (wall, CPU) seconds of ``before`` and of ``after``, run alternately (a shared
+    machine's load drifts over a run: alternating spreads it over both; the CPU seconds are what
+    the process itself spent, less swayed by other processes), after one warm-up call of each."""
     solo, batched = before(), after()
-    times: tuple[list[float], list[float]] = ([], [])
+    times: tuple[list[tuple[float, float]], list[tuple[float, float]]] = ([], [])
     for _ in range(repeats):
         for k, fn in enumerate((before, after)):
-            seconds, out = _seconds(fn, device)
-            times[k].append(seconds)
-    return statistics.median(times[0]), statistics.median(times[1]), solo, batched
+            wall, cpu, _ = _seconds(fn, device)
+            times[k].append((wall, cpu))
+    medians = [(statistics.median(w for w, _ in t), statistics.median(c for _, c in t)) for t in times]
+    return medians, solo, batched
 
 
 def case(name: str, m: Code2Wav, codes: list[torch.Tensor], wins: list, args, sink) -> None:
     with torch.inference_mode():
-        before, after, solo, batched = timed_pair(lambda: decode_windows(m, codes, wins, max_batch=1),
-                                                  lambda: decode_windows(m, codes, wins, max_batch=args.max_batch),
-                                                  args.repeats, args.device)
+        (before, before_cpu), (after, after_cpu) = (medians := timed_pair(
+            lambda: decode_windows(m, codes, wins, max_batch=1),
+            lambda: decode_windows(m, codes, wins, max_batch=args.max_batch), args.repeats, args.device))[0]
+        solo, batched = medians[1], medians[2]
     diff = max(float((a.float() - b.float()).abs().max()) for a, b in zip(solo, batched))
     lengths = sorted({w.frames for w in wins})
     emit({"bench": "code2wav_batch", "case": name, "size": args.size, "device": args.device, "dtype": args.dtype,
           "threads": torch.get_num_threads(), "windows": len(wins), "window_frames": lengths,
           "max_batch": args.max_batch, "audio_s": sum(w.end - w.start for w in wins) / 12.5,
           "solo_s": round(before, 4), "batched_s": round(after, 4), "speedup": round(before / after, 3),
+          "solo_cpu_s": round(before_cpu, 4), "batched_cpu_s": round(after_cpu, 4),
+          "cpu_speedup": round(before_cpu / after_cpu, 3),
           "max_abs_diff": diff}, sink)
 
 

@@ -1,7 +1,9 @@
 """Batched code2wav windows (``decode_windows``): windows of one length decode as one forward,
 within an answer (``Code2WavDecode``: every full 300-frame window past the first) and across
 answers (the requests grouped at ``Code2WavDecode``; concurrent streamed answers' windows at one
-engine step, ``Code2WavStream.step_many``).
+engine step, ``Code2WavStream.step_many``), up to the stage's ``max_batch`` rows a forward (by
+default ``CODE2WAV_MAX_BATCH`` of the device type: 1 on the CPU, where batches measured no faster,
+``benchmarks/bench_code2wav_batch.py``).
 
 Not bit-equal to one window a forward on the CPU: a batch of rows reassociates fp32 sums in the
 pre-transformer's GEMMs and the decoder's convolutions (measured: 5e-7 at the pre-transformer's
@@ -17,7 +19,7 @@ import dataclasses
 import torch
 
 from omniloop.engine.offline import run_request
-from omniloop.models.families.qwen3_omni.code2wav import chunked_decode, decode_windows, windows
+from omniloop.models.families.qwen3_omni.code2wav import Code2Wav, chunked_decode, decode_windows, windows
 from omniloop.models.families.qwen3_omni.stages import Code2WavStream
 from tests.models.qwen3_omni.checkpoint import CODEBOOK, GROUPS, PROMPTS
 from tests.models.qwen3_omni.helpers import omni3_request
@@ -64,12 +66,13 @@ def test_windows_of_several_answers_batched_equal_one_at_a_time(omni3_pipeline):
 @torch.inference_mode()
 def test_concurrent_streamed_answers_share_code2wav_forwards(omni3_pipeline, monkeypatch):
     """Three streamed spoken answers through the engine, code2wav in windows of 2 frames (1 of
-    context; the talkers batch, so their windows come due at the same steps): code2wav steps
-    several answers' windows as one ``step_many``, and each answer's audio equals its solo run
-    within ``WAVE_TOL``."""
+    context; the talkers batch, so their windows come due at the same steps) and up to 8 a forward
+    (the CPU's default is 1: ``CODE2WAV_MAX_BATCH``): code2wav steps several answers' windows as
+    one ``step_many`` and one forward, and each answer's audio equals its solo run within
+    ``WAVE_TOL``."""
     from omniloop.engine.engine import Engine
 
-    nodes = tuple(dataclasses.replace(n, stage=Code2WavStream(chunk=2, left_context=1)) if n.name == "code2wav_stream"
+    nodes = tuple(dataclasses.replace(n, stage=Code2WavStream(chunk=2, left_context=1, max_batch=8)) if n.name == "code2wav_stream"
                   else n for n in omni3_pipeline.spec.nodes)
     pipeline = dataclasses.replace(omni3_pipeline, spec=dataclasses.replace(omni3_pipeline.spec, nodes=nodes))
     requests = [omni3_request(p, seed=i) for i, p in enumerate(PROMPTS)]
@@ -79,12 +82,16 @@ def test_concurrent_streamed_answers_share_code2wav_forwards(omni3_pipeline, mon
     step_many = Code2WavStream.step_many
     monkeypatch.setattr(Code2WavStream, "step_many",
                         lambda self, ctx, loops: sizes.append(len(loops)) or step_many(self, ctx, loops))
+    rows: list[int] = []
+    forward = Code2Wav.forward
+    monkeypatch.setattr(Code2Wav, "forward", lambda self, codes: rows.append(codes.shape[0]) or forward(self, codes))
     engine = Engine(pipeline)
     ids = [engine.add_request(r) for r in requests]
     for rid in ids:
         engine.run_until_done(rid)
     outs = [engine.pop_output(rid) for rid in ids]
     assert max(sizes) >= 2, sizes  # windows of several answers in one step
+    assert max(rows) >= 2, rows  # ... and in one forward
     for alone, together in zip(solo, outs):
         assert together.status.value == "completed", together.error
         assert together.text.token_ids == alone.text.token_ids

@@ -204,6 +204,12 @@ class TalkerLoop(ThinkerFedTalkerLoop):
         self.release(loop)
 
 
+def rows_per_forward(max_batch: int | None, device: torch.device) -> int:
+    """The code2wav windows one forward decodes at most: the stage's own bound, else the device
+    type's (``CODE2WAV_MAX_BATCH``; an unlisted type: the CPU's)."""
+    return max_batch if max_batch is not None else CODE2WAV_MAX_BATCH.get(device.type, CODE2WAV_MAX_BATCH["cpu"])
+
+
 @dataclass
 class Code2WavDecode(StageBase):
     """The speech frames -> 24 kHz audio (transformers' ``chunked_decode``: 300 frames a call,
@@ -212,7 +218,7 @@ class Code2WavDecode(StageBase):
     of one length (the full ones past each answer's first) as one batch (``decode_windows``)."""
 
     component: str = "code2wav"
-    max_batch: int = CODE2WAV_MAX_BATCH
+    max_batch: int | None = None  # windows a forward at most (None: CODE2WAV_MAX_BATCH of the device type)
     inputs = {"codec": CodecFrames}
     outputs = {"audio": AudioArtifact}
 
@@ -233,7 +239,8 @@ class Code2WavDecode(StageBase):
         model: Code2Wav = ctx.component(self.component)
         codes = [torch.tensor(codec.frames, device=ctx.device).T for codec in codecs]  # each [groups, T]
         owner = [(i, w) for i, c in enumerate(codes) for w in windows(c.shape[1], CODE2WAV_CHUNK, CODE2WAV_LEFT_CONTEXT)]
-        wavs = decode_windows(model, [codes[i] for i, _ in owner], [w for _, w in owner], self.max_batch)
+        wavs = decode_windows(model, [codes[i] for i, _ in owner], [w for _, w in owner],
+                              rows_per_forward(self.max_batch, ctx.device))
         for i, (state, codec) in enumerate(zip(states, codecs)):
             wav = torch.cat([w for (j, _), w in zip(owner, wavs) if j == i], dim=-1)  # [1, samples]
             ctx.write(state, "audio", AudioArtifact(samples=wav.float().cpu(), sample_rate=SAMPLE_RATE,
@@ -259,7 +266,7 @@ class Code2WavStream(LoopStageBase[Code2WavStreamState]):
     component: str = "code2wav"
     chunk: int = CODE2WAV_STREAM_CHUNK
     left_context: int = CODE2WAV_LEFT_CONTEXT
-    max_batch: int = CODE2WAV_MAX_BATCH
+    max_batch: int | None = None  # windows a forward at most (None: CODE2WAV_MAX_BATCH of the device type)
 
     outputs = {"audio": AudioArtifact}
     stream_inputs = {"codec_stream": FrameChunk}
@@ -304,7 +311,8 @@ class Code2WavStream(LoopStageBase[Code2WavStreamState]):
                 wins[i] = Window(start, end, self.left_context if start - self.left_context > 0 else start)
         model: Code2Wav = ctx.component(self.component)
         codes = [torch.tensor(loops[i].frames[:w.end], device=ctx.device).T for i, w in wins.items()]  # [groups, end]
-        audio = dict(zip(wins, decode_windows(model, codes, list(wins.values()), self.max_batch)))
+        rows = rows_per_forward(self.max_batch, ctx.device)
+        audio = dict(zip(wins, decode_windows(model, codes, list(wins.values()), rows)))
         return [self._advance(loop, audio.get(i)) for i, loop in enumerate(loops)]
 
     def _advance(self, loop: Code2WavStreamState, wav: torch.Tensor | None) -> StepResult:

@@ -2,7 +2,7 @@
 within an answer (``Code2WavDecode``: every full 300-frame window past the first) and across
 answers (the requests grouped at ``Code2WavDecode``; concurrent streamed answers' windows at one
 engine step, ``Code2WavStream.step_many``), up to the stage's ``max_batch`` rows a forward (by
-default ``CODE2WAV_MAX_BATCH`` of the device type: 1 on the CPU, where batches measured no faster,
+default ``CODE2WAV_MAX_BATCH`` of the device type: 1 on the CPU, where batches measured slower,
 ``benchmarks/bench_code2wav_batch.py``).
 
 Not bit-equal to one window a forward on the CPU: a batch of rows reassociates fp32 sums in the

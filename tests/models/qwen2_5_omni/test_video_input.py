@@ -119,18 +119,34 @@ def _tiny(frames: int, fps: int, size: tuple[int, int] = (16, 16)) -> bytes:
     return encode_mp4(np.zeros((frames, *size, 3), dtype=np.uint8), fps)
 
 
-@pytest.mark.parametrize("clip, says", [
+BAD_VIDEOS = [
     (b"\x00\x00\x00\x18ftypmp42 not a video", "cannot read the video"),
     ((400, 1), "the video is 400.0 s long, over the 384 s this model reads (768 frames at 2 fps); send at most 384 s"),
     ((1, 4), "the video has 1 frame(s); send at least 2"),
-])
-def test_bad_video_is_refused_naming_the_part(omni_pipeline, clip, says):
-    """Undecodable, too long (refused from the header: nothing decodes), too few frames."""
+]
+
+
+def check_bad_video_refused(pipeline, clip, says: str) -> None:
+    """``clip`` (bytes, or ``(frames, fps)`` of a tiny mp4) refused at admission with ``says``, naming the part."""
     data = clip if isinstance(clip, bytes) else _tiny(*clip)
     with pytest.raises(InvalidRequest, match=re.escape(says)) as caught:
-        omni_pipeline.admit(video_request(video_part(data)))
+        pipeline.admit(video_request(video_part(data)))
     assert caught.value.fields == ("inputs[1]",), str(caught.value)
     assert str(caught.value).startswith("inputs[1]: ")
+
+
+def check_oversized_frames_refused(pipeline) -> None:
+    """In-process frames one column wider than 4K UHD (never touched: the header's shape is enough)."""
+    frames = np.zeros((4, 2160, 3842, 3), dtype=np.uint8)
+    with pytest.raises(InvalidRequest, match=re.escape("inputs[1]: its frames are 3842x2160 = 8,298,720 pixels, over "
+                                                       "the 8,294,400 this model decodes; send a smaller video")):
+        pipeline.admit(video_request(VideoPart(data=frames)))
+
+
+@pytest.mark.parametrize("clip, says", BAD_VIDEOS)
+def test_bad_video_is_refused_naming_the_part(omni_pipeline, clip, says):
+    """Undecodable, too long (refused from the header: nothing decodes), too few frames."""
+    check_bad_video_refused(omni_pipeline, clip, says)
 
 
 def test_a_checkpoint_without_a_vision_encoder_refuses_videos(omni_dir, tmp_path):
@@ -156,11 +172,7 @@ def test_a_checkpoint_without_a_vision_encoder_refuses_videos(omni_dir, tmp_path
 
 
 def test_a_frame_over_the_pixel_limit_is_refused_before_decoding(omni_pipeline):
-    """In-process frames one column wider than 4K UHD (never touched: the header's shape is enough)."""
-    frames = np.zeros((4, 2160, 3842, 3), dtype=np.uint8)
-    with pytest.raises(InvalidRequest, match=re.escape("inputs[1]: its frames are 3842x2160 = 8,298,720 pixels, over "
-                                                       "the 8,294,400 this model decodes; send a smaller video")):
-        omni_pipeline.admit(video_request(VideoPart(data=frames)))
+    check_oversized_frames_refused(omni_pipeline)
 
 
 @torch.inference_mode()

@@ -24,9 +24,11 @@ import torch
 
 from omniloop.io.video import encode_mp4
 from omniloop.models.omni.thinker import ThinkerRow
-from omniloop.request import InvalidRequest, Modality, OutputSpec, VideoPart
+from omniloop.request import InvalidRequest, Modality, OutputSpec
 from tests.models.qwen2_5_omni.helpers import run_nodes
-from tests.models.qwen2_5_omni.test_video_input import run_oracle, video_part, video_request
+from tests.models.qwen2_5_omni.test_video_input import (
+    BAD_VIDEOS, check_bad_video_refused, check_oversized_frames_refused, run_oracle, video_part, video_request,
+)
 from tests.models.qwen3_omni.helpers import AUDIO_FRAMES, TEXT_TOKENS, hf_generate_from
 
 LOGIT_TOL = 1e-5
@@ -133,22 +135,11 @@ def test_a_spoken_answer_to_a_video_equals_generate(omni3_hf, omni3_pipeline, or
     assert (state.artifacts["audio"].samples[0] - wav).abs().max() <= 1e-6
 
 
-def _tiny(frames: int, fps: int, size: tuple[int, int] = (16, 16)) -> bytes:
-    return encode_mp4(np.zeros((frames, *size, 3), dtype=np.uint8), fps)
-
-
-@pytest.mark.parametrize("clip, says", [
-    (b"\x00\x00\x00\x18ftypmp42 not a video", "cannot read the video"),
-    ((400, 1), "the video is 400.0 s long, over the 384 s this model reads (768 frames at 2 fps); send at most 384 s"),
-    ((1, 4), "the video has 1 frame(s); send at least 2"),
-])
+@pytest.mark.parametrize("clip, says", BAD_VIDEOS)
 def test_bad_video_is_refused_naming_the_part(omni3_pipeline, clip, says):
-    """Undecodable, too long (refused from the header: nothing decodes), too few frames."""
-    data = clip if isinstance(clip, bytes) else _tiny(*clip)
-    with pytest.raises(InvalidRequest, match=re.escape(says)) as caught:
-        omni3_pipeline.admit(video_request(video_part(data)))
-    assert caught.value.fields == ("inputs[1]",), str(caught.value)
-    assert str(caught.value).startswith("inputs[1]: ")
+    """Undecodable, too long (refused from the header: nothing decodes), too few frames: the limits
+    Qwen2.5-Omni's videos have."""
+    check_bad_video_refused(omni3_pipeline, clip, says)
 
 
 def test_a_silent_video_read_with_its_soundtrack_is_refused(omni3_pipeline):
@@ -168,10 +159,7 @@ def test_a_spoken_answer_to_a_video_with_its_soundtrack_is_refused(omni3_pipelin
 
 
 def test_a_frame_over_the_pixel_limit_is_refused_before_decoding(omni3_pipeline):
-    frames = np.zeros((4, 2160, 3842, 3), dtype=np.uint8)
-    with pytest.raises(InvalidRequest, match=re.escape("inputs[1]: its frames are 3842x2160 = 8,298,720 pixels, over "
-                                                       "the 8,294,400 this model decodes; send a smaller video")):
-        omni3_pipeline.admit(video_request(VideoPart(data=frames)))
+    check_oversized_frames_refused(omni3_pipeline)
 
 
 @pytest.mark.parametrize("grid, frames, layout", [((3, 4, 6), 500, "vavava"), ((4, 2, 2), 260, "vavav"), ((2, 4, 4), 40, "vav")])

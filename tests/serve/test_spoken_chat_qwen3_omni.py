@@ -124,3 +124,34 @@ def test_image_url_reaches_the_vision_encoder(omni3_server, omni3_chat_dir):
         sampling=SamplingParams(temperature=0.0, max_tokens=6, seed=7)))
     assert done.choices[0].message.content == want.text.text
     assert done.usage.prompt_tokens == want.text.prompt_tokens
+
+
+def test_video_url_reaches_the_vision_encoder(omni3_server, omni3_chat_dir):
+    """A ``video_url`` data URL is seen, and with vLLM's ``mm_processor_kwargs: {"use_audio_in_video":
+    true}`` heard too: each answer equals the engine's given the same video part (the engine's
+    equality with transformers: tests/models/qwen3_omni/test_video_input.py); a silent video read
+    with its soundtrack is a 400 naming the part."""
+    from omniloop.request import VideoPart
+    from tests.models.qwen3_omni.test_video_input import soundtracked_clip
+
+    url = "data:video/mp4;base64," + base64.b64encode(soundtracked_clip()).decode()
+    client, model = omni3_server.client(), omni3_server.state.model.name
+    content = [{"type": "text", "text": "what is it"}, {"type": "video_url", "video_url": {"url": url}}]
+    _, pipeline = load_pipeline(omni3_chat_dir, LoadOptions(device=torch.device("cpu"), dtype=torch.float32))
+    for heard in (False, True):
+        extra = {"mm_processor_kwargs": {"use_audio_in_video": True}} if heard else None
+        done = client.chat.completions.create(model=model, messages=[{"role": "user", "content": content}],
+                                              temperature=0, max_tokens=6, seed=7, extra_body=extra)
+        want = run_request(pipeline, OmniRequest(
+            task=TaskType.REASON, inputs=[TextPart(text="what is it", role="user"), VideoPart(b64=url)],
+            sampling=SamplingParams(temperature=0.0, max_tokens=6, seed=7),
+            node_params={"chat": {"use_audio_in_video": True}} if heard else {}))
+        assert done.choices[0].message.content == want.text.text, heard
+        assert done.usage.prompt_tokens == want.text.prompt_tokens > 420 + 17 * heard, heard  # 3 x 140 cells (+ soundtrack)
+    from tests.models.qwen2_5_omni.test_video_input import CLIP
+
+    silent = [content[0], {"type": "video_url", "video_url": {"url": "data:video/mp4;base64," + base64.b64encode(CLIP).decode()}}]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=model, messages=[{"role": "user", "content": silent}], max_tokens=4,
+                                       extra_body={"mm_processor_kwargs": {"use_audio_in_video": True}})
+    assert err.value.body["param"] == "messages[0].content[1].video_url.url" and "soundtrack" in err.value.body["message"]

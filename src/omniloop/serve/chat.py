@@ -84,7 +84,7 @@ class StreamOptions(_Wire):
 class MMProcessorKwargs(_Wire):
     """vLLM's ``mm_processor_kwargs`` (what its server hands the HF processor), the one key we read."""
 
-    use_audio_in_video: bool = Field(default=False, description="Qwen2.5-Omni: read each video_url's soundtrack "
+    use_audio_in_video: bool = Field(default=False, description="Qwen2.5-Omni, Qwen3-Omni: read each video_url's soundtrack "
                                      "too, interleaved with its frames (transformers' use_audio_in_video)")
 
 
@@ -216,7 +216,7 @@ def chat_request(wire: ChatCompletionRequest, request_id: str, state: ServeState
 
 def _video_sound(wire: ChatCompletionRequest, model: ServedModel) -> dict[str, dict[str, Any]] | None:
     """``mm_processor_kwargs.use_audio_in_video`` -> the chat node's knob (a model whose graph
-    hears audio in a conversation: Qwen2.5-Omni's ``chat`` node reads it)."""
+    hears audio in a conversation: Qwen2.5-Omni's and Qwen3-Omni's ``chat`` node read it)."""
     if wire.mm_processor_kwargs is None or not wire.mm_processor_kwargs.use_audio_in_video:
         return None
     if not model.takes_audio:

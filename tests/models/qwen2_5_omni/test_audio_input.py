@@ -168,13 +168,13 @@ def test_an_audio_part_goes_into_its_roles_message():
 
 
 def test_a_checkpoint_without_an_encoder_part_refuses_its_media_naming_the_first_missing_part():
-    from omniloop.models.families.qwen2_5_omni.validate import require
+    from omniloop.models.omni.video_prompt import require
     from omniloop.request import InvalidRequest
 
-    require("inputs[1]", "audio", ("thinker.audio_tower.* weights", object()), ("its extractor", object()))
+    require("inputs[1]", "audio", "Qwen2.5-Omni", ("thinker.audio_tower.* weights", object()), ("its extractor", object()))
     with pytest.raises(InvalidRequest, match=r"^inputs\[1\]: this checkpoint has no its extractor, so it takes no "
                                              r"audio") as refused:
-        require("inputs[1]", "audio", ("thinker.audio_tower.* weights", object()), ("its extractor", None))
+        require("inputs[1]", "audio", "Qwen2.5-Omni", ("thinker.audio_tower.* weights", object()), ("its extractor", None))
     assert refused.value.fields == ("inputs[1]",)
     with pytest.raises(InvalidRequest, match="has no thinker.visual.\\* weights, so it takes no images"):
-        require("inputs[0]", "images", ("thinker.visual.* weights", None), ("image processor", None))
+        require("inputs[0]", "images", "Qwen2.5-Omni", ("thinker.visual.* weights", None), ("image processor", None))

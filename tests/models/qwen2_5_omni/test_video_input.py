@@ -41,8 +41,9 @@ def video_request(part: VideoPart | None = None, **sampling) -> OmniRequest:
                        sampling=SamplingParams(temperature=0.0, seed=5, **sampling))
 
 
-def run_oracle(folder, frames: np.ndarray, work, soundtrack: np.ndarray | None = None) -> dict:
-    """``video_oracle.py`` in a child process on the sampled frames (and the soundtrack)."""
+def run_oracle(folder, frames: np.ndarray, work, soundtrack: np.ndarray | None = None, qwen3: bool = False) -> dict:
+    """``video_oracle.py`` in a child process on the sampled frames (and the soundtrack); ``qwen3``:
+    ``Qwen3OmniMoeProcessor``'s."""
     from transformers import AutoTokenizer
 
     if not (torchvision_path() / "torchvision").is_dir():
@@ -56,6 +57,8 @@ def run_oracle(folder, frames: np.ndarray, work, soundtrack: np.ndarray | None =
     if soundtrack is not None:
         np.save(work / "sound.npy", soundtrack)
         args.append(str(work / "sound.npy"))
+    if qwen3:
+        args.append("--qwen3")
     run = subprocess.run([sys.executable, "-m", "tests.models.qwen2_5_omni.video_oracle", *args],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -67,7 +70,7 @@ def run_oracle(folder, frames: np.ndarray, work, soundtrack: np.ndarray | None =
 @pytest.fixture(scope="module")
 def oracle(omni_dir, omni_pipeline, tmp_path_factory):
     """The processor's ids, patches, grid and seconds per grid for the sampled frames."""
-    from omniloop.models.families.qwen2_5_omni.video_prompt import decode_frames
+    from omniloop.models.omni.video_prompt import decode_frames
 
     frames = decode_frames(1, video_part(), omni_pipeline.components["video_processing"])
     assert frames.shape == (4, 40, 60, 3)
@@ -75,7 +78,7 @@ def oracle(omni_dir, omni_pipeline, tmp_path_factory):
 
 
 def test_video_patches_equal_the_processors(omni_pipeline, oracle):
-    from omniloop.models.families.qwen2_5_omni.video_prompt import process_video
+    from omniloop.models.omni.video_prompt import process_video
 
     video = process_video(1, video_part(), omni_pipeline.components["video_processing"])
     assert video.grid == tuple(oracle["video_grid_thw"][0].tolist()) == (2, 20, 28)
@@ -116,18 +119,34 @@ def _tiny(frames: int, fps: int, size: tuple[int, int] = (16, 16)) -> bytes:
     return encode_mp4(np.zeros((frames, *size, 3), dtype=np.uint8), fps)
 
 
-@pytest.mark.parametrize("clip, says", [
+BAD_VIDEOS = [
     (b"\x00\x00\x00\x18ftypmp42 not a video", "cannot read the video"),
     ((400, 1), "the video is 400.0 s long, over the 384 s this model reads (768 frames at 2 fps); send at most 384 s"),
     ((1, 4), "the video has 1 frame(s); send at least 2"),
-])
-def test_bad_video_is_refused_naming_the_part(omni_pipeline, clip, says):
-    """Undecodable, too long (refused from the header: nothing decodes), too few frames."""
+]
+
+
+def check_bad_video_refused(pipeline, clip, says: str) -> None:
+    """``clip`` (bytes, or ``(frames, fps)`` of a tiny mp4) refused at admission with ``says``, naming the part."""
     data = clip if isinstance(clip, bytes) else _tiny(*clip)
     with pytest.raises(InvalidRequest, match=re.escape(says)) as caught:
-        omni_pipeline.admit(video_request(video_part(data)))
+        pipeline.admit(video_request(video_part(data)))
     assert caught.value.fields == ("inputs[1]",), str(caught.value)
     assert str(caught.value).startswith("inputs[1]: ")
+
+
+def check_oversized_frames_refused(pipeline) -> None:
+    """In-process frames one column wider than 4K UHD (never touched: the header's shape is enough)."""
+    frames = np.zeros((4, 2160, 3842, 3), dtype=np.uint8)
+    with pytest.raises(InvalidRequest, match=re.escape("inputs[1]: its frames are 3842x2160 = 8,298,720 pixels, over "
+                                                       "the 8,294,400 this model decodes; send a smaller video")):
+        pipeline.admit(video_request(VideoPart(data=frames)))
+
+
+@pytest.mark.parametrize("clip, says", BAD_VIDEOS)
+def test_bad_video_is_refused_naming_the_part(omni_pipeline, clip, says):
+    """Undecodable, too long (refused from the header: nothing decodes), too few frames."""
+    check_bad_video_refused(omni_pipeline, clip, says)
 
 
 def test_a_checkpoint_without_a_vision_encoder_refuses_videos(omni_dir, tmp_path):
@@ -153,11 +172,7 @@ def test_a_checkpoint_without_a_vision_encoder_refuses_videos(omni_dir, tmp_path
 
 
 def test_a_frame_over_the_pixel_limit_is_refused_before_decoding(omni_pipeline):
-    """In-process frames one column wider than 4K UHD (never touched: the header's shape is enough)."""
-    frames = np.zeros((4, 2160, 3842, 3), dtype=np.uint8)
-    with pytest.raises(InvalidRequest, match=re.escape("inputs[1]: its frames are 3842x2160 = 8,298,720 pixels, over "
-                                                       "the 8,294,400 this model decodes; send a smaller video")):
-        omni_pipeline.admit(video_request(VideoPart(data=frames)))
+    check_oversized_frames_refused(omni_pipeline)
 
 
 @torch.inference_mode()
@@ -167,7 +182,7 @@ def test_a_video_with_its_soundtrack_equals_transformers(omni_hf, omni_pipeline,
     frames the soundtrack's 31 placeholders in ``<|audio_bos|>`` / ``<|audio_eos|>`` and interleaves
     them with the frames' by 2 s chunk (two patches, the soundtrack, the third patch); the positions
     put both from one start. Our ids, the greedy text and the spoken answer equal transformers'."""
-    from omniloop.models.families.qwen2_5_omni.video_prompt import decode_frames, soundtrack
+    from omniloop.models.omni.video_prompt import decode_frames, soundtrack
 
     t = np.arange(20000) / 16000
     sound = (np.sin(2 * np.pi * 440 * t) * 0.3 + np.random.default_rng(1).standard_normal(t.shape) * 0.05)

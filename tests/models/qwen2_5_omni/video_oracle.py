@@ -1,5 +1,6 @@
-"""transformers' ``Qwen2_5OmniProcessor`` video path as an oracle, run in a child process
-(``python -m tests.models.qwen2_5_omni.video_oracle FOLDER FRAMES.npy TEXT.txt OUT.pt [SOUNDTRACK.npy]``): its
+"""transformers' ``Qwen2_5OmniProcessor`` (or, with ``--qwen3``, ``Qwen3OmniMoeProcessor``) video path as
+an oracle, run in a child process (``python -m tests.models.qwen2_5_omni.video_oracle [--qwen3] FOLDER
+FRAMES.npy TEXT.txt OUT.pt [SOUNDTRACK.npy]``): its
 ``Qwen2VLVideoProcessor`` needs torchvision, which only a side folder holds (why a child, and
 why a side folder: ``tests/models/cosmos3/video_oracle.py``).
 
@@ -17,6 +18,9 @@ from pathlib import Path
 
 from tests.models.cosmos3.video_oracle import _import_torchvision
 
+SPECIAL_QWEN3 = {"image_token": "<|IMAGE|>", "audio_token": "<|AUDIO|>", "video_token": "<|VIDEO|>",
+                 "vision_bos_token": "<|vision_start|>", "vision_eos_token": "<|vision_end|>",
+                 "audio_bos_token": "<|audio_start|>", "audio_eos_token": "<|audio_end|>"}
 SPECIAL = {"image_token": "<|IMAGE|>", "audio_token": "<|AUDIO|>", "video_token": "<|VIDEO|>",
            "vision_bos_token": "<|vision_bos|>", "vision_eos_token": "<|vision_eos|>",
            "audio_bos_token": "<|audio_bos|>", "audio_eos_token": "<|audio_eos|>"}
@@ -24,18 +28,20 @@ KEYS = ("input_ids", "attention_mask", "pixel_values_videos", "video_grid_thw", 
 AUDIO_KEYS = ("input_features", "feature_attention_mask")
 
 
-def main(folder: str, frames_path: str, text: str, out: str, soundtrack: str | None = None) -> None:
+def main(folder: str, frames_path: str, text: str, out: str, soundtrack: str | None = None, qwen3: bool = False) -> None:
     _import_torchvision()
     import numpy as np
     import torch
     from transformers import AutoImageProcessor, AutoTokenizer, AutoVideoProcessor, WhisperFeatureExtractor
     from transformers.models.qwen2_5_omni.processing_qwen2_5_omni import Qwen2_5OmniProcessor
+    from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import Qwen3OmniMoeProcessor
 
     videos = AutoVideoProcessor.from_pretrained(folder, cap_pixels_per_frame=False)
     assert type(videos).__name__ == "Qwen2VLVideoProcessor", type(videos)
-    processor = Qwen2_5OmniProcessor(image_processor=AutoImageProcessor.from_pretrained(folder), video_processor=videos,
-                                     feature_extractor=WhisperFeatureExtractor.from_pretrained(folder),
-                                     tokenizer=AutoTokenizer.from_pretrained(folder, extra_special_tokens=SPECIAL))
+    kind = Qwen3OmniMoeProcessor if qwen3 else Qwen2_5OmniProcessor
+    processor = kind(image_processor=AutoImageProcessor.from_pretrained(folder), video_processor=videos,
+                     feature_extractor=WhisperFeatureExtractor.from_pretrained(folder),
+                     tokenizer=AutoTokenizer.from_pretrained(folder, extra_special_tokens=SPECIAL_QWEN3 if qwen3 else SPECIAL))
     sound = {} if soundtrack is None else {"audio": [np.load(soundtrack)], "audio_from_video_indices": [0],
                                            "load_audio_from_video": True}
     batch = processor(text=[Path(text).read_text()], videos=[np.load(frames_path)], return_tensors="pt", **sound)
@@ -44,4 +50,5 @@ def main(folder: str, frames_path: str, text: str, out: str, soundtrack: str | N
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    args = sys.argv[1:]
+    main(*[a for a in args if a != "--qwen3"], qwen3="--qwen3" in args)

@@ -27,7 +27,8 @@ PROMPTS = ["the cat", "hello world, the quick brown fox", "say one two three"]
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['content'] is string %}{{ m['content'] }}"
                  "{% else %}{% for c in m['content'] %}{% if c['type'] == 'text' %}{{ c['text'] }}"
                  "{% elif c['type'] == 'audio' %}<|audio_start|><|AUDIO|><|audio_end|>"
-                 "{% elif c['type'] == 'image' %}<|vision_start|><|IMAGE|><|vision_end|>{% endif %}"
+                 "{% elif c['type'] == 'image' %}<|vision_start|><|IMAGE|><|vision_end|>"
+                 "{% elif c['type'] == 'video' %}<|vision_start|><|VIDEO|><|vision_end|>{% endif %}"
                  "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
                  "{% endif %}")
 CODEBOOK = 32  # codes per codebook (the released model's: 2048)
@@ -87,7 +88,8 @@ def tiny_omni_config(tokenizer, **overrides: Any):
     thinker = dict(text_config=text, audio_config=audio, vision_config=vision, audio_token_id=ids["<|AUDIO|>"],
                    image_token_id=ids["<|IMAGE|>"], video_token_id=ids["<|VIDEO|>"],
                    audio_start_token_id=ids["<|audio_start|>"], vision_start_token_id=ids["<|vision_start|>"],
-                   vision_end_token_id=ids["<|vision_end|>"], user_token_id=ids["user"], initializer_range=0.2)
+                   vision_end_token_id=ids["<|vision_end|>"], user_token_id=ids["user"], initializer_range=0.2,
+                   position_id_per_seconds=13)  # the released config's (the processor's default too)
     talker_text = _moe(TALKER_VOCAB, shared_expert_intermediate_size=24, norm_topk_prob=False)
     predictor = dict(vocab_size=CODEBOOK, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_code_groups=GROUPS,
@@ -96,7 +98,8 @@ def tiny_omni_config(tokenizer, **overrides: Any):
     talker = dict(text_config=talker_text, code_predictor_config=predictor, num_code_groups=GROUPS,
                   thinker_hidden_size=32, accept_hidden_layer=1, spatial_merge_size=2, speaker_id=VOICES, initializer_range=0.2,
                   audio_token_id=ids["<|AUDIO|>"], image_token_id=ids["<|IMAGE|>"], video_token_id=ids["<|VIDEO|>"],
-                  vision_start_token_id=ids["<|vision_start|>"], audio_start_token_id=ids["<|audio_start|>"], **CODEC)
+                  vision_start_token_id=ids["<|vision_start|>"], audio_start_token_id=ids["<|audio_start|>"],
+                  position_id_per_seconds=13, **CODEC)
     code2wav = dict(codebook_size=CODEBOOK, hidden_size=32, max_position_embeddings=512, num_attention_heads=4,
                     num_key_value_heads=4, sliding_window=8, intermediate_size=48, num_hidden_layers=2,
                     num_quantizers=GROUPS, upsample_rates=[2, 2], upsampling_ratios=[2], decoder_dim=32,

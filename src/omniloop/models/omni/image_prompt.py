@@ -6,12 +6,23 @@ image placeholders (each expanded to ``t * h * w / merge^2``, as the processor d
 With an image (or a video) the thinker's positions are 3-D (transformers' ``get_rope_index``):
 text and audio advance one position per token on all three planes; an image of ``h x w`` merged
 cells starting at ``p`` takes planes ``(p, p + i, p + j)`` and the next token continues at
-``p + max(h, w)``; a video's frame group ``k`` adds ``k * seconds_per_grid * 25`` on the first. A generated token at context index ``k`` sits at ``k + delta`` on every
-plane (``delta = max prompt position + 1 - prompt length``).
+``p + max(h, w)``; a video's frame group ``k`` adds ``k * seconds_per_grid * position_per_second``
+on the first (25 for Qwen2.5-Omni; Qwen3-Omni's ``position_id_per_seconds``). A generated token
+at context index ``k`` sits at ``k + delta`` on every plane (``delta = max prompt position + 1 -
+prompt length``).
+
+A video read with its soundtrack (``use_audio_in_video``) lays its cells and the soundtrack's
+tokens out between ``<|audio_bos|>`` / ``<|audio_eos|>`` (Qwen3-Omni: ``<|audio_start|>`` /
+``<|audio_end|>``), both numbered from one start. The two families order them differently
+(:meth:`VisionRun.interleaved`): Qwen2.5-Omni by 2 s chunk (a chunk's cells, then its tokens), the
+bos / eos pairs sharing a position with the ``<|vision_bos|>`` / ``<|vision_eos|>`` beside them;
+Qwen3-Omni token by token in time order (a cell at time ``t`` before the soundtrack's token ``a``
+when ``t <= a``), the bos / eos tokens numbered as text (``by_time``).
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -64,6 +75,7 @@ class VisionRun:
     grid: tuple[int, int, int]
     seconds_per_grid: float | None = None
     audio_tokens: int = 0  # a video read with its soundtrack (use_audio_in_video): the soundtrack's embeddings
+    by_time: bool = False  # Qwen3-Omni's soundtrack layout: merged with the cells token by token in time order
 
     def planes(self, merge: int, position_per_second: int) -> torch.Tensor:
         """``[3, t * h * w / merge^2]`` the run's positions from 0 (t, h, w planes)."""
@@ -75,9 +87,12 @@ class VisionRun:
         return torch.stack([tt, hh, ww])
 
     def interleaved(self, merge: int, position_per_second: int) -> list[tuple[str, int, int]]:
-        """A video with its soundtrack, as ``Qwen2_5OmniProcessor`` lays it out: per
-        ``SECONDS_PER_CHUNK`` of time, the video's cells then the soundtrack's tokens
-        (``("video" | "audio", start, end)`` ranges of each, in prompt order)."""
+        """A video with its soundtrack as the processor lays it out (``("video" | "audio", start,
+        end)`` ranges of each, in prompt order): ``Qwen2_5OmniProcessor`` per ``SECONDS_PER_CHUNK``
+        of time, the video's cells then the soundtrack's tokens; ``Qwen3OmniMoeProcessor``
+        (``by_time``) merged by time."""
+        if self.by_time:
+            return self._merged_by_time(merge, position_per_second)
         per = int(position_per_second * SECONDS_PER_CHUNK)
         video = chunk_bounds(self.planes(merge, position_per_second)[0].tolist(), per)
         audio = chunk_bounds(list(range(self.audio_tokens)), per)
@@ -87,6 +102,29 @@ class VisionRun:
             order += [("audio", *audio[j])] if j < len(audio) else []
         return order
 
+    def _merged_by_time(self, merge: int, position_per_second: int) -> list[tuple[str, int, int]]:
+        """``Qwen3OmniMoeProcessor.replace_video_with_audio_token``: cell ``i`` (time ``k *
+        seconds_per_grid * position_per_second`` of its frame group ``k``, unrounded) goes before
+        soundtrack token ``a`` when its time is ``<= a``; runs of each kind as ranges."""
+        t, h, w = self.grid
+        assert self.seconds_per_grid is not None, "a soundtrack belongs to a video"
+        times = (torch.arange(t, dtype=torch.float64) * self.seconds_per_grid * position_per_second).repeat_interleave(
+            h * w // merge**2).tolist()
+        kinds: list[str] = []  # each placeholder's kind in prompt order (the processor's merge)
+        v = a = 0
+        while v < len(times) and a < self.audio_tokens:
+            video = times[v] <= a
+            kinds.append("video" if video else "audio")
+            v, a = v + video, a + (not video)
+        kinds += ["video"] * (len(times) - v) + ["audio"] * (self.audio_tokens - a)
+        order: list[tuple[str, int, int]] = []
+        seen = {"video": 0, "audio": 0}
+        for kind, run in itertools.groupby(kinds):
+            n = len(list(run))
+            order.append((kind, seen[kind], seen[kind] + n))
+            seen[kind] += n
+        return order
+
     def temporal(self, position_per_second: int) -> torch.Tensor:
         """``[t]`` the temporal plane's offset of each frame group (transformers' ``t_index``:
         an image's ``arange(t) * 1 * 25``, a video's in float32 then truncated)."""
@@ -94,6 +132,18 @@ class VisionRun:
         if self.seconds_per_grid is None:
             return torch.arange(t) * 1 * position_per_second
         return (torch.arange(t) * torch.tensor(self.seconds_per_grid, dtype=torch.float32) * position_per_second).long()
+
+
+def video_ids(run: VisionRun, merge: int, position_per_second: int, *, video_token: int, audio_token: int,
+              audio_start: int, audio_end: int) -> list[int]:
+    """What a video's placeholder becomes: its cells' placeholders; read with its soundtrack,
+    ``audio_start`` + video / audio placeholders in the processor's order + ``audio_end``."""
+    t, h, w = run.grid
+    if not run.audio_tokens:
+        return [video_token] * (t * h * w // merge**2)
+    body = [video_token if kind == "video" else audio_token
+            for kind, a, b in run.interleaved(merge, position_per_second) for _ in range(b - a)]
+    return [audio_start, *body, audio_end]
 
 
 def chunk_bounds(values: Sequence[int], per_chunk: int) -> list[tuple[int, int]]:
@@ -135,16 +185,19 @@ def rope_positions(ids: Sequence[int], runs: Sequence[VisionRun], merge: int,
             i = j
             continue
         run = next(queues[ids[i]])
-        if run.audio_tokens:  # <|vision_bos|><|audio_bos|> share one position, as do the two ends after
+        shared_ends = run.audio_tokens and not run.by_time
+        if shared_ends:  # <|vision_bos|><|audio_bos|> share one position, as do the two ends after
             planes[-1] = planes[-1].clone()
             planes[-1][:, -1] -= 1  # the <|audio_bos|> just before
             block = _soundtrack_block(run, merge, position_per_second, pos - 1)
+        elif run.audio_tokens:  # Qwen3-Omni: the bos / eos pairs are numbered as text
+            block = _soundtrack_block(run, merge, position_per_second, pos)
         else:
             block = run.planes(merge, position_per_second) + pos
         planes.append(block)
         pos = int(block.max()) + 1
         i += block.shape[1]
-        if run.audio_tokens:
+        if shared_ends:
             planes.append(torch.full((3, 2), pos))
             pos, i = pos + 1, i + 2
         used += 1

@@ -8,17 +8,13 @@ from dataclasses import dataclass
 
 import torch
 
-from omniloop.models.omni.audio_prompt import (
-    audio_embeds, audio_parts, count_placeholders, decode_audio, expand_placeholders, replace_placeholders,
-)
+from omniloop.models.omni.audio_prompt import audio_parts, count_placeholders, expand_placeholders, replace_placeholders
 from omniloop.models.omni.image_prompt import (
-    POSITION_PER_SECOND, VisionRun, image_parts, process_image, rope_positions,
+    POSITION_PER_SECOND, VisionRun, image_parts, process_image, rope_positions, video_ids,
 )
 from omniloop.models.families.qwen2_5_omni.vision_encoder import image_embeds
 from omniloop.models.omni.media import MediaPromptTokens, media_embeds
-from omniloop.models.families.qwen2_5_omni.video_prompt import (
-    ChatParams, process_video, soundtrack, video_embeds, video_parts,
-)
+from omniloop.models.omni.video_prompt import ChatParams, embed_audio, process_video, video_parts
 from omniloop.pipeline.stages.chat import ChatPrompt, chat_ids, chat_messages
 from omniloop.pipeline.state import RequestState, StageContext
 
@@ -54,14 +50,9 @@ class OmniChatPrompt(ChatPrompt):
         runs: dict[int, list[torch.Tensor]] = {}  # placeholder token -> each part's embeddings [tokens, D], prompt order
         heard: dict[int, int] = {}  # a video part read with its soundtrack -> the soundtrack's tokens
         if sounds or with_sound:
-            fe = ctx.component(self.feature_extractor)
-            count_placeholders(ids, self.audio_token_id, len(sounds), "audio")
-            audios = sorted([decode_audio(i, p, fe) for i, p in sounds] + [soundtrack(i, p, fe) for i, p in with_sound],
-                            key=lambda a: a.part)  # the soundtracks sit in their videos' places
-            runs[self.audio_token_id] = audio_embeds(ctx.component(self.audio_tower), fe, audios, ctx.device, ctx.dtype)
-            tokens = {a.part: e.shape[0] for a, e in zip(audios, runs[self.audio_token_id])}
-            ids = expand_placeholders(ids, self.audio_token_id, [tokens[i] for i, _ in sounds])
-            heard = {i: tokens[i] for i, _ in with_sound}
+            ids, runs[self.audio_token_id], heard = embed_audio(
+                ids, self.audio_token_id, sounds, with_sound, ctx.component(self.audio_tower),
+                ctx.component(self.feature_extractor), ctx.device, ctx.dtype)
         vision: list[VisionRun] = []
         if pictures:
             count_placeholders(ids, self.image_token_id, len(pictures), "image")
@@ -72,9 +63,12 @@ class OmniChatPrompt(ChatPrompt):
         if clips:
             count_placeholders(ids, self.video_token_id, len(clips), "video")
             videos = [process_video(i, p, ctx.component(self.video_processing)) for i, p in clips]
-            runs[self.video_token_id] = video_embeds(ctx.component(self.vision_tower), videos, ctx.device, ctx.dtype)
+            runs[self.video_token_id] = image_embeds(ctx.component(self.vision_tower), videos, ctx.device, ctx.dtype)
             clip_runs = [VisionRun(self.video_token_id, v.grid, v.seconds_per_grid, heard.get(v.part, 0)) for v in videos]
-            ids = replace_placeholders(ids, self.video_token_id, [self._video_ids(r, ctx) for r in clip_runs])
+            merge = ctx.component(self.vision_tower).config.spatial_merge_size
+            ids = replace_placeholders(ids, self.video_token_id, [
+                video_ids(r, merge, POSITION_PER_SECOND, video_token=self.video_token_id, audio_token=self.audio_token_id,
+                          audio_start=self.audio_start_token_id, audio_end=self.audio_end_token_id) for r in clip_runs])
             vision += clip_runs
         media = media_embeds(ids, runs, ctx.device)
         if vision:  # an image or a video makes the positions 3-D (audio alone keeps them 1-D, as transformers does)
@@ -82,14 +76,3 @@ class OmniChatPrompt(ChatPrompt):
             positions, media.delta = rope_positions(ids, vision, merge)
             media.positions = positions.to(ctx.device)
         ctx.write(state, "prompt_tokens", MediaPromptTokens(token_ids=list(ids), lm_inputs=media))
-
-    def _video_ids(self, run: VisionRun, ctx: StageContext) -> list[int]:
-        """What a video's placeholder becomes: its cells' placeholders; read with its soundtrack,
-        ``<|audio_bos|>`` + video / audio placeholders chunk by chunk + ``<|audio_eos|>`` (the processor's)."""
-        merge = ctx.component(self.vision_tower).config.spatial_merge_size
-        t, h, w = run.grid
-        if not run.audio_tokens:
-            return [self.video_token_id] * (t * h * w // merge**2)
-        body = [self.video_token_id if kind == "video" else self.audio_token_id
-                for kind, a, b in run.interleaved(merge, POSITION_PER_SECOND) for _ in range(b - a)]
-        return [self.audio_start_token_id, *body, self.audio_end_token_id]

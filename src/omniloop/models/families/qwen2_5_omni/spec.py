@@ -34,7 +34,7 @@ from omniloop.models.families.qwen2_5_omni.stages import (
     streams_speech, wants_speech,
 )
 from omniloop.models.families.qwen2_5_omni.validate import make_omni_validator
-from omniloop.models.families.qwen2_5_omni.video_prompt import load_video_processing
+from omniloop.models.omni.video_prompt import load_video_processing
 from omniloop.models.families.qwen2_5_omni.weights import (
     ARCHITECTURE, OmniConfig, load_audio_tower, load_bigvgan, load_dit, load_speakers, load_talker, load_thinker,
     load_vision_tower, read_config,

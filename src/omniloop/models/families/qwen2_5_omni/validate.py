@@ -10,15 +10,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from pydantic import ValidationError
-
 from omniloop.cache.paged_kv import BlockPool
 from omniloop.models.families.qwen2_5_omni.audio_encoder import OmniAudioEncoder, audio_tokens
 from omniloop.models.omni.audio_prompt import audio_parts, count_placeholders, decode_audio, frames_of
 from omniloop.models.omni.image_prompt import image_parts, process_image
-from omniloop.models.families.qwen2_5_omni.video_prompt import (
-    ChatParams, VideoProcessing, soundtrack, video_parts, video_tokens,
-)
+from omniloop.models.omni.video_prompt import VideoProcessing, require, video_extra_tokens
 from omniloop.models.families.qwen2_5_omni.vision_encoder import OmniVisionEncoder
 from omniloop.models.families.qwen2_5_omni.weights import OmniConfig
 from omniloop.pipeline.loops.ar import check_context, make_ar_validator
@@ -26,24 +22,6 @@ from omniloop.pipeline.stages.chat import chat_ids, chat_messages, is_chat
 from omniloop.request import InvalidRequest, OmniRequest
 
 MEDIA = ("audio", "image", "video")  # the parts the thinker's encoders read
-
-
-def require(field: str, kind: str, *parts: tuple[str, Any]) -> None:
-    """Refuse ``kind`` input at ``field`` when the checkpoint lacks a part its encoder needs
-    (``parts``: (what the part is, the loaded part or None), in the order to name them)."""
-    missing = next((name for name, loaded in parts if loaded is None), None)
-    if missing is not None:
-        raise InvalidRequest(f"{field}: this checkpoint has no {missing}, so it takes no {kind}", fields=(field,),
-                             hint="send text only, or load the full Qwen2.5-Omni folder")
-
-
-def heard(request: OmniRequest) -> bool:
-    """``node_params["chat"].use_audio_in_video`` (a malformed block is the node-params check's
-    refusal, not this one's: it reads as off here)."""
-    try:
-        return ChatParams.model_validate(request.node_params.get("chat") or {}).use_audio_in_video
-    except ValidationError:
-        return False
 
 
 def make_omni_validator(tokenizer: Any, config: OmniConfig, *, pool: BlockPool, audio_tower: OmniAudioEncoder | None = None,
@@ -58,7 +36,7 @@ def make_omni_validator(tokenizer: Any, config: OmniConfig, *, pool: BlockPool, 
         if not parts:
             return 0
         field = f"inputs[{parts[0][0]}]"
-        require(field, "audio", ("thinker.audio_tower.* weights", audio_tower),
+        require(field, "audio", "Qwen2.5-Omni", ("thinker.audio_tower.* weights", audio_tower),
                 ("preprocessor_config.json (its WhisperFeatureExtractor)", feature_extractor))
         count_placeholders(ids, config.audio_token_id, len(parts), "audio")
         return sum(audio_tokens(frames_of(feature_extractor, decode_audio(i, p, feature_extractor))) - 1
@@ -69,7 +47,7 @@ def make_omni_validator(tokenizer: Any, config: OmniConfig, *, pool: BlockPool, 
         if not parts:
             return 0
         field = f"inputs[{parts[0][0]}]"
-        require(field, "images", ("thinker.visual.* weights", vision_tower),
+        require(field, "images", "Qwen2.5-Omni", ("thinker.visual.* weights", vision_tower),
                 ("image processor (the Qwen2VLImageProcessor keys of preprocessor_config.json)", image_processor))
         assert vision_tower is not None  # require refused the request otherwise
         count_placeholders(ids, config.image_token_id, len(parts), "image")
@@ -77,25 +55,9 @@ def make_omni_validator(tokenizer: Any, config: OmniConfig, *, pool: BlockPool, 
         return sum(process_image(i, p, image_processor).tokens(merge) - 1 for i, p in parts)
 
     def video_extra(request: OmniRequest, ids: list[int]) -> int:
-        """Each video's placeholders from its container's header (no frame decodes here); read
-        with its soundtrack, the soundtrack's (decoded, within the extractor's window) and the two
-        ``<|audio_bos|>`` / ``<|audio_eos|>`` around them."""
-        parts = video_parts(request)
-        if not parts:
-            return 0
-        field = f"inputs[{parts[0][0]}]"
-        require(field, "videos", ("thinker.visual.* weights", vision_tower),
-                ("video preprocessing (video_preprocessor_config.json or the image processor keys of "
-                 "preprocessor_config.json)", video_processing))
-        assert video_processing is not None  # require refused the request otherwise
-        count_placeholders(ids, config.video_token_id, len(parts), "video")
-        extra = sum(video_tokens(i, p, video_processing) - 1 for i, p in parts)
-        if not heard(request):
-            return extra
-        require(field, "a video's soundtrack (use_audio_in_video)", ("thinker.audio_tower.* weights", audio_tower),
-                ("preprocessor_config.json (its WhisperFeatureExtractor)", feature_extractor))
-        return extra + sum(audio_tokens(frames_of(feature_extractor, soundtrack(i, p, feature_extractor))) + 2
-                           for i, p in parts)
+        return video_extra_tokens(request, ids, video_token_id=config.video_token_id, vision_tower=vision_tower,
+                                  video_processing=video_processing, audio_tower=audio_tower,
+                                  feature_extractor=feature_extractor, audio_tokens=audio_tokens, family="Qwen2.5-Omni")
 
     def in_conversation(request: OmniRequest) -> None:
         media = [(i, p) for i, p in enumerate(request.inputs) if p.kind in MEDIA]

@@ -26,6 +26,7 @@ from torch import nn
 
 from omniloop.models.layers.attention import DEFAULT_BACKEND, attention
 from omniloop.models.omni.image_prompt import ImageInput
+from omniloop.models.omni.video_prompt import VideoInput
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -229,9 +230,10 @@ class OmniVisionEncoder(nn.Module):
         return self.merger(x)[torch.argsort(layout.window_index)]
 
 
-def image_embeds(tower: OmniVisionEncoder, images: Sequence[ImageInput], device: torch.device,
+def image_embeds(tower: OmniVisionEncoder, images: Sequence[ImageInput] | Sequence[VideoInput], device: torch.device,
                  dtype: torch.dtype) -> list[torch.Tensor]:
-    """Each image's merged embeddings ``[tokens, D]`` (the tower run once over all of them)."""
+    """Each image's (or each video's) merged embeddings ``[tokens, D]`` (the tower run once over
+    all of them: transformers' ``get_image_features`` / ``get_video_features``)."""
     merge = tower.config.spatial_merge_size
     out = tower(torch.cat([im.pixels for im in images]).to(device), [im.grid for im in images]).to(dtype)
     return list(out.split([im.tokens(merge) for im in images]))

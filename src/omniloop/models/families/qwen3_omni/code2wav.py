@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, cast
+from typing import Any, Mapping, Sequence, cast
 
 import torch
 import torch.nn.functional as F
@@ -247,14 +247,60 @@ class Code2Wav(nn.Module):
         return h.clamp(min=-1, max=1)
 
 
-def chunked_decode(model: Code2Wav, codes: torch.Tensor, chunk: int = 300, left_context: int = 25) -> torch.Tensor:
+@dataclass(frozen=True)
+class Window:
+    """One call of transformers' ``chunked_decode``: frames ``start - context .. end`` decoded,
+    the first ``context`` frames' samples dropped (left context for the causal layers)."""
+
+    start: int
+    end: int
+    context: int
+
+    @property
+    def frames(self) -> int:
+        return self.end - self.start + self.context
+
+
+def windows(total: int, chunk: int, left_context: int, start: int = 0) -> list[Window]:
+    """``chunked_decode``'s windows over frames ``start .. total``: ``chunk`` frames each, with
+    ``left_context`` frames before them (fewer at the start: transformers takes the frames there are
+    only while ``start - left_context > 0``, else all of them)."""
+    out = []
+    while start < total:
+        end = min(start + chunk, total)
+        out.append(Window(start, end, left_context if start - left_context > 0 else start))
+        start = end
+    return out
+
+
+def decode_windows(model: Code2Wav, codes: Sequence[torch.Tensor], wins: Sequence[Window],
+                   max_batch: int = 8) -> list[torch.Tensor]:
+    """Windows of any requests' frames in few forwards: ``codes[i] [Q, T_i]`` and its window
+    ``wins[i]`` -> the window's samples ``[1, (end - start) * total_upsample]``. Windows of one
+    length run as one batch (up to ``max_batch`` rows a forward: the decoder's activations are
+    ``rows * frames * total_upsample`` samples wide), so nothing is padded: each row sees its own
+    frames only (every layer is per row: causal convolutions, attention within the row's window)."""
+    hop = model.config.total_upsample
+    groups: dict[int, list[int]] = {}
+    for i, w in enumerate(wins):
+        groups.setdefault(w.frames, []).append(i)
+    out: list[torch.Tensor | None] = [None] * len(wins)
+    for rows in groups.values():
+        for k in range(0, len(rows), max_batch):
+            part = rows[k:k + max_batch]
+            batch = torch.stack([codes[i][:, wins[i].start - wins[i].context:wins[i].end] for i in part])  # [G, Q, n]
+            wav = model(batch)  # [G, 1, n * hop]
+            for row, i in enumerate(part):
+                out[i] = wav[row, :, wins[i].context * hop:]
+    return [w for w in out if w is not None]
+
+
+def chunked_decode(model: Code2Wav, codes: torch.Tensor, chunk: int = 300, left_context: int = 25,
+                   max_batch: int = 1) -> torch.Tensor:
     """transformers' ``Qwen3OmniMoeCode2Wav.chunked_decode``: ``codes [B, Q, T]`` decoded ``chunk``
     frames at a time, each with up to ``left_context`` frames before it whose samples are dropped
-    -> ``[B, 1, samples]``."""
-    wavs, start, hop = [], 0, model.config.total_upsample
-    while start < codes.shape[-1]:
-        end = min(start + chunk, codes.shape[-1])
-        context = left_context if start - left_context > 0 else start
-        wavs.append(model(codes[..., start - context:end])[..., context * hop:])
-        start = end
-    return torch.cat(wavs, dim=-1)
+    -> ``[B, 1, samples]``. ``max_batch`` > 1: windows of one length (all the full ones past the
+    first) decode as one batch (:func:`decode_windows`)."""
+    wins = windows(codes.shape[-1], chunk, left_context)
+    rows = [torch.cat(decode_windows(model, [c] * len(wins), wins, max_batch), dim=-1) for c in codes]  # each [1, samples]
+    return torch.stack(rows)

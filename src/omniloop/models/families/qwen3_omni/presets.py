@@ -18,3 +18,9 @@ CODE2WAV_LEFT_CONTEXT = 25
 # a streamed answer's code2wav: the same decode, 25 frames (2 s of speech) a step, with generate's
 # 25 frames of left context (each window's audio equals chunked_decode(codes, 25, 25)'s)
 CODE2WAV_STREAM_CHUNK = 25
+# code2wav windows decoded in one forward at most, per device type (of one length: the full windows of
+# one answer, or concurrent answers' windows at one engine step; the decoder's widest activation is
+# rows * frames * 1920 samples x its channels). The CPU decodes one a forward: batched rows were
+# slower there (CPU seconds 0.47x - 0.96x, benchmarks/results/code2wav_batch_cpu.jsonl) and one a
+# forward is transformers' chunked_decode bit for bit; a GPU batches up to 8 (its figure: PENDING_GPU.md).
+CODE2WAV_MAX_BATCH = {"cpu": 1, "cuda": 8}

@@ -41,6 +41,7 @@ from omniloop.models.load_options import apply_load_options, graph_runner
 from omniloop.models.omni.checkpoint_folder import (
     load_feature_extractor, load_generation, load_image_processor, load_tokenizer,
 )
+from omniloop.models.omni.video_prompt import load_video_processing
 from omniloop.models.model_spec import LoadOptions, ModelSpec, Variant, WeightSpec, register_model_spec
 from omniloop.pipeline.defaults import GenerationDefaults, TextDefaults
 from omniloop.pipeline.pipeline import Pipeline
@@ -78,6 +79,13 @@ def _load_code2wav(root: Path, index: Mapping[str, Any], options: LoadOptions):
     return load_code2wav(root, config, device=options.device) if config.speaks else None
 
 
+def _load_video_processing(root: Path, index: Mapping[str, Any], options: LoadOptions):
+    """``Qwen3OmniMoeProcessor``'s video preprocessing: its frame bounds (128 / 768 cells of 32 x 32
+    pixels) and its fps default, 1 (``video_second_per_grid = temporal_patch_size / 1``: the
+    released usage passes none); None without a vision preprocessing config (videos refused)."""
+    return load_video_processing(root, min_pixels=128 * 32 * 32, max_pixels=768 * 32 * 32, grid_fps=1.0)
+
+
 def _load_audio_tower(root: Path, index: Mapping[str, Any], options: LoadOptions):
     return load_audio_tower(root, _config(index), device=options.device, dtype=options.dtype)
 
@@ -102,6 +110,8 @@ def omni3_variant(index: Mapping[str, Any]) -> Variant:
                    subfolder=".", load=_load_vision_tower, optional=True),
         WeightSpec(component="image_processor", kind="Qwen2VLImageProcessor", subfolder=".", load=load_image_processor,
                    optional=True),
+        WeightSpec(component="video_processing", kind="Qwen2VLVideoProcessor preprocessing", subfolder=".",
+                   load=_load_video_processing, optional=True),
         WeightSpec(component="generation", kind="generation defaults", subfolder=".", load=load_generation,
                    optional=True),
     )
@@ -111,11 +121,14 @@ def omni3_variant(index: Mapping[str, Any]) -> Variant:
 
 
 def omni3_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = None, audio_token_id: int = -1,
-                        image_token_id: int = -1, position_id_per_seconds: int = 25,
+                        image_token_id: int = -1, position_id_per_seconds: int = 25, video_token_id: int = -1,
+                        soundtrack_frame: tuple[int, int] = (-1, -1),
                         graphs: CudaGraphRunner | None = None) -> PipelineSpec:
     """``graphs``: the thinker's and talker's decode forwards replay CUDA graphs (``cuda_graphs=True``).
     ``talker_text``: the talker node's own loop defaults (its stop code, transformers' talker
-    sampling); ``audio_token_id`` / ``image_token_id``: the checkpoint's placeholders."""
+    sampling); ``audio_token_id`` / ``image_token_id`` / ``video_token_id``: the checkpoint's
+    placeholders; ``soundtrack_frame``: its ``<|audio_start|>`` / ``<|audio_end|>`` (around a
+    video's soundtrack)."""
     components = {w.component: ComponentSpec(name=w.component, kind=w.kind, optional=w.optional) for w in variant.weights}
     for name, kind in (("thinker_kv", "paged text-KV pool of the thinker (built)"),
                        ("talker_kv", "paged KV pool of the talker (built)"),
@@ -130,6 +143,8 @@ def omni3_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = Non
         components=components,
         nodes=(
             Node("chat", Omni3ChatPrompt(audio_token_id=audio_token_id, image_token_id=image_token_id,
+                                         video_token_id=video_token_id, audio_start_token_id=soundtrack_frame[0],
+                                         audio_end_token_id=soundtrack_frame[1],
                                          position_id_per_seconds=position_id_per_seconds),
                  when=opt("a conversation (text parts with roles)", is_chat)),
             Node("thinker", ThinkerLoop(lm_component="thinker", tokenizer_component="tokenizer",
@@ -142,8 +157,16 @@ def omni3_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = Non
         ),
         outputs={"text": "text", "audio": "audio"},
         streams=STREAM_EDGES,
-        conversation_media=frozenset({Modality.AUDIO, Modality.IMAGE}),
+        conversation_media=frozenset({Modality.AUDIO, Modality.IMAGE, Modality.VIDEO}),
     )
+
+
+def audio_end_id(tokenizer: Any) -> int:
+    """``<|audio_end|>`` (the processor's ``audio_eos_token``; the config names no id for it), -1
+    when the tokenizer lacks it (then no video is read with its soundtrack: its ids would be wrong)."""
+    token = getattr(tokenizer, "audio_eos_token", None) or "<|audio_end|>"
+    found = tokenizer.convert_tokens_to_ids(token)
+    return -1 if found is None or found == tokenizer.unk_token_id else int(found)
 
 
 def build_omni3(variant: Variant, index: Mapping[str, Any], components: Mapping[str, Any], options: LoadOptions) -> Pipeline:
@@ -168,7 +191,10 @@ def build_omni3(variant: Variant, index: Mapping[str, Any], components: Mapping[
     return Pipeline(
         spec=omni3_pipeline_spec(variant, talker_text, audio_token_id=config.audio_token_id,
                                  image_token_id=config.image_token_id,
-                                 position_id_per_seconds=config.position_id_per_seconds, graphs=graphs),
+                                 position_id_per_seconds=config.position_id_per_seconds,
+                                 video_token_id=config.video_token_id,
+                                 soundtrack_frame=(config.audio_start_token_id, audio_end_id(components["tokenizer"])),
+                                 graphs=graphs),
         components=components, device=options.device, dtype=options.dtype,
         caches={GRAPHS: graphs} if graphs is not None else {},
         defaults=GenerationDefaults(sample_rate=SAMPLE_RATE, text=thinker_text),
@@ -176,7 +202,8 @@ def build_omni3(variant: Variant, index: Mapping[str, Any], components: Mapping[
                                               audio_tower=components.get("audio_tower"),
                                               feature_extractor=components.get("feature_extractor"),
                                               vision_tower=components.get("vision_tower"),
-                                              image_processor=components.get("image_processor")),
+                                              image_processor=components.get("image_processor"),
+                                              video_processing=components.get("video_processing")),
     )
 
 

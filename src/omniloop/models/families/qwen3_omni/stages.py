@@ -12,7 +12,9 @@
 * :class:`Code2WavDecode` - the causal codec decoder over all the frames (transformers'
   ``chunked_decode``: 300 a call, 25 of left context) -> 24 kHz ``audio``; or, for a streamed
   answer (``outputs.stream``), :class:`Code2WavStream`: the same decode ``CODE2WAV_STREAM_CHUNK``
-  frames a step as the talker makes them, each window an ``audio_delta``.
+  frames a step as the talker makes them, each window an ``audio_delta``. Both decode windows of
+  one length as one batch (``code2wav.decode_windows``): an answer's, the grouped answers', the
+  concurrent streams' at one step.
 
 Per request, everything mutable is in the loop states (the :class:`TalkerRow` in
 ``ARLoopState.lm_inputs``); models and stage objects are shared.
@@ -25,10 +27,10 @@ from typing import Hashable, Sequence
 
 import torch
 
-from omniloop.models.families.qwen3_omni.code2wav import SAMPLE_RATE, Code2Wav, chunked_decode
+from omniloop.models.families.qwen3_omni.code2wav import SAMPLE_RATE, Code2Wav, Window, decode_windows, windows
 from omniloop.models.families.qwen3_omni.model import ChatTokens, PredictorSampling, Qwen3OmniTalker, Qwen3OmniThinker, TalkerRow
 from omniloop.models.families.qwen3_omni.presets import (
-    CODE2WAV_CHUNK, CODE2WAV_LEFT_CONTEXT, CODE2WAV_STREAM_CHUNK, DEFAULT_VOICE,
+    CODE2WAV_CHUNK, CODE2WAV_LEFT_CONTEXT, CODE2WAV_MAX_BATCH, CODE2WAV_STREAM_CHUNK, DEFAULT_VOICE,
 )
 from omniloop.models.omni.image_prompt import rope_positions
 from omniloop.models.omni.media import PromptRope
@@ -109,7 +111,7 @@ def talker_prompt(thinker: Qwen3OmniThinker, talker: Qwen3OmniTalker, first: Thi
                                              tok.codec_pad, tok.codec_bos], device=device))  # [6, D]
     opening = text + torch.cat([codec.new_zeros(3, codec.shape[1]), codec])
     rope = None
-    if first.vision:  # transformers' talker lays out its own ids (the user turns, then 9 tts_pad) with the images
+    if first.vision:  # transformers' talker lays out its own ids (the user turns, then 9 tts_pad) with the images / videos
         ids = [prompt_ids[u] for u in user_positions(prompt_ids, chat)] + [chat.tts_pad] * opening.shape[0]
         planes, delta = rope_positions(ids, first.vision, talker.spatial_merge_size, talker.position_id_per_seconds)
         rope = PromptRope(planes.to(device), delta)
@@ -202,12 +204,21 @@ class TalkerLoop(ThinkerFedTalkerLoop):
         self.release(loop)
 
 
+def rows_per_forward(max_batch: int | None, device: torch.device) -> int:
+    """The code2wav windows one forward decodes at most: the stage's own bound, else the device
+    type's (``CODE2WAV_MAX_BATCH``; an unlisted type: the CPU's)."""
+    return max_batch if max_batch is not None else CODE2WAV_MAX_BATCH.get(device.type, CODE2WAV_MAX_BATCH["cpu"])
+
+
 @dataclass
 class Code2WavDecode(StageBase):
     """The speech frames -> 24 kHz audio (transformers' ``chunked_decode``: 300 frames a call,
-    25 frames of left context); ``finish_reason="length"`` when the talker stopped at its bound."""
+    25 frames of left context); ``finish_reason="length"`` when the talker stopped at its bound.
+    The requests the scheduler groups here decode together: every window of every answer, those
+    of one length (the full ones past each answer's first) as one batch (``decode_windows``)."""
 
     component: str = "code2wav"
+    max_batch: int | None = None  # windows a forward at most (None: CODE2WAV_MAX_BATCH of the device type)
     inputs = {"codec": CodecFrames}
     outputs = {"audio": AudioArtifact}
 
@@ -215,16 +226,25 @@ class Code2WavDecode(StageBase):
     def components(self) -> tuple[str, ...]:
         return (self.component,)
 
-    @torch.inference_mode()
     def forward(self, ctx: StageContext, state: RequestState) -> None:
-        codec = ctx.read(state, "codec", CodecFrames)
-        if not codec.frames:
+        self.forward_many(ctx, [state])
+
+    @torch.inference_mode()
+    def forward_many(self, ctx: StageContext, states: Sequence[RequestState]) -> None:
+        """Nothing is written before every window has decoded (a raising group is retried one
+        request at a time by the engine)."""
+        codecs = [ctx.read(state, "codec", CodecFrames) for state in states]
+        if any(not codec.frames for codec in codecs):
             raise ValueError("the talker ended before its first frame: there is no speech to decode")
         model: Code2Wav = ctx.component(self.component)
-        codes = torch.tensor(codec.frames, device=ctx.device).T[None]  # [1, groups, T]
-        wav = chunked_decode(model, codes, CODE2WAV_CHUNK, CODE2WAV_LEFT_CONTEXT)  # [1, 1, samples]
-        ctx.write(state, "audio", AudioArtifact(samples=wav[0].float().cpu(), sample_rate=SAMPLE_RATE,
-                                                finish_reason="length" if codec.finish_reason == "length" else None))
+        codes = [torch.tensor(codec.frames, device=ctx.device).T for codec in codecs]  # each [groups, T]
+        owner = [(i, w) for i, c in enumerate(codes) for w in windows(c.shape[1], CODE2WAV_CHUNK, CODE2WAV_LEFT_CONTEXT)]
+        wavs = decode_windows(model, [codes[i] for i, _ in owner], [w for _, w in owner],
+                              rows_per_forward(self.max_batch, ctx.device))
+        for i, (state, codec) in enumerate(zip(states, codecs)):
+            wav = torch.cat([w for (j, _), w in zip(owner, wavs) if j == i], dim=-1)  # [1, samples]
+            ctx.write(state, "audio", AudioArtifact(samples=wav.float().cpu(), sample_rate=SAMPLE_RATE,
+                                                    finish_reason="length" if codec.finish_reason == "length" else None))
 
 
 @dataclass(kw_only=True)
@@ -246,6 +266,7 @@ class Code2WavStream(LoopStageBase[Code2WavStreamState]):
     component: str = "code2wav"
     chunk: int = CODE2WAV_STREAM_CHUNK
     left_context: int = CODE2WAV_LEFT_CONTEXT
+    max_batch: int | None = None  # windows a forward at most (None: CODE2WAV_MAX_BATCH of the device type)
 
     outputs = {"audio": AudioArtifact}
     stream_inputs = {"codec_stream": FrameChunk}
@@ -269,26 +290,41 @@ class Code2WavStream(LoopStageBase[Code2WavStreamState]):
         return loop.feed.closed or self._received(loop) >= loop.decoded + self.chunk
 
     def batch_key(self, loop: Code2WavStreamState) -> Hashable | None:
-        return None if loop.done else (id(self), loop.request_id)  # per-request windows: steps run alone
+        return None if loop.done else (id(self),)  # every answer's window at one engine step (step_many)
+
+    def step(self, ctx: StageContext, loop: Code2WavStreamState) -> StepResult:
+        return self.step_many(ctx, [loop])[0]
 
     @torch.inference_mode()
-    def step(self, ctx: StageContext, loop: Code2WavStreamState) -> StepResult:
-        for chunk in loop.feed.take():
-            loop.frames += chunk.frames
-            loop.finish_reason = chunk.finish_reason or loop.finish_reason
-        end = min(loop.decoded + self.chunk, len(loop.frames))
+    def step_many(self, ctx: StageContext, loops: Sequence[Code2WavStreamState]) -> list[StepResult]:
+        """One window of each answer whose window is whole (or whose talker ended); the windows
+        of one length decode as one batch (``decode_windows``). The frames taken from the stream
+        wait in ``loop.frames`` if a forward raises (the engine then retries each answer alone)."""
+        wins: dict[int, Window] = {}
+        for i, loop in enumerate(loops):
+            for chunk in loop.feed.take():
+                loop.frames += chunk.frames
+                loop.finish_reason = chunk.finish_reason or loop.finish_reason
+            end = min(loop.decoded + self.chunk, len(loop.frames))
+            if end > loop.decoded and (end == loop.decoded + self.chunk or loop.feed.exhausted):
+                start = loop.decoded
+                wins[i] = Window(start, end, self.left_context if start - self.left_context > 0 else start)
+        model: Code2Wav = ctx.component(self.component)
+        codes = [torch.tensor(loops[i].frames[:w.end], device=ctx.device).T for i, w in wins.items()]  # [groups, end]
+        rows = rows_per_forward(self.max_batch, ctx.device)
+        audio = dict(zip(wins, decode_windows(model, codes, list(wins.values()), rows)))
+        return [self._advance(loop, audio.get(i)) for i, loop in enumerate(loops)]
+
+    def _advance(self, loop: Code2WavStreamState, wav: torch.Tensor | None) -> StepResult:
+        """The loop past its decoded window (``wav [1, samples]``; None: no whole window yet)."""
         ended = loop.feed.exhausted
-        if end < loop.decoded + self.chunk and not ended:  # not a whole window yet (a step the talker's end may close)
+        if wav is None and not ended:  # not a whole window yet (a step the talker's end may close)
             return StepResult(done=False)
         emit: list[tuple[str, Artifact]] | None = None
-        if end > loop.decoded:
-            model: Code2Wav = ctx.component(self.component)
-            start = loop.decoded
-            context = self.left_context if start - self.left_context > 0 else start
-            codes = torch.tensor(loop.frames[start - context:end], device=ctx.device).T[None]  # [1, groups, n]
-            wav = model(codes)[0, :, context * model.config.total_upsample:].float().cpu()  # [1, samples]
+        if wav is not None:
+            wav = wav.float().cpu()
             loop.audio.append(wav)
-            loop.decoded = end
+            loop.decoded = min(loop.decoded + self.chunk, len(loop.frames))
             emit = [("audio_delta", AudioArtifact(samples=wav, sample_rate=SAMPLE_RATE))]
         loop.steps_done += 1
         loop.steps_target = loop.steps_done + (0 if ended and loop.decoded == len(loop.frames) else 1)

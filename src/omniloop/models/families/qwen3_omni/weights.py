@@ -44,6 +44,7 @@ class Omni3Config:
     video_token_id: int
     audio: AudioEncoderConfig | None = None  # thinker_config.audio_config (None: no audio tower described)
     vision_start_token_id: int = 151652
+    audio_start_token_id: int = 151669  # <|audio_start|>: opens an audio, or a video's soundtrack (use_audio_in_video)
     position_id_per_seconds: int = 25  # the temporal plane's positions per second (thinker_config)
     talker_merge: int = 2  # talker_config.spatial_merge_size: how its prompt's image positions are laid out
     talker_position_per_second: int = 25
@@ -96,6 +97,7 @@ class Omni3Config:
             video_token_id=int(thinker.get("video_token_id", 151656)),
             audio=AudioEncoderConfig.from_hf(thinker["audio_config"]) if thinker.get("audio_config") else None,
             vision_start_token_id=int(thinker.get("vision_start_token_id", 151652)),
+            audio_start_token_id=int(thinker.get("audio_start_token_id", 151669)),
             position_id_per_seconds=int(thinker.get("position_id_per_seconds", 25)),
             talker_merge=int(talker.get("spatial_merge_size", 2)),
             talker_position_per_second=int(talker.get("position_id_per_seconds", 25)),

@@ -1,48 +1,52 @@
-"""Videos in a Qwen2.5-Omni conversation: a video part (an mp4 / webm file, decoded with PyAV)
--> frames sampled at 2 fps -> the processor's video path -> the vision encoder -> embeddings
-that replace the prompt's ``<|VIDEO|>`` placeholder (expanded to ``t * h * w / merge^2``).
+"""Videos in an omni conversation (Qwen2.5-Omni, Qwen3-Omni): a video part (an mp4 / webm file,
+decoded with PyAV) -> frames sampled at 2 fps -> the processor's video path -> the family's vision
+encoder -> embeddings that replace the prompt's video placeholder (expanded to ``t * h * w / merge^2``).
 
-* Sampling is the released model's usage (``qwen-omni-utils``' ``smart_nframes``: ``FPS`` frames
+* Sampling is the released models' usage (``qwen-omni-utils``' ``smart_nframes``: ``FPS`` frames
   a second, an even count within ``[MIN_FRAMES, max_frames]``, spread by ``linspace`` and rounded).
-* ``Qwen2_5OmniProcessor`` then runs ``Qwen2VLVideoProcessor`` on those frames (no resampling:
-  ``do_sample_frames`` is off) with the processor's own video size bounds, which win over the
-  video processor's config: each frame resized by ``smart_resize`` to multiples of
-  ``patch * merge`` within ``[VIDEO_MIN_PIXELS, VIDEO_MAX_PIXELS]`` (torchvision's uint8
-  antialiased bicubic), rescaled and normalized in one step, the last frame repeated to fill a
-  temporal patch, cut into ``temporal_patch x patch^2`` patches; ``video_second_per_grid =
-  temporal_patch / FPS`` (the processor's fps default: 2) spaces the groups on the temporal
-  rotary plane (``image_prompt.rope_positions``).
+* The processor (``Qwen2_5OmniProcessor`` / ``Qwen3OmniMoeProcessor``) then runs
+  ``Qwen2VLVideoProcessor`` on those frames (no resampling: ``do_sample_frames`` is off) with the
+  processor's own video size bounds, which win over the video processor's config
+  (:class:`VideoProcessing` ``min_pixels`` / ``max_pixels``: 128 and 768 cells of
+  ``(patch * merge)^2`` pixels in both releases): each frame resized by ``smart_resize`` to
+  multiples of ``patch * merge`` within those bounds (torchvision's uint8 antialiased bicubic),
+  rescaled and normalized in one step, the last frame repeated to fill a temporal patch, cut into
+  ``temporal_patch x patch^2`` patches; ``video_second_per_grid = temporal_patch / grid_fps``
+  spaces the groups on the temporal rotary plane (``image_prompt.rope_positions``): the processor's
+  fps default, 2 for Qwen2.5-Omni's, 1 for Qwen3-Omni's (which the released usage does not pass).
 
 Limits, checked on the container's header before any frame decodes, and again while decoding
 (a header may lie): a frame's pixels (``MAX_FRAME_PIXELS``) and the duration (``max_frames /
-FPS`` seconds); only the sampled frames are kept. The video's own soundtrack is not read
-(transformers' ``use_audio_in_video`` is off, its default).
+FPS`` seconds); only the sampled frames are kept. The video's own soundtrack is read only with
+``node_params["chat"].use_audio_in_video`` (:func:`soundtrack`; transformers' default: off).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import itertools
 import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from omniloop.io.audio import read_audio_mono
-from omniloop.models.omni.audio_prompt import SAMPLE_RATE, AudioInput, decode_audio, max_seconds
-from omniloop.models.families.qwen2_5_omni.vision_encoder import OmniVisionEncoder
+from omniloop.models.omni.audio_prompt import (
+    SAMPLE_RATE, AudioInput, audio_embeds, count_placeholders, decode_audio, expand_placeholders, frames_of, max_seconds,
+)
 from omniloop.models.layers.vision_patches import resize_frames, video_patches
 from omniloop.request import AudioPart, InvalidRequest, LoopParams, OmniRequest, VideoPart
 
 FPS = 2.0  # frames sampled per second (qwen-omni-utils' FPS; the processor's fps default)
 MIN_FRAMES = 4  # qwen-omni-utils' FPS_MIN_FRAMES
 VIDEO_MIN_PIXELS = 128 * 28 * 28  # Qwen2_5OmniProcessor's videos_kwargs size: a frame's pixels after resizing
-VIDEO_MAX_PIXELS = 768 * 28 * 28
+VIDEO_MAX_PIXELS = 768 * 28 * 28  # (Qwen3OmniMoeProcessor's: 128 / 768 * 32 * 32, its 16 px patches merged 2x2)
 MAX_FRAME_PIXELS = 3840 * 2160  # a decoded frame at most 4K UHD (refused from the header, before decoding)
 _VIDEO_CONFIG = "video_preprocessor_config.json"
 _PREPROCESSOR_CONFIG = "preprocessor_config.json"
@@ -54,8 +58,8 @@ _CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 class VideoProcessing:
     """The checkpoint's video preprocessing: patch geometry and normalization from its video
     processor config (``video_preprocessor_config.json``, else the image processor's keys of
-    ``preprocessor_config.json``, as ``AutoVideoProcessor`` reads them); the frame bounds are the
-    processor's."""
+    ``preprocessor_config.json``, as ``AutoVideoProcessor`` reads them); the frame bounds and
+    ``grid_fps`` (the fps that spaces temporal patches on the rotary plane) are the processor's."""
 
     patch_size: int = 14
     temporal_patch_size: int = 2
@@ -66,6 +70,12 @@ class VideoProcessing:
     max_frames: int = 768  # qwen-omni-utils' FPS_MAX_FRAMES (the video processor's max_frames)
     min_pixels: int = VIDEO_MIN_PIXELS
     max_pixels: int = VIDEO_MAX_PIXELS
+    grid_fps: float = FPS
+
+    @property
+    def seconds_per_grid(self) -> float:
+        """``video_second_per_grid``: the seconds one temporal patch spans on the rotary plane."""
+        return self.temporal_patch_size / self.grid_fps
 
     @property
     def max_seconds(self) -> float:
@@ -78,14 +88,15 @@ class VideoProcessing:
         return cls(**known, mean=tuple(raw.get("image_mean") or _CLIP_MEAN), std=tuple(raw.get("image_std") or _CLIP_STD))
 
 
-def load_video_processing(root: Path) -> VideoProcessing | None:
-    """None when the folder has no vision preprocessing config (then videos are refused)."""
+def load_video_processing(root: Path, **processor: Any) -> VideoProcessing | None:
+    """None when the folder has no vision preprocessing config (then videos are refused);
+    ``processor``: the family processor's own fields (``min_pixels``, ``max_pixels``, ``grid_fps``)."""
     for name in (_VIDEO_CONFIG, _PREPROCESSOR_CONFIG):
         path = root / name
         if path.is_file():
             raw = json.loads(path.read_text())
             if name == _VIDEO_CONFIG or "image_processor_type" in raw:
-                return VideoProcessing.from_config(raw)
+                return dataclasses.replace(VideoProcessing.from_config(raw), **processor)
     return None
 
 
@@ -254,7 +265,7 @@ def process_video(index: int, part: VideoPart, cfg: VideoProcessing) -> VideoInp
         raise _refuse(index, str(e)) from None
     pixels, grid = video_patches(resize_frames(frames, h, w), mean=cfg.mean, std=cfg.std, rescale_factor=cfg.rescale_factor,
                                  temporal_patch=cfg.temporal_patch_size, patch=cfg.patch_size, merge=cfg.merge_size)
-    return VideoInput(part=index, pixels=pixels, grid=grid, seconds_per_grid=cfg.temporal_patch_size / FPS)
+    return VideoInput(part=index, pixels=pixels, grid=grid, seconds_per_grid=cfg.seconds_per_grid)
 
 
 def video_tokens(index: int, part: VideoPart, cfg: VideoProcessing) -> int:
@@ -290,10 +301,61 @@ def soundtrack(index: int, part: VideoPart, feature_extractor: Any) -> AudioInpu
     return decode_audio(index, AudioPart(data=samples, sample_rate=SAMPLE_RATE), feature_extractor)  # its checks
 
 
-def video_embeds(tower: OmniVisionEncoder, videos: Sequence[VideoInput], device: torch.device,
-                 dtype: torch.dtype) -> list[torch.Tensor]:
-    """Each video's merged embeddings ``[tokens, D]`` (transformers' ``get_video_features``: the
-    vision encoder over all of the request's videos at once)."""
-    merge = tower.config.spatial_merge_size
-    out = tower(torch.cat([v.pixels for v in videos]).to(device), [v.grid for v in videos]).to(dtype)
-    return list(out.split([v.tokens(merge) for v in videos]))
+def embed_audio(ids: Sequence[int], audio_token: int, sounds: Sequence[tuple[int, AudioPart]],
+                with_sound: Sequence[tuple[int, VideoPart]], tower: Any, feature_extractor: Any, device: torch.device,
+                dtype: torch.dtype) -> tuple[list[int], list[torch.Tensor], dict[int, int]]:
+    """The audio parts and the soundtracks of the videos read with theirs, through the audio
+    encoder in one run, in part order (transformers scatters them over the prompt's audio
+    placeholders in prompt order: a soundtrack sits in its video's place) -> ``ids`` with each
+    audio part's placeholder expanded, each one's embeddings ``[tokens, D]`` (part order) and
+    each soundtrack's token count by video part."""
+    count_placeholders(ids, audio_token, len(sounds), "audio")
+    audios = sorted([decode_audio(i, p, feature_extractor) for i, p in sounds]
+                    + [soundtrack(i, p, feature_extractor) for i, p in with_sound], key=lambda a: a.part)
+    embeds = audio_embeds(tower, feature_extractor, audios, device, dtype)
+    tokens = {a.part: e.shape[0] for a, e in zip(audios, embeds)}
+    return (expand_placeholders(ids, audio_token, [tokens[i] for i, _ in sounds]), embeds,
+            {i: tokens[i] for i, _ in with_sound})
+
+
+def require(field: str, kind: str, family: str, *parts: tuple[str, Any]) -> None:
+    """Refuse ``kind`` input at ``field`` when the checkpoint lacks a part its encoder needs
+    (``parts``: (what the part is, the loaded part or None), in the order to name them)."""
+    missing = next((name for name, loaded in parts if loaded is None), None)
+    if missing is not None:
+        raise InvalidRequest(f"{field}: this checkpoint has no {missing}, so it takes no {kind}", fields=(field,),
+                             hint=f"send text only, or load the full {family} folder")
+
+
+def heard(request: OmniRequest) -> bool:
+    """``node_params["chat"].use_audio_in_video`` (a malformed block is the node-params check's
+    refusal, not this one's: it reads as off here)."""
+    try:
+        return ChatParams.model_validate(request.node_params.get("chat") or {}).use_audio_in_video
+    except ValidationError:
+        return False
+
+
+def video_extra_tokens(request: OmniRequest, ids: Sequence[int], *, video_token_id: int, vision_tower: Any,
+                       video_processing: VideoProcessing | None, audio_tower: Any, feature_extractor: Any,
+                       audio_tokens: Callable[[int], int], family: str) -> int:
+    """Admission: the tokens a request's videos add to its rendered ``ids`` (one placeholder
+    each), from each container's header (no frame decodes here); read with its soundtrack, the
+    soundtrack's (decoded, within the extractor's window; ``audio_tokens``: feature frames ->
+    the audio encoder's tokens) and the two ``audio_start`` / ``audio_end`` around them."""
+    parts = video_parts(request)
+    if not parts:
+        return 0
+    field = f"inputs[{parts[0][0]}]"
+    require(field, "videos", family, ("thinker.visual.* weights", vision_tower),
+            ("video preprocessing (video_preprocessor_config.json or the image processor keys of "
+             "preprocessor_config.json)", video_processing))
+    assert video_processing is not None  # require refused the request otherwise
+    count_placeholders(ids, video_token_id, len(parts), "video")
+    extra = sum(video_tokens(i, p, video_processing) - 1 for i, p in parts)
+    if not heard(request):
+        return extra
+    require(field, "a video's soundtrack (use_audio_in_video)", family, ("thinker.audio_tower.* weights", audio_tower),
+            ("preprocessor_config.json (its WhisperFeatureExtractor)", feature_extractor))
+    return extra + sum(audio_tokens(frames_of(feature_extractor, soundtrack(i, p, feature_extractor))) + 2
+                       for i, p in parts)

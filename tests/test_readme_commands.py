@@ -56,3 +56,64 @@ def test_readme_vocabulary_is_the_evaluators():
     counts = dict(re.findall(r"^\| (\w+) \((\d+)\)", README, re.M))
     assert counts == {"colors": str(len(COLORS)), "shapes": str(len(SHAPES)), "motions": str(len(MOTIONS)),
                       "backgrounds": str(len(BACKGROUNDS))}
+
+
+def _fenced_blocks(text: str) -> list[tuple[str, str]]:
+    """(language, body) of every ``` block, in order."""
+    blocks, body, lang = [], None, ""
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            if body is None:
+                body, lang = [], line.strip()[3:]
+            else:
+                blocks.append((lang, "\n".join(body)))
+                body = None
+        elif body is not None:
+            body.append(line)
+    return blocks
+
+
+def _omniloop_commands(text: str) -> list[str]:
+    """Each ``omniloop ...`` command of the shell blocks: continuations joined, comments, env
+    assignments and `&&` / `&` / `;` neighbours dropped; usage lines (``[--flag]``) skipped."""
+    out = []
+    for lang, body in _fenced_blocks(text):
+        if lang not in ("", "bash", "sh", "console"):
+            continue
+        for line in body.replace("\\\n", " ").splitlines():
+            if line.strip().startswith("#"):
+                continue
+            for part in re.split(r"&&|;|(?<!&)&(?!&)", line.split(" #", 1)[0]):
+                part = re.sub(r"^([A-Z_]+=\S+\s+)+", "", part.strip())
+                if part.startswith("omniloop ") and "[--" not in part:
+                    out.append(part)
+    return out
+
+
+def test_every_omniloop_command_in_the_docs_parses():
+    """A flag renamed or removed leaves no stale command in README.md or docs/: each command a
+    user would paste parses with this CLI's parser, every flag known to its subcommand."""
+    import shlex
+
+    from omniloop.api.cli import build_parser
+
+    found = {}
+    for doc in (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))):
+        for command in _omniloop_commands(doc.read_text()):
+            found[command] = doc.name
+            try:
+                args, extras = build_parser().parse_known_args(shlex.split(command)[1:])
+            except SystemExit:
+                raise AssertionError(f"{doc.name}: {command!r} does not parse") from None
+            assert not extras and args.command, (doc.name, command, extras)
+    assert 'omniloop generate "a red circle moving right"' in found and "omniloop serve" in found
+    assert len(found) >= 30, len(found)  # the walk reaches the serving guide's commands too
+
+
+def test_the_top_level_help_starts_with_the_readmes_commands():
+    """``omniloop --help``'s "start here" commands are the README's, so the two cannot drift."""
+    from omniloop.api.cli import START_HERE
+
+    readme = set(_omniloop_commands(README))
+    listed = [line.split("#", 1)[0].strip() for line in START_HERE.splitlines()[1:] if line.startswith("  ")]
+    assert len(listed) == 4 and all(command in readme for command in listed), (listed, readme)

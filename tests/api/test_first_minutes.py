@@ -104,6 +104,39 @@ def test_output_png_writes_a_png_and_the_bars_show_steps_and_decode(capsys, wan_
     assert re.search(r"denoise: 100%\|[^|]*\| 3/3", err) and re.search(r"decode: 100%\|[^|]*\| 1/1", err), err
 
 
+def test_a_bare_omniloop_prints_the_help_with_the_first_commands(capsys):
+    """``omniloop`` alone was argparse's 'the following arguments are required: command'."""
+    code, out, err = _cli(capsys)
+    assert code == 2 and not err, err
+    assert out.startswith("usage: omniloop ") and "start here" in out
+    assert 'omniloop generate "a red circle moving right"' in out and "omniloop eval adherence --videos outputs" in out
+    code, out, _ = _cli(capsys, "-v")
+    assert code == 2 and "start here" in out
+    with pytest.raises(SystemExit):  # a mistyped flag is still refused, naming the closest one
+        main(["--verbse"])
+    assert "did you mean --verbose?" in capsys.readouterr().err
+
+
+def test_a_generated_clip_carries_its_prompt_and_eval_reads_it(capsys, wan_t2v_dir, tmp_path):
+    """``omniloop generate`` then ``omniloop eval adherence --videos outputs`` (the README's next
+    step) used to end in 'no prompt for [...]': the mp4 now carries its prompt in its title."""
+    from omniloop.io.video import mp4_title
+
+    code, out, err = _cli(capsys, "generate", "a red circle moving right", "--model", str(wan_t2v_dir),
+                          "--output", str(tmp_path), "--steps", "2", "--height", "32", "--width", "32",
+                          "--num-frames", "5", "--device", "cpu", "--dtype", "float32", "--no-progress")
+    assert code == 0, err
+    (clip,) = tmp_path.glob("*.mp4")
+    assert mp4_title(clip) == "a red circle moving right"
+    code, out, err = _cli(capsys, "eval", "adherence", "--videos", str(tmp_path))
+    assert code == 0, err
+    assert '"n_clips": 1' in out
+    clip.with_suffix(".txt").write_text("a blue square moving left")  # a sidecar still wins over the title
+    from omniloop.eval.adherence import file_pairs
+
+    assert file_pairs(str(tmp_path)) == [(clip, "a blue square moving left")]
+
+
 def test_help_shows_defaults():
     generate = build_parser()._subparsers._group_actions[0].choices["generate"].format_help()
     flat = " ".join(generate.split())
@@ -112,6 +145,13 @@ def test_help_shows_defaults():
     assert "--attention-backend ATTENTION_BACKEND" in flat and "(default: auto)" in flat  # models/fast_path.py
     assert "--compile, --no-compile" in flat
     assert "(default: a random one" in flat  # --seed
+    top = " ".join(build_parser().format_help().split())
+    assert "-v, --verbose log at INFO level" in top and "each command's flags: omniloop COMMAND --help" in top
+    models = " ".join(build_parser()._subparsers._group_actions[0].choices["models"].format_help().split())
+    assert "The built-in models (--model NAME" in models
+    adherence = build_parser()._subparsers._group_actions[0].choices["eval"]._subparsers._group_actions[0]
+    assert "else the prompt omniloop generate wrote into the mp4" in " ".join(
+        adherence.choices["adherence"].format_help().split())
     serve = " ".join(build_parser()._subparsers._group_actions[0].choices["serve"].format_help().split())
     assert "--port PORT TCP port (0: any free port) (default: 8000)" in serve
     assert "--drain-timeout SECONDS, --drain-timeout-s SECONDS" in serve

@@ -1,11 +1,14 @@
 """README.md tells the truth about installing and testing: its install block runs the script
 ``.ci/run`` runs, its test command is the one ``.ci/run`` runs, and its shapes-world
-vocabulary table is the evaluator's vocabulary."""
+vocabulary table is the evaluator's vocabulary, every `omniloop` command in it and docs/ parses,
+and the install builds without warnings of our own making."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+
+import pytest
 
 from omniloop.eval.shapes_world import BACKGROUNDS, COLORS, MOTIONS, SHAPES
 
@@ -117,3 +120,14 @@ def test_the_top_level_help_starts_with_the_readmes_commands():
     readme = set(_omniloop_commands(README))
     listed = [line.split("#", 1)[0].strip() for line in START_HERE.splitlines()[1:] if line.startswith("  ")]
     assert len(listed) == 4 and all(command in readme for command in listed), (listed, readme)
+
+
+def test_the_install_builds_without_setuptools_deprecation_warnings():
+    """`pip install -e .` printed setuptools' boxed "`project.license` as a TOML table is
+    deprecated" warning twice in the README's install: the license is an SPDX string, which
+    needs setuptools >= 77 in the build requirements."""
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert isinstance(project["project"]["license"], str), project["project"]["license"]
+    (setuptools,) = [r for r in project["build-system"]["requires"] if r.startswith("setuptools")]
+    assert setuptools == "setuptools>=77", setuptools

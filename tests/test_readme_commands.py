@@ -76,28 +76,36 @@ def _fenced_blocks(text: str) -> list[tuple[str, str]]:
     return blocks
 
 
-def _omniloop_commands(text: str) -> list[str]:
-    """Each ``omniloop ...`` command of the shell blocks: continuations joined, comments, env
-    assignments and `&&` / `&` / `;` neighbours dropped; usage lines (``[--flag]``) skipped."""
+def _omniloop_commands(text: str) -> list[tuple[str, ...]]:
+    """Each ``omniloop ...`` command of the shell blocks, as its argv: continuations joined,
+    comments, env assignments and `&&` / `&` / `;` neighbours dropped (quotes respected);
+    usage lines (``[--flag]``) skipped."""
+    import shlex
+
     out = []
     for lang, body in _fenced_blocks(text):
         if lang not in ("", "bash", "sh", "console"):
             continue
         for line in body.replace("\\\n", " ").splitlines():
-            if line.strip().startswith("#"):
+            if "omniloop " not in line:  # prose and file trees in untagged blocks need not lex
                 continue
-            for part in re.split(r"&&|;|(?<!&)&(?!&)", line.split(" #", 1)[0]):
-                part = re.sub(r"^([A-Z_]+=\S+\s+)+", "", part.strip())
-                if part.startswith("omniloop ") and "[--" not in part:
-                    out.append(part)
+            lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|")
+            lexer.whitespace_split, lexer.commenters = True, "#"
+            command: list[str] = []
+            for token in [*lexer, ";"]:
+                if token.strip(";&|"):
+                    if command or not re.fullmatch(r"[A-Z_]+=\S*", token):  # VAR=value before a command
+                        command.append(token)
+                elif command:
+                    if command[0] == "omniloop" and not any(t.startswith("[--") for t in command):
+                        out.append(tuple(command))
+                    command = []
     return out
 
 
 def test_every_omniloop_command_in_the_docs_parses():
     """A flag renamed or removed leaves no stale command in README.md or docs/: each command a
     user would paste parses with this CLI's parser, every flag known to its subcommand."""
-    import shlex
-
     from omniloop.api.cli import build_parser
 
     found = {}
@@ -105,11 +113,12 @@ def test_every_omniloop_command_in_the_docs_parses():
         for command in _omniloop_commands(doc.read_text()):
             found[command] = doc.name
             try:
-                args, extras = build_parser().parse_known_args(shlex.split(command)[1:])
+                args, extras = build_parser().parse_known_args(command[1:])
             except SystemExit:
-                raise AssertionError(f"{doc.name}: {command!r} does not parse") from None
+                raise AssertionError(f"{doc.name}: {' '.join(command)!r} does not parse") from None
             assert not extras and args.command, (doc.name, command, extras)
-    assert 'omniloop generate "a red circle moving right"' in found and "omniloop serve" in found
+    assert ("omniloop", "generate", "a red circle moving right") in found and ("omniloop", "serve") in found
+    assert any(c[:3] == ("omniloop", "comfy", "check") for c in found)  # docs/comfyui.md's
     assert len(found) >= 30, len(found)  # the walk reaches the serving guide's commands too
 
 
@@ -117,8 +126,10 @@ def test_the_top_level_help_starts_with_the_readmes_commands():
     """``omniloop --help``'s "start here" commands are the README's, so the two cannot drift."""
     from omniloop.api.cli import START_HERE
 
+    import shlex
+
     readme = set(_omniloop_commands(README))
-    listed = [line.split("#", 1)[0].strip() for line in START_HERE.splitlines()[1:] if line.startswith("  ")]
+    listed = [tuple(shlex.split(line, comments=True)) for line in START_HERE.splitlines()[1:] if line.startswith("  ")]
     assert len(listed) == 4 and all(command in readme for command in listed), (listed, readme)
 
 

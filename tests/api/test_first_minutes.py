@@ -79,9 +79,27 @@ def test_flags_are_checked_before_the_model_loads_and_named_as_flags(capsys, tmp
 
         if torch.cuda.is_available():
             pytest.skip("this machine has CUDA")
-    code, _, err = _cli(capsys, "generate", "a cat", "--model", str(tmp_path / "no-such-model"), *argv)
+    # the deployment's flags are judged after --model (they import torch): those cases name a built-in model
+    model = "shapes-t2v-4step" if "--device" in argv else str(tmp_path / "no-such-model")
+    code, _, err = _cli(capsys, "generate", "a cat", "--model", model, *argv)
     assert code == 2 and err.startswith(message) and len(err.strip().splitlines()) == 1, err
     assert "pydantic.dev" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("model, hint", [("shapes", "; did you mean 'shapes-t2v'?"),
+                                         ("shapes-t2v-4", "; did you mean 'shapes-t2v-4step'?"),
+                                         ("/no/such/checkpoint", "")])
+def test_a_mistyped_model_is_refused_at_once_naming_the_closest(model, hint):
+    """``--model shapes`` was refused after importing torch and a family (2-6 s), without a hint."""
+    probe = ("import sys, time; from omniloop.api.cli import main; t = time.perf_counter(); "
+             f"code = main(['generate', 'a cat', '--model', {model!r}]); "
+             "print(code, 'torch' in sys.modules, time.perf_counter() - t)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    code, torch_loaded, _ = out.stdout.split()
+    assert (code, torch_loaded) == ("2", "False"), out
+    assert out.stderr.strip() == (f"error: --model {model}: model {model!r} is neither a directory nor a built-in "
+                                  "model name (built-in: ['shapes-interactive', 'shapes-t2v', 'shapes-t2v-4step'])"
+                                  + hint), out.stderr
 
 
 def test_an_empty_prompt_is_refused_as_the_server_refuses_it(capsys, tmp_path):

@@ -221,6 +221,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         raise ValueError("--mask says which pixels of --video to generate; pass --video too")
     if declared is not None:
         preflight.check_shape(declared, args.task, params)
+    preflight.check_model_exists(args.model or DEFAULT_MODEL)  # before the deployment's checks import torch
     deploy = _deploy_from_flags(args)
     deploy.check_device()
     if declared is None:  # a checkpoint folder: its variant's tasks, from its index (no weights)

@@ -155,6 +155,20 @@ def test_a_generated_clip_carries_its_prompt_and_eval_reads_it(capsys, wan_t2v_d
     assert file_pairs(str(tmp_path)) == [(clip, "a blue square moving left")]
 
 
+def test_a_reader_that_leaves_early_gets_no_traceback():
+    """``omniloop eval adherence ... | head`` ended in a BrokenPipeError traceback."""
+    import os
+
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line is written
+    try:
+        proc = subprocess.run([sys.executable, "-c", "from omniloop.api.cli import entry; entry()", "models"],
+                              stdout=write, stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write)
+    assert (proc.returncode, proc.stderr) == (141, ""), proc.stderr
+
+
 def test_help_shows_defaults():
     generate = build_parser()._subparsers._group_actions[0].choices["generate"].format_help()
     flat = " ".join(generate.split())

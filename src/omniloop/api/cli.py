@@ -640,10 +640,14 @@ def entry() -> NoReturn:
     ``startup_exit_s``). A server command exits normally."""
     try:
         code = main()
+        sys.stdout.flush()  # a closed pipe shows here, not at teardown
     except SystemExit as e:  # argparse: --help (0) and usage errors (2)
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if e.code is not None and not isinstance(e.code, int):
             print(e.code, file=sys.stderr)
+    except BrokenPipeError:  # stdout's reader left (`omniloop eval adherence ... | head`): no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the later flushes write nowhere
+        code = 128 + 13  # as a process killed by SIGPIPE (`cat` in the same pipe)
     command = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
     if command is None or command in _QUICK_EXIT:
         logging.shutdown()

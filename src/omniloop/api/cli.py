@@ -379,8 +379,8 @@ def _eval_parser(sub: argparse._SubParsersAction) -> None:
     a = kinds.add_parser("adherence", help="shapes-world prompt adherence (color, shape, motion) as a JSON report",
                          formatter_class=DefaultsHelpFormatter)
     a.add_argument("--videos", default=None, help="directory of .mp4 files, one .mp4, or a glob")
-    a.add_argument("--prompts", default=None, help='JSONL of {"video": path, "prompt": text} (default: <video>.txt, else '
-                   'the prompt omniloop generate wrote into the mp4)')
+    a.add_argument("--prompts", default=None, help='JSONL of {"video": path, "prompt": text} (default: '
+                   '<video>.txt, else the prompt omniloop generate wrote into the mp4)')
     a.add_argument("--ground-truth", type=int, default=None, metavar="N",
                    help="self-check: render N held-out ground-truth clips and evaluate them")
     a.add_argument("--seed", type=int, default=0, help="held-out prompt seed for --ground-truth")

@@ -661,8 +661,8 @@ def file_pairs(videos: str | None, prompts: str | Path | None = None) -> list[tu
             pairs.append((path, prompt))
     if missing:
         raise ValueError(f"no prompt for {missing[:5]}{' ...' if len(missing) > 5 else ''}; "
-                         f"list them in --prompts FILE.jsonl or write a .txt next to each video (a clip omniloop generate "
-                         f"wrote carries its prompt)")
+                         f"list them in --prompts FILE.jsonl or write a .txt next to each video (a clip "
+                         f"omniloop generate wrote carries its prompt)")
     return pairs
 
 

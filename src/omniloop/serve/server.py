@@ -61,6 +61,10 @@ class DrainingServer(uvicorn.Server):
     def _ready(self) -> None:
         if self.announce:
             print("omniloop serve: ready", flush=True)
+            url = self.url()  # what next: where a first-time user can try it
+            play = f", {url}/play (a live session, arrow keys)" if self.state.config.session_model else ""
+            print(f"omniloop serve: try {url}/docs (every route, callable from the page){play}, or the openai "
+                  f"client with base_url {url}/v1; Ctrl-C stops", flush=True)
 
     def _fatal(self, error: Exception) -> None:
         self.should_exit = True  # called on the loop (the warmup task): uvicorn's main loop stops

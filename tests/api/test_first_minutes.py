@@ -79,9 +79,27 @@ def test_flags_are_checked_before_the_model_loads_and_named_as_flags(capsys, tmp
 
         if torch.cuda.is_available():
             pytest.skip("this machine has CUDA")
-    code, _, err = _cli(capsys, "generate", "a cat", "--model", str(tmp_path / "no-such-model"), *argv)
+    # the deployment's flags are judged after --model (they import torch): those cases name a built-in model
+    model = "shapes-t2v-4step" if "--device" in argv else str(tmp_path / "no-such-model")
+    code, _, err = _cli(capsys, "generate", "a cat", "--model", model, *argv)
     assert code == 2 and err.startswith(message) and len(err.strip().splitlines()) == 1, err
     assert "pydantic.dev" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("model, hint", [("shapes", "; did you mean 'shapes-t2v'?"),
+                                         ("shapes-t2v-4", "; did you mean 'shapes-t2v-4step'?"),
+                                         ("/no/such/checkpoint", "")])
+def test_a_mistyped_model_is_refused_at_once_naming_the_closest(model, hint):
+    """``--model shapes`` was refused after importing torch and a family (2-6 s), without a hint."""
+    probe = ("import sys, time; from omniloop.api.cli import main; t = time.perf_counter(); "
+             f"code = main(['generate', 'a cat', '--model', {model!r}]); "
+             "print(code, 'torch' in sys.modules, time.perf_counter() - t)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    code, torch_loaded, _ = out.stdout.split()
+    assert (code, torch_loaded) == ("2", "False"), out
+    assert out.stderr.strip() == (f"error: --model {model}: model {model!r} is neither a directory nor a built-in "
+                                  "model name (built-in: ['shapes-interactive', 'shapes-t2v', 'shapes-t2v-4step'])"
+                                  + hint), out.stderr
 
 
 def test_an_empty_prompt_is_refused_as_the_server_refuses_it(capsys, tmp_path):
@@ -104,6 +122,53 @@ def test_output_png_writes_a_png_and_the_bars_show_steps_and_decode(capsys, wan_
     assert re.search(r"denoise: 100%\|[^|]*\| 3/3", err) and re.search(r"decode: 100%\|[^|]*\| 1/1", err), err
 
 
+def test_a_bare_omniloop_prints_the_help_with_the_first_commands(capsys):
+    """``omniloop`` alone was argparse's 'the following arguments are required: command'."""
+    code, out, err = _cli(capsys)
+    assert code == 2 and not err, err
+    assert out.startswith("usage: omniloop ") and "start here" in out
+    assert 'omniloop generate "a red circle moving right"' in out and "omniloop eval adherence --videos outputs" in out
+    code, out, _ = _cli(capsys, "-v")
+    assert code == 2 and "start here" in out
+    with pytest.raises(SystemExit):  # a mistyped flag is still refused, naming the closest one
+        main(["--verbse"])
+    assert "did you mean --verbose?" in capsys.readouterr().err
+
+
+def test_a_generated_clip_carries_its_prompt_and_eval_reads_it(capsys, wan_t2v_dir, tmp_path):
+    """``omniloop generate`` then ``omniloop eval adherence --videos outputs`` (the README's next
+    step) used to end in 'no prompt for [...]': the mp4 now carries its prompt in its title."""
+    from omniloop.io.video import mp4_title
+
+    code, out, err = _cli(capsys, "generate", "a red circle moving right", "--model", str(wan_t2v_dir),
+                          "--output", str(tmp_path), "--steps", "2", "--height", "32", "--width", "32",
+                          "--num-frames", "5", "--device", "cpu", "--dtype", "float32", "--no-progress")
+    assert code == 0, err
+    (clip,) = tmp_path.glob("*.mp4")
+    assert mp4_title(clip) == "a red circle moving right"
+    code, out, err = _cli(capsys, "eval", "adherence", "--videos", str(tmp_path))
+    assert code == 0, err
+    assert '"n_clips": 1' in out
+    clip.with_suffix(".txt").write_text("a blue square moving left")  # a sidecar still wins over the title
+    from omniloop.eval.adherence import file_pairs
+
+    assert file_pairs(str(tmp_path)) == [(clip, "a blue square moving left")]
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback():
+    """``omniloop eval adherence ... | head`` ended in a BrokenPipeError traceback."""
+    import os
+
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line is written
+    try:
+        proc = subprocess.run([sys.executable, "-c", "from omniloop.api.cli import entry; entry()", "models"],
+                              stdout=write, stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write)
+    assert (proc.returncode, proc.stderr) == (141, ""), proc.stderr
+
+
 def test_help_shows_defaults():
     generate = build_parser()._subparsers._group_actions[0].choices["generate"].format_help()
     flat = " ".join(generate.split())
@@ -112,6 +177,13 @@ def test_help_shows_defaults():
     assert "--attention-backend ATTENTION_BACKEND" in flat and "(default: auto)" in flat  # models/fast_path.py
     assert "--compile, --no-compile" in flat
     assert "(default: a random one" in flat  # --seed
+    top = " ".join(build_parser().format_help().split())
+    assert "-v, --verbose log at INFO level" in top and "each command's flags: omniloop COMMAND --help" in top
+    models = " ".join(build_parser()._subparsers._group_actions[0].choices["models"].format_help().split())
+    assert "The built-in models (--model NAME" in models
+    adherence = build_parser()._subparsers._group_actions[0].choices["eval"]._subparsers._group_actions[0]
+    assert "else the prompt omniloop generate wrote into the mp4" in " ".join(
+        adherence.choices["adherence"].format_help().split())
     serve = " ".join(build_parser()._subparsers._group_actions[0].choices["serve"].format_help().split())
     assert "--port PORT TCP port (0: any free port) (default: 8000)" in serve
     assert "--drain-timeout SECONDS, --drain-timeout-s SECONDS" in serve

@@ -98,6 +98,11 @@ def test_sigterm_lets_the_job_finish_then_exits_0(wan_t2v_dir, tmp_path):
     log = log_path.read_text()[-2000:]
     assert final["status"] == "completed" and "video" in final["artifacts"], log
     assert max(e["step"] for e in events if e["type"] == "progress") == 100
+    assert f"omniloop serve: ready\nomniloop serve: try {url}/docs (every route, callable from the page), or the " \
+           f"openai client with base_url {url}/v1; Ctrl-C stops\n" in log  # what next (no session model: no /play)
+    # the signal is answered at once (a user who pressed Ctrl-C sees why the server is still up), then the end
+    assert "omniloop serve: stopping: in-flight jobs finish first (up to 900 s); a second Ctrl-C stops at once" in log
+    assert log.rstrip().endswith("omniloop serve: stopped"), log
 
 
 def test_drain_cancel_stops_the_running_job_and_the_server(wan_t2v_dir):

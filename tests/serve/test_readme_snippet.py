@@ -37,3 +37,6 @@ def test_the_readme_serve_snippet_runs_as_written(tmp_path, monkeypatch):
     with av.open(str(tmp_path / "clip.mp4")) as clip:
         frames = [f.to_ndarray(format="rgb24") for f in clip.decode(clip.streams.video[0])]
     assert len(frames) == 17 and frames[0].shape == (128, 128, 3)  # 2 s at 8 fps: the nearest 4k+1 frames
+    from omniloop.io.video import mp4_title
+
+    assert mp4_title(tmp_path / "clip.mp4") == "a red circle moving right"  # as omniloop generate's files

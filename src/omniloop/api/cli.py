@@ -221,6 +221,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         raise ValueError("--mask says which pixels of --video to generate; pass --video too")
     if declared is not None:
         preflight.check_shape(declared, args.task, params)
+    preflight.check_model_exists(args.model or DEFAULT_MODEL)  # before the deployment's checks import torch
     deploy = _deploy_from_flags(args)
     deploy.check_device()
     if declared is None:  # a checkpoint folder: its variant's tasks, from its index (no weights)
@@ -316,6 +317,8 @@ def _generate_text(args: argparse.Namespace, gen, prompt: str, params: dict, loa
 
 def _models_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("models", help="list the built-in models and the checkpoint families this omniloop loads",
+                       description="The built-in models (--model NAME: shipped inside the package) with their tasks "
+                       "and defaults, then the checkpoint families (--model DIR) and the layouts each loads.",
                        formatter_class=DefaultsHelpFormatter)
     p.set_defaults(func=_cmd_models)
 
@@ -376,7 +379,8 @@ def _eval_parser(sub: argparse._SubParsersAction) -> None:
     a = kinds.add_parser("adherence", help="shapes-world prompt adherence (color, shape, motion) as a JSON report",
                          formatter_class=DefaultsHelpFormatter)
     a.add_argument("--videos", default=None, help="directory of .mp4 files, one .mp4, or a glob")
-    a.add_argument("--prompts", default=None, help='JSONL of {"video": path, "prompt": text} (default: <video>.txt)')
+    a.add_argument("--prompts", default=None, help='JSONL of {"video": path, "prompt": text} (default: '
+                   '<video>.txt, else the prompt omniloop generate wrote into the mp4)')
     a.add_argument("--ground-truth", type=int, default=None, metavar="N",
                    help="self-check: render N held-out ground-truth clips and evaluate them")
     a.add_argument("--seed", type=int, default=0, help="held-out prompt seed for --ground-truth")
@@ -578,10 +582,21 @@ def _interactive_default() -> str | None:
     return None
 
 
+# the top-level help's "what next": commands that run as written on a CPU, no download
+START_HERE = """start here (the embedded shapes-t2v model, on a CPU, no download):
+  omniloop generate "a red circle moving right"        # -> outputs/<request id>.mp4
+  omniloop eval adherence --videos outputs              # did the clips follow their prompts?
+  omniloop models                                       # the built-in models and checkpoint families
+  omniloop serve                                        # the OpenAI-compatible server on 127.0.0.1:8000
+each command's flags: omniloop COMMAND --help"""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = SuggestingParser(prog="omniloop", description="omniloop generation runtime")  # subparsers: the same class
-    parser.add_argument("-v", "--verbose", action="store_true")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = SuggestingParser(prog="omniloop", description="omniloop generation runtime", epilog=START_HERE,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)  # subparsers: the same class
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level (model loading, the engine)")
+    # not required: a bare ``omniloop`` prints this help and the first commands, not an argparse error
+    sub = parser.add_subparsers(dest="command", metavar="{generate,models,eval,serve,dynamo-worker,comfy}")
     _generate_parser(sub)
     _models_parser(sub)
     _eval_parser(sub)
@@ -596,6 +611,9 @@ def main(argv: list[str] | None = None) -> int:
     args, extras = parser.parse_known_args(argv)
     if extras:  # refused by the subcommand they were given to, with the closest flag it has
         refuse_unknown(parser, args, extras)
+    if args.command is None:  # a bare ``omniloop`` (or only -v): the help, with the first commands to try
+        parser.print_help()
+        return 2
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         return int(args.func(args) or 0)
@@ -622,10 +640,14 @@ def entry() -> NoReturn:
     ``startup_exit_s``). A server command exits normally."""
     try:
         code = main()
+        sys.stdout.flush()  # a closed pipe shows here, not at teardown
     except SystemExit as e:  # argparse: --help (0) and usage errors (2)
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if e.code is not None and not isinstance(e.code, int):
             print(e.code, file=sys.stderr)
+    except BrokenPipeError:  # stdout's reader left (`omniloop eval adherence ... | head`): no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the later flushes write nowhere
+        code = 128 + 13  # as a process killed by SIGPIPE (`cat` in the same pipe)
     command = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
     if command is None or command in _QUICK_EXIT:
         logging.shutdown()

@@ -265,7 +265,8 @@ class VideoGenerator:
             else:
                 from omniloop.io.video import write_mp4
 
-                write_mp4(frames, path, fps, audio=samples, sample_rate=rate)
+                # the prompt rides in the file's title: ``omniloop eval adherence --videos outputs`` reads it
+                write_mp4(frames, path, fps, audio=samples, sample_rate=rate, title=request.prompt)
         return GeneratedVideo(
             frames=frames, fps=fps, path=path, request_id=output.request_id, seed=output.metrics.seed,
             metrics=output.metrics, output=output, audio=samples, sample_rate=rate,

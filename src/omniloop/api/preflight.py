@@ -35,6 +35,15 @@ class DeclaredModel:
     limits: ModelLimits
 
 
+def check_model_exists(model: str) -> None:
+    """--model names a directory or a built-in model: a typo is refused in a fraction of a
+    second, naming the closest built-in name, instead of after torch and a family import."""
+    try:
+        resolve_model_path(model)
+    except (FileNotFoundError, ValueError) as e:
+        raise type(e)(f"--model {model}: {e}") from None
+
+
 def declared_model(model: str) -> DeclaredModel | None:
     """The manifest of ``model``; None when it is not a manifest-layout directory or built-in
     name (a diffusers checkpoint declares its tasks through classes only its family knows; a

@@ -638,8 +638,11 @@ def _read_prompts(jsonl: Path) -> dict[Path, str]:
 
 def file_pairs(videos: str | None, prompts: str | Path | None = None) -> list[tuple[Path, str]]:
     """(mp4 path, prompt) pairs: the videos matching ``videos`` (a directory, file or glob),
-    prompts from a JSONL of {"video", "prompt"} (paths relative to the JSONL) or else from a
-    sidecar ``<stem>.txt``. With only ``prompts``, every video listed there."""
+    prompts from a JSONL of {"video", "prompt"} (paths relative to the JSONL), else from a
+    sidecar ``<stem>.txt``, else from the mp4's title tag (where ``omniloop generate`` writes
+    its prompt). With only ``prompts``, every video listed there."""
+    from omniloop.io.video import mp4_title
+
     table = _read_prompts(Path(prompts)) if prompts else {}
     paths = _video_paths(videos) if videos else list(table)
     if not paths:
@@ -651,12 +654,15 @@ def file_pairs(videos: str | None, prompts: str | Path | None = None) -> list[tu
         if prompt is None and sidecar.is_file():
             prompt = sidecar.read_text().strip()
         if prompt is None:
+            prompt = mp4_title(path)
+        if prompt is None:
             missing.append(str(path))
         else:
             pairs.append((path, prompt))
     if missing:
         raise ValueError(f"no prompt for {missing[:5]}{' ...' if len(missing) > 5 else ''}; "
-                         f"list them in --prompts FILE.jsonl or write a .txt next to each video")
+                         f"list them in --prompts FILE.jsonl or write a .txt next to each video (a clip "
+                         f"omniloop generate wrote carries its prompt)")
     return pairs
 
 

@@ -27,9 +27,11 @@ def _as_uint8_frames(frames: torch.Tensor | np.ndarray) -> np.ndarray:
 def write_mp4(
     frames: torch.Tensor | np.ndarray, dest: str | Path | BinaryIO, fps: int, *, crf: int = 18, preset: str = "medium",
     audio: torch.Tensor | np.ndarray | None = None, sample_rate: int | None = None, audio_bitrate: int = 192_000,
+    title: str | None = None,
 ) -> None:
     """Encode ``frames`` ([F, H, W, 3] uint8) as H.264/yuv420p mp4 into a path or binary file,
-    with ``audio`` (float32 [channels, samples] in [-1, 1] at ``sample_rate``) as an AAC track."""
+    with ``audio`` (float32 [channels, samples] in [-1, 1] at ``sample_rate``) as an AAC track.
+    ``title``: the file's title tag (generated clips carry their prompt there: ``mp4_title``)."""
     import av
 
     arr = _as_uint8_frames(frames)
@@ -43,6 +45,8 @@ def write_mp4(
         sound = as_float_samples(audio, sample_rate)
         check_rate("aac", sample_rate)
     with written_whole(dest) as target, av.open(target, mode="w", format="mp4") as container:
+        if title:
+            container.metadata["title"] = title
         stream = container.add_stream("libx264", rate=Fraction(int(fps), 1))
         stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
         stream.options = {"crf": str(crf), "preset": preset}
@@ -61,6 +65,14 @@ def encode_mp4(frames: torch.Tensor | np.ndarray, fps: int, **kwargs) -> bytes:
     buf = io.BytesIO()
     write_mp4(frames, buf, fps, **kwargs)
     return buf.getvalue()
+
+
+def mp4_title(path: str | Path) -> str | None:
+    """The title tag ``write_mp4`` wrote (a generated clip's prompt), or None."""
+    import av
+
+    with av.open(str(path)) as container:
+        return container.metadata.get("title") or None
 
 
 def read_video(source: str | Path | bytes | BinaryIO) -> tuple[np.ndarray, float]:

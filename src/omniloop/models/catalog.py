@@ -11,6 +11,7 @@ the CLI's checks before loading).
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,9 +42,12 @@ def resolve_model_path(model: str | Path) -> Path:
     path = Path(model).expanduser()
     if not path.exists():
         names = sorted(BUILTIN_MODELS)
+        # the one name it begins ("shapes-t2v-4" -> shapes-t2v-4step), else the nearest ("shapes" -> shapes-t2v)
+        starts = [n for n in names if n.startswith(str(model))]
+        guess = starts if len(starts) == 1 else difflib.get_close_matches(str(model), names, n=1, cutoff=0.6)
         raise FileNotFoundError(
             f"model {str(model)!r} is neither a directory nor a built-in model name"
-            + (f" (built-in: {names})" if names else "")
+            + (f" (built-in: {names})" if names else "") + (f"; did you mean {guess[0]!r}?" if guess else "")
         )
     if not path.is_dir():
         raise ValueError(f"model path {path} is a file; pass the checkpoint directory holding model_index.json")

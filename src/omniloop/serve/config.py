@@ -120,7 +120,8 @@ class ServeConfig(BaseModel):
         "[] skips warmup",
     )
     drain: Literal["finish", "cancel"] = Field(
-        default="finish", description="on SIGTERM: let in-flight jobs finish (up to drain_timeout_s), or cancel them"
+        default="finish", description="on SIGTERM or Ctrl-C: let in-flight jobs finish (up to drain_timeout_s), "
+        "or cancel them (a second signal stops at once)"
     )
     drain_timeout_s: float = Field(default=DEFAULT_DRAIN_TIMEOUT_S, ge=0,
                                    description="'finish' drains cancel what is left after this many seconds")

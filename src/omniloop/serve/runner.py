@@ -32,14 +32,16 @@ def _png(image) -> bytes:
     return buf.getvalue()
 
 
-def encode_outputs(kind: JobKind, output: OmniOutput, audio_format: str = "wav") -> dict[str, bytes]:
-    """A video job's mp4 ("content"; with an AAC track when the output has sound) and a png of
-    its first frame ("thumbnail"); an image job's png; an audio job's file ("content")."""
+def encode_outputs(kind: JobKind, output: OmniOutput, audio_format: str = "wav", prompt: str | None = None
+                   ) -> dict[str, bytes]:
+    """A video job's mp4 ("content"; with an AAC track when the output has sound, ``prompt`` as its
+    title as ``omniloop generate`` writes it) and a png of its first frame ("thumbnail"); an image
+    job's png; an audio job's file ("content")."""
     if kind is JobKind.VIDEO:
         video, sound = output.video, output.audio
         assert video is not None, f"completed video job {output.request_id} has no video artifact"
         audio = dict(audio=sound.samples, sample_rate=sound.sample_rate) if sound is not None else {}
-        return {"content": encode_mp4(video.frames, video.fps, **audio), "thumbnail": _png(video.frames[0])}
+        return {"content": encode_mp4(video.frames, video.fps, title=prompt, **audio), "thumbnail": _png(video.frames[0])}
     if kind is JobKind.AUDIO:
         sound = output.audio
         assert sound is not None, f"completed audio job {output.request_id} has no audio artifact"
@@ -139,7 +141,7 @@ class JobRunner:
         status, failure = output.status, output.failure
         if status is RequestStatus.COMPLETED:
             try:
-                await asyncio.to_thread(lambda: self.jobs.keep(job, encode_outputs(job.kind, output, job.audio_format)))
+                await asyncio.to_thread(lambda: self.jobs.keep(job, encode_outputs(job.kind, output, job.audio_format, job.prompt)))
             except Exception as e:
                 logger.exception("encoding or writing the output of %s failed", job.id)
                 status, failure = RequestStatus.FAILED, Failure(kind=ErrorKind.STAGE_ERROR,

@@ -61,6 +61,10 @@ class DrainingServer(uvicorn.Server):
     def _ready(self) -> None:
         if self.announce:
             print("omniloop serve: ready", flush=True)
+            url = self.url()  # what next: where a first-time user can try it
+            play = f", {url}/play (a live session, arrow keys)" if self.state.config.session_model else ""
+            print(f"omniloop serve: try {url}/docs (every route, callable from the page){play}, or the openai "
+                  f"client with base_url {url}/v1; Ctrl-C stops", flush=True)
 
     def _fatal(self, error: Exception) -> None:
         self.should_exit = True  # called on the loop (the warmup task): uvicorn's main loop stops
@@ -72,6 +76,10 @@ class DrainingServer(uvicorn.Server):
         # NOTE: not recorded in uvicorn's captured signals, which it re-raises after
         # shutdown (the process would then die of SIGTERM instead of exiting 0).
         logger.info("received %s: draining", signal.Signals(sig).name)
+        if self.announce:  # a Ctrl-C that seems to do nothing for drain_timeout_s gets pressed again
+            config = self.state.config
+            how = "cancelled" if config.drain == "cancel" else f"finish first (up to {config.drain_timeout_s:g} s)"
+            print(f"omniloop serve: stopping: in-flight jobs {how}; a second Ctrl-C stops at once", flush=True)
         self._loop.call_soon_threadsafe(self._start_drain)
 
     def _start_drain(self) -> None:
@@ -123,4 +131,7 @@ def run_server(model: str | Path | Mapping[str, str], deploy: DeployConfig, conf
     if state.warmup_error is not None:
         print(f"error: {state.warmup_error}", file=sys.stderr)
         return 1
-    return 0 if server.started else 1
+    if not server.started:
+        return 1
+    print("omniloop serve: stopped", flush=True)
+    return 0

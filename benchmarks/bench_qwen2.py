@@ -181,7 +181,6 @@ def main(argv=None) -> int:
                           "graphs": graph_stats}, sink)
             del pipeline
         if args.transformers:
-            del pipeline
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             from transformers import AutoTokenizer, Qwen2ForCausalLM

@@ -119,8 +119,10 @@ def test_ar_step_benchmark_finds_no_host_work_growing_with_the_batch(tmp_path):
     """One batched AR decode step (Qwen2, the omni thinker and talker) at batch 1 and 3: one host
     sync per step whatever the batch, and a few dispatches (views, a sampled row's own draw) per
     added row, not the ~10-25 kernels a row the per-row step launched."""
+    # Qwen3-Omni's MoE thinker (thinker3) is left out: its eager expert loop reads the routing on the
+    # host by design (its CUDA-graph step does not: tests/models/qwen3_omni/test_graph_decode.py)
     records = _run_bench("bench_ar_step.py", "--iters", "1", "--warmup", "0", "--batches", "1,3", "--contexts", "5,20",
-                         "--profile", out=tmp_path / "ar.jsonl")
+                         "--models", "qwen2,thinker,talker", "--profile", out=tmp_path / "ar.jsonl")
     steps = {(r["model"], r["sampling"], r["batch"]): r for r in records if r.get("metric") != "profile"}
     assert {m for m, _, _ in steps} == {"qwen2", "thinker", "talker"} and len(steps) == 12
     assert all(r["host_syncs"] == 1 and r["step_ms"] >= r["forward_ms"] > 0 for r in steps.values())

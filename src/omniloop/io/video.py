@@ -117,6 +117,13 @@ def video_frames(source: Any) -> np.ndarray:
     return _as_uint8_frames(source)
 
 
+def load_video_part(part: Any) -> np.ndarray:
+    """[F, H, W, 3] uint8 frames of a VideoPart (path, base64 or in-process data)."""
+    if part.data is not None:
+        return video_frames(part.data)
+    return video_frames(part.raw_bytes() if part.b64 is not None else part.path)
+
+
 def video_to_tensor(frames: np.ndarray, height: int, width: int) -> torch.Tensor:
     """[F, H, W, 3] uint8 -> [1, 3, F, height, width] float32 in [-1, 1], each frame resized
     like a conditioning image (Lanczos; diffusers' VideoProcessor)."""

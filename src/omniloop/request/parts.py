@@ -89,19 +89,36 @@ class ImagePart(_MediaPart):
 
     @model_validator(mode="after")
     def _keyframe_fields(self) -> "ImagePart":
-        if (self.role == "keyframe") != (self.frame_index is not None):
-            raise ValueError("frame_index: a keyframe image needs one (ImagePart(role='keyframe', frame_index=N)), "
-                             f"other roles take none (got role={self.role!r}, frame_index={self.frame_index})")
-        if self.strength is not None and self.role not in ("first_frame", "last_frame", "keyframe"):
-            raise ValueError(f"strength: a {self.role!r} image takes none; pass it on first_frame / last_frame / "
-                             "keyframe images")
+        check_frame_fields(self, "image", ("first_frame", "last_frame", "keyframe"))
         return self
+
+
+def check_frame_fields(part: Any, what: str, held: tuple[str, ...]) -> None:
+    """A keyframe part carries its ``frame_index`` (other roles none); a ``strength`` only on
+    the ``held`` roles. ValueError naming the field and what to pass."""
+    cls = type(part).__name__
+    if (part.role == "keyframe") != (part.frame_index is not None):
+        raise ValueError(f"frame_index: a keyframe {what} needs one ({cls}(role='keyframe', frame_index=N)), "
+                         f"other roles take none (got role={part.role!r}, frame_index={part.frame_index})")
+    if part.strength is not None and part.role not in held:
+        raise ValueError(f"strength: a {part.role!r} {what} takes none; pass it on {' / '.join(held)} {what}s")
 
 
 class VideoPart(_MediaPart):
     kind: Literal["video"] = "video"
     # source: the video to transform (v2v) or the control video (Wan VACE); mask: per-frame masks (white: generate)
-    role: Literal["source", "mask"] = "source"
+    # first_frame / keyframe: a frame sequence held from the first frame / from ``frame_index`` (LTX-2's video
+    # guides, e.g. a Canny / depth / pose control video; diffusers LTX2VideoCondition with a list of frames)
+    role: Literal["source", "mask", "first_frame", "keyframe"] = "source"
+    frame_index: int | None = Field(default=None, description="keyframe: the video frame its first frame conditions "
+                                    "(0 or 8k+1 for more than one frame; negative counts from the end)")
+    strength: float | None = Field(default=None, ge=0.0, le=1.0, description="first_frame / keyframe: how strongly "
+                                   "the frames are held (1 = kept exactly, 0 = free); unset: 1")
+
+    @model_validator(mode="after")
+    def _keyframe_fields(self) -> "VideoPart":
+        check_frame_fields(self, "video", ("first_frame", "keyframe"))
+        return self
 
 
 class AudioPart(_MediaPart):

@@ -35,6 +35,10 @@ def canny(call: NodeCall) -> tuple[Any, ...]:
         return (replace(image, canny=(low, high)),)  # one file's edges (a FLUX.1 Canny control image)
     if image.source in ("video", "op") and image.canny is None:
         check_renderable(call, "image")
+        if image.width is not None:
+            call.context.deviate(call, f"the frames are resized to {image.width}x{image.height} (Lanczos, stretched) in "
+                                 "one step before the edges are found; ComfyUI runs each scale node's own method and "
+                                 "crop")
         op = ImageOp(call.id, "Canny", (image,), (("low_threshold", low), ("high_threshold", high),
                                                   ("width", image.width), ("height", image.height)))
         return (Pixels("op", width=image.width, height=image.height, path=first_path(image), op=op),)

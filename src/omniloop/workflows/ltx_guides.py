@@ -2,16 +2,18 @@
 chain with guides puts in its request.
 
 Behaviour read from ComfyUI's ``comfy_extras/nodes_lt.py`` (not copied). LTXVAddGuide encodes
-an image (stretched to the canvas) and appends its latent frame after the video's, with a
-noise mask of ``1 - strength`` and RoPE positions starting at pixel frame ``frame_idx``
-(negative: from the end, ``(latent frames - 1) * 8 + 1 + frame_idx``, at least 0);
-LTXVCropGuides cuts the appended frames off the sampled latent before decoding. The served
-LTX-2 model does this from ``ImagePart(role='keyframe', frame_index=f, strength=s)`` (diffusers'
-``LTX2ConditionPipeline`` semantics: ``families/ltx2/guides.py``) and drops the appended tokens
-itself. Where the two differ the compile reports a deviation:
+an image or a frame batch (stretched to the canvas; a batch cut to its first 8k+1 frames) and
+appends its latent frames after the video's, with a noise mask of ``1 - strength`` and RoPE
+positions starting at pixel frame ``frame_idx`` (negative: from the end, ``(latent frames - 1)
+* 8 + 1 + frame_idx``, at least 0; a batch's rounded down to 0 or 8k+1; at 0 the video's own
+causal positions); LTXVCropGuides cuts the appended frames off the sampled latent before
+decoding. The served LTX-2 model does this from ``ImagePart(role='keyframe', frame_index=f,
+strength=s)`` or ``VideoPart(role='keyframe', ...)`` (diffusers' ``LTX2ConditionPipeline``
+semantics: ``families/ltx2/guides.py``) and drops the appended tokens itself. Where the two
+differ the compile reports a deviation:
 
 - positions: a single image spans frames ``[f, f + 1)`` (diffusers); ComfyUI's ``[f, f + 8)``
-  for ``f > 0`` (frame 0: ``[0, 1)`` in both);
+  for ``f > 0`` (frame 0: ``[0, 1)`` in both; a batch's positions are the same in both);
 - strength < 1: the held tokens' x0 is blended by strength each step (diffusers); ComfyUI's
   noise mask also re-noises them to the step's sigma before each forward;
 - resize: the model resizes the image to cover the frame and center-crops it; ComfyUI

@@ -114,9 +114,9 @@ def guide_part(g: Guide) -> ImagePart | VideoPart:
     image = g.image
     if not is_sequence(image):
         return ImagePart(path=image.path, role="keyframe", frame_index=g.frame_idx, strength=g.strength)
-    fields = dict(role="keyframe", frame_index=g.frame_idx, strength=g.strength)
     plain = image.op is None and image.pad is None
     if plain or not files_present(image):
-        return VideoPart(path=first_path(image) or "", **fields)
+        return VideoPart(path=first_path(image) or "", role="keyframe", frame_index=g.frame_idx, strength=g.strength)
     frames = (render(image)[..., :3].clamp(0, 1) * 255).round().to(torch.uint8).numpy()  # [F, H, W, 3]
-    return VideoPart(b64=base64.b64encode(_lossless_video(frames, 24.0)).decode(), **fields)
+    return VideoPart(b64=base64.b64encode(_lossless_video(frames, 24.0)).decode(), role="keyframe",
+                     frame_index=g.frame_idx, strength=g.strength)

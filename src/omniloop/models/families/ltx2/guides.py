@@ -147,7 +147,7 @@ def check_frame_conditions(request: OmniRequest, num_frames: int) -> None:
                                  fields=(f"inputs[{i}]",))
         if part.role != "keyframe":
             seen[part.role] = i
-        if what == "video":
+        if isinstance(part, VideoPart):
             check_video_guide(i, part, resolved_frame(part, num_frames), frame_count(part), num_frames)
 
 

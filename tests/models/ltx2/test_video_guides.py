@@ -73,18 +73,23 @@ def test_video_guides_at_frame_0_and_9_match_ltx2_condition_pipeline(ltx2_dir, g
     _compare(gen, out, request, *_diffusers(pipe, 4, **call), exact=True)
 
 
-def test_batched_video_guided_requests_keep_their_own_guides(gen, clips):
+def test_batched_video_guided_requests_keep_their_own_guides(gen, clips, monkeypatch):
     """Two requests with different guide videos (same token count) share each step's forward
     and each ends as it does alone."""
     (path9, _), (path11, _) = clips
     requests = [_request([VideoPart(path=p, role="keyframe", frame_index=9, strength=0.7)], seed=5) for p in (path9, path11)]
     alone = [gen.generate(r).artifacts["latents"].latents for r in requests]
     assert not torch.equal(*alone)
+    stage = gen.pipeline.spec.node("denoise").stage
+    sizes: list[int] = []
+    step_many = stage.step_many
+    monkeypatch.setattr(stage, "step_many", lambda ctx, loops: sizes.append(len(loops)) or step_many(ctx, loops))
     with torch.inference_mode():
         ids = [gen.engine.add_request(r) for r in requests]
         for rid in ids:
             gen.engine.run_until_done(rid)
         outs = [gen.engine.pop_output(rid) for rid in ids]
+    assert 2 in sizes, sizes
     for out, want in zip(outs, alone):
         assert out.status.value == "completed", out.error
         assert out.artifacts["latents"].latents.shape == (1, 4 * 2 * 3, 8)  # the 2 appended latent frames dropped
@@ -130,6 +135,8 @@ def test_unreadable_guide_and_bad_fields_are_refused():
     with pytest.raises(InvalidRequest, match="inputs\\[1\\]: cannot read video") as err:
         decoded_guides(_request([VideoPart(b64="bm90IGEgdmlkZW8=", role="keyframe", frame_index=1)]))
     assert err.value.fields == ("inputs[1]",)
+    with pytest.raises(InvalidRequest, match="inputs\\[1\\]: frames must be uint8") as err:
+        decoded_guides(_request([VideoPart(data=np.zeros((9, 8, 8, 3), np.float32), role="first_frame")]))
     with pytest.raises(ValidationError, match="frame_index: a keyframe video needs one"):
         VideoPart(path="a.mp4", role="keyframe")
     with pytest.raises(ValidationError, match="strength: a 'mask' video takes none"):

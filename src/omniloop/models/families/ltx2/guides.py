@@ -170,18 +170,19 @@ def check_video_guide(i: int, part: VideoPart, frame: int, count: int, num_frame
 
 def decoded_guides(request: OmniRequest) -> OmniRequest:
     """The request with each video guide's source decoded once into ``data`` ([F, H, W, 3]
-    uint8), so its frame count (the token count) is known without decoding again. Unreadable
-    video -> InvalidRequest naming the source."""
+    uint8; in-process frames checked and stacked), so its frame count (the token count) is
+    known without decoding again. Unreadable video, frames of mixed sizes or not uint8 ->
+    InvalidRequest naming the input."""
     inputs: list[Any] = list(request.inputs)
     for i, part in condition_parts(request):
-        if isinstance(part, VideoPart) and part.data is None:
+        if isinstance(part, VideoPart):
             try:
                 frames = guide_video(part)
             except ValueError as e:
                 raise InvalidRequest(f"inputs[{i}]: {e}", hint="pass an mp4 / webm file's bytes (or a list of frames "
                                      "in process)", fields=(f"inputs[{i}]",)) from None
             inputs[i] = VideoPart(data=frames, role=part.role, frame_index=part.frame_index, strength=part.strength)
-    return request.model_copy(update={"inputs": inputs}) if inputs != list(request.inputs) else request
+    return request.model_copy(update={"inputs": inputs})
 
 
 # -- pixels, latents, positions ------------------------------------------------------------

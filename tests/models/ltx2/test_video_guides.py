@@ -73,24 +73,20 @@ def test_video_guides_at_frame_0_and_9_match_ltx2_condition_pipeline(ltx2_dir, g
     _compare(gen, out, request, *_diffusers(pipe, 4, **call), exact=True)
 
 
-def test_batched_video_guided_requests_keep_their_own_guides(gen, clips, monkeypatch):
+def test_batched_video_guided_requests_keep_their_own_guides(gen, clips):
     """Two requests with different guide videos (same token count) share each step's forward
     and each ends as it does alone."""
+    from tests.engine_plans import run_recorded
+
     (path9, _), (path11, _) = clips
     requests = [_request([VideoPart(path=p, role="keyframe", frame_index=9, strength=0.7)], seed=5) for p in (path9, path11)]
     alone = [gen.generate(r).artifacts["latents"].latents for r in requests]
     assert not torch.equal(*alone)
-    stage = gen.pipeline.spec.node("denoise").stage
-    sizes: list[int] = []
-    step_many = stage.step_many
-    monkeypatch.setattr(stage, "step_many", lambda ctx, loops: sizes.append(len(loops)) or step_many(ctx, loops))
-    with torch.inference_mode():
-        ids = [gen.engine.add_request(r) for r in requests]
-        for rid in ids:
-            gen.engine.run_until_done(rid)
-        outs = [gen.engine.pop_output(rid) for rid in ids]
-    assert 2 in sizes, sizes
-    for out, want in zip(outs, alone):
+    outs, plans = run_recorded(gen.pipeline, [r.model_copy(update={"request_id": f"g{i}"}) for i, r in enumerate(requests)],
+                               max_batch=2)
+    assert 2 in plans.batch_sizes("denoise"), plans.batch_sizes()
+    for rid, want in zip(("g0", "g1"), alone):
+        out = outs[rid]
         assert out.status.value == "completed", out.error
         assert out.artifacts["latents"].latents.shape == (1, 4 * 2 * 3, 8)  # the 2 appended latent frames dropped
         torch.testing.assert_close(out.artifacts["latents"].latents, want, rtol=0, atol=1e-5)  # batch-2 GEMM rounding

@@ -131,7 +131,10 @@ def test_unreadable_guide_and_bad_fields_are_refused():
     with pytest.raises(InvalidRequest, match="inputs\\[1\\]: cannot read video") as err:
         decoded_guides(_request([VideoPart(b64="bm90IGEgdmlkZW8=", role="keyframe", frame_index=1)]))
     assert err.value.fields == ("inputs[1]",)
-    with pytest.raises(InvalidRequest, match="inputs\\[1\\]: frames must be uint8") as err:
+    with pytest.raises(InvalidRequest, match="inputs\\[1\\]: its frames differ in size: frame 0 is 8x8, frame 1 8x6"):
+        decoded_guides(_request([VideoPart(data=[np.zeros((8, 8, 3), np.uint8), np.zeros((6, 8, 3), np.uint8)],
+                                           role="first_frame")]))
+    with pytest.raises(InvalidRequest, match="inputs\\[1\\]: frames must be uint8"):
         decoded_guides(_request([VideoPart(data=np.zeros((9, 8, 8, 3), np.float32), role="first_frame")]))
     with pytest.raises(ValidationError, match="frame_index: a keyframe video needs one"):
         VideoPart(path="a.mp4", role="keyframe")

@@ -4,6 +4,7 @@ false skips it), /v1/audio/speech makes audio files from text with a text-to-aud
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 
@@ -114,9 +115,34 @@ def test_keyframes_over_http(ltx2_server):
         assert sum(1 for _ in c.decode(video=0)) == 9
 
 
+def test_a_video_keyframe_over_http(ltx2_server):
+    """A control video as a guide on /v1/videos: ``keyframes[i].video`` (an mp4's 9 frames held
+    from frame 0, as the request plane's VideoPart(role="keyframe"))."""
+    import numpy as np
+
+    from omniloop.io.video import encode_mp4
+
+    frames = np.zeros((9, 32, 48, 3), np.uint8)
+    for t in range(9):
+        frames[t, :, 4 * t:4 * t + 8] = 255
+    clip = "data:video/mp4;base64," + base64.b64encode(encode_mp4(frames, 8)).decode()
+    body = {"prompt": "a bar moves", "size": "64x64", "num_frames": 9, "steps": 2, "seed": 1,
+            "keyframes": [{"video": clip, "frame_index": 0, "strength": 0.9}]}
+    r = httpx.post(f"{ltx2_server.url}/v1/videos", json=body)
+    assert r.status_code == 200, r.text
+    assert ltx2_server.wait_finished(r.json()["id"])["status"] == "completed"
+    with av.open(io.BytesIO(httpx.get(f"{ltx2_server.url}/v1/videos/{r.json()['id']}/content").content)) as c:
+        assert sum(1 for _ in c.decode(video=0)) == 9
+    body["keyframes"][0]["frame_index"] = 1  # 9 frames from frame 1 run past a 9-frame video
+    r = httpx.post(f"{ltx2_server.url}/v1/videos", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"].startswith("keyframes[0]"), r.text
+    assert "run past the video's 9 frames" in r.json()["error"]["message"]
+
+
 @pytest.mark.parametrize("keyframe, param, words", [
     ({"frame_index": 9}, "keyframes[0].frame_index", "outside the video's 9 frames"),
     ({"frame_index": 2, "strength": 1.5}, "keyframes", "strength"),
+    ({"frame_index": 0, "video": "AAAA"}, "keyframes", "exactly one of image"),
 ])
 def test_bad_keyframes_name_the_field(ltx2_server, keyframe, param, words):
     body = {"prompt": "x", "size": "64x64", "num_frames": 9, "steps": 2,

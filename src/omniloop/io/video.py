@@ -125,8 +125,21 @@ def video_frames(source: Any) -> np.ndarray:
 
         if not source:
             raise InvalidRequest("video has no frames", fields=("inputs",))
-        return np.stack([np.asarray(open_image(frame)) for frame in source])
+        frames = [np.asarray(open_image(frame)) for frame in source]
+        odd = next((i for i, f in enumerate(frames) if f.shape != frames[0].shape), None)
+        if odd is not None:
+            raise InvalidRequest(f"its frames differ in size: frame 0 is {frames[0].shape[1]}x{frames[0].shape[0]}, "
+                                 f"frame {odd} {frames[odd].shape[1]}x{frames[odd].shape[0]}; pass frames of one size",
+                                 fields=("inputs",))
+        return np.stack(frames)
     return _as_uint8_frames(source)
+
+
+def load_video_part(part: Any) -> np.ndarray:
+    """[F, H, W, 3] uint8 frames of a VideoPart (path, base64 or in-process data)."""
+    if part.data is not None:
+        return video_frames(part.data)
+    return video_frames(part.raw_bytes() if part.b64 is not None else part.path)
 
 
 def video_to_tensor(frames: np.ndarray, height: int, width: int) -> torch.Tensor:

@@ -20,7 +20,7 @@ from omniloop.pipeline.spec import Node, PipelineSpec
 from omniloop.pipeline.state import RequestState, StageContext
 from omniloop.pipeline.streams import EdgeChannel
 from omniloop.request import (Artifact, ErrorKind, ImagePart, InvalidRequest, KnobTable, Modality, OmniOutput,
-                              OmniRequest, RequestStatus, format_validation_error)
+                              OmniRequest, RequestStatus, VideoPart, format_validation_error)
 
 # OutputSpec.modalities -> the pipeline output (PipelineSpec.outputs key) that carries it
 MODALITY_OUTPUTS = {Modality.TEXT: "text", Modality.IMAGE: "image", Modality.VIDEO: "video",
@@ -172,6 +172,10 @@ class Pipeline:
         if "keyframe" in self.spec.control_inputs:
             return
         for i, part in enumerate(request.inputs):
+            if isinstance(part, VideoPart) and (part.role in ("keyframe", "first_frame") or part.strength is not None):
+                raise InvalidRequest(f"inputs[{i}]: {self.spec.name!r} takes no video guides (role={part.role!r}; a "
+                                     "graph with frame conditions at any frame does)", hint="omit it, or pass "
+                                     "role='source'", fields=(f"inputs[{i}]",))
             if isinstance(part, ImagePart) and (part.role == "keyframe" or part.strength is not None):
                 what = "keyframe images" if part.role == "keyframe" else "an image strength"
                 field = f"inputs[{i}]" if part.role == "keyframe" else f"inputs[{i}].strength"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -77,31 +77,45 @@ class _MediaPart(_Part):
         return base64.b64decode(payload)
 
 
-class ImagePart(_MediaPart):
-    kind: Literal["image"] = "image"
-    # mask: an inpaint mask (white: repaint); control: a structure image (FLUX.1 Canny / Depth: an edge or depth map)
-    # keyframe: a video frame at ``frame_index`` (LTX-2's guides; diffusers LTX2ConditionPipeline)
-    role: Literal["first_frame", "last_frame", "keyframe", "reference", "mask", "control"] = "first_frame"
-    frame_index: int | None = Field(default=None, description="keyframe: the video frame it conditions (0 = first; "
-                                    "negative counts from the end: -1 = last)")
+class _FramePart(_MediaPart):
+    """A media part that may condition video frames (LTX-2's guides; diffusers
+    LTX2ConditionPipeline): a keyframe carries its ``frame_index``; the ``HELD`` roles take a
+    ``strength``."""
+
+    HELD: ClassVar[tuple[str, ...]] = ()
+    frame_index: int | None = Field(default=None, description="keyframe: the video frame it conditions (a video: its "
+                                    "first frame's, 0 or 8k+1); negative counts from the end: -1 = last")
     strength: float | None = Field(default=None, ge=0.0, le=1.0, description="first_frame / last_frame / keyframe: "
-                                   "how strongly the frame is held (1 = kept exactly, 0 = free); unset: 1")
+                                   "how strongly the frame(s) are held (1 = kept exactly, 0 = free); unset: 1")
 
     @model_validator(mode="after")
-    def _keyframe_fields(self) -> "ImagePart":
-        if (self.role == "keyframe") != (self.frame_index is not None):
-            raise ValueError("frame_index: a keyframe image needs one (ImagePart(role='keyframe', frame_index=N)), "
-                             f"other roles take none (got role={self.role!r}, frame_index={self.frame_index})")
-        if self.strength is not None and self.role not in ("first_frame", "last_frame", "keyframe"):
-            raise ValueError(f"strength: a {self.role!r} image takes none; pass it on first_frame / last_frame / "
-                             "keyframe images")
+    def _keyframe_fields(self) -> "_FramePart":
+        role = getattr(self, "role")
+        if (role == "keyframe") != (self.frame_index is not None):
+            raise ValueError(f"frame_index: a keyframe {self.kind} needs one ({type(self).__name__}(role='keyframe', "
+                             f"frame_index=N)), other roles take none (got role={role!r}, frame_index="
+                             f"{self.frame_index})")
+        if self.strength is not None and role not in self.HELD:
+            raise ValueError(f"strength: a {role!r} {self.kind} takes none; pass it on {' / '.join(self.HELD)} "
+                             f"{self.kind}s")
         return self
 
 
-class VideoPart(_MediaPart):
+class ImagePart(_FramePart):
+    kind: Literal["image"] = "image"
+    HELD: ClassVar[tuple[str, ...]] = ("first_frame", "last_frame", "keyframe")
+    # mask: an inpaint mask (white: repaint); control: a structure image (FLUX.1 Canny / Depth: an edge or depth map)
+    # keyframe: a video frame at ``frame_index`` (LTX-2's guides; diffusers LTX2ConditionPipeline)
+    role: Literal["first_frame", "last_frame", "keyframe", "reference", "mask", "control"] = "first_frame"
+
+
+class VideoPart(_FramePart):
     kind: Literal["video"] = "video"
+    HELD: ClassVar[tuple[str, ...]] = ("first_frame", "keyframe")
     # source: the video to transform (v2v) or the control video (Wan VACE); mask: per-frame masks (white: generate)
-    role: Literal["source", "mask"] = "source"
+    # first_frame / keyframe: a frame sequence held from the first frame / from ``frame_index`` (LTX-2's video
+    # guides, e.g. a Canny / depth / pose control video; diffusers LTX2VideoCondition with a list of frames)
+    role: Literal["source", "mask", "first_frame", "keyframe"] = "source"
 
 
 class AudioPart(_MediaPart):

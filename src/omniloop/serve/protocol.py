@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 from pydantic.fields import FieldInfo
 
 from omniloop.request import DiffusionParams, OutputSpec
@@ -69,13 +69,22 @@ class ImageReference(_Wire):
 
 
 class VideoKeyframe(_Wire):
-    """One of ``keyframes``: an image the video holds at a frame (LTX-2's guides)."""
+    """One of ``keyframes``: an image the video holds at a frame, or a video whose frames it
+    holds from a frame (a control video: Canny / depth / pose; LTX-2's guides)."""
 
-    image: str = Field(description="a data: URL (data:image/png;base64,...) or base64")
+    image: str | None = Field(default=None, description="a data: URL (data:image/png;base64,...) or base64")
+    video: str | None = Field(default=None, description="instead of image: a video (data:video/mp4;base64,... or "
+                              "base64); its first 8k+1 frames are held from frame_index (0 or 8k+1)")
     frame_index: int = Field(description="the video frame it is held at (0 = first; negative counts from the end: "
                              "-1 = last)")
     strength: float | None = Field(default=None, ge=0.0, le=1.0, description="how strongly it is held (1 = exactly, "
                                    "the default)")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "VideoKeyframe":
+        if (self.image is None) == (self.video is None):
+            raise ValueError("pass exactly one of image (a frame) and video (a frame sequence)")
+        return self
 
 
 class _VideoCreateBase(_GenerationWire):

@@ -60,7 +60,7 @@ async def create_video(request: Request, state: State) -> VideoObject:
                                    role_params={"last_frame": "last_image", "mask": "mask",
                                                 "reference": "reference_images"})
         await check_request_videos(omni, cap, {"source": call.video_controls.video_param if call.video_controls else "video",
-                                               "mask": "mask"})
+                                               "mask": "mask", "keyframe": "keyframes"})
         geometry = Geometry.of(omni, model.defaults, wire.seconds)
         job = Job(id=job_id, kind=JobKind.VIDEO, model=model.name, prompt=wire.prompt, geometry=geometry)
         await state.submit([job], [omni], call.names)

@@ -445,16 +445,18 @@ def video_request(call: WireCall, request_id: str, model: ServedModel) -> OmniRe
     return _request(request_id, task, prompt, call, params, image, (*extra, *keyframes, *controls), model)
 
 
-def _keyframe_parts(keyframes: tuple[Any, ...], model: ServedModel) -> list[ImagePart]:
-    """``keyframes`` as ImagePart(role="keyframe") images, for a model whose graph takes them."""
+def _keyframe_parts(keyframes: tuple[Any, ...], model: ServedModel) -> list[ImagePart | VideoPart]:
+    """``keyframes`` as ImagePart(role="keyframe") images or VideoPart(role="keyframe") frame
+    sequences (``video``), for a model whose graph takes them."""
     if keyframes and "keyframe" not in model.control_inputs:
         raise WireError("keyframes", f"{model.name!r} takes no keyframes (its graph lists no keyframe input); omit "
                         "them", code="unsupported")
-    def part(keyframe: Any) -> Callable[[str], ImagePart]:
-        return lambda b64: ImagePart(role="keyframe", b64=b64, frame_index=keyframe.frame_index,
-                                     strength=keyframe.strength)
+    def part(keyframe: Any) -> Callable[[str], ImagePart | VideoPart]:
+        kind = ImagePart if keyframe.video is None else VideoPart
+        return lambda b64: kind(role="keyframe", b64=b64, frame_index=keyframe.frame_index, strength=keyframe.strength)
 
-    return [media_part(k.image, f"keyframes[{i}].image", part(k)) for i, k in enumerate(keyframes)]
+    return [media_part(k.image, f"keyframes[{i}].image", part(k)) if k.video is None
+            else media_part(k.video, f"keyframes[{i}].video", part(k), "video") for i, k in enumerate(keyframes)]
 
 
 def image_requests(call: WireCall, request_ids: list[str], model: ServedModel) -> list[OmniRequest]:

@@ -219,6 +219,18 @@ def _lanczos(samples: torch.Tensor, width: int, height: int) -> torch.Tensor:
     return torch.stack(out)
 
 
+def canny_batch(image: torch.Tensor, low: float, high: float, width: int | None, height: int | None) -> torch.Tensor:
+    """Canny over a batch ``[B, H, W, 3]`` -> each frame's edges (0 / 1) on all three channels.
+    ``width`` / ``height``: the size the graph's scale nodes gave the frames (they only record
+    it): resized to it first (Lanczos, as a file's control image: control_render)."""
+    from omniloop.workflows.canny import canny
+
+    if width and height and tuple(image.shape[1:3]) != (height, width):
+        image = upscale(image.movedim(-1, 1), width, height, "lanczos", "disabled").movedim(1, -1)
+    edges = torch.stack([canny(frame[..., :3].float(), low, high) for frame in image])  # [B, H, W]
+    return edges[..., None].expand(-1, -1, -1, 3).contiguous()
+
+
 # -- rendering a workflow's values ---------------------------------------------------------------
 
 # class_type -> (its op, the rendered inputs) -> the tensor
@@ -234,6 +246,8 @@ _OPS: dict[str, Callable[[ImageOp, list[Any]], torch.Tensor]] = {
     "ImageCompositeMasked": lambda op, x: composite_masked(x[0], x[1], op.param("x"), op.param("y"),
                                                            op.param("resize_source"), x[2]),
     "ImageInvert": lambda op, x: invert_image(x[0]),
+    "Canny": lambda op, x: canny_batch(x[0], op.param("low_threshold"), op.param("high_threshold"), op.param("width"),
+                                       op.param("height")),
     "ImageScale": lambda op, x: scale_image(x[0], op.param("upscale_method"), op.param("width"),
                                             op.param("height"), op.param("crop")),
 }
@@ -282,6 +296,40 @@ def files_present(value: Pixels | Mask | None) -> bool:
     if pixels.op is not None:
         return all(files_present(x) for x in pixels.op.inputs)
     return pixels.path is not None and Path(pixels.path).is_file()
+
+
+def batch_count(pixels: Pixels) -> int | None:
+    """How many images an IMAGE value holds, as far as the graph (and the files present) tell:
+    a file 1, a video its frames (None without the file), an image node's from its inputs."""
+    op = pixels.op
+    if op is None:
+        if pixels.source != "video":
+            return 1
+        return _video_frame_count(pixels.path) if files_present(pixels) else None
+    counts = [batch_count(x.image if isinstance(x, Mask) else x) if x is not None else 0 for x in op.inputs]
+    if op.class_type == "ImageFromBatch":
+        length = int(op.param("length"))
+        if counts[0] is None:
+            return length
+        start = min(counts[0] - 1, int(op.param("batch_index")))
+        return min(counts[0] - start, length)
+    if op.class_type == "RepeatImageBatch":
+        return None if counts[0] is None else counts[0] * int(op.param("amount"))
+    if op.class_type == "BatchImagesNode":
+        return None if None in counts else sum(c for c in counts if c)
+    if op.class_type == "SolidMask":
+        return 1
+    return counts[0] if counts else 1
+
+
+def _video_frame_count(path: str | None) -> int:
+    """A video file's frames: its header's count, else counted by decoding."""
+    import av
+
+    assert path is not None, "a loaded video"
+    with av.open(path) as container:
+        stream = container.streams.video[0]
+        return int(stream.frames) or sum(1 for _ in container.decode(stream))
 
 
 def first_path(value: Pixels | Mask | None) -> str | None:

@@ -769,9 +769,12 @@ def empty_image(call: NodeCall) -> tuple[Any, ...]:
 @node("GetImageSize", [i("image", "IMAGE")], ["INT", "INT", "INT"], output_names=("width", "height", "batch_size"),
       category="image")
 def get_image_size(call: NodeCall) -> tuple[Any, ...]:
-    """An image's width, height and count."""
+    """An image's width, height and count (a batch's: a video's frames; ``image_ops.batch_count``;
+    a video without its file: 1)."""
+    from omniloop.workflows.image_ops import batch_count
+
     width, height = call.context.image_size(call, call["image"])
-    return width, height, 1
+    return width, height, batch_count(call["image"]) or 1
 
 
 def _scaled(call: NodeCall, width: int, height: int) -> Pixels:

@@ -10,7 +10,9 @@ from dataclasses import replace
 from typing import Any
 
 from omniloop.workflows.errors import node_error
-from omniloop.workflows.values import Latent
+from omniloop.workflows.image_ops import first_path
+from omniloop.workflows.nodes_image import check_renderable
+from omniloop.workflows.values import ImageOp, Latent, Pixels
 from omniloop.workflows.vocabulary import NodeCall, i, node
 
 PATCH = 16  # Flux: the VAE's 8x, then 2x2 latent patches
@@ -22,16 +24,27 @@ PATCH = 16  # Flux: the VAE's 8x, then 2x2 latent patches
       ["IMAGE"], category="image/preprocessors")
 def canny(call: NodeCall) -> tuple[Any, ...]:
     """An image's Canny edge map (white edges on black, kornia's conventions: workflows/canny.py),
-    rendered when the request is built. ``device`` only says where ComfyUI runs it."""
+    rendered when the request is built; of a batch (a LoadVideo's frames, an image node's
+    result: an LTX-2 control video), each frame's. ``device`` only says where ComfyUI runs it."""
     image = call["image"]
-    if image.source != "file" or image.pad is not None or image.canny is not None:
-        raise node_error(call.id, call.class_type, "invalid_input_type", "image: detect the edges of a LoadImage's "
-                         "image (optionally scaled)", "connect a LoadImage", input_name="image")
     low, high = float(call["low_threshold"]), float(call["high_threshold"])
     if low > high:
         raise node_error(call.id, call.class_type, "value_bigger_than_max", f"low_threshold={low} is above "
                          f"high_threshold={high}", "pass low_threshold <= high_threshold", input_name="low_threshold")
-    return (replace(image, canny=(low, high)),)
+    if image.source == "file" and image.pad is None and image.canny is None and image.op is None:
+        return (replace(image, canny=(low, high)),)  # one file's edges (a FLUX.1 Canny control image)
+    if image.source in ("video", "op") and image.canny is None:
+        check_renderable(call, "image")
+        if image.width is not None:
+            call.context.deviate(call, f"the frames are resized to {image.width}x{image.height} (Lanczos, stretched) in "
+                                 "one step before the edges are found; ComfyUI runs each scale node's own method and "
+                                 "crop")
+        op = ImageOp(call.id, "Canny", (image,), (("low_threshold", low), ("high_threshold", high),
+                                                  ("width", image.width), ("height", image.height)))
+        return (Pixels("op", width=image.width, height=image.height, path=first_path(image), op=op),)
+    raise node_error(call.id, call.class_type, "invalid_input_type", "image: detect the edges of a LoadImage's "
+                     "image (optionally scaled), a LoadVideo's frames or an image node's batch",
+                     "connect a LoadImage or GetVideoComponents' images", input_name="image")
 
 
 @node("InstructPixToPixConditioning", [i("positive", "CONDITIONING"), i("negative", "CONDITIONING"), i("vae", "VAE"),

@@ -225,8 +225,9 @@ class Sampling:
 
 @dataclass(frozen=True)
 class Guide:
-    """LTXVAddGuide: an image held at a video frame (``frame_idx`` as the node gives it:
-    negative counts from the end) with a strength."""
+    """LTXVAddGuide: an image (or a frame batch: a video guide) held at a video frame
+    (``frame_idx`` resolved: negative counted from the end, a batch's rounded to 0 / 8k+1)
+    with a strength."""
 
     node: str
     image: Pixels

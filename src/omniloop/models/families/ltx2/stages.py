@@ -24,13 +24,14 @@ from omniloop.pipeline.policies.cfg import Prediction, loops_guide
 from omniloop.pipeline.stage import ComponentStage, StageBase
 from omniloop.pipeline.stages.decode import to_uint8_frames
 from omniloop.pipeline.state import RequestState, StageContext
-from omniloop.request import AudioArtifact, ImagePart, Modality, OmniRequest, TextArtifact, VideoArtifact
+from omniloop.request import AudioArtifact, ImagePart, Modality, OmniRequest, TextArtifact, VideoArtifact, VideoPart
 from omniloop.models.families.ltx2.guides import (
     LTX2FrameConditions,
     LTX2Keyframe,
     appended_count,
     cover_pixels,
     frame_conditions,
+    guide_video,
     keyframe_coords,
     uses_guides,
 )
@@ -277,7 +278,7 @@ class LTX2Denoiser(DenoiserBase):
     def latent_shapes(self, ctx: StageContext, request: OmniRequest) -> dict[str, tuple[int, ...]]:
         g, audio = self.geometry(ctx, request), ctx.component("audio_vae").config
         channels = ctx.component("transformer").config.in_channels
-        # guides: keyframes appended after the video's tokens (one latent frame each)
+        # guides: keyframes appended after the video's tokens (one latent frame per image, (F - 1) / 8 + 1 per video)
         appended = appended_count(frame_conditions(request, g.num_frames)) * g.rows * g.cols
         return {"video": (1, g.tokens + appended, channels),
                 "audio": (1, g.audio_frames, audio.latent_channels * audio.latent_mel_bins)}
@@ -294,7 +295,7 @@ class LTX2Denoiser(DenoiserBase):
         if isinstance(condition, LTX2FrameConditions):  # guides: per-token strengths, keyframes' positions
             common["conditioning_mask"] = condition.hold().mask.squeeze(-1).to(ctx.device)  # [1, L]
             common["video_coords"] = torch.cat([common["video_coords"]] + [
-                keyframe_coords(dit.rope.scale_factors, kf.shape, kf.frame, float(g.fps), ctx.device)
+                keyframe_coords(dit.rope.scale_factors, kf.shape, kf.frame, float(g.fps), ctx.device, kf.pixel_frames)
                 for kf in condition.keyframes], dim=2)
         elif condition is not None:  # I2V: the first latent frame's tokens are clean
             common["conditioning_mask"] = first_frame_mask(g, ctx.device)
@@ -350,6 +351,13 @@ def load_image_part(part: ImagePart):
     return open_image(part.raw_bytes() if part.b64 is not None else part.path)
 
 
+def condition_frames(part: ImagePart | VideoPart) -> np.ndarray:
+    """[F, H, W, 3] uint8: a condition image as one frame, a video guide's frames."""
+    if isinstance(part, VideoPart):
+        return guide_video(part)
+    return np.array(load_image_part(part).convert("RGB"))[None]
+
+
 def first_frame(request: OmniRequest) -> ImagePart | None:
     images = request.images("first_frame")
     return images[0] if images else None
@@ -392,14 +400,16 @@ class LTX2ImageCondition(ComponentStage):
         crf = ctx.defaults.family_as(LTX2Defaults).image_crf
         first, first_strength, keyframes = None, 1.0, []
         for c in conditions:
-            image = np.array(load_image_part(c.part).convert("RGB"))
-            pixels = cover_pixels(h264_recompress(image, crf) if crf else image, g.height, g.width)
-            latents = vae.normalize(vae.encode(pixels.to(ctx.device, vae.dtype)).float(), scaling=1.0)  # [1, C, 1, h, w]
+            frames = condition_frames(c.part)  # [F0, H0, W0, 3] uint8
+            if crf and len(frames) == 1:  # a single frame is re-compressed as in training; a sequence is not (diffusers)
+                frames = h264_recompress(frames[0], crf)[None]
+            pixels = cover_pixels(frames[:c.frames], g.height, g.width)  # [1, 3, F, H, W], F = 8k+1
+            latents = vae.normalize(vae.encode(pixels.to(ctx.device, vae.dtype)).float(), scaling=1.0)  # [1, C, k+1, h, w]
             if not c.appended:
                 first, first_strength = latents, c.strength
             else:
                 keyframes.append(LTX2Keyframe(tokens=pack_video(latents), shape=tuple(latents.shape[2:]),
-                                              frame=c.frame, strength=c.strength))
+                                              frame=c.frame, strength=c.strength, pixel_frames=c.frames))
         if first is None:  # nothing written into the video's own tokens
             first = torch.zeros(1, vae.config.latent_channels, 0, g.rows, g.cols, device=ctx.device)
         return LTX2FrameConditions(latents=first, first_strength=first_strength, base_tokens=g.tokens,

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from omniloop.models.families.ltx2.guides import CONDITION_ROLES, check_frame_conditions
+from omniloop.models.families.ltx2.guides import (
+    CONDITION_ROLES,
+    VIDEO_ROLES,
+    check_frame_conditions,
+    condition_parts,
+    decoded_guides,
+)
 from omniloop.models.families.ltx2.stages import geometry, load_image_part
 from omniloop.pipeline.defaults import GenerationDefaults, admitted_steps, resolve_request
 from omniloop.pipeline.geometry_checks import check_frame_count, check_size_multiple
 from omniloop.pipeline.input_kinds import refuse_unused_parts
 from omniloop.pipeline.samplers.sampler_set import SamplerSet
-from omniloop.request import ErrorKind, ImagePart, InvalidRequest, OmniRequest, TaskType
+from omniloop.request import ErrorKind, ImagePart, InvalidRequest, OmniRequest, TaskType, VideoPart
 
 
 def enhances(request: OmniRequest) -> bool:
@@ -32,7 +38,7 @@ def make_validator(d: GenerationDefaults, vae: Any, audio_vae: Any, samplers: Sa
         request = resolve_request(request, d)  # what runs: the checks below are on it
         p = request.diffusion
         # no given latents: the refine stage starts from the upsampled base, never a LatentPart
-        refuse_unused_parts(request, "LTX-2", ("text", "image") if request.task == TaskType.I2V else ("text",))
+        refuse_unused_parts(request, "LTX-2", ("text", "image", "video") if request.task == TaskType.I2V else ("text",))
         g = geometry(request, vae, audio_vae)
         check_size_multiple(g.height, g.width, spatial)
         check_frame_count(g.num_frames, temporal)
@@ -49,18 +55,23 @@ def make_validator(d: GenerationDefaults, vae: Any, audio_vae: Any, samplers: Sa
                                  "(shift_terminal) and needs at least 2 steps", hint="pass steps >= 2",
                                  fields=("diffusion.steps",))
         if request.task == TaskType.I2V:
-            parts = [p for p in request.images() if p.role in CONDITION_ROLES]
-            if not parts:
-                raise InvalidRequest("task i2v needs an image: add ImagePart(role='first_frame', path=... | b64=... | "
-                                     "data=...) to inputs (or role='last_frame', or role='keyframe' with "
-                                     "frame_index=N)", fields=("inputs",), kind=ErrorKind.MISSING_INPUT)
             for i, part in enumerate(request.inputs):
                 if isinstance(part, ImagePart) and part.role not in CONDITION_ROLES:
                     raise InvalidRequest(f"inputs[{i}]: LTX-2 takes first_frame, last_frame and keyframe images, "
                                          f"not role={part.role!r}", hint="drop it, or pass one of those roles",
                                          fields=(f"inputs[{i}]",))
+                if isinstance(part, VideoPart) and part.role not in VIDEO_ROLES:
+                    raise InvalidRequest(f"inputs[{i}]: LTX-2 takes first_frame and keyframe videos (guides), not "
+                                         f"role={part.role!r}", hint="pass VideoPart(role='keyframe', frame_index=N) "
+                                         "or role='first_frame'", fields=(f"inputs[{i}]",))
+            if not condition_parts(request):
+                raise InvalidRequest("task i2v needs an image: add ImagePart(role='first_frame', path=... | b64=... | "
+                                     "data=...) to inputs (or role='last_frame', or role='keyframe' with "
+                                     "frame_index=N; or a VideoPart guide)", fields=("inputs",),
+                                     kind=ErrorKind.MISSING_INPUT)
+            request = decoded_guides(request)  # unreadable video -> InvalidRequest naming it; decoded once
             check_frame_conditions(request, g.num_frames)
-            for part in parts:
+            for part in request.images():
                 load_image_part(part)  # unreadable -> ValueError naming the source
         if two_stage(request):
             if not has_upsampler:

@@ -10,7 +10,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from omniloop.io.image import image_to_tensor, open_image_part
-from omniloop.io.video import video_frames, video_to_tensor
+from omniloop.io.video import load_video_part, video_to_tensor
 from omniloop.pipeline.defaults import admitted
 from omniloop.pipeline.edges import ConditionLatents, ImageEmbeddings, InitLatents
 from omniloop.pipeline.loops.denoise import DenoiseLoop, DenoiserBase, text_branch_inputs
@@ -202,13 +202,7 @@ def source_video(request: OmniRequest) -> VideoPart | None:
     return videos[0] if videos else None
 
 
-def load_part_video(part: VideoPart):
-    """[F, H, W, 3] uint8 frames of a VideoPart (path, base64 or in-process data)."""
-    if part.data is not None:
-        return video_frames(part.data)
-    if part.b64 is not None:
-        return video_frames(part.raw_bytes())
-    return video_frames(part.path)
+load_part_video = load_video_part  # [F, H, W, 3] uint8 frames of a VideoPart (path, base64 or in-process data)
 
 
 @dataclass

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -100,6 +101,22 @@ def test_a_mistyped_model_is_refused_at_once_naming_the_closest(model, hint):
     assert out.stderr.strip() == (f"error: --model {model}: model {model!r} is neither a directory nor a built-in "
                                   "model name (built-in: ['shapes-interactive', 'shapes-t2v', 'shapes-t2v-4step'])"
                                   + hint), out.stderr
+
+
+@pytest.mark.parametrize("spec", ["shapes-t2", "flux=shapes-t2"])
+def test_serve_refuses_a_mistyped_model_before_the_server_imports(spec):
+    """``omniloop serve --model shapes-t2`` was refused after torch, fastapi and the families
+    loaded (~14 s on a loaded 2-core machine); now before any of them, naming the closest."""
+    probe = ("import sys; from omniloop.api.cli import main; "
+             f"code = main(['serve', '--model', {spec!r}]); print(code, 'torch' in sys.modules)")
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    elapsed = time.perf_counter() - start  # from process start: the interpreter and the CLI's own imports too
+    assert out.stdout.split() == ["2", "False"], out
+    assert out.stderr.strip() == ("error: --model shapes-t2: model 'shapes-t2' is neither a directory nor a built-in "
+                                  "model name (built-in: ['shapes-interactive', 'shapes-t2v', 'shapes-t2v-4step']); "
+                                  "did you mean 'shapes-t2v'?"), out.stderr
+    assert elapsed < 5, f"the refusal took {elapsed:.1f} s"
 
 
 def test_an_empty_prompt_is_refused_as_the_server_refuses_it(capsys, tmp_path):

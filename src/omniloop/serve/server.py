@@ -100,12 +100,14 @@ def session_deploy(deploy: DeployConfig) -> DeployConfig:
 
 
 def run_server(model: str | Path | Mapping[str, str], deploy: DeployConfig, config: ServeConfig, *,
-               log_level: str = "info") -> int:
+               log_level: str = "info", jobs: JobStore | None = None) -> int:
     """Serve until SIGTERM/SIGINT (exit code 0), or until the warmup fails (1, its error on
     stderr). ``model``: one checkpoint, or {name: checkpoint} for several on one engine loop
     (``ModelPool``; the first is the default). The job store opens first: an unusable one
-    fails before the model loads."""
-    jobs = JobStore.open(config)
+    fails before the model loads (``jobs``: one the caller opened from ``config``, as
+    ``omniloop serve`` does before importing this module)."""
+    if jobs is None:
+        jobs = JobStore.open(config)
     try:
         if isinstance(model, Mapping):
             engine = AsyncEngine.serving_models(model, deploy=deploy)

@@ -56,6 +56,12 @@ def test_models_lists_builtins_and_families(capsys):
     assert "tasks t2v, t2i; default 128x128, 17 frames, 50 steps" in out
     assert re.search(r"^  wan +Wan2.1 / Wan2.2 video DiT", out, re.M) and "WanPipeline, WanImageToVideoPipeline" in out
     assert re.search(r"^  qwen2 +Qwen2 / Qwen2.5 decoder-only LM", out, re.M)
+    # a family of two layouts is one entry: its second layout on a line of its own, under it
+    families = re.findall(r"^  (\S+) ", out.split("\nfamilies")[1], re.M)
+    assert families == sorted(set(families)) and {"far", "wan"} <= set(families), families
+    wan = out.split("\n  wan ")[1].splitlines()
+    assert wan[1].split() == ["WanPipeline,", "WanImageToVideoPipeline,", "WanVideoToVideoPipeline,", "WanVACEPipeline"]
+    assert wan[2].strip().startswith("or omniloop_model.json: Wan DiT + causal 3D VAE in omniloop's manifest layout")
 
 
 @pytest.mark.parametrize("argv, message", [

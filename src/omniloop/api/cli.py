@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from omniloop.api.schema_flags import DefaultsHelpFormatter, add_schema_flags, collect, flag_error
 from omniloop.api.suggest import SuggestingParser, refuse_unknown
 from omniloop.deploy import DeployConfig
-from omniloop.models.catalog import DEFAULT_MODEL
+from omniloop.models.catalog import DEFAULT_MODEL, LayoutCard
 from omniloop.request import (
     ALIASES, DiffusionParams, FieldError, Fields, InvalidRequest, SamplingParams, TaskType, parse_task, require_prompt,
 )
@@ -335,11 +335,19 @@ def _cmd_models(args: argparse.Namespace) -> int:
         print(f"  {name:<18} {m.description or m.variant}")
         print(f"  {'':<18} tasks {', '.join(m.tasks)}; default {shape}")
     print("\nfamilies (--model DIR: a checkpoint directory of one of these layouts):")
-    for spec in family_cards():  # torch-free: each family folder's family.json
-        layouts = ", ".join("omniloop_model.json" if c.startswith("omniloop:") else c for c in spec.diffusers_classes)
-        print(f"  {spec.family:<18} {spec.description}")
-        print(f"  {'':<18} {layouts}")
+    cards = family_cards()  # torch-free: each family folder's family.json; sorted by family
+    for family in dict.fromkeys(c.family for c in cards):  # one entry a family, its layouts under it
+        first, *others = [c for c in cards if c.family == family]
+        print(f"  {family:<18} {first.description}")
+        print(f"  {'':<18} {_layout_names(first)}")
+        for card in others:  # another layout of the same family (Wan's and FAR's manifest layout)
+            print(f"  {'':<18} or {_layout_names(card)}: {card.description}")
     return 0
+
+
+def _layout_names(card: LayoutCard) -> str:
+    """A layout's model_index.json classes; our own manifest layout by its file's name."""
+    return ", ".join("omniloop_model.json" if c.startswith("omniloop:") else c for c in card.diffusers_classes)
 
 
 def _comfy_parser(sub: argparse._SubParsersAction) -> None:

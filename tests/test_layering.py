@@ -104,6 +104,14 @@ def test_families_do_not_import_each_other():
     assert not problems, problems
 
 
+def test_families_take_their_weights_components_from_the_variant():
+    """A pipeline's weight components are ``Variant.component_specs()`` (models/model_spec.py),
+    spelled once: a family adds only the components it builds (KV pools, samplers)."""
+    by_hand = re.compile(r"ComponentSpec\(name=w\.component")
+    problems = [str(path.relative_to(SRC)) for path in FAMILIES.rglob("*.py") if by_hand.search(path.read_text())]
+    assert not problems, f"{problems}: use variant.component_specs()"
+
+
 # -- family names in string literals ----------------------------------------------------------
 
 # Files outside models/families/ whose string literals may name a family, each with its reason.

@@ -143,7 +143,7 @@ def omni_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = None
     talker sampling), over the pipeline's (the thinker's); ``audio_token_id``: the checkpoint's
     ``<|AUDIO|>`` / ``<|IMAGE|>`` / ``<|VIDEO|>`` placeholders; ``audio_frame``: its ``<|audio_bos|>``,
     ``<|audio_eos|>`` (around a video's soundtrack)."""
-    components = {w.component: ComponentSpec(name=w.component, kind=w.kind, optional=w.optional) for w in variant.weights}
+    components = variant.component_specs()
     for name, kind in (("thinker_kv", "paged text-KV pool of the thinker (built)"),
                        ("talker_kv", "paged KV pool of the talker (built)"),
                        ("codec_vocab", "the talker's codec vocabulary (built)"),

@@ -129,7 +129,7 @@ def omni3_pipeline_spec(variant: Variant, talker_text: TextDefaults | None = Non
     sampling); ``audio_token_id`` / ``image_token_id`` / ``video_token_id``: the checkpoint's
     placeholders; ``soundtrack_frame``: its ``<|audio_start|>`` / ``<|audio_end|>`` (around a
     video's soundtrack)."""
-    components = {w.component: ComponentSpec(name=w.component, kind=w.kind, optional=w.optional) for w in variant.weights}
+    components = variant.component_specs()
     for name, kind in (("thinker_kv", "paged text-KV pool of the thinker (built)"),
                        ("talker_kv", "paged KV pool of the talker (built)"),
                        ("codec_vocab", "the talker's codec vocabulary (built)")):

@@ -12,16 +12,15 @@ from typing import Any, Callable
 
 from omniloop.cache.paged_kv import BlockPool
 from omniloop.models.families.qwen2_5_omni.audio_encoder import OmniAudioEncoder, audio_tokens
+from omniloop.models.omni.admission import MEDIA, refuse_media_outside_a_conversation, refuse_unread_parts
 from omniloop.models.omni.audio_prompt import audio_parts, count_placeholders, decode_audio, frames_of
 from omniloop.models.omni.image_prompt import image_parts, process_image
 from omniloop.models.omni.video_prompt import VideoProcessing, require, video_extra_tokens
 from omniloop.models.families.qwen2_5_omni.vision_encoder import OmniVisionEncoder
 from omniloop.models.families.qwen2_5_omni.weights import OmniConfig
 from omniloop.pipeline.loops.ar import check_context, make_ar_validator
-from omniloop.pipeline.stages.chat import chat_ids, chat_messages, is_chat
-from omniloop.request import InvalidRequest, OmniRequest
-
-MEDIA = ("audio", "image", "video")  # the parts the thinker's encoders read
+from omniloop.pipeline.stages.chat import chat_ids, chat_messages
+from omniloop.request import OmniRequest
 
 
 def make_omni_validator(tokenizer: Any, config: OmniConfig, *, pool: BlockPool, audio_tower: OmniAudioEncoder | None = None,
@@ -59,13 +58,6 @@ def make_omni_validator(tokenizer: Any, config: OmniConfig, *, pool: BlockPool, 
                                   video_processing=video_processing, audio_tower=audio_tower,
                                   feature_extractor=feature_extractor, audio_tokens=audio_tokens, family="Qwen2.5-Omni")
 
-    def in_conversation(request: OmniRequest) -> None:
-        media = [(i, p) for i, p in enumerate(request.inputs) if p.kind in MEDIA]
-        if media and not is_chat(request):
-            field = f"inputs[{media[0][0]}]"
-            raise InvalidRequest(f"{field}: {media[0][1].kind} goes into a conversation (text parts with roles), not "
-                                 "a raw prompt", hint="give the text parts a role (user)", fields=(field,))
-
     def check_media(request: OmniRequest) -> None:
         if not any(p.kind in MEDIA for p in request.inputs):
             return
@@ -75,11 +67,8 @@ def make_omni_validator(tokenizer: Any, config: OmniConfig, *, pool: BlockPool, 
         pool.check_fits(length + request.sampling.max_tokens)
 
     def validate(request: OmniRequest) -> OmniRequest:
-        media = sorted({p.kind for p in request.inputs if p.kind != "text" and p.kind not in MEDIA})
-        if media:
-            raise InvalidRequest(f"inputs carry {media} parts; Qwen2.5-Omni reads text, audio, images and videos",
-                                 hint="send text, audio, image and video parts only", fields=("inputs",))
-        in_conversation(request)
+        refuse_unread_parts(request, "Qwen2.5-Omni")
+        refuse_media_outside_a_conversation(request)
         request = text(request)
         check_media(request)
         return request

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from omniloop.cache.paged_kv import BlockPool
 from omniloop.models.families.qwen3_omni.weights import Omni3Config
+from omniloop.models.omni.admission import MEDIA, refuse_media_outside_a_conversation, refuse_unread_parts
 from omniloop.models.omni.thinker import wants_speech
 from omniloop.models.omni.audio_prompt import audio_parts, count_placeholders, decode_audio, frames_of
 from omniloop.models.omni.image_prompt import image_parts, process_image
@@ -22,9 +23,6 @@ from omniloop.models.omni.video_prompt import VideoProcessing, heard, require, v
 from omniloop.pipeline.loops.ar import check_context, make_ar_validator
 from omniloop.pipeline.stages.chat import chat_ids, chat_messages, is_chat
 from omniloop.request import InvalidRequest, OmniRequest
-
-
-MEDIA = ("audio", "image", "video")  # the parts the thinker's encoders read
 
 
 def make_omni3_validator(tokenizer: Any, config: Omni3Config, *, pool: BlockPool, audio_tower: Any = None,
@@ -61,23 +59,16 @@ def make_omni3_validator(tokenizer: Any, config: Omni3Config, *, pool: BlockPool
                                   audio_tokens=lambda frames: audio_tower.tokens(frames), family="Qwen3-Omni")
 
     def check_media(request: OmniRequest) -> None:
-        media = [(i, p) for i, p in enumerate(request.inputs) if p.kind in MEDIA]
-        if not media:
+        if not any(p.kind in MEDIA for p in request.inputs):
             return
-        field = f"inputs[{media[0][0]}]"
-        if not is_chat(request):
-            raise InvalidRequest(f"{field}: {media[0][1].kind} goes into a conversation (text parts with roles), not a "
-                                 "raw prompt", hint="give the text parts a role (user)", fields=(field,))
+        refuse_media_outside_a_conversation(request)
         ids = chat_ids(tokenizer, chat_messages(request))
         length = len(ids) + audio_extra(request, ids) + image_extra(request, ids) + video_extra(request, ids)
         check_context(length, request.sampling.max_tokens, config.thinker.max_position_embeddings)
         pool.check_fits(length + request.sampling.max_tokens)
 
     def validate(request: OmniRequest) -> OmniRequest:
-        media = sorted({p.kind for p in request.inputs if p.kind != "text" and p.kind not in MEDIA})
-        if media:
-            raise InvalidRequest(f"inputs carry {media} parts; Qwen3-Omni reads text, audio, images and videos",
-                                 hint="send text, audio, image and video parts only", fields=("inputs",))
+        refuse_unread_parts(request, "Qwen3-Omni")
         if wants_speech(request):
             clips = video_parts(request)
             if clips and heard(request):

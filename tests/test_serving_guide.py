@@ -81,9 +81,10 @@ OPTION_MODELS: tuple[type[BaseModel], ...] = (DeployConfig, ServeConfig)
 def _known_names() -> frozenset[str]:
     """Names a backticked snake_case word may be: options, request fields, plugin settings,
     option values, and the string keys the family loaders read (model_index.json keys)."""
-    from omniloop.serve import protocol  # the HTTP bodies' fields (/v1/videos' reference_images...)
+    from omniloop.serve import chat, protocol  # the HTTP bodies' fields (/v1/videos' reference_images...)
 
-    wire = (protocol._VideoCreateBase, protocol._ImageEditBase, protocol._ImageVariationBase)
+    wire = (protocol._VideoCreateBase, protocol._ImageEditBase, protocol._ImageVariationBase,
+            chat.ChatCompletionRequest, chat.MMProcessorKwargs)
     names = set().union(*(_fields(m) for m in (DeployConfig, ServeConfig, Limits, ParallelSpec, DiffusionParams, *wire)))
     for spec in BUILTINS.values():
         names |= {spec.name, *_fields(spec.config_schema)}

@@ -31,7 +31,7 @@ def _one_process_mp4(model_dir) -> bytes:
     gen = VideoGenerator.from_pretrained(model_dir, device="cpu", dtype="float32")
     with torch.inference_mode(), threads(rank_threads(2)):  # as many threads as each rank
         video = gen.generate_video(PROMPT, save_video=False, **PARAMS)
-    return encode_mp4(video.frames, video.fps)  # what the server's job runner writes
+    return encode_mp4(video.frames, video.fps, title=PROMPT)  # what the server's job runner writes (the prompt as its title)
 
 
 def _serve_one(server) -> bytes:

@@ -127,10 +127,10 @@ def unipc(flow_shift: float = 3.0):
 def make_wan_pipeline(kind: str = "t2v", tokenizer_dir: Path | None = None):
     """A diffusers Wan pipeline: kind in {"t2v", "t2v_a14b" (two experts), "i2v" (Wan2.2, latent concat),
     "i2v_clip" (Wan2.1 I2V: + CLIP image tokens), "flf2v" (Wan2.1 FLF2V: CLIP tokens of two frames),
-    "vace" (Wan VACE: control video / mask / reference images)}."""
+    "vace" (Wan VACE: control video / mask / reference images), "animate" (Wan-Animate)}."""
     import tempfile
 
-    from diffusers import WanImageToVideoPipeline, WanPipeline, WanVACEPipeline
+    from diffusers import WanAnimatePipeline, WanImageToVideoPipeline, WanPipeline, WanVACEPipeline
 
     tok_dir = tokenizer_dir or Path(tempfile.mkdtemp())
     tokenizer = tiny_tokenizer(tok_dir)
@@ -140,6 +140,10 @@ def make_wan_pipeline(kind: str = "t2v", tokenizer_dir: Path | None = None):
         return WanPipeline(transformer=tiny_transformer(2), **common)
     if kind == "vace":
         return WanVACEPipeline(transformer=tiny_vace_transformer(), **common)
+    if kind == "animate":
+        encoder, processor = tiny_image_encoder()
+        return WanAnimatePipeline(transformer=tiny_animate_transformer(), image_encoder=encoder,
+                                  image_processor=processor, **common)
     if kind == "t2v_a14b":
         return WanPipeline(transformer=tiny_transformer(2), transformer_2=tiny_transformer(3), boundary_ratio=0.5, **common)
     if kind == "i2v":

@@ -98,7 +98,8 @@ def load_wan_dit(
         )
     raw_config = json.loads(config_path.read_text())
     class_name = raw_config.get("_class_name")
-    config_cls = {VACE_CLASS: WanVaceConfig, ANIMATE_CLASS: WanAnimateConfig}.get(class_name, WanDiTConfig)
+    by_class: dict[str, type[WanDiTConfig]] = {VACE_CLASS: WanVaceConfig, ANIMATE_CLASS: WanAnimateConfig}
+    config_cls = by_class.get(class_name, WanDiTConfig)
     config = config_cls.from_diffusers_config(raw_config)
     files = weight_files(folder, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, "Wan DiT", "; pass the diffusers `transformer/` folder")
     # diffusers' fp32 rule on its own key (a dotted component in _keep_in_fp32_modules); our

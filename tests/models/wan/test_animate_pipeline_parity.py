@@ -1,0 +1,110 @@
+"""Wan-Animate (mode ``animate``) through our Engine == diffusers' ``WanAnimatePipeline`` on
+the same tiny random folder, built and saved by diffusers here (fp32, CPU, 2 steps): a
+reference image of another aspect (fitted on black), a pose video and a face video, the
+whole video as one segment (diffusers called with ``segment_frame_length`` = its frames)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from omniloop.api.generator import VideoGenerator
+from omniloop.engine.errors import RequestRejected
+from omniloop.request import DiffusionParams, ImagePart, OmniRequest, OutputSpec, TaskType, TextPart, VideoPart
+
+diffusers = pytest.importorskip("diffusers")
+
+PROMPT = "a red circle moving right"
+NEGATIVE = "low quality, blurry"
+H, W, F = 32, 48, 5
+TOL = 5e-6  # the other Wan pipeline parity tests' bound (our VAE encode rounds ~1e-6 otherwise)
+
+
+@pytest.fixture(scope="module")
+def animate_dir(tmp_path_factory):
+    from tests.wan_checkpoint import save_wan_checkpoint
+
+    folder = tmp_path_factory.mktemp("wan_animate")
+    save_wan_checkpoint(folder, "animate")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def gen(animate_dir):
+    return VideoGenerator.from_pretrained(animate_dir, device="cpu", dtype="float32")
+
+
+def _frames(seed: int, n: int, h: int, w: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, size=(n, h, w, 3), dtype=np.uint8)
+
+
+def _reference():
+    from PIL import Image
+
+    return Image.fromarray(_frames(3, 1, 40, 24)[0])  # taller than the video: fitted, black bars left and right
+
+
+def _inputs(pose=None, face=None, ref=True):
+    parts = [TextPart(text=PROMPT)]
+    if ref:
+        parts.append(ImagePart(data=_reference(), role="reference"))
+    parts.append(VideoPart(data=_frames(1, F, H, W) if pose is None else pose, role="pose"))
+    parts.append(VideoPart(data=_frames(2, F, 20, 20) if face is None else face, role="face"))  # resized to 16
+    return parts
+
+
+def _request(inputs, seed=42, guidance=1.0, **params):
+    size = {"height": H, "width": W, **params}
+    return OmniRequest(task=TaskType.V2V, inputs=inputs,
+                       diffusion=DiffusionParams(negative_prompt=NEGATIVE, steps=2, guidance_scale=guidance, seed=seed,
+                                                 **size),
+                       outputs=OutputSpec(modalities=["latent"]))
+
+
+def _reference_run(animate_dir, seed=42, guidance=1.0):
+    """diffusers' final latents, standardised as ours (its output_type='latent' returns them
+    de-standardised for the VAE: ``latents * std + mean``)."""
+    from PIL import Image
+
+    pipe = diffusers.WanAnimatePipeline.from_pretrained(animate_dir, torch_dtype=torch.float32)
+    cfg = pipe.vae.config
+    mean, std = (torch.tensor(v).view(1, -1, 1, 1, 1) for v in (cfg.latents_mean, cfg.latents_std))
+    latents = pipe(image=_reference(), pose_video=[Image.fromarray(f) for f in _frames(1, F, H, W)],
+                face_video=[Image.fromarray(f) for f in _frames(2, F, 20, 20)], prompt=PROMPT,
+                negative_prompt=NEGATIVE, height=H, width=W, segment_frame_length=F, num_inference_steps=2,
+                guidance_scale=guidance, generator=torch.Generator("cpu").manual_seed(seed),
+                output_type="latent").frames
+    return (latents - mean) * (1.0 / std)
+
+
+@pytest.mark.parametrize("guidance", [1.0, 4.0], ids=["no_cfg", "cfg"])
+def test_animate_matches_diffusers(animate_dir, gen, guidance):
+    assert gen.pipeline.spec.name == "wan2.2-animate"
+    out = gen.generate(_request(_inputs(), seed=7, guidance=guidance))
+    assert out.status.value == "completed", out.error
+    ours = out.artifacts["latents"].latents
+    ref = _reference_run(animate_dir, seed=7, guidance=guidance)
+    assert ref.shape == (1, 16, 3, 4, 6) and ours.shape == (1, 16, 2, 4, 6)  # the reference frame is dropped
+    err = (ours - ref[:, :, 1:]).abs().max().item()
+    assert err <= TOL, err  # measured 7.2e-7 without CFG, 2.3e-6 with
+
+
+def test_bad_animate_inputs_are_refused_naming_the_input(gen):
+    with pytest.raises(RequestRejected, match="needs ImagePart\\(role='reference'") as err:
+        gen.generate(_request(_inputs(ref=False)))
+    assert err.value.fields == ("inputs.reference",)
+    with pytest.raises(RequestRejected, match="needs VideoPart\\(role='pose'") as err:
+        gen.generate(_request([p for p in _inputs() if getattr(p, "role", None) != "pose"]))
+    assert err.value.fields == ("inputs.pose",)
+    with pytest.raises(RequestRejected, match="face video has 3 frames and the pose video 5") as err:
+        gen.generate(_request(_inputs(face=_frames(2, 3, 20, 20))))
+    assert err.value.fields == ("inputs.face",)
+    with pytest.raises(RequestRejected, match="pose video has 4 frames; Wan encodes 4k\\+1 frames: pass 1 or 5"):
+        gen.generate(_request(_inputs(pose=_frames(1, 4, H, W), face=_frames(2, 4, 20, 20))))
+    with pytest.raises(RequestRejected, match="num_frames=9 but the pose video has 5 frames"):
+        gen.generate(_request(_inputs(), num_frames=9))
+    with pytest.raises(RequestRejected, match=r"not served by 'wan2.2-animate'; pass one of \['v2v'\]"):
+        gen.generate(_request(_inputs()).model_copy(update={"task": TaskType.I2V}))
+    with pytest.raises(RequestRejected, match="multiple of|divisible"):
+        gen.generate(_request(_inputs(), height=H + 4))

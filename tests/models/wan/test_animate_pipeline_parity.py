@@ -108,3 +108,13 @@ def test_bad_animate_inputs_are_refused_naming_the_input(gen):
         gen.generate(_request(_inputs()).model_copy(update={"task": TaskType.I2V}))
     with pytest.raises(RequestRejected, match="multiple of|divisible"):
         gen.generate(_request(_inputs(), height=H + 4))
+
+
+def test_pose_and_face_videos_are_refused_by_other_wan_models(wan_t2v_dir):
+    t2v = VideoGenerator.from_pretrained(wan_t2v_dir, device="cpu", dtype="float32")
+    request = OmniRequest(task=TaskType.T2V, inputs=[TextPart(text=PROMPT), VideoPart(data=_frames(1, F, H, W),
+                                                                                     role="pose")],
+                          diffusion=DiffusionParams(height=H, width=W, num_frames=F, steps=1))
+    with pytest.raises(RequestRejected, match="takes no pose video .*WanAnimatePipeline") as err:
+        t2v.generate(request)
+    assert err.value.fields == ("inputs.pose",)

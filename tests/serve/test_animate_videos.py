@@ -4,7 +4,6 @@ and a missing driving video refused naming its field."""
 
 from __future__ import annotations
 
-import base64
 import io
 
 import httpx
@@ -14,6 +13,7 @@ from PIL import Image
 
 from omniloop.io.video import encode_mp4
 from tests.serve.conftest import IGNORE_SORA_DEPRECATION, live_server
+from tests.serve.test_vace_videos import _thumbnail, _url
 
 pytestmark = pytest.mark.filterwarnings(IGNORE_SORA_DEPRECATION)
 H, W, F = 32, 48, 5
@@ -21,12 +21,8 @@ FIELDS = {"prompt": "a red circle moving right", "size": f"{W}x{H}", "steps": 2,
 
 
 @pytest.fixture(scope="module")
-def animate_server(tmp_path_factory):
-    from tests.wan_checkpoint import save_wan_checkpoint
-
-    folder = tmp_path_factory.mktemp("wan_animate_serve")
-    save_wan_checkpoint(folder, "animate")
-    with live_server(folder, limits={"max_steps": 8, "max_frames": 9, "max_pixels": 64 * 64},
+def animate_server(wan_animate_dir):
+    with live_server(wan_animate_dir, limits={"max_steps": 8, "max_frames": 9, "max_pixels": 64 * 64},
                      serve={"warmup": []}) as server:
         yield server
 
@@ -40,16 +36,6 @@ def _png() -> bytes:
     buf = io.BytesIO()
     Image.fromarray(np.random.default_rng(3).integers(0, 256, size=(40, 24, 3), dtype=np.uint8)).save(buf, "PNG")
     return buf.getvalue()
-
-
-def _url(kind: str, raw: bytes) -> str:
-    return f"data:{kind};base64," + base64.b64encode(raw).decode()
-
-
-def _thumbnail(server, video_id: str) -> bytes:
-    job = server.wait_finished(video_id)
-    assert job["status"] == "completed", job
-    return httpx.get(f"{server.url}/v1/videos/{video_id}/content?variant=thumbnail").content
 
 
 def test_pose_and_face_videos_multipart_equals_json(animate_server):

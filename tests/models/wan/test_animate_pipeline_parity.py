@@ -22,12 +22,8 @@ TOL = 5e-6  # the other Wan pipeline parity tests' bound (our VAE encode rounds 
 
 
 @pytest.fixture(scope="module")
-def animate_dir(tmp_path_factory):
-    from tests.wan_checkpoint import save_wan_checkpoint
-
-    folder = tmp_path_factory.mktemp("wan_animate")
-    save_wan_checkpoint(folder, "animate")
-    return folder
+def animate_dir(wan_animate_dir):
+    return wan_animate_dir
 
 
 @pytest.fixture(scope="module")

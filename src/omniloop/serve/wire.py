@@ -410,9 +410,10 @@ class VideoControls:
             parts.append(media_part(self.mask, "mask", _mask_part, "image"))
         for i, ref in enumerate(self.references):
             parts.append(reference_image(ref, f"reference_images[{i}]", role="reference"))
-        for param, given, role in (("pose_video", self.pose, "pose"), ("face_video", self.face, "face")):
-            if given is not None:
-                parts.append(media_part(given, param, lambda b64, r=role: VideoPart(role=r, b64=b64), "video"))
+        if self.pose is not None:
+            parts.append(media_part(self.pose, "pose_video", lambda b64: VideoPart(role="pose", b64=b64), "video"))
+        if self.face is not None:
+            parts.append(media_part(self.face, "face_video", lambda b64: VideoPart(role="face", b64=b64), "video"))
         return parts
 
 

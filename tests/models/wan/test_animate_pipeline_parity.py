@@ -1,4 +1,4 @@
-"""Wan-Animate (mode ``animate``) through our Engine == diffusers' ``WanAnimatePipeline`` on
+"""Wan-Animate (modes ``animate`` and ``replace``) through our Engine == diffusers' ``WanAnimatePipeline`` on
 the same tiny random folder, built and saved by diffusers here (fp32, CPU, 2 steps): a
 reference image of another aspect (fitted on black), a pose video and a face video, the
 whole video as one segment (diffusers called with ``segment_frame_length`` = its frames)."""
@@ -58,7 +58,16 @@ def _request(inputs, seed=42, guidance=1.0, **params):
                        outputs=OutputSpec(modalities=["latent"]))
 
 
-def _reference_run(animate_dir, seed=42, guidance=1.0):
+def _mask_frames() -> np.ndarray:
+    """White (replace) over a moving block, grey elsewhere in a corner: as RGB frames."""
+    mask = np.zeros((F, H, W, 3), dtype=np.uint8)
+    for i in range(F):
+        mask[i, 4:20, 8 + 4 * i: 28 + 4 * i] = 255
+    mask[:, -6:, :10] = 128
+    return mask
+
+
+def _reference_run(animate_dir, seed=42, guidance=1.0, **replace):
     """diffusers' final latents, standardised as ours (its output_type='latent' returns them
     de-standardised for the VAE: ``latents * std + mean``)."""
     from PIL import Image
@@ -70,7 +79,7 @@ def _reference_run(animate_dir, seed=42, guidance=1.0):
                 face_video=[Image.fromarray(f) for f in _frames(2, F, 20, 20)], prompt=PROMPT,
                 negative_prompt=NEGATIVE, height=H, width=W, segment_frame_length=F, num_inference_steps=2,
                 guidance_scale=guidance, generator=torch.Generator("cpu").manual_seed(seed),
-                output_type="latent").frames
+                output_type="latent", **replace).frames
     return (latents - mean) * (1.0 / std)
 
 
@@ -84,6 +93,23 @@ def test_animate_matches_diffusers(animate_dir, gen, guidance):
     assert ref.shape == (1, 16, 3, 4, 6) and ours.shape == (1, 16, 2, 4, 6)  # the reference frame is dropped
     err = (ours - ref[:, :, 1:]).abs().max().item()
     assert err <= TOL, err  # measured 7.2e-7 without CFG, 2.3e-6 with
+
+
+def test_replace_mode_matches_diffusers(animate_dir, gen):
+    from PIL import Image
+
+    background, mask = _frames(5, F, H, W), _mask_frames()
+    inputs = _inputs() + [VideoPart(data=background), VideoPart(data=mask, role="mask")]
+    out = gen.generate(_request(inputs, seed=3, guidance=3.0))
+    assert out.status.value == "completed", out.error
+    ours = out.artifacts["latents"].latents
+    ref = _reference_run(animate_dir, seed=3, guidance=3.0, mode="replace",
+                         background_video=[Image.fromarray(f) for f in background],
+                         mask_video=[Image.fromarray(f) for f in mask])
+    err = (ours - ref[:, :, 1:]).abs().max().item()
+    assert err <= TOL, err  # measured 2.0e-6 (CFG 3)
+    animate = gen.generate(_request(_inputs(), seed=3, guidance=3.0)).artifacts["latents"].latents
+    assert (animate - ours).abs().max() > 1e-2  # the background and mask condition the result
 
 
 def test_bad_animate_inputs_are_refused_naming_the_input(gen):
@@ -102,6 +128,13 @@ def test_bad_animate_inputs_are_refused_naming_the_input(gen):
         gen.generate(_request(_inputs(), num_frames=9))
     with pytest.raises(RequestRejected, match=r"not served by 'wan2.2-animate'; pass one of \['v2v'\]"):
         gen.generate(_request(_inputs()).model_copy(update={"task": TaskType.I2V}))
+    with pytest.raises(RequestRejected, match="came alone: add VideoPart\\(role='mask'\\)") as err:
+        gen.generate(_request(_inputs() + [VideoPart(data=_frames(5, F, H, W))]))
+    assert err.value.fields == ("inputs.mask",)
+    with pytest.raises(RequestRejected, match="the mask video has 3 frames and the pose video 5") as err:
+        gen.generate(_request(_inputs() + [VideoPart(data=_frames(5, F, H, W)),
+                                           VideoPart(data=_mask_frames()[:3], role="mask")]))
+    assert err.value.fields == ("inputs.mask",)
     with pytest.raises(RequestRejected, match="multiple of|divisible"):
         gen.generate(_request(_inputs(), height=H + 4))
 

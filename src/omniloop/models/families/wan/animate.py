@@ -15,10 +15,15 @@ The DiT input is ``[noise z | mask 4 | conditioning z]`` over ``1 + f`` latent f
 the reference (mask ones, its latents), frames 1.. the encoded zero video (mask zeros: nothing
 given). The unconditional CFG branch sees an all -1 face video (diffusers blanks the face).
 
+Mode ``replace`` (the character put into a given video): a background ``VideoPart`` (role
+``source``) and a ``VideoPart(role='mask')`` (white: where the character goes), as many frames
+as the pose video. Frames 1.. of the conditioning are then the background's latents and the
+mask of what to keep (``1 - mask``, grey-scaled, nearest-resized to the latent grid) instead of
+a zero video and a zero mask.
+
 Scope: the whole pose video is ONE segment (diffusers with ``segment_frame_length`` = its
 frame count, ``prev_segment_conditioning_frames`` unused); the long-video rollout in segments
-(each conditioned on the previous segment's last decoded frames) and mode ``replace``
-(background video + mask) are not built.
+(each conditioned on the previous segment's last decoded frames) is not built.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ from omniloop.request import ErrorKind, ImagePart, InvalidRequest, OmniRequest, 
 
 POSE_ROLE, FACE_ROLE, REFERENCE_ROLE = "pose", "face", "reference"
 POSE_FIELD, FACE_FIELD, REFERENCE_FIELD = "inputs.pose", "inputs.face", "inputs.reference"
+BACKGROUND_ROLE, MASK_ROLE = "source", "mask"  # mode replace
+BACKGROUND_FIELD, MASK_FIELD = "inputs.video", "inputs.mask"
 
 
 def role_video(request: OmniRequest, role: str) -> VideoPart | None:
@@ -79,17 +86,50 @@ def _encode(vae: Any, pixels: torch.Tensor) -> torch.Tensor:
     return vae.normalize_latents(mean.float())  # [1, z, f, h, w]
 
 
-def animate_condition(vae: Any, reference: torch.Tensor, num_frames: int) -> torch.Tensor:
+def fold_mask(mask: torch.Tensor, temporal: int) -> torch.Tensor:
+    """``[1, 1, F, h, w]`` per-frame mask at the latent grid -> ``[1, temporal, f, h, w]``: the
+    first frame repeated ``temporal`` times so it fills latent frame 0, then ``temporal`` frames
+    per latent frame folded into channels (diffusers' ``get_i2v_mask``)."""
+    mask = torch.cat([mask[:, :, :1].repeat_interleave(temporal, dim=2), mask[:, :, 1:]], dim=2)
+    return mask.view(1, -1, temporal, *mask.shape[-2:]).transpose(1, 2)
+
+
+def animate_condition(vae: Any, reference: torch.Tensor, num_frames: int, background: torch.Tensor | None = None,
+                      mask: torch.Tensor | None = None) -> torch.Tensor:
     """``[1, 4 + z, 1 + f, h, w]``: the reference frame (mask ones | its latents) followed by
-    the first segment's frames (mask zeros | latents of a zero video of ``num_frames``)
-    (diffusers' ``prepare_reference_image_latents`` + ``prepare_prev_segment_cond_latents``)."""
+    the segment's frames: mode animate, mask zeros | latents of a zero video of ``num_frames``;
+    mode replace, the mask of the background to keep (``1 - mask``; ``mask`` ``[1, 1, F, H, W]`` in
+    [0, 1]) | the background's latents (``[1, 3, F, H, W]``) (diffusers'
+    ``prepare_reference_image_latents`` + ``prepare_prev_segment_cond_latents``)."""
     st = vae.config.scale_factor_temporal
     ref = _encode(vae, reference[:, :, None])  # [1, z, 1, h, w]
     _, _, height, width = reference.shape
-    zeros = _encode(vae, reference.new_zeros(1, 3, num_frames, height, width))  # [1, z, f, h, w]
-    ref_mask = ref.new_ones(1, st, 1, *ref.shape[-2:])
-    video_mask = zeros.new_zeros(1, st, *zeros.shape[2:])
-    return torch.cat([torch.cat([ref_mask, ref], dim=1), torch.cat([video_mask, zeros], dim=1)], dim=2)
+    h, w = ref.shape[-2:]
+    if background is None:
+        video = _encode(vae, reference.new_zeros(1, 3, num_frames, height, width))  # [1, z, f, h, w]
+        keep = video.new_zeros(1, 1, num_frames, h, w)
+    else:
+        assert mask is not None, "a background comes with its mask (checked at admission)"
+        video = _encode(vae, background)
+        keep = torch.nn.functional.interpolate((1 - mask)[0].transpose(0, 1), size=(h, w), mode="nearest")
+        keep = keep.transpose(0, 1)[None].to(video.dtype)  # [1, 1, F, h, w]
+    ref_mask = ref.new_ones(1, st, 1, h, w)
+    return torch.cat([torch.cat([ref_mask, ref], dim=1), torch.cat([fold_mask(keep, st), video], dim=1)], dim=2)
+
+
+def mask_pixels(frames: Any, height: int, width: int) -> torch.Tensor:
+    """``[F, H', W', 3]`` uint8 mask frames -> ``[1, 1, F, H, W]`` in [0, 1]: grey-scaled, then
+    resized (Lanczos) (diffusers' mask ``VideoProcessor``: grayscale, no normalisation)."""
+    import numpy as np
+    from PIL import Image
+
+    out = []
+    for frame in frames:
+        image = Image.fromarray(frame).convert("L")
+        if image.size != (width, height):
+            image = image.resize((width, height), resample=Image.Resampling.LANCZOS)
+        out.append(torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0))
+    return torch.stack(out)[None, None]
 
 
 @dataclass
@@ -111,13 +151,26 @@ class AnimateCondition(ComponentStage):
         pose_part, face_part = role_video(request, POSE_ROLE), role_video(request, FACE_ROLE)
         assert ref_part is not None and pose_part is not None and face_part is not None, "checked at admission"
         reference = image_to_tensor(fit_on_black(load_part_image(ref_part), g.height, g.width), g.height, g.width)
-        condition = animate_condition(vae, reference.to(device), g.num_frames)
+        background, mask = replace_videos(request, g)
+        condition = animate_condition(vae, reference.to(device), g.num_frames,
+                                      None if background is None else background.to(device),
+                                      None if mask is None else mask.to(device))
         pose = _encode(vae, video_to_tensor(load_part_video(pose_part), g.height, g.width).to(device))
         size = ctx.component("transformer").config.motion_encoder_size
         face = video_to_tensor(load_part_video(face_part), size, size).to(device)
         ctx.write(state, "condition", ConditionLatents(latents=condition))
         ctx.write(state, "pose", ConditionLatents(latents=pose))
         ctx.write(state, "face", ConditionLatents(latents=face))
+
+
+def replace_videos(request: OmniRequest, g: VideoGeometry) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Mode replace's (background ``[1, 3, F, H, W]`` in [-1, 1], mask ``[1, 1, F, H, W]`` in
+    [0, 1]); (None, None) in mode animate."""
+    background, mask = role_video(request, BACKGROUND_ROLE), role_video(request, MASK_ROLE)
+    if background is None or mask is None:
+        return None, None
+    return (video_to_tensor(load_part_video(background), g.height, g.width),
+            mask_pixels(load_part_video(mask), g.height, g.width))
 
 
 @dataclass
@@ -191,10 +244,11 @@ def animate_validator(defaults: GenerationDefaults, vae: Any, dit: Any, samplers
                 raise InvalidRequest(f"Wan-Animate needs {what}; add it to inputs", fields=(field,),
                                      kind=ErrorKind.MISSING_INPUT)
         assert ref is not None and pose is not None and face is not None
-        others = [p for p in request.inputs if isinstance(p, VideoPart) and p.role not in (POSE_ROLE, FACE_ROLE)]
-        if others or len(request.images()) > 1:
-            raise InvalidRequest("Wan-Animate takes one reference image, one pose and one face video (mode 'replace': "
-                                 "a background video and mask, is not supported); drop the others", fields=("inputs",))
+        roles = [p.role for p in request.inputs if isinstance(p, VideoPart)]
+        known = (POSE_ROLE, FACE_ROLE, BACKGROUND_ROLE, MASK_ROLE)
+        if len(request.images()) > 1 or any(r not in known or roles.count(r) > 1 for r in roles):
+            raise InvalidRequest("Wan-Animate takes one reference image, one pose and one face video (and, mode "
+                                 "replace, one background video and one mask video); drop the others", fields=("inputs",))
         n, n_face = int(load_part_video(pose).shape[0]), int(load_part_video(face).shape[0])
         if (n - 1) % temporal:
             k = (n - 1) // temporal
@@ -203,6 +257,7 @@ def animate_validator(defaults: GenerationDefaults, vae: Any, dit: Any, samplers
         if n_face != n:
             raise InvalidRequest(f"the face video has {n_face} frames and the pose video {n}; pass one face crop per "
                                  "pose frame", fields=(FACE_FIELD,))
+        _check_replace(request, n)
         given = request.diffusion.num_frames
         if given is not None and given != n:
             raise InvalidRequest(f"diffusion.num_frames={given} but the pose video has {n} frames",
@@ -224,3 +279,18 @@ def animate_validator(defaults: GenerationDefaults, vae: Any, dit: Any, samplers
         return request
 
     return validate
+
+
+def _check_replace(request: OmniRequest, frames: int) -> None:
+    """Mode replace: a background video and its mask come together, one frame each per pose frame."""
+    background, mask = role_video(request, BACKGROUND_ROLE), role_video(request, MASK_ROLE)
+    if (background is None) != (mask is None):
+        given, missing = ("background video", "VideoPart(role='mask')") if mask is None else \
+            ("mask video", "VideoPart(role='source'): the background")
+        raise InvalidRequest(f"Wan-Animate's mode replace takes a background video and its mask together; the "
+                             f"{given} came alone: add {missing}, or drop it for mode animate",
+                             fields=(MASK_FIELD if mask is None else BACKGROUND_FIELD,))
+    for part, field, what in ((background, BACKGROUND_FIELD, "background"), (mask, MASK_FIELD, "mask")):
+        if part is not None and (n := int(load_part_video(part).shape[0])) != frames:
+            raise InvalidRequest(f"the {what} video has {n} frames and the pose video {frames}; pass one per pose "
+                                 "frame", fields=(field,))

@@ -400,7 +400,7 @@ def animate_pipeline_spec(variant: Variant, *, cfg_mode: CFGMode = "sequential",
         Node("denoise", denoise),
         _decode_node(decode_whole),
     )
-    return _wan_spec(variant, nodes, control_inputs=frozenset({"reference", "pose", "face"}))
+    return _wan_spec(variant, nodes, control_inputs=frozenset({"reference", "pose", "face", "mask"}))
 
 
 def _routing(boundary_ratio: float | None) -> BoundaryTimestepRouting | SingleModel:

@@ -57,3 +57,17 @@ def test_missing_face_video_is_refused_naming_it(animate_server):
     assert r.status_code in (400, 422), r.text
     body = r.json()["error"]
     assert body["param"] == "face_video" and "role='face'" in body["message"], body
+
+
+def test_replace_mode_takes_the_background_video_and_mask(animate_server):
+    mask = np.zeros((F, H, W, 3), dtype=np.uint8)
+    mask[:, 4:20, 8:28] = 255
+    body = {**FIELDS, "pose_video": _url("video/mp4", _mp4(1)), "face_video": _url("video/mp4", _mp4(2)),
+            "reference_images": [_url("image/png", _png())]}
+    replace = httpx.post(f"{animate_server.url}/v1/videos", json={
+        **body, "video": _url("video/mp4", _mp4(5)), "mask": _url("video/mp4", encode_mp4(mask, fps=16, crf=0))})
+    assert replace.status_code == 200, replace.text
+    animate = httpx.post(f"{animate_server.url}/v1/videos", json=body)
+    assert _thumbnail(animate_server, replace.json()["id"]) != _thumbnail(animate_server, animate.json()["id"])
+    alone = httpx.post(f"{animate_server.url}/v1/videos", json={**body, "video": _url("video/mp4", _mp4(5))})
+    assert alone.status_code in (400, 422) and alone.json()["error"]["param"] == "mask", alone.text

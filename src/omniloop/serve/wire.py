@@ -395,7 +395,7 @@ class VideoControls:
                                 "omit it", code="unsupported")
         for param, given, role in (("pose_video", self.pose, "pose"), ("face_video", self.face, "face")):
             if given is not None and role not in model.control_inputs:
-                raise WireError(param, f"{model.name!r} takes no {param.replace('_', ' ')} (a Wan-Animate model does); "
+                raise WireError(param, f"{model.name!r} takes no {param.replace('_', ' ')} (a character-animation model does); "
                                 "omit it", code="unsupported")
         if self.mask is not None and self.video is None:
             raise WireError("mask", "a mask says which pixels of the video to generate; pass video too",

@@ -95,6 +95,23 @@ def test_animate_matches_diffusers(animate_dir, gen, guidance):
     assert err <= TOL, err  # measured 7.2e-7 without CFG, 2.3e-6 with
 
 
+def test_decoded_frames_match_diffusers(animate_dir, gen):
+    """The decoded video (the reference frame dropped before decoding, as diffusers does)."""
+    from PIL import Image
+
+    request = _request(_inputs(), seed=11).model_copy(update={"outputs": OutputSpec(modalities=["video"])})
+    out = gen.generate(request)
+    assert out.status.value == "completed", out.error
+    pipe = diffusers.WanAnimatePipeline.from_pretrained(animate_dir, torch_dtype=torch.float32)
+    ref = pipe(image=_reference(), pose_video=[Image.fromarray(f) for f in _frames(1, F, H, W)],
+               face_video=[Image.fromarray(f) for f in _frames(2, F, 20, 20)], prompt=PROMPT,
+               negative_prompt=NEGATIVE, height=H, width=W, segment_frame_length=F, num_inference_steps=2,
+               guidance_scale=1.0, generator=torch.Generator("cpu").manual_seed(11), output_type="np").frames
+    video = out.video.frames.numpy().astype(np.int16)  # [F, H, W, 3] uint8: the rounded float frames
+    assert video.shape == ref[0].shape == (F, H, W, 3)
+    assert np.abs(video - np.round(ref[0] * 255)).max() <= 1
+
+
 def test_replace_mode_matches_diffusers(animate_dir, gen):
     from PIL import Image
 

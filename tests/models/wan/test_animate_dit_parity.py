@@ -94,3 +94,19 @@ def test_animate_config_is_checked():
         WanAnimateConfig(motion_encoder_size=2048)
     cfg = WanAnimateConfig.from_diffusers_config({"_class_name": "WanAnimateTransformer3DModel", "num_layers": 40})
     assert cfg.face_adapter_blocks == (0, 5, 10, 15, 20, 25, 30, 35)
+
+
+def test_face_adapter_per_token_rows_equal_per_frame_rows(animate_dirs):
+    """A sequence-parallel rank gets the face tokens as one row per token of its window (the
+    Wan plan's grouped rows): the adapter's output on any window equals the whole sequence's."""
+    _, folder = animate_dirs
+    adapter = load_wan_dit(folder, dtype=torch.float32).blocks[0].face_adapter
+    g = torch.Generator().manual_seed(5)
+    frames, per_frame = 3, 6
+    x, face = torch.randn(1, frames * per_frame, 24, generator=g), torch.randn(1, frames, 3, 24, generator=g)
+    with torch.no_grad():
+        whole = adapter(x, face)
+        start, size = 4, 9  # a window that starts and ends mid-frame
+        rows = face.index_select(1, torch.arange(start, start + size) // per_frame)  # [1, size, 3, D]
+        window = adapter(x[:, start:start + size], rows)
+    torch.testing.assert_close(window, whole[:, start:start + size], rtol=0, atol=1e-6)

@@ -279,7 +279,12 @@ class FaceAdapter(nn.Module):
 
 class FaceAdaptedBlock(WanBlock):
     """A main block; those of ``face_adapter_blocks`` add their face adapter's output after
-    running (``face``: the per-forward face tokens ``[B, F', K, D]``, positional like VACE's hints)."""
+    running (``face``: the per-forward face tokens ``[B, F', K, D]``, positional like VACE's hints).
+
+    NOTE: under sequence parallelism ``face`` is run_blocks' argument 4, a per-token argument of
+    the Wan plan: a rank gets one row per token of its window (``[B, L_rank, K, D]``,
+    ``SequenceShard._shard``'s grouped rows), and the adapter then attends each token to its own
+    frame's face tokens, which is the per-frame attention (tested in test_animate_dit_parity)."""
 
     def __init__(self, config: WanAnimateConfig, adapted: bool) -> None:
         dim, heads = config.inner_dim, config.num_attention_heads

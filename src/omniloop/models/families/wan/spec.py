@@ -197,12 +197,7 @@ def wan_variant(index: Mapping[str, Any]) -> Variant:
     if two_experts and index.get("boundary_ratio") is None:
         raise ValueError("model_index.json has transformer_2 but no boundary_ratio; set boundary_ratio (e.g. 0.875)")
     tasks = frozenset({TaskType.I2V}) if cls == I2V_PIPELINE else frozenset({TaskType.T2V, TaskType.T2I, TaskType.V2V})
-    weights = [
-        WeightSpec(component="transformer", kind="WanDiT", subfolder="transformer", load=_load_transformer("transformer")),
-        WeightSpec(component="vae", kind="WanVAE", subfolder="vae", load=_load_vae),
-        WeightSpec(component="text_encoder", kind="UMT5 encoder + tokenizer", subfolder=("text_encoder", "tokenizer"), load=_load_text),
-        WeightSpec(component="sampler", kind="scheduler config", subfolder="scheduler", load=_load_scheduler),
-    ]
+    weights = _core_weights("WanDiT")
     if two_experts:
         weights.append(
             WeightSpec(component="transformer_2", kind="WanDiT (low-noise expert)", subfolder="transformer_2",
@@ -215,6 +210,16 @@ def wan_variant(index: Mapping[str, Any]) -> Variant:
     return Variant(name=f"{generation}-{'i2v' if cls == I2V_PIPELINE else 't2v'}", tasks=tasks, weights=tuple(weights))
 
 
+def _core_weights(dit_kind: str, vae_kind: str = "WanVAE") -> list[WeightSpec]:
+    """Every Wan variant's transformer, VAE, UMT5 and scheduler."""
+    return [
+        WeightSpec(component="transformer", kind=dit_kind, subfolder="transformer", load=_load_transformer("transformer")),
+        WeightSpec(component="vae", kind=vae_kind, subfolder="vae", load=_load_vae),
+        WeightSpec(component="text_encoder", kind="UMT5 encoder + tokenizer", subfolder=("text_encoder", "tokenizer"), load=_load_text),
+        WeightSpec(component="sampler", kind="scheduler config", subfolder="scheduler", load=_load_scheduler),
+    ]
+
+
 def _ti2v_variant(index: Mapping[str, Any]) -> Variant:
     """Wan2.2 TI2V-5B (``expand_timesteps``): one DiT for text- and image-to-video."""
     if _present(index, "transformer_2") or index.get("boundary_ratio") is not None:
@@ -223,12 +228,7 @@ def _ti2v_variant(index: Mapping[str, Any]) -> Variant:
     if _present(index, "image_encoder"):
         raise ValueError("model_index.json sets expand_timesteps (Wan2.2 TI2V-5B) and an image_encoder; TI2V "
                          "conditions on the first frame's VAE latents: drop image_encoder")
-    weights = (
-        WeightSpec(component="transformer", kind="WanDiT", subfolder="transformer", load=_load_transformer("transformer")),
-        WeightSpec(component="vae", kind="WanVAE (Wan2.2)", subfolder="vae", load=_load_vae),
-        WeightSpec(component="text_encoder", kind="UMT5 encoder + tokenizer", subfolder=("text_encoder", "tokenizer"), load=_load_text),
-        WeightSpec(component="sampler", kind="scheduler config", subfolder="scheduler", load=_load_scheduler),
-    )
+    weights = tuple(_core_weights("WanDiT", "WanVAE (Wan2.2)"))
     # ti2v: the image is optional (one model for both; TaskType.TI2V)
     tasks = frozenset({TaskType.T2V, TaskType.I2V, TaskType.TI2V, TaskType.T2I})
     return Variant(name=TI2V_VARIANT, tasks=tasks, weights=weights)
@@ -243,12 +243,7 @@ def _vace_variant(index: Mapping[str, Any]) -> Variant:
     two_experts = _present(index, "transformer_2") or index.get("boundary_ratio") is not None
     if two_experts and index.get("boundary_ratio") is None:
         raise ValueError("model_index.json has transformer_2 but no boundary_ratio; set boundary_ratio (e.g. 0.875)")
-    weights = [
-        WeightSpec(component="transformer", kind="WanVaceDiT", subfolder="transformer", load=_load_transformer("transformer")),
-        WeightSpec(component="vae", kind="WanVAE", subfolder="vae", load=_load_vae),
-        WeightSpec(component="text_encoder", kind="UMT5 encoder + tokenizer", subfolder=("text_encoder", "tokenizer"), load=_load_text),
-        WeightSpec(component="sampler", kind="scheduler config", subfolder="scheduler", load=_load_scheduler),
-    ]
+    weights = _core_weights("WanVaceDiT")
     if two_experts:
         weights.append(WeightSpec(component="transformer_2", kind="WanVaceDiT (low-noise expert)",
                                   subfolder="transformer_2", load=_load_transformer("transformer_2")))
@@ -265,15 +260,10 @@ def _animate_variant(index: Mapping[str, Any]) -> Variant:
     if _present(index, "transformer_2") or index.get("boundary_ratio") is not None:
         raise ValueError("model_index.json names WanAnimatePipeline with transformer_2 / boundary_ratio; Wan-Animate "
                          "has one transformer: drop them")
-    weights = (
-        WeightSpec(component="transformer", kind="WanAnimateDiT", subfolder="transformer", load=_load_transformer("transformer")),
-        WeightSpec(component="vae", kind="WanVAE", subfolder="vae", load=_load_vae),
-        WeightSpec(component="text_encoder", kind="UMT5 encoder + tokenizer", subfolder=("text_encoder", "tokenizer"), load=_load_text),
-        WeightSpec(component="sampler", kind="scheduler config", subfolder="scheduler", load=_load_scheduler),
+    weights = _core_weights("WanAnimateDiT") + [
         WeightSpec(component="image_encoder", kind="CLIPVisionModel + CLIPImageProcessor",
-                   subfolder=("image_encoder", "image_processor"), load=_load_image_encoder),
-    )
-    return Variant(name=ANIMATE_VARIANT, tasks=frozenset({TaskType.V2V}), weights=weights)
+                   subfolder=("image_encoder", "image_processor"), load=_load_image_encoder)]
+    return Variant(name=ANIMATE_VARIANT, tasks=frozenset({TaskType.V2V}), weights=tuple(weights))
 
 
 def is_vace(variant: Variant) -> bool:

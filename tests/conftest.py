@@ -58,6 +58,15 @@ def wan_vace_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def wan_animate_dir(tmp_path_factory):
+    from tests.wan_checkpoint import save_wan_checkpoint
+
+    folder = tmp_path_factory.mktemp("wan_animate")
+    save_wan_checkpoint(folder, "animate")
+    return folder
+
+
+@pytest.fixture(scope="session")
 def far_dir(tmp_path_factory):
     from tests.models.far.checkpoint import save_far_checkpoint
 

@@ -64,6 +64,33 @@ def tiny_vace_transformer(seed: int = 2):
         vace_in_channels=96).eval()
 
 
+FACE_SIZE = 16  # the motion encoder's face crop (512 released): 16 -> 8 -> 4 -> 1x1
+
+
+def tiny_animate_transformer(seed: int = 2, *, added_kv_proj_dim: int | None = 24):
+    """A Wan-Animate DiT (``WanAnimateTransformer3DModel``): 4 blocks, face adapters after blocks 0
+    and 2, CLIP image tokens (16 wide), a 16 px face crop. diffusers starts several parameters at
+    zeros or ones (fused-activation biases, the face padding tokens, norms): every parameter is
+    redrawn at random so each one reaches the output."""
+    from diffusers import WanAnimateTransformer3DModel
+
+    torch.manual_seed(seed)
+    model = WanAnimateTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=36, latent_channels=16,
+        out_channels=16, text_dim=TEXT_DIM, freq_dim=16, ffn_dim=32, num_layers=4, cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads", eps=1e-6, image_dim=CLIP_DIM, added_kv_proj_dim=added_kv_proj_dim,
+        rope_max_seq_len=32, motion_encoder_channel_sizes={"4": 8, "8": 8, "16": 8}, motion_encoder_size=FACE_SIZE,
+        motion_style_dim=8, motion_dim=4, motion_encoder_dim=8, face_encoder_hidden_dim=8, face_encoder_num_heads=2,
+        inject_face_latents_blocks=2, motion_encoder_batch_size=3).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "weight" in name and ("norm" in name or "motion" in name or name.endswith("conv_in.weight")):
+                p.copy_(torch.randn_like(p) * 0.5 + (1.0 if "norm" in name else 0.0))
+            elif "weight" not in name or "scale_shift" in name:  # biases, padding tokens, tables
+                p.copy_(torch.randn_like(p) * 0.2)
+    return model
+
+
 CLIP_DIM, CLIP_SIZE, CLIP_PATCH = 16, 32, 8  # 1 + (32 / 8)^2 = 17 image tokens (ViT-H/14: 1280, 224, 14 -> 257)
 CLIP_TOKENS = 1 + (CLIP_SIZE // CLIP_PATCH) ** 2
 
@@ -100,10 +127,10 @@ def unipc(flow_shift: float = 3.0):
 def make_wan_pipeline(kind: str = "t2v", tokenizer_dir: Path | None = None):
     """A diffusers Wan pipeline: kind in {"t2v", "t2v_a14b" (two experts), "i2v" (Wan2.2, latent concat),
     "i2v_clip" (Wan2.1 I2V: + CLIP image tokens), "flf2v" (Wan2.1 FLF2V: CLIP tokens of two frames),
-    "vace" (Wan VACE: control video / mask / reference images)}."""
+    "vace" (Wan VACE: control video / mask / reference images), "animate" (Wan-Animate)}."""
     import tempfile
 
-    from diffusers import WanImageToVideoPipeline, WanPipeline, WanVACEPipeline
+    from diffusers import WanAnimatePipeline, WanImageToVideoPipeline, WanPipeline, WanVACEPipeline
 
     tok_dir = tokenizer_dir or Path(tempfile.mkdtemp())
     tokenizer = tiny_tokenizer(tok_dir)
@@ -113,6 +140,10 @@ def make_wan_pipeline(kind: str = "t2v", tokenizer_dir: Path | None = None):
         return WanPipeline(transformer=tiny_transformer(2), **common)
     if kind == "vace":
         return WanVACEPipeline(transformer=tiny_vace_transformer(), **common)
+    if kind == "animate":
+        encoder, processor = tiny_image_encoder()
+        return WanAnimatePipeline(transformer=tiny_animate_transformer(), image_encoder=encoder,
+                                  image_processor=processor, **common)
     if kind == "t2v_a14b":
         return WanPipeline(transformer=tiny_transformer(2), transformer_2=tiny_transformer(3), boundary_ratio=0.5, **common)
     if kind == "i2v":

@@ -115,7 +115,8 @@ class VideoPart(_FramePart):
     # source: the video to transform (v2v) or the control video (Wan VACE); mask: per-frame masks (white: generate)
     # first_frame / keyframe: a frame sequence held from the first frame / from ``frame_index`` (LTX-2's video
     # guides, e.g. a Canny / depth / pose control video; diffusers LTX2VideoCondition with a list of frames)
-    role: Literal["source", "mask", "first_frame", "keyframe"] = "source"
+    # pose / face: Wan-Animate's driving skeleton video and face crops (WanAnimatePipeline's pose_video / face_video)
+    role: Literal["source", "mask", "first_frame", "keyframe", "pose", "face"] = "source"
 
 
 class AudioPart(_MediaPart):

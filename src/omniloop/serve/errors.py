@@ -87,6 +87,7 @@ WIRE_NAMES = {
     "inputs": "input_reference",  # the reference image (or video) the wire request carries
     "inputs.last_frame": "last_image",  # the last frame of a first-last-frame video
     "inputs.video": "video", "inputs.mask": "mask", "inputs.reference": "reference_images",  # Wan VACE's controls
+    "inputs.pose": "pose_video", "inputs.face": "face_video",  # Wan-Animate's driving videos
     "task": "input_reference",  # the wire declares no task: the reference image's presence picks it
 }
 # one wire field that carries several request fields: an error on all of them is about it

@@ -124,6 +124,11 @@ class _VideoCreateBase(_GenerationWire):
     reference_images: list[str] | None = Field(default=None, max_length=8, description="Wan VACE: images the video "
                                                "shows (a subject, a style), data: URLs or base64 (multipart: upload "
                                                "each under this name)")
+    pose_video: str | None = Field(default=None, description="Wan-Animate: the driving pose (skeleton) video at the "
+                                   "output size, its frames set num_frames (4k+1); data: URL or base64 (multipart: "
+                                   "upload the file); the character is reference_images[0]")
+    face_video: str | None = Field(default=None, description="Wan-Animate: the driving face crops, one per pose frame; "
+                                   "data: URL or base64 (multipart: upload the file)")
     node_params: dict[str, dict[str, Any]] | None = Field(
         default=None, description="per graph node options, validated by the model (e.g. {'denoise': {'domain': "
         "'bridge_orig_lerobot'}} for an embodiment)")

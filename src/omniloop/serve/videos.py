@@ -22,7 +22,8 @@ POLL_AFTER_MS = 250
 
 # The body is read by hand (JSON or multipart, size-limited); OpenAPI gets it from app.py.
 FILE_FIELDS = ("input_reference", "last_image",  # the first frame, and the last one (first-last-frame video)
-               "video", "control_video", "mask", "reference_images")  # a video to transform, its mask (Wan VACE)
+               "video", "control_video", "mask", "reference_images",  # a video to transform, its mask (Wan VACE)
+               "pose_video", "face_video")  # Wan-Animate's driving videos
 MAX_REFERENCE_IMAGES = 8
 CREATE_BODY_DOC = {"json": "VideoCreateRequest", "multipart": "VideoCreateForm", "file_fields": FILE_FIELDS}
 
@@ -51,7 +52,7 @@ async def create_video(request: Request, state: State) -> VideoObject:
         wire = parse_body(VideoCreateRequest, fields)
         job_id = new_id("video")
         model = state.served(wire.model)
-        controls = {name: files.get(name) for name in ("video", "control_video", "mask")}
+        controls = {name: files.get(name) for name in ("video", "control_video", "mask", "pose_video", "face_video")}
         omni, call = openai_video(wire, job_id, model, upload=files.get("input_reference"),
                                   last_upload=files.get("last_image"),
                                   control_uploads={**controls, "reference_images": references})
@@ -60,7 +61,8 @@ async def create_video(request: Request, state: State) -> VideoObject:
                                    role_params={"last_frame": "last_image", "mask": "mask",
                                                 "reference": "reference_images"})
         await check_request_videos(omni, cap, {"source": call.video_controls.video_param if call.video_controls else "video",
-                                               "mask": "mask", "keyframe": "keyframes"})
+                                               "mask": "mask", "keyframe": "keyframes", "pose": "pose_video",
+                                               "face": "face_video"})
         geometry = Geometry.of(omni, model.defaults, wire.seconds)
         job = Job(id=job_id, kind=JobKind.VIDEO, model=model.name, prompt=wire.prompt, geometry=geometry)
         await state.submit([job], [omni], call.names)

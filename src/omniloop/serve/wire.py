@@ -379,6 +379,12 @@ class VideoControls:
     video_param: str = "video"
     mask: Any = None
     references: list[Any] = field(default_factory=list)
+    pose: Any = None  # Wan-Animate's driving pose video
+    face: Any = None  # and face video
+
+    @property
+    def animates(self) -> bool:
+        return self.pose is not None or self.face is not None
 
     def parts(self, model: ServedModel) -> list[Any]:
         """The request parts, refused naming the field where ``model`` takes none."""
@@ -386,6 +392,10 @@ class VideoControls:
                                     ("reference_images", bool(self.references), "reference")):
             if given and needs not in model.control_inputs:
                 raise WireError(param, f"{model.name!r} takes no {param.replace('_', ' ')} (a video-control model such as VACE does); "
+                                "omit it", code="unsupported")
+        for param, given, role in (("pose_video", self.pose, "pose"), ("face_video", self.face, "face")):
+            if given is not None and role not in model.control_inputs:
+                raise WireError(param, f"{model.name!r} takes no {param.replace('_', ' ')} (a character-animation model does); "
                                 "omit it", code="unsupported")
         if self.mask is not None and self.video is None:
             raise WireError("mask", "a mask says which pixels of the video to generate; pass video too",
@@ -400,6 +410,10 @@ class VideoControls:
             parts.append(media_part(self.mask, "mask", _mask_part, "image"))
         for i, ref in enumerate(self.references):
             parts.append(reference_image(ref, f"reference_images[{i}]", role="reference"))
+        if self.pose is not None:
+            parts.append(media_part(self.pose, "pose_video", lambda b64: VideoPart(role="pose", b64=b64), "video"))
+        if self.face is not None:
+            parts.append(media_part(self.face, "face_video", lambda b64: VideoPart(role="face", b64=b64), "video"))
         return parts
 
 
@@ -424,7 +438,7 @@ def video_request(call: WireCall, request_id: str, model: ServedModel) -> OmniRe
                         code="missing")
     controls = call.video_controls.parts(model) if call.video_controls is not None else []
     keyframes = _keyframe_parts(call.keyframes, model)
-    if any(isinstance(p, VideoPart) and p.role == "source" for p in controls):
+    if any(isinstance(p, VideoPart) and p.role in ("source", "pose", "face") for p in controls):
         if image is not None:
             raise WireError(call.image_param, "a video to transform takes no first frame; omit one of them")
         task = TaskType.V2V
@@ -533,9 +547,11 @@ def _video_controls(wire: Any, uploads: Mapping[str, Any]) -> VideoControls | No
     video = uploads.get(video_param) or (wire.control_video if video_param == "control_video" else wire.video)
     mask = uploads.get("mask") or wire.mask
     references = list(uploads.get("reference_images") or ()) or list(wire.reference_images or ())
-    if video is None and mask is None and not references:
+    pose = uploads.get("pose_video") or wire.pose_video
+    face = uploads.get("face_video") or wire.face_video
+    if video is None and mask is None and not references and pose is None and face is None:
         return None
-    return VideoControls(video=video, video_param=video_param, mask=mask, references=references)
+    return VideoControls(video=video, video_param=video_param, mask=mask, references=references, pose=pose, face=face)
 
 
 def openai_images(wire: Any, request_ids: list[str], model: ServedModel) -> tuple[list[OmniRequest], WireCall]:

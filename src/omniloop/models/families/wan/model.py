@@ -45,7 +45,8 @@ __all__ = ["FP32LayerNorm", "KEEP_IN_FP32_COMPONENTS", "WanBlock", "WanDiT", "Wa
 # is loaded in bf16/fp16 (diffusers' ``WanTransformer3DModel._keep_in_fp32_modules``; our
 # module names keep those components so the same rule applies to our keys).
 KEEP_IN_FP32_COMPONENTS: frozenset[str] = frozenset(
-    {"rope", "time_embedder", "scale_shift_table", "norm1", "norm2", "norm3"}
+    {"rope", "time_embedder", "scale_shift_table", "norm1", "norm2", "norm3",
+     "motion_synthesis_weight"}  # (the last: Wan-Animate's motion basis, QR-orthonormalised in fp32)
 )
 
 _QK_NORMS = ("rms_norm_across_heads", None)
@@ -147,7 +148,8 @@ class WanDiTConfig:
     def from_diffusers_config(cls, d: dict[str, Any]) -> "WanDiTConfig":
         """Build from a diffusers ``transformer/config.json`` dict (unknown keys refused)."""
         return config_from_diffusers(cls, d, "WanTransformer3DModel",
-                                     " (a Wan VACE DiT's config is WanVACETransformer3DModel's: WanVaceConfig; Wan Animate is not supported)")
+                                     " (a Wan VACE DiT's config is WanVACETransformer3DModel's: WanVaceConfig; a Wan-Animate "
+                                     "DiT's WanAnimateTransformer3DModel's: animate_dit.WanAnimateConfig)")
 
 
 # --------------------------------------------------------------------------------------

@@ -20,6 +20,9 @@ WAN_DEFAULTS = GenerationDefaults(
     strength=0.8,  # WanVideoToVideoPipeline's: loops from given latents (v2v, latent inputs) run the last 80%
 )
 
+# Wan2.2-Animate-14B (WanAnimatePipeline's call: 720x1280, 20 steps, no CFG; num_frames comes from the pose video)
+ANIMATE_DEFAULTS = WAN_DEFAULTS.replace(height=720, width=1280, steps=20, guidance_scale=1.0, num_frames=77)
+
 # Wan2.2 TI2V-5B (diffusers' example call: 704x1280, 121 frames at 24 fps)
 TI2V_DEFAULTS = WAN_DEFAULTS.replace(height=704, width=1280, num_frames=121, fps=24)
 

@@ -34,10 +34,13 @@ from omniloop.pipeline.spec import Node, PipelineSpec
 from omniloop.pipeline.loops.decode import VideoDecodeLoop
 from omniloop.pipeline.stages import LATENTS_GIVEN, GivenLatents, TextEncode
 from omniloop.models.families.wan.parallelize import WAN_PARALLEL
-from omniloop.models.families.wan.presets import TEACACHE_DEFAULT, TEACACHE_POLYNOMIALS, TI2V_DEFAULTS, WAN_DEFAULTS
+from omniloop.models.families.wan.presets import ANIMATE_DEFAULTS, TEACACHE_DEFAULT, TEACACHE_POLYNOMIALS, TI2V_DEFAULTS, WAN_DEFAULTS
 from omniloop.models.families.wan.stages import (IMAGE_ENCODE_NODE, WanDenoiseLoop, WanDenoiser, WanImageCondition, WanImageEncode,
                                                  WanVideoEncode, first_frame)
 from omniloop.models.families.wan.ti2v import FirstFrameLatents, Ti2vDenoiser, Ti2vImageCondition
+from omniloop.models.families.wan.animate import (AnimateCondition, AnimateDenoiseLoop, AnimateDenoiser,
+                                                  AnimateImageEncode, animate_validator)
+from omniloop.models.families.wan.animate_dit import WanAnimateDiT
 from omniloop.models.families.wan.vace import VaceCondition, VaceDenoiseLoop, VaceDenoiser
 from omniloop.models.families.wan.validate import make_validator, size_caps, vace_validator
 from omniloop.models.families.wan.model import WanVaceDiT
@@ -50,6 +53,8 @@ T2V_PIPELINE = "WanPipeline"
 I2V_PIPELINE = "WanImageToVideoPipeline"
 V2V_PIPELINE = "WanVideoToVideoPipeline"  # the T2V weights; task v2v starts from the encoded video
 VACE_PIPELINE = "WanVACEPipeline"  # control video / mask / reference images (vace.py)
+ANIMATE_PIPELINE = "WanAnimatePipeline"  # reference image + pose / face videos (animate.py)
+ANIMATE_VARIANT = "wan2.2-animate"
 TI2V_VARIANT = "wan2.2-ti2v"  # expand_timesteps: Wan2.2 TI2V-5B
 
 
@@ -182,6 +187,8 @@ def wan_variant(index: Mapping[str, Any]) -> Variant:
         return _ti2v_variant(index)
     if cls == VACE_PIPELINE:
         return _vace_variant(index)
+    if cls == ANIMATE_PIPELINE:
+        return _animate_variant(index)
     clip = cls == I2V_PIPELINE and _present(index, "image_encoder")
     if clip and not _present(index, "image_processor"):
         raise ValueError("model_index.json has an image_encoder but no image_processor; Wan2.1 I2V needs both "
@@ -190,12 +197,7 @@ def wan_variant(index: Mapping[str, Any]) -> Variant:
     if two_experts and index.get("boundary_ratio") is None:
         raise ValueError("model_index.json has transformer_2 but no boundary_ratio; set boundary_ratio (e.g. 0.875)")
     tasks = frozenset({TaskType.I2V}) if cls == I2V_PIPELINE else frozenset({TaskType.T2V, TaskType.T2I, TaskType.V2V})
-    weights = [
-        WeightSpec(component="transformer", kind="WanDiT", subfolder="transformer", load=_load_transformer("transformer")),
-        WeightSpec(component="vae", kind="WanVAE", subfolder="vae", load=_load_vae),
-        WeightSpec(component="text_encoder", kind="UMT5 encoder + tokenizer", subfolder=("text_encoder", "tokenizer"), load=_load_text),
-        WeightSpec(component="sampler", kind="scheduler config", subfolder="scheduler", load=_load_scheduler),
-    ]
+    weights = _core_weights("WanDiT")
     if two_experts:
         weights.append(
             WeightSpec(component="transformer_2", kind="WanDiT (low-noise expert)", subfolder="transformer_2",
@@ -208,6 +210,16 @@ def wan_variant(index: Mapping[str, Any]) -> Variant:
     return Variant(name=f"{generation}-{'i2v' if cls == I2V_PIPELINE else 't2v'}", tasks=tasks, weights=tuple(weights))
 
 
+def _core_weights(dit_kind: str, vae_kind: str = "WanVAE") -> list[WeightSpec]:
+    """Every Wan variant's transformer, VAE, UMT5 and scheduler."""
+    return [
+        WeightSpec(component="transformer", kind=dit_kind, subfolder="transformer", load=_load_transformer("transformer")),
+        WeightSpec(component="vae", kind=vae_kind, subfolder="vae", load=_load_vae),
+        WeightSpec(component="text_encoder", kind="UMT5 encoder + tokenizer", subfolder=("text_encoder", "tokenizer"), load=_load_text),
+        WeightSpec(component="sampler", kind="scheduler config", subfolder="scheduler", load=_load_scheduler),
+    ]
+
+
 def _ti2v_variant(index: Mapping[str, Any]) -> Variant:
     """Wan2.2 TI2V-5B (``expand_timesteps``): one DiT for text- and image-to-video."""
     if _present(index, "transformer_2") or index.get("boundary_ratio") is not None:
@@ -216,12 +228,7 @@ def _ti2v_variant(index: Mapping[str, Any]) -> Variant:
     if _present(index, "image_encoder"):
         raise ValueError("model_index.json sets expand_timesteps (Wan2.2 TI2V-5B) and an image_encoder; TI2V "
                          "conditions on the first frame's VAE latents: drop image_encoder")
-    weights = (
-        WeightSpec(component="transformer", kind="WanDiT", subfolder="transformer", load=_load_transformer("transformer")),
-        WeightSpec(component="vae", kind="WanVAE (Wan2.2)", subfolder="vae", load=_load_vae),
-        WeightSpec(component="text_encoder", kind="UMT5 encoder + tokenizer", subfolder=("text_encoder", "tokenizer"), load=_load_text),
-        WeightSpec(component="sampler", kind="scheduler config", subfolder="scheduler", load=_load_scheduler),
-    )
+    weights = tuple(_core_weights("WanDiT", "WanVAE (Wan2.2)"))
     # ti2v: the image is optional (one model for both; TaskType.TI2V)
     tasks = frozenset({TaskType.T2V, TaskType.I2V, TaskType.TI2V, TaskType.T2I})
     return Variant(name=TI2V_VARIANT, tasks=tasks, weights=weights)
@@ -236,17 +243,27 @@ def _vace_variant(index: Mapping[str, Any]) -> Variant:
     two_experts = _present(index, "transformer_2") or index.get("boundary_ratio") is not None
     if two_experts and index.get("boundary_ratio") is None:
         raise ValueError("model_index.json has transformer_2 but no boundary_ratio; set boundary_ratio (e.g. 0.875)")
-    weights = [
-        WeightSpec(component="transformer", kind="WanVaceDiT", subfolder="transformer", load=_load_transformer("transformer")),
-        WeightSpec(component="vae", kind="WanVAE", subfolder="vae", load=_load_vae),
-        WeightSpec(component="text_encoder", kind="UMT5 encoder + tokenizer", subfolder=("text_encoder", "tokenizer"), load=_load_text),
-        WeightSpec(component="sampler", kind="scheduler config", subfolder="scheduler", load=_load_scheduler),
-    ]
+    weights = _core_weights("WanVaceDiT")
     if two_experts:
         weights.append(WeightSpec(component="transformer_2", kind="WanVaceDiT (low-noise expert)",
                                   subfolder="transformer_2", load=_load_transformer("transformer_2")))
     return Variant(name=f"{'wan2.2' if two_experts else 'wan2.1'}-vace", tasks=frozenset({TaskType.T2V, TaskType.V2V}),
                    weights=tuple(weights))
+
+
+def _animate_variant(index: Mapping[str, Any]) -> Variant:
+    """Wan-Animate (``WanAnimatePipeline``): one DiT with CLIP image tokens; task v2v (a
+    reference image moved by pose / face videos)."""
+    if not (_present(index, "image_encoder") and _present(index, "image_processor")):
+        raise ValueError("model_index.json names WanAnimatePipeline without an image_encoder / image_processor; "
+                         "Wan-Animate needs both (the CLIP tokens of the reference image)")
+    if _present(index, "transformer_2") or index.get("boundary_ratio") is not None:
+        raise ValueError("model_index.json names WanAnimatePipeline with transformer_2 / boundary_ratio; Wan-Animate "
+                         "has one transformer: drop them")
+    weights = _core_weights("WanAnimateDiT") + [
+        WeightSpec(component="image_encoder", kind="CLIPVisionModel + CLIPImageProcessor",
+                   subfolder=("image_encoder", "image_processor"), load=_load_image_encoder)]
+    return Variant(name=ANIMATE_VARIANT, tasks=frozenset({TaskType.V2V}), weights=tuple(weights))
 
 
 def is_vace(variant: Variant) -> bool:
@@ -298,6 +315,8 @@ def wan_pipeline_spec(variant: Variant, *, boundary_ratio: float | None, cfg_mod
         return ti2v_pipeline_spec(variant, cfg_mode=cfg_mode, decode_whole=decode_whole)
     if is_vace(variant):
         return vace_pipeline_spec(variant, boundary_ratio=boundary_ratio, cfg_mode=cfg_mode, decode_whole=decode_whole)
+    if variant.name == ANIMATE_VARIANT:
+        return animate_pipeline_spec(variant, cfg_mode=cfg_mode, decode_whole=decode_whole)
     i2v = TaskType.I2V in variant.tasks
     clip = any(w.component == "image_encoder" for w in variant.weights)
     nodes = [Node("text_encode", TextEncode())]
@@ -357,6 +376,23 @@ def vace_pipeline_spec(variant: Variant, *, boundary_ratio: float | None, cfg_mo
     return _wan_spec(variant, nodes, control_inputs=frozenset({"mask", "reference"}))
 
 
+def animate_pipeline_spec(variant: Variant, *, cfg_mode: CFGMode = "sequential",
+                          decode_whole: bool | None = False) -> PipelineSpec:
+    """Wan-Animate: the reference image's CLIP tokens, the reference / pose / face conditioning
+    (``animate.py``), the denoise loop over the reference frame and the video's (the reference
+    frame dropped before decoding)."""
+    denoise = AnimateDenoiseLoop(AnimateDenoiser(), cfg=ClassicCFG(mode=cfg_mode), routing=SingleModel(),
+                                 shift=FlowShift(), conditioning=LatentConcat())
+    nodes = (
+        Node("text_encode", TextEncode()),
+        Node(IMAGE_ENCODE_NODE, AnimateImageEncode()),
+        Node("animate_condition", AnimateCondition()),
+        Node("denoise", denoise),
+        _decode_node(decode_whole),
+    )
+    return _wan_spec(variant, nodes, control_inputs=frozenset({"reference", "pose", "face", "mask"}))
+
+
 def _routing(boundary_ratio: float | None) -> BoundaryTimestepRouting | SingleModel:
     """Wan2.2 A14B's two experts switch at ``boundary_ratio``; one DiT otherwise."""
     return BoundaryTimestepRouting(boundary_ratio) if boundary_ratio is not None else SingleModel()
@@ -393,7 +429,14 @@ def build_wan(variant: Variant, index: Mapping[str, Any], components: Mapping[st
                          f"tokens); got image_dim={image_dim} with{'out' * ('image_encoder' not in components)} an "
                          "image_encoder: pass a checkpoint that has both or neither")
     check_vace_components(components, is_vace(variant))
+    animate = variant.name == ANIMATE_VARIANT
+    if animate != isinstance(components["transformer"], WanAnimateDiT):
+        raise ValueError("transformer/config.json and model_index.json disagree on Wan-Animate: a WanAnimatePipeline "
+                         "folder holds a WanAnimateTransformer3DModel and no other Wan pipeline does; fix _class_name")
     spec = wan_pipeline_spec(variant, boundary_ratio=boundary, cfg_mode=options.cfg_mode)
+    if animate:
+        check_concat_components(components["vae"], components["transformer"])
+        return _pipeline(spec, components, ANIMATE_DEFAULTS, options, animate=True)
     if is_vace(variant):
         vace = vace_validator(components["transformer"].config, components["vae"].config.scale_factor_temporal)
         return _pipeline(spec, components, WAN_DEFAULTS, options, vace, vace=True)
@@ -413,6 +456,7 @@ def _pipeline(
     wrap_validator: Callable[[Callable[[OmniRequest], OmniRequest]], Callable[[OmniRequest], OmniRequest]] | None = None,
     limits: ModelLimits | None = None,
     vace: bool = False,
+    animate: bool = False,
 ) -> Pipeline:
     vae = components["vae"]
     dit = components["transformer"]
@@ -421,7 +465,10 @@ def _pipeline(
     defaults = model_defaults.replace(**{name: value for name, (value, _) in caps.items()},
                                       size_multiple=vae.config.scale_factor_spatial * dit.config.patch_size[1],
                                       frames_per_latent=vae.config.scale_factor_temporal)
-    validate = make_validator(defaults, vae.config, dit.config, components["sampler"], caps, vace=vace)
+    if animate:
+        validate = animate_validator(defaults, vae.config, dit.config, components["sampler"], caps)
+    else:
+        validate = make_validator(defaults, vae.config, dit.config, components["sampler"], caps, vace=vace)
     return Pipeline(
         spec=spec,
         components=components,
@@ -441,7 +488,7 @@ WAN_FAST_PATH = FastPath(attention_backends=("sdpa_cudnn", "sdpa"), cfg_mode="ba
 WAN = register_model_spec(
     ModelSpec(
         family="wan",
-        diffusers_classes=(T2V_PIPELINE, I2V_PIPELINE, V2V_PIPELINE, VACE_PIPELINE),
+        diffusers_classes=(T2V_PIPELINE, I2V_PIPELINE, V2V_PIPELINE, VACE_PIPELINE, ANIMATE_PIPELINE),
         variant=wan_variant,
         build=build_wan,
         description="Wan2.1 / Wan2.2 video DiT with the causal 3D VAE and UMT5 text encoder",

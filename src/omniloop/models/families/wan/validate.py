@@ -42,6 +42,7 @@ def make_validator(defaults: GenerationDefaults, vae: Any, dit: Any, samplers: S
     temporal = vae.scale_factor_temporal
 
     def validate(request: OmniRequest) -> OmniRequest:
+        refuse_animate_inputs(request)
         if not vace:
             refuse_vace_inputs(request)
         if request.task == TaskType.V2V:
@@ -144,6 +145,15 @@ def refuse_vace_inputs(request: OmniRequest) -> None:
             what = field.split(".")[1]
             raise InvalidRequest(f"this Wan model takes no {what} input (a Wan VACE model does: WanVACEPipeline); "
                                  f"drop the {what}, or load a VACE checkpoint", fields=(field,))
+
+
+def refuse_animate_inputs(request: OmniRequest) -> None:
+    """A pose or face video on a Wan model that is not Wan-Animate: refused naming the input."""
+    for role in ("pose", "face"):
+        if any(isinstance(p, VideoPart) and p.role == role for p in request.inputs):
+            raise InvalidRequest(f"this Wan model takes no {role} video (a Wan-Animate model does: WanAnimatePipeline); "
+                                 f"drop the VideoPart(role={role!r}), or load a Wan-Animate checkpoint",
+                                 fields=(f"inputs.{role}",))
 
 
 def vace_validator(dit: Any, temporal: int) -> Callable[[Validator], Validator]:

@@ -10,12 +10,14 @@ assigns the result, so a 14B model is never materialized twice.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Mapping, MutableMapping
 
 import torch
 
 from omniloop.models.checkpoint_files import cast_to, check_float_dtype, read_tensors, weight_files
+from omniloop.models.families.wan.animate_dit import ANIMATE_CLASS, WanAnimateConfig, WanAnimateDiT
 from omniloop.models.families.wan.model import WanDiT, WanDiTConfig, WanVaceConfig, WanVaceDiT, keeps_fp32
 from omniloop.models.layers.wan_dit import check_and_assign, compile_renames, convert_wan_keys
 
@@ -47,6 +49,22 @@ def _convert(sd: MutableMapping[str, torch.Tensor], *, consume: bool) -> dict[st
     return out
 
 
+_FACE_ADAPTER = re.compile(r"^face_adapter\.(\d+)\.")  # diffusers' Wan-Animate face adapters (top-level list)
+
+
+def _own_face_adapters(sd: dict[str, torch.Tensor], config: WanAnimateConfig) -> dict[str, torch.Tensor]:
+    """``face_adapter.K.*`` -> ``blocks.{K-th adapted block}.face_adapter.*`` (each adapter is
+    owned by the block it follows: ``animate_dit.FaceAdaptedBlock``); other keys unchanged."""
+    blocks = config.face_adapter_blocks
+    out: dict[str, torch.Tensor] = {}
+    for key, tensor in sd.items():
+        m = _FACE_ADAPTER.match(key)
+        if m is not None and int(m[1]) < len(blocks):  # an extra adapter surfaces as unexpected
+            key = f"blocks.{blocks[int(m[1])]}.face_adapter." + key[m.end():]
+        out[key] = tensor
+    return out
+
+
 def dit_state_dict_from_diffusers(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """diffusers ``WanTransformer3DModel`` state dict -> :class:`WanDiT` state dict.
 
@@ -65,7 +83,8 @@ def load_wan_dit(
     dtype: torch.dtype = torch.bfloat16,
 ) -> WanDiT:
     """Load a diffusers-format Wan transformer folder as :class:`WanDiT` on ``device`` (a
-    ``WanVACETransformer3DModel`` folder as :class:`WanVaceDiT`).
+    ``WanVACETransformer3DModel`` folder as :class:`WanVaceDiT`, a ``WanAnimateTransformer3DModel``
+    one as :class:`WanAnimateDiT`).
 
     Floating-point weights are cast to ``dtype`` except those diffusers keeps in fp32 (time
     embedder, ``scale_shift_table`` s, the ``norm1/2/3`` LayerNorm affines), which stay fp32.
@@ -78,8 +97,10 @@ def load_wan_dit(
             f"{config_path} not found; pass the diffusers `transformer/` folder of a Wan checkpoint"
         )
     raw_config = json.loads(config_path.read_text())
-    vace = raw_config.get("_class_name") == VACE_CLASS
-    config = (WanVaceConfig if vace else WanDiTConfig).from_diffusers_config(raw_config)
+    class_name = raw_config.get("_class_name")
+    by_class: dict[str, type[WanDiTConfig]] = {VACE_CLASS: WanVaceConfig, ANIMATE_CLASS: WanAnimateConfig}
+    config_cls = by_class.get(class_name, WanDiTConfig)
+    config = config_cls.from_diffusers_config(raw_config)
     files = weight_files(folder, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, "Wan DiT", "; pass the diffusers `transformer/` folder")
     # diffusers' fp32 rule on its own key (a dotted component in _keep_in_fp32_modules); our
     # renames keep those components, so our keys answer the same (keeps_fp32 docs).
@@ -90,13 +111,21 @@ def load_wan_dit(
         raise ValueError(f"checkpoint {folder}: {err}") from None
 
     with torch.device("meta"):
-        model = WanVaceDiT(config) if isinstance(config, WanVaceConfig) else WanDiT(config)
-    check_and_assign(model, sd, str(folder), f"pass a diffusers {VACE_CLASS if vace else 'WanTransformer3DModel'} "
-                     "folder whose config.json describes its weights")
+        model = _build(config)
+    if isinstance(config, WanAnimateConfig):
+        sd = _own_face_adapters(sd, config)
+    what = class_name if class_name in (VACE_CLASS, ANIMATE_CLASS) else "WanTransformer3DModel"
+    check_and_assign(model, sd, str(folder), f"pass a diffusers {what} folder whose config.json describes its weights")
     model.rope.reset_tables(device)  # constant buffer, not in the checkpoint; built on meta above
     leftover = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     assert not leftover, f"tensors still on meta after load: {leftover}"
     return model.eval()
+
+
+def _build(config: WanDiTConfig) -> WanDiT:
+    if isinstance(config, WanAnimateConfig):
+        return WanAnimateDiT(config)
+    return WanVaceDiT(config) if isinstance(config, WanVaceConfig) else WanDiT(config)
 
 
 # -- single files in the original Wan layout (Wan-AI's repos, ComfyUI's diffusion_models/) --------

@@ -60,7 +60,8 @@ def test_models_lists_builtins_and_families(capsys):
     families = re.findall(r"^  (\S+) ", out.split("\nfamilies")[1], re.M)
     assert families == sorted(set(families)) and {"far", "wan"} <= set(families), families
     wan = out.split("\n  wan ")[1].splitlines()
-    assert wan[1].split() == ["WanPipeline,", "WanImageToVideoPipeline,", "WanVideoToVideoPipeline,", "WanVACEPipeline"]
+    assert wan[1].split() == ["WanPipeline,", "WanImageToVideoPipeline,", "WanVideoToVideoPipeline,", "WanVACEPipeline,",
+                            "WanAnimatePipeline"]
     assert wan[2].strip().startswith("or omniloop_model.json: Wan DiT + causal 3D VAE in omniloop's manifest layout")
 
 

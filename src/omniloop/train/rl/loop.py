@@ -21,6 +21,7 @@ from typing import Any, Callable, Protocol
 import torch
 
 from omniloop.train.rl.buffer import TrainingBatch, TrajectoryBuffer
+from omniloop.train.rl.objectives.dpo import DPOConfig, PreferencePair, dpo_loss
 from omniloop.train.rl.objectives.diffusion_nft import NFTConfig, blend_old_policy, nft_loss
 from omniloop.train.rl.objectives.flow_grpo import (FlowGRPOConfig, flow_grpo_loss, mean_metrics, trained_steps,
                                                     trainer_log_probs)
@@ -91,6 +92,27 @@ class NFTUpdate:
             torch.nn.utils.clip_grad_norm_(self.policy.transformer.parameters(), self.max_grad_norm)
         self.optimizer.step()
         blend_old_policy(self.old_policy.transformer, self.policy.transformer, self.config.old_decay)
+        return metrics
+
+
+@dataclass
+class DPOUpdate:
+    """One Diffusion-DPO update on a minibatch of preference pairs against a frozen reference."""
+
+    policy: TextConditionedPolicy
+    reference: VelocityModel
+    optimizer: torch.optim.Optimizer
+    config: DPOConfig
+    generator: torch.Generator
+    max_grad_norm: float | None = 1.0
+
+    def __call__(self, pairs: list[PreferencePair]) -> dict[str, float]:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss, metrics = dpo_loss(self.policy, self.reference, pairs, self.config, self.generator)
+        loss.backward()
+        if self.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(self.policy.transformer.parameters(), self.max_grad_norm)
+        self.optimizer.step()
         return metrics
 
 

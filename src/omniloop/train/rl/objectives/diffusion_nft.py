@@ -19,6 +19,7 @@ rollouts sample from (the weights a ``WeightSyncPlan`` would ship, design §7(g)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -83,7 +84,18 @@ def nft_loss(policy: VelocityModel, old_policy: VelocityModel, batch: TrainingBa
     return loss, metrics
 
 
-def noise_levels(config: NFTConfig, n: int, generator: torch.Generator) -> torch.Tensor:
+class NoiseLevelRange(Protocol):
+    """What :func:`noise_levels` reads (NFTConfig, DPOConfig)."""
+
+    @property
+    def t_min(self) -> float: ...
+    @property
+    def t_max(self) -> float: ...
+    @property
+    def timesteps(self) -> tuple[float, ...] | None: ...
+
+
+def noise_levels(config: NoiseLevelRange, n: int, generator: torch.Generator) -> torch.Tensor:
     """``n`` noise levels [n] fp32: uniform on ``[t_min, t_max]``, or uniform among ``timesteps``."""
     if config.timesteps is None:
         return config.t_min + (config.t_max - config.t_min) * torch.rand(n, generator=generator)

@@ -1,8 +1,16 @@
 #!/usr/bin/env python
-"""RL on the shipped shapes model through the serving engine: FlowGRPO or DiffusionNFT, sync or async.
+"""RL on the shipped shapes model through the serving engine: FlowGRPO or DiffusionNFT, sync or async;
+or Diffusion-DPO on offline preference pairs.
 
     python scripts/train_rl.py --method flow_grpo --loop sync --iterations 2 --size 64 --frames 9 --steps 8
     python scripts/train_rl.py --method nft --loop async --iterations 20 --group-size 8 --groups 4
+    python scripts/train_rl.py --method dpo --groups 8 --group-size 2 --iterations 4 [--pairs DIR | --save-pairs DIR]
+
+DPO's pairs are the model's own rollouts (``--groups`` prompts x ``--group-size`` seeds, scored by the
+reward, consecutive seeds paired: the higher reward preferred, ties dropped), or a folder of saved
+pairs (``--pairs DIR``: ``index.json`` + safetensors latents, ``objectives/dpo.py``); each iteration
+is one pass over them against the frozen initial model; ``--eval-groups N`` scores N held-out-seed
+rollouts before and after.
 
 Rollouts are seeded ``OmniRequest`` s through an in-process engine over the model's own pipeline
 (library mode: ``omniloop.train.rl.LibraryClient``), or, with ``--server URL``, through a running
@@ -27,8 +35,9 @@ from omniloop.eval.shapes_world import describe, sample_scene
 from omniloop.models.catalog import DEFAULT_MODEL
 from omniloop.train.rl import (ConsistencyLevel, HttpClient, LibraryClient, PromptList, RolloutContext,
                                RolloutProfile, RolloutSpec, adherence_reward, apply_profile, group_rollout)
-from omniloop.train.rl.loop import FlowGRPOUpdate, LoopConfig, NFTUpdate, async_loop, copy_push, no_push, sync_loop
-from omniloop.train.rl.objectives import FlowGRPOConfig, NFTConfig
+from omniloop.train.rl.loop import DPOUpdate, FlowGRPOUpdate, LoopConfig, NFTUpdate, async_loop, copy_push, no_push, sync_loop
+from omniloop.train.rl.objectives import (DPOConfig, FlowGRPOConfig, NFTConfig, PreferencePairs, load_pairs,
+                                          save_pairs)
 from omniloop.train.rl.policy import TextConditionedPolicy
 
 
@@ -49,7 +58,7 @@ def parse_weights(text: str) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=DEFAULT_MODEL)
-    p.add_argument("--method", choices=("flow_grpo", "nft"), default="flow_grpo")
+    p.add_argument("--method", choices=("flow_grpo", "nft", "dpo"), default="flow_grpo")
     p.add_argument("--loop", choices=("sync", "async"), default="sync")
     p.add_argument("--level", choices=[lv.value for lv in ConsistencyLevel], default="C1")
     p.add_argument("--iterations", type=int, default=2)
@@ -68,6 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-staleness", type=int, default=1)
     p.add_argument("--server", default=None, help="engine-client mode: a running omniloop serve")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--pairs", default=None, help="dpo: a folder of saved pairs (index.json + safetensors latents)")
+    p.add_argument("--save-pairs", default=None, help="dpo: write the pairs rolled out to this folder")
+    p.add_argument("--beta", type=float, default=2000.0, help="dpo: beta on the per-element mean velocity MSE")
+    p.add_argument("--pair-batch", type=int, default=4, help="dpo: pairs per update")
+    p.add_argument("--eval-groups", type=int, default=0, help="dpo: held-out-seed prompts scored before and after")
     args = p.parse_args(argv)
 
     torch.manual_seed(args.seed)
@@ -78,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
                        sampler="flow_sde" if args.method == "flow_grpo" else "flow_euler", steps=args.steps,
                        height=args.size, width=args.size, num_frames=args.frames, guidance_scale=guidance, decode=True)
     rollout_model = pipeline.components["transformer"]
+    if args.method == "dpo":
+        code = train_dpo(args, pipeline, spec, guidance)
+        gen.close()
+        return code
     # sync library mode trains the engine's module itself; async (and NFT's old policy) roll out a copy
     separate = args.loop == "async" or args.method == "nft"
     trained = copy.deepcopy(rollout_model) if separate else rollout_model
@@ -106,6 +124,51 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"iteration": log.iteration, "rollout_version": log.version, "trained_at": log.trained_at,
                           **log.metrics}), flush=True)
     gen.close()
+    return 0
+
+
+def train_dpo(args: argparse.Namespace, pipeline, spec: RolloutSpec, guidance: float) -> int:
+    """Diffusion-DPO in library mode: the engine's module is trained in place (later rollouts see it)
+    against a frozen copy of the initial weights."""
+    model = pipeline.components["transformer"].requires_grad_(True).train(False)
+    policy = TextConditionedPolicy.of(pipeline, guidance_scale=guidance)
+    reference = policy.with_transformer(copy.deepcopy(model).requires_grad_(False))
+    client = LibraryClient.of(pipeline, max_batch=args.group_size)
+    reward = adherence_reward(parse_weights(args.reward))
+    prompts = training_prompts(args.prompts, args.seed, args.two_object_prob)
+
+    def rollout(groups: int, seed: int, group_size: int) -> list:
+        ctx = RolloutContext(client=client, prompts=PromptList(prompts, seed=args.seed), group_size=group_size,
+                             groups=groups, spec=spec, seed=seed)
+        trajs = group_rollout(ctx)
+        reward.score(trajs)
+        return trajs
+
+    def evaluate(stage: str) -> None:
+        if args.eval_groups:  # the same prompts and seeds before and after (seeds the pairs never used)
+            trajs = rollout(args.eval_groups, args.seed + 7919, 1)
+            scores = [t.reward for t in trajs if t.usable]
+            print(json.dumps({"eval": stage, "reward_mean": sum(scores) / max(len(scores), 1),
+                              "scored": len(scores)}), flush=True)
+
+    if args.pairs:
+        pairs = load_pairs(args.pairs)
+    else:
+        pairs = PreferencePairs.from_trajectories(rollout(args.groups, args.seed, args.group_size))
+    print(json.dumps({"pairs": len(pairs), "ties_dropped": pairs.ties}), flush=True)
+    if args.save_pairs:
+        save_pairs(pairs, args.save_pairs)
+    if not len(pairs):
+        print("no preference pairs (every pair tied): roll out more groups or pass --pairs DIR", file=sys.stderr)
+        return 1
+    evaluate("before")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    generator = torch.Generator().manual_seed(args.seed)
+    update = DPOUpdate(policy, reference, optimizer, DPOConfig(beta=args.beta), generator)
+    for it in range(args.iterations):
+        records = [update(batch) for batch in pairs.minibatches(args.pair_batch, generator=generator)]
+        print(json.dumps({"iteration": it, "updates": len(records), **{k: sum(r[k] for r in records) / len(records) for k in records[0]}}), flush=True)
+    evaluate("after")
     return 0
 
 

@@ -149,3 +149,20 @@ def test_pairs_folder_round_trip_and_bad_input(tmp_path):
         PreferencePairs([PreferencePair("p", a, b), PreferencePair("q", torch.zeros(2, 4), torch.zeros(2, 4))])
     with pytest.raises(ValueError, match="beta > 0"):
         DPOConfig(beta=0.0)
+
+
+def test_train_rl_script_trains_dpo_on_a_pairs_folder(generator, wan_t2v_dir, tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    folder = save_pairs(PreferencePairs.from_trajectories(_trajectories(generator.pipeline, group=4)), tmp_path / "p")
+    path = Path(__file__).resolve().parents[3] / "scripts" / "train_rl.py"
+    spec = importlib.util.spec_from_file_location("train_rl_script", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--model", str(wan_t2v_dir), "--method", "dpo", "--pairs", str(folder), "--iterations", "2",
+                        "--pair-batch", "1", "--lr", "1e-4"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert lines[0] == {"pairs": 2, "ties_dropped": 0}
+    assert [r["iteration"] for r in lines[1:]] == [0, 1] and all(r["updates"] == 2 for r in lines[1:])
+    assert all(math.isfinite(r["loss"]) and 0 <= r["implicit_acc"] <= 1 for r in lines[1:])

@@ -35,7 +35,8 @@ from omniloop.eval.shapes_world import describe, sample_scene
 from omniloop.models.catalog import DEFAULT_MODEL
 from omniloop.train.rl import (ConsistencyLevel, HttpClient, LibraryClient, PromptList, RolloutContext,
                                RolloutProfile, RolloutSpec, adherence_reward, apply_profile, group_rollout)
-from omniloop.train.rl.loop import DPOUpdate, FlowGRPOUpdate, LoopConfig, NFTUpdate, async_loop, copy_push, no_push, sync_loop
+from omniloop.train.rl.loop import (DPOUpdate, FlowGRPOUpdate, LoopConfig, NFTUpdate, async_loop, copy_push, no_push,
+                                    sync_loop)
 from omniloop.train.rl.objectives import (DPOConfig, FlowGRPOConfig, NFTConfig, PreferencePairs, load_pairs,
                                           save_pairs)
 from omniloop.train.rl.policy import TextConditionedPolicy
@@ -167,7 +168,8 @@ def train_dpo(args: argparse.Namespace, pipeline, spec: RolloutSpec, guidance: f
     update = DPOUpdate(policy, reference, optimizer, DPOConfig(beta=args.beta), generator)
     for it in range(args.iterations):
         records = [update(batch) for batch in pairs.minibatches(args.pair_batch, generator=generator)]
-        print(json.dumps({"iteration": it, "updates": len(records), **{k: sum(r[k] for r in records) / len(records) for k in records[0]}}), flush=True)
+        means = {k: sum(r[k] for r in records) / len(records) for k in records[0]}
+        print(json.dumps({"iteration": it, "updates": len(records), **means}), flush=True)
     evaluate("after")
     return 0
 

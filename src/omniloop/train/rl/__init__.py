@@ -3,7 +3,7 @@
 ``RolloutFn`` / ``RolloutContext`` (rollout.py) drive an engine client (client.py: library,
 in-process async or HTTP) into ``Trajectory`` s (trajectory.py); the reward layer (rewards.py)
 scores them; ``TrajectoryBuffer`` (buffer.py) groups, filters and batches them with group-relative
-advantages (advantages.py); objectives (objectives/: FlowGRPO, DiffusionNFT) train a
+advantages (advantages.py); objectives (objectives/: FlowGRPO, DiffusionNFT, Diffusion-DPO) train a
 ``VelocityModel`` (policy.py); the consistency ladder (consistency.py) pins the rollout to the
 trainer; loop.py orders it all, sync or async.
 """

@@ -173,7 +173,8 @@ def _pair_errors(v: torch.Tensor, target: torch.Tensor, n_pairs: int) -> torch.T
 
 def _final(traj: Trajectory) -> torch.Tensor:
     if traj.final_latents is None:
-        raise ValueError(f"trajectory of {traj.prompt!r} has no final latents: roll out with RolloutSpec(capture='final')")
+        raise ValueError(f"trajectory of {traj.prompt!r} has no final latents: roll out with "
+                         "RolloutSpec(capture='final')")
     return traj.final_latents.float()
 
 
@@ -202,11 +203,13 @@ def load_pairs(folder: str | Path) -> PreferencePairs:
     root = Path(folder)
     index = root / INDEX
     if not index.is_file():
-        raise FileNotFoundError(f"{index} not found: a pairs folder holds {INDEX} (see save_pairs) and the latents files")
+        raise FileNotFoundError(f"{index} not found: a pairs folder holds {INDEX} (see save_pairs) and the "
+                                "latents files")
     try:
         entries = json.loads(index.read_text())["pairs"]
     except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ValueError(f"{index}: expected {{\"pairs\": [{{\"prompt\", \"preferred\", \"rejected\"}}, ...]}} ({e})") from e
+        raise ValueError(f"{index}: expected {{\"pairs\": [{{\"prompt\", \"preferred\", \"rejected\"}}, "
+                         f"...]}} ({e})") from e
     pairs = []
     for i, entry in enumerate(entries):
         where = f"{index} pair {i}"

@@ -4,7 +4,10 @@ with the advantages flipped), and bad input (small / zero-variance groups, NaN r
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +18,7 @@ from omniloop.train.rl import (LibraryClient, PromptList, RolloutContext, TokenR
                                group_rollout)
 from omniloop.train.rl.consistency import rollout_log_prob_drift
 from omniloop.train.rl.objectives import ARGRPOConfig, ar_grpo_iteration, ar_grpo_loss
-from omniloop.train.rl.objectives.ar_grpo import attach_prompt_ids, score_tokens, token_log_probs
+from omniloop.train.rl.objectives.ar_grpo import attach_prompt_ids, below_token_reward, score_tokens, token_log_probs
 
 PROMPTS = ["the cat", "hello world"]
 TOL = 2e-5  # fp32: the engine's cached batched decode vs transformers' full forward (measured <= 2e-6)
@@ -43,9 +46,7 @@ def _ctx(pipeline, *, groups=2, group_size=8, max_tokens=8, iteration=0):
                           iteration=iteration)
 
 
-def low_half(traj) -> float:
-    """The verifiable reward: the fraction of completion tokens in the lower half of the vocab."""
-    return float((traj.completion_ids < 160).float().mean())
+low_half = below_token_reward(160)  # the verifiable reward: completion tokens in the vocab's lower half (~0.5)
 
 
 def test_rollout_log_probs_equal_transformers_and_recompute(qwen2_dir):
@@ -148,3 +149,13 @@ def test_kl_to_reference_and_refused_sampling(qwen2_dir):
     assert moved["kl"] > 0 and moved["logprob_diff_max"] > 1e-3  # the weights moved: drift is reported
     with pytest.raises(ValueError, match="temperature=1.0"):
         TokenRolloutSpec(temperature=0.7)
+
+
+def test_script_ar_grpo_runs(qwen2_dir, capsys):
+    spec = importlib.util.spec_from_file_location("train_rl", Path(__file__).resolve().parents[3] / "scripts" / "train_rl.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--method", "ar_grpo", "--model", str(qwen2_dir), "--iterations", "2", "--lr", "1e-2",
+                 "--group-size", "4"]) == 0
+    logs = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert [log["iteration"] for log in logs] == [0, 1] and all(0 <= log["reward_mean"] <= 1 for log in logs)

@@ -60,6 +60,14 @@ def score_tokens(trajectories: Sequence[Trajectory], reward: TokenReward, name: 
         t.rewards = Rewards(total=value, components={name: value})
 
 
+def below_token_reward(limit: int) -> TokenReward:
+    """A verifiable token reward: the fraction of completion tokens whose id is below ``limit``."""
+    def reward(traj: Trajectory) -> float:
+        assert traj.completion_ids is not None and len(traj.completion_ids), "an AR trajectory with tokens"
+        return float((traj.completion_ids < limit).float().mean())
+    return reward
+
+
 def token_log_probs(lm: nn.Module, traj: Trajectory) -> torch.Tensor:
     """[T] fp32: ``log_softmax`` of ``lm``'s logits at each completion token, teacher-forced on
     prompt + completion (one cache-less forward, positions from 0 as the engine's prefill)."""

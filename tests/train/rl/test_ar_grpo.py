@@ -14,8 +14,8 @@ import torch
 
 from omniloop.models.loader import load_pipeline
 from omniloop.models.model_spec import LoadOptions
-from omniloop.train.rl import (LibraryClient, PromptList, RolloutContext, TokenRolloutSpec, TrajectoryBuffer,
-                               group_rollout)
+from omniloop.train.rl import (HttpClient, LibraryClient, PromptList, RolloutContext, TokenRolloutSpec,
+                               TrajectoryBuffer, group_rollout)
 from omniloop.train.rl.consistency import rollout_log_prob_drift
 from omniloop.train.rl.objectives import ARGRPOConfig, ar_grpo_iteration, ar_grpo_loss
 from omniloop.train.rl.objectives.ar_grpo import attach_prompt_ids, below_token_reward, score_tokens, token_log_probs
@@ -159,3 +159,20 @@ def test_script_ar_grpo_runs(qwen2_dir, capsys):
                  "--group-size", "4"]) == 0
     logs = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     assert [log["iteration"] for log in logs] == [0, 1] and all(0 <= log["reward_mean"] <= 1 for log in logs)
+
+
+def test_http_token_rollouts_equal_library_ones(qwen2_dir):
+    """Engine-client mode (POST /v1/rollouts on a live omniloop serve) returns the same tokens and
+    log-probs as library mode for the same seeds (one request per step on both sides)."""
+    from tests.serve.conftest import live_server
+
+    library = group_rollout(RolloutContext(client=LibraryClient.of(_pipeline(qwen2_dir), max_batch=1),
+                                           prompts=PromptList(PROMPTS), group_size=2, groups=2,
+                                           spec=TokenRolloutSpec(max_tokens=6)))
+    with live_server(qwen2_dir, max_batch=1) as server:
+        remote = group_rollout(RolloutContext(client=HttpClient(server.url), prompts=PromptList(PROMPTS), group_size=2,
+                                              groups=2, spec=TokenRolloutSpec(max_tokens=6)))
+    for a, b in zip(library, remote, strict=True):
+        assert a.seed == b.seed and a.length_stop == b.length_stop
+        assert torch.equal(a.completion_ids, b.completion_ids)
+        assert torch.equal(a.token_log_probs, b.token_log_probs)

@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server", default=None, help="engine-client mode: a running omniloop serve")
     p.add_argument("--device", default="cpu")
     p.add_argument("--max-tokens", type=int, default=8, help="ar_grpo: completion tokens per rollout")
-    p.add_argument("--token-limit", type=int, default=None, help="ar_grpo: reward tokens with id below (default: vocab/2)")
+    p.add_argument("--token-limit", type=int, default=None,
+                   help="ar_grpo: reward tokens with id below this (default: vocab/2)")
     p.add_argument("--ar-prompts", default="the cat,hello world", help="ar_grpo: comma-separated prompts")
     args = p.parse_args(argv)
     if args.method == "ar_grpo":

@@ -152,7 +152,8 @@ def test_kl_to_reference_and_refused_sampling(qwen2_dir):
 
 
 def test_script_ar_grpo_runs(qwen2_dir, capsys):
-    spec = importlib.util.spec_from_file_location("train_rl", Path(__file__).resolve().parents[3] / "scripts" / "train_rl.py")
+    path = Path(__file__).resolve().parents[3] / "scripts" / "train_rl.py"
+    spec = importlib.util.spec_from_file_location("train_rl", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     assert script.main(["--method", "ar_grpo", "--model", str(qwen2_dir), "--iterations", "2", "--lr", "1e-2",

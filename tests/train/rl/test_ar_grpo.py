@@ -149,6 +149,13 @@ def test_kl_to_reference_and_refused_sampling(qwen2_dir):
     assert moved["kl"] > 0 and moved["logprob_diff_max"] > 1e-3  # the weights moved: drift is reported
     with pytest.raises(ValueError, match="temperature=1.0"):
         TokenRolloutSpec(temperature=0.7)
+    wrong = RolloutContext(client=LibraryClient.of(pipeline), prompts=PromptList(PROMPTS), group_size=2)
+    with pytest.raises(ValueError, match="TokenRolloutSpec"):  # a diffusion RolloutSpec
+        ar_grpo_iteration(wrong, lm, tokenizer, low_half, torch.optim.SGD(lm.parameters(), lr=0.1), ARGRPOConfig())
+    lm.requires_grad_(False)
+    with pytest.raises(ValueError, match="requires_grad_"):
+        ar_grpo_iteration(_ctx(pipeline), lm, tokenizer, low_half, torch.optim.SGD(lm.parameters(), lr=0.1),
+                          ARGRPOConfig())
 
 
 def test_script_ar_grpo_runs(qwen2_dir, capsys):

@@ -25,7 +25,8 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from omniloop.train.rl.buffer import TrainingBatch
+from omniloop.train.rl.buffer import TrainingBatch, TrajectoryBuffer
+from omniloop.train.rl.rollout import RolloutContext, TokenRolloutSpec, group_rollout
 from omniloop.train.rl.trajectory import Rewards, Trajectory
 
 TokenReward = Callable[[Trajectory], float]  # a verifiable reward of one AR trajectory's completion
@@ -114,7 +115,7 @@ def ar_grpo_loss(lm: nn.Module, batch: TrainingBatch, config: ARGRPOConfig, *,
     return loss, metrics
 
 
-def ar_grpo_iteration(ctx, lm: nn.Module, tokenizer, reward: TokenReward, optimizer: torch.optim.Optimizer,
+def ar_grpo_iteration(ctx: RolloutContext, lm: nn.Module, tokenizer, reward: TokenReward, optimizer: torch.optim.Optimizer,
                       config: ARGRPOConfig, *, updates: int = 1, sign: float = 1.0,
                       reference: nn.Module | None = None) -> dict[str, float]:
     """One on-policy iteration: ``group_rollout(ctx)`` through the engine (``ctx.spec`` a
@@ -122,9 +123,12 @@ def ar_grpo_iteration(ctx, lm: nn.Module, tokenizer, reward: TokenReward, optimi
     usable members and zero-variance groups dropped), ``updates`` optimizer steps on the batch.
     ``sign=-1`` flips the advantages (a test's negative control). Returns the metrics of the first
     update (its ``logprob_diff``: rollout vs recompute at the rollout weights) plus the mean reward."""
-    from omniloop.train.rl.buffer import TrajectoryBuffer
-    from omniloop.train.rl.rollout import group_rollout
-
+    if not isinstance(ctx.spec, TokenRolloutSpec):
+        raise ValueError(f"ar_grpo_iteration rolls out tokens; ctx.spec is a {type(ctx.spec).__name__}: pass "
+                         "RolloutContext(spec=TokenRolloutSpec(...))")
+    if not any(p.requires_grad for p in lm.parameters()):
+        raise ValueError("the lm has no trainable parameter (a loaded pipeline is frozen): call "
+                         "lm.requires_grad_(True) before training it")
     trajectories = group_rollout(ctx)
     attach_prompt_ids(trajectories, tokenizer)
     score_tokens(trajectories, reward)

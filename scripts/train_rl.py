@@ -5,6 +5,7 @@ or Diffusion-DPO on offline preference pairs.
     python scripts/train_rl.py --method flow_grpo --loop sync --iterations 2 --size 64 --frames 9 --steps 8
     python scripts/train_rl.py --method nft --loop async --iterations 20 --group-size 8 --groups 4
     python scripts/train_rl.py --method dpo --groups 8 --group-size 2 --iterations 4 [--pairs DIR | --save-pairs DIR]
+    python scripts/train_rl.py --method ar_grpo --model ./qwen2-folder --iterations 12 --group-size 8 --groups 2
 
 DPO's pairs are the model's own rollouts (``--groups`` prompts x ``--group-size`` seeds, scored by the
 reward, consecutive seeds paired: the higher reward preferred, ties dropped), or a folder of saved
@@ -17,7 +18,9 @@ Rollouts are seeded ``OmniRequest`` s through an in-process engine over the mode
 ``omniloop serve`` (engine-client mode, ``POST /v1/rollouts``; weights are not pushed to a remote
 server by this script). Rewards: the adherence evaluator (``--reward color=1,shape=1,motion=1,count=1``)
 on two-object prompts mixed with one-object ones (train-split scenes; the held-out evaluation prompts
-are never trained on). One JSON line per iteration on stdout. See docs/training.md (RL).
+are never trained on). ``--method ar_grpo``: GRPO over tokens on a Qwen2 folder (``--model``), library
+mode, the verifiable reward "fraction of completion tokens with id below ``--token-limit``" on
+``--ar-prompts``. One JSON line per iteration on stdout. See docs/training.md (RL).
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ def parse_weights(text: str) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=DEFAULT_MODEL)
-    p.add_argument("--method", choices=("flow_grpo", "nft", "dpo"), default="flow_grpo")
+    p.add_argument("--method", choices=("flow_grpo", "nft", "ar_grpo", "dpo"), default="flow_grpo")
     p.add_argument("--loop", choices=("sync", "async"), default="sync")
     p.add_argument("--level", choices=[lv.value for lv in ConsistencyLevel], default="C1")
     p.add_argument("--iterations", type=int, default=2)
@@ -83,7 +86,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--beta", type=float, default=2000.0, help="dpo: beta on the per-element mean velocity MSE")
     p.add_argument("--pair-batch", type=int, default=4, help="dpo: pairs per update")
     p.add_argument("--eval-groups", type=int, default=0, help="dpo: held-out-seed prompts scored before and after")
+    p.add_argument("--max-tokens", type=int, default=8, help="ar_grpo: completion tokens per rollout")
+    p.add_argument("--token-limit", type=int, default=None,
+                   help="ar_grpo: reward tokens with id below this (default: vocab/2)")
+    p.add_argument("--ar-prompts", default="the cat,hello world", help="ar_grpo: comma-separated prompts")
     args = p.parse_args(argv)
+    if args.method == "ar_grpo":
+        return train_ar_grpo(args)
 
     torch.manual_seed(args.seed)
     gen = VideoGenerator.from_pretrained(args.model, device=args.device, dtype="float32")
@@ -171,6 +180,34 @@ def train_dpo(args: argparse.Namespace, pipeline, spec: RolloutSpec, guidance: f
         means = {k: sum(r[k] for r in records) / len(records) for k in records[0]}
         print(json.dumps({"iteration": it, "updates": len(records), **means}), flush=True)
     evaluate("after")
+    return 0
+
+
+def train_ar_grpo(args: argparse.Namespace) -> int:
+    """GRPO over tokens on a Qwen2 folder: the engine serves the module the optimizer updates."""
+    import time
+
+    from omniloop.models.loader import load_pipeline
+    from omniloop.models.model_spec import LoadOptions
+    from omniloop.train.rl import TokenRolloutSpec
+    from omniloop.train.rl.objectives import ARGRPOConfig, ar_grpo_iteration
+    from omniloop.train.rl.objectives.ar_grpo import below_token_reward
+
+    torch.manual_seed(args.seed)
+    _, pipeline = load_pipeline(args.model, LoadOptions(device=torch.device(args.device), dtype=torch.float32))
+    lm, tokenizer = pipeline.components["lm"], pipeline.components["tokenizer"]
+    lm.requires_grad_(True)
+    reward = below_token_reward(args.token_limit if args.token_limit is not None else len(tokenizer) // 2)
+    ctx = RolloutContext(client=LibraryClient.of(pipeline, max_batch=args.group_size * args.groups),
+                         prompts=PromptList([q.strip() for q in args.ar_prompts.split(",")], seed=args.seed),
+                         group_size=args.group_size, groups=args.groups, seed=args.seed,
+                         spec=TokenRolloutSpec(max_tokens=args.max_tokens))
+    optimizer = torch.optim.Adam(lm.parameters(), lr=args.lr)
+    for it in range(args.iterations):
+        ctx.iteration = it
+        start = time.perf_counter()
+        metrics = ar_grpo_iteration(ctx, lm, tokenizer, reward, optimizer, ARGRPOConfig(), updates=2)
+        print(json.dumps({"iteration": it, "seconds": round(time.perf_counter() - start, 3), **metrics}), flush=True)
     return 0
 
 

@@ -53,6 +53,11 @@ class RolloutRecord:
             tensors["final_latents"] = final.latents
         if out.video is not None:
             tensors["video"] = out.video.frames
+        text = out.text
+        if text is not None and text.log_probs is not None:  # an AR rollout (OutputSpec.return_log_probs)
+            tensors.update(token_ids=torch.tensor(text.token_ids, dtype=torch.long),  # [T] the sampled tokens
+                           token_log_probs=torch.tensor([t.logprob for t in text.log_probs], dtype=torch.float32),
+                           length_stop=torch.tensor(text.finish_reason == "length"))  # [] cut at max_tokens
         # NOTE: weight_version arrives on OmniOutput with the weight plane (issue 31 item 5); until
         # then an output has none and the record says so (None), never a made-up version
         version = getattr(out, "weight_version", None)

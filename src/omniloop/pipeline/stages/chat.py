@@ -18,7 +18,10 @@ from omniloop.request import OmniRequest
 
 
 def is_chat(request: OmniRequest) -> bool:
-    """The request is a conversation: some text part carries a role."""
+    """The request is a conversation: some part carries a role. Media parts count too (an
+    ``ImagePart``'s role defaults to ``first_frame``), so a bare prompt beside an image goes
+    through the chat template as the user's turn (``chat_messages``), not refused as media
+    outside a conversation."""
     return any(getattr(p, "role", None) for p in request.inputs)
 
 

@@ -3,7 +3,8 @@
 ``RolloutContext`` holds an engine client (library, in-process async or HTTP: ``client.py``), the
 prompt source, the group size and what the method asks of each rollout (:class:`RolloutSpec`: the
 sampler, the schedule and the ``OutputSpec`` -- per-step log-probs for GRPO-class methods, final
-latents only for NFT-class ones). :func:`group_rollout` is the default ``RolloutFn``: ``groups``
+latents only for NFT-class ones; :class:`TokenRolloutSpec`: an AR request's sampled tokens and their
+log-probs, for GRPO over tokens). :func:`group_rollout` is the default ``RolloutFn``: ``groups``
 prompts, ``group_size`` seeded requests each, one engine call for all of them (the engine batches
 a group's same-shape steps).
 """
@@ -14,7 +15,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Protocol, Sequence
 
-from omniloop.request import DiffusionParams, Modality, OmniRequest, OutputSpec, TaskType, TextPart
+from omniloop.request import DiffusionParams, Modality, OmniRequest, OutputSpec, SamplingParams, TaskType, TextPart
 from omniloop.serve.rollout_records import RolloutRecord
 from omniloop.train.rl.client import EngineClient
 from omniloop.train.rl.trajectory import Trajectory, TrajectoryStatus
@@ -91,13 +92,39 @@ class RolloutSpec:
                            outputs=self.output_spec(), node_params={self.node: knobs} if knobs else {})
 
 
+@dataclass(frozen=True, kw_only=True)
+class TokenRolloutSpec:
+    """An AR rollout request (GRPO over tokens): the prompt continued by seeded sampling, each
+    sampled token's log-prob recorded. The recorded log-prob is ``log_softmax`` of the raw logits
+    (``TokenLogProb``), so the behaviour policy must be the raw softmax: temperature 1, no top-k /
+    top-p / repetition penalty -- anything else is refused here (its ratio would be wrong)."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if (self.temperature, self.top_p, self.top_k) != (1.0, 1.0, 0):
+            raise ValueError(f"TokenRolloutSpec samples from the raw softmax its log-probs describe; got temperature="
+                             f"{self.temperature}, top_p={self.top_p}, top_k={self.top_k}: pass temperature=1.0, "
+                             "top_p=1.0, top_k=0")
+
+    def request(self, prompt: str, seed: int) -> OmniRequest:
+        sampling = SamplingParams(seed=seed, max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
+                                  top_k=self.top_k, stop_token_ids=list(self.stop_token_ids))
+        return OmniRequest(task=TaskType.REASON, inputs=[TextPart(text=prompt)], sampling=sampling,
+                           outputs=OutputSpec(return_log_probs=True))
+
+
 @dataclass(kw_only=True)
 class RolloutContext:
     client: EngineClient
     prompts: PromptSource
     group_size: int
     groups: int = 1  # prompts per rollout batch
-    spec: RolloutSpec = field(default_factory=RolloutSpec)
+    spec: RolloutSpec | TokenRolloutSpec = field(default_factory=RolloutSpec)
     seed: int = 0  # the run's seed; a batch's request seeds derive from it and the iteration
     iteration: int = 0
 
@@ -128,7 +155,8 @@ def trajectory_of(record: RolloutRecord, request: OmniRequest, prompt: str, grou
     traj = Trajectory(request=request, prompt=prompt, group=group, weight_version=record.weight_version,
                       latents=t.get("latents"), start=t.get("start"), timesteps=t.get("timesteps"),
                       sigmas=t.get("sigmas"), log_probs=t.get("log_probs"), stochastic=t.get("stochastic"),
-                      final_latents=t.get("final_latents"), video=t.get("video"))
+                      final_latents=t.get("final_latents"), video=t.get("video"), completion_ids=t.get("token_ids"),
+                      token_log_probs=t.get("token_log_probs"), length_stop=bool(t.get("length_stop", False)))
     if not record.completed:
         traj.mark(TrajectoryStatus.ABORTED, record.error or "the engine did not complete it")
     return traj

@@ -58,15 +58,26 @@ class Trajectory:
     sigmas: torch.Tensor | None = None  # [S + 1]
     log_probs: torch.Tensor | None = None  # [S] the rollout's per-step transition log-prob (mean over dims)
     stochastic: torch.Tensor | None = None  # [S] bool: steps that drew noise (an ODE step has no ratio)
+    # -- per-token records (AR GRPO: OutputSpec(return_log_probs=True), TokenRolloutSpec) ----------
+    prompt_ids: torch.Tensor | None = None  # [P] long: the prompt's tokens (the pipeline tokenizer's encode)
+    completion_ids: torch.Tensor | None = None  # [T] long: the sampled tokens (EOS included when it stopped there)
+    token_log_probs: torch.Tensor | None = None  # [T] fp32: each sampled token's log-prob under the rollout weights
+    length_stop: bool = False  # it was cut at max_tokens (no EOS); still COMPLETED, so trained on (as verl)
     # -- the outcome -----------------------------------------------------------------------------
     final_latents: torch.Tensor | None = None  # [B, C, ...]
     video: torch.Tensor | None = None  # [F, H, W, 3] uint8 when decoded (what pixel rewards score)
     rewards: Rewards | None = None
-    loss_mask: torch.Tensor | None = None  # [S] bool: the steps a per-step objective trains on
+    loss_mask: torch.Tensor | None = None  # [S] bool: the steps a per-step objective trains on ([T] tokens for AR)
 
     @property
     def seed(self) -> int | None:
-        return self.request.diffusion.seed
+        return self.request.sampling.seed if self.completion_ids is not None else self.request.diffusion.seed
+
+    def token_mask(self) -> torch.Tensor:
+        """[T] bool: the completion tokens a per-token objective trains on (the loss mask, else every
+        sampled token: the AR loop stops at EOS, so nothing after it was sampled)."""
+        assert self.completion_ids is not None, "a per-token objective needs an AR trajectory (TokenRolloutSpec)"
+        return self.loss_mask if self.loss_mask is not None else torch.ones(len(self.completion_ids), dtype=torch.bool)
 
     @property
     def usable(self) -> bool:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests.media import assert_same_video, frame_diff
 from tests.serve.conftest import IGNORE_SORA_DEPRECATION, live_server
 
 pytestmark = pytest.mark.filterwarnings(IGNORE_SORA_DEPRECATION)
@@ -91,7 +92,10 @@ def test_first_and_last_frame_over_multipart_and_json(i2v_server):
         **fields, "input_reference": {"image_url": url + base64.b64encode(first).decode()}}).json()["id"]
     a, b, c = (httpx.get(f"{i2v_server.url}/v1/videos/{i2v_server.wait_finished(v)['id']}/content").content
                for v in (upload, inline, only_first))
-    assert a == b and a != c
+    # the same video: equal bytes unless the two ran in different batch compositions (one CI run
+    # batched them apart: an ulp moved, the re-encode differed); the last frame moves it by levels
+    assert_same_video(a, b)
+    assert frame_diff(a, c)[0] > 1.0
 
 
 @pytest.mark.parametrize("body,param,words", [

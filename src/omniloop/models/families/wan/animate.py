@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from omniloop.io.image import image_to_tensor
@@ -249,7 +250,13 @@ def animate_validator(defaults: GenerationDefaults, vae: Any, dit: Any, samplers
         if len(request.images()) > 1 or any(r not in known or roles.count(r) > 1 for r in roles):
             raise InvalidRequest("Wan-Animate takes one reference image, one pose and one face video (and, mode "
                                  "replace, one background video and one mask video); drop the others", fields=("inputs",))
-        n, n_face = int(load_part_video(pose).shape[0]), int(load_part_video(face).shape[0])
+        decoded: dict[str, np.ndarray] = {}  # role -> [F, H, W, 3] uint8: each video decoded once, here
+
+        def frames(part: VideoPart) -> int:
+            decoded[part.role] = load_part_video(part)
+            return len(decoded[part.role])
+
+        n, n_face = frames(pose), frames(face)
         if (n - 1) % temporal:
             k = (n - 1) // temporal
             raise InvalidRequest(f"the pose video has {n} frames; Wan encodes {temporal}k+1 frames: pass "
@@ -257,7 +264,7 @@ def animate_validator(defaults: GenerationDefaults, vae: Any, dit: Any, samplers
         if n_face != n:
             raise InvalidRequest(f"the face video has {n_face} frames and the pose video {n}; pass one face crop per "
                                  "pose frame", fields=(FACE_FIELD,))
-        _check_replace(request, n)
+        _check_replace(request, n, frames)
         given = request.diffusion.num_frames
         if given is not None and given != n:
             raise InvalidRequest(f"diffusion.num_frames={given} but the pose video has {n} frames",
@@ -276,13 +283,18 @@ def animate_validator(defaults: GenerationDefaults, vae: Any, dit: Any, samplers
         check_frame_count(g.num_frames, temporal)
         samplers.get(request.diffusion.sampler)  # raises naming the offered samplers
         load_part_image(ref)  # unreadable -> ValueError naming the source
-        return request
+        # the stages read the frames admission decoded (``data`` is in-process only: the request's
+        # serialized form keeps its path / base64)
+        inputs = [p.model_copy(update={"data": decoded[p.role]}) if isinstance(p, VideoPart) and p.role in decoded
+                  else p for p in request.inputs]
+        return request.model_copy(update={"inputs": inputs})
 
     return validate
 
 
-def _check_replace(request: OmniRequest, frames: int) -> None:
-    """Mode replace: a background video and its mask come together, one frame each per pose frame."""
+def _check_replace(request: OmniRequest, frames: int, count: Callable[[VideoPart], int]) -> None:
+    """Mode replace: a background video and its mask come together, one frame each per pose frame
+    (``count``: a video's frames, decoding it)."""
     background, mask = role_video(request, BACKGROUND_ROLE), role_video(request, MASK_ROLE)
     if (background is None) != (mask is None):
         given, missing = ("background video", "VideoPart(role='mask')") if mask is None else \
@@ -291,6 +303,6 @@ def _check_replace(request: OmniRequest, frames: int) -> None:
                              f"{given} came alone: add {missing}, or drop it for mode animate",
                              fields=(MASK_FIELD if mask is None else BACKGROUND_FIELD,))
     for part, field, what in ((background, BACKGROUND_FIELD, "background"), (mask, MASK_FIELD, "mask")):
-        if part is not None and (n := int(load_part_video(part).shape[0])) != frames:
+        if part is not None and (n := count(part)) != frames:
             raise InvalidRequest(f"the {what} video has {n} frames and the pose video {frames}; pass one per pose "
                                  "frame", fields=(field,))

@@ -131,6 +131,20 @@ def test_whole_video_in_one_chunk_matches_diffusers(case: Case, request: pytest.
     assert _max_err(ckpt.ours._decode_frames(z, whole=True), ckpt.ours._decode_frames(z)) <= FP32_ATOL
 
 
+@pytest.mark.parametrize("chunk_frames", [2, 3, 10])
+@torch.no_grad()
+def test_multi_frame_chunks_match_diffusers(chunk_frames: int, tiny: Checkpoint) -> None:
+    """``chunk_frames``: the first latent frame alone, then several per chunk (the last one
+    shorter when they do not divide): the same function as diffusers' per-frame decode."""
+    z = torch.randn(2, 4, 6, 4, 6, generator=torch.Generator().manual_seed(5))  # 6 latent frames: 1 + 5
+    out = tiny.ours.decode(z, chunk_frames=chunk_frames)
+    assert out.shape == (2, 3, 21, 32, 48)
+    assert _max_err(out, tiny.ref.decode(z).sample) <= FP32_ATOL
+    assert _max_err(out, tiny.ours.decode(z)) <= FP32_ATOL
+    with pytest.raises(ValueError, match="chunk_frames must be >= 1"):
+        tiny.ours.decode(z, chunk_frames=0)
+
+
 @torch.no_grad()
 def test_bf16_tracks_diffusers(tiny: Checkpoint) -> None:
     ours = load_wan_vae(tiny.folder, dtype=torch.bfloat16)

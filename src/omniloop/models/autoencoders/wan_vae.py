@@ -675,7 +675,7 @@ class WanVAE(nn.Module):
         return mean, logvar.clamp(-30.0, 20.0)
 
     def decode(self, z: Tensor, tiling: WanVAETiling | None = None, *, whole: bool | None = False,
-               map_tiles: TileMap | None = None) -> Tensor:
+               map_tiles: TileMap | None = None, chunk_frames: int = 1) -> Tensor:
         """Latents [B, z_dim, f, h, w] -> video [B, C, 1 + 4 (f - 1), 8h, 8w] in [-1, 1].
 
         With ``tiling``, decodes overlapping spatial tiles and blends them (less memory);
@@ -683,6 +683,7 @@ class WanVAE(nn.Module):
         other; a parallel pool spreads them across ranks, ``omniloop.parallel.vae``).
         ``whole``: all latent frames as one chunk (see :meth:`encode`); ``None``: as one chunk
         when the largest activation is small (:meth:`whole_fits`), else chunk by chunk.
+        ``chunk_frames``: latent frames per chunk after the first (see :meth:`_decode_patched`).
         """
         if z.dim() != 5 or z.shape[1] != self.config.z_dim or z.shape[2] < 1:
             raise ValueError(f"decode takes latents [B, {self.config.z_dim}, f >= 1, h, w], got shape {tuple(z.shape)}")
@@ -690,7 +691,7 @@ class WanVAE(nn.Module):
             whole = self.whole_fits(z)
         if tiling is not None:
             return self._decode_tiled(z, tiling, map_tiles or _each_tile).clamp_(-1.0, 1.0)
-        return self._decode_frames(z, whole=whole).clamp_(-1.0, 1.0)
+        return self._decode_frames(z, whole=whole, chunk_frames=chunk_frames).clamp_(-1.0, 1.0)
 
     def whole_fits(self, z: Tensor) -> bool:
         """Whether decoding ``z`` as one chunk keeps the largest activation (the last decoder
@@ -704,27 +705,37 @@ class WanVAE(nn.Module):
         s, n = self.config.scale_factor_spatial, self.config.scale_factor_temporal
         return b * self.config.decoder_dim * (1 + n * (f - 1)) * s * h * s * w <= WHOLE_DECODE_MAX_ELEMENTS
 
-    def _decode_frames(self, z: Tensor, *, whole: bool = False) -> Tensor:
+    def _decode_frames(self, z: Tensor, *, whole: bool = False, chunk_frames: int = 1) -> Tensor:
         """Untiled, unclamped decode of all latent frames: [B, C, 1 + 4 (f - 1), 8h, 8w]."""
-        return unpatchify(self._decode_patched(z, whole=whole), self.config.patch)
+        return unpatchify(self._decode_patched(z, whole=whole, chunk_frames=chunk_frames), self.config.patch)
 
-    def _decode_patched(self, z: Tensor, *, whole: bool = False) -> Tensor:
-        """:meth:`_decode_frames` before the unpatchify (Wan2.2: [B, 12, F, H/2, W/2])."""
+    def _decode_patched(self, z: Tensor, *, whole: bool = False, chunk_frames: int = 1) -> Tensor:
+        """:meth:`_decode_frames` before the unpatchify (Wan2.2: [B, 12, F, H/2, W/2]).
+
+        ``chunk_frames``: latent frames per chunk after the first (which is always one frame).
+        1 is diffusers' per-frame decode, bit for bit; more is the same function up to float
+        rounding (every layer is causal through the cache) with fewer, larger convolutions.
+        """
         if whole:
             cache = CausalCache()
             cache.begin_chunk()
             return self.decoder(self.post_quant_conv(z.to(self.dtype)), cache)
+        if chunk_frames < 1:
+            raise ValueError(f"chunk_frames must be >= 1, got {chunk_frames}")
         b, _, f, h, w = z.shape
         n, p = self.config.scale_factor_temporal, self.config.patch
         s = self.config.scale_factor_spatial // p
         # Preallocated: no growing cat (diffusers re-copies the video once per latent frame).
         out = z.new_empty(b, self.config.out_channels, 1 + n * (f - 1), s * h, s * w, dtype=self.dtype)
         cache = CausalCache()
-        for i in range(f):
+        i = 0
+        while i < f:
+            take = 1 if i == 0 else min(chunk_frames, f - i)
             cache.begin_chunk()
-            frames = self.decoder(self.post_quant_conv(z[:, :, i : i + 1].to(self.dtype)), cache)
+            frames = self.decoder(self.post_quant_conv(z[:, :, i : i + take].to(self.dtype)), cache)
             start = 0 if i == 0 else 1 + n * (i - 1)
             out[:, :, start : start + frames.shape[2]] = frames
+            i += take
         return out
 
     def _decode_tiled(self, z: Tensor, tiling: WanVAETiling, map_tiles: TileMap) -> Tensor:

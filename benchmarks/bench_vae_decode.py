@@ -1,0 +1,159 @@
+"""The Wan2.1 VAE decode (issue 34 item 4): which execution of the same decoder is fastest.
+
+One random Wan2.1 VAE (diffusers' ``AutoencoderKLWan``, seeded, loaded by our ``load_wan_vae``),
+one latent of the requested video size, and the same decode run several ways, side by side:
+
+- ``diffusers``: ``AutoencoderKLWan.decode`` (one latent frame per chunk, a feature cache);
+- ``ours chunk 1``: our decoder, one latent frame per chunk (bit-equal to diffusers' order of work);
+- ``ours chunk k``: the first latent frame alone, then ``k`` per chunk (fewer, larger convolutions;
+  the same function up to float rounding: every layer is causal through the cache);
+- ``whole``: every latent frame in one chunk (when it fits);
+- each with cuDNN's autotuner (``torch.backends.cudnn.benchmark``) off and on, and with the
+  decoder's weights and activations in ``channels_last_3d``;
+- ``compiled``: ``torch.compile`` of the decoder at the best chunk size (optional, slow to build).
+
+Every row: median seconds, peak memory, and max |diff| against ours chunk 1 (in [-1, 1]).
+
+    python benchmarks/bench_vae_decode.py --out benchmarks/results/vae_decode_h100.jsonl
+    python benchmarks/bench_vae_decode.py --tiny          # CPU smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from common import emit, jsonl_sink, profile_top, timed  # benchmarks/ is on sys.path when this runs as a script
+from omniloop.models.autoencoders.wan_vae import WanVAE, load_wan_vae
+from omniloop.models.families.wan.presets import WAN21_VAE
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    chunk_frames: int | None  # None: whole
+    cudnn_benchmark: bool
+    channels_last: bool = False
+
+
+def variants(chunks: list[int]) -> list[Variant]:
+    rows = [Variant("chunk1", 1, False), Variant("chunk1", 1, True)]
+    rows += [Variant(f"chunk{k}", k, True) for k in chunks if k != 1]
+    rows += [Variant("whole", None, True)]
+    rows += [Variant("chunk1", 1, True, True)] + [Variant(f"chunk{k}", k, True, True) for k in chunks if k != 1]
+    return rows
+
+
+def set_layout(module: torch.nn.Module, fmt: torch.memory_format) -> None:
+    """The 3D conv weights in ``fmt`` (``Module.to(memory_format=)`` refuses the 2D convs' 4-D weights)."""
+    for param in module.parameters():
+        if param.dim() == 5:
+            param.data = param.data.contiguous(memory_format=fmt)
+
+
+def decode_fn(vae: WanVAE, z: torch.Tensor, v: Variant) -> Callable[[], torch.Tensor]:
+    if v.chunk_frames is None:
+        return lambda: vae.decode(z, whole=True)
+    return lambda: vae.decode(z, chunk_frames=v.chunk_frames)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tiny", action="store_true", help="a small VAE and video on the CPU (smoke)")
+    p.add_argument("--shape", default="480x832x81", help="HxWxF of the decoded video")
+    p.add_argument("--chunks", default="2,4,5,10", help="latent frames per chunk after the first, to try")
+    p.add_argument("--iters", type=int, default=3)
+    p.add_argument("--no-diffusers", dest="diffusers", action="store_false")
+    p.add_argument("--compile", action="store_true", help="also time torch.compile(decoder) at the best chunk")
+    p.add_argument("--profile", action="store_true", help="top kernels of chunk 1 and of the best variant")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+
+    device = torch.device("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
+    cuda = device.type == "cuda"
+    dtype = torch.float32 if args.tiny else torch.bfloat16
+    height, width, frames = (64, 64, 9) if args.tiny else tuple(int(x) for x in args.shape.split("x"))
+    cfg = dict(WAN21_VAE)
+    if args.tiny:
+        cfg.update(base_dim=8, dim_mult=[1, 2, 2, 2], num_res_blocks=1)
+    from diffusers import AutoencoderKLWan
+
+    folder = tempfile.mkdtemp(prefix="wan_vae_bench_")
+    torch.manual_seed(0)
+    with torch.device(device):
+        AutoencoderKLWan(**cfg).save_pretrained(folder)
+    vae = load_wan_vae(folder, device=device, dtype=dtype).eval().requires_grad_(False)
+    latent = (1, 16, (frames - 1) // 4 + 1, height // 8, width // 8)
+    z = torch.randn(latent, generator=torch.Generator("cpu").manual_seed(1)).to(device, dtype)
+    base = {"bench": "vae_decode", "shape": [height, width, frames], "dtype": str(dtype).removeprefix("torch."),
+            "device": torch.cuda.get_device_name() if cuda else "cpu"}
+    chunks = [int(k) for k in args.chunks.split(",") if k]
+
+    def measure(name: str, fn: Callable[[], torch.Tensor], extra: dict) -> tuple[float, torch.Tensor] | None:
+        if cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        try:
+            out = fn()  # warm (cuDNN plans, compiled graphs)
+            times = timed(fn, warmup=0, iters=args.iters, cuda=cuda)
+        except torch.OutOfMemoryError as e:
+            emit({**base, "variant": name, **extra, "error": f"OOM: {str(e)[:200]}"}, sink)
+            return None
+        row = {**base, "variant": name, **extra, "median_s": round(statistics.median(times), 4),
+               "times_s": [round(t, 4) for t in times]}
+        if cuda:
+            row["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+        if reference is not None:
+            row["max_abs_vs_chunk1"] = (out.float() - reference.float()).abs().max().item()
+        emit(row, sink)
+        return row["median_s"], out
+
+    with jsonl_sink(args.out) as sink, torch.inference_mode():
+        reference: torch.Tensor | None = None
+        if args.diffusers:
+            ref = AutoencoderKLWan.from_pretrained(folder, torch_dtype=dtype).to(device).eval().requires_grad_(False)
+            for bench in (False, True):
+                torch.backends.cudnn.benchmark = bench
+                measure("diffusers", lambda: ref.decode(z, return_dict=False)[0], {"cudnn_benchmark": bench})
+            del ref
+        best: tuple[float, Variant] | None = None
+        for v in variants(chunks):
+            torch.backends.cudnn.benchmark = v.cudnn_benchmark
+            if v.channels_last:
+                set_layout(vae, torch.channels_last_3d)
+            extra = {"chunk_frames": v.chunk_frames, "cudnn_benchmark": v.cudnn_benchmark,
+                     "channels_last": v.channels_last}
+            got = measure(v.name, decode_fn(vae, z, v), extra)
+            if v.channels_last:
+                set_layout(vae, torch.contiguous_format)
+            if got is None:
+                continue
+            if reference is None:
+                reference = got[1]
+            if best is None or got[0] < best[0]:
+                best = (got[0], v)
+        assert best is not None
+        emit({**base, "variant": "best", "name": best[1].name, "median_s": best[0], **best[1].__dict__}, sink)
+        torch.backends.cudnn.benchmark = best[1].cudnn_benchmark
+        if args.compile and best[1].chunk_frames is not None:
+            t0 = time.perf_counter()
+            vae.decoder = torch.compile(vae.decoder)  # type: ignore[assignment]
+            first = decode_fn(vae, z, best[1])
+            first()
+            emit({**base, "variant": "compile_seconds", "seconds": round(time.perf_counter() - t0, 1)}, sink)
+            measure(f"compiled_{best[1].name}", first, {"chunk_frames": best[1].chunk_frames, "compiled": True})
+        if args.profile:
+            for v in (Variant("chunk1", 1, True), best[1]):
+                rows = profile_top(decode_fn(vae, z, v), cuda=cuda, steps=1, top=12)
+                emit({**base, "variant": f"profile_{v.name}", "top": rows}, sink)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -263,14 +263,16 @@ class DenoiseLoop(LoopStageBase[DenoiseLoopState]):
     def start(
         self, ctx: StageContext, state: RequestState, params: GuidedParams, latents: dict[str, torch.Tensor], *,
         seed: int, gen: torch.Generator | None = None, branch_kwargs: dict[str, dict[str, Any]] | None = None,
-        given: InitLatents | None = None,
+        given: InitLatents | None = None, condition: ConditionLatents | None = None,
     ) -> DenoiseLoopState:
         """A loop state denoising ``latents`` (fp32, [B, C, ...] per modality): ``init`` draws
         them from the seed (``gen``: its generator, which image-to-image conditioning draws on
         next) and hands the request's ``given`` latents when its ``init_latents`` port is fed
         (the noise is then mixed into them at the strength's first step); an outer loop
         (``ChunkRollout``) starts one per chunk with its slice of the video's noise and forward
-        kwargs of its own (the chunk's KV view), the policies and sampler unchanged."""
+        kwargs of its own (the chunk's KV view), the policies and sampler unchanged; ``condition``:
+        an outer loop's conditioning latents for this run (a Wan-Animate segment's) instead of
+        the ones on the conditioning policy's input port."""
         request = state.request
         sampler = sde_options(ctx.component(self.sampler_component).get(params.sampler), state.node_params.get(ctx.node))
         shapes = {m: tuple(x.shape) for m, x in latents.items()}
@@ -285,11 +287,9 @@ class DenoiseLoop(LoopStageBase[DenoiseLoopState]):
             latents = {m: x * sampler.init_noise_sigma for m, x in latents.items()}
 
         cfg_state = self.cfg.init(params, self.denoiser.modalities, state.node_params.get(ctx.node))
-        cond_state = self.conditioning.init(
-            ctx.read_optional(state, self.conditioning.input_port, ConditionLatents)
-            if self.conditioning.input_port
-            else None
-        )
+        if condition is None and self.conditioning.input_port:
+            condition = ctx.read_optional(state, self.conditioning.input_port, ConditionLatents)
+        cond_state = self.conditioning.init(condition)
         # image-to-image: noise the given latents and run the schedule's tail only (the strength
         # admission resolved when the condition is fed: ``resolve``)
         latents, samplers = self.conditioning.start(latents, samplers, cond_state, gen, params.strength)

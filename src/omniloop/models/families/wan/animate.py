@@ -29,23 +29,25 @@ frame count, ``prev_segment_conditioning_frames`` unused); the long-video rollou
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar, Mapping
 
 import numpy as np
 import torch
+from pydantic import Field, ValidationError
 
 from omniloop.io.image import image_to_tensor
 from omniloop.io.video import video_to_tensor
 from omniloop.models.families.wan.stages import (VideoGeometry, WanDenoiseLoop, WanDenoiser, geometry, load_part_image,
                                                  load_part_video)
-from omniloop.pipeline.defaults import GenerationDefaults, resolve_request
+from omniloop.pipeline.defaults import GenerationDefaults, admitted, resolve_request
 from omniloop.pipeline.edges import ConditionLatents, ImageEmbeddings
-from omniloop.pipeline.geometry_checks import check_frame_count, check_size_multiple
-from omniloop.pipeline.loops.denoise import DenoiseLoopState
+from omniloop.pipeline.geometry_checks import check_size_multiple
+from omniloop.pipeline.loops.denoise import DenoiseParams
 from omniloop.pipeline.policies.cfg import UNCOND
 from omniloop.pipeline.stage import ComponentStage
 from omniloop.pipeline.state import RequestState, StageContext
-from omniloop.request import ErrorKind, ImagePart, InvalidRequest, OmniRequest, TaskType, VideoPart
+from omniloop.request import (ErrorKind, ImagePart, InvalidRequest, OmniRequest, TaskType, VideoPart,
+                              format_validation_error)
 
 POSE_ROLE, FACE_ROLE, REFERENCE_ROLE = "pose", "face", "reference"
 POSE_FIELD, FACE_FIELD, REFERENCE_FIELD = "inputs.pose", "inputs.face", "inputs.reference"
@@ -95,27 +97,43 @@ def fold_mask(mask: torch.Tensor, temporal: int) -> torch.Tensor:
     return mask.view(1, -1, temporal, *mask.shape[-2:]).transpose(1, 2)
 
 
-def animate_condition(vae: Any, reference: torch.Tensor, num_frames: int, background: torch.Tensor | None = None,
-                      mask: torch.Tensor | None = None) -> torch.Tensor:
-    """``[1, 4 + z, 1 + f, h, w]``: the reference frame (mask ones | its latents) followed by
-    the segment's frames: mode animate, mask zeros | latents of a zero video of ``num_frames``;
-    mode replace, the mask of the background to keep (``1 - mask``; ``mask`` ``[1, 1, F, H, W]`` in
-    [0, 1]) | the background's latents (``[1, 3, F, H, W]``) (diffusers'
-    ``prepare_reference_image_latents`` + ``prepare_prev_segment_cond_latents``)."""
-    st = vae.config.scale_factor_temporal
+def reference_latents(vae: Any, reference: torch.Tensor) -> torch.Tensor:
+    """``[1, 3, H, W]`` reference pixels in [-1, 1] -> ``[1, st + z, 1, h, w]``: a mask of ones
+    and the reference's latents, the latent frame in front of every segment's (diffusers'
+    ``prepare_reference_image_latents``; encoded once a request)."""
     ref = _encode(vae, reference[:, :, None])  # [1, z, 1, h, w]
-    _, _, height, width = reference.shape
-    h, w = ref.shape[-2:]
+    return torch.cat([ref.new_ones(1, vae.config.scale_factor_temporal, 1, *ref.shape[-2:]), ref], dim=1)
+
+
+def segment_condition(vae: Any, reference: torch.Tensor, segment_frames: int, prev: torch.Tensor | None,
+                      background: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """``[1, st + z, 1 + f, h, w]``: the reference frame (``reference_latents``) followed by one
+    segment's (diffusers' ``prepare_prev_segment_cond_latents``):
+
+    * the pixels encoded: the previous segment's last decoded frames ``prev`` (``[1, 3, c, H, W]``
+      in [-1, 1]; None for the first segment), then zeros (mode animate) or the segment's
+      background from frame ``c`` on (mode replace: ``background`` ``[1, 3, F, H, W]``; the first
+      segment's is the whole background);
+    * the mask of what is given: zeros (animate) or the background to keep (replace: ``1 - mask``,
+      ``mask`` ``[1, 1, F, H, W]`` in [0, 1], nearest-resized to the latent grid), with the ``c``
+      frames taken from the previous segment set to ones."""
+    c = 0 if prev is None else prev.shape[2]
+    h, w = reference.shape[-2:]
+    height, width = h * vae.config.scale_factor_spatial, w * vae.config.scale_factor_spatial
     if background is None:
-        video = _encode(vae, reference.new_zeros(1, 3, num_frames, height, width))  # [1, z, f, h, w]
-        keep = video.new_zeros(1, 1, num_frames, h, w)
+        rest = reference.new_zeros(1, 3, segment_frames - c, height, width)
+        keep = reference.new_zeros(1, 1, segment_frames, h, w)
     else:
         assert mask is not None, "a background comes with its mask (checked at admission)"
-        video = _encode(vae, background)
+        rest = background[:, :, c:]
         keep = torch.nn.functional.interpolate((1 - mask)[0].transpose(0, 1), size=(h, w), mode="nearest")
-        keep = keep.transpose(0, 1)[None].to(video.dtype)  # [1, 1, F, h, w]
-    ref_mask = ref.new_ones(1, st, 1, h, w)
-    return torch.cat([torch.cat([ref_mask, ref], dim=1), torch.cat([fold_mask(keep, st), video], dim=1)], dim=2)
+        keep = keep.transpose(0, 1)[None].to(reference.dtype)  # [1, 1, F, h, w]
+    video = rest if prev is None else torch.cat([prev.to(rest.dtype), rest], dim=2)  # [1, 3, F, H, W]
+    latents = _encode(vae, video)  # [1, z, f, h, w]
+    keep = keep.clone()
+    keep[:, :, :c] = 1  # the frames carried over from the previous segment are given
+    segment = torch.cat([fold_mask(keep.to(latents.dtype), vae.config.scale_factor_temporal), latents], dim=1)
+    return torch.cat([reference.to(latents.dtype), segment], dim=2)
 
 
 def mask_pixels(frames: Any, height: int, width: int) -> torch.Tensor:
@@ -131,37 +149,6 @@ def mask_pixels(frames: Any, height: int, width: int) -> torch.Tensor:
             image = image.resize((width, height), resample=Image.Resampling.LANCZOS)
         out.append(torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0))
     return torch.stack(out)[None, None]
-
-
-@dataclass
-class AnimateCondition(ComponentStage):
-    """The VAE side of a Wan-Animate request -> ``condition`` (the latents concatenated to the
-    noise, see ``animate_condition``), ``pose`` (the pose video's latents ``[1, z, f, h, w]``) and
-    ``face`` (the face video's pixels ``[1, 3, F, S, S]`` in [-1, 1], not latents: the DiT's
-    motion encoder reads pixels)."""
-
-    component: str = "vae"
-    outputs = {"condition": ConditionLatents, "pose": ConditionLatents, "face": ConditionLatents}
-
-    @torch.inference_mode()
-    def forward(self, ctx: StageContext, state: RequestState) -> None:
-        vae = ctx.component(self.component)
-        request, device = state.request, ctx.device
-        g = geometry(request, ctx.node)
-        ref_part = reference_image(request)
-        pose_part, face_part = role_video(request, POSE_ROLE), role_video(request, FACE_ROLE)
-        assert ref_part is not None and pose_part is not None and face_part is not None, "checked at admission"
-        reference = image_to_tensor(fit_on_black(load_part_image(ref_part), g.height, g.width), g.height, g.width)
-        background, mask = replace_videos(request, g)
-        condition = animate_condition(vae, reference.to(device), g.num_frames,
-                                      None if background is None else background.to(device),
-                                      None if mask is None else mask.to(device))
-        pose = _encode(vae, video_to_tensor(load_part_video(pose_part), g.height, g.width).to(device))
-        size = ctx.component("transformer").config.motion_encoder_size
-        face = video_to_tensor(load_part_video(face_part), size, size).to(device)
-        ctx.write(state, "condition", ConditionLatents(latents=condition))
-        ctx.write(state, "pose", ConditionLatents(latents=pose))
-        ctx.write(state, "face", ConditionLatents(latents=face))
 
 
 def replace_videos(request: OmniRequest, g: VideoGeometry) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -194,34 +181,104 @@ class AnimateImageEncode(ComponentStage):
 
 @dataclass(frozen=True)
 class AnimateDenoiser(WanDenoiser):
-    """The Wan-Animate DiT: one more latent frame (the reference's) in front of the video's;
-    both branches get the pose latents, the conditional one the face video, the unconditional
-    one an all -1 face video (diffusers')."""
+    """The Wan-Animate DiT over one segment: one more latent frame (the reference's) in front of
+    the segment's. Its forward kwargs (``segment_kwargs``): both branches get the segment's pose
+    latents, the conditional one its face video, the unconditional one an all -1 face video
+    (diffusers')."""
 
     def latent_shapes(self, ctx: StageContext, request: OmniRequest) -> dict[str, tuple[int, ...]]:
-        b, c, f, h, w = super().latent_shapes(ctx, request)["video"]
-        return {"video": (b, c, f + 1, h, w)}
-
-    def branch_inputs(self, ctx: StageContext, state: RequestState,
-                      branches: tuple[str, ...]) -> dict[str, dict[str, Any]]:
-        out = super().branch_inputs(ctx, state, branches)
-        pose = ctx.read(state, "pose", ConditionLatents).latents.to(ctx.dtype)
-        face = ctx.read(state, "face", ConditionLatents).latents.to(ctx.dtype)
-        for branch, kwargs in out.items():
-            kwargs.update(pose_hidden_states=pose, face_pixel_values=face * 0 - 1 if branch == UNCOND else face)
-        return out
+        vae = ctx.component("vae").config
+        g, plan = geometry(request, ctx.node), segment_plan(request)
+        ss = vae.scale_factor_spatial
+        f = (plan.segment_frames - 1) // vae.scale_factor_temporal + 1
+        return {"video": (1, vae.z_dim, f + 1, g.height // ss, g.width // ss)}
 
 
-@dataclass
-class AnimateDenoiseLoop(WanDenoiseLoop):
-    """The denoise loop of Wan-Animate: reads the pose latents and face pixels, and drops the
-    reference frame from the final latents (what is decoded and returned)."""
+def segment_kwargs(base: dict[str, dict[str, Any]], pose: torch.Tensor,
+                   face: torch.Tensor) -> dict[str, dict[str, Any]]:
+    """Each guidance branch's forward kwargs for one segment: ``base`` (text, CLIP tokens) with
+    the segment's pose latents ``[1, z, f, h, w]`` and face pixels ``[1, 3, F, S, S]``."""
+    return {branch: {**kwargs, "pose_hidden_states": pose, "face_pixel_values": face * 0 - 1 if branch == UNCOND
+                     else face} for branch, kwargs in base.items()}
 
-    inputs = {**WanDenoiseLoop.inputs, "pose": ConditionLatents, "face": ConditionLatents}
 
-    def finalize(self, ctx: StageContext, loop: DenoiseLoopState, state: RequestState) -> None:
-        loop.latents = {m: x[:, :, 1:] for m, x in loop.latents.items()}  # [B, C, f, h, w]
-        super().finalize(ctx, loop, state)
+# -- segments -------------------------------------------------------------------------------
+
+DENOISE_NODE = "denoise"  # the graph's segment rollout (its node_params: AnimateSegmentParams)
+DEFAULT_SEGMENT_FRAMES = 77  # diffusers' segment_frame_length
+DEFAULT_COND_FRAMES = 1  # diffusers' prev_segment_conditioning_frames
+COND_FRAME_CHOICES = (1, 5)  # what diffusers accepts
+
+
+class AnimateSegmentParams(DenoiseParams):
+    """``node_params['denoise']``: the denoise knobs, and how a long pose video is cut into
+    segments (diffusers' names; also taken flat)."""
+
+    segment_frame_length: int | None = Field(
+        default=None, ge=1, le=4097, description="frames of each generated segment (4k+1); a longer pose video runs "
+        "as several, each after the first conditioned on the previous one's last frames, the last padded with the "
+        "pose video played back and forth (diffusers'). Default: the pose video's frames when it has at most 77, "
+        "else 77 (diffusers' default; diffusers also pads a shorter video to 77 frames)")
+    prev_segment_conditioning_frames: int | None = Field(
+        default=None, description="decoded frames of the previous segment each later segment starts from: 1 or 5 "
+        "(default 1)")
+
+    flat: ClassVar[Mapping[str, str]] = {**DenoiseParams.flat, "segment_frame_length": "segment_frame_length",
+                                         "prev_segment_conditioning_frames": "prev_segment_conditioning_frames"}
+
+
+@dataclass(frozen=True)
+class SegmentPlan:
+    """How a pose video of ``frames`` frames is cut (diffusers' arithmetic): segments of
+    ``segment_frames``, each after the first starting ``effective`` frames after the one before
+    (its first ``cond_frames`` are the previous one's last, decoded); the driving videos are
+    padded to ``target_frames`` and the output cut back to ``frames``. A segment as long as the
+    video is the one segment, unpadded."""
+
+    frames: int
+    segment_frames: int
+    cond_frames: int
+
+    @property
+    def effective(self) -> int:
+        return self.segment_frames - self.cond_frames
+
+    @property
+    def target_frames(self) -> int:
+        if self.segment_frames == self.frames:
+            return self.frames
+        last = (self.frames - self.cond_frames) % self.effective
+        return self.frames + (self.effective - last if last else 0)
+
+    @property
+    def num_segments(self) -> int:
+        return 1 if self.segment_frames == self.frames else self.target_frames // self.effective
+
+    def bounds(self, segment: int) -> tuple[int, int]:
+        """Pixel frames ``[start, stop)`` of ``segment`` in the padded driving videos."""
+        start = segment * self.effective
+        return start, start + self.segment_frames
+
+
+def segment_plan(request: OmniRequest) -> SegmentPlan:
+    """The admitted request's plan (admission put the resolved knobs on ``node_params``)."""
+    knobs = request.node_params.get(DENOISE_NODE) or {}
+    given = knobs if isinstance(knobs, Mapping) else knobs.model_dump()
+    frames = admitted(request.diffusion.num_frames, "num_frames", DENOISE_NODE)
+    return SegmentPlan(frames, int(given.get("segment_frame_length") or frames),
+                       int(given.get("prev_segment_conditioning_frames") or DEFAULT_COND_FRAMES))
+
+
+def reflect_indices(frames: int, target: int) -> list[int]:
+    """Frame indices padding a ``frames``-frame video to ``target`` by playing it back and forth
+    (diffusers' ``pad_video_frames``: 5 -> 10 is 0 1 2 3 4 3 2 1 0 1)."""
+    out, idx, step = [], 0, 1
+    while len(out) < target:
+        out.append(idx)
+        idx += step
+        if idx in (0, frames - 1):
+            step = -step
+    return out
 
 
 # -- admission ------------------------------------------------------------------------------
@@ -230,7 +287,8 @@ class AnimateDenoiseLoop(WanDenoiseLoop):
 def animate_validator(defaults: GenerationDefaults, vae: Any, dit: Any, samplers: Any,
                       caps: dict[str, tuple[int, str]]) -> Callable[[OmniRequest], OmniRequest]:
     """A Wan-Animate request: task v2v with a reference image, a pose video (its frames decide
-    num_frames: 4k + 1) and a face video of as many frames; each refused naming what to pass."""
+    num_frames) and a face video of as many frames, and its segments (``_check_segments``: put
+    resolved on ``node_params['denoise']``); each refused naming what to pass."""
     temporal, spatial = vae.scale_factor_temporal, vae.scale_factor_spatial * dit.patch_size[1]
 
     def validate(request: OmniRequest) -> OmniRequest:
@@ -257,10 +315,6 @@ def animate_validator(defaults: GenerationDefaults, vae: Any, dit: Any, samplers
             return len(decoded[part.role])
 
         n, n_face = frames(pose), frames(face)
-        if (n - 1) % temporal:
-            k = (n - 1) // temporal
-            raise InvalidRequest(f"the pose video has {n} frames; Wan encodes {temporal}k+1 frames: pass "
-                                 f"{temporal * k + 1} or {temporal * (k + 1) + 1}", fields=(POSE_FIELD,))
         if n_face != n:
             raise InvalidRequest(f"the face video has {n_face} frames and the pose video {n}; pass one face crop per "
                                  "pose frame", fields=(FACE_FIELD,))
@@ -269,18 +323,27 @@ def animate_validator(defaults: GenerationDefaults, vae: Any, dit: Any, samplers
         if given is not None and given != n:
             raise InvalidRequest(f"diffusion.num_frames={given} but the pose video has {n} frames",
                                  hint=f"omit num_frames or pass {n}", fields=("diffusion.num_frames", POSE_FIELD))
-        request = request.model_copy(update={"diffusion": request.diffusion.model_copy(update={"num_frames": n})})
+        knobs = _segment_knobs(request)
+        plan = _check_segments(knobs, n, temporal)
+        node_params = {**request.node_params, DENOISE_NODE: {**knobs.model_dump(exclude_unset=True),
+                                                             "segment_frame_length": plan.segment_frames,
+                                                             "prev_segment_conditioning_frames": plan.cond_frames}}
+        request = request.model_copy(update={"diffusion": request.diffusion.model_copy(update={"num_frames": n}),
+                                             "node_params": node_params})
         request = resolve_request(request, defaults)
         g: VideoGeometry = geometry(request)
-        for name, cap_name, value, extra in (("height", "max_height", g.height, 0), ("width", "max_width", g.width, 0),
-                                             ("num_frames", "max_frames", g.num_frames, temporal)):
+        # the DiT sees one segment at a time: its frames are capped, not the video's
+        frames_field = SEGMENT_FIELD if knobs.segment_frame_length is not None else "diffusion.num_frames"
+        for field, cap_name, value, extra in (("diffusion.height", "max_height", g.height, 0),
+                                              ("diffusion.width", "max_width", g.width, 0),
+                                              (frames_field, "max_frames", plan.segment_frames, temporal)):
             cap, why = caps[cap_name]
             cap -= extra  # the reference's latent frame takes one RoPE position
             if value > cap:
-                raise InvalidRequest(f"diffusion.{name}={value} is more than this model serves (at most {cap}: {why})",
-                                     hint=f"pass {cap} or less", fields=(f"diffusion.{name}",))
+                hint = f"pass {cap} or less" + (" (segment_frame_length: the video runs in segments)" if extra else "")
+                raise InvalidRequest(f"{field}={value} is more than this model serves (at most {cap}: {why})",
+                                     hint=hint, fields=(field,))
         check_size_multiple(g.height, g.width, spatial)
-        check_frame_count(g.num_frames, temporal)
         samplers.get(request.diffusion.sampler)  # raises naming the offered samplers
         load_part_image(ref)  # unreadable -> ValueError naming the source
         # the stages read the frames admission decoded (``data`` is in-process only: the request's
@@ -290,6 +353,64 @@ def animate_validator(defaults: GenerationDefaults, vae: Any, dit: Any, samplers
         return request.model_copy(update={"inputs": inputs})
 
     return validate
+
+
+SEGMENT_FIELD = f"node_params[{DENOISE_NODE!r}].segment_frame_length"
+COND_FIELD = f"node_params[{DENOISE_NODE!r}].prev_segment_conditioning_frames"
+
+
+def _segment_knobs(request: OmniRequest) -> AnimateSegmentParams:
+    """The request's ``node_params['denoise']`` as the node's schema (refused naming the field)."""
+    raw = request.node_params.get(DENOISE_NODE) or {}
+    try:
+        return AnimateSegmentParams.model_validate(raw)
+    except ValidationError as e:
+        raise format_validation_error(e, prefix=f"node_params[{DENOISE_NODE!r}]").error() from None
+
+
+def _check_segments(knobs: AnimateSegmentParams, frames: int, temporal: int) -> SegmentPlan:
+    """The segments of a ``frames``-frame pose video: ``segment_frame_length`` (default: the
+    video's frames up to 77, else 77) and ``prev_segment_conditioning_frames`` (default 1),
+    each refused naming its field: a segment length not 4k+1; conditioning frames not 1 or 5,
+    or not fewer than the segment's frames; segments in which the carried-over frames leave no
+    more new frames than them (diffusers' arithmetic breaks there); a pose video no longer than
+    the carried-over frames. Without a segment length, a video of at most 77 frames is one
+    segment and must itself have 4k+1 frames."""
+    seg, cond = knobs.segment_frame_length, knobs.prev_segment_conditioning_frames
+    cond = DEFAULT_COND_FRAMES if cond is None else cond
+    if cond not in COND_FRAME_CHOICES:
+        raise InvalidRequest(f"{COND_FIELD}={cond}: Wan-Animate carries 1 or 5 frames over from one segment to the "
+                             "next", hint="pass 1 or 5", fields=(COND_FIELD,))
+    if seg is None:
+        if frames <= DEFAULT_SEGMENT_FRAMES and (frames - 1) % temporal:
+            k = (frames - 1) // temporal
+            raise InvalidRequest(f"the pose video has {frames} frames; Wan encodes {temporal}k+1 frames: pass "
+                                 f"{temporal * k + 1} or {temporal * (k + 1) + 1}", hint="or pass segment_frame_length "
+                                 "(a 4k+1 segment length: the video is then padded to whole segments)",
+                                 fields=(POSE_FIELD,))
+        seg = frames if frames <= DEFAULT_SEGMENT_FRAMES else DEFAULT_SEGMENT_FRAMES
+        field = POSE_FIELD
+    else:
+        field = SEGMENT_FIELD
+        if (seg - 1) % temporal:
+            k = (seg - 1) // temporal
+            raise InvalidRequest(f"{SEGMENT_FIELD}={seg}: Wan encodes {temporal}k+1 frames", fields=(SEGMENT_FIELD,),
+                                 hint=f"pass {temporal * k + 1} or {temporal * (k + 1) + 1}")
+    if cond >= seg:
+        raise InvalidRequest(f"{COND_FIELD}={cond} is not fewer than the segment's {seg} frames", hint="pass 1, or a "
+                             "longer segment_frame_length", fields=(COND_FIELD, field))
+    plan = SegmentPlan(frames, seg, cond)
+    if seg != frames:  # padded, or several segments
+        if seg <= 2 * cond:
+            least = 2 * cond + 1 + (-2 * cond) % temporal
+            raise InvalidRequest(f"{SEGMENT_FIELD}={seg} with {cond} frames carried over: each segment must make more "
+                                 f"new frames than it carries over", hint=f"pass segment_frame_length={least} or more, "
+                                 "or prev_segment_conditioning_frames=1", fields=(field, COND_FIELD))
+        if frames <= cond:
+            raise InvalidRequest(f"the pose video has {frames} frames, no more than the {cond} a segment carries over; "
+                                 f"in segments it needs more", hint=f"pass segment_frame_length={frames}",
+                                 fields=(POSE_FIELD,))
+    return plan
 
 
 def _check_replace(request: OmniRequest, frames: int, count: Callable[[VideoPart], int]) -> None:

@@ -38,8 +38,8 @@ from omniloop.models.families.wan.presets import ANIMATE_DEFAULTS, TEACACHE_DEFA
 from omniloop.models.families.wan.stages import (IMAGE_ENCODE_NODE, WanDenoiseLoop, WanDenoiser, WanImageCondition, WanImageEncode,
                                                  WanVideoEncode, first_frame)
 from omniloop.models.families.wan.ti2v import FirstFrameLatents, Ti2vDenoiser, Ti2vImageCondition
-from omniloop.models.families.wan.animate import (AnimateCondition, AnimateDenoiseLoop, AnimateDenoiser,
-                                                  AnimateImageEncode, animate_validator)
+from omniloop.models.families.wan.animate import AnimateDenoiser, AnimateImageEncode, animate_validator
+from omniloop.models.families.wan.animate_rollout import AnimateDenoiseLoop, AnimateRollout
 from omniloop.models.families.wan.animate_dit import WanAnimateDiT
 from omniloop.models.families.wan.vace import VaceCondition, VaceDenoiseLoop, VaceDenoiser
 from omniloop.models.families.wan.validate import make_validator, size_caps, vace_validator
@@ -378,19 +378,20 @@ def vace_pipeline_spec(variant: Variant, *, boundary_ratio: float | None, cfg_mo
 
 def animate_pipeline_spec(variant: Variant, *, cfg_mode: CFGMode = "sequential",
                           decode_whole: bool | None = False) -> PipelineSpec:
-    """Wan-Animate: the reference image's CLIP tokens, the reference / pose / face conditioning
-    (``animate.py``), the denoise loop over the reference frame and the video's (the reference
-    frame dropped before decoding)."""
+    """Wan-Animate: the reference image's CLIP tokens, then the pose video in segments
+    (``animate_rollout.py``: each segment a denoise loop over the reference frame and the
+    segment's, conditioned on the previous segment's last decoded frames; the rollout decodes
+    the segments itself, so the graph has no decode node). ``decode_whole``: unused (the
+    segments decode as diffusers does, frame by frame)."""
     denoise = AnimateDenoiseLoop(AnimateDenoiser(), cfg=ClassicCFG(mode=cfg_mode), routing=SingleModel(),
                                  shift=FlowShift(), conditioning=LatentConcat())
     nodes = (
         Node("text_encode", TextEncode()),
         Node(IMAGE_ENCODE_NODE, AnimateImageEncode()),
-        Node("animate_condition", AnimateCondition()),
-        Node("denoise", denoise),
-        _decode_node(decode_whole),
+        Node("denoise", AnimateRollout(denoise)),
     )
-    return _wan_spec(variant, nodes, control_inputs=frozenset({"reference", "pose", "face", "mask"}))
+    return _wan_spec(variant, nodes, control_inputs=frozenset({"reference", "pose", "face", "mask"}),
+                     outputs={"video": "video", "latents": "final_latents"})
 
 
 def _routing(boundary_ratio: float | None) -> BoundaryTimestepRouting | SingleModel:
@@ -404,12 +405,16 @@ def _decode_node(decode_whole: bool | None) -> Node:
     return Node("decode", VideoDecodeLoop(WanDenoiser(), whole=decode_whole), when=opt("pixels wanted", _wants_pixels))
 
 
-def _wan_spec(variant: Variant, nodes: tuple[Node, ...], control_inputs: frozenset[str] = frozenset()) -> PipelineSpec:
-    """Every Wan pipeline's spec: its variant's components and the same named outputs."""
+WAN_OUTPUTS = {"video": "video", "image": "image", "latents": "final_latents", "trajectory": "trajectory"}
+
+
+def _wan_spec(variant: Variant, nodes: tuple[Node, ...], control_inputs: frozenset[str] = frozenset(),
+              outputs: Mapping[str, str] = WAN_OUTPUTS) -> PipelineSpec:
+    """Every Wan pipeline's spec: its variant's components and named outputs (the same but
+    Wan-Animate's: a video and its latents)."""
     return PipelineSpec(
         name=variant.name, family="wan", tasks=variant.tasks, components=variant.component_specs(), nodes=nodes,
-        outputs={"video": "video", "image": "image", "latents": "final_latents", "trajectory": "trajectory"},
-        control_inputs=control_inputs,
+        outputs=dict(outputs), control_inputs=control_inputs,
     )
 
 

@@ -71,3 +71,22 @@ def test_replace_mode_takes_the_background_video_and_mask(animate_server):
     assert _thumbnail(animate_server, replace.json()["id"]) != _thumbnail(animate_server, animate.json()["id"])
     alone = httpx.post(f"{animate_server.url}/v1/videos", json={**body, "video": _url("video/mp4", _mp4(5))})
     assert alone.status_code in (400, 422) and alone.json()["error"]["param"] == "mask", alone.text
+
+
+def _long_mp4(seed: int, frames: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    return encode_mp4(rng.integers(0, 256, size=(frames, H, W, 3), dtype=np.uint8), fps=16, crf=0)
+
+
+def test_segment_knobs_are_flat_fields(animate_server):
+    """A 9-frame pose video in two 5-frame segments (segment_frame_length, a flat field); a
+    length that is not 4k+1 refused naming the field."""
+    videos = {"pose_video": _url("video/mp4", _long_mp4(1, 9)), "face_video": _url("video/mp4", _long_mp4(2, 9)),
+              "reference_images": [_url("image/png", _png())]}
+    r = httpx.post(f"{animate_server.url}/v1/videos", json={**FIELDS, **videos, "segment_frame_length": 5,
+                                                            "prev_segment_conditioning_frames": 1})
+    assert r.status_code == 200, r.text
+    bad = httpx.post(f"{animate_server.url}/v1/videos", json={**FIELDS, **videos, "segment_frame_length": 6})
+    assert bad.status_code in (400, 422), bad.text
+    body = bad.json()["error"]
+    assert "segment_frame_length" in body["param"] and "4k+1" in body["message"], body

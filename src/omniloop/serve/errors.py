@@ -88,6 +88,9 @@ WIRE_NAMES = {
     "inputs.last_frame": "last_image",  # the last frame of a first-last-frame video
     "inputs.video": "video", "inputs.mask": "mask", "inputs.reference": "reference_images",  # Wan VACE's controls
     "inputs.pose": "pose_video", "inputs.face": "face_video",  # Wan-Animate's driving videos
+    # ... and its segment knobs (flat fields; the checks run before its node's schema)
+    "node_params['denoise'].segment_frame_length": "segment_frame_length",
+    "node_params['denoise'].prev_segment_conditioning_frames": "prev_segment_conditioning_frames",
     "task": "input_reference",  # the wire declares no task: the reference image's presence picks it
 }
 # one wire field that carries several request fields: an error on all of them is about it

@@ -1,7 +1,9 @@
 """Wan-Animate (modes ``animate`` and ``replace``) through our Engine == diffusers' ``WanAnimatePipeline`` on
 the same tiny random folder, built and saved by diffusers here (fp32, CPU, 2 steps): a
-reference image of another aspect (fitted on black), a pose video and a face video, the
-whole video as one segment (diffusers called with ``segment_frame_length`` = its frames)."""
+reference image of another aspect (fitted on black), a pose video and a face video; the whole
+video as one segment (diffusers called with ``segment_frame_length`` = its frames), then long
+videos in 2-3 segments (``prev_segment_conditioning_frames`` 1 and 5, a padded last segment),
+each segment's latents and the joined video compared; the segment knobs' admission refusals."""
 
 from __future__ import annotations
 
@@ -164,3 +166,153 @@ def test_pose_and_face_videos_are_refused_by_other_wan_models(wan_t2v_dir):
     with pytest.raises(RequestRejected, match="takes no pose video .*WanAnimatePipeline") as err:
         t2v.generate(request)
     assert err.value.fields == ("inputs.pose",)
+
+
+# -- long videos in segments -------------------------------------------------------------------
+# (mode, prev_segment_conditioning_frames, pose frames, segment_frame_length, CFG scale): the pose
+# frames chosen so that the last segment is padded (11 -> 13, 19 -> 21, 5 -> 9) or not (29)
+
+SEGMENT_CASES = [
+    ("animate", 1, 11, 5, 1.0),  # 3 segments, 2 padding frames
+    ("animate", 5, 29, 13, 3.0),  # 3 segments, 5 frames carried over
+    ("replace", 1, 11, 5, 3.0),  # 3 segments
+    ("replace", 5, 19, 13, 1.0),  # 2 segments, 2 padding frames
+    ("animate", 1, 5, 9, 1.0),  # one segment longer than the video: padded to 9 frames, cut back to 5
+]
+
+
+def _segment_videos(n: int) -> dict[str, np.ndarray]:
+    mask = np.zeros((n, H, W, 3), dtype=np.uint8)
+    for i in range(n):
+        mask[i, 4:20, (2 * i) % 20: (2 * i) % 20 + 20] = 255
+    return {"pose": _frames(21, n, H, W), "face": _frames(22, n, 20, 20), "background": _frames(23, n, H, W),
+            "mask": mask}
+
+
+def _diffusers_segments(animate_dir, videos, mode, cond, segment, guidance, seed):
+    """diffusers' decoded video ``[F, H, W, 3]`` in [0, 1] and each segment's final latents
+    (inside its loop: standardised as ours; the reference frame dropped), caught by a step-end
+    callback."""
+    from PIL import Image
+
+    pipe = diffusers.WanAnimatePipeline.from_pretrained(animate_dir, torch_dtype=torch.float32)
+    cfg = pipe.vae.config
+    mean, std = (torch.tensor(v).view(1, -1, 1, 1, 1) for v in (cfg.latents_mean, cfg.latents_std))
+    caught = []
+
+    def catch(_pipe, i, _t, kwargs):
+        if i == 1:  # the segment's last step (2 steps)
+            caught.append(kwargs["latents"][:, :, 1:].clone())
+        return {}
+
+    pil = {k: [Image.fromarray(f) for f in v] for k, v in videos.items()}
+    replace = {"mode": "replace", "background_video": pil["background"], "mask_video": pil["mask"]} \
+        if mode == "replace" else {}
+    frames = pipe(image=_reference(), pose_video=pil["pose"], face_video=pil["face"], prompt=PROMPT,
+                  negative_prompt=NEGATIVE, height=H, width=W, segment_frame_length=segment,
+                  prev_segment_conditioning_frames=cond, num_inference_steps=2, guidance_scale=guidance,
+                  generator=torch.Generator("cpu").manual_seed(seed), output_type="np", callback_on_step_end=catch,
+                  callback_on_step_end_tensor_inputs=["latents"], **replace).frames[0]
+    return frames, caught
+
+
+@pytest.mark.parametrize("mode, cond, n, segment, guidance", SEGMENT_CASES,
+                         ids=[f"{m}-c{c}-f{n}-s{s}" for m, c, n, s, _ in SEGMENT_CASES])
+def test_segments_match_diffusers(animate_dir, gen, mode, cond, n, segment, guidance):
+    """Each segment's final latents (the previous segment's decoded frames, re-encoded, condition
+    it) and the joined video equal diffusers' rollout in segments."""
+    videos = _segment_videos(n)
+    parts = [TextPart(text=PROMPT), ImagePart(data=_reference(), role="reference"),
+             VideoPart(data=videos["pose"], role="pose"), VideoPart(data=videos["face"], role="face")]
+    if mode == "replace":
+        parts += [VideoPart(data=videos["background"]), VideoPart(data=videos["mask"], role="mask")]
+    request = _request(parts, seed=5, guidance=guidance).model_copy(update={
+        "outputs": OutputSpec(modalities=["video", "latent"]),
+        "node_params": {"denoise": {"segment_frame_length": segment, "prev_segment_conditioning_frames": cond}}})
+    out = gen.generate(request)
+    assert out.status.value == "completed", out.error
+    ref_frames, ref_latents = _diffusers_segments(animate_dir, videos, mode, cond, segment, guidance, seed=5)
+    ours = out.artifacts["latents"].latents  # [1, 16, S * f, h, w]: the segments one after the other
+    f = (segment - 1) // 4 + 1
+    assert ours.shape == (1, 16, len(ref_latents) * f, 4, 6)
+    errs = [(ours[:, :, s * f:(s + 1) * f] - ref).abs().max().item() for s, ref in enumerate(ref_latents)]
+    assert max(errs) <= TOL, errs  # measured 4.8e-7 / 1.7e-6 / 2.0e-6 / 5.2e-7 / 4.8e-7 (the cases in order)
+    video = out.video.frames.numpy().astype(np.int16)  # [F, H, W, 3]
+    assert video.shape == ref_frames.shape == (n, H, W, 3)
+    assert np.abs(video - np.round(ref_frames * 255)).max() <= 1
+
+
+
+def _segment_request(n: int, segment: int, cond: int = 1, seed: int = 5, **params) -> OmniRequest:
+    videos = _segment_videos(n)
+    parts = [TextPart(text=PROMPT), ImagePart(data=_reference(), role="reference"),
+             VideoPart(data=videos["pose"], role="pose"), VideoPart(data=videos["face"], role="face")]
+    knobs = {"segment_frame_length": segment, "prev_segment_conditioning_frames": cond}
+    return _request(parts, seed=seed, **params).model_copy(update={"node_params": {"denoise": knobs}})
+
+
+def test_segments_are_scheduler_steps_another_request_runs_between(gen):
+    """A rollout of 3 segments is 3 x (2 denoise steps + a boundary) scheduler steps; a request
+    added while its second segment is under way finishes before it, and the rollout's result is
+    its solo run's (its state is its own: nothing on the modules)."""
+    solo = gen.generate(_segment_request(11, 5)).artifacts["latents"].latents
+    engine = gen.engine
+    with torch.inference_mode():
+        long = engine.add_request(_segment_request(11, 5))
+        while engine._requests[long].loop is None or engine._requests[long].loop.segment < 1:
+            engine.step()
+        loop = engine._requests[long].loop
+        assert loop.steps_target == 9 and loop.plan.num_segments == 3 and loop.steps_done == 3
+        short = engine.add_request(_request(_inputs(), seed=9))
+        while not engine._requests[short].is_finished:
+            engine.step()
+        assert not engine._requests[long].is_finished  # the short request ran between the long one's steps
+        out = engine.run_until_done(long)
+    assert out.status.value == "completed", out.error
+    assert engine.pop_output(short).status.value == "completed"
+    assert (out.artifacts["latents"].latents - solo).abs().max() <= TOL
+
+
+def test_flat_segment_knobs_route_to_the_rollout(gen):
+    knobs = gen.pipeline.knobs
+    assert {"segment_frame_length", "prev_segment_conditioning_frames"} <= set(knobs.names)
+    assert knobs.route({"segment_frame_length": 5}) == {"denoise": {"segment_frame_length": 5}}
+
+
+@pytest.mark.parametrize("n, knobs, match, fields", [
+    (11, {"segment_frame_length": 6}, r"segment_frame_length=6: Wan encodes 4k\+1 frames",
+     ("node_params['denoise'].segment_frame_length",)),
+    (11, {"segment_frame_length": 5, "prev_segment_conditioning_frames": 3},
+     r"prev_segment_conditioning_frames=3: Wan-Animate carries 1 or 5 frames",
+     ("node_params['denoise'].prev_segment_conditioning_frames",)),
+    (5, {"segment_frame_length": 5, "prev_segment_conditioning_frames": 5}, r"=5 is not fewer than the segment's 5",
+     ("node_params['denoise'].prev_segment_conditioning_frames", "node_params['denoise'].segment_frame_length")),
+    (21, {"segment_frame_length": 9, "prev_segment_conditioning_frames": 5},
+     r"segment_frame_length=9 with 5 frames carried over: .*more new frames", None),
+    (1, {"segment_frame_length": 5}, r"pose video has 1 frames, no more than the 1 a segment carries over",
+     ("inputs.pose",)),
+    (11, {"segment_frame_length": 0}, r"segment_frame_length", ("node_params['denoise'].segment_frame_length",)),
+    (9, {"segment_frame_length": 125}, r"segment_frame_length=125 is more than this model serves \(at most 121", None),
+])
+def test_bad_segment_knobs_are_refused_naming_the_field(gen, n, knobs, match, fields):
+    request = _segment_request(n, 5).model_copy(update={"node_params": {"denoise": knobs}})
+    with pytest.raises(RequestRejected, match=match) as err:
+        gen.generate(request)
+    if fields is not None:
+        assert err.value.fields == fields
+    else:
+        assert err.value.fields[0] == "node_params['denoise'].segment_frame_length"
+
+
+def test_a_long_pose_video_without_knobs_runs_in_segments_of_77(gen):
+    """No segment_frame_length: up to 77 frames one segment of the video's own 4k+1 frames (a
+    6-frame video is refused, naming the pose video and the knob); more: segments of 77."""
+    from omniloop.models.families.wan.animate import SegmentPlan
+
+    with pytest.raises(RequestRejected, match="pose video has 6 frames; Wan encodes 4k\\+1 frames: pass 5 or 9") as err:
+        gen.generate(_request(_inputs(pose=_frames(1, 6, H, W), face=_frames(2, 6, 20, 20))))
+    assert err.value.fields == ("inputs.pose",)
+    assert "segment_frame_length" in err.value.hint
+    plan = SegmentPlan(frames=200, segment_frames=77, cond_frames=1)
+    assert (plan.num_segments, plan.target_frames, plan.bounds(2)) == (3, 229, (152, 229))
+    assert SegmentPlan(frames=77, segment_frames=77, cond_frames=5).num_segments == 1

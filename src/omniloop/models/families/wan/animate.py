@@ -35,12 +35,10 @@ import numpy as np
 import torch
 from pydantic import Field, ValidationError
 
-from omniloop.io.image import image_to_tensor
-from omniloop.io.video import video_to_tensor
-from omniloop.models.families.wan.stages import (VideoGeometry, WanDenoiseLoop, WanDenoiser, geometry, load_part_image,
+from omniloop.models.families.wan.stages import (VideoGeometry, WanDenoiser, geometry, load_part_image,
                                                  load_part_video)
 from omniloop.pipeline.defaults import GenerationDefaults, admitted, resolve_request
-from omniloop.pipeline.edges import ConditionLatents, ImageEmbeddings
+from omniloop.pipeline.edges import ImageEmbeddings
 from omniloop.pipeline.geometry_checks import check_size_multiple
 from omniloop.pipeline.loops.denoise import DenoiseParams
 from omniloop.pipeline.policies.cfg import UNCOND
@@ -149,16 +147,6 @@ def mask_pixels(frames: Any, height: int, width: int) -> torch.Tensor:
             image = image.resize((width, height), resample=Image.Resampling.LANCZOS)
         out.append(torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0))
     return torch.stack(out)[None, None]
-
-
-def replace_videos(request: OmniRequest, g: VideoGeometry) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """Mode replace's (background ``[1, 3, F, H, W]`` in [-1, 1], mask ``[1, 1, F, H, W]`` in
-    [0, 1]); (None, None) in mode animate."""
-    background, mask = role_video(request, BACKGROUND_ROLE), role_video(request, MASK_ROLE)
-    if background is None or mask is None:
-        return None, None
-    return (video_to_tensor(load_part_video(background), g.height, g.width),
-            mask_pixels(load_part_video(mask), g.height, g.width))
 
 
 @dataclass
@@ -272,7 +260,8 @@ def segment_plan(request: OmniRequest) -> SegmentPlan:
 def reflect_indices(frames: int, target: int) -> list[int]:
     """Frame indices padding a ``frames``-frame video to ``target`` by playing it back and forth
     (diffusers' ``pad_video_frames``: 5 -> 10 is 0 1 2 3 4 3 2 1 0 1)."""
-    out, idx, step = [], 0, 1
+    out: list[int] = []
+    idx, step = 0, 1
     while len(out) < target:
         out.append(idx)
         idx += step
@@ -340,7 +329,8 @@ def animate_validator(defaults: GenerationDefaults, vae: Any, dit: Any, samplers
             cap, why = caps[cap_name]
             cap -= extra  # the reference's latent frame takes one RoPE position
             if value > cap:
-                hint = f"pass {cap} or less" + (" (segment_frame_length: the video runs in segments)" if extra else "")
+                segments = " (or a segment_frame_length: the video then runs in segments)"
+                hint = f"pass {cap} or less" + (segments if field == "diffusion.num_frames" else "")
                 raise InvalidRequest(f"{field}={value} is more than this model serves (at most {cap}: {why})",
                                      hint=hint, fields=(field,))
         check_size_multiple(g.height, g.width, spatial)

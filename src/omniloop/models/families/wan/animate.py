@@ -1,5 +1,6 @@
-"""Wan-Animate pipeline pieces (diffusers' ``WanAnimatePipeline``, mode ``animate``): a
-reference character image moved by a pose video, its face by a face video.
+"""Wan-Animate pipeline pieces (diffusers' ``WanAnimatePipeline``): a reference character image
+moved by a pose video, its face by a face video (mode ``animate``), or put into a given video
+(mode ``replace``).
 
 What a request carries (``OmniRequest.inputs``, task ``v2v``):
 
@@ -7,23 +8,34 @@ What a request carries (``OmniRequest.inputs``, task ``v2v``):
   Lanczos) on a black canvas (diffusers' ``WanAnimateImageProcessor``, ``resize_mode='fill'``);
   its CLIP tokens and its VAE latents (one latent frame in front of the video's) condition the DiT;
 * ``VideoPart(role='pose')``: the driving skeleton video at the output size; its frames decide
-  ``num_frames`` (4k + 1);
+  ``num_frames`` (the output's);
 * ``VideoPart(role='face')``: the driving face crops, as many frames, resized to the DiT's
   ``motion_encoder_size`` square (512).
 
-The DiT input is ``[noise z | mask 4 | conditioning z]`` over ``1 + f`` latent frames: frame 0
-the reference (mask ones, its latents), frames 1.. the encoded zero video (mask zeros: nothing
-given). The unconditional CFG branch sees an all -1 face video (diffusers blanks the face).
+The video is made in segments (diffusers' segment loop, ``SegmentPlan``): ``segment_frame_length``
+frames each (4k+1; default: the pose video's frames when it has at most 77, else 77), each segment
+after the first starting ``segment_frame_length - prev_segment_conditioning_frames`` frames after
+the one before; the driving videos are padded back and forth to whole segments and the joined
+video is cut back to the pose video's frames. Both knobs are the denoise node's
+(``AnimateSegmentParams``, also flat); admission checks and resolves them (``_check_segments``).
+NOTE: diffusers' default (77) pads a shorter pose video to 77 frames and cuts the result; ours
+makes the video's own frames (one segment), passing ``segment_frame_length=77`` gives diffusers'.
+
+A segment's DiT input is ``[noise z | mask 4 | conditioning z]`` over ``1 + f`` latent frames
+(``segment_condition``): frame 0 the reference (mask ones, its latents), frames 1.. the encoded
+segment video (the previous segment's last ``prev_segment_conditioning_frames`` decoded frames,
+mask ones, then zeros, mask zeros: nothing given; the first segment: zeros throughout). The
+unconditional CFG branch sees an all -1 face video (diffusers blanks the face). Each segment's
+noise is the request generator's next draw (diffusers' order).
 
 Mode ``replace`` (the character put into a given video): a background ``VideoPart`` (role
 ``source``) and a ``VideoPart(role='mask')`` (white: where the character goes), as many frames
-as the pose video. Frames 1.. of the conditioning are then the background's latents and the
-mask of what to keep (``1 - mask``, grey-scaled, nearest-resized to the latent grid) instead of
-a zero video and a zero mask.
+as the pose video. A segment's video is then the background's (after the carried-over frames)
+and its mask the background to keep (``1 - mask``, grey-scaled, nearest-resized to the latent
+grid; ones on the carried-over frames) instead of zeros.
 
-Scope: the whole pose video is ONE segment (diffusers with ``segment_frame_length`` = its
-frame count, ``prev_segment_conditioning_frames`` unused); the long-video rollout in segments
-(each conditioned on the previous segment's last decoded frames) is not built.
+The rollout itself (every denoise step and every segment boundary a scheduler step, the
+per-request state in the loop state) is ``animate_rollout.AnimateRollout``.
 """
 
 from __future__ import annotations

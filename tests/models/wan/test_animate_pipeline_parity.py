@@ -316,3 +316,11 @@ def test_a_long_pose_video_without_knobs_runs_in_segments_of_77(gen):
     plan = SegmentPlan(frames=200, segment_frames=77, cond_frames=1)
     assert (plan.num_segments, plan.target_frames, plan.bounds(2)) == (3, 229, (152, 229))
     assert SegmentPlan(frames=77, segment_frames=77, cond_frames=5).num_segments == 1
+
+
+def test_trajectories_are_refused_naming_the_field(gen):
+    request = _request(_inputs()).model_copy(update={"outputs": OutputSpec(modalities=["latent"],
+                                                                            return_trajectory=True)})
+    with pytest.raises(RequestRejected, match="return_trajectory: Wan-Animate's rollout in segments") as err:
+        gen.generate(request)
+    assert err.value.fields == ("outputs.return_trajectory",)

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Sequence
 
+import numpy as np
 import torch
 
 from omniloop.io.image import image_to_tensor
@@ -30,7 +31,7 @@ from omniloop.models.families.wan.animate import (BACKGROUND_ROLE, FACE_ROLE, MA
                                                   reference_latents, reflect_indices, role_video, segment_condition,
                                                   segment_kwargs, segment_plan)
 from omniloop.models.families.wan.stages import WanDenoiseLoop, geometry, load_part_image, load_part_video
-from omniloop.pipeline.defaults import GenerationDefaults, admitted, admitted_seed
+from omniloop.pipeline.defaults import GenerationDefaults, admitted, admitted_seed, admitted_steps
 from omniloop.pipeline.edges import ConditionLatents, DenoisedLatents, ImageEmbeddings, TextEmbeddings
 from omniloop.pipeline.failures import per_request
 from omniloop.pipeline.loops.denoise import DenoiseLoopState, _own, seeded_noise
@@ -39,7 +40,7 @@ from omniloop.pipeline.policies.cfg import GuidedParams
 from omniloop.pipeline.stage import LoopStageBase, WorkEstimate, step_results
 from omniloop.pipeline.state import LoopState, RequestState, StageContext, StepResult
 from omniloop.pipeline.stages.decode import to_uint8_frames
-from omniloop.request import LatentsArtifact, Modality, OmniRequest, VideoArtifact
+from omniloop.request import InvalidRequest, LatentsArtifact, Modality, OmniRequest, VideoArtifact
 
 MODALITY = "video"
 
@@ -52,17 +53,51 @@ class AnimateDenoiseLoop(WanDenoiseLoop):
 
 
 @dataclass(frozen=True)
-class AnimateVideos:
-    """A request's driving videos, resized and padded to the plan's ``target_frames`` (T)."""
+class SegmentVideos:
+    """One segment's driving videos (F: the segment's frames), on the device."""
 
-    pose: torch.Tensor  # [1, 3, T, H, W] in [-1, 1]
-    face: torch.Tensor  # [1, 3, T, S, S] in [-1, 1] (S: the DiT's motion_encoder_size)
-    background: torch.Tensor | None = None  # mode replace: [1, 3, T, H, W] in [-1, 1]
-    mask: torch.Tensor | None = None  # mode replace: [1, 1, T, H, W] in [0, 1] (white: the character)
+    pose: torch.Tensor  # [1, 3, F, H, W] in [-1, 1]
+    face: torch.Tensor  # [1, 3, F, S, S] in [-1, 1] (S: the DiT's motion_encoder_size)
+    background: torch.Tensor | None = None  # mode replace: [1, 3, F, H, W] in [-1, 1]
+    mask: torch.Tensor | None = None  # mode replace: [1, 1, F, H, W] in [0, 1] (white: the character)
 
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.pose, self.face, self.background, self.mask)
-                   if t is not None)
+
+@dataclass(frozen=True)
+class DrivingVideos:
+    """A request's driving videos as given (``[F, H', W', 3]`` uint8, decoded at admission, on
+    the CPU), played back and forth to the plan's ``target_frames`` (``order``), resized per
+    segment as diffusers' processors resize every frame (frame by frame: the same pixels)."""
+
+    pose: np.ndarray
+    face: np.ndarray
+    background: np.ndarray | None
+    mask: np.ndarray | None
+    order: tuple[int, ...]  # padded frame index -> given frame (``reflect_indices``)
+    height: int
+    width: int
+    face_size: int
+
+    def segment(self, start: int, stop: int, device: torch.device) -> SegmentVideos:
+        idx = list(self.order[start:stop])
+        h, w = self.height, self.width
+        return SegmentVideos(
+            pose=video_to_tensor(self.pose[idx], h, w).to(device),
+            face=video_to_tensor(self.face[idx], self.face_size, self.face_size).to(device),
+            background=None if self.background is None else video_to_tensor(self.background[idx], h, w).to(device),
+            mask=None if self.mask is None else mask_pixels(self.mask[idx], h, w).to(device))
+
+
+def driving_videos(ctx: StageContext, request: OmniRequest, plan: SegmentPlan) -> DrivingVideos:
+    g = geometry(request, ctx.node)
+    frames = {role: None if (part := role_video(request, role)) is None else load_part_video(part)
+              for role in (POSE_ROLE, FACE_ROLE, BACKGROUND_ROLE, MASK_ROLE)}
+    pose, face = frames[POSE_ROLE], frames[FACE_ROLE]
+    assert pose is not None and face is not None, "checked at admission"
+    order = tuple(range(plan.frames)) if plan.target_frames == plan.frames else \
+        tuple(reflect_indices(plan.frames, plan.target_frames))
+    return DrivingVideos(pose=pose, face=face, background=frames[BACKGROUND_ROLE], mask=frames[MASK_ROLE], order=order,
+                         height=g.height, width=g.width,
+                         face_size=ctx.component("transformer").config.motion_encoder_size)
 
 
 @dataclass(kw_only=True)
@@ -71,7 +106,7 @@ class AnimateRolloutState(LoopState):
     params: GuidedParams
     seed: int
     gen: torch.Generator  # every segment's noise, drawn in order (diffusers' one generator)
-    videos: AnimateVideos
+    videos: DrivingVideos
     reference: torch.Tensor  # [1, st + z, 1, h, w]: the reference frame of every segment's condition
     kwargs: dict[str, dict[str, Any]]  # guidance branch -> the text / CLIP kwargs of every segment
     request_state: RequestState  # each segment's inner loop starts from it
@@ -93,30 +128,6 @@ class AnimateRolloutState(LoopState):
         return self.inner.timestep if self.inner is not None and not self.inner.done else None
 
 
-def _padded(video: torch.Tensor, plan: SegmentPlan) -> torch.Tensor:
-    """``[1, C, F, ...]`` -> ``[1, C, T, ...]`` played back and forth (``reflect_indices``)."""
-    if plan.target_frames == video.shape[2]:
-        return video
-    return video[:, :, reflect_indices(video.shape[2], plan.target_frames)]
-
-
-def load_videos(ctx: StageContext, request: OmniRequest, plan: SegmentPlan) -> AnimateVideos:
-    """The driving videos (decoded at admission) resized as diffusers' processors do, padded."""
-    g = geometry(request, ctx.node)
-    parts = {role: role_video(request, role) for role in (POSE_ROLE, FACE_ROLE, BACKGROUND_ROLE, MASK_ROLE)}
-    pose, face = parts[POSE_ROLE], parts[FACE_ROLE]
-    assert pose is not None and face is not None, "checked at admission"
-    size = ctx.component("transformer").config.motion_encoder_size
-    background, mask = parts[BACKGROUND_ROLE], parts[MASK_ROLE]
-    return AnimateVideos(
-        pose=_padded(video_to_tensor(load_part_video(pose), g.height, g.width), plan).to(ctx.device),
-        face=_padded(video_to_tensor(load_part_video(face), size, size), plan).to(ctx.device),
-        background=None if background is None else
-        _padded(video_to_tensor(load_part_video(background), g.height, g.width), plan).to(ctx.device),
-        mask=None if mask is None else _padded(mask_pixels(load_part_video(mask), g.height, g.width), plan).to(ctx.device),
-    )
-
-
 @dataclass
 class AnimateRollout(LoopStageBase[AnimateRolloutState]):
     denoise: AnimateDenoiseLoop  # the inner loop: its denoiser, policies and sampler serve every segment
@@ -132,6 +143,12 @@ class AnimateRollout(LoopStageBase[AnimateRolloutState]):
 
     # -- admission: the inner loop's (guidance, sampler options) ---------------------------
     def check_request(self, ctx: StageContext, state: RequestState, produced: frozenset[str]) -> None:
+        """The denoise loop's checks; a trajectory (per step latents) is not recorded across segments."""
+        outputs = state.request.outputs
+        if outputs.return_trajectory or outputs.return_log_probs:
+            field = "outputs.return_trajectory" if outputs.return_trajectory else "outputs.return_log_probs"
+            raise InvalidRequest(f"{field}: Wan-Animate's rollout in segments records no denoise trajectory",
+                                 hint=f"drop {field.split('.')[1]}", fields=(field,))
         self.denoise.check_request(ctx, state, produced)
 
     def resolve(self, ctx: StageContext, state: RequestState, produced: frozenset[str],
@@ -156,7 +173,7 @@ class AnimateRollout(LoopStageBase[AnimateRolloutState]):
         branches = self.denoise.cfg.init(params, self.denoise.denoiser.modalities, state.node_params.get(ctx.node)).branches
         loop = AnimateRolloutState(
             node=ctx.node, request_id=state.request_id, steps_target=0, plan=plan, params=params, seed=seed,
-            gen=torch.Generator("cpu").manual_seed(seed), videos=load_videos(ctx, request, plan),
+            gen=torch.Generator("cpu").manual_seed(seed), videos=driving_videos(ctx, request, plan),
             reference=reference_latents(ctx.component(self.vae_component), pixels.to(ctx.device)),
             kwargs=self.denoise.denoiser.branch_inputs(ctx, state, branches), request_state=state,
             decode=request.outputs.wants(Modality.VIDEO), fps=admitted(request.diffusion.fps, "fps", ctx.node))
@@ -187,16 +204,16 @@ class AnimateRollout(LoopStageBase[AnimateRolloutState]):
     def _start_segment(self, ctx: StageContext, loop: AnimateRolloutState) -> None:
         """The segment's noise (the generator's next draw), its conditioning and its inner loop."""
         vae = ctx.component(self.vae_component)
-        plan, videos = loop.plan, loop.videos
+        plan = loop.plan
         start, stop = plan.bounds(loop.segment)
+        videos = loop.videos.segment(start, stop, ctx.device)
         _, _, _, h, w = loop.reference.shape
         latent_frames = (plan.segment_frames - 1) // vae.config.scale_factor_temporal + 1
         noise = seeded_noise({MODALITY: (1, vae.config.z_dim, 1 + latent_frames, h, w)}, loop.gen, ctx.device)
-        background = None if videos.background is None else videos.background[:, :, start:stop]
-        mask = None if videos.mask is None else videos.mask[:, :, start:stop]
-        condition = segment_condition(vae, loop.reference, plan.segment_frames, loop.prev, background, mask)
-        pose = _encode(vae, videos.pose[:, :, start:stop]).to(ctx.dtype)  # [1, z, f, h, w]
-        face = videos.face[:, :, start:stop].to(ctx.dtype)  # [1, 3, F, S, S]
+        condition = segment_condition(vae, loop.reference, plan.segment_frames, loop.prev, videos.background,
+                                      videos.mask)
+        pose = _encode(vae, videos.pose).to(ctx.dtype)  # [1, z, f, h, w]
+        face = videos.face.to(ctx.dtype)  # [1, 3, F, S, S]
         loop.inner = self.denoise.start(ctx, loop.request_state, loop.params, noise, seed=loop.seed,
                                         branch_kwargs=segment_kwargs(loop.kwargs, pose, face),
                                         condition=ConditionLatents(latents=condition))
@@ -269,8 +286,8 @@ class AnimateRollout(LoopStageBase[AnimateRolloutState]):
 
     # -- scheduling contract ---------------------------------------------------------------------
     def estimate(self, ctx: StageContext, state: RequestState) -> WorkEstimate:
-        """Per step: one denoise step of a segment; held: the padded driving videos (fp32 pixels)
-        plus one segment's loop state."""
+        """Per step: one denoise step of a segment; held: one segment's loop state and driving
+        videos (fp32 pixels; the whole videos stay uint8 on the CPU)."""
         request = state.request
         params = self.denoise.params(ctx, state)
         plan = segment_plan(request)
@@ -281,9 +298,9 @@ class AnimateRollout(LoopStageBase[AnimateRolloutState]):
         g = geometry(request, ctx.node)
         size = ctx.component("transformer").config.motion_encoder_size
         replace = role_video(request, MASK_ROLE) is not None
-        pixels = 4 * plan.target_frames * (3 * g.height * g.width * (1 + replace) + 3 * size * size
-                                           + g.height * g.width * replace)
-        steps = self.denoise._num_steps(ctx, state, params)
+        pixels = 4 * plan.segment_frames * (3 * g.height * g.width * (1 + replace) + 3 * size * size
+                                            + g.height * g.width * replace)
+        steps = admitted_steps(params, ctx.node)
         return WorkEstimate(
             steps=plan.num_segments * (steps + 1), flops_per_step=cost.flops_per_step,
             resident_bytes=cost.state_bytes + pixels + held_tensor_bytes(ctx.read_optional(state, "text", TextEmbeddings)),

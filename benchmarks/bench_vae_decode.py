@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -30,8 +29,8 @@ from typing import Callable
 import torch
 
 from common import emit, jsonl_sink, profile_top, timed  # benchmarks/ is on sys.path when this runs as a script
-from omniloop.models.autoencoders.wan_vae import WanVAE, load_wan_vae
-from omniloop.models.families.wan.presets import WAN21_VAE
+from omniloop.models.autoencoders.wan_vae import WanVAE
+from wan_random import random_wan_vaes
 
 
 @dataclass(frozen=True)
@@ -79,16 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     cuda = device.type == "cuda"
     dtype = torch.float32 if args.tiny else torch.bfloat16
     height, width, frames = (64, 64, 9) if args.tiny else tuple(int(x) for x in args.shape.split("x"))
-    cfg = dict(WAN21_VAE)
-    if args.tiny:
-        cfg.update(base_dim=8, dim_mult=[1, 2, 2, 2], num_res_blocks=1)
-    from diffusers import AutoencoderKLWan
-
-    folder = tempfile.mkdtemp(prefix="wan_vae_bench_")
-    torch.manual_seed(0)
-    with torch.device(device):
-        AutoencoderKLWan(**cfg).save_pretrained(folder)
-    vae = load_wan_vae(folder, device=device, dtype=dtype).eval().requires_grad_(False)
+    ref, vae = random_wan_vaes(device, dtype, tiny=args.tiny)
     latent = (1, 16, (frames - 1) // 4 + 1, height // 8, width // 8)
     z = torch.randn(latent, generator=torch.Generator("cpu").manual_seed(1)).to(device, dtype)
     base = {"bench": "vae_decode", "shape": [height, width, frames], "dtype": str(dtype).removeprefix("torch."),
@@ -117,11 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     with jsonl_sink(args.out) as sink, torch.inference_mode():
         reference: torch.Tensor | None = None
         if args.diffusers:
-            ref = AutoencoderKLWan.from_pretrained(folder, torch_dtype=dtype).to(device).eval().requires_grad_(False)
             for bench in (False, True):
                 torch.backends.cudnn.benchmark = bench
                 measure("diffusers", lambda: ref.decode(z, return_dict=False)[0], {"cudnn_benchmark": bench})
-            del ref
         best: tuple[float, Variant] | None = None
         for v in variants(chunks):
             torch.backends.cudnn.benchmark = v.cudnn_benchmark

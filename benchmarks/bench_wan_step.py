@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from common import emit, jsonl_sink, profile_top, timed  # benchmarks/ is on sys.path when this runs as a script
-from omniloop.models.families.wan.presets import WAN21_T2V_1_3B, WAN21_T2V_14B, WAN21_VAE
+from omniloop.models.families.wan.presets import WAN21_T2V_1_3B, WAN21_T2V_14B
 from omniloop.models.families.wan.weights import load_wan_dit
 from omniloop.models.layers.attention import set_attention_backend
 
@@ -269,22 +269,10 @@ def bench_ours_alone(args, ours, shape, text, device, dtype, base, sink) -> None
 
 
 def bench_vae(args, shape, device, dtype, sink):
-    import tempfile
-
-    from diffusers import AutoencoderKLWan
-
-    from omniloop.models.autoencoders.wan_vae import load_wan_vae
+    from wan_random import random_wan_vaes
 
     cuda = device.type == "cuda"
-    cfg = dict(WAN21_VAE)
-    if args.tiny:
-        cfg.update(base_dim=8, dim_mult=[1, 2, 2, 2], num_res_blocks=1)
-    folder = tempfile.mkdtemp(prefix="wan_vae_bench_")
-    torch.manual_seed(0)
-    with torch.device(device):
-        AutoencoderKLWan(**cfg).save_pretrained(folder)
-    ref = AutoencoderKLWan.from_pretrained(folder, torch_dtype=dtype).to(device).eval().requires_grad_(False)
-    ours = load_wan_vae(folder, device=device, dtype=dtype).eval().requires_grad_(False)
+    ref, ours = random_wan_vaes(device, dtype, tiny=args.tiny)
     f, h, w = shape.latent
     z = torch.randn(1, 16, f, h, w, generator=torch.Generator("cpu").manual_seed(1)).to(device, dtype)
     base = {"bench": "wan_vae_decode", "shape": [shape.height, shape.width, shape.frames],

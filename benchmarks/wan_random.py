@@ -101,3 +101,24 @@ def save_random_wan22(folder: Path | None = None, *, size: str, layers: int | No
                                                              flow_shift=12.0))
         pipe.save_pretrained(folder)
     return folder
+
+
+def random_wan_vaes(device: torch.device, dtype: torch.dtype, *, tiny: bool = False):
+    """One random Wan2.1 VAE (diffusers' ``AutoencoderKLWan``, seed 0), saved and loaded both
+    ways users load it: ``(diffusers_model, ours)`` in ``dtype`` on ``device``, eval, no grads.
+    ``tiny``: base_dim 8, one res block a level (a CPU smoke)."""
+    from diffusers import AutoencoderKLWan
+
+    from omniloop.models.autoencoders.wan_vae import load_wan_vae
+    from omniloop.models.families.wan.presets import WAN21_VAE
+
+    cfg = dict(WAN21_VAE)
+    if tiny:
+        cfg.update(base_dim=8, dim_mult=[1, 2, 2, 2], num_res_blocks=1)
+    folder = tempfile.mkdtemp(prefix="wan_vae_bench_")
+    torch.manual_seed(0)
+    with torch.device(device):
+        AutoencoderKLWan(**cfg).save_pretrained(folder)
+    ref = AutoencoderKLWan.from_pretrained(folder, torch_dtype=dtype).to(device).eval().requires_grad_(False)
+    ours = load_wan_vae(folder, device=device, dtype=dtype).eval().requires_grad_(False)
+    return ref, ours

@@ -1,7 +1,8 @@
 """What a transformers Qwen text config (an omni thinker's ``text_config``, a talker's) says of
 the decoder every omni family builds from it, read and refused the same way: the layer shapes,
 the RoPE, the context length. A family's decoder config subclasses :class:`TextDecoderConfig`
-and adds its own fields (experts, the embedding width)."""
+and adds its own fields (experts, the embedding width); :func:`kv_pools` builds each decoder's
+paged KV pool from it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from omniloop.cache.kv import KVLayout
+from omniloop.cache.paged_kv import BlockPool, build_text_kv_pool
+from omniloop.models.model_spec import LoadOptions
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,3 +61,13 @@ class TextDecoderConfig:
             mrope_section=None if mrope_section is None else tuple(int(s) for s in rope.get("mrope_section", mrope_section)),
             max_position_embeddings=int(d.get("max_position_embeddings", 32768)),
         )
+
+
+def kv_pools(decoders: Mapping[str, TextDecoderConfig], options: LoadOptions, *, block_size: int) -> dict[str, BlockPool]:
+    """The paged KV pool of each named decoder (``{"thinker_kv": thinker config, ...}``): its
+    layout, in the deployment's dtype and device, sized by ``kv_cache_gb`` or else the default
+    budget for the decoder's whole context."""
+    return {name: build_text_kv_pool(cfg.kv_layout, dtype=options.dtype, device=options.device,
+                                     max_context=cfg.max_position_embeddings, kv_cache_gb=options.kv_cache_gb,
+                                     block_size=block_size)
+            for name, cfg in decoders.items()}

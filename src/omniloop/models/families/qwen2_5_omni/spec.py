@@ -24,7 +24,6 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Mapping
 
-from omniloop.cache.paged_kv import build_text_kv_pool
 from omniloop.models.families.qwen2_5_omni.chat_prompt import OmniChatPrompt
 from omniloop.models.families.qwen2_5_omni.presets import (
     TALKER_SAMPLING, THINKER_DEFAULTS, TOKEN2WAV_GUIDANCE, TOKEN2WAV_STEPS, TOKEN2WAV_SWAY,
@@ -42,6 +41,8 @@ from omniloop.models.families.qwen2_5_omni.weights import (
 from omniloop.models.layers.cuda_graphs import CACHE_NAME as GRAPHS
 from omniloop.models.layers.cuda_graphs import CudaGraphRunner
 from omniloop.models.load_options import apply_load_options, graph_runner
+from omniloop.models.omni.admission import ThinkerEncoders
+from omniloop.models.omni.decoder_config import kv_pools
 from omniloop.models.omni.checkpoint_folder import (
     load_feature_extractor, load_generation, load_image_processor, load_tokenizer,
 )
@@ -190,12 +191,8 @@ def build_omni(variant: Variant, index: Mapping[str, Any], components: Mapping[s
     talker_text = TextDefaults(eos_token_ids=(config.tokens.codec_pad, config.tokens.codec_eos),
                                sampling={**TALKER_SAMPLING, "max_tokens": max_codes}, max_context=config.talker.max_position_embeddings,
                                prefill_chunk_tokens=THINKER_DEFAULTS.prefill_chunk_tokens)
-    pools = {
-        name: build_text_kv_pool(cfg.kv_layout, dtype=options.dtype, device=options.device,
-                                 max_context=cfg.max_position_embeddings, kv_cache_gb=options.kv_cache_gb,
-                                 block_size=THINKER_DEFAULTS.kv_block_tokens)
-        for name, cfg in (("thinker_kv", config.thinker), ("talker_kv", config.talker))
-    }
+    pools = kv_pools({"thinker_kv": config.thinker, "talker_kv": config.talker}, options,
+                     block_size=THINKER_DEFAULTS.kv_block_tokens)
     sampler = RK4FlowSampler.from_config({"sway_coefficient": TOKEN2WAV_SWAY})
     components = {**components, **pools, "codec_vocab": CodecVocab(), "sampler": SamplerSet.single(sampler.name, sampler)}
     defaults = GenerationDefaults(steps=TOKEN2WAV_STEPS, guidance_scale=TOKEN2WAV_GUIDANCE, sample_rate=24000,
@@ -208,11 +205,7 @@ def build_omni(variant: Variant, index: Mapping[str, Any], components: Mapping[s
         components=components, device=options.device, dtype=options.dtype, defaults=defaults,
         caches={GRAPHS: graphs} if graphs is not None else {},
         validate_request=make_omni_validator(components["tokenizer"], config, pool=pools["thinker_kv"],
-                                             audio_tower=components.get("audio_tower"),
-                                             feature_extractor=components.get("feature_extractor"),
-                                             vision_tower=components.get("vision_tower"),
-                                             image_processor=components.get("image_processor"),
-                                             video_processing=components.get("video_processing")),
+                                             encoders=ThinkerEncoders.of(components)),
     )
 
 

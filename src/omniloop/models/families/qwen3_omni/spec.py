@@ -23,7 +23,6 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Mapping
 
-from omniloop.cache.paged_kv import build_text_kv_pool
 from omniloop.models.families.qwen3_omni.chat_prompt import Omni3ChatPrompt
 from omniloop.models.families.qwen3_omni.vision import load_vision_tower
 from omniloop.models.families.qwen3_omni.presets import TALKER_SAMPLING, THINKER_DEFAULTS
@@ -38,6 +37,8 @@ from omniloop.models.families.qwen3_omni.weights import (
 from omniloop.models.layers.cuda_graphs import CACHE_NAME as GRAPHS
 from omniloop.models.layers.cuda_graphs import CudaGraphRunner
 from omniloop.models.load_options import apply_load_options, graph_runner
+from omniloop.models.omni.admission import ThinkerEncoders
+from omniloop.models.omni.decoder_config import kv_pools
 from omniloop.models.omni.checkpoint_folder import (
     load_feature_extractor, load_generation, load_image_processor, load_tokenizer,
 )
@@ -175,10 +176,7 @@ def build_omni3(variant: Variant, index: Mapping[str, Any], components: Mapping[
                                        max_context=config.thinker.max_position_embeddings,
                                        sampling=components.get("generation") or {"temperature": 0.0})
     decoders = {"thinker_kv": config.thinker, **({"talker_kv": config.talker} if config.talker is not None else {})}
-    pools = {name: build_text_kv_pool(cfg.kv_layout, dtype=options.dtype, device=options.device,
-                                      max_context=cfg.max_position_embeddings, kv_cache_gb=options.kv_cache_gb,
-                                      block_size=THINKER_DEFAULTS.kv_block_tokens)
-             for name, cfg in decoders.items()}
+    pools = kv_pools(decoders, options, block_size=THINKER_DEFAULTS.kv_block_tokens)
     talker_text = None
     if config.talker is not None and config.tokens is not None:
         frames = options.max_audio_tokens or int(TALKER_SAMPLING["max_tokens"])
@@ -199,11 +197,7 @@ def build_omni3(variant: Variant, index: Mapping[str, Any], components: Mapping[
         caches={GRAPHS: graphs} if graphs is not None else {},
         defaults=GenerationDefaults(sample_rate=SAMPLE_RATE, text=thinker_text),
         validate_request=make_omni3_validator(components["tokenizer"], config, pool=pools["thinker_kv"],
-                                              audio_tower=components.get("audio_tower"),
-                                              feature_extractor=components.get("feature_extractor"),
-                                              vision_tower=components.get("vision_tower"),
-                                              image_processor=components.get("image_processor"),
-                                              video_processing=components.get("video_processing")),
+                                              encoders=ThinkerEncoders.of(components)),
     )
 
 

@@ -15,57 +15,21 @@ from typing import Any, Callable
 
 from omniloop.cache.paged_kv import BlockPool
 from omniloop.models.families.qwen3_omni.weights import Omni3Config
-from omniloop.models.omni.admission import MEDIA, refuse_media_outside_a_conversation, refuse_unread_parts
+from omniloop.models.omni.admission import (
+    ThinkerEncoders, make_media_check, refuse_media_outside_a_conversation, refuse_unread_parts,
+)
 from omniloop.models.omni.thinker import wants_speech
-from omniloop.models.omni.audio_prompt import audio_parts, count_placeholders, decode_audio, frames_of
-from omniloop.models.omni.image_prompt import image_parts, process_image
-from omniloop.models.omni.video_prompt import VideoProcessing, heard, require, video_extra_tokens, video_parts
-from omniloop.pipeline.loops.ar import check_context, make_ar_validator
-from omniloop.pipeline.stages.chat import chat_ids, chat_messages, is_chat
+from omniloop.models.omni.video_prompt import heard, video_parts
+from omniloop.pipeline.loops.ar import make_ar_validator
+from omniloop.pipeline.stages.chat import is_chat
 from omniloop.request import InvalidRequest, OmniRequest
 
 
-def make_omni3_validator(tokenizer: Any, config: Omni3Config, *, pool: BlockPool, audio_tower: Any = None,
-                         feature_extractor: Any = None, vision_tower: Any = None,
-                         image_processor: Any = None,
-                         video_processing: VideoProcessing | None = None) -> Callable[[OmniRequest], OmniRequest]:
+def make_omni3_validator(tokenizer: Any, config: Omni3Config, *, pool: BlockPool,
+                         encoders: ThinkerEncoders) -> Callable[[OmniRequest], OmniRequest]:
     text = make_ar_validator(tokenizer, vocab_size=config.thinker.vocab_size,
                              max_context=config.thinker.max_position_embeddings, pool=pool)
-
-    def audio_extra(request: OmniRequest, ids: list[int]) -> int:
-        parts = audio_parts(request)
-        if not parts:
-            return 0
-        require(f"inputs[{parts[0][0]}]", "audio", "Qwen3-Omni", ("thinker.audio_tower.* weights", audio_tower),
-                ("preprocessor_config.json (its WhisperFeatureExtractor)", feature_extractor))
-        count_placeholders(ids, config.audio_token_id, len(parts), "audio")
-        return sum(audio_tower.tokens(frames_of(feature_extractor, decode_audio(i, p, feature_extractor))) - 1
-                   for i, p in parts)
-
-    def image_extra(request: OmniRequest, ids: list[int]) -> int:
-        parts = image_parts(request)
-        if not parts:
-            return 0
-        require(f"inputs[{parts[0][0]}]", "images", "Qwen3-Omni", ("thinker.visual.* weights", vision_tower),
-                ("image processor (the Qwen2VLImageProcessor keys of preprocessor_config.json)", image_processor))
-        count_placeholders(ids, config.image_token_id, len(parts), "image")
-        merge = vision_tower.config.spatial_merge_size
-        return sum(process_image(i, p, image_processor).tokens(merge) - 1 for i, p in parts)
-
-    def video_extra(request: OmniRequest, ids: list[int]) -> int:
-        return video_extra_tokens(request, ids, video_token_id=config.video_token_id, vision_tower=vision_tower,
-                                  video_processing=video_processing, audio_tower=audio_tower,
-                                  feature_extractor=feature_extractor,
-                                  audio_tokens=lambda frames: audio_tower.tokens(frames), family="Qwen3-Omni")
-
-    def check_media(request: OmniRequest) -> None:
-        if not any(p.kind in MEDIA for p in request.inputs):
-            return
-        refuse_media_outside_a_conversation(request)
-        ids = chat_ids(tokenizer, chat_messages(request))
-        length = len(ids) + audio_extra(request, ids) + image_extra(request, ids) + video_extra(request, ids)
-        check_context(length, request.sampling.max_tokens, config.thinker.max_position_embeddings)
-        pool.check_fits(length + request.sampling.max_tokens)
+    check_media = make_media_check(tokenizer, encoders, config, family="Qwen3-Omni", pool=pool)
 
     def validate(request: OmniRequest) -> OmniRequest:
         refuse_unread_parts(request, "Qwen3-Omni")
@@ -84,6 +48,7 @@ def make_omni3_validator(tokenizer: Any, config: Omni3Config, *, pool: BlockPool
                 raise InvalidRequest("a spoken answer speaks the assistant turn of a conversation; this request is a "
                                      "raw prompt", hint="give the text parts a role (user)", fields=("inputs",))
         request = text(request)
+        refuse_media_outside_a_conversation(request)  # after the text checks (a no-op without media)
         check_media(request)
         return request
 

@@ -6,6 +6,8 @@ artifact types of that edge, and the predicates that say whether a request is sp
   its prompt's encoder outputs and, for a spoken answer, one hidden state per forwarded position
   (the family's thinker writes it: Qwen2.5-Omni its final states, Qwen3-Omni the states of the
   talker's ``accept_hidden_layer``).
+* :class:`ThinkerModel` - the base of both families' thinker networks (``lm_head``, the embedding, the
+  decode step's per-row inputs and record for a CUDA-graph replay).
 * :class:`ThinkerLoop` - the ``ARDecodeLoop`` that hands those positions on as :class:`ThinkerChunk`
   stream chunks while it runs; ``finalize`` writes ``text`` and ``thinker_states``.
 """
@@ -13,11 +15,14 @@ artifact types of that edge, and the predicates that say whether a request is sp
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence, cast
+from typing import Any, Protocol, Sequence, cast
 
 import torch
+from torch import nn
 
+from omniloop.cache.kv import KVLayout
 from omniloop.cache.paged_kv import BlockPool
+from omniloop.models.omni.decoder_config import TextDecoderConfig
 from omniloop.models.omni.image_prompt import VisionRun
 from omniloop.models.omni.media import MediaEmbeds, MediaPromptTokens, PromptRope, decode_rope_deltas
 from omniloop.pipeline.defaults import admitted_seed
@@ -91,25 +96,53 @@ def record_batch(rows: Sequence[ThinkerRow | None], recording: Sequence[int], st
                   h if len(recording) == h.shape[0] else h[list(recording)])  # the usual batch: every row
 
 
-def thinker_step_inputs(ids: torch.Tensor, starts: Sequence[int],
-                        rows: Sequence[ThinkerRow | None]) -> dict[str, torch.Tensor] | None:
-    """Both families' thinkers' ``graph_step_inputs`` (``pipeline/loops/ar_graphs.py``): a decode
-    step reads no encoder embedding (every row is past its prompt) and its positions are each
-    row's context index + its prompt's ``delta`` -> ``{"delta": [n]}``; None when a row still
-    forwards prompt positions (its placeholders take encoder embeddings: eager)."""
-    media = [None if row is None else row.media for row in rows]
-    if any(m is not None and s < m.prompt_len for m, s in zip(media, starts)):
-        return None
-    delta = decode_rope_deltas(starts, [None if m is None else m.rope for m in media], ids.device)
-    return None if delta is None else {"delta": delta}
+class EmbeddingDecoder(Protocol):
+    """A thinker's ``model``: the decoder whose token embedding is ``embed_tokens``."""
+
+    embed_tokens: nn.Embedding
 
 
-def thinker_step_record(rows: Sequence[ThinkerRow | None], starts: Sequence[int], hidden: torch.Tensor) -> None:
-    """Both thinkers' ``graph_step_record``: ``hidden [n, D]`` (the states the family records:
-    Qwen2.5-Omni's final ones, Qwen3-Omni's tapped ones) into the recording rows' records."""
-    recording = recording_rows(rows)
-    if recording:
-        record_batch(rows, recording, starts, hidden[:, None])
+class ThinkerModel(nn.Module):
+    """What both families' thinkers (Qwen2.5-Omni, Qwen3-Omni) are around their own forward:
+    transformers' text path ``model`` (with ``embed_tokens``) + ``lm_head``, the decoder config's
+    KV layout, and the per-row side of a decode step replayed from a CUDA graph
+    (``pipeline/loops/ar_graphs.py``: GraphStepLM): its inputs before the replay, its record
+    after. A subclass builds the three attributes and writes ``forward``, ``graph_step`` and
+    ``activation_bytes``."""
+
+    config: TextDecoderConfig
+    model: EmbeddingDecoder
+    lm_head: nn.Linear
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    @property
+    def kv_layout(self) -> KVLayout:
+        return self.config.kv_layout
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(ids)
+
+    def graph_step_inputs(self, ids: torch.Tensor, starts: Sequence[int],
+                          rows: Sequence[ThinkerRow | None]) -> dict[str, torch.Tensor] | None:
+        """A decode step reads no encoder embedding (every row is past its prompt; Qwen3-Omni's
+        DeepStack neither) and its positions are each row's context index + its prompt's
+        ``delta`` -> ``{"delta": [n]}``; None when a row still forwards prompt positions (its
+        placeholders take encoder embeddings: eager)."""
+        media = [None if row is None else row.media for row in rows]
+        if any(m is not None and s < m.prompt_len for m, s in zip(media, starts)):
+            return None
+        delta = decode_rope_deltas(starts, [None if m is None else m.rope for m in media], ids.device)
+        return None if delta is None else {"delta": delta}
+
+    def graph_step_record(self, rows: Sequence[ThinkerRow | None], starts: Sequence[int], hidden: torch.Tensor) -> None:
+        """``hidden [n, D]`` (the states the family records: Qwen2.5-Omni's final ones, Qwen3-Omni's
+        tapped ones) into the recording rows' records."""
+        recording = recording_rows(rows)
+        if recording:
+            record_batch(rows, recording, starts, hidden[:, None])
 
 
 # -- edges ------------------------------------------------------------------------------------

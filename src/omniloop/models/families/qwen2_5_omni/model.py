@@ -36,13 +36,7 @@ from omniloop.cache.kv import KVLayout
 from omniloop.models.omni.decoder_config import TextDecoderConfig
 from omniloop.models.omni.media import PromptRope, decode_rope_deltas, delta_planes, kv_positions, mixed_rope, with_media
 from omniloop.models.omni.talker import append_rows
-from omniloop.models.omni.thinker import (
-    ThinkerRow,
-    record_batch,
-    recording_rows,
-    thinker_step_inputs,
-    thinker_step_record,
-)
+from omniloop.models.omni.thinker import ThinkerModel, ThinkerRow, record_batch, recording_rows
 from omniloop.models.layers.mrope import inv_frequencies
 from omniloop.models.layers.qwen2_decoder import DecoderDims, DecoderLayer, KVCacheView, RMSNorm, rope_tables
 from omniloop.models.layers.run_blocks import run_blocks
@@ -117,28 +111,17 @@ def _starts(ids: torch.Tensor, kv: KVCacheView | None) -> list[int]:
 # -- the thinker ------------------------------------------------------------------------
 
 
-class OmniThinker(nn.Module):
+class OmniThinker(ThinkerModel):
     """transformers' ``thinker`` text path: ``model`` (the decoder) + ``lm_head``."""
 
     def __init__(self, c: DecoderConfig) -> None:
         super().__init__()
-        self.config = c
-        self.model = Decoder(c)
+        self.config: DecoderConfig = c
+        self.model: Decoder = Decoder(c)
         self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
-
-    @property
-    def kv_layout(self) -> KVLayout:
-        return self.config.kv_layout
 
     def activation_bytes(self, num_tokens: int, context: int) -> int:
         return self.config.decoder_dims.activation_bytes(self.dtype, num_tokens, context, self.config.vocab_size)
-
-    def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.model.embed_tokens(ids)
 
     def forward(self, input_ids: torch.Tensor, *, kv: KVCacheView | None = None, logits_to_keep: int = 0,
                 lm_inputs: Sequence[ThinkerRow | None] | None = None) -> torch.Tensor:
@@ -157,20 +140,14 @@ class OmniThinker(nn.Module):
             h = h[:, -logits_to_keep:]
         return self.lm_head(h)
 
-    # -- a decode step replayed from a CUDA graph (pipeline/loops/ar_graphs.py: GraphStepLM) --
-    def graph_step_inputs(self, ids: torch.Tensor, starts: Sequence[int],
-                          rows: Sequence[ThinkerRow | None]) -> dict[str, torch.Tensor] | None:
-        return thinker_step_inputs(ids, starts, rows)
-
+    # -- a decode step replayed from a CUDA graph (pipeline/loops/ar_graphs.py: GraphStepLM; its
+    # per-row inputs and record: ThinkerModel) --
     def graph_step(self, ids: torch.Tensor, kv: KVCacheView,
                    inputs: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """``ids [B, 1]`` -> fp32 logits ``[B, V]`` and the final hidden states ``[B, hidden]``
         (what ``forward`` records); ``inputs["delta"] [B]``: each row's rotary offset."""
         h = self.model(self.embed(ids), delta_planes(kv.positions, inputs["delta"]), kv)[:, -1]
         return self.lm_head(h).float(), h
-
-    def graph_step_record(self, rows: Sequence[ThinkerRow | None], starts: Sequence[int], hidden: torch.Tensor) -> None:
-        thinker_step_record(rows, starts, hidden)
 
 
 # -- the talker -------------------------------------------------------------------------

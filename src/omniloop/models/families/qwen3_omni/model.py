@@ -35,13 +35,7 @@ from omniloop.models.layers.run_blocks import run_blocks
 from omniloop.models.omni.decoder_config import TextDecoderConfig
 from omniloop.models.omni.media import PromptRope, decode_rope_deltas, delta_planes, kv_positions, mixed_rope, with_media
 from omniloop.models.omni.talker import append_rows
-from omniloop.models.omni.thinker import (
-    ThinkerRow,
-    record_batch,
-    recording_rows,
-    thinker_step_inputs,
-    thinker_step_record,
-)
+from omniloop.models.omni.thinker import ThinkerModel, ThinkerRow, record_batch, recording_rows
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -163,31 +157,20 @@ class ThinkerDecoder(Qwen3Decoder):
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
 
 
-class Qwen3OmniThinker(nn.Module):
+class Qwen3OmniThinker(ThinkerModel):
     """transformers' ``thinker`` text path: ``model`` (embed_tokens + MoE layers + norm) + ``lm_head``.
     Every forward records, for a spoken answer, each row's hidden states after ``accept_hidden_layer``
     layers into the row's ``ThinkerRow`` (what the talker reads at media positions)."""
 
     def __init__(self, c: Qwen3DecoderConfig, accept_hidden_layer: int | None = None) -> None:
         super().__init__()
-        self.config = c
+        self.config: Qwen3DecoderConfig = c
         self.accept_hidden_layer = c.num_hidden_layers if accept_hidden_layer is None else accept_hidden_layer
-        self.model = ThinkerDecoder(c)
+        self.model: ThinkerDecoder = ThinkerDecoder(c)
         self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
-
-    @property
-    def kv_layout(self) -> KVLayout:
-        return self.config.kv_layout
 
     def activation_bytes(self, num_tokens: int, context: int) -> int:
         return _activation_bytes(self.config, self.dtype, num_tokens, context)
-
-    def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.model.embed_tokens(ids)
 
     def forward(self, input_ids: torch.Tensor, *, kv: KVCacheView | None = None, logits_to_keep: int = 0,
                 lm_inputs: Sequence[ThinkerRow | None] | None = None) -> torch.Tensor:
@@ -213,11 +196,8 @@ class Qwen3OmniThinker(nn.Module):
             h = h[:, -logits_to_keep:]
         return self.lm_head(h)
 
-    # -- a decode step replayed from a CUDA graph (pipeline/loops/ar_graphs.py: GraphStepLM) --
-    def graph_step_inputs(self, ids: torch.Tensor, starts: Sequence[int],
-                          rows: Sequence[ThinkerRow | None]) -> dict[str, torch.Tensor] | None:
-        return thinker_step_inputs(ids, starts, rows)  # a decode step adds no DeepStack (past the prompt)
-
+    # -- a decode step replayed from a CUDA graph (pipeline/loops/ar_graphs.py: GraphStepLM; its
+    # per-row inputs (no DeepStack: past the prompt) and record: ThinkerModel) --
     def graph_step(self, ids: torch.Tensor, kv: KVCacheView,
                    inputs: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """``ids [B, 1]`` -> fp32 logits ``[B, V]`` and the states after ``accept_hidden_layer``
@@ -225,9 +205,6 @@ class Qwen3OmniThinker(nn.Module):
         h, tapped = self.model.tapped(self.embed(ids), delta_planes(kv.positions, inputs["delta"]), kv,
                                       self.accept_hidden_layer)
         return self.lm_head(h[:, -1]).float(), cast(torch.Tensor, tapped)[:, -1]
-
-    def graph_step_record(self, rows: Sequence[ThinkerRow | None], starts: Sequence[int], hidden: torch.Tensor) -> None:
-        thinker_step_record(rows, starts, hidden)
 
 
 # -- the code predictor -------------------------------------------------------------------

@@ -14,29 +14,15 @@ from omniloop.models.omni.image_prompt import (
 )
 from omniloop.models.families.qwen2_5_omni.vision_encoder import image_embeds
 from omniloop.models.omni.media import MediaPromptTokens, media_embeds
-from omniloop.models.omni.video_prompt import ChatParams, embed_audio, process_video, video_parts
-from omniloop.pipeline.stages.chat import ChatPrompt, chat_ids, chat_messages
+from omniloop.models.omni.chat_prompt import MediaChatPrompt
+from omniloop.models.omni.video_prompt import process_video, video_parts
+from omniloop.pipeline.stages.chat import chat_ids, chat_messages
 from omniloop.pipeline.state import RequestState, StageContext
 
 
 @dataclass
-class OmniChatPrompt(ChatPrompt):
-    audio_tower: str = "audio_tower"
-    feature_extractor: str = "feature_extractor"
-    vision_tower: str = "vision_tower"
-    image_processor: str = "image_processor"
-    video_processing: str = "video_processing"
-    audio_token_id: int = -1  # the checkpoint's <|AUDIO|> / <|IMAGE|> / <|VIDEO|> ids (set at build)
-    image_token_id: int = -1
-    video_token_id: int = -1
-    audio_start_token_id: int = -1  # <|audio_bos|> / <|audio_eos|>: a video's soundtrack between them
-    audio_end_token_id: int = -1
-    params_schema = ChatParams
-
-    @property
-    def components(self) -> tuple[str, ...]:
-        return (self.tokenizer, self.audio_tower, self.feature_extractor, self.vision_tower, self.image_processor,
-                self.video_processing)
+class OmniChatPrompt(MediaChatPrompt):
+    """Qwen2.5-Omni's chat node: images and videos through its ViT, 25 temporal positions per second."""
 
     @torch.inference_mode()
     def forward(self, ctx: StageContext, state: RequestState) -> None:
@@ -45,14 +31,10 @@ class OmniChatPrompt(ChatPrompt):
         if not sounds and not pictures and not clips:
             super().forward(ctx, state)
             return
-        knobs = state.node_params.get(ctx.node)
-        with_sound = clips if isinstance(knobs, ChatParams) and knobs.use_audio_in_video else []
+        with_sound = self.soundtracks(ctx, state, clips)
         runs: dict[int, list[torch.Tensor]] = {}  # placeholder token -> each part's embeddings [tokens, D], prompt order
-        heard: dict[int, int] = {}  # a video part read with its soundtrack -> the soundtrack's tokens
-        if sounds or with_sound:
-            ids, runs[self.audio_token_id], heard = embed_audio(
-                ids, self.audio_token_id, sounds, with_sound, ctx.component(self.audio_tower),
-                ctx.component(self.feature_extractor), ctx.device, ctx.dtype)
+        # heard: a video part read with its soundtrack -> the soundtrack's tokens
+        ids, heard = self.embed_sounds(ctx, ids, sounds, with_sound, runs)
         vision: list[VisionRun] = []
         if pictures:
             count_placeholders(ids, self.image_token_id, len(pictures), "image")

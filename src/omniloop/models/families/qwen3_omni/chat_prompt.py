@@ -20,31 +20,18 @@ from omniloop.models.families.qwen3_omni.vision import image_embeds
 from omniloop.models.omni.audio_prompt import audio_parts, count_placeholders, expand_placeholders, replace_placeholders
 from omniloop.models.omni.image_prompt import VisionRun, image_parts, process_image, rope_positions, video_ids
 from omniloop.models.omni.media import MediaEmbeds, MediaPromptTokens, media_embeds
-from omniloop.models.omni.video_prompt import ChatParams, embed_audio, process_video, video_parts
-from omniloop.pipeline.stages.chat import ChatPrompt, chat_ids, chat_messages
+from omniloop.models.omni.chat_prompt import MediaChatPrompt
+from omniloop.models.omni.video_prompt import process_video, video_parts
+from omniloop.pipeline.stages.chat import chat_ids, chat_messages
 from omniloop.pipeline.state import RequestState, StageContext
 from omniloop.request import InvalidRequest
 
 
 @dataclass
-class Omni3ChatPrompt(ChatPrompt):
-    audio_tower: str = "audio_tower"
-    feature_extractor: str = "feature_extractor"
-    vision_tower: str = "vision_tower"
-    image_processor: str = "image_processor"
-    video_processing: str = "video_processing"
-    audio_token_id: int = -1  # the checkpoint's audio / image / video placeholders (set at build)
-    image_token_id: int = -1
-    video_token_id: int = -1
-    audio_start_token_id: int = -1  # <|audio_start|> / <|audio_end|>: a video's soundtrack between them
-    audio_end_token_id: int = -1
-    position_id_per_seconds: int = 25  # the temporal plane's positions per second (thinker_config)
-    params_schema = ChatParams
+class Omni3ChatPrompt(MediaChatPrompt):
+    """Qwen3-Omni's chat node: images and videos through its ViT with DeepStack features."""
 
-    @property
-    def components(self) -> tuple[str, ...]:
-        return (self.tokenizer, self.audio_tower, self.feature_extractor, self.vision_tower, self.image_processor,
-                self.video_processing)
+    position_id_per_seconds: int = 25  # the temporal plane's positions per second (thinker_config)
 
     @torch.inference_mode()
     def forward(self, ctx: StageContext, state: RequestState) -> None:
@@ -53,18 +40,14 @@ class Omni3ChatPrompt(ChatPrompt):
             super().forward(ctx, state)
             return
         ids = chat_ids(ctx.component(self.tokenizer), chat_messages(state.request, self.system_prompt))
-        knobs = state.node_params.get(ctx.node)
-        with_sound = clips if isinstance(knobs, ChatParams) and knobs.use_audio_in_video else []
+        with_sound = self.soundtracks(ctx, state, clips)
         if with_sound and self.audio_end_token_id < 0:
             raise InvalidRequest("node_params.chat.use_audio_in_video: this checkpoint's tokenizer has no <|audio_end|> "
                                  "to close a soundtrack with", hint="drop use_audio_in_video",
                                  fields=("node_params.chat.use_audio_in_video",))
         runs: dict[int, list[torch.Tensor]] = {}  # placeholder token -> each part's embeddings [tokens, D]
-        heard: dict[int, int] = {}  # a video part read with its soundtrack -> the soundtrack's tokens
-        if sounds or with_sound:
-            ids, runs[self.audio_token_id], heard = embed_audio(
-                ids, self.audio_token_id, sounds, with_sound, ctx.component(self.audio_tower),
-                ctx.component(self.feature_extractor), ctx.device, ctx.dtype)
+        # heard: a video part read with its soundtrack -> the soundtrack's tokens
+        ids, heard = self.embed_sounds(ctx, ids, sounds, with_sound, runs)
         tower: Any = ctx.component(self.vision_tower) if pictures or clips else None  # the ViT (None: no image or video)
         deepstack: dict[int, torch.Tensor] = {}  # image / video token -> [layers, that kind's cells, D], prompt order
         vision: list[VisionRun] = []

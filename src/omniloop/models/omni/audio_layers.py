@@ -90,6 +90,17 @@ class SinusoidsPositionEmbedding(nn.Module):
         self.register_buffer("positional_embedding", table, persistent=False)
 
 
+class AudioEncoderModule(nn.Module):
+    """The base of both families' audio encoders: whatever their front end, their positions come
+    from a sinusoid table that is computed, never stored (``positional_embedding``)."""
+
+    positional_embedding: SinusoidsPositionEmbedding
+
+    def rebuild_buffers(self, device: torch.device | str) -> None:
+        """The position table computed for real (a module built on ``meta`` has none)."""
+        self.positional_embedding.rebuild(device)
+
+
 @dataclass(frozen=True, kw_only=True)
 class AudioTowerConfig:
     """What both encoders read of ``thinker_config.audio_config`` (each family's config adds its

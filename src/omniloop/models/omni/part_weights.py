@@ -14,12 +14,15 @@ import torch
 from torch import nn
 
 from omniloop.models.checkpoint_files import aligned, cast_to, check_and_assign, read_tensors, stored_keys, weight_files
+from omniloop.models.omni.audio_layers import AudioEncoderModule
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
+AUDIO_TOWER_PREFIX = "thinker.audio_tower."
 
 C = TypeVar("C")
+A = TypeVar("A", bound=AudioEncoderModule)
 
 
 def read_omni_config(folder: Path, architecture: str, from_hf: Callable[[dict[str, Any]], C]) -> C:
@@ -73,3 +76,17 @@ def load_thinker_lm(folder: Path, architecture: str, thinker: ThinkerLM, device:
     its ``lm_head`` (its audio / vision towers are components of their own)."""
     load_part(folder, architecture, "thinker.model.", thinker.model, device, dtype)
     load_part(folder, architecture, "thinker.lm_head.", thinker.lm_head, device, dtype)
+
+
+def load_audio_tower(folder: Path, architecture: str, build: Callable[[], A] | None, device: torch.device | str,
+                     dtype: torch.dtype) -> A | None:
+    """The thinker's audio encoder (``thinker.audio_tower.*``) as ``build`` makes it (None: the
+    config has no ``audio_config``), or None when the checkpoint holds none of its tensors (then
+    audio inputs are refused at admission)."""
+    if build is None or not has_part(folder, architecture, AUDIO_TOWER_PREFIX):
+        return None
+    with torch.device("meta"):
+        model = build()
+    model.rebuild_buffers(device)  # the position table is computed, not stored
+    load_part(folder, architecture, AUDIO_TOWER_PREFIX, model, device, dtype)
+    return model

@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from omniloop.models.omni.audio_layers import (
-    AudioEncoderLayer, AudioLayerDims, AudioTowerConfig, SinusoidsPositionEmbedding, padded_chunks,
+    AudioEncoderLayer, AudioEncoderModule, AudioLayerDims, AudioTowerConfig, SinusoidsPositionEmbedding,
+    padded_chunks,
 )
 
 
@@ -54,7 +55,7 @@ def audio_tokens(frames: int) -> int:
     return ((frames - 1) // 2 + 1 - 2) // 2 + 1
 
 
-class OmniAudioEncoder(nn.Module):
+class OmniAudioEncoder(AudioEncoderModule):
     """transformers' ``Qwen2_5OmniAudioEncoder``: mel features -> audio embeddings."""
 
     def __init__(self, c: AudioEncoderConfig) -> None:
@@ -77,10 +78,6 @@ class OmniAudioEncoder(nn.Module):
     def tokens(frames: int) -> int:
         """Embeddings of an audio of ``frames`` mel frames (``audio_prompt.AudioTower``)."""
         return audio_tokens(frames)
-
-    def rebuild_buffers(self, device: torch.device | str) -> None:
-        """The position table computed for real (a module built on ``meta`` has none)."""
-        self.positional_embedding.rebuild(device)
 
     def forward(self, features: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
         """``features [mel, sum(lengths)]`` (the audios' valid mel frames, concatenated) ->

@@ -28,10 +28,10 @@ from omniloop.models.families.qwen2_5_omni.vision_encoder import OmniVisionEncod
 from omniloop.models.omni.part_weights import (
     WEIGHTS_FILE, WEIGHTS_INDEX_FILE, has_part, load_part, load_thinker_lm, read_omni_config,
 )
+from omniloop.models.omni.part_weights import load_audio_tower as load_audio_tower_part
 
 ARCHITECTURE = "Qwen2_5OmniForConditionalGeneration"
 SPEAKERS_FILE = "spk_dict.pt"
-AUDIO_TOWER_PREFIX = "thinker.audio_tower."
 VISION_TOWER_PREFIX = "thinker.visual."
 
 
@@ -98,15 +98,10 @@ def load_thinker(folder: Path, config: OmniConfig, *, device: torch.device | str
 
 def load_audio_tower(folder: Path, config: OmniConfig, *, device: torch.device | str,
                      dtype: torch.dtype) -> OmniAudioEncoder | None:
-    """The thinker's audio encoder (``thinker.audio_tower.*``), or None when the checkpoint holds
-    none of its tensors (then audio inputs are refused at admission)."""
-    if config.audio is None or not has_part(folder, ARCHITECTURE, AUDIO_TOWER_PREFIX):
-        return None
-    with torch.device("meta"):
-        model = OmniAudioEncoder(config.audio)
-    model.rebuild_buffers(device)  # the position table is computed, not stored
-    load_part(folder, ARCHITECTURE, AUDIO_TOWER_PREFIX, model, device, dtype)
-    return model
+    """The thinker's audio encoder, or None (``part_weights.load_audio_tower``)."""
+    audio = config.audio
+    build = None if audio is None else lambda: OmniAudioEncoder(audio)
+    return load_audio_tower_part(folder, ARCHITECTURE, build, device, dtype)
 
 
 def load_vision_tower(folder: Path, config: OmniConfig, *, device: torch.device | str,

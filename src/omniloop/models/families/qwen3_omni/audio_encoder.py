@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from omniloop.models.omni.audio_layers import (
-    AudioEncoderLayer, AudioLayerDims, AudioTowerConfig, SinusoidsPositionEmbedding, padded_chunks,
+    AudioEncoderLayer, AudioEncoderModule, AudioLayerDims, AudioTowerConfig, SinusoidsPositionEmbedding,
+    padded_chunks,
 )
 
 
@@ -65,7 +66,7 @@ def audio_tokens(frames: int, n_window: int) -> int:
     return whole * per_chunk + (_conv_len(_conv_len(_conv_len(rest))) if rest else 0)
 
 
-class Qwen3AudioEncoder(nn.Module):
+class Qwen3AudioEncoder(AudioEncoderModule):
     """transformers' ``Qwen3OmniMoeAudioEncoder``: mel features -> audio embeddings."""
 
     def __init__(self, c: AudioEncoderConfig) -> None:
@@ -90,10 +91,6 @@ class Qwen3AudioEncoder(nn.Module):
     def tokens(self, frames: int) -> int:
         """Embeddings of an audio of ``frames`` mel frames (``audio_prompt.AudioTower``)."""
         return audio_tokens(frames, self.config.n_window)
-
-    def rebuild_buffers(self, device: torch.device | str) -> None:
-        """The position table computed for real (a module built on ``meta`` has none)."""
-        self.positional_embedding.rebuild(device)
 
     def _windows(self, lengths: Sequence[int], chunk_tokens: int) -> list[int]:
         """Packed frames per attention window: each audio's tokens cut every ``chunk_tokens *

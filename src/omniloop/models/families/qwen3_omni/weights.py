@@ -22,7 +22,8 @@ from omniloop.models.families.qwen3_omni.code2wav import Code2Wav, Code2WavConfi
 from omniloop.models.families.qwen3_omni.model import (
     ChatTokens, Qwen3DecoderConfig, Qwen3OmniTalker, Qwen3OmniThinker, TalkerTokens,
 )
-from omniloop.models.omni.part_weights import has_part, load_part, load_thinker_lm, read_omni_config
+from omniloop.models.omni.part_weights import load_part, load_thinker_lm, read_omni_config
+from omniloop.models.omni.part_weights import load_audio_tower as load_audio_tower_part
 
 ARCHITECTURE = "Qwen3OmniMoeForConditionalGeneration"
 
@@ -115,20 +116,12 @@ def load_thinker(folder: Path, config: Omni3Config, *, device: torch.device | st
     return model.eval().requires_grad_(False)
 
 
-AUDIO_TOWER_PREFIX = "thinker.audio_tower."
-
-
 def load_audio_tower(folder: Path, config: Omni3Config, *, device: torch.device | str,
                      dtype: torch.dtype) -> Qwen3AudioEncoder | None:
-    """The thinker's audio encoder (``thinker.audio_tower.*``), or None when the checkpoint holds
-    none of its tensors (then audio inputs are refused at admission)."""
-    if config.audio is None or not has_part(folder, ARCHITECTURE, AUDIO_TOWER_PREFIX):
-        return None
-    with torch.device("meta"):
-        model = Qwen3AudioEncoder(config.audio)
-    model.rebuild_buffers(device)  # the position table is computed, not stored
-    load_part(folder, ARCHITECTURE, AUDIO_TOWER_PREFIX, model, device, dtype)
-    return model
+    """The thinker's audio encoder, or None (``part_weights.load_audio_tower``)."""
+    audio = config.audio
+    build = None if audio is None else lambda: Qwen3AudioEncoder(audio)
+    return load_audio_tower_part(folder, ARCHITECTURE, build, device, dtype)
 
 
 def load_talker(folder: Path, config: Omni3Config, *, device: torch.device | str, dtype: torch.dtype) -> Qwen3OmniTalker:

@@ -1,15 +1,17 @@
 """Timestep and RoPE tables, the RoPE rotation and the fp16 clip, shared by the FLUX.1 and FLUX.2
 DiTs (the same diffusers numerics: ``Timesteps(flip_sin_to_cos=True, shift=0)``, ``FluxPosEmbed`` /
 ``Flux2PosEmbed``, ``apply_rotary_emb(use_real=True, use_real_unbind_dim=-1)`` and the blocks'
-``clip(-65504, 65504)``)."""
+``clip(-65504, 65504)``), and the MLP that embeds a timestep's table (``MLPEmbedder``)."""
 
 from __future__ import annotations
 
 import math
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
-__all__ = ["apply_rope", "clip_fp16", "rope_tables", "timestep_embedding"]
+__all__ = ["MLPEmbedder", "apply_rope", "clip_fp16", "rope_tables", "timestep_embedding"]
 
 
 def timestep_embedding(t: torch.Tensor, dim: int = 256) -> torch.Tensor:
@@ -18,6 +20,19 @@ def timestep_embedding(t: torch.Tensor, dim: int = 256) -> torch.Tensor:
     exponent = -math.log(10000.0) * torch.arange(0, half, dtype=torch.float32, device=t.device) / half
     args = t[:, None].float() * torch.exp(exponent)[None, :]
     return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+
+
+class MLPEmbedder(nn.Module):
+    """``linear_2(silu(linear_1(x)))``: diffusers' ``TimestepEmbedding`` (FLUX.1 with biases, FLUX.2
+    ``sample_proj_bias=False`` without) and ``PixArtAlphaTextProjection`` (FLUX.1's pooled text)."""
+
+    def __init__(self, in_dim: int, dim: int, bias: bool = True) -> None:
+        super().__init__()
+        self.linear_1 = nn.Linear(in_dim, dim, bias=bias)
+        self.linear_2 = nn.Linear(dim, dim, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [S, in_dim] -> [S, dim]
+        return self.linear_2(F.silu(self.linear_1(x)))
 
 
 def rope_tables(ids: torch.Tensor, axes_dims: tuple[int, ...], theta: float) -> tuple[torch.Tensor, torch.Tensor]:

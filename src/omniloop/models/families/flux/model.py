@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omniloop.models.diffusers_config import config_from_diffusers
-from omniloop.models.layers.flux_positions import apply_rope, clip_fp16, rope_tables, timestep_embedding
+from omniloop.models.layers.flux_positions import MLPEmbedder, apply_rope, clip_fp16, rope_tables, timestep_embedding
 from omniloop.models.layers.attention import DEFAULT_BACKEND, varlen_attention
 from omniloop.models.layers.packed import Segments, TokenWindow, interleave_index, joint_segments
 from omniloop.models.layers.run_blocks import run_blocks
@@ -100,18 +100,6 @@ class FluxInputs:
 
 
 # -- embeddings --------------------------------------------------------------------------
-
-
-class MLPEmbedder(nn.Module):
-    """``linear_2(silu(linear_1(x)))`` (diffusers' TimestepEmbedding / PixArtAlphaTextProjection)."""
-
-    def __init__(self, in_dim: int, dim: int) -> None:
-        super().__init__()
-        self.linear_1 = nn.Linear(in_dim, dim)
-        self.linear_2 = nn.Linear(dim, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear_2(F.silu(self.linear_1(x)))
 
 
 class TimeTextEmbedding(nn.Module):

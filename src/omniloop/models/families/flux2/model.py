@@ -34,7 +34,7 @@ from torch import nn
 
 from omniloop.models.diffusers_config import config_from_diffusers
 from omniloop.models.layers.attention import DEFAULT_BACKEND, attention
-from omniloop.models.layers.flux_positions import apply_rope, clip_fp16, rope_tables, timestep_embedding
+from omniloop.models.layers.flux_positions import MLPEmbedder, apply_rope, clip_fp16, rope_tables, timestep_embedding
 from omniloop.models.layers.run_blocks import run_blocks
 
 
@@ -159,24 +159,12 @@ def with_reference(k: torch.Tensor, v: torch.Tensor, reference: KeyValue, text_t
 # -- embeddings ---------------------------------------------------------------------------
 
 
-class TimestepEmbedder(nn.Module):
-    """``linear_2(silu(linear_1(x)))`` without biases (diffusers ``TimestepEmbedding(sample_proj_bias=False)``)."""
-
-    def __init__(self, in_dim: int, dim: int) -> None:
-        super().__init__()
-        self.linear_1 = nn.Linear(in_dim, dim, bias=False)
-        self.linear_2 = nn.Linear(dim, dim, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear_2(F.silu(self.linear_1(x)))
-
-
 class TimeGuidanceEmbedding(nn.Module):
     def __init__(self, channels: int, dim: int, guidance: bool) -> None:
         super().__init__()
         self.channels = channels
-        self.timestep_embedder = TimestepEmbedder(channels, dim)
-        self.guidance_embedder = TimestepEmbedder(channels, dim) if guidance else None
+        self.timestep_embedder = MLPEmbedder(channels, dim, bias=False)
+        self.guidance_embedder = MLPEmbedder(channels, dim, bias=False) if guidance else None
 
     def forward(self, timestep: torch.Tensor, guidance: torch.Tensor | None) -> torch.Tensor:
         temb = self.timestep_embedder(timestep_embedding(timestep, self.channels).to(timestep.dtype))  # [B, D]

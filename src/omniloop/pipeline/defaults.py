@@ -222,5 +222,21 @@ def admitted_seed(seed: int | None, node: str) -> int:
     return seed
 
 
-__all__ = ["DEFAULT_FPS", "FamilyDefaults", "GenerationDefaults", "TextDefaults", "admitted", "admitted_seed",
-           "admitted_steps", "effective_sampling", "resolve_request", "resolve_sampling", "resolve_seeds"]
+@dataclass(frozen=True)
+class ImageGeometry:
+    """An image request's output size in pixels, as admission resolved it."""
+
+    height: int
+    width: int
+
+
+def admitted_image(request: OmniRequest, node: str = "admission") -> ImageGeometry:
+    """The resolved request's image size (admission filled in the model's default, or the size of
+    an edit's source image: ``resolve_request`` after the family's own fills)."""
+    p = request.diffusion
+    return ImageGeometry(height=admitted(p.height, "height", node), width=admitted(p.width, "width", node))
+
+
+__all__ = ["DEFAULT_FPS", "FamilyDefaults", "GenerationDefaults", "ImageGeometry", "TextDefaults", "admitted",
+           "admitted_image", "admitted_seed", "admitted_steps", "effective_sampling", "resolve_request",
+           "resolve_sampling", "resolve_seeds"]

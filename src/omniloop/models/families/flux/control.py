@@ -24,8 +24,8 @@ from typing import Any, ClassVar
 import torch
 
 from omniloop.io.image import image_to_tensor, open_image_part
-from omniloop.models.families.flux.stages import geometry
 from omniloop.models.model_spec import Variant
+from omniloop.pipeline.defaults import admitted_image
 from omniloop.pipeline.edges import ConditionLatents, LatentPosterior
 from omniloop.pipeline.policies.conditioning import Latents, NoConditioning, SamplerStates
 from omniloop.pipeline.stage import ComponentStage
@@ -78,7 +78,7 @@ class FluxControlCondition(ComponentStage):
         part = control_part(state.request)
         assert part is not None, "admission guarantees a control request carries a control image"
         vae = ctx.component(self.component)
-        g = geometry(state.request, ctx.node)
+        g = admitted_image(state.request, ctx.node)
         image = image_to_tensor(open_image_part(part), g.height, g.width).to(ctx.device)  # [1, 3, H, W]
         # NOTE: contiguous (NCHW), not the processor's channels-last view the i2i encodes take:
         # FluxControlPipeline repeats the image per prompt (``repeat_interleave``), which lays it

@@ -21,7 +21,8 @@ import torch
 
 from omniloop.io.image import image_to_tensor, open_image_part
 from omniloop.models.families.flux.presets import FLUX_DEFAULTS
-from omniloop.models.families.flux.stages import edit_source, geometry
+from omniloop.models.families.flux.stages import edit_source
+from omniloop.pipeline.defaults import admitted_image
 from omniloop.pipeline.edges import ConditionLatents, LatentPosterior
 from omniloop.pipeline.policies.conditioning import Latents, LatentStart, NoConditioning, SamplerStates
 from omniloop.pipeline.policies.noise_mask import NoiseMask, NoiseMaskSpec
@@ -90,7 +91,7 @@ class FluxFillCondition(ComponentStage):
         assert isinstance(source, ImagePart) and mask is not None, "admission guarantees an image and a mask"
         vae = ctx.component(self.component)
         cfg = vae.config
-        g = geometry(request, ctx.node)
+        g = admitted_image(request, ctx.node)
         image = image_to_tensor(open_image_part(source), g.height, g.width).to(ctx.device)  # [1, 3, H, W]
         soft = mask_pixels(mask, g.height, g.width).to(ctx.device)  # [1, 1, H, W] in [0, 1]
         pixels = (soft >= 0.5).to(torch.float32)  # binarized, as diffusers' mask processor

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from omniloop.models.families.flux.fill import mask_part, mask_pixels
-from omniloop.models.families.flux.stages import FluxImageCondition, geometry
+from omniloop.models.families.flux.stages import FluxImageCondition
+from omniloop.pipeline.defaults import admitted_image
 from omniloop.pipeline.edges import ConditionLatents
 from omniloop.pipeline.policies.noise_mask import NoiseMaskSpec
 from omniloop.pipeline.state import RequestState, StageContext
@@ -30,6 +31,6 @@ class FluxInpaintCondition(FluxImageCondition):
         part = mask_part(state.request)
         if part is None:
             return condition
-        g = geometry(state.request, ctx.node)
+        g = admitted_image(state.request, ctx.node)
         pixels = mask_pixels(part, g.height, g.width).to(ctx.device)  # [1, 1, H, W] in [0, 1]
         return dataclasses.replace(condition, noise_mask=NoiseMaskSpec(pixels=pixels))

@@ -17,24 +17,11 @@ from omniloop.pipeline.loops.denoise import DenoiserBase
 from omniloop.pipeline.edges import ConditionLatents, LatentPosterior, TextEmbeddings
 from omniloop.pipeline.policies.cfg import COND, Prediction
 from omniloop.pipeline.stage import ComponentStage
-from omniloop.pipeline.defaults import admitted
+from omniloop.pipeline.defaults import admitted_image
 from omniloop.pipeline.state import RequestState, StageContext
 from omniloop.request import ImagePart, LatentPart, Modality, OmniRequest
 
 IMAGE = "image"
-
-
-@dataclass(frozen=True)
-class ImageGeometry:
-    height: int
-    width: int
-
-
-def geometry(request: OmniRequest, node: str = "admission") -> ImageGeometry:
-    """The resolved request's image size (admission filled in the model's default, or an
-    edit's image size: ``resolve_request``)."""
-    p = request.diffusion
-    return ImageGeometry(height=admitted(p.height, "height", node), width=admitted(p.width, "width", node))
 
 
 def pack_latents(x: torch.Tensor) -> torch.Tensor:
@@ -75,7 +62,7 @@ class FluxDenoiser(DenoiserBase):
     graphs: CudaGraphRunner | None = None
 
     def latent_shapes(self, ctx: StageContext, request: OmniRequest) -> dict[str, tuple[int, ...]]:
-        g = geometry(request, ctx.node)
+        g = admitted_image(request, ctx.node)
         vae = ctx.component("vae").config  # the latent grid is the VAE's
         s = vae.scale_factor_spatial
         return {IMAGE: (1, vae.latent_channels, g.height // s, g.width // s)}
@@ -224,7 +211,7 @@ class FluxImageCondition(ComponentStage):
         if isinstance(source, LatentPart):
             return given_condition(source, ctx.device)
         vae = ctx.component(self.component)
-        g = geometry(state.request, ctx.node)
+        g = admitted_image(state.request, ctx.node)
         image = image_to_tensor(open_image_part(source), g.height, g.width).to(ctx.device)  # [1, 3, H, W]
         # NOTE: diffusers' VaeImageProcessor hands the VAE a channels-last view of the decoded
         # image, and oneDNN's convs take another (differently rounded) path on that layout; the

@@ -8,8 +8,8 @@ from typing import Any, Callable
 import torch
 
 from omniloop.io.image import open_image_part
-from omniloop.models.families.flux.stages import edit_source, geometry
-from omniloop.pipeline.defaults import GenerationDefaults, resolve_request
+from omniloop.models.families.flux.stages import edit_source
+from omniloop.pipeline.defaults import GenerationDefaults, admitted_image, resolve_request
 from omniloop.pipeline.geometry_checks import check_size_multiple
 from omniloop.pipeline.samplers.sampler_set import SamplerSet
 from omniloop.models.families.flux.control import check_control
@@ -37,7 +37,7 @@ def make_validator(defaults: GenerationDefaults, vae: Any, samplers: SamplerSet,
             request = _with_source_size(request, vae.scale_factor_spatial)
             p = request.diffusion
         request = resolve_request(request, defaults)  # what runs: the checks below are on it (``p``: as asked)
-        g = geometry(request)
+        g = admitted_image(request)
         check_size_multiple(g.height, g.width, multiple)
         if buckets and (g.height, g.width) not in buckets:
             near = min(buckets, key=lambda b: abs(b[0] * b[1] - g.height * g.width) + abs(b[0] / b[1] - g.height / g.width))
@@ -103,7 +103,7 @@ def check_one_image(request: OmniRequest) -> None:
 def _check_edit(request: OmniRequest, vae: Any) -> None:
     check_one_image(request)
     source = edit_source(request)
-    g = geometry(request)
+    g = admitted_image(request)
     if isinstance(source, LatentPart):
         data = torch.as_tensor(source.data)
         s = vae.scale_factor_spatial
@@ -154,7 +154,7 @@ def _check_mask_size(request: OmniRequest, mask: ImagePart) -> None:
     if isinstance(source, ImagePart):
         image_size = open_image_part(source).size
     else:
-        g = geometry(request)
+        g = admitted_image(request)
         image_size = (g.width, g.height)
     mask_size = open_image_part(mask).size
     if image_size != mask_size:

@@ -30,7 +30,7 @@ from omniloop.io.image import image_part_size, image_to_tensor, open_image_part
 from omniloop.models.families.flux2.model import Flux2Inputs, Flux2Transformer, ReferenceKV
 from omniloop.models.layers.lora import LoraPlan, lora_rows
 from omniloop.pipeline.adapters import request_adapters
-from omniloop.pipeline.defaults import admitted
+from omniloop.pipeline.defaults import admitted_image
 from omniloop.pipeline.edges import ConditionLatents, TextEmbeddings
 from omniloop.pipeline.loops.denoise import DenoiseLoop, DenoiseParams, DenoiserBase
 from omniloop.pipeline.policies.cfg import COND, UNCOND, Prediction
@@ -47,18 +47,6 @@ MAX_REFERENCE_AREA = 1024 * 1024  # larger references are scaled down to this ar
 # folder), "per_request" (klein: recomputed every step unless the request asks for the cache),
 # "never" (dev: its guidance-embedding DiT has no reference cache).
 ReferenceCache = Literal["always", "per_request", "never"]
-
-
-@dataclass(frozen=True)
-class ImageGeometry:
-    height: int
-    width: int
-
-
-def geometry(request: OmniRequest, node: str = "admission") -> ImageGeometry:
-    """The resolved request's image size (admission filled the default, or the first reference's)."""
-    p = request.diffusion
-    return ImageGeometry(height=admitted(p.height, "height", node), width=admitted(p.width, "width", node))
 
 
 # -- tokens and position ids ----------------------------------------------------------------
@@ -152,7 +140,7 @@ class Flux2Denoiser(DenoiserBase):
                                                     and bool(asked_reference_kv(knobs)))
 
     def latent_shapes(self, ctx: StageContext, request: OmniRequest) -> dict[str, tuple[int, ...]]:
-        g = geometry(request, ctx.node)
+        g = admitted_image(request, ctx.node)
         space = ctx.component("vae").latent_config
         s = space.scale_factor_spatial  # 16: the VAE's 8x, then 2x2 patches
         return {IMAGE: (1, space.latent_channels, g.height // s, g.width // s)}

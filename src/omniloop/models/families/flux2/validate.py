@@ -8,9 +8,9 @@ from typing import Callable, Literal
 import torch
 
 from omniloop.io.image import open_image_part
-from omniloop.models.families.flux2.stages import geometry, reference_parts, reference_size
+from omniloop.models.families.flux2.stages import reference_parts, reference_size
 from omniloop.models.families.flux2.vae import Flux2VAEConfig
-from omniloop.pipeline.defaults import GenerationDefaults, resolve_request
+from omniloop.pipeline.defaults import GenerationDefaults, admitted_image, resolve_request
 from omniloop.pipeline.geometry_checks import check_size_multiple
 from omniloop.pipeline.samplers.sampler_set import SamplerSet
 from omniloop.request import ErrorKind, ImagePart, InvalidRequest, LatentPart, OmniRequest, TaskType
@@ -39,7 +39,7 @@ def make_validator(defaults: GenerationDefaults, vae: Flux2VAEConfig, samplers: 
             raise InvalidRequest("task t2i takes no image; pass task i2i to edit with the image(s) as references",
                                  hint="drop the image from inputs for text-to-image", fields=("inputs",))
         request = resolve_request(request, defaults)  # what runs: the checks below are on it (``p``: as asked)
-        g = geometry(request)
+        g = admitted_image(request)
         check_size_multiple(g.height, g.width, multiple)
         if p.num_frames not in (None, 1):
             raise InvalidRequest(f"FLUX.2 makes one image; diffusion.num_frames must be 1 or omitted (got {p.num_frames})",

@@ -1,7 +1,7 @@
 """The admission checks of a request's parts both omni thinkers make (Qwen2.5-Omni, Qwen3-Omni),
 spelled once: which parts the thinker reads, that its media sit in a conversation (the chat
 template places their placeholders in role turns; a raw prompt has none), and that the prompt
-with every media placeholder expanded fits the context and the KV pool (:func:`make_media_check`:
+with every media placeholder expanded fits the context and the KV pool (:func:`make_thinker_checks`:
 audio, image and video parts only with the checkpoint's encoder and its preprocessor)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from omniloop.models.omni.decoder_config import TextDecoderConfig
 from omniloop.models.omni.audio_prompt import audio_parts, count_placeholders, decode_audio, frames_of
 from omniloop.models.omni.image_prompt import image_parts, process_image
 from omniloop.models.omni.video_prompt import VideoProcessing, require, video_extra_tokens
-from omniloop.pipeline.loops.ar import check_context
+from omniloop.pipeline.loops.ar import check_context, make_ar_validator
 from omniloop.pipeline.stages.chat import chat_ids, chat_messages, is_chat
 from omniloop.request import InvalidRequest, OmniRequest
 
@@ -73,15 +73,19 @@ class ThinkerPrompt(Protocol):
     def video_token_id(self) -> int: ...
 
 
-def make_media_check(tokenizer: Any, encoders: ThinkerEncoders, config: ThinkerPrompt, *, family: str,
-                     pool: BlockPool) -> Callable[[OmniRequest], None]:
-    """The check of a request's audio / image / video parts (a no-op without them): each kind
-    only with its encoder and preprocessor, one placeholder per part in the rendered
-    conversation, each part decodable; the prompt with every placeholder expanded to its
-    part's embeddings within the thinker's context and the KV ``pool``. ``family`` names the
-    checkpoint in the refusals."""
+def make_thinker_checks(tokenizer: Any, encoders: ThinkerEncoders, config: ThinkerPrompt, *, family: str,
+                        image_processor: str,
+                        pool: BlockPool) -> tuple[Callable[[OmniRequest], OmniRequest], Callable[[OmniRequest], None]]:
+    """The thinker's two admission checks, in the order a family runs them with its own between:
+    the text LM's (``make_ar_validator`` over the thinker's vocabulary, context and KV ``pool``),
+    then its media parts' (a no-op without audio / image / video parts): each kind only with its
+    encoder and preprocessor, one placeholder per part in the rendered conversation, each part
+    decodable; the prompt with every placeholder expanded to its part's embeddings within the
+    thinker's context and the KV pool. ``family`` names the checkpoint in the refusals,
+    ``image_processor`` the file keys its image processor is read from (when it lacks them)."""
     e = encoders
     max_context = config.thinker.max_position_embeddings
+    text = make_ar_validator(tokenizer, vocab_size=config.thinker.vocab_size, max_context=max_context, pool=pool)
     audio_token_id, image_token_id, video_token_id = config.audio_token_id, config.image_token_id, config.video_token_id
 
     def audio_extra(request: OmniRequest, ids: list[int]) -> int:
@@ -99,7 +103,7 @@ def make_media_check(tokenizer: Any, encoders: ThinkerEncoders, config: ThinkerP
         if not parts:
             return 0
         require(f"inputs[{parts[0][0]}]", "images", family, ("thinker.visual.* weights", e.vision_tower),
-                ("image processor (the Qwen2VLImageProcessor keys of preprocessor_config.json)", e.image_processor))
+                (f"image processor ({image_processor})", e.image_processor))
         count_placeholders(ids, image_token_id, len(parts), "image")
         merge = e.vision_tower.config.spatial_merge_size
         return sum(process_image(i, p, e.image_processor).tokens(merge) - 1 for i, p in parts)
@@ -118,4 +122,4 @@ def make_media_check(tokenizer: Any, encoders: ThinkerEncoders, config: ThinkerP
         check_context(length, request.sampling.max_tokens, max_context)
         pool.check_fits(length + request.sampling.max_tokens)
 
-    return check_media
+    return text, check_media

@@ -16,20 +16,19 @@ from typing import Any, Callable
 from omniloop.cache.paged_kv import BlockPool
 from omniloop.models.families.qwen3_omni.weights import Omni3Config
 from omniloop.models.omni.admission import (
-    ThinkerEncoders, make_media_check, refuse_media_outside_a_conversation, refuse_unread_parts,
+    ThinkerEncoders, make_thinker_checks, refuse_media_outside_a_conversation, refuse_unread_parts,
 )
 from omniloop.models.omni.thinker import wants_speech
 from omniloop.models.omni.video_prompt import heard, video_parts
-from omniloop.pipeline.loops.ar import make_ar_validator
 from omniloop.pipeline.stages.chat import is_chat
 from omniloop.request import InvalidRequest, OmniRequest
 
 
 def make_omni3_validator(tokenizer: Any, config: Omni3Config, *, pool: BlockPool,
                          encoders: ThinkerEncoders) -> Callable[[OmniRequest], OmniRequest]:
-    text = make_ar_validator(tokenizer, vocab_size=config.thinker.vocab_size,
-                             max_context=config.thinker.max_position_embeddings, pool=pool)
-    check_media = make_media_check(tokenizer, encoders, config, family="Qwen3-Omni", pool=pool)
+    text, check_media = make_thinker_checks(
+        tokenizer, encoders, config, family="Qwen3-Omni", pool=pool,
+        image_processor="the Qwen2VLImageProcessor keys of preprocessor_config.json")
 
     def validate(request: OmniRequest) -> OmniRequest:
         refuse_unread_parts(request, "Qwen3-Omni")

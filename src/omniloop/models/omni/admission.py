@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping
 
 from omniloop.cache.paged_kv import BlockPool
-from omniloop.models.omni.decoder_config import TextDecoderConfig
 from omniloop.models.omni.audio_prompt import audio_parts, count_placeholders, decode_audio, frames_of
 from omniloop.models.omni.image_prompt import image_parts, process_image
+from omniloop.models.omni.part_weights import OmniConfigBase
 from omniloop.models.omni.video_prompt import VideoProcessing, require, video_extra_tokens
 from omniloop.pipeline.loops.ar import check_context, make_ar_validator
 from omniloop.pipeline.stages.chat import chat_ids, chat_messages, is_chat
@@ -59,21 +59,7 @@ class ThinkerEncoders:
         return cls(**{f.name: components.get(f.name) for f in dataclasses.fields(cls)})
 
 
-class ThinkerPrompt(Protocol):
-    """What an omni checkpoint's config says of the thinker's prompt: the decoder (its context)
-    and the placeholder ids of the media parts."""
-
-    @property
-    def thinker(self) -> TextDecoderConfig: ...
-    @property
-    def audio_token_id(self) -> int: ...
-    @property
-    def image_token_id(self) -> int: ...
-    @property
-    def video_token_id(self) -> int: ...
-
-
-def make_thinker_checks(tokenizer: Any, encoders: ThinkerEncoders, config: ThinkerPrompt, *, family: str,
+def make_thinker_checks(tokenizer: Any, encoders: ThinkerEncoders, config: OmniConfigBase, *, family: str,
                         image_processor: str,
                         pool: BlockPool) -> tuple[Callable[[OmniRequest], OmniRequest], Callable[[OmniRequest], None]]:
     """The thinker's two admission checks, in the order a family runs them with its own between:

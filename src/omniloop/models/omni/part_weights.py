@@ -7,6 +7,7 @@ set and shapes are checked by name."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol, TypeVar
 
@@ -15,6 +16,7 @@ from torch import nn
 
 from omniloop.models.checkpoint_files import aligned, cast_to, check_and_assign, read_tensors, stored_keys, weight_files
 from omniloop.models.omni.audio_layers import AudioEncoderModule
+from omniloop.models.omni.decoder_config import TextDecoderConfig
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -23,6 +25,20 @@ AUDIO_TOWER_PREFIX = "thinker.audio_tower."
 
 C = TypeVar("C")
 A = TypeVar("A", bound=AudioEncoderModule)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OmniConfigBase:
+    """What both omni checkpoints' configs (Qwen2.5-Omni's, Qwen3-Omni's) say of the thinker's
+    prompt: its text decoder (the context it serves), its stop ids and the placeholder ids its
+    audio / image / video parts take. A family's config subclasses it (narrowing ``thinker`` to
+    its decoder config) and adds its parts."""
+
+    thinker: TextDecoderConfig
+    eos_token_ids: tuple[int, ...]  # the thinker's
+    audio_token_id: int
+    image_token_id: int
+    video_token_id: int
 
 
 def read_omni_config(folder: Path, architecture: str, from_hf: Callable[[dict[str, Any]], C]) -> C:

@@ -26,7 +26,7 @@ from omniloop.models.families.qwen2_5_omni.dit import DiTConfig, Token2WavDiT
 from omniloop.models.families.qwen2_5_omni.model import DecoderConfig, OmniTalker, OmniThinker, TalkerTokens
 from omniloop.models.families.qwen2_5_omni.vision_encoder import OmniVisionEncoder, VisionEncoderConfig
 from omniloop.models.omni.part_weights import (
-    WEIGHTS_FILE, WEIGHTS_INDEX_FILE, has_part, load_part, load_thinker_lm, read_omni_config,
+    WEIGHTS_FILE, WEIGHTS_INDEX_FILE, OmniConfigBase, has_part, load_part, load_thinker_lm, read_omni_config,
 )
 from omniloop.models.omni.part_weights import load_audio_tower as load_audio_tower_part
 
@@ -36,16 +36,12 @@ VISION_TOWER_PREFIX = "thinker.visual."
 
 
 @dataclass(frozen=True, kw_only=True)
-class OmniConfig:
+class OmniConfig(OmniConfigBase):
     thinker: DecoderConfig
     talker: DecoderConfig
     tokens: TalkerTokens
     dit: DiTConfig
     bigvgan: BigVGANConfig
-    eos_token_ids: tuple[int, ...]  # the thinker's
-    audio_token_id: int
-    image_token_id: int
-    video_token_id: int
     audio_start_token_id: int  # <|audio_bos|> / <|audio_eos|>: they frame a video's soundtrack (use_audio_in_video)
     audio_end_token_id: int
     audio: AudioEncoderConfig | None  # thinker_config.audio_config (None: the checkpoint describes no audio tower)

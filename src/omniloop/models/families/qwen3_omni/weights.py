@@ -22,14 +22,14 @@ from omniloop.models.families.qwen3_omni.code2wav import Code2Wav, Code2WavConfi
 from omniloop.models.families.qwen3_omni.model import (
     ChatTokens, Qwen3DecoderConfig, Qwen3OmniTalker, Qwen3OmniThinker, TalkerTokens,
 )
-from omniloop.models.omni.part_weights import load_part, load_thinker_lm, read_omni_config
+from omniloop.models.omni.part_weights import OmniConfigBase, load_part, load_thinker_lm, read_omni_config
 from omniloop.models.omni.part_weights import load_audio_tower as load_audio_tower_part
 
 ARCHITECTURE = "Qwen3OmniMoeForConditionalGeneration"
 
 
 @dataclass(frozen=True, kw_only=True)
-class Omni3Config:
+class Omni3Config(OmniConfigBase):
     thinker: Qwen3DecoderConfig
     talker: Qwen3DecoderConfig | None  # None: a thinker-only folder (enable_audio_output=false)
     predictor: Qwen3DecoderConfig | None
@@ -39,10 +39,6 @@ class Omni3Config:
     voices: dict[str, int]  # talker_config.speaker_id: name (lower case) -> codec id
     groups: int  # codebooks per speech frame
     accept_hidden_layer: int  # the thinker layer whose output the talker reads at media positions
-    eos_token_ids: tuple[int, ...]  # the thinker's
-    audio_token_id: int
-    image_token_id: int
-    video_token_id: int
     audio: AudioEncoderConfig | None = None  # thinker_config.audio_config (None: no audio tower described)
     vision_start_token_id: int = 151652
     audio_start_token_id: int = 151669  # <|audio_start|>: opens an audio, or a video's soundtrack (use_audio_in_video)

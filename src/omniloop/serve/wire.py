@@ -43,7 +43,7 @@ from omniloop.request.tasks import fits
 from omniloop.serve.protocol import EDIT_FIELDS, IMAGE_FIELDS, VIDEO_FIELDS
 
 __all__ = ["ServedModel", "WireCall", "WireError", "dynamo_images", "dynamo_video",
-           "openai_image_edit", "openai_images", "openai_video", "wire_errors", "wire_param"]
+           "openai_image_edit", "openai_images", "openai_video", "wire_errors"]
 
 
 class WireError(FieldError):

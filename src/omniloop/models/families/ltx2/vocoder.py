@@ -48,8 +48,10 @@ class LTX2VocoderConfig:
     @classmethod
     def from_diffusers_config(cls, d: Mapping[str, Any]) -> "LTX2VocoderConfig":
         known = {f.name for f in fields(cls)}
-        conv = lambda v: tuple(conv(x) for x in v) if isinstance(v, list) else v  # noqa: E731
-        return cls(**{k: conv(v) for k, v in d.items() if k in known})
+        def tuples(v: Any) -> Any:  # JSON lists (nested too) -> tuples
+            return tuple(tuples(x) for x in v) if isinstance(v, list) else v
+
+        return cls(**{k: tuples(v) for k, v in d.items() if k in known})
 
 
 def kaiser_sinc_filter(cutoff: float, half_width: float, kernel_size: int) -> torch.Tensor:

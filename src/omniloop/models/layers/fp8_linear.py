@@ -116,7 +116,8 @@ def supports_fp8(linear: nn.Linear) -> bool:
 
 def scaling_for(quantization: str) -> Scaling | None:
     """``DeployConfig.quantization`` -> the Fp8Linear scaling it asks for (None: no FP8)."""
-    return {"fp8": "row", "fp8_tensor": "tensor"}.get(quantization)
+    scalings: dict[str, Scaling] = {"fp8": "row", "fp8_tensor": "tensor"}
+    return scalings.get(quantization)
 
 
 def quantize_linears_(root: nn.Module, select: Callable[[str, nn.Linear], bool],

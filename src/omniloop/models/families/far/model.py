@@ -296,6 +296,7 @@ class FARDiT(nn.Module):
             for i in range(config.num_layers)
         ])
         self.norm_out = FP32LayerNorm(dim, eps, elementwise_affine=False)
+        assert config.out_channels is not None, "FARConfig.__post_init__ resolves out_channels"
         self.proj_out = nn.Linear(dim, config.out_channels * math.prod(config.patch_size))
         self.scale_shift_table = modulation_table(2, dim)  # rows: shift, scale
 

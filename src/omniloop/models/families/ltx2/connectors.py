@@ -99,6 +99,7 @@ class Connector(nn.Module):
         """``x`` [B, L, D], ``valid`` [B, L] bool -> (states, the positions attended inside)."""
         b, seq, _ = x.shape
         if self.learnable_registers is not None:
+            assert self.num_registers, "learnable registers come with their count"
             if seq % self.num_registers:
                 raise ValueError(f"the text length {seq} must be a multiple of the {self.num_registers} registers; "
                                  "set the tokenizer's model_max_length accordingly")

@@ -522,7 +522,8 @@ class GenContext:
             values = [getattr(p, name) for p in parts]
             return None if values[0] is None else torch.cat(values)
 
-        return cls(layout=parts[0].layout, handles=[h for p in parts for h in p.handles], cos=cat("cos"), sin=cat("sin"),
+        return cls(layout=parts[0].layout, handles=[h for p in parts for h in p.handles],
+                   cos=torch.cat([p.cos for p in parts]), sin=torch.cat([p.sin for p in parts]),
                    domain=cat("domain"), actions=cat("actions"), raw_action_dim=parts[0].raw_action_dim)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -137,8 +137,8 @@ def rope_tables(grid: torch.Tensor, dim: int, theta: float, double_precision: bo
     cos, sin = freqs.cos(), freqs.sin()
     pad = dim // 2 - freqs.shape[-1]
     if pad:
-        cos = torch.concatenate([torch.ones_like(cos[:, :, :pad]), cos], axis=-1)
-        sin = torch.concatenate([torch.zeros_like(sin[:, :, :pad]), sin], axis=-1)
+        cos = torch.cat([torch.ones_like(cos[:, :, :pad]), cos], dim=-1)
+        sin = torch.cat([torch.zeros_like(sin[:, :, :pad]), sin], dim=-1)
     b, t = cos.shape[0], cos.shape[1]
     return (torch.swapaxes(cos.reshape(b, t, heads, -1), 1, 2), torch.swapaxes(sin.reshape(b, t, heads, -1), 1, 2))
 

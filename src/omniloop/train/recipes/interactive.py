@@ -40,7 +40,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from omniloop.cache.chunk_kv import ChunkKVBatch, ChunkKVHandle, ChunkKVPool, KVSegment
+from omniloop.cache.chunk_kv import ChunkKVBatch, ChunkKVHandle, ChunkKVPool, ChunkKVView, KVSegment
 from omniloop.engine.engine import Engine, EngineConfig
 from omniloop.engine.scheduler import SchedulingPolicy
 from omniloop.eval.action_adherence import ActionReport, evaluate_actions
@@ -225,6 +225,7 @@ def rollout_loss(model: FARDiT, chunks: FARChunks, context: torch.Tensor, text: 
     object stays empty (the 2026-12-02 model: 8 of 128 held-out sessions, every chunk a miss)."""
     b, _, frames, h, w = context.shape
     plan = rollout_plan(model.config, frames, h, w)
+    view: Callable[[tuple[KVSegment, ...], tuple[KVSegment, ...], bool], ChunkKVView]
     if kv == "slabs":
         handles = kv_handles(model, chunks, plan, b, context.device)
         rows = [(hd, ROW) for hd in handles]

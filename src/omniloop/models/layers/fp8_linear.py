@@ -69,6 +69,10 @@ class Fp8Linear(nn.Module):
     weight lives in e4m3 with one fp32 scale per output channel (``scaling="row"``) or one
     for the whole weight (``"tensor"``)."""
 
+    weight: torch.Tensor  # buffers (see __init__)
+    weight_scale: torch.Tensor
+    bias: torch.Tensor | None
+
     def __init__(self, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None,
                  scaling: Scaling = "row") -> None:
         super().__init__()

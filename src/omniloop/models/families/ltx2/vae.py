@@ -287,6 +287,9 @@ class Decoder(nn.Module):
 
 
 class LTX2VideoVAE(nn.Module):
+    latents_mean: torch.Tensor  # buffers: [latent_channels]
+    latents_std: torch.Tensor
+
     def __init__(self, config: LTX2VideoVAEConfig) -> None:
         super().__init__()
         self.config = config

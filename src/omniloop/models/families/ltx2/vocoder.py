@@ -92,6 +92,9 @@ class SnakeBeta(nn.Module):
 class AntiAliased(nn.Module):
     """Upsample 2x (Kaiser sinc), activate, low-pass and downsample back."""
 
+    up_filter: torch.Tensor  # buffers: [1, 1, kernel_size]
+    down_filter: torch.Tensor
+
     def __init__(self, act: nn.Module, ratio: int, kernel_size: int) -> None:
         super().__init__()
         self.ratio, self.kernel_size, self.act = ratio, kernel_size, act

@@ -547,9 +547,10 @@ def summarize(clips: Iterable[ClipScore], *, max_failures: int = 20) -> Adherenc
         groups.setdefault(str(len(clip.parsed.objects)), []).append(clip)
         for s in clip.scores:
             counts[s.attribute][s.outcome] += 1
-            if s.outcome != "unknown":
+            if s.outcome != "unknown":  # (_outcome: "unknown" exactly when nothing was expected)
+                assert s.expected is not None, f"{s.attribute} scored {s.outcome!r} against no expected value"
                 row = confusion[s.attribute].setdefault(s.expected, {})
-                key = s.predicted if s.outcome != "miss" else "none"
+                key = "none" if s.outcome == "miss" or s.predicted is None else s.predicted  # a miss predicted nothing
                 row[key] = row.get(key, 0) + 1
         if any(s.outcome != "unknown" for s in clip.scores):
             n_stated += 1

@@ -43,6 +43,7 @@ from omniloop.request import (
     parse_task,
     suggest_task,
 )
+from omniloop.request.parts import ImageRole
 
 logger = logging.getLogger(__name__)
 
@@ -173,7 +174,9 @@ class VideoGenerator:
             with torch.inference_mode():
                 rid = self.engine.add_request(request)
                 self.engine.run_until_done(rid)
-                return self.engine.pop_output(rid)
+                out = self.engine.pop_output(rid)
+                assert out is not None, f"request {rid} ran to its end without an output to hand over"
+                return out
         finally:
             self._listener = None
 
@@ -403,7 +406,7 @@ class VideoGenerator:
         knobs = self.pipeline.knobs
         fields = generation_fields(params, knobs=knobs)
         task = self.task_for(task, image=image is not None or latents is not None, wants=wants, video=video is not None)
-        role = "reference" if task.makes_image else "first_frame"
+        role: ImageRole = "reference" if task.makes_image else "first_frame"
         parts: list[Any] = []
         if image is not None:
             parts.append(ImagePart(path=str(image), role=role) if isinstance(image, (str, Path))

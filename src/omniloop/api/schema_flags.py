@@ -10,7 +10,7 @@ import argparse
 import json
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,8 +31,9 @@ def _unwrap_optional(annotation: Any) -> Any:
 def _parser_for(annotation: Any) -> tuple[Any, dict[str, Any]]:
     ann = _unwrap_optional(annotation)
     origin = typing.get_origin(ann)
-    if isinstance(ann, type) and callable(getattr(ann, "from_flag", None)):
-        return _flag_text(ann.from_flag), {"metavar": "K=V,..."}  # a compact text form (ParallelSpec: sp=2,cfg=2)
+    from_flag = getattr(ann, "from_flag", None) if isinstance(ann, type) else None
+    if callable(from_flag):
+        return _flag_text(from_flag), {"metavar": "K=V,..."}  # a compact text form (ParallelSpec: sp=2,cfg=2)
     if ann in (int, float, str):
         return ann, {}
     if ann is Path:
@@ -80,7 +81,7 @@ def _json_or_number(text: str) -> Any:
             raise argparse.ArgumentTypeError(f"expected a number or JSON, got {text!r}") from None
 
 
-def add_schema_flags(parser: argparse.ArgumentParser, model: type[BaseModel], *, skip: set[str] = frozenset(),
+def add_schema_flags(parser: argparse.ArgumentParser, model: type[BaseModel], *, skip: Collection[str] = frozenset(),
                      group: str | None = None, unset: str | None = None,
                      aliases: Mapping[str, str] | None = None) -> list[str]:
     """Add one flag per field of ``model``; returns the field names added (dest = field name).

@@ -38,7 +38,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Protocol
 
 import torch
 
@@ -437,6 +437,30 @@ class KVSegment:
     chunk: int
     start: int
     frames: int
+
+
+class ChunkKVView(Protocol):
+    """What a chunk model's forward reads of its K/V: the segments it attends (``cached``)
+    and computes (``new``), whether it only stores them (``write``), one layer's cached K/V
+    and the store of the new tokens' K/V. :class:`ChunkKVBatch` when serving; a training
+    batch's view of its own tensors when training (train/recipes/interactive.py)."""
+
+    @property
+    def cached(self) -> tuple[KVSegment, ...]: ...
+
+    @property
+    def new(self) -> tuple[KVSegment, ...]: ...
+
+    @property
+    def write(self) -> bool: ...
+
+    def __len__(self) -> int: ...
+
+    def select_rows(self, rows: torch.Tensor) -> ChunkKVView: ...
+
+    def cached_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None: ...
+
+    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor, tokens: list[int]) -> None: ...
 
 
 class ChunkKVBatch:

@@ -12,7 +12,7 @@ import logging
 import threading
 from pathlib import Path
 from collections.abc import Callable, Mapping
-from typing import Any, AsyncIterator
+from typing import Any, AsyncGenerator
 
 import torch
 
@@ -229,7 +229,7 @@ class AsyncEngine:
             if self._queues.get(request_id) is entry:
                 del self._queues[request_id]
 
-    async def stream(self, request: OmniRequest, *, paused: bool = False) -> AsyncIterator[OmniEvent]:
+    async def stream(self, request: OmniRequest, *, paused: bool = False) -> AsyncGenerator[OmniEvent, None]:
         """Events of ``request`` until (and including) its FinalEvent. Closing the stream
         early (``aclose()``, a cancelled task: a client disconnect) aborts the request and
         frees everything held for it. ``paused``: queued but held until ``resume``."""

@@ -17,6 +17,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable, Literal
 
 import torch
@@ -38,7 +39,8 @@ from omniloop.ext.install import plugin_chain
 from omniloop.ext.scope import request_scope, using_scope
 from omniloop.pipeline.checkpoint import CheckpointMismatch, CheckpointUnsupported
 from omniloop.pipeline.pipeline import Pipeline
-from omniloop.pipeline.state import StepResult
+from omniloop.pipeline.spec import Node
+from omniloop.pipeline.state import LoopState, RequestState, StepResult
 from omniloop.request import (
     ArtifactEvent,
     ErrorKind,
@@ -352,7 +354,7 @@ class Engine:
     def _run_node_work(self, work: NodeWork) -> None:
         reqs = self._at_node(work)
         if work.parallel and len(reqs) == 1 and self._fans_out(reqs[0], work):
-            self._guarded(reqs[0], lambda: self._run_fan_out(reqs[0], len(work.parallel) + 1))
+            self._guarded(reqs[0], partial(self._run_fan_out, reqs[0], len(work.parallel) + 1))
             return
         if len(reqs) > 1 and self._batches_node(reqs[0]):
             try:
@@ -363,7 +365,7 @@ class Engine:
             except Exception:  # the stage wrote nothing: each request still there runs alone,
                 reqs = self._at_node(work)  # so only the culprit fails
         for req in reqs:
-            self._guarded(req, lambda r=req: self._run_node(r))
+            self._guarded(req, partial(self._run_node, req))
 
     def _guarded(self, req: EngineRequest, fn: Callable[[], None]) -> None:
         """``fn`` on behalf of ``req``: an exception fails ``req`` alone."""
@@ -412,7 +414,7 @@ class Engine:
         nodes = req.nodes[req.node_index:req.node_index + count]
         if self._fan_out is None:
             self._fan_out = FanOutPool(self.pipeline.device)
-        ran = self._fan_out.run([lambda n=n: n.stage.forward(self.pipeline.contexts[n.name], req.state) for n in nodes])
+        ran = self._fan_out.run([partial(self._forward_node, n, req.state) for n in nodes])
         for node, result in zip(nodes, ran):
             if result.error is not None:
                 raise result.error
@@ -423,6 +425,10 @@ class Engine:
             req.advance_node()
         self._next_node(req)
 
+    def _forward_node(self, node: Node, state: RequestState) -> None:
+        """One one-shot node's ``forward`` (a fan-out worker's call)."""
+        node.stage.forward(self.pipeline.contexts[node.name], state)
+
     def _at_node(self, work: NodeWork) -> list[EngineRequest]:
         """The listed requests still running and still at the work's node."""
         return [r for r in map(self.scheduler.running.get, work.request_ids)
@@ -432,12 +438,14 @@ class Engine:
         """One ``forward_many`` for a group: a one-shot stage that offers it, in a deployment
         without plugins (their per-request node events and tap scopes need one call each)."""
         node = req.node
+        assert node is not None, f"request {req.request_id} has no node left to run"
         ctx = self.pipeline.contexts[node.name]
         return not node.is_loop and node.stage.groups_forward and self.hooks is None and ctx.hooks is None
 
     def _run_nodes(self, reqs: list[EngineRequest]) -> None:
         """``_run_node`` for a group at one node, as one ``forward_many`` call."""
         node = reqs[0].node
+        assert node is not None, f"request {reqs[0].request_id} has no node left to run"
         ctx = self.pipeline.contexts[node.name]
         items = [self.scheduler.item_cost(r) for r in reqs]
         t0 = time.perf_counter()
@@ -449,9 +457,11 @@ class Engine:
 
     def _account_node(self, req: EngineRequest, item: ItemCost, seconds: float) -> None:
         """A one-shot node's (or loop init's) measured time: cost model and request metrics."""
+        node = req.node
+        assert node is not None, f"request {req.request_id} has no node to account"
         self.cost_model.observe(item, seconds)
         req.actual_s += seconds
-        req.state.metrics.node_s[req.node.name] = req.state.metrics.node_s.get(req.node.name, 0.0) + seconds
+        req.state.metrics.node_s[node.name] = req.state.metrics.node_s.get(node.name, 0.0) + seconds
 
     def _run_steps(self, reqs: list[EngineRequest]) -> None:
         """One step of every request in ``reqs`` (one ``step_many``); from its results on,
@@ -472,31 +482,33 @@ class Engine:
             return
         finite = self._finite(reqs, results)
         for req, result, ok in zip(reqs, results, finite):
-            self._guarded(req, lambda r=req, res=result, f=ok: self._after_step(r, res, f))
+            self._guarded(req, partial(self._after_step, req, result, ok))
 
     def _step_many(self, reqs: list[EngineRequest]) -> list[StepResult]:
         node = reqs[0].node
         assert node is not None, f"request {reqs[0].request_id} stepped outside a loop"
         ctx = self.pipeline.contexts[node.name]
-        loops = [r.loop for r in reqs]
+        loops = [_live_loop(r) for r in reqs]
         items = [self.scheduler.item_cost(r) for r in reqs]
         predicted = [self.cost_model.predict(i) for i in items]
         hooks = self.hooks
-        events = None
+        events: list[StepEvent] | None = None
         if hooks is not None and (hooks.step_start is not None or hooks.step_end is not None):
             events = [StepEvent(lp.request_id, node.name, lp.steps_done, lp.steps_target, lp, len(loops), loop_timestep(lp))
                       for lp in loops]
-            for event in events if hooks.step_start is not None else ():
-                hooks.step_start(event)
+            if hooks.step_start is not None:
+                for event in events:
+                    hooks.step_start(event)
         mark = self.step_timer.start()
         results = node.stage.step_many(ctx, loops) if len(reqs) > 1 else [node.stage.step(ctx, loops[0])]
-        self.step_timer.stop(mark, lambda seconds: self._account_step(reqs, loops, items, predicted, seconds))
-        for event in events if events is not None and hooks.step_end is not None else ():
-            hooks.step_end(event)
+        self.step_timer.stop(mark, partial(self._account_step, reqs, loops, items, predicted))
+        if hooks is not None and events is not None and hooks.step_end is not None:
+            for event in events:
+                hooks.step_end(event)
         self.stats.count_step(node.name, len(reqs))
         return results
 
-    def _account_step(self, reqs: list[EngineRequest], loops: list[Any], items: list[ItemCost], predicted: list[float],
+    def _account_step(self, reqs: list[EngineRequest], loops: list[LoopState], items: list[ItemCost], predicted: list[float],
                       seconds: float) -> None:
         """A step's measured time (possibly a step later, see StepTimer), apportioned to its
         requests by predicted cost: cost model, request metrics."""
@@ -514,7 +526,9 @@ class Engine:
         a check that raises is retried per loop, its error that loop's)."""
         if not self.config.nan_check:
             return [True] * len(reqs)
-        stage = reqs[0].node.stage
+        node = reqs[0].node
+        assert node is not None, f"request {reqs[0].request_id} stepped outside a loop"
+        stage = node.stage
         ok = [i for i, r in enumerate(results) if r.error is None]
         finite = [True] * len(reqs)
         try:
@@ -795,6 +809,12 @@ class Engine:
         fan = getattr(self.hooks, point)
         if fan is not None:
             fan(make())
+
+
+def _live_loop(req: EngineRequest) -> LoopState:
+    """The loop a request the scheduler steps is in (set by its node's ``init``)."""
+    assert req.loop is not None, f"request {req.request_id} stepped before its loop's init"
+    return req.loop
 
 
 def _peak_memory(device: torch.device, req: EngineRequest) -> int:

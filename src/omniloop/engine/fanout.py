@@ -72,6 +72,7 @@ class FanOutPool:
                     torch.set_num_threads(threads)
                 with torch.inference_mode(inference):
                     if cuda:  # its own stream, after the work already queued on the caller's
+                        assert parent is not None, "a CUDA fan-out takes the caller's stream"
                         stream = torch.cuda.Stream(self.device)
                         stream.wait_stream(parent)
                         with torch.cuda.stream(stream):

@@ -45,7 +45,7 @@ class MemoryEstimate:
         """A request's estimate from its nodes' (node name -> WorkEstimate)."""
         loops = {node: e.loop_bytes for node, e in estimates.items() if e.loop_bytes}
         # steps stack only with steps of an equal predicted key (stage.batches_with): None runs alone
-        peaks = {(node, e.batch_group): e.peak_bytes for node, e in estimates.items()
+        peaks: dict[Hashable, int] = {(node, e.batch_group): e.peak_bytes for node, e in estimates.items()
                  if e.peak_bytes and e.batch_group is not None}
         solo = max([*(e.init_peak_bytes for e in estimates.values()),
                     *(e.peak_bytes for e in estimates.values() if e.batch_group is None)], default=0)

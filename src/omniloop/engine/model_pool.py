@@ -368,6 +368,7 @@ class ModelPool:
             self._load(slot)
         self._evict_for(slot)
         if slot.tier == "host":
+            assert self.device is not None, f"model {slot.name} on the host before any model loaded"
             move_pipeline(slot.loaded().pipeline, self.device)
             slot.tier = "device"
         self.pool_stats.transitions += 1

@@ -118,7 +118,7 @@ class StepScheduler:
         ranked = self._rank([r for r in live if _ready(r) and self._ready_at(r) <= now])
         head = ranked[0] if ranked else None
         prologue = [r for r in ranked if _in_prologue(r)]
-        if prologue and head is not prologue[0] and self._prologue_first(prologue[0], head):
+        if prologue and head is not None and head is not prologue[0] and self._prologue_first(prologue[0], head):
             head = prologue[0]
         work = self._work_for(head, ranked, group=head is ranked[0]) if head is not None else None
         # a prologue step (a prefill chunk) does not count: the next pick goes back to the head
@@ -229,7 +229,7 @@ class StepScheduler:
                     break
                 if other.node is node and (other.loop is None or not node.is_loop):
                     batch.append(other)
-            parallel = ()
+            parallel: tuple[str, ...] = ()
             if len(batch) == 1 and self.policy.fan_out and not node.is_loop:
                 parallel = tuple(n.name for n in ready_siblings(head.nodes, head.node_index))
             return NodeWork(node.name, tuple(r.key for r in batch), parallel)

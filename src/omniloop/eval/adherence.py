@@ -190,7 +190,7 @@ def detect(video) -> SceneDetection:
     min_area = max(4.0, (_MIN_AREA * side) ** 2)
     cores, areas = {}, np.zeros(len(_PALETTE))
     for k in np.nonzero((counts >= min_area).sum(0) >= 1)[0]:
-        core = _cores(labels, k)
+        core = _cores(labels, int(k))
         core_counts = core.sum((1, 2))
         present = core_counts >= min_area / 4  # [F]
         if present.sum() >= max(1, math.ceil(_MIN_PRESENCE * f)):
@@ -347,14 +347,14 @@ def classify_shape(descriptors: list[np.ndarray | None]) -> tuple[str | None, fl
     None (a miss, never a lucky guess) when the blob matches a shapeless Gaussian best or
     no template well (< _MIN_SHAPE_SCORE, e.g. a ring or a long ellipse)."""
     names, templates = shape_templates()
-    valid = [d for d in descriptors if d is not None]
+    valid: list[np.ndarray] = [d for d in descriptors if d is not None]
     if not valid:
         return None, 0.0
     obs = np.stack(valid)[:, None]  # [N, 1, T, T]
     iou = np.minimum(obs, templates).sum((2, 3)) / np.maximum(np.maximum(obs, templates).sum((2, 3)), 1e-6)
     per_shape = {s: float(iou[:, [i for i, n in enumerate(names) if n == s]].max(1).mean())
                  for s in (*SHAPES, _BLOB)}
-    best = max(per_shape, key=per_shape.get)
+    best = max(per_shape, key=per_shape.__getitem__)
     if best == _BLOB or per_shape[best] < _MIN_SHAPE_SCORE:
         return None, per_shape[best]
     return best, per_shape[best]
@@ -468,7 +468,8 @@ def _assign(parsed: ParsedPrompt, found: tuple[Detection, ...]) -> tuple[Detecti
     """
     objs = parsed.objects
     pool = list(found[: len(objs) + 1]) + [None] * len(objs)
-    best, best_key = (None,) * len(objs), None
+    best: tuple[Detection | None, ...] = (None,) * len(objs)
+    best_key = None
     for choice in itertools.permutations(range(len(pool)), len(objs)):
         picked = tuple(pool[c] for c in choice)
         agree = sum(d is not None and o.get(a) is not None and getattr(d, a) == o.get(a)
@@ -535,7 +536,7 @@ def summarize(clips: Iterable[ClipScore], *, max_failures: int = 20) -> Adherenc
     counts = {a: dict.fromkeys(OUTCOMES, 0) for a in ATTRIBUTES}
     confusion: dict[str, dict[str, dict[str, int]]] = {a: {} for a in ATTRIBUTES}
     n_clips = n_objects = n_all = n_prompt = n_stated = 0
-    failures = []
+    failures: list[dict] = []  # ClipScore.to_dict() of the first few clips with an error
     stabilities: list[StabilityScore] = []
     groups: dict[str, list[ClipScore]] = {}
     for clip in clips:
@@ -546,9 +547,10 @@ def summarize(clips: Iterable[ClipScore], *, max_failures: int = 20) -> Adherenc
         groups.setdefault(str(len(clip.parsed.objects)), []).append(clip)
         for s in clip.scores:
             counts[s.attribute][s.outcome] += 1
-            if s.outcome != "unknown":
+            if s.outcome != "unknown":  # (_outcome: "unknown" exactly when nothing was expected)
+                assert s.expected is not None, f"{s.attribute} scored {s.outcome!r} against no expected value"
                 row = confusion[s.attribute].setdefault(s.expected, {})
-                key = s.predicted if s.outcome != "miss" else "none"
+                key = "none" if s.outcome == "miss" or s.predicted is None else s.predicted  # a miss predicted nothing
                 row[key] = row.get(key, 0) + 1
         if any(s.outcome != "unknown" for s in clip.scores):
             n_stated += 1

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Iterator
 
 import numpy as np
@@ -217,23 +217,23 @@ def sample_object(rng: np.random.Generator, color: str, shape: str, motion: str,
     """A random pose and trajectory for the given semantics (stays in frame by construction)."""
     size = size or str(rng.choice(list(SIZES)))
     scale = float(rng.uniform(0.92, 1.08))
-    common = dict(color=color, shape=shape, motion=motion, size=size, scale=scale)
+    spec = partial(ObjectSpec, color=color, shape=shape, motion=motion, size=size, scale=scale)
     if motion in LINEAR_MOTIONS:
         travel = float(rng.uniform(0.45, 0.8))
         along, across = float(rng.uniform(travel / 2, 1 - travel / 2)), float(rng.uniform(0.0, 1.0))
         center = (along, across) if LINEAR_MOTIONS[motion][0] else (across, along)
-        return ObjectSpec(**common, center=center, travel=travel)
+        return spec(center=center, travel=travel)
     if motion == "bouncing":
         # travel >= 1.3 spans: at least one wall reflection with both legs >= 0.3 span
-        return ObjectSpec(**common, center=tuple(rng.uniform(0.0, 1.0, 2).tolist()),
+        return spec(center=tuple(rng.uniform(0.0, 1.0, 2).tolist()),
                           travel=float(rng.uniform(1.3, 1.7)), axis=str(rng.choice(["x", "y"])),
                           sign=int(rng.choice([-1, 1])))
     if motion == "circling":
         radius = float(rng.uniform(0.28, 0.4))
-        return ObjectSpec(**common, center=tuple(rng.uniform(radius, 1 - radius, 2).tolist()), radius=radius,
+        return spec(center=tuple(rng.uniform(radius, 1 - radius, 2).tolist()), radius=radius,
                           turns=float(rng.uniform(0.8, 1.0)), phase=float(rng.uniform(0, 2 * math.pi)),
                           sign=int(rng.choice([-1, 1])))
-    return ObjectSpec(**common, center=tuple(rng.uniform(0.05, 0.95, 2).tolist()))
+    return spec(center=tuple(rng.uniform(0.05, 0.95, 2).tolist()))
 
 
 def objects_overlap(a: ObjectSpec, b: ObjectSpec, samples: int = 33) -> bool:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable
 
 import torch
 
@@ -151,7 +151,8 @@ class Observer:
 
     name: str = "observer"
     taps: str | None = None
-    declarations: ClassVar[Declarations] = Declarations(kind="observer")
+    # the class's, or the instance's where its config decides (a profiler of blocks needs eager modules)
+    declarations: Declarations = Declarations(kind="observer")
 
     def request_start(self, event: RequestEvent) -> None: ...
     def request_end(self, event: RequestEvent) -> None: ...

@@ -10,12 +10,15 @@ from __future__ import annotations
 import io
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 import torch
 
 from omniloop.io.files import written_whole
+
+if TYPE_CHECKING:
+    import av
 
 # format -> (container format, codec, sample format the encoder takes)
 AUDIO_FORMATS: dict[str, tuple[str, str, str]] = {
@@ -57,7 +60,7 @@ def as_float_samples(samples: torch.Tensor | np.ndarray, sample_rate: int) -> np
     return np.ascontiguousarray(np.clip(arr, -1.0, 1.0), dtype=np.float32)
 
 
-def audio_frame(arr: np.ndarray, sample_rate: int, sample_format: str) -> "av.AudioFrame":  # noqa: F821
+def audio_frame(arr: np.ndarray, sample_rate: int, sample_format: str) -> "av.AudioFrame":
     """One PyAV frame holding every sample of ``arr`` ([C, N] float32) in ``sample_format``
     (``fltp``: planar float; ``s16``: interleaved 16-bit). The encoder's FIFO cuts it into
     the codec's frame size."""
@@ -122,7 +125,7 @@ def read_audio(source: str | Path | bytes | BinaryIO, stream_index: int = 0) -> 
     src = io.BytesIO(source) if isinstance(source, bytes) else source
     label = source if isinstance(source, (str, Path)) else "<bytes>"
     try:
-        container = av.open(str(src) if isinstance(src, (str, Path)) else src)
+        container = av.open(str(src) if isinstance(src, (str, Path)) else src, mode="r")
     except (av.error.InvalidDataError, av.error.FileNotFoundError, OSError) as e:
         raise ValueError(f"cannot read audio {label}: {e}") from None
     with container:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -13,8 +13,11 @@ import torch
 from omniloop.io.files import written_whole
 from omniloop.request import InvalidRequest
 
+if TYPE_CHECKING:
+    import PIL.Image
 
-def open_image(source: Any) -> "PIL.Image.Image":  # noqa: F821
+
+def open_image(source: Any) -> "PIL.Image.Image":
     """A PIL RGB image from a path, bytes, PIL image, [H, W, 3] uint8 array or tensor.
 
     Unreadable input raises ValueError naming the source.
@@ -69,7 +72,7 @@ def verify_image(source: bytes, max_pixels: int) -> tuple[int, int]:
     return width, height
 
 
-def open_image_part(part: Any) -> "PIL.Image.Image":  # noqa: F821
+def open_image_part(part: Any) -> "PIL.Image.Image":
     """The PIL image of a request's ImagePart (in-process data, base64 bytes or a path)."""
     if part.data is not None:
         return open_image(part.data)
@@ -94,14 +97,15 @@ def image_part_size(part: Any) -> tuple[int, int]:
         raise InvalidRequest(f"cannot read image {part.path}: {e}", fields=("inputs",)) from None
 
 
-def image_to_tensor(image: "PIL.Image.Image", height: int, width: int,  # noqa: F821
+def image_to_tensor(image: "PIL.Image.Image", height: int, width: int,
                     resample: str = "lanczos") -> torch.Tensor:
     """[1, 3, H, W] float32 in [-1, 1], resized to height x width (Lanczos by default, as
     diffusers' image processor; ``bilinear`` as its LTX-2 image-to-video one)."""
     from PIL import Image
 
     if image.size != (width, height):
-        filters = {"lanczos": Image.LANCZOS, "bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}
+        filters = {"lanczos": Image.Resampling.LANCZOS, "bilinear": Image.Resampling.BILINEAR,
+                   "bicubic": Image.Resampling.BICUBIC}
         image = image.resize((width, height), resample=filters[resample])
     arr = torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0)  # [H, W, 3]
     return (arr.permute(2, 0, 1)[None] * 2.0 - 1.0).contiguous()
@@ -136,6 +140,6 @@ def h264_recompress(image: np.ndarray, crf: int, preset: str = "veryfast") -> np
         container.mux(stream.encode())
     finally:
         container.close()
-    with av.open(io.BytesIO(buf.getvalue())) as decoded:
-        frame = next(decoded.decode(next(s for s in decoded.streams if s.type == "video")))
+    with av.open(io.BytesIO(buf.getvalue()), mode="r") as decoded:
+        frame = next(decoded.decode(decoded.streams.video[0]))
         return frame.to_ndarray(format="rgb24")

@@ -38,11 +38,12 @@ def write_mp4(
     f, h, w, _ = arr.shape
     if h % 2 or w % 2:
         raise ValueError(f"H.264 yuv420p needs even height and width, got {h}x{w}")
-    sound = None
+    sound: np.ndarray | None = None  # [channels, samples] float32 at ``rate``
+    rate = 0
     if audio is not None:
         if sample_rate is None:
             raise ValueError("audio needs its sample_rate; pass sample_rate=<Hz>")
-        sound = as_float_samples(audio, sample_rate)
+        sound, rate = as_float_samples(audio, sample_rate), sample_rate
         check_rate("aac", sample_rate)
     with written_whole(dest) as target, av.open(target, mode="w", format="mp4") as container:
         if title:
@@ -52,13 +53,13 @@ def write_mp4(
         stream.options = {"crf": str(crf), "preset": preset}
         track = None
         if sound is not None:
-            track = add_audio_stream(container, "aac", sound, sample_rate, "fltp")
+            track = add_audio_stream(container, "aac", sound, rate, "fltp")
             track.bit_rate = audio_bitrate
         for frame in arr:
             container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
         container.mux(stream.encode(None))
-        if track is not None:  # the muxer interleaves the two streams by timestamp
-            mux_audio(container, track, sound, sample_rate, "fltp")
+        if track is not None and sound is not None:  # the muxer interleaves the two streams by timestamp
+            mux_audio(container, track, sound, rate, "fltp")
 
 
 def encode_mp4(frames: torch.Tensor | np.ndarray, fps: int, **kwargs) -> bytes:
@@ -81,7 +82,7 @@ def read_video(source: str | Path | bytes | BinaryIO) -> tuple[np.ndarray, float
 
     src = io.BytesIO(source) if isinstance(source, bytes) else source
     try:
-        container = av.open(str(src) if isinstance(src, (str, Path)) else src)
+        container = av.open(str(src) if isinstance(src, (str, Path)) else src, mode="r")
     except (av.error.InvalidDataError, av.error.FileNotFoundError, OSError) as e:
         raise InvalidRequest(f"cannot read video {source if isinstance(source, (str, Path)) else '<bytes>'}: {e}",
                              fields=("inputs",)) from None
@@ -101,7 +102,7 @@ def probe_video(source: bytes, max_pixels: int | None = None) -> None:
     import av
 
     try:
-        with av.open(io.BytesIO(source)) as container:
+        with av.open(io.BytesIO(source), mode="r") as container:
             if not container.streams.video:
                 raise InvalidRequest("cannot read video <bytes>: it has no video stream", fields=("inputs",))
             stream = container.streams.video[0]

@@ -172,7 +172,7 @@ def manifest_weights(manifest: ModelManifest, *, transformer_kind: str, load_tra
     if vae.kind not in vae_loaders:
         raise ValueError(f"omniloop_model.json of {manifest.name!r}: vae kind {vae.kind!r} is not supported; "
                          f"pass one of {list(vae_loaders)}")
-    assert vae.subfolder is not None, "check_manifest requires the vae's subfolder"
+    assert dit is not None and vae.subfolder is not None, "check_manifest requires the transformer's and vae's subfolders"
     return (
         WeightSpec(component="transformer", kind=transformer_kind, subfolder=dit, load=load_transformer(dit)),
         WeightSpec(component="vae", kind=vae.kind, subfolder=vae.subfolder, load=vae_loaders[vae.kind](vae.subfolder)),

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from omniloop.models.layers.run_blocks import BlockInterceptor, run_block_stack
+from omniloop.models.layers.run_blocks import BlockInterceptor, BlockStack, run_block_stack
 from omniloop.parallel.mesh import ParallelMesh
 
 
@@ -89,7 +89,7 @@ class SequenceShard:
     def size(self) -> int:
         return self.ulysses * self.ring
 
-    def run(self, blocks: Sequence[nn.Module], hidden: torch.Tensor, args: tuple, kwargs: dict[str, Any],
+    def run(self, blocks: BlockStack, hidden: torch.Tensor, args: tuple, kwargs: dict[str, Any],
             interceptor: BlockInterceptor | None) -> torch.Tensor:
         total = hidden.shape[self.dim]
         if total < self.size:  # fewer tokens than ranks: every rank runs the whole stack (no comm)

@@ -101,7 +101,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sizes: Seq
         n = sizes[src]
         if n:
             part, part_lse = attention_lse(q, kv[0, :, :n], kv[1, :, :n], backend)
-            if out is None:
+            if out is None or lse is None:  # the first block with keys (both are set together)
                 out, lse = part, part_lse
             else:  # merge two partial softmaxes: weights exp(lse_i - lse_total)
                 total = torch.logaddexp(lse, part_lse)

@@ -39,7 +39,10 @@ class TileMap:
             dist.broadcast(head, src=self.ranks[owner], group=self.group)
             if owner != self.rank:
                 out[i] = torch.empty(tuple(head[:5].tolist()), dtype=_DTYPES[int(head[5])], device=tile.device)
-            dist.broadcast(out[i].contiguous() if owner == self.rank else out[i], src=self.ranks[owner], group=self.group)
+            tile_out = out[i]
+            assert tile_out is not None, f"tile {i}: decoded here or allocated for its owner's broadcast"
+            dist.broadcast(tile_out.contiguous() if owner == self.rank else tile_out, src=self.ranks[owner],
+                           group=self.group)
         return [t for t in out if t is not None]
 
 

@@ -12,6 +12,7 @@ Two kinds of failure reach a loop or stage:
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable, Sequence, TypeVar
 
 T = TypeVar("T")
@@ -41,7 +42,7 @@ def per_request(errors: list[BaseException | None], fn: Callable[[int], T]) -> l
     """``fn(i)`` for every request ``i`` not failed yet (``errors[i] is None``), in order:
     one request's exception is recorded in ``errors[i]`` (it is out of the step from then
     on) and the others go on. Returns the results, None for failed requests."""
-    return [attempt(errors, i, lambda i=i: fn(i)) for i in range(len(errors))]
+    return [attempt(errors, i, partial(fn, i)) for i in range(len(errors))]
 
 
 def first_error(errors: Sequence[BaseException | None]) -> BaseException | None:

@@ -101,12 +101,16 @@ class _FramePart(_MediaPart):
         return self
 
 
+# what an input image is to the request (see ImagePart.role)
+ImageRole = Literal["first_frame", "last_frame", "keyframe", "reference", "mask", "control"]
+
+
 class ImagePart(_FramePart):
     kind: Literal["image"] = "image"
     HELD: ClassVar[tuple[str, ...]] = ("first_frame", "last_frame", "keyframe")
     # mask: an inpaint mask (white: repaint); control: a structure image (FLUX.1 Canny / Depth: an edge or depth map)
     # keyframe: a video frame at ``frame_index`` (LTX-2's guides; diffusers LTX2ConditionPipeline)
-    role: Literal["first_frame", "last_frame", "keyframe", "reference", "mask", "control"] = "first_frame"
+    role: ImageRole = "first_frame"
 
 
 class VideoPart(_FramePart):

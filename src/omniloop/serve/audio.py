@@ -28,7 +28,7 @@ from omniloop.request.builder import aliases_of
 from omniloop.serve.body import read_body
 from omniloop.serve.errors import ApiError, failure_error, parse_body
 from omniloop.serve.jobs import Geometry, Job, JobKind, output_response, read_output
-from omniloop.serve.protocol import alias_field_defs, derived_field
+from omniloop.serve.protocol import alias_field_defs, derived_default
 from omniloop.serve.state import State, new_id, require_auth
 from omniloop.serve.streaming import job_events_sse, sse_event
 from omniloop.serve.wire import wire_errors
@@ -48,11 +48,11 @@ class _SpeechBase(BaseModel):
     response_format: str = Field(default="mp3", description="wav, flac or mp3")
     speed: float | None = Field(default=None, ge=0.25, le=4.0, description="only 1.0 (the model's own pace)")
     stream_format: Literal["audio", "sse"] = Field(default="audio", description="the file, or SSE progress events")
-    seconds: float | None = derived_field(DiffusionParams, "duration_s", description="length of the audio in seconds")[1]
-    steps: int | None = derived_field(DiffusionParams, "steps")[1]
-    seed: int | None = derived_field(DiffusionParams, "seed")[1]
+    seconds: float | None = derived_default(DiffusionParams, "duration_s", description="length of the audio in seconds")
+    steps: int | None = derived_default(DiffusionParams, "steps")
+    seed: int | None = derived_default(DiffusionParams, "seed")
     guidance_scale: float | None = Field(default=None, ge=0, description="classifier-free guidance scale")
-    negative_prompt: str | None = derived_field(DiffusionParams, "negative_prompt")[1]
+    negative_prompt: str | None = derived_default(DiffusionParams, "negative_prompt")
 
 
 # the speech body's DiffusionParams fields under their own names, and "seconds"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncGenerator, Iterator, Mapping
 from typing import Any
 
 from starlette.datastructures import UploadFile
@@ -37,7 +37,7 @@ async def read_limited(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def _once(data: bytes) -> AsyncIterator[bytes]:
+async def _once(data: bytes) -> AsyncGenerator[bytes, None]:
     yield data
 
 
@@ -47,7 +47,7 @@ def _put(target: dict[str, Any], key: str, value: Any) -> None:
     if m is None:
         raise ApiError(400, f"{key}: malformed form field name", param=key, code="invalid_value")
     path = [m.group(1)] + re.findall(r"\[([^\[\]]*)\]", m.group(2))
-    node = target
+    node: dict[str, Any] | list[Any] = target
     for i, part in enumerate(path[:-1]):
         if isinstance(node, list):
             raise ApiError(400, f"{key}: lists of objects are not accepted in forms; send JSON", param=path[0],

@@ -26,7 +26,7 @@ import base64
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Request
@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from omniloop.engine import EngineError
 from omniloop.request import (
-    ArtifactEvent, AudioArtifact, AudioPart, Fields, FinalEvent, ImagePart, OmniOutput, OmniRequest, OutputSpec, RequestStatus, TaskType,
+    ArtifactEvent, AudioArtifact, AudioPart, Fields, FinalEvent, ImagePart, OmniEvent, OmniOutput, OmniRequest, OutputSpec, RequestStatus, TaskType,
     TextArtifact, TextPart, TokenLogProb, VideoPart, build_request,
 )
 from omniloop.serve.errors import ApiError, api_error, validation_error
@@ -322,7 +322,7 @@ def _failure(out: OmniOutput) -> ApiError:
                     f"request {out.status.value}: {out.error or 'no reason given'}", code=out.status.value)
 
 
-async def _sse(stream: AsyncIterator, first: Any, request_id: str, model: str, created: int,
+async def _sse(stream: AsyncGenerator[OmniEvent, None], first: Any, request_id: str, model: str, created: int,
                usage: bool, audio: AudioRequest | None = None) -> AsyncIterator[str]:
     yield _chunk(request_id, model, created, {"role": "assistant", "content": ""})
     event = first

@@ -12,13 +12,13 @@ when the job ends.
 from __future__ import annotations
 
 import base64
-from typing import Any
+from typing import Any, TypeGuard
 
 from omniloop.io.fmp4 import MIME, FragmentedMP4Stream
 from omniloop.request import ArtifactEvent, VideoChunkArtifact
 
 
-def is_video_chunk(event: Any) -> bool:
+def is_video_chunk(event: Any) -> TypeGuard[ArtifactEvent]:
     return isinstance(event, ArtifactEvent) and event.partial and isinstance(event.artifact, VideoChunkArtifact)
 
 

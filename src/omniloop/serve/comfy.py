@@ -185,8 +185,8 @@ class ComfyApi:
                 stream = self.state.engine.stream(generation.request)
                 streams.append((stream, await anext(stream)))  # submitted here: a rejection raises
         except RequestRejected as e:
-            for stream, _ in streams:
-                await _close(stream)  # aborts what was submitted
+            for submitted, _ in streams:
+                await _close(submitted)  # aborts what was submitted
             node = compiled.generations[len(streams)].sampler_nodes[0]
             raise WorkflowError("Prompt outputs failed validation", node_errors={node: (
                 compiled.graph[node].class_type, [NodeProblem("invalid_input", str(e), e.hint or "")])}) from None

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -91,7 +91,7 @@ class Job:
     failure: Failure | None = None  # why it ended without its result
     # "content" (mp4 of a video, png of an image, the audio file of an audio job) and "thumbnail" (png of a video's first
     # frame): bytes in memory, or the file holding them (a durable store)
-    outputs: dict[str, bytes | Path] = field(default_factory=dict)
+    outputs: Mapping[str, bytes | Path] = field(default_factory=dict)
     output_bytes: int = 0
     audio_format: str = "wav"  # an audio job's file format (wav, flac, mp3)
     metrics: dict[str, Any] | None = None

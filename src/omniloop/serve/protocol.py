@@ -33,6 +33,12 @@ def derived_field(model: type[BaseModel], name: str, **changes: Any) -> tuple[An
     return info.annotation, FieldInfo.merge_field_infos(info, **changes)
 
 
+def derived_default(model: type[BaseModel], name: str, **changes: Any) -> Any:
+    """``model.name``'s field definition as a class attribute's default (``x: int | None =
+    derived_default(...)``); typed Any as pydantic's ``Field()`` is, so the annotation stands."""
+    return derived_field(model, name, **changes)[1]
+
+
 def alias_field_defs(fields: tuple[str, ...]) -> dict[str, Any]:
     """The wire fields of diffusers' aliases of ``fields`` (``request.ALIASES``: num_inference_steps
     for steps...), each defined as the field it stands for."""

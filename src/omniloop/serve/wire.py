@@ -38,11 +38,12 @@ from omniloop.request import (
     TaskType, VideoPart, build_request, require_prompt, suggest_task,
 )
 from omniloop.request.builder import aliases_of, validated
+from omniloop.request.parts import ImageRole
 from omniloop.request.tasks import fits
 from omniloop.serve.protocol import EDIT_FIELDS, IMAGE_FIELDS, VIDEO_FIELDS
 
 __all__ = ["ServedModel", "WireCall", "WireError", "dynamo_images", "dynamo_video",
-           "openai_image_edit", "openai_images", "openai_video", "wire_errors", "wire_param"]
+           "openai_image_edit", "openai_images", "openai_video", "wire_errors"]
 
 
 class WireError(FieldError):
@@ -240,7 +241,7 @@ def _resolve_seconds(call: WireCall, model: ServedModel) -> None:
     call.put("num_frames", frames, param)
 
 
-def reference_image(ref: Any, param: str = "input_reference", role: str = "first_frame") -> ImagePart | None:
+def reference_image(ref: Any, param: str = "input_reference", role: ImageRole = "first_frame") -> ImagePart | None:
     """``input_reference`` as a first-frame ImagePart (``role``: an edit's is "reference"):
     uploaded bytes, a data: URL or base64 string, or ``{"image_url": <data: URL>}``. Remote
     and file URLs are never fetched."""

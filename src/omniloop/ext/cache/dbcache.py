@@ -148,6 +148,7 @@ class DBCache(InterceptorBase):
             seg = segments[i]
             b: DBCacheBranch = seg.state
             residual = b.taylor.approximate(b.calls - 1) if b.taylor is not None else b.bn_residual
+            assert residual is not None, "a cached row group has the residual of its last computed step"
             return h_fn[seg.rows] + residual
 
         h_mid = assemble(segments, compute, computed, fill)

@@ -151,6 +151,7 @@ class TeaCache(InterceptorBase):
     def _decide(self, segments: Sequence[BlockSegment], modulated: torch.Tensor, batch: int) -> list[bool]:
         skip = [False] * len(segments)
         pending: list[int] = []
+        compared: list[tuple[torch.Tensor, torch.Tensor]] = []  # (previous input, current) of each pending row group
         current: list[torch.Tensor | None] = []
         for i, seg in enumerate(segments):
             b: TeaCacheBranch | None = seg.state
@@ -167,7 +168,8 @@ class TeaCache(InterceptorBase):
                 b.accumulated = 0.0
             else:
                 pending.append(i)
-        distances = relative_l1([(segments[i].state.previous_input, current[i]) for i in pending], self.sp_group)
+                compared.append((b.previous_input, cur))
+        distances = relative_l1(compared, self.sp_group)
         self.stats.extend(distances)  # raw (un-rescaled) distances
         for i, distance in zip(pending, distances):
             b, cfg = segments[i].state, segments[i].config

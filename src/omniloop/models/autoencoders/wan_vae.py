@@ -272,15 +272,17 @@ class CausalConv3d(nn.Conv3d):
         padding: int | tuple[int, int, int] = 0,
     ) -> None:
         super().__init__(in_channels, out_channels, kernel_size, stride=stride, padding=padding)
-        self.history = 2 * self.padding[0]
-        self.padding = (0, self.padding[1], self.padding[2])
+        pad = self.padding  # (t, h, w): int paddings, never a string mode
+        assert isinstance(pad, tuple), f"CausalConv3d takes int paddings, got {pad!r}"
+        self.history: int = 2 * pad[0]
+        self.padding = (0, pad[1], pad[2])
 
     def forward(self, x: Tensor, prev: Tensor | None = None) -> Tensor:
         # x: [B, C, T, H, W]; prev: [B, C, <=history, H, W] frames just before x.
         n_prev = 0 if prev is None else prev.shape[2]
         assert n_prev <= self.history, f"{n_prev} history frames for a conv that takes {self.history}"
         parts = [x]
-        if n_prev:
+        if prev is not None and n_prev:
             parts.insert(0, prev)
         if n_prev < self.history:
             b, c, _, h, w = x.shape

@@ -69,6 +69,10 @@ class Fp8Linear(nn.Module):
     weight lives in e4m3 with one fp32 scale per output channel (``scaling="row"``) or one
     for the whole weight (``"tensor"``)."""
 
+    weight: torch.Tensor  # buffers (see __init__)
+    weight_scale: torch.Tensor
+    bias: torch.Tensor | None
+
     def __init__(self, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None,
                  scaling: Scaling = "row") -> None:
         super().__init__()
@@ -116,7 +120,8 @@ def supports_fp8(linear: nn.Linear) -> bool:
 
 def scaling_for(quantization: str) -> Scaling | None:
     """``DeployConfig.quantization`` -> the Fp8Linear scaling it asks for (None: no FP8)."""
-    return {"fp8": "row", "fp8_tensor": "tensor"}.get(quantization)
+    scalings: dict[str, Scaling] = {"fp8": "row", "fp8_tensor": "tensor"}
+    return scalings.get(quantization)
 
 
 def quantize_linears_(root: nn.Module, select: Callable[[str, nn.Linear], bool],

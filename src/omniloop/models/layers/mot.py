@@ -173,7 +173,10 @@ class MoTLayer(nn.Module):
             if idx.numel() == 0:
                 continue
             q, k, v = p.project(p.input_norm(x[idx]), rope.select(idx))
-            qs.append(q), ks.append(k), vs.append(v), rows.append(idx)
+            qs.append(q)
+            ks.append(k)
+            vs.append(v)
+            rows.append(idx)
         order = torch.cat(rows)
         q, k, v = (torch.empty((x.shape[0], *t[0].shape[1:]), dtype=t[0].dtype, device=x.device).index_copy_(
             0, order, torch.cat(t)) for t in (qs, ks, vs))

@@ -16,10 +16,21 @@ an object with ``select_rows(rows)`` (a causal model's per-row KV plan) restrict
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from typing import Any, Iterator, Protocol
 
 import torch
 from torch import nn
+
+
+class BlockStack(Protocol):
+    """A model's block stack as ``run_blocks`` takes it: an ``nn.ModuleList`` (no registered
+    ``Sequence``) or a list of blocks; block ``i`` by index, all of them in order by iteration."""
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[nn.Module]: ...
+
+    def __getitem__(self, index: int) -> nn.Module: ...
 
 
 class BlockInterceptor(Protocol):
@@ -31,7 +42,7 @@ class BlockInterceptor(Protocol):
     blocks on a subset of the batch rows).
     """
 
-    def run(self, blocks: Sequence[nn.Module], hidden: torch.Tensor, call: "BlockCall") -> torch.Tensor: ...
+    def run(self, blocks: BlockStack, hidden: torch.Tensor, call: "BlockCall") -> torch.Tensor: ...
 
 
 class BlockCall:
@@ -39,7 +50,7 @@ class BlockCall:
 
     __slots__ = ("blocks", "args", "kwargs", "batch")
 
-    def __init__(self, blocks: Sequence[nn.Module], args: tuple, kwargs: dict[str, Any], batch: int) -> None:
+    def __init__(self, blocks: BlockStack, args: tuple, kwargs: dict[str, Any], batch: int) -> None:
         self.blocks = blocks
         self.args = args
         self.kwargs = kwargs
@@ -75,7 +86,7 @@ def _select(value: Any, rows: torch.Tensor, batch: int) -> Any:
 
 
 def run_blocks(
-    blocks: Sequence[nn.Module],
+    blocks: BlockStack,
     hidden: torch.Tensor,
     *args: Any,
     interceptor: BlockInterceptor | None = None,
@@ -93,7 +104,7 @@ def run_blocks(
 
 
 def run_block_stack(
-    blocks: Sequence[nn.Module],
+    blocks: BlockStack,
     hidden: torch.Tensor,
     *args: Any,
     interceptor: BlockInterceptor | None = None,

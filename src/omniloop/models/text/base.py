@@ -10,6 +10,15 @@ import torch
 from omniloop.models.text.prompt import clean_prompt
 
 
+def hf_config(model: torch.nn.Module) -> Any:
+    """A transformers model's ``config`` (a ``PretrainedConfig``: its fields are the
+    checkpoint's config.json, read by name: ``d_model``, ``hidden_size``...)."""
+    config = getattr(model, "config", None)
+    if config is None:
+        raise TypeError(f"{type(model).__name__} has no config; pass a transformers model")
+    return config
+
+
 @dataclass(frozen=True)
 class EncodedText:
     embeds: torch.Tensor  # [B, max_sequence_length, D]; past each length: zero, or padding features (UnmaskedTokenEncoder)

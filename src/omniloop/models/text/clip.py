@@ -9,13 +9,13 @@ from typing import Any
 
 import torch
 
-from omniloop.models.text.base import UnmaskedTokenEncoder
+from omniloop.models.text.base import UnmaskedTokenEncoder, hf_config
 
 
 class CLIPTextEncoder(UnmaskedTokenEncoder):
     def __init__(self, model: torch.nn.Module, tokenizer: Any, max_sequence_length: int | None = None) -> None:
         length = int(max_sequence_length or tokenizer.model_max_length)
-        super().__init__(model, tokenizer, length, int(model.config.hidden_size))
+        super().__init__(model, tokenizer, length, int(hf_config(model).hidden_size))
 
     def run(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.model(ids, output_hidden_states=False)

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import torch
 
-from omniloop.models.text.base import WrappedModel
+from omniloop.models.text.base import WrappedModel, hf_config
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,8 @@ class GemmaLayerStates(WrappedModel):
             tokenizer.pad_token = tokenizer.eos_token
         self.tokenizer = tokenizer
         self.max_sequence_length = max_sequence_length
-        config = getattr(model.config, "text_config", model.config)
+        config = hf_config(model)
+        config = getattr(config, "text_config", config)  # a multimodal Gemma 3: its language model's
         self.hidden_size = int(config.hidden_size)
         self.num_layers = int(config.num_hidden_layers) + 1
 

@@ -13,12 +13,12 @@ from typing import Any
 
 import torch
 
-from omniloop.models.text.base import PaddedTokenEncoder, UnmaskedTokenEncoder
+from omniloop.models.text.base import PaddedTokenEncoder, UnmaskedTokenEncoder, hf_config
 
 
 class T5TextEncoder(UnmaskedTokenEncoder):
     def __init__(self, model: torch.nn.Module, tokenizer: Any, max_sequence_length: int = 512) -> None:
-        super().__init__(model, tokenizer, max_sequence_length, int(model.config.d_model))
+        super().__init__(model, tokenizer, max_sequence_length, int(hf_config(model).d_model))
 
     def run(self, ids: torch.Tensor) -> tuple[torch.Tensor, None]:
         return self.model(ids, output_hidden_states=False).last_hidden_state, None
@@ -32,7 +32,7 @@ class MaskedT5TextEncoder(PaddedTokenEncoder):
                  longest: int | None = None) -> None:
         length = int(max_sequence_length or tokenizer.model_max_length)
         length = min(length, longest) if longest is not None else length
-        super().__init__(model, tokenizer, length, int(model.config.d_model), clean=False)
+        super().__init__(model, tokenizer, length, int(hf_config(model).d_model), clean=False)
 
     def hidden_states(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=ids, attention_mask=mask).last_hidden_state

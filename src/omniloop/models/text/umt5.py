@@ -9,12 +9,12 @@ from typing import Any
 
 import torch
 
-from omniloop.models.text.base import PaddedTokenEncoder
+from omniloop.models.text.base import PaddedTokenEncoder, hf_config
 
 
 class UMT5TextEncoder(PaddedTokenEncoder):
     def __init__(self, model: torch.nn.Module, tokenizer: Any, max_sequence_length: int = 512) -> None:
-        super().__init__(model, tokenizer, max_sequence_length, int(model.config.d_model))
+        super().__init__(model, tokenizer, max_sequence_length, int(hf_config(model).d_model))
 
     def hidden_states(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return self.model(ids, mask).last_hidden_state

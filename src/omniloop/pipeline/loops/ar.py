@@ -29,6 +29,7 @@ the request early.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable, Hashable, Protocol, Sequence
 
 import torch
@@ -384,7 +385,7 @@ class ARDecodeLoop(LoopStageBase[ARLoopState]):
                 return
         for i in live:
             loops[i].kv.rollback(before[i])
-            attempt(errors, i, lambda lp=loops[i]: forward([lp]))
+            attempt(errors, i, partial(forward, [loops[i]]))
             if errors[i] is not None:
                 loops[i].kv.rollback(before[i])
 

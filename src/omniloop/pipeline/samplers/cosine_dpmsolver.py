@@ -201,6 +201,7 @@ class CosineDPMSolverSampler:
         alpha_t = torch.tensor(1)
         lambda_t, lambda_s0, lambda_s1 = self._log_snr(sigma_t), self._log_snr(sigma_s0), self._log_snr(sigma_s1)
         m0, m1 = state.model_outputs[-1], state.model_outputs[-2]
+        assert m0 is not None and m1 is not None, f"a second-order step {i} with fewer than two x0 estimates"
         h, h_0 = lambda_t - lambda_s0, lambda_s0 - lambda_s1
         r0 = h_0 / h
         d0, d1 = m0, (1.0 / r0) * (m0 - m1)

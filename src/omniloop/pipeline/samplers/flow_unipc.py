@@ -107,6 +107,14 @@ def _lambda(sigma: torch.Tensor) -> torch.Tensor:
     return torch.log(1 - sigma) - torch.log(sigma)
 
 
+def _newest(x0s: list[torch.Tensor | None], count: int) -> list[torch.Tensor]:
+    """The newest ``count`` x0 predictions of the history window (its older slots are None
+    until warm-up fills them; the step's order never reaches past the filled ones)."""
+    newest = [x for x in x0s[len(x0s) - count:] if x is not None]
+    assert len(newest) == count, f"a UniPC step of order {count} with {len(newest)} x0 predictions in its history"
+    return newest
+
+
 def _divided_differences(x0s: list[torch.Tensor], rks: list[torch.Tensor]) -> list[torch.Tensor]:
     """D1_k = (x0_{-(k+1)} - x0_{-1}) / r_k for the older history points, newest first."""
     m0 = x0s[-1]
@@ -291,7 +299,8 @@ class FlowUniPCSampler(SamplerBase):
 
     def _predict(self, state: FlowUniPCState, x: torch.Tensor) -> torch.Tensor:
         """UniP-p from sigma_i to sigma_{i+1} (diffusers ``multistep_uni_p_bh_update``)."""
-        i, order, sigmas, x0s = state.step_index, state.this_order, state.sigmas, state.model_outputs
+        i, order, sigmas = state.step_index, state.this_order, state.sigmas
+        x0s = _newest(state.model_outputs, order)
         m0 = x0s[-1]
         sigma_t, sigma_s0 = sigmas[i + 1], sigmas[i]
         terms = self._bh_terms(sigma_t, sigma_s0, [sigmas[i - k] for k in range(1, order)], order)
@@ -309,8 +318,10 @@ class FlowUniPCSampler(SamplerBase):
     def _correct(self, state: FlowUniPCState, x0: torch.Tensor) -> torch.Tensor:
         """UniC-p: redo the step sigma_{i-1} -> sigma_i with the new x0 (diffusers
         ``multistep_uni_c_bh_update``); runs before ``x0`` joins the history."""
-        i, order, sigmas, x0s = state.step_index, state.this_order, state.sigmas, state.model_outputs
-        x, m0 = state.last_sample, x0s[-1]
+        i, order, sigmas = state.step_index, state.this_order, state.sigmas
+        x0s, x = _newest(state.model_outputs, order), state.last_sample
+        assert x is not None, "UniC corrects the last step: it runs after a predictor recorded its sample"
+        m0 = x0s[-1]
         sigma_t, sigma_s0 = sigmas[i], sigmas[i - 1]
         terms = self._bh_terms(sigma_t, sigma_s0, [sigmas[i - (k + 1)] for k in range(1, order)], order)
         if order == 1:

@@ -52,7 +52,7 @@ def flow_sampler_set(default: str, *, shift: float, num_train_timesteps: int = 1
     """Both flow samplers at one shift, ``default`` first choice (a manifest's ``sampler``)."""
     if default not in FLOW_SAMPLERS:
         raise ValueError(f"sampler kind {default!r} is not offered; pass one of {list(FLOW_SAMPLERS)}")
-    configs = {
+    configs: dict[str, dict[str, Any]] = {
         "flow_euler": {"num_train_timesteps": num_train_timesteps, "shift": float(shift)},
         "flow_unipc": {"num_train_timesteps": num_train_timesteps, "prediction_type": "flow_prediction",
                        "use_flow_sigmas": True, "flow_shift": float(shift)},

@@ -45,7 +45,10 @@ DecodedMedia = DecodedFrames | DecodedAudio
 class LatentDecoder(Protocol):
     """Latents of one modality -> media, with the components it names."""
 
-    modality: str  # the latent modality it reads ("video", "image", "audio")
+    @property
+    def modality(self) -> str:
+        """The latent modality it reads ("video", "image", "audio")."""
+        ...
 
     @property
     def components(self) -> tuple[str, ...]: ...

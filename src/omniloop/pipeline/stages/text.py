@@ -12,6 +12,7 @@ is encoded once and shared by every request that needs it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal, Sequence
 
 import torch
@@ -88,7 +89,7 @@ class TextEncode(StageBase):
             ctx.write(state, "text", self._embeddings(ctx, rows, i, len(wanted[i]) == 2))
             if cache is not None:
                 mine = [(k, o) for k, o in held if o == state.request_id]
-                state.releases.append(lambda mine=mine: [cache.release(k, o) for k, o in mine])
+                state.releases.append(partial(_release_all, cache, mine))
 
     # -- encoding -------------------------------------------------------------------------
     def _encode(
@@ -194,3 +195,9 @@ def _pooled(row: EmbeddingRow, component: str) -> torch.Tensor:
     if row.pooled is None:
         raise ValueError(f"text encoder {component!r} has no pooled output; read its 'sequence' instead")
     return row.pooled
+
+
+def _release_all(cache: TextEmbeddingCache, held: list[tuple[EmbeddingKey, str]]) -> None:
+    """A finished request's references to cached embedding rows (key, owner), given back."""
+    for key, owner in held:
+        cache.release(key, owner)

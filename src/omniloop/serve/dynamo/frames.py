@@ -54,4 +54,4 @@ def latent_preview(latents: torch.Tensor, height: int, width: int) -> np.ndarray
     hi = rgb.amax(dim=(1, 2), keepdim=True)
     rgb = ((rgb - lo) / (hi - lo).clamp_min(1e-6) * 255.0).round().to(torch.uint8)
     small = Image.fromarray(rgb.permute(1, 2, 0).numpy())
-    return np.asarray(small.resize((width, height), resample=Image.BILINEAR))
+    return np.asarray(small.resize((width, height), resample=Image.Resampling.BILINEAR))

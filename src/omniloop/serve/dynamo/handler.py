@@ -137,7 +137,8 @@ class GenerationHandler:
             from dynamo.llm.exceptions import Unknown
 
             raise Unknown(f"image generation {failed[0].status.value}: {failed[0].error}")
-        pngs = await asyncio.gather(*(asyncio.to_thread(png_b64, o.image.image) for o in outputs))
+        images = [_image(o) for o in outputs]
+        pngs = await asyncio.gather(*(asyncio.to_thread(png_b64, image) for image in images))
         yield image_response(list(pngs), [t.annotation(o) for t, o in zip(tracks, outputs)])
 
     # -- one request ---------------------------------------------------------------------
@@ -276,6 +277,12 @@ class GenerationHandler:
         after = self.engine.stats()
         logger.info("drained in %.2fs: %d completed, %d cancelled", time.perf_counter() - t0,
                     after["completed"] - before["completed"], after["cancelled"] - before["cancelled"])
+
+
+def _image(output: OmniOutput) -> Any:
+    """[H, W, 3] uint8 of a completed image generation."""
+    assert output.image is not None, f"image request {output.request_id} completed without an image"
+    return output.image.image
 
 
 def _frames(output: OmniOutput) -> tuple[Any, int]:

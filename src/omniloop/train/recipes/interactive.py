@@ -40,12 +40,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from omniloop.cache.chunk_kv import ChunkKVBatch, ChunkKVHandle, ChunkKVPool, KVSegment
+from omniloop.cache.chunk_kv import ChunkKVBatch, ChunkKVHandle, ChunkKVPool, ChunkKVView, KVSegment
 from omniloop.engine.engine import Engine, EngineConfig
 from omniloop.engine.scheduler import SchedulingPolicy
 from omniloop.eval.action_adherence import ActionReport, evaluate_actions
 from omniloop.eval.shapes_actions import (ACTION_NAMES, DEFAULT_SPEED, ActionClip, num_frames,
                                           render_action_clip, sample_action_clip)
+from omniloop.models.autoencoders.wan_vae import WanVAE
 from omniloop.models.families.far.model import FARConfig, FARDiT, keeps_fp32
 from omniloop.models.families.far.stages import FARChunks
 from omniloop.models.manifest import ComponentEntry, ModelLimits, ModelManifest, SCHEMA_VERSION
@@ -81,7 +82,9 @@ def far_from_wan(wan: torch.nn.Module, config: FARConfig) -> FARDiT:
         w = model.patch_embedding.weight  # [D, C, 1, p, p] -> [D, C, 1, q, q], each p x p block w / (q/p)^2
         k = config.compressed_patch_size[1] // config.patch_size[1]
         model.far_patch_embedding.weight.copy_(w.repeat(1, 1, 1, k, k) / (k * k))
-        model.far_patch_embedding.bias.copy_(model.patch_embedding.bias)
+        far_bias, bias = model.far_patch_embedding.bias, model.patch_embedding.bias
+        assert far_bias is not None and bias is not None, "both patch embeddings are biased convolutions"
+        far_bias.copy_(bias)
         model.action_embedder.weight.zero_()  # type: ignore[union-attr]
     return model
 
@@ -112,7 +115,7 @@ def chunk_actions(clip: ActionClip) -> list[int]:
 
 
 @torch.no_grad()
-def encode_clips(clips: Sequence[ActionClip], vae: torch.nn.Module, text_encoder: Any, *, size: int,
+def encode_clips(clips: Sequence[ActionClip], vae: WanVAE, text_encoder: Any, *, size: int,
                  device: torch.device, batch: int = 32, seed: int = 0) -> ActionLatents:
     rng = np.random.default_rng([seed, 7])
     latents, texts = [], []
@@ -222,6 +225,7 @@ def rollout_loss(model: FARDiT, chunks: FARChunks, context: torch.Tensor, text: 
     object stays empty (the 2026-12-02 model: 8 of 128 held-out sessions, every chunk a miss)."""
     b, _, frames, h, w = context.shape
     plan = rollout_plan(model.config, frames, h, w)
+    view: Callable[[tuple[KVSegment, ...], tuple[KVSegment, ...], bool], ChunkKVView]
     if kv == "slabs":
         handles = kv_handles(model, chunks, plan, b, context.device)
         rows = [(hd, ROW) for hd in handles]

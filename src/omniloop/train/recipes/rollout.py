@@ -130,7 +130,10 @@ def generate(pipeline: Pipeline, prompts: Sequence[str], seeds: Sequence[int], *
 
 def _frames(output: OmniOutput) -> np.ndarray:
     """[F, H, W, 3] uint8 of a video output, [1, H, W, 3] of an image output."""
-    return output.video.frames.numpy() if output.video is not None else output.image.image[None].numpy()
+    if output.video is not None:
+        return output.video.frames.numpy()
+    assert output.image is not None, f"request {output.request_id} made neither a video nor an image"
+    return output.image.image[None].numpy()
 
 
 def adherence_summary(report: AdherenceReport) -> dict[str, Any]:

@@ -43,6 +43,7 @@ from safetensors.torch import load_file, save_file
 from omniloop.eval.shapes_world import MOTIONS, describe, eval_image_prompts, held_out_prompts, sample_scene
 from omniloop.models.families.wan.model import WanDiT
 from omniloop.models.autoencoders.wan_vae import WanVAE
+from omniloop.request import TrajectoryArtifact
 from omniloop.train.recipes.rollout import (
     adherence_summary,
     build_pipeline,
@@ -220,7 +221,9 @@ def build_trajectories(recipe: DistillRecipe, work_dir: Path, *, teacher: WanDiT
         outputs = run_requests(pipeline, requests, max_batch=recipe.rollout_batch)
         states = []
         for out, seed in zip(outputs, seeds):
-            trajectory = out.artifacts["trajectory"].tensor.float().cpu()  # [steps, 1, z, f, h, w]
+            recorded = out.artifacts["trajectory"]
+            assert isinstance(recorded, TrajectoryArtifact), f"a trajectory request's output holds {type(recorded).__name__}"
+            trajectory = recorded.tensor.float().cpu()  # [steps, 1, z, f, h, w]
             noise = initial_noise(tuple(trajectory.shape[1:]), seed)
             states.append(torch.cat([noise[None], trajectory[keep]], dim=0)[:, 0])  # [K + 1, z, f, h, w]
         text = text_encoder.encode(prompts, device=device).embeds.to(torch.bfloat16).cpu()
@@ -342,7 +345,7 @@ def train_student(recipe: DistillRecipe, work_dir: Path, *, teacher: WanDiT, vae
         return StageResult(STAGE, "done", folder, done)
     sigmas = student_sigmas(recipe.model)
     segments = Segments.load(work_dir, sigmas, device)
-    batches = SegmentBatches(segments, recipe.batch_size, recipe.data_seed)
+    batches: SegmentBatches | MixedBatches = SegmentBatches(segments, recipe.batch_size, recipe.data_seed)
     if recipe.image_trajectories:
         image_segments = Segments.load(work_dir, sigmas, device, IMAGE_TRAJECTORY_STAGE)
         batches = MixedBatches(batches, SegmentBatches(image_segments, recipe.image_batch_size, recipe.data_seed + 1),

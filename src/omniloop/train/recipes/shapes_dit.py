@@ -168,6 +168,7 @@ def wan_init_(model: WanDiT) -> WanDiT:
             if module.bias is not None:
                 torch.nn.init.zeros_(module.bias)
     torch.nn.init.xavier_uniform_(model.patch_embedding.weight.flatten(1))
+    assert model.patch_embedding.bias is not None, "the Wan DiT's patch embedding is biased"
     torch.nn.init.zeros_(model.patch_embedding.bias)
     for embedder in (model.text_embedder, model.time_embedder):
         for module in embedder.modules():

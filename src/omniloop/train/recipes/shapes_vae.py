@@ -113,7 +113,8 @@ class VAERecipe:
     @property
     def vae_config(self) -> WanVAEConfig:
         z = int(self.vae.get("z_dim", 16))
-        return WanVAEConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in self.vae.items()},
+        fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in self.vae.items()}
+        return WanVAEConfig(**fields,
                             latents_mean=(0.0,) * z, latents_std=(1.0,) * z)
 
     @classmethod
@@ -225,11 +226,14 @@ def vae_init_(vae: WanVAE, logvar_bias: float = -6.0) -> WanVAE:
     for module in vae.modules():
         if isinstance(module, (torch.nn.Conv2d, torch.nn.Conv3d)):
             torch.nn.init.kaiming_normal_(module.weight, nonlinearity="relu")
+            assert module.bias is not None, "the Wan VAE's convolutions are biased"
             torch.nn.init.zeros_(module.bias)
     for module in vae.modules():
         if isinstance(module, AttentionBlock):
             torch.nn.init.zeros_(module.proj.weight)
-    vae.quant_conv.bias[vae.config.z_dim:] = logvar_bias  # the logvar half of the moments
+    moments_bias = vae.quant_conv.bias
+    assert moments_bias is not None, "the Wan VAE's quant_conv is biased"
+    moments_bias[vae.config.z_dim:] = logvar_bias  # the logvar half of the moments
     return vae
 
 

@@ -33,7 +33,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal, Protocol
+from typing import Any, Callable, Generic, Iterator, Literal, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -107,13 +107,17 @@ StepFn = Callable[[nn.Module, Any, torch.Generator, int], tuple[torch.Tensor, di
 ValidateFn = Callable[[int, nn.Module], dict[str, Any]]
 
 
+# the trained network's class: a run hands back the model (and its EMA copy) it was given
+ModelT = TypeVar("ModelT", bound=nn.Module)
+
+
 @dataclass(frozen=True)
-class RunResult:
+class RunResult(Generic[ModelT]):
     status: Literal["done", "paused"]
     step: int
     steps: int
-    model: nn.Module
-    ema: nn.Module
+    model: ModelT
+    ema: ModelT
     work_dir: Path
     validation: dict[str, Any] | None = None  # the last validation, if one ran in this call
 
@@ -127,11 +131,11 @@ def step_generator(seed: int, step: int, device: torch.device) -> torch.Generato
     return torch.Generator(device=device).manual_seed((seed * 1_000_003 + step) % (2**63 - 1))
 
 
-class Trainer:
+class Trainer(Generic[ModelT]):
     """Runs ``step_fn`` over ``data`` for ``config.steps`` steps with resumable checkpoints in
     ``work_dir`` (``checkpoint.pt``, ``log.jsonl``)."""
 
-    def __init__(self, model: nn.Module, config: TrainConfig, work_dir: Path, *, device: torch.device | str,
+    def __init__(self, model: ModelT, config: TrainConfig, work_dir: Path, *, device: torch.device | str,
                  name: str = "train") -> None:
         self.config = config
         self.device = torch.device(device)
@@ -152,8 +156,8 @@ class Trainer:
             lr=config.lr, betas=config.betas, eps=config.eps, fused=self.device.type == "cuda",
         )
         self._params = params
-        self._ema_params = [p for p in self.ema.parameters()]
-        self._model_params = [p for p in self.model.parameters()]
+        self._ema_params: list[torch.Tensor] = [p for p in self.ema.parameters()]
+        self._model_params: list[torch.Tensor] = [p for p in self.model.parameters()]
         self.step = 0
         self.elapsed_s = 0.0  # wall time over every call of this run
 
@@ -223,7 +227,7 @@ class Trainer:
         resume: bool = True,
         deadline: float | None = None,
         num_workers: int = 0,
-    ) -> RunResult:
+    ) -> RunResult[ModelT]:
         """Train to ``config.steps`` (or until the time budget), checkpointing on the way.
 
         ``deadline``: an absolute ``time.monotonic()`` after which to pause (the driver's

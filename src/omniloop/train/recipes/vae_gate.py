@@ -84,7 +84,7 @@ def ground_truth_clips(n: int, num_frames: int, *, seed: int = GATE_SEED, size: 
 def round_trip(vae: WanVAE, clips: np.ndarray, *, batch: int = 8) -> np.ndarray:
     """uint8 [n, F, H, W, 3] -> the served reconstruction, uint8 of the same shape."""
     device = next(vae.parameters()).device
-    out = []
+    out: list[np.ndarray] = []  # [F, H, W, 3] uint8 per clip
     for first in range(0, len(clips), batch):
         x = torch.as_tensor(clips[first:first + batch]).to(device).permute(0, 4, 1, 2, 3).float() / 127.5 - 1.0
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):

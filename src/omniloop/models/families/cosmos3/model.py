@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -207,17 +208,16 @@ def pack_sample(config: "Cosmos3Config", layout: GenLayout, text_len: int, *, fp
     b.add("text", UND, AttnMode.CAUSAL, (text_len, 1, 1), planes)
     start = next_offset + c.unified_3d_mrope_temporal_modality_margin
     modulated = c.enable_fps_modulation
-    common = dict(base_fps=float(c.base_fps), reset_spatial=c.unified_3d_mrope_reset_spatial_ids)
-    planes, _ = grid_positions(layout.vision_grid, start, fps=fps if modulated else None,
-                               frames_per_token=frames_per_latent, **common)
+    grid = partial(grid_positions, base_fps=float(c.base_fps), reset_spatial=c.unified_3d_mrope_reset_spatial_ids)
+    planes, _ = grid(layout.vision_grid, start, fps=fps if modulated else None, frames_per_token=frames_per_latent)
     b.add("vision", GEN, AttnMode.FULL, layout.vision_grid, planes)
     if layout.sound_len:
-        planes, _ = grid_positions((layout.sound_len, 1, 1), start, fps=c.sound_latent_fps if modulated else None,
-                                   frames_per_token=1, **common)
+        planes, _ = grid((layout.sound_len, 1, 1), start, fps=c.sound_latent_fps if modulated else None,
+                         frames_per_token=1)
         b.add("sound", GEN, AttnMode.FULL, (layout.sound_len, 1, 1), planes)
     if layout.action_len:
-        planes, _ = grid_positions((layout.action_len, 1, 1), start, fps=fps if modulated else None, frames_per_token=1,
-                                   base_frames_per_token=frames_per_latent, start_frame=1, **common)
+        planes, _ = grid((layout.action_len, 1, 1), start, fps=fps if modulated else None, frames_per_token=1,
+                         base_frames_per_token=frames_per_latent, start_frame=1)
         b.add("action", GEN, AttnMode.FULL, (layout.action_len, 1, 1), planes)
     return b.build()
 

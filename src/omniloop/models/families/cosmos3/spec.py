@@ -111,7 +111,7 @@ def cosmos3_variant(index: Mapping[str, Any]) -> Variant:
     if index.get("use_native_flow_schedule"):
         raise ValueError("model_index.json sets use_native_flow_schedule=true, which omniloop does not run; pass a "
                          "checkpoint with the scheduler's own sigma schedule (use_native_flow_schedule=false)")
-    weights = [
+    specs = [
         WeightSpec(component="transformer", kind="Cosmos3OmniTransformer", subfolder="transformer",
                    load=_load_transformer("transformer", "diffusers")),
         WeightSpec(component="tokenizer", kind="tokenizer", subfolder="text_tokenizer", load=_load_tokenizer("text_tokenizer")),
@@ -119,9 +119,9 @@ def cosmos3_variant(index: Mapping[str, Any]) -> Variant:
         WeightSpec(component="sampler", kind="scheduler config", subfolder="scheduler", load=_load_scheduler),
     ]
     # optional: loaded when the folder is there; T2VS is refused at admission without it
-    weights.append(WeightSpec(component="sound_tokenizer", kind="Cosmos3 AVAE audio tokenizer",
-                              subfolder="sound_tokenizer", load=_load_sound, optional=True))
-    return Variant(name="cosmos3-omni", tasks=GENERATION_TASKS | {TaskType.REASON}, weights=tuple(weights))
+    specs.append(WeightSpec(component="sound_tokenizer", kind="Cosmos3 AVAE audio tokenizer",
+                            subfolder="sound_tokenizer", load=_load_sound, optional=True))
+    return Variant(name="cosmos3-omni", tasks=GENERATION_TASKS | {TaskType.REASON}, weights=tuple(specs))
 
 
 # -- pipeline --------------------------------------------------------------------------------

@@ -134,11 +134,18 @@ def video_processing(components: Mapping[str, Any], tower) -> VideoProcessing:
                            merge_size=c.spatial_merge_size)
 
 
+def _video_source(part: VideoPart) -> bytes | str:
+    """A VideoPart's file: its base64 bytes or its path (a part without in-process data)."""
+    source = part.raw_bytes() if part.b64 is not None else part.path
+    assert source is not None, "a VideoPart holds data, b64 or a path"
+    return source
+
+
 def video_array(part: VideoPart) -> tuple[np.ndarray, float]:
     """A VideoPart as ``[F, H, W, 3]`` uint8 frames and their fps (in-process frames: 24, the
     rate Qwen3-VL's processor assumes when a video carries none)."""
     if part.data is None:
-        arr, fps = read_video(part.raw_bytes() if part.b64 is not None else part.path)
+        arr, fps = read_video(_video_source(part))
         return arr, fps or 24.0
     return np.stack([np.asarray(f) for f in video_frames(part)]), 24.0
 
@@ -148,7 +155,7 @@ def video_frames(part: VideoPart) -> list:
     data may be a list of images or an ``[F, H, W, 3]`` uint8 array / tensor)."""
     data = part.data
     if data is None:
-        arr, _ = read_video(part.raw_bytes() if part.b64 is not None else part.path)
+        arr, _ = read_video(_video_source(part))
         return [open_image(f) for f in arr]
     if isinstance(data, (list, tuple)):
         return [open_image(f) for f in data]
@@ -397,7 +404,7 @@ def preprocess_frames(frames: Sequence, height: int | None, width: int | None, m
     width = width or _round_to(w0, multiple)
     out = []
     for f in frames:
-        f = f.resize((width, height), resample=Image.BILINEAR)
+        f = f.resize((width, height), resample=Image.Resampling.BILINEAR)
         out.append(torch.from_numpy(np.array(f.convert("RGB")).astype(np.float32) / 255.0).permute(2, 0, 1))
     return (torch.stack(out, dim=1)[None] * 2.0 - 1.0)
 
@@ -515,7 +522,8 @@ class GenContext:
             values = [getattr(p, name) for p in parts]
             return None if values[0] is None else torch.cat(values)
 
-        return cls(layout=parts[0].layout, handles=[h for p in parts for h in p.handles], cos=cat("cos"), sin=cat("sin"),
+        return cls(layout=parts[0].layout, handles=[h for p in parts for h in p.handles],
+                   cos=torch.cat([p.cos for p in parts]), sin=torch.cat([p.sin for p in parts]),
                    domain=cat("domain"), actions=cat("actions"), raw_action_dim=parts[0].raw_action_dim)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

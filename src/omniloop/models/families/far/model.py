@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omniloop.cache.chunk_kv import ChunkKVBatch, KVSegment
+from omniloop.cache.chunk_kv import ChunkKVView, KVSegment
 from omniloop.models.diffusers_config import config_from_diffusers
 from omniloop.models.layers.attention import DEFAULT_BACKEND, attention
 from omniloop.models.layers.run_blocks import BlockInterceptor, run_blocks
@@ -221,7 +221,7 @@ class ChunkAttention:
 
     __slots__ = ("kv", "tokens", "mask", "pad")
 
-    def __init__(self, kv: ChunkKVBatch, tokens: list[int], mask: torch.Tensor | None, pad: int) -> None:
+    def __init__(self, kv: ChunkKVView, tokens: list[int], mask: torch.Tensor | None, pad: int) -> None:
         self.kv, self.tokens, self.mask, self.pad = kv, tokens, mask, pad
 
     def select_rows(self, rows: torch.Tensor) -> "ChunkAttention":
@@ -296,6 +296,7 @@ class FARDiT(nn.Module):
             for i in range(config.num_layers)
         ])
         self.norm_out = FP32LayerNorm(dim, eps, elementwise_affine=False)
+        assert config.out_channels is not None, "FARConfig.__post_init__ resolves out_channels"
         self.proj_out = nn.Linear(dim, config.out_channels * math.prod(config.patch_size))
         self.scale_shift_table = modulation_table(2, dim)  # rows: shift, scale
 
@@ -306,7 +307,7 @@ class FARDiT(nn.Module):
         r_timestep: torch.Tensor,
         encoder_hidden_states: torch.Tensor,
         *,
-        kv: ChunkKVBatch,
+        kv: ChunkKVView,
         action: torch.Tensor | None = None,
         block_interceptor: BlockInterceptor | None = None,
     ) -> torch.Tensor | None:
@@ -389,7 +390,7 @@ class FARDiT(nn.Module):
         return (mixed.unflatten(0, (b, f)).repeat_interleave(per_frame, dim=1),
                 mod.unflatten(0, (b, f)).repeat_interleave(per_frame, dim=1))
 
-    def _mask(self, kv: ChunkKVBatch, tokens: list[int], height: int, width: int,
+    def _mask(self, kv: ChunkKVView, tokens: list[int], height: int, width: int,
               device: torch.device) -> torch.Tensor | None:
         """Block-causal over chunks for a context forward: a query of chunk i sees keys of
         chunks <= i. ``[Ln, Lc + Ln]`` bool, True = attend; None when nothing is masked."""
@@ -401,7 +402,7 @@ class FARDiT(nn.Module):
         query_chunk = torch.cat([torch.full((n,), s.chunk, device=device) for s, n in zip(kv.new, tokens)])
         return key_chunk[None, :] <= query_chunk[:, None]
 
-    def _check(self, kv: ChunkKVBatch, batch: int, frames: int, height: int, width: int,
+    def _check(self, kv: ChunkKVView, batch: int, frames: int, height: int, width: int,
                timestep: torch.Tensor, r_timestep: torch.Tensor) -> None:
         p, q = self.config.patch_size[1], self.config.compressed_patch_size[1]
         if height % q or width % q:

@@ -210,7 +210,7 @@ class FARChunks:
         after = max(0, chunk + 2 - limit)  # ... and for the next chunk
         if after > before:  # chunk ``after - 1`` leaves the full window
             cached = self._compressed(plan, after - 1, chunk)
-            new = (self._segment(plan, COMPRESSED, after - 1),)
+            new: tuple[KVSegment, ...] = (self._segment(plan, COMPRESSED, after - 1),)
             new += tuple(self._segment(plan, FULL, c) for c in range(after, chunk + 1))
             return cached, new
         cached = self._compressed(plan, after, chunk)
@@ -286,7 +286,9 @@ def video_frames(part: VideoPart) -> np.ndarray:
         return data.astype(np.float32) / 255.0 if data.dtype == np.uint8 else data.astype(np.float32)
     from omniloop.io.video import read_video
 
-    frames, _ = read_video(part.raw_bytes() if part.b64 is not None else part.path)
+    source = part.raw_bytes() if part.b64 is not None else part.path
+    assert source is not None, "a VideoPart holds data, b64 or a path"
+    frames, _ = read_video(source)
     return frames.astype(np.float32) / 255.0
 
 

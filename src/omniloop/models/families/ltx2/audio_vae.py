@@ -58,7 +58,8 @@ class LTX2AudioVAEConfig:
     @classmethod
     def from_diffusers_config(cls, d: Mapping[str, Any]) -> "LTX2AudioVAEConfig":
         known = {f.name for f in fields(cls)}
-        return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items() if k in known})
+        kw: dict[str, Any] = {k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items() if k in known}  # JSON values
+        return cls(**kw)
 
 
 class CausalConv2d(nn.Module):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from functools import partial
 from typing import Any, Mapping
 
 import torch
@@ -98,6 +99,7 @@ class Connector(nn.Module):
         """``x`` [B, L, D], ``valid`` [B, L] bool -> (states, the positions attended inside)."""
         b, seq, _ = x.shape
         if self.learnable_registers is not None:
+            assert self.num_registers, "learnable registers come with their count"
             if seq % self.num_registers:
                 raise ValueError(f"the text length {seq} must be a multiple of the {self.num_registers} registers; "
                                  "set the tokenizer's model_max_length accordingly")
@@ -126,14 +128,14 @@ class LTX2Connectors(nn.Module):
             self.audio_text_proj_in = nn.Linear(width, c.audio_hidden_dim, bias=c.proj_bias)
         else:
             self.text_proj_in = nn.Linear(width, c.caption_channels, bias=c.proj_bias)
-        common = dict(base_seq_len=c.connector_rope_base_seq_len, theta=c.rope_theta,
-                      double_precision=c.rope_double_precision, rope_type=c.rope_type)
-        self.video_connector = Connector(c.video_connector_num_attention_heads, c.video_connector_attention_head_dim,
+        connector = partial(Connector, base_seq_len=c.connector_rope_base_seq_len, theta=c.rope_theta,
+                            double_precision=c.rope_double_precision, rope_type=c.rope_type)
+        self.video_connector = connector(c.video_connector_num_attention_heads, c.video_connector_attention_head_dim,
                                          c.video_connector_num_layers, c.video_connector_num_learnable_registers,
-                                         gated=c.video_gated_attn, **common)
-        self.audio_connector = Connector(c.audio_connector_num_attention_heads, c.audio_connector_attention_head_dim,
+                                         gated=c.video_gated_attn)
+        self.audio_connector = connector(c.audio_connector_num_attention_heads, c.audio_connector_attention_head_dim,
                                          c.audio_connector_num_layers, c.audio_connector_num_learnable_registers,
-                                         gated=c.audio_gated_attn, **common)
+                                         gated=c.audio_gated_attn)
 
     def forward(self, hidden: torch.Tensor, mask: torch.Tensor, padding_side: str = "left"
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

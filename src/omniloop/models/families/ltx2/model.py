@@ -18,6 +18,7 @@ loop, not ``run_blocks`` (no block interceptors; step-level plugins apply).
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from functools import partial
 from typing import Any, Mapping, NamedTuple
 
 import torch
@@ -107,7 +108,7 @@ class LTX2DiTConfig:
     @classmethod
     def from_diffusers_config(cls, d: Mapping[str, Any]) -> "LTX2DiTConfig":
         known = {f.name for f in fields(cls)}
-        kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items() if k in known}
+        kw: dict[str, Any] = {k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items() if k in known}  # JSON values
         return cls(**kw)
 
 
@@ -136,8 +137,8 @@ def rope_tables(grid: torch.Tensor, dim: int, theta: float, double_precision: bo
     cos, sin = freqs.cos(), freqs.sin()
     pad = dim // 2 - freqs.shape[-1]
     if pad:
-        cos = torch.concatenate([torch.ones_like(cos[:, :, :pad]), cos], axis=-1)
-        sin = torch.concatenate([torch.zeros_like(sin[:, :, :pad]), sin], axis=-1)
+        cos = torch.cat([torch.ones_like(cos[:, :, :pad]), cos], dim=-1)
+        sin = torch.cat([torch.zeros_like(sin[:, :, :pad]), sin], dim=-1)
     b, t = cos.shape[0], cos.shape[1]
     return (torch.swapaxes(cos.reshape(b, t, heads, -1), 1, 2), torch.swapaxes(sin.reshape(b, t, heads, -1), 1, 2))
 
@@ -294,19 +295,19 @@ class LTX2Block(nn.Module):
         super().__init__()
         d, da = c.inner_dim, c.audio_inner_dim
         h, dh, ha, dha = c.num_attention_heads, c.attention_head_dim, c.audio_num_attention_heads, c.audio_attention_head_dim
-        kw = dict(bias=c.attention_bias, out_bias=c.attention_out_bias, rope_type=c.rope_type)
+        attention = partial(LTX2Attention, bias=c.attention_bias, out_bias=c.attention_out_bias, rope_type=c.rope_type)
         norm = lambda dim: DiffusersRMSNorm(dim, c.norm_eps, elementwise_affine=c.norm_elementwise_affine)  # noqa: E731
         self.perturbed_attn = c.perturbed_attn
-        self.norm1, self.attn1 = norm(d), LTX2Attention(d, h, dh, gated=c.gated_attn, **kw)
-        self.audio_norm1, self.audio_attn1 = norm(da), LTX2Attention(da, ha, dha, gated=c.audio_gated_attn, **kw)
+        self.norm1, self.attn1 = norm(d), attention(d, h, dh, gated=c.gated_attn)
+        self.audio_norm1, self.audio_attn1 = norm(da), attention(da, ha, dha, gated=c.audio_gated_attn)
         self.norm2 = norm(d)
-        self.attn2 = LTX2Attention(d, h, dh, kv_dim=c.cross_attention_dim, gated=c.gated_attn, **kw)
+        self.attn2 = attention(d, h, dh, kv_dim=c.cross_attention_dim, gated=c.gated_attn)
         self.audio_norm2 = norm(da)
-        self.audio_attn2 = LTX2Attention(da, ha, dha, kv_dim=c.audio_cross_attention_dim, gated=c.audio_gated_attn, **kw)
+        self.audio_attn2 = attention(da, ha, dha, kv_dim=c.audio_cross_attention_dim, gated=c.audio_gated_attn)
         self.audio_to_video_norm = norm(d)
-        self.audio_to_video_attn = LTX2Attention(d, ha, dha, kv_dim=da, gated=c.gated_attn, **kw)
+        self.audio_to_video_attn = attention(d, ha, dha, kv_dim=da, gated=c.gated_attn)
         self.video_to_audio_norm = norm(da)
-        self.video_to_audio_attn = LTX2Attention(da, ha, dha, kv_dim=d, gated=c.audio_gated_attn, **kw)
+        self.video_to_audio_attn = attention(da, ha, dha, kv_dim=d, gated=c.audio_gated_attn)
         self.norm3, self.ff = norm(d), FeedForward(d, 4 * d, bias=c.ff_bias)
         self.audio_norm3, self.audio_ff = norm(da), FeedForward(da, 4 * da, bias=c.audio_ff_bias)
         self.video_cross_attn_adaln, self.audio_cross_attn_adaln = c.cross_attn_mod, c.audio_cross_attn_mod
@@ -422,23 +423,20 @@ class LTX2DiT(nn.Module):
         if c.prompt_modulation and c.use_prompt_adaln_single:
             self.prompt_adaln = AdaLayerNormSingle(d, 2)
             self.audio_prompt_adaln = AdaLayerNormSingle(da, 2)
-        rope = dict(theta=c.rope_theta, causal_offset=c.causal_offset, double_precision=c.rope_double_precision,
-                    rope_type=c.rope_type)
-        self.rope = RotaryPositions(d, modality="video", base_num_frames=c.pos_embed_max_pos, base_height=c.base_height,
-                                    base_width=c.base_width, scale_factors=c.vae_scale_factors,
-                                    heads=c.num_attention_heads, **rope)
-        self.audio_rope = RotaryPositions(da, modality="audio", base_num_frames=c.audio_pos_embed_max_pos,
-                                          sampling_rate=c.audio_sampling_rate, hop_length=c.audio_hop_length,
-                                          scale_factors=(c.audio_scale_factor,), heads=c.audio_num_attention_heads,
-                                          **rope)
+        rotary = partial(RotaryPositions, theta=c.rope_theta, causal_offset=c.causal_offset,
+                         double_precision=c.rope_double_precision, rope_type=c.rope_type)
+        self.rope = rotary(d, modality="video", base_num_frames=c.pos_embed_max_pos, base_height=c.base_height,
+                           base_width=c.base_width, scale_factors=c.vae_scale_factors, heads=c.num_attention_heads)
+        self.audio_rope = rotary(da, modality="audio", base_num_frames=c.audio_pos_embed_max_pos,
+                                 sampling_rate=c.audio_sampling_rate, hop_length=c.audio_hop_length,
+                                 scale_factors=(c.audio_scale_factor,), heads=c.audio_num_attention_heads)
         ca_max = max(c.pos_embed_max_pos, c.audio_pos_embed_max_pos)
-        self.cross_attn_rope = RotaryPositions(c.audio_cross_attention_dim, modality="video", base_num_frames=ca_max,
-                                               base_height=c.base_height, base_width=c.base_width,
-                                               heads=c.num_attention_heads, **rope)
-        self.cross_attn_audio_rope = RotaryPositions(c.audio_cross_attention_dim, modality="audio",
-                                                     base_num_frames=ca_max, sampling_rate=c.audio_sampling_rate,
-                                                     hop_length=c.audio_hop_length,
-                                                     heads=c.audio_num_attention_heads, **rope)
+        self.cross_attn_rope = rotary(c.audio_cross_attention_dim, modality="video", base_num_frames=ca_max,
+                                      base_height=c.base_height, base_width=c.base_width,
+                                      heads=c.num_attention_heads)
+        self.cross_attn_audio_rope = rotary(c.audio_cross_attention_dim, modality="audio",
+                                            base_num_frames=ca_max, sampling_rate=c.audio_sampling_rate,
+                                            hop_length=c.audio_hop_length, heads=c.audio_num_attention_heads)
         self.blocks = nn.ModuleList(LTX2Block(c) for _ in range(c.num_layers))
         self.norm_out = nn.LayerNorm(d, eps=1e-6, elementwise_affine=False)
         self.proj_out = nn.Linear(d, c.out_channels or c.in_channels)

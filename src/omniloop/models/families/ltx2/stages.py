@@ -178,11 +178,12 @@ def guidance_scales(d: LTX2Defaults, request_cfg: Any = None, overrides: Mapping
     cfg = _per_modality(o.get("guidance_scale"), cfg)
     if o.get("audio_guidance_scale") is not None:
         cfg["audio"] = float(o["audio_guidance_scale"])
+    stg_blocks = o.get("stg_blocks")
     return GuidanceScales(cfg=cfg, stg=_per_stream(o.get("stg_scale"), o.get("audio_stg_scale"), d.stg_scale),
                           modality=_per_stream(o.get("modality_scale"), o.get("audio_modality_scale"), d.modality_scale),
                           rescale=_per_stream(o.get("guidance_rescale"), o.get("audio_guidance_rescale"),
                                               d.guidance_rescale),
-                          stg_blocks=tuple(o.get("stg_blocks") if o.get("stg_blocks") is not None else d.stg_blocks or ()))
+                          stg_blocks=tuple(stg_blocks if stg_blocks is not None else d.stg_blocks or ()))
 
 
 # -- text ----------------------------------------------------------------------------------

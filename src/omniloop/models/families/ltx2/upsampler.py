@@ -75,6 +75,8 @@ class Shuffle(nn.Module):
 
 
 class RationalResampler(nn.Module):
+    kernel: torch.Tensor  # buffer: [1, 1, 5, 5] blur
+
     def __init__(self, channels: int, scale: float) -> None:
         super().__init__()
         self.num, self.den = RATIONAL_SCALES[scale]

@@ -77,7 +77,8 @@ class LTX2VideoVAEConfig:
     @classmethod
     def from_diffusers_config(cls, d: Mapping[str, Any]) -> "LTX2VideoVAEConfig":
         known = {f.name for f in fields(cls)}
-        return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items() if k in known})
+        kw: dict[str, Any] = {k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items() if k in known}  # JSON values
+        return cls(**kw)
 
 
 class PerChannelRMSNorm(nn.Module):
@@ -286,6 +287,9 @@ class Decoder(nn.Module):
 
 
 class LTX2VideoVAE(nn.Module):
+    latents_mean: torch.Tensor  # buffers: [latent_channels]
+    latents_std: torch.Tensor
+
     def __init__(self, config: LTX2VideoVAEConfig) -> None:
         super().__init__()
         self.config = config

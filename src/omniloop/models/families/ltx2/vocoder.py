@@ -48,8 +48,10 @@ class LTX2VocoderConfig:
     @classmethod
     def from_diffusers_config(cls, d: Mapping[str, Any]) -> "LTX2VocoderConfig":
         known = {f.name for f in fields(cls)}
-        conv = lambda v: tuple(conv(x) for x in v) if isinstance(v, list) else v  # noqa: E731
-        return cls(**{k: conv(v) for k, v in d.items() if k in known})
+        def tuples(v: Any) -> Any:  # JSON lists (nested too) -> tuples
+            return tuple(tuples(x) for x in v) if isinstance(v, list) else v
+
+        return cls(**{k: tuples(v) for k, v in d.items() if k in known})
 
 
 def kaiser_sinc_filter(cutoff: float, half_width: float, kernel_size: int) -> torch.Tensor:
@@ -89,6 +91,9 @@ class SnakeBeta(nn.Module):
 
 class AntiAliased(nn.Module):
     """Upsample 2x (Kaiser sinc), activate, low-pass and downsample back."""
+
+    up_filter: torch.Tensor  # buffers: [1, 1, kernel_size]
+    down_filter: torch.Tensor
 
     def __init__(self, act: nn.Module, ratio: int, kernel_size: int) -> None:
         super().__init__()

@@ -11,7 +11,7 @@ import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Generic, Mapping, TypeVar
 
 import torch
 from torch import nn
@@ -54,18 +54,23 @@ VOCODER_SUBS = _subs((r"\.upsample\.filter$", ".up_filter"), (r"\.downsample\.fi
 UPSAMPLER_SUBS = _subs((r"^upsampler\.0\.", "upsampler.conv."), (r"^upsampler\.blur_down\.kernel$", "upsampler.kernel"))
 
 
+# the module class a part builds (covariant: a Part[LTX2DiT] is a Part[nn.Module])
+ModuleT = TypeVar("ModuleT", bound=nn.Module, covariant=True)
+M = TypeVar("M", bound=nn.Module)
+
+
 @dataclass(frozen=True)
-class Part:
+class Part(Generic[ModuleT]):
     """One component: the diffusers class its folder holds, how to build ours from its
     config, the key rewrites, and the checkpoint keys the pipelines never use."""
 
     what: str
-    build: Callable[[dict], nn.Module]
+    build: Callable[[dict], ModuleT]
     subs: Subs = ()
     skip: Callable[[str], bool] = lambda key: False
 
 
-def _vocoder(config: dict) -> nn.Module:
+def _vocoder(config: dict) -> LTX2Vocoder | LTX2VocoderWithBWE:
     """LTX2Vocoder (LTX-2.0) or LTX2VocoderWithBWE (LTX-2.3 on: 48 kHz by bandwidth extension)."""
     kind = config.get("_class_name")
     if kind == "LTX2VocoderWithBWE":
@@ -75,21 +80,26 @@ def _vocoder(config: dict) -> nn.Module:
     return LTX2Vocoder(LTX2VocoderConfig.from_diffusers_config(config))
 
 
-PARTS: dict[str, Part] = {
-    "transformer": Part("LTX2VideoTransformer3DModel", lambda c: LTX2DiT(LTX2DiTConfig.from_diffusers_config(c)),
-                        BLOCK_SUBS),
-    "connectors": Part("LTX2TextConnectors", lambda c: LTX2Connectors(LTX2ConnectorsConfig.from_diffusers_config(c)),
-                       BLOCK_SUBS),
-    "vae": Part("AutoencoderKLLTX2Video", lambda c: LTX2VideoVAE(LTX2VideoVAEConfig.from_diffusers_config(c))),
-    "audio_vae": Part("AutoencoderKLLTX2Audio", lambda c: LTX2AudioVAE(LTX2AudioVAEConfig.from_diffusers_config(c)),
-                      skip=lambda key: key.startswith("encoder.")),  # the pipelines only decode audio
-    "vocoder": Part("LTX2Vocoder", _vocoder, VOCODER_SUBS),
-    "latent_upsampler": Part("LTX2LatentUpsamplerModel",
-                             lambda c: LTX2LatentUpsampler(LTX2UpsamplerConfig.from_diffusers_config(c)), UPSAMPLER_SUBS),
+TRANSFORMER: Part[LTX2DiT] = Part("LTX2VideoTransformer3DModel",
+                                  lambda c: LTX2DiT(LTX2DiTConfig.from_diffusers_config(c)), BLOCK_SUBS)
+CONNECTORS: Part[LTX2Connectors] = Part(
+    "LTX2TextConnectors", lambda c: LTX2Connectors(LTX2ConnectorsConfig.from_diffusers_config(c)), BLOCK_SUBS)
+VIDEO_VAE: Part[LTX2VideoVAE] = Part("AutoencoderKLLTX2Video",
+                                     lambda c: LTX2VideoVAE(LTX2VideoVAEConfig.from_diffusers_config(c)))
+AUDIO_VAE: Part[LTX2AudioVAE] = Part("AutoencoderKLLTX2Audio",
+                                     lambda c: LTX2AudioVAE(LTX2AudioVAEConfig.from_diffusers_config(c)),
+                                     skip=lambda key: key.startswith("encoder."))  # the pipelines only decode audio
+VOCODER: Part[LTX2Vocoder | LTX2VocoderWithBWE] = Part("LTX2Vocoder", _vocoder, VOCODER_SUBS)
+LATENT_UPSAMPLER: Part[LTX2LatentUpsampler] = Part(
+    "LTX2LatentUpsamplerModel", lambda c: LTX2LatentUpsampler(LTX2UpsamplerConfig.from_diffusers_config(c)),
+    UPSAMPLER_SUBS)
+PARTS: dict[str, Part[nn.Module]] = {
+    "transformer": TRANSFORMER, "connectors": CONNECTORS, "vae": VIDEO_VAE, "audio_vae": AUDIO_VAE,
+    "vocoder": VOCODER, "latent_upsampler": LATENT_UPSAMPLER,
 }
 
 
-def assemble(part: Part, config: Mapping, sd: Mapping[str, torch.Tensor], where: str) -> nn.Module:
+def assemble(part: Part[M], config: Mapping, sd: Mapping[str, torch.Tensor], where: str) -> M:
     """Our module for ``part`` from a diffusers config and its (diffusers-named) tensors: built
     on ``meta``, the tensors assigned as they are (not copied)."""
     sd = rewrite_keys({k: t for k, t in sd.items() if not part.skip(k)}, part.subs)
@@ -99,39 +109,41 @@ def assemble(part: Part, config: Mapping, sd: Mapping[str, torch.Tensor], where:
     return model.eval().requires_grad_(False)
 
 
-def load_part(name: str, folder: Path, *, device: torch.device | str, dtype: torch.dtype) -> nn.Module:
-    part = PARTS[name]
+def load_part(part: Part[M], folder: Path, *, device: torch.device | str, dtype: torch.dtype) -> M:
     config, files = diffusers_folder(Path(folder), part.what)
     return assemble(part, config, read_tensors(files, cast_to(device, dtype), skip=part.skip), str(folder))
 
 
 def from_diffusers_module(name: str, module: nn.Module) -> nn.Module:
     """Ours from a loaded diffusers module, sharing its tensors (benchmarks hold both)."""
-    return assemble(PARTS[name], module.config, module.state_dict(), f"<{type(module).__name__} in memory>")
+    config = module.config  # a diffusers ModelMixin's FrozenDict
+    if not isinstance(config, Mapping):
+        raise TypeError(f"{type(module).__name__} has no diffusers config; pass a loaded diffusers LTX-2 module")
+    return assemble(PARTS[name], config, module.state_dict(), f"<{type(module).__name__} in memory>")
 
 
 def load_ltx2_transformer(folder: Path, *, device, dtype) -> LTX2DiT:
-    return load_part("transformer", folder, device=device, dtype=dtype)
+    return load_part(TRANSFORMER, folder, device=device, dtype=dtype)
 
 
 def load_ltx2_connectors(folder: Path, *, device, dtype) -> LTX2Connectors:
-    return load_part("connectors", folder, device=device, dtype=dtype)
+    return load_part(CONNECTORS, folder, device=device, dtype=dtype)
 
 
 def load_ltx2_video_vae(folder: Path, *, device, dtype) -> LTX2VideoVAE:
-    return load_part("vae", folder, device=device, dtype=dtype)
+    return load_part(VIDEO_VAE, folder, device=device, dtype=dtype)
 
 
 def load_ltx2_audio_vae(folder: Path, *, device, dtype) -> LTX2AudioVAE:
-    return load_part("audio_vae", folder, device=device, dtype=dtype)
+    return load_part(AUDIO_VAE, folder, device=device, dtype=dtype)
 
 
 def load_ltx2_vocoder(folder: Path, *, device, dtype) -> LTX2Vocoder | LTX2VocoderWithBWE:
-    return load_part("vocoder", folder, device=device, dtype=dtype)
+    return load_part(VOCODER, folder, device=device, dtype=dtype)
 
 
 def load_ltx2_latent_upsampler(folder: Path, *, device, dtype) -> LTX2LatentUpsampler:
-    return load_part("latent_upsampler", folder, device=device, dtype=dtype)
+    return load_part(LATENT_UPSAMPLER, folder, device=device, dtype=dtype)
 
 
 # -- single files (ComfyUI's checkpoints/ltx-2-*.safetensors, diffusion_models/) ------------

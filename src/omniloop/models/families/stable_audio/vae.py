@@ -41,7 +41,7 @@ class OobleckConfig:
     @classmethod
     def from_diffusers_config(cls, d: Mapping[str, Any]) -> "OobleckConfig":
         known = {f.name for f in fields(cls)} - {"extra"}
-        kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items() if k in known}
+        kw: dict[str, Any] = {k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items() if k in known}  # JSON values
         return cls(**kw)
 
 

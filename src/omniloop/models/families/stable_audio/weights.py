@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Generic, Mapping, TypeVar
 
 import torch
 from torch import nn
@@ -84,25 +84,30 @@ def fold_weight_norm(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+# the module class a part builds (covariant: a Part[OobleckVAE] is a Part[nn.Module])
+ModuleT = TypeVar("ModuleT", bound=nn.Module, covariant=True)
+M = TypeVar("M", bound=nn.Module)
+
+
 @dataclass(frozen=True)
-class Part:
+class Part(Generic[ModuleT]):
     what: str  # the diffusers class of the folder
-    build: Callable[[dict], nn.Module]
+    build: Callable[[dict], ModuleT]
     convert: Callable[[dict], dict]  # diffusers keys -> ours
 
 
-PARTS: dict[str, Part] = {
-    "transformer": Part("StableAudioDiTModel", lambda c: StableAudioDiT(StableAudioDiTConfig.from_diffusers_config(c)),
-                        lambda sd: rename_keys(sd, DIT_RENAMES)),
-    "projection_model": Part("StableAudioProjectionModel",
-                             lambda c: StableAudioProjection(StableAudioProjectionConfig.from_diffusers_config(c)),
-                             lambda sd: rename_keys(sd, PROJECTION_RENAMES)),
-    "vae": Part("AutoencoderOobleck", lambda c: OobleckVAE(OobleckConfig.from_diffusers_config(c)),
-                lambda sd: rename_keys(fold_weight_norm(sd), VAE_RENAMES)),
-}
+TRANSFORMER: Part[StableAudioDiT] = Part(
+    "StableAudioDiTModel", lambda c: StableAudioDiT(StableAudioDiTConfig.from_diffusers_config(c)),
+    lambda sd: rename_keys(sd, DIT_RENAMES))
+PROJECTION: Part[StableAudioProjection] = Part(
+    "StableAudioProjectionModel", lambda c: StableAudioProjection(StableAudioProjectionConfig.from_diffusers_config(c)),
+    lambda sd: rename_keys(sd, PROJECTION_RENAMES))
+VAE: Part[OobleckVAE] = Part("AutoencoderOobleck", lambda c: OobleckVAE(OobleckConfig.from_diffusers_config(c)),
+                             lambda sd: rename_keys(fold_weight_norm(sd), VAE_RENAMES))
+PARTS: dict[str, Part[nn.Module]] = {"transformer": TRANSFORMER, "projection_model": PROJECTION, "vae": VAE}
 
 
-def assemble(part: Part, config: Mapping, sd: Mapping[str, torch.Tensor], where: str, dtype: torch.dtype) -> nn.Module:
+def assemble(part: Part[M], config: Mapping, sd: Mapping[str, torch.Tensor], where: str, dtype: torch.dtype) -> M:
     """Ours from a diffusers config and its fp32 tensors (weight norm folds in fp32, then
     everything goes to the deployment dtype)."""
     sd = part.convert(dict(sd))
@@ -115,8 +120,7 @@ def assemble(part: Part, config: Mapping, sd: Mapping[str, torch.Tensor], where:
     return model.eval().requires_grad_(False)
 
 
-def _load(name: str, folder: Path, device: torch.device | str, dtype: torch.dtype) -> nn.Module:
-    part = PARTS[name]
+def _load(part: Part[M], folder: Path, device: torch.device | str, dtype: torch.dtype) -> M:
     config, files = diffusers_folder(Path(folder), part.what, f"; pass the diffusers folder of a {part.what}")
     return assemble(part, config, read_tensors(files, cast_to(device, torch.float32)), str(folder), dtype)
 
@@ -124,22 +128,25 @@ def _load(name: str, folder: Path, device: torch.device | str, dtype: torch.dtyp
 def from_diffusers_module(name: str, module: nn.Module, dtype: torch.dtype) -> nn.Module:
     """Ours from a loaded diffusers module (its tensors read in fp32: copies; benchmarks)."""
     sd = {k: t.float() for k, t in module.state_dict().items()}
-    return assemble(PARTS[name], module.config, sd, f"<{type(module).__name__} in memory>", dtype)
+    config = module.config  # a diffusers ModelMixin's FrozenDict
+    if not isinstance(config, Mapping):
+        raise TypeError(f"{type(module).__name__} has no diffusers config; pass a loaded diffusers Stable Audio module")
+    return assemble(PARTS[name], config, sd, f"<{type(module).__name__} in memory>", dtype)
 
 
 def load_stable_audio_dit(folder: Path, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
                           ) -> StableAudioDiT:
-    return _load("transformer", folder, device, dtype)
+    return _load(TRANSFORMER, folder, device, dtype)
 
 
 def load_stable_audio_projection(folder: Path, *, device: torch.device | str = "cpu",
                                  dtype: torch.dtype = torch.float32) -> StableAudioProjection:
-    return _load("projection_model", folder, device, dtype)
+    return _load(PROJECTION, folder, device, dtype)
 
 
 def load_oobleck_vae(folder: Path, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
                      ) -> OobleckVAE:
-    return _load("vae", folder, device, dtype)
+    return _load(VAE, folder, device, dtype)
 
 
 # -- single files in stable-audio-tools' layout (ComfyUI's checkpoints/stable-audio-open-1.0.safetensors) ----------

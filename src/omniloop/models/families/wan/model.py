@@ -333,6 +333,7 @@ class WanDiT(nn.Module):
         )
         self.blocks = nn.ModuleList([self._main_block(config, i) for i in range(config.num_layers)])
         self.norm_out = FP32LayerNorm(dim, config.eps, elementwise_affine=False)
+        assert config.out_channels is not None, "WanConfig.__post_init__ resolves out_channels"
         self.proj_out = nn.Linear(dim, config.out_channels * math.prod(config.patch_size))
         self.scale_shift_table = modulation_table(2, dim)  # rows: shift, scale
 

@@ -567,6 +567,7 @@ def build_wan_manifest(
     sigmas: list[float] | None = None if defaults.sigmas is None else list(defaults.sigmas)
     if sigmas is not None:
         sigmas = DiffusionParams(sigmas=sigmas).sigmas  # the request schema checks them
+        assert sigmas is not None, "the schema keeps the sigmas it was given"
         # the student's grid reaches requests through the validator (with_default_sigmas), not the loops
         defaults = defaults.replace(steps=len(sigmas), sigmas=None)
     # our small models decode short clips as one chunk (5x faster on a CPU; see WanVAE.whole_fits)

@@ -5,8 +5,11 @@ one latent of the requested video size, and the same decode run several ways, si
 
 - ``diffusers``: ``AutoencoderKLWan.decode`` (one latent frame per chunk, a feature cache);
 - ``ours chunk 1``: our decoder, one latent frame per chunk (bit-equal to diffusers' order of work);
-- ``ours chunk k``: the first latent frame alone, then ``k`` per chunk (fewer, larger convolutions;
-  the same function up to float rounding: every layer is causal through the cache);
+- ``ours chunk k``: the first latent frame alone, then latent frames [1, k), [k, 2k), ... a chunk
+  each (``WanVAE.decode(chunk_frames=k)``; fewer, larger convolutions; the same function up to
+  float rounding: every layer is causal through the cache). NOTE: ``vae_decode_h100.jsonl`` was
+  measured with the chunks [1, k+1), [k+1, 2k+1), ... (the boundaries moved to multiples of k
+  afterwards, to match a decode loop stepping k frames at a time);
 - ``whole``: every latent frame in one chunk (when it fits);
 - each with cuDNN's autotuner (``torch.backends.cudnn.benchmark``) off and on, and with the
   decoder's weights and activations in ``channels_last_3d``;

@@ -59,6 +59,31 @@ def test_a_streamed_decode_equals_the_one_shot_decode_and_looks_like_it(wan):
     assert {e.node for e in events if isinstance(e, ProgressEvent)} == {"denoise"}
 
 
+def test_chunked_steps_decode_each_steps_frames_as_one_chunk(wan):
+    """``chunked_steps`` (the CUDA default): a step's latent frames as one VAE chunk, the
+    first frame alone -- exactly ``decode(chunk_frames=k)``, and the per-frame decode's
+    function (equal up to float rounding)."""
+    vae = wan.components["vae"]
+    per_frame_pixels = 4 * 32 * 32  # scale_factor_temporal x the tiny clip's 32x32 frames
+    pipeline = _streaming(wan, stream_above_pixels=0, chunked_steps=True, cuda_step_pixels=2 * per_frame_pixels)
+    engine = Engine(pipeline, EngineConfig())
+    rid = engine.add_request(_request())
+    plan = engine._requests[rid].estimates.nodes["decode"]
+    out = engine.run_until_done(rid)
+    assert out.status.value == "completed", out.error
+    latents = out.artifacts["latents"].latents  # [1, C, 5, h, w]: steps [0, 2), [2, 4), [4, 5)
+    assert plan.steps == 3
+    assert pipeline.spec.node("decode").stage.plan(vae, tuple(latents.shape), _request()).one_chunk
+    z = vae.denormalize_latents(latents.to(vae.dtype))
+    chunked = to_uint8_frames((vae.decode(z, chunk_frames=2).float() / 2 + 0.5).clamp(0, 1)[0])
+    assert torch.equal(out.video.frames, chunked)
+    per_frame = to_uint8_frames(latents_to_unit_range(vae, latents, False)[0])
+    assert (out.video.frames.int() - per_frame.int()).abs().max() <= 1
+    # on the CPU the default keeps one frame a step and a chunk each (diffusers' numerics)
+    stage = wan.spec.node("decode").stage
+    assert stage.chunked_steps is None and not stage.plan(vae, tuple(latents.shape), _request()).one_chunk
+
+
 def test_a_small_decode_is_one_step_of_the_one_shot_decode(wan):
     stage = wan.spec.node("decode").stage
     vae = wan.components["vae"]

@@ -159,11 +159,13 @@ class StreamingVAEDecode:
         return ctx.component(self.component).new_stream()
 
     @torch.inference_mode()
-    def decode_unit(self, ctx: StageContext, stream, latents: torch.Tensor) -> torch.Tensor:
-        """latents [1, C, f, h, w] (normalized) -> video [1, 3, F, H, W] float32 in [0, 1]."""
+    def decode_unit(self, ctx: StageContext, stream, latents: torch.Tensor, *, one_chunk: bool = False) -> torch.Tensor:
+        """latents [1, C, f, h, w] (normalized) -> video [1, 3, F, H, W] float32 in [0, 1]
+        (``one_chunk``: the f frames as one VAE chunk, see ``WanVAE.decode_stream``)."""
         vae = ctx.component(self.component)
-        video = vae.decode_stream(vae.denormalize_latents(latents.to(vae.dtype)), stream)
+        z = vae.denormalize_latents(latents.to(vae.dtype))
+        video = vae.decode_stream(z, stream, one_chunk=one_chunk)
         return (video.float() / 2 + 0.5).clamp(0, 1)
 
-    def decode(self, ctx: StageContext, stream, latents: torch.Tensor) -> torch.Tensor:
-        return to_uint8_frames(self.decode_unit(ctx, stream, latents)[0])
+    def decode(self, ctx: StageContext, stream, latents: torch.Tensor, *, one_chunk: bool = False) -> torch.Tensor:
+        return to_uint8_frames(self.decode_unit(ctx, stream, latents, one_chunk=one_chunk)[0])

@@ -365,9 +365,13 @@ def _batches(data: BatchSource, start: int, stop: int, num_workers: int, device:
         for i in range(start, stop):
             yield data.batch(i)
         return
+    # forkserver, not fork: a worker forked from a process with live threads (a server's pools,
+    # torch's intra-op threads, queue feeders) can inherit a lock held mid-operation and hang on
+    # its first batch -- a loaded CI run waited 600 s on one. The forkserver forks workers from a
+    # clean single-threaded process (the data source travels pickled).
     loader = torch.utils.data.DataLoader(
         _IndexedBatches(data), batch_size=None, sampler=range(start, stop), num_workers=num_workers,
-        prefetch_factor=4, collate_fn=_as_is,
+        prefetch_factor=4, collate_fn=_as_is, multiprocessing_context="forkserver",
     )
     yield from loader  # DataLoader keeps the sampler's order with any number of workers
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 
 import torch
 
 from common import emit, jsonl_sink, timed  # benchmarks/ is on sys.path when this runs as a script
+from wan_random import random_pair
 from omniloop.models.families.wan.ti2v import token_timestep_mask
 from omniloop.models.families.wan.weights import load_wan_dit
 
@@ -42,12 +42,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from diffusers import WanTransformer3DModel
 
-    folder = tempfile.mkdtemp(prefix="wan_ti2v_bench_")
-    torch.manual_seed(0)
-    with torch.device(device):
-        WanTransformer3DModel(**cfg).save_pretrained(folder)
-    ref = WanTransformer3DModel.from_pretrained(folder, torch_dtype=dtype).to(device).eval().requires_grad_(False)
-    ours = load_wan_dit(folder, device=device, dtype=dtype).eval().requires_grad_(False)
+    ref, ours = random_pair(WanTransformer3DModel, cfg, load_wan_dit, device, dtype, prefix="wan_ti2v_bench_")
 
     shape = (1, 48, (frames - 1) // 4 + 1, height // 16, width // 16)
     x = torch.randn(shape, device=device, dtype=dtype)

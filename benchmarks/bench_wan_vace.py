@@ -13,11 +13,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 
 import torch
 
 from common import emit, jsonl_sink, timed  # benchmarks/ is on sys.path when this runs as a script
+from wan_random import random_pair
 from omniloop.models.families.wan.weights import load_wan_dit
 
 # Wan-AI/Wan2.1-VACE-1.3B-diffusers / -14B-diffusers transformer/config.json
@@ -46,12 +46,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from diffusers import WanVACETransformer3DModel
 
-    folder = tempfile.mkdtemp(prefix="wan_vace_bench_")
-    torch.manual_seed(0)
-    with torch.device(device):
-        WanVACETransformer3DModel(**cfg).save_pretrained(folder)
-    ref = WanVACETransformer3DModel.from_pretrained(folder, torch_dtype=dtype).to(device).eval().requires_grad_(False)
-    ours = load_wan_dit(folder, device=device, dtype=dtype).eval().requires_grad_(False)
+    ref, ours = random_pair(WanVACETransformer3DModel, cfg, load_wan_dit, device, dtype, prefix="wan_vace_bench_")
 
     latent_frames = (frames - 1) // 4 + 1 + 1  # + one reference frame
     x = torch.randn(1, 16, latent_frames, height // 8, width // 8, device=device, dtype=dtype)

@@ -103,10 +103,23 @@ def save_random_wan22(folder: Path | None = None, *, size: str, layers: int | No
     return folder
 
 
-def random_wan_vaes(device: torch.device, dtype: torch.dtype, *, tiny: bool = False):
-    """One random Wan2.1 VAE (diffusers' ``AutoencoderKLWan``, seed 0), saved and loaded both
-    ways users load it: ``(diffusers_model, ours)`` in ``dtype`` on ``device``, eval, no grads.
-    ``tiny``: base_dim 8, one res block a level (a CPU smoke)."""
+
+def random_pair(diffusers_cls, cfg: dict, load_ours, device, dtype: torch.dtype, *, prefix: str):
+    """One random ``diffusers_cls(**cfg)`` (seed 0, built on ``device``), saved to a temp folder and
+    loaded both ways users load it: ``(diffusers_model, ours)`` in ``dtype`` on ``device``, eval, no
+    grads (``load_ours(folder, device=, dtype=)``: our loader of that folder)."""
+    folder = tempfile.mkdtemp(prefix=prefix)
+    torch.manual_seed(0)
+    with torch.device(device):
+        diffusers_cls(**cfg).save_pretrained(folder)
+    ref = diffusers_cls.from_pretrained(folder, torch_dtype=dtype).to(device).eval().requires_grad_(False)
+    ours = load_ours(folder, device=device, dtype=dtype).eval().requires_grad_(False)
+    return ref, ours
+
+
+def random_wan_vaes(device, dtype: torch.dtype, *, tiny: bool = False):
+    """One random Wan2.1 VAE (diffusers' ``AutoencoderKLWan``): ``random_pair`` of it and our
+    ``load_wan_vae``. ``tiny``: base_dim 8, one res block a level (a CPU smoke)."""
     from diffusers import AutoencoderKLWan
 
     from omniloop.models.autoencoders.wan_vae import load_wan_vae
@@ -115,10 +128,4 @@ def random_wan_vaes(device: torch.device, dtype: torch.dtype, *, tiny: bool = Fa
     cfg = dict(WAN21_VAE)
     if tiny:
         cfg.update(base_dim=8, dim_mult=[1, 2, 2, 2], num_res_blocks=1)
-    folder = tempfile.mkdtemp(prefix="wan_vae_bench_")
-    torch.manual_seed(0)
-    with torch.device(device):
-        AutoencoderKLWan(**cfg).save_pretrained(folder)
-    ref = AutoencoderKLWan.from_pretrained(folder, torch_dtype=dtype).to(device).eval().requires_grad_(False)
-    ours = load_wan_vae(folder, device=device, dtype=dtype).eval().requires_grad_(False)
-    return ref, ours
+    return random_pair(AutoencoderKLWan, cfg, load_wan_vae, device, dtype, prefix="wan_vae_bench_")

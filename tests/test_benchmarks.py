@@ -107,6 +107,16 @@ def _run_bench(script: str, *args: str, out: Path) -> list[dict]:
     return [json.loads(line) for line in out.read_text().splitlines()]
 
 
+def test_vae_decode_benchmark_compares_the_decode_ways(tmp_path):
+    """Every way of running the decoder times the same function as one frame a chunk."""
+    records = _run_bench("bench_vae_decode.py", "--tiny", "--iters", "1", "--chunks", "2", out=tmp_path / "v.jsonl")
+    ways = [r for r in records if "median_s" in r and r["variant"] not in ("diffusers", "best")]
+    assert {r["variant"] for r in ways} == {"chunk1", "chunk2", "whole"}
+    compared = [r["max_abs_vs_chunk1"] for r in ways[1:]]  # the first way is the reference itself
+    assert len(compared) == len(ways) - 1 == 5 and max(compared) <= 1e-5
+    assert {r["variant"] for r in records} >= {"diffusers", "best"}
+
+
 def test_wan_step_benchmark_times_our_step_alone(tmp_path):
     """--no-diffusers (a 14B DiT held once): our compiled-or-eager step and the CFG step."""
     records = _run_bench("bench_wan_step.py", "--tiny", "--iters", "1", "--warmup", "0", "--no-compile", "--no-vae",

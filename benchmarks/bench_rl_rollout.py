@@ -129,7 +129,7 @@ class PrivateLoop:
         x = torch.randn(self.shape, generator=torch.Generator("cpu").manual_seed(seed), dtype=torch.float32).to(device)
         schedule = self.sampler.init_state(self.spec.steps, device=device, seed=seed)  # shift: the checkpoint's
         sigmas, timesteps = schedule.sigmas, schedule.timesteps
-        traj, sums = [], []
+        traj, means, sums = [], [], []
         for k in range(self.spec.steps):
             v = self.policy(x, timesteps[k].expand(1), [prompt])  # [1, C, f, h, w] fp32, CFG as served
             s = sde_scalars(sigmas, k, self.noise_level)
@@ -137,16 +137,18 @@ class PrivateLoop:
             gen = torch.Generator("cpu").manual_seed(step_noise_seed(seed, k))
             noise = torch.randn(x.shape, generator=gen, dtype=torch.float32).to(device)
             x = mean + s.scale * noise
-            _, log_sum = row_mean_and_sum(transition_log_prob(x, mean, s))  # [1]: the request's one row
+            # [1] each: the request's one row. The mean is the reduction's own, as the sampler records
+            # it: on CUDA ``mean`` scales the sum by 1/n, which can round apart from ``sum / n``
+            log_mean, log_sum = row_mean_and_sum(transition_log_prob(x, mean, s))
             traj.append(x.detach().clone())
+            means.append(log_mean)
             sums.append(log_sum)
-        lp_sums = torch.stack(sums).flatten().cpu()  # [S]; the per-element mean as the engine reports it below
         video = None
         if self.spec.decode:
             vae = self.pipeline.components["vae"]
             video = to_uint8_frames(latents_to_unit_range(vae, x, whole=False)[0])
-        return Rollout(latents=torch.stack(traj).cpu(), log_probs=lp_sums / x.numel(), log_prob_sums=lp_sums,
-                       video=video)
+        return Rollout(latents=torch.stack(traj).cpu(), log_probs=torch.stack(means).flatten().cpu(),
+                       log_prob_sums=torch.stack(sums).flatten().cpu(), video=video)
 
 
 # -- the engine path ---------------------------------------------------------------------------
@@ -245,8 +247,12 @@ def agreement(engine: list[Rollout], private: list[Rollout]) -> dict[str, Any]:
     lp = max(float((a.log_probs - b.log_probs).abs().max()) for a, b in zip(engine, private))
     equal = all(torch.equal(a.latents, b.latents) and torch.equal(a.log_probs, b.log_probs)
                 for a, b in zip(engine, private))
+    # the first step whose latents differ in any request (None: none): a kernel that rounds apart
+    # shows at step 0, a cause that builds up later does not
+    steps = [int(torch.nonzero((a.latents != b.latents).flatten(1).any(1))[0]) for a, b in zip(engine, private)
+             if not torch.equal(a.latents, b.latents)]
     out: dict[str, Any] = {"latents_max_abs_diff": lat, "latents_rel_diff": lat / scale, "log_probs_max_abs_diff": lp,
-                           "bit_equal": equal}
+                           "first_unequal_step": min(steps) if steps else None, "bit_equal": equal}
     videos = [(a.video, b.video) for a, b in zip(engine, private) if a.video is not None and b.video is not None]
     if videos:
         out["video_max_abs_diff_uint8"] = max(int((a.int() - b.int()).abs().max()) for a, b in videos)
@@ -255,14 +261,15 @@ def agreement(engine: list[Rollout], private: list[Rollout]) -> dict[str, Any]:
 
 
 def solo_check(pipeline: Pipeline, spec: RolloutSpec, trajs: list[Trajectory], private: list[Rollout],
-               n: int) -> bool:
+               n: int) -> dict[str, Any]:
     """The first ``n`` requests again through the engine one at a time (``max_batch=1``: the private
     loop's shapes): their trajectories, log-probs and frames must equal the private loop's bit for
     bit -- the same math; what the batched run differs by is batch-composition rounding only."""
     requests = [spec.request(t.prompt, seed_of(t)) for t in trajs[:n]]
     records = LibraryClient.of(pipeline, max_batch=1).run(requests)
     solo = [as_rollout(trajectory_of(rec, req, t.prompt, 0)) for rec, req, t in zip(records, requests, trajs)]
-    return bool(agreement(solo, private[:n])["bit_equal"])
+    agree = agreement(solo, private[:n])  # every difference, so a failure says where it is
+    return {f"solo_{k}": v for k, v in agree.items() if k != "bit_equal"} | {"solo_engine_bit_equal": agree["bit_equal"]}
 
 
 def run_one(args: argparse.Namespace, pipeline: Pipeline, frames: int, base: dict[str, Any]) -> dict[str, Any]:
@@ -310,7 +317,7 @@ def run_one(args: argparse.Namespace, pipeline: Pipeline, frames: int, base: dic
     agree.update(latent_rel_tol=tol, log_prob_tol=LOGPROB_TOL,
                  ok=agree["latents_rel_diff"] <= tol and agree["log_probs_max_abs_diff"] <= LOGPROB_TOL)
     if args.solo_check:
-        agree["solo_engine_bit_equal"] = solo_check(pipeline, spec, trajs, private, min(2, n))
+        agree.update(solo_check(pipeline, spec, trajs, private, min(2, n)))
         agree["ok"] = agree["ok"] and agree["solo_engine_bit_equal"]
     emit({**row, "metric": "agreement", **agree}, args.sink)
     emit({**row, "metric": "ratio", "engine_over_private": round(p["seconds"] / e["seconds"], 3),

@@ -629,11 +629,7 @@ class WanVAE(nn.Module):
         if not one_chunk:
             return torch.cat([self.decode_chunk(z[:, :, i : i + 1], cache) for i in range(z.shape[2])], dim=2)
         pieces = [z[:, :, :1], z[:, :, 1:]] if cache.chunks == 0 else [z]
-        out = []
-        for piece in pieces:
-            if piece.shape[2]:
-                cache.begin_chunk()
-                out.append(unpatchify(self.decoder(self.post_quant_conv(piece.to(self.dtype)), cache), self.config.patch))
+        out = [unpatchify(self._decode_piece(piece, cache), self.config.patch) for piece in pieces if piece.shape[2]]
         return torch.cat(out, dim=2).clamp_(-1.0, 1.0)
 
     def encode_chunk(self, video: Tensor, cache: CausalCache) -> Tensor:
@@ -658,8 +654,13 @@ class WanVAE(nn.Module):
     def _decode_chunk(self, z: Tensor, cache: CausalCache) -> Tensor:
         if z.shape[2] != 1:
             raise ValueError(f"decode_chunk takes one latent frame [B, z_dim, 1, h, w], got shape {tuple(z.shape)}")
+        return unpatchify(self._decode_piece(z, cache), self.config.patch)
+
+    def _decode_piece(self, z: Tensor, cache: CausalCache) -> Tensor:
+        """Latent frames [B, z_dim, k, h, w] as the next chunk of ``cache`` -> their frames, before
+        the unpatchify and unclamped (the one decoder call every decode path makes)."""
         cache.begin_chunk()
-        return unpatchify(self.decoder(self.post_quant_conv(z.to(self.dtype)), cache), self.config.patch)
+        return self.decoder(self.post_quant_conv(z.to(self.dtype)), cache)
 
     # -- whole-video API ---------------------------------------------------------------------
 
@@ -735,9 +736,7 @@ class WanVAE(nn.Module):
         with the chunks [1, 5), [5, 9), ... before the boundaries moved to multiples of k).
         """
         if whole:
-            cache = CausalCache()
-            cache.begin_chunk()
-            return self.decoder(self.post_quant_conv(z.to(self.dtype)), cache)
+            return self._decode_piece(z, CausalCache())
         if chunk_frames < 1:
             raise ValueError(f"chunk_frames must be >= 1, got {chunk_frames}")
         b, _, f, h, w = z.shape
@@ -748,8 +747,7 @@ class WanVAE(nn.Module):
         cache = CausalCache()
         edges = sorted({0, 1, *range(chunk_frames, f, chunk_frames), f})
         for i, j in zip(edges[:-1], edges[1:]):
-            cache.begin_chunk()
-            frames = self.decoder(self.post_quant_conv(z[:, :, i:j].to(self.dtype)), cache)
+            frames = self._decode_piece(z[:, :, i:j], cache)
             start = 0 if i == 0 else 1 + n * (i - 1)
             out[:, :, start : start + frames.shape[2]] = frames
         return out

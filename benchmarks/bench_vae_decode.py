@@ -13,12 +13,15 @@ one latent of the requested video size, and the same decode run several ways, si
 - ``whole``: every latent frame in one chunk (when it fits);
 - each with cuDNN's autotuner (``torch.backends.cudnn.benchmark``) off and on, and with the
   decoder's weights and activations in ``channels_last_3d``;
-- ``compiled``: ``torch.compile`` of the decoder at the best chunk size (optional, slow to build).
+- ``compiled``: ``torch.compile`` of the decoder at the best chunk size (optional, slow to build);
+- ``fused``: ``WanVAE.use_fused`` (each norm -> SiLU -> causal conv input in one compiled pass,
+  the convs eager) at the best chunk size and at chunk 1 (optional; compile time reported apart).
 
 Every row: median seconds, peak memory, and max |diff| against ours chunk 1 (in [-1, 1]).
 
     python benchmarks/bench_vae_decode.py --out benchmarks/results/vae_decode_h100.jsonl
     python benchmarks/bench_vae_decode.py --tiny          # CPU smoke
+    python benchmarks/bench_vae_decode.py --no-diffusers --fused --out benchmarks/results/vae_decode_fused_h100.jsonl
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import argparse
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import IO, Callable
 
 import torch
 
@@ -65,6 +68,23 @@ def decode_fn(vae: WanVAE, z: torch.Tensor, v: Variant) -> Callable[[], torch.Te
     return lambda: vae.decode(z, chunk_frames=v.chunk_frames)
 
 
+def measure_fused(vae: WanVAE, z: torch.Tensor, best: Variant, base: dict, sink: IO[str] | None,
+                  measure: Callable[[str, Callable[[], torch.Tensor], dict], object]) -> None:
+    """The fused norm -> SiLU -> padding pass at ``best``'s chunk size and at chunk 1 (cuDNN as in
+    ``best``, contiguous layout): the first decode of each, which compiles its graphs, timed apart."""
+    vae.use_fused(True)
+    for v in dict.fromkeys([Variant(best.name, best.chunk_frames, best.cudnn_benchmark),
+                            Variant("chunk1", 1, best.cudnn_benchmark)]):
+        fn = decode_fn(vae, z, v)
+        t0 = time.perf_counter()
+        fn()
+        emit({**base, "variant": f"fused_compile_seconds_{v.name}", "seconds": round(time.perf_counter() - t0, 1)},
+             sink)
+        measure(f"fused_{v.name}", fn, {"chunk_frames": v.chunk_frames, "cudnn_benchmark": v.cudnn_benchmark,
+                                       "fused": True})
+    vae.use_fused(False)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tiny", action="store_true", help="a small VAE and video on the CPU (smoke)")
@@ -73,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--no-diffusers", dest="diffusers", action="store_false")
     p.add_argument("--compile", action="store_true", help="also time torch.compile(decoder) at the best chunk")
+    p.add_argument("--fused", action="store_true",
+                   help="also time WanVAE.use_fused (norm + SiLU + causal padding in one compiled pass) at the best "
+                        "chunk and at chunk 1")
     p.add_argument("--profile", action="store_true", help="top kernels of chunk 1 and of the best variant")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
@@ -132,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         assert best is not None
         emit({**base, "variant": "best", "name": best[1].name, "median_s": best[0], **best[1].__dict__}, sink)
         torch.backends.cudnn.benchmark = best[1].cudnn_benchmark
+        if args.fused:  # before --compile, which replaces the decoder
+            measure_fused(vae, z, best[1], base, sink, measure)
         if args.compile and best[1].chunk_frames is not None:
             t0 = time.perf_counter()
             vae.decoder = torch.compile(vae.decoder)  # type: ignore[assignment]
@@ -143,6 +168,10 @@ def main(argv: list[str] | None = None) -> int:
             for v in (Variant("chunk1", 1, True), best[1]):
                 rows = profile_top(decode_fn(vae, z, v), cuda=cuda, steps=1, top=12)
                 emit({**base, "variant": f"profile_{v.name}", "top": rows}, sink)
+            if args.fused:
+                rows = profile_top(decode_fn(vae.use_fused(True), z, best[1]), cuda=cuda, steps=1, top=12)
+                emit({**base, "variant": f"profile_fused_{best[1].name}", "top": rows}, sink)
+                vae.use_fused(False)
     return 0
 
 

@@ -33,6 +33,7 @@ function (conv / norm outputs), never a block's input.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -298,6 +299,58 @@ class CausalConv3d(nn.Conv3d):
         return self(x, prev)
 
 
+def norm_silu_padded(x: Tensor, scale: Tensor, prev: Tensor | None, history: int) -> tuple[Tensor, Tensor]:
+    """A causal conv's padded input ``cat([prev or zeros, silu(ChannelRMSNorm(x))], dim=2)`` and its
+    next history (the padded input's last ``history`` frames), as plain math for ``torch.compile``.
+
+    x: [B, C, T, H, W]; scale: [C] fp32, the norm's ``sqrt(C) * weight`` (made outside: ``C ** 0.5``
+    in here would make Dynamo specialise on C, a graph per width); prev: [B, C, history, H, W] or
+    None (zeros).
+    Returns ([B, C, history + T, H, W], [B, C, history, H, W]), both in x's dtype. In fp32 inside
+    and cast once (the eager path rounds the inverse norm and the scale to x's dtype first), so
+    the two differ by rounding only. Compiled (:func:`_compiled_norm_silu_padded`), Inductor
+    writes the norm, SiLU and concatenation in one pass instead of four over the activation.
+    """
+    b, c, _, h, w = x.shape
+    xf = x.float()
+    inv = torch.linalg.vector_norm(xf, dim=1, keepdim=True).clamp_min(1e-12).reciprocal()  # [B, 1, T, H, W]
+    y = F.silu(xf * inv * scale.view(-1, 1, 1, 1)).to(x.dtype)
+    head = x.new_zeros(b, c, history, h, w) if prev is None else prev
+    padded = torch.cat([head, y], dim=2)
+    return padded, padded[:, :, padded.shape[2] - history :].clone()  # clone: a view would pin the chunk
+
+
+@functools.cache
+def _compiled_norm_silu_padded() -> Callable[[Tensor, Tensor, Tensor | None, int], tuple[Tensor, Tensor]]:
+    # Built on first use, so an eager deployment never imports Dynamo for it. dynamic: one graph
+    # for every width and size (four in all: Dynamo specialises T == 1 and prev None).
+    return torch.compile(norm_silu_padded, dynamic=True)
+
+
+def _fusable(norm: ChannelRMSNorm, x: Tensor, dropout: nn.Dropout | None) -> bool:
+    """Whether the fused path computes what the eager one would: no autograd graph to record
+    (training stays eager) and dropout, if any, the identity."""
+    grads = torch.is_grad_enabled() and (x.requires_grad or norm.weight.requires_grad)
+    return not grads and (dropout is None or not dropout.training or dropout.p == 0.0)
+
+
+def norm_silu_conv(norm: ChannelRMSNorm, conv: CausalConv3d, x: Tensor, cache: CausalCache, *, fused: bool,
+                   dropout: nn.Dropout | None = None) -> Tensor:
+    """``conv(dropout(silu(norm(x))))`` on one chunk through ``cache`` (every norm -> SiLU -> causal
+    conv site). ``fused`` (:meth:`WanVAE.use_fused`): the conv's padded input and its next history
+    from the compiled :func:`norm_silu_padded` where :func:`_fusable`, else the eager layers."""
+    if not (fused and _fusable(norm, x, dropout)):
+        h = _silu(norm(x))
+        return conv.forward_cached(h if dropout is None else dropout(h), cache)
+    prev = cache.read()
+    if prev is not None and prev.shape[2] < conv.history:  # an eager chunk's shorter history: zeros before it
+        prev = torch.cat([prev.new_zeros(*prev.shape[:2], conv.history - prev.shape[2], *prev.shape[3:]), prev], 2)
+    scale = norm.weight.float() * norm.dim**0.5  # [C]
+    padded, history = _compiled_norm_silu_padded()(x, scale, prev, conv.history)
+    cache.write(history)  # always conv.history frames (zeros first): the same conv input next chunk
+    return F.conv3d(padded, conv.weight, conv.bias, conv.stride, conv.padding)
+
+
 def _conv2d_per_frame(conv: nn.Conv2d, x: Tensor, stride: int = 1, padding: int = 0) -> Tensor:
     """A 2D conv applied to every frame of [B, C, T, H, W], as a (1, k, k) conv3d: no permutes."""
     return F.conv3d(x, conv.weight.unsqueeze(2), conv.bias, (1, stride, stride), (0, padding, padding))
@@ -313,12 +366,13 @@ class ResidualBlock(nn.Module):
         self.conv2 = CausalConv3d(out_dim, out_dim, 3, padding=1)
         self.conv_shortcut = CausalConv3d(in_dim, out_dim, 1) if in_dim != out_dim else None
 
+    fused: bool = False  # set by WanVAE.use_fused
+
     def forward(self, x: Tensor, cache: CausalCache) -> Tensor:
         # x: [B, C_in, T, H, W] -> [B, C_out, T, H, W]
         shortcut = x if self.conv_shortcut is None else self.conv_shortcut(x)
-        h = self.conv1.forward_cached(_silu(self.norm1(x)), cache)
-        h = self.dropout(_silu(self.norm2(h)))
-        h = self.conv2.forward_cached(h, cache)
+        h = norm_silu_conv(self.norm1, self.conv1, x, cache, fused=self.fused)
+        h = norm_silu_conv(self.norm2, self.conv2, h, cache, fused=self.fused, dropout=self.dropout)
         return h.add_(shortcut)
 
 
@@ -503,6 +557,8 @@ class ResidualUpBlock(nn.Module):
 class Encoder3d(nn.Module):
     """[B, in_channels, T, H, W] chunk -> [B, 2 z_dim, T', H/8, W/8] (mean and logvar)."""
 
+    fused: bool = False  # set by WanVAE.use_fused (the head's norm -> SiLU -> conv)
+
     def __init__(self, config: WanVAEConfig) -> None:
         super().__init__()
         dims = [config.base_dim * m for m in (1, *config.dim_mult)]
@@ -533,11 +589,13 @@ class Encoder3d(nn.Module):
         for block in self.down_blocks:
             x = block(x, cache)
         x = self.mid_block(x, cache)
-        return self.conv_out.forward_cached(_silu(self.norm_out(x)), cache)
+        return norm_silu_conv(self.norm_out, self.conv_out, x, cache, fused=self.fused)
 
 
 class Decoder3d(nn.Module):
     """[B, z_dim, 1, h, w] chunk -> [B, out_channels, 1 or 4, 8h, 8w]."""
+
+    fused: bool = False  # set by WanVAE.use_fused (the head's norm -> SiLU -> conv)
 
     def __init__(self, config: WanVAEConfig) -> None:
         super().__init__()
@@ -564,7 +622,7 @@ class Decoder3d(nn.Module):
         x = self.mid_block(x, cache)
         for block in self.up_blocks:
             x = block(x, cache)
-        return self.conv_out.forward_cached(_silu(self.norm_out(x)), cache)
+        return norm_silu_conv(self.norm_out, self.conv_out, x, cache, fused=self.fused)
 
 
 # ----------------------------------------------------------------------------- model
@@ -600,6 +658,8 @@ class WanVAE(nn.Module):
 
     # decode_stream equals decode(whole=False) bit for bit (a decode loop may stream it)
     streams_frames: bool = True
+    # Deployment state (like a DiT's attention_backend), never per request: see use_fused.
+    fused: bool = False
 
     def __init__(self, config: WanVAEConfig) -> None:
         super().__init__()
@@ -612,6 +672,16 @@ class WanVAE(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return self.quant_conv.weight.dtype
+
+    def use_fused(self, enabled: bool = True) -> WanVAE:
+        """Every norm -> SiLU -> causal conv (the residual blocks and both heads) builds the conv's
+        padded input in one compiled pass (:func:`norm_silu_conv`) instead of four eager ones. The
+        same function up to float rounding; compiled on first use (Inductor: a C compiler on CPU,
+        Triton on CUDA). Calls that record gradients stay eager."""
+        for module in self.modules():
+            if hasattr(module, "fused"):
+                module.fused = enabled
+        return self
 
     # -- streaming API: one chunk at a time, state in the caller's cache ------------------
 
@@ -935,9 +1005,17 @@ def wan_vae_loader(subfolder: str = "vae") -> Callable[..., WanVAE]:
     the Wan, FAR and shipped-manifest layouts all keep it so."""
 
     def load(root: Path, index: Mapping[str, Any], options: Any) -> WanVAE:
-        return load_wan_vae(root / subfolder, device=options.device, dtype=options.dtype).eval().requires_grad_(False)
+        vae = load_wan_vae(root / subfolder, device=options.device, dtype=options.dtype).eval().requires_grad_(False)
+        return vae.use_fused(fused_for(options))
 
     return load
+
+
+def fused_for(options: Any) -> bool:
+    """Whether a deployment's VAE takes the fused norm -> SiLU -> padding pass (:meth:`WanVAE.use_fused`):
+    with ``LoadOptions.compile`` on CUDA (Triton's kernels; a CPU keeps the eager reference).
+    NOTE: not yet measured on a GPU; ``benchmarks/bench_vae_decode.py --fused`` decides whether it stays."""
+    return bool(options.compile) and torch.device(options.device).type == "cuda"
 
 
 # -- one file in the original layout ------------------------------------------------------

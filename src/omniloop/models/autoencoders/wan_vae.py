@@ -309,7 +309,8 @@ def norm_silu_padded(x: Tensor, scale: Tensor, prev: Tensor | None, history: int
     Returns ([B, C, history + T, H, W], [B, C, history, H, W]), both in x's dtype. In fp32 inside
     and cast once (the eager path rounds the inverse norm and the scale to x's dtype first), so
     the two differ by rounding only. Compiled (:func:`_compiled_norm_silu_padded`), Inductor
-    writes the norm, SiLU and concatenation in one pass instead of four over the activation.
+    lowers the cat to slice writes: the norm's reduction and one pointwise pass that writes the
+    padded input, where eager makes five passes over the activation (norm, scale, weight, SiLU, cat).
     """
     b, c, _, h, w = x.shape
     xf = x.float()
@@ -679,7 +680,7 @@ class WanVAE(nn.Module):
         same function up to float rounding; compiled on first use (Inductor: a C compiler on CPU,
         Triton on CUDA). Calls that record gradients stay eager."""
         for module in self.modules():
-            if hasattr(module, "fused"):
+            if isinstance(module, (WanVAE, Encoder3d, Decoder3d, ResidualBlock)):
                 module.fused = enabled
         return self
 

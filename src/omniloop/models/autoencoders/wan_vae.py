@@ -1012,11 +1012,17 @@ def wan_vae_loader(subfolder: str = "vae") -> Callable[..., WanVAE]:
     return load
 
 
-def fused_for(options: Any) -> bool:
+# Whether a compiled CUDA deployment takes the fused pass. NOTE: off until a GPU measures it
+# (``benchmarks/bench_vae_decode.py --fused``, PENDING_GPU.md): a default path ships measured.
+FUSED_ON_CUDA = False
+
+
+def fused_for(options: Any, *, on_cuda: bool | None = None) -> bool:
     """Whether a deployment's VAE takes the fused norm -> SiLU -> padding pass (:meth:`WanVAE.use_fused`):
-    with ``LoadOptions.compile`` on CUDA (Triton's kernels; a CPU keeps the eager reference).
-    NOTE: not yet measured on a GPU; ``benchmarks/bench_vae_decode.py --fused`` decides whether it stays."""
-    return bool(options.compile) and torch.device(options.device).type == "cuda"
+    with ``LoadOptions.compile`` on CUDA (Triton's kernels; a CPU keeps the eager reference), once
+    ``FUSED_ON_CUDA`` (``on_cuda`` overrides it) says the GPU bench found it faster."""
+    enabled = FUSED_ON_CUDA if on_cuda is None else on_cuda
+    return enabled and bool(options.compile) and torch.device(options.device).type == "cuda"
 
 
 # -- one file in the original layout ------------------------------------------------------

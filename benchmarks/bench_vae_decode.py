@@ -150,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             if reference is None:
                 reference = got[1]
-            if best is None or got[0] < best[0]:
+            # the best chunked way (what a served decode steps: the whole video as one chunk
+            # needs 43-49 GB at 480x832x81 and is measured for reference only)
+            if v.chunk_frames is not None and (best is None or got[0] < best[0]):
                 best = (got[0], v)
         assert best is not None
         emit({**base, "variant": "best", "name": best[1].name, "median_s": best[0], **best[1].__dict__}, sink)

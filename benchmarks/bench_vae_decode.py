@@ -30,12 +30,12 @@ import argparse
 import statistics
 import time
 from dataclasses import dataclass
-from typing import IO, Callable
+from typing import IO, Callable, cast
 
 import torch
 
 from common import emit, jsonl_sink, profile_top, timed  # benchmarks/ is on sys.path when this runs as a script
-from omniloop.models.autoencoders.wan_vae import WanVAE
+from omniloop.models.autoencoders.wan_vae import FUSED_KERNELS, FusedKernel, WanVAE
 from wan_random import random_wan_vaes
 
 
@@ -47,9 +47,12 @@ class Variant:
     channels_last: bool = False
 
 
-def variants(chunks: list[int]) -> list[Variant]:
-    rows = [Variant("chunk1", 1, False), Variant("chunk1", 1, True)]
+def variants(chunks: list[int], quick: bool = False) -> list[Variant]:
+    """Every way to time; ``quick``: chunk 1 and ``chunks`` with cuDNN's autotuner on, nothing else."""
+    rows = [Variant("chunk1", 1, True)] if quick else [Variant("chunk1", 1, False), Variant("chunk1", 1, True)]
     rows += [Variant(f"chunk{k}", k, True) for k in chunks if k != 1]
+    if quick:
+        return rows
     rows += [Variant("whole", None, True)]
     rows += [Variant("chunk1", 1, True, True)] + [Variant(f"chunk{k}", k, True, True) for k in chunks if k != 1]
     return rows
@@ -69,19 +72,21 @@ def decode_fn(vae: WanVAE, z: torch.Tensor, v: Variant) -> Callable[[], torch.Te
 
 
 def measure_fused(vae: WanVAE, z: torch.Tensor, best: Variant, base: dict, sink: IO[str] | None,
-                  measure: Callable[[str, Callable[[], torch.Tensor], dict], object]) -> None:
-    """The fused norm -> SiLU -> padding pass at ``best``'s chunk size and at chunk 1 (cuDNN as in
-    ``best``, contiguous layout): the first decode of each, which compiles its graphs, timed apart."""
-    vae.use_fused(True)
+                  measure: Callable[[str, Callable[[], torch.Tensor], dict], object], kernel: FusedKernel) -> None:
+    """The fused norm -> SiLU -> padding pass (``kernel``) at ``best``'s chunk size and at chunk 1
+    (cuDNN as in ``best``, contiguous layout): the first decode of each, which compiles, timed apart.
+    Rows are named ``fused_<chunk>`` for Inductor, ``fused_<kernel>_<chunk>`` otherwise."""
+    vae.use_fused(True, kernel=kernel)
+    tag = "fused" if kernel == "inductor" else f"fused_{kernel}"
     for v in dict.fromkeys([Variant(best.name, best.chunk_frames, best.cudnn_benchmark),
                             Variant("chunk1", 1, best.cudnn_benchmark)]):
         fn = decode_fn(vae, z, v)
         t0 = time.perf_counter()
         fn()
-        emit({**base, "variant": f"fused_compile_seconds_{v.name}", "seconds": round(time.perf_counter() - t0, 1)},
+        emit({**base, "variant": f"{tag}_compile_seconds_{v.name}", "seconds": round(time.perf_counter() - t0, 1)},
              sink)
-        measure(f"fused_{v.name}", fn, {"chunk_frames": v.chunk_frames, "cudnn_benchmark": v.cudnn_benchmark,
-                                       "fused": True})
+        measure(f"{tag}_{v.name}", fn, {"chunk_frames": v.chunk_frames, "cudnn_benchmark": v.cudnn_benchmark,
+                                        "fused": kernel})
     vae.use_fused(False)
 
 
@@ -94,9 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-diffusers", dest="diffusers", action="store_false")
     p.add_argument("--compile", action="store_true", help="also time torch.compile(decoder) at the best chunk")
     p.add_argument("--fused", action="store_true",
-                   help="also time WanVAE.use_fused (norm + SiLU + causal padding in one compiled pass) at the best "
+                   help="also time WanVAE.use_fused (norm + SiLU + causal padding in one pass) at the best "
                         "chunk and at chunk 1")
+    p.add_argument("--fused-kernels", default="inductor",
+                   help="with --fused: the kernels to time, comma separated (inductor, triton: CUDA only)")
     p.add_argument("--profile", action="store_true", help="top kernels of chunk 1 and of the best variant")
+    p.add_argument("--quick", action="store_true",
+                   help="only chunk 1 and --chunks (cuDNN autotuner on): no whole video, no channels-last")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
 
@@ -110,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     base = {"bench": "vae_decode", "shape": [height, width, frames], "dtype": str(dtype).removeprefix("torch."),
             "device": torch.cuda.get_device_name() if cuda else "cpu"}
     chunks = [int(k) for k in args.chunks.split(",") if k]
+    kernels = [cast(FusedKernel, k) for k in args.fused_kernels.split(",") if k]
+    if unknown := [k for k in kernels if k not in FUSED_KERNELS]:
+        raise SystemExit(f"--fused-kernels {unknown}: pass some of {list(FUSED_KERNELS)}")
 
     def measure(name: str, fn: Callable[[], torch.Tensor], extra: dict) -> tuple[float, torch.Tensor] | None:
         if cuda:
@@ -137,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                 torch.backends.cudnn.benchmark = bench
                 measure("diffusers", lambda: ref.decode(z, return_dict=False)[0], {"cudnn_benchmark": bench})
         best: tuple[float, Variant] | None = None
-        for v in variants(chunks):
+        for v in variants(chunks, quick=args.quick):
             torch.backends.cudnn.benchmark = v.cudnn_benchmark
             if v.channels_last:
                 set_layout(vae, torch.channels_last_3d)
@@ -158,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         emit({**base, "variant": "best", "name": best[1].name, "median_s": best[0], **best[1].__dict__}, sink)
         torch.backends.cudnn.benchmark = best[1].cudnn_benchmark
         if args.fused:  # before --compile, which replaces the decoder
-            measure_fused(vae, z, best[1], base, sink, measure)
+            for kernel in kernels:
+                measure_fused(vae, z, best[1], base, sink, measure, kernel)
         if args.compile and best[1].chunk_frames is not None:
             t0 = time.perf_counter()
             vae.decoder = torch.compile(vae.decoder)  # type: ignore[assignment]
@@ -170,9 +183,10 @@ def main(argv: list[str] | None = None) -> int:
             for v in (Variant("chunk1", 1, True), best[1]):
                 rows = profile_top(decode_fn(vae, z, v), cuda=cuda, steps=1, top=12)
                 emit({**base, "variant": f"profile_{v.name}", "top": rows}, sink)
-            if args.fused:
-                rows = profile_top(decode_fn(vae.use_fused(True), z, best[1]), cuda=cuda, steps=1, top=12)
-                emit({**base, "variant": f"profile_fused_{best[1].name}", "top": rows}, sink)
+            for kernel in kernels if args.fused else ():
+                rows = profile_top(decode_fn(vae.use_fused(True, kernel=kernel), z, best[1]), cuda=cuda, steps=1,
+                                   top=12)
+                emit({**base, "variant": f"profile_fused_{kernel}_{best[1].name}", "top": rows}, sink)
                 vae.use_fused(False)
     return 0
 

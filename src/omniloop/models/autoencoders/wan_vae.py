@@ -39,7 +39,7 @@ import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +47,7 @@ from torch import Tensor, nn
 
 from omniloop.models.checkpoint_files import (cast_to, check_and_assign, format_keys, read_tensors, weight_files,
                                              wrong_shapes)
+from omniloop.models.layers.norm_silu_triton import norm_silu_into, runs_on as norm_silu_runs_on
 from omniloop.models.single_file import VAE_SECTIONS, read_single_file
 
 CONFIG_FILE = "config.json"
@@ -299,6 +300,11 @@ class CausalConv3d(nn.Conv3d):
         return self(x, prev)
 
 
+# The fused norm -> SiLU -> padded-input pass's implementations (WanVAE.use_fused)
+FusedKernel = Literal["inductor", "triton"]
+FUSED_KERNELS: tuple[FusedKernel, ...] = get_args(FusedKernel)
+
+
 def norm_silu_padded(x: Tensor, scale: Tensor, prev: Tensor | None, history: int) -> tuple[Tensor, Tensor]:
     """A causal conv's padded input ``cat([prev or zeros, silu(ChannelRMSNorm(x))], dim=2)`` and its
     next history (the padded input's last ``history`` frames), as plain math for ``torch.compile``.
@@ -328,6 +334,19 @@ def _compiled_norm_silu_padded() -> Callable[[Tensor, Tensor, Tensor | None, int
     return torch.compile(norm_silu_padded, dynamic=True)
 
 
+def _triton_norm_silu_padded(x: Tensor, scale: Tensor, prev: Tensor | None, history: int) -> tuple[Tensor, Tensor]:
+    """:func:`norm_silu_padded` with the history frames copied in and the rest written by the Triton
+    kernel straight into the padded buffer (no cat)."""
+    b, c, t, h, w = x.shape
+    padded = x.new_empty(b, c, history + t, h, w)
+    if prev is None:
+        padded[:, :, :history].zero_()
+    else:
+        padded[:, :, :history] = prev
+    norm_silu_into(x.contiguous(), scale, padded, history)
+    return padded, padded[:, :, padded.shape[2] - history :].clone()  # clone: a view would pin the chunk
+
+
 def _fusable(norm: ChannelRMSNorm, x: Tensor, dropout: nn.Dropout | None) -> bool:
     """Whether the fused path computes what the eager one would: no autograd graph to record
     (training stays eager) and dropout, if any, the identity."""
@@ -335,11 +354,12 @@ def _fusable(norm: ChannelRMSNorm, x: Tensor, dropout: nn.Dropout | None) -> boo
     return not grads and (dropout is None or not dropout.training or dropout.p == 0.0)
 
 
-def norm_silu_conv(norm: ChannelRMSNorm, conv: CausalConv3d, x: Tensor, cache: CausalCache, *, fused: bool,
-                   dropout: nn.Dropout | None = None) -> Tensor:
+def norm_silu_conv(norm: ChannelRMSNorm, conv: CausalConv3d, x: Tensor, cache: CausalCache, *,
+                   fused: FusedKernel | None, dropout: nn.Dropout | None = None) -> Tensor:
     """``conv(dropout(silu(norm(x))))`` on one chunk through ``cache`` (every norm -> SiLU -> causal
     conv site). ``fused`` (:meth:`WanVAE.use_fused`): the conv's padded input and its next history
-    from the compiled :func:`norm_silu_padded` where :func:`_fusable`, else the eager layers."""
+    in one pass where :func:`_fusable` (the compiled :func:`norm_silu_padded`, or the Triton
+    kernel), else (None) the eager layers."""
     if not (fused and _fusable(norm, x, dropout)):
         h = _silu(norm(x))
         return conv.forward_cached(h if dropout is None else dropout(h), cache)
@@ -347,7 +367,10 @@ def norm_silu_conv(norm: ChannelRMSNorm, conv: CausalConv3d, x: Tensor, cache: C
     if prev is not None and prev.shape[2] < conv.history:  # an eager chunk's shorter history: zeros before it
         prev = torch.cat([prev.new_zeros(*prev.shape[:2], conv.history - prev.shape[2], *prev.shape[3:]), prev], 2)
     scale = norm.weight.float() * norm.dim**0.5  # [C]
-    padded, history = _compiled_norm_silu_padded()(x, scale, prev, conv.history)
+    if fused == "triton":
+        padded, history = _triton_norm_silu_padded(x, scale, prev, conv.history)
+    else:
+        padded, history = _compiled_norm_silu_padded()(x, scale, prev, conv.history)
     cache.write(history)  # always conv.history frames (zeros first): the same conv input next chunk
     return F.conv3d(padded, conv.weight, conv.bias, conv.stride, conv.padding)
 
@@ -367,7 +390,7 @@ class ResidualBlock(nn.Module):
         self.conv2 = CausalConv3d(out_dim, out_dim, 3, padding=1)
         self.conv_shortcut = CausalConv3d(in_dim, out_dim, 1) if in_dim != out_dim else None
 
-    fused: bool = False  # set by WanVAE.use_fused
+    fused: FusedKernel | None = None  # set by WanVAE.use_fused
 
     def forward(self, x: Tensor, cache: CausalCache) -> Tensor:
         # x: [B, C_in, T, H, W] -> [B, C_out, T, H, W]
@@ -558,7 +581,7 @@ class ResidualUpBlock(nn.Module):
 class Encoder3d(nn.Module):
     """[B, in_channels, T, H, W] chunk -> [B, 2 z_dim, T', H/8, W/8] (mean and logvar)."""
 
-    fused: bool = False  # set by WanVAE.use_fused (the head's norm -> SiLU -> conv)
+    fused: FusedKernel | None = None  # set by WanVAE.use_fused (the head's norm -> SiLU -> conv)
 
     def __init__(self, config: WanVAEConfig) -> None:
         super().__init__()
@@ -596,7 +619,7 @@ class Encoder3d(nn.Module):
 class Decoder3d(nn.Module):
     """[B, z_dim, 1, h, w] chunk -> [B, out_channels, 1 or 4, 8h, 8w]."""
 
-    fused: bool = False  # set by WanVAE.use_fused (the head's norm -> SiLU -> conv)
+    fused: FusedKernel | None = None  # set by WanVAE.use_fused (the head's norm -> SiLU -> conv)
 
     def __init__(self, config: WanVAEConfig) -> None:
         super().__init__()
@@ -660,7 +683,7 @@ class WanVAE(nn.Module):
     # decode_stream equals decode(whole=False) bit for bit (a decode loop may stream it)
     streams_frames: bool = True
     # Deployment state (like a DiT's attention_backend), never per request: see use_fused.
-    fused: bool = False
+    fused: FusedKernel | None = None
 
     def __init__(self, config: WanVAEConfig) -> None:
         super().__init__()
@@ -674,14 +697,21 @@ class WanVAE(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.quant_conv.weight.dtype
 
-    def use_fused(self, enabled: bool = True) -> WanVAE:
+    def use_fused(self, enabled: bool = True, kernel: FusedKernel = "inductor") -> WanVAE:
         """Every norm -> SiLU -> causal conv (the residual blocks and both heads) builds the conv's
-        padded input in one compiled pass (:func:`norm_silu_conv`) instead of four eager ones. The
-        same function up to float rounding; compiled on first use (Inductor: a C compiler on CPU,
-        Triton on CUDA). Calls that record gradients stay eager."""
+        padded input in one pass (:func:`norm_silu_conv`) instead of four eager ones. The same
+        function up to float rounding. ``kernel``: "inductor" compiles :func:`norm_silu_padded` on
+        first use (a C compiler on CPU, Triton on CUDA); "triton" writes the padded input with the
+        hand-written kernel of :mod:`omniloop.models.layers.norm_silu_triton` (CUDA, or the CPU
+        under ``TRITON_INTERPRET=1``). Calls that record gradients stay eager."""
+        if kernel not in FUSED_KERNELS:
+            raise ValueError(f"fused kernel {kernel!r}: pass one of {list(FUSED_KERNELS)}")
+        if enabled and kernel == "triton" and not norm_silu_runs_on(self.quant_conv.weight.device):
+            raise ValueError(f"the triton fused kernel needs Triton and a CUDA device (this VAE is on "
+                             f"{self.quant_conv.weight.device}); pass kernel='inductor'")
         for module in self.modules():
             if isinstance(module, (WanVAE, Encoder3d, Decoder3d, ResidualBlock)):
-                module.fused = enabled
+                module.fused = kernel if enabled else None
         return self
 
     # -- streaming API: one chunk at a time, state in the caller's cache ------------------

@@ -269,8 +269,9 @@ def agreement(engine: list[Rollout], private: list[Rollout]) -> dict[str, Any]:
 def solo_check(pipeline: Pipeline, spec: RolloutSpec, trajs: list[Trajectory], private: list[Rollout],
                n: int) -> dict[str, Any]:
     """The first ``n`` requests again through the engine one at a time (``max_batch=1``: the private
-    loop's shapes): their trajectories, log-probs and frames must equal the private loop's bit for
-    bit -- the same math; what the batched run differs by is batch-composition rounding only."""
+    loop's shapes), compared with the private loop's (``solo_*``: every difference): the same math,
+    so what the batched run differs by is batch-composition rounding only (``run_one`` judges them:
+    latents and frames bit-equal, log-probs within ``SOLO_LOGPROB_TOL``)."""
     requests = [spec.request(t.prompt, seed_of(t)) for t in trajs[:n]]
     records = LibraryClient.of(pipeline, max_batch=1).run(requests)
     solo = [as_rollout(trajectory_of(rec, req, t.prompt, 0)) for rec, req, t in zip(records, requests, trajs)]

@@ -103,7 +103,6 @@ def save_random_wan22(folder: Path | None = None, *, size: str, layers: int | No
     return folder
 
 
-
 def random_pair(diffusers_cls, cfg: dict, load_ours, device, dtype: torch.dtype, *, prefix: str):
     """One random ``diffusers_cls(**cfg)`` (seed 0, built on ``device``), saved to a temp folder and
     loaded both ways users load it: ``(diffusers_model, ours)`` in ``dtype`` on ``device``, eval, no

@@ -10,8 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omniloop.models.autoencoders.wan_vae import (FUSED_ON_CUDA, ChannelRMSNorm, WanVAE, _compiled_norm_silu_padded,
-                                                  fused_for, load_wan_vae, norm_silu_padded, wan_vae_loader)
+from omniloop.models.autoencoders import wan_vae
+from omniloop.models.autoencoders.wan_vae import (ChannelRMSNorm, WanVAE, _compiled_norm_silu_padded, fused_for,
+                                                  load_wan_vae, norm_silu_padded, wan_vae_loader)
 from omniloop.models.model_spec import LoadOptions
 from tests.factories import save_tiny_wan_vae
 
@@ -129,12 +130,15 @@ def test_training_stays_eager(vae: WanVAE) -> None:
 
 @pytest.mark.parametrize(("device", "compile_", "fused"), [("cuda", True, True), ("cuda", False, False),
                                                            ("cpu", True, False), ("cpu", False, False)])
-def test_deployments_fuse_with_compile_on_cuda(device: str, compile_: bool, fused: bool) -> None:
+def test_deployments_fuse_with_compile_on_cuda(device: str, compile_: bool, fused: bool,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """The loaders' rule once enabled: LoadOptions.compile on CUDA turns the fused pass on; a CPU
-    stays eager; until the GPU bench has measured it (FUSED_ON_CUDA) no deployment takes it."""
+    stays eager; with FUSED_ON_CUDA off (a GPU bench that found it slower) no deployment takes it."""
     options = LoadOptions(device=torch.device(device), dtype=torch.bfloat16, compile=compile_)
-    assert fused_for(options, on_cuda=True) is fused
-    assert fused_for(options) is (fused and FUSED_ON_CUDA)
+    monkeypatch.setattr(wan_vae, "FUSED_ON_CUDA", True)
+    assert fused_for(options) is fused
+    monkeypatch.setattr(wan_vae, "FUSED_ON_CUDA", False)
+    assert fused_for(options) is False
 
 
 def test_loader_applies_the_rule(tmp_path) -> None:

@@ -1050,12 +1050,11 @@ def wan_vae_loader(subfolder: str = "vae") -> Callable[..., WanVAE]:
 FUSED_ON_CUDA = True
 
 
-def fused_for(options: Any, *, on_cuda: bool | None = None) -> bool:
+def fused_for(options: Any) -> bool:
     """Whether a deployment's VAE takes the fused norm -> SiLU -> padding pass (:meth:`WanVAE.use_fused`):
-    with ``LoadOptions.compile`` on CUDA (Triton's kernels; a CPU keeps the eager reference), once
-    ``FUSED_ON_CUDA`` (``on_cuda`` overrides it) says the GPU bench found it faster."""
-    enabled = FUSED_ON_CUDA if on_cuda is None else on_cuda
-    return enabled and bool(options.compile) and torch.device(options.device).type == "cuda"
+    with ``LoadOptions.compile`` on CUDA (Triton's kernels; a CPU keeps the eager reference), while
+    ``FUSED_ON_CUDA`` says the GPU bench found it faster."""
+    return FUSED_ON_CUDA and bool(options.compile) and torch.device(options.device).type == "cuda"
 
 
 # -- one file in the original layout ------------------------------------------------------

@@ -16,6 +16,8 @@ models have small ones.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from common import built_in  # benchmarks/ is on sys.path: the benches import this file
 
@@ -47,6 +49,7 @@ def _shrink_outputs(module: torch.nn.Module, factor: float = 0.1) -> None:
                 p.mul_(factor)
 
 
+@functools.cache  # one per process: training breaks ties in hash order (flux_random._tokenizers)
 def _t5_tokenizer(max_length: int):
     from tokenizers import SentencePieceUnigramTokenizer
     from transformers import T5TokenizerFast
@@ -57,6 +60,7 @@ def _t5_tokenizer(max_length: int):
                            extra_ids=0, model_max_length=max_length)
 
 
+@functools.cache
 def _gemma_tokenizer(max_length: int):
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import GemmaTokenizerFast

@@ -9,6 +9,9 @@
   ours_fp8             the defaults + ``quantization="fp8"`` (e4m3 block GEMMs; CUDA with FP8
                        tensor cores only: elsewhere a row says why it was skipped)
   ours_cache           the defaults + our DBCache plugin (ext/cache/dbcache.py)
+  ours_eager           the CPU's kernels on the same device: sdpa, sequential CFG, no compile (what
+                       the fast path buys; and the row that tells a fast-path numerics fault from
+                       a model one)
 
 for Wan2.1-T2V-1.3B 480x832x81 (50 steps, CFG 5), Wan2.2-T2V-A14B 720x1280x81 (40 steps, CFG
 4 / 3, two experts; ``--layers N`` blocks per expert when memory or disk requires: the row
@@ -66,8 +69,9 @@ from omniloop.models.model_spec import LoadOptions, ModelSpec  # noqa: E402
 from omniloop.request import DiffusionParams, OmniOutput, OmniRequest, OutputSpec, TaskType, TextPart  # noqa: E402
 
 FAMILIES = ("wan21", "wan22_a14b", "flux", "ltx2", "stable_audio")
-MODES = ("diffusers", "diffusers_compiled", "diffusers_cache_dit", "ours_default", "ours_fp8", "ours_cache")
+MODES = ("diffusers", "diffusers_compiled", "diffusers_cache_dit", "ours_default", "ours_fp8", "ours_cache", "ours_eager")
 AUTO = frozenset({"attention_backend", "cfg_mode", "compile"})  # what a deployment leaves to the family
+EAGER = {"attention_backend": "sdpa", "cfg_mode": "sequential", "compile": False}  # the CPU's choices, explicit
 VIDEO_PROMPT = "a red circle moving right"
 Decoded = dict[str, torch.Tensor]  # "video" [F, H, W, 3] / "image" [H, W, 3] in [0, 1]; "audio" [C, N] in [-1, 1]
 # the caches skip nothing below 8 steps (ext/cache/taylorseer.MIN_STEPS: few-step sampling), so the
@@ -277,6 +281,12 @@ def ours_sides(case: Case, modes: list[str], args, schedule: ForcedSchedule, rep
                        {"schedule": dataclasses.asdict(schedule), **kernels})
         del base
         free(args.device)
+    if "ours_eager" in modes:
+        eager = case.ours(dataclasses.replace(options, auto=frozenset(), **EAGER))  # explicit: nothing resolved
+        eager.compiled = False
+        report("ours_eager", lambda steps: ours_run(case, eager, steps), dict(EAGER))
+        del eager
+        free(args.device)
     if "ours_fp8" in modes:
         if args.device.type != "cuda":
             report.skip("ours_fp8", f"quantization='fp8' needs a CUDA GPU with FP8 tensor cores; this run is on "
@@ -317,8 +327,11 @@ class Reporter:
         self.medians: dict[str, float] = {}
 
     def __call__(self, mode: str, run: Callable[[int], tuple[Decoded, dict]], extra: dict | None = None) -> None:
+        resident = None
         if self.args.device.type == "cuda":  # peak over the warm and timed runs: resident weights + activations
             torch.cuda.reset_peak_memory_stats(self.args.device)
+            # what is allocated before the side runs: its weights, and anything an earlier side left
+            resident = round(torch.cuda.memory_allocated(self.args.device) / 2**30, 2)
         try:
             decoded, info, times = timed(run, self.case, self.args)
         except Exception as e:  # one side failing (a compile error, OOM) must not lose the others' figures
@@ -326,7 +339,8 @@ class Reporter:
             free(self.args.device)
             return
         row = {**self.base, "mode": mode, "status": "ok", "median_s": round(statistics.median(times), 3),
-               "times_s": [round(t, 3) for t in times], "peak_gb": peak_gb(self.args.device), **(extra or {}), **info}
+               "times_s": [round(t, 3) for t in times], "peak_gb": peak_gb(self.args.device), "resident_gb": resident,
+               **(extra or {}), **info}
         if mode == "diffusers":
             self.reference = decoded
         row["agreement_vs_diffusers"] = self._agreement(decoded)
@@ -353,6 +367,7 @@ class Reporter:
         m = self.medians
         ratios = {f"{a}_over_{b}": round(m[b] / m[a], 3)
                   for a, b in (("ours_default", "diffusers"), ("ours_default", "diffusers_compiled"),
+                               ("ours_default", "ours_eager"),
                                ("ours_fp8", "diffusers_compiled"), ("ours_cache", "diffusers_cache_dit"))
                   if a in m and b in m}
         emit({**self.base, "mode": "speedups", "speedup": ratios}, self.sink)

@@ -12,6 +12,7 @@ diffusers folder (``flux.spec.build_flux``), with the loader's caches attached.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import string
 import tempfile
 from pathlib import Path
@@ -44,7 +45,8 @@ def _configs(size: str) -> tuple[dict, dict, int, int]:
     return dit, vae, 32, 24
 
 
-def _tokenizers():
+@functools.cache  # one per process: Unigram training breaks score ties in hash order, so two
+def _tokenizers():  # trainings can order the vocab differently, and the bench's two builds must match
     from tokenizers import SentencePieceUnigramTokenizer
     from transformers import CLIPTokenizer, T5TokenizerFast
 

@@ -32,11 +32,13 @@ def test_families_benchmark_smoke(tmp_path):
         for mode in ("diffusers", "diffusers_compiled", "diffusers_cache_dit", "ours_default"):
             row = rows[(family, mode)]
             assert row["status"] == "ok" and row["median_s"] > 0 and row["times_s"], row
-        for mode in ("diffusers_compiled", "ours_default"):  # exact paths: equal to plain diffusers
+        for mode in ("diffusers_compiled", "ours_default", "ours_eager"):  # exact paths: equal to plain diffusers
             assert rows[(family, mode)]["agreement_vs_diffusers"][output]["max_abs_diff"] <= LEVEL
         fp8 = rows[(family, "ours_fp8")]
         assert fp8["status"] == "skipped" and "CUDA" in fp8["reason"]
         assert "ours_default_over_diffusers" in rows[(family, "speedups")]["speedup"]
+        assert rows[(family, "ours_eager")]["compile"] is False  # the explicit kernels, named in the row
+        assert "ours_default_over_ours_eager" in rows[(family, "speedups")]["speedup"]
     ours, theirs = rows[("wan21", "ours_cache")], rows[("wan21", "diffusers_cache_dit")]
     assert ours["status"] == "ok" and ours["schedule"] == theirs["schedule"]
     assert ours["cached_steps"] == theirs["cached_steps"] == theirs["cached_uncond_steps"] > 0

@@ -132,19 +132,25 @@ def test_training_stays_eager(vae: WanVAE) -> None:
                                                            ("cpu", True, False), ("cpu", False, False)])
 def test_deployments_fuse_with_compile_on_cuda(device: str, compile_: bool, fused: bool,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    """The loaders' rule once enabled: LoadOptions.compile on CUDA turns the fused pass on; a CPU
-    stays eager; with FUSED_ON_CUDA off (a GPU bench that found it slower) no deployment takes it."""
+    """The loaders' rule: LoadOptions.compile on CUDA takes FUSED_ON_CUDA's kernel (Triton, the
+    faster on the H100); a CPU stays eager; with FUSED_ON_CUDA None (a GPU bench that found the
+    fused pass slower) no deployment takes it."""
     options = LoadOptions(device=torch.device(device), dtype=torch.bfloat16, compile=compile_)
-    monkeypatch.setattr(wan_vae, "FUSED_ON_CUDA", True)
-    assert fused_for(options) is fused
-    monkeypatch.setattr(wan_vae, "FUSED_ON_CUDA", False)
-    assert fused_for(options) is False
+    assert wan_vae.FUSED_ON_CUDA == "triton"
+    assert fused_for(options) == ("triton" if fused else None)
+    monkeypatch.setattr(wan_vae, "FUSED_ON_CUDA", "inductor")
+    assert fused_for(options) == ("inductor" if fused else None)
+    monkeypatch.setattr(wan_vae, "FUSED_ON_CUDA", None)
+    assert fused_for(options) is None
 
 
-def test_loader_applies_the_rule(tmp_path) -> None:
-    """wan_vae_loader (Wan, FAR, manifests) sets the flag from the options: on the CPU, off even with compile."""
+def test_loader_applies_the_rule(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """wan_vae_loader (Wan, FAR, manifests) sets the kernel from the options: on the CPU, off even
+    with compile; where the rule picks a kernel, every fused site takes that one."""
     save_tiny_wan_vae(tmp_path / "vae")
     options = LoadOptions(device=torch.device("cpu"), dtype=torch.float32, compile=True)
     vae = wan_vae_loader()(tmp_path, {}, options)
     assert not vae.fused and not any(getattr(m, "fused", False) for m in vae.modules())
-    assert all(m.fused for m in vae.use_fused(True).modules() if hasattr(m, "fused"))
+    monkeypatch.setattr(wan_vae, "fused_for", lambda options: "inductor")
+    vae = wan_vae_loader()(tmp_path, {}, options)
+    assert {m.fused for m in vae.modules() if hasattr(m, "fused")} == {"inductor"}

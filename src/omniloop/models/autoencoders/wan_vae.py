@@ -1037,24 +1037,33 @@ def wan_vae_loader(subfolder: str = "vae") -> Callable[..., WanVAE]:
 
     def load(root: Path, index: Mapping[str, Any], options: Any) -> WanVAE:
         vae = load_wan_vae(root / subfolder, device=options.device, dtype=options.dtype).eval().requires_grad_(False)
-        return vae.use_fused(fused_for(options))
+        return deploy_fused(vae, options)
 
     return load
 
 
-# Whether a compiled CUDA deployment takes the fused pass. Measured on an H100, 480x832x81 bf16
-# (benchmarks/results/vae_decode_fused_h100.jsonl): one latent frame a chunk 1.445 s fused vs 1.549
-# eager, the whole video as one chunk 1.180 vs 1.268 (-7% each; ~10 s to compile on first use, paid
-# once per process and kept by the compile cache); max |diff| vs eager one frame a chunk 0.058 in
-# [-1, 1], the size of bf16's other reorderings (0.055 for chunks of 4).
-FUSED_ON_CUDA = True
+# The fused kernel a compiled CUDA deployment takes (None: eager). Measured on an H100, 480x832x81
+# bf16, chunks of 5 latent frames as served (benchmarks/results/vae_decode_triton_h100.jsonl): the
+# hand-written Triton pass 1.040 s, Inductor's 1.181 s, eager 1.279 s (one frame a chunk: 1.169 /
+# 1.302 / 1.393); max |diff| vs eager one frame a chunk 0.057 / 0.059 in [-1, 1], the size of bf16's
+# other reorderings (0.052 for eager chunks of 5). Triton compiles its kernel in ~2 s on first use
+# (Inductor's pass ~19 s); vae_decode_fused_h100.jsonl has the first Inductor figures.
+FUSED_ON_CUDA: FusedKernel | None = "triton"
 
 
-def fused_for(options: Any) -> bool:
-    """Whether a deployment's VAE takes the fused norm -> SiLU -> padding pass (:meth:`WanVAE.use_fused`):
-    with ``LoadOptions.compile`` on CUDA (Triton's kernels; a CPU keeps the eager reference), while
-    ``FUSED_ON_CUDA`` says the GPU bench found it faster."""
-    return FUSED_ON_CUDA and bool(options.compile) and torch.device(options.device).type == "cuda"
+def fused_for(options: Any) -> FusedKernel | None:
+    """The fused norm -> SiLU -> padding kernel a deployment's VAE takes (:meth:`WanVAE.use_fused`),
+    or None for the eager reference: ``FUSED_ON_CUDA`` with ``LoadOptions.compile`` on CUDA (compile
+    on CUDA needs Triton, which both kernels use); a CPU keeps the eager reference."""
+    if FUSED_ON_CUDA is None or not options.compile or torch.device(options.device).type != "cuda":
+        return None
+    return FUSED_ON_CUDA
+
+
+def deploy_fused(vae: WanVAE, options: Any) -> WanVAE:
+    """``vae`` with the fused pass :func:`fused_for` chooses for ``options`` (or eager)."""
+    kernel = fused_for(options)
+    return vae.use_fused(kernel is not None, kernel or "inductor")
 
 
 # -- one file in the original layout ------------------------------------------------------

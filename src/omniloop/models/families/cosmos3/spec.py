@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from omniloop.cache.paged_kv import build_text_kv_pool
 from omniloop.models.families.cosmos3.audio_vae import load_cosmos3_audio
-from omniloop.models.autoencoders.wan_vae import fused_for, load_wan_vae
+from omniloop.models.autoencoders.wan_vae import deploy_fused, load_wan_vae
 from omniloop.models.families.cosmos3 import presets as P
 from omniloop.models.families.cosmos3.model import Cosmos3Reasoner
 from omniloop.models.families.cosmos3.stages import (
@@ -79,7 +79,7 @@ def _load_vision_tower(root: Path, index: Mapping[str, Any], options: LoadOption
 
 
 def _load_vae(root: Path, index: Mapping[str, Any], options: LoadOptions):
-    return load_wan_vae(root / "vae", device=options.device, dtype=options.dtype).use_fused(fused_for(options))
+    return deploy_fused(load_wan_vae(root / "vae", device=options.device, dtype=options.dtype), options)
 
 
 def _load_sound(root: Path, index: Mapping[str, Any], options: LoadOptions):

@@ -45,7 +45,7 @@ from omniloop.models.families.wan.vace import VaceCondition, VaceDenoiseLoop, Va
 from omniloop.models.families.wan.validate import make_validator, size_caps, vace_validator
 from omniloop.models.families.wan.model import WanVaceDiT
 from omniloop.models.families.wan.weights import dit_state_dict_from_diffusers, load_wan_dit, load_wan_dit_single_file
-from omniloop.models.autoencoders.wan_vae import fused_for, load_wan_vae_single_file, wan_vae_loader
+from omniloop.models.autoencoders.wan_vae import deploy_fused, load_wan_vae_single_file, wan_vae_loader
 from omniloop.models.single_file import Resolve, SingleFileSet, text_encoder_sources
 from omniloop.request import DiffusionParams, Modality, OmniRequest, TaskType
 
@@ -124,7 +124,7 @@ def wan_single_files(files: SingleFileSet, resolve: Resolve,
     text = text_encoder_sources(files, resolve)[0]
     load_text = load_umt5_encoder_single_file if text.single_file else load_umt5_encoder
     vae = load_wan_vae_single_file(files.vae_path(resolve), device=options.device, dtype=options.dtype)
-    vae.use_fused(fused_for(options))
+    deploy_fused(vae, options)
     # the Wan2.2 VAE: its DiT is TI2V-5B's (checked at build), or a latent-concat DiT of its
     # width (Wan2.2 Fun InP 5B: 48 noise + 4 mask + 48 image channels in), an I2V pipeline
     ti2v = vae.config.is_residual and config.in_channels == config.out_channels

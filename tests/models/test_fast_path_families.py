@@ -21,7 +21,8 @@ AUTO = frozenset({"attention_backend", "cfg_mode", "compile"})
 # family -> (attention_backend, cfg_mode, compile) that "auto" picks on an H100-class GPU with Triton
 ON_CUDA = {
     "wan": ("sdpa_cudnn", "batched", True),
-    "flux": ("sdpa_cudnn", "sequential", True),  # no CFG forward (embedded guidance): nothing to batch
+    # no CFG forward (embedded guidance): nothing to batch; compile off until the GPU clears it (flux/spec.py)
+    "flux": ("sdpa_cudnn", "sequential", False),
     "ltx2": ("sdpa_cudnn", "batched", True),
     "stable_audio": ("sdpa", "batched", True),
     "far": ("sdpa", "sequential", False),
@@ -141,8 +142,9 @@ COMPILED = {  # the families whose fast path compiles blocks; tolerances: their 
 
 
 def test_every_compiling_fast_path_has_a_parity_check():
-    """Wan's compiled blocks are checked by tests/serve/test_startup.py (a compiled server on CPU)."""
-    assert {f for f, picked in ON_CUDA.items() if picked[2]} - {"wan"} == set(COMPILED)
+    """Wan's compiled blocks are checked by tests/serve/test_startup.py (a compiled server on CPU);
+    Flux's compile is opt-in (``compile=True``) and checked all the same."""
+    assert {f for f, picked in ON_CUDA.items() if picked[2]} - {"wan"} <= set(COMPILED)
 
 
 # cold CPU Inductor compiles, measured here (2 shared cores): Flux 24 s (2 graphs: double + single

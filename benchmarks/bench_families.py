@@ -344,6 +344,8 @@ class Reporter:
         if mode == "diffusers":
             self.reference = decoded
         row["agreement_vs_diffusers"] = self._agreement(decoded)
+        # each output's mean level: a black (or once non-finite, cast to 0) picture shows as ~0 here
+        row["output_mean"] = {key: round(float(t.float().mean()), 4) for key, t in decoded.items()}
         self.medians[mode] = row["median_s"]
         emit(row, self.sink)
 

@@ -34,6 +34,8 @@ def test_families_benchmark_smoke(tmp_path):
             assert row["status"] == "ok" and row["median_s"] > 0 and row["times_s"], row
         for mode in ("diffusers_compiled", "ours_default", "ours_eager"):  # exact paths: equal to plain diffusers
             assert rows[(family, mode)]["agreement_vs_diffusers"][output]["max_abs_diff"] <= LEVEL
+            mean, ref = rows[(family, mode)]["output_mean"][output], rows[(family, "diffusers")]["output_mean"][output]
+            assert 0 < mean < 1 and abs(mean - ref) <= LEVEL  # a picture, at diffusers' level
         fp8 = rows[(family, "ours_fp8")]
         assert fp8["status"] == "skipped" and "CUDA" in fp8["reason"]
         assert "ours_default_over_diffusers" in rows[(family, "speedups")]["speedup"]

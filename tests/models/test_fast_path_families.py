@@ -86,6 +86,18 @@ def test_compile_without_triton_is_refused_naming_the_option(family, monkeypatch
         resolve_kernels(explicit, _spec(family).fast_path, family=family)
 
 
+def test_an_explicit_compile_with_a_caveat_says_it(h100, caplog):
+    """Flux's compile is off for a measured fault: turning it on is allowed, and logged with why."""
+    explicit = LoadOptions(device=torch.device("cuda"), dtype=torch.bfloat16, compile=True)
+    with caplog.at_level("WARNING", logger=fast_path.__name__):
+        assert resolve_kernels(explicit, _spec("flux").fast_path, family="flux").compile is True
+    assert "compile=True for flux on cuda: Flux's compiled blocks gave an image 13.4 dB" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger=fast_path.__name__):
+        resolve_kernels(explicit, _spec("wan").fast_path, family="wan")
+    assert caplog.text == ""  # no caveat, no line
+
+
 @pytest.mark.parametrize("family", ["flux", "ltx2", "stable_audio", "far", "qwen2"])
 def test_a_loaded_pipeline_on_cpu_is_the_eager_reference(family, request):
     """Loaded with every kernel option left "auto": no compiled block, sdpa everywhere."""

@@ -36,6 +36,9 @@ class FastPath:
     attention_backends: tuple[str, ...] = ("sdpa",)  # the first this GPU runs is taken
     cfg_mode: CFGMode = "sequential"  # "batched": cond + uncond stacked into one forward
     compile: bool = False  # torch.compile each repeated block (regional: one compile serves every block)
+    # why compile is off although the family could compile (a measured fault not yet cleared): logged
+    # when a deployment turns compile on explicitly on CUDA, so the choice is made knowingly
+    compile_caveat: str = ""
 
 
 def _backend_runs(name: str, device: torch.device) -> bool:
@@ -76,6 +79,8 @@ def resolve_kernels(options: LoadOptions, fast: FastPath, *, family: str) -> Loa
     elif compile_ and not compile_runs(device):
         raise ValueError(f"compile=True on {device} needs Triton (torch.compile's GPU kernels), which is not installed; "
                          "pip install triton, or pass compile=False (--no-compile)")
+    elif compile_ and cuda and fast.compile_caveat:
+        logger.warning("compile=True for %s on %s: %s", family, device, fast.compile_caveat)
     if options.auto:
         logger.info("%s on %s: attention_backend=%s, cfg_mode=%s, compile=%s (auto fields: %s; %s)", family, device,
                     attention, cfg_mode, compile_, ", ".join(sorted(options.auto)),

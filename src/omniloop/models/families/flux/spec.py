@@ -285,7 +285,11 @@ def build_flux(variant: Variant, index: Mapping[str, Any], components: Mapping[s
 #   (flux_e2e_h100.jsonl); every CPU path agrees, CPU Inductor included (tests/models/test_fast_path_families.py).
 #   tests/models/flux/test_fast_path_gpu.py names the faulty kernel on the next GPU call; compile=True stays
 #   an explicit option. cuda_graphs (2.8x per step at 256px, flux_graphs_h200.jsonl) stays opt-in too.
-FLUX_FAST_PATH = FastPath(attention_backends=("sdpa_cudnn", "sdpa"), compile=False)
+FLUX_FAST_PATH = FastPath(
+    attention_backends=("sdpa_cudnn", "sdpa"), compile=False,
+    compile_caveat="Flux's compiled blocks gave an image 13.4 dB from diffusers' on an H100 (FLUX.1-dev, 1024x1024; "
+                   "benchmarks/results/families_h100.jsonl) while the eager path agrees on every CPU check; check "
+                   "your images against compile=False until tests/models/flux/test_fast_path_gpu.py passes on a GPU")
 
 FLUX = register_model_spec(
     ModelSpec(

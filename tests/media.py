@@ -4,7 +4,10 @@ says where two videos differ.
 Why frames, not bytes, where two requests of one process are compared: x264 turns a one-level
 change of one pixel into different bytes, and a request's floats can move by an ulp with the
 CPU threads its one-shot nodes ran on (engine/fanout.py's workers, a recomputed text embedding
-after a weight update) - seen in CI twice (fleet flf, weights round trip) under the full suite.
+after a weight update, requests batched together or not as their arrival timing falls) - seen in
+CI under the full suite: fleet flf, the weights round trip and sleep / wake, each time the same
+0.382 levels on average (one x264 decision on the 32x32 toy clip), max 14-19. Bit-equality of the
+outputs themselves is asserted in-process (tests/engine/test_weights.py: torch.equal).
 """
 
 from __future__ import annotations
@@ -31,11 +34,11 @@ def frame_diff(a: bytes | str, b: bytes | str) -> tuple[float, int]:
     return float(d.mean()), int(d.max())
 
 
-def assert_same_video(a: bytes | str, b: bytes | str, *, mean: float = 0.25, peak: int = 24) -> None:
+def assert_same_video(a: bytes | str, b: bytes | str, *, mean: float = 0.6, peak: int = 32) -> None:
     """Equal bytes, or decoded frames within ``mean`` levels on average (and ``peak`` at worst):
-    the same video re-encoded after an ulp moved. A different seed, condition or weights moves
-    the mean by levels (measured: 11 for perturbed weights, 2.7 for a video without its last frame;
-    the tests that call this assert that too)."""
+    the same video re-encoded after an ulp moved (seen: 0.382 mean, 19 max). A different seed,
+    condition or weights moves the mean by levels (measured: 11 for perturbed weights, 2.7 for a
+    video without its last frame; the tests that call this assert more than 1 level)."""
     if a == b:
         return
     m, p = frame_diff(a, b)

@@ -126,9 +126,11 @@ def test_sleep_and_wake(server):
     while client.videos.retrieve(waiting.id).status != "completed":
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    assert client.videos.download_content(waiting.id).content == before
+    # the same video (decoded frames: an ulp can flip one x264 decision, tests/media.py); the outputs
+    # after wake are bit-equal in process (tests/engine/test_weights.py)
+    assert_same_video(client.videos.download_content(waiting.id).content, before)
     after, _ = _video(server)
-    assert after == before
+    assert_same_video(after, before)
 
 
 def test_asleep_requests_get_503_with_retry_after(wan_t2v_dir):

@@ -60,6 +60,17 @@ def _tokenizers():  # trainings can order the vocab differently, and the bench's
     return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=77), t5
 
 
+OUTPUT_LAYERS = ("to_out.0.weight", "to_add_out.weight", "proj_out.weight", "ff.net.2.weight", "ff_context.net.2.weight")
+
+
+def shrink_outputs(dit: torch.nn.Module, factor: float = 0.1) -> None:
+    """Keep a deep random stack finite in bf16: small output projections, as trained models have."""
+    with torch.no_grad():
+        for name, p in dit.named_parameters():
+            if name.endswith(OUTPUT_LAYERS):
+                p.mul_(factor)
+
+
 def random_flux_pipeline(size: str, options: LoadOptions, *, max_sequence_length: int = 512):
     """A built Flux Pipeline (and its ModelSpec) with random weights of ``size``."""
     from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
@@ -85,11 +96,7 @@ def random_flux_pipeline(size: str, options: LoadOptions, *, max_sequence_length
         t5 = T5EncoderModel(T5Config(vocab_size=len(t5_tok), d_model=t5_dim, d_kv=min(64, t5_dim), d_ff=2 * t5_dim,
                                      num_layers=1, num_heads=max(1, t5_dim // 64), relative_attention_num_buckets=8,
                                      dropout_rate=0.0, feed_forward_proj="gated-gelu")).to(dtype)
-    with torch.no_grad():  # keep a deep random stack finite in bf16: small output projections, as trained models have
-        for name, p in dit.named_parameters():
-            if name.endswith(("to_out.0.weight", "to_add_out.weight", "proj_out.weight", "ff.net.2.weight",
-                              "ff_context.net.2.weight")):
-                p.mul_(0.1)
+    shrink_outputs(dit)
     blocks = [*dit.transformer_blocks, *dit.single_transformer_blocks]
     components = {
         "transformer": apply_load_options(dit, options, blocks=blocks, fp8_layers=BLOCK_GEMMS),

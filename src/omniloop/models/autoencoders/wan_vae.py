@@ -1063,7 +1063,7 @@ def fused_for(options: Any) -> FusedKernel | None:
 def deploy_fused(vae: WanVAE, options: Any) -> WanVAE:
     """``vae`` with the fused pass :func:`fused_for` chooses for ``options`` (or eager)."""
     kernel = fused_for(options)
-    return vae.use_fused(kernel is not None, kernel or "inductor")
+    return vae.use_fused(False) if kernel is None else vae.use_fused(True, kernel)
 
 
 # -- one file in the original layout ------------------------------------------------------
